@@ -1,0 +1,1 @@
+"""The oasis daemon and its command-line tools."""

@@ -1,0 +1,132 @@
+"""The cluster: resource types, worker servers and parameter-server (PS) servers (SPEC 2)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from pricing import fields
+from pricing.errors import Problem, SpecError
+
+__all__ = ["BANDWIDTH", "Cluster", "cluster_from_dict"]
+
+BANDWIDTH = "bandwidth"
+"""The resource whose per-worker and per-PS demands set ``b`` and ``B`` (Gbps)."""
+
+Kind = Literal["worker", "ps"]
+
+
+@dataclass(frozen=True, eq=False)
+class Cluster:
+    """Servers and their capacities, in the order they were listed.
+
+    Attributes:
+        resources: resource names; index ``r`` of every ``(..., R)`` array.
+        worker_names: names of the ``H`` worker servers.
+        ps_names: names of the ``K`` PS servers.
+        worker_capacity: ``(H, R)`` float64, capacity ``c[h][r]`` in the resource's unit.
+        ps_capacity: ``(K, R)`` float64, capacity ``c[k][r]``.
+        listing: ``(kind, index)`` of every server in listing order, for output.
+    """
+
+    resources: tuple[str, ...]
+    worker_names: tuple[str, ...]
+    ps_names: tuple[str, ...]
+    worker_capacity: NDArray[np.float64]
+    ps_capacity: NDArray[np.float64]
+    listing: tuple[tuple[Kind, int], ...]
+
+    @property
+    def bandwidth(self) -> int:
+        """Index of the bandwidth resource."""
+        return self.resources.index(BANDWIDTH)
+
+    def demand_vector(self, demand: Mapping[str, Any], field: str) -> NDArray[np.float64]:
+        """A per-resource demand (missing = 0) as an ``(R,)`` float64 array.
+
+        Raises SpecError naming ``field.<resource>`` for unknown resources and for
+        negative or non-finite amounts.
+        """
+        vec = np.zeros(len(self.resources))
+        problems: list[Problem] = []
+        for name, amount in demand.items():
+            sub = f"{field}.{name}"
+            if name not in self.resources:
+                known = ", ".join(self.resources)
+                problems.append(Problem(sub, f"unknown resource (the cluster has: {known})"))
+                continue
+            try:
+                vec[self.resources.index(name)] = fields.non_negative(amount, sub)
+            except SpecError as err:
+                problems.extend(err.problems)
+        if problems:
+            raise SpecError(problems)
+        return vec
+
+
+def cluster_from_dict(resources: Any, servers: Any, prefix: str = "") -> Cluster:
+    """Build a Cluster from the trace format's ``resources`` and ``servers`` values.
+
+    Every problem found is reported at once, each naming its field.
+    """
+    res_field = f"{prefix}resources"
+    if not isinstance(resources, list) or not resources:
+        raise SpecError.one(res_field, "must be a non-empty list of resource names")
+    names: list[str] = []
+    for i, r in enumerate(resources):
+        name = fields.text(r, f"{res_field}[{i}]")
+        if name in names:
+            raise SpecError.one(f"{res_field}[{i}]", f"duplicate resource {name!r}")
+        names.append(name)
+    if BANDWIDTH not in names:
+        raise SpecError.one(res_field, f"must include {BANDWIDTH!r} (it sets b and B, SPEC 3)")
+
+    srv_field = f"{prefix}servers"
+    if not isinstance(servers, Sequence) or isinstance(servers, str) or not servers:
+        raise SpecError.one(srv_field, "must be a non-empty list of servers")
+    problems: list[Problem] = []
+    seen: set[str] = set()
+    rows: dict[Kind, list[NDArray[np.float64]]] = {"worker": [], "ps": []}
+    kind_names: dict[Kind, list[str]] = {"worker": [], "ps": []}
+    listing: list[tuple[Kind, int]] = []
+    probe = Cluster(tuple(names), (), (), np.zeros((0, 0)), np.zeros((0, 0)), ())
+    for i, raw in enumerate(servers):
+        field = f"{srv_field}[{i}]"
+        try:
+            server = fields.mapping(raw, field)
+            name = fields.text(fields.require(server, "name", field), f"{field}.name")
+            if name in seen:
+                raise SpecError.one(f"{field}.name", f"duplicate server name {name!r}")
+            raw_kind = fields.require(server, "kind", field)
+            if raw_kind not in ("worker", "ps"):
+                raise SpecError.one(f"{field}.kind", f"must be 'worker' or 'ps', got {raw_kind!r}")
+            kind: Kind = "worker" if raw_kind == "worker" else "ps"
+            capacity = fields.mapping(
+                fields.require(server, "capacity", field), f"{field}.capacity"
+            )
+            vec = probe.demand_vector(capacity, f"{field}.capacity")
+        except SpecError as err:
+            problems.extend(err.problems)
+            continue
+        seen.add(name)
+        listing.append((kind, len(rows[kind])))
+        rows[kind].append(vec)
+        kind_names[kind].append(name)
+    if not problems:
+        for needed in ("worker", "ps"):
+            if not rows[needed]:
+                problems.append(Problem(srv_field, f"needs at least one {needed!r} server"))
+    if problems:
+        raise SpecError(problems)
+    return Cluster(
+        resources=tuple(names),
+        worker_names=tuple(kind_names["worker"]),
+        ps_names=tuple(kind_names["ps"]),
+        worker_capacity=np.array(rows["worker"], dtype=np.float64),
+        ps_capacity=np.array(rows["ps"], dtype=np.float64),
+        listing=tuple(listing),
+    )

@@ -1,0 +1,64 @@
+"""Errors raised by the numeric core.
+
+The hierarchy::
+
+    OasisError                 base of everything this project raises on purpose
+    ├── SpecError              bad input: names each offending field and why
+    ├── CapacityError          an allocation would exceed a capacity (a bug, never input)
+    └── LedgerError            a slot outside the ledger's window, an unknown job
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = ["CapacityError", "LedgerError", "OasisError", "Problem", "SpecError"]
+
+
+class OasisError(Exception):
+    """Base class of the project's own errors."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with an input: the field's path (``jobs[3].tau``) and the reason."""
+
+    field: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.reason}" if self.field else self.reason
+
+
+class SpecError(OasisError, ValueError):
+    """Invalid job, cluster, pricing or trace input. Carries every problem found."""
+
+    def __init__(self, problems: Iterable[Problem]) -> None:
+        self.problems: tuple[Problem, ...] = tuple(problems)
+        if not self.problems:
+            raise ValueError("SpecError needs at least one problem")
+        super().__init__("; ".join(str(p) for p in self.problems))
+
+    @classmethod
+    def one(cls, field: str, reason: str) -> SpecError:
+        """A SpecError with a single problem."""
+        return cls([Problem(field, reason)])
+
+    @property
+    def field(self) -> str:
+        """The first offending field."""
+        return self.problems[0].field
+
+    @property
+    def reason(self) -> str:
+        """Why the first offending field is wrong."""
+        return self.problems[0].reason
+
+
+class CapacityError(OasisError):
+    """An allocation would exceed a server's capacity."""
+
+
+class LedgerError(OasisError):
+    """A request the ledger cannot serve: a slot outside its window or an unknown job."""

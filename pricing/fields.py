@@ -1,0 +1,110 @@
+"""Typed reads of plain JSON-like values, each failure naming the field and the reason."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from pricing.errors import SpecError
+
+__all__ = [
+    "integer",
+    "mapping",
+    "non_negative",
+    "number",
+    "optional_mapping",
+    "positive",
+    "positive_int",
+    "require",
+    "text",
+]
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def mapping(value: Any, field: str) -> Mapping[str, Any]:
+    """``value`` as a JSON object."""
+    if not isinstance(value, Mapping):
+        raise SpecError.one(field, f"must be an object, got {_kind(value)}")
+    return value
+
+
+def optional_mapping(parent: Mapping[str, Any], key: str, prefix: str) -> Mapping[str, Any]:
+    """``parent[key]`` as an object; an absent key reads as an empty object."""
+    if key not in parent:
+        return {}
+    return mapping(parent[key], _join(prefix, key))
+
+
+def require(parent: Mapping[str, Any], key: str, prefix: str) -> Any:
+    """``parent[key]``, or a SpecError naming the missing field."""
+    if key not in parent:
+        raise SpecError.one(_join(prefix, key), "is required")
+    return parent[key]
+
+
+def number(value: Any, field: str) -> float:
+    """A finite real number (booleans are not numbers here)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SpecError.one(field, f"must be a number, got {_kind(value)}")
+    x = float(value)
+    if not math.isfinite(x):
+        raise SpecError.one(field, f"must be finite, got {value!r}")
+    return x
+
+
+def positive(value: Any, field: str) -> float:
+    """A finite number > 0."""
+    x = number(value, field)
+    if x <= 0:
+        raise SpecError.one(field, f"must be > 0, got {value!r}")
+    return x
+
+
+def non_negative(value: Any, field: str) -> float:
+    """A finite number >= 0."""
+    x = number(value, field)
+    if x < 0:
+        raise SpecError.one(field, f"must be >= 0, got {value!r}")
+    return x
+
+
+def integer(value: Any, field: str, *, minimum: int) -> int:
+    """An integer >= ``minimum``; an integral float such as ``4.0`` is accepted."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SpecError.one(field, f"must be an integer, got {_kind(value)}")
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        raise SpecError.one(field, f"must be an integer, got {value!r}")
+    n = int(value)
+    if n < minimum:
+        raise SpecError.one(field, f"must be >= {minimum}, got {value!r}")
+    return n
+
+
+def positive_int(value: Any, field: str) -> int:
+    """An integer >= 1."""
+    return integer(value, field, minimum=1)
+
+
+def text(value: Any, field: str) -> str:
+    """A non-empty string."""
+    if not isinstance(value, str) or not value.strip():
+        raise SpecError.one(field, f"must be a non-empty string, got {_kind(value)}")
+    return value
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, str):
+        return f"the string {value[:40]!r}"
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, list | tuple):
+        return "a list"
+    return repr(value)[:40]

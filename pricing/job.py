@@ -1,0 +1,232 @@
+"""A training job (SPEC 3) validated against a cluster, with its derived work and PS ratio."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from pricing import fields
+from pricing.cluster import BANDWIDTH, Cluster
+from pricing.errors import Problem, SpecError
+from pricing.utility import Utility, utility_from_dict
+
+__all__ = ["MB_TO_GBIT", "ROUNDING", "Job", "job_from_dict", "room"]
+
+MB_TO_GBIT = 0.008
+"""Megabytes to gigabits."""
+
+ROUNDING = 1e-9
+"""Slack in every ceil/floor of SPEC 3-5, so 3.0000000001 workers' worth is still 3."""
+
+_T = TypeVar("_T")
+
+
+def room(free: NDArray[np.float64], demand: NDArray[np.float64]) -> NDArray[np.int64]:
+    """How many units of ``demand`` fit in ``free`` (SPEC 5).
+
+    ``free`` is ``(..., R)``, ``demand`` is ``(R,)``; the result is ``(...)``: the minimum
+    over resources with ``demand[r] > 0`` of ``floor(free[r] / demand[r] + 1e-9)``, at least 0.
+    """
+    used = demand > 0
+    per_resource = np.floor(free[..., used] / demand[used] + ROUNDING)
+    out: NDArray[np.int64] = np.maximum(per_resource.min(axis=-1), 0).astype(np.int64)
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class Job:
+    """A validated job. Arrays are indexed by the cluster's resources.
+
+    Attributes:
+        id: the job's identifier.
+        arrival: the slot ``a`` from which it may run.
+        epochs, chunks, minibatches: E, N, M.
+        tau: compute time of one mini-batch, slots.
+        grad_mb: gradient (= parameter) size exchanged per mini-batch, MB.
+        worker: ``(R,)`` float64, demand of one worker.
+        ps: ``(R,)`` float64, demand of one PS.
+        utility: f, non-increasing in the completion time.
+        minibatch_slots: ``m = tau + 2 e 0.008 / b / slot_seconds``, slots.
+        work: ``W = ceil(E N M m - 1e-9)``, worker-slots.
+        ps_ratio: ``b / B`` in (0, 1]: PS needed per worker.
+    """
+
+    id: str
+    arrival: int
+    epochs: int
+    chunks: int
+    minibatches: int
+    tau: float
+    grad_mb: float
+    worker: NDArray[np.float64]
+    ps: NDArray[np.float64]
+    utility: Utility
+    minibatch_slots: float
+    work: int
+    ps_ratio: float
+
+    @property
+    def min_slots(self) -> int:
+        """``d_min = ceil(W / N)``: the fewest slots the job can take."""
+        return -(-self.work // self.chunks)
+
+    def ps_needed(self, workers: ArrayLike) -> NDArray[np.int64]:
+        """``z(y) = ceil(y b / B - 1e-9)``: PS needed for ``y`` workers (constraint 6)."""
+        y = np.asarray(workers, dtype=np.float64)
+        return np.ceil(y * self.ps_ratio - ROUNDING).astype(np.int64)
+
+    def ps_table(self) -> NDArray[np.int64]:
+        """``(N + 1,)`` int64: ``z(y)`` for ``y = 0 .. N``."""
+        return self.ps_needed(np.arange(self.chunks + 1))
+
+    def to_dict(self, cluster: Cluster) -> dict[str, Any]:
+        """The job in the trace format (non-zero demands only)."""
+
+        def demand(vec: NDArray[np.float64]) -> dict[str, float]:
+            return {r: float(x) for r, x in zip(cluster.resources, vec, strict=True) if x > 0}
+
+        return {
+            "id": self.id,
+            "arrival": self.arrival,
+            "epochs": self.epochs,
+            "chunks": self.chunks,
+            "minibatches": self.minibatches,
+            "tau": self.tau,
+            "grad_mb": self.grad_mb,
+            "worker": demand(self.worker),
+            "ps": demand(self.ps),
+            "utility": self.utility.to_dict(),
+        }
+
+
+def job_from_dict(
+    raw: Any,
+    cluster: Cluster,
+    *,
+    slot_seconds: float,
+    slots_available: Callable[[int], int],
+    arrival: int | None = None,
+    field: str = "job",
+) -> Job:
+    """Validate a job object (SPEC 3) against ``cluster``; report every problem at once.
+
+    Args:
+        raw: the job object.
+        cluster: where it would run.
+        slot_seconds: length of a slot, to convert transfer time to slots.
+        slots_available: slots from the arrival up to the horizon (``T - a`` in a
+            trace, ``T`` in the daemon's window), given the arrival.
+        arrival: the arrival slot; read from ``raw["arrival"]`` when None.
+        field: path of the object, prefixed to every problem's field.
+
+    Raises:
+        SpecError: naming each bad field: non-positive or non-finite numbers, unknown
+            resources, ``b > B``, a worker or PS that fits on no server even when empty,
+            work that cannot finish inside the horizon, a utility that is not
+            non-increasing.
+    """
+    spec: Mapping[str, Any] = fields.mapping(raw, field)
+    problems: list[Problem] = []
+
+    def read(key: str, parse: Callable[[Any, str], _T]) -> _T | None:
+        sub = f"{field}.{key}"
+        if key not in spec:
+            problems.append(Problem(sub, "is required"))
+            return None
+        try:
+            return parse(spec[key], sub)
+        except SpecError as err:
+            problems.extend(err.problems)
+            return None
+
+    job_id = read("id", fields.text)
+    if arrival is None:
+        arrival = read("arrival", lambda v, f: fields.integer(v, f, minimum=0))
+    epochs = read("epochs", fields.positive_int)
+    chunks = read("chunks", fields.positive_int)
+    minibatches = read("minibatches", fields.positive_int)
+    tau = read("tau", fields.positive)
+    grad_mb = read("grad_mb", fields.positive)
+    worker = read("worker", lambda v, f: cluster.demand_vector(fields.mapping(v, f), f))
+    ps = read("ps", lambda v, f: cluster.demand_vector(fields.mapping(v, f), f))
+    utility = read("utility", utility_from_dict)
+    if problems:
+        raise SpecError(problems)
+    assert job_id is not None and arrival is not None and epochs is not None
+    assert chunks is not None and minibatches is not None and tau is not None
+    assert grad_mb is not None and worker is not None and ps is not None
+    assert utility is not None
+
+    bw = cluster.bandwidth
+    b, B = float(worker[bw]), float(ps[bw])
+    for name, amount in (("worker", b), ("ps", B)):
+        if amount <= 0:
+            problems.append(
+                Problem(f"{field}.{name}.{BANDWIDTH}", "must be > 0 (transfer time divides by it)")
+            )
+    if problems:
+        raise SpecError(problems)
+    if b > B:
+        raise SpecError.one(
+            f"{field}.worker.{BANDWIDTH}",
+            f"worker bandwidth b = {b:g} exceeds PS bandwidth B = {B:g}: constraints 6 "
+            "(z >= y b / B) and 7 (z <= y) cannot both hold",
+        )
+    for name, vec, capacity in (
+        ("worker", worker, cluster.worker_capacity),
+        ("ps", ps, cluster.ps_capacity),
+    ):
+        if int(room(capacity, vec).max()) < 1:
+            problems.append(
+                Problem(f"{field}.{name}", f"one {name} fits on no {name} server, even empty")
+            )
+    if problems:
+        raise SpecError(problems)
+
+    m = tau + 2.0 * grad_mb * MB_TO_GBIT / b / slot_seconds
+    raw_work = epochs * chunks * minibatches * m
+    work = math.ceil(raw_work - ROUNDING)
+    if work < 1:
+        raise SpecError.one(field, f"work E*N*M*m = {raw_work:g} worker-slots rounds to 0")
+    job = Job(
+        id=job_id,
+        arrival=arrival,
+        epochs=epochs,
+        chunks=chunks,
+        minibatches=minibatches,
+        tau=tau,
+        grad_mb=grad_mb,
+        worker=worker,
+        ps=ps,
+        utility=utility,
+        minibatch_slots=m,
+        work=work,
+        ps_ratio=b / B,
+    )
+    _check_fits_in_time(job, cluster, slots_available(arrival), field)
+    return job
+
+
+def _check_fits_in_time(job: Job, cluster: Cluster, available: int, field: str) -> None:
+    """Reject work that cannot finish inside the horizon even on an empty cluster."""
+    if available < 1:
+        raise SpecError.one(f"{field}.arrival", "arrives after the horizon's last slot")
+    worker_room = int(room(cluster.worker_capacity, job.worker).sum())
+    ps_room = int(room(cluster.ps_capacity, job.ps).sum())
+    per_slot = min(job.chunks, worker_room)
+    # the most workers whose PS still fit
+    while per_slot > 0 and int(job.ps_needed(per_slot)) > ps_room:
+        per_slot -= 1
+    slots = -(-job.work // per_slot)
+    if slots > available:
+        raise SpecError.one(
+            field,
+            f"work of {job.work} worker-slots needs at least {slots} slots even on an empty "
+            f"cluster (at most {per_slot} workers per slot), but only {available} remain "
+            "before the horizon",
+        )

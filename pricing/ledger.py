@@ -1,0 +1,238 @@
+"""Allocated amounts and prices per server, resource and slot over a window of slots.
+
+The ledger is the state the online algorithm prices against: ``used`` amounts
+(the paper's ``g`` and ``v``) and the exponential prices derived from them, over the
+window ``origin .. origin + length - 1``. It admits schedules, releases a job's
+remaining slots (cancellation, early completion), and advances the window.
+
+Amounts are sums over admitted schedules in admission order, and a release recomputes
+the affected slots in that same order, so releasing a job restores the exact floats
+the slots held before it was admitted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from pricing.cluster import Cluster
+from pricing.errors import CapacityError, LedgerError
+from pricing.prices import PriceBounds, price
+from pricing.schedule import Schedule
+
+__all__ = ["CAPACITY_SLACK", "Ledger", "Side"]
+
+CAPACITY_SLACK = 1e-7
+"""Absolute slack on capacity checks: room counts use ``floor(x + 1e-9)``."""
+
+
+@dataclass(eq=False)
+class Side:
+    """One kind of server (workers or PS) over the window.
+
+    Attributes:
+        capacity: ``(n, R)`` float64, per server and resource.
+        used: ``(S, n, R)`` float64, allocated amounts per slot, server and resource.
+        price: ``(S, n, R)`` float64, the price of one unit, utility per unit per slot.
+        empty_price: ``(n, R)`` float64, the price of a slot with nothing allocated.
+        log_l: ``log L`` of this side; ``log_u``: ``(R,)``, ``log U``.
+    """
+
+    capacity: NDArray[np.float64]
+    used: NDArray[np.float64]
+    price: NDArray[np.float64]
+    empty_price: NDArray[np.float64]
+    log_l: float
+    log_u: NDArray[np.float64]
+
+    @classmethod
+    def empty(
+        cls, capacity: NDArray[np.float64], length: int, log_l: float, log_u: NDArray[np.float64]
+    ) -> Side:
+        n, r = capacity.shape
+        empty_price = price(log_l, log_u, np.zeros((n, r)), capacity)
+        return cls(
+            capacity=capacity,
+            used=np.zeros((length, n, r)),
+            price=np.broadcast_to(empty_price, (length, n, r)).copy(),
+            empty_price=empty_price,
+            log_l=log_l,
+            log_u=log_u,
+        )
+
+    def kernel_view(
+        self, demand: NDArray[np.float64]
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+        """``(price, used, capacity, demand)`` as the compiled search takes a side."""
+        return (self.price, self.used, self.capacity, np.ascontiguousarray(demand, np.float64))
+
+    def reprice(self, lo: int, hi: int) -> None:
+        """Recompute prices of window slots ``lo .. hi - 1`` from ``used``."""
+        self.price[lo:hi] = price(self.log_l, self.log_u, self.used[lo:hi], self.capacity)
+
+
+@dataclass(frozen=True, eq=False)
+class _Entry:
+    worker: NDArray[np.float64]
+    ps: NDArray[np.float64]
+    schedule: Schedule
+
+
+class Ledger:
+    """Allocations and prices over the window ``origin .. origin + length - 1``.
+
+    Attributes:
+        cluster: the servers.
+        bounds: the price bounds.
+        origin: the absolute slot of window index 0.
+        length: slots in the window.
+        worker_side, ps_side: amounts and prices of worker and PS servers.
+        touched: ``(S,)`` bool, True where any amount is allocated; untouched slots
+            all share the empty-cluster prices.
+    """
+
+    def __init__(self, cluster: Cluster, bounds: PriceBounds, length: int, origin: int = 0) -> None:
+        if length < 1:
+            raise ValueError("a ledger needs at least one slot")
+        self.cluster = cluster
+        self.bounds = bounds
+        self.origin = origin
+        self.length = length
+        self.worker_side = Side.empty(cluster.worker_capacity, length, bounds.log_l1, bounds.log_u1)
+        self.ps_side = Side.empty(cluster.ps_capacity, length, bounds.log_l2, bounds.log_u2)
+        self.touched = np.zeros(length, dtype=np.bool_)
+        self._entries: dict[str, _Entry] = {}
+
+    # -- reading -----------------------------------------------------------------------
+
+    @property
+    def end(self) -> int:
+        """One past the last absolute slot of the window."""
+        return self.origin + self.length
+
+    def index(self, slot: int) -> int:
+        """Window index of absolute ``slot``; LedgerError if outside the window."""
+        if not self.origin <= slot < self.end:
+            raise LedgerError(f"slot {slot} is outside the window {self.origin}..{self.end - 1}")
+        return slot - self.origin
+
+    def schedule(self, job_id: str) -> Schedule:
+        """The admitted schedule of ``job_id`` as it stands (after any release)."""
+        try:
+            return self._entries[job_id].schedule
+        except KeyError:
+            raise LedgerError(f"no admitted job {job_id!r}") from None
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._entries
+
+    def job_ids(self) -> list[str]:
+        """Jobs with a schedule in the ledger, in admission order."""
+        return list(self._entries)
+
+    # -- changing ----------------------------------------------------------------------
+
+    def admit(
+        self,
+        job_id: str,
+        worker: NDArray[np.float64],
+        ps: NDArray[np.float64],
+        schedule: Schedule,
+    ) -> None:
+        """Add ``schedule`` (per-unit demands ``worker`` and ``ps``, ``(R,)``).
+
+        Raises:
+            LedgerError: the job is already admitted, or the schedule leaves the window.
+            CapacityError: some amount would exceed a capacity; nothing changes.
+        """
+        if job_id in self._entries:
+            raise LedgerError(f"job {job_id!r} is already admitted")
+        if schedule.slots == 0:
+            raise LedgerError(f"job {job_id!r}: empty schedule")
+        lo = self.index(schedule.start)
+        hi = self.index(schedule.start + schedule.slots - 1) + 1
+        add_w = schedule.workers[:, :, None] * worker[None, None, :]
+        add_p = schedule.ps[:, :, None] * ps[None, None, :]
+        new_w = self.worker_side.used[lo:hi] + add_w
+        new_p = self.ps_side.used[lo:hi] + add_p
+        for name, side, new in (("worker", self.worker_side, new_w), ("PS", self.ps_side, new_p)):
+            over = new > side.capacity[None] + CAPACITY_SLACK
+            if over.any():
+                t, srv, r = (int(i) for i in np.argwhere(over)[0])
+                raise CapacityError(
+                    f"job {job_id!r} would exceed {name} server #{srv} resource "
+                    f"{self.cluster.resources[r]!r} in slot {schedule.start + t}"
+                )
+        self.worker_side.used[lo:hi] = new_w
+        self.ps_side.used[lo:hi] = new_p
+        self._entries[job_id] = _Entry(worker, ps, schedule)
+        self._refresh(lo, hi)
+
+    def release(self, job_id: str, from_slot: int) -> Schedule:
+        """Take back ``job_id``'s slots from ``from_slot`` on; returns the released part.
+
+        The job keeps its slots before ``from_slot`` (what already ran). Releasing from
+        the job's first slot removes it entirely.
+        """
+        entry = self._entries.get(job_id)
+        if entry is None:
+            raise LedgerError(f"no admitted job {job_id!r}")
+        released = entry.schedule.after(from_slot)
+        kept = entry.schedule.before(from_slot)
+        if kept.slots and kept.workers.any():
+            self._entries[job_id] = _Entry(entry.worker, entry.ps, kept)
+        else:
+            del self._entries[job_id]
+        lo = max(released.start, self.origin)
+        hi = min(released.start + released.slots, self.end)
+        if lo < hi:
+            self._recompute(lo - self.origin, hi - self.origin)
+        return released
+
+    def advance(self, origin: int) -> None:
+        """Move the window to start at ``origin``: past slots drop, new empty ones open."""
+        shift = origin - self.origin
+        if shift < 0:
+            raise LedgerError(f"the window cannot move back from {self.origin} to {origin}")
+        if shift == 0:
+            return
+        keep = max(self.length - shift, 0)
+        for side in (self.worker_side, self.ps_side):
+            side.used[:keep] = side.used[self.length - keep :]
+            side.used[keep:] = 0.0
+            side.price[:keep] = side.price[self.length - keep :]
+            side.price[keep:] = side.empty_price
+        self.touched[:keep] = self.touched[self.length - keep :]
+        self.touched[keep:] = False
+        self.origin = origin
+        for job_id in [j for j, e in self._entries.items() if e.schedule.end < origin]:
+            del self._entries[job_id]
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _recompute(self, lo: int, hi: int) -> None:
+        """Rebuild amounts of window slots ``lo .. hi - 1`` from the schedules, in
+        admission order (the order ``admit`` added them in)."""
+        for side in (self.worker_side, self.ps_side):
+            side.used[lo:hi] = 0.0
+        a, b = self.origin + lo, self.origin + hi
+        for entry in self._entries.values():
+            sched = entry.schedule
+            s_lo = max(a, sched.start)
+            s_hi = min(b, sched.start + sched.slots)
+            if s_lo >= s_hi:
+                continue
+            rows = slice(s_lo - sched.start, s_hi - sched.start)
+            win = slice(s_lo - self.origin, s_hi - self.origin)
+            self.worker_side.used[win] += sched.workers[rows, :, None] * entry.worker
+            self.ps_side.used[win] += sched.ps[rows, :, None] * entry.ps
+        self._refresh(lo, hi)
+
+    def _refresh(self, lo: int, hi: int) -> None:
+        for side in (self.worker_side, self.ps_side):
+            side.reprice(lo, hi)
+        self.touched[lo:hi] = self.worker_side.used[lo:hi].any(axis=(1, 2)) | self.ps_side.used[
+            lo:hi
+        ].any(axis=(1, 2))

@@ -1,0 +1,97 @@
+"""Greedy placement within one slot (the paper's COST_t, SPEC 5), compiled with numba.
+
+Within a slot, prices do not depend on the job being placed, so each server offers
+``room`` units at a fixed ``unit`` price: filling the cheapest servers first is optimal.
+Ties go to the server listed first (a stable sort).
+
+A side is ``(price, used, capacity, demand)``: ``price`` and ``used`` are ``(S, n, R)``
+float64 over the ledger's window (slot, server, resource), ``capacity`` is ``(n, R)`` and
+``demand``, one unit's need, is ``(R,)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+from numpy.typing import NDArray
+
+__all__ = ["F64", "I64", "cost_curve", "offers", "place"]
+
+F64 = NDArray[np.float64]
+I64 = NDArray[np.int64]
+
+_ROUNDING = 1e-9
+_NO_LIMIT = 1 << 62
+
+
+@njit(cache=True, nogil=True)
+def offers(side: tuple[F64, F64, F64, F64], slot: int) -> tuple[F64, I64]:
+    """Per server of ``side = (price, used, capacity, demand)`` in window ``slot``: the
+    price of one unit of ``demand`` (``(n,)`` float64, utility per slot) and the room,
+    how many units fit (``(n,)`` int64: the minimum over demanded resources of
+    ``floor(free / demand + 1e-9)``, at least 0)."""
+    price, used, capacity, demand = side
+    n_srv, n_res = capacity.shape
+    unit = np.empty(n_srv)
+    room = np.empty(n_srv, np.int64)
+    for h in range(n_srv):
+        u = 0.0
+        k = _NO_LIMIT
+        for r in range(n_res):
+            d = demand[r]
+            if d > 0.0:
+                u += price[slot, h, r] * d
+                fit = math.floor((capacity[h, r] - used[slot, h, r]) / d + _ROUNDING)
+                k = min(k, fit)
+        unit[h] = u
+        room[h] = max(k, 0)
+    return unit, room
+
+
+@njit(cache=True, nogil=True)
+def cost_curve(
+    unit: NDArray[np.float64], room: NDArray[np.int64], limit: int, curve: NDArray[np.float64]
+) -> int:
+    """Cheapest cost of ``q = 0 .. limit`` units, greedily; returns the most that fit.
+
+    ``curve`` (length ``>= limit + 1``) receives ``curve[q]`` for every ``q`` up to the
+    returned count; entries past it are left as they were.
+    """
+    order = np.argsort(unit, kind="mergesort")
+    curve[0] = 0.0
+    q = 0
+    acc = 0.0
+    for i in range(order.shape[0]):
+        h = order[i]
+        take = min(room[h], limit - q)
+        u = unit[h]
+        for _ in range(take):
+            acc += u
+            q += 1
+            curve[q] = acc
+        if q >= limit:
+            break
+    return q
+
+
+@njit(cache=True, nogil=True)
+def place(
+    unit: NDArray[np.float64], room: NDArray[np.int64], count: int, out: NDArray[np.int64]
+) -> int:
+    """Put ``count`` units on the cheapest servers; ``out[n]`` gets the units per server.
+
+    Returns how many were placed (less than ``count`` only if they do not fit).
+    """
+    order = np.argsort(unit, kind="mergesort")
+    out[:] = 0
+    left = count
+    for i in range(order.shape[0]):
+        if left <= 0:
+            break
+        h = order[i]
+        take = min(room[h], left)
+        out[h] = take
+        left -= take
+    return count - left

@@ -1,0 +1,196 @@
+"""Exponential resource prices (SPEC 4, the paper's eq. 22-26) and their bounds.
+
+A price is ``L * (U / L) ** (used / capacity)``. Bounds are kept as natural logs: ``L``
+is a minimum of utilities at the latest completion time, and for a time-critical job
+that utility underflows a float64 (``exp(-1450)``), while its log does not.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from pricing import fields
+from pricing.cluster import Cluster
+from pricing.errors import Problem, SpecError
+from pricing.job import Job
+
+__all__ = ["PriceBounds", "bounds_from_dict", "oracle_bounds", "price"]
+
+
+@dataclass(frozen=True, eq=False)
+class PriceBounds:
+    """Bounds of the price functions of worker servers (1) and PS servers (2).
+
+    Attributes:
+        log_u1: ``(R,)`` float64, ``log U1[r]``: the highest utility per unit of r
+            on worker servers.
+        log_u2: ``(R,)`` float64, ``log U2[r]``, the same for PS servers.
+        log_l1: ``log L1``: the lowest utility per unit-resource-slot (workers).
+        log_l2: ``log L2``, the same for PS.
+        eta1, eta2: the scaling factors used in L1 and L2 (informational).
+    """
+
+    log_u1: NDArray[np.float64]
+    log_u2: NDArray[np.float64]
+    log_l1: float
+    log_l2: float
+    eta1: float
+    eta2: float
+
+    def to_dict(self, cluster: Cluster) -> dict[str, Any]:
+        """Explicit bounds in the trace's ``pricing`` format (floats may read 0 on underflow)."""
+        return {
+            "U1": dict(zip(cluster.resources, np.exp(self.log_u1).tolist(), strict=True)),
+            "U2": dict(zip(cluster.resources, np.exp(self.log_u2).tolist(), strict=True)),
+            "L1": math.exp(self.log_l1),
+            "L2": math.exp(self.log_l2),
+            "eta1": self.eta1,
+            "eta2": self.eta2,
+        }
+
+
+def price(
+    log_l: float,
+    log_u: NDArray[np.float64],
+    used: NDArray[np.float64],
+    capacity: NDArray[np.float64],
+) -> NDArray[np.float64]:
+    """``L * (U[r] / L) ** (used / capacity)`` elementwise.
+
+    ``used`` is ``(..., S, R)`` (any leading shape), ``capacity`` broadcasts against it
+    and ``log_u`` is ``(R,)``. A resource a server lacks (capacity 0) prices at ``U``:
+    nothing that needs it can be placed there anyway.
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(capacity > 0, used / capacity, 1.0)
+    return np.exp(log_l + share * (log_u - log_l))
+
+
+def _eta(jobs: Sequence[Job], demand_of: str, capacity_total: float, horizon: int) -> float:
+    """``eta`` with ``1/eta = min(1, min_i W_i sum_r d_i[r] / (T sum c))``."""
+    inv = 1.0
+    for job in jobs:
+        need = job.work * float(getattr(job, demand_of).sum())
+        inv = min(inv, need / (horizon * capacity_total))
+    return 1.0 / inv
+
+
+def oracle_bounds(
+    jobs: Sequence[Job],
+    cluster: Cluster,
+    horizon: int,
+    latest_jct: Mapping[str, int],
+    eta1: float | None = None,
+    eta2: float | None = None,
+) -> PriceBounds:
+    """Bounds over the job set ``jobs`` (SPEC 4).
+
+    Args:
+        jobs: the set J (at least one job).
+        cluster: the servers, whose total capacity enters eta.
+        horizon: T, slots.
+        latest_jct: ``Tmax_i`` per job id: ``T - a_i`` in a trace, ``T`` in the daemon.
+        eta1, eta2: given scaling factors; computed from the paper's condition when None.
+    """
+    if not jobs:
+        raise ValueError("oracle bounds need at least one job")
+    n_res = len(cluster.resources)
+    e1 = (
+        eta1
+        if eta1 is not None
+        else _eta(jobs, "worker", float(cluster.worker_capacity.sum()), horizon)
+    )
+    e2 = eta2 if eta2 is not None else _eta(jobs, "ps", float(cluster.ps_capacity.sum()), horizon)
+    log_u = {"worker": np.full(n_res, -np.inf), "ps": np.full(n_res, -np.inf)}
+    log_l = {"worker": np.inf, "ps": np.inf}
+    for job in jobs:
+        best = float(job.utility.log_values(job.min_slots))
+        worst = float(job.utility.log_values(latest_jct[job.id]))
+        for side in ("worker", "ps"):
+            demand: NDArray[np.float64] = getattr(job, side)
+            used = demand > 0
+            with np.errstate(divide="ignore"):
+                per_unit = best - np.log(demand, where=used, out=np.zeros(n_res))
+            log_u[side] = np.where(used, np.maximum(log_u[side], per_unit), log_u[side])
+            log_l[side] = min(log_l[side], worst - math.log(job.work * float(demand.sum())))
+    l1 = log_l["worker"] - math.log(4.0 * e1)
+    l2 = log_l["ps"] - math.log(4.0 * e2)
+    if not (math.isfinite(l1) and math.isfinite(l2)):
+        raise SpecError.one(
+            "pricing", "the lowest utility of some job is 0, so L would be 0: no price can start"
+        )
+    # a resource no job uses prices flat at L
+    u1 = np.where(np.isfinite(log_u["worker"]), log_u["worker"], l1)
+    u2 = np.where(np.isfinite(log_u["ps"]), log_u["ps"], l2)
+    return PriceBounds(u1, u2, l1, l2, e1, e2)
+
+
+def bounds_from_dict(raw: Any, cluster: Cluster, field: str = "pricing") -> PriceBounds | None:
+    """Read explicit bounds ``{"U1": {r: x}, "U2": {...}, "L1": x, "L2": x}``.
+
+    Returns None for ``{"bounds": "oracle"}`` (the caller computes them from the jobs,
+    honouring ``eta1``/``eta2`` read by :func:`etas_from_dict`). A resource missing from
+    U1 or U2 prices flat (``U = L``). Every U must be >= its L, or prices would fall as
+    a server fills.
+    """
+    spec = fields.mapping(raw, field)
+    if "bounds" in spec:
+        if spec["bounds"] != "oracle":
+            raise SpecError.one(f"{field}.bounds", f"must be 'oracle', got {spec['bounds']!r}")
+        extra = set(spec) - {"bounds", "eta1", "eta2"}
+        if extra:
+            raise SpecError.one(field, f"unexpected keys with oracle bounds: {sorted(extra)}")
+        return None
+    problems: list[Problem] = []
+    logs: dict[str, float] = {}
+    for key in ("L1", "L2"):
+        try:
+            logs[key] = math.log(
+                fields.positive(fields.require(spec, key, field), f"{field}.{key}")
+            )
+        except SpecError as err:
+            problems.extend(err.problems)
+    if problems:
+        raise SpecError(problems)
+    ups: dict[str, NDArray[np.float64]] = {}
+    for key, low in (("U1", "L1"), ("U2", "L2")):
+        vec = np.full(len(cluster.resources), logs[low])
+        try:
+            given = fields.mapping(fields.require(spec, key, field), f"{field}.{key}")
+        except SpecError as err:
+            problems.extend(err.problems)
+            continue
+        for name, value in given.items():
+            sub = f"{field}.{key}.{name}"
+            if name not in cluster.resources:
+                problems.append(Problem(sub, "unknown resource"))
+                continue
+            try:
+                u = fields.positive(value, sub)
+            except SpecError as err:
+                problems.extend(err.problems)
+                continue
+            if math.log(u) < logs[low]:
+                problems.append(Problem(sub, f"must be >= {low} = {math.exp(logs[low]):g}"))
+            vec[cluster.resources.index(name)] = math.log(u)
+        ups[key] = vec
+    e1, e2 = etas_from_dict(spec, field)
+    if problems:
+        raise SpecError(problems)
+    return PriceBounds(ups["U1"], ups["U2"], logs["L1"], logs["L2"], e1 or 1.0, e2 or 1.0)
+
+
+def etas_from_dict(
+    spec: Mapping[str, Any], field: str = "pricing"
+) -> tuple[float | None, float | None]:
+    """The optional ``eta1``, ``eta2`` of a pricing object (each > 0)."""
+    out: list[float | None] = []
+    for key in ("eta1", "eta2"):
+        out.append(fields.positive(spec[key], f"{field}.{key}") if key in spec else None)
+    return out[0], out[1]
