@@ -33,9 +33,12 @@ from pricing.ledger import Ledger
 from pricing.placement import F64, I64, cost_curve, offers, place
 from pricing.schedule import Schedule
 
-__all__ = ["BestSchedule", "Schedule", "best_schedule"]
+__all__ = ["TIE", "BestSchedule", "Schedule", "best_schedule", "warm_up"]
 
 _LB_SLACK = 1.0 - 1e-9
+
+TIE = 1e-12
+"""Relative difference below which two costs or payoffs are equal (float noise)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -146,7 +149,8 @@ def _search(
 
         if cur[work] < np.inf:
             payoff = util[k] - cur[work]
-            if payoff > best:
+            # only a gain beyond float noise moves the end: the earliest end wins ties
+            if best_k < 0 or payoff > best + TIE * max(abs(best), 1.0):
                 best = payoff
                 best_k = k
         if k + 1 < n_slots:
@@ -161,8 +165,12 @@ def _search(
 
 @njit(cache=True, nogil=True)
 def _backtrack(d_all: F64, c_all: F64, ymax_all: I64, best_k: int, work: int) -> I64:
-    """Workers per slot of a schedule reaching ``d_all[best_k][work]``; the smallest ``y``
-    wins ties, so the result does not depend on float noise in unrelated entries."""
+    """Workers per slot of a schedule reaching ``d_all[best_k][work]``.
+
+    Walking back from the last slot, the smallest ``y`` whose cost is within a relative
+    ``TIE`` of the least wins: equal-cost splits (common, since untouched slots share
+    prices) then go the same way whatever float noise the summation order leaves, and
+    work goes as early as it can."""
     ys = np.zeros(best_k + 1, np.int64)
     w = work
     for k in range(best_k, -1, -1):
@@ -177,7 +185,7 @@ def _backtrack(d_all: F64, c_all: F64, ymax_all: I64, best_k: int, work: int) ->
                 base = np.inf
             else:
                 base = d_all[k - 1, rest]
-            if base + c[y] == target:
+            if base + c[y] <= target * (1.0 + TIE):
                 ys[k] = y
                 w = max(rest, 0)
                 found = True
