@@ -1,0 +1,160 @@
+"""``oasis replay`` end to end: the table, SPEC 6 JSON, and errors on bad traces."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bench.reference_alg2 import replay_reference
+from controller.cli import main
+from pricing.workload import generate_trace
+
+DEMO = Path(__file__).resolve().parent.parent / "config" / "demo-trace.json"
+
+
+def _write(tmp_path: Path, data: Any, name: str = "trace.json") -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(data) if not isinstance(data, str) else data)
+    return str(path)
+
+
+def _small_trace(seed: int = 3) -> dict[str, Any]:
+    return generate_trace(
+        np.random.default_rng(seed), n_jobs=25, n_worker_servers=4, n_ps_servers=4, horizon=30
+    )
+
+
+def test_replay_json_follows_spec_6(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = _small_trace()
+    assert main(["replay", _write(tmp_path, trace), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"jobs", "summary"}
+    assert [j["id"] for j in out["jobs"]] == [j["id"] for j in trace["jobs"]]
+    keys = {"id", "admitted", "payoff", "cost", "jct", "utility", "decision_ms", "allocations"}
+    names = {s["name"]: s["kind"] for s in trace["servers"]}
+    total = 0.0
+    for job in out["jobs"]:
+        assert set(job) == keys
+        assert job["decision_ms"] >= 0
+        if job["admitted"]:
+            assert job["payoff"] > 1e-9
+            assert job["payoff"] == pytest.approx(job["utility"] - job["cost"], rel=1e-9)
+            assert job["allocations"]
+            last = max(a["slot"] for a in job["allocations"] if "workers" in a)
+            arrival = next(j["arrival"] for j in trace["jobs"] if j["id"] == job["id"])
+            assert job["jct"] == last - arrival + 1
+            for a in job["allocations"]:
+                kind = "workers" if names[a["server"]] == "worker" else "ps"
+                assert set(a) == {"slot", "server", kind} and a[kind] > 0
+            total += job["utility"]
+        else:
+            assert job["cost"] is None and job["jct"] is None and job["utility"] is None
+            assert job["allocations"] == []
+            assert job["payoff"] is None or job["payoff"] <= 1e-9
+    s = out["summary"]
+    assert s["admitted"] == sum(j["admitted"] for j in out["jobs"])
+    assert s["rejected"] == len(out["jobs"]) - s["admitted"]
+    assert s["total_utility"] == pytest.approx(total)
+    assert 0 < s["admitted"] < len(out["jobs"])  # the trace is loaded enough to reject some
+
+
+def test_replay_matches_the_reference_transcription(tmp_path: Path) -> None:
+    """Independent replays agree: the optimised engine and the plain Alg. 2."""
+    for seed in (11, 12):
+        trace = _small_trace(seed)
+        proc = subprocess.run(
+            [sys.executable, "-m", "controller.cli", "replay", _write(tmp_path, trace), "--json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        ours = json.loads(proc.stdout)["jobs"]
+        ref = replay_reference(copy.deepcopy(trace))
+        for mine, theirs in zip(ours, ref, strict=True):
+            assert mine["admitted"] == theirs["admitted"], mine["id"]
+            if theirs["payoff"] is None:
+                assert mine["payoff"] is None
+            else:
+                assert mine["payoff"] == pytest.approx(theirs["payoff"], rel=1e-9, abs=1e-12)
+            assert mine["allocations"] == theirs["allocations"], mine["id"]
+
+
+def test_replay_table_for_people(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", str(DEMO)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].split() == [
+        "job", "arrival", "decision", "payoff", "cost", "jct", "utility", "peak_w", "ms",
+    ]  # fmt: skip
+    assert "admitted" in out and "total utility" in out
+
+
+def test_replay_is_deterministic(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path, _small_trace(5))
+    runs = []
+    for _ in range(2):
+        assert main(["replay", path, "--json"]) == 0
+        jobs = json.loads(capsys.readouterr().out)["jobs"]
+        runs.append([{k: v for k, v in j.items() if k != "decision_ms"} for j in jobs])
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda t: t["jobs"][1].update(tau=-1), "jobs[1].tau: must be > 0"),
+        (lambda t: t["jobs"][0]["worker"].update(gpux=1), "jobs[0].worker.gpux: unknown resource"),
+        (lambda t: t["jobs"][2].update(chunks=2.5), "jobs[2].chunks: must be an integer"),
+        (lambda t: t.update(version=2), "version: must be 1"),
+        (lambda t: t["servers"][0].update(kind="gpu"), "servers[0].kind: must be 'worker' or 'ps'"),
+        (
+            lambda t: t["jobs"][3]["utility"].update(decay=-0.5),
+            "jobs[3].utility.decay: must be >= 0",
+        ),
+        (lambda t: t["jobs"][4].update(arrival=0), "jobs[4].arrival: arrivals must not decrease"),
+    ],
+)
+def test_bad_trace_exits_2_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], mutate: Any, expected: str
+) -> None:
+    trace = _small_trace()
+    trace["jobs"][4]["arrival"] = max(trace["jobs"][4]["arrival"], 1)
+    for j in trace["jobs"][5:]:
+        j["arrival"] = max(j["arrival"], trace["jobs"][4]["arrival"])
+    mutate(trace)
+    assert main(["replay", _write(tmp_path, trace), "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert expected in captured.err
+
+
+def test_every_problem_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = _small_trace()
+    trace["jobs"][0]["tau"] = 0
+    trace["jobs"][5]["grad_mb"] = "big"
+    assert main(["replay", _write(tmp_path, trace)]) == 2
+    err = capsys.readouterr().err
+    assert "jobs[0].tau" in err and "jobs[5].grad_mb: must be a number" in err
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [("{not json", "not JSON"), ("[]", "trace: must be an object")],
+)
+def test_unreadable_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, expected: str
+) -> None:
+    assert main(["replay", _write(tmp_path, content)]) == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "/nonexistent/trace.json"]) == 2
+    assert "cannot read" in capsys.readouterr().err
