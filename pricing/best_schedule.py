@@ -196,11 +196,13 @@ def _backtrack(d_all: F64, c_all: F64, ymax_all: I64, best_k: int, work: int) ->
 
 
 @njit(cache=True, nogil=True)
-def _materialise(wside: Side, pside: Side, t0: int, ys: I64, zt: I64) -> tuple[I64, I64]:
+def _materialise(
+    wside: Side, pside: Side, t0: int, ys: I64, zt: I64
+) -> tuple[NDArray[np.int32], NDArray[np.int32]]:
     """Per-server workers ``(n, H)`` and PS ``(n, K)`` for ``ys`` workers per slot."""
     n = ys.shape[0]
-    workers = np.zeros((n, wside[2].shape[0]), np.int64)
-    ps = np.zeros((n, pside[2].shape[0]), np.int64)
+    workers = np.zeros((n, wside[2].shape[0]), np.int32)
+    ps = np.zeros((n, pside[2].shape[0]), np.int32)
     for k in range(n):
         if ys[k] == 0:
             continue

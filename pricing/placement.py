@@ -78,7 +78,7 @@ def cost_curve(
 
 @njit(cache=True, nogil=True)
 def place(
-    unit: NDArray[np.float64], room: NDArray[np.int64], count: int, out: NDArray[np.int64]
+    unit: NDArray[np.float64], room: NDArray[np.int64], count: int, out: NDArray[np.int32]
 ) -> int:
     """Put ``count`` units on the cheapest servers; ``out[n]`` gets the units per server.
 

@@ -16,13 +16,13 @@ class Schedule:
 
     Attributes:
         start: the absolute slot of row 0.
-        workers: ``(n, H)`` int64, workers per worker server and slot.
-        ps: ``(n, K)`` int64, PS per PS server and slot.
+        workers: ``(n, H)`` int32, workers per worker server and slot.
+        ps: ``(n, K)`` int32, PS per PS server and slot.
     """
 
     start: int
-    workers: NDArray[np.int64]
-    ps: NDArray[np.int64]
+    workers: NDArray[np.int32]
+    ps: NDArray[np.int32]
 
     @property
     def slots(self) -> int:

@@ -1,0 +1,253 @@
+"""Decision latency of the online algorithm (issue: core admission engine).
+
+What is measured
+    Wall time of each admission decision (the best-schedule search plus, when admitted,
+    the ledger update) while replaying seeded synthetic traces in the paper's setting
+    (``pricing.workload.generate_trace``), at two scales:
+
+    - ``paper``: 50 worker + 50 PS servers, T = 300 slots, 300 jobs per trace;
+    - ``10x``: 500 + 500 servers, T = 1000 slots, 3000 jobs per trace.
+
+    Per scale: p50, p99 and max decision time over all decisions of all seeds, the
+    admitted share, and the peak memory of a process that replays one trace of that
+    scale (its peak RSS, and the same for a process that only imports everything, so
+    the difference is what the replay itself needs).
+
+    Speed-up: the straightforward transcription of the paper's Alg. 2 in
+    ``bench/reference_alg2.py`` decides the first ``--reference-jobs`` jobs of the first
+    paper-scale trace; the same jobs' decision times in the optimised replay of the same
+    trace (same state: the decisions before them are the same, which is checked) give
+    the ratio, measured in the same run.
+
+Methodology
+    Kernels are compiled (or loaded from numba's cache) before timing, by the replay's
+    own warm-up. Each decision is timed with ``time.perf_counter``. Memory is measured
+    in separate child processes, so no tracing slows the timed runs. Traces are generated
+    from fixed seeds, so every run replays the same jobs. Nothing else should run on the
+    machine.
+
+Run with
+    make bench                    # or: .venv/bin/python -m bench.decision_latency
+    .venv/bin/python -m bench.decision_latency --seeds 1 --reference-jobs 10   # quicker
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numba
+import numpy as np
+
+from bench.reference_alg2 import replay_reference
+from controller.replay import replay
+from pricing import trace_from_dict
+from pricing.workload import generate_trace
+
+SCALES: dict[str, dict[str, int]] = {
+    "paper": {"servers": 50, "horizon": 300, "jobs": 300},
+    "10x": {"servers": 500, "horizon": 1000, "jobs": 3000},
+}
+
+
+@dataclass
+class ScaleResult:
+    name: str
+    decisions: int
+    admitted: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    mean_ms: float
+    seconds: float
+    peak_rss_mb: float = 0.0
+
+
+def make_trace(scale: str, seed: int) -> dict[str, Any]:
+    cfg = SCALES[scale]
+    return generate_trace(
+        np.random.default_rng(seed),
+        n_jobs=cfg["jobs"],
+        n_worker_servers=cfg["servers"],
+        n_ps_servers=cfg["servers"],
+        horizon=cfg["horizon"],
+    )
+
+
+def run_scale(scale: str, seeds: list[int]) -> tuple[ScaleResult, list[float]]:
+    times: list[float] = []
+    admitted = 0
+    started = time.perf_counter()
+    first_seed_times: list[float] = []
+    for seed in seeds:
+        trace = trace_from_dict(make_trace(scale, seed))
+        records = list(replay(trace))
+        ms = [r.decision_ms for r in records]
+        if not first_seed_times:
+            first_seed_times = ms
+        times.extend(ms)
+        admitted += sum(r.decision.admitted for r in records)
+    arr = np.array(times)
+    result = ScaleResult(
+        name=scale,
+        decisions=len(times),
+        admitted=admitted,
+        p50_ms=float(np.percentile(arr, 50)),
+        p99_ms=float(np.percentile(arr, 99)),
+        max_ms=float(arr.max()),
+        mean_ms=float(arr.mean()),
+        seconds=time.perf_counter() - started,
+    )
+    return result, first_seed_times
+
+
+def run_reference(seed: int, n_jobs: int, ours_ms: list[float]) -> dict[str, Any]:
+    """Time the reference on the first ``n_jobs`` decisions and check they agree."""
+    raw = make_trace("paper", seed)
+    trace = trace_from_dict(raw)
+    ours = list(replay(trace))[:n_jobs]
+    started = time.perf_counter()
+    ref = replay_reference(raw, max_jobs=n_jobs)
+    ref_s = time.perf_counter() - started
+    mismatches = []
+    for mine, theirs in zip(ours, ref, strict=False):
+        d = mine.decision
+        same = d.admitted == theirs["admitted"] and (
+            (d.best.payoff is None and theirs["payoff"] is None)
+            or (
+                d.best.payoff is not None
+                and theirs["payoff"] is not None
+                and abs(d.best.payoff - theirs["payoff"]) <= 1e-6 * max(1.0, abs(theirs["payoff"]))
+            )
+        )
+        if not same:
+            mismatches.append(d.job.id)
+    ours_s = sum(ours_ms[:n_jobs]) / 1000.0
+    return {
+        "jobs": n_jobs,
+        "reference_s": ref_s,
+        "ours_s": ours_s,
+        "speedup": ref_s / ours_s if ours_s > 0 else float("inf"),
+        "mismatches": mismatches,
+    }
+
+
+def child_peak_rss_mb(*args: str) -> float:
+    """Peak RSS, MB, of ``python -m bench.decision_latency ARGS`` run as a child."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.decision_latency", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(json.loads(proc.stdout)["peak_rss_mb"])
+
+
+def own_peak_rss_mb() -> float:
+    """This process's peak RSS, MB: VmHWM, which (unlike getrusage's ru_maxrss) does
+    not carry the parent's peak across exec."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def machine() -> dict[str, str]:
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": str(os.cpu_count()),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "numba": numba.__version__,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
+    parser.add_argument("--seeds", type=int, default=3, help="traces per scale (seeds 1..n)")
+    parser.add_argument("--scales", default="paper,10x", help="comma-separated: paper,10x")
+    parser.add_argument("--reference-jobs", type=int, default=20, help="0 skips the reference")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--memory-probe", metavar="SCALE", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.memory_probe is not None:
+        # child mode: replay one trace (or none, for "imports") and report peak RSS
+        if args.memory_probe != "imports":
+            list(replay(trace_from_dict(make_trace(args.memory_probe, 1))))
+        print(json.dumps({"peak_rss_mb": own_peak_rss_mb()}))
+        return 0
+
+    seeds = list(range(1, args.seeds + 1))
+    results = []
+    reference = None
+    for scale in args.scales.split(","):
+        print(f"running {scale} ...", file=sys.stderr, flush=True)
+        result, first_times = run_scale(scale, seeds)
+        results.append(result)
+        if scale == "paper" and args.reference_jobs:
+            print("running the Alg. 2 reference ...", file=sys.stderr, flush=True)
+            reference = run_reference(seeds[0], args.reference_jobs, first_times)
+    print("measuring memory ...", file=sys.stderr, flush=True)
+    base_mb = child_peak_rss_mb("--memory-probe", "imports")
+    for r in results:
+        r.peak_rss_mb = child_peak_rss_mb("--memory-probe", r.name)
+    if args.json:
+        out = {
+            "machine": machine(),
+            "scales": [r.__dict__ for r in results],
+            "reference": reference,
+            "imports_peak_rss_mb": base_mb,
+        }
+        print(json.dumps(out, indent=1))
+        return 0
+    m = machine()
+    print(
+        f"machine: {m['cpu']}, {m['cores']} cores; Python {m['python']}, numpy "
+        f"{m['numpy']}, numba {m['numba']}"
+    )
+    print(f"seeds: {seeds}\n")
+    print("| scale | decisions | admitted | p50 ms | p99 ms | max ms | mean ms | peak RSS MB |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        print(
+            f"| {r.name} | {r.decisions} | {r.admitted} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | "
+            f"{r.max_ms:.2f} | {r.mean_ms:.2f} | {r.peak_rss_mb:.0f} |"
+        )
+    print(
+        f"\npeak RSS is of a process replaying one trace of the scale (seed 1); a process "
+        f"that only imports everything peaks at {base_mb:.0f} MB"
+    )
+    if reference:
+        print(
+            f"\nreference Alg. 2 on the first {reference['jobs']} paper-scale decisions: "
+            f"{reference['reference_s']:.2f} s vs {reference['ours_s'] * 1000:.2f} ms here, "
+            f"speed-up {reference['speedup']:.0f}x; decisions that differ: "
+            f"{reference['mismatches'] or 'none'}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
