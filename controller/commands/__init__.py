@@ -1,0 +1,1 @@
+"""The ``oasis`` subcommands, one module each."""

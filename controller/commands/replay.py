@@ -1,0 +1,79 @@
+"""``oasis replay TRACE``: decide every job of a trace with the online algorithm."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, TextIO
+
+from controller.commands.common import EXIT_OK, fmt, load_trace
+from controller.replay import ReplayRecord, replay, replay_json, summary
+from controller.table import render_table
+
+__all__ = ["register"]
+
+
+def register(sub: Any) -> None:
+    """Add the ``replay`` subcommand to ``sub`` (an argparse subparsers object)."""
+    p = sub.add_parser(
+        "replay",
+        help="decide every job of a trace with the online algorithm",
+        description="Decide every job of TRACE in order (SPEC 6) and print the decisions.",
+    )
+    p.add_argument("trace", metavar="TRACE", help="trace file (JSON, SPEC 6), or - for stdin")
+    p.add_argument("--json", action="store_true", help="print SPEC 6 JSON instead of a table")
+    p.add_argument("--compact", action="store_true", help="with --json: one line, no indent")
+    p.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="no progress on stderr"
+    )
+    p.set_defaults(func=run)
+
+
+def _replay_table(records: list[ReplayRecord], out: TextIO) -> None:
+    rows = []
+    for r in records:
+        d = r.decision
+        b = d.best
+        peak = int(b.schedule.worker_counts().max()) if d.admitted and b.schedule else 0
+        rows.append(
+            [
+                d.job.id,
+                str(d.job.arrival),
+                "admit" if d.admitted else "reject",
+                fmt(b.payoff),
+                fmt(b.cost if d.admitted else None),
+                str(b.jct) if d.admitted else "-",
+                fmt(b.utility if d.admitted else None),
+                str(peak) if d.admitted else "-",
+                f"{r.decision_ms:.2f}",
+            ]
+        )
+    headers = ["job", "arrival", "decision", "payoff", "cost", "jct", "utility", "peak_w", "ms"]
+    print(render_table(headers, rows, right={1, 3, 4, 5, 6, 7, 8}), file=out)
+    s = summary(records)
+    print(
+        f"\n{s['admitted']} admitted, {s['rejected']} rejected; total utility "
+        f"{s['total_utility']:.6g}; decision time p50 {s['decision_ms_p50']:.2f} ms, "
+        f"p99 {s['decision_ms_p99']:.2f} ms",
+        file=out,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    trace = load_trace(args.trace)
+    records: list[ReplayRecord] = []
+    total = len(trace.jobs)
+    progress = args.progress and not args.json and sys.stderr.isatty()
+    for i, record in enumerate(replay(trace), 1):
+        records.append(record)
+        if progress:
+            print(f"\rdecided {i}/{total}", end="", file=sys.stderr, flush=True)
+    if progress:
+        print(file=sys.stderr)
+    if args.json:
+        json.dump(replay_json(trace, records), sys.stdout, indent=None if args.compact else 1)
+        print()
+    else:
+        _replay_table(records, sys.stdout)
+    return EXIT_OK
