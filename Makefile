@@ -6,15 +6,16 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: run test lint bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml proto/oasis/v1/oasis.proto
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/python proto/generate.py
 	touch $(STAMP)
 
-## run: replay the demo trace (the daemon, oasisd, arrives with issue 3)
+## run: the daemon on its embedded defaults (SQLite under ./data, a small demo cluster)
 run: $(STAMP)
-	$(BIN)/oasis replay config/demo-trace.json
+	$(BIN)/oasisd
 
 ## test: formatting, lint, types, then the whole test suite
 test: lint

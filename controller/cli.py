@@ -11,11 +11,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from controller.commands import common, replay
+from controller.commands import client, common, replay
 
 __all__ = ["build_parser", "main"]
 
-COMMANDS = (replay,)
+COMMANDS = (replay, client)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -134,6 +134,17 @@ class Ledger:
 
     # -- changing ----------------------------------------------------------------------
 
+    def set_bounds(self, bounds: PriceBounds) -> None:
+        """Use new price bounds: every slot is repriced from its amounts."""
+        self.bounds = bounds
+        for side, log_l, log_u in (
+            (self.worker_side, bounds.log_l1, bounds.log_u1),
+            (self.ps_side, bounds.log_l2, bounds.log_u2),
+        ):
+            side.log_l, side.log_u = log_l, log_u
+            side.empty_price = price(log_l, log_u, np.zeros_like(side.capacity), side.capacity)
+            side.reprice(0, self.length)
+
     def admit(
         self,
         job_id: str,

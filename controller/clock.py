@@ -1,0 +1,52 @@
+"""Wall time to slots. The clock is a seam: tests use a FakeClock they advance."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Protocol
+
+__all__ = ["Clock", "FakeClock", "SlotClock", "SystemClock"]
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Seconds since the Unix epoch."""
+        ...
+
+
+class SystemClock:
+    """The real wall clock."""
+
+    def now(self) -> float:
+        return time.time()
+
+
+class FakeClock:
+    """A clock that moves only when told to."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self.t = start
+
+    def now(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class SlotClock:
+    """Slot ``s`` covers ``[epoch + s * slot_seconds, epoch + (s + 1) * slot_seconds)``."""
+
+    def __init__(self, clock: Clock, slot_seconds: float, epoch: float = 0.0) -> None:
+        self.clock = clock
+        self.slot_seconds = slot_seconds
+        self.epoch = epoch
+
+    def current_slot(self) -> int:
+        """The slot the present moment falls in (0 before the epoch)."""
+        return max(0, math.floor((self.clock.now() - self.epoch) / self.slot_seconds))
+
+    def seconds_to_next_slot(self) -> float:
+        elapsed = (self.clock.now() - self.epoch) / self.slot_seconds
+        return (math.floor(elapsed) + 1 - elapsed) * self.slot_seconds

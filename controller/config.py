@@ -1,0 +1,205 @@
+"""Daemon configuration: a TOML file, validated at start with messages naming the key.
+
+Example (``config/oasisd.example.toml`` is a complete one)::
+
+    [daemon]
+    listen = "127.0.0.1:50051"   # host:port; port 0 picks a free port
+    data_dir = "/var/lib/oasis"  # the SQLite store lives here unless store_url is set
+    store_url = ""               # e.g. "postgresql+psycopg://oasis@/oasis"
+    slot_seconds = 3600          # length of a slot
+    window = 300                 # T: a job may be planned up to T slots from its arrival
+    epoch = 0                    # Unix time at which slot 0 began
+    log_level = "info"
+
+    [pricing]
+    bounds = "estimate"          # or "explicit" with U1, U2, L1, L2 as in the trace format
+    l_margin = 0.5               # estimate: L is scaled by this (<= 1)
+    u_margin = 1.0               # estimate: U is scaled by this (>= 1)
+
+    [cluster]                    # the trace format's resources and servers
+    resources = ["gpu", "cpu", "mem", "disk", "bandwidth"]
+    servers = [{name = "w0", kind = "worker", capacity = {gpu = 4, ...}}, ...]
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pricing import fields
+from pricing.cluster import Cluster, cluster_from_dict
+from pricing.errors import SpecError
+from pricing.prices import PriceBounds, bounds_from_dict
+
+__all__ = ["DEFAULT_LISTEN", "Config", "ConfigError", "PricingConfig", "demo_config", "load"]
+
+DEFAULT_LISTEN = "127.0.0.1:50051"
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message names the key."""
+
+
+@dataclass(frozen=True)
+class PricingConfig:
+    """How the daemon gets its price bounds.
+
+    Attributes:
+        mode: ``"explicit"`` (``bounds`` given) or ``"estimate"`` (from the jobs seen).
+        bounds: explicit bounds, for ``mode == "explicit"``.
+        l_margin: estimate: the estimated L is multiplied by this, in (0, 1].
+        u_margin: estimate: the estimated U is multiplied by this, >= 1.
+    """
+
+    mode: str
+    bounds: PriceBounds | None = None
+    l_margin: float = 0.5
+    u_margin: float = 1.0
+
+
+@dataclass(frozen=True)
+class Config:
+    """The daemon's settings.
+
+    Attributes:
+        listen: gRPC address, ``host:port``.
+        data_dir: directory of the embedded SQLite store.
+        store_url: SQLAlchemy URL of the store; empty means SQLite in ``data_dir``.
+        slot_seconds: seconds per slot.
+        window: T, slots a job may be planned over from its arrival.
+        epoch: Unix time of the start of slot 0.
+        log_level: structlog level name.
+        cluster: the servers.
+        pricing: price-bound settings.
+        tick_seconds: how often the slot clock is checked, seconds.
+    """
+
+    listen: str
+    data_dir: Path
+    store_url: str
+    slot_seconds: float
+    window: int
+    epoch: float
+    log_level: str
+    cluster: Cluster
+    pricing: PricingConfig
+    tick_seconds: float = 1.0
+    source: str = field(default="<embedded defaults>")
+
+    @property
+    def database_url(self) -> str:
+        """The store's URL: ``store_url``, or the SQLite file in ``data_dir``."""
+        return self.store_url or f"sqlite:///{(self.data_dir / 'oasis.db').resolve()}"
+
+
+_DAEMON_KEYS = {
+    "listen",
+    "data_dir",
+    "store_url",
+    "slot_seconds",
+    "window",
+    "epoch",
+    "log_level",
+    "tick_seconds",
+}
+_LEVELS = {"debug", "info", "warning", "error"}
+
+
+def _check_keys(table: Mapping[str, Any], known: set[str], where: str) -> None:
+    for key in table:
+        if key not in known:
+            raise ConfigError(f"{where}.{key}: unknown key (known: {', '.join(sorted(known))})")
+
+
+def from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Config:
+    """Validate a parsed TOML document."""
+    _check_keys(data, {"daemon", "pricing", "cluster"}, "config")
+    try:
+        daemon = fields.optional_mapping(data, "daemon", "")
+        _check_keys(daemon, _DAEMON_KEYS, "daemon")
+        listen = fields.text(daemon.get("listen", DEFAULT_LISTEN), "daemon.listen")
+        host, _, port = listen.rpartition(":")
+        if not host or not port.isdigit() or int(port) > 65535:
+            raise ConfigError(f"daemon.listen: must be host:port, got {listen!r}")
+        level = fields.text(daemon.get("log_level", "info"), "daemon.log_level").lower()
+        if level not in _LEVELS:
+            raise ConfigError(f"daemon.log_level: must be one of {sorted(_LEVELS)}")
+        store_url = daemon.get("store_url", "")
+        if not isinstance(store_url, str):
+            raise ConfigError("daemon.store_url: must be a string")
+        epoch = fields.number(daemon.get("epoch", 0), "daemon.epoch")
+        cluster_raw = fields.mapping(fields.require(data, "cluster", ""), "cluster")
+        _check_keys(cluster_raw, {"resources", "servers"}, "cluster")
+        cluster = cluster_from_dict(
+            cluster_raw.get("resources"), cluster_raw.get("servers"), prefix="cluster."
+        )
+        return Config(
+            listen=listen,
+            data_dir=Path(fields.text(daemon.get("data_dir", "./data"), "daemon.data_dir")),
+            store_url=store_url,
+            slot_seconds=fields.positive(daemon.get("slot_seconds", 3600), "daemon.slot_seconds"),
+            window=fields.positive_int(daemon.get("window", 300), "daemon.window"),
+            epoch=epoch,
+            log_level=level,
+            cluster=cluster,
+            pricing=_pricing(fields.optional_mapping(data, "pricing", ""), cluster),
+            tick_seconds=fields.positive(daemon.get("tick_seconds", 1.0), "daemon.tick_seconds"),
+            source=source,
+        )
+    except SpecError as err:
+        raise ConfigError(str(err)) from err
+
+
+def _pricing(raw: Mapping[str, Any], cluster: Cluster) -> PricingConfig:
+    mode = raw.get("bounds", "estimate")
+    if mode == "estimate":
+        _check_keys(raw, {"bounds", "l_margin", "u_margin"}, "pricing")
+        l_margin = fields.positive(raw.get("l_margin", 0.5), "pricing.l_margin")
+        u_margin = fields.positive(raw.get("u_margin", 1.0), "pricing.u_margin")
+        if l_margin > 1:
+            raise ConfigError("pricing.l_margin: must be in (0, 1]")
+        if u_margin < 1:
+            raise ConfigError("pricing.u_margin: must be >= 1")
+        return PricingConfig("estimate", None, l_margin, u_margin)
+    if mode == "explicit":
+        _check_keys(raw, {"bounds", "U1", "U2", "L1", "L2"}, "pricing")
+        explicit = {k: v for k, v in raw.items() if k != "bounds"}
+        bounds = bounds_from_dict(explicit, cluster, "pricing")
+        assert bounds is not None
+        return PricingConfig("explicit", bounds)
+    raise ConfigError(f"pricing.bounds: must be 'estimate' or 'explicit', got {mode!r}")
+
+
+def load(path: str | Path) -> Config:
+    """Read and validate a TOML config file."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise ConfigError(f"{p}: cannot read: {err.strerror or err}") from err
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{p}: not TOML: {err}") from err
+    return from_dict(data, str(p))
+
+
+def demo_config(data_dir: Path = Path("./data")) -> Config:
+    """The embedded defaults: SQLite under ``data_dir`` and a small demo cluster
+    (4 GPU worker servers, 2 PS servers, EC2-like) on loopback."""
+    gpu = {"gpu": 8, "cpu": 32, "mem": 488, "disk": 500, "bandwidth": 25}
+    ps = {"cpu": 36, "mem": 60, "disk": 500, "bandwidth": 25}
+    return from_dict(
+        {
+            "daemon": {"data_dir": str(data_dir), "window": 48},
+            "cluster": {
+                "resources": ["gpu", "cpu", "mem", "disk", "bandwidth"],
+                "servers": [
+                    *({"name": f"gpu{i}", "kind": "worker", "capacity": gpu} for i in range(4)),
+                    *({"name": f"ps{i}", "kind": "ps", "capacity": ps} for i in range(2)),
+                ],
+            },
+        },
+        "<embedded defaults>",
+    )

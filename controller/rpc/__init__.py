@@ -1,0 +1,1 @@
+"""Generated gRPC code (``python proto/generate.py``); not committed."""

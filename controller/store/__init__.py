@@ -1,0 +1,19 @@
+"""The SQL store: servers, jobs and their decisions, allocations, the event log.
+
+The store is the source of truth: a decision is committed before it is answered, and a
+restarted daemon rebuilds its ledger and prices from it.
+"""
+
+from controller.store.database import Database, StoreUnavailableError, migrate
+from controller.store.models import AllocationRow, EventRow, JobRow, MetaRow, ServerRow
+
+__all__ = [
+    "AllocationRow",
+    "Database",
+    "EventRow",
+    "JobRow",
+    "MetaRow",
+    "ServerRow",
+    "StoreUnavailableError",
+    "migrate",
+]

@@ -1,0 +1,89 @@
+"""SQLAlchemy 2 models. Keep in step with migrations/versions/."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+__all__ = ["AllocationRow", "Base", "EventRow", "JobRow", "MetaRow", "ServerRow"]
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: JSON}
+
+
+class ServerRow(Base):
+    """A server as configured: ``kind`` is ``worker`` or ``ps``; capacity per resource."""
+
+    __tablename__ = "servers"
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    position: Mapped[int] = mapped_column(Integer)
+    capacity: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class JobRow(Base):
+    """A submitted job, its spec (canonical JSON) and the decision taken for it.
+
+    ``sequence`` is the order decisions were taken in; the ledger is rebuilt in it.
+    """
+
+    __tablename__ = "jobs"
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    sequence: Mapped[int] = mapped_column(BigInteger, unique=True)
+    spec: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    submitted_slot: Mapped[int] = mapped_column(BigInteger)
+    arrival_slot: Mapped[int] = mapped_column(BigInteger)
+    work: Mapped[int] = mapped_column(BigInteger)
+    admitted: Mapped[bool]
+    payoff: Mapped[float | None] = mapped_column(Float)
+    cost: Mapped[float | None] = mapped_column(Float)
+    start_slot: Mapped[int | None] = mapped_column(BigInteger)
+    completion_slot: Mapped[int | None] = mapped_column(BigInteger)
+    jct: Mapped[int | None] = mapped_column(BigInteger)
+    utility: Mapped[float | None] = mapped_column(Float)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    decision_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    decided_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    cancelled_slot: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class AllocationRow(Base):
+    """Workers (on a worker server) or PS (on a PS server) of a job in a slot."""
+
+    __tablename__ = "allocations"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    slot: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    server: Mapped[str] = mapped_column(String(200), primary_key=True)
+    workers: Mapped[int] = mapped_column(Integer, default=0)
+    ps: Mapped[int] = mapped_column(Integer, default=0)
+
+    __table_args__ = (Index("ix_allocations_slot", "slot"),)
+
+
+class EventRow(Base):
+    """The event log: decisions and state changes, in order."""
+
+    __tablename__ = "events"
+    sequence: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    kind: Mapped[str] = mapped_column(String(32))
+    job_id: Mapped[str] = mapped_column(String(200), default="")
+    slot: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(String(16), default="")
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class MetaRow(Base):
+    """Small named values the daemon keeps: the price-bound estimate, the slot clock."""
+
+    __tablename__ = "meta"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[dict[str, Any]] = mapped_column(JSON)

@@ -1,0 +1,197 @@
+"""Real servers for tests: a throwaway PostgreSQL cluster and the daemon as a subprocess.
+
+PostgreSQL: ``initdb``/``pg_ctl`` from the machine (``pg_config --bindir`` or
+/usr/lib/postgresql/*/bin), in a temporary directory, on a free loopback port; as root it
+runs as the ``postgres`` user (PostgreSQL refuses to run as root). If the binaries are
+missing the PostgreSQL tests are skipped, unless ``OASIS_REQUIRE_POSTGRES=1`` (CI sets
+it), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pg_bindir() -> Path | None:
+    pg_config = shutil.which("pg_config")
+    if pg_config:
+        out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True)
+        cand = Path(out.stdout.strip())
+        if (cand / "initdb").exists():
+            return cand
+    for d in sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True):
+        if Path(d, "initdb").exists():
+            return Path(d)
+    return None
+
+
+class Postgres:
+    """A PostgreSQL server in a temporary directory on 127.0.0.1."""
+
+    def __init__(self) -> None:
+        bindir = _pg_bindir()
+        if bindir is None:
+            raise FileNotFoundError("initdb not found")
+        self.bindir = bindir
+        self.dir = Path(tempfile.mkdtemp(prefix="oasis-pg-"))
+        self.data = self.dir / "data"
+        self.port = free_port()
+        self.as_root = os.geteuid() == 0
+        if self.as_root:
+            shutil.chown(self.dir, "postgres", "postgres")
+        self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "oasis", "--no-sync")
+        self.start()
+
+    def _run(self, tool: str, *args: str) -> None:
+        cmd = [str(self.bindir / tool), *args]
+        if self.as_root:
+            cmd = ["runuser", "-u", "postgres", "--", *cmd]
+        subprocess.run(cmd, check=True, capture_output=True, cwd=self.dir)
+
+    def start(self) -> None:
+        opts = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._run("pg_ctl", "-D", str(self.data), "-o", opts, "-l", str(self.dir / "log"),
+                  "-w", "start")  # fmt: skip
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql+psycopg://oasis@127.0.0.1:{self.port}/{database}"
+
+    def new_database(self) -> str:
+        import psycopg
+
+        name = f"t_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(
+            f"host=127.0.0.1 port={self.port} user=oasis dbname=postgres", autocommit=True
+        ) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+    def close(self) -> None:
+        try:
+            self.stop("immediate")
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+CLUSTER_TOML = """
+[cluster]
+resources = ["gpu", "cpu", "mem", "disk", "bandwidth"]
+servers = [
+  {name = "w0", kind = "worker", capacity = {gpu = 4, cpu = 32, mem = 244, disk = 250, bandwidth = 25}},
+  {name = "w1", kind = "worker", capacity = {gpu = 4, cpu = 32, mem = 244, disk = 250, bandwidth = 25}},
+  {name = "w2", kind = "worker", capacity = {gpu = 8, cpu = 64, mem = 488, disk = 500, bandwidth = 40}},
+  {name = "p0", kind = "ps", capacity = {cpu = 36, mem = 60, disk = 500, bandwidth = 25}},
+  {name = "p1", kind = "ps", capacity = {cpu = 16, mem = 30, disk = 250, bandwidth = 20}},
+]
+"""
+
+
+def write_config(
+    path: Path, data_dir: Path, store_url: str = "", epoch: float | None = None, extra: str = ""
+) -> Path:
+    epoch = time.time() if epoch is None else epoch
+    path.write_text(
+        f"""
+[daemon]
+listen = "127.0.0.1:0"
+data_dir = "{data_dir}"
+store_url = "{store_url}"
+slot_seconds = 3600
+window = 24
+epoch = {epoch}
+tick_seconds = 0.2
+log_level = "info"
+{extra}
+{CLUSTER_TOML}
+"""
+    )
+    return path
+
+
+class Daemon:
+    """``oasisd --config FILE`` as a subprocess; ``address`` once it listens."""
+
+    def __init__(self, config: Path, log: Path) -> None:
+        self.config = config
+        self.log_path = log
+        self.proc: subprocess.Popen[str] | None = None
+        self.address = ""
+
+    def start(self, timeout: float = 60.0) -> Daemon:
+        self.log = open(self.log_path, "a")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "controller.daemon", "--config", str(self.config)],
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            cwd=ROOT,
+        )
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"oasisd exited early:\n{self.log_path.read_text()}")
+            m = re.search(r"listening on (\S+)", line)
+            if m:
+                self.address = m.group(1)
+                return self
+        raise TimeoutError("oasisd did not start")
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self._close()
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._close()
+        return int(self.proc.returncode)
+
+    def _close(self) -> None:
+        assert self.proc is not None
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.log.close()
+
+
+def oasis(*args: str, server: str = "", check: bool = True) -> subprocess.CompletedProcess[Any]:
+    """Run the ``oasis`` CLI as a subprocess."""
+    cmd = [sys.executable, "-m", "controller.cli", *args]
+    if server:
+        cmd += ["--server", server]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc

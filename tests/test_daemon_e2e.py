@@ -1,0 +1,218 @@
+"""oasisd end to end: a real subprocess on a loopback port, driven with the CLI and a real
+gRPC channel, on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
+from tests.servers import Daemon, oasis, write_config
+
+BASE_JOB: dict[str, Any] = {
+    "epochs": 2,
+    "chunks": 8,
+    "minibatches": 50,
+    "tau": 0.01,
+    "grad_mb": 100,
+    "worker": {"gpu": 1, "cpu": 4, "mem": 8, "disk": 5, "bandwidth": 1},
+    "ps": {"cpu": 2, "mem": 8, "disk": 5, "bandwidth": 5},
+    "utility": {"kind": "sigmoid", "priority": 50, "decay": 0.5, "target": 3},
+}
+
+
+def job(job_id: str, **changes: Any) -> dict[str, Any]:
+    return {**BASE_JOB, "id": job_id, **changes}
+
+
+def contending_jobs(n: int) -> list[dict[str, Any]]:
+    """Jobs big enough to fill the small test cluster, so prices matter."""
+    out = []
+    for i in range(n):
+        out.append(
+            job(
+                f"j{i}",
+                epochs=2 + i % 3,
+                chunks=10 + 3 * i,
+                minibatches=60 + 10 * i,
+                worker={"gpu": 1 + i % 2, "cpu": 4, "mem": 16, "disk": 5, "bandwidth": 1 + i % 3},
+                utility={"kind": "sigmoid", "priority": 20 + 15 * i, "decay": 0.3, "target": 4},
+            )
+        )
+    return out
+
+
+def write_job(tmp_path: Path, spec: Any, name: str = "job.json") -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(spec))
+    return str(path)
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, store_url: str) -> Any:
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store_url)
+    d = Daemon(config, tmp_path / "oasisd.log").start()
+    yield d
+    assert d.stop() == 0, (tmp_path / "oasisd.log").read_text()
+
+
+def submit_json(tmp_path: Path, spec: dict[str, Any], server: str) -> dict[str, Any]:
+    out = oasis("submit", write_job(tmp_path, spec), "--json", server=server)
+    return dict(json.loads(out.stdout))
+
+
+def prices(server: str, name: str, resource: str, slots: int = 24) -> list[float]:
+    out = oasis("prices", "--json", "--slots", str(slots), "--server-name", name, server=server)
+    data = json.loads(out.stdout)
+    row = next(p for p in data["prices"] if p["resource"] == resource)
+    return [float(x) for x in row["prices"]]
+
+
+def test_submit_quote_cancel_and_prices_fall(tmp_path: Path, daemon: Daemon) -> None:
+    addr = daemon.address
+    spec = job("a1")
+    quoted = json.loads(oasis("quote", write_job(tmp_path, spec), "--json", server=addr).stdout)
+    assert quoted["decision"]["admitted"] is True
+    assert json.loads(oasis("jobs", "--json", server=addr).stdout).get("jobs", []) == []
+
+    first = submit_json(tmp_path, spec, addr)["job"]
+    decision = first["decision"]
+    assert decision["admitted"] is True and first["state"] == "JOB_STATE_ADMITTED"
+    # the quote was the same computation (bounds include the job in both)
+    assert decision["payoff"] == pytest.approx(quoted["decision"]["payoff"], rel=1e-12)
+    slots = sorted({a["slot"] for a in decision["allocations"]})
+    server = next(a["server"] for a in decision["allocations"] if int(a["workers"]) > 0)
+    before = prices(addr, server, "gpu")
+    first_slot = int(json.loads(oasis("prices", "--json", server=addr).stdout)["first_slot"])
+    idle = before[-1]  # the window's last slot: untouched
+    used = [before[int(s) - first_slot] for s in slots]
+    assert all(p > idle for p in used)
+
+    out = oasis("cancel", "a1", server=addr)
+    assert "cancelled" in out.stdout
+    after = prices(addr, server, "gpu")
+    assert all(after[int(s) - first_slot] == idle for s in slots)  # back to the empty price
+    shown = json.loads(oasis("job", "a1", "--json", server=addr).stdout)["job"]
+    assert shown["state"] == "JOB_STATE_CANCELLED"
+    again = oasis("cancel", "a1", server=addr, check=False)
+    assert again.returncode == 1 and "FAILED_PRECONDITION" in again.stderr
+    missing = oasis("job", "nope", server=addr, check=False)
+    assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr
+
+
+def test_retried_submit_is_idempotent(tmp_path: Path, daemon: Daemon) -> None:
+    addr = daemon.address
+    spec = job("r1")
+    first = submit_json(tmp_path, spec, addr)
+    snapshot = prices(addr, "w0", "gpu") + prices(addr, "w2", "gpu")
+    second = submit_json(tmp_path, spec, addr)
+    assert second["duplicate"] is True
+    assert second["job"]["decision"] == first["job"]["decision"]
+    assert prices(addr, "w0", "gpu") + prices(addr, "w2", "gpu") == snapshot  # nothing more
+    jobs = json.loads(oasis("jobs", "--json", server=addr).stdout)["jobs"]
+    assert [j["spec"]["id"] for j in jobs] == ["r1"]
+    other = oasis("submit", write_job(tmp_path, {**spec, "epochs": 3}), server=addr, check=False)
+    assert other.returncode == 1 and "ALREADY_EXISTS" in other.stderr
+
+
+def test_invalid_input_is_a_clear_error_and_the_daemon_stays_healthy(
+    tmp_path: Path, daemon: Daemon
+) -> None:
+    addr = daemon.address
+    cases = [
+        (job("b1", tau=-1), "job.tau: must be > 0"),
+        (job("b2", worker={**BASE_JOB["worker"], "bandwidth": 9}), "job.worker.bandwidth"),
+        (job("b3", worker={**BASE_JOB["worker"], "tpu": 1}), "job.worker.tpu: unknown resource"),
+        (job("b4", epochs=10_000), "cannot finish|only 24 remain"),
+        ({k: v for k, v in job("b5").items() if k != "chunks"}, "job.chunks: is required"),
+    ]
+    for spec, message in cases:
+        out = oasis("submit", write_job(tmp_path, spec), server=addr, check=False)
+        assert out.returncode == 2, out
+        assert "INVALID_ARGUMENT" in out.stderr
+        assert any(m in out.stderr for m in message.split("|")), out.stderr
+    with grpc.insecure_channel(addr) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        status = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10).status
+        assert status == health_pb2.HealthCheckResponse.SERVING
+    assert submit_json(tmp_path, job("good"), addr)["job"]["decision"]["admitted"] is True
+    assert json.loads(oasis("jobs", "--json", server=addr).stdout)["jobs"][0]["spec"]["id"] == "good"
+
+
+def test_watch_replays_and_streams_events(tmp_path: Path, daemon: Daemon) -> None:
+    submit_json(tmp_path, job("w1"), daemon.address)
+    with grpc.insecure_channel(daemon.address) as channel:
+        stub = pb_grpc.AdmissionStub(channel)
+        stream = stub.WatchEvents(pb.WatchEventsRequest(after_sequence=0), timeout=20)
+        first = next(stream)
+        assert (first.kind, first.job_id) == ("decided", "w1")
+        submit_json(tmp_path, job("w2"), daemon.address)
+        second = next(stream)
+        assert (second.kind, second.job_id) == ("decided", "w2")
+        assert second.sequence > first.sequence
+        stream.cancel()
+
+
+def test_kill_9_and_restart_lose_nothing_and_decide_as_if_uninterrupted(
+    tmp_path: Path, store_url: str, request: pytest.FixtureRequest
+) -> None:
+    epoch = time.time()
+    jobs = contending_jobs(7)
+    crashed = Daemon(
+        write_config(tmp_path / "a.toml", tmp_path / "a", store_url, epoch), tmp_path / "a.log"
+    ).start()
+    decisions = [submit_json(tmp_path, j, crashed.address)["job"] for j in jobs[:6]]
+    assert any(d["state"] == "JOB_STATE_REJECTED" for d in decisions), "jobs should contend"
+    assert any(d["state"] == "JOB_STATE_ADMITTED" for d in decisions)
+    crashed.kill9()
+
+    restarted = Daemon(crashed.config, tmp_path / "a.log").start()
+    try:
+        stored = json.loads(oasis("jobs", "--json", server=restarted.address).stdout)["jobs"]
+        assert [j["decision"] for j in stored] == [d["decision"] for d in decisions]
+        retry = submit_json(tmp_path, jobs[5], restarted.address)
+        assert retry["duplicate"] is True
+        after_crash = submit_json(tmp_path, jobs[6], restarted.address)["job"]["decision"]
+    finally:
+        assert restarted.stop() == 0
+
+    if store_url.startswith("sqlite"):
+        other_url = f"sqlite:///{tmp_path / 'b.db'}"
+    else:
+        other_url = request.getfixturevalue("postgres").new_database()
+    calm = Daemon(
+        write_config(tmp_path / "b.toml", tmp_path / "b", other_url, epoch), tmp_path / "b.log"
+    ).start()
+    try:
+        for j in jobs[:6]:
+            submit_json(tmp_path, j, calm.address)
+        uninterrupted = submit_json(tmp_path, jobs[6], calm.address)["job"]["decision"]
+    finally:
+        assert calm.stop() == 0
+    decision_ms = "decision_ms"
+    after_crash.pop(decision_ms, None)
+    uninterrupted.pop(decision_ms, None)
+    assert after_crash == uninterrupted  # same payoff, cost and plan, bit for bit
+
+
+def test_bad_config_names_the_key(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.toml", tmp_path / "d", extra="")
+    config.write_text(config.read_text().replace("window = 24", "window = -3"))
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "controller.daemon", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "daemon.window: must be >= 1" in out.stderr
