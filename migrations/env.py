@@ -19,10 +19,13 @@ def run() -> None:
             context.run_migrations()
         return
     engine = create_engine(config.get_main_option("sqlalchemy.url") or "")
-    with engine.begin() as conn:
-        context.configure(connection=conn, target_metadata=target_metadata)
-        with context.begin_transaction():
-            context.run_migrations()
+    try:
+        with engine.begin() as conn:
+            context.configure(connection=conn, target_metadata=target_metadata)
+            with context.begin_transaction():
+                context.run_migrations()
+    finally:
+        engine.dispose()
 
 
 run()

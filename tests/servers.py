@@ -35,7 +35,7 @@ def free_port() -> int:
 def _pg_bindir() -> Path | None:
     pg_config = shutil.which("pg_config")
     if pg_config:
-        out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True)
+        out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, check=False)
         cand = Path(out.stdout.strip())
         if (cand / "initdb").exists():
             return cand
@@ -100,9 +100,12 @@ CLUSTER_TOML = """
 [cluster]
 resources = ["gpu", "cpu", "mem", "disk", "bandwidth"]
 servers = [
-  {name = "w0", kind = "worker", capacity = {gpu = 4, cpu = 32, mem = 244, disk = 250, bandwidth = 25}},
-  {name = "w1", kind = "worker", capacity = {gpu = 4, cpu = 32, mem = 244, disk = 250, bandwidth = 25}},
-  {name = "w2", kind = "worker", capacity = {gpu = 8, cpu = 64, mem = 488, disk = 500, bandwidth = 40}},
+  {name = "w0", kind = "worker",
+   capacity = {gpu = 4, cpu = 32, mem = 244, disk = 250, bandwidth = 25}},
+  {name = "w1", kind = "worker",
+   capacity = {gpu = 4, cpu = 32, mem = 244, disk = 250, bandwidth = 25}},
+  {name = "w2", kind = "worker",
+   capacity = {gpu = 8, cpu = 64, mem = 488, disk = 500, bandwidth = 40}},
   {name = "p0", kind = "ps", capacity = {cpu = 36, mem = 60, disk = 500, bandwidth = 25}},
   {name = "p1", kind = "ps", capacity = {cpu = 16, mem = 30, disk = 250, bandwidth = 20}},
 ]
@@ -191,7 +194,7 @@ def oasis(*args: str, server: str = "", check: bool = True) -> subprocess.Comple
     cmd = [sys.executable, "-m", "controller.cli", *args]
     if server:
         cmd += ["--server", server]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
     if check and proc.returncode != 0:
         raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc

@@ -1,0 +1,75 @@
+"""Config files: the example loads; mistakes are refused with the key named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from controller.config import ConfigError, demo_config, load
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = (ROOT / "config" / "oasisd.example.toml").read_text()
+
+
+def test_example_config_loads() -> None:
+    config = load(ROOT / "config" / "oasisd.example.toml")
+    assert config.window == 300 and config.slot_seconds == 3600
+    assert len(config.cluster.worker_names) == 6 and len(config.cluster.ps_names) == 3
+    assert config.pricing.mode == "estimate" and config.pricing.l_margin == 0.5
+    assert config.database_url == "sqlite:////var/lib/oasis/oasis.db"
+
+
+def test_demo_defaults() -> None:
+    config = demo_config(Path("/tmp/x"))
+    assert config.listen.startswith("127.0.0.1:")
+    assert config.database_url.startswith("sqlite:///")
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("window = 300", "window = 0", "daemon.window: must be >= 1"),
+        ("slot_seconds = 3600", "slot_seconds = -1", "daemon.slot_seconds: must be > 0"),
+        ('listen = "127.0.0.1:50051"', 'listen = "nowhere"', "daemon.listen: must be host:port"),
+        ('log_level = "info"', 'log_level = "loud"', "daemon.log_level"),
+        ("tick_seconds = 1.0", "tick_seconds = 1.0\nspeed = 3", "daemon.speed: unknown key"),
+        ('bounds = "estimate"', 'bounds = "guess"', "pricing.bounds: must be 'estimate'"),
+        ("l_margin = 0.5", "l_margin = 2", "pricing.l_margin: must be in (0, 1]"),
+        ('kind = "ps",     capacity = {cpu = 16', 'kind = "pss",     capacity = {cpu = 16',
+         "cluster.servers[8].kind"),
+        ("gpu = 16, cpu = 64", "gpu = -16, cpu = 64",
+         "cluster.servers[2].capacity.gpu: must be >= 0"),
+        ('"bandwidth"]', '"bw"]', "cluster.resources: must include 'bandwidth'"),
+    ],
+)  # fmt: skip
+def test_bad_config_names_the_key(tmp_path: Path, old: str, new: str, message: str) -> None:
+    assert old in EXAMPLE
+    path = tmp_path / "bad.toml"
+    path.write_text(EXAMPLE.replace(old, new, 1))
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    assert message in str(err.value)
+
+
+def test_explicit_bounds(tmp_path: Path) -> None:
+    text = EXAMPLE.replace(
+        'bounds = "estimate"\nl_margin = 0.5\nu_margin = 1.0',
+        'bounds = "explicit"\nL1 = 1e-4\nL2 = 1e-4\nU1 = {gpu = 50.0}\nU2 = {cpu = 25.0}',
+    )
+    path = tmp_path / "explicit.toml"
+    path.write_text(text)
+    config = load(path)
+    assert config.pricing.mode == "explicit" and config.pricing.bounds is not None
+    path.write_text(text.replace("U1 = {gpu = 50.0}", "U1 = {gpu = 1e-6}"))
+    with pytest.raises(ConfigError, match=r"pricing.U1.gpu: must be >= L1"):
+        load(path)
+
+
+def test_unreadable_and_not_toml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[daemon\n")
+    with pytest.raises(ConfigError, match="not TOML"):
+        load(bad)

@@ -1,0 +1,141 @@
+"""Time: the slot clock, and jobs moving admitted -> running -> completed on slot
+boundaries, with a fake clock the test advances (the daemon in-process, real gRPC)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from controller.clock import FakeClock, SlotClock
+from controller.config import load
+from controller.convert import spec_to_proto
+from controller.daemon import serve
+from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
+from tests.servers import write_config
+from tests.test_daemon_e2e import job
+
+SLOT = 3600.0
+
+
+def test_slot_clock_maps_wall_time_to_slots() -> None:
+    clock = FakeClock(1000.0)
+    slots = SlotClock(clock, 60.0, epoch=1000.0)
+    assert slots.current_slot() == 0
+    clock.advance(59.9)
+    assert slots.current_slot() == 0
+    assert slots.seconds_to_next_slot() == pytest.approx(0.1)
+    clock.advance(0.1)
+    assert slots.current_slot() == 1
+    clock.advance(600)
+    assert slots.current_slot() == 11
+    assert SlotClock(FakeClock(0.0), 60.0, epoch=500.0).current_slot() == 0  # before the epoch
+
+
+class InProcessDaemon:
+    """``serve`` on its own event loop in a thread, with a fake clock."""
+
+    def __init__(self, config_path: Path, clock: FakeClock) -> None:
+        self.config = load(config_path)
+        self.clock = clock
+        self.address = ""
+        self._ready = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._stop = asyncio.Event()
+        self._thread = threading.Thread(target=self._main, daemon=True)
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self._loop)
+
+        def ready(address: str) -> None:
+            self.address = address
+            self._ready.set()
+
+        self._loop.run_until_complete(
+            serve(self.config, clock=self.clock, stop=self._stop, on_ready=ready)
+        )
+
+    def __enter__(self) -> InProcessDaemon:
+        self._thread.start()
+        assert self._ready.wait(60), "daemon did not start"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+
+
+@pytest.fixture
+def stub(tmp_path: Path) -> Iterator[tuple[Any, FakeClock]]:
+    clock = FakeClock(1_000_000.0)
+    config = write_config(tmp_path / "c.toml", tmp_path / "data", epoch=clock.now(), extra="")
+    config.write_text(config.read_text().replace("tick_seconds = 0.2", "tick_seconds = 0.02"))
+    with InProcessDaemon(config, clock) as d, grpc.insecure_channel(d.address) as channel:
+        yield pb_grpc.AdmissionStub(channel), clock
+
+
+def wait_for_state(stub: Any, job_id: str, state: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    got = None
+    while time.monotonic() < deadline:
+        got = stub.GetJob(pb.GetJobRequest(id=job_id), timeout=5).job.state
+        if got == state:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{job_id}: state {got}, expected {state}")
+
+
+def test_jobs_move_through_states_on_slot_boundaries(stub: tuple[Any, FakeClock]) -> None:
+    admission, clock = stub
+    spec = spec_to_proto(job("t1", epochs=6, chunks=4, minibatches=60))
+    resp = admission.SubmitJob(pb.SubmitJobRequest(job=spec), timeout=30).job
+    d = resp.decision
+    assert d.admitted and d.arrival_slot == 1  # submitted in slot 0, arrives at the next
+    assert resp.state == pb.JOB_STATE_ADMITTED
+    first = min(a.slot for a in d.allocations)
+    assert d.completion_slot > first, "the test needs a job spanning several slots"
+
+    clock.advance(SLOT * first)  # its first slot begins
+    wait_for_state(admission, "t1", pb.JOB_STATE_RUNNING)
+    clock.advance(SLOT * (d.completion_slot - first))  # its last slot begins
+    time.sleep(0.1)
+    assert admission.GetJob(pb.GetJobRequest(id="t1")).job.state == pb.JOB_STATE_RUNNING
+    clock.advance(SLOT)  # ... and ends
+    wait_for_state(admission, "t1", pb.JOB_STATE_COMPLETED)
+
+    # the window rolled: a job submitted now arrives in the next slot
+    now_slot = d.completion_slot + 1
+    later = admission.SubmitJob(pb.SubmitJobRequest(job=spec_to_proto(job("t2"))), timeout=30)
+    assert later.job.decision.arrival_slot == now_slot + 1
+    assert min(a.slot for a in later.job.decision.allocations) >= now_slot + 1
+
+    events = admission.WatchEvents(pb.WatchEventsRequest(after_sequence=0), timeout=5)
+    kinds = []
+    for event in events:
+        kinds.append((event.kind, event.job_id))
+        if len(kinds) == 4:
+            break
+    assert kinds == [("decided", "t1"), ("running", "t1"), ("completed", "t1"), ("decided", "t2")]
+
+
+def test_cancel_releases_only_future_slots(stub: tuple[Any, FakeClock]) -> None:
+    admission, clock = stub
+    spec = spec_to_proto(job("c1", epochs=6, chunks=4, minibatches=60))
+    d = admission.SubmitJob(pb.SubmitJobRequest(job=spec), timeout=30).job.decision
+    first = min(a.slot for a in d.allocations)
+    clock.advance(SLOT * first)
+    wait_for_state(admission, "c1", pb.JOB_STATE_RUNNING)
+    out = admission.CancelJob(pb.CancelJobRequest(id="c1"), timeout=10)
+    kept = [a for a in out.job.decision.allocations]
+    assert kept and max(a.slot for a in kept) == first  # the running slot stays
+    assert out.released_worker_slots == sum(a.workers for a in d.allocations if a.slot > first)
+    with pytest.raises(grpc.RpcError) as err:
+        admission.CancelJob(pb.CancelJobRequest(id="c1"), timeout=10)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
