@@ -138,11 +138,9 @@ def _search(
 
         cur = d_all[k]
         cur[:] = prev
+        # w < y needs no update: cost_t rises with y, so choosing y = w covers it as cheaply
         for y in range(1, ymax + 1):
             cy = c[y]
-            # fewer than y worker-slots wanted: this slot alone covers them
-            for w in range(1, min(y, work + 1)):
-                cur[w] = min(cur[w], cy)
             for w in range(y, min(work, reach + y) + 1):
                 cur[w] = min(cur[w], prev[w - y] + cy)
         reach = min(work, reach + ymax)
