@@ -96,18 +96,16 @@ class Postgres:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
+# TOML inline tables cannot span lines
 CLUSTER_TOML = """
 [cluster]
 resources = ["gpu", "cpu", "mem", "disk", "bandwidth"]
 servers = [
-  {name = "w0", kind = "worker",
-   capacity = {gpu = 4, cpu = 32, mem = 244, disk = 250, bandwidth = 25}},
-  {name = "w1", kind = "worker",
-   capacity = {gpu = 4, cpu = 32, mem = 244, disk = 250, bandwidth = 25}},
-  {name = "w2", kind = "worker",
-   capacity = {gpu = 8, cpu = 64, mem = 488, disk = 500, bandwidth = 40}},
-  {name = "p0", kind = "ps", capacity = {cpu = 36, mem = 60, disk = 500, bandwidth = 25}},
-  {name = "p1", kind = "ps", capacity = {cpu = 16, mem = 30, disk = 250, bandwidth = 20}},
+  {name="w0", kind="worker", capacity={gpu=4, cpu=32, mem=244, disk=250, bandwidth=25}},
+  {name="w1", kind="worker", capacity={gpu=4, cpu=32, mem=244, disk=250, bandwidth=25}},
+  {name="w2", kind="worker", capacity={gpu=8, cpu=64, mem=488, disk=500, bandwidth=40}},
+  {name="p0", kind="ps", capacity={cpu=36, mem=60, disk=500, bandwidth=25}},
+  {name="p1", kind="ps", capacity={cpu=16, mem=30, disk=250, bandwidth=20}},
 ]
 """
 
@@ -154,15 +152,21 @@ class Daemon:
         )
         assert self.proc.stdout is not None
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"oasisd exited early:\n{self.log_path.read_text()}")
-            m = re.search(r"listening on (\S+)", line)
-            if m:
-                self.address = m.group(1)
-                return self
-        raise TimeoutError("oasisd did not start")
+        try:
+            while time.monotonic() < deadline:
+                line = self.proc.stdout.readline()
+                if not line:
+                    raise RuntimeError(f"oasisd exited early:\n{self.log_path.read_text()}")
+                m = re.search(r"listening on (\S+)", line)
+                if m:
+                    self.address = m.group(1)
+                    return self
+            raise TimeoutError("oasisd did not start")
+        except BaseException:
+            self.proc.kill()
+            self.proc.wait(10)
+            self._close()
+            raise
 
     def kill9(self) -> None:
         assert self.proc is not None
