@@ -58,9 +58,12 @@ class InProcessDaemon:
             self.address = address
             self._ready.set()
 
-        self._loop.run_until_complete(
-            serve(self.config, clock=self.clock, stop=self._stop, on_ready=ready)
-        )
+        try:
+            self._loop.run_until_complete(
+                serve(self.config, clock=self.clock, stop=self._stop, on_ready=ready)
+            )
+        finally:
+            self._loop.close()
 
     def __enter__(self) -> InProcessDaemon:
         self._thread.start()
