@@ -11,11 +11,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from controller.commands import client, common, replay
+from controller.commands import client, common, offline, replay
 
 __all__ = ["build_parser", "main"]
 
-COMMANDS = (replay, client)
+COMMANDS = (replay, offline, client)
 
 
 def build_parser() -> argparse.ArgumentParser:
