@@ -1,4 +1,4 @@
-"""Replay a trace through the online algorithm (SPEC 6 ``replay``)."""
+"""Replay a trace through the online algorithm or a baseline (SPEC 6 ``replay``)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,21 @@ from typing import Any
 import numpy as np
 
 from pricing import Decision, Ledger, Trace, decide
+from pricing.baselines import Outcome
+from pricing.baselines import run as run_baseline
 from pricing.best_schedule import warm_up
 from pricing.cluster import Cluster
 from pricing.schedule import Schedule
 
-__all__ = ["ReplayRecord", "allocations", "replay", "replay_json"]
+__all__ = [
+    "ReplayRecord",
+    "allocations",
+    "baseline_json",
+    "baseline_summary",
+    "replay",
+    "replay_baseline",
+    "replay_json",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -93,4 +103,59 @@ def replay_json(trace: Trace, records: list[ReplayRecord]) -> dict[str, Any]:
     return {
         "jobs": [record_json(r, trace.cluster) for r in records],
         "summary": summary(records),
+    }
+
+
+def replay_baseline(
+    trace: Trace, policy: str, clock: Callable[[], float] = time.perf_counter
+) -> list[Outcome]:
+    """Simulate ``trace`` under the baseline ``policy`` (``pricing.baselines.POLICIES``).
+
+    ``clock`` (seconds) times each re-plan; a job's ``decision_ms`` is the re-plan at
+    its arrival slot.
+    """
+    return run_baseline(trace, policy, clock)
+
+
+def baseline_record_json(outcome: Outcome, cluster: Cluster) -> dict[str, Any]:
+    """One job of ``replay --policy <baseline> --json``, in the SPEC 6 shape.
+
+    A baseline prices nothing, so ``payoff`` and ``cost`` are null. An admitted job that
+    did not complete by ``T - 1`` has ``jct`` null, utility 0, and the allocations it ran;
+    a rejected one (RRH only) has utility null and no allocations.
+    """
+    return {
+        "id": outcome.job.id,
+        "admitted": outcome.admitted,
+        "payoff": None,
+        "cost": None,
+        "jct": outcome.jct,
+        "utility": outcome.utility,
+        "decision_ms": round(outcome.decision_ms, 4),
+        "allocations": allocations(outcome.schedule, cluster),
+    }
+
+
+def baseline_summary(outcomes: list[Outcome]) -> dict[str, Any]:
+    """Totals over a baseline replay, with the keys of :func:`summary`; ``total_cost``
+    is null and ``unfinished`` counts admitted jobs that did not complete."""
+    ms = np.array([o.decision_ms for o in outcomes]) if outcomes else np.zeros(1)
+    admitted = sum(o.admitted for o in outcomes)
+    return {
+        "total_utility": float(sum(o.utility or 0.0 for o in outcomes)),
+        "admitted": admitted,
+        "rejected": len(outcomes) - admitted,
+        "unfinished": sum(o.admitted and o.jct is None for o in outcomes),
+        "total_cost": None,
+        "decision_ms_p50": round(float(np.percentile(ms, 50)), 4),
+        "decision_ms_p99": round(float(np.percentile(ms, 99)), 4),
+        "decision_ms_max": round(float(ms.max()), 4),
+    }
+
+
+def baseline_json(trace: Trace, outcomes: list[Outcome]) -> dict[str, Any]:
+    """The whole ``replay --policy <baseline> --json`` document."""
+    return {
+        "jobs": [baseline_record_json(o, trace.cluster) for o in outcomes],
+        "summary": baseline_summary(outcomes),
     }

@@ -1,4 +1,5 @@
-"""``oasis replay TRACE``: decide every job of a trace with the online algorithm."""
+"""``oasis replay TRACE``: decide every job of a trace with the online algorithm, or
+simulate it under one of the paper's baselines (``--policy``)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,17 @@ import sys
 from typing import Any, TextIO
 
 from controller.commands.common import EXIT_OK, fmt, load_trace
-from controller.replay import ReplayRecord, replay, replay_json, summary
+from controller.replay import (
+    ReplayRecord,
+    baseline_json,
+    baseline_summary,
+    replay,
+    replay_baseline,
+    replay_json,
+    summary,
+)
 from controller.table import render_table
+from pricing.baselines import POLICIES, Outcome
 
 __all__ = ["register"]
 
@@ -22,6 +32,13 @@ def register(sub: Any) -> None:
         description="Decide every job of TRACE in order (SPEC 6) and print the decisions.",
     )
     p.add_argument("trace", metavar="TRACE", help="trace file (JSON, SPEC 6), or - for stdin")
+    p.add_argument(
+        "--policy",
+        choices=["oasis", *POLICIES],
+        default="oasis",
+        help="oasis (default), or a baseline of the paper's section V-A simulated slot by "
+        "slot: fifo, drf, rrh, dorm (payoff and cost are then null)",
+    )
     p.add_argument("--json", action="store_true", help="print SPEC 6 JSON instead of a table")
     p.add_argument("--compact", action="store_true", help="with --json: one line, no indent")
     p.add_argument(
@@ -60,7 +77,54 @@ def _replay_table(records: list[ReplayRecord], out: TextIO) -> None:
     )
 
 
+def _baseline_table(outcomes: list[Outcome], out: TextIO) -> None:
+    rows = []
+    for o in outcomes:
+        peak = int(o.schedule.worker_counts().max()) if o.schedule else 0
+        if not o.admitted:
+            decision = "reject"
+        elif o.jct is None:
+            decision = "unfinished"
+        else:
+            decision = "done"
+        rows.append(
+            [
+                o.job.id,
+                str(o.job.arrival),
+                decision,
+                "-",
+                "-",
+                str(o.jct) if o.jct is not None else "-",
+                fmt(o.utility),
+                str(peak) if o.schedule else "-",
+                f"{o.decision_ms:.2f}",
+            ]
+        )
+    headers = ["job", "arrival", "decision", "payoff", "cost", "jct", "utility", "peak_w", "ms"]
+    print(render_table(headers, rows, right={1, 3, 4, 5, 6, 7, 8}), file=out)
+    s = baseline_summary(outcomes)
+    print(
+        f"\n{s['admitted']} admitted ({s['unfinished']} unfinished by the horizon), "
+        f"{s['rejected']} rejected; total utility {s['total_utility']:.6g}; re-plan time "
+        f"at arrival p50 {s['decision_ms_p50']:.2f} ms, p99 {s['decision_ms_p99']:.2f} ms",
+        file=out,
+    )
+
+
+def _run_baseline(args: argparse.Namespace) -> int:
+    trace = load_trace(args.trace)
+    outcomes = replay_baseline(trace, args.policy)
+    if args.json:
+        json.dump(baseline_json(trace, outcomes), sys.stdout, indent=None if args.compact else 1)
+        print()
+    else:
+        _baseline_table(outcomes, sys.stdout)
+    return EXIT_OK
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.policy != "oasis":
+        return _run_baseline(args)
     trace = load_trace(args.trace)
     records: list[ReplayRecord] = []
     total = len(trace.jobs)

@@ -1,0 +1,385 @@
+"""The baseline schedulers (FIFO, DRF, RRH, Dorm): shared rules checked from the
+``replay --policy`` JSON alone, and tiny traces whose schedules can be worked out by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from controller.cli import main
+from pricing import CapacityError, trace_from_dict
+from pricing.baselines import POLICIES, run
+from pricing.baselines.simulator import Outcome, PolicyError, Pool, Simulator, simulate, verify
+from pricing.schedule import Schedule
+from pricing.workload import generate_trace
+
+BASELINES = sorted(POLICIES)
+
+
+def _replay_json(tmp_path: Path, trace: dict[str, Any], policy: str, capsys: Any) -> Any:
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(trace))
+    assert main(["replay", str(path), "--policy", policy, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _work(job: dict[str, Any], slot_seconds: float) -> int:
+    """SPEC 3, written out again: W in worker-slots."""
+    b = float(job["worker"]["bandwidth"])
+    m = float(job["tau"]) + 2 * float(job["grad_mb"]) * 0.008 / b / slot_seconds
+    return math.ceil(int(job["epochs"]) * int(job["chunks"]) * int(job["minibatches"]) * m - 1e-9)
+
+
+def _sigmoid(u: dict[str, Any], d: int) -> float:
+    return float(u["priority"]) / (1.0 + math.exp(float(u["decay"]) * (d - float(u["target"]))))
+
+
+def _check_rules(trace: dict[str, Any], out: dict[str, Any], policy: str) -> None:
+    """Every shared rule, recomputed from the trace dict and the output allocations."""
+    horizon = int(trace["horizon"])
+    servers = {s["name"]: s for s in trace["servers"]}
+    jobs = {j["id"]: j for j in trace["jobs"]}
+    used: dict[tuple[int, str, str], float] = defaultdict(float)
+    total = 0.0
+    assert [j["id"] for j in out["jobs"]] == [j["id"] for j in trace["jobs"]]
+    for rec in out["jobs"]:
+        job = jobs[rec["id"]]
+        assert rec["payoff"] is None and rec["cost"] is None
+        workers: dict[int, int] = defaultdict(int)
+        ps: dict[int, int] = defaultdict(int)
+        for a in rec["allocations"]:
+            server = servers[a["server"]]
+            assert job["arrival"] <= a["slot"] <= horizon - 1
+            if "workers" in a:
+                assert server["kind"] == "worker" and a["workers"] > 0
+                workers[a["slot"]] += a["workers"]
+                demand, n = job["worker"], a["workers"]
+            else:
+                assert server["kind"] == "ps" and a["ps"] > 0
+                ps[a["slot"]] += a["ps"]
+                demand, n = job["ps"], a["ps"]
+            for r, x in demand.items():
+                used[(a["slot"], a["server"], r)] += n * float(x)
+        ratio = float(job["worker"]["bandwidth"]) / float(job["ps"]["bandwidth"])
+        for t in set(workers) | set(ps):
+            y = workers[t]
+            assert 1 <= y <= job["chunks"], (rec["id"], t)
+            assert ps[t] == math.ceil(y * ratio - 1e-9) <= y, (rec["id"], t)  # (6), (7)
+        work = _work(job, float(trace["slot_seconds"]))
+        if not rec["admitted"]:
+            assert policy == "rrh" and rec["utility"] is None and not rec["allocations"]
+        elif rec["jct"] is None:  # admitted, did not finish by the horizon
+            assert rec["utility"] == 0.0 and sum(workers.values()) < work
+        else:
+            assert sum(workers.values()) == work
+            assert rec["jct"] == max(workers) - job["arrival"] + 1
+            assert rec["utility"] == pytest.approx(_sigmoid(job["utility"], rec["jct"]))
+            total += rec["utility"]
+    for (_, name, r), amount in used.items():
+        assert amount <= float(servers[name]["capacity"].get(r, 0.0)) + 1e-7, (name, r)
+    s = out["summary"]
+    assert s["total_utility"] == pytest.approx(total)
+    assert s["admitted"] + s["rejected"] == len(trace["jobs"])
+    assert s["admitted"] == sum(j["admitted"] for j in out["jobs"])
+    assert total > 0  # some job did complete
+
+
+@pytest.mark.parametrize("policy", BASELINES)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_generated_traces_obey_the_shared_rules(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], policy: str, seed: int
+) -> None:
+    trace = generate_trace(
+        np.random.default_rng(seed), n_jobs=30, n_worker_servers=5, n_ps_servers=5, horizon=40
+    )
+    out = _replay_json(tmp_path, trace, policy, capsys)
+    _check_rules(trace, out, policy)
+    if policy != "rrh":
+        assert all(j["admitted"] for j in out["jobs"])
+
+
+def test_the_cluster_is_contended_in_those_traces() -> None:
+    """Guards the test above: the traces are loaded enough for policies to differ."""
+    raw = generate_trace(
+        np.random.default_rng(0), n_jobs=30, n_worker_servers=5, n_ps_servers=5, horizon=40
+    )
+    trace = trace_from_dict(raw)
+    outcomes = {p: run(trace, p) for p in BASELINES}
+    totals = {p: sum(o.utility or 0.0 for o in out) for p, out in outcomes.items()}
+    assert len({round(u, 6) for u in totals.values()}) == len(totals), totals
+    assert any(o.admitted and o.jct is None for out in outcomes.values() for o in out)
+
+
+# -- hand-made traces ------------------------------------------------------------------
+
+BIG = {"cpu": 1000, "mem": 1000, "disk": 1000, "bandwidth": 1000}
+
+
+def _job(
+    job_id: str,
+    arrival: int,
+    chunks: int,
+    work: int,
+    worker: dict[str, Any],
+    utility: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A job of exactly ``work`` worker-slots and at most ``chunks`` workers; one PS
+    (cpu 1, 10 Gbps) serves up to 10 workers of 1 Gbps."""
+    return {
+        "id": job_id,
+        "arrival": arrival,
+        "epochs": 1,
+        "chunks": chunks,
+        "minibatches": 1,
+        "tau": (work - 0.5) / chunks,  # E N M m = work - 0.5 + (transfer ~ 1e-9)
+        "grad_mb": 0.001,
+        "worker": {"bandwidth": 1, **worker},
+        "ps": {"cpu": 1, "bandwidth": 10},
+        "utility": utility or {"kind": "sigmoid", "priority": 10, "decay": 0, "target": 1},
+    }
+
+
+def _trace(worker_capacity: dict[str, Any], jobs: list[dict[str, Any]], horizon: int) -> Any:
+    return {
+        "version": 1,
+        "horizon": horizon,
+        "resources": ["gpu", "cpu", "mem", "disk", "bandwidth"],
+        "servers": [
+            {"name": "w0", "kind": "worker", "capacity": {**BIG, **worker_capacity}},
+            {"name": "p0", "kind": "ps", "capacity": BIG},
+        ],
+        "jobs": jobs,
+    }
+
+
+def _outcomes(raw: dict[str, Any], policy: str) -> dict[str, Outcome]:
+    trace = trace_from_dict(raw)
+    for job, spec in zip(trace.jobs, raw["jobs"], strict=True):
+        assert job.work == round(spec["tau"] * spec["chunks"] + 0.5)  # the intended W
+    return {o.job.id: o for o in run(trace, policy)}
+
+
+def _workers(o: Outcome) -> dict[int, int]:
+    """Workers per slot that ran."""
+    assert o.schedule is not None
+    counts = o.schedule.worker_counts()
+    return {o.schedule.start + i: int(n) for i, n in enumerate(counts) if n}
+
+
+def test_fifo_blocks_behind_the_head_of_the_line() -> None:
+    gpu1 = {"gpu": 1}
+    raw = _trace(
+        {"gpu": 4},
+        [
+            _job("a", 0, chunks=3, work=6, worker=gpu1),  # 3 GPUs, slots 0-1
+            _job("b", 0, chunks=2, work=4, worker=gpu1),  # needs 2, 1 free: waits
+            _job("c", 1, chunks=1, work=1, worker=gpu1),  # 1 would fit, but b is first
+            _job("d", 1, chunks=4, work=12, worker=gpu1),  # 4 GPUs for 3 slots: never
+        ],
+        horizon=6,
+    )
+    out = _outcomes(raw, "fifo")
+    assert _workers(out["a"]) == {0: 3, 1: 3}
+    assert _workers(out["b"]) == {2: 2, 3: 2}
+    assert _workers(out["c"]) == {2: 1}
+    assert (out["a"].jct, out["b"].jct, out["c"].jct) == (2, 4, 2)
+    # d waits for b, then cannot finish by slot 5: admitted, dropped, utility 0
+    assert out["d"].admitted and out["d"].schedule is None
+    assert out["d"].jct is None and out["d"].utility == 0.0
+    assert out["c"].utility == pytest.approx(5.0)  # time-insensitive: priority / 2
+
+
+def test_drf_equalises_dominant_shares_and_regrows_on_completion() -> None:
+    raw = _trace(
+        {"gpu": 4, "cpu": 15},
+        [
+            _job("a", 0, chunks=10, work=21, worker={"gpu": 1, "cpu": 1}),  # share 1/4 gpu
+            _job("b", 0, chunks=10, work=9, worker={"cpu": 4}),  # share 4/15 cpu
+        ],
+        horizon=20,
+    )
+    out = _outcomes(raw, "drf")
+    # a1 b1 a2 b2 a3 b3 (cpu 3 + 12 = 15 full): neither can grow; b completes at slot 2
+    assert _workers(out["b"]) == {0: 3, 1: 3, 2: 3}
+    # then a alone takes every GPU: 9 + 4 + 4 + 4 = 21
+    assert _workers(out["a"]) == {0: 3, 1: 3, 2: 3, 3: 4, 4: 4, 5: 4}
+    assert out["a"].jct == 6
+
+
+def test_rrh_rejects_by_delay_cost_and_preempts_for_more_reward() -> None:
+    gpu2 = {"gpu": 2}  # one job fills the cluster
+    critical: dict[str, Any] = {"kind": "sigmoid", "decay": 5, "target": 5, "priority": 100}
+    raw = _trace(
+        {"gpu": 2},
+        [
+            _job("a", 0, chunks=1, work=5, worker=gpu2, utility=critical),
+            # worth 1 whenever it ends, but delaying a by 5 slots costs a ~50: rejected
+            _job("b", 1, 1, 5, gpu2, {"kind": "sigmoid", "decay": 0, "target": 1, "priority": 2}),
+            # worth 500 if done in 3 slots; a loses ~50 when delayed: c preempts a
+            _job("c", 2, 1, 3, gpu2, {**critical, "target": 3, "priority": 1000}),
+        ],
+        horizon=20,
+    )
+    out = _outcomes(raw, "rrh")
+    assert not out["b"].admitted and out["b"].schedule is None and out["b"].utility is None
+    assert _workers(out["c"]) == {2: 1, 3: 1, 4: 1}
+    assert out["c"].utility == pytest.approx(500.0)
+    assert _workers(out["a"]) == {0: 1, 1: 1, 5: 1, 6: 1, 7: 1}  # paused 2-4
+    assert out["a"].jct == 8
+
+
+@pytest.mark.parametrize(("slack", "expected"), [(0.1, (2, 8)), (0.5, (3, 4)), (1.0, (4, 0))])
+def test_dorm_maximises_utilisation_within_its_fairness_bound(
+    monkeypatch: pytest.MonkeyPatch, slack: float, expected: tuple[int, int]
+) -> None:
+    """a uses 1/4 of the GPUs and 1/4 of the CPUs per worker, b 1/16 of the CPUs: DRF
+    gives a 2 and b 8; utilisation alone would give a all 4 GPUs and all 16 CPUs; in
+    between, fairness floors b at floor(8 (1 - slack)) and a takes the rest of the CPUs."""
+    monkeypatch.setattr("pricing.baselines.dorm.FAIRNESS_SLACK", slack)
+    raw = _trace(
+        {"gpu": 4, "cpu": 16},
+        [
+            _job("a", 0, chunks=10, work=40, worker={"gpu": 1, "cpu": 4}),
+            _job("b", 0, chunks=10, work=80, worker={"cpu": 1}),
+        ],
+        horizon=40,
+    )
+    out = _outcomes(raw, "dorm")
+    first = tuple(_workers(out[j]).get(0, 0) for j in ("a", "b"))
+    assert first == expected
+
+
+@pytest.mark.parametrize("fraction", [0.25, 1.0])
+def test_dorm_resizes_at_most_its_adjustment_bound(
+    monkeypatch: pytest.MonkeyPatch, fraction: float
+) -> None:
+    """a and b fill the 16 CPUs at 8 workers each; c arrives, and each of its workers
+    also uses a GPU, so utilisation wants c at its N = 8. With one resize allowed
+    (ceil(0.25 * 2)), a keeps 8 and b drops to its fairness floor 2 (DRF would give
+    6, 5, 5); c gets the 6 left. With no bound both shrink and c gets 8."""
+    monkeypatch.setattr("pricing.baselines.dorm.FAIRNESS_SLACK", 0.5)
+    monkeypatch.setattr("pricing.baselines.dorm.ADJUST_FRACTION", fraction)
+    cpu1 = {"cpu": 1}
+    raw = _trace(
+        {"gpu": 16, "cpu": 16},
+        [
+            _job("a", 0, chunks=8, work=200, worker=cpu1),
+            _job("b", 0, chunks=8, work=200, worker=cpu1),
+            _job("c", 1, chunks=8, work=200, worker={"cpu": 1, "gpu": 1}),
+        ],
+        horizon=40,
+    )
+    out = _outcomes(raw, "dorm")
+    assert _workers(out["a"])[0] == _workers(out["b"])[0] == 8
+    a, b, c = (_workers(out[j]).get(1, 0) for j in ("a", "b", "c"))
+    if fraction < 1.0:
+        assert (a, b, c) == (8, 2, 6)
+    else:
+        assert c == 8 and a + b == 8 and a < 8 and b < 8
+
+
+# -- the simulator's own guards -------------------------------------------------------
+
+
+def test_round_robin_takes_one_per_server_in_turn() -> None:
+    cap = np.array([[2.0], [0.0], [3.0]])
+    pool = Pool(cap)
+    one = np.array([1.0])
+    placed = pool.round_robin(one, 4)
+    assert placed is not None and placed.tolist() == [2, 0, 2]
+    assert pool.pointer == 0  # past w2, the last served
+    assert pool.round_robin(one, 2) is None  # only 1 left: nothing taken
+    again = pool.round_robin(one, 1)
+    assert again is not None and again.tolist() == [0, 0, 1]
+    pool.give(np.array([2, 0, 3]), one)
+    assert pool.free.tolist() == cap.tolist()
+
+
+def test_round_robin_resumes_after_the_last_server_used() -> None:
+    pool = Pool(np.array([[5.0], [5.0], [5.0]]))
+    one = np.array([1.0])
+    first = pool.round_robin(one, 2)
+    second = pool.round_robin(one, 2)
+    assert first is not None and second is not None
+    assert first.tolist() == [1, 1, 0] and second.tolist() == [1, 0, 1]
+
+
+def _tiny() -> Any:
+    return trace_from_dict(
+        _trace({"gpu": 4}, [_job("a", 0, chunks=4, work=8, worker={"gpu": 1})], 5)
+    )
+
+
+def test_a_policy_must_decide_every_arrival() -> None:
+    class Idle:
+        def replan(self, sim: Simulator) -> None:
+            pass
+
+    with pytest.raises(PolicyError, match="neither admitted nor rejected"):
+        simulate(_tiny(), Idle())
+
+
+def test_a_policy_cannot_exceed_n_or_the_remaining_work() -> None:
+    class Greedy:
+        def replan(self, sim: Simulator) -> None:
+            for task in sim.arrivals:
+                sim.admit(task)
+                sim.place(task, task.job.chunks + 1)
+
+    with pytest.raises(PolicyError, match="workers outside"):
+        simulate(_tiny(), Greedy())
+
+
+def test_verify_catches_over_allocation() -> None:
+    trace = trace_from_dict(
+        _trace(
+            {"gpu": 4},
+            [_job(j, 0, chunks=4, work=4, worker={"gpu": 1}) for j in ("a", "b")],
+            5,
+        )
+    )
+    full = Schedule(0, np.array([[3]], dtype=np.int32), np.array([[1]], dtype=np.int32))
+    outcomes = [Outcome(job, True, full, None, 0.0, 0.0) for job in trace.jobs]
+    with pytest.raises(CapacityError):  # 3 + 3 GPUs on a 4-GPU server
+        verify(trace, outcomes)
+
+
+# -- the command line -----------------------------------------------------------------
+
+
+def test_policy_oasis_is_the_default(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = generate_trace(
+        np.random.default_rng(4), n_jobs=10, n_worker_servers=3, n_ps_servers=3, horizon=20
+    )
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(trace))
+    runs = []
+    for extra in ([], ["--policy", "oasis"]):
+        assert main(["replay", str(path), "--json", *extra]) == 0
+        jobs = json.loads(capsys.readouterr().out)["jobs"]
+        runs.append([{k: v for k, v in j.items() if k != "decision_ms"} for j in jobs])
+    assert runs[0] == runs[1]
+
+
+def test_baseline_table_and_unknown_policy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = generate_trace(
+        np.random.default_rng(4), n_jobs=10, n_worker_servers=3, n_ps_servers=3, horizon=20
+    )
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(trace))
+    assert main(["replay", str(path), "--policy", "drf"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[:3] == ["job", "arrival", "decision"]
+    assert "total utility" in out and "unfinished by the horizon" in out
+    with pytest.raises(SystemExit) as exc:
+        main(["replay", str(path), "--policy", "lottery"])
+    assert exc.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
