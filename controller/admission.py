@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import structlog
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from controller.clock import SlotClock
@@ -100,6 +100,18 @@ class JobView:
 def canonical_spec(spec: dict[str, Any]) -> str:
     """The spec as canonical JSON: equal specs give equal strings."""
     return json.dumps(spec, sort_keys=True, separators=(",", ":"))
+
+
+def _same_bounds(a: PriceBounds, b: PriceBounds) -> bool:
+    """True if ``a`` and ``b`` are equal: prices under one equal those under the other."""
+    return (
+        a.log_l1 == b.log_l1
+        and a.log_l2 == b.log_l2
+        and a.eta1 == b.eta1
+        and a.eta2 == b.eta2
+        and np.array_equal(a.log_u1, b.log_u1)
+        and np.array_equal(a.log_u2, b.log_u2)
+    )
 
 
 class AdmissionController:
@@ -283,7 +295,9 @@ class AdmissionController:
         estimate = self._estimate
         if self.config.pricing.mode == "estimate":
             estimate = self._estimate.observe(job, self.cluster, self.window)
-            ledger.set_bounds(self._bounds(estimate))
+            bounds = self._bounds(estimate)
+            if not _same_bounds(bounds, ledger.bounds):  # else repricing changes nothing
+                ledger.set_bounds(bounds)
         started = time.perf_counter()
         last = arrival + self.window - 1
         best = best_schedule(job, ledger, arrival, last)
@@ -291,8 +305,9 @@ class AdmissionController:
         reason = ""
         drivers: list[dict[str, Any]] = []
         if not admitted:
-            reason = explain_rejection(best, job, ledger, arrival, last)
-            drivers = [d.__dict__ for d in price_drivers(best, job, ledger)]
+            found = price_drivers(best, job, ledger)
+            reason = explain_rejection(best, job, ledger, arrival, last, found)
+            drivers = [d.__dict__ for d in found]
         ms = (time.perf_counter() - started) * 1000.0
         view = DecisionView(
             admitted=admitted,
@@ -385,24 +400,29 @@ class AdmissionController:
                 )
             )
             session.flush()
-            if view.admitted:
-                session.add_all(self._allocation_rows(job.id, view.allocations))
-            if self.config.pricing.mode == "estimate":
-                session.merge(MetaRow(key=_ESTIMATE_KEY, value=estimate.to_dict()))
+            if view.admitted:  # one executemany, not an ORM object per row
+                session.execute(
+                    insert(AllocationRow), self._allocation_rows(job.id, view.allocations)
+                )
+            if self.config.pricing.mode == "estimate":  # one UPDATE, not merge's SELECT + UPDATE
+                value = estimate.to_dict()
+                stmt = update(MetaRow).where(MetaRow.key == _ESTIMATE_KEY).values(value=value)
+                if session.connection().execute(stmt).rowcount == 0:
+                    session.add(MetaRow(key=_ESTIMATE_KEY, value=value))
             detail = {"admitted": view.admitted, "payoff": view.payoff}
             return [self._event(session, now, "decided", job.id, state, detail)]
 
     @staticmethod
-    def _allocation_rows(job_id: str, entries: list[dict[str, Any]]) -> list[AllocationRow]:
-        merged: dict[tuple[int, str], AllocationRow] = {}
+    def _allocation_rows(job_id: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        merged: dict[tuple[int, str], dict[str, Any]] = {}
         for e in entries:
             key = (e["slot"], e["server"])
             row = merged.setdefault(
-                key, AllocationRow(job_id=job_id, slot=e["slot"], server=e["server"],
-                                   workers=0, ps=0)
+                key, {"job_id": job_id, "slot": e["slot"], "server": e["server"],
+                      "workers": 0, "ps": 0}
             )  # fmt: skip
-            row.workers += e.get("workers", 0)
-            row.ps += e.get("ps", 0)
+            row["workers"] += e.get("workers", 0)
+            row["ps"] += e.get("ps", 0)
         return list(merged.values())
 
     def _event(

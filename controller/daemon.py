@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -73,6 +74,10 @@ async def serve(
     slots = SlotClock(clock or SystemClock(), config.slot_seconds, config.epoch)
     controller = AdmissionController(config, Database(config.database_url), slots, log=log)
     await asyncio.to_thread(controller.open)
+    # Start-up leaves ~170k long-lived objects (numba, SQLAlchemy, protobuf); freezing
+    # them keeps full collections (65-96 ms each, measured) from stalling the loop.
+    gc.collect()
+    gc.freeze()
 
     server = grpc.aio.server(
         options=[

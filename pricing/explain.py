@@ -48,35 +48,39 @@ def price_drivers(best: BestSchedule, job: Job, ledger: Ledger, top: int = 3) ->
     ):
         # (n, servers, R): cost of each resource on each server in each slot
         cost = counts[:, :, None] * side.price[lo:hi] * demand[None, None, :]
-        for srv in range(cost.shape[1]):
-            for r in range(cost.shape[2]):
-                col = cost[:, srv, r]
-                k = 0
-                while k < col.size:
-                    if col[k] <= 0:
-                        k += 1
-                        continue
-                    start = k
-                    while k < col.size and col[k] > 0:
-                        k += 1
-                    parts.append(
-                        PriceDriver(
-                            resource=cluster.resources[r],
-                            server=names[srv],
-                            first_slot=sched.start + start,
-                            last_slot=sched.start + k - 1,
-                            cost=float(col[start:k].sum()),
-                            price=float(side.price[lo + start : lo + k, srv, r].max()),
-                        )
+        positive = cost > 0
+        # only the (server, resource) columns the schedule uses; runs found by edges
+        for srv, r in np.argwhere(positive.any(axis=0)).tolist():
+            col = cost[:, srv, r]
+            edges = np.diff(np.concatenate(([0], positive[:, srv, r].view(np.int8), [0])))
+            starts = np.flatnonzero(edges == 1).tolist()
+            ends = np.flatnonzero(edges == -1).tolist()
+            for start, k in zip(starts, ends, strict=True):
+                parts.append(
+                    PriceDriver(
+                        resource=cluster.resources[r],
+                        server=names[srv],
+                        first_slot=sched.start + start,
+                        last_slot=sched.start + k - 1,
+                        cost=float(col[start:k].sum()),
+                        price=float(side.price[lo + start : lo + k, srv, r].max()),
                     )
+                )
     parts.sort(key=lambda p: -p.cost)
     return parts[:top]
 
 
 def explain_rejection(
-    best: BestSchedule, job: Job, ledger: Ledger, first_slot: int, last_slot: int
+    best: BestSchedule,
+    job: Job,
+    ledger: Ledger,
+    first_slot: int,
+    last_slot: int,
+    drivers: list[PriceDriver] | None = None,
 ) -> str:
-    """A sentence a person can act on, for a job whose best payoff is not positive."""
+    """A sentence a person can act on, for a job whose best payoff is not positive.
+
+    ``drivers`` are :func:`price_drivers` of ``best`` if the caller has them already."""
     if best.payoff is None:
         lo, hi = ledger.index(first_slot), ledger.index(last_slot) + 1
         free_w = ledger.worker_side.capacity[None] - ledger.worker_side.used[lo:hi]
@@ -96,7 +100,8 @@ def explain_rejection(
             "parameter servers do not fit"
         )
     assert best.cost is not None and best.utility is not None
-    drivers = price_drivers(best, job, ledger)
+    if drivers is None:
+        drivers = price_drivers(best, job, ledger)
     head = (
         f"priced out: the best schedule (completion in {best.jct} slots, utility "
         f"{best.utility:.6g}) costs {best.cost:.6g}, payoff {best.payoff:.6g} <= 0"

@@ -1,0 +1,63 @@
+"""Rejection explanations: the price drivers are the costliest parts of the schedule."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pricing import Ledger, decide, trace_from_dict
+from pricing.explain import explain_rejection, price_drivers
+from pricing.workload import generate_trace
+
+
+def naive_parts(best, job, ledger):
+    """Every (resource, server, run of slots) part, by plain loops over every cell."""
+    sched = best.schedule
+    lo = ledger.index(sched.start)
+    out = []
+    for counts, side, demand, names in (
+        (sched.workers, ledger.worker_side, job.worker, ledger.cluster.worker_names),
+        (sched.ps, ledger.ps_side, job.ps, ledger.cluster.ps_names),
+    ):
+        for srv in range(counts.shape[1]):
+            for r in range(len(demand)):
+                run = []
+                for k in range(sched.slots + 1):
+                    c = (
+                        counts[k, srv] * side.price[lo + k, srv, r] * demand[r]
+                        if k < sched.slots
+                        else 0.0
+                    )
+                    if c > 0:
+                        run.append((k, c))
+                    elif run:
+                        out.append((ledger.cluster.resources[r], names[srv], run[0][0], run[-1][0],
+                                    sum(x for _, x in run)))  # fmt: skip
+                        run = []
+    return sorted(out, key=lambda p: -p[4])
+
+
+def test_drivers_are_the_costliest_parts_and_the_reason_names_them() -> None:
+    raw = generate_trace(
+        np.random.default_rng(7), n_jobs=60, n_worker_servers=4, n_ps_servers=4, horizon=40
+    )
+    # steep explicit prices, so some jobs are priced out rather than not fitting
+    high = dict.fromkeys(["gpu", "cpu", "mem", "disk", "bandwidth"], 50.0)
+    raw["pricing"] = {"U1": high, "U2": high, "L1": 0.05, "L2": 0.05}
+    trace = trace_from_dict(raw)
+    ledger = Ledger(trace.cluster, trace.bounds, trace.horizon)
+    checked = 0
+    for job in trace.jobs:
+        d = decide(job, ledger, job.arrival, trace.horizon - 1)
+        best = d.best
+        if d.admitted or best.schedule is None:
+            continue
+        drivers = price_drivers(best, job, ledger, top=3)
+        expected = naive_parts(best, job, ledger)[:3]
+        got = [(p.resource, p.server, p.first_slot - best.schedule.start,
+                p.last_slot - best.schedule.start, p.cost) for p in drivers]  # fmt: skip
+        assert [g[:4] for g in got] == [e[:4] for e in expected]
+        assert np.allclose([g[4] for g in got], [e[4] for e in expected], rtol=1e-12)
+        reason = explain_rejection(best, job, ledger, job.arrival, trace.horizon - 1, drivers)
+        assert reason.startswith("priced out") and drivers[0].server in reason
+        checked += 1
+    assert checked >= 3
