@@ -50,7 +50,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -66,6 +65,7 @@ import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sqlalchemy import create_engine, text
 
+from bench.machine import describe
 from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
@@ -408,22 +408,8 @@ def goals(results: list[BackendResult]) -> list[dict[str, Any]]:
 
 
 def machine() -> dict[str, str]:
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "cores": str(os.cpu_count()),
-        "python": platform.python_version(),
-        "grpcio": grpc.__version__,
-        "load_average": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-    }
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return describe(grpcio=grpc.__version__, load_average=load)
 
 
 def print_table(results: list[BackendResult], settings: dict[str, Any]) -> None:

@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import resource
 import subprocess
 import sys
@@ -47,6 +45,7 @@ from typing import Any
 import numba
 import numpy as np
 
+from bench.machine import describe
 from bench.reference_alg2 import replay_reference
 from controller.replay import replay
 from pricing import trace_from_dict
@@ -165,22 +164,7 @@ def own_peak_rss_mb() -> float:
 
 
 def machine() -> dict[str, str]:
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "cores": str(os.cpu_count()),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "numba": numba.__version__,
-    }
+    return describe(numpy=np.__version__, numba=numba.__version__)
 
 
 def main(argv: list[str] | None = None) -> int:
