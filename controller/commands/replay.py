@@ -47,6 +47,10 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+_HEADERS = ["job", "arrival", "decision", "payoff", "cost", "jct", "utility", "peak_w", "ms"]
+_RIGHT = {1, 3, 4, 5, 6, 7, 8}
+
+
 def _replay_table(records: list[ReplayRecord], out: TextIO) -> None:
     rows = []
     for r in records:
@@ -66,8 +70,7 @@ def _replay_table(records: list[ReplayRecord], out: TextIO) -> None:
                 f"{r.decision_ms:.2f}",
             ]
         )
-    headers = ["job", "arrival", "decision", "payoff", "cost", "jct", "utility", "peak_w", "ms"]
-    print(render_table(headers, rows, right={1, 3, 4, 5, 6, 7, 8}), file=out)
+    print(render_table(_HEADERS, rows, right=_RIGHT), file=out)
     s = summary(records)
     print(
         f"\n{s['admitted']} admitted, {s['rejected']} rejected; total utility "
@@ -100,8 +103,7 @@ def _baseline_table(outcomes: list[Outcome], out: TextIO) -> None:
                 f"{o.decision_ms:.2f}",
             ]
         )
-    headers = ["job", "arrival", "decision", "payoff", "cost", "jct", "utility", "peak_w", "ms"]
-    print(render_table(headers, rows, right={1, 3, 4, 5, 6, 7, 8}), file=out)
+    print(render_table(_HEADERS, rows, right=_RIGHT), file=out)
     s = baseline_summary(outcomes)
     print(
         f"\n{s['admitted']} admitted ({s['unfinished']} unfinished by the horizon), "
