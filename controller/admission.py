@@ -164,11 +164,9 @@ class AdmissionController:
 
     def _sync_servers(self, session: Session) -> None:
         session.execute(delete(ServerRow))
-        for pos, (kind, idx) in enumerate(self.cluster.listing):
-            names = self.cluster.worker_names if kind == "worker" else self.cluster.ps_names
-            caps = self.cluster.worker_capacity if kind == "worker" else self.cluster.ps_capacity
-            capacity = dict(zip(self.cluster.resources, caps[idx].tolist(), strict=True))
-            session.add(ServerRow(name=names[idx], kind=kind, position=pos, capacity=capacity))
+        for pos, (kind, _, name, caps) in enumerate(self.cluster.servers()):
+            capacity = dict(zip(self.cluster.resources, caps.tolist(), strict=True))
+            session.add(ServerRow(name=name, kind=kind, position=pos, capacity=capacity))
 
     def _bounds(self, estimate: BoundEstimate) -> PriceBounds:
         pricing = self.config.pricing
@@ -325,12 +323,17 @@ class AdmissionController:
         )
         return job, best, view, estimate
 
+    def _restore_bounds(self, previous: PriceBounds) -> None:
+        """Undo the bound change of a decision that is not committed."""
+        if self._ledger.bounds is not previous:
+            self._ledger.set_bounds(previous)
+
     def _quote_sync(self, spec: dict[str, Any]) -> DecisionView:
         previous = self._ledger.bounds
         try:
             return self._decide(spec)[2]
         finally:
-            self._ledger.set_bounds(previous) if self._ledger.bounds is not previous else None
+            self._restore_bounds(previous)
 
     def _submit_sync(self, spec: dict[str, Any]) -> tuple[JobView, list[Event]]:
         job_id = text(spec.get("id") if isinstance(spec, dict) else None, "job.id")
@@ -346,8 +349,7 @@ class AdmissionController:
             job, best, view, estimate = self._decide(spec)
             events = self._commit(job, best, view, canonical, estimate)
         except BaseException:
-            if self._ledger.bounds is not previous:
-                self._ledger.set_bounds(previous)
+            self._restore_bounds(previous)
             raise
         self._estimate = estimate
         if view.admitted:
@@ -542,10 +544,7 @@ class AdmissionController:
         )
 
     def _server_order(self) -> list[str]:
-        return [
-            (self.cluster.worker_names if kind == "worker" else self.cluster.ps_names)[idx]
-            for kind, idx in self.cluster.listing
-        ]
+        return [name for _, _, name, _ in self.cluster.servers()]
 
     def _get_sync(self, job_id: str) -> JobView:
         with self.db.session() as session:
@@ -575,14 +574,20 @@ class AdmissionController:
 
     # -- cluster views (read the ledger; monitoring only) --------------------------------
 
+    def _view_window(self, first_slot: int, slots: int) -> tuple[int, int, int]:
+        """``(first slot, lo, hi)``: ``slots`` (0: 12) window indices from ``first_slot``
+        (0: the current slot), clipped to the ledger's window."""
+        ledger = self._ledger
+        first = max(first_slot or self.slot, ledger.origin)
+        lo = first - ledger.origin
+        return first, lo, min(lo + (slots or 12), ledger.length)
+
     def prices(
         self, first_slot: int, slots: int
     ) -> tuple[int, list[tuple[str, str, str, list[float]]]]:
         """Unit prices per (server, kind, resource) over ``slots`` slots from ``first_slot``."""
         ledger = self._ledger
-        first = max(first_slot or self.slot, ledger.origin)
-        lo = first - ledger.origin
-        hi = min(lo + (slots or 12), ledger.length)
+        first, lo, hi = self._view_window(first_slot, slots)
         out: list[tuple[str, str, str, list[float]]] = []
         for kind, side, names in (
             ("worker", ledger.worker_side, self.cluster.worker_names),
@@ -599,9 +604,7 @@ class AdmissionController:
     ) -> tuple[int, list[tuple[str, str, list[float]]]]:
         """Cluster-wide used/capacity per resource and kind, per slot."""
         ledger = self._ledger
-        first = max(first_slot or self.slot, ledger.origin)
-        lo = first - ledger.origin
-        hi = min(lo + (slots or 12), ledger.length)
+        first, lo, hi = self._view_window(first_slot, slots)
         out: list[tuple[str, str, list[float]]] = []
         for kind, side in (("worker", ledger.worker_side), ("ps", ledger.ps_side)):
             total = side.capacity.sum(axis=0)

@@ -14,6 +14,7 @@ from controller.events import Event
 from controller.rpc import oasis_pb2 as pb
 
 __all__ = [
+    "SERVER_KINDS",
     "STATE_NAMES",
     "decision_to_proto",
     "event_to_proto",
@@ -30,6 +31,7 @@ STATE_NAMES = {
     "rejected": pb.JOB_STATE_REJECTED,
 }
 STATE_OF = {v: k for k, v in STATE_NAMES.items()}
+SERVER_KINDS = {"worker": pb.SERVER_KIND_WORKER, "ps": pb.SERVER_KIND_PS}
 
 _SCALARS = ("epochs", "chunks", "minibatches", "tau", "grad_mb")
 

@@ -19,6 +19,7 @@ from controller.admission import (
     PreconditionError,
 )
 from controller.convert import (
+    SERVER_KINDS,
     STATE_OF,
     decision_to_proto,
     event_to_proto,
@@ -126,14 +127,11 @@ class ClusterServicer(pb_grpc.ClusterServicer):
         cluster = self.c.cluster
         use = self.c.current_use()
         out = pb.ListServersResponse(current_slot=self.c.slot)
-        for kind, idx in cluster.listing:
-            names = cluster.worker_names if kind == "worker" else cluster.ps_names
-            caps = cluster.worker_capacity if kind == "worker" else cluster.ps_capacity
-            name = names[idx]
+        for kind, _, name, caps in cluster.servers():
             out.servers.add(
                 name=name,
-                kind=pb.SERVER_KIND_WORKER if kind == "worker" else pb.SERVER_KIND_PS,
-                capacity=dict(zip(cluster.resources, caps[idx].tolist(), strict=True)),
+                kind=SERVER_KINDS[kind],
+                capacity=dict(zip(cluster.resources, caps.tolist(), strict=True)),
                 used=use[name],
             )
         return out
@@ -148,7 +146,7 @@ class ClusterServicer(pb_grpc.ClusterServicer):
                 continue
             out.prices.add(
                 server=server,
-                kind=pb.SERVER_KIND_WORKER if kind == "worker" else pb.SERVER_KIND_PS,
+                kind=SERVER_KINDS[kind],
                 resource=resource,
                 prices=prices,
             )
@@ -164,7 +162,7 @@ class ClusterServicer(pb_grpc.ClusterServicer):
         for resource, kind, share in rows:
             out.use.add(
                 resource=resource,
-                kind=pb.SERVER_KIND_WORKER if kind == "worker" else pb.SERVER_KIND_PS,
+                kind=SERVER_KINDS[kind],
                 share=share,
             )
         return out

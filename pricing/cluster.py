@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -39,6 +39,15 @@ class Cluster:
     worker_capacity: NDArray[np.float64]
     ps_capacity: NDArray[np.float64]
     listing: tuple[tuple[Kind, int], ...]
+
+    def servers(self) -> Iterator[tuple[Kind, int, str, NDArray[np.float64]]]:
+        """Every server in listing order: ``(kind, index within its kind, name, capacity
+        (R,))``."""
+        for kind, idx in self.listing:
+            if kind == "worker":
+                yield kind, idx, self.worker_names[idx], self.worker_capacity[idx]
+            else:
+                yield kind, idx, self.ps_names[idx], self.ps_capacity[idx]
 
     @property
     def bandwidth(self) -> int:

@@ -52,15 +52,16 @@ class Side:
         cls, capacity: NDArray[np.float64], length: int, log_l: float, log_u: NDArray[np.float64]
     ) -> Side:
         n, r = capacity.shape
-        empty_price = price(log_l, log_u, np.zeros((n, r)), capacity)
-        return cls(
-            capacity=capacity,
-            used=np.zeros((length, n, r)),
-            price=np.broadcast_to(empty_price, (length, n, r)).copy(),
-            empty_price=empty_price,
-            log_l=log_l,
-            log_u=log_u,
-        )
+        side = cls(capacity, np.zeros((length, n, r)), np.empty((length, n, r)),
+                   np.empty((n, r)), log_l, log_u)  # fmt: skip
+        side.use_bounds(log_l, log_u)
+        return side
+
+    def use_bounds(self, log_l: float, log_u: NDArray[np.float64]) -> None:
+        """Price with ``log L`` and ``log U`` from now on; every slot is repriced."""
+        self.log_l, self.log_u = log_l, log_u
+        self.empty_price = price(log_l, log_u, np.zeros_like(self.capacity), self.capacity)
+        self.reprice(0, self.used.shape[0])
 
     def kernel_view(
         self, demand: NDArray[np.float64]
@@ -137,13 +138,8 @@ class Ledger:
     def set_bounds(self, bounds: PriceBounds) -> None:
         """Use new price bounds: every slot is repriced from its amounts."""
         self.bounds = bounds
-        for side, log_l, log_u in (
-            (self.worker_side, bounds.log_l1, bounds.log_u1),
-            (self.ps_side, bounds.log_l2, bounds.log_u2),
-        ):
-            side.log_l, side.log_u = log_l, log_u
-            side.empty_price = price(log_l, log_u, np.zeros_like(side.capacity), side.capacity)
-            side.reprice(0, self.length)
+        self.worker_side.use_bounds(bounds.log_l1, bounds.log_u1)
+        self.ps_side.use_bounds(bounds.log_l2, bounds.log_u2)
 
     def admit(
         self,
