@@ -75,6 +75,7 @@ def run_instance(
     time_limit: float,
     cross: SolverName | None,
     cold: bool = False,
+    pricing: str = "oracle",
 ) -> Row:
     workers, ps = (total + 1) // 2, total // 2
     raw = generate_trace(
@@ -84,7 +85,7 @@ def run_instance(
         n_ps_servers=ps,
         horizon=HORIZON,
     )
-    trace = trace_from_dict(raw)
+    trace = trace_from_dict({**raw, "pricing": {"bounds": pricing}})
     records = list(replay(trace))
     online = float(summary(records)["total_utility"])
     start = (
@@ -159,6 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cold", action="store_true", help="do not start from the online allocation"
     )
+    parser.add_argument(
+        "--pricing",
+        choices=("oracle", "estimate"),
+        default="oracle",
+        help="price bounds of the online replay: SPEC 4's oracle or the daemon's estimate",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     solver: SolverName = args.solver
@@ -171,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     for total in TOTAL_SERVERS:
         for seed in range(1, args.seeds + 1):
             print(f"{total} servers, seed {seed} ...", file=sys.stderr, flush=True)
-            rows.append(run_instance(total, seed, solver, args.time_limit, cross, args.cold))
+            rows.append(
+                run_instance(total, seed, solver, args.time_limit, cross, args.cold, args.pricing)
+            )
     elapsed = time.perf_counter() - started
 
     if args.json:

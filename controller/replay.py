@@ -13,6 +13,7 @@ from pricing import Decision, Ledger, Trace, decide
 from pricing.baselines import Outcome
 from pricing.baselines import run as run_baseline
 from pricing.best_schedule import warm_up
+from pricing.bound_estimate import BoundEstimate
 from pricing.cluster import Cluster
 from pricing.schedule import Schedule
 
@@ -35,15 +36,29 @@ class ReplayRecord:
     decision_ms: float
 
 
-def replay(trace: Trace, clock: Callable[[], float] = time.perf_counter) -> Iterator[ReplayRecord]:
+def replay(
+    trace: Trace,
+    clock: Callable[[], float] = time.perf_counter,
+    l_factor: float = 1.0,
+    u_factor: float = 1.0,
+) -> Iterator[ReplayRecord]:
     """Decide every job of ``trace`` in order, yielding each decision as it is made.
 
-    Each job may use slots ``a .. T - 1``; ``clock`` (seconds) times each decision.
+    Each job may use slots ``a .. T - 1``; ``clock`` (seconds) times each decision. With
+    ``"estimate"`` bounds, the estimate takes in each job before it is decided, as in the
+    daemon (:mod:`pricing.bound_estimate`), and the decision time includes the repricing.
+    ``l_factor`` and ``u_factor`` scale every L and U used (the paper's Fig. 6).
     """
     warm_up()
-    ledger = Ledger(trace.cluster, trace.bounds, trace.horizon)
+    ledger = Ledger(trace.cluster, trace.bounds.scaled(l_factor, u_factor), trace.horizon)
+    estimate = BoundEstimate.empty(len(trace.cluster.resources))
     for job in trace.jobs:
         start = clock()
+        if trace.trim is not None:
+            estimate = estimate.observe(job)
+            bounds = estimate.bounds(trim=trace.trim)
+            assert bounds is not None
+            ledger.set_bounds(bounds.scaled(l_factor, u_factor))
         decision = decide(job, ledger, job.arrival, trace.horizon - 1)
         yield ReplayRecord(decision, (clock() - start) * 1000.0)
 

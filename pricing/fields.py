@@ -9,6 +9,7 @@ from typing import Any
 from pricing.errors import SpecError
 
 __all__ = [
+    "MAX_INTEGER",
     "integer",
     "mapping",
     "non_negative",
@@ -19,6 +20,11 @@ __all__ = [
     "require",
     "text",
 ]
+
+
+MAX_INTEGER = 2**53
+"""The largest integer field accepted: every count enters float arithmetic (the work
+``E N M m``, utilities of a completion time), which is exact only up to 2**53."""
 
 
 def _join(prefix: str, key: str) -> str:
@@ -50,9 +56,12 @@ def number(value: Any, field: str) -> float:
     """A finite real number (booleans are not numbers here)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise SpecError.one(field, f"must be a number, got {_kind(value)}")
-    x = float(value)
+    try:
+        x = float(value)
+    except OverflowError:  # an int past float64's range
+        x = math.inf
     if not math.isfinite(x):
-        raise SpecError.one(field, f"must be finite, got {value!r}")
+        raise SpecError.one(field, f"must be finite, got {_show(value)}")
     return x
 
 
@@ -60,7 +69,7 @@ def positive(value: Any, field: str) -> float:
     """A finite number > 0."""
     x = number(value, field)
     if x <= 0:
-        raise SpecError.one(field, f"must be > 0, got {value!r}")
+        raise SpecError.one(field, f"must be > 0, got {_show(value)}")
     return x
 
 
@@ -68,7 +77,7 @@ def non_negative(value: Any, field: str) -> float:
     """A finite number >= 0."""
     x = number(value, field)
     if x < 0:
-        raise SpecError.one(field, f"must be >= 0, got {value!r}")
+        raise SpecError.one(field, f"must be >= 0, got {_show(value)}")
     return x
 
 
@@ -77,10 +86,12 @@ def integer(value: Any, field: str, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise SpecError.one(field, f"must be an integer, got {_kind(value)}")
     if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
-        raise SpecError.one(field, f"must be an integer, got {value!r}")
+        raise SpecError.one(field, f"must be an integer, got {_show(value)}")
     n = int(value)
     if n < minimum:
-        raise SpecError.one(field, f"must be >= {minimum}, got {value!r}")
+        raise SpecError.one(field, f"must be >= {minimum}, got {_show(value)}")
+    if n > MAX_INTEGER:
+        raise SpecError.one(field, f"must be <= 2**53 = {MAX_INTEGER}, got {_show(value)}")
     return n
 
 
@@ -94,6 +105,12 @@ def text(value: Any, field: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise SpecError.one(field, f"must be a non-empty string, got {_kind(value)}")
     return value
+
+
+def _show(value: Any) -> str:
+    """``repr(value)``, shortened: a 400-digit integer is not a readable message."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
 
 
 def _kind(value: Any) -> str:

@@ -15,13 +15,25 @@ from pricing.cluster import BANDWIDTH, Cluster
 from pricing.errors import Problem, SpecError
 from pricing.utility import Utility, utility_from_dict
 
-__all__ = ["MB_TO_GBIT", "ROUNDING", "Job", "job_from_dict", "room"]
+__all__ = [
+    "MAX_ROOM",
+    "MB_TO_GBIT",
+    "ROUNDING",
+    "Job",
+    "job_from_dict",
+    "max_workers_per_slot",
+    "room",
+]
 
 MB_TO_GBIT = 0.008
 """Megabytes to gigabits."""
 
 ROUNDING = 1e-9
 """Slack in every ceil/floor of SPEC 3-5, so 3.0000000001 workers' worth is still 3."""
+
+MAX_ROOM = 2**40
+"""The most units :func:`room` counts on one server: a tiny demand would otherwise fit
+more times than an int64 holds (a sum over servers stays exact below 2**63)."""
 
 _T = TypeVar("_T")
 
@@ -30,11 +42,13 @@ def room(free: NDArray[np.float64], demand: NDArray[np.float64]) -> NDArray[np.i
     """How many units of ``demand`` fit in ``free`` (SPEC 5).
 
     ``free`` is ``(..., R)``, ``demand`` is ``(R,)``; the result is ``(...)``: the minimum
-    over resources with ``demand[r] > 0`` of ``floor(free[r] / demand[r] + 1e-9)``, at least 0.
+    over resources with ``demand[r] > 0`` of ``floor(free[r] / demand[r] + 1e-9)``, at least 0
+    and at most ``MAX_ROOM``.
     """
     used = demand > 0
-    per_resource = np.floor(free[..., used] / demand[used] + ROUNDING)
-    out: NDArray[np.int64] = np.maximum(per_resource.min(axis=-1), 0).astype(np.int64)
+    with np.errstate(over="ignore"):  # a subnormal demand: room beyond counting
+        per_resource = np.floor(free[..., used] / demand[used] + ROUNDING)
+    out: NDArray[np.int64] = np.clip(per_resource.min(axis=-1), 0, MAX_ROOM).astype(np.int64)
     return out
 
 
@@ -190,6 +204,10 @@ def job_from_dict(
 
     m = tau + 2.0 * grad_mb * MB_TO_GBIT / b / slot_seconds
     raw_work = epochs * chunks * minibatches * m
+    if not raw_work <= fields.MAX_INTEGER:  # also inf and nan
+        raise SpecError.one(
+            field, f"work E*N*M*m = {raw_work:g} worker-slots is too large (at most 2**53)"
+        )
     work = math.ceil(raw_work - ROUNDING)
     if work < 1:
         raise SpecError.one(field, f"work E*N*M*m = {raw_work:g} worker-slots rounds to 0")
@@ -212,16 +230,32 @@ def job_from_dict(
     return job
 
 
+def max_workers_per_slot(job: Job, cluster: Cluster) -> int:
+    """The most workers ``job`` can run in one slot on the empty cluster: at most ``N``,
+    at most the workers that fit, and with their ``z(y)`` PS fitting (SPEC 3, 5).
+
+    ``z(y) = ceil(y b / B - 1e-9)`` rises with ``y``, so the answer is found near
+    ``(PS room + 1e-9) B / b`` and settled with a few exact steps, never by counting
+    down from ``N`` (which can be 2**53).
+    """
+    worker_room = int(room(cluster.worker_capacity, job.worker).sum())
+    ps_room = int(room(cluster.ps_capacity, job.ps).sum())
+    y = min(job.chunks, worker_room)
+    limit = (ps_room + ROUNDING) / job.ps_ratio
+    if limit < y:
+        y = math.floor(limit)
+    while y > 0 and int(job.ps_needed(y)) > ps_room:
+        y -= 1
+    while y < min(job.chunks, worker_room) and int(job.ps_needed(y + 1)) <= ps_room:
+        y += 1
+    return y
+
+
 def _check_fits_in_time(job: Job, cluster: Cluster, available: int, field: str) -> None:
     """Reject work that cannot finish inside the horizon even on an empty cluster."""
     if available < 1:
         raise SpecError.one(f"{field}.arrival", "arrives after the horizon's last slot")
-    worker_room = int(room(cluster.worker_capacity, job.worker).sum())
-    ps_room = int(room(cluster.ps_capacity, job.ps).sum())
-    per_slot = min(job.chunks, worker_room)
-    # the most workers whose PS still fit
-    while per_slot > 0 and int(job.ps_needed(per_slot)) > ps_room:
-        per_slot -= 1
+    per_slot = max_workers_per_slot(job, cluster)
     slots = -(-job.work // per_slot)
     if slots > available:
         raise SpecError.one(

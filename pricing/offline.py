@@ -44,6 +44,12 @@ Why ``u`` recovers the paper's (8)
     puts every ``u`` on the true last worker slot, and the two optima are equal. The
     utility reported per job is always recomputed from the true last worker slot.
 
+Held resources and last slots (:class:`Held`, optional)
+    To compare over part of a daemon's history, the jobs outside the comparison keep the
+    allocation they were given: their use ``held[t][s][r]`` is subtracted from every
+    capacity in (4) and (5). Job ``i`` may be given a last slot ``l_i <= T-1`` (the
+    daemon plans a job only up to ``a_i + T_window - 1``): no variable exists after it.
+
 Tightenings that change no feasible point
     ``y[i,h,t] <= min(N_i, room of an empty h)`` and ``z`` likewise (implied by (3), (4),
     (5), (7)); a variable whose bound is 0 is left out; ``u[i,t]`` exists only from
@@ -92,6 +98,7 @@ from pricing.trace import Trace
 
 __all__ = [
     "ABS_GAP",
+    "Held",
     "OfflineError",
     "OfflineJob",
     "OfflineResult",
@@ -136,6 +143,41 @@ class OfflineJob:
     completion_slot: int | None
     jct: int | None
     utility: float
+
+
+@dataclass(frozen=True, eq=False)
+class Held:
+    """What the jobs of an ILP may not use, and until when each may run.
+
+    Attributes:
+        worker_used: ``(T, H, R)`` float64, resources of worker servers held by jobs
+            outside the model, per slot.
+        ps_used: ``(T, K, R)`` float64, the same for PS servers.
+        last_slot: ``(J,)`` int64, the last slot each job of the trace may use
+            (``<= T - 1``), in trace order.
+    """
+
+    worker_used: NDArray[np.float64]
+    ps_used: NDArray[np.float64]
+    last_slot: NDArray[np.int64]
+
+    @staticmethod
+    def nothing(trace: Trace) -> Held:
+        """Nothing held; every job may run to ``T - 1``."""
+        c, T = trace.cluster, trace.horizon
+        return Held(
+            np.zeros((T, *c.worker_capacity.shape)),
+            np.zeros((T, *c.ps_capacity.shape)),
+            np.full(len(trace.jobs), T - 1, dtype=np.int64),
+        )
+
+    def worker_capacity(self, trace: Trace) -> NDArray[np.float64]:
+        """``(T, H, R)``: what worker servers leave to the model's jobs per slot."""
+        return trace.cluster.worker_capacity[None] - self.worker_used
+
+    def ps_capacity(self, trace: Trace) -> NDArray[np.float64]:
+        """``(T, K, R)``: what PS servers leave to the model's jobs per slot."""
+        return trace.cluster.ps_capacity[None] - self.ps_used
 
 
 @dataclass(frozen=True)
@@ -243,7 +285,7 @@ def _upper_bounds(
     return np.minimum(room(capacity, demand), job.chunks)
 
 
-def _build(trace: Trace) -> _Model:
+def _build(trace: Trace, held: Held) -> _Model:
     """Problem (1)-(13) as in the module docstring."""
     pulp = _pulp()
 
@@ -256,11 +298,11 @@ def _build(trace: Trace) -> _Model:
     u: dict[tuple[int, int], Any] = {}
     objective = []
     for i, job in enumerate(trace.jobs):
-        a = job.arrival
+        a, stop = job.arrival, int(held.last_slot[i]) + 1
         x[i] = prob.add_variable(f"x_{i}", 0, 1, pulp.LpBinary)
         y_ub = _upper_bounds(job, cluster.worker_capacity, job.worker)
         z_ub = _upper_bounds(job, cluster.ps_capacity, job.ps)
-        for t in range(a, T):
+        for t in range(a, stop):
             for h, ub in enumerate(y_ub.tolist()):
                 if ub > 0:
                     y[i, h, t] = prob.add_variable(f"y_{i}_{h}_{t}", 0, ub, pulp.LpInteger)
@@ -268,14 +310,14 @@ def _build(trace: Trace) -> _Model:
                 if ub > 0:
                     z[i, k, t] = prob.add_variable(f"z_{i}_{k}_{t}", 0, ub, pulp.LpInteger)
         first_end = a + job.min_slots - 1
-        utility = job.utility.values(np.arange(first_end, T) - a + 1)
-        for t, f in zip(range(first_end, T), utility.tolist(), strict=True):
+        utility = job.utility.values(np.arange(first_end, stop) - a + 1)
+        for t, f in zip(range(first_end, stop), utility.tolist(), strict=True):
             u[i, t] = prob.add_variable(f"u_{i}_{t}", 0, 1, pulp.LpBinary)
             objective.append(f * u[i, t])
     prob += pulp.lpSum(objective)
 
     for i, job in enumerate(trace.jobs):
-        a, slots = job.arrival, range(job.arrival, T)
+        slots = range(job.arrival, int(held.last_slot[i]) + 1)
         ends = [u[i, t] for t in slots if (i, t) in u]
         prob += pulp.lpSum(ends) == x[i], f"complete_once_{i}"
         work = [v for (j, _, _), v in y.items() if j == i]
@@ -292,8 +334,8 @@ def _build(trace: Trace) -> _Model:
             prob += pulp.lpSum(zs) <= pulp.lpSum(ys), f"c7_ps_count_{i}_{t}"
 
     for name, units, capacity, demand_of in (
-        ("c4_worker_capacity", y, cluster.worker_capacity, "worker"),
-        ("c5_ps_capacity", z, cluster.ps_capacity, "ps"),
+        ("c4_worker_capacity", y, held.worker_capacity(trace), "worker"),
+        ("c5_ps_capacity", z, held.ps_capacity(trace), "ps"),
     ):
         _capacity_rows(prob, trace, name, units, capacity, demand_of)
     return _Model(prob, x, y, z, u)
@@ -307,7 +349,10 @@ def _capacity_rows(
     capacity: NDArray[np.float64],
     demand_of: str,
 ) -> None:
-    """Constraints (4) or (5): one row per server, slot and resource that can bind."""
+    """Constraints (4) or (5): one row per server, slot and resource that can bind.
+
+    ``capacity`` is ``(T, S, R)``: what is left to the model's jobs per slot.
+    """
     pulp = _pulp()
 
     by_server_slot: dict[tuple[int, int], list[tuple[int, Any]]] = {}
@@ -322,8 +367,8 @@ def _capacity_rows(
                 if need > 0:
                     terms.append(need * var)
                     most += need * float(var.upBound)
-            if terms and most > capacity[s, r] + CAPACITY_SLACK:
-                prob += pulp.lpSum(terms) <= float(capacity[s, r]), f"{name}_{s}_{t}_{r}"
+            if terms and most > capacity[t, s, r] + CAPACITY_SLACK:
+                prob += pulp.lpSum(terms) <= float(capacity[t, s, r]), f"{name}_{s}_{t}_{r}"
 
 
 # ---------------------------------------------------------------------------------------
@@ -552,10 +597,14 @@ def allocation_from_schedules(
 
 
 def _set_start(
-    trace: Trace, model: _Model, workers: NDArray[np.int64], ps: NDArray[np.int64]
+    trace: Trace,
+    held: Held,
+    model: _Model,
+    workers: NDArray[np.int64],
+    ps: NDArray[np.int64],
 ) -> None:
     """Give every variable the value of the (checked) allocation, as the solver's start."""
-    problems = _check(trace, workers, ps)
+    problems = _check(trace, held, workers, ps)
     if problems:
         raise OfflineError("the starting allocation breaks SPEC 3-5: " + "; ".join(problems))
     for var in model.prob.variables():
@@ -577,15 +626,19 @@ def _set_start(
             model.u[i, job.completion_slot].setInitialValue(1)
 
 
-def _check(trace: Trace, workers: NDArray[np.int64], ps: NDArray[np.int64]) -> list[str]:
+def _check(
+    trace: Trace, held: Held, workers: NDArray[np.int64], ps: NDArray[np.int64]
+) -> list[str]:
     """Every way the allocation breaks SPEC 3-5 (empty when it is feasible)."""
     problems = []
-    c = trace.cluster
     for i, job in enumerate(trace.jobs):
         per_slot = workers[i].sum(axis=1)
         ps_slot = ps[i].sum(axis=1)
         if per_slot[: job.arrival].any() or ps_slot[: job.arrival].any():
             problems.append(f"{job.id}: runs before its arrival")
+        after = int(held.last_slot[i]) + 1
+        if per_slot[after:].any() or ps_slot[after:].any():
+            problems.append(f"{job.id}: runs after its last slot {after - 1}")
         if per_slot.any() and per_slot.sum() < job.work:
             problems.append(f"{job.id}: {per_slot.sum()} worker-slots < W = {job.work}")
         if (per_slot > job.chunks).any():
@@ -594,9 +647,9 @@ def _check(trace: Trace, workers: NDArray[np.int64], ps: NDArray[np.int64]) -> l
             problems.append(f"{job.id}: PS count outside z(y) .. y")
     used_w = np.einsum("ith,ir->thr", workers, np.array([j.worker for j in trace.jobs]))
     used_p = np.einsum("itk,ir->tkr", ps, np.array([j.ps for j in trace.jobs]))
-    if (used_w > c.worker_capacity[None] + CAPACITY_SLACK).any():
+    if (used_w > held.worker_capacity(trace) + CAPACITY_SLACK).any():
         problems.append("a worker server's capacity is exceeded")
-    if (used_p > c.ps_capacity[None] + CAPACITY_SLACK).any():
+    if (used_p > held.ps_capacity(trace) + CAPACITY_SLACK).any():
         problems.append("a PS server's capacity is exceeded")
     return problems
 
@@ -628,6 +681,7 @@ def solve_offline(
     threads: int | None = None,
     start: Sequence[Schedule | None] | None = None,
     progress: Callable[[str], None] | None = None,
+    held: Held | None = None,
 ) -> OfflineResult:
     """Solve problem (1)-(13) for ``trace`` (module docstring) and check the result.
 
@@ -640,6 +694,8 @@ def solve_offline(
             incumbent, e.g. the online algorithm's; the result is then never worse, even
             when the time limit cuts the search short.
         progress: called with a one-line message before the solve starts.
+        held: resources held by jobs outside the trace and each job's last slot
+            (default: nothing held, every job may run to ``T - 1``).
 
     Raises:
         OfflineError: the solver is unknown, unavailable or crashed, or its allocation
@@ -648,7 +704,8 @@ def solve_offline(
             status ``"feasible"``.
     """
     started = time.perf_counter()
-    model = _build(trace)
+    held = held if held is not None else Held.nothing(trace)
+    model = _build(trace, held)
     n_vars = len(model.prob.variables())
     n_rows = len(model.prob.constraints())
     start_workers = None
@@ -657,7 +714,7 @@ def solve_offline(
     warm = start is not None and solver == "highs"
     if start is not None:
         start_workers, start_ps = allocation_from_schedules(trace, start)
-        _set_start(trace, model, start_workers, start_ps)
+        _set_start(trace, held, model, start_workers, start_ps)
     build_seconds = time.perf_counter() - started
     if progress is not None:
         limit = "no time limit" if time_limit is None else f"time limit {time_limit:g} s"
@@ -671,7 +728,7 @@ def solve_offline(
     verdict = _run(model, solver, time_limit, threads, warm)
     solve_seconds = time.perf_counter() - started
 
-    jobs = _incumbent(trace, model) if verdict.incumbent else None
+    jobs = _incumbent(trace, held, model) if verdict.incumbent else None
     if start_workers is not None:
         given = _jobs(trace, start_workers)
         if jobs is None or _total(given) > _total(jobs) + ABS_GAP:
@@ -704,10 +761,10 @@ def _total(jobs: tuple[OfflineJob, ...]) -> float:
     return float(sum(j.utility for j in jobs))
 
 
-def _incumbent(trace: Trace, model: _Model) -> tuple[OfflineJob, ...]:
+def _incumbent(trace: Trace, held: Held, model: _Model) -> tuple[OfflineJob, ...]:
     """The solver's allocation, checked against SPEC 3-5 and against its objective."""
     workers, ps = _allocation(trace, model)
-    problems = _check(trace, workers, ps)
+    problems = _check(trace, held, workers, ps)
     if problems:
         raise OfflineError("the solver's allocation breaks SPEC 3-5: " + "; ".join(problems))
     jobs = _jobs(trace, workers)

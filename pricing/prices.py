@@ -43,6 +43,32 @@ class PriceBounds:
     eta1: float
     eta2: float
 
+    def same_as(self, other: PriceBounds) -> bool:
+        """True if every bound is equal, so prices under one equal those under the other."""
+        return (
+            self.log_l1 == other.log_l1
+            and self.log_l2 == other.log_l2
+            and self.eta1 == other.eta1
+            and self.eta2 == other.eta2
+            and np.array_equal(self.log_u1, other.log_u1)
+            and np.array_equal(self.log_u2, other.log_u2)
+        )
+
+    def scaled(self, l_factor: float = 1.0, u_factor: float = 1.0) -> PriceBounds:
+        """These bounds with every L multiplied by ``l_factor`` and every U by ``u_factor``
+        (both > 0), U raised to L where it would fall below (the paper's Fig. 6)."""
+        log_l1 = self.log_l1 + math.log(l_factor)
+        log_l2 = self.log_l2 + math.log(l_factor)
+        du = math.log(u_factor)
+        return PriceBounds(
+            np.maximum(self.log_u1 + du, log_l1),
+            np.maximum(self.log_u2 + du, log_l2),
+            log_l1,
+            log_l2,
+            self.eta1,
+            self.eta2,
+        )
+
     def to_dict(self, cluster: Cluster) -> dict[str, Any]:
         """Explicit bounds in the trace's ``pricing`` format (floats may read 0 on underflow)."""
         return {
@@ -78,6 +104,12 @@ def _eta(jobs: Sequence[Job], demand_of: str, capacity_total: float, horizon: in
     for job in jobs:
         need = job.work * float(getattr(job, demand_of).sum())
         inv = min(inv, need / (horizon * capacity_total))
+    if not inv > 0:  # underflow: a demand ~1e-300 against the capacity, or one ~1e308
+        raise SpecError.one(
+            "pricing",
+            f"eta is not finite: some job's total {demand_of} demand W * sum(d) is "
+            "negligible against T * sum(c); give eta1 and eta2",
+        )
     return 1.0 / inv
 
 
@@ -135,17 +167,20 @@ def bounds_from_dict(raw: Any, cluster: Cluster, field: str = "pricing") -> Pric
     """Read explicit bounds ``{"U1": {r: x}, "U2": {...}, "L1": x, "L2": x}``.
 
     Returns None for ``{"bounds": "oracle"}`` (the caller computes them from the jobs,
-    honouring ``eta1``/``eta2`` read by :func:`etas_from_dict`). A resource missing from
-    U1 or U2 prices flat (``U = L``). Every U must be >= its L, or prices would fall as
-    a server fills.
+    honouring ``eta1``/``eta2`` read by :func:`etas_from_dict`) and for
+    ``{"bounds": "estimate"}`` (the daemon's running estimate, with an optional ``trim``).
+    A resource missing from U1 or U2 prices flat (``U = L``). Every U must be >= its L,
+    or prices would fall as a server fills.
     """
     spec = fields.mapping(raw, field)
     if "bounds" in spec:
-        if spec["bounds"] != "oracle":
-            raise SpecError.one(f"{field}.bounds", f"must be 'oracle', got {spec['bounds']!r}")
-        extra = set(spec) - {"bounds", "eta1", "eta2"}
+        allowed = {"oracle": {"bounds", "eta1", "eta2"}, "estimate": {"bounds", "trim"}}
+        kind = spec["bounds"]
+        if not isinstance(kind, str) or kind not in allowed:
+            raise SpecError.one(f"{field}.bounds", f"must be 'oracle' or 'estimate', got {kind!r}")
+        extra = set(spec) - allowed[kind]
         if extra:
-            raise SpecError.one(field, f"unexpected keys with oracle bounds: {sorted(extra)}")
+            raise SpecError.one(field, f"unexpected keys with {kind} bounds: {sorted(extra)}")
         return None
     problems: list[Problem] = []
     logs: dict[str, float] = {}

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pricing import fields
+from pricing.bound_estimate import DEFAULT_TRIM, BoundEstimate
 from pricing.cluster import Cluster, cluster_from_dict
 from pricing.errors import Problem, SpecError
 from pricing.job import Job, job_from_dict
@@ -27,9 +28,13 @@ class Trace:
         horizon: T; jobs may use slots ``a .. T - 1``.
         slot_seconds: length of a slot, seconds.
         cluster: the servers.
-        bounds: price bounds, explicit or computed over all jobs (oracle).
-        bounds_kind: ``"oracle"`` or ``"explicit"``.
+        bounds: price bounds: explicit, computed over all jobs (oracle), or, for
+            ``"estimate"``, the running estimate after the last job (replay re-estimates
+            before each job, as the daemon does).
+        bounds_kind: ``"oracle"``, ``"explicit"`` or ``"estimate"``.
         jobs: in the order they are decided (non-decreasing arrival).
+        trim: for ``"estimate"``: the share of utility L ignores
+            (:mod:`pricing.bound_estimate`); None otherwise.
     """
 
     horizon: int
@@ -38,6 +43,7 @@ class Trace:
     bounds: PriceBounds
     bounds_kind: str
     jobs: tuple[Job, ...]
+    trim: float | None = None
 
 
 def trace_from_dict(raw: Any) -> Trace:
@@ -94,9 +100,20 @@ def trace_from_dict(raw: Any) -> Trace:
 
     if explicit is not None:
         return Trace(horizon, slot_seconds, cluster, explicit, "explicit", tuple(jobs))
+    spec = fields.mapping(pricing_raw, "pricing")
     if not jobs:
-        raise SpecError.one("jobs", "oracle price bounds need at least one job")
-    eta1, eta2 = etas_from_dict(fields.mapping(pricing_raw, "pricing"))
+        raise SpecError.one("jobs", f"{spec['bounds']} price bounds need at least one job")
+    if spec["bounds"] == "estimate":
+        trim = fields.number(spec.get("trim", DEFAULT_TRIM), "pricing.trim")
+        if not 0 <= trim < 1:
+            raise SpecError.one("pricing.trim", f"must be in [0, 1), got {trim}")
+        estimate = BoundEstimate.empty(len(cluster.resources))
+        for job in jobs:
+            estimate = estimate.observe(job)
+        final = estimate.bounds(trim=trim)
+        assert final is not None
+        return Trace(horizon, slot_seconds, cluster, final, "estimate", tuple(jobs), trim)
+    eta1, eta2 = etas_from_dict(spec)
     bounds = oracle_bounds(
         jobs, cluster, horizon, {j.id: horizon - j.arrival for j in jobs}, eta1, eta2
     )

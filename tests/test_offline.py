@@ -18,6 +18,7 @@ from controller.replay import replay, summary
 from pricing import SpecError, Trace, trace_from_dict
 from pricing.offline import (
     ABS_GAP,
+    Held,
     OfflineError,
     _check,
     allocation_from_schedules,
@@ -137,12 +138,25 @@ def _job_options(raw: dict[str, Any], i: int) -> list[tuple[float, np.ndarray]]:
     return out
 
 
-def _brute_force(raw: dict[str, Any]) -> float:
-    """The best total utility over every subset of jobs and every placement of each."""
+def _brute_force(
+    raw: dict[str, Any], held: np.ndarray | None = None, last: list[int] | None = None
+) -> float:
+    """The best total utility over every subset of jobs and every placement of each.
+
+    ``held``: ``(T, S, R)`` use of the servers (listing order) by jobs outside the trace;
+    ``last``: the last slot each job may use.
+    """
     capacity = np.array(
         [[s["capacity"].get(r, 0.0) for r in raw["resources"]] for s in raw["servers"]]
     )
+    if held is not None:
+        capacity = capacity[None] - held
     options = [_job_options(raw, i) for i in range(len(raw["jobs"]))]
+    if last is not None:
+        options = [
+            [(u, use) for u, use in opts if not use[end + 1 :].any()]
+            for opts, end in zip(options, last, strict=True)
+        ]
     best = max([0.0] + [u for u, use in options[0] if (use <= capacity + 1e-7).all()])
     if len(options) == 1:
         return best
@@ -220,6 +234,30 @@ def test_optimum_equals_exhaustive_search_on_tiny_traces() -> None:
     assert contested >= 30
 
 
+@pytest.mark.slow
+def test_held_resources_and_last_slots_equal_exhaustive_search() -> None:
+    """``oasis offline --store`` leaves other jobs' allocations in place and stops each
+    job at its last slot; the ILP must then equal the search on what is left."""
+    rng = np.random.default_rng(7)
+    constrained = 0
+    for raw, _ in _tiny_instances(40)[1:]:
+        trace = trace_from_dict(raw)
+        T, servers = raw["horizon"], raw["servers"]
+        capacity = np.array(
+            [[s["capacity"].get(r, 0.0) for r in raw["resources"]] for s in servers]
+        )
+        held = np.floor(capacity[None] * rng.uniform(0, 0.7, (T, len(servers), 1)))
+        last = [int(rng.integers(j["arrival"], T)) for j in raw["jobs"]]
+        kinds = np.array([s["kind"] for s in servers])
+        h = Held(held[:, kinds == "worker"], held[:, kinds == "ps"], np.array(last))
+        expected = _brute_force(raw, held, last)
+        result = solve_offline(trace, time_limit=30, held=h)
+        assert result.status == "optimal"
+        assert result.optimum == pytest.approx(expected, abs=1e-7), (raw, held, last)
+        constrained += expected < _brute_force(raw) - 1e-9
+    assert constrained >= 10
+
+
 # ---------------------------------------------------------------------------------------
 # (b) the online algorithm's allocation is feasible for the ILP, so the optimum is above it
 # ---------------------------------------------------------------------------------------
@@ -238,7 +276,14 @@ def test_optimum_is_at_least_the_online_utility(seed: int) -> None:
     records = list(replay(trace))
     online = summary(records)["total_utility"]
     # the online allocation passes the same checks as the solver's
-    assert _check(trace, *allocation_from_schedules(trace, _online_schedules(records))) == []
+    assert (
+        _check(
+            trace,
+            Held.nothing(trace),
+            *allocation_from_schedules(trace, _online_schedules(records)),
+        )
+        == []
+    )
     result = solve_offline(trace, time_limit=30)  # no start: the solver finds it alone
     assert result.status == "optimal"
     assert result.optimum is not None
@@ -289,21 +334,23 @@ def test_check_finds_a_broken_allocation() -> None:
     J, T = len(trace.jobs), trace.horizon
     workers = np.zeros((J, T, len(trace.cluster.worker_names)), dtype=np.int64)
     ps = np.zeros((J, T, len(trace.cluster.ps_names)), dtype=np.int64)
-    assert _check(trace, workers, ps) == []
+    assert _check(trace, Held.nothing(trace), workers, ps) == []
     job = trace.jobs[0]
     workers[0, job.arrival, 0] = 1  # one worker-slot: too little work, and no PS
-    problems = _check(trace, workers, ps)
+    problems = _check(trace, Held.nothing(trace), workers, ps)
     assert any("worker-slots" in p for p in problems)
     assert any("PS count" in p for p in problems)
     assert not any("capacity" in p for p in problems)
     workers[0, job.arrival, 0] = ps[0, job.arrival, 0] = 1000
-    problems = _check(trace, workers, ps)
+    problems = _check(trace, Held.nothing(trace), workers, ps)
     assert "a worker server's capacity is exceeded" in problems
     assert "a PS server's capacity is exceeded" in problems
     late = next(i for i, j in enumerate(trace.jobs) if j.arrival > 0)
     workers[:] = 0
     workers[late, trace.jobs[late].arrival - 1, 0] = 1
-    assert f"{trace.jobs[late].id}: runs before its arrival" in _check(trace, workers, ps)
+    assert f"{trace.jobs[late].id}: runs before its arrival" in _check(
+        trace, Held.nothing(trace), workers, ps
+    )
 
 
 # ---------------------------------------------------------------------------------------

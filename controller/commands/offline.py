@@ -1,4 +1,6 @@
-"""``oasis offline TRACE``: the offline optimum of a trace against the online algorithm."""
+"""``oasis offline TRACE``: the offline optimum of a trace against the online algorithm;
+``oasis offline --store URL [--from SLOT --to SLOT]``: the same over what a daemon
+decided (controller/history.py says what is compared)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,23 @@ import math
 import sys
 from typing import Any, TextIO
 
-from controller.commands.common import EXIT_FAILURE, EXIT_OK, fmt, load_trace
-from controller.replay import ReplayRecord, replay, summary
-from pricing.offline import OfflineError, OfflineResult, solve_offline, theorem4_bound
+from sqlalchemy.exc import SQLAlchemyError
+
+from controller.commands.common import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    InputError,
+    fmt,
+    int_at_least,
+    load_trace,
+    positive_seconds,
+)
+from controller.history import HistoryError, OnlineJob, load_history
+from controller.replay import replay
+from controller.store import Database, StoreUnavailableError
+from pricing.offline import Held, OfflineError, OfflineResult, solve_offline, theorem4_bound
+from pricing.schedule import Schedule
+from pricing.trace import Trace
 
 __all__ = ["offline_json", "register", "run"]
 
@@ -18,26 +34,6 @@ DEFAULT_TIME_LIMIT = 60.0
 """Seconds the solver may run unless ``--time-limit`` says otherwise."""
 
 _SOLVER_LABEL = {"highs": "HiGHS", "cbc": "CBC"}
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def register(sub: Any) -> None:
@@ -52,21 +48,44 @@ def register(sub: Any) -> None:
             "worst-case ratio 2*alpha of the paper's Theorem 4."
         ),
     )
-    p.add_argument("trace", metavar="TRACE", help="trace file (JSON, SPEC 6), or - for stdin")
+    p.add_argument(
+        "trace", metavar="TRACE", nargs="?", help="trace file (JSON, SPEC 6), or - for stdin"
+    )
+    p.add_argument(
+        "--store",
+        metavar="URL",
+        help="compare what the daemon with this store (SQLAlchemy URL, e.g. "
+        "sqlite:////var/lib/oasis/oasis.db) decided, instead of replaying a TRACE",
+    )
+    p.add_argument(
+        "--from",
+        dest="first",
+        type=int_at_least(0),
+        metavar="SLOT",
+        help="--store: compare the jobs that arrived from this slot on (default: the first)",
+    )
+    p.add_argument(
+        "--to",
+        dest="last",
+        type=int_at_least(0),
+        metavar="SLOT",
+        help="--store: ... up to this slot, inclusive (default: the last); other jobs keep "
+        "their allocations",
+    )
     p.add_argument("--json", action="store_true", help="print JSON (SPEC 6) instead of text")
     p.add_argument(
         "--solver", choices=("highs", "cbc"), default="highs", help="MIP solver (default: highs)"
     )
     p.add_argument(
         "--time-limit",
-        type=_positive,
+        type=positive_seconds,
         default=DEFAULT_TIME_LIMIT,
         metavar="SECONDS",
         help=f"stop the solver after this long (default: {DEFAULT_TIME_LIMIT:g}); the "
         "best allocation found is reported with its gap",
     )
     p.add_argument(
-        "--threads", type=_positive_int, default=None, help="solver threads (default: solver's)"
+        "--threads", type=int_at_least(1), default=None, help="solver threads (default: solver's)"
     )
     p.add_argument(
         "--cold",
@@ -86,25 +105,24 @@ def _finite(x: float | None) -> float | None:
 
 
 def offline_json(
-    result: OfflineResult, records: list[ReplayRecord], bound_2alpha: float
+    result: OfflineResult, online_jobs: list[OnlineJob], bound_2alpha: float
 ) -> dict[str, Any]:
     """The ``offline --json`` document (SPEC 6 keys first)."""
-    online = float(summary(records)["total_utility"])
+    online = float(sum(j.utility or 0.0 for j in online_jobs if j.admitted))
     ratio = result.optimum / online if result.optimum is not None and online > 0 else None
     # unproven: the true ratio lies between ratio and bound / online
     ratio_bound = result.bound / online if result.bound is not None and online > 0 else None
     jobs = []
-    for rec, off in zip(records, result.jobs or [None] * len(records), strict=True):
-        d = rec.decision
+    for on, off in zip(online_jobs, result.jobs or [None] * len(online_jobs), strict=True):
         jobs.append(
             {
-                "id": d.job.id,
+                "id": on.id,
                 "offline_admitted": None if off is None else off.admitted,
                 "offline_jct": None if off is None else off.jct,
                 "offline_utility": None if off is None else off.utility,
-                "online_admitted": d.admitted,
-                "online_jct": d.best.jct if d.admitted else None,
-                "online_utility": d.best.utility if d.admitted else None,
+                "online_admitted": on.admitted,
+                "online_jct": on.jct,
+                "online_utility": on.utility,
             }
         )
     return {
@@ -146,19 +164,68 @@ def _text(doc: dict[str, Any], gap: float | None, out: TextIO) -> None:
     print("\n".join(lines), file=out)
 
 
-def run(args: argparse.Namespace) -> int:
-    trace = load_trace(args.trace)
+def _from_store(
+    args: argparse.Namespace,
+) -> tuple[Trace, Held | None, list[OnlineJob], list[Schedule | None]]:
+    """The stored decisions as an offline problem (controller/history.py)."""
+    try:
+        db = Database(args.store)
+    except SQLAlchemyError as err:
+        raise InputError(f"--store: not a usable database URL: {err}") from err
+    try:
+        history = load_history(db, args.first, args.last)
+    except HistoryError as err:
+        raise InputError(f"--store: {err}") from err
+    except (StoreUnavailableError, SQLAlchemyError) as err:
+        # e.g. a file that is no daemon's store has no tables
+        first_line = str(err).splitlines()[0]
+        raise InputError(f"--store: cannot read a daemon's store there: {first_line}") from err
+    finally:
+        db.dispose()
+    return history.trace, history.held, history.online, history.schedules
 
+
+def _from_trace(
+    args: argparse.Namespace, progress: Any
+) -> tuple[Trace, Held | None, list[OnlineJob], list[Schedule | None]]:
+    """Replay the trace with the online algorithm."""
+    trace = load_trace(args.trace)
+    progress(f"replaying {len(trace.jobs)} jobs with the online algorithm...")
+    records = list(replay(trace))
+    online = [
+        OnlineJob(
+            r.decision.job.id,
+            r.decision.admitted,
+            r.decision.best.jct if r.decision.admitted else None,
+            r.decision.best.utility if r.decision.admitted else None,
+        )
+        for r in records
+    ]
+    schedules = [r.decision.best.schedule if r.decision.admitted else None for r in records]
+    return trace, None, online, schedules
+
+
+def run(args: argparse.Namespace) -> int:
     def progress(message: str) -> None:
         if args.progress:
             print(message, file=sys.stderr, flush=True)
 
-    progress(f"replaying {len(trace.jobs)} jobs with the online algorithm...")
-    records = list(replay(trace))
+    if (args.trace is None) == (args.store is None):
+        raise InputError("give either a TRACE or --store URL")
+    if args.store is None and (args.first is not None or args.last is not None):
+        raise InputError("--from and --to select slots of a --store")
+    if args.store is not None:
+        progress("reading the store...")
+        trace, held, online_jobs, online = _from_store(args)
+        progress(
+            f"{len(trace.jobs)} jobs compared over {trace.horizon} slots; "
+            f"the daemon admitted {sum(j.admitted for j in online_jobs)}"
+        )
+    else:
+        trace, held, online_jobs, online = _from_trace(args, progress)
     # the online allocation is feasible for the ILP: given as the start (HiGHS begins
     # from it; either solver's result is kept only if better), the reported optimum is
     # at least the online utility even when the time limit cuts the search short
-    online = [r.decision.best.schedule if r.decision.admitted else None for r in records]
     progress("building the ILP...")
     try:
         result = solve_offline(
@@ -168,12 +235,13 @@ def run(args: argparse.Namespace) -> int:
             threads=args.threads,
             start=None if args.cold else online,
             progress=progress,
+            held=held,
         )
     except OfflineError as err:
         print(f"oasis offline: {err}", file=sys.stderr)
         return EXIT_FAILURE
     progress(f"solver finished in {result.solve_seconds:.2f} s: {result.status}")
-    doc = offline_json(result, records, theorem4_bound(trace))
+    doc = offline_json(result, online_jobs, theorem4_bound(trace))
     if args.json:
         json.dump(doc, sys.stdout, indent=1)
         print()

@@ -38,7 +38,7 @@ from numpy.typing import NDArray
 
 from pricing.cluster import Cluster
 from pricing.errors import OasisError
-from pricing.job import ROUNDING, Job, room
+from pricing.job import ROUNDING, Job, max_workers_per_slot, room
 from pricing.ledger import CAPACITY_SLACK, Ledger
 from pricing.schedule import Schedule
 from pricing.trace import Trace
@@ -72,12 +72,7 @@ def ps_for(job: Job, y: int) -> int:
 def max_parallel(job: Job, cluster: Cluster) -> int:
     """The most workers ``job`` can run in one slot on the empty cluster: at most ``N``,
     at most the workers that fit, and with their ``z(y)`` PS fitting (SPEC 3, 5)."""
-    worker_room = int(room(cluster.worker_capacity, job.worker).sum())
-    ps_room = int(room(cluster.ps_capacity, job.ps).sum())
-    y = min(job.chunks, worker_room)
-    while y > 0 and ps_for(job, y) > ps_room:
-        y -= 1
-    return y
+    return max_workers_per_slot(job, cluster)
 
 
 class Pool:

@@ -1,0 +1,542 @@
+"""The paper's evaluation figures (Figs. 3-6) as PNG plots and CSV tables.
+
+What is measured
+    - Fig. 3 (``fig3_total_utility``): total utility of each policy against the number of
+      jobs (100, 200, 300, 400) on 50 worker + 50 PS servers, T = 300 slots of an hour.
+      Policies: OASiS with the daemon's online bound estimate (trace pricing
+      ``{"bounds": "estimate"}``, ``controller.replay.replay``), OASiS with SPEC 4's
+      oracle bounds (``{"bounds": "oracle"}``), and the baselines fifo, drf, rrh, dorm
+      (``pricing.baselines.run``). OASiS earns ``f(jct)`` of every admitted job; a
+      baseline earns ``f(jct)`` of every job it completes by the horizon.
+    - Fig. 4 (``fig4_completion_minus_target``): per policy, at 300 jobs, the empirical
+      CDF of ``jct - target`` over the completed jobs, with ``target`` the job's sigmoid
+      utility target (slots) from the raw trace.
+    - Fig. 5 (``fig5_offline_ratio``): the ratio offline optimum / online total utility on
+      the paper's performance-ratio instances, as ``bench/offline_optimum.py`` defines them
+      (10 jobs, T = 10, 3 / 6 / 9 / 12 servers split ``ceil(n/2)`` worker + ``floor(n/2)``
+      PS), for both OASiS pricings, with the solver's status.
+    - Fig. 6 (``fig6_bound_estimates``): OASiS (estimate pricing) total utility at 300
+      jobs when L, or U, is multiplied by a factor from 1e-3 to 1e3
+      (``replay(..., l_factor=, u_factor=)``, applied to every bound the estimate gives).
+
+Methodology
+    Traces come from ``pricing.workload.generate_trace(numpy.random.default_rng(seed), ...)``
+    with seeds ``1 .. --seeds`` (default 3); its docstring lists every parameter range
+    (EC2-like servers, utility mix 10/55/35 time-insensitive/-sensitive/-critical,
+    arrivals shaped like the Google cluster trace). The cluster is drawn first, so one
+    seed gives the same cluster at every job count. The same jobs are replayed under
+    every policy; Figs. 3, 4 and 6 plot the mean over seeds with min/max bars (Fig. 4
+    pools the seeds). Fig. 5 solves each instance once with
+    ``pricing.offline.solve_offline`` (HiGHS, 60 s limit), started from the better of the
+    two online allocations (as ``oasis offline`` starts from its online allocation); both
+    ratios divide that one optimum. An unproven optimum is reported with status
+    ``feasible``; a ratio is empty when the online utility is 0. Runs are sequential.
+
+Run with
+    .venv/bin/python -m bench.figures                    # full size, into bench/figures/
+    .venv/bin/python -m bench.figures --seeds 5 --out /tmp/figs
+    .venv/bin/python -m bench.figures --quick            # tiny sizes, under a minute
+
+    A progress bar runs on stderr; a Markdown summary of the numbers (also written to
+    ``summary.md`` in ``--out``) goes to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display; before pyplot is imported
+import matplotlib.pyplot as plt
+import numpy as np
+from tqdm import tqdm
+
+from bench.machine import describe
+from bench.offline_optimum import HORIZON as FIG5_HORIZON
+from bench.offline_optimum import N_JOBS as FIG5_JOBS
+from bench.offline_optimum import TOTAL_SERVERS as FIG5_SERVERS
+from controller.commands.common import int_at_least
+from controller.replay import ReplayRecord, replay
+from pricing import Trace, trace_from_dict
+from pricing.baselines import POLICIES
+from pricing.baselines import run as run_baseline
+from pricing.offline import solve_offline, theorem4_bound
+from pricing.schedule import Schedule
+from pricing.workload import generate_trace
+
+__all__ = ["CSV_COLUMNS", "FULL", "QUICK", "Settings", "main"]
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "figures"
+
+ONLINE = {"oasis": "estimate", "oasis-oracle": "oracle"}
+"""OASiS variants: policy name to the trace's ``pricing.bounds``."""
+POLICY_NAMES: tuple[str, ...] = (*ONLINE, *POLICIES)
+LABELS = {
+    "oasis": "OASiS (estimated bounds)",
+    "oasis-oracle": "OASiS (oracle bounds)",
+    "fifo": "FIFO",
+    "drf": "DRF",
+    "rrh": "RRH",
+    "dorm": "Dorm",
+}
+
+FACTORS: tuple[float, ...] = (1e-3, 1e-2, 0.1, 0.5, 1.0, 2.0, 10.0, 100.0, 1000.0)
+"""Fig. 6: what L, or U, is multiplied by."""
+
+CSV_COLUMNS: dict[str, tuple[str, ...]] = {
+    "fig3_total_utility": (
+        "jobs", "seed", "policy", "total_utility", "admitted", "completed", "seconds",
+    ),
+    "fig4_completion_minus_target": (
+        "policy", "seed", "job", "arrival", "target", "jct", "jct_minus_target",
+    ),
+    "fig5_offline_ratio": (
+        "servers", "worker_servers", "ps_servers", "seed", "status", "gap", "solve_seconds",
+        "optimum", "online_estimate", "online_oracle", "ratio_estimate", "ratio_oracle",
+        "theorem4_2alpha_oracle",
+    ),
+    "fig6_bound_estimates": (
+        "scaled", "factor", "seed", "total_utility", "admitted",
+    ),
+}  # fmt: skip
+"""Columns of each figure's CSV file (``<name>.csv``, next to ``<name>.png``)."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Sizes of one run of every figure.
+
+    Attributes:
+        job_counts: Fig. 3's x axis, jobs per trace.
+        worker_servers, ps_servers: cluster of Figs. 3, 4, 6.
+        horizon: T in slots (of 3600 s) for Figs. 3, 4, 6.
+        fig4_jobs: the job count of Figs. 4 and 6 (one of ``job_counts``).
+        fig5_servers: total servers of the Fig. 5 instances.
+        fig5_time_limit: seconds per offline solve.
+        factors: Fig. 6's multipliers of L and of U.
+    """
+
+    job_counts: tuple[int, ...]
+    worker_servers: int
+    ps_servers: int
+    horizon: int
+    fig4_jobs: int
+    fig5_servers: tuple[int, ...]
+    fig5_time_limit: float
+    factors: tuple[float, ...]
+
+
+FULL = Settings((100, 200, 300, 400), 50, 50, 300, 300, FIG5_SERVERS, 60.0, FACTORS)
+QUICK = Settings((15, 30), 10, 10, 40, 30, (3, 6), 20.0, (0.01, 1.0, 100.0))
+
+
+def _trace(raw: dict[str, Any], bounds: str) -> Trace:
+    return trace_from_dict({**raw, "pricing": {"bounds": bounds}})
+
+
+def _raw(seed: int, n_jobs: int, workers: int, ps: int, horizon: int) -> dict[str, Any]:
+    return generate_trace(
+        np.random.default_rng(seed),
+        n_jobs=n_jobs,
+        n_worker_servers=workers,
+        n_ps_servers=ps,
+        horizon=horizon,
+    )
+
+
+@dataclass(frozen=True)
+class Run:
+    """One policy on one trace: per job (trace order) its jct (None: not completed) and
+    utility earned (0 when not completed), and the wall time of the whole run."""
+
+    jct: tuple[int | None, ...]
+    utility: tuple[float, ...]
+    admitted: int
+    seconds: float
+
+    @property
+    def total(self) -> float:
+        return math.fsum(self.utility)
+
+
+def _online(records: list[ReplayRecord]) -> tuple[list[int | None], list[float]]:
+    jct: list[int | None] = []
+    utility: list[float] = []
+    for r in records:
+        d = r.decision
+        jct.append(d.best.jct if d.admitted else None)
+        utility.append(float(d.best.utility or 0.0) if d.admitted else 0.0)
+    return jct, utility
+
+
+def run_policy(raw: dict[str, Any], policy: str) -> Run:
+    """Replay ``raw`` (a generated trace dict) under ``policy`` (``POLICY_NAMES``)."""
+    started = time.perf_counter()
+    if policy in ONLINE:
+        records = list(replay(_trace(raw, ONLINE[policy])))
+        jct, utility = _online(records)
+        admitted = sum(r.decision.admitted for r in records)
+    else:
+        outcomes = run_baseline(_trace(raw, "oracle"), policy)
+        jct = [o.jct for o in outcomes]
+        utility = [float(o.utility or 0.0) for o in outcomes]
+        admitted = sum(o.admitted for o in outcomes)
+    return Run(tuple(jct), tuple(utility), admitted, time.perf_counter() - started)
+
+
+def _write_csv(path: Path, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow(["" if v is None else v for v in row])
+
+
+def _g(x: float | None, digits: int = 6) -> str:
+    if x is None:
+        return "-"
+    return "inf" if math.isinf(x) else f"{x:.{digits}g}"
+
+
+# ---------------------------------------------------------------------------------------
+# Figs. 3 and 4
+# ---------------------------------------------------------------------------------------
+
+
+def fig3_fig4(settings: Settings, seeds: Sequence[int], out: Path, bar: tqdm[Any]) -> list[str]:
+    """Run every policy on every trace; write Figs. 3 and 4; Markdown summary lines."""
+    s = settings
+    runs: dict[tuple[int, int, str], Run] = {}
+    targets: dict[int, list[tuple[str, int, int]]] = {}  # seed -> (job, arrival, target)
+    for n in s.job_counts:
+        for seed in seeds:
+            raw = _raw(seed, n, s.worker_servers, s.ps_servers, s.horizon)
+            if n == s.fig4_jobs:
+                targets[seed] = [
+                    (j["id"], j["arrival"], j["utility"]["target"]) for j in raw["jobs"]
+                ]
+            for policy in POLICY_NAMES:
+                bar.set_description(f"fig3 {n} jobs seed {seed} {policy}")
+                runs[n, seed, policy] = run_policy(raw, policy)
+                bar.update()
+
+    _write_csv(
+        out / "fig3_total_utility.csv",
+        CSV_COLUMNS["fig3_total_utility"],
+        (
+            (n, seed, p, repr(r.total), r.admitted, sum(j is not None for j in r.jct),
+             f"{r.seconds:.3f}")
+            for (n, seed, p), r in runs.items()
+        ),
+    )  # fmt: skip
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    mean: dict[str, list[float]] = {}
+    for p in POLICY_NAMES:
+        totals = np.array([[runs[n, sd, p].total for sd in seeds] for n in s.job_counts])
+        mean[p] = totals.mean(axis=1).tolist()
+        err = np.vstack([totals.mean(axis=1) - totals.min(axis=1),
+                         totals.max(axis=1) - totals.mean(axis=1)])  # fmt: skip
+        ax.errorbar(s.job_counts, mean[p], yerr=err, marker="o", capsize=3, label=LABELS[p])
+    ax.set_xlabel("number of jobs")
+    ax.set_ylabel("total utility")
+    ax.set_title(
+        f"Fig. 3: total utility ({s.worker_servers}+{s.ps_servers} servers, T={s.horizon}; "
+        f"mean, min-max of {len(seeds)} seeds)",
+        fontsize=9,
+    )
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "fig3_total_utility.png", dpi=120)
+    plt.close(fig)
+
+    rows4 = []
+    for p in POLICY_NAMES:
+        for seed in seeds:
+            r = runs[s.fig4_jobs, seed, p]
+            for (job, arrival, target), jct in zip(targets[seed], r.jct, strict=True):
+                if jct is not None:
+                    rows4.append((p, seed, job, arrival, target, jct, jct - target))
+    _write_csv(
+        out / "fig4_completion_minus_target.csv",
+        CSV_COLUMNS["fig4_completion_minus_target"],
+        rows4,
+    )
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    deltas = {p: [row[6] for row in rows4 if row[0] == p] for p in POLICY_NAMES}
+    for p in POLICY_NAMES:
+        if deltas[p]:
+            ax.ecdf(deltas[p], label=f"{LABELS[p]} ({len(deltas[p])} jobs)")
+    ax.axvline(0, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("completion time - target (slots)")
+    ax.set_ylabel("fraction of completed jobs")
+    ax.set_title(
+        f"Fig. 4: completion minus target, {s.fig4_jobs} jobs ({len(seeds)} seeds pooled)",
+        fontsize=9,
+    )
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "fig4_completion_minus_target.png", dpi=120)
+    plt.close(fig)
+
+    lines = [
+        f"Fig. 3, mean total utility over {len(seeds)} seeds "
+        f"({s.worker_servers}+{s.ps_servers} servers, T = {s.horizon}):",
+        "",
+        "| policy | " + " | ".join(f"{n} jobs" for n in s.job_counts) + " |",
+        "|---|" + "---|" * len(s.job_counts),
+    ]
+    for p in POLICY_NAMES:
+        lines.append(f"| {LABELS[p]} | " + " | ".join(f"{v:.1f}" for v in mean[p]) + " |")
+    lines += [
+        "",
+        f"Fig. 4, jct - target over completed jobs at {s.fig4_jobs} jobs (seeds pooled):",
+        "",
+        "| policy | completed | <= 0 | median | p90 | max |",
+        "|---|---|---|---|---|---|",
+    ]
+    for p in POLICY_NAMES:
+        d = np.array(deltas[p])
+        if d.size == 0:
+            lines.append(f"| {LABELS[p]} | 0 | - | - | - | - |")
+            continue
+        lines.append(
+            f"| {LABELS[p]} | {d.size} | {float((d <= 0).mean()):.0%} | "
+            f"{float(np.median(d)):g} | {float(np.percentile(d, 90)):g} | {int(d.max())} |"
+        )
+    return lines
+
+
+# ---------------------------------------------------------------------------------------
+# Fig. 5
+# ---------------------------------------------------------------------------------------
+
+
+def _schedules(records: list[ReplayRecord]) -> list[Schedule | None]:
+    return [r.decision.best.schedule if r.decision.admitted else None for r in records]
+
+
+def _ratio(optimum: float | None, online: float) -> float | None:
+    """optimum / online; None when either is missing or the online utility is 0."""
+    return optimum / online if optimum is not None and online > 0 else None
+
+
+def fig5(settings: Settings, seeds: Sequence[int], out: Path, bar: tqdm[Any]) -> list[str]:
+    """Offline optimum against both OASiS pricings; write Fig. 5; Markdown summary lines."""
+    rows: list[tuple[Any, ...]] = []
+    for total in settings.fig5_servers:
+        workers, ps = (total + 1) // 2, total // 2
+        for seed in seeds:
+            bar.set_description(f"fig5 {total} servers seed {seed}")
+            raw = _raw(seed, FIG5_JOBS, workers, ps, FIG5_HORIZON)
+            online: dict[str, float] = {}
+            starts: dict[str, list[Schedule | None]] = {}
+            oracle = _trace(raw, "oracle")
+            for bounds in ("estimate", "oracle"):
+                records = list(replay(_trace(raw, bounds)))
+                online[bounds] = math.fsum(_online(records)[1])
+                starts[bounds] = _schedules(records)
+            better = max(online, key=lambda b: online[b])
+            result = solve_offline(
+                oracle, time_limit=settings.fig5_time_limit, start=starts[better]
+            )
+            opt = result.optimum
+
+            rows.append(
+                (total, workers, ps, seed, result.status, result.gap,
+                 round(result.solve_seconds, 3), opt, online["estimate"], online["oracle"],
+                 _ratio(opt, online["estimate"]), _ratio(opt, online["oracle"]),
+                 theorem4_bound(oracle))
+            )  # fmt: skip
+            bar.update()
+    cols = CSV_COLUMNS["fig5_offline_ratio"]
+    _write_csv(out / "fig5_offline_ratio.csv", cols, rows)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for offset, (bounds, col) in zip(
+        (-0.25, 0.25), (("estimate", 10), ("oracle", 11)), strict=True
+    ):
+        label = LABELS["oasis" if bounds == "estimate" else "oasis-oracle"]
+        xs = [r[0] + offset for r in rows if r[col] is not None]
+        ys = [r[col] for r in rows if r[col] is not None]
+        points = ax.scatter(xs, ys, alpha=0.6, label=label)
+        med = [
+            (t, float(np.median(v)))
+            for t in settings.fig5_servers
+            if (v := [r[col] for r in rows if r[0] == t and r[col] is not None])
+        ]
+        if med:
+            ax.plot([m[0] + offset for m in med], [m[1] for m in med], "_", ms=18, mew=2,
+                    color=points.get_facecolor()[0])  # fmt: skip
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    ax.set_yscale("log")
+    ax.set_xticks(list(settings.fig5_servers))
+    ax.set_xlabel("servers (ceil(n/2) worker + floor(n/2) PS)")
+    ax.set_ylabel("offline optimum / online utility")
+    ax.set_title(
+        f"Fig. 5: offline ratio ({FIG5_JOBS} jobs, T={FIG5_HORIZON}, {len(seeds)} seeds "
+        "per size; bar = median)",
+        fontsize=9,
+    )
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(out / "fig5_offline_ratio.png", dpi=120)
+    plt.close(fig)
+
+    proven = sum(r[4] == "optimal" for r in rows)
+    lines = [
+        f"Fig. 5, offline optimum / online ({len(rows)} instances; {proven} proven optimal, "
+        f"slowest solve {max(r[6] for r in rows):.2f} s, limit {settings.fig5_time_limit:g} s):",
+        "",
+        "| OASiS bounds | median ratio | max ratio | ratio <= 2 | online utility 0 |",
+        "|---|---|---|---|---|",
+    ]
+    for bounds, col in (("estimate", 10), ("oracle", 11)):
+        vals = [r[col] for r in rows if r[col] is not None]
+        zero = len(rows) - len(vals)
+        if vals:
+            lines.append(
+                f"| {bounds} | {float(np.median(vals)):.4g} | {max(vals):.4g} | "
+                f"{sum(v <= 2 for v in vals)} of {len(vals)} | {zero} |"
+            )
+        else:
+            lines.append(f"| {bounds} | - | - | - | {zero} |")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------
+# Fig. 6
+# ---------------------------------------------------------------------------------------
+
+
+def fig6(settings: Settings, seeds: Sequence[int], out: Path, bar: tqdm[Any]) -> list[str]:
+    """OASiS (estimate) with L or U scaled; write Fig. 6; Markdown summary lines."""
+    s = settings
+    cache: dict[tuple[int, float, float], tuple[float, int]] = {}
+    rows = []
+    for seed in seeds:
+        trace = _trace(_raw(seed, s.fig4_jobs, s.worker_servers, s.ps_servers, s.horizon),
+                       "estimate")  # fmt: skip
+        for scaled in ("L", "U"):
+            for f in s.factors:
+                key = (seed, f, 1.0) if scaled == "L" else (seed, 1.0, f)
+                bar.set_description(f"fig6 seed {seed} {scaled} x {f:g}")
+                if key not in cache:
+                    records = list(replay(trace, l_factor=key[1], u_factor=key[2]))
+                    cache[key] = (
+                        math.fsum(_online(records)[1]),
+                        sum(r.decision.admitted for r in records),
+                    )
+                total, admitted = cache[key]
+                rows.append((scaled, f, seed, repr(total), admitted))
+                bar.update()
+    _write_csv(out / "fig6_bound_estimates.csv", CSV_COLUMNS["fig6_bound_estimates"], rows)
+
+    means: dict[str, list[float]] = defaultdict(list)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for scaled in ("L", "U"):
+        totals = np.array(
+            [[float(r[3]) for r in rows if r[0] == scaled and r[1] == f] for f in s.factors]
+        )
+        m = totals.mean(axis=1)
+        means[scaled] = m.tolist()
+        err = np.vstack([m - totals.min(axis=1), totals.max(axis=1) - m])
+        ax.errorbar(s.factors, m, yerr=err, marker="o", capsize=3,
+                    label=f"{scaled} x factor (other bound as estimated)")  # fmt: skip
+    ax.set_xscale("log")
+    ax.axvline(1.0, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("factor applied to the estimated bound")
+    ax.set_ylabel("total utility")
+    ax.set_title(
+        f"Fig. 6: mis-estimated bounds, OASiS, {s.fig4_jobs} jobs "
+        f"(mean, min-max of {len(seeds)} seeds)",
+        fontsize=9,
+    )
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(out / "fig6_bound_estimates.png", dpi=120)
+    plt.close(fig)
+
+    lines = [
+        f"Fig. 6, OASiS (estimated bounds) mean total utility at {s.fig4_jobs} jobs over "
+        f"{len(seeds)} seeds, with L or U multiplied by a factor:",
+        "",
+        "| scaled | " + " | ".join(f"x{f:g}" for f in s.factors) + " |",
+        "|---|" + "---|" * len(s.factors),
+    ]
+    for scaled in ("L", "U"):
+        lines.append(f"| {scaled} | " + " | ".join(f"{v:.1f}" for v in means[scaled]) + " |")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.figures",
+        description="Reproduce the paper's Figs. 3-6 as PNG plots and CSV tables.",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny sizes (seconds, for tests); default 1 seed"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default: {DEFAULT_OUT})"
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int_at_least(1),
+        default=None,
+        help="traces per point, seeds 1..N (default: 3; 1 with --quick)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    settings = QUICK if args.quick else FULL
+    seeds = list(range(1, (args.seeds or (1 if args.quick else 3)) + 1))
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+
+    total = (
+        len(settings.job_counts) * len(seeds) * len(POLICY_NAMES)
+        + len(settings.fig5_servers) * len(seeds)
+        + 2 * len(settings.factors) * len(seeds)
+    )
+    started = time.perf_counter()
+    with tqdm(total=total, file=sys.stderr, unit="run", disable=args.no_progress) as bar:
+        lines = fig3_fig4(settings, seeds, out, bar)
+        lines += ["", *fig5(settings, seeds, out, bar)]
+        lines += ["", *fig6(settings, seeds, out, bar)]
+    seconds = time.perf_counter() - started
+
+    machine = describe(
+        numpy=np.__version__, matplotlib=matplotlib.__version__
+    )  # versions of what plots and computes
+    command = "python -m bench.figures" + (" --quick" if args.quick else "")
+    if args.seeds is not None:
+        command += f" --seeds {args.seeds}"
+    head = [
+        f"Command: `{command}`; seeds {seeds[0]}..{seeds[-1]}; wall time {seconds:.0f} s.",
+        "Machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()) + ".",
+        "",
+    ]
+    text = "\n".join(head + lines) + "\n"
+    (out / "summary.md").write_text(text, encoding="utf-8")
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

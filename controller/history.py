@@ -1,0 +1,180 @@
+"""What the daemon recorded, as an offline problem (``oasis offline --store URL``).
+
+The comparison re-decides the jobs that arrived in slots ``from .. to`` (all of them by
+default) and leaves every other job with the allocation the daemon gave it:
+
+- **compared jobs**: arrival in ``[from, to]``, not cancelled. Each may use slots
+  ``a .. a + T - 1`` (T: the daemon's window, from the store's ``settings`` row, i.e. the
+  window of the daemon's last start), as the daemon allowed it.
+- **held**: the stored allocations of every other job (earlier or later arrivals, and
+  cancelled jobs up to their cancellation) are subtracted from the capacities.
+- **online**: the utility the daemon planned for each compared job it admitted (its
+  stored ``utility``; 0 if rejected).
+
+Slots are shifted so that ``from`` is slot 0 of the problem; the horizon ends at the
+last slot any compared job may use. The price bounds of the problem (used only for the
+Theorem 4 figure) are SPEC 4's over the compared jobs with ``Tmax = T``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from sqlalchemy import select
+
+from controller.admission import SETTINGS_KEY
+from controller.store import AllocationRow, Database, JobRow, MetaRow, ServerRow
+from pricing import SpecError, job_from_dict
+from pricing.cluster import cluster_from_dict
+from pricing.job import Job
+from pricing.offline import Held
+from pricing.prices import oracle_bounds
+from pricing.schedule import Schedule
+from pricing.trace import Trace
+
+__all__ = ["History", "HistoryError", "OnlineJob", "load_history"]
+
+
+class HistoryError(Exception):
+    """The store cannot be compared as asked; the message says why."""
+
+
+@dataclass(frozen=True)
+class OnlineJob:
+    """What the online algorithm did with one job.
+
+    Attributes:
+        id: the job's identifier.
+        admitted: whether it was admitted.
+        jct: its planned completion time, slots (None if rejected).
+        utility: ``f(jct)`` (None if rejected).
+    """
+
+    id: str
+    admitted: bool
+    jct: int | None
+    utility: float | None
+
+
+@dataclass(frozen=True, eq=False)
+class History:
+    """A stored stretch of decisions as an offline problem.
+
+    Attributes:
+        trace: the compared jobs (arrivals shifted by ``-first_slot``), the servers and
+            the horizon.
+        held: other jobs' use per slot and each compared job's last slot.
+        online: what the daemon decided for each compared job, in trace order.
+        schedules: the daemon's schedule of each compared job (None if rejected), in the
+            problem's slots, for the solver's start.
+        first_slot: the store slot that is slot 0 of the problem.
+        window: the daemon's T.
+    """
+
+    trace: Trace
+    held: Held
+    online: list[OnlineJob]
+    schedules: list[Schedule | None]
+    first_slot: int
+    window: int
+
+
+def load_history(db: Database, first: int | None = None, last: int | None = None) -> History:
+    """Read the store (module docstring); ``first``/``last`` bound the arrival slots."""
+    with db.session() as session:
+        settings = session.get(MetaRow, SETTINGS_KEY)
+        servers = session.scalars(select(ServerRow).order_by(ServerRow.position)).all()
+        rows = session.scalars(select(JobRow).order_by(JobRow.sequence)).all()
+        allocs = session.execute(
+            select(AllocationRow.job_id, AllocationRow.slot, AllocationRow.server,
+                   AllocationRow.workers, AllocationRow.ps)
+        ).all()  # fmt: skip
+    if settings is None or not servers:
+        raise HistoryError("the store holds no daemon state (has a daemon run on it?)")
+    window = int(settings.value["window"])
+    slot_seconds = float(settings.value["slot_seconds"])
+    resources = list(servers[0].capacity)
+    cluster = cluster_from_dict(
+        resources,
+        [{"name": s.name, "kind": s.kind, "capacity": s.capacity} for s in servers],
+    )
+    arrivals = [r.arrival_slot for r in rows]
+    lo = first if first is not None else min(arrivals, default=0)
+    hi = last if last is not None else max(arrivals, default=lo)
+    if hi < lo:
+        raise HistoryError(f"--to {hi} is before --from {lo}")
+    compared = [r for r in rows if lo <= r.arrival_slot <= hi and r.state != "cancelled"]
+    if not compared:
+        raise HistoryError(f"no job arrived in slots {lo} .. {hi} (cancelled jobs are left out)")
+    horizon = max(r.arrival_slot for r in compared) + window - lo
+
+    jobs: list[Job] = []
+    for r in compared:
+        try:
+            jobs.append(
+                job_from_dict(
+                    json.loads(r.spec),
+                    cluster,
+                    slot_seconds=slot_seconds,
+                    slots_available=lambda _a: window,
+                    arrival=r.arrival_slot - lo,
+                    field=f"job {r.id}",
+                )
+            )
+        except SpecError as err:
+            raise HistoryError(f"stored job {r.id} no longer fits the servers: {err}") from err
+    index = {r.id: i for i, r in enumerate(compared)}
+    kind_index = {name: (kind, i) for kind, i, name, _ in cluster.servers()}
+    demand = {r.id: json.loads(r.spec) for r in rows}
+    worker_used = np.zeros((horizon, *cluster.worker_capacity.shape))
+    ps_used = np.zeros((horizon, *cluster.ps_capacity.shape))
+    units: dict[str, list[Any]] = {}
+    for a in allocs:
+        t = a.slot - lo
+        if a.server not in kind_index or not 0 <= t < horizon:
+            continue
+        if a.job_id in index:
+            units.setdefault(a.job_id, []).append(a)
+            continue
+        kind, s = kind_index[a.server]
+        spec = demand[a.job_id]
+        if kind == "worker":
+            worker_used[t, s] += a.workers * _vector(spec.get("worker", {}), resources)
+        else:
+            ps_used[t, s] += a.ps * _vector(spec.get("ps", {}), resources)
+
+    schedules: list[Schedule | None] = []
+    for r in compared:
+        if not r.admitted or r.id not in units:
+            schedules.append(None)
+            continue
+        slots = [a.slot - lo for a in units[r.id]]
+        start, stop = min(slots), max(slots) + 1
+        workers = np.zeros((stop - start, len(cluster.worker_names)), np.int32)
+        ps = np.zeros((stop - start, len(cluster.ps_names)), np.int32)
+        for a in units[r.id]:
+            kind, s = kind_index[a.server]
+            if kind == "worker":
+                workers[a.slot - lo - start, s] = a.workers
+            else:
+                ps[a.slot - lo - start, s] = a.ps
+        schedules.append(Schedule(start, workers, ps))
+
+    bounds = oracle_bounds(jobs, cluster, window, {j.id: window for j in jobs})
+    trace = Trace(horizon, slot_seconds, cluster, bounds, "oracle", tuple(jobs))
+    last_slot = np.array([min(j.arrival + window - 1, horizon - 1) for j in jobs], np.int64)
+    online = [
+        OnlineJob(
+            r.id, r.admitted, r.jct if r.admitted else None, r.utility if r.admitted else None
+        )
+        for r in compared
+    ]
+    return History(trace, Held(worker_used, ps_used, last_slot), online, schedules, lo, window)
+
+
+def _vector(demand: dict[str, float], resources: list[str]) -> NDArray[np.float64]:
+    return np.array([float(demand.get(r, 0.0)) for r in resources])

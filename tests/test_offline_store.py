@@ -1,0 +1,155 @@
+"""``oasis offline --store URL [--from --to]``: the offline optimum over what the daemon
+decided, read from its store (the admission controller in-process, a fake clock, a
+real SQLite store)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import structlog
+
+from controller.admission import AdmissionController
+from controller.cli import main
+from controller.clock import FakeClock, SlotClock
+from controller.config import from_dict
+from controller.history import load_history
+from controller.store import Database
+from pricing import trace_from_dict
+from pricing.offline import solve_offline
+from pricing.workload import generate_trace
+
+WINDOW = 6
+SLOT = 3600.0
+
+
+def _jobs(seed: int, n: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A small cluster and ``n`` jobs that fit in ``WINDOW`` slots (specs without arrival)."""
+    raw = generate_trace(
+        np.random.default_rng(seed), n_jobs=n, n_worker_servers=2, n_ps_servers=1, horizon=WINDOW
+    )
+    jobs: list[dict[str, Any]] = raw["jobs"]  # type: ignore[assignment]
+    specs = [{k: v for k, v in j.items() if k != "arrival"} for j in jobs]
+    return raw, specs
+
+
+class Controller:
+    """The daemon's admission controller on a SQLite file, at slot 0 of a fake clock."""
+
+    def __init__(self, tmp_path: Path, raw: dict[str, Any]) -> None:
+        config = from_dict(
+            {
+                "daemon": {"data_dir": str(tmp_path), "window": WINDOW, "epoch": 0},
+                "pricing": {"bounds": "estimate"},
+                "cluster": {"resources": raw["resources"], "servers": raw["servers"]},
+            }
+        )
+        self.url = config.database_url
+        self.clock = FakeClock(1.0)
+        self.inner = AdmissionController(
+            config,
+            Database(self.url),
+            SlotClock(self.clock, SLOT, 0.0),
+            log=structlog.wrap_logger(structlog.ReturnLogger()),
+        )
+        self.inner.open()
+
+    def submit(self, spec: dict[str, Any]) -> Any:
+        return asyncio.run(self.inner.submit(spec))
+
+    def next_slot(self) -> None:
+        self.clock.advance(SLOT)
+        asyncio.run(self.inner.tick())
+
+
+@pytest.fixture
+def controller(tmp_path: Path) -> Iterator[Controller]:
+    raw, _ = _jobs(0, 1)
+    c = Controller(tmp_path, raw)
+    yield c
+    c.inner.close()
+
+
+def _offline(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    assert main(["offline", "--json", "--time-limit", "30", *args]) == 0
+    out: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return out
+
+
+def test_the_whole_store_equals_the_equivalent_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    raw, specs = _jobs(3, 8)
+    c = Controller(tmp_path, raw)
+    try:
+        views = [c.submit(s) for s in specs]  # all in slot 0: arrival 1, slots 1 .. WINDOW
+    finally:
+        c.inner.close()
+    out = _offline(capsys, "--store", c.url)
+    online = sum(v.decision.utility or 0.0 for v in views if v.decision.admitted)
+    assert out["online"] == pytest.approx(online)
+    assert out["status"] == "optimal" and out["optimum"] >= online - 1e-6
+    assert [j["id"] for j in out["jobs"]] == [s["id"] for s in specs]
+    assert [j["online_admitted"] for j in out["jobs"]] == [v.decision.admitted for v in views]
+    # the same jobs as a trace: arrival 0 (slot 1 shifted), horizon WINDOW
+    trace = trace_from_dict({**raw, "jobs": [{**s, "arrival": 0} for s in specs]})
+    expected = solve_offline(trace, time_limit=30)
+    assert expected.status == "optimal"
+    assert out["optimum"] == pytest.approx(expected.optimum, abs=1e-6)
+
+
+def test_from_to_compares_one_stretch_and_holds_the_rest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    raw, specs = _jobs(5, 9)
+    c = Controller(tmp_path, raw)
+    try:
+        for spec in specs[:5]:
+            c.submit(spec)  # arrival 1
+        c.next_slot()
+        c.next_slot()
+        later = [c.submit(spec) for spec in specs[5:]]  # slot 2: arrival 3
+    finally:
+        c.inner.close()
+    history = load_history(Database(c.url), 3, 3)
+    assert [j.id for j in history.trace.jobs] == [s["id"] for s in specs[5:]]
+    assert history.first_slot == 3 and all(j.arrival == 0 for j in history.trace.jobs)
+    assert history.held.worker_used.any()  # the earlier jobs still run in slots 3 ..
+    assert (history.held.last_slot == WINDOW - 1).all()
+
+    out = _offline(capsys, "--store", c.url, "--from", "3", "--to", "3")
+    online = sum(v.decision.utility or 0.0 for v in later if v.decision.admitted)
+    assert out["online"] == pytest.approx(online)
+    assert out["status"] == "optimal" and out["optimum"] >= online - 1e-6
+    # with the earlier jobs' resources held, the optimum cannot beat an empty cluster
+    alone = solve_offline(history.trace, time_limit=30)
+    assert alone.optimum is not None and out["optimum"] <= alone.optimum + 1e-6
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["t.json", "--from", "2"], "--from and --to select slots of a --store"),
+        ([], "give either a TRACE or --store URL"),
+        (["--store", "sqlite:///{tmp}/nothing.db"], "cannot read a daemon's store"),
+        (["--store", "nonsense://"], "not a usable database URL"),
+    ],
+)
+def test_bad_store_arguments_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    assert main(["offline", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_an_empty_stretch_is_a_clear_error(
+    controller: Controller, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["offline", "--store", controller.url, "--from", "5", "--to", "9"]) == 2
+    assert "no job arrived in slots 5 .. 9" in capsys.readouterr().err
