@@ -3,11 +3,18 @@
 The ledger is the state the online algorithm prices against: ``used`` amounts
 (the paper's ``g`` and ``v``) and the exponential prices derived from them, over the
 window ``origin .. origin + length - 1``. It admits schedules, releases a job's
-remaining slots (cancellation, early completion), and advances the window.
+remaining slots (cancellation, early completion), replaces a job's schedule (re-plans),
+takes failed servers out of future slots, and advances the window.
 
 Amounts are sums over admitted schedules in admission order, and a release recomputes
 the affected slots in that same order, so releasing a job restores the exact floats
-the slots held before it was admitted.
+the slots held before it was admitted. A replaced schedule keeps its job's place in
+that order, so a ledger rebuilt by admitting the current schedules in admission order
+holds the same floats as one that lived through the re-plans.
+
+A server that is down (failed) is *blocked* from some slot on: its amounts in those
+slots equal its capacity, so it has no room and prices at ``U``, and the search and
+placement kernels need no change. Blocked slots hold no job's allocation.
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ class Side:
         price: ``(S, n, R)`` float64, the price of one unit, utility per unit per slot.
         empty_price: ``(n, R)`` float64, the price of a slot with nothing allocated.
         log_l: ``log L`` of this side; ``log_u``: ``(R,)``, ``log U``.
+        blocked: ``(S, n)`` bool, True where the server is down in that slot.
+        down: ``(n,)`` bool, servers down with no end: slots the window opens are blocked.
     """
 
     capacity: NDArray[np.float64]
@@ -46,6 +55,8 @@ class Side:
     empty_price: NDArray[np.float64]
     log_l: float
     log_u: NDArray[np.float64]
+    blocked: NDArray[np.bool_]
+    down: NDArray[np.bool_]
 
     @classmethod
     def empty(
@@ -53,7 +64,8 @@ class Side:
     ) -> Side:
         n, r = capacity.shape
         side = cls(capacity, np.zeros((length, n, r)), np.empty((length, n, r)),
-                   np.empty((n, r)), log_l, log_u)  # fmt: skip
+                   np.empty((n, r)), log_l, log_u, np.zeros((length, n), np.bool_),
+                   np.zeros(n, np.bool_))  # fmt: skip
         side.use_bounds(log_l, log_u)
         return side
 
@@ -72,6 +84,16 @@ class Side:
     def reprice(self, lo: int, hi: int) -> None:
         """Recompute prices of window slots ``lo .. hi - 1`` from ``used``."""
         self.price[lo:hi] = price(self.log_l, self.log_u, self.used[lo:hi], self.capacity)
+
+    def fill_blocked(self, lo: int, hi: int) -> None:
+        """Set amounts of blocked cells in window slots ``lo .. hi - 1`` to capacity."""
+        t, srv = np.nonzero(self.blocked[lo:hi])
+        self.used[lo + t, srv] = self.capacity[srv]
+
+    def job_used(self) -> NDArray[np.float64]:
+        """``(S, n, R)`` amounts allocated to jobs (blocked cells count 0)."""
+        out: NDArray[np.float64] = np.where(self.blocked[:, :, None], 0.0, self.used)
+        return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -133,10 +155,32 @@ class Ledger:
         """Jobs with a schedule in the ledger, in admission order."""
         return list(self._entries)
 
+    def side(self, kind: str) -> Side:
+        """The side of ``kind`` (``"worker"`` or ``"ps"``)."""
+        if kind == "worker":
+            return self.worker_side
+        if kind == "ps":
+            return self.ps_side
+        raise LedgerError(f"unknown server kind {kind!r} (known: worker, ps)")
+
+    def demands(self, job_id: str) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """``(worker, ps)``: the per-unit demands ``(R,)`` ``job_id`` was admitted with."""
+        entry = self._entries.get(job_id)
+        if entry is None:
+            raise LedgerError(f"no admitted job {job_id!r}")
+        return entry.worker, entry.ps
+
+    def is_down(self, kind: str, index: int) -> bool:
+        """True if server ``index`` of ``kind`` is down with no end."""
+        return bool(self.side(kind).down[index])
+
     # -- changing ----------------------------------------------------------------------
 
     def set_bounds(self, bounds: PriceBounds) -> None:
-        """Use new price bounds: every slot is repriced from its amounts."""
+        """Use new price bounds: every slot is repriced from its amounts (nothing is done
+        when they equal the bounds in use)."""
+        if bounds.same_as(self.bounds):
+            return
         self.bounds = bounds
         self.worker_side.use_bounds(bounds.log_l1, bounds.log_u1)
         self.ps_side.use_bounds(bounds.log_l2, bounds.log_u2)
@@ -198,6 +242,65 @@ class Ledger:
             self._recompute(lo - self.origin, hi - self.origin)
         return released
 
+    def replace(self, job_id: str, schedule: Schedule) -> None:
+        """Make ``schedule`` the schedule of admitted ``job_id``, keeping its place in the
+        admission order (a re-plan). The job stays in the ledger even if ``schedule`` is
+        empty, so a later replace puts it back in the same place.
+
+        Raises:
+            LedgerError: no such job.
+            CapacityError: the new schedule does not fit; nothing changes.
+        """
+        entry = self._entries.get(job_id)
+        if entry is None:
+            raise LedgerError(f"no admitted job {job_id!r}")
+        old = entry.schedule
+        parts = [s for s in (old, schedule) if s.slots]
+        lo = max(min((s.start for s in parts), default=self.origin), self.origin) - self.origin
+        hi = min(max((s.start + s.slots for s in parts), default=0), self.end) - self.origin
+        self._entries[job_id] = _Entry(entry.worker, entry.ps, schedule)  # same place
+        if lo < hi:
+            self._recompute(lo, hi)
+            problem = self._over_capacity(lo, hi, schedule)
+            if problem:
+                self._entries[job_id] = entry
+                self._recompute(lo, hi)
+                raise CapacityError(f"job {job_id!r}: the new schedule {problem}")
+
+    def block(self, kind: str, index: int, from_slot: int) -> None:
+        """Take server ``index`` of ``kind`` down from absolute ``from_slot`` on, in this
+        window and every slot it opens later: its capacity there is zero.
+
+        Raises:
+            LedgerError: a job still has an allocation on it from ``from_slot`` on (move
+                those first).
+        """
+        side = self.side(kind)
+        lo = max(from_slot, self.origin) - self.origin
+        if lo < self.length:
+            users = [
+                j
+                for j, e in self._entries.items()
+                if self._uses(e.schedule, kind, index, max(from_slot, self.origin))
+            ]
+            if users:
+                raise LedgerError(
+                    f"{kind} server #{index} still holds jobs {users} from slot {from_slot}"
+                )
+            side.blocked[lo:, index] = True
+            side.fill_blocked(lo, self.length)
+            self._refresh(lo, self.length)
+        side.down[index] = True
+
+    def unblock(self, kind: str, index: int, from_slot: int) -> None:
+        """Bring server ``index`` of ``kind`` back from absolute ``from_slot`` on."""
+        side = self.side(kind)
+        side.down[index] = False
+        lo = max(from_slot, self.origin) - self.origin
+        if lo < self.length and side.blocked[lo:, index].any():
+            side.blocked[lo:, index] = False
+            self._recompute(lo, self.length)
+
     def advance(self, origin: int) -> None:
         """Move the window to start at ``origin``: past slots drop, new empty ones open."""
         shift = origin - self.origin
@@ -211,9 +314,15 @@ class Ledger:
             side.used[keep:] = 0.0
             side.price[:keep] = side.price[self.length - keep :]
             side.price[keep:] = side.empty_price
+            side.blocked[:keep] = side.blocked[self.length - keep :]
+            side.blocked[keep:] = side.down[None, :]
         self.touched[:keep] = self.touched[self.length - keep :]
         self.touched[keep:] = False
         self.origin = origin
+        if self.worker_side.down.any() or self.ps_side.down.any():
+            for side in (self.worker_side, self.ps_side):
+                side.fill_blocked(keep, self.length)
+            self._refresh(keep, self.length)
         for job_id in [j for j, e in self._entries.items() if e.schedule.end < origin]:
             del self._entries[job_id]
 
@@ -235,7 +344,35 @@ class Ledger:
             win = slice(s_lo - self.origin, s_hi - self.origin)
             self.worker_side.used[win] += sched.workers[rows, :, None] * entry.worker
             self.ps_side.used[win] += sched.ps[rows, :, None] * entry.ps
+        for side in (self.worker_side, self.ps_side):
+            side.fill_blocked(lo, hi)
         self._refresh(lo, hi)
+
+    def _uses(self, schedule: Schedule, kind: str, index: int, from_slot: int) -> bool:
+        part = schedule.after(from_slot)
+        counts = part.workers if kind == "worker" else part.ps
+        return bool(part.slots and counts[:, index].any())
+
+    def _over_capacity(self, lo: int, hi: int, schedule: Schedule) -> str:
+        """Where window slots ``lo .. hi - 1`` exceed a capacity (or ``schedule`` uses a
+        blocked server), in words; empty if nowhere."""
+        for name, side, counts in (("worker", self.worker_side, schedule.workers),
+                                   ("PS", self.ps_side, schedule.ps)):  # fmt: skip
+            over = side.used[lo:hi] > side.capacity[None] + CAPACITY_SLACK
+            if schedule.slots:
+                a = max(schedule.start, self.origin + lo)
+                b = min(schedule.start + schedule.slots, self.origin + hi)
+                if a < b:
+                    rows = counts[a - schedule.start : b - schedule.start] > 0
+                    hit = rows & side.blocked[a - self.origin : b - self.origin]
+                    if hit.any():
+                        t, srv = (int(i) for i in np.argwhere(hit)[0])
+                        return f"uses {name} server #{srv}, down in slot {a + t}"
+            if over.any():
+                t, srv, r = (int(i) for i in np.argwhere(over)[0])
+                resource = self.cluster.resources[r]
+                return f"exceeds {name} server #{srv} {resource!r} in slot {self.origin + lo + t}"
+        return ""
 
     def _refresh(self, lo: int, hi: int) -> None:
         for side in (self.worker_side, self.ps_side):

@@ -1,0 +1,58 @@
+"""``oasis progress ID``: a job's reported progress and its runtime estimate.
+
+The node agents report mini-batches done and worker-seconds spent; the daemon regresses
+time on work (pricing/runtime_estimate.py, a Bayesian linear regression) and keeps the
+estimate of one mini-batch's time and of the whole job's worker-seconds, each with a
+credible interval. Needs a daemon with an execution plane (an ``[mqtt]`` broker).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from controller.commands.client import _common, _dump, _Stubs, _wrap  # same options
+from controller.commands.common import EXIT_OK
+from controller.rpc import oasis_pb2 as pb
+
+__all__ = ["register", "render"]
+
+
+def register(sub: Any) -> None:
+    """Add the ``progress`` subcommand to ``sub`` (an argparse subparsers object)."""
+    help_ = "a job's reported progress and its runtime estimate with a credible interval"
+    p = sub.add_parser("progress", parents=[_common()], help=help_, description=help_)
+    p.add_argument("id", help="job id")
+    p.set_defaults(func=_wrap(run))
+
+
+def _interval(e: pb.Estimate, unit: str) -> str:
+    return f"{e.mean:.4g} {unit} ({e.level:.0%} interval {e.low:.4g} .. {e.high:.4g})"
+
+
+def render(p: pb.JobProgress) -> str:
+    """The progress of one job as lines for people."""
+    state = pb.JobState.Name(p.state).removeprefix("JOB_STATE_").lower()
+    share = p.minibatches_done / p.minibatches_total if p.minibatches_total else 0.0
+    lines = [
+        f"{p.id}: {state}",
+        f"  done            {p.minibatches_done:.6g} of {p.minibatches_total} mini-batches "
+        f"({share:.1%}), {p.worker_seconds:.6g} worker-seconds reported in {p.reports} reports",
+        f"  one mini-batch  planned {p.planned_minibatch_seconds:.4g} s; estimated "
+        + _interval(p.minibatch_seconds, "s"),
+        f"  whole job       planned {p.planned_worker_seconds:.6g} worker-seconds; estimated "
+        + _interval(p.total_worker_seconds, "worker-seconds"),
+    ]
+    if p.HasField("completion_slot"):
+        lines.append(f"  completes in    slot {p.completion_slot} (as planned now)")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    stubs = _Stubs(args)
+    reply = stubs.admission.GetProgress(pb.GetProgressRequest(id=args.id), timeout=stubs.timeout)
+    if args.json:
+        _dump(reply.progress)
+    else:
+        print(render(reply.progress))
+    return EXIT_OK

@@ -1,0 +1,262 @@
+"""``oasis agent --server NAME``: the reference node agent.
+
+It follows its server's retained plan (:class:`~controller.plane.topics.Plan`): in each
+slot it runs the tasks planned there, switching to the plan's next slot on its own at
+the slot boundary (so a late plan or a broker outage does not stall it), and ignores a
+plan whose epoch is lower than the one it follows. It sends heartbeats and cumulative
+progress per job (mini-batches done, worker-seconds spent).
+
+Work is either simulated -- each worker finishes a mini-batch every
+``minibatch_seconds / speed`` seconds (``--speed 2``: twice as fast as planned) -- or
+done by a command launched per worker (``--command``), which gets ``OASIS_JOB``,
+``OASIS_SERVER``, ``OASIS_WORKER`` and ``OASIS_MINIBATCH_SECONDS`` in its environment and
+prints its cumulative mini-batch count, one number per line, as it goes; it is stopped
+(SIGTERM) when its task leaves the plan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiomqtt
+import structlog
+
+from controller.plane.client import client_for
+from controller.plane.settings import MqttConfig
+from controller.plane.topics import Heartbeat, Plan, Progress, SlotPlan, TaskProgress, Topics
+from pricing.errors import SpecError
+
+__all__ = ["Agent", "TaskState"]
+
+_STEP = 0.05  # seconds between simulation steps
+_BACKOFF_MAX = 5.0
+
+
+@dataclass
+class TaskState:
+    """What this agent did for one job (cumulative over the agent's life).
+
+    Attributes:
+        minibatches: mini-batches its workers here finished.
+        worker_seconds: seconds its workers ran, summed over workers.
+        processes: the running per-worker commands (``--command``), with their counts.
+    """
+
+    minibatches: float = 0.0
+    worker_seconds: float = 0.0
+    processes: list[tuple[asyncio.subprocess.Process, list[float]]] = field(default_factory=list)
+    done_before: float = 0.0  # mini-batches of commands that already exited
+
+
+class Agent:
+    """One server's agent; see the module docstring.
+
+    Args:
+        server: the server's name, as in the daemon's cluster.
+        mqtt: the broker.
+        speed: simulated speed relative to the plan (1: as planned).
+        command: a shell command run per worker instead of the simulation.
+        report_seconds: how often progress is sent, seconds.
+        wall: Unix time, to find the slot in progress.
+    """
+
+    def __init__(
+        self,
+        server: str,
+        mqtt: MqttConfig,
+        speed: float = 1.0,
+        command: str = "",
+        report_seconds: float = 1.0,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        if speed <= 0:
+            raise ValueError(f"speed: must be > 0, got {speed}")
+        self.server = server
+        self.mqtt = mqtt
+        self.topics = Topics(mqtt.topic_prefix)
+        self.speed = speed
+        self.command = command
+        self.report_seconds = report_seconds
+        self.wall = wall
+        self.session = uuid.uuid4().hex[:12]
+        self.plan: Plan | None = None
+        self.tasks: dict[str, TaskState] = {}
+        self.log = structlog.get_logger("oasis-agent").bind(server=server)
+        self._reported: dict[str, tuple[float, float]] = {}
+
+    # -- the plan -----------------------------------------------------------------------
+
+    def accept(self, plan: Plan) -> bool:
+        """Follow ``plan`` unless it is older than the one followed; True if taken."""
+        if plan.server != self.server:
+            return False
+        if self.plan is not None and plan.epoch < self.plan.epoch:
+            self.log.info("stale plan ignored", epoch=plan.epoch, following=self.plan.epoch)
+            return False
+        if self.plan is None or plan.epoch != self.plan.epoch:
+            self.log.info("plan", epoch=plan.epoch, slot=plan.current.slot,
+                          tasks=[(t.job, t.workers, t.ps) for t in plan.current.tasks])  # fmt: skip
+        self.plan = plan
+        return True
+
+    def active(self) -> SlotPlan | None:
+        """The slot plan in force now: the next slot's once it has begun."""
+        if self.plan is None:
+            return None
+        if self.wall() >= self.plan.next.starts_at:
+            return self.plan.next
+        return self.plan.current
+
+    # -- work ---------------------------------------------------------------------------
+
+    def step(self, dt: float) -> None:
+        """Simulate ``dt`` seconds of the active slot's tasks."""
+        slot = self.active()
+        if slot is None:
+            return
+        for task in slot.tasks:
+            if task.workers <= 0:
+                continue
+            state = self.tasks.setdefault(task.job, TaskState())
+            if state.minibatches >= task.minibatches:
+                continue
+            rate = task.workers * self.speed / task.minibatch_seconds
+            state.minibatches = min(float(task.minibatches), state.minibatches + rate * dt)
+            state.worker_seconds += task.workers * dt
+
+    async def _commands(self, dt: float) -> None:
+        """Start and stop the per-worker commands so they match the active slot."""
+        slot = self.active()
+        wanted = {t.job: t for t in (slot.tasks if slot else []) if t.workers > 0}
+        for job, state in self.tasks.items():
+            running = [p for p in state.processes if p[0].returncode is None]
+            state.worker_seconds += len(running) * dt
+            want = wanted[job].workers if job in wanted else 0
+            while len(running) > want:
+                _stop(running.pop()[0])
+            state.minibatches = state.done_before + sum(c[0] for _p, c in state.processes)
+        for job, task in wanted.items():
+            state = self.tasks.setdefault(job, TaskState())
+            running = [p for p in state.processes if p[0].returncode is None]
+            for worker in range(len(running), task.workers):
+                env = {**os.environ, "OASIS_JOB": job, "OASIS_SERVER": self.server,
+                       "OASIS_WORKER": str(worker),
+                       "OASIS_MINIBATCH_SECONDS": str(task.minibatch_seconds)}  # fmt: skip
+                proc = await asyncio.create_subprocess_shell(
+                    self.command, stdout=asyncio.subprocess.PIPE, env=env, start_new_session=True
+                )
+                count = [0.0]
+                state.processes.append((proc, count))
+                asyncio.get_running_loop().create_task(self._read_counts(proc, count))
+
+    async def _read_counts(self, proc: asyncio.subprocess.Process, count: list[float]) -> None:
+        assert proc.stdout is not None
+        async for line in proc.stdout:
+            with contextlib.suppress(ValueError):
+                count[0] = max(count[0], float(line.decode().strip()))
+        await proc.wait()
+
+    def progress(self, only_changed: bool = True) -> Progress | None:
+        """The progress report to send (None if nothing changed since the last one)."""
+        jobs = []
+        for job, s in self.tasks.items():
+            now = (s.minibatches, s.worker_seconds)
+            if only_changed and self._reported.get(job) == now:
+                continue
+            jobs.append(TaskProgress(job, s.minibatches, s.worker_seconds))
+        if not jobs:
+            return None
+        return Progress(self.server, self.session, jobs)
+
+    # -- the connection -----------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Work and talk to the broker until cancelled; reconnect with backoff."""
+        worker = asyncio.create_task(self._work())
+        delay = 0.2
+        try:
+            while True:
+                client = client_for(self.mqtt, f"agent-{self.server}-{self.session}")
+                try:
+                    async with client:
+                        delay = 0.2
+                        self._reported.clear()  # resend everything after a reconnection
+                        await self._session(client)
+                except aiomqtt.MqttError as err:
+                    self.log.info("broker unavailable", error=str(err), retry_in=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _BACKOFF_MAX)
+        finally:
+            worker.cancel()
+            for state in self.tasks.values():
+                for proc, _count in state.processes:
+                    if proc.returncode is None:
+                        _stop(proc)
+
+    async def _work(self) -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(_STEP)
+            now = time.monotonic()
+            dt, last = now - last, now
+            if self.command:
+                await self._commands(dt)
+            else:
+                self.step(dt)
+
+    async def _session(self, client: aiomqtt.Client) -> None:
+        await client.subscribe(self.topics.plan(self.server), qos=1)
+        self.log.info("connected", host=self.mqtt.host, port=self.mqtt.port)
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._receive(client))
+                group.create_task(self._beat(client))
+                group.create_task(self._report(client))
+        except* aiomqtt.MqttError as lost:  # one task saw the connection go: reconnect
+            raise lost.exceptions[0] from None
+
+    async def _receive(self, client: aiomqtt.Client) -> None:
+        async for message in client.messages:
+            payload = message.payload
+            if not isinstance(payload, bytes | bytearray | str):
+                continue
+            try:
+                self.accept(Plan.parse(payload))
+            except SpecError as err:
+                self.log.warning("bad plan", error=str(err))
+
+    async def _beat(self, client: aiomqtt.Client) -> None:
+        while True:
+            epoch = self.plan.epoch if self.plan else 0
+            beat = Heartbeat(self.server, self.session, epoch)
+            await client.publish(self.topics.heartbeat(self.server), beat.to_bytes(), qos=0)
+            sent = time.monotonic()
+            # the interval comes with the plan, which may arrive (or change) meanwhile
+            while time.monotonic() - sent < self._beat_interval():
+                await asyncio.sleep(min(0.05, self._beat_interval()))
+
+    def _beat_interval(self) -> float:
+        return self.plan.heartbeat_seconds if self.plan else self.mqtt.heartbeat_seconds
+
+    async def _report(self, client: aiomqtt.Client) -> None:
+        while True:
+            await asyncio.sleep(self.report_seconds)
+            report = self.progress()
+            if report is None:
+                continue
+            await client.publish(self.topics.progress(self.server), report.to_bytes(), qos=1)
+            for t in report.jobs:
+                self._reported[t.job] = (t.minibatches, t.worker_seconds)
+
+
+def _stop(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM a worker command and everything it started (its own session)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGTERM)

@@ -1,0 +1,526 @@
+"""What really happens, fed back into the plan: the daemon side of the execution plane.
+
+Node agents send heartbeats and progress (:mod:`controller.plane.topics`); this module
+keeps them and reacts, always in the admission controller's decision thread (between
+two decisions), always committing to the store before the ledger changes hands:
+
+- **done early**: a job whose reported mini-batches reach ``E * N * M`` completes in
+  the current slot; its slots from the next one on are released and prices fall.
+- **server silent** for ``heartbeat_timeout`` seconds (after it reported at least once,
+  and only while the broker connection is up): the server is down from the next slot
+  on; its jobs are re-placed or re-planned (:func:`pricing.replan.fail_server`); a job
+  that can no longer finish becomes ``failed``. A heartbeat brings it back from the
+  next slot on.
+- **slower than planned**: the job's mini-batch time is re-estimated
+  (:mod:`pricing.runtime_estimate`); when even the optimistic end of the predictive
+  interval needs more time than the plan holds, the remaining work is re-planned, and
+  the new plan is taken if its payoff is positive (else the job is reported ``behind``).
+
+Plans for the current and the next slot are computed from the store (the source of
+truth), in the same thread, so store, ledger and plans agree at every publication.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import structlog
+from sqlalchemy import delete, insert, select, update
+from sqlalchemy.orm import Session
+
+from controller.admission import AdmissionController, NotFoundError
+from controller.events import Event
+from controller.plane.settings import MqttConfig
+from controller.plane.topics import Heartbeat, Plan, Progress, SlotPlan, Task
+from controller.replay import allocations as allocation_entries
+from controller.store import AllocationRow, JobRow, MetaRow, OutageRow, ProgressRow
+from pricing import ADMIT_THRESHOLD, Job, Ledger
+from pricing.replan import fail_server, release_rest, replan_remaining
+from pricing.runtime_estimate import Interval, RuntimePrior, fit
+from pricing.schedule import Schedule
+
+__all__ = ["ACTIVE", "Execution", "JobProgress", "ProgressView"]
+
+ACTIVE = ("admitted", "running")
+"""Job states that appear in plans."""
+_PLANE_KEY = "plane"
+_MAX_SAMPLES = 400
+_MIN_SAMPLES = 4
+_LEVEL = 0.9
+
+
+@dataclass
+class JobProgress:
+    """A job's reported progress.
+
+    Attributes:
+        sessions: ``"server/session" -> [minibatches, worker_seconds]``, cumulative.
+        samples: ``[(minibatches, worker_seconds), ...]``: the job's totals after each
+            report, the data the runtime estimate is fitted to.
+        dirty: changed since last written to the store.
+    """
+
+    sessions: dict[str, list[float]] = field(default_factory=dict)
+    samples: list[tuple[float, float]] = field(default_factory=list)
+    dirty: bool = False
+
+    def totals(self) -> tuple[float, float]:
+        """``(minibatches, worker_seconds)`` over every session."""
+        mb = sum(v[0] for v in self.sessions.values())
+        ws = sum(v[1] for v in self.sessions.values())
+        return mb, ws
+
+
+@dataclass(frozen=True)
+class ProgressView:
+    """A job's progress and runtime estimate as the API reports it.
+
+    Attributes:
+        job_id: the job.
+        state: its state.
+        minibatches_done, minibatches_total: reported and needed mini-batches.
+        worker_seconds: worker-seconds reported so far.
+        reports: samples the estimate is fitted to.
+        planned_minibatch_seconds: the plan's time of one mini-batch on one worker.
+        minibatch_seconds: its posterior estimate and credible interval, seconds.
+        total_worker_seconds: predicted worker-seconds for the whole job, with the
+            predictive interval.
+        planned_worker_seconds: worker-seconds the plan holds in all (slots x length).
+        completion_slot: the planned last slot.
+    """
+
+    job_id: str
+    state: str
+    minibatches_done: float
+    minibatches_total: int
+    worker_seconds: float
+    reports: int
+    planned_minibatch_seconds: float
+    minibatch_seconds: Interval
+    total_worker_seconds: Interval
+    planned_worker_seconds: float
+    completion_slot: int | None
+
+
+class Execution:
+    """Heartbeats, progress and the reactions to them; see the module docstring.
+
+    Args:
+        controller: the opened admission controller.
+        mqtt: the broker settings (timeouts).
+        monotonic: the clock heartbeats are timed with, seconds.
+    """
+
+    def __init__(
+        self,
+        controller: AdmissionController,
+        mqtt: MqttConfig,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.c = controller
+        self.mqtt = mqtt
+        self.monotonic = monotonic
+        self.log = structlog.get_logger("oasisd")
+        self.slot_seconds = controller.config.slot_seconds
+        self.server_index: dict[str, tuple[str, int]] = {}
+        for kind, names in (("worker", controller.cluster.worker_names),
+                            ("ps", controller.cluster.ps_names)):  # fmt: skip
+            for i, name in enumerate(names):
+                self.server_index[name] = (kind, i)
+        self.last_seen: dict[str, float] = {}
+        self.failed: dict[str, float] = {}  # server -> monotonic time declared failed
+        self.progress: dict[str, JobProgress] = {}
+        self.pending: set[str] = set()
+        self.reviewed: dict[str, int] = {}  # job -> slot of its last slow-job re-plan try
+        self.watch_from: float | None = None
+        self._jobs: dict[str, Job] = {}
+        self.epoch = 0
+        self.events_published = 0
+
+    # -- start-up ----------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Read failed servers, progress and the plan epoch from the store (blocking)."""
+        now = self.monotonic()
+        with self.c.db.session() as session:
+            for row in session.scalars(select(OutageRow).where(OutageRow.up_from.is_(None))):
+                self.failed[row.server] = now
+            for prow in session.scalars(select(ProgressRow)):
+                sessions = {k: [float(v[0]), float(v[1])] for k, v in prow.per_server.items()}
+                samples = [(float(x), float(y)) for x, y in prow.samples.get("points", [])]
+                self.progress[prow.job_id] = JobProgress(sessions, samples)
+            meta = session.get(MetaRow, _PLANE_KEY)
+            if meta is not None:
+                self.epoch = int(meta.value.get("epoch", 0))
+                self.events_published = int(meta.value.get("events", 0))
+
+    # -- what agents say (event loop; cheap) ---------------------------------------------
+
+    def connected(self) -> None:
+        """The broker connection is up: silence counts from now."""
+        self.watch_from = self.monotonic()
+
+    def disconnected(self) -> None:
+        """The broker connection is down: nobody can be heard, so nobody is failed."""
+        self.watch_from = None
+
+    def heartbeat(self, beat: Heartbeat) -> None:
+        if beat.server in self.server_index:
+            self.last_seen[beat.server] = self.monotonic()
+
+    def report(self, progress: Progress) -> None:
+        if progress.server not in self.server_index:
+            return
+        self.last_seen[progress.server] = self.monotonic()
+        key = f"{progress.server}/{progress.session}"
+        for task in progress.jobs:
+            prog = self.progress.setdefault(task.job, JobProgress())
+            prog.sessions[key] = [task.minibatches, task.worker_seconds]
+            prog.samples.append(prog.totals())
+            del prog.samples[:-_MAX_SAMPLES]
+            prog.dirty = True
+            self.pending.add(task.job)
+
+    # -- reactions (decision thread) ------------------------------------------------------
+
+    def review_sync(self) -> list[Event]:
+        """Failures, recoveries, early completions and slow jobs; then persist progress."""
+        self.c._advance_window()
+        events: list[Event] = []
+        now = self.monotonic()
+        if self.watch_from is not None:
+            for server, seen in self.last_seen.items():
+                silent = now - max(seen, self.watch_from)
+                if server not in self.failed and silent > self.mqtt.heartbeat_timeout:
+                    events += self._fail_sync(server)
+                    self.failed[server] = now
+                elif server in self.failed and seen > self.failed[server]:
+                    events += self._recover_sync(server)
+                    del self.failed[server]
+        pending, self.pending = self.pending, set()
+        for job_id in sorted(pending):
+            events += self._review_job_sync(job_id)
+        self._flush_progress()
+        return events
+
+    def _job(self, job_id: str, session: Session | None = None) -> Job:
+        job = self._jobs.get(job_id)
+        if job is None:
+            if session is None:
+                with self.c.db.session() as s:
+                    return self._job(job_id, s)
+            row = session.get(JobRow, job_id)
+            if row is None:
+                raise KeyError(job_id)
+            job = self.c._parse(json.loads(row.spec), arrival=row.arrival_slot)
+            self._jobs[job_id] = job
+        return job
+
+    def _last_slot(self, job: Job) -> int:
+        return job.arrival + self.c.window - 1
+
+    def _write_schedule(
+        self, session: Session, job: Job, row: JobRow, schedule: Schedule, from_slot: int
+    ) -> None:
+        """Store ``schedule``'s slots from ``from_slot`` on as the job's allocations."""
+        session.execute(delete(AllocationRow).where(
+            AllocationRow.job_id == job.id, AllocationRow.slot >= from_slot))  # fmt: skip
+        future = schedule.after(from_slot)
+        if future.slots and (future.workers.any() or future.ps.any()):
+            entries = allocation_entries(future, self.c.cluster)
+            session.execute(insert(AllocationRow), self.c._allocation_rows(job.id, entries))
+        if schedule.slots and schedule.workers.any():
+            if row.state == "admitted":
+                row.start_slot = schedule.start + int(np.flatnonzero(schedule.worker_counts())[0])
+            row.completion_slot = schedule.end
+            row.jct = schedule.end - job.arrival + 1
+            row.utility = float(job.utility.values(row.jct))
+
+    def _guarded(self, change: Callable[[], list[Event]]) -> list[Event]:
+        """Run ``change`` (which changes the ledger, then commits); if the commit fails,
+        rebuild the ledger from the store so the two never disagree."""
+        try:
+            return change()
+        except Exception:
+            self.log.exception("re-plan failed; rebuilding the ledger from the store")
+            self._resync()
+            raise
+
+    def _resync(self) -> None:
+        ledger = self.c._ledger
+        self.c.ledger = Ledger(self.c.cluster, ledger.bounds, ledger.length, origin=ledger.origin)
+        self.c._rebuild()
+
+    def _fail_sync(self, server: str) -> list[Event]:
+        kind, index = self.server_index[server]
+        s = self.c.slot
+        from_slot = s + 1
+        ledger = self.c._ledger
+        if ledger.is_down(kind, index):
+            return []
+        with self.c.db.session() as session:
+            jobs = {j: self._job(j, session) for j in ledger.job_ids()}
+        before = {j: ledger.schedule(j) for j in jobs}
+        remaining: dict[str, int] = {}
+        for j, sched in before.items():
+            lost = sched.after(s).before(from_slot)  # the current slot, on the failed server
+            counts = lost.workers if kind == "worker" else lost.ps
+            lost_work = int(counts[:, index].sum()) if (kind == "worker" and lost.slots) else 0
+            remaining[j] = sched.after(from_slot).work() + lost_work
+
+        def change() -> list[Event]:
+            outcome = fail_server(ledger, jobs, kind, index, from_slot, remaining,
+                                  {j: self._last_slot(job) for j, job in jobs.items()})  # fmt: skip
+            now = datetime.now(UTC)
+            events: list[Event] = []
+            with self.c.db.session() as session:
+                session.add(OutageRow(server=server, down_from=from_slot, up_from=None,
+                                      detected_at=now))  # fmt: skip
+                moved = [*outcome.replaced, *outcome.replanned, *outcome.stranded]
+                for j in moved:
+                    row = session.get(JobRow, j)
+                    assert row is not None
+                    self._write_schedule(session, jobs[j], row, ledger.schedule(j), from_slot)
+                    how = ("replaced" if j in outcome.replaced else
+                           "replanned" if j in outcome.replanned else "stranded")  # fmt: skip
+                    detail: dict[str, Any] = {"reason": "server_failed", "server": server,
+                                              "how": how, "from_slot": from_slot}  # fmt: skip
+                    if how == "stranded":
+                        row.state = "failed"
+                        kept = ledger.schedule(j) if j in ledger else None
+                        row.completion_slot = kept.end if kept and kept.workers.any() else None
+                        events.append(self.c._event(session, now, "failed", j, "failed", detail))
+                    else:
+                        best = outcome.replanned.get(j)
+                        if best is not None:
+                            detail["payoff"] = best.payoff
+                        events.append(
+                            self.c._event(session, now, "replanned", j, row.state, detail)
+                        )
+                events.append(self.c._event(session, now, "server_failed", "", "",
+                                            {"server": server, "from_slot": from_slot,
+                                             "jobs": moved}))  # fmt: skip
+            self.log.warning("server failed", server=server, from_slot=from_slot,
+                             replaced=outcome.replaced, replanned=list(outcome.replanned),
+                             stranded=outcome.stranded)  # fmt: skip
+            return events
+
+        return self._guarded(change)
+
+    def _recover_sync(self, server: str) -> list[Event]:
+        kind, index = self.server_index[server]
+        from_slot = self.c.slot + 1
+        now = datetime.now(UTC)
+        with self.c.db.session() as session:
+            session.execute(update(OutageRow).where(
+                OutageRow.server == server, OutageRow.up_from.is_(None)
+            ).values(up_from=from_slot))  # fmt: skip
+            event = self.c._event(session, now, "server_recovered", "", "",
+                                  {"server": server, "from_slot": from_slot})  # fmt: skip
+        self.c._ledger.unblock(kind, index, from_slot)
+        self.log.info("server back", server=server, from_slot=from_slot)
+        return [event]
+
+    def _review_job_sync(self, job_id: str) -> list[Event]:
+        prog = self.progress.get(job_id)
+        if prog is None:
+            return []
+        with self.c.db.session() as session:
+            row = session.get(JobRow, job_id)
+            if row is None or row.state not in ACTIVE:
+                return []
+            job = self._job(job_id, session)
+        done, spent = prog.totals()
+        total = job.epochs * job.chunks * job.minibatches
+        if done >= total - 1e-9:
+            return self._complete_sync(job, done)
+        s = self.c.slot
+        if len(prog.samples) < _MIN_SAMPLES or self.reviewed.get(job_id) == s:
+            return []
+        if job_id not in self.c._ledger:
+            return []
+        planned_mb = job.minibatch_slots * self.slot_seconds
+        xs = np.array([p[0] for p in prog.samples])
+        post = fit(xs, np.array([p[1] for p in prog.samples]), RuntimePrior(planned_mb))
+        need = post.seconds_at(total, _LEVEL)
+        sched = self.c._ledger.schedule(job_id)
+        now_workers = int(sched.after(s).before(s + 1).workers.sum())
+        in_slot = now_workers * self.c.slots.seconds_to_next_slot()
+        held = sched.after(s + 1).work() * self.slot_seconds + in_slot
+        if need.low <= spent + held:  # the plan may still suffice
+            return []
+        self.reviewed[job_id] = s
+        work = max(1, math.ceil((need.mean - spent - in_slot) / self.slot_seconds - 1e-9))
+        ledger = self.c._ledger
+        best, whole = replan_remaining(ledger, job, work, s + 1, self._last_slot(job))
+        estimate = post.minibatch_seconds(_LEVEL)
+        detail: dict[str, Any] = {"reason": "slow", "minibatch_seconds": estimate.mean,
+                                  "planned_minibatch_seconds": planned_mb,
+                                  "work": work}  # fmt: skip
+        now = datetime.now(UTC)
+        if best.schedule is None or best.payoff is None or best.payoff <= ADMIT_THRESHOLD:
+            detail["payoff"] = best.payoff
+            with self.c.db.session() as session:
+                event = self.c._event(session, now, "behind", job_id, "running", detail)
+            self.log.info("job behind its plan", job=job_id, **detail)
+            return [event]
+
+        def change() -> list[Event]:
+            ledger.replace(job_id, whole)
+            detail["payoff"] = best.payoff
+            with self.c.db.session() as session:
+                row = session.get(JobRow, job_id)
+                assert row is not None
+                self._write_schedule(session, job, row, whole, s + 1)
+                detail["completion_slot"] = row.completion_slot
+                event = self.c._event(session, now, "replanned", job_id, row.state, detail)
+            self.log.info("slow job re-planned", job=job_id, **detail)
+            return [event]
+
+        return self._guarded(change)
+
+    def _complete_sync(self, job: Job, done: float) -> list[Event]:
+        s = self.c.slot
+        now = datetime.now(UTC)
+
+        def change() -> list[Event]:
+            released = release_rest(self.c._ledger, job.id, s + 1)
+            with self.c.db.session() as session:
+                row = session.get(JobRow, job.id)
+                assert row is not None
+                session.execute(delete(AllocationRow).where(
+                    AllocationRow.job_id == job.id, AllocationRow.slot >= s + 1))  # fmt: skip
+                row.state = "completed"
+                row.completion_slot = s
+                row.jct = s - job.arrival + 1
+                row.utility = float(job.utility.values(row.jct))
+                detail = {"early": True, "released_worker_slots": released, "minibatches": done}
+                event = self.c._event(session, now, "completed", job.id, "completed", detail)
+            self.log.info("job done early", job=job.id, slot=s, released=released)
+            return [event]
+
+        return self._guarded(change)
+
+    def _flush_progress(self) -> None:
+        dirty = {j: p for j, p in self.progress.items() if p.dirty}
+        if not dirty:
+            return
+        now = datetime.now(UTC)
+        with self.c.db.session() as session:
+            known = set(session.scalars(select(JobRow.id).where(JobRow.id.in_(list(dirty)))))
+            for job_id, prog in dirty.items():
+                prog.dirty = False
+                if job_id not in known:  # progress for a job this daemon never saw
+                    continue
+                mb, ws = prog.totals()
+                values = {"minibatches": mb, "worker_seconds": ws, "per_server": prog.sessions,
+                          "samples": {"points": [list(p) for p in prog.samples]},
+                          "updated_at": now}  # fmt: skip
+                stmt = update(ProgressRow).where(ProgressRow.job_id == job_id).values(**values)
+                if session.connection().execute(stmt).rowcount == 0:
+                    session.add(ProgressRow(job_id=job_id, **values))
+
+    # -- plans (decision thread) --------------------------------------------------------
+
+    def plans_sync(self, published: dict[str, Plan]) -> list[Plan]:
+        """Plans of every server for the current and next slot that differ from
+        ``published`` (all of them if it is empty), under one new epoch (persisted first);
+        ``[]`` if nothing changed."""
+        self.c._advance_window()
+        s = self.c.slot
+        tasks: dict[tuple[str, int], list[Task]] = {}
+        with self.c.db.session() as session:
+            rows = session.execute(
+                select(AllocationRow.job_id, AllocationRow.slot, AllocationRow.server,
+                       AllocationRow.workers, AllocationRow.ps)
+                .join(JobRow, JobRow.id == AllocationRow.job_id)
+                .where(AllocationRow.slot.in_((s, s + 1)), JobRow.state.in_(ACTIVE))
+                .order_by(JobRow.sequence)
+            ).all()  # fmt: skip
+            for r in rows:
+                job = self._job(r.job_id, session)
+                task = Task(r.job_id, r.workers, r.ps, job.minibatch_slots * self.slot_seconds,
+                            job.epochs * job.chunks * job.minibatches)  # fmt: skip
+                tasks.setdefault((r.server, r.slot), []).append(task)
+            epoch0 = self.c.slots.epoch
+            plans: list[Plan] = []
+            for server, (kind, _index) in self.server_index.items():
+                plan = Plan(
+                    server=server,
+                    kind=kind,
+                    epoch=self.epoch + 1,
+                    slot_seconds=self.slot_seconds,
+                    heartbeat_seconds=self.mqtt.heartbeat_seconds,
+                    down=server in self.failed,
+                    current=SlotPlan(s, epoch0 + s * self.slot_seconds, tasks.get((server, s), [])),
+                    next=SlotPlan(
+                        s + 1, epoch0 + (s + 1) * self.slot_seconds, tasks.get((server, s + 1), [])
+                    ),
+                )
+                if not plan.same_content(published.get(server)):
+                    plans.append(plan)
+            if plans:
+                self.epoch += 1
+                self._save_meta(session)
+        return plans
+
+    def _save_meta(self, session: Session) -> None:
+        value = {"epoch": self.epoch, "events": self.events_published}
+        stmt = update(MetaRow).where(MetaRow.key == _PLANE_KEY).values(value=value)
+        if session.connection().execute(stmt).rowcount == 0:
+            session.add(MetaRow(key=_PLANE_KEY, value=value))
+
+    def events_published_to(self, sequence: int) -> None:
+        """Remember (in the store) that job events up to ``sequence`` were published."""
+        self.events_published = max(self.events_published, sequence)
+        with self.c.db.session() as session:
+            self._save_meta(session)
+
+    # -- reads ----------------------------------------------------------------------------
+
+    async def view(self, job_id: str) -> ProgressView:
+        """:meth:`view_sync` in the decision thread; NotFoundError if no such job."""
+        try:
+            return await self.c._run(lambda: self.view_sync(job_id))
+        except KeyError:
+            raise NotFoundError(f"no job {job_id!r}") from None
+
+    def view_sync(self, job_id: str) -> ProgressView:
+        """The job's progress and runtime estimate; KeyError if no such job."""
+        with self.c.db.session() as session:
+            row = session.get(JobRow, job_id)
+            if row is None:
+                raise KeyError(job_id)
+            job = self._job(job_id, session)
+            state, completion = row.state, row.completion_slot
+            planned_ws = float(
+                sum(a.workers for a in session.scalars(
+                    select(AllocationRow).where(AllocationRow.job_id == job_id)))
+            ) * self.slot_seconds  # fmt: skip
+        prog = self.progress.get(job_id, JobProgress())
+        done, spent = prog.totals()
+        planned_mb = job.minibatch_slots * self.slot_seconds
+        total = job.epochs * job.chunks * job.minibatches
+        xs = np.array([p[0] for p in prog.samples])
+        ys = np.array([p[1] for p in prog.samples])
+        post = fit(xs, ys, RuntimePrior(planned_mb))
+        return ProgressView(
+            job_id=job_id,
+            state=state,
+            minibatches_done=done,
+            minibatches_total=total,
+            worker_seconds=spent,
+            reports=len(prog.samples),
+            planned_minibatch_seconds=planned_mb,
+            minibatch_seconds=post.minibatch_seconds(_LEVEL),
+            total_worker_seconds=post.seconds_at(total, _LEVEL),
+            planned_worker_seconds=planned_ws,
+            completion_slot=completion,
+        )

@@ -1,0 +1,237 @@
+"""Re-planning admitted jobs when what happens departs from the plan.
+
+Three reactions, each a pure change to a :class:`~pricing.ledger.Ledger`:
+
+- :func:`release_rest`: a job finished early; its slots from a given one on are freed.
+- :func:`fail_server`: a server is down from a slot on. Its capacity there becomes zero;
+  every job with units on it is first *re-placed*: the same units in the same slots on
+  other servers, cheapest first (:mod:`pricing.placement`), where room allows. A job
+  that does not fit is *re-planned*: its future slots are released and the best-schedule
+  search (:mod:`pricing.best_schedule`) plans its remaining work against current prices.
+  A job for which no schedule exists any more is *stranded*: it keeps only its past.
+- :func:`replan_remaining`: the best schedule of a job's remaining work from a slot on,
+  used by the above and to extend a job that runs slower than planned.
+
+Completion times stay measured from the job's original arrival: the search runs on the
+job with its utility shifted (:class:`Shifted`), so ``f(t_end - a + 1)`` is what it
+maximises, whatever slot the re-plan starts in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from pricing.best_schedule import BestSchedule, best_schedule
+from pricing.errors import LedgerError
+from pricing.job import Job
+from pricing.ledger import Ledger
+from pricing.placement import offers, place
+from pricing.schedule import Schedule
+from pricing.utility import Utility
+
+__all__ = [
+    "FailureOutcome",
+    "Shifted",
+    "fail_server",
+    "release_rest",
+    "remaining_job",
+    "replan_remaining",
+]
+
+
+@dataclass(frozen=True)
+class Shifted:
+    """``f(d + offset)``: the utility of a job re-planned ``offset`` slots after its
+    arrival, as a function of the completion time counted from the re-plan's first slot.
+
+    Attributes:
+        base: the job's utility of the completion time from its arrival.
+        offset: slots between the arrival and the re-plan's first slot, >= 0.
+    """
+
+    base: Utility
+    offset: int
+
+    def values(self, d: ArrayLike) -> NDArray[np.float64]:
+        return self.base.values(np.asarray(d) + self.offset)
+
+    def log_values(self, d: ArrayLike) -> NDArray[np.float64]:
+        return self.base.log_values(np.asarray(d) + self.offset)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.base.to_dict()
+
+
+def remaining_job(job: Job, work: int, first_slot: int) -> Job:
+    """``job`` with ``work`` worker-slots left, planned from ``first_slot`` (>= its
+    arrival): its utility shifted so completion times still count from the arrival."""
+    if first_slot < job.arrival:
+        raise LedgerError(f"job {job.id!r}: re-plan from slot {first_slot} before its arrival")
+    if work < 1:
+        raise LedgerError(f"job {job.id!r}: nothing left to plan ({work} worker-slots)")
+    return dataclasses.replace(
+        job, work=work, arrival=first_slot, utility=Shifted(job.utility, first_slot - job.arrival)
+    )
+
+
+def release_rest(ledger: Ledger, job_id: str, from_slot: int) -> int:
+    """Free ``job_id``'s slots from ``from_slot`` on (early completion, cancellation);
+    returns the worker-slots released (0 if the job holds nothing there)."""
+    if job_id not in ledger:
+        return 0
+    return ledger.release(job_id, from_slot).work()
+
+
+def replan_remaining(
+    ledger: Ledger, job: Job, work: int, first_slot: int, last_slot: int
+) -> tuple[BestSchedule, Schedule]:
+    """The best schedule of ``work`` worker-slots of admitted ``job`` in ``first_slot ..
+    last_slot``, priced without the job's own slots from ``first_slot`` on.
+
+    The job keeps its slots before ``first_slot``. Nothing in the ledger changes: the
+    caller commits with :meth:`Ledger.replace` and the returned whole schedule.
+
+    Returns:
+        ``(best, whole)``: the search's outcome for the remaining part, and the job's
+        whole schedule if it is taken (its past followed by the new part; just the past
+        when ``best.schedule`` is None).
+    """
+    current = ledger.schedule(job.id)
+    past = current.before(first_slot)
+    ledger.replace(job.id, past)  # price the rest without the job's own future slots
+    try:
+        last = min(last_slot, ledger.end - 1)
+        best = best_schedule(remaining_job(job, work, first_slot), ledger, first_slot, last)
+    finally:
+        ledger.replace(job.id, current)
+    if best.schedule is None:
+        return best, past
+    return best, _join(past, best.schedule, ledger)
+
+
+@dataclass(frozen=True)
+class FailureOutcome:
+    """What :func:`fail_server` did.
+
+    Attributes:
+        replaced: jobs whose units moved to other servers in the same slots.
+        replanned: jobs re-planned from their remaining work, with the search's outcome.
+        stranded: jobs left with no feasible schedule: they keep only their past slots.
+    """
+
+    replaced: list[str]
+    replanned: dict[str, BestSchedule]
+    stranded: list[str]
+
+
+def fail_server(
+    ledger: Ledger,
+    jobs: dict[str, Job],
+    kind: str,
+    index: int,
+    from_slot: int,
+    remaining_work: dict[str, int],
+    last_slot: dict[str, int],
+) -> FailureOutcome:
+    """Take server ``index`` of ``kind`` down from ``from_slot`` on and move its jobs.
+
+    Args:
+        ledger: the allocations; changed in place.
+        jobs: every admitted job in the ledger by id (the affected ones are looked up).
+        kind: ``"worker"`` or ``"ps"``.
+        index: the server's position among servers of its kind.
+        from_slot: first absolute slot the server is down in.
+        remaining_work: per job, the worker-slots it still needs from ``from_slot`` on
+            if it has to be re-planned (jobs not listed: the work its plan holds from
+            ``from_slot`` on).
+        last_slot: per job, the latest absolute slot it may be planned in.
+    """
+    affected = []
+    for job_id in ledger.job_ids():
+        part = ledger.schedule(job_id).after(from_slot)
+        counts = part.workers if kind == "worker" else part.ps
+        if part.slots and counts[:, index].any():
+            affected.append(job_id)
+    # the failed server's units come off every affected job before the server is blocked
+    wanting: dict[str, Schedule] = {}
+    for job_id in affected:
+        sched = ledger.schedule(job_id)
+        wanting[job_id] = sched
+        ledger.replace(job_id, _without(sched, kind, index, from_slot))
+    ledger.block(kind, index, from_slot)
+
+    replaced: list[str] = []
+    replanned: dict[str, BestSchedule] = {}
+    stranded: list[str] = []
+    for job_id in affected:
+        job = jobs[job_id]
+        wanted = wanting[job_id]
+        moved = _replace(ledger, job, wanted, kind, index, from_slot)
+        if moved is not None:
+            ledger.replace(job_id, moved)
+            replaced.append(job_id)
+            continue
+        work = remaining_work.get(job_id, wanted.after(from_slot).work())
+        if work < 1:  # its remaining work is done: nothing to move
+            replaced.append(job_id)
+            continue
+        best, whole = replan_remaining(ledger, job, work, from_slot, last_slot[job_id])
+        ledger.replace(job_id, whole)
+        if best.schedule is None:
+            stranded.append(job_id)
+        else:
+            replanned[job_id] = best
+    return FailureOutcome(replaced, replanned, stranded)
+
+
+def _without(schedule: Schedule, kind: str, index: int, from_slot: int) -> Schedule:
+    """``schedule`` with no units on server ``index`` of ``kind`` from ``from_slot`` on."""
+    workers, ps = schedule.workers.copy(), schedule.ps.copy()
+    cut = min(max(from_slot - schedule.start, 0), schedule.slots)
+    (workers if kind == "worker" else ps)[cut:, index] = 0
+    return Schedule(schedule.start, workers, ps)
+
+
+def _replace(
+    ledger: Ledger, job: Job, wanted: Schedule, kind: str, index: int, from_slot: int
+) -> Schedule | None:
+    """``wanted`` with its units on the failed server moved to other servers of the same
+    kind in the same slots, cheapest first; None if some slot has no room for them."""
+    current = ledger.schedule(job.id)  # ``wanted`` without the failed server's units
+    workers, ps = current.workers.copy(), current.ps.copy()
+    demand = job.worker if kind == "worker" else job.ps
+    side = ledger.side(kind)
+    counts = wanted.workers if kind == "worker" else wanted.ps
+    target = workers if kind == "worker" else ps
+    for row in range(max(from_slot - wanted.start, 0), wanted.slots):
+        missing = int(counts[row, index])
+        if missing == 0:
+            continue
+        slot = wanted.start + row
+        if not ledger.origin <= slot < ledger.end:
+            return None
+        unit, room = offers(side.kernel_view(demand), slot - ledger.origin)
+        out = np.zeros(unit.shape[0], np.int32)
+        if place(unit, room, missing, out) != missing:
+            return None
+        target[row] += out
+    return Schedule(wanted.start, workers, ps)
+
+
+def _join(past: Schedule, future: Schedule, ledger: Ledger) -> Schedule:
+    """``past`` followed by ``future`` (which starts at or after its end) as one schedule."""
+    if not past.slots:
+        return future
+    start = past.start
+    rows = future.start + future.slots - start
+    workers = np.zeros((rows, ledger.cluster.worker_capacity.shape[0]), np.int32)
+    ps = np.zeros((rows, ledger.cluster.ps_capacity.shape[0]), np.int32)
+    workers[: past.slots], ps[: past.slots] = past.workers, past.ps
+    off = future.start - start
+    workers[off:], ps[off:] = future.workers, future.ps
+    return Schedule(start, workers, ps)

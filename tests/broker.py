@@ -1,0 +1,87 @@
+"""A real Mosquitto broker for tests, on a free 127.0.0.1 port with a generated config.
+
+``mosquitto`` comes from the machine (Debian's package; ``.ci/run`` installs it). The
+system service is never used: each broker runs in the foreground of a temporary
+directory, in-memory (no persistence), so a restart is a broker that lost everything,
+retained plans included -- the hard case for the daemon's republishing.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from tests.servers import free_port
+
+__all__ = ["Mosquitto", "mosquitto_binary"]
+
+
+def mosquitto_binary() -> str | None:
+    """The mosquitto executable, or None if it is not installed."""
+    return shutil.which("mosquitto") or next(
+        (p for p in ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto") if Path(p).exists()),
+        None,
+    )
+
+
+class Mosquitto:
+    """``mosquitto -c <generated config>`` on ``127.0.0.1:port``; ``url`` for clients."""
+
+    def __init__(self, port: int = 0) -> None:
+        binary = mosquitto_binary()
+        if binary is None:
+            raise FileNotFoundError("mosquitto not found (apt-get install -y mosquitto)")
+        self.binary = binary
+        self.dir = Path(tempfile.mkdtemp(prefix="oasis-mqtt-"))
+        self.port = port or free_port()
+        self.conf = self.dir / "mosquitto.conf"
+        self.conf.write_text(
+            f"listener {self.port} 127.0.0.1\n"
+            "allow_anonymous true\n"
+            "persistence false\n"
+            "max_queued_messages 100000\n"
+            f"log_dest file {self.dir / 'mosquitto.log'}\n"
+            "log_type error\nlog_type warning\nlog_type notice\n"
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> None:
+        """Start (or restart) the broker on the same port; returns once it accepts."""
+        self.proc = subprocess.Popen(
+            [self.binary, "-c", str(self.conf)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                log = self.dir / "mosquitto.log"
+                raise RuntimeError(f"mosquitto exited: {log.read_text() if log.exists() else ''}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise TimeoutError(f"mosquitto did not listen on port {self.port}")
+
+    def kill(self) -> None:
+        """Stop the broker abruptly (SIGKILL); its retained messages are gone."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def close(self) -> None:
+        try:
+            self.kill()
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)

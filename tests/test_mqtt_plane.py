@@ -1,0 +1,443 @@
+"""The execution plane end to end: a real Mosquitto on a loopback port, oasisd as a
+subprocess with ``[mqtt]``, and reference agents (``oasis agent``) as subprocesses.
+
+Slots are 6 s of real time so plans move while the test watches; every wait polls for
+a state with a generous deadline (a slow machine makes a test slower, not wrong).
+After every step the store, the daemon's ledger and the retained plans must agree
+(:func:`wait_consistent`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiomqtt
+import grpc
+import pytest
+
+from controller.plane.topics import Plan, Topics
+from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
+from tests.broker import Mosquitto, mosquitto_binary
+from tests.servers import ROOT, Daemon, oasis, write_config
+
+SLOT = 6.0
+SERVERS = ("w0", "w1", "w2", "p0", "p1")
+DEMAND = {
+    "worker": {"gpu": 1, "cpu": 4, "mem": 8, "disk": 5, "bandwidth": 1},
+    "ps": {"cpu": 2, "mem": 8, "disk": 5, "bandwidth": 5},
+}
+CAPACITY = {
+    "w0": {"gpu": 4, "cpu": 32, "mem": 244, "disk": 250, "bandwidth": 25},
+    "w1": {"gpu": 4, "cpu": 32, "mem": 244, "disk": 250, "bandwidth": 25},
+    "w2": {"gpu": 8, "cpu": 64, "mem": 488, "disk": 500, "bandwidth": 40},
+    "p0": {"cpu": 36, "mem": 60, "disk": 500, "bandwidth": 25},
+    "p1": {"cpu": 16, "mem": 30, "disk": 250, "bandwidth": 20},
+}
+_T = TypeVar("_T")
+
+pytestmark = pytest.mark.skipif(
+    mosquitto_binary() is None and os.environ.get("OASIS_REQUIRE_MOSQUITTO") != "1",
+    reason="mosquitto not installed (CI sets OASIS_REQUIRE_MOSQUITTO=1: then it fails)",
+)
+
+
+def plane_job(job_id: str, **changes: Any) -> dict[str, Any]:
+    """216 mini-batches of ~0.32 s on one worker, at most 2 workers: 12 worker-slots of
+    6 s, planned over 6 slots."""
+    return {
+        "id": job_id, "epochs": 1, "chunks": 2, "minibatches": 108, "tau": 0.05, "grad_mb": 1,
+        "worker": DEMAND["worker"], "ps": DEMAND["ps"],
+        "utility": {"kind": "sigmoid", "priority": 50, "decay": 0.5, "target": 3},
+        **changes,
+    }  # fmt: skip
+
+
+def wait_for(what: str, probe: Callable[[], _T | None], timeout: float = 60.0) -> _T:
+    """Poll ``probe`` until it returns something other than None/False."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = probe()
+        except grpc.RpcError as err:
+            last = err
+        if last is not None and last is not False and not isinstance(last, grpc.RpcError):
+            return last  # type: ignore[no-any-return]
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+class Cluster:
+    """A broker, a daemon with ``[mqtt]`` and agents, in ``tmp``."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.broker = Mosquitto()
+        self.topics = Topics("oasis")
+        config = write_config(tmp / "oasisd.toml", tmp / "data", epoch=time.time())
+        text = config.read_text().replace("slot_seconds = 3600", f"slot_seconds = {SLOT}")
+        text = text.replace("tick_seconds = 0.2", "tick_seconds = 0.1").replace(
+            "[cluster]",
+            f'[mqtt]\nurl = "{self.broker.url}"\nheartbeat_timeout = 4\n'
+            "heartbeat_seconds = 0.3\n\n[cluster]",
+        )
+        config.write_text(text)
+        self.db = tmp / "data" / "oasis.db"
+        self.daemon = Daemon(config, tmp / "oasisd.log")
+        self.agents: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start_agent(self, server: str, speed: float = 1.0) -> None:
+        log = open(self.tmp / f"agent-{server}.log", "ab")  # noqa: SIM115
+        self.agents[server] = subprocess.Popen(
+            [sys.executable, "-m", "controller.cli", "agent", "--server", server,
+             "--broker", self.broker.url, "--speed", str(speed), "--report-seconds", "0.2"],
+            stdout=subprocess.DEVNULL, stderr=log, cwd=ROOT,
+        )  # fmt: skip
+        log.close()
+
+    def kill_agent(self, server: str) -> None:
+        proc = self.agents.pop(server)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+
+    def close(self) -> None:
+        for server in list(self.agents):
+            self.kill_agent(server)
+        if self.daemon.proc is not None and self.daemon.proc.poll() is None:
+            self.daemon.stop()
+        self.broker.close()
+
+    # -- reading what happened ----------------------------------------------------------
+
+    def stub(self) -> Any:
+        return pb_grpc.AdmissionStub(grpc.insecure_channel(self.daemon.address))
+
+    def cluster_stub(self) -> Any:
+        return pb_grpc.ClusterStub(grpc.insecure_channel(self.daemon.address))
+
+    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
+        path = self.tmp / f"{spec['id']}.json"
+        path.write_text(json.dumps(spec))
+        out = oasis("submit", str(path), "--json", server=self.daemon.address)
+        return dict(json.loads(out.stdout)["job"])
+
+    def job(self, job_id: str) -> Any:
+        return self.stub().GetJob(pb.GetJobRequest(id=job_id), timeout=10).job
+
+    def events(self) -> list[Any]:
+        stream = self.stub().WatchEvents(pb.WatchEventsRequest(after_sequence=0), timeout=3)
+        out = []
+        try:
+            for event in stream:
+                out.append(event)
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise
+        return out
+
+    def plans(self, timeout: float = 10.0) -> dict[str, Plan]:
+        """The retained plan of every server (as a fresh subscriber sees them)."""
+
+        async def read() -> dict[str, Plan]:
+            plans: dict[str, Plan] = {}
+            async with aiomqtt.Client("127.0.0.1", self.broker.port) as client:
+                await client.subscribe(self.topics.all_plans, qos=1)
+                async with asyncio.timeout(timeout):
+                    async for message in client.messages:
+                        assert isinstance(message.payload, bytes)
+                        plan = Plan.parse(message.payload)
+                        plans[plan.server] = plan
+                        if len(plans) == len(SERVERS):
+                            return plans
+            return plans
+
+        return asyncio.run(read())
+
+    def store_rows(self, query: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        with sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=10) as conn:
+            return conn.execute(query, args).fetchall()
+
+
+def inconsistencies(c: Cluster) -> list[str]:
+    """Where the store's allocations, the daemon's ledger amounts and the retained plans
+    of the current and next slot disagree (empty: they agree)."""
+    servers = c.cluster_stub().ListServers(pb.ListServersRequest(), timeout=10)
+    s = servers.current_slot
+    problems: list[str] = []
+    plans = c.plans()
+    if set(plans) != set(SERVERS):
+        return [f"retained plans for {sorted(plans)} only"]
+    planned: dict[tuple[int, str], dict[str, tuple[int, int]]] = {}
+    for name, plan in plans.items():
+        if plan.current.slot != s:
+            problems.append(f"{name}: retained plan is for slot {plan.current.slot}, not {s}")
+        for part in (plan.current, plan.next):
+            for t in part.tasks:
+                planned.setdefault((part.slot, name), {})[t.job] = (t.workers, t.ps)
+    rows = c.store_rows(
+        "SELECT a.job_id, a.slot, a.server, a.workers, a.ps, j.state FROM allocations a "
+        "JOIN jobs j ON j.id = a.job_id WHERE a.slot IN (?, ?)",
+        (s, s + 1),
+    )
+    stored: dict[tuple[int, str], dict[str, tuple[int, int]]] = {}
+    amounts: dict[tuple[int, str], dict[str, float]] = {}
+    for job_id, slot, server, workers, ps, state in rows:
+        if state in ("admitted", "running"):
+            stored.setdefault((slot, server), {})[job_id] = (workers, ps)
+        use = amounts.setdefault((slot, server), {})
+        for kind, count in (("worker", workers), ("ps", ps)):
+            for r, d in DEMAND[kind].items():
+                use[r] = use.get(r, 0.0) + count * d
+    if stored != planned:
+        problems.append(f"store {stored} != plans {planned}")
+    for slot in (s, s + 1):
+        down = {
+            server
+            for (server,) in c.store_rows(
+                "SELECT server FROM server_outages WHERE down_from <= ? AND "
+                "(up_from IS NULL OR up_from > ?)",
+                (slot, slot),
+            )
+        }
+        ledger = c.cluster_stub().ListServers(pb.ListServersRequest(slot=slot), timeout=10)
+        for srv in ledger.servers:
+            want: dict[str, float] = dict(amounts.get((slot, srv.name), {}))
+            if srv.name in down:  # a failed server is full: no room, price U
+                want = {r: float(x) for r, x in CAPACITY[srv.name].items()}
+            for r, cap in CAPACITY[srv.name].items():
+                if abs(srv.used.get(r, 0.0) - want.get(r, 0.0)) > 1e-6 * max(cap, 1):
+                    problems.append(
+                        f"slot {slot} {srv.name} {r}: ledger {srv.used.get(r)} != store "
+                        f"{want.get(r, 0.0)}"
+                    )
+    return problems
+
+
+def wait_consistent(c: Cluster, timeout: float = 30.0) -> None:
+    """Store, ledger and retained plans agree (after the publications settle)."""
+    deadline = time.monotonic() + timeout
+    problems = ["not checked"]
+    while time.monotonic() < deadline:
+        try:
+            problems = inconsistencies(c)
+        except grpc.RpcError as err:  # the slot moved on between two reads
+            problems = [f"{err.code()}: {err.details()}"]
+        if not problems:
+            return
+        time.sleep(0.3)
+    raise AssertionError("store, ledger and plans disagree:\n" + "\n".join(problems))
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def planned_servers(job: dict[str, Any], slot: int) -> set[str]:
+    return {a["server"] for a in job["decision"]["allocations"] if int(a["slot"]) == slot}
+
+
+def test_agents_follow_plans_report_progress_and_early_completion_releases_slots(
+    cluster: Cluster,
+) -> None:
+    cluster.daemon.start()
+    for server in SERVERS:
+        cluster.start_agent(server, speed=6.0)
+    wait_consistent(cluster)
+    job = cluster.submit(plane_job("e1"))
+    decision = job["decision"]
+    assert decision["admitted"] is True
+    slots = sorted({int(a["slot"]) for a in decision["allocations"]})
+    assert len(slots) >= 4, "the job must be planned over several slots"
+    wait_consistent(cluster)
+
+    # the job reaches its servers' plans: first as the next slot, then as the current one
+    first = slots[0]
+    worker_server = next(a["server"] for a in decision["allocations"] if int(a.get("workers", 0)))
+    plan: Any = wait_for(
+        "the job in a retained plan",
+        lambda: (p := cluster.plans()[worker_server]).current.slot == first and p,
+    )
+    assert [t.job for t in plan.current.tasks] == ["e1"]
+
+    # six times faster than planned: done in about a slot; the rest is released
+    done = wait_for(
+        "early completion",
+        lambda: (j := cluster.job("e1")).state == pb.JOB_STATE_COMPLETED and j,
+    )
+    assert done.decision.completion_slot < slots[-1]
+    kept = {a.slot for a in done.decision.allocations}
+    assert max(kept) == done.decision.completion_slot
+    completed = [e for e in cluster.events() if e.kind == "completed" and e.job_id == "e1"]
+    detail = json.loads(completed[0].detail)
+    assert detail["early"] is True and detail["released_worker_slots"] > 0
+    # prices of the released slots fall back to those of an empty slot
+    prices = cluster.cluster_stub().GetPrices(
+        pb.GetPricesRequest(first_slot=slots[-1], slots=1, server=worker_server), timeout=10
+    )
+    idle = cluster.cluster_stub().GetPrices(
+        pb.GetPricesRequest(first_slot=slots[-1] + 10, slots=1, server=worker_server), timeout=10
+    )
+    assert [p.prices[0] for p in prices.prices] == [p.prices[0] for p in idle.prices]
+    wait_consistent(cluster)
+    assert all("e1" not in [t.job for t in p.next.tasks] for p in cluster.plans().values())
+
+    # progress flowed back, and the runtime estimate saw the 6x pace
+    progress = cluster.stub().GetProgress(pb.GetProgressRequest(id="e1"), timeout=10).progress
+    assert progress.minibatches_done >= progress.minibatches_total == 216
+    assert progress.reports >= 4
+    planned = progress.planned_minibatch_seconds
+    est = progress.minibatch_seconds
+    assert est.low <= planned / 6 * 1.2 and est.high >= planned / 6 * 0.8
+    assert est.high < planned / 2
+
+
+def test_broker_restart_loses_nothing(cluster: Cluster) -> None:
+    cluster.daemon.start()
+    for server in SERVERS:
+        cluster.start_agent(server, speed=1.0)
+    wait_consistent(cluster)
+    before = max(p.epoch for p in cluster.plans().values())
+
+    cluster.broker.kill()  # retained plans are gone with it (in-memory broker)
+    job = cluster.submit(plane_job("b1"))  # the daemon keeps deciding
+    assert job["decision"]["admitted"] is True
+    time.sleep(1.0)
+    cluster.broker.start()
+    wait_consistent(cluster)  # every plan republished, the new job in them
+    plans = cluster.plans()
+    assert min(p.epoch for p in plans.values()) > before
+    servers = {t.job for p in plans.values() for t in (*p.current.tasks, *p.next.tasks)}
+    first = min(int(a["slot"]) for a in job["decision"]["allocations"])
+    wait_for("the job to start", lambda: cluster.job("b1").state == pb.JOB_STATE_RUNNING)
+    assert "b1" in servers or first > plans["w0"].next.slot
+    # agents reconnected: progress flows again
+    wait_for(
+        "progress after the restart",
+        lambda: cluster.stub().GetProgress(pb.GetProgressRequest(id="b1"), timeout=10)
+        .progress.minibatches_done > 0,
+    )  # fmt: skip
+    wait_consistent(cluster)
+
+
+def test_kill_9_daemon_republishes_plans_and_loses_nothing(cluster: Cluster) -> None:
+    cluster.daemon.start()
+    for server in SERVERS:
+        cluster.start_agent(server, speed=1.0)
+    job = cluster.submit(plane_job("k1"))
+    assert job["decision"]["admitted"] is True
+    wait_for("the job to run", lambda: cluster.job("k1").state == pb.JOB_STATE_RUNNING)
+    wait_for(
+        "progress",
+        lambda: cluster.stub().GetProgress(pb.GetProgressRequest(id="k1"), timeout=10)
+        .progress.minibatches_done > 0,
+    )  # fmt: skip
+    wait_consistent(cluster)
+    epoch = max(p.epoch for p in cluster.plans().values())
+    allocations = cluster.store_rows("SELECT * FROM allocations ORDER BY slot, server")
+
+    cluster.daemon.kill9()
+    cluster.daemon.start()
+    wait_for(
+        "plans with a newer epoch",
+        lambda: min(p.epoch for p in cluster.plans().values()) > epoch,
+    )
+    wait_consistent(cluster)
+    assert cluster.store_rows("SELECT * FROM allocations ORDER BY slot, server") == allocations
+    restarted = cluster.job("k1")
+    assert restarted.decision.admitted and restarted.state == pb.JOB_STATE_RUNNING
+    progress = cluster.stub().GetProgress(pb.GetProgressRequest(id="k1"), timeout=10).progress
+    assert progress.minibatches_done > 0  # kept in the store across the crash
+
+
+def test_silent_server_is_declared_failed_and_its_jobs_move(cluster: Cluster) -> None:
+    cluster.daemon.start()
+    for server in SERVERS:
+        cluster.start_agent(server, speed=1.0)
+    job = cluster.submit(plane_job("f1"))
+    victim = next(a["server"] for a in job["decision"]["allocations"]
+                  if int(a.get("workers", 0)) > 0)  # fmt: skip
+    wait_for("the job to run", lambda: cluster.job("f1").state == pb.JOB_STATE_RUNNING)
+    wait_consistent(cluster)
+
+    cluster.kill_agent(victim)
+    failed = wait_for(
+        "the server declared failed",
+        lambda: next((e for e in cluster.events() if e.kind == "server_failed"), None),
+    )
+    detail = json.loads(failed.detail)
+    assert detail["server"] == victim and "f1" in detail["jobs"]
+    from_slot = detail["from_slot"]
+    moved = cluster.job("f1")
+    assert moved.state == pb.JOB_STATE_RUNNING
+    assert all(a.server != victim for a in moved.decision.allocations if a.slot >= from_slot)
+    assert sum(a.workers for a in moved.decision.allocations if a.slot >= from_slot) == sum(
+        int(a.get("workers", 0)) for a in job["decision"]["allocations"]
+        if int(a["slot"]) >= from_slot
+    )  # re-placed in the same slots: the same work  # fmt: skip
+    wait_consistent(cluster)
+    assert cluster.plans()[victim].down is True
+
+    cluster.start_agent(victim)  # it comes back: usable again from the next slot
+    wait_for(
+        "the server back",
+        lambda: any(e.kind == "server_recovered" for e in cluster.events()),
+    )
+    wait_consistent(cluster)
+    assert wait_for("plan not down", lambda: not cluster.plans()[victim].down)
+
+
+def test_slow_job_is_re_estimated_and_extended(cluster: Cluster) -> None:
+    cluster.daemon.start()
+    for server in SERVERS:
+        cluster.start_agent(server, speed=0.4)
+    patient = {"kind": "sigmoid", "priority": 50, "decay": 0.05, "target": 12}
+    job = cluster.submit(plane_job("s1", utility=patient))  # late is still worth it
+    planned_end = job["decision"]["completion_slot"]
+    replanned = wait_for(
+        "a slow-job re-plan",
+        lambda: next((e for e in cluster.events() if e.kind == "replanned"
+                      and e.job_id == "s1"), None),
+    )  # fmt: skip
+    detail = json.loads(replanned.detail)
+    assert detail["reason"] == "slow"
+    assert detail["minibatch_seconds"] > 1.5 * detail["planned_minibatch_seconds"]
+    assert cluster.job("s1").decision.completion_slot > int(planned_end)
+    wait_consistent(cluster)
+
+    def estimate() -> Any:
+        return cluster.stub().GetProgress(pb.GetProgressRequest(id="s1"), timeout=10).progress
+
+    true = estimate().planned_minibatch_seconds / 0.4
+    # with more reports the interval closes in on the true pace (2.5x the plan)
+    wait_for(
+        "the estimate to cover the true pace",
+        lambda: (e := estimate().minibatch_seconds).low <= true * 1.05
+        and e.high >= true * 0.95 and e.high - e.low < 0.2 * true,
+    )  # fmt: skip
+
+    # the same estimate through the CLI, for machines and for people
+    out = oasis("progress", "s1", "--json", server=cluster.daemon.address)
+    shown = json.loads(out.stdout)
+    assert shown["id"] == "s1" and int(shown["reports"]) >= 1
+    low, high = shown["minibatch_seconds"]["low"], shown["minibatch_seconds"]["high"]
+    assert low <= shown["minibatch_seconds"]["mean"] <= high
+    text = oasis("progress", "s1", server=cluster.daemon.address).stdout
+    assert text.startswith("s1: ") and "one mini-batch  planned" in text and "interval" in text
+    missing = oasis("progress", "nope", server=cluster.daemon.address, check=False)
+    assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr

@@ -1,0 +1,196 @@
+"""Re-planning in the ledger: failed servers, replaced schedules, early release, and a
+rebuild (admit the current schedules in admission order, then block) that reproduces
+the live ledger's floats exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pricing.cluster import cluster_from_dict
+from pricing.errors import CapacityError, LedgerError
+from pricing.job import Job, job_from_dict
+from pricing.ledger import Ledger
+from pricing.prices import oracle_bounds
+from pricing.replan import Shifted, fail_server, release_rest, remaining_job, replan_remaining
+from pricing.schedule import Schedule
+from pricing.utility import Sigmoid
+
+RES = ["gpu", "cpu", "bandwidth"]
+CLUSTER = cluster_from_dict(
+    RES,
+    [
+        {"name": "w0", "kind": "worker", "capacity": {"gpu": 4, "cpu": 16, "bandwidth": 10}},
+        {"name": "w1", "kind": "worker", "capacity": {"gpu": 4, "cpu": 16, "bandwidth": 10}},
+        {"name": "w2", "kind": "worker", "capacity": {"gpu": 2, "cpu": 8, "bandwidth": 10}},
+        {"name": "p0", "kind": "ps", "capacity": {"cpu": 16, "bandwidth": 20}},
+        {"name": "p1", "kind": "ps", "capacity": {"cpu": 16, "bandwidth": 20}},
+    ],
+)
+T = 12
+
+
+def make_job(job_id: str, chunks: int = 2, epochs: int = 4, decay: float = 0.1) -> Job:
+    return job_from_dict(
+        {"id": job_id, "arrival": 0, "epochs": epochs, "chunks": chunks, "minibatches": 10,
+         "tau": 0.1, "grad_mb": 1, "worker": {"gpu": 1, "cpu": 2, "bandwidth": 1},
+         "ps": {"cpu": 1, "bandwidth": 4},
+         "utility": {"kind": "sigmoid", "priority": 40, "decay": decay, "target": 6}},
+        CLUSTER, slot_seconds=3600.0, slots_available=lambda a: T - a,
+    )  # fmt: skip
+
+
+def admitted(jobs: list[Job]) -> Ledger:
+    bounds = oracle_bounds(jobs, CLUSTER, T, {j.id: T for j in jobs})
+    ledger = Ledger(CLUSTER, bounds, T)
+    from pricing.admission import decide
+
+    for job in jobs:
+        assert decide(job, ledger, 0, T - 1).admitted
+    return ledger
+
+
+def rebuilt(live: Ledger, down: list[tuple[str, int, int]]) -> Ledger:
+    """What the daemon does at start: admit every current schedule in order, block."""
+    fresh = Ledger(CLUSTER, live.bounds, live.length, origin=live.origin)
+    for job_id in live.job_ids():
+        sched = live.schedule(job_id)
+        if sched.slots and sched.workers.any():
+            worker, ps = live.demands(job_id)
+            fresh.admit(job_id, worker, ps, sched)
+    for kind, index, from_slot in down:
+        fresh.block(kind, index, from_slot)
+    return fresh
+
+
+def same_state(a: Ledger, b: Ledger) -> None:
+    for sa, sb in ((a.worker_side, b.worker_side), (a.ps_side, b.ps_side)):
+        assert np.array_equal(sa.used, sb.used)  # bit for bit
+        assert np.array_equal(sa.price, sb.price)
+        assert np.array_equal(sa.blocked, sb.blocked)
+    assert np.array_equal(a.touched, b.touched)
+
+
+def test_block_takes_capacity_and_refuses_held_servers() -> None:
+    ledger = admitted([make_job("a")])
+    sched = ledger.schedule("a")
+    used_by = int(np.flatnonzero(sched.workers.sum(axis=0))[0])
+    with pytest.raises(LedgerError, match="still holds"):
+        ledger.block("worker", used_by, 0)
+    free = next(i for i in range(3) if not sched.workers[:, i].any())
+    ledger.block("worker", free, 3)
+    side = ledger.worker_side
+    assert np.array_equal(side.used[3:, free], np.broadcast_to(side.capacity[free], (T - 3, 3)))
+    assert side.used[:3, free].sum() == 0
+    assert np.allclose(side.price[3:, free], np.exp(ledger.bounds.log_u1))  # priced at U
+    ledger.advance(5)  # new slots open blocked while the server is down
+    assert ledger.worker_side.blocked[-1, free]
+    ledger.unblock("worker", free, 8)
+    assert not ledger.worker_side.blocked[8 - 5 :, free].any()
+    assert ledger.worker_side.blocked[: 8 - 5, free].all()
+    assert ledger.worker_side.used[8 - 5 :, free].sum() == 0
+
+
+def test_replace_keeps_admission_order_and_refuses_overflow() -> None:
+    jobs = [make_job("a"), make_job("b"), make_job("c")]
+    ledger = admitted(jobs)
+    original = ledger.schedule("b")
+    shorter = original.before(original.start + 2)
+    ledger.replace("b", shorter)
+    assert ledger.job_ids() == ["a", "b", "c"]
+    same_state(ledger, rebuilt(ledger, []))
+    too_big = Schedule(0, np.full((1, 3), 50, np.int32), np.zeros((1, 2), np.int32))
+    before = ledger.worker_side.used.copy()
+    with pytest.raises(CapacityError):
+        ledger.replace("b", too_big)
+    assert np.array_equal(ledger.worker_side.used, before)
+    assert ledger.schedule("b") is shorter
+
+
+def test_release_rest_frees_later_slots_and_restores_prices() -> None:
+    empty = admitted([make_job("x")])
+    empty.release("x", 0)
+    ledger = admitted([make_job("x")])
+    end = ledger.schedule("x").end
+    released = release_rest(ledger, "x", ledger.schedule("x").start + 1)
+    assert released > 0
+    assert np.array_equal(ledger.worker_side.price[end], empty.worker_side.price[end])
+    assert release_rest(ledger, "nobody", 0) == 0
+
+
+def test_failed_server_jobs_are_replaced_in_the_same_slots_when_room_allows() -> None:
+    jobs = [make_job("a"), make_job("b")]
+    ledger = admitted(jobs)
+    by_id = {j.id: j for j in jobs}
+    sched = ledger.schedule("a")
+    victim = int(np.flatnonzero(sched.workers.sum(axis=0))[0])
+    from_slot = sched.start + 1
+    per_slot = sched.worker_counts().copy()
+    out = fail_server(ledger, by_id, "worker", victim, from_slot, {}, {j: T - 1 for j in by_id})
+    assert "a" in out.replaced and not out.stranded
+    moved = ledger.schedule("a")
+    assert np.array_equal(moved.worker_counts(), per_slot)  # same workers in the same slots
+    assert not moved.after(from_slot).workers[:, victim].any()
+    assert np.array_equal(moved.before(from_slot).workers, sched.before(from_slot).workers)
+    same_state(ledger, rebuilt(ledger, [("worker", victim, from_slot)]))
+
+
+def test_failed_server_without_room_elsewhere_replans_or_strands() -> None:
+    # two PS servers; job "big" needs PS; fail both: the second failure strands it
+    jobs = [make_job("big", chunks=4, epochs=8, decay=0.0)]
+    ledger = admitted(jobs)
+    by_id = {j.id: j for j in jobs}
+    last = {"big": T - 1}
+    sched = ledger.schedule("big")
+    ps_used = [k for k in range(2) if sched.ps[:, k].any()]
+    from_slot = sched.start + 1
+    first = fail_server(ledger, by_id, "ps", ps_used[0], from_slot, {}, last)
+    assert "big" in first.replaced or "big" in first.replanned
+    other = 1 - ps_used[0]
+    second = fail_server(ledger, by_id, "ps", other, from_slot, {}, last)
+    assert second.stranded == ["big"]
+    assert ledger.schedule("big").end < from_slot  # only its past is kept
+    same_state(ledger, rebuilt(ledger, [("ps", ps_used[0], from_slot), ("ps", other, from_slot)]))
+
+
+def test_worker_failure_with_full_cluster_replans_from_remaining_work() -> None:
+    # fill w1 and w2 with other jobs so the victim's workers cannot move in place
+    jobs = [make_job("a", chunks=4, epochs=6, decay=0.0)]
+    ledger = admitted(jobs)
+    sched = ledger.schedule("a")
+    victim = int(np.flatnonzero(sched.workers.sum(axis=0))[0])
+    filler = make_job("fill")
+    for i in range(3):
+        if i == victim:
+            continue
+        workers = np.zeros((T, 3), np.int32)
+        workers[:, i] = 2 if i == 2 else 4
+        ledger.admit(f"fill{i}", filler.worker, filler.ps,
+                     Schedule(0, workers, np.zeros((T, 2), np.int32)))  # fmt: skip
+    by_id = {"a": jobs[0], "fill0": filler, "fill1": filler, "fill2": filler}
+    from_slot = sched.start + 1
+    remaining = sched.after(from_slot).work()
+    out = fail_server(ledger, by_id, "worker", victim, from_slot, {"a": remaining},
+                      {j: T - 1 for j in by_id})  # fmt: skip
+    assert out.stranded == ["a"]  # every other worker server is full: nowhere to go
+    ledger2 = admitted([make_job("a", chunks=4, epochs=6, decay=0.0)])
+    out2 = fail_server(ledger2, {"a": jobs[0]}, "worker", victim, from_slot, {"a": remaining},
+                       {"a": T - 1})  # fmt: skip
+    assert "a" in out2.replaced
+
+
+def test_replan_remaining_counts_completion_from_the_arrival() -> None:
+    job = make_job("a")
+    ledger = admitted([job])
+    start = ledger.schedule("a").start
+    best, whole = replan_remaining(ledger, job, 3, start + 2, T - 1)
+    assert best.schedule is not None and best.schedule.work() >= 3
+    assert whole.start == start and whole.before(start + 2).work() > 0
+    jct = whole.end - job.arrival + 1
+    assert best.utility == pytest.approx(float(job.utility.values(jct)))
+    assert ledger.schedule("a").work() == ledger.schedule("a").work()  # unchanged
+    shifted = remaining_job(job, 5, 3)
+    assert isinstance(shifted.utility, Shifted) and shifted.work == 5
+    assert float(shifted.utility.values(1)) == float(Sigmoid(40, 0.1, 6).values(4))
+    with pytest.raises(LedgerError):
+        remaining_job(job, 0, 3)
