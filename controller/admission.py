@@ -13,13 +13,14 @@ arrives at ``a = s + 1`` and may be planned over ``a .. a + T - 1`` (SPEC 1).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import structlog
@@ -29,8 +30,19 @@ from sqlalchemy.orm import Session
 from controller.clock import SlotClock
 from controller.config import Config
 from controller.events import Event, EventBus
+from controller.limits import check_job_id
 from controller.replay import allocations as allocation_entries
-from controller.store import AllocationRow, Database, EventRow, JobRow, MetaRow, ServerRow, migrate
+from controller.store import (
+    AllocationRow,
+    Database,
+    EventRow,
+    JobRow,
+    MetaRow,
+    OutageRow,
+    ServerRow,
+    StoreUnavailableError,
+    migrate,
+)
 from pricing import ADMIT_THRESHOLD, Job, Ledger, OasisError, SpecError, job_from_dict
 from pricing.best_schedule import BestSchedule, best_schedule, warm_up
 from pricing.bound_estimate import BoundEstimate
@@ -39,18 +51,25 @@ from pricing.fields import text
 from pricing.prices import PriceBounds
 from pricing.schedule import Schedule
 
+if TYPE_CHECKING:
+    from controller.plane.execution import Execution
+
 __all__ = [
     "STATES",
     "AdmissionController",
     "ConflictError",
     "DecisionView",
+    "DrainingError",
     "JobView",
     "NotFoundError",
     "PreconditionError",
 ]
 
-STATES = ("admitted", "running", "completed", "cancelled", "rejected")
+STATES = ("admitted", "running", "completed", "cancelled", "rejected", "failed")
 _ESTIMATE_KEY = "bound_estimate"
+SETTINGS_KEY = "settings"
+"""Meta row with the settings that give stored slots their meaning (``oasis offline
+--store`` reads them): ``{"window": T, "slot_seconds": s}``."""
 _T = TypeVar("_T")
 
 
@@ -64,6 +83,10 @@ class ConflictError(OasisError):
 
 class PreconditionError(OasisError):
     """The job is in a state that does not allow the request."""
+
+
+class DrainingError(OasisError):
+    """The daemon is stopping: it finishes the decisions in flight and takes no new ones."""
 
 
 @dataclass(frozen=True)
@@ -102,18 +125,6 @@ def canonical_spec(spec: dict[str, Any]) -> str:
     return json.dumps(spec, sort_keys=True, separators=(",", ":"))
 
 
-def _same_bounds(a: PriceBounds, b: PriceBounds) -> bool:
-    """True if ``a`` and ``b`` are equal: prices under one equal those under the other."""
-    return (
-        a.log_l1 == b.log_l1
-        and a.log_l2 == b.log_l2
-        and a.eta1 == b.eta1
-        and a.eta2 == b.eta2
-        and np.array_equal(a.log_u1, b.log_u1)
-        and np.array_equal(a.log_u2, b.log_u2)
-    )
-
-
 class AdmissionController:
     """Owns the ledger, the price bounds and the store; see the module docstring."""
 
@@ -134,9 +145,16 @@ class AdmissionController:
         self.window = config.window
         self._lock = asyncio.Lock()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="decide")
+        self._draining = False
+        self._in_flight = 0  # requests inside _run: queued on the lock or deciding
+        self._idle = asyncio.Event()
         self._estimate = BoundEstimate.empty(len(self.cluster.resources))
+        # a store outage during a write may have cut off a commit that happened: rebuild
+        # the ledger from the store before the next decision (_run)
+        self._stale = False
         self.ledger: Ledger | None = None
         self.slot = 0
+        self.execution: Execution | None = None  # the execution plane, with a broker
 
     # -- start-up ----------------------------------------------------------------------
 
@@ -147,12 +165,9 @@ class AdmissionController:
         self.slot = self.slots.current_slot()
         with self.db.session() as session:
             self._sync_servers(session)
-            meta = session.get(MetaRow, _ESTIMATE_KEY)
-            if meta is not None and self.config.pricing.mode == "estimate":
-                self._estimate = BoundEstimate.from_dict(meta.value)
-        bounds = self._bounds(self._estimate)
-        self.ledger = Ledger(self.cluster, bounds, self.window + 1, origin=self.slot)
-        rebuilt = self._rebuild()
+            settings = {"window": self.window, "slot_seconds": self.config.slot_seconds}
+            session.merge(MetaRow(key=SETTINGS_KEY, value=settings))
+        rebuilt = self._reload()
         self._tick_sync()
         self.log.info(
             "store ready",
@@ -161,6 +176,26 @@ class AdmissionController:
             slot=self.slot,
             jobs_in_window=rebuilt,
         )
+
+    def _reload(self) -> int:
+        """Read the bound estimate and rebuild the ledger from the store (blocking);
+        returns the jobs rebuilt. Nothing changes if the store fails meanwhile."""
+        estimate = BoundEstimate.empty(len(self.cluster.resources))
+        with self.db.session() as session:
+            meta = session.get(MetaRow, _ESTIMATE_KEY)
+            if meta is not None and self.config.pricing.mode == "estimate":
+                # None: a state of an older format; the estimate starts afresh
+                estimate = BoundEstimate.from_dict(meta.value) or estimate
+        previous = self.ledger
+        bounds = self._bounds(estimate)
+        self.ledger = Ledger(self.cluster, bounds, self.window + 1, origin=self.slot)
+        try:
+            rebuilt = self._rebuild()
+        except BaseException:
+            self.ledger = previous
+            raise
+        self._estimate = estimate
+        return rebuilt
 
     def _sync_servers(self, session: Session) -> None:
         session.execute(delete(ServerRow))
@@ -173,7 +208,7 @@ class AdmissionController:
         if pricing.mode == "explicit":
             assert pricing.bounds is not None
             return pricing.bounds
-        bounds = estimate.bounds(pricing.l_margin, pricing.u_margin)
+        bounds = estimate.bounds(pricing.l_margin, pricing.u_margin, pricing.trim)
         if bounds is None:  # before any job: flat unit prices, replaced at the first job
             zeros = np.zeros(len(self.cluster.resources))
             return PriceBounds(zeros, zeros, 0.0, 0.0, 1.0, 1.0)
@@ -214,7 +249,25 @@ class AdmissionController:
                     self.log.warning("allocation on a server no longer configured",
                                      job=job_id, server=a.server)  # fmt: skip
             ledger.admit(job_id, job.worker, job.ps, Schedule(start, workers, ps))
+        self._block_failed_servers(ledger)
         return len(by_job)
+
+    def _block_failed_servers(self, ledger: Ledger) -> None:
+        """Take servers declared failed (the execution plane) out of their slots again."""
+        with self.db.session() as session:
+            outages = session.scalars(select(OutageRow).order_by(OutageRow.id)).all()
+        for o in outages:
+            if o.up_from is not None and o.up_from <= ledger.origin:
+                continue
+            if o.server in self.cluster.worker_names:
+                kind, index = "worker", self.cluster.worker_names.index(o.server)
+            elif o.server in self.cluster.ps_names:
+                kind, index = "ps", self.cluster.ps_names.index(o.server)
+            else:
+                continue
+            ledger.block(kind, index, o.down_from)
+            if o.up_from is not None:
+                ledger.unblock(kind, index, o.up_from)
 
     @property
     def _ledger(self) -> Ledger:
@@ -235,12 +288,65 @@ class AdmissionController:
     # -- async API (serialised, off the event loop) ---------------------------------------
 
     async def _run(self, fn: Callable[[], _T]) -> _T:
-        async with self._lock:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        if self._draining:
+            raise DrainingError("the daemon is stopping (draining); retry on its successor")
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            async with self._lock:
+                return await asyncio.get_running_loop().run_in_executor(
+                    self._executor, lambda: self._in_step(fn)
+                )
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
 
-    async def submit(self, spec: dict[str, Any]) -> JobView:
-        """Decide ``spec`` and commit; idempotent by job id."""
-        view, events = await self._run(lambda: self._submit_sync(spec))
+    @property
+    def draining(self) -> bool:
+        """True once :meth:`drain` began: new submissions, quotes and cancels are refused."""
+        return self._draining
+
+    async def drain(self, timeout: float) -> int:
+        """Refuse new requests and wait up to ``timeout`` seconds for those in flight to be
+        decided and committed. Returns how many were still in flight at the timeout."""
+        self._draining = True
+        if self._in_flight:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), timeout)
+        return self._in_flight
+
+    async def read(self, fn: Callable[[], _T]) -> _T:
+        """Run ``fn`` in the decision thread between two ledger changes and return its
+        result (from the event loop): a read of the ledger never sees half a decision."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    def between_decisions(self, fn: Callable[[], _T], timeout: float = 10.0) -> _T:
+        """Run ``fn`` in the decision thread between two decisions and return its result
+        (blocking; from any thread but the event loop's). The ledger is only changed in that
+        thread, so ``fn`` reads it whole, never half-updated."""
+        return self._executor.submit(fn).result(timeout)
+
+    def _in_step(self, fn: Callable[[], _T]) -> _T:
+        """Run ``fn`` in the decision thread on a ledger that matches the store."""
+        if self._stale:
+            rebuilt = self._reload()  # StoreUnavailableError: still stale, try next time
+            self._stale = False
+            self.log.info("ledger rebuilt from the store after an outage", jobs=rebuilt)
+        try:
+            return fn()
+        except StoreUnavailableError:
+            self._stale = True
+            raise
+
+    async def submit(
+        self, spec: dict[str, Any], by: str | None = None, owner: str | None = None
+    ) -> JobView:
+        """Decide ``spec`` and commit; idempotent by job id.
+
+        ``by`` is recorded as the job's submitter; with ``owner`` set, a job id of another
+        submitter is a conflict rather than a duplicate."""
+        view, events = await self._run(lambda: self._submit_sync(spec, by, owner))
         self._publish(events)
         return view
 
@@ -256,16 +362,20 @@ class AdmissionController:
 
     async def tick(self) -> None:
         """Advance to the current slot, if it changed: window and job states."""
-        if self.slots.current_slot() == self.slot:
+        if self._draining or self.slots.current_slot() == self.slot:
             return
         events = await self._run(self._tick_sync)
         self._publish(events)
 
-    async def get(self, job_id: str) -> JobView:
-        return await asyncio.to_thread(self._get_sync, job_id)
+    async def get(self, job_id: str, owner: str | None = None) -> JobView:
+        """One job; with ``owner`` set, only if that submitter submitted it."""
+        return await asyncio.to_thread(self._get_sync, job_id, owner)
 
-    async def list_jobs(self, states: Sequence[str], limit: int) -> list[JobView]:
-        return await asyncio.to_thread(self._list_sync, list(states), limit)
+    async def list_jobs(
+        self, states: Sequence[str], limit: int, owner: str | None = None
+    ) -> list[JobView]:
+        """Jobs in decision order; with ``owner`` set, only that submitter's."""
+        return await asyncio.to_thread(self._list_sync, list(states), limit, owner)
 
     async def stored_events(self, after: int) -> list[Event]:
         return await asyncio.to_thread(self._events_sync, after)
@@ -290,12 +400,12 @@ class AdmissionController:
         ledger = self._ledger
         arrival = self.slot + 1
         job = self._parse(spec, arrival)
+        self.config.limits.check_job(job, self.cluster, self.window)
         estimate = self._estimate
         if self.config.pricing.mode == "estimate":
-            estimate = self._estimate.observe(job, self.cluster, self.window)
+            estimate = self._estimate.observe(job)
             bounds = self._bounds(estimate)
-            if not _same_bounds(bounds, ledger.bounds):  # else repricing changes nothing
-                ledger.set_bounds(bounds)
+            ledger.set_bounds(bounds)
         started = time.perf_counter()
         last = arrival + self.window - 1
         best = best_schedule(job, ledger, arrival, last)
@@ -335,19 +445,24 @@ class AdmissionController:
         finally:
             self._restore_bounds(previous)
 
-    def _submit_sync(self, spec: dict[str, Any]) -> tuple[JobView, list[Event]]:
+    def _submit_sync(
+        self, spec: dict[str, Any], by: str | None, owner: str | None
+    ) -> tuple[JobView, list[Event]]:
         job_id = text(spec.get("id") if isinstance(spec, dict) else None, "job.id")
+        check_job_id(job_id)
         canonical = canonical_spec(spec)
         with self.db.session() as session:
             existing = session.get(JobRow, job_id)
             if existing is not None:
+                if owner is not None and existing.submitter != owner:
+                    raise ConflictError(f"job id {job_id!r} is taken by another submitter")
                 if existing.spec != canonical:
                     raise ConflictError(f"job {job_id!r} exists with another spec")
                 return self._view(session, existing, duplicate=True), []
         previous = self._ledger.bounds
         try:
             job, best, view, estimate = self._decide(spec)
-            events = self._commit(job, best, view, canonical, estimate)
+            events = self._commit(job, best, view, canonical, estimate, by)
         except BaseException:
             self._restore_bounds(previous)
             raise
@@ -371,6 +486,7 @@ class AdmissionController:
         view: DecisionView,
         canonical: str,
         estimate: BoundEstimate,
+        submitter: str | None = None,
     ) -> list[Event]:
         now = datetime.now(UTC)
         state = "admitted" if view.admitted else "rejected"
@@ -399,6 +515,7 @@ class AdmissionController:
                     detail={"drivers": view.drivers},
                     decision_ms=view.decision_ms,
                     decided_at=now,
+                    submitter=submitter,
                 )
             )
             session.flush()
@@ -440,6 +557,7 @@ class AdmissionController:
     # -- cancellation and time ---------------------------------------------------------
 
     def _cancel_sync(self, job_id: str) -> tuple[JobView, int, list[Event]]:
+        check_job_id(job_id, "id")
         self._advance_window()
         release_from = self.slot + 1
         now = datetime.now(UTC)
@@ -546,14 +664,15 @@ class AdmissionController:
     def _server_order(self) -> list[str]:
         return [name for _, _, name, _ in self.cluster.servers()]
 
-    def _get_sync(self, job_id: str) -> JobView:
+    def _get_sync(self, job_id: str, owner: str | None = None) -> JobView:
+        check_job_id(job_id, "id")
         with self.db.session() as session:
             row = session.get(JobRow, job_id)
-            if row is None:
+            if row is None or (owner is not None and row.submitter != owner):
                 raise NotFoundError(f"no job {job_id!r}")
             return self._view(session, row)
 
-    def _list_sync(self, states: list[str], limit: int) -> list[JobView]:
+    def _list_sync(self, states: list[str], limit: int, owner: str | None = None) -> list[JobView]:
         for state in states:
             if state not in STATES:
                 raise SpecError.one("states", f"unknown state {state!r} (known: {STATES})")
@@ -561,6 +680,8 @@ class AdmissionController:
             query = select(JobRow).order_by(JobRow.sequence)
             if states:
                 query = query.where(JobRow.state.in_(states))
+            if owner is not None:
+                query = query.where(JobRow.submitter == owner)
             if limit > 0:
                 query = query.limit(limit)
             return [self._view(session, row) for row in session.scalars(query).all()]
@@ -614,10 +735,13 @@ class AdmissionController:
                     out.append((res, kind, (used[:, r] / total[r]).tolist()))
         return first, out
 
-    def current_use(self) -> dict[str, dict[str, float]]:
-        """Amounts used per server in the current slot."""
+    def current_use(self, slot: int = 0) -> dict[str, dict[str, float]]:
+        """Amounts used per server in ``slot`` (0: the current slot); a failed server's
+        slots count as full."""
         ledger = self._ledger
-        idx = self.slot - ledger.origin
+        idx = (slot or self.slot) - ledger.origin
+        if not 0 <= idx < ledger.length:
+            raise SpecError.one("slot", f"must be in the window {ledger.origin}..{ledger.end - 1}")
         out: dict[str, dict[str, float]] = {}
         for side, names in ((ledger.worker_side, self.cluster.worker_names),
                             (ledger.ps_side, self.cluster.ps_names)):  # fmt: skip

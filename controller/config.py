@@ -13,8 +13,24 @@ Example (``config/oasisd.example.toml`` is a complete one)::
 
     [pricing]
     bounds = "estimate"          # or "explicit" with U1, U2, L1, L2 as in the trace format
-    l_margin = 0.5               # estimate: L is scaled by this (<= 1)
+    trim = 0.2                   # estimate: L ignores the lowest-value jobs carrying this share
+    l_margin = 1.0               # estimate: L is scaled by this (<= 1)
     u_margin = 1.0               # estimate: U is scaled by this (>= 1)
+
+    [metrics]
+    listen = "127.0.0.1:9464"    # Prometheus /metrics over HTTP; empty or absent: off
+
+    [tls]                        # absent: plaintext, on loopback only (controller/tls.py)
+    cert = "server.crt"          # PEM chain; key = "server.key"; client_ca = "ca.crt": mTLS
+
+    [auth]                       # absent: no tokens, every caller an operator
+    tokens_file = "tokens"       # NAME ROLE SHA256 per line (controller/auth.py)
+
+    [limits]                     # message, job and search sizes, rate (controller/limits.py)
+    rate = 0                     # requests/s per client; 0: unlimited
+
+    [mqtt]                       # the execution plane's broker; absent: no broker
+    url = "mqtt://127.0.0.1:1883"  # controller/plane/settings.py lists every key
 
     [cluster]                    # the trace format's resources and servers
     resources = ["gpu", "cpu", "mem", "disk", "bandwidth"]
@@ -29,7 +45,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controller.auth import Caller, tokens_from_dict
+from controller.limits import Limits, limits_from_dict
+from controller.plane.settings import MqttConfig, mqtt_from_dict
+from controller.tls import TlsConfig, check_exposure, tls_from_dict
 from pricing import fields
+from pricing.bound_estimate import DEFAULT_TRIM
 from pricing.cluster import Cluster, cluster_from_dict
 from pricing.errors import SpecError
 from pricing.prices import PriceBounds, bounds_from_dict
@@ -50,14 +71,17 @@ class PricingConfig:
     Attributes:
         mode: ``"explicit"`` (``bounds`` given) or ``"estimate"`` (from the jobs seen).
         bounds: explicit bounds, for ``mode == "explicit"``.
+        trim: estimate: L ignores the jobs of lowest unit value that carry this share of
+            the utility seen, in [0, 1) (pricing/bound_estimate.py).
         l_margin: estimate: the estimated L is multiplied by this, in (0, 1].
         u_margin: estimate: the estimated U is multiplied by this, >= 1.
     """
 
     mode: str
     bounds: PriceBounds | None = None
-    l_margin: float = 0.5
+    l_margin: float = 1.0
     u_margin: float = 1.0
+    trim: float = DEFAULT_TRIM
 
 
 @dataclass(frozen=True)
@@ -75,6 +99,12 @@ class Config:
         cluster: the servers.
         pricing: price-bound settings.
         tick_seconds: how often the slot clock is checked, seconds.
+        metrics_listen: ``host:port`` of the Prometheus endpoint; empty: no endpoint.
+        mqtt: the broker of the execution plane (``[mqtt]``); None: no broker.
+        allow_insecure_remote: serve plaintext on a non-loopback address.
+        tls: ``[tls]``; None: plaintext.
+        tokens: ``[auth]``: ``{sha256 of a token: Caller}``; None: no authentication.
+        limits: ``[limits]``.
     """
 
     listen: str
@@ -87,6 +117,12 @@ class Config:
     cluster: Cluster
     pricing: PricingConfig
     tick_seconds: float = 1.0
+    metrics_listen: str = ""
+    mqtt: MqttConfig | None = None
+    allow_insecure_remote: bool = False
+    tls: TlsConfig | None = None
+    tokens: Mapping[str, Caller] | None = field(default=None, repr=False)
+    limits: Limits = field(default_factory=Limits)
     source: str = field(default="<embedded defaults>")
 
     @property
@@ -104,6 +140,7 @@ _DAEMON_KEYS = {
     "epoch",
     "log_level",
     "tick_seconds",
+    "allow_insecure_remote",
 }
 _LEVELS = {"debug", "info", "warning", "error"}
 
@@ -116,7 +153,9 @@ def _check_keys(table: Mapping[str, Any], known: set[str], where: str) -> None:
 
 def from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Config:
     """Validate a parsed TOML document."""
-    _check_keys(data, {"daemon", "pricing", "cluster"}, "config")
+    _check_keys(
+        data, {"daemon", "pricing", "cluster", "metrics", "mqtt", "tls", "auth", "limits"}, "config"
+    )
     try:
         daemon = fields.optional_mapping(data, "daemon", "")
         _check_keys(daemon, _DAEMON_KEYS, "daemon")
@@ -131,6 +170,11 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Config:
         if not isinstance(store_url, str):
             raise ConfigError("daemon.store_url: must be a string")
         epoch = fields.number(daemon.get("epoch", 0), "daemon.epoch")
+        insecure_remote = daemon.get("allow_insecure_remote", False)
+        if not isinstance(insecure_remote, bool):
+            raise ConfigError("daemon.allow_insecure_remote: must be true or false")
+        tls = tls_from_dict(fields.optional_mapping(data, "tls", ""))
+        check_exposure(listen, tls, insecure_remote)
         cluster_raw = fields.mapping(fields.require(data, "cluster", ""), "cluster")
         _check_keys(cluster_raw, {"resources", "servers"}, "cluster")
         cluster = cluster_from_dict(
@@ -147,23 +191,43 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Config:
             cluster=cluster,
             pricing=_pricing(fields.optional_mapping(data, "pricing", ""), cluster),
             tick_seconds=fields.positive(daemon.get("tick_seconds", 1.0), "daemon.tick_seconds"),
+            metrics_listen=_metrics_listen(fields.optional_mapping(data, "metrics", "")),
+            mqtt=mqtt_from_dict(fields.optional_mapping(data, "mqtt", "")),
+            allow_insecure_remote=insecure_remote,
+            tls=tls,
+            tokens=tokens_from_dict(fields.optional_mapping(data, "auth", "")),
+            limits=limits_from_dict(fields.optional_mapping(data, "limits", "")),
             source=source,
         )
     except SpecError as err:
         raise ConfigError(str(err)) from err
 
 
+def _metrics_listen(raw: Mapping[str, Any]) -> str:
+    _check_keys(raw, {"listen"}, "metrics")
+    listen = raw.get("listen", "")
+    if not isinstance(listen, str):
+        raise ConfigError(f"metrics.listen: must be a string host:port, got {listen!r}")
+    host, _, port = listen.rpartition(":")
+    if listen and (not host or not port.isdigit() or int(port) > 65535):
+        raise ConfigError(f"metrics.listen: must be host:port (or empty: off), got {listen!r}")
+    return listen
+
+
 def _pricing(raw: Mapping[str, Any], cluster: Cluster) -> PricingConfig:
     mode = raw.get("bounds", "estimate")
     if mode == "estimate":
-        _check_keys(raw, {"bounds", "l_margin", "u_margin"}, "pricing")
-        l_margin = fields.positive(raw.get("l_margin", 0.5), "pricing.l_margin")
+        _check_keys(raw, {"bounds", "l_margin", "u_margin", "trim"}, "pricing")
+        l_margin = fields.positive(raw.get("l_margin", 1.0), "pricing.l_margin")
         u_margin = fields.positive(raw.get("u_margin", 1.0), "pricing.u_margin")
         if l_margin > 1:
             raise ConfigError("pricing.l_margin: must be in (0, 1]")
         if u_margin < 1:
             raise ConfigError("pricing.u_margin: must be >= 1")
-        return PricingConfig("estimate", None, l_margin, u_margin)
+        trim = fields.number(raw.get("trim", DEFAULT_TRIM), "pricing.trim")
+        if not 0 <= trim < 1:
+            raise ConfigError(f"pricing.trim: must be in [0, 1), got {trim}")
+        return PricingConfig("estimate", None, l_margin, u_margin, trim)
     if mode == "explicit":
         _check_keys(raw, {"bounds", "U1", "U2", "L1", "L2"}, "pricing")
         explicit = {k: v for k, v in raw.items() if k != "bounds"}

@@ -7,11 +7,15 @@ and views, never messages.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from controller.admission import DecisionView, JobView
 from controller.events import Event
 from controller.rpc import oasis_pb2 as pb
+
+if TYPE_CHECKING:  # the execution plane loads scipy; the CLI never needs it
+    from controller.plane.execution import ProgressView
+    from pricing.runtime_estimate import Interval
 
 __all__ = [
     "SERVER_KINDS",
@@ -19,6 +23,7 @@ __all__ = [
     "decision_to_proto",
     "event_to_proto",
     "job_to_proto",
+    "progress_to_proto",
     "spec_from_proto",
     "spec_to_proto",
 ]
@@ -29,6 +34,7 @@ STATE_NAMES = {
     "completed": pb.JOB_STATE_COMPLETED,
     "cancelled": pb.JOB_STATE_CANCELLED,
     "rejected": pb.JOB_STATE_REJECTED,
+    "failed": pb.JOB_STATE_FAILED,
 }
 STATE_OF = {v: k for k, v in STATE_NAMES.items()}
 SERVER_KINDS = {"worker": pb.SERVER_KIND_WORKER, "ps": pb.SERVER_KIND_PS}
@@ -133,4 +139,25 @@ def event_to_proto(event: Event) -> pb.Event:
         slot=event.slot,
         state=STATE_NAMES.get(event.state, pb.JOB_STATE_UNSPECIFIED),
         detail=json.dumps(event.detail, sort_keys=True),
+    )
+
+
+def progress_to_proto(view: ProgressView) -> pb.JobProgress:
+    """A job's progress and runtime estimate (the execution plane)."""
+
+    def estimate(i: Interval) -> pb.Estimate:
+        return pb.Estimate(mean=i.mean, low=i.low, high=i.high, level=i.level)
+
+    return pb.JobProgress(
+        id=view.job_id,
+        state=STATE_NAMES[view.state],
+        minibatches_done=view.minibatches_done,
+        minibatches_total=view.minibatches_total,
+        worker_seconds=view.worker_seconds,
+        reports=view.reports,
+        planned_minibatch_seconds=view.planned_minibatch_seconds,
+        minibatch_seconds=estimate(view.minibatch_seconds),
+        total_worker_seconds=estimate(view.total_worker_seconds),
+        planned_worker_seconds=view.planned_worker_seconds,
+        completion_slot=view.completion_slot,
     )

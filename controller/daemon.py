@@ -1,9 +1,13 @@
 """``oasisd``: the admission daemon.
 
 A short, declarative main: open the store and rebuild the ledger, start the gRPC server
-(admission, cluster, health, reflection), then run the periodic events until SIGTERM or
-SIGINT. Each periodic event catches and logs its own failures, so one bad tick never
-kills the daemon.
+(admission, cluster, health, reflection) and the metrics endpoint, tell systemd it is
+ready, then run the periodic events until SIGTERM or SIGINT. Each periodic event catches
+and logs its own failures, so one bad tick never kills the daemon.
+
+Stopping drains: new submissions, quotes and cancels are refused with UNAVAILABLE, the
+decisions in flight are decided and committed (up to ``DRAIN_SECONDS``), then the server
+stops.
 """
 
 from __future__ import annotations
@@ -25,16 +29,23 @@ from grpc_reflection.v1alpha import reflection
 
 from controller import logs
 from controller.admission import AdmissionController
+from controller.auth import AccessInterceptor
 from controller.clock import Clock, SlotClock, SystemClock
 from controller.config import Config, ConfigError, demo_config, load
+from controller.limits import RateLimiter
+from controller.metrics import Metrics
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.servicer import AdmissionServicer, ClusterServicer
 from controller.store import Database
+from controller.systemd import Notifier
+from controller.tls import check_exposure, server_credentials
+from pricing.errors import SpecError
 
 __all__ = ["PeriodicEvent", "main", "serve"]
 
 MAX_MESSAGE_BYTES = 16 * 2**20
+DRAIN_SECONDS = 30.0  # at most this long for decisions in flight at stop (unit: TimeoutStopSec=60)
 SERVICES = (
     pb.DESCRIPTOR.services_by_name["Admission"].full_name,
     pb.DESCRIPTOR.services_by_name["Cluster"].full_name,
@@ -73,17 +84,34 @@ async def serve(
         config.data_dir.mkdir(parents=True, exist_ok=True)
     slots = SlotClock(clock or SystemClock(), config.slot_seconds, config.epoch)
     controller = AdmissionController(config, Database(config.database_url), slots, log=log)
+    notifier = Notifier()
+    notifier.status("migrating the store and rebuilding the ledger")
     await asyncio.to_thread(controller.open)
     # Start-up leaves ~170k long-lived objects (numba, SQLAlchemy, protobuf); freezing
     # them keeps full collections (65-96 ms each, measured) from stalling the loop.
     gc.collect()
     gc.freeze()
 
+    metrics = Metrics(controller) if config.metrics_listen else None
+    plane = None
+    if config.mqtt is not None:  # the execution plane: plans to node agents over MQTT
+        from controller.plane.link import start_plane
+
+        plane = await start_plane(controller, config.mqtt, metrics.set_broker if metrics else None)
+        controller.execution = plane.execution
+        if metrics is not None:
+            metrics.set_broker(False)
+    limits = config.limits
+    # first: who may call (tokens, roles, rate), then everything else
+    access = AccessInterceptor(
+        config.tokens, RateLimiter(limits.rate, limits.burst) if limits.rate else None
+    )
     server = grpc.aio.server(
+        interceptors=[access, *([metrics.interceptor()] if metrics else [])],
         options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", limits.max_message_bytes),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ]
+        ],
     )
     pb_grpc.add_AdmissionServicer_to_server(AdmissionServicer(controller), server)  # type: ignore[no-untyped-call]
     pb_grpc.add_ClusterServicer_to_server(ClusterServicer(controller), server)  # type: ignore[no-untyped-call]
@@ -92,7 +120,10 @@ async def serve(
     reflection.enable_server_reflection(
         (*SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    port = server.add_insecure_port(config.listen)
+    if config.tls is not None:
+        port = server.add_secure_port(config.listen, server_credentials(config.tls))
+    else:
+        port = server.add_insecure_port(config.listen)
     host = config.listen.rpartition(":")[0]
     address = f"{host}:{port}"
     await server.start()
@@ -105,22 +136,45 @@ async def serve(
         with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
             loop.add_signal_handler(sig, stop.set)
     events = [PeriodicEvent("slot clock", config.tick_seconds, controller.tick)]
+    if notifier.watchdog_interval is not None:
+        events.append(PeriodicEvent("watchdog", notifier.watchdog_interval, _ping(notifier)))
+    if metrics is not None:
+        log.info("metrics listening", address=metrics.serve(config.metrics_listen))
+    if plane is not None:
+        events.append(PeriodicEvent("execution plane", config.tick_seconds, plane.review))
     tasks = [asyncio.create_task(e.loop(), name=e.name) for e in events]
+    if plane is not None:
+        tasks.append(asyncio.create_task(plane.run(), name="broker link"))
     log.info("listening", address=address, config=config.source, store=config.database_url
-             if not config.store_url else "<store_url>")  # fmt: skip
+             if not config.store_url else "<store_url>",
+             tls="mutual" if config.tls and config.tls.mutual else bool(config.tls),
+             auth=config.tokens is not None, rate_limit=limits.rate or None)  # fmt: skip
     if on_ready is not None:
         on_ready(address)
+    notifier.ready(f"listening on {address}")
     try:
         await stop.wait()
     finally:
         log.info("stopping")
+        notifier.stopping("draining: finishing the decisions in flight")
         for name in ("", *SERVICES):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        left = await controller.drain(DRAIN_SECONDS)
+        log.info("drained", still_in_flight=left)
         for task in tasks:
             task.cancel()
         await server.stop(grace=5)
+        if metrics is not None:
+            metrics.close()
         controller.close()
         log.info("stopped")
+
+
+def _ping(notifier: Notifier) -> Callable[[], Awaitable[None]]:
+    async def ping() -> None:
+        notifier.watchdog()
+
+    return ping
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -138,6 +192,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = replace(config, listen=args.listen)
     if args.data_dir:
         config = replace(config, data_dir=Path(args.data_dir))
+    try:
+        check_exposure(config.listen, config.tls, config.allow_insecure_remote)
+    except SpecError as err:
+        print(f"oasisd: {err}", file=sys.stderr)
+        return 2
     logs.configure(config.log_level)
 
     def ready(address: str) -> None:

@@ -15,15 +15,18 @@ from controller.admission import (
     STATES,
     AdmissionController,
     ConflictError,
+    DrainingError,
     NotFoundError,
     PreconditionError,
 )
+from controller.auth import current_caller
 from controller.convert import (
     SERVER_KINDS,
     STATE_OF,
     decision_to_proto,
     event_to_proto,
     job_to_proto,
+    progress_to_proto,
     spec_from_proto,
 )
 from controller.rpc import oasis_pb2 as pb
@@ -42,6 +45,7 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (ConflictError, grpc.StatusCode.ALREADY_EXISTS),
     (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
     (StoreUnavailableError, grpc.StatusCode.UNAVAILABLE),
+    (DrainingError, grpc.StatusCode.UNAVAILABLE),
 )
 
 
@@ -64,7 +68,9 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
     async def SubmitJob(
         self, request: pb.SubmitJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.SubmitJobResponse:
-        view = await _guard(context, self.c.submit(spec_from_proto(request.job)))
+        caller = current_caller()
+        spec = spec_from_proto(request.job)
+        view = await _guard(context, self.c.submit(spec, caller.submitter, caller.owner))
         return pb.SubmitJobResponse(job=job_to_proto(view), duplicate=view.duplicate)
 
     async def QuoteJob(
@@ -76,7 +82,7 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
     async def GetJob(
         self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetJobResponse:
-        view = await _guard(context, self.c.get(request.id))
+        view = await _guard(context, self.c.get(request.id, current_caller().owner))
         return pb.GetJobResponse(job=job_to_proto(view))
 
     async def ListJobs(
@@ -89,7 +95,8 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
                     grpc.StatusCode.INVALID_ARGUMENT, f"states: unknown state {s} ({STATES})"
                 )
             states.append(STATE_OF[s])
-        views = await _guard(context, self.c.list_jobs(states, request.limit))
+        owner = current_caller().owner
+        views = await _guard(context, self.c.list_jobs(states, request.limit, owner))
         return pb.ListJobsResponse(jobs=[job_to_proto(v) for v in views])
 
     async def CancelJob(
@@ -97,6 +104,19 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
     ) -> pb.CancelJobResponse:
         view, released = await _guard(context, self.c.cancel(request.id))
         return pb.CancelJobResponse(job=job_to_proto(view), released_worker_slots=released)
+
+    async def GetProgress(
+        self, request: pb.GetProgressRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetProgressResponse:
+        if self.c.execution is None:
+            reason = "no execution plane: the daemon has no [mqtt] broker configured"
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, reason)
+            raise AssertionError  # unreachable: abort raises
+        owner = current_caller().owner
+        if owner is not None:  # a submitter: its own jobs only
+            await _guard(context, self.c.get(request.id, owner))
+        view = await _guard(context, self.c.execution.view(request.id))
+        return pb.GetProgressResponse(progress=progress_to_proto(view))
 
     async def WatchEvents(
         self, request: pb.WatchEventsRequest, context: grpc.aio.ServicerContext
@@ -125,7 +145,10 @@ class ClusterServicer(pb_grpc.ClusterServicer):
         self, request: pb.ListServersRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListServersResponse:
         cluster = self.c.cluster
-        use = self.c.current_use()
+        try:
+            use = await self.c.read(lambda: self.c.current_use(request.slot))
+        except SpecError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         out = pb.ListServersResponse(current_slot=self.c.slot)
         for kind, _, name, caps in cluster.servers():
             out.servers.add(
@@ -139,7 +162,7 @@ class ClusterServicer(pb_grpc.ClusterServicer):
     async def GetPrices(
         self, request: pb.GetPricesRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetPricesResponse:
-        first, rows = self.c.prices(request.first_slot, request.slots)
+        first, rows = await self.c.read(lambda: self.c.prices(request.first_slot, request.slots))
         out = pb.GetPricesResponse(first_slot=first)
         for server, kind, resource, prices in rows:
             if request.server and server != request.server:
@@ -157,7 +180,9 @@ class ClusterServicer(pb_grpc.ClusterServicer):
     async def GetUtilisation(
         self, request: pb.GetUtilisationRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetUtilisationResponse:
-        first, rows = self.c.utilisation(request.first_slot, request.slots)
+        first, rows = await self.c.read(
+            lambda: self.c.utilisation(request.first_slot, request.slots)
+        )
         out = pb.GetUtilisationResponse(first_slot=first)
         for resource, kind, share in rows:
             out.use.add(

@@ -135,9 +135,10 @@ log_level = "info"
 class Daemon:
     """``oasisd --config FILE`` as a subprocess; ``address`` once it listens."""
 
-    def __init__(self, config: Path, log: Path) -> None:
+    def __init__(self, config: Path, log: Path, env: dict[str, str] | None = None) -> None:
         self.config = config
         self.log_path = log
+        self.env = env  # added to the environment (e.g. NOTIFY_SOCKET)
         self.proc: subprocess.Popen[str] | None = None
         self.address = ""
 
@@ -149,6 +150,7 @@ class Daemon:
             stderr=self.log,
             text=True,
             cwd=ROOT,
+            env={**os.environ, **self.env} if self.env else None,
         )
         assert self.proc.stdout is not None
         deadline = time.monotonic() + timeout

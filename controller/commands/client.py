@@ -24,6 +24,8 @@ from controller.convert import STATE_NAMES, spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.table import render_table
+from controller.tls import client_channel, read_pem
+from pricing.errors import SpecError
 
 __all__ = ["register"]
 
@@ -41,7 +43,62 @@ def _common() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per call (default 30)")
+    env = os.environ.get
+    p.add_argument("--tls", action="store_true", help="use TLS, trusting the system's CAs")
+    p.add_argument(
+        "--tls-ca",
+        metavar="FILE",
+        default=env("OASIS_TLS_CA", ""),
+        help="use TLS, trusting this CA (default: $OASIS_TLS_CA)",
+    )
+    p.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        default=env("OASIS_TLS_CERT", ""),
+        help="client certificate for mutual TLS (default: $OASIS_TLS_CERT)",
+    )
+    p.add_argument(
+        "--tls-key",
+        metavar="FILE",
+        default=env("OASIS_TLS_KEY", ""),
+        help="its private key (default: $OASIS_TLS_KEY)",
+    )
+    p.add_argument(
+        "--tls-server-name",
+        metavar="NAME",
+        default="",
+        help="name to verify in the daemon's certificate (default: its host)",
+    )
+    p.add_argument(
+        "--token",
+        default=env("OASIS_TOKEN", ""),
+        help="bearer token (default: $OASIS_TOKEN, which keeps it out of ps)",
+    )
     return p
+
+
+def connect(args: argparse.Namespace) -> grpc.Channel:
+    """A channel to ``args.server`` with the TLS and token options of :func:`_common`."""
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise InputError("--tls-cert and --tls-key go together")
+
+    def pem(path: str, what: str, option: str) -> bytes | None:
+        if not path:
+            return None
+        try:
+            return read_pem(Path(path), what, option)
+        except SpecError as err:
+            raise InputError(str(err)) from err
+
+    return client_channel(
+        args.server,
+        tls=args.tls,
+        ca_pem=pem(args.tls_ca, "CERTIFICATE", "--tls-ca"),
+        cert_pem=pem(args.tls_cert, "CERTIFICATE", "--tls-cert"),
+        key_pem=pem(args.tls_key, "PRIVATE KEY", "--tls-key"),
+        server_name=args.tls_server_name,
+        token=args.token,
+    )
 
 
 def register(sub: Any) -> None:
@@ -92,7 +149,7 @@ def _wrap(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Names
 
 class _Stubs:
     def __init__(self, args: argparse.Namespace) -> None:
-        self.channel = grpc.insecure_channel(args.server)
+        self.channel = connect(args)
         self.admission = pb_grpc.AdmissionStub(self.channel)  # type: ignore[no-untyped-call]
         self.cluster = pb_grpc.ClusterStub(self.channel)  # type: ignore[no-untyped-call]
         self.timeout = args.timeout

@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from pricing import SpecError, Trace, trace_from_dict
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_FAILURE", "EXIT_OK", "InputError", "fmt", "load_trace"]
+__all__ = [
+    "EXIT_BAD_INPUT",
+    "EXIT_FAILURE",
+    "EXIT_OK",
+    "InputError",
+    "fmt",
+    "int_at_least",
+    "load_trace",
+    "positive_seconds",
+]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -36,6 +48,32 @@ def load_trace(path: str) -> Trace:
     except SpecError as err:
         lines = "\n".join(f"  {p}" for p in err.problems)
         raise InputError(f"{path}: invalid trace:\n{lines}") from err
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer ``>= low``, or an error saying which."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse ``type``: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
 
 
 def fmt(x: float | None, digits: int = 4) -> str:

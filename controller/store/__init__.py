@@ -5,7 +5,15 @@ restarted daemon rebuilds its ledger and prices from it.
 """
 
 from controller.store.database import Database, StoreUnavailableError, migrate
-from controller.store.models import AllocationRow, EventRow, JobRow, MetaRow, ServerRow
+from controller.store.models import (
+    AllocationRow,
+    EventRow,
+    JobRow,
+    MetaRow,
+    OutageRow,
+    ProgressRow,
+    ServerRow,
+)
 
 __all__ = [
     "AllocationRow",
@@ -13,6 +21,8 @@ __all__ = [
     "EventRow",
     "JobRow",
     "MetaRow",
+    "OutageRow",
+    "ProgressRow",
     "ServerRow",
     "StoreUnavailableError",
     "migrate",

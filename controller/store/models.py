@@ -8,7 +8,16 @@ from typing import Any, ClassVar
 from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["AllocationRow", "Base", "EventRow", "JobRow", "MetaRow", "ServerRow"]
+__all__ = [
+    "AllocationRow",
+    "Base",
+    "EventRow",
+    "JobRow",
+    "MetaRow",
+    "OutageRow",
+    "ProgressRow",
+    "ServerRow",
+]
 
 
 class Base(DeclarativeBase):
@@ -26,7 +35,7 @@ class ServerRow(Base):
 
 
 class JobRow(Base):
-    """A submitted job, its spec (canonical JSON) and the decision taken for it.
+    """A submitted job, its spec (canonical JSON), who submitted it and the decision.
 
     ``sequence`` is the order decisions were taken in; the ledger is rebuilt in it.
     """
@@ -51,6 +60,8 @@ class JobRow(Base):
     decision_ms: Mapped[float] = mapped_column(Float, default=0.0)
     decided_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     cancelled_slot: Mapped[int | None] = mapped_column(BigInteger)
+    # the name of the token it was submitted with (controller/auth.py); None without auth
+    submitter: Mapped[str | None] = mapped_column(String(200), index=True)
 
 
 class AllocationRow(Base):
@@ -87,3 +98,31 @@ class MetaRow(Base):
     __tablename__ = "meta"
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class OutageRow(Base):
+    """A server declared failed: down from slot ``down_from`` until ``up_from`` (None:
+    still down). The ledger blocks it in those slots."""
+
+    __tablename__ = "server_outages"
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    server: Mapped[str] = mapped_column(String(200), index=True)
+    down_from: Mapped[int] = mapped_column(BigInteger)
+    up_from: Mapped[int | None] = mapped_column(BigInteger)
+    detected_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class ProgressRow(Base):
+    """A job's reported progress: totals, the latest totals per server
+    (``{server: [minibatches, worker_seconds]}``) and the samples the runtime estimate
+    is fitted to (``[[minibatches, worker_seconds], ...]``, the latest few hundred)."""
+
+    __tablename__ = "job_progress"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    minibatches: Mapped[float] = mapped_column(Float)
+    worker_seconds: Mapped[float] = mapped_column(Float)
+    per_server: Mapped[dict[str, Any]] = mapped_column(JSON)
+    samples: Mapped[dict[str, Any]] = mapped_column(JSON)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

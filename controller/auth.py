@@ -1,0 +1,328 @@
+"""Who may call what: bearer tokens with a role, and a per-client rate, checked by one
+gRPC server interceptor in front of every oasis RPC.
+
+Roles:
+    ``submitter``: SubmitJob, QuoteJob, and GetJob, ListJobs and GetProgress of the jobs
+    it submitted (another's job reads as NOT_FOUND; reusing another's job id is
+    ALREADY_EXISTS). ``operator``: every RPC, every job. Any RPC not listed for
+    submitters (CancelJob, WatchEvents, the Cluster service, and RPCs added later) is
+    for operators only.
+
+Requests carry ``authorization: Bearer TOKEN`` metadata. A missing or unknown token is
+UNAUTHENTICATED; a role that may not call the RPC is PERMISSION_DENIED. Health checking
+(``grpc.health.v1``) and reflection stay open to everyone: load balancers and
+``grpcurl`` need them, and they tell nothing about jobs.
+
+The tokens file (``[auth] tokens_file``) holds one token per line, as its SHA-256, so
+the file is no secret worth stealing (the tokens are 256-bit random strings, so an
+unsalted hash cannot be reversed by guessing)::
+
+    # name   role        sha256 of the token (hex)
+    alice    submitter   2bd806c97f0e00af1a1fc3328fa763a9269723c8db8fac4f93af71db186d6e90
+    ops      operator    6b86b273ff34fce19c6b804eff5a3f5747ada4eaa22f1d49c01e52ddb7875b4b
+
+``oasis token NAME --role ROLE`` makes a token and prints its line. The name is what the
+store records as the job's submitter. With no ``[auth]`` every caller is an anonymous
+operator (the embedded defaults, on loopback).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import grpc
+import structlog
+
+from controller.limits import RateLimiter
+from pricing import fields
+from pricing.errors import SpecError
+
+__all__ = [
+    "ANONYMOUS",
+    "NAME_PATTERN",
+    "OPEN_SERVICES",
+    "SUBMITTER_METHODS",
+    "AccessInterceptor",
+    "Caller",
+    "Role",
+    "TokenInterceptor",
+    "current_caller",
+    "hash_token",
+    "load_tokens",
+    "new_token",
+    "tokens_from_dict",
+]
+
+_ADMISSION = "/oasis.v1.Admission/"
+SUBMITTER_METHODS = frozenset(
+    _ADMISSION + name for name in ("SubmitJob", "QuoteJob", "GetJob", "ListJobs", "GetProgress")
+)
+OPEN_SERVICES = frozenset(
+    {
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
+        "grpc.reflection.v1.ServerReflection",
+    }
+)
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_.@-]{1,200}")
+"""A token's name: it is stored as a job's submitter (VARCHAR(200))."""
+
+log = structlog.get_logger("oasisd")
+
+
+class Role(StrEnum):
+    SUBMITTER = "submitter"
+    OPERATOR = "operator"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling.
+
+    Attributes:
+        name: the token's name; empty when authentication is off.
+        role: what it may do.
+    """
+
+    name: str
+    role: Role
+
+    @property
+    def owner(self) -> str | None:
+        """The only submitter whose jobs this caller sees; None: every job."""
+        return self.name if self.role is Role.SUBMITTER else None
+
+    @property
+    def submitter(self) -> str | None:
+        """The identity recorded with the jobs it submits; None when anonymous."""
+        return self.name or None
+
+
+ANONYMOUS = Caller("", Role.OPERATOR)
+"""Every caller when authentication is off."""
+
+_caller: ContextVar[Caller | None] = ContextVar("oasis_caller", default=None)
+
+
+def current_caller() -> Caller:
+    """The caller of the RPC being served (set by :class:`AccessInterceptor`)."""
+    caller = _caller.get()
+    if caller is None:  # fail closed: a servicer reached without the interceptor
+        raise RuntimeError("no caller: the access interceptor is not installed")
+    return caller
+
+
+def hash_token(token: str) -> str:
+    """The SHA-256 of ``token``, hex, as the tokens file holds it."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def new_token() -> str:
+    """A fresh random token: 256 bits, URL-safe base64."""
+    return secrets.token_urlsafe(32)
+
+
+def load_tokens(path: Path) -> dict[str, Caller]:
+    """Read a tokens file: ``{sha256 hex: Caller}``. Errors name the line."""
+    where = f"auth.tokens_file: {path}"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise SpecError.one(
+            "auth.tokens_file", f"cannot read {path}: {err.strerror or err}"
+        ) from err
+    except UnicodeDecodeError as err:
+        raise SpecError.one("auth.tokens_file", f"{path} is not UTF-8 text") from err
+    tokens: dict[str, Caller] = {}
+    names: set[str] = set()
+    for number, line in enumerate(text.splitlines(), 1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        if len(words) != 3:
+            raise SpecError.one(where, f"line {number}: expected 'NAME ROLE SHA256', got "
+                                f"{len(words)} fields")  # fmt: skip
+        name, role, digest = words
+        if not NAME_PATTERN.fullmatch(name):
+            raise SpecError.one(where, f"line {number}: name {name[:40]!r} must be 1-200 of "
+                                "A-Z a-z 0-9 _ . @ -")  # fmt: skip
+        if role not in Role.__members__.values():
+            raise SpecError.one(where, f"line {number}: role must be 'submitter' or "
+                                f"'operator', got {role[:40]!r}")  # fmt: skip
+        digest = digest.lower()
+        if not _HEX64.fullmatch(digest):
+            raise SpecError.one(where, f"line {number}: the token's SHA-256 must be 64 hex "
+                                "digits (oasis token prints it)")  # fmt: skip
+        if name in names:
+            raise SpecError.one(where, f"line {number}: name {name!r} appears twice")
+        if digest in tokens:
+            raise SpecError.one(where, f"line {number}: the same token appears twice")
+        names.add(name)
+        tokens[digest] = Caller(name, Role(role))
+    if not tokens:
+        raise SpecError.one(where, "holds no token: nobody could call the daemon")
+    return tokens
+
+
+def tokens_from_dict(raw: Mapping[str, Any]) -> dict[str, Caller] | None:
+    """Read the ``[auth]`` table: the tokens of its ``tokens_file``; None if absent."""
+    for key in raw:
+        if key != "tokens_file":
+            raise SpecError.one(f"auth.{key}", "unknown key (known: tokens_file)")
+    if not raw:
+        return None
+    return load_tokens(Path(fields.text(raw.get("tokens_file"), "auth.tokens_file")))
+
+
+# -- server side ------------------------------------------------------------------------
+
+
+class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Authenticates, authorises and rate-limits every RPC outside :data:`OPEN_SERVICES`,
+    then makes the caller available to the servicer (:func:`current_caller`).
+
+    Args:
+        tokens: ``{sha256 hex: Caller}``; None: authentication off (every caller
+            :data:`ANONYMOUS`).
+        limiter: the per-client rate limit; None: none.
+    """
+
+    def __init__(self, tokens: Mapping[str, Caller] | None, limiter: RateLimiter | None) -> None:
+        self.tokens = tokens
+        self.limiter = limiter
+
+    async def intercept_service(
+        self, continuation: Callable[[Any], Awaitable[Any]], details: Any
+    ) -> Any:
+        handler = await continuation(details)
+        method: str = details.method
+        if handler is None or method.lstrip("/").split("/", 1)[0] in OPEN_SERVICES:
+            return handler
+        return _wrap(handler, lambda context: self._admit(method, context))
+
+    async def _admit(self, method: str, context: grpc.aio.ServicerContext) -> Caller:
+        caller = ANONYMOUS
+        if self.tokens is not None:
+            caller = await self._authenticate(method, context)
+            if caller.role is not Role.OPERATOR and method not in SUBMITTER_METHODS:
+                log.warning("permission denied", caller=caller.name, method=method)
+                await context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"{caller.name} ({caller.role}) may not call {method}: operators only",
+                )
+        if self.limiter is not None:
+            client = caller.name or _peer_host(context.peer())
+            wait = self.limiter.take(client)
+            if wait > 0:
+                ms = RateLimiter.retry_hint_ms(wait)
+                context.set_trailing_metadata((("grpc-retry-pushback-ms", str(ms)),))
+                await context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"rate limit: {self.limiter.rate:g} requests/s per client; retry in "
+                    f"{ms / 1000:.3f} s",
+                )
+        return caller
+
+    async def _authenticate(self, method: str, context: grpc.aio.ServicerContext) -> Caller:
+        assert self.tokens is not None
+        values = [v for k, v in context.invocation_metadata() or () if k == "authorization"]
+        scheme, _, token = (values[0] if values else "").partition(" ")
+        if not values or scheme.lower() != "bearer" or not token.strip():
+            log.warning("unauthenticated", method=method, peer=context.peer(), why="no token")
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "no bearer token: send metadata 'authorization: Bearer TOKEN' (oasis --token)",
+            )
+        caller = self.tokens.get(hash_token(token.strip()))
+        if caller is None:
+            log.warning("unauthenticated", method=method, peer=context.peer(), why="bad token")
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown token")
+            raise AssertionError  # unreachable: abort raises
+        return caller
+
+
+def _peer_host(peer: str) -> str:
+    """``ipv4:127.0.0.1:5000`` -> ``ipv4:127.0.0.1``: one bucket per host, not per port."""
+    return peer.rsplit(":", 1)[0] if peer.count(":") >= 2 else peer
+
+
+def _wrap(handler: Any, admit: Callable[[Any], Awaitable[Caller]]) -> Any:
+    """``handler`` with ``admit(context)`` run before its behaviour, whose caller is then
+    set for the servicer; for each of gRPC's four kinds of call."""
+    if handler.unary_unary is not None:
+        unary_unary = handler.unary_unary
+
+        async def uu(request: Any, context: Any) -> Any:
+            _caller.set(await admit(context))
+            return await unary_unary(request, context)
+
+        return handler._replace(unary_unary=uu)
+    if handler.unary_stream is not None:
+        unary_stream = handler.unary_stream
+
+        async def us(request: Any, context: Any) -> AsyncIterator[Any]:
+            _caller.set(await admit(context))
+            async for item in unary_stream(request, context):
+                yield item
+
+        return handler._replace(unary_stream=us)
+    if handler.stream_unary is not None:
+        stream_unary = handler.stream_unary
+
+        async def su(requests: Any, context: Any) -> Any:
+            _caller.set(await admit(context))
+            return await stream_unary(requests, context)
+
+        return handler._replace(stream_unary=su)
+    stream_stream = handler.stream_stream
+
+    async def ss(requests: Any, context: Any) -> AsyncIterator[Any]:
+        _caller.set(await admit(context))
+        async for item in stream_stream(requests, context):
+            yield item
+
+    return handler._replace(stream_stream=ss)
+
+
+# -- client side ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _CallDetails(grpc.ClientCallDetails):  # type: ignore[misc]
+    method: str
+    timeout: float | None
+    metadata: Iterable[tuple[str, str]] | None
+    credentials: Any
+    wait_for_ready: bool | None
+    compression: Any
+
+
+class TokenInterceptor(
+    grpc.UnaryUnaryClientInterceptor,  # type: ignore[misc]
+    grpc.UnaryStreamClientInterceptor,  # type: ignore[misc]
+):
+    """Adds ``authorization: Bearer TOKEN`` to every call of a channel (plaintext or TLS;
+    gRPC's own call credentials refuse plaintext channels)."""
+
+    def __init__(self, token: str) -> None:
+        self._header = ("authorization", f"Bearer {token}")
+
+    def _details(self, d: Any) -> _CallDetails:
+        metadata = [*(d.metadata or ()), self._header]
+        return _CallDetails(d.method, d.timeout, metadata, d.credentials, d.wait_for_ready,
+                            d.compression)  # fmt: skip
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)

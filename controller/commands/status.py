@@ -1,0 +1,215 @@
+"""``oasis status``: one screen for an operator: cluster use, price heat by server over the
+next slots, and the jobs in flight (``--json`` for scripts).
+
+Built from the public API (ListServers, GetUtilisation, GetPrices, ListJobs). Price heat:
+a server's unit prices (SPEC 4) grow exponentially with its use, from the same floor for
+every resource of a kind of server (``L1`` for workers, ``L2`` for parameter servers). A
+cell shows ``max over resources of log(price / floor)`` on a ramp from ``.`` (the floor:
+nothing in use) to ``@`` (the hottest cell on screen), and the legend says how many times
+the floor that is. The floor is the lowest price seen in the shown slots and, over the
+whole window, on the first server of each kind (the far slots are rarely booked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from controller.commands.client import _common, _Stubs, _wrap  # same connection options
+from controller.commands.common import EXIT_OK, InputError, fmt
+from controller.convert import STATE_NAMES
+from controller.rpc import oasis_pb2 as pb
+from controller.table import render_table
+
+__all__ = ["register"]
+
+RAMP = ".:-=+*#%@"  # level 0 (nothing in use / the price floor) .. 8 (the most)
+_KIND = {pb.SERVER_KIND_WORKER: "worker", pb.SERVER_KIND_PS: "ps"}
+_STATE_OF = {v: k for k, v in STATE_NAMES.items()}
+_WHOLE_WINDOW = 1 << 20  # slots: the server clips it to the window
+
+
+def register(sub: Any) -> None:
+    """Add the ``status`` subcommand to ``sub`` (an argparse subparsers object)."""
+    help_ = "one screen: cluster use, price heat by server, jobs in flight"
+    p = sub.add_parser("status", parents=[_common()], help=help_, description=help_)
+    p.add_argument("--slots", type=int, default=12, help="slots to show from now (default 12)")
+    p.add_argument("--limit", type=int, default=20, help="jobs in flight to list (default 20)")
+    p.set_defaults(func=_wrap(run))
+
+
+@dataclass(frozen=True)
+class ServerHeat:
+    """One server's price heat.
+
+    Attributes:
+        server, kind: the server and its kind (``worker`` or ``ps``).
+        price_ratio: per shown slot, the highest unit price over its resources divided by
+            the floor of its kind (>= 1).
+        busiest: the resource with the largest share in use now, as ``gpu 4/8``, or
+            ``idle``.
+    """
+
+    server: str
+    kind: str
+    price_ratio: list[float]
+    busiest: str
+
+
+@dataclass(frozen=True)
+class Status:
+    """What ``oasis status`` shows; ``--json`` prints it as is."""
+
+    server: str
+    current_slot: int
+    first_slot: int
+    slots: int
+    use: list[dict[str, Any]]
+    price_floor: dict[str, float]
+    heat: list[ServerHeat]
+    jobs_in_flight: dict[str, int]
+    jobs: list[dict[str, Any]]
+
+
+def collect(stubs: _Stubs, server: str, slots: int) -> Status:
+    """Read everything shown from the daemon (one call per API)."""
+    t = stubs.timeout
+    servers = stubs.cluster.ListServers(pb.ListServersRequest(), timeout=t)
+    use = stubs.cluster.GetUtilisation(pb.GetUtilisationRequest(slots=slots), timeout=t)
+    prices = stubs.cluster.GetPrices(pb.GetPricesRequest(slots=slots), timeout=t)
+    first_of_kind = {_KIND[s.kind]: s.name for s in reversed(servers.servers)}
+    window = [
+        row
+        for name in first_of_kind.values()
+        for row in stubs.cluster.GetPrices(
+            pb.GetPricesRequest(slots=_WHOLE_WINDOW, server=name), timeout=t
+        ).prices
+    ]
+    in_flight = [STATE_NAMES["running"], STATE_NAMES["admitted"]]
+    jobs = stubs.admission.ListJobs(pb.ListJobsRequest(states=in_flight), timeout=t).jobs
+
+    floor: dict[str, float] = {}
+    for row in (*prices.prices, *window):
+        kind = _KIND[row.kind]
+        floor[kind] = min(floor.get(kind, math.inf), *row.prices, math.inf)
+    ratios: dict[str, list[float]] = {}
+    for row in prices.prices:
+        kind = _KIND[row.kind]
+        current = ratios.setdefault(row.server, [1.0] * len(row.prices))
+        for i, p in enumerate(row.prices):
+            current[i] = max(current[i], p / floor[kind] if floor[kind] > 0 else 1.0)
+    heat = [
+        ServerHeat(s.name, _KIND[s.kind], ratios.get(s.name, []), _busiest(s))
+        for s in servers.servers
+    ]
+    shown = max((len(u.share) for u in use.use), default=0)
+    order = {"running": 0, "admitted": 1}
+    listed = sorted(jobs, key=lambda j: (order[_STATE_OF[j.state]], j.sequence))
+    return Status(
+        server=server,
+        current_slot=servers.current_slot,
+        first_slot=use.first_slot,
+        slots=shown,
+        use=[
+            {"resource": u.resource, "kind": _KIND[u.kind], "share": list(u.share)} for u in use.use
+        ],
+        price_floor=floor,
+        heat=heat,
+        jobs_in_flight={s: sum(_STATE_OF[j.state] == s for j in jobs) for s in order},
+        jobs=[_job(j) for j in listed],
+    )
+
+
+def _busiest(s: pb.Server) -> str:
+    shares = [(s.used.get(r, 0.0) / c, r) for r, c in s.capacity.items() if c > 0]
+    share, r = max(shares, default=(0.0, ""))
+    if share <= 0:
+        return "idle"
+    return f"{r} {s.used.get(r, 0.0):g}/{s.capacity[r]:g}"
+
+
+def _job(j: pb.Job) -> dict[str, Any]:
+    d = j.decision
+    return {
+        "id": j.spec.id,
+        "state": _STATE_OF[j.state],
+        "arrival_slot": d.arrival_slot,
+        "completion_slot": d.completion_slot if d.HasField("completion_slot") else None,
+        "payoff": d.payoff if d.HasField("payoff") else None,
+    }
+
+
+def level(x: float, top: float) -> int:
+    """``x`` in ``[0, top]`` on the ramp: 0 only for 0, else 1..8 (rounded up)."""
+    if x <= 0 or top <= 0:
+        return 0
+    return max(1, min(len(RAMP) - 1, math.ceil((len(RAMP) - 1) * x / top)))
+
+
+def render(st: Status, limit: int) -> str:
+    """The screen, as text."""
+    last = st.first_slot + st.slots - 1
+    span = f"{st.first_slot}..{last}"
+    out = [f"oasis status: {st.server}, slot {st.current_slot}", ""]
+
+    out.append(f"cluster use: share of capacity in use, slots {span} ({RAMP[0]} none, @ all)")
+    rows = []
+    for u in st.use:
+        share = u["share"]
+        bar = "".join(RAMP[level(x, 1.0)] for x in share)
+        now = f"{100 * share[0]:.0f}%" if share else "-"
+        peak = f"{100 * max(share):.0f}%" if share else "-"
+        rows.append([u["resource"], u["kind"], now, peak, bar])
+    out.append(render_table(["resource", "kind", "now", "peak", span], rows, right={2, 3}))
+    out.append("")
+
+    logs = [math.log(r) for h in st.heat for r in h.price_ratio]
+    top = max(logs, default=0.0)
+    floors = ", ".join(f"{k} {v:.3g}" for k, v in sorted(st.price_floor.items()))
+    out.append(f"price heat by server, slots {span}: the costliest resource of each server")
+    out.append(
+        f"  {RAMP[0]} the price floor ({floors or '-'}), @ {math.exp(top):.3g} x the floor"
+        if top > 0
+        else f"  {RAMP[0]} the price floor ({floors or '-'}) everywhere"
+    )
+    rows = [
+        [h.server, h.kind, "".join(RAMP[level(math.log(r), top)] for r in h.price_ratio), h.busiest]
+        for h in st.heat
+    ]
+    out.append(render_table(["server", "kind", span, "busiest now"], rows, right=set()))
+    out.append("")
+
+    counts = ", ".join(f"{n} {state}" for state, n in st.jobs_in_flight.items())
+    out.append(f"jobs in flight: {counts}")
+    if st.jobs:
+        rows = [
+            [
+                j["id"],
+                j["state"],
+                str(j["arrival_slot"]),
+                "-" if j["completion_slot"] is None else str(j["completion_slot"]),
+                fmt(j["payoff"]),
+            ]
+            for j in st.jobs[:limit]
+        ]
+        headers = ["job", "state", "arrival", "completes", "payoff"]
+        out.append(render_table(headers, rows, right={2, 3, 4}))
+        if len(st.jobs) > limit:
+            out.append(f"... and {len(st.jobs) - limit} more (oasis jobs --state running)")
+    return "\n".join(out)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.slots < 1:
+        raise InputError(f"--slots: must be >= 1, got {args.slots}")
+    if args.limit < 0:
+        raise InputError(f"--limit: must be >= 0, got {args.limit}")
+    st = collect(_Stubs(args), args.server, args.slots)
+    if args.json:
+        print(json.dumps(asdict(st), indent=1))
+    else:
+        print(render(st, args.limit))
+    return EXIT_OK

@@ -1,0 +1,228 @@
+"""Limits that keep one client or one job from stalling the daemon (``[limits]``).
+
+- ``max_message_bytes``: the largest request the gRPC server reads; a larger one is
+  refused by gRPC itself with RESOURCE_EXHAUSTED.
+- ``max_job_work`` (worker-slots ``W``) and ``max_job_chunks`` (``N``): a job above
+  either is refused with INVALID_ARGUMENT naming the limit.
+- ``max_search_steps`` and ``max_search_mb``: the budget of one best-schedule search
+  (:mod:`pricing.best_schedule`). Its DP runs over up to ``T`` slots (the window); in
+  each it tries every worker count ``y`` up to ``Y`` (the most that fit in one slot of
+  the empty cluster, at most ``N``) against every work level up to ``W``, and keeps a
+  ``(T, W + 1)`` and a ``(T, N + 1)`` table of float64. So a search takes at most
+  ``T * Y * (W + 1)`` steps and ``8 T (W + N + 2)`` bytes; a job whose bound exceeds
+  the budget is refused before the search starts, with the numbers. Measured by
+  ``bench/search_budget.py`` (``bench/RESULTS.md``): about 0.3 ns per step in the worst
+  case, so a job at the default ``2e9`` takes at most 0.64 s there; the largest job of
+  the paper-scale workload needs 1.3e8.
+- ``rate`` and ``burst``: requests per second per client, a token bucket each (0: no
+  limit). A client is its token's name when ``[auth]`` is on, else its address. Over the
+  rate, a call fails with RESOURCE_EXHAUSTED, the seconds to wait in the message and in
+  the ``grpc-retry-pushback-ms`` trailer (gRPC's retry-throttling hint, gRFC A6).
+
+Job ids are checked here too, whatever the limits: at most 200 characters (the store's
+column) and no control characters (PostgreSQL text cannot hold NUL).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pricing import fields
+from pricing.cluster import Cluster
+from pricing.errors import SpecError
+from pricing.job import Job, max_workers_per_slot
+
+__all__ = [
+    "MAX_JOB_ID_CHARS",
+    "JobTooLargeError",
+    "Limits",
+    "RateLimiter",
+    "SearchSize",
+    "check_job_id",
+    "limits_from_dict",
+    "search_size",
+]
+
+MAX_JOB_ID_CHARS = 200
+"""The store's ``jobs.id`` column is ``VARCHAR(200)``."""
+
+_KEYS = {
+    "max_message_bytes",
+    "max_job_work",
+    "max_job_chunks",
+    "max_search_steps",
+    "max_search_mb",
+    "rate",
+    "burst",
+}
+
+
+class JobTooLargeError(SpecError):
+    """A job over a configured limit (INVALID_ARGUMENT: it is refused whatever the load)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The ``[limits]`` table; see the module docstring.
+
+    Attributes:
+        max_message_bytes: largest request read, bytes.
+        max_job_work: largest ``W``, worker-slots.
+        max_job_chunks: largest ``N``.
+        max_search_steps: largest DP bound ``T * Y * (W + 1)`` of one search.
+        max_search_mb: largest DP tables of one search, MiB.
+        rate: requests per second per client; 0: no limit.
+        burst: requests a client may make at once (bucket size); 0: ``max(1, rate)``.
+    """
+
+    max_message_bytes: int = 1 << 20
+    max_job_work: int = 100_000
+    max_job_chunks: int = 10_000
+    max_search_steps: float = 2e9
+    max_search_mb: float = 512.0
+    rate: float = 0.0
+    burst: float = 0.0
+
+    def check_job(self, job: Job, cluster: Cluster, window: int) -> None:
+        """Raise JobTooLargeError if ``job`` is over a limit, or its search over budget."""
+        if job.work > self.max_job_work:
+            raise JobTooLargeError.one(
+                "job",
+                f"work W = {job.work} worker-slots exceeds limits.max_job_work = "
+                f"{self.max_job_work}",
+            )
+        if job.chunks > self.max_job_chunks:
+            raise JobTooLargeError.one(
+                "job.chunks",
+                f"{job.chunks} exceeds limits.max_job_chunks = {self.max_job_chunks}",
+            )
+        size = search_size(job, cluster, window)
+        if size.steps > self.max_search_steps:
+            raise JobTooLargeError.one(
+                "job",
+                f"too large to decide: its search may take {size.steps:.3g} steps ({size.slots} "
+                f"slots x {size.workers} workers per slot x {job.work + 1} work levels), over "
+                f"limits.max_search_steps = {self.max_search_steps:.3g}",
+            )
+        if size.megabytes > self.max_search_mb:
+            raise JobTooLargeError.one(
+                "job",
+                f"too large to decide: its search needs {size.megabytes:.0f} MiB of tables, "
+                f"over limits.max_search_mb = {self.max_search_mb:g}",
+            )
+
+
+@dataclass(frozen=True)
+class SearchSize:
+    """Upper bounds on one best-schedule search.
+
+    Attributes:
+        slots: slots the DP may scan (the window ``T``).
+        workers: ``Y``, the most workers per slot it tries.
+        steps: ``T * Y * (W + 1)``, inner-loop steps.
+        megabytes: ``8 T (W + N + 2)`` bytes of DP tables, in MiB.
+    """
+
+    slots: int
+    workers: int
+    steps: int
+    megabytes: float
+
+
+def search_size(job: Job, cluster: Cluster, window: int) -> SearchSize:
+    """The bounds of :class:`SearchSize` for ``job`` in a window of ``window`` slots."""
+    workers = max_workers_per_slot(job, cluster)
+    steps = window * workers * (job.work + 1)
+    megabytes = 8.0 * window * (job.work + job.chunks + 2) / 2**20
+    return SearchSize(window, workers, steps, megabytes)
+
+
+def check_job_id(job_id: str, field: str = "job.id") -> None:
+    """Raise SpecError unless ``job_id`` fits the store: <= 200 characters, printable."""
+    if len(job_id) > MAX_JOB_ID_CHARS:
+        raise SpecError.one(field, f"at most {MAX_JOB_ID_CHARS} characters, got {len(job_id)}")
+    if not job_id.isprintable():
+        raise SpecError.one(field, "must not contain control characters")
+
+
+def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
+    """Read the ``[limits]`` table (absent keys keep their defaults)."""
+    for key in raw:
+        if key not in _KEYS:
+            raise SpecError.one(f"limits.{key}", f"unknown key (known: {', '.join(sorted(_KEYS))})")
+    d = Limits()
+
+    def count(key: str, default: int) -> int:
+        return fields.positive_int(raw.get(key, default), f"limits.{key}")
+
+    rate = fields.non_negative(raw.get("rate", d.rate), "limits.rate")
+    burst = fields.non_negative(raw.get("burst", d.burst), "limits.burst")
+    if burst and not rate:
+        raise SpecError.one("limits.burst", "needs limits.rate > 0")
+    return Limits(
+        max_message_bytes=count("max_message_bytes", d.max_message_bytes),
+        max_job_work=count("max_job_work", d.max_job_work),
+        max_job_chunks=count("max_job_chunks", d.max_job_chunks),
+        max_search_steps=fields.positive(
+            raw.get("max_search_steps", d.max_search_steps), "limits.max_search_steps"
+        ),
+        max_search_mb=fields.positive(
+            raw.get("max_search_mb", d.max_search_mb), "limits.max_search_mb"
+        ),
+        rate=rate,
+        burst=burst,
+    )
+
+
+class RateLimiter:
+    """A token bucket per client: ``rate`` tokens per second up to ``burst``.
+
+    Thread-safe. Buckets of clients idle long enough to be full again are dropped once
+    there are more than ``max_clients``, so the table stays small.
+    """
+
+    def __init__(
+        self,
+        rate: float,
+        burst: float = 0.0,
+        now: Callable[[], float] = time.monotonic,
+        max_clients: int = 10_000,
+    ) -> None:
+        if not rate > 0:
+            raise ValueError("rate must be > 0")
+        self.rate = rate
+        self.burst = burst or max(1.0, rate)
+        self._now = now
+        self._max_clients = max_clients
+        self._buckets: dict[str, tuple[float, float]] = {}  # client -> (tokens, at)
+        self._lock = threading.Lock()
+
+    def take(self, client: str) -> float:
+        """Take one token for ``client``: 0.0 if granted, else the seconds until one is."""
+        with self._lock:
+            now = self._now()
+            tokens, at = self._buckets.get(client, (self.burst, now))
+            tokens = min(self.burst, tokens + (now - at) * self.rate)
+            if tokens >= 1.0:
+                self._buckets[client] = (tokens - 1.0, now)
+                if len(self._buckets) > self._max_clients:
+                    self._forget_idle(now)
+                return 0.0
+            self._buckets[client] = (tokens, now)
+            return (1.0 - tokens) / self.rate
+
+    def _forget_idle(self, now: float) -> None:
+        full = self.burst / self.rate
+        for client, (tokens, at) in list(self._buckets.items()):
+            if tokens + (now - at) * self.rate >= self.burst or now - at > full:
+                del self._buckets[client]
+
+    @staticmethod
+    def retry_hint_ms(wait: float) -> int:
+        """``wait`` seconds as whole milliseconds, at least 1."""
+        return max(1, math.ceil(wait * 1000.0))

@@ -1,0 +1,300 @@
+"""Prometheus metrics of the daemon, served at ``http://<[metrics] listen>/metrics``.
+
+Counted as requests pass (a gRPC interceptor on SubmitJob and QuoteJob):
+
+- ``oasis_decisions_total{kind, outcome}``: ``kind`` is ``submit`` or ``quote``;
+  ``outcome`` is ``admitted``, ``rejected``, ``duplicate`` (a retried submit answered with
+  the first decision), ``invalid``, ``conflict``, ``unavailable`` (store down or
+  draining), ``cancelled`` (the client gave up) or ``error``.
+- ``oasis_decision_seconds{kind}``: histogram of the time from the request reaching the
+  daemon to its answer (waiting for earlier decisions, the search, the commit).
+- ``oasis_decision_search_seconds{kind}``: histogram of the best-schedule search alone
+  (the ``decision_ms`` of the answer; as in ``bench/decision_latency.py``).
+- ``oasis_admitted_payoff_total``: sum of the payoffs of the jobs this process admitted.
+
+Read at each scrape:
+
+- ``oasis_store_up``: 1 if the store answered ``SELECT 1``, else 0.
+- ``oasis_jobs{state}``: stored jobs per state (``admitted``, ``running``, ``completed``,
+  ``cancelled``, ``rejected``); ``oasis_payoff{state}``: the sum of their payoffs as
+  decided, for every state but ``rejected`` (the algorithm's objective is the sum over
+  ``admitted``, ``running`` and ``completed``).
+- ``oasis_slot``, ``oasis_draining``.
+- ``oasis_utilisation{kind, resource}``: share of the capacity of that kind of server
+  (``worker``, ``ps``) in use in the current slot, 0..1; ``oasis_utilisation_planned``:
+  the mean share over the window ahead (current slot included).
+- ``oasis_unit_price{server, kind, resource}``: price of one unit in the current slot;
+  ``oasis_unit_price_peak{kind, resource}``: the highest over all servers and the window.
+- ``oasis_broker_configured`` and ``oasis_broker_up``: set by whoever owns the broker
+  connection through :meth:`Metrics.set_broker`; without a broker both are 0.
+
+The ledger is read in the decision thread between two decisions
+(:meth:`AdmissionController.between_decisions`), so a scrape never sees half a decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from concurrent.futures import TimeoutError as FutureTimeoutError
+from typing import Any
+
+import grpc
+import numpy as np
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from sqlalchemy import func, select
+
+from controller.admission import STATES, AdmissionController
+from controller.rpc import oasis_pb2 as pb
+from controller.store import JobRow
+
+__all__ = ["Metrics"]
+
+log = structlog.get_logger("oasisd")
+
+_ADMISSION = pb.DESCRIPTOR.services_by_name["Admission"].full_name
+_DECISION_METHODS = {f"/{_ADMISSION}/SubmitJob": "submit", f"/{_ADMISSION}/QuoteJob": "quote"}
+_ERROR_OUTCOMES = {
+    grpc.StatusCode.INVALID_ARGUMENT: "invalid",
+    grpc.StatusCode.ALREADY_EXISTS: "conflict",
+    grpc.StatusCode.UNAVAILABLE: "unavailable",
+    grpc.StatusCode.CANCELLED: "cancelled",
+    grpc.StatusCode.DEADLINE_EXCEEDED: "cancelled",
+}
+# decisions take milliseconds (bench/RESULTS.md); a queue of them can take seconds
+_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_SNAPSHOT_TIMEOUT = 10.0  # seconds a scrape waits for the decision thread
+
+
+class Metrics:
+    """The daemon's metrics in their own registry (several daemons may share a process).
+
+    Args:
+        controller: the admission controller whose store and ledger are read at scrapes.
+    """
+
+    def __init__(self, controller: AdmissionController) -> None:
+        self.registry = CollectorRegistry()
+        self.decisions = Counter(
+            "oasis_decisions",
+            "Decisions answered, by kind and outcome.",
+            ["kind", "outcome"],
+            registry=self.registry,
+        )
+        self.decision_seconds = Histogram(
+            "oasis_decision_seconds",
+            "Seconds from a decision request reaching the daemon to its answer.",
+            ["kind"],
+            buckets=_SECONDS_BUCKETS,
+            registry=self.registry,
+        )
+        self.search_seconds = Histogram(
+            "oasis_decision_search_seconds",
+            "Seconds of the best-schedule search of a decision.",
+            ["kind"],
+            buckets=_SECONDS_BUCKETS,
+            registry=self.registry,
+        )
+        self.payoff = Counter(
+            "oasis_admitted_payoff",
+            "Sum of the payoffs of the jobs admitted by this process.",
+            registry=self.registry,
+        )
+        self.broker_configured = Gauge(
+            "oasis_broker_configured",
+            "1 if an event broker is configured, else 0.",
+            registry=self.registry,
+        )
+        self.broker_up = Gauge(
+            "oasis_broker_up",
+            "1 if the event broker is connected, else 0.",
+            registry=self.registry,
+        )
+        self.registry.register(_ControllerCollector(controller))
+        self._httpd: Any = None
+
+    def set_broker(self, up: bool | None) -> None:
+        """Broker health: None when no broker is configured, else whether it is connected."""
+        self.broker_configured.set(0 if up is None else 1)
+        self.broker_up.set(1 if up else 0)
+
+    def observe(
+        self, kind: str, outcome: str, seconds: float, decision: pb.Decision | None
+    ) -> None:
+        """Count one answered decision request; ``decision`` is the answer's, if any."""
+        self.decisions.labels(kind, outcome).inc()
+        self.decision_seconds.labels(kind).observe(seconds)
+        if decision is not None and outcome != "duplicate":
+            self.search_seconds.labels(kind).observe(decision.decision_ms / 1000.0)
+            if kind == "submit" and outcome == "admitted":
+                self.payoff.inc(decision.payoff)
+
+    def interceptor(self) -> grpc.aio.ServerInterceptor:
+        """A server interceptor that feeds :meth:`observe` from SubmitJob and QuoteJob."""
+        return _DecisionInterceptor(self)
+
+    def serve(self, listen: str) -> str:
+        """Serve ``/metrics`` over HTTP on ``listen`` (``host:port``, port 0: any free one)
+        in a background thread; returns the ``host:port`` it listens on."""
+        host, _, port = listen.rpartition(":")
+        try:
+            self._httpd, _ = start_http_server(int(port), host.strip("[]"), registry=self.registry)
+        except OSError as err:
+            raise OSError(
+                f"metrics.listen: cannot listen on {listen}: {err.strerror or err}"
+            ) from err
+        return f"{host}:{self._httpd.server_port}"
+
+    def close(self) -> None:
+        """Stop the HTTP endpoint, if started."""
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+
+
+def _outcome(kind: str, response: Any) -> tuple[str, pb.Decision]:
+    if kind == "submit":
+        decision: pb.Decision = response.job.decision
+        if response.duplicate:
+            return "duplicate", decision
+    else:
+        decision = response.decision
+    return ("admitted" if decision.admitted else "rejected"), decision
+
+
+class _DecisionInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    async def intercept_service(
+        self, continuation: Callable[[Any], Awaitable[Any]], details: Any
+    ) -> Any:
+        handler = await continuation(details)
+        kind = _DECISION_METHODS.get(details.method)
+        if handler is None or kind is None or handler.unary_unary is None:
+            return handler
+        inner = handler.unary_unary
+        metrics = self.metrics
+
+        async def observed(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            started = time.perf_counter()
+            try:
+                response = await inner(request, context)
+            except asyncio.CancelledError:
+                metrics.observe(kind, "cancelled", time.perf_counter() - started, None)
+                raise
+            except BaseException:
+                outcome = _ERROR_OUTCOMES.get(context.code(), "error")
+                metrics.observe(kind, outcome, time.perf_counter() - started, None)
+                raise
+            outcome, decision = _outcome(kind, response)
+            metrics.observe(kind, outcome, time.perf_counter() - started, decision)
+            return response
+
+        return grpc.unary_unary_rpc_method_handler(
+            observed,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+class _ControllerCollector:
+    """Reads the store and the ledger at each scrape."""
+
+    def __init__(self, controller: AdmissionController) -> None:
+        self.c = controller
+
+    def collect(self) -> Iterable[Metric]:
+        yield from self._store()
+        yield GaugeMetricFamily(
+            "oasis_draining",
+            "1 once the daemon is stopping and refuses new decisions.",
+            value=float(self.c.draining),
+        )
+        yield from self._ledger()
+
+    def _store(self) -> Iterator[Metric]:
+        up = self.c.db.ping()
+        yield GaugeMetricFamily(
+            "oasis_store_up",
+            "1 if the store answered a trivial query at this scrape, else 0.",
+            value=float(up),
+        )
+        if not up:
+            return
+        try:
+            with self.c.db.session() as session:
+                rows = session.execute(
+                    select(
+                        JobRow.state, func.count(), func.coalesce(func.sum(JobRow.payoff), 0.0)
+                    ).group_by(JobRow.state)
+                ).all()
+        except Exception as err:  # the store failed between the ping and the query
+            log.warning("metrics: store query failed", error=str(err))
+            return
+        counts = {state: (0, 0.0) for state in STATES}
+        counts.update({state: (int(n), float(total or 0.0)) for state, n, total in rows})
+        jobs = GaugeMetricFamily("oasis_jobs", "Stored jobs by state.", labels=["state"])
+        payoff = GaugeMetricFamily(
+            "oasis_payoff",
+            "Sum of the payoffs decided for the stored admitted jobs, by their state now.",
+            labels=["state"],
+        )
+        for state, (n, total) in counts.items():
+            jobs.add_metric([state], n)
+            if state != "rejected":  # a rejection's payoff was never earned
+                payoff.add_metric([state], total)
+        yield jobs
+        yield payoff
+
+    def _snapshot(self) -> tuple[int, list[Any], list[Any]]:
+        """Runs in the decision thread: the current slot, use and prices over the window."""
+        c = self.c
+        _, use = c.utilisation(0, c.window + 1)
+        _, prices = c.prices(0, c.window + 1)
+        return c.slot, use, prices
+
+    def _ledger(self) -> Iterator[Metric]:
+        try:
+            slot, use, prices = self.c.between_decisions(self._snapshot, _SNAPSHOT_TIMEOUT)
+        except (RuntimeError, FutureTimeoutError) as err:  # not open, shut down, or stuck
+            log.warning("metrics: ledger not readable", error=str(err) or type(err).__name__)
+            return
+        yield GaugeMetricFamily("oasis_slot", "The current slot.", value=slot)
+        now = GaugeMetricFamily(
+            "oasis_utilisation",
+            "Share of the capacity in use in the current slot, 0..1.",
+            labels=["kind", "resource"],
+        )
+        planned = GaugeMetricFamily(
+            "oasis_utilisation_planned",
+            "Mean share of the capacity in use over the window ahead, 0..1.",
+            labels=["kind", "resource"],
+        )
+        for resource, kind, share in use:
+            if share:
+                now.add_metric([kind, resource], share[0])
+                planned.add_metric([kind, resource], float(np.mean(share)))
+        unit = GaugeMetricFamily(
+            "oasis_unit_price",
+            "Price of one unit of a resource on a server, current slot.",
+            labels=["server", "kind", "resource"],
+        )
+        peak = GaugeMetricFamily(
+            "oasis_unit_price_peak",
+            "Highest unit price of a resource over the servers of a kind and the window.",
+            labels=["kind", "resource"],
+        )
+        peaks: dict[tuple[str, str], float] = {}
+        for server, kind, resource, series in prices:
+            if series:
+                unit.add_metric([server, kind, resource], series[0])
+                key = (kind, resource)
+                peaks[key] = max(peaks.get(key, 0.0), *series)
+        for (kind, resource), value in peaks.items():
+            peak.add_metric([kind, resource], value)
+        yield from (now, planned, unit, peak)

@@ -1,0 +1,258 @@
+"""Limits (controller/limits.py): message size, job size and search budget, job ids, and
+the per-client rate, each through a real daemon on loopback and in unit checks.
+
+The job sizes below are worked out on the test cluster of ``tests.servers`` (workers
+with 4, 4 and 8 GPUs; PS servers p0, p1) with ``BASE_JOB``'s demands: one GPU per
+worker, so at most ``Y = min(N, 16)`` workers per slot, and ``m = 0.01 + 2 * 100 *
+0.008 / 1 / 3600 = 0.010444`` slots per mini-batch, so ``W = ceil(2 N M m)``.
+"""
+
+from __future__ import annotations
+
+import time
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from controller.auth import hash_token
+from controller.config import ConfigError, from_dict
+from controller.convert import spec_to_proto
+from controller.limits import (
+    JobTooLargeError,
+    Limits,
+    RateLimiter,
+    check_job_id,
+    limits_from_dict,
+    search_size,
+)
+from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
+from controller.tls import client_channel
+from pricing import SpecError, job_from_dict
+from pricing.cluster import Cluster, cluster_from_dict
+from pricing.job import Job
+from tests.servers import CLUSTER_TOML, Daemon, oasis, write_config
+from tests.test_daemon_e2e import job, write_job
+
+WINDOW = 24  # tests.servers.write_config
+
+
+def _cluster() -> Cluster:
+    raw = tomllib.loads(CLUSTER_TOML)["cluster"]
+    return cluster_from_dict(raw["resources"], raw["servers"])
+
+
+CLUSTER = _cluster()
+
+
+def parsed(spec: dict[str, Any]) -> Job:
+    return job_from_dict(
+        spec, CLUSTER, slot_seconds=3600, slots_available=lambda _a: WINDOW, arrival=1
+    )
+
+
+# -- unit checks -----------------------------------------------------------------------
+
+
+def test_search_size_follows_the_dp() -> None:
+    small = parsed(job("s"))  # N = 8, M = 50: W = ceil(8.36) = 9
+    size = search_size(small, CLUSTER, WINDOW)
+    assert (small.work, size.workers) == (9, 8)
+    assert size.steps == WINDOW * 8 * 10
+    wide = parsed(job("w", chunks=40))  # 16 GPUs: 16 workers a slot, whatever N
+    assert search_size(wide, CLUSTER, WINDOW).workers == 16
+
+
+def test_each_job_limit_names_itself() -> None:
+    limits = Limits(max_job_work=300, max_job_chunks=32, max_search_steps=5e4, max_search_mb=1)
+    limits.check_job(parsed(job("ok", chunks=16, minibatches=300)), CLUSTER, WINDOW)
+    cases = [
+        (job("w", chunks=16, minibatches=1000), "limits.max_job_work = 300"),  # W = 335
+        (job("n", chunks=40), "limits.max_job_chunks = 32"),
+        (job("s", chunks=16, minibatches=600), "limits.max_search_steps"),  # 24*16*202
+    ]
+    for spec, message in cases:
+        with pytest.raises(JobTooLargeError, match=message) as err:
+            limits.check_job(parsed(spec), CLUSTER, WINDOW)
+        assert err.value.field.startswith("job")
+        assert isinstance(err.value, SpecError)  # INVALID_ARGUMENT at the API
+    tight = Limits(max_search_mb=0.01)  # 8 * 24 * (101 + 16 + 2) bytes = 0.022 MiB
+    with pytest.raises(JobTooLargeError, match=r"limits\.max_search_mb"):
+        tight.check_job(parsed(job("m", chunks=16, minibatches=300)), CLUSTER, WINDOW)
+
+
+def test_the_default_budget_refuses_a_job_that_would_stall_the_daemon() -> None:
+    """Tiny demands let thousands of workers run a slot: a W of 53,900 over 4,500 workers
+    a slot is 5.8e9 DP steps in a 24-slot window, refused before any search."""
+    spec = job(
+        "huge",
+        chunks=5000,
+        epochs=1,
+        minibatches=198,
+        worker={"cpu": 0.01, "bandwidth": 0.01},
+        ps={"cpu": 0.01, "bandwidth": 0.05},
+    )
+    big = parsed(spec)
+    size = search_size(big, CLUSTER, WINDOW)
+    assert size.steps > Limits().max_search_steps
+    assert big.work <= Limits().max_job_work and big.chunks <= Limits().max_job_chunks
+    with pytest.raises(JobTooLargeError, match="too large to decide"):
+        Limits().check_job(big, CLUSTER, WINDOW)
+
+
+def test_job_ids() -> None:
+    check_job_id("a" * 200)
+    with pytest.raises(SpecError, match=r"job\.id: at most 200 characters, got 201"):
+        check_job_id("a" * 201)
+    for bad in ("a\x00b", "tab\there", "new\nline"):
+        with pytest.raises(SpecError, match="control characters"):
+            check_job_id(bad)
+
+
+def test_limits_config() -> None:
+    assert limits_from_dict({}) == Limits()
+    got = limits_from_dict({"rate": 2.5, "burst": 10, "max_search_steps": 1e8})
+    assert (got.rate, got.burst, got.max_search_steps) == (2.5, 10, 1e8)
+    for raw, message in (
+        ({"rate": -1}, "limits.rate: must be >= 0"),
+        ({"burst": 5}, "limits.burst: needs limits.rate > 0"),
+        ({"max_job_work": 0}, "limits.max_job_work: must be >= 1"),
+        ({"max_search_steps": "many"}, "limits.max_search_steps: must be a number"),
+        ({"speed": 1}, "limits.speed: unknown key"),
+    ):
+        with pytest.raises(SpecError, match=message):
+            limits_from_dict(raw)
+    with pytest.raises(ConfigError, match=r"limits\.rate"):
+        from_dict(tomllib.loads(f"[limits]\nrate = -2\n{CLUSTER_TOML}"))
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_token_bucket() -> None:
+    clock = FakeClock()
+    limiter = RateLimiter(rate=2.0, burst=3.0, now=clock)
+    assert [limiter.take("a") for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert limiter.take("a") == pytest.approx(0.5)  # one token needs 1/rate s
+    assert limiter.take("b") == 0.0  # clients do not share a bucket
+    clock.t += 0.25
+    assert limiter.take("a") == pytest.approx(0.25)
+    clock.t += 0.25
+    assert limiter.take("a") == 0.0
+    clock.t += 60  # refills to the burst, no more
+    assert [limiter.take("a") for _ in range(4)][-1] > 0
+    assert RateLimiter.retry_hint_ms(0.0001) == 1 and RateLimiter.retry_hint_ms(0.25) == 250
+
+
+def test_idle_buckets_are_forgotten() -> None:
+    clock = FakeClock()
+    limiter = RateLimiter(rate=1.0, burst=1.0, now=clock, max_clients=3)
+    for c in "abc":
+        limiter.take(c)
+    clock.t += 10
+    limiter.take("d")  # a, b, c are full again: forgotten
+    assert set(limiter._buckets) == {"d"}
+
+
+# -- through the daemon ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    d = tmp_path_factory.mktemp("limited")
+    extra = """
+[limits]
+max_message_bytes = 4096
+max_job_work = 300
+max_job_chunks = 32
+max_search_steps = 50000
+"""
+    config = write_config(d / "oasisd.toml", d / "data", extra=extra)
+    daemon = Daemon(config, d / "oasisd.log").start()
+    yield daemon
+    assert daemon.stop() == 0, (d / "oasisd.log").read_text()
+
+
+def test_oversized_jobs_are_refused_with_the_limit(limited: Daemon, tmp_path: Path) -> None:
+    cases = [
+        (job("w", chunks=16, minibatches=1000), "limits.max_job_work = 300"),
+        (job("n", chunks=40), "limits.max_job_chunks = 32"),
+        (job("s", chunks=16, minibatches=600), "over limits.max_search_steps = 5e+04"),
+        (job("x" * 201), "job.id: at most 200 characters"),
+        (job("bad\tid"), "job.id: must not contain control characters"),
+    ]
+    for spec, message in cases:
+        out = oasis("submit", write_job(tmp_path, spec), server=limited.address, check=False)
+        assert out.returncode == 2, out.stderr
+        assert "INVALID_ARGUMENT" in out.stderr and message in out.stderr, out.stderr
+        quote = oasis("quote", write_job(tmp_path, spec), server=limited.address, check=False)
+        if "job.id" not in message:  # quotes are searched too, so limited too
+            assert quote.returncode == 2 and message in quote.stderr
+    # refused, not decided: nothing stored, and a job within the limits still admitted
+    with grpc.insecure_channel(limited.address) as channel:
+        stub = pb_grpc.AdmissionStub(channel)
+        assert list(stub.ListJobs(pb.ListJobsRequest(), timeout=10).jobs) == []
+        request = pb.SubmitJobRequest(job=spec_to_proto(job("fits", chunks=16, minibatches=300)))
+        assert stub.SubmitJob(request, timeout=30).job.decision.admitted
+
+
+def test_a_message_over_the_limit_is_refused_by_grpc(limited: Daemon) -> None:
+    values = [100.0 - i * 0.01 for i in range(1000)]  # ~9 KB, over 4096 bytes
+    spec = job("big", utility={"kind": "table", "values": values})
+    with grpc.insecure_channel(limited.address) as channel:
+        stub = pb_grpc.AdmissionStub(channel)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.SubmitJob(pb.SubmitJobRequest(job=spec_to_proto(spec)), timeout=10)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        health = health_pb2_grpc.HealthStub(channel)
+        reply = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_rate_limit_per_token(tmp_path: Path) -> None:
+    """alice's burst spent: RESOURCE_EXHAUSTED with a retry hint; bob and health checks
+    are not affected; after the hinted wait alice is served again."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(
+        f"alice submitter {hash_token('a-token')}\nbob submitter {hash_token('b-token')}\n"
+    )
+    extra = f'[auth]\ntokens_file = "{tokens}"\n[limits]\nrate = 0.5\nburst = 3\n'
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", extra=extra)
+    daemon = Daemon(config, tmp_path / "oasisd.log").start()
+    alice = client_channel(daemon.address, token="a-token")
+    bob = client_channel(daemon.address, token="b-token")
+    try:
+        a, b = pb_grpc.AdmissionStub(alice), pb_grpc.AdmissionStub(bob)
+        codes: list[grpc.StatusCode] = []
+        hint_ms = 0
+        while hint_ms == 0 and len(codes) < 10:  # until refused: the burst of 3, then 1/2 s
+            try:
+                a.ListJobs(pb.ListJobsRequest(), timeout=10)
+                codes.append(grpc.StatusCode.OK)
+            except grpc.RpcError as err:
+                codes.append(err.code())
+                assert "rate limit: 0.5 requests/s per client; retry in" in (err.details() or "")
+                hint_ms = int(dict(err.trailing_metadata() or ())["grpc-retry-pushback-ms"])
+        assert codes[:3] == [grpc.StatusCode.OK] * 3
+        assert codes[-1] == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert 0 < hint_ms <= 2000
+        b.ListJobs(pb.ListJobsRequest(), timeout=10)  # bob has his own bucket
+        health = health_pb2_grpc.HealthStub(alice)
+        for _ in range(5):  # health checks are never limited
+            health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+        time.sleep(hint_ms / 1000 + 0.05)
+        a.ListJobs(pb.ListJobsRequest(), timeout=10)
+    finally:
+        alice.close()
+        bob.close()
+        assert daemon.stop() == 0, (tmp_path / "oasisd.log").read_text()

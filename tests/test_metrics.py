@@ -1,0 +1,189 @@
+"""Prometheus metrics: scraped over HTTP from a real daemon subprocess after real
+submissions, and read against a store that does not answer."""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from controller.admission import AdmissionController
+from controller.clock import SlotClock, SystemClock
+from controller.config import ConfigError, demo_config, from_dict, load
+from controller.convert import spec_to_proto
+from controller.metrics import Metrics
+from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
+from controller.store import Database
+from tests.servers import CLUSTER_TOML, Daemon, free_port, write_config
+from tests.test_daemon_e2e import contending_jobs, job
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+METRICS_ON = '\n[metrics]\nlisten = "127.0.0.1:0"\n'
+
+
+def parse(text: str) -> Samples:
+    """``{(sample name, sorted labels): value}`` of a text exposition."""
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+class Scraped:
+    """A daemon with metrics on, its gRPC stubs and its /metrics URL."""
+
+    def __init__(self, daemon: Daemon, url: str) -> None:
+        self.daemon = daemon
+        self.url = url
+        self.channel = grpc.insecure_channel(daemon.address)
+        self.admission = pb_grpc.AdmissionStub(self.channel)
+        self.cluster = pb_grpc.ClusterStub(self.channel)
+
+    def scrape(self) -> Samples:
+        with urllib.request.urlopen(self.url, timeout=30) as resp:
+            assert resp.status == 200
+            return parse(resp.read().decode())
+
+    def submit(self, spec: dict[str, Any]) -> pb.SubmitJobResponse:
+        req = pb.SubmitJobRequest(job=spec_to_proto(spec))
+        resp: pb.SubmitJobResponse = self.admission.SubmitJob(req, timeout=60)
+        return resp
+
+
+@pytest.fixture
+def scraped(tmp_path: Path) -> Iterator[Scraped]:
+    config = write_config(tmp_path / "m.toml", tmp_path / "data", extra=METRICS_ON)
+    log = tmp_path / "m.log"
+    daemon = Daemon(config, log).start()
+    try:
+        # logged before the daemon reports that it listens
+        line = next(x for x in log.read_text().splitlines() if "metrics listening" in x)
+        s = Scraped(daemon, f"http://{json.loads(line)['address']}/metrics")
+        yield s
+        s.channel.close()
+    finally:
+        assert daemon.stop() == 0, log.read_text()
+
+
+def test_metrics_follow_decisions_jobs_utilisation_and_prices(scraped: Scraped) -> None:
+    before = scraped.scrape()
+    assert value(before, "oasis_store_up") == 1
+    assert value(before, "oasis_draining") == 0
+    assert value(before, "oasis_jobs", state="admitted") == 0
+    assert value(before, "oasis_broker_configured") == 0
+    assert value(before, "oasis_broker_up") == 0
+    assert not [k for k in before if k[0] == "oasis_decisions_total"]
+
+    specs = contending_jobs(6)
+    answers = [scraped.submit(spec) for spec in specs]
+    admitted = [a for a in answers if a.job.decision.admitted]
+    assert admitted and len(admitted) < len(answers), "jobs should contend"
+    assert scraped.submit(specs[0]).duplicate
+    with pytest.raises(grpc.RpcError):
+        scraped.submit(job("bad", tau=-1))
+    quote = scraped.admission.QuoteJob(pb.QuoteJobRequest(job=spec_to_proto(job("q"))), timeout=60)
+    scraped.admission.CancelJob(pb.CancelJobRequest(id=admitted[0].job.spec.id), timeout=60)
+
+    after = scraped.scrape()
+    n_admitted, n_rejected = len(admitted), len(answers) - len(admitted)
+    assert value(after, "oasis_decisions_total", kind="submit", outcome="admitted") == n_admitted
+    assert value(after, "oasis_decisions_total", kind="submit", outcome="rejected") == n_rejected
+    assert value(after, "oasis_decisions_total", kind="submit", outcome="duplicate") == 1
+    assert value(after, "oasis_decisions_total", kind="submit", outcome="invalid") == 1
+    outcome = "admitted" if quote.decision.admitted else "rejected"
+    assert value(after, "oasis_decisions_total", kind="quote", outcome=outcome) == 1
+    assert value(after, "oasis_decision_seconds_count", kind="submit") == len(answers) + 2
+    assert value(after, "oasis_decision_search_seconds_count", kind="submit") == len(answers)
+    assert value(after, "oasis_decision_search_seconds_sum", kind="submit") == pytest.approx(
+        sum(a.job.decision.decision_ms for a in answers) / 1000
+    )
+    payoffs = [a.job.decision.payoff for a in admitted]
+    assert value(after, "oasis_admitted_payoff_total") == pytest.approx(sum(payoffs))
+
+    assert value(after, "oasis_jobs", state="admitted") == n_admitted - 1
+    assert value(after, "oasis_jobs", state="cancelled") == 1
+    assert value(after, "oasis_jobs", state="rejected") == n_rejected
+    assert value(after, "oasis_payoff", state="admitted") == pytest.approx(sum(payoffs[1:]))
+    assert value(after, "oasis_payoff", state="cancelled") == pytest.approx(payoffs[0])
+    assert ("oasis_payoff", (("state", "rejected"),)) not in after
+
+    # the ledger's view, as the gRPC API reports it
+    use = scraped.cluster.GetUtilisation(pb.GetUtilisationRequest(slots=1000), timeout=30)
+    slot = int(value(after, "oasis_slot"))
+    assert use.first_slot == slot
+    kinds = {pb.SERVER_KIND_WORKER: "worker", pb.SERVER_KIND_PS: "ps"}
+    for u in use.use:
+        labels = {"kind": kinds[u.kind], "resource": u.resource}
+        assert value(after, "oasis_utilisation", **labels) == u.share[0]
+        assert value(after, "oasis_utilisation_planned", **labels) == pytest.approx(
+            sum(u.share) / len(u.share)
+        )
+    assert value(after, "oasis_utilisation_planned", kind="worker", resource="gpu") > 0
+    prices = scraped.cluster.GetPrices(pb.GetPricesRequest(slots=1000), timeout=30)
+    peaks: dict[tuple[str, str], float] = {}
+    for p in prices.prices:
+        kind = kinds[p.kind]
+        assert value(
+            after, "oasis_unit_price", server=p.server, kind=kind, resource=p.resource
+        ) == pytest.approx(p.prices[0])
+        peaks[(kind, p.resource)] = max(peaks.get((kind, p.resource), 0.0), *p.prices)
+    for (kind, resource), peak in peaks.items():
+        assert value(after, "oasis_unit_price_peak", kind=kind, resource=resource) == peak
+    gpu_now = value(after, "oasis_unit_price", server="w0", kind="worker", resource="gpu")
+    assert peaks[("worker", "gpu")] > gpu_now  # the plans ahead made the GPUs dearer
+
+
+def _unreachable_controller(tmp_path: Path) -> AdmissionController:
+    config = load(write_config(tmp_path / "u.toml", tmp_path / "data"))
+    store = Database(f"postgresql+psycopg://oasis@127.0.0.1:{free_port()}/oasis")
+    return AdmissionController(config, store, SlotClock(SystemClock(), 3600, 0))
+
+
+def test_a_store_that_does_not_answer_reads_as_down_and_the_broker_as_set(
+    tmp_path: Path,
+) -> None:
+    controller = _unreachable_controller(tmp_path)  # never opened: no ledger either
+    try:
+        metrics = Metrics(controller)
+        samples = parse(generate_latest(metrics.registry).decode())
+        assert value(samples, "oasis_store_up") == 0
+        assert not [k for k in samples if k[0] in ("oasis_jobs", "oasis_slot")]
+        assert value(samples, "oasis_broker_configured") == 0
+        metrics.set_broker(False)
+        samples = parse(generate_latest(metrics.registry).decode())
+        assert value(samples, "oasis_broker_configured") == 1
+        assert value(samples, "oasis_broker_up") == 0
+        metrics.set_broker(True)
+        assert value(parse(generate_latest(metrics.registry).decode()), "oasis_broker_up") == 1
+    finally:
+        controller.close()
+
+
+def test_metrics_listen_is_off_by_default_and_checked(tmp_path: Path) -> None:
+    assert demo_config().metrics_listen == ""
+    base: dict[str, Any] = tomllib.loads(CLUSTER_TOML)
+    assert from_dict({**base, "metrics": {"listen": "0.0.0.0:9464"}}).metrics_listen == (
+        "0.0.0.0:9464"
+    )
+    for bad, message in [
+        ({"listen": "9464"}, "metrics.listen: must be host:port"),
+        ({"listen": 9464}, "metrics.listen: must be a string"),
+        ({"port": 1}, "metrics.port: unknown key"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            from_dict({**base, "metrics": bad})

@@ -1,0 +1,461 @@
+"""Transport security and access control of ``oasisd``, end to end.
+
+A CA, a server certificate for 127.0.0.1, client certificates (one from the CA, one from
+a CA the daemon does not trust) and a tokens file are made in the test with
+``cryptography``. The daemon runs as a subprocess on loopback with mutual TLS and three
+tokens (two submitters, one operator), and again with TLS alone; clients are real gRPC
+channels and the ``oasis`` CLI.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from controller.auth import Role, hash_token, load_tokens
+from controller.config import ConfigError, from_dict
+from controller.convert import spec_to_proto
+from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
+from controller.tls import check_exposure, client_channel, is_loopback, tls_from_dict
+from pricing.errors import SpecError
+from tests.servers import CLUSTER_TOML, ROOT, Daemon, oasis, write_config
+from tests.test_daemon_e2e import job
+
+# -- a throwaway PKI ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pki:
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+    rogue_cert: Path  # signed by a CA the daemon does not know
+    rogue_key: Path
+
+    def read(self, path: Path) -> bytes:
+        return path.read_bytes()
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _issue(
+    subject: str,
+    key: ec.EllipticCurvePrivateKey,
+    issuer: tuple[x509.Name, ec.EllipticCurvePrivateKey] | None,
+    *,
+    ca: bool = False,
+    usage: x509.ObjectIdentifier | None = None,
+    ips: tuple[str, ...] = (),
+) -> x509.Certificate:
+    now = dt.datetime.now(dt.UTC)
+    issuer_name, issuer_key = issuer if issuer else (_name(subject), key)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(subject))
+        .issuer_name(issuer_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(hours=1))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if ca:
+        builder = builder.add_extension(
+            x509.KeyUsage(False, False, False, False, False, True, True, False, False),
+            critical=True,
+        )
+    if usage is not None:
+        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+    if ips:
+        names: list[x509.GeneralName] = [x509.DNSName("localhost")]
+        names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def _write(path: Path, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> Path:
+    path.with_suffix(".crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    path.with_suffix(".key").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return path
+
+
+def make_pki(directory: Path) -> Pki:
+    keys = {n: ec.generate_private_key(ec.SECP256R1()) for n in ("ca", "srv", "cli", "rca", "rcli")}
+    ca = _issue("oasis test CA", keys["ca"], None, ca=True)
+    rogue_ca = _issue("rogue CA", keys["rca"], None, ca=True)
+    signer = (ca.subject, keys["ca"])
+    server = _issue("oasisd", keys["srv"], signer, usage=ExtendedKeyUsageOID.SERVER_AUTH,
+                    ips=("127.0.0.1", "::1"))  # fmt: skip
+    client = _issue("alice", keys["cli"], signer, usage=ExtendedKeyUsageOID.CLIENT_AUTH)
+    rogue = _issue("mallory", keys["rcli"], (rogue_ca.subject, keys["rca"]),
+                   usage=ExtendedKeyUsageOID.CLIENT_AUTH)  # fmt: skip
+    _write(directory / "ca", ca, keys["ca"])
+    _write(directory / "server", server, keys["srv"])
+    _write(directory / "client", client, keys["cli"])
+    _write(directory / "rogue", rogue, keys["rcli"])
+    return Pki(
+        ca=directory / "ca.crt",
+        server_cert=directory / "server.crt",
+        server_key=directory / "server.key",
+        client_cert=directory / "client.crt",
+        client_key=directory / "client.key",
+        rogue_cert=directory / "rogue.crt",
+        rogue_key=directory / "rogue.key",
+    )
+
+
+TOKENS = {"alice": "alice-token-1", "bob": "bob-token-2", "ops": "ops-token-3"}
+ROLES = {"alice": "submitter", "bob": "submitter", "ops": "operator"}
+
+
+def write_tokens(path: Path) -> Path:
+    lines = ["# name role sha256", *(f"{n} {ROLES[n]} {hash_token(t)}" for n, t in TOKENS.items())]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def _start(directory: Path, extra: str) -> Daemon:
+    config = write_config(directory / "oasisd.toml", directory / "data", extra=extra)
+    return Daemon(config, directory / "oasisd.log").start()
+
+
+@pytest.fixture(scope="module")
+def mtls_daemon(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[Daemon]:
+    d = tmp_path_factory.mktemp("mtls")
+    tokens = write_tokens(d / "tokens")
+    extra = f"""
+[tls]
+cert = "{pki.server_cert}"
+key = "{pki.server_key}"
+client_ca = "{pki.ca}"
+[auth]
+tokens_file = "{tokens}"
+"""
+    daemon = _start(d, extra)
+    yield daemon
+    assert daemon.stop() == 0, (d / "oasisd.log").read_text()
+
+
+def mtls_channel(daemon: Daemon, pki: Pki, token: str = "") -> grpc.Channel:
+    return client_channel(
+        daemon.address,
+        ca_pem=pki.read(pki.ca),
+        cert_pem=pki.read(pki.client_cert),
+        key_pem=pki.read(pki.client_key),
+        token=token,
+    )
+
+
+def code_of(call: Any, *args: Any, **kwargs: Any) -> tuple[grpc.StatusCode, str]:
+    try:
+        call(*args, timeout=10, **kwargs)
+    except grpc.RpcError as err:
+        return err.code(), err.details() or ""
+    return grpc.StatusCode.OK, ""
+
+
+def submit_request(job_id: str) -> pb.SubmitJobRequest:
+    return pb.SubmitJobRequest(job=spec_to_proto(job(job_id)))
+
+
+# -- transport ---------------------------------------------------------------------------
+
+
+def test_mutual_tls_refuses_plaintext_and_clients_without_a_trusted_certificate(
+    mtls_daemon: Daemon, pki: Pki
+) -> None:
+    health = health_pb2.HealthCheckRequest(service="")
+    attempts = {
+        "plaintext": grpc.insecure_channel(mtls_daemon.address),
+        "tls, no client certificate": client_channel(mtls_daemon.address, ca_pem=pki.read(pki.ca)),
+        "tls, a client certificate of another CA": client_channel(
+            mtls_daemon.address,
+            ca_pem=pki.read(pki.ca),
+            cert_pem=pki.read(pki.rogue_cert),
+            key_pem=pki.read(pki.rogue_key),
+        ),
+        # the client does not trust the daemon: its own CA is the rogue one
+        "tls, the daemon's certificate not trusted": client_channel(
+            mtls_daemon.address,
+            ca_pem=pki.read(pki.rogue_cert),
+            cert_pem=pki.read(pki.client_cert),
+            key_pem=pki.read(pki.client_key),
+        ),
+    }
+    for what, channel in attempts.items():
+        with channel:
+            code, _ = code_of(health_pb2_grpc.HealthStub(channel).Check, health)
+            assert code == grpc.StatusCode.UNAVAILABLE, what
+    with mtls_channel(mtls_daemon, pki) as channel:  # no token: health stays open
+        reply = health_pb2_grpc.HealthStub(channel).Check(health, timeout=10)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_tls_without_client_certificates(tmp_path: Path, pki: Pki) -> None:
+    extra = f'[tls]\ncert = "{pki.server_cert}"\nkey = "{pki.server_key}"\n'
+    daemon = _start(tmp_path, extra)
+    try:
+        with client_channel(daemon.address, ca_pem=pki.read(pki.ca)) as channel:
+            stub = pb_grpc.AdmissionStub(channel)
+            reply = stub.SubmitJob(submit_request("tls1"), timeout=30)
+            assert reply.job.decision.admitted
+        with grpc.insecure_channel(daemon.address) as channel:
+            code, _ = code_of(pb_grpc.AdmissionStub(channel).GetJob, pb.GetJobRequest(id="tls1"))
+            assert code == grpc.StatusCode.UNAVAILABLE
+        # the CLI, trusting the CA, no token needed (no [auth])
+        out = oasis("job", "tls1", "--json", "--tls-ca", str(pki.ca), server=daemon.address)
+        assert json.loads(out.stdout)["job"]["spec"]["id"] == "tls1"
+        plain = oasis("job", "tls1", server=daemon.address, check=False)
+        assert plain.returncode == 1 and "UNAVAILABLE" in plain.stderr
+    finally:
+        assert daemon.stop() == 0, (tmp_path / "oasisd.log").read_text()
+
+
+# -- tokens and roles --------------------------------------------------------------------
+
+
+def test_tokens_are_required_and_checked(mtls_daemon: Daemon, pki: Pki) -> None:
+    for token, why in (("", "no bearer token"), ("not-a-token", "unknown token")):
+        with mtls_channel(mtls_daemon, pki, token) as channel:
+            code, details = code_of(pb_grpc.AdmissionStub(channel).ListJobs, pb.ListJobsRequest())
+            assert code == grpc.StatusCode.UNAUTHENTICATED
+            assert why in details
+    with mtls_channel(mtls_daemon, pki) as channel:  # a malformed header
+        code, _ = code_of(
+            pb_grpc.AdmissionStub(channel).ListJobs,
+            pb.ListJobsRequest(),
+            metadata=(("authorization", f"Basic {TOKENS['ops']}"),),
+        )
+        assert code == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_roles_and_ownership(mtls_daemon: Daemon, pki: Pki, tmp_path: Path) -> None:
+    alice = mtls_channel(mtls_daemon, pki, TOKENS["alice"])
+    bob = mtls_channel(mtls_daemon, pki, TOKENS["bob"])
+    ops = mtls_channel(mtls_daemon, pki, TOKENS["ops"])
+    try:
+        a, b, o = (pb_grpc.AdmissionStub(c) for c in (alice, bob, ops))
+        assert a.SubmitJob(submit_request("role-a1"), timeout=30).job.decision.admitted
+        assert a.QuoteJob(pb.QuoteJobRequest(job=spec_to_proto(job("q"))), timeout=30)
+        b.SubmitJob(submit_request("role-b1"), timeout=30)
+        o.SubmitJob(submit_request("role-o1"), timeout=30)
+
+        # a submitter sees its own jobs only; another's reads as missing
+        listed = a.ListJobs(pb.ListJobsRequest(), timeout=10).jobs
+        assert [j.spec.id for j in listed] == ["role-a1"]
+        assert a.GetJob(pb.GetJobRequest(id="role-a1"), timeout=10).job.spec.id == "role-a1"
+        code, _ = code_of(a.GetJob, pb.GetJobRequest(id="role-b1"))
+        assert code == grpc.StatusCode.NOT_FOUND
+        # retrying its own submission is idempotent; reusing another's id is not
+        again = a.SubmitJob(submit_request("role-a1"), timeout=30)
+        assert again.duplicate
+        code, details = code_of(a.SubmitJob, submit_request("role-b1"))
+        assert code == grpc.StatusCode.ALREADY_EXISTS and "another submitter" in details
+
+        # operators only
+        denied = [
+            (a.CancelJob, pb.CancelJobRequest(id="role-a1")),
+            (pb_grpc.ClusterStub(alice).ListServers, pb.ListServersRequest()),
+            (pb_grpc.ClusterStub(alice).GetPrices, pb.GetPricesRequest()),
+            (pb_grpc.ClusterStub(alice).GetUtilisation, pb.GetUtilisationRequest()),
+        ]
+        for call, request in denied:
+            code, details = code_of(call, request)
+            assert code == grpc.StatusCode.PERMISSION_DENIED, call
+            assert "operators only" in details
+        stream = a.WatchEvents(pb.WatchEventsRequest(after_sequence=0), timeout=10)
+        with pytest.raises(grpc.RpcError) as err:
+            next(stream)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+        # the operator sees and does everything
+        every = {j.spec.id for j in o.ListJobs(pb.ListJobsRequest(), timeout=10).jobs}
+        assert {"role-a1", "role-b1", "role-o1"} <= every
+        assert o.GetJob(pb.GetJobRequest(id="role-b1"), timeout=10).job.spec.id == "role-b1"
+        assert pb_grpc.ClusterStub(ops).ListServers(pb.ListServersRequest(), timeout=10).servers
+        o.CancelJob(pb.CancelJobRequest(id="role-a1"), timeout=30)
+    finally:
+        for c in (alice, bob, ops):
+            c.close()
+
+    # the store records who submitted what
+    db = sqlite3.connect(Path(mtls_daemon.config).parent / "data" / "oasis.db")
+    try:
+        rows = dict(db.execute("SELECT id, submitter FROM jobs WHERE id LIKE 'role-%'"))
+    finally:
+        db.close()
+    assert rows == {"role-a1": "alice", "role-b1": "bob", "role-o1": "ops"}
+
+
+def test_cli_with_tls_and_token(mtls_daemon: Daemon, pki: Pki, tmp_path: Path) -> None:
+    tls = ["--tls-ca", str(pki.ca), "--tls-cert", str(pki.client_cert),
+           "--tls-key", str(pki.client_key)]  # fmt: skip
+    spec = tmp_path / "job.json"
+    spec.write_text(json.dumps(job("cli-b1")))
+    out = oasis("submit", str(spec), "--json", *tls, "--token", TOKENS["bob"],
+                server=mtls_daemon.address)  # fmt: skip
+    assert json.loads(out.stdout)["job"]["spec"]["id"] == "cli-b1"
+    # the token from the environment
+    env = {**os.environ, "OASIS_TOKEN": TOKENS["bob"]}
+    cmd = [sys.executable, "-m", "controller.cli", "jobs", "--json", *tls,
+           "--server", mtls_daemon.address]  # fmt: skip
+    listed = subprocess.run(
+        cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=60, check=False
+    )
+    assert listed.returncode == 0, listed.stderr
+    ids = {j["spec"]["id"] for j in json.loads(listed.stdout)["jobs"]}
+    assert "cli-b1" in ids and all(i.startswith(("cli-b", "role-b")) for i in ids)  # bob's
+    # a submitter asking for servers: the status and message, exit 1
+    denied = oasis("servers", *tls, "--token", TOKENS["bob"], server=mtls_daemon.address,
+                   check=False)  # fmt: skip
+    assert denied.returncode == 1 and "PERMISSION_DENIED" in denied.stderr
+    missing = oasis("jobs", *tls, server=mtls_daemon.address, check=False)
+    assert missing.returncode == 1 and "UNAUTHENTICATED" in missing.stderr
+    half = oasis("jobs", "--tls-cert", str(pki.client_cert), server=mtls_daemon.address,
+                 check=False)  # fmt: skip
+    assert half.returncode == 2 and "--tls-cert and --tls-key go together" in half.stderr
+
+
+def test_token_command_makes_a_line_the_daemon_reads(tmp_path: Path) -> None:
+    out = oasis("token", "carol", "--role", "operator", "--json")
+    made = json.loads(out.stdout)
+    assert made["line"].split()[:2] == ["carol", "operator"]
+    path = tmp_path / "tokens"
+    path.write_text(made["line"] + "\n")
+    tokens = load_tokens(path)
+    caller = tokens[hash_token(made["token"])]
+    assert (caller.name, caller.role) == ("carol", Role.OPERATOR)
+    assert made["token"] not in path.read_text()
+    bad = oasis("token", "no spaces allowed", check=False)
+    assert bad.returncode == 2
+
+
+# -- configuration -------------------------------------------------------------------------
+
+
+def test_plaintext_on_a_non_loopback_address_is_refused_at_start(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "c.toml", tmp_path / "d")
+    config.write_text(config.read_text().replace('listen = "127.0.0.1:0"', 'listen = "0.0.0.0:0"'))
+    out = subprocess.run(
+        [sys.executable, "-m", "controller.daemon", "--config", str(config)],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert "daemon.listen: 0.0.0.0:0 is not a loopback address" in out.stderr
+    assert "allow_insecure_remote" in out.stderr
+    # the same through --listen over a loopback config (never bound: refused before)
+    loopback = write_config(tmp_path / "l.toml", tmp_path / "d")
+    out = subprocess.run(
+        [sys.executable, "-m", "controller.daemon", "--config", str(loopback), "--listen",
+         "192.0.2.1:0"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert out.returncode == 2 and "192.0.2.1:0 is not a loopback address" in out.stderr
+
+
+def _config(daemon: str = "", extra: str = "") -> dict[str, Any]:
+    import tomllib
+
+    return tomllib.loads(f"[daemon]\n{daemon}\n{extra}\n{CLUSTER_TOML}")
+
+
+def test_exposure_rules(pki: Pki) -> None:
+    for host in ("127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost"):
+        assert is_loopback(host), host
+    for host in ("0.0.0.0", "::", "10.0.0.1", "[2001:db8::1]", "oasis.example.com"):
+        assert not is_loopback(host), host
+    with pytest.raises(SpecError, match="not a loopback address"):
+        check_exposure("[::]:50051", None, allow_insecure_remote=False)
+    check_exposure("[::]:50051", None, allow_insecure_remote=True)
+    tls = tls_from_dict({"cert": str(pki.server_cert), "key": str(pki.server_key)})
+    assert tls is not None and not tls.mutual
+    check_exposure("0.0.0.0:50051", tls, allow_insecure_remote=False)
+    assert "PRIVATE" not in repr(tls)  # the key stays out of logs
+    # through the config file
+    allowed = from_dict(_config('listen = "0.0.0.0:1"\nallow_insecure_remote = true'))
+    assert allowed.allow_insecure_remote and allowed.tls is None
+    with pytest.raises(ConfigError, match=r"daemon.listen: 0\.0\.0\.0:1 is not a loopback"):
+        from_dict(_config('listen = "0.0.0.0:1"'))
+    with pytest.raises(ConfigError, match="allow_insecure_remote: must be true or false"):
+        from_dict(_config("allow_insecure_remote = 1"))
+    tls_table = f'[tls]\ncert = "{pki.server_cert}"\nkey = "{pki.server_key}"'
+    assert from_dict(_config('listen = "0.0.0.0:1"', tls_table)).tls is not None
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ('[tls]\ncert = "x.crt"', "tls: needs both cert and key"),
+        ('[tls]\ncert = "/nonexistent.crt"\nkey = "/nonexistent.key"', "tls.cert: cannot read"),
+        ('[tls]\ncert = "{key}"\nkey = "{key}"', "tls.cert: .* holds no PEM CERTIFICATE"),
+        ('[tls]\ncert = "{cert}"\nkey = "{cert}"', "tls.key: .* holds no PEM PRIVATE KEY"),
+        ('[tls]\ncert = "{cert}"\nkey = "{key}"\nca = "x"', "tls.ca: unknown key"),
+        ('[tls]\ncert = "{cert}"\nkey = "{other_key}"', "tls.key: .* is not the key of"),
+        ('[auth]\ntokens_file = "/nonexistent"', "auth.tokens_file: cannot read"),
+        ("[auth]\nusers = 1", "auth.users: unknown key"),
+    ],
+)
+def test_bad_security_config_names_the_key(pki: Pki, table: str, message: str) -> None:
+    table = table.format(cert=pki.server_cert, key=pki.server_key, other_key=pki.client_key)
+    with pytest.raises(ConfigError, match=message):
+        from_dict(_config("", table))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "holds no token"),
+        ("alice submitter", "line 1: expected 'NAME ROLE SHA256'"),
+        ("alice admin " + "0" * 64, "line 1: role must be 'submitter' or 'operator'"),
+        ("alice submitter abc", "line 1: the token's SHA-256 must be 64 hex digits"),
+        ("al ice submitter " + "0" * 64, "line 1: expected"),
+        (f"a operator {'0' * 64}\na submitter {'1' * 64}", "line 2: name 'a' appears twice"),
+        (f"a operator {'0' * 64}\nb submitter {'0' * 64}", "line 2: the same token appears"),
+    ],
+)
+def test_bad_tokens_file_names_the_line(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "tokens"
+    path.write_text(text)
+    with pytest.raises(SpecError, match=message):
+        load_tokens(path)
+
+
+def test_tokens_file_comments_and_case(tmp_path: Path) -> None:
+    path = tmp_path / "tokens"
+    digest = hash_token("t0k3n").upper()
+    path.write_text(f"# operators\n\n  ops   operator  {digest}   # the on-call\n")
+    assert load_tokens(path) == {digest.lower(): load_tokens(path)[digest.lower()]}
+    assert load_tokens(path)[hash_token("t0k3n")].name == "ops"

@@ -1,0 +1,98 @@
+"""``oasis status`` against a real daemon subprocess: the screen and its JSON agree with
+the plans the daemon answered."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+from controller.commands.status import RAMP, level
+from controller.convert import spec_to_proto
+from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
+from tests.servers import Daemon, free_port, oasis, write_config
+from tests.test_daemon_e2e import contending_jobs
+
+
+@pytest.fixture(scope="module")
+def busy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, list[pb.Job]]]:
+    """A daemon (SQLite) that decided six contending jobs; the admitted ones."""
+    tmp = tmp_path_factory.mktemp("status")
+    daemon = Daemon(write_config(tmp / "s.toml", tmp / "data"), tmp / "s.log").start()
+    try:
+        with grpc.insecure_channel(daemon.address) as channel:
+            stub = pb_grpc.AdmissionStub(channel)
+            answers = [
+                stub.SubmitJob(pb.SubmitJobRequest(job=spec_to_proto(spec)), timeout=60).job
+                for spec in contending_jobs(6)
+            ]
+        admitted = [j for j in answers if j.decision.admitted]
+        assert 1 < len(admitted) < len(answers), "jobs should contend"
+        yield daemon, admitted
+    finally:
+        assert daemon.stop() == 0, (tmp / "s.log").read_text()
+
+
+def test_json_agrees_with_the_plans(busy: tuple[Daemon, list[pb.Job]]) -> None:
+    daemon, admitted = busy
+    st: dict[str, Any] = json.loads(oasis("status", "--json", server=daemon.address).stdout)
+    first = st["first_slot"]
+    assert st["current_slot"] == first and st["slots"] == 12
+    assert st["jobs_in_flight"] == {
+        "running": 0,
+        "admitted": len(admitted),
+    }  # they arrive next slot
+    assert [j["id"] for j in st["jobs"]] == [j.spec.id for j in admitted]
+    assert [j["payoff"] for j in st["jobs"]] == [j.decision.payoff for j in admitted]
+    assert set(st["price_floor"]) == {"worker", "ps"}
+
+    with grpc.insecure_channel(daemon.address) as channel:
+        use = pb_grpc.ClusterStub(channel).GetUtilisation(pb.GetUtilisationRequest(), timeout=30)
+    assert [u["share"] for u in st["use"]] == [list(u.share) for u in use.use]
+
+    booked = {(a.server, a.slot) for j in admitted for a in j.decision.allocations}
+    assert any(first <= slot < first + 12 for _, slot in booked)
+    for heat in st["heat"]:
+        assert len(heat["price_ratio"]) == 12
+        for i, ratio in enumerate(heat["price_ratio"]):
+            if (heat["server"], first + i) in booked:
+                assert ratio > 1  # dearer than the floor: something is in use
+            else:
+                assert ratio == pytest.approx(1.0)  # nothing booked: the floor price
+
+
+def test_screen_shows_use_heat_and_jobs(busy: tuple[Daemon, list[pb.Job]]) -> None:
+    daemon, admitted = busy
+    screen = oasis("status", "--limit", "1", server=daemon.address).stdout
+    st = json.loads(oasis("status", "--json", server=daemon.address).stdout)
+    assert f"oasis status: {daemon.address}, slot {st['current_slot']}" in screen
+    assert "cluster use" in screen and "price heat by server" in screen
+    assert f"jobs in flight: 0 running, {len(admitted)} admitted" in screen
+    assert admitted[0].spec.id in screen and admitted[1].spec.id not in screen
+    assert f"... and {len(admitted) - 1} more" in screen
+    top = max(math.log(r) for h in st["heat"] for r in h["price_ratio"])
+    lines = screen.splitlines()
+    for heat in st["heat"]:
+        row = next(x for x in lines if x.startswith(heat["server"] + " "))
+        cells = "".join(RAMP[level(math.log(r), top)] for r in heat["price_ratio"])
+        assert cells in row
+    assert any("@" in x for x in lines if x.startswith("w"))  # the hottest cell is on screen
+
+
+def test_bad_input_and_no_daemon_are_clear_errors() -> None:
+    out = oasis("status", "--slots", "0", server="127.0.0.1:1", check=False)
+    assert out.returncode == 2 and "--slots: must be >= 1" in out.stderr
+    out = oasis("status", "--timeout", "5", server=f"127.0.0.1:{free_port()}", check=False)
+    assert out.returncode == 1 and "UNAVAILABLE" in out.stderr
+
+
+def test_heat_levels() -> None:
+    assert level(0.0, 5.0) == 0  # the floor only
+    assert level(1e-9, 5.0) == 1  # anything above it shows
+    assert level(5.0, 5.0) == len(RAMP) - 1
+    assert level(0.0, 0.0) == 0
