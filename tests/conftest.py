@@ -2,27 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.servers import Postgres
+from tests.servers import Postgres, postgres_or_skip
 
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[Postgres]:
-    try:
-        server = Postgres()
-    except (FileNotFoundError, OSError) as err:
-        if os.environ.get("OASIS_REQUIRE_POSTGRES") == "1":
-            raise
-        pytest.skip(f"PostgreSQL binaries unavailable: {err}")
-    try:
-        yield server
-    finally:
-        server.close()
+    yield from postgres_or_skip()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

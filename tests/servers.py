@@ -20,8 +20,11 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -108,6 +111,21 @@ servers = [
   {name="p1", kind="ps", capacity={cpu=16, mem=30, disk=250, bandwidth=20}},
 ]
 """
+
+
+def postgres_or_skip() -> Iterator[Postgres]:
+    """A throwaway PostgreSQL for a fixture to yield, closed afterwards; the test is
+    skipped if the binaries are missing, unless ``OASIS_REQUIRE_POSTGRES=1``."""
+    try:
+        server = Postgres()
+    except (FileNotFoundError, OSError) as err:
+        if os.environ.get("OASIS_REQUIRE_POSTGRES") == "1":
+            raise
+        pytest.skip(f"PostgreSQL binaries unavailable: {err}")
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 def write_config(

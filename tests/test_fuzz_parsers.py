@@ -197,6 +197,24 @@ def _check_trace(trace: Trace) -> None:
     assert not np.isnan(b.log_u1).any() and not np.isnan(b.log_u2).any()
 
 
+def _check_job_outcome(raw: Any) -> None:
+    """``raw`` parses to a sound job or fails with a clear error, nothing else."""
+    out = _parse_job(raw)
+    if isinstance(out, SpecError):
+        _check_error(out)
+    else:
+        _check_job(out)
+
+
+def _check_trace_outcome(raw: Any) -> None:
+    """``raw`` parses to a sound trace or fails with a clear error, nothing else."""
+    out = _parse_trace(raw)
+    if isinstance(out, SpecError):
+        _check_error(out)
+    else:
+        _check_trace(out)
+
+
 def test_the_valid_examples_parse() -> None:
     assert isinstance(_parse_job(VALID_JOB), Job)
     assert isinstance(_parse_job({**VALID_JOB, "utility": TABLE_UTILITY}), Job)
@@ -207,21 +225,13 @@ def test_the_valid_examples_parse() -> None:
 @SETTINGS
 @given(json_values)
 def test_job_parser_on_arbitrary_values(raw: Any) -> None:
-    out = _parse_job(raw)
-    if isinstance(out, SpecError):
-        _check_error(out)
-    else:
-        _check_job(out)
+    _check_job_outcome(raw)
 
 
 @SETTINGS
 @given(st.one_of(mutated(VALID_JOB), mutated({**VALID_JOB, "utility": TABLE_UTILITY})))
 def test_job_parser_on_mutated_specs(raw: Any) -> None:
-    out = _parse_job(raw)
-    if isinstance(out, SpecError):
-        _check_error(out)
-    else:
-        _check_job(out)
+    _check_job_outcome(raw)
 
 
 @SETTINGS
@@ -229,11 +239,7 @@ def test_job_parser_on_mutated_specs(raw: Any) -> None:
 def test_job_parser_on_extreme_numbers(changes: dict[str, Any]) -> None:
     """Every scalar field at once at the edges of float64 and int64."""
     raw = {**VALID_JOB, **changes}
-    out = _parse_job(raw)
-    if isinstance(out, SpecError):
-        _check_error(out)
-    else:
-        _check_job(out)
+    _check_job_outcome(raw)
 
 
 @SETTINGS
@@ -251,21 +257,13 @@ def test_job_parser_on_extreme_demands_and_chunks(
     raw = copy.deepcopy(VALID_JOB)
     raw[side][resource] = amount
     raw["chunks"] = chunks
-    out = _parse_job(raw)
-    if isinstance(out, SpecError):
-        _check_error(out)
-    else:
-        _check_job(out)
+    _check_job_outcome(raw)
 
 
 @SETTINGS
 @given(json_values)
 def test_trace_parser_on_arbitrary_values(raw: Any) -> None:
-    out = _parse_trace(raw)
-    if isinstance(out, SpecError):
-        _check_error(out)
-    else:
-        _check_trace(out)
+    _check_trace_outcome(raw)
 
 
 @SETTINGS
@@ -276,11 +274,7 @@ def test_trace_parser_on_arbitrary_values(raw: Any) -> None:
     )
 )
 def test_trace_parser_on_mutated_traces(raw: Any) -> None:
-    out = _parse_trace(raw)
-    if isinstance(out, SpecError):
-        _check_error(out)
-    else:
-        _check_trace(out)
+    _check_trace_outcome(raw)
 
 
 @pytest.mark.parametrize(

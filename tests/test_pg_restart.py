@@ -12,7 +12,6 @@ must not leave the daemon's prices out of step), capacity never exceeded.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from bench.load_test import PgRestart, run_load
-from tests.servers import Postgres
+from tests.servers import Postgres, postgres_or_skip
 
 JOBS = 400
 
@@ -28,16 +27,7 @@ JOBS = 400
 @pytest.fixture
 def own_postgres() -> Iterator[Postgres]:
     """A PostgreSQL of this test's own: it is stopped and started mid-test."""
-    try:
-        server = Postgres()
-    except (FileNotFoundError, OSError) as err:
-        if os.environ.get("OASIS_REQUIRE_POSTGRES") == "1":
-            raise
-        pytest.skip(f"PostgreSQL binaries unavailable: {err}")
-    try:
-        yield server
-    finally:
-        server.close()
+    yield from postgres_or_skip()
 
 
 def test_postgres_restart_mid_load(own_postgres: Postgres, tmp_path: Path) -> None:
