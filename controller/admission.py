@@ -265,9 +265,8 @@ class AdmissionController:
                 kind, index = "ps", self.cluster.ps_names.index(o.server)
             else:
                 continue
-            ledger.block(kind, index, o.down_from)
-            if o.up_from is not None:
-                ledger.unblock(kind, index, o.up_from)
+            # A recovered server may hold new jobs from up_from on: block only the outage.
+            ledger.block(kind, index, o.down_from, o.up_from)
 
     @property
     def _ledger(self) -> Ledger:

@@ -267,30 +267,35 @@ class Ledger:
                 self._recompute(lo, hi)
                 raise CapacityError(f"job {job_id!r}: the new schedule {problem}")
 
-    def block(self, kind: str, index: int, from_slot: int) -> None:
-        """Take server ``index`` of ``kind`` down from absolute ``from_slot`` on, in this
-        window and every slot it opens later: its capacity there is zero.
+    def block(self, kind: str, index: int, from_slot: int, until: int | None = None) -> None:
+        """Take server ``index`` of ``kind`` down from absolute ``from_slot`` on: its
+        capacity there is zero. With ``until`` (absolute, exclusive) it is down only in
+        slots ``from_slot .. until - 1`` of this window (an outage it has recovered from,
+        replayed at a rebuild); without, in this window and every slot it opens later.
 
         Raises:
-            LedgerError: a job still has an allocation on it from ``from_slot`` on (move
-                those first).
+            LedgerError: a job still has an allocation on it in those slots (move those
+                first).
         """
         side = self.side(kind)
         lo = max(from_slot, self.origin) - self.origin
-        if lo < self.length:
+        hi = self.length if until is None else min(max(until - self.origin, 0), self.length)
+        if lo < hi:
             users = [
                 j
                 for j, e in self._entries.items()
-                if self._uses(e.schedule, kind, index, max(from_slot, self.origin))
+                if self._uses(e.schedule.before(self.origin + hi), kind, index, self.origin + lo)
             ]
             if users:
+                last = "" if until is None else f" to {until - 1}"
                 raise LedgerError(
-                    f"{kind} server #{index} still holds jobs {users} from slot {from_slot}"
+                    f"{kind} server #{index} still holds jobs {users} in slots {from_slot}{last}"
                 )
-            side.blocked[lo:, index] = True
-            side.fill_blocked(lo, self.length)
-            self._refresh(lo, self.length)
-        side.down[index] = True
+            side.blocked[lo:hi, index] = True
+            side.fill_blocked(lo, hi)
+            self._refresh(lo, hi)
+        if until is None:
+            side.down[index] = True
 
     def unblock(self, kind: str, index: int, from_slot: int) -> None:
         """Bring server ``index`` of ``kind`` back from absolute ``from_slot`` on."""
