@@ -173,14 +173,19 @@ def load_tokens(path: Path) -> dict[str, Caller]:
     return tokens
 
 
-def tokens_from_dict(raw: Mapping[str, Any]) -> dict[str, Caller] | None:
-    """Read the ``[auth]`` table: the tokens of its ``tokens_file``; None if absent."""
+def tokens_from_dict(raw: Mapping[str, Any]) -> dict[str, Caller]:
+    """Read an ``[auth]`` table: the tokens of its ``tokens_file`` (a config without the
+    table has no tokens: :mod:`controller.config` passes None then)."""
     for key in raw:
         if key != "tokens_file":
             raise SpecError.one(f"auth.{key}", "unknown key (known: tokens_file)")
-    if not raw:
-        return None
-    return load_tokens(Path(fields.text(raw.get("tokens_file"), "auth.tokens_file")))
+    if "tokens_file" not in raw:
+        # An [auth] table whose tokens_file was commented out must not silently leave the
+        # daemon open to everyone; leaving the whole table out is the way to say that.
+        raise SpecError.one(
+            "auth.tokens_file", "is required in [auth] (leave the table out for no tokens)"
+        )
+    return load_tokens(Path(fields.text(raw["tokens_file"], "auth.tokens_file")))
 
 
 # -- server side ------------------------------------------------------------------------

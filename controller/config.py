@@ -195,7 +195,9 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Config:
             mqtt=mqtt_from_dict(fields.optional_mapping(data, "mqtt", "")),
             allow_insecure_remote=insecure_remote,
             tls=tls,
-            tokens=tokens_from_dict(fields.optional_mapping(data, "auth", "")),
+            tokens=tokens_from_dict(fields.mapping(data["auth"], "auth"))
+            if "auth" in data
+            else None,
             limits=limits_from_dict(fields.optional_mapping(data, "limits", "")),
             source=source,
         )

@@ -164,6 +164,9 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
     burst = fields.non_negative(raw.get("burst", d.burst), "limits.burst")
     if burst and not rate:
         raise SpecError.one("limits.burst", "needs limits.rate > 0")
+    if 0 < burst < 1:
+        # A bucket that never holds a whole token would refuse every request forever.
+        raise SpecError.one("limits.burst", f"must be 0 (= max(1, rate)) or >= 1, got {burst}")
     return Limits(
         max_message_bytes=count("max_message_bytes", d.max_message_bytes),
         max_job_work=count("max_job_work", d.max_job_work),

@@ -121,6 +121,7 @@ def test_limits_config() -> None:
     for raw, message in (
         ({"rate": -1}, "limits.rate: must be >= 0"),
         ({"burst": 5}, "limits.burst: needs limits.rate > 0"),
+        ({"rate": 5, "burst": 0.5}, r"limits.burst: must be 0 \(= max\(1, rate\)\) or >= 1"),
         ({"max_job_work": 0}, "limits.max_job_work: must be >= 1"),
         ({"max_search_steps": "many"}, "limits.max_search_steps: must be a number"),
         ({"speed": 1}, "limits.speed: unknown key"),

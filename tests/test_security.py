@@ -426,6 +426,7 @@ def test_exposure_rules(pki: Pki) -> None:
         ('[tls]\ncert = "{cert}"\nkey = "{other_key}"', "tls.key: .* is not the key of"),
         ('[auth]\ntokens_file = "/nonexistent"', "auth.tokens_file: cannot read"),
         ("[auth]\nusers = 1", "auth.users: unknown key"),
+        ("[auth]\n# tokens_file commented out", "auth.tokens_file: is required"),
     ],
 )
 def test_bad_security_config_names_the_key(pki: Pki, table: str, message: str) -> None:
