@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
+import sqlalchemy
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -42,7 +43,7 @@ from controller.systemd import Notifier
 from controller.tls import check_exposure, server_credentials
 from pricing.errors import SpecError
 
-__all__ = ["PeriodicEvent", "main", "serve"]
+__all__ = ["PeriodicEvent", "StartupError", "main", "serve"]
 
 MAX_MESSAGE_BYTES = 16 * 2**20
 DRAIN_SECONDS = 30.0  # at most this long for decisions in flight at stop (unit: TimeoutStopSec=60)
@@ -50,6 +51,11 @@ SERVICES = (
     pb.DESCRIPTOR.services_by_name["Admission"].full_name,
     pb.DESCRIPTOR.services_by_name["Cluster"].full_name,
 )
+
+
+class StartupError(Exception):
+    """The daemon cannot start for a reason outside its config file's syntax (an address
+    in use, say); the message names the setting."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +92,13 @@ async def serve(
     controller = AdmissionController(config, Database(config.database_url), slots, log=log)
     notifier = Notifier()
     notifier.status("migrating the store and rebuilding the ledger")
-    await asyncio.to_thread(controller.open)
+    try:
+        await asyncio.to_thread(controller.open)
+    except sqlalchemy.exc.DBAPIError as err:  # unreachable, refused, bad credentials
+        controller.close()
+        store = sqlalchemy.make_url(config.database_url).render_as_string(hide_password=True)
+        reason = str(err.orig).strip().splitlines()[0] if err.orig else str(err)
+        raise StartupError(f"cannot open the store {store}: {reason}") from err
     # Start-up leaves ~170k long-lived objects (numba, SQLAlchemy, protobuf); freezing
     # them keeps full collections (65-96 ms each, measured) from stalling the loop.
     gc.collect()
@@ -120,10 +132,22 @@ async def serve(
     reflection.enable_server_reflection(
         (*SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    if config.tls is not None:
-        port = server.add_secure_port(config.listen, server_credentials(config.tls))
-    else:
-        port = server.add_insecure_port(config.listen)
+    try:
+        if config.tls is not None:
+            port = server.add_secure_port(config.listen, server_credentials(config.tls))
+        else:
+            port = server.add_insecure_port(config.listen)
+        metrics_address = metrics.serve(config.metrics_listen) if metrics is not None else ""
+    except (RuntimeError, OSError) as err:
+        # A busy or foreign address: say which, not a traceback (grpc raises RuntimeError).
+        controller.close()  # the plane's link is not running yet: nothing else to stop
+        what = (
+            str(err)
+            if isinstance(err, OSError)
+            else f"daemon.listen: cannot listen on "
+            f"{config.listen} (in use, or not an address of this machine)"
+        )
+        raise StartupError(what) from err
     host = config.listen.rpartition(":")[0]
     address = f"{host}:{port}"
     await server.start()
@@ -139,7 +163,7 @@ async def serve(
     if notifier.watchdog_interval is not None:
         events.append(PeriodicEvent("watchdog", notifier.watchdog_interval, _ping(notifier)))
     if metrics is not None:
-        log.info("metrics listening", address=metrics.serve(config.metrics_listen))
+        log.info("metrics listening", address=metrics_address)
     if plane is not None:
         events.append(PeriodicEvent("execution plane", config.tick_seconds, plane.review))
     tasks = [asyncio.create_task(e.loop(), name=e.name) for e in events]
@@ -203,8 +227,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"oasisd listening on {address} (store: {config.database_url.split('@')[-1]})",
               flush=True)  # fmt: skip
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(config, on_ready=ready))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve(config, on_ready=ready))
+    except StartupError as err:
+        print(f"oasisd: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

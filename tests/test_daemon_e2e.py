@@ -218,3 +218,43 @@ def test_bad_config_names_the_key(tmp_path: Path) -> None:
     )
     assert out.returncode == 2
     assert "daemon.window: must be >= 1" in out.stderr
+
+
+@pytest.mark.parametrize("which", ["daemon", "metrics"])
+def test_an_address_in_use_is_a_clear_error(tmp_path: Path, which: str) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = f"127.0.0.1:{taken.getsockname()[1]}"
+        extra = f'[metrics]\nlisten = "{busy}"\n' if which == "metrics" else ""
+        config = write_config(tmp_path / "c.toml", tmp_path / "d", extra=extra)
+        listen = busy if which == "daemon" else "127.0.0.1:0"
+        out = subprocess.run(
+            [sys.executable, "-m", "controller.daemon", "--config", str(config),
+             "--listen", listen],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    assert f"oasisd: {which}.listen: cannot listen on {busy}" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_an_unreachable_store_is_a_clear_error(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.servers import free_port
+
+    url = f"postgresql+psycopg://oasis:secret@127.0.0.1:{free_port()}/oasis"
+    config = write_config(tmp_path / "c.toml", tmp_path / "d", store_url=url)
+    out = subprocess.run(
+        [sys.executable, "-m", "controller.daemon", "--config", str(config)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    assert "oasisd: cannot open the store postgresql+psycopg://oasis:***@127.0.0.1" in out.stderr
+    assert "secret" not in out.stderr and "Traceback" not in out.stderr
