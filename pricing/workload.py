@@ -171,6 +171,7 @@ def generate_trace(
     horizon: int,
     slot_seconds: float = 3600.0,
     mix: tuple[float, float, float] = (0.10, 0.55, 0.35),
+    max_share: float | None = None,
 ) -> dict[str, object]:
     """A SPEC-6 trace (version 1, oracle price bounds) in the paper's simulation setting.
 
@@ -183,6 +184,11 @@ def generate_trace(
         slot_seconds: slot length in seconds, > 0 (sets ``m`` and the diurnal period).
         mix: probabilities of time-insensitive, time-sensitive and time-critical jobs
             (non-negative, summing to 1).
+        max_share: if given, in (0, 1]: small jobs, as Theorem 4 assumes. Each job's
+            chunks ``N`` (its most workers per slot) are lowered, down to 1, until ``N``
+            workers and their ``z(N)`` PS take at most this share of the cluster's total
+            of every resource. No random number is drawn for it, so every other field
+            stays as in the trace without it (same seed).
 
     Returns:
         ``{"version": 1, "horizon", "slot_seconds", "resources", "servers",
@@ -197,6 +203,8 @@ def generate_trace(
         raise ValueError(f"slot_seconds must be a positive number, got {slot_seconds}")
     if len(mix) != 3 or min(mix) < 0 or abs(sum(mix) - 1.0) > 1e-9:
         raise ValueError(f"mix must be 3 non-negative probabilities summing to 1, got {mix}")
+    if max_share is not None and not 0 < max_share <= 1:
+        raise ValueError(f"max_share must be in (0, 1], got {max_share}")
 
     servers = paper_cluster_servers(rng, n_worker_servers, n_ps_servers)
     worker_caps = [_capacity(s) for s in servers if s["kind"] == "worker"]
@@ -224,6 +232,8 @@ def generate_trace(
         priority = _sig4(float(rng.uniform(1.0, 100.0)))
         target = int(rng.integers(1, 16))
 
+        if max_share is not None:
+            chunks = _small_chunks(worker, ps, chunks, worker_caps, ps_caps, max_share)
         # Clip the work so the job can finish by the horizon (module docstring).
         m = _minibatch_slots(tau, grad_mb, float(worker["bandwidth"]), slot_seconds)
         slots_left = horizon - arrival
@@ -352,6 +362,31 @@ def _room(demand: dict[str, float | int], capacity: dict[str, float]) -> int:
     return min(
         math.floor(capacity.get(r, 0.0) / need + 1e-9) for r, need in demand.items() if need > 0
     )
+
+
+def _small_chunks(
+    worker: dict[str, float | int],
+    ps: dict[str, float | int],
+    chunks: int,
+    worker_caps: list[dict[str, float]],
+    ps_caps: list[dict[str, float]],
+    max_share: float,
+) -> int:
+    """The largest ``N' <= chunks`` (at least 1) whose ``N'`` workers and ``z(N')`` PS
+    take at most ``max_share`` of the cluster's total of every resource."""
+    ratio = float(worker["bandwidth"]) / float(ps["bandwidth"])
+
+    def fits(demand: dict[str, float | int], count: int, caps: list[dict[str, float]]) -> bool:
+        return all(
+            count * float(need) <= max_share * sum(c.get(r, 0.0) for c in caps)
+            for r, need in demand.items()
+        )
+
+    while chunks > 1 and not (
+        fits(worker, chunks, worker_caps) and fits(ps, math.ceil(chunks * ratio - 1e-9), ps_caps)
+    ):
+        chunks -= 1
+    return chunks
 
 
 def _max_workers_per_slot(

@@ -92,6 +92,9 @@ def test_a_generated_trace_replays(tmp_path: Path, capsys: pytest.CaptureFixture
         (["--slot-seconds", "inf"], "--slot-seconds"),
         (["--seed", "-3"], "--seed"),
         (["--pricing", "explicit"], "--pricing"),
+        (["--max-share", "0"], "--max-share"),
+        (["--max-share", "1.01"], "--max-share"),
+        (["--max-share", "x"], "--max-share"),
     ],
 )
 def test_bad_flag_exits_2_naming_it(

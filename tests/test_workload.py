@@ -214,8 +214,40 @@ def test_paper_cluster_servers() -> None:
         {"n_ps_servers": 0},
         {"slot_seconds": 0.0},
         {"mix": (0.5, 0.5, 0.5)},
+        {"max_share": 0.0},
+        {"max_share": 1.5},
     ],
 )
 def test_bad_arguments(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         _trace(0, **kwargs)
+
+
+@pytest.mark.parametrize("share", [0.05, 0.1, 0.25])
+def test_max_share_makes_jobs_small(share: float) -> None:
+    """Theorem 4's small jobs: N workers and z(N) PS within ``share`` of every resource's
+    total, N as large as that allows (or 1), every other field as without it."""
+    plain = _trace(3, n_jobs=40, n_worker_servers=2, n_ps_servers=2)
+    small = _trace(3, n_jobs=40, n_worker_servers=2, n_ps_servers=2, max_share=share)
+    assert small["servers"] == plain["servers"]
+    totals: dict[str, dict[str, float]] = {"worker": {}, "ps": {}}
+    for server in small["servers"]:
+        for r, c in server["capacity"].items():
+            totals[server["kind"]][r] = totals[server["kind"]].get(r, 0.0) + float(c)
+
+    def within(job: dict[str, Any], n: int) -> bool:
+        z = math.ceil(n * job["worker"]["bandwidth"] / job["ps"]["bandwidth"] - 1e-9)
+        return all(
+            count * float(need) <= share * totals[kind].get(r, 0.0)
+            for kind, count in (("worker", n), ("ps", z))
+            for r, need in job[kind].items()
+        )
+
+    lowered = 0
+    for job, before in zip(small["jobs"], plain["jobs"], strict=True):
+        same = {k: v for k, v in job.items() if k not in ("chunks", "epochs", "minibatches")}
+        assert same == {k: v for k, v in before.items() if k in same}
+        assert job["chunks"] <= before["chunks"]
+        assert job["chunks"] == 1 or within(job, job["chunks"])
+        lowered += job["chunks"] < before["chunks"]
+    assert lowered > 0  # the paper's sizes are not small on 2 + 2 servers

@@ -19,7 +19,7 @@ import numpy as np
 from controller.commands.common import EXIT_OK, InputError, int_at_least, positive_seconds
 from pricing.workload import generate_trace
 
-__all__ = ["parse_mix", "register", "run"]
+__all__ = ["parse_mix", "parse_share", "register", "run"]
 
 DEFAULT_SEED = 1
 PRICING_MODES = ("oracle", "estimate")
@@ -50,6 +50,17 @@ def parse_mix(text: str) -> tuple[float, float, float]:
         return shares
     # generate_trace checks the sum to 1e-9: absorb rounding of the given digits
     return (a / total, b / total, c / total)
+
+
+def parse_share(text: str) -> float:
+    """A share of the cluster in (0, 1]; ArgumentTypeError otherwise."""
+    try:
+        share = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < share <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
+    return share
 
 
 def register(sub: Any) -> None:
@@ -97,6 +108,15 @@ def register(sub: Any) -> None:
         "(default: 0.1,0.55,0.35)",
     )
     p.add_argument(
+        "--max-share",
+        type=parse_share,
+        default=None,
+        metavar="S",
+        help="small jobs, as the paper's Theorem 4 assumes: lower each job's chunks until "
+        "its most workers per slot and their PS take at most this share of the cluster's "
+        "total of every resource (default: the paper's job sizes)",
+    )
+    p.add_argument(
         "--seed",
         type=int_at_least(0),
         default=DEFAULT_SEED,
@@ -126,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
             horizon=args.horizon,
             slot_seconds=args.slot_seconds,
             mix=args.mix,
+            max_share=args.max_share,
         )
     except ValueError as err:
         # the only flag-dependent failure left: slots too short for the paper's jobs
