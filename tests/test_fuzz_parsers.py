@@ -28,7 +28,8 @@ from pricing.cluster import cluster_from_dict
 from pricing.job import Job
 
 # A hang guard, not a speed goal: a parse takes about a millisecond, and a parser that
-# loops over a number taken from the input would take hours.
+# loops over a number taken from the input would take hours. The deadline reports slow
+# examples; pytest-timeout (pyproject.toml) ends a test that really hangs.
 EXAMPLES = int(os.environ.get("OASIS_FUZZ_EXAMPLES", "0"))
 SETTINGS = settings(
     max_examples=EXAMPLES or 300,

@@ -40,6 +40,7 @@ def test_postgres_restart_mid_load(own_postgres: Postgres, tmp_path: Path) -> No
     assert set(report.failed_calls) == {"UNAVAILABLE"}  # the only failure while it was down
     assert report.failed_calls["UNAVAILABLE"] > 0
     assert (report.answered, report.given_up) == (JOBS, 0)
+    assert report.answered_while_down == 0  # nothing decided without the store
     assert report.answered_after_restart > 0
     logs = "".join(p.read_text() for p in tmp_path.glob("*.log"))
     assert "ledger rebuilt from the store after an outage" in logs
