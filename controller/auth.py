@@ -224,24 +224,29 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     grpc.StatusCode.PERMISSION_DENIED,
                     f"{caller.name} ({caller.role}) may not call {method}: operators only",
                 )
-        if self.limiter is not None:
-            client = caller.name or _peer_host(context.peer())
-            wait = self.limiter.take(client)
-            if wait > 0:
-                ms = RateLimiter.retry_hint_ms(wait)
-                context.set_trailing_metadata((("grpc-retry-pushback-ms", str(ms)),))
-                await context.abort(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"rate limit: {self.limiter.rate:g} requests/s per client; retry in "
-                    f"{ms / 1000:.3f} s",
-                )
+        await self._throttle(caller.name or _peer_host(context.peer()), context)
         return caller
+
+    async def _throttle(self, client: str, context: grpc.aio.ServicerContext) -> None:
+        """Take one request from ``client``'s bucket, or abort with RESOURCE_EXHAUSTED."""
+        if self.limiter is None:
+            return
+        wait = self.limiter.take(client)
+        if wait > 0:
+            ms = RateLimiter.retry_hint_ms(wait)
+            context.set_trailing_metadata((("grpc-retry-pushback-ms", str(ms)),))
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"rate limit: {self.limiter.rate:g} requests/s per client; retry in "
+                f"{ms / 1000:.3f} s",
+            )
 
     async def _authenticate(self, method: str, context: grpc.aio.ServicerContext) -> Caller:
         assert self.tokens is not None
         values = [v for k, v in context.invocation_metadata() or () if k == "authorization"]
         scheme, _, token = (values[0] if values else "").partition(" ")
         if not values or scheme.lower() != "bearer" or not token.strip():
+            await self._throttle(_peer_host(context.peer()), context)
             log.warning("unauthenticated", method=method, peer=context.peer(), why="no token")
             await context.abort(
                 grpc.StatusCode.UNAUTHENTICATED,
@@ -249,6 +254,9 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             )
         caller = self.tokens.get(hash_token(token.strip()))
         if caller is None:
+            # Guessing tokens costs the guesser's address its rate (and keeps its log
+            # lines to that rate).
+            await self._throttle(_peer_host(context.peer()), context)
             log.warning("unauthenticated", method=method, peer=context.peer(), why="bad token")
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown token")
             raise AssertionError  # unreachable: abort raises

@@ -248,6 +248,15 @@ def test_rate_limit_per_token(tmp_path: Path) -> None:
         assert codes[-1] == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert 0 < hint_ms <= 2000
         b.ListJobs(pb.ListJobsRequest(), timeout=10)  # bob has his own bucket
+        guesses: list[grpc.StatusCode] = []
+        with client_channel(daemon.address, token="a-guess") as mallory:
+            for _ in range(4):  # a bad token costs its address's bucket
+                with pytest.raises(grpc.RpcError) as err:
+                    pb_grpc.AdmissionStub(mallory).ListJobs(pb.ListJobsRequest(), timeout=10)
+                guesses.append(err.value.code())
+        assert guesses == [grpc.StatusCode.UNAUTHENTICATED] * 3 + [
+            grpc.StatusCode.RESOURCE_EXHAUSTED
+        ]
         health = health_pb2_grpc.HealthStub(alice)
         for _ in range(5):  # health checks are never limited
             health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
