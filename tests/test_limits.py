@@ -251,9 +251,9 @@ def test_rate_limit_per_token(tmp_path: Path) -> None:
         guesses: list[grpc.StatusCode] = []
         with client_channel(daemon.address, token="a-guess") as mallory:
             for _ in range(4):  # a bad token costs its address's bucket
-                with pytest.raises(grpc.RpcError) as err:
+                with pytest.raises(grpc.RpcError) as refused:
                     pb_grpc.AdmissionStub(mallory).ListJobs(pb.ListJobsRequest(), timeout=10)
-                guesses.append(err.value.code())
+                guesses.append(refused.value.code())
         assert guesses == [grpc.StatusCode.UNAUTHENTICATED] * 3 + [
             grpc.StatusCode.RESOURCE_EXHAUSTED
         ]
