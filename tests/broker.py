@@ -29,10 +29,27 @@ def mosquitto_binary() -> str | None:
     )
 
 
-class Mosquitto:
-    """``mosquitto -c <generated config>`` on ``127.0.0.1:port``; ``url`` for clients."""
+def _passwd_binary() -> str:
+    """``mosquitto_passwd`` (same package as the broker)."""
+    found = shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd"
+    if not Path(found).exists():
+        raise FileNotFoundError("mosquitto_passwd not found (apt-get install -y mosquitto)")
+    return found
 
-    def __init__(self, port: int = 0) -> None:
+
+class Mosquitto:
+    """``mosquitto -c <generated config>`` on ``127.0.0.1:port``; ``url`` for clients.
+
+    ``users`` (name: password): only they may connect (``mosquitto_passwd`` makes the
+    file); ``tls`` (certificate, key): the listener speaks TLS only (``mqtts://``).
+    """
+
+    def __init__(
+        self,
+        port: int = 0,
+        users: dict[str, str] | None = None,
+        tls: tuple[Path, Path] | None = None,
+    ) -> None:
         binary = mosquitto_binary()
         if binary is None:
             raise FileNotFoundError("mosquitto not found (apt-get install -y mosquitto)")
@@ -40,9 +57,26 @@ class Mosquitto:
         self.dir = Path(tempfile.mkdtemp(prefix="oasis-mqtt-"))
         self.port = port or free_port()
         self.conf = self.dir / "mosquitto.conf"
+        self.tls = tls is not None
+        security = "allow_anonymous true\n"
+        if users:
+            passwords = self.dir / "passwords"
+            for i, (name, password) in enumerate(users.items()):
+                create = ["-c"] if i == 0 else []
+                subprocess.run([_passwd_binary(), "-b", *create, str(passwords), name, password],
+                               check=True, capture_output=True)  # fmt: skip
+            security = f"allow_anonymous false\npassword_file {passwords}\n"
+        if tls is not None:
+            for source, name in zip(tls, ("server.crt", "server.key"), strict=True):
+                shutil.copyfile(source, self.dir / name)
+            security += f"certfile {self.dir / 'server.crt'}\nkeyfile {self.dir / 'server.key'}\n"
+        # started as root, mosquitto reads its files as the unprivileged "mosquitto" user
+        self.dir.chmod(0o755)
+        for path in self.dir.iterdir():
+            path.chmod(0o644)
         self.conf.write_text(
             f"listener {self.port} 127.0.0.1\n"
-            "allow_anonymous true\n"
+            f"{security}"
             "persistence false\n"
             "max_queued_messages 100000\n"
             f"log_dest file {self.dir / 'mosquitto.log'}\n"
@@ -53,7 +87,7 @@ class Mosquitto:
 
     @property
     def url(self) -> str:
-        return f"mqtt://127.0.0.1:{self.port}"
+        return f"{'mqtts' if self.tls else 'mqtt'}://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 20.0) -> None:
         """Start (or restart) the broker on the same port; returns once it accepts."""

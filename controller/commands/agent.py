@@ -6,11 +6,14 @@ import argparse
 import asyncio
 import contextlib
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from controller.commands.common import EXIT_OK, InputError
 
-__all__ = ["register"]
+if TYPE_CHECKING:
+    from controller.plane.settings import MqttConfig
+
+__all__ = ["broker_settings", "register"]
 
 
 def register(sub: Any) -> None:
@@ -19,14 +22,26 @@ def register(sub: Any) -> None:
         help="run a node agent: follow a server's plan, report progress",
         description="Follow the plan the daemon publishes for one server over MQTT and report "
         "heartbeats and progress: simulated training at --speed times the planned pace, or "
-        "--command run once per worker. Runs until interrupted; logs are JSON lines.",
+        "--command run once per worker. Runs until interrupted; logs are JSON lines. A broker "
+        "with passwords and TLS: --broker mqtts://host:8883 --mqtt-username NAME "
+        "--mqtt-tls-ca CA.pem, the password in $OASIS_MQTT_PASSWORD or --mqtt-password-file.",
     )
     p.add_argument("--server", required=True, metavar="NAME", help="the server, as configured")
     p.add_argument("--broker", metavar="URL", default=os.environ.get("OASIS_BROKER", ""),
-                   help="mqtt://host:port (default: $OASIS_BROKER, else [mqtt] of --config, "
-                   "else mqtt://127.0.0.1:1883)")  # fmt: skip
+                   help="mqtt://[user[:pass]@]host:port, mqtts://... for TLS (default: "
+                   "$OASIS_BROKER, else [mqtt] of --config, else mqtt://127.0.0.1:1883)",
+                   )  # fmt: skip
     p.add_argument("--config", metavar="FILE", help="take the broker from this oasisd config")
     p.add_argument("--topic-prefix", metavar="P", help="topic prefix (default: oasis)")
+    p.add_argument("--mqtt-username", metavar="NAME", default=os.environ.get("OASIS_MQTT_USERNAME"),
+                   help="broker user name (default: $OASIS_MQTT_USERNAME, else the one in "
+                   "--broker mqtt://user:pass@host or --config)")  # fmt: skip
+    p.add_argument("--mqtt-password-file", metavar="FILE",
+                   help="read the broker password from FILE (first line); else "
+                   "$OASIS_MQTT_PASSWORD; keeps it off the command line")  # fmt: skip
+    p.add_argument("--mqtt-tls-ca", metavar="FILE",
+                   help="CA certificate (PEM) to verify the broker; turns TLS on "
+                   "(mqtts:// in --broker does too, with the system's CAs)")  # fmt: skip
     p.add_argument("--speed", type=float, default=1.0,
                    help="simulated pace relative to the plan (default 1)")  # fmt: skip
     p.add_argument("--command", default="", metavar="CMD",
@@ -39,34 +54,77 @@ def register(sub: Any) -> None:
 
 def _agent(args: argparse.Namespace) -> int:
     from controller import logs
-    from controller.config import ConfigError, load
     from controller.plane.agent import Agent
-    from controller.plane.settings import MqttConfig, mqtt_from_dict
-    from pricing.errors import SpecError
 
-    mqtt: MqttConfig | None = None
-    try:
-        if args.broker:
-            mqtt = mqtt_from_dict({"url": args.broker})
-        elif args.config:
-            mqtt = load(args.config).mqtt
-            if mqtt is None:
-                raise InputError(f"{args.config}: has no [mqtt] table")
-        else:
-            mqtt = mqtt_from_dict({"url": "mqtt://127.0.0.1:1883"})
-        if args.topic_prefix:
-            assert mqtt is not None
-            mqtt = mqtt_from_dict({"host": mqtt.host, "port": mqtt.port,
-                                   "topic_prefix": args.topic_prefix})  # fmt: skip
-    except (SpecError, ConfigError) as err:
-        raise InputError(str(err)) from err
+    mqtt = broker_settings(args)
     if args.speed <= 0:
         raise InputError(f"--speed: must be > 0, got {args.speed}")
     if args.report_seconds <= 0:
         raise InputError(f"--report-seconds: must be > 0, got {args.report_seconds}")
-    assert mqtt is not None
     logs.configure(args.log_level)
     agent = Agent(args.server, mqtt, args.speed, args.command, args.report_seconds)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(agent.run())
     return EXIT_OK
+
+
+def broker_settings(args: argparse.Namespace) -> MqttConfig:
+    """The broker settings of ``oasis agent``: --broker (else --config, else the local
+    default) with the credential, CA and prefix flags applied, every value checked as in
+    the ``[mqtt]`` table; InputError naming the flag otherwise."""
+    from controller.config import ConfigError, load
+    from controller.plane.settings import mqtt_from_dict, override
+    from pricing.errors import SpecError
+
+    try:
+        given = _security_flags(args)
+        if args.broker or not args.config:
+            url = args.broker or "mqtt://127.0.0.1:1883"
+            mqtt = mqtt_from_dict({"url": url, **given})
+            assert mqtt is not None  # a table with a url is never empty
+            return mqtt
+        mqtt = load(args.config).mqtt
+        if mqtt is None:
+            raise InputError(f"{args.config}: has no [mqtt] table")
+        return override(mqtt, given)  # the flags win over the file
+    except (SpecError, ConfigError) as err:
+        if isinstance(err, SpecError) and err.field in _FLAGS:
+            raise InputError(f"{_FLAGS[err.field]}: {err.reason}") from err
+        raise InputError(str(err)) from err
+
+
+# the [mqtt] keys the agent's flags give, for error messages in the flags' words
+_FLAGS = {
+    "mqtt.url": "--broker",
+    "mqtt.username": "--mqtt-username",
+    "mqtt.password": "--mqtt-password-file or $OASIS_MQTT_PASSWORD",
+    "mqtt.tls_ca": "--mqtt-tls-ca",
+    "mqtt.topic_prefix": "--topic-prefix",
+}
+
+
+def _security_flags(args: argparse.Namespace) -> dict[str, str]:
+    """The ``[mqtt]`` keys given by flags or the environment (only those given).
+
+    The password has no flag of its own but comes from a file or ``$OASIS_MQTT_PASSWORD``:
+    a command line is visible to every user of the machine (``ps``)."""
+    given: dict[str, str] = {}
+    if args.mqtt_username:
+        given["username"] = args.mqtt_username
+    if args.mqtt_password_file:
+        try:
+            with open(args.mqtt_password_file, encoding="utf-8") as f:
+                given["password"] = f.readline().rstrip("\r\n")
+        except OSError as err:
+            raise InputError(f"--mqtt-password-file: {err.strerror or err}") from err
+        if not given["password"]:
+            raise InputError(
+                f"--mqtt-password-file: first line of {args.mqtt_password_file} is empty"
+            )
+    elif os.environ.get("OASIS_MQTT_PASSWORD"):
+        given["password"] = os.environ["OASIS_MQTT_PASSWORD"]
+    if args.mqtt_tls_ca:
+        given["tls_ca"] = args.mqtt_tls_ca
+    if args.topic_prefix:
+        given["topic_prefix"] = args.topic_prefix
+    return given

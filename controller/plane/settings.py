@@ -4,29 +4,35 @@ Example::
 
     [mqtt]
     url = "mqtt://127.0.0.1:1883"   # or host/port; mqtts:// for TLS
-    username = ""                   # optional
+    username = ""                   # optional; or in the URL: mqtt://user:pass@host
     password = ""
     tls_ca = ""                     # CA file; set (or mqtts://) to use TLS
     topic_prefix = "oasis"          # topics are <prefix>/v1/...
     heartbeat_timeout = 30          # seconds of silence before a server is declared failed
 
 No ``[mqtt]`` table: no broker, and the daemon runs exactly as without the plane.
+
+Everything that can be checked without the broker is checked here, at config load
+(a missing CA file, a user name given twice and differently), because at connect time
+the daemon can only log "broker unavailable" and retry.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from pricing import fields
 from pricing.errors import SpecError
 
-__all__ = ["MqttConfig", "mqtt_from_dict"]
+__all__ = ["MqttConfig", "check_tls_ca", "check_topic_prefix", "mqtt_from_dict", "override"]
 
 _KEYS = {"url", "host", "port", "username", "password", "tls_ca", "topic_prefix",
          "heartbeat_timeout", "heartbeat_seconds"}  # fmt: skip
+_OVERRIDABLE = ("username", "password", "tls_ca", "topic_prefix")
 
 
 @dataclass(frozen=True)
@@ -37,7 +43,7 @@ class MqttConfig:
         host: broker host name or address.
         port: broker TCP port.
         username: MQTT user name; empty: none.
-        password: MQTT password; empty: none.
+        password: MQTT password; empty: none. Never in ``repr`` (configs get logged).
         tls: connect with TLS.
         tls_ca: CA certificate file for TLS; empty: the system's CAs.
         topic_prefix: first topic level; topics are ``<prefix>/v1/...``.
@@ -49,12 +55,59 @@ class MqttConfig:
     host: str
     port: int = 1883
     username: str = ""
-    password: str = ""
+    password: str = field(default="", repr=False)
     tls: bool = False
     tls_ca: str = ""
     topic_prefix: str = "oasis"
     heartbeat_timeout: float = 30.0
     heartbeat_seconds: float = 5.0
+
+
+def check_topic_prefix(value: Any, field_name: str = "mqtt.topic_prefix") -> str:
+    """A topic prefix without surrounding slashes; SpecError naming ``field_name`` if it
+    is empty or holds an MQTT wildcard (it would subscribe to other deployments' topics)."""
+    prefix = fields.text(value, field_name).strip("/")
+    if not prefix or any(c in prefix for c in "+#\0"):
+        raise SpecError.one(
+            field_name, f"must be a non-empty topic without wildcards, got {prefix!r}"
+        )
+    return prefix
+
+
+def check_tls_ca(value: Any, field_name: str = "mqtt.tls_ca") -> str:
+    """The path of a readable PEM CA file (``~`` expanded); SpecError naming ``field_name``
+    otherwise -- found now rather than as an endless "broker unavailable" later."""
+    text = fields.text(value, field_name)
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise SpecError.one(field_name, f"no such file: {text}")
+    if not path.is_file():
+        raise SpecError.one(field_name, f"not a file: {text}")
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise SpecError.one(field_name, f"cannot read {text}: {err.strerror or err}") from None
+    if b"-----BEGIN CERTIFICATE-----" not in data:
+        raise SpecError.one(field_name, f"{text} holds no PEM CERTIFICATE")
+    return str(path)
+
+
+def _redacted(parts: SplitResult) -> str:
+    """The URL without its password, for error messages."""
+    if parts.password is None:
+        return parts.geturl()
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return parts._replace(netloc=f"{user}:***@{netloc}").geturl()
+
+
+def _credential(raw: Mapping[str, Any], key: str, from_url: str | None) -> str:
+    """``username``/``password`` from the table or the URL; SpecError if both give it
+    and they differ (which one the operator meant cannot be guessed)."""
+    given = fields.text(raw[key], f"mqtt.{key}") if raw.get(key) else ""
+    if from_url and given and given != from_url:
+        raise SpecError.one(f"mqtt.{key}", f"differs from the {key} in mqtt.url; give it once")
+    return given or from_url or ""
 
 
 def mqtt_from_dict(raw: Mapping[str, Any]) -> MqttConfig | None:
@@ -64,19 +117,24 @@ def mqtt_from_dict(raw: Mapping[str, Any]) -> MqttConfig | None:
     for key in raw:
         if key not in _KEYS:
             raise SpecError.one(f"mqtt.{key}", f"unknown key (known: {', '.join(sorted(_KEYS))})")
-    tls_ca = fields.text(raw.get("tls_ca", ""), "mqtt.tls_ca") if "tls_ca" in raw else ""
+    tls_ca = check_tls_ca(raw["tls_ca"]) if raw.get("tls_ca") else ""
     tls = bool(tls_ca)
     host = ""
     port = 0
+    url_user: str | None = None
+    url_password: str | None = None
     if "url" in raw:
         url = fields.text(raw["url"], "mqtt.url")
         parts = urlsplit(url)
         if parts.scheme not in ("mqtt", "mqtts", "tcp", "ssl") or not parts.hostname:
             raise SpecError.one(
-                "mqtt.url", f"must be mqtt://host[:port] or mqtts://..., got {url!r}"
+                "mqtt.url",
+                f"must be mqtt://host[:port] or mqtts://..., got {_redacted(parts)!r}",
             )
         host = parts.hostname
         tls = tls or parts.scheme in ("mqtts", "ssl")
+        url_user = unquote(parts.username) if parts.username else None
+        url_password = unquote(parts.password) if parts.password else None
         try:
             port = parts.port or 0
         except ValueError as err:
@@ -92,11 +150,7 @@ def mqtt_from_dict(raw: Mapping[str, Any]) -> MqttConfig | None:
     port = port or (8883 if tls else 1883)
     if port > 65535:
         raise SpecError.one("mqtt.port", f"must be <= 65535, got {port}")
-    prefix = fields.text(raw.get("topic_prefix", "oasis"), "mqtt.topic_prefix").strip("/")
-    if not prefix or any(c in prefix for c in "+#\0"):
-        raise SpecError.one(
-            "mqtt.topic_prefix", f"must be a non-empty topic without wildcards, got {prefix!r}"
-        )
+    prefix = check_topic_prefix(raw.get("topic_prefix", "oasis"))
     timeout = fields.positive(raw.get("heartbeat_timeout", 30.0), "mqtt.heartbeat_timeout")
     beat = fields.positive(
         raw.get("heartbeat_seconds", min(5.0, timeout / 3)), "mqtt.heartbeat_seconds"
@@ -108,11 +162,30 @@ def mqtt_from_dict(raw: Mapping[str, Any]) -> MqttConfig | None:
     return MqttConfig(
         host=host,
         port=port,
-        username=fields.text(raw["username"], "mqtt.username") if raw.get("username") else "",
-        password=fields.text(raw["password"], "mqtt.password") if raw.get("password") else "",
+        username=_credential(raw, "username", url_user),
+        password=_credential(raw, "password", url_password),
         tls=tls,
         tls_ca=tls_ca,
         topic_prefix=prefix,
         heartbeat_timeout=timeout,
         heartbeat_seconds=beat,
     )
+
+
+def override(mqtt: MqttConfig, raw: Mapping[str, Any]) -> MqttConfig:
+    """``mqtt`` with some of ``username``, ``password``, ``tls_ca`` and ``topic_prefix``
+    replaced, each checked as in the ``[mqtt]`` table: command-line flags on top of a
+    config file. A CA file turns TLS on; the port stays as configured."""
+    for key in raw:
+        if key not in _OVERRIDABLE:
+            raise SpecError.one(f"mqtt.{key}", f"cannot be overridden (only {_OVERRIDABLE})")
+    changes: dict[str, Any] = {}
+    for key in ("username", "password"):
+        if key in raw:
+            changes[key] = fields.text(raw[key], f"mqtt.{key}")
+    if "tls_ca" in raw:
+        changes["tls_ca"] = check_tls_ca(raw["tls_ca"])
+        changes["tls"] = True
+    if "topic_prefix" in raw:
+        changes["topic_prefix"] = check_topic_prefix(raw["topic_prefix"])
+    return replace(mqtt, **changes)
