@@ -612,9 +612,14 @@ class AdmissionController:
             for row in starting:
                 row.state = "running"
                 events.append(self._event(session, now, "running", row.id, "running", {}))
-            done = session.scalars(
+            ended = session.scalars(
                 select(JobRow).where(JobRow.state == "running", JobRow.completion_slot < s)
             ).all()
+            # With the execution plane, a job whose agents reported less than its work
+            # stays running past its plan: it completes when they report the rest, or
+            # fails if they do not (Execution.review_sync).
+            unfinished = self.execution.unfinished if self.execution is not None else None
+            done = [r for r in ended if unfinished is None or not unfinished(r.id, session)]
             for row in done:
                 row.state = "completed"
                 events.append(self._event(session, now, "completed", row.id, "completed", {}))

@@ -3,14 +3,19 @@ reference agent's plan following and simulation."""
 
 from __future__ import annotations
 
+import argparse
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from controller.cli import build_parser
+from controller.commands.agent import broker_settings
+from controller.commands.common import InputError
 from controller.config import ConfigError, from_dict
 from controller.plane.agent import Agent
-from controller.plane.settings import MqttConfig
+from controller.plane.settings import MqttConfig, mqtt_from_dict
 from controller.plane.topics import Heartbeat, Plan, Progress, SlotPlan, Task, TaskProgress, Topics
 from pricing.errors import SpecError
 
@@ -30,13 +35,20 @@ def config(mqtt: dict[str, Any] | None) -> Any:
     return from_dict(data)
 
 
-def test_mqtt_table_is_optional_and_validated() -> None:
+def ca_file(directory: Path) -> str:
+    """A file that passes the [mqtt] tls_ca check (a PEM certificate, by its armour)."""
+    path = directory / "ca.pem"
+    path.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    return str(path)
+
+
+def test_mqtt_table_is_optional_and_validated(tmp_path: Path) -> None:
     assert config(None).mqtt is None
     c = config({"url": "mqtt://broker:1999", "topic_prefix": "lab/", "heartbeat_timeout": 9})
     assert (c.mqtt.host, c.mqtt.port, c.mqtt.tls, c.mqtt.topic_prefix) == ("broker", 1999,
                                                                           False, "lab")  # fmt: skip
     assert c.mqtt.heartbeat_seconds == 3.0
-    assert config({"host": "b", "tls_ca": "/ca.pem"}).mqtt.port == 8883
+    assert config({"host": "b", "tls_ca": ca_file(tmp_path)}).mqtt.port == 8883
     cases: list[tuple[dict[str, Any], str]] = [
         ({"url": "http://b"}, "mqtt.url: must be mqtt://"),
         ({"port": 1883}, "mqtt: needs url or host"),
@@ -48,6 +60,106 @@ def test_mqtt_table_is_optional_and_validated() -> None:
     for bad, message in cases:
         with pytest.raises(ConfigError, match=re.escape(message)):
             config(bad)
+
+
+def test_credentials_in_the_url_are_decoded_and_must_agree_with_the_keys() -> None:
+    c = mqtt_from_dict({"url": "mqtts://al%40ice:p%3Ass%2Fw@broker:8884"})
+    assert c is not None
+    assert (c.username, c.password, c.tls, c.port) == ("al@ice", "p:ss/w", True, 8884)
+    same = mqtt_from_dict({"url": "mqtt://u:pw@b", "username": "u", "password": "pw"})
+    assert same is not None and (same.username, same.password) == ("u", "pw")
+    only_keys = mqtt_from_dict({"url": "mqtt://b", "username": "u", "password": "pw"})
+    assert only_keys is not None and (only_keys.username, only_keys.password) == ("u", "pw")
+    with pytest.raises(SpecError, match=r"^mqtt\.username: differs from the username in mqtt\.url"):
+        mqtt_from_dict({"url": "mqtt://u:pw@b", "username": "v"})
+    with pytest.raises(SpecError, match=r"^mqtt\.password: differs") as err:
+        mqtt_from_dict({"url": "mqtt://u:pw@b", "password": "other"})
+    assert "pw" not in str(err.value).replace("password", "")
+    with pytest.raises(SpecError, match=r"mqtt\.url: must be") as err:
+        mqtt_from_dict({"url": "http://u:hunter2@b"})
+    assert "hunter2" not in str(err.value) and "u:***@b" in str(err.value)
+
+
+def test_tls_ca_is_checked_at_load(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.pem"
+    with pytest.raises(SpecError, match=re.escape(f"mqtt.tls_ca: no such file: {missing}")):
+        mqtt_from_dict({"host": "b", "tls_ca": str(missing)})
+    with pytest.raises(SpecError, match=re.escape(f"mqtt.tls_ca: not a file: {tmp_path}")):
+        mqtt_from_dict({"host": "b", "tls_ca": str(tmp_path)})
+    (tmp_path / "junk.pem").write_text("not a certificate")
+    with pytest.raises(SpecError, match=r"mqtt\.tls_ca: .*holds no PEM CERTIFICATE"):
+        mqtt_from_dict({"host": "b", "tls_ca": str(tmp_path / "junk.pem")})
+    good = mqtt_from_dict({"host": "b", "tls_ca": ca_file(tmp_path)})
+    assert good is not None and good.tls and good.tls_ca == ca_file(tmp_path)
+
+
+def test_password_is_not_in_repr() -> None:
+    c = MqttConfig("b", username="u", password="hunter2")
+    assert "hunter2" not in repr(c) and "hunter2" not in str(c)
+    assert "u" in repr(c) and c.password == "hunter2"
+
+
+def agent_args(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["agent", "--server", "w0", *argv])
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in ("OASIS_BROKER", "OASIS_MQTT_USERNAME", "OASIS_MQTT_PASSWORD"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_agent_flags_keep_tls_and_credentials(
+    tmp_path: Path, clean_env: pytest.MonkeyPatch
+) -> None:
+    ca = ca_file(tmp_path)
+    url = "mqtts://u:pw@broker:8884"
+    m = broker_settings(agent_args("--broker", url, "--mqtt-tls-ca", ca, "--topic-prefix", "/lab/"))
+    assert (m.host, m.port, m.tls, m.tls_ca) == ("broker", 8884, True, ca)
+    assert (m.username, m.password, m.topic_prefix) == ("u", "pw", "lab")
+
+    # the password from the environment or a file, the user from a flag
+    clean_env.setenv("OASIS_MQTT_PASSWORD", "from-env")
+    m = broker_settings(agent_args("--broker", "mqtt://b", "--mqtt-username", "n"))
+    assert (m.username, m.password, m.tls) == ("n", "from-env", False)
+    (tmp_path / "pw").write_text("from-file\n")
+    m = broker_settings(agent_args("--mqtt-password-file", str(tmp_path / "pw")))
+    assert (m.host, m.port, m.password) == ("127.0.0.1", 1883, "from-file")
+
+    # on top of a config file: the flags win, the rest of [mqtt] stays
+    cfg = tmp_path / "oasisd.toml"
+    cfg.write_text(
+        '[mqtt]\nurl = "mqtts://cfg:9000"\nusername = "x"\npassword = "y"\n'
+        'topic_prefix = "site"\nheartbeat_timeout = 9\n'
+        '[cluster]\nresources = ["gpu", "bandwidth"]\n'
+        'servers = [{name = "w0", kind = "worker", capacity = {gpu = 1, bandwidth = 1}},\n'
+        '  {name = "p0", kind = "ps", capacity = {bandwidth = 1}}]\n'
+    )
+    clean_env.delenv("OASIS_MQTT_PASSWORD")
+    m = broker_settings(agent_args("--config", str(cfg), "--topic-prefix", "other"))
+    assert (m.host, m.port, m.tls, m.username, m.password) == ("cfg", 9000, True, "x", "y")
+    assert (m.topic_prefix, m.heartbeat_timeout) == ("other", 9.0)
+    m = broker_settings(agent_args("--config", str(cfg), "--mqtt-username", "z",
+                                   "--mqtt-tls-ca", ca))  # fmt: skip
+    assert (m.username, m.password, m.tls_ca, m.topic_prefix) == ("z", "y", ca, "site")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--topic-prefix", "a/+"], "--topic-prefix: must be a non-empty topic"),
+        (["--mqtt-tls-ca", "/no/such.pem"], "--mqtt-tls-ca: no such file: /no/such.pem"),
+        (["--broker", "mqtt://u:a@b", "--mqtt-username", "v"], "--mqtt-username: differs"),
+        (["--mqtt-password-file", "/no/such"], "--mqtt-password-file: No such file"),
+        (["--broker", "ftp://b"], "--broker: must be mqtt://"),
+    ],
+)
+def test_agent_flag_errors_name_the_flag(
+    argv: list[str], message: str, clean_env: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(InputError, match="^" + re.escape(message)):
+        broker_settings(agent_args(*argv))
 
 
 def plan(epoch: int, slot: int = 5, starts: float = 100.0, workers: int = 2) -> Plan:
@@ -119,3 +231,177 @@ def test_agent_command_mode_counts_what_each_worker_prints() -> None:
     state = agent.tasks["j1"]
     assert state.minibatches == 6  # 3 from each of the 2 workers; "j1" is not a count
     assert all(p.returncode is not None for p, _c in state.processes)
+
+
+# -- the agent when its plan runs out; the daemon side of progress (no broker) ------------
+
+
+def test_agent_stops_when_its_last_planned_slot_ends_and_resumes_with_a_new_plan() -> None:
+    now = [100.0]
+    agent = Agent("w0", MqttConfig("localhost"), wall=lambda: now[0])
+    task = Task("j1", 1, 0, minibatch_seconds=1.0, minibatches=1000)
+    first = Plan("w0", "worker", 1, 10.0, 0.5, False,
+                 SlotPlan(5, 100.0, [task]), SlotPlan(6, 110.0, [task]))  # fmt: skip
+    agent.accept(first)
+    now[0] = 119.0  # in slot 6, the last one planned: runs
+    agent.step(1.0)
+    assert agent.tasks["j1"].worker_seconds == pytest.approx(1.0)
+    now[0] = 120.0  # slot 6 has ended and no newer plan came (a broker outage): idle
+    assert agent.active() is None
+    agent.step(1.0)
+    now[0] = 500.0
+    agent.step(1.0)
+    assert agent.tasks["j1"].worker_seconds == pytest.approx(1.0)
+    # a new plan (its own slot length: 20 s) sets it going again, until its end
+    second = Plan("w0", "worker", 2, 20.0, 0.5, False,
+                  SlotPlan(25, 500.0, [task]), SlotPlan(26, 520.0, []))  # fmt: skip
+    assert agent.accept(second)
+    agent.step(1.0)
+    assert agent.tasks["j1"].worker_seconds == pytest.approx(2.0)
+    now[0] = 539.9  # slot 26 runs until 540 by the plan's slot length, not the old one's
+    assert agent.active() == second.next
+    now[0] = 540.0
+    assert agent.active() is None
+
+
+class PlaneDaemon:
+    """The admission controller in-process (SQLite, a fake clock at slot 0) with the
+    execution plane's daemon side on a fake monotonic clock; nothing on the event loop."""
+
+    SPEC: dict[str, Any] = {  # noqa: RUF012
+        "epochs": 1, "chunks": 2, "minibatches": 10, "tau": 0.05, "grad_mb": 1,
+        "worker": {"gpu": 1, "bandwidth": 1}, "ps": {"bandwidth": 1},
+        "utility": {"kind": "sigmoid", "priority": 50, "decay": 0.5, "target": 3},
+    }  # fmt: skip
+    TOTAL = 20  # mini-batches: epochs * chunks * minibatches
+
+    def __init__(self, tmp: Path) -> None:
+        import structlog
+
+        from controller.admission import AdmissionController
+        from controller.clock import FakeClock, SlotClock
+        from controller.plane.execution import Execution
+        from controller.store import Database
+
+        data = {"daemon": {"data_dir": str(tmp), "window": 6, "epoch": 0}, "cluster": CLUSTER}
+        self.config = from_dict(data)
+        self.clock = FakeClock(1.0)
+        self.c = AdmissionController(
+            self.config,
+            Database(self.config.database_url),
+            SlotClock(self.clock, self.config.slot_seconds, 0.0),
+            log=structlog.wrap_logger(structlog.ReturnLogger()),
+        )
+        self.c.open()
+        self.mono = [0.0]
+        self.ex = Execution(self.c, MqttConfig("localhost"), monotonic=lambda: self.mono[0])
+        self.ex.load()
+
+    def submit(self, job_id: str) -> Any:
+        import asyncio
+
+        view = asyncio.run(self.c.submit({"id": job_id, **self.SPEC}))
+        assert view.decision.admitted
+        return view
+
+    def stored(self, job_id: str) -> Any:
+        from controller.store import ProgressRow
+
+        with self.c.db.session() as session:
+            row = session.get(ProgressRow, job_id)
+            return None if row is None else (row.minibatches, dict(row.per_server))
+
+    def state(self, job_id: str) -> str:
+        from controller.store import JobRow
+
+        with self.c.db.session() as session:
+            row = session.get(JobRow, job_id)
+            assert row is not None
+            return row.state
+
+
+@pytest.fixture
+def plane(tmp_path: Path) -> Any:
+    daemon = PlaneDaemon(tmp_path)
+    try:
+        yield daemon
+    finally:
+        daemon.c.close()
+
+
+def test_reports_are_only_queued_on_the_event_loop_and_applied_in_the_decision_thread(
+    plane: PlaneDaemon,
+) -> None:
+    plane.submit("j")
+    ex = plane.ex
+    ex.connected()
+    plane.mono[0] = 5.0  # received at 5 s ...
+    ex.heartbeat(Heartbeat("p0", "a"))
+    ex.report(Progress("w0", "a", [TaskProgress("j", 3.0, 40.0)]))
+    ex.report(Progress("w9", "a", [TaskProgress("j", 1.0, 1.0)]))  # not a server of ours
+    # nothing the decision thread reads has changed: it iterates these between decisions
+    assert ex.last_seen == {} and ex.progress == {} and ex.pending == set()
+    plane.mono[0] = 7.0  # ... applied at 7 s, as received at 5 s
+    assert ex.review_sync() == []
+    assert ex.last_seen == {"p0": 5.0, "w0": 5.0}
+    assert ex.progress["j"].sessions == {"w0/a": [3.0, 40.0]}
+    assert plane.stored("j") == (3.0, {"w0/a": [3.0, 40.0]})
+
+
+def test_progress_stays_dirty_until_a_commit_and_ended_jobs_are_forgotten_then_merged(
+    plane: PlaneDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import contextlib
+    from collections.abc import Iterator
+
+    from sqlalchemy.orm import Session
+
+    from controller.store import ProgressRow, StoreUnavailableError
+
+    plane.submit("j")
+    ex = plane.ex
+    real = plane.c.db.session
+
+    @contextlib.contextmanager
+    def progress_commit_fails() -> Iterator[Session]:
+        with real() as session:
+            yield session
+            if any(isinstance(o, ProgressRow) for o in session.new):
+                raise StoreUnavailableError("store down")  # rolls the transaction back
+
+    ex.report(Progress("w0", "a", [TaskProgress("j", 3.0, 40.0)]))
+    monkeypatch.setattr(plane.c.db, "session", progress_commit_fails)
+    with pytest.raises(StoreUnavailableError):
+        ex.review_sync()
+    monkeypatch.setattr(plane.c.db, "session", real)
+    assert plane.stored("j") is None and ex.progress["j"].dirty
+    ex.review_sync()  # no new report: what failed to commit is written now
+    assert plane.stored("j") == (3.0, {"w0/a": [3.0, 40.0]}) and not ex.progress["j"].dirty
+
+    # two sessions (an agent restarted) finish the job: done early, progress stored
+    ex.report(Progress("w0", "a", [TaskProgress("j", 15.0, 200.0)]))
+    ex.report(Progress("w0", "b", [TaskProgress("j", 5.0, 60.0)]))
+    assert [e.kind for e in ex.review_sync()] == ["completed"]
+    final = (20.0, {"w0/a": [15.0, 200.0], "w0/b": [5.0, 60.0]})
+    assert plane.state("j") == "completed" and plane.stored("j") == final
+    plane.clock.advance(plane.config.slot_seconds)  # a new slot: ended jobs are forgotten
+    ex.review_sync()
+    assert "j" not in ex.progress and "j" not in ex._jobs and "j" not in ex.reviewed
+    view = ex.view_sync("j")  # read from the store now
+    assert (view.minibatches_done, view.worker_seconds, view.reports) == (20.0, 260.0, 3)
+
+    # an agent reconnects and resends one session: merged with the store, not overwriting
+    ex.report(Progress("w0", "a", [TaskProgress("j", 15.0, 200.0)]))
+    assert ex.view_sync("j").minibatches_done == 20.0
+    assert ex.review_sync() == []
+    assert plane.stored("j") == final
+
+
+def test_a_job_behind_its_plan_is_reported_in_its_real_state(plane: PlaneDaemon) -> None:
+    plane.submit("slow")  # admitted; its first slot has not begun
+    ex = plane.ex
+    for i in range(1, 9):  # an hour per mini-batch: 20 times the plan, hopeless
+        ex.report(Progress("w0", "a", [TaskProgress("slow", float(i), i * 3600.0)]))
+    events = ex.review_sync()
+    assert [(e.kind, e.state) for e in events] == [("behind", "admitted")]
+    assert plane.state("slow") == "admitted"

@@ -153,42 +153,97 @@ def test_failed_server_without_room_elsewhere_replans_or_strands() -> None:
     same_state(ledger, rebuilt(ledger, [("ps", ps_used[0], from_slot), ("ps", other, from_slot)]))
 
 
+def fill(ledger: Ledger, servers: list[int], first: int, slots: int) -> dict[str, Job]:
+    """Fill the worker ``servers`` in ``first .. first + slots - 1`` with filler jobs."""
+    filler = make_job("fill")
+    for i in servers:
+        workers = np.zeros((slots, 3), np.int32)
+        workers[:, i] = int(CLUSTER.worker_capacity[i, 0])  # every GPU
+        ledger.admit(f"fill{i}", filler.worker, filler.ps,
+                     Schedule(first, workers, np.zeros((slots, 2), np.int32)))  # fmt: skip
+    return {f"fill{i}": filler for i in servers}
+
+
+def within_capacity(ledger: Ledger, jobs: dict[str, Job]) -> None:
+    """Recompute every slot's use from the schedules: it fits every server (a failed one
+    holds nothing), and the ledger's amounts are that use."""
+    for kind, side in (("worker", ledger.worker_side), ("ps", ledger.ps_side)):
+        use = np.zeros_like(side.used)
+        for job_id in ledger.job_ids():
+            sched = ledger.schedule(job_id)
+            counts = sched.workers if kind == "worker" else sched.ps
+            demand = jobs[job_id].worker if kind == "worker" else jobs[job_id].ps
+            rows = slice(sched.start - ledger.origin, sched.start - ledger.origin + sched.slots)
+            use[rows] += counts[:, :, None] * demand[None, None, :]
+        capacity = side.capacity[None, :, :]
+        assert (use <= capacity + 1e-9).all()
+        assert not use[side.blocked].any()
+        free = ~side.blocked
+        assert np.allclose(use[free], side.used[free])
+
+
 def test_worker_failure_with_full_cluster_replans_from_remaining_work() -> None:
-    # fill w1 and w2 with other jobs so the victim's workers cannot move in place
-    jobs = [make_job("a", chunks=4, epochs=6, decay=0.0)]
-    ledger = admitted(jobs)
+    # the other worker servers are full in the job's remaining slots but free later:
+    # the victim's workers cannot move in place, the remaining work can move later
+    job = make_job("a", chunks=4, epochs=6, decay=0.0)
+    ledger = admitted([job])
     sched = ledger.schedule("a")
     victim = int(np.flatnonzero(sched.workers.sum(axis=0))[0])
-    filler = make_job("fill")
-    for i in range(3):
-        if i == victim:
-            continue
-        workers = np.zeros((T, 3), np.int32)
-        workers[:, i] = 2 if i == 2 else 4
-        ledger.admit(f"fill{i}", filler.worker, filler.ps,
-                     Schedule(0, workers, np.zeros((T, 2), np.int32)))  # fmt: skip
-    by_id = {"a": jobs[0], "fill0": filler, "fill1": filler, "fill2": filler}
+    from_slot = sched.start + 1
+    others = [i for i in range(3) if i != victim]
+    by_id = {"a": job, **fill(ledger, others, from_slot, 3)}
+    remaining = sched.after(from_slot).work()
+    out = fail_server(ledger, by_id, "worker", victim, from_slot, {"a": remaining},
+                      {j: T - 1 for j in by_id})  # fmt: skip
+    assert out.replaced == [] and out.stranded == [] and list(out.replanned) == ["a"]
+    best = out.replanned["a"]
+    assert best.schedule is not None and best.payoff is not None and best.payoff > 0
+    moved = ledger.schedule("a")
+    assert moved.after(from_slot).work() == remaining  # the remaining work, all of it
+    assert np.array_equal(moved.before(from_slot).workers, sched.before(from_slot).workers)
+    assert not moved.after(from_slot).workers[:, victim].any()
+    assert not moved.after(from_slot).before(from_slot + 3).workers.any()  # full there
+    assert moved.end > sched.end  # later than planned: the only way left
+    within_capacity(ledger, by_id)
+    same_state(ledger, rebuilt(ledger, [("worker", victim, from_slot)]))
+
+
+def test_worker_failure_with_every_other_worker_full_strands_the_job() -> None:
+    job = make_job("a", chunks=4, epochs=6, decay=0.0)
+    ledger = admitted([job])
+    sched = ledger.schedule("a")
+    victim = int(np.flatnonzero(sched.workers.sum(axis=0))[0])
+    by_id = {"a": job, **fill(ledger, [i for i in range(3) if i != victim], 0, T)}
     from_slot = sched.start + 1
     remaining = sched.after(from_slot).work()
     out = fail_server(ledger, by_id, "worker", victim, from_slot, {"a": remaining},
                       {j: T - 1 for j in by_id})  # fmt: skip
     assert out.stranded == ["a"]  # every other worker server is full: nowhere to go
+    assert ledger.schedule("a").end < from_slot  # only its past is kept
+    within_capacity(ledger, by_id)
     ledger2 = admitted([make_job("a", chunks=4, epochs=6, decay=0.0)])
-    out2 = fail_server(ledger2, {"a": jobs[0]}, "worker", victim, from_slot, {"a": remaining},
+    out2 = fail_server(ledger2, {"a": job}, "worker", victim, from_slot, {"a": remaining},
                        {"a": T - 1})  # fmt: skip
-    assert "a" in out2.replaced
+    assert "a" in out2.replaced  # the same failure on an empty cluster: moved in place
 
 
 def test_replan_remaining_counts_completion_from_the_arrival() -> None:
     job = make_job("a")
     ledger = admitted([job])
-    start = ledger.schedule("a").start
+    before = ledger.schedule("a")
+    workers, ps = before.workers.copy(), before.ps.copy()
+    used, price = ledger.worker_side.used.copy(), ledger.worker_side.price.copy()
+    start = before.start
     best, whole = replan_remaining(ledger, job, 3, start + 2, T - 1)
     assert best.schedule is not None and best.schedule.work() >= 3
     assert whole.start == start and whole.before(start + 2).work() > 0
     jct = whole.end - job.arrival + 1
     assert best.utility == pytest.approx(float(job.utility.values(jct)))
-    assert ledger.schedule("a").work() == ledger.schedule("a").work()  # unchanged
+    after = ledger.schedule("a")  # nothing in the ledger changed: the caller commits
+    assert after.start == start
+    assert np.array_equal(after.workers, workers) and np.array_equal(after.ps, ps)
+    assert np.array_equal(ledger.worker_side.used, used)
+    assert np.array_equal(ledger.worker_side.price, price)
     shifted = remaining_job(job, 5, 3)
     assert isinstance(shifted.utility, Shifted) and shifted.work == 5
     assert float(shifted.utility.values(1)) == float(Sigmoid(40, 0.1, 6).values(4))

@@ -3,8 +3,11 @@
 It follows its server's retained plan (:class:`~controller.plane.topics.Plan`): in each
 slot it runs the tasks planned there, switching to the plan's next slot on its own at
 the slot boundary (so a late plan or a broker outage does not stall it), and ignores a
-plan whose epoch is lower than the one it follows. It sends heartbeats and cumulative
-progress per job (mini-batches done, worker-seconds spent).
+plan whose epoch is lower than the one it follows. Once the last slot it has a plan for
+has ended (the next slot's start plus the plan's slot length) it runs nothing: that
+capacity may have been given to other jobs meanwhile; a new plan sets it going again.
+It sends heartbeats and cumulative progress per job (mini-batches done, worker-seconds
+spent).
 
 Work is either simulated -- each worker finishes a mini-batch every
 ``minibatch_seconds / speed`` seconds (``--speed 2``: twice as fast as planned) -- or
@@ -90,6 +93,7 @@ class Agent:
         self.tasks: dict[str, TaskState] = {}
         self.log = structlog.get_logger("oasis-agent").bind(server=server)
         self._reported: dict[str, tuple[float, float]] = {}
+        self._ran_out = False  # the plan's last slot ended (logged once)
 
     # -- the plan -----------------------------------------------------------------------
 
@@ -107,12 +111,22 @@ class Agent:
         return True
 
     def active(self) -> SlotPlan | None:
-        """The slot plan in force now: the next slot's once it has begun."""
-        if self.plan is None:
+        """The slot plan in force now: the next slot's once it has begun; None with no
+        plan, or once the plan's next slot has ended (nothing is planned past it)."""
+        plan = self.plan
+        if plan is None:
             return None
-        if self.wall() >= self.plan.next.starts_at:
-            return self.plan.next
-        return self.plan.current
+        now = self.wall()
+        if now >= plan.next.starts_at + plan.slot_seconds:
+            if not self._ran_out:
+                self._ran_out = True
+                self.log.warning("plan ran out; idle until a new plan", epoch=plan.epoch,
+                                 last_slot=plan.next.slot)  # fmt: skip
+            return None
+        self._ran_out = False
+        if now >= plan.next.starts_at:
+            return plan.next
+        return plan.current
 
     # -- work ---------------------------------------------------------------------------
 

@@ -15,16 +15,31 @@ two decisions), always committing to the store before the ledger changes hands:
   (:mod:`pricing.runtime_estimate`); when even the optimistic end of the predictive
   interval needs more time than the plan holds, the remaining work is re-planned, and
   the new plan is taken if its payoff is positive (else the job is reported ``behind``).
+- **plan ended short**: a running job whose plan has ended while its agents reported
+  less than its work stays ``running`` (the slot clock asks :meth:`Execution.unfinished`);
+  it completes when they report the rest, and becomes ``failed`` (``plan_ended``) if
+  they have not within ``heartbeat_timeout`` seconds of the slot boundary. A job nobody
+  reported on completes with its plan, as without the plane.
 
 Plans for the current and the next slot are computed from the store (the source of
 truth), in the same thread, so store, ledger and plans agree at every publication.
+
+Heartbeats and progress arrive on the event loop (:mod:`controller.plane.link`), which
+only drops them in an inbox (:meth:`Execution.heartbeat`, :meth:`Execution.report`,
+guarded by a lock); the decision thread applies them at the start of each review, so
+everything else here is read and changed in that one thread alone. Progress is written
+to the store once per review and stays marked changed until a commit succeeds. Jobs that
+ended (completed, failed, cancelled) are forgotten once their progress is stored; a late
+report of one is merged with what the store holds rather than overwriting it.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -40,7 +55,14 @@ from controller.events import Event
 from controller.plane.settings import MqttConfig
 from controller.plane.topics import Heartbeat, Plan, Progress, SlotPlan, Task
 from controller.replay import allocations as allocation_entries
-from controller.store import AllocationRow, JobRow, MetaRow, OutageRow, ProgressRow
+from controller.store import (
+    AllocationRow,
+    JobRow,
+    MetaRow,
+    OutageRow,
+    ProgressRow,
+    StoreUnavailableError,
+)
 from pricing import ADMIT_THRESHOLD, Job, Ledger
 from pricing.replan import fail_server, release_rest, replan_remaining
 from pricing.runtime_estimate import Interval, RuntimePrior, fit
@@ -54,6 +76,9 @@ _PLANE_KEY = "plane"
 _MAX_SAMPLES = 400
 _MIN_SAMPLES = 4
 _LEVEL = 0.9
+# reports held while the decision thread cannot take them (a store outage stops it); the
+# oldest go first: counts are cumulative, so the newest reports carry every total
+_MAX_INBOX = 100_000
 
 
 @dataclass
@@ -64,18 +89,49 @@ class JobProgress:
         sessions: ``"server/session" -> [minibatches, worker_seconds]``, cumulative.
         samples: ``[(minibatches, worker_seconds), ...]``: the job's totals after each
             report, the data the runtime estimate is fitted to.
-        dirty: changed since last written to the store.
+        dirty: changed since last written to the store (cleared by a commit only).
+        partial: built from reports alone, without the job's stored progress (a job
+            forgotten when it ended, then reported again): merged with the stored row
+            before it is written, so sessions only the store knows are kept.
     """
 
     sessions: dict[str, list[float]] = field(default_factory=dict)
     samples: list[tuple[float, float]] = field(default_factory=list)
     dirty: bool = False
+    partial: bool = False
 
     def totals(self) -> tuple[float, float]:
         """``(minibatches, worker_seconds)`` over every session."""
-        mb = sum(v[0] for v in self.sessions.values())
-        ws = sum(v[1] for v in self.sessions.values())
-        return mb, ws
+        return _totals(self.sessions)
+
+
+def _totals(sessions: dict[str, list[float]]) -> tuple[float, float]:
+    return sum(v[0] for v in sessions.values()), sum(v[1] for v in sessions.values())
+
+
+def _stored(row: ProgressRow) -> JobProgress:
+    sessions = {k: [float(v[0]), float(v[1])] for k, v in row.per_server.items()}
+    samples = [(float(x), float(y)) for x, y in row.samples.get("points", [])]
+    return JobProgress(sessions, samples)
+
+
+def _merged(
+    prog: JobProgress, row: ProgressRow
+) -> tuple[dict[str, list[float]], list[tuple[float, float]]]:
+    """A partial entry's sessions and samples merged with the job's stored progress."""
+    stored = _stored(row)
+    sessions = stored.sessions
+    for key, (mb, ws) in prog.sessions.items():
+        old = sessions.get(key, [0.0, 0.0])
+        # counts are cumulative per session: the larger one is the later one
+        sessions[key] = [max(old[0], mb), max(old[1], ws)]
+    # the partial entry's own samples are totals over a subset of the sessions, not the
+    # job's: only the merged totals are a valid new sample
+    samples = stored.samples
+    totals = _totals(sessions)
+    if not samples or samples[-1] != totals:
+        samples.append(totals)
+    return sessions, samples[-_MAX_SAMPLES:]
 
 
 @dataclass(frozen=True)
@@ -141,73 +197,158 @@ class Execution:
         self.reviewed: dict[str, int] = {}  # job -> slot of its last slow-job re-plan try
         self.watch_from: float | None = None
         self._jobs: dict[str, Job] = {}
+        self._pruned_slot: int | None = None
+        # the inbox: filled on the event loop, emptied in the decision thread (_drain)
+        self._inbox_lock = threading.Lock()
+        self._beats: dict[str, float] = {}  # server -> monotonic time of its latest beat
+        self._reports: deque[tuple[float, Progress]] = deque(maxlen=_MAX_INBOX)
         self.epoch = 0
         self.events_published = 0
 
     # -- start-up ----------------------------------------------------------------------
 
     def load(self) -> None:
-        """Read failed servers, progress and the plan epoch from the store (blocking)."""
+        """Read failed servers, progress of active jobs and the plan epoch from the store
+        (blocking). Ended jobs' progress stays in the store (see :meth:`view_sync`)."""
         now = self.monotonic()
         with self.c.db.session() as session:
             for row in session.scalars(select(OutageRow).where(OutageRow.up_from.is_(None))):
                 self.failed[row.server] = now
-            for prow in session.scalars(select(ProgressRow)):
-                sessions = {k: [float(v[0]), float(v[1])] for k, v in prow.per_server.items()}
-                samples = [(float(x), float(y)) for x, y in prow.samples.get("points", [])]
-                self.progress[prow.job_id] = JobProgress(sessions, samples)
+            active = (
+                select(ProgressRow)
+                .join(JobRow, JobRow.id == ProgressRow.job_id)
+                .where(JobRow.state.in_(ACTIVE))
+            )
+            for prow in session.scalars(active):
+                self.progress[prow.job_id] = _stored(prow)
             meta = session.get(MetaRow, _PLANE_KEY)
             if meta is not None:
                 self.epoch = int(meta.value.get("epoch", 0))
                 self.events_published = int(meta.value.get("events", 0))
 
-    # -- what agents say (event loop; cheap) ---------------------------------------------
+    # -- what agents say (event loop: into the inbox only) -------------------------------
 
     def connected(self) -> None:
         """The broker connection is up: silence counts from now."""
-        self.watch_from = self.monotonic()
+        with self._inbox_lock:
+            self.watch_from = self.monotonic()
 
     def disconnected(self) -> None:
         """The broker connection is down: nobody can be heard, so nobody is failed."""
-        self.watch_from = None
+        with self._inbox_lock:
+            self.watch_from = None
 
     def heartbeat(self, beat: Heartbeat) -> None:
+        """Queue a heartbeat (timed now) for the decision thread."""
         if beat.server in self.server_index:
-            self.last_seen[beat.server] = self.monotonic()
+            with self._inbox_lock:
+                self._beats[beat.server] = self.monotonic()
 
     def report(self, progress: Progress) -> None:
-        if progress.server not in self.server_index:
-            return
-        self.last_seen[progress.server] = self.monotonic()
-        key = f"{progress.server}/{progress.session}"
-        for task in progress.jobs:
-            prog = self.progress.setdefault(task.job, JobProgress())
-            prog.sessions[key] = [task.minibatches, task.worker_seconds]
-            prog.samples.append(prog.totals())
-            del prog.samples[:-_MAX_SAMPLES]
-            prog.dirty = True
-            self.pending.add(task.job)
+        """Queue a progress report (timed now) for the decision thread."""
+        if progress.server in self.server_index:
+            with self._inbox_lock:
+                self._reports.append((self.monotonic(), progress))
+
+    def _drain(self) -> float | None:
+        """Apply what the inbox holds (decision thread); returns the time silence counts
+        from (None: the broker connection is down)."""
+        with self._inbox_lock:
+            beats, self._beats = self._beats, {}
+            reports = list(self._reports)
+            self._reports.clear()
+            watch_from = self.watch_from
+        for server, at in beats.items():
+            self._seen(server, at)
+        for at, progress in reports:
+            self._seen(progress.server, at)
+            key = f"{progress.server}/{progress.session}"
+            for task in progress.jobs:
+                prog = self.progress.get(task.job)
+                if prog is None:  # new, or ended and forgotten: the store may hold more
+                    prog = self.progress[task.job] = JobProgress(partial=True)
+                prog.sessions[key] = [task.minibatches, task.worker_seconds]
+                prog.samples.append(prog.totals())
+                del prog.samples[:-_MAX_SAMPLES]
+                prog.dirty = True
+                self.pending.add(task.job)
+        return watch_from
+
+    def _seen(self, server: str, at: float) -> None:
+        # a beat and a report drained together may come in either order
+        self.last_seen[server] = max(at, self.last_seen.get(server, at))
 
     # -- reactions (decision thread) ------------------------------------------------------
 
     def review_sync(self) -> list[Event]:
-        """Failures, recoveries, early completions and slow jobs; then persist progress."""
+        """Failures, recoveries, early completions and slow jobs; then persist progress
+        and, once a slot, forget the jobs that ended."""
         self.c._advance_window()
+        watch_from = self._drain()
         events: list[Event] = []
         now = self.monotonic()
-        if self.watch_from is not None:
+        if watch_from is not None:
             for server, seen in self.last_seen.items():
-                silent = now - max(seen, self.watch_from)
+                silent = now - max(seen, watch_from)
                 if server not in self.failed and silent > self.mqtt.heartbeat_timeout:
                     events += self._fail_sync(server)
                     self.failed[server] = now
                 elif server in self.failed and seen > self.failed[server]:
                     events += self._recover_sync(server)
                     del self.failed[server]
-        pending, self.pending = self.pending, set()
-        for job_id in sorted(pending):
-            events += self._review_job_sync(job_id)
+        for job_id in sorted(self.pending):
+            try:
+                events += self._review_job_sync(job_id)
+            except StoreUnavailableError:
+                # kept pending: reviewed again once the store is back, even if its agents
+                # have nothing new to report (those of a job that is done never do)
+                raise
+            except Exception:
+                self.pending.discard(job_id)  # a bug would fail the same way every review
+                raise
+            self.pending.discard(job_id)
+        events += self._overdue_sync()
         self._flush_progress()
+        if self._pruned_slot != self.c.slot:
+            self._prune()
+            self._pruned_slot = self.c.slot
+        return events
+
+    def unfinished(self, job_id: str, session: Session) -> bool:
+        """Whether agents reported progress for ``job_id`` short of its ``E * N * M``
+        mini-batches (decision thread). A job nobody reported on is not: its plan is all
+        the daemon knows."""
+        prog = self.progress.get(job_id)
+        if prog is None:
+            return False
+        job = self._job(job_id, session)
+        return prog.totals()[0] < job.epochs * job.chunks * job.minibatches - 1e-9
+
+    def _overdue_sync(self) -> list[Event]:
+        """Fail the running jobs whose plan ended short of their work, once their agents
+        had ``heartbeat_timeout`` seconds after the slot boundary to report the rest."""
+        since_boundary = self.slot_seconds - self.c.slots.seconds_to_next_slot()
+        if since_boundary <= self.mqtt.heartbeat_timeout:
+            return []
+        s = self.c.slot
+        now = datetime.now(UTC)
+        events: list[Event] = []
+        with self.c.db.session() as session:
+            overdue = session.scalars(
+                select(JobRow).where(JobRow.state == "running", JobRow.completion_slot < s)
+            ).all()
+            for row in overdue:
+                if not self.unfinished(row.id, session):
+                    continue  # completed by the review of its last report
+                job = self._job(row.id, session)
+                done, _ = self.progress[row.id].totals()
+                row.state = "failed"
+                detail = {"reason": "plan_ended", "minibatches": done,
+                          "of": job.epochs * job.chunks * job.minibatches,
+                          "completion_slot": row.completion_slot}  # fmt: skip
+                events.append(self.c._event(session, now, "failed", row.id, "failed", detail))
+                self.log.warning("job failed: its plan ended before its work", job=row.id,
+                                 **detail)  # fmt: skip
         return events
 
     def _job(self, job_id: str, session: Session | None = None) -> Job:
@@ -336,6 +477,7 @@ class Execution:
             row = session.get(JobRow, job_id)
             if row is None or row.state not in ACTIVE:
                 return []
+            state = row.state
             job = self._job(job_id, session)
         done, spent = prog.totals()
         total = job.epochs * job.chunks * job.minibatches
@@ -368,7 +510,7 @@ class Execution:
         if best.schedule is None or best.payoff is None or best.payoff <= ADMIT_THRESHOLD:
             detail["payoff"] = best.payoff
             with self.c.db.session() as session:
-                event = self.c._event(session, now, "behind", job_id, "running", detail)
+                event = self.c._event(session, now, "behind", job_id, state, detail)
             self.log.info("job behind its plan", job=job_id, **detail)
             return [event]
 
@@ -409,23 +551,46 @@ class Execution:
         return self._guarded(change)
 
     def _flush_progress(self) -> None:
+        """Write the changed progress. Entries stay dirty until the commit succeeds, so a
+        store outage delays what agents reported but loses none of it."""
         dirty = {j: p for j, p in self.progress.items() if p.dirty}
         if not dirty:
             return
         now = datetime.now(UTC)
+        written: dict[str, tuple[dict[str, list[float]], list[tuple[float, float]]]] = {}
         with self.c.db.session() as session:
             known = set(session.scalars(select(JobRow.id).where(JobRow.id.in_(list(dirty)))))
             for job_id, prog in dirty.items():
-                prog.dirty = False
                 if job_id not in known:  # progress for a job this daemon never saw
                     continue
-                mb, ws = prog.totals()
-                values = {"minibatches": mb, "worker_seconds": ws, "per_server": prog.sessions,
-                          "samples": {"points": [list(p) for p in prog.samples]},
+                sessions, samples = prog.sessions, prog.samples
+                if prog.partial and (row := session.get(ProgressRow, job_id)) is not None:
+                    sessions, samples = _merged(prog, row)
+                mb, ws = _totals(sessions)
+                values = {"minibatches": mb, "worker_seconds": ws, "per_server": sessions,
+                          "samples": {"points": [list(p) for p in samples]},
                           "updated_at": now}  # fmt: skip
                 stmt = update(ProgressRow).where(ProgressRow.job_id == job_id).values(**values)
                 if session.connection().execute(stmt).rowcount == 0:
                     session.add(ProgressRow(job_id=job_id, **values))
+                written[job_id] = (sessions, samples)
+        for job_id, prog in dirty.items():  # committed
+            if job_id not in written:
+                del self.progress[job_id]  # nothing to keep it for
+                continue
+            prog.sessions, prog.samples = written[job_id]
+            prog.dirty = prog.partial = False
+
+    def _prune(self) -> None:
+        """Forget the jobs that are no longer admitted or running, once their progress is
+        stored: memory grows with the active jobs only, not with the daemon's history."""
+        with self.c.db.session() as session:
+            active = set(session.scalars(select(JobRow.id).where(JobRow.state.in_(ACTIVE))))
+        for job_id in [j for j, p in self.progress.items() if j not in active and not p.dirty]:
+            del self.progress[job_id]
+        for cache in (self._jobs, self.reviewed):
+            for job_id in [j for j in cache if j not in active]:
+                del cache[job_id]
 
     # -- plans (decision thread) --------------------------------------------------------
 
@@ -494,6 +659,7 @@ class Execution:
 
     def view_sync(self, job_id: str) -> ProgressView:
         """The job's progress and runtime estimate; KeyError if no such job."""
+        self._drain()  # the latest reports; written at the next review
         with self.c.db.session() as session:
             row = session.get(JobRow, job_id)
             if row is None:
@@ -504,7 +670,13 @@ class Execution:
                 sum(a.workers for a in session.scalars(
                     select(AllocationRow).where(AllocationRow.job_id == job_id)))
             ) * self.slot_seconds  # fmt: skip
-        prog = self.progress.get(job_id, JobProgress())
+            prog = self.progress.get(job_id)
+            if prog is None or prog.partial:  # an ended job's progress is in the store
+                stored = session.get(ProgressRow, job_id)
+                if stored is not None:
+                    prog = _stored(stored) if prog is None else JobProgress(*_merged(prog, stored))
+        if prog is None:
+            prog = JobProgress()
         done, spent = prog.totals()
         planned_mb = job.minibatch_slots * self.slot_seconds
         total = job.epochs * job.chunks * job.minibatches

@@ -157,7 +157,7 @@ class Plane:
             payload = message.payload
             if not isinstance(payload, bytes | bytearray | str):
                 continue
-            try:
+            try:  # only queued here: the decision thread applies them (Execution._drain)
                 if topic.endswith("/heartbeat"):
                     self.execution.heartbeat(Heartbeat.parse(payload))
                 elif topic.endswith("/progress"):
