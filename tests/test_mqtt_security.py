@@ -178,6 +178,7 @@ def test_wrong_password_daemon_keeps_deciding_and_says_why(
     try:
         refused = wait_for_log(daemon.log_path, "broker unavailable")
         assert "Not authorized" in str(refused["error"]), refused
+        assert refused["level"] == "warning"  # the first time; retries are info
         # still deciding: gRPC answers and admits a job
         stub = pb_grpc.AdmissionStub(grpc.insecure_channel(daemon.address))
         reply = stub.SubmitJob(submit_request("j1"), timeout=20)

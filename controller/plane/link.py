@@ -93,6 +93,7 @@ class Plane:
         """Connect, serve, reconnect with backoff; until cancelled."""
         watcher = asyncio.create_task(self._watch_bus(), name="plane bus")
         delay = _BACKOFF_FIRST
+        last_error = ""
         try:
             while True:
                 offline = json.dumps({"version": VERSION, "online": False})
@@ -100,13 +101,17 @@ class Plane:
                 client = client_for(self.mqtt, f"oasisd-{uuid.uuid4().hex[:12]}", will)
                 try:
                     async with client:
-                        delay = _BACKOFF_FIRST
+                        delay, last_error = _BACKOFF_FIRST, ""
                         await self._session(client)
                 except aiomqtt.MqttError as err:
                     if self.connected:
                         self.log.warning("broker connection lost", error=str(err))
                     else:
-                        self.log.info("broker unavailable", error=str(err), retry_in=delay)
+                        # a new reason (refused password, bad certificate, broker down) is
+                        # a warning once; the same reason again on each retry is not
+                        level = self.log.info if str(err) == last_error else self.log.warning
+                        level("broker unavailable", error=str(err), retry_in=delay)
+                    last_error = str(err)
                 except Exception:  # a bug or the store: log, and start over after a pause
                     self.log.exception("execution plane failed; reconnecting", retry_in=delay)
                 finally:
