@@ -405,3 +405,23 @@ def test_a_job_behind_its_plan_is_reported_in_its_real_state(plane: PlaneDaemon)
     events = ex.review_sync()
     assert [(e.kind, e.state) for e in events] == [("behind", "admitted")]
     assert plane.state("slow") == "admitted"
+
+
+def test_a_restarted_daemon_watches_the_servers_that_reported(plane: PlaneDaemon) -> None:
+    """An agent that dies while the daemon is down is still declared failed: silence
+    counts from the restart for every server whose reports the store holds."""
+    from controller.plane.execution import Execution
+
+    view = plane.submit("j")
+    held = {a["server"] for a in view.decision.allocations if a.get("workers")}
+    reporter = sorted(held)[0]
+    plane.ex.report(Progress(reporter, "a", [TaskProgress("j", 3.0, 40.0)]))
+    plane.ex.review_sync()
+
+    restarted = Execution(plane.c, MqttConfig("localhost"), monotonic=lambda: plane.mono[0])
+    restarted.load()
+    restarted.connected()
+    assert restarted.review_sync() == []
+    plane.mono[0] += restarted.mqtt.heartbeat_timeout + 1.0
+    failed = [e.detail["server"] for e in restarted.review_sync() if e.kind == "server_failed"]
+    assert failed == [reporter]  # and no server that never reported

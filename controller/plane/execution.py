@@ -7,7 +7,9 @@ two decisions), always committing to the store before the ledger changes hands:
 - **done early**: a job whose reported mini-batches reach ``E * N * M`` completes in
   the current slot; its slots from the next one on are released and prices fall.
 - **server silent** for ``heartbeat_timeout`` seconds (after it reported at least once,
-  and only while the broker connection is up): the server is down from the next slot
+  also before a restart of the daemon: the store's progress of active jobs names the
+  servers that reported, and only while the broker connection is up): the server is
+  down from the next slot
   on; its jobs are re-placed or re-planned (:func:`pricing.replan.fail_server`); a job
   that can no longer finish becomes ``failed``. A heartbeat brings it back from the
   next slot on.
@@ -221,6 +223,12 @@ class Execution:
             )
             for prow in session.scalars(active):
                 self.progress[prow.job_id] = _stored(prow)
+                # its agents reported before the restart: their silence counts from now,
+                # or one that died while the daemon was down would never be noticed
+                for key in prow.per_server:
+                    server = key.split("/", 1)[0]
+                    if server in self.server_index and server not in self.failed:
+                        self.last_seen[server] = now
             meta = session.get(MetaRow, _PLANE_KEY)
             if meta is not None:
                 self.epoch = int(meta.value.get("epoch", 0))
