@@ -154,6 +154,9 @@ class AdmissionController:
         self._stale = False
         self.ledger: Ledger | None = None
         self.slot = 0
+        # the slot whose job-state changes are done: the window (self.slot) may move on
+        # first, in a decision or the plane's review, and the tick must still run then
+        self._ticked_slot = -1
         self.execution: Execution | None = None  # the execution plane, with a broker
 
     # -- start-up ----------------------------------------------------------------------
@@ -361,7 +364,7 @@ class AdmissionController:
 
     async def tick(self) -> None:
         """Advance to the current slot, if it changed: window and job states."""
-        if self._draining or self.slots.current_slot() == self.slot:
+        if self._draining or self.slots.current_slot() == self._ticked_slot:
             return
         events = await self._run(self._tick_sync)
         self._publish(events)
@@ -623,6 +626,7 @@ class AdmissionController:
             for row in done:
                 row.state = "completed"
                 events.append(self._event(session, now, "completed", row.id, "completed", {}))
+        self._ticked_slot = s
         if events:
             self.log.info("slot", slot=s, started=len(starting), completed=len(done))
         return events

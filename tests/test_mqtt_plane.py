@@ -16,6 +16,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -166,6 +167,37 @@ class Cluster:
 
         return asyncio.run(read())
 
+    def record(self, *topics: str) -> tuple[list[tuple[str, dict[str, Any]]], Callable[[], None]]:
+        """Subscribe to ``topics`` in a thread from now on: the (topic, JSON payload)
+        list it fills, and a function that stops it."""
+        got: list[tuple[str, dict[str, Any]]] = []
+        ready = threading.Event()
+        loop = asyncio.new_event_loop()
+
+        async def listen() -> None:
+            async with aiomqtt.Client("127.0.0.1", self.broker.port) as client:
+                for topic in topics:
+                    await client.subscribe(topic, qos=1)
+                ready.set()
+                async for message in client.messages:
+                    assert isinstance(message.payload, bytes)
+                    got.append((str(message.topic), json.loads(message.payload)))
+
+        task = loop.create_task(listen())
+        # asyncio.wait returns, and does not raise, once close() has cancelled the task
+        thread = threading.Thread(
+            target=loop.run_until_complete, args=(asyncio.wait([task]),), daemon=True
+        )
+        thread.start()
+        assert ready.wait(10), "the recorder did not subscribe"
+
+        def close() -> None:
+            loop.call_soon_threadsafe(task.cancel)
+            thread.join(10)
+            loop.close()
+
+        return got, close
+
     def wait_agents(self, timeout: float = 60.0) -> None:
         """Until every server's agent is heard: its heartbeats reach the broker (and so
         the daemon, subscribed to them since it connected)."""
@@ -279,6 +311,7 @@ def planned_servers(job: dict[str, Any], slot: int) -> set[str]:
 def test_agents_follow_plans_report_progress_and_early_completion_releases_slots(
     cluster: Cluster,
 ) -> None:
+    recorded, stop_recording = cluster.record(cluster.topics.job_events("+"), cluster.topics.status)
     cluster.daemon.start()
     for server in SERVERS:
         cluster.start_agent(server, speed=6.0)
@@ -329,6 +362,23 @@ def test_agents_follow_plans_report_progress_and_early_completion_releases_slots
     est = progress.minibatch_seconds
     assert est.low <= planned / 6 * 1.2 and est.high >= planned / 6 * 0.8
     assert est.high < planned / 2
+
+    # the job's life on its events topic, in order, and the daemon's status
+    wait_for(
+        "the completion event on MQTT",
+        lambda: any(p.get("kind") == "completed" for _, p in list(recorded)),
+    )
+    stop_recording()
+    on_job = [p for t, p in recorded if t == cluster.topics.job_events("e1")]
+    stored = [(e.kind, e.state) for e in cluster.events() if e.job_id == "e1"]
+    assert [p["kind"] for p in on_job] == ["admitted", "started", "completed"], stored
+    assert [p["state"] for p in on_job] == ["admitted", "running", "completed"]
+    assert all(p["job"] == "e1" for p in on_job)
+    sequences = [p["sequence"] for p in on_job]
+    assert sequences == sorted(sequences) and len(set(sequences)) == 3
+    assert on_job[-1]["detail"]["early"] is True
+    status = [p for t, p in recorded if t == cluster.topics.status]
+    assert status and status[-1]["online"] is True
 
 
 def test_broker_restart_loses_nothing(cluster: Cluster) -> None:

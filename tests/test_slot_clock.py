@@ -142,3 +142,37 @@ def test_cancel_releases_only_future_slots(stub: tuple[Any, FakeClock]) -> None:
     with pytest.raises(grpc.RpcError) as err:
         admission.CancelJob(pb.CancelJobRequest(id="c1"), timeout=10)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_a_decision_after_a_boundary_does_not_skip_the_state_changes(tmp_path: Path) -> None:
+    """A submission (or the execution plane's review) that moves the window first must
+    not make the slot clock's tick skip the jobs that start or end at that boundary."""
+    import structlog
+
+    from controller.admission import AdmissionController
+    from controller.store import Database
+
+    clock = FakeClock(1_000_000.0)
+    path = write_config(tmp_path / "c.toml", tmp_path / "data", epoch=clock.now(), extra="")
+    config = load(path)
+    config.data_dir.mkdir(parents=True)
+    c = AdmissionController(
+        config,
+        Database(config.database_url),
+        SlotClock(clock, SLOT, clock.now()),
+        log=structlog.wrap_logger(structlog.ReturnLogger()),
+    )
+    c.open()
+    try:
+        first = asyncio.run(c.submit(job("a", epochs=6, chunks=4, minibatches=60))).decision
+        assert first.admitted and first.arrival_slot == 1 and first.completion_slot
+        clock.advance(SLOT)  # slot 1: "a" starts
+        asyncio.run(c.submit(job("b")))  # decided before the tick: the window moves
+        asyncio.run(c.tick())
+        assert c._get_sync("a").state == "running"
+        clock.advance(SLOT * first.completion_slot)  # well past its plan
+        asyncio.run(c.quote(job("c")))  # a quote moves the window too
+        asyncio.run(c.tick())
+        assert c._get_sync("a").state == "completed"
+    finally:
+        c.close()
