@@ -8,11 +8,10 @@ two decisions), always committing to the store before the ledger changes hands:
   the current slot; its slots from the next one on are released and prices fall.
 - **server silent** for ``heartbeat_timeout`` seconds (after it reported at least once,
   also before a restart of the daemon: the store's progress of active jobs names the
-  servers that reported, and only while the broker connection is up): the server is
-  down from the next slot
-  on; its jobs are re-placed or re-planned (:func:`pricing.replan.fail_server`); a job
-  that can no longer finish becomes ``failed``. A heartbeat brings it back from the
-  next slot on.
+  servers that reported; and only while the broker connection is up): the server is
+  down from the next slot on; its jobs are re-placed or re-planned
+  (:func:`pricing.replan.fail_server`); a job that can no longer finish becomes
+  ``failed``. A heartbeat brings it back from the next slot on.
 - **slower than planned**: the job's mini-batch time is re-estimated
   (:mod:`pricing.runtime_estimate`); when even the optimistic end of the predictive
   interval needs more time than the plan holds, the remaining work is re-planned, and
