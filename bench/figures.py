@@ -14,7 +14,9 @@ What is measured
     - Fig. 5 (``fig5_offline_ratio``): the ratio offline optimum / online total utility on
       the paper's performance-ratio instances, as ``bench/offline_optimum.py`` defines them
       (10 jobs, T = 10, 3 / 6 / 9 / 12 servers split ``ceil(n/2)`` worker + ``floor(n/2)``
-      PS), for both OASiS pricings, with the solver's status.
+      PS), for both OASiS pricings, with the solver's status. ``--fig5-max-share S``
+      draws the same instances with small jobs, as the paper's Theorem 4 assumes
+      (``generate_trace``'s ``max_share``; its job sizes were lost with the text).
     - Fig. 6 (``fig6_bound_estimates``): OASiS (estimate pricing) total utility at 300
       jobs when L, or U, is multiplied by a factor from 1e-3 to 1e3
       (``replay(..., l_factor=, u_factor=)``, applied to every bound the estimate gives).
@@ -36,6 +38,7 @@ Run with
     .venv/bin/python -m bench.figures                    # full size, into bench/figures/
     .venv/bin/python -m bench.figures --seeds 5 --out /tmp/figs
     .venv/bin/python -m bench.figures --quick            # tiny sizes, under a minute
+    .venv/bin/python -m bench.figures --fig5-max-share 0.1   # Fig. 5 with small jobs
 
     A progress bar runs on stderr; a Markdown summary of the numbers (also written to
     ``summary.md`` in ``--out``) goes to stdout.
@@ -66,6 +69,7 @@ from bench.offline_optimum import HORIZON as FIG5_HORIZON
 from bench.offline_optimum import N_JOBS as FIG5_JOBS
 from bench.offline_optimum import TOTAL_SERVERS as FIG5_SERVERS
 from controller.commands.common import int_at_least
+from controller.commands.gen import parse_share
 from controller.replay import ReplayRecord, replay
 from pricing import Trace, trace_from_dict
 from pricing.baselines import POLICIES
@@ -144,13 +148,16 @@ def _trace(raw: dict[str, Any], bounds: str) -> Trace:
     return trace_from_dict({**raw, "pricing": {"bounds": bounds}})
 
 
-def _raw(seed: int, n_jobs: int, workers: int, ps: int, horizon: int) -> dict[str, Any]:
+def _raw(
+    seed: int, n_jobs: int, workers: int, ps: int, horizon: int, max_share: float | None = None
+) -> dict[str, Any]:
     return generate_trace(
         np.random.default_rng(seed),
         n_jobs=n_jobs,
         n_worker_servers=workers,
         n_ps_servers=ps,
         horizon=horizon,
+        max_share=max_share,
     )
 
 
@@ -332,14 +339,21 @@ def _ratio(optimum: float | None, online: float) -> float | None:
     return optimum / online if optimum is not None and online > 0 else None
 
 
-def fig5(settings: Settings, seeds: Sequence[int], out: Path, bar: tqdm[Any]) -> list[str]:
-    """Offline optimum against both OASiS pricings; write Fig. 5; Markdown summary lines."""
+def fig5(
+    settings: Settings,
+    seeds: Sequence[int],
+    out: Path,
+    bar: tqdm[Any],
+    max_share: float | None = None,
+) -> list[str]:
+    """Offline optimum against both OASiS pricings; write Fig. 5; Markdown summary lines.
+    ``max_share``: small jobs (``generate_trace``'s), None for the paper's sizes."""
     rows: list[tuple[Any, ...]] = []
     for total in settings.fig5_servers:
         workers, ps = (total + 1) // 2, total // 2
         for seed in seeds:
             bar.set_description(f"fig5 {total} servers seed {seed}")
-            raw = _raw(seed, FIG5_JOBS, workers, ps, FIG5_HORIZON)
+            raw = _raw(seed, FIG5_JOBS, workers, ps, FIG5_HORIZON, max_share)
             online: dict[str, float] = {}
             starts: dict[str, list[Schedule | None]] = {}
             oracle = _trace(raw, "oracle")
@@ -384,8 +398,9 @@ def fig5(settings: Settings, seeds: Sequence[int], out: Path, bar: tqdm[Any]) ->
     ax.set_xticks(list(settings.fig5_servers))
     ax.set_xlabel("servers (ceil(n/2) worker + floor(n/2) PS)")
     ax.set_ylabel("offline optimum / online utility")
+    jobs = f"{FIG5_JOBS} jobs" + (f" of <= {max_share:g} of the cluster" if max_share else "")
     ax.set_title(
-        f"Fig. 5: offline ratio ({FIG5_JOBS} jobs, T={FIG5_HORIZON}, {len(seeds)} seeds "
+        f"Fig. 5: offline ratio ({jobs}, T={FIG5_HORIZON}, {len(seeds)} seeds "
         "per size; bar = median)",
         fontsize=9,
     )
@@ -397,11 +412,14 @@ def fig5(settings: Settings, seeds: Sequence[int], out: Path, bar: tqdm[Any]) ->
 
     proven = sum(r[4] == "optimal" for r in rows)
     lines = [
-        f"Fig. 5, offline optimum / online ({len(rows)} instances; {proven} proven optimal, "
+        f"Fig. 5, offline optimum / online ({len(rows)} instances"
+        + (f" of jobs within {max_share:g} of the cluster" if max_share else "")
+        + f"; {proven} proven optimal, "
         f"slowest solve {max(r[6] for r in rows):.2f} s, limit {settings.fig5_time_limit:g} s):",
         "",
-        "| OASiS bounds | median ratio | max ratio | ratio <= 2 | online utility 0 |",
-        "|---|---|---|---|---|",
+        "| OASiS bounds | median ratio | max ratio | ratio <= 1.5 | ratio <= 2 "
+        "| online utility 0 |",
+        "|---|---|---|---|---|---|",
     ]
     for bounds, col in (("estimate", 10), ("oracle", 11)):
         vals = [r[col] for r in rows if r[col] is not None]
@@ -409,10 +427,11 @@ def fig5(settings: Settings, seeds: Sequence[int], out: Path, bar: tqdm[Any]) ->
         if vals:
             lines.append(
                 f"| {bounds} | {float(np.median(vals)):.4g} | {max(vals):.4g} | "
+                f"{sum(v <= 1.5 for v in vals)} of {len(vals)} | "
                 f"{sum(v <= 2 for v in vals)} of {len(vals)} | {zero} |"
             )
         else:
-            lines.append(f"| {bounds} | - | - | - | {zero} |")
+            lines.append(f"| {bounds} | - | - | - | - | {zero} |")
     return lines
 
 
@@ -502,6 +521,14 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="traces per point, seeds 1..N (default: 3; 1 with --quick)",
     )
+    parser.add_argument(
+        "--fig5-max-share",
+        type=parse_share,
+        default=None,
+        metavar="S",
+        help="Fig. 5 with small jobs, as Theorem 4 assumes (oasis gen --max-share); "
+        "default: the paper's job sizes",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else FULL
@@ -517,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with tqdm(total=total, file=sys.stderr, unit="run", disable=args.no_progress) as bar:
         lines = fig3_fig4(settings, seeds, out, bar)
-        lines += ["", *fig5(settings, seeds, out, bar)]
+        lines += ["", *fig5(settings, seeds, out, bar, args.fig5_max_share)]
         lines += ["", *fig6(settings, seeds, out, bar)]
     seconds = time.perf_counter() - started
 
@@ -527,6 +554,8 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m bench.figures" + (" --quick" if args.quick else "")
     if args.seeds is not None:
         command += f" --seeds {args.seeds}"
+    if args.fig5_max_share is not None:
+        command += f" --fig5-max-share {args.fig5_max_share:g}"
     head = [
         f"Command: `{command}`; seeds {seeds[0]}..{seeds[-1]}; wall time {seconds:.0f} s.",
         "Machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()) + ".",

@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from controller.commands.gen import parse_share
 from controller.replay import replay, summary
 from pricing import trace_from_dict
 from pricing.offline import SolverName, solve_offline, theorem4_bound
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--max-share",
-        type=float,
+        type=parse_share,
         default=None,
         metavar="S",
         help="small jobs as Theorem 4 assumes (generate_trace's max_share), e.g. 0.1",

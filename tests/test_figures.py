@@ -57,3 +57,36 @@ def test_quick_run_writes_every_figure(tmp_path: Path, capsys: pytest.CaptureFix
     # factor 1 is the unscaled estimate: the same replay as Fig. 3's OASiS
     unscaled = {r["total_utility"] for r in fig6 if float(r["factor"]) == 1.0}
     assert unscaled == {at_fig4["oasis"]["total_utility"]}
+
+
+def test_fig5_with_small_jobs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--fig5-max-share``: Fig. 5 on the same seeds with small jobs; its online column
+    is an independent replay of ``generate_trace(..., max_share=0.1)``."""
+    import math
+
+    import numpy as np
+
+    from bench.offline_optimum import HORIZON, N_JOBS
+    from controller.replay import replay
+    from pricing import trace_from_dict
+    from pricing.workload import generate_trace
+
+    assert (
+        main(["--quick", "--no-progress", "--out", str(tmp_path), "--fig5-max-share", "0.1"]) == 0
+    )
+    assert "Fig. 5, offline optimum / online (2 instances of jobs within 0.1 of the cluster" in (
+        capsys.readouterr().out
+    )
+    rows = _rows(tmp_path / "fig5_offline_ratio.csv", "fig5_offline_ratio")
+    for r in rows:
+        total = int(r["servers"])
+        raw = generate_trace(
+            np.random.default_rng(int(r["seed"])), n_jobs=N_JOBS, n_worker_servers=(total + 1) // 2,
+            n_ps_servers=total // 2, horizon=HORIZON, max_share=0.1,
+        )  # fmt: skip
+        records = replay(trace_from_dict({**raw, "pricing": {"bounds": "estimate"}}))
+        online = math.fsum(
+            float(x.decision.best.utility or 0.0) for x in records if x.decision.admitted
+        )
+        assert float(r["online_estimate"]) == pytest.approx(online, rel=1e-9)
+        assert float(r["optimum"]) >= online - 1e-6
