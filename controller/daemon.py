@@ -114,12 +114,13 @@ async def serve(
         if metrics is not None:
             metrics.set_broker(False)
     limits = config.limits
-    # first: who may call (tokens, roles, rate), then everything else
+    # the metrics first, so they count the calls refused; then who may call (tokens,
+    # roles, rate); then everything else
     access = AccessInterceptor(
         config.tokens, RateLimiter(limits.rate, limits.burst) if limits.rate else None
     )
     server = grpc.aio.server(
-        interceptors=[access, *([metrics.interceptor()] if metrics else [])],
+        interceptors=[*([metrics.interceptor()] if metrics else []), access],
         options=[
             ("grpc.max_receive_message_length", limits.max_message_bytes),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

@@ -5,7 +5,8 @@ Counted as requests pass (a gRPC interceptor on SubmitJob and QuoteJob):
 - ``oasis_decisions_total{kind, outcome}``: ``kind`` is ``submit`` or ``quote``;
   ``outcome`` is ``admitted``, ``rejected``, ``duplicate`` (a retried submit answered with
   the first decision), ``invalid``, ``conflict``, ``unavailable`` (store down or
-  draining), ``cancelled`` (the client gave up) or ``error``.
+  draining), ``unauthenticated`` (no or an unknown token), ``denied`` (outside the
+  caller's role), ``rate_limited``, ``cancelled`` (the client gave up) or ``error``.
 - ``oasis_decision_seconds{kind}``: histogram of the time from the request reaching the
   daemon to its answer (waiting for earlier decisions, the search, the commit).
 - ``oasis_decision_search_seconds{kind}``: histogram of the best-schedule search alone
@@ -61,6 +62,10 @@ _ERROR_OUTCOMES = {
     grpc.StatusCode.INVALID_ARGUMENT: "invalid",
     grpc.StatusCode.ALREADY_EXISTS: "conflict",
     grpc.StatusCode.UNAVAILABLE: "unavailable",
+    # refused by controller.auth's interceptor, which runs inside this one
+    grpc.StatusCode.UNAUTHENTICATED: "unauthenticated",
+    grpc.StatusCode.PERMISSION_DENIED: "denied",
+    grpc.StatusCode.RESOURCE_EXHAUSTED: "rate_limited",
     grpc.StatusCode.CANCELLED: "cancelled",
     grpc.StatusCode.DEADLINE_EXCEEDED: "cancelled",
 }

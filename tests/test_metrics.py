@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import tomllib
 import urllib.request
 from collections.abc import Iterator
@@ -187,3 +188,44 @@ def test_metrics_listen_is_off_by_default_and_checked(tmp_path: Path) -> None:
     ]:
         with pytest.raises(ConfigError, match=re.escape(message)):
             from_dict({**base, "metrics": bad})
+
+
+def test_refused_calls_are_counted(tmp_path: Path) -> None:
+    """Calls the access check refuses (no or a bad token, over the rate) reach
+    ``oasis_decisions_total`` with their own outcomes."""
+    from controller.auth import hash_token
+    from controller.tls import client_channel
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"alice submitter {hash_token('a-token')}\n")
+    extra = f'{METRICS_ON}[auth]\ntokens_file = "{tokens}"\n[limits]\nrate = 0.01\nburst = 1\n'
+    config = write_config(tmp_path / "m.toml", tmp_path / "data", extra=extra)
+    log = tmp_path / "m.log"
+    daemon = Daemon(config, log).start()
+    try:
+        line = next(x for x in log.read_text().splitlines() if "metrics listening" in x)
+        url = f"http://{json.loads(line)['address']}/metrics"
+        request = pb.QuoteJobRequest(job=spec_to_proto(job("q1")))
+        codes = []
+        for token in ("a-token", "a-token", "a-guess"):
+            with client_channel(daemon.address, token=token) as channel:
+                try:
+                    pb_grpc.AdmissionStub(channel).QuoteJob(request, timeout=30)
+                    codes.append(grpc.StatusCode.OK)
+                except grpc.RpcError as err:
+                    codes.append(err.code())
+        assert codes == [grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         grpc.StatusCode.UNAUTHENTICATED]  # fmt: skip
+        wanted = {("oasis_decisions_total", (("kind", "quote"), ("outcome", o))): 1.0
+                  for o in ("rate_limited", "unauthenticated")}  # fmt: skip
+        deadline = time.monotonic() + 10  # the count follows the answer by a moment
+        while True:
+            with urllib.request.urlopen(url, timeout=30) as resp:
+                samples = parse(resp.read().decode())
+            got = {k: samples.get(k) for k in wanted}
+            if got == wanted or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert got == wanted
+    finally:
+        assert daemon.stop() == 0, log.read_text()
