@@ -59,10 +59,13 @@ def broker(pki: Pki) -> Iterator[Mosquitto]:
         server.close()
 
 
-def start_daemon(tmp: Path, broker: Mosquitto, pki: Pki, prefix: str, password: str) -> Daemon:
-    """oasisd with ``[mqtt]`` for ``broker`` (TLS, user ``USER``), started."""
+def start_daemon(
+    tmp: Path, broker: Mosquitto, pki: Pki, prefix: str, password: str, ca: Path | None = None
+) -> Daemon:
+    """oasisd with ``[mqtt]`` for ``broker`` (TLS trusting ``ca``, by default the test CA;
+    user ``USER``), started."""
     mqtt = (
-        f'[mqtt]\nurl = "{broker.url}"\ntls_ca = "{pki.ca}"\nusername = "{USER}"\n'
+        f'[mqtt]\nurl = "{broker.url}"\ntls_ca = "{ca or pki.ca}"\nusername = "{USER}"\n'
         f"password = {json.dumps(password)}\ntopic_prefix = {json.dumps(prefix)}\n"
     )
     config = write_config(tmp / "oasisd.toml", tmp / "data", extra=mqtt)
@@ -193,3 +196,21 @@ def test_wrong_password_daemon_keeps_deciding_and_says_why(
     finally:
         assert daemon.stop() == 0
     assert "not-the-password" not in daemon.log_path.read_text()
+
+
+def test_a_broker_certificate_the_ca_file_does_not_vouch_for(
+    tmp_path: Path, broker: Mosquitto, pki: Pki
+) -> None:
+    """tls_ca naming another certificate: the daemon refuses the broker (a warning that
+    says why), keeps deciding, and nothing is published."""
+    daemon = start_daemon(tmp_path, broker, pki, "sec-ca", PASSWORD, ca=pki.rogue_cert)
+    try:
+        refused = wait_for_log(daemon.log_path, "broker unavailable")
+        assert "certificate verify failed" in str(refused["error"]), refused
+        assert refused["level"] == "warning"
+        stub = pb_grpc.AdmissionStub(grpc.insecure_channel(daemon.address))
+        assert stub.SubmitJob(submit_request("c1"), timeout=20).job.decision.admitted
+        assert "broker connected" not in [e.get("event") for e in log_events(daemon.log_path)]
+        assert retained_plans(broker, pki, "sec-ca", wait=1.5) == {}
+    finally:
+        assert daemon.stop() == 0
