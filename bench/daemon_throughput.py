@@ -178,7 +178,8 @@ servers = [
 # -- load ------------------------------------------------------------------------------
 
 
-def _percentiles(values: list[float]) -> tuple[float, float, float]:
+def percentiles(values: list[float]) -> tuple[float, float, float]:
+    """``(p50, p99, max)`` of ``values`` in their own unit; zeros when empty."""
     if not values:
         return 0.0, 0.0, 0.0
     arr = np.asarray(values)
@@ -356,9 +357,9 @@ def run_backend(
         shutil.copy(log_path, Path(args.keep_logs) / f"oasisd-{backend}.log")
     url = store_url or f"sqlite:///{(data_dir / 'oasis.db').resolve()}"
     decisions = load.admitted + load.rejected
-    s50, s99, smax = _percentiles(load.submit_ms)
-    d50, d99, _ = _percentiles(load.decision_ms)
-    h50, h99, hmax = _percentiles(load.health_ms)
+    s50, s99, smax = percentiles(load.submit_ms)
+    d50, d99, _ = percentiles(load.decision_ms)
+    h50, h99, hmax = percentiles(load.health_ms)
     return BackendResult(
         backend=backend,
         jobs=len(jobs),

@@ -69,10 +69,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import numpy as np
 from sqlalchemy import create_engine, text
 
-from bench.daemon_throughput import WINDOW, workload, write_config
+from bench.daemon_throughput import WINDOW, percentiles, workload, write_config
 from bench.machine import describe
 from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
@@ -462,13 +461,6 @@ def check_ledger(address: str, use: Use, servers: list[dict[str, Any]]) -> list[
 # -- one backend -----------------------------------------------------------------------
 
 
-def _percentiles(values: list[float]) -> tuple[float, float, float]:
-    if not values:
-        return 0.0, 0.0, 0.0
-    arr = np.asarray(values) * 1000.0
-    return float(np.percentile(arr, 50)), float(np.percentile(arr, 99)), float(arr.max())
-
-
 def run_load(
     backend: str,
     store_url: str,
@@ -530,12 +522,14 @@ def run_load(
     report.attempts = len(answers) + sum(load.failed_calls.values())  # calls made
     report.failed_calls = dict(load.failed_calls)
     report.per_second = report.answered / report.seconds if report.seconds > 0 else 0.0
-    report.latency_p50_ms, report.latency_p99_ms, report.latency_max_ms = _percentiles(
-        [a.seconds for a in answers]
+    report.latency_p50_ms, report.latency_p99_ms, report.latency_max_ms = percentiles(
+        [a.seconds * 1000.0 for a in answers]
     )
-    report.call_p50_ms, report.call_p99_ms, _ = _percentiles([a.call_seconds for a in answers])
-    report.decision_p50_ms, report.decision_p99_ms, _ = _percentiles(
-        [a.decision_ms / 1000.0 for a in answers]
+    report.call_p50_ms, report.call_p99_ms, _ = percentiles(
+        [a.call_seconds * 1000.0 for a in answers]
+    )
+    report.decision_p50_ms, report.decision_p99_ms, _ = percentiles(
+        [a.decision_ms for a in answers]
     )
     report.utilisation_samples = load.utilisation_samples
     report.utilisation_max = load.utilisation_max
