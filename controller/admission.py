@@ -171,7 +171,10 @@ class AdmissionController:
             settings = {"window": self.window, "slot_seconds": self.config.slot_seconds}
             session.merge(MetaRow(key=SETTINGS_KEY, value=settings))
         rebuilt = self._reload()
-        self._tick_sync()
+        if self.config.mqtt is None:
+            self._tick_sync()
+        # else the first tick() runs once the execution plane is attached and has loaded
+        # the progress it needs to tell which ended plans left their work unfinished
         self.log.info(
             "store ready",
             revision=revision,

@@ -85,6 +85,11 @@ class Job:
     ps_ratio: float
 
     @property
+    def total_minibatches(self) -> int:
+        """``E * N * M``: the mini-batches of the whole training (what agents report)."""
+        return self.epochs * self.chunks * self.minibatches
+
+    @property
     def min_slots(self) -> int:
         """``d_min = ceil(W / N)``: the fewest slots the job can take."""
         return -(-self.work // self.chunks)

@@ -41,8 +41,9 @@ def _past_plan(d: PlaneDaemon, view: Any) -> int:
     return after
 
 
-def _report(d: PlaneDaemon, job_id: str, minibatches: float) -> None:
-    d.ex.report(Progress("w0", "a", [TaskProgress(job_id, minibatches, minibatches * 60.0)]))
+def _report(ex: Any, job_id: str, minibatches: float) -> None:
+    """``minibatches`` done so far by one worker session on w0, reported to ``ex``."""
+    ex.report(Progress("w0", "a", [TaskProgress(job_id, minibatches, minibatches * 60.0)]))
 
 
 def test_a_job_nobody_reported_on_completes_with_its_plan(daemon: PlaneDaemon) -> None:
@@ -52,12 +53,12 @@ def test_a_job_nobody_reported_on_completes_with_its_plan(daemon: PlaneDaemon) -
 
 def test_the_rest_reported_after_the_plan_ended_completes_it_late(daemon: PlaneDaemon) -> None:
     view = daemon.submit("j")
-    _report(daemon, "j", 12.0)
+    _report(daemon.ex, "j", 12.0)
     assert daemon.ex.review_sync() == []
     after = _past_plan(daemon, view)
     assert daemon.state("j") == "running"  # 12 of 20 reported: not done
     assert daemon.ex.review_sync() == []  # within heartbeat_timeout of the boundary
-    _report(daemon, "j", float(TOTAL))
+    _report(daemon.ex, "j", float(TOTAL))
     events = daemon.ex.review_sync()
     assert [e.kind for e in events] == ["completed"]
     assert daemon.state("j") == "completed"
@@ -67,7 +68,7 @@ def test_the_rest_reported_after_the_plan_ended_completes_it_late(daemon: PlaneD
 
 def test_silence_after_the_plan_ended_short_fails_the_job(daemon: PlaneDaemon) -> None:
     view = daemon.submit("k")
-    _report(daemon, "k", 5.0)
+    _report(daemon.ex, "k", 5.0)
     daemon.ex.review_sync()
     _past_plan(daemon, view)
     assert daemon.state("k") == "running"
@@ -80,3 +81,66 @@ def test_silence_after_the_plan_ended_short_fails_the_job(daemon: PlaneDaemon) -
     assert (detail["minibatches"], detail["of"]) == (5.0, TOTAL)
     assert daemon.state("k") == "failed"
     assert daemon.ex.review_sync() == []  # failed once
+
+
+def test_the_grace_counts_from_the_end_of_the_plan(daemon: PlaneDaemon) -> None:
+    """Slots past its plan, a short job fails at the first review, not after the grace
+    of the current slot's boundary."""
+    view = daemon.submit("m")
+    _report(daemon.ex, "m", 5.0)
+    daemon.ex.review_sync()
+    late = int(view.decision.completion_slot) + 3
+    daemon.clock.advance(late * daemon.config.slot_seconds)  # a second into slot `late`
+    asyncio.run(daemon.c.tick())
+    assert daemon.state("m") == "running"
+    assert [e.kind for e in daemon.ex.review_sync()] == ["failed"]
+
+
+def test_a_restart_after_the_plan_ended_keeps_the_job_open(daemon: PlaneDaemon) -> None:
+    """The daemon restarts after a job's plan ended short: opening the store must not
+    complete it before the execution plane (with its stored progress) is attached."""
+    import structlog
+
+    from controller.admission import AdmissionController
+    from controller.clock import SlotClock
+    from controller.config import from_dict
+    from controller.plane.execution import Execution
+    from controller.plane.settings import MqttConfig
+    from controller.store import Database
+    from tests.test_mqtt_units import CLUSTER
+
+    view = daemon.submit("r")
+    first = min(int(a["slot"]) for a in view.decision.allocations)
+    daemon.clock.advance(first * daemon.config.slot_seconds)
+    asyncio.run(daemon.c.tick())
+    assert daemon.state("r") == "running"
+    _report(daemon.ex, "r", 7.0)
+    daemon.ex.review_sync()  # progress stored
+    daemon.c.close()
+
+    after = int(view.decision.completion_slot) + 1
+    daemon.clock.advance((after - first) * daemon.config.slot_seconds)  # down meanwhile
+    config = from_dict(
+        {
+            "daemon": {"data_dir": str(daemon.config.data_dir), "window": 6, "epoch": 0},
+            "cluster": CLUSTER,
+            "mqtt": {"url": "mqtt://127.0.0.1:1"},  # never connected here
+        }
+    )
+    c = AdmissionController(
+        config,
+        Database(config.database_url),
+        SlotClock(daemon.clock, config.slot_seconds, 0.0),
+        log=structlog.wrap_logger(structlog.ReturnLogger()),
+    )
+    daemon.c = c  # closed by the fixture
+    c.open()
+    assert daemon.state("r") == "running"  # not completed before the plane is attached
+    ex = Execution(c, MqttConfig("localhost"), monotonic=lambda: daemon.mono[0])
+    ex.load()
+    c.execution = ex
+    asyncio.run(c.tick())
+    assert daemon.state("r") == "running"  # 7 of 20 reported: left open, then ...
+    _report(ex, "r", float(TOTAL))
+    assert [e.kind for e in ex.review_sync()] == ["completed"]  # ... completed, late
+    assert daemon.state("r") == "completed"

@@ -199,6 +199,7 @@ class Execution:
         self.watch_from: float | None = None
         self._jobs: dict[str, Job] = {}
         self._pruned_slot: int | None = None
+        self.overdue: set[str] = set()  # running past their plan, short of their work
         # the inbox: filled on the event loop, emptied in the decision thread (_drain)
         self._inbox_lock = threading.Lock()
         self._beats: dict[str, float] = {}  # server -> monotonic time of its latest beat
@@ -323,39 +324,50 @@ class Execution:
 
     def unfinished(self, job_id: str, session: Session) -> bool:
         """Whether agents reported progress for ``job_id`` short of its ``E * N * M``
-        mini-batches (decision thread). A job nobody reported on is not: its plan is all
-        the daemon knows."""
+        mini-batches (decision thread). The slot clock asks this of running jobs whose
+        plan has ended; one that is short is remembered for :meth:`_overdue_sync`. A job
+        nobody reported on is not short: its plan is all the daemon knows."""
         prog = self.progress.get(job_id)
         if prog is None:
             return False
-        job = self._job(job_id, session)
-        return prog.totals()[0] < job.epochs * job.chunks * job.minibatches - 1e-9
+        short = prog.totals()[0] < self._job(job_id, session).total_minibatches - 1e-9
+        if short:
+            self.overdue.add(job_id)
+        return short
 
     def _overdue_sync(self) -> list[Event]:
-        """Fail the running jobs whose plan ended short of their work, once their agents
-        had ``heartbeat_timeout`` seconds after the slot boundary to report the rest."""
-        since_boundary = self.slot_seconds - self.c.slots.seconds_to_next_slot()
-        if since_boundary <= self.mqtt.heartbeat_timeout:
+        """Fail the jobs left running past their plan short of their work, once their
+        agents had ``heartbeat_timeout`` seconds after the plan's end to report the rest."""
+        if not self.overdue:
             return []
         s = self.c.slot
+        since_boundary = self.slot_seconds - self.c.slots.seconds_to_next_slot()
         now = datetime.now(UTC)
         events: list[Event] = []
         with self.c.db.session() as session:
-            overdue = session.scalars(
-                select(JobRow).where(JobRow.state == "running", JobRow.completion_slot < s)
-            ).all()
-            for row in overdue:
-                if not self.unfinished(row.id, session):
-                    continue  # completed by the review of its last report
-                job = self._job(row.id, session)
-                done, _ = self.progress[row.id].totals()
+            for job_id in sorted(self.overdue):
+                row = session.get(JobRow, job_id)
+                if row is None or row.state != "running" or row.completion_slot is None:
+                    self.overdue.discard(job_id)  # completed by its last report, or ended
+                    continue
+                since_plan_end = (s - row.completion_slot - 1) * self.slot_seconds + since_boundary
+                if since_plan_end <= self.mqtt.heartbeat_timeout:
+                    continue
+                if not self.unfinished(job_id, session):
+                    self.overdue.discard(job_id)
+                    continue
+                job = self._job(job_id, session)
+                done, _ = self.progress[job_id].totals()
                 row.state = "failed"
                 detail = {"reason": "plan_ended", "minibatches": done,
-                          "of": job.epochs * job.chunks * job.minibatches,
+                          "of": job.total_minibatches,
                           "completion_slot": row.completion_slot}  # fmt: skip
-                events.append(self.c._event(session, now, "failed", row.id, "failed", detail))
-                self.log.warning("job failed: its plan ended before its work", job=row.id,
+                events.append(self.c._event(session, now, "failed", job_id, "failed", detail))
+                self.log.warning("job failed: its plan ended before its work", job=job_id,
                                  **detail)  # fmt: skip
+        # only once the commit went through: a store outage leaves them to the next review
+        for e in events:
+            self.overdue.discard(e.job_id)
         return events
 
     def _job(self, job_id: str, session: Session | None = None) -> Job:
@@ -487,7 +499,7 @@ class Execution:
             state = row.state
             job = self._job(job_id, session)
         done, spent = prog.totals()
-        total = job.epochs * job.chunks * job.minibatches
+        total = job.total_minibatches
         if done >= total - 1e-9:
             return self._complete_sync(job, done)
         s = self.c.slot
@@ -619,7 +631,7 @@ class Execution:
             for r in rows:
                 job = self._job(r.job_id, session)
                 task = Task(r.job_id, r.workers, r.ps, job.minibatch_slots * self.slot_seconds,
-                            job.epochs * job.chunks * job.minibatches)  # fmt: skip
+                            job.total_minibatches)  # fmt: skip
                 tasks.setdefault((r.server, r.slot), []).append(task)
             epoch0 = self.c.slots.epoch
             plans: list[Plan] = []
@@ -686,7 +698,7 @@ class Execution:
             prog = JobProgress()
         done, spent = prog.totals()
         planned_mb = job.minibatch_slots * self.slot_seconds
-        total = job.epochs * job.chunks * job.minibatches
+        total = job.total_minibatches
         xs = np.array([p[0] for p in prog.samples])
         ys = np.array([p[1] for p in prog.samples])
         post = fit(xs, ys, RuntimePrior(planned_mb))
