@@ -225,8 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure(config.log_level)
 
     def ready(address: str) -> None:
-        print(f"oasisd listening on {address} (store: {config.database_url.split('@')[-1]})",
-              flush=True)  # fmt: skip
+        store = sqlalchemy.make_url(config.database_url).render_as_string(hide_password=True)
+        print(f"oasisd listening on {address} (store: {store})", flush=True)
 
     try:
         with contextlib.suppress(KeyboardInterrupt):
