@@ -51,8 +51,9 @@ import structlog
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
-from controller.admission import AdmissionController, NotFoundError
+from controller.errors import NotFoundError
 from controller.events import Event
+from controller.plane.port import AdmissionPort
 from controller.plane.settings import MqttConfig
 from controller.plane.topics import Heartbeat, Plan, Progress, SlotPlan, Task
 from controller.replay import allocations as allocation_entries
@@ -177,7 +178,7 @@ class Execution:
 
     def __init__(
         self,
-        controller: AdmissionController,
+        controller: AdmissionPort,
         mqtt: MqttConfig,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:

@@ -19,9 +19,10 @@ from collections.abc import Callable
 import aiomqtt
 import structlog
 
-from controller.admission import AdmissionController, DrainingError
+from controller.errors import DrainingError
 from controller.plane.client import client_for
 from controller.plane.execution import Execution
+from controller.plane.port import AdmissionPort
 from controller.plane.settings import MqttConfig
 from controller.plane.topics import (
     VERSION,
@@ -52,7 +53,7 @@ class Plane:
 
     def __init__(
         self,
-        controller: AdmissionController,
+        controller: AdmissionPort,
         execution: Execution,
         mqtt: MqttConfig,
         broker_up: Callable[[bool], None] | None = None,
@@ -208,7 +209,7 @@ class Plane:
 
 
 async def start_plane(
-    controller: AdmissionController,
+    controller: AdmissionPort,
     mqtt: MqttConfig,
     broker_up: Callable[[bool], None] | None = None,
 ) -> Plane:

@@ -1,0 +1,151 @@
+"""The admission controller: its parts composed, and its async API, which serialises
+every decision (each one changes prices) and runs it off the event loop in one worker
+thread (the compiled search releases the GIL)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from controller.admission.decide import DecisionCore
+from controller.admission.lifecycle import Lifecycle
+from controller.admission.reads import ReadViews
+from controller.admission.recovery import Recovery
+from controller.admission.views import DecisionView, JobView
+from controller.clock import SlotClock
+from controller.config import Config
+from controller.errors import DrainingError
+from controller.events import Event, EventBus
+from controller.store import Database, StoreUnavailableError
+
+__all__ = ["AdmissionController"]
+
+_T = TypeVar("_T")
+
+
+class AdmissionController(DecisionCore, Recovery, Lifecycle, ReadViews):
+    """Owns the ledger, the price bounds and the store; see the package docstring."""
+
+    def __init__(
+        self,
+        config: Config,
+        db: Database,
+        slots: SlotClock,
+        bus: EventBus | None = None,
+        log: Any = None,
+    ) -> None:
+        super().__init__(config, db, slots, bus, log)
+        self._lock = asyncio.Lock()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="decide")
+        self._draining = False
+        self._in_flight = 0  # requests inside _run: queued on the lock or deciding
+        self._idle = asyncio.Event()
+        # a store outage during a write may have cut off a commit that happened: rebuild
+        # the ledger from the store before the next decision (_run)
+        self._stale = False
+
+    # -- async API (serialised, off the event loop) ---------------------------------------
+
+    async def _run(self, fn: Callable[[], _T]) -> _T:
+        if self._draining:
+            raise DrainingError("the daemon is stopping (draining); retry on its successor")
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            async with self._lock:
+                return await asyncio.get_running_loop().run_in_executor(
+                    self._executor, lambda: self._in_step(fn)
+                )
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+
+    @property
+    def draining(self) -> bool:
+        """True once :meth:`drain` began: new submissions, quotes and cancels are refused."""
+        return self._draining
+
+    async def drain(self, timeout: float) -> int:
+        """Refuse new requests and wait up to ``timeout`` seconds for those in flight to be
+        decided and committed. Returns how many were still in flight at the timeout."""
+        self._draining = True
+        if self._in_flight:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), timeout)
+        return self._in_flight
+
+    async def read(self, fn: Callable[[], _T]) -> _T:
+        """Run ``fn`` in the decision thread between two ledger changes and return its
+        result (from the event loop): a read of the ledger never sees half a decision."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    def between_decisions(self, fn: Callable[[], _T], timeout: float = 10.0) -> _T:
+        """Run ``fn`` in the decision thread between two decisions and return its result
+        (blocking; from any thread but the event loop's). The ledger is only changed in that
+        thread, so ``fn`` reads it whole, never half-updated."""
+        return self._executor.submit(fn).result(timeout)
+
+    def _in_step(self, fn: Callable[[], _T]) -> _T:
+        """Run ``fn`` in the decision thread on a ledger that matches the store."""
+        if self._stale:
+            rebuilt = self._reload()  # StoreUnavailableError: still stale, try next time
+            self._stale = False
+            self.log.info("ledger rebuilt from the store after an outage", jobs=rebuilt)
+        try:
+            return fn()
+        except StoreUnavailableError:
+            self._stale = True
+            raise
+
+    async def submit(
+        self, spec: dict[str, Any], by: str | None = None, owner: str | None = None
+    ) -> JobView:
+        """Decide ``spec`` and commit; idempotent by job id.
+
+        ``by`` is recorded as the job's submitter; with ``owner`` set, a job id of another
+        submitter is a conflict rather than a duplicate."""
+        view, events = await self._run(lambda: self._submit_sync(spec, by, owner))
+        self._publish(events)
+        return view
+
+    async def quote(self, spec: dict[str, Any]) -> DecisionView:
+        """Decide ``spec`` without committing anything."""
+        return await self._run(lambda: self._quote_sync(spec))
+
+    async def cancel(self, job_id: str) -> tuple[JobView, int]:
+        """Cancel a job: its slots from the next one on are released."""
+        view, released, events = await self._run(lambda: self._cancel_sync(job_id))
+        self._publish(events)
+        return view, released
+
+    async def tick(self) -> None:
+        """Advance to the current slot, if it changed: window and job states."""
+        if self._draining or self.slots.current_slot() == self._ticked_slot:
+            return
+        events = await self._run(self._tick_sync)
+        self._publish(events)
+
+    async def get(self, job_id: str, owner: str | None = None) -> JobView:
+        """One job; with ``owner`` set, only if that submitter submitted it."""
+        return await asyncio.to_thread(self._get_sync, job_id, owner)
+
+    async def list_jobs(
+        self, states: Sequence[str], limit: int, owner: str | None = None
+    ) -> list[JobView]:
+        """Jobs in decision order; with ``owner`` set, only that submitter's."""
+        return await asyncio.to_thread(self._list_sync, list(states), limit, owner)
+
+    async def stored_events(self, after: int) -> list[Event]:
+        return await asyncio.to_thread(self._events_sync, after)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+        self.db.dispose()
+
+    def _publish(self, events: list[Event]) -> None:
+        for event in events:
+            self.bus.publish(event)

@@ -1,0 +1,185 @@
+"""The decision core: parse a spec, search its best schedule at current prices (Alg. 1),
+commit the decision to the store, then apply it to the ledger."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+from sqlalchemy import func, insert, select, update
+
+from controller.admission.state import ESTIMATE_KEY, AdmissionState
+from controller.admission.views import DecisionView, JobView, canonical_spec
+from controller.errors import ConflictError
+from controller.events import Event
+from controller.limits import check_job_id
+from controller.replay import allocations as allocation_entries
+from controller.store import AllocationRow, JobRow, MetaRow
+from pricing import ADMIT_THRESHOLD, Job
+from pricing.best_schedule import BestSchedule, best_schedule
+from pricing.bound_estimate import BoundEstimate
+from pricing.explain import explain_rejection, price_drivers
+from pricing.fields import text
+from pricing.prices import PriceBounds
+
+__all__ = ["DecisionCore"]
+
+
+class DecisionCore(AdmissionState):
+    """Decide, commit, apply; see the module docstring."""
+
+    def _decide(
+        self, spec: dict[str, Any]
+    ) -> tuple[Job, BestSchedule, DecisionView, BoundEstimate]:
+        """Compute a decision at the current slot; the ledger's bounds include the job.
+
+        The caller restores the previous bounds if it does not commit."""
+        self._advance_window()
+        ledger = self._ledger
+        arrival = self.slot + 1
+        job = self._parse(spec, arrival)
+        self.config.limits.check_job(job, self.cluster, self.window)
+        estimate = self._estimate
+        if self.config.pricing.mode == "estimate":
+            estimate = self._estimate.observe(job)
+            bounds = self._bounds(estimate)
+            ledger.set_bounds(bounds)
+        started = time.perf_counter()
+        last = arrival + self.window - 1
+        best = best_schedule(job, ledger, arrival, last)
+        admitted = best.payoff is not None and best.payoff > ADMIT_THRESHOLD
+        reason = ""
+        drivers: list[dict[str, Any]] = []
+        if not admitted:
+            found = price_drivers(best, job, ledger)
+            reason = explain_rejection(best, job, ledger, arrival, last, found)
+            drivers = [d.__dict__ for d in found]
+        ms = (time.perf_counter() - started) * 1000.0
+        view = DecisionView(
+            admitted=admitted,
+            payoff=best.payoff,
+            cost=best.cost if admitted else None,
+            completion_slot=best.completion_slot if admitted else None,
+            jct=best.jct if admitted else None,
+            utility=best.utility if admitted else None,
+            arrival_slot=arrival,
+            work=job.work,
+            allocations=allocation_entries(best.schedule, self.cluster) if admitted else [],
+            reason=reason,
+            drivers=drivers,
+            decision_ms=ms,
+        )
+        return job, best, view, estimate
+
+    def _restore_bounds(self, previous: PriceBounds) -> None:
+        """Undo the bound change of a decision that is not committed."""
+        if self._ledger.bounds is not previous:
+            self._ledger.set_bounds(previous)
+
+    def _quote_sync(self, spec: dict[str, Any]) -> DecisionView:
+        previous = self._ledger.bounds
+        try:
+            return self._decide(spec)[2]
+        finally:
+            self._restore_bounds(previous)
+
+    def _submit_sync(
+        self, spec: dict[str, Any], by: str | None, owner: str | None
+    ) -> tuple[JobView, list[Event]]:
+        job_id = text(spec.get("id") if isinstance(spec, dict) else None, "job.id")
+        check_job_id(job_id)
+        canonical = canonical_spec(spec)
+        with self.db.session() as session:
+            existing = session.get(JobRow, job_id)
+            if existing is not None:
+                if owner is not None and existing.submitter != owner:
+                    raise ConflictError(f"job id {job_id!r} is taken by another submitter")
+                if existing.spec != canonical:
+                    raise ConflictError(f"job {job_id!r} exists with another spec")
+                return self._view(session, existing, duplicate=True), []
+        previous = self._ledger.bounds
+        try:
+            job, best, view, estimate = self._decide(spec)
+            events = self._commit(job, best, view, canonical, estimate, by)
+        except BaseException:
+            self._restore_bounds(previous)
+            raise
+        self._estimate = estimate
+        if view.admitted:
+            assert best.schedule is not None
+            self._ledger.admit(job.id, job.worker, job.ps, best.schedule)
+        self.log.info(
+            "decided", job=job.id, admitted=view.admitted, payoff=view.payoff, cost=view.cost,
+            jct=view.jct, arrival=view.arrival_slot, ms=round(view.decision_ms, 3),
+        )  # fmt: skip
+        with self.db.session() as session:
+            row = session.get(JobRow, job.id)
+            assert row is not None
+            return self._view(session, row), events
+
+    def _commit(
+        self,
+        job: Job,
+        best: BestSchedule,
+        view: DecisionView,
+        canonical: str,
+        estimate: BoundEstimate,
+        submitter: str | None = None,
+    ) -> list[Event]:
+        now = datetime.now(UTC)
+        state = "admitted" if view.admitted else "rejected"
+        with self.db.session() as session:
+            seq = (session.scalar(select(func.max(JobRow.sequence))) or 0) + 1
+            start = None
+            if view.admitted and best.schedule is not None:
+                start = int(best.schedule.start + np.flatnonzero(best.schedule.worker_counts())[0])
+            session.add(
+                JobRow(
+                    id=job.id,
+                    sequence=seq,
+                    spec=canonical,
+                    state=state,
+                    submitted_slot=self.slot,
+                    arrival_slot=view.arrival_slot,
+                    work=view.work,
+                    admitted=view.admitted,
+                    payoff=view.payoff,
+                    cost=view.cost,
+                    start_slot=start,
+                    completion_slot=view.completion_slot,
+                    jct=view.jct,
+                    utility=view.utility,
+                    reason=view.reason,
+                    detail={"drivers": view.drivers},
+                    decision_ms=view.decision_ms,
+                    decided_at=now,
+                    submitter=submitter,
+                )
+            )
+            session.flush()
+            if view.admitted:  # one executemany, not an ORM object per row
+                session.execute(
+                    insert(AllocationRow), self._allocation_rows(job.id, view.allocations)
+                )
+            if self.config.pricing.mode == "estimate":  # one UPDATE, not merge's SELECT + UPDATE
+                value = estimate.to_dict()
+                stmt = update(MetaRow).where(MetaRow.key == ESTIMATE_KEY).values(value=value)
+                if session.connection().execute(stmt).rowcount == 0:
+                    session.add(MetaRow(key=ESTIMATE_KEY, value=value))
+            detail = {"admitted": view.admitted, "payoff": view.payoff}
+            return [self._event(session, now, "decided", job.id, state, detail)]
+
+    @staticmethod
+    def _allocation_rows(job_id: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        merged: dict[tuple[int, str], dict[str, Any]] = {}
+        for e in entries:
+            key = (e["slot"], e["server"])
+            row = merged.setdefault(
+                key, {"job_id": job_id, "slot": e["slot"], "server": e["server"],
+                      "workers": 0, "ps": 0}
+            )  # fmt: skip
+            row["workers"] += e.get("workers", 0)
+            row["ps"] += e.get("ps", 0)
+        return list(merged.values())

@@ -1,0 +1,108 @@
+"""What every part of the admission controller shares: the ledger, the window's slot,
+the bound estimate and the store, with the few steps each part takes of another.
+
+The controller is one object composed of parts (mixins over :class:`AdmissionState`):
+:mod:`.decide` decides and commits, :mod:`.recovery` rebuilds the ledger from the store,
+:mod:`.lifecycle` moves jobs through slots and cancels them, :mod:`.reads` answers reads,
+and :mod:`.controller` serialises them off the event loop. The abstract methods below are
+the only steps one part takes of another.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from sqlalchemy.orm import Session
+
+from controller.admission.views import JobView
+from controller.clock import SlotClock
+from controller.config import Config
+from controller.events import Event, EventBus
+from controller.store import Database, EventRow, JobRow
+from pricing import Job, Ledger, job_from_dict
+from pricing.bound_estimate import BoundEstimate
+from pricing.prices import PriceBounds
+
+if TYPE_CHECKING:
+    from controller.plane.execution import Execution
+
+__all__ = ["ESTIMATE_KEY", "SETTINGS_KEY", "AdmissionState"]
+
+ESTIMATE_KEY = "bound_estimate"
+SETTINGS_KEY = "settings"
+"""Meta row with the settings that give stored slots their meaning (``oasis offline
+--store`` reads them): ``{"window": T, "slot_seconds": s}``."""
+
+
+class AdmissionState(ABC):
+    """The controller's shared state; see the module docstring."""
+
+    def __init__(
+        self,
+        config: Config,
+        db: Database,
+        slots: SlotClock,
+        bus: EventBus | None = None,
+        log: Any = None,
+    ) -> None:
+        self.config = config
+        self.cluster = config.cluster
+        self.db = db
+        self.slots = slots
+        self.bus = bus or EventBus()
+        self.log = log or structlog.get_logger("oasisd")
+        self.window = config.window
+        self._estimate = BoundEstimate.empty(len(self.cluster.resources))
+        self.ledger: Ledger | None = None
+        self.slot = 0
+        # the slot whose job-state changes are done: the window (self.slot) may move on
+        # first, in a decision or the plane's review, and the tick must still run then
+        self._ticked_slot = -1
+        self.execution: Execution | None = None  # the execution plane, with a broker
+
+    @property
+    def _ledger(self) -> Ledger:
+        if self.ledger is None:
+            raise RuntimeError("the controller is not open")
+        return self.ledger
+
+    def _parse(self, spec: Any, arrival: int) -> Job:
+        return job_from_dict(
+            spec,
+            self.cluster,
+            slot_seconds=self.config.slot_seconds,
+            slots_available=lambda _a: self.window,
+            arrival=arrival,
+            field="job",
+        )
+
+    def _event(
+        self, session: Session, now: datetime, kind: str, job_id: str, state: str,
+        detail: dict[str, Any],
+    ) -> Event:  # fmt: skip
+        row = EventRow(at=now, kind=kind, job_id=job_id, slot=self.slot, state=state,
+                       detail=detail)  # fmt: skip
+        session.add(row)
+        session.flush()
+        return Event(row.sequence, kind, job_id, self.slot, state, detail)
+
+    # -- the steps one part takes of another ---------------------------------------------
+
+    @abstractmethod
+    def _advance_window(self) -> None:
+        """Move the window to the current slot (:mod:`.lifecycle`)."""
+
+    @abstractmethod
+    def _tick_sync(self) -> list[Event]:
+        """Move the window and jobs through their states (:mod:`.lifecycle`)."""
+
+    @abstractmethod
+    def _bounds(self, estimate: BoundEstimate) -> PriceBounds:
+        """The price bounds for ``estimate`` (:mod:`.recovery`)."""
+
+    @abstractmethod
+    def _view(self, session: Session, row: JobRow, duplicate: bool = False) -> JobView:
+        """A stored job as the API reports it (:mod:`.reads`)."""

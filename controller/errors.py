@@ -1,0 +1,31 @@
+"""The admission API's refusals, importable without the admission controller (the
+execution plane raises and catches them too)::
+
+    OasisError (pricing.errors)
+    ├── NotFoundError        no job with that id
+    ├── ConflictError        the job id exists with another spec or submitter
+    ├── PreconditionError    the job's state does not allow the request
+    └── DrainingError        the daemon is stopping
+"""
+
+from __future__ import annotations
+
+from pricing import OasisError
+
+__all__ = ["ConflictError", "DrainingError", "NotFoundError", "PreconditionError"]
+
+
+class NotFoundError(OasisError):
+    """No job with that id."""
+
+
+class ConflictError(OasisError):
+    """The job id exists with another spec."""
+
+
+class PreconditionError(OasisError):
+    """The job is in a state that does not allow the request."""
+
+
+class DrainingError(OasisError):
+    """The daemon is stopping: it finishes the decisions in flight and takes no new ones."""
