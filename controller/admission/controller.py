@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from controller.admission.decide import DecisionCore
@@ -15,11 +14,9 @@ from controller.admission.lifecycle import Lifecycle
 from controller.admission.reads import ReadViews
 from controller.admission.recovery import Recovery
 from controller.admission.views import DecisionView, JobView
-from controller.clock import SlotClock
-from controller.config import Config
 from controller.errors import DrainingError
-from controller.events import Event, EventBus
-from controller.store import Database, StoreUnavailableError
+from controller.events import Event
+from controller.store import StoreUnavailableError
 
 __all__ = ["AdmissionController"]
 
@@ -28,24 +25,6 @@ _T = TypeVar("_T")
 
 class AdmissionController(DecisionCore, Recovery, Lifecycle, ReadViews):
     """Owns the ledger, the price bounds and the store; see the package docstring."""
-
-    def __init__(
-        self,
-        config: Config,
-        db: Database,
-        slots: SlotClock,
-        bus: EventBus | None = None,
-        log: Any = None,
-    ) -> None:
-        super().__init__(config, db, slots, bus, log)
-        self._lock = asyncio.Lock()
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="decide")
-        self._draining = False
-        self._in_flight = 0  # requests inside _run: queued on the lock or deciding
-        self._idle = asyncio.Event()
-        # a store outage during a write may have cut off a commit that happened: rebuild
-        # the ledger from the store before the next decision (_run)
-        self._stale = False
 
     # -- async API (serialised, off the event loop) ---------------------------------------
 

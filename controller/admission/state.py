@@ -10,7 +10,9 @@ the only steps one part takes of another.
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -55,7 +57,16 @@ class AdmissionState(ABC):
         self.bus = bus or EventBus()
         self.log = log or structlog.get_logger("oasisd")
         self.window = config.window
+        # the decision thread: every step below runs in it, serialised (.controller)
+        self._lock = asyncio.Lock()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="decide")
+        self._draining = False
+        self._in_flight = 0  # requests inside _run: queued on the lock or deciding
+        self._idle = asyncio.Event()
         self._estimate = BoundEstimate.empty(len(self.cluster.resources))
+        # a store outage during a write may have cut off a commit that happened: rebuild
+        # the ledger from the store before the next decision (_run)
+        self._stale = False
         self.ledger: Ledger | None = None
         self.slot = 0
         # the slot whose job-state changes are done: the window (self.slot) may move on
