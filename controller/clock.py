@@ -45,7 +45,11 @@ class SlotClock:
 
     def current_slot(self) -> int:
         """The slot the present moment falls in (0 before the epoch)."""
-        return max(0, math.floor((self.clock.now() - self.epoch) / self.slot_seconds))
+        return self.slot_at(self.clock.now())
+
+    def slot_at(self, t: float) -> int:
+        """The slot Unix time ``t`` falls in (0 before the epoch)."""
+        return max(0, math.floor((t - self.epoch) / self.slot_seconds))
 
     def seconds_to_next_slot(self) -> float:
         elapsed = (self.clock.now() - self.epoch) / self.slot_seconds

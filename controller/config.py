@@ -8,7 +8,8 @@ Example (``config/oasisd.example.toml`` is a complete one)::
     store_url = ""               # e.g. "postgresql+psycopg://oasis@/oasis"
     slot_seconds = 3600          # length of a slot
     window = 300                 # T: a job may be planned up to T slots from its arrival
-    epoch = 0                    # Unix time at which slot 0 began
+    epoch = 0                    # Unix time at which slot 0 began; absent: the first start
+    wait_seconds = 0             # how long a job not admitted at once stays pending (--wait)
     log_level = "info"
 
     [pricing]
@@ -94,7 +95,10 @@ class Config:
         store_url: SQLAlchemy URL of the store; empty means SQLite in ``data_dir``.
         slot_seconds: seconds per slot.
         window: T, slots a job may be planned over from its arrival.
-        epoch: Unix time of the start of slot 0.
+        epoch: Unix time of the start of slot 0, as the config gives it.
+        epoch_from_store: the config gives no epoch: slot 0 is the daemon's first start,
+            recorded in the store (:mod:`controller.admission.recovery`), and ``epoch``
+            is a placeholder 0.
         log_level: structlog level name.
         cluster: the servers.
         pricing: price-bound settings.
@@ -105,6 +109,9 @@ class Config:
         tls: ``[tls]``; None: plaintext.
         tokens: ``[auth]``: ``{sha256 of a token: Caller}``; None: no authentication.
         limits: ``[limits]``.
+        wait_seconds: the wait of a submission that states none, seconds: a job not
+            admitted at once stays ``pending`` that long (at most
+            ``limits.max_wait_seconds``); 0: it is rejected at once.
     """
 
     listen: str
@@ -123,6 +130,8 @@ class Config:
     tls: TlsConfig | None = None
     tokens: Mapping[str, Caller] | None = field(default=None, repr=False)
     limits: Limits = field(default_factory=Limits)
+    wait_seconds: float = 0.0
+    epoch_from_store: bool = False
     source: str = field(default="<embedded defaults>")
 
     @property
@@ -141,6 +150,7 @@ _DAEMON_KEYS = {
     "log_level",
     "tick_seconds",
     "allow_insecure_remote",
+    "wait_seconds",
 }
 _LEVELS = {"debug", "info", "warning", "error"}
 
@@ -180,6 +190,13 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Config:
         cluster = cluster_from_dict(
             cluster_raw.get("resources"), cluster_raw.get("servers"), prefix="cluster."
         )
+        limits = limits_from_dict(fields.optional_mapping(data, "limits", ""))
+        wait_seconds = fields.non_negative(daemon.get("wait_seconds", 0), "daemon.wait_seconds")
+        if wait_seconds > limits.max_wait_seconds:
+            raise ConfigError(
+                f"daemon.wait_seconds: {wait_seconds:g} exceeds limits.max_wait_seconds = "
+                f"{limits.max_wait_seconds:g}"
+            )
         return Config(
             listen=listen,
             data_dir=Path(fields.text(daemon.get("data_dir", "./data"), "daemon.data_dir")),
@@ -198,7 +215,9 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Config:
             tokens=tokens_from_dict(fields.mapping(data["auth"], "auth"))
             if "auth" in data
             else None,
-            limits=limits_from_dict(fields.optional_mapping(data, "limits", "")),
+            limits=limits,
+            wait_seconds=wait_seconds,
+            epoch_from_store="epoch" not in daemon,
             source=source,
         )
     except SpecError as err:

@@ -35,6 +35,8 @@ STATE_NAMES = {
     "cancelled": pb.JOB_STATE_CANCELLED,
     "rejected": pb.JOB_STATE_REJECTED,
     "failed": pb.JOB_STATE_FAILED,
+    "pending": pb.JOB_STATE_PENDING,
+    "expired": pb.JOB_STATE_EXPIRED,
 }
 STATE_OF = {v: k for k, v in STATE_NAMES.items()}
 SERVER_KINDS = {"worker": pb.SERVER_KIND_WORKER, "ps": pb.SERVER_KIND_PS}
@@ -122,13 +124,16 @@ def decision_to_proto(view: DecisionView) -> pb.Decision:
 
 
 def job_to_proto(view: JobView) -> pb.Job:
-    return pb.Job(
+    msg = pb.Job(
         spec=spec_to_proto(view.spec),
         state=STATE_NAMES[view.state],
         decision=decision_to_proto(view.decision),
         submitted_slot=view.submitted_slot,
         sequence=view.sequence,
     )
+    if view.wait_until_slot is not None:
+        msg.wait_until_slot = view.wait_until_slot
+    return msg
 
 
 def event_to_proto(event: Event) -> pb.Event:

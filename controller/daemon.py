@@ -88,6 +88,7 @@ async def serve(
     log = structlog.get_logger("oasisd")
     if not config.store_url:
         config.data_dir.mkdir(parents=True, exist_ok=True)
+    # without an epoch in the config, slot 0 is read from the store when it opens
     slots = SlotClock(clock or SystemClock(), config.slot_seconds, config.epoch)
     controller = AdmissionController(config, Database(config.database_url), slots, log=log)
     notifier = Notifier()
@@ -99,6 +100,9 @@ async def serve(
         store = sqlalchemy.make_url(config.database_url).render_as_string(hide_password=True)
         reason = str(err.orig).strip().splitlines()[0] if err.orig else str(err)
         raise StartupError(f"cannot open the store {store}: {reason}") from err
+    except SpecError as err:  # a malformed meta row
+        controller.close()
+        raise StartupError(f"cannot use the store: {err}") from err
     # Start-up leaves ~170k long-lived objects (numba, SQLAlchemy, protobuf); freezing
     # them keeps full collections (65-96 ms each, measured) from stalling the loop.
     gc.collect()

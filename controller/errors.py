@@ -5,14 +5,21 @@ execution plane raises and catches them too)::
     ├── NotFoundError        no job with that id
     ├── ConflictError        the job id exists with another spec or submitter
     ├── PreconditionError    the job's state does not allow the request
-    └── DrainingError        the daemon is stopping
+    ├── DrainingError        the daemon is stopping
+    └── QueueFullError       the submitter's (or everyone's) pending jobs are at their limit
 """
 
 from __future__ import annotations
 
 from pricing import OasisError
 
-__all__ = ["ConflictError", "DrainingError", "NotFoundError", "PreconditionError"]
+__all__ = [
+    "ConflictError",
+    "DrainingError",
+    "NotFoundError",
+    "PreconditionError",
+    "QueueFullError",
+]
 
 
 class NotFoundError(OasisError):
@@ -29,3 +36,8 @@ class PreconditionError(OasisError):
 
 class DrainingError(OasisError):
     """The daemon is stopping: it finishes the decisions in flight and takes no new ones."""
+
+
+class QueueFullError(OasisError):
+    """A job would go pending, but its submitter (or the daemon) has as many pending jobs
+    as ``[limits]`` allows; nothing was committed, so it may be submitted again later."""

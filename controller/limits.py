@@ -14,6 +14,12 @@
   ``bench/search_budget.py`` (``bench/RESULTS.md``): about 0.3 ns per step in the worst
   case, so a job at the default ``2e9`` takes at most 0.64 s there; the largest job of
   the paper-scale workload needs 1.3e8.
+- ``max_wait_seconds``: the longest wait a submission may ask for (``--wait``);
+  ``max_pending_per_submitter`` and ``max_pending``: how many jobs one submitter, and all
+  together, may have ``pending`` at once. Each pending job is searched again at every slot
+  boundary, so these bound the work of a boundary, and one tenant cannot fill the queue: a
+  submission that would go over fails with RESOURCE_EXHAUSTED (nothing is committed; it may
+  be retried). Without ``[auth]`` every caller is one submitter.
 - ``rate`` and ``burst``: requests per second per client, a token bucket each (0: no
   limit). A client is its token's name when ``[auth]`` is on, else its address. Over the
   rate, a call fails with RESOURCE_EXHAUSTED, the seconds to wait in the message and in
@@ -59,6 +65,9 @@ _KEYS = {
     "max_search_mb",
     "rate",
     "burst",
+    "max_wait_seconds",
+    "max_pending_per_submitter",
+    "max_pending",
 }
 
 
@@ -78,6 +87,9 @@ class Limits:
         max_search_mb: largest DP tables of one search, MiB.
         rate: requests per second per client; 0: no limit.
         burst: requests a client may make at once (bucket size); 0: ``max(1, rate)``.
+        max_wait_seconds: the longest wait of a pending job, seconds.
+        max_pending_per_submitter: pending jobs of one submitter at once.
+        max_pending: pending jobs at once, all submitters together.
     """
 
     max_message_bytes: int = 1 << 20
@@ -87,6 +99,9 @@ class Limits:
     max_search_mb: float = 512.0
     rate: float = 0.0
     burst: float = 0.0
+    max_wait_seconds: float = 7 * 86400.0
+    max_pending_per_submitter: int = 100
+    max_pending: int = 1000
 
     def check_job(self, job: Job, cluster: Cluster, window: int) -> None:
         """Raise JobTooLargeError if ``job`` is over a limit, or its search over budget."""
@@ -179,6 +194,11 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
         ),
         rate=rate,
         burst=burst,
+        max_wait_seconds=fields.non_negative(
+            raw.get("max_wait_seconds", d.max_wait_seconds), "limits.max_wait_seconds"
+        ),
+        max_pending_per_submitter=count("max_pending_per_submitter", d.max_pending_per_submitter),
+        max_pending=count("max_pending", d.max_pending),
     )
 
 

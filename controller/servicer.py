@@ -18,6 +18,7 @@ from controller.admission import (
     DrainingError,
     NotFoundError,
     PreconditionError,
+    QueueFullError,
 )
 from controller.auth import current_caller
 from controller.convert import (
@@ -46,6 +47,7 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
     (StoreUnavailableError, grpc.StatusCode.UNAVAILABLE),
     (DrainingError, grpc.StatusCode.UNAVAILABLE),
+    (QueueFullError, grpc.StatusCode.RESOURCE_EXHAUSTED),
 )
 
 
@@ -70,7 +72,8 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
     ) -> pb.SubmitJobResponse:
         caller = current_caller()
         spec = spec_from_proto(request.job)
-        view = await _guard(context, self.c.submit(spec, caller.submitter, caller.owner))
+        wait = request.wait_seconds if request.HasField("wait_seconds") else None
+        view = await _guard(context, self.c.submit(spec, caller.submitter, caller.owner, wait))
         return pb.SubmitJobResponse(job=job_to_proto(view), duplicate=view.duplicate)
 
     async def QuoteJob(

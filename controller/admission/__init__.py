@@ -20,7 +20,13 @@ from __future__ import annotations
 from controller.admission.controller import AdmissionController
 from controller.admission.state import SETTINGS_KEY
 from controller.admission.views import STATES, DecisionView, JobView, canonical_spec
-from controller.errors import ConflictError, DrainingError, NotFoundError, PreconditionError
+from controller.errors import (
+    ConflictError,
+    DrainingError,
+    NotFoundError,
+    PreconditionError,
+    QueueFullError,
+)
 
 __all__ = [
     "SETTINGS_KEY",
@@ -32,5 +38,6 @@ __all__ = [
     "JobView",
     "NotFoundError",
     "PreconditionError",
+    "QueueFullError",
     "canonical_spec",
 ]

@@ -9,8 +9,8 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from controller.admission.decide import DecisionCore
 from controller.admission.lifecycle import Lifecycle
+from controller.admission.pending import PendingQueue
 from controller.admission.reads import ReadViews
 from controller.admission.recovery import Recovery
 from controller.admission.views import DecisionView, JobView
@@ -23,7 +23,7 @@ __all__ = ["AdmissionController"]
 _T = TypeVar("_T")
 
 
-class AdmissionController(DecisionCore, Recovery, Lifecycle, ReadViews):
+class AdmissionController(PendingQueue, Recovery, Lifecycle, ReadViews):
     """Owns the ledger, the price bounds and the store; see the package docstring."""
 
     # -- async API (serialised, off the event loop) ---------------------------------------
@@ -39,6 +39,8 @@ class AdmissionController(DecisionCore, Recovery, Lifecycle, ReadViews):
                     self._executor, lambda: self._in_step(fn)
                 )
         finally:
+            held, self._held_events = self._held_events, []
+            self._publish(held)
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._idle.set()
@@ -81,13 +83,18 @@ class AdmissionController(DecisionCore, Recovery, Lifecycle, ReadViews):
             raise
 
     async def submit(
-        self, spec: dict[str, Any], by: str | None = None, owner: str | None = None
+        self,
+        spec: dict[str, Any],
+        by: str | None = None,
+        owner: str | None = None,
+        wait_seconds: float | None = None,
     ) -> JobView:
         """Decide ``spec`` and commit; idempotent by job id.
 
         ``by`` is recorded as the job's submitter; with ``owner`` set, a job id of another
-        submitter is a conflict rather than a duplicate."""
-        view, events = await self._run(lambda: self._submit_sync(spec, by, owner))
+        submitter is a conflict rather than a duplicate. A job not admitted now stays
+        ``pending`` for ``wait_seconds`` (None: the configured default; :mod:`.pending`)."""
+        view, events = await self._run(lambda: self._submit_sync(spec, by, owner, wait_seconds))
         self._publish(events)
         return view
 

@@ -1,5 +1,5 @@
 """The slot clock's side of the controller: move the window, move jobs through their
-states (admitted -> running -> completed) and cancel jobs."""
+states (pending -> admitted -> running -> completed) and cancel jobs."""
 
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ class Lifecycle(AdmissionState):
             row = session.get(JobRow, job_id)
             if row is None:
                 raise NotFoundError(f"no job {job_id!r}")
-            if row.state not in ("admitted", "running"):
-                raise PreconditionError(f"job {job_id!r} is {row.state}; only admitted or running "
-                                   "jobs can be cancelled")  # fmt: skip
+            if row.state not in ("pending", "admitted", "running"):
+                raise PreconditionError(f"job {job_id!r} is {row.state}; only pending, admitted "
+                                        "or running jobs can be cancelled")  # fmt: skip
             release_from = max(release_from, row.arrival_slot)
             released = int(session.scalar(
                 select(func.coalesce(func.sum(AllocationRow.workers), 0)).where(
@@ -65,8 +65,10 @@ class Lifecycle(AdmissionState):
             self._ledger.advance(slot)
 
     def _tick_sync(self) -> list[Event]:
-        """Move the window to the current slot and jobs through their states."""
+        """Move the window to the current slot, decide the pending jobs again, and move
+        jobs through their states."""
         self._advance_window()
+        self._decide_pending()
         s = self.slot
         now = datetime.now(UTC)
         events: list[Event] = []

@@ -57,6 +57,7 @@ class ReadViews(AdmissionState):
             submitted_slot=row.submitted_slot,
             sequence=row.sequence,
             duplicate=duplicate,
+            wait_until_slot=row.wait_until_slot,
         )
 
     def _server_order(self) -> list[str]:

@@ -11,9 +11,9 @@ import numpy as np
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from controller.admission.state import ESTIMATE_KEY, SETTINGS_KEY, AdmissionState
+from controller.admission.state import EPOCH_KEY, ESTIMATE_KEY, SETTINGS_KEY, AdmissionState
 from controller.store import AllocationRow, JobRow, MetaRow, OutageRow, ServerRow, migrate
-from pricing import Ledger
+from pricing import Ledger, fields
 from pricing.best_schedule import warm_up
 from pricing.bound_estimate import BoundEstimate
 from pricing.prices import PriceBounds
@@ -29,11 +29,16 @@ class Recovery(AdmissionState):
         """Migrate the store, record the servers and rebuild the ledger (blocking)."""
         revision = migrate(self.db)
         warm_up()
-        self.slot = self.slots.current_slot()
         with self.db.session() as session:
+            self.slots.epoch = self._epoch(session)
             self._sync_servers(session)
-            settings = {"window": self.window, "slot_seconds": self.config.slot_seconds}
+            settings = {
+                "window": self.window,
+                "slot_seconds": self.config.slot_seconds,
+                "epoch": self.slots.epoch,
+            }
             session.merge(MetaRow(key=SETTINGS_KEY, value=settings))
+        self.slot = self.slots.current_slot()
         rebuilt = self._reload()
         if self.config.mqtt is None:
             self._tick_sync()
@@ -46,6 +51,25 @@ class Recovery(AdmissionState):
             slot=self.slot,
             jobs_in_window=rebuilt,
         )
+
+    def _epoch(self, session: Session) -> float:
+        """The Unix time of slot 0: the config's ``epoch`` if it sets one, else the one
+        recorded in the store at the first start (recorded now if there is none). A store
+        that holds jobs but no recorded epoch was started with slot 0 at the Unix epoch
+        (the old default), so that is what it records then."""
+        if not self.config.epoch_from_store:
+            return self.config.epoch
+        meta = session.get(MetaRow, EPOCH_KEY)
+        if meta is not None:
+            value = meta.value.get("epoch") if isinstance(meta.value, dict) else None
+            return fields.number(value, f"the store's meta row {EPOCH_KEY!r}: epoch")
+        if session.scalar(select(JobRow.id).limit(1)) is not None:
+            epoch, why = 0.0, "jobs stored before slot 0 was recorded: the Unix epoch"
+        else:
+            epoch, why = self.slots.clock.now(), "the daemon's first start"
+        session.add(MetaRow(key=EPOCH_KEY, value={"epoch": epoch, "source": why}))
+        self.log.info("slot 0 recorded", epoch=epoch, source=why)
+        return epoch
 
     def _reload(self) -> int:
         """Read the bound estimate and rebuild the ledger from the store (blocking);

@@ -3,7 +3,8 @@ the bound estimate and the store, with the few steps each part takes of another.
 
 The controller is one object composed of parts (mixins over :class:`AdmissionState`):
 :mod:`.decide` decides and commits, :mod:`.recovery` rebuilds the ledger from the store,
-:mod:`.lifecycle` moves jobs through slots and cancels them, :mod:`.reads` answers reads,
+:mod:`.pending` decides waiting jobs again at slot boundaries, :mod:`.lifecycle` moves
+jobs through slots and cancels them, :mod:`.reads` answers reads,
 and :mod:`.controller` serialises them off the event loop. The abstract methods below are
 the only steps one part takes of another.
 """
@@ -31,12 +32,15 @@ from pricing.prices import PriceBounds
 if TYPE_CHECKING:
     from controller.plane.execution import Execution
 
-__all__ = ["ESTIMATE_KEY", "SETTINGS_KEY", "AdmissionState"]
+__all__ = ["EPOCH_KEY", "ESTIMATE_KEY", "SETTINGS_KEY", "AdmissionState"]
 
 ESTIMATE_KEY = "bound_estimate"
+EPOCH_KEY = "epoch"
+"""Meta row with the Unix time of slot 0 when the config sets none: ``{"epoch": t,
+"source": why}``, recorded at the first start (:mod:`.recovery`)."""
 SETTINGS_KEY = "settings"
 """Meta row with the settings that give stored slots their meaning (``oasis offline
---store`` reads them): ``{"window": T, "slot_seconds": s}``."""
+--store`` reads them): ``{"window": T, "slot_seconds": s, "epoch": t}``."""
 
 
 class AdmissionState(ABC):
@@ -73,6 +77,9 @@ class AdmissionState(ABC):
         # first, in a decision or the plane's review, and the tick must still run then
         self._ticked_slot = -1
         self.execution: Execution | None = None  # the execution plane, with a broker
+        # events of steps taken on the way (pending jobs decided at a boundary), published
+        # by the controller once the step returns, even if it failed after them
+        self._held_events: list[Event] = []
 
     @property
     def _ledger(self) -> Ledger:
@@ -105,6 +112,10 @@ class AdmissionState(ABC):
     @abstractmethod
     def _advance_window(self) -> None:
         """Move the window to the current slot (:mod:`.lifecycle`)."""
+
+    @abstractmethod
+    def _decide_pending(self) -> None:
+        """Decide the pending jobs again at a new slot (:mod:`.pending`)."""
 
     @abstractmethod
     def _tick_sync(self) -> list[Event]:

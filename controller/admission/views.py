@@ -8,7 +8,18 @@ from typing import Any
 
 __all__ = ["STATES", "DecisionView", "JobView", "canonical_spec"]
 
-STATES = ("admitted", "running", "completed", "cancelled", "rejected", "failed")
+STATES = (
+    "pending",
+    "admitted",
+    "running",
+    "completed",
+    "cancelled",
+    "rejected",
+    "expired",
+    "failed",
+)
+"""``pending``: not admitted yet, decided again at each slot boundary until its wait ends;
+``expired``: a pending job whose wait ended, or that could no longer pay off."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +51,8 @@ class JobView:
     submitted_slot: int
     sequence: int
     duplicate: bool = False
+    wait_until_slot: int | None = None
+    """For a job submitted with a wait: the last slot boundary it may be admitted at."""
 
 
 def canonical_spec(spec: dict[str, Any]) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -111,6 +112,15 @@ def register(sub: Any) -> None:
 
     p = add("submit", "submit a job (or a list of jobs) and print the decision", cmd_submit)
     p.add_argument("file", metavar="JOB.json", help="a job object as in SPEC 3, a list, or -")
+    p.add_argument(
+        "--wait",
+        type=wait_duration,
+        default=None,
+        metavar="DURATION",
+        help="if not admitted now, stay pending this long (e.g. 90s, 30m, 2h, 1d; a bare "
+        "number is seconds; 0: reject at once), decided again at each slot boundary "
+        "(default: the daemon's daemon.wait_seconds)",
+    )
     p = add("quote", "price a job without committing anything", cmd_quote)
     p.add_argument("file", metavar="JOB.json", help="a job object as in SPEC 3, or -")
     p = add("jobs", "list jobs", cmd_jobs)
@@ -190,8 +200,41 @@ def _dump(msg: Message | list[Message]) -> None:
     print(json.dumps(data, indent=1))
 
 
-def _decision_lines(job_id: str, d: pb.Decision, state: str = "") -> Iterator[str]:
-    if state == "cancelled":
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def wait_duration(text: str) -> float:
+    """An argparse ``type``: a duration ``N[s|m|h|d]`` (a bare number is seconds) >= 0."""
+    raw = text.strip().lower()
+    scale = _UNITS.get(raw[-1:], 0.0)
+    number = raw[:-1] if scale else raw
+    try:
+        value = float(number) * (scale or 1.0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a duration: {text!r} (e.g. 90s, 30m, 2h, 1d, or seconds)"
+        ) from None
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite duration >= 0, got {text!r}")
+    return value
+
+
+def _decision_lines(
+    job_id: str, d: pb.Decision, state: str = "", job: pb.Job | None = None
+) -> Iterator[str]:
+    if state == "pending":
+        until = (
+            f" until slot {job.wait_until_slot}" if job and job.HasField("wait_until_slot") else ""
+        )
+        yield (
+            f"{job_id}: pending{until} (decided again at each slot boundary, its utility "
+            f"counted from arrival slot {d.arrival_slot}); not admitted now: {d.reason}"
+        )
+    elif state == "expired":
+        yield f"{job_id}: expired: {d.reason}"
+    elif state == "cancelled" and not d.admitted:
+        yield f"{job_id}: cancelled while pending"
+    elif state == "cancelled":
         end = (
             f"ran until slot {d.completion_slot}" if d.HasField("completion_slot") else "never ran"
         )
@@ -217,11 +260,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
     stubs = _Stubs(args)
     responses = []
     for spec in _specs(args.file):
-        resp = stubs.admission.SubmitJob(pb.SubmitJobRequest(job=spec), timeout=stubs.timeout)
+        req = pb.SubmitJobRequest(job=spec, wait_seconds=args.wait)
+        resp = stubs.admission.SubmitJob(req, timeout=stubs.timeout)
         responses.append(resp)
         if not args.json:
             note = " (already decided: this is the first decision)" if resp.duplicate else ""
-            for line in _decision_lines(resp.job.spec.id, resp.job.decision):
+            state = _STATE_OF.get(resp.job.state, "")
+            for line in _decision_lines(resp.job.spec.id, resp.job.decision, state, resp.job):
                 print(line + note if note and line.startswith(resp.job.spec.id) else line)
     if args.json:
         _dump(responses if len(responses) != 1 else responses[0])
@@ -280,7 +325,7 @@ def cmd_job(args: argparse.Namespace) -> int:
     print(render_table(_JOB_HEADERS, [_job_row(resp.job)], right={2, 3, 4, 5, 6, 7}))
     print()
     state = _STATE_OF.get(resp.job.state, "")
-    for line in _decision_lines(resp.job.spec.id, resp.job.decision, state):
+    for line in _decision_lines(resp.job.spec.id, resp.job.decision, state, resp.job):
         print(line)
     return EXIT_OK
 

@@ -315,8 +315,9 @@ class JobEvent:
 
     Attributes:
         sequence: the event's place in the daemon's log (consumers dedupe on it).
-        kind: ``admitted``, ``rejected``, ``started``, ``replanned``, ``completed``,
-            ``cancelled`` or ``failed``.
+        kind: ``admitted``, ``rejected``, ``pending`` (not admitted yet; decided again at
+            each slot boundary), ``expired`` (was pending), ``started``, ``replanned``,
+            ``completed``, ``cancelled`` or ``failed``.
         job: the job id.
         slot: the slot it happened in.
         state: the job's state after it.
@@ -335,11 +336,12 @@ class JobEvent:
 
 
 _KINDS = {"running": "started", "completed": "completed", "cancelled": "cancelled",
-          "replanned": "replanned", "failed": "failed"}  # fmt: skip
+          "replanned": "replanned", "failed": "failed", "expired": "expired"}  # fmt: skip
+_DECIDED = {"admitted": "admitted", "pending": "pending"}
 
 
 def event_kind(kind: str, state: str) -> str | None:
     """The published kind of a stored event (None: not a job event)."""
     if kind == "decided":
-        return "admitted" if state == "admitted" else "rejected"
+        return _DECIDED.get(state, "rejected")
     return _KINDS.get(kind)
