@@ -605,3 +605,60 @@ def test_greedy_slot_cost_is_exhaustive_optimum(seed: int) -> None:
                 ahead = unit[i] < unit[j] or (unit[i] == unit[j] and i < j)
                 if ahead:
                     assert out[i] == room[i], f"{where}: server {j} used before {i} was full"
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_a_waiting_job_matches_brute_force_from_its_original_arrival(case: int) -> None:
+    """A job decided again ``delay`` slots after its arrival ``a`` (the pending queue):
+    its schedule starts at ``a + delay`` and ending in slot ``t`` is worth ``f(t - a + 1)``.
+    The brute force over the same slots with the shifted utility ``d -> f(d + delay)``
+    finds the same best payoff, and ``payoff_ceiling`` bounds it from above. Half the
+    jobs get a utility with a cliff, so counting from the wrong slot picks another end."""
+    from dataclasses import replace
+
+    from pricing.best_schedule import payoff_ceiling
+
+    checked = feasible = 0
+    seed = 777_000 + case * 100_003
+    while checked < 60:
+        seed += 1
+        rng = np.random.default_rng(seed)
+        raw = random_trace(rng, explicit=True)
+        if rng.random() < 0.5:
+            top = _amount(rng, 2.0, 60.0)
+            cliff = int(rng.integers(1, 5))
+            raw["jobs"][0]["utility"] = {
+                "kind": "table",
+                "values": [top] * cliff + [round(top * float(rng.uniform(0.0, 0.1)), 3)],
+            }
+        try:
+            trace = pricing.trace_from_dict(raw)
+        except pricing.SpecError:
+            continue
+        inst = instance_of(raw, trace)
+        if inst.horizon - inst.arrival < 2:
+            continue
+        job = trace.jobs[0]
+        ledger = pricing.Ledger(trace.cluster, trace.bounds, trace.horizon, 0)
+        load(rng, ledger, inst, 0)
+        delay = int(rng.integers(1, inst.horizon - inst.arrival))
+        f = inst.f
+        waited = replace(inst, arrival=inst.arrival + delay, f=lambda d, f=f, k=delay: f(d + k))
+        where = f"seed {seed}, delay {delay}: {json.dumps(raw)}"
+        best = pricing.best_schedule(
+            job, ledger, waited.arrival, inst.horizon - 1, arrival=inst.arrival
+        )
+        want, _ = brute_force(waited)
+        checked += 1
+        if want is None:
+            assert best.payoff is None, f"{where}: got {best}"
+            continue
+        feasible += 1
+        assert best.payoff is not None and best.schedule is not None, f"{where}: want {want}"
+        assert close(best.payoff, want, best.cost or 0.0), f"{where}: {best.payoff} != {want}"
+        assert best.schedule.start == waited.arrival, where
+        assert best.jct == best.schedule.end - inst.arrival + 1, where
+        assert best.utility is not None and close(best.utility, f(best.jct)), where
+        ceiling = payoff_ceiling(job, ledger, waited.arrival, inst.arrival)
+        assert ceiling >= want - 1e-9 * max(1.0, abs(want)), f"{where}: ceiling {ceiling}"
+    assert feasible >= 10, feasible

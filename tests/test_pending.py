@@ -242,17 +242,17 @@ def test_pending_jobs_are_decided_again_in_submission_order(tmp_path: Path) -> N
 
 
 def test_a_pending_job_survives_kill_9(tmp_path: Path) -> None:
-    """The daemon as a subprocess with 20-second slots: a pending job is still pending
+    """The daemon as a subprocess with 10-second slots: a pending job is still pending
     after ``kill -9`` and a restart, and is admitted at the first boundary after the
-    blocker is cancelled. It needs 9 slots of one worker, so the slots after the blocker's
-    plan cannot hold it for 8 boundaries (160 s), far longer than the test."""
+    blocker is cancelled. It needs 17 slots of one worker, so the slots after the
+    blocker's plan cannot hold it for 16 boundaries (160 s), far longer than the test."""
     config = write_config(tmp_path / "c.toml", tmp_path / "data")
-    text = config.read_text().replace("slot_seconds = 3600", "slot_seconds = 20")
+    text = config.read_text().replace("slot_seconds = 3600", "slot_seconds = 10")
     config.write_text(text + CHEAP)
     d = Daemon(config, tmp_path / "oasisd.log").start()
     try:
         spec_file = tmp_path / "blocker.json"
-        spec_file.write_text(json.dumps(blocker(tau=0.999)))
+        spec_file.write_text(json.dumps(blocker(tau=0.998)))  # W = 384 with 10-s slots
         out = oasis("submit", str(spec_file), "--json", server=d.address)
         assert json.loads(out.stdout)["job"]["state"] == "JOB_STATE_ADMITTED"
         spec_file.write_text(json.dumps(small("survivor", chunks=1)))

@@ -232,6 +232,40 @@ def test_decreasing_table_utility_trades_time_for_cost() -> None:
     assert best.schedule.workers.tolist() == [[0], [2]]
 
 
+def test_a_waiting_job_counts_its_utility_from_its_arrival() -> None:
+    """A job that arrived in slot 0 and is decided again from slot 1 (the pending queue):
+    ending in slot ``t`` is worth ``f(t - 0 + 1)``, not ``f(t - 1 + 1)``.
+
+    Table f = (10, 9), T = 3, W = 2, N = 2, worker (gpu 1, bw 1), PS (bw 1), z(y) = y.
+    L1 = 1, U1 = (gpu 100, bandwidth 2), PS flat at 0.01. Another job uses bandwidth 1 of
+    w0's 10 in slot 1: p[bw] = 2 ** 0.1 = 1.0718 there, room still 2.
+    - both workers in slot 1: cost 2 * 2.0718 + 0.02 = 4.1636, jct 2, f = 9: payoff 4.8364;
+    - both in slot 2: cost 4.02, jct 3, f = 9: payoff 4.98 (the best);
+    - one in each: cost 4.0918, jct 3: payoff 4.9082.
+    Counted from slot 1 instead, ending in slot 1 would look worth f(1) = 10 (payoff 5.84)."""
+    raw = base_trace(
+        chunks=2,
+        minibatches=1,
+        tau=1.0,
+        grad_mb=1e-6,
+        worker={"gpu": 1, "bandwidth": 1},
+        ps={"bandwidth": 1},
+        utility={"kind": "table", "values": [10, 9]},
+    )
+    raw.update(horizon=3)
+    raw["pricing"] = {"U1": {"gpu": 100, "bandwidth": 2}, "U2": {}, "L1": 1, "L2": 0.01}
+    trace = pricing.trace_from_dict(raw)
+    job = trace.jobs[0]
+    ledger = pricing.Ledger(trace.cluster, trace.bounds, 3)
+    sched = pricing.Schedule(1, np.array([[1]], np.int32), np.array([[0]], np.int32))
+    ledger.admit("other", np.array([0.0, 0.0, 1.0]), np.zeros(3), sched)
+    best = pricing.best_schedule(job, ledger, 1, 2, arrival=0)
+    assert best.schedule is not None and best.schedule.workers.tolist() == [[0], [2]]
+    assert best.jct == 3 and rel(best.utility or 0.0, 9.0)
+    assert rel(best.cost or 0.0, 4.02) and rel(best.payoff or 0.0, 4.98)
+    assert pricing.best_schedule(job, ledger, 1, 2).jct == 1  # from slot 1: ends there
+
+
 def test_a_later_end_that_is_slightly_cheaper_wins() -> None:
     """Exact optimality, not "close enough": f = 50 whatever the jct (decay 0), W = 1,
     N = 1. Explicit L1 = 1 with U1[cpu] = 1e6, the rest flat; PS flat at L2 = 0.01.
