@@ -643,7 +643,11 @@ def test_a_waiting_job_matches_brute_force_from_its_original_arrival(case: int) 
         load(rng, ledger, inst, 0)
         delay = int(rng.integers(1, inst.horizon - inst.arrival))
         f = inst.f
-        waited = replace(inst, arrival=inst.arrival + delay, f=lambda d, f=f, k=delay: f(d + k))
+
+        def shifted(d: int, f: Callable[[int], float] = f, k: int = delay) -> float:
+            return f(d + k)
+
+        waited = replace(inst, arrival=inst.arrival + delay, f=shifted)
         where = f"seed {seed}, delay {delay}: {json.dumps(raw)}"
         best = pricing.best_schedule(
             job, ledger, waited.arrival, inst.horizon - 1, arrival=inst.arrival

@@ -271,3 +271,78 @@ def test_a_pending_job_survives_kill_9(tmp_path: Path) -> None:
         assert min(a.slot for a in got.decision.allocations) > got.decision.arrival_slot
     finally:
         d.stop()
+
+
+def test_estimated_bounds_observe_a_pending_job_once(tmp_path: Path) -> None:
+    """With estimated price bounds, a job is observed at its submission only: deciding
+    it again at later boundaries (pending, then admitted) leaves the estimate as it was."""
+    from controller.admission.state import ESTIMATE_KEY
+    from controller.store import MetaRow
+
+    clock = FakeClock(1_000_000.0)
+    c = controller(tmp_path, clock, extra="")  # [pricing] absent: estimated bounds
+    try:
+        assert c.config.pricing.mode == "estimate"
+        # 16 GPUs for 3 slots, then a small job priced out by the busy slots
+        x = job("x", epochs=1, chunks=16, minibatches=3, tau=0.999, grad_mb=1)
+        x["utility"] = {"kind": "sigmoid", "priority": 1000, "decay": 0, "target": 1}
+        assert asyncio.run(c.submit(x)).state == "admitted"
+        y = small("y", utility={"kind": "sigmoid", "priority": 80, "decay": 0.5, "target": 3})
+        assert asyncio.run(c.submit(y, wait_seconds=SLOT * 5)).state == "pending"
+
+        def stored() -> Any:
+            with c.db.session() as session:
+                row = session.get(MetaRow, ESTIMATE_KEY)
+                assert row is not None
+                return row.value
+
+        after_submission = c._estimate.to_dict()
+        assert stored() == after_submission
+        clock.advance(SLOT)
+        asyncio.run(c.tick())
+        assert c._get_sync("y").state == "pending"
+        asyncio.run(c.cancel("x"))
+        clock.advance(SLOT)
+        asyncio.run(c.tick())
+        assert c._get_sync("y").state == "admitted"
+        assert c._estimate.to_dict() == after_submission
+        assert stored() == after_submission
+        # ... whereas observing it again would have changed it
+        job_y = c._parse(y, 1)
+        assert c._estimate.observe(job_y).to_dict() != after_submission
+    finally:
+        c.close()
+
+
+def test_slot_0_is_the_first_start_recorded_in_the_store(tmp_path: Path) -> None:
+    """Without ``epoch`` in the config, slot 0 begins at the daemon's first start and a
+    restart keeps it; an explicit ``epoch`` still wins."""
+    clock = FakeClock(1_700_000_000.0)
+    path = write_config(tmp_path / "c.toml", tmp_path / "data", epoch=0.0)
+    path.write_text(path.read_text().replace("epoch = 0.0\n", ""))
+    config = load(path)
+    assert config.epoch_from_store
+    config.data_dir.mkdir(parents=True)
+
+    def opened(cfg: Any) -> AdmissionController:
+        c = AdmissionController(
+            cfg,
+            Database(cfg.database_url),
+            SlotClock(clock, SLOT, cfg.epoch),
+            log=structlog.wrap_logger(structlog.ReturnLogger()),
+        )
+        c.open()
+        return c
+
+    c = opened(config)
+    assert c.slots.epoch == 1_700_000_000.0 and c.slot == 0
+    c.close()
+    clock.advance(2.5 * SLOT)
+    c = opened(config)
+    assert c.slots.epoch == 1_700_000_000.0 and c.slot == 2  # not restarted at slot 0
+    c.close()
+    explicit = load(write_config(tmp_path / "e.toml", tmp_path / "data", epoch=1000.0))
+    assert not explicit.epoch_from_store
+    c = opened(explicit)
+    assert c.slots.epoch == 1000.0 and c.slot == int((clock.now() - 1000.0) // SLOT)
+    c.close()
