@@ -346,3 +346,27 @@ def test_slot_0_is_the_first_start_recorded_in_the_store(tmp_path: Path) -> None
     c = opened(explicit)
     assert c.slots.epoch == 1000.0 and c.slot == int((clock.now() - 1000.0) // SLOT)
     c.close()
+
+
+def test_a_store_with_jobs_but_no_recorded_slot_0_keeps_the_unix_epoch(tmp_path: Path) -> None:
+    """A store written before slot 0 was recorded numbered its slots from the Unix epoch
+    (the old default): a config without ``epoch`` keeps that numbering for it."""
+    clock = FakeClock(1_700_000_000.0)
+    old = controller(tmp_path, FakeClock(0.0), extra="")  # writes c.toml with epoch = 0
+    old.close()
+    path = tmp_path / "c.toml"
+    legacy = load(path)
+    assert not legacy.epoch_from_store
+    c = AdmissionController(legacy, Database(legacy.database_url), SlotClock(clock, SLOT, 0.0))
+    c.open()
+    assert asyncio.run(c.submit(small("old"))).state == "admitted"
+    c.close()
+    path.write_text(path.read_text().replace("epoch = 0.0\n", ""))
+    config = load(path)
+    assert config.epoch_from_store
+    c = AdmissionController(config, Database(config.database_url), SlotClock(clock, SLOT, 0.0))
+    c.open()
+    try:
+        assert c.slots.epoch == 0.0 and c.slot == int(1_700_000_000.0 // SLOT)
+    finally:
+        c.close()
