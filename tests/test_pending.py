@@ -23,7 +23,7 @@ import structlog
 
 from controller.admission import AdmissionController, QueueFullError
 from controller.clock import FakeClock, SlotClock
-from controller.config import load
+from controller.config import Config, load
 from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
@@ -66,12 +66,16 @@ def small(job_id: str, **changes: Any) -> dict[str, Any]:
 def controller(tmp_path: Path, clock: FakeClock, extra: str = CHEAP) -> AdmissionController:
     path = write_config(tmp_path / "c.toml", tmp_path / "data", epoch=clock.now(), extra="")
     path.write_text(path.read_text() + extra)
-    config = load(path)
+    return opened(load(path), clock)
+
+
+def opened(config: Config, clock: FakeClock) -> AdmissionController:
+    """The controller of ``config`` on ``clock``, open (its store created)."""
     config.data_dir.mkdir(parents=True, exist_ok=True)
     c = AdmissionController(
         config,
         Database(config.database_url),
-        SlotClock(clock, SLOT, clock.now()),
+        SlotClock(clock, SLOT, config.epoch),
         log=structlog.wrap_logger(structlog.ReturnLogger()),
     )
     c.open()
@@ -322,28 +326,16 @@ def test_slot_0_is_the_first_start_recorded_in_the_store(tmp_path: Path) -> None
     path.write_text(path.read_text().replace("epoch = 0.0\n", ""))
     config = load(path)
     assert config.epoch_from_store
-    config.data_dir.mkdir(parents=True)
-
-    def opened(cfg: Any) -> AdmissionController:
-        c = AdmissionController(
-            cfg,
-            Database(cfg.database_url),
-            SlotClock(clock, SLOT, cfg.epoch),
-            log=structlog.wrap_logger(structlog.ReturnLogger()),
-        )
-        c.open()
-        return c
-
-    c = opened(config)
+    c = opened(config, clock)
     assert c.slots.epoch == 1_700_000_000.0 and c.slot == 0
     c.close()
     clock.advance(2.5 * SLOT)
-    c = opened(config)
+    c = opened(config, clock)
     assert c.slots.epoch == 1_700_000_000.0 and c.slot == 2  # not restarted at slot 0
     c.close()
     explicit = load(write_config(tmp_path / "e.toml", tmp_path / "data", epoch=1000.0))
     assert not explicit.epoch_from_store
-    c = opened(explicit)
+    c = opened(explicit, clock)
     assert c.slots.epoch == 1000.0 and c.slot == int((clock.now() - 1000.0) // SLOT)
     c.close()
 
@@ -357,15 +349,13 @@ def test_a_store_with_jobs_but_no_recorded_slot_0_keeps_the_unix_epoch(tmp_path:
     path = tmp_path / "c.toml"
     legacy = load(path)
     assert not legacy.epoch_from_store
-    c = AdmissionController(legacy, Database(legacy.database_url), SlotClock(clock, SLOT, 0.0))
-    c.open()
+    c = opened(legacy, clock)
     assert asyncio.run(c.submit(small("old"))).state == "admitted"
     c.close()
     path.write_text(path.read_text().replace("epoch = 0.0\n", ""))
     config = load(path)
     assert config.epoch_from_store
-    c = AdmissionController(config, Database(config.database_url), SlotClock(clock, SLOT, 0.0))
-    c.open()
+    c = opened(config, clock)
     try:
         assert c.slots.epoch == 0.0 and c.slot == int(1_700_000_000.0 // SLOT)
     finally:

@@ -192,6 +192,23 @@ def test_table_utility_and_prices_raised_by_an_earlier_job() -> None:
     assert not d2.admitted and d2.best.payoff is None and d2.best.schedule is None
 
 
+def _two_workers_by_table(values: list[float], u1: dict[str, float]) -> pricing.Trace:
+    """T = 3; a job of W = 2, N = 2, worker (gpu 1, bw 1), PS (bw 1), table utility
+    ``values``; explicit bounds L1 = 1 with ``u1``, PS flat at L2 = 0.01."""
+    raw = base_trace(
+        chunks=2,
+        minibatches=1,
+        tau=1.0,
+        grad_mb=1e-6,
+        worker={"gpu": 1, "bandwidth": 1},
+        ps={"bandwidth": 1},
+        utility={"kind": "table", "values": values},
+    )
+    raw.update(horizon=3)
+    raw["pricing"] = {"U1": u1, "U2": {}, "L1": 1, "L2": 0.01}
+    return pricing.trace_from_dict(raw)
+
+
 def test_decreasing_table_utility_trades_time_for_cost() -> None:
     """Table f = (10, 9.9, 0), T = 3. Explicit L1 = 1 with U1[gpu] = 100 (cpu and
     bandwidth flat at 1); PS flat at L2 = 0.01. N = 2, W = 2 (E = M = 1, tau = 1, e tiny),
@@ -205,18 +222,7 @@ def test_decreasing_table_utility_trades_time_for_cost() -> None:
     room 1 there, so jct 1 is infeasible. jct 2: (0, 2) costs 2 + 2 + 0.02 = 4.02, payoff
     9.9 - 4.02 = 5.88; (1, 1) costs 11 + 2 + 0.02 = 13.02 (payoff < 0). jct 3 has f = 0.
     Best: no worker in slot 0, two in slot 1."""
-    raw = base_trace(
-        chunks=2,
-        minibatches=1,
-        tau=1.0,
-        grad_mb=1e-6,
-        worker={"gpu": 1, "bandwidth": 1},
-        ps={"bandwidth": 1},
-        utility={"kind": "table", "values": [10, 9.9, 0]},
-    )
-    raw.update(horizon=3)
-    raw["pricing"] = {"U1": {"gpu": 100}, "U2": {}, "L1": 1, "L2": 0.01}
-    trace = pricing.trace_from_dict(raw)
+    trace = _two_workers_by_table([10, 9.9, 0], {"gpu": 100})
     job = trace.jobs[0]
     assert job.work == 2
     ledger = pricing.Ledger(trace.cluster, trace.bounds, 3)
@@ -243,18 +249,7 @@ def test_a_waiting_job_counts_its_utility_from_its_arrival() -> None:
     - both in slot 2: cost 4.02, jct 3, f = 9: payoff 4.98 (the best);
     - one in each: cost 4.0918, jct 3: payoff 4.9082.
     Counted from slot 1 instead, ending in slot 1 would look worth f(1) = 10 (payoff 5.84)."""
-    raw = base_trace(
-        chunks=2,
-        minibatches=1,
-        tau=1.0,
-        grad_mb=1e-6,
-        worker={"gpu": 1, "bandwidth": 1},
-        ps={"bandwidth": 1},
-        utility={"kind": "table", "values": [10, 9]},
-    )
-    raw.update(horizon=3)
-    raw["pricing"] = {"U1": {"gpu": 100, "bandwidth": 2}, "U2": {}, "L1": 1, "L2": 0.01}
-    trace = pricing.trace_from_dict(raw)
+    trace = _two_workers_by_table([10, 9], {"gpu": 100, "bandwidth": 2})
     job = trace.jobs[0]
     ledger = pricing.Ledger(trace.cluster, trace.bounds, 3)
     sched = pricing.Schedule(1, np.array([[1]], np.int32), np.array([[0]], np.int32))
