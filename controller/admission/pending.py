@@ -39,6 +39,8 @@ class PendingQueue(DecisionCore):
     def _decide_pending(self) -> None:
         """Decide every pending job not yet decided in the current slot, in submission
         order; their events are held for the controller to publish."""
+        if self._pending_slot == self.slot:  # done in this slot: no query per submission
+            return
         with self.db.session() as session:
             ids = session.scalars(
                 select(JobRow.id)
@@ -48,6 +50,7 @@ class PendingQueue(DecisionCore):
             ).all()
         for job_id in ids:
             self._held_events.extend(self._decide_waiting(job_id))
+        self._pending_slot = self.slot
 
     def _decide_waiting(self, job_id: str) -> list[Event]:
         s, first = self.slot, self.slot + 1

@@ -80,6 +80,7 @@ class AdmissionState(ABC):
         # events of steps taken on the way (pending jobs decided at a boundary), published
         # by the controller once the step returns, even if it failed after them
         self._held_events: list[Event] = []
+        self._pending_slot = -1  # the slot whose pending jobs have all been decided
 
     @property
     def _ledger(self) -> Ledger:
