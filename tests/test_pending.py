@@ -259,7 +259,8 @@ def test_a_pending_job_survives_kill_9(tmp_path: Path) -> None:
         spec_file.write_text(json.dumps(blocker(tau=0.998)))  # W = 384 with 10-s slots
         out = oasis("submit", str(spec_file), "--json", server=d.address)
         assert json.loads(out.stdout)["job"]["state"] == "JOB_STATE_ADMITTED"
-        spec_file.write_text(json.dumps(small("survivor", chunks=1)))
+        flat = {"kind": "sigmoid", "priority": 50, "decay": 0, "target": 1}  # waiting is free
+        spec_file.write_text(json.dumps(small("survivor", chunks=1, utility=flat)))
         out = oasis("submit", str(spec_file), "--wait", "1h", server=d.address)
         assert "survivor: pending until slot" in out.stdout, out.stdout
         d.kill9()
