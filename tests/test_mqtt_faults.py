@@ -139,6 +139,11 @@ class Plane:
     def logged(self, event: str) -> list[dict[str, Any]]:
         return [e for e in self.log() if e.get("event") == event]
 
+    def wait_logged(self, event: str) -> list[dict[str, Any]]:
+        """The daemon's log lines of ``event``, once there is one."""
+        found: list[dict[str, Any]] = wait_for(event, lambda: self.logged(event) or None)
+        return found
+
     def store_rows(self, query: str, args: tuple[Any, ...] = ()) -> list[Any]:
         with sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=10) as conn:
             return conn.execute(query, args).fetchall()
@@ -209,7 +214,7 @@ def test_an_event_that_cannot_be_published_is_skipped_and_the_counter_moves_on(
     """Before the fix paho raised on a wildcard in the topic, the link restarted in a
     loop and the event counter never moved past the bad event."""
     plane.daemon.start()
-    wait_for("the broker connection", lambda: plane.logged("broker connected"))
+    plane.wait_logged("broker connected")
     bad_spec = plane.tmp / "bad.json"
     bad_spec.write_text(json.dumps(plane_job("a/+/#")))
     refused = oasis("submit", str(bad_spec), server=plane.daemon.address, check=False)
@@ -242,7 +247,7 @@ def test_poison_messages_are_dropped_and_the_link_stays_up(plane: Plane) -> None
     which reconnected forever (the broker re-sends a retained message on every
     subscription), and a report naming 100,000 unknown jobs cost a store query each."""
     plane.daemon.start()
-    wait_for("the broker connection", lambda: plane.logged("broker connected"))
+    plane.wait_logged("broker connected")
     job = plane.submit(plane_job("real"))
     arrival = int(job["decision"]["arrival_slot"])
     worker = next(a["server"] for a in job["decision"]["allocations"]
@@ -411,10 +416,8 @@ def test_forged_reports_and_heartbeats_change_nothing(secured: Plane) -> None:
     lie = [TaskProgress("victim", float(total), 10.0)]
     for named in ("w2", "w0", "p1"):  # as another server, and as itself
         p.publish("p1", (TOPICS.progress("p1"), Progress(named, "f", lie).to_bytes(), False))
-    wait_for("the forged reports seen", lambda: p.logged(
-        "report entries ignored: jobs not planned on this server now"))  # fmt: skip
-    forged = wait_for("the forgery logged",
-                      lambda: p.logged("message names another server than its topic"))  # fmt: skip
+    p.wait_logged("report entries ignored: jobs not planned on this server now")
+    forged = p.wait_logged("message names another server than its topic")
     assert forged and forged[0]["server"] == "p1" and forged[0]["named"] in ("w2", "w0")
     reply = p.stub().GetProgress(pb.GetProgressRequest(id="victim"), timeout=10)
     assert reply.progress.minibatches_done < total
