@@ -22,15 +22,20 @@ from pathlib import Path
 from typing import Any
 
 import aiomqtt
-import grpc
 import pytest
 
 from controller.plane.topics import Heartbeat, Progress, TaskProgress, Topics
 from controller.rpc import oasis_pb2 as pb
-from controller.rpc import oasis_pb2_grpc as pb_grpc
 from tests.broker import Mosquitto, mosquitto_binary
-from tests.servers import ROOT, Daemon, oasis, write_config
-from tests.test_mqtt_plane import HEARTBEAT_TIMEOUT, SERVERS, SLOT, plane_job, wait_for
+from tests.servers import ROOT, Daemon, json_log, oasis, write_config
+from tests.test_mqtt_plane import (
+    HEARTBEAT_TIMEOUT,
+    SERVERS,
+    SLOT,
+    PlaneHarness,
+    plane_job,
+    wait_for,
+)
 
 ACL = ROOT / "config" / "mosquitto.acl"
 DAEMON_USER = "oasisd"
@@ -44,7 +49,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-class Plane:
+class Plane(PlaneHarness):
     """A broker (optionally with passwords and the ACL example), oasisd with ``[mqtt]``
     (6 s slots, heartbeat timeout 4 s) and agent subprocesses, in ``tmp``."""
 
@@ -91,53 +96,10 @@ class Plane:
                 argv, stdout=subprocess.DEVNULL, stderr=log, cwd=ROOT, env=env
             )
 
-    def kill_agent(self, server: str) -> None:
-        proc = self.agents.pop(server)
-        proc.kill()
-        proc.wait(10)
-
-    def close(self) -> None:
-        for server in list(self.agents):
-            self.kill_agent(server)
-        if self.daemon.proc is not None and self.daemon.proc.poll() is None:
-            self.daemon.stop()
-        self.broker.close()
-
     # -- reading ------------------------------------------------------------------------
 
-    def stub(self) -> Any:
-        return pb_grpc.AdmissionStub(grpc.insecure_channel(self.daemon.address))
-
-    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
-        path = self.tmp / f"{spec['id']}.json"
-        path.write_text(json.dumps(spec))
-        out = oasis("submit", str(path), "--json", server=self.daemon.address)
-        return dict(json.loads(out.stdout)["job"])
-
-    def job(self, job_id: str) -> Any:
-        return self.stub().GetJob(pb.GetJobRequest(id=job_id), timeout=10).job
-
-    def events(self) -> list[Any]:
-        stream = self.stub().WatchEvents(pb.WatchEventsRequest(after_sequence=0), timeout=3)
-        out = []
-        try:
-            out.extend(stream)
-        except grpc.RpcError as err:
-            if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise
-        return out
-
-    def log(self) -> list[dict[str, Any]]:
-        out = []
-        for line in self.daemon.log_path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-        return out
-
     def logged(self, event: str) -> list[dict[str, Any]]:
-        return [e for e in self.log() if e.get("event") == event]
+        return [e for e in json_log(self.daemon.log_path) if e.get("event") == event]
 
     def wait_logged(self, event: str) -> list[dict[str, Any]]:
         """The daemon's log lines of ``event``, once there is one."""
