@@ -16,7 +16,10 @@ Every payload is a JSON object with ``"version": 1``. A plan carries an ``epoch`
 grows with every plan the daemon issues, across restarts (it is kept in the store): an
 agent ignores a plan whose epoch is lower than one it has followed. Progress counts are
 cumulative per agent *session* (a random id per agent process), so a report repeated or
-lost changes nothing, and a restarted agent does not undo what its predecessor did.
+lost changes nothing, and a restarted agent does not undo what its predecessor did. On
+every connection the daemon publishes every plan and every job's latest event again (a
+broker restarted without persistence has lost them); consumers dedupe events on
+``sequence``. An agent subscribes to its plan and to the status.
 
 Names in topics. A job id or server name is one topic level: 1-128 characters of
 ``A-Z a-z 0-9 . _ -`` (:data:`NAME_PATTERN`), so it can hold no ``/``, no wildcard
