@@ -289,7 +289,7 @@ class Plane:
             await client.publish(topic, message.to_bytes(), qos=1, retain=True)
         except aiomqtt.MqttError:
             raise  # the connection: reconnect, and publish it then
-        except (ValueError, TypeError) as err:  # paho refuses this message: skip it
+        except Exception as err:  # paho refuses this message, or it cannot be encoded: skip it
             self._complain("?", "event", "job event not published", sequence=message.sequence,
                            error=str(err)[:200])  # fmt: skip
 
