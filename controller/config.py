@@ -47,7 +47,7 @@ from typing import Any
 
 from controller.auth import Caller, tokens_from_dict
 from controller.limits import Limits, limits_from_dict
-from controller.plane.settings import MqttConfig, mqtt_from_dict
+from controller.plane.settings import MqttConfig, check_server_names, mqtt_from_dict
 from controller.tls import TlsConfig, check_exposure, tls_from_dict
 from pricing import fields
 from pricing.bound_estimate import DEFAULT_TRIM
@@ -180,6 +180,9 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Config:
         cluster = cluster_from_dict(
             cluster_raw.get("resources"), cluster_raw.get("servers"), prefix="cluster."
         )
+        mqtt = mqtt_from_dict(fields.optional_mapping(data, "mqtt", ""))
+        if mqtt is not None:
+            check_server_names(name for _kind, _i, name, _cap in cluster.servers())
         return Config(
             listen=listen,
             data_dir=Path(fields.text(daemon.get("data_dir", "./data"), "daemon.data_dir")),
@@ -192,7 +195,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Config:
             pricing=_pricing(fields.optional_mapping(data, "pricing", ""), cluster),
             tick_seconds=fields.positive(daemon.get("tick_seconds", 1.0), "daemon.tick_seconds"),
             metrics_listen=_metrics_listen(fields.optional_mapping(data, "metrics", "")),
-            mqtt=mqtt_from_dict(fields.optional_mapping(data, "mqtt", "")),
+            mqtt=mqtt,
             allow_insecure_remote=insecure_remote,
             tls=tls,
             tokens=tokens_from_dict(fields.mapping(data["auth"], "auth"))

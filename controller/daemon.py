@@ -188,6 +188,7 @@ async def serve(
         log.info("drained", still_in_flight=left)
         for task in tasks:
             task.cancel()
+        await asyncio.wait(tasks, timeout=5)  # the broker link says "offline" first
         await server.stop(grace=5)
         if metrics is not None:
             metrics.close()

@@ -10,6 +10,7 @@ it), where that is a failure.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import shutil
@@ -211,6 +212,17 @@ class Daemon:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         self.log.close()
+
+
+def json_log(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of a daemon's or agent's log (other lines skipped)."""
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
 
 
 def oasis(*args: str, server: str = "", check: bool = True) -> subprocess.CompletedProcess[Any]:

@@ -44,7 +44,8 @@ def register(sub: Any) -> None:
                    "(mqtts:// in --broker does too, with the system's CAs)")  # fmt: skip
     p.add_argument("--speed", type=float, default=1.0,
                    help="simulated pace relative to the plan (default 1)")  # fmt: skip
-    p.add_argument("--command", default="", metavar="CMD",
+    # dest: "command" is the subcommand's name, which error messages show
+    p.add_argument("--command", dest="worker_command", default="", metavar="CMD",
                    help="shell command per worker; prints its cumulative mini-batches")  # fmt: skip
     p.add_argument("--report-seconds", type=float, default=1.0, metavar="S",
                    help="progress report interval (default 1)")  # fmt: skip
@@ -54,7 +55,7 @@ def register(sub: Any) -> None:
 
 def _agent(args: argparse.Namespace) -> int:
     from controller import logs
-    from controller.plane.agent import Agent
+    from controller.plane.agent import Agent, UnknownServerError
 
     mqtt = broker_settings(args)
     if args.speed <= 0:
@@ -62,9 +63,15 @@ def _agent(args: argparse.Namespace) -> int:
     if args.report_seconds <= 0:
         raise InputError(f"--report-seconds: must be > 0, got {args.report_seconds}")
     logs.configure(args.log_level)
-    agent = Agent(args.server, mqtt, args.speed, args.command, args.report_seconds)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(agent.run())
+    try:
+        agent = Agent(args.server, mqtt, args.speed, args.worker_command, args.report_seconds)
+    except ValueError as err:
+        raise InputError(f"--server: {err}") from err
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(agent.run())
+    except UnknownServerError as err:
+        raise InputError(str(err)) from err
     return EXIT_OK
 
 
