@@ -7,7 +7,7 @@ Example (``config/oasisd.example.toml`` is a complete one)::
     data_dir = "/var/lib/oasis"  # the SQLite store lives here unless store_url is set;
                                  # a relative path is relative to this file's folder
     store_url = ""               # e.g. "postgresql+psycopg://oasis@/oasis"
-    store_timeout = 5            # seconds one store operation may take (store/database.py)
+    store_timeout = 3            # seconds one store operation may take (store/database.py)
     slot_seconds = 3600          # length of a slot
     window = 300                 # T: a job may be planned up to T slots from its arrival
     epoch = 0                    # Unix time at which slot 0 began

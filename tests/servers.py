@@ -9,6 +9,7 @@ it), where that is a failure.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
@@ -95,12 +96,15 @@ class Postgres:
     def freeze(self) -> None:
         """SIGSTOP the postmaster, then every backend: the server accepts TCP connections
         (the kernel does) and answers nothing."""
-        for pid in self.processes():
-            os.kill(pid, signal.SIGSTOP)
+        self._signal(signal.SIGSTOP)
 
     def thaw(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, sig: signal.Signals) -> None:
         for pid in self.processes():
-            os.kill(pid, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):  # a child reaped meanwhile
+                os.kill(pid, sig)
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql+psycopg://oasis@127.0.0.1:{self.port}/{database}"

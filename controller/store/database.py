@@ -44,7 +44,7 @@ __all__ = ["DEFAULT_TIMEOUT", "RETRY_SECONDS", "Database", "StoreUnavailableErro
 
 MIGRATIONS = Path(__file__).resolve().parent.parent.parent / "migrations"
 _PG_LOCK = 0x6F61_7369  # "oasi": the advisory lock held while migrating
-DEFAULT_TIMEOUT = 5.0
+DEFAULT_TIMEOUT = 3.0
 """Seconds any one store operation may take (``daemon.store_timeout``)."""
 RETRY_SECONDS = 1.0
 """After PostgreSQL was found out of reach, calls fail at once for this long."""
