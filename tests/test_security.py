@@ -386,6 +386,23 @@ def test_plaintext_on_a_non_loopback_address_is_refused_at_start(tmp_path: Path)
     assert out.returncode == 2 and "192.0.2.1:0 is not a loopback address" in out.stderr
 
 
+def test_metrics_off_loopback_are_refused_at_start_unless_allowed(tmp_path: Path) -> None:
+    """/metrics is plain HTTP without tokens: off loopback only when the config says so
+    (accepted then: tests/test_metrics.py; never bound here, tests stay on loopback)."""
+    metrics = '\n[metrics]\nlisten = "0.0.0.0:0"\n'
+    config = write_config(tmp_path / "c.toml", tmp_path / "d", extra=metrics)
+    out = subprocess.run(
+        [sys.executable, "-m", "controller.daemon", "--config", str(config)],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip() == (
+        "oasisd: metrics.listen: 0.0.0.0:0 is not a loopback address: the metrics endpoint "
+        "is plain HTTP without authentication; set metrics.allow_insecure_remote = true to "
+        "serve it to the network"
+    )
+
+
 def _config(daemon: str = "", extra: str = "") -> dict[str, Any]:
     import tomllib
 
