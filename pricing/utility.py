@@ -194,7 +194,9 @@ class _Reader:
             slots = seconds / self.slot_seconds
         elif isinstance(value, Mapping):
             fields.check_no_problems(fields.unknown_keys(value, {"slot"}, field))
-            start = fields.integer(fields.require(value, "slot", field), f"{field}.slot", minimum=0)
+            start = fields.integer(
+                fields.require(value, "slot", field), f"{field}.slot", minimum=-fields.MAX_INTEGER
+            )
             if self.arrival is None:
                 raise SpecError.one(field, "a slot's start needs the job's arrival")
             # finished by the start of slot S: its last slot is at most S - 1
