@@ -156,14 +156,19 @@ def _seeds(n: int) -> str:
     return f"{n} seed" if n == 1 else f"{n} seeds"
 
 
-def _save(fig: Any, ax: Any, path: Path, settings: Settings) -> None:
-    """Legend beside the axes (inside, it hid lines such as RRH's), the quick-run caveat
-    under them, and the PNG written."""
+def _decorate(fig: Any, ax: Any, settings: Settings) -> None:
+    """Legend beside the axes (inside, it hid lines such as RRH's) and, for a quick run,
+    the caveat under them."""
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     if settings.quick:  # under the x axis label
         ax.annotate(textwrap.fill(QUICK_CAVEAT, 110), xy=(0, 0), xycoords="axes fraction",
                     xytext=(0, -40), textcoords="offset points", va="top", fontsize=7,
                     color="firebrick")  # fmt: skip
+
+
+def _save(fig: Any, ax: Any, path: Path, settings: Settings) -> None:
+    """:func:`_decorate`, then the PNG written (the legend and caveat included)."""
+    _decorate(fig, ax, settings)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from enum import StrEnum
@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import structlog
 
+from controller.bearer import TokenInterceptor  # the client's side, re-exported
 from pricing import fields
 from pricing.errors import SpecError
 
@@ -310,38 +311,3 @@ def _wrap(handler: Any, admit: Callable[[Any], Awaitable[Caller]]) -> Any:
             yield item
 
     return handler._replace(stream_stream=ss)
-
-
-# -- client side ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _CallDetails(grpc.ClientCallDetails):  # type: ignore[misc]
-    method: str
-    timeout: float | None
-    metadata: Iterable[tuple[str, str]] | None
-    credentials: Any
-    wait_for_ready: bool | None
-    compression: Any
-
-
-class TokenInterceptor(
-    grpc.UnaryUnaryClientInterceptor,  # type: ignore[misc]
-    grpc.UnaryStreamClientInterceptor,  # type: ignore[misc]
-):
-    """Adds ``authorization: Bearer TOKEN`` to every call of a channel (plaintext or TLS;
-    gRPC's own call credentials refuse plaintext channels)."""
-
-    def __init__(self, token: str) -> None:
-        self._header = ("authorization", f"Bearer {token}")
-
-    def _details(self, d: Any) -> _CallDetails:
-        metadata = [*(d.metadata or ()), self._header]
-        return _CallDetails(d.method, d.timeout, metadata, d.credentials, d.wait_for_ready,
-                            d.compression)  # fmt: skip
-
-    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)
-
-    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)

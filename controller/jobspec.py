@@ -110,6 +110,11 @@ def for_display(spec: Mapping[str, Any], times: SlotTimes) -> dict[str, Any]:
     return out
 
 
+def _slots(n: int, slot_seconds: float) -> str:
+    """``3 slots (3h)``."""
+    return f"{n} slot{'' if n == 1 else 's'} ({format_duration(n * slot_seconds)})"
+
+
 def check_worth(
     spec: Mapping[str, Any],
     *,
@@ -139,15 +144,15 @@ def check_worth(
     d_min = job.min_slots
     if float(job.utility.log_values(d_min)) > -math.inf:
         return
-    need = f"{d_min} slots ({format_duration(d_min * slot_seconds)})"
+    need = _slots(d_min, slot_seconds)
     raw = spec.get("utility")
     due = getattr(job.utility, "deadline", None)
     if isinstance(raw, Mapping) and raw.get("kind") == "deadline" and due is not None:
         left = max(0, math.floor(due + 1e-9))
         raise SpecError.one(
             f"{field}.utility.deadline",
-            f"leaves {left} slots ({format_duration(left * slot_seconds)}) after the job's "
-            f"arrival, but it needs at least {need} even on an empty cluster, and its value "
+            f"leaves {_slots(left, slot_seconds)} after the job's arrival, but it needs "
+            f"at least {need} even on an empty cluster, and its value "
             "after the deadline is 0: give a later deadline, or a half_life",
         )
     raise SpecError.one(

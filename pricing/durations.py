@@ -84,9 +84,12 @@ def format_duration(seconds: float) -> str:
 
 
 def format_time(unix: float) -> str:
-    """A Unix time as ISO 8601 in UTC, to the second: ``2030-06-01T18:00:00Z``."""
+    """A Unix time as ISO 8601 in UTC, to the second: ``2030-06-01T18:00:00Z``.
+
+    A fraction of a second is rounded up, so the start of a slot reads back as a time in
+    that slot (not a moment before it), whatever the epoch's fraction."""
     try:
-        when = datetime.fromtimestamp(round(unix), UTC)
+        when = datetime.fromtimestamp(math.ceil(unix), UTC)
     except (OverflowError, ValueError, OSError):  # beyond datetime's years 1..9999
         return f"{unix:.6g} s after 1970-01-01T00:00:00Z"
     return when.strftime("%Y-%m-%dT%H:%M:%SZ")

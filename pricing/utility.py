@@ -120,7 +120,10 @@ class Deadline:
     half_life: float | None = None
 
     def values(self, d: ArrayLike) -> NDArray[np.float64]:
-        return np.exp(self.log_values(d))
+        late = np.maximum(np.asarray(d, dtype=np.float64) - self.deadline, 0.0)
+        if self.half_life is None:
+            return np.where(late > 0, 0.0, self.value)
+        return self.value * np.exp2(-late / self.half_life)  # exactly value up to the deadline
 
     def log_values(self, d: ArrayLike) -> NDArray[np.float64]:
         late = np.maximum(np.asarray(d, dtype=np.float64) - self.deadline, 0.0)

@@ -51,8 +51,8 @@ def daemon_address(text: str) -> str:
         return text if "]:" in text else f"{text}:{DEFAULT_PORT}"
     if text.count(":") > 1:  # a bare IPv6 address
         return f"[{text}]:{DEFAULT_PORT}"
-    host, sep, _ = text.rpartition(":")
-    return text if sep and host else f"{text.rstrip(':')}:{DEFAULT_PORT}"
+    host, sep, port = text.rpartition(":")
+    return text if sep and host and port else f"{text.rstrip(':')}:{DEFAULT_PORT}"
 
 
 def options() -> argparse.ArgumentParser:
