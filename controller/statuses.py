@@ -5,9 +5,12 @@
   ``google.rpc.BadRequest`` field violation (the standard rich error model, in the
   ``grpc-status-details-bin`` trailer), so a client can list them or name the field
   without parsing the message.
-- Messages are bounded: at most :data:`MAX_PROBLEMS` problems of at most
-  :data:`MAX_TEXT` characters each (a job naming 40,000 unknown resources made a
-  3.4 MB message).
+- Messages are bounded: problems of at most :data:`MAX_TEXT` characters each, as many as
+  fit in :data:`MAX_BYTES`, then how many more (a job naming 40,000 unknown resources
+  made a 3.4 MB message). The message and the details travel in trailers, and gRPC
+  clients refuse trailers over 8 KiB by default (RESOURCE_EXHAUSTED instead of the
+  error): the message percent-encoded (up to 3x for non-ASCII) plus the details in
+  base64 stay under that.
 - :class:`DecodeInterceptor`: a request whose bytes are not the method's message is
   INVALID_ARGUMENT, where gRPC itself answers UNKNOWN.
 """
@@ -24,11 +27,11 @@ from grpc_status import rpc_status
 
 from pricing.errors import Problem, SpecError
 
-__all__ = ["MAX_PROBLEMS", "MAX_TEXT", "DecodeInterceptor", "abort", "bounded"]
+__all__ = ["MAX_BYTES", "MAX_TEXT", "DecodeInterceptor", "abort", "bounded"]
 
-MAX_PROBLEMS = 50
-"""Problems listed in one error; the rest are counted."""
-MAX_TEXT = 300
+MAX_BYTES = 1500
+"""UTF-8 bytes of the problems listed in one error (the first is always listed)."""
+MAX_TEXT = 200
 """Characters of one problem's field or reason."""
 
 log = structlog.get_logger("oasisd")
@@ -39,11 +42,18 @@ def _cut(text: str, limit: int = MAX_TEXT) -> str:
 
 
 def bounded(problems: Sequence[Problem]) -> list[Problem]:
-    """At most :data:`MAX_PROBLEMS` problems, each cut to :data:`MAX_TEXT` characters,
-    and one more saying how many were left out."""
-    out = [Problem(_cut(p.field), _cut(p.reason)) for p in problems[:MAX_PROBLEMS]]
-    if len(problems) > MAX_PROBLEMS:
-        out.append(Problem("", f"and {len(problems) - MAX_PROBLEMS} more problems"))
+    """The problems that fit in :data:`MAX_BYTES`, each cut to :data:`MAX_TEXT`
+    characters, and one more saying how many were left out."""
+    out: list[Problem] = []
+    used = 0
+    for i, p in enumerate(problems):
+        cut = Problem(_cut(p.field), _cut(p.reason))
+        size = len(str(cut).encode()) + 2  # and "; "
+        if out and used + size > MAX_BYTES:
+            out.append(Problem("", f"and {len(problems) - i} more problems"))
+            break
+        out.append(cut)
+        used += size
     return out
 
 

@@ -314,21 +314,22 @@ def test_issue_12_inputs_are_invalid_argument(tmp_path: Path, daemon: Daemon) ->
             next(iter(watch(b"\x08", timeout=10)))
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
-        # 40,000 unknown resources: a bounded message, and every field (to 50) as details
+        # 40,000 unknown resources: a bounded message (gRPC clients refuse trailers over
+        # 8 KiB), and the first fields as details
         stub = pb_grpc.AdmissionStub(channel)
         many = {**PEOPLE, "worker": {f"r{i}": 1 for i in range(40_000)}}
         call = stub.SubmitJob.with_call
         with pytest.raises(grpc.RpcError) as err:
             call(pb.SubmitJobRequest(job=pb.JobSpec(json=json.dumps(many))), timeout=30)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert len(err.value.details() or "") < 20_000
+        assert len(err.value.details() or "") < 2_000
         status = rpc_status.from_call(err.value)
         assert status is not None
         bad = error_details_pb2.BadRequest()
         status.details[0].Unpack(bad)
-        assert len(bad.field_violations) == 51
-        assert bad.field_violations[0].field == "job.worker.r0"
-        assert bad.field_violations[-1].description == "and 39950 more problems"
+        shown = len(bad.field_violations) - 1
+        assert shown >= 10 and bad.field_violations[0].field == "job.worker.r0"
+        assert bad.field_violations[-1].description == f"and {40_000 - shown} more problems"
 
 
 def test_reflection_v1_and_v1alpha(daemon: Daemon) -> None:

@@ -18,7 +18,7 @@ from controller.commands.records import job_record, plain, state_name
 from controller.convert import spec_from_proto
 from controller.jobspec import check_worth, for_display, has_times, new_id, prepare, read_json
 from controller.rpc import oasis_pb2 as pb
-from controller.statuses import MAX_PROBLEMS, bounded
+from controller.statuses import MAX_BYTES, bounded
 from pricing import SpecError, cluster_from_dict, job_from_dict
 from pricing.durations import format_duration, format_time, parse_duration, parse_time
 from pricing.errors import Problem
@@ -305,8 +305,11 @@ def test_error_messages_are_bounded() -> None:
         Problem(f"job.worker.r{i}" + "x" * 500, "unknown resource " * 100) for i in range(40_000)
     ]
     out = bounded(many)
-    assert len(out) == MAX_PROBLEMS + 1 and out[-1].reason == "and 39950 more problems"
-    assert sum(len(str(p)) for p in out) < 40_000
+    assert out[-1].reason == f"and {40_000 - len(out) + 1} more problems"
+    assert len(str(out[0])) <= 2 * 200 + 2
+    assert sum(len(str(p).encode()) + 2 for p in out) <= MAX_BYTES + 100
+    few = [Problem("job.a", "bad"), Problem("job.b", "worse")]
+    assert bounded(few) == few
 
 
 # -- the client's side ------------------------------------------------------------------
