@@ -39,23 +39,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from bench.machine import describe
-from tests.servers import Daemon, write_config
+from tests.servers import SMALL_JOB, Daemon, write_config
 
 __all__ = ["main"]
 
-JOB: dict[str, Any] = {  # SPEC 3's form, which clients before issue 13 read too
-    "epochs": 2,
-    "chunks": 8,
-    "minibatches": 50,
-    "tau": 0.01,
-    "grad_mb": 100,
-    "worker": {"gpu": 1, "cpu": 4, "mem": 8, "disk": 5, "bandwidth": 1},
-    "ps": {"cpu": 2, "mem": 8, "disk": 5, "bandwidth": 5},
-    "utility": {"kind": "sigmoid", "priority": 50, "decay": 0.5, "target": 3},
-}
+JOB = SMALL_JOB  # SPEC 3's form, which clients before issue 13 read too
 
 
 def _time(argv: list[str], source: Path | None = None) -> float:

@@ -25,16 +25,11 @@ from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from pricing.durations import format_time
 from pricing.runtime_estimate import RuntimePrior, fit
-from tests.servers import ROOT, Daemon, free_port, oasis, write_config
+from tests.servers import ROOT, SMALL_JOB, Daemon, free_port, oasis, write_config
 
-PEOPLE: dict[str, Any] = {
-    "epochs": 2,
-    "chunks": 8,
-    "minibatches": 50,
+PEOPLE: dict[str, Any] = {  # SMALL_JOB in people's units: 36 s is 0.01 of an hour
+    **{k: v for k, v in SMALL_JOB.items() if k != "tau"},
     "minibatch_seconds": 36,
-    "grad_mb": 100,
-    "worker": {"gpu": 1, "cpu": 4, "mem": 8, "disk": 5, "bandwidth": 1},
-    "ps": {"cpu": 2, "mem": 8, "disk": 5, "bandwidth": 5},
     "utility": {"kind": "deadline", "value": 50, "deadline": "6h", "half_life": "1h"},
 }
 

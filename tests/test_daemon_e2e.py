@@ -14,18 +14,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
-from tests.servers import Daemon, oasis, write_config
+from tests.servers import SMALL_JOB, Daemon, oasis, write_config
 
-BASE_JOB: dict[str, Any] = {
-    "epochs": 2,
-    "chunks": 8,
-    "minibatches": 50,
-    "tau": 0.01,
-    "grad_mb": 100,
-    "worker": {"gpu": 1, "cpu": 4, "mem": 8, "disk": 5, "bandwidth": 1},
-    "ps": {"cpu": 2, "mem": 8, "disk": 5, "bandwidth": 5},
-    "utility": {"kind": "sigmoid", "priority": 50, "decay": 0.5, "target": 3},
-}
+BASE_JOB: dict[str, Any] = SMALL_JOB
 
 
 def job(job_id: str, **changes: Any) -> dict[str, Any]:

@@ -55,6 +55,14 @@ def daemon_address(text: str) -> str:
     return text if sep and host and port else f"{text.rstrip(':')}:{DEFAULT_PORT}"
 
 
+_ENV_OPTIONS = (
+    ("--tls-ca", "OASIS_TLS_CA", "FILE", "use TLS, trusting this CA"),
+    ("--tls-cert", "OASIS_TLS_CERT", "FILE", "client certificate for mutual TLS"),
+    ("--tls-key", "OASIS_TLS_KEY", "FILE", "its private key"),
+    ("--token", "OASIS_TOKEN", "TOKEN", "bearer token, better from the environment (not in ps)"),
+)
+
+
 def options() -> argparse.ArgumentParser:
     """The options every client command shares (a parent parser)."""
     p = argparse.ArgumentParser(add_help=False)
@@ -69,34 +77,13 @@ def options() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per call (default 30)")
     p.add_argument("--tls", action="store_true", help="use TLS, trusting the system's CAs")
-    p.add_argument(
-        "--tls-ca",
-        metavar="FILE",
-        default=env("OASIS_TLS_CA", ""),
-        help="use TLS, trusting this CA (default: $OASIS_TLS_CA)",
-    )
-    p.add_argument(
-        "--tls-cert",
-        metavar="FILE",
-        default=env("OASIS_TLS_CERT", ""),
-        help="client certificate for mutual TLS (default: $OASIS_TLS_CERT)",
-    )
-    p.add_argument(
-        "--tls-key",
-        metavar="FILE",
-        default=env("OASIS_TLS_KEY", ""),
-        help="its private key (default: $OASIS_TLS_KEY)",
-    )
+    for flag, var, meta, what in _ENV_OPTIONS:
+        p.add_argument(flag, metavar=meta, default=env(var, ""), help=f"{what} (default: ${var})")
     p.add_argument(
         "--tls-server-name",
         metavar="NAME",
         default="",
         help="name to verify in the daemon's certificate (default: its host)",
-    )
-    p.add_argument(
-        "--token",
-        default=env("OASIS_TOKEN", ""),
-        help="bearer token (default: $OASIS_TOKEN, which keeps it out of ps)",
     )
     return p
 
