@@ -162,6 +162,15 @@ def test_every_problem_is_listed_once_in_plain_words(tmp_path: Path, daemon: Dae
     )
 
 
+def test_a_list_names_the_item_that_failed(tmp_path: Path, daemon: Daemon) -> None:
+    jobs = [{**PEOPLE, "id": "l0"}, {**PEOPLE, "id": "l1", "epochs": -1}, {**PEOPLE, "id": "l2"}]
+    out = run("submit", write(tmp_path, jobs), server=daemon.address)
+    assert out.returncode == 2
+    assert out.stdout.startswith("l0: admitted")
+    assert "item 1 (l1) failed; the 1 before it were submitted, the rest were not" in out.stderr
+    assert "job.epochs: must be >= 1, got -1" in out.stderr
+
+
 def test_a_deadline_too_close_says_by_how_much(tmp_path: Path, daemon: Daemon) -> None:
     spec = {
         **PEOPLE,

@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from controller.clock import SlotTimes
 from controller.commands import SUMMARIES
 from controller.commands.common import EXIT_OK, InputError, fmt
@@ -166,15 +168,22 @@ def cmd_submit(args: argparse.Namespace) -> int:
     stubs = Stubs(args)
     specs = _specs(args.file)
     responses = []
-    for spec in specs:
+    for i, spec in enumerate(specs):
         req = pb.SubmitJobRequest(job=_request_spec(spec))
-        resp = stubs.admission.SubmitJob(req, timeout=stubs.timeout)
+        try:
+            resp = stubs.admission.SubmitJob(req, timeout=stubs.timeout)
+        except grpc.RpcError:
+            if len(specs) > 1:
+                name = spec.get("id") if isinstance(spec.get("id"), str) else "without an id"
+                print(f"oasis submit: item {i} ({name}) failed; the {i} before it were "
+                      "submitted, the rest were not", file=sys.stderr)  # fmt: skip
+            raise
         responses.append(resp)
         if not args.json:
             note = " (already decided: this is the first decision)" if resp.duplicate else ""
-            for i, line in enumerate(_decision_lines(resp.job.spec.id, resp.job.decision,
-                                                     stubs.times())):  # fmt: skip
-                print(line + note if note and i == 0 else line)
+            lines = _decision_lines(resp.job.spec.id, resp.job.decision, stubs.times())
+            for n, line in enumerate(lines):
+                print(line + note if note and n == 0 else line)
     if args.json:
         times = stubs.times()
         records = [job_record(r.job, times) | {"duplicate": r.duplicate} for r in responses]
