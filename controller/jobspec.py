@@ -58,10 +58,43 @@ def read_json(text: str, field: str = "job") -> dict[str, Any]:
     return data
 
 
+_REALS = ("tau", "minibatch_seconds", "grad_mb")
+
+
+def _real(value: Any) -> Any:
+    """An int as the float it stands for (what the typed JobSpec fields carry); anything
+    else as it is, for the parser to judge."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:
+            return value
+    return value
+
+
+def _numbers_as_reals(spec: dict[str, Any]) -> None:
+    """Demands, times and utilities as floats, in place: a job sent as JSON (``"gpu": 1``)
+    is then stored as the same job sent as typed fields (``gpu = 1.0``), so either
+    retries the other (the store compares specs as canonical JSON)."""
+    for key in _REALS:
+        if key in spec:
+            spec[key] = _real(spec[key])
+    for side in ("worker", "ps"):
+        if isinstance(spec.get(side), Mapping):
+            spec[side] = {k: _real(v) for k, v in spec[side].items()}
+    utility = spec.get("utility")
+    if isinstance(utility, Mapping):
+        spec["utility"] = {
+            k: [_real(x) for x in v] if isinstance(v, list) else _real(v)
+            for k, v in utility.items()
+        }
+
+
 def prepare(spec: dict[str, Any], times: SlotTimes) -> dict[str, Any]:
-    """``spec`` with an id (made with :func:`new_id` when absent or empty) and each
-    wall-clock time in its utility replaced by ``{"slot": S}``, S the slot it falls in
-    (a job done by the start of slot S ends by that time at the latest).
+    """``spec`` with an id (made with :func:`new_id` when absent or empty), its numbers
+    as the typed fields carry them (:func:`_numbers_as_reals`), and each wall-clock time
+    in its utility replaced by ``{"slot": S}``, S the slot it falls in (a job done by the
+    start of slot S ends by that time at the latest).
 
     A time the parser cannot read (no UTC offset, say) is left as it is: the job's
     parser names it with every other problem of the spec.
@@ -69,6 +102,7 @@ def prepare(spec: dict[str, Any], times: SlotTimes) -> dict[str, Any]:
     out = dict(spec)
     if out.get("id", "") == "":
         out["id"] = new_id()
+    _numbers_as_reals(out)
     utility = out.get("utility")
     if isinstance(utility, Mapping):
         resolved = dict(utility)

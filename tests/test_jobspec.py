@@ -258,6 +258,19 @@ def test_prepare_makes_ids_and_resolves_times_to_slots() -> None:
     )
 
 
+def test_json_and_typed_fields_store_the_same_job() -> None:
+    """A SPEC 3 job sent as JSON (``"gpu": 1``) and as typed fields (``gpu = 1.0``) is
+    stored as one canonical spec, so a retry by either path is a duplicate."""
+    from controller.admission import canonical_spec
+    from controller.convert import spec_to_proto
+    from tests.servers import SMALL_JOB
+
+    job = {**SMALL_JOB, "id": "same", "tau": 1, "utility": {"kind": "table", "values": [9, 3]}}
+    typed = prepare(spec_from_proto(spec_to_proto(job)), TIMES)
+    sent = prepare(spec_from_proto(pb.JobSpec(json=json.dumps(job))), TIMES)
+    assert canonical_spec(sent) == canonical_spec(typed)
+
+
 def test_check_worth_says_how_far_a_deadline_is_too_close() -> None:
     spec = {
         **PEOPLE,
