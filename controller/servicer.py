@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
 import grpc
-import structlog
 
 from controller.admission import (
     STATES,
@@ -42,7 +41,6 @@ from pricing.errors import SpecError
 __all__ = ["AdmissionServicer", "ClusterServicer"]
 
 _T = TypeVar("_T")
-log = structlog.get_logger("oasisd")
 
 _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (SpecError, grpc.StatusCode.INVALID_ARGUMENT),
