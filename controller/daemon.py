@@ -1,7 +1,7 @@
 """``oasisd``: the admission daemon.
 
 A short, declarative main: open the store and rebuild the ledger, start the gRPC server
-(admission, cluster, health, reflection) and the metrics endpoint, tell systemd it is
+(admission, cluster, health, reflection v1 and v1alpha) and the metrics endpoint, tell systemd it is
 ready, then run the periodic events until SIGTERM or SIGINT. Each periodic event catches
 and logs its own failures, so one bad tick never kills the daemon.
 
@@ -26,9 +26,8 @@ import grpc
 import sqlalchemy
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
-from controller import logs
+from controller import logs, reflection
 from controller.admission import AdmissionController
 from controller.auth import AccessInterceptor
 from controller.clock import Clock, SlotClock, SystemClock
@@ -41,6 +40,7 @@ from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.servicer import AdmissionServicer, ClusterServicer
 from controller.startup import StartupError, open_store
+from controller.statuses import DecodeInterceptor
 from controller.store import Database
 from controller.store.watch import PROBE_SECONDS, StoreWatch, WriterLockLostError
 from controller.store.writer_lock import writer_lock
@@ -114,7 +114,7 @@ async def serve(
             metrics.set_broker(False)
     limits = config.limits
     # the metrics first, so they count the calls refused; then who may call (tokens,
-    # roles, rate); then everything else
+    # roles, rate); then requests that do not decode (INVALID_ARGUMENT, not UNKNOWN)
     access = AccessInterceptor(
         config.tokens, RateLimiter(limits.rate, limits.burst) if limits.rate else None
     )
@@ -125,7 +125,12 @@ async def serve(
                     limit=fds, max_connections=connections.max_connections)  # fmt: skip
     gate = StopGate()  # at stop, calls are answered UNAVAILABLE, never cut off
     server = grpc.aio.server(
-        interceptors=[*([metrics.interceptor()] if metrics else []), gate, access],
+        interceptors=[
+            *([metrics.interceptor()] if metrics else []),
+            gate,
+            access,
+            DecodeInterceptor(),
+        ],
         options=[
             ("grpc.max_receive_message_length", limits.max_message_bytes),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -138,9 +143,7 @@ async def serve(
     pb_grpc.add_ClusterServicer_to_server(ClusterServicer(controller), server)  # type: ignore[no-untyped-call]
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (*SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
+    reflection.enable((*SERVICES, health.SERVICE_NAME), server)  # v1 and v1alpha
     try:
         if config.tls is not None:
             port = server.add_secure_port(config.listen, server_credentials(config.tls))

@@ -127,6 +127,19 @@ class Postgres:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
+SMALL_JOB: dict[str, Any] = {
+    "epochs": 2,
+    "chunks": 8,
+    "minibatches": 50,
+    "tau": 0.01,
+    "grad_mb": 100,
+    "worker": {"gpu": 1, "cpu": 4, "mem": 8, "disk": 5, "bandwidth": 1},
+    "ps": {"cpu": 2, "mem": 8, "disk": 5, "bandwidth": 5},
+    "utility": {"kind": "sigmoid", "priority": 50, "decay": 0.5, "target": 3},
+}
+"""A job without an id in SPEC 3's form that the cluster of :data:`CLUSTER_TOML` admits
+when empty (two slots of work)."""
+
 # TOML inline tables cannot span lines
 CLUSTER_TOML = """
 [cluster]

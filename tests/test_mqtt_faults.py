@@ -86,7 +86,7 @@ class Plane(PlaneHarness):
 
     def start_agent(self, server: str) -> None:
         env = {**os.environ}
-        argv = [sys.executable, "-m", "controller.cli", "agent", "--server", server,
+        argv = [sys.executable, "-m", "controller.cli", "agent", "--node", server,
                 "--broker", self.broker.url, "--report-seconds", "0.2"]  # fmt: skip
         if self.secured:
             argv += ["--mqtt-username", server]
@@ -289,7 +289,7 @@ def test_agent_for_an_unknown_server_exits_and_a_clean_stop_says_offline(plane: 
 
     # "p2-8x-O" with the letter O: before the fix the agent sat idle and silent
     agent = subprocess.run(
-        [sys.executable, "-m", "controller.cli", "agent", "--server", "p2-8x-O",
+        [sys.executable, "-m", "controller.cli", "agent", "--node", "p2-8x-O",
          "--broker", plane.broker.url],
         check=False, capture_output=True, text=True, cwd=ROOT, timeout=60,
     )  # fmt: skip
@@ -297,10 +297,8 @@ def test_agent_for_an_unknown_server_exits_and_a_clean_stop_says_offline(plane: 
     assert "oasis agent: server 'p2-8x-O' is not in the daemon's cluster (known: p0, p1, w0" in (
         agent.stderr
     )
-    bad = oasis("agent", "--server", "w0/#", "--broker", plane.broker.url, check=False)
-    assert bad.returncode == 2 and "--server: server 'w0/#' cannot name an MQTT topic" in (
-        bad.stderr
-    )
+    bad = oasis("agent", "--node", "w0/#", "--broker", plane.broker.url, check=False)
+    assert bad.returncode == 2 and "--node: server 'w0/#' cannot name an MQTT topic" in (bad.stderr)
 
     # a clean stop: the retained status says offline (the will covers only a crash)
     assert plane.daemon.stop() == 0

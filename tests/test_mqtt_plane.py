@@ -112,7 +112,7 @@ class PlaneHarness:
         path = self.tmp / f"{spec['id']}.json"
         path.write_text(json.dumps(spec))
         out = oasis("submit", str(path), "--json", server=self.daemon.address)
-        return dict(json.loads(out.stdout)["job"])
+        return dict(json.loads(out.stdout))
 
     def job(self, job_id: str) -> Any:
         return self.stub().GetJob(pb.GetJobRequest(id=job_id), timeout=10).job
@@ -151,7 +151,7 @@ class Cluster(PlaneHarness):
     def start_agent(self, server: str, speed: float = 1.0) -> None:
         log = open(self.tmp / f"agent-{server}.log", "ab")  # noqa: SIM115
         self.agents[server] = subprocess.Popen(
-            [sys.executable, "-m", "controller.cli", "agent", "--server", server,
+            [sys.executable, "-m", "controller.cli", "agent", "--node", server,
              "--broker", self.broker.url, "--speed", str(speed), "--report-seconds", "0.2"],
             stdout=subprocess.DEVNULL, stderr=log, cwd=ROOT,
         )  # fmt: skip

@@ -145,7 +145,7 @@ def test_daemon_and_agent_authenticate_over_tls(
         assert set(plans) == set(SERVERS)
 
         # the agent: user and CA by flags, password from the environment, not argv
-        argv = [sys.executable, "-m", "controller.cli", "agent", "--server", "w0",
+        argv = [sys.executable, "-m", "controller.cli", "agent", "--node", "w0",
                 "--broker", broker.url, "--topic-prefix", "sec-ok",
                 "--mqtt-username", AGENT, "--mqtt-tls-ca", str(pki.ca)]  # fmt: skip
         assert AGENT_PASSWORD not in " ".join(argv)

@@ -101,7 +101,7 @@ def test_password_is_not_in_repr() -> None:
 
 
 def agent_args(*argv: str) -> argparse.Namespace:
-    return build_parser().parse_args(["agent", "--server", "w0", *argv])
+    return build_parser().parse_args(["agent", "--node", "w0", *argv])
 
 
 @pytest.fixture

@@ -237,7 +237,7 @@ def test_tls_without_client_certificates(tmp_path: Path, pki: Pki) -> None:
             assert code == grpc.StatusCode.UNAVAILABLE
         # the CLI, trusting the CA, no token needed (no [auth])
         out = oasis("job", "tls1", "--json", "--tls-ca", str(pki.ca), server=daemon.address)
-        assert json.loads(out.stdout)["job"]["spec"]["id"] == "tls1"
+        assert json.loads(out.stdout)["id"] == "tls1"
         plain = oasis("job", "tls1", server=daemon.address, check=False)
         assert plain.returncode == 1 and "UNAVAILABLE" in plain.stderr
     finally:
@@ -327,7 +327,7 @@ def test_cli_with_tls_and_token(mtls_daemon: Daemon, pki: Pki, tmp_path: Path) -
     spec.write_text(json.dumps(job("cli-b1")))
     out = oasis("submit", str(spec), "--json", *tls, "--token", TOKENS["bob"],
                 server=mtls_daemon.address)  # fmt: skip
-    assert json.loads(out.stdout)["job"]["spec"]["id"] == "cli-b1"
+    assert json.loads(out.stdout)["id"] == "cli-b1"
     # the token from the environment
     env = {**os.environ, "OASIS_TOKEN": TOKENS["bob"]}
     cmd = [sys.executable, "-m", "controller.cli", "jobs", "--json", *tls,

@@ -50,7 +50,7 @@ def test_a_second_daemon_on_the_same_store_exits_naming_the_first(
     log = tmp_path / "a.log"
     first = Daemon(config, log).start()
     try:
-        assert submit_json(tmp_path, job("j0"), first.address)["job"]["state"]
+        assert submit_json(tmp_path, job("j0"), first.address)["state"]
         second = _oasisd(config)
         assert first.proc is not None
         assert second.returncode == 1, second.stderr
@@ -59,13 +59,13 @@ def test_a_second_daemon_on_the_same_store_exits_naming_the_first(
         assert line.startswith("oasisd: the store ") and "is in use by another oasisd" in line
         assert f"(host {socket.gethostname()}, pid {first.proc.pid}, since 20" in line, line
         # the first one was not disturbed
-        assert submit_json(tmp_path, job("j1"), first.address)["job"]["state"]
+        assert submit_json(tmp_path, job("j1"), first.address)["state"]
     finally:
         assert first.stop() == 0, log.read_text()
     assert _writer_record(store_url)["epoch"] == 1
     again = Daemon(config, log).start()  # the lock went with the first process
     try:
-        assert submit_json(tmp_path, job("j2"), again.address)["job"]["state"]
+        assert submit_json(tmp_path, job("j2"), again.address)["state"]
     finally:
         assert again.stop() == 0, log.read_text()
     record = _writer_record(store_url)
@@ -143,7 +143,7 @@ def test_a_lock_lost_with_its_session_is_taken_again_or_the_daemon_stops(
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)
         assert _writer_record(url)["epoch"] == 2
-        assert submit_json(tmp_path, job("still"), daemon.address)["job"]["state"]
+        assert submit_json(tmp_path, job("still"), daemon.address)["state"]
 
         # the session ends and another process takes the lock first: the daemon stops
         with psycopg.connect(dsn, autocommit=True) as rival:
