@@ -4,9 +4,9 @@ gRPC server interceptor in front of every oasis RPC.
 Roles:
     ``submitter``: SubmitJob, QuoteJob, and GetJob, ListJobs and GetProgress of the jobs
     it submitted (another's job reads as NOT_FOUND; reusing another's job id is
-    ALREADY_EXISTS). ``operator``: every RPC, every job. Any RPC not listed for
-    submitters (CancelJob, WatchEvents, the Cluster service, and RPCs added later) is
-    for operators only.
+    ALREADY_EXISTS), and GetClusterInfo (the slot clock). ``operator``: every RPC, every
+    job. Any RPC not listed for submitters (CancelJob, WatchEvents, the rest of the
+    Cluster service, and RPCs added later) is for operators only.
 
 Requests carry ``authorization: Bearer TOKEN`` metadata. A missing or unknown token is
 UNAUTHENTICATED; a role that may not call the RPC is PERMISSION_DENIED. Health checking
@@ -31,19 +31,22 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import structlog
 
-from controller.limits import RateLimiter
+from controller.bearer import TokenInterceptor  # the client's side, re-exported
 from pricing import fields
 from pricing.errors import SpecError
+
+if TYPE_CHECKING:  # the client's TokenInterceptor needs neither limits nor numpy
+    from controller.limits import RateLimiter
 
 __all__ = [
     "ANONYMOUS",
@@ -63,8 +66,12 @@ __all__ = [
 
 _ADMISSION = "/oasis.v1.Admission/"
 SUBMITTER_METHODS = frozenset(
-    _ADMISSION + name for name in ("SubmitJob", "QuoteJob", "GetJob", "ListJobs", "GetProgress")
-)
+    [
+        *(_ADMISSION + name for name in ("SubmitJob", "QuoteJob", "GetJob", "ListJobs",
+                                         "GetProgress")),
+        "/oasis.v1.Cluster/GetClusterInfo",  # the slot clock: times next to slot numbers
+    ]
+)  # fmt: skip
 OPEN_SERVICES = frozenset(
     {
         "grpc.health.v1.Health",
@@ -233,7 +240,7 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return
         wait = self.limiter.take(client)
         if wait > 0:
-            ms = RateLimiter.retry_hint_ms(wait)
+            ms = self.limiter.retry_hint_ms(wait)
             context.set_trailing_metadata((("grpc-retry-pushback-ms", str(ms)),))
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -304,38 +311,3 @@ def _wrap(handler: Any, admit: Callable[[Any], Awaitable[Caller]]) -> Any:
             yield item
 
     return handler._replace(stream_stream=ss)
-
-
-# -- client side ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _CallDetails(grpc.ClientCallDetails):  # type: ignore[misc]
-    method: str
-    timeout: float | None
-    metadata: Iterable[tuple[str, str]] | None
-    credentials: Any
-    wait_for_ready: bool | None
-    compression: Any
-
-
-class TokenInterceptor(
-    grpc.UnaryUnaryClientInterceptor,  # type: ignore[misc]
-    grpc.UnaryStreamClientInterceptor,  # type: ignore[misc]
-):
-    """Adds ``authorization: Bearer TOKEN`` to every call of a channel (plaintext or TLS;
-    gRPC's own call credentials refuse plaintext channels)."""
-
-    def __init__(self, token: str) -> None:
-        self._header = ("authorization", f"Bearer {token}")
-
-    def _details(self, d: Any) -> _CallDetails:
-        metadata = [*(d.metadata or ()), self._header]
-        return _CallDetails(d.method, d.timeout, metadata, d.credentials, d.wait_for_ready,
-                            d.compression)  # fmt: skip
-
-    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)
-
-    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)

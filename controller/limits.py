@@ -25,8 +25,10 @@
   rate, a call fails with RESOURCE_EXHAUSTED, the seconds to wait in the message and in
   the ``grpc-retry-pushback-ms`` trailer (gRPC's retry-throttling hint, gRFC A6).
 
-Job ids are checked here too, whatever the limits: at most 200 characters (the store's
-column) and no control characters (PostgreSQL text cannot hold NUL).
+Job ids are checked here too, whatever the limits: 1-128 characters of
+``A-Z a-z 0-9 . _ -`` (SPEC 3). An id names the job's MQTT topic
+(``<prefix>/v1/jobs/<id>/events``), where ``/``, ``+``, ``#`` or NUL would change or
+break the topic, and fits the store's 200-character column.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from controller.plane.topics import NAME_PATTERN
 from pricing import fields
 from pricing.cluster import Cluster
 from pricing.errors import SpecError
@@ -54,8 +57,8 @@ __all__ = [
     "search_size",
 ]
 
-MAX_JOB_ID_CHARS = 200
-"""The store's ``jobs.id`` column is ``VARCHAR(200)``."""
+MAX_JOB_ID_CHARS = 128
+"""The longest job id (SPEC 3); the store's ``jobs.id`` column is ``VARCHAR(200)``."""
 
 _KEYS = {
     "max_message_bytes",
@@ -158,11 +161,19 @@ def search_size(job: Job, cluster: Cluster, window: int) -> SearchSize:
 
 
 def check_job_id(job_id: str, field: str = "job.id") -> None:
-    """Raise SpecError unless ``job_id`` fits the store: <= 200 characters, printable."""
-    if len(job_id) > MAX_JOB_ID_CHARS:
-        raise SpecError.one(field, f"at most {MAX_JOB_ID_CHARS} characters, got {len(job_id)}")
-    if not job_id.isprintable():
-        raise SpecError.one(field, "must not contain control characters")
+    """Raise SpecError (INVALID_ARGUMENT) unless ``job_id`` is 1-128 characters of
+    ``A-Z a-z 0-9 . _ -``; the message names the first character outside them."""
+    if not job_id or len(job_id) > MAX_JOB_ID_CHARS:
+        raise SpecError.one(
+            field, f"must be 1-{MAX_JOB_ID_CHARS} characters long, got {len(job_id)}"
+        )
+    if not NAME_PATTERN.fullmatch(job_id):
+        bad = next(c for c in job_id if not NAME_PATTERN.fullmatch(c))
+        raise SpecError.one(
+            field,
+            f"must be characters of A-Z a-z 0-9 . _ - only (it names an MQTT topic), "
+            f"got {bad!r} at position {job_id.index(bad)}",
+        )
 
 
 def limits_from_dict(raw: Mapping[str, Any]) -> Limits:

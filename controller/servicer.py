@@ -1,15 +1,17 @@
 """gRPC servicers: unpack the request, call the controller, build the response.
 
-Domain errors map to precise status codes; anything else is a bug and becomes INTERNAL.
+Domain errors map to precise status codes; anything else is a bug and becomes INTERNAL
+(:mod:`controller.statuses`: bounded messages, every bad field). A submitted spec is
+prepared at this edge (:mod:`controller.jobspec`): read from JSON, given an id if it has
+none, its times resolved to slots, and refused if it can be worth nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
-import structlog
 
 from controller.admission import (
     STATES,
@@ -30,15 +32,16 @@ from controller.convert import (
     progress_to_proto,
     spec_from_proto,
 )
+from controller.jobspec import check_worth, has_times, prepare
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
+from controller.statuses import abort
 from controller.store import StoreUnavailableError
-from pricing import SpecError
+from pricing.errors import SpecError
 
 __all__ = ["AdmissionServicer", "ClusterServicer"]
 
 _T = TypeVar("_T")
-log = structlog.get_logger("oasisd")
 
 _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (SpecError, grpc.StatusCode.INVALID_ARGUMENT),
@@ -55,38 +58,64 @@ async def _guard(context: grpc.aio.ServicerContext, call: Awaitable[_T]) -> _T:
     try:
         return await call
     except Exception as err:
-        for kind, code in _CODES:
-            if isinstance(err, kind):
-                await context.abort(code, str(err))
-        log.exception("internal error")
-        await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(err).__name__}")
-        raise  # unreachable: abort raises
+        code = next((c for kind, c in _CODES if isinstance(err, kind)), None)
+        await abort(context, code, err)
 
 
 class AdmissionServicer(pb_grpc.AdmissionServicer):
     def __init__(self, controller: AdmissionController) -> None:
         self.c = controller
 
+    async def _spec(self, msg: pb.JobSpec, *, new: bool) -> dict[str, Any]:
+        """The spec of a submission or quote, prepared (see the module docstring).
+
+        A spec with times whose job is stored already skips the worth check: at a later
+        arrival its deadline may have passed, and a retry must get the first decision."""
+        spec = prepare(spec_from_proto(msg), self.c.slots.times)
+        try:
+            check_worth(
+                spec,
+                cluster=self.c.cluster,
+                slot_seconds=self.c.config.slot_seconds,
+                window=self.c.window,
+                arrival=self.c.slots.current_slot() + 1,
+            )
+        except SpecError:
+            if not (new and has_times(spec) and await self._stored(spec["id"])):
+                raise
+        return spec
+
+    async def _stored(self, job_id: Any) -> bool:
+        try:
+            await self.c.get(str(job_id))
+        except (NotFoundError, SpecError):
+            return False
+        return True
+
     async def SubmitJob(
         self, request: pb.SubmitJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.SubmitJobResponse:
         caller = current_caller()
-        spec = spec_from_proto(request.job)
+        spec = await _guard(context, self._spec(request.job, new=True))
         wait = request.wait_seconds if request.HasField("wait_seconds") else None
         view = await _guard(context, self.c.submit(spec, caller.submitter, caller.owner, wait))
-        return pb.SubmitJobResponse(job=job_to_proto(view), duplicate=view.duplicate)
+        return pb.SubmitJobResponse(job=self._job(view), duplicate=view.duplicate)
 
     async def QuoteJob(
         self, request: pb.QuoteJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.QuoteJobResponse:
-        view = await _guard(context, self.c.quote(spec_from_proto(request.job)))
+        spec = await _guard(context, self._spec(request.job, new=False))
+        view = await _guard(context, self.c.quote(spec))
         return pb.QuoteJobResponse(decision=decision_to_proto(view))
+
+    def _job(self, view: Any) -> pb.Job:
+        return job_to_proto(view, self.c.slots.times)
 
     async def GetJob(
         self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetJobResponse:
         view = await _guard(context, self.c.get(request.id, current_caller().owner))
-        return pb.GetJobResponse(job=job_to_proto(view))
+        return pb.GetJobResponse(job=self._job(view))
 
     async def ListJobs(
         self, request: pb.ListJobsRequest, context: grpc.aio.ServicerContext
@@ -100,13 +129,13 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
             states.append(STATE_OF[s])
         owner = current_caller().owner
         views = await _guard(context, self.c.list_jobs(states, request.limit, owner))
-        return pb.ListJobsResponse(jobs=[job_to_proto(v) for v in views])
+        return pb.ListJobsResponse(jobs=[self._job(v) for v in views])
 
     async def CancelJob(
         self, request: pb.CancelJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.CancelJobResponse:
         view, released = await _guard(context, self.c.cancel(request.id))
-        return pb.CancelJobResponse(job=job_to_proto(view), released_worker_slots=released)
+        return pb.CancelJobResponse(job=self._job(view), released_worker_slots=released)
 
     async def GetProgress(
         self, request: pb.GetProgressRequest, context: grpc.aio.ServicerContext
@@ -148,10 +177,7 @@ class ClusterServicer(pb_grpc.ClusterServicer):
         self, request: pb.ListServersRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListServersResponse:
         cluster = self.c.cluster
-        try:
-            use = await self.c.read(lambda: self.c.current_use(request.slot))
-        except SpecError as err:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        use = await _guard(context, self.c.read(lambda: self.c.current_use(request.slot)))
         out = pb.ListServersResponse(current_slot=self.c.slot)
         for kind, _, name, caps in cluster.servers():
             out.servers.add(
@@ -194,3 +220,15 @@ class ClusterServicer(pb_grpc.ClusterServicer):
                 share=share,
             )
         return out
+
+    async def GetClusterInfo(
+        self, request: pb.GetClusterInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetClusterInfoResponse:
+        slots = self.c.slots
+        return pb.GetClusterInfoResponse(
+            slot_seconds=slots.slot_seconds,
+            epoch=slots.epoch,
+            window=self.c.window,
+            current_slot=slots.current_slot(),
+            now=slots.clock.now(),
+        )

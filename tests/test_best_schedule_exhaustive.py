@@ -48,6 +48,11 @@ def spec_utility(kind: dict[str, Any]) -> Callable[[int], float]:
     if kind["kind"] == "sigmoid":
         p, g, t = kind["priority"], kind["decay"], kind["target"]
         return lambda d: p / (1.0 + math.exp(g * (d - t)))
+    if kind["kind"] == "deadline":
+        v, due, half = kind["value"], kind["deadline"], kind.get("half_life")
+        if half is None:
+            return lambda d: v if d <= due else 0.0
+        return lambda d: v if d <= due else v * 0.5 ** ((d - due) / half)
     values = list(kind["values"])
     return lambda d: values[min(d, len(values)) - 1]
 
@@ -440,9 +445,35 @@ def check_schedule(inst: Instance, best: pricing.BestSchedule, origin: int, wher
 # -- the tests -----------------------------------------------------------------------------
 
 
+def deadline_utility(rng: np.random.Generator, allow_zero: bool) -> dict[str, Any]:
+    """A deadline utility: full value up to 1-4 slots (or a fraction), then halving or 0."""
+    out: dict[str, Any] = {
+        "kind": "deadline",
+        "value": _amount(rng, 0.5, 20.0),
+        "deadline": float(rng.integers(1, 5)) + (0.0 if rng.random() < 0.7 else 0.5),
+    }
+    if not allow_zero or rng.random() < 0.5:
+        out["half_life"] = _amount(rng, 0.2, 3.0)
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", range(CASES))
 def test_best_schedule_matches_brute_force(case: int) -> None:
+    _matches_brute_force(case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", range(4))
+def test_best_schedule_with_deadline_utilities_matches_brute_force(case: int) -> None:
+    """The deadline kind (pricing.utility.Deadline) keeps the search exact: it is
+    non-increasing, with a step at the deadline and an exponential or zero tail."""
+    _matches_brute_force(case, deadline_utility)
+
+
+def _matches_brute_force(
+    case: int, utility: Callable[[np.random.Generator, bool], dict[str, Any]] | None = None
+) -> None:
     explicit = case % 2 == 1
     outcomes = {"none": 0, "negative": 0, "positive": 0, "loaded": 0}
     checked = 0
@@ -451,6 +482,8 @@ def test_best_schedule_matches_brute_force(case: int) -> None:
         seed += 1
         rng = np.random.default_rng(seed)
         raw = random_trace(rng, explicit)
+        if utility is not None:  # zero tails only where oracle bounds do not need f > 0
+            raw["jobs"][0]["utility"] = utility(rng, explicit)
         where = f"seed {seed}: {json.dumps(raw)}"
         try:
             trace = pricing.trace_from_dict(raw)

@@ -258,10 +258,11 @@ def test_a_pending_job_survives_kill_9(tmp_path: Path) -> None:
         spec_file = tmp_path / "blocker.json"
         spec_file.write_text(json.dumps(blocker(tau=0.998)))  # W = 384 with 10-s slots
         out = oasis("submit", str(spec_file), "--json", server=d.address)
-        assert json.loads(out.stdout)["job"]["state"] == "JOB_STATE_ADMITTED"
+        assert json.loads(out.stdout)["state"] == "admitted"
         flat = {"kind": "sigmoid", "priority": 50, "decay": 0, "target": 1}  # waiting is free
         spec_file.write_text(json.dumps(small("survivor", chunks=1, utility=flat)))
-        out = oasis("submit", str(spec_file), "--wait", "1h", server=d.address)
+        out = oasis("submit", str(spec_file), "--wait", "1h", server=d.address, check=False)
+        assert out.returncode == 4, out.stderr  # pending: neither admitted nor rejected
         assert "survivor: pending until slot" in out.stdout, out.stdout
         d.kill9()
         d = Daemon(config, tmp_path / "oasisd2.log").start()

@@ -1,4 +1,5 @@
-"""What every ``oasis`` command shares: exit codes, input errors, reading a trace."""
+"""What every ``oasis`` command shares: exit codes, input errors and how they are shown,
+reading a trace."""
 
 from __future__ import annotations
 
@@ -6,10 +7,14 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pricing import SpecError, Trace, trace_from_dict
+from pricing.errors import Problem
+
+if TYPE_CHECKING:  # the client commands never read traces: no numpy at their start
+    from pricing.trace import Trace
 
 __all__ = [
     "EXIT_BAD_INPUT",
@@ -20,6 +25,7 @@ __all__ = [
     "int_at_least",
     "load_trace",
     "positive_seconds",
+    "report_error",
 ]
 
 EXIT_OK = 0
@@ -28,11 +34,45 @@ EXIT_BAD_INPUT = 2
 
 
 class InputError(Exception):
-    """Input the command cannot use; the message is shown as is."""
+    """Input the command cannot use; the message is shown as is.
+
+    Attributes:
+        problems: the bad fields, when the input is a job or a trace.
+    """
+
+    def __init__(self, message: str, problems: Iterable[Problem] = ()) -> None:
+        super().__init__(message)
+        self.problems = tuple(problems)
+
+
+def report_error(
+    args: argparse.Namespace, code: str, message: str, problems: Sequence[Problem] = ()
+) -> int:
+    """Show an error (text on stderr, or with ``--json`` one JSON object on stdout:
+    ``{"error": {"code", "message", "field", "problems"}}``); return the exit status:
+    2 for INVALID_ARGUMENT, else 1."""
+    status = EXIT_BAD_INPUT if code == "INVALID_ARGUMENT" else EXIT_FAILURE
+    if getattr(args, "json", False):
+        error = {
+            "code": code,
+            "message": message,
+            "field": problems[0].field if problems else "",
+            "problems": [{"field": p.field, "message": p.reason} for p in problems],
+        }
+        print(json.dumps({"error": error}, indent=1))
+    elif problems:
+        lines = "\n".join(f"  {p}" for p in problems)
+        print(f"oasis {args.command}: {code}: invalid input:\n{lines}", file=sys.stderr)
+    else:
+        print(f"oasis {args.command}: {code}: {message}", file=sys.stderr)
+    return status
 
 
 def load_trace(path: str) -> Trace:
     """Read and validate a trace file (``-`` reads standard input)."""
+    from pricing.errors import SpecError
+    from pricing.trace import trace_from_dict
+
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     except OSError as err:
@@ -47,7 +87,7 @@ def load_trace(path: str) -> Trace:
         return trace_from_dict(data)
     except SpecError as err:
         lines = "\n".join(f"  {p}" for p in err.problems)
-        raise InputError(f"{path}: invalid trace:\n{lines}") from err
+        raise InputError(f"{path}: invalid trace:\n{lines}", err.problems) from err
 
 
 def int_at_least(low: int) -> Callable[[str], int]:
