@@ -53,8 +53,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args)
     except common.InputError as err:
-        if getattr(args, "json", False):
-            return common.report_error(args, "INVALID_ARGUMENT", str(err), err.problems)
         print(f"oasis {args.command}: {err}", file=sys.stderr)
         return common.EXIT_BAD_INPUT
     except BrokenPipeError:

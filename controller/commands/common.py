@@ -1,5 +1,4 @@
-"""What every ``oasis`` command shares: exit codes, input errors and how they are shown,
-reading a trace."""
+"""What every ``oasis`` command shares: exit codes, input errors, reading a trace."""
 
 from __future__ import annotations
 
@@ -7,7 +6,7 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,7 +24,6 @@ __all__ = [
     "int_at_least",
     "load_trace",
     "positive_seconds",
-    "report_error",
 ]
 
 EXIT_OK = 0
@@ -43,29 +41,6 @@ class InputError(Exception):
     def __init__(self, message: str, problems: Iterable[Problem] = ()) -> None:
         super().__init__(message)
         self.problems = tuple(problems)
-
-
-def report_error(
-    args: argparse.Namespace, code: str, message: str, problems: Sequence[Problem] = ()
-) -> int:
-    """Show an error (text on stderr, or with ``--json`` one JSON object on stdout:
-    ``{"error": {"code", "message", "field", "problems"}}``); return the exit status:
-    2 for INVALID_ARGUMENT, else 1."""
-    status = EXIT_BAD_INPUT if code == "INVALID_ARGUMENT" else EXIT_FAILURE
-    if getattr(args, "json", False):
-        error = {
-            "code": code,
-            "message": message,
-            "field": problems[0].field if problems else "",
-            "problems": [{"field": p.field, "message": p.reason} for p in problems],
-        }
-        print(json.dumps({"error": error}, indent=1))
-    elif problems:
-        lines = "\n".join(f"  {p}" for p in problems)
-        print(f"oasis {args.command}: {code}: invalid input:\n{lines}", file=sys.stderr)
-    else:
-        print(f"oasis {args.command}: {code}: {message}", file=sys.stderr)
-    return status
 
 
 def load_trace(path: str) -> Trace:

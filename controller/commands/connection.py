@@ -4,7 +4,9 @@ words a person can act on (or JSON with ``--json``).
 Exit status of a client command: 0 done (a job admitted), 3 a job rejected, 2 bad input
 (INVALID_ARGUMENT or a file the client cannot use), 1 anything else (the daemon
 unreachable or stopping, NOT_FOUND, ALREADY_EXISTS, ...). With ``--json`` an error is one
-JSON object on standard output, ``{"error": {"code", "message", "field", "problems"}}``.
+JSON object on standard output, ``{"error": {"code", "message", "field", "problems"}}``
+(the trace tools, ``replay`` and ``offline``, keep standard output for SPEC 6 and say
+what is wrong on standard error).
 """
 
 from __future__ import annotations
@@ -12,14 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
 
 from controller.clock import SlotTimes
-from controller.commands.common import InputError, report_error
+from controller.commands.common import EXIT_BAD_INPUT, EXIT_FAILURE, InputError
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.tls import client_channel, read_pem
@@ -34,6 +37,7 @@ __all__ = [
     "guarded",
     "options",
     "print_json",
+    "report_error",
 ]
 
 DEFAULT_PORT = 50051
@@ -155,8 +159,35 @@ def guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
             problems = _field_violations(err)
             message = _explain(code, err.details() or "", args)
             return report_error(args, code.name, message, problems)
+        except InputError as err:  # a job file the client cannot use
+            if not args.json:
+                raise
+            return report_error(args, "INVALID_ARGUMENT", str(err), err.problems)
 
     return run
+
+
+def report_error(
+    args: argparse.Namespace, code: str, message: str, problems: Sequence[Problem] = ()
+) -> int:
+    """Show an error (text on stderr, or with ``--json`` one JSON object on stdout:
+    ``{"error": {"code", "message", "field", "problems"}}``); return the exit status:
+    2 for INVALID_ARGUMENT, else 1."""
+    status = EXIT_BAD_INPUT if code == "INVALID_ARGUMENT" else EXIT_FAILURE
+    if getattr(args, "json", False):
+        error = {
+            "code": code,
+            "message": message,
+            "field": problems[0].field if problems else "",
+            "problems": [{"field": p.field, "message": p.reason} for p in problems],
+        }
+        print(json.dumps({"error": error}, indent=1))
+    elif problems:
+        lines = "\n".join(f"  {p}" for p in problems)
+        print(f"oasis {args.command}: {code}: invalid input:\n{lines}", file=sys.stderr)
+    else:
+        print(f"oasis {args.command}: {code}: {message}", file=sys.stderr)
+    return status
 
 
 def _field_violations(err: grpc.RpcError) -> list[Problem]:
