@@ -19,12 +19,20 @@
   rate, a call fails with RESOURCE_EXHAUSTED, the seconds to wait in the message and in
   the ``grpc-retry-pushback-ms`` trailer (gRPC's retry-throttling hint, gRFC A6).
 
+- ``max_spec_bytes`` and ``max_table_points``: a job spec larger than ``max_spec_bytes``
+  as canonical JSON, or a table utility with more than ``max_table_points`` values, is
+  refused with INVALID_ARGUMENT naming the field, before it is queued for a decision (a
+  stored spec is returned by every read of the job, so its size bounds theirs).
+- ``max_page_jobs`` and ``max_page_bytes``: the most jobs, and about the most bytes of
+  them, one ``ListJobs`` answer holds; the rest follow on later pages (``page_token``).
+
 Job ids are checked here too, whatever the limits: at most 200 characters (the store's
 column) and no control characters (PostgreSQL text cannot hold NUL).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -59,6 +67,10 @@ _KEYS = {
     "max_search_mb",
     "rate",
     "burst",
+    "max_spec_bytes",
+    "max_table_points",
+    "max_page_jobs",
+    "max_page_bytes",
 }
 
 
@@ -78,6 +90,11 @@ class Limits:
         max_search_mb: largest DP tables of one search, MiB.
         rate: requests per second per client; 0: no limit.
         burst: requests a client may make at once (bucket size); 0: ``max(1, rate)``.
+        max_spec_bytes: largest job spec, bytes of canonical JSON.
+        max_table_points: most values of a table utility.
+        max_page_jobs: most jobs in one ``ListJobs`` page.
+        max_page_bytes: a ``ListJobs`` page stops after the job that reaches this size,
+            bytes (so a page holds at least one job).
     """
 
     max_message_bytes: int = 1 << 20
@@ -87,6 +104,28 @@ class Limits:
     max_search_mb: float = 512.0
     rate: float = 0.0
     burst: float = 0.0
+    max_spec_bytes: int = 64 * 1024
+    max_table_points: int = 1000
+    max_page_jobs: int = 100
+    max_page_bytes: int = 1 << 20
+
+    def check_spec(self, spec: Mapping[str, Any]) -> None:
+        """Raise SpecError if the raw spec is over ``max_spec_bytes`` or its table
+        utility over ``max_table_points`` (before it is parsed or queued)."""
+        utility = spec.get("utility")
+        if isinstance(utility, Mapping):
+            values = utility.get("values")
+            if isinstance(values, list) and len(values) > self.max_table_points:
+                raise JobTooLargeError.one(
+                    "job.utility.values",
+                    f"{len(values)} points exceed limits.max_table_points = "
+                    f"{self.max_table_points}",
+                )
+        size = len(json.dumps(spec, sort_keys=True, separators=(",", ":")))
+        if size > self.max_spec_bytes:
+            raise JobTooLargeError.one(
+                "job", f"spec of {size} bytes exceeds limits.max_spec_bytes = {self.max_spec_bytes}"
+            )
 
     def check_job(self, job: Job, cluster: Cluster, window: int) -> None:
         """Raise JobTooLargeError if ``job`` is over a limit, or its search over budget."""
@@ -179,6 +218,10 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
         ),
         rate=rate,
         burst=burst,
+        max_spec_bytes=count("max_spec_bytes", d.max_spec_bytes),
+        max_table_points=count("max_table_points", d.max_table_points),
+        max_page_jobs=count("max_page_jobs", d.max_page_jobs),
+        max_page_bytes=count("max_page_bytes", d.max_page_bytes),
     )
 
 

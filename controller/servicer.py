@@ -61,6 +61,15 @@ async def _guard(context: grpc.aio.ServicerContext, call: Awaitable[_T]) -> _T:
         raise  # unreachable: abort raises
 
 
+async def _after(page_token: str) -> int:
+    """The sequence a ``page_token`` continues after (0: from the start)."""
+    if not page_token:
+        return 0
+    if not (page_token.isascii() and page_token.isdigit() and len(page_token) <= 18):
+        raise SpecError.one("page_token", "not a token this daemon gave (next_page_token)")
+    return int(page_token)
+
+
 class AdmissionServicer(pb_grpc.AdmissionServicer):
     def __init__(self, controller: AdmissionController) -> None:
         self.c = controller
@@ -95,9 +104,25 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
                     grpc.StatusCode.INVALID_ARGUMENT, f"states: unknown state {s} ({STATES})"
                 )
             states.append(STATE_OF[s])
+        limits = self.c.config.limits
+        page = min(request.page_size or limits.max_page_jobs, limits.max_page_jobs)
+        if request.limit > 0:
+            page = min(page, request.limit)
+        if request.page_size < 0 or request.limit < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "page_size, limit: must be >= 0")
+        after = await _guard(context, _after(request.page_token))
         owner = current_caller().owner
-        views = await _guard(context, self.c.list_jobs(states, request.limit, owner))
-        return pb.ListJobsResponse(jobs=[job_to_proto(v) for v in views])
+        views, more = await _guard(context, self.c.list_jobs(states, page, after, owner))
+        jobs: list[pb.Job] = []
+        size = 0
+        for view in views:  # a page ends at the job that reaches limits.max_page_bytes
+            jobs.append(job_to_proto(view))
+            size += jobs[-1].ByteSize()
+            if size >= limits.max_page_bytes:
+                break
+        more = more or len(jobs) < len(views)
+        token = str(views[len(jobs) - 1].sequence) if more and jobs else ""
+        return pb.ListJobsResponse(jobs=jobs, next_page_token=token)
 
     async def CancelJob(
         self, request: pb.CancelJobRequest, context: grpc.aio.ServicerContext

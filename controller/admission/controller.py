@@ -83,16 +83,19 @@ class AdmissionController(DecisionCore, Recovery, Lifecycle, ReadViews):
     async def submit(
         self, spec: dict[str, Any], by: str | None = None, owner: str | None = None
     ) -> JobView:
-        """Decide ``spec`` and commit; idempotent by job id.
+        """Decide ``spec`` and commit; idempotent by job id. A spec over the size limits
+        is refused before it is queued.
 
         ``by`` is recorded as the job's submitter; with ``owner`` set, a job id of another
         submitter is a conflict rather than a duplicate."""
+        self.config.limits.check_spec(spec)
         view, events = await self._run(lambda: self._submit_sync(spec, by, owner))
         self._publish(events)
         return view
 
     async def quote(self, spec: dict[str, Any]) -> DecisionView:
         """Decide ``spec`` without committing anything."""
+        self.config.limits.check_spec(spec)
         return await self._run(lambda: self._quote_sync(spec))
 
     async def cancel(self, job_id: str) -> tuple[JobView, int]:
@@ -113,10 +116,11 @@ class AdmissionController(DecisionCore, Recovery, Lifecycle, ReadViews):
         return await asyncio.to_thread(self._get_sync, job_id, owner)
 
     async def list_jobs(
-        self, states: Sequence[str], limit: int, owner: str | None = None
-    ) -> list[JobView]:
-        """Jobs in decision order; with ``owner`` set, only that submitter's."""
-        return await asyncio.to_thread(self._list_sync, list(states), limit, owner)
+        self, states: Sequence[str], page: int, after: int = 0, owner: str | None = None
+    ) -> tuple[list[JobView], bool]:
+        """Up to ``page`` jobs after sequence ``after``, in decision order, and whether
+        more follow; with ``owner`` set, only that submitter's."""
+        return await asyncio.to_thread(self._list_sync, list(states), page, after, owner)
 
     async def stored_events(self, after: int) -> list[Event]:
         return await asyncio.to_thread(self._events_sync, after)

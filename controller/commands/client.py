@@ -11,7 +11,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -259,10 +259,26 @@ def _job_row(job: pb.Job) -> list[str]:
 _JOB_HEADERS = ["job", "state", "seq", "arrival", "payoff", "completes", "jct", "utility"]
 
 
+def list_jobs(stubs: _Stubs, states: Sequence[pb.JobState], limit: int = 0) -> list[pb.Job]:
+    """Every job in ``states`` (empty: all), up to ``limit`` (0: all), page after page."""
+    jobs: list[pb.Job] = []
+    token = ""
+    while True:
+        left = limit - len(jobs) if limit > 0 else 0
+        req = pb.ListJobsRequest(states=states, limit=left, page_token=token)
+        resp = stubs.admission.ListJobs(req, timeout=stubs.timeout)
+        jobs.extend(resp.jobs)
+        token = resp.next_page_token
+        if not token or (limit > 0 and len(jobs) >= limit):
+            return jobs
+
+
 def cmd_jobs(args: argparse.Namespace) -> int:
     stubs = _Stubs(args)
-    req = pb.ListJobsRequest(states=[STATE_NAMES[s] for s in args.state], limit=args.limit)
-    resp = stubs.admission.ListJobs(req, timeout=stubs.timeout)
+    if args.limit < 0:
+        raise InputError(f"--limit: must be >= 0, got {args.limit}")
+    states = [STATE_NAMES[s] for s in args.state]
+    resp = pb.ListJobsResponse(jobs=list_jobs(stubs, states, args.limit))
     if args.json:
         _dump(resp)
     else:

@@ -18,7 +18,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from controller.commands.client import _common, _Stubs, _wrap  # same connection options
+from controller.commands.client import _common, _Stubs, _wrap, list_jobs  # same options
 from controller.commands.common import EXIT_OK, InputError, fmt
 from controller.convert import STATE_NAMES
 from controller.rpc import oasis_pb2 as pb
@@ -89,7 +89,7 @@ def collect(stubs: _Stubs, server: str, slots: int) -> Status:
         ).prices
     ]
     in_flight = [STATE_NAMES["running"], STATE_NAMES["admitted"]]
-    jobs = stubs.admission.ListJobs(pb.ListJobsRequest(states=in_flight), timeout=t).jobs
+    jobs = list_jobs(stubs, in_flight)
 
     floor: dict[str, float] = {}
     for row in (*prices.prices, *window):
