@@ -80,12 +80,14 @@ class AdmissionState(ABC):
             raise RuntimeError("the controller is not open")
         return self.ledger
 
-    def _parse(self, spec: Any, arrival: int) -> Job:
+    def _parse(self, spec: Any, arrival: int, fits: bool = True) -> Job:
+        """``spec`` as a job arriving at ``arrival``; with ``fits``, its work must fit the
+        window (a new job), else only the cluster (a stored one, whose window may be past)."""
         return job_from_dict(
             spec,
             self.cluster,
             slot_seconds=self.config.slot_seconds,
-            slots_available=lambda _a: self.window,
+            slots_available=lambda _a: self.window if fits else 1 << 40,
             arrival=arrival,
             field="job",
         )
@@ -99,6 +101,20 @@ class AdmissionState(ABC):
         session.add(row)
         session.flush()
         return Event(row.sequence, kind, job_id, self.slot, state, detail)
+
+    @staticmethod
+    def _allocation_rows(job_id: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """SPEC 6 allocation entries as store rows, one per (slot, server)."""
+        merged: dict[tuple[int, str], dict[str, Any]] = {}
+        for e in entries:
+            key = (e["slot"], e["server"])
+            row = merged.setdefault(
+                key, {"job_id": job_id, "slot": e["slot"], "server": e["server"],
+                      "workers": 0, "ps": 0}
+            )  # fmt: skip
+            row["workers"] += e.get("workers", 0)
+            row["ps"] += e.get("ps", 0)
+        return list(merged.values())
 
     # -- the steps one part takes of another ---------------------------------------------
 
