@@ -116,9 +116,8 @@ async def serve(
     limits = config.limits
     # the metrics first, so they count the calls refused; then who may call (tokens,
     # roles, rate); then everything else
-    access = AccessInterceptor(
-        config.tokens, RateLimiter(limits.rate, limits.burst) if limits.rate else None
-    )
+    limiter = RateLimiter(limits.rate, limits.burst) if limits.rate else None
+    access = AccessInterceptor(config.tokens, limiter)
     server = grpc.aio.server(
         interceptors=[*([metrics.interceptor()] if metrics else []), access],
         options=[
@@ -126,7 +125,7 @@ async def serve(
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ],
     )
-    pb_grpc.add_AdmissionServicer_to_server(AdmissionServicer(controller), server)  # type: ignore[no-untyped-call]
+    pb_grpc.add_AdmissionServicer_to_server(AdmissionServicer(controller, limiter), server)  # type: ignore[no-untyped-call]
     pb_grpc.add_ClusterServicer_to_server(ClusterServicer(controller), server)  # type: ignore[no-untyped-call]
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -5,14 +5,15 @@ execution plane raises and catches them too)::
     ├── NotFoundError        no job with that id
     ├── ConflictError        the job id exists with another spec or submitter
     ├── PreconditionError    the job's state does not allow the request
-    └── DrainingError        the daemon is stopping
+    ├── DrainingError        the daemon is stopping
+    └── BusyError            the client has too many calls in flight
 """
 
 from __future__ import annotations
 
 from pricing import OasisError
 
-__all__ = ["ConflictError", "DrainingError", "NotFoundError", "PreconditionError"]
+__all__ = ["BusyError", "ConflictError", "DrainingError", "NotFoundError", "PreconditionError"]
 
 
 class NotFoundError(OasisError):
@@ -29,3 +30,8 @@ class PreconditionError(OasisError):
 
 class DrainingError(OasisError):
     """The daemon is stopping: it finishes the decisions in flight and takes no new ones."""
+
+
+class BusyError(OasisError):
+    """The client already has ``limits.max_in_flight`` calls waiting for a decision
+    (RESOURCE_EXHAUSTED: retry once some are answered)."""

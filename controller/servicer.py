@@ -6,7 +6,7 @@ Domain errors map to precise status codes; anything else is a bug and becomes IN
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import structlog
@@ -29,6 +29,8 @@ from controller.convert import (
     progress_to_proto,
     spec_from_proto,
 )
+from controller.errors import BusyError
+from controller.limits import RateLimiter
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.store import StoreUnavailableError
@@ -46,6 +48,7 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
     (StoreUnavailableError, grpc.StatusCode.UNAVAILABLE),
     (DrainingError, grpc.StatusCode.UNAVAILABLE),
+    (BusyError, grpc.StatusCode.RESOURCE_EXHAUSTED),
 )
 
 
@@ -71,21 +74,35 @@ async def _after(page_token: str) -> int:
 
 
 class AdmissionServicer(pb_grpc.AdmissionServicer):
-    def __init__(self, controller: AdmissionController) -> None:
+    """The Admission service; ``limiter``, the per-client rate limit (None: off), is
+    charged each search's cost (:meth:`controller.limits.Limits.search_tokens`)."""
+
+    def __init__(self, controller: AdmissionController, limiter: RateLimiter | None = None) -> None:
         self.c = controller
+        self.limiter = limiter
+
+    def _charge(self, spec: dict[str, Any], client: str) -> None:
+        if self.limiter is not None and client:
+            steps = self.c.search_steps(spec)
+            self.limiter.charge(client, self.c.config.limits.search_tokens(steps))
 
     async def SubmitJob(
         self, request: pb.SubmitJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.SubmitJobResponse:
         caller = current_caller()
         spec = spec_from_proto(request.job)
-        view = await _guard(context, self.c.submit(spec, caller.submitter, caller.owner))
+        self._charge(spec, caller.client)
+        submit = self.c.submit(spec, caller.submitter, caller.owner, caller.client)
+        view = await _guard(context, submit)
         return pb.SubmitJobResponse(job=job_to_proto(view), duplicate=view.duplicate)
 
     async def QuoteJob(
         self, request: pb.QuoteJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.QuoteJobResponse:
-        view = await _guard(context, self.c.quote(spec_from_proto(request.job)))
+        client = current_caller().client
+        spec = spec_from_proto(request.job)
+        self._charge(spec, client)
+        view = await _guard(context, self.c.quote(spec, client))
         return pb.QuoteJobResponse(decision=decision_to_proto(view))
 
     async def GetJob(
@@ -127,7 +144,7 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
     async def CancelJob(
         self, request: pb.CancelJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.CancelJobResponse:
-        view, released = await _guard(context, self.c.cancel(request.id))
+        view, released = await _guard(context, self.c.cancel(request.id, current_caller().client))
         return pb.CancelJobResponse(job=job_to_proto(view), released_worker_slots=released)
 
     async def GetProgress(

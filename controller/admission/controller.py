@@ -16,7 +16,9 @@ from controller.admission.recovery import Recovery
 from controller.admission.views import DecisionView, JobView
 from controller.errors import DrainingError
 from controller.events import Event
+from controller.limits import search_size
 from controller.store import StoreUnavailableError
+from pricing import SpecError
 
 __all__ = ["AdmissionController"]
 
@@ -28,16 +30,26 @@ class AdmissionController(DecisionCore, Recovery, Lifecycle, ReadViews):
 
     # -- async API (serialised, off the event loop) ---------------------------------------
 
-    async def _run(self, fn: Callable[[], _T]) -> _T:
+    async def _run(self, fn: Callable[[], _T], client: str = "") -> _T:
+        """Run ``fn`` in the decision thread in ``client``'s turn (round-robin over
+        clients, :class:`~controller.admission.turns.Turns`; ``""``: the daemon itself).
+
+        Raises:
+            DrainingError: the daemon is stopping.
+            BusyError: ``client`` has ``limits.max_in_flight`` calls in already.
+        """
         if self._draining:
             raise DrainingError("the daemon is stopping (draining); retry on its successor")
         self._in_flight += 1
         self._idle.clear()
         try:
-            async with self._lock:
+            await self._turns.acquire(client)
+            try:
                 return await asyncio.get_running_loop().run_in_executor(
                     self._executor, lambda: self._in_step(fn)
                 )
+            finally:
+                self._turns.release(client)
         finally:
             self._in_flight -= 1
             if self._in_flight == 0:
@@ -81,28 +93,39 @@ class AdmissionController(DecisionCore, Recovery, Lifecycle, ReadViews):
             raise
 
     async def submit(
-        self, spec: dict[str, Any], by: str | None = None, owner: str | None = None
-    ) -> JobView:
+        self, spec: dict[str, Any], by: str | None = None, owner: str | None = None,
+        client: str = "",
+    ) -> JobView:  # fmt: skip
         """Decide ``spec`` and commit; idempotent by job id. A spec over the size limits
         is refused before it is queued.
 
         ``by`` is recorded as the job's submitter; with ``owner`` set, a job id of another
         submitter is a conflict rather than a duplicate."""
         self.config.limits.check_spec(spec)
-        view, events = await self._run(lambda: self._submit_sync(spec, by, owner))
+        view, events = await self._run(lambda: self._submit_sync(spec, by, owner), client)
         self._publish(events)
         return view
 
-    async def quote(self, spec: dict[str, Any]) -> DecisionView:
+    async def quote(self, spec: dict[str, Any], client: str = "") -> DecisionView:
         """Decide ``spec`` without committing anything."""
         self.config.limits.check_spec(spec)
-        return await self._run(lambda: self._quote_sync(spec))
+        return await self._run(lambda: self._quote_sync(spec), client)
 
-    async def cancel(self, job_id: str) -> tuple[JobView, int]:
+    async def cancel(self, job_id: str, client: str = "") -> tuple[JobView, int]:
         """Cancel a job: its slots from the next one on are released."""
-        view, released, events = await self._run(lambda: self._cancel_sync(job_id))
+        view, released, events = await self._run(lambda: self._cancel_sync(job_id), client)
         self._publish(events)
         return view, released
+
+    def search_steps(self, spec: dict[str, Any]) -> int:
+        """The bound on ``spec``'s search steps now (:func:`controller.limits.search_size`);
+        0 if it does not parse (its decision will say why). From any thread: it reads only
+        the configuration and the slot."""
+        try:
+            job = self._parse(spec, self.slot + 1)
+        except SpecError:
+            return 0
+        return search_size(job, self.cluster, self.window).steps
 
     async def tick(self) -> None:
         """Advance to the current slot, if it changed: window and job states."""

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from sqlalchemy.orm import Session
 
+from controller.admission.turns import Turns
 from controller.admission.views import JobView
 from controller.clock import SlotClock
 from controller.config import Config
@@ -58,7 +59,7 @@ class AdmissionState(ABC):
         self.log = log or structlog.get_logger("oasisd")
         self.window = config.window
         # the decision thread: every step below runs in it, serialised (.controller)
-        self._lock = asyncio.Lock()
+        self._turns = Turns(config.limits.max_in_flight)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="decide")
         self._draining = False
         self._in_flight = 0  # requests inside _run: queued on the lock or deciding
