@@ -90,3 +90,25 @@ def test_list_jobs_pages_and_specs_are_bounded(daemon: Daemon) -> None:
     in_flight = [j["spec"]["id"] for j in listed if j["state"] == "JOB_STATE_ADMITTED"]
     assert len(in_flight) > 3  # more than one page
     assert sorted(j["id"] for j in status["jobs"]) == sorted(in_flight)
+
+
+def test_a_page_ends_at_its_byte_bound(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data",
+                          extra="[limits]\nmax_page_bytes = 1\n")  # fmt: skip
+    d = Daemon(config, tmp_path / "oasisd.log").start()
+    try:
+        with grpc.insecure_channel(d.address) as channel:
+            stub = pb_grpc.AdmissionStub(channel)
+            for job_id in ("b0", "b1", "b2"):
+                stub.SubmitJob(pb.SubmitJobRequest(job=spec_to_proto(job(job_id))), timeout=60)
+            pages = []
+            token = ""
+            for _ in range(5):
+                page = stub.ListJobs(pb.ListJobsRequest(page_token=token), timeout=30)
+                pages.append([j.spec.id for j in page.jobs])
+                token = page.next_page_token
+                if not token:
+                    break
+    finally:
+        assert d.stop() == 0, (tmp_path / "oasisd.log").read_text()
+    assert pages == [["b0"], ["b1"], ["b2"]]  # at least one job a page, never more here
