@@ -28,6 +28,7 @@ operator (the embedded defaults, on loopback).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import secrets
@@ -98,10 +99,13 @@ class Caller:
     Attributes:
         name: the token's name; empty when authentication is off.
         role: what it may do.
+        client: the key of its rate limit and of its turns at the decision thread: the
+            name, or without one the peer's host; set by :class:`AccessInterceptor`.
     """
 
     name: str
     role: Role
+    client: str = ""
 
     @property
     def owner(self) -> str | None:
@@ -231,8 +235,9 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     grpc.StatusCode.PERMISSION_DENIED,
                     f"{caller.name} ({caller.role}) may not call {method}: operators only",
                 )
-        await self._throttle(caller.name or _peer_host(context.peer()), context)
-        return caller
+        client = caller.name or _peer_host(context.peer())
+        await self._throttle(client, context)
+        return dataclasses.replace(caller, client=client)
 
     async def _throttle(self, client: str, context: grpc.aio.ServicerContext) -> None:
         """Take one request from ``client``'s bucket, or abort with RESOURCE_EXHAUSTED."""

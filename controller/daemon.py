@@ -116,9 +116,8 @@ async def serve(
     limits = config.limits
     # the metrics first, so they count the calls refused; then who may call (tokens,
     # roles, rate); then requests that do not decode (INVALID_ARGUMENT, not UNKNOWN)
-    access = AccessInterceptor(
-        config.tokens, RateLimiter(limits.rate, limits.burst) if limits.rate else None
-    )
+    limiter = RateLimiter(limits.rate, limits.burst) if limits.rate else None
+    access = AccessInterceptor(config.tokens, limiter)
     connections = config.connections
     fds, _ = raise_fd_limit(connections.max_connections + RESERVED_FDS)
     if fds < connections.max_connections + RESERVED_FDS:
@@ -140,7 +139,7 @@ async def serve(
         ],
         maximum_concurrent_rpcs=connections.max_calls,
     )
-    pb_grpc.add_AdmissionServicer_to_server(AdmissionServicer(controller), server)  # type: ignore[no-untyped-call]
+    pb_grpc.add_AdmissionServicer_to_server(AdmissionServicer(controller, limiter), server)  # type: ignore[no-untyped-call]
     pb_grpc.add_ClusterServicer_to_server(ClusterServicer(controller), server)  # type: ignore[no-untyped-call]
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

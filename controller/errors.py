@@ -6,7 +6,8 @@ execution plane raises and catches them too)::
     ├── ConflictError        the job id exists with another spec or submitter
     ├── PreconditionError    the job's state does not allow the request
     ├── DrainingError        the daemon is stopping
-    └── QueueFullError       the submitter's (or everyone's) pending jobs are at their limit
+    ├── QueueFullError       the submitter's (or everyone's) pending jobs are at their limit
+    └── BusyError            the client has too many calls in flight
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from pricing import OasisError
 
 __all__ = [
+    "BusyError",
     "ConflictError",
     "DrainingError",
     "NotFoundError",
@@ -36,6 +38,11 @@ class PreconditionError(OasisError):
 
 class DrainingError(OasisError):
     """The daemon is stopping: it finishes the decisions in flight and takes no new ones."""
+
+
+class BusyError(OasisError):
+    """The client already has ``limits.max_in_flight`` calls waiting for a decision
+    (RESOURCE_EXHAUSTED: retry once some are answered)."""
 
 
 class QueueFullError(OasisError):

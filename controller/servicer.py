@@ -32,7 +32,9 @@ from controller.convert import (
     progress_to_proto,
     spec_from_proto,
 )
+from controller.errors import BusyError
 from controller.jobspec import check_worth, has_times, prepare
+from controller.limits import RateLimiter
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.statuses import abort
@@ -51,6 +53,7 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (StoreUnavailableError, grpc.StatusCode.UNAVAILABLE),
     (DrainingError, grpc.StatusCode.UNAVAILABLE),
     (QueueFullError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (BusyError, grpc.StatusCode.RESOURCE_EXHAUSTED),
 )
 
 
@@ -62,9 +65,27 @@ async def _guard(context: grpc.aio.ServicerContext, call: Awaitable[_T]) -> _T:
         await abort(context, code, err)
 
 
+async def _after(page_token: str) -> int:
+    """The sequence a ``page_token`` continues after (0: from the start)."""
+    if not page_token:
+        return 0
+    if not (page_token.isascii() and page_token.isdigit() and len(page_token) <= 18):
+        raise SpecError.one("page_token", "not a token this daemon gave (next_page_token)")
+    return int(page_token)
+
+
 class AdmissionServicer(pb_grpc.AdmissionServicer):
-    def __init__(self, controller: AdmissionController) -> None:
+    """The Admission service; ``limiter``, the per-client rate limit (None: off), is
+    charged each search's cost (:meth:`controller.limits.Limits.search_tokens`)."""
+
+    def __init__(self, controller: AdmissionController, limiter: RateLimiter | None = None) -> None:
         self.c = controller
+        self.limiter = limiter
+
+    def _charge(self, spec: dict[str, Any], client: str) -> None:
+        if self.limiter is not None and client:
+            steps = self.c.search_steps(spec)
+            self.limiter.charge(client, self.c.config.limits.search_tokens(steps))
 
     async def _spec(self, msg: pb.JobSpec, *, new: bool) -> dict[str, Any]:
         """The spec of a submission or quote, prepared (see the module docstring).
@@ -97,15 +118,19 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
     ) -> pb.SubmitJobResponse:
         caller = current_caller()
         spec = await _guard(context, self._spec(request.job, new=True))
+        self._charge(spec, caller.client)
         wait = request.wait_seconds if request.HasField("wait_seconds") else None
-        view = await _guard(context, self.c.submit(spec, caller.submitter, caller.owner, wait))
+        submit = self.c.submit(spec, caller.submitter, caller.owner, wait, caller.client)
+        view = await _guard(context, submit)
         return pb.SubmitJobResponse(job=self._job(view), duplicate=view.duplicate)
 
     async def QuoteJob(
         self, request: pb.QuoteJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.QuoteJobResponse:
+        client = current_caller().client
         spec = await _guard(context, self._spec(request.job, new=False))
-        view = await _guard(context, self.c.quote(spec))
+        self._charge(spec, client)
+        view = await _guard(context, self.c.quote(spec, client))
         return pb.QuoteJobResponse(decision=decision_to_proto(view))
 
     def _job(self, view: Any) -> pb.Job:
@@ -127,14 +152,30 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
                     grpc.StatusCode.INVALID_ARGUMENT, f"states: unknown state {s} ({STATES})"
                 )
             states.append(STATE_OF[s])
+        limits = self.c.config.limits
+        page = min(request.page_size or limits.max_page_jobs, limits.max_page_jobs)
+        if request.limit > 0:
+            page = min(page, request.limit)
+        if request.page_size < 0 or request.limit < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "page_size, limit: must be >= 0")
+        after = await _guard(context, _after(request.page_token))
         owner = current_caller().owner
-        views = await _guard(context, self.c.list_jobs(states, request.limit, owner))
-        return pb.ListJobsResponse(jobs=[self._job(v) for v in views])
+        views, more = await _guard(context, self.c.list_jobs(states, page, after, owner))
+        jobs: list[pb.Job] = []
+        size = 0
+        for view in views:  # a page ends at the job that reaches limits.max_page_bytes
+            jobs.append(self._job(view))
+            size += jobs[-1].ByteSize()
+            if size >= limits.max_page_bytes:
+                break
+        more = more or len(jobs) < len(views)
+        token = str(views[len(jobs) - 1].sequence) if more and jobs else ""
+        return pb.ListJobsResponse(jobs=jobs, next_page_token=token)
 
     async def CancelJob(
         self, request: pb.CancelJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.CancelJobResponse:
-        view, released = await _guard(context, self.c.cancel(request.id))
+        view, released = await _guard(context, self.c.cancel(request.id, current_caller().client))
         return pb.CancelJobResponse(job=self._job(view), released_worker_slots=released)
 
     async def GetProgress(

@@ -178,7 +178,7 @@ def test_pending_jobs_expire_when_their_wait_ends_or_they_cannot_pay_off(
         asyncio.run(c.tick())
         gone = c._get_sync("doomed")
         assert gone.state == "expired" and "can no longer pay off" in gone.decision.reason
-        states = {v.id: v.state for v in c._list_sync([], 0)}
+        states = {v.id: v.state for v in c._list_sync([], 1000)[0]}
         assert states["short"] == states["doomed"] == "expired"
     finally:
         c.close()
@@ -218,7 +218,7 @@ def test_one_submitters_pending_jobs_are_bounded(tmp_path: Path) -> None:
         assert asyncio.run(c.submit(small("b1"), by="bob", wait_seconds=SLOT * 5)).state == (
             "pending"
         )
-        assert [v.id for v in c._list_sync(["pending"], 0)] == ["a1", "a2", "b1"]
+        assert [v.id for v in c._list_sync(["pending"], 1000)[0]] == ["a1", "a2", "b1"]
         assert asyncio.run(c.submit(small("a3"), by="alice", wait_seconds=0)).state == "rejected"
     finally:
         c.close()

@@ -16,7 +16,9 @@ from controller.admission.recovery import Recovery
 from controller.admission.views import DecisionView, JobView
 from controller.errors import DrainingError
 from controller.events import Event
+from controller.limits import search_size
 from controller.store import StoreUnavailableError
+from pricing import SpecError
 
 __all__ = ["AdmissionController"]
 
@@ -28,16 +30,26 @@ class AdmissionController(PendingQueue, Recovery, Lifecycle, ReadViews):
 
     # -- async API (serialised, off the event loop) ---------------------------------------
 
-    async def _run(self, fn: Callable[[], _T]) -> _T:
+    async def _run(self, fn: Callable[[], _T], client: str = "") -> _T:
+        """Run ``fn`` in the decision thread in ``client``'s turn (round-robin over
+        clients, :class:`~controller.admission.turns.Turns`; ``""``: the daemon itself).
+
+        Raises:
+            DrainingError: the daemon is stopping.
+            BusyError: ``client`` has ``limits.max_in_flight`` calls in already.
+        """
         if self._draining:
             raise DrainingError("the daemon is stopping (draining); retry on its successor")
         self._in_flight += 1
         self._idle.clear()
         try:
-            async with self._lock:
+            await self._turns.acquire(client)
+            try:
                 return await asyncio.get_running_loop().run_in_executor(
                     self._executor, lambda: self._in_step(fn)
                 )
+            finally:
+                self._turns.release(client)
         finally:
             held, self._held_events = self._held_events, []
             self._publish(held)
@@ -88,25 +100,41 @@ class AdmissionController(PendingQueue, Recovery, Lifecycle, ReadViews):
         by: str | None = None,
         owner: str | None = None,
         wait_seconds: float | None = None,
+        client: str = "",
     ) -> JobView:
-        """Decide ``spec`` and commit; idempotent by job id.
+        """Decide ``spec`` and commit; idempotent by job id. A spec over the size limits
+        is refused before it is queued.
 
         ``by`` is recorded as the job's submitter; with ``owner`` set, a job id of another
         submitter is a conflict rather than a duplicate. A job not admitted now stays
         ``pending`` for ``wait_seconds`` (None: the configured default; :mod:`.pending`)."""
-        view, events = await self._run(lambda: self._submit_sync(spec, by, owner, wait_seconds))
+        self.config.limits.check_spec(spec)
+        view, events = await self._run(
+            lambda: self._submit_sync(spec, by, owner, wait_seconds), client
+        )
         self._publish(events)
         return view
 
-    async def quote(self, spec: dict[str, Any]) -> DecisionView:
+    async def quote(self, spec: dict[str, Any], client: str = "") -> DecisionView:
         """Decide ``spec`` without committing anything."""
-        return await self._run(lambda: self._quote_sync(spec))
+        self.config.limits.check_spec(spec)
+        return await self._run(lambda: self._quote_sync(spec), client)
 
-    async def cancel(self, job_id: str) -> tuple[JobView, int]:
+    async def cancel(self, job_id: str, client: str = "") -> tuple[JobView, int]:
         """Cancel a job: its slots from the next one on are released."""
-        view, released, events = await self._run(lambda: self._cancel_sync(job_id))
+        view, released, events = await self._run(lambda: self._cancel_sync(job_id), client)
         self._publish(events)
         return view, released
+
+    def search_steps(self, spec: dict[str, Any]) -> int:
+        """The bound on ``spec``'s search steps now (:func:`controller.limits.search_size`);
+        0 if it does not parse (its decision will say why). From any thread: it reads only
+        the configuration and the slot."""
+        try:
+            job = self._parse(spec, self.slot + 1)
+        except SpecError:
+            return 0
+        return search_size(job, self.cluster, self.window).steps
 
     async def tick(self) -> None:
         """Advance to the current slot, if it changed: window and job states."""
@@ -120,10 +148,11 @@ class AdmissionController(PendingQueue, Recovery, Lifecycle, ReadViews):
         return await asyncio.to_thread(self._get_sync, job_id, owner)
 
     async def list_jobs(
-        self, states: Sequence[str], limit: int, owner: str | None = None
-    ) -> list[JobView]:
-        """Jobs in decision order; with ``owner`` set, only that submitter's."""
-        return await asyncio.to_thread(self._list_sync, list(states), limit, owner)
+        self, states: Sequence[str], page: int, after: int = 0, owner: str | None = None
+    ) -> tuple[list[JobView], bool]:
+        """Up to ``page`` jobs after sequence ``after``, in decision order, and whether
+        more follow; with ``owner`` set, only that submitter's."""
+        return await asyncio.to_thread(self._list_sync, list(states), page, after, owner)
 
     async def stored_events(self, after: int) -> list[Event]:
         return await asyncio.to_thread(self._events_sync, after)

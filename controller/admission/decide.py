@@ -249,16 +249,3 @@ class DecisionCore(AdmissionState):
     ) -> None:
         # one executemany, not an ORM object per row
         session.execute(insert(AllocationRow), self._allocation_rows(job_id, entries))
-
-    @staticmethod
-    def _allocation_rows(job_id: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        merged: dict[tuple[int, str], dict[str, Any]] = {}
-        for e in entries:
-            key = (e["slot"], e["server"])
-            row = merged.setdefault(
-                key, {"job_id": job_id, "slot": e["slot"], "server": e["server"],
-                      "workers": 0, "ps": 0}
-            )  # fmt: skip
-            row["workers"] += e.get("workers", 0)
-            row["ps"] += e.get("ps", 0)
-        return list(merged.values())

@@ -6,13 +6,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
 
 from controller.admission.state import AdmissionState
 from controller.admission.views import JobView
 from controller.errors import NotFoundError, PreconditionError
 from controller.events import Event
 from controller.limits import check_job_id
-from controller.store import AllocationRow, JobRow
+from controller.store import AllocationRow, EventRow, JobRow
 
 __all__ = ["Lifecycle"]
 
@@ -29,6 +30,9 @@ class Lifecycle(AdmissionState):
             row = session.get(JobRow, job_id)
             if row is None:
                 raise NotFoundError(f"no job {job_id!r}")
+            if row.state == "cancelled":
+                # a retried cancel (its answer lost) gets the first answer again
+                return self._view(session, row), self._released(session, job_id), []
             if row.state not in ("pending", "admitted", "running"):
                 raise PreconditionError(f"job {job_id!r} is {row.state}; only pending, admitted "
                                         "or running jobs can be cancelled")  # fmt: skip
@@ -57,6 +61,15 @@ class Lifecycle(AdmissionState):
             self._ledger.release(job_id, release_from)
         self.log.info("cancelled", job=job_id, from_slot=release_from, released=released)
         return view, released, [event]
+
+    @staticmethod
+    def _released(session: Session, job_id: str) -> int:
+        """The worker-slots the job's (first) cancellation released, from its event."""
+        detail = session.scalar(select(EventRow.detail).where(
+            EventRow.job_id == job_id, EventRow.kind == "cancelled"
+        ).order_by(EventRow.sequence).limit(1))  # fmt: skip
+        value = (detail or {}).get("released_worker_slots", 0)
+        return int(value) if isinstance(value, int) else 0
 
     def _advance_window(self) -> None:
         slot = self.slots.current_slot()

@@ -71,19 +71,22 @@ class ReadViews(AdmissionState):
                 raise NotFoundError(f"no job {job_id!r}")
             return self._view(session, row)
 
-    def _list_sync(self, states: list[str], limit: int, owner: str | None = None) -> list[JobView]:
+    def _list_sync(
+        self, states: list[str], page: int, after: int = 0, owner: str | None = None
+    ) -> tuple[list[JobView], bool]:
+        """Up to ``page`` jobs with a sequence above ``after``, in decision order, and
+        whether more follow."""
         for state in states:
             if state not in STATES:
                 raise SpecError.one("states", f"unknown state {state!r} (known: {STATES})")
         with self.db.session() as session:
-            query = select(JobRow).order_by(JobRow.sequence)
+            query = select(JobRow).where(JobRow.sequence > after).order_by(JobRow.sequence)
             if states:
                 query = query.where(JobRow.state.in_(states))
             if owner is not None:
                 query = query.where(JobRow.submitter == owner)
-            if limit > 0:
-                query = query.limit(limit)
-            return [self._view(session, row) for row in session.scalars(query).all()]
+            rows = session.scalars(query.limit(page + 1)).all()
+            return [self._view(session, row) for row in rows[:page]], len(rows) > page
 
     def _events_sync(self, after: int) -> list[Event]:
         with self.db.session() as session:

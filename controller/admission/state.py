@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from sqlalchemy.orm import Session
 
+from controller.admission.turns import Turns
 from controller.admission.views import JobView
 from controller.clock import SlotClock
 from controller.config import Config
@@ -62,7 +63,7 @@ class AdmissionState(ABC):
         self.log = log or structlog.get_logger("oasisd")
         self.window = config.window
         # the decision thread: every step below runs in it, serialised (.controller)
-        self._lock = asyncio.Lock()
+        self._turns = Turns(config.limits.max_in_flight)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="decide")
         self._draining = False
         self._in_flight = 0  # requests inside _run: queued on the lock or deciding
@@ -88,12 +89,14 @@ class AdmissionState(ABC):
             raise RuntimeError("the controller is not open")
         return self.ledger
 
-    def _parse(self, spec: Any, arrival: int) -> Job:
+    def _parse(self, spec: Any, arrival: int, fits: bool = True) -> Job:
+        """``spec`` as a job arriving at ``arrival``; with ``fits``, its work must fit the
+        window (a new job), else only the cluster (a stored one, whose window may be past)."""
         return job_from_dict(
             spec,
             self.cluster,
             slot_seconds=self.config.slot_seconds,
-            slots_available=lambda _a: self.window,
+            slots_available=lambda _a: self.window if fits else 1 << 40,
             arrival=arrival,
             field="job",
         )
@@ -107,6 +110,20 @@ class AdmissionState(ABC):
         session.add(row)
         session.flush()
         return Event(row.sequence, kind, job_id, self.slot, state, detail)
+
+    @staticmethod
+    def _allocation_rows(job_id: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """SPEC 6 allocation entries as store rows, one per (slot, server)."""
+        merged: dict[tuple[int, str], dict[str, Any]] = {}
+        for e in entries:
+            key = (e["slot"], e["server"])
+            row = merged.setdefault(
+                key, {"job_id": job_id, "slot": e["slot"], "server": e["server"],
+                      "workers": 0, "ps": 0}
+            )  # fmt: skip
+            row["workers"] += e.get("workers", 0)
+            row["ps"] += e.get("ps", 0)
+        return list(merged.values())
 
     # -- the steps one part takes of another ---------------------------------------------
 

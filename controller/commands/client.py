@@ -13,7 +13,7 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -294,11 +294,26 @@ def _jobs_table(jobs: list[pb.Job], times: SlotTimes | None) -> str:
     return f"{table}\n{caption}" if caption and jobs else table
 
 
+def list_jobs(stubs: Stubs, states: Sequence[Any], limit: int = 0) -> list[pb.Job]:
+    """Every job in ``states`` (empty: all), up to ``limit`` (0: all), page after page."""
+    jobs: list[pb.Job] = []
+    token = ""
+    while True:
+        left = limit - len(jobs) if limit > 0 else 0
+        req = pb.ListJobsRequest(states=states, limit=left, page_token=token)
+        resp = stubs.admission.ListJobs(req, timeout=stubs.timeout)
+        jobs.extend(resp.jobs)
+        token = resp.next_page_token
+        if not token or (limit > 0 and len(jobs) >= limit):
+            return jobs
+
+
 def cmd_jobs(args: argparse.Namespace) -> int:
     stubs = Stubs(args)
+    if args.limit < 0:
+        raise InputError(f"--limit: must be >= 0, got {args.limit}")
     states = [f"JOB_STATE_{s.upper()}" for s in args.state]
-    req = pb.ListJobsRequest(states=states, limit=args.limit)
-    resp = stubs.admission.ListJobs(req, timeout=stubs.timeout)
+    resp = pb.ListJobsResponse(jobs=list_jobs(stubs, states, args.limit))
     times = stubs.times()
     if args.json:
         print_json({"jobs": [job_record(j, times) for j in resp.jobs]})

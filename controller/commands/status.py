@@ -20,6 +20,7 @@ from typing import Any
 
 from controller.clock import SlotTimes
 from controller.commands import SUMMARIES
+from controller.commands.client import list_jobs
 from controller.commands.common import EXIT_OK, InputError, fmt
 from controller.commands.connection import Stubs, guarded, options
 from controller.commands.records import clock_caption, local_time, slot_label, state_name
@@ -91,7 +92,7 @@ def collect(stubs: Stubs, server: str, slots: int) -> Status:
         ).prices
     ]
     in_flight = [pb.JOB_STATE_RUNNING, pb.JOB_STATE_ADMITTED]
-    jobs = stubs.admission.ListJobs(pb.ListJobsRequest(states=in_flight), timeout=t).jobs
+    jobs = list_jobs(stubs, in_flight)
 
     floor: dict[str, float] = {}
     for row in (*prices.prices, *window):

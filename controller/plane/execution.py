@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 import structlog
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from controller.errors import NotFoundError
@@ -66,7 +66,6 @@ from controller.plane.intake import Complaints, Received, ReportInbox
 from controller.plane.port import AdmissionPort
 from controller.plane.settings import MqttConfig
 from controller.plane.topics import Heartbeat, Plan, Progress, SlotPlan, Task
-from controller.replay import allocations as allocation_entries
 from controller.store import (
     AllocationRow,
     EventRow,
@@ -79,7 +78,6 @@ from controller.store import (
 from pricing import ADMIT_THRESHOLD, Job, Ledger
 from pricing.replan import fail_server, release_rest, replan_remaining
 from pricing.runtime_estimate import Interval, RuntimePrior, fit
-from pricing.schedule import Schedule
 
 __all__ = ["ACTIVE", "Execution", "JobProgress", "ProgressView"]
 
@@ -434,23 +432,6 @@ class Execution:
     def _last_slot(self, job: Job) -> int:
         return job.arrival + self.c.window - 1
 
-    def _write_schedule(
-        self, session: Session, job: Job, row: JobRow, schedule: Schedule, from_slot: int
-    ) -> None:
-        """Store ``schedule``'s slots from ``from_slot`` on as the job's allocations."""
-        session.execute(delete(AllocationRow).where(
-            AllocationRow.job_id == job.id, AllocationRow.slot >= from_slot))  # fmt: skip
-        future = schedule.after(from_slot)
-        if future.slots and (future.workers.any() or future.ps.any()):
-            entries = allocation_entries(future, self.c.cluster)
-            session.execute(insert(AllocationRow), self.c._allocation_rows(job.id, entries))
-        if schedule.slots and schedule.workers.any():
-            if row.state == "admitted":
-                row.start_slot = schedule.start + int(np.flatnonzero(schedule.worker_counts())[0])
-            row.completion_slot = schedule.end
-            row.jct = schedule.end - job.arrival + 1
-            row.utility = float(job.utility.values(row.jct))
-
     def _guarded(self, change: Callable[[], list[Event]]) -> list[Event]:
         """Run ``change`` (which changes the ledger, then commits); if the commit fails,
         rebuild the ledger from the store so the two never disagree."""
@@ -493,25 +474,13 @@ class Execution:
                                       detected_at=now))  # fmt: skip
                 moved = [*outcome.replaced, *outcome.replanned, *outcome.stranded]
                 for j in moved:
-                    row = session.get(JobRow, j)
-                    assert row is not None
-                    self._write_schedule(session, jobs[j], row, ledger.schedule(j), from_slot)
                     how = ("replaced" if j in outcome.replaced else
                            "replanned" if j in outcome.replanned else "stranded")  # fmt: skip
-                    detail: dict[str, Any] = {"reason": "server_failed", "server": server,
-                                              "how": how, "from_slot": from_slot}  # fmt: skip
-                    if how == "stranded":
-                        row.state = "failed"
-                        kept = ledger.schedule(j) if j in ledger else None
-                        row.completion_slot = kept.end if kept and kept.workers.any() else None
-                        events.append(self.c._event(session, now, "failed", j, "failed", detail))
-                    else:
-                        best = outcome.replanned.get(j)
-                        if best is not None:
-                            detail["payoff"] = best.payoff
-                        events.append(
-                            self.c._event(session, now, "replanned", j, row.state, detail)
-                        )
+                    detail: dict[str, Any] = {"reason": "server_failed", "server": server}
+                    best = outcome.replanned.get(j)
+                    events.append(
+                        self.c._record_move(session, now, jobs[j], how, from_slot, detail, best)
+                    )
                 events.append(self.c._event(session, now, "server_failed", "", "",
                                             {"server": server, "from_slot": from_slot,
                                              "jobs": moved}))  # fmt: skip
@@ -587,7 +556,7 @@ class Execution:
             with self.c.db.session() as session:
                 row = session.get(JobRow, job_id)
                 assert row is not None
-                self._write_schedule(session, job, row, whole, s + 1)
+                self.c._write_schedule(session, job, row, whole, s + 1)
                 detail["completion_slot"] = row.completion_slot
                 event = self.c._event(session, now, "replanned", job_id, row.state, detail)
             self.log.info("slow job re-planned", job=job_id, **detail)

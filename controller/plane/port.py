@@ -17,9 +17,11 @@ from sqlalchemy.orm import Session
 from controller.clock import SlotClock
 from controller.config import Config
 from controller.events import Event, EventBus
-from controller.store import Database
+from controller.store import Database, JobRow
 from pricing import Job, Ledger
+from pricing.best_schedule import BestSchedule
 from pricing.cluster import Cluster
+from pricing.schedule import Schedule
 
 __all__ = ["AdmissionPort"]
 
@@ -71,6 +73,17 @@ class AdmissionPort(Protocol):
         detail: dict[str, Any],
     ) -> Event:  # fmt: skip
         """Record a job event in ``session`` (committed with it)."""
+
+    def _write_schedule(
+        self, session: Session, job: Job, row: JobRow, schedule: Schedule, from_slot: int
+    ) -> None:
+        """Store ``schedule``'s slots from ``from_slot`` on as the job's allocations."""
+
+    def _record_move(
+        self, session: Session, now: datetime, job: Job, how: str, from_slot: int,
+        detail: dict[str, Any], best: BestSchedule | None = None,
+    ) -> Event:  # fmt: skip
+        """Store a re-placed, re-planned or stranded job's plan and its event."""
 
     def _allocation_rows(self, job_id: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """SPEC 6 allocation entries as store rows, one per (slot, server)."""
