@@ -87,7 +87,7 @@ def test_list_jobs_pages_and_specs_are_bounded(daemon: Daemon) -> None:
     limited = json.loads(oasis("jobs", "--json", "--limit", "5", server=addr).stdout)["jobs"]
     assert [j["spec"]["id"] for j in limited] == ids[:5]
     status = json.loads(oasis("status", "--json", "--limit", "100", server=addr).stdout)
-    in_flight = [j["spec"]["id"] for j in listed if j["state"] == "JOB_STATE_ADMITTED"]
+    in_flight = [j["spec"]["id"] for j in listed if j["state"] == "admitted"]
     assert len(in_flight) > 3  # more than one page
     assert sorted(j["id"] for j in status["jobs"]) == sorted(in_flight)
 
