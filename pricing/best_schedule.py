@@ -33,7 +33,7 @@ from pricing.ledger import Ledger
 from pricing.placement import F64, I64, cost_curve, offers, place
 from pricing.schedule import Schedule
 
-__all__ = ["TIE", "BestSchedule", "Schedule", "best_schedule", "warm_up"]
+__all__ = ["TIE", "BestSchedule", "Schedule", "Side", "best_schedule", "search", "warm_up"]
 
 _LB_SLACK = 1.0 - 1e-9
 
@@ -235,29 +235,65 @@ def best_schedule(job: Job, ledger: Ledger, first_slot: int, last_slot: int) -> 
     """
     t0 = ledger.index(first_slot)
     n_slots = ledger.index(last_slot) - t0 + 1
+    wside = ledger.worker_side.kernel_view(job.worker)
+    pside = ledger.ps_side.kernel_view(job.ps)
+    lb_unit = _cost_lower_bound(job, ledger)
+    return search(job, wside, pside, ledger.touched, t0, n_slots, first_slot, lb_unit)[0]
+
+
+def search(
+    job: Job,
+    wside: Side,
+    pside: Side,
+    touched: NDArray[np.bool_],
+    t0: int,
+    n_slots: int,
+    first_slot: int,
+    lb_unit: float,
+) -> tuple[BestSchedule, F64]:
+    """The search of :func:`best_schedule` against any non-negative unit prices.
+
+    Args:
+        job: the job.
+        wside, pside: ``(price, used, capacity, demand)`` of the worker and PS servers
+            (:mod:`pricing.placement`): ``price`` ``(S, n, R)`` >= 0, utility per unit
+            per slot; ``used`` ``(S, n, R)``, amounts that leave less room.
+        touched: ``(S,)`` bool; False only where the slot's prices and amounts equal
+            those of every other False slot (they then share one cost curve).
+        t0: window index of ``first_slot``; ``n_slots``: slots the job may use from it.
+        first_slot: the job's arrival ``a``, the absolute slot of window index ``t0``.
+        lb_unit: a lower bound on the cost of one worker-slot (with its PS) in any of
+            these slots; 0 is always valid.
+
+    Returns:
+        The best schedule, and ``(n_slots,)`` float64 upper bounds on the payoff of any
+        schedule whose last worker slot is ``first_slot + k`` (``-inf`` where none is
+        feasible): ``f(k + 1) - D_k[W]`` where the search computed the least cost
+        ``D_k[W]``, and ``f(k + 1) - (W lb_unit)`` past the slot where it stopped.
+    """
+    ends = np.full(max(n_slots, 0), -np.inf)
     if n_slots < 1:
-        return BestSchedule(None, None, None, None, None, 0)
+        return BestSchedule(None, None, None, None, None, 0), ends
     work = job.work
     zt = job.ps_table()
     util = job.utility.values(np.arange(1, n_slots + 1))
     d_all = np.empty((n_slots, work + 1))
     c_all = np.empty((n_slots, job.chunks + 1))
     ymax_all = np.empty(n_slots, np.int64)
-    wside = ledger.worker_side.kernel_view(job.worker)
-    pside = ledger.ps_side.kernel_view(job.ps)
     best_k, _, scanned = _search(
-        wside, pside, ledger.touched, t0, work, zt, util, _cost_lower_bound(job, ledger),
-        d_all, c_all, ymax_all,
-    )  # fmt: skip
+        wside, pside, touched, t0, work, zt, util, lb_unit, d_all, c_all, ymax_all
+    )
+    ends[:scanned] = util[:scanned] - d_all[:scanned, work]
+    ends[scanned:] = util[scanned:] - work * lb_unit
     if best_k < 0:
-        return BestSchedule(None, None, None, None, None, int(scanned))
+        return BestSchedule(None, None, None, None, None, int(scanned)), ends
     ys = _backtrack(d_all, c_all, ymax_all, best_k, work)
     workers, ps = _materialise(wside, pside, t0, ys, zt)
     schedule = Schedule(first_slot, workers, ps)
     cost = float(sum(c_all[k, ys[k]] for k in range(ys.shape[0])))
     jct = schedule.end - first_slot + 1
     utility = float(job.utility.values(jct))
-    return BestSchedule(utility - cost, schedule, cost, jct, utility, int(scanned))
+    return BestSchedule(utility - cost, schedule, cost, jct, utility, int(scanned)), ends
 
 
 def warm_up() -> None:
