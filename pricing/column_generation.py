@@ -445,6 +445,8 @@ class Master:
         mip.changeColsBounds(n, index, np.zeros(n), np.ones(n))
         mip.setOptionValue("time_limit", max(float(time_limit), 0.01))
         mip.setOptionValue("mip_rel_gap", 0.0)
+        # its presolve took 9 s of a 9 s budget on 615 columns (85k nonzeros) here
+        mip.setOptionValue("presolve", "off")
         if start is not None:
             mip.setSolution(n, index, start)
         mip.run()

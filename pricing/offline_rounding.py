@@ -4,12 +4,16 @@ Column generation (:mod:`pricing.column_generation`) leaves a pool of schedules,
 column each, and fractional weights. Three allocations are built from them and the
 best is kept:
 
-- **greedy**: columns by LP weight, then utility; a column is taken if its job has none
-  yet and it fits what is left, as it is or with its workers and PS per slot placed
-  again on the servers with room (:func:`place_again`);
+- **greedy**: jobs by the LP weight of their heaviest column, then its utility; that
+  column is taken if it fits what is left, as it is, or with its workers and PS per
+  slot placed again on the servers with room (:func:`place_again`), or else the job's
+  best schedule on the room left (:meth:`Residual.replan`);
 - **the columns' ILP**: the master with 0/1 weights (HiGHS, a time limit, started from
   the greedy allocation). It holds the rows the LP generated, so its choice is
   repaired the same way (in order of utility; a job that no longer fits is dropped);
+- **Lagrangian heuristic**: jobs one by one (by payoff at the best bound's duals, then
+  by best utility), each on its best schedule at those duals as prices on the room
+  left;
 - **a given start** (e.g. the online algorithm's allocation), if it is better.
 
 Each greedy or repaired allocation then gets a fill pass: every job still out is
@@ -39,7 +43,8 @@ __all__ = ["Primal", "Residual", "place_again", "round_columns"]
 @dataclass(frozen=True, eq=False)
 class Primal:
     """A feasible allocation: one schedule per job (None: not run), its total utility,
-    and where it came from (``"columns ILP"``, ``"greedy"`` or ``"start"``)."""
+    and where it came from (``"columns ILP"``, ``"greedy"``, ``"Lagrangian heuristic"``
+    or ``"start"``)."""
 
     schedules: tuple[Schedule | None, ...]
     utility: float
@@ -47,12 +52,25 @@ class Primal:
 
 
 class Residual:
-    """What is left of every cell while an allocation is built."""
+    """What is left of every cell while an allocation is built.
 
-    def __init__(self, cells: Cells) -> None:
+    ``tie`` breaks ties between equally priced servers towards the fullest that fits
+    (best fit, which keeps large servers free for large jobs): :meth:`prices` adds
+    ``tie`` times each cell's free share to its price, too little to matter otherwise.
+    """
+
+    def __init__(self, cells: Cells, tie: float = 0.0) -> None:
         self.cells = cells
         self.left = cells.capacity.copy()
         self.chosen: dict[int, Column] = {}
+        self.tie = tie
+        full = cells.full_capacity
+        self._scale = np.divide(1.0, full, out=np.zeros_like(full), where=full > 0)
+
+    def prices(self, pi: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Cell prices ``pi`` with the best-fit tie-break."""
+        out: NDArray[np.float64] = pi + self.tie * np.maximum(self.left, 0.0) * self._scale
+        return out
 
     def fits(self, col: Column) -> bool:
         return bool((col.amounts <= self.left[col.cells] + CAPACITY_SLACK / 10).all())
@@ -65,21 +83,36 @@ class Residual:
         """``(T, H, R)`` and ``(T, K, R)``: held plus chosen amounts (the room's complement)."""
         return self.cells.by_kind(self.cells.full_capacity - self.left)
 
-    def add(self, col: Column, unit: NDArray[np.float64]) -> bool:
-        """Take ``col``, or its counts placed again; False if neither fits."""
+    def add(self, col: Column, pi: NDArray[np.float64]) -> bool:
+        """Take ``col``, or its counts placed again at cell prices ``pi``
+        (:func:`place_again`), or its job's best schedule on the room left
+        (:meth:`replan`); False if none fits."""
         if col.job in self.chosen:
             return False
         if self.fits(col):
             self.take(col)
             return True
         job = self.cells.trace.jobs[col.job]
-        moved = place_again(self.cells, job, col.schedule, self, unit)
-        if moved is None:
+        moved = place_again(self.cells, job, col.schedule, self, self.prices(pi))
+        if moved is not None:
+            again = self.cells.column(col.job, job, moved)
+            if self.fits(again):  # else float noise between room() and the cells' sums
+                self.take(again)
+                return True
+        return self.replan(col.job, pi)
+
+    def replan(self, i: int, pi: NDArray[np.float64]) -> bool:
+        """Run job ``i`` on its best schedule against cell prices ``pi`` on the room
+        left, if it has one with a positive utility."""
+        cells = self.cells
+        pw, pp = cells.by_kind(self.prices(pi))
+        ((best, _),) = price_jobs(cells, pw, pp, [i], self.used())
+        if best.schedule is None or best.schedule.work() == 0:
             return False
-        again = self.cells.column(col.job, job, moved)
-        if not self.fits(again):  # float noise between room() and the cells' sums
+        col = cells.column(i, cells.trace.jobs[i], best.schedule)
+        if col.utility <= 0 or not self.fits(col):
             return False
-        self.take(again)
+        self.take(col)
         return True
 
     def total(self) -> float:
@@ -119,29 +152,31 @@ def place_again(
     return Schedule(schedule.start, workers, ps)
 
 
-def _fill(residual: Residual, result: BoundResult, order: Iterable[int]) -> None:
-    """Run every job still out whose best schedule, against the best bound's duals as
-    prices, fits the room left."""
-    cells = residual.cells
-    pw, pp = cells.by_kind(result.pi)
+def _fill(residual: Residual, pi: NDArray[np.float64], order: Iterable[int]) -> None:
+    """Run every job still out, in ``order``, on its best schedule against cell prices
+    ``pi`` on the room left, if it has one."""
     for i in order:
-        if i in residual.chosen:
-            continue
-        ((best, _),) = price_jobs(cells, pw, pp, [i], residual.used())
-        if best.schedule is not None and best.schedule.work() > 0:
-            col = cells.column(i, cells.trace.jobs[i], best.schedule)
-            if col.utility > 0 and residual.fits(col):
-                residual.take(col)
+        if i not in residual.chosen:
+            residual.replan(i, pi)
+
+
+def _tie(result: BoundResult) -> float:
+    return 1e-9 * max(1.0, abs(result.bound))
 
 
 def _greedy(result: BoundResult, fill_order: list[int]) -> Residual:
     cols = result.master.columns
     lam = result.lam
-    order = sorted(range(len(cols)), key=lambda n: (-lam[n], -cols[n].utility, n))
-    residual = Residual(result.master.cells)
+    # each job once, at its heaviest column: if that does not fit, placed again or
+    # planned again, its lighter columns would hardly do better
+    order = sorted(np.flatnonzero(lam > 0).tolist(), key=lambda n: (-lam[n], -cols[n].utility, n))
+    residual = Residual(result.master.cells, _tie(result))
+    tried: set[int] = set()
     for n in order:
-        residual.add(cols[n], result.pi)
-    _fill(residual, result, fill_order)
+        if cols[n].job not in tried:
+            tried.add(cols[n].job)
+            residual.add(cols[n], result.pi)
+    _fill(residual, result.pi, fill_order)
     return residual
 
 
@@ -181,6 +216,14 @@ def round_columns(
     fill_order = [int(i) for i in np.argsort(-result.payoff, kind="stable")]
     greedy = _greedy(result, fill_order)
     best = Primal(greedy.schedules(), greedy.total(), "greedy")
+    # Lagrangian heuristic: jobs one by one on their best schedule at the duals' prices
+    cells = result.master.cells
+    by_utility = sorted(range(len(result.ends)), key=lambda i: -float(np.max(result.ends[i])))
+    for order in (fill_order, by_utility):
+        passed = Residual(cells, _tie(result))
+        _fill(passed, result.pi, order)
+        if passed.total() > best.utility:
+            best = Primal(passed.schedules(), passed.total(), "Lagrangian heuristic")
     if start is not None and start_utility is not None and start_utility > best.utility:
         best = Primal(tuple(start), start_utility, "start")
     left = time_limit - (time.perf_counter() - started)
@@ -192,10 +235,10 @@ def round_columns(
         return best
     cols = result.master.columns
     chosen = sorted(np.flatnonzero(x > 0.5).tolist(), key=lambda n: (-cols[n].utility, n))
-    repaired = Residual(result.master.cells)
+    repaired = Residual(result.master.cells, _tie(result))
     for n in chosen:
         repaired.add(cols[n], result.pi)
-    _fill(repaired, result, fill_order)
+    _fill(repaired, result.pi, fill_order)
     if repaired.total() > best.utility:
         best = Primal(repaired.schedules(), repaired.total(), "columns ILP")
     return best

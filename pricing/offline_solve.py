@@ -272,5 +272,6 @@ def _source_text(primal: Primal) -> str:
     return {
         "greedy": "greedy rounding of the configuration LP's columns",
         "columns ILP": "the ILP over the configuration LP's columns, repaired",
+        "Lagrangian heuristic": "jobs one by one at the configuration LP's dual prices",
         "start": "the starting (online) allocation",
     }[primal.source]
