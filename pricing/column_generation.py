@@ -387,6 +387,8 @@ class Master:
             OutOfTimeError: the solve took ``time_limit`` seconds.
         """
         h = self.h
+        if not self.columns:  # no job has a schedule: nothing to solve
+            return 0.0, np.zeros(0), np.zeros(self.cells.size), np.zeros(self.n_jobs)
         h.setOptionValue("simplex_strategy", self._strategy)
         h.setOptionValue(
             "time_limit", max(time_limit, 0.01) if math.isfinite(time_limit) else self.inf
