@@ -109,6 +109,7 @@ __all__ = [
     "allocation_jobs",
     "check_allocation",
     "largest_job_share",
+    "lp_relaxation",
     "solve_offline",
     "status_and_gap",
     "theorem4_alpha",
@@ -833,6 +834,24 @@ def solve_offline(
         constraints=n_rows,
         jobs=jobs or (),
     )
+
+
+def lp_relaxation(trace: Trace, held: Held | None = None) -> float:
+    """The optimum of this module's ILP with every variable continuous (HiGHS): the plain
+    LP relaxation of problem (1)-(13), an upper bound on the optimum, for comparison
+    with the configuration LP's (:mod:`pricing.column_generation`).
+
+    Raises:
+        OfflineError: HiGHS did not solve it.
+    """
+    pulp = _pulp()
+    model = _build(trace, held if held is not None else Held.nothing(trace))
+    for var in model.prob.variables():
+        var.cat = pulp.LpContinuous
+    model.prob.solve(pulp.HiGHS(msg=False))
+    if model.prob.status != pulp.LpStatusOptimal:
+        raise OfflineError(f"the LP relaxation was not solved: {pulp.LpStatus[model.prob.status]}")
+    return float(pulp.value(model.prob.objective) or 0.0)
 
 
 def _total(jobs: tuple[OfflineJob, ...]) -> float:
