@@ -348,12 +348,16 @@ class Master:
             out[col.cells] += lam[n] * col.amounts
         return out
 
-    def separate(self, lam: NDArray[np.float64], tolerance: float = 1e-7) -> int:
-        """Add a row for every cell the weights ``lam`` overfill (beyond ``tolerance``,
-        relative to the capacity, at least 1); returns how many."""
+    def separate(self, lam: NDArray[np.float64], tolerance: float = 1e-7, most: int = 1000) -> int:
+        """Add a row for the ``most`` cells the weights ``lam`` overfill most (beyond
+        ``tolerance``, relative to the capacity, at least 1); returns how many. Adding
+        a few at a time keeps each re-solve short: an LP solution that spreads the jobs
+        anew overfills fewer cells."""
         cap = self.cells.capacity
-        over = self.usage(lam) > cap + tolerance * np.maximum(np.abs(cap), 1.0)
-        new = np.flatnonzero(over & (self.row_of_cell < 0))
+        excess = self.usage(lam) - cap - tolerance * np.maximum(np.abs(cap), 1.0)
+        new = np.flatnonzero((excess > 0) & (self.row_of_cell < 0))
+        if new.size > most:
+            new = np.sort(new[np.argsort(-excess[new], kind="stable")[:most]])
         return self.add_rows(new)
 
     def add_rows(self, new: NDArray[np.int64]) -> int:
