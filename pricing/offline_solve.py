@@ -214,6 +214,8 @@ def solve(
         exact.status == "optimal", False, exact.optimum, min(ilp_bound, bound.bound)
     )
     improved = exact.optimum > optimum + ABS_GAP
+    # the cutoff row caps the ILP's bound at the LP's: only a lower one is the ILP's own
+    ilp_tighter = ilp_bound < bound.bound - ABS_GAP * max(1.0, abs(bound.bound))
     return OfflineResult(
         optimum=exact.optimum,
         bound=best,
@@ -229,7 +231,7 @@ def solve(
         bound_source=(
             "proven by the ILP"
             if exact.status == "optimal"
-            else ("the ILP's dual bound" if ilp_bound < bound.bound else _bound_text(bound))
+            else ("the ILP's dual bound" if ilp_tighter else _bound_text(bound))
         )
         + " (ILP reduced by the configuration LP's bound)",
         allocation_source="the reduced ILP" if improved else _source_text(primal),
