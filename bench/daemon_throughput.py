@@ -147,23 +147,32 @@ def _toml_value(value: Any) -> str:
 
 
 def write_config(
-    path: Path, data_dir: Path, store_url: str, servers: list[dict[str, Any]], epoch: float
+    path: Path,
+    data_dir: Path,
+    store_url: str,
+    servers: list[dict[str, Any]],
+    epoch: float,
+    *,
+    slot_seconds: float = SLOT_SECONDS,
+    window: int = WINDOW,
+    extra: str = "",
 ) -> Path:
-    """An oasisd TOML config: loopback on a free port, T = 300, the given servers."""
+    """An oasisd TOML config: loopback on a free port, T = 300 (``window``), the given
+    servers; ``extra`` (TOML tables, e.g. ``[mqtt]``) goes before ``[cluster]``."""
     rows = ",\n".join(f"  {_toml_value(s)}" for s in servers)
     path.write_text(
         f"""[daemon]
 listen = "127.0.0.1:0"
 data_dir = {_toml_value(str(data_dir))}
 store_url = {_toml_value(store_url)}
-slot_seconds = {SLOT_SECONDS}
-window = {WINDOW}
+slot_seconds = {slot_seconds}
+window = {window}
 epoch = {epoch!r}
 log_level = "info"
 
 [pricing]
 bounds = "estimate"
-
+{extra}
 [cluster]
 resources = ["gpu", "cpu", "mem", "disk", "bandwidth"]
 servers = [

@@ -55,6 +55,7 @@ import argparse
 import csv
 import math
 import sys
+import textwrap
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -135,6 +136,7 @@ class Settings:
         fig5_servers: total servers of the Fig. 5 instances.
         fig5_time_limit: seconds per offline solve.
         factors: Fig. 6's multipliers of L and of U.
+        quick: tiny sizes for a smoke run; every figure and the summary say so.
     """
 
     job_counts: tuple[int, ...]
@@ -145,10 +147,37 @@ class Settings:
     fig5_servers: tuple[int, ...]
     fig5_time_limit: float
     factors: tuple[float, ...]
+    quick: bool = False
 
 
 FULL = Settings((100, 200, 300, 400), 50, 50, 300, 300, FIG5_SERVERS, 60.0, FACTORS)
-QUICK = Settings((15, 30), 10, 10, 40, 30, (3, 6), 20.0, (0.01, 1.0, 100.0))
+QUICK = Settings((15, 30), 10, 10, 40, 30, (3, 6), 20.0, (0.01, 1.0, 100.0), quick=True)
+QUICK_CAVEAT = (
+    "quick run: tiny cluster and traces, one seed unless --seeds says more; the numbers are "
+    "noisy and not the paper's setting (run without --quick for bench/RESULTS.md's)"
+)
+
+
+def _seeds(n: int) -> str:
+    """``1 seed``, ``3 seeds``."""
+    return f"{n} seed" if n == 1 else f"{n} seeds"
+
+
+def _decorate(fig: Any, ax: Any, settings: Settings) -> None:
+    """Legend beside the axes (inside, it hid lines such as RRH's) and, for a quick run,
+    the caveat under them."""
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    if settings.quick:  # under the x axis label
+        ax.annotate(textwrap.fill(QUICK_CAVEAT, 110), xy=(0, 0), xycoords="axes fraction",
+                    xytext=(0, -40), textcoords="offset points", va="top", fontsize=7,
+                    color="firebrick")  # fmt: skip
+
+
+def _save(fig: Any, ax: Any, path: Path, settings: Settings) -> None:
+    """:func:`_decorate`, then the PNG written (the legend and caveat included)."""
+    _decorate(fig, ax, settings)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
 
 
 def _trace(raw: dict[str, Any], bounds: str) -> Trace:
@@ -278,14 +307,11 @@ def fig3_fig4(
     ax.set_ylabel("total utility")
     ax.set_title(
         f"Fig. 3: total utility ({s.worker_servers}+{s.ps_servers} servers, T={s.horizon}; "
-        f"mean, min-max of {len(seeds)} seeds)",
+        f"mean, min-max of {_seeds(len(seeds))})",
         fontsize=9,
     )
-    ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out / "fig3_total_utility.png", dpi=120)
-    plt.close(fig)
+    _save(fig, ax, out / "fig3_total_utility.png", s)
 
     rows4 = []
     for p in POLICY_NAMES:
@@ -308,17 +334,14 @@ def fig3_fig4(
     ax.set_xlabel("completion time - target (slots)")
     ax.set_ylabel("fraction of completed jobs")
     ax.set_title(
-        f"Fig. 4: completion minus target, {s.fig4_jobs} jobs ({len(seeds)} seeds pooled)",
+        f"Fig. 4: completion minus target, {s.fig4_jobs} jobs ({_seeds(len(seeds))} pooled)",
         fontsize=9,
     )
-    ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out / "fig4_completion_minus_target.png", dpi=120)
-    plt.close(fig)
+    _save(fig, ax, out / "fig4_completion_minus_target.png", s)
 
     lines = [
-        f"Fig. 3, mean total utility over {len(seeds)} seeds "
+        f"Fig. 3, mean total utility over {_seeds(len(seeds))} "
         f"({s.worker_servers}+{s.ps_servers} servers, T = {s.horizon}):",
         "",
         "| policy | " + " | ".join(f"{n} jobs" for n in s.job_counts) + " |",
@@ -430,15 +453,12 @@ def fig5(
     ax.set_ylabel("offline optimum / online utility")
     jobs = f"{FIG5_JOBS} jobs" + (f" of <= {max_share:g} of the cluster" if max_share else "")
     ax.set_title(
-        f"Fig. 5: offline ratio ({jobs}, T={FIG5_HORIZON}, {len(seeds)} seeds "
+        f"Fig. 5: offline ratio ({jobs}, T={FIG5_HORIZON}, {_seeds(len(seeds))} "
         "per size; bar = median)",
         fontsize=9,
     )
-    ax.legend(fontsize=8)
     ax.grid(alpha=0.3, which="both")
-    fig.tight_layout()
-    fig.savefig(out / "fig5_offline_ratio.png", dpi=120)
-    plt.close(fig)
+    _save(fig, ax, out / "fig5_offline_ratio.png", settings)
 
     proven = sum(r[4] == "optimal" for r in rows)
     lines = [
@@ -524,18 +544,15 @@ def fig6(
     ax.set_ylabel("total utility")
     ax.set_title(
         f"Fig. 6: mis-estimated bounds, OASiS, {s.fig4_jobs} jobs "
-        f"(mean, min-max of {len(seeds)} seeds)",
+        f"(mean, min-max of {_seeds(len(seeds))})",
         fontsize=9,
     )
-    ax.legend(fontsize=8)
     ax.grid(alpha=0.3, which="both")
-    fig.tight_layout()
-    fig.savefig(out / "fig6_bound_estimates.png", dpi=120)
-    plt.close(fig)
+    _save(fig, ax, out / "fig6_bound_estimates.png", s)
 
     lines = [
         f"Fig. 6, OASiS (estimated bounds) mean total utility at {s.fig4_jobs} jobs over "
-        f"{len(seeds)} seeds, with L or U multiplied by a factor:",
+        f"{_seeds(len(seeds))}, with L or U multiplied by a factor:",
         "",
         "| scaled | " + " | ".join(f"x{f:g}" for f in s.factors) + " |",
         "|---|" + "---|" * len(s.factors),
@@ -605,6 +622,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.fig5_max_share is not None:
         command += f" --fig5-max-share {args.fig5_max_share:g}"
     head = [
+        *([f"**{QUICK_CAVEAT[0].upper()}{QUICK_CAVEAT[1:]}.**", ""] if settings.quick else []),
         f"Command: `{command}`; seeds {seeds[0]}..{seeds[-1]}; wall time {seconds:.0f} s.",
         "Machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()) + ".",
         "",

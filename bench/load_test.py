@@ -66,7 +66,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from sqlalchemy import create_engine, text
@@ -142,6 +142,12 @@ class LoadReport:
 # -- load ------------------------------------------------------------------------------
 
 
+class Fault(Protocol):
+    """Something that happens to the system under load, in a thread of its own."""
+
+    def run(self, load: Load) -> None: ...
+
+
 class PgRestart:
     """Stop PostgreSQL once ``after`` jobs are answered; start it again once the clients
     have seen UNAVAILABLE and ``down_seconds`` have passed."""
@@ -184,6 +190,7 @@ class Load:
         job_seconds: float,
         monitor_interval: float,
         call_timeout: float = 30.0,
+        rate: float = 0.0,
     ) -> None:
         self.address = address
         self.requests = requests
@@ -192,6 +199,7 @@ class Load:
         self.job_seconds = job_seconds
         self.monitor_interval = monitor_interval
         self.call_timeout = call_timeout
+        self.rate = rate  # jobs started per second over all clients; 0: as fast as they can
         self.answers: dict[str, Answer] = {}
         self.given_up: dict[str, str] = {}
         self.failed_calls: Counter[str] = Counter()
@@ -201,6 +209,7 @@ class Load:
         self._next = 0
         self._lock = threading.Lock()
         self._deadline = 0.0
+        self._started = 0.0
 
     def answered_count(self) -> int:
         with self._lock:
@@ -214,8 +223,11 @@ class Load:
         with self._lock:
             if self._next >= len(self.requests) or time.perf_counter() > self._deadline:
                 return None
+            index = self._next
             self._next += 1
-            return self.requests[self._next - 1]
+        if self.rate > 0:  # paced: the n-th job starts n / rate seconds after the first
+            time.sleep(max(0.0, self._started + index / self.rate - time.perf_counter()))
+        return self.requests[index]
 
     def _submit(self, stub: Any, request: pb.SubmitJobRequest) -> None:
         rng = random.Random(request.job.id)
@@ -277,7 +289,7 @@ class Load:
                 self.utilisation_samples += 1
                 self.utilisation_max = max(self.utilisation_max, top)
 
-    def run(self, fault: PgRestart | None = None) -> float:
+    def run(self, fault: Fault | None = None) -> float:
         """Submit every job; the wall time from the first call to the last answer."""
         channels = [grpc.insecure_channel(self.address) for _ in range(self.clients + 1)]
         try:
@@ -293,6 +305,7 @@ class Load:
             for t in (*threads, monitor):
                 t.start()
             self._deadline = time.perf_counter() + self.max_seconds
+            self._started = time.perf_counter()
             start.wait()
             t0 = time.perf_counter()
             if faults is not None:
@@ -327,12 +340,17 @@ class StoreCheck:
     allocation_rows: int
 
 
-def check_store(
-    url: str, ids: list[str], answers: dict[str, Answer], servers: list[dict[str, Any]]
-) -> StoreCheck:
-    """The checks of the module docstring on the store alone: lost or duplicated
-    decisions, half-written ones, capacity."""
-    problems: list[str] = []
+@dataclass
+class StoreRows:
+    """What the checks read from a store."""
+
+    jobs: dict[str, Any]  # id -> row (id, sequence, admitted, work, spec, state)
+    decided: dict[str, int]  # id -> its 'decided' events
+    allocations: list[Any]  # (job_id, slot, server, workers, ps)
+
+
+def read_store(url: str) -> StoreRows:
+    """Jobs, 'decided' event counts and allocations of the store at ``url``."""
     engine = create_engine(url)
     try:
         with engine.connect() as conn:
@@ -354,8 +372,14 @@ def check_store(
             ).all()
     finally:
         engine.dispose()
+    return StoreRows(jobs, decided, list(allocations))
 
-    # lost or duplicated decisions
+
+def decision_problems(rows: StoreRows, ids: list[str], answers: dict[str, Answer]) -> list[str]:
+    """Lost or duplicated decisions: one row and one 'decided' event per job id, each
+    client's answer the stored decision, no job nobody submitted."""
+    problems: list[str] = []
+    jobs, decided = rows.jobs, rows.decided
     for job_id in ids:
         row = jobs.get(job_id)
         if row is None:
@@ -381,18 +405,50 @@ def check_store(
         problems.append(f"{len(unknown)} stored jobs nobody submitted, e.g. {sorted(unknown)[:3]}")
     if len({r.sequence for r in jobs.values()}) != len(jobs):
         problems.append("two jobs share a decision sequence")
+    return problems
 
-    # nothing half-written, and capacity
-    by_job: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+
+def store_use(rows: StoreRows) -> Use:
+    """Amounts in use per (slot, server) and resource, from the stored allocations."""
     use: Use = defaultdict(lambda: defaultdict(float))
-    specs = {job_id: json.loads(row.spec) for job_id, row in jobs.items()}
-    for job_id, slot, server, workers, ps in allocations:
-        by_job[job_id][slot][0] += workers
-        by_job[job_id][slot][1] += ps
+    specs = {job_id: json.loads(row.spec) for job_id, row in rows.jobs.items()}
+    for job_id, slot, server, workers, ps in rows.allocations:
         spec = specs[job_id]
         for count, demand in ((workers, spec["worker"]), (ps, spec["ps"])):
             for resource, amount in demand.items():
                 use[(slot, server)][resource] += count * float(amount)
+    return use
+
+
+def capacity_problems(use: Use, servers: list[dict[str, Any]]) -> list[str]:
+    """Every (slot, server, resource) in use over the server's capacity."""
+    problems: list[str] = []
+    by_name = {s["name"]: s for s in servers}
+    for (slot, server), amounts in use.items():
+        for resource, amount in amounts.items():
+            capacity = float(by_name[server]["capacity"].get(resource, 0.0))
+            if amount > capacity + CAPACITY_SLACK:
+                problems.append(
+                    f"slot {slot}, {server}: {resource} {amount:g} > capacity {capacity:g}"
+                )
+    return problems
+
+
+def check_store(
+    url: str, ids: list[str], answers: dict[str, Answer], servers: list[dict[str, Any]]
+) -> StoreCheck:
+    """The checks of the module docstring on the store alone: lost or duplicated
+    decisions, half-written ones, capacity."""
+    rows = read_store(url)
+    jobs = rows.jobs
+    problems = decision_problems(rows, ids, answers)
+
+    # nothing half-written
+    by_job: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    specs = {job_id: json.loads(row.spec) for job_id, row in jobs.items()}
+    for job_id, slot, _server, workers, ps in rows.allocations:
+        by_job[job_id][slot][0] += workers
+        by_job[job_id][slot][1] += ps
     for job_id, row in jobs.items():
         slots = by_job.get(job_id, {})
         if not row.admitted:
@@ -409,16 +465,9 @@ def check_store(
         for slot, (workers, ps) in slots.items():
             if ps != math.ceil(workers * ratio - ROUNDING):
                 problems.append(f"{job_id}: slot {slot}: {workers} workers with {ps} PS")
-    by_name = {s["name"]: s for s in servers}
-    for (slot, server), amounts in use.items():
-        for resource, amount in amounts.items():
-            capacity = float(by_name[server]["capacity"].get(resource, 0.0))
-            if amount > capacity + CAPACITY_SLACK:
-                problems.append(
-                    f"slot {slot}, {server}: {resource} {amount:g} > capacity {capacity:g}"
-                )
-
-    return StoreCheck(problems, use, len(allocations))
+    use = store_use(rows)
+    problems += capacity_problems(use, servers)
+    return StoreCheck(problems, use, len(rows.allocations))
 
 
 def check_ledger(address: str, use: Use, servers: list[dict[str, Any]]) -> list[str]:

@@ -4,9 +4,9 @@ gRPC server interceptor in front of every oasis RPC.
 Roles:
     ``submitter``: SubmitJob, QuoteJob, and GetJob, ListJobs and GetProgress of the jobs
     it submitted (another's job reads as NOT_FOUND; reusing another's job id is
-    ALREADY_EXISTS). ``operator``: every RPC, every job. Any RPC not listed for
-    submitters (CancelJob, WatchEvents, the Cluster service, and RPCs added later) is
-    for operators only.
+    ALREADY_EXISTS), and GetClusterInfo (the slot clock). ``operator``: every RPC, every
+    job. Any RPC not listed for submitters (CancelJob, WatchEvents, the rest of the
+    Cluster service, and RPCs added later) is for operators only.
 
 Requests carry ``authorization: Bearer TOKEN`` metadata. A missing or unknown token is
 UNAUTHENTICATED; a role that may not call the RPC is PERMISSION_DENIED. Health checking
@@ -28,22 +28,26 @@ operator (the embedded defaults, on loopback).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import structlog
 
-from controller.limits import RateLimiter
+from controller.bearer import TokenInterceptor  # the client's side, re-exported
 from pricing import fields
 from pricing.errors import SpecError
+
+if TYPE_CHECKING:  # the client's TokenInterceptor needs neither limits nor numpy
+    from controller.limits import RateLimiter
 
 __all__ = [
     "ANONYMOUS",
@@ -63,8 +67,12 @@ __all__ = [
 
 _ADMISSION = "/oasis.v1.Admission/"
 SUBMITTER_METHODS = frozenset(
-    _ADMISSION + name for name in ("SubmitJob", "QuoteJob", "GetJob", "ListJobs", "GetProgress")
-)
+    [
+        *(_ADMISSION + name for name in ("SubmitJob", "QuoteJob", "GetJob", "ListJobs",
+                                         "GetProgress")),
+        "/oasis.v1.Cluster/GetClusterInfo",  # the slot clock: times next to slot numbers
+    ]
+)  # fmt: skip
 OPEN_SERVICES = frozenset(
     {
         "grpc.health.v1.Health",
@@ -91,10 +99,13 @@ class Caller:
     Attributes:
         name: the token's name; empty when authentication is off.
         role: what it may do.
+        client: the key of its rate limit and of its turns at the decision thread: the
+            name, or without one the peer's host; set by :class:`AccessInterceptor`.
     """
 
     name: str
     role: Role
+    client: str = ""
 
     @property
     def owner(self) -> str | None:
@@ -224,8 +235,9 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                     grpc.StatusCode.PERMISSION_DENIED,
                     f"{caller.name} ({caller.role}) may not call {method}: operators only",
                 )
-        await self._throttle(caller.name or _peer_host(context.peer()), context)
-        return caller
+        client = caller.name or _peer_host(context.peer())
+        await self._throttle(client, context)
+        return dataclasses.replace(caller, client=client)
 
     async def _throttle(self, client: str, context: grpc.aio.ServicerContext) -> None:
         """Take one request from ``client``'s bucket, or abort with RESOURCE_EXHAUSTED."""
@@ -233,7 +245,7 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return
         wait = self.limiter.take(client)
         if wait > 0:
-            ms = RateLimiter.retry_hint_ms(wait)
+            ms = self.limiter.retry_hint_ms(wait)
             context.set_trailing_metadata((("grpc-retry-pushback-ms", str(ms)),))
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -304,38 +316,3 @@ def _wrap(handler: Any, admit: Callable[[Any], Awaitable[Caller]]) -> Any:
             yield item
 
     return handler._replace(stream_stream=ss)
-
-
-# -- client side ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _CallDetails(grpc.ClientCallDetails):  # type: ignore[misc]
-    method: str
-    timeout: float | None
-    metadata: Iterable[tuple[str, str]] | None
-    credentials: Any
-    wait_for_ready: bool | None
-    compression: Any
-
-
-class TokenInterceptor(
-    grpc.UnaryUnaryClientInterceptor,  # type: ignore[misc]
-    grpc.UnaryStreamClientInterceptor,  # type: ignore[misc]
-):
-    """Adds ``authorization: Bearer TOKEN`` to every call of a channel (plaintext or TLS;
-    gRPC's own call credentials refuse plaintext channels)."""
-
-    def __init__(self, token: str) -> None:
-        self._header = ("authorization", f"Bearer {token}")
-
-    def _details(self, d: Any) -> _CallDetails:
-        metadata = [*(d.metadata or ()), self._header]
-        return _CallDetails(d.method, d.timeout, metadata, d.credentials, d.wait_for_ready,
-                            d.compression)  # fmt: skip
-
-    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)
-
-    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)

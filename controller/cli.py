@@ -1,35 +1,55 @@
 """``oasis``: the command-line client and tools.
 
-Each command lives in ``controller/commands/<name>.py`` with a ``register(subparsers)``
-that adds its parser and sets ``func``. Exit status: 0 on success, 2 on bad input (the
-message names the field), 1 otherwise.
+Each command lives in ``controller/commands/<module>.py`` with a ``register(subparsers)``
+that adds its parser and sets ``func``. Only the module of the command being run is
+imported: the client commands then start without SQLAlchemy, Alembic, numba or numpy
+(bench/client_startup.py measures it), and ``oasis --help`` lists the commands from
+:data:`controller.commands.COMMANDS` alone.
+
+Exit status: 0 on success (a job admitted), 3 when a job is rejected (``submit``,
+``quote``), 2 on bad input (the message names the field), 1 otherwise (the daemon
+unreachable or stopping, a job not found, ...).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
-from controller.commands import agent, client, common, gen, offline, progress, replay, status, token
+from controller.commands import COMMANDS, common
 
-__all__ = ["build_parser", "main"]
-
-COMMANDS = (replay, offline, gen, client, status, progress, agent, token)
+__all__ = ["COMMANDS", "build_parser", "main"]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The ``oasis`` parser. With ``only`` (a command name), only that command's module is
+    imported and registered in full; every other command gets a stand-in that shows its
+    summary in ``oasis --help``. Without it every module is loaded."""
     parser = argparse.ArgumentParser(
         prog="oasis", description="Online admission control for shared ML clusters (OASiS)."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in COMMANDS:
-        command.register(sub)
+    wanted = [COMMANDS[only].module] if only in COMMANDS else []
+    if only is None:
+        wanted = list(dict.fromkeys(c.module for c in COMMANDS.values()))
+    for module in wanted:
+        importlib.import_module(module).register(sub)
+    for name, command in COMMANDS.items():
+        if name not in sub.choices:
+            sub.add_parser(name, help=command.summary, description=command.summary)
     return parser
 
 
+def _command_of(argv: Sequence[str]) -> str:
+    """The command named on the command line: its first word not starting with ``-``."""
+    return next((a for a in argv if not a.startswith("-")), "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(_command_of(argv)).parse_args(argv)
     try:
         code: int = args.func(args)
     except common.InputError as err:

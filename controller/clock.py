@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["Clock", "FakeClock", "SlotClock", "SystemClock"]
+__all__ = ["Clock", "FakeClock", "SlotClock", "SlotTimes", "SystemClock"]
 
 
 class Clock(Protocol):
@@ -35,6 +36,27 @@ class FakeClock:
         self.t += seconds
 
 
+@dataclass(frozen=True)
+class SlotTimes:
+    """Slot numbers to wall-clock times and back (no clock needed).
+
+    Attributes:
+        epoch: Unix time at which slot 0 begins.
+        slot_seconds: length of a slot, > 0.
+    """
+
+    epoch: float
+    slot_seconds: float
+
+    def start(self, slot: int) -> float:
+        """Unix time at which ``slot`` begins (and ``slot - 1`` ends)."""
+        return self.epoch + slot * self.slot_seconds
+
+    def slot_at(self, unix: float) -> int:
+        """The slot ``unix`` falls in (negative before the epoch)."""
+        return math.floor((unix - self.epoch) / self.slot_seconds)
+
+
 class SlotClock:
     """Slot ``s`` covers ``[epoch + s * slot_seconds, epoch + (s + 1) * slot_seconds)``."""
 
@@ -42,10 +64,15 @@ class SlotClock:
         self.clock = clock
         self.slot_seconds = slot_seconds
         self.epoch = epoch
+        self.times = SlotTimes(epoch, slot_seconds)
 
     def current_slot(self) -> int:
         """The slot the present moment falls in (0 before the epoch)."""
-        return max(0, math.floor((self.clock.now() - self.epoch) / self.slot_seconds))
+        return self.slot_at(self.clock.now())
+
+    def slot_at(self, t: float) -> int:
+        """The slot Unix time ``t`` falls in (0 before the epoch)."""
+        return max(0, math.floor((t - self.epoch) / self.slot_seconds))
 
     def seconds_to_next_slot(self) -> float:
         elapsed = (self.clock.now() - self.epoch) / self.slot_seconds

@@ -4,11 +4,14 @@ Example (``config/oasisd.example.toml`` is a complete one)::
 
     [daemon]
     listen = "127.0.0.1:50051"   # host:port; port 0 picks a free port
-    data_dir = "/var/lib/oasis"  # the SQLite store lives here unless store_url is set
+    data_dir = "/var/lib/oasis"  # the SQLite store lives here unless store_url is set;
+                                 # a relative path is relative to this file's folder
     store_url = ""               # e.g. "postgresql+psycopg://oasis@/oasis"
+    store_timeout = 3            # seconds one store operation may take (store/database.py)
     slot_seconds = 3600          # length of a slot
     window = 300                 # T: a job may be planned up to T slots from its arrival
-    epoch = 0                    # Unix time at which slot 0 began
+    epoch = 0                    # Unix time at which slot 0 began; absent: the first start
+    wait_seconds = 0             # how long a job not admitted at once stays pending (--wait)
     log_level = "info"
 
     [pricing]
@@ -19,6 +22,7 @@ Example (``config/oasisd.example.toml`` is a complete one)::
 
     [metrics]
     listen = "127.0.0.1:9464"    # Prometheus /metrics over HTTP; empty or absent: off
+    allow_insecure_remote = false  # true: serve it off loopback too (plain HTTP, no auth)
 
     [tls]                        # absent: plaintext, on loopback only (controller/tls.py)
     cert = "server.crt"          # PEM chain; key = "server.key"; client_ca = "ca.crt": mTLS
@@ -28,6 +32,9 @@ Example (``config/oasisd.example.toml`` is a complete one)::
 
     [limits]                     # message, job and search sizes, rate (controller/limits.py)
     rate = 0                     # requests/s per client; 0: unlimited
+
+    [connections]                # connections, calls, idle timeouts (controller/connections.py)
+    max_connections = 1000
 
     [mqtt]                       # the execution plane's broker; absent: no broker
     url = "mqtt://127.0.0.1:1883"  # controller/plane/settings.py lists every key
@@ -39,16 +46,22 @@ Example (``config/oasisd.example.toml`` is a complete one)::
 
 from __future__ import annotations
 
+import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import make_url
+from sqlalchemy.exc import ArgumentError
+
 from controller.auth import Caller, tokens_from_dict
+from controller.connections import Connections, connections_from_dict
 from controller.limits import Limits, limits_from_dict
-from controller.plane.settings import MqttConfig, mqtt_from_dict
-from controller.tls import TlsConfig, check_exposure, tls_from_dict
+from controller.plane.settings import MqttConfig, check_server_names, mqtt_from_dict
+from controller.store.database import DEFAULT_TIMEOUT
+from controller.tls import TlsConfig, check_exposure, is_loopback, tls_from_dict
 from pricing import fields
 from pricing.bound_estimate import DEFAULT_TRIM
 from pricing.cluster import Cluster, cluster_from_dict
@@ -92,9 +105,14 @@ class Config:
         listen: gRPC address, ``host:port``.
         data_dir: directory of the embedded SQLite store.
         store_url: SQLAlchemy URL of the store; empty means SQLite in ``data_dir``.
+        store_timeout: seconds one store operation may take (connect, statement, lock
+            wait, round trip; ``controller/store/database.py``).
         slot_seconds: seconds per slot.
         window: T, slots a job may be planned over from its arrival.
-        epoch: Unix time of the start of slot 0.
+        epoch: Unix time of the start of slot 0, as the config gives it.
+        epoch_from_store: the config gives no epoch: slot 0 is the daemon's first start,
+            recorded in the store (:mod:`controller.admission.recovery`), and ``epoch``
+            is a placeholder 0.
         log_level: structlog level name.
         cluster: the servers.
         pricing: price-bound settings.
@@ -105,6 +123,12 @@ class Config:
         tls: ``[tls]``; None: plaintext.
         tokens: ``[auth]``: ``{sha256 of a token: Caller}``; None: no authentication.
         limits: ``[limits]``.
+        wait_seconds: the wait of a submission that states none, seconds: a job not
+            admitted at once stays ``pending`` that long (at most
+            ``limits.max_wait_seconds``); 0: it is rejected at once.
+        connections: ``[connections]``.
+        warnings: problems worth a warning at start (a config with secrets that others
+            may read).
     """
 
     listen: str
@@ -123,7 +147,12 @@ class Config:
     tls: TlsConfig | None = None
     tokens: Mapping[str, Caller] | None = field(default=None, repr=False)
     limits: Limits = field(default_factory=Limits)
+    wait_seconds: float = 0.0
+    epoch_from_store: bool = False
     source: str = field(default="<embedded defaults>")
+    store_timeout: float = DEFAULT_TIMEOUT
+    connections: Connections = field(default_factory=Connections)
+    warnings: tuple[str, ...] = ()
 
     @property
     def database_url(self) -> str:
@@ -135,12 +164,14 @@ _DAEMON_KEYS = {
     "listen",
     "data_dir",
     "store_url",
+    "store_timeout",
     "slot_seconds",
     "window",
     "epoch",
     "log_level",
     "tick_seconds",
     "allow_insecure_remote",
+    "wait_seconds",
 }
 _LEVELS = {"debug", "info", "warning", "error"}
 
@@ -151,10 +182,16 @@ def _check_keys(table: Mapping[str, Any], known: set[str], where: str) -> None:
             raise ConfigError(f"{where}.{key}: unknown key (known: {', '.join(sorted(known))})")
 
 
-def from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Config:
-    """Validate a parsed TOML document."""
+_MAX_STORE_TIMEOUT = 3600.0
+
+
+def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None = None) -> Config:
+    """Validate a parsed TOML document; a relative ``daemon.data_dir`` is relative to
+    ``base`` (the config file's folder) if given, else to the working directory."""
     _check_keys(
-        data, {"daemon", "pricing", "cluster", "metrics", "mqtt", "tls", "auth", "limits"}, "config"
+        data,
+        {"daemon", "pricing", "cluster", "metrics", "mqtt", "tls", "auth", "limits", "connections"},
+        "config",
     )
     try:
         daemon = fields.optional_mapping(data, "daemon", "")
@@ -169,6 +206,14 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Config:
         store_url = daemon.get("store_url", "")
         if not isinstance(store_url, str):
             raise ConfigError("daemon.store_url: must be a string")
+        store_timeout = fields.positive(
+            daemon.get("store_timeout", DEFAULT_TIMEOUT), "daemon.store_timeout"
+        )
+        if store_timeout > _MAX_STORE_TIMEOUT:
+            raise ConfigError(f"daemon.store_timeout: must be <= {_MAX_STORE_TIMEOUT:g} seconds")
+        data_dir = Path(fields.text(daemon.get("data_dir", "./data"), "daemon.data_dir"))
+        if base is not None and not data_dir.is_absolute():
+            data_dir = base / data_dir
         epoch = fields.number(daemon.get("epoch", 0), "daemon.epoch")
         insecure_remote = daemon.get("allow_insecure_remote", False)
         if not isinstance(insecure_remote, bool):
@@ -180,10 +225,21 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Config:
         cluster = cluster_from_dict(
             cluster_raw.get("resources"), cluster_raw.get("servers"), prefix="cluster."
         )
+        limits = limits_from_dict(fields.optional_mapping(data, "limits", ""))
+        wait_seconds = fields.non_negative(daemon.get("wait_seconds", 0), "daemon.wait_seconds")
+        if wait_seconds > limits.max_wait_seconds:
+            raise ConfigError(
+                f"daemon.wait_seconds: {wait_seconds:g} exceeds limits.max_wait_seconds = "
+                f"{limits.max_wait_seconds:g}"
+            )
+        mqtt = mqtt_from_dict(fields.optional_mapping(data, "mqtt", ""))
+        if mqtt is not None:
+            check_server_names(name for _kind, _i, name, _cap in cluster.servers())
         return Config(
             listen=listen,
-            data_dir=Path(fields.text(daemon.get("data_dir", "./data"), "daemon.data_dir")),
+            data_dir=data_dir,
             store_url=store_url,
+            store_timeout=store_timeout,
             slot_seconds=fields.positive(daemon.get("slot_seconds", 3600), "daemon.slot_seconds"),
             window=fields.positive_int(daemon.get("window", 300), "daemon.window"),
             epoch=epoch,
@@ -192,13 +248,16 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Config:
             pricing=_pricing(fields.optional_mapping(data, "pricing", ""), cluster),
             tick_seconds=fields.positive(daemon.get("tick_seconds", 1.0), "daemon.tick_seconds"),
             metrics_listen=_metrics_listen(fields.optional_mapping(data, "metrics", "")),
-            mqtt=mqtt_from_dict(fields.optional_mapping(data, "mqtt", "")),
+            mqtt=mqtt,
             allow_insecure_remote=insecure_remote,
             tls=tls,
             tokens=tokens_from_dict(fields.mapping(data["auth"], "auth"))
             if "auth" in data
             else None,
-            limits=limits_from_dict(fields.optional_mapping(data, "limits", "")),
+            limits=limits,
+            wait_seconds=wait_seconds,
+            epoch_from_store="epoch" not in daemon,
+            connections=connections_from_dict(fields.optional_mapping(data, "connections", "")),
             source=source,
         )
     except SpecError as err:
@@ -206,13 +265,24 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Config:
 
 
 def _metrics_listen(raw: Mapping[str, Any]) -> str:
-    _check_keys(raw, {"listen"}, "metrics")
+    _check_keys(raw, {"listen", "allow_insecure_remote"}, "metrics")
     listen = raw.get("listen", "")
     if not isinstance(listen, str):
         raise ConfigError(f"metrics.listen: must be a string host:port, got {listen!r}")
     host, _, port = listen.rpartition(":")
     if listen and (not host or not port.isdigit() or int(port) > 65535):
         raise ConfigError(f"metrics.listen: must be host:port (or empty: off), got {listen!r}")
+    remote = raw.get("allow_insecure_remote", False)
+    if not isinstance(remote, bool):
+        raise ConfigError("metrics.allow_insecure_remote: must be true or false")
+    # as daemon.listen: /metrics is plain HTTP without authentication, and it names
+    # servers, prices and job counts
+    if listen and not remote and not is_loopback(host):
+        raise ConfigError(
+            f"metrics.listen: {listen} is not a loopback address: the metrics endpoint is "
+            "plain HTTP without authentication; set metrics.allow_insecure_remote = true to "
+            "serve it to the network"
+        )
     return listen
 
 
@@ -244,11 +314,35 @@ def load(path: str | Path) -> Config:
     p = Path(path)
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
+        mode, group = p.stat().st_mode, p.stat().st_gid
     except OSError as err:
         raise ConfigError(f"{p}: cannot read: {err.strerror or err}") from err
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{p}: not TOML: {err}") from err
-    return from_dict(data, str(p))
+    config = from_dict(data, str(p), base=p.parent)
+    warning = _exposed_secrets(p, config, mode, group)
+    return replace(config, warnings=(warning,)) if warning else config
+
+
+def _exposed_secrets(path: Path, config: Config, mode: int, group: int) -> str:
+    """A warning if the file holds secrets and users other than the daemon's may read
+    it: anyone (``o+r``), or a group that is not the daemon's own (``g+r``; the install
+    steps' ``0640 root:oasis`` is fine)."""
+    secrets = []
+    try:
+        if config.store_url and make_url(config.store_url).password:
+            secrets.append("daemon.store_url's password")
+    except ArgumentError:
+        pass  # not a URL: the store says so at start
+    if config.mqtt is not None and config.mqtt.password:
+        secrets.append("the mqtt password")
+    readable = mode & 0o004 or (mode & 0o040 and group != os.getegid())
+    if not secrets or not readable:
+        return ""
+    return (
+        f"{path} holds {' and '.join(secrets)} and others may read it (mode "
+        f"{mode & 0o777:04o}): chmod 600 it, or 640 with the daemon's group"
+    )
 
 
 def demo_config(data_dir: Path = Path("./data")) -> Config:

@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from controller.admission import DecisionView, JobView
-from controller.events import Event
+from controller.clock import SlotTimes
+from controller.jobspec import for_display, read_json
 from controller.rpc import oasis_pb2 as pb
+from pricing.errors import SpecError
 
-if TYPE_CHECKING:  # the execution plane loads scipy; the CLI never needs it
+if TYPE_CHECKING:  # the CLI needs none of these (SQLAlchemy, numba, scipy)
+    from controller.admission import DecisionView, JobView
+    from controller.events import Event
     from controller.plane.execution import ProgressView
     from pricing.runtime_estimate import Interval
 
@@ -35,15 +38,35 @@ STATE_NAMES = {
     "cancelled": pb.JOB_STATE_CANCELLED,
     "rejected": pb.JOB_STATE_REJECTED,
     "failed": pb.JOB_STATE_FAILED,
+    "pending": pb.JOB_STATE_PENDING,
+    "expired": pb.JOB_STATE_EXPIRED,
 }
 STATE_OF = {v: k for k, v in STATE_NAMES.items()}
 SERVER_KINDS = {"worker": pb.SERVER_KIND_WORKER, "ps": pb.SERVER_KIND_PS}
 
 _SCALARS = ("epochs", "chunks", "minibatches", "tau", "grad_mb")
+_UTILITY_FIELDS = {
+    "sigmoid": ("priority", "decay", "target"),
+    "deadline": ("value", "deadline", "half_life"),
+}
+_CORE_KEYS = frozenset({"id", *_SCALARS, "worker", "ps", "utility"})
 
 
 def spec_from_proto(msg: pb.JobSpec) -> dict[str, Any]:
-    """A JobSpec as the trace format's job object (fields left unset stay absent)."""
+    """A JobSpec as a job object: its ``json`` read, or the typed fields in the trace
+    format (fields left unset stay absent, for the parser to name).
+
+    Raises:
+        SpecError: ``json`` that is not a JSON object, or ``json`` with typed fields.
+    """
+    if msg.json:
+        typed = [f.name for f, _ in msg.ListFields() if f.name not in ("id", "json")]
+        if typed:
+            raise SpecError.one(f"job.{typed[0]}", "give the typed fields or json, not both")
+        given = read_json(msg.json)
+        if msg.id and given.get("id", msg.id) != msg.id:
+            raise SpecError.one("job.id", f"is {msg.id!r} but json has {given.get('id')!r}")
+        return given if not msg.id else {**given, "id": msg.id}
     spec: dict[str, Any] = {"id": msg.id}
     for name in _SCALARS:
         if msg.HasField(name):
@@ -52,10 +75,10 @@ def spec_from_proto(msg: pb.JobSpec) -> dict[str, Any]:
     spec["ps"] = dict(msg.ps)
     if msg.HasField("utility"):
         kind = msg.utility.WhichOneof("kind")
-        if kind == "sigmoid":
-            sig = msg.utility.sigmoid
-            spec["utility"] = {"kind": "sigmoid"} | {
-                k: getattr(sig, k) for k in ("priority", "decay", "target") if sig.HasField(k)
+        if kind in _UTILITY_FIELDS:
+            sub = getattr(msg.utility, kind)
+            spec["utility"] = {"kind": kind} | {
+                k: getattr(sub, k) for k in _UTILITY_FIELDS[kind] if sub.HasField(k)
             }
         elif kind == "table":
             spec["utility"] = {"kind": "table", "values": list(msg.utility.table.values)}
@@ -65,8 +88,9 @@ def spec_from_proto(msg: pb.JobSpec) -> dict[str, Any]:
 
 
 def spec_to_proto(spec: dict[str, Any]) -> pb.JobSpec:
-    """A trace-format job object as a JobSpec. Raises ValueError naming a field that
-    cannot be carried (the server validates everything else)."""
+    """A job object in SPEC 3's form (time in slots) as typed JobSpec fields. Raises
+    ValueError naming a field that cannot be carried (the server validates the rest);
+    send anything else as ``JobSpec(json=...)``."""
     msg = pb.JobSpec(id=str(spec.get("id", "")))
     for name in _SCALARS:
         if name in spec:
@@ -83,16 +107,39 @@ def spec_to_proto(spec: dict[str, Any]) -> pb.JobSpec:
     utility = spec.get("utility")
     if isinstance(utility, dict):
         kind = utility.get("kind")
-        if kind == "sigmoid":
-            for key in ("priority", "decay", "target"):
+        if kind in _UTILITY_FIELDS:
+            sub = getattr(msg.utility, kind)
+            for key in _UTILITY_FIELDS[kind]:
                 if key in utility:
-                    setattr(msg.utility.sigmoid, key, float(utility[key]))
-            msg.utility.sigmoid.SetInParent()
+                    try:
+                        setattr(sub, key, float(utility[key]))
+                    except (TypeError, ValueError) as err:
+                        raise ValueError(f"job.utility.{key}: must be a number") from err
+            sub.SetInParent()
         elif kind == "table":
             msg.utility.table.values.extend(float(v) for v in utility.get("values", []))
             msg.utility.table.SetInParent()
         else:
             raise ValueError(f"job.utility.kind: unknown utility kind {kind!r}")
+    return msg
+
+
+def _stored_spec_to_proto(spec: dict[str, Any], times: SlotTimes) -> pb.JobSpec:
+    """A stored spec for a response: ``json`` always (times shown as times), the typed
+    fields too when the spec is in SPEC 3's form."""
+    msg = pb.JobSpec(id=str(spec.get("id", "")))
+    utility = spec.get("utility")
+    core = set(spec) <= _CORE_KEYS and (
+        not isinstance(utility, dict)
+        or all(isinstance(v, int | float) for k, v in utility.items() if k != "kind")
+        or utility.get("kind") == "table"
+    )
+    if core:
+        try:
+            msg = spec_to_proto(spec)
+        except ValueError:
+            msg = pb.JobSpec(id=str(spec.get("id", "")))
+    msg.json = json.dumps(for_display(spec, times), sort_keys=True)
     return msg
 
 
@@ -121,14 +168,18 @@ def decision_to_proto(view: DecisionView) -> pb.Decision:
     return msg
 
 
-def job_to_proto(view: JobView) -> pb.Job:
-    return pb.Job(
-        spec=spec_to_proto(view.spec),
+def job_to_proto(view: JobView, times: SlotTimes) -> pb.Job:
+    """A stored job; ``times`` shows the times in its spec as times."""
+    msg = pb.Job(
+        spec=_stored_spec_to_proto(view.spec, times),
         state=STATE_NAMES[view.state],
         decision=decision_to_proto(view.decision),
         submitted_slot=view.submitted_slot,
         sequence=view.sequence,
     )
+    if view.wait_until_slot is not None:
+        msg.wait_until_slot = view.wait_until_slot
+    return msg
 
 
 def event_to_proto(event: Event) -> pb.Event:

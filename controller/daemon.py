@@ -1,13 +1,13 @@
 """``oasisd``: the admission daemon.
 
 A short, declarative main: open the store and rebuild the ledger, start the gRPC server
-(admission, cluster, health, reflection) and the metrics endpoint, tell systemd it is
+(admission, cluster, health, reflection v1 and v1alpha) and the metrics endpoint, tell systemd it is
 ready, then run the periodic events until SIGTERM or SIGINT. Each periodic event catches
 and logs its own failures, so one bad tick never kills the daemon.
 
 Stopping drains: new submissions, quotes and cancels are refused with UNAVAILABLE, the
 decisions in flight are decided and committed (up to ``DRAIN_SECONDS``), then the server
-stops.
+stops; calls it can no longer answer get UNAVAILABLE, never CANCELLED (controller/drain.py).
 """
 
 from __future__ import annotations
@@ -26,19 +26,24 @@ import grpc
 import sqlalchemy
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
-from controller import logs
+from controller import logs, reflection
 from controller.admission import AdmissionController
 from controller.auth import AccessInterceptor
 from controller.clock import Clock, SlotClock, SystemClock
 from controller.config import Config, ConfigError, demo_config, load
+from controller.connections import RESERVED_FDS, raise_fd_limit
+from controller.drain import StopGate
 from controller.limits import RateLimiter
 from controller.metrics import Metrics
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.servicer import AdmissionServicer, ClusterServicer
+from controller.startup import StartupError, open_store
+from controller.statuses import DecodeInterceptor
 from controller.store import Database
+from controller.store.watch import PROBE_SECONDS, StoreWatch, WriterLockLostError
+from controller.store.writer_lock import writer_lock
 from controller.systemd import Notifier
 from controller.tls import check_exposure, server_credentials
 from pricing.errors import SpecError
@@ -47,15 +52,11 @@ __all__ = ["PeriodicEvent", "StartupError", "main", "serve"]
 
 MAX_MESSAGE_BYTES = 16 * 2**20
 DRAIN_SECONDS = 30.0  # at most this long for decisions in flight at stop (unit: TimeoutStopSec=60)
+STOP_GRACE_SECONDS = 5.0  # then for the server's calls to end (reads, held calls)
 SERVICES = (
     pb.DESCRIPTOR.services_by_name["Admission"].full_name,
     pb.DESCRIPTOR.services_by_name["Cluster"].full_name,
 )
-
-
-class StartupError(Exception):
-    """The daemon cannot start for a reason outside its config file's syntax (an address
-    in use, say); the message names the setting."""
 
 
 @dataclass(frozen=True)
@@ -86,19 +87,18 @@ async def serve(
 ) -> None:
     """Run the daemon until ``stop`` is set (or a termination signal arrives)."""
     log = structlog.get_logger("oasisd")
-    if not config.store_url:
-        config.data_dir.mkdir(parents=True, exist_ok=True)
+    # without an epoch in the config, slot 0 is read from the store when it opens
     slots = SlotClock(clock or SystemClock(), config.slot_seconds, config.epoch)
-    controller = AdmissionController(config, Database(config.database_url), slots, log=log)
+    db = Database(config.database_url, config.store_timeout)
+    controller = AdmissionController(config, db, slots, log=log)
+    writer = writer_lock(db)  # one daemon per store
     notifier = Notifier()
     notifier.status("migrating the store and rebuilding the ledger")
     try:
-        await asyncio.to_thread(controller.open)
-    except sqlalchemy.exc.DBAPIError as err:  # unreachable, refused, bad credentials
+        await asyncio.to_thread(open_store, config, controller, writer)
+    except StartupError:
         controller.close()
-        store = sqlalchemy.make_url(config.database_url).render_as_string(hide_password=True)
-        reason = str(err.orig).strip().splitlines()[0] if err.orig else str(err)
-        raise StartupError(f"cannot open the store {store}: {reason}") from err
+        raise
     # Start-up leaves ~170k long-lived objects (numba, SQLAlchemy, protobuf); freezing
     # them keeps full collections (65-96 ms each, measured) from stalling the loop.
     gc.collect()
@@ -115,24 +115,35 @@ async def serve(
             metrics.set_broker(False)
     limits = config.limits
     # the metrics first, so they count the calls refused; then who may call (tokens,
-    # roles, rate); then everything else
-    access = AccessInterceptor(
-        config.tokens, RateLimiter(limits.rate, limits.burst) if limits.rate else None
-    )
+    # roles, rate); then requests that do not decode (INVALID_ARGUMENT, not UNKNOWN)
+    limiter = RateLimiter(limits.rate, limits.burst) if limits.rate else None
+    access = AccessInterceptor(config.tokens, limiter)
+    connections = config.connections
+    fds, _ = raise_fd_limit(connections.max_connections + RESERVED_FDS)
+    if fds < connections.max_connections + RESERVED_FDS:
+        log.warning("descriptor limit below connections.max_connections + reserve",
+                    limit=fds, max_connections=connections.max_connections)  # fmt: skip
+    gate = StopGate()  # at stop, calls are answered UNAVAILABLE, never cut off
     server = grpc.aio.server(
-        interceptors=[*([metrics.interceptor()] if metrics else []), access],
+        interceptors=[
+            *([metrics.interceptor()] if metrics else []),
+            gate,
+            access,
+            DecodeInterceptor(),
+        ],
         options=[
             ("grpc.max_receive_message_length", limits.max_message_bytes),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),  # a second daemon on this port fails to listen
+            *connections.server_options(),
         ],
+        maximum_concurrent_rpcs=connections.max_calls,
     )
-    pb_grpc.add_AdmissionServicer_to_server(AdmissionServicer(controller), server)  # type: ignore[no-untyped-call]
+    pb_grpc.add_AdmissionServicer_to_server(AdmissionServicer(controller, limiter), server)  # type: ignore[no-untyped-call]
     pb_grpc.add_ClusterServicer_to_server(ClusterServicer(controller), server)  # type: ignore[no-untyped-call]
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (*SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
+    reflection.enable((*SERVICES, health.SERVICE_NAME), server)  # v1 and v1alpha
     try:
         if config.tls is not None:
             port = server.add_secure_port(config.listen, server_credentials(config.tls))
@@ -142,6 +153,8 @@ async def serve(
     except (RuntimeError, OSError) as err:
         # A busy or foreign address: say which, not a traceback (grpc raises RuntimeError).
         controller.close()  # the plane's link is not running yet: nothing else to stop
+        if writer is not None:
+            writer.release()
         what = (
             str(err)
             if isinstance(err, OSError)
@@ -160,7 +173,20 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
             loop.add_signal_handler(sig, stop.set)
-    events = [PeriodicEvent("slot clock", config.tick_seconds, controller.tick)]
+
+    async def health_follows_store(up: bool) -> None:
+        if not stop.is_set():  # once stopping, NOT_SERVING stays
+            status = (
+                health_pb2.HealthCheckResponse.SERVING
+                if up
+                else health_pb2.HealthCheckResponse.NOT_SERVING
+            )
+            for name in ("", *SERVICES):
+                await health_servicer.set(name, status)
+
+    watch = StoreWatch(db, writer, health_follows_store, stop.set, log=log)
+    events = [PeriodicEvent("slot clock", config.tick_seconds, controller.tick),
+              PeriodicEvent("store watch", PROBE_SECONDS, watch.check)]  # fmt: skip
     if notifier.watchdog_interval is not None:
         events.append(PeriodicEvent("watchdog", notifier.watchdog_interval, _ping(notifier)))
     if metrics is not None:
@@ -188,11 +214,16 @@ async def serve(
         log.info("drained", still_in_flight=left)
         for task in tasks:
             task.cancel()
-        await server.stop(grace=5)
+        await asyncio.wait(tasks, timeout=5)  # the broker link says "offline" first
+        await gate.stop(server, STOP_GRACE_SECONDS)
         if metrics is not None:
             metrics.close()
         controller.close()
+        if writer is not None:
+            writer.release()
         log.info("stopped")
+    if watch.lost:
+        raise WriterLockLostError(watch.lost)
 
 
 def _ping(notifier: Notifier) -> Callable[[], Awaitable[None]]:
@@ -223,6 +254,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"oasisd: {err}", file=sys.stderr)
         return 2
     logs.configure(config.log_level)
+    for warning in config.warnings:
+        structlog.get_logger("oasisd").warning("config readable by others", problem=warning)
 
     def ready(address: str) -> None:
         store = sqlalchemy.make_url(config.database_url).render_as_string(hide_password=True)
@@ -231,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(serve(config, on_ready=ready))
-    except StartupError as err:
+    except (StartupError, WriterLockLostError) as err:
         print(f"oasisd: {err}", file=sys.stderr)
         return 1
     return 0

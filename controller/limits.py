@@ -11,20 +11,45 @@
   ``(T, W + 1)`` and a ``(T, N + 1)`` table of float64. So a search takes at most
   ``T * Y * (W + 1)`` steps and ``8 T (W + N + 2)`` bytes; a job whose bound exceeds
   the budget is refused before the search starts, with the numbers. Measured by
-  ``bench/search_budget.py`` (``bench/RESULTS.md``): about 0.3 ns per step in the worst
-  case, so a job at the default ``2e9`` takes at most 0.64 s there; the largest job of
-  the paper-scale workload needs 1.3e8.
+  ``bench/search_budget.py`` (``bench/RESULTS.md``): 0.3 ns per step for the kernel
+  alone on an idle 2-core machine, 1.3-2 ns with the cores shared, and the whole
+  ``best_schedule`` call up to twice the kernel; the default ``3e8`` keeps a decision
+  under a second there (the former ``2e9`` took 1.4-4 s). The largest job of the
+  paper-scale workload needs 1.3e8.
+- ``max_wait_seconds``: the longest wait a submission may ask for (``--wait``);
+  ``max_pending_per_submitter`` and ``max_pending``: how many jobs one submitter, and all
+  together, may have ``pending`` at once. Each pending job is searched again at every slot
+  boundary, so these bound the work of a boundary, and one tenant cannot fill the queue: a
+  submission that would go over fails with RESOURCE_EXHAUSTED (nothing is committed; it may
+  be retried). Without ``[auth]`` every caller is one submitter.
 - ``rate`` and ``burst``: requests per second per client, a token bucket each (0: no
   limit). A client is its token's name when ``[auth]`` is on, else its address. Over the
   rate, a call fails with RESOURCE_EXHAUSTED, the seconds to wait in the message and in
   the ``grpc-retry-pushback-ms`` trailer (gRPC's retry-throttling hint, gRFC A6).
+  A submit or quote is charged by its search's cost too: one more token per
+  ``search_steps_per_token`` steps of its bound ``T * Y * (W + 1)``, taken after the
+  token of the call (the bucket may go below zero: the client's next calls wait until
+  it refills), so a client's expensive searches count against its rate as they cost.
+- ``max_in_flight``: a client with that many calls waiting for (or in) the decision
+  thread gets RESOURCE_EXHAUSTED for more. The thread serves waiting clients in turn,
+  round-robin, so one client's burst delays another's call by one of its decisions.
 
-Job ids are checked here too, whatever the limits: at most 200 characters (the store's
-column) and no control characters (PostgreSQL text cannot hold NUL).
+- ``max_spec_bytes`` and ``max_table_points``: a job spec larger than ``max_spec_bytes``
+  as canonical JSON, or a table utility with more than ``max_table_points`` values, is
+  refused with INVALID_ARGUMENT naming the field, before it is queued for a decision (a
+  stored spec is returned by every read of the job, so its size bounds theirs).
+- ``max_page_jobs`` and ``max_page_bytes``: the most jobs, and about the most bytes of
+  them, one ``ListJobs`` answer holds; the rest follow on later pages (``page_token``).
+
+Job ids are checked here too, whatever the limits: 1-128 characters of
+``A-Z a-z 0-9 . _ -`` (SPEC 3). An id names the job's MQTT topic
+(``<prefix>/v1/jobs/<id>/events``), where ``/``, ``+``, ``#`` or NUL would change or
+break the topic, and fits the store's 200-character column.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -32,6 +57,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from controller.plane.topics import NAME_PATTERN
 from pricing import fields
 from pricing.cluster import Cluster
 from pricing.errors import SpecError
@@ -48,8 +74,8 @@ __all__ = [
     "search_size",
 ]
 
-MAX_JOB_ID_CHARS = 200
-"""The store's ``jobs.id`` column is ``VARCHAR(200)``."""
+MAX_JOB_ID_CHARS = 128
+"""The longest job id (SPEC 3); the store's ``jobs.id`` column is ``VARCHAR(200)``."""
 
 _KEYS = {
     "max_message_bytes",
@@ -59,6 +85,15 @@ _KEYS = {
     "max_search_mb",
     "rate",
     "burst",
+    "max_wait_seconds",
+    "max_pending_per_submitter",
+    "max_pending",
+    "max_spec_bytes",
+    "max_table_points",
+    "max_page_jobs",
+    "max_page_bytes",
+    "max_in_flight",
+    "search_steps_per_token",
 }
 
 
@@ -78,15 +113,57 @@ class Limits:
         max_search_mb: largest DP tables of one search, MiB.
         rate: requests per second per client; 0: no limit.
         burst: requests a client may make at once (bucket size); 0: ``max(1, rate)``.
+        max_wait_seconds: the longest wait of a pending job, seconds.
+        max_pending_per_submitter: pending jobs of one submitter at once.
+        max_pending: pending jobs at once, all submitters together.
+        max_spec_bytes: largest job spec, bytes of canonical JSON.
+        max_table_points: most values of a table utility.
+        max_page_jobs: most jobs in one ``ListJobs`` page.
+        max_page_bytes: a ``ListJobs`` page stops after the job that reaches this size,
+            bytes (so a page holds at least one job).
+        max_in_flight: most calls of one client waiting for the decision thread.
+        search_steps_per_token: a submit or quote costs one token plus one per this many
+            steps of its search bound (with ``rate`` on).
     """
 
     max_message_bytes: int = 1 << 20
     max_job_work: int = 100_000
     max_job_chunks: int = 10_000
-    max_search_steps: float = 2e9
+    max_search_steps: float = 3e8
     max_search_mb: float = 512.0
     rate: float = 0.0
     burst: float = 0.0
+    max_wait_seconds: float = 7 * 86400.0
+    max_pending_per_submitter: int = 100
+    max_pending: int = 1000
+    max_spec_bytes: int = 64 * 1024
+    max_table_points: int = 1000
+    max_page_jobs: int = 100
+    max_page_bytes: int = 1 << 20
+    max_in_flight: int = 4
+    search_steps_per_token: float = 5e7
+
+    def search_tokens(self, steps: float) -> float:
+        """Tokens a search bounded by ``steps`` costs on top of its call's one."""
+        return steps / self.search_steps_per_token
+
+    def check_spec(self, spec: Mapping[str, Any]) -> None:
+        """Raise SpecError if the raw spec is over ``max_spec_bytes`` or its table
+        utility over ``max_table_points`` (before it is parsed or queued)."""
+        utility = spec.get("utility")
+        if isinstance(utility, Mapping):
+            values = utility.get("values")
+            if isinstance(values, list) and len(values) > self.max_table_points:
+                raise JobTooLargeError.one(
+                    "job.utility.values",
+                    f"{len(values)} points exceed limits.max_table_points = "
+                    f"{self.max_table_points}",
+                )
+        size = len(json.dumps(spec, sort_keys=True, separators=(",", ":")))
+        if size > self.max_spec_bytes:
+            raise JobTooLargeError.one(
+                "job", f"spec of {size} bytes exceeds limits.max_spec_bytes = {self.max_spec_bytes}"
+            )
 
     def check_job(self, job: Job, cluster: Cluster, window: int) -> None:
         """Raise JobTooLargeError if ``job`` is over a limit, or its search over budget."""
@@ -143,11 +220,19 @@ def search_size(job: Job, cluster: Cluster, window: int) -> SearchSize:
 
 
 def check_job_id(job_id: str, field: str = "job.id") -> None:
-    """Raise SpecError unless ``job_id`` fits the store: <= 200 characters, printable."""
-    if len(job_id) > MAX_JOB_ID_CHARS:
-        raise SpecError.one(field, f"at most {MAX_JOB_ID_CHARS} characters, got {len(job_id)}")
-    if not job_id.isprintable():
-        raise SpecError.one(field, "must not contain control characters")
+    """Raise SpecError (INVALID_ARGUMENT) unless ``job_id`` is 1-128 characters of
+    ``A-Z a-z 0-9 . _ -``; the message names the first character outside them."""
+    if not job_id or len(job_id) > MAX_JOB_ID_CHARS:
+        raise SpecError.one(
+            field, f"must be 1-{MAX_JOB_ID_CHARS} characters long, got {len(job_id)}"
+        )
+    if not NAME_PATTERN.fullmatch(job_id):
+        bad = next(c for c in job_id if not NAME_PATTERN.fullmatch(c))
+        raise SpecError.one(
+            field,
+            f"must be characters of A-Z a-z 0-9 . _ - only (it names an MQTT topic), "
+            f"got {bad!r} at position {job_id.index(bad)}",
+        )
 
 
 def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
@@ -179,6 +264,20 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
         ),
         rate=rate,
         burst=burst,
+        max_wait_seconds=fields.non_negative(
+            raw.get("max_wait_seconds", d.max_wait_seconds), "limits.max_wait_seconds"
+        ),
+        max_pending_per_submitter=count("max_pending_per_submitter", d.max_pending_per_submitter),
+        max_pending=count("max_pending", d.max_pending),
+        max_spec_bytes=count("max_spec_bytes", d.max_spec_bytes),
+        max_table_points=count("max_table_points", d.max_table_points),
+        max_page_jobs=count("max_page_jobs", d.max_page_jobs),
+        max_page_bytes=count("max_page_bytes", d.max_page_bytes),
+        max_in_flight=count("max_in_flight", d.max_in_flight),
+        search_steps_per_token=fields.positive(
+            raw.get("search_steps_per_token", d.search_steps_per_token),
+            "limits.search_steps_per_token",
+        ),
     )
 
 
@@ -204,6 +303,15 @@ class RateLimiter:
         self._max_clients = max_clients
         self._buckets: dict[str, tuple[float, float]] = {}  # client -> (tokens, at)
         self._lock = threading.Lock()
+
+    def charge(self, client: str, tokens: float) -> None:
+        """Take ``tokens`` more from ``client``'s bucket, below zero if need be (a debt
+        its next calls wait out)."""
+        with self._lock:
+            now = self._now()
+            left, at = self._buckets.get(client, (self.burst, now))
+            left = min(self.burst, left + (now - at) * self.rate)
+            self._buckets[client] = (left - tokens, now)
 
     def take(self, client: str) -> float:
         """Take one token for ``client``: 0.0 if granted, else the seconds until one is."""

@@ -3,10 +3,12 @@
 Counted as requests pass (a gRPC interceptor on SubmitJob and QuoteJob):
 
 - ``oasis_decisions_total{kind, outcome}``: ``kind`` is ``submit`` or ``quote``;
-  ``outcome`` is ``admitted``, ``rejected``, ``duplicate`` (a retried submit answered with
+  ``outcome`` is ``admitted``, ``rejected``, ``pending`` (not admitted yet, waiting: its
+  later admission or expiry shows in ``oasis_jobs``), ``duplicate`` (a retried submit answered with
   the first decision), ``invalid``, ``conflict``, ``unavailable`` (store down or
   draining), ``unauthenticated`` (no or an unknown token), ``denied`` (outside the
-  caller's role), ``rate_limited``, ``cancelled`` (the client gave up) or ``error``.
+  caller's role), ``rate_limited`` (over the rate, or a full pending queue),
+  ``cancelled`` (the client gave up) or ``error``.
 - ``oasis_decision_seconds{kind}``: histogram of the time from the request reaching the
   daemon to its answer (waiting for earlier decisions, the search, the commit).
 - ``oasis_decision_search_seconds{kind}``: histogram of the best-schedule search alone
@@ -16,10 +18,11 @@ Counted as requests pass (a gRPC interceptor on SubmitJob and QuoteJob):
 Read at each scrape:
 
 - ``oasis_store_up``: 1 if the store answered ``SELECT 1``, else 0.
-- ``oasis_jobs{state}``: stored jobs per state (``admitted``, ``running``, ``completed``,
-  ``cancelled``, ``rejected``); ``oasis_payoff{state}``: the sum of their payoffs as
-  decided, for every state but ``rejected`` (the algorithm's objective is the sum over
-  ``admitted``, ``running`` and ``completed``).
+- ``oasis_jobs{state}``: stored jobs per state (``pending``, ``admitted``, ``running``,
+  ``completed``, ``cancelled``, ``rejected``, ``expired``, ``failed``);
+  ``oasis_payoff{state}``: the sum of their payoffs as decided, for every state of an
+  admitted job (not ``pending``, ``rejected`` or ``expired``: never earned; the
+  algorithm's objective is the sum over ``admitted``, ``running`` and ``completed``).
 - ``oasis_slot``, ``oasis_draining``.
 - ``oasis_utilisation{kind, resource}``: share of the capacity of that kind of server
   (``worker``, ``ps``) in use in the current slot, 0..1; ``oasis_utilisation_planned``:
@@ -166,9 +169,14 @@ def _outcome(kind: str, response: Any) -> tuple[str, pb.Decision]:
         decision: pb.Decision = response.job.decision
         if response.duplicate:
             return "duplicate", decision
+        if response.job.state == pb.JOB_STATE_PENDING:
+            return "pending", decision
     else:
         decision = response.decision
     return ("admitted" if decision.admitted else "rejected"), decision
+
+
+_NEVER_ADMITTED = ("pending", "rejected", "expired")
 
 
 class _DecisionInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
@@ -251,7 +259,7 @@ class _ControllerCollector:
         )
         for state, (n, total) in counts.items():
             jobs.add_metric([state], n)
-            if state != "rejected":  # a rejection's payoff was never earned
+            if state not in _NEVER_ADMITTED:  # their payoff was never earned
                 payoff.add_metric([state], total)
         yield jobs
         yield payoff

@@ -1,15 +1,17 @@
 """gRPC servicers: unpack the request, call the controller, build the response.
 
-Domain errors map to precise status codes; anything else is a bug and becomes INTERNAL.
+Domain errors map to precise status codes; anything else is a bug and becomes INTERNAL
+(:mod:`controller.statuses`: bounded messages, every bad field). A submitted spec is
+prepared at this edge (:mod:`controller.jobspec`): read from JSON, given an id if it has
+none, its times resolved to slots, and refused if it can be worth nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
-import structlog
 
 from controller.admission import (
     STATES,
@@ -18,6 +20,7 @@ from controller.admission import (
     DrainingError,
     NotFoundError,
     PreconditionError,
+    QueueFullError,
 )
 from controller.auth import current_caller
 from controller.convert import (
@@ -29,15 +32,18 @@ from controller.convert import (
     progress_to_proto,
     spec_from_proto,
 )
+from controller.errors import BusyError
+from controller.jobspec import check_worth, has_times, prepare
+from controller.limits import RateLimiter
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
+from controller.statuses import abort
 from controller.store import StoreUnavailableError
-from pricing import SpecError
+from pricing.errors import SpecError
 
 __all__ = ["AdmissionServicer", "ClusterServicer"]
 
 _T = TypeVar("_T")
-log = structlog.get_logger("oasisd")
 
 _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (SpecError, grpc.StatusCode.INVALID_ARGUMENT),
@@ -46,6 +52,8 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
     (StoreUnavailableError, grpc.StatusCode.UNAVAILABLE),
     (DrainingError, grpc.StatusCode.UNAVAILABLE),
+    (QueueFullError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (BusyError, grpc.StatusCode.RESOURCE_EXHAUSTED),
 )
 
 
@@ -53,37 +61,86 @@ async def _guard(context: grpc.aio.ServicerContext, call: Awaitable[_T]) -> _T:
     try:
         return await call
     except Exception as err:
-        for kind, code in _CODES:
-            if isinstance(err, kind):
-                await context.abort(code, str(err))
-        log.exception("internal error")
-        await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(err).__name__}")
-        raise  # unreachable: abort raises
+        code = next((c for kind, c in _CODES if isinstance(err, kind)), None)
+        await abort(context, code, err)
+
+
+async def _after(page_token: str) -> int:
+    """The sequence a ``page_token`` continues after (0: from the start)."""
+    if not page_token:
+        return 0
+    if not (page_token.isascii() and page_token.isdigit() and len(page_token) <= 18):
+        raise SpecError.one("page_token", "not a token this daemon gave (next_page_token)")
+    return int(page_token)
 
 
 class AdmissionServicer(pb_grpc.AdmissionServicer):
-    def __init__(self, controller: AdmissionController) -> None:
+    """The Admission service; ``limiter``, the per-client rate limit (None: off), is
+    charged each search's cost (:meth:`controller.limits.Limits.search_tokens`)."""
+
+    def __init__(self, controller: AdmissionController, limiter: RateLimiter | None = None) -> None:
         self.c = controller
+        self.limiter = limiter
+
+    def _charge(self, spec: dict[str, Any], client: str) -> None:
+        if self.limiter is not None and client:
+            steps = self.c.search_steps(spec)
+            self.limiter.charge(client, self.c.config.limits.search_tokens(steps))
+
+    async def _spec(self, msg: pb.JobSpec, *, new: bool) -> dict[str, Any]:
+        """The spec of a submission or quote, prepared (see the module docstring).
+
+        A spec with times whose job is stored already skips the worth check: at a later
+        arrival its deadline may have passed, and a retry must get the first decision."""
+        spec = prepare(spec_from_proto(msg), self.c.slots.times)
+        try:
+            check_worth(
+                spec,
+                cluster=self.c.cluster,
+                slot_seconds=self.c.config.slot_seconds,
+                window=self.c.window,
+                arrival=self.c.slots.current_slot() + 1,
+            )
+        except SpecError:
+            if not (new and has_times(spec) and await self._stored(spec["id"])):
+                raise
+        return spec
+
+    async def _stored(self, job_id: Any) -> bool:
+        try:
+            await self.c.get(str(job_id))
+        except (NotFoundError, SpecError):
+            return False
+        return True
 
     async def SubmitJob(
         self, request: pb.SubmitJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.SubmitJobResponse:
         caller = current_caller()
-        spec = spec_from_proto(request.job)
-        view = await _guard(context, self.c.submit(spec, caller.submitter, caller.owner))
-        return pb.SubmitJobResponse(job=job_to_proto(view), duplicate=view.duplicate)
+        spec = await _guard(context, self._spec(request.job, new=True))
+        self._charge(spec, caller.client)
+        wait = request.wait_seconds if request.HasField("wait_seconds") else None
+        submit = self.c.submit(spec, caller.submitter, caller.owner, wait, caller.client)
+        view = await _guard(context, submit)
+        return pb.SubmitJobResponse(job=self._job(view), duplicate=view.duplicate)
 
     async def QuoteJob(
         self, request: pb.QuoteJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.QuoteJobResponse:
-        view = await _guard(context, self.c.quote(spec_from_proto(request.job)))
+        client = current_caller().client
+        spec = await _guard(context, self._spec(request.job, new=False))
+        self._charge(spec, client)
+        view = await _guard(context, self.c.quote(spec, client))
         return pb.QuoteJobResponse(decision=decision_to_proto(view))
+
+    def _job(self, view: Any) -> pb.Job:
+        return job_to_proto(view, self.c.slots.times)
 
     async def GetJob(
         self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetJobResponse:
         view = await _guard(context, self.c.get(request.id, current_caller().owner))
-        return pb.GetJobResponse(job=job_to_proto(view))
+        return pb.GetJobResponse(job=self._job(view))
 
     async def ListJobs(
         self, request: pb.ListJobsRequest, context: grpc.aio.ServicerContext
@@ -95,15 +152,31 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
                     grpc.StatusCode.INVALID_ARGUMENT, f"states: unknown state {s} ({STATES})"
                 )
             states.append(STATE_OF[s])
+        limits = self.c.config.limits
+        page = min(request.page_size or limits.max_page_jobs, limits.max_page_jobs)
+        if request.limit > 0:
+            page = min(page, request.limit)
+        if request.page_size < 0 or request.limit < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "page_size, limit: must be >= 0")
+        after = await _guard(context, _after(request.page_token))
         owner = current_caller().owner
-        views = await _guard(context, self.c.list_jobs(states, request.limit, owner))
-        return pb.ListJobsResponse(jobs=[job_to_proto(v) for v in views])
+        views, more = await _guard(context, self.c.list_jobs(states, page, after, owner))
+        jobs: list[pb.Job] = []
+        size = 0
+        for view in views:  # a page ends at the job that reaches limits.max_page_bytes
+            jobs.append(self._job(view))
+            size += jobs[-1].ByteSize()
+            if size >= limits.max_page_bytes:
+                break
+        more = more or len(jobs) < len(views)
+        token = str(views[len(jobs) - 1].sequence) if more and jobs else ""
+        return pb.ListJobsResponse(jobs=jobs, next_page_token=token)
 
     async def CancelJob(
         self, request: pb.CancelJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.CancelJobResponse:
-        view, released = await _guard(context, self.c.cancel(request.id))
-        return pb.CancelJobResponse(job=job_to_proto(view), released_worker_slots=released)
+        view, released = await _guard(context, self.c.cancel(request.id, current_caller().client))
+        return pb.CancelJobResponse(job=self._job(view), released_worker_slots=released)
 
     async def GetProgress(
         self, request: pb.GetProgressRequest, context: grpc.aio.ServicerContext
@@ -145,10 +218,7 @@ class ClusterServicer(pb_grpc.ClusterServicer):
         self, request: pb.ListServersRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListServersResponse:
         cluster = self.c.cluster
-        try:
-            use = await self.c.read(lambda: self.c.current_use(request.slot))
-        except SpecError as err:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        use = await _guard(context, self.c.read(lambda: self.c.current_use(request.slot)))
         out = pb.ListServersResponse(current_slot=self.c.slot)
         for kind, _, name, caps in cluster.servers():
             out.servers.add(
@@ -191,3 +261,15 @@ class ClusterServicer(pb_grpc.ClusterServicer):
                 share=share,
             )
         return out
+
+    async def GetClusterInfo(
+        self, request: pb.GetClusterInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetClusterInfoResponse:
+        slots = self.c.slots
+        return pb.GetClusterInfoResponse(
+            slot_seconds=slots.slot_seconds,
+            epoch=slots.epoch,
+            window=self.c.window,
+            current_slot=slots.current_slot(),
+            now=slots.clock.now(),
+        )

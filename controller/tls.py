@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 
-from controller.auth import TokenInterceptor
+from controller.bearer import TokenInterceptor
 from pricing import fields
 from pricing.errors import SpecError
 

@@ -33,7 +33,16 @@ from pricing.ledger import Ledger
 from pricing.placement import F64, I64, cost_curve, offers, place
 from pricing.schedule import Schedule
 
-__all__ = ["TIE", "BestSchedule", "Schedule", "Side", "best_schedule", "search", "warm_up"]
+__all__ = [
+    "TIE",
+    "BestSchedule",
+    "Schedule",
+    "Side",
+    "best_schedule",
+    "payoff_ceiling",
+    "search",
+    "warm_up",
+]
 
 _LB_SLACK = 1.0 - 1e-9
 
@@ -224,21 +233,29 @@ def _cost_lower_bound(job: Job, ledger: Ledger) -> float:
     return (alpha + beta * share) * _LB_SLACK
 
 
-def best_schedule(job: Job, ledger: Ledger, first_slot: int, last_slot: int) -> BestSchedule:
+def best_schedule(
+    job: Job, ledger: Ledger, first_slot: int, last_slot: int, arrival: int | None = None
+) -> BestSchedule:
     """The payoff-maximising schedule of ``job`` in slots ``first_slot .. last_slot``.
 
     Args:
         job: the job, validated against the ledger's cluster.
         ledger: allocations and prices before the job.
-        first_slot: the job's arrival ``a`` (absolute slot, inside the ledger's window).
+        first_slot: the first slot it may use (absolute, inside the ledger's window): its
+            arrival ``a``, or a later slot for a job that waited.
         last_slot: the latest slot it may use (absolute, inside the window).
+        arrival: the slot ``a`` its completion time counts from (``jct = t_end - a + 1``);
+            None: ``first_slot``. A job decided again after waiting keeps its arrival, so
+            ending in slot ``t`` is worth ``f(t - a + 1)``: still non-increasing in ``t``,
+            so the forward pass stays exact.
     """
     t0 = ledger.index(first_slot)
     n_slots = ledger.index(last_slot) - t0 + 1
     wside = ledger.worker_side.kernel_view(job.worker)
     pside = ledger.ps_side.kernel_view(job.ps)
     lb_unit = _cost_lower_bound(job, ledger)
-    return search(job, wside, pside, ledger.touched, t0, n_slots, first_slot, lb_unit)[0]
+    best, _ = search(job, wside, pside, ledger.touched, t0, n_slots, first_slot, lb_unit, arrival)
+    return best
 
 
 def search(
@@ -250,6 +267,7 @@ def search(
     n_slots: int,
     first_slot: int,
     lb_unit: float,
+    arrival: int | None = None,
 ) -> tuple[BestSchedule, F64]:
     """The search of :func:`best_schedule` against any non-negative unit prices.
 
@@ -261,22 +279,27 @@ def search(
         touched: ``(S,)`` bool; False only where the slot's prices and amounts equal
             those of every other False slot (they then share one cost curve).
         t0: window index of ``first_slot``; ``n_slots``: slots the job may use from it.
-        first_slot: the job's arrival ``a``, the absolute slot of window index ``t0``.
+        first_slot: the first slot it may use, the absolute slot of window index ``t0``.
         lb_unit: a lower bound on the cost of one worker-slot (with its PS) in any of
             these slots; 0 is always valid.
+        arrival: the slot its completion time counts from (:func:`best_schedule`);
+            None: ``first_slot``.
 
     Returns:
         The best schedule, and ``(n_slots,)`` float64 upper bounds on the payoff of any
-        schedule whose last worker slot is ``first_slot + k`` (``-inf`` where none is
-        feasible): ``f(k + 1) - D_k[W]`` where the search computed the least cost
-        ``D_k[W]``, and ``f(k + 1) - (W lb_unit)`` past the slot where it stopped.
+        schedule whose last worker slot is ``t = first_slot + k`` (``-inf`` where none is
+        feasible): ``f(t - a + 1) - D_k[W]`` where the search computed the least cost
+        ``D_k[W]``, and ``f(t - a + 1) - (W lb_unit)`` past the slot where it stopped.
     """
     ends = np.full(max(n_slots, 0), -np.inf)
     if n_slots < 1:
         return BestSchedule(None, None, None, None, None, 0), ends
+    a = first_slot if arrival is None else arrival
+    if a > first_slot:
+        raise ValueError(f"arrival {a} is after the first slot {first_slot}")
     work = job.work
     zt = job.ps_table()
-    util = job.utility.values(np.arange(1, n_slots + 1))
+    util = job.utility.values(np.arange(1, n_slots + 1) + (first_slot - a))
     d_all = np.empty((n_slots, work + 1))
     c_all = np.empty((n_slots, job.chunks + 1))
     ymax_all = np.empty(n_slots, np.int64)
@@ -291,9 +314,18 @@ def search(
     workers, ps = _materialise(wside, pside, t0, ys, zt)
     schedule = Schedule(first_slot, workers, ps)
     cost = float(sum(c_all[k, ys[k]] for k in range(ys.shape[0])))
-    jct = schedule.end - first_slot + 1
+    jct = schedule.end - a + 1
     utility = float(job.utility.values(jct))
     return BestSchedule(utility - cost, schedule, cost, jct, utility, int(scanned)), ends
+
+
+def payoff_ceiling(job: Job, ledger: Ledger, first_slot: int, arrival: int) -> float:
+    """An upper bound on the payoff of ``job`` starting no earlier than ``first_slot``, at
+    any prices the ledger's bounds allow: its utility when it ends as early as it can,
+    ``f(first_slot + d_min - arrival)``, less its work at the floor price ``L``. Prices
+    never fall below ``L``, so when this is not positive the job can never pay off."""
+    utility = float(job.utility.values(first_slot - arrival + job.min_slots))
+    return utility - job.work * _cost_lower_bound(job, ledger)
 
 
 def warm_up() -> None:

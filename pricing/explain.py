@@ -89,7 +89,7 @@ def explain_rejection(
         for r, name in enumerate(ledger.cluster.resources):
             if job.worker[r] <= 0:
                 continue
-            units = int(np.floor(free_w[:, :, r] / job.worker[r] + 1e-9).clip(min=0).sum())
+            units = int(room(free_w[:, :, r : r + 1], job.worker[r : r + 1]).sum())
             if least is None or units < least:
                 least, worst = units, name
         fit = int(room(free_w, job.worker).clip(max=job.chunks).sum())

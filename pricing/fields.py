@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import difflib
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
-from pricing.errors import SpecError
+from pricing.errors import Problem, SpecError
 
 __all__ = [
     "MAX_INTEGER",
+    "MAX_UNKNOWN_KEYS",
+    "check_no_problems",
     "integer",
     "mapping",
     "non_negative",
@@ -18,13 +21,52 @@ __all__ = [
     "positive",
     "positive_int",
     "require",
+    "show",
     "text",
+    "unknown_keys",
 ]
 
 
 MAX_INTEGER = 2**53
 """The largest integer field accepted: every count enters float arithmetic (the work
 ``E N M m``, utilities of a completion time), which is exact only up to 2**53."""
+
+
+MAX_UNKNOWN_KEYS = 10
+"""An object with more unknown keys reports the first ten and how many more."""
+
+
+def unknown_keys(
+    spec: Mapping[Any, Any], known: Collection[str], field: str, hint: str = ""
+) -> list[Problem]:
+    """A problem for each key of ``spec`` not in ``known``, with the closest known key
+    as a suggestion (``job.epoch: unknown key; did you mean 'epochs'?``).
+
+    ``hint`` is added to every problem's reason (e.g. why a key is not taken here)."""
+    problems: list[Problem] = []
+    extra = [k for k in spec if k not in known]
+    for key in extra[:MAX_UNKNOWN_KEYS]:
+        name = key if isinstance(key, str) else repr(key)
+        close = difflib.get_close_matches(name[:100], sorted(known), n=1, cutoff=0.6)
+        reason = "unknown key" + (f"; did you mean {close[0]!r}?" if close else "")
+        if not close and not hint:
+            reason += f" (known: {', '.join(sorted(known))})"
+        problems.append(Problem(_join(field, _short(name)), reason + hint))
+    if len(extra) > MAX_UNKNOWN_KEYS:
+        more = len(extra) - MAX_UNKNOWN_KEYS
+        problems.append(Problem(field, f"and {more} more unknown keys"))
+    return problems
+
+
+def check_no_problems(problems: list[Problem]) -> None:
+    """Raise a SpecError listing ``problems``, if there are any."""
+    if problems:
+        raise SpecError(problems)
+
+
+def _short(name: str) -> str:
+    """A key for a field path, shortened: a 10 kB key is not a readable name."""
+    return name if len(name) <= 40 else f"{name[:30]}...({len(name)} characters)"
 
 
 def _join(prefix: str, key: str) -> str:
@@ -61,7 +103,7 @@ def number(value: Any, field: str) -> float:
     except OverflowError:  # an int past float64's range
         x = math.inf
     if not math.isfinite(x):
-        raise SpecError.one(field, f"must be finite, got {_show(value)}")
+        raise SpecError.one(field, f"must be finite, got {show(value)}")
     return x
 
 
@@ -69,7 +111,7 @@ def positive(value: Any, field: str) -> float:
     """A finite number > 0."""
     x = number(value, field)
     if x <= 0:
-        raise SpecError.one(field, f"must be > 0, got {_show(value)}")
+        raise SpecError.one(field, f"must be > 0, got {show(value)}")
     return x
 
 
@@ -77,7 +119,7 @@ def non_negative(value: Any, field: str) -> float:
     """A finite number >= 0."""
     x = number(value, field)
     if x < 0:
-        raise SpecError.one(field, f"must be >= 0, got {_show(value)}")
+        raise SpecError.one(field, f"must be >= 0, got {show(value)}")
     return x
 
 
@@ -86,12 +128,12 @@ def integer(value: Any, field: str, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise SpecError.one(field, f"must be an integer, got {_kind(value)}")
     if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
-        raise SpecError.one(field, f"must be an integer, got {_show(value)}")
+        raise SpecError.one(field, f"must be an integer, got {show(value)}")
     n = int(value)
     if n < minimum:
-        raise SpecError.one(field, f"must be >= {minimum}, got {_show(value)}")
+        raise SpecError.one(field, f"must be >= {minimum}, got {show(value)}")
     if n > MAX_INTEGER:
-        raise SpecError.one(field, f"must be <= 2**53 = {MAX_INTEGER}, got {_show(value)}")
+        raise SpecError.one(field, f"must be <= 2**53 = {MAX_INTEGER}, got {show(value)}")
     return n
 
 
@@ -107,7 +149,7 @@ def text(value: Any, field: str) -> str:
     return value
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
     """``repr(value)``, shortened: a 400-digit integer is not a readable message."""
     text = repr(value)
     return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"

@@ -16,8 +16,10 @@ from pricing.errors import Problem, SpecError
 from pricing.utility import Utility, utility_from_dict
 
 __all__ = [
+    "JOB_KEYS",
     "MAX_ROOM",
     "MB_TO_GBIT",
+    "MIN_DEMAND",
     "ROUNDING",
     "Job",
     "job_from_dict",
@@ -34,6 +36,16 @@ ROUNDING = 1e-9
 MAX_ROOM = 2**40
 """The most units :func:`room` counts on one server: a tiny demand would otherwise fit
 more times than an int64 holds (a sum over servers stays exact below 2**63)."""
+
+MIN_DEMAND = 1e-9
+"""The smallest non-zero demand of a worker or PS per resource: a subnormal one such as
+5e-324 fits more times than anything can count (give 0 for none)."""
+
+JOB_KEYS = frozenset(
+    {"id", "arrival", "epochs", "chunks", "minibatches", "tau", "minibatch_seconds",
+     "grad_mb", "worker", "ps", "utility"}
+)  # fmt: skip
+"""Every key a job object may have (``tau`` or ``minibatch_seconds``, not both)."""
 
 _T = TypeVar("_T")
 
@@ -143,14 +155,21 @@ def job_from_dict(
         arrival: the arrival slot; read from ``raw["arrival"]`` when None.
         field: path of the object, prefixed to every problem's field.
 
+    The mini-batch time is ``tau`` in slots or ``minibatch_seconds`` (converted with
+    ``slot_seconds``); times in the utility may be durations (:mod:`pricing.utility`).
+    No check depends on the arrival, so a stored job parses again at any later slot.
+
     Raises:
-        SpecError: naming each bad field: non-positive or non-finite numbers, unknown
-            resources, ``b > B``, a worker or PS that fits on no server even when empty,
-            work that cannot finish inside the horizon, a utility that is not
-            non-increasing.
+        SpecError: naming each bad field: unknown keys (with the closest known one),
+            non-positive or non-finite numbers, unknown resources, ``b > B``, a worker or
+            PS that fits on no server even when empty, work that cannot finish inside the
+            horizon, a utility that is not non-increasing.
     """
     spec: Mapping[str, Any] = fields.mapping(raw, field)
-    problems: list[Problem] = []
+    problems = fields.unknown_keys(spec, JOB_KEYS, field)
+    if arrival is not None and "arrival" in spec:
+        problems.append(Problem(f"{field}.arrival", "is not taken here: a job submitted "
+                                "during slot s arrives at s + 1"))  # fmt: skip
 
     def read(key: str, parse: Callable[[Any, str], _T]) -> _T | None:
         sub = f"{field}.{key}"
@@ -169,11 +188,27 @@ def job_from_dict(
     epochs = read("epochs", fields.positive_int)
     chunks = read("chunks", fields.positive_int)
     minibatches = read("minibatches", fields.positive_int)
-    tau = read("tau", fields.positive)
+    tau: float | None = None
+    if "tau" in spec and "minibatch_seconds" in spec:
+        problems.append(Problem(f"{field}.tau", "give tau or minibatch_seconds, not both"))
+    elif "minibatch_seconds" in spec:
+        seconds = read("minibatch_seconds", fields.positive)
+        tau = None if seconds is None else seconds / slot_seconds
+        if seconds is not None and not tau:  # a subnormal quotient
+            problems.append(Problem(f"{field}.minibatch_seconds", "is too small to count"))
+    elif "tau" in spec:
+        tau = read("tau", fields.positive)
+    else:
+        problems.append(
+            Problem(f"{field}.minibatch_seconds", "is required (or tau, the same in slots)")
+        )
     grad_mb = read("grad_mb", fields.positive)
-    worker = read("worker", lambda v, f: cluster.demand_vector(fields.mapping(v, f), f))
-    ps = read("ps", lambda v, f: cluster.demand_vector(fields.mapping(v, f), f))
-    utility = read("utility", utility_from_dict)
+    worker = read("worker", lambda v, f: _demand(cluster, v, f))
+    ps = read("ps", lambda v, f: _demand(cluster, v, f))
+    utility = read(
+        "utility",
+        lambda v, f: utility_from_dict(v, f, slot_seconds=slot_seconds, arrival=arrival),
+    )
     if problems:
         raise SpecError(problems)
     assert job_id is not None and arrival is not None and epochs is not None
@@ -233,6 +268,18 @@ def job_from_dict(
     )
     _check_fits_in_time(job, cluster, slots_available(arrival), field)
     return job
+
+
+def _demand(cluster: Cluster, raw: Any, field: str) -> NDArray[np.float64]:
+    """A worker's or PS's demand per resource: 0, or at least :data:`MIN_DEMAND`."""
+    vec = cluster.demand_vector(fields.mapping(raw, field), field)
+    tiny = [r for r, x in zip(cluster.resources, vec, strict=True) if 0 < x < MIN_DEMAND]
+    if tiny:
+        raise SpecError([
+            Problem(f"{field}.{r}", f"must be 0 or at least {MIN_DEMAND:g}, got "
+                    f"{float(vec[cluster.resources.index(r)])!r}") for r in tiny
+        ])  # fmt: skip
+    return vec
 
 
 def max_workers_per_slot(job: Job, cluster: Cluster) -> int:

@@ -9,6 +9,9 @@ Three reactions, each a pure change to a :class:`~pricing.ledger.Ledger`:
   that does not fit is *re-planned*: its future slots are released and the best-schedule
   search (:mod:`pricing.best_schedule`) plans its remaining work against current prices.
   A job for which no schedule exists any more is *stranded*: it keeps only its past.
+- :func:`refit`: a stored plan no longer fits the ledger (the operator shrank a server,
+  removed one or shortened the window): the job is re-placed in the same slots,
+  re-planned, or stranded, as after a failure.
 - :func:`replan_remaining`: the best schedule of a job's remaining work from a slot on,
   used by the above and to extend a job that runs slower than planned.
 
@@ -38,6 +41,7 @@ __all__ = [
     "FailureOutcome",
     "Shifted",
     "fail_server",
+    "refit",
     "release_rest",
     "remaining_job",
     "replan_remaining",
@@ -187,6 +191,79 @@ def fail_server(
         else:
             replanned[job_id] = best
     return FailureOutcome(replaced, replanned, stranded)
+
+
+def refit(
+    ledger: Ledger,
+    job: Job,
+    start: int,
+    workers: ArrayLike,
+    ps: ArrayLike,
+    work: int,
+    last_slot: int,
+) -> tuple[str, BestSchedule | None]:
+    """Admit ``job`` (not in ``ledger``), whose stored plan no longer fits it.
+
+    The plan is what the job wanted from ``start`` on, as counts per slot (its servers
+    may be gone). First the same counts in the same slots on servers with room, cheapest
+    first (*re-placed*); else the best schedule of ``work`` worker-slots from the
+    window's first slot to ``last_slot`` at current prices (*re-planned*); else nothing
+    (*stranded*: the job is left out of the ledger). A re-plan starts at the window's
+    first slot or the job's arrival, whichever is later.
+
+    Args:
+        ledger: the allocations; changed in place.
+        job: the job; its ``arrival`` is the original one (completion times count from it).
+        start: absolute slot of ``workers[0]``, ``ps[0]``.
+        workers: ``(S,)`` int, workers wanted per slot from ``start``.
+        ps: ``(S,)`` int, parameter servers wanted per slot from ``start``.
+        work: worker-slots still to do.
+        last_slot: the latest absolute slot the job may be planned in.
+
+    Returns:
+        ``("replaced", None)``, ``("replanned", best)`` or ``("stranded", None)``.
+    """
+    placed = _place_counts(ledger, job, start, np.asarray(workers), np.asarray(ps))
+    if placed is not None:
+        ledger.admit(job.id, job.worker, job.ps, placed)
+        return "replaced", None
+    first = max(ledger.origin, job.arrival)
+    last = min(last_slot, ledger.end - 1)
+    if work < 1 or last < first:
+        return "stranded", None
+    n_w, n_p = ledger.cluster.worker_capacity.shape[0], ledger.cluster.ps_capacity.shape[0]
+    idle = Schedule(first, np.zeros((1, n_w), np.int32), np.zeros((1, n_p), np.int32))
+    ledger.admit(job.id, job.worker, job.ps, idle)  # replan_remaining prices around it
+    best, whole = replan_remaining(ledger, job, work, first, last)
+    if best.schedule is None:
+        ledger.release(job.id, first)
+        return "stranded", None
+    ledger.replace(job.id, whole)
+    return "replanned", best
+
+
+def _place_counts(
+    ledger: Ledger, job: Job, start: int, workers: NDArray[np.int64], ps: NDArray[np.int64]
+) -> Schedule | None:
+    """``workers[t]`` and ``ps[t]`` units of ``job`` in slot ``start + t`` on the servers
+    with room, cheapest first; None if some slot has no room or is outside the window."""
+    used = np.flatnonzero(workers + ps)
+    if not used.size:
+        return None
+    lo, hi = int(used[0]), int(used[-1]) + 1
+    start, workers, ps = start + lo, workers[lo:hi], ps[lo:hi]
+    sides = [(ledger.side("worker"), job.worker, workers), (ledger.side("ps"), job.ps, ps)]
+    out = [np.zeros((len(workers), s.capacity.shape[0]), np.int32) for s, _, _ in sides]
+    for (side, demand, counts), target in zip(sides, out, strict=True):
+        for t, count in enumerate(counts.tolist()):
+            if count == 0:
+                continue
+            if not ledger.origin <= start + t < ledger.end:
+                return None
+            unit, room = offers(side.kernel_view(demand), start + t - ledger.origin)
+            if place(unit, room, int(count), target[t]) != count:
+                return None
+    return Schedule(start, out[0], out[1])
 
 
 def _without(schedule: Schedule, kind: str, index: int, from_slot: int) -> Schedule:

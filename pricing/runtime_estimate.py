@@ -73,7 +73,9 @@ class Interval:
 
     Attributes:
         mean: the posterior (or predictive) mean.
-        low, high: the interval's ends.
+        low, high: the interval's ends; ``low`` is at least 0 for a time, which cannot be
+            negative (the Student t reaches below 0 before any report, and cutting that
+            off leaves the probability of the interval at least ``level``).
         level: its probability, in (0, 1).
     """
 
@@ -120,10 +122,11 @@ class RuntimePosterior:
 
 
 def _t_interval(loc: float, scale: float, dof: float, level: float) -> Interval:
+    """The central interval of a Student t of seconds, cut off at 0 (see :class:`Interval`)."""
     if not 0.0 < level < 1.0:
         raise ValueError(f"level: must be in (0, 1), got {level}")
     q = float(stats.t.ppf(0.5 + level / 2.0, dof))
-    return Interval(loc, loc - q * scale, loc + q * scale, level)
+    return Interval(loc, max(0.0, loc - q * scale), max(0.0, loc + q * scale), level)
 
 
 def fit(minibatches: ArrayLike, worker_seconds: ArrayLike, prior: RuntimePrior) -> RuntimePosterior:

@@ -41,7 +41,8 @@ class Mosquitto:
     """``mosquitto -c <generated config>`` on ``127.0.0.1:port``; ``url`` for clients.
 
     ``users`` (name: password): only they may connect (``mosquitto_passwd`` makes the
-    file); ``tls`` (certificate, key): the listener speaks TLS only (``mqtts://``).
+    file); ``tls`` (certificate, key): the listener speaks TLS only (``mqtts://``);
+    ``acl``: an ACL file (``acl_file``), e.g. the shipped ``config/mosquitto.acl``.
     """
 
     def __init__(
@@ -49,6 +50,7 @@ class Mosquitto:
         port: int = 0,
         users: dict[str, str] | None = None,
         tls: tuple[Path, Path] | None = None,
+        acl: Path | None = None,
     ) -> None:
         binary = mosquitto_binary()
         if binary is None:
@@ -70,6 +72,9 @@ class Mosquitto:
             for source, name in zip(tls, ("server.crt", "server.key"), strict=True):
                 shutil.copyfile(source, self.dir / name)
             security += f"certfile {self.dir / 'server.crt'}\nkeyfile {self.dir / 'server.key'}\n"
+        if acl is not None:
+            shutil.copyfile(acl, self.dir / "acl")
+            security += f"acl_file {self.dir / 'acl'}\n"
         # started as root, mosquitto reads its files as the unprivileged "mosquitto" user
         self.dir.chmod(0o755)
         for path in self.dir.iterdir():

@@ -9,7 +9,9 @@ it), where that is a failure.
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import json
 import os
 import re
 import shutil
@@ -79,6 +81,32 @@ class Postgres:
     def stop(self, mode: str = "fast") -> None:
         self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
 
+    def processes(self) -> list[int]:
+        """The postmaster's pid, then its children's (backends, background workers)."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        children = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # exited meanwhile
+            if ppid == postmaster:
+                children.append(int(stat.parent.name))
+        return [postmaster, *children]
+
+    def freeze(self) -> None:
+        """SIGSTOP the postmaster, then every backend: the server accepts TCP connections
+        (the kernel does) and answers nothing."""
+        self._signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        for pid in self.processes():
+            with contextlib.suppress(ProcessLookupError):  # a child reaped meanwhile
+                os.kill(pid, sig)
+
     def url(self, database: str = "postgres") -> str:
         return f"postgresql+psycopg://oasis@127.0.0.1:{self.port}/{database}"
 
@@ -98,6 +126,19 @@ class Postgres:
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
 
+
+SMALL_JOB: dict[str, Any] = {
+    "epochs": 2,
+    "chunks": 8,
+    "minibatches": 50,
+    "tau": 0.01,
+    "grad_mb": 100,
+    "worker": {"gpu": 1, "cpu": 4, "mem": 8, "disk": 5, "bandwidth": 1},
+    "ps": {"cpu": 2, "mem": 8, "disk": 5, "bandwidth": 5},
+    "utility": {"kind": "sigmoid", "priority": 50, "decay": 0.5, "target": 3},
+}
+"""A job without an id in SPEC 3's form that the cluster of :data:`CLUSTER_TOML` admits
+when empty (two slots of work)."""
 
 # TOML inline tables cannot span lines
 CLUSTER_TOML = """
@@ -153,10 +194,13 @@ log_level = "info"
 class Daemon:
     """``oasisd --config FILE`` as a subprocess; ``address`` once it listens."""
 
-    def __init__(self, config: Path, log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, config: Path, log: Path, env: dict[str, str] | None = None, nofile: int = 0
+    ) -> None:
         self.config = config
         self.log_path = log
         self.env = env  # added to the environment (e.g. NOTIFY_SOCKET)
+        self.nofile = nofile  # > 0: the daemon's descriptor limit (soft and hard)
         self.proc: subprocess.Popen[str] | None = None
         self.address = ""
 
@@ -169,6 +213,7 @@ class Daemon:
             text=True,
             cwd=ROOT,
             env={**os.environ, **self.env} if self.env else None,
+            preexec_fn=self._limit if self.nofile else None,  # noqa: PLW1509
         )
         assert self.proc.stdout is not None
         deadline = time.monotonic() + timeout
@@ -187,6 +232,11 @@ class Daemon:
             self.proc.wait(10)
             self._close()
             raise
+
+    def _limit(self) -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
 
     def kill9(self) -> None:
         assert self.proc is not None
@@ -211,6 +261,17 @@ class Daemon:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         self.log.close()
+
+
+def json_log(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of a daemon's or agent's log (other lines skipped)."""
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
 
 
 def oasis(*args: str, server: str = "", check: bool = True) -> subprocess.CompletedProcess[Any]:

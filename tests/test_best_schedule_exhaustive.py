@@ -48,6 +48,11 @@ def spec_utility(kind: dict[str, Any]) -> Callable[[int], float]:
     if kind["kind"] == "sigmoid":
         p, g, t = kind["priority"], kind["decay"], kind["target"]
         return lambda d: p / (1.0 + math.exp(g * (d - t)))
+    if kind["kind"] == "deadline":
+        v, due, half = kind["value"], kind["deadline"], kind.get("half_life")
+        if half is None:
+            return lambda d: v if d <= due else 0.0
+        return lambda d: v if d <= due else v * 0.5 ** ((d - due) / half)
     values = list(kind["values"])
     return lambda d: values[min(d, len(values)) - 1]
 
@@ -440,9 +445,35 @@ def check_schedule(inst: Instance, best: pricing.BestSchedule, origin: int, wher
 # -- the tests -----------------------------------------------------------------------------
 
 
+def deadline_utility(rng: np.random.Generator, allow_zero: bool) -> dict[str, Any]:
+    """A deadline utility: full value up to 1-4 slots (or a fraction), then halving or 0."""
+    out: dict[str, Any] = {
+        "kind": "deadline",
+        "value": _amount(rng, 0.5, 20.0),
+        "deadline": float(rng.integers(1, 5)) + (0.0 if rng.random() < 0.7 else 0.5),
+    }
+    if not allow_zero or rng.random() < 0.5:
+        out["half_life"] = _amount(rng, 0.2, 3.0)
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", range(CASES))
 def test_best_schedule_matches_brute_force(case: int) -> None:
+    _matches_brute_force(case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", range(4))
+def test_best_schedule_with_deadline_utilities_matches_brute_force(case: int) -> None:
+    """The deadline kind (pricing.utility.Deadline) keeps the search exact: it is
+    non-increasing, with a step at the deadline and an exponential or zero tail."""
+    _matches_brute_force(case, deadline_utility)
+
+
+def _matches_brute_force(
+    case: int, utility: Callable[[np.random.Generator, bool], dict[str, Any]] | None = None
+) -> None:
     explicit = case % 2 == 1
     outcomes = {"none": 0, "negative": 0, "positive": 0, "loaded": 0}
     checked = 0
@@ -451,6 +482,8 @@ def test_best_schedule_matches_brute_force(case: int) -> None:
         seed += 1
         rng = np.random.default_rng(seed)
         raw = random_trace(rng, explicit)
+        if utility is not None:  # zero tails only where oracle bounds do not need f > 0
+            raw["jobs"][0]["utility"] = utility(rng, explicit)
         where = f"seed {seed}: {json.dumps(raw)}"
         try:
             trace = pricing.trace_from_dict(raw)
@@ -605,3 +638,64 @@ def test_greedy_slot_cost_is_exhaustive_optimum(seed: int) -> None:
                 ahead = unit[i] < unit[j] or (unit[i] == unit[j] and i < j)
                 if ahead:
                     assert out[i] == room[i], f"{where}: server {j} used before {i} was full"
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_a_waiting_job_matches_brute_force_from_its_original_arrival(case: int) -> None:
+    """A job decided again ``delay`` slots after its arrival ``a`` (the pending queue):
+    its schedule starts at ``a + delay`` and ending in slot ``t`` is worth ``f(t - a + 1)``.
+    The brute force over the same slots with the shifted utility ``d -> f(d + delay)``
+    finds the same best payoff, and ``payoff_ceiling`` bounds it from above. Half the
+    jobs get a utility with a cliff, so counting from the wrong slot picks another end."""
+    from dataclasses import replace
+
+    from pricing.best_schedule import payoff_ceiling
+
+    checked = feasible = 0
+    seed = 777_000 + case * 100_003
+    while checked < 60:
+        seed += 1
+        rng = np.random.default_rng(seed)
+        raw = random_trace(rng, explicit=True)
+        if rng.random() < 0.5:
+            top = _amount(rng, 2.0, 60.0)
+            cliff = int(rng.integers(1, 5))
+            raw["jobs"][0]["utility"] = {
+                "kind": "table",
+                "values": [top] * cliff + [round(top * float(rng.uniform(0.0, 0.1)), 3)],
+            }
+        try:
+            trace = pricing.trace_from_dict(raw)
+        except pricing.SpecError:
+            continue
+        inst = instance_of(raw, trace)
+        if inst.horizon - inst.arrival < 2:
+            continue
+        job = trace.jobs[0]
+        ledger = pricing.Ledger(trace.cluster, trace.bounds, trace.horizon, 0)
+        load(rng, ledger, inst, 0)
+        delay = int(rng.integers(1, inst.horizon - inst.arrival))
+        f = inst.f
+
+        def shifted(d: int, f: Callable[[int], float] = f, k: int = delay) -> float:
+            return f(d + k)
+
+        waited = replace(inst, arrival=inst.arrival + delay, f=shifted)
+        where = f"seed {seed}, delay {delay}: {json.dumps(raw)}"
+        best = pricing.best_schedule(
+            job, ledger, waited.arrival, inst.horizon - 1, arrival=inst.arrival
+        )
+        want, _ = brute_force(waited)
+        checked += 1
+        if want is None:
+            assert best.payoff is None, f"{where}: got {best}"
+            continue
+        feasible += 1
+        assert best.payoff is not None and best.schedule is not None, f"{where}: want {want}"
+        assert close(best.payoff, want, best.cost or 0.0), f"{where}: {best.payoff} != {want}"
+        assert best.schedule.start == waited.arrival, where
+        assert best.jct == best.schedule.end - inst.arrival + 1, where
+        assert best.utility is not None and close(best.utility, f(best.jct)), where
+        ceiling = payoff_ceiling(job, ledger, waited.arrival, inst.arrival)
+        assert ceiling >= want - 1e-9 * max(1.0, abs(want)), f"{where}: ceiling {ceiling}"
+    assert feasible >= 10, feasible

@@ -5,9 +5,19 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import pytest
 
-from bench.figures import CSV_COLUMNS, POLICY_NAMES, QUICK, main
+from bench.figures import (
+    CSV_COLUMNS,
+    FULL,
+    POLICY_NAMES,
+    QUICK,
+    QUICK_CAVEAT,
+    _decorate,
+    _seeds,
+    main,
+)
 
 
 def _rows(path: Path, name: str) -> list[dict[str, str]]:
@@ -24,6 +34,7 @@ def test_quick_run_writes_every_figure(tmp_path: Path, capsys: pytest.CaptureFix
     assert captured.out == (tmp_path / "summary.md").read_text(encoding="utf-8")
     for heading in ("Fig. 3", "Fig. 4", "Fig. 5", "Fig. 6"):
         assert heading in captured.out
+    assert captured.out.startswith("**Quick run: ") and "1 seeds" not in captured.out
 
     rows = {}
     for name in CSV_COLUMNS:
@@ -145,3 +156,20 @@ def test_fig5_on_a_dask_cluster(tmp_path: Path) -> None:
         for column in ("servers", "seed", "status", "online_estimate", "online_oracle"):
             assert r[column] == h[column]
         assert float(r["optimum"]) == pytest.approx(float(h["optimum"]), abs=1e-6)
+
+
+def test_legend_beside_the_axes_titles_and_the_quick_caveat() -> None:
+    """The legend sits right of the plot (inside it hid the RRH line), one seed is '1
+    seed', and a quick run says on the figure that it is one noisy seed."""
+    assert (_seeds(1), _seeds(3)) == ("1 seed", "3 seeds")
+    for settings, caveat in ((QUICK, True), (FULL, False)):
+        fig, ax = plt.subplots()
+        ax.plot([0, 1], [0, 1], label="RRH")
+        _decorate(fig, ax, settings)
+        fig.canvas.draw()
+        legend = ax.get_legend()
+        assert legend is not None
+        assert legend.get_window_extent().x0 >= ax.get_window_extent().x1
+        texts = [t.get_text().replace("\n", " ") for t in ax.texts]
+        assert (QUICK_CAVEAT in texts) is caveat
+        plt.close(fig)

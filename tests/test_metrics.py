@@ -178,13 +178,17 @@ def test_a_store_that_does_not_answer_reads_as_down_and_the_broker_as_set(
 def test_metrics_listen_is_off_by_default_and_checked(tmp_path: Path) -> None:
     assert demo_config().metrics_listen == ""
     base: dict[str, Any] = tomllib.loads(CLUSTER_TOML)
-    assert from_dict({**base, "metrics": {"listen": "0.0.0.0:9464"}}).metrics_listen == (
-        "0.0.0.0:9464"
-    )
+    # off loopback only when explicitly allowed, as daemon.listen (issue 12, item 14)
+    remote = {"listen": "0.0.0.0:9464", "allow_insecure_remote": True}
+    assert from_dict({**base, "metrics": remote}).metrics_listen == "0.0.0.0:9464"
+    assert from_dict({**base, "metrics": {"listen": "[::1]:9464"}}).metrics_listen == "[::1]:9464"
     for bad, message in [
         ({"listen": "9464"}, "metrics.listen: must be host:port"),
         ({"listen": 9464}, "metrics.listen: must be a string"),
         ({"port": 1}, "metrics.port: unknown key"),
+        ({"listen": "0.0.0.0:9464"}, "metrics.listen: 0.0.0.0:9464 is not a loopback address"),
+        ({"listen": "10.1.2.3:9464"}, "set metrics.allow_insecure_remote = true"),
+        ({"listen": "0.0.0.0:1", "allow_insecure_remote": 1}, "must be true or false"),
     ]:
         with pytest.raises(ConfigError, match=re.escape(message)):
             from_dict({**base, "metrics": bad})

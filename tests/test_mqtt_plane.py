@@ -81,7 +81,55 @@ def wait_for(what: str, probe: Callable[[], _T | None], timeout: float = 60.0) -
     raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
-class Cluster:
+class PlaneHarness:
+    """What a broker, a daemon and agent processes under test share: gRPC calls to
+    ``self.daemon``, job files in ``self.tmp``, and the tear-down."""
+
+    tmp: Path
+    daemon: Daemon
+    broker: Mosquitto
+    agents: dict[str, subprocess.Popen[bytes]]
+
+    def kill_agent(self, server: str) -> None:
+        proc = self.agents.pop(server)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+
+    def close(self) -> None:
+        for server in list(self.agents):
+            self.kill_agent(server)
+        if self.daemon.proc is not None and self.daemon.proc.poll() is None:
+            self.daemon.stop()
+        self.broker.close()
+
+    def stub(self) -> Any:
+        return pb_grpc.AdmissionStub(grpc.insecure_channel(self.daemon.address))
+
+    def cluster_stub(self) -> Any:
+        return pb_grpc.ClusterStub(grpc.insecure_channel(self.daemon.address))
+
+    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
+        path = self.tmp / f"{spec['id']}.json"
+        path.write_text(json.dumps(spec))
+        out = oasis("submit", str(path), "--json", server=self.daemon.address)
+        return dict(json.loads(out.stdout))
+
+    def job(self, job_id: str) -> Any:
+        return self.stub().GetJob(pb.GetJobRequest(id=job_id), timeout=10).job
+
+    def events(self) -> list[Any]:
+        stream = self.stub().WatchEvents(pb.WatchEventsRequest(after_sequence=0), timeout=3)
+        out = []
+        try:
+            for event in stream:
+                out.append(event)
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise
+        return out
+
+
+class Cluster(PlaneHarness):
     """A broker, a daemon with ``[mqtt]`` and agents, in ``tmp``."""
 
     def __init__(self, tmp: Path) -> None:
@@ -103,51 +151,13 @@ class Cluster:
     def start_agent(self, server: str, speed: float = 1.0) -> None:
         log = open(self.tmp / f"agent-{server}.log", "ab")  # noqa: SIM115
         self.agents[server] = subprocess.Popen(
-            [sys.executable, "-m", "controller.cli", "agent", "--server", server,
+            [sys.executable, "-m", "controller.cli", "agent", "--node", server,
              "--broker", self.broker.url, "--speed", str(speed), "--report-seconds", "0.2"],
             stdout=subprocess.DEVNULL, stderr=log, cwd=ROOT,
         )  # fmt: skip
         log.close()
 
-    def kill_agent(self, server: str) -> None:
-        proc = self.agents.pop(server)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-
-    def close(self) -> None:
-        for server in list(self.agents):
-            self.kill_agent(server)
-        if self.daemon.proc is not None and self.daemon.proc.poll() is None:
-            self.daemon.stop()
-        self.broker.close()
-
     # -- reading what happened ----------------------------------------------------------
-
-    def stub(self) -> Any:
-        return pb_grpc.AdmissionStub(grpc.insecure_channel(self.daemon.address))
-
-    def cluster_stub(self) -> Any:
-        return pb_grpc.ClusterStub(grpc.insecure_channel(self.daemon.address))
-
-    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
-        path = self.tmp / f"{spec['id']}.json"
-        path.write_text(json.dumps(spec))
-        out = oasis("submit", str(path), "--json", server=self.daemon.address)
-        return dict(json.loads(out.stdout)["job"])
-
-    def job(self, job_id: str) -> Any:
-        return self.stub().GetJob(pb.GetJobRequest(id=job_id), timeout=10).job
-
-    def events(self) -> list[Any]:
-        stream = self.stub().WatchEvents(pb.WatchEventsRequest(after_sequence=0), timeout=3)
-        out = []
-        try:
-            for event in stream:
-                out.append(event)
-        except grpc.RpcError as err:
-            if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise
-        return out
 
     def plans(self, timeout: float = 10.0) -> dict[str, Plan]:
         """The retained plan of every server (as a fresh subscriber sees them)."""

@@ -25,7 +25,7 @@ import pytest
 from controller.plane.topics import Plan, Topics
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from tests.broker import Mosquitto, mosquitto_binary
-from tests.servers import ROOT, Daemon, write_config
+from tests.servers import ROOT, Daemon, json_log, write_config
 from tests.test_security import Pki, make_pki, submit_request
 
 SERVERS = ("w0", "w1", "w2", "p0", "p1")
@@ -120,15 +120,7 @@ def anonymous_refused(broker: Mosquitto, pki: Pki) -> str:
     return asyncio.run(attempt())
 
 
-def log_events(path: Path) -> list[dict[str, object]]:
-    """The JSON log lines of a daemon or agent."""
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+log_events = json_log  # the JSON log lines of a daemon or agent
 
 
 def wait_for_log(path: Path, event: str, timeout: float = 15.0) -> dict[str, object]:
@@ -153,7 +145,7 @@ def test_daemon_and_agent_authenticate_over_tls(
         assert set(plans) == set(SERVERS)
 
         # the agent: user and CA by flags, password from the environment, not argv
-        argv = [sys.executable, "-m", "controller.cli", "agent", "--server", "w0",
+        argv = [sys.executable, "-m", "controller.cli", "agent", "--node", "w0",
                 "--broker", broker.url, "--topic-prefix", "sec-ok",
                 "--mqtt-username", AGENT, "--mqtt-tls-ca", str(pki.ca)]  # fmt: skip
         assert AGENT_PASSWORD not in " ".join(argv)

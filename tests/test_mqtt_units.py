@@ -4,6 +4,7 @@ reference agent's plan following and simulation."""
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from controller.cli import build_parser
 from controller.commands.agent import broker_settings
 from controller.commands.common import InputError
 from controller.config import ConfigError, from_dict
-from controller.plane.agent import Agent
+from controller.plane.agent import Agent, TaskState
 from controller.plane.settings import MqttConfig, mqtt_from_dict
 from controller.plane.topics import Heartbeat, Plan, Progress, SlotPlan, Task, TaskProgress, Topics
 from pricing.errors import SpecError
@@ -100,7 +101,7 @@ def test_password_is_not_in_repr() -> None:
 
 
 def agent_args(*argv: str) -> argparse.Namespace:
-    return build_parser().parse_args(["agent", "--server", "w0", *argv])
+    return build_parser().parse_args(["agent", "--node", "w0", *argv])
 
 
 @pytest.fixture
@@ -425,3 +426,186 @@ def test_a_restarted_daemon_watches_the_servers_that_reported(plane: PlaneDaemon
     plane.mono[0] += restarted.mqtt.heartbeat_timeout + 1.0
     failed = [e.detail["server"] for e in restarted.review_sync() if e.kind == "server_failed"]
     assert failed == [reporter]  # and no server that never reported
+
+
+# -- untrusted messages: names, sizes, parse failures, identity (issue 12, items 5-8) -------
+
+
+def test_names_in_topics_and_the_agent_topics_identity() -> None:
+    from controller.plane.topics import topic_name
+
+    assert topic_name("job-1.a_B", "job id") == "job-1.a_B"
+    for bad in ("a/b", "a+b", "#", "", "x" * 129, "nul\x00", "caf\u00e9"):
+        with pytest.raises(ValueError, match="cannot name an MQTT topic"):
+            topic_name(bad, "job id")
+    t = Topics("oasis")
+    assert t.agent_of("oasis/v1/agents/w0/progress") == ("w0", "progress")
+    assert t.agent_of("oasis/v1/agents/p1/heartbeat") == ("p1", "heartbeat")
+    for other in ("oasis/v1/agents/w0/plan", "oasis/v1/agents/w0/x/progress",
+                  "lab/v1/agents/w0/progress", "oasis/v1/agents/a b/progress"):  # fmt: skip
+        assert t.agent_of(other) is None
+    # a server name that cannot be a topic level is refused with [mqtt] only
+    odd = {**CLUSTER, "servers": [{**CLUSTER["servers"][0], "name": "w/0"}, CLUSTER["servers"][1]]}
+    assert from_dict({"cluster": odd}).mqtt is None
+    with pytest.raises(ConfigError, match=r"cluster\.servers: server name 'w/0' cannot name"):
+        from_dict({"cluster": odd, "mqtt": {"host": "b"}})
+
+
+def test_poison_payloads_are_spec_errors_and_cost_little() -> None:
+    """Everything the parser can fail with on untrusted bytes is a SpecError: before the
+    fix, JSON nested 50,000 deep raised RecursionError, which the link did not catch."""
+    from controller.plane.topics import MAX_AGENT_PAYLOAD_BYTES, MAX_REPORT_JOBS
+
+    deep = b"[" * 50_000
+    for parse in (Heartbeat.parse, Progress.parse, Plan.parse):
+        with pytest.raises(SpecError, match="nested too deep"):
+            parse(deep)
+    with pytest.raises(SpecError, match="not JSON"):
+        Progress.parse(b"\xff\xfe{")
+    huge = b'{"version": 1, "jobs": [' + b'{"job": "x"},' * 600_000 + b"{}]}"
+    assert len(huge) > MAX_AGENT_PAYLOAD_BYTES
+    with pytest.raises(SpecError, match=r"progress: \d+ bytes, over the limit of 262144"):
+        Progress.parse(huge)
+    entries = [{"job": f"u{i}", "minibatches": 1, "worker_seconds": 1} for i in range(1001)]
+    many = {"version": 1, "server": "w0", "session": "s", "jobs": entries}
+    with pytest.raises(SpecError, match=f"progress.jobs: 1001 entries, over the limit of "
+                       f"{MAX_REPORT_JOBS}"):  # fmt: skip
+        Progress.parse(json.dumps(many))
+    many["jobs"] = entries[:1000]
+    assert len(Progress.parse(json.dumps(many)).jobs) == 1000
+
+
+def test_agent_splits_large_reports_and_stops_for_a_server_the_daemon_does_not_know() -> None:
+    from controller.plane.agent import UnknownServerError
+    from controller.plane.topics import MAX_REPORT_JOBS, Status
+
+    agent = Agent("w0", MqttConfig("localhost"))
+    for i in range(2 * MAX_REPORT_JOBS + 5):
+        agent.tasks[f"j{i}"] = TaskState(minibatches=1.0, worker_seconds=2.0)
+    reports = agent.reports()
+    assert [len(r.jobs) for r in reports] == [MAX_REPORT_JOBS, MAX_REPORT_JOBS, 5]
+    assert all(len(r.to_bytes()) < 256 * 1024 for r in reports)
+    agent.status(Status(online=False))  # no list while offline: keep waiting
+    agent.status(Status(online=True, servers=["w0", "p0"]))
+    typo = Agent("p2-8x-O", MqttConfig("localhost"))
+    message = r"'p2-8x-O' is not in the daemon's cluster \(known: p0, p2-8x-0, w0\); did you mean"
+    online = Status(online=True, servers=["w0", "p2-8x-0", "p0"])
+    with pytest.raises(UnknownServerError, match=message + r" 'p2-8x-0'\?"):
+        typo.status(Status.parse(online.to_bytes()))
+    assert Status.parse(Status(online=False).to_bytes()) == Status(online=False)
+    with pytest.raises(ValueError, match="cannot name an MQTT topic"):
+        Agent("w0/#", MqttConfig("localhost"))
+
+
+def test_the_inbox_is_bounded_per_server_and_keeps_each_jobs_latest_count() -> None:
+    from controller.plane.intake import Received, ReportInbox
+
+    inbox = ReportInbox(max_entries=4)
+
+    def put(at: float, server: str, *jobs: tuple[str, float]) -> None:
+        entries = [TaskProgress(j, mb, mb) for j, mb in jobs]
+        inbox.put(Received(at, 0, Progress(server, "s", entries)))
+
+    put(1.0, "w0", ("done", 20.0))  # the last report of a finished job
+    put(2.0, "p0", ("x", 1.0))
+    for i in range(10):  # a flood from w0 about other jobs
+        put(3.0 + i, "w0", ("a", float(i)), ("b", float(i)))
+    taken = inbox.take()
+    by_server: dict[str, list[tuple[str, float]]] = {}
+    for r in taken:
+        by_server.setdefault(r.progress.server, []).extend(
+            (t.job, t.minibatches) for t in r.progress.jobs
+        )
+    assert by_server["p0"] == [("x", 1.0)]  # another server's report is untouched
+    w0 = by_server["w0"]
+    assert ("done", 20.0) in w0  # carried, not lost to the flood
+    assert sum(n for _j, n in w0 if _j == "a") >= 0 and w0[-1] == ("b", 9.0)
+    assert len(w0) <= 4 + 3  # the queue's 4 entries and the carry's 3 keys
+    assert [r.at for r in taken] == sorted(r.at for r in taken)
+    assert inbox.take() == []
+    inbox.put_back(taken)  # a store outage: nothing applied, all of it back
+    assert inbox.take() == taken
+    tiny = ReportInbox(max_entries=1)
+    for i in range(3):
+        tiny.put(Received(float(i), 0, Progress("w0", "s", [TaskProgress(f"j{i}", 1, 1)])))
+    assert [r.progress.jobs[0].job for r in tiny.take()] == ["j0", "j2"] and tiny.dropped == 1
+
+
+def test_a_report_counts_only_for_jobs_planned_on_its_server_around_its_slot(
+    plane: PlaneDaemon,
+) -> None:
+    """Before the fix any report counted for any job: a PS server's agent completed a job
+    it never ran, and 100,000 unknown job ids cost a store query each."""
+    view = plane.submit("j")  # arrives in slot 1: w0 has its workers, p0 its PS
+    assert {a["server"] for a in view.decision.allocations if a.get("workers")} == {"w0"}
+    ex = plane.ex
+    ex.report(Progress("p0", "a", [TaskProgress("j", 20.0, 1.0)]))  # all of it, from p0
+    unknown = [TaskProgress(f"ghost-{i}", 5.0, 5.0) for i in range(1000)]
+    ex.report(Progress("w0", "b", unknown))
+    assert ex.review_sync() == []
+    assert plane.state("j") == "admitted" and ex.progress == {} and ex.pending == set()
+    assert plane.stored("j") is None
+    ex.report(Progress("w0", "b", [TaskProgress("j", 3.0, 40.0), *unknown[:5]]))
+    ex.review_sync()
+    assert plane.stored("j") == (3.0, {"w0/b": [3.0, 40.0]})
+    # long after the job's slots: a report naming it no longer counts
+    last = max(int(a["slot"]) for a in view.decision.allocations)
+    plane.clock.advance((last + 3) * plane.config.slot_seconds)
+    ex.review_sync()
+    ex.report(Progress("w0", "b", [TaskProgress("j", 20.0, 300.0)]))
+    ex.review_sync()
+    assert plane.stored("j") == (3.0, {"w0/b": [3.0, 40.0]})
+
+
+def test_the_link_takes_the_sender_from_the_topic_and_survives_poison(
+    plane: PlaneDaemon,
+) -> None:
+    from controller.plane.link import Plane
+
+    plane.submit("j")
+    link = Plane(plane.c, plane.ex, MqttConfig("localhost"))
+    t = link.topics
+    forged = Progress("w0", "a", [TaskProgress("j", 20.0, 1.0)]).to_bytes()
+    assert not link.take(t.progress("p0"), forged)  # p0's topic, w0 in the payload
+    assert not link.take(t.heartbeat("p0"), Heartbeat("w0", "a").to_bytes())
+    assert not link.take(t.progress("w9"), forged)  # no such server
+    assert not link.take(t.progress("w0"), b"[" * 50_000)
+    assert not link.take(t.progress("w0"), b"{" + b" " * 7_000_000 + b"}")
+    plane.ex.connected()
+    assert plane.ex.review_sync() == []
+    assert plane.ex.last_seen == {} and plane.state("j") == "admitted"
+    assert link.take(t.heartbeat("p0"), Heartbeat("p0", "a").to_bytes())
+    assert link.take(t.progress("w0"), Progress("w0", "a", [TaskProgress("j", 2.0, 9.0)])
+                     .to_bytes())  # fmt: skip
+    plane.ex.review_sync()
+    assert set(plane.ex.last_seen) == {"p0", "w0"}
+    assert plane.stored("j") == (2.0, {"w0/a": [2.0, 9.0]})
+
+
+def test_the_latest_event_of_every_job_is_found_for_a_broker_that_lost_it(
+    plane: PlaneDaemon,
+) -> None:
+    import asyncio
+
+    for job_id in ("a", "b", "c"):
+        plane.submit(job_id)
+    asyncio.run(plane.c.cancel("b"))
+    events = plane.ex.events_sync(plane.ex.latest_job_events_sync(10**9))
+    assert [(e.job_id, e.kind) for e in events] == [("a", "decided"), ("c", "decided"),
+                                                    ("b", "cancelled")]  # fmt: skip
+    upto = events[1].sequence  # only what was published already: b's decision, not more
+    restored = plane.ex.events_sync(plane.ex.latest_job_events_sync(upto))
+    assert [(e.job_id, e.kind) for e in restored] == [("a", "decided"), ("b", "decided"),
+                                                      ("c", "decided")]  # fmt: skip
+
+
+def test_agent_resends_only_recent_jobs_after_a_reconnection() -> None:
+    agent = Agent("w0", MqttConfig("localhost"))
+    agent.accept(plan(1))  # 10 s slots
+    for job in ("old", "recent"):
+        agent.tasks[job] = TaskState(minibatches=5.0, worker_seconds=5.0)
+        agent._reported[job] = (5.0, 5.0)
+    agent._sent_at = {"old": 0.0, "recent": 100.0}
+    assert agent.reports() == []  # nothing changed
+    agent.resend_recent(now=105.0)  # within two slots of "recent" only
+    assert [t.job for r in agent.reports() for t in r.jobs] == ["recent"]

@@ -237,7 +237,7 @@ def test_tls_without_client_certificates(tmp_path: Path, pki: Pki) -> None:
             assert code == grpc.StatusCode.UNAVAILABLE
         # the CLI, trusting the CA, no token needed (no [auth])
         out = oasis("job", "tls1", "--json", "--tls-ca", str(pki.ca), server=daemon.address)
-        assert json.loads(out.stdout)["job"]["spec"]["id"] == "tls1"
+        assert json.loads(out.stdout)["id"] == "tls1"
         plain = oasis("job", "tls1", server=daemon.address, check=False)
         assert plain.returncode == 1 and "UNAVAILABLE" in plain.stderr
     finally:
@@ -327,7 +327,7 @@ def test_cli_with_tls_and_token(mtls_daemon: Daemon, pki: Pki, tmp_path: Path) -
     spec.write_text(json.dumps(job("cli-b1")))
     out = oasis("submit", str(spec), "--json", *tls, "--token", TOKENS["bob"],
                 server=mtls_daemon.address)  # fmt: skip
-    assert json.loads(out.stdout)["job"]["spec"]["id"] == "cli-b1"
+    assert json.loads(out.stdout)["id"] == "cli-b1"
     # the token from the environment
     env = {**os.environ, "OASIS_TOKEN": TOKENS["bob"]}
     cmd = [sys.executable, "-m", "controller.cli", "jobs", "--json", *tls,
@@ -384,6 +384,23 @@ def test_plaintext_on_a_non_loopback_address_is_refused_at_start(tmp_path: Path)
         capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
     )  # fmt: skip
     assert out.returncode == 2 and "192.0.2.1:0 is not a loopback address" in out.stderr
+
+
+def test_metrics_off_loopback_are_refused_at_start_unless_allowed(tmp_path: Path) -> None:
+    """/metrics is plain HTTP without tokens: off loopback only when the config says so
+    (accepted then: tests/test_metrics.py; never bound here, tests stay on loopback)."""
+    metrics = '\n[metrics]\nlisten = "0.0.0.0:0"\n'
+    config = write_config(tmp_path / "c.toml", tmp_path / "d", extra=metrics)
+    out = subprocess.run(
+        [sys.executable, "-m", "controller.daemon", "--config", str(config)],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip() == (
+        "oasisd: metrics.listen: 0.0.0.0:0 is not a loopback address: the metrics endpoint "
+        "is plain HTTP without authentication; set metrics.allow_insecure_remote = true to "
+        "serve it to the network"
+    )
 
 
 def _config(daemon: str = "", extra: str = "") -> dict[str, Any]:

@@ -165,7 +165,8 @@ def test_sigterm_drains_decisions_in_flight_and_refuses_new_ones(
     address, listener = abstract_socket
     url = postgres.new_database()
     database = url.rsplit("/", 1)[1]
-    config = write_config(tmp_path / "d.toml", tmp_path / "data", url)
+    # the test holds a table lock for as long as it needs: no store timeout cuts it short
+    config = write_config(tmp_path / "d.toml", tmp_path / "data", url, extra="store_timeout = 120")
     log = tmp_path / "d.log"
     daemon = Daemon(config, log, env={"NOTIFY_SOCKET": address}).start()
     jobs = contending_jobs(6)
@@ -242,6 +243,10 @@ def test_unit_file_is_a_notify_service_with_a_watchdog_and_a_state_directory() -
     from controller.daemon import DRAIN_SECONDS
 
     assert int(service["TimeoutStopSec"]) > DRAIN_SECONDS
+    # descriptors for every allowed connection and the daemon's own files
+    from controller.connections import RESERVED_FDS, Connections
+
+    assert int(service["LimitNOFILE"]) >= Connections().max_connections + RESERVED_FDS
     # the example config keeps its SQLite store in the unit's state directory
     example = tomllib.loads((ROOT / "config" / "oasisd.example.toml").read_text())
     assert example["daemon"]["data_dir"] == "/var/lib/oasis"

@@ -192,6 +192,23 @@ def test_table_utility_and_prices_raised_by_an_earlier_job() -> None:
     assert not d2.admitted and d2.best.payoff is None and d2.best.schedule is None
 
 
+def _two_workers_by_table(values: list[float], u1: dict[str, float]) -> pricing.Trace:
+    """T = 3; a job of W = 2, N = 2, worker (gpu 1, bw 1), PS (bw 1), table utility
+    ``values``; explicit bounds L1 = 1 with ``u1``, PS flat at L2 = 0.01."""
+    raw = base_trace(
+        chunks=2,
+        minibatches=1,
+        tau=1.0,
+        grad_mb=1e-6,
+        worker={"gpu": 1, "bandwidth": 1},
+        ps={"bandwidth": 1},
+        utility={"kind": "table", "values": values},
+    )
+    raw.update(horizon=3)
+    raw["pricing"] = {"U1": u1, "U2": {}, "L1": 1, "L2": 0.01}
+    return pricing.trace_from_dict(raw)
+
+
 def test_decreasing_table_utility_trades_time_for_cost() -> None:
     """Table f = (10, 9.9, 0), T = 3. Explicit L1 = 1 with U1[gpu] = 100 (cpu and
     bandwidth flat at 1); PS flat at L2 = 0.01. N = 2, W = 2 (E = M = 1, tau = 1, e tiny),
@@ -205,18 +222,7 @@ def test_decreasing_table_utility_trades_time_for_cost() -> None:
     room 1 there, so jct 1 is infeasible. jct 2: (0, 2) costs 2 + 2 + 0.02 = 4.02, payoff
     9.9 - 4.02 = 5.88; (1, 1) costs 11 + 2 + 0.02 = 13.02 (payoff < 0). jct 3 has f = 0.
     Best: no worker in slot 0, two in slot 1."""
-    raw = base_trace(
-        chunks=2,
-        minibatches=1,
-        tau=1.0,
-        grad_mb=1e-6,
-        worker={"gpu": 1, "bandwidth": 1},
-        ps={"bandwidth": 1},
-        utility={"kind": "table", "values": [10, 9.9, 0]},
-    )
-    raw.update(horizon=3)
-    raw["pricing"] = {"U1": {"gpu": 100}, "U2": {}, "L1": 1, "L2": 0.01}
-    trace = pricing.trace_from_dict(raw)
+    trace = _two_workers_by_table([10, 9.9, 0], {"gpu": 100})
     job = trace.jobs[0]
     assert job.work == 2
     ledger = pricing.Ledger(trace.cluster, trace.bounds, 3)
@@ -230,6 +236,29 @@ def test_decreasing_table_utility_trades_time_for_cost() -> None:
     assert best.jct == 2 and rel(best.cost, 4.02) and rel(best.payoff, 5.88)
     assert best.schedule is not None
     assert best.schedule.workers.tolist() == [[0], [2]]
+
+
+def test_a_waiting_job_counts_its_utility_from_its_arrival() -> None:
+    """A job that arrived in slot 0 and is decided again from slot 1 (the pending queue):
+    ending in slot ``t`` is worth ``f(t - 0 + 1)``, not ``f(t - 1 + 1)``.
+
+    Table f = (10, 9), T = 3, W = 2, N = 2, worker (gpu 1, bw 1), PS (bw 1), z(y) = y.
+    L1 = 1, U1 = (gpu 100, bandwidth 2), PS flat at 0.01. Another job uses bandwidth 1 of
+    w0's 10 in slot 1: p[bw] = 2 ** 0.1 = 1.0718 there, room still 2.
+    - both workers in slot 1: cost 2 * 2.0718 + 0.02 = 4.1636, jct 2, f = 9: payoff 4.8364;
+    - both in slot 2: cost 4.02, jct 3, f = 9: payoff 4.98 (the best);
+    - one in each: cost 4.0918, jct 3: payoff 4.9082.
+    Counted from slot 1 instead, ending in slot 1 would look worth f(1) = 10 (payoff 5.84)."""
+    trace = _two_workers_by_table([10, 9], {"gpu": 100, "bandwidth": 2})
+    job = trace.jobs[0]
+    ledger = pricing.Ledger(trace.cluster, trace.bounds, 3)
+    sched = pricing.Schedule(1, np.array([[1]], np.int32), np.array([[0]], np.int32))
+    ledger.admit("other", np.array([0.0, 0.0, 1.0]), np.zeros(3), sched)
+    best = pricing.best_schedule(job, ledger, 1, 2, arrival=0)
+    assert best.schedule is not None and best.schedule.workers.tolist() == [[0], [2]]
+    assert best.jct == 3 and rel(best.utility or 0.0, 9.0)
+    assert rel(best.cost or 0.0, 4.02) and rel(best.payoff or 0.0, 4.98)
+    assert pricing.best_schedule(job, ledger, 1, 2).jct == 1  # from slot 1: ends there
 
 
 def test_a_later_end_that_is_slightly_cheaper_wins() -> None:

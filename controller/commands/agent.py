@@ -1,4 +1,9 @@
-"""``oasis agent --server NAME``: the reference node agent (controller/plane/agent.py)."""
+"""``oasis agent --node NAME``: the reference node agent (controller/plane/agent.py).
+
+``--node`` names the server of the cluster the agent runs on. Before it was called
+``--server``, which every other command uses for the daemon's address; ``--server`` is
+now refused with a message saying so.
+"""
 
 from __future__ import annotations
 
@@ -26,7 +31,8 @@ def register(sub: Any) -> None:
         "with passwords and TLS: --broker mqtts://host:8883 --mqtt-username NAME "
         "--mqtt-tls-ca CA.pem, the password in $OASIS_MQTT_PASSWORD or --mqtt-password-file.",
     )
-    p.add_argument("--server", required=True, metavar="NAME", help="the server, as configured")
+    p.add_argument("--node", metavar="NAME", help="this node: the server's name in the cluster")
+    p.add_argument("--server", dest="old_server", metavar="NAME", help=argparse.SUPPRESS)
     p.add_argument("--broker", metavar="URL", default=os.environ.get("OASIS_BROKER", ""),
                    help="mqtt://[user[:pass]@]host:port, mqtts://... for TLS (default: "
                    "$OASIS_BROKER, else [mqtt] of --config, else mqtt://127.0.0.1:1883)",
@@ -44,7 +50,8 @@ def register(sub: Any) -> None:
                    "(mqtts:// in --broker does too, with the system's CAs)")  # fmt: skip
     p.add_argument("--speed", type=float, default=1.0,
                    help="simulated pace relative to the plan (default 1)")  # fmt: skip
-    p.add_argument("--command", default="", metavar="CMD",
+    # dest: "command" is the subcommand's name, which error messages show
+    p.add_argument("--command", dest="worker_command", default="", metavar="CMD",
                    help="shell command per worker; prints its cumulative mini-batches")  # fmt: skip
     p.add_argument("--report-seconds", type=float, default=1.0, metavar="S",
                    help="progress report interval (default 1)")  # fmt: skip
@@ -54,17 +61,30 @@ def register(sub: Any) -> None:
 
 def _agent(args: argparse.Namespace) -> int:
     from controller import logs
-    from controller.plane.agent import Agent
+    from controller.plane.agent import Agent, UnknownServerError
 
+    if args.old_server is not None:
+        raise InputError(
+            f"--server now names the daemon's address in every command; the node flag of "
+            f"the agent is --node: oasis agent --node {args.old_server} ..."
+        )
+    if not args.node:
+        raise InputError("--node NAME is required: the server this agent runs on")
     mqtt = broker_settings(args)
     if args.speed <= 0:
         raise InputError(f"--speed: must be > 0, got {args.speed}")
     if args.report_seconds <= 0:
         raise InputError(f"--report-seconds: must be > 0, got {args.report_seconds}")
     logs.configure(args.log_level)
-    agent = Agent(args.server, mqtt, args.speed, args.command, args.report_seconds)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(agent.run())
+    try:
+        agent = Agent(args.node, mqtt, args.speed, args.worker_command, args.report_seconds)
+    except ValueError as err:
+        raise InputError(f"--node: {err}") from err
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(agent.run())
+    except UnknownServerError as err:
+        raise InputError(str(err)) from err
     return EXIT_OK
 
 

@@ -1,131 +1,87 @@
-"""Client commands: ``oasis [--server ADDR] submit|quote|jobs|job|cancel|servers|prices|watch``.
+"""Client commands: ``oasis submit|quote|jobs|job|cancel|servers|prices|watch``.
 
-Readable tables by default, ``--json`` for scripts. On an error the server's status and
-message are printed and the exit status is 2 for bad input (INVALID_ARGUMENT), 1 for
-anything else (the daemon unreachable, NOT_FOUND, ALREADY_EXISTS, ...).
+Readable tables by default, each slot with the local time it begins; ``--json`` prints
+plain JSON (:mod:`controller.commands.records`). A job file holds a job object (SPEC 3,
+or in people's units: README "Job specs"), a list of them, or what ``oasis job ID
+--json`` printed. Exit status: 0 admitted (or done), 3 rejected, 4 pending (``submit
+--wait``), 2 bad input, 1 otherwise (:mod:`controller.commands.connection`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import math
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
-from google.protobuf.json_format import MessageToDict
-from google.protobuf.message import Message
 
-from controller.commands.common import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, InputError, fmt
-from controller.convert import STATE_NAMES, spec_to_proto
+from controller.clock import SlotTimes
+from controller.commands import SUMMARIES
+from controller.commands.common import EXIT_OK, InputError, fmt
+from controller.commands.connection import (
+    EXIT_REJECTED,
+    Stubs,
+    guarded,
+    options,
+    print_json,
+)
+from controller.commands.records import (
+    STATES,
+    clock_caption,
+    decision_record,
+    event_record,
+    job_record,
+    local_time,
+    plain,
+    slot_label,
+    state_name,
+)
 from controller.rpc import oasis_pb2 as pb
-from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.table import render_table
-from controller.tls import client_channel, read_pem
-from pricing.errors import SpecError
+from pricing.durations import DURATION_EXAMPLES, format_duration, parse_duration
 
 __all__ = ["register"]
 
-DEFAULT_SERVER = "127.0.0.1:50051"
-_STATE_OF = {v: k for k, v in STATE_NAMES.items()}
-
-
-def _common() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument(
-        "--server",
-        default=os.environ.get("OASIS_SERVER", DEFAULT_SERVER),
-        metavar="ADDR",
-        help=f"daemon address (default: $OASIS_SERVER or {DEFAULT_SERVER})",
-    )
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds per call (default 30)")
-    env = os.environ.get
-    p.add_argument("--tls", action="store_true", help="use TLS, trusting the system's CAs")
-    p.add_argument(
-        "--tls-ca",
-        metavar="FILE",
-        default=env("OASIS_TLS_CA", ""),
-        help="use TLS, trusting this CA (default: $OASIS_TLS_CA)",
-    )
-    p.add_argument(
-        "--tls-cert",
-        metavar="FILE",
-        default=env("OASIS_TLS_CERT", ""),
-        help="client certificate for mutual TLS (default: $OASIS_TLS_CERT)",
-    )
-    p.add_argument(
-        "--tls-key",
-        metavar="FILE",
-        default=env("OASIS_TLS_KEY", ""),
-        help="its private key (default: $OASIS_TLS_KEY)",
-    )
-    p.add_argument(
-        "--tls-server-name",
-        metavar="NAME",
-        default="",
-        help="name to verify in the daemon's certificate (default: its host)",
-    )
-    p.add_argument(
-        "--token",
-        default=env("OASIS_TOKEN", ""),
-        help="bearer token (default: $OASIS_TOKEN, which keeps it out of ps)",
-    )
-    return p
-
-
-def connect(args: argparse.Namespace) -> grpc.Channel:
-    """A channel to ``args.server`` with the TLS and token options of :func:`_common`."""
-    if bool(args.tls_cert) != bool(args.tls_key):
-        raise InputError("--tls-cert and --tls-key go together")
-
-    def pem(path: str, what: str, option: str) -> bytes | None:
-        if not path:
-            return None
-        try:
-            return read_pem(Path(path), what, option)
-        except SpecError as err:
-            raise InputError(str(err)) from err
-
-    return client_channel(
-        args.server,
-        tls=args.tls,
-        ca_pem=pem(args.tls_ca, "CERTIFICATE", "--tls-ca"),
-        cert_pem=pem(args.tls_cert, "CERTIFICATE", "--tls-cert"),
-        key_pem=pem(args.tls_key, "PRIVATE KEY", "--tls-key"),
-        server_name=args.tls_server_name,
-        token=args.token,
-    )
-
 
 def register(sub: Any) -> None:
-    common = _common()
+    common = options()
 
-    def add(name: str, help_: str, func: Callable[[argparse.Namespace], int]) -> Any:
+    def add(name: str, func: Callable[[argparse.Namespace], int]) -> Any:
+        help_ = SUMMARIES[name]
         p = sub.add_parser(name, parents=[common], help=help_, description=help_)
-        p.set_defaults(func=_wrap(func))
+        p.set_defaults(func=guarded(func))
         return p
 
-    p = add("submit", "submit a job (or a list of jobs) and print the decision", cmd_submit)
-    p.add_argument("file", metavar="JOB.json", help="a job object as in SPEC 3, a list, or -")
-    p = add("quote", "price a job without committing anything", cmd_quote)
-    p.add_argument("file", metavar="JOB.json", help="a job object as in SPEC 3, or -")
-    p = add("jobs", "list jobs", cmd_jobs)
-    p.add_argument("--state", action="append", choices=sorted(STATE_NAMES), default=[])
+    job_file = "a job object (README: Job specs), a list of them, what `job --json` printed, or -"
+    p = add("submit", cmd_submit)
+    p.add_argument("file", metavar="JOB.json", help=job_file)
+    p.add_argument(
+        "--wait",
+        type=wait_duration,
+        default=None,
+        metavar="DURATION",
+        help="if not admitted now, stay pending this long (e.g. 90s, 30m, 2h, 1d; a bare "
+        "number is seconds; 0: reject at once), decided again at each slot boundary "
+        "(default: the daemon's daemon.wait_seconds)",
+    )
+    add("quote", cmd_quote).add_argument("file", metavar="JOB.json", help=job_file)
+    p = add("jobs", cmd_jobs)
+    p.add_argument("--state", action="append", choices=STATES, default=[])
     p.add_argument("--limit", type=int, default=0)
-    p = add("job", "show one job with its plan", cmd_job)
-    p.add_argument("id")
-    p = add("cancel", "cancel a job; its future slots are released", cmd_cancel)
-    p.add_argument("id")
-    add("servers", "list servers with capacity and current use", cmd_servers)
-    p = add("prices", "unit prices per server and resource over the next slots", cmd_prices)
+    add("job", cmd_job).add_argument("id")
+    add("cancel", cmd_cancel).add_argument("id")
+    add("servers", cmd_servers)
+    p = add("prices", cmd_prices)
     p.add_argument("--from", dest="first", type=int, default=0, help="first slot (0: now)")
     p.add_argument("--slots", type=int, default=8)
-    p.add_argument("--server-name", dest="server_name", default="", help="one server only")
-    p = add("watch", "print decisions and state changes as they happen", cmd_watch)
+    p.add_argument("--node", dest="node", default="", metavar="NAME",
+                   help="one server of the cluster only (as `oasis servers` lists it)")  # fmt: skip
+    p.add_argument("--server-name", dest="node", help=argparse.SUPPRESS)  # the old name
+    p = add("watch", cmd_watch)
     p.add_argument(
         "--from",
         dest="after",
@@ -135,24 +91,7 @@ def register(sub: Any) -> None:
     )
 
 
-def _wrap(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return func(args)
-        except grpc.RpcError as err:
-            code = err.code()
-            print(f"oasis {args.command}: {code.name}: {err.details()}", file=sys.stderr)
-            return EXIT_BAD_INPUT if code == grpc.StatusCode.INVALID_ARGUMENT else EXIT_FAILURE
-
-    return run
-
-
-class _Stubs:
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.channel = connect(args)
-        self.admission = pb_grpc.AdmissionStub(self.channel)  # type: ignore[no-untyped-call]
-        self.cluster = pb_grpc.ClusterStub(self.channel)  # type: ignore[no-untyped-call]
-        self.timeout = args.timeout
+# -- reading job files ---------------------------------------------------------------
 
 
 def _read_json(path: str) -> Any:
@@ -163,143 +102,257 @@ def _read_json(path: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
-        raise InputError(f"{path}: not JSON: {err.msg} at line {err.lineno}") from err
+        raise InputError(
+            f"{path}: not JSON: {err.msg} at line {err.lineno} column {err.colno}"
+        ) from err
+    except (RecursionError, ValueError) as err:
+        raise InputError(f"{path}: not JSON that can be read: {str(err)[:200]}") from err
 
 
-def _specs(path: str) -> list[pb.JobSpec]:
+def _specs(path: str) -> list[dict[str, Any]]:
+    """The job objects of a file: one, a list, or job records as ``job --json`` prints
+    them (``{"id", "state", "spec", "decision", ...}``, whose spec is taken)."""
     data = _read_json(path)
+    if isinstance(data, dict) and isinstance(data.get("jobs"), list):
+        data = data["jobs"]  # what `jobs --json` printed
     items = data if isinstance(data, list) else [data]
     out = []
     for i, item in enumerate(items):
+        where = f"{path}: item {i}" if isinstance(data, list) else path
         if not isinstance(item, dict):
-            raise InputError(f"{path}: item {i}: a job must be a JSON object")
-        try:
-            out.append(spec_to_proto(item))
-        except ValueError as err:
-            raise InputError(f"{path}: {err}") from err
+            raise InputError(f"{where}: a job must be a JSON object")
+        record = isinstance(item.get("spec"), dict) and "decision" in item
+        out.append(item["spec"] if record else item)
+    if not out:
+        raise InputError(f"{path}: no jobs in it")
     return out
 
 
-def _dump(msg: Message | list[Message]) -> None:
-    def conv(m: Message) -> dict[str, Any]:
-        return MessageToDict(
-            m, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+def _request_spec(spec: dict[str, Any]) -> pb.JobSpec:
+    return pb.JobSpec(json=json.dumps(spec))
+
+
+def wait_duration(text: str) -> float:
+    """An argparse ``type``: a duration such as ``90s``, ``30m``, ``1h30m`` or ``2d``, or a
+    bare number of seconds; >= 0."""
+    try:
+        value: float | None = float(text)
+    except ValueError:
+        value = parse_duration(text)
+    if value is None or not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(
+            f"not a duration >= 0: {text!r} (e.g. {DURATION_EXAMPLES}, or seconds)"
         )
-
-    data = [conv(m) for m in msg] if isinstance(msg, list) else conv(msg)
-    print(json.dumps(data, indent=1))
+    return value
 
 
-def _decision_lines(job_id: str, d: pb.Decision, state: str = "") -> Iterator[str]:
-    if state == "cancelled":
-        end = (
-            f"ran until slot {d.completion_slot}" if d.HasField("completion_slot") else "never ran"
+# -- decisions for people ------------------------------------------------------------
+
+
+def _decision_lines(
+    title: str,
+    d: pb.Decision,
+    times: SlotTimes | None,
+    state: str = "",
+    quote: bool = False,
+    job: pb.Job | None = None,
+) -> Iterator[str]:
+    would = "would be " if quote else ""
+    if state == "pending":
+        until = (
+            f" until slot {slot_label(job.wait_until_slot, times)}"
+            if job is not None and job.HasField("wait_until_slot")
+            else ""
         )
-        yield f"{job_id}: cancelled ({end}); it had been admitted with payoff {d.payoff:.6g}"
-    elif d.admitted:
         yield (
-            f"{job_id}: admitted, arrives in slot {d.arrival_slot}, completes in slot "
-            f"{d.completion_slot} (jct {d.jct}); utility {d.utility:.6g}, cost {d.cost:.6g}, "
-            f"payoff {d.payoff:.6g}"
+            f"{title}: pending{until} (decided again at each slot boundary, its utility "
+            f"counted from arrival slot {d.arrival_slot}); not admitted now: {d.reason}"
+        )
+    elif state == "expired":
+        yield f"{title}: expired: {d.reason}"
+    elif state == "cancelled" and not d.admitted:
+        yield f"{title}: cancelled while pending"
+    elif state == "cancelled":
+        end = (
+            f"ran until slot {slot_label(d.completion_slot, times)}"
+            if d.HasField("completion_slot")
+            else "never ran"
+        )
+        yield f"{title}: cancelled ({end}); it had been admitted with payoff {d.payoff:.6g}"
+    elif d.admitted:
+        jct = f"{d.jct}" + (f" = {format_duration(d.jct * times.slot_seconds)}" if times else "")
+        done = f"; done by {local_time(times.start(d.completion_slot + 1))}" if times else ""
+        yield (
+            f"{title}: {would}admitted, arrives in slot {slot_label(d.arrival_slot, times)}, "
+            f"completes in slot {d.completion_slot}{done} (jct {jct}); utility "
+            f"{d.utility:.6g}, cost {d.cost:.6g}, payoff {d.payoff:.6g}"
         )
     else:
-        yield f"{job_id}: rejected: {d.reason}"
+        yield f"{title}: {would}rejected: {d.reason}"
     if d.allocations:
         by_slot: dict[int, list[str]] = {}
         for a in d.allocations:
             what = f"{a.workers}w" if a.workers else f"{a.ps}ps"
             by_slot.setdefault(a.slot, []).append(f"{a.server}:{what}")
-        rows = [[str(s), " ".join(v)] for s, v in sorted(by_slot.items())]
-        yield render_table(["slot", "plan (server:workers w / ps)"], rows, right={0})
+        if times is None:
+            rows = [[str(s), " ".join(v)] for s, v in sorted(by_slot.items())]
+            yield render_table(["slot", "plan (server:workers w / ps)"], rows, right={0})
+        else:
+            rows = [[str(s), local_time(times.start(s)), " ".join(v)]
+                    for s, v in sorted(by_slot.items())]  # fmt: skip
+            yield render_table(["slot", "begins", "plan (server:workers w / ps)"], rows,
+                               right={0})  # fmt: skip
+
+
+EXIT_PENDING = 4
+"""``submit --wait``: a job not admitted yet is pending (and none was rejected)."""
+
+
+def _verdict(decisions: list[pb.Decision], states: list[int] | None = None) -> int:
+    if all(d.admitted for d in decisions):
+        return EXIT_OK
+    if states and all(d.admitted or s == pb.JOB_STATE_PENDING
+                      for d, s in zip(decisions, states, strict=True)):  # fmt: skip
+        return EXIT_PENDING
+    return EXIT_REJECTED
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    stubs = _Stubs(args)
+    stubs = Stubs(args)
+    specs = _specs(args.file)
     responses = []
-    for spec in _specs(args.file):
-        resp = stubs.admission.SubmitJob(pb.SubmitJobRequest(job=spec), timeout=stubs.timeout)
+    for i, spec in enumerate(specs):
+        req = pb.SubmitJobRequest(job=_request_spec(spec), wait_seconds=args.wait)
+        try:
+            resp = stubs.admission.SubmitJob(req, timeout=stubs.timeout)
+        except grpc.RpcError:
+            if len(specs) > 1:
+                name = spec.get("id") if isinstance(spec.get("id"), str) else "without an id"
+                print(f"oasis submit: item {i} ({name}) failed; the {i} before it were "
+                      "submitted, the rest were not", file=sys.stderr)  # fmt: skip
+            raise
         responses.append(resp)
         if not args.json:
             note = " (already decided: this is the first decision)" if resp.duplicate else ""
-            for line in _decision_lines(resp.job.spec.id, resp.job.decision):
-                print(line + note if note and line.startswith(resp.job.spec.id) else line)
+            state = state_name(resp.job.state)
+            lines = _decision_lines(
+                resp.job.spec.id, resp.job.decision, stubs.times(), state, job=resp.job
+            )
+            for n, line in enumerate(lines):
+                print(line + note if note and n == 0 else line)
     if args.json:
-        _dump(responses if len(responses) != 1 else responses[0])
-    return EXIT_OK
+        times = stubs.times()
+        records = [job_record(r.job, times) | {"duplicate": r.duplicate} for r in responses]
+        print_json(records if len(records) != 1 else records[0])
+    return _verdict([r.job.decision for r in responses], [r.job.state for r in responses])
 
 
 def cmd_quote(args: argparse.Namespace) -> int:
-    stubs = _Stubs(args)
+    stubs = Stubs(args)
     specs = _specs(args.file)
     if len(specs) != 1:
         raise InputError(f"{args.file}: quote takes one job")
-    resp = stubs.admission.QuoteJob(pb.QuoteJobRequest(job=specs[0]), timeout=stubs.timeout)
+    req = pb.QuoteJobRequest(job=_request_spec(specs[0]))
+    resp = stubs.admission.QuoteJob(req, timeout=stubs.timeout)
+    times = stubs.times()
     if args.json:
-        _dump(resp)
+        print_json({"decision": decision_record(resp.decision, times)})
     else:
-        for line in _decision_lines(specs[0].id + " (quote)", resp.decision):
+        given = specs[0].get("id")
+        title = f"quote for {given}" if isinstance(given, str) and given else "quote"
+        for line in _decision_lines(title, resp.decision, times, quote=True):
             print(line)
-    return EXIT_OK
+        print("(nothing committed)")
+    return _verdict([resp.decision])
 
 
-def _job_row(job: pb.Job) -> list[str]:
+def _job_row(job: pb.Job, times: SlotTimes | None) -> list[str]:
     d = job.decision
+    done = d.completion_slot if d.HasField("completion_slot") else None
+    jct = "-"
+    if d.HasField("jct"):
+        jct = str(d.jct) + (f" ({format_duration(d.jct * times.slot_seconds)})" if times else "")
     return [
         job.spec.id,
-        _STATE_OF.get(job.state, "?"),
+        state_name(job.state),
         str(job.sequence),
-        str(d.arrival_slot),
+        slot_label(d.arrival_slot, times),
+        "-" if done is None else slot_label(done, times, end=True),
+        jct,
         fmt(d.payoff if d.HasField("payoff") else None),
-        str(d.completion_slot) if d.HasField("completion_slot") else "-",
-        str(d.jct) if d.HasField("jct") else "-",
         fmt(d.utility if d.HasField("utility") else None),
     ]
 
 
-_JOB_HEADERS = ["job", "state", "seq", "arrival", "payoff", "completes", "jct", "utility"]
+_JOB_HEADERS = ["job", "state", "seq", "arrival (begins)", "completes (done by)", "jct",
+                "payoff", "utility"]  # fmt: skip
+
+
+def _jobs_table(jobs: list[pb.Job], times: SlotTimes | None) -> str:
+    table = render_table(_JOB_HEADERS, [_job_row(j, times) for j in jobs], right={2, 5, 6, 7})
+    caption = clock_caption(times)
+    return f"{table}\n{caption}" if caption and jobs else table
+
+
+def list_jobs(stubs: Stubs, states: Sequence[Any], limit: int = 0) -> list[pb.Job]:
+    """Every job in ``states`` (empty: all), up to ``limit`` (0: all), page after page."""
+    jobs: list[pb.Job] = []
+    token = ""
+    while True:
+        left = limit - len(jobs) if limit > 0 else 0
+        req = pb.ListJobsRequest(states=states, limit=left, page_token=token)
+        resp = stubs.admission.ListJobs(req, timeout=stubs.timeout)
+        jobs.extend(resp.jobs)
+        token = resp.next_page_token
+        if not token or (limit > 0 and len(jobs) >= limit):
+            return jobs
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    stubs = _Stubs(args)
-    req = pb.ListJobsRequest(states=[STATE_NAMES[s] for s in args.state], limit=args.limit)
-    resp = stubs.admission.ListJobs(req, timeout=stubs.timeout)
+    stubs = Stubs(args)
+    if args.limit < 0:
+        raise InputError(f"--limit: must be >= 0, got {args.limit}")
+    states = [f"JOB_STATE_{s.upper()}" for s in args.state]
+    resp = pb.ListJobsResponse(jobs=list_jobs(stubs, states, args.limit))
+    times = stubs.times()
     if args.json:
-        _dump(resp)
+        print_json({"jobs": [job_record(j, times) for j in resp.jobs]})
     else:
-        rows = [_job_row(j) for j in resp.jobs]
-        print(render_table(_JOB_HEADERS, rows, right={2, 3, 4, 5, 6, 7}))
+        print(_jobs_table(list(resp.jobs), times))
     return EXIT_OK
 
 
 def cmd_job(args: argparse.Namespace) -> int:
-    stubs = _Stubs(args)
+    stubs = Stubs(args)
     resp = stubs.admission.GetJob(pb.GetJobRequest(id=args.id), timeout=stubs.timeout)
+    times = stubs.times()
     if args.json:
-        _dump(resp)
+        print_json(job_record(resp.job, times))
         return EXIT_OK
-    print(render_table(_JOB_HEADERS, [_job_row(resp.job)], right={2, 3, 4, 5, 6, 7}))
+    print(_jobs_table([resp.job], times))
     print()
-    state = _STATE_OF.get(resp.job.state, "")
-    for line in _decision_lines(resp.job.spec.id, resp.job.decision, state):
+    state = state_name(resp.job.state)
+    for line in _decision_lines(resp.job.spec.id, resp.job.decision, times, state, job=resp.job):
         print(line)
     return EXIT_OK
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    stubs = _Stubs(args)
+    stubs = Stubs(args)
     resp = stubs.admission.CancelJob(pb.CancelJobRequest(id=args.id), timeout=stubs.timeout)
     if args.json:
-        _dump(resp)
+        record = job_record(resp.job, stubs.times())
+        print_json({"job": record, "released_worker_slots": resp.released_worker_slots})
     else:
         print(f"{args.id}: cancelled; {resp.released_worker_slots} worker-slots released")
     return EXIT_OK
 
 
 def cmd_servers(args: argparse.Namespace) -> int:
-    stubs = _Stubs(args)
+    stubs = Stubs(args)
     resp = stubs.cluster.ListServers(pb.ListServersRequest(), timeout=stubs.timeout)
     if args.json:
-        _dump(resp)
+        print_json(plain(resp))
         return EXIT_OK
     resources = sorted({r for s in resp.servers for r in s.capacity})
     rows = []
@@ -307,7 +360,7 @@ def cmd_servers(args: argparse.Namespace) -> int:
         kind = "worker" if s.kind == pb.SERVER_KIND_WORKER else "ps"
         cells = [f"{s.used.get(r, 0):g}/{s.capacity.get(r, 0):g}" for r in resources]
         rows.append([s.name, kind, *cells])
-    print(f"slot {resp.current_slot}: used/capacity")
+    print(f"slot {slot_label(resp.current_slot, stubs.times())}: used/capacity")
     print(
         render_table(["server", "kind", *resources], rows, right=set(range(2, 2 + len(resources))))
     )
@@ -315,32 +368,33 @@ def cmd_servers(args: argparse.Namespace) -> int:
 
 
 def cmd_prices(args: argparse.Namespace) -> int:
-    stubs = _Stubs(args)
-    req = pb.GetPricesRequest(first_slot=args.first, slots=args.slots, server=args.server_name)
+    stubs = Stubs(args)
+    req = pb.GetPricesRequest(first_slot=args.first, slots=args.slots, server=args.node or "")
     resp = stubs.cluster.GetPrices(req, timeout=stubs.timeout)
     if args.json:
-        _dump(resp)
+        print_json(plain(resp))
         return EXIT_OK
     n = max((len(p.prices) for p in resp.prices), default=0)
     headers = ["server", "resource", *(str(resp.first_slot + i) for i in range(n))]
     rows = [[p.server, p.resource, *(f"{x:.3g}" for x in p.prices)] for p in resp.prices]
-    print("unit prices by slot")
+    times = stubs.times()
+    when = f"; slot {slot_label(resp.first_slot, times)}, {clock_caption(times)}" if times else ""
+    print(f"unit prices by slot{when}")
     print(render_table(headers, rows, right=set(range(2, 2 + n))))
     return EXIT_OK
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    stubs = _Stubs(args)
+    stubs = Stubs(args)
+    times = stubs.times()
     try:
         for event in stubs.admission.WatchEvents(pb.WatchEventsRequest(after_sequence=args.after)):
             if args.json:
-                print(
-                    json.dumps(MessageToDict(event, preserving_proto_field_name=True)), flush=True
-                )
+                print(json.dumps(event_record(event, times)), flush=True)
             else:
-                state = _STATE_OF.get(event.state, "")
-                print(f"#{event.sequence} slot {event.slot} {event.kind} {event.job_id} {state} "
-                      f"{event.detail}", flush=True)  # fmt: skip
+                state = state_name(event.state) if event.state else ""
+                print(f"#{event.sequence} slot {slot_label(event.slot, times)} {event.kind} "
+                      f"{event.job_id} {state} {event.detail}", flush=True)  # fmt: skip
     except KeyboardInterrupt:
         pass
     return EXIT_OK

@@ -6,10 +6,14 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pricing import SpecError, Trace, trace_from_dict
+from pricing.errors import Problem
+
+if TYPE_CHECKING:  # the client commands never read traces: no numpy at their start
+    from pricing.trace import Trace
 
 __all__ = [
     "EXIT_BAD_INPUT",
@@ -28,11 +32,22 @@ EXIT_BAD_INPUT = 2
 
 
 class InputError(Exception):
-    """Input the command cannot use; the message is shown as is."""
+    """Input the command cannot use; the message is shown as is.
+
+    Attributes:
+        problems: the bad fields, when the input is a job or a trace.
+    """
+
+    def __init__(self, message: str, problems: Iterable[Problem] = ()) -> None:
+        super().__init__(message)
+        self.problems = tuple(problems)
 
 
 def load_trace(path: str) -> Trace:
     """Read and validate a trace file (``-`` reads standard input)."""
+    from pricing.errors import SpecError
+    from pricing.trace import trace_from_dict
+
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     except OSError as err:
@@ -47,7 +62,7 @@ def load_trace(path: str) -> Trace:
         return trace_from_dict(data)
     except SpecError as err:
         lines = "\n".join(f"  {p}" for p in err.problems)
-        raise InputError(f"{path}: invalid trace:\n{lines}") from err
+        raise InputError(f"{path}: invalid trace:\n{lines}", err.problems) from err
 
 
 def int_at_least(low: int) -> Callable[[str], int]:

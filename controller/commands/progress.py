@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from controller.commands.client import _common, _dump, _Stubs, _wrap  # same options
+from controller.commands import SUMMARIES
 from controller.commands.common import EXIT_OK
+from controller.commands.connection import Stubs, guarded, options, print_json
+from controller.commands.records import plain, state_name
 from controller.rpc import oasis_pb2 as pb
 
 __all__ = ["register", "render"]
@@ -20,10 +22,10 @@ __all__ = ["register", "render"]
 
 def register(sub: Any) -> None:
     """Add the ``progress`` subcommand to ``sub`` (an argparse subparsers object)."""
-    help_ = "a job's reported progress and its runtime estimate with a credible interval"
-    p = sub.add_parser("progress", parents=[_common()], help=help_, description=help_)
+    help_ = SUMMARIES["progress"]
+    p = sub.add_parser("progress", parents=[options()], help=help_, description=help_)
     p.add_argument("id", help="job id")
-    p.set_defaults(func=_wrap(run))
+    p.set_defaults(func=guarded(run))
 
 
 def _interval(e: pb.Estimate, unit: str) -> str:
@@ -32,7 +34,7 @@ def _interval(e: pb.Estimate, unit: str) -> str:
 
 def render(p: pb.JobProgress) -> str:
     """The progress of one job as lines for people."""
-    state = pb.JobState.Name(p.state).removeprefix("JOB_STATE_").lower()
+    state = state_name(p.state)
     share = p.minibatches_done / p.minibatches_total if p.minibatches_total else 0.0
     lines = [
         f"{p.id}: {state}",
@@ -49,10 +51,10 @@ def render(p: pb.JobProgress) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    stubs = _Stubs(args)
+    stubs = Stubs(args)
     reply = stubs.admission.GetProgress(pb.GetProgressRequest(id=args.id), timeout=stubs.timeout)
     if args.json:
-        _dump(reply.progress)
+        print_json(plain(reply.progress))
     else:
         print(render(reply.progress))
     return EXIT_OK

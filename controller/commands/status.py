@@ -18,9 +18,12 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from controller.commands.client import _common, _Stubs, _wrap  # same connection options
+from controller.clock import SlotTimes
+from controller.commands import SUMMARIES
+from controller.commands.client import list_jobs
 from controller.commands.common import EXIT_OK, InputError, fmt
-from controller.convert import STATE_NAMES
+from controller.commands.connection import Stubs, guarded, options
+from controller.commands.records import clock_caption, local_time, slot_label, state_name
 from controller.rpc import oasis_pb2 as pb
 from controller.table import render_table
 
@@ -28,17 +31,16 @@ __all__ = ["register"]
 
 RAMP = ".:-=+*#%@"  # level 0 (nothing in use / the price floor) .. 8 (the most)
 _KIND = {pb.SERVER_KIND_WORKER: "worker", pb.SERVER_KIND_PS: "ps"}
-_STATE_OF = {v: k for k, v in STATE_NAMES.items()}
 _WHOLE_WINDOW = 1 << 20  # slots: the server clips it to the window
 
 
 def register(sub: Any) -> None:
     """Add the ``status`` subcommand to ``sub`` (an argparse subparsers object)."""
-    help_ = "one screen: cluster use, price heat by server, jobs in flight"
-    p = sub.add_parser("status", parents=[_common()], help=help_, description=help_)
+    help_ = SUMMARIES["status"]
+    p = sub.add_parser("status", parents=[options()], help=help_, description=help_)
     p.add_argument("--slots", type=int, default=12, help="slots to show from now (default 12)")
     p.add_argument("--limit", type=int, default=20, help="jobs in flight to list (default 20)")
-    p.set_defaults(func=_wrap(run))
+    p.set_defaults(func=guarded(run))
 
 
 @dataclass(frozen=True)
@@ -72,9 +74,10 @@ class Status:
     heat: list[ServerHeat]
     jobs_in_flight: dict[str, int]
     jobs: list[dict[str, Any]]
+    clock: SlotTimes | None = None
 
 
-def collect(stubs: _Stubs, server: str, slots: int) -> Status:
+def collect(stubs: Stubs, server: str, slots: int) -> Status:
     """Read everything shown from the daemon (one call per API)."""
     t = stubs.timeout
     servers = stubs.cluster.ListServers(pb.ListServersRequest(), timeout=t)
@@ -88,8 +91,8 @@ def collect(stubs: _Stubs, server: str, slots: int) -> Status:
             pb.GetPricesRequest(slots=_WHOLE_WINDOW, server=name), timeout=t
         ).prices
     ]
-    in_flight = [STATE_NAMES["running"], STATE_NAMES["admitted"]]
-    jobs = stubs.admission.ListJobs(pb.ListJobsRequest(states=in_flight), timeout=t).jobs
+    in_flight = [pb.JOB_STATE_RUNNING, pb.JOB_STATE_ADMITTED]
+    jobs = list_jobs(stubs, in_flight)
 
     floor: dict[str, float] = {}
     for row in (*prices.prices, *window):
@@ -107,7 +110,7 @@ def collect(stubs: _Stubs, server: str, slots: int) -> Status:
     ]
     shown = max((len(u.share) for u in use.use), default=0)
     order = {"running": 0, "admitted": 1}
-    listed = sorted(jobs, key=lambda j: (order[_STATE_OF[j.state]], j.sequence))
+    listed = sorted(jobs, key=lambda j: (order[state_name(j.state)], j.sequence))
     return Status(
         server=server,
         current_slot=servers.current_slot,
@@ -118,8 +121,9 @@ def collect(stubs: _Stubs, server: str, slots: int) -> Status:
         ],
         price_floor=floor,
         heat=heat,
-        jobs_in_flight={s: sum(_STATE_OF[j.state] == s for j in jobs) for s in order},
+        jobs_in_flight={s: sum(state_name(j.state) == s for j in jobs) for s in order},
         jobs=[_job(j) for j in listed],
+        clock=stubs.times(),
     )
 
 
@@ -135,7 +139,7 @@ def _job(j: pb.Job) -> dict[str, Any]:
     d = j.decision
     return {
         "id": j.spec.id,
-        "state": _STATE_OF[j.state],
+        "state": state_name(j.state),
         "arrival_slot": d.arrival_slot,
         "completion_slot": d.completion_slot if d.HasField("completion_slot") else None,
         "payoff": d.payoff if d.HasField("payoff") else None,
@@ -153,7 +157,12 @@ def render(st: Status, limit: int) -> str:
     """The screen, as text."""
     last = st.first_slot + st.slots - 1
     span = f"{st.first_slot}..{last}"
-    out = [f"oasis status: {st.server}, slot {st.current_slot}", ""]
+    times = st.clock
+    out = [f"oasis status: {st.server}, slot {slot_label(st.current_slot, times)}"]
+    if times is not None:
+        begins, ends = local_time(times.start(st.first_slot)), local_time(times.start(last + 1))
+        out.append(f"slots {span} run from {begins} to {ends}; {clock_caption(times)}")
+    out.append("")
 
     out.append(f"cluster use: share of capacity in use, slots {span} ({RAMP[0]} none, @ all)")
     rows = []
@@ -189,14 +198,16 @@ def render(st: Status, limit: int) -> str:
             [
                 j["id"],
                 j["state"],
-                str(j["arrival_slot"]),
-                "-" if j["completion_slot"] is None else str(j["completion_slot"]),
+                slot_label(j["arrival_slot"], times),
+                "-"
+                if j["completion_slot"] is None
+                else slot_label(j["completion_slot"], times, end=True),
                 fmt(j["payoff"]),
             ]
             for j in st.jobs[:limit]
         ]
-        headers = ["job", "state", "arrival", "completes", "payoff"]
-        out.append(render_table(headers, rows, right={2, 3, 4}))
+        headers = ["job", "state", "arrival (begins)", "completes (done by)", "payoff"]
+        out.append(render_table(headers, rows, right={4}))
         if len(st.jobs) > limit:
             out.append(f"... and {len(st.jobs) - limit} more (oasis jobs --state running)")
     return "\n".join(out)
@@ -207,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--slots: must be >= 1, got {args.slots}")
     if args.limit < 0:
         raise InputError(f"--limit: must be >= 0, got {args.limit}")
-    st = collect(_Stubs(args), args.server, args.slots)
+    st = collect(Stubs(args), args.server, args.slots)
     if args.json:
         print(json.dumps(asdict(st), indent=1))
     else:

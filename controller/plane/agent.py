@@ -7,7 +7,11 @@ plan whose epoch is lower than the one it follows. Once the last slot it has a p
 has ended (the next slot's start plus the plan's slot length) it runs nothing: that
 capacity may have been given to other jobs meanwhile; a new plan sets it going again.
 It sends heartbeats and cumulative progress per job (mini-batches done, worker-seconds
-spent).
+spent), at most :data:`~controller.plane.topics.MAX_REPORT_JOBS` jobs per message.
+
+It also reads the daemon's retained status: once the daemon says it is online and its
+cluster has no server of this agent's name, the agent stops with
+:class:`UnknownServerError` (a typo would otherwise wait forever for a plan).
 
 Work is either simulated -- each worker finishes a mini-batch every
 ``minibatch_seconds / speed`` seconds (``--speed 2``: twice as fast as planned) -- or
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import os
 import signal
 import time
@@ -33,13 +38,34 @@ import structlog
 
 from controller.plane.client import client_for
 from controller.plane.settings import MqttConfig
-from controller.plane.topics import Heartbeat, Plan, Progress, SlotPlan, TaskProgress, Topics
+from controller.plane.topics import (
+    MAX_REPORT_JOBS,
+    Heartbeat,
+    Plan,
+    Progress,
+    SlotPlan,
+    Status,
+    TaskProgress,
+    Topics,
+    topic_name,
+)
 from pricing.errors import SpecError
 
-__all__ = ["Agent", "TaskState"]
+__all__ = ["Agent", "TaskState", "UnknownServerError"]
 
 _STEP = 0.05  # seconds between simulation steps
 _BACKOFF_MAX = 5.0
+
+
+class UnknownServerError(Exception):
+    """The daemon is online and its cluster has no server of the agent's name."""
+
+    def __init__(self, server: str, known: list[str]) -> None:
+        close = difflib.get_close_matches(server, known, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        shown = ", ".join(sorted(known)[:20]) + (", ..." if len(known) > 20 else "")
+        super().__init__(f"server {server!r} is not in the daemon's cluster (known: {shown}){hint}")
+        self.server = server
 
 
 @dataclass
@@ -81,7 +107,7 @@ class Agent:
     ) -> None:
         if speed <= 0:
             raise ValueError(f"speed: must be > 0, got {speed}")
-        self.server = server
+        self.server = topic_name(server, "server")
         self.mqtt = mqtt
         self.topics = Topics(mqtt.topic_prefix)
         self.speed = speed
@@ -93,6 +119,7 @@ class Agent:
         self.tasks: dict[str, TaskState] = {}
         self.log = structlog.get_logger("oasis-agent").bind(server=server)
         self._reported: dict[str, tuple[float, float]] = {}
+        self._sent_at: dict[str, float] = {}  # job -> monotonic time its counts last went out
         self._ran_out = False  # the plan's last slot ended (logged once)
 
     # -- the plan -----------------------------------------------------------------------
@@ -179,15 +206,37 @@ class Agent:
 
     def progress(self, only_changed: bool = True) -> Progress | None:
         """The progress report to send (None if nothing changed since the last one)."""
+        reports = self.reports(only_changed)
+        return reports[0] if reports else None
+
+    def reports(self, only_changed: bool = True) -> list[Progress]:
+        """The progress to send, in messages of at most ``MAX_REPORT_JOBS`` jobs (the
+        daemon drops larger ones); ``[]`` if nothing changed since the last one."""
         jobs = []
         for job, s in self.tasks.items():
             now = (s.minibatches, s.worker_seconds)
             if only_changed and self._reported.get(job) == now:
                 continue
             jobs.append(TaskProgress(job, s.minibatches, s.worker_seconds))
-        if not jobs:
-            return None
-        return Progress(self.server, self.session, jobs)
+        return [
+            Progress(self.server, self.session, jobs[i : i + MAX_REPORT_JOBS])
+            for i in range(0, len(jobs), MAX_REPORT_JOBS)
+        ]
+
+    def resend_recent(self, now: float | None = None) -> None:
+        """After a reconnection: send again the counts of the jobs reported within the
+        last two slots (the broker may have lost them in flight). Older ones reached the
+        daemon long ago and no longer count there (a report counts only around the slots
+        its job ran in), so they are not sent again."""
+        now = time.monotonic() if now is None else now
+        horizon = 2 * (self.plan.slot_seconds if self.plan else 3600.0)
+        for job in [j for j, at in self._sent_at.items() if now - at < horizon]:
+            self._reported.pop(job, None)
+
+    def status(self, status: Status) -> None:
+        """The daemon's status: UnknownServerError if it is online without this server."""
+        if status.online and self.server not in status.servers:
+            raise UnknownServerError(self.server, status.servers)
 
     # -- the connection -----------------------------------------------------------------
 
@@ -201,7 +250,7 @@ class Agent:
                 try:
                     async with client:
                         delay = 0.2
-                        self._reported.clear()  # resend everything after a reconnection
+                        self.resend_recent()
                         await self._session(client)
                 except aiomqtt.MqttError as err:
                     self.log.info("broker unavailable", error=str(err), retry_in=delay)
@@ -227,6 +276,7 @@ class Agent:
 
     async def _session(self, client: aiomqtt.Client) -> None:
         await client.subscribe(self.topics.plan(self.server), qos=1)
+        await client.subscribe(self.topics.status, qos=1)
         self.log.info("connected", host=self.mqtt.host, port=self.mqtt.port)
         try:
             async with asyncio.TaskGroup() as group:
@@ -235,16 +285,22 @@ class Agent:
                 group.create_task(self._report(client))
         except* aiomqtt.MqttError as lost:  # one task saw the connection go: reconnect
             raise lost.exceptions[0] from None
+        except* UnknownServerError as unknown:
+            raise unknown.exceptions[0] from None
 
     async def _receive(self, client: aiomqtt.Client) -> None:
         async for message in client.messages:
             payload = message.payload
             if not isinstance(payload, bytes | bytearray | str):
                 continue
+            is_status = str(message.topic) == self.topics.status
             try:
-                self.accept(Plan.parse(payload))
+                if is_status:
+                    self.status(Status.parse(payload))
+                else:
+                    self.accept(Plan.parse(payload))
             except SpecError as err:
-                self.log.warning("bad plan", error=str(err))
+                self.log.warning("bad status" if is_status else "bad plan", error=str(err))
 
     async def _beat(self, client: aiomqtt.Client) -> None:
         while True:
@@ -262,12 +318,11 @@ class Agent:
     async def _report(self, client: aiomqtt.Client) -> None:
         while True:
             await asyncio.sleep(self.report_seconds)
-            report = self.progress()
-            if report is None:
-                continue
-            await client.publish(self.topics.progress(self.server), report.to_bytes(), qos=1)
-            for t in report.jobs:
-                self._reported[t.job] = (t.minibatches, t.worker_seconds)
+            for report in self.reports():
+                await client.publish(self.topics.progress(self.server), report.to_bytes(), qos=1)
+                for t in report.jobs:
+                    self._reported[t.job] = (t.minibatches, t.worker_seconds)
+                    self._sent_at[t.job] = time.monotonic()
 
 
 def _stop(proc: asyncio.subprocess.Process) -> None:

@@ -27,11 +27,20 @@ truth), in the same thread, so store, ledger and plans agree at every publicatio
 
 Heartbeats and progress arrive on the event loop (:mod:`controller.plane.link`), which
 only drops them in an inbox (:meth:`Execution.heartbeat`, :meth:`Execution.report`,
-guarded by a lock); the decision thread applies them at the start of each review, so
-everything else here is read and changed in that one thread alone. Progress is written
-to the store once per review and stays marked changed until a commit succeeds. Jobs that
-ended (completed, failed, cancelled) are forgotten once their progress is stored; a late
-report of one is merged with what the store holds rather than overwriting it.
+guarded by a lock; reports in a :class:`~controller.plane.intake.ReportInbox`, bounded
+per server); the decision thread applies them at the start of each review, so
+everything else here is read and changed in that one thread alone.
+
+A report's entry counts only if its job has workers on the reporting server (the one its
+topic names) in the slot the report arrived in, or the one before or after (a report
+sent across a boundary, a clock a little off): one store query per review finds them.
+Entries for any other job -- unknown, ended long ago, or another server's -- are
+dropped there, before they cost a store read each, and counted in one throttled warning.
+
+Progress is written to the store once per review and stays marked changed until a commit
+succeeds. Jobs that ended (completed, failed, cancelled) are forgotten once their progress
+is stored; a late report of one (still within a slot of its work) is merged with what the
+store holds rather than overwriting it.
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ import json
 import math
 import threading
 import time
-from collections import deque
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -48,16 +57,18 @@ from typing import Any
 
 import numpy as np
 import structlog
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
-from controller.admission import AdmissionController, NotFoundError
+from controller.errors import NotFoundError
 from controller.events import Event
+from controller.plane.intake import Complaints, Received, ReportInbox
+from controller.plane.port import AdmissionPort
 from controller.plane.settings import MqttConfig
 from controller.plane.topics import Heartbeat, Plan, Progress, SlotPlan, Task
-from controller.replay import allocations as allocation_entries
 from controller.store import (
     AllocationRow,
+    EventRow,
     JobRow,
     MetaRow,
     OutageRow,
@@ -67,7 +78,6 @@ from controller.store import (
 from pricing import ADMIT_THRESHOLD, Job, Ledger
 from pricing.replan import fail_server, release_rest, replan_remaining
 from pricing.runtime_estimate import Interval, RuntimePrior, fit
-from pricing.schedule import Schedule
 
 __all__ = ["ACTIVE", "Execution", "JobProgress", "ProgressView"]
 
@@ -77,9 +87,13 @@ _PLANE_KEY = "plane"
 _MAX_SAMPLES = 400
 _MIN_SAMPLES = 4
 _LEVEL = 0.9
-# reports held while the decision thread cannot take them (a store outage stops it); the
-# oldest go first: counts are cumulative, so the newest reports carry every total
+# job entries of reports held while the decision thread cannot take them (a store outage
+# stops it), over all servers; each server gets its share (controller/plane/intake.py)
 _MAX_INBOX = 100_000
+_MAX_INBOX_PER_SERVER = 1_000  # ... and at least this many
+_COMPLAIN_SECONDS = 10.0
+# the stored event kinds published on jobs/<id>/events (topics.event_kind)
+_JOB_EVENT_KINDS = ("decided", "running", "completed", "cancelled", "replanned", "failed")
 
 
 @dataclass
@@ -177,7 +191,7 @@ class Execution:
 
     def __init__(
         self,
-        controller: AdmissionController,
+        controller: AdmissionPort,
         mqtt: MqttConfig,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -203,7 +217,9 @@ class Execution:
         # the inbox: filled on the event loop, emptied in the decision thread (_drain)
         self._inbox_lock = threading.Lock()
         self._beats: dict[str, float] = {}  # server -> monotonic time of its latest beat
-        self._reports: deque[tuple[float, Progress]] = deque(maxlen=_MAX_INBOX)
+        per_server = max(_MAX_INBOX_PER_SERVER, _MAX_INBOX // max(1, len(self.server_index)))
+        self._reports = ReportInbox(per_server)
+        self._complain = Complaints(_COMPLAIN_SECONDS, monotonic)
         self.epoch = 0
         self.events_published = 0
 
@@ -253,25 +269,36 @@ class Execution:
                 self._beats[beat.server] = self.monotonic()
 
     def report(self, progress: Progress) -> None:
-        """Queue a progress report (timed now) for the decision thread."""
+        """Queue a progress report (timed now, in the current slot) for the decision
+        thread. ``progress.server`` must be the server whose topic it came on."""
         if progress.server in self.server_index:
-            with self._inbox_lock:
-                self._reports.append((self.monotonic(), progress))
+            received = Received(self.monotonic(), self.c.slots.current_slot(), progress)
+            self._reports.put(received)
 
     def _drain(self) -> float | None:
         """Apply what the inbox holds (decision thread); returns the time silence counts
         from (None: the broker connection is down)."""
         with self._inbox_lock:
             beats, self._beats = self._beats, {}
-            reports = list(self._reports)
-            self._reports.clear()
             watch_from = self.watch_from
         for server, at in beats.items():
             self._seen(server, at)
-        for at, progress in reports:
-            self._seen(progress.server, at)
+        reports = self._reports.take()
+        try:
+            planned = self._planned(reports)
+        except Exception:  # the store: nothing applied, so nothing lost
+            self._reports.put_back(reports)
+            raise
+        ignored: Counter[str] = Counter()
+        for received in reports:
+            progress = received.progress
+            self._seen(progress.server, received.at)
             key = f"{progress.server}/{progress.session}"
+            around = (received.slot - 1, received.slot, received.slot + 1)
             for task in progress.jobs:
+                if not any((task.job, progress.server, s) in planned for s in around):
+                    ignored[progress.server] += 1
+                    continue
                 prog = self.progress.get(task.job)
                 if prog is None:  # new, or ended and forgotten: the store may hold more
                     prog = self.progress[task.job] = JobProgress(partial=True)
@@ -280,7 +307,26 @@ class Execution:
                 del prog.samples[:-_MAX_SAMPLES]
                 prog.dirty = True
                 self.pending.add(task.job)
+        for server, entries in ignored.items():
+            self._complain(server, "unplanned", "report entries ignored: jobs not planned on "
+                           "this server now", entries=entries)  # fmt: skip
         return watch_from
+
+    def _planned(self, reports: list[Received]) -> set[tuple[str, str, int]]:
+        """``(job, server, slot)`` with workers, for the servers of ``reports`` and the
+        slots around their arrival: what their entries may count for (one query)."""
+        if not reports:
+            return set()
+        servers = {r.progress.server for r in reports}
+        lo = min(r.slot for r in reports) - 1
+        hi = max(r.slot for r in reports) + 1
+        with self.c.db.session() as session:
+            rows = session.execute(
+                select(AllocationRow.job_id, AllocationRow.server, AllocationRow.slot).where(
+                    AllocationRow.slot >= lo, AllocationRow.slot <= hi,
+                    AllocationRow.server.in_(servers), AllocationRow.workers > 0)
+            ).all()  # fmt: skip
+        return {(r.job_id, r.server, int(r.slot)) for r in rows}
 
     def _seen(self, server: str, at: float) -> None:
         # a beat and a report drained together may come in either order
@@ -386,23 +432,6 @@ class Execution:
     def _last_slot(self, job: Job) -> int:
         return job.arrival + self.c.window - 1
 
-    def _write_schedule(
-        self, session: Session, job: Job, row: JobRow, schedule: Schedule, from_slot: int
-    ) -> None:
-        """Store ``schedule``'s slots from ``from_slot`` on as the job's allocations."""
-        session.execute(delete(AllocationRow).where(
-            AllocationRow.job_id == job.id, AllocationRow.slot >= from_slot))  # fmt: skip
-        future = schedule.after(from_slot)
-        if future.slots and (future.workers.any() or future.ps.any()):
-            entries = allocation_entries(future, self.c.cluster)
-            session.execute(insert(AllocationRow), self.c._allocation_rows(job.id, entries))
-        if schedule.slots and schedule.workers.any():
-            if row.state == "admitted":
-                row.start_slot = schedule.start + int(np.flatnonzero(schedule.worker_counts())[0])
-            row.completion_slot = schedule.end
-            row.jct = schedule.end - job.arrival + 1
-            row.utility = float(job.utility.values(row.jct))
-
     def _guarded(self, change: Callable[[], list[Event]]) -> list[Event]:
         """Run ``change`` (which changes the ledger, then commits); if the commit fails,
         rebuild the ledger from the store so the two never disagree."""
@@ -445,25 +474,13 @@ class Execution:
                                       detected_at=now))  # fmt: skip
                 moved = [*outcome.replaced, *outcome.replanned, *outcome.stranded]
                 for j in moved:
-                    row = session.get(JobRow, j)
-                    assert row is not None
-                    self._write_schedule(session, jobs[j], row, ledger.schedule(j), from_slot)
                     how = ("replaced" if j in outcome.replaced else
                            "replanned" if j in outcome.replanned else "stranded")  # fmt: skip
-                    detail: dict[str, Any] = {"reason": "server_failed", "server": server,
-                                              "how": how, "from_slot": from_slot}  # fmt: skip
-                    if how == "stranded":
-                        row.state = "failed"
-                        kept = ledger.schedule(j) if j in ledger else None
-                        row.completion_slot = kept.end if kept and kept.workers.any() else None
-                        events.append(self.c._event(session, now, "failed", j, "failed", detail))
-                    else:
-                        best = outcome.replanned.get(j)
-                        if best is not None:
-                            detail["payoff"] = best.payoff
-                        events.append(
-                            self.c._event(session, now, "replanned", j, row.state, detail)
-                        )
+                    detail: dict[str, Any] = {"reason": "server_failed", "server": server}
+                    best = outcome.replanned.get(j)
+                    events.append(
+                        self.c._record_move(session, now, jobs[j], how, from_slot, detail, best)
+                    )
                 events.append(self.c._event(session, now, "server_failed", "", "",
                                             {"server": server, "from_slot": from_slot,
                                              "jobs": moved}))  # fmt: skip
@@ -539,7 +556,7 @@ class Execution:
             with self.c.db.session() as session:
                 row = session.get(JobRow, job_id)
                 assert row is not None
-                self._write_schedule(session, job, row, whole, s + 1)
+                self.c._write_schedule(session, job, row, whole, s + 1)
                 detail["completion_slot"] = row.completion_slot
                 event = self.c._event(session, now, "replanned", job_id, row.state, detail)
             self.log.info("slow job re-planned", job=job_id, **detail)
@@ -660,6 +677,27 @@ class Execution:
         stmt = update(MetaRow).where(MetaRow.key == _PLANE_KEY).values(value=value)
         if session.connection().execute(stmt).rowcount == 0:
             session.add(MetaRow(key=_PLANE_KEY, value=value))
+
+    def latest_job_events_sync(self, upto: int) -> list[int]:
+        """The sequence of every job's latest published event up to ``upto``, ascending:
+        the retained job events a broker that lost its state should hold again. Reads the
+        store only (any thread)."""
+        with self.c.db.session() as session:
+            latest = (
+                select(func.max(EventRow.sequence))
+                .where(EventRow.sequence <= upto, EventRow.job_id != "",
+                       EventRow.kind.in_(_JOB_EVENT_KINDS))
+                .group_by(EventRow.job_id)
+            )  # fmt: skip
+            return sorted(int(s) for s in session.scalars(latest))
+
+    def events_sync(self, sequences: list[int]) -> list[Event]:
+        """The stored events of ``sequences``, in order. Reads the store only (any thread)."""
+        with self.c.db.session() as session:
+            rows = session.scalars(
+                select(EventRow).where(EventRow.sequence.in_(sequences)).order_by(EventRow.sequence)
+            )
+            return [Event(r.sequence, r.kind, r.job_id, r.slot, r.state, r.detail) for r in rows]
 
     def events_published_to(self, sequence: int) -> None:
         """Remember (in the store) that job events up to ``sequence`` were published."""

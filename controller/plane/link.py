@@ -6,31 +6,43 @@ every server's plan and the job events not yet published. Meanwhile the daemon k
 deciding: the store is the source of truth, and what the broker missed is sent when it
 is back. Plans are published (retained, QoS 1) whenever the store changes (an event on
 the controller's bus) or a slot begins, only for servers whose plan changed.
+
+A broker may come back without its retained messages (no persistence, or a new one), so
+on every connection the plans of all servers and the latest event of every job are
+published again (:meth:`Plane.restore_job_events`). The link survives what one message
+can do: an event it cannot publish (an id that cannot name a topic) is logged and
+skipped and the event counter moves on; an agent's message that is too large, does not
+parse or names another server than its topic is logged (at most once per
+:data:`_COMPLAIN_SECONDS` per server and reason) and dropped. On a clean stop it
+publishes ``online: false`` before it disconnects (the will covers only a vanished one).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import aiomqtt
 import structlog
 
-from controller.admission import AdmissionController, DrainingError
+from controller.errors import DrainingError
+from controller.events import Event
 from controller.plane.client import client_for
 from controller.plane.execution import Execution
+from controller.plane.intake import Complaints
+from controller.plane.port import AdmissionPort
 from controller.plane.settings import MqttConfig
 from controller.plane.topics import (
-    VERSION,
     Heartbeat,
     JobEvent,
     Plan,
     Progress,
+    Status,
     Topics,
     event_kind,
+    topic_name,
 )
 from pricing.errors import SpecError
 
@@ -38,6 +50,9 @@ __all__ = ["Plane", "start_plane"]
 
 _BACKOFF_FIRST = 0.2
 _BACKOFF_MAX = 10.0
+_COMPLAIN_SECONDS = 10.0  # the same complaint about one server, at most this often
+_RESTORE_BATCH = 1000  # job events read and published at a time when restoring
+_GOODBYE_SECONDS = 2.0  # at most this long for "online: false" at a clean stop
 
 
 class Plane:
@@ -52,7 +67,7 @@ class Plane:
 
     def __init__(
         self,
-        controller: AdmissionController,
+        controller: AdmissionPort,
         execution: Execution,
         mqtt: MqttConfig,
         broker_up: Callable[[bool], None] | None = None,
@@ -67,6 +82,8 @@ class Plane:
         self.dirty = asyncio.Event()
         self.connected = False
         self._slot = -1
+        self._restore = False  # the latest event of every job is still to be republished
+        self._complain = Complaints(_COMPLAIN_SECONDS)
 
     # -- the daemon's hooks --------------------------------------------------------------
 
@@ -96,13 +113,17 @@ class Plane:
         last_error = ""
         try:
             while True:
-                offline = json.dumps({"version": VERSION, "online": False})
+                offline = Status(online=False).to_bytes()
                 will = aiomqtt.Will(self.topics.status, offline, qos=1, retain=True)
                 client = client_for(self.mqtt, f"oasisd-{uuid.uuid4().hex[:12]}", will)
                 try:
                     async with client:
                         delay, last_error = _BACKOFF_FIRST, ""
-                        await self._session(client)
+                        try:
+                            await self._session(client)
+                        except asyncio.CancelledError:  # a clean stop: say so, retained
+                            await self._goodbye(client, offline)
+                            raise
                 except aiomqtt.MqttError as err:
                     if self.connected:
                         self.log.warning("broker connection lost", error=str(err))
@@ -120,6 +141,15 @@ class Plane:
                 delay = min(delay * 2, _BACKOFF_MAX)
         finally:
             watcher.cancel()
+
+    async def _goodbye(self, client: aiomqtt.Client, offline: bytes) -> None:
+        """Publish ``online: false`` (retained) and wait for the broker's ack, briefly."""
+        try:
+            async with asyncio.timeout(_GOODBYE_SECONDS):
+                await client.publish(self.topics.status, offline, qos=1, retain=True)
+            self.log.info("broker told: offline")
+        except (TimeoutError, aiomqtt.MqttError) as err:
+            self.log.warning("could not publish the offline status", error=str(err))
 
     def _set_connected(self, up: bool) -> None:
         if up == self.connected:
@@ -143,9 +173,10 @@ class Plane:
     async def _session(self, client: aiomqtt.Client) -> None:
         await client.subscribe(self.topics.all_heartbeats, qos=0)
         await client.subscribe(self.topics.all_progress, qos=1)
-        online = json.dumps({"version": VERSION, "online": True})
-        await client.publish(self.topics.status, online, qos=1, retain=True)
+        online = Status(online=True, servers=list(self.execution.server_index))
+        await client.publish(self.topics.status, online.to_bytes(), qos=1, retain=True)
         self.published = {}  # the broker may have lost its retained plans: send them all
+        self._restore = True  # ... and its retained job events
         self._set_connected(True)
         self.log.info("broker connected", host=self.mqtt.host, port=self.mqtt.port)
         self.dirty.set()
@@ -159,16 +190,38 @@ class Plane:
     async def _receive(self, client: aiomqtt.Client) -> None:
         async for message in client.messages:
             topic = str(message.topic)
-            payload = message.payload
-            if not isinstance(payload, bytes | bytearray | str):
-                continue
-            try:  # only queued here: the decision thread applies them (Execution._drain)
-                if topic.endswith("/heartbeat"):
-                    self.execution.heartbeat(Heartbeat.parse(payload))
-                elif topic.endswith("/progress"):
-                    self.execution.report(Progress.parse(payload))
-            except SpecError as err:
-                self.log.warning("bad message from an agent", topic=topic, error=str(err))
+            try:
+                self.take(topic, message.payload)
+            except Exception as err:  # a bug: this message is lost, never the link
+                self._complain("?", "bug", "message not handled", topic=topic[:200],
+                               error=repr(err)[:200])  # fmt: skip
+
+    def take(self, topic: str, payload: object) -> bool:
+        """Queue an agent's message for the decision thread (Execution._drain); True if
+        queued. The sender is the server named by the topic: a payload naming another
+        server, one over the size limit or one that does not parse is logged and dropped."""
+        found = self.topics.agent_of(topic)
+        if found is None or found[0] not in self.execution.server_index:
+            self._complain("?", "unknown", "message on no known server's topic", topic=topic[:200])
+            return False
+        server, what = found
+        if not isinstance(payload, bytes | bytearray | str):
+            return False
+        try:
+            parsed = Heartbeat.parse(payload) if what == "heartbeat" else Progress.parse(payload)
+        except SpecError as err:
+            self._complain(server, "bad", "bad message from an agent", topic=topic,
+                           error=str(err)[:300])  # fmt: skip
+            return False
+        if parsed.server != server:
+            self._complain(server, "forged", "message names another server than its topic",
+                           topic=topic, named=parsed.server[:200])  # fmt: skip
+            return False
+        if isinstance(parsed, Heartbeat):
+            self.execution.heartbeat(parsed)
+        else:
+            self.execution.report(parsed)
+        return True
 
     async def _publish_loop(self, client: aiomqtt.Client) -> None:
         while True:
@@ -188,16 +241,11 @@ class Plane:
         )  # fmt: skip
         for plan in plans:
             self.published[plan.server] = plan
+        if self._restore:
+            await self.restore_job_events(client)
+            self._restore = False
         events = await self.c.stored_events(self.execution.events_published)
-        out = []
-        for e in events:
-            kind = event_kind(e.kind, e.state)
-            if kind is None or not e.job_id:
-                continue
-            message = JobEvent(e.sequence, kind, e.job_id, e.slot, e.state, e.detail)
-            out.append(client.publish(self.topics.job_events(e.job_id), message.to_bytes(),
-                                      qos=1, retain=True))  # fmt: skip
-        await asyncio.gather(*out)
+        await self._publish_events(client, events)
         if events:
             last = events[-1].sequence
             await self.c._run(lambda: self.execution.events_published_to(last))
@@ -206,9 +254,49 @@ class Plane:
                           slot=plans[0].current.slot)  # fmt: skip
         return len(plans)
 
+    async def restore_job_events(self, client: aiomqtt.Client) -> int:
+        """Publish again the latest event of every job up to the event counter (retained):
+        what a broker that lost its state no longer holds. Returns how many."""
+        upto = self.execution.events_published
+        sequences = await asyncio.to_thread(self.execution.latest_job_events_sync, upto)
+        for i in range(0, len(sequences), _RESTORE_BATCH):
+            part = sequences[i : i + _RESTORE_BATCH]
+            events = await asyncio.to_thread(self.execution.events_sync, part)
+            await self._publish_events(client, events)
+        if sequences:
+            self.log.info("job events restored", jobs=len(sequences), upto=upto)
+        return len(sequences)
+
+    async def _publish_events(self, client: aiomqtt.Client, events: Sequence[Event]) -> None:
+        """Publish job events (retained, QoS 1); one that cannot be published is logged
+        and skipped, never retried: the counter moves past it."""
+        out = []
+        for e in events:
+            kind = event_kind(e.kind, e.state)
+            if kind is None or not e.job_id:
+                continue
+            try:
+                topic = self.topics.job_events(topic_name(e.job_id, "job id"))
+            except ValueError as err:
+                self._complain("?", "event", "job event not published", sequence=e.sequence,
+                               error=str(err))  # fmt: skip
+                continue
+            message = JobEvent(e.sequence, kind, e.job_id, e.slot, e.state, e.detail)
+            out.append(self._publish_one(client, topic, message))
+        await asyncio.gather(*out)
+
+    async def _publish_one(self, client: aiomqtt.Client, topic: str, message: JobEvent) -> None:
+        try:
+            await client.publish(topic, message.to_bytes(), qos=1, retain=True)
+        except aiomqtt.MqttError:
+            raise  # the connection: reconnect, and publish it then
+        except Exception as err:  # paho refuses this message, or it cannot be encoded: skip it
+            self._complain("?", "event", "job event not published", sequence=message.sequence,
+                           error=str(err)[:200])  # fmt: skip
+
 
 async def start_plane(
-    controller: AdmissionController,
+    controller: AdmissionPort,
     mqtt: MqttConfig,
     broker_up: Callable[[bool], None] | None = None,
 ) -> Plane:

@@ -19,16 +19,24 @@ the daemon can only log "broker unavailable" and retry.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import SplitResult, unquote, urlsplit
 
+from controller.plane.topics import topic_name
 from pricing import fields
 from pricing.errors import SpecError
 
-__all__ = ["MqttConfig", "check_tls_ca", "check_topic_prefix", "mqtt_from_dict", "override"]
+__all__ = [
+    "MqttConfig",
+    "check_server_names",
+    "check_tls_ca",
+    "check_topic_prefix",
+    "mqtt_from_dict",
+    "override",
+]
 
 _KEYS = {"url", "host", "port", "username", "password", "tls_ca", "topic_prefix",
          "heartbeat_timeout", "heartbeat_seconds"}  # fmt: skip
@@ -72,6 +80,16 @@ def check_topic_prefix(value: Any, field_name: str = "mqtt.topic_prefix") -> str
             field_name, f"must be a non-empty topic without wildcards, got {prefix!r}"
         )
     return prefix
+
+
+def check_server_names(names: Iterable[str], field_name: str = "cluster.servers") -> None:
+    """SpecError naming ``field_name`` unless every server name can be one topic level
+    (``servers/<name>/plan``, ``agents/<name>/...``): checked with ``[mqtt]`` only."""
+    for name in names:
+        try:
+            topic_name(name, "server name")
+        except ValueError as err:
+            raise SpecError.one(field_name, str(err)) from None
 
 
 def check_tls_ca(value: Any, field_name: str = "mqtt.tls_ca") -> str:

@@ -7,7 +7,7 @@ topic                           from       QoS/ret.  payload
 ==============================  =========  ========  ======================================
 ``servers/<server>/plan``       daemon     1, yes    :class:`Plan`: this and the next slot
 ``jobs/<job>/events``           daemon     1, yes    :class:`JobEvent`: the latest event
-``daemon/status``               daemon     1, yes    ``{"version": 1, "online": bool}``
+``daemon/status``               daemon     1, yes    :class:`Status`: online, known servers
 ``agents/<server>/heartbeat``   agent      0, no     :class:`Heartbeat`
 ``agents/<server>/progress``    agent      1, no     :class:`Progress`
 ==============================  =========  ========  ======================================
@@ -16,12 +16,40 @@ Every payload is a JSON object with ``"version": 1``. A plan carries an ``epoch`
 grows with every plan the daemon issues, across restarts (it is kept in the store): an
 agent ignores a plan whose epoch is lower than one it has followed. Progress counts are
 cumulative per agent *session* (a random id per agent process), so a report repeated or
-lost changes nothing, and a restarted agent does not undo what its predecessor did.
+lost changes nothing, and a restarted agent does not undo what its predecessor did. On
+every connection the daemon publishes every plan and every job's latest event again (a
+broker restarted without persistence has lost them); consumers dedupe events on
+``sequence``. An agent subscribes to its plan and to the status.
+
+Names in topics. A job id or server name is one topic level: 1-128 characters of
+``A-Z a-z 0-9 . _ -`` (:data:`NAME_PATTERN`), so it can hold no ``/``, no wildcard
+``+``/``#`` and no NUL (which makes Mosquitto drop the connection). Job ids are checked
+at submission (:func:`controller.limits.check_job_id`), server names when a config with
+``[mqtt]`` is loaded, an agent's at its start; :func:`topic_name` checks one, and the
+daemon logs and skips an event it cannot publish (a job stored before the check).
+
+Who says what. The daemon takes an agent's identity from the topic it published on, never
+from the payload: a heartbeat or report whose ``server`` differs from its topic is dropped.
+A report counts only for jobs that have workers on that server in the slot it arrived in
+(or the one before or after, for reports sent across a boundary). That the topic is the
+agent's own is the broker's to enforce: ``config/mosquitto.acl`` confines each agent's
+user (its server's name) to its own topics.
+
+Untrusted bytes. An agent's payload over :data:`MAX_AGENT_PAYLOAD_BYTES` is dropped
+unread, and a report may name at most :data:`MAX_REPORT_JOBS` jobs (the reference agent
+splits larger ones); any payload that does not parse (bad UTF-8, bad JSON, JSON nested
+too deep for the parser) is a :class:`~pricing.errors.SpecError`, logged and skipped.
+
+The status. ``{"version": 1, "online": true, "servers": [...]}`` while the daemon is
+connected (``servers``: every server of its cluster, so an agent for another name can
+stop with an error); ``{"version": 1, "online": false}`` after a clean stop, and as the
+connection's will, which the broker publishes if the daemon vanishes.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -30,20 +58,51 @@ from pricing import fields
 from pricing.errors import SpecError
 
 __all__ = [
+    "MAX_AGENT_PAYLOAD_BYTES",
+    "MAX_PLAN_PAYLOAD_BYTES",
+    "MAX_REPORT_JOBS",
+    "NAME_PATTERN",
     "VERSION",
     "Heartbeat",
     "JobEvent",
     "Plan",
     "Progress",
     "SlotPlan",
+    "Status",
     "Task",
     "TaskProgress",
     "Topics",
     "decode",
     "event_kind",
+    "topic_name",
 ]
 
 VERSION = 1
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,128}")
+"""A job id or server name that can be one topic level (``fullmatch``)."""
+
+MAX_AGENT_PAYLOAD_BYTES = 256 * 1024
+"""The largest heartbeat or progress payload the daemon reads; larger ones are dropped
+unread. A report of :data:`MAX_REPORT_JOBS` entries with 128-character ids is ~210 KB."""
+
+MAX_REPORT_JOBS = 1000
+"""The most jobs one progress report may name (a server runs far fewer at once)."""
+
+MAX_PLAN_PAYLOAD_BYTES = 16 * 1024 * 1024
+"""The largest plan an agent reads."""
+
+
+def topic_name(name: str, what: str) -> str:
+    """``name`` if it can be one topic level (:data:`NAME_PATTERN`); ValueError naming
+    ``what`` otherwise."""
+    if not NAME_PATTERN.fullmatch(name):
+        shown = name if len(name) <= 40 else f"{name[:40]}..."
+        raise ValueError(
+            f"{what} {shown!r} cannot name an MQTT topic: it must be 1-128 characters of "
+            "A-Z a-z 0-9 . _ -"
+        )
+    return name
 
 
 @dataclass(frozen=True)
@@ -60,6 +119,7 @@ class Topics:
         return f"{self.root}/servers/{server}/plan"
 
     def job_events(self, job_id: str) -> str:
+        """Also a filter: ``job_events("+")``; check an id with :func:`topic_name` first."""
         return f"{self.root}/jobs/{job_id}/events"
 
     @property
@@ -71,6 +131,17 @@ class Topics:
 
     def progress(self, server: str) -> str:
         return f"{self.root}/agents/{server}/progress"
+
+    def agent_of(self, topic: str) -> tuple[str, str] | None:
+        """``(server, "heartbeat" | "progress")`` of an agent's topic; None for any other
+        topic. The server is the topic's, whatever the payload says."""
+        head = f"{self.root}/agents/"
+        if not topic.startswith(head):
+            return None
+        server, _, what = topic[len(head) :].partition("/")
+        if what not in ("heartbeat", "progress") or not NAME_PATTERN.fullmatch(server):
+            return None
+        return server, what
 
     @property
     def all_plans(self) -> str:
@@ -89,12 +160,21 @@ def _dump(obj: Any) -> bytes:
     return json.dumps({"version": VERSION, **asdict(obj)}, separators=(",", ":")).encode()
 
 
-def decode(payload: bytes | bytearray | str, what: str) -> Mapping[str, Any]:
-    """Parse a payload as a version-1 JSON object; SpecError naming ``what`` if not."""
+def decode(
+    payload: bytes | bytearray | str, what: str, max_bytes: int = MAX_AGENT_PAYLOAD_BYTES
+) -> Mapping[str, Any]:
+    """Parse a payload as a version-1 JSON object; SpecError naming ``what`` if not, or if
+    it is over ``max_bytes`` (then unread). Every failure of the parser on untrusted bytes
+    is a SpecError: bad UTF-8 and bad JSON (ValueError), and JSON nested deeper than the
+    parser's recursion limit (RecursionError)."""
+    if len(payload) > max_bytes:
+        raise SpecError.one(what, f"{len(payload)} bytes, over the limit of {max_bytes}")
     try:
         data = json.loads(payload)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise SpecError.one(what, f"not JSON: {err}") from None
+    except ValueError as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise SpecError.one(what, f"not JSON: {str(err)[:200]}") from None
+    except RecursionError:
+        raise SpecError.one(what, "not JSON the parser can read: nested too deep") from None
     obj = fields.mapping(data, what)
     if obj.get("version") != VERSION:
         raise SpecError.one(f"{what}.version", f"must be {VERSION}, got {obj.get('version')!r}")
@@ -205,7 +285,7 @@ class Plan:
 
     @classmethod
     def parse(cls, payload: bytes | bytearray | str) -> Plan:
-        obj = decode(payload, "plan")
+        obj = decode(payload, "plan", MAX_PLAN_PAYLOAD_BYTES)
         return cls(
             server=fields.text(fields.require(obj, "server", "plan"), "plan.server"),
             kind=fields.text(fields.require(obj, "kind", "plan"), "plan.kind"),
@@ -287,6 +367,10 @@ class Progress:
         raw_jobs = fields.require(obj, "jobs", "progress")
         if not isinstance(raw_jobs, list):
             raise SpecError.one("progress.jobs", "must be a list")
+        if len(raw_jobs) > MAX_REPORT_JOBS:
+            raise SpecError.one(
+                "progress.jobs", f"{len(raw_jobs)} entries, over the limit of {MAX_REPORT_JOBS}"
+            )
         jobs = []
         for i, j in enumerate(raw_jobs):
             w = f"progress.jobs[{i}]"
@@ -310,13 +394,44 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class Status:
+    """The daemon's retained status.
+
+    Attributes:
+        online: connected (False: stopped cleanly, or vanished: the connection's will).
+        servers: every server of its cluster while online; empty when offline.
+    """
+
+    online: bool
+    servers: list[str] = field(default_factory=list)
+
+    def to_bytes(self) -> bytes:
+        body: dict[str, Any] = {"version": VERSION, "online": self.online}
+        if self.online:
+            body["servers"] = self.servers
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    @classmethod
+    def parse(cls, payload: bytes | bytearray | str) -> Status:
+        obj = decode(payload, "status", MAX_PLAN_PAYLOAD_BYTES)
+        online = obj.get("online")
+        if not isinstance(online, bool):
+            raise SpecError.one("status.online", "must be true or false")
+        raw = obj.get("servers", [])
+        if not isinstance(raw, list) or not all(isinstance(s, str) for s in raw):
+            raise SpecError.one("status.servers", "must be a list of names")
+        return cls(online, list(raw))
+
+
+@dataclass(frozen=True)
 class JobEvent:
     """A job's event as published (the store's event log entry).
 
     Attributes:
         sequence: the event's place in the daemon's log (consumers dedupe on it).
-        kind: ``admitted``, ``rejected``, ``started``, ``replanned``, ``completed``,
-            ``cancelled`` or ``failed``.
+        kind: ``admitted``, ``rejected``, ``pending`` (not admitted yet; decided again at
+            each slot boundary), ``expired`` (was pending), ``started``, ``replanned``,
+            ``completed``, ``cancelled`` or ``failed``.
         job: the job id.
         slot: the slot it happened in.
         state: the job's state after it.
@@ -335,11 +450,12 @@ class JobEvent:
 
 
 _KINDS = {"running": "started", "completed": "completed", "cancelled": "cancelled",
-          "replanned": "replanned", "failed": "failed"}  # fmt: skip
+          "replanned": "replanned", "failed": "failed", "expired": "expired"}  # fmt: skip
+_DECIDED = {"admitted": "admitted", "pending": "pending"}
 
 
 def event_kind(kind: str, state: str) -> str | None:
     """The published kind of a stored event (None: not a job event)."""
     if kind == "decided":
-        return "admitted" if state == "admitted" else "rejected"
+        return _DECIDED.get(state, "rejected")
     return _KINDS.get(kind)

@@ -1,24 +1,61 @@
-"""Engines, sessions and schema migration for the store (SQLite or PostgreSQL)."""
+"""Engines, sessions and schema migration for the store (SQLite or PostgreSQL).
+
+No call waits on PostgreSQL for ever. With ``timeout`` seconds (``daemon.store_timeout``):
+
+- connecting gives up after ``timeout`` (libpq ``connect_timeout``), and so does waiting
+  for a free connection of the pool;
+- the server cancels a statement that runs, or waits for a lock, longer than ``timeout``
+  (``statement_timeout``, ``lock_timeout``);
+- a server that does not answer at all (its processes stopped, a host gone) cannot enforce
+  those, so the client also gives up on any round trip that takes ``timeout + 1`` seconds
+  and closes that connection (:class:`_BoundedConnection`); TCP keepalives find a peer
+  that vanished while the connection was idle;
+- after a failure that says the server is out of reach (no SQLSTATE: the connection broke
+  or could not be made), calls fail at once for :data:`RETRY_SECONDS` instead of each
+  waiting out its own timeout; then one tries again. :meth:`Database.ping` always tries.
+
+Each becomes :class:`StoreUnavailableError` (gRPC ``UNAVAILABLE``). Migrations and the
+ledger's rebuild at start-up may take longer on a large store: they run under
+:meth:`Database.patient`.
+"""
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event, make_url, text
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
-__all__ = ["Database", "StoreUnavailableError", "migrate"]
+__all__ = ["DEFAULT_TIMEOUT", "RETRY_SECONDS", "Database", "StoreUnavailableError", "migrate"]
 
 MIGRATIONS = Path(__file__).resolve().parent.parent.parent / "migrations"
 _PG_LOCK = 0x6F61_7369  # "oasi": the advisory lock held while migrating
+DEFAULT_TIMEOUT = 3.0
+"""Seconds any one store operation may take (``daemon.store_timeout``)."""
+RETRY_SECONDS = 1.0
+"""After PostgreSQL was found out of reach, calls fail at once for this long."""
+_CLIENT_MARGIN = 1.0  # the server's own timeouts fire first while it runs
+# keepalive probes after 30 s idle, every 10 s, 3 unanswered: a vanished peer in ~60 s
+_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+               "keepalives_count": 3}  # fmt: skip
+# psycopg's own "wait timed out" (private, an OperationalError), raised by Connection.wait
+_WAIT_TIMEOUT: type[Exception] = psycopg.errors._WaitTimeout
+# seconds a round trip may take where :meth:`Database.patient` says so (None: the default)
+_patience: ContextVar[float | None] = ContextVar("store_patience", default=None)
 
 
 class StoreUnavailableError(Exception):
@@ -39,38 +76,86 @@ class Database:
 
     Args:
         url: a SQLAlchemy URL (``sqlite:///path`` or ``postgresql+psycopg://...``).
+        timeout: seconds one operation on PostgreSQL may take (the module docstring);
+            SQLite waits up to 5 s for its write lock.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.url = url
+        self.timeout = timeout
+        self._down = ""  # why PostgreSQL was last found out of reach; "" if it was not
+        self._retry_at = 0.0  # time.monotonic() before which calls fail at once
         kwargs: dict[str, Any] = {}
-        if url.startswith("postgresql"):
-            kwargs.update(pool_pre_ping=True, pool_size=5, max_overflow=5)
+        parsed = make_url(url)
+        if parsed.get_backend_name() == "postgresql":
+            kwargs.update(pool_pre_ping=True, pool_size=5, max_overflow=5, pool_timeout=timeout,
+                          connect_args=_pg_connect_args(parsed, timeout))  # fmt: skip
         self.engine: Engine = create_engine(url, **kwargs)
+        self.fail_fast = self.engine.dialect.name == "postgresql"
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
+        elif self.engine.dialect.driver == "psycopg":
+            event.listen(self.engine, "do_connect", _bounded_connect(timeout + _CLIENT_MARGIN))
+            event.listen(self.engine, "begin", _patient_statements)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     @contextmanager
     def session(self) -> Iterator[Session]:
         """A session in a transaction, committed on success; database outages become
         StoreUnavailableError."""
+        if self._down and time.monotonic() < self._retry_at:
+            raise StoreUnavailableError(f"{self._down} (retrying)")
         try:
             with self._sessions.begin() as session:
                 yield session
+            self._down = ""
         except DBAPIError as err:
             if err.connection_invalidated or _is_transient(err):
-                raise StoreUnavailableError(str(err.orig).strip().splitlines()[0]) from err
+                reason = _first_line(err)
+                if _out_of_reach(err):
+                    self._mark_down(reason)
+                raise StoreUnavailableError(reason) from err
             raise
+        except sa_exc.TimeoutError as err:  # every pooled connection busy for `timeout`
+            raise StoreUnavailableError(
+                f"no store connection free within {self.timeout:g} s"
+            ) from err
 
     def ping(self) -> bool:
-        """True if the database answers a trivial query."""
+        """True if the database answers a trivial query (always tried, even while calls
+        fail at once); the answer also ends or starts that fast failing."""
         try:
             with self.engine.connect() as conn:
                 conn.execute(text("SELECT 1"))
-            return True
-        except DBAPIError:
+        except DBAPIError as err:
+            self._mark_down(_first_line(err))
             return False
+        except sa_exc.TimeoutError:
+            self._mark_down(f"no store connection free within {self.timeout:g} s")
+            return False
+        self._down = ""
+        return True
+
+    @property
+    def down_reason(self) -> str:
+        """Why PostgreSQL was last found out of reach; "" if its last answer was fine."""
+        return self._down
+
+    @contextmanager
+    def patient(self, seconds: float) -> Iterator[None]:
+        """Within this block (in this thread or task), PostgreSQL statements and round
+        trips may take up to ``seconds`` each: for migrations and the ledger's rebuild,
+        which grow with the store."""
+        token = _patience.set(seconds)
+        try:
+            yield
+        finally:
+            _patience.reset(token)
+
+    def _mark_down(self, reason: str) -> None:
+        if self.fail_fast:
+            self._down = reason or "the store is unreachable"
+            self._retry_at = time.monotonic() + RETRY_SECONDS
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -80,6 +165,78 @@ def _is_transient(err: DBAPIError) -> bool:
     from sqlalchemy.exc import InterfaceError, OperationalError
 
     return isinstance(err, OperationalError | InterfaceError)
+
+
+def _out_of_reach(err: DBAPIError) -> bool:
+    """True if the server did not answer (no SQLSTATE): a broken or refused connection or
+    a round trip cut off, as opposed to an error the server reported (a lock timeout)."""
+    return err.connection_invalidated or getattr(err.orig, "sqlstate", None) is None
+
+
+def _first_line(err: DBAPIError) -> str:
+    lines = str(err.orig if err.orig is not None else err).strip().splitlines()
+    return lines[0] if lines else type(err.orig).__name__
+
+
+def _pg_connect_args(url: URL, timeout: float) -> dict[str, Any]:
+    """libpq parameters bounding connects and statements; the URL's own win."""
+    ms = max(1, round(timeout * 1000))
+    options = f"-c statement_timeout={ms} -c lock_timeout={ms}"
+    if url.query.get("options"):
+        options = f"{options} {url.query['options']}"  # later -c settings override
+    args: dict[str, Any] = {"connect_timeout": max(1, math.ceil(timeout)), **_KEEPALIVES}
+    args = {k: v for k, v in args.items() if k not in url.query}
+    args["options"] = options
+    return args
+
+
+def _bounded_connect(limit: float) -> Any:
+    """A ``do_connect`` hook opening :class:`_BoundedConnection` s."""
+
+    def connect(_dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
+        conn = _BoundedConnection.connect(*cargs, **cparams)
+        conn.round_trip_limit = limit
+        return conn
+
+    return connect
+
+
+def _patient_statements(conn: Any) -> None:
+    """Raise the server's statement and lock timeouts for this transaction inside
+    :meth:`Database.patient`."""
+    seconds = _patience.get()
+    if seconds is not None:
+        ms = max(1, round(seconds * 1000))
+        # on the driver's connection: psycopg opens the transaction with this statement
+        conn.connection.driver_connection.execute(
+            f"SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}"
+        )
+
+
+class _BoundedConnection(psycopg.Connection[Any]):
+    """A psycopg connection whose every round trip to the server (a statement, fetching
+    its rows, a commit) ends within ``round_trip_limit`` seconds: past it the connection
+    is closed and :class:`psycopg.OperationalError` raised. psycopg itself waits for
+    ever on a server that accepted the connection and then stopped answering."""
+
+    round_trip_limit: float | None = None
+
+    def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+        patience = _patience.get()
+        limit = self.round_trip_limit
+        if patience is not None and limit is not None:
+            limit = max(limit, patience + _CLIENT_MARGIN)
+        if timeout is not None or limit is None:  # psycopg's own bounded waits
+            return super().wait(gen, interval, timeout)
+        try:
+            return super().wait(gen, interval, limit)
+        except _WAIT_TIMEOUT:
+            # cut off mid-protocol: the connection cannot be used again
+            self.pgconn.finish()
+            raise psycopg.OperationalError(f"the store did not answer within {limit:g} s") from None
+
+
+_MIGRATION_SECONDS = 300.0  # a migration's statements may rewrite whole tables
 
 
 def _alembic_config(url: str) -> Config:
@@ -101,7 +258,7 @@ def migrate(db: Database) -> str:
     with db.engine.begin() as conn:
         if MigrationContext.configure(conn).get_current_revision() == head:
             return head
-    with db.engine.begin() as conn:
+    with db.patient(_MIGRATION_SECONDS), db.engine.begin() as conn:
         if db.engine.dialect.name == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK})
         if MigrationContext.configure(conn).get_current_revision() != head:

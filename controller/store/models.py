@@ -37,7 +37,8 @@ class ServerRow(Base):
 class JobRow(Base):
     """A submitted job, its spec (canonical JSON), who submitted it and the decision.
 
-    ``sequence`` is the order decisions were taken in; the ledger is rebuilt in it.
+    ``sequence`` is the order decisions were taken in; the ledger is rebuilt in it. A
+    pending job keeps its submission's place until it is admitted, then takes the next one.
     """
 
     __tablename__ = "jobs"
@@ -62,6 +63,10 @@ class JobRow(Base):
     cancelled_slot: Mapped[int | None] = mapped_column(BigInteger)
     # the name of the token it was submitted with (controller/auth.py); None without auth
     submitter: Mapped[str | None] = mapped_column(String(200), index=True)
+    # a job submitted with a wait: the last slot it may be admitted at (None: no wait)
+    wait_until_slot: Mapped[int | None] = mapped_column(BigInteger)
+    # the slot of its latest decision (a pending job is decided again at each boundary)
+    decided_slot: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class AllocationRow(Base):

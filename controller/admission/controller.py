@@ -1,0 +1,166 @@
+"""The admission controller: its parts composed, and its async API, which serialises
+every decision (each one changes prices) and runs it off the event loop in one worker
+thread (the compiled search releases the GIL)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from controller.admission.lifecycle import Lifecycle
+from controller.admission.pending import PendingQueue
+from controller.admission.reads import ReadViews
+from controller.admission.recovery import Recovery
+from controller.admission.views import DecisionView, JobView
+from controller.errors import DrainingError
+from controller.events import Event
+from controller.limits import search_size
+from controller.store import StoreUnavailableError
+from pricing import SpecError
+
+__all__ = ["AdmissionController"]
+
+_T = TypeVar("_T")
+
+
+class AdmissionController(PendingQueue, Recovery, Lifecycle, ReadViews):
+    """Owns the ledger, the price bounds and the store; see the package docstring."""
+
+    # -- async API (serialised, off the event loop) ---------------------------------------
+
+    async def _run(self, fn: Callable[[], _T], client: str = "") -> _T:
+        """Run ``fn`` in the decision thread in ``client``'s turn (round-robin over
+        clients, :class:`~controller.admission.turns.Turns`; ``""``: the daemon itself).
+
+        Raises:
+            DrainingError: the daemon is stopping.
+            BusyError: ``client`` has ``limits.max_in_flight`` calls in already.
+        """
+        if self._draining:
+            raise DrainingError("the daemon is stopping (draining); retry on its successor")
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            await self._turns.acquire(client)
+            try:
+                return await asyncio.get_running_loop().run_in_executor(
+                    self._executor, lambda: self._in_step(fn)
+                )
+            finally:
+                self._turns.release(client)
+        finally:
+            held, self._held_events = self._held_events, []
+            self._publish(held)
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+
+    @property
+    def draining(self) -> bool:
+        """True once :meth:`drain` began: new submissions, quotes and cancels are refused."""
+        return self._draining
+
+    async def drain(self, timeout: float) -> int:
+        """Refuse new requests and wait up to ``timeout`` seconds for those in flight to be
+        decided and committed. Returns how many were still in flight at the timeout."""
+        self._draining = True
+        if self._in_flight:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), timeout)
+        return self._in_flight
+
+    async def read(self, fn: Callable[[], _T]) -> _T:
+        """Run ``fn`` in the decision thread between two ledger changes and return its
+        result (from the event loop): a read of the ledger never sees half a decision."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    def between_decisions(self, fn: Callable[[], _T], timeout: float = 10.0) -> _T:
+        """Run ``fn`` in the decision thread between two decisions and return its result
+        (blocking; from any thread but the event loop's). The ledger is only changed in that
+        thread, so ``fn`` reads it whole, never half-updated."""
+        return self._executor.submit(fn).result(timeout)
+
+    def _in_step(self, fn: Callable[[], _T]) -> _T:
+        """Run ``fn`` in the decision thread on a ledger that matches the store."""
+        if self._stale:
+            rebuilt = self._reload()  # StoreUnavailableError: still stale, try next time
+            self._stale = False
+            self.log.info("ledger rebuilt from the store after an outage", jobs=rebuilt)
+        try:
+            return fn()
+        except StoreUnavailableError:
+            self._stale = True
+            raise
+
+    async def submit(
+        self,
+        spec: dict[str, Any],
+        by: str | None = None,
+        owner: str | None = None,
+        wait_seconds: float | None = None,
+        client: str = "",
+    ) -> JobView:
+        """Decide ``spec`` and commit; idempotent by job id. A spec over the size limits
+        is refused before it is queued.
+
+        ``by`` is recorded as the job's submitter; with ``owner`` set, a job id of another
+        submitter is a conflict rather than a duplicate. A job not admitted now stays
+        ``pending`` for ``wait_seconds`` (None: the configured default; :mod:`.pending`)."""
+        self.config.limits.check_spec(spec)
+        view, events = await self._run(
+            lambda: self._submit_sync(spec, by, owner, wait_seconds), client
+        )
+        self._publish(events)
+        return view
+
+    async def quote(self, spec: dict[str, Any], client: str = "") -> DecisionView:
+        """Decide ``spec`` without committing anything."""
+        self.config.limits.check_spec(spec)
+        return await self._run(lambda: self._quote_sync(spec), client)
+
+    async def cancel(self, job_id: str, client: str = "") -> tuple[JobView, int]:
+        """Cancel a job: its slots from the next one on are released."""
+        view, released, events = await self._run(lambda: self._cancel_sync(job_id), client)
+        self._publish(events)
+        return view, released
+
+    def search_steps(self, spec: dict[str, Any]) -> int:
+        """The bound on ``spec``'s search steps now (:func:`controller.limits.search_size`);
+        0 if it does not parse (its decision will say why). From any thread: it reads only
+        the configuration and the slot."""
+        try:
+            job = self._parse(spec, self.slot + 1)
+        except SpecError:
+            return 0
+        return search_size(job, self.cluster, self.window).steps
+
+    async def tick(self) -> None:
+        """Advance to the current slot, if it changed: window and job states."""
+        if self._draining or self.slots.current_slot() == self._ticked_slot:
+            return
+        events = await self._run(self._tick_sync)
+        self._publish(events)
+
+    async def get(self, job_id: str, owner: str | None = None) -> JobView:
+        """One job; with ``owner`` set, only if that submitter submitted it."""
+        return await asyncio.to_thread(self._get_sync, job_id, owner)
+
+    async def list_jobs(
+        self, states: Sequence[str], page: int, after: int = 0, owner: str | None = None
+    ) -> tuple[list[JobView], bool]:
+        """Up to ``page`` jobs after sequence ``after``, in decision order, and whether
+        more follow; with ``owner`` set, only that submitter's."""
+        return await asyncio.to_thread(self._list_sync, list(states), page, after, owner)
+
+    async def stored_events(self, after: int) -> list[Event]:
+        return await asyncio.to_thread(self._events_sync, after)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+        self.db.dispose()
+
+    def _publish(self, events: list[Event]) -> None:
+        for event in events:
+            self.bus.publish(event)

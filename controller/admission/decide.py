@@ -1,0 +1,251 @@
+"""The decision core: parse a spec, search its best schedule at current prices (Alg. 1),
+commit the decision to the store, then apply it to the ledger."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.orm import Session
+
+from controller.admission.state import ESTIMATE_KEY, AdmissionState
+from controller.admission.views import DecisionView, JobView, canonical_spec
+from controller.errors import ConflictError, QueueFullError
+from controller.events import Event
+from controller.limits import check_job_id
+from controller.replay import allocations as allocation_entries
+from controller.store import AllocationRow, JobRow, MetaRow
+from pricing import ADMIT_THRESHOLD, Job, SpecError
+from pricing.best_schedule import BestSchedule, best_schedule, payoff_ceiling
+from pricing.bound_estimate import BoundEstimate
+from pricing.explain import explain_rejection, price_drivers
+from pricing.fields import text
+from pricing.prices import PriceBounds
+
+__all__ = ["DecisionCore"]
+
+
+class DecisionCore(AdmissionState):
+    """Decide, commit, apply; see the module docstring."""
+
+    def _decide(
+        self, spec: dict[str, Any]
+    ) -> tuple[Job, BestSchedule, DecisionView, BoundEstimate]:
+        """Compute a decision at the current slot; the ledger's bounds include the job.
+
+        The caller restores the previous bounds if it does not commit."""
+        self._advance_window()
+        arrival = self.slot + 1
+        job = self._parse(spec, arrival)
+        self.config.limits.check_job(job, self.cluster, self.window)
+        estimate = self._estimate
+        if self.config.pricing.mode == "estimate":
+            estimate = self._estimate.observe(job)
+            self._ledger.set_bounds(self._bounds(estimate))
+        best, view = self._search(job, arrival, arrival)
+        return job, best, view, estimate
+
+    def _search(
+        self, job: Job, first: int, arrival: int, explain: bool = True
+    ) -> tuple[BestSchedule, DecisionView]:
+        """The best schedule of ``job`` from slot ``first`` on, its utility counted from
+        ``arrival`` (earlier than ``first`` for a job that waited), at the ledger's prices;
+        a rejection is explained unless ``explain`` is False."""
+        ledger = self._ledger
+        started = time.perf_counter()
+        last = first + self.window - 1
+        best = best_schedule(job, ledger, first, last, arrival)
+        admitted = best.payoff is not None and best.payoff > ADMIT_THRESHOLD
+        reason = ""
+        drivers: list[dict[str, Any]] = []
+        if not admitted and explain:
+            found = price_drivers(best, job, ledger)
+            reason = explain_rejection(best, job, ledger, first, last, found)
+            drivers = [d.__dict__ for d in found]
+        ms = (time.perf_counter() - started) * 1000.0
+        view = DecisionView(
+            admitted=admitted,
+            payoff=best.payoff,
+            cost=best.cost if admitted else None,
+            completion_slot=best.completion_slot if admitted else None,
+            jct=best.jct if admitted else None,
+            utility=best.utility if admitted else None,
+            arrival_slot=arrival,
+            work=job.work,
+            allocations=allocation_entries(best.schedule, self.cluster) if admitted else [],
+            reason=reason,
+            drivers=drivers,
+            decision_ms=ms,
+        )
+        return best, view
+
+    def _restore_bounds(self, previous: PriceBounds) -> None:
+        """Undo the bound change of a decision that is not committed."""
+        if self._ledger.bounds is not previous:
+            self._ledger.set_bounds(previous)
+
+    def _quote_sync(self, spec: dict[str, Any]) -> DecisionView:
+        previous = self._ledger.bounds
+        try:
+            return self._decide(spec)[2]
+        finally:
+            self._restore_bounds(previous)
+
+    def _submit_sync(
+        self,
+        spec: dict[str, Any],
+        by: str | None,
+        owner: str | None,
+        wait_seconds: float | None = None,
+    ) -> tuple[JobView, list[Event]]:
+        job_id = text(spec.get("id") if isinstance(spec, dict) else None, "job.id")
+        check_job_id(job_id)
+        wait = self._wait(wait_seconds)
+        canonical = canonical_spec(spec)
+        with self.db.session() as session:
+            existing = session.get(JobRow, job_id)
+            if existing is not None:
+                if owner is not None and existing.submitter != owner:
+                    raise ConflictError(f"job id {job_id!r} is taken by another submitter")
+                if existing.spec != canonical:
+                    raise ConflictError(f"job {job_id!r} exists with another spec")
+                return self._view(session, existing, duplicate=True), []
+        # at a slot boundary the jobs already waiting are decided before a newcomer
+        self._advance_window()
+        self._decide_pending()
+        previous = self._ledger.bounds
+        try:
+            job, best, view, estimate = self._decide(spec)
+            wait_until = None
+            if not view.admitted and wait > 0:
+                wait_until, view = self._queue(job, view, wait, by)
+            events = self._commit(job, best, view, canonical, estimate, by, wait_until)
+        except BaseException:
+            self._restore_bounds(previous)
+            raise
+        self._estimate = estimate
+        if view.admitted:
+            assert best.schedule is not None
+            self._ledger.admit(job.id, job.worker, job.ps, best.schedule)
+        self.log.info(
+            "decided", job=job.id, admitted=view.admitted, payoff=view.payoff, cost=view.cost,
+            jct=view.jct, arrival=view.arrival_slot, ms=round(view.decision_ms, 3),
+            pending_until=wait_until,
+        )  # fmt: skip
+        with self.db.session() as session:
+            row = session.get(JobRow, job.id)
+            assert row is not None
+            return self._view(session, row), events
+
+    def _commit(
+        self,
+        job: Job,
+        best: BestSchedule,
+        view: DecisionView,
+        canonical: str,
+        estimate: BoundEstimate,
+        submitter: str | None = None,
+        wait_until: int | None = None,
+    ) -> list[Event]:
+        """Store the decision; with ``wait_until`` set, a job not admitted is pending."""
+        now = datetime.now(UTC)
+        waiting = "rejected" if wait_until is None else "pending"
+        state = "admitted" if view.admitted else waiting
+        with self.db.session() as session:
+            seq = (session.scalar(select(func.max(JobRow.sequence))) or 0) + 1
+            start = None
+            if view.admitted and best.schedule is not None:
+                start = int(best.schedule.start + np.flatnonzero(best.schedule.worker_counts())[0])
+            session.add(
+                JobRow(
+                    id=job.id,
+                    sequence=seq,
+                    spec=canonical,
+                    state=state,
+                    submitted_slot=self.slot,
+                    arrival_slot=view.arrival_slot,
+                    work=view.work,
+                    admitted=view.admitted,
+                    payoff=view.payoff,
+                    cost=view.cost,
+                    start_slot=start,
+                    completion_slot=view.completion_slot,
+                    jct=view.jct,
+                    utility=view.utility,
+                    reason=view.reason,
+                    detail={"drivers": view.drivers},
+                    decision_ms=view.decision_ms,
+                    decided_at=now,
+                    submitter=submitter,
+                    wait_until_slot=wait_until,
+                    decided_slot=self.slot,
+                )
+            )
+            session.flush()
+            if view.admitted:
+                self._insert_allocations(session, job.id, view.allocations)
+            if self.config.pricing.mode == "estimate":  # one UPDATE, not merge's SELECT + UPDATE
+                value = estimate.to_dict()
+                stmt = update(MetaRow).where(MetaRow.key == ESTIMATE_KEY).values(value=value)
+                if session.connection().execute(stmt).rowcount == 0:
+                    session.add(MetaRow(key=ESTIMATE_KEY, value=value))
+            detail = {"admitted": view.admitted, "payoff": view.payoff}
+            return [self._event(session, now, "decided", job.id, state, detail)]
+
+    def _wait(self, asked: float | None) -> float:
+        """The wait of a submission, seconds: ``asked``, or the configured default."""
+        wait = self.config.wait_seconds if asked is None else asked
+        longest = self.config.limits.max_wait_seconds
+        if not math.isfinite(wait) or wait < 0:
+            raise SpecError.one("wait_seconds", f"must be a finite number >= 0, got {wait!r}")
+        if wait > longest:
+            raise SpecError.one(
+                "wait_seconds", f"{wait:g} exceeds limits.max_wait_seconds = {longest:g}"
+            )
+        return wait
+
+    def _queue(
+        self, job: Job, view: DecisionView, wait: float, by: str | None
+    ) -> tuple[int | None, DecisionView]:
+        """Whether a job not admitted now may wait: the last slot it may be admitted at,
+        or None (rejected, with the reason why waiting cannot help added to the view's).
+        Raises QueueFullError when the submitter's (or everyone's) queue is full."""
+        until = self.slots.slot_at(self.slots.clock.now() + wait)
+        why = ""
+        if until <= self.slot:
+            why = f"the wait of {wait:g} s ends before the next slot boundary"
+        elif payoff_ceiling(job, self._ledger, self.slot + 2, job.arrival) <= ADMIT_THRESHOLD:
+            why = "it cannot pay off after waiting even at the lowest prices"
+        if why:
+            return None, replace(view, reason=f"{view.reason}; not queued: {why}")
+        limits = self.config.limits
+        with self.db.session() as session:
+            pending = select(func.count()).select_from(JobRow).where(JobRow.state == "pending")
+            everyone = int(session.scalar(pending) or 0)
+            mine = pending.where(
+                JobRow.submitter == by if by is not None else JobRow.submitter.is_(None)
+            )
+            own = int(session.scalar(mine) or 0)
+        if own >= limits.max_pending_per_submitter:
+            raise QueueFullError(
+                f"not admitted now, and {own} jobs of this submitter are pending already "
+                f"(limits.max_pending_per_submitter = {limits.max_pending_per_submitter}); "
+                f"submit it again later: {view.reason}"
+            )
+        if everyone >= limits.max_pending:
+            raise QueueFullError(
+                f"not admitted now, and {everyone} jobs are pending already (limits.max_pending"
+                f" = {limits.max_pending}); submit it again later: {view.reason}"
+            )
+        return until, view
+
+    def _insert_allocations(
+        self, session: Session, job_id: str, entries: list[dict[str, Any]]
+    ) -> None:
+        # one executemany, not an ORM object per row
+        session.execute(insert(AllocationRow), self._allocation_rows(job_id, entries))

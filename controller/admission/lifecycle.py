@@ -1,0 +1,109 @@
+"""The slot clock's side of the controller: move the window, move jobs through their
+states (pending -> admitted -> running -> completed) and cancel jobs."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
+
+from controller.admission.state import AdmissionState
+from controller.admission.views import JobView
+from controller.errors import NotFoundError, PreconditionError
+from controller.events import Event
+from controller.limits import check_job_id
+from controller.store import AllocationRow, EventRow, JobRow
+
+__all__ = ["Lifecycle"]
+
+
+class Lifecycle(AdmissionState):
+    """Slot ticks and cancellation; see the module docstring."""
+
+    def _cancel_sync(self, job_id: str) -> tuple[JobView, int, list[Event]]:
+        check_job_id(job_id, "id")
+        self._advance_window()
+        release_from = self.slot + 1
+        now = datetime.now(UTC)
+        with self.db.session() as session:
+            row = session.get(JobRow, job_id)
+            if row is None:
+                raise NotFoundError(f"no job {job_id!r}")
+            if row.state == "cancelled":
+                # a retried cancel (its answer lost) gets the first answer again
+                return self._view(session, row), self._released(session, job_id), []
+            if row.state not in ("pending", "admitted", "running"):
+                raise PreconditionError(f"job {job_id!r} is {row.state}; only pending, admitted "
+                                        "or running jobs can be cancelled")  # fmt: skip
+            release_from = max(release_from, row.arrival_slot)
+            released = int(session.scalar(
+                select(func.coalesce(func.sum(AllocationRow.workers), 0)).where(
+                    AllocationRow.job_id == job_id, AllocationRow.slot >= release_from)
+            ) or 0)  # fmt: skip
+            session.execute(delete(AllocationRow).where(
+                AllocationRow.job_id == job_id, AllocationRow.slot >= release_from))  # fmt: skip
+            last = session.scalar(select(func.max(AllocationRow.slot)).where(
+                AllocationRow.job_id == job_id, AllocationRow.workers > 0))  # fmt: skip
+            row.state = "cancelled"
+            row.cancelled_slot = release_from
+            row.completion_slot = last
+            event = self._event(
+                session,
+                now,
+                "cancelled",
+                job_id,
+                "cancelled",
+                {"released_worker_slots": released, "from_slot": release_from},
+            )
+            view = self._view(session, row)
+        if job_id in self._ledger:
+            self._ledger.release(job_id, release_from)
+        self.log.info("cancelled", job=job_id, from_slot=release_from, released=released)
+        return view, released, [event]
+
+    @staticmethod
+    def _released(session: Session, job_id: str) -> int:
+        """The worker-slots the job's (first) cancellation released, from its event."""
+        detail = session.scalar(select(EventRow.detail).where(
+            EventRow.job_id == job_id, EventRow.kind == "cancelled"
+        ).order_by(EventRow.sequence).limit(1))  # fmt: skip
+        value = (detail or {}).get("released_worker_slots", 0)
+        return int(value) if isinstance(value, int) else 0
+
+    def _advance_window(self) -> None:
+        slot = self.slots.current_slot()
+        if slot > self.slot:
+            self.slot = slot
+            self._ledger.advance(slot)
+
+    def _tick_sync(self) -> list[Event]:
+        """Move the window to the current slot, decide the pending jobs again, and move
+        jobs through their states."""
+        self._advance_window()
+        self._decide_pending()
+        s = self.slot
+        now = datetime.now(UTC)
+        events: list[Event] = []
+        with self.db.session() as session:
+            starting = session.scalars(
+                select(JobRow).where(JobRow.state == "admitted", JobRow.start_slot <= s)
+            ).all()
+            for row in starting:
+                row.state = "running"
+                events.append(self._event(session, now, "running", row.id, "running", {}))
+            ended = session.scalars(
+                select(JobRow).where(JobRow.state == "running", JobRow.completion_slot < s)
+            ).all()
+            # With the execution plane, a job whose agents reported less than its work
+            # stays running past its plan: it completes when they report the rest, or
+            # fails if they do not (Execution.review_sync).
+            unfinished = self.execution.unfinished if self.execution is not None else None
+            done = [r for r in ended if unfinished is None or not unfinished(r.id, session)]
+            for row in done:
+                row.state = "completed"
+                events.append(self._event(session, now, "completed", row.id, "completed", {}))
+        self._ticked_slot = s
+        if events:
+            self.log.info("slot", slot=s, started=len(starting), completed=len(done))
+        return events

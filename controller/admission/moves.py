@@ -1,0 +1,77 @@
+"""Moved plans: a job re-placed, re-planned or stranded after a server failed (the
+execution plane) or the configuration shrank under it (:mod:`.recovery`), written to the
+store with its event."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+from sqlalchemy import delete, insert
+from sqlalchemy.orm import Session
+
+from controller.admission.state import AdmissionState
+from controller.events import Event
+from controller.replay import allocations as allocation_entries
+from controller.store import AllocationRow, JobRow
+from pricing import Job
+from pricing.best_schedule import BestSchedule
+from pricing.schedule import Schedule
+
+__all__ = ["Moves"]
+
+
+class Moves(AdmissionState):
+    """Store a job's new plan and say why; see the module docstring."""
+
+    def _write_schedule(
+        self, session: Session, job: Job, row: JobRow, schedule: Schedule, from_slot: int
+    ) -> None:
+        """Store ``schedule``'s slots from ``from_slot`` on as the job's allocations."""
+        session.execute(delete(AllocationRow).where(
+            AllocationRow.job_id == job.id, AllocationRow.slot >= from_slot))  # fmt: skip
+        future = schedule.after(from_slot)
+        if future.slots and (future.workers.any() or future.ps.any()):
+            entries = allocation_entries(future, self.cluster)
+            session.execute(insert(AllocationRow), self._allocation_rows(job.id, entries))
+        if schedule.slots and schedule.workers.any():
+            if row.state == "admitted":
+                row.start_slot = schedule.start + int(np.flatnonzero(schedule.worker_counts())[0])
+            row.completion_slot = schedule.end
+            row.jct = schedule.end - job.arrival + 1
+            row.utility = float(job.utility.values(row.jct))
+
+    def _record_move(
+        self,
+        session: Session,
+        now: datetime,
+        job: Job,
+        how: str,
+        from_slot: int,
+        detail: dict[str, Any],
+        best: BestSchedule | None = None,
+    ) -> Event:
+        """Store the job's plan as the ledger now holds it from ``from_slot`` on, and its
+        event: ``replanned`` (``how``: ``"replaced"`` or ``"replanned"``) or, for
+        ``"stranded"``, ``failed`` (the job keeps only its past slots)."""
+        row = session.get(JobRow, job.id)
+        assert row is not None
+        ledger = self._ledger
+        if job.id in ledger:
+            schedule = ledger.schedule(job.id)
+        else:
+            n_w, n_p = len(self.cluster.worker_names), len(self.cluster.ps_names)
+            schedule = Schedule(
+                from_slot, np.zeros((0, n_w), np.int32), np.zeros((0, n_p), np.int32)
+            )
+        self._write_schedule(session, job, row, schedule, from_slot)
+        detail = {**detail, "how": how, "from_slot": from_slot}
+        if how == "stranded":
+            row.state = "failed"
+            kept = schedule.slots and schedule.workers.any()
+            row.completion_slot = schedule.end if kept else None
+            return self._event(session, now, "failed", job.id, "failed", detail)
+        if best is not None:
+            detail["payoff"] = best.payoff
+        return self._event(session, now, "replanned", job.id, row.state, detail)

@@ -1,0 +1,153 @@
+"""Read views: stored jobs and events as the API reports them, and the ledger's prices
+and utilisation for monitoring."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from controller.admission.state import AdmissionState
+from controller.admission.views import STATES, DecisionView, JobView
+from controller.errors import NotFoundError
+from controller.events import Event
+from controller.limits import check_job_id
+from controller.store import AllocationRow, EventRow, JobRow
+from pricing import SpecError
+
+__all__ = ["ReadViews"]
+
+
+class ReadViews(AdmissionState):
+    """Reads of the store and the ledger; see the module docstring."""
+
+    def _view(self, session: Session, row: JobRow, duplicate: bool = False) -> JobView:
+        allocs = session.scalars(
+            select(AllocationRow).where(AllocationRow.job_id == row.id)
+            .order_by(AllocationRow.slot)
+        ).all()  # fmt: skip
+        order = {name: pos for pos, name in enumerate(self._server_order())}
+        entries: list[dict[str, Any]] = []
+        for a in sorted(allocs, key=lambda a: (a.slot, order.get(a.server, 1 << 30))):
+            if a.workers:
+                entries.append({"slot": a.slot, "server": a.server, "workers": a.workers})
+            if a.ps:
+                entries.append({"slot": a.slot, "server": a.server, "ps": a.ps})
+        decision = DecisionView(
+            admitted=row.admitted,
+            payoff=row.payoff,
+            cost=row.cost,
+            completion_slot=row.completion_slot,
+            jct=row.jct,
+            utility=row.utility,
+            arrival_slot=row.arrival_slot,
+            work=row.work,
+            allocations=entries,
+            reason=row.reason,
+            drivers=list(row.detail.get("drivers", [])),
+            decision_ms=row.decision_ms,
+        )
+        return JobView(
+            id=row.id,
+            spec=json.loads(row.spec),
+            state=row.state,
+            decision=decision,
+            submitted_slot=row.submitted_slot,
+            sequence=row.sequence,
+            duplicate=duplicate,
+            wait_until_slot=row.wait_until_slot,
+        )
+
+    def _server_order(self) -> list[str]:
+        return [name for _, _, name, _ in self.cluster.servers()]
+
+    def _get_sync(self, job_id: str, owner: str | None = None) -> JobView:
+        check_job_id(job_id, "id")
+        with self.db.session() as session:
+            row = session.get(JobRow, job_id)
+            if row is None or (owner is not None and row.submitter != owner):
+                raise NotFoundError(f"no job {job_id!r}")
+            return self._view(session, row)
+
+    def _list_sync(
+        self, states: list[str], page: int, after: int = 0, owner: str | None = None
+    ) -> tuple[list[JobView], bool]:
+        """Up to ``page`` jobs with a sequence above ``after``, in decision order, and
+        whether more follow."""
+        for state in states:
+            if state not in STATES:
+                raise SpecError.one("states", f"unknown state {state!r} (known: {STATES})")
+        with self.db.session() as session:
+            query = select(JobRow).where(JobRow.sequence > after).order_by(JobRow.sequence)
+            if states:
+                query = query.where(JobRow.state.in_(states))
+            if owner is not None:
+                query = query.where(JobRow.submitter == owner)
+            rows = session.scalars(query.limit(page + 1)).all()
+            return [self._view(session, row) for row in rows[:page]], len(rows) > page
+
+    def _events_sync(self, after: int) -> list[Event]:
+        with self.db.session() as session:
+            rows = session.scalars(
+                select(EventRow).where(EventRow.sequence > after).order_by(EventRow.sequence)
+            ).all()
+            return [Event(r.sequence, r.kind, r.job_id, r.slot, r.state, r.detail) for r in rows]
+
+    # -- cluster views (read the ledger; monitoring only) --------------------------------
+
+    def _view_window(self, first_slot: int, slots: int) -> tuple[int, int, int]:
+        """``(first slot, lo, hi)``: ``slots`` (0: 12) window indices from ``first_slot``
+        (0: the current slot), clipped to the ledger's window."""
+        ledger = self._ledger
+        first = max(first_slot or self.slot, ledger.origin)
+        lo = first - ledger.origin
+        return first, lo, min(lo + (slots or 12), ledger.length)
+
+    def prices(
+        self, first_slot: int, slots: int
+    ) -> tuple[int, list[tuple[str, str, str, list[float]]]]:
+        """Unit prices per (server, kind, resource) over ``slots`` slots from ``first_slot``."""
+        ledger = self._ledger
+        first, lo, hi = self._view_window(first_slot, slots)
+        out: list[tuple[str, str, str, list[float]]] = []
+        for kind, side, names in (
+            ("worker", ledger.worker_side, self.cluster.worker_names),
+            ("ps", ledger.ps_side, self.cluster.ps_names),
+        ):
+            for i, name in enumerate(names):
+                for r, res in enumerate(self.cluster.resources):
+                    if side.capacity[i, r] > 0:
+                        out.append((name, kind, res, side.price[lo:hi, i, r].tolist()))
+        return first, out
+
+    def utilisation(
+        self, first_slot: int, slots: int
+    ) -> tuple[int, list[tuple[str, str, list[float]]]]:
+        """Cluster-wide used/capacity per resource and kind, per slot."""
+        ledger = self._ledger
+        first, lo, hi = self._view_window(first_slot, slots)
+        out: list[tuple[str, str, list[float]]] = []
+        for kind, side in (("worker", ledger.worker_side), ("ps", ledger.ps_side)):
+            total = side.capacity.sum(axis=0)
+            used = side.used[lo:hi].sum(axis=1)
+            for r, res in enumerate(self.cluster.resources):
+                if total[r] > 0:
+                    out.append((res, kind, (used[:, r] / total[r]).tolist()))
+        return first, out
+
+    def current_use(self, slot: int = 0) -> dict[str, dict[str, float]]:
+        """Amounts used per server in ``slot`` (0: the current slot); a failed server's
+        slots count as full."""
+        ledger = self._ledger
+        idx = (slot or self.slot) - ledger.origin
+        if not 0 <= idx < ledger.length:
+            raise SpecError.one("slot", f"must be in the window {ledger.origin}..{ledger.end - 1}")
+        out: dict[str, dict[str, float]] = {}
+        for side, names in ((ledger.worker_side, self.cluster.worker_names),
+                            (ledger.ps_side, self.cluster.ps_names)):  # fmt: skip
+            for i, name in enumerate(names):
+                out[name] = dict(zip(self.cluster.resources, side.used[idx, i].tolist(),
+                                     strict=True))  # fmt: skip
+        return out

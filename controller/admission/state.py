@@ -1,0 +1,148 @@
+"""What every part of the admission controller shares: the ledger, the window's slot,
+the bound estimate and the store, with the few steps each part takes of another.
+
+The controller is one object composed of parts (mixins over :class:`AdmissionState`):
+:mod:`.decide` decides and commits, :mod:`.recovery` rebuilds the ledger from the store,
+:mod:`.pending` decides waiting jobs again at slot boundaries, :mod:`.lifecycle` moves
+jobs through slots and cancels them, :mod:`.reads` answers reads,
+and :mod:`.controller` serialises them off the event loop. The abstract methods below are
+the only steps one part takes of another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from sqlalchemy.orm import Session
+
+from controller.admission.turns import Turns
+from controller.admission.views import JobView
+from controller.clock import SlotClock
+from controller.config import Config
+from controller.events import Event, EventBus
+from controller.store import Database, EventRow, JobRow
+from pricing import Job, Ledger, job_from_dict
+from pricing.bound_estimate import BoundEstimate
+from pricing.prices import PriceBounds
+
+if TYPE_CHECKING:
+    from controller.plane.execution import Execution
+
+__all__ = ["EPOCH_KEY", "ESTIMATE_KEY", "SETTINGS_KEY", "AdmissionState"]
+
+ESTIMATE_KEY = "bound_estimate"
+EPOCH_KEY = "epoch"
+"""Meta row with the Unix time of slot 0 when the config sets none: ``{"epoch": t,
+"source": why}``, recorded at the first start (:mod:`.recovery`)."""
+SETTINGS_KEY = "settings"
+"""Meta row with the settings that give stored slots their meaning (``oasis offline
+--store`` reads them): ``{"window": T, "slot_seconds": s, "epoch": t}``."""
+
+
+class AdmissionState(ABC):
+    """The controller's shared state; see the module docstring."""
+
+    def __init__(
+        self,
+        config: Config,
+        db: Database,
+        slots: SlotClock,
+        bus: EventBus | None = None,
+        log: Any = None,
+    ) -> None:
+        self.config = config
+        self.cluster = config.cluster
+        self.db = db
+        self.slots = slots
+        self.bus = bus or EventBus()
+        self.log = log or structlog.get_logger("oasisd")
+        self.window = config.window
+        # the decision thread: every step below runs in it, serialised (.controller)
+        self._turns = Turns(config.limits.max_in_flight)
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="decide")
+        self._draining = False
+        self._in_flight = 0  # requests inside _run: queued on the lock or deciding
+        self._idle = asyncio.Event()
+        self._estimate = BoundEstimate.empty(len(self.cluster.resources))
+        # a store outage during a write may have cut off a commit that happened: rebuild
+        # the ledger from the store before the next decision (_run)
+        self._stale = False
+        self.ledger: Ledger | None = None
+        self.slot = 0
+        # the slot whose job-state changes are done: the window (self.slot) may move on
+        # first, in a decision or the plane's review, and the tick must still run then
+        self._ticked_slot = -1
+        self.execution: Execution | None = None  # the execution plane, with a broker
+        # events of steps taken on the way (pending jobs decided at a boundary), published
+        # by the controller once the step returns, even if it failed after them
+        self._held_events: list[Event] = []
+        self._pending_slot = -1  # the slot whose pending jobs have all been decided
+
+    @property
+    def _ledger(self) -> Ledger:
+        if self.ledger is None:
+            raise RuntimeError("the controller is not open")
+        return self.ledger
+
+    def _parse(self, spec: Any, arrival: int, fits: bool = True) -> Job:
+        """``spec`` as a job arriving at ``arrival``; with ``fits``, its work must fit the
+        window (a new job), else only the cluster (a stored one, whose window may be past)."""
+        return job_from_dict(
+            spec,
+            self.cluster,
+            slot_seconds=self.config.slot_seconds,
+            slots_available=lambda _a: self.window if fits else 1 << 40,
+            arrival=arrival,
+            field="job",
+        )
+
+    def _event(
+        self, session: Session, now: datetime, kind: str, job_id: str, state: str,
+        detail: dict[str, Any],
+    ) -> Event:  # fmt: skip
+        row = EventRow(at=now, kind=kind, job_id=job_id, slot=self.slot, state=state,
+                       detail=detail)  # fmt: skip
+        session.add(row)
+        session.flush()
+        return Event(row.sequence, kind, job_id, self.slot, state, detail)
+
+    @staticmethod
+    def _allocation_rows(job_id: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """SPEC 6 allocation entries as store rows, one per (slot, server)."""
+        merged: dict[tuple[int, str], dict[str, Any]] = {}
+        for e in entries:
+            key = (e["slot"], e["server"])
+            row = merged.setdefault(
+                key, {"job_id": job_id, "slot": e["slot"], "server": e["server"],
+                      "workers": 0, "ps": 0}
+            )  # fmt: skip
+            row["workers"] += e.get("workers", 0)
+            row["ps"] += e.get("ps", 0)
+        return list(merged.values())
+
+    # -- the steps one part takes of another ---------------------------------------------
+
+    @abstractmethod
+    def _advance_window(self) -> None:
+        """Move the window to the current slot (:mod:`.lifecycle`)."""
+
+    @abstractmethod
+    def _decide_pending(self) -> None:
+        """Decide the pending jobs again at a new slot (:mod:`.pending`)."""
+
+    @abstractmethod
+    def _tick_sync(self) -> list[Event]:
+        """Move the window and jobs through their states (:mod:`.lifecycle`)."""
+
+    @abstractmethod
+    def _bounds(self, estimate: BoundEstimate) -> PriceBounds:
+        """The price bounds for ``estimate`` (:mod:`.recovery`)."""
+
+    @abstractmethod
+    def _view(self, session: Session, row: JobRow, duplicate: bool = False) -> JobView:
+        """A stored job as the API reports it (:mod:`.reads`)."""

@@ -1,0 +1,60 @@
+"""What the admission API reports: a decision, a stored job, and the job states."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["STATES", "DecisionView", "JobView", "canonical_spec"]
+
+STATES = (
+    "pending",
+    "admitted",
+    "running",
+    "completed",
+    "cancelled",
+    "rejected",
+    "expired",
+    "failed",
+)
+"""``pending``: not admitted yet, decided again at each slot boundary until its wait ends;
+``expired``: a pending job whose wait ended, or that could no longer pay off."""
+
+
+@dataclass(frozen=True)
+class DecisionView:
+    """A decision as the API reports it (allocations as in SPEC 6)."""
+
+    admitted: bool
+    payoff: float | None
+    cost: float | None
+    completion_slot: int | None
+    jct: int | None
+    utility: float | None
+    arrival_slot: int
+    work: int
+    allocations: list[dict[str, Any]]
+    reason: str = ""
+    drivers: list[dict[str, Any]] = field(default_factory=list)
+    decision_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A stored job: spec, state and decision."""
+
+    id: str
+    spec: dict[str, Any]
+    state: str
+    decision: DecisionView
+    submitted_slot: int
+    sequence: int
+    duplicate: bool = False
+    wait_until_slot: int | None = None
+    """For a job submitted with a wait: the last slot boundary it may be admitted at."""
+
+
+def canonical_spec(spec: dict[str, Any]) -> str:
+    """The spec as canonical JSON: equal specs give equal strings."""
+    return json.dumps(spec, sort_keys=True, separators=(",", ":"))

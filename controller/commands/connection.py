@@ -1,0 +1,250 @@
+"""How the client commands reach the daemon: options, address, channel, and errors in
+words a person can act on (or JSON with ``--json``).
+
+Exit status of a client command: 0 done (a job admitted), 3 a job rejected, 2 bad input
+(INVALID_ARGUMENT or a file the client cannot use), 1 anything else (the daemon
+unreachable or stopping, NOT_FOUND, ALREADY_EXISTS, ...). With ``--json`` an error is one
+JSON object on standard output, ``{"error": {"code", "message", "field", "problems"}}``
+(the trace tools, ``replay`` and ``offline``, keep standard output for SPEC 6 and say
+what is wrong on standard error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from controller.clock import SlotTimes
+from controller.commands.common import EXIT_BAD_INPUT, EXIT_FAILURE, InputError
+from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
+from controller.tls import client_channel, read_pem
+from pricing.errors import Problem, SpecError
+
+__all__ = [
+    "DEFAULT_PORT",
+    "DEFAULT_SERVER",
+    "EXIT_REJECTED",
+    "Stubs",
+    "daemon_address",
+    "guarded",
+    "options",
+    "print_json",
+    "report_error",
+]
+
+DEFAULT_PORT = 50051
+DEFAULT_SERVER = f"127.0.0.1:{DEFAULT_PORT}"
+EXIT_REJECTED = 3
+
+
+def daemon_address(text: str) -> str:
+    """``HOST`` -> ``HOST:50051``; ``HOST:PORT``, ``[::1]:PORT`` and gRPC target URIs
+    (``dns:///...``, ``unix:...``) stay as given; a bare IPv6 address gets brackets."""
+    text = text.strip()
+    if not text or "/" in text or text.startswith(("unix:", "dns:", "ipv4:", "ipv6:")):
+        return text
+    if text.startswith("["):
+        return text if "]:" in text else f"{text}:{DEFAULT_PORT}"
+    if text.count(":") > 1:  # a bare IPv6 address
+        return f"[{text}]:{DEFAULT_PORT}"
+    host, sep, port = text.rpartition(":")
+    return text if sep and host and port else f"{text.rstrip(':')}:{DEFAULT_PORT}"
+
+
+_ENV_OPTIONS = (
+    ("--tls-ca", "OASIS_TLS_CA", "FILE", "use TLS, trusting this CA"),
+    ("--tls-cert", "OASIS_TLS_CERT", "FILE", "client certificate for mutual TLS"),
+    ("--tls-key", "OASIS_TLS_KEY", "FILE", "its private key"),
+    ("--token", "OASIS_TOKEN", "TOKEN", "bearer token, better from the environment (not in ps)"),
+)
+
+
+def options() -> argparse.ArgumentParser:
+    """The options every client command shares (a parent parser)."""
+    p = argparse.ArgumentParser(add_help=False)
+    env = os.environ.get
+    p.add_argument(
+        "--server",
+        default=env("OASIS_SERVER", DEFAULT_SERVER),
+        metavar="HOST[:PORT]",
+        help=f"the daemon's address; the port defaults to {DEFAULT_PORT} "
+        f"(default: $OASIS_SERVER or {DEFAULT_SERVER})",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds per call (default 30)")
+    p.add_argument("--tls", action="store_true", help="use TLS, trusting the system's CAs")
+    for flag, var, meta, what in _ENV_OPTIONS:
+        p.add_argument(flag, metavar=meta, default=env(var, ""), help=f"{what} (default: ${var})")
+    p.add_argument(
+        "--tls-server-name",
+        metavar="NAME",
+        default="",
+        help="name to verify in the daemon's certificate (default: its host)",
+    )
+    return p
+
+
+def _connect(args: argparse.Namespace) -> grpc.Channel:
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise InputError("--tls-cert and --tls-key go together")
+
+    def pem(path: str, what: str, option: str) -> bytes | None:
+        if not path:
+            return None
+        try:
+            return read_pem(Path(path), what, option)
+        except SpecError as err:
+            raise InputError(str(err)) from err
+
+    return client_channel(
+        daemon_address(args.server),
+        tls=args.tls,
+        ca_pem=pem(args.tls_ca, "CERTIFICATE", "--tls-ca"),
+        cert_pem=pem(args.tls_cert, "CERTIFICATE", "--tls-cert"),
+        key_pem=pem(args.tls_key, "PRIVATE KEY", "--tls-key"),
+        server_name=args.tls_server_name,
+        token=args.token,
+    )
+
+
+class Stubs:
+    """The stubs of one command's channel, and the daemon's slot clock."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.channel = _connect(args)
+        self.admission = pb_grpc.AdmissionStub(self.channel)  # type: ignore[no-untyped-call]
+        self.cluster = pb_grpc.ClusterStub(self.channel)  # type: ignore[no-untyped-call]
+        self.timeout = args.timeout
+        self._info: pb.GetClusterInfoResponse | None = None
+
+    def info(self) -> pb.GetClusterInfoResponse | None:
+        """The daemon's slot clock (GetClusterInfo), fetched once; None from a daemon
+        that does not offer it."""
+        if self._info is None:
+            try:
+                call = self.cluster.GetClusterInfo
+                self._info = call(pb.GetClusterInfoRequest(), timeout=self.timeout)
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                return None
+        return self._info
+
+    def times(self) -> SlotTimes | None:
+        """Slot numbers to times, or None (see :meth:`info`)."""
+        info = self.info()
+        return None if info is None else SlotTimes(info.epoch, info.slot_seconds)
+
+
+def print_json(data: Any) -> None:
+    print(json.dumps(data, indent=1))
+
+
+def guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``func`` with its failures reported (see the module docstring)."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return func(args)
+        except grpc.RpcError as err:
+            code = err.code()
+            problems = _field_violations(err)
+            message = _explain(code, err.details() or "", args)
+            return report_error(args, code.name, message, problems)
+        except InputError as err:  # a job file the client cannot use
+            if not args.json:
+                raise
+            return report_error(args, "INVALID_ARGUMENT", str(err), err.problems)
+
+    return run
+
+
+def report_error(
+    args: argparse.Namespace, code: str, message: str, problems: Sequence[Problem] = ()
+) -> int:
+    """Show an error (text on stderr, or with ``--json`` one JSON object on stdout:
+    ``{"error": {"code", "message", "field", "problems"}}``); return the exit status:
+    2 for INVALID_ARGUMENT, else 1."""
+    status = EXIT_BAD_INPUT if code == "INVALID_ARGUMENT" else EXIT_FAILURE
+    if getattr(args, "json", False):
+        error = {
+            "code": code,
+            "message": message,
+            "field": problems[0].field if problems else "",
+            "problems": [{"field": p.field, "message": p.reason} for p in problems],
+        }
+        print(json.dumps({"error": error}, indent=1))
+    elif problems:
+        lines = "\n".join(f"  {p}" for p in problems)
+        print(f"oasis {args.command}: {code}: invalid input:\n{lines}", file=sys.stderr)
+    else:
+        print(f"oasis {args.command}: {code}: {message}", file=sys.stderr)
+    return status
+
+
+def _field_violations(err: grpc.RpcError) -> list[Problem]:
+    """The BadRequest field violations of an error (controller/statuses.py), if any."""
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    try:
+        status = rpc_status.from_call(err)
+    except ValueError:  # trailer and status disagree: trust neither
+        return []
+    out: list[Problem] = []
+    for detail in status.details if status is not None else ():
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            request = error_details_pb2.BadRequest()
+            detail.Unpack(request)
+            out.extend(Problem(v.field, v.description) for v in request.field_violations)
+    return out
+
+
+_CAUSES = (
+    ("connection refused", "connection refused: nothing listens there"),
+    ("dns resolution failed", "the host name does not resolve"),
+    ("name resolution", "the host name does not resolve"),
+    ("ssl", "the TLS handshake failed"),
+    ("handshake", "the TLS handshake failed"),
+    ("deadline", "no answer in time"),
+    ("socket closed", "the connection was closed"),
+    ("connection reset", "the connection was reset"),
+)
+
+
+def _explain(code: grpc.StatusCode, details: str, args: argparse.Namespace) -> str:
+    """The server's message, or for a daemon that cannot be reached, what to check."""
+    address = daemon_address(args.server)
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return (
+            f"no answer from {address} within --timeout {args.timeout:g} s. Check that "
+            "oasisd runs there (it may be busy, or the address a different service)"
+        )
+    lowered = details.lower()
+    unreachable = code == grpc.StatusCode.UNAVAILABLE and (
+        "failed to connect" in lowered
+        or ("connect" in lowered and "draining" not in lowered)
+        or any(key in lowered for key, _ in _CAUSES)
+    )
+    if not unreachable:
+        return details
+    cause = next((why for key, why in _CAUSES if key in lowered), details[:200])
+    tls = (
+        "the daemon's certificate and --tls-ca (or --tls-server-name)"
+        if args.tls or args.tls_ca
+        else "whether the daemon serves TLS (then give --tls-ca FILE or --tls)"
+    )
+    return (
+        f"cannot reach the daemon at {address}: {cause}. Check that oasisd runs there "
+        "(systemctl status oasisd; it logs 'oasisd listening on HOST:PORT'), that "
+        f"--server or $OASIS_SERVER names that address (default port {DEFAULT_PORT}), "
+        f"and {tls}"
+    )

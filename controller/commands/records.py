@@ -1,0 +1,164 @@
+"""What the client commands print: plain JSON records and wall-clock times for people.
+
+JSON (``--json``) is plain: integers are numbers, states and kinds are words
+(``"admitted"``, ``"worker"``), unset values are null, and a job's ``spec`` is the job
+object in the form ``oasis submit`` reads, so ``oasis job ID --json | oasis quote -``
+prices the same job again. Tables show each slot with the local time it begins.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+from controller.clock import SlotTimes
+from controller.rpc import oasis_pb2 as pb
+from pricing.durations import format_duration, format_time
+
+__all__ = [
+    "STATES",
+    "decision_record",
+    "event_record",
+    "job_record",
+    "plain",
+    "slot_label",
+    "state_name",
+]
+
+STATES = tuple(
+    n.removeprefix("JOB_STATE_").lower()
+    for n in pb.JobState.keys()  # noqa: SIM118 - an enum wrapper, not a dict
+    if n != "JOB_STATE_UNSPECIFIED"
+)
+_INTEGERS = {
+    FieldDescriptor.TYPE_INT64,
+    FieldDescriptor.TYPE_INT32,
+    FieldDescriptor.TYPE_UINT64,
+    FieldDescriptor.TYPE_UINT32,
+    FieldDescriptor.TYPE_SINT64,
+    FieldDescriptor.TYPE_SINT32,
+}
+
+
+def state_name(state: int) -> str:
+    """``JOB_STATE_ADMITTED`` -> ``"admitted"``."""
+    return pb.JobState.Name(state).removeprefix("JOB_STATE_").lower()
+
+
+def _enum_word(field: Any, number: int) -> str | None:
+    enum = field.enum_type
+    value = enum.values_by_number.get(number)
+    if value is None or value.number == 0:
+        return None
+    prefix = "".join(f"_{c}" if c.isupper() else c.upper() for c in enum.name).lstrip("_")
+    return str(value.name).removeprefix(prefix + "_").lower()
+
+
+def _scalar(field: Any, value: Any) -> Any:
+    if field.type == FieldDescriptor.TYPE_MESSAGE:
+        return plain(value)
+    if field.type == FieldDescriptor.TYPE_ENUM:
+        return _enum_word(field, value)
+    if field.type in _INTEGERS:
+        return int(value)
+    return value
+
+
+def plain(msg: Message) -> dict[str, Any]:
+    """A message as plain JSON values (see the module docstring): every field, by its
+    proto name; a field with presence that is unset is None."""
+    out: dict[str, Any] = {}
+    field: Any  # the descriptor classes of protobuf's two implementations
+    for field in msg.DESCRIPTOR.fields:
+        value = getattr(msg, field.name)
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            value_field = field.message_type.fields_by_name["value"]
+            out[field.name] = {k: _scalar(value_field, v) for k, v in value.items()}
+        elif field.is_repeated:
+            out[field.name] = [_scalar(field, v) for v in value]
+        elif field.has_presence and not msg.HasField(field.name):
+            out[field.name] = None
+        else:
+            out[field.name] = _scalar(field, value)
+    return out
+
+
+def decision_record(d: pb.Decision, times: SlotTimes | None) -> dict[str, Any]:
+    """A decision: allocations as in SPEC 6 (``workers`` or ``ps``), and with the slot
+    clock the UTC times it arrives and completes by."""
+    out = plain(d)
+    out["allocations"] = [
+        {"slot": a.slot, "server": a.server, **({"workers": a.workers} if a.workers else {}),
+         **({"ps": a.ps} if a.ps else {})}
+        for a in d.allocations
+    ]  # fmt: skip
+    if times is not None:
+        out["arrives_at"] = format_time(times.start(d.arrival_slot))
+        done = d.completion_slot if d.HasField("completion_slot") else None
+        out["completes_by"] = None if done is None else format_time(times.start(done + 1))
+    return out
+
+
+def spec_of(job_spec: pb.JobSpec) -> dict[str, Any]:
+    """A job's spec as the job object ``oasis submit`` reads."""
+    if job_spec.json:
+        spec: dict[str, Any] = json.loads(job_spec.json)
+        return spec
+    from controller.convert import spec_from_proto  # a daemon that sends no json
+
+    return spec_from_proto(job_spec)
+
+
+def job_record(job: pb.Job, times: SlotTimes | None) -> dict[str, Any]:
+    """A stored job: its id, state in words, spec (the form ``submit`` reads) and
+    decision."""
+    return {
+        "id": job.spec.id,
+        "state": state_name(job.state),
+        "spec": spec_of(job.spec),
+        "decision": decision_record(job.decision, times),
+        "submitted_slot": job.submitted_slot,
+        "sequence": job.sequence,
+        # submitted with a wait: the last slot it may be admitted at (null: no wait)
+        "wait_until_slot": job.wait_until_slot if job.HasField("wait_until_slot") else None,
+    }
+
+
+def event_record(event: pb.Event, times: SlotTimes | None) -> dict[str, Any]:
+    """An event with its ``detail`` as JSON (not a string holding JSON)."""
+    out = plain(event)
+    try:
+        out["detail"] = json.loads(event.detail) if event.detail else {}
+    except json.JSONDecodeError:
+        out["detail"] = event.detail
+    if times is not None:
+        out["slot_starts_at"] = format_time(times.start(event.slot))
+    return out
+
+
+def local_time(unix: float, now: float | None = None) -> str:
+    """A time for a table: ``Tue 14:00`` within six days of now, else the date too."""
+    now = time.time() if now is None else now
+    local = time.localtime(unix)
+    if abs(unix - now) < 6 * 86400:
+        return time.strftime("%a %H:%M", local)
+    return time.strftime("%Y-%m-%d %H:%M", local)
+
+
+def slot_label(slot: int, times: SlotTimes | None, *, end: bool = False) -> str:
+    """``"12 (Tue 14:00)"``: a slot and the local time it begins (``end``: ends)."""
+    if times is None:
+        return str(slot)
+    return f"{slot} ({local_time(times.start(slot + 1 if end else slot))})"
+
+
+def clock_caption(times: SlotTimes | None) -> str:
+    """One line on how to read the times of a table (empty without the slot clock)."""
+    if times is None:
+        return ""
+    zone = time.strftime("%Z") or time.strftime("%z")
+    return f"times are local ({zone}); a slot is {format_duration(times.slot_seconds)}"

@@ -1,0 +1,196 @@
+"""Job specs as the daemon takes them: JSON in people's units, ids it makes, times it
+resolves, and a check that the job can be worth anything.
+
+A submitted spec goes through :func:`read_json` (when sent as JSON), :func:`prepare`
+(an id if it has none; each wall-clock time in its utility becomes ``{"slot": S}``, the
+start of the slot it falls in, so a retried submission stores the same spec at any
+later moment) and :func:`check_worth`, then to the admission controller, which reads it
+with :func:`pricing.job.job_from_dict` (durations there are converted with the slot
+length). :func:`for_display` turns the stored ``{"slot": S}`` back into a time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from controller.clock import SlotTimes
+from pricing.durations import format_duration, format_time, parse_time
+from pricing.errors import SpecError
+from pricing.utility import WHEN_KEYS
+
+__all__ = [
+    "ID_PREFIX",
+    "check_worth",
+    "for_display",
+    "has_times",
+    "new_id",
+    "prepare",
+    "read_json",
+]
+
+ID_PREFIX = "job-"
+
+
+def new_id() -> str:
+    """A fresh job id: ``job-`` and 16 random hex digits (64 bits: no collision in any
+    store's lifetime), inside the safe alphabet of SPEC 3."""
+    return ID_PREFIX + secrets.token_hex(8)
+
+
+def read_json(text: str, field: str = "job") -> dict[str, Any]:
+    """The JSON object in ``text``; SpecError (not a parser's exception) otherwise."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SpecError.one(
+            field, f"not JSON: {err.msg} at line {err.lineno} column {err.colno}"
+        ) from None
+    except RecursionError:
+        raise SpecError.one(field, "not a job: nested too deeply") from None
+    except ValueError as err:  # an integer of more than 4300 digits
+        raise SpecError.one(field, f"not JSON that can be read: {str(err)[:200]}") from None
+    if not isinstance(data, dict):
+        raise SpecError.one(field, "must be a JSON object")
+    return data
+
+
+_REALS = ("tau", "minibatch_seconds", "grad_mb")
+
+
+def _real(value: Any) -> Any:
+    """An int as the float it stands for (what the typed JobSpec fields carry); anything
+    else as it is, for the parser to judge."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:
+            return value
+    return value
+
+
+def _numbers_as_reals(spec: dict[str, Any]) -> None:
+    """Demands, times and utilities as floats, in place: a job sent as JSON (``"gpu": 1``)
+    is then stored as the same job sent as typed fields (``gpu = 1.0``), so either
+    retries the other (the store compares specs as canonical JSON)."""
+    for key in _REALS:
+        if key in spec:
+            spec[key] = _real(spec[key])
+    for side in ("worker", "ps"):
+        if isinstance(spec.get(side), Mapping):
+            spec[side] = {k: _real(v) for k, v in spec[side].items()}
+    utility = spec.get("utility")
+    if isinstance(utility, Mapping):
+        spec["utility"] = {
+            k: [_real(x) for x in v] if isinstance(v, list) else _real(v)
+            for k, v in utility.items()
+        }
+
+
+def prepare(spec: dict[str, Any], times: SlotTimes) -> dict[str, Any]:
+    """``spec`` with an id (made with :func:`new_id` when absent or empty), its numbers
+    as the typed fields carry them (:func:`_numbers_as_reals`), and each wall-clock time
+    in its utility replaced by ``{"slot": S}``, S the slot it falls in (a job done by the
+    start of slot S ends by that time at the latest).
+
+    A time the parser cannot read (no UTC offset, say) is left as it is: the job's
+    parser names it with every other problem of the spec.
+    """
+    out = dict(spec)
+    if out.get("id", "") == "":
+        out["id"] = new_id()
+    _numbers_as_reals(out)
+    utility = out.get("utility")
+    if isinstance(utility, Mapping):
+        resolved = dict(utility)
+        for key in WHEN_KEYS:
+            value = utility.get(key)
+            if not isinstance(value, str):
+                continue
+            try:
+                at = parse_time(value)
+            except ValueError:
+                continue  # no UTC offset: the job's parser says so
+            if at is not None:  # else a duration, or garbage the parser names
+                resolved[key] = {"slot": times.slot_at(at)}
+        out["utility"] = resolved
+    return out
+
+
+def has_times(spec: Mapping[str, Any]) -> bool:
+    """True if the spec's utility holds a slot's start (a resolved wall-clock time): its
+    meaning then depends on when the job arrives."""
+    utility = spec.get("utility")
+    return isinstance(utility, Mapping) and any(
+        isinstance(utility.get(k), Mapping) for k in WHEN_KEYS
+    )
+
+
+def for_display(spec: Mapping[str, Any], times: SlotTimes) -> dict[str, Any]:
+    """``spec`` with each ``{"slot": S}`` of its utility shown as the time slot S starts
+    (ISO 8601, UTC): the form people wrote, which :func:`prepare` reads back to S."""
+    out = dict(spec)
+    utility = spec.get("utility")
+    if isinstance(utility, Mapping):
+        shown = dict(utility)
+        for key in WHEN_KEYS:
+            value = utility.get(key)
+            if isinstance(value, Mapping) and isinstance(value.get("slot"), int):
+                shown[key] = format_time(times.start(value["slot"]))
+        out["utility"] = shown
+    return out
+
+
+def _slots(n: int, slot_seconds: float) -> str:
+    """``3 slots (3h)``."""
+    return f"{n} slot{'' if n == 1 else 's'} ({format_duration(n * slot_seconds)})"
+
+
+def check_worth(
+    spec: Mapping[str, Any],
+    *,
+    cluster: Any,
+    slot_seconds: float,
+    window: int,
+    arrival: int,
+    field: str = "job",
+) -> None:
+    """Refuse a job whose utility is 0 at the fewest slots it can take: no schedule can
+    pay off, and its price bounds would have no floor. The message says by how much a
+    deadline is too close.
+
+    Raises:
+        SpecError: that, or any problem of the spec itself (as the admission would).
+    """
+    from pricing.job import job_from_dict  # numpy: the daemon's side only
+
+    job = job_from_dict(
+        spec,
+        cluster,
+        slot_seconds=slot_seconds,
+        slots_available=lambda _a: window,
+        arrival=arrival,
+        field=field,
+    )
+    d_min = job.min_slots
+    if float(job.utility.log_values(d_min)) > -math.inf:
+        return
+    need = _slots(d_min, slot_seconds)
+    raw = spec.get("utility")
+    due = getattr(job.utility, "deadline", None)
+    if isinstance(raw, Mapping) and raw.get("kind") == "deadline" and due is not None:
+        left = max(0, math.floor(due + 1e-9))
+        raise SpecError.one(
+            f"{field}.utility.deadline",
+            f"leaves {_slots(left, slot_seconds)} after the job's arrival, but it needs "
+            f"at least {need} even on an empty cluster, and its value "
+            "after the deadline is 0: give a later deadline, or a half_life",
+        )
+    raise SpecError.one(
+        f"{field}.utility",
+        f"is 0 at {need}, the fewest the job can take even on an empty cluster: no "
+        "schedule can pay off",
+    )

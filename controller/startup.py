@@ -1,0 +1,76 @@
+"""The daemon's start-up on its store: the data directory, the writer lock, migrations and
+the ledger's rebuild. Every way this can fail is one line naming the setting or the
+store, and exit status 1 (``oasisd: ...``), never a traceback:
+
+- ``daemon.data_dir`` is a file, or cannot be created (permissions, a read-only or full
+  file system);
+- the store cannot be reached (refused, timed out after ``daemon.store_timeout``, bad
+  credentials) or cannot be written (a full disk: "database or disk is full");
+- another daemon holds the store (``controller/store/writer_lock.py``): the line names it;
+- the store's recorded slot 0 (meta row ``epoch``) is malformed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sqlalchemy
+
+from controller.admission import AdmissionController
+from controller.config import Config
+from controller.store import StoreUnavailableError
+from controller.store.writer_lock import StoreLockedError, WriterLock
+from pricing.errors import SpecError
+
+__all__ = ["START_SECONDS", "StartupError", "open_store"]
+
+START_SECONDS = 300.0
+"""Migrations and the rebuild may take this long per statement (the unit's
+``TimeoutStartSec``): they grow with the store."""
+
+
+class StartupError(Exception):
+    """The daemon cannot start for a reason outside its config file's syntax (an address
+    in use, say); the message names the setting."""
+
+
+def open_store(config: Config, controller: AdmissionController, writer: WriterLock | None) -> None:
+    """Make the data directory, take the writer lock, then migrate the store and rebuild
+    the ledger (blocking); StartupError on any failure, the lock let go."""
+    db = controller.db
+    store = f"the store {db.engine.url.render_as_string(hide_password=True)}"
+    try:
+        if not config.store_url:
+            _data_dir(config.data_dir)
+        if writer is not None:
+            writer.acquire()
+        try:
+            with db.patient(START_SECONDS):
+                controller.open()
+            if writer is not None:
+                writer.record(db)
+        except BaseException:
+            if writer is not None:
+                writer.release()
+            raise
+    except StoreLockedError as err:
+        raise StartupError(str(err)) from err
+    except sqlalchemy.exc.DBAPIError as err:  # unreachable, refused, bad credentials, full
+        lines = str(err.orig if err.orig is not None else err).strip().splitlines()
+        raise StartupError(f"cannot open {store}: {lines[0] if lines else err}") from err
+    except StoreUnavailableError as err:
+        raise StartupError(f"cannot open {store}: {err}") from err
+    except SpecError as err:  # a malformed meta row (the recorded slot 0)
+        raise StartupError(f"cannot use {store}: {err}") from err
+    except OSError as err:  # the lock file: permissions, a full disk
+        where = f" ({err.filename})" if err.filename else ""
+        raise StartupError(f"cannot open {store}: {err.strerror or err}{where}") from err
+
+
+def _data_dir(path: Path) -> None:
+    if path.exists() and not path.is_dir():
+        raise StartupError(f"daemon.data_dir: {path} exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise StartupError(f"daemon.data_dir: cannot create {path}: {err.strerror or err}") from err

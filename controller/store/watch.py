@@ -1,0 +1,101 @@
+"""The store, watched: whether it answers (the daemon's health follows it) and whether
+this daemon still holds its writer lock.
+
+:meth:`StoreWatch.check` runs every second or so (a periodic event of the daemon), its
+store calls in a thread and bounded by the store's timeout (``database.py``):
+
+1. ``Database.ping``: the store answers or not. A change is logged and passed to
+   ``on_change``, which turns the gRPC health to NOT_SERVING while the store is out of
+   reach and back to SERVING after.
+2. The writer lock (``writer_lock.py``): on PostgreSQL it lives as long as its session;
+   after a PostgreSQL restart the lock is gone. The watch takes it again and records a
+   new epoch. If another daemon took it meanwhile, this one must stop deciding:
+   :attr:`StoreWatch.lost` says why and ``on_lost`` is called (the daemon stops, exit 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+from sqlalchemy.exc import DBAPIError
+
+from controller.store.database import Database, StoreUnavailableError
+from controller.store.writer_lock import WriterLock
+
+__all__ = ["StoreWatch", "WriterLockLostError"]
+
+PROBE_SECONDS = 1.0
+"""How often the daemon checks its store."""
+
+
+class WriterLockLostError(Exception):
+    """Another daemon holds the writer lock this one held: this one must stop."""
+
+
+class StoreWatch:
+    """Probes ``db`` and keeps ``lock``; see the module docstring.
+
+    Args:
+        db: the store.
+        lock: its writer lock, held by this process; None: none to keep.
+        on_change: awaited with True (reachable again) or False (out of reach).
+        on_lost: called once if the lock was taken over by another process.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        lock: WriterLock | None,
+        on_change: Callable[[bool], Awaitable[None]],
+        on_lost: Callable[[], None],
+        log: Any = None,
+    ) -> None:
+        self.db = db
+        self.lock = lock
+        self.on_change = on_change
+        self.on_lost = on_lost
+        self.log = log or structlog.get_logger("oasisd")
+        self.up = True
+        self.lost = ""
+
+    async def check(self) -> None:
+        """Probe once; tell ``on_change`` and ``on_lost`` what changed."""
+        if self.lost:
+            return
+        up, lost = await asyncio.to_thread(self._probe)
+        if lost:
+            self.lost = lost
+            self.log.error("writer lock lost", reason=lost)
+            self.on_lost()
+            return
+        if up != self.up:
+            self.up = up
+            if up:
+                self.log.info("store reachable again")
+            else:
+                self.log.warning("store unreachable", reason=self.db.down_reason)
+            await self.on_change(up)
+
+    def _probe(self) -> tuple[bool, str]:
+        """(reachable, why the lock is lost or "")."""
+        if not self.db.ping():
+            return False, ""
+        if self.lock is None or self.lock.held():
+            return True, ""
+        try:
+            if self.lock.try_acquire():
+                epoch = self.lock.record(self.db)
+                self.log.warning("writer lock taken again after its session ended", epoch=epoch)
+                return True, ""
+        except (DBAPIError, StoreUnavailableError, OSError) as err:
+            self.log.warning("writer lock not taken again yet", error=str(err))
+            return False, ""
+        holder = self.lock.holder()
+        who = str(holder) if holder else "holder unknown"
+        return True, (
+            f"{self.lock.what} was taken over by another oasisd ({who}) while this one "
+            "could not reach it; stopping"
+        )

@@ -1,0 +1,324 @@
+"""One writer per store: a lock the daemon holds for its whole life.
+
+Two daemons deciding against one store would each price against a ledger that misses the
+other's jobs, and together fill servers past capacity. So the daemon takes this lock
+before it migrates or reads anything, and a second one exits at start naming the first.
+
+- **SQLite:** ``flock`` on ``<database file>.lock``, next to the database (a local file
+  system: ``flock`` does not reach across NFS). The file holds one JSON line naming the
+  holder: ``{"host", "pid", "since", "epoch"}``.
+- **PostgreSQL:** a session advisory lock (``pg_try_advisory_lock(LOCK_KEY)``) on a
+  connection of its own, kept open in autocommit (so it never holds a transaction open).
+  The holder is found through ``pg_locks`` and ``pg_stat_activity``: the session's
+  ``application_name`` is ``oasisd PID@HOST`` and ``backend_start`` is when it connected,
+  just before taking the lock.
+
+Either is released by the kernel or by PostgreSQL when the process or its session ends,
+``kill -9`` included: no stale lock to clean up after a crash. A PostgreSQL restart ends
+the session too; :meth:`WriterLock.held` notices and the daemon takes the lock again
+(``controller/store/watch.py``) -- or stops, if another daemon took it meanwhile.
+
+``epoch`` counts acquisitions: each holder records the previous epoch + 1 in the ``meta``
+row ``writer`` (:meth:`WriterLock.record`, once the schema exists). It is what a leader
+election would fence writes with: a writer that lost the lock holds a smaller epoch than
+the one that took over. :meth:`WriterLock.try_acquire` never raises for "held elsewhere",
+so an election can call it in a loop; :meth:`WriterLock.acquire` raises
+:class:`StoreLockedError` naming the holder, for start-up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import socket
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, text
+from sqlalchemy.exc import DBAPIError
+
+from controller.store.database import Database
+from controller.store.models import MetaRow
+
+__all__ = [
+    "LOCK_KEY",
+    "FileWriterLock",
+    "Holder",
+    "PostgresWriterLock",
+    "StoreLockedError",
+    "WriterLock",
+    "writer_lock",
+]
+
+LOCK_KEY = 0x6F61_7369_7772_6974
+"""The advisory lock's key ("oasiwrit"); the migration lock is another (``database.py``)."""
+RECORD_KEY = "writer"
+"""The ``meta`` row holding the current holder and its epoch."""
+_RECORD_BYTES = 4096  # a holder line is ~150 bytes; more is not ours
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds (or last held) a store's writer lock.
+
+    Attributes:
+        host: the holder's host name.
+        pid: its process id; None if unknown.
+        since: when it took the lock (UTC); None if unknown.
+        epoch: the acquisition count when it took the lock; 0 if unknown.
+    """
+
+    host: str
+    pid: int | None
+    since: datetime | None
+    epoch: int = 0
+
+    def __str__(self) -> str:
+        pid = f"pid {self.pid}" if self.pid is not None else "pid unknown"
+        since = f"since {self.since:%Y-%m-%dT%H:%M:%SZ}" if self.since else "since unknown"
+        return f"host {self.host or 'unknown'}, {pid}, {since}"
+
+    def to_dict(self) -> dict[str, Any]:
+        since = self.since.isoformat() if self.since else None
+        return {"host": self.host, "pid": self.pid, "since": since, "epoch": self.epoch}
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> Holder | None:
+        """The holder in ``raw`` (a lock file's or the store's record: untrusted), or
+        None if it is not one."""
+        if not isinstance(raw, dict):
+            return None
+        host, pid, since, epoch = (raw.get(k) for k in ("host", "pid", "since", "epoch"))
+        if not isinstance(host, str) or not isinstance(epoch, int) or isinstance(epoch, bool):
+            return None
+        try:
+            at = datetime.fromisoformat(since) if isinstance(since, str) else None
+        except ValueError:
+            at = None
+        pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+        return cls(host[:255], pid, at, epoch)
+
+
+def this_process(epoch: int = 0) -> Holder:
+    """This process as a holder, from now."""
+    return Holder(socket.gethostname(), os.getpid(), datetime.now(UTC), epoch)
+
+
+class StoreLockedError(Exception):
+    """Another process holds the store's writer lock.
+
+    Attributes:
+        holder: who, as far as it can be told (None: unknown).
+    """
+
+    def __init__(self, what: str, holder: Holder | None) -> None:
+        who = str(holder) if holder else "holder unknown"
+        super().__init__(
+            f"{what} is in use by another oasisd ({who}): one daemon per store; stop that one first"
+        )
+        self.holder = holder
+
+
+class WriterLock(ABC):
+    """The writer lock of one store; see the module docstring."""
+
+    epoch = 0
+    """This process's epoch once :meth:`record` ran; 0 before."""
+
+    @abstractmethod
+    def try_acquire(self) -> bool:
+        """Take the lock if free: True if this process holds it now (also if it already
+        did), False if another does. Store outages raise (``DBAPIError``, ``OSError``)."""
+
+    @abstractmethod
+    def held(self) -> bool:
+        """True if this process still holds the lock (PostgreSQL: its session is alive;
+        a round trip, bounded by the store's timeout)."""
+
+    @abstractmethod
+    def holder(self) -> Holder | None:
+        """Who holds the lock, as recorded; None if nobody or unknown."""
+
+    @abstractmethod
+    def release(self) -> None:
+        """Let the lock go (never blocks on an unreachable store)."""
+
+    @property
+    @abstractmethod
+    def what(self) -> str:
+        """The store, for messages (no password)."""
+
+    def acquire(self) -> None:
+        """Take the lock or raise :class:`StoreLockedError` naming the holder."""
+        if not self.try_acquire():
+            raise StoreLockedError(self.what, self.holder())
+
+    def record(self, db: Database) -> int:
+        """Record this process as the holder in the store's ``meta`` (the schema must
+        exist), with the previous epoch + 1; returns the new epoch."""
+        with db.session() as session:
+            previous = session.get(MetaRow, RECORD_KEY)
+            last = Holder.from_dict(previous.value if previous else None)
+            me = this_process((last.epoch if last else 0) + 1)
+            session.merge(MetaRow(key=RECORD_KEY, value=me.to_dict()))
+        self.epoch = me.epoch
+        return me.epoch
+
+
+class FileWriterLock(WriterLock):
+    """``flock`` on ``path``; the file names the holder (SQLite stores)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    @property
+    def what(self) -> str:
+        return f"the store {self.path.with_suffix('')}"
+
+    def try_acquire(self) -> bool:
+        if self._fd is not None:
+            return True
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            os.close(fd)
+            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return False
+            raise
+        try:
+            last = _parse(os.pread(fd, _RECORD_BYTES, 0))
+            line = json.dumps(this_process((last.epoch if last else 0) + 1).to_dict()) + "\n"
+            data = line.encode()
+            if os.pwrite(fd, data, 0) != len(data):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
+            os.ftruncate(fd, len(data))
+        except BaseException:
+            os.close(fd)  # releases the lock
+            raise
+        self._fd = fd
+        return True
+
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def holder(self) -> Holder | None:
+        try:
+            with open(self.path, "rb") as f:
+                return _parse(f.read(_RECORD_BYTES))
+        except OSError:
+            return None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _parse(data: bytes) -> Holder | None:
+    try:
+        return Holder.from_dict(json.loads(data.decode("utf-8", "replace") or "null"))
+    except (ValueError, RecursionError):  # not ours: any bytes may be in that file
+        return None
+
+
+class PostgresWriterLock(WriterLock):
+    """A session advisory lock on a dedicated connection of ``db`` (PostgreSQL stores)."""
+
+    def __init__(self, db: Database, key: int = LOCK_KEY) -> None:
+        self.db = db
+        self.key = key
+        self._conn: Connection | None = None
+        self._using = threading.Lock()  # the connection is not shared between threads
+
+    @property
+    def what(self) -> str:
+        return f"the store {self.db.engine.url.render_as_string(hide_password=True)}"
+
+    def try_acquire(self) -> bool:
+        with self._using:
+            return self._try_acquire()
+
+    def _try_acquire(self) -> bool:
+        if self._conn is not None:
+            return True
+        conn = self.db.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        try:
+            me = this_process()
+            name = f"oasisd {me.pid}@{me.host}"[:63]  # PostgreSQL keeps 63 bytes
+            conn.execute(text("SELECT set_config('application_name', :n, false)"), {"n": name})
+            got = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": self.key}).scalar()
+        except BaseException:
+            conn.close()
+            raise
+        if not got:
+            conn.close()
+            return False
+        self._conn = conn
+        return True
+
+    def held(self) -> bool:
+        with self._using:
+            if self._conn is None:
+                return False
+            try:
+                self._conn.execute(text("SELECT 1"))
+            except DBAPIError:  # the session is gone, and the lock with it
+                self._drop()
+                return False
+            return True
+
+    def holder(self) -> Holder | None:
+        try:
+            with self.db.engine.connect() as conn:
+                row = conn.execute(
+                    text(
+                        "SELECT a.application_name, a.backend_start FROM pg_locks l "
+                        "JOIN pg_stat_activity a ON a.pid = l.pid "
+                        "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
+                        "AND l.database = (SELECT oid FROM pg_database "
+                        "WHERE datname = current_database()) "
+                        "AND l.classid::bigint = :hi AND l.objid::bigint = :lo"
+                    ),
+                    {"hi": self.key >> 32, "lo": self.key & 0xFFFF_FFFF},
+                ).first()
+        except DBAPIError:
+            return None
+        if row is None:
+            return None
+        name, started = row
+        pid, _, host = (name or "").removeprefix("oasisd ").partition("@")
+        return Holder(host, int(pid) if pid.isdigit() else None, started)
+
+    def release(self) -> None:
+        with self._using:
+            self._drop()
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            # closing ends the session, which releases the lock; no round trip to wait on
+            with contextlib.suppress(DBAPIError):
+                self._conn.invalidate()
+            self._conn.close()
+            self._conn = None
+
+
+def writer_lock(db: Database) -> WriterLock | None:
+    """The writer lock for ``db``'s store; None for an in-memory SQLite database or a
+    backend without a lock."""
+    url = db.engine.url
+    if url.get_backend_name() == "sqlite":
+        if not url.database or url.database == ":memory:":
+            return None
+        return FileWriterLock(Path(f"{Path(url.database).resolve()}.lock"))
+    if url.get_backend_name() == "postgresql":
+        return PostgresWriterLock(db)
+    return None

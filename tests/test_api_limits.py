@@ -1,0 +1,114 @@
+"""The API's size bounds, end to end (issue 12, item 10): ``ListJobs`` pages and bounded
+job specs, on a daemon subprocess over a real gRPC channel, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from controller.convert import spec_to_proto
+from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
+from tests.servers import Daemon, oasis, write_config
+from tests.test_daemon_e2e import job
+
+LIMITS = """
+[limits]
+max_page_jobs = 3
+max_table_points = 40
+max_spec_bytes = 900
+"""
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, store_url: str) -> Iterator[Daemon]:
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store_url, extra=LIMITS)
+    d = Daemon(config, tmp_path / "oasisd.log").start()
+    yield d
+    assert d.stop() == 0, (tmp_path / "oasisd.log").read_text()
+
+
+def _code(call: object) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as err:
+        assert callable(call)
+        call()
+    return err.value.code(), str(err.value.details())
+
+
+def test_list_jobs_pages_and_specs_are_bounded(daemon: Daemon) -> None:
+    addr = daemon.address
+    ids = [f"p{i}" for i in range(7)]
+    with grpc.insecure_channel(addr) as channel:
+        stub = pb_grpc.AdmissionStub(channel)
+        for job_id in ids:
+            stub.SubmitJob(pb.SubmitJobRequest(job=spec_to_proto(job(job_id))), timeout=60)
+
+        # no page_size: the daemon's maximum page, then the rest by token, in order
+        first = stub.ListJobs(pb.ListJobsRequest(), timeout=30)
+        assert [j.spec.id for j in first.jobs] == ids[:3] and first.next_page_token
+        seen = [j.spec.id for j in first.jobs]
+        token = first.next_page_token
+        while token:
+            page = stub.ListJobs(pb.ListJobsRequest(page_token=token, page_size=50), timeout=30)
+            assert len(page.jobs) <= 3  # a page_size above the maximum is cut to it
+            seen += [j.spec.id for j in page.jobs]
+            token = page.next_page_token
+        assert seen == ids
+        two = stub.ListJobs(pb.ListJobsRequest(page_size=2), timeout=30)
+        assert [j.spec.id for j in two.jobs] == ids[:2]
+        last = stub.ListJobs(pb.ListJobsRequest(page_size=3, page_token=two.next_page_token))
+        assert [j.spec.id for j in last.jobs] == ids[2:5]
+        code, details = _code(lambda: stub.ListJobs(pb.ListJobsRequest(page_token="x?")))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "page_token" in details
+
+        # bounded specs: named field, INVALID_ARGUMENT, for submit and quote alike
+        table = {"kind": "table", "values": [100.0 - i for i in range(41)]}
+        for rpc in (stub.SubmitJob, stub.QuoteJob):
+            request = pb.SubmitJobRequest if rpc is stub.SubmitJob else pb.QuoteJobRequest
+            big = request(job=spec_to_proto(job("t1", utility=table)))
+            code, details = _code(lambda r=rpc, b=big: r(b, timeout=30))
+            assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+            assert "job.utility.values" in details and "max_table_points = 40" in details
+        long_values = {"kind": "table", "values": [1e6 / 3 - i for i in range(40)]}
+        wide = pb.SubmitJobRequest(job=spec_to_proto(job("t2", utility=long_values)))
+        code, details = _code(lambda: stub.SubmitJob(wide, timeout=30))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "max_spec_bytes = 900" in details
+        short = {"kind": "table", "values": [100.0 - i for i in range(40)]}
+        ok = stub.SubmitJob(pb.SubmitJobRequest(job=spec_to_proto(job("t3", utility=short))))
+        assert ok.job.spec.id == "t3"  # at the limits: accepted
+
+    # the CLI follows the pages
+    listed = json.loads(oasis("jobs", "--json", server=addr).stdout)["jobs"]
+    assert [j["spec"]["id"] for j in listed] == [*ids, "t3"]
+    limited = json.loads(oasis("jobs", "--json", "--limit", "5", server=addr).stdout)["jobs"]
+    assert [j["spec"]["id"] for j in limited] == ids[:5]
+    status = json.loads(oasis("status", "--json", "--limit", "100", server=addr).stdout)
+    in_flight = [j["spec"]["id"] for j in listed if j["state"] == "JOB_STATE_ADMITTED"]
+    assert len(in_flight) > 3  # more than one page
+    assert sorted(j["id"] for j in status["jobs"]) == sorted(in_flight)
+
+
+def test_a_page_ends_at_its_byte_bound(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data",
+                          extra="[limits]\nmax_page_bytes = 1\n")  # fmt: skip
+    d = Daemon(config, tmp_path / "oasisd.log").start()
+    try:
+        with grpc.insecure_channel(d.address) as channel:
+            stub = pb_grpc.AdmissionStub(channel)
+            for job_id in ("b0", "b1", "b2"):
+                stub.SubmitJob(pb.SubmitJobRequest(job=spec_to_proto(job(job_id))), timeout=60)
+            pages = []
+            token = ""
+            for _ in range(5):
+                page = stub.ListJobs(pb.ListJobsRequest(page_token=token), timeout=30)
+                pages.append([j.spec.id for j in page.jobs])
+                token = page.next_page_token
+                if not token:
+                    break
+    finally:
+        assert d.stop() == 0, (tmp_path / "oasisd.log").read_text()
+    assert pages == [["b0"], ["b1"], ["b2"]]  # at least one job a page, never more here

@@ -1,0 +1,371 @@
+"""The ``oasis`` client in a user's terms (issue 13), against ``oasisd`` as a subprocess:
+job specs in seconds and times, ids the daemon makes, strict errors listed at once,
+JSON that round-trips, exit codes, wall-clock times, addresses and what to check when
+the daemon cannot be reached; and issue 12's clean INVALID_ARGUMENT cases."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_reflection.v1alpha import reflection_pb2
+from grpc_status import rpc_status
+
+from controller.clock import SlotTimes
+from controller.commands.records import local_time
+from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
+from pricing.durations import format_time
+from pricing.runtime_estimate import RuntimePrior, fit
+from tests.servers import ROOT, SMALL_JOB, Daemon, free_port, oasis, write_config
+
+PEOPLE: dict[str, Any] = {  # SMALL_JOB in people's units: 36 s is 0.01 of an hour
+    **{k: v for k, v in SMALL_JOB.items() if k != "tau"},
+    "minibatch_seconds": 36,
+    "utility": {"kind": "deadline", "value": 50, "deadline": "6h", "half_life": "1h"},
+}
+
+
+@pytest.fixture(scope="module")
+def epoch() -> float:
+    return time.time()
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory, epoch: float) -> Iterator[Daemon]:
+    tmp = tmp_path_factory.mktemp("client")
+    config = write_config(tmp / "oasisd.toml", tmp / "data", epoch=epoch)
+    d = Daemon(config, tmp / "oasisd.log").start()
+    yield d
+    assert d.stop() == 0, (tmp / "oasisd.log").read_text()
+
+
+def write(tmp_path: Path, spec: Any, name: str = "job.json") -> str:
+    path = tmp_path / name
+    path.write_text(spec if isinstance(spec, str) else json.dumps(spec))
+    return str(path)
+
+
+def run(*args: str, server: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "controller.cli", *args, "--server", server]
+    return subprocess.run(
+        cmd, input=stdin, capture_output=True, text=True, cwd=ROOT, timeout=120, check=False
+    )
+
+
+def cluster_info(address: str) -> pb.GetClusterInfoResponse:
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.ClusterStub(channel)
+        info: pb.GetClusterInfoResponse = stub.GetClusterInfo(
+            pb.GetClusterInfoRequest(), timeout=10
+        )
+        return info
+
+
+def without_ms(decision: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in decision.items() if k != "decision_ms"}
+
+
+def test_a_job_in_seconds_without_an_id_gets_one(tmp_path: Path, daemon: Daemon) -> None:
+    out = run("submit", write(tmp_path, PEOPLE), server=daemon.address)
+    assert out.returncode == 0, out.stderr
+    job_id = out.stdout.split(":", 1)[0]
+    assert job_id.startswith("job-") and ": admitted, arrives in slot" in out.stdout
+    shown = json.loads(run("job", job_id, "--json", server=daemon.address).stdout)
+    assert shown["id"] == job_id and shown["state"] == "admitted"
+    assert shown["spec"] == {**PEOPLE, "id": job_id}  # as given, in seconds and durations
+    again = run("submit", write(tmp_path, PEOPLE), server=daemon.address)
+    assert again.stdout.split(":", 1)[0] not in (job_id, "")  # no id: a new job each time
+
+
+def test_job_json_round_trips_to_the_same_decision(
+    tmp_path: Path, daemon: Daemon, epoch: float
+) -> None:
+    """``job --json`` -> ``quote`` on a daemon in the same state equals the decision."""
+    times = SlotTimes(epoch, 3600.0)
+    now = cluster_info(daemon.address).current_slot
+    due = format_time(times.start(now + 8))
+    spec = {**PEOPLE, "id": "rt1", "utility": {"kind": "deadline", "value": 30, "deadline": due}}
+    submitted = run("submit", write(tmp_path, spec), "--json", server=daemon.address)
+    assert submitted.returncode == 0, submitted.stderr
+    record = json.loads(submitted.stdout)
+    printed = run("job", "rt1", "--json", server=daemon.address)
+    assert json.loads(printed.stdout)["spec"] == spec  # the time shown as given
+
+    # a second daemon with the same clock and cluster holds exactly what the first held
+    # before rt1: the same jobs in the same order
+    twin_dir = tmp_path / "twin"
+    twin = Daemon(
+        write_config(tmp_path / "twin.toml", twin_dir, epoch=epoch), tmp_path / "twin.log"
+    ).start()
+    try:
+        before = json.loads(run("jobs", "--json", server=daemon.address).stdout)["jobs"]
+        for earlier in before:
+            if earlier["id"] != "rt1":
+                replayed = run("submit", "-", server=twin.address, stdin=json.dumps(earlier))
+                assert replayed.returncode in (0, 3), replayed.stderr
+        quoted = run("quote", "-", "--json", server=twin.address, stdin=printed.stdout)
+        assert quoted.returncode == 0, quoted.stderr
+        assert without_ms(json.loads(quoted.stdout)["decision"]) == without_ms(record["decision"])
+    finally:
+        assert twin.stop() == 0
+    # the same file again is the same job (its time resolves to the same slot)
+    retried = run("submit", write(tmp_path, spec), server=daemon.address)
+    assert retried.returncode == 0 and "already decided" in retried.stdout
+
+
+def test_every_problem_is_listed_once_in_plain_words(tmp_path: Path, daemon: Daemon) -> None:
+    bad = {
+        **PEOPLE,
+        "epoch": 2,
+        "arrival": 3,
+        "chunks": "8",
+        "utility": {"kind": "deadline", "value": 50, "deadline": "2030-01-01T00:00"},
+    }
+    del bad["epochs"]
+    path = write(tmp_path, bad)
+    out = run("submit", path, server=daemon.address)
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == [
+        "oasis submit: INVALID_ARGUMENT: invalid input:",
+        "  job.epoch: unknown key; did you mean 'epochs'?",
+        "  job.arrival: is not taken here: a job submitted during slot s arrives at s + 1",
+        "  job.epochs: is required",
+        "  job.chunks: must be an integer, got the string '8'",
+        "  job.utility.deadline: the time '2030-01-01T00:00' has no UTC offset: add Z (UTC) "
+        "or one such as +02:00",
+    ]
+    js = run("submit", path, "--json", server=daemon.address)
+    assert js.returncode == 2 and js.stderr == ""
+    error = json.loads(js.stdout)["error"]
+    assert error["code"] == "INVALID_ARGUMENT" and error["field"] == "job.epoch"
+    assert [p["field"] for p in error["problems"]] == [
+        "job.epoch",
+        "job.arrival",
+        "job.epochs",
+        "job.chunks",
+        "job.utility.deadline",
+    ]
+    assert error["message"].startswith("job.epoch: unknown key; did you mean 'epochs'?; ")
+    unreadable = run("submit", write(tmp_path, "{nope"), "--json", server=daemon.address)
+    assert unreadable.returncode == 2
+    assert json.loads(unreadable.stdout)["error"]["message"].endswith(
+        "not JSON: Expecting property name enclosed in double quotes at line 1 column 2"
+    )
+
+
+def test_a_list_names_the_item_that_failed(tmp_path: Path, daemon: Daemon) -> None:
+    jobs = [{**PEOPLE, "id": "l0"}, {**PEOPLE, "id": "l1", "epochs": -1}, {**PEOPLE, "id": "l2"}]
+    out = run("submit", write(tmp_path, jobs), server=daemon.address)
+    assert out.returncode == 2
+    assert out.stdout.startswith("l0: admitted")
+    assert "item 1 (l1) failed; the 1 before it were submitted, the rest were not" in out.stderr
+    assert "job.epochs: must be >= 1, got -1" in out.stderr
+
+
+def test_a_deadline_too_close_says_by_how_much(tmp_path: Path, daemon: Daemon) -> None:
+    spec = {
+        **PEOPLE,
+        "minibatch_seconds": 360,
+        "utility": {"kind": "deadline", "value": 5, "deadline": "1h"},
+    }
+    out = run("submit", write(tmp_path, spec), server=daemon.address)
+    assert out.returncode == 2
+    assert (
+        "job.utility.deadline: leaves 1 slot (1h) after the job's arrival, but it needs "
+        "at least 11 slots (11h) even on an empty cluster" in out.stderr
+    )
+
+
+def test_exit_codes_admitted_rejected_bad_input_other(tmp_path: Path, daemon: Daemon) -> None:
+    admitted = run("submit", write(tmp_path, {**PEOPLE, "id": "x0"}), server=daemon.address)
+    assert admitted.returncode == 0
+    worthless = {
+        **PEOPLE,
+        "id": "x3",
+        "utility": {"kind": "deadline", "value": 1e-6, "deadline": "6h"},
+    }
+    rejected = run("submit", write(tmp_path, worthless), "--json", server=daemon.address)
+    assert rejected.returncode == 3, rejected.stderr
+    assert json.loads(rejected.stdout)["state"] == "rejected"
+    assert run("quote", write(tmp_path, worthless), server=daemon.address).returncode == 3
+    bad = run("submit", write(tmp_path, {**PEOPLE, "epochs": 0}), server=daemon.address)
+    assert bad.returncode == 2 and "job.epochs: must be >= 1, got 0" in bad.stderr
+    missing = run("job", "nope", "--json", server=daemon.address)
+    assert missing.returncode == 1
+    assert json.loads(missing.stdout) == {
+        "error": {"code": "NOT_FOUND", "message": "no job 'nope'", "field": "", "problems": []}
+    }
+
+
+def test_quote_reads_as_a_quote(tmp_path: Path, daemon: Daemon) -> None:
+    out = run("quote", write(tmp_path, {**PEOPLE, "id": "q1"}), server=daemon.address)
+    assert out.returncode == 0
+    assert out.stdout.startswith("quote for q1: would be admitted, arrives in slot ")
+    assert "(quote)" not in out.stdout and out.stdout.rstrip().endswith("(nothing committed)")
+    anonymous = run("quote", write(tmp_path, PEOPLE), server=daemon.address)
+    assert anonymous.stdout.startswith("quote: would be admitted")
+
+
+def test_tables_show_wall_clock_times(tmp_path: Path, daemon: Daemon, epoch: float) -> None:
+    info = cluster_info(daemon.address)
+    assert (info.slot_seconds, info.epoch, info.window) == (3600.0, epoch, 24)
+    assert abs(info.now - time.time()) < 60
+    run("submit", write(tmp_path, {**PEOPLE, "id": "t1"}), server=daemon.address)
+    times = SlotTimes(info.epoch, info.slot_seconds)
+    arrival = info.current_slot + 1
+    begins = local_time(times.start(arrival))
+    jobs = run("jobs", server=daemon.address).stdout
+    row = next(line for line in jobs.splitlines() if line.startswith("t1 "))
+    assert f"{arrival} ({begins})" in row
+    assert "a slot is 1h" in jobs
+    job = run("job", "t1", server=daemon.address).stdout
+    assert f"arrives in slot {arrival} ({begins})" in job and "begins" in job
+    status = run("status", server=daemon.address).stdout
+    assert f"slot {info.current_slot} (" in status and "run from" in status
+    record = json.loads(run("job", "t1", "--json", server=daemon.address).stdout)
+    assert record["decision"]["arrives_at"] == format_time(times.start(arrival))
+
+
+def test_watch_json_detail_is_json(tmp_path: Path, daemon: Daemon) -> None:
+    run("submit", write(tmp_path, {**PEOPLE, "id": "w1"}), server=daemon.address)
+    cmd = [
+        sys.executable,
+        "-m",
+        "controller.cli",
+        "watch",
+        "--from",
+        "0",
+        "--json",
+        "--server",
+        daemon.address,
+    ]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT) as watch:
+        assert watch.stdout is not None
+        first = json.loads(watch.stdout.readline())
+        watch.kill()
+    assert first["kind"] == "decided" and isinstance(first["sequence"], int)
+    assert first["state"] in ("admitted", "rejected")
+    assert isinstance(first["detail"], dict) and "admitted" in first["detail"]
+
+
+def test_prices_take_the_node_flag(daemon: Daemon) -> None:
+    for flag in ("--node", "--server-name"):  # the old name still works
+        out = run("prices", "--json", flag, "w1", server=daemon.address)
+        rows = json.loads(out.stdout)["prices"]
+        assert rows and {r["server"] for r in rows} == {"w1"}
+        assert all(r["kind"] == "worker" for r in rows)
+        assert isinstance(json.loads(out.stdout)["first_slot"], int)
+
+
+def test_agent_names_its_node_with_node() -> None:
+    out = oasis("agent", "--server", "w0", check=False)
+    assert out.returncode == 2
+    assert (
+        "--server now names the daemon's address in every command; the node flag of the "
+        "agent is --node: oasis agent --node w0" in out.stderr
+    )
+    assert "--node NAME" in oasis("agent", "--help").stdout
+
+
+def test_an_unreachable_daemon_says_what_to_check() -> None:
+    address = f"127.0.0.1:{free_port()}"
+    out = oasis("jobs", "--timeout", "5", server=address, check=False)
+    assert out.returncode == 1
+    assert (
+        f"oasis jobs: UNAVAILABLE: cannot reach the daemon at {address}: connection "
+        "refused: nothing listens there. Check that oasisd runs there" in out.stderr
+    )
+    assert "--server or $OASIS_SERVER" in out.stderr and "--tls-ca" in out.stderr
+    as_json = oasis("status", "--json", "--timeout", "5", server=address, check=False)
+    assert as_json.returncode == 1
+    assert json.loads(as_json.stdout)["error"]["code"] == "UNAVAILABLE"
+
+
+def test_no_port_means_50051() -> None:
+    """``--server HOST`` reaches HOST:50051 (the message names the address it tried)."""
+    out = oasis("jobs", "--timeout", "3", server="127.0.0.2", check=False)
+    assert out.returncode == 1 and "127.0.0.2:50051" in out.stderr
+
+
+def test_issue_12_inputs_are_invalid_argument(tmp_path: Path, daemon: Daemon) -> None:
+    for changes, message in [
+        ({"worker": {**PEOPLE["worker"], "gpu": 5e-324}}, "job.worker.gpu: must be 0 or at"),
+        (
+            {"utility": {"kind": "sigmoid", "priority": 1, "decay": 1, "target": -1e308}},
+            "job.utility.target: must be at most 2**53 slots away",
+        ),
+    ]:
+        out = run("submit", write(tmp_path, {**PEOPLE, **changes}), server=daemon.address)
+        assert out.returncode == 2 and message in out.stderr, out.stderr
+
+    with grpc.insecure_channel(daemon.address) as channel:
+        raw = channel.unary_unary("/oasis.v1.Admission/SubmitJob")
+        with pytest.raises(grpc.RpcError) as err:
+            raw(b"\xff\xff\xff\xff\x0f", timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "malformed request" in (err.value.details() or "")
+        watch = channel.unary_stream("/oasis.v1.Admission/WatchEvents")
+        with pytest.raises(grpc.RpcError) as err:
+            next(iter(watch(b"\x08", timeout=10)))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+        # 40,000 unknown resources: a bounded message (gRPC clients refuse trailers over
+        # 8 KiB), and the first fields as details
+        stub = pb_grpc.AdmissionStub(channel)
+        many = {**PEOPLE, "worker": {f"r{i}": 1 for i in range(40_000)}}
+        call = stub.SubmitJob.with_call
+        with pytest.raises(grpc.RpcError) as err:
+            call(pb.SubmitJobRequest(job=pb.JobSpec(json=json.dumps(many))), timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert len(err.value.details() or "") < 2_000
+        status = rpc_status.from_call(err.value)
+        assert status is not None
+        bad = error_details_pb2.BadRequest()
+        status.details[0].Unpack(bad)
+        shown = len(bad.field_violations) - 1
+        assert shown >= 10 and bad.field_violations[0].field == "job.worker.r0"
+        assert bad.field_violations[-1].description == f"and {40_000 - shown} more problems"
+
+
+def test_reflection_v1_and_v1alpha(daemon: Daemon) -> None:
+    request = reflection_pb2.ServerReflectionRequest
+    response = reflection_pb2.ServerReflectionResponse
+    with grpc.insecure_channel(daemon.address) as channel:
+        for version in ("v1", "v1alpha"):
+            call = channel.stream_stream(
+                f"/grpc.reflection.{version}.ServerReflection/ServerReflectionInfo",
+                request_serializer=request.SerializeToString,
+                response_deserializer=response.FromString,
+            )
+            asked = [
+                request(list_services=""),
+                request(file_containing_symbol="grpc.reflection.v1.ServerReflection"),
+                request(file_containing_symbol="oasis.v1.Cluster"),
+            ]
+            listed, v1_file, oasis_file = list(call(iter(asked), timeout=10))
+            names = {s.name for s in listed.list_services_response.service}
+            assert {
+                "oasis.v1.Admission",
+                "oasis.v1.Cluster",
+                "grpc.reflection.v1.ServerReflection",
+                "grpc.reflection.v1alpha.ServerReflection",
+            } <= names
+            assert v1_file.HasField("file_descriptor_response"), version
+            assert oasis_file.HasField("file_descriptor_response"), version
+
+
+def test_progress_intervals_are_never_negative() -> None:
+    """Before any report the estimate is the prior's, whose t interval reaches below 0:
+    seconds cannot be negative, so it is cut off there (``oasis progress``)."""
+    empty = fit([], [], RuntimePrior(2.0))
+    for interval in (empty.minibatch_seconds(0.95), empty.seconds_at(10_000, 0.95)):
+        assert 0.0 <= interval.low < interval.mean < interval.high

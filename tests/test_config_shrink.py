@@ -1,0 +1,127 @@
+"""A configuration shrunk under admitted jobs (issue 12, item 2): the daemon, a subprocess,
+still starts; plans that no longer fit are re-placed, re-planned or failed, each with an
+event, no capacity is exceeded, and the jobs whose plans still fit are untouched."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from controller.convert import spec_to_proto
+from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
+from tests.servers import Daemon, write_config
+from tests.test_daemon_e2e import contending_jobs
+
+W2 = '  {name="w2", kind="worker", capacity={gpu=8, cpu=64, mem=488, disk=500, bandwidth=40}},\n'
+SHRINKS = {
+    "capacity": lambda text: text.replace(
+        W2, W2.replace("gpu=8, cpu=64, mem=488", "gpu=2, cpu=16, mem=64")
+    ),
+    "server": lambda text: text.replace(W2, ""),
+    "window": lambda text: text.replace("window = 24", "window = 5"),
+}
+
+
+def _jobs(stub: pb_grpc.AdmissionStub) -> dict[str, Any]:
+    jobs = stub.ListJobs(pb.ListJobsRequest(), timeout=30).jobs
+    return {j.spec.id: j for j in jobs}
+
+
+def _plan(job: Any, from_slot: int) -> list[tuple[int, str, int, int]]:
+    return sorted(
+        (a.slot, a.server, a.workers, a.ps) for a in job.decision.allocations if a.slot >= from_slot
+    )
+
+
+def _events(stub: pb_grpc.AdmissionStub) -> list[Any]:
+    out = []
+    stream = stub.WatchEvents(pb.WatchEventsRequest(after_sequence=0), timeout=3)
+    try:
+        out.extend(stream)
+    except grpc.RpcError as err:
+        if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise
+    return out
+
+
+def _within_capacity(cluster: Any, jobs: dict[str, Any], from_slot: int) -> None:
+    """Every job's demands summed per (slot, server, resource) from the stored plans,
+    from ``from_slot`` on, are within the configured capacities."""
+    capacity = {
+        s.name: dict(s.capacity) for s in cluster.ListServers(pb.ListServersRequest()).servers
+    }
+    used: dict[tuple[int, str, str], float] = defaultdict(float)
+    for job in jobs.values():
+        for a in _plan_allocs(job, from_slot):
+            assert a.server in capacity, f"{job.spec.id} planned on unknown {a.server}"
+            demand = job.spec.worker if a.workers else job.spec.ps
+            count = a.workers or a.ps
+            for resource, amount in demand.items():
+                used[(a.slot, a.server, resource)] += count * amount
+    for (slot, server, resource), amount in used.items():
+        assert amount <= capacity[server].get(resource, 0) + 1e-6, (slot, server, resource)
+
+
+@pytest.mark.parametrize("shrink", sorted(SHRINKS))
+def test_a_shrunk_config_starts_and_refits_the_jobs_that_no_longer_fit(
+    tmp_path: Path, store_url: str, shrink: str
+) -> None:
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store_url)
+    log = tmp_path / "oasisd.log"
+    daemon = Daemon(config, log).start()
+    try:
+        with grpc.insecure_channel(daemon.address) as channel:
+            stub = pb_grpc.AdmissionStub(channel)
+            for spec in contending_jobs(10):
+                stub.SubmitJob(pb.SubmitJobRequest(job=spec_to_proto(spec)), timeout=60)
+            before = _jobs(stub)
+    finally:
+        assert daemon.stop() == 0, log.read_text()
+    config.write_text(SHRINKS[shrink](config.read_text()))
+    assert config.read_text() != write_config(tmp_path / "x.toml", tmp_path / "data").read_text()
+
+    daemon = Daemon(config, log).start()  # before the fix: a CapacityError/LedgerError
+    try:
+        with grpc.insecure_channel(daemon.address) as channel:
+            stub = pb_grpc.AdmissionStub(channel)
+            cluster = pb_grpc.ClusterStub(channel)
+            after = _jobs(stub)
+            now = cluster.GetUtilisation(pb.GetUtilisationRequest(), timeout=10).first_slot
+            _within_capacity(cluster, after, now)
+            refits = {
+                e.job_id: json.loads(e.detail)
+                for e in _events(stub)
+                if e.kind in ("replanned", "failed")
+            }
+    finally:
+        assert daemon.stop() == 0, log.read_text()
+
+    admitted = [j for j, job in before.items() if job.decision.admitted]
+    changed = [j for j in admitted if _plan(before[j], now) != _plan(after[j], now)]
+    assert changed, "the shrink must hit some job, or the test checks nothing"
+    for j in admitted:
+        if j in changed or after[j].state == pb.JOB_STATE_FAILED:
+            assert refits.get(j, {}).get("reason") == "config_changed", (j, refits)
+            assert refits[j]["how"] in ("replaced", "replanned", "stranded")
+            assert refits[j]["why"]
+        else:  # still fits: untouched, no event
+            assert j not in refits
+            assert after[j].state == before[j].state
+    for j in refits:
+        assert (refits[j]["how"] == "stranded") == (after[j].state == pb.JOB_STATE_FAILED)
+    text = log.read_text()
+    assert "plan refitted to the configuration" in text and "Traceback" not in text
+    if shrink == "server":
+        assert all(a.server != "w2" for j in after.values() for a in _plan_allocs(j, now))
+    if shrink == "window":
+        assert all(a.slot <= now + 5 for j in after.values() for a in _plan_allocs(j, now))
+
+
+def _plan_allocs(job: Any, from_slot: int) -> list[Any]:
+    return [a for a in job.decision.allocations if a.slot >= from_slot]

@@ -1,0 +1,94 @@
+"""Connections cannot exhaust the daemon: idle TCP connections past ``max_connections`` are
+closed at accept, those that never start HTTP/2 are closed after ``handshake_seconds``,
+idle gRPC connections after ``idle_seconds``; the daemon's descriptors stay bounded and
+it keeps serving a normal client. Before the caps (controller/connections.py) 1,100 idle
+connections exhausted the unit's 1,024 descriptors."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from controller.config import ConfigError, from_dict
+from controller.connections import Connections
+from tests.servers import CLUSTER_TOML, Daemon, write_config
+
+NOFILE = 256  # the daemon's descriptor limit in this test
+CAP = 32
+IDLE_SOCKETS = 400  # more than the daemon has descriptors
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_idle_connections_cannot_exhaust_descriptors(tmp_path: Path) -> None:
+    extra = f"\n[connections]\nmax_connections = {CAP}\nhandshake_seconds = 2\nidle_seconds = 1\n"
+    config = write_config(tmp_path / "c.toml", tmp_path / "data", extra=extra)
+    log = tmp_path / "c.log"
+    daemon = Daemon(config, log, nofile=NOFILE).start()
+    host, port = daemon.address.rsplit(":", 1)
+    idle: list[socket.socket] = []
+    try:
+        assert daemon.proc is not None
+        baseline = _fds(daemon.proc.pid)
+        for _ in range(IDLE_SOCKETS):
+            s = socket.create_connection((host, int(port)), timeout=5)
+            idle.append(s)  # connected, never speaks
+        time.sleep(0.5)
+        assert _fds(daemon.proc.pid) <= baseline + CAP + 8, (baseline, _fds(daemon.proc.pid))
+        # a normal client gets through while the idle sockets are still open on this side
+        with grpc.insecure_channel(daemon.address) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            reply = health.Check(health_pb2.HealthCheckRequest(), timeout=30, wait_for_ready=True)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+            # an idle gRPC connection is closed after idle_seconds: the channel goes IDLE
+            states: list[grpc.ChannelConnectivity] = []
+            went_idle = threading.Event()
+
+            def seen(state: grpc.ChannelConnectivity) -> None:
+                states.append(state)
+                if (
+                    state == grpc.ChannelConnectivity.IDLE
+                    and grpc.ChannelConnectivity.READY in states
+                ):
+                    went_idle.set()
+
+            channel.subscribe(seen)
+            assert went_idle.wait(30), states
+            channel.unsubscribe(seen)
+        assert daemon.proc.poll() is None
+        assert "Too many open files" not in log.read_text()
+    finally:
+        for s in idle:
+            s.close()
+        assert daemon.stop() == 0, log.read_text()
+
+
+def test_connections_settings_are_checked() -> None:
+    import tomllib
+
+    base = tomllib.loads(CLUSTER_TOML)
+    config = from_dict({**base, "connections": {"max_connections": 10, "idle_seconds": 0.5}})
+    assert config.connections == Connections(max_connections=10, idle_seconds=0.5)
+    options = dict(config.connections.server_options())
+    assert options["grpc.max_allowed_incoming_connections"] == 10
+    assert options["grpc.max_connection_idle_ms"] == 500
+    assert from_dict(base).connections == Connections()
+    for bad, message in [
+        ({"max_connections": 0}, "connections.max_connections: must be >= 1"),
+        ({"max_calls": 10**9}, "connections.max_calls: must be <= 1000000"),
+        ({"idle_seconds": -1}, "connections.idle_seconds: must be > 0"),
+        ({"keepalive_seconds": 1e9}, "connections.keepalive_seconds: must be <= 86400"),
+        ({"streams": 1}, "connections.streams: unknown key"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            from_dict({**base, "connections": bad})

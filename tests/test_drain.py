@@ -1,0 +1,81 @@
+"""SIGTERM under load: every call is answered, and a call the daemon cannot answer any
+more is UNAVAILABLE (clients retry it), never CANCELLED (they do not).
+
+16 clients submit in a loop and retry UNAVAILABLE at once, as a busy client would, while
+one operator watches the event stream. Before the stop gate (controller/drain.py) gRPC's
+own stop answered 13-14 of those submissions CANCELLED on every SIGTERM: the ones that
+reached the server as it began to shut down.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import grpc
+
+from controller.convert import spec_to_proto
+from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
+from tests.servers import Daemon, write_config
+from tests.test_daemon_e2e import job
+
+CLIENTS = 16
+
+
+def test_sigterm_under_load_answers_unavailable_never_cancelled(tmp_path: Path) -> None:
+    log = tmp_path / "d.log"
+    daemon = Daemon(write_config(tmp_path / "d.toml", tmp_path / "data"), log).start()
+    codes: Counter[str] = Counter()
+    lock = threading.Lock()
+    exited = threading.Event()
+
+    def client(k: int) -> None:
+        with grpc.insecure_channel(daemon.address) as channel:
+            stub = pb_grpc.AdmissionStub(channel)
+            i = 0
+            while not exited.is_set():
+                request = pb.SubmitJobRequest(job=spec_to_proto(job(f"c{k}-{i}", chunks=1 + i % 4)))
+                try:
+                    stub.SubmitJob(request, timeout=60)
+                    code = "OK"
+                    i += 1
+                except grpc.RpcError as err:
+                    code = err.code().name  # UNAVAILABLE: the same job again, at once
+                with lock:
+                    codes[code] += 1
+
+    watch_end: list[grpc.StatusCode] = []
+
+    def watcher() -> None:
+        with grpc.insecure_channel(daemon.address) as channel:
+            try:
+                for _ in pb_grpc.AdmissionStub(channel).WatchEvents(pb.WatchEventsRequest()):
+                    pass
+            except grpc.RpcError as err:
+                watch_end.append(err.code())
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(CLIENTS)]
+    threads.append(threading.Thread(target=watcher))
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + 60
+        while sum(codes.values()) < 200:  # under load
+            assert time.monotonic() < deadline, codes
+            time.sleep(0.1)
+        assert daemon.proc is not None
+        daemon.proc.send_signal(signal.SIGTERM)
+        assert daemon.proc.wait(60) == 0, log.read_text()
+        time.sleep(0.5)  # calls sent after the exit fail to connect: UNAVAILABLE too
+    finally:
+        exited.set()
+        for t in threads:
+            t.join(90)
+        daemon.stop()
+    assert codes["OK"] > 0 and codes["UNAVAILABLE"] > 0, codes
+    assert set(codes) == {"OK", "UNAVAILABLE"}, codes  # no CANCELLED, nothing else
+    assert watch_end == [grpc.StatusCode.UNAVAILABLE]

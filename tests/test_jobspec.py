@@ -1,0 +1,404 @@
+"""Job specs in people's units, strict parsing, and the client's plain output (issue 13),
+without a daemon: the parsers, the time resolution, addresses and JSON records."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+
+from controller.clock import SlotTimes
+from controller.commands.connection import daemon_address
+from controller.commands.records import job_record, plain, state_name
+from controller.convert import spec_from_proto
+from controller.jobspec import check_worth, for_display, has_times, new_id, prepare, read_json
+from controller.rpc import oasis_pb2 as pb
+from controller.statuses import MAX_BYTES, bounded
+from pricing import SpecError, cluster_from_dict, job_from_dict
+from pricing.durations import format_duration, format_time, parse_duration, parse_time
+from pricing.errors import Problem
+from pricing.utility import Deadline, Sigmoid
+from tests.servers import ROOT
+
+SLOT = 3600.0
+CLUSTER = cluster_from_dict(
+    ["gpu", "cpu", "mem", "disk", "bandwidth"],
+    [
+        {
+            "name": "w0",
+            "kind": "worker",
+            "capacity": {"gpu": 4, "cpu": 32, "mem": 244, "disk": 250, "bandwidth": 25},
+        },
+        {
+            "name": "p0",
+            "kind": "ps",
+            "capacity": {"cpu": 36, "mem": 60, "disk": 500, "bandwidth": 25},
+        },
+    ],
+)
+PEOPLE: dict[str, Any] = {
+    "id": "p1",
+    "epochs": 2,
+    "chunks": 4,
+    "minibatches": 50,
+    "minibatch_seconds": 36,  # 0.01 slots of an hour
+    "grad_mb": 100,
+    "worker": {"gpu": 1, "cpu": 4, "mem": 8, "disk": 5, "bandwidth": 1},
+    "ps": {"cpu": 2, "mem": 8, "disk": 5, "bandwidth": 5},
+    "utility": {"kind": "deadline", "value": 40, "deadline": "6h", "half_life": "90m"},
+}
+
+
+def parse(spec: dict[str, Any], arrival: int = 10) -> Any:
+    return job_from_dict(
+        spec, CLUSTER, slot_seconds=SLOT, slots_available=lambda _a: 48, arrival=arrival
+    )
+
+
+def problems(spec: Any, arrival: int = 10) -> list[str]:
+    with pytest.raises(SpecError) as err:
+        parse(spec, arrival)
+    return [str(p) for p in err.value.problems]
+
+
+# -- durations and times ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("90m", 5400),
+        ("6h", 21600),
+        ("1h30m", 5400),
+        ("1h 30m", 5400),
+        ("2.5h", 9000),
+        ("1d", 86400),
+        ("45s", 45),
+        ("6 h", 21600),
+    ],
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+    assert parse_duration(format_duration(seconds)) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "h", "5", "1h2h", "1h30", "x1h", "6 hours", "1" * 100])
+def test_not_durations(text: str) -> None:
+    assert parse_duration(text) is None
+
+
+def test_times_need_a_utc_offset() -> None:
+    assert parse_time("2030-01-01T18:00:00Z") == 1893520800.0
+    assert parse_time("2030-01-01T20:00:00+02:00") == 1893520800.0
+    assert format_time(1893520800.0) == "2030-01-01T18:00:00Z"
+    assert parse_time("6h") is None
+    with pytest.raises(ValueError, match="no UTC offset: add Z"):
+        parse_time("2030-01-01T18:00")
+
+
+# -- the job parser -------------------------------------------------------------------
+
+
+def test_people_units_convert_with_the_slot_length() -> None:
+    job = parse(PEOPLE)
+    assert job.tau == pytest.approx(0.01)
+    same = parse(
+        {
+            **{k: v for k, v in PEOPLE.items() if k != "minibatch_seconds"},
+            "tau": 0.01,
+            "utility": {"kind": "deadline", "value": 40, "deadline": 6, "half_life": 1.5},
+        }
+    )
+    assert job.work == same.work
+    assert job.utility == same.utility == Deadline(40.0, 6.0, 1.5)
+    sig = parse(
+        {
+            **PEOPLE,
+            "utility": {"kind": "sigmoid", "priority": 5, "target": "3h", "decay_per_hour": 0.5},
+        }
+    )
+    assert sig.utility == Sigmoid(5.0, 0.5, 3.0)
+
+
+def test_every_problem_at_once_in_plain_words() -> None:
+    spec = {
+        **PEOPLE,
+        "epoch": 2,
+        "arrival": 3,
+        "chunks": "4",
+        "minibatches": 10**25,
+        "tau": 0.01,
+        "utility": {"kind": "deadline", "value": -1, "deadlin": "6h"},
+    }
+    del spec["epochs"]
+    got = problems(spec)
+    assert got == [
+        "job.epoch: unknown key; did you mean 'epochs'?",
+        "job.arrival: is not taken here: a job submitted during slot s arrives at s + 1",
+        "job.epochs: is required",
+        "job.chunks: must be an integer, got the string '4'",
+        "job.minibatches: must be <= 2**53 = 9007199254740992, got 10000000000000000000000000",
+        "job.tau: give tau or minibatch_seconds, not both",
+        "job.utility.deadlin: unknown key; did you mean 'deadline'?",
+        "job.utility.value: must be > 0, got -1",
+        "job.utility.deadline: is required",
+    ]
+    assert not any("object" in p and "int" in p for p in got)  # no Python internals
+
+
+def test_unknown_utility_kind_and_keys_suggest() -> None:
+    got = problems({**PEOPLE, "utility": {"kind": "deadlne", "value": 1}})
+    assert got == [
+        "job.utility.kind: unknown utility kind 'deadlne' (known: sigmoid, table, deadline); "
+        "did you mean 'deadline'?"
+    ]
+    got = problems(
+        {
+            **PEOPLE,
+            "utility": {
+                "kind": "sigmoid",
+                "priorty": 3,
+                "decay": 1,
+                "decay_per_hour": 1,
+                "target": "soon",
+            },
+        }
+    )
+    assert got[0] == "job.utility.priorty: unknown key; did you mean 'priority'?"
+    assert "job.utility.decay: give decay or decay_per_hour, not both" in got
+    assert any(
+        p.startswith("job.utility.target: must be a number of slots, a duration") for p in got
+    )
+
+
+def test_unknown_keys_are_bounded() -> None:
+    spec = {**PEOPLE, **{f"k{i}": i for i in range(1000)}}
+    got = problems(spec)
+    assert len(got) == 11 and got[-1] == "job: and 990 more unknown keys"
+
+
+def test_the_spec3_form_still_parses_unchanged() -> None:
+    spec3 = {
+        "id": "s3",
+        "epochs": 2,
+        "chunks": 4,
+        "minibatches": 50,
+        "tau": 0.01,
+        "grad_mb": 100,
+        "worker": PEOPLE["worker"],
+        "ps": PEOPLE["ps"],
+        "utility": {"kind": "sigmoid", "priority": 50, "decay": 0.5, "target": 3},
+    }
+    job = parse(spec3)
+    assert job.tau == 0.01 and job.utility == Sigmoid(50.0, 0.5, 3.0)
+    trace_job = job_from_dict(
+        {**spec3, "arrival": 2}, CLUSTER, slot_seconds=SLOT, slots_available=lambda a: 20 - a
+    )
+    assert trace_job.arrival == 2
+
+
+def test_issue_12_numbers_are_clean_errors() -> None:
+    tiny = {**PEOPLE, "worker": {**PEOPLE["worker"], "gpu": 5e-324}}
+    assert problems(tiny) == ["job.worker.gpu: must be 0 or at least 1e-09, got 5e-324"]
+    far = {**PEOPLE, "utility": {"kind": "sigmoid", "priority": 1, "decay": 1, "target": -1e308}}
+    assert problems(far) == [
+        "job.utility.target: must be at most 2**53 slots away, got -1e+308 slots"
+    ]
+    steep = {**PEOPLE, "utility": {"kind": "sigmoid", "priority": 1, "decay": 1e300, "target": 1}}
+    assert problems(steep) == ["job.utility.decay: must be at most 2**53, got 1e+300"]
+
+
+def test_deadline_utility_is_non_increasing_and_exact_in_logs() -> None:
+    d = np.arange(1, 30)
+    for u in (Deadline(10.0, 4.0), Deadline(10.0, 4.5, 2.0)):
+        values = u.values(d)
+        assert np.all(np.diff(values) <= 0)
+        assert values[:4].tolist() == [10.0] * 4
+    assert Deadline(10.0, 4.0).values(5) == 0.0
+    assert float(Deadline(10.0, 4.0, 2.0).values(8)) == pytest.approx(2.5)
+    far = float(Deadline(10.0, 1.0, 1.0).log_values(5000))
+    assert far == pytest.approx(np.log(10.0) - 4999 * np.log(2.0))  # no underflow to -inf
+
+
+# -- the daemon's edge: ids, times, worth ------------------------------------------
+
+
+TIMES = SlotTimes(epoch=1_800_000_000.0, slot_seconds=SLOT)
+
+
+def test_prepare_makes_ids_and_resolves_times_to_slots() -> None:
+    spec = {k: v for k, v in PEOPLE.items() if k != "id"}
+    spec["utility"] = {"kind": "deadline", "value": 40, "deadline": format_time(TIMES.start(30))}
+    ready = prepare(spec, TIMES)
+    assert ready["id"].startswith("job-") and len(ready["id"]) == 20
+    assert prepare(spec, TIMES)["id"] != ready["id"]
+    assert ready["utility"]["deadline"] == {"slot": 30}
+    assert has_times(ready) and not has_times(PEOPLE)
+    # mid-slot rounds down: done by the start of slot 30 ends by 30:59 at the latest
+    later = {
+        **spec,
+        "utility": {**spec["utility"], "deadline": format_time(TIMES.start(30) + 1800)},
+    }
+    assert prepare(later, TIMES)["utility"]["deadline"] == {"slot": 30}
+    # shown again as the time, which reads back to the same slot
+    shown = for_display(ready, TIMES)
+    assert shown["utility"]["deadline"] == format_time(TIMES.start(30))
+    assert prepare(shown, TIMES)["utility"] == ready["utility"]
+    # the deadline counts from the arrival: slot 30 from an arrival at 10 is 20 slots
+    assert parse(ready, arrival=10).utility.deadline == 20
+    # a time without an offset is left for the parser to name with the rest
+    naive = {**spec, "utility": {**spec["utility"], "deadline": "2030-01-01T18:00"}}
+    assert problems(prepare(naive, TIMES))[-1].startswith(
+        "job.utility.deadline: the time '2030-01-01T18:00' has no UTC offset"
+    )
+
+
+def test_json_and_typed_fields_store_the_same_job() -> None:
+    """A SPEC 3 job sent as JSON (``"gpu": 1``) and as typed fields (``gpu = 1.0``) is
+    stored as one canonical spec, so a retry by either path is a duplicate."""
+    from controller.admission import canonical_spec
+    from controller.convert import spec_to_proto
+    from tests.servers import SMALL_JOB
+
+    job = {**SMALL_JOB, "id": "same", "tau": 1, "utility": {"kind": "table", "values": [9, 3]}}
+    typed = prepare(spec_from_proto(spec_to_proto(job)), TIMES)
+    sent = prepare(spec_from_proto(pb.JobSpec(json=json.dumps(job))), TIMES)
+    assert canonical_spec(sent) == canonical_spec(typed)
+
+
+def test_check_worth_says_how_far_a_deadline_is_too_close() -> None:
+    spec = {
+        **PEOPLE,
+        "minibatch_seconds": 90,
+        "utility": {"kind": "deadline", "value": 5, "deadline": "2h"},
+    }
+    with pytest.raises(SpecError) as err:
+        check_worth(spec, cluster=CLUSTER, slot_seconds=SLOT, window=48, arrival=5)
+    assert str(err.value) == (
+        "job.utility.deadline: leaves 2 slots (2h) after the job's arrival, but it needs at "
+        "least 3 slots (3h) even on an empty cluster, and its value after the deadline is 0: "
+        "give a later deadline, or a half_life"
+    )
+    kept = {**spec, "utility": {**spec["utility"], "half_life": "1h"}}
+    check_worth(kept, cluster=CLUSTER, slot_seconds=SLOT, window=48, arrival=5)
+    table = {**PEOPLE, "minibatch_seconds": 90, "utility": {"kind": "table", "values": [9, 9, 0]}}
+    with pytest.raises(SpecError, match=r"job.utility: is 0 at 3 slots \(3h\)"):
+        check_worth(table, cluster=CLUSTER, slot_seconds=SLOT, window=48, arrival=5)
+
+
+def test_json_specs_are_read_with_clean_errors() -> None:
+    assert read_json('{"a": 1}') == {"a": 1}
+    for text, message in [
+        ("[" * 100_000, "nested too deeply"),
+        ("{", "not JSON: Expecting property name"),
+        ("[1]", "must be a JSON object"),
+        ('{"a": ' + "9" * 5000 + "}", "not JSON that can be read"),
+    ]:
+        with pytest.raises(SpecError, match=message):
+            read_json(text)
+    both = pb.JobSpec(json="{}", epochs=3)
+    with pytest.raises(SpecError, match=r"job\.epochs: give the typed fields or json"):
+        spec_from_proto(both)
+    assert spec_from_proto(pb.JobSpec(id="x", json='{"epochs": 1}')) == {"epochs": 1, "id": "x"}
+
+
+def test_new_ids_are_in_the_safe_alphabet() -> None:
+    ids = {new_id() for _ in range(1000)}
+    assert len(ids) == 1000
+    assert all(i[4:].isalnum() and i.startswith("job-") for i in ids)
+
+
+def test_error_messages_are_bounded() -> None:
+    many = [
+        Problem(f"job.worker.r{i}" + "x" * 500, "unknown resource " * 100) for i in range(40_000)
+    ]
+    out = bounded(many)
+    assert out[-1].reason == f"and {40_000 - len(out) + 1} more problems"
+    assert len(str(out[0])) <= 2 * 200 + 2
+    assert sum(len(str(p).encode()) + 2 for p in out) <= MAX_BYTES + 100
+    few = [Problem("job.a", "bad"), Problem("job.b", "worse")]
+    assert bounded(few) == few
+
+
+# -- the client's side ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "address"),
+    [
+        ("127.0.0.1", "127.0.0.1:50051"),
+        ("head", "head:50051"),
+        ("head:7000", "head:7000"),
+        ("head:", "head:50051"),
+        ("::1", "[::1]:50051"),
+        ("[::1]", "[::1]:50051"),
+        ("[::1]:7000", "[::1]:7000"),
+        ("dns:///head:7000", "dns:///head:7000"),
+        ("unix:/run/oasis.sock", "unix:/run/oasis.sock"),
+    ],
+)
+def test_a_server_without_a_port_means_50051(given: str, address: str) -> None:
+    assert daemon_address(given) == address
+
+
+def test_records_are_plain_json() -> None:
+    job = pb.Job(
+        spec=pb.JobSpec(id="a", json=json.dumps({"id": "a", "epochs": 2})),
+        state=pb.JOB_STATE_ADMITTED,
+        decision=pb.Decision(
+            admitted=True, payoff=1.5, arrival_slot=3, completion_slot=4, work=2**40
+        ),
+        sequence=7,
+    )
+    job.decision.allocations.add(slot=3, server="w0", workers=2)
+    job.decision.allocations.add(slot=3, server="p0", ps=1)
+    record = job_record(job, SlotTimes(0.0, SLOT))
+    assert record["state"] == "admitted" and record["spec"] == {"id": "a", "epochs": 2}
+    d = record["decision"]
+    assert d["work"] == 2**40 and d["cost"] is None and d["payoff"] == 1.5
+    assert d["allocations"] == [
+        {"slot": 3, "server": "w0", "workers": 2},
+        {"slot": 3, "server": "p0", "ps": 1},
+    ]
+    assert d["arrives_at"] == "1970-01-01T03:00:00Z" and d["completes_by"] == "1970-01-01T05:00:00Z"
+    assert plain(pb.Server(name="w0", kind=pb.SERVER_KIND_PS))["kind"] == "ps"
+    assert state_name(pb.JOB_STATE_CANCELLED) == "cancelled"
+
+
+def test_the_client_imports_no_server_side_code() -> None:
+    """``oasis`` client commands start without SQLAlchemy, Alembic, numba or numpy."""
+    code = (
+        "import sys\n"
+        "from controller.cli import build_parser\n"
+        "for c in ('submit', 'jobs', 'status', 'progress', 'watch', ''):\n"
+        "    build_parser(c)\n"
+        "import controller.commands.connection, controller.commands.records\n"
+        "heavy = ('sqlalchemy', 'alembic', 'numba', 'numpy', 'scipy', 'structlog')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
+        timeout=60,
+    )
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_every_command_has_one_summary() -> None:
+    """``oasis --help`` lists each command from controller.commands.COMMANDS without
+    loading it; the loaded modules say the same."""
+    from controller.cli import build_parser
+    from controller.commands import COMMANDS
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    shown = {a.dest: a.help for a in sub._choices_actions}
+    assert shown == {name: c.summary for name, c in COMMANDS.items()}

@@ -1,0 +1,407 @@
+"""The execution plane against what others get wrong (issue 12, items 5-8): events it
+cannot publish, poison messages, a broker that lost its state, a clean stop, an agent
+for a server the daemon does not know, and -- against a Mosquitto with a password file
+and the shipped ``config/mosquitto.acl`` -- agents that forge reports and heartbeats.
+
+Real parts throughout: Mosquitto on a loopback port, oasisd as a subprocess, agents as
+``oasis agent`` subprocesses or raw MQTT clients (the forger), a real gRPC channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiomqtt
+import pytest
+
+from controller.plane.topics import Heartbeat, Progress, TaskProgress, Topics
+from controller.rpc import oasis_pb2 as pb
+from tests.broker import Mosquitto, mosquitto_binary
+from tests.servers import ROOT, Daemon, json_log, oasis, write_config
+from tests.test_mqtt_plane import (
+    HEARTBEAT_TIMEOUT,
+    SERVERS,
+    SLOT,
+    PlaneHarness,
+    plane_job,
+    wait_for,
+)
+
+ACL = ROOT / "config" / "mosquitto.acl"
+DAEMON_USER = "oasisd"
+READER = "watcher"  # the read-only consumer the ACL example shows, commented out
+PASSWORDS = {DAEMON_USER: "daemon pw", READER: "reader pw", **{s: f"{s} pw" for s in SERVERS}}
+TOPICS = Topics("oasis")
+
+pytestmark = pytest.mark.skipif(
+    mosquitto_binary() is None and os.environ.get("OASIS_REQUIRE_MOSQUITTO") != "1",
+    reason="mosquitto not installed (CI sets OASIS_REQUIRE_MOSQUITTO=1: then it fails)",
+)
+
+
+class Plane(PlaneHarness):
+    """A broker (optionally with passwords and the ACL example), oasisd with ``[mqtt]``
+    (6 s slots, heartbeat timeout 4 s) and agent subprocesses, in ``tmp``."""
+
+    def __init__(self, tmp: Path, secured: bool = False) -> None:
+        self.tmp = tmp
+        self.secured = secured
+        acl = tmp / "mosquitto.acl"  # the example, its reader block in force
+        reader = "\n".join(line.removeprefix("# ") for line in ACL.read_text().splitlines()
+                           if line.startswith(("# user watcher", "# topic read")))  # fmt: skip
+        acl.write_text(f"{ACL.read_text()}\n{reader}\n")
+        self.broker = Mosquitto(users=PASSWORDS, acl=acl) if secured else Mosquitto()
+        creds = (
+            f'username = "{DAEMON_USER}"\npassword = "{PASSWORDS[DAEMON_USER]}"\n'
+            if secured
+            else ""
+        )
+        mqtt = (
+            f'[mqtt]\nurl = "{self.broker.url}"\n{creds}heartbeat_timeout = {HEARTBEAT_TIMEOUT}\n'
+            "heartbeat_seconds = 0.3\n"
+        )
+        config = write_config(tmp / "oasisd.toml", tmp / "data", epoch=time.time(), extra=mqtt)
+        text = config.read_text().replace("slot_seconds = 3600", f"slot_seconds = {SLOT}")
+        config.write_text(text.replace("tick_seconds = 0.2", "tick_seconds = 0.1"))
+        self.db = tmp / "data" / "oasis.db"
+        self.daemon = Daemon(config, tmp / "oasisd.log")
+        self.agents: dict[str, subprocess.Popen[bytes]] = {}
+
+    def client(self, user: str = DAEMON_USER) -> aiomqtt.Client:
+        if not self.secured:
+            return aiomqtt.Client("127.0.0.1", self.broker.port)
+        return aiomqtt.Client(
+            "127.0.0.1", self.broker.port, username=user, password=PASSWORDS[user]
+        )
+
+    def start_agent(self, server: str) -> None:
+        env = {**os.environ}
+        argv = [sys.executable, "-m", "controller.cli", "agent", "--node", server,
+                "--broker", self.broker.url, "--report-seconds", "0.2"]  # fmt: skip
+        if self.secured:
+            argv += ["--mqtt-username", server]
+            env["OASIS_MQTT_PASSWORD"] = PASSWORDS[server]
+        with open(self.tmp / f"agent-{server}.log", "ab") as log:
+            self.agents[server] = subprocess.Popen(
+                argv, stdout=subprocess.DEVNULL, stderr=log, cwd=ROOT, env=env
+            )
+
+    # -- reading ------------------------------------------------------------------------
+
+    def logged(self, event: str) -> list[dict[str, Any]]:
+        return [e for e in json_log(self.daemon.log_path) if e.get("event") == event]
+
+    def wait_logged(self, event: str) -> list[dict[str, Any]]:
+        """The daemon's log lines of ``event``, once there is one."""
+        found: list[dict[str, Any]] = wait_for(event, lambda: self.logged(event) or None)
+        return found
+
+    def store_rows(self, query: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        with sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=10) as conn:
+            return conn.execute(query, args).fetchall()
+
+    def events_published(self) -> int:
+        rows = self.store_rows("SELECT value FROM meta WHERE key = 'plane'")
+        return int(json.loads(rows[0][0]).get("events", 0)) if rows else 0
+
+    def retained(self, topic: str, wait: float = 2.0, user: str = DAEMON_USER) -> dict[str, Any]:
+        """The retained messages matching ``topic``: topic -> JSON payload, as a fresh
+        subscriber sees them within ``wait`` seconds."""
+
+        async def read() -> dict[str, Any]:
+            got: dict[str, Any] = {}
+            async with self.client(user) as client:
+                await client.subscribe(topic, qos=1)
+                try:
+                    async with asyncio.timeout(wait):
+                        async for message in client.messages:
+                            assert isinstance(message.payload, bytes)
+                            got[str(message.topic)] = json.loads(message.payload)
+                except TimeoutError:
+                    pass
+            return got
+
+        return asyncio.run(read())
+
+    def publish(self, user: str, *messages: tuple[str, bytes, bool]) -> None:
+        """Publish ``(topic, payload, retain)`` as ``user``, QoS 1."""
+
+        async def send() -> None:
+            async with self.client(user) as client:
+                for topic, payload, retain in messages:
+                    await client.publish(topic, payload, qos=1, retain=retain)
+
+        asyncio.run(send())
+
+
+@pytest.fixture
+def plane(tmp_path: Path) -> Iterator[Plane]:
+    p = Plane(tmp_path)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+@pytest.fixture
+def secured(tmp_path: Path) -> Iterator[Plane]:
+    try:
+        p = Plane(tmp_path, secured=True)
+    except FileNotFoundError:
+        if os.environ.get("OASIS_REQUIRE_MOSQUITTO") == "1":
+            raise
+        pytest.skip("mosquitto_passwd not installed")
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+# -- item 5: ids that cannot name a topic -----------------------------------------------
+
+
+def test_an_event_that_cannot_be_published_is_skipped_and_the_counter_moves_on(
+    plane: Plane,
+) -> None:
+    """Before the fix paho raised on a wildcard in the topic, the link restarted in a
+    loop and the event counter never moved past the bad event."""
+    plane.daemon.start()
+    plane.wait_logged("broker connected")
+    bad_spec = plane.tmp / "bad.json"
+    bad_spec.write_text(json.dumps(plane_job("a/+/#")))
+    refused = oasis("submit", str(bad_spec), server=plane.daemon.address, check=False)
+    assert refused.returncode == 2 and "INVALID_ARGUMENT" in refused.stderr, refused.stderr
+    assert "job.id: must be characters of A-Z a-z 0-9 . _ -" in refused.stderr
+
+    # a job stored before the check: its event goes into the store as any other
+    with sqlite3.connect(plane.db, timeout=10) as conn:
+        cursor = conn.execute(
+            "INSERT INTO events (at, kind, job_id, slot, state, detail) "
+            "VALUES ('2024-01-01 00:00:00.000000', 'decided', 'old/+/#', 0, 'rejected', '{}')"
+        )
+        bad = int(cursor.lastrowid or 0)
+    assert plane.submit(plane_job("after"))["decision"]["admitted"]  # wakes the publisher
+    wait_for("the counter past the bad event", lambda: plane.events_published() > bad)
+    retained = plane.retained(TOPICS.job_events("+"))
+    assert retained[TOPICS.job_events("after")]["job"] == "after"
+    skipped = plane.logged("job event not published")
+    assert skipped and skipped[0]["sequence"] == bad and "old/+/#" in skipped[0]["error"]
+    time.sleep(1.0)
+    assert len(plane.logged("broker connected")) == 1, "the link must not reconnect"
+    assert not plane.logged("execution plane failed; reconnecting")
+
+
+# -- item 7: poison messages ------------------------------------------------------------
+
+
+def test_poison_messages_are_dropped_and_the_link_stays_up(plane: Plane) -> None:
+    """Before the fix a retained 50,000-'[' payload raised RecursionError in the link,
+    which reconnected forever (the broker re-sends a retained message on every
+    subscription), and a report naming 100,000 unknown jobs cost a store query each."""
+    plane.daemon.start()
+    plane.wait_logged("broker connected")
+    job = plane.submit(plane_job("real"))
+    arrival = int(job["decision"]["arrival_slot"])
+    worker = next(a["server"] for a in job["decision"]["allocations"]
+                  if int(a["slot"]) == arrival and int(a.get("workers", 0)))  # fmt: skip
+
+    unknown = [TaskProgress(f"ghost-{i}", 1.0, 1.0) for i in range(100_000)]
+    huge = Progress("w1", "x", unknown).to_bytes()
+    assert len(huge) > 6_000_000
+    plane.publish(
+        DAEMON_USER,
+        (TOPICS.progress("w0"), b"[" * 50_000, True),  # retained: sent on every subscribe
+        (TOPICS.progress("w1"), huge, False),
+        (TOPICS.progress("w2"), Progress("w2", "x", unknown[:1000]).to_bytes(), False),
+        (TOPICS.heartbeat("p0"), b"\xff\xfe not utf-8", False),
+        (TOPICS.progress(worker), Progress(worker, "r", [TaskProgress("real", 7.0, 30.0)])
+         .to_bytes(), False),
+    )  # fmt: skip
+
+    def progress() -> float:
+        reply = plane.stub().GetProgress(pb.GetProgressRequest(id="real"), timeout=10)
+        return float(reply.progress.minibatches_done)
+
+    assert wait_for("the real report", lambda: progress() == 7.0 or None)
+    bad = {str(e.get("error")) for e in plane.logged("bad message from an agent")}
+    assert any("nested too deep" in e for e in bad), bad
+    assert any("over the limit of 262144" in e for e in bad), bad
+    assert any("not JSON" in e for e in bad), bad
+    ignored = plane.logged("report entries ignored: jobs not planned on this server now")
+    assert ignored and ignored[0]["server"] == "w2" and ignored[0]["entries"] == 1000
+    assert plane.store_rows("SELECT count(*) FROM job_progress") == [(1,)]
+    # still deciding, and never reconnected
+    assert plane.submit(plane_job("later"))["decision"]["admitted"] in (True, False)
+    assert len(plane.logged("broker connected")) == 1
+    assert not plane.logged("execution plane failed; reconnecting")
+
+
+# -- item 8: a broker that lost its state, a clean stop, an unknown server ---------------
+
+
+def test_a_broker_that_lost_its_state_gets_every_jobs_latest_event_back(plane: Plane) -> None:
+    """Before the fix only events after the published counter were sent again, so every
+    retained job event was gone for good after a broker restart without persistence."""
+    plane.daemon.start()
+    for i in range(4):
+        plane.submit(plane_job(f"r{i}"))
+    cancelled = oasis("cancel", "r3", server=plane.daemon.address, check=False)
+    assert cancelled.returncode == 0, cancelled.stderr
+
+    def latest_stored() -> dict[str, int]:
+        kinds = "('decided','running','completed','cancelled','replanned','failed')"
+        rows = plane.store_rows(
+            f"SELECT job_id, max(sequence) FROM events WHERE job_id != '' AND kind IN {kinds} "
+            "GROUP BY job_id"
+        )
+        return dict(rows)
+
+    def retained_agree() -> bool:
+        stored = latest_stored()
+        got = plane.retained(TOPICS.job_events("+"), wait=1.0)
+        seen = {p["job"]: p["sequence"] for p in got.values()}
+        return len(stored) == 4 and seen == stored
+
+    wait_for("every job's latest event retained", retained_agree, timeout=30)
+    plane.broker.kill()  # in memory: every retained message is gone
+    plane.broker.start()
+    wait_for("every job's latest event retained again", retained_agree, timeout=30)
+    assert plane.logged("job events restored")
+
+
+def test_agent_for_an_unknown_server_exits_and_a_clean_stop_says_offline(plane: Plane) -> None:
+    plane.daemon.start()
+    status = wait_for(
+        "the online status",
+        lambda: plane.retained(TOPICS.status, wait=0.5).get(TOPICS.status),
+    )
+    assert status == {"version": 1, "online": True, "servers": list(SERVERS)}
+
+    # "p2-8x-O" with the letter O: before the fix the agent sat idle and silent
+    agent = subprocess.run(
+        [sys.executable, "-m", "controller.cli", "agent", "--node", "p2-8x-O",
+         "--broker", plane.broker.url],
+        check=False, capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert agent.returncode == 2, agent.stderr
+    assert "oasis agent: server 'p2-8x-O' is not in the daemon's cluster (known: p0, p1, w0" in (
+        agent.stderr
+    )
+    bad = oasis("agent", "--node", "w0/#", "--broker", plane.broker.url, check=False)
+    assert bad.returncode == 2 and "--node: server 'w0/#' cannot name an MQTT topic" in (bad.stderr)
+
+    # a clean stop: the retained status says offline (the will covers only a crash)
+    assert plane.daemon.stop() == 0
+    assert plane.retained(TOPICS.status, wait=1.0)[TOPICS.status] == {
+        "version": 1,
+        "online": False,
+    }
+
+
+# -- item 6: forged reports, and the ACL example ------------------------------------------
+
+
+def test_the_acl_example_confines_each_agent_to_its_own_topics(secured: Plane) -> None:
+    """Against real Mosquitto with the shipped config/mosquitto.acl: an agent's user may
+    publish only its own heartbeat and progress and read only its own plan."""
+    p = secured
+    got: list[str] = []
+    ready = threading.Event()
+    last = TOPICS.heartbeat("p1")  # sent last: the observer stops there
+
+    async def observe() -> None:  # the daemon's user reads every agent topic
+        async with p.client(DAEMON_USER) as client:
+            await client.subscribe(TOPICS.all_progress, qos=1)
+            await client.subscribe(TOPICS.all_heartbeats, qos=1)
+            ready.set()
+            with_deadline = asyncio.timeout(30)
+            async with with_deadline:
+                async for message in client.messages:
+                    got.append(str(message.topic))
+                    if got[-1] == last:
+                        return
+
+    observer = threading.Thread(target=asyncio.run, args=(observe(),), daemon=True)
+    observer.start()
+    assert ready.wait(10)
+    plan = b'{"version": 1, "forged": true}'
+    p.publish(DAEMON_USER, (TOPICS.plan("w0"), b'{"version": 1, "real": "w0"}', True),
+              (TOPICS.plan("p1"), b'{"version": 1, "real": "p1"}', True))  # fmt: skip
+    p.publish(
+        "p1",
+        (TOPICS.progress("w2"), b'{"forged": "progress"}', False),  # another server's
+        (TOPICS.heartbeat("w0"), b'{"forged": "heartbeat"}', False),
+        (TOPICS.plan("w0"), plan, True),  # a plan for another server
+        (TOPICS.job_events("j"), b"{}", True),
+        (TOPICS.status, b'{"version": 1, "online": false}', True),
+        (TOPICS.progress("p1"), b'{"own": "progress"}', False),  # its own: allowed
+    )
+    p.publish(DAEMON_USER, (TOPICS.heartbeat("w0"), b"{}", False))  # not the daemon's to send
+    p.publish("p1", (last, b'{"own": "heartbeat"}', False))
+    observer.join(15)
+    assert got == [TOPICS.progress("p1"), last]
+    # reads: p1 sees its own plan only; w0's plan is the daemon's, not p1's forgery
+    real = {s: {"version": 1, "real": s} for s in ("w0", "p1")}
+    assert p.retained(TOPICS.all_plans, user="p1") == {TOPICS.plan("p1"): real["p1"]}
+    assert p.retained(TOPICS.plan("w0"), user="w0") == {TOPICS.plan("w0"): real["w0"]}
+    assert p.retained(TOPICS.job_events("+"), user=READER) == {}  # the forged one dropped
+    assert p.retained(TOPICS.status, user=READER) == {}
+    assert p.retained(TOPICS.status, user="w0") == {}
+    p.publish(DAEMON_USER, (TOPICS.status, b'{"version": 1, "online": true}', True))
+    assert p.retained(TOPICS.status, user="w0")[TOPICS.status]["online"] is True
+
+
+def test_forged_reports_and_heartbeats_change_nothing(secured: Plane) -> None:
+    """Agent p1, confined to its own topics by the ACL, forges. Before the fix the
+    daemon trusted the payload's ``server``: p1's report as "w2" completed another job,
+    and heartbeats naming w0 hid w0's failure."""
+    p = secured
+    p.daemon.start()
+    for server in ("w0", "w1", "w2", "p0"):
+        p.start_agent(server)
+    job = p.submit(plane_job("victim"))
+    assert job["decision"]["admitted"]
+    wait_for("the job to run", lambda: p.job("victim").state == pb.JOB_STATE_RUNNING)
+    total = 216  # plane_job: 1 epoch x 2 chunks x 108 mini-batches
+    lie = [TaskProgress("victim", float(total), 10.0)]
+    for named in ("w2", "w0", "p1"):  # as another server, and as itself
+        p.publish("p1", (TOPICS.progress("p1"), Progress(named, "f", lie).to_bytes(), False))
+    p.wait_logged("report entries ignored: jobs not planned on this server now")
+    forged = p.wait_logged("message names another server than its topic")
+    assert forged and forged[0]["server"] == "p1" and forged[0]["named"] in ("w2", "w0")
+    reply = p.stub().GetProgress(pb.GetProgressRequest(id="victim"), timeout=10)
+    assert reply.progress.minibatches_done < total
+    assert p.job("victim").state == pb.JOB_STATE_RUNNING
+
+    # w0's agent dies; p1 keeps sending heartbeats that name w0 (on its own topic: the
+    # ACL drops them on w0's): w0 is declared failed all the same; p1, which also sends
+    # its own, is not
+    p.kill_agent("w0")
+    killed = time.monotonic()
+    beat = Heartbeat("w0", "f").to_bytes()
+    own = Heartbeat("p1", "f").to_bytes()
+
+    async def forge_heartbeats() -> None:
+        async with p.client("p1") as client:
+            while time.monotonic() - killed < HEARTBEAT_TIMEOUT + 3 * SLOT:
+                await client.publish(TOPICS.heartbeat("p1"), own, qos=0)
+                await client.publish(TOPICS.heartbeat("p1"), beat, qos=0)
+                await client.publish(TOPICS.heartbeat("w0"), beat, qos=0)
+                if p.logged("server failed"):
+                    return
+                await asyncio.sleep(0.3)
+
+    asyncio.run(forge_heartbeats())
+    assert [e["server"] for e in p.logged("server failed")] == ["w0"]
+    failed = [json.loads(e.detail) for e in p.events() if e.kind == "server_failed"]
+    assert failed and failed[0]["server"] == "w0"

@@ -1,0 +1,364 @@
+"""The pending queue: a job submitted with a wait that is not admitted at once stays
+``pending`` and is decided again at each slot boundary, its utility counted from its
+original arrival; it is admitted, expires, or is cancelled, survives ``kill -9``, and one
+submitter's pending jobs are bounded.
+
+The cluster of tests/servers.py has 16 GPUs. A blocker job of 16 one-GPU workers whose
+work needs all of them in every slot of its window leaves no GPU to anyone arriving in
+that window; explicit price bounds keep it cheap enough to be admitted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import structlog
+
+from controller.admission import AdmissionController, QueueFullError
+from controller.clock import FakeClock, SlotClock
+from controller.config import Config, load
+from controller.convert import spec_to_proto
+from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
+from controller.store import Database
+from pricing import SpecError
+from pricing.utility import Sigmoid
+from tests.servers import Daemon, oasis, write_config
+from tests.test_daemon_e2e import job
+from tests.test_slot_clock import InProcessDaemon, wait_for_state
+
+SLOT = 3600.0
+CHEAP = """
+[pricing]
+bounds = "explicit"
+L1 = 0.001
+L2 = 0.001
+U1 = {gpu = 0.01, cpu = 0.01, mem = 0.01, disk = 0.01, bandwidth = 0.01}
+U2 = {cpu = 0.01, mem = 0.01, disk = 0.01, bandwidth = 0.01}
+"""
+
+
+def blocker(job_id: str = "blocker", tau: float = 0.999) -> dict[str, Any]:
+    """16 workers in each of 24 slots (W = 384 = N * T): every GPU of the window."""
+    return job(
+        job_id,
+        epochs=1,
+        chunks=16,
+        minibatches=24,
+        tau=tau,
+        grad_mb=1,
+        utility={"kind": "sigmoid", "priority": 1000, "decay": 0, "target": 1},
+    )
+
+
+def small(job_id: str, **changes: Any) -> dict[str, Any]:
+    """Nine worker-slots (W = 9) in at least two slots (N = 8)."""
+    return job(job_id, **changes)
+
+
+def controller(tmp_path: Path, clock: FakeClock, extra: str = CHEAP) -> AdmissionController:
+    path = write_config(tmp_path / "c.toml", tmp_path / "data", epoch=clock.now(), extra="")
+    path.write_text(path.read_text() + extra)
+    return opened(load(path), clock)
+
+
+def opened(config: Config, clock: FakeClock) -> AdmissionController:
+    """The controller of ``config`` on ``clock``, open (its store created)."""
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    c = AdmissionController(
+        config,
+        Database(config.database_url),
+        SlotClock(clock, SLOT, config.epoch),
+        log=structlog.wrap_logger(structlog.ReturnLogger()),
+    )
+    c.open()
+    return c
+
+
+@pytest.fixture
+def stub(tmp_path: Path) -> Iterator[tuple[Any, FakeClock]]:
+    clock = FakeClock(1_000_000.0)
+    path = write_config(tmp_path / "c.toml", tmp_path / "data", epoch=clock.now(), extra="")
+    text = path.read_text().replace("tick_seconds = 0.2", "tick_seconds = 0.02")
+    path.write_text(text + CHEAP)
+    with InProcessDaemon(path, clock) as d, grpc.insecure_channel(d.address) as channel:
+        yield pb_grpc.AdmissionStub(channel), clock
+
+
+def test_a_cancel_frees_room_and_the_pending_job_is_admitted_at_the_next_boundary(
+    stub: tuple[Any, FakeClock],
+) -> None:
+    admission, clock = stub
+    held = admission.SubmitJob(pb.SubmitJobRequest(job=spec_to_proto(blocker())), timeout=30)
+    assert held.job.state == pb.JOB_STATE_ADMITTED
+    assert len({a.slot for a in held.job.decision.allocations}) == 24
+
+    req = pb.SubmitJobRequest(job=spec_to_proto(small("w1")), wait_seconds=5 * SLOT)
+    waiting = admission.SubmitJob(req, timeout=30).job
+    assert waiting.state == pb.JOB_STATE_PENDING
+    assert waiting.wait_until_slot == 5
+    assert "cannot fit" in waiting.decision.reason
+    listed = admission.ListJobs(pb.ListJobsRequest(states=[pb.JOB_STATE_PENDING]), timeout=5)
+    assert [j.spec.id for j in listed.jobs] == ["w1"]
+
+    # without a wait the same job is rejected, as before
+    plain = admission.SubmitJob(pb.SubmitJobRequest(job=spec_to_proto(small("w0"))), timeout=30)
+    assert plain.job.state == pb.JOB_STATE_REJECTED
+
+    admission.CancelJob(pb.CancelJobRequest(id="blocker"), timeout=10)
+    time.sleep(0.2)  # several ticks: nothing changes before the boundary
+    got = admission.GetJob(pb.GetJobRequest(id="w1"), timeout=5).job
+    assert got.state == pb.JOB_STATE_PENDING
+
+    clock.advance(SLOT)  # slot 1: decided again from slot 2 on, its arrival still slot 1
+    wait_for_state(admission, "w1", pb.JOB_STATE_ADMITTED)
+    d = admission.GetJob(pb.GetJobRequest(id="w1"), timeout=5).job.decision
+    assert d.arrival_slot == 1
+    assert min(a.slot for a in d.allocations) == 2
+    assert d.jct == d.completion_slot - d.arrival_slot + 1  # the slot of waiting counts
+    f = Sigmoid(50, 0.5, 3)
+    assert d.utility == pytest.approx(float(f.values(d.jct)), rel=1e-12)
+    assert d.jct >= 3 and d.utility < float(f.values(2))  # d_min = 2: waiting cost utility
+    events = admission.WatchEvents(pb.WatchEventsRequest(after_sequence=0), timeout=5)
+    seen = []
+    for e in events:
+        seen.append((e.kind, e.job_id, e.state))
+        if len(seen) == 5:
+            break
+    assert seen == [
+        ("decided", "blocker", pb.JOB_STATE_ADMITTED),
+        ("decided", "w1", pb.JOB_STATE_PENDING),
+        ("decided", "w0", pb.JOB_STATE_REJECTED),
+        ("cancelled", "blocker", pb.JOB_STATE_CANCELLED),
+        ("decided", "w1", pb.JOB_STATE_ADMITTED),
+    ]
+
+
+def test_pending_jobs_expire_when_their_wait_ends_or_they_cannot_pay_off(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock(1_000_000.0)
+    c = controller(tmp_path, clock)
+    try:
+        assert asyncio.run(c.submit(blocker())).state == "admitted"
+        # wait ends at slot 1: decided once more there, still blocked, so it expires
+        short = asyncio.run(c.submit(small("short"), wait_seconds=1.5 * SLOT))
+        assert short.state == "pending" and short.wait_until_slot == 1
+        # d_min = 2; worth ~100 by jct 3 and ~0 from jct 4: one slot of waiting may pay,
+        # two cannot
+        steep = {"kind": "sigmoid", "priority": 100, "decay": 50, "target": 3.5}
+        doomed = asyncio.run(c.submit(small("doomed", utility=steep), wait_seconds=9 * SLOT))
+        assert doomed.state == "pending"
+        # a job that cannot pay off after even one slot of waiting is not queued at all
+        hopeless = {"kind": "sigmoid", "priority": 100, "decay": 50, "target": 2.5}
+        now_or_never = asyncio.run(
+            c.submit(small("never", utility=hopeless), wait_seconds=SLOT * 9)
+        )
+        assert now_or_never.state == "rejected"
+        assert "not queued: it cannot pay off after waiting" in now_or_never.decision.reason
+        # a wait shorter than the time to the next boundary cannot help either
+        brief = asyncio.run(c.submit(small("brief"), wait_seconds=SLOT / 2))
+        assert (
+            brief.state == "rejected" and "before the next slot boundary" in brief.decision.reason
+        )
+
+        clock.advance(SLOT)
+        asyncio.run(c.tick())
+        assert c._get_sync("short").state == "expired"
+        assert "wait ended" in c._get_sync("short").decision.reason
+        assert c._get_sync("doomed").state == "pending"  # f(3) may still pay
+        clock.advance(SLOT)
+        asyncio.run(c.tick())
+        gone = c._get_sync("doomed")
+        assert gone.state == "expired" and "can no longer pay off" in gone.decision.reason
+        states = {v.id: v.state for v in c._list_sync([], 1000)[0]}
+        assert states["short"] == states["doomed"] == "expired"
+    finally:
+        c.close()
+
+
+def test_a_pending_job_can_be_cancelled(tmp_path: Path) -> None:
+    clock = FakeClock(1_000_000.0)
+    c = controller(tmp_path, clock)
+    try:
+        asyncio.run(c.submit(blocker()))
+        assert asyncio.run(c.submit(small("p"), wait_seconds=5 * SLOT)).state == "pending"
+        view, released = asyncio.run(c.cancel("p"))
+        assert view.state == "cancelled" and released == 0
+        asyncio.run(c.cancel("blocker"))
+        clock.advance(SLOT)
+        asyncio.run(c.tick())
+        assert c._get_sync("p").state == "cancelled"  # not admitted once room is free
+        assert "p" not in c._ledger
+    finally:
+        c.close()
+
+
+def test_one_submitters_pending_jobs_are_bounded(tmp_path: Path) -> None:
+    clock = FakeClock(1_000_000.0)
+    c = controller(tmp_path, clock, CHEAP + "\n[limits]\nmax_pending_per_submitter = 2\n")
+    try:
+        asyncio.run(c.submit(blocker(), by="alice"))
+        for name in ("a1", "a2"):
+            assert asyncio.run(c.submit(small(name), by="alice", wait_seconds=SLOT * 5)).state == (
+                "pending"
+            )
+        with pytest.raises(QueueFullError, match="max_pending_per_submitter = 2"):
+            asyncio.run(c.submit(small("a3"), by="alice", wait_seconds=SLOT * 5))
+        with pytest.raises(SpecError, match="max_wait_seconds"):
+            asyncio.run(c.submit(small("a4"), by="bob", wait_seconds=1e9))
+        # another tenant still gets a place, and the refused job left nothing behind
+        assert asyncio.run(c.submit(small("b1"), by="bob", wait_seconds=SLOT * 5)).state == (
+            "pending"
+        )
+        assert [v.id for v in c._list_sync(["pending"], 1000)[0]] == ["a1", "a2", "b1"]
+        assert asyncio.run(c.submit(small("a3"), by="alice", wait_seconds=0)).state == "rejected"
+    finally:
+        c.close()
+
+
+def test_pending_jobs_are_decided_again_in_submission_order(tmp_path: Path) -> None:
+    """After the blocker is cancelled there is room for only one of two equal pending
+    jobs, each needing every GPU of its window: the one submitted first gets it."""
+    clock = FakeClock(1_000_000.0)
+    c = controller(tmp_path, clock)
+    try:
+        asyncio.run(c.submit(blocker()))
+        for name in ("first", "second"):
+            spec = small(name, chunks=16, minibatches=24, epochs=1, tau=0.999, grad_mb=1)
+            spec["utility"] = {"kind": "sigmoid", "priority": 1000, "decay": 0, "target": 1}
+            assert asyncio.run(c.submit(spec, wait_seconds=SLOT * 5)).state == "pending"
+        asyncio.run(c.cancel("blocker"))
+        clock.advance(SLOT)
+        asyncio.run(c.tick())
+        a, b = c._get_sync("first"), c._get_sync("second")
+        assert (a.state, b.state) == ("admitted", "pending")
+        assert a.sequence > 1  # it took the next place in decision order when admitted
+    finally:
+        c.close()
+
+
+def test_a_pending_job_survives_kill_9(tmp_path: Path) -> None:
+    """The daemon as a subprocess with 10-second slots: a pending job is still pending
+    after ``kill -9`` and a restart, and is admitted at the first boundary after the
+    blocker is cancelled. It needs 17 slots of one worker, so the slots after the
+    blocker's plan cannot hold it for 16 boundaries (160 s), far longer than the test."""
+    config = write_config(tmp_path / "c.toml", tmp_path / "data")
+    text = config.read_text().replace("slot_seconds = 3600", "slot_seconds = 10")
+    config.write_text(text + CHEAP)
+    d = Daemon(config, tmp_path / "oasisd.log").start()
+    try:
+        spec_file = tmp_path / "blocker.json"
+        spec_file.write_text(json.dumps(blocker(tau=0.998)))  # W = 384 with 10-s slots
+        out = oasis("submit", str(spec_file), "--json", server=d.address)
+        assert json.loads(out.stdout)["state"] == "admitted"
+        flat = {"kind": "sigmoid", "priority": 50, "decay": 0, "target": 1}  # waiting is free
+        spec_file.write_text(json.dumps(small("survivor", chunks=1, utility=flat)))
+        out = oasis("submit", str(spec_file), "--wait", "1h", server=d.address, check=False)
+        assert out.returncode == 4, out.stderr  # pending: neither admitted nor rejected
+        assert "survivor: pending until slot" in out.stdout, out.stdout
+        d.kill9()
+        d = Daemon(config, tmp_path / "oasisd2.log").start()
+        listed = oasis("jobs", "--state", "pending", server=d.address)
+        assert "survivor" in listed.stdout and "pending" in listed.stdout
+        oasis("cancel", "blocker", server=d.address)
+        with grpc.insecure_channel(d.address) as channel:
+            admission = pb_grpc.AdmissionStub(channel)
+            wait_for_state(admission, "survivor", pb.JOB_STATE_ADMITTED, timeout=45)
+            got = admission.GetJob(pb.GetJobRequest(id="survivor"), timeout=5).job
+        assert got.decision.jct == got.decision.completion_slot - got.decision.arrival_slot + 1
+        assert min(a.slot for a in got.decision.allocations) > got.decision.arrival_slot
+    finally:
+        d.stop()
+
+
+def test_estimated_bounds_observe_a_pending_job_once(tmp_path: Path) -> None:
+    """With estimated price bounds, a job is observed at its submission only: deciding
+    it again at later boundaries (pending, then admitted) leaves the estimate as it was."""
+    from controller.admission.state import ESTIMATE_KEY
+    from controller.store import MetaRow
+
+    clock = FakeClock(1_000_000.0)
+    c = controller(tmp_path, clock, extra="")  # [pricing] absent: estimated bounds
+    try:
+        assert c.config.pricing.mode == "estimate"
+        # 16 GPUs for 3 slots, then a small job priced out by the busy slots
+        x = job("x", epochs=1, chunks=16, minibatches=3, tau=0.999, grad_mb=1)
+        x["utility"] = {"kind": "sigmoid", "priority": 1000, "decay": 0, "target": 1}
+        assert asyncio.run(c.submit(x)).state == "admitted"
+        y = small("y", utility={"kind": "sigmoid", "priority": 80, "decay": 0.5, "target": 3})
+        assert asyncio.run(c.submit(y, wait_seconds=SLOT * 5)).state == "pending"
+
+        def stored() -> Any:
+            with c.db.session() as session:
+                row = session.get(MetaRow, ESTIMATE_KEY)
+                assert row is not None
+                return row.value
+
+        after_submission = c._estimate.to_dict()
+        assert stored() == after_submission
+        clock.advance(SLOT)
+        asyncio.run(c.tick())
+        assert c._get_sync("y").state == "pending"
+        asyncio.run(c.cancel("x"))
+        clock.advance(SLOT)
+        asyncio.run(c.tick())
+        assert c._get_sync("y").state == "admitted"
+        assert c._estimate.to_dict() == after_submission
+        assert stored() == after_submission
+        # ... whereas observing it again would have changed it
+        job_y = c._parse(y, 1)
+        assert c._estimate.observe(job_y).to_dict() != after_submission
+    finally:
+        c.close()
+
+
+def test_slot_0_is_the_first_start_recorded_in_the_store(tmp_path: Path) -> None:
+    """Without ``epoch`` in the config, slot 0 begins at the daemon's first start and a
+    restart keeps it; an explicit ``epoch`` still wins."""
+    clock = FakeClock(1_700_000_000.0)
+    path = write_config(tmp_path / "c.toml", tmp_path / "data", epoch=0.0)
+    path.write_text(path.read_text().replace("epoch = 0.0\n", ""))
+    config = load(path)
+    assert config.epoch_from_store
+    c = opened(config, clock)
+    assert c.slots.epoch == 1_700_000_000.0 and c.slot == 0
+    c.close()
+    clock.advance(2.5 * SLOT)
+    c = opened(config, clock)
+    assert c.slots.epoch == 1_700_000_000.0 and c.slot == 2  # not restarted at slot 0
+    c.close()
+    explicit = load(write_config(tmp_path / "e.toml", tmp_path / "data", epoch=1000.0))
+    assert not explicit.epoch_from_store
+    c = opened(explicit, clock)
+    assert c.slots.epoch == 1000.0 and c.slot == int((clock.now() - 1000.0) // SLOT)
+    c.close()
+
+
+def test_a_store_with_jobs_but_no_recorded_slot_0_keeps_the_unix_epoch(tmp_path: Path) -> None:
+    """A store written before slot 0 was recorded numbered its slots from the Unix epoch
+    (the old default): a config without ``epoch`` keeps that numbering for it."""
+    clock = FakeClock(1_700_000_000.0)
+    old = controller(tmp_path, FakeClock(0.0), extra="")  # writes c.toml with epoch = 0
+    old.close()
+    path = tmp_path / "c.toml"
+    legacy = load(path)
+    assert not legacy.epoch_from_store
+    c = opened(legacy, clock)
+    assert asyncio.run(c.submit(small("old"))).state == "admitted"
+    c.close()
+    path.write_text(path.read_text().replace("epoch = 0.0\n", ""))
+    config = load(path)
+    assert config.epoch_from_store
+    c = opened(config, clock)
+    try:
+        assert c.slots.epoch == 0.0 and c.slot == int(1_700_000_000.0 // SLOT)
+    finally:
+        c.close()

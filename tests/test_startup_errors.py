@@ -1,0 +1,164 @@
+"""Start-up failures are one line and exit 1, never a traceback or a hang: a data_dir that
+is a file or cannot be created, a file system that refuses writes or is full, a store
+that never answers. A relative data_dir is relative to the config file's folder, and a
+config with secrets that others may read gets a warning."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from controller.config import load
+from tests.servers import ROOT, Daemon, Postgres, write_config
+
+STORE_TIMEOUT = 2
+
+
+def _oasisd(
+    config: Path, preexec: Callable[[], object] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "controller.daemon", "--config", str(config)],
+        capture_output=True, text=True, timeout=120, check=False, cwd=ROOT,
+        preexec_fn=preexec,
+    )  # fmt: skip
+
+
+def _one_line_error(out: subprocess.CompletedProcess[str], *parts: str) -> None:
+    assert out.returncode == 1, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("oasisd: "), out.stderr
+    for part in parts:
+        assert part in lines[0], lines[0]
+
+
+def test_a_data_dir_that_is_a_file(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.write_text("not a directory")
+    out = _oasisd(write_config(tmp_path / "c.toml", data))
+    _one_line_error(out, f"daemon.data_dir: {data} exists and is not a directory")
+
+
+def test_a_data_dir_that_cannot_be_created(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    data = tmp_path / "file" / "data"
+    out = _oasisd(write_config(tmp_path / "c.toml", data))
+    _one_line_error(out, f"daemon.data_dir: cannot create {data}: Not a directory")
+
+
+def _no_writes_past_1_byte() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1, 1))  # Python ignores SIGXFSZ: EFBIG
+
+
+def test_a_file_system_that_refuses_writes(tmp_path: Path) -> None:
+    """RLIMIT_FSIZE makes every write past the first byte fail: the error mapping of a
+    full disk where a tmpfs cannot be mounted (not root)."""
+    config = write_config(tmp_path / "c.toml", tmp_path / "data")
+    out = _oasisd(config, _no_writes_past_1_byte)
+    _one_line_error(out, "cannot open the store ")
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs of 64 inodes (needs the right to mount, as root in CI)."""
+    mount = tmp_path / "fs"
+    mount.mkdir()
+    out = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m,nr_inodes=64", "tmpfs", str(mount)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if out.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {out.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+def _fill(fs: Path) -> None:
+    """Use up every block and every inode of ``fs``."""
+    with open(fs / "filler", "wb", buffering=0) as f, contextlib.suppress(OSError):
+        while True:  # unbuffered: closing has nothing left to write
+            f.write(b"\0" * 65536)
+    with contextlib.suppress(OSError):
+        for i in range(10_000):
+            (fs / f"inode-{i}").touch()
+
+
+def test_a_full_disk_at_start(tmp_path: Path, tiny_fs: Path) -> None:
+    # a first start on a full disk: the data directory cannot be made
+    full = tmp_path / "full.toml"
+    write_config(full, tiny_fs / "new")
+    store = tiny_fs / "data"
+    config = write_config(tmp_path / "c.toml", store)
+    log = tmp_path / "d.log"
+    assert Daemon(config, log).start().stop() == 0, log.read_text()  # this store exists
+    _fill(tiny_fs)
+    _one_line_error(_oasisd(full), f"daemon.data_dir: cannot create {tiny_fs / 'new'}: No space")
+    _one_line_error(_oasisd(config), f"cannot open the store sqlite:///{store}/oasis.db", "full")
+    for path in tiny_fs.glob("inode-*"):
+        path.unlink()
+    (tiny_fs / "filler").unlink()
+    again = Daemon(config, log).start()  # room again: it starts
+    assert again.stop() == 0, log.read_text()
+
+
+def test_a_store_that_never_answers(tmp_path: Path) -> None:
+    with socket.socket() as silent:  # accepts TCP (the kernel does), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        url = f"postgresql+psycopg://oasis@127.0.0.1:{port}/oasis"
+        config = write_config(tmp_path / "c.toml", tmp_path / "d", url,
+                              extra=f"store_timeout = {STORE_TIMEOUT}")  # fmt: skip
+        out = _oasisd(config)
+    _one_line_error(out, f"cannot open the store {url}", "timeout")
+
+
+def test_a_relative_data_dir_is_relative_to_the_config_file(tmp_path: Path) -> None:
+    name = f"rel-{uuid.uuid4().hex[:8]}"
+    folder = tmp_path / "etc"
+    folder.mkdir()
+    config = write_config(folder / "c.toml", Path(name))  # data_dir = "rel-..."
+    log = tmp_path / "d.log"
+    daemon = Daemon(config, log).start()  # its working directory is the repository
+    try:
+        assert (folder / name / "oasis.db").exists()
+        assert not (ROOT / name).exists()
+    finally:
+        daemon.stop()
+        shutil.rmtree(ROOT / name, ignore_errors=True)
+
+
+def test_secrets_readable_by_others_get_a_warning(tmp_path: Path, postgres: Postgres) -> None:
+    url = postgres.new_database().replace("oasis@", "oasis:s3cret@")  # trust: any password
+    config = write_config(tmp_path / "c.toml", tmp_path / "data", url)
+    config.chmod(0o644)
+    warned = load(config).warnings
+    assert len(warned) == 1 and "daemon.store_url's password" in warned[0] and "0644" in warned[0]
+    config.chmod(0o600)
+    assert load(config).warnings == ()
+    config.chmod(0o640)
+    os.chown(config, -1, os.getegid())  # group-readable by the daemon's own group: fine
+    assert load(config).warnings == ()
+    no_secret = write_config(tmp_path / "n.toml", tmp_path / "data")
+    no_secret.chmod(0o644)
+    assert load(no_secret).warnings == ()
+
+    config.chmod(0o604)
+    log = tmp_path / "d.log"
+    daemon = Daemon(config, log).start()
+    assert daemon.stop() == 0
+    text = log.read_text()
+    assert '"event": "config readable by others"' in text and "s3cret" not in text

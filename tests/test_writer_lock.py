@@ -1,0 +1,157 @@
+"""One daemon per store and per port: a second ``oasisd`` on the same store (SQLite or
+PostgreSQL) exits 1 with one line naming the first (host, pid, since); a second on the
+same port fails to listen; a lock whose PostgreSQL session ended is taken again, and a
+daemon whose lock another process took over stops (exit 1)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+from sqlalchemy import create_engine, text
+
+from controller.store.writer_lock import (
+    LOCK_KEY,
+    FileWriterLock,
+    Holder,
+    StoreLockedError,
+)
+from tests.servers import ROOT, Daemon, Postgres, write_config
+from tests.test_daemon_e2e import job, submit_json
+
+
+def _oasisd(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "controller.daemon", "--config", str(config), *args],
+        capture_output=True, text=True, timeout=120, check=False, cwd=ROOT,
+    )  # fmt: skip
+
+
+def _writer_record(url: str) -> dict[str, object]:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            raw = conn.execute(text("SELECT value FROM meta WHERE key = 'writer'")).scalar_one()
+    finally:
+        engine.dispose()
+    return json.loads(raw) if isinstance(raw, str) else dict(raw)
+
+
+def test_a_second_daemon_on_the_same_store_exits_naming_the_first(
+    tmp_path: Path, store_url: str
+) -> None:
+    config = write_config(tmp_path / "a.toml", tmp_path / "data", store_url)
+    log = tmp_path / "a.log"
+    first = Daemon(config, log).start()
+    try:
+        assert submit_json(tmp_path, job("j0"), first.address)["state"]
+        second = _oasisd(config)
+        assert first.proc is not None
+        assert second.returncode == 1, second.stderr
+        line = second.stderr.strip()
+        assert "\n" not in line and "Traceback" not in line, second.stderr
+        assert line.startswith("oasisd: the store ") and "is in use by another oasisd" in line
+        assert f"(host {socket.gethostname()}, pid {first.proc.pid}, since 20" in line, line
+        # the first one was not disturbed
+        assert submit_json(tmp_path, job("j1"), first.address)["state"]
+    finally:
+        assert first.stop() == 0, log.read_text()
+    assert _writer_record(store_url)["epoch"] == 1
+    again = Daemon(config, log).start()  # the lock went with the first process
+    try:
+        assert submit_json(tmp_path, job("j2"), again.address)["state"]
+    finally:
+        assert again.stop() == 0, log.read_text()
+    record = _writer_record(store_url)
+    assert record["epoch"] == 2 and record["pid"] == (again.proc.pid if again.proc else 0)
+
+
+def test_a_second_daemon_on_the_same_port_fails_to_listen(tmp_path: Path) -> None:
+    first = Daemon(write_config(tmp_path / "a.toml", tmp_path / "a"), tmp_path / "a.log").start()
+    try:
+        second = _oasisd(write_config(tmp_path / "b.toml", tmp_path / "b"), "--listen",
+                         first.address)  # fmt: skip
+        assert second.returncode == 1, second.stderr
+        assert f"oasisd: daemon.listen: cannot listen on {first.address}" in second.stderr
+        assert "Traceback" not in second.stderr
+    finally:
+        assert first.stop() == 0
+
+
+def test_file_lock_counts_epochs_and_reads_garbage_as_unknown(tmp_path: Path) -> None:
+    path = tmp_path / "store.db.lock"
+    path.write_text("[" * 50_000)  # not a record: no crash, epoch starts afresh
+    first = FileWriterLock(path)
+    assert first.holder() is None
+    first.acquire()
+    holder = first.holder()
+    assert holder is not None and holder.epoch == 1 and holder.pid is not None
+    other = FileWriterLock(path)  # another open file description: flock conflicts
+    assert not other.try_acquire()
+    with pytest.raises(StoreLockedError, match="is in use by another oasisd") as held:
+        other.acquire()
+    assert held.value.holder == holder
+    first.release()
+    assert other.try_acquire()
+    again = other.holder()
+    assert again is not None and again.epoch == 2
+    other.release()
+    garbage: list[object] = [
+        None,
+        [],
+        {"host": 1, "epoch": 1},
+        {"host": "h", "epoch": True},
+        {"host": "h", "epoch": 3, "pid": "x", "since": "not a time"},
+    ]
+    for raw in garbage:
+        parsed = Holder.from_dict(raw)
+        assert parsed is None or (parsed.pid is None and parsed.since is None)
+
+
+def _lock_session(pg: Postgres, database: str) -> int:
+    with psycopg.connect(
+        f"host=127.0.0.1 port={pg.port} user=oasis dbname={database}", autocommit=True
+    ) as conn:
+        row = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'oasisd %'"
+        ).fetchone()
+        assert row is not None, "no session named oasisd"
+        return int(row[0])
+
+
+def test_a_lock_lost_with_its_session_is_taken_again_or_the_daemon_stops(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    url = postgres.new_database()
+    database = url.rsplit("/", 1)[1]
+    config = write_config(tmp_path / "p.toml", tmp_path / "data", url)
+    log = tmp_path / "p.log"
+    daemon = Daemon(config, log).start()
+    dsn = f"host=127.0.0.1 port={postgres.port} user=oasis dbname={database}"
+    try:
+        # the session ends (as in a PostgreSQL restart): the daemon takes the lock again
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (_lock_session(postgres, database),))
+        deadline = time.monotonic() + 30
+        while '"writer lock taken again' not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        assert _writer_record(url)["epoch"] == 2
+        assert submit_json(tmp_path, job("still"), daemon.address)["state"]
+
+        # the session ends and another process takes the lock first: the daemon stops
+        with psycopg.connect(dsn, autocommit=True) as rival:
+            rival.execute("SELECT pg_terminate_backend(%s)", (_lock_session(postgres, database),))
+            while not rival.execute("SELECT pg_try_advisory_lock(%s)", (LOCK_KEY,)).fetchone()[0]:  # type: ignore[index]
+                time.sleep(0.01)
+            assert daemon.proc is not None
+            assert daemon.proc.wait(60) == 1
+        assert "was taken over by another oasisd" in log.read_text()
+    finally:
+        daemon.stop()
