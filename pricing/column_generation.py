@@ -552,8 +552,12 @@ def configuration_bound(
 ) -> BoundResult:
     """Column generation on the configuration LP (module docstring).
 
-    Each round solves the master (with its overfilled cells' rows), then prices every job
-    twice: at the LP's duals ``pi``, and at ``smoothing * pi* + (1 - smoothing) * pi``
+    Two phases: first the master holds only the groups' capacity rows (the whole
+    cluster's per kind, slot and resource: 2 T R rows, quick to solve; at the paper's
+    scale this phase converged in 75 s); once it converges, or its bound meets its LP,
+    the cells it overfills get their own rows (:meth:`Master.separate`) and the loop
+    goes on until no cell is overfilled. Each round solves the master, then prices
+    every job twice: at the LP's duals ``pi``, and at ``smoothing * pi* + (1 - smoothing) * pi``
     where ``pi*`` gave the best bound so far (Wentges smoothing: the LP's duals swing
     from round to round, the smoothed ones improve the bound steadily). Both give a
     certified bound and columns; a column enters if its reduced cost at the LP's duals
