@@ -32,13 +32,18 @@ Methodology
     ``pricing.offline.solve_offline`` (HiGHS, 60 s limit), started from the better of the
     two online allocations (as ``oasis offline`` starts from its online allocation); both
     ratios divide that one optimum. An unproven optimum is reported with status
-    ``feasible``; a ratio is empty when the online utility is 0. Runs are sequential.
+    ``feasible``; a ratio is empty when the online utility is 0. The runs (one policy on
+    one trace, one Fig. 5 instance, one Fig. 6 replay) go to a process pool, one
+    process per core (``--workers N``; ``--workers 1`` runs them here, one at a time),
+    or to a Dask cluster with ``--dask-scheduler tcp://HOST:PORT`` (``bench/pool.py``);
+    the results do not depend on where they ran, only the timings do.
 
 Run with
     .venv/bin/python -m bench.figures                    # full size, into bench/figures/
     .venv/bin/python -m bench.figures --seeds 5 --out /tmp/figs
     .venv/bin/python -m bench.figures --quick            # tiny sizes, under a minute
     .venv/bin/python -m bench.figures --fig5-max-share 0.1   # Fig. 5 with small jobs
+    .venv/bin/python -m bench.figures --dask-scheduler tcp://HOST:8786   # on a cluster
 
     A progress bar runs on stderr; a Markdown summary of the numbers (also written to
     ``summary.md`` in ``--out``) goes to stdout.
@@ -54,6 +59,7 @@ import textwrap
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +75,7 @@ from bench.machine import describe
 from bench.offline_optimum import HORIZON as FIG5_HORIZON
 from bench.offline_optimum import N_JOBS as FIG5_JOBS
 from bench.offline_optimum import TOTAL_SERVERS as FIG5_SERVERS
+from bench.pool import add_arguments, executor, run_all
 from controller.commands.common import int_at_least
 from controller.commands.gen import parse_share
 from controller.replay import ReplayRecord, replay
@@ -249,10 +256,18 @@ def _g(x: float | None, digits: int = 6) -> str:
 # ---------------------------------------------------------------------------------------
 
 
-def fig3_fig4(settings: Settings, seeds: Sequence[int], out: Path, bar: tqdm[Any]) -> list[str]:
-    """Run every policy on every trace; write Figs. 3 and 4; Markdown summary lines."""
+def fig3_fig4(
+    settings: Settings,
+    seeds: Sequence[int],
+    out: Path,
+    bar: tqdm[Any],
+    pool: Executor | None = None,
+) -> list[str]:
+    """Run every policy on every trace (on ``pool``, else here); write Figs. 3 and 4;
+    Markdown summary lines."""
     s = settings
-    runs: dict[tuple[int, int, str], Run] = {}
+    keys: list[tuple[int, int, str]] = []
+    tasks: list[tuple[dict[str, Any], str]] = []
     targets: dict[int, list[tuple[str, int, int]]] = {}  # seed -> (job, arrival, target)
     for n in s.job_counts:
         for seed in seeds:
@@ -262,9 +277,14 @@ def fig3_fig4(settings: Settings, seeds: Sequence[int], out: Path, bar: tqdm[Any
                     (j["id"], j["arrival"], j["utility"]["target"]) for j in raw["jobs"]
                 ]
             for policy in POLICY_NAMES:
-                bar.set_description(f"fig3 {n} jobs seed {seed} {policy}")
-                runs[n, seed, policy] = run_policy(raw, policy)
-                bar.update()
+                keys.append((n, seed, policy))
+                tasks.append((raw, policy))
+
+    def done(task: tuple[Any, ...], _run: Run) -> None:
+        bar.set_description(f"fig3 {len(task[0]['jobs'])} jobs {task[1]}")
+        bar.update()
+
+    runs = dict(zip(keys, run_all(pool, run_policy, tasks, done), strict=True))
 
     _write_csv(
         out / "fig3_total_utility.csv",
@@ -362,41 +382,51 @@ def _ratio(optimum: float | None, online: float) -> float | None:
     return optimum / online if optimum is not None and online > 0 else None
 
 
+def fig5_instance(
+    total: int, seed: int, max_share: float | None, time_limit: float
+) -> tuple[Any, ...]:
+    """One Fig. 5 instance: its CSV row (``CSV_COLUMNS["fig5_offline_ratio"]``)."""
+    workers, ps = (total + 1) // 2, total // 2
+    raw = _raw(seed, FIG5_JOBS, workers, ps, FIG5_HORIZON, max_share)
+    online: dict[str, float] = {}
+    starts: dict[str, list[Schedule | None]] = {}
+    oracle = _trace(raw, "oracle")
+    for bounds in ("estimate", "oracle"):
+        records = list(replay(_trace(raw, bounds)))
+        online[bounds] = math.fsum(_online(records)[1])
+        starts[bounds] = _schedules(records)
+    better = max(online, key=lambda b: online[b])
+    result = solve_offline(oracle, time_limit=time_limit, start=starts[better])
+    opt = result.optimum
+    return (
+        total, workers, ps, seed, result.status, result.gap, round(result.solve_seconds, 3),
+        opt, online["estimate"], online["oracle"], _ratio(opt, online["estimate"]),
+        _ratio(opt, online["oracle"]), theorem4_bound(oracle),
+    )  # fmt: skip
+
+
 def fig5(
     settings: Settings,
     seeds: Sequence[int],
     out: Path,
     bar: tqdm[Any],
     max_share: float | None = None,
+    pool: Executor | None = None,
 ) -> list[str]:
-    """Offline optimum against both OASiS pricings; write Fig. 5; Markdown summary lines.
-    ``max_share``: small jobs (``generate_trace``'s), None for the paper's sizes."""
-    rows: list[tuple[Any, ...]] = []
-    for total in settings.fig5_servers:
-        workers, ps = (total + 1) // 2, total // 2
-        for seed in seeds:
-            bar.set_description(f"fig5 {total} servers seed {seed}")
-            raw = _raw(seed, FIG5_JOBS, workers, ps, FIG5_HORIZON, max_share)
-            online: dict[str, float] = {}
-            starts: dict[str, list[Schedule | None]] = {}
-            oracle = _trace(raw, "oracle")
-            for bounds in ("estimate", "oracle"):
-                records = list(replay(_trace(raw, bounds)))
-                online[bounds] = math.fsum(_online(records)[1])
-                starts[bounds] = _schedules(records)
-            better = max(online, key=lambda b: online[b])
-            result = solve_offline(
-                oracle, time_limit=settings.fig5_time_limit, start=starts[better]
-            )
-            opt = result.optimum
+    """Offline optimum against both OASiS pricings (each instance on ``pool``, else
+    here); write Fig. 5; Markdown summary lines. ``max_share``: small jobs
+    (``generate_trace``'s), None for the paper's sizes."""
+    tasks = [
+        (total, seed, max_share, settings.fig5_time_limit)
+        for total in settings.fig5_servers
+        for seed in seeds
+    ]
 
-            rows.append(
-                (total, workers, ps, seed, result.status, result.gap,
-                 round(result.solve_seconds, 3), opt, online["estimate"], online["oracle"],
-                 _ratio(opt, online["estimate"]), _ratio(opt, online["oracle"]),
-                 theorem4_bound(oracle))
-            )  # fmt: skip
-            bar.update()
+    def done(task: tuple[Any, ...], _row: tuple[Any, ...]) -> None:
+        bar.set_description(f"fig5 {task[0]} servers seed {task[1]}")
+        bar.update()
+
+    rows = run_all(pool, fig5_instance, tasks, done)
     cols = CSV_COLUMNS["fig5_offline_ratio"]
     _write_csv(out / "fig5_offline_ratio.csv", cols, rows)
 
@@ -460,27 +490,41 @@ def fig5(
 # ---------------------------------------------------------------------------------------
 
 
-def fig6(settings: Settings, seeds: Sequence[int], out: Path, bar: tqdm[Any]) -> list[str]:
-    """OASiS (estimate) with L or U scaled; write Fig. 6; Markdown summary lines."""
+def fig6_run(settings: Settings, seed: int, l_factor: float, u_factor: float) -> tuple[float, int]:
+    """OASiS (estimate) on one Fig. 6 trace with L and U scaled: total utility, admitted."""
     s = settings
-    cache: dict[tuple[int, float, float], tuple[float, int]] = {}
-    rows = []
-    for seed in seeds:
-        trace = _trace(_raw(seed, s.fig4_jobs, s.worker_servers, s.ps_servers, s.horizon),
-                       "estimate")  # fmt: skip
-        for scaled in ("L", "U"):
-            for f in s.factors:
-                key = (seed, f, 1.0) if scaled == "L" else (seed, 1.0, f)
-                bar.set_description(f"fig6 seed {seed} {scaled} x {f:g}")
-                if key not in cache:
-                    records = list(replay(trace, l_factor=key[1], u_factor=key[2]))
-                    cache[key] = (
-                        math.fsum(_online(records)[1]),
-                        sum(r.decision.admitted for r in records),
-                    )
-                total, admitted = cache[key]
-                rows.append((scaled, f, seed, repr(total), admitted))
-                bar.update()
+    raw = _raw(seed, s.fig4_jobs, s.worker_servers, s.ps_servers, s.horizon)
+    records = list(replay(_trace(raw, "estimate"), l_factor=l_factor, u_factor=u_factor))
+    return math.fsum(_online(records)[1]), sum(r.decision.admitted for r in records)
+
+
+def fig6(
+    settings: Settings,
+    seeds: Sequence[int],
+    out: Path,
+    bar: tqdm[Any],
+    pool: Executor | None = None,
+) -> list[str]:
+    """OASiS (estimate) with L or U scaled (each replay on ``pool``, else here); write
+    Fig. 6; Markdown summary lines."""
+    s = settings
+    wanted = [
+        (scaled, f, seed, (seed, f, 1.0) if scaled == "L" else (seed, 1.0, f))
+        for seed in seeds
+        for scaled in ("L", "U")
+        for f in s.factors
+    ]
+    keys = list(dict.fromkeys(key for *_, key in wanted))  # factor 1 once per seed
+
+    def done(task: tuple[Any, ...], _result: tuple[float, int]) -> None:
+        bar.set_description(f"fig6 seed {task[1]} L x {task[2]:g} U x {task[3]:g}")
+        bar.update()
+
+    results = run_all(pool, fig6_run, [(s, *key) for key in keys], done)
+    cache = dict(zip(keys, results, strict=True))
+    rows = [
+        (scaled, f, seed, repr(cache[key][0]), cache[key][1]) for scaled, f, seed, key in wanted
+    ]
     _write_csv(out / "fig6_bound_estimates.csv", CSV_COLUMNS["fig6_bound_estimates"], rows)
 
     means: dict[str, list[float]] = defaultdict(list)
@@ -547,6 +591,7 @@ def main(argv: list[str] | None = None) -> int:
         "default: the paper's job sizes",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_arguments(parser)
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else FULL
     seeds = list(range(1, (args.seeds or (1 if args.quick else 3)) + 1))
@@ -556,13 +601,16 @@ def main(argv: list[str] | None = None) -> int:
     total = (
         len(settings.job_counts) * len(seeds) * len(POLICY_NAMES)
         + len(settings.fig5_servers) * len(seeds)
-        + 2 * len(settings.factors) * len(seeds)
+        + (2 * len(settings.factors) - (1.0 in settings.factors)) * len(seeds)
     )
     started = time.perf_counter()
-    with tqdm(total=total, file=sys.stderr, unit="run", disable=args.no_progress) as bar:
-        lines = fig3_fig4(settings, seeds, out, bar)
-        lines += ["", *fig5(settings, seeds, out, bar, args.fig5_max_share)]
-        lines += ["", *fig6(settings, seeds, out, bar)]
+    with (
+        tqdm(total=total, file=sys.stderr, unit="run", disable=args.no_progress) as bar,
+        executor(args.workers, args.dask_scheduler) as pool,
+    ):
+        lines = fig3_fig4(settings, seeds, out, bar, pool)
+        lines += ["", *fig5(settings, seeds, out, bar, args.fig5_max_share, pool)]
+        lines += ["", *fig6(settings, seeds, out, bar, pool)]
     seconds = time.perf_counter() - started
 
     machine = describe(

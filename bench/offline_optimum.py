@@ -9,7 +9,12 @@ What is measured
       solver status, relative MIP gap and wall time to a proven optimum (limit 60 s);
     - the online total utility of ``controller.replay.replay`` on the same trace;
     - the ratio optimum / online, and the Theorem 4 worst case ``2 alpha``;
-    - with ``--cross-check``, the optimum from the other solver, which must agree.
+    - with ``--cross-check``, the optimum from the other solver, which must agree;
+    - with ``--bound``, the configuration LP's certified bound
+      (``pricing.column_generation.configuration_bound``, run to convergence) and the
+      plain LP relaxation of the ILP (``pricing.offline.lp_relaxation``), and how far
+      each lies above a proven optimum: the tightness of the bound ``oasis offline``
+      reports when it cannot prove the optimum.
 
 Methodology
     Traces come from ``pricing.workload.generate_trace(numpy.random.default_rng(seed),
@@ -21,13 +26,19 @@ Methodology
     nothing else should run on the machine. ``--max-share S`` draws the same traces with
     small jobs, as the paper's Theorem 4 assumes: each job's chunks are lowered until its
     most workers per slot and their PS take at most ``S`` of the cluster's total of every
-    resource (``generate_trace``'s ``max_share``).
+    resource (``generate_trace``'s ``max_share``). ``--jobs``, ``--horizon`` and
+    ``--servers`` change the instance sizes. Instances run in parallel on a process pool
+    (``--workers``, default one per core; ``--workers 1`` for the sequential timings of
+    earlier runs) or on a Dask cluster (``--dask-scheduler``, ``bench/pool.py``);
+    parallel solve times share the cores.
 
 Run with
     .venv/bin/python -m bench.offline_optimum                  # HiGHS, seeds 1-3
     .venv/bin/python -m bench.offline_optimum --cross-check    # and CBC on each instance
     .venv/bin/python -m bench.offline_optimum --seeds 1 --cold --json
     .venv/bin/python -m bench.offline_optimum --seeds 5 --pricing estimate --max-share 0.1
+    .venv/bin/python -m bench.offline_optimum --seeds 5 --bound          # bound tightness
+    .venv/bin/python -m bench.offline_optimum --dask-scheduler tcp://HOST:8786
 """
 
 from __future__ import annotations
@@ -41,10 +52,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from bench.pool import add_arguments, executor, run_all
 from controller.commands.gen import parse_share
 from controller.replay import replay, summary
 from pricing import trace_from_dict
-from pricing.offline import SolverName, solve_offline, theorem4_bound
+from pricing.column_generation import configuration_bound
+from pricing.offline import Held, SolverName, lp_relaxation, solve_offline, theorem4_bound
 from pricing.workload import generate_trace
 
 TOTAL_SERVERS = (3, 6, 9, 12)
@@ -71,6 +84,9 @@ class Row:
     admitted_offline: int
     admitted_online: int
     cross_check: float | None = None
+    config_bound: float | None = None
+    config_seconds: float | None = None
+    lp_relaxation: float | None = None
 
 
 def run_instance(
@@ -82,14 +98,17 @@ def run_instance(
     cold: bool = False,
     pricing: str = "oracle",
     max_share: float | None = None,
+    bound: bool = False,
+    n_jobs: int = N_JOBS,
+    horizon: int = HORIZON,
 ) -> Row:
     workers, ps = (total + 1) // 2, total // 2
     raw = generate_trace(
         np.random.default_rng(seed),
-        n_jobs=N_JOBS,
+        n_jobs=n_jobs,
         n_worker_servers=workers,
         n_ps_servers=ps,
-        horizon=HORIZON,
+        horizon=horizon,
         max_share=max_share,
     )
     trace = trace_from_dict({**raw, "pricing": {"bounds": pricing}})
@@ -105,6 +124,12 @@ def run_instance(
     if cross is not None:
         checked = solve_offline(trace, solver=cross, time_limit=time_limit, start=start)
         other = checked.optimum
+    config = relaxed = seconds = None
+    if bound:
+        started = time.perf_counter()
+        config = configuration_bound(trace, Held.nothing(trace), start=start).bound
+        seconds = time.perf_counter() - started
+        relaxed = lp_relaxation(trace)
     opt = result.optimum
     return Row(
         servers=total,
@@ -124,7 +149,17 @@ def run_instance(
         admitted_offline=sum(j.admitted for j in result.jobs),
         admitted_online=sum(r.decision.admitted for r in records),
         cross_check=other,
+        config_bound=config,
+        config_seconds=seconds,
+        lp_relaxation=relaxed,
     )
+
+
+def _above(bound: float | None, row: Row) -> float | None:
+    """``(bound - optimum) / optimum`` of a proven optimum; None otherwise."""
+    if bound is None or row.status != "optimal" or not row.optimum:
+        return None
+    return (bound - row.optimum) / row.optimum
 
 
 def _num(x: float | None, digits: int = 4) -> str:
@@ -135,6 +170,10 @@ def _num(x: float | None, digits: int = 4) -> str:
     return f"{x:.{digits}g}"
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.3g}%"
+
+
 def table(rows: list[Row], cross: SolverName | None) -> str:
     head = [
         "servers (w+ps)", "seed", "vars", "rows", "status", "gap", "solve s", "optimum",
@@ -142,6 +181,9 @@ def table(rows: list[Row], cross: SolverName | None) -> str:
     ]  # fmt: skip
     if cross:
         head.append(f"{cross} optimum")
+    bounds = any(r.config_bound is not None for r in rows)
+    if bounds:
+        head += ["config. LP bound", "above opt.", "LP relaxation", "above opt."]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [
@@ -152,6 +194,11 @@ def table(rows: list[Row], cross: SolverName | None) -> str:
         ]  # fmt: skip
         if cross:
             cells.append(_num(r.cross_check, 6))
+        if bounds:
+            cells += [
+                _num(r.config_bound, 6), _pct(_above(r.config_bound, r)),
+                _num(r.lp_relaxation, 6), _pct(_above(r.lp_relaxation, r)),
+            ]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -180,6 +227,19 @@ def main(argv: list[str] | None = None) -> int:
         metavar="S",
         help="small jobs as Theorem 4 assumes (generate_trace's max_share), e.g. 0.1",
     )
+    parser.add_argument(
+        "--bound",
+        action="store_true",
+        help="also the configuration LP's certified bound and the plain LP relaxation",
+    )
+    parser.add_argument("--jobs", type=int, default=N_JOBS, help=f"jobs (default {N_JOBS})")
+    parser.add_argument("--horizon", type=int, default=HORIZON, help=f"T (default {HORIZON})")
+    parser.add_argument(
+        "--servers",
+        default=",".join(map(str, TOTAL_SERVERS)),
+        help="total servers per instance size, comma-separated (default 3,6,9,12)",
+    )
+    add_arguments(parser)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     solver: SolverName = args.solver
@@ -187,23 +247,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.cross_check:
         cross = "cbc" if solver == "highs" else "highs"
 
-    rows = []
+    tasks = [
+        (total, seed, solver, args.time_limit, cross, args.cold, args.pricing, args.max_share,
+         args.bound, args.jobs, args.horizon)
+        for total in (int(x) for x in args.servers.split(","))
+        for seed in range(1, args.seeds + 1)
+    ]  # fmt: skip
+
+    def done(task: tuple[object, ...], _row: Row) -> None:
+        print(f"{task[0]} servers, seed {task[1]}: done", file=sys.stderr, flush=True)
+
     started = time.perf_counter()
-    for total in TOTAL_SERVERS:
-        for seed in range(1, args.seeds + 1):
-            print(f"{total} servers, seed {seed} ...", file=sys.stderr, flush=True)
-            rows.append(
-                run_instance(
-                    total,
-                    seed,
-                    solver,
-                    args.time_limit,
-                    cross,
-                    args.cold,
-                    args.pricing,
-                    args.max_share,
-                )
-            )
+    with executor(args.workers, args.dask_scheduler) as pool:
+        rows = run_all(pool, run_instance, tasks, done)
     elapsed = time.perf_counter() - started
 
     if args.json:
@@ -221,6 +277,22 @@ def main(argv: list[str] | None = None) -> int:
         f"below 1.5); {over} above 2*alpha; "
         f"online utility 0 in {len(rows) - len(ratios)}"
     )
+    above = [
+        (x, y)
+        for r in rows
+        if (x := _above(r.config_bound, r)) is not None
+        and (y := _above(r.lp_relaxation, r)) is not None
+    ]
+    if above:
+        config = np.array([a for a, _ in above])
+        plain = np.array([b for _, b in above])
+        print(
+            f"bound above the proven optimum, {len(above)} instances: configuration LP "
+            f"median {100 * float(np.median(config)):.3g}%, max {100 * float(config.max()):.3g}%"
+            f" (slowest {max(r.config_seconds or 0.0 for r in rows):.2f} s); plain LP "
+            f"relaxation median {100 * float(np.median(plain)):.3g}%, max "
+            f"{100 * float(plain.max()):.3g}%"
+        )
     if cross:
         agree = sum(
             r.optimum is not None

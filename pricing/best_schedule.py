@@ -33,7 +33,16 @@ from pricing.ledger import Ledger
 from pricing.placement import F64, I64, cost_curve, offers, place
 from pricing.schedule import Schedule
 
-__all__ = ["TIE", "BestSchedule", "Schedule", "best_schedule", "payoff_ceiling", "warm_up"]
+__all__ = [
+    "TIE",
+    "BestSchedule",
+    "Schedule",
+    "Side",
+    "best_schedule",
+    "payoff_ceiling",
+    "search",
+    "warm_up",
+]
 
 _LB_SLACK = 1.0 - 1e-9
 
@@ -242,8 +251,49 @@ def best_schedule(
     """
     t0 = ledger.index(first_slot)
     n_slots = ledger.index(last_slot) - t0 + 1
+    wside = ledger.worker_side.kernel_view(job.worker)
+    pside = ledger.ps_side.kernel_view(job.ps)
+    lb_unit = _cost_lower_bound(job, ledger)
+    best, _ = search(job, wside, pside, ledger.touched, t0, n_slots, first_slot, lb_unit, arrival)
+    return best
+
+
+def search(
+    job: Job,
+    wside: Side,
+    pside: Side,
+    touched: NDArray[np.bool_],
+    t0: int,
+    n_slots: int,
+    first_slot: int,
+    lb_unit: float,
+    arrival: int | None = None,
+) -> tuple[BestSchedule, F64]:
+    """The search of :func:`best_schedule` against any non-negative unit prices.
+
+    Args:
+        job: the job.
+        wside, pside: ``(price, used, capacity, demand)`` of the worker and PS servers
+            (:mod:`pricing.placement`): ``price`` ``(S, n, R)`` >= 0, utility per unit
+            per slot; ``used`` ``(S, n, R)``, amounts that leave less room.
+        touched: ``(S,)`` bool; False only where the slot's prices and amounts equal
+            those of every other False slot (they then share one cost curve).
+        t0: window index of ``first_slot``; ``n_slots``: slots the job may use from it.
+        first_slot: the first slot it may use, the absolute slot of window index ``t0``.
+        lb_unit: a lower bound on the cost of one worker-slot (with its PS) in any of
+            these slots; 0 is always valid.
+        arrival: the slot its completion time counts from (:func:`best_schedule`);
+            None: ``first_slot``.
+
+    Returns:
+        The best schedule, and ``(n_slots,)`` float64 upper bounds on the payoff of any
+        schedule whose last worker slot is ``t = first_slot + k`` (``-inf`` where none is
+        feasible): ``f(t - a + 1) - D_k[W]`` where the search computed the least cost
+        ``D_k[W]``, and ``f(t - a + 1) - (W lb_unit)`` past the slot where it stopped.
+    """
+    ends = np.full(max(n_slots, 0), -np.inf)
     if n_slots < 1:
-        return BestSchedule(None, None, None, None, None, 0)
+        return BestSchedule(None, None, None, None, None, 0), ends
     a = first_slot if arrival is None else arrival
     if a > first_slot:
         raise ValueError(f"arrival {a} is after the first slot {first_slot}")
@@ -253,21 +303,20 @@ def best_schedule(
     d_all = np.empty((n_slots, work + 1))
     c_all = np.empty((n_slots, job.chunks + 1))
     ymax_all = np.empty(n_slots, np.int64)
-    wside = ledger.worker_side.kernel_view(job.worker)
-    pside = ledger.ps_side.kernel_view(job.ps)
     best_k, _, scanned = _search(
-        wside, pside, ledger.touched, t0, work, zt, util, _cost_lower_bound(job, ledger),
-        d_all, c_all, ymax_all,
-    )  # fmt: skip
+        wside, pside, touched, t0, work, zt, util, lb_unit, d_all, c_all, ymax_all
+    )
+    ends[:scanned] = util[:scanned] - d_all[:scanned, work]
+    ends[scanned:] = util[scanned:] - work * lb_unit
     if best_k < 0:
-        return BestSchedule(None, None, None, None, None, int(scanned))
+        return BestSchedule(None, None, None, None, None, int(scanned)), ends
     ys = _backtrack(d_all, c_all, ymax_all, best_k, work)
     workers, ps = _materialise(wside, pside, t0, ys, zt)
     schedule = Schedule(first_slot, workers, ps)
     cost = float(sum(c_all[k, ys[k]] for k in range(ys.shape[0])))
     jct = schedule.end - a + 1
     utility = float(job.utility.values(jct))
-    return BestSchedule(utility - cost, schedule, cost, jct, utility, int(scanned))
+    return BestSchedule(utility - cost, schedule, cost, jct, utility, int(scanned)), ends
 
 
 def payoff_ceiling(job: Job, ledger: Ledger, first_slot: int, arrival: int) -> float:

@@ -102,9 +102,14 @@ __all__ = [
     "OfflineError",
     "OfflineJob",
     "OfflineResult",
+    "Reduction",
     "SolverName",
     "Status",
     "allocation_from_schedules",
+    "allocation_jobs",
+    "check_allocation",
+    "largest_job_share",
+    "lp_relaxation",
     "solve_offline",
     "status_and_gap",
     "theorem4_alpha",
@@ -180,6 +185,24 @@ class Held:
         return trace.cluster.ps_capacity[None] - self.ps_used
 
 
+@dataclass(frozen=True, eq=False)
+class Reduction:
+    """What a bound rules out of the ILP without losing any allocation better than a
+    known one (:func:`pricing.offline_solve.solve` derives it from the configuration LP).
+
+    Attributes:
+        ends: per job, ``(l_i - a_i + 1,)`` bool: may it complete in each slot from its
+            arrival on? No ``u`` exists where it is False, nor any unit after its last
+            True slot; a job with none is not run.
+        must_run: ``(J,)`` bool: jobs every better allocation runs (``x_i = 1``).
+        cutoff: a bound on the optimum, added as ``objective <= cutoff``; None for none.
+    """
+
+    ends: tuple[NDArray[np.bool_], ...]
+    must_run: NDArray[np.bool_]
+    cutoff: float | None
+
+
 @dataclass(frozen=True)
 class OfflineResult:
     """The outcome of one offline solve.
@@ -201,6 +224,14 @@ class OfflineResult:
         solver: ``"highs"`` or ``"cbc"``.
         variables, constraints: size of the model handed to the solver.
         jobs: per job, in trace order (empty when there is no allocation).
+        method: what ran (:mod:`pricing.offline_solve`): ``"ilp"`` (this module's ILP
+            alone), ``"colgen"`` (the configuration LP's certified bound and an
+            allocation rounded from its columns) or ``"colgen+ilp"`` (both, then the ILP
+            reduced by the bound and started from that allocation).
+        bound_source: how ``bound`` was obtained, in words.
+        allocation_source: where the allocation came from, in words.
+        lp_bound: the configuration LP's certified bound, when it was computed.
+        columns, rounds: the column generation's columns and pricing rounds.
     """
 
     optimum: float | None
@@ -213,6 +244,12 @@ class OfflineResult:
     variables: int
     constraints: int
     jobs: tuple[OfflineJob, ...]
+    method: str = "ilp"
+    bound_source: str = ""
+    allocation_source: str = ""
+    lp_bound: float | None = None
+    columns: int | None = None
+    rounds: int | None = None
 
 
 # ---------------------------------------------------------------------------------------
@@ -246,6 +283,28 @@ def theorem4_alpha(trace: Trace) -> float:
         float(np.max(b.log_u1 - b.log_l1)),
         float(np.max(b.log_u2 - b.log_l2)),
     )
+
+
+def largest_job_share(trace: Trace) -> tuple[float, str]:
+    """The largest share of the cluster one job can take in one slot, and of which
+    resource: over jobs, its most workers per slot on the empty cluster and their
+    ``z(y)`` PS, against the cluster's total of each resource (worker demand against
+    the worker servers' total, PS demand against the PS servers'). Theorem 4 assumes
+    this is small (:func:`theorem4_alpha`); ``oasis gen --max-share`` bounds it."""
+    from pricing.job import max_workers_per_slot
+
+    c = trace.cluster
+    total_w = c.worker_capacity.sum(axis=0)
+    total_p = c.ps_capacity.sum(axis=0)
+    share, name = 0.0, c.resources[0]
+    for job in trace.jobs:
+        y = max_workers_per_slot(job, c)
+        z = int(job.ps_needed(y))
+        for r, resource in enumerate(c.resources):
+            for need, total in ((y * job.worker[r], total_w[r]), (z * job.ps[r], total_p[r])):
+                if need > 0 and total > 0 and need / total > share:
+                    share, name = float(need / total), resource
+    return share, name
 
 
 def theorem4_bound(trace: Trace) -> float:
@@ -285,11 +344,10 @@ def _upper_bounds(
     return np.minimum(room(capacity, demand), job.chunks)
 
 
-def _build(trace: Trace, held: Held) -> _Model:
-    """Problem (1)-(13) as in the module docstring."""
+def _build(trace: Trace, held: Held, reduction: Reduction | None = None) -> _Model:
+    """Problem (1)-(13) as in the module docstring, less what ``reduction`` rules out."""
     pulp = _pulp()
 
-    T = trace.horizon
     cluster = trace.cluster
     prob = pulp.LpProblem("oasis_offline", pulp.LpMaximize)
     x: dict[int, Any] = {}
@@ -298,40 +356,51 @@ def _build(trace: Trace, held: Held) -> _Model:
     u: dict[tuple[int, int], Any] = {}
     objective = []
     for i, job in enumerate(trace.jobs):
-        a, stop = job.arrival, int(held.last_slot[i]) + 1
+        a, last = job.arrival, int(held.last_slot[i])
+        first_end = a + job.min_slots - 1
+        ends = [
+            t for t in range(first_end, last + 1) if reduction is None or reduction.ends[i][t - a]
+        ]
+        stop = ends[-1] + 1 if ends else a  # no unit after the last end slot allowed
         x[i] = prob.add_variable(f"x_{i}", 0, 1, pulp.LpBinary)
         y_ub = _upper_bounds(job, cluster.worker_capacity, job.worker)
         z_ub = _upper_bounds(job, cluster.ps_capacity, job.ps)
+        ys: list[Any] = []
         for t in range(a, stop):
-            for h, ub in enumerate(y_ub.tolist()):
-                if ub > 0:
-                    y[i, h, t] = prob.add_variable(f"y_{i}_{h}_{t}", 0, ub, pulp.LpInteger)
-            for k, ub in enumerate(z_ub.tolist()):
-                if ub > 0:
-                    z[i, k, t] = prob.add_variable(f"z_{i}_{k}_{t}", 0, ub, pulp.LpInteger)
-        first_end = a + job.min_slots - 1
-        utility = job.utility.values(np.arange(first_end, stop) - a + 1)
-        for t, f in zip(range(first_end, stop), utility.tolist(), strict=True):
-            u[i, t] = prob.add_variable(f"u_{i}_{t}", 0, 1, pulp.LpBinary)
-            objective.append(f * u[i, t])
-    prob += pulp.lpSum(objective)
-
-    for i, job in enumerate(trace.jobs):
-        slots = range(job.arrival, int(held.last_slot[i]) + 1)
-        ends = [u[i, t] for t in slots if (i, t) in u]
-        prob += pulp.lpSum(ends) == x[i], f"complete_once_{i}"
-        work = [v for (j, _, _), v in y.items() if j == i]
-        prob += pulp.lpSum(work) >= job.work * x[i], f"c2_work_{i}"
-        for t in slots:
-            ys = [y[i, h, t] for h in range(len(cluster.worker_names)) if (i, h, t) in y]
-            zs = [z[i, k, t] for k in range(len(cluster.ps_names)) if (i, k, t) in z]
-            later = [u[i, s] for s in range(t, T) if (i, s) in u]
-            prob += pulp.lpSum(ys) <= job.chunks * pulp.lpSum(later), f"c3_chunks_{i}_{t}"
+            ys_t = [
+                y.setdefault((i, h, t), prob.add_variable(f"y_{i}_{h}_{t}", 0, ub, pulp.LpInteger))
+                for h, ub in enumerate(y_ub.tolist())
+                if ub > 0
+            ]
+            zs_t = [
+                z.setdefault((i, k, t), prob.add_variable(f"z_{i}_{k}_{t}", 0, ub, pulp.LpInteger))
+                for k, ub in enumerate(z_ub.tolist())
+                if ub > 0
+            ]
+            ys += ys_t
+            # (3), (6), (7) of slot t; (3) takes the u of slots >= t, added below
             prob += (
-                pulp.lpSum(zs) >= job.ps_ratio * pulp.lpSum(ys) - ROUNDING,
+                pulp.lpSum(zs_t) >= job.ps_ratio * pulp.lpSum(ys_t) - ROUNDING,
                 f"c6_ps_bandwidth_{i}_{t}",
             )
-            prob += pulp.lpSum(zs) <= pulp.lpSum(ys), f"c7_ps_count_{i}_{t}"
+            prob += pulp.lpSum(zs_t) <= pulp.lpSum(ys_t), f"c7_ps_count_{i}_{t}"
+        utility = job.utility.values(np.array(ends, dtype=np.int64) - a + 1)
+        for t, f in zip(ends, utility.tolist(), strict=True):
+            u[i, t] = prob.add_variable(f"u_{i}_{t}", 0, 1, pulp.LpBinary)
+            objective.append(f * u[i, t])
+        later: list[Any] = []
+        for t in range(stop - 1, a - 1, -1):
+            if (i, t) in u:
+                later.append(u[i, t])
+            ys_t = [y[i, h, t] for h in range(len(cluster.worker_names)) if (i, h, t) in y]
+            prob += pulp.lpSum(ys_t) <= job.chunks * pulp.lpSum(later), f"c3_chunks_{i}_{t}"
+        prob += pulp.lpSum(u[i, t] for t in ends) == x[i], f"complete_once_{i}"
+        prob += pulp.lpSum(ys) >= job.work * x[i], f"c2_work_{i}"
+        if reduction is not None and reduction.must_run[i]:
+            prob += x[i] == 1, f"must_run_{i}"
+    prob += pulp.lpSum(objective)
+    if reduction is not None and reduction.cutoff is not None:
+        prob += pulp.lpSum(objective) <= reduction.cutoff, "cutoff"
 
     for name, units, capacity, demand_of in (
         ("c4_worker_capacity", y, held.worker_capacity(trace), "worker"),
@@ -604,7 +673,7 @@ def _set_start(
     ps: NDArray[np.int64],
 ) -> None:
     """Give every variable the value of the (checked) allocation, as the solver's start."""
-    problems = _check(trace, held, workers, ps)
+    problems = check_allocation(trace, held, workers, ps)
     if problems:
         raise OfflineError("the starting allocation breaks SPEC 3-5: " + "; ".join(problems))
     for var in model.prob.variables():
@@ -620,16 +689,18 @@ def _set_start(
     placed += sum(int(v.varValue) for v in model.z.values())
     if placed != int(workers.sum() + ps.sum()):
         raise OfflineError("the starting allocation puts a unit where none of its job fits")
-    for i, job in enumerate(_jobs(trace, workers)):
+    for i, job in enumerate(allocation_jobs(trace, workers)):
         if job.completion_slot is not None:
             model.x[i].setInitialValue(1)
             model.u[i, job.completion_slot].setInitialValue(1)
 
 
-def _check(
+def check_allocation(
     trace: Trace, held: Held, workers: NDArray[np.int64], ps: NDArray[np.int64]
 ) -> list[str]:
-    """Every way the allocation breaks SPEC 3-5 (empty when it is feasible)."""
+    """Every way the allocation (``(J, T, H)`` workers, ``(J, T, K)`` PS) breaks SPEC 3-5
+    (empty when it is feasible): the check of every allocation reported, online or
+    offline."""
     problems = []
     for i, job in enumerate(trace.jobs):
         per_slot = workers[i].sum(axis=1)
@@ -654,7 +725,10 @@ def _check(
     return problems
 
 
-def _jobs(trace: Trace, workers: NDArray[np.int64]) -> tuple[OfflineJob, ...]:
+_check = check_allocation  # the name tests written before it was public use
+
+
+def allocation_jobs(trace: Trace, workers: NDArray[np.int64]) -> tuple[OfflineJob, ...]:
     """Per job: admitted iff it has workers; completion at its last worker slot."""
     out = []
     for i, job in enumerate(trace.jobs):
@@ -682,6 +756,7 @@ def solve_offline(
     start: Sequence[Schedule | None] | None = None,
     progress: Callable[[str], None] | None = None,
     held: Held | None = None,
+    reduction: Reduction | None = None,
 ) -> OfflineResult:
     """Solve problem (1)-(13) for ``trace`` (module docstring) and check the result.
 
@@ -696,6 +771,10 @@ def solve_offline(
         progress: called with a one-line message before the solve starts.
         held: resources held by jobs outside the trace and each job's last slot
             (default: nothing held, every job may run to ``T - 1``).
+        reduction: completion slots and rejections ruled out, and a cutoff; the
+            optimum and bound are then those of the reduced model, which equal the full
+            model's when ``start`` is the allocation the reduction keeps every better
+            one than (:class:`Reduction`).
 
     Raises:
         OfflineError: the solver is unknown, unavailable or crashed, or its allocation
@@ -705,7 +784,7 @@ def solve_offline(
     """
     started = time.perf_counter()
     held = held if held is not None else Held.nothing(trace)
-    model = _build(trace, held)
+    model = _build(trace, held, reduction)
     n_vars = len(model.prob.variables())
     n_rows = len(model.prob.constraints())
     start_workers = None
@@ -730,7 +809,7 @@ def solve_offline(
 
     jobs = _incumbent(trace, held, model) if verdict.incumbent else None
     if start_workers is not None:
-        given = _jobs(trace, start_workers)
+        given = allocation_jobs(trace, start_workers)
         if jobs is None or _total(given) > _total(jobs) + ABS_GAP:
             if verdict.proven:
                 raise OfflineError("the given allocation beats the solver's proven optimum")
@@ -757,6 +836,24 @@ def solve_offline(
     )
 
 
+def lp_relaxation(trace: Trace, held: Held | None = None) -> float:
+    """The optimum of this module's ILP with every variable continuous (HiGHS): the plain
+    LP relaxation of problem (1)-(13), an upper bound on the optimum, for comparison
+    with the configuration LP's (:mod:`pricing.column_generation`).
+
+    Raises:
+        OfflineError: HiGHS did not solve it.
+    """
+    pulp = _pulp()
+    model = _build(trace, held if held is not None else Held.nothing(trace))
+    for var in model.prob.variables():
+        var.cat = pulp.LpContinuous
+    model.prob.solve(pulp.HiGHS(msg=False))
+    if model.prob.status != pulp.LpStatusOptimal:
+        raise OfflineError(f"the LP relaxation was not solved: {pulp.LpStatus[model.prob.status]}")
+    return float(pulp.value(model.prob.objective) or 0.0)
+
+
 def _total(jobs: tuple[OfflineJob, ...]) -> float:
     return float(sum(j.utility for j in jobs))
 
@@ -764,10 +861,10 @@ def _total(jobs: tuple[OfflineJob, ...]) -> float:
 def _incumbent(trace: Trace, held: Held, model: _Model) -> tuple[OfflineJob, ...]:
     """The solver's allocation, checked against SPEC 3-5 and against its objective."""
     workers, ps = _allocation(trace, model)
-    problems = _check(trace, held, workers, ps)
+    problems = check_allocation(trace, held, workers, ps)
     if problems:
         raise OfflineError("the solver's allocation breaks SPEC 3-5: " + "; ".join(problems))
-    jobs = _jobs(trace, workers)
+    jobs = allocation_jobs(trace, workers)
     total = _total(jobs)
     # u sits at or after each true last worker slot, so the solver's objective can only
     # fall short of the recomputed utility (module docstring), never exceed it

@@ -103,6 +103,61 @@ def test_fig5_with_small_jobs(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         assert float(r["optimum"]) >= online - 1e-6
 
 
+def test_offline_sweep_on_a_process_pool_equals_the_sequential_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--workers 2`` (a spawn process pool) gives the rows ``--workers 1`` gives."""
+    import json
+
+    from bench import offline_optimum
+
+    args = ["--seeds", "2", "--servers", "3", "--jobs", "6", "--horizon", "6", "--json"]
+    assert offline_optimum.main([*args, "--workers", "1"]) == 0
+    alone = json.loads(capsys.readouterr().out)["rows"]
+    assert offline_optimum.main([*args, "--workers", "2"]) == 0
+    pooled = json.loads(capsys.readouterr().out)["rows"]
+    assert len(alone) == len(pooled) == 2
+    for a, b in zip(alone, pooled, strict=True):
+        assert (a["seed"], a["optimum"], a["online"], a["status"]) == (
+            b["seed"], b["optimum"], b["online"], b["status"],
+        )  # fmt: skip
+
+
+def test_fig5_on_a_dask_cluster(tmp_path: Path) -> None:
+    """``--dask-scheduler``: the runs go to a Dask cluster (here a LocalCluster on
+    loopback TCP) and give the same Fig. 5 rows as a run in this process."""
+    from tqdm import tqdm
+
+    from bench.figures import fig5
+    from bench.pool import executor
+
+    distributed = pytest.importorskip("distributed")
+    for name in ("dask", "here"):
+        (tmp_path / name).mkdir()
+    with distributed.LocalCluster(
+        n_workers=1,
+        threads_per_worker=1,
+        processes=False,
+        protocol="tcp://",
+        host="127.0.0.1",
+        dashboard_address=None,
+    ) as cluster:
+        address = cluster.scheduler_address
+        assert address.startswith("tcp://127.0.0.1:")
+        with tqdm(disable=True) as bar, executor(None, address) as pool:
+            assert pool is not None and type(pool).__module__.startswith("distributed")
+            fig5(QUICK, [1], tmp_path / "dask", bar, None, pool)
+    with tqdm(disable=True) as bar:
+        fig5(QUICK, [1], tmp_path / "here", bar, None, None)
+    remote = _rows(tmp_path / "dask" / "fig5_offline_ratio.csv", "fig5_offline_ratio")
+    local = _rows(tmp_path / "here" / "fig5_offline_ratio.csv", "fig5_offline_ratio")
+    assert [int(r["servers"]) for r in remote] == list(QUICK.fig5_servers)
+    for r, h in zip(remote, local, strict=True):
+        for column in ("servers", "seed", "status", "online_estimate", "online_oracle"):
+            assert r[column] == h[column]
+        assert float(r["optimum"]) == pytest.approx(float(h["optimum"]), abs=1e-6)
+
+
 def test_legend_beside_the_axes_titles_and_the_quick_caveat() -> None:
     """The legend sits right of the plot (inside it hid the RRH line), one seed is '1
     seed', and a quick run says on the figure that it is one noisy seed."""

@@ -427,7 +427,8 @@ def test_offline_json_follows_spec_6(tmp_path: Path, capsys: pytest.CaptureFixtu
     raw = generate_trace(
         np.random.default_rng(4), n_jobs=8, n_worker_servers=2, n_ps_servers=2, horizon=8
     )
-    assert main(["offline", _write(tmp_path, raw), "--json", "--time-limit", "30"]) == 0
+    args = ["offline", _write(tmp_path, raw), "--json", "--time-limit", "30", "--method", "ilp"]
+    assert main(args) == 0
     captured = capsys.readouterr()
     assert "solving ILP with HiGHS" in captured.err
     out = json.loads(captured.out)
@@ -451,7 +452,8 @@ def test_offline_text_for_people(tmp_path: Path, capsys: pytest.CaptureFixture[s
     raw = generate_trace(
         np.random.default_rng(5), n_jobs=6, n_worker_servers=2, n_ps_servers=1, horizon=6
     )
-    assert main(["offline", _write(tmp_path, raw), "--no-progress", "--solver", "cbc"]) == 0
+    args = ["offline", _write(tmp_path, raw), "--no-progress", "--solver", "cbc", "--method", "ilp"]
+    assert main(args) == 0
     captured = capsys.readouterr()
     assert captured.err == ""
     for label in ("offline optimum", "online utility", "ratio", "CBC: optimal", "2*alpha"):

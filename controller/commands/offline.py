@@ -1,13 +1,20 @@
 """``oasis offline TRACE``: the offline optimum of a trace against the online algorithm;
 ``oasis offline --store URL [--from SLOT --to SLOT]``: the same over what a daemon
-decided (controller/history.py says what is compared)."""
+decided (controller/history.py says what is compared).
+
+``--method`` picks the exact ILP, a certified bound with an allocation (column
+generation), or, by default, whichever the size allows (pricing/offline_solve.py). The
+``--json`` document holds SPEC 6's keys and those :func:`offline_json` lists."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import sys
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -24,7 +31,15 @@ from controller.commands.common import (
 from controller.history import HistoryError, OnlineJob, load_history
 from controller.replay import replay
 from controller.store import Database, StoreUnavailableError
-from pricing.offline import Held, OfflineError, OfflineResult, solve_offline, theorem4_bound
+from pricing.column_generation import ColumnGenerationError
+from pricing.offline import (
+    Held,
+    OfflineError,
+    OfflineResult,
+    largest_job_share,
+    theorem4_bound,
+)
+from pricing.offline_solve import solve
 from pricing.schedule import Schedule
 from pricing.trace import Trace
 
@@ -44,8 +59,11 @@ def register(sub: Any) -> None:
         description=(
             "Solve the offline optimum of TRACE (the paper's problem (1)-(13) under the "
             "online algorithm's feasibility rules), replay the online algorithm on the same "
-            "trace, and print both, their ratio, the solver's status and MIP gap, and the "
-            "worst-case ratio 2*alpha of the paper's Theorem 4."
+            "trace, and print both, their ratio, a certified upper bound on the optimum and "
+            "how it was obtained, the gap, and the worst-case ratio 2*alpha of the paper's "
+            "Theorem 4. Small problems are solved exactly (ILP); large ones get a certified "
+            "bound from the configuration LP (column generation) and an allocation rounded "
+            "from it."
         ),
     )
     p.add_argument(
@@ -74,15 +92,26 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print JSON (SPEC 6) instead of text")
     p.add_argument(
-        "--solver", choices=("highs", "cbc"), default="highs", help="MIP solver (default: highs)"
+        "--method",
+        choices=("auto", "ilp", "colgen"),
+        default="auto",
+        help="ilp: the exact ILP alone; colgen: the configuration LP's certified bound and an "
+        "allocation rounded from its columns; auto (default): colgen, then the ILP reduced "
+        "by its bound when the ILP is small enough",
+    )
+    p.add_argument(
+        "--solver",
+        choices=("highs", "cbc"),
+        default="highs",
+        help="MIP solver of the ILP (default: highs); the LPs always use HiGHS",
     )
     p.add_argument(
         "--time-limit",
         type=positive_seconds,
         default=DEFAULT_TIME_LIMIT,
         metavar="SECONDS",
-        help=f"stop the solver after this long (default: {DEFAULT_TIME_LIMIT:g}); the "
-        "best allocation found is reported with its gap",
+        help=f"stop after this long (default: {DEFAULT_TIME_LIMIT:g}); the best allocation "
+        "found is reported with its gap to the certified bound",
     )
     p.add_argument(
         "--threads", type=int_at_least(1), default=None, help="solver threads (default: solver's)"
@@ -105,13 +134,36 @@ def _finite(x: float | None) -> float | None:
 
 
 def offline_json(
-    result: OfflineResult, online_jobs: list[OnlineJob], bound_2alpha: float
+    result: OfflineResult,
+    online_jobs: list[OnlineJob],
+    bound_2alpha: float,
+    job_share: tuple[float, str] | None = None,
 ) -> dict[str, Any]:
-    """The ``offline --json`` document (SPEC 6 keys first)."""
+    """The ``offline --json`` document: SPEC 6's keys first, then
+
+    - ``bound``: a certified upper bound on the optimum; ``ratio_bound``: bound / online
+      (the optimum is at most this many times the online utility);
+      ``online_share_certified``: online / bound (the online utility is at least this
+      share of the optimum, whether or not the optimum is proven); ``bound_source``: how
+      the bound was obtained;
+    - ``method``: ``ilp``, ``colgen`` or ``colgen+ilp`` (what ran; ``optimum`` is the
+      best allocation found, the optimum only when ``status`` is ``optimal``);
+      ``allocation_source``; ``lp_bound``: the configuration LP's certified bound
+      (null for ``ilp``); ``columns``, ``rounds``: its column generation;
+    - ``solver``, ``solve_seconds`` (wall time of the whole comparison after the online
+      replay), ``variables``, ``constraints`` (of the last model solved: the ILP's, or
+      the configuration LP's columns and rows);
+    - ``theorem4_ratio_bound``: ``2 alpha``; ``theorem4_assumes_small_jobs``: true, with
+      ``largest_job_share`` and ``largest_job_share_resource``: the largest share of the
+      cluster's total of one resource one job can take in a slot (Theorem 4 assumes it
+      is small, and its bound need not hold otherwise);
+    - ``jobs``: per job, offline and online admission, completion time and utility.
+    """
     online = float(sum(j.utility or 0.0 for j in online_jobs if j.admitted))
     ratio = result.optimum / online if result.optimum is not None and online > 0 else None
     # unproven: the true ratio lies between ratio and bound / online
     ratio_bound = result.bound / online if result.bound is not None and online > 0 else None
+    share = online / result.bound if result.bound is not None and result.bound > 0 else None
     jobs = []
     for on, off in zip(online_jobs, result.jobs or [None] * len(online_jobs), strict=True):
         jobs.append(
@@ -133,35 +185,94 @@ def offline_json(
         "gap": _finite(result.gap),
         "bound": result.bound,
         "ratio_bound": ratio_bound,
+        "online_share_certified": share,
+        "bound_source": result.bound_source or _ilp_bound_source(result),
+        "method": result.method,
+        "allocation_source": result.allocation_source or "the ILP's incumbent",
+        "lp_bound": result.lp_bound,
+        "columns": result.columns,
+        "rounds": result.rounds,
         "solver": result.solver,
         "solve_seconds": round(result.solve_seconds, 4),
-        "theorem4_ratio_bound": bound_2alpha,
         "variables": result.variables,
         "constraints": result.constraints,
+        "theorem4_ratio_bound": bound_2alpha,
+        "theorem4_assumes_small_jobs": True,
+        "largest_job_share": None if job_share is None else job_share[0],
+        "largest_job_share_resource": None if job_share is None else job_share[1],
         "jobs": jobs,
     }
+
+
+def _ilp_bound_source(result: OfflineResult) -> str:
+    label = _SOLVER_LABEL[result.solver]
+    if result.status == "optimal":
+        return f"proven by the ILP ({label})"
+    return f"the ILP's dual bound ({label})" if result.bound is not None else "none"
 
 
 def _text(doc: dict[str, Any], gap: float | None, out: TextIO) -> None:
     admitted_off = sum(bool(j["offline_admitted"]) for j in doc["jobs"])
     admitted_on = sum(bool(j["online_admitted"]) for j in doc["jobs"])
     n = len(doc["jobs"])
+    proven = doc["status"] == "optimal"
     gap_text = "unknown (no bound reported)" if gap is None else f"{gap:.3g}"
     ratio_note = ""
-    if doc["status"] != "optimal" and doc["ratio"] is not None:
+    if not proven and doc["ratio"] is not None:
         ratio_note = "; not proven: the optimum may be higher"
         if doc["ratio_bound"] is not None:
             ratio_note = f"; not proven: the true ratio is at most {fmt(doc['ratio_bound'], 4)}"
+    first = "offline optimum " if proven else "offline best    "
+    found = "" if proven else ", not proven optimal"
+    share = doc["online_share_certified"]
+    certified = (
+        "no bound"
+        if share is None
+        else f"online >= {100 * share:.3g}% of the optimum (online / bound)"
+    )
+    small = ""
+    if doc["largest_job_share"] is not None:
+        small = (
+            f"; here one job can take {100 * doc['largest_job_share']:.3g}% of the "
+            f"cluster's {doc['largest_job_share_resource']}"
+        )
     lines = [
-        f"offline optimum  {fmt(doc['optimum'], 6)}  ({admitted_off} of {n} jobs admitted)",
+        f"{first} {fmt(doc['optimum'], 6)}  ({admitted_off} of {n} jobs admitted{found})",
         f"online utility   {fmt(doc['online'], 6)}  ({admitted_on} of {n} jobs admitted)",
         f"ratio            {fmt(doc['ratio'], 4)}  (optimum / online{ratio_note})",
+        f"certified        {certified}",
+        f"bound            {fmt(doc['bound'], 6)}: {doc['bound_source']}",
+        f"method           {doc['method']}; allocation: {doc['allocation_source']}",
         f"solver           {_SOLVER_LABEL[doc['solver']]}: {doc['status']}, gap {gap_text}, "
         f"bound {fmt(doc['bound'], 6)}, {doc['solve_seconds']:.2f} s "
         f"({doc['variables']} variables, {doc['constraints']} constraints)",
-        f"Theorem 4        worst-case ratio 2*alpha = {fmt(doc['theorem4_ratio_bound'], 4)}",
+        f"Theorem 4        worst-case ratio 2*alpha = {fmt(doc['theorem4_ratio_bound'], 4)} "
+        f"(assumes small jobs, each worker's and PS's demand far below a server's "
+        f"capacity{small})",
     ]
     print("\n".join(lines), file=out)
+
+
+@contextlib.contextmanager
+def _quiet_native_stdout() -> Iterator[None]:
+    """Discard what native solvers print on file descriptor 1 (HiGHS prints its banner
+    there whatever its options say), so that stdout holds only the report; the
+    progress lines on stderr say what runs."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no descriptor 1 (e.g. a closed stdout): nothing to protect
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
 
 
 def _from_store(
@@ -223,25 +334,26 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         trace, held, online_jobs, online = _from_trace(args, progress)
-    # the online allocation is feasible for the ILP: given as the start (HiGHS begins
-    # from it; either solver's result is kept only if better), the reported optimum is
-    # at least the online utility even when the time limit cuts the search short
-    progress("building the ILP...")
+    # the online allocation is feasible offline: given as the start (HiGHS begins from
+    # it, column generation takes its schedules as columns, the result is never worse),
+    # the reported allocation is at least the online utility even when cut short
     try:
-        result = solve_offline(
-            trace,
-            solver=args.solver,
-            time_limit=args.time_limit,
-            threads=args.threads,
-            start=None if args.cold else online,
-            progress=progress,
-            held=held,
-        )
-    except OfflineError as err:
+        with _quiet_native_stdout():
+            result = solve(
+                trace,
+                method=args.method,
+                solver=args.solver,
+                time_limit=args.time_limit,
+                threads=args.threads,
+                start=None if args.cold else online,
+                progress=progress,
+                held=held,
+            )
+    except (OfflineError, ColumnGenerationError) as err:
         print(f"oasis offline: {err}", file=sys.stderr)
         return EXIT_FAILURE
-    progress(f"solver finished in {result.solve_seconds:.2f} s: {result.status}")
-    doc = offline_json(result, online_jobs, theorem4_bound(trace))
+    progress(f"finished in {result.solve_seconds:.2f} s ({result.method}): {result.status}")
+    doc = offline_json(result, online_jobs, theorem4_bound(trace), largest_job_share(trace))
     if args.json:
         json.dump(doc, sys.stdout, indent=1)
         print()

@@ -1,0 +1,209 @@
+"""The configuration LP's certified bound, its rounding, and ``oasis offline --method``.
+
+- the bound is never below the proven optimum, after any number of rounds;
+- column generation with exact pricing reaches the optimum of the explicit configuration
+  LP (every schedule of every job enumerated, solved by SciPy's HiGHS) on tiny traces;
+- the rounded allocation passes the same SPEC 3-5 check as the online schedules;
+- the ILP reduced by the bound keeps the optimum.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from scipy.optimize import linprog
+
+from controller.cli import main
+from controller.replay import replay, summary
+from pricing import Trace, trace_from_dict
+from pricing.column_generation import configuration_bound
+from pricing.offline import (
+    ABS_GAP,
+    Held,
+    allocation_from_schedules,
+    allocation_jobs,
+    check_allocation,
+    solve_offline,
+)
+from pricing.offline_rounding import round_columns
+from pricing.offline_solve import reduction, solve
+from pricing.workload import generate_trace
+from tests.test_offline import _job_options, _tiny_instances
+
+
+def _small(seed: int, jobs: int = 8, servers: int = 2, horizon: int = 8) -> Trace:
+    raw = generate_trace(
+        np.random.default_rng(seed),
+        n_jobs=jobs,
+        n_worker_servers=servers,
+        n_ps_servers=servers,
+        horizon=horizon,
+    )
+    return trace_from_dict(raw)
+
+
+def _online(trace: Trace) -> tuple[float, list[Any]]:
+    records = list(replay(trace))
+    start = [r.decision.best.schedule if r.decision.admitted else None for r in records]
+    return float(summary(records)["total_utility"]), start
+
+
+def _explicit_lp(raw: dict[str, Any]) -> float:
+    """The configuration LP with every schedule of every job as a column."""
+    capacity = np.array(
+        [[s["capacity"].get(r, 0.0) for r in raw["resources"]] for s in raw["servers"]]
+    )
+    T = raw["horizon"]
+    cells = T * capacity.size
+    utilities: list[float] = []
+    rows: list[np.ndarray] = []
+    for i in range(len(raw["jobs"])):
+        for u, use in _job_options(raw, i):
+            col = np.zeros(len(raw["jobs"]) + cells)
+            col[i] = 1.0
+            col[len(raw["jobs"]) :] = use.ravel()
+            utilities.append(u)
+            rows.append(col)
+    if not rows:
+        return 0.0
+    a = np.array(rows).T
+    b = np.concatenate([np.ones(len(raw["jobs"])), np.tile(capacity.ravel(), T)])
+    lp = linprog(-np.array(utilities), A_ub=a, b_ub=b, bounds=(0, None), method="highs")
+    assert lp.status == 0
+    return float(-lp.fun)
+
+
+@pytest.mark.slow
+def test_column_generation_reaches_the_explicit_lp_on_tiny_traces() -> None:
+    below_singles = 0
+    for raw, _ in _tiny_instances(25):
+        trace = trace_from_dict(raw)
+        expected = _explicit_lp(raw)
+        result = configuration_bound(trace, Held.nothing(trace), rel_gap=1e-9)
+        assert result.stop in ("converged", "gap")
+        # certified: never below the LP's optimum; converged: equal to it
+        assert result.bound >= expected - 1e-9, raw
+        assert result.bound <= expected + 1e-6 * max(1.0, expected), raw
+        assert result.lp_value == pytest.approx(expected, abs=1e-6 * max(1.0, expected))
+        optimum = solve_offline(trace, time_limit=30).optimum
+        assert optimum is not None and result.bound >= optimum - 1e-9
+        alone = sum(
+            max((u for u, _ in _job_options(raw, i)), default=0.0) for i in range(len(raw["jobs"]))
+        )
+        below_singles += expected < alone - 1e-9
+    assert below_singles >= 5  # the capacity rows mattered on enough instances
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5, 6])
+def test_the_bound_holds_after_any_number_of_rounds(seed: int) -> None:
+    trace = _small(seed)
+    optimum = solve_offline(trace, time_limit=60)
+    assert optimum.status == "optimal" and optimum.optimum is not None
+    bounds = []
+    for rounds in (1, 2, 4, 1000):
+        result = configuration_bound(trace, Held.nothing(trace), max_iterations=rounds)
+        assert result.bound >= optimum.optimum - 1e-9, (seed, rounds)
+        bounds.append(result.bound)
+    # the least bound seen can only fall as rounds are added
+    assert all(b2 <= b1 + 1e-9 for b1, b2 in itertools.pairwise(bounds))
+
+
+def test_the_bound_holds_under_held_resources_and_last_slots() -> None:
+    rng = np.random.default_rng(11)
+    for seed in (7, 8, 9):
+        trace = _small(seed)
+        c, T = trace.cluster, trace.horizon
+        held = Held(
+            np.floor(c.worker_capacity[None] * rng.uniform(0, 0.6, (T, len(c.worker_names), 1))),
+            np.floor(c.ps_capacity[None] * rng.uniform(0, 0.6, (T, len(c.ps_names), 1))),
+            np.array([int(rng.integers(j.arrival, T)) for j in trace.jobs], np.int64),
+        )
+        exact = solve_offline(trace, time_limit=60, held=held)
+        assert exact.status == "optimal" and exact.optimum is not None
+        result = configuration_bound(trace, held)
+        assert result.bound >= exact.optimum - 1e-9
+        primal = round_columns(result, time_limit=5)
+        workers, ps = allocation_from_schedules(trace, primal.schedules)
+        assert check_allocation(trace, held, workers, ps) == []
+        assert primal.utility <= exact.optimum + 1e-9
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_rounded_allocation_passes_the_online_check(seed: int) -> None:
+    trace = _small(seed, jobs=20, servers=3, horizon=12)
+    online, start = _online(trace)
+    result = configuration_bound(trace, Held.nothing(trace), start=start)
+    primal = round_columns(result, time_limit=5, start=start, start_utility=online)
+    workers, ps = allocation_from_schedules(trace, primal.schedules)
+    assert check_allocation(trace, Held.nothing(trace), workers, ps) == []
+    recomputed = sum(j.utility for j in allocation_jobs(trace, workers))
+    assert primal.utility == pytest.approx(recomputed)
+    assert online - 1e-9 <= primal.utility <= result.bound + 1e-9
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_the_reduced_ilp_keeps_the_optimum(seed: int) -> None:
+    trace = _small(seed)
+    full = solve_offline(trace, time_limit=60)
+    assert full.status == "optimal" and full.optimum is not None
+    result = configuration_bound(trace, Held.nothing(trace))
+    primal = round_columns(result, time_limit=5)
+    cut = reduction(result, primal.utility)
+    reduced = solve_offline(trace, time_limit=60, start=list(primal.schedules), reduction=cut)
+    assert reduced.status == "optimal"
+    assert reduced.optimum == pytest.approx(full.optimum, abs=1e-6)
+
+
+@pytest.mark.parametrize("method", ["auto", "colgen"])
+def test_solve_never_calls_a_bound_an_optimum(method: Any) -> None:
+    trace = _small(3, jobs=9, servers=2, horizon=8)
+    online, start = _online(trace)
+    exact = solve_offline(trace, time_limit=60)
+    assert exact.status == "optimal" and exact.optimum is not None
+    result = solve(trace, method=method, time_limit=30, start=start)
+    assert result.bound is not None and result.optimum is not None
+    assert result.bound >= exact.optimum - 1e-9
+    assert online - 1e-9 <= result.optimum <= exact.optimum + 1e-9
+    assert (result.status == "optimal") == (result.bound - result.optimum <= ABS_GAP)
+    if result.status == "optimal":
+        assert result.optimum == pytest.approx(exact.optimum, abs=1e-6)
+    assert result.method in ("colgen", "colgen+ilp")
+    assert result.lp_bound is not None and result.lp_bound >= exact.optimum - 1e-9
+
+
+def _write(tmp_path: Path, raw: Any) -> str:
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(raw))
+    return str(path)
+
+
+def test_offline_colgen_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    raw = generate_trace(
+        np.random.default_rng(4), n_jobs=10, n_worker_servers=2, n_ps_servers=2, horizon=8
+    )
+    path = _write(tmp_path, raw)
+    assert main(["offline", path, "--json", "--method", "colgen", "--time-limit", "20"]) == 0
+    captured = capsys.readouterr()
+    assert "column generation" in captured.err
+    out = json.loads(captured.out)
+    assert out["method"] == "colgen"
+    assert out["bound"] == out["lp_bound"] and out["bound"] >= out["optimum"] - 1e-9
+    assert "configuration LP" in out["bound_source"]
+    assert out["online_share_certified"] == pytest.approx(out["online"] / out["bound"])
+    assert out["status"] in ("optimal", "feasible")
+    if out["status"] == "feasible":
+        assert out["gap"] > 0
+    assert out["theorem4_assumes_small_jobs"] is True
+    assert 0 < out["largest_job_share"] <= 1
+    exact = solve_offline(trace_from_dict(raw), time_limit=60)
+    assert exact.optimum is not None and out["bound"] >= exact.optimum - 1e-9
+
+    assert main(["offline", path, "--no-progress", "--method", "ilp"]) == 0
+    text = capsys.readouterr().out
+    assert "method           ilp" in text
+    assert "assumes small jobs" in text and "here one job can take" in text
