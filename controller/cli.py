@@ -11,11 +11,22 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from controller.commands import agent, client, common, gen, offline, progress, replay, status, token
+from controller.commands import (
+    agent,
+    calibrate,
+    client,
+    common,
+    gen,
+    offline,
+    progress,
+    replay,
+    status,
+    token,
+)
 
 __all__ = ["build_parser", "main"]
 
-COMMANDS = (replay, offline, gen, client, status, progress, agent, token)
+COMMANDS = (replay, offline, gen, calibrate, client, status, progress, agent, token)
 
 
 def build_parser() -> argparse.ArgumentParser:
