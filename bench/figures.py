@@ -50,6 +50,7 @@ Run with
     .venv/bin/python -m bench.figures --quick            # tiny sizes, under a minute
     .venv/bin/python -m bench.figures --fig5-max-share 0.1   # Fig. 5 with small jobs
     .venv/bin/python -m bench.figures --first-seed 11 --seeds 5   # seeds 11..15
+    .venv/bin/python -m bench.figures --fig5-only --fig5-max-share 0.1
 
     A progress bar runs on stderr; a Markdown summary of the numbers (also written to
     ``summary.md`` in ``--out``) goes to stdout.
@@ -657,6 +658,7 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="seeds FIRST..FIRST+N-1 (default: 1)",
     )
+    parser.add_argument("--fig5-only", action="store_true", help="only Fig. 5")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else FULL
@@ -665,16 +667,16 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
 
-    total = (
-        len(settings.job_counts) * len(seeds) * len(POLICY_NAMES)
-        + len(settings.fig5_servers) * len(seeds)
-        + 2 * len(settings.factors) * len(seeds)
-    )
+    total = len(settings.fig5_servers) * len(seeds)
+    if not args.fig5_only:
+        total += len(settings.job_counts) * len(seeds) * len(POLICY_NAMES)
+        total += 2 * len(settings.factors) * len(seeds)
     started = time.perf_counter()
     with tqdm(total=total, file=sys.stderr, unit="run", disable=args.no_progress) as bar:
-        lines = fig3_fig4(settings, seeds, out, bar)
-        lines += ["", *fig5(settings, seeds, out, bar, args.fig5_max_share, args.fig5_prior)]
-        lines += ["", *fig6(settings, seeds, out, bar)]
+        lines = [] if args.fig5_only else [*fig3_fig4(settings, seeds, out, bar), ""]
+        lines += fig5(settings, seeds, out, bar, args.fig5_max_share, args.fig5_prior)
+        if not args.fig5_only:
+            lines += ["", *fig6(settings, seeds, out, bar)]
     seconds = time.perf_counter() - started
 
     machine = describe(
@@ -689,6 +691,8 @@ def main(argv: list[str] | None = None) -> int:
         command += f" --fig5-prior {args.fig5_prior}"
     if args.first_seed != 1:
         command += f" --first-seed {args.first_seed}"
+    if args.fig5_only:
+        command += " --fig5-only"
     head = [
         f"Command: `{command}`; seeds {seeds[0]}..{seeds[-1]}; wall time {seconds:.0f} s.",
         "Machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()) + ".",
