@@ -274,6 +274,17 @@ class BoundEstimate:
             label = prior.source or "given"
         return cls(sides[0], sides[1], best, trim, 0, cluster.resources, label, weight)
 
+    def fits(self, cluster: Cluster) -> bool:
+        """True if this state was started for ``cluster`` (:meth:`start`): the same
+        resources and mean capacities. A stored state that does not fit (the config's
+        servers changed, or one from :meth:`empty`) should be started afresh."""
+        if self.resources != cluster.resources:
+            return False
+        return bool(
+            np.array_equal(self.worker.log_scale, log_mean_capacity(cluster.worker_capacity))
+            and np.array_equal(self.ps.log_scale, log_mean_capacity(cluster.ps_capacity))
+        )
+
     def observe(self, job: Job) -> BoundEstimate:
         """A new estimate with ``job`` folded in (this one is unchanged)."""
         log_best = clip_log(float(job.utility.log_values(job.min_slots)))

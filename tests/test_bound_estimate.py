@@ -396,6 +396,8 @@ def test_state_round_trips_exactly_and_stays_small() -> None:
     assert back.observe(job).to_dict() == estimate.observe(job).to_dict()
     # every histogram is bounded by its window, whatever the numbers
     assert len(text) < 40_000
+    assert back.fits(trace.cluster) and not BoundEstimate.empty(5).fits(trace.cluster)
+    assert not back.fits(CLUSTER)  # other servers: start afresh
     state = estimate.to_dict()
     bad_best = {**state, "best": {"keys": [1], "raw": [0.0]}}
     for bad in ({"version": 2}, {**state, "jobs": -1}, bad_best, "x", None):
