@@ -12,7 +12,9 @@ Why both:
   rank at most, so a few extreme jobs among many ordinary ones leave it where it was;
 - the step bound holds for *any* stream, also while the histogram is sparse (at the
   start, or when a gap separates two groups of values): one observation moves the
-  followed value by at most ``step``, ``k`` observations by at most ``k * step``.
+  followed value by at most ``step``, ``k`` observations by at most ``k * step``;
+- a dead band of one bin either way keeps the followed value still while its quantile
+  only jitters between neighbouring bins (each move reprices the whole ledger).
 
 ``move(value, target) = clip(target, value - step, value + step)`` is monotone in both
 arguments and commutes with adding a constant to both, so it never widens a difference:
@@ -40,7 +42,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BIN_WIDTH", "LOG_LIMIT", "MAX_BINS", "REACH", "Tracker", "clip_log"]
+__all__ = ["BIN_WIDTH", "DEAD_BAND", "LOG_LIMIT", "MAX_BINS", "REACH", "Tracker", "clip_log"]
 
 BIN_WIDTH = 0.05
 """Width of a histogram bin of a natural log: a quantile is exact to ``exp(0.05)``."""
@@ -53,6 +55,10 @@ LOG_LIMIT = 1000.0
 
 MAX_BINS = int(2 * REACH / BIN_WIDTH) + 2
 """Most bins a histogram holds (the window, plus one at each edge for rounding)."""
+
+DEAD_BAND = 1.5 * BIN_WIDTH
+"""A settled value stays put while its quantile is within this (one bin either way):
+prices are not recomputed for a quantile that only jitters between neighbouring bins."""
 
 _RESCALE = 1e-150
 """When the decay scale falls below this, weights are folded in and it is reset to 1."""
@@ -143,8 +149,9 @@ class Tracker:
         keys, raw = list(self.keys), list(self.raw)
         scale = self.scale * decay
         x = clip_log(x)
-        if self.value is not None and settled:
-            lo, hi = self.value - REACH, self.value + REACH
+        value = self.value
+        if value is not None and settled:
+            lo, hi = value - REACH, value + REACH
             x = min(max(x, lo), hi)
             _fold_edges(keys, raw, _key(lo), _key(hi))
         if weight > 0:
@@ -161,13 +168,15 @@ class Tracker:
             floor = _PRUNE * math.fsum(raw)
             kept = [(k, w) for k, w in zip(keys, raw, strict=True) if w > floor]
             keys, raw = [k for k, _ in kept], [w for _, w in kept]
-        grown = Tracker(tuple(keys), tuple(raw), scale, self.value, self.seeded)
-        target = grown.target(level, edge)
-        if target is None:
-            return grown
-        if self.value is not None and settled:
-            target = min(max(target, self.value - step), self.value + step)
-        return Tracker(grown.keys, grown.raw, scale, target, self.seeded)
+        if raw:
+            cumulative = list(itertools.accumulate(raw))
+            i = min(bisect.bisect_right(cumulative, level * cumulative[-1]), len(keys) - 1)
+            target = (keys[i] + edge) * BIN_WIDTH
+            if value is None or not settled:
+                value = target
+            elif abs(target - value) > DEAD_BAND:
+                value = min(max(target, value - step), value + step)
+        return Tracker(tuple(keys), tuple(raw), scale, value, self.seeded)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe state; floats round-trip exactly."""
