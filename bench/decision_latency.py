@@ -29,6 +29,7 @@ Methodology
 Run with
     make bench                    # or: .venv/bin/python -m bench.decision_latency
     .venv/bin/python -m bench.decision_latency --seeds 1 --reference-jobs 10   # quicker
+    .venv/bin/python -m bench.decision_latency --pricing estimate   # the daemon's bounds
 """
 
 from __future__ import annotations
@@ -70,24 +71,28 @@ class ScaleResult:
     peak_rss_mb: float = 0.0
 
 
-def make_trace(scale: str, seed: int) -> dict[str, Any]:
+def make_trace(scale: str, seed: int, pricing: str = "oracle") -> dict[str, Any]:
     cfg = SCALES[scale]
-    return generate_trace(
+    raw = generate_trace(
         np.random.default_rng(seed),
         n_jobs=cfg["jobs"],
         n_worker_servers=cfg["servers"],
         n_ps_servers=cfg["servers"],
         horizon=cfg["horizon"],
     )
+    raw["pricing"] = {"bounds": pricing}
+    return raw
 
 
-def run_scale(scale: str, seeds: list[int]) -> tuple[ScaleResult, list[float]]:
+def run_scale(
+    scale: str, seeds: list[int], pricing: str = "oracle"
+) -> tuple[ScaleResult, list[float]]:
     times: list[float] = []
     admitted = 0
     started = time.perf_counter()
     first_seed_times: list[float] = []
     for seed in seeds:
-        trace = trace_from_dict(make_trace(scale, seed))
+        trace = trace_from_dict(make_trace(scale, seed, pricing))
         records = list(replay(trace))
         ms = [r.decision_ms for r in records]
         if not first_seed_times:
@@ -172,6 +177,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3, help="traces per scale (seeds 1..n)")
     parser.add_argument("--scales", default="paper,10x", help="comma-separated: paper,10x")
     parser.add_argument("--reference-jobs", type=int, default=20, help="0 skips the reference")
+    parser.add_argument(
+        "--pricing",
+        choices=("oracle", "estimate"),
+        default="oracle",
+        help="price bounds of the traces: oracle (default; the reference needs them) or "
+        "estimate (the daemon's: each decision's time includes folding the job into the "
+        "estimate and repricing the ledger; no reference run)",
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--memory-probe", metavar="SCALE", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -179,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.memory_probe is not None:
         # child mode: replay one trace (or none, for "imports") and report peak RSS
         if args.memory_probe != "imports":
-            list(replay(trace_from_dict(make_trace(args.memory_probe, 1))))
+            list(replay(trace_from_dict(make_trace(args.memory_probe, 1, args.pricing))))
         print(json.dumps({"peak_rss_mb": own_peak_rss_mb()}))
         return 0
 
@@ -188,15 +201,15 @@ def main(argv: list[str] | None = None) -> int:
     reference = None
     for scale in args.scales.split(","):
         print(f"running {scale} ...", file=sys.stderr, flush=True)
-        result, first_times = run_scale(scale, seeds)
+        result, first_times = run_scale(scale, seeds, args.pricing)
         results.append(result)
-        if scale == "paper" and args.reference_jobs:
+        if scale == "paper" and args.reference_jobs and args.pricing == "oracle":
             print("running the Alg. 2 reference ...", file=sys.stderr, flush=True)
             reference = run_reference(seeds[0], args.reference_jobs, first_times)
     print("measuring memory ...", file=sys.stderr, flush=True)
     base_mb = child_peak_rss_mb("--memory-probe", "imports")
     for r in results:
-        r.peak_rss_mb = child_peak_rss_mb("--memory-probe", r.name)
+        r.peak_rss_mb = child_peak_rss_mb("--memory-probe", r.name, "--pricing", args.pricing)
     if args.json:
         out = {
             "machine": machine(),
@@ -211,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         f"machine: {m['cpu']}, {m['cores']} cores; Python {m['python']}, numpy "
         f"{m['numpy']}, numba {m['numba']}"
     )
-    print(f"seeds: {seeds}\n")
+    print(f"seeds: {seeds}; {args.pricing} bounds\n")
     print("| scale | decisions | admitted | p50 ms | p99 ms | max ms | mean ms | peak RSS MB |")
     print("|---|---|---|---|---|---|---|---|")
     for r in results:

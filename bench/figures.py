@@ -20,6 +20,11 @@ What is measured
     - Fig. 6 (``fig6_bound_estimates``): OASiS (estimate pricing) total utility at 300
       jobs when L, or U, is multiplied by a factor from 1e-3 to 1e3
       (``replay(..., l_factor=, u_factor=)``, applied to every bound the estimate gives).
+    - Quality (``quality_per_trace``), per Fig. 3 trace: the certified upper bound
+      ``sum_i f_i(fastest completion on an empty cluster)`` (no scheduler earns more,
+      ``pricing.quality``), the paper's ``sum_i f_i(ceil(W_i / N_i))``, and OASiS as a
+      fraction of each, and against RRH and RRH without preemption (``rrh-np``: RRH
+      gets to pause and resume every job at every event for free; OASiS does not).
 
 Methodology
     Traces come from ``pricing.workload.generate_trace(numpy.random.default_rng(seed), ...)``
@@ -37,6 +42,11 @@ Methodology
     process per core (``--workers N``; ``--workers 1`` runs them here, one at a time),
     or to a Dask cluster with ``--dask-scheduler tcp://HOST:PORT`` (``bench/pool.py``);
     the results do not depend on where they ran, only the timings do.
+    OASiS with estimated bounds starts from the shipped prior in Figs. 3, 4 and 6; in
+    Fig. 5 (10 jobs, far too few to estimate from) from a prior calibrated on an
+    independent trace of the same setting (seed + 1000, 100 jobs: an operator's
+    ``oasis calibrate`` of their history), or the shipped one with
+    ``--fig5-prior default``.
 
 Run with
     .venv/bin/python -m bench.figures                    # full size, into bench/figures/
@@ -44,6 +54,8 @@ Run with
     .venv/bin/python -m bench.figures --quick            # tiny sizes, under a minute
     .venv/bin/python -m bench.figures --fig5-max-share 0.1   # Fig. 5 with small jobs
     .venv/bin/python -m bench.figures --dask-scheduler tcp://HOST:8786   # on a cluster
+    .venv/bin/python -m bench.figures --first-seed 11 --seeds 5   # seeds 11..15
+    .venv/bin/python -m bench.figures --fig5-only --fig5-max-share 0.1
 
     A progress bar runs on stderr; a Markdown summary of the numbers (also written to
     ``summary.md`` in ``--out``) goes to stdout.
@@ -82,7 +94,9 @@ from controller.replay import ReplayRecord, replay
 from pricing import Trace, trace_from_dict
 from pricing.baselines import POLICIES
 from pricing.baselines import run as run_baseline
+from pricing.bound_estimate import calibrate
 from pricing.offline import solve_offline, theorem4_bound
+from pricing.quality import certified_bound, dmin_bound
 from pricing.schedule import Schedule
 from pricing.workload import generate_trace
 
@@ -100,6 +114,7 @@ LABELS = {
     "drf": "DRF",
     "rrh": "RRH",
     "dorm": "Dorm",
+    "rrh-np": "RRH without preemption",
 }
 
 FACTORS: tuple[float, ...] = (1e-3, 1e-2, 0.1, 0.5, 1.0, 2.0, 10.0, 100.0, 1000.0)
@@ -115,7 +130,12 @@ CSV_COLUMNS: dict[str, tuple[str, ...]] = {
     "fig5_offline_ratio": (
         "servers", "worker_servers", "ps_servers", "seed", "status", "gap", "solve_seconds",
         "optimum", "online_estimate", "online_oracle", "ratio_estimate", "ratio_oracle",
-        "theorem4_2alpha_oracle",
+        "theorem4_2alpha_oracle", "theorem4_2alpha_estimate",
+    ),
+    "quality_per_trace": (
+        "jobs", "seed", "certified_bound", "dmin_bound", "oasis", "rrh", "rrh_np",
+        "oasis_of_bound", "oasis_of_dmin", "oasis_over_rrh", "oasis_over_rrh_np",
+        "rrh_of_bound",
     ),
     "fig6_bound_estimates": (
         "scaled", "factor", "seed", "total_utility", "admitted",
@@ -180,8 +200,21 @@ def _save(fig: Any, ax: Any, path: Path, settings: Settings) -> None:
     plt.close(fig)
 
 
-def _trace(raw: dict[str, Any], bounds: str) -> Trace:
-    return trace_from_dict({**raw, "pricing": {"bounds": bounds}})
+def _trace(raw: dict[str, Any], bounds: str, prior: Any = "default") -> Trace:
+    pricing: dict[str, Any] = {"bounds": bounds}
+    if bounds == "estimate":
+        pricing["prior"] = prior
+    return trace_from_dict({**raw, "pricing": pricing})
+
+
+def _independent_prior(
+    seed: int, workers: int, ps: int, horizon: int, max_share: float | None
+) -> dict[str, Any]:
+    """A prior from 100 jobs of the same setting drawn with seed + 1000."""
+    raw = _raw(seed + 1000, 100, workers, ps, horizon, max_share)
+    trace = _trace(raw, "estimate", "none")
+    jobs = [j for j in trace.jobs if trace.late(j) is None]
+    return calibrate(jobs, trace.cluster, source=f"independent trace, seed {seed + 1000}").to_dict()
 
 
 def _raw(
@@ -269,9 +302,12 @@ def fig3_fig4(
     keys: list[tuple[int, int, str]] = []
     tasks: list[tuple[dict[str, Any], str]] = []
     targets: dict[int, list[tuple[str, int, int]]] = {}  # seed -> (job, arrival, target)
+    bounds: dict[tuple[int, int], tuple[float, float]] = {}
     for n in s.job_counts:
         for seed in seeds:
             raw = _raw(seed, n, s.worker_servers, s.ps_servers, s.horizon)
+            oracle = _trace(raw, "oracle")
+            bounds[n, seed] = (certified_bound(oracle), dmin_bound(oracle))
             if n == s.fig4_jobs:
                 targets[seed] = [
                     (j["id"], j["arrival"], j["utility"]["target"]) for j in raw["jobs"]
@@ -365,6 +401,66 @@ def fig3_fig4(
             f"| {LABELS[p]} | {d.size} | {float((d <= 0).mean()):.0%} | "
             f"{float(np.median(d)):g} | {float(np.percentile(d, 90)):g} | {int(d.max())} |"
         )
+    return [*lines, "", *quality(settings, seeds, out, runs, bounds)]
+
+
+def _over(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
+
+
+def quality(
+    settings: Settings,
+    seeds: Sequence[int],
+    out: Path,
+    runs: dict[tuple[int, int, str], Run],
+    bounds: dict[tuple[int, int], tuple[float, float]],
+) -> list[str]:
+    """OASiS against the certified bound and RRH (with and without preemption), per
+    Fig. 3 trace; write the quality CSV and plot; Markdown summary lines."""
+    rows = []
+    for n in settings.job_counts:
+        for seed in seeds:
+            cert, dmin = bounds[n, seed]
+            o, r, r_np = (runs[n, seed, p].total for p in ("oasis", "rrh", "rrh-np"))
+            rows.append(
+                (n, seed, cert, dmin, o, r, r_np, _over(o, cert), _over(o, dmin), _over(o, r),
+                 _over(o, r_np), _over(r, cert))
+            )  # fmt: skip
+    _write_csv(out / "quality_per_trace.csv", CSV_COLUMNS["quality_per_trace"], rows)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    xs = np.arange(len(rows))
+    for offset, col, label in (
+        (-0.27, 7, "OASiS"),
+        (0.0, 11, "RRH"),
+        (0.27, None, "RRH w/o preemption"),
+    ):
+        ys = [(row[col] if col is not None else _over(row[6], row[2])) or 0.0 for row in rows]
+        ax.bar(xs + offset, ys, width=0.27, label=label)
+    ax.set_xticks(xs, [f"{row[0]}/{row[1]}" for row in rows], rotation=90, fontsize=7)
+    ax.set_xlabel("trace (jobs / seed)")
+    ax.set_ylabel("total utility / certified upper bound")
+    ax.set_title("Quality: share of sum f(fastest completion on an empty cluster)", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(out / "quality_per_trace.png", dpi=120)
+    plt.close(fig)
+
+    lines = [
+        "Quality per trace: OASiS (estimated bounds) against the certified upper bound "
+        "sum f(fastest completion on an empty cluster), the paper's sum f(ceil(W/N)), RRH "
+        "and RRH without preemption:",
+        "",
+        "| jobs | seed | bound | sum f(d_min) | OASiS | RRH | RRH w/o preemption "
+        "| OASiS / bound | OASiS / sum f(d_min) | OASiS / RRH | OASiS / RRH w/o pr. "
+        "| RRH / bound |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            "| " + " | ".join([str(row[0]), str(row[1])] + [_g(x, 5) for x in row[2:7]]
+                             + [_g(x, 4) for x in row[7:]]) + " |"
+        )  # fmt: skip
     return lines
 
 
@@ -383,16 +479,23 @@ def _ratio(optimum: float | None, online: float) -> float | None:
 
 
 def fig5_instance(
-    total: int, seed: int, max_share: float | None, time_limit: float
+    total: int, seed: int, max_share: float | None, time_limit: float, prior: str = "independent"
 ) -> tuple[Any, ...]:
-    """One Fig. 5 instance: its CSV row (``CSV_COLUMNS["fig5_offline_ratio"]``)."""
+    """One Fig. 5 instance: its CSV row (``CSV_COLUMNS["fig5_offline_ratio"]``).
+
+    ``prior``: ``"independent"`` (calibrated on an independent trace of the same setting)
+    or ``"default"`` (the shipped prior) for OASiS with estimated bounds."""
     workers, ps = (total + 1) // 2, total // 2
     raw = _raw(seed, FIG5_JOBS, workers, ps, FIG5_HORIZON, max_share)
     online: dict[str, float] = {}
     starts: dict[str, list[Schedule | None]] = {}
     oracle = _trace(raw, "oracle")
-    for bounds in ("estimate", "oracle"):
-        records = list(replay(_trace(raw, bounds)))
+    start: Any = "default"
+    if prior == "independent":
+        start = _independent_prior(seed, workers, ps, FIG5_HORIZON, max_share)
+    estimated = _trace(raw, "estimate", start)
+    for bounds, trace in (("estimate", estimated), ("oracle", oracle)):
+        records = list(replay(trace))
         online[bounds] = math.fsum(_online(records)[1])
         starts[bounds] = _schedules(records)
     better = max(online, key=lambda b: online[b])
@@ -401,7 +504,7 @@ def fig5_instance(
     return (
         total, workers, ps, seed, result.status, result.gap, round(result.solve_seconds, 3),
         opt, online["estimate"], online["oracle"], _ratio(opt, online["estimate"]),
-        _ratio(opt, online["oracle"]), theorem4_bound(oracle),
+        _ratio(opt, online["oracle"]), theorem4_bound(oracle), theorem4_bound(estimated),
     )  # fmt: skip
 
 
@@ -412,12 +515,14 @@ def fig5(
     bar: tqdm[Any],
     max_share: float | None = None,
     pool: Executor | None = None,
+    prior: str = "independent",
 ) -> list[str]:
     """Offline optimum against both OASiS pricings (each instance on ``pool``, else
     here); write Fig. 5; Markdown summary lines. ``max_share``: small jobs
-    (``generate_trace``'s), None for the paper's sizes."""
+    (``generate_trace``'s), None for the paper's sizes. ``prior``: see
+    :func:`fig5_instance`."""
     tasks = [
-        (total, seed, max_share, settings.fig5_time_limit)
+        (total, seed, max_share, settings.fig5_time_limit, prior)
         for total in settings.fig5_servers
         for seed in seeds
     ]
@@ -465,23 +570,36 @@ def fig5(
         f"Fig. 5, offline optimum / online ({len(rows)} instances"
         + (f" of jobs within {max_share:g} of the cluster" if max_share else "")
         + f"; {proven} proven optimal, "
-        f"slowest solve {max(r[6] for r in rows):.2f} s, limit {settings.fig5_time_limit:g} s):",
+        f"slowest solve {max(r[6] for r in rows):.2f} s, limit {settings.fig5_time_limit:g} s; "
+        f"estimated bounds from the {prior} prior):",
         "",
         "| OASiS bounds | median ratio | max ratio | ratio <= 1.5 | ratio <= 2 "
-        "| online utility 0 |",
-        "|---|---|---|---|---|---|",
+        "| online utility 0 | above its 2*alpha |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for bounds, col in (("estimate", 10), ("oracle", 11)):
+    for bounds, col, alpha_col in (("estimate", 10, 13), ("oracle", 11, 12)):
         vals = [r[col] for r in rows if r[col] is not None]
         zero = len(rows) - len(vals)
+        above = sum(r[col] is not None and r[col] > r[alpha_col] for r in rows)
         if vals:
             lines.append(
                 f"| {bounds} | {float(np.median(vals)):.4g} | {max(vals):.4g} | "
                 f"{sum(v <= 1.5 for v in vals)} of {len(vals)} | "
-                f"{sum(v <= 2 for v in vals)} of {len(vals)} | {zero} |"
+                f"{sum(v <= 2 for v in vals)} of {len(vals)} | {zero} | {above} |"
             )
         else:
-            lines.append(f"| {bounds} | - | - | - | - | {zero} |")
+            lines.append(f"| {bounds} | - | - | - | - | {zero} | {above} |")
+    lines += [
+        "",
+        "| servers | seed | ratio (estimate) | 2*alpha (estimate) | ratio (oracle) "
+        "| 2*alpha (oracle) |",
+        "|---|---|---|---|---|---|",
+        *(
+            f"| {r[0]} | {r[3]} | {_g(r[10], 4)} | {_g(r[13], 4)} | {_g(r[11], 4)} "
+            f"| {_g(r[12], 4)} |"
+            for r in rows
+        ),
+    ]
     return lines
 
 
@@ -590,27 +708,42 @@ def main(argv: list[str] | None = None) -> int:
         help="Fig. 5 with small jobs, as Theorem 4 assumes (oasis gen --max-share); "
         "default: the paper's job sizes",
     )
+    parser.add_argument(
+        "--fig5-prior",
+        choices=("independent", "default"),
+        default="independent",
+        help="Fig. 5's estimate starts from a prior calibrated on an independent trace of "
+        "the same setting (default) or from the shipped prior",
+    )
+    parser.add_argument(
+        "--first-seed",
+        type=int_at_least(0),
+        default=1,
+        help="seeds FIRST..FIRST+N-1 (default: 1)",
+    )
+    parser.add_argument("--fig5-only", action="store_true", help="only Fig. 5")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_arguments(parser)
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else FULL
-    seeds = list(range(1, (args.seeds or (1 if args.quick else 3)) + 1))
+    count = args.seeds or (1 if args.quick else 3)
+    seeds = list(range(args.first_seed, args.first_seed + count))
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
 
-    total = (
-        len(settings.job_counts) * len(seeds) * len(POLICY_NAMES)
-        + len(settings.fig5_servers) * len(seeds)
-        + (2 * len(settings.factors) - (1.0 in settings.factors)) * len(seeds)
-    )
+    total = len(settings.fig5_servers) * len(seeds)
+    if not args.fig5_only:
+        total += len(settings.job_counts) * len(seeds) * len(POLICY_NAMES)
+        total += (2 * len(settings.factors) - (1.0 in settings.factors)) * len(seeds)
     started = time.perf_counter()
     with (
         tqdm(total=total, file=sys.stderr, unit="run", disable=args.no_progress) as bar,
         executor(args.workers, args.dask_scheduler) as pool,
     ):
-        lines = fig3_fig4(settings, seeds, out, bar, pool)
-        lines += ["", *fig5(settings, seeds, out, bar, args.fig5_max_share, pool)]
-        lines += ["", *fig6(settings, seeds, out, bar, pool)]
+        lines = [] if args.fig5_only else [*fig3_fig4(settings, seeds, out, bar, pool), ""]
+        lines += fig5(settings, seeds, out, bar, args.fig5_max_share, pool, args.fig5_prior)
+        if not args.fig5_only:
+            lines += ["", *fig6(settings, seeds, out, bar, pool)]
     seconds = time.perf_counter() - started
 
     machine = describe(
@@ -621,6 +754,12 @@ def main(argv: list[str] | None = None) -> int:
         command += f" --seeds {args.seeds}"
     if args.fig5_max_share is not None:
         command += f" --fig5-max-share {args.fig5_max_share:g}"
+    if args.fig5_prior != "independent":
+        command += f" --fig5-prior {args.fig5_prior}"
+    if args.first_seed != 1:
+        command += f" --first-seed {args.first_seed}"
+    if args.fig5_only:
+        command += " --fig5-only"
     head = [
         *([f"**{QUICK_CAVEAT[0].upper()}{QUICK_CAVEAT[1:]}.**", ""] if settings.quick else []),
         f"Command: `{command}`; seeds {seeds[0]}..{seeds[-1]}; wall time {seconds:.0f} s.",

@@ -16,7 +16,7 @@ Example (``config/oasisd.example.toml`` is a complete one)::
 
     [pricing]
     bounds = "estimate"          # or "explicit" with U1, U2, L1, L2 as in the trace format
-    trim = 0.2                   # estimate: L ignores the lowest-value jobs carrying this share
+    trim = 0.3                   # estimate: L ignores the lowest-value jobs carrying this share
     l_margin = 1.0               # estimate: L is scaled by this (<= 1)
     u_margin = 1.0               # estimate: U is scaled by this (>= 1)
 

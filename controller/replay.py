@@ -12,9 +12,9 @@ import numpy as np
 from pricing import Decision, Ledger, Trace, decide
 from pricing.baselines import Outcome
 from pricing.baselines import run as run_baseline
-from pricing.best_schedule import warm_up
-from pricing.bound_estimate import BoundEstimate
+from pricing.best_schedule import BestSchedule, warm_up
 from pricing.cluster import Cluster
+from pricing.explain import explain_rejection
 from pricing.schedule import Schedule
 
 __all__ = [
@@ -30,10 +30,12 @@ __all__ = [
 
 @dataclass(frozen=True, eq=False)
 class ReplayRecord:
-    """One decided job and the wall time of its decision, milliseconds."""
+    """One decided job, the wall time of its decision (milliseconds) and, for a
+    rejection, why (as the daemon says it)."""
 
     decision: Decision
     decision_ms: float
+    reason: str = ""
 
 
 def replay(
@@ -45,22 +47,38 @@ def replay(
     """Decide every job of ``trace`` in order, yielding each decision as it is made.
 
     Each job may use slots ``a .. T - 1``; ``clock`` (seconds) times each decision. With
-    ``"estimate"`` bounds, the estimate takes in each job before it is decided, as in the
-    daemon (:mod:`pricing.bound_estimate`), and the decision time includes the repricing.
-    ``l_factor`` and ``u_factor`` scale every L and U used (the paper's Fig. 6).
+    ``"estimate"`` bounds, the estimate starts from the trace's prior and takes in each
+    job before it is decided, as in the daemon (:mod:`pricing.bound_estimate`), and the
+    decision time includes the repricing. A job that cannot finish before the horizon
+    even on an empty cluster is rejected with payoff None and that reason, and takes no
+    part in the estimate (the daemon refuses such a job before deciding). ``l_factor``
+    and ``u_factor`` scale every L and U used (the paper's Fig. 6). A rejection's reason
+    is found after its decision is timed.
     """
     warm_up()
+    last = trace.horizon - 1
     ledger = Ledger(trace.cluster, trace.bounds.scaled(l_factor, u_factor), trace.horizon)
-    estimate = BoundEstimate.empty(len(trace.cluster.resources))
+    estimate = trace.estimate() if trace.trim is not None else None
     for job in trace.jobs:
         start = clock()
-        if trace.trim is not None:
+        late = trace.late(job)
+        if late is not None:
+            rejected = Decision(job, False, BestSchedule(None, None, None, None, None, 0))
+            yield ReplayRecord(rejected, (clock() - start) * 1000.0, late)
+            continue
+        if estimate is not None:
             estimate = estimate.observe(job)
-            bounds = estimate.bounds(trim=trace.trim)
-            assert bounds is not None
+            bounds = estimate.bounds()
+            assert bounds is not None  # a job was seen
             ledger.set_bounds(bounds.scaled(l_factor, u_factor))
-        decision = decide(job, ledger, job.arrival, trace.horizon - 1)
-        yield ReplayRecord(decision, (clock() - start) * 1000.0)
+        decision = decide(job, ledger, job.arrival, last)
+        ms = (clock() - start) * 1000.0
+        reason = (
+            ""
+            if decision.admitted
+            else explain_rejection(decision.best, job, ledger, job.arrival, last)
+        )
+        yield ReplayRecord(decision, ms, reason)
 
 
 def allocations(schedule: Schedule | None, cluster: Cluster) -> list[dict[str, Any]]:
@@ -83,7 +101,8 @@ def allocations(schedule: Schedule | None, cluster: Cluster) -> list[dict[str, A
 
 
 def record_json(record: ReplayRecord, cluster: Cluster) -> dict[str, Any]:
-    """One job of the ``replay --json`` output (SPEC 6)."""
+    """One job of the ``replay --json`` output (SPEC 6), with ``reason``: why a rejected
+    job was rejected (null for an admitted one)."""
     d = record.decision
     best = d.best
     return {
@@ -95,6 +114,7 @@ def record_json(record: ReplayRecord, cluster: Cluster) -> dict[str, Any]:
         "utility": best.utility if d.admitted else None,
         "decision_ms": round(record.decision_ms, 4),
         "allocations": allocations(best.schedule, cluster) if d.admitted else [],
+        "reason": None if d.admitted else record.reason,
     }
 
 

@@ -21,7 +21,6 @@ Speed, exactness kept:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -224,10 +223,9 @@ def _materialise(
 
 def _cost_lower_bound(job: Job, ledger: Ledger) -> float:
     """A lower bound on the cost of one worker-slot in any slot: the cheapest worker
-    plus the least PS share per worker, all at the floor price ``L``."""
-    bounds = ledger.bounds
-    alpha = sum(math.exp(bounds.log_l1) * float(d) for d in job.worker if d > 0)
-    beta = sum(math.exp(bounds.log_l2) * float(d) for d in job.ps if d > 0)
+    plus the least PS share per worker, all at the floor prices ``L[r]`` (as priced)."""
+    alpha = float(np.exp(ledger.worker_side.log_l) @ job.worker)
+    beta = float(np.exp(ledger.ps_side.log_l) @ job.ps)
     y = np.arange(1, job.chunks + 1)
     share = float((job.ps_needed(y) / y).min())
     return (alpha + beta * share) * _LB_SLACK

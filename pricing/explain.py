@@ -8,10 +8,29 @@ from dataclasses import dataclass
 import numpy as np
 
 from pricing.best_schedule import BestSchedule
-from pricing.job import Job, room
+from pricing.cluster import Cluster
+from pricing.job import Job, max_workers_per_slot, room
 from pricing.ledger import Ledger
 
-__all__ = ["PriceDriver", "explain_rejection", "price_drivers"]
+__all__ = ["PriceDriver", "cannot_finish", "explain_rejection", "price_drivers"]
+
+
+def cannot_finish(job: Job, cluster: Cluster, slots: int) -> str | None:
+    """Why ``job`` cannot finish within ``slots`` slots from its arrival even on the empty
+    ``cluster`` (SPEC 6: a rejection, not an input error), or None if it can."""
+    if slots < 1:
+        return "cannot finish before the horizon: it arrives at or after the horizon's end"
+    per_slot = max_workers_per_slot(job, cluster)
+    if per_slot < 1:
+        return "cannot run: not one worker with its parameter servers fits on the empty cluster"
+    need = -(-job.work // per_slot)
+    if need <= slots:
+        return None
+    return (
+        f"cannot finish before the horizon even on an empty cluster: its work of {job.work} "
+        f"worker-slots needs at least {need} slots (at most {per_slot} workers per slot), "
+        f"and only {slots} remain"
+    )
 
 
 @dataclass(frozen=True)
@@ -34,40 +53,48 @@ class PriceDriver:
 
 
 def price_drivers(best: BestSchedule, job: Job, ledger: Ledger, top: int = 3) -> list[PriceDriver]:
-    """The ``top`` costliest (server, resource, run of slots) parts of ``best``'s schedule."""
+    """The ``top`` costliest (server, resource, run of slots) parts of ``best``'s schedule.
+
+    Ties keep the order workers before PS, then server, resource and slot."""
     sched = best.schedule
     if sched is None:
         return []
     lo = ledger.index(sched.start)
     hi = lo + sched.slots
-    parts: list[PriceDriver] = []
     cluster = ledger.cluster
+    found: list[tuple[float, int, PriceDriver]] = []
     for counts, side, demand, names in (
         (sched.workers, ledger.worker_side, job.worker, cluster.worker_names),
         (sched.ps, ledger.ps_side, job.ps, cluster.ps_names),
     ):
-        # (n, servers, R): cost of each resource on each server in each slot
-        cost = counts[:, :, None] * side.price[lo:hi] * demand[None, None, :]
-        positive = cost > 0
-        # only the (server, resource) columns the schedule uses; runs found by edges
-        for srv, r in np.argwhere(positive.any(axis=0)).tolist():
-            col = cost[:, srv, r]
-            edges = np.diff(np.concatenate(([0], positive[:, srv, r].view(np.int8), [0])))
-            starts = np.flatnonzero(edges == 1).tolist()
-            ends = np.flatnonzero(edges == -1).tolist()
-            for start, k in zip(starts, ends, strict=True):
-                parts.append(
-                    PriceDriver(
-                        resource=cluster.resources[r],
-                        server=names[srv],
-                        first_slot=sched.start + start,
-                        last_slot=sched.start + k - 1,
-                        cost=float(col[start:k].sum()),
-                        price=float(side.price[lo + start : lo + k, srv, r].max()),
-                    )
-                )
-    parts.sort(key=lambda p: -p.cost)
-    return parts[:top]
+        # (servers, R, n): cost of each resource on each server in each slot
+        prices = side.price[lo:hi].transpose(1, 2, 0)
+        cost = np.ascontiguousarray(counts.T[:, None, :] * prices * demand[None, :, None])
+        # runs of positive cost along the slots, every (server, resource) column at once;
+        # starts and ends come out in (server, resource, slot) order, so they pair up
+        edges = np.diff((cost > 0).view(np.int8), axis=2, prepend=0, append=0)
+        srv, res, first = np.nonzero(edges == 1)
+        end = np.nonzero(edges == -1)[2]
+        if srv.size == 0:
+            continue
+        base = (srv * cost.shape[1] + res) * cost.shape[2]
+        bounds = np.empty(2 * srv.size, np.intp)
+        bounds[0::2], bounds[1::2] = base + first, base + end
+        # each run summed slot by slot, so equal runs cost exactly the same
+        run_cost = np.add.reduceat(np.append(cost.ravel(), 0.0), bounds)[0::2]
+        for k in np.argsort(-run_cost, kind="stable")[:top].tolist():
+            s_, r, a, b = int(srv[k]), int(res[k]), int(first[k]), int(end[k])
+            driver = PriceDriver(
+                resource=cluster.resources[r],
+                server=names[s_],
+                first_slot=sched.start + a,
+                last_slot=sched.start + b - 1,
+                cost=float(run_cost[k]),
+                price=float(prices[s_, r, a:b].max()),
+            )
+            found.append((driver.cost, len(found), driver))
+    found.sort(key=lambda x: (-x[0], x[1]))
+    return [d for _, _, d in found[:top]]
 
 
 def explain_rejection(
@@ -82,6 +109,9 @@ def explain_rejection(
 
     ``drivers`` are :func:`price_drivers` of ``best`` if the caller has them already."""
     if best.payoff is None:
+        late = cannot_finish(job, ledger.cluster, last_slot - first_slot + 1)
+        if late is not None:
+            return late
         lo, hi = ledger.index(first_slot), ledger.index(last_slot) + 1
         free_w = ledger.worker_side.capacity[None] - ledger.worker_side.used[lo:hi]
         worst = ""

@@ -29,10 +29,24 @@ from pricing.errors import CapacityError, LedgerError
 from pricing.prices import PriceBounds, price
 from pricing.schedule import Schedule
 
-__all__ = ["CAPACITY_SLACK", "Ledger", "Side"]
+__all__ = ["CAPACITY_SLACK", "LOG_PRICE_CAP", "LOG_PRICE_FLOOR", "Ledger", "Side"]
 
 CAPACITY_SLACK = 1e-7
 """Absolute slack on capacity checks: room counts use ``floor(x + 1e-9)``."""
+
+LOG_PRICE_CAP = 600.0
+"""Every price is capped so that a server's whole capacity of a resource costs at most
+``e^600`` per slot: ``log U[r]`` and ``log L[r]`` are cut to ``600 - log max_h c[h][r]``
+(bounds from any source: explicit, oracle or estimated). A worker or PS fits on some
+server, so one unit costs at most ``R e^600`` per slot, and a schedule of at most
+``2**40`` units per server, ``2**20`` servers and ``2**30`` slots stays below ``e^700``:
+costs and payoffs are always finite (float64 overflows at ``e^709.78``). Ordinary bounds
+are hundreds of orders of magnitude below the cap, which only ever binds for absurd
+inputs (a priority of ``1e308``)."""
+
+LOG_PRICE_FLOOR = -1e6
+"""``log L`` is raised to at least this: ``exp`` of it is 0 anyway, and a finite floor
+keeps ``log L + share * (log U - log L)`` free of ``inf - inf``."""
 
 
 @dataclass(eq=False)
@@ -44,7 +58,8 @@ class Side:
         used: ``(S, n, R)`` float64, allocated amounts per slot, server and resource.
         price: ``(S, n, R)`` float64, the price of one unit, utility per unit per slot.
         empty_price: ``(n, R)`` float64, the price of a slot with nothing allocated.
-        log_l: ``log L`` of this side; ``log_u``: ``(R,)``, ``log U``.
+        log_l: ``(R,)`` float64, ``log L[r]`` of this side; ``log_u``: ``(R,)``,
+            ``log U[r]``; both as priced, after :data:`LOG_PRICE_CAP`.
         blocked: ``(S, n)`` bool, True where the server is down in that slot.
         down: ``(n,)`` bool, servers down with no end: slots the window opens are blocked.
     """
@@ -53,27 +68,50 @@ class Side:
     used: NDArray[np.float64]
     price: NDArray[np.float64]
     empty_price: NDArray[np.float64]
-    log_l: float
+    log_l: NDArray[np.float64]
     log_u: NDArray[np.float64]
     blocked: NDArray[np.bool_]
     down: NDArray[np.bool_]
 
     @classmethod
     def empty(
-        cls, capacity: NDArray[np.float64], length: int, log_l: float, log_u: NDArray[np.float64]
+        cls,
+        capacity: NDArray[np.float64],
+        length: int,
+        log_l: float | NDArray[np.float64],
+        log_u: NDArray[np.float64],
     ) -> Side:
         n, r = capacity.shape
         side = cls(capacity, np.zeros((length, n, r)), np.empty((length, n, r)),
-                   np.empty((n, r)), log_l, log_u, np.zeros((length, n), np.bool_),
+                   np.empty((n, r)), np.empty(r), log_u, np.zeros((length, n), np.bool_),
                    np.zeros(n, np.bool_))  # fmt: skip
         side.use_bounds(log_l, log_u)
         return side
 
-    def use_bounds(self, log_l: float, log_u: NDArray[np.float64]) -> None:
-        """Price with ``log L`` and ``log U`` from now on; every slot is repriced."""
-        self.log_l, self.log_u = log_l, log_u
-        self.empty_price = price(log_l, log_u, np.zeros_like(self.capacity), self.capacity)
-        self.reprice(0, self.used.shape[0])
+    def use_bounds(
+        self,
+        log_l: float | NDArray[np.float64],
+        log_u: NDArray[np.float64],
+        touched: NDArray[np.bool_] | None = None,
+    ) -> None:
+        """Price with ``log L`` (one number or ``(R,)``) and ``log U`` (``(R,)``) from now
+        on, each cut to :data:`LOG_PRICE_CAP`; every slot is repriced. ``touched``:
+        ``(S,)``, False where nothing is allocated on either side (those slots take the
+        empty price, the same floats computing them would give); None: compute all."""
+        with np.errstate(divide="ignore"):  # a resource no server has: no cap needed
+            cap = LOG_PRICE_CAP - np.log(self.capacity.max(axis=0))
+        floor = np.broadcast_to(np.asarray(log_l, np.float64), cap.shape)
+        self.log_l = np.minimum(np.maximum(floor, LOG_PRICE_FLOOR), cap)
+        self.log_u = np.minimum(np.asarray(log_u, np.float64), cap)
+        self.empty_price = price(
+            self.log_l, self.log_u, np.zeros_like(self.capacity), self.capacity
+        )
+        if touched is None:
+            self.reprice(0, self.used.shape[0])
+            return
+        self.price[~touched] = self.empty_price
+        if touched.any():
+            self.price[touched] = price(self.log_l, self.log_u, self.used[touched], self.capacity)
 
     def kernel_view(
         self, demand: NDArray[np.float64]
@@ -181,9 +219,15 @@ class Ledger:
         when they equal the bounds in use)."""
         if bounds.same_as(self.bounds):
             return
-        self.bounds = bounds
-        self.worker_side.use_bounds(bounds.log_l1, bounds.log_u1)
-        self.ps_side.use_bounds(bounds.log_l2, bounds.log_u2)
+        old, self.bounds = self.bounds, bounds
+        if not (
+            np.array_equal(old.floor1, bounds.floor1) and np.array_equal(old.log_u1, bounds.log_u1)
+        ):
+            self.worker_side.use_bounds(bounds.log_l1, bounds.log_u1, self.touched)
+        if not (
+            np.array_equal(old.floor2, bounds.floor2) and np.array_equal(old.log_u2, bounds.log_u2)
+        ):
+            self.ps_side.use_bounds(bounds.log_l2, bounds.log_u2, self.touched)
 
     def admit(
         self,

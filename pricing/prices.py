@@ -3,6 +3,12 @@
 A price is ``L * (U / L) ** (used / capacity)``. Bounds are kept as natural logs: ``L``
 is a minimum of utilities at the latest completion time, and for a time-critical job
 that utility underflows a float64 (``exp(-1450)``), while its log does not.
+
+**(deviation)** SPEC 4 has one floor ``L1`` (and ``L2``) for every resource. A floor may
+also be given per resource, ``L1[r]`` (explicit ``"L1": {r: x}``, or the daemon's estimate,
+which normalises it by capacity, :mod:`pricing.bound_estimate`); the price of ``r`` is
+then ``L1[r] * (U1[r] / L1[r]) ** (g / c)``. One number is the same as that number for
+every resource.
 """
 
 from __future__ import annotations
@@ -31,25 +37,36 @@ class PriceBounds:
         log_u1: ``(R,)`` float64, ``log U1[r]``: the highest utility per unit of r
             on worker servers.
         log_u2: ``(R,)`` float64, ``log U2[r]``, the same for PS servers.
-        log_l1: ``log L1``: the lowest utility per unit-resource-slot (workers).
+        log_l1: ``log L1``: the lowest utility per unit-resource-slot (workers); one
+            number (SPEC 4) or an ``(R,)`` float64 array, one floor per resource.
         log_l2: ``log L2``, the same for PS.
         eta1, eta2: the scaling factors used in L1 and L2 (informational).
     """
 
     log_u1: NDArray[np.float64]
     log_u2: NDArray[np.float64]
-    log_l1: float
-    log_l2: float
+    log_l1: float | NDArray[np.float64]
+    log_l2: float | NDArray[np.float64]
     eta1: float
     eta2: float
+
+    @property
+    def floor1(self) -> NDArray[np.float64]:
+        """``(R,)`` float64: ``log L1[r]`` per resource (``log_l1`` spread if one number)."""
+        return np.broadcast_to(np.asarray(self.log_l1, np.float64), self.log_u1.shape)
+
+    @property
+    def floor2(self) -> NDArray[np.float64]:
+        """``(R,)`` float64: ``log L2[r]`` per resource."""
+        return np.broadcast_to(np.asarray(self.log_l2, np.float64), self.log_u2.shape)
 
     def same_as(self, other: PriceBounds) -> bool:
         """True if every bound is equal, so prices under one equal those under the other."""
         return (
-            self.log_l1 == other.log_l1
-            and self.log_l2 == other.log_l2
-            and self.eta1 == other.eta1
+            self.eta1 == other.eta1
             and self.eta2 == other.eta2
+            and np.array_equal(self.floor1, other.floor1)
+            and np.array_equal(self.floor2, other.floor2)
             and np.array_equal(self.log_u1, other.log_u1)
             and np.array_equal(self.log_u2, other.log_u2)
         )
@@ -70,28 +87,36 @@ class PriceBounds:
         )
 
     def to_dict(self, cluster: Cluster) -> dict[str, Any]:
-        """Explicit bounds in the trace's ``pricing`` format (floats may read 0 on underflow)."""
+        """Explicit bounds in the trace's ``pricing`` format (floats may read 0 on
+        underflow); a per-resource floor is written as ``{r: x}``."""
+
+        def floor(log_l: float | NDArray[np.float64]) -> float | dict[str, float]:
+            if np.ndim(log_l) == 0:
+                return math.exp(float(log_l))
+            values = np.exp(np.asarray(log_l, np.float64)).tolist()
+            return dict(zip(cluster.resources, values, strict=True))
+
         return {
             "U1": dict(zip(cluster.resources, np.exp(self.log_u1).tolist(), strict=True)),
             "U2": dict(zip(cluster.resources, np.exp(self.log_u2).tolist(), strict=True)),
-            "L1": math.exp(self.log_l1),
-            "L2": math.exp(self.log_l2),
+            "L1": floor(self.log_l1),
+            "L2": floor(self.log_l2),
             "eta1": self.eta1,
             "eta2": self.eta2,
         }
 
 
 def price(
-    log_l: float,
+    log_l: float | NDArray[np.float64],
     log_u: NDArray[np.float64],
     used: NDArray[np.float64],
     capacity: NDArray[np.float64],
 ) -> NDArray[np.float64]:
     """``L * (U[r] / L) ** (used / capacity)`` elementwise.
 
-    ``used`` is ``(..., S, R)`` (any leading shape), ``capacity`` broadcasts against it
-    and ``log_u`` is ``(R,)``. A resource a server lacks (capacity 0) prices at ``U``:
-    nothing that needs it can be placed there anyway.
+    ``used`` is ``(..., S, R)`` (any leading shape), ``capacity`` broadcasts against it,
+    ``log_u`` is ``(R,)`` and ``log_l`` one number or ``(R,)``. A resource a server lacks
+    (capacity 0) prices at ``U``: nothing that needs it can be placed there anyway.
     """
     with np.errstate(divide="ignore", invalid="ignore"):
         share = np.where(capacity > 0, used / capacity, 1.0)
@@ -133,12 +158,10 @@ def oracle_bounds(
     if not jobs:
         raise ValueError("oracle bounds need at least one job")
     n_res = len(cluster.resources)
-    e1 = (
-        eta1
-        if eta1 is not None
-        else _eta(jobs, "worker", float(cluster.worker_capacity.sum()), horizon)
-    )
-    e2 = eta2 if eta2 is not None else _eta(jobs, "ps", float(cluster.ps_capacity.sum()), horizon)
+    with np.errstate(over="ignore"):  # capacities near 1e308 sum to inf: eta says so
+        total1, total2 = float(cluster.worker_capacity.sum()), float(cluster.ps_capacity.sum())
+    e1 = eta1 if eta1 is not None else _eta(jobs, "worker", total1, horizon)
+    e2 = eta2 if eta2 is not None else _eta(jobs, "ps", total2, horizon)
     log_u = {"worker": np.full(n_res, -np.inf), "ps": np.full(n_res, -np.inf)}
     log_l = {"worker": np.inf, "ps": np.inf}
     for job in jobs:
@@ -168,13 +191,15 @@ def bounds_from_dict(raw: Any, cluster: Cluster, field: str = "pricing") -> Pric
 
     Returns None for ``{"bounds": "oracle"}`` (the caller computes them from the jobs,
     honouring ``eta1``/``eta2`` read by :func:`etas_from_dict`) and for
-    ``{"bounds": "estimate"}`` (the daemon's running estimate, with an optional ``trim``).
-    A resource missing from U1 or U2 prices flat (``U = L``). Every U must be >= its L,
-    or prices would fall as a server fills.
+    ``{"bounds": "estimate"}`` (the daemon's running estimate, with an optional ``trim``
+    and ``prior``, read by :mod:`pricing.trace`). A resource missing from U1 or U2 prices
+    flat (``U = L``). ``L1`` and ``L2`` are one number or ``{r: x}`` naming every
+    resource (a floor per resource). Every U must be >= its L, or prices would fall as a
+    server fills.
     """
     spec = fields.mapping(raw, field)
     if "bounds" in spec:
-        allowed = {"oracle": {"bounds", "eta1", "eta2"}, "estimate": {"bounds", "trim"}}
+        allowed = {"oracle": {"bounds", "eta1", "eta2"}, "estimate": {"bounds", "trim", "prior"}}
         kind = spec["bounds"]
         if not isinstance(kind, str) or kind not in allowed:
             raise SpecError.one(f"{field}.bounds", f"must be 'oracle' or 'estimate', got {kind!r}")
@@ -183,19 +208,18 @@ def bounds_from_dict(raw: Any, cluster: Cluster, field: str = "pricing") -> Pric
             raise SpecError.one(field, f"unexpected keys with {kind} bounds: {sorted(extra)}")
         return None
     problems: list[Problem] = []
-    logs: dict[str, float] = {}
+    floors: dict[str, float | NDArray[np.float64]] = {}
     for key in ("L1", "L2"):
         try:
-            logs[key] = math.log(
-                fields.positive(fields.require(spec, key, field), f"{field}.{key}")
-            )
+            floors[key] = _log_floor(fields.require(spec, key, field), cluster, f"{field}.{key}")
         except SpecError as err:
             problems.extend(err.problems)
     if problems:
         raise SpecError(problems)
     ups: dict[str, NDArray[np.float64]] = {}
     for key, low in (("U1", "L1"), ("U2", "L2")):
-        vec = np.full(len(cluster.resources), logs[low])
+        floor = np.broadcast_to(np.asarray(floors[low], np.float64), (len(cluster.resources),))
+        vec = floor.copy()
         try:
             given = fields.mapping(fields.require(spec, key, field), f"{field}.{key}")
         except SpecError as err:
@@ -211,14 +235,36 @@ def bounds_from_dict(raw: Any, cluster: Cluster, field: str = "pricing") -> Pric
             except SpecError as err:
                 problems.extend(err.problems)
                 continue
-            if math.log(u) < logs[low]:
-                problems.append(Problem(sub, f"must be >= {low} = {math.exp(logs[low]):g}"))
-            vec[cluster.resources.index(name)] = math.log(u)
+            r = cluster.resources.index(name)
+            if math.log(u) < floor[r]:
+                problems.append(Problem(sub, f"must be >= {low} = {math.exp(floor[r]):g}"))
+            vec[r] = math.log(u)
         ups[key] = vec
     e1, e2 = etas_from_dict(spec, field)
     if problems:
         raise SpecError(problems)
-    return PriceBounds(ups["U1"], ups["U2"], logs["L1"], logs["L2"], e1 or 1.0, e2 or 1.0)
+    return PriceBounds(ups["U1"], ups["U2"], floors["L1"], floors["L2"], e1 or 1.0, e2 or 1.0)
+
+
+def _log_floor(value: Any, cluster: Cluster, field: str) -> float | NDArray[np.float64]:
+    """``log L``: one number, or ``(R,)`` from ``{r: x}`` naming every resource."""
+    if not isinstance(value, Mapping):
+        return math.log(fields.positive(value, field))
+    problems: list[Problem] = []
+    out = np.zeros(len(cluster.resources))
+    for name in value:
+        if name not in cluster.resources:
+            problems.append(Problem(f"{field}.{name}", "unknown resource"))
+    for r, name in enumerate(cluster.resources):
+        try:
+            out[r] = math.log(
+                fields.positive(fields.require(value, name, field), f"{field}.{name}")
+            )
+        except SpecError as err:
+            problems.extend(err.problems)
+    if problems:
+        raise SpecError(problems)
+    return out
 
 
 def etas_from_dict(

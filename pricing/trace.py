@@ -1,4 +1,16 @@
-"""The trace format (SPEC 6): a cluster, a horizon, price bounds and jobs in arrival order."""
+"""The trace format (SPEC 6): a cluster, a horizon, price bounds and jobs in arrival order.
+
+A job that cannot finish before the horizon even on an empty cluster (or arrives at or
+after it) is part of the trace like any other: replay rejects it with ``payoff: null``
+and the reason (:func:`pricing.explain.cannot_finish`). SPEC 4's oracle bounds take it in
+(they are over every job of the trace); the estimate does not (the daemon refuses such a
+job before it is priced).
+
+``pricing`` with ``{"bounds": "estimate"}`` may add ``"trim"`` (L's level, default 0.2)
+and ``"prior"``: ``"default"`` (the shipped prior, also when absent), ``"none"`` (the
+first job sets the estimate) or a prior object (:mod:`pricing.bound_prior`; ``oasis
+replay`` also reads a file named there, relative to the trace).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +18,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from pricing import fields
 from pricing.bound_estimate import DEFAULT_TRIM, BoundEstimate
+from pricing.bound_prior import Prior, prior_from_dict
 from pricing.cluster import Cluster, cluster_from_dict
+from pricing.default_prior import default_prior
 from pricing.errors import Problem, SpecError
+from pricing.explain import cannot_finish
 from pricing.job import Job, job_from_dict
 from pricing.prices import PriceBounds, bounds_from_dict, etas_from_dict, oracle_bounds
 
@@ -32,9 +49,11 @@ class Trace:
             ``"estimate"``, the running estimate after the last job (replay re-estimates
             before each job, as the daemon does).
         bounds_kind: ``"oracle"``, ``"explicit"`` or ``"estimate"``.
-        jobs: in the order they are decided (non-decreasing arrival).
+        jobs: in the order they are decided (non-decreasing arrival), those that cannot
+            finish before the horizon included.
         trim: for ``"estimate"``: the share of utility L ignores
             (:mod:`pricing.bound_estimate`); None otherwise.
+        prior: for ``"estimate"``: the prior the estimate starts from (None: none).
     """
 
     horizon: int
@@ -44,6 +63,18 @@ class Trace:
     bounds_kind: str
     jobs: tuple[Job, ...]
     trim: float | None = None
+    prior: Prior | None = None
+
+    def late(self, job: Job) -> str | None:
+        """Why ``job`` cannot finish before the horizon even on an empty cluster, or None."""
+        return cannot_finish(job, self.cluster, self.horizon - job.arrival)
+
+    def estimate(self) -> BoundEstimate:
+        """The estimate replay starts from (``"estimate"`` bounds only), as the daemon
+        starts from its prior."""
+        if self.trim is None:
+            raise ValueError("the trace's bounds are not estimated")
+        return BoundEstimate.start(self.cluster, self.prior, self.trim)
 
 
 def trace_from_dict(raw: Any) -> Trace:
@@ -74,7 +105,8 @@ def trace_from_dict(raw: Any) -> Trace:
                 raw_job,
                 cluster,
                 slot_seconds=slot_seconds,
-                slots_available=lambda a: horizon - a,
+                # a job too late for the horizon is a rejection (SPEC 6), not a bad field
+                slots_available=lambda a: fields.MAX_INTEGER,
                 field=field,
             )
         except SpecError as err:
@@ -104,17 +136,40 @@ def trace_from_dict(raw: Any) -> Trace:
     if not jobs:
         raise SpecError.one("jobs", f"{spec['bounds']} price bounds need at least one job")
     if spec["bounds"] == "estimate":
+        fit = [j for j in jobs if cannot_finish(j, cluster, horizon - j.arrival) is None]
         trim = fields.number(spec.get("trim", DEFAULT_TRIM), "pricing.trim")
         if not 0 <= trim < 1:
             raise SpecError.one("pricing.trim", f"must be in [0, 1), got {trim}")
-        estimate = BoundEstimate.empty(len(cluster.resources))
-        for job in jobs:
+        prior = _prior(spec.get("prior", "default"))
+        estimate = BoundEstimate.start(cluster, prior, trim)
+        for job in fit:
             estimate = estimate.observe(job)
-        final = estimate.bounds(trim=trim)
-        assert final is not None
-        return Trace(horizon, slot_seconds, cluster, final, "estimate", tuple(jobs), trim)
+        final = estimate.bounds() or _flat(cluster)
+        return Trace(horizon, slot_seconds, cluster, final, "estimate", tuple(jobs), trim, prior)
     eta1, eta2 = etas_from_dict(spec)
-    bounds = oracle_bounds(
-        jobs, cluster, horizon, {j.id: horizon - j.arrival for j in jobs}, eta1, eta2
-    )
+    # SPEC 4: over every job of the trace, those too late for the horizon included
+    # (one arriving at or after T is taken at its fastest completion, Tmax = 1)
+    latest = {j.id: max(horizon - j.arrival, 1) for j in jobs}
+    bounds = oracle_bounds(jobs, cluster, horizon, latest, eta1, eta2)
     return Trace(horizon, slot_seconds, cluster, bounds, "oracle", tuple(jobs))
+
+
+def _flat(cluster: Cluster) -> PriceBounds:
+    """Every price 1: for a trace in which no job can run."""
+    zeros = np.zeros(len(cluster.resources))
+    return PriceBounds(zeros, zeros.copy(), 0.0, 0.0, 1.0, 1.0)
+
+
+def _prior(raw: Any) -> Prior | None:
+    """``pricing.prior``: ``"default"``, ``"none"`` or a prior object."""
+    if raw == "default":
+        return default_prior()
+    if raw == "none":
+        return None
+    if isinstance(raw, str):
+        raise SpecError.one(
+            "pricing.prior",
+            f"must be 'default', 'none' or a prior object, got {raw[:80]!r} (oasis replay "
+            "reads a file named here; pricing itself reads no files)",
+        )
+    return prior_from_dict(raw, "pricing.prior")

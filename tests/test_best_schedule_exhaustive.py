@@ -87,21 +87,21 @@ class Instance:
     cap_p: list[list[float]]  # (K, R)
     used_w: NDArray[np.float64]  # (T, H, R), tracked by this test
     used_p: NDArray[np.float64]  # (T, K, R)
-    low1: float
-    low2: float
+    low1: list[float]  # per resource (SPEC 4's one L, or a floor per resource)
+    low2: list[float]
     high1: list[float]
     high2: list[float]
 
     def unit_w(self, t: int, h: int) -> float:
         return sum(
-            spec_price(self.low1, self.high1[r], self.used_w[t, h, r], self.cap_w[h][r])
+            spec_price(self.low1[r], self.high1[r], self.used_w[t, h, r], self.cap_w[h][r])
             * self.worker[r]
             for r in range(R)
         )
 
     def unit_p(self, t: int, k: int) -> float:
         return sum(
-            spec_price(self.low2, self.high2[r], self.used_p[t, k, r], self.cap_p[k][r])
+            spec_price(self.low2[r], self.high2[r], self.used_p[t, k, r], self.cap_p[k][r])
             * self.ps[r]
             for r in range(R)
         )
@@ -264,6 +264,15 @@ def random_trace(rng: np.random.Generator, explicit: bool) -> dict[str, Any]:
             "L1": low1,
             "L2": low2,
         }
+        # half the explicit cases get a floor per resource, around the L above and never
+        # over a given U; drawn apart so the main draws stay those of SPEC 4's one L
+        spread = np.random.default_rng(int(low1 * 1e9))
+        if spread.random() < 0.5:
+            for key, top, low in (("L1", "U1", low1), ("L2", "U2", low2)):
+                pricing_spec[key] = {
+                    r: min(pricing_spec[top].get(r, math.inf), low * 10 ** spread.uniform(-1, 0.5))
+                    for r in RESOURCES
+                }
     else:
         pricing_spec = {"bounds": "oracle"}
     jobs = [job]
@@ -306,12 +315,15 @@ def instance_of(raw: dict[str, Any], trace: pricing.Trace) -> Instance:
     ]
     spec = raw["pricing"]
     if "L1" in spec:
-        low1, low2 = spec["L1"], spec["L2"]
-        high1 = [spec["U1"].get(r, low1) for r in RESOURCES]
-        high2 = [spec["U2"].get(r, low2) for r in RESOURCES]
+        low1, low2 = (
+            [spec[k][r] for r in RESOURCES] if isinstance(spec[k], dict) else [spec[k]] * R
+            for k in ("L1", "L2")
+        )
+        high1 = [spec["U1"].get(r, low1[i]) for i, r in enumerate(RESOURCES)]
+        high2 = [spec["U2"].get(r, low2[i]) for i, r in enumerate(RESOURCES)]
     else:
         bounds = trace.bounds
-        low1, low2 = math.exp(bounds.log_l1), math.exp(bounds.log_l2)
+        low1, low2 = [math.exp(bounds.log_l1)] * R, [math.exp(bounds.log_l2)] * R
         high1 = [math.exp(x) for x in bounds.log_u1]
         high2 = [math.exp(x) for x in bounds.log_u2]
     return Instance(
@@ -497,9 +509,12 @@ def _matches_brute_force(
             continue
         inst = instance_of(raw, trace)
         job = trace.jobs[0]
+        if trace.late(job) is not None:  # SPEC 6: a rejection, no longer a bad trace
+            assert brute_force(inst)[0] is None, f"{where}: {trace.late(job)}"
+            continue
         assert job.work == inst.work, where
         if not explicit:
-            got = [inst.low1, inst.low2, *inst.high1, *inst.high2]
+            got = [inst.low1[0], inst.low2[0], *inst.high1, *inst.high2]
             for g, w in zip(got, expected_oracle(raw, inst), strict=True):
                 assert abs(g - w) <= 1e-9 * abs(w), f"{where}: oracle bound {g} != {w}"
         # the trace's slot t is slot origin + t of a window that may run past the horizon
@@ -570,8 +585,8 @@ def test_brute_force_self_check() -> None:
         cap_p=[[0.0, 0.0, 10.0]],
         used_w=np.zeros((2, 1, R)),
         used_p=np.zeros((2, 1, R)),
-        low1=0.5,
-        low2=0.25,
+        low1=[0.5] * R,
+        low2=[0.25] * R,
         high1=[0.5] * R,
         high2=[0.25] * R,
     )

@@ -38,6 +38,7 @@ def test_replay_json_follows_spec_6(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert set(out) == {"jobs", "summary"}
     assert [j["id"] for j in out["jobs"]] == [j["id"] for j in trace["jobs"]]
     keys = {"id", "admitted", "payoff", "cost", "jct", "utility", "decision_ms", "allocations"}
+    keys.add("reason")  # why a job was rejected (null for an admitted one)
     names = {s["name"]: s["kind"] for s in trace["servers"]}
     total = 0.0
     for job in out["jobs"]:

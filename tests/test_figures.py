@@ -63,6 +63,16 @@ def test_quick_run_writes_every_figure(tmp_path: Path, capsys: pytest.CaptureFix
         best_online = max(float(r["online_estimate"]), float(r["online_oracle"]))
         assert float(r["optimum"]) >= best_online - 1e-6
 
+    quality = rows["quality_per_trace"]
+    assert len(quality) == len(QUICK.job_counts)
+    for r in quality:
+        totals = {x["policy"]: float(x["total_utility"]) for x in fig3 if x["jobs"] == r["jobs"]}
+        assert float(r["oasis"]) == totals["oasis"] and float(r["rrh_np"]) == totals["rrh-np"]
+        # certified: no scheduler earns more; the paper's sum is at least as large
+        for policy in POLICY_NAMES:
+            assert totals[policy] <= float(r["certified_bound"]) * (1 + 1e-12), policy
+        assert float(r["certified_bound"]) <= float(r["dmin_bound"]) * (1 + 1e-12)
+
     fig6 = rows["fig6_bound_estimates"]
     assert len(fig6) == 2 * len(QUICK.factors)
     # factor 1 is the unscaled estimate: the same replay as Fig. 3's OASiS
@@ -72,7 +82,8 @@ def test_quick_run_writes_every_figure(tmp_path: Path, capsys: pytest.CaptureFix
 
 def test_fig5_with_small_jobs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``--fig5-max-share``: Fig. 5 on the same seeds with small jobs; its online column
-    is an independent replay of ``generate_trace(..., max_share=0.1)``."""
+    is an independent replay of ``generate_trace(..., max_share=0.1)`` (with the shipped
+    prior, as ``--fig5-prior default`` asks)."""
     import math
 
     import numpy as np
@@ -82,9 +93,8 @@ def test_fig5_with_small_jobs(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     from pricing import trace_from_dict
     from pricing.workload import generate_trace
 
-    assert (
-        main(["--quick", "--no-progress", "--out", str(tmp_path), "--fig5-max-share", "0.1"]) == 0
-    )
+    args = ["--quick", "--no-progress", "--out", str(tmp_path), "--fig5-max-share", "0.1"]
+    assert main([*args, "--fig5-prior", "default"]) == 0  # the prior the replay below uses
     assert "Fig. 5, offline optimum / online (2 instances of jobs within 0.1 of the cluster" in (
         capsys.readouterr().out
     )

@@ -388,12 +388,8 @@ BAD_INPUTS = [
     ("jobs.0.worker", {"gpu": 3, "cpu": 2, "bandwidth": 1}, "jobs[0].worker"),
     # a PS needs 9 cpu, the only PS server has 8
     ("jobs.0.ps", {"cpu": 9, "bandwidth": 2}, "jobs[0].ps"),
-    # W = 6 at 2 workers per slot needs 3 slots; arriving at 3 of T = 5 leaves 2
-    ("jobs.0.arrival", 3, "jobs[0]"),
-    ("jobs.0.arrival", 5, "jobs[0].arrival"),
-    # with s = (cpu 1, bw 1) (set in the test) B = b = 1, so z(y) = y, and a PS server of
-    # bandwidth 1 holds one PS: 1 worker per slot, W = 6 needs 6 slots > T = 5
-    ("servers.1.capacity", {"cpu": 8, "bandwidth": 1}, "jobs[0]"),
+    # a job too late for the horizon is a rejection since SPEC 6 says so, not a bad field:
+    # test_a_job_too_late_for_the_horizon_is_a_rejection
     ("pricing", {"U1": {"gpu": 0.5}, "U2": {}, "L1": 1, "L2": 1}, "pricing.U1.gpu"),
     ("pricing", {"U1": {"tpu": 2}, "U2": {}, "L1": 1, "L2": 1}, "pricing.U1.tpu"),
     ("pricing", {"U1": {}, "U2": {}, "L1": 0, "L2": 1}, "pricing.L1"),
@@ -405,11 +401,50 @@ BAD_INPUTS = [
 @pytest.mark.parametrize(("path", "value", "field"), BAD_INPUTS)
 def test_bad_input_names_the_field(path: str, value: Any, field: str) -> None:
     raw = _with(base_trace(), path, value)
-    if path == "servers.1.capacity":
-        raw["jobs"][0]["ps"] = {"cpu": 1, "bandwidth": 1}
     with pytest.raises(pricing.SpecError) as caught:
         pricing.trace_from_dict(raw)
     assert caught.value.field == field, str(caught.value)
+
+
+LATE = [
+    # W = 6 at 2 workers per slot needs 3 slots; arriving at 3 of T = 5 leaves 2
+    ("jobs.0.arrival", 3, "needs at least 3 slots (at most 2 workers per slot), and only 2"),
+    ("jobs.0.arrival", 5, "arrives at or after the horizon"),
+    # with s = (cpu 1, bw 1) (set in the test) B = b = 1, so z(y) = y, and a PS server of
+    # bandwidth 1 holds one PS: 1 worker per slot, W = 6 needs 6 slots > T = 5
+    ("servers.1.capacity", {"cpu": 8, "bandwidth": 1}, "needs at least 6 slots"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "why"), LATE)
+@pytest.mark.parametrize("bounds", ["oracle", "estimate"])
+def test_a_job_too_late_for_the_horizon_is_a_rejection(
+    path: str, value: Any, why: str, bounds: str
+) -> None:
+    """SPEC 6: decided like any other job, rejected with payoff null and the reason. It
+    takes no part in an estimate, so the other jobs are then decided as if it were not
+    there (SPEC 4's oracle bounds are over every job of the trace, so it is in those)."""
+    from controller.replay import record_json, replay
+
+    raw = _with(base_trace(), path, value)
+    if path == "servers.1.capacity":
+        raw["jobs"][0]["ps"] = {"cpu": 1, "bandwidth": 1}
+    fine = copy.deepcopy(raw["jobs"][0])
+    fine.update(id="fine", arrival=0, minibatches=2)  # W = 3: fits in 3 slots or fewer
+    raw["jobs"].insert(0, fine)
+    raw["pricing"] = {"bounds": bounds}
+    trace = pricing.trace_from_dict(raw)
+    assert [j.id for j in trace.jobs] == ["fine", "j0"]
+    assert trace.late(trace.jobs[1]) is not None and trace.late(trace.jobs[0]) is None
+    records = list(replay(trace))
+    out = record_json(records[1], trace.cluster)
+    assert out["admitted"] is False and out["payoff"] is None and why in out["reason"]
+    assert out["allocations"] == [] and out["utility"] is None
+    assert records[0].decision.admitted
+    if bounds == "estimate":
+        alone = dict(raw, jobs=raw["jobs"][:1])
+        (expected,) = replay(pricing.trace_from_dict(alone))
+        assert records[0].decision.best.payoff == expected.decision.best.payoff
 
 
 def test_the_same_bad_inputs_are_fine_when_corrected() -> None:

@@ -24,11 +24,15 @@ COMMANDS: dict[str, Command] = {
     ),
     "offline": Command(
         "controller.commands.offline",
-        "solve the offline optimum (ILP) of a trace and compare it with the online replay",
+        "the offline optimum (or a certified bound) of a trace against the online replay",
     ),
     "gen": Command(
         "controller.commands.gen",
         "generate a seeded synthetic trace in the paper's simulation setting",
+    ),
+    "calibrate": Command(
+        "controller.commands.calibrate",
+        "write a price-bound prior from a trace or a daemon's store (for the estimate)",
     ),
     "submit": Command(_CLIENT, "submit a job (or a list of jobs) and print the decision"),
     "quote": Command(_CLIENT, "price a job without committing anything"),

@@ -8,7 +8,7 @@ import math
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pricing.errors import Problem
 
@@ -22,8 +22,10 @@ __all__ = [
     "InputError",
     "fmt",
     "int_at_least",
+    "load_prior_file",
     "load_trace",
     "positive_seconds",
+    "read_json",
 ]
 
 EXIT_OK = 0
@@ -43,21 +45,58 @@ class InputError(Exception):
         self.problems = tuple(problems)
 
 
-def load_trace(path: str) -> Trace:
-    """Read and validate a trace file (``-`` reads standard input)."""
-    from pricing.errors import SpecError
-    from pricing.trace import trace_from_dict
+MAX_PRIOR_BYTES = 1_000_000
+"""A prior file larger than this is refused (a real one is a few kilobytes)."""
 
+
+def read_json(path: str, what: str = "") -> Any:
+    """A JSON file (``-``: standard input); InputError saying why not."""
+    name = what or path
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     except OSError as err:
-        raise InputError(f"{path}: cannot read: {err.strerror or err}") from err
+        raise InputError(f"{name}: cannot read: {err.strerror or err}") from err
+    except UnicodeDecodeError as err:
+        raise InputError(f"{name}: not UTF-8 text: {err.reason}") from err
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as err:
         raise InputError(
-            f"{path}: not JSON: {err.msg} at line {err.lineno} column {err.colno}"
+            f"{name}: not JSON: {err.msg} at line {err.lineno} column {err.colno}"
         ) from err
+
+
+def load_prior_file(path: Path, what: str) -> Any:
+    """The JSON of a prior file (``oasis calibrate`` writes one), size-checked."""
+    try:
+        size = path.stat().st_size
+    except OSError as err:
+        raise InputError(f"{what}: cannot read {path}: {err.strerror or err}") from err
+    if size > MAX_PRIOR_BYTES:
+        raise InputError(f"{what}: {path} is {size} bytes, more than a prior ({MAX_PRIOR_BYTES})")
+    return read_json(str(path), f"{what} ({path})")
+
+
+def load_trace(path: str) -> Trace:
+    """Read and validate a trace file (``-`` reads standard input).
+
+    A ``pricing.prior`` that names a file (not ``"default"`` or ``"none"``) is read from
+    there, relative to the trace's directory (the working directory for stdin)."""
+    from pricing.errors import SpecError
+    from pricing.trace import trace_from_dict
+
+    data = read_json(path)
+    pricing = data.get("pricing") if isinstance(data, dict) else None
+    prior = pricing.get("prior") if isinstance(pricing, dict) else None
+    if isinstance(pricing, dict) and isinstance(prior, str) and prior not in ("default", "none"):
+        base = Path.cwd() if path == "-" else Path(path).parent
+        data = {
+            **data,
+            "pricing": {
+                **pricing,
+                "prior": load_prior_file(base / prior, f"{path}: pricing.prior"),
+            },
+        }
     try:
         return trace_from_dict(data)
     except SpecError as err:

@@ -1,4 +1,5 @@
-"""The paper's four baseline schedulers (section V-A), simulated slot by slot.
+"""The paper's four baseline schedulers (section V-A), simulated slot by slot, and RRH
+without preemption (``rrh-np``), the quality reports' fairer comparison for OASiS.
 
 ``POLICIES`` maps a name to a factory of a fresh policy; :func:`run` replays a trace
 under one. Every policy obeys the rules OASiS obeys (:mod:`pricing.baselines.simulator`)
@@ -12,7 +13,7 @@ from collections.abc import Callable
 from pricing.baselines.dorm import Dorm
 from pricing.baselines.drf import Drf
 from pricing.baselines.fifo import Fifo
-from pricing.baselines.rrh import Rrh
+from pricing.baselines.rrh import Rrh, RrhNoPreemption
 from pricing.baselines.simulator import Outcome, Policy, PolicyError, simulate
 from pricing.trace import Trace
 
@@ -23,6 +24,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "drf": Drf,
     "rrh": Rrh,
     "dorm": Dorm,
+    "rrh-np": RrhNoPreemption,
 }
 """Baseline name (as ``oasis replay --policy`` takes it) to a factory of the policy."""
 

@@ -31,7 +31,7 @@ import numpy as np
 from pricing.baselines.simulator import Simulator, Task
 from pricing.baselines.sizing import fixed_workers
 
-__all__ = ["THRESHOLD", "Rrh"]
+__all__ = ["THRESHOLD", "Rrh", "RrhNoPreemption"]
 
 THRESHOLD = 1e-9
 """An arrival is admitted iff its gain minus delay cost exceeds this (utility units)."""
@@ -59,6 +59,27 @@ class Rrh:
             same = before is not None and int(before[0].sum()) == task.cap
             if not (same and before is not None and sim.assign(task, *before)):
                 sim.place(task, task.cap)
+
+
+class RrhNoPreemption:
+    """RRH without the free pause and resume: the same admission and ranking, but a job
+    that has started keeps its workers, PS and servers until it completes (or can no
+    longer finish and is dropped); only jobs that have not started are placed, in
+    ranking order, into what is free. OASiS commits a job's whole schedule at arrival
+    and never preempts it either, so this is the fair comparison of that one trait."""
+
+    def replan(self, sim: Simulator) -> None:
+        arrivals = list(sim.arrivals)
+        limits = {task.order: fixed_workers(task) for task in arrivals}
+        net, density = _net_rewards(sim, sim.active + arrivals, limits)
+        for task in arrivals:
+            if net[task.order] > THRESHOLD:
+                sim.admit(task, limit=limits[task.order])
+            else:
+                sim.reject(task)
+        waiting = [task for task in sim.active if not task.y]
+        for task in sorted(waiting, key=lambda x: (-density[x.order], x.order)):
+            sim.place(task, task.cap)
 
 
 def _net_rewards(

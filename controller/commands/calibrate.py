@@ -1,0 +1,126 @@
+"""``oasis calibrate TRACE | --store URL``: a prior for the price-bound estimate, from the
+jobs of a trace or of a daemon's store (:func:`pricing.bound_estimate.calibrate`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from controller.commands.common import EXIT_OK, InputError, int_at_least, load_trace
+from pricing.bound_estimate import BoundEstimate, calibrate
+from pricing.bound_prior import DEFAULT_PRIOR_WEIGHT, MAX_POINTS
+from pricing.cluster import Cluster
+from pricing.job import Job
+
+__all__ = ["register", "run"]
+
+
+def _weight(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(value) and 0 < value <= 1e6):
+        raise argparse.ArgumentTypeError(f"must be in (0, 1e6], got {text}")
+    return value
+
+
+def register(sub: Any) -> None:
+    """Add the ``calibrate`` subcommand to ``sub`` (an argparse subparsers object)."""
+    p = sub.add_parser(
+        "calibrate",
+        help="write a prior for the price-bound estimate from a trace or a daemon's store",
+        description=(
+            "Summarise the per-job values the price-bound estimate follows over the jobs of "
+            "TRACE (those that can finish before its horizon) or of a daemon's store (every "
+            "decided job but the cancelled), in units of the cluster's mean server capacity, "
+            "and write them as a prior (JSON). A trace's pricing.prior, or the daemon's "
+            "config, can name the file."
+        ),
+    )
+    p.add_argument(
+        "trace", metavar="TRACE", nargs="?", help="trace file (JSON, SPEC 6), or - for stdin"
+    )
+    p.add_argument("--store", metavar="URL", help="the jobs a daemon with this store decided")
+    p.add_argument(
+        "--weight",
+        type=_weight,
+        default=DEFAULT_PRIOR_WEIGHT,
+        help=f"how many jobs the prior counts as (default: {DEFAULT_PRIOR_WEIGHT:g})",
+    )
+    p.add_argument(
+        "--points",
+        type=int_at_least(1),
+        default=32,
+        help=f"summary points per value, at most {MAX_POINTS} (default: 32)",
+    )
+    p.add_argument("--source", default=None, help="where it came from (default: the input)")
+    p.add_argument(
+        "-o", "--output", metavar="FILE", default="-", help="write here (default: stdout)"
+    )
+    p.set_defaults(func=run)
+
+
+def _from_store(url: str) -> tuple[list[Job], Cluster]:
+    from controller.history import HistoryError, load_history
+    from controller.store import Database, StoreUnavailableError
+
+    try:
+        db = Database(url)
+    except SQLAlchemyError as err:
+        raise InputError(f"--store: not a usable database URL: {err}") from err
+    try:
+        history = load_history(db)
+    except HistoryError as err:
+        raise InputError(f"--store: {err}") from err
+    except (StoreUnavailableError, SQLAlchemyError) as err:
+        first_line = str(err).splitlines()[0]
+        raise InputError(f"--store: cannot read a daemon's store there: {first_line}") from err
+    finally:
+        db.dispose()
+    return list(history.trace.jobs), history.trace.cluster
+
+
+def run(args: argparse.Namespace) -> int:
+    if (args.trace is None) == (args.store is None):
+        raise InputError("give either a TRACE or --store URL")
+    if args.points > MAX_POINTS:
+        raise InputError(f"--points: at most {MAX_POINTS}, got {args.points}")
+    if args.store is not None:
+        jobs, cluster = _from_store(args.store)
+        source = "oasis calibrate --store"
+    else:
+        trace = load_trace(args.trace)
+        jobs = [j for j in trace.jobs if trace.late(j) is None]
+        cluster = trace.cluster
+        source = f"oasis calibrate {args.trace}"
+    if not jobs:
+        raise InputError("no job to calibrate from (none can finish before the horizon)")
+    prior = calibrate(
+        jobs, cluster, weight=args.weight, points=args.points, source=args.source or source
+    )
+    text = json.dumps(prior.to_dict(), indent=1) + "\n"
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        try:
+            Path(args.output).write_text(text, encoding="utf-8")
+        except OSError as err:
+            raise InputError(f"-o {args.output}: cannot write: {err.strerror or err}") from err
+    start = BoundEstimate.start(cluster, prior).bounds()
+    assert start is not None
+    floors = ", ".join(
+        f"{r} {math.exp(x):.3g}" for r, x in zip(cluster.resources, start.floor1, strict=True)
+    )
+    print(
+        f"oasis calibrate: {len(jobs)} jobs -> a prior worth {args.weight:g} jobs; on this "
+        f"cluster it starts L1 at {floors}",
+        file=sys.stderr,
+    )
+    return EXIT_OK
