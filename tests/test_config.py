@@ -16,7 +16,7 @@ def test_example_config_loads() -> None:
     config = load(ROOT / "config" / "oasisd.example.toml")
     assert config.window == 300 and config.slot_seconds == 3600
     assert len(config.cluster.worker_names) == 6 and len(config.cluster.ps_names) == 3
-    assert config.pricing.mode == "estimate" and config.pricing.trim == 0.2
+    assert config.pricing.mode == "estimate" and config.pricing.trim == 0.3
     assert config.database_url == "sqlite:////var/lib/oasis/oasis.db"
 
 
@@ -36,7 +36,7 @@ def test_demo_defaults() -> None:
         ("tick_seconds = 1.0", "tick_seconds = 1.0\nspeed = 3", "daemon.speed: unknown key"),
         ('bounds = "estimate"', 'bounds = "guess"', "pricing.bounds: must be 'estimate'"),
         ("l_margin = 1.0", "l_margin = 2", "pricing.l_margin: must be in (0, 1]"),
-        ("trim = 0.2", "trim = 1", "pricing.trim: must be in [0, 1), got 1"),
+        ("trim = 0.3", "trim = 1", "pricing.trim: must be in [0, 1), got 1"),
         ('kind = "ps",     capacity = {cpu = 16', 'kind = "pss",     capacity = {cpu = 16',
          "cluster.servers[8].kind"),
         ("gpu = 16, cpu = 64", "gpu = -16, cpu = 64",
@@ -55,7 +55,7 @@ def test_bad_config_names_the_key(tmp_path: Path, old: str, new: str, message: s
 
 def test_explicit_bounds(tmp_path: Path) -> None:
     text = EXAMPLE.replace(
-        'bounds = "estimate"\ntrim = 0.2\nl_margin = 1.0\nu_margin = 1.0',
+        'bounds = "estimate"\ntrim = 0.3\nl_margin = 1.0\nu_margin = 1.0',
         'bounds = "explicit"\nL1 = 1e-4\nL2 = 1e-4\nU1 = {gpu = 50.0}\nU2 = {cpu = 25.0}',
     )
     path = tmp_path / "explicit.toml"

@@ -32,7 +32,7 @@ COMMANDS: dict[str, Command] = {
     ),
     "calibrate": Command(
         "controller.commands.calibrate",
-        "write a price-bound prior from a trace or a daemon's store (for the estimate)",
+        "write a prior for the price-bound estimate from a trace or a daemon's store",
     ),
     "submit": Command(_CLIENT, "submit a job (or a list of jobs) and print the decision"),
     "quote": Command(_CLIENT, "price a job without committing anything"),

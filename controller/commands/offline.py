@@ -55,7 +55,7 @@ def register(sub: Any) -> None:
     """Add the ``offline`` subcommand to ``sub`` (an argparse subparsers object)."""
     p = sub.add_parser(
         "offline",
-        help="solve the offline optimum (ILP) of a trace and compare it with the online replay",
+        help="the offline optimum (or a certified bound) of a trace against the online replay",
         description=(
             "Solve the offline optimum of TRACE (the paper's problem (1)-(13) under the "
             "online algorithm's feasibility rules), replay the online algorithm on the same "
