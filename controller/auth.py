@@ -99,13 +99,20 @@ class Caller:
     Attributes:
         name: the token's name; empty when authentication is off.
         role: what it may do.
-        client: the key of its rate limit and of its turns at the decision thread: the
-            name, or without one the peer's host; set by :class:`AccessInterceptor`.
+        client: the key of its rate limit: the name, or without one the peer's host; set
+            by :class:`AccessInterceptor`.
+        turn: the key of its turns at the decision thread and of ``limits.max_in_flight``:
+            the token's name; empty without authentication, where calls queue first come,
+            first served and uncapped. Without tokens, tenants cannot be told apart: every
+            client on the head node is 127.0.0.1, and gRPC clients share one connection
+            per address, so a per-host or per-connection cap would let one busy script
+            refuse everyone else's calls.
     """
 
     name: str
     role: Role
     client: str = ""
+    turn: str = ""
 
     @property
     def owner(self) -> str | None:
@@ -237,7 +244,7 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 )
         client = caller.name or _peer_host(context.peer())
         await self._throttle(client, context)
-        return dataclasses.replace(caller, client=client)
+        return dataclasses.replace(caller, client=client, turn=caller.name)
 
     async def _throttle(self, client: str, context: grpc.aio.ServicerContext) -> None:
         """Take one request from ``client``'s bucket, or abort with RESOURCE_EXHAUSTED."""

@@ -120,17 +120,17 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
         spec = await _guard(context, self._spec(request.job, new=True))
         self._charge(spec, caller.client)
         wait = request.wait_seconds if request.HasField("wait_seconds") else None
-        submit = self.c.submit(spec, caller.submitter, caller.owner, wait, caller.client)
+        submit = self.c.submit(spec, caller.submitter, caller.owner, wait, caller.turn)
         view = await _guard(context, submit)
         return pb.SubmitJobResponse(job=self._job(view), duplicate=view.duplicate)
 
     async def QuoteJob(
         self, request: pb.QuoteJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.QuoteJobResponse:
-        client = current_caller().client
+        caller = current_caller()
         spec = await _guard(context, self._spec(request.job, new=False))
-        self._charge(spec, client)
-        view = await _guard(context, self.c.quote(spec, client))
+        self._charge(spec, caller.client)
+        view = await _guard(context, self.c.quote(spec, caller.turn))
         return pb.QuoteJobResponse(decision=decision_to_proto(view))
 
     def _job(self, view: Any) -> pb.Job:
@@ -175,7 +175,7 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
     async def CancelJob(
         self, request: pb.CancelJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.CancelJobResponse:
-        view, released = await _guard(context, self.c.cancel(request.id, current_caller().client))
+        view, released = await _guard(context, self.c.cancel(request.id, current_caller().turn))
         return pb.CancelJobResponse(job=self._job(view), released_worker_slots=released)
 
     async def GetProgress(
