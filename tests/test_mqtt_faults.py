@@ -84,10 +84,11 @@ class Plane(PlaneHarness):
             "127.0.0.1", self.broker.port, username=user, password=PASSWORDS[user]
         )
 
-    def start_agent(self, server: str) -> None:
+    def start_agent(self, server: str, speed: float = 1.0) -> None:
         env = {**os.environ}
         argv = [sys.executable, "-m", "controller.cli", "agent", "--node", server,
-                "--broker", self.broker.url, "--report-seconds", "0.2"]  # fmt: skip
+                "--broker", self.broker.url, "--report-seconds", "0.2",
+                "--speed", str(speed)]  # fmt: skip
         if self.secured:
             argv += ["--mqtt-username", server]
             env["OASIS_MQTT_PASSWORD"] = PASSWORDS[server]
@@ -239,7 +240,9 @@ def test_poison_messages_are_dropped_and_the_link_stays_up(plane: Plane) -> None
     assert any("not JSON" in e for e in bad), bad
     ignored = plane.logged("report entries ignored: jobs not planned on this server now")
     assert ignored and ignored[0]["server"] == "w2" and ignored[0]["entries"] == 1000
-    assert plane.store_rows("SELECT count(*) FROM job_progress") == [(1,)]
+    # written at the next review: the real job's progress, and no ghost's
+    stored = "SELECT job_id FROM job_progress"
+    assert wait_for("the progress stored", lambda: plane.store_rows(stored) or None) == [("real",)]
     # still deciding, and never reconnected
     assert plane.submit(plane_job("later"))["decision"]["admitted"] in (True, False)
     assert len(plane.logged("broker connected")) == 1
@@ -277,6 +280,33 @@ def test_a_broker_that_lost_its_state_gets_every_jobs_latest_event_back(plane: P
     plane.broker.start()
     wait_for("every job's latest event retained again", retained_agree, timeout=30)
     assert plane.logged("job events restored")
+
+
+def test_work_finished_while_the_daemon_was_down_is_reported_again(plane: Plane) -> None:
+    """Reports sent while the daemon is away are lost (it has no session on the broker).
+    Before the fix an agent never sent them again once its counts stopped changing, so
+    a job that finished meanwhile stayed short and failed at the end of its plan; now
+    the agent resends its recent counts when the daemon says it is online again."""
+    plane.daemon.start()
+    for server in SERVERS:
+        plane.start_agent(server, speed=6.0)  # the whole job in about a slot
+    plane.submit(plane_job("quick"))
+    wait_for("the job to run", lambda: plane.job("quick").state == pb.JOB_STATE_RUNNING)
+
+    def done() -> float:
+        reply = plane.stub().GetProgress(pb.GetProgressRequest(id="quick"), timeout=10)
+        return float(reply.progress.minibatches_done)
+
+    wait_for("some progress", lambda: done() > 0 or None)
+    plane.daemon.kill9()
+    time.sleep(2 * SLOT)  # the agents finish the job and report it to nobody
+    plane.daemon.start()
+    finished = wait_for(
+        "the job completed",
+        lambda: (j := plane.job("quick")).state != pb.JOB_STATE_RUNNING and j,
+    )
+    assert finished.state == pb.JOB_STATE_COMPLETED, finished
+    assert done() >= 216
 
 
 def test_agent_for_an_unknown_server_exits_and_a_clean_stop_says_offline(plane: Plane) -> None:

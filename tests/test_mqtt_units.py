@@ -600,6 +600,10 @@ def test_the_latest_event_of_every_job_is_found_for_a_broker_that_lost_it(
 
 
 def test_agent_resends_only_recent_jobs_after_a_reconnection() -> None:
+    import time
+
+    from controller.plane.topics import Status
+
     agent = Agent("w0", MqttConfig("localhost"))
     agent.accept(plan(1))  # 10 s slots
     for job in ("old", "recent"):
@@ -609,3 +613,16 @@ def test_agent_resends_only_recent_jobs_after_a_reconnection() -> None:
     assert agent.reports() == []  # nothing changed
     agent.resend_recent(now=105.0)  # within two slots of "recent" only
     assert [t.job for r in agent.reports() for t in r.jobs] == ["recent"]
+    # a daemon that (re)connected missed what was sent meanwhile: recent counts again
+    agent._reported["recent"] = (5.0, 5.0)
+    agent._sent_at["recent"] = time.monotonic()
+    assert agent.reports() == []
+    agent.status(Status(online=True, servers=["w0"]))
+    assert [t.job for r in agent.reports() for t in r.jobs] == ["recent"]
+    # ... and a new plan (a restarted daemon issues one) has its jobs' counts resent
+    agent.tasks["j1"] = TaskState(minibatches=7.0, worker_seconds=7.0)
+    agent._reported = {j: (s.minibatches, s.worker_seconds) for j, s in agent.tasks.items()}
+    agent.accept(plan(1))  # the same epoch: nothing new
+    assert agent.reports() == []
+    agent.accept(plan(2))  # plans j1
+    assert [t.job for r in agent.reports() for t in r.jobs] == ["j1"]

@@ -11,7 +11,11 @@ spent), at most :data:`~controller.plane.topics.MAX_REPORT_JOBS` jobs per messag
 
 It also reads the daemon's retained status: once the daemon says it is online and its
 cluster has no server of this agent's name, the agent stops with
-:class:`UnknownServerError` (a typo would otherwise wait forever for a plan).
+:class:`UnknownServerError` (a typo would otherwise wait forever for a plan). Each
+time the daemon says it is online (it connected, e.g. after a restart), and each time
+the agent reconnects, the counts of the jobs reported within the last two slots are sent
+again, and so are those of the jobs of every new plan: reports sent while the daemon or
+the broker was away are lost.
 
 Work is either simulated -- each worker finishes a mini-batch every
 ``minibatch_seconds / speed`` seconds (``--speed 2``: twice as fast as planned) -- or
@@ -125,7 +129,9 @@ class Agent:
     # -- the plan -----------------------------------------------------------------------
 
     def accept(self, plan: Plan) -> bool:
-        """Follow ``plan`` unless it is older than the one followed; True if taken."""
+        """Follow ``plan`` unless it is older than the one followed; True if taken. A new
+        plan's jobs get their counts sent again: the daemon that issued it (perhaps just
+        restarted, or after the broker's) may have missed them."""
         if plan.server != self.server:
             return False
         if self.plan is not None and plan.epoch < self.plan.epoch:
@@ -134,6 +140,8 @@ class Agent:
         if self.plan is None or plan.epoch != self.plan.epoch:
             self.log.info("plan", epoch=plan.epoch, slot=plan.current.slot,
                           tasks=[(t.job, t.workers, t.ps) for t in plan.current.tasks])  # fmt: skip
+            for task in (*plan.current.tasks, *plan.next.tasks):
+                self._reported.pop(task.job, None)
         self.plan = plan
         return True
 
@@ -234,9 +242,13 @@ class Agent:
             self._reported.pop(job, None)
 
     def status(self, status: Status) -> None:
-        """The daemon's status: UnknownServerError if it is online without this server."""
+        """The daemon's status: UnknownServerError if it is online without this server.
+        A daemon (re)connecting says it is online: it missed what was reported while it
+        was away, so the recent counts go out again."""
         if status.online and self.server not in status.servers:
             raise UnknownServerError(self.server, status.servers)
+        if status.online:
+            self.resend_recent()
 
     # -- the connection -----------------------------------------------------------------
 
