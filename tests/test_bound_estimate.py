@@ -497,3 +497,39 @@ def test_calibrate_writes_a_prior_a_trace_can_name(
     assert main(["replay", str(tmp_path / "runs" / "junk.json")]) == 2
     assert "pricing.prior.version" in capsys.readouterr().err
     assert main(["calibrate"]) == 2
+
+
+def test_calibrate_from_a_daemons_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``oasis calibrate --store URL``: the jobs the daemon decided (every one submitted
+    but the cancelled), on the daemon's servers."""
+    raw = _trace(15, n_jobs=12, horizon=30)
+    config = from_dict(
+        {
+            "daemon": {"data_dir": str(tmp_path), "window": 30, "epoch": 0},
+            "cluster": {"resources": raw["resources"], "servers": raw["servers"]},
+        }
+    )
+    daemon = AdmissionController(
+        config,
+        Database(config.database_url),
+        SlotClock(FakeClock(10.0), config.slot_seconds, config.epoch),
+        log=structlog.wrap_logger(structlog.ReturnLogger()),
+    )
+    daemon.open()
+    try:
+        for entry in raw["jobs"]:
+            asyncio.run(daemon.submit({k: v for k, v in entry.items() if k != "arrival"}))
+    finally:
+        daemon.close()
+    out = tmp_path / "prior.json"
+    assert main(["calibrate", "--store", config.database_url, "-o", str(out)]) == 0
+    assert "12 jobs -> a prior" in capsys.readouterr().err
+    prior = prior_from_dict(json.loads(out.read_text()))
+    expected = calibrate(
+        list(trace_from_dict(raw).jobs), CLUSTER_OF(raw), source="oasis calibrate --store"
+    )
+    assert prior.worker.floor == expected.worker.floor and prior.best == expected.best
+    assert main(["calibrate", "--store", f"sqlite:///{tmp_path / 'none.db'}"]) == 2
+    assert "--store" in capsys.readouterr().err

@@ -10,8 +10,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.exc import SQLAlchemyError
-
 from controller.commands.common import EXIT_OK, InputError, int_at_least, load_trace
 from pricing.bound_estimate import BoundEstimate, calibrate
 from pricing.bound_prior import DEFAULT_PRIOR_WEIGHT, MAX_POINTS
@@ -68,6 +66,9 @@ def register(sub: Any) -> None:
 
 
 def _from_store(url: str) -> tuple[list[Job], Cluster]:
+    # the store's modules only when a store is read: `oasis calibrate TRACE` stays light
+    from sqlalchemy.exc import SQLAlchemyError
+
     from controller.history import HistoryError, load_history
     from controller.store import Database, StoreUnavailableError
 
