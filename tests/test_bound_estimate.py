@@ -499,9 +499,7 @@ def test_calibrate_writes_a_prior_a_trace_can_name(
     assert main(["calibrate"]) == 2
 
 
-def test_calibrate_from_a_daemons_store(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_calibrate_from_a_daemons_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``oasis calibrate --store URL``: the jobs the daemon decided (every one submitted
     but the cancelled), on the daemon's servers."""
     raw = _trace(15, n_jobs=12, horizon=30)
