@@ -397,8 +397,10 @@ def test_forged_reports_and_heartbeats_change_nothing(secured: Plane) -> None:
     and heartbeats naming w0 hid w0's failure."""
     p = secured
     p.daemon.start()
-    for server in ("w0", "w1", "w2", "p0"):
+    agents = ("w0", "w1", "w2", "p0")
+    for server in agents:
         p.start_agent(server)
+    p.wait_agents(agents)  # watched once heard: w0's death must count
     job = p.submit(plane_job("victim"))
     assert job["decision"]["admitted"]
     wait_for("the job to run", lambda: p.job("victim").state == pb.JOB_STATE_RUNNING)

@@ -90,6 +90,27 @@ class PlaneHarness:
     broker: Mosquitto
     agents: dict[str, subprocess.Popen[bytes]]
 
+    def client(self, user: str = "") -> aiomqtt.Client:
+        """An MQTT client of the broker (anonymous; ``user`` where the broker wants one)."""
+        return aiomqtt.Client("127.0.0.1", self.broker.port)
+
+    def wait_agents(self, servers: tuple[str, ...] = SERVERS, timeout: float = 60.0) -> None:
+        """Until the agent of every server of ``servers`` is heard: its heartbeats reach
+        the broker (and so the daemon, subscribed to them since it connected)."""
+
+        async def listen() -> None:
+            heard: set[str] = set()
+            async with self.client() as client:
+                await client.subscribe(Topics("oasis").all_heartbeats, qos=0)
+                async with asyncio.timeout(timeout):
+                    async for message in client.messages:
+                        assert isinstance(message.payload, bytes)
+                        heard.add(Heartbeat.parse(message.payload).server)
+                        if heard >= set(servers):
+                            return
+
+        asyncio.run(listen())
+
     def kill_agent(self, server: str) -> None:
         proc = self.agents.pop(server)
         proc.send_signal(signal.SIGKILL)
@@ -207,23 +228,6 @@ class Cluster(PlaneHarness):
             loop.close()
 
         return got, close
-
-    def wait_agents(self, timeout: float = 60.0) -> None:
-        """Until every server's agent is heard: its heartbeats reach the broker (and so
-        the daemon, subscribed to them since it connected)."""
-
-        async def listen() -> None:
-            heard: set[str] = set()
-            async with aiomqtt.Client("127.0.0.1", self.broker.port) as client:
-                await client.subscribe(self.topics.all_heartbeats, qos=0)
-                async with asyncio.timeout(timeout):
-                    async for message in client.messages:
-                        assert isinstance(message.payload, bytes)
-                        heard.add(Heartbeat.parse(message.payload).server)
-                        if heard >= set(SERVERS):
-                            return
-
-        asyncio.run(listen())
 
     def store_rows(self, query: str, args: tuple[Any, ...] = ()) -> list[Any]:
         with sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=10) as conn:
@@ -472,6 +476,7 @@ def test_silent_server_is_declared_failed_and_its_jobs_move(cluster: Cluster) ->
     cluster.daemon.start()
     for server in SERVERS:
         cluster.start_agent(server, speed=1.0)
+    cluster.wait_agents()  # a server is watched once it was heard (a slow start is not)
     cluster.submit(plane_job("f1"))
     wait_for("the job to run", lambda: cluster.job("f1").state == pb.JOB_STATE_RUNNING)
     wait_consistent(cluster)
