@@ -13,6 +13,7 @@ import contextlib
 import os
 from typing import TYPE_CHECKING, Any
 
+from controller.commands import SUMMARIES
 from controller.commands.common import EXIT_OK, InputError
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ __all__ = ["broker_settings", "register"]
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "agent",
-        help="run a node agent: follow a server's plan, report progress",
+        help=SUMMARIES["agent"],
         description="Follow the plan the daemon publishes for one server over MQTT and report "
         "heartbeats and progress: simulated training at --speed times the planned pace, or "
         "--command run once per worker. Runs until interrupted; logs are JSON lines. A broker "

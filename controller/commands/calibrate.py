@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from controller.commands import SUMMARIES
 from controller.commands.common import EXIT_OK, InputError, int_at_least, load_trace
 from pricing.bound_estimate import BoundEstimate, calibrate
 from pricing.bound_prior import DEFAULT_PRIOR_WEIGHT, MAX_POINTS
@@ -33,7 +34,7 @@ def register(sub: Any) -> None:
     """Add the ``calibrate`` subcommand to ``sub`` (an argparse subparsers object)."""
     p = sub.add_parser(
         "calibrate",
-        help="write a prior for the price-bound estimate from a trace or a daemon's store",
+        help=SUMMARIES["calibrate"],
         description=(
             "Summarise the per-job values the price-bound estimate follows over the jobs of "
             "TRACE (those that can finish before its horizon) or of a daemon's store (every "

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from controller.commands import SUMMARIES
 from controller.commands.common import EXIT_OK, InputError, int_at_least, positive_seconds
 from pricing.workload import generate_trace
 
@@ -67,7 +68,7 @@ def register(sub: Any) -> None:
     """Add the ``gen`` subcommand to ``sub`` (an argparse subparsers object)."""
     p = sub.add_parser(
         "gen",
-        help="generate a seeded synthetic trace in the paper's simulation setting",
+        help=SUMMARIES["gen"],
         description=(
             "Write a SPEC 6 trace drawn with pricing.workload.generate_trace: EC2-like GPU "
             "worker servers and C4 parameter-server servers, the paper's job parameter "

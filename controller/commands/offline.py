@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from controller.commands import SUMMARIES
 from controller.commands.common import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -55,7 +56,7 @@ def register(sub: Any) -> None:
     """Add the ``offline`` subcommand to ``sub`` (an argparse subparsers object)."""
     p = sub.add_parser(
         "offline",
-        help="the offline optimum (or a certified bound) of a trace against the online replay",
+        help=SUMMARIES["offline"],
         description=(
             "Solve the offline optimum of TRACE (the paper's problem (1)-(13) under the "
             "online algorithm's feasibility rules), replay the online algorithm on the same "

@@ -8,6 +8,7 @@ import json
 import sys
 from typing import Any, TextIO
 
+from controller.commands import SUMMARIES
 from controller.commands.common import EXIT_OK, fmt, load_trace
 from controller.replay import (
     ReplayRecord,
@@ -28,7 +29,7 @@ def register(sub: Any) -> None:
     """Add the ``replay`` subcommand to ``sub`` (an argparse subparsers object)."""
     p = sub.add_parser(
         "replay",
-        help="decide every job of a trace with the online algorithm",
+        help=SUMMARIES["replay"],
         description="Decide every job of TRACE in order (SPEC 6) and print the decisions.",
     )
     p.add_argument("trace", metavar="TRACE", help="trace file (JSON, SPEC 6), or - for stdin")

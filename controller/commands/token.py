@@ -12,13 +12,14 @@ import json
 from typing import Any
 
 from controller.auth import NAME_PATTERN, Role, hash_token, new_token
+from controller.commands import SUMMARIES
 from controller.commands.common import EXIT_OK, InputError
 
 __all__ = ["register"]
 
 
 def register(sub: Any) -> None:
-    help_ = "make a bearer token and the tokens-file line for oasisd's [auth]"
+    help_ = SUMMARIES["token"]
     p = sub.add_parser("token", help=help_, description=help_)
     p.add_argument("name", help="who uses it; recorded as the submitter of its jobs")
     p.add_argument(
