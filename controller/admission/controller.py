@@ -17,7 +17,7 @@ from controller.admission.views import DecisionView, JobView
 from controller.errors import DrainingError
 from controller.events import Event
 from controller.limits import search_size
-from controller.store import StoreUnavailableError
+from controller.store import REBUILD_SECONDS, StoreUnavailableError
 from pricing import SpecError
 
 __all__ = ["AdmissionController"]
@@ -85,7 +85,8 @@ class AdmissionController(PendingQueue, Recovery, Lifecycle, ReadViews):
     def _in_step(self, fn: Callable[[], _T]) -> _T:
         """Run ``fn`` in the decision thread on a ledger that matches the store."""
         if self._stale:
-            rebuilt = self._reload()  # StoreUnavailableError: still stale, try next time
+            with self.db.patient(REBUILD_SECONDS):
+                rebuilt = self._reload()  # StoreUnavailableError: still stale, try next time
             self._stale = False
             self.log.info("ledger rebuilt from the store after an outage", jobs=rebuilt)
         try:

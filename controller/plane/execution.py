@@ -67,6 +67,7 @@ from controller.plane.port import AdmissionPort
 from controller.plane.settings import MqttConfig
 from controller.plane.topics import Heartbeat, Plan, Progress, SlotPlan, Task
 from controller.store import (
+    REBUILD_SECONDS,
     AllocationRow,
     EventRow,
     JobRow,
@@ -445,7 +446,8 @@ class Execution:
     def _resync(self) -> None:
         ledger = self.c._ledger
         self.c.ledger = Ledger(self.c.cluster, ledger.bounds, ledger.length, origin=ledger.origin)
-        self.c._rebuild()
+        with self.c.db.patient(REBUILD_SECONDS):
+            self.c._rebuild()
 
     def _fail_sync(self, server: str) -> list[Event]:
         kind, index = self.server_index[server]
