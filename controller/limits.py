@@ -57,7 +57,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from controller.plane.topics import NAME_PATTERN
 from pricing import fields
 from pricing.cluster import Cluster
 from pricing.errors import SpecError
@@ -74,7 +73,7 @@ __all__ = [
     "search_size",
 ]
 
-MAX_JOB_ID_CHARS = 128
+MAX_JOB_ID_CHARS = fields.MAX_JOB_ID_CHARS
 """The longest job id (SPEC 3); the store's ``jobs.id`` column is ``VARCHAR(200)``."""
 
 _KEYS = {
@@ -221,18 +220,8 @@ def search_size(job: Job, cluster: Cluster, window: int) -> SearchSize:
 
 def check_job_id(job_id: str, field: str = "job.id") -> None:
     """Raise SpecError (INVALID_ARGUMENT) unless ``job_id`` is 1-128 characters of
-    ``A-Z a-z 0-9 . _ -``; the message names the first character outside them."""
-    if not job_id or len(job_id) > MAX_JOB_ID_CHARS:
-        raise SpecError.one(
-            field, f"must be 1-{MAX_JOB_ID_CHARS} characters long, got {len(job_id)}"
-        )
-    if not NAME_PATTERN.fullmatch(job_id):
-        bad = next(c for c in job_id if not NAME_PATTERN.fullmatch(c))
-        raise SpecError.one(
-            field,
-            f"must be characters of A-Z a-z 0-9 . _ - only (it names an MQTT topic), "
-            f"got {bad!r} at position {job_id.index(bad)}",
-        )
+    ``A-Z a-z 0-9 . _ -`` (:func:`pricing.fields.job_id`, the rule traces follow too)."""
+    fields.job_id(job_id, field)
 
 
 def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
