@@ -309,6 +309,31 @@ def test_work_finished_while_the_daemon_was_down_is_reported_again(plane: Plane)
     assert done() >= 216
 
 
+def test_an_agent_that_died_while_the_daemon_was_down_is_noticed(plane: Plane) -> None:
+    """The daemon remembers (in the store) every server it has heard from. Before the fix
+    it knew after a restart only the servers named in active jobs' progress, so an agent
+    with nothing to report (here: no job at all) that died meanwhile was never failed."""
+    plane.daemon.start()
+    for server in SERVERS:
+        plane.start_agent(server)
+    plane.wait_agents()
+
+    def heard() -> list[str]:
+        rows = plane.store_rows("SELECT value FROM meta WHERE key = 'plane'")
+        return sorted(json.loads(rows[0][0]).get("heard", [])) if rows else []
+
+    wait_for("every server heard", lambda: heard() == sorted(SERVERS) or None)
+    plane.daemon.kill9()
+    plane.kill_agent("p1")
+    plane.daemon.start()
+    failed = wait_for(
+        "p1 declared failed",
+        lambda: plane.store_rows("SELECT server FROM server_outages WHERE up_from IS NULL") or None,
+        timeout=6 * HEARTBEAT_TIMEOUT,
+    )
+    assert failed == [("p1",)]
+
+
 def test_agent_for_an_unknown_server_exits_and_a_clean_stop_says_offline(plane: Plane) -> None:
     plane.daemon.start()
     status = wait_for(

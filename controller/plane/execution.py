@@ -6,9 +6,10 @@ two decisions), always committing to the store before the ledger changes hands:
 
 - **done early**: a job whose reported mini-batches reach ``E * N * M`` completes in
   the current slot; its slots from the next one on are released and prices fall.
-- **server silent** for ``heartbeat_timeout`` seconds (after it reported at least once,
-  also before a restart of the daemon: the store's progress of active jobs names the
-  servers that reported; and only while the broker connection is up): the server is
+- **server silent** for ``heartbeat_timeout`` seconds (after it was heard at least once,
+  also before a restart of the daemon: the store keeps the names of the servers ever
+  heard, and the progress of active jobs names those that reported; and only while the
+  broker connection is up): the server is
   down from the next slot on; its jobs are re-placed or re-planned
   (:func:`pricing.replan.fail_server`); a job that can no longer finish becomes
   ``failed``. A heartbeat brings it back from the next slot on.
@@ -207,6 +208,8 @@ class Execution:
             for i, name in enumerate(names):
                 self.server_index[name] = (kind, i)
         self.last_seen: dict[str, float] = {}
+        self.heard: set[str] = set()  # servers ever heard from (kept in the store)
+        self._heard_saved = True  # False: ``heard`` grew since it was last stored
         self.failed: dict[str, float] = {}  # server -> monotonic time declared failed
         self.progress: dict[str, JobProgress] = {}
         self.pending: set[str] = set()
@@ -250,6 +253,13 @@ class Execution:
             if meta is not None:
                 self.epoch = int(meta.value.get("epoch", 0))
                 self.events_published = int(meta.value.get("events", 0))
+                heard = meta.value.get("heard", [])
+                if isinstance(heard, list):  # an edited store: names it does not know go
+                    self.heard = {s for s in heard if s in self.server_index}
+            # heard from before the restart: their silence counts from now, or an agent
+            # (a PS's, say, that reports no progress) that died meanwhile goes unnoticed
+            for server in self.heard - set(self.failed):
+                self.last_seen.setdefault(server, now)
 
     # -- what agents say (event loop: into the inbox only) -------------------------------
 
@@ -332,6 +342,9 @@ class Execution:
     def _seen(self, server: str, at: float) -> None:
         # a beat and a report drained together may come in either order
         self.last_seen[server] = max(at, self.last_seen.get(server, at))
+        if server not in self.heard:
+            self.heard.add(server)
+            self._heard_saved = False
 
     # -- reactions (decision thread) ------------------------------------------------------
 
@@ -364,6 +377,10 @@ class Execution:
             self.pending.discard(job_id)
         events += self._overdue_sync()
         self._flush_progress()
+        if not self._heard_saved:
+            with self.c.db.session() as session:
+                self._save_meta(session)
+            self._heard_saved = True
         if self._pruned_slot != self.c.slot:
             self._prune()
             self._pruned_slot = self.c.slot
@@ -675,7 +692,8 @@ class Execution:
         return plans
 
     def _save_meta(self, session: Session) -> None:
-        value = {"epoch": self.epoch, "events": self.events_published}
+        value = {"epoch": self.epoch, "events": self.events_published,
+                 "heard": sorted(self.heard)}  # fmt: skip
         stmt = update(MetaRow).where(MetaRow.key == _PLANE_KEY).values(value=value)
         if session.connection().execute(stmt).rowcount == 0:
             session.add(MetaRow(key=_PLANE_KEY, value=value))
