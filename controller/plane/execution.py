@@ -86,6 +86,7 @@ __all__ = ["ACTIVE", "Execution", "JobProgress", "ProgressView"]
 ACTIVE = ("admitted", "running")
 """Job states that appear in plans."""
 _PLANE_KEY = "plane"
+OVERDUE = -1  # the slot of :meth:`Execution._planned`'s entries for jobs past their plan
 _MAX_SAMPLES = 400
 _MIN_SAMPLES = 4
 _LEVEL = 0.9
@@ -307,7 +308,9 @@ class Execution:
             key = f"{progress.server}/{progress.session}"
             around = (received.slot - 1, received.slot, received.slot + 1)
             for task in progress.jobs:
-                if not any((task.job, progress.server, s) in planned for s in around):
+                if not any((task.job, progress.server, s) in planned for s in around) and (
+                    (task.job, progress.server, OVERDUE) not in planned
+                ):
                     ignored[progress.server] += 1
                     continue
                 prog = self.progress.get(task.job)
@@ -325,7 +328,9 @@ class Execution:
 
     def _planned(self, reports: list[Received]) -> set[tuple[str, str, int]]:
         """``(job, server, slot)`` with workers, for the servers of ``reports`` and the
-        slots around their arrival: what their entries may count for (one query)."""
+        slots around their arrival: what their entries may count for; and ``(job,
+        server, OVERDUE)`` for the jobs past their plan short of their work on the
+        servers that ran their workers, whose late counts still count (two queries)."""
         if not reports:
             return set()
         servers = {r.progress.server for r in reports}
@@ -337,7 +342,14 @@ class Execution:
                     AllocationRow.slot >= lo, AllocationRow.slot <= hi,
                     AllocationRow.server.in_(servers), AllocationRow.workers > 0)
             ).all()  # fmt: skip
-        return {(r.job_id, r.server, int(r.slot)) for r in rows}
+            late = session.execute(
+                select(AllocationRow.job_id, AllocationRow.server).distinct().where(
+                    AllocationRow.job_id.in_(sorted(self.overdue)),
+                    AllocationRow.server.in_(servers), AllocationRow.workers > 0)
+            ).all() if self.overdue else []  # fmt: skip
+        return {(r.job_id, r.server, int(r.slot)) for r in rows} | {
+            (r.job_id, r.server, OVERDUE) for r in late
+        }
 
     def _seen(self, server: str, at: float) -> None:
         # a beat and a report drained together may come in either order
@@ -375,7 +387,7 @@ class Execution:
                 self.pending.discard(job_id)  # a bug would fail the same way every review
                 raise
             self.pending.discard(job_id)
-        events += self._overdue_sync()
+        events += self._overdue_sync(watch_from)
         self._flush_progress()
         if not self._heard_saved:
             with self.c.db.session() as session:
@@ -399,10 +411,15 @@ class Execution:
             self.overdue.add(job_id)
         return short
 
-    def _overdue_sync(self) -> list[Event]:
+    def _overdue_sync(self, watch_from: float | None) -> list[Event]:
         """Fail the jobs left running past their plan short of their work, once their
-        agents had ``heartbeat_timeout`` seconds after the plan's end to report the rest."""
+        agents had ``heartbeat_timeout`` seconds after the plan's end, and as long with
+        the broker connection up (``watch_from``: since when; None: down), to report the
+        rest. Agents resend their counts when the daemon comes back, so a job finished
+        while the daemon was down or cut off completes rather than fails."""
         if not self.overdue:
+            return []
+        if watch_from is None or self.monotonic() - watch_from <= self.mqtt.heartbeat_timeout:
             return []
         s = self.c.slot
         since_boundary = self.slot_seconds - self.c.slots.seconds_to_next_slot()
