@@ -41,6 +41,9 @@ Checks and figures
       run, against the broker restarts and daemon crashes (at most one each); the link's
       own failures (must be 0);
     - back after a crash: seconds from the SIGKILL until the daemon listens again;
+    - jobs failed, by reason: a killed agent's jobs may fail (``server_failed``); a job
+      whose agents worked while the daemon or broker was away should not
+      (``plan_ended``);
     - restored: after a last broker restart, the jobs whose retained event is older than
       the store's latest (stale; must be 0) and the seconds until none is; at the end a
       clean stop leaves the retained status ``online: false``.
@@ -244,7 +247,10 @@ class Chaos:
         )
         next_forgery = 0.0
         crashing: list[threading.Thread] = []
-        while not load.finished.is_set() and time.monotonic() - start < self.seconds + 30:
+        # after the load: until every killed agent was noticed or restarted (bounded)
+        while (not load.finished.is_set() or plan or any(not k.restarted for k in self.kills)) and (
+            time.monotonic() - start < self.seconds + 90
+        ):
             now = time.monotonic() - start
             while plan and plan[0][0] <= now:
                 _, what, server = plan.pop(0)
@@ -366,6 +372,17 @@ def failures(db: Path) -> list[tuple[str, float]]:
     return out
 
 
+def jobs_failed(db: Path) -> dict[str, int]:
+    """How many jobs failed, by the reason stored with their ``failed`` event."""
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+        rows = conn.execute("SELECT detail FROM events WHERE kind = 'failed'").fetchall()
+    reasons: dict[str, int] = {}
+    for (detail,) in rows:
+        reason = str(json.loads(detail).get("reason", "?"))
+        reasons[reason] = reasons.get(reason, 0) + 1
+    return reasons
+
+
 # -- reading the broker and the store ---------------------------------------------------
 
 
@@ -425,6 +442,7 @@ class ChaosReport:
     reconnects_per_minute: float = 0.0
     link_failures: int = 0
     daemon_crashes: int = 0
+    jobs_failed: dict[str, int] = field(default_factory=dict)  # reason -> jobs
     back_after_crash_seconds: list[float] = field(default_factory=list)
     poison_messages: int = 0
     bad_messages_logged: int = 0
@@ -523,6 +541,7 @@ def _finish(
     )
     report.broker_restarts = chaos.restarts
     report.daemon_crashes = len(chaos.crashes)
+    report.jobs_failed = jobs_failed(db)
     report.back_after_crash_seconds = chaos.crashes
     report.reconnects = connections - 1
     report.reconnects_per_minute = report.reconnects / (wall / 60.0)
@@ -642,6 +661,8 @@ def print_report(r: ChaosReport, command: str) -> None:
                               "false"),
         ("daemon kill -9", f"{r.daemon_crashes}, listening again after "
                            f"{', '.join(f'{x:.1f}' for x in r.back_after_crash_seconds)} s"),
+        ("jobs failed, by reason", ", ".join(f"{k} {v}" for k, v in r.jobs_failed.items())
+                                   or "none"),
         ("broker restarts / reconnects", f"{r.broker_restarts} / {r.reconnects} "
                                          f"({r.reconnects_per_minute:.1f} per minute); link "
                                          f"failures {r.link_failures}"),
