@@ -278,7 +278,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def ready(address: str) -> None:
         store = sqlalchemy.make_url(config.database_url).render_as_string(hide_password=True)
-        print(f"oasisd listening on {address} (store: {store})", flush=True)
+        web = config.web.listen
+        scheme = "https" if config.tls else "http"
+        console = f"; console: {scheme}://{web}/" if web and not web.endswith(":0") else ""
+        print(f"oasisd listening on {address} (store: {store}{console})", flush=True)
 
     try:
         with contextlib.suppress(KeyboardInterrupt):

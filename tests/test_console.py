@@ -78,12 +78,13 @@ class Cluster:
         }
 
     def stub(self, name: str) -> pb_grpc.AdmissionStub:
-        return pb_grpc.AdmissionStub(self.channels[name])  # type: ignore[no-untyped-call]
+        return pb_grpc.AdmissionStub(self.channels[name])
 
     def submit(self, name: str, job_id: str, **changes: Any) -> pb.Job:
         spec = {**SMALL_JOB, "id": job_id, **changes}
         answer = self.stub(name).SubmitJob(pb.SubmitJobRequest(job=spec_to_proto(spec)), timeout=30)
-        return answer.job
+        job: pb.Job = answer.job
+        return job
 
     def close(self) -> None:
         for channel in self.channels.values():

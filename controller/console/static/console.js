@@ -219,7 +219,7 @@
     var canvas = el("canvas", { id: "heatmap", tabindex: "0", role: "img",
       "aria-describedby": "heat-caption heat-tip", "data-rows": d.rows.length, "data-cols": d.cols.length,
       "aria-label": "Heatmap of " + d.resource + " unit prices, servers by slots" });
-    var tip = el("div", { id: "heat-tip", class: "tip", role: "status", "aria-live": "polite" });
+    var tip = el("div", { id: "heat-tip", class: "tip", role: "status", "aria-live": "polite", hidden: true });
     wrap.appendChild(canvas);
     wrap.appendChild(tip);
     out.push(wrap);
@@ -234,7 +234,7 @@
 
   function legend(d) {
     var box = el("figure", { class: "legend", "aria-label": "Colour scale" });
-    var w = 240, h = 14;
+    var w = 320, h = 14;
     var s = svg("svg", { width: w + 2, height: h + 2, viewBox: "0 0 " + (w + 2) + " " + (h + 2), role: "img",
       "aria-label": "Colour scale from the floor price (dark purple) to the top price (yellow), logarithmic" });
     var grad = svg("linearGradient", { id: "viridis" });
@@ -311,7 +311,10 @@
       drawHeat(canvas, tip, d);
     };
     canvas.onfocus = function () { if (!cursor.shown) { cursor.shown = true; drawHeat(canvas, tip, d); } };
-    canvas.onblur = function () { cursor.shown = false; tip.hidden = true; drawHeat(canvas, tip, d); };
+    canvas.onblur = function () {
+      if (!canvas.isConnected) return;  // replaced by a redraw: its successor takes the focus
+      cursor.shown = false; tip.hidden = true; drawHeat(canvas, tip, d);
+    };
     if (cursor.shown) showTip(tip, d, cursor, left + (cursor.col + 1) * cw, top + (cursor.row + 1) * ch);
   }
 
@@ -378,7 +381,10 @@
       duration(clock.slot_seconds) + " each). One lane per job on a server; a bar's number is its workers (W) or " +
       "parameter servers (PS); striped bars are PS. Select a bar to open its job." }));
     out.push(pager(d));
-    if (d.servers.length) out.push(el("div", { class: "gantt-wrap" }, gantt(d)));
+    if (d.servers.length) {
+      out.push(el("div", { class: "gantt-wrap" }, gantt(d)));
+      out.push(jobKey(d));
+    }
     out.push(pager(d));
     return out;
   }
@@ -390,6 +396,27 @@
     nav.appendChild(el("span", { text: "page " + d.page + " of " + d.pages }));
     if (d.page < d.pages) nav.appendChild(el("a", { href: base + "page=" + (d.page + 1), text: "Next servers →" }));
     return nav;
+  }
+
+  function jobKey(d) {
+    var seen = {}, order = [];
+    d.servers.forEach(function (server) {
+      server.jobs.forEach(function (job) {
+        if (!seen[job.id]) { seen[job.id] = 0; order.push(job.id); }
+        seen[job.id] += 1;
+      });
+    });
+    var box = section("Jobs on these servers", "h-key");
+    if (!order.length) { box.appendChild(el("p", { class: "muted", text: "None: these servers are idle over the window." })); return box; }
+    var list = el("ul", { class: "job-key" });
+    order.forEach(function (id) {
+      var swatch = el("span", { class: "swatch" });
+      swatch.style.background = jobColour(id);  // CSSOM: the CSP allows no style attribute
+      list.appendChild(el("li", null, swatch,
+        jobLink(id), el("span", { class: "muted", text: " on " + seen[id] + " server" + (seen[id] > 1 ? "s" : "") })));
+    });
+    box.appendChild(list);
+    return box;
   }
 
   function gantt(d) {
@@ -554,7 +581,10 @@
   };
   function specSection(spec) {
     var s = section("Spec", "h-spec");
-    var pairs = Object.keys(spec).map(function (k) {
+    var known = Object.keys(SPEC_LABELS);
+    var keys = known.filter(function (k) { return k in spec; })
+      .concat(Object.keys(spec).filter(function (k) { return known.indexOf(k) < 0; }));
+    var pairs = keys.map(function (k) {
       var v = spec[k];
       var shown = v !== null && typeof v === "object"
         ? Object.keys(v).map(function (kk) { return kk + " " + (typeof v[kk] === "object" ? JSON.stringify(v[kk]) : v[kk]); }).join(", ")
