@@ -26,6 +26,7 @@ names are answered (a page of another site cannot reach it by DNS rebinding).
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import re
 import secrets
@@ -185,6 +186,11 @@ class Console:
     @web.middleware
     async def _headers(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
         response = await handler(request)
+        body = response.body if isinstance(response, web.Response) else None
+        if isinstance(body, bytes | bytearray) and len(body) > 1024:
+            # gzip if the browser asks; the form token in a page is masked afresh in each
+            # response (:func:`mask`), so compression cannot leak it (BREACH)
+            response.enable_compression()
         response.headers.setdefault("Content-Security-Policy", _CSP)
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
         response.headers.setdefault("Referrer-Policy", "same-origin")
@@ -251,6 +257,11 @@ class Console:
             raise _RefusedError(429, f"rate limit: {self.limiter.rate:g} requests/s per client")
 
     def _csrf_of(self, request: web.Request) -> str:
+        """The form token of ``request``'s session (or of this daemon, without
+        ``[auth]``), as a page carries it: masked afresh each time."""
+        return mask(self._csrf_secret(request))
+
+    def _csrf_secret(self, request: web.Request) -> str:
         session: Session | None = request.get("session")
         return session.csrf if session is not None else self.anonymous_csrf
 
@@ -312,8 +323,8 @@ class Console:
         if not sent:
             form = await request.post()
             sent = str(form.get("csrf", ""))
-        expected = self._csrf_of(request)
-        if not secrets.compare_digest(sent.encode(), expected.encode()):
+        expected = self._csrf_secret(request)
+        if not secrets.compare_digest(unmask(sent).encode(), expected.encode()):
             raise _RefusedError(403, "missing or stale form token: reload the page and try again")
 
     # -- pages and their JSON twins ----------------------------------------------------
@@ -477,6 +488,29 @@ class Console:
             who = await self.data.owner_of([event.job_id])
             owned[event.job_id] = who.get(event.job_id) == owner
         return owned[event.job_id]
+
+
+def mask(token: str) -> str:
+    """``token`` XOR a fresh random pad, with the pad in front (URL-safe base64): a new
+    string in every response, the same token once :func:`unmask` ed."""
+    raw = token.encode()
+    pad = secrets.token_bytes(len(raw))
+    return base64.urlsafe_b64encode(
+        pad + bytes(a ^ b for a, b in zip(pad, raw, strict=True))
+    ).decode()
+
+
+def unmask(sent: str) -> str:
+    """The token :func:`mask` hid in ``sent``; empty if ``sent`` is not such a string."""
+    try:
+        raw = base64.urlsafe_b64decode(sent.encode("ascii"))
+    except (ValueError, UnicodeEncodeError):
+        return ""
+    half = len(raw) // 2
+    if not raw or len(raw) % 2 or len(raw) > 512:
+        return ""
+    token = bytes(a ^ b for a, b in zip(raw[:half], raw[half:], strict=True))
+    return token.decode("ascii", errors="replace")
 
 
 def _see_other(target: str) -> web.Response:
