@@ -140,7 +140,10 @@ def measure(driver: Any, url: str, repeat: int) -> dict[str, Any]:
     for _ in range(repeat):
         driver.get(url)
         WebDriverWait(driver, 60).until(
-            lambda d: d.execute_script("return performance.getEntriesByName('oasis-drawn').length"),
+            lambda d: d.execute_script(
+                "return performance.getEntriesByName('oasis-drawn').length > 0 && "
+                "performance.getEntriesByName('first-contentful-paint').length > 0"
+            ),
             message=f"{url} drawn",
         )
         runs.append(driver.execute_script(_TIMING))

@@ -317,8 +317,8 @@ def test_a_cancel_frees_the_slots_in_the_heatmap(browser: Any, cluster: Cluster)
     browser.get(cluster.web + "/prices?resource=gpu")
     after = heat_tip(browser, row, col)
     assert "alice-cancel-me" not in after, after
-    use = [int(line.split()[1].rstrip("%")) for line in (before, after)
-           for line in line.splitlines() if line.startswith("use ")]  # fmt: skip
+    use = [float(line.split()[1].rstrip("%")) for tip in (before, after)
+           for line in tip.splitlines() if line.startswith("use ")]  # fmt: skip
     assert use[1] < use[0], (before, after)
 
 

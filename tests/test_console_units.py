@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from controller.auth import Caller, Role
 from controller.config import ConfigError, demo_config, from_dict, load
 from controller.console.app import _safe_next
-from controller.console.heatmap import bin_edges, bin_grid
+from controller.console.heatmap import LEVELS, bin_edges, bin_grid, price_levels
 from controller.console.sessions import MAX_SESSIONS, Sessions
 from controller.console.settings import DEFAULT_WEB_LISTEN, web_from_dict
 from pricing.errors import SpecError
@@ -61,6 +61,12 @@ def test_a_large_grid_is_bounded_and_bins_are_near_equal() -> None:
     assert set(np.diff(bin_edges(250, 100)).tolist()) <= {2, 3}
     with pytest.raises(ValueError, match="empty"):
         bin_grid(np.ones((0, 3)))
+
+
+def test_price_levels_span_the_log_scale_from_floor_to_top() -> None:
+    levels = price_levels(np.array([[0.001, 0.01, 0.1], [1.0, 10.0, 1e9]]), 0.01, 1.0)
+    assert levels.tolist() == [[0, 0, LEVELS // 2 + 1], [LEVELS, LEVELS, LEVELS]]
+    assert price_levels(np.array([5.0]), 2.0, 2.0).tolist() == [0]
 
 
 def test_web_listen_stays_on_loopback_unless_tls_or_allowed() -> None:

@@ -31,7 +31,7 @@ from sqlalchemy import func, select
 from controller.admission import STATES, AdmissionController, NotFoundError
 from controller.auth import Caller, Role
 from controller.commands.records import job_record, plain
-from controller.console.heatmap import MAX_BINS, bin_edges, bin_grid, sig
+from controller.console.heatmap import MAX_BINS, bin_edges, bin_grid, price_levels
 from controller.convert import job_to_proto, progress_to_proto
 from controller.errors import DrainingError
 from controller.store import AllocationRow, EventRow, JobRow
@@ -157,15 +157,17 @@ class ConsoleData:
 
     async def prices(self, resource: str = "") -> dict[str, Any]:
         """The heatmap of unit prices of ``resource`` (empty: the costliest) over servers
-        x slots of the window, binned to at most 100 x 100, with each bin's min, max and
-        mean price and mean use (share of capacity), and the floor L and top U."""
+        x slots of the window ahead, binned to at most 100 x 100 cells. Each cell carries
+        only what draws it: ``level``, its mean price on the log scale from the floor L
+        (0) to the top U (255), and ``use``, its mean share of capacity in percent (both
+        integers, so 10,000 cells stay small); :meth:`price_cell` gives a cell's exact
+        prices, use and jobs."""
         chosen = self._resource(resource) if resource else None
         snap = await self.c.read(lambda: self._price_snapshot(chosen))
         r, origin, first, price, share, floor, top = snap
-        listing = self._listing(r)
+        names = [name for _, _, name in self._listing(r)]
         grid = bin_grid(price)
         use = bin_grid(share)
-        names = [name for _, _, name in listing]
         rows = []
         for a, b in zip(grid.row_edges[:-1].tolist(), grid.row_edges[1:].tolist(), strict=True):
             label = names[a] if b - a == 1 else f"{names[a]} .. {names[b - 1]}"
@@ -185,10 +187,8 @@ class ConsoleData:
             "slots": int(price.shape[1]),
             "rows": rows,
             "cols": cols,
-            "min": sig(grid.low),
-            "max": sig(grid.high),
-            "mean": sig(grid.mean),
-            "use": sig(use.mean, 3),
+            "level": price_levels(grid.mean, floor, top).tolist(),
+            "use": np.rint(100 * use.mean).astype(np.int64).tolist(),
             "floor": floor,
             "top": top,
         }
@@ -248,14 +248,38 @@ class ConsoleData:
         if not (0 <= a < b <= len(names)) or s1 <= s0 or s1 - s0 > 10 * self.c.window + 10:
             raise SpecError.one("cell", f"rows {a}..{b} or slots {s0}..{s1} out of range")
         servers = names[a:b]
+        stats = await self.c.read(lambda: self._cell_stats(r, a, b, s0, s1))
         jobs = await asyncio.to_thread(self._holding, servers, s0, s1)
         return {
             "resource": resource,
+            **stats,
             "servers": servers[:5],
             "more_servers": max(0, len(servers) - 5),
             "slots": [s0, s1 - 1],
             "jobs": jobs[:_CELL_JOBS],
             "more_jobs": max(0, len(jobs) - _CELL_JOBS),
+        }
+
+    def _cell_stats(self, r: int, a: int, b: int, s0: int, s1: int) -> dict[str, Any]:
+        """In the decision thread: min, max and mean unit price and mean use of servers
+        ``a .. b - 1`` (of those with resource ``r``) in the window's slots ``s0 .. s1 - 1``."""
+        ledger = self.c.ledger
+        if ledger is None:
+            raise RuntimeError("the ledger is not open")
+        lo, hi = max(s0 - ledger.origin, 0), min(s1 - ledger.origin, ledger.length)
+        if lo >= hi:
+            raise SpecError.one("cell", f"slots {s0}..{s1 - 1} are not in the window")
+        prices, shares = [], []
+        for kind, idx, _ in self._listing(r)[a:b]:
+            side = ledger.side(kind)
+            prices.append(side.price[lo:hi, idx, r])
+            shares.append(side.used[lo:hi, idx, r] / side.capacity[idx, r])
+        price, share = np.concatenate(prices), np.concatenate(shares)
+        return {
+            "price_min": float(price.min()),
+            "price_max": float(price.max()),
+            "price_mean": float(price.mean()),
+            "use": float(share.mean()),
         }
 
     def _holding(self, servers: list[str], s0: int, s1: int) -> list[dict[str, Any]]:

@@ -8,15 +8,18 @@ cells it covers. Pure numpy: no store, no clock.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["MAX_BINS", "BinnedGrid", "bin_edges", "bin_grid", "sig"]
+__all__ = ["LEVELS", "MAX_BINS", "BinnedGrid", "bin_edges", "bin_grid", "price_levels"]
 
 MAX_BINS = 100
 """The default bound on rows and on columns of a binned grid."""
+LEVELS = 255
+"""A price's colour level is an integer 0 (the floor L) .. LEVELS (the top U)."""
 
 
 def bin_edges(n: int, bins: int) -> NDArray[np.int64]:
@@ -62,10 +65,12 @@ def bin_grid(values: NDArray[np.float64], max_rows: int = MAX_BINS,
     return BinnedGrid(re, ce, low, high, total / counts)
 
 
-def sig(values: NDArray[np.float64], digits: int = 4) -> list[list[float]]:
-    """A 2-D array as nested lists rounded to ``digits`` significant digits (what a page
-    can show), to keep the JSON small."""
-    out: list[list[float]] = []
-    for row in values.tolist():
-        out.append([float(f"{v:.{digits}g}") for v in row])
-    return out
+def price_levels(prices: NDArray[np.float64], floor: float, top: float) -> NDArray[np.int64]:
+    """Prices (> 0) as integer levels ``0 .. LEVELS`` on the log scale from ``floor`` to
+    ``top`` (both > 0), clipped to it; every level is 0 if ``top <= floor``."""
+    span = math.log(top) - math.log(floor)
+    if span <= 0:
+        return np.zeros(prices.shape, np.int64)
+    t = (np.log(np.maximum(prices, 1e-300)) - math.log(floor)) / span
+    levels: NDArray[np.int64] = np.rint(np.clip(t, 0.0, 1.0) * LEVELS).astype(np.int64)
+    return levels

@@ -212,7 +212,7 @@
     out.push(el("p", { class: "muted", id: "heat-caption", text:
       "Unit price of one " + d.resource + " per slot (utility per unit per slot), " + d.servers + " servers × " +
       d.slots + " slots from slot " + d.first_slot + (binned ? ", grouped into " + d.rows.length + " × " +
-      d.cols.length + " cells (each cell's colour is its mean; hover for min and max)" : "") +
+      d.cols.length + " cells (a cell's colour is its mean price; point at it for min and max)" : "") +
       ". Point at a cell, or focus the chart and use the arrow keys." }));
     out.push(legend(d));
     var wrap = el("div", { class: "heat-wrap" });
@@ -225,11 +225,6 @@
     out.push(wrap);
     requestAnimationFrame(function () { drawHeat(canvas, tip, d); });
     return out;
-  }
-
-  function logLevel(d, v) {
-    var lo = Math.log(d.floor), hi = Math.log(d.top);
-    return hi > lo ? (Math.log(Math.max(v, 1e-300)) - lo) / (hi - lo) : 0;
   }
 
   function legend(d) {
@@ -264,7 +259,7 @@
     g.fillStyle = "#fff"; g.fillRect(0, 0, width, height);
     for (var r = 0; r < rows; r++) {
       for (var c = 0; c < cols; c++) {
-        g.fillStyle = viridis(logLevel(d, d.mean[r][c]));
+        g.fillStyle = viridis(d.level[r][c] / 255);
         g.fillRect(left + c * cw, top + r * ch, Math.ceil(cw), Math.ceil(ch));
       }
     }
@@ -336,10 +331,10 @@
     var lines = [
       el("strong", { text: row.label + (row.servers > 1 ? " (" + row.servers + " servers)" : "") }),
       el("span", { text: slots }),
-      el("span", { class: "tip-price", text: "unit price " + num(d.mean[p.row][p.col], 4) +
-        (d.min[p.row][p.col] !== d.max[p.row][p.col] ? " (min " + num(d.min[p.row][p.col], 4) + ", max " + num(d.max[p.row][p.col], 4) + ")" : "") }),
-      el("span", { class: "tip-use", text: "use " + pct(d.use[p.row][p.col]) + " of capacity" })
+      el("span", { class: "tip-price", text: "unit price …" }),
+      el("span", { class: "tip-use", text: "use " + d.use[p.row][p.col] + "% of capacity" })
     ];
+    var priceLine = lines[2], useLine = lines[3];
     var jobsLine = el("span", { class: "tip-jobs", text: "jobs: …" });
     lines.push(jobsLine);
     tip.replaceChildren.apply(tip, lines);
@@ -349,7 +344,10 @@
     tip.style.top = (y + 12) + "px";
     var key = [d.resource, row.from, row.to, col.from, col.to].join("/");
     var fill = function (cell) {
-      if (!cell) { jobsLine.textContent = "jobs: (could not read)"; return; }
+      if (!cell) { jobsLine.textContent = "jobs: (could not read)"; priceLine.textContent = "unit price: (could not read)"; return; }
+      priceLine.textContent = "unit price " + num(cell.price_mean, 4) + (cell.price_min !== cell.price_max
+        ? " (mean; min " + num(cell.price_min, 4) + ", max " + num(cell.price_max, 4) + ")" : "");
+      useLine.textContent = "use " + pct(cell.use) + " of capacity";
       if (!cell.jobs.length) { jobsLine.textContent = "jobs: none"; return; }
       jobsLine.textContent = "jobs: " + cell.jobs.map(function (j) {
         return j.id + " (" + (j.worker_slots ? j.worker_slots + " worker-slots" : j.ps_slots + " PS-slots") + ")";
