@@ -43,14 +43,13 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import numpy as np
 
-from bench.daemon_throughput import write_config
+from bench.daemon_throughput import workload, write_config
 from bench.machine import describe
 from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
-from pricing.workload import generate_trace, paper_cluster_servers
+from tests.browser import chromium
 from tests.servers import Daemon, json_log
 
 N_WORKER = 500
@@ -59,22 +58,6 @@ WINDOW = 299  # the ledger spans T + 1 = 300 slots
 SLOT_SECONDS = 3600.0
 CLIENTS = 4
 PAGES = ("overview", "prices", "plans", "jobs", "job")
-
-
-def workload(seed: int, n_jobs: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    servers = paper_cluster_servers(np.random.default_rng(seed), N_WORKER, N_PS)
-    trace = generate_trace(
-        np.random.default_rng(seed),
-        n_jobs=n_jobs,
-        n_worker_servers=N_WORKER,
-        n_ps_servers=N_PS,
-        horizon=WINDOW,
-        slot_seconds=SLOT_SECONDS,
-    )
-    assert trace["servers"] == servers
-    raw = trace["jobs"]
-    assert isinstance(raw, list)
-    return servers, [{k: v for k, v in job.items() if k != "arrival"} for job in raw]
 
 
 def load(address: str, jobs: list[dict[str, Any]]) -> tuple[list[str], float]:
@@ -103,21 +86,6 @@ def load(address: str, jobs: list[dict[str, Any]]) -> tuple[list[str], float]:
     for t in threads:
         t.join()
     return admitted, time.perf_counter() - started
-
-
-def browser(profile: str) -> Any:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    os.environ["SE_OFFLINE"] = "true"
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-                 f"--user-data-dir={profile}", "--window-size=1280,800"):  # fmt: skip
-        options.add_argument(flag)
-    return webdriver.Chrome(options=options, service=Service("/usr/bin/chromedriver"))
 
 
 _TIMING = """
@@ -176,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the markdown table here too")
     args = parser.parse_args(argv)
 
-    servers, jobs = workload(args.seed, args.jobs)
+    servers, jobs = workload(args.seed, args.jobs, N_WORKER, N_PS, WINDOW)
     work = Path(tempfile.mkdtemp(prefix="oasis-bench-console-"))
     config = write_config(
         work / "oasisd.toml", work / "data", "", servers, time.time(), window=WINDOW,
@@ -201,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         ).stdout.strip()  # fmt: skip
         paths = {"overview": "/", "prices": "/prices", "plans": "/plans", "jobs": "/jobs",
                  "job": f"/jobs/{admitted[len(admitted) // 2]}"}  # fmt: skip
-        driver = browser(profile)
+        driver = chromium(profile)
         results = {}
         for name in PAGES:
             page = measure(driver, base + paths[name], args.repeat)

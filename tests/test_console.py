@@ -33,10 +33,9 @@ from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.tls import client_channel
+from tests.browser import chromium, missing
 from tests.servers import SMALL_JOB, Daemon, json_log, write_config
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
 TOKENS = {"alice": "alice-console-token", "bob": "bob-console-token", "ops": "ops-console-token"}
 ROLES = {"alice": "submitter", "bob": "submitter", "ops": "operator"}
 SIZES = {"desktop": (1280, 800), "phone": (390, 844)}
@@ -47,15 +46,11 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def _browser_or_skip() -> None:
-    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        missing.append("the selenium package")
-    if missing:
+    lacking = missing()
+    if lacking:
         if os.environ.get("OASIS_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"OASIS_REQUIRE_BROWSER=1 but missing: {', '.join(missing)}")
-        pytest.skip(f"no browser to test the console with: missing {', '.join(missing)} "
+            pytest.fail(f"OASIS_REQUIRE_BROWSER=1 but missing: {', '.join(lacking)}")
+        pytest.skip(f"no browser to test the console with: missing {', '.join(lacking)} "
                     "(apt-get install -y chromium chromium-driver)")  # fmt: skip
 
 
@@ -109,26 +104,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield out
     finally:
         out.close()
-        daemon.stop()
+        assert daemon.stop() == 0  # a clean stop, event streams open or not
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     _browser_or_skip()
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must not fetch anything
     profile = tempfile.mkdtemp(prefix="oasis-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-                 f"--user-data-dir={profile}", "--window-size=1280,800"):  # fmt: skip
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=str(CHROMEDRIVER)))
-    driver.set_page_load_timeout(30)
+    driver = chromium(profile)
     try:
         yield driver
     finally:

@@ -3,20 +3,26 @@ reduction, the ``[web]`` table's rules, sessions, and the login's redirect targe
 
 from __future__ import annotations
 
+import asyncio
+import socket
+import ssl
 from pathlib import Path
+from typing import Any, cast
 
+import aiohttp
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.auth import Caller, Role
+from controller.auth import Caller, Role, hash_token
 from controller.config import ConfigError, demo_config, from_dict, load
-from controller.console.app import _safe_next
+from controller.console.app import Console, _safe_next
 from controller.console.heatmap import LEVELS, bin_edges, bin_grid, price_levels
 from controller.console.sessions import MAX_SESSIONS, Sessions
 from controller.console.settings import DEFAULT_WEB_LISTEN, web_from_dict
 from pricing.errors import SpecError
+from tests.test_security import make_pki
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = {
@@ -120,3 +126,65 @@ def test_after_login_only_a_local_path() -> None:
     assert _safe_next("/jobs?state=admitted") == "/jobs?state=admitted"
     for bad in ("https://evil.example/", "//evil.example/x", "/\\evil.example", "jobs", ""):
         assert _safe_next(bad) == "/"
+
+
+# -- the server itself, in-process (no controller needed for login and static files) ----
+
+
+async def _started(config: Any) -> Console:
+    console = Console(config, cast(Any, None), None, None)
+    await console.start()
+    return console
+
+
+def test_a_busy_address_names_web_listen() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        config = from_dict({"cluster": CLUSTER, "web": {"listen": f"127.0.0.1:{port}"}})
+        with pytest.raises(OSError, match=rf"web\.listen: cannot listen on 127\.0\.0\.1:{port}"):
+            asyncio.run(_started(config))
+
+
+def test_with_tls_the_console_is_https_with_client_certificates(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path)
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"ops operator {hash_token('ops-token')}\n")
+    config = from_dict(
+        {
+            "cluster": CLUSTER,
+            "tls": {"cert": str(pki.server_cert), "key": str(pki.server_key),
+                    "client_ca": str(pki.ca)},
+            "auth": {"tokens_file": str(tokens)},
+            "web": {"listen": "127.0.0.1:0"},
+        }
+    )  # fmt: skip
+
+    async def scenario() -> None:
+        console = await _started(config)
+        url = f"https://{console.address}"
+        trusted = ssl.create_default_context(cafile=pki.ca)
+        trusted.load_cert_chain(pki.client_cert, pki.client_key)
+        anonymous = ssl.create_default_context(cafile=pki.ca)
+        try:
+            async with aiohttp.ClientSession() as http:
+                async with http.get(url + "/static/console.css", ssl=trusted) as r:
+                    assert r.status == 200 and "--focus" in await r.text()
+                async with http.post(
+                    url + "/login", data={"token": "ops-token", "next": "/jobs"}, ssl=trusted,
+                    allow_redirects=False,
+                ) as r:  # fmt: skip
+                    assert r.status == 303 and r.headers["Location"] == "/jobs"
+                    cookie = r.headers["Set-Cookie"]
+                    assert all(f in cookie for f in ("HttpOnly", "SameSite=Strict", "Secure"))
+                with pytest.raises(aiohttp.ClientError):  # no client certificate
+                    async with http.get(url + "/login", ssl=anonymous) as r:
+                        await r.read()
+                with pytest.raises(aiohttp.ClientError):  # plain HTTP
+                    async with http.get(f"http://{console.address}/login") as r:
+                        await r.read()
+        finally:
+            await console.close()
+
+    asyncio.run(scenario())
