@@ -161,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         with urllib.request.urlopen(base + "/api/overview", timeout=60) as r:
             overview = json.loads(r.read())
         mean_use = {
-            f"{u['kind']} {u['resource']}": round(u["window_mean"], 3) for u in overview["use"]
+            f"{u['kind']} {u['resource']}": (u["window_mean"], u["window_peak"])
+            for u in overview["use"]
         }
         rows = subprocess.run(
             ["sqlite3", str(work / "data" / "oasis.db"), "select count(*) from allocations"],
@@ -195,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         f"- **Machine:** {machine['cpu']}, {machine['cores']} cores; Python "
         f"{machine['python']}; Chromium {driver.capabilities.get('browserVersion', '?')}",
         f"- **Load:** {len(jobs)} jobs submitted in {seconds:.1f} s, {len(admitted)} admitted, "
-        f"{rows} allocation rows; mean use over the window: "
-        + ", ".join(f"{k} {v:.0%}" for k, v in mean_use.items()),
+        f"{rows} allocation rows; use over the window, mean (peak slot): "
+        + ", ".join(f"{k} {m:.0%} ({p:.0%})" for k, (m, p) in mean_use.items()),
         f"- **Load average** at the end: {os.getloadavg()[0]:.2f}",
         "",
         "| page | first paint ms | first contentful paint ms | drawn ms | HTML sent bytes "

@@ -156,11 +156,14 @@ def api(cluster: Cluster, path: str, token: str, method: str = "GET") -> tuple[i
             return err.code, json.loads(err.read())
 
 
-def shoot(browser: Any, artifacts: Path, name: str) -> None:
-    """Screenshots of the current page at both sizes; the page must not scroll sideways."""
+def shoot(browser: Any, artifacts: Path, name: str, then: Any = None) -> None:
+    """Screenshots of the current page at both sizes (after ``then(browser)``, if given);
+    the page must not scroll sideways."""
     for size, (w, h) in SIZES.items():
         browser.set_window_size(w, h)
         time.sleep(0.4)  # the heatmap and the Gantt chart redraw on resize
+        if then is not None:
+            then(browser)
         overflow = browser.execute_script(
             "return document.documentElement.scrollWidth - document.documentElement.clientWidth"
         )
@@ -380,5 +383,4 @@ def test_screenshots_of_every_page(browser: Any, cluster: Cluster, artifacts: Pa
     browser.switch_to.active_element.send_keys(Keys.TAB)
     assert browser.switch_to.active_element.text == "Overview"
     browser.get(cluster.web + "/prices")
-    heat_tip(browser, 0, 1)
-    shoot(browser, artifacts, "prices-hover")
+    shoot(browser, artifacts, "prices-hover", lambda b: heat_tip(b, 0, 1))

@@ -118,10 +118,12 @@
   }
   // Okabe-Ito: eight colours told apart with every common colour-vision deficiency.
   var JOB_COLOURS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000"];
+  // colours go to the jobs of a view in the order they first appear, so the first eight
+  // are all different (a hash of the id would give neighbours the same colour)
+  var jobColours = {}, nextColour = 0;
   function jobColour(id) {
-    var h = 0;
-    for (var i = 0; i < id.length; i++) h = (h * 31 + id.charCodeAt(i)) >>> 0;
-    return JOB_COLOURS[h % JOB_COLOURS.length];
+    if (!(id in jobColours)) jobColours[id] = JOB_COLOURS[nextColour++ % JOB_COLOURS.length];
+    return jobColours[id];
   }
   function inkOn(colour) { return colour === "#000000" || colour === "#0072B2" || colour === "#D55E00" ? "#fff" : "#000"; }
 
@@ -366,6 +368,7 @@
 
   function plans(d) {
     var out = [], clock = d.clock;
+    jobColours = {}; nextColour = 0;
     var form = el("form", { method: "get", action: "/plans", class: "controls" });
     form.appendChild(el("label", { for: "plan-job", text: "Job id" }));
     form.appendChild(el("input", { id: "plan-job", name: "job", value: d.job || "", spellcheck: "false", size: 24 }));
@@ -376,7 +379,7 @@
     out.push(el("p", { class: "muted", id: "plan-caption", text: (d.job ? "Servers job " + d.job + " uses: " : "") +
       (d.servers.length ? "servers " + first + "–" + last + " of " + d.servers_total : "no server") +
       ", slots " + d.first_slot + " .. " + (d.first_slot + d.slots - 1) + " (from " + when(clock, d.first_slot) + ", " +
-      duration(clock.slot_seconds) + " each). One lane per job on a server; a bar's number is its workers (W) or " +
+      duration(clock.slot_seconds) + " each). Jobs on a server get their own lanes where their times overlap; a bar's number is its workers (W) or " +
       "parameter servers (PS); striped bars are PS. Select a bar to open its job." }));
     out.push(pager(d));
     if (d.servers.length) {
@@ -421,7 +424,19 @@
     var clock = d.clock, width = Math.max(320, app.clientWidth);
     var left = width < 600 ? 56 : 90, top = 36, lane = 18, gap = 6;
     var sw = (width - left - 4) / d.slots;
-    var rowsH = d.servers.map(function (s) { return Math.max(1, s.jobs.length) * lane + gap; });
+    // jobs whose times on a server do not overlap share a lane (first fit, by start)
+    var lanesOf = d.servers.map(function (server) {
+      var ends = [];
+      return server.jobs.map(function (job) {
+        var from = job.bars[0][0], to = job.bars[job.bars.length - 1][1];
+        for (var i = 0; i < ends.length; i++) {
+          if (ends[i] < from) { ends[i] = to; return i; }
+        }
+        ends.push(to);
+        return ends.length - 1;
+      });
+    });
+    var rowsH = lanesOf.map(function (lanes) { return Math.max(1, Math.max.apply(null, lanes.concat([0])) + 1) * lane + gap; });
     var height = top + rowsH.reduce(function (a, b) { return a + b; }, 0) + 4;
     var s = svg("svg", { width: width, height: height, viewBox: "0 0 " + width + " " + height, class: "gantt",
       role: "group", "aria-label": "Plan per server over the window" });
@@ -451,7 +466,7 @@
         s.appendChild(svg("text", { x: left + 4, y: y + lane / 2 + 4, class: "idle", text: "idle over the window" }));
       }
       server.jobs.forEach(function (job, j) {
-        var colour = jobColour(job.id), ly = y + j * lane;
+        var colour = jobColour(job.id), ly = y + lanesOf[k][j] * lane;
         var link = svg("a", { href: "/jobs/" + encodeURIComponent(job.id), class: "bar-link", "data-job": job.id,
           "aria-label": "job " + job.id + " on " + server.name });
         job.bars.forEach(function (b) {
@@ -462,7 +477,7 @@
             " on " + server.name + ", slots " + b[0] + ".." + b[1] + " (" + when(clock, b[0]) + " – " + when(clock, b[1] + 1) + ")";
           var g = svg("g", { class: "bar" });
           g.appendChild(svg("title", { text: title }));
-          g.appendChild(svg("rect", { x: bx, y: ly + 1, width: bwid, height: lane - 3, rx: 2, fill: colour, class: d.job === job.id ? "bar-rect picked" : "bar-rect" }));
+          g.appendChild(svg("rect", { x: bx, y: ly + 1, width: bwid, height: lane - 3, rx: 2, fill: colour, stroke: "#fff", "stroke-width": 1, class: d.job === job.id ? "bar-rect picked" : "bar-rect" }));
           if (isPs) g.appendChild(svg("rect", { x: bx, y: ly + 1, width: bwid, height: lane - 3, rx: 2, fill: "url(#ps-stripes)" }));
           var text = bwid > 64 ? job.id.slice(0, Math.floor((bwid - 34) / 6.5)) + " " + label : (bwid > 26 ? label : "");
           if (text) g.appendChild(svg("text", { x: bx + 3, y: ly + lane / 2 + 3, class: "bar-text", fill: inkOn(colour), text: text }));
