@@ -186,6 +186,8 @@ class Console:
     @web.middleware
     async def _headers(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
         response = await handler(request)
+        if response.prepared:  # an event stream: its headers are sent (set in events)
+            return response
         body = response.body if isinstance(response, web.Response) else None
         if isinstance(body, bytes | bytearray) and len(body) > 1024:
             # gzip if the browser asks; the form token in a page is masked afresh in each
@@ -429,7 +431,7 @@ class Console:
         queue = self.c.bus.subscribe()  # first, so nothing falls between backfill and live
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
-                     "X-Accel-Buffering": "no"}
+                     "X-Accel-Buffering": "no", "X-Content-Type-Options": "nosniff"}
         )  # fmt: skip
         try:
             await response.prepare(request)
