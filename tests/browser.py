@@ -6,10 +6,11 @@ turn off Chromium's own background traffic (updates, sync, QUIC)."""
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHROMEDRIVER", "CHROMIUM", "chromium", "missing"]
+__all__ = ["CHROMEDRIVER", "CHROMIUM", "artifacts_dir", "chromium", "missing"]
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -51,3 +52,12 @@ def chromium(profile: str) -> Any:
     driver = webdriver.Chrome(options=options, service=Service(executable_path=str(CHROMEDRIVER)))
     driver.set_page_load_timeout(60)
     return driver
+
+
+def artifacts_dir() -> Path:
+    """Where screenshots go: ``$OASIS_ARTIFACTS/console`` (default: a new temporary
+    directory); never in the repository unless asked."""
+    root = os.environ.get("OASIS_ARTIFACTS") or tempfile.mkdtemp(prefix="oasis-console-")
+    path = Path(root) / "console"
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -33,7 +33,7 @@ from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.tls import client_channel
-from tests.browser import chromium, missing
+from tests.browser import artifacts_dir, chromium, missing
 from tests.servers import SMALL_JOB, Daemon, json_log, write_config
 
 TOKENS = {"alice": "alice-console-token", "bob": "bob-console-token", "ops": "ops-console-token"}
@@ -56,10 +56,7 @@ def _browser_or_skip() -> None:
 
 @pytest.fixture(scope="module")
 def artifacts() -> Path:
-    path = Path(os.environ.get("OASIS_ARTIFACTS") or tempfile.mkdtemp(prefix="oasis-console-"))
-    path = path / "console"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return artifacts_dir()
 
 
 class Cluster:

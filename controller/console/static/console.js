@@ -67,6 +67,7 @@
     var opts = Math.abs(d - now) < 6 * 86400 * 1000
       ? { weekday: "short", hour: "2-digit", minute: "2-digit", hour12: false }
       : { year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit", hour12: false };
+    if (clock.slot_seconds < 60) opts.second = "2-digit";  // short slots (tests, demos)
     return d.toLocaleString("en-GB", opts);
   }
   function slotLabel(clock, slot) { return slot + " (" + when(clock, slot) + ")"; }
