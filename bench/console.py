@@ -24,7 +24,8 @@ What is measured
     The script and style sheet are loaded once and then cached (``immutable``), so they are
     reported apart (first load). Medians over the repeats.
 
-Run: ``.venv/bin/python -m bench.console [--jobs 1500] [--repeat 5] [--out FILE]``.
+Run: ``.venv/bin/python -m bench.console [--jobs 1500] [--repeat 5] [--out FILE]
+[--shots DIR]`` (``--shots``: a 1280x800 screenshot of each page at that scale).
 """
 
 from __future__ import annotations
@@ -142,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, help="write the markdown table here too")
+    parser.add_argument("--shots", type=Path, help="save a screenshot of each page here")
     args = parser.parse_args(argv)
 
     servers, jobs = workload(args.seed, args.jobs, N_WORKER, N_PS, WINDOW)
@@ -174,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         results = {}
         for name in PAGES:
             page = measure(driver, base + paths[name], args.repeat)
+            if args.shots:
+                args.shots.mkdir(parents=True, exist_ok=True)
+                driver.save_screenshot(str(args.shots / f"{name}.png"))
             api = "/api" + (paths[name] if paths[name] != "/" else "/overview")
             page["json"], page["json_ms"] = twin(base + api, args.repeat)
             results[name] = page

@@ -45,7 +45,7 @@ def _head(title: str, version: str, csrf: str = "") -> str:
 
 def _header(active: str, caller: Caller | None, auth: bool, csrf: str) -> str:
     links = []
-    for href, name, label, operators_only in _NAV:
+    for href, name, label, operators_only in _NAV if caller is not None else ():
         if operators_only and caller is not None and caller.role is not Role.OPERATOR:
             continue
         current = ' aria-current="page"' if name == active else ""

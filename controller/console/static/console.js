@@ -89,7 +89,7 @@
       var tr = el("tr");
       r.forEach(function (c, i) {
         var cell = el(i === 0 ? "th" : "td", i === 0 ? { scope: "row" } : null);
-        add(cell, typeof c === "number" ? num(c) : c);
+        add(cell, typeof c === "number" ? num(c) : (c === null || c === undefined ? "–" : c));
         tr.appendChild(cell);
       });
       tb.appendChild(tr);
