@@ -70,6 +70,12 @@
     if (clock.slot_seconds < 60) opts.second = "2-digit";  // short slots (tests, demos)
     return d.toLocaleString("en-GB", opts);
   }
+  // a time axis' label: the clock time, or the date when labels are a day or more apart
+  function axisTime(clock, slot, step) {
+    var d = slotStart(clock, slot), pad = function (n) { return (n < 10 ? "0" : "") + n; };
+    if (clock.slot_seconds * step >= 86400) return pad(d.getDate()) + "/" + pad(d.getMonth() + 1);
+    return pad(d.getHours()) + ":" + pad(d.getMinutes()) + (clock.slot_seconds < 60 ? ":" + pad(d.getSeconds()) : "");
+  }
   function slotLabel(clock, slot) { return slot + " (" + when(clock, slot) + ")"; }
   function stateBadge(state) { return el("span", { class: "state state-" + state, text: state }); }
   function jobLink(id) { return el("a", { href: "/jobs/" + encodeURIComponent(id), text: id }); }
@@ -277,7 +283,7 @@
       var x = left + c * cw;
       if (x < lastEnd || x + 40 > width) continue;
       g.fillText(String(d.cols[c].from), x, 14);
-      g.fillStyle = "#555"; g.fillText(when(clock, d.cols[c].from).replace(/^\w+ /, ""), x, 28); g.fillStyle = "#222";
+      g.fillStyle = "#555"; g.fillText(axisTime(clock, d.cols[c].from, d.cols[Math.min(c + step, cols - 1)].from - d.cols[c].from || 1), x, 28); g.fillStyle = "#222";
       lastEnd = x + 50;
       g.fillRect(x, top - 4, 1, 4);
     }
@@ -453,7 +459,7 @@
       if (x < lastEnd) continue;
       lastEnd = x + 48;
       s.appendChild(svg("text", { x: x, y: 13, class: "axis", text: String(d.first_slot + i) }));
-      s.appendChild(svg("text", { x: x, y: 28, class: "axis muted", text: when(clock, d.first_slot + i).replace(/^\w+ /, "") }));
+      s.appendChild(svg("text", { x: x, y: 28, class: "axis muted", text: axisTime(clock, d.first_slot + i, step) }));
       s.appendChild(svg("line", { x1: x, y1: top - 4, x2: x, y2: height, class: "grid" }));
     }
     var y = top;
