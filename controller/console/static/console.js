@@ -111,6 +111,17 @@
     });
     return d;
   }
+  // a <select> named and labelled ``name`` of ``values``, ``chosen`` selected; ``any``: a
+  // first option with the empty value
+  function choice(name, values, chosen, any) {
+    var select = el("select", { id: name, name: name }, any ? el("option", { value: "", text: any }) : null);
+    values.forEach(function (v) {
+      var o = el("option", { value: v, text: v });
+      if (v === chosen) o.selected = true;
+      select.appendChild(o);
+    });
+    return select;
+  }
   function hiddenCsrf() { return el("input", { type: "hidden", name: "csrf", value: csrf }); }
 
   // Viridis (matplotlib's, perceptually uniform and readable with colour-blindness),
@@ -205,14 +216,8 @@
   function prices(d) {
     var out = [];
     var form = el("form", { method: "get", action: "/prices", class: "controls" });
-    var select = el("select", { id: "resource", name: "resource" });
-    d.resources.forEach(function (r) {
-      var o = el("option", { value: r, text: r });
-      if (r === d.resource) o.selected = true;
-      select.appendChild(o);
-    });
     form.appendChild(el("label", { for: "resource", text: "Resource" }));
-    form.appendChild(select);
+    form.appendChild(choice("resource", d.resources, d.resource, null));
     form.appendChild(el("button", { type: "submit", text: "Show" }));
     form.appendChild(el("span", { class: "muted", text: d.chosen === "costliest"
       ? "Showing " + d.resource + ": the resource whose prices come closest to their top." : "" }));
@@ -502,14 +507,8 @@
   function jobs(d) {
     var out = [], clock = d.clock;
     var form = el("form", { method: "get", action: "/jobs", class: "controls", role: "search" });
-    var select = el("select", { id: "state", name: "state" }, el("option", { value: "", text: "all states" }));
-    d.states.forEach(function (s) {
-      var o = el("option", { value: s, text: s });
-      if (s === d.state) o.selected = true;
-      select.appendChild(o);
-    });
     form.appendChild(el("label", { for: "state", text: "State" }));
-    form.appendChild(select);
+    form.appendChild(choice("state", d.states, d.state, "all states"));
     form.appendChild(el("label", { for: "q", text: "Id starts with" }));
     form.appendChild(el("input", { id: "q", name: "q", type: "search", value: d.q || "", spellcheck: "false", size: 20 }));
     form.appendChild(el("button", { type: "submit", text: "Filter" }));
