@@ -305,6 +305,37 @@ def test_a_cancel_frees_the_slots_in_the_heatmap(browser: Any, cluster: Cluster)
     assert use[1] < use[0], (before, after)
 
 
+def test_jobs_filter_by_state_and_search_by_id(browser: Any, cluster: Cluster) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    cluster.submit("bob", "bob-find-me")
+    cluster.submit("bob", "bob-to-cancel")
+    status, _ = api(cluster, "/api/jobs/bob-to-cancel/cancel", TOKENS["ops"], method="POST")
+    assert status == 200
+    login(browser, cluster, "ops")
+    browser.get(cluster.web + "/jobs")
+    field = wait_for(browser, lambda b: b.find_element(By.ID, "q"), "the search field")
+    field.send_keys("bob-find")
+    field.submit()
+    wait_for(browser, lambda b: "q=bob-find" in b.current_url, "the search's URL")
+    ids = [a.text for a in browser.find_elements(By.CSS_SELECTOR, "table.jobs tbody th a")]
+    assert ids == ["bob-find-me"]
+    browser.get(cluster.web + "/jobs")
+    Select(browser.find_element(By.ID, "state")).select_by_value("cancelled")
+    browser.find_element(By.ID, "state").submit()
+    wait_for(browser, lambda b: "state=cancelled" in b.current_url, "the filter's URL")
+    states = {e.text for e in browser.find_elements(By.CSS_SELECTOR, "table.jobs .state")}
+    assert states == {"cancelled"}
+    status, body = api(cluster, "/api/jobs?state=cancelled", TOKENS["ops"])
+    assert status == 200 and body["jobs"] and {j["state"] for j in body["jobs"]} == {"cancelled"}
+    status, body = api(cluster, "/api/jobs?state=nonsense", TOKENS["ops"])
+    assert status == 400 and "unknown state" in body["error"]["message"]
+    # a submitter's search finds only its own jobs
+    status, body = api(cluster, "/api/jobs?q=bob-", TOKENS["alice"])
+    assert status == 200 and body["jobs"] == []
+
+
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, *args: Any) -> None:
         return None
