@@ -7,6 +7,10 @@ them on the pages, watches a new one arrive without a reload, cancels one and se
 slots freed in the heatmap. Screenshots of every page at 1280x800 and at phone width
 (390x844) go to ``$OASIS_ARTIFACTS`` (default: a temporary directory).
 
+The tests share the daemon and run in the file's order: the cluster is small, so the
+jobs of one test change the prices the next sees (the rejection comes late, once the
+cancel test has had its admitted job).
+
 Without Chromium the module is skipped, unless ``OASIS_REQUIRE_BROWSER=1`` (CI sets it),
 where that is a failure. Selenium is pointed at /usr/bin/chromedriver and never
 downloads a driver (``SE_OFFLINE``).
@@ -383,6 +387,32 @@ def test_cancel_needs_the_session_and_its_form_token(cluster: Cluster) -> None:
     # a script with an operator's bearer token needs no form token
     status, body = api(cluster, f"/api/jobs/{job_id}/cancel", TOKENS["ops"], method="POST")
     assert status == 200 and body["job"]["state"] == "cancelled"
+
+
+def test_a_rejection_shows_what_priced_it_out(
+    browser: Any, cluster: Cluster, artifacts: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    # after jobs of the usual worth (which set the estimated floor price; one job moves
+    # it little), one worth little for much work: the floor alone prices it out
+    for i in range(3):
+        cluster.submit("bob", f"bob-usual-{i}")
+    cheap = {"kind": "sigmoid", "priority": 0.05, "decay": 0.5, "target": 3}
+    job = cluster.submit("alice", "alice-cheap", epochs=20, utility=cheap)
+    assert job.state == pb.JOB_STATE_REJECTED and job.decision.price_drivers, job.decision
+    login(browser, cluster, "alice")
+    browser.get(cluster.web + "/jobs/alice-cheap")
+    section = wait_for(
+        browser,
+        lambda b: b.find_element(By.XPATH, "//section[@aria-labelledby='h-drivers']"),
+        "the price drivers",
+    )
+    first = job.decision.price_drivers[0]
+    row = section.find_element(By.CSS_SELECTOR, "tbody tr").text
+    assert first.resource in row and first.server in row
+    assert job.decision.reason[:40] in visible_text(browser)
+    shoot(browser, artifacts, "job-rejected")
 
 
 def test_screenshots_of_every_page(browser: Any, cluster: Cluster, artifacts: Path) -> None:
