@@ -124,9 +124,14 @@ def browser() -> Iterator[Any]:
 
 
 def wait_for(browser: Any, condition: Any, what: str, timeout: float = WAIT) -> Any:
+    """Poll ``condition(browser)`` until it is truthy. A live update may redraw the page
+    between finding an element and reading it (stale): that poll is tried again."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(browser, timeout, poll_frequency=0.1).until(condition, message=what)
+    ignored = (NoSuchElementException, StaleElementReferenceException)
+    wait = WebDriverWait(browser, timeout, poll_frequency=0.1, ignored_exceptions=ignored)
+    return wait.until(condition, message=what)
 
 
 def login(browser: Any, cluster: Cluster, name: str, token: str | None = None) -> None:

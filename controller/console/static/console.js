@@ -107,7 +107,7 @@
     var d = el("dl", { class: "facts" });
     pairs.forEach(function (p) {
       if (p === null) return;
-      d.appendChild(el("div", null, el("dt", { text: p[0] }), el("dd", null, p[1])));
+      d.appendChild(el("div", p[2] ? { class: p[2] } : null, el("dt", { text: p[0] }), el("dd", null, p[1])));
     });
     return d;
   }
@@ -554,7 +554,7 @@
       ["Submitted in slot", String(j.submitted_slot)],
       j.wait_until_slot === null ? null : ["Waits until", "slot " + slotLabel(clock, j.wait_until_slot)],
       ["Decided in", num(dec.decision_ms, 1) + " ms"],
-      dec.reason ? ["Why", el("span", { class: "reason", text: dec.reason })] : null
+      dec.reason ? ["Why", el("span", { class: "reason", text: dec.reason }), "wide"] : null
     ]));
     out.push(decision);
     if (dec.price_drivers && dec.price_drivers.length) {
