@@ -36,6 +36,9 @@ Example (``config/oasisd.example.toml`` is a complete one)::
     [connections]                # connections, calls, idle timeouts (controller/connections.py)
     max_connections = 1000
 
+    [web]                        # the operator's console (controller/console/settings.py)
+    listen = "127.0.0.1:8080"    # empty or absent: off
+
     [mqtt]                       # the execution plane's broker; absent: no broker
     url = "mqtt://127.0.0.1:1883"  # controller/plane/settings.py lists every key
 
@@ -58,6 +61,7 @@ from sqlalchemy.exc import ArgumentError
 
 from controller.auth import Caller, tokens_from_dict
 from controller.connections import Connections, connections_from_dict
+from controller.console.settings import DEFAULT_WEB_LISTEN, WebConfig, web_from_dict
 from controller.limits import Limits, limits_from_dict
 from controller.plane.settings import MqttConfig, check_server_names, mqtt_from_dict
 from controller.store.database import DEFAULT_TIMEOUT
@@ -127,6 +131,7 @@ class Config:
             admitted at once stays ``pending`` that long (at most
             ``limits.max_wait_seconds``); 0: it is rejected at once.
         connections: ``[connections]``.
+        web: ``[web]``, the operator's console; its ``listen`` empty: no console.
         warnings: problems worth a warning at start (a config with secrets that others
             may read).
     """
@@ -152,6 +157,7 @@ class Config:
     source: str = field(default="<embedded defaults>")
     store_timeout: float = DEFAULT_TIMEOUT
     connections: Connections = field(default_factory=Connections)
+    web: WebConfig = field(default_factory=WebConfig)
     warnings: tuple[str, ...] = ()
 
     @property
@@ -190,7 +196,18 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
     ``base`` (the config file's folder) if given, else to the working directory."""
     _check_keys(
         data,
-        {"daemon", "pricing", "cluster", "metrics", "mqtt", "tls", "auth", "limits", "connections"},
+        {
+            "daemon",
+            "pricing",
+            "cluster",
+            "metrics",
+            "mqtt",
+            "tls",
+            "auth",
+            "limits",
+            "connections",
+            "web",
+        },
         "config",
     )
     try:
@@ -258,6 +275,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
             wait_seconds=wait_seconds,
             epoch_from_store="epoch" not in daemon,
             connections=connections_from_dict(fields.optional_mapping(data, "connections", "")),
+            web=web_from_dict(fields.optional_mapping(data, "web", ""), tls),
             source=source,
         )
     except SpecError as err:
@@ -347,12 +365,14 @@ def _exposed_secrets(path: Path, config: Config, mode: int, group: int) -> str:
 
 def demo_config(data_dir: Path = Path("./data")) -> Config:
     """The embedded defaults: SQLite under ``data_dir`` and a small demo cluster
-    (4 GPU worker servers, 2 PS servers, EC2-like) on loopback."""
+    (4 GPU worker servers, 2 PS servers, EC2-like) on loopback, with the console on
+    :data:`~controller.console.settings.DEFAULT_WEB_LISTEN`."""
     gpu = {"gpu": 8, "cpu": 32, "mem": 488, "disk": 500, "bandwidth": 25}
     ps = {"cpu": 36, "mem": 60, "disk": 500, "bandwidth": 25}
     return from_dict(
         {
             "daemon": {"data_dir": str(data_dir), "window": 48},
+            "web": {"listen": DEFAULT_WEB_LISTEN},
             "cluster": {
                 "resources": ["gpu", "cpu", "mem", "disk", "bandwidth"],
                 "servers": [

@@ -21,6 +21,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 import sqlalchemy
@@ -150,6 +151,7 @@ async def serve(
         else:
             port = server.add_insecure_port(config.listen)
         metrics_address = metrics.serve(config.metrics_listen) if metrics is not None else ""
+        console = await _console(config, controller, limiter, plane)
     except (RuntimeError, OSError) as err:
         # A busy or foreign address: say which, not a traceback (grpc raises RuntimeError).
         controller.close()  # the plane's link is not running yet: nothing else to stop
@@ -191,6 +193,8 @@ async def serve(
         events.append(PeriodicEvent("watchdog", notifier.watchdog_interval, _ping(notifier)))
     if metrics is not None:
         log.info("metrics listening", address=metrics_address)
+    if console is not None:
+        log.info("console listening", address=console.address)
     if plane is not None:
         events.append(PeriodicEvent("execution plane", config.tick_seconds, plane.review))
     tasks = [asyncio.create_task(e.loop(), name=e.name) for e in events]
@@ -215,6 +219,8 @@ async def serve(
         for task in tasks:
             task.cancel()
         await asyncio.wait(tasks, timeout=5)  # the broker link says "offline" first
+        if console is not None:
+            await console.close()
         await gate.stop(server, STOP_GRACE_SECONDS)
         if metrics is not None:
             metrics.close()
@@ -224,6 +230,19 @@ async def serve(
         log.info("stopped")
     if watch.lost:
         raise WriterLockLostError(watch.lost)
+
+
+async def _console(
+    config: Config, controller: AdmissionController, limiter: RateLimiter | None, plane: Any
+) -> Any:
+    """The operator's console on ``[web] listen`` (None if off); aiohttp loads only then."""
+    if not config.web.listen:
+        return None
+    from controller.console.app import start_console
+
+    return await start_console(
+        config, controller, limiter, (lambda: plane.connected) if plane is not None else None
+    )
 
 
 def _ping(notifier: Notifier) -> Callable[[], Awaitable[None]]:
@@ -259,7 +278,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def ready(address: str) -> None:
         store = sqlalchemy.make_url(config.database_url).render_as_string(hide_password=True)
-        print(f"oasisd listening on {address} (store: {store})", flush=True)
+        web = config.web.listen
+        scheme = "https" if config.tls else "http"
+        console = f"; console: {scheme}://{web}/" if web and not web.endswith(":0") else ""
+        print(f"oasisd listening on {address} (store: {store}{console})", flush=True)
 
     try:
         with contextlib.suppress(KeyboardInterrupt):
