@@ -34,6 +34,7 @@ from controller.auth import AccessInterceptor
 from controller.clock import Clock, SlotClock, SystemClock
 from controller.config import Config, ConfigError, demo_config, load
 from controller.connections import RESERVED_FDS, raise_fd_limit
+from controller.console.settings import web_from_dict
 from controller.drain import StopGate
 from controller.limits import RateLimiter
 from controller.metrics import Metrics
@@ -257,6 +258,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--config", metavar="FILE", help="TOML config (default: embedded demo)")
     parser.add_argument("--listen", metavar="HOST:PORT", help="override daemon.listen")
     parser.add_argument("--data-dir", metavar="DIR", help="override daemon.data_dir")
+    parser.add_argument(
+        "--web-listen", metavar="HOST:PORT", help='override web.listen ("": no console)'
+    )
     args = parser.parse_args(argv)
     try:
         config = load(args.config) if args.config else demo_config()
@@ -267,6 +271,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = replace(config, listen=args.listen)
     if args.data_dir:
         config = replace(config, data_dir=Path(args.data_dir))
+    if args.web_listen is not None:
+        web = {"listen": args.web_listen, "session_hours": config.web.session_seconds / 3600,
+               "allow_insecure_remote": config.web.allow_insecure_remote}  # fmt: skip
+        try:
+            config = replace(config, web=web_from_dict(web, config.tls))
+        except SpecError as err:
+            print(f"oasisd: --web-listen: {err}", file=sys.stderr)
+            return 2
     try:
         check_exposure(config.listen, config.tls, config.allow_insecure_remote)
     except SpecError as err:
