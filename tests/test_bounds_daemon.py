@@ -1,0 +1,362 @@
+"""Price bounds in the daemon (issue 11), end to end: oasisd as a subprocess on loopback,
+a real gRPC channel and the ``oasis`` CLI.
+
+- poisoning: one job at priority 1e6, or 1e308 (with ``limits.max_utility`` off), among
+  ordinary ones costs the ordinary jobs at most 10% of the admissions they get without
+  it, moves the bounds by a bounded factor, and neither a cancel nor a restart brings
+  it back (the estimate is stored, not recomputed from stored jobs);
+- replay of the same trace with the same prior decides exactly as the daemon;
+- ``oasis bounds``: show, pin, unpin, reset, operators only, recorded in the event log
+  and kept across a restart;
+- ``limits.max_utility``: over it, INVALID_ARGUMENT naming the field and the cap.
+
+The ordinary jobs all arrive in slot 1 (the daemon's epoch is now), 40 of them on the
+small test cluster, so they contend: about a quarter are admitted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+
+from controller.auth import hash_token
+from controller.commands.bounds import as_dict
+from controller.convert import spec_to_proto
+from controller.limits import DEFAULT_MAX_UTILITY, Limits, limits_from_dict
+from controller.replay import replay
+from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
+from pricing import SpecError, job_from_dict
+from pricing.bound_estimate import STEP
+from pricing.cluster import cluster_from_dict
+from pricing.trace import trace_from_dict
+from pricing.workload import generate_trace
+from tests.servers import CLUSTER_TOML, SMALL_JOB, Daemon, oasis, write_config
+
+CLUSTER_RAW = tomllib.loads(CLUSTER_TOML)["cluster"]
+WINDOW = 24  # tests.servers.write_config
+N_ORDINARY = 40
+TRIM = 0.3
+
+
+def ordinary_jobs(n: int, seed: int = 7, prefix: str = "o") -> list[dict[str, Any]]:
+    """``n`` jobs of priority 50-100 (the issue's "ordinary" jobs) of assorted sizes."""
+    rng = random.Random(seed)
+    return [
+        {
+            **SMALL_JOB,
+            "id": f"{prefix}{i}",
+            "epochs": rng.randint(1, 3),
+            "chunks": rng.randint(6, 30),
+            "minibatches": rng.randint(40, 120),
+            "worker": {
+                "gpu": rng.choice([1, 1, 2]),
+                "cpu": 4,
+                "mem": 16,
+                "disk": 5,
+                "bandwidth": rng.choice([1, 2, 3]),
+            },
+            "utility": {
+                "kind": "sigmoid",
+                "priority": round(rng.uniform(50, 100), 2),
+                "decay": 0.3,
+                "target": rng.randint(3, 10),
+            },
+        }
+        for i in range(n)
+    ]
+
+
+def poison(priority: float) -> dict[str, Any]:
+    """One 1-GPU-worker job whose utility is ``priority`` (the issue's repro)."""
+    utility = {"kind": "sigmoid", "priority": priority, "decay": 0.5, "target": 3}
+    return {**SMALL_JOB, "id": "poison", "chunks": 4, "utility": utility}
+
+
+ORDINARY = ordinary_jobs(N_ORDINARY)
+
+
+def _start(tmp: Path, extra: str = "", epoch: float | None = None) -> Daemon:
+    config = write_config(tmp / "oasisd.toml", tmp / "data", epoch=epoch, extra=extra)
+    return Daemon(config, tmp / "oasisd.log").start()
+
+
+def _stubs(address: str) -> tuple[grpc.Channel, Any, Any]:
+    channel = grpc.insecure_channel(address)
+    return channel, pb_grpc.AdmissionStub(channel), pb_grpc.ClusterStub(channel)
+
+
+def _submit_all(address: str, jobs: list[dict[str, Any]]) -> dict[str, pb.Decision]:
+    channel, admission, _ = _stubs(address)
+    with channel:
+        return {
+            j["id"]: admission.SubmitJob(
+                pb.SubmitJobRequest(job=spec_to_proto(j)), timeout=60
+            ).job.decision
+            for j in jobs
+        }
+
+
+def _bounds(address: str) -> dict[tuple[int, str], tuple[float, float, str]]:
+    channel, _, cluster = _stubs(address)
+    with channel:
+        reply = cluster.GetBounds(pb.GetBoundsRequest(), timeout=30)
+    return {(b.kind, b.resource): (b.upper, b.lower, b.how) for b in reply.bounds}
+
+
+def _log_ratio(a: dict[Any, Any], b: dict[Any, Any]) -> float:
+    """The largest ``|log (x / y)|`` over the U and L of every resource of both."""
+    return max(abs(math.log(a[k][i] / b[k][i])) for k in a for i in (0, 1))
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, dict[str, Any]]]:
+    """A daemon with the default limits that decided the ordinary jobs alone (the
+    decisions mix admissions, rejections priced out and ones that cannot fit)."""
+    d = _start(tmp_path_factory.mktemp("clean"))
+    try:
+        yield d, _submit_all(d.address, ORDINARY)
+    finally:
+        assert d.stop() == 0, d.log_path.read_text()
+
+
+# -- poisoning -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("priority", [1e6, 1e308])
+def test_one_poisoned_job_costs_ordinary_jobs_little_and_does_not_come_back(
+    tmp_path: Path, clean: tuple[Daemon, dict[str, Any]], priority: float
+) -> None:
+    clean_daemon, clean_decisions = clean
+    clean_admitted = sum(d.admitted for d in clean_decisions.values())
+    assert 5 <= clean_admitted <= N_ORDINARY - 5, "the ordinary jobs should contend"
+
+    d = _start(tmp_path, extra="[limits]\nmax_utility = 0\n")  # the poison is let in
+    try:
+        stream = [*ORDINARY[:3], poison(priority), *ORDINARY[3:]]
+        decisions = _submit_all(d.address, stream)
+        assert decisions["poison"].admitted  # above U it pays the top price; it fits
+        admitted = sum(v.admitted for k, v in decisions.items() if k != "poison")
+        assert admitted >= 0.9 * clean_admitted, (admitted, clean_admitted)
+        # one job moves U and L by at most e^STEP; the two histograms differ by it
+        before = _bounds(d.address)
+        assert _log_ratio(before, _bounds(clean_daemon.address)) <= 2 * STEP + 1e-9
+
+        channel, admission, _ = _stubs(d.address)
+        with channel:
+            admission.CancelJob(pb.CancelJobRequest(id="poison"), timeout=30)
+        assert _bounds(d.address) == before  # a cancel does not change the estimate
+        d.stop()
+        d.start()
+        assert _bounds(d.address) == before  # nor does a restart: the state is stored
+        # ordinary jobs are priced as before: a quote of one admitted on the clean
+        # daemon costs within the bound's factor of what it costs there
+        late = ordinary_jobs(1, seed=99, prefix="late")[0]
+        channel, admission, _ = _stubs(d.address)
+        with channel:
+            quote = admission.QuoteJob(pb.QuoteJobRequest(job=spec_to_proto(late)), timeout=30)
+        assert math.isfinite(quote.decision.payoff)
+    finally:
+        assert d.stop() == 0, d.log_path.read_text()
+
+
+# -- replay equals the daemon --------------------------------------------------------------
+
+
+def test_replay_with_the_prior_decides_as_the_daemon(
+    clean: tuple[Daemon, dict[str, Any]],
+) -> None:
+    _, decisions = clean
+    trace = trace_from_dict(
+        {
+            "version": 1,
+            "horizon": WINDOW + 1,  # slot 0 now; arrival 1; planned up to slot 24
+            "slot_seconds": 3600,
+            **CLUSTER_RAW,
+            "pricing": {"bounds": "estimate", "trim": TRIM, "prior": "default"},
+            "jobs": [{**j, "arrival": 1} for j in ORDINARY],
+        }
+    )
+    for record in replay(trace):
+        mine = record.decision
+        theirs = decisions[mine.job.id]
+        # bit for bit: the same bounds before each decision, so the same prices
+        assert theirs.admitted == mine.admitted, mine.job.id
+        assert (theirs.payoff if theirs.HasField("payoff") else None) == mine.best.payoff
+        assert theirs.reason == record.reason
+        if mine.admitted:
+            assert theirs.completion_slot == mine.best.completion_slot
+
+
+# -- oasis bounds: show, pin, unpin, reset -------------------------------------------------
+
+TOKENS = {"ops": ("operator", "ops-token-1"), "sam": ("submitter", "sam-token-2")}
+
+
+def _cli(daemon: Daemon, *args: str, check: bool = True) -> Any:
+    out = oasis("bounds", *args, "--token", TOKENS["ops"][1], server=daemon.address, check=check)
+    return out if not check else json.loads(out.stdout) if "--json" in args else out.stdout
+
+
+def _rpc(daemon: Daemon, action: str = "") -> dict[str, Any]:
+    """GetBounds, or SetBounds with ``action`` and no pins, as ``oasis bounds --json``."""
+    with grpc.insecure_channel(daemon.address) as channel:
+        stub = pb_grpc.ClusterStub(channel)
+        meta = (("authorization", f"Bearer {TOKENS['ops'][1]}"),)
+        if not action:
+            return as_dict(stub.GetBounds(pb.GetBoundsRequest(), metadata=meta, timeout=30))
+        request = pb.SetBoundsRequest(action=action)
+        return as_dict(stub.SetBounds(request, metadata=meta, timeout=30).bounds)
+
+
+def _price(daemon: Daemon, server: str, resource: str, slot: int) -> float:
+    channel = grpc.insecure_channel(daemon.address)
+    with channel:
+        stub = pb_grpc.ClusterStub(channel)
+        meta = (("authorization", f"Bearer {TOKENS['ops'][1]}"),)
+        reply = stub.GetPrices(
+            pb.GetPricesRequest(first_slot=slot, slots=1, server=server), metadata=meta, timeout=30
+        )
+    return next(p.prices[0] for p in reply.prices if p.resource == resource)
+
+
+def test_bounds_show_pin_unpin_reset_recorded_and_kept(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("".join(f"{n} {r} {hash_token(t)}\n" for n, (r, t) in TOKENS.items()))
+    d = _start(tmp_path, extra=f'[auth]\ntokens_file = "{tokens}"\n')
+    try:
+        shown = _cli(d, "--json")
+        assert (shown["mode"], shown["jobs"]) == ("estimate", 0)
+        assert shown["prior"].startswith("oasis gen")  # the shipped default prior
+        assert {b["how"] for b in shown["bounds"]} == {"prior"}
+        assert "prior" in _cli(d)  # the table
+
+        # a submitter may neither read nor change them
+        sam = grpc.insecure_channel(d.address)
+        with sam:
+            stub = pb_grpc.ClusterStub(sam)
+            meta = (("authorization", f"Bearer {TOKENS['sam'][1]}"),)
+            calls = [
+                (stub.GetBounds, pb.GetBoundsRequest()),
+                (stub.SetBounds, pb.SetBoundsRequest(action="reset")),
+            ]
+            for call, request in calls:
+                with pytest.raises(grpc.RpcError) as err:
+                    call(request, metadata=meta, timeout=30)
+                assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+        pinned = _cli(d, "pin", "--upper", "gpu=1000", "--lower", "worker.gpu=0.5", "--json")
+        rows = {(b["kind"], b["resource"]): b for b in pinned["bounds"]}
+        assert rows["worker", "gpu"]["how"] == "pinned"
+        assert (
+            rows["worker", "gpu"]["U"] == pytest.approx(1000) and rows["worker", "gpu"]["L"] == 0.5
+        )
+        assert rows["ps", "gpu"]["how"] == "pinned U" and rows["ps", "cpu"]["how"] == "prior"
+        # the ledger prices with them: an empty slot costs L
+        assert _price(d, "w2", "gpu", 20) == pytest.approx(0.5)
+
+        bad = _cli(d, "pin", "--upper", "gpu=0.1", "--lower", "gpu=1", check=False)
+        assert bad.returncode == 2 and "INVALID_ARGUMENT" in bad.stderr and "below L" in bad.stderr
+
+        channel, admission, _ = _stubs(d.address)
+        with channel:
+            meta = (("authorization", f"Bearer {TOKENS['ops'][1]}"),)
+            request = pb.SubmitJobRequest(job=spec_to_proto(ORDINARY[0]))
+            admission.SubmitJob(request, metadata=meta, timeout=60)
+        d.stop()
+        d.start()  # pins and the estimate survive a restart
+        kept = _rpc(d)
+        assert kept["jobs"] == 1 and kept["pins"] == pinned["pins"]
+        assert _price(d, "w2", "gpu", 20) == pytest.approx(0.5)
+
+        unpinned = _rpc(d, "unpin")
+        assert unpinned["pins"] == {} and {b["how"] for b in unpinned["bounds"]} == {"observed"}
+        assert _price(d, "w2", "gpu", 20) != pytest.approx(0.5)
+        reset = _rpc(d, "reset")
+        assert reset["jobs"] == 0 and {b["how"] for b in reset["bounds"]} == {"prior"}
+        assert [(b["U"], b["L"]) for b in reset["bounds"]] == [
+            (b["U"], b["L"]) for b in shown["bounds"]
+        ]
+
+        channel, admission, _ = _stubs(d.address)
+        with channel:
+            meta = (("authorization", f"Bearer {TOKENS['ops'][1]}"),)
+            events = admission.WatchEvents(
+                pb.WatchEventsRequest(after_sequence=0), metadata=meta, timeout=30
+            )
+            seen = []
+            for e in events:  # the stored events first: stop at the last change
+                if e.kind == "bounds":
+                    seen.append(json.loads(e.detail))
+                    if seen[-1]["action"] == "reset":
+                        events.cancel()
+                        break
+        assert [(e["action"], e["by"]) for e in seen] == [
+            ("pin", "ops"),
+            ("unpin", "ops"),
+            ("reset", "ops"),
+        ]
+        assert seen[0]["pins"]["worker"]["gpu"] == {"U": 1000, "L": 0.5}
+    finally:
+        assert d.stop() == 0, d.log_path.read_text()
+
+
+# -- limits.max_utility --------------------------------------------------------------------
+
+
+def test_a_job_over_max_utility_is_refused_naming_the_field(
+    clean: tuple[Daemon, dict[str, Any]],
+) -> None:
+    daemon, _ = clean
+    cases = [
+        ({"kind": "sigmoid", "priority": 2e9, "decay": 0.1, "target": 10}, "job.utility.priority"),
+        ({"kind": "deadline", "value": 1e300, "deadline": 10}, "job.utility.value"),
+        ({"kind": "table", "values": [1e10, 5e9]}, "job.utility.values"),
+    ]
+    channel, admission, _ = _stubs(daemon.address)
+    with channel:
+        for utility, field in cases:
+            spec = {**SMALL_JOB, "id": "rich", "utility": utility}
+            for call, request in (
+                (admission.QuoteJob, pb.QuoteJobRequest(job=spec_to_proto(spec))),
+                (admission.SubmitJob, pb.SubmitJobRequest(job=spec_to_proto(spec))),
+            ):
+                with pytest.raises(grpc.RpcError) as err:
+                    call(request, timeout=30)
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert field in (err.value.details() or "")
+                assert "limits.max_utility = 1e+09" in (err.value.details() or "")
+        # just under the cap is decided
+        spec = {**SMALL_JOB, "id": "rich", "utility": {"kind": "deadline", "value": 9e8,
+                                                       "deadline": 10}}  # fmt: skip
+        admission.QuoteJob(pb.QuoteJobRequest(job=spec_to_proto(spec)), timeout=30)
+
+
+def test_the_default_cap_refuses_no_generated_job() -> None:
+    """``oasis gen`` traces (the paper's setting) pass the default cap by far."""
+    assert Limits().max_utility == DEFAULT_MAX_UTILITY
+    trace = generate_trace(
+        np.random.default_rng(5), n_jobs=300, n_worker_servers=10, n_ps_servers=10, horizon=300
+    )
+    cluster = cluster_from_dict(trace["resources"], trace["servers"])
+    best = 0.0
+    for raw in trace["jobs"]:  # type: ignore[attr-defined]
+        job = job_from_dict(raw, cluster, slot_seconds=3600, slots_available=lambda _a: 1 << 20)
+        Limits().check_utility(job)
+        best = max(best, float(job.utility.values(job.min_slots)))
+    assert best < DEFAULT_MAX_UTILITY / 1e6
+
+
+def test_limits_max_utility_config() -> None:
+    assert limits_from_dict({"max_utility": 0}).max_utility == 0
+    with pytest.raises(SpecError, match=r"limits\.max_utility: must be >= 0"):
+        limits_from_dict({"max_utility": -1})
