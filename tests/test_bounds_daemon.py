@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,7 +41,7 @@ from pricing.bound_estimate import STEP
 from pricing.cluster import cluster_from_dict
 from pricing.trace import trace_from_dict
 from pricing.workload import generate_trace
-from tests.servers import CLUSTER_TOML, SMALL_JOB, Daemon, oasis, write_config
+from tests.servers import CLUSTER_TOML, SMALL_JOB, Daemon, json_log, oasis, write_config
 
 CLUSTER_RAW = tomllib.loads(CLUSTER_TOML)["cluster"]
 WINDOW = 24  # tests.servers.write_config
@@ -226,7 +227,7 @@ def _price(daemon: Daemon, server: str, resource: str, slot: int) -> float:
         reply = stub.GetPrices(
             pb.GetPricesRequest(first_slot=slot, slots=1, server=server), metadata=meta, timeout=30
         )
-    return next(p.prices[0] for p in reply.prices if p.resource == resource)
+    return float(next(p.prices[0] for p in reply.prices if p.resource == resource))
 
 
 def test_bounds_show_pin_unpin_reset_recorded_and_kept(tmp_path: Path) -> None:
@@ -360,3 +361,47 @@ def test_limits_max_utility_config() -> None:
     assert limits_from_dict({"max_utility": 0}).max_utility == 0
     with pytest.raises(SpecError, match=r"limits\.max_utility: must be >= 0"):
         limits_from_dict({"max_utility": -1})
+
+
+# -- a pending job decided again past its deadline ------------------------------------------
+
+
+def test_a_pending_job_past_its_deadline_expires_cleanly(tmp_path: Path) -> None:
+    """One-second slots; a valuable job takes every GPU for the next slots, so a job with
+    a deadline waits, and is decided again at every boundary until its utility is 0 at
+    every completion time (the case that could overflow a bound): then it expires with
+    the reason, and nothing fails."""
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data")
+    config.write_text(config.read_text().replace("slot_seconds = 3600", "slot_seconds = 1"))
+    d = Daemon(config, tmp_path / "oasisd.log").start()
+    small = {"epochs": 1, "chunks": 2, "minibatches": 4, "tau": 0.5, "grad_mb": 0.001}
+    try:
+        with grpc.insecure_channel(d.address) as channel:
+            admission = pb_grpc.AdmissionStub(channel)
+            filler = {**SMALL_JOB, **small, "id": "filler", "chunks": 16, "minibatches": 16,
+                      "utility": {"kind": "sigmoid", "priority": 1e4, "decay": 0.1,
+                                  "target": 8}}  # fmt: skip
+            request = pb.SubmitJobRequest(job=spec_to_proto(filler))
+            assert admission.SubmitJob(request, timeout=30).job.decision.admitted
+            utility = {"kind": "deadline", "value": 40, "deadline": 4}
+            spec = {**SMALL_JOB, **small, "id": "late", "utility": utility}
+            request = pb.SubmitJobRequest(job=spec_to_proto(spec), wait_seconds=30)
+            job = admission.SubmitJob(request, timeout=30).job
+            assert job.state == pb.JOB_STATE_PENDING, job.decision.reason
+            deadline = time.monotonic() + 30
+            while job.state == pb.JOB_STATE_PENDING and time.monotonic() < deadline:
+                time.sleep(0.5)
+                job = admission.GetJob(pb.GetJobRequest(id="late"), timeout=30).job
+            assert job.state == pb.JOB_STATE_EXPIRED, job
+            assert "no longer pay off" in job.decision.reason
+            # the daemon still decides
+            quote = admission.QuoteJob(
+                pb.QuoteJobRequest(job=spec_to_proto({**spec, "id": "q", "utility": {
+                    "kind": "sigmoid", "priority": 50, "decay": 0.5, "target": 3}})),
+                timeout=30,
+            )  # fmt: skip
+            assert math.isfinite(quote.decision.payoff)
+    finally:
+        assert d.stop() == 0, d.log_path.read_text()
+    errors = [e for e in json_log(d.log_path) if e.get("level") in ("error", "critical")]
+    assert errors == [], errors[:3]
