@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import math
 import random
+import subprocess
+import sys
 import time
 import tomllib
 from collections.abc import Iterator
@@ -41,7 +43,15 @@ from pricing.bound_estimate import STEP
 from pricing.cluster import cluster_from_dict
 from pricing.trace import trace_from_dict
 from pricing.workload import generate_trace
-from tests.servers import CLUSTER_TOML, SMALL_JOB, Daemon, json_log, oasis, write_config
+from tests.servers import (
+    CLUSTER_TOML,
+    ROOT,
+    SMALL_JOB,
+    Daemon,
+    json_log,
+    oasis,
+    write_config,
+)
 
 CLUSTER_RAW = tomllib.loads(CLUSTER_TOML)["cluster"]
 WINDOW = 24  # tests.servers.write_config
@@ -405,3 +415,50 @@ def test_a_pending_job_past_its_deadline_expires_cleanly(tmp_path: Path) -> None
         assert d.stop() == 0, d.log_path.read_text()
     errors = [e for e in json_log(d.log_path) if e.get("level") in ("error", "critical")]
     assert errors == [], errors[:3]
+
+
+# -- [pricing] prior -----------------------------------------------------------------------
+
+
+def test_pricing_prior_config(tmp_path: Path) -> None:
+    """``default`` (also when absent), ``none``, or a calibrate file relative to the
+    config's folder; a bad file is one clear line at start, naming the key and file."""
+    from controller.config import ConfigError, load
+    from pricing.bound_estimate import calibrate
+    from pricing.default_prior import default_prior
+
+    def config(prior: str) -> Path:
+        path = write_config(tmp_path / "oasisd.toml", tmp_path / "data")
+        text = path.read_text()
+        if prior:
+            text = text.replace("[cluster]", f"[pricing]\nprior = {prior}\n\n[cluster]")
+        path.write_text(text)
+        return path
+
+    assert load(config("")).pricing.prior is default_prior()
+    assert load(config('"default"')).pricing.prior is default_prior()
+    assert load(config('"none"')).pricing.prior is None
+    cluster = load(config("")).cluster
+    jobs = [
+        job_from_dict(j, cluster, slot_seconds=3600, slots_available=lambda _a: 24, arrival=1)
+        for j in ORDINARY
+    ]
+    (tmp_path / "priors").mkdir()
+    mine = calibrate(jobs, cluster, source="ordinary jobs")
+    (tmp_path / "priors" / "p.json").write_text(json.dumps(mine.to_dict()))
+    assert load(config('"priors/p.json"')).pricing.prior == mine
+
+    (tmp_path / "priors" / "bad.json").write_text('{"kind": "oasis-bound-prior"}')
+    for name, message in (
+        ("priors/bad.json", "is not a prior of oasis calibrate: prior.version: must be 1"),
+        ("priors/missing.json", "cannot read"),
+    ):
+        with pytest.raises(ConfigError, match=r"pricing\.prior: ") as err:
+            load(config(f'"{name}"'))
+        assert message in str(err.value) and str(tmp_path / name) in str(err.value)
+        out = subprocess.run(
+            [sys.executable, "-m", "controller.daemon", "--config", str(config(f'"{name}"'))],
+            capture_output=True, text=True, timeout=60, check=False, cwd=ROOT,
+        )  # fmt: skip
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert out.stderr.startswith("oasisd: pricing.prior: ") and message in out.stderr
