@@ -169,8 +169,7 @@ def test_one_poisoned_job_costs_ordinary_jobs_little_and_does_not_come_back(
         d.stop()
         d.start()
         assert _bounds(d.address) == before  # nor does a restart: the state is stored
-        # ordinary jobs are priced as before: a quote of one admitted on the clean
-        # daemon costs within the bound's factor of what it costs there
+        # the restarted daemon still prices an ordinary job (finitely)
         late = ordinary_jobs(1, seed=99, prefix="late")[0]
         channel, admission, _ = _stubs(d.address)
         with channel:

@@ -42,11 +42,6 @@ class BoundControl(AdmissionState):
     """The estimate's start, its stored state and an operator's pins; see the module
     docstring."""
 
-    def _fresh_estimate(self) -> BoundEstimate:
-        """The estimate before any job: the configured prior, trim and servers."""
-        pricing = self.config.pricing
-        return BoundEstimate.start(self.cluster, pricing.prior, pricing.trim)
-
     def _stored_estimate(self, session: Session) -> BoundEstimate:
         """The stored estimate if it fits the configuration, else a fresh one."""
         fresh = self._fresh_estimate()
