@@ -463,3 +463,69 @@ def test_pricing_prior_config(tmp_path: Path) -> None:
         )  # fmt: skip
         assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
         assert out.stderr.startswith("oasisd: pricing.prior: ") and message in out.stderr
+
+
+# -- pins and explicit bounds, in process -----------------------------------------------------
+
+
+def test_pins_are_validated_and_put_over_the_bounds() -> None:
+    from controller.pins import Pins, pins_from_dict
+    from pricing.prices import PriceBounds
+
+    resources = ("gpu", "cpu")
+    estimated = PriceBounds(np.log([5.0, 5.0]), np.log([2.0, 2.0]), math.log(0.1), 0.0, 1, 1)
+    assert Pins().apply(estimated, resources) is estimated
+    pins = pins_from_dict({"worker": {"gpu": {"U": 10, "L": 1}}, "ps": {"cpu": {"L": 7}}},
+                          resources)  # fmt: skip
+    got = pins.apply(estimated, resources)
+    assert np.allclose(np.exp(got.log_u1), [10, 5]) and np.allclose(np.exp(got.floor1), [1, 0.1])
+    # L pinned above the estimated U raises U to it
+    assert np.allclose(np.exp(got.log_u2), [2, 7]) and np.allclose(np.exp(got.floor2), [1, 7])
+    assert (
+        pins.merged(pins_from_dict({"worker": {"gpu": {"U": 20}}}, resources)).get(
+            "worker", "gpu", "U"
+        )
+        == 20
+    )
+    assert not pins.without(None, "gpu").without("ps", "cpu")
+    for raw, message in (
+        ({"gpus": {}}, "pins.gpus: must be one of"),
+        ({"worker": {"tpu": {"U": 1}}}, "pins.worker.tpu: unknown resource"),
+        ({"worker": {"gpu": {"U": 0}}}, "pins.worker.gpu.U: must be > 0"),
+        ({"worker": {"gpu": {"U": math.inf}}}, "pins.worker.gpu.U"),
+        ({"worker": {"gpu": {"L": math.nan}}}, "pins.worker.gpu.L"),
+        ({"worker": {"gpu": {"X": 1}}}, 'must be an object with "U" and/or "L"'),
+        ({"worker": {"gpu": {"U": 1, "L": 2}}}, "worker.gpu: U = 1 is below L = 2"),
+        ([1], "pins"),
+    ):
+        with pytest.raises(SpecError) as err:
+            pins_from_dict(raw, resources)
+        assert message in str(err.value), (raw, str(err.value))
+    with pytest.raises(SpecError, match="below L"):
+        pins.merged(pins_from_dict({"worker": {"gpu": {"U": 0.5}}}, resources))
+
+
+def test_explicit_bounds_show_as_explicit_and_have_no_estimate_to_reset(tmp_path: Path) -> None:
+    from controller.errors import PreconditionError
+    from tests.test_pending import FakeClock, controller
+
+    explicit = (
+        '[pricing]\nbounds = "explicit"\nL1 = 0.01\nL2 = 0.01\n'
+        "U1 = {gpu = 50.0}\nU2 = {cpu = 5.0}\n"
+    )
+    c = controller(tmp_path, FakeClock(1_000_000.0), extra=explicit)
+    try:
+        view = c._bounds_view()
+        assert view["mode"] == "explicit" and view["prior"] == "none"
+        rows = {(b["kind"], b["resource"]): b for b in view["bounds"]}
+        assert rows["worker", "gpu"]["how"] == "explicit"
+        assert rows["worker", "gpu"]["U"] == pytest.approx(50)
+        with pytest.raises(PreconditionError, match="explicit"):
+            c._set_bounds_sync("reset", None, "ops")
+        after, events = c._set_bounds_sync("pin", {"worker": {"gpu": {"U": 60}}}, "ops")
+        assert next(b["how"] for b in after["bounds"]) == "pinned U"
+        assert events[0].kind == "bounds" and events[0].detail["action"] == "pin"
+        with pytest.raises(SpecError, match="action: must be one of"):
+            c._set_bounds_sync("forget", None, "ops")
+    finally:
+        c.close()
