@@ -506,8 +506,9 @@ def test_pins_are_validated_and_put_over_the_bounds() -> None:
 
 
 def test_explicit_bounds_show_as_explicit_and_have_no_estimate_to_reset(tmp_path: Path) -> None:
+    from controller.clock import FakeClock
     from controller.errors import PreconditionError
-    from tests.test_pending import FakeClock, controller
+    from tests.test_pending import controller
 
     explicit = (
         '[pricing]\nbounds = "explicit"\nL1 = 0.01\nL2 = 0.01\n'
