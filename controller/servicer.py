@@ -83,6 +83,8 @@ async def _pins(request: pb.SetBoundsRequest) -> dict[str, Any]:
         pb.SERVER_KIND_UNSPECIFIED: ("worker", "ps"),
         **{v: (k,) for k, v in SERVER_KINDS.items()},
     }
+    if request.action == "reset" and request.pins:
+        raise SpecError.one("pins", "reset takes no pins (it restarts the estimate)")
     if len(request.pins) > 1000:
         raise SpecError.one("pins", f"at most 1000 pins, got {len(request.pins)}")
     if request.action == "unpin":

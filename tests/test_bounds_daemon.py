@@ -245,7 +245,7 @@ def test_bounds_show_pin_unpin_reset_recorded_and_kept(tmp_path: Path) -> None:
     d = _start(tmp_path, extra=f'[auth]\ntokens_file = "{tokens}"\n')
     try:
         shown = _cli(d, "--json")
-        assert (shown["mode"], shown["jobs"]) == ("estimate", 0)
+        assert (shown["mode"], shown["jobs"], shown["prior_share"]) == ("estimate", 0, 1.0)
         assert shown["prior"].startswith("oasis gen")  # the shipped default prior
         assert {b["how"] for b in shown["bounds"]} == {"prior"}
         assert "prior" in _cli(d)  # the table
@@ -286,6 +286,7 @@ def test_bounds_show_pin_unpin_reset_recorded_and_kept(tmp_path: Path) -> None:
         d.start()  # pins and the estimate survive a restart
         kept = _rpc(d)
         assert kept["jobs"] == 1 and kept["pins"] == pinned["pins"]
+        assert 0.9 < kept["prior_share"] < 1  # 40 jobs' worth of prior, one job
         assert _price(d, "w2", "gpu", 20) == pytest.approx(0.5)
 
         unpinned = _rpc(d, "unpin")

@@ -126,7 +126,7 @@ def render(view: dict[str, Any]) -> str:
     else:
         head = (
             f"price bounds: estimated from {view['jobs']} jobs, prior {view['prior']!r} "
-            f"({100 * view['prior_share']:.0f}% of the weight behind L)\n  {view['method']}"
+            f"({100 * view['prior_share']:.0f}% of the weight behind it)\n  {view['method']}"
         )
     rows = [
         [b["kind"], b["resource"], f"{b['U']:.4g}", f"{b['L']:.4g}", b["how"]]
