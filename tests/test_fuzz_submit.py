@@ -17,6 +17,7 @@ import math
 import os
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -183,3 +184,30 @@ def test_a_job_worth_nothing_moves_the_estimate_finitely() -> None:
             assert bounds is not None
             for x in (bounds.log_u1, bounds.log_u2, bounds.floor1, bounds.floor2):
                 assert np.isfinite(x).all()
+
+
+def test_extreme_pins_price_finitely(tmp_path: Path) -> None:
+    """Pins at the edges of float64 (U up to 1.7e308, L down to 5e-324): a quote and a
+    submission are still decided, with finite payoffs; non-finite pins are refused."""
+    from controller.clock import FakeClock
+    from pricing import SpecError
+    from tests.test_pending import controller
+
+    c = controller(tmp_path, FakeClock(1_000_000.0), extra="")
+    spec = {**SMALL_JOB, "id": "calm"}
+    try:
+        for upper, lower in ((1.7e308, 5e-324), (1.7e308, 1.7e308), (5e-324, 5e-324),
+                             (1e300, 1e-300)):  # fmt: skip
+            table = {"U": upper, "L": lower}
+            pins = {kind: {r: table for r in c.cluster.resources} for kind in ("worker", "ps")}
+            c._set_bounds_sync("pin", pins, "ops")
+            view = c._quote_sync(spec)
+            assert view.payoff is not None and math.isfinite(view.payoff), (upper, lower)
+        for bad in (math.inf, math.nan, 0.0, -1.0):
+            with pytest.raises(SpecError):
+                c._set_bounds_sync("pin", {"worker": {"gpu": {"U": bad}}}, "ops")
+        c._set_bounds_sync("unpin", None, "ops")
+        job, _events = c._submit_sync({**spec, "id": "after"}, None, None)
+        assert job.decision.payoff is not None and math.isfinite(job.decision.payoff)
+    finally:
+        c.close()
