@@ -531,3 +531,32 @@ def test_explicit_bounds_show_as_explicit_and_have_no_estimate_to_reset(tmp_path
             c._set_bounds_sync("forget", None, "ops")
     finally:
         c.close()
+
+
+def test_a_stored_estimate_of_other_servers_or_units_starts_afresh(tmp_path: Path) -> None:
+    """A store from before the prior (an estimate in raw units, BoundEstimate.empty) or
+    of other servers: the estimate starts again from the prior; one that fits is kept."""
+    from controller.admission.state import ESTIMATE_KEY
+    from controller.clock import FakeClock
+    from controller.store import MetaRow
+    from pricing.bound_estimate import BoundEstimate
+    from tests.test_pending import controller
+
+    c = controller(tmp_path, FakeClock(1_000_000.0), extra="")
+    try:
+        job = c._parse({**ORDINARY[0]}, 1)
+        fitting = c._fresh_estimate().observe(job)
+        for stored, kept in (
+            (BoundEstimate.empty(len(c.cluster.resources)).observe(job), False),
+            ({"version": 2, "anything": 1}, False),
+            (fitting, True),
+        ):
+            value = stored if isinstance(stored, dict) else stored.to_dict()
+            with c.db.session() as session:
+                session.merge(MetaRow(key=ESTIMATE_KEY, value=value))
+            c._reload()
+            assert (c._estimate.jobs == 1) is kept
+            assert c._estimate.fits(c.cluster)
+            assert c._estimate.prior.startswith("oasis gen")
+    finally:
+        c.close()
