@@ -17,6 +17,8 @@ Example (``config/oasisd.example.toml`` is a complete one)::
     [pricing]
     bounds = "estimate"          # or "explicit" with U1, U2, L1, L2 as in the trace format
     trim = 0.3                   # estimate: L ignores the lowest-value jobs carrying this share
+    prior = "default"            # estimate: where it starts: "default", "none" or a JSON file
+                                 # of `oasis calibrate` (relative to this file's folder)
     l_margin = 1.0               # estimate: L is scaled by this (<= 1)
     u_margin = 1.0               # estimate: U is scaled by this (>= 1)
 
@@ -49,6 +51,7 @@ Example (``config/oasisd.example.toml`` is a complete one)::
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from collections.abc import Mapping
@@ -68,7 +71,9 @@ from controller.store.database import DEFAULT_TIMEOUT
 from controller.tls import TlsConfig, check_exposure, is_loopback, tls_from_dict
 from pricing import fields
 from pricing.bound_estimate import DEFAULT_TRIM
+from pricing.bound_prior import MAX_PRIOR_BYTES, Prior, prior_from_dict
 from pricing.cluster import Cluster, cluster_from_dict
+from pricing.default_prior import default_prior
 from pricing.errors import SpecError
 from pricing.prices import PriceBounds, bounds_from_dict
 
@@ -92,6 +97,10 @@ class PricingConfig:
             the utility seen, in [0, 1) (pricing/bound_estimate.py).
         l_margin: estimate: the estimated L is multiplied by this, in (0, 1].
         u_margin: estimate: the estimated U is multiplied by this, >= 1.
+        prior: estimate: the prior it starts from (pricing/bound_prior.py); None: none,
+            the first job sets it. The config's ``prior`` is ``"default"`` (the shipped
+            :func:`pricing.default_prior.default_prior`, also when absent), ``"none"``,
+            or the path of a JSON prior ``oasis calibrate`` wrote.
     """
 
     mode: str
@@ -99,6 +108,7 @@ class PricingConfig:
     l_margin: float = 1.0
     u_margin: float = 1.0
     trim: float = DEFAULT_TRIM
+    prior: Prior | None = field(default_factory=default_prior)
 
 
 @dataclass(frozen=True)
@@ -262,7 +272,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
             epoch=epoch,
             log_level=level,
             cluster=cluster,
-            pricing=_pricing(fields.optional_mapping(data, "pricing", ""), cluster),
+            pricing=_pricing(fields.optional_mapping(data, "pricing", ""), cluster, base),
             tick_seconds=fields.positive(daemon.get("tick_seconds", 1.0), "daemon.tick_seconds"),
             metrics_listen=_metrics_listen(fields.optional_mapping(data, "metrics", "")),
             mqtt=mqtt,
@@ -304,10 +314,41 @@ def _metrics_listen(raw: Mapping[str, Any]) -> str:
     return listen
 
 
-def _pricing(raw: Mapping[str, Any], cluster: Cluster) -> PricingConfig:
+def _prior(raw: Any, base: Path | None) -> Prior | None:
+    """``pricing.prior``: ``"default"``, ``"none"`` or the path of a JSON prior, relative
+    to ``base`` (the config file's folder) if given, else to the working directory."""
+    name = fields.text(raw, "pricing.prior")
+    if name == "default":
+        return default_prior()
+    if name == "none":
+        return None
+    path = Path(name)
+    if base is not None and not path.is_absolute():
+        path = base / path
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_PRIOR_BYTES + 1)
+    except OSError as err:
+        raise ConfigError(f"pricing.prior: cannot read {path}: {err.strerror or err}") from err
+    if len(data) > MAX_PRIOR_BYTES:
+        raise ConfigError(f"pricing.prior: {path} is over {MAX_PRIOR_BYTES} bytes")
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as err:
+        raise ConfigError(f"pricing.prior: {path} is not JSON: {err}") from err
+    try:
+        prior = prior_from_dict(doc, "prior")
+    except SpecError as err:
+        raise ConfigError(
+            f"pricing.prior: {path} is not a prior of oasis calibrate: {err}"
+        ) from err
+    return prior if prior.source else replace(prior, source=str(path))
+
+
+def _pricing(raw: Mapping[str, Any], cluster: Cluster, base: Path | None = None) -> PricingConfig:
     mode = raw.get("bounds", "estimate")
     if mode == "estimate":
-        _check_keys(raw, {"bounds", "l_margin", "u_margin", "trim"}, "pricing")
+        _check_keys(raw, {"bounds", "l_margin", "u_margin", "trim", "prior"}, "pricing")
         l_margin = fields.positive(raw.get("l_margin", 1.0), "pricing.l_margin")
         u_margin = fields.positive(raw.get("u_margin", 1.0), "pricing.u_margin")
         if l_margin > 1:
@@ -317,13 +358,14 @@ def _pricing(raw: Mapping[str, Any], cluster: Cluster) -> PricingConfig:
         trim = fields.number(raw.get("trim", DEFAULT_TRIM), "pricing.trim")
         if not 0 <= trim < 1:
             raise ConfigError(f"pricing.trim: must be in [0, 1), got {trim}")
-        return PricingConfig("estimate", None, l_margin, u_margin, trim)
+        prior = _prior(raw.get("prior", "default"), base)
+        return PricingConfig("estimate", None, l_margin, u_margin, trim, prior)
     if mode == "explicit":
         _check_keys(raw, {"bounds", "U1", "U2", "L1", "L2"}, "pricing")
         explicit = {k: v for k, v in raw.items() if k != "bounds"}
         bounds = bounds_from_dict(explicit, cluster, "pricing")
         assert bounds is not None
-        return PricingConfig("explicit", bounds)
+        return PricingConfig("explicit", bounds, prior=None)
     raise ConfigError(f"pricing.bounds: must be 'estimate' or 'explicit', got {mode!r}")
 
 

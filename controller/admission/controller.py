@@ -137,6 +137,18 @@ class AdmissionController(PendingQueue, Recovery, Lifecycle, ReadViews):
             return 0
         return search_size(job, self.cluster, self.window).steps
 
+    async def bounds(self) -> dict[str, Any]:
+        """The price bounds in use and how they were set (:mod:`.bounds`)."""
+        return await self.read(self._bounds_view)
+
+    async def set_bounds(
+        self, action: str, pins: Any, by: str | None = None, client: str = ""
+    ) -> dict[str, Any]:
+        """Reset, pin or unpin the price bounds (:mod:`.bounds`); returns them after."""
+        view, events = await self._run(lambda: self._set_bounds_sync(action, pins, by), client)
+        self._publish(events)
+        return view
+
     async def tick(self) -> None:
         """Advance to the current slot, if it changed: window and job states."""
         if self._draining or self.slots.current_slot() == self._ticked_slot:
