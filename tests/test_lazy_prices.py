@@ -7,25 +7,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pricing import Ledger, trace_from_dict
+from pricing import Ledger
 from pricing.admission import ADMIT_THRESHOLD
 from pricing.best_schedule import BestSchedule, _cost_lower_bound, best_schedule, search
 from pricing.job import Job
 from pricing.prices import price
 from pricing.trace import Trace
-from pricing.workload import generate_trace
+from tests.test_offline_colgen import _small
 
 
 def _trace(seed: int, servers: int = 8, horizon: int = 60, jobs: int = 60) -> Trace:
-    raw = generate_trace(
-        np.random.default_rng(seed),
-        n_jobs=jobs,
-        n_worker_servers=servers,
-        n_ps_servers=servers,
-        horizon=horizon,
-    )
-    raw["pricing"] = {"bounds": "estimate"}
-    return trace_from_dict(raw)
+    return _small(seed, jobs, servers, horizon, bounds="estimate")
 
 
 def _eager(job: Job, ledger: Ledger, first: int, last: int) -> BestSchedule:
