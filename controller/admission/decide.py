@@ -138,7 +138,8 @@ class DecisionCore(AdmissionState):
         self.log.info(
             "decided", job=job.id, admitted=view.admitted, payoff=view.payoff, cost=view.cost,
             jct=view.jct, arrival=view.arrival_slot, ms=round(view.decision_ms, 3),
-            pending_until=wait_until,
+            pending_until=wait_until, slots_scanned=best.slots_scanned,
+            slots_priced=best.slots_priced,
         )  # fmt: skip
         return self._answer(job.id, canonical, view, events, wait_until), events
 
