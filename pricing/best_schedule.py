@@ -247,8 +247,8 @@ def _cannot_beat(
     is worth ``util[j]``, which does not rise with ``j``. First with the least bound over
     every later slot; then, walking the later slots, once per slot where their running
     least bound falls (the first end of such a run is worth the most in it), at most
-    ``_MAX_RUNS`` times; an end worth no more than ``best`` ends the walk (costs are
-    >= 0). False when it cannot tell."""
+    ``_MAX_RUNS`` times, up to the run of the least bound of all; an end worth no more
+    than ``best`` ends the walk (costs are >= 0). False when it cannot tell."""
     if util[k + 1] - _rest_cost(cur, reach, work, lb_rest[k + 1], cover) <= best:
         return True
     least = np.inf
@@ -261,6 +261,8 @@ def _cannot_beat(
             runs += 1
             if runs > _MAX_RUNS or util[j] - _rest_cost(cur, reach, work, least, cover) > best:
                 return False
+            if least <= lb_rest[k + 1]:  # the least of all: no later run is cheaper
+                return True
     return True
 
 
