@@ -163,9 +163,14 @@ def write_config(
     slot_seconds: float = SLOT_SECONDS,
     window: int = WINDOW,
     extra: str = "",
+    sqlite_synchronous: str = "full",
 ) -> Path:
     """An oasisd TOML config: loopback on a free port, T = 300 (``window``), the given
-    servers; ``extra`` (TOML tables, e.g. ``[mqtt]``) goes before ``[cluster]``."""
+    servers; ``extra`` (TOML tables, e.g. ``[mqtt]``) goes before ``[cluster]``;
+    ``sqlite_synchronous`` other than the default is written as ``daemon.sqlite_synchronous``."""
+    synchronous = (
+        "" if sqlite_synchronous == "full" else f'sqlite_synchronous = "{sqlite_synchronous}"\n'
+    )
     rows = ",\n".join(f"  {_toml_value(s)}" for s in servers)
     path.write_text(
         f"""[daemon]
@@ -176,7 +181,7 @@ slot_seconds = {slot_seconds}
 window = {window}
 epoch = {epoch!r}
 log_level = "info"
-
+{synchronous}
 [pricing]
 bounds = "estimate"
 {extra}
@@ -358,8 +363,9 @@ def run_backend(
     ]
     data_dir = workdir / f"{backend}-data"
     config = write_config(
-        workdir / f"{backend}.toml", data_dir, store_url, servers, epoch=time.time()
-    )
+        workdir / f"{backend}.toml", data_dir, store_url, servers, epoch=time.time(),
+        sqlite_synchronous=args.sqlite_synchronous,
+    )  # fmt: skip
     log_path = workdir / f"{backend}.log"
     daemon = Daemon(config, log_path).start(timeout=120)
     load = Load(daemon.address, requests, args.clients, args.health_interval, args.max_seconds)
@@ -474,6 +480,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seconds", type=float, default=300.0,
                         help="stop submitting after this long per backend (300)")  # fmt: skip
     parser.add_argument("--keep-logs", metavar="DIR", help="copy the daemon logs here")
+    parser.add_argument(
+        "--sqlite-synchronous", choices=("full", "normal"), default="full",
+        help="daemon.sqlite_synchronous of the SQLite run (full: the daemon's default)",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]

@@ -6,7 +6,9 @@ What is measured
     (``pricing.workload.generate_trace``), at two scales:
 
     - ``paper``: 50 worker + 50 PS servers, T = 300 slots, 300 jobs per trace;
-    - ``10x``: 500 + 500 servers, T = 1000 slots, 3000 jobs per trace.
+    - ``10x``: 500 + 500 servers, T = 1000 slots, 3000 jobs per trace;
+    - ``10k-servers``: 5000 + 5000 servers, T = 300, 300 jobs (issue 16's goal);
+    - ``T3000``: 50 + 50 servers, T = 3000, 300 jobs (issue 16's goal).
 
     Per scale: p50, p99 and max decision time over all decisions of all seeds, the
     admitted share, and the peak memory of a process that replays one trace of that
@@ -55,6 +57,9 @@ from pricing.workload import generate_trace
 SCALES: dict[str, dict[str, int]] = {
     "paper": {"servers": 50, "horizon": 300, "jobs": 300},
     "10x": {"servers": 500, "horizon": 1000, "jobs": 3000},
+    # issue 16's goals (300 jobs each): 10,000 servers at T = 300, 100 at T = 3,000
+    "10k-servers": {"servers": 5000, "horizon": 300, "jobs": 300},
+    "T3000": {"servers": 50, "horizon": 3000, "jobs": 300},
 }
 
 
@@ -175,7 +180,9 @@ def machine() -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
     parser.add_argument("--seeds", type=int, default=3, help="traces per scale (seeds 1..n)")
-    parser.add_argument("--scales", default="paper,10x", help="comma-separated: paper,10x")
+    parser.add_argument(
+        "--scales", default="paper,10x", help=f"comma-separated, of: {','.join(SCALES)}"
+    )
     parser.add_argument("--reference-jobs", type=int, default=20, help="0 skips the reference")
     parser.add_argument(
         "--pricing",

@@ -71,12 +71,22 @@ def measure(chunks: int, minibatches: int) -> dict[str, float]:
     c_all = np.empty((T, job.chunks + 1))
     ymax = np.empty(T, np.int64)
     sides = (ledger.worker_side.kernel_view(job.worker), ledger.ps_side.kernel_view(job.ps))
-    args = (*sides, ledger.touched, 0, job.work, job.ps_table(), util, 0.0, d_all, c_all, ymax)
-    _search(*args)
+    lb = np.zeros(T)
+    cover = np.zeros(job.work + 1)
+    idle = np.empty(job.chunks + 1)
+
+    def kernel() -> int:
+        state = np.array([-np.inf, -1.0, 0.0, -1.0, 0.0])
+        return int(
+            _search(sides[0], sides[1], ledger.touched, 0, job.work, job.ps_table(), util, lb,
+                    lb, cover, False, d_all, c_all, ymax, idle, state, 0, T)
+        )  # fmt: skip
+
+    kernel()
     best = np.inf
     for _ in range(3):
         t0 = time.perf_counter()
-        _, _, scanned = _search(*args)
+        scanned = kernel()
         best = min(best, time.perf_counter() - t0)
     assert scanned == T
     decision = np.inf

@@ -8,6 +8,7 @@ Example (``config/oasisd.example.toml`` is a complete one)::
                                  # a relative path is relative to this file's folder
     store_url = ""               # e.g. "postgresql+psycopg://oasis@/oasis"
     store_timeout = 3            # seconds one store operation may take (store/database.py)
+    sqlite_synchronous = "full"  # SQLite: "full" survives power loss; "normal" only a crash
     slot_seconds = 3600          # length of a slot
     window = 300                 # T: a job may be planned up to T slots from its arrival
     epoch = 0                    # Unix time at which slot 0 began; absent: the first start
@@ -67,7 +68,7 @@ from controller.connections import Connections, connections_from_dict
 from controller.console.settings import DEFAULT_WEB_LISTEN, WebConfig, web_from_dict
 from controller.limits import Limits, limits_from_dict
 from controller.plane.settings import MqttConfig, check_server_names, mqtt_from_dict
-from controller.store.database import DEFAULT_TIMEOUT
+from controller.store.database import DEFAULT_TIMEOUT, SQLITE_SYNCHRONOUS
 from controller.tls import TlsConfig, check_exposure, is_loopback, tls_from_dict
 from pricing import fields
 from pricing.bound_estimate import DEFAULT_TRIM
@@ -121,6 +122,7 @@ class Config:
         store_url: SQLAlchemy URL of the store; empty means SQLite in ``data_dir``.
         store_timeout: seconds one store operation may take (connect, statement, lock
             wait, round trip; ``controller/store/database.py``).
+        sqlite_synchronous: SQLite's ``synchronous`` (:data:`SQLITE_SYNCHRONOUS`).
         slot_seconds: seconds per slot.
         window: T, slots a job may be planned over from its arrival.
         epoch: Unix time of the start of slot 0, as the config gives it.
@@ -166,6 +168,7 @@ class Config:
     epoch_from_store: bool = False
     source: str = field(default="<embedded defaults>")
     store_timeout: float = DEFAULT_TIMEOUT
+    sqlite_synchronous: str = "full"
     connections: Connections = field(default_factory=Connections)
     web: WebConfig = field(default_factory=WebConfig)
     warnings: tuple[str, ...] = ()
@@ -181,6 +184,7 @@ _DAEMON_KEYS = {
     "data_dir",
     "store_url",
     "store_timeout",
+    "sqlite_synchronous",
     "slot_seconds",
     "window",
     "epoch",
@@ -238,6 +242,12 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
         )
         if store_timeout > _MAX_STORE_TIMEOUT:
             raise ConfigError(f"daemon.store_timeout: must be <= {_MAX_STORE_TIMEOUT:g} seconds")
+        synchronous = daemon.get("sqlite_synchronous", "full")
+        if synchronous not in SQLITE_SYNCHRONOUS:
+            raise ConfigError(
+                f"daemon.sqlite_synchronous: must be one of {list(SQLITE_SYNCHRONOUS)}, "
+                f"got {synchronous!r}"
+            )
         data_dir = Path(fields.text(daemon.get("data_dir", "./data"), "daemon.data_dir"))
         if base is not None and not data_dir.is_absolute():
             data_dir = base / data_dir
@@ -267,6 +277,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
             data_dir=data_dir,
             store_url=store_url,
             store_timeout=store_timeout,
+            sqlite_synchronous=synchronous,
             slot_seconds=fields.positive(daemon.get("slot_seconds", 3600), "daemon.slot_seconds"),
             window=fields.positive_int(daemon.get("window", 300), "daemon.window"),
             epoch=epoch,

@@ -91,7 +91,7 @@ async def serve(
     log = structlog.get_logger("oasisd")
     # without an epoch in the config, slot 0 is read from the store when it opens
     slots = SlotClock(clock or SystemClock(), config.slot_seconds, config.epoch)
-    db = Database(config.database_url, config.store_timeout)
+    db = Database(config.database_url, config.store_timeout, config.sqlite_synchronous)
     controller = AdmissionController(config, db, slots, log=log)
     writer = writer_lock(db)  # one daemon per store
     notifier = Notifier()

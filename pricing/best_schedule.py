@@ -14,14 +14,21 @@ Speed, exactness kept:
 - slots nobody has touched share one cost curve, computed once per decision;
 - the work reachable after ``k`` slots bounds the ``w`` range of the ``k``-th step;
 - the search ends once ``f(t + 1 - a + 1)`` minus a lower bound on any completion's
-  cost cannot beat the best payoff found: every unit of work costs at least the
-  cheapest possible worker plus its share of the cheapest possible PS (prices never
-  fall below ``L``).
+  cost cannot beat the best payoff found. The rest of the work costs at least, per
+  worker-slot, the cheapest unit price per resource of each later slot's servers (from
+  the ledger's least shares: prices rise with use), walked over the runs of later slots
+  where that bound falls; and, since no slot is cheaper than an untouched one, at least
+  what the untouched slots' shared cost curve charges for it (a covering DP over that
+  curve). Prices never fall below ``L``, so the old floor-price bound is the weakest case;
+- prices are derived from the amounts only for the slots the search scans, a run of
+  slots at a time (:class:`pricing.ledger.Side`), so a change of bounds costs a decision
+  no more than the slots it reads.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numba import njit
@@ -60,6 +67,8 @@ class BestSchedule:
         jct: its completion time ``t_end - a + 1``, slots.
         utility: ``f(jct)``.
         slots_scanned: slots the search examined before it could stop.
+        slots_priced: slots whose prices it derived (after a change of bounds), over
+            both kinds of server.
     """
 
     payoff: float | None
@@ -68,6 +77,7 @@ class BestSchedule:
     jct: int | None
     utility: float | None
     slots_scanned: int
+    slots_priced: int = 0
 
     @property
     def completion_slot(self) -> int | None:
@@ -111,27 +121,44 @@ def _search(
     work: int,
     zt: I64,
     util: F64,
-    lb_unit: float,
+    lb: F64,
+    lb_rest: F64,
+    cover: F64,
+    cheapest_idle: bool,
     d_all: F64,
     c_all: F64,
     ymax_all: I64,
-) -> tuple[int, float, int]:
-    """Forward DP over slots ``t0 .. t0 + n - 1`` (window indices), ``n = len(util)``.
+    idle_curve: F64,
+    state: F64,
+    k_lo: int,
+    k_hi: int,
+) -> int:
+    """Forward DP over slots ``t0 + k_lo .. t0 + k_hi - 1`` (window indices) of the
+    ``n = len(util)`` slots from ``t0``, resuming where the call that ended at
+    ``k_lo`` stopped (``k_lo = 0``: from the start).
 
     Fills ``d_all[k]`` (``(W + 1,)``: least cost of at least w worker-slots by slot k),
-    ``c_all[k]`` (``(N + 1,)``: the slot's cost curve) and ``ymax_all[k]``. Returns
-    ``(best_k, best_payoff, scanned)``; ``best_k`` is -1 when no end slot is feasible.
+    ``c_all[k]`` (``(N + 1,)``: the slot's cost curve) and ``ymax_all[k]``. ``lb[k]`` (``(n,)``)
+    is a lower bound on the cost of one worker-slot in slot ``k``, ``lb_rest[k]`` its
+    least over slots ``k .. n - 1``; ``cover`` ``(W + 1,)`` lower bounds on the cost of
+    ``w`` worker-slots anywhere (zeros: none known), which with ``cheapest_idle`` the
+    first untouched slot's curve tightens, with ``lb`` (:func:`_tighten_idle`).
+    ``state`` (``(5,)``) carries ``best payoff, best k (-1: none), reach,
+    idle ymax (-1: none), stopped`` between calls; ``idle_curve`` ``(N + 1,)`` the cost
+    curve of untouched slots. Returns the slots scanned so far; ``state[4]`` is 1 once
+    no later end can beat the best payoff found.
     """
     n_slots = util.shape[0]
-    idle_curve = np.empty(zt.shape[0])
-    idle_ymax = -1
-
-    prev = np.full(work + 1, np.inf)
-    prev[0] = 0.0
-    reach = 0
-    best = -np.inf
-    best_k = -1
-    for k in range(n_slots):
+    best = state[0]
+    best_k = int(state[1])
+    reach = int(state[2])
+    idle_ymax = int(state[3])
+    if k_lo == 0:
+        prev = np.full(work + 1, np.inf)
+        prev[0] = 0.0
+    else:
+        prev = d_all[k_lo - 1]
+    for k in range(k_lo, k_hi):
         slot = t0 + k
         c = c_all[k]
         if not touched[slot] and idle_ymax >= 0:
@@ -142,6 +169,8 @@ def _search(
             if not touched[slot]:
                 idle_curve[:] = c
                 idle_ymax = ymax
+                if cheapest_idle:
+                    _tighten_idle(c, ymax, work, lb, lb_rest, cover)
         ymax_all[k] = ymax
 
         cur = d_all[k]
@@ -159,14 +188,92 @@ def _search(
             if best_k < 0 or payoff > best + TIE * max(abs(best), 1.0):
                 best = payoff
                 best_k = k
-        if k + 1 < n_slots:
-            lower = np.inf
-            for w in range(reach + 1):
-                lower = min(lower, cur[w] + (work - w) * lb_unit)
-            if util[k + 1] - lower <= best:
-                return best_k, best, k + 1
         prev = cur
-    return best_k, best, n_slots
+        if k + 1 < n_slots and _cannot_beat(cur, reach, work, util, lb, lb_rest, cover, k, best):
+            _keep(state, best, best_k, reach, idle_ymax, 1.0)
+            return k + 1
+    _keep(state, best, best_k, reach, idle_ymax, 0.0)
+    return k_hi
+
+
+@njit(cache=True, nogil=True)
+def _rest_cost(cur: F64, reach: int, work: int, unit: float, cover: F64) -> float:
+    """A lower bound on the cost of ``work`` worker-slots when those after the slot of
+    ``cur`` cost at least ``unit`` each (inf: none fits) and ``w`` of them at least
+    ``cover[w]``: ``min_w cur[w] + max((work - w) unit, cover[work - w])``."""
+    lower: float = cur[work]
+    for w in range(min(reach, work - 1) + 1):
+        lower = min(lower, cur[w] + max((work - w) * unit, cover[work - w]))
+    return lower
+
+
+@njit(cache=True, nogil=True)
+def _tighten_idle(curve: F64, ymax: int, work: int, lb: F64, lb_rest: F64, cover: F64) -> None:
+    """Tighten the bounds with the cost ``curve`` of an untouched slot, when no slot is
+    cheaper (:func:`search`'s ``idle_cheapest``): raise every per-slot bound ``lb`` (and
+    ``lb_rest``) to its least cost per worker, and set ``cover[w]`` (``(W + 1,)``) to the
+    least cost of ``w`` worker-slots in any number of slots priced like it (inf when not
+    one worker fits), a lower bound on ``w`` worker-slots anywhere."""
+    unit = np.inf
+    for y in range(1, ymax + 1):
+        unit = min(unit, curve[y] / y * _LB_SLACK)
+    n = lb.shape[0]
+    least = np.inf
+    for j in range(n - 1, -1, -1):
+        lb[j] = max(lb[j], unit)
+        least = min(least, lb[j])
+        lb_rest[j] = least
+    cover[0] = 0.0
+    for w in range(1, work + 1):
+        low = np.inf
+        for y in range(1, ymax + 1):
+            low = min(low, cover[max(w - y, 0)] + curve[y])
+        cover[w] = low * _LB_SLACK
+
+
+_MAX_RUNS = 8
+"""Runs of slots, each with one lower bound, that :func:`_cannot_beat` tries."""
+
+
+@njit(cache=True, nogil=True)
+def _cannot_beat(
+    cur: F64, reach: int, work: int, util: F64, lb: F64, lb_rest: F64, cover: F64, k: int,
+    best: float,
+) -> bool:  # fmt: skip
+    """True if no end after slot ``k`` can beat the payoff ``best``.
+
+    An end ``j > k`` costs at least ``min_w cur[w] + (work - w) min(lb[k + 1 .. j])``
+    (and ``cur[w] + cover[work - w]``, :func:`_tighten_idle`), and
+    is worth ``util[j]``, which does not rise with ``j``. First with the least bound over
+    every later slot; then, walking the later slots, once per slot where their running
+    least bound falls (the first end of such a run is worth the most in it), at most
+    ``_MAX_RUNS`` times, up to the run of the least bound of all; an end worth no more
+    than ``best`` ends the walk (costs are >= 0). False when it cannot tell."""
+    if util[k + 1] - _rest_cost(cur, reach, work, lb_rest[k + 1], cover) <= best:
+        return True
+    least = np.inf
+    runs = 0
+    for j in range(k + 1, util.shape[0]):
+        if util[j] <= best:
+            return True
+        if lb[j] < least:
+            least = lb[j]
+            runs += 1
+            if runs > _MAX_RUNS or util[j] - _rest_cost(cur, reach, work, least, cover) > best:
+                return False
+            if least <= lb_rest[k + 1]:  # the least of all: no later run is cheaper
+                return True
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _keep(state: F64, best: float, best_k: int, reach: int, idle_ymax: int, stop: float) -> None:
+    """Store the search's state between runs of slots (see :func:`_search`)."""
+    state[0] = best
+    state[1] = best_k
+    state[2] = reach
+    state[3] = idle_ymax
+    state[4] = stop
 
 
 @njit(cache=True, nogil=True)
@@ -231,6 +338,19 @@ def _cost_lower_bound(job: Job, ledger: Ledger) -> float:
     return (alpha + beta * share) * _LB_SLACK
 
 
+def _slot_cost_bounds(job: Job, ledger: Ledger, lo: int, hi: int) -> F64:
+    """``(hi - lo,)``: per window slot, a lower bound on the cost of one worker-slot
+    there: the cheapest unit price of each resource over the slot's servers (whether or
+    not they have room) for the worker, plus the least PS share per worker at the PS
+    servers' cheapest prices. Derived from the least shares, no price array is read."""
+    alpha = ledger.worker_side.min_unit_price(job.worker, lo, hi)
+    beta = ledger.ps_side.min_unit_price(job.ps, lo, hi)
+    y = np.arange(1, job.chunks + 1)
+    share = float((job.ps_needed(y) / y).min())
+    out: F64 = (alpha + beta * share) * _LB_SLACK
+    return out
+
+
 def best_schedule(
     job: Job, ledger: Ledger, first_slot: int, last_slot: int, arrival: int | None = None
 ) -> BestSchedule:
@@ -246,14 +366,32 @@ def best_schedule(
             None: ``first_slot``. A job decided again after waiting keeps its arrival, so
             ending in slot ``t`` is worth ``f(t - a + 1)``: still non-increasing in ``t``,
             so the forward pass stays exact.
+
+    Prices are derived (:class:`pricing.ledger.Side`) only for the slots the search
+    scans, a run of slots at a time, so the search's early stop also bounds the cost of
+    a change of bounds; :attr:`BestSchedule.slots_priced` counts them.
     """
     t0 = ledger.index(first_slot)
     n_slots = ledger.index(last_slot) - t0 + 1
-    wside = ledger.worker_side.kernel_view(job.worker)
-    pside = ledger.ps_side.kernel_view(job.ps)
-    lb_unit = _cost_lower_bound(job, ledger)
-    best, _ = search(job, wside, pside, ledger.touched, t0, n_slots, first_slot, lb_unit, arrival)
-    return best
+    sides = (ledger.worker_side, ledger.ps_side)
+    derived = sum(side.derived for side in sides)
+
+    def prepare(lo: int, hi: int, idle: bool) -> None:
+        for side in sides:
+            side.prices(lo, hi, idle)
+
+    wside = (*ledger.worker_side.kernel_view(job.worker, t0, t0),)
+    pside = (*ledger.ps_side.kernel_view(job.ps, t0, t0),)
+    lb = _slot_cost_bounds(job, ledger, t0, t0 + n_slots)
+    rising = all((side.log_u >= side.log_l).all() for side in sides)  # prices rise with use
+    best, _ = search(
+        job, wside, pside, ledger.touched, t0, n_slots, first_slot, lb, arrival, prepare, rising
+    )
+    return replace(best, slots_priced=sum(side.derived for side in sides) - derived)
+
+
+_FIRST_RUN = 32
+"""Slots the search scans before it derives more prices; each later run is twice as long."""
 
 
 def search(
@@ -264,8 +402,10 @@ def search(
     t0: int,
     n_slots: int,
     first_slot: int,
-    lb_unit: float,
+    lb_unit: float | F64,
     arrival: int | None = None,
+    prepare: Callable[[int, int, bool], None] | None = None,
+    cheapest_idle: bool = False,
 ) -> tuple[BestSchedule, F64]:
     """The search of :func:`best_schedule` against any non-negative unit prices.
 
@@ -279,15 +419,23 @@ def search(
         t0: window index of ``first_slot``; ``n_slots``: slots the job may use from it.
         first_slot: the first slot it may use, the absolute slot of window index ``t0``.
         lb_unit: a lower bound on the cost of one worker-slot (with its PS) in any of
-            these slots; 0 is always valid.
+            these slots, or ``(n_slots,)``, one per slot; 0 is always valid.
         arrival: the slot its completion time counts from (:func:`best_schedule`);
             None: ``first_slot``.
+        prepare: called as ``prepare(lo, hi, idle)`` before the search reads prices of
+            window slots ``lo .. hi - 1``: with ``idle`` False it reads only touched
+            slots and one untouched slot, with True every slot (None: prices are ready).
+        cheapest_idle: True if no slot costs less than an untouched one for any number
+            of workers (prices rise with use, as in a ledger): the first untouched slot's
+            cost curve then bounds the cost of the rest of the work, so the search may
+            stop sooner.
 
     Returns:
         The best schedule, and ``(n_slots,)`` float64 upper bounds on the payoff of any
         schedule whose last worker slot is ``t = first_slot + k`` (``-inf`` where none is
         feasible): ``f(t - a + 1) - D_k[W]`` where the search computed the least cost
-        ``D_k[W]``, and ``f(t - a + 1) - (W lb_unit)`` past the slot where it stopped.
+        ``D_k[W]``, and ``f(t - a + 1) - W min(lb_unit[:k + 1])`` past the slot where it
+        stopped.
     """
     ends = np.full(max(n_slots, 0), -np.inf)
     if n_slots < 1:
@@ -298,17 +446,31 @@ def search(
     work = job.work
     zt = job.ps_table()
     util = job.utility.values(np.arange(1, n_slots + 1) + (first_slot - a))
+    lb = np.array(np.broadcast_to(np.asarray(lb_unit, np.float64), (n_slots,)))  # a copy
+    lb_rest = np.ascontiguousarray(np.minimum.accumulate(lb[::-1])[::-1])
+    cover = np.zeros(work + 1)
     d_all = np.empty((n_slots, work + 1))
     c_all = np.empty((n_slots, job.chunks + 1))
     ymax_all = np.empty(n_slots, np.int64)
-    best_k, _, scanned = _search(
-        wside, pside, touched, t0, work, zt, util, lb_unit, d_all, c_all, ymax_all
-    )
+    idle_curve = np.empty(job.chunks + 1)
+    state = np.array([-np.inf, -1.0, 0.0, -1.0, 0.0])
+    scanned, run = 0, _FIRST_RUN
+    while scanned < n_slots and not state[4]:
+        hi = n_slots if prepare is None else min(n_slots, scanned + run)
+        if prepare is not None:
+            prepare(t0 + scanned, t0 + hi, False)
+        args = (wside, pside, touched, t0, work, zt, util, lb, lb_rest, cover, cheapest_idle,
+                d_all, c_all, ymax_all)  # fmt: skip
+        scanned = _search(*args, idle_curve, state, scanned, hi)
+        run *= 2
+    best_k = int(state[1])
     ends[:scanned] = util[:scanned] - d_all[:scanned, work]
-    ends[scanned:] = util[scanned:] - work * lb_unit
+    ends[scanned:] = util[scanned:] - work * np.minimum.accumulate(lb)[scanned:]
     if best_k < 0:
         return BestSchedule(None, None, None, None, None, int(scanned)), ends
     ys = _backtrack(d_all, c_all, ymax_all, best_k, work)
+    if prepare is not None:
+        prepare(t0, t0 + best_k + 1, True)  # the schedule's slots, untouched ones too
     workers, ps = _materialise(wside, pside, t0, ys, zt)
     schedule = Schedule(first_slot, workers, ps)
     cost = float(sum(c_all[k, ys[k]] for k in range(ys.shape[0])))

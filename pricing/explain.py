@@ -68,7 +68,7 @@ def price_drivers(best: BestSchedule, job: Job, ledger: Ledger, top: int = 3) ->
         (sched.ps, ledger.ps_side, job.ps, cluster.ps_names),
     ):
         # (servers, R, n): cost of each resource on each server in each slot
-        prices = side.price[lo:hi].transpose(1, 2, 0)
+        prices = side.prices(lo, hi)[lo:hi].transpose(1, 2, 0)
         cost = np.ascontiguousarray(counts.T[:, None, :] * prices * demand[None, :, None])
         # runs of positive cost along the slots, every (server, resource) column at once;
         # starts and ends come out in (server, resource, slot) order, so they pair up

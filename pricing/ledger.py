@@ -19,7 +19,8 @@ placement kernels need no change. Blocked slots hold no job's allocation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
@@ -49,29 +50,59 @@ LOG_PRICE_FLOOR = -1e6
 keeps ``log L + share * (log U - log L)`` free of ``inf - inf``."""
 
 
+_VERSIONS = itertools.count(1)
+"""Bound versions: each distinct pair of bounds a side prices with gets a fresh number."""
+
+
 @dataclass(eq=False)
 class Side:
     """One kind of server (workers or PS) over the window.
 
+    Prices are derived lazily: a change of bounds only gives the side a new bounds
+    *version* (``O(n R)``: the empty-cluster prices), and a slot's prices are derived
+    from its amounts (``O(n R)``, :func:`pricing.prices.price`, the same floats as an
+    eager derivation) the first time something reads them under that version:
+    :meth:`prices` for a range of slots, :attr:`price` for the whole window. A search
+    derives only the slots it scans, so the cost of a bounds change is at most one
+    derivation per slot a decision reads, and is part of that decision's time.
+
     Attributes:
         capacity: ``(n, R)`` float64, per server and resource.
         used: ``(S, n, R)`` float64, allocated amounts per slot, server and resource.
-        price: ``(S, n, R)`` float64, the price of one unit, utility per unit per slot.
+        cells: ``(S, n, R)`` float64, prices as last derived; slot ``t`` is valid only
+            when ``priced[t] == version`` (read :attr:`price` or :meth:`prices`).
         empty_price: ``(n, R)`` float64, the price of a slot with nothing allocated.
         log_l: ``(R,)`` float64, ``log L[r]`` of this side; ``log_u``: ``(R,)``,
             ``log U[r]``; both as priced, after :data:`LOG_PRICE_CAP`.
         blocked: ``(S, n)`` bool, True where the server is down in that slot.
         down: ``(n,)`` bool, servers down with no end: slots the window opens are blocked.
+        touched: ``(S,)`` bool, the ledger's: False where nothing is allocated on either
+            side (such a slot prices at ``empty_price``).
+        min_share: ``(S, R)`` float64, the least ``used / capacity`` over servers per slot
+            and resource (1 where no server has the resource): prices rise with the share,
+            so the cheapest unit price of a slot follows from it without deriving prices.
+        priced: ``(S,)`` int64, the bounds version each slot's cells were derived under
+            (0: none).
+        version: the bounds version in use.
+        derived: slots derived so far (a counter of the lazy work, for benchmarks).
     """
 
     capacity: NDArray[np.float64]
     used: NDArray[np.float64]
-    price: NDArray[np.float64]
+    cells: NDArray[np.float64]
     empty_price: NDArray[np.float64]
     log_l: NDArray[np.float64]
     log_u: NDArray[np.float64]
     blocked: NDArray[np.bool_]
     down: NDArray[np.bool_]
+    touched: NDArray[np.bool_]
+    min_share: NDArray[np.float64]
+    priced: NDArray[np.int64]
+    version: int = 0
+    derived: int = 0
+    _known: list[tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], int]] = field(
+        default_factory=list
+    )
 
     @classmethod
     def empty(
@@ -80,48 +111,92 @@ class Side:
         length: int,
         log_l: float | NDArray[np.float64],
         log_u: NDArray[np.float64],
+        touched: NDArray[np.bool_],
     ) -> Side:
         n, r = capacity.shape
         side = cls(capacity, np.zeros((length, n, r)), np.empty((length, n, r)),
                    np.empty((n, r)), np.empty(r), log_u, np.zeros((length, n), np.bool_),
-                   np.zeros(n, np.bool_))  # fmt: skip
+                   np.zeros(n, np.bool_), touched, np.empty((length, r)),
+                   np.zeros(length, np.int64))  # fmt: skip
         side.use_bounds(log_l, log_u)
+        side.refresh_shares(0, length)
         return side
 
-    def use_bounds(
-        self,
-        log_l: float | NDArray[np.float64],
-        log_u: NDArray[np.float64],
-        touched: NDArray[np.bool_] | None = None,
-    ) -> None:
+    def use_bounds(self, log_l: float | NDArray[np.float64], log_u: NDArray[np.float64]) -> None:
         """Price with ``log L`` (one number or ``(R,)``) and ``log U`` (``(R,)``) from now
-        on, each cut to :data:`LOG_PRICE_CAP`; every slot is repriced. ``touched``:
-        ``(S,)``, False where nothing is allocated on either side (those slots take the
-        empty price, the same floats computing them would give); None: compute all."""
+        on, each cut to :data:`LOG_PRICE_CAP`. No slot is derived here (see the class);
+        going back to the bounds used just before makes the slots derived under them, and
+        not changed since, valid again."""
         with np.errstate(divide="ignore"):  # a resource no server has: no cap needed
             cap = LOG_PRICE_CAP - np.log(self.capacity.max(axis=0))
         floor = np.broadcast_to(np.asarray(log_l, np.float64), cap.shape)
-        self.log_l = np.minimum(np.maximum(floor, LOG_PRICE_FLOOR), cap)
-        self.log_u = np.minimum(np.asarray(log_u, np.float64), cap)
-        self.empty_price = price(
-            self.log_l, self.log_u, np.zeros_like(self.capacity), self.capacity
-        )
-        if touched is None:
-            self.reprice(0, self.used.shape[0])
-            return
-        self.price[~touched] = self.empty_price
-        if touched.any():
-            self.price[touched] = price(self.log_l, self.log_u, self.used[touched], self.capacity)
+        new_l = np.minimum(np.maximum(floor, LOG_PRICE_FLOOR), cap)
+        new_u = np.minimum(np.asarray(log_u, np.float64), cap)
+        for known in self._known:
+            if np.array_equal(known[0], new_l) and np.array_equal(known[1], new_u):
+                self.log_l, self.log_u, self.empty_price, self.version = known
+                break
+        else:
+            self.log_l, self.log_u, self.version = new_l, new_u, next(_VERSIONS)
+            self.empty_price = price(new_l, new_u, np.zeros_like(self.capacity), self.capacity)
+            self._known = [*self._known[-1:], (new_l, new_u, self.empty_price, self.version)]
+
+    @property
+    def price(self) -> NDArray[np.float64]:
+        """``(S, n, R)`` float64, the price of one unit, utility per unit per slot (every
+        slot derived first)."""
+        return self.prices(0, self.used.shape[0])
+
+    def prices(self, lo: int, hi: int, idle: bool = True) -> NDArray[np.float64]:
+        """The whole ``(S, n, R)`` price array, with window slots ``lo .. hi - 1`` derived
+        under the bounds in use (slots outside may be stale). With ``idle`` False, of the
+        untouched slots in the range only the first is made valid (they all price alike)."""
+        stale = np.flatnonzero(self.priced[lo:hi] != self.version) + lo
+        if not stale.size:
+            return self.cells
+        busy = self.touched[stale]
+        empty = stale[~busy]
+        if not idle and empty.size:  # the first untouched slot, the one a search reads
+            first = lo + int(np.argmin(self.touched[lo:hi]))
+            empty = empty[:1] if empty[0] == first else empty[:0]
+        self.cells[empty] = self.empty_price
+        rows = stale[busy]
+        if rows.size:
+            self.cells[rows] = price(self.log_l, self.log_u, self.used[rows], self.capacity)
+        self.priced[empty] = self.version
+        self.priced[rows] = self.version
+        self.derived += int(empty.size + rows.size)
+        return self.cells
 
     def kernel_view(
-        self, demand: NDArray[np.float64]
+        self, demand: NDArray[np.float64], lo: int = 0, hi: int | None = None
     ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
-        """``(price, used, capacity, demand)`` as the compiled search takes a side."""
-        return (self.price, self.used, self.capacity, np.ascontiguousarray(demand, np.float64))
+        """``(price, used, capacity, demand)`` as the compiled search takes a side, with
+        prices derived in window slots ``lo .. hi - 1`` (None: to the end)."""
+        cells = self.prices(lo, self.used.shape[0] if hi is None else hi)
+        return (cells, self.used, self.capacity, np.ascontiguousarray(demand, np.float64))
+
+    def min_unit_price(self, demand: NDArray[np.float64], lo: int, hi: int) -> NDArray[np.float64]:
+        """``(hi - lo,)`` float64: per window slot, ``sum_r demand[r] * min_h price[h, r]``,
+        at most the price of one unit of ``demand`` on any server of the slot (equal up to
+        rounding when one server is cheapest in every resource)."""
+        least = price(self.log_l, self.log_u, self.min_share[lo:hi], np.ones_like(self.log_l))
+        out: NDArray[np.float64] = least @ demand
+        return out
 
     def reprice(self, lo: int, hi: int) -> None:
-        """Recompute prices of window slots ``lo .. hi - 1`` from ``used``."""
-        self.price[lo:hi] = price(self.log_l, self.log_u, self.used[lo:hi], self.capacity)
+        """Amounts of window slots ``lo .. hi - 1`` changed: their prices are derived
+        again when next read, and their least shares now."""
+        self.priced[lo:hi] = 0
+        self.refresh_shares(lo, hi)
+
+    def refresh_shares(self, lo: int, hi: int) -> None:
+        """Recompute :attr:`min_share` of window slots ``lo .. hi - 1``."""
+        if lo >= hi:
+            return
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(self.capacity > 0, self.used[lo:hi] / self.capacity, 1.0)
+        self.min_share[lo:hi] = share.min(axis=1) if share.shape[1] else 1.0
 
     def fill_blocked(self, lo: int, hi: int) -> None:
         """Set amounts of blocked cells in window slots ``lo .. hi - 1`` to capacity."""
@@ -161,9 +236,13 @@ class Ledger:
         self.bounds = bounds
         self.origin = origin
         self.length = length
-        self.worker_side = Side.empty(cluster.worker_capacity, length, bounds.log_l1, bounds.log_u1)
-        self.ps_side = Side.empty(cluster.ps_capacity, length, bounds.log_l2, bounds.log_u2)
         self.touched = np.zeros(length, dtype=np.bool_)
+        self.worker_side = Side.empty(
+            cluster.worker_capacity, length, bounds.log_l1, bounds.log_u1, self.touched
+        )
+        self.ps_side = Side.empty(
+            cluster.ps_capacity, length, bounds.log_l2, bounds.log_u2, self.touched
+        )
         self._entries: dict[str, _Entry] = {}
 
     # -- reading -----------------------------------------------------------------------
@@ -215,19 +294,21 @@ class Ledger:
     # -- changing ----------------------------------------------------------------------
 
     def set_bounds(self, bounds: PriceBounds) -> None:
-        """Use new price bounds: every slot is repriced from its amounts (nothing is done
-        when they equal the bounds in use)."""
+        """Use new price bounds (nothing is done when they equal the bounds in use).
+
+        Costs ``O(n R)``: prices are derived from the amounts lazily, slot by slot, as
+        they are read (:class:`Side`)."""
         if bounds.same_as(self.bounds):
             return
         old, self.bounds = self.bounds, bounds
         if not (
             np.array_equal(old.floor1, bounds.floor1) and np.array_equal(old.log_u1, bounds.log_u1)
         ):
-            self.worker_side.use_bounds(bounds.log_l1, bounds.log_u1, self.touched)
+            self.worker_side.use_bounds(bounds.log_l1, bounds.log_u1)
         if not (
             np.array_equal(old.floor2, bounds.floor2) and np.array_equal(old.log_u2, bounds.log_u2)
         ):
-            self.ps_side.use_bounds(bounds.log_l2, bounds.log_u2, self.touched)
+            self.ps_side.use_bounds(bounds.log_l2, bounds.log_u2)
 
     def admit(
         self,
@@ -361,8 +442,11 @@ class Ledger:
         for side in (self.worker_side, self.ps_side):
             side.used[:keep] = side.used[self.length - keep :]
             side.used[keep:] = 0.0
-            side.price[:keep] = side.price[self.length - keep :]
-            side.price[keep:] = side.empty_price
+            side.cells[:keep] = side.cells[self.length - keep :]
+            side.priced[:keep] = side.priced[self.length - keep :]
+            side.priced[keep:] = 0
+            side.min_share[:keep] = side.min_share[self.length - keep :]
+            side.refresh_shares(keep, self.length)
             side.blocked[:keep] = side.blocked[self.length - keep :]
             side.blocked[keep:] = side.down[None, :]
         self.touched[:keep] = self.touched[self.length - keep :]

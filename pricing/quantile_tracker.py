@@ -14,7 +14,8 @@ Why both:
   start, or when a gap separates two groups of values): one observation moves the
   followed value by at most ``step``, ``k`` observations by at most ``k * step``;
 - a dead band of one bin either way keeps the followed value still while its quantile
-  only jitters between neighbouring bins (each move reprices the whole ledger).
+  only jitters between neighbouring bins (each move makes every price stale; the ledger
+  derives them again as searches read them).
 
 ``move(value, target) = clip(target, value - step, value + step)`` is monotone in both
 arguments and commutes with adding a constant to both, so it never widens a difference:

@@ -18,6 +18,7 @@ def test_example_config_loads() -> None:
     assert len(config.cluster.worker_names) == 6 and len(config.cluster.ps_names) == 3
     assert config.pricing.mode == "estimate" and config.pricing.trim == 0.3
     assert config.database_url == "sqlite:////var/lib/oasis/oasis.db"
+    assert config.sqlite_synchronous == "full"
 
 
 def test_demo_defaults() -> None:
@@ -42,6 +43,8 @@ def test_demo_defaults() -> None:
         ("gpu = 16, cpu = 64", "gpu = -16, cpu = 64",
          "cluster.servers[2].capacity.gpu: must be >= 0"),
         ('"bandwidth"]', '"bw"]', "cluster.resources: must include 'bandwidth'"),
+        ('sqlite_synchronous = "full"', 'sqlite_synchronous = "off"',
+         "daemon.sqlite_synchronous: must be one of ['full', 'normal'], got 'off'"),
     ],
 )  # fmt: skip
 def test_bad_config_names_the_key(tmp_path: Path, old: str, new: str, message: str) -> None:

@@ -15,6 +15,7 @@ from controller.cli import build_parser
 from controller.commands.agent import broker_settings
 from controller.commands.common import InputError
 from controller.config import ConfigError, from_dict
+from controller.plane import topics
 from controller.plane.agent import Agent, TaskState
 from controller.plane.settings import MqttConfig, mqtt_from_dict
 from controller.plane.topics import Heartbeat, Plan, Progress, SlotPlan, Task, TaskProgress, Topics
@@ -172,6 +173,7 @@ def plan(epoch: int, slot: int = 5, starts: float = 100.0, workers: int = 2) -> 
 def test_payloads_round_trip_and_bad_ones_name_the_field() -> None:
     p = plan(7)
     assert Plan.parse(p.to_bytes()) == p
+    assert p.to_bytes() == topics._dump(p)  # the hand-built payload is asdict's, byte for byte
     beat = Heartbeat("w0", "s1", 7)
     assert Heartbeat.parse(beat.to_bytes()) == beat
     prog = Progress("w0", "s1", [TaskProgress("j1", 3.5, 2.0)])

@@ -36,7 +36,9 @@ from pricing.workload import generate_trace
 from tests.test_offline import _job_options, _tiny_instances
 
 
-def _small(seed: int, jobs: int = 8, servers: int = 2, horizon: int = 8) -> Trace:
+def _small(
+    seed: int, jobs: int = 8, servers: int = 2, horizon: int = 8, bounds: str = "oracle"
+) -> Trace:
     raw = generate_trace(
         np.random.default_rng(seed),
         n_jobs=jobs,
@@ -44,6 +46,7 @@ def _small(seed: int, jobs: int = 8, servers: int = 2, horizon: int = 8) -> Trac
         n_ps_servers=servers,
         horizon=horizon,
     )
+    raw["pricing"] = {"bounds": bounds}
     return trace_from_dict(raw)
 
 

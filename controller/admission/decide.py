@@ -3,6 +3,7 @@ commit the decision to the store, then apply it to the ledger."""
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import replace
@@ -107,14 +108,15 @@ class DecisionCore(AdmissionState):
         check_job_id(job_id)
         wait = self._wait(wait_seconds)
         canonical = canonical_spec(spec)
-        with self.db.session() as session:
-            existing = session.get(JobRow, job_id)
-            if existing is not None:
-                if owner is not None and existing.submitter != owner:
-                    raise ConflictError(f"job id {job_id!r} is taken by another submitter")
-                if existing.spec != canonical:
-                    raise ConflictError(f"job {job_id!r} exists with another spec")
-                return self._view(session, existing, duplicate=True), []
+        if job_id in self._stored_ids():  # a new id needs no read of the store
+            with self.db.session() as session:
+                existing = session.get(JobRow, job_id)
+                if existing is not None:
+                    if owner is not None and existing.submitter != owner:
+                        raise ConflictError(f"job id {job_id!r} is taken by another submitter")
+                    if existing.spec != canonical:
+                        raise ConflictError(f"job {job_id!r} exists with another spec")
+                    return self._view(session, existing, duplicate=True), []
         # at a slot boundary the jobs already waiting are decided before a newcomer
         self._advance_window()
         self._decide_pending()
@@ -129,18 +131,46 @@ class DecisionCore(AdmissionState):
             self._restore_bounds(previous)
             raise
         self._estimate = estimate
+        self._stored_ids().add(job.id)
         if view.admitted:
             assert best.schedule is not None
             self._ledger.admit(job.id, job.worker, job.ps, best.schedule)
         self.log.info(
             "decided", job=job.id, admitted=view.admitted, payoff=view.payoff, cost=view.cost,
             jct=view.jct, arrival=view.arrival_slot, ms=round(view.decision_ms, 3),
-            pending_until=wait_until,
+            pending_until=wait_until, slots_scanned=best.slots_scanned,
+            slots_priced=best.slots_priced,
         )  # fmt: skip
-        with self.db.session() as session:
-            row = session.get(JobRow, job.id)
-            assert row is not None
-            return self._view(session, row), events
+        return self._answer(job.id, canonical, view, events, wait_until), events
+
+    def _answer(
+        self, job_id: str, canonical: str, view: DecisionView, events: list[Event],
+        wait_until: int | None,
+    ) -> JobView:  # fmt: skip
+        """The job as just committed, as a read of the store would give it (no re-read):
+        the decided event holds its state and sequence, ``view`` its decision (its
+        allocations in the store's order: by slot, then server, each server one kind)."""
+        decided = events[0]
+        assert decided.job_id == job_id and decided.kind == "decided"
+        return JobView(
+            id=job_id,
+            spec=json.loads(canonical),
+            state=decided.state,
+            decision=view,
+            submitted_slot=decided.slot,
+            sequence=self._sequence,
+            wait_until_slot=wait_until,
+        )
+
+    def _stored_ids(self) -> set[str]:
+        """Ids of every job in the store, kept in memory so a new id's submission reads
+        nothing before it is decided. Loaded with one query whenever the ledger was
+        (re)built from the store (at start, after an outage): both then match it."""
+        if self._ids_ledger is not self._ledger:
+            with self.db.session() as session:
+                self._ids = set(session.scalars(select(JobRow.id)).all())
+            self._ids_ledger = self._ledger
+        return self._ids
 
     def _commit(
         self,
@@ -158,6 +188,7 @@ class DecisionCore(AdmissionState):
         state = "admitted" if view.admitted else waiting
         with self.db.session() as session:
             seq = (session.scalar(select(func.max(JobRow.sequence))) or 0) + 1
+            self._sequence = seq  # the answer's (_answer), once this commits
             start = None
             if view.admitted and best.schedule is not None:
                 start = int(best.schedule.start + np.flatnonzero(best.schedule.worker_counts())[0])

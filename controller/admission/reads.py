@@ -116,10 +116,11 @@ class ReadViews(AdmissionState):
             ("worker", ledger.worker_side, self.cluster.worker_names),
             ("ps", ledger.ps_side, self.cluster.ps_names),
         ):
+            cells = side.prices(lo, hi)
             for i, name in enumerate(names):
                 for r, res in enumerate(self.cluster.resources):
                     if side.capacity[i, r] > 0:
-                        out.append((name, kind, res, side.price[lo:hi, i, r].tolist()))
+                        out.append((name, kind, res, cells[lo:hi, i, r].tolist()))
         return first, out
 
     def utilisation(

@@ -86,6 +86,10 @@ class AdmissionState(ABC):
         # by the controller once the step returns, even if it failed after them
         self._held_events: list[Event] = []
         self._pending_slot = -1  # the slot whose pending jobs have all been decided
+        # ids of the stored jobs, valid for the ledger they were loaded with (.decide)
+        self._ids: set[str] = set()
+        self._ids_ledger: Ledger | None = None
+        self._sequence = 0  # the sequence of the job last committed (.decide)
 
     @property
     def _ledger(self) -> Ledger:

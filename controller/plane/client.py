@@ -6,7 +6,12 @@ import aiomqtt
 
 from controller.plane.settings import MqttConfig
 
-__all__ = ["client_for"]
+__all__ = ["IN_FLIGHT", "client_for"]
+
+IN_FLIGHT = 32
+"""Calls one client has in flight at most (a QoS 1 publish until its PUBACK, a
+subscription): aiomqtt scans its pending calls at every new one, and paho its queued
+messages at every PUBACK, so each costs time linear in how many are in flight."""
 
 
 def client_for(
@@ -24,8 +29,11 @@ def client_for(
         tls_params=tls,
         keepalive=max(5, int(mqtt.heartbeat_timeout)),
         max_inflight_messages=200,
+        # the rest wait their turn: a slot boundary's plans for 10,000 servers published
+        # all at once cost time quadratic in them
+        max_concurrent_outgoing_calls=IN_FLIGHT,
         timeout=10.0,
     )
-    # a slot boundary publishes every server's plan at once: that is expected, not a leak
-    client.pending_calls_threshold = 100_000
+    # a slot boundary publishes every server's plan: up to IN_FLIGHT pending is expected
+    client.pending_calls_threshold = 2 * IN_FLIGHT
     return client

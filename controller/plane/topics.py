@@ -244,6 +244,14 @@ class SlotPlan:
         )
 
 
+def _slot_dict(plan: SlotPlan) -> dict[str, Any]:
+    """``asdict(plan)``, by hand."""
+    tasks = [{"job": t.job, "workers": t.workers, "ps": t.ps,
+              "minibatch_seconds": t.minibatch_seconds, "minibatches": t.minibatches}
+             for t in plan.tasks]  # fmt: skip
+    return {"slot": plan.slot, "starts_at": plan.starts_at, "tasks": tasks}
+
+
 @dataclass(frozen=True)
 class Plan:
     """The retained plan of one server: the current and the next slot.
@@ -269,7 +277,15 @@ class Plan:
     next: SlotPlan
 
     def to_bytes(self) -> bytes:
-        return _dump(self)
+        """The payload: the same bytes as ``_dump`` gives, built without
+        :func:`dataclasses.asdict`'s deep copy (a slot boundary encodes one per server)."""
+        return json.dumps(
+            {"version": VERSION, "server": self.server, "kind": self.kind, "epoch": self.epoch,
+             "slot_seconds": self.slot_seconds, "heartbeat_seconds": self.heartbeat_seconds,
+             "down": self.down, "current": _slot_dict(self.current),
+             "next": _slot_dict(self.next)},
+            separators=(",", ":"),
+        ).encode()  # fmt: skip
 
     def same_content(self, other: Plan | None) -> bool:
         """True if ``other`` plans the same (its epoch aside)."""

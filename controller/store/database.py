@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
@@ -40,7 +40,14 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
-__all__ = ["DEFAULT_TIMEOUT", "RETRY_SECONDS", "Database", "StoreUnavailableError", "migrate"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "RETRY_SECONDS",
+    "SQLITE_SYNCHRONOUS",
+    "Database",
+    "StoreUnavailableError",
+    "migrate",
+]
 
 MIGRATIONS = Path(__file__).resolve().parent.parent.parent / "migrations"
 _PG_LOCK = 0x6F61_7369  # "oasi": the advisory lock held while migrating
@@ -66,13 +73,23 @@ class StoreUnavailableError(Exception):
     """The database cannot be reached or refused the operation for a transient reason."""
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes in WAL mode
-    cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.execute("PRAGMA busy_timeout=5000")
-    cursor.close()
+SQLITE_SYNCHRONOUS = ("full", "normal")
+"""``daemon.sqlite_synchronous``: ``full`` (the default) syncs the WAL at every commit, so a
+commit survives power loss; ``normal`` syncs it only at checkpoints, so a commit survives a
+crash of the process but not of the machine, and costs no fsync (about 2.5 ms a commit on
+the benchmark machine, bench/results/speed.md)."""
+
+
+def _sqlite_pragmas(synchronous: str) -> Callable[[Any, Any], None]:
+    def pragmas(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA synchronous={synchronous.upper()}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA busy_timeout=5000")
+        cursor.close()
+
+    return pragmas
 
 
 class Database:
@@ -82,9 +99,14 @@ class Database:
         url: a SQLAlchemy URL (``sqlite:///path`` or ``postgresql+psycopg://...``).
         timeout: seconds one operation on PostgreSQL may take (the module docstring);
             SQLite waits up to 5 s for its write lock.
+        sqlite_synchronous: one of :data:`SQLITE_SYNCHRONOUS` (SQLite only).
     """
 
-    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self, url: str, timeout: float = DEFAULT_TIMEOUT, sqlite_synchronous: str = "full"
+    ) -> None:
+        if sqlite_synchronous not in SQLITE_SYNCHRONOUS:
+            raise ValueError(f"sqlite_synchronous must be one of {SQLITE_SYNCHRONOUS}")
         self.url = url
         self.timeout = timeout
         self._down = ""  # why PostgreSQL was last found out of reach; "" if it was not
@@ -97,7 +119,7 @@ class Database:
         self.engine: Engine = create_engine(url, **kwargs)
         self.fail_fast = self.engine.dialect.name == "postgresql"
         if self.engine.dialect.name == "sqlite":
-            event.listen(self.engine, "connect", _sqlite_pragmas)
+            event.listen(self.engine, "connect", _sqlite_pragmas(sqlite_synchronous))
         elif self.engine.dialect.driver == "psycopg":
             event.listen(self.engine, "do_connect", _bounded_connect(timeout + _CLIENT_MARGIN))
             event.listen(self.engine, "begin", _patient_statements)
