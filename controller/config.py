@@ -58,6 +58,7 @@ from sqlalchemy.exc import ArgumentError
 
 from controller.auth import Caller, tokens_from_dict
 from controller.connections import Connections, connections_from_dict
+from controller.ha.settings import HaConfig, ha_from_dict
 from controller.limits import Limits, limits_from_dict
 from controller.plane.settings import MqttConfig, check_server_names, mqtt_from_dict
 from controller.store.database import DEFAULT_TIMEOUT
@@ -127,6 +128,8 @@ class Config:
             admitted at once stays ``pending`` that long (at most
             ``limits.max_wait_seconds``); 0: it is rejected at once.
         connections: ``[connections]``.
+        ha: ``[ha]``, high availability on PostgreSQL (:mod:`controller.ha`); None: one
+            daemon per store.
         warnings: problems worth a warning at start (a config with secrets that others
             may read).
     """
@@ -152,6 +155,7 @@ class Config:
     source: str = field(default="<embedded defaults>")
     store_timeout: float = DEFAULT_TIMEOUT
     connections: Connections = field(default_factory=Connections)
+    ha: HaConfig | None = None
     warnings: tuple[str, ...] = ()
 
     @property
@@ -190,7 +194,18 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
     ``base`` (the config file's folder) if given, else to the working directory."""
     _check_keys(
         data,
-        {"daemon", "pricing", "cluster", "metrics", "mqtt", "tls", "auth", "limits", "connections"},
+        {
+            "daemon",
+            "pricing",
+            "cluster",
+            "metrics",
+            "mqtt",
+            "tls",
+            "auth",
+            "limits",
+            "connections",
+            "ha",
+        },
         "config",
     )
     try:
@@ -258,6 +273,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
             wait_seconds=wait_seconds,
             epoch_from_store="epoch" not in daemon,
             connections=connections_from_dict(fields.optional_mapping(data, "connections", "")),
+            ha=ha_from_dict(fields.mapping(data["ha"], "ha") if "ha" in data else None),
             source=source,
         )
     except SpecError as err:

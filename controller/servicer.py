@@ -32,7 +32,7 @@ from controller.convert import (
     progress_to_proto,
     spec_from_proto,
 )
-from controller.errors import BusyError
+from controller.errors import BusyError, NotLeaderError
 from controller.jobspec import check_worth, has_times, prepare
 from controller.limits import RateLimiter
 from controller.rpc import oasis_pb2 as pb
@@ -52,6 +52,7 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
     (StoreUnavailableError, grpc.StatusCode.UNAVAILABLE),
     (DrainingError, grpc.StatusCode.UNAVAILABLE),
+    (NotLeaderError, grpc.StatusCode.UNAVAILABLE),  # and the leader in trailing metadata
     (QueueFullError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (BusyError, grpc.StatusCode.RESOURCE_EXHAUSTED),
 )

@@ -390,7 +390,7 @@ class Execution:
         since_boundary = self.slot_seconds - self.c.slots.seconds_to_next_slot()
         now = datetime.now(UTC)
         events: list[Event] = []
-        with self.c.db.session() as session:
+        with self.c._write() as session:
             for job_id in sorted(self.overdue):
                 row = session.get(JobRow, job_id)
                 if row is None or row.state != "running" or row.completion_slot is None:
@@ -469,7 +469,7 @@ class Execution:
                                   {j: self._last_slot(job) for j, job in jobs.items()})  # fmt: skip
             now = datetime.now(UTC)
             events: list[Event] = []
-            with self.c.db.session() as session:
+            with self.c._write() as session:
                 session.add(OutageRow(server=server, down_from=from_slot, up_from=None,
                                       detected_at=now))  # fmt: skip
                 moved = [*outcome.replaced, *outcome.replanned, *outcome.stranded]
@@ -495,7 +495,7 @@ class Execution:
         kind, index = self.server_index[server]
         from_slot = self.c.slot + 1
         now = datetime.now(UTC)
-        with self.c.db.session() as session:
+        with self.c._write() as session:
             session.execute(update(OutageRow).where(
                 OutageRow.server == server, OutageRow.up_from.is_(None)
             ).values(up_from=from_slot))  # fmt: skip
@@ -545,7 +545,7 @@ class Execution:
         now = datetime.now(UTC)
         if best.schedule is None or best.payoff is None or best.payoff <= ADMIT_THRESHOLD:
             detail["payoff"] = best.payoff
-            with self.c.db.session() as session:
+            with self.c._write() as session:
                 event = self.c._event(session, now, "behind", job_id, state, detail)
             self.log.info("job behind its plan", job=job_id, **detail)
             return [event]
@@ -553,7 +553,7 @@ class Execution:
         def change() -> list[Event]:
             ledger.replace(job_id, whole)
             detail["payoff"] = best.payoff
-            with self.c.db.session() as session:
+            with self.c._write() as session:
                 row = session.get(JobRow, job_id)
                 assert row is not None
                 self.c._write_schedule(session, job, row, whole, s + 1)
@@ -570,7 +570,7 @@ class Execution:
 
         def change() -> list[Event]:
             released = release_rest(self.c._ledger, job.id, s + 1)
-            with self.c.db.session() as session:
+            with self.c._write() as session:
                 row = session.get(JobRow, job.id)
                 assert row is not None
                 session.execute(delete(AllocationRow).where(
@@ -594,7 +594,7 @@ class Execution:
             return
         now = datetime.now(UTC)
         written: dict[str, tuple[dict[str, list[float]], list[tuple[float, float]]]] = {}
-        with self.c.db.session() as session:
+        with self.c._write() as session:
             known = set(session.scalars(select(JobRow.id).where(JobRow.id.in_(list(dirty)))))
             for job_id, prog in dirty.items():
                 if job_id not in known:  # progress for a job this daemon never saw
@@ -637,7 +637,7 @@ class Execution:
         self.c._advance_window()
         s = self.c.slot
         tasks: dict[tuple[str, int], list[Task]] = {}
-        with self.c.db.session() as session:
+        with self.c._write() as session:
             rows = session.execute(
                 select(AllocationRow.job_id, AllocationRow.slot, AllocationRow.server,
                        AllocationRow.workers, AllocationRow.ps)
@@ -702,7 +702,7 @@ class Execution:
     def events_published_to(self, sequence: int) -> None:
         """Remember (in the store) that job events up to ``sequence`` were published."""
         self.events_published = max(self.events_published, sequence)
-        with self.c.db.session() as session:
+        with self.c._write() as session:
             self._save_meta(session)
 
     # -- reads ----------------------------------------------------------------------------
