@@ -64,6 +64,10 @@ follow_seconds = {follow}
 """
 
 
+CALL_TIMEOUT = 3.0
+"""Seconds per call: a call to a stopped leader is tried on the other node after this."""
+
+
 class Node:
     """One ``oasisd`` of the group: its config, log and process."""
 
@@ -250,8 +254,11 @@ class KillLeader:
         event.new = new.name
         answered = load.answered_count()
         deadline = time.perf_counter() + self.stop_seconds
+        limit = deadline + 60.0  # the new leader answers some first, if it can
         while time.perf_counter() < deadline or (
-            load.answered_count() < answered + 10 and not load.finished.is_set()
+            load.answered_count() < answered + 10
+            and not load.finished.is_set()
+            and time.perf_counter() < limit
         ):
             time.sleep(0.05)
         old.signal(signal.SIGCONT)
@@ -356,6 +363,7 @@ def run_failover(
             job_seconds=120.0,
             monitor_interval=0.5,
             rate=rate,
+            call_timeout=CALL_TIMEOUT,
         )
         fault = KillLeader(group, every, times, how, stop_seconds)
         report.seconds = load.run(fault)

@@ -39,7 +39,7 @@ from controller.limits import RateLimiter
 from controller.metrics import Metrics
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
-from controller.servicer import AdmissionServicer, ClusterServicer
+from controller.servicer import AdmissionServicer, ClusterServicer, HighAvailabilityServicer
 from controller.startup import StartupError, open_store
 from controller.statuses import DecodeInterceptor
 from controller.store import Database
@@ -57,6 +57,7 @@ STOP_GRACE_SECONDS = 5.0  # then for the server's calls to end (reads, held call
 SERVICES = (
     pb.DESCRIPTOR.services_by_name["Admission"].full_name,
     pb.DESCRIPTOR.services_by_name["Cluster"].full_name,
+    pb.DESCRIPTOR.services_by_name["HighAvailability"].full_name,
 )
 WRITE_SERVICE = SERVICES[0]
 """The service a standby reports NOT_SERVING for (its writes go to the leader)."""
@@ -141,6 +142,8 @@ async def serve(
     )
     pb_grpc.add_AdmissionServicer_to_server(AdmissionServicer(controller, limiter), server)  # type: ignore[no-untyped-call]
     pb_grpc.add_ClusterServicer_to_server(ClusterServicer(controller), server)  # type: ignore[no-untyped-call]
+    ha_servicer = HighAvailabilityServicer(controller)
+    pb_grpc.add_HighAvailabilityServicer_to_server(ha_servicer, server)  # type: ignore[no-untyped-call]
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable((*SERVICES, health.SERVICE_NAME), server)  # v1 and v1alpha
@@ -167,8 +170,6 @@ async def serve(
     await server.start()
     health_now = _Health(health_servicer, controller)
     await health_now.set(True)
-    if controller.leading:
-        await plane.start()
 
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -203,6 +204,8 @@ async def serve(
     if metrics is not None:
         log.info("metrics listening", address=metrics_address)
     tasks = [asyncio.create_task(e.loop(), name=e.name) for e in events]
+    if controller.leading:  # after the slot clock's task, as its review follows the tick
+        await plane.start()
     log.info("listening", address=address, role=controller.role, config=config.source, store=config.database_url
              if not config.store_url else "<store_url>",
              tls="mutual" if config.tls and config.tls.mutual else bool(config.tls),

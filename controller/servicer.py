@@ -41,7 +41,7 @@ from controller.statuses import abort
 from controller.store import StoreUnavailableError
 from pricing.errors import SpecError
 
-__all__ = ["AdmissionServicer", "ClusterServicer"]
+__all__ = ["AdmissionServicer", "ClusterServicer", "HighAvailabilityServicer"]
 
 _T = TypeVar("_T")
 
@@ -273,4 +273,25 @@ class ClusterServicer(pb_grpc.ClusterServicer):
             window=self.c.window,
             current_slot=slots.current_slot(),
             now=slots.clock.now(),
+        )
+
+
+class HighAvailabilityServicer(pb_grpc.HighAvailabilityServicer):
+    """This node's role, epoch and lease age (``oasis status``; controller/ha)."""
+
+    def __init__(self, controller: AdmissionController) -> None:
+        self.c = controller
+
+    async def GetLeadership(
+        self, request: pb.GetLeadershipRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetLeadershipResponse:
+        ha = self.c.ha_status()
+        return pb.GetLeadershipResponse(
+            enabled=self.c.config.ha is not None,
+            role=ha.role,
+            epoch=ha.epoch,
+            lease_age_seconds=ha.lease_age,
+            leader=ha.leader,
+            advertise=self.c.advertise,
+            applied_sequence=ha.applied,
         )

@@ -15,6 +15,7 @@ order). Plus: the standby's answers to writes, and its health.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -89,10 +90,18 @@ def test_a_standby_redirects_writes_and_serves_reads(
             assert cluster.GetClusterInfo(pb.GetClusterInfoRequest(), timeout=10).window == 300
         # the CLI given both nodes, the standby first, finds the leader
         job = tmp_path / "job.json"
-        job.write_text(__import__("json").dumps({**specs[1], "id": "cli-1"}))
+        job.write_text(json.dumps({**specs[1], "id": "cli-1"}))
         both = f"{standby.address},{leader.address}"
         out = oasis("submit", str(job), "--json", server=both, check=False)
         assert out.returncode in (0, 3), out.stderr
         assert '"id": "cli-1"' in out.stdout
+        # oasis status shows each node's role, epoch and lease age
+        status = json.loads(oasis("status", "--json", server=both).stdout)
+        roles = {n["address"]: n for n in status["nodes"]}
+        assert roles[leader.address]["role"] == "leader"
+        assert roles[standby.address]["role"] == "standby"
+        assert roles[standby.address]["leader"] == leader.address
+        assert roles[leader.address]["epoch"] == roles[standby.address]["epoch"] >= 1
+        assert 0 <= roles[standby.address]["lease_age_seconds"] < LEASE
     finally:
         group.stop()

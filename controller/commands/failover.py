@@ -4,7 +4,8 @@
 call goes to the node last found leading (at first, the first named). A node that is
 not the leader answers a write UNAVAILABLE naming the leader in the trailing metadata
 ``oasis-leader`` (``controller/errors.py``): the call is sent there at once. Any other
-UNAVAILABLE (a node down, a takeover under way) moves on to the next node named, after a
+UNAVAILABLE (a node down, a takeover under way), or with several nodes a call not
+answered within its deadline (a node stopped), moves on to the next node named, after a
 back-off from 50 ms doubling to 1 s, with jitter, for at most ``budget`` seconds in all;
 then the last error is raised. With one address, only a redirect is followed: a node
 that cannot be reached fails at once, as before.
@@ -83,7 +84,13 @@ class LeaderPool:
             try:
                 return getattr(self.stub(factory), method)(*args, **kw)
             except grpc.RpcError as err:
-                if err.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                code = err.code()
+                several = len(self.addresses) > 1
+                # a node that does not answer in time may be stopped: try another
+                moving = code == grpc.StatusCode.UNAVAILABLE or (
+                    several and code == grpc.StatusCode.DEADLINE_EXCEEDED
+                )
+                if not moving or time.monotonic() > deadline:
                     raise
                 leader = dict(err.trailing_metadata() or ()).get(LEADER_KEY, "")
                 if isinstance(leader, str) and leader and leader != self.address and hops < 8:
