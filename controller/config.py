@@ -36,6 +36,9 @@ Example (``config/oasisd.example.toml`` is a complete one)::
     [connections]                # connections, calls, idle timeouts (controller/connections.py)
     max_connections = 1000
 
+    [ha]                         # high availability on a PostgreSQL store (controller/ha);
+    lease_seconds = 5            # absent: one daemon per store
+
     [mqtt]                       # the execution plane's broker; absent: no broker
     url = "mqtt://127.0.0.1:1883"  # controller/plane/settings.py lists every key
 

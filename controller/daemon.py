@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import gc
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
@@ -291,17 +292,20 @@ class PlaneRunner:
 
 
 def _advertise(config: Config) -> str:
-    """Where clients are sent while this daemon leads: ``[ha] advertise``, else
-    ``daemon.listen`` if that names one address and port."""
+    """Where clients are sent while this daemon leads: ``[ha] advertise``; else
+    ``daemon.listen``, with this machine's name for a wildcard host (``0.0.0.0``, ``::``),
+    so one config serves every head node."""
     assert config.ha is not None
     if config.ha.advertise:
         return config.ha.advertise
     host, _, port = config.listen.rpartition(":")
-    if port == "0" or host.strip("[]") in ("0.0.0.0", "::", ""):
+    if port == "0":
         raise StartupError(
             f"ha.advertise: needed when daemon.listen is {config.listen} (clients are sent "
             "to the leader at this host:port)"
         )
+    if host.strip("[]") in ("0.0.0.0", "::", ""):
+        return f"{socket.getfqdn()}:{port}"
     return config.listen
 
 

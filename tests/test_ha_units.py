@@ -11,12 +11,15 @@ import numpy as np
 import psycopg
 import pytest
 import structlog
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
 from controller.admission import AdmissionController
 from controller.clock import SlotClock, SystemClock
 from controller.config import ConfigError, load
 from controller.errors import NotLeaderError
+from controller.metrics import Metrics
 from controller.startup import StartupError, open_store
 from controller.store import Database, EventRow, JobRow
 from controller.store.writer_lock import PostgresWriterLock
@@ -64,6 +67,14 @@ def _same_prices(a: Ledger | None, b: Ledger | None) -> None:
     assert sorted(a.job_ids()) == sorted(b.job_ids())
 
 
+def _ha_metrics(c: AdmissionController) -> tuple[float, float]:
+    """(oasis_ha_leader, oasis_ha_epoch) as scraped; the lease age must be a sample."""
+    text = generate_latest(Metrics(c).registry).decode()
+    found = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert 0 <= found["oasis_ha_lease_age_seconds"] < 60
+    return found["oasis_ha_leader"], found["oasis_ha_epoch"]
+
+
 def _stored(db: Database) -> dict[str, int]:
     with db.session() as session:
         return {r.id: r.sequence for r in session.execute(select(JobRow.id, JobRow.sequence))}
@@ -75,7 +86,8 @@ def test_fence_standby_follow_and_takeover(tmp_path: Path, postgres: Postgres) -
     a = Node(tmp_path, url, "a")
     b = c = None
     try:
-        assert a.c.leading and a.c.fence_epoch == 1
+        assert not a.c.leading  # oasisd opens as a standby; its election then leads
+        assert a.take_over() == 1 and a.c.leading and a.c.fence_epoch == 1
         b = Node(tmp_path, url, "b")  # the lock is taken: a standby
         assert not b.c.leading
         for spec in jobs[:6]:
@@ -121,6 +133,7 @@ def test_fence_standby_follow_and_takeover(tmp_path: Path, postgres: Postgres) -
             ]
         assert set(epochs) == {1, 2} and epochs == sorted(epochs)  # one leader per epoch
         assert set(_stored(b.db)) == {j["id"] for j in jobs}
+        assert (_ha_metrics(a.c), _ha_metrics(b.c)) == ((0.0, 2.0), (1.0, 2.0))
     finally:
         for node in (a, b, c):
             if node is not None:
