@@ -129,6 +129,7 @@ class HaNodes:
     ) -> None:
         self.store_url = store_url
         self.nodes: list[Node] = []
+        workdir.mkdir(parents=True, exist_ok=True)
         epoch = time.time()
         extra = HA_TOML.format(lease=lease, retry=retry, follow=follow) if ha else ""
         for i in range(n):
@@ -408,7 +409,6 @@ def run_throughput(postgres: Postgres, workdir: Path, *, jobs: int, clients: int
     requests = [pb.SubmitJobRequest(job=spec_to_proto({**spec, "id": job_id}))
                 for spec, job_id in zip(specs, ids, strict=True)]  # fmt: skip
     n = 2 if mode == "standby" else 1
-    (workdir / mode).mkdir(parents=True, exist_ok=True)
     group = HaNodes(workdir / mode, url, servers, n, ha=mode != "plain").start()
     report = FailoverReport(jobs=len(specs))
     try:

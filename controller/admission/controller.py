@@ -88,7 +88,9 @@ class AdmissionController(PendingQueue, Follow, Lifecycle, ReadViews):
     def _in_step(self, fn: Callable[[], _T]) -> _T:
         """Run ``fn`` in the decision thread on a ledger that matches the store."""
         if self._stale:
+            seen = self._last_event()  # before the rebuild: later ones are applied again
             rebuilt = self._reload()  # StoreUnavailableError: still stale, try next time
+            self._seen_event = max(self._seen_event, seen)
             self._stale = False
             self.log.info("ledger rebuilt from the store after an outage", jobs=rebuilt)
         try:

@@ -169,7 +169,9 @@ class Follow(Recovery):
             with self._write() as session:
                 self._record_setup(session)
             applied = 0
-            if self._unfitted:  # plans this standby left out: refit them as at start-up
+            if self._unfitted or self._stale:
+                # plans this standby left out (refit them as at start-up), or a ledger
+                # that may miss a commit whose answer was lost: rebuild in full
                 self._seen_event = self._last_event()
                 self._reload()
             else:

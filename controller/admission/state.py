@@ -95,6 +95,7 @@ class AdmissionState(ABC):
         self.leader: Holder | None = None  # the leader as recorded in the store
         self.lease_seen = time.monotonic()  # when the lease's holder was last confirmed
         self._seen_event = 0  # the last event sequence the ledger reflects (.follow)
+        self._written_event = 0  # the newest event of the write transaction under way
         self._unfitted = 0  # stored plans a standby left out; a full rebuild at takeover
         self._outages: tuple[int, int, int] | None = None  # (.follow) a change: rebuild
         # where clients are sent while this daemon leads (the daemon fills in its address)
@@ -124,10 +125,15 @@ class AdmissionState(ABC):
             raise self._not_leader(
                 f"this oasisd has not confirmed its lease for over {ha.lease_seconds:g} s"
             )
+        self._written_event = self._seen_event
         with self.db.session() as session:
             if self.fence_epoch is not None:
                 check_epoch(session, self.fence_epoch, self.fence_pid)
             yield session
+        # committed: its events are this leader's own, reflected in its ledger once the
+        # caller applies them (a commit whose fate is unknown leaves the ledger stale
+        # and these events unseen: a standby applies them, a leader rebuilds)
+        self._seen_event = max(self._seen_event, self._written_event)
 
     @property
     def _ledger(self) -> Ledger:
@@ -157,8 +163,7 @@ class AdmissionState(ABC):
                        detail=detail)  # fmt: skip
         session.add(row)
         session.flush()
-        # a leader's own events: its ledger reflects them once committed (.follow)
-        self._seen_event = max(self._seen_event, row.sequence)
+        self._written_event = max(self._written_event, row.sequence)  # seen once committed
         return Event(row.sequence, kind, job_id, self.slot, state, detail)
 
     @staticmethod
