@@ -55,7 +55,7 @@ from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from tests.servers import Daemon, Postgres, free_port, json_log
 
-__all__ = ["FollowingLoad", "HaNodes", "KillLeader", "epoch_problems", "main"]
+__all__ = ["FollowingLoad", "HaNodes", "KillLeader", "epoch_problems", "main", "requests_for"]
 
 HA_TOML = """[ha]
 lease_seconds = {lease}
@@ -185,6 +185,10 @@ class FollowingLoad(Load):
         super().__init__(addresses[0], *args, **kw)
         self.addresses = addresses
 
+    def stop_starting(self) -> None:
+        """Start no more jobs (those under way are still answered)."""
+        self._deadline = 0.0
+
     def _client(self, channel: grpc.Channel, start: threading.Barrier) -> None:
         pool = LeaderPool(self.addresses, grpc.insecure_channel, budget=2.0)
         stub = FollowingStub(pool, pb_grpc.AdmissionStub)
@@ -220,20 +224,23 @@ class KillLeader:
     times: int = 1
     how: str = "kill"
     stop_seconds: float = 0.0
+    until_done: bool = False  # start no more jobs once the last failover is measured
     events: list[Failover] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
     def run(self, load: Load) -> None:
         try:
-            for _ in range(self.times):
+            for _ in range(self.times + 1):  # then `every` answers after the last
                 target = load.answered_count() + self.every
                 while load.answered_count() < target and not load.finished.is_set():
                     time.sleep(0.01)
-                if load.finished.is_set():
-                    return
+                if load.finished.is_set() or len(self.events) == self.times:
+                    break
                 self._once(load)
         except Exception as err:  # reported, not lost in the thread
             self.problems.append(f"fault: {type(err).__name__}: {err}")
+        if isinstance(load, FollowingLoad) and self.until_done:
+            load.stop_starting()
 
     def _once(self, load: Load) -> None:
         old = self.nodes.leader()
@@ -330,6 +337,20 @@ class FailoverReport:
     problems: list[str] = field(default_factory=list)
 
 
+def requests_for(
+    prefix: str, seed: int, jobs: int
+) -> tuple[list[dict[str, Any]], list[str], list[pb.SubmitJobRequest]]:
+    """The paper-scale servers, and ``jobs`` submissions with ids unique to the run."""
+    servers, specs = workload(seed, jobs)
+    run_id = uuid.uuid4().hex[:8]
+    ids = [f"{prefix}-{run_id}-{i}" for i in range(len(specs))]
+    requests = [
+        pb.SubmitJobRequest(job=spec_to_proto({**spec, "id": job_id}))
+        for spec, job_id in zip(specs, ids, strict=True)
+    ]
+    return servers, ids, requests
+
+
 def run_failover(
     postgres: Postgres,
     workdir: Path,
@@ -344,16 +365,13 @@ def run_failover(
     lease: float = 2.0,
     nodes: int = 2,
     seed: int = 1,
+    until_done: bool = False,
 ) -> FailoverReport:
     """Start ``nodes`` daemons, load them, take the leader down ``times`` times, check."""
     url = postgres.new_database()
-    servers, specs = workload(seed, jobs)
-    run_id = uuid.uuid4().hex[:8]
-    ids = [f"ha-{run_id}-{i}" for i in range(len(specs))]
-    requests = [pb.SubmitJobRequest(job=spec_to_proto({**spec, "id": job_id}))
-                for spec, job_id in zip(specs, ids, strict=True)]  # fmt: skip
+    servers, ids, requests = requests_for("ha", seed, jobs)
     group = HaNodes(workdir, url, servers, nodes, lease=lease).start()
-    report = FailoverReport(jobs=len(specs))
+    report = FailoverReport(jobs=len(ids))
     try:
         group.wait_leader()
         load = FollowingLoad(
@@ -366,7 +384,7 @@ def run_failover(
             rate=rate,
             call_timeout=CALL_TIMEOUT,
         )
-        fault = KillLeader(group, every, times, how, stop_seconds)
+        fault = KillLeader(group, every, times, how, stop_seconds, until_done)
         report.seconds = load.run(fault)
         fault.measure(load.answers)
         report.failovers = fault.events
@@ -390,8 +408,10 @@ def run_failover(
         report.failed_calls = dict(load.failed_calls)
         for job_id, why in list(load.given_up.items())[:5]:
             report.problems.append(f"{job_id}: given up: {why}")
-        if report.answered != len(specs):
-            report.problems.append(f"{len(specs) - report.answered} jobs not answered")
+        if report.answered != len(ids) and not until_done:
+            report.problems.append(f"{len(ids) - report.answered} jobs not answered")
+        if len(report.failovers) != times:
+            report.problems.append(f"{len(report.failovers)} failovers, not {times}")
     finally:
         for code in group.stop():
             if code not in (0, -9):
@@ -403,14 +423,10 @@ def run_throughput(postgres: Postgres, workdir: Path, *, jobs: int, clients: int
                    seed: int = 1) -> FailoverReport:  # fmt: skip
     """Unpaced load on one leader: ``mode`` "plain" (no [ha]), "ha" (alone) or "standby"."""
     url = postgres.new_database()
-    servers, specs = workload(seed, jobs)
-    run_id = uuid.uuid4().hex[:8]
-    ids = [f"tp-{run_id}-{i}" for i in range(len(specs))]
-    requests = [pb.SubmitJobRequest(job=spec_to_proto({**spec, "id": job_id}))
-                for spec, job_id in zip(specs, ids, strict=True)]  # fmt: skip
+    servers, ids, requests = requests_for("tp", seed, jobs)
     n = 2 if mode == "standby" else 1
     group = HaNodes(workdir / mode, url, servers, n, ha=mode != "plain").start()
-    report = FailoverReport(jobs=len(specs))
+    report = FailoverReport(jobs=len(ids))
     try:
         load = FollowingLoad(
             group.addresses[:1],
@@ -437,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
     parser.add_argument("--kills", type=int, default=0, help="leader kills (0: none)")
     parser.add_argument("--every", type=int, default=40, help="answers between kills (40)")
-    parser.add_argument("--rate", type=float, default=40.0, help="jobs/s while killing (40)")
+    parser.add_argument("--rate", type=float, default=20.0, help="jobs/s while killing (20)")
     parser.add_argument("--lease", type=float, default=2.0, help="[ha] lease_seconds (2)")
     parser.add_argument("--throughput", action="store_true", help="standby vs none")
     parser.add_argument("--jobs", type=int, default=2000, help="jobs for --throughput (2000)")
@@ -454,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
         postgres = Postgres()
         try:
             if args.kills:
-                jobs = args.every * (args.kills + 1) + args.every
+                jobs = args.every * (args.kills + 1) * 20  # restarts take seconds of load
                 r = run_failover(
                     postgres,
                     Path(tmp) / "kills",
@@ -464,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
                     times=args.kills,
                     rate=args.rate,
                     lease=args.lease,
+                    until_done=True,
                 )
                 first = [e.first_decision_s * 1000 for e in r.failovers if e.first_decision_s]
                 admit = [e.first_admitted_s * 1000 for e in r.failovers if e.first_admitted_s]

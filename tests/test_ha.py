@@ -6,6 +6,8 @@ subprocesses, under submit load from clients that follow the leader
 - ``kill -9`` the leader: the standby takes over and the clients carry on.
 - SIGSTOP the leader past its lease, then SIGCONT: the standby takes over meanwhile; the
   stopped one commits nothing after the stop, and steps down.
+- In one run: restart PostgreSQL, stop the standby, kill -9 the leader (both down), start
+  one again: it leads.
 
 After each: 0 lost, 0 duplicated (every answered submission in the store exactly once,
 as answered), nothing half-written, capacity never exceeded, the ledger of every live
@@ -16,6 +18,7 @@ order). Plus: the standby's answers to writes, and its health.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +27,15 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.daemon_throughput import workload
-from bench.failover import HaNodes, run_failover
+from bench.failover import (
+    CALL_TIMEOUT,
+    FollowingLoad,
+    HaNodes,
+    epoch_problems,
+    requests_for,
+    run_failover,
+)
+from bench.load_test import Load, check_ledger, check_store
 from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
@@ -103,5 +114,85 @@ def test_a_standby_redirects_writes_and_serves_reads(
         assert roles[standby.address]["leader"] == leader.address
         assert roles[leader.address]["epoch"] == roles[standby.address]["epoch"] >= 1
         assert 0 <= roles[standby.address]["lease_age_seconds"] < LEASE
+    finally:
+        group.stop()
+
+
+class _Outages:
+    """Restart PostgreSQL, stop the standby, kill the leader and start one node again,
+    each once ``every`` more jobs are answered."""
+
+    def __init__(self, postgres: Postgres, group: HaNodes, every: int) -> None:
+        self.postgres = postgres
+        self.group = group
+        self.every = every
+        self.done: list[str] = []
+        self.problems: list[str] = []
+
+    def _after(self, load: Load, answers: int) -> bool:
+        target = load.answered_count() + answers
+        while load.answered_count() < target and not load.finished.is_set():
+            time.sleep(0.01)
+        return not load.finished.is_set()
+
+    def run(self, load: Load) -> None:
+        try:
+            if not self._after(load, self.every):
+                return
+            self.postgres.stop("fast")
+            time.sleep(1.0)
+            self.postgres.start()
+            self.done.append("postgres restarted")
+            leader = self.group.wait_leader(timeout=60)
+            if not self._after(load, self.every):
+                return
+            standby = next(n for n in self.group.nodes if n is not leader)
+            assert standby.daemon is not None
+            if standby.daemon.stop() != 0:
+                self.problems.append("the standby did not stop cleanly")
+            self.done.append("standby stopped")
+            if not self._after(load, self.every):
+                return
+            leader = self.group.wait_leader(timeout=60)
+            assert leader.daemon is not None
+            leader.daemon.kill9()
+            self.done.append("leader killed: none left")
+            time.sleep(0.5)
+            standby.start()
+            self.group.wait_leader(timeout=60)
+            self.done.append("one started again")
+        except Exception as err:
+            self.problems.append(f"{type(err).__name__}: {err}")
+
+
+def test_postgres_restart_standby_stop_and_both_down(
+    own_postgres: Postgres, tmp_path: Path
+) -> None:
+    url = own_postgres.new_database()
+    servers, ids, requests = requests_for("o", 1, 240)
+    group = HaNodes(tmp_path, url, servers, 2, lease=LEASE).start()
+    try:
+        group.wait_leader()
+        load = FollowingLoad(
+            group.addresses,
+            requests,
+            4,
+            max_seconds=300.0,
+            job_seconds=120.0,
+            monitor_interval=0.5,
+            rate=60.0,
+            call_timeout=CALL_TIMEOUT,
+        )
+        fault = _Outages(own_postgres, group, 50)
+        load.run(fault)
+        assert fault.problems == []
+        assert fault.done == ["postgres restarted", "standby stopped", "leader killed: none left",
+                              "one started again"]  # fmt: skip
+        assert len(load.answers) == len(ids), load.given_up
+        found = check_store(url, ids, load.answers, servers)
+        assert found.problems == []
+        leader = group.wait_leader(timeout=30)
+        assert check_ledger(leader.address, found.use, servers) == []
+        assert epoch_problems(url, []) == []
     finally:
         group.stop()

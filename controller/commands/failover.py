@@ -30,6 +30,9 @@ LEADER_KEY = "oasis-leader"
 """The trailing metadata key a standby names the leader with."""
 FIRST_DELAY = 0.05
 MAX_DELAY = 1.0
+FAILED_MEMORY = 2.0
+"""Seconds a node that failed a call (down, unreachable) is not followed to: a standby
+may still name a leader that has just died."""
 
 
 def split_servers(text: str) -> list[str]:
@@ -58,6 +61,7 @@ class LeaderPool:
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[tuple[str, str], Any] = {}
         self.redirects = 0  # how many times a node named another as the leader
+        self._failed: dict[str, float] = {}  # address -> when it last failed unredirected
 
     def channel(self, address: str | None = None) -> grpc.Channel:
         address = address or self.address
@@ -93,8 +97,20 @@ class LeaderPool:
                 if not moving or time.monotonic() > deadline:
                     raise
                 leader = dict(err.trailing_metadata() or ()).get(LEADER_KEY, "")
-                if isinstance(leader, str) and leader and leader != self.address and hops < 8:
-                    self.address, hops = leader, hops + 1  # told where: go there at once
+                now = time.monotonic()
+                if not leader:
+                    self._failed[self.address] = now
+                failed = self._failed.get(str(leader))
+                fresh = failed is None or now - failed >= FAILED_MEMORY
+                # told where (and it did not just fail us): go there at once
+                if (
+                    isinstance(leader, str)
+                    and leader
+                    and leader != self.address
+                    and fresh
+                    and (hops < 8)
+                ):
+                    self.address, hops = leader, hops + 1
                     self.redirects += 1
                     continue
                 if len(self.addresses) == 1 and not leader:
