@@ -21,9 +21,10 @@ the session too; :meth:`WriterLock.held` notices and the daemon takes the lock a
 ``epoch`` counts acquisitions: each holder records the previous epoch + 1 in the ``meta``
 row ``writer`` (:meth:`WriterLock.record`, once the schema exists). High availability
 (``controller/ha``) fences writes with it (:func:`check_epoch`): a writer that lost the
-lock holds a smaller epoch than the one that took over. :meth:`WriterLock.try_acquire` never raises for "held elsewhere",
-so an election can call it in a loop; :meth:`WriterLock.acquire` raises
-:class:`StoreLockedError` naming the holder, for start-up.
+lock holds a smaller epoch than the one that took over. :meth:`WriterLock.try_acquire`
+never raises for "held elsewhere", so an election can call it in a loop;
+:meth:`WriterLock.acquire` raises :class:`StoreLockedError` naming the holder, for
+start-up.
 """
 
 from __future__ import annotations
