@@ -458,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--throughput", action="store_true", help="standby vs none")
     parser.add_argument("--jobs", type=int, default=2000, help="jobs for --throughput (2000)")
     parser.add_argument("--clients", type=int, default=8, help="client threads (8)")
+    parser.add_argument("--modes", default="plain,ha,standby", help="for --throughput, in order")
     args = parser.parse_args(argv)
     m = describe(grpcio=grpc.__version__)
     print(f"machine: {m['cpu']}, {m['cores']} cores; Python {m['python']}, grpcio {m['grpcio']}")
@@ -502,12 +503,13 @@ def main(argv: list[str] | None = None) -> int:
             if args.throughput:
                 print("\n| mode | jobs | answered | per second | vs no [ha] | checks |")
                 print("|---|---|---|---|---|---|")
-                base = 0.0
-                for mode in ("plain", "ha", "standby"):
+                per_mode: dict[str, float] = {}
+                for mode in args.modes.split(","):
                     r = run_throughput(
                         postgres, Path(tmp), jobs=args.jobs, clients=args.clients, mode=mode
                     )
-                    base = base or r.per_second
+                    per_mode[mode] = r.per_second
+                    base = per_mode.get("plain", 0.0)
                     ratio = r.per_second / base if base else 0.0
                     print(
                         f"| {mode} | {r.jobs} | {r.answered} | {r.per_second:.1f} | "

@@ -1,12 +1,17 @@
 """High availability in one process, on a real PostgreSQL: the fence, the standby's
-incremental apply, and the ``[ha]`` settings. (Two daemons as subprocesses under load,
+incremental apply, the ``[ha]`` settings, and clients that follow the leader (over real
+gRPC servers standing in for head nodes). (Two daemons as subprocesses under load,
 killed and stopped: ``tests/test_ha.py``.)"""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
+import grpc
 import numpy as np
 import psycopg
 import pytest
@@ -17,14 +22,17 @@ from sqlalchemy import select
 
 from controller.admission import AdmissionController
 from controller.clock import SlotClock, SystemClock
+from controller.commands.failover import FollowingStub, LeaderPool
 from controller.config import ConfigError, load
 from controller.errors import NotLeaderError
 from controller.metrics import Metrics
+from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.startup import StartupError, open_store
 from controller.store import Database, EventRow, JobRow
 from controller.store.writer_lock import PostgresWriterLock
 from pricing import Ledger
-from tests.servers import Postgres, write_config
+from tests.servers import Postgres, free_port, write_config
 from tests.test_daemon_e2e import contending_jobs, job
 
 HA = '[ha]\nlease_seconds = 5\nadvertise = "{address}"\n'
@@ -164,3 +172,73 @@ def test_ha_on_sqlite_refuses_to_start(tmp_path: Path) -> None:
     with pytest.raises(StartupError, match="high availability needs a PostgreSQL store"):
         open_store(config, controller, writer_lock(db))
     controller.close()
+
+
+class _Node(pb_grpc.ClusterServicer):
+    """A fake head node: a leader answers GetClusterInfo, a standby refuses naming
+    ``leader`` (or no one)."""
+
+    def __init__(self, leader: str | None) -> None:
+        self.leader = leader
+        self.calls = 0
+
+    def GetClusterInfo(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        self.calls += 1
+        if self.leader is None:
+            return pb.GetClusterInfoResponse(window=7)
+        if self.leader:
+            context.set_trailing_metadata((("oasis-leader", self.leader),))
+        context.abort(grpc.StatusCode.UNAVAILABLE, "standby")
+
+
+def _serve(node: _Node) -> tuple[grpc.Server, str]:
+    server = grpc.server(ThreadPoolExecutor(2))
+    pb_grpc.add_ClusterServicer_to_server(node, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+def test_clients_follow_the_redirect_and_retry_over_the_nodes() -> None:
+    leader = _Node(None)
+    lead_server, lead_address = _serve(leader)
+    standby = _Node(lead_address)
+    standby_server, standby_address = _serve(standby)
+    dead = f"127.0.0.1:{free_port()}"
+    try:
+        # the standby first: one redirect, then the leader answers
+        pool = LeaderPool([standby_address, lead_address], grpc.insecure_channel, budget=5)
+        stub = FollowingStub(pool, pb_grpc.ClusterStub)
+        assert stub.GetClusterInfo(pb.GetClusterInfoRequest(), timeout=5).window == 7
+        assert (pool.redirects, pool.address, standby.calls) == (1, lead_address, 1)
+        pool.close()
+        # a dead node first: retried on the next one, no redirect needed
+        pool = LeaderPool([dead, lead_address], grpc.insecure_channel, budget=5)
+        stub = FollowingStub(pool, pb_grpc.ClusterStub)
+        assert stub.GetClusterInfo(pb.GetClusterInfoRequest(), timeout=5).window == 7
+        pool.close()
+        # one address that is down: fails at once, as before
+        pool = LeaderPool([dead], grpc.insecure_channel, budget=5)
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as down:
+            FollowingStub(pool, pb_grpc.ClusterStub).GetClusterInfo(
+                pb.GetClusterInfoRequest(), timeout=5
+            )
+        assert down.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert time.monotonic() - started < 3
+        pool.close()
+        # only standbys naming no one: retried with back-off until the budget is spent
+        lost = _Node("")
+        lost_server, lost_address = _serve(lost)
+        pool = LeaderPool([lost_address, standby_address], grpc.insecure_channel, budget=1)
+        standby.leader = ""
+        with pytest.raises(grpc.RpcError):
+            FollowingStub(pool, pb_grpc.ClusterStub).GetClusterInfo(
+                pb.GetClusterInfoRequest(), timeout=5
+            )
+        assert lost.calls + standby.calls >= 4  # several rounds, bounded by the budget
+        pool.close()
+        lost_server.stop(0)
+    finally:
+        lead_server.stop(0)
+        standby_server.stop(0)
