@@ -30,6 +30,7 @@ LEADER_KEY = "oasis-leader"
 """The trailing metadata key a standby names the leader with."""
 FIRST_DELAY = 0.05
 MAX_DELAY = 1.0
+MAX_HOPS = 8  # redirects in a row before backing off (nodes naming each other)
 FAILED_MEMORY = 2.0
 """Seconds a node that failed a call (down, unreachable) is not followed to: a standby
 may still name a leader that has just died."""
@@ -94,7 +95,7 @@ class LeaderPool:
                 moving = code == grpc.StatusCode.UNAVAILABLE or (
                     several and code == grpc.StatusCode.DEADLINE_EXCEEDED
                 )
-                if not moving or time.monotonic() > deadline:
+                if not moving:
                     raise
                 leader = dict(err.trailing_metadata() or ()).get(LEADER_KEY, "")
                 now = time.monotonic()
@@ -103,19 +104,21 @@ class LeaderPool:
                 failed = self._failed.get(str(leader))
                 fresh = failed is None or now - failed >= FAILED_MEMORY
                 # told where (and it did not just fail us): go there at once
-                if (
-                    isinstance(leader, str)
-                    and leader
-                    and leader != self.address
-                    and fresh
-                    and (hops < 8)
-                ):
-                    self.address, hops = leader, hops + 1
+                if isinstance(leader, str) and leader and leader != self.address and fresh:
+                    self.address = leader
                     self.redirects += 1
-                    continue
-                if len(self.addresses) == 1 and not leader:
-                    raise  # one node, and it is down (or stopping): say so at once
-                self.address = self._next()
+                    hops += 1
+                    if now > deadline:
+                        raise
+                    if hops <= MAX_HOPS:
+                        continue
+                    # nodes naming each other (a takeover under way): back off, then ask
+                else:
+                    if len(self.addresses) == 1 and not leader:
+                        raise  # one node, and it is down (or stopping): say so at once
+                    self.address = self._next()  # the next call starts there, even after this
+                    if now > deadline:
+                        raise
                 pause = delay * random.uniform(0.5, 1.5)
                 time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
                 delay = min(MAX_DELAY, delay * 2)
