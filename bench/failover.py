@@ -38,7 +38,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,16 +45,14 @@ from typing import Any
 import grpc
 from sqlalchemy import create_engine, text
 
-from bench.daemon_throughput import percentiles, workload, write_config
-from bench.load_test import Answer, Load, check_ledger, check_store
+from bench.daemon_throughput import percentiles, write_config
+from bench.load_test import Answer, Load, check_ledger, check_store, requests_for
 from bench.machine import describe
 from controller.commands.failover import FollowingStub, LeaderPool
-from controller.convert import spec_to_proto
-from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from tests.servers import Daemon, Postgres, free_port, json_log
 
-__all__ = ["FollowingLoad", "HaNodes", "KillLeader", "epoch_problems", "main", "requests_for"]
+__all__ = ["FollowingLoad", "HaNodes", "KillLeader", "epoch_problems", "main"]
 
 HA_TOML = """[ha]
 lease_seconds = {lease}
@@ -335,20 +332,6 @@ class FailoverReport:
     failed_calls: dict[str, int] = field(default_factory=dict)
     failovers: list[Failover] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
-
-
-def requests_for(
-    prefix: str, seed: int, jobs: int
-) -> tuple[list[dict[str, Any]], list[str], list[pb.SubmitJobRequest]]:
-    """The paper-scale servers, and ``jobs`` submissions with ids unique to the run."""
-    servers, specs = workload(seed, jobs)
-    run_id = uuid.uuid4().hex[:8]
-    ids = [f"{prefix}-{run_id}-{i}" for i in range(len(specs))]
-    requests = [
-        pb.SubmitJobRequest(job=spec_to_proto({**spec, "id": job_id}))
-        for spec, job_id in zip(specs, ids, strict=True)
-    ]
-    return servers, ids, requests
 
 
 def run_failover(

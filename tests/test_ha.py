@@ -32,10 +32,9 @@ from bench.failover import (
     FollowingLoad,
     HaNodes,
     epoch_problems,
-    requests_for,
     run_failover,
 )
-from bench.load_test import Load, check_ledger, check_store
+from bench.load_test import Load, check_ledger, check_store, requests_for
 from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
