@@ -73,6 +73,7 @@ def _same_prices(a: Ledger | None, b: Ledger | None) -> None:
         assert np.array_equal(x.used, y.used), side
         assert np.array_equal(x.price, y.price), side  # bit for bit
     assert sorted(a.job_ids()) == sorted(b.job_ids())
+    assert a.bounds.same_as(b.bounds)  # the same bound estimate: the next decision is the same
 
 
 def _ha_metrics(c: AdmissionController) -> tuple[float, float]:
