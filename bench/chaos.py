@@ -22,7 +22,11 @@ What is measured
       tries the same on ``w0``'s topic (the ACL drops it), and sends heartbeats that name
       the servers whose agents were killed;
     - **failures:** the agents of 4 servers are killed at set times and started again
-      once the daemon has declared the server failed (or after 30 s).
+      once the daemon has declared the server failed (or after 30 s of the daemon's
+      uptime);
+    - **daemon crashes:** ``oasisd`` itself is killed (SIGKILL) twice and started again
+      at once on the same port (the second kill of an agent and a broker restart fall
+      in the first one's downtime); the clients retry with the same ids meanwhile.
 
 Checks and figures
     - lost / duplicated: every job has one row and one ``decided`` event, and its
@@ -34,7 +38,12 @@ Checks and figures
       its kill, with the seconds it took; and no ``server_failed`` for any other server;
     - forged entries counted: reports stored under the forger's session (must be 0);
     - reconnects per minute: the daemon's broker connections after the first, over the
-      run, against the broker restarts; the link's own failures (must be 0);
+      run, against the broker restarts and daemon crashes (at most one each); the link's
+      own failures (must be 0);
+    - back after a crash: seconds from the SIGKILL until the daemon listens again;
+    - jobs failed, by reason: a killed agent's jobs may fail (``server_failed``); a job
+      whose agents worked while the daemon or broker was away should not
+      (``plan_ended``);
     - restored: after a last broker restart, the jobs whose retained event is older than
       the store's latest (stale; must be 0) and the seconds until none is; at the end a
       clean stop leaves the retained status ``online: false``.
@@ -57,6 +66,7 @@ import asyncio
 import concurrent.futures
 import json
 import logging
+import math
 import random
 import sqlite3
 import sys
@@ -214,7 +224,10 @@ class Chaos:
     agents: Agents
     db: Path
     seconds: float
+    daemon: Daemon
     restarts: int = 0
+    crashes: list[float] = field(default_factory=list)  # seconds until it listened again
+    down: list[list[float]] = field(default_factory=list)  # [from, to] (Unix s) per crash
     poison_rounds: int = 0
     poison_messages: int = 0
     forged_reports: int = 0
@@ -230,9 +243,14 @@ class Chaos:
                 (f * self.seconds, "kill", s)
                 for f, s in zip((0.15, 0.4, 0.6, 0.75), KILLED, strict=True)
             ]
+            + [(f * self.seconds, "crash", "") for f in (0.3, 0.85)]
         )
         next_forgery = 0.0
-        while not load.finished.is_set() and time.monotonic() - start < self.seconds + 30:
+        crashing: list[threading.Thread] = []
+        # after the load: until every killed agent was noticed or restarted (bounded)
+        while (not load.finished.is_set() or plan or any(not k.restarted for k in self.kills)) and (
+            time.monotonic() - start < self.seconds + 90
+        ):
             now = time.monotonic() - start
             while plan and plan[0][0] <= now:
                 _, what, server = plan.pop(0)
@@ -243,6 +261,10 @@ class Chaos:
                     self.restarts += 1
                 elif what == "poison":
                     self.agents.run(self._poison())
+                elif what == "crash":  # in a thread: the schedule goes on meanwhile
+                    crash = threading.Thread(target=self._crash, name="crash")
+                    crash.start()
+                    crashing.append(crash)
                 else:
                     self.agents.kill(server)
                     self.kills.append(Kill(server, time.time()))
@@ -251,6 +273,22 @@ class Chaos:
                 next_forgery = now + 1.0
             self._restart_detected()
             time.sleep(0.1)
+        for crash in crashing:
+            crash.join(150)
+
+    def _crash(self) -> None:
+        """SIGKILL the daemon and start it again on the same port."""
+        killed = time.monotonic()
+        self.down.append([time.time(), math.inf])
+        self.daemon.kill9()
+        self.daemon.start(timeout=120)
+        self.down[-1][1] = time.time()
+        self.crashes.append(round(time.monotonic() - killed, 2))
+
+    def _downtime_since(self, since: float) -> float:
+        """Seconds the daemon has been down since ``since`` (Unix; inf while it is)."""
+        return sum(max(0.0, min(to, time.time()) - max(at, since)) if to < math.inf
+                   else math.inf for at, to in self.down if to > since)  # fmt: skip
 
     def _restart_detected(self) -> None:
         failed = failures(self.db)
@@ -261,7 +299,9 @@ class Chaos:
                      if server == kill.server and at >= kill.at_wall]  # fmt: skip
             if after and kill.detected_after is None:
                 kill.detected_after = min(after)
-            if kill.detected_after is not None or time.time() - kill.at_wall > 30:
+            # 30 s to notice, not counting the daemon's own downtime
+            waited = time.time() - kill.at_wall - self._downtime_since(kill.at_wall)
+            if kill.detected_after is not None or waited > 30:
                 self.agents.start(kill.server)
                 kill.restarted = True
 
@@ -332,6 +372,17 @@ def failures(db: Path) -> list[tuple[str, float]]:
     return out
 
 
+def jobs_failed(db: Path) -> dict[str, int]:
+    """How many jobs failed, by the reason stored with their ``failed`` event."""
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+        rows = conn.execute("SELECT detail FROM events WHERE kind = 'failed'").fetchall()
+    reasons: dict[str, int] = {}
+    for (detail,) in rows:
+        reason = str(json.loads(detail).get("reason", "?"))
+        reasons[reason] = reasons.get(reason, 0) + 1
+    return reasons
+
+
 # -- reading the broker and the store ---------------------------------------------------
 
 
@@ -390,6 +441,9 @@ class ChaosReport:
     reconnects: int = 0
     reconnects_per_minute: float = 0.0
     link_failures: int = 0
+    daemon_crashes: int = 0
+    jobs_failed: dict[str, int] = field(default_factory=dict)  # reason -> jobs
+    back_after_crash_seconds: list[float] = field(default_factory=list)
     poison_messages: int = 0
     bad_messages_logged: int = 0
     forged_reports: int = 0
@@ -422,6 +476,9 @@ def run_chaos(workdir: Path, seconds: float, rate: float, clients: int, seed: in
                           extra=mqtt_table(broker, passwords[DAEMON_USER]))  # fmt: skip
     log = workdir / "oasisd.log"
     daemon = Daemon(config, log).start(timeout=120)
+    # later starts (after a SIGKILL) listen where the clients' channels already point
+    config.write_text(config.read_text().replace('listen = "127.0.0.1:0"',
+                                                 f'listen = "{daemon.address}"'))  # fmt: skip
     agents = Agents(broker, passwords)
     specs = job_specs(int(seconds * rate), seed, run_id)
     report = ChaosReport(seconds=seconds, rate=rate, jobs=len(specs))
@@ -431,7 +488,7 @@ def run_chaos(workdir: Path, seconds: float, rate: float, clients: int, seed: in
         requests = [pb.SubmitJobRequest(job=spec_to_proto(spec)) for spec in specs]
         load = Load(daemon.address, requests, clients, max_seconds=seconds + 30,
                     job_seconds=120.0, monitor_interval=1.0, rate=rate)  # fmt: skip
-        chaos = Chaos(broker, agents, db, seconds)
+        chaos = Chaos(broker, agents, db, seconds, daemon)
         wall = load.run(chaos)
         connections = count(log, "broker connected")
         _finish(report, load, chaos, wall, connections, db)
@@ -483,11 +540,16 @@ def _finish(
         [a.seconds * 1000.0 for a in answers]
     )
     report.broker_restarts = chaos.restarts
+    report.daemon_crashes = len(chaos.crashes)
+    report.jobs_failed = jobs_failed(db)
+    report.back_after_crash_seconds = chaos.crashes
     report.reconnects = connections - 1
     report.reconnects_per_minute = report.reconnects / (wall / 60.0)
-    if report.reconnects != chaos.restarts:
+    # a broker restart while the daemon is down costs it no reconnection: at most one each
+    if report.reconnects > chaos.restarts + len(chaos.crashes):
         report.problems.append(
-            f"{report.reconnects} reconnections for {chaos.restarts} broker restarts"
+            f"{report.reconnects} reconnections for {chaos.restarts} broker restarts "
+            f"and {len(chaos.crashes)} daemon crashes"
         )
     report.poison_messages = chaos.poison_messages
     report.forged_reports = chaos.forged_reports
@@ -597,6 +659,10 @@ def print_report(r: ChaosReport, command: str) -> None:
         ("failures detected", f"{r.failures_detected} of {r.failures_injected} (after "
                               f"{', '.join(f'{x:.1f}' for x in d)} s); {r.false_failures} "
                               "false"),
+        ("daemon kill -9", f"{r.daemon_crashes}, listening again after "
+                           f"{', '.join(f'{x:.1f}' for x in r.back_after_crash_seconds)} s"),
+        ("jobs failed, by reason", ", ".join(f"{k} {v}" for k, v in r.jobs_failed.items())
+                                   or "none"),
         ("broker restarts / reconnects", f"{r.broker_restarts} / {r.reconnects} "
                                          f"({r.reconnects_per_minute:.1f} per minute); link "
                                          f"failures {r.link_failures}"),

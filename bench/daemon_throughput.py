@@ -114,15 +114,22 @@ class BackendResult:
 # -- workload and config ---------------------------------------------------------------
 
 
-def workload(seed: int, n_jobs: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The cluster's servers and ``n_jobs`` job specs (no arrival, ids ``j0..``)."""
-    servers = paper_cluster_servers(np.random.default_rng(seed), N_SERVERS, N_SERVERS)
+def workload(
+    seed: int,
+    n_jobs: int,
+    n_worker: int = N_SERVERS,
+    n_ps: int = N_SERVERS,
+    window: int = WINDOW,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The cluster's servers (``n_worker`` + ``n_ps``) and ``n_jobs`` job specs over a
+    horizon of ``window`` slots (no arrival, ids ``j0..``)."""
+    servers = paper_cluster_servers(np.random.default_rng(seed), n_worker, n_ps)
     trace = generate_trace(
         np.random.default_rng(seed),
         n_jobs=n_jobs,
-        n_worker_servers=N_SERVERS,
-        n_ps_servers=N_SERVERS,
-        horizon=WINDOW,
+        n_worker_servers=n_worker,
+        n_ps_servers=n_ps,
+        horizon=window,
         slot_seconds=SLOT_SECONDS,
     )
     # generate_trace draws its cluster first, from the same generator: the jobs fit it

@@ -64,7 +64,12 @@ class SlotClock:
         self.clock = clock
         self.slot_seconds = slot_seconds
         self.epoch = epoch
-        self.times = SlotTimes(epoch, slot_seconds)
+
+    @property
+    def times(self) -> SlotTimes:
+        """Slot numbers to times with the current ``epoch`` (recovery may set it from the
+        store after this clock was made)."""
+        return SlotTimes(self.epoch, self.slot_seconds)
 
     def current_slot(self) -> int:
         """The slot the present moment falls in (0 before the epoch)."""

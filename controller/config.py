@@ -17,6 +17,8 @@ Example (``config/oasisd.example.toml`` is a complete one)::
     [pricing]
     bounds = "estimate"          # or "explicit" with U1, U2, L1, L2 as in the trace format
     trim = 0.3                   # estimate: L ignores the lowest-value jobs carrying this share
+    prior = "default"            # estimate: where it starts: "default", "none" or a JSON file
+                                 # of `oasis calibrate` (relative to this file's folder)
     l_margin = 1.0               # estimate: L is scaled by this (<= 1)
     u_margin = 1.0               # estimate: U is scaled by this (>= 1)
 
@@ -39,6 +41,9 @@ Example (``config/oasisd.example.toml`` is a complete one)::
     [ha]                         # high availability on a PostgreSQL store (controller/ha);
     lease_seconds = 5            # absent: one daemon per store
 
+    [web]                        # the operator's console (controller/console/settings.py)
+    listen = "127.0.0.1:8080"    # empty or absent: off
+
     [mqtt]                       # the execution plane's broker; absent: no broker
     url = "mqtt://127.0.0.1:1883"  # controller/plane/settings.py lists every key
 
@@ -49,6 +54,7 @@ Example (``config/oasisd.example.toml`` is a complete one)::
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from collections.abc import Mapping
@@ -61,6 +67,7 @@ from sqlalchemy.exc import ArgumentError
 
 from controller.auth import Caller, tokens_from_dict
 from controller.connections import Connections, connections_from_dict
+from controller.console.settings import DEFAULT_WEB_LISTEN, WebConfig, web_from_dict
 from controller.ha.settings import HaConfig, ha_from_dict
 from controller.limits import Limits, limits_from_dict
 from controller.plane.settings import MqttConfig, check_server_names, mqtt_from_dict
@@ -68,7 +75,9 @@ from controller.store.database import DEFAULT_TIMEOUT
 from controller.tls import TlsConfig, check_exposure, is_loopback, tls_from_dict
 from pricing import fields
 from pricing.bound_estimate import DEFAULT_TRIM
+from pricing.bound_prior import MAX_PRIOR_BYTES, Prior, prior_from_dict
 from pricing.cluster import Cluster, cluster_from_dict
+from pricing.default_prior import default_prior
 from pricing.errors import SpecError
 from pricing.prices import PriceBounds, bounds_from_dict
 
@@ -92,6 +101,10 @@ class PricingConfig:
             the utility seen, in [0, 1) (pricing/bound_estimate.py).
         l_margin: estimate: the estimated L is multiplied by this, in (0, 1].
         u_margin: estimate: the estimated U is multiplied by this, >= 1.
+        prior: estimate: the prior it starts from (pricing/bound_prior.py); None: none,
+            the first job sets it. The config's ``prior`` is ``"default"`` (the shipped
+            :func:`pricing.default_prior.default_prior`, also when absent), ``"none"``,
+            or the path of a JSON prior ``oasis calibrate`` wrote.
     """
 
     mode: str
@@ -99,6 +112,7 @@ class PricingConfig:
     l_margin: float = 1.0
     u_margin: float = 1.0
     trim: float = DEFAULT_TRIM
+    prior: Prior | None = field(default_factory=default_prior)
 
 
 @dataclass(frozen=True)
@@ -133,6 +147,7 @@ class Config:
         connections: ``[connections]``.
         ha: ``[ha]``, high availability on PostgreSQL (:mod:`controller.ha`); None: one
             daemon per store.
+        web: ``[web]``, the operator's console; its ``listen`` empty: no console.
         warnings: problems worth a warning at start (a config with secrets that others
             may read).
     """
@@ -159,6 +174,7 @@ class Config:
     store_timeout: float = DEFAULT_TIMEOUT
     connections: Connections = field(default_factory=Connections)
     ha: HaConfig | None = None
+    web: WebConfig = field(default_factory=WebConfig)
     warnings: tuple[str, ...] = ()
 
     @property
@@ -208,6 +224,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
             "limits",
             "connections",
             "ha",
+            "web",
         },
         "config",
     )
@@ -263,7 +280,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
             epoch=epoch,
             log_level=level,
             cluster=cluster,
-            pricing=_pricing(fields.optional_mapping(data, "pricing", ""), cluster),
+            pricing=_pricing(fields.optional_mapping(data, "pricing", ""), cluster, base),
             tick_seconds=fields.positive(daemon.get("tick_seconds", 1.0), "daemon.tick_seconds"),
             metrics_listen=_metrics_listen(fields.optional_mapping(data, "metrics", "")),
             mqtt=mqtt,
@@ -277,6 +294,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
             epoch_from_store="epoch" not in daemon,
             connections=connections_from_dict(fields.optional_mapping(data, "connections", "")),
             ha=ha_from_dict(fields.mapping(data["ha"], "ha") if "ha" in data else None),
+            web=web_from_dict(fields.optional_mapping(data, "web", ""), tls),
             source=source,
         )
     except SpecError as err:
@@ -305,10 +323,41 @@ def _metrics_listen(raw: Mapping[str, Any]) -> str:
     return listen
 
 
-def _pricing(raw: Mapping[str, Any], cluster: Cluster) -> PricingConfig:
+def _prior(raw: Any, base: Path | None) -> Prior | None:
+    """``pricing.prior``: ``"default"``, ``"none"`` or the path of a JSON prior, relative
+    to ``base`` (the config file's folder) if given, else to the working directory."""
+    name = fields.text(raw, "pricing.prior")
+    if name == "default":
+        return default_prior()
+    if name == "none":
+        return None
+    path = Path(name)
+    if base is not None and not path.is_absolute():
+        path = base / path
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_PRIOR_BYTES + 1)
+    except OSError as err:
+        raise ConfigError(f"pricing.prior: cannot read {path}: {err.strerror or err}") from err
+    if len(data) > MAX_PRIOR_BYTES:
+        raise ConfigError(f"pricing.prior: {path} is over {MAX_PRIOR_BYTES} bytes")
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as err:
+        raise ConfigError(f"pricing.prior: {path} is not JSON: {err}") from err
+    try:
+        prior = prior_from_dict(doc, "prior")
+    except SpecError as err:
+        raise ConfigError(
+            f"pricing.prior: {path} is not a prior of oasis calibrate: {err}"
+        ) from err
+    return prior if prior.source else replace(prior, source=str(path))
+
+
+def _pricing(raw: Mapping[str, Any], cluster: Cluster, base: Path | None = None) -> PricingConfig:
     mode = raw.get("bounds", "estimate")
     if mode == "estimate":
-        _check_keys(raw, {"bounds", "l_margin", "u_margin", "trim"}, "pricing")
+        _check_keys(raw, {"bounds", "l_margin", "u_margin", "trim", "prior"}, "pricing")
         l_margin = fields.positive(raw.get("l_margin", 1.0), "pricing.l_margin")
         u_margin = fields.positive(raw.get("u_margin", 1.0), "pricing.u_margin")
         if l_margin > 1:
@@ -318,13 +367,14 @@ def _pricing(raw: Mapping[str, Any], cluster: Cluster) -> PricingConfig:
         trim = fields.number(raw.get("trim", DEFAULT_TRIM), "pricing.trim")
         if not 0 <= trim < 1:
             raise ConfigError(f"pricing.trim: must be in [0, 1), got {trim}")
-        return PricingConfig("estimate", None, l_margin, u_margin, trim)
+        prior = _prior(raw.get("prior", "default"), base)
+        return PricingConfig("estimate", None, l_margin, u_margin, trim, prior)
     if mode == "explicit":
         _check_keys(raw, {"bounds", "U1", "U2", "L1", "L2"}, "pricing")
         explicit = {k: v for k, v in raw.items() if k != "bounds"}
         bounds = bounds_from_dict(explicit, cluster, "pricing")
         assert bounds is not None
-        return PricingConfig("explicit", bounds)
+        return PricingConfig("explicit", bounds, prior=None)
     raise ConfigError(f"pricing.bounds: must be 'estimate' or 'explicit', got {mode!r}")
 
 
@@ -366,12 +416,14 @@ def _exposed_secrets(path: Path, config: Config, mode: int, group: int) -> str:
 
 def demo_config(data_dir: Path = Path("./data")) -> Config:
     """The embedded defaults: SQLite under ``data_dir`` and a small demo cluster
-    (4 GPU worker servers, 2 PS servers, EC2-like) on loopback."""
+    (4 GPU worker servers, 2 PS servers, EC2-like) on loopback, with the console on
+    :data:`~controller.console.settings.DEFAULT_WEB_LISTEN`."""
     gpu = {"gpu": 8, "cpu": 32, "mem": 488, "disk": 500, "bandwidth": 25}
     ps = {"cpu": 36, "mem": 60, "disk": 500, "bandwidth": 25}
     return from_dict(
         {
             "daemon": {"data_dir": str(data_dir), "window": 48},
+            "web": {"listen": DEFAULT_WEB_LISTEN},
             "cluster": {
                 "resources": ["gpu", "cpu", "mem", "disk", "bandwidth"],
                 "servers": [

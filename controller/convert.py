@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # the CLI needs none of these (SQLAlchemy, numba, scipy)
 __all__ = [
     "SERVER_KINDS",
     "STATE_NAMES",
+    "bounds_to_proto",
     "decision_to_proto",
     "event_to_proto",
     "job_to_proto",
@@ -180,6 +181,28 @@ def job_to_proto(view: JobView, times: SlotTimes) -> pb.Job:
     if view.wait_until_slot is not None:
         msg.wait_until_slot = view.wait_until_slot
     return msg
+
+
+def bounds_to_proto(view: dict[str, Any]) -> pb.GetBoundsResponse:
+    """The bounds ``oasis bounds`` shows (:mod:`controller.admission.bounds`)."""
+    out = pb.GetBoundsResponse(
+        mode=view["mode"],
+        method=view["method"],
+        jobs=view["jobs"],
+        prior=view["prior"],
+        prior_share=view["prior_share"],
+        units=view["units"],
+        pins=json.dumps(view["pins"], sort_keys=True),
+    )
+    for row in view["bounds"]:
+        out.bounds.add(
+            kind=SERVER_KINDS[row["kind"]],
+            resource=row["resource"],
+            upper=row["U"],
+            lower=row["L"],
+            how=row["how"],
+        )
+    return out
 
 
 def event_to_proto(event: Event) -> pb.Event:

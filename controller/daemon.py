@@ -22,6 +22,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 import sqlalchemy
@@ -34,6 +35,7 @@ from controller.auth import AccessInterceptor
 from controller.clock import Clock, SlotClock, SystemClock
 from controller.config import Config, ConfigError, demo_config, load
 from controller.connections import RESERVED_FDS, raise_fd_limit
+from controller.console.settings import web_from_dict
 from controller.drain import StopGate
 from controller.ha.leadership import Leadership
 from controller.limits import RateLimiter
@@ -154,6 +156,7 @@ async def serve(
         else:
             port = server.add_insecure_port(config.listen)
         metrics_address = metrics.serve(config.metrics_listen) if metrics is not None else ""
+        console = await _console(config, controller, limiter, plane)
     except (RuntimeError, OSError) as err:
         # A busy or foreign address: say which, not a traceback (grpc raises RuntimeError).
         controller.close()  # the plane is not running yet: nothing else to stop
@@ -204,6 +207,8 @@ async def serve(
         events.append(PeriodicEvent("watchdog", notifier.watchdog_interval, _ping(notifier)))
     if metrics is not None:
         log.info("metrics listening", address=metrics_address)
+    if console is not None:
+        log.info("console listening", address=console.address)
     tasks = [asyncio.create_task(e.loop(), name=e.name) for e in events]
     if controller.leading:  # after the slot clock's task, as its review follows the tick
         await plane.start()
@@ -227,6 +232,8 @@ async def serve(
             task.cancel()
         await asyncio.wait(tasks, timeout=5)
         await plane.stop()  # the broker link says "offline" first
+        if console is not None:
+            await console.close()
         await gate.stop(server, STOP_GRACE_SECONDS)
         if metrics is not None:
             metrics.close()
@@ -268,6 +275,12 @@ class PlaneRunner:
         self.config = config
         self.metrics = metrics
         self.tasks: list[asyncio.Task[None]] = []
+        self.plane: Any = None  # the running plane's link (controller.plane.link.Plane)
+
+    @property
+    def connected(self) -> bool:
+        """True while this daemon leads and its plane is connected to the broker."""
+        return bool(self.tasks) and self.plane is not None and bool(self.plane.connected)
 
     async def start(self) -> None:
         if self.config.mqtt is None or self.tasks:
@@ -276,6 +289,7 @@ class PlaneRunner:
 
         broker_up = self.metrics.set_broker if self.metrics else None
         plane = await start_plane(self.c, self.config.mqtt, broker_up)
+        self.plane = plane
         self.c.execution = plane.execution
         if self.metrics is not None:
             self.metrics.set_broker(False)
@@ -309,6 +323,22 @@ def _advertise(config: Config) -> str:
     return config.listen
 
 
+async def _console(
+    config: Config,
+    controller: AdmissionController,
+    limiter: RateLimiter | None,
+    plane: PlaneRunner,
+) -> Any:
+    """The operator's console on ``[web] listen`` (None if off); aiohttp loads only then."""
+    if not config.web.listen:
+        return None
+    from controller.console.app import start_console
+
+    return await start_console(
+        config, controller, limiter, (lambda: plane.connected) if config.mqtt is not None else None
+    )
+
+
 def _ping(notifier: Notifier) -> Callable[[], Awaitable[None]]:
     async def ping() -> None:
         notifier.watchdog()
@@ -321,6 +351,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--config", metavar="FILE", help="TOML config (default: embedded demo)")
     parser.add_argument("--listen", metavar="HOST:PORT", help="override daemon.listen")
     parser.add_argument("--data-dir", metavar="DIR", help="override daemon.data_dir")
+    parser.add_argument(
+        "--web-listen", metavar="HOST:PORT", help='override web.listen ("": no console)'
+    )
     args = parser.parse_args(argv)
     try:
         config = load(args.config) if args.config else demo_config()
@@ -331,6 +364,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = replace(config, listen=args.listen)
     if args.data_dir:
         config = replace(config, data_dir=Path(args.data_dir))
+    if args.web_listen is not None:
+        web = {"listen": args.web_listen, "session_hours": config.web.session_seconds / 3600,
+               "allow_insecure_remote": config.web.allow_insecure_remote}  # fmt: skip
+        try:
+            config = replace(config, web=web_from_dict(web, config.tls))
+        except SpecError as err:
+            print(f"oasisd: --web-listen: {err}", file=sys.stderr)
+            return 2
     try:
         check_exposure(config.listen, config.tls, config.allow_insecure_remote)
     except SpecError as err:
@@ -342,7 +383,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def ready(address: str) -> None:
         store = sqlalchemy.make_url(config.database_url).render_as_string(hide_password=True)
-        print(f"oasisd listening on {address} (store: {store})", flush=True)
+        web = config.web.listen
+        scheme = "https" if config.tls else "http"
+        console = f"; console: {scheme}://{web}/" if web and not web.endswith(":0") else ""
+        print(f"oasisd listening on {address} (store: {store}{console})", flush=True)
 
     try:
         with contextlib.suppress(KeyboardInterrupt):

@@ -38,6 +38,14 @@
   as canonical JSON, or a table utility with more than ``max_table_points`` values, is
   refused with INVALID_ARGUMENT naming the field, before it is queued for a decision (a
   stored spec is returned by every read of the job, so its size bounds theirs).
+- ``max_utility``: the most a job may be worth, its best utility ``f(d_min)`` (what the
+  price-bound estimate takes in, and the most any schedule of it earns; a sigmoid's is
+  just under its ``priority``). A job above it is refused with INVALID_ARGUMENT naming
+  the utility's field (``job.utility.priority``, ``.values`` or ``.value``) and the cap.
+  The default ``1e9`` is ten million times the largest priority ``oasis gen`` draws (100);
+  0 turns the cap off. The estimate is robust without it (one job moves the bounds by at
+  most ``e^0.1``), but a cap makes a typo of a few extra zeros an error, not a job that
+  outbids everyone.
 - ``max_page_jobs`` and ``max_page_bytes``: the most jobs, and about the most bytes of
   them, one ``ListJobs`` answer holds; the rest follow on later pages (``page_token``).
 
@@ -57,13 +65,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from controller.plane.topics import NAME_PATTERN
 from pricing import fields
 from pricing.cluster import Cluster
 from pricing.errors import SpecError
 from pricing.job import Job, max_workers_per_slot
+from pricing.utility import Deadline, Sigmoid, Table
 
 __all__ = [
+    "DEFAULT_MAX_UTILITY",
     "MAX_JOB_ID_CHARS",
     "JobTooLargeError",
     "Limits",
@@ -74,7 +83,7 @@ __all__ = [
     "search_size",
 ]
 
-MAX_JOB_ID_CHARS = 128
+MAX_JOB_ID_CHARS = fields.MAX_JOB_ID_CHARS
 """The longest job id (SPEC 3); the store's ``jobs.id`` column is ``VARCHAR(200)``."""
 
 _KEYS = {
@@ -94,7 +103,15 @@ _KEYS = {
     "max_page_bytes",
     "max_in_flight",
     "search_steps_per_token",
+    "max_utility",
 }
+
+
+DEFAULT_MAX_UTILITY = 1e9
+"""``limits.max_utility`` unless the config sets it: far above ``oasis gen``'s 1-100."""
+
+_UTILITY_FIELD = {Sigmoid: "priority", Table: "values", Deadline: "value"}
+"""The field of each kind of utility that sets its scale (named when over the cap)."""
 
 
 class JobTooLargeError(SpecError):
@@ -124,6 +141,7 @@ class Limits:
         max_in_flight: most calls of one client waiting for the decision thread.
         search_steps_per_token: a submit or quote costs one token plus one per this many
             steps of its search bound (with ``rate`` on).
+        max_utility: the largest best utility ``f(d_min)`` of a job; 0: no cap.
     """
 
     max_message_bytes: int = 1 << 20
@@ -142,6 +160,7 @@ class Limits:
     max_page_bytes: int = 1 << 20
     max_in_flight: int = 4
     search_steps_per_token: float = 5e7
+    max_utility: float = DEFAULT_MAX_UTILITY
 
     def search_tokens(self, steps: float) -> float:
         """Tokens a search bounded by ``steps`` costs on top of its call's one."""
@@ -167,6 +186,7 @@ class Limits:
 
     def check_job(self, job: Job, cluster: Cluster, window: int) -> None:
         """Raise JobTooLargeError if ``job`` is over a limit, or its search over budget."""
+        self.check_utility(job)
         if job.work > self.max_job_work:
             raise JobTooLargeError.one(
                 "job",
@@ -192,6 +212,22 @@ class Limits:
                 f"too large to decide: its search needs {size.megabytes:.0f} MiB of tables, "
                 f"over limits.max_search_mb = {self.max_search_mb:g}",
             )
+
+    def check_utility(self, job: Job) -> None:
+        """Raise JobTooLargeError if ``job``'s best utility ``f(d_min)`` is over
+        ``max_utility`` (compared in logs: no overflow for any finite spec)."""
+        if self.max_utility <= 0:
+            return
+        log_best = float(job.utility.log_values(job.min_slots))
+        if not log_best > math.log(self.max_utility):  # nan (impossible) is not refused
+            return
+        name = _UTILITY_FIELD.get(type(job.utility), "")
+        best = math.exp(min(log_best, 709.0))
+        raise JobTooLargeError.one(
+            f"job.utility.{name}" if name else "job.utility",
+            f"the job's best utility f({job.min_slots}) = {best:.6g} exceeds "
+            f"limits.max_utility = {self.max_utility:g}",
+        )
 
 
 @dataclass(frozen=True)
@@ -221,18 +257,8 @@ def search_size(job: Job, cluster: Cluster, window: int) -> SearchSize:
 
 def check_job_id(job_id: str, field: str = "job.id") -> None:
     """Raise SpecError (INVALID_ARGUMENT) unless ``job_id`` is 1-128 characters of
-    ``A-Z a-z 0-9 . _ -``; the message names the first character outside them."""
-    if not job_id or len(job_id) > MAX_JOB_ID_CHARS:
-        raise SpecError.one(
-            field, f"must be 1-{MAX_JOB_ID_CHARS} characters long, got {len(job_id)}"
-        )
-    if not NAME_PATTERN.fullmatch(job_id):
-        bad = next(c for c in job_id if not NAME_PATTERN.fullmatch(c))
-        raise SpecError.one(
-            field,
-            f"must be characters of A-Z a-z 0-9 . _ - only (it names an MQTT topic), "
-            f"got {bad!r} at position {job_id.index(bad)}",
-        )
+    ``A-Z a-z 0-9 . _ -`` (:func:`pricing.fields.job_id`, the rule traces follow too)."""
+    fields.job_id(job_id, field)
 
 
 def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
@@ -277,6 +303,9 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
         search_steps_per_token=fields.positive(
             raw.get("search_steps_per_token", d.search_steps_per_token),
             "limits.search_steps_per_token",
+        ),
+        max_utility=fields.non_negative(
+            raw.get("max_utility", d.max_utility), "limits.max_utility"
         ),
     )
 

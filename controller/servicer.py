@@ -26,6 +26,7 @@ from controller.auth import current_caller
 from controller.convert import (
     SERVER_KINDS,
     STATE_OF,
+    bounds_to_proto,
     decision_to_proto,
     event_to_proto,
     job_to_proto,
@@ -73,6 +74,42 @@ async def _after(page_token: str) -> int:
     if not (page_token.isascii() and page_token.isdigit() and len(page_token) <= 18):
         raise SpecError.one("page_token", "not a token this daemon gave (next_page_token)")
     return int(page_token)
+
+
+async def _pins(request: pb.SetBoundsRequest) -> dict[str, Any]:
+    """A SetBounds request's pins in the form :mod:`controller.admission.bounds` takes:
+    to pin, ``{kind: {resource: {"U": x, "L": y}}}``; to unpin, ``{kind: [resource]}``
+    (kind ``"both"`` for a pin of either kind)."""
+    kinds = {
+        pb.SERVER_KIND_UNSPECIFIED: ("worker", "ps"),
+        **{v: (k,) for k, v in SERVER_KINDS.items()},
+    }
+    if request.action == "reset" and request.pins:
+        raise SpecError.one("pins", "reset takes no pins (it restarts the estimate)")
+    if len(request.pins) > 1000:
+        raise SpecError.one("pins", f"at most 1000 pins, got {len(request.pins)}")
+    if request.action == "unpin":
+        names: dict[str, list[str]] = {}
+        for i, pin in enumerate(request.pins):
+            if pin.kind not in kinds:
+                raise SpecError.one(f"pins[{i}].kind", f"unknown kind {pin.kind}")
+            if pin.HasField("upper") or pin.HasField("lower"):
+                raise SpecError.one(f"pins[{i}]", "unpin takes resources, not values")
+            kind = "both" if pin.kind == pb.SERVER_KIND_UNSPECIFIED else kinds[pin.kind][0]
+            names.setdefault(kind, []).append(pin.resource)
+        return names
+    table: dict[str, dict[str, dict[str, float]]] = {}
+    for i, pin in enumerate(request.pins):
+        if pin.kind not in kinds:
+            raise SpecError.one(f"pins[{i}].kind", f"unknown kind {pin.kind}")
+        sides = {"U": pin.upper} if pin.HasField("upper") else {}
+        if pin.HasField("lower"):
+            sides["L"] = pin.lower
+        if not sides:
+            raise SpecError.one(f"pins[{i}]", f"{pin.resource!r}: give upper and/or lower")
+        for kind in kinds[pin.kind]:
+            table.setdefault(kind, {}).setdefault(pin.resource, {}).update(sides)
+    return table
 
 
 class AdmissionServicer(pb_grpc.AdmissionServicer):
@@ -262,6 +299,19 @@ class ClusterServicer(pb_grpc.ClusterServicer):
                 share=share,
             )
         return out
+
+    async def GetBounds(
+        self, request: pb.GetBoundsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetBoundsResponse:
+        return bounds_to_proto(await _guard(context, self.c.bounds()))
+
+    async def SetBounds(
+        self, request: pb.SetBoundsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SetBoundsResponse:
+        caller = current_caller()
+        pins = await _guard(context, _pins(request))
+        change = self.c.set_bounds(request.action, pins, caller.submitter, caller.turn)
+        return pb.SetBoundsResponse(bounds=bounds_to_proto(await _guard(context, change)))
 
     async def GetClusterInfo(
         self, request: pb.GetClusterInfoRequest, context: grpc.aio.ServicerContext

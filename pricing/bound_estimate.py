@@ -329,7 +329,7 @@ class BoundEstimate:
         """What ``oasis bounds`` shows: how the bounds are estimated, from how many jobs,
         and U and L per resource and kind of server (null before any job and prior)."""
         b = self.bounds()
-        total = self.worker.floor.total
+        total = self.best.total  # the prior counts as its weight in jobs, each job as 1
         out: dict[str, Any] = {
             "method": (
                 f"quantiles: L at trim {self.trim:g} of capped utility / 4, U at the "
@@ -338,7 +338,7 @@ class BoundEstimate:
             ),
             "jobs": self.jobs,
             "prior": self.prior,
-            "prior_share": self.prior_mass / total if total > 0 else 0.0,
+            "prior_share": min(1.0, self.prior_mass / total) if total > 0 else 0.0,
             "units": "raw" if self.resources is None else "server's worth (mean capacity)",
         }
         for kind, top, floor in (

@@ -44,6 +44,7 @@ from pricing.quantile_tracker import LOG_LIMIT
 __all__ = [
     "DEFAULT_PRIOR_WEIGHT",
     "MAX_POINTS",
+    "MAX_PRIOR_BYTES",
     "PRIOR_KIND",
     "PRIOR_VERSION",
     "Points",
@@ -58,6 +59,8 @@ DEFAULT_PRIOR_WEIGHT = 40.0
 """How many jobs a prior counts as, unless it says otherwise."""
 MAX_POINTS = 64
 """Most points in one list of a prior."""
+MAX_PRIOR_BYTES = 1_000_000
+"""A prior file larger than this is refused (a real one is a few kilobytes)."""
 _MAX_WEIGHT = 1e6
 _MAX_SOURCE = 500
 _MAX_RESOURCES = 64

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -146,6 +147,29 @@ def text(value: Any, field: str) -> str:
     """A non-empty string."""
     if not isinstance(value, str) or not value.strip():
         raise SpecError.one(field, f"must be a non-empty string, got {_kind(value)}")
+    return value
+
+
+MAX_JOB_ID_CHARS = 128
+_JOB_ID_CHAR = re.compile(r"[A-Za-z0-9._-]")
+
+
+def job_id(value: Any, field: str) -> str:
+    """A job id (SPEC 3): 1-128 characters of ``A-Z a-z 0-9 . _ -``, since it names an
+    MQTT topic level; the message names the first character outside them."""
+    if not isinstance(value, str):
+        raise SpecError.one(field, f"must be a string, got {_kind(value)}")
+    if not value or len(value) > MAX_JOB_ID_CHARS:
+        raise SpecError.one(
+            field, f"must be 1-{MAX_JOB_ID_CHARS} characters long, got {len(value)}"
+        )
+    bad = next((i for i, c in enumerate(value) if not _JOB_ID_CHAR.fullmatch(c)), None)
+    if bad is not None:
+        raise SpecError.one(
+            field,
+            f"must be characters of A-Z a-z 0-9 . _ - only (it names an MQTT topic), "
+            f"got {value[bad]!r} at position {bad}",
+        )
     return value
 
 

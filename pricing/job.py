@@ -182,7 +182,7 @@ def job_from_dict(
             problems.extend(err.problems)
             return None
 
-    job_id = read("id", fields.text)
+    job_id = read("id", fields.job_id)
     if arrival is None:
         arrival = read("arrival", lambda v, f: fields.integer(v, f, minimum=0))
     epochs = read("epochs", fields.positive_int)

@@ -33,7 +33,7 @@ from controller.limits import (
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.tls import client_channel
-from pricing import SpecError, job_from_dict
+from pricing import SpecError, job_from_dict, trace_from_dict
 from pricing.cluster import Cluster, cluster_from_dict
 from pricing.job import Job
 from tests.servers import CLUSTER_TOML, Daemon, oasis, write_config
@@ -117,6 +117,16 @@ def test_job_ids() -> None:
     for bad in ("a\x00b", "tab\there", "a/b", "a+b", "a#", "sp ace", "caf\u00e9"):
         with pytest.raises(SpecError, match=r"job\.id: must be characters of A-Z a-z 0-9 \. _ -"):
             check_job_id(bad)
+
+
+def test_trace_job_ids_follow_the_same_alphabet() -> None:
+    """SPEC 3: a trace's ids are job ids too; replay and offline refuse the same ones."""
+    from tests.test_units import base_trace
+
+    raw = base_trace(id="a/b")
+    with pytest.raises(SpecError, match=r"jobs\[0\]\.id: must be characters of A-Z .* '/'"):
+        trace_from_dict(raw)
+    assert trace_from_dict(base_trace(id="a.b_c-1")).jobs[0].id == "a.b_c-1"
 
 
 def test_limits_config() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -286,7 +287,9 @@ def test_work_finished_while_the_daemon_was_down_is_reported_again(plane: Plane)
     """Reports sent while the daemon is away are lost (it has no session on the broker).
     Before the fix an agent never sent them again once its counts stopped changing, so
     a job that finished meanwhile stayed short and failed at the end of its plan; now
-    the agent resends its recent counts when the daemon says it is online again."""
+    the agent resends its recent counts when the daemon says it is online again, and the
+    daemon gives them ``heartbeat_timeout`` after it is back before it fails a job whose
+    plan ended meanwhile."""
     plane.daemon.start()
     for server in SERVERS:
         plane.start_agent(server, speed=6.0)  # the whole job in about a slot
@@ -298,8 +301,15 @@ def test_work_finished_while_the_daemon_was_down_is_reported_again(plane: Plane)
         return float(reply.progress.minibatches_done)
 
     wait_for("some progress", lambda: done() > 0 or None)
+    planned_end = plane.job("quick").decision.completion_slot + 1  # its plan's last slot, + 1
+    found = re.search(r"^epoch = (\S+)$", plane.daemon.config.read_text(), re.M)
+    assert found is not None
+    epoch = float(found[1])
     plane.daemon.kill9()
-    time.sleep(2 * SLOT)  # the agents finish the job and report it to nobody
+    # the agents finish the job and report it to nobody; its plan ends, and the time its
+    # agents had to report the rest after that passes, while the daemon is down (before
+    # the second fix it failed the job as it started, before the agents could resend)
+    time.sleep(max(2 * SLOT, epoch + planned_end * SLOT + HEARTBEAT_TIMEOUT + 1 - time.time()))
     plane.daemon.start()
     finished = wait_for(
         "the job completed",
@@ -307,6 +317,31 @@ def test_work_finished_while_the_daemon_was_down_is_reported_again(plane: Plane)
     )
     assert finished.state == pb.JOB_STATE_COMPLETED, finished
     assert done() >= 216
+
+
+def test_an_agent_that_died_while_the_daemon_was_down_is_noticed(plane: Plane) -> None:
+    """The daemon remembers (in the store) every server it has heard from. Before the fix
+    it knew after a restart only the servers named in active jobs' progress, so an agent
+    with nothing to report (here: no job at all) that died meanwhile was never failed."""
+    plane.daemon.start()
+    for server in SERVERS:
+        plane.start_agent(server)
+    plane.wait_agents()
+
+    def heard() -> list[str]:
+        rows = plane.store_rows("SELECT value FROM meta WHERE key = 'plane'")
+        return sorted(json.loads(rows[0][0]).get("heard", [])) if rows else []
+
+    wait_for("every server heard", lambda: heard() == sorted(SERVERS) or None)
+    plane.daemon.kill9()
+    plane.kill_agent("p1")
+    plane.daemon.start()
+    failed = wait_for(
+        "p1 declared failed",
+        lambda: plane.store_rows("SELECT server FROM server_outages WHERE up_from IS NULL") or None,
+        timeout=6 * HEARTBEAT_TIMEOUT,
+    )
+    assert failed == [("p1",)]
 
 
 def test_agent_for_an_unknown_server_exits_and_a_clean_stop_says_offline(plane: Plane) -> None:

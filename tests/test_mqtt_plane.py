@@ -465,7 +465,16 @@ def test_kill_9_daemon_republishes_plans_and_loses_nothing(cluster: Cluster) -> 
         lambda: min(p.epoch for p in cluster.plans().values()) > epoch,
     )
     wait_consistent(cluster)
-    assert cluster.store_rows("SELECT * FROM allocations ORDER BY slot, server") == allocations
+    rows = cluster.store_rows("SELECT * FROM allocations ORDER BY slot, server")
+    # the downtime may leave the job behind its plan; when re-planning its rest pays off
+    # (at the prices of the estimate's prior it can) it is re-planned from the slot after
+    # the review on: the plan up to the review is kept, and without a re-plan all of it
+    replans = [e.slot for e in cluster.events() if e.job_id == "k1" and e.kind == "replanned"]
+    kept = min(replans, default=None)
+    if kept is None:
+        assert rows == allocations
+    else:
+        assert [r for r in rows if r[1] <= kept] == [r for r in allocations if r[1] <= kept]
     restarted = cluster.job("k1")
     assert restarted.decision.admitted and restarted.state == pb.JOB_STATE_RUNNING
     progress = cluster.stub().GetProgress(pb.GetProgressRequest(id="k1"), timeout=10).progress

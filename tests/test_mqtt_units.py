@@ -401,8 +401,10 @@ def test_progress_stays_dirty_until_a_commit_and_ended_jobs_are_forgotten_then_m
 def test_a_job_behind_its_plan_is_reported_in_its_real_state(plane: PlaneDaemon) -> None:
     plane.submit("slow")  # admitted; its first slot has not begun
     ex = plane.ex
-    for i in range(1, 9):  # an hour per mini-batch: 20 times the plan, hopeless
-        ex.report(Progress("w0", "a", [TaskProgress("slow", float(i), i * 3600.0)]))
+    # two hours per mini-batch, 40 times the plan: the 12 left on its 2 workers take 12
+    # slots, past the window of 6, hopeless at any prices
+    for i in range(1, 9):
+        ex.report(Progress("w0", "a", [TaskProgress("slow", float(i), i * 7200.0)]))
     events = ex.review_sync()
     assert [(e.kind, e.state) for e in events] == [("behind", "admitted")]
     assert plane.state("slow") == "admitted"

@@ -8,11 +8,14 @@ are written to the store as the execution plane writes them (``server_outages``)
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import pytest
+import sqlalchemy
 import structlog
 from sqlalchemy import select
 
@@ -23,6 +26,7 @@ from controller.store import Database
 from controller.store.models import AllocationRow, OutageRow
 from pricing.errors import LedgerError
 from pricing.ledger import Ledger
+from tests.servers import Postgres
 from tests.test_replan import T, admitted, make_job
 
 SLOT = 3600.0
@@ -36,10 +40,16 @@ JOB = {
 }  # fmt: skip
 
 
-def _open(tmp_path: Path) -> AdmissionController:
+def _open(tmp_path: Path, store_url: str = "", store_timeout: float = 3.0) -> AdmissionController:
     config = from_dict(
         {
-            "daemon": {"data_dir": str(tmp_path), "window": 12, "epoch": 0},
+            "daemon": {
+                "data_dir": str(tmp_path),
+                "window": 12,
+                "epoch": 0,
+                "store_url": store_url,
+                "store_timeout": store_timeout,
+            },
             "cluster": {
                 "resources": ["gpu", "cpu", "mem", "disk", "bandwidth"],
                 "servers": [
@@ -52,7 +62,7 @@ def _open(tmp_path: Path) -> AdmissionController:
     )
     controller = AdmissionController(
         config,
-        Database(config.database_url),
+        Database(config.database_url, config.store_timeout),
         SlotClock(FakeClock(1.0), SLOT, 0.0),
         log=structlog.wrap_logger(structlog.ReturnLogger()),
     )
@@ -109,3 +119,45 @@ def test_restart_after_a_recovered_outage(tmp_path: Path) -> None:
             assert np.array_equal(a, b)  # the same ledger, bit for bit
     finally:
         c.close()
+
+
+def test_rebuild_after_an_outage_may_take_longer_than_store_timeout(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    """The rebuild after an outage reads the whole store: one statement slower than
+    ``store_timeout`` (here a table locked for twice that) must not keep the ledger stale
+    for ever; before the fix it raised StoreUnavailableError on every try."""
+    url = postgres.new_database()
+    c = _open(tmp_path, url, store_timeout=1.0)
+    try:
+        assert asyncio.run(c.submit({**JOB, "id": "a"})).decision.admitted
+        live = _state(c._ledger)
+        c._stale = True  # as after a call that found the store out of reach
+        locked, release = threading.Event(), threading.Event()
+
+        engine = sqlalchemy.create_engine(url)
+
+        def hold_lock() -> None:
+            with engine.connect() as conn:
+                conn.execute(sqlalchemy.text("LOCK TABLE allocations IN ACCESS EXCLUSIVE MODE"))
+                locked.set()
+                release.wait(10)
+                time.sleep(2.5)  # 2.5 x store_timeout after the rebuild started waiting
+                conn.rollback()
+
+        holder = threading.Thread(target=hold_lock)
+        holder.start()
+        try:
+            assert locked.wait(10)
+            release.set()
+            assert c._in_step(lambda: 42) == 42
+        finally:
+            release.set()
+            holder.join(20)
+            engine.dispose()
+        assert not c._stale
+        for a, b in zip(live, _state(c._ledger), strict=True):
+            assert np.array_equal(a, b)
+    finally:
+        c.close()
+        c.db.dispose()

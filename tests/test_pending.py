@@ -286,7 +286,9 @@ def test_estimated_bounds_observe_a_pending_job_once(tmp_path: Path) -> None:
     from controller.store import MetaRow
 
     clock = FakeClock(1_000_000.0)
-    c = controller(tmp_path, clock, extra="")  # [pricing] absent: estimated bounds
+    # [pricing] bounds estimated (the default), from no prior: x alone sets them, so the
+    # busy slots price y out (the shipped prior prices them lower and admits y at once)
+    c = controller(tmp_path, clock, extra='[pricing]\nprior = "none"\n')
     try:
         assert c.config.pricing.mode == "estimate"
         # 16 GPUs for 3 slots, then a small job priced out by the busy slots

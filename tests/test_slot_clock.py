@@ -25,6 +25,15 @@ from tests.test_daemon_e2e import job
 SLOT = 3600.0
 
 
+def test_slot_times_follow_an_epoch_set_later() -> None:
+    # without an epoch in the config, recovery sets it from the store after the clock is
+    # made: times shown (and deadlines read) must count from that epoch, not from 0
+    slots = SlotClock(FakeClock(0.0), 3600.0)
+    slots.epoch = 1_800_000_000.0
+    assert slots.times.start(2) == 1_800_000_000.0 + 7200.0
+    assert slots.times.slot_at(1_800_000_000.0 + 3700.0) == 1
+
+
 def test_slot_clock_maps_wall_time_to_slots() -> None:
     clock = FakeClock(1000.0)
     slots = SlotClock(clock, 60.0, epoch=1000.0)

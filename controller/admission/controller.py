@@ -17,7 +17,7 @@ from controller.admission.views import DecisionView, JobView
 from controller.errors import DrainingError
 from controller.events import Event
 from controller.limits import search_size
-from controller.store import StoreUnavailableError
+from controller.store import REBUILD_SECONDS, StoreUnavailableError
 from controller.store.writer_lock import FencedError
 from pricing import SpecError
 
@@ -89,7 +89,8 @@ class AdmissionController(PendingQueue, Follow, Lifecycle, ReadViews):
         """Run ``fn`` in the decision thread on a ledger that matches the store."""
         if self._stale:
             seen = self._last_event()  # before the rebuild: later ones are applied again
-            rebuilt = self._reload()  # StoreUnavailableError: still stale, try next time
+            with self.db.patient(REBUILD_SECONDS):
+                rebuilt = self._reload()  # StoreUnavailableError: still stale, try next time
             self._seen_event = max(self._seen_event, seen)
             self._stale = False
             self.log.info("ledger rebuilt from the store after an outage", jobs=rebuilt)
@@ -161,6 +162,18 @@ class AdmissionController(PendingQueue, Follow, Lifecycle, ReadViews):
         except SpecError:
             return 0
         return search_size(job, self.cluster, self.window).steps
+
+    async def bounds(self) -> dict[str, Any]:
+        """The price bounds in use and how they were set (:mod:`.bounds`)."""
+        return await self.read(self._bounds_view)
+
+    async def set_bounds(
+        self, action: str, pins: Any, by: str | None = None, client: str = ""
+    ) -> dict[str, Any]:
+        """Reset, pin or unpin the price bounds (:mod:`.bounds`); returns them after."""
+        view, events = await self._run(lambda: self._set_bounds_sync(action, pins, by), client)
+        self._publish(events)
+        return view
 
     async def tick(self) -> None:
         """Advance to the current slot, if it changed: window and job states."""

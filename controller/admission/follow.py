@@ -11,6 +11,8 @@ the events after the last one it applied (:meth:`Follow._follow_sync`, every
 - ``cancelled``: its slots from the event's ``from_slot`` on are released;
 - ``replanned``, ``failed`` and a plane's ``completed`` (with detail): the job's plan is
   set to the stored one, keeping its place (:meth:`pricing.Ledger.replace`);
+- ``bounds`` (an operator reset or pinned the price bounds): the estimate and pins are
+  read again, as after every ``decided``, and the ledger repriced;
 - other events change no allocation.
 
 Reading a plan as it is stored now, possibly a later state than the event's, is safe:
@@ -99,7 +101,8 @@ class Follow(Recovery):
             ).all()
             outages = self._outage_mark(session)
             holder = recorded_holder(session)
-            estimate = self._stored_estimate(session, self._estimate)
+            estimate = self._stored_estimate(session)
+            pins = self._stored_pins(session)
         self._saw_leader(holder)
         events = [Event(r.sequence, r.kind, r.job_id, r.slot, r.state, r.detail) for r in rows]
         if self._outages is not None and outages != self._outages:
@@ -109,13 +112,13 @@ class Follow(Recovery):
             self._outages = outages
             return events
         self._outages = outages
-        decided = False
+        repriced = False  # a decision moved the estimate, or an operator the bounds
         for event in events:
-            decided |= event.kind == "decided"
+            repriced |= event.kind in ("decided", "bounds")
             self._apply(event.kind, event.job_id, event.state, event.detail)
             self._seen_event = event.sequence
-        if decided and self.config.pricing.mode == "estimate":
-            self._estimate = estimate
+        if repriced:
+            self._estimate, self._pins = estimate, pins
             self._ledger.set_bounds(self._bounds(estimate))
         return events
 

@@ -14,8 +14,9 @@ from numpy.typing import NDArray
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
+from controller.admission.bounds import BoundControl
 from controller.admission.moves import Moves
-from controller.admission.state import EPOCH_KEY, ESTIMATE_KEY, SETTINGS_KEY
+from controller.admission.state import EPOCH_KEY, SETTINGS_KEY
 from controller.store import (
     AllocationRow,
     EventRow,
@@ -29,9 +30,7 @@ from controller.store import (
 from controller.store.writer_lock import recorded_holder
 from pricing import Job, Ledger, OasisError, SpecError, fields
 from pricing.best_schedule import warm_up
-from pricing.bound_estimate import BoundEstimate
 from pricing.errors import CapacityError
-from pricing.prices import PriceBounds
 from pricing.replan import refit
 from pricing.schedule import Schedule
 
@@ -59,7 +58,7 @@ class _Misfit:
     why: str
 
 
-class Recovery(Moves):
+class Recovery(Moves, BoundControl):
     """Start-up and ledger rebuilds; see the module docstring."""
 
     def open(self) -> None:
@@ -130,44 +129,26 @@ class Recovery(Moves):
     def _reload(self) -> int:
         """Read the bound estimate and rebuild the ledger from the store (blocking);
         returns the jobs rebuilt. Nothing changes if the store fails meanwhile."""
-        estimate = BoundEstimate.empty(len(self.cluster.resources))
         with self.db.session() as session:
-            estimate = self._stored_estimate(session, estimate)
-        previous = self.ledger
+            estimate = self._stored_estimate(session)
+            pins = self._stored_pins(session)
+        previous, previous_pins = self.ledger, self._pins
+        self._pins = pins
         bounds = self._bounds(estimate)
         self.ledger = Ledger(self.cluster, bounds, self.window + 1, origin=self.slot)
         try:
             rebuilt = self._rebuild()
         except BaseException:
-            self.ledger = previous
+            self.ledger, self._pins = previous, previous_pins
             raise
         self._estimate = estimate
         return rebuilt
-
-    def _stored_estimate(self, session: Session, estimate: BoundEstimate) -> BoundEstimate:
-        """The bound estimate stored, or ``estimate`` if there is none to use."""
-        meta = session.get(MetaRow, ESTIMATE_KEY)
-        if meta is not None and self.config.pricing.mode == "estimate":
-            # None: a state of an older format; the estimate starts afresh
-            return BoundEstimate.from_dict(meta.value) or estimate
-        return estimate
 
     def _sync_servers(self, session: Session) -> None:
         session.execute(delete(ServerRow))
         for pos, (kind, _, name, caps) in enumerate(self.cluster.servers()):
             capacity = dict(zip(self.cluster.resources, caps.tolist(), strict=True))
             session.add(ServerRow(name=name, kind=kind, position=pos, capacity=capacity))
-
-    def _bounds(self, estimate: BoundEstimate) -> PriceBounds:
-        pricing = self.config.pricing
-        if pricing.mode == "explicit":
-            assert pricing.bounds is not None
-            return pricing.bounds
-        bounds = estimate.bounds(pricing.l_margin, pricing.u_margin, pricing.trim)
-        if bounds is None:  # before any job: flat unit prices, replaced at the first job
-            zeros = np.zeros(len(self.cluster.resources))
-            return PriceBounds(zeros, zeros, 0.0, 0.0, 1.0, 1.0)
-        return bounds
 
     def _rebuild(self) -> int:
         """Admit every stored allocation from the window's first slot on, in decision order.

@@ -29,6 +29,7 @@ from controller.clock import SlotClock
 from controller.config import Config
 from controller.errors import NotLeaderError
 from controller.events import Event, EventBus
+from controller.pins import Pins
 from controller.store import Database, EventRow, JobRow
 from controller.store.writer_lock import Holder, check_epoch
 from pricing import Job, Ledger, job_from_dict
@@ -73,7 +74,10 @@ class AdmissionState(ABC):
         self._draining = False
         self._in_flight = 0  # requests inside _run: queued on the lock or deciding
         self._idle = asyncio.Event()
-        self._estimate = BoundEstimate.empty(len(self.cluster.resources))
+        # the price bounds: set from the store by open() (.recovery, .bounds)
+        self._estimate = self._fresh_estimate()
+        self._estimate_note = ""  # why the stored estimate was last found unusable
+        self._pins = Pins()
         # a store outage during a write may have cut off a commit that happened: rebuild
         # the ledger from the store before the next decision (_run)
         self._stale = False
@@ -140,6 +144,12 @@ class AdmissionState(ABC):
         if self.ledger is None:
             raise RuntimeError("the controller is not open")
         return self.ledger
+
+    def _fresh_estimate(self) -> BoundEstimate:
+        """The price-bound estimate before any job: the configured prior and trim, the
+        configured servers (the rule replay uses too: :meth:`pricing.Trace.estimate`)."""
+        pricing = self.config.pricing
+        return BoundEstimate.start(self.cluster, pricing.prior, pricing.trim)
 
     def _parse(self, spec: Any, arrival: int, fits: bool = True) -> Job:
         """``spec`` as a job arriving at ``arrival``; with ``fits``, its work must fit the

@@ -46,6 +46,10 @@ COMMANDS: dict[str, Command] = {
         "controller.commands.status",
         "one screen: cluster use, price heat by server, jobs in flight",
     ),
+    "bounds": Command(
+        "controller.commands.bounds",
+        "the price bounds U and L per resource and how they were set; reset, pin, unpin",
+    ),
     "progress": Command(
         "controller.commands.progress",
         "a job's reported progress and its runtime estimate with a credible interval",

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pricing.bound_prior import MAX_PRIOR_BYTES
 from pricing.errors import Problem
 
 if TYPE_CHECKING:  # the client commands never read traces: no numpy at their start
@@ -43,10 +44,6 @@ class InputError(Exception):
     def __init__(self, message: str, problems: Iterable[Problem] = ()) -> None:
         super().__init__(message)
         self.problems = tuple(problems)
-
-
-MAX_PRIOR_BYTES = 1_000_000
-"""A prior file larger than this is refused (a real one is a few kilobytes)."""
 
 
 def read_json(path: str, what: str = "") -> Any:

@@ -4,11 +4,12 @@ next slots, and the jobs in flight (``--json`` for scripts).
 Built from the public API (ListServers, GetUtilisation, GetPrices, ListJobs, and
 GetLeadership of every head node named: its role, epoch and lease age; high
 availability, ``controller/ha``). Price heat:
-a server's unit prices (SPEC 4) grow exponentially with its use, from the same floor for
-every resource of a kind of server (``L1`` for workers, ``L2`` for parameter servers). A
-cell shows ``max over resources of log(price / floor)`` on a ramp from ``.`` (the floor:
-nothing in use) to ``@`` (the hottest cell on screen), and the legend says how many times
-the floor that is. The floor is the lowest price seen in the shown slots and, over the
+a server's unit prices (SPEC 4) grow exponentially with its use, from a floor per resource
+and kind of server (``L1[r]`` for workers, ``L2[r]`` for parameter servers; the estimated
+bounds give each resource its own, normalised by capacity). A cell shows ``max over
+resources of log(price / floor)`` on a ramp from ``.`` (the floor: nothing in use) to
+``@`` (the hottest cell on screen), and the legend says how many times the floor that
+is. A floor is the lowest price of its resource seen in the shown slots and, over the
 whole window, on the first server of each kind (the far slots are rarely booked).
 """
 
@@ -55,7 +56,7 @@ class ServerHeat:
     Attributes:
         server, kind: the server and its kind (``worker`` or ``ps``).
         price_ratio: per shown slot, the highest unit price over its resources divided by
-            the floor of its kind (>= 1).
+            the floor of that resource on its kind of server (>= 1).
         busiest: the resource with the largest share in use now, as ``gpu 4/8``, or
             ``idle``.
     """
@@ -75,7 +76,7 @@ class Status:
     first_slot: int
     slots: int
     use: list[dict[str, Any]]
-    price_floor: dict[str, float]
+    price_floor: dict[str, dict[str, float]]
     heat: list[ServerHeat]
     jobs_in_flight: dict[str, int]
     jobs: list[dict[str, Any]]
@@ -100,16 +101,16 @@ def collect(stubs: Stubs, server: str, slots: int) -> Status:
     in_flight = [pb.JOB_STATE_RUNNING, pb.JOB_STATE_ADMITTED]
     jobs = list_jobs(stubs, in_flight)
 
-    floor: dict[str, float] = {}
+    floor: dict[str, dict[str, float]] = {}  # kind -> resource -> lowest price
     for row in (*prices.prices, *window):
-        kind = _KIND[row.kind]
-        floor[kind] = min(floor.get(kind, math.inf), *row.prices, math.inf)
+        of_kind = floor.setdefault(_KIND[row.kind], {})
+        of_kind[row.resource] = min(of_kind.get(row.resource, math.inf), *row.prices, math.inf)
     ratios: dict[str, list[float]] = {}
     for row in prices.prices:
-        kind = _KIND[row.kind]
+        low = floor[_KIND[row.kind]][row.resource]
         current = ratios.setdefault(row.server, [1.0] * len(row.prices))
         for i, p in enumerate(row.prices):
-            current[i] = max(current[i], p / floor[kind] if floor[kind] > 0 else 1.0)
+            current[i] = max(current[i], p / low if low > 0 else 1.0)
     heat = [
         ServerHeat(s.name, _KIND[s.kind], ratios.get(s.name, []), _busiest(s))
         for s in servers.servers
@@ -216,12 +217,16 @@ def render(st: Status, limit: int) -> str:
 
     logs = [math.log(r) for h in st.heat for r in h.price_ratio]
     top = max(logs, default=0.0)
-    floors = ", ".join(f"{k} {v:.3g}" for k, v in sorted(st.price_floor.items()))
+    floors = ", ".join(
+        f"{k} {min(v.values()):.3g}..{max(v.values()):.3g}"
+        for k, v in sorted(st.price_floor.items())
+        if v
+    )
     out.append(f"price heat by server, slots {span}: the costliest resource of each server")
     out.append(
-        f"  {RAMP[0]} the price floor ({floors or '-'}), @ {math.exp(top):.3g} x the floor"
+        f"  {RAMP[0]} each resource's price floor ({floors or '-'}), @ {math.exp(top):.3g} x it"
         if top > 0
-        else f"  {RAMP[0]} the price floor ({floors or '-'}) everywhere"
+        else f"  {RAMP[0]} each resource's price floor ({floors or '-'}) everywhere"
     )
     rows = [
         [h.server, h.kind, "".join(RAMP[level(math.log(r), top)] for r in h.price_ratio), h.busiest]

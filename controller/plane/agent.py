@@ -124,6 +124,7 @@ class Agent:
         self.log = structlog.get_logger("oasis-agent").bind(server=server)
         self._reported: dict[str, tuple[float, float]] = {}
         self._sent_at: dict[str, float] = {}  # job -> monotonic time its counts last went out
+        self._away_since: float | None = None  # monotonic time the daemon was seen offline
         self._ran_out = False  # the plan's last slot ended (logged once)
 
     # -- the plan -----------------------------------------------------------------------
@@ -233,11 +234,14 @@ class Agent:
 
     def resend_recent(self, now: float | None = None) -> None:
         """After a reconnection: send again the counts of the jobs reported within the
-        last two slots (the broker may have lost them in flight). Older ones reached the
-        daemon long ago and no longer count there (a report counts only around the slots
-        its job ran in), so they are not sent again."""
+        last two slots (the broker may have lost them in flight), and all those reported
+        since the daemon was seen going offline (it heard none of them; a job whose plan
+        ended meanwhile still counts them). Older ones reached the daemon long ago and no
+        longer count there, so they are not sent again."""
         now = time.monotonic() if now is None else now
         horizon = 2 * (self.plan.slot_seconds if self.plan else 3600.0)
+        if self._away_since is not None:
+            horizon = max(horizon, now - self._away_since + horizon)
         for job in [j for j, at in self._sent_at.items() if now - at < horizon]:
             self._reported.pop(job, None)
 
@@ -249,6 +253,9 @@ class Agent:
             raise UnknownServerError(self.server, status.servers)
         if status.online:
             self.resend_recent()
+            self._away_since = None
+        elif self._away_since is None:
+            self._away_since = time.monotonic()
 
     # -- the connection -----------------------------------------------------------------
 

@@ -6,9 +6,10 @@ two decisions), always committing to the store before the ledger changes hands:
 
 - **done early**: a job whose reported mini-batches reach ``E * N * M`` completes in
   the current slot; its slots from the next one on are released and prices fall.
-- **server silent** for ``heartbeat_timeout`` seconds (after it reported at least once,
-  also before a restart of the daemon: the store's progress of active jobs names the
-  servers that reported; and only while the broker connection is up): the server is
+- **server silent** for ``heartbeat_timeout`` seconds (after it was heard at least once,
+  also before a restart of the daemon: the store keeps the names of the servers ever
+  heard, and the progress of active jobs names those that reported; and only while the
+  broker connection is up): the server is
   down from the next slot on; its jobs are re-placed or re-planned
   (:func:`pricing.replan.fail_server`); a job that can no longer finish becomes
   ``failed``. A heartbeat brings it back from the next slot on.
@@ -67,6 +68,7 @@ from controller.plane.port import AdmissionPort
 from controller.plane.settings import MqttConfig
 from controller.plane.topics import Heartbeat, Plan, Progress, SlotPlan, Task
 from controller.store import (
+    REBUILD_SECONDS,
     AllocationRow,
     EventRow,
     JobRow,
@@ -84,6 +86,7 @@ __all__ = ["ACTIVE", "Execution", "JobProgress", "ProgressView"]
 ACTIVE = ("admitted", "running")
 """Job states that appear in plans."""
 _PLANE_KEY = "plane"
+OVERDUE = -1  # the slot of :meth:`Execution._planned`'s entries for jobs past their plan
 _MAX_SAMPLES = 400
 _MIN_SAMPLES = 4
 _LEVEL = 0.9
@@ -206,6 +209,8 @@ class Execution:
             for i, name in enumerate(names):
                 self.server_index[name] = (kind, i)
         self.last_seen: dict[str, float] = {}
+        self.heard: set[str] = set()  # servers ever heard from (kept in the store)
+        self._heard_saved = True  # False: ``heard`` grew since it was last stored
         self.failed: dict[str, float] = {}  # server -> monotonic time declared failed
         self.progress: dict[str, JobProgress] = {}
         self.pending: set[str] = set()
@@ -249,6 +254,13 @@ class Execution:
             if meta is not None:
                 self.epoch = int(meta.value.get("epoch", 0))
                 self.events_published = int(meta.value.get("events", 0))
+                heard = meta.value.get("heard", [])
+                if isinstance(heard, list):  # an edited store: names it does not know go
+                    self.heard = {s for s in heard if s in self.server_index}
+            # heard from before the restart: their silence counts from now, or an agent
+            # (a PS's, say, that reports no progress) that died meanwhile goes unnoticed
+            for server in self.heard - set(self.failed):
+                self.last_seen.setdefault(server, now)
 
     # -- what agents say (event loop: into the inbox only) -------------------------------
 
@@ -296,7 +308,9 @@ class Execution:
             key = f"{progress.server}/{progress.session}"
             around = (received.slot - 1, received.slot, received.slot + 1)
             for task in progress.jobs:
-                if not any((task.job, progress.server, s) in planned for s in around):
+                if not any((task.job, progress.server, s) in planned for s in around) and (
+                    (task.job, progress.server, OVERDUE) not in planned
+                ):
                     ignored[progress.server] += 1
                     continue
                 prog = self.progress.get(task.job)
@@ -314,7 +328,9 @@ class Execution:
 
     def _planned(self, reports: list[Received]) -> set[tuple[str, str, int]]:
         """``(job, server, slot)`` with workers, for the servers of ``reports`` and the
-        slots around their arrival: what their entries may count for (one query)."""
+        slots around their arrival: what their entries may count for; and ``(job,
+        server, OVERDUE)`` for the jobs past their plan short of their work on the
+        servers that ran their workers, whose late counts still count (two queries)."""
         if not reports:
             return set()
         servers = {r.progress.server for r in reports}
@@ -326,11 +342,21 @@ class Execution:
                     AllocationRow.slot >= lo, AllocationRow.slot <= hi,
                     AllocationRow.server.in_(servers), AllocationRow.workers > 0)
             ).all()  # fmt: skip
-        return {(r.job_id, r.server, int(r.slot)) for r in rows}
+            late = session.execute(
+                select(AllocationRow.job_id, AllocationRow.server).distinct().where(
+                    AllocationRow.job_id.in_(sorted(self.overdue)),
+                    AllocationRow.server.in_(servers), AllocationRow.workers > 0)
+            ).all() if self.overdue else []  # fmt: skip
+        return {(r.job_id, r.server, int(r.slot)) for r in rows} | {
+            (r.job_id, r.server, OVERDUE) for r in late
+        }
 
     def _seen(self, server: str, at: float) -> None:
         # a beat and a report drained together may come in either order
         self.last_seen[server] = max(at, self.last_seen.get(server, at))
+        if server not in self.heard:
+            self.heard.add(server)
+            self._heard_saved = False
 
     # -- reactions (decision thread) ------------------------------------------------------
 
@@ -361,8 +387,12 @@ class Execution:
                 self.pending.discard(job_id)  # a bug would fail the same way every review
                 raise
             self.pending.discard(job_id)
-        events += self._overdue_sync()
+        events += self._overdue_sync(watch_from)
         self._flush_progress()
+        if not self._heard_saved:
+            with self.c.db.session() as session:
+                self._save_meta(session)
+            self._heard_saved = True
         if self._pruned_slot != self.c.slot:
             self._prune()
             self._pruned_slot = self.c.slot
@@ -381,10 +411,15 @@ class Execution:
             self.overdue.add(job_id)
         return short
 
-    def _overdue_sync(self) -> list[Event]:
+    def _overdue_sync(self, watch_from: float | None) -> list[Event]:
         """Fail the jobs left running past their plan short of their work, once their
-        agents had ``heartbeat_timeout`` seconds after the plan's end to report the rest."""
+        agents had ``heartbeat_timeout`` seconds after the plan's end, and as long with
+        the broker connection up (``watch_from``: since when; None: down), to report the
+        rest. Agents resend their counts when the daemon comes back, so a job finished
+        while the daemon was down or cut off completes rather than fails."""
         if not self.overdue:
+            return []
+        if watch_from is None or self.monotonic() - watch_from <= self.mqtt.heartbeat_timeout:
             return []
         s = self.c.slot
         since_boundary = self.slot_seconds - self.c.slots.seconds_to_next_slot()
@@ -445,7 +480,8 @@ class Execution:
     def _resync(self) -> None:
         ledger = self.c._ledger
         self.c.ledger = Ledger(self.c.cluster, ledger.bounds, ledger.length, origin=ledger.origin)
-        self.c._rebuild()
+        with self.c.db.patient(REBUILD_SECONDS):
+            self.c._rebuild()
 
     def _fail_sync(self, server: str) -> list[Event]:
         kind, index = self.server_index[server]
@@ -673,7 +709,8 @@ class Execution:
         return plans
 
     def _save_meta(self, session: Session) -> None:
-        value = {"epoch": self.epoch, "events": self.events_published}
+        value = {"epoch": self.epoch, "events": self.events_published,
+                 "heard": sorted(self.heard)}  # fmt: skip
         stmt = update(MetaRow).where(MetaRow.key == _PLANE_KEY).values(value=value)
         if session.connection().execute(stmt).rowcount == 0:
             session.add(MetaRow(key=_PLANE_KEY, value=value))

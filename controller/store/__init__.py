@@ -4,7 +4,7 @@ The store is the source of truth: a decision is committed before it is answered,
 restarted daemon rebuilds its ledger and prices from it.
 """
 
-from controller.store.database import Database, StoreUnavailableError, migrate
+from controller.store.database import REBUILD_SECONDS, Database, StoreUnavailableError, migrate
 from controller.store.models import (
     AllocationRow,
     EventRow,
@@ -16,6 +16,7 @@ from controller.store.models import (
 )
 
 __all__ = [
+    "REBUILD_SECONDS",
     "AllocationRow",
     "Database",
     "EventRow",

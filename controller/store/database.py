@@ -54,6 +54,10 @@ _KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10
                "keepalives_count": 3}  # fmt: skip
 # psycopg's own "wait timed out" (private, an OperationalError), raised by Connection.wait
 _WAIT_TIMEOUT: type[Exception] = psycopg.errors._WaitTimeout
+REBUILD_SECONDS = 120.0
+"""Seconds each statement of a ledger rebuild after an outage may take (under
+:meth:`Database.patient`): the rebuild reads the whole store, which the normal
+``store_timeout`` does not bound on a large one."""
 # seconds a round trip may take where :meth:`Database.patient` says so (None: the default)
 _patience: ContextVar[float | None] = ContextVar("store_patience", default=None)
 

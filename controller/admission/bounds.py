@@ -1,0 +1,183 @@
+"""The daemon's price bounds: the estimate started from the configured prior (the rule
+``replay`` uses for ``{"bounds": "estimate"}``, so a replay decides as the daemon), kept
+in the store across restarts, and an operator's control over it (``oasis bounds``):
+reset to the prior, pin U and L, unpin.
+
+A stored estimate is used only if it reads back and was started for the configured
+servers (:meth:`pricing.bound_estimate.BoundEstimate.fits`); otherwise the estimate
+starts afresh from the prior, and the log says why. A change of the configured prior
+takes effect at ``oasis bounds reset`` (or with a new store): the stored estimate has
+taken in jobs the new prior does not know of.
+
+Every change an operator makes is committed with an event ``bounds`` (detail: the
+action, who, the pins) before the ledger is repriced.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+from sqlalchemy.orm import Session
+
+from controller.admission.state import ESTIMATE_KEY, AdmissionState
+from controller.errors import PreconditionError
+from controller.events import Event
+from controller.pins import KINDS, Pins, pins_from_dict
+from controller.store import MetaRow
+from pricing.bound_estimate import BoundEstimate
+from pricing.errors import SpecError
+from pricing.prices import PriceBounds
+
+__all__ = ["ACTIONS", "PINS_KEY", "BoundControl"]
+
+PINS_KEY = "bound_pins"
+"""Meta row with the pinned bounds (:mod:`controller.pins`)."""
+ACTIONS = ("reset", "pin", "unpin")
+
+
+class BoundControl(AdmissionState):
+    """The estimate's start, its stored state and an operator's pins; see the module
+    docstring."""
+
+    def _stored_estimate(self, session: Session) -> BoundEstimate:
+        """The stored estimate if it fits the configuration, else a fresh one."""
+        fresh = self._fresh_estimate()
+        meta = session.get(MetaRow, ESTIMATE_KEY)
+        if meta is None or self.config.pricing.mode != "estimate":
+            return fresh
+        stored = BoundEstimate.from_dict(meta.value)
+        if stored is None:
+            why = "the stored state is of an older format or unreadable"
+        elif not stored.fits(self.cluster):
+            why = "the stored state was estimated for other servers or resources"
+        else:
+            return stored
+        if self._estimate_note != why:  # once, not at every rebuild after an outage
+            self.log.warning("price-bound estimate starts afresh", why=why, prior=fresh.prior)
+            self._estimate_note = why
+        return fresh
+
+    def _stored_pins(self, session: Session) -> Pins:
+        """The stored pins; none (with a warning) if the row is not valid pins."""
+        meta = session.get(MetaRow, PINS_KEY)
+        if meta is None:
+            return Pins()
+        try:
+            return pins_from_dict(meta.value, self.cluster.resources, PINS_KEY)
+        except SpecError as err:
+            self.log.warning("stored pinned bounds ignored", why=str(err)[:500])
+            return Pins()
+
+    def _bounds(self, estimate: BoundEstimate) -> PriceBounds:
+        """The bounds in use: configured or estimated, with the pins put in."""
+        pricing = self.config.pricing
+        if pricing.mode == "explicit":
+            assert pricing.bounds is not None
+            bounds = pricing.bounds
+        else:
+            found = estimate.bounds(pricing.l_margin, pricing.u_margin, pricing.trim)
+            if found is None:  # no prior and no job yet: flat unit prices until the first
+                zeros = np.zeros(len(self.cluster.resources))
+                found = PriceBounds(zeros, zeros, zeros, zeros, 1.0, 1.0)
+            bounds = found
+        return self._pins.apply(bounds, self.cluster.resources)
+
+    # -- what oasis bounds shows and does ------------------------------------------------
+
+    def _bounds_view(self) -> dict[str, Any]:
+        """The bounds in use per kind and resource, how each was set, and the estimate's
+        description (:meth:`pricing.bound_estimate.BoundEstimate.describe`)."""
+        pricing = self.config.pricing
+        estimate = self._estimate
+        out = estimate.describe(self.cluster.resources)
+        out["mode"] = pricing.mode
+        if pricing.mode == "explicit":
+            out["method"] = "explicit: [pricing] U1, U2, L1, L2 of the config"
+        bounds = self._ledger.bounds
+        seen = pricing.mode == "explicit" or estimate.bounds() is not None
+        base = "explicit" if pricing.mode == "explicit" else (
+            "observed" if estimate.jobs else "prior"
+        )  # fmt: skip
+        rows = []
+        for kind, log_u, floor in (
+            ("worker", bounds.log_u1, bounds.floor1),
+            ("ps", bounds.log_u2, bounds.floor2),
+        ):
+            for i, r in enumerate(self.cluster.resources):
+                pinned = [s for s in ("U", "L") if self._pins.get(kind, r, s) is not None]
+                if len(pinned) == 2:
+                    how = "pinned"
+                elif pinned:
+                    how = f"pinned {pinned[0]}" + ("" if seen else ", other unset")
+                else:
+                    how = base if seen else "unset"
+                rows.append({
+                    "kind": kind, "resource": r, "how": how,
+                    "U": math.exp(float(log_u[i])), "L": math.exp(float(floor[i])),
+                })  # fmt: skip
+        out["bounds"] = rows
+        out["pins"] = self._pins.to_dict()
+        return out
+
+    def _set_bounds_sync(
+        self, action: str, pins: Any, by: str | None
+    ) -> tuple[dict[str, Any], list[Event]]:
+        """Reset the estimate to the prior, pin bounds (``pins`` in the JSON form of
+        :mod:`controller.pins`, merged over those pinned), or unpin (``pins``: the
+        resources to unpin, ``{kind: [resource, ...]}``; empty: all). Committed with an
+        event, then applied to the ledger."""
+        self._advance_window()
+        estimate, new_pins = self._estimate, self._pins
+        detail: dict[str, Any] = {"action": action, "by": by or ""}
+        if action == "reset":
+            if self.config.pricing.mode != "estimate":
+                raise PreconditionError("pricing.bounds is 'explicit': there is no estimate")
+            estimate = self._fresh_estimate()
+            detail["prior"] = estimate.prior
+        elif action == "pin":
+            given = pins_from_dict(pins, self.cluster.resources, "pins")
+            if not given:
+                raise SpecError.one("pins", "nothing to pin: give U and/or L of a resource")
+            new_pins = new_pins.merged(given)
+            detail["pins"] = given.to_dict()
+        elif action == "unpin":
+            for kind, resource in _unpin_list(pins, self.cluster.resources):
+                new_pins = new_pins.without(kind, resource)
+            detail["unpinned"] = pins or "all"
+            if not pins:
+                new_pins = Pins()
+        else:
+            raise SpecError.one("action", f"must be one of {list(ACTIONS)}, got {action!r}")
+        now = datetime.now(UTC)
+        with self._write() as session:  # fenced (high availability)
+            if action == "reset":
+                session.merge(MetaRow(key=ESTIMATE_KEY, value=estimate.to_dict()))
+            else:
+                session.merge(MetaRow(key=PINS_KEY, value=new_pins.to_dict()))
+            event = self._event(session, now, "bounds", "", "", detail)
+        # committed: only now may the ledger change
+        self._estimate, self._pins = estimate, new_pins
+        self._ledger.set_bounds(self._bounds(estimate))
+        self.log.info("price bounds changed", **detail)
+        return self._bounds_view(), [event]
+
+
+def _unpin_list(raw: Any, resources: tuple[str, ...]) -> list[tuple[str | None, str]]:
+    """``{kind: [resource, ...]}`` (kind ``"both"``: either kind) as pairs; SpecError
+    for an unknown kind or resource."""
+    if not raw:
+        return []
+    if not isinstance(raw, dict):
+        raise SpecError.one("pins", "must be an object of kind -> resources to unpin")
+    out: list[tuple[str | None, str]] = []
+    for kind, names in raw.items():
+        if kind not in (*KINDS, "both") or not isinstance(names, list):
+            raise SpecError.one(f"pins.{str(kind)[:32]}", "must be worker, ps or both: [names]")
+        for name in names:
+            if name not in resources:
+                raise SpecError.one(f"pins.{kind}", f"unknown resource {str(name)[:64]!r}")
+            out.append((None if kind == "both" else kind, name))
+    return out

@@ -1,0 +1,162 @@
+"""``oasis bounds``: the price bounds U and L per resource, how they were set (from the
+prior, observed jobs, pinned, or the config), from how many jobs; and an operator's
+control over them (operators only, each change recorded in the store and the event log):
+
+- ``oasis bounds reset``: the estimate starts again from its prior;
+- ``oasis bounds pin --upper R=X --lower R=Y ...`` (or ``--file PINS.json``): pin U or L
+  of resource R, on both kinds of server (``R``) or one (``worker.R``, ``ps.R``); U is
+  utility per unit of R, L utility per unit of R per slot, in the config's units;
+- ``oasis bounds unpin [R ...]``: unpin those resources (none given: all).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from controller.commands import SUMMARIES
+from controller.commands.common import EXIT_OK, InputError, read_json
+from controller.commands.connection import Stubs, guarded, options, print_json
+from controller.rpc import oasis_pb2 as pb
+from controller.table import render_table
+
+__all__ = ["register"]
+
+_KIND = {pb.SERVER_KIND_WORKER: "worker", pb.SERVER_KIND_PS: "ps"}
+_KIND_OF = {"worker": pb.SERVER_KIND_WORKER, "ps": pb.SERVER_KIND_PS}
+_SIDES = {"U": "upper", "L": "lower"}
+
+
+def register(sub: Any) -> None:
+    """Add the ``bounds`` subcommand to ``sub`` (an argparse subparsers object)."""
+    help_ = SUMMARIES["bounds"]
+    p = sub.add_parser(
+        "bounds",
+        parents=[options()],
+        help=help_,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "action",
+        nargs="?",
+        default="show",
+        choices=("show", "reset", "pin", "unpin"),
+        help="show (default), reset to the prior, pin or unpin",
+    )
+    p.add_argument("resources", nargs="*", metavar="R", help="unpin: the resources (default all)")
+    p.add_argument("--upper", action="append", default=[], metavar="R=X", help="pin: U of R")
+    p.add_argument("--lower", action="append", default=[], metavar="R=Y", help="pin: L of R")
+    p.add_argument(
+        "--file",
+        metavar="PINS.json",
+        help='pin: {"worker": {"gpu": {"U": x, "L": y}}, "ps": {...}} (R=X options add to it)',
+    )
+    p.set_defaults(func=guarded(run))
+
+
+def _target(name: str, option: str) -> tuple[pb.ServerKind, str]:
+    """``R``, ``worker.R`` or ``ps.R`` as (proto kind, resource)."""
+    kind, dot, resource = name.partition(".")
+    if not dot:
+        return pb.SERVER_KIND_UNSPECIFIED, name
+    if kind not in _KIND_OF or not resource:
+        raise InputError(f"{option}: {name!r} must be R, worker.R or ps.R")
+    return _KIND_OF[kind], resource
+
+
+def pins_of(args: argparse.Namespace) -> list[pb.BoundPin]:
+    """The pins the options and the file give, one per (kind, resource)."""
+    found: dict[tuple[pb.ServerKind, str], dict[str, float]] = {}
+    if args.file:
+        raw = read_json(args.file, f"--file {args.file}")
+        if not isinstance(raw, dict):
+            raise InputError(f"--file {args.file}: must be an object of kinds")
+        for kind, per in raw.items():
+            if kind not in _KIND_OF or not isinstance(per, dict):
+                raise InputError(f"--file {args.file}: {str(kind)[:40]!r}: need worker or ps: {{}}")
+            for resource, sides in per.items():
+                if not isinstance(sides, dict) or not set(sides) <= set(_SIDES):
+                    raise InputError(f'--file {args.file}: {kind}.{resource}: need "U" and/or "L"')
+                for side, value in sides.items():
+                    if isinstance(value, bool) or not isinstance(value, int | float):
+                        raise InputError(f"--file {args.file}: {kind}.{resource}.{side}: a number")
+                    found.setdefault((_KIND_OF[kind], resource), {})[_SIDES[side]] = value
+    for option, side in (("--upper", "upper"), ("--lower", "lower")):
+        for item in getattr(args, side):
+            name, eq, text = item.partition("=")
+            try:
+                value = float(text)
+            except ValueError:
+                eq = ""
+            if not eq:
+                raise InputError(f"{option}: {item!r} must be R=NUMBER")
+            found.setdefault(_target(name, option), {})[side] = value
+    return [pb.BoundPin(kind=k, resource=r, **sides) for (k, r), sides in found.items()]
+
+
+def as_dict(reply: pb.GetBoundsResponse) -> dict[str, Any]:
+    """What ``--json`` prints."""
+    return {
+        "mode": reply.mode,
+        "method": reply.method,
+        "jobs": reply.jobs,
+        "prior": reply.prior,
+        "prior_share": reply.prior_share,
+        "units": reply.units,
+        "bounds": [
+            {
+                "kind": _KIND.get(b.kind, "?"),
+                "resource": b.resource,
+                "U": b.upper,
+                "L": b.lower,
+                "how": b.how,
+            }
+            for b in reply.bounds
+        ],
+        "pins": json.loads(reply.pins or "{}"),
+    }
+
+
+def render(view: dict[str, Any]) -> str:
+    """The bounds as text: one line on the estimate, then a table."""
+    if view["mode"] == "explicit":
+        head = "price bounds: explicit, from the config ([pricing] U1, U2, L1, L2)"
+    else:
+        head = (
+            f"price bounds: estimated from {view['jobs']} jobs, prior {view['prior']!r} "
+            f"({100 * view['prior_share']:.0f}% of the weight behind it)\n  {view['method']}"
+        )
+    rows = [
+        [b["kind"], b["resource"], f"{b['U']:.4g}", f"{b['L']:.4g}", b["how"]]
+        for b in view["bounds"]
+    ]
+    table = render_table(["kind", "resource", "U", "L", "how"], rows, right={2, 3})
+    return f"{head}\n\n{table}\nU: utility per unit of the resource; L: per unit per slot"
+
+
+def run(args: argparse.Namespace) -> int:
+    stubs = Stubs(args)
+    if args.action != "unpin" and args.resources:
+        raise InputError(f"{args.action}: takes no resources (unpin does)")
+    if args.action != "pin" and (args.upper or args.lower or args.file):
+        raise InputError("--upper, --lower and --file go with pin")
+    if args.action == "show":
+        reply = stubs.cluster.GetBounds(pb.GetBoundsRequest(), timeout=stubs.timeout)
+    else:
+        if args.action == "pin":
+            pins = pins_of(args)
+            if not pins:
+                raise InputError("pin: give --upper R=X, --lower R=Y or --file")
+        else:
+            pins = [pb.BoundPin(kind=k, resource=r) for k, r in
+                    (_target(name, "unpin") for name in args.resources)]  # fmt: skip
+        request = pb.SetBoundsRequest(action=args.action, pins=pins)
+        reply = stubs.cluster.SetBounds(request, timeout=stubs.timeout).bounds
+    view = as_dict(reply)
+    if args.json:
+        print_json(view)
+    else:
+        print(render(view))
+    return EXIT_OK

@@ -1,0 +1,573 @@
+"""The console's HTTP server: an aiohttp application on the daemon's own event loop.
+
+Routes (each page has its JSON twin under ``/api/``, with the same query parameters):
+
+    GET  /                  /api/overview          use, jobs per state, health, clock
+    GET  /prices            /api/prices            ?resource=gpu (default: the costliest)
+                            /api/prices/cell       ?resource=&r0=&r1=&s0=&s1= (hover)
+    GET  /plans             /api/plans             ?page=N&job=ID (Gantt per server)
+    GET  /jobs              /api/jobs              ?state=&q=ID-prefix&after=SEQUENCE
+    GET  /jobs/{id}         /api/jobs/{id}
+    POST /jobs/{id}/cancel  /api/jobs/{id}/cancel  operators only (as CancelJob)
+    GET  /api/events        server-sent events from the controller's event bus
+    GET/POST /login, POST /logout
+
+Who may see what follows :mod:`controller.auth`: with ``[auth]``, a page needs a session
+(from ``/login``) or, for scripts, ``Authorization: Bearer TOKEN``; a submitter sees its
+own jobs only (another's is 404, as ``GetJob`` says NOT_FOUND), and the prices and plans
+are for operators (as ``GetPrices`` and ``ListServers``). A submitter's event stream
+carries its own jobs' events only. Without ``[auth]`` everyone is an operator, as over
+gRPC. A cancel from a browser must carry the session's CSRF token (a form field or the
+``X-CSRF-Token`` header) and, if the browser sends one, a same-origin ``Origin``; the
+cookie is ``SameSite=Strict`` besides. On a loopback address only loopback ``Host``
+names are answered (a page of another site cannot reach it by DNS rebinding).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import re
+import secrets
+import ssl
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import structlog
+from aiohttp import web
+
+from controller.admission import AdmissionController
+from controller.auth import ANONYMOUS, Caller, Role, hash_token
+from controller.commands.records import job_record
+from controller.config import Config
+from controller.console import pages
+from controller.console.data import ConsoleData
+from controller.console.sessions import COOKIE, Session, Sessions
+from controller.convert import job_to_proto
+from controller.errors import (
+    BusyError,
+    ConflictError,
+    DrainingError,
+    NotFoundError,
+    PreconditionError,
+)
+from controller.events import Event
+from controller.limits import RateLimiter
+from controller.store import StoreUnavailableError
+from controller.tls import TlsConfig, is_loopback
+from pricing.errors import SpecError
+
+__all__ = ["Console", "start_console"]
+
+log = structlog.get_logger("oasisd")
+
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_OPEN = ("/login", "/static/")
+_ERRORS: tuple[tuple[type[BaseException], int], ...] = (
+    (SpecError, 400),
+    (NotFoundError, 404),
+    (ConflictError, 409),
+    (PreconditionError, 409),
+    (BusyError, 429),
+    (StoreUnavailableError, 503),
+    (DrainingError, 503),
+)
+_HEARTBEAT_SECONDS = 15.0
+_BACKFILL_MAX = 1000  # events replayed to a stream that reconnects (Last-Event-ID)
+_OWNER_CACHE = 10_000  # job owners remembered per submitter's stream
+_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+)
+_JOB_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+class _RefusedError(Exception):
+    """A request the console refuses with ``status`` and a message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Console:
+    """The running console; :meth:`close` stops it (open event streams end first)."""
+
+    def __init__(
+        self,
+        config: Config,
+        controller: AdmissionController,
+        limiter: RateLimiter | None,
+        broker: Callable[[], bool | None] | None,
+    ) -> None:
+        self.config = config
+        self.c = controller
+        self.data = ConsoleData(controller, broker)
+        self.tokens = config.tokens
+        self.limiter = limiter
+        self.sessions = Sessions(config.web.session_seconds)
+        self.version = pages.static_version()
+        self.static = {
+            name: resources.files("controller.console").joinpath("static", name).read_bytes()
+            for name in pages.STATIC
+        }
+        # without [auth] there are no sessions: one token per process guards the forms
+        self.anonymous_csrf = secrets.token_urlsafe(32)
+        self.closing = asyncio.Event()
+        self.runner: web.AppRunner | None = None
+        self.address = ""
+        host, _, port = config.web.listen.rpartition(":")
+        self.loopback = is_loopback(host)
+        self.hosts = {f"{h}:{port}" for h in ("127.0.0.1", "localhost", "[::1]", host)}
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application(
+            middlewares=[self._headers, self._guard, self._authenticate],
+            client_max_size=64 * 1024,
+        )
+        r = app.router
+        r.add_get("/login", self.login_form)
+        r.add_post("/login", self.login)
+        r.add_post("/logout", self.logout)
+        r.add_get("/static/{name}", self.static_file)
+        r.add_get("/", self.page("overview", "Overview", self.overview))
+        r.add_get("/api/overview", self.api(self.overview))
+        r.add_get("/prices", self.page("prices", "Prices", self.prices))
+        r.add_get("/api/prices", self.api(self.prices))
+        r.add_get("/api/prices/cell", self.api(self.price_cell))
+        r.add_get("/plans", self.page("plans", "Plans", self.plans))
+        r.add_get("/api/plans", self.api(self.plans))
+        r.add_get("/jobs", self.page("jobs", "Jobs", self.jobs))
+        r.add_get("/api/jobs", self.api(self.jobs))
+        r.add_get("/jobs/{id}", self.page("job", "Job", self.job))
+        r.add_get("/api/jobs/{id}", self.api(self.job))
+        r.add_post("/jobs/{id}/cancel", self.cancel)
+        r.add_post("/api/jobs/{id}/cancel", self.cancel)
+        r.add_get("/api/events", self.events)
+        return app
+
+    async def start(self) -> str:
+        """Listen on ``[web] listen``; returns the ``host:port`` it listens on.
+
+        Raises:
+            OSError: the address is taken or not this machine's (the message names
+                ``web.listen``).
+        """
+        listen = self.config.web.listen
+        host, _, port = listen.rpartition(":")
+        self.runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        await self.runner.setup()
+        tls = _ssl_context(self.config.tls) if self.config.tls is not None else None
+        site = web.TCPSite(self.runner, host.strip("[]"), int(port), ssl_context=tls)
+        try:
+            await site.start()
+        except OSError as err:
+            await self.runner.cleanup()
+            raise OSError(f"web.listen: cannot listen on {listen}: {err.strerror or err}") from err
+        bound = self.runner.addresses[0]
+        self.address = f"{host}:{bound[1]}"
+        self.hosts |= {f"{h}:{bound[1]}" for h in ("127.0.0.1", "localhost", "[::1]", host)}
+        return self.address
+
+    async def close(self) -> None:
+        """End the event streams, then stop serving."""
+        self.closing.set()
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
+    # -- middlewares -------------------------------------------------------------------
+
+    @web.middleware
+    async def _headers(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
+        response = await handler(request)
+        if response.prepared:  # an event stream: its headers are sent (set in events)
+            return response
+        body = response.body if isinstance(response, web.Response) else None
+        if isinstance(body, bytes | bytearray) and len(body) > 1024:
+            # gzip if the browser asks; the form token in a page is masked afresh in each
+            # response (:func:`mask`), so compression cannot leak it (BREACH)
+            response.enable_compression()
+        response.headers.setdefault("Content-Security-Policy", _CSP)
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("Referrer-Policy", "same-origin")
+        response.headers.setdefault("X-Frame-Options", "DENY")
+        response.headers.setdefault("Cache-Control", "no-store")
+        return response
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
+        """Refusals and domain errors as a page or JSON, never a traceback."""
+        if self.loopback and request.host not in self.hosts:
+            return self._refusal(request, 421, f"this console answers to loopback names only, "
+                                 f"not {request.host[:100]!r}")  # fmt: skip
+        try:
+            return await handler(request)
+        except _RefusedError as err:
+            return self._refusal(request, err.status, str(err))
+        except web.HTTPException:
+            raise
+        except Exception as err:
+            status = next((s for kind, s in _ERRORS if isinstance(err, kind)), None)
+            if status is None:
+                log.exception("console: request failed", path=request.path)
+                return self._refusal(request, 500, "internal error (logged by the daemon)")
+            return self._refusal(request, status, str(err)[:2000])
+
+    @web.middleware
+    async def _authenticate(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
+        if request.path.startswith(_OPEN):
+            return await handler(request)
+        caller, session = self._caller(request)
+        if caller is None:
+            if request.path.startswith("/api/") or request.method != "GET":
+                raise _RefusedError(
+                    401, "log in first (/login), or send Authorization: Bearer TOKEN"
+                )
+            target = request.path_qs if request.path != "/" else "/"
+            raise web.HTTPSeeOther(f"/login?next={quote(target, safe='/')}")
+        request["caller"] = caller
+        request["session"] = session
+        return await handler(request)
+
+    def _caller(self, request: web.Request) -> tuple[Caller | None, Session | None]:
+        """Who sends ``request``: anonymous without ``[auth]``; else its bearer token
+        (refused if unknown) or its session cookie; None: nobody logged in."""
+        if self.tokens is None:
+            return ANONYMOUS, None
+        header = request.headers.get("Authorization", "")
+        if header:
+            scheme, _, token = header.partition(" ")
+            bearer = scheme.lower() == "bearer"
+            caller = self.tokens.get(hash_token(token.strip())) if bearer else None
+            if caller is None:
+                self._throttle(request)
+                log.warning("unauthenticated", console=True, path=request.path, why="bad token")
+                raise _RefusedError(401, "unknown token")
+            return caller, None
+        session = self.sessions.get(request.cookies.get(COOKIE, ""))
+        return (session.caller, session) if session else (None, None)
+
+    def _throttle(self, request: web.Request) -> None:
+        """Charge a refused token to the peer's rate (``[limits] rate``), as over gRPC."""
+        if self.limiter is not None and self.limiter.take(f"web:{request.remote}") > 0:
+            raise _RefusedError(429, f"rate limit: {self.limiter.rate:g} requests/s per client")
+
+    def _csrf_of(self, request: web.Request) -> str:
+        """The form token of ``request``'s session (or of this daemon, without
+        ``[auth]``), as a page carries it: masked afresh each time."""
+        return mask(self._csrf_secret(request))
+
+    def _csrf_secret(self, request: web.Request) -> str:
+        session: Session | None = request.get("session")
+        return session.csrf if session is not None else self.anonymous_csrf
+
+    def _refusal(self, request: web.Request, status: int, message: str) -> web.Response:
+        if request.path.startswith("/api/") or "json" in request.headers.get("Accept", "")[:100]:
+            error = {"error": {"status": status, "message": message}}
+            return web.json_response(error, status=status)
+        caller = request.get("caller")
+        html = pages.error_page(
+            self.version, status, message, caller, auth=self.tokens is not None,
+            csrf=self._csrf_of(request) if caller else "",
+        )  # fmt: skip
+        return web.Response(text=html, status=status, content_type="text/html")
+
+    # -- login -------------------------------------------------------------------------
+
+    async def login_form(self, request: web.Request) -> web.StreamResponse:
+        if self.tokens is None:
+            raise web.HTTPSeeOther("/")
+        html = pages.login_page(self.version, _safe_next(request.query.get("next", "/")))
+        return web.Response(text=html, content_type="text/html")
+
+    async def login(self, request: web.Request) -> web.StreamResponse:
+        if self.tokens is None:
+            raise web.HTTPSeeOther("/")
+        form = await request.post()
+        token = str(form.get("token", "")).strip()
+        target = _safe_next(str(form.get("next", "/")))
+        caller = self.tokens.get(hash_token(token)) if token else None
+        if caller is None:
+            self._throttle(request)
+            log.warning("unauthenticated", console=True, path="/login", why="bad token")
+            html = pages.login_page(self.version, target, "Unknown token: not logged in.")
+            return web.Response(text=html, status=401, content_type="text/html")
+        session = self.sessions.open(caller)
+        log.info("console login", caller=caller.name, role=caller.role.value)
+        response = _see_other(target)
+        response.set_cookie(
+            COOKIE, session.id, max_age=int(self.sessions.lifetime), path="/", httponly=True,
+            samesite="Strict", secure=self.config.tls is not None,
+        )  # fmt: skip
+        return response
+
+    async def logout(self, request: web.Request) -> web.StreamResponse:
+        session: Session | None = request.get("session")
+        if session is not None:
+            await self._check_csrf(request)
+            self.sessions.close(session.id)
+        response = _see_other("/login" if self.tokens is not None else "/")
+        response.del_cookie(COOKIE, path="/")
+        return response
+
+    async def _check_csrf(self, request: web.Request) -> None:
+        """A browser's state-changing request must come from a page of this console."""
+        origin = request.headers.get("Origin")
+        if origin is not None and urlsplit(origin).netloc != request.host:
+            raise _RefusedError(403, "cross-origin request refused")
+        sent = request.headers.get("X-CSRF-Token", "")
+        if not sent:
+            form = await request.post()
+            sent = str(form.get("csrf", ""))
+        expected = self._csrf_secret(request)
+        if not secrets.compare_digest(unmask(sent).encode(), expected.encode()):
+            raise _RefusedError(403, "missing or stale form token: reload the page and try again")
+
+    # -- pages and their JSON twins ----------------------------------------------------
+
+    def page(
+        self, name: str, title: str, read: Callable[[web.Request], Awaitable[Any]]
+    ) -> _Handler:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            data = await read(request)
+            caller: Caller = request["caller"]
+            heading = f"Job {request.match_info['id']}" if name == "job" else title
+            api = "/api" + (request.path if request.path != "/" else "/overview")
+            if request.query_string:
+                api += "?" + request.query_string
+            html = pages.page(
+                name, heading, api, data, caller, auth=self.tokens is not None,
+                csrf=self._csrf_of(request), version=self.version,
+            )  # fmt: skip
+            return web.Response(text=html, content_type="text/html")
+
+        return handler
+
+    @staticmethod
+    def api(read: Callable[[web.Request], Awaitable[Any]]) -> _Handler:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            return web.json_response(await read(request), dumps=_dumps)
+
+        return handler
+
+    @staticmethod
+    def _operators_only(request: web.Request, what: str) -> None:
+        caller: Caller = request["caller"]
+        if caller.role is not Role.OPERATOR:
+            raise _RefusedError(403, f"{caller.name} ({caller.role.value}) may not see {what}: "
+                           "operators only")  # fmt: skip
+
+    async def overview(self, request: web.Request) -> Any:
+        return await self.data.overview(request["caller"])
+
+    async def prices(self, request: web.Request) -> Any:
+        self._operators_only(request, "the prices")
+        return await self.data.prices(request.query.get("resource", ""))
+
+    async def price_cell(self, request: web.Request) -> Any:
+        self._operators_only(request, "the prices")
+        q = request.query
+        rows = (_int(q, "r0"), _int(q, "r1"))
+        slots = (_int(q, "s0"), _int(q, "s1"))
+        return await self.data.price_cell(q.get("resource", ""), rows, slots)
+
+    async def plans(self, request: web.Request) -> Any:
+        self._operators_only(request, "the plans")
+        job = request.query.get("job", "")
+        if job and not _JOB_ID.fullmatch(job):
+            raise SpecError.one("job", "not a job id (1-128 of A-Z a-z 0-9 . _ -)")
+        return await self.data.plans(_int(request.query, "page", 1), job)
+
+    async def jobs(self, request: web.Request) -> Any:
+        q = request.query
+        return await self.data.jobs(
+            request["caller"], q.get("state", ""), q.get("q", "").strip(), _int(q, "after", 0)
+        )
+
+    async def job(self, request: web.Request) -> Any:
+        return await self.data.job(request["caller"], request.match_info["id"])
+
+    async def cancel(self, request: web.Request) -> web.StreamResponse:
+        caller: Caller = request["caller"]
+        bearer = bool(request.headers.get("Authorization"))
+        if not bearer:  # a browser: its cookie (or nothing) is ambient; the form is not
+            await self._check_csrf(request)
+        if caller.role is not Role.OPERATOR:
+            raise _RefusedError(403, f"{caller.name} ({caller.role.value}) may not cancel jobs: "
+                           "operators only (as CancelJob)")  # fmt: skip
+        job_id = request.match_info["id"]
+        view, released = await self.c.cancel(job_id, caller.turn)
+        log.info("console cancel", job=job_id, caller=caller.name or None, released=released)
+        if request.path.startswith("/api/"):
+            times = self.c.slots.times
+            record = job_record(job_to_proto(view, times), times)
+            return web.json_response({"job": record, "released_worker_slots": released})
+        raise web.HTTPSeeOther(f"/jobs/{quote(job_id)}")
+
+    async def static_file(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        if name not in self.static:
+            raise _RefusedError(404, f"no file {name[:100]!r}")
+        return web.Response(
+            body=self.static[name],
+            content_type=pages.STATIC[name],
+            headers={"Cache-Control": "public, max-age=86400, immutable"},
+        )
+
+    # -- live events -------------------------------------------------------------------
+
+    async def events(self, request: web.Request) -> web.StreamResponse:
+        """Server-sent events: every event of the bus (a submitter: its own jobs'), after
+        those stored since ``Last-Event-ID`` (or ``?after=``) when the stream resumes."""
+        caller: Caller = request["caller"]
+        owner = caller.owner
+        owned: dict[str, bool] = {}
+        queue = self.c.bus.subscribe()  # first, so nothing falls between backfill and live
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
+                     "X-Accel-Buffering": "no", "X-Content-Type-Options": "nosniff"}
+        )  # fmt: skip
+        try:
+            await response.prepare(request)
+            await response.write(b"retry: 2000\n\n")
+            last = _int(request.query, "after", -1)
+            resume = request.headers.get("Last-Event-ID", "")
+            if resume.isdigit() and len(resume) <= 18:
+                last = int(resume)
+            backlog: list[Event] = []
+            if last >= 0:
+                backlog = (await self.c.stored_events(last))[-_BACKFILL_MAX:]
+            for event in backlog:
+                last = max(last, event.sequence)
+                if await self._visible(event, owner, owned):
+                    await response.write(_sse(event))
+            while not self.closing.is_set():
+                event_or_none = await self._next(queue)
+                if event_or_none is None:
+                    await response.write(b": ping\n\n")
+                    continue
+                if event_or_none.sequence <= last:
+                    continue
+                last = event_or_none.sequence
+                if await self._visible(event_or_none, owner, owned):
+                    await response.write(_sse(event_or_none))
+        except (ConnectionResetError, ConnectionError):
+            pass  # the browser went away
+        finally:
+            self.c.bus.unsubscribe(queue)
+        return response
+
+    async def _next(self, queue: asyncio.Queue[Event]) -> Event | None:
+        """The next event, or None after a heartbeat's interval or at close."""
+        getter = asyncio.ensure_future(queue.get())
+        closing = asyncio.ensure_future(self.closing.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {getter, closing}, timeout=_HEARTBEAT_SECONDS, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            closing.cancel()
+            if not getter.done():
+                getter.cancel()
+        if getter in done:
+            return getter.result()
+        return None
+
+    async def _visible(self, event: Event, owner: str | None, owned: dict[str, bool]) -> bool:
+        if owner is None:
+            return True
+        if not event.job_id:
+            return False
+        if event.job_id not in owned:
+            if len(owned) >= _OWNER_CACHE:
+                owned.clear()
+            who = await self.data.owner_of([event.job_id])
+            owned[event.job_id] = who.get(event.job_id) == owner
+        return owned[event.job_id]
+
+
+def mask(token: str) -> str:
+    """``token`` XOR a fresh random pad, with the pad in front (URL-safe base64): a new
+    string in every response, the same token once :func:`unmask` ed."""
+    raw = token.encode()
+    pad = secrets.token_bytes(len(raw))
+    return base64.urlsafe_b64encode(
+        pad + bytes(a ^ b for a, b in zip(pad, raw, strict=True))
+    ).decode()
+
+
+def unmask(sent: str) -> str:
+    """The token :func:`mask` hid in ``sent``; empty if ``sent`` is not such a string."""
+    try:
+        raw = base64.urlsafe_b64decode(sent.encode("ascii"))
+    except (ValueError, UnicodeEncodeError):
+        return ""
+    half = len(raw) // 2
+    if not raw or len(raw) % 2 or len(raw) > 512:
+        return ""
+    token = bytes(a ^ b for a, b in zip(raw[:half], raw[half:], strict=True))
+    return token.decode("ascii", errors="replace")
+
+
+def _see_other(target: str) -> web.Response:
+    return web.Response(status=303, headers={"Location": target})
+
+
+def _sse(event: Event) -> bytes:
+    body = {"sequence": event.sequence, "kind": event.kind, "job_id": event.job_id,
+            "slot": event.slot, "state": event.state, "detail": event.detail}  # fmt: skip
+    return f"id: {event.sequence}\nevent: oasis\ndata: {_dumps(body)}\n\n".encode()
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
+def _int(query: Any, name: str, default: int | None = None) -> int:
+    raw = query.get(name)
+    if raw is None or raw == "":
+        if default is None:
+            raise SpecError.one(name, "is required")
+        return default
+    text = str(raw)
+    if not (len(text) <= 18 and text.lstrip("-").isdigit()):
+        raise SpecError.one(name, f"must be an integer, got {text[:40]!r}")
+    return int(text)
+
+
+def _safe_next(target: str) -> str:
+    """A local path to go to after logging in (never another site)."""
+    if not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return "/"
+    if len(target) > 2000:
+        return "/"
+    return target
+
+
+def _ssl_context(tls: TlsConfig) -> ssl.SSLContext:
+    """HTTPS with the daemon's certificate; client certificates required if ``[tls]``
+    has ``client_ca`` (as for gRPC)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(tls.cert, tls.key)
+    if tls.client_ca is not None:
+        context.load_verify_locations(cafile=tls.client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+async def start_console(
+    config: Config,
+    controller: AdmissionController,
+    limiter: RateLimiter | None = None,
+    broker: Callable[[], bool | None] | None = None,
+) -> Console:
+    """Start the console on ``config.web.listen`` (see :meth:`Console.start`)."""
+    console = Console(config, controller, limiter, broker)
+    await console.start()
+    return console

@@ -1,0 +1,528 @@
+"""What each console page shows, as plain JSON values (each page's JSON twin).
+
+Every read goes through the controller the gRPC API uses: jobs through
+:meth:`~controller.admission.AdmissionController.get` and ``list_jobs`` (with the same
+``owner`` rule: a submitter sees only its own jobs), a job as ``oasis job ID --json``
+prints it (:func:`controller.commands.records.job_record`), progress through the
+execution plane's ``view`` (as ``GetProgress``), use through ``utilisation`` and the
+ledger's prices inside :meth:`~controller.admission.AdmissionController.read` (between two
+decisions, never half-way through one). What the views lack -- allocations across jobs
+for the Gantt chart and the heatmap's hover, one job's events, counts per state -- is
+read here from the same store tables, never from a copy.
+
+Sizes stay bounded at any cluster size: the heatmap is binned (:mod:`.heatmap`), the
+Gantt chart and the job list are paginated, a job's events are the latest
+:data:`MAX_JOB_EVENTS`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from sqlalchemy import func, select
+
+from controller.admission import STATES, AdmissionController, NotFoundError
+from controller.auth import Caller, Role
+from controller.commands.records import job_record, plain
+from controller.console.heatmap import MAX_BINS, bin_edges, bin_grid, price_levels
+from controller.convert import job_to_proto, progress_to_proto
+from controller.errors import DrainingError
+from controller.store import AllocationRow, EventRow, JobRow
+from pricing.cluster import Kind
+from pricing.durations import format_time
+from pricing.errors import SpecError
+
+__all__ = ["JOBS_PAGE", "MAX_JOB_EVENTS", "PLAN_PAGE", "ConsoleData"]
+
+JOBS_PAGE = 50
+"""Jobs per page of the job list."""
+PLAN_PAGE = 40
+"""Servers per page of the Gantt chart."""
+MAX_JOB_EVENTS = 200
+"""The latest events shown on a job's page."""
+_CELL_JOBS = 10  # jobs listed for one heatmap cell
+_CANCELLABLE = ("pending", "admitted", "running")
+
+
+class ConsoleData:
+    """The pages' data; see the module docstring.
+
+    Args:
+        controller: the opened admission controller.
+        broker: whether the broker is connected; None: no broker configured.
+    """
+
+    def __init__(
+        self, controller: AdmissionController, broker: Callable[[], bool | None] | None = None
+    ) -> None:
+        self.c = controller
+        self.broker = broker or (lambda: None)
+
+    # -- common ------------------------------------------------------------------------
+
+    def clock(self) -> dict[str, Any]:
+        """The slot clock: what a page needs to show slots as local times."""
+        slots = self.c.slots
+        current = slots.current_slot()
+        return {
+            "slot": current,
+            "slot_seconds": slots.slot_seconds,
+            "epoch": slots.epoch,
+            "window": self.c.window,
+            "starts_at": format_time(slots.times.start(current)),
+            "ends_at": format_time(slots.times.start(current + 1)),
+            "now": format_time(slots.clock.now()),
+        }
+
+    def _listing(self, resource: int | None = None) -> list[tuple[Kind, int, str]]:
+        """``(kind, index within its side, name)`` in listing order; with ``resource``,
+        only the servers that have some of it."""
+        cluster = self.c.cluster
+        out: list[tuple[Kind, int, str]] = []
+        for kind, idx, name, caps in cluster.servers():
+            if resource is None or caps[resource] > 0:
+                out.append((kind, idx, name))
+        return out
+
+    def _resource(self, name: str) -> int:
+        try:
+            return self.c.cluster.resources.index(name)
+        except ValueError:
+            known = ", ".join(self.c.cluster.resources)
+            raise SpecError.one("resource", f"unknown resource {name!r} (known: {known})") from None
+
+    # -- overview ----------------------------------------------------------------------
+
+    async def overview(self, caller: Caller) -> dict[str, Any]:
+        """Use per resource (now, and over the window ahead), jobs per state, the node's
+        role and health, and the slot with its wall-clock time. A submitter gets its own
+        job counts and the clock (the cluster's use is for operators, as over gRPC)."""
+        counts = await asyncio.to_thread(self._counts, caller.owner)
+        out: dict[str, Any] = {"clock": self.clock(), "jobs": counts}
+        up = await asyncio.to_thread(self.c.db.ping)
+        broker = self.broker()
+        draining = self.c.draining
+        out["node"] = {
+            "role": "standalone",
+            "serving": up and not draining,
+            "store_up": up,
+            "draining": draining,
+            "broker": "none" if broker is None else ("connected" if broker else "disconnected"),
+            "execution_plane": self.c.execution is not None,
+        }
+        if caller.role is not Role.OPERATOR:
+            out["use"] = None
+            return out
+        first, rows = await self.c.read(lambda: self.c.utilisation(0, self.c.window + 1))
+        use = []
+        for resource, kind, share in rows:
+            series = np.asarray(share, np.float64)
+            edges = bin_edges(len(series), MAX_BINS)
+            binned: list[float] = []
+            if len(series):
+                binned = (np.add.reduceat(series, edges[:-1]) / np.diff(edges)).tolist()
+            use.append(
+                {
+                    "kind": kind,
+                    "resource": resource,
+                    "now": float(series[0]) if len(series) else 0.0,
+                    "window_mean": float(series.mean()) if len(series) else 0.0,
+                    "window_peak": float(series.max()) if len(series) else 0.0,
+                    "series": [round(float(v), 4) for v in binned],
+                    "series_slots": [int(first + e) for e in edges.tolist()],
+                }
+            )
+        out["use"] = use
+        out["first_slot"] = first
+        return out
+
+    def _counts(self, owner: str | None) -> dict[str, int]:
+        with self.c.db.session() as session:
+            query = select(JobRow.state, func.count()).group_by(JobRow.state)
+            if owner is not None:
+                query = query.where(JobRow.submitter == owner)
+            rows = session.execute(query).all()
+        counts = dict.fromkeys(STATES, 0)
+        counts.update({state: int(n) for state, n in rows})
+        return counts
+
+    # -- prices ------------------------------------------------------------------------
+
+    async def prices(self, resource: str = "") -> dict[str, Any]:
+        """The heatmap of unit prices of ``resource`` (empty: the costliest) over servers
+        x slots of the window ahead, binned to at most 100 x 100 cells. Each cell carries
+        only what draws it: ``level``, its mean price on the log scale from the floor L
+        (0) to the top U (255), and ``use``, its mean share of capacity in percent (both
+        integers, so 10,000 cells stay small); :meth:`price_cell` gives a cell's exact
+        prices, use and jobs."""
+        chosen = self._resource(resource) if resource else None
+        snap = await self.c.read(lambda: self._price_snapshot(chosen))
+        r, origin, first, price, share, floor, top = snap
+        names = [name for _, _, name in self._listing(r)]
+        grid = bin_grid(price)
+        use = bin_grid(share)
+        rows = []
+        for a, b in zip(grid.row_edges[:-1].tolist(), grid.row_edges[1:].tolist(), strict=True):
+            label = names[a] if b - a == 1 else f"{names[a]} .. {names[b - 1]}"
+            rows.append({"from": a, "to": b, "label": label, "servers": b - a})
+        cols = [
+            {"from": first + a, "to": first + b}
+            for a, b in zip(grid.col_edges[:-1].tolist(), grid.col_edges[1:].tolist(), strict=True)
+        ]
+        return {
+            "clock": self.clock(),
+            "resource": self.c.cluster.resources[r],
+            "resources": list(self.c.cluster.resources),
+            "chosen": "given" if chosen is not None else "costliest",
+            "window_origin": origin,
+            "first_slot": first,
+            "servers": len(names),
+            "slots": int(price.shape[1]),
+            "rows": rows,
+            "cols": cols,
+            "level": price_levels(grid.mean, floor, top).tolist(),
+            "use": np.rint(100 * use.mean).astype(np.int64).tolist(),
+            "floor": floor,
+            "top": top,
+        }
+
+    def _price_snapshot(
+        self, chosen: int | None
+    ) -> tuple[int, int, int, NDArray[np.float64], NDArray[np.float64], float, float]:
+        """In the decision thread: ``(resource, ledger origin, first slot, price (n, S),
+        share (n, S), floor, top)`` from the current slot to the window's end."""
+        ledger = self.c.ledger
+        if ledger is None:
+            raise RuntimeError("the ledger is not open")
+        lo = max(self.c.slot - ledger.origin, 0)
+        if chosen is None:
+            chosen = self._costliest(lo)
+        prices, shares, floors, tops = [], [], [], []
+        for kind, idx, _ in self._listing(chosen):
+            side = ledger.side(kind)
+            prices.append(side.price[lo:, idx, chosen])
+            shares.append(side.used[lo:, idx, chosen] / side.capacity[idx, chosen])
+            floors.append(float(side.log_l[chosen]))
+            tops.append(float(side.log_u[chosen]))
+        price = np.array(prices, np.float64)
+        share = np.array(shares, np.float64)
+        floor, top = math.exp(min(floors)), math.exp(max(tops))
+        return chosen, ledger.origin, ledger.origin + lo, price, share, floor, top
+
+    def _costliest(self, lo: int) -> int:
+        """The resource whose prices come closest to their top U anywhere ahead, measured
+        on the log scale between the floor L and U (unit-free); ties: the first."""
+        ledger = self.c.ledger
+        assert ledger is not None
+        best, best_level = 0, -1.0
+        for r in range(len(self.c.cluster.resources)):
+            level = 0.0
+            for side in (ledger.worker_side, ledger.ps_side):
+                have = side.capacity[:, r] > 0
+                if not have.any():
+                    continue
+                span = max(float(side.log_u[r] - side.log_l[r]), 1e-12)
+                logp = np.log(np.maximum(side.price[lo:, have, r], 1e-300))
+                level = max(level, float((logp.max() - side.log_l[r]) / span))
+            if level > best_level + 1e-9:
+                best, best_level = r, level
+        return best
+
+    async def price_cell(
+        self, resource: str, rows: tuple[int, int], slots: tuple[int, int]
+    ) -> dict[str, Any]:
+        """The jobs holding servers ``rows`` (indices ``from, to`` of the heatmap's
+        servers, end excluded) in ``slots`` (``from, to``, end excluded): the hover of a
+        heatmap bin, read from the stored allocations."""
+        r = self._resource(resource)
+        names = [name for _, _, name in self._listing(r)]
+        a, b = rows
+        s0, s1 = slots
+        if not (0 <= a < b <= len(names)) or s1 <= s0 or s1 - s0 > 10 * self.c.window + 10:
+            raise SpecError.one("cell", f"rows {a}..{b} or slots {s0}..{s1} out of range")
+        servers = names[a:b]
+        stats = await self.c.read(lambda: self._cell_stats(r, a, b, s0, s1))
+        jobs = await asyncio.to_thread(self._holding, servers, s0, s1)
+        return {
+            "resource": resource,
+            **stats,
+            "servers": servers[:5],
+            "more_servers": max(0, len(servers) - 5),
+            "slots": [s0, s1 - 1],
+            "jobs": jobs[:_CELL_JOBS],
+            "more_jobs": max(0, len(jobs) - _CELL_JOBS),
+        }
+
+    def _cell_stats(self, r: int, a: int, b: int, s0: int, s1: int) -> dict[str, Any]:
+        """In the decision thread: min, max and mean unit price and mean use of servers
+        ``a .. b - 1`` (of those with resource ``r``) in the window's slots ``s0 .. s1 - 1``."""
+        ledger = self.c.ledger
+        if ledger is None:
+            raise RuntimeError("the ledger is not open")
+        lo, hi = max(s0 - ledger.origin, 0), min(s1 - ledger.origin, ledger.length)
+        if lo >= hi:
+            raise SpecError.one("cell", f"slots {s0}..{s1 - 1} are not in the window")
+        prices, shares = [], []
+        for kind, idx, _ in self._listing(r)[a:b]:
+            side = ledger.side(kind)
+            prices.append(side.price[lo:hi, idx, r])
+            shares.append(side.used[lo:hi, idx, r] / side.capacity[idx, r])
+        price, share = np.concatenate(prices), np.concatenate(shares)
+        return {
+            "price_min": float(price.min()),
+            "price_max": float(price.max()),
+            "price_mean": float(price.mean()),
+            "use": float(share.mean()),
+        }
+
+    def _holding(self, servers: list[str], s0: int, s1: int) -> list[dict[str, Any]]:
+        with self.c.db.session() as session:
+            query = (
+                select(
+                    AllocationRow.job_id,
+                    func.sum(AllocationRow.workers),
+                    func.sum(AllocationRow.ps),
+                )
+                .where(AllocationRow.slot >= s0, AllocationRow.slot < s1)
+                .group_by(AllocationRow.job_id)
+            )
+            # a few servers by name; a large range by position is filtered below
+            if len(servers) <= 500:
+                query = query.where(AllocationRow.server.in_(servers))
+                rows = [(j, int(w or 0), int(p or 0)) for j, w, p in session.execute(query)]
+            else:
+                wanted = set(servers)
+                rows = self._filtered(session, wanted, s0, s1)
+        rows.sort(key=lambda row: (-(row[1] + row[2]), row[0]))
+        return [{"id": j, "worker_slots": w, "ps_slots": p} for j, w, p in rows]
+
+    @staticmethod
+    def _filtered(session: Any, wanted: set[str], s0: int, s1: int) -> list[tuple[str, int, int]]:
+        sums: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        for job, server, w, p in session.execute(
+            select(AllocationRow.job_id, AllocationRow.server, AllocationRow.workers,
+                   AllocationRow.ps).where(AllocationRow.slot >= s0, AllocationRow.slot < s1)
+        ):  # fmt: skip
+            if server in wanted:
+                sums[job][0] += w
+                sums[job][1] += p
+        return [(j, w, p) for j, (w, p) in sums.items()]
+
+    # -- plans (Gantt) -----------------------------------------------------------------
+
+    async def plans(self, page: int = 1, job: str = "") -> dict[str, Any]:
+        """The plan per server over the window ahead: for each server of page ``page``
+        (:data:`PLAN_PAGE` servers a page, listing order), each job's runs of consecutive
+        slots with the same number of workers or PS. With ``job``, only the servers that
+        job uses."""
+        clock = self.clock()
+        first = clock["slot"]
+        end = first + self.c.window + 1
+        listing = self._listing()
+        if job:
+            used = await asyncio.to_thread(self._servers_of, job, first, end)
+            listing = [s for s in listing if s[2] in used]
+        pages = max(1, math.ceil(len(listing) / PLAN_PAGE))
+        page = min(max(page, 1), pages)
+        shown = listing[(page - 1) * PLAN_PAGE : page * PLAN_PAGE]
+        runs = await asyncio.to_thread(self._runs, [s[2] for s in shown], first, end)
+        return {
+            "clock": clock,
+            "first_slot": first,
+            "slots": end - first,
+            "page": page,
+            "pages": pages,
+            "servers_total": len(listing),
+            "job": job or None,
+            "servers": [
+                {"name": name, "kind": kind, "jobs": runs.get(name, [])} for kind, _, name in shown
+            ],
+        }
+
+    def _servers_of(self, job: str, first: int, end: int) -> set[str]:
+        with self.c.db.session() as session:
+            return set(
+                session.scalars(
+                    select(AllocationRow.server).where(
+                        AllocationRow.job_id == job,
+                        AllocationRow.slot >= first,
+                        AllocationRow.slot < end,
+                    )
+                ).all()
+            )
+
+    def _runs(self, servers: list[str], first: int, end: int) -> dict[str, list[dict[str, Any]]]:
+        """``{server: [{"id", "bars": [[from, to, workers, ps], ...]}, ...]}``, bars of
+        consecutive slots (``to`` included) with the same counts; jobs by first slot."""
+        if not servers:
+            return {}
+        with self.c.db.session() as session:
+            rows = session.execute(
+                select(AllocationRow.server, AllocationRow.job_id, AllocationRow.slot,
+                       AllocationRow.workers, AllocationRow.ps)
+                .where(AllocationRow.server.in_(servers), AllocationRow.slot >= first,
+                       AllocationRow.slot < end)
+                .order_by(AllocationRow.server, AllocationRow.job_id, AllocationRow.slot)
+            ).all()  # fmt: skip
+        per: dict[str, dict[str, list[list[int]]]] = defaultdict(dict)
+        for server, job, slot, workers, ps in rows:
+            bars = per[server].setdefault(job, [])
+            last = bars[-1] if bars else None
+            if last is not None and last[1] == slot - 1 and last[2:] == [workers, ps]:
+                last[1] = slot
+            else:
+                bars.append([slot, slot, workers, ps])
+        return {
+            server: sorted(
+                ({"id": job, "bars": bars} for job, bars in jobs.items()),
+                key=lambda d: (d["bars"][0][0], d["id"]),
+            )
+            for server, jobs in per.items()
+        }
+
+    # -- jobs --------------------------------------------------------------------------
+
+    async def jobs(
+        self, caller: Caller, state: str = "", query: str = "", after: int = 0
+    ) -> dict[str, Any]:
+        """A page of :data:`JOBS_PAGE` jobs in decision order after sequence ``after``,
+        of one ``state`` (empty: all) and whose id starts with ``query`` (empty: any);
+        a submitter's own jobs only."""
+        if state and state not in STATES:
+            raise SpecError.one("state", f"unknown state {state!r} (known: {', '.join(STATES)})")
+        if len(query) > 200:
+            raise SpecError.one("q", "at most 200 characters")
+        owner = caller.owner
+        states = [state] if state else []
+        if query:
+            ids, more = await asyncio.to_thread(self._search, states, query, after, owner)
+            views = []
+            for job_id in ids:
+                try:
+                    views.append(await self.c.get(job_id, owner))
+                except NotFoundError:  # gone between the two reads: not shown
+                    continue
+        else:
+            views, more = await self.c.list_jobs(states, JOBS_PAGE, after, owner)
+        return {
+            "clock": self.clock(),
+            "state": state or None,
+            "q": query or None,
+            "after": after,
+            "states": list(STATES),
+            "jobs": [_job_row(v) for v in views],
+            "next_after": views[-1].sequence if more and views else None,
+        }
+
+    def _search(
+        self, states: list[str], prefix: str, after: int, owner: str | None
+    ) -> tuple[list[str], bool]:
+        escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        with self.c.db.session() as session:
+            query = (
+                select(JobRow.id)
+                .where(JobRow.id.like(escaped + "%", escape="\\"), JobRow.sequence > after)
+                .order_by(JobRow.sequence)
+            )
+            if states:
+                query = query.where(JobRow.state.in_(states))
+            if owner is not None:
+                query = query.where(JobRow.submitter == owner)
+            ids = list(session.scalars(query.limit(JOBS_PAGE + 1)).all())
+        return ids[:JOBS_PAGE], len(ids) > JOBS_PAGE
+
+    async def job(self, caller: Caller, job_id: str) -> dict[str, Any]:
+        """One job as ``oasis job ID --json`` prints it, with its plan per slot, its
+        progress against plan (with the execution plane), its latest events and whether
+        the caller may cancel it. NotFoundError for another submitter's job."""
+        view = await self.c.get(job_id, caller.owner)
+        times = self.c.slots.times
+        record = job_record(job_to_proto(view, times), times)
+        plan: dict[int, dict[str, Any]] = {}
+        for a in view.decision.allocations:
+            entry = plan.setdefault(
+                a["slot"],
+                {"slot": a["slot"], "starts_at": format_time(times.start(a["slot"])),
+                 "workers": {}, "ps": {}},
+            )  # fmt: skip
+            if a.get("workers"):
+                entry["workers"][a["server"]] = a["workers"]
+            if a.get("ps"):
+                entry["ps"][a["server"]] = a["ps"]
+        events = await asyncio.to_thread(self._job_events, view.id)
+        return {
+            "clock": self.clock(),
+            "job": record,
+            "plan": [plan[s] for s in sorted(plan)],
+            "progress": await self._progress(view.id),
+            "events": events,
+            "can_cancel": caller.role is Role.OPERATOR and view.state in _CANCELLABLE,
+        }
+
+    async def _progress(self, job_id: str) -> dict[str, Any]:
+        execution = self.c.execution
+        if execution is None:
+            why = "no execution plane: the daemon has no [mqtt] broker configured"
+            return {"available": False, "why": why}
+        try:
+            view = await execution.view(job_id)
+        except (DrainingError, NotFoundError) as err:
+            return {"available": False, "why": str(err)}
+        return {"available": True, **plain(progress_to_proto(view))}
+
+    def _job_events(self, job_id: str) -> list[dict[str, Any]]:
+        times = self.c.slots.times
+        with self.c.db.session() as session:
+            rows = session.scalars(
+                select(EventRow)
+                .where(EventRow.job_id == job_id)
+                .order_by(EventRow.sequence.desc())
+                .limit(MAX_JOB_EVENTS)
+            ).all()
+            return [
+                {"sequence": r.sequence, "kind": r.kind, "slot": r.slot, "state": r.state,
+                 "at": _iso(r.at), "detail": r.detail,
+                 "slot_starts_at": format_time(times.start(r.slot))}
+                for r in reversed(rows)
+            ]  # fmt: skip
+
+    async def owner_of(self, job_ids: Iterable[str]) -> dict[str, str | None]:
+        """``{job id: its submitter}`` for the stored ones (the live stream's filter)."""
+        ids = list(job_ids)
+
+        def read() -> dict[str, str | None]:
+            with self.c.db.session() as session:
+                rows = session.execute(
+                    select(JobRow.id, JobRow.submitter).where(JobRow.id.in_(ids))
+                ).all()
+                return {job: who for job, who in rows}
+
+        return await asyncio.to_thread(read) if ids else {}
+
+
+def _iso(at: datetime) -> str:
+    """A stored time (SQLite returns it without a zone: it was written in UTC)."""
+    return format_time((at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp())
+
+
+def _job_row(view: Any) -> dict[str, Any]:
+    d = view.decision
+    return {
+        "id": view.id,
+        "state": view.state,
+        "sequence": view.sequence,
+        "submitted_slot": view.submitted_slot,
+        "arrival_slot": d.arrival_slot,
+        "completion_slot": d.completion_slot,
+        "utility": d.utility,
+        "cost": d.cost,
+        "payoff": d.payoff,
+        "reason": (d.reason or "")[:200],
+    }

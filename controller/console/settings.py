@@ -1,0 +1,71 @@
+"""The ``[web]`` table: where the console listens, and the rule that keeps it on loopback.
+
+    [web]
+    listen = "127.0.0.1:8080"      # host:port; empty or absent: no console
+    allow_insecure_remote = false  # true: plain HTTP off loopback (tokens in the clear)
+    session_hours = 8              # how long a login lasts
+
+As ``daemon.listen``: plain HTTP stays on a loopback address unless ``[tls]`` is configured
+(the console then serves HTTPS with the same certificate, and asks for a client
+certificate when ``tls.client_ca`` is set) or ``allow_insecure_remote`` says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from controller.tls import TlsConfig, is_loopback
+from pricing import fields
+from pricing.errors import SpecError
+
+__all__ = ["DEFAULT_WEB_LISTEN", "WebConfig", "web_from_dict"]
+
+DEFAULT_WEB_LISTEN = "127.0.0.1:8080"
+"""The embedded defaults' console (``make run``)."""
+
+_MAX_SESSION_HOURS = 24 * 30.0
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    """The console's settings.
+
+    Attributes:
+        listen: ``host:port`` (port 0: any free one); empty: no console.
+        allow_insecure_remote: serve plain HTTP on a non-loopback address.
+        session_seconds: lifetime of a login session, seconds.
+    """
+
+    listen: str = ""
+    allow_insecure_remote: bool = False
+    session_seconds: float = 8 * 3600.0
+
+
+def web_from_dict(raw: Mapping[str, Any], tls: TlsConfig | None) -> WebConfig:
+    """Read the ``[web]`` table (empty: no console); SpecError names the key."""
+    known = {"listen", "allow_insecure_remote", "session_hours"}
+    for key in raw:
+        if key not in known:
+            raise SpecError.one(f"web.{key}", f"unknown key (known: {', '.join(sorted(known))})")
+    listen = raw.get("listen", "")
+    if not isinstance(listen, str):
+        raise SpecError.one("web.listen", f"must be a string host:port, got {listen!r}")
+    host, _, port = listen.rpartition(":")
+    if listen and (not host or not port.isdigit() or int(port) > 65535):
+        raise SpecError.one("web.listen", f"must be host:port (or empty: off), got {listen!r}")
+    remote = raw.get("allow_insecure_remote", False)
+    if not isinstance(remote, bool):
+        raise SpecError.one("web.allow_insecure_remote", "must be true or false")
+    hours = fields.positive(raw.get("session_hours", 8), "web.session_hours")
+    if hours > _MAX_SESSION_HOURS:
+        raise SpecError.one("web.session_hours", f"must be <= {_MAX_SESSION_HOURS:g}")
+    if listen and tls is None and not remote and not is_loopback(host):
+        raise SpecError.one(
+            "web.listen",
+            f"{listen} is not a loopback address and [tls] is not configured: the console "
+            "would carry tokens and session cookies in the clear; set [tls] cert and key, or "
+            "web.allow_insecure_remote = true to serve plain HTTP to the network",
+        )
+    return WebConfig(listen, remote, hours * 3600.0)

@@ -1,0 +1,700 @@
+/* The oasis console: draws each page from its JSON (embedded in the page, and fetched
+ * again from the page's /api/ twin when a live event says something changed).
+ * Written for this project; no library, nothing loaded from the network. Text from the
+ * daemon is set with textContent, never as HTML. */
+(function () {
+  "use strict";
+
+  var body = document.body;
+  var page = body.dataset.page;
+  var api = body.dataset.api;
+  var app = document.getElementById("app");
+  var dataNode = document.getElementById("data");
+  if (!app || !dataNode) return;
+  var csrfMeta = document.querySelector('meta[name="csrf"]');
+  var csrf = csrfMeta ? csrfMeta.getAttribute("content") : "";
+  var data = JSON.parse(dataNode.textContent);
+  var SVG = "http://www.w3.org/2000/svg";
+
+  // -- small helpers -------------------------------------------------------------------
+
+  function el(tag, attrs) {
+    var node = document.createElement(tag);
+    setAttrs(node, attrs);
+    for (var i = 2; i < arguments.length; i++) add(node, arguments[i]);
+    return node;
+  }
+  function svg(tag, attrs) {
+    var node = document.createElementNS(SVG, tag);
+    setAttrs(node, attrs);
+    for (var i = 2; i < arguments.length; i++) add(node, arguments[i]);
+    return node;
+  }
+  function setAttrs(node, attrs) {
+    if (!attrs) return;
+    Object.keys(attrs).forEach(function (k) {
+      var v = attrs[k];
+      if (v === null || v === undefined || v === false) return;
+      if (k === "text") node.textContent = String(v);
+      else if (k === "class") node.setAttribute("class", v);
+      else node.setAttribute(k, v === true ? "" : String(v));
+    });
+  }
+  function add(node, child) {
+    if (child === null || child === undefined || child === false) return;
+    if (Array.isArray(child)) { child.forEach(function (c) { add(node, c); }); return; }
+    node.appendChild(typeof child === "string" ? document.createTextNode(child) : child);
+  }
+  function num(x, digits) {
+    if (x === null || x === undefined) return "–";
+    if (!isFinite(x)) return String(x);
+    var a = Math.abs(x);
+    if (a !== 0 && (a < 0.001 || a >= 1e6)) return x.toExponential(2);
+    return x.toLocaleString("en-US", { maximumFractionDigits: digits === undefined ? 2 : digits });
+  }
+  function pct(x) { return x === null || x === undefined ? "–" : (100 * x).toFixed(x > 0 && x < 0.01 ? 1 : 0) + "%"; }
+  function duration(seconds) {
+    if (!isFinite(seconds)) return "–";
+    var s = Math.round(seconds), out = [];
+    [["d", 86400], ["h", 3600], ["m", 60], ["s", 1]].forEach(function (u) {
+      if (s >= u[1]) { out.push(Math.floor(s / u[1]) + u[0]); s %= u[1]; }
+    });
+    return out.length ? out.slice(0, 2).join("") : "0s";
+  }
+  function slotStart(clock, slot) { return new Date((clock.epoch + slot * clock.slot_seconds) * 1000); }
+  function when(clock, slot) {
+    var d = slotStart(clock, slot), now = Date.now();
+    var opts = Math.abs(d - now) < 6 * 86400 * 1000
+      ? { weekday: "short", hour: "2-digit", minute: "2-digit", hour12: false }
+      : { year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit", hour12: false };
+    if (clock.slot_seconds < 60) opts.second = "2-digit";  // short slots (tests, demos)
+    return d.toLocaleString("en-GB", opts);
+  }
+  // a time axis' label: the clock time, or the date when labels are a day or more apart
+  function axisTime(clock, slot, step) {
+    var d = slotStart(clock, slot), pad = function (n) { return (n < 10 ? "0" : "") + n; };
+    if (clock.slot_seconds * step >= 86400) return pad(d.getDate()) + "/" + pad(d.getMonth() + 1);
+    return pad(d.getHours()) + ":" + pad(d.getMinutes()) + (clock.slot_seconds < 60 ? ":" + pad(d.getSeconds()) : "");
+  }
+  function slotLabel(clock, slot) { return slot + " (" + when(clock, slot) + ")"; }
+  function stateBadge(state) { return el("span", { class: "state state-" + state, text: state }); }
+  function jobLink(id) { return el("a", { href: "/jobs/" + encodeURIComponent(id), text: id }); }
+  function section(title, id) {
+    var s = el("section", { "aria-labelledby": id });
+    s.appendChild(el("h2", { id: id, text: title }));
+    return s;
+  }
+  function table(caption, headers, rows, cls) {
+    var t = el("table", { class: cls || "" });
+    if (caption) t.appendChild(el("caption", { text: caption }));
+    var head = el("tr");
+    headers.forEach(function (h) { head.appendChild(el("th", { scope: "col", text: h })); });
+    t.appendChild(el("thead", null, head));
+    var tb = el("tbody");
+    rows.forEach(function (r) {
+      var tr = el("tr");
+      r.forEach(function (c, i) {
+        var cell = el(i === 0 ? "th" : "td", i === 0 ? { scope: "row" } : null);
+        add(cell, typeof c === "number" ? num(c) : (c === null || c === undefined ? "–" : c));
+        tr.appendChild(cell);
+      });
+      tb.appendChild(tr);
+    });
+    t.appendChild(tb);
+    return el("div", { class: "table-wrap", tabindex: "0", role: "region", "aria-label": caption || headers.join(", ") }, t);
+  }
+  function dl(pairs) {
+    var d = el("dl", { class: "facts" });
+    pairs.forEach(function (p) {
+      if (p === null) return;
+      d.appendChild(el("div", p[2] ? { class: p[2] } : null, el("dt", { text: p[0] }), el("dd", null, p[1])));
+    });
+    return d;
+  }
+  // a <select> named and labelled ``name`` of ``values``, ``chosen`` selected; ``any``: a
+  // first option with the empty value
+  function choice(name, values, chosen, any) {
+    var select = el("select", { id: name, name: name }, any ? el("option", { value: "", text: any }) : null);
+    values.forEach(function (v) {
+      var o = el("option", { value: v, text: v });
+      if (v === chosen) o.selected = true;
+      select.appendChild(o);
+    });
+    return select;
+  }
+  function hiddenCsrf() { return el("input", { type: "hidden", name: "csrf", value: csrf }); }
+
+  // Viridis (matplotlib's, perceptually uniform and readable with colour-blindness),
+  // 9 stops interpolated in sRGB.
+  var VIRIDIS = [[68, 1, 84], [71, 44, 122], [59, 81, 139], [44, 113, 142], [33, 144, 141],
+    [39, 173, 129], [92, 200, 99], [170, 220, 50], [253, 231, 37]];
+  function viridis(t) {
+    t = Math.max(0, Math.min(1, t));
+    var x = t * (VIRIDIS.length - 1), i = Math.min(Math.floor(x), VIRIDIS.length - 2), f = x - i;
+    var a = VIRIDIS[i], b = VIRIDIS[i + 1];
+    return "rgb(" + [0, 1, 2].map(function (k) { return Math.round(a[k] + f * (b[k] - a[k])); }).join(",") + ")";
+  }
+  // Okabe-Ito: eight colours told apart with every common colour-vision deficiency.
+  var JOB_COLOURS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000"];
+  // colours go to the jobs of a view in the order they first appear, so the first eight
+  // are all different (a hash of the id would give neighbours the same colour)
+  var jobColours = {}, nextColour = 0;
+  function jobColour(id) {
+    if (!(id in jobColours)) jobColours[id] = JOB_COLOURS[nextColour++ % JOB_COLOURS.length];
+    return jobColours[id];
+  }
+  function inkOn(colour) { return colour === "#000000" || colour === "#0072B2" || colour === "#D55E00" ? "#fff" : "#000"; }
+
+  // -- overview ------------------------------------------------------------------------
+
+  function overview(d) {
+    var out = [], c = d.clock, n = d.node;
+    var clock = section("Slot", "h-slot");
+    clock.appendChild(dl([
+      ["Current slot", el("strong", { id: "current-slot", text: String(c.slot) })],
+      ["Began", when(c, c.slot) + " (" + c.starts_at + ")"],
+      ["Ends", when(c, c.slot + 1) + " (" + c.ends_at + ")"],
+      ["Slot length", duration(c.slot_seconds)],
+      ["Window ahead", c.window + " slots (" + duration(c.window * c.slot_seconds) + ")"]
+    ]));
+    out.push(clock);
+    var node = section("Node", "h-node");
+    node.appendChild(dl([
+      ["Role", n.role],
+      ["Health", el("span", { class: n.serving ? "ok" : "bad", text: n.serving ? "serving" : "not serving" })],
+      ["Store", el("span", { class: n.store_up ? "ok" : "bad", text: n.store_up ? "reachable" : "unreachable" })],
+      ["Draining", n.draining ? "yes: stopping" : "no"],
+      ["Broker", n.broker],
+      ["Execution plane", n.execution_plane ? "on (progress reported by agents)" : "off (no [mqtt])"]
+    ]));
+    out.push(node);
+    var jobs = section("Jobs per state", "h-jobs");
+    var list = el("ul", { class: "counts" });
+    Object.keys(d.jobs).forEach(function (s) {
+      list.appendChild(el("li", null, el("a", { href: "/jobs?state=" + s, class: "count-link" },
+        stateBadge(s), el("span", { class: "count", text: String(d.jobs[s]) }))));
+    });
+    jobs.appendChild(list);
+    out.push(jobs);
+    if (d.use) {
+      var use = section("Use per resource", "h-use");
+      use.appendChild(el("p", { class: "muted", text: "Share of the capacity of each kind of server in use: now (slot " +
+        c.slot + "), and over the window ahead (slots " + d.first_slot + " .. " + (d.first_slot + c.window) + "). " +
+        "The bars show the mean per group of slots." }));
+      var rows = d.use.map(function (u) {
+        return [u.resource + " (" + (u.kind === "ps" ? "PS servers" : "worker servers") + ")",
+          pct(u.now), pct(u.window_mean), pct(u.window_peak), spark(u, c)];
+      });
+      use.appendChild(table("Use per resource", ["Resource", "Now", "Mean ahead", "Peak ahead", "Over the window"], rows, "use"));
+      out.push(use);
+    } else {
+      out.push(el("p", { class: "muted", text: "The cluster's use, prices and plans are for operators." }));
+    }
+    return out;
+  }
+
+  function spark(u, clock) {
+    var w = 160, h = 28, n = u.series.length || 1, bw = w / n;
+    var s = svg("svg", { width: w, height: h, viewBox: "0 0 " + w + " " + h, role: "img", class: "spark",
+      "aria-label": u.resource + " use over the window: from " + pct(u.series[0]) + " to " + pct(u.series[n - 1]) +
+        ", peak " + pct(u.window_peak) });
+    s.appendChild(svg("rect", { x: 0, y: 0, width: w, height: h, class: "spark-bg" }));
+    u.series.forEach(function (v, i) {
+      var bh = Math.max(v > 0 ? 1 : 0, v * h);
+      var bar = svg("rect", { x: i * bw, y: h - bh, width: Math.max(bw - 0.5, 0.5), height: bh, class: "spark-bar" });
+      bar.appendChild(svg("title", { text: "slots " + u.series_slots[i] + ".." + (u.series_slots[i + 1] - 1) + ": " + pct(v) }));
+      s.appendChild(bar);
+    });
+    return s;
+  }
+
+  // -- prices (heatmap) ----------------------------------------------------------------
+
+  var cursor = { row: 0, col: 0, shown: false };
+  var cellCache = {};
+
+  function prices(d) {
+    var out = [];
+    var form = el("form", { method: "get", action: "/prices", class: "controls" });
+    form.appendChild(el("label", { for: "resource", text: "Resource" }));
+    form.appendChild(choice("resource", d.resources, d.resource, null));
+    form.appendChild(el("button", { type: "submit", text: "Show" }));
+    form.appendChild(el("span", { class: "muted", text: d.chosen === "costliest"
+      ? "Showing " + d.resource + ": the resource whose prices come closest to their top." : "" }));
+    out.push(form);
+    var binned = d.rows.length < d.servers || d.cols.length < d.slots;
+    out.push(el("p", { class: "muted", id: "heat-caption", text:
+      "Unit price of one " + d.resource + " per slot (utility per unit per slot), " + d.servers + " servers × " +
+      d.slots + " slots from slot " + d.first_slot + (binned ? ", grouped into " + d.rows.length + " × " +
+      d.cols.length + " cells (a cell's colour is its mean price; point at it for min and max)" : "") +
+      ". Point at a cell, or focus the chart and use the arrow keys." }));
+    out.push(legend(d));
+    var wrap = el("div", { class: "heat-wrap" });
+    var canvas = el("canvas", { id: "heatmap", tabindex: "0", role: "img",
+      "aria-describedby": "heat-caption heat-tip", "data-rows": d.rows.length, "data-cols": d.cols.length,
+      "aria-label": "Heatmap of " + d.resource + " unit prices, servers by slots" });
+    var tip = el("div", { id: "heat-tip", class: "tip", role: "status", "aria-live": "polite", hidden: true });
+    wrap.appendChild(canvas);
+    wrap.appendChild(tip);
+    out.push(wrap);
+    requestAnimationFrame(function () { drawHeat(canvas, tip, d); });
+    return out;
+  }
+
+  function legend(d) {
+    var box = el("figure", { class: "legend", "aria-label": "Colour scale" });
+    var w = 320, h = 14;
+    var s = svg("svg", { width: w + 2, height: h + 2, viewBox: "0 0 " + (w + 2) + " " + (h + 2), role: "img",
+      "aria-label": "Colour scale from the floor price (dark purple) to the top price (yellow), logarithmic" });
+    var grad = svg("linearGradient", { id: "viridis" });
+    for (var i = 0; i <= 8; i++) grad.appendChild(svg("stop", { offset: (i / 8 * 100) + "%", "stop-color": viridis(i / 8) }));
+    s.appendChild(svg("defs", null, grad));
+    s.appendChild(svg("rect", { x: 1, y: 1, width: w, height: h, fill: "url(#viridis)", stroke: "#444" }));
+    box.appendChild(s);
+    box.appendChild(el("figcaption", null,
+      el("span", { class: "floor", text: "floor L = " + num(d.floor, 4) }),
+      el("span", { class: "mid", text: "log scale" }),
+      el("span", { class: "top-price", text: "top U = " + num(d.top, 4) })));
+    return box;
+  }
+
+  function drawHeat(canvas, tip, d) {
+    var wrapWidth = canvas.parentNode.clientWidth;
+    var rows = d.rows.length, cols = d.cols.length;
+    var left = Math.min(110, Math.max(60, wrapWidth * 0.22)), top = 34;
+    var cw = Math.max(2, (wrapWidth - left - 4) / cols);
+    var ch = Math.max(6, Math.min(26, 520 / rows));
+    var width = Math.floor(left + cw * cols + 4), height = Math.ceil(top + ch * rows + 4);
+    var ratio = window.devicePixelRatio || 1;
+    canvas.width = width * ratio; canvas.height = height * ratio;
+    canvas.style.width = width + "px"; canvas.style.height = height + "px";
+    var g = canvas.getContext("2d");
+    g.scale(ratio, ratio);
+    g.fillStyle = "#fff"; g.fillRect(0, 0, width, height);
+    for (var r = 0; r < rows; r++) {
+      for (var c = 0; c < cols; c++) {
+        g.fillStyle = viridis(d.level[r][c] / 255);
+        g.fillRect(left + c * cw, top + r * ch, Math.ceil(cw), Math.ceil(ch));
+      }
+    }
+    g.fillStyle = "#222"; g.font = "12px system-ui, sans-serif"; g.textBaseline = "middle"; g.textAlign = "right";
+    var every = Math.max(1, Math.ceil(14 / ch));
+    for (r = 0; r < rows; r += every) {
+      g.fillText(fit(g, d.rows[r].label, left - 6), left - 6, top + r * ch + ch / 2);
+    }
+    g.textAlign = "left"; g.textBaseline = "alphabetic";
+    var clock = d.clock, step = Math.max(1, Math.ceil(64 / cw)), lastEnd = -1;
+    for (c = 0; c < cols; c += step) {
+      var x = left + c * cw;
+      if (x < lastEnd || x + 40 > width) continue;
+      g.fillText(String(d.cols[c].from), x, 14);
+      g.fillStyle = "#555"; g.fillText(axisTime(clock, d.cols[c].from, d.cols[Math.min(c + step, cols - 1)].from - d.cols[c].from || 1), x, 28); g.fillStyle = "#222";
+      lastEnd = x + 50;
+      g.fillRect(x, top - 4, 1, 4);
+    }
+    g.textAlign = "right"; g.fillStyle = "#555"; g.fillText("slot", left - 6, 14); g.fillText("time", left - 6, 28);
+    var geometry = { left: left, top: top, cw: cw, ch: ch, rows: rows, cols: cols };
+    canvas._geometry = geometry;
+    if (cursor.shown) outline(g, geometry);
+
+    function at(ev) {
+      var rect = canvas.getBoundingClientRect();
+      var cc = Math.floor((ev.clientX - rect.left - left) / cw), rr = Math.floor((ev.clientY - rect.top - top) / ch);
+      return rr >= 0 && rr < rows && cc >= 0 && cc < cols ? { row: rr, col: cc } : null;
+    }
+    canvas.onmousemove = function (ev) {
+      var p = at(ev);
+      if (!p) { tip.hidden = true; return; }
+      cursor.row = p.row; cursor.col = p.col;
+      showTip(tip, d, p, ev.clientX - canvas.getBoundingClientRect().left, ev.clientY - canvas.getBoundingClientRect().top);
+    };
+    canvas.onmouseleave = function () { if (!cursor.shown) tip.hidden = true; };
+    canvas.onkeydown = function (ev) {
+      var moves = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1], Home: [0, -cols], End: [0, cols] };
+      var m = moves[ev.key];
+      if (!m) return;
+      ev.preventDefault();
+      cursor.row = Math.max(0, Math.min(rows - 1, cursor.row + m[0]));
+      cursor.col = Math.max(0, Math.min(cols - 1, cursor.col + m[1]));
+      cursor.shown = true;
+      drawHeat(canvas, tip, d);
+    };
+    canvas.onfocus = function () { if (!cursor.shown) { cursor.shown = true; drawHeat(canvas, tip, d); } };
+    canvas.onblur = function () {
+      if (!canvas.isConnected) return;  // replaced by a redraw: its successor takes the focus
+      cursor.shown = false; tip.hidden = true; drawHeat(canvas, tip, d);
+    };
+    if (cursor.shown) showTip(tip, d, cursor, left + (cursor.col + 1) * cw, top + (cursor.row + 1) * ch);
+  }
+
+  function outline(g, geo) {
+    g.lineWidth = 2; g.strokeStyle = "#e4007c";
+    g.strokeRect(geo.left + cursor.col * geo.cw - 1, geo.top + cursor.row * geo.ch - 1, geo.cw + 2, geo.ch + 2);
+  }
+
+  function fit(g, text, width) {
+    if (g.measureText(text).width <= width) return text;
+    while (text.length > 1 && g.measureText(text + "…").width > width) text = text.slice(0, -1);
+    return text + "…";
+  }
+
+  function showTip(tip, d, p, x, y) {
+    var row = d.rows[p.row], col = d.cols[p.col], clock = d.clock;
+    var slots = col.to - col.from === 1 ? "slot " + slotLabel(clock, col.from)
+      : "slots " + col.from + ".." + (col.to - 1) + " (" + when(clock, col.from) + " – " + when(clock, col.to) + ")";
+    var lines = [
+      el("strong", { text: row.label + (row.servers > 1 ? " (" + row.servers + " servers)" : "") }),
+      el("span", { text: slots }),
+      el("span", { class: "tip-price", text: "unit price …" }),
+      el("span", { class: "tip-use", text: "use " + d.use[p.row][p.col] + "% of capacity" })
+    ];
+    var priceLine = lines[2], useLine = lines[3];
+    var jobsLine = el("span", { class: "tip-jobs", text: "jobs: …" });
+    lines.push(jobsLine);
+    tip.replaceChildren.apply(tip, lines);
+    tip.hidden = false;
+    var wrapW = tip.parentNode.clientWidth;
+    tip.style.left = Math.max(0, Math.min(x + 12, wrapW - 260)) + "px";
+    tip.style.top = (y + 12) + "px";
+    var key = [d.resource, row.from, row.to, col.from, col.to].join("/");
+    var fill = function (cell) {
+      if (!cell) { jobsLine.textContent = "jobs: (could not read)"; priceLine.textContent = "unit price: (could not read)"; return; }
+      priceLine.textContent = "unit price " + num(cell.price_mean, 4) + (cell.price_min !== cell.price_max
+        ? " (mean; min " + num(cell.price_min, 4) + ", max " + num(cell.price_max, 4) + ")" : "");
+      useLine.textContent = "use " + pct(cell.use) + " of capacity";
+      if (!cell.jobs.length) { jobsLine.textContent = "jobs: none"; return; }
+      jobsLine.textContent = "jobs: " + cell.jobs.map(function (j) {
+        return j.id + " (" + (j.worker_slots ? j.worker_slots + " worker-slots" : j.ps_slots + " PS-slots") + ")";
+      }).join(", ") + (cell.more_jobs ? " and " + cell.more_jobs + " more" : "");
+    };
+    if (cellCache[key]) { fill(cellCache[key]); return; }
+    var q = "/api/prices/cell?resource=" + encodeURIComponent(d.resource) + "&r0=" + row.from + "&r1=" + row.to +
+      "&s0=" + col.from + "&s1=" + col.to;
+    fetch(q, { headers: { Accept: "application/json" }, credentials: "same-origin" })
+      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (cell) { if (cell) cellCache[key] = cell; fill(cell); })
+      .catch(function () { fill(null); });
+  }
+
+  // -- plans (Gantt) -------------------------------------------------------------------
+
+  function plans(d) {
+    var out = [], clock = d.clock;
+    jobColours = {}; nextColour = 0;
+    var form = el("form", { method: "get", action: "/plans", class: "controls" });
+    form.appendChild(el("label", { for: "plan-job", text: "Job id" }));
+    form.appendChild(el("input", { id: "plan-job", name: "job", value: d.job || "", spellcheck: "false", size: 24 }));
+    form.appendChild(el("button", { type: "submit", text: "Show its servers" }));
+    if (d.job) form.appendChild(el("a", { href: "/plans", text: "All servers" }));
+    out.push(form);
+    var first = (d.page - 1) * 40 + 1, last = first + d.servers.length - 1;
+    out.push(el("p", { class: "muted", id: "plan-caption", text: (d.job ? "Servers job " + d.job + " uses: " : "") +
+      (d.servers.length ? "servers " + first + "–" + last + " of " + d.servers_total : "no server") +
+      ", slots " + d.first_slot + " .. " + (d.first_slot + d.slots - 1) + " (from " + when(clock, d.first_slot) + ", " +
+      duration(clock.slot_seconds) + " each). Jobs on a server get their own lanes where their times overlap; a bar's number is its workers (W) or " +
+      "parameter servers (PS); striped bars are PS. Select a bar to open its job." }));
+    out.push(pager(d));
+    if (d.servers.length) {
+      out.push(el("div", { class: "gantt-wrap" }, gantt(d)));
+      out.push(jobKey(d));
+    }
+    out.push(pager(d));
+    return out;
+  }
+
+  function pager(d) {
+    var nav = el("nav", { class: "pager", "aria-label": "Server pages" });
+    var base = "/plans?" + (d.job ? "job=" + encodeURIComponent(d.job) + "&" : "");
+    if (d.page > 1) nav.appendChild(el("a", { href: base + "page=" + (d.page - 1), text: "← Previous servers" }));
+    nav.appendChild(el("span", { text: "page " + d.page + " of " + d.pages }));
+    if (d.page < d.pages) nav.appendChild(el("a", { href: base + "page=" + (d.page + 1), text: "Next servers →" }));
+    return nav;
+  }
+
+  function jobKey(d) {
+    var seen = {}, order = [];
+    d.servers.forEach(function (server) {
+      server.jobs.forEach(function (job) {
+        if (!seen[job.id]) { seen[job.id] = 0; order.push(job.id); }
+        seen[job.id] += 1;
+      });
+    });
+    var box = section("Jobs on these servers", "h-key");
+    if (!order.length) { box.appendChild(el("p", { class: "muted", text: "None: these servers are idle over the window." })); return box; }
+    var list = el("ul", { class: "job-key" });
+    order.forEach(function (id) {
+      var swatch = el("span", { class: "swatch" });
+      swatch.style.background = jobColour(id);  // CSSOM: the CSP allows no style attribute
+      list.appendChild(el("li", null, swatch,
+        jobLink(id), el("span", { class: "muted", text: " on " + seen[id] + " server" + (seen[id] > 1 ? "s" : "") })));
+    });
+    box.appendChild(list);
+    return box;
+  }
+
+  function gantt(d) {
+    var clock = d.clock, width = Math.max(320, app.clientWidth);
+    var left = width < 600 ? 56 : 90, top = 36, lane = 18, gap = 6;
+    var sw = (width - left - 4) / d.slots;
+    // jobs whose times on a server do not overlap share a lane (first fit, by start)
+    var lanesOf = d.servers.map(function (server) {
+      var ends = [];
+      return server.jobs.map(function (job) {
+        var from = job.bars[0][0], to = job.bars[job.bars.length - 1][1];
+        for (var i = 0; i < ends.length; i++) {
+          if (ends[i] < from) { ends[i] = to; return i; }
+        }
+        ends.push(to);
+        return ends.length - 1;
+      });
+    });
+    var rowsH = lanesOf.map(function (lanes) { return Math.max(1, Math.max.apply(null, lanes.concat([0])) + 1) * lane + gap; });
+    var height = top + rowsH.reduce(function (a, b) { return a + b; }, 0) + 4;
+    var s = svg("svg", { width: width, height: height, viewBox: "0 0 " + width + " " + height, class: "gantt",
+      role: "group", "aria-label": "Plan per server over the window" });
+    var defs = svg("defs");
+    var pat = svg("pattern", { id: "ps-stripes", width: 6, height: 6, patternUnits: "userSpaceOnUse", patternTransform: "rotate(45)" });
+    pat.appendChild(svg("rect", { width: 6, height: 6, fill: "#fff", "fill-opacity": "0.0" }));
+    pat.appendChild(svg("line", { x1: 0, y1: 0, x2: 0, y2: 6, stroke: "#fff", "stroke-width": 2.5, "stroke-opacity": 0.6 }));
+    defs.appendChild(pat);
+    s.appendChild(defs);
+    var step = Math.max(1, Math.ceil(56 / sw)), lastEnd = -1;
+    for (var i = 0; i < d.slots; i += step) {
+      var x = left + i * sw;
+      if (x < lastEnd) continue;
+      lastEnd = x + 48;
+      s.appendChild(svg("text", { x: x, y: 13, class: "axis", text: String(d.first_slot + i) }));
+      s.appendChild(svg("text", { x: x, y: 28, class: "axis muted", text: axisTime(clock, d.first_slot + i, step) }));
+      s.appendChild(svg("line", { x1: x, y1: top - 4, x2: x, y2: height, class: "grid" }));
+    }
+    var y = top;
+    d.servers.forEach(function (server, k) {
+      var h = rowsH[k];
+      s.appendChild(svg("rect", { x: 0, y: y - gap / 2, width: width, height: h, class: k % 2 ? "row-odd" : "row-even" }));
+      s.appendChild(svg("text", { x: left - 6, y: y + lane / 2 + 4, class: "server", "text-anchor": "end",
+        text: server.name.length > (left / 7.5) ? server.name.slice(0, Math.floor(left / 7.5) - 1) + "…" : server.name },
+        svg("title", { text: server.name + " (" + (server.kind === "ps" ? "PS server" : "worker server") + ")" })));
+      if (!server.jobs.length) {
+        s.appendChild(svg("text", { x: left + 4, y: y + lane / 2 + 4, class: "idle", text: "idle over the window" }));
+      }
+      server.jobs.forEach(function (job, j) {
+        var colour = jobColour(job.id), ly = y + lanesOf[k][j] * lane;
+        var link = svg("a", { href: "/jobs/" + encodeURIComponent(job.id), class: "bar-link", "data-job": job.id,
+          "aria-label": "job " + job.id + " on " + server.name });
+        job.bars.forEach(function (b) {
+          var bx = left + (b[0] - d.first_slot) * sw, bwid = Math.max(2, (b[1] - b[0] + 1) * sw - 1);
+          var isPs = b[3] > 0 && !b[2];
+          var label = isPs ? b[3] + " PS" : b[2] + " W";
+          var title = "job " + job.id + ": " + (isPs ? b[3] + " parameter server" + (b[3] > 1 ? "s" : "") : b[2] + " worker" + (b[2] > 1 ? "s" : "")) +
+            " on " + server.name + ", slots " + b[0] + ".." + b[1] + " (" + when(clock, b[0]) + " – " + when(clock, b[1] + 1) + ")";
+          var g = svg("g", { class: "bar" });
+          g.appendChild(svg("title", { text: title }));
+          g.appendChild(svg("rect", { x: bx, y: ly + 1, width: bwid, height: lane - 3, rx: 2, fill: colour, stroke: "#fff", "stroke-width": 1, class: d.job === job.id ? "bar-rect picked" : "bar-rect" }));
+          if (isPs) g.appendChild(svg("rect", { x: bx, y: ly + 1, width: bwid, height: lane - 3, rx: 2, fill: "url(#ps-stripes)" }));
+          var text = bwid > 64 ? job.id.slice(0, Math.floor((bwid - 34) / 6.5)) + " " + label : (bwid > 26 ? label : "");
+          if (text) g.appendChild(svg("text", { x: bx + 3, y: ly + lane / 2 + 3, class: "bar-text", fill: inkOn(colour), text: text }));
+          link.appendChild(g);
+        });
+        s.appendChild(link);
+      });
+      y += h;
+    });
+    return s;
+  }
+
+  // -- jobs ----------------------------------------------------------------------------
+
+  function jobs(d) {
+    var out = [], clock = d.clock;
+    var form = el("form", { method: "get", action: "/jobs", class: "controls", role: "search" });
+    form.appendChild(el("label", { for: "state", text: "State" }));
+    form.appendChild(choice("state", d.states, d.state, "all states"));
+    form.appendChild(el("label", { for: "q", text: "Id starts with" }));
+    form.appendChild(el("input", { id: "q", name: "q", type: "search", value: d.q || "", spellcheck: "false", size: 20 }));
+    form.appendChild(el("button", { type: "submit", text: "Filter" }));
+    out.push(form);
+    if (!d.jobs.length) {
+      out.push(el("p", { class: "empty", text: "No job matches" + (d.state ? " in state " + d.state : "") + (d.q ? " with an id starting " + d.q : "") + "." }));
+    } else {
+      var rows = d.jobs.map(function (j) {
+        return [jobLink(j.id), stateBadge(j.state), String(j.submitted_slot), slotLabel(clock, j.arrival_slot),
+          j.completion_slot === null ? "–" : slotLabel(clock, j.completion_slot), j.utility, j.cost, j.payoff];
+      });
+      out.push(table("Jobs in decision order", ["Job", "State", "Submitted (slot)", "Arrives", "Completes (slot)",
+        "Utility", "Cost", "Payoff"], rows, "jobs"));
+    }
+    var nav = el("nav", { class: "pager", "aria-label": "Job pages" });
+    var base = "/jobs?" + (d.state ? "state=" + d.state + "&" : "") + (d.q ? "q=" + encodeURIComponent(d.q) + "&" : "");
+    if (d.after > 0) nav.appendChild(el("a", { href: base.replace(/&$/, "").replace(/\?$/, "") || "/jobs", text: "← First page" }));
+    if (d.next_after !== null) nav.appendChild(el("a", { href: base + "after=" + d.next_after, rel: "next", text: "Next page →" }));
+    out.push(nav);
+    return out;
+  }
+
+  // -- job -----------------------------------------------------------------------------
+
+  function job(d) {
+    var out = [], j = d.job, dec = j.decision, clock = d.clock;
+    var head = el("div", { class: "job-head" }, stateBadge(j.state));
+    if (d.can_cancel) {
+      var form = el("form", { method: "post", action: "/jobs/" + encodeURIComponent(j.id) + "/cancel", class: "cancel" });
+      form.appendChild(hiddenCsrf());
+      form.appendChild(el("button", { type: "submit", class: "danger", id: "cancel", text: "Cancel this job" }));
+      head.appendChild(form);
+    }
+    out.push(head);
+    var decision = section("Decision", "h-decision");
+    decision.appendChild(dl([
+      ["Admitted", dec.admitted ? "yes" : "no"],
+      ["Utility", num(dec.utility)], ["Cost", num(dec.cost)], ["Payoff", num(dec.payoff)],
+      ["Arrives", slotLabel(clock, dec.arrival_slot)],
+      ["Completes", dec.completion_slot === null ? "–" : "by the end of slot " + dec.completion_slot + " (" + when(clock, dec.completion_slot + 1) + ")"],
+      ["Completion time", dec.jct === null ? "–" : dec.jct + " slots (" + duration(dec.jct * clock.slot_seconds) + ")"],
+      ["Work", dec.work + " worker-slots"],
+      ["Submitted in slot", String(j.submitted_slot)],
+      j.wait_until_slot === null ? null : ["Waits until", "slot " + slotLabel(clock, j.wait_until_slot)],
+      ["Decided in", num(dec.decision_ms, 1) + " ms"],
+      dec.reason ? ["Why", el("span", { class: "reason", text: dec.reason }), "wide"] : null
+    ]));
+    out.push(decision);
+    if (dec.price_drivers && dec.price_drivers.length) {
+      var drivers = section("What priced it out", "h-drivers");
+      drivers.appendChild(table("The costliest parts of the best schedule", ["Resource", "Server", "Slots", "Cost", "Unit price up to"],
+        dec.price_drivers.map(function (p) {
+          return [p.resource, p.server, p.first_slot + ".." + p.last_slot + " (" + when(clock, p.first_slot) + ")", p.cost, p.price];
+        })));
+      out.push(drivers);
+    }
+    out.push(specSection(j.spec));
+    var plan = section("Plan per slot", "h-plan");
+    if (!d.plan.length) plan.appendChild(el("p", { class: "muted", text: "No slot is planned for this job." }));
+    else {
+      plan.appendChild(table("Workers and parameter servers per slot", ["Slot", "Workers", "Parameter servers"],
+        d.plan.map(function (p) {
+          return [slotLabel(clock, p.slot), placement(p.workers), placement(p.ps)];
+        }), "plan"));
+      plan.appendChild(el("p", null, el("a", { href: "/plans?job=" + encodeURIComponent(j.id), text: "See it in the plans (Gantt chart)" })));
+    }
+    out.push(plan);
+    out.push(progressSection(d.progress, clock));
+    var events = section("Events", "h-events");
+    if (!d.events.length) events.appendChild(el("p", { class: "muted", text: "No event yet." }));
+    else events.appendChild(table("Events of this job, oldest first", ["#", "Kind", "State", "Slot", "At", "Detail"],
+      d.events.map(function (e) {
+        return [String(e.sequence), e.kind, e.state ? stateBadge(e.state) : "–", slotLabel(clock, e.slot), e.at,
+          el("code", { text: JSON.stringify(e.detail) })];
+      }), "events"));
+    out.push(events);
+    return out;
+  }
+
+  function placement(map) {
+    var names = Object.keys(map);
+    return names.length ? names.map(function (n) { return n + " × " + map[n]; }).join(", ") : "–";
+  }
+
+  var SPEC_LABELS = {
+    id: "Id", epochs: "Epochs", chunks: "Chunks (data parts)", minibatches: "Mini-batches per chunk",
+    minibatch_seconds: "One mini-batch (seconds)", tau: "One mini-batch (slots)", grad_mb: "Gradient size (MB)",
+    worker: "Each worker needs", ps: "Each parameter server needs", utility: "Utility"
+  };
+  function specSection(spec) {
+    var s = section("Spec", "h-spec");
+    var known = Object.keys(SPEC_LABELS);
+    var keys = known.filter(function (k) { return k in spec; })
+      .concat(Object.keys(spec).filter(function (k) { return known.indexOf(k) < 0; }));
+    var pairs = keys.map(function (k) {
+      var v = spec[k];
+      var shown = v !== null && typeof v === "object"
+        ? Object.keys(v).map(function (kk) { return kk + " " + (typeof v[kk] === "object" ? JSON.stringify(v[kk]) : v[kk]); }).join(", ")
+        : String(v);
+      return [SPEC_LABELS[k] || k, shown];
+    });
+    s.appendChild(dl(pairs));
+    var details = el("details", null, el("summary", { text: "As JSON (what oasis submit reads)" }),
+      el("pre", { text: JSON.stringify(spec, null, 2) }));
+    s.appendChild(details);
+    return s;
+  }
+
+  function progressSection(p, clock) {
+    var s = section("Progress against plan", "h-progress");
+    if (!p || !p.available) {
+      s.appendChild(el("p", { class: "muted", text: "Not reported: " + (p ? p.why : "unknown") + "." }));
+      return s;
+    }
+    var done = p.worker_seconds, planned = p.planned_worker_seconds, est = p.total_worker_seconds;
+    s.appendChild(dl([
+      ["Mini-batches", num(p.minibatches_done, 0) + " of " + p.minibatches_total + " (" + pct(p.minibatches_total ? p.minibatches_done / p.minibatches_total : 0) + ")"],
+      ["Worker time used", duration(done) + " of " + duration(planned) + " planned"],
+      ["Estimated in all", duration(est.mean) + " (" + Math.round(100 * est.level) + "% interval " + duration(est.low) + " – " + duration(est.high) + ", from " + p.reports + " reports)"],
+      ["One mini-batch", num(p.minibatch_seconds.mean, 3) + " s estimated (plan " + num(p.planned_minibatch_seconds, 3) + " s)"]
+    ]));
+    var w = 520, h = 74, pad = 10;
+    var max = Math.max(planned, est.high || 0, done, 1) * 1.05;
+    var x = function (v) { return pad + (w - 2 * pad) * Math.min(v, max) / max; };
+    var chart = svg("svg", { width: "100%", viewBox: "0 0 " + w + " " + h, class: "progress", role: "img",
+      "aria-label": "Worker time: " + duration(done) + " used; plan " + duration(planned) + "; estimate " + duration(est.mean) +
+        " between " + duration(est.low) + " and " + duration(est.high) });
+    chart.appendChild(svg("rect", { x: pad, y: 14, width: x(planned) - pad, height: 16, class: "planned" }));
+    chart.appendChild(svg("rect", { x: pad, y: 14, width: x(done) - pad, height: 16, class: "done" }));
+    chart.appendChild(svg("rect", { x: x(est.low), y: 38, width: Math.max(1, x(est.high) - x(est.low)), height: 10, class: "interval" }));
+    chart.appendChild(svg("line", { x1: x(est.mean), x2: x(est.mean), y1: 34, y2: 52, class: "estimate" }));
+    chart.appendChild(svg("line", { x1: x(planned), x2: x(planned), y1: 8, y2: 56, class: "plan-line" }));
+    chart.appendChild(svg("text", { x: pad, y: 68, class: "axis", text: "0" }));
+    chart.appendChild(svg("text", { x: x(planned), y: 68, class: "axis", "text-anchor": "middle", text: "plan " + duration(planned) }));
+    s.appendChild(chart);
+    s.appendChild(el("p", { class: "legend-line" },
+      el("span", { class: "key key-done" }), "used so far  ",
+      el("span", { class: "key key-planned" }), "planned  ",
+      el("span", { class: "key key-interval" }), "estimate's interval (tick: its mean)"));
+    return s;
+  }
+
+  // -- drawing, and live updates -------------------------------------------------------
+
+  var renderers = { overview: overview, prices: prices, plans: plans, jobs: jobs, job: job };
+
+  function render() {
+    var active = document.activeElement, key = active && active.id;
+    app.replaceChildren.apply(app, [].concat(renderers[page](data)));
+    if (key) { var again = document.getElementById(key); if (again && again !== active) again.focus(); }
+  }
+
+  if (!renderers[page]) return;
+  render();
+  // after the drawings queued by render (heatmap): bench/console.py times this mark
+  requestAnimationFrame(function () { if (window.performance && performance.mark) performance.mark("oasis-drawn"); });
+
+  var live = document.getElementById("live");
+  var pending = null, lastFetch = 0;
+  function refresh() {
+    pending = null; lastFetch = Date.now();
+    fetch(api, { headers: { Accept: "application/json" }, credentials: "same-origin" })
+      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (fresh) { if (fresh) { data = fresh; cellCache = {}; render(); } })
+      .catch(function () {});
+  }
+  function relevant(ev) {
+    if (page === "job") return ev.job_id === data.job.id;
+    return true;
+  }
+  if (window.EventSource) {
+    var stream = new EventSource("/api/events");
+    stream.onopen = function () { if (live) { live.textContent = "● live"; live.className = "live on"; } };
+    stream.onerror = function () { if (live) { live.textContent = "reconnecting…"; live.className = "live off"; } };
+    stream.addEventListener("oasis", function (e) {
+      var ev = JSON.parse(e.data);
+      if (live) live.setAttribute("title", "last event: " + ev.kind + " " + (ev.job_id || "") + " (#" + ev.sequence + ")");
+      if (!relevant(ev) || pending) return;
+      pending = setTimeout(refresh, Math.max(0, 700 - (Date.now() - lastFetch)));
+    });
+    window.addEventListener("beforeunload", function () { stream.close(); });
+  }
+  var resizeTimer = null;
+  window.addEventListener("resize", function () {
+    if (page !== "prices" && page !== "plans") return;
+    clearTimeout(resizeTimer);
+    resizeTimer = setTimeout(render, 150);
+  });
+})();

@@ -1,0 +1,449 @@
+"""The operator's console in a real browser: headless Chromium (Debian's ``chromium`` and
+``chromium-driver``) driven by Selenium against one ``oasisd`` subprocess with tokens
+(two submitters, one operator) and the console on a loopback port.
+
+Jobs are submitted over gRPC with the submitters' tokens; the browser logs in, finds
+them on the pages, watches a new one arrive without a reload, cancels one and sees its
+slots freed in the heatmap. Screenshots of every page at 1280x800 and at phone width
+(390x844) go to ``$OASIS_ARTIFACTS`` (default: a temporary directory).
+
+The tests share the daemon and run in the file's order: the cluster is small, so the
+jobs of one test change the prices the next sees (the rejection comes late, once the
+cancel test has had its admitted job).
+
+Without Chromium the module is skipped, unless ``OASIS_REQUIRE_BROWSER=1`` (CI sets it),
+where that is a failure. Selenium is pointed at /usr/bin/chromedriver and never
+downloads a driver (``SE_OFFLINE``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from controller.auth import hash_token
+from controller.convert import spec_to_proto
+from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
+from controller.tls import client_channel
+from tests.browser import artifacts_dir, chromium, missing
+from tests.servers import SMALL_JOB, Daemon, json_log, write_config
+
+TOKENS = {"alice": "alice-console-token", "bob": "bob-console-token", "ops": "ops-console-token"}
+ROLES = {"alice": "submitter", "bob": "submitter", "ops": "operator"}
+SIZES = {"desktop": (1280, 800), "phone": (390, 844)}
+LOADING = "#app > .muted:only-child"  # "Loading..." until the script draws the page
+WAIT = 15.0  # seconds a page may take to show what it should
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _browser_or_skip() -> None:
+    lacking = missing()
+    if lacking:
+        if os.environ.get("OASIS_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"OASIS_REQUIRE_BROWSER=1 but missing: {', '.join(lacking)}")
+        pytest.skip(f"no browser to test the console with: missing {', '.join(lacking)} "
+                    "(apt-get install -y chromium chromium-driver)")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def artifacts() -> Path:
+    return artifacts_dir()
+
+
+class Cluster:
+    """The daemon and a gRPC stub per token."""
+
+    def __init__(self, daemon: Daemon, web: str) -> None:
+        self.daemon = daemon
+        self.web = f"http://{web}"
+        self.channels = {
+            name: client_channel(daemon.address, token=token) for name, token in TOKENS.items()
+        }
+
+    def stub(self, name: str) -> pb_grpc.AdmissionStub:
+        return pb_grpc.AdmissionStub(self.channels[name])
+
+    def submit(self, name: str, job_id: str, **changes: Any) -> pb.Job:
+        spec = {**SMALL_JOB, "id": job_id, **changes}
+        answer = self.stub(name).SubmitJob(pb.SubmitJobRequest(job=spec_to_proto(spec)), timeout=30)
+        job: pb.Job = answer.job
+        return job
+
+    def close(self) -> None:
+        for channel in self.channels.values():
+            channel.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    _browser_or_skip()
+    d = tmp_path_factory.mktemp("console")
+    tokens = d / "tokens"
+    tokens.write_text("".join(f"{n} {ROLES[n]} {hash_token(t)}\n" for n, t in TOKENS.items()))
+    extra = f'[auth]\ntokens_file = "{tokens}"\n[web]\nlisten = "127.0.0.1:0"\n'
+    config = write_config(d / "oasisd.toml", d / "data", extra=extra)
+    daemon = Daemon(config, d / "oasisd.log").start()
+    web = next(
+        line["address"] for line in json_log(d / "oasisd.log")
+        if line.get("event") == "console listening"
+    )  # fmt: skip
+    out = Cluster(daemon, web)
+    try:
+        yield out
+    finally:
+        out.close()
+        assert daemon.stop() == 0  # a clean stop, event streams open or not
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    _browser_or_skip()
+    profile = tempfile.mkdtemp(prefix="oasis-chromium-")
+    driver = chromium(profile)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+def wait_for(browser: Any, condition: Any, what: str, timeout: float = WAIT) -> Any:
+    """Poll ``condition(browser)`` until it is truthy. A live update may redraw the page
+    between finding an element and reading it (stale): that poll is tried again."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    ignored = (NoSuchElementException, StaleElementReferenceException)
+    wait = WebDriverWait(browser, timeout, poll_frequency=0.1, ignored_exceptions=ignored)
+    return wait.until(condition, message=what)
+
+
+def login(browser: Any, cluster: Cluster, name: str, token: str | None = None) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.delete_all_cookies()
+    browser.get(cluster.web + "/login")
+    field = browser.find_element(By.ID, "token")
+    field.send_keys(TOKENS[name] if token is None else token)
+    field.submit()
+
+
+def visible_text(browser: Any) -> str:
+    from selenium.webdriver.common.by import By
+
+    return str(browser.find_element(By.TAG_NAME, "body").text)
+
+
+def api(cluster: Cluster, path: str, token: str, method: str = "GET") -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(
+        cluster.web + path, headers={"Authorization": f"Bearer {token}"}, method=method
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        with err:
+            return err.code, json.loads(err.read())
+
+
+def shoot(browser: Any, artifacts: Path, name: str, then: Any = None) -> None:
+    """Screenshots of the current page at both sizes (after ``then(browser)``, if given);
+    the page must not scroll sideways."""
+    for size, (w, h) in SIZES.items():
+        browser.set_window_size(w, h)
+        time.sleep(0.4)  # the heatmap and the Gantt chart redraw on resize
+        if then is not None:
+            then(browser)
+        overflow = browser.execute_script(
+            "return document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        )
+        browser.save_screenshot(str(artifacts / f"{name}-{size}.png"))
+        assert overflow <= 1, f"{name} at {w}x{h} scrolls sideways by {overflow}px"
+    browser.set_window_size(*SIZES["desktop"])
+
+
+def heat_tip(browser: Any, row: int, col: int) -> str:
+    """Focus the heatmap, move its cursor to ``(row, col)`` with the keyboard, and return
+    the tooltip once its jobs are read."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    canvas = wait_for(browser, lambda b: b.find_element(By.ID, "heatmap"), "the heatmap")
+    browser.execute_script("arguments[0].focus()", canvas)
+    canvas.send_keys(*([Keys.ARROW_DOWN] * row + [Keys.ARROW_RIGHT] * col))
+    wait_for(
+        browser,
+        lambda b: "…" not in b.find_element(By.CSS_SELECTOR, "#heat-tip .tip-jobs").text,
+        "the jobs of the heatmap cell",
+    )
+    return str(browser.find_element(By.ID, "heat-tip").text)
+
+
+# -- the tests -------------------------------------------------------------------------
+
+
+def test_a_bad_token_is_refused(browser: Any, cluster: Cluster) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.delete_all_cookies()
+    browser.get(cluster.web + "/jobs")  # not logged in: to the login page
+    assert "/login" in browser.current_url
+    login(browser, cluster, "alice", token="not-a-token")
+    error = wait_for(browser, lambda b: b.find_element(By.ID, "login-error"), "the refusal")
+    assert "Unknown token" in error.text
+    assert browser.get_cookie("oasis_session") is None
+    browser.get(cluster.web + "/jobs")
+    assert "/login" in browser.current_url
+    status, body = api(cluster, "/api/jobs", "not-a-token")
+    assert status == 401 and body["error"]["message"] == "unknown token"
+
+
+def test_a_submitted_job_shows_on_its_pages(browser: Any, cluster: Cluster) -> None:
+    from selenium.webdriver.common.by import By
+
+    job = cluster.submit("alice", "alice-job-1")
+    assert job.state == pb.JOB_STATE_ADMITTED
+    servers = {a.server for a in job.decision.allocations}
+
+    login(browser, cluster, "alice")
+    browser.get(cluster.web + "/jobs")
+    link = wait_for(browser, lambda b: b.find_element(By.LINK_TEXT, "alice-job-1"), "the job's row")
+    row = link.find_element(By.XPATH, "./ancestor::tr")
+    assert "admitted" in row.text
+    cookie = browser.get_cookie("oasis_session")
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+
+    link.click()
+    wait_for(browser, lambda b: b.find_element(By.ID, "h-plan"), "the job's page")
+    text = visible_text(browser)
+    assert "Job alice-job-1" in text and "admitted" in text
+    for server in servers:
+        assert server in text  # the plan per slot names its servers
+    assert not browser.find_elements(By.ID, "cancel")  # a submitter may not cancel
+    assert "Plans" not in browser.find_element(By.TAG_NAME, "nav").text
+
+    login(browser, cluster, "ops")
+    browser.get(cluster.web + "/plans")
+    bars = wait_for(
+        browser,
+        lambda b: b.find_elements(By.CSS_SELECTOR, 'a[data-job="alice-job-1"]'),
+        "the job's bars in the Gantt chart",
+    )
+    assert len(bars) == len(servers)  # one lane on each server it runs on
+    assert all(bar.get_dom_attribute("href").endswith("/jobs/alice-job-1") for bar in bars)
+
+
+def test_a_submitter_cannot_see_another_submitters_job(browser: Any, cluster: Cluster) -> None:
+    from selenium.webdriver.common.by import By
+
+    cluster.submit("alice", "alice-job-2")
+    cluster.submit("bob", "bob-job-1")
+    login(browser, cluster, "bob")
+    browser.get(cluster.web + "/jobs")
+    wait_for(browser, lambda b: b.find_element(By.LINK_TEXT, "bob-job-1"), "bob's own job")
+    assert "alice-job" not in visible_text(browser)
+    browser.get(cluster.web + "/jobs/alice-job-2")
+    assert "404" in browser.find_element(By.TAG_NAME, "h1").text
+    assert "no job 'alice-job-2'" in visible_text(browser)
+    browser.get(cluster.web + "/prices")
+    assert "403" in browser.find_element(By.TAG_NAME, "h1").text
+    # the JSON twins say the same
+    status, body = api(cluster, "/api/jobs/alice-job-2", TOKENS["bob"])
+    assert status == 404
+    status, body = api(cluster, "/api/jobs", TOKENS["bob"])
+    assert status == 200 and {j["id"] for j in body["jobs"]} == {"bob-job-1"}
+    status, body = api(cluster, "/api/jobs", TOKENS["ops"])
+    assert {"alice-job-1", "alice-job-2", "bob-job-1"} <= {j["id"] for j in body["jobs"]}
+
+
+def test_a_new_submission_appears_live(browser: Any, cluster: Cluster) -> None:
+    from selenium.webdriver.common.by import By
+
+    login(browser, cluster, "ops")
+    browser.get(cluster.web + "/jobs")
+    wait_for(browser, lambda b: "live" in b.find_element(By.ID, "live").text, "the live stream")
+    browser.execute_script("window.notReloaded = true")
+    cluster.submit("bob", "bob-live-1")
+    wait_for(browser, lambda b: b.find_elements(By.LINK_TEXT, "bob-live-1"), "the new job, live")
+    assert browser.execute_script("return window.notReloaded === true")  # no reload
+
+
+def test_a_cancel_frees_the_slots_in_the_heatmap(browser: Any, cluster: Cluster) -> None:
+    from selenium.webdriver.common.by import By
+
+    job = cluster.submit("alice", "alice-cancel-me")
+    assert job.state == pb.JOB_STATE_ADMITTED
+    first = sorted((a for a in job.decision.allocations if a.workers), key=lambda a: a.slot)[0]
+    login(browser, cluster, "ops")
+    status, prices = api(cluster, "/api/prices?resource=gpu", TOKENS["ops"])
+    assert status == 200
+    row = next(i for i, r in enumerate(prices["rows"]) if r["label"] == first.server)
+    col = next(i for i, c in enumerate(prices["cols"]) if c["from"] == first.slot)
+    browser.get(cluster.web + "/prices?resource=gpu")
+    before = heat_tip(browser, row, col)
+    assert "alice-cancel-me" in before, before
+
+    browser.get(cluster.web + "/jobs/alice-cancel-me")
+    wait_for(browser, lambda b: b.find_element(By.ID, "cancel"), "the cancel button").click()
+    wait_for(
+        browser,
+        lambda b: "cancelled" in b.find_element(By.CSS_SELECTOR, ".job-head").text,
+        "the job cancelled",
+    )
+    browser.get(cluster.web + "/prices?resource=gpu")
+    after = heat_tip(browser, row, col)
+    assert "alice-cancel-me" not in after, after
+    use = [float(line.split()[1].rstrip("%")) for tip in (before, after)
+           for line in tip.splitlines() if line.startswith("use ")]  # fmt: skip
+    assert use[1] < use[0], (before, after)
+
+
+def test_jobs_filter_by_state_and_search_by_id(browser: Any, cluster: Cluster) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    cluster.submit("bob", "bob-find-me")
+    cluster.submit("bob", "bob-to-cancel")
+    status, _ = api(cluster, "/api/jobs/bob-to-cancel/cancel", TOKENS["ops"], method="POST")
+    assert status == 200
+    login(browser, cluster, "ops")
+    browser.get(cluster.web + "/jobs")
+    field = wait_for(browser, lambda b: b.find_element(By.ID, "q"), "the search field")
+    field.send_keys("bob-find")
+    field.submit()
+    wait_for(browser, lambda b: "q=bob-find" in b.current_url, "the search's URL")
+    ids = [a.text for a in browser.find_elements(By.CSS_SELECTOR, "table.jobs tbody th a")]
+    assert ids == ["bob-find-me"]
+    browser.get(cluster.web + "/jobs")
+    Select(browser.find_element(By.ID, "state")).select_by_value("cancelled")
+    browser.find_element(By.ID, "state").submit()
+    wait_for(browser, lambda b: "state=cancelled" in b.current_url, "the filter's URL")
+    states = {e.text for e in browser.find_elements(By.CSS_SELECTOR, "table.jobs .state")}
+    assert states == {"cancelled"}
+    status, body = api(cluster, "/api/jobs?state=cancelled", TOKENS["ops"])
+    assert status == 200 and body["jobs"] and {j["state"] for j in body["jobs"]} == {"cancelled"}
+    status, body = api(cluster, "/api/jobs?state=nonsense", TOKENS["ops"])
+    assert status == 400 and "unknown state" in body["error"]["message"]
+    # a submitter's search finds only its own jobs
+    status, body = api(cluster, "/api/jobs?q=bob-", TOKENS["alice"])
+    assert status == 200 and body["jobs"] == []
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any) -> None:
+        return None
+
+
+def post(cluster: Cluster, path: str, form: str, headers: dict[str, str]) -> int:
+    opener = urllib.request.build_opener(_NoRedirect)
+    request = urllib.request.Request(
+        cluster.web + path, data=form.encode(), method="POST",
+        headers={"Content-Type": "application/x-www-form-urlencoded", **headers},
+    )  # fmt: skip
+    try:
+        with opener.open(request, timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as err:
+        with err:
+            if err.code == 303:
+                cookie = err.headers.get("Set-Cookie", "")
+                headers["Cookie"] = cookie.split(";", 1)[0]
+            return err.code
+
+
+def test_cancel_needs_the_session_and_its_form_token(cluster: Cluster) -> None:
+    # a page of another site can make a browser POST with its cookie, but cannot read the
+    # form token; a submitter may not cancel (as CancelJob)
+    job_id = cluster.submit("alice", "alice-kept").spec.id
+    cancel = f"/jobs/{job_id}/cancel"
+    assert post(cluster, cancel, "csrf=guess", {}) == 401  # no session
+    ops: dict[str, str] = {}
+    assert post(cluster, "/login", f"token={TOKENS['ops']}&next=/", ops) == 303
+    assert ops["Cookie"].startswith("oasis_session=")
+    assert post(cluster, cancel, "csrf=guess", dict(ops)) == 403
+    assert post(cluster, cancel, "", dict(ops)) == 403
+    evil = {**ops, "Origin": "http://evil.example"}
+    assert post(cluster, cancel, "csrf=guess", evil) == 403
+    alice: dict[str, str] = {}
+    assert post(cluster, "/login", f"token={TOKENS['alice']}&next=/", alice) == 303
+    status, body = api(cluster, f"/api/jobs/{job_id}/cancel", TOKENS["alice"], method="POST")
+    assert status == 403 and "operators only" in body["error"]["message"]
+    status, body = api(cluster, f"/api/jobs/{job_id}", TOKENS["ops"])
+    assert status == 200 and body["job"]["state"] == "admitted"
+    with pytest.raises(grpc.RpcError) as denied:
+        cluster.stub("alice").CancelJob(pb.CancelJobRequest(id=job_id), timeout=10)
+    assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    # a script with an operator's bearer token needs no form token
+    status, body = api(cluster, f"/api/jobs/{job_id}/cancel", TOKENS["ops"], method="POST")
+    assert status == 200 and body["job"]["state"] == "cancelled"
+
+
+def test_a_rejection_shows_what_priced_it_out(
+    browser: Any, cluster: Cluster, artifacts: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    # after jobs of the usual worth (which set the estimated floor price; one job moves
+    # it little), one worth little for much work: the floor alone prices it out
+    for i in range(3):
+        cluster.submit("bob", f"bob-usual-{i}")
+    cheap = {"kind": "sigmoid", "priority": 0.05, "decay": 0.5, "target": 3}
+    job = cluster.submit("alice", "alice-cheap", epochs=20, utility=cheap)
+    assert job.state == pb.JOB_STATE_REJECTED and job.decision.price_drivers, job.decision
+    login(browser, cluster, "alice")
+    browser.get(cluster.web + "/jobs/alice-cheap")
+    section = wait_for(
+        browser,
+        lambda b: b.find_element(By.XPATH, "//section[@aria-labelledby='h-drivers']"),
+        "the price drivers",
+    )
+    first = job.decision.price_drivers[0]
+    row = section.find_element(By.CSS_SELECTOR, "tbody tr").text
+    assert first.resource in row and first.server in row
+    assert job.decision.reason[:40] in visible_text(browser)
+    shoot(browser, artifacts, "job-rejected")
+
+
+def test_screenshots_of_every_page(browser: Any, cluster: Cluster, artifacts: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    for i in range(3):
+        cluster.submit("bob", f"bob-shot-{i}", epochs=2 + i)
+    browser.delete_all_cookies()
+    browser.get(cluster.web + "/login")
+    shoot(browser, artifacts, "login")
+    login(browser, cluster, "ops")
+    pages = {"overview": "/", "prices": "/prices", "plans": "/plans", "jobs": "/jobs",
+             "job": "/jobs/alice-job-1"}  # fmt: skip
+    for name, path in pages.items():
+        browser.get(cluster.web + path)
+        wait_for(browser, lambda b: not b.find_elements(By.CSS_SELECTOR, LOADING), f"{name} drawn")
+        shoot(browser, artifacts, name)
+    # keyboard: the first Tab reaches the skip link, the next ones the navigation
+    browser.get(cluster.web + "/")
+    body = browser.find_element(By.TAG_NAME, "body")
+    body.send_keys(Keys.TAB)
+    assert browser.switch_to.active_element.text == "Skip to content"
+    browser.switch_to.active_element.send_keys(Keys.TAB)
+    assert browser.switch_to.active_element.text == "oasis"
+    browser.switch_to.active_element.send_keys(Keys.TAB)
+    assert browser.switch_to.active_element.text == "Overview"
+    browser.get(cluster.web + "/prices")
+    shoot(browser, artifacts, "prices-hover", lambda b: heat_tip(b, 0, 1))

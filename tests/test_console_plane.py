@@ -1,0 +1,93 @@
+"""A job's progress on its console page, from a real execution plane: Mosquitto, oasisd
+with ``[mqtt]`` and 6 s slots (the harness of ``tests/test_mqtt_plane.py``) and the
+console, reference agents reporting progress, and headless Chromium reading the page.
+
+Skipped without Mosquitto or Chromium, unless CI requires them (``OASIS_REQUIRE_*``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.rpc import oasis_pb2 as pb
+from tests.broker import mosquitto_binary
+from tests.browser import artifacts_dir, chromium, missing
+from tests.servers import json_log
+from tests.test_console import shoot
+from tests.test_mqtt_plane import SERVERS, Cluster, plane_job, wait_for
+
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(
+        mosquitto_binary() is None and os.environ.get("OASIS_REQUIRE_MOSQUITTO") != "1",
+        reason="mosquitto not installed (CI sets OASIS_REQUIRE_MOSQUITTO=1: then it fails)",
+    ),
+]
+
+
+@pytest.fixture
+def plane(tmp_path: Path) -> Iterator[tuple[Cluster, str]]:
+    lacking = missing()
+    if lacking:
+        if os.environ.get("OASIS_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"OASIS_REQUIRE_BROWSER=1 but missing: {', '.join(lacking)}")
+        pytest.skip(f"no browser: missing {', '.join(lacking)}")
+    cluster = Cluster(tmp_path)
+    text = cluster.daemon.config.read_text()
+    cluster.daemon.config.write_text(
+        text.replace("[cluster]", '[web]\nlisten = "127.0.0.1:0"\n\n[cluster]', 1)
+    )
+    try:
+        cluster.daemon.start()
+        web = next(
+            e["address"] for e in json_log(tmp_path / "oasisd.log")
+            if e.get("event") == "console listening"
+        )  # fmt: skip
+        yield cluster, f"http://{web}"
+    finally:
+        cluster.close()
+
+
+def test_a_running_jobs_progress_is_drawn_against_its_plan(plane: tuple[Cluster, str]) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    cluster, web = plane
+    for server in SERVERS:
+        cluster.start_agent(server, speed=0.8)  # a little slower than planned
+    job = cluster.submit(plane_job("shown"))
+    assert job["decision"]["admitted"] is True
+
+    def reported() -> Any:
+        got = cluster.stub().GetProgress(pb.GetProgressRequest(id="shown"), timeout=10)
+        return got.progress if got.progress.reports >= 3 else None
+
+    progress = wait_for("progress reports", reported)
+    profile = tempfile.mkdtemp(prefix="oasis-chromium-")
+    browser = chromium(profile)
+    try:
+        browser.get(f"{web}/jobs/shown")
+        chart = WebDriverWait(browser, 15).until(
+            lambda b: b.find_element(By.CSS_SELECTOR, "svg.progress"), "the progress chart"
+        )
+        label = chart.get_attribute("aria-label")
+        assert "used" in label and "estimate" in label and "between" in label
+        section = browser.find_element(By.XPATH, "//section[@aria-labelledby='h-progress']")
+        text = section.text
+        assert f"of {progress.minibatches_total}" in text  # mini-batches done of the total
+        assert "% interval" in text and "reports" in text
+        # the interval and the plan are drawn: a band and a dashed line in the chart
+        assert chart.find_elements(By.CSS_SELECTOR, "rect.interval")
+        assert chart.find_elements(By.CSS_SELECTOR, "line.plan-line")
+        shoot(browser, artifacts_dir(), "job-progress",
+              lambda b: b.execute_script("arguments[0].scrollIntoView()", section))  # fmt: skip
+    finally:
+        browser.quit()
+        shutil.rmtree(profile, ignore_errors=True)

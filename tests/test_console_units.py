@@ -1,0 +1,190 @@
+"""The console's parts without a browser: heatmap binning against a brute-force
+reduction, the ``[web]`` table's rules, sessions, and the login's redirect target."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from pathlib import Path
+from typing import Any, cast
+
+import aiohttp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controller.auth import Caller, Role, hash_token
+from controller.config import ConfigError, demo_config, from_dict, load
+from controller.console.app import Console, _safe_next
+from controller.console.heatmap import LEVELS, bin_edges, bin_grid, price_levels
+from controller.console.sessions import MAX_SESSIONS, Sessions
+from controller.console.settings import DEFAULT_WEB_LISTEN, web_from_dict
+from pricing.errors import SpecError
+from tests.test_security import make_pki
+
+ROOT = Path(__file__).resolve().parent.parent
+CLUSTER = {
+    "resources": ["gpu", "bandwidth"],
+    "servers": [
+        {"name": "w0", "kind": "worker", "capacity": {"gpu": 4, "bandwidth": 10}},
+        {"name": "p0", "kind": "ps", "capacity": {"gpu": 0, "bandwidth": 10}},
+    ],
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(1, 230),
+    cols=st.integers(1, 310),
+    max_rows=st.integers(1, 100),
+    max_cols=st.integers(1, 100),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_binning_matches_a_brute_force_reduction(
+    rows: int, cols: int, max_rows: int, max_cols: int, seed: int
+) -> None:
+    values = np.random.default_rng(seed).lognormal(size=(rows, cols))
+    grid = bin_grid(values, max_rows, max_cols)
+    assert grid.low.shape == (min(rows, max_rows), min(cols, max_cols))
+    re, ce = grid.row_edges, grid.col_edges
+    assert re[0] == 0 and re[-1] == rows and np.all(np.diff(re) >= 1)
+    assert ce[0] == 0 and ce[-1] == cols and np.all(np.diff(ce) >= 1)
+    for i in range(len(re) - 1):
+        for j in range(len(ce) - 1):
+            cell = values[re[i] : re[i + 1], ce[j] : ce[j + 1]]
+            assert grid.low[i, j] == cell.min()
+            assert grid.high[i, j] == cell.max()
+            assert grid.mean[i, j] == pytest.approx(cell.mean(), rel=1e-12)
+
+
+def test_a_large_grid_is_bounded_and_bins_are_near_equal() -> None:
+    grid = bin_grid(np.ones((1000, 300)))
+    assert grid.mean.shape == (100, 100)
+    assert set(np.diff(grid.row_edges).tolist()) == {10}
+    assert set(np.diff(grid.col_edges).tolist()) == {3}
+    assert set(np.diff(bin_edges(250, 100)).tolist()) <= {2, 3}
+    with pytest.raises(ValueError, match="empty"):
+        bin_grid(np.ones((0, 3)))
+
+
+def test_price_levels_span_the_log_scale_from_floor_to_top() -> None:
+    levels = price_levels(np.array([[0.001, 0.01, 0.1], [1.0, 10.0, 1e9]]), 0.01, 1.0)
+    assert levels.tolist() == [[0, 0, LEVELS // 2 + 1], [LEVELS, LEVELS, LEVELS]]
+    assert price_levels(np.array([5.0]), 2.0, 2.0).tolist() == [0]
+
+
+def test_web_listen_stays_on_loopback_unless_tls_or_allowed() -> None:
+    assert web_from_dict({}, None).listen == ""  # absent: no console
+    assert web_from_dict({"listen": "127.0.0.1:0"}, None).listen == "127.0.0.1:0"
+    with pytest.raises(SpecError, match=r"web\.listen: 0\.0\.0\.0:8080 is not a loopback"):
+        web_from_dict({"listen": "0.0.0.0:8080"}, None)
+    remote = web_from_dict({"listen": "0.0.0.0:8080", "allow_insecure_remote": True}, None)
+    assert remote.allow_insecure_remote
+    for bad, field in (
+        ({"listen": "8080"}, "web.listen"),
+        ({"listen": 8080}, "web.listen"),
+        ({"lisen": "127.0.0.1:1"}, "web.lisen"),
+        ({"allow_insecure_remote": "yes"}, "web.allow_insecure_remote"),
+        ({"session_hours": 0}, "web.session_hours"),
+        ({"session_hours": 10_000}, "web.session_hours"),
+    ):
+        with pytest.raises(SpecError, match=field.replace(".", r"\.")):
+            web_from_dict(bad, None)
+    assert web_from_dict({"session_hours": 2}, None).session_seconds == 7200
+
+
+def test_the_console_is_on_in_the_embedded_defaults_and_off_in_the_example() -> None:
+    assert demo_config().web.listen == DEFAULT_WEB_LISTEN
+    assert load(ROOT / "config" / "oasisd.example.toml").web.listen == ""
+    assert from_dict({"cluster": CLUSTER}).web.listen == ""
+    with pytest.raises(ConfigError, match=r"web\.listen: .* is not a loopback address"):
+        from_dict({"cluster": CLUSTER, "web": {"listen": "10.1.2.3:8080"}})
+
+
+def test_sessions_expire_and_keep_a_bounded_number() -> None:
+    now = [0.0]
+    sessions = Sessions(60.0, monotonic=lambda: now[0])
+    alice = sessions.open(Caller("alice", Role.SUBMITTER))
+    assert sessions.get(alice.id) is alice
+    assert alice.csrf_ok(alice.csrf) and not alice.csrf_ok("guess")
+    assert sessions.get("unknown") is None
+    now[0] = 60.0
+    assert sessions.get(alice.id) is None  # expired
+    first = sessions.open(Caller("ops", Role.OPERATOR))
+    for _ in range(MAX_SESSIONS):
+        sessions.open(Caller("ops", Role.OPERATOR))
+    assert len(sessions) == MAX_SESSIONS
+    assert sessions.get(first.id) is None  # the oldest went
+    last = sessions.open(Caller("ops", Role.OPERATOR))
+    sessions.close(last.id)
+    assert sessions.get(last.id) is None
+
+
+def test_after_login_only_a_local_path() -> None:
+    assert _safe_next("/jobs?state=admitted") == "/jobs?state=admitted"
+    for bad in ("https://evil.example/", "//evil.example/x", "/\\evil.example", "jobs", ""):
+        assert _safe_next(bad) == "/"
+
+
+# -- the server itself, in-process (no controller needed for login and static files) ----
+
+
+async def _started(config: Any) -> Console:
+    console = Console(config, cast(Any, None), None, None)
+    await console.start()
+    return console
+
+
+def test_a_busy_address_names_web_listen() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        config = from_dict({"cluster": CLUSTER, "web": {"listen": f"127.0.0.1:{port}"}})
+        with pytest.raises(OSError, match=rf"web\.listen: cannot listen on 127\.0\.0\.1:{port}"):
+            asyncio.run(_started(config))
+
+
+def test_with_tls_the_console_is_https_with_client_certificates(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path)
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"ops operator {hash_token('ops-token')}\n")
+    config = from_dict(
+        {
+            "cluster": CLUSTER,
+            "tls": {"cert": str(pki.server_cert), "key": str(pki.server_key),
+                    "client_ca": str(pki.ca)},
+            "auth": {"tokens_file": str(tokens)},
+            "web": {"listen": "127.0.0.1:0"},
+        }
+    )  # fmt: skip
+
+    async def scenario() -> None:
+        console = await _started(config)
+        url = f"https://{console.address}"
+        trusted = ssl.create_default_context(cafile=pki.ca)
+        trusted.load_cert_chain(pki.client_cert, pki.client_key)
+        anonymous = ssl.create_default_context(cafile=pki.ca)
+        try:
+            async with aiohttp.ClientSession() as http:
+                async with http.get(url + "/static/console.css", ssl=trusted) as r:
+                    assert r.status == 200 and "--focus" in await r.text()
+                async with http.post(
+                    url + "/login", data={"token": "ops-token", "next": "/jobs"}, ssl=trusted,
+                    allow_redirects=False,
+                ) as r:  # fmt: skip
+                    assert r.status == 303 and r.headers["Location"] == "/jobs"
+                    cookie = r.headers["Set-Cookie"]
+                    assert all(f in cookie for f in ("HttpOnly", "SameSite=Strict", "Secure"))
+                with pytest.raises(aiohttp.ClientError):  # no client certificate
+                    async with http.get(url + "/login", ssl=anonymous) as r:
+                        await r.read()
+                with pytest.raises(aiohttp.ClientError):  # plain HTTP
+                    async with http.get(f"http://{console.address}/login") as r:
+                        await r.read()
+        finally:
+            await console.close()
+
+    asyncio.run(scenario())
