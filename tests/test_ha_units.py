@@ -102,6 +102,8 @@ def test_fence_standby_follow_and_takeover(tmp_path: Path, postgres: Postgres) -
         for spec in jobs[:6]:
             asyncio.run(a.c.submit(spec))
         asyncio.run(a.c.cancel("j1"))
+        asyncio.run(b.c.follow())
+        asyncio.run(a.c.set_bounds("pin", {"worker": {"gpu": {"U": 60.0}}}))  # an admin write
         # a standby refuses writes, naming the leader
         with pytest.raises(NotLeaderError) as refused:
             asyncio.run(b.c.submit(jobs[6]))
