@@ -510,6 +510,21 @@ def check_ledger(address: str, use: Use, servers: list[dict[str, Any]]) -> list[
 # -- one backend -----------------------------------------------------------------------
 
 
+def requests_for(
+    prefix: str, seed: int, jobs: int
+) -> tuple[list[dict[str, Any]], list[str], list[pb.SubmitJobRequest]]:
+    """The paper-scale servers, and ``jobs`` submissions with ids unique to the run
+    (``PREFIX-RUN-i``)."""
+    servers, specs = workload(seed, jobs)
+    run_id = uuid.uuid4().hex[:8]
+    ids = [f"{prefix}-{run_id}-{i}" for i in range(len(specs))]
+    requests = [
+        pb.SubmitJobRequest(job=spec_to_proto({**spec, "id": job_id}))
+        for spec, job_id in zip(specs, ids, strict=True)
+    ]
+    return servers, ids, requests
+
+
 def run_load(
     backend: str,
     store_url: str,
@@ -526,20 +541,15 @@ def run_load(
     """Start a daemon on ``store_url`` ("" : SQLite in ``workdir``), run the load, check.
 
     ``fault`` makes the PostgreSQL restart (given the load has started)."""
-    servers, specs = workload(seed, jobs)
-    run_id = uuid.uuid4().hex[:8]
-    ids = [f"{backend}-{run_id}-{i}" for i in range(len(specs))]
-    requests = [
-        pb.SubmitJobRequest(job=spec_to_proto({**spec, "id": job_id}))
-        for spec, job_id in zip(specs, ids, strict=True)
-    ]
+    servers, ids, requests = requests_for(backend, seed, jobs)
+    run_id = uuid.uuid4().hex[:8]  # names this run's files
     data_dir = workdir / f"{backend}-{run_id}-data"
     config = write_config(
         workdir / f"{backend}-{run_id}.toml", data_dir, store_url, servers, epoch=time.time()
     )
     log_path = workdir / f"{backend}-{run_id}.log"
     daemon = Daemon(config, log_path).start(timeout=120)
-    report = LoadReport(backend=backend, jobs=len(specs), clients=clients)
+    report = LoadReport(backend=backend, jobs=len(ids), clients=clients)
     load = Load(
         daemon.address,
         requests,
@@ -567,7 +577,7 @@ def run_load(
     report.rejected = report.answered - report.admitted
     report.duplicates = sum(a.duplicate for a in answers)
     report.given_up = len(load.given_up)
-    report.not_started = len(specs) - report.answered - report.given_up
+    report.not_started = len(ids) - report.answered - report.given_up
     report.attempts = len(answers) + sum(load.failed_calls.values())  # calls made
     report.failed_calls = dict(load.failed_calls)
     report.per_second = report.answered / report.seconds if report.seconds > 0 else 0.0

@@ -39,6 +39,9 @@ Example (``config/oasisd.example.toml`` is a complete one)::
     [connections]                # connections, calls, idle timeouts (controller/connections.py)
     max_connections = 1000
 
+    [ha]                         # high availability on a PostgreSQL store (controller/ha);
+    lease_seconds = 5            # absent: one daemon per store
+
     [web]                        # the operator's console (controller/console/settings.py)
     listen = "127.0.0.1:8080"    # empty or absent: off
 
@@ -66,6 +69,7 @@ from sqlalchemy.exc import ArgumentError
 from controller.auth import Caller, tokens_from_dict
 from controller.connections import Connections, connections_from_dict
 from controller.console.settings import DEFAULT_WEB_LISTEN, WebConfig, web_from_dict
+from controller.ha.settings import HaConfig, ha_from_dict
 from controller.limits import Limits, limits_from_dict
 from controller.plane.settings import MqttConfig, check_server_names, mqtt_from_dict
 from controller.store.database import DEFAULT_TIMEOUT, SQLITE_SYNCHRONOUS
@@ -143,6 +147,8 @@ class Config:
             admitted at once stays ``pending`` that long (at most
             ``limits.max_wait_seconds``); 0: it is rejected at once.
         connections: ``[connections]``.
+        ha: ``[ha]``, high availability on PostgreSQL (:mod:`controller.ha`); None: one
+            daemon per store.
         web: ``[web]``, the operator's console; its ``listen`` empty: no console.
         warnings: problems worth a warning at start (a config with secrets that others
             may read).
@@ -170,6 +176,7 @@ class Config:
     store_timeout: float = DEFAULT_TIMEOUT
     sqlite_synchronous: str = "full"
     connections: Connections = field(default_factory=Connections)
+    ha: HaConfig | None = None
     web: WebConfig = field(default_factory=WebConfig)
     warnings: tuple[str, ...] = ()
 
@@ -220,6 +227,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
             "auth",
             "limits",
             "connections",
+            "ha",
             "web",
         },
         "config",
@@ -296,6 +304,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
             wait_seconds=wait_seconds,
             epoch_from_store="epoch" not in daemon,
             connections=connections_from_dict(fields.optional_mapping(data, "connections", "")),
+            ha=ha_from_dict(fields.mapping(data["ha"], "ha") if "ha" in data else None),
             web=web_from_dict(fields.optional_mapping(data, "web", ""), tls),
             source=source,
         )

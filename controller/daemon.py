@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import gc
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
@@ -36,16 +37,17 @@ from controller.config import Config, ConfigError, demo_config, load
 from controller.connections import RESERVED_FDS, raise_fd_limit
 from controller.console.settings import web_from_dict
 from controller.drain import StopGate
+from controller.ha.leadership import Leadership
 from controller.limits import RateLimiter
 from controller.metrics import Metrics
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
-from controller.servicer import AdmissionServicer, ClusterServicer
+from controller.servicer import AdmissionServicer, ClusterServicer, HighAvailabilityServicer
 from controller.startup import StartupError, open_store
 from controller.statuses import DecodeInterceptor
 from controller.store import Database
 from controller.store.watch import PROBE_SECONDS, StoreWatch, WriterLockLostError
-from controller.store.writer_lock import writer_lock
+from controller.store.writer_lock import PostgresWriterLock, writer_lock
 from controller.systemd import Notifier
 from controller.tls import check_exposure, server_credentials
 from pricing.errors import SpecError
@@ -58,7 +60,10 @@ STOP_GRACE_SECONDS = 5.0  # then for the server's calls to end (reads, held call
 SERVICES = (
     pb.DESCRIPTOR.services_by_name["Admission"].full_name,
     pb.DESCRIPTOR.services_by_name["Cluster"].full_name,
+    pb.DESCRIPTOR.services_by_name["HighAvailability"].full_name,
 )
+WRITE_SERVICE = SERVICES[0]
+"""The service a standby reports NOT_SERVING for (its writes go to the leader)."""
 
 
 @dataclass(frozen=True)
@@ -91,9 +96,15 @@ async def serve(
     log = structlog.get_logger("oasisd")
     # without an epoch in the config, slot 0 is read from the store when it opens
     slots = SlotClock(clock or SystemClock(), config.slot_seconds, config.epoch)
-    db = Database(config.database_url, config.store_timeout, config.sqlite_synchronous)
+    ha = config.ha
+    lease = ha.lease_seconds if ha is not None else None
+    advertise = _advertise(config) if ha is not None else ""
+    db = Database(
+        config.database_url, config.store_timeout, config.sqlite_synchronous, idle_transaction=lease
+    )
     controller = AdmissionController(config, db, slots, log=log)
-    writer = writer_lock(db)  # one daemon per store
+    controller.advertise = advertise
+    writer = writer_lock(db, lease)  # one daemon per store, or one leader (with [ha])
     notifier = Notifier()
     notifier.status("migrating the store and rebuilding the ledger")
     try:
@@ -107,14 +118,7 @@ async def serve(
     gc.freeze()
 
     metrics = Metrics(controller) if config.metrics_listen else None
-    plane = None
-    if config.mqtt is not None:  # the execution plane: plans to node agents over MQTT
-        from controller.plane.link import start_plane
-
-        plane = await start_plane(controller, config.mqtt, metrics.set_broker if metrics else None)
-        controller.execution = plane.execution
-        if metrics is not None:
-            metrics.set_broker(False)
+    plane = PlaneRunner(controller, config, metrics)  # the leader's only
     limits = config.limits
     # the metrics first, so they count the calls refused; then who may call (tokens,
     # roles, rate); then requests that do not decode (INVALID_ARGUMENT, not UNKNOWN)
@@ -143,6 +147,8 @@ async def serve(
     )
     pb_grpc.add_AdmissionServicer_to_server(AdmissionServicer(controller, limiter), server)  # type: ignore[no-untyped-call]
     pb_grpc.add_ClusterServicer_to_server(ClusterServicer(controller), server)  # type: ignore[no-untyped-call]
+    ha_servicer = HighAvailabilityServicer(controller)
+    pb_grpc.add_HighAvailabilityServicer_to_server(ha_servicer, server)  # type: ignore[no-untyped-call]
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable((*SERVICES, health.SERVICE_NAME), server)  # v1 and v1alpha
@@ -155,7 +161,7 @@ async def serve(
         console = await _console(config, controller, limiter, plane)
     except (RuntimeError, OSError) as err:
         # A busy or foreign address: say which, not a traceback (grpc raises RuntimeError).
-        controller.close()  # the plane's link is not running yet: nothing else to stop
+        controller.close()  # the plane is not running yet: nothing else to stop
         if writer is not None:
             writer.release()
         what = (
@@ -168,8 +174,8 @@ async def serve(
     host = config.listen.rpartition(":")[0]
     address = f"{host}:{port}"
     await server.start()
-    for name in ("", *SERVICES):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    health_now = _Health(health_servicer, controller)
+    await health_now.set(True)
 
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -179,29 +185,36 @@ async def serve(
 
     async def health_follows_store(up: bool) -> None:
         if not stop.is_set():  # once stopping, NOT_SERVING stays
-            status = (
-                health_pb2.HealthCheckResponse.SERVING
-                if up
-                else health_pb2.HealthCheckResponse.NOT_SERVING
-            )
-            for name in ("", *SERVICES):
-                await health_servicer.set(name, status)
+            await health_now.set(up)
 
-    watch = StoreWatch(db, writer, health_follows_store, stop.set, log=log)
+    async def role_changed(role: str) -> None:
+        if role == "leader":
+            await plane.start()
+        else:
+            await plane.stop()
+        if not stop.is_set():
+            await health_now.set(watch.up)
+
+    # with [ha] the lease is kept by the election, not the watch
+    watch = StoreWatch(db, writer if ha is None else None, health_follows_store, stop.set,
+                       log=log)  # fmt: skip
     events = [PeriodicEvent("slot clock", config.tick_seconds, controller.tick),
               PeriodicEvent("store watch", PROBE_SECONDS, watch.check)]  # fmt: skip
+    if ha is not None:
+        assert isinstance(writer, PostgresWriterLock)  # open_store refused anything else
+        leadership = Leadership(controller, writer, ha, role_changed, log=log)
+        events += [PeriodicEvent("leadership", ha.retry_seconds, leadership.check),
+                   PeriodicEvent("follow", ha.follow_seconds, controller.follow)]  # fmt: skip
     if notifier.watchdog_interval is not None:
         events.append(PeriodicEvent("watchdog", notifier.watchdog_interval, _ping(notifier)))
     if metrics is not None:
         log.info("metrics listening", address=metrics_address)
     if console is not None:
         log.info("console listening", address=console.address)
-    if plane is not None:
-        events.append(PeriodicEvent("execution plane", config.tick_seconds, plane.review))
     tasks = [asyncio.create_task(e.loop(), name=e.name) for e in events]
-    if plane is not None:
-        tasks.append(asyncio.create_task(plane.run(), name="broker link"))
-    log.info("listening", address=address, config=config.source, store=config.database_url
+    if controller.leading:  # after the slot clock's task, as its review follows the tick
+        await plane.start()
+    log.info("listening", address=address, role=controller.role, config=config.source, store=config.database_url
              if not config.store_url else "<store_url>",
              tls="mutual" if config.tls and config.tls.mutual else bool(config.tls),
              auth=config.tokens is not None, rate_limit=limits.rate or None)  # fmt: skip
@@ -219,7 +232,8 @@ async def serve(
         log.info("drained", still_in_flight=left)
         for task in tasks:
             task.cancel()
-        await asyncio.wait(tasks, timeout=5)  # the broker link says "offline" first
+        await asyncio.wait(tasks, timeout=5)
+        await plane.stop()  # the broker link says "offline" first
         if console is not None:
             await console.close()
         await gate.stop(server, STOP_GRACE_SECONDS)
@@ -233,8 +247,89 @@ async def serve(
         raise WriterLockLostError(watch.lost)
 
 
+class _Health:
+    """The gRPC health of the daemon's services: all NOT_SERVING while the store is out
+    of reach; otherwise SERVING, except the Admission service (the writes: submit, quote,
+    cancel) on a standby, so a load balancer sends writes to the leader only. The
+    Cluster service and the daemon as a whole ("") stay SERVING on a standby (reads)."""
+
+    def __init__(
+        self, servicer: health.aio.HealthServicer, controller: AdmissionController
+    ) -> None:
+        self.servicer = servicer
+        self.c = controller
+
+    async def set(self, store_up: bool) -> None:
+        serving = health_pb2.HealthCheckResponse.SERVING
+        not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", *SERVICES):
+            up = store_up and (self.c.leading or name != WRITE_SERVICE)
+            await self.servicer.set(name, serving if up else not_serving)
+
+
+class PlaneRunner:
+    """The execution plane (``[mqtt]``; none without), run while this daemon leads: its
+    state is loaded from the store at each start, so a new leader republishes every plan
+    under a plan epoch above the old leader's."""
+
+    def __init__(self, controller: AdmissionController, config: Config, metrics: Metrics | None):
+        self.c = controller
+        self.config = config
+        self.metrics = metrics
+        self.tasks: list[asyncio.Task[None]] = []
+        self.plane: Any = None  # the running plane's link (controller.plane.link.Plane)
+
+    @property
+    def connected(self) -> bool:
+        """True while this daemon leads and its plane is connected to the broker."""
+        return bool(self.tasks) and self.plane is not None and bool(self.plane.connected)
+
+    async def start(self) -> None:
+        if self.config.mqtt is None or self.tasks:
+            return
+        from controller.plane.link import start_plane
+
+        broker_up = self.metrics.set_broker if self.metrics else None
+        plane = await start_plane(self.c, self.config.mqtt, broker_up)
+        self.plane = plane
+        self.c.execution = plane.execution
+        if self.metrics is not None:
+            self.metrics.set_broker(False)
+        review = PeriodicEvent("execution plane", self.config.tick_seconds, plane.review)
+        self.tasks = [asyncio.create_task(review.loop(), name=review.name),
+                      asyncio.create_task(plane.run(), name="broker link")]  # fmt: skip
+
+    async def stop(self) -> None:
+        tasks, self.tasks = self.tasks, []
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)  # the broker link says "offline" first
+
+
+def _advertise(config: Config) -> str:
+    """Where clients are sent while this daemon leads: ``[ha] advertise``; else
+    ``daemon.listen``, with this machine's name for a wildcard host (``0.0.0.0``, ``::``),
+    so one config serves every head node."""
+    assert config.ha is not None
+    if config.ha.advertise:
+        return config.ha.advertise
+    host, _, port = config.listen.rpartition(":")
+    if port == "0":
+        raise StartupError(
+            f"ha.advertise: needed when daemon.listen is {config.listen} (clients are sent "
+            "to the leader at this host:port)"
+        )
+    if host.strip("[]") in ("0.0.0.0", "::", ""):
+        return f"{socket.getfqdn()}:{port}"
+    return config.listen
+
+
 async def _console(
-    config: Config, controller: AdmissionController, limiter: RateLimiter | None, plane: Any
+    config: Config,
+    controller: AdmissionController,
+    limiter: RateLimiter | None,
+    plane: PlaneRunner,
 ) -> Any:
     """The operator's console on ``[web] listen`` (None if off); aiohttp loads only then."""
     if not config.web.listen:
@@ -242,7 +337,7 @@ async def _console(
     from controller.console.app import start_console
 
     return await start_console(
-        config, controller, limiter, (lambda: plane.connected) if plane is not None else None
+        config, controller, limiter, (lambda: plane.connected) if config.mqtt is not None else None
     )
 
 

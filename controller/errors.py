@@ -6,6 +6,7 @@ execution plane raises and catches them too)::
     ├── ConflictError        the job id exists with another spec or submitter
     ├── PreconditionError    the job's state does not allow the request
     ├── DrainingError        the daemon is stopping
+    ├── NotLeaderError       a write sent to a standby (high availability)
     ├── QueueFullError       the submitter's (or everyone's) pending jobs are at their limit
     └── BusyError            the client has too many calls in flight
 """
@@ -19,6 +20,7 @@ __all__ = [
     "ConflictError",
     "DrainingError",
     "NotFoundError",
+    "NotLeaderError",
     "PreconditionError",
     "QueueFullError",
 ]
@@ -38,6 +40,27 @@ class PreconditionError(OasisError):
 
 class DrainingError(OasisError):
     """The daemon is stopping: it finishes the decisions in flight and takes no new ones."""
+
+
+class NotLeaderError(OasisError):
+    """This daemon is a standby (or has just stepped down): writes go to the leader.
+
+    Attributes:
+        leader: the leader's advertised ``host:port``; "" if not known.
+    """
+
+    METADATA_KEY = "oasis-leader"
+    """The trailing metadata key that carries :attr:`leader` (gRPC UNAVAILABLE)."""
+
+    def __init__(self, leader: str, why: str = "this oasisd is a standby") -> None:
+        where = f"the leader is at {leader}" if leader else "no leader known yet; retry shortly"
+        super().__init__(f"{why}: {where}")
+        self.leader = leader
+
+    @property
+    def trailing(self) -> tuple[tuple[str, str], ...]:
+        """The call's trailing metadata naming the leader."""
+        return ((self.METADATA_KEY, self.leader),) if self.leader else ()
 
 
 class BusyError(OasisError):

@@ -228,7 +228,26 @@ class _ControllerCollector:
             "1 once the daemon is stopping and refuses new decisions.",
             value=float(self.c.draining),
         )
+        if self.c.config.ha is not None:
+            yield from self._ha()
         yield from self._ledger()
+
+    def _ha(self) -> Iterator[Metric]:
+        ha = self.c.ha_status()
+        yield GaugeMetricFamily(
+            "oasis_ha_leader", "1 if this daemon leads (decides), 0 on a standby.",
+            value=float(ha.role == "leader"),
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "oasis_ha_epoch", "The leadership epoch: this leader's, or the leader's last seen.",
+            value=float(ha.epoch),
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "oasis_ha_lease_age_seconds",
+            "Seconds since the lease was last confirmed: by this leader's lock probe, or on a "
+            "standby since it last read the leader's record.",
+            value=ha.lease_age,
+        )
 
     def _store(self) -> Iterator[Metric]:
         up = self.c.db.ping()

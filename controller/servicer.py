@@ -33,7 +33,7 @@ from controller.convert import (
     progress_to_proto,
     spec_from_proto,
 )
-from controller.errors import BusyError
+from controller.errors import BusyError, NotLeaderError
 from controller.jobspec import check_worth, has_times, prepare
 from controller.limits import RateLimiter
 from controller.rpc import oasis_pb2 as pb
@@ -42,7 +42,7 @@ from controller.statuses import abort
 from controller.store import StoreUnavailableError
 from pricing.errors import SpecError
 
-__all__ = ["AdmissionServicer", "ClusterServicer"]
+__all__ = ["AdmissionServicer", "ClusterServicer", "HighAvailabilityServicer"]
 
 _T = TypeVar("_T")
 
@@ -53,6 +53,7 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
     (StoreUnavailableError, grpc.StatusCode.UNAVAILABLE),
     (DrainingError, grpc.StatusCode.UNAVAILABLE),
+    (NotLeaderError, grpc.StatusCode.UNAVAILABLE),  # and the leader in trailing metadata
     (QueueFullError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (BusyError, grpc.StatusCode.RESOURCE_EXHAUSTED),
 )
@@ -322,4 +323,25 @@ class ClusterServicer(pb_grpc.ClusterServicer):
             window=self.c.window,
             current_slot=slots.current_slot(),
             now=slots.clock.now(),
+        )
+
+
+class HighAvailabilityServicer(pb_grpc.HighAvailabilityServicer):
+    """This node's role, epoch and lease age (``oasis status``; controller/ha)."""
+
+    def __init__(self, controller: AdmissionController) -> None:
+        self.c = controller
+
+    async def GetLeadership(
+        self, request: pb.GetLeadershipRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetLeadershipResponse:
+        ha = self.c.ha_status()
+        return pb.GetLeadershipResponse(
+            enabled=self.c.config.ha is not None,
+            role=ha.role,
+            epoch=ha.epoch,
+            lease_age_seconds=ha.lease_age,
+            leader=ha.leader,
+            advertise=self.c.advertise,
+            applied_sequence=ha.applied,
         )

@@ -6,7 +6,9 @@ store, and exit status 1 (``oasisd: ...``), never a traceback:
   file system);
 - the store cannot be reached (refused, timed out after ``daemon.store_timeout``, bad
   credentials) or cannot be written (a full disk: "database or disk is full");
-- another daemon holds the store (``controller/store/writer_lock.py``): the line names it;
+- another daemon holds the store (``controller/store/writer_lock.py``): the line names it
+  (with ``[ha]`` on PostgreSQL the second one becomes a standby instead; ``[ha]`` on a
+  SQLite store is refused: high availability needs PostgreSQL);
 - the store's recorded slot 0 (meta row ``epoch``) is malformed.
 """
 
@@ -17,9 +19,11 @@ from pathlib import Path
 import sqlalchemy
 
 from controller.admission import AdmissionController
+from controller.admission.state import EPOCH_KEY
 from controller.config import Config
-from controller.store import StoreUnavailableError
-from controller.store.writer_lock import StoreLockedError, WriterLock
+from controller.store import MetaRow, StoreUnavailableError, migrate
+from controller.store.writer_lock import PostgresWriterLock, StoreLockedError, WriterLock
+from pricing.best_schedule import warm_up
 from pricing.errors import SpecError
 
 __all__ = ["START_SECONDS", "StartupError", "open_store"]
@@ -42,6 +46,9 @@ def open_store(config: Config, controller: AdmissionController, writer: WriterLo
     try:
         if not config.store_url:
             _data_dir(config.data_dir)
+        if config.ha is not None:
+            _open_ha(controller, writer)
+            return
         if writer is not None:
             writer.acquire()
         try:
@@ -65,6 +72,35 @@ def open_store(config: Config, controller: AdmissionController, writer: WriterLo
     except OSError as err:  # the lock file: permissions, a full disk
         where = f" ({err.filename})" if err.filename else ""
         raise StartupError(f"cannot open {store}: {err.strerror or err}{where}") from err
+
+
+def _open_ha(controller: AdmissionController, writer: WriterLock | None) -> None:
+    """With ``[ha]``: open as a standby, which writes nothing (the rebuild, however long,
+    holds no lease that could lapse meanwhile); the election then takes the lead at once
+    if it is free (``controller/ha/leadership.py``), applying only what was committed
+    since. Only a store with no slot 0 recorded yet is opened leading: the first start
+    records it (and rebuilds nothing)."""
+    db = controller.db
+    if not isinstance(writer, PostgresWriterLock):
+        raise StartupError(
+            "ha: high availability needs a PostgreSQL store (daemon.store_url = "
+            '"postgresql+psycopg://..."); a SQLite store serves a single node'
+        )
+    try:
+        with db.patient(START_SECONDS):
+            migrate(db)  # concurrent daemons serialise on the migration's own lock
+            warm_up()  # before any lease is taken: it may take longer than one
+            if controller.config.epoch_from_store and writer.try_acquire():
+                with db.session() as session:
+                    recorded = session.get(MetaRow, EPOCH_KEY) is not None
+                if recorded:
+                    writer.release()
+                else:
+                    controller.lead(writer.record(db, controller.advertise), writer.backend_pid)
+            controller.open()
+    except BaseException:
+        writer.release()
+        raise
 
 
 def _data_dir(path: Path) -> None:

@@ -79,7 +79,11 @@ async def abort(
 ) -> NoReturn:
     """End the call for ``err`` with ``code`` (see the module docstring); never returns."""
     if code is not None:
-        await context.abort_with_status(rpc_status.to_status(_status(code, err)))
+        status = rpc_status.to_status(_status(code, err))
+        extra = getattr(err, "trailing", ())  # NotLeaderError: the leader's address
+        if extra:
+            status = status._replace(trailing_metadata=(*status.trailing_metadata, *extra))
+        await context.abort_with_status(status)
     log.exception("internal error", exc_info=err)
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(err).__name__}")
     raise AssertionError  # unreachable: abort raises

@@ -152,7 +152,7 @@ class BoundControl(AdmissionState):
         else:
             raise SpecError.one("action", f"must be one of {list(ACTIONS)}, got {action!r}")
         now = datetime.now(UTC)
-        with self.db.session() as session:
+        with self._write() as session:  # fenced (high availability)
             if action == "reset":
                 session.merge(MetaRow(key=ESTIMATE_KEY, value=estimate.to_dict()))
             else:

@@ -9,15 +9,16 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from controller.admission.follow import Follow
 from controller.admission.lifecycle import Lifecycle
 from controller.admission.pending import PendingQueue
 from controller.admission.reads import ReadViews
-from controller.admission.recovery import Recovery
 from controller.admission.views import DecisionView, JobView
 from controller.errors import DrainingError
 from controller.events import Event
 from controller.limits import search_size
 from controller.store import REBUILD_SECONDS, StoreUnavailableError
+from controller.store.writer_lock import FencedError
 from pricing import SpecError
 
 __all__ = ["AdmissionController"]
@@ -25,7 +26,7 @@ __all__ = ["AdmissionController"]
 _T = TypeVar("_T")
 
 
-class AdmissionController(PendingQueue, Recovery, Lifecycle, ReadViews):
+class AdmissionController(PendingQueue, Follow, Lifecycle, ReadViews):
     """Owns the ledger, the price bounds and the store; see the package docstring."""
 
     # -- async API (serialised, off the event loop) ---------------------------------------
@@ -40,6 +41,8 @@ class AdmissionController(PendingQueue, Recovery, Lifecycle, ReadViews):
         """
         if self._draining:
             raise DrainingError("the daemon is stopping (draining); retry on its successor")
+        if not self.leading:
+            raise self._not_leader()
         self._in_flight += 1
         self._idle.clear()
         try:
@@ -85,8 +88,10 @@ class AdmissionController(PendingQueue, Recovery, Lifecycle, ReadViews):
     def _in_step(self, fn: Callable[[], _T]) -> _T:
         """Run ``fn`` in the decision thread on a ledger that matches the store."""
         if self._stale:
+            seen = self._last_event()  # before the rebuild: later ones are applied again
             with self.db.patient(REBUILD_SECONDS):
                 rebuilt = self._reload()  # StoreUnavailableError: still stale, try next time
+            self._seen_event = max(self._seen_event, seen)
             self._stale = False
             self.log.info("ledger rebuilt from the store after an outage", jobs=rebuilt)
         try:
@@ -94,6 +99,27 @@ class AdmissionController(PendingQueue, Recovery, Lifecycle, ReadViews):
         except StoreUnavailableError:
             self._stale = True
             raise
+        except FencedError as err:  # another daemon leads now: nothing was committed
+            self.leader = err.holder
+            self._step_down(str(err))
+            raise self._not_leader("this oasisd has just stopped leading") from err
+
+    # -- high availability (controller/ha) ------------------------------------------------
+
+    async def follow(self) -> None:
+        """On a standby: apply what the leader committed since the last call, and hand
+        its events to the bus (WatchEvents on a standby)."""
+        if not self.leading:
+            self._publish(await self.read(self._follow_sync))
+
+    async def take_over(self, epoch: int, lock_pid: int | None) -> int:
+        """Lead in ``epoch``: catch up with the store (only what is not applied yet);
+        returns the events applied. Raises if that fails (still a standby then)."""
+        return await self.read(lambda: self._take_over_sync(epoch, lock_pid))
+
+    def step_down(self, why: str) -> None:
+        """Stop deciding now; writes already queued are refused (:meth:`_write`)."""
+        self._step_down(why)
 
     async def submit(
         self,
@@ -151,7 +177,7 @@ class AdmissionController(PendingQueue, Recovery, Lifecycle, ReadViews):
 
     async def tick(self) -> None:
         """Advance to the current slot, if it changed: window and job states."""
-        if self._draining or self.slots.current_slot() == self._ticked_slot:
+        if not self.leading or self._draining or self.slots.current_slot() == self._ticked_slot:
             return
         events = await self._run(self._tick_sync)
         self._publish(events)

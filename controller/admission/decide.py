@@ -186,7 +186,7 @@ class DecisionCore(AdmissionState):
         now = datetime.now(UTC)
         waiting = "rejected" if wait_until is None else "pending"
         state = "admitted" if view.admitted else waiting
-        with self.db.session() as session:
+        with self._write() as session:
             seq = (session.scalar(select(func.max(JobRow.sequence))) or 0) + 1
             self._sequence = seq  # the answer's (_answer), once this commits
             start = None

@@ -26,7 +26,7 @@ class Lifecycle(AdmissionState):
         self._advance_window()
         release_from = self.slot + 1
         now = datetime.now(UTC)
-        with self.db.session() as session:
+        with self._write() as session:
             row = session.get(JobRow, job_id)
             if row is None:
                 raise NotFoundError(f"no job {job_id!r}")
@@ -85,7 +85,7 @@ class Lifecycle(AdmissionState):
         s = self.slot
         now = datetime.now(UTC)
         events: list[Event] = []
-        with self.db.session() as session:
+        with self._write() as session:
             starting = session.scalars(
                 select(JobRow).where(JobRow.state == "admitted", JobRow.start_slot <= s)
             ).all()

@@ -55,7 +55,7 @@ class PendingQueue(DecisionCore):
     def _decide_waiting(self, job_id: str) -> list[Event]:
         s, first = self.slot, self.slot + 1
         now = datetime.now(UTC)
-        with self.db.session() as session:
+        with self._write() as session:
             row = session.get(JobRow, job_id)
             if row is None or row.state != "pending":
                 return []

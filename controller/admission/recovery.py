@@ -11,13 +11,23 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from controller.admission.bounds import BoundControl
 from controller.admission.moves import Moves
 from controller.admission.state import EPOCH_KEY, SETTINGS_KEY
-from controller.store import AllocationRow, JobRow, MetaRow, OutageRow, ServerRow, migrate
+from controller.store import (
+    AllocationRow,
+    EventRow,
+    JobRow,
+    MetaRow,
+    OutageRow,
+    ServerRow,
+    StoreUnavailableError,
+    migrate,
+)
+from controller.store.writer_lock import recorded_holder
 from pricing import Job, Ledger, OasisError, SpecError, fields
 from pricing.best_schedule import warm_up
 from pricing.errors import CapacityError
@@ -55,18 +65,16 @@ class Recovery(Moves, BoundControl):
         """Migrate the store, record the servers and rebuild the ledger (blocking)."""
         revision = migrate(self.db)
         warm_up()
-        with self.db.session() as session:
+        with self._write() if self.leading else self.db.session() as session:
             self.slots.epoch = self._epoch(session)
-            self._sync_servers(session)
-            settings = {
-                "window": self.window,
-                "slot_seconds": self.config.slot_seconds,
-                "epoch": self.slots.epoch,
-            }
-            session.merge(MetaRow(key=SETTINGS_KEY, value=settings))
+            if self.leading:  # a standby writes nothing; it records these at takeover
+                self._record_setup(session)
+            else:
+                self.leader = recorded_holder(session)
         self.slot = self.slots.current_slot()
+        self._seen_event = self._last_event()  # first: later ones are applied again, harmlessly
         rebuilt = self._reload()
-        if self.config.mqtt is None:
+        if self.config.mqtt is None and self.leading:
             self._tick_sync()
         # else the first tick() runs once the execution plane is attached and has loaded
         # the progress it needs to tell which ended plans left their work unfinished
@@ -89,6 +97,11 @@ class Recovery(Moves, BoundControl):
         if meta is not None:
             value = meta.value.get("epoch") if isinstance(meta.value, dict) else None
             return fields.number(value, f"the store's meta row {EPOCH_KEY!r}: epoch")
+        if not self.leading:
+            raise StoreUnavailableError(
+                "slot 0 is not recorded in the store yet: a standby reads it from there, "
+                "so the first daemon must start (and lead) first"
+            )
         if session.scalar(select(JobRow.id).limit(1)) is not None:
             epoch, why = 0.0, "jobs stored before slot 0 was recorded: the Unix epoch"
         else:
@@ -96,6 +109,22 @@ class Recovery(Moves, BoundControl):
         session.add(MetaRow(key=EPOCH_KEY, value={"epoch": epoch, "source": why}))
         self.log.info("slot 0 recorded", epoch=epoch, source=why)
         return epoch
+
+    def _record_setup(self, session: Session) -> None:
+        """Record the configured servers and the settings that give stored slots their
+        meaning (a leader's, at start and at takeover)."""
+        self._sync_servers(session)
+        settings = {
+            "window": self.window,
+            "slot_seconds": self.config.slot_seconds,
+            "epoch": self.slots.epoch,
+        }
+        session.merge(MetaRow(key=SETTINGS_KEY, value=settings))
+
+    def _last_event(self) -> int:
+        """The newest event's sequence in the store (0: none)."""
+        with self.db.session() as session:
+            return int(session.scalar(select(func.max(EventRow.sequence))) or 0)
 
     def _reload(self) -> int:
         """Read the bound estimate and rebuild the ledger from the store (blocking);
@@ -126,56 +155,89 @@ class Recovery(Moves, BoundControl):
 
         A plan that no longer fits (the configuration shrank under it: a server smaller or
         gone, a shorter window, a spec the cluster can no longer run) is refitted after
-        the others, so jobs whose plans still fit keep them unchanged (:meth:`_refit`)."""
+        the others, so jobs whose plans still fit keep them unchanged (:meth:`_refit`).
+        A standby leaves such plans out and rebuilds in full when it takes over."""
         ledger = self._ledger
+        by_job = self._stored_plans(ledger.origin)
+        misfits = [m for job_id, allocs in by_job.items() if (m := self._place(job_id, allocs))]
+        self._block_failed_servers(ledger)
+        self._unfitted = 0 if self.leading else len(misfits)
+        if misfits and self.leading:
+            self._refit(misfits)
+        elif misfits:
+            self.log.warning("plans that no longer fit left out until this standby leads",
+                             jobs=len(misfits))  # fmt: skip
+        return len(by_job)
+
+    def _stored_plans(self, first: int, job_id: str | None = None) -> dict[str, list[Any]]:
+        """The stored allocations from slot ``first`` on (of one job, or all), grouped by
+        job in decision order: ``{job id: [rows (id, spec, arrival_slot, slot, server,
+        workers, ps) in slot order]}``."""
+        query = (
+            select(JobRow.id, JobRow.spec, JobRow.arrival_slot, AllocationRow.slot,
+                   AllocationRow.server, AllocationRow.workers, AllocationRow.ps)
+            .join(AllocationRow, AllocationRow.job_id == JobRow.id)
+            .where(AllocationRow.slot >= first)
+            .order_by(JobRow.sequence, AllocationRow.slot)
+        )  # fmt: skip
+        if job_id is not None:
+            query = query.where(JobRow.id == job_id)
         with self.db.session() as session:
-            rows = session.execute(
-                select(JobRow.id, JobRow.spec, JobRow.arrival_slot, AllocationRow.slot,
-                       AllocationRow.server, AllocationRow.workers, AllocationRow.ps)
-                .join(AllocationRow, AllocationRow.job_id == JobRow.id)
-                .where(AllocationRow.slot >= ledger.origin)
-                .order_by(JobRow.sequence, AllocationRow.slot)
-            ).all()  # fmt: skip
+            rows = session.execute(query).all()
         by_job: dict[str, list[Any]] = {}
         for row in rows:
             by_job.setdefault(row.id, []).append(row)
+        return by_job
+
+    def _place(self, job_id: str, allocs: list[Any]) -> _Misfit | None:
+        """Admit one job's stored allocations (rows of :meth:`_stored_plans`) into the
+        ledger; the misfit instead if they no longer fit the configuration."""
+        found = self._stored_schedule(job_id, allocs)
+        if isinstance(found, _Misfit):
+            return found
+        job, schedule = found
+        try:
+            self._ledger.admit(job_id, job.worker, job.ps, schedule)
+            return None
+        except CapacityError as err:
+            return self._misfit(job_id, job, allocs, f"over the configured capacity: {err}")
+
+    def _stored_schedule(self, job_id: str, allocs: list[Any]) -> tuple[Job, Schedule] | _Misfit:
+        """One job's stored allocations (rows of :meth:`_stored_plans`) as the job and its
+        schedule on the configured servers; the misfit if they no longer fit them."""
         w_index = {n: i for i, n in enumerate(self.cluster.worker_names)}
         p_index = {n: i for i, n in enumerate(self.cluster.ps_names)}
-        misfits: list[_Misfit] = []
-        for job_id, allocs in by_job.items():
-            start, stop = allocs[0].slot, allocs[-1].slot + 1
-            wanted_w = np.zeros(stop - start, np.int64)
-            wanted_p = np.zeros(stop - start, np.int64)
-            for a in allocs:
-                wanted_w[a.slot - start] += a.workers
-                wanted_p[a.slot - start] += a.ps
-            try:
-                job = self._parse(json.loads(allocs[0].spec), allocs[0].arrival_slot, fits=False)
-            except SpecError as err:
-                misfits.append(_Misfit(job_id, None, start, wanted_w, wanted_p, str(err)))
-                continue
-            gone = sorted({a.server for a in allocs} - w_index.keys() - p_index.keys())
-            why = f"server {', '.join(gone)} no longer configured" if gone else ""
-            if stop > ledger.end:
-                why = why or f"planned past the window's last slot {ledger.end - 1}"
-            if not why:
-                workers = np.zeros((stop - start, len(w_index)), np.int32)
-                ps = np.zeros((stop - start, len(p_index)), np.int32)
-                for a in allocs:
-                    if a.server in w_index:
-                        workers[a.slot - start, w_index[a.server]] = a.workers
-                    else:
-                        ps[a.slot - start, p_index[a.server]] = a.ps
-                try:
-                    ledger.admit(job_id, job.worker, job.ps, Schedule(start, workers, ps))
-                    continue
-                except CapacityError as err:
-                    why = f"over the configured capacity: {err}"
-            misfits.append(_Misfit(job_id, job, start, wanted_w, wanted_p, why))
-        self._block_failed_servers(ledger)
-        if misfits:
-            self._refit(misfits)
-        return len(by_job)
+        start, stop = allocs[0].slot, allocs[-1].slot + 1
+        try:
+            job = self._parse(json.loads(allocs[0].spec), allocs[0].arrival_slot, fits=False)
+        except SpecError as err:
+            return self._misfit(job_id, None, allocs, str(err))
+        gone = sorted({a.server for a in allocs} - w_index.keys() - p_index.keys())
+        if gone:
+            return self._misfit(
+                job_id, job, allocs, f"server {', '.join(gone)} no longer configured"
+            )
+        if stop > self._ledger.end:
+            why = f"planned past the window's last slot {self._ledger.end - 1}"
+            return self._misfit(job_id, job, allocs, why)
+        workers = np.zeros((stop - start, len(w_index)), np.int32)
+        ps = np.zeros((stop - start, len(p_index)), np.int32)
+        for a in allocs:
+            if a.server in w_index:
+                workers[a.slot - start, w_index[a.server]] = a.workers
+            else:
+                ps[a.slot - start, p_index[a.server]] = a.ps
+        return job, Schedule(start, workers, ps)
+
+    @staticmethod
+    def _misfit(job_id: str, job: Job | None, allocs: list[Any], why: str) -> _Misfit:
+        start, stop = allocs[0].slot, allocs[-1].slot + 1
+        wanted_w = np.zeros(stop - start, np.int64)
+        wanted_p = np.zeros(stop - start, np.int64)
+        for a in allocs:
+            wanted_w[a.slot - start] += a.workers
+            wanted_p[a.slot - start] += a.ps
+        return _Misfit(job_id, job, start, wanted_w, wanted_p, why)
 
     def _refit(self, misfits: list[_Misfit]) -> None:
         """Re-place, re-plan or fail (in decision order) the jobs whose stored plans no
@@ -183,7 +245,7 @@ class Recovery(Moves, BoundControl):
         ledger = self._ledger
         first = ledger.origin
         now = datetime.now(UTC)
-        with self.db.session() as session:
+        with self._write() as session:
             for m in misfits:
                 detail: dict[str, Any] = {"reason": "config_changed", "why": m.why[:500]}
                 if m.job is None:  # the spec no longer fits the cluster at all

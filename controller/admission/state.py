@@ -12,8 +12,11 @@ the only steps one part takes of another.
 from __future__ import annotations
 
 import asyncio
+import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -24,9 +27,11 @@ from controller.admission.turns import Turns
 from controller.admission.views import JobView
 from controller.clock import SlotClock
 from controller.config import Config
+from controller.errors import NotLeaderError
 from controller.events import Event, EventBus
 from controller.pins import Pins
 from controller.store import Database, EventRow, JobRow
+from controller.store.writer_lock import Holder, check_epoch
 from pricing import Job, Ledger, job_from_dict
 from pricing.bound_estimate import BoundEstimate
 from pricing.prices import PriceBounds
@@ -90,6 +95,53 @@ class AdmissionState(ABC):
         self._ids: set[str] = set()
         self._ids_ledger: Ledger | None = None
         self._sequence = 0  # the sequence of the job last committed (.decide)
+        # high availability (controller/ha): without [ha] this daemon always leads and
+        # its writes are not fenced (the writer lock keeps other daemons out)
+        self.role = "leader" if config.ha is None else "standby"
+        self.fence_epoch: int | None = None  # the epoch every write is fenced with
+        self.fence_pid: int | None = None  # the backend holding this leader's lock
+        self.leader: Holder | None = None  # the leader as recorded in the store
+        self.lease_seen = time.monotonic()  # when the lease's holder was last confirmed
+        self._seen_event = 0  # the last event sequence the ledger reflects (.follow)
+        self._written_event = 0  # the newest event of the write transaction under way
+        self._unfitted = 0  # stored plans a standby left out; a full rebuild at takeover
+        self._outages: tuple[int, int, int] | None = None  # (.follow) a change: rebuild
+        # where clients are sent while this daemon leads (the daemon fills in its address)
+        self.advertise = config.ha.advertise if config.ha is not None else ""
+
+    @property
+    def leading(self) -> bool:
+        """True if this daemon decides (always, without high availability)."""
+        return self.role == "leader"
+
+    def _not_leader(self, why: str = "this oasisd is a standby") -> NotLeaderError:
+        return NotLeaderError(self.leader.address if self.leader else "", why)
+
+    @contextmanager
+    def _write(self) -> Iterator[Session]:
+        """A store transaction that writes, fenced: every write goes through here.
+
+        Raises NotLeaderError on a standby; with high availability, the transaction first
+        checks, with the ``writer`` row share-locked, that the store's epoch is still
+        this leader's (:func:`controller.store.writer_lock.check_epoch`, FencedError if
+        not), so a leader that was paused or cut off past its lease never commits."""
+        if not self.leading:
+            raise self._not_leader()
+        ha = self.config.ha
+        if ha is not None and time.monotonic() - self.lease_seen > ha.lease_seconds:
+            # paused (SIGSTOP, a stall) past the lease: it may have passed to another
+            raise self._not_leader(
+                f"this oasisd has not confirmed its lease for over {ha.lease_seconds:g} s"
+            )
+        self._written_event = self._seen_event
+        with self.db.session() as session:
+            if self.fence_epoch is not None:
+                check_epoch(session, self.fence_epoch, self.fence_pid)
+            yield session
+        # committed: its events are this leader's own, reflected in its ledger once the
+        # caller applies them (a commit whose fate is unknown leaves the ledger stale
+        # and these events unseen: a standby applies them, a leader rebuilds)
+        self._seen_event = max(self._seen_event, self._written_event)
 
     @property
     def _ledger(self) -> Ledger:
@@ -119,10 +171,13 @@ class AdmissionState(ABC):
         self, session: Session, now: datetime, kind: str, job_id: str, state: str,
         detail: dict[str, Any],
     ) -> Event:  # fmt: skip
+        if self.fence_epoch is not None:  # high availability: whose decision it was
+            detail = {**detail, "epoch": self.fence_epoch}
         row = EventRow(at=now, kind=kind, job_id=job_id, slot=self.slot, state=state,
                        detail=detail)  # fmt: skip
         session.add(row)
         session.flush()
+        self._written_event = max(self._written_event, row.sequence)  # seen once committed
         return Event(row.sequence, kind, job_id, self.slot, state, detail)
 
     @staticmethod

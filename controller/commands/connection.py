@@ -23,6 +23,7 @@ import grpc
 
 from controller.clock import SlotTimes
 from controller.commands.common import EXIT_BAD_INPUT, EXIT_FAILURE, InputError
+from controller.commands.failover import FollowingStub, LeaderPool, split_servers
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.tls import client_channel, read_pem
@@ -74,8 +75,9 @@ def options() -> argparse.ArgumentParser:
     p.add_argument(
         "--server",
         default=env("OASIS_SERVER", DEFAULT_SERVER),
-        metavar="HOST[:PORT]",
-        help=f"the daemon's address; the port defaults to {DEFAULT_PORT} "
+        metavar="HOST[:PORT][,...]",
+        help=f"the daemon's address; the port defaults to {DEFAULT_PORT}; several head nodes "
+        f"separated by commas: the leader is found and followed "
         f"(default: $OASIS_SERVER or {DEFAULT_SERVER})",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -92,7 +94,7 @@ def options() -> argparse.ArgumentParser:
     return p
 
 
-def _connect(args: argparse.Namespace) -> grpc.Channel:
+def _connect(args: argparse.Namespace, address: str) -> grpc.Channel:
     if bool(args.tls_cert) != bool(args.tls_key):
         raise InputError("--tls-cert and --tls-key go together")
 
@@ -105,7 +107,7 @@ def _connect(args: argparse.Namespace) -> grpc.Channel:
             raise InputError(str(err)) from err
 
     return client_channel(
-        daemon_address(args.server),
+        daemon_address(address),
         tls=args.tls,
         ca_pem=pem(args.tls_ca, "CERTIFICATE", "--tls-ca"),
         cert_pem=pem(args.tls_cert, "CERTIFICATE", "--tls-cert"),
@@ -116,14 +118,33 @@ def _connect(args: argparse.Namespace) -> grpc.Channel:
 
 
 class Stubs:
-    """The stubs of one command's channel, and the daemon's slot clock."""
+    """The stubs of one command, and the daemon's slot clock.
+
+    ``--server`` may name several head nodes, ``a:50051,b:50051``: calls then go to the
+    leader and are retried over the nodes (:mod:`controller.commands.failover`) for up to
+    ``--timeout`` seconds in all."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        self.channel = _connect(args)
-        self.admission = pb_grpc.AdmissionStub(self.channel)  # type: ignore[no-untyped-call]
-        self.cluster = pb_grpc.ClusterStub(self.channel)  # type: ignore[no-untyped-call]
+        addresses = [daemon_address(a) for a in split_servers(args.server)]
+        if not addresses:
+            raise InputError("--server: no address given")
+        self._check_tls(args)
+        self.pool = LeaderPool(addresses, lambda a: _connect(args, a), budget=args.timeout)
+        self.channel = self.pool.channel()
+        self.admission: Any = FollowingStub(self.pool, pb_grpc.AdmissionStub)
+        self.cluster: Any = FollowingStub(self.pool, pb_grpc.ClusterStub)
         self.timeout = args.timeout
         self._info: pb.GetClusterInfoResponse | None = None
+
+    @staticmethod
+    def _check_tls(args: argparse.Namespace) -> None:
+        if bool(args.tls_cert) != bool(args.tls_key):
+            raise InputError("--tls-cert and --tls-key go together")
+
+    @property
+    def address(self) -> str:
+        """The node the last call went to (the leader, once found)."""
+        return self.pool.address
 
     def info(self) -> pb.GetClusterInfoResponse | None:
         """The daemon's slot clock (GetClusterInfo), fetched once; None from a daemon

@@ -1,7 +1,9 @@
 """``oasis status``: one screen for an operator: cluster use, price heat by server over the
 next slots, and the jobs in flight (``--json`` for scripts).
 
-Built from the public API (ListServers, GetUtilisation, GetPrices, ListJobs). Price heat:
+Built from the public API (ListServers, GetUtilisation, GetPrices, ListJobs, and
+GetLeadership of every head node named: its role, epoch and lease age; high
+availability, ``controller/ha``). Price heat:
 a server's unit prices (SPEC 4) grow exponentially with its use, from a floor per resource
 and kind of server (``L1[r]`` for workers, ``L2[r]`` for parameter servers; the estimated
 bounds give each resource its own, normalised by capacity). A cell shows ``max over
@@ -19,6 +21,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import grpc
+
 from controller.clock import SlotTimes
 from controller.commands import SUMMARIES
 from controller.commands.client import list_jobs
@@ -26,6 +30,7 @@ from controller.commands.common import EXIT_OK, InputError, fmt
 from controller.commands.connection import Stubs, guarded, options
 from controller.commands.records import clock_caption, local_time, slot_label, state_name
 from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.table import render_table
 
 __all__ = ["register"]
@@ -76,6 +81,7 @@ class Status:
     jobs_in_flight: dict[str, int]
     jobs: list[dict[str, Any]]
     clock: SlotTimes | None = None
+    nodes: list[dict[str, Any]] | None = None
 
 
 def collect(stubs: Stubs, server: str, slots: int) -> Status:
@@ -125,7 +131,29 @@ def collect(stubs: Stubs, server: str, slots: int) -> Status:
         jobs_in_flight={s: sum(state_name(j.state) == s for j in jobs) for s in order},
         jobs=[_job(j) for j in listed],
         clock=stubs.times(),
+        nodes=nodes(stubs),
     )
+
+
+def nodes(stubs: Stubs) -> list[dict[str, Any]]:
+    """Each head node named in ``--server``: its role, epoch and lease age
+    (GetLeadership), or why it did not say; none from daemons without the service."""
+    out: list[dict[str, Any]] = []
+    for address in stubs.pool.addresses:
+        stub = stubs.pool.stub(pb_grpc.HighAvailabilityStub, address)
+        try:
+            r = stub.GetLeadership(pb.GetLeadershipRequest(), timeout=min(stubs.timeout, 5.0))
+        except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+                continue
+            out.append({"address": address, "role": "unreachable", "error": err.code().name})
+            continue
+        out.append({
+            "address": address, "role": r.role if r.enabled else "single", "epoch": r.epoch,
+            "lease_age_seconds": round(r.lease_age_seconds, 3), "leader": r.leader,
+            "applied_sequence": r.applied_sequence,
+        })  # fmt: skip
+    return out
 
 
 def _busiest(s: pb.Server) -> str:
@@ -164,6 +192,17 @@ def render(st: Status, limit: int) -> str:
         begins, ends = local_time(times.start(st.first_slot)), local_time(times.start(last + 1))
         out.append(f"slots {span} run from {begins} to {ends}; {clock_caption(times)}")
     out.append("")
+    if st.nodes and (len(st.nodes) > 1 or st.nodes[0]["role"] != "single"):
+        rows = [
+            [n["address"], n["role"], str(n.get("epoch", "-")),
+             f"{n['lease_age_seconds']:.1f} s" if "lease_age_seconds" in n else "-",
+             n.get("leader") or "-", str(n.get("applied_sequence", "-"))]
+            for n in st.nodes
+        ]  # fmt: skip
+        out.append("head nodes (high availability): lease age = since the lease was confirmed")
+        out.append(render_table(["node", "role", "epoch", "lease age", "leader", "applied event"],
+                                rows, right={2, 3, 5}))  # fmt: skip
+        out.append("")
 
     out.append(f"cluster use: share of capacity in use, slots {span} ({RAMP[0]} none, @ all)")
     rows = []

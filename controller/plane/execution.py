@@ -390,7 +390,7 @@ class Execution:
         events += self._overdue_sync(watch_from)
         self._flush_progress()
         if not self._heard_saved:
-            with self.c.db.session() as session:
+            with self.c._write() as session:
                 self._save_meta(session)
             self._heard_saved = True
         if self._pruned_slot != self.c.slot:
@@ -425,7 +425,7 @@ class Execution:
         since_boundary = self.slot_seconds - self.c.slots.seconds_to_next_slot()
         now = datetime.now(UTC)
         events: list[Event] = []
-        with self.c.db.session() as session:
+        with self.c._write() as session:
             for job_id in sorted(self.overdue):
                 row = session.get(JobRow, job_id)
                 if row is None or row.state != "running" or row.completion_slot is None:
@@ -505,7 +505,7 @@ class Execution:
                                   {j: self._last_slot(job) for j, job in jobs.items()})  # fmt: skip
             now = datetime.now(UTC)
             events: list[Event] = []
-            with self.c.db.session() as session:
+            with self.c._write() as session:
                 session.add(OutageRow(server=server, down_from=from_slot, up_from=None,
                                       detected_at=now))  # fmt: skip
                 moved = [*outcome.replaced, *outcome.replanned, *outcome.stranded]
@@ -531,7 +531,7 @@ class Execution:
         kind, index = self.server_index[server]
         from_slot = self.c.slot + 1
         now = datetime.now(UTC)
-        with self.c.db.session() as session:
+        with self.c._write() as session:
             session.execute(update(OutageRow).where(
                 OutageRow.server == server, OutageRow.up_from.is_(None)
             ).values(up_from=from_slot))  # fmt: skip
@@ -581,7 +581,7 @@ class Execution:
         now = datetime.now(UTC)
         if best.schedule is None or best.payoff is None or best.payoff <= ADMIT_THRESHOLD:
             detail["payoff"] = best.payoff
-            with self.c.db.session() as session:
+            with self.c._write() as session:
                 event = self.c._event(session, now, "behind", job_id, state, detail)
             self.log.info("job behind its plan", job=job_id, **detail)
             return [event]
@@ -589,7 +589,7 @@ class Execution:
         def change() -> list[Event]:
             ledger.replace(job_id, whole)
             detail["payoff"] = best.payoff
-            with self.c.db.session() as session:
+            with self.c._write() as session:
                 row = session.get(JobRow, job_id)
                 assert row is not None
                 self.c._write_schedule(session, job, row, whole, s + 1)
@@ -606,7 +606,7 @@ class Execution:
 
         def change() -> list[Event]:
             released = release_rest(self.c._ledger, job.id, s + 1)
-            with self.c.db.session() as session:
+            with self.c._write() as session:
                 row = session.get(JobRow, job.id)
                 assert row is not None
                 session.execute(delete(AllocationRow).where(
@@ -630,7 +630,7 @@ class Execution:
             return
         now = datetime.now(UTC)
         written: dict[str, tuple[dict[str, list[float]], list[tuple[float, float]]]] = {}
-        with self.c.db.session() as session:
+        with self.c._write() as session:
             known = set(session.scalars(select(JobRow.id).where(JobRow.id.in_(list(dirty)))))
             for job_id, prog in dirty.items():
                 if job_id not in known:  # progress for a job this daemon never saw
@@ -673,7 +673,7 @@ class Execution:
         self.c._advance_window()
         s = self.c.slot
         tasks: dict[tuple[str, int], list[Task]] = {}
-        with self.c.db.session() as session:
+        with self.c._write() as session:
             rows = session.execute(
                 select(AllocationRow.job_id, AllocationRow.slot, AllocationRow.server,
                        AllocationRow.workers, AllocationRow.ps)
@@ -739,7 +739,7 @@ class Execution:
     def events_published_to(self, sequence: int) -> None:
         """Remember (in the store) that job events up to ``sequence`` were published."""
         self.events_published = max(self.events_published, sequence)
-        with self.c.db.session() as session:
+        with self.c._write() as session:
             self._save_meta(session)
 
     # -- reads ----------------------------------------------------------------------------

@@ -9,6 +9,7 @@ structurally; mypy checks it where the daemon hands the controller to the plane.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
@@ -49,6 +50,9 @@ class AdmissionPort(Protocol):
     @property
     def _ledger(self) -> Ledger:
         """The ledger of an opened controller."""
+
+    def _write(self) -> AbstractContextManager[Session]:
+        """A fenced store transaction that writes (the leader's only)."""
 
     async def _run(self, fn: Callable[[], _T]) -> _T:
         """Run ``fn`` in the decision thread, serialised with the decisions."""

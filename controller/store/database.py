@@ -100,10 +100,17 @@ class Database:
         timeout: seconds one operation on PostgreSQL may take (the module docstring);
             SQLite waits up to 5 s for its write lock.
         sqlite_synchronous: one of :data:`SQLITE_SYNCHRONOUS` (SQLite only).
+        idle_transaction: PostgreSQL ends a session idle inside a transaction this long
+            (seconds; high availability: a stopped leader's transaction must not hold
+            the row its successor's epoch bump waits for); None: no limit.
     """
 
     def __init__(
-        self, url: str, timeout: float = DEFAULT_TIMEOUT, sqlite_synchronous: str = "full"
+        self,
+        url: str,
+        timeout: float = DEFAULT_TIMEOUT,
+        sqlite_synchronous: str = "full",
+        idle_transaction: float | None = None,
     ) -> None:
         if sqlite_synchronous not in SQLITE_SYNCHRONOUS:
             raise ValueError(f"sqlite_synchronous must be one of {SQLITE_SYNCHRONOUS}")
@@ -114,8 +121,9 @@ class Database:
         kwargs: dict[str, Any] = {}
         parsed = make_url(url)
         if parsed.get_backend_name() == "postgresql":
+            connect_args = _pg_connect_args(parsed, timeout, idle_transaction)
             kwargs.update(pool_pre_ping=True, pool_size=5, max_overflow=5, pool_timeout=timeout,
-                          connect_args=_pg_connect_args(parsed, timeout))  # fmt: skip
+                          connect_args=connect_args)  # fmt: skip
         self.engine: Engine = create_engine(url, **kwargs)
         self.fail_fast = self.engine.dialect.name == "postgresql"
         if self.engine.dialect.name == "sqlite":
@@ -204,10 +212,13 @@ def _first_line(err: DBAPIError) -> str:
     return lines[0] if lines else type(err.orig).__name__
 
 
-def _pg_connect_args(url: URL, timeout: float) -> dict[str, Any]:
+def _pg_connect_args(url: URL, timeout: float, idle_transaction: float | None) -> dict[str, Any]:
     """libpq parameters bounding connects and statements; the URL's own win."""
     ms = max(1, round(timeout * 1000))
     options = f"-c statement_timeout={ms} -c lock_timeout={ms}"
+    if idle_transaction is not None:
+        idle_ms = max(1, round(idle_transaction * 1000))
+        options = f"{options} -c idle_in_transaction_session_timeout={idle_ms}"
     if url.query.get("options"):
         options = f"{options} {url.query['options']}"  # later -c settings override
     args: dict[str, Any] = {"connect_timeout": max(1, math.ceil(timeout)), **_KEEPALIVES}

@@ -11,6 +11,8 @@ store calls in a thread and bounded by the store's timeout (``database.py``):
    after a PostgreSQL restart the lock is gone. The watch takes it again and records a
    new epoch. If another daemon took it meanwhile, this one must stop deciding:
    :attr:`StoreWatch.lost` says why and ``on_lost`` is called (the daemon stops, exit 1).
+   With ``[ha]`` the lock is a lease kept by the election instead
+   (``controller/ha/leadership.py``): a daemon that loses it becomes a standby.
 """
 
 from __future__ import annotations

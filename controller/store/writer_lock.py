@@ -19,11 +19,12 @@ the session too; :meth:`WriterLock.held` notices and the daemon takes the lock a
 (``controller/store/watch.py``) -- or stops, if another daemon took it meanwhile.
 
 ``epoch`` counts acquisitions: each holder records the previous epoch + 1 in the ``meta``
-row ``writer`` (:meth:`WriterLock.record`, once the schema exists). It is what a leader
-election would fence writes with: a writer that lost the lock holds a smaller epoch than
-the one that took over. :meth:`WriterLock.try_acquire` never raises for "held elsewhere",
-so an election can call it in a loop; :meth:`WriterLock.acquire` raises
-:class:`StoreLockedError` naming the holder, for start-up.
+row ``writer`` (:meth:`WriterLock.record`, once the schema exists). High availability
+(``controller/ha``) fences writes with it (:func:`check_epoch`): a writer that lost the
+lock holds a smaller epoch than the one that took over. :meth:`WriterLock.try_acquire`
+never raises for "held elsewhere", so an election can call it in a loop;
+:meth:`WriterLock.acquire` raises :class:`StoreLockedError` naming the holder, for
+start-up.
 """
 
 from __future__ import annotations
@@ -41,19 +42,23 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, select, text
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
 
 from controller.store.database import Database
 from controller.store.models import MetaRow
 
 __all__ = [
     "LOCK_KEY",
+    "FencedError",
     "FileWriterLock",
     "Holder",
     "PostgresWriterLock",
     "StoreLockedError",
     "WriterLock",
+    "check_epoch",
+    "recorded_holder",
     "writer_lock",
 ]
 
@@ -73,12 +78,14 @@ class Holder:
         pid: its process id; None if unknown.
         since: when it took the lock (UTC); None if unknown.
         epoch: the acquisition count when it took the lock; 0 if unknown.
+        address: where clients reach it (``[ha] advertise``); "" if unknown.
     """
 
     host: str
     pid: int | None
     since: datetime | None
     epoch: int = 0
+    address: str = ""
 
     def __str__(self) -> str:
         pid = f"pid {self.pid}" if self.pid is not None else "pid unknown"
@@ -87,7 +94,10 @@ class Holder:
 
     def to_dict(self) -> dict[str, Any]:
         since = self.since.isoformat() if self.since else None
-        return {"host": self.host, "pid": self.pid, "since": since, "epoch": self.epoch}
+        out = {"host": self.host, "pid": self.pid, "since": since, "epoch": self.epoch}
+        if self.address:
+            out["address"] = self.address
+        return out
 
     @classmethod
     def from_dict(cls, raw: Any) -> Holder | None:
@@ -103,12 +113,63 @@ class Holder:
         except ValueError:
             at = None
         pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
-        return cls(host[:255], pid, at, epoch)
+        address = raw.get("address", "")
+        return cls(host[:255], pid, at, epoch, address[:255] if isinstance(address, str) else "")
 
 
-def this_process(epoch: int = 0) -> Holder:
+def this_process(epoch: int = 0, address: str = "") -> Holder:
     """This process as a holder, from now."""
-    return Holder(socket.gethostname(), os.getpid(), datetime.now(UTC), epoch)
+    return Holder(socket.gethostname(), os.getpid(), datetime.now(UTC), epoch, address)
+
+
+class FencedError(Exception):
+    """A write of a leader whose epoch has passed: another daemon leads now.
+
+    Attributes:
+        holder: the holder recorded in the store now (None: unknown).
+    """
+
+    def __init__(self, mine: int, holder: Holder | None, why: str = "") -> None:
+        now = holder.epoch if holder else "unknown"
+        why = why or f"the store is in epoch {now}"
+        super().__init__(f"fenced: this daemon led in epoch {mine}; {why}")
+        self.holder = holder
+
+
+def recorded_holder(session: Session, lock: bool = False) -> Holder | None:
+    """The holder recorded in the store's ``meta`` row ``writer``; with ``lock``, the row
+    is read ``FOR SHARE`` (PostgreSQL): an epoch bump waits for this transaction to end."""
+    query = select(MetaRow.value).where(MetaRow.key == RECORD_KEY)
+    if lock:
+        query = query.with_for_update(read=True)
+    return Holder.from_dict(session.scalar(query))
+
+
+def check_epoch(session: Session, epoch: int, lock_pid: int | None = None) -> None:
+    """The fence: raise :class:`FencedError` unless the store's epoch is still ``epoch``
+    and (with ``lock_pid``, PostgreSQL) the backend ``lock_pid`` still holds the writer
+    lock. Run first in a write transaction; the row stays share-locked until it ends, so
+    a new leader's bump (:meth:`WriterLock.record`) comes after the whole transaction, or
+    the transaction sees the new epoch (or the lock gone) and fails."""
+    if lock_pid is None:
+        holder = recorded_holder(session, lock=True)
+        if holder is None or holder.epoch != epoch:
+            raise FencedError(epoch, holder)
+        return
+    row = session.execute(
+        text(
+            "SELECT m.value, EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' "
+            "AND l.granted AND l.pid = :pid AND l.objsubid = 1 AND l.classid::bigint = :hi "
+            "AND l.objid::bigint = :lo) FROM meta m WHERE m.key = :key FOR SHARE OF m"
+        ),
+        {"pid": lock_pid, "hi": LOCK_KEY >> 32, "lo": LOCK_KEY & 0xFFFF_FFFF, "key": RECORD_KEY},
+    ).first()
+    raw = row[0] if row is not None else None
+    holder = Holder.from_dict(json.loads(raw) if isinstance(raw, str) else raw)
+    if holder is None or holder.epoch != epoch:
+        raise FencedError(epoch, holder)
+    if not row or not row[1]:
+        raise FencedError(epoch, holder, "this daemon's lease (its lock session) ended")
 
 
 class StoreLockedError(Exception):
@@ -118,10 +179,10 @@ class StoreLockedError(Exception):
         holder: who, as far as it can be told (None: unknown).
     """
 
-    def __init__(self, what: str, holder: Holder | None) -> None:
+    def __init__(self, what: str, holder: Holder | None, hint: str = "stop that one first") -> None:
         who = str(holder) if holder else "holder unknown"
         super().__init__(
-            f"{what} is in use by another oasisd ({who}): one daemon per store; stop that one first"
+            f"{what} is in use by another oasisd ({who}): one daemon per store; {hint}"
         )
         self.holder = holder
 
@@ -155,18 +216,22 @@ class WriterLock(ABC):
     def what(self) -> str:
         """The store, for messages (no password)."""
 
+    hint = "stop that one first"
+    """What a second daemon is told to do (:class:`StoreLockedError`)."""
+
     def acquire(self) -> None:
         """Take the lock or raise :class:`StoreLockedError` naming the holder."""
         if not self.try_acquire():
-            raise StoreLockedError(self.what, self.holder())
+            raise StoreLockedError(self.what, self.holder(), self.hint)
 
-    def record(self, db: Database) -> int:
+    def record(self, db: Database, address: str = "") -> int:
         """Record this process as the holder in the store's ``meta`` (the schema must
-        exist), with the previous epoch + 1; returns the new epoch."""
+        exist), with the previous epoch + 1, in one transaction (the row locked ``FOR
+        UPDATE`` against the fence of :func:`check_epoch`); returns the new epoch."""
         with db.session() as session:
-            previous = session.get(MetaRow, RECORD_KEY)
+            previous = session.get(MetaRow, RECORD_KEY, with_for_update=True)
             last = Holder.from_dict(previous.value if previous else None)
-            me = this_process((last.epoch if last else 0) + 1)
+            me = this_process((last.epoch if last else 0) + 1, address)
             session.merge(MetaRow(key=RECORD_KEY, value=me.to_dict()))
         self.epoch = me.epoch
         return me.epoch
@@ -174,6 +239,8 @@ class WriterLock(ABC):
 
 class FileWriterLock(WriterLock):
     """``flock`` on ``path``; the file names the holder (SQLite stores)."""
+
+    hint = "stop that one first (a standby node needs a PostgreSQL store and [ha])"
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -231,13 +298,24 @@ def _parse(data: bytes) -> Holder | None:
 
 
 class PostgresWriterLock(WriterLock):
-    """A session advisory lock on a dedicated connection of ``db`` (PostgreSQL stores)."""
+    """A session advisory lock on a dedicated connection of ``db`` (PostgreSQL stores).
 
-    def __init__(self, db: Database, key: int = LOCK_KEY) -> None:
+    With ``lease`` (seconds; high availability), the lock's session has
+    ``idle_session_timeout`` and ``tcp_user_timeout`` set to it: a holder that stops
+    asking (:meth:`held`, every ``lease / 4``) -- stopped (SIGSTOP), hung or cut off --
+    has its session ended by PostgreSQL after ``lease``, and the lock passes on. TCP
+    keepalives alone would not do: the kernel answers them for a stopped process."""
+
+    def __init__(self, db: Database, key: int = LOCK_KEY, lease: float | None = None) -> None:
         self.db = db
         self.key = key
+        self.lease = lease
+        self.backend_pid: int | None = None
+        """The lock session's backend process id while held (the fence checks it)."""
         self._conn: Connection | None = None
         self._using = threading.Lock()  # the connection is not shared between threads
+
+    hint = "stop that one first, or give both an [ha] section (one leads, one stands by)"
 
     @property
     def what(self) -> str:
@@ -255,11 +333,19 @@ class PostgresWriterLock(WriterLock):
             me = this_process()
             name = f"oasisd {me.pid}@{me.host}"[:63]  # PostgreSQL keeps 63 bytes
             conn.execute(text("SELECT set_config('application_name', :n, false)"), {"n": name})
+            if self.lease is not None:
+                ms = str(max(1, round(self.lease * 1000)))
+                for setting in ("idle_session_timeout", "tcp_user_timeout"):
+                    conn.execute(text("SELECT set_config(:s, :v, false)"), {"s": setting, "v": ms})
             got = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": self.key}).scalar()
         except BaseException:
             conn.close()
             raise
+        if got:
+            self.backend_pid = int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
         if not got:
+            if self.lease is not None:  # its session has a short idle timeout: not for the pool
+                conn.invalidate()
             conn.close()
             return False
         self._conn = conn
@@ -309,16 +395,17 @@ class PostgresWriterLock(WriterLock):
                 self._conn.invalidate()
             self._conn.close()
             self._conn = None
+            self.backend_pid = None
 
 
-def writer_lock(db: Database) -> WriterLock | None:
+def writer_lock(db: Database, lease: float | None = None) -> WriterLock | None:
     """The writer lock for ``db``'s store; None for an in-memory SQLite database or a
-    backend without a lock."""
+    backend without a lock. ``lease``: see :class:`PostgresWriterLock`."""
     url = db.engine.url
     if url.get_backend_name() == "sqlite":
         if not url.database or url.database == ":memory:":
             return None
         return FileWriterLock(Path(f"{Path(url.database).resolve()}.lock"))
     if url.get_backend_name() == "postgresql":
-        return PostgresWriterLock(db)
+        return PostgresWriterLock(db, lease=lease)
     return None

@@ -1,0 +1,204 @@
+"""Following the leader (high availability): a standby keeps its ledger current by
+applying what the leader committed, event by event, instead of rebuilding it.
+
+Every change of the ledger is committed with an event (``decide``, ``pending``,
+``lifecycle``, ``moves``, the execution plane), in one writer's order, so a standby reads
+the events after the last one it applied (:meth:`Follow._follow_sync`, every
+``[ha] follow_seconds``) and applies each:
+
+- ``decided`` with state ``admitted``: the job's stored plan is admitted (a newcomer goes
+  last in the ledger's order, as on the leader, which keeps the prices bit for bit);
+- ``cancelled``: its slots from the event's ``from_slot`` on are released;
+- ``replanned``, ``failed`` and a plane's ``completed`` (with detail): the job's plan is
+  set to the stored one, keeping its place (:meth:`pricing.Ledger.replace`);
+- ``bounds`` (an operator reset or pinned the price bounds): the estimate and pins are
+  read again, as after every ``decided``, and the ledger repriced;
+- other events change no allocation.
+
+Reading a plan as it is stored now, possibly a later state than the event's, is safe:
+each step sets the job to what the store holds, so applying an event again, or after a
+later one, changes nothing. A change of the servers' outages (a server failed or came
+back) rebuilds the ledger in full, as at start-up (rare). The bound estimate is read with
+the events. On takeover the new leader applies only what it has not seen yet
+(:meth:`Follow._take_over_sync`), after its epoch bump, so nothing the old leader
+committed is missed: the bump waits for any write transaction the old leader still has
+open (:func:`controller.store.writer_lock.check_epoch`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from controller.admission.recovery import Recovery, _Misfit
+from controller.events import Event
+from controller.store import EventRow, OutageRow
+from controller.store.writer_lock import Holder, recorded_holder, this_process
+
+__all__ = ["FOLLOW_BATCH", "Follow", "HaStatus"]
+
+FOLLOW_BATCH = 2000
+"""Events applied per read; a standby far behind catches up over several reads."""
+_RESYNC = {"replanned", "failed"}
+
+
+@dataclass(frozen=True)
+class HaStatus:
+    """A daemon's place in high availability (``oasis status``, the metrics).
+
+    Attributes:
+        role: ``"leader"`` or ``"standby"``.
+        epoch: the leadership epoch: this leader's, or the leader's last seen (0: none).
+        lease_age: seconds since the lease was last confirmed (a leader: its lock probe;
+            a standby: its last read of the leader's record).
+        leader: the leader's advertised address ("" if unknown).
+        applied: the last event sequence the ledger reflects.
+    """
+
+    role: str
+    epoch: int
+    lease_age: float
+    leader: str
+    applied: int
+
+
+class Follow(Recovery):
+    """A standby's incremental apply and a takeover; see the module docstring."""
+
+    def ha_status(self) -> HaStatus:
+        """This daemon's role, epoch and lease age (from any thread)."""
+        leader = self.leader
+        epoch = self.fence_epoch if self.leading and self.fence_epoch else 0
+        return HaStatus(
+            role=self.role,
+            epoch=epoch or (leader.epoch if leader else 0),
+            lease_age=max(0.0, time.monotonic() - self.lease_seen),
+            leader=leader.address if leader else "",
+            applied=self._seen_event,
+        )
+
+    def _outage_mark(self, session: Session) -> tuple[int, int, int]:
+        """What changes when a server fails or recovers: (outages, newest id, ended)."""
+        row = session.execute(
+            select(func.count(OutageRow.id), func.max(OutageRow.id), func.count(OutageRow.up_from))
+        ).one()
+        return int(row[0] or 0), int(row[1] or 0), int(row[2] or 0)
+
+    def _follow_sync(self) -> list[Event]:
+        """Apply what was committed since the last event applied (at most
+        :data:`FOLLOW_BATCH` events); returns them, for the event bus."""
+        self._advance_window()
+        with self.db.session() as session:
+            rows = session.scalars(
+                select(EventRow)
+                .where(EventRow.sequence > self._seen_event)
+                .order_by(EventRow.sequence)
+                .limit(FOLLOW_BATCH)
+            ).all()
+            outages = self._outage_mark(session)
+            holder = recorded_holder(session)
+            estimate = self._stored_estimate(session)
+            pins = self._stored_pins(session)
+        self._saw_leader(holder)
+        events = [Event(r.sequence, r.kind, r.job_id, r.slot, r.state, r.detail) for r in rows]
+        if self._outages is not None and outages != self._outages:
+            # a server failed or recovered: rebuild in full; the events read are in it
+            self._seen_event = self._last_event()
+            self._reload()
+            self._outages = outages
+            return events
+        self._outages = outages
+        repriced = False  # a decision moved the estimate, or an operator the bounds
+        for event in events:
+            repriced |= event.kind in ("decided", "bounds")
+            self._apply(event.kind, event.job_id, event.state, event.detail)
+            self._seen_event = event.sequence
+        if repriced:
+            self._estimate, self._pins = estimate, pins
+            self._ledger.set_bounds(self._bounds(estimate))
+        return events
+
+    def _saw_leader(self, holder: Holder | None) -> None:
+        if holder is not None and (self.leader is None or holder.epoch != self.leader.epoch):
+            self.log.info("leader", epoch=holder.epoch, address=holder.address,
+                          host=holder.host, pid=holder.pid)  # fmt: skip
+        self.leader = holder
+        self.lease_seen = time.monotonic()
+
+    def _apply(self, kind: str, job_id: str, state: str, detail: dict[str, Any]) -> None:
+        """One event's change of the ledger (see the module docstring)."""
+        ledger = self._ledger
+        if not job_id:
+            return
+        if kind == "cancelled":
+            first = detail.get("from_slot") if isinstance(detail, dict) else None
+            if job_id in ledger and isinstance(first, int):
+                ledger.release(job_id, max(first, ledger.origin))
+        elif (
+            (kind == "decided" and state == "admitted")
+            or kind in _RESYNC
+            or (kind == "completed" and detail)
+        ):
+            self._resync(job_id)
+
+    def _resync(self, job_id: str) -> None:
+        """Make the job's plan in the ledger the one stored (see the module docstring)."""
+        ledger = self._ledger
+        plans = self._stored_plans(ledger.origin, job_id)
+        found = self._stored_schedule(job_id, plans[job_id]) if job_id in plans else None
+        if isinstance(found, _Misfit):
+            self._unfitted += 1  # the configuration differs from the leader's
+            self.log.warning("plan that no longer fits left out", job=job_id, why=found.why)
+            found = None
+        if job_id in ledger:
+            if found is None:
+                ledger.release(job_id, ledger.schedule(job_id).start)
+            else:
+                ledger.replace(job_id, found[1])
+        elif found is not None:
+            job, schedule = found
+            ledger.admit(job_id, job.worker, job.ps, schedule)
+
+    def _take_over_sync(self, epoch: int, lock_pid: int | None) -> int:
+        """Lead in ``epoch`` (just recorded in the store) with the writer lock held by
+        backend ``lock_pid``: apply what is not applied yet, record the servers and
+        settings; returns the events applied. On failure this daemon stays a standby."""
+        self.lead(epoch, lock_pid)
+        self._ids_ledger = None  # the ids of stored jobs are read again (.decide)
+        try:
+            with self._write() as session:
+                self._record_setup(session)
+            applied = 0
+            if self._unfitted or self._stale:
+                # plans this standby left out (refit them as at start-up), or a ledger
+                # that may miss a commit whose answer was lost: rebuild in full
+                self._seen_event = self._last_event()
+                self._reload()
+            else:
+                while batch := self._follow_sync():
+                    applied += len(batch)
+                    if len(batch) < FOLLOW_BATCH:
+                        break
+            self._stale = False
+            self._pending_slot = -1
+            self._ticked_slot = -1
+        except BaseException:
+            self.role = "standby"
+            raise
+        return applied
+
+    def lead(self, epoch: int, lock_pid: int | None) -> None:
+        """Lead from now in ``epoch``, fencing every write with it and ``lock_pid``."""
+        self.role, self.fence_epoch, self.fence_pid = "leader", epoch, lock_pid
+        self.lease_seen = time.monotonic()
+        self.leader = this_process(epoch, self.advertise)
+
+    def _step_down(self, why: str) -> None:
+        """Stop deciding: a standby from now (the ledger stays: all of it is committed)."""
+        if self.role != "standby":
+            self.log.warning("stepping down: now a standby", reason=why, epoch=self.fence_epoch)
+        self.role = "standby"

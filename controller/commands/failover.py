@@ -1,0 +1,155 @@
+"""Clients of several head nodes (high availability): find the leader, follow it.
+
+``--server a:50051,b:50051`` (or ``$OASIS_SERVER`` with commas) names every head node. A
+call goes to the node last found leading (at first, the first named). A node that is
+not the leader answers a write UNAVAILABLE naming the leader in the trailing metadata
+``oasis-leader`` (``controller/errors.py``): the call is sent there at once. Any other
+UNAVAILABLE (a node down, a takeover under way), or with several nodes a call not
+answered within its deadline (a node stopped), moves on to the next node named, after a
+back-off from 50 ms doubling to 1 s, with jitter, for at most ``budget`` seconds in all;
+then the last error is raised. With one address, only a redirect is followed: a node
+that cannot be reached fails at once, as before.
+
+Retrying a submission is safe: the daemon answers a job id it has decided with its
+first decision (the client gives a job without an id one first, so that a retry
+carries the same id).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+__all__ = ["LEADER_KEY", "FollowingStub", "LeaderPool", "split_servers"]
+
+LEADER_KEY = "oasis-leader"
+"""The trailing metadata key a standby names the leader with."""
+FIRST_DELAY = 0.05
+MAX_DELAY = 1.0
+MAX_HOPS = 8  # redirects in a row before backing off (nodes naming each other)
+FAILED_MEMORY = 2.0
+"""Seconds a node that failed a call (down, unreachable) is not followed to: a standby
+may still name a leader that has just died."""
+
+
+def split_servers(text: str) -> list[str]:
+    """The addresses in ``a:50051,b:50051`` (empty items dropped)."""
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+class LeaderPool:
+    """Channels to the named head nodes, and calls that follow the leader.
+
+    Args:
+        addresses: the head nodes, ``host:port`` each (at least one).
+        connect: opens a channel to one address.
+        budget: seconds a call may spend retrying over all nodes.
+    """
+
+    def __init__(
+        self, addresses: list[str], connect: Callable[[str], grpc.Channel], budget: float = 30.0
+    ) -> None:
+        if not addresses:
+            raise ValueError("no server address")
+        self.addresses = list(addresses)
+        self.connect = connect
+        self.budget = budget
+        self.address = self.addresses[0]
+        self._channels: dict[str, grpc.Channel] = {}
+        self._stubs: dict[tuple[str, str], Any] = {}
+        self.redirects = 0  # how many times a node named another as the leader
+        self._failed: dict[str, float] = {}  # address -> when it last failed unredirected
+
+    def channel(self, address: str | None = None) -> grpc.Channel:
+        address = address or self.address
+        if address not in self._channels:
+            self._channels[address] = self.connect(address)
+        return self._channels[address]
+
+    def stub(self, factory: Callable[[grpc.Channel], Any], address: str | None = None) -> Any:
+        """``factory``'s stub on ``address``'s channel (default: the current node)."""
+        address = address or self.address
+        key = (address, getattr(factory, "__name__", repr(factory)))
+        if key not in self._stubs:
+            self._stubs[key] = factory(self.channel(address))
+        return self._stubs[key]
+
+    def call(
+        self, factory: Callable[[grpc.Channel], Any], method: str, *args: Any, **kw: Any
+    ) -> Any:
+        """``stub.method(*args, **kw)`` on the leader (see the module docstring)."""
+        deadline = time.monotonic() + self.budget
+        delay = FIRST_DELAY
+        hops = 0
+        while True:
+            try:
+                return getattr(self.stub(factory), method)(*args, **kw)
+            except grpc.RpcError as err:
+                code = err.code()
+                several = len(self.addresses) > 1
+                # a node that does not answer in time may be stopped: try another
+                moving = code == grpc.StatusCode.UNAVAILABLE or (
+                    several and code == grpc.StatusCode.DEADLINE_EXCEEDED
+                )
+                if not moving:
+                    raise
+                leader = dict(err.trailing_metadata() or ()).get(LEADER_KEY, "")
+                now = time.monotonic()
+                if not leader:
+                    self._failed[self.address] = now
+                failed = self._failed.get(str(leader))
+                fresh = failed is None or now - failed >= FAILED_MEMORY
+                # told where (and it did not just fail us): go there at once
+                if isinstance(leader, str) and leader and leader != self.address and fresh:
+                    self.address = leader
+                    self.redirects += 1
+                    hops += 1
+                    if now > deadline:
+                        raise
+                    if hops <= MAX_HOPS:
+                        continue
+                    # nodes naming each other (a takeover under way): back off, then ask
+                else:
+                    if len(self.addresses) == 1 and not leader:
+                        raise  # one node, and it is down (or stopping): say so at once
+                    self.address = self._next()  # the next call starts there, even after this
+                    if now > deadline:
+                        raise
+                pause = delay * random.uniform(0.5, 1.5)
+                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+                delay = min(MAX_DELAY, delay * 2)
+                hops = 0
+
+    def _next(self) -> str:
+        if self.address not in self.addresses:
+            return self.addresses[0]
+        return self.addresses[(self.addresses.index(self.address) + 1) % len(self.addresses)]
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+        self._stubs.clear()
+
+
+class FollowingStub:
+    """A stub whose unary calls go through :meth:`LeaderPool.call`; streaming calls go
+    to the current node as they are."""
+
+    def __init__(self, pool: LeaderPool, factory: Callable[[grpc.Channel], Any]) -> None:
+        self._pool = pool
+        self._factory = factory
+
+    def __getattr__(self, method: str) -> Any:
+        target = getattr(self._pool.stub(self._factory), method)
+        if not isinstance(target, grpc.UnaryUnaryMultiCallable):
+            return target
+
+        def call(*args: Any, **kw: Any) -> Any:
+            return self._pool.call(self._factory, method, *args, **kw)
+
+        return call

@@ -1,0 +1,197 @@
+"""High availability end to end: two ``oasisd`` with ``[ha]`` on one PostgreSQL, as
+subprocesses, under submit load from clients that follow the leader
+(``controller/commands/failover.py``); the harness and its checks are
+``bench/failover.py``'s (and ``bench/load_test.py``'s).
+
+- ``kill -9`` the leader: the standby takes over and the clients carry on.
+- SIGSTOP the leader past its lease, then SIGCONT: the standby takes over meanwhile; the
+  stopped one commits nothing after the stop, and steps down.
+- In one run: restart PostgreSQL, stop the standby, kill -9 the leader (both down), start
+  one again: it leads.
+
+After each: 0 lost, 0 duplicated (every answered submission in the store exactly once,
+as answered), nothing half-written, capacity never exceeded, the ledger of every live
+node equal to the store, and one leader per epoch (event epochs never go down in commit
+order). Plus: the standby's answers to writes, and its health.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from bench.daemon_throughput import workload
+from bench.failover import (
+    CALL_TIMEOUT,
+    FollowingLoad,
+    HaNodes,
+    epoch_problems,
+    run_failover,
+)
+from bench.load_test import Load, check_ledger, check_store, requests_for
+from controller.convert import spec_to_proto
+from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
+from tests.servers import Postgres, oasis, postgres_or_skip
+
+LEASE = 2.0
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[Postgres]:
+    yield from postgres_or_skip()
+
+
+def test_kill_9_the_leader_under_load(own_postgres: Postgres, tmp_path: Path) -> None:
+    report = run_failover(own_postgres, tmp_path, jobs=240, clients=4, every=80, times=1,
+                          rate=60.0, lease=LEASE)  # fmt: skip
+    assert report.problems == []
+    assert report.answered == report.jobs
+    (failover,) = report.failovers
+    assert failover.new != failover.old
+    assert 0 < failover.first_decision_s < 10
+
+
+def test_sigstop_the_leader_past_its_lease(own_postgres: Postgres, tmp_path: Path) -> None:
+    report = run_failover(own_postgres, tmp_path, jobs=240, clients=4, every=80, times=1,
+                          how="stop", stop_seconds=LEASE + 1.0, rate=60.0, lease=LEASE)  # fmt: skip
+    assert report.problems == []  # includes: nothing committed by the stopped leader
+    assert report.answered == report.jobs
+    (failover,) = report.failovers
+    assert failover.new != failover.old
+    logs = "".join(p.read_text() for p in tmp_path.glob("node*.log"))
+    assert '"standby now"' in logs or '"stepping down: now a standby"' in logs
+
+
+def test_a_standby_redirects_writes_and_serves_reads(
+    own_postgres: Postgres, tmp_path: Path
+) -> None:
+    servers, specs = workload(1, 3)
+    group = HaNodes(tmp_path, own_postgres.new_database(), servers, 2, lease=LEASE).start()
+    try:
+        leader = group.wait_leader()
+        standby = next(n for n in group.nodes if n is not leader)
+        assert standby.role() == "standby"
+        with grpc.insecure_channel(standby.address) as channel:
+            stub = pb_grpc.AdmissionStub(channel)
+            request = pb.SubmitJobRequest(job=spec_to_proto({**specs[0], "id": "s0"}))
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.SubmitJob(request, timeout=10)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert leader.address in (refused.value.details() or "")
+            trailing = dict(refused.value.trailing_metadata() or ())
+            assert trailing.get("oasis-leader") == leader.address
+            health = health_pb2_grpc.HealthStub(channel)
+            status = {
+                name: health.Check(health_pb2.HealthCheckRequest(service=name), timeout=10).status
+                for name in ("", "oasis.v1.Admission", "oasis.v1.Cluster")
+            }
+            serving, not_serving = (health_pb2.HealthCheckResponse.SERVING,
+                                    health_pb2.HealthCheckResponse.NOT_SERVING)  # fmt: skip
+            assert status == {"": serving, "oasis.v1.Admission": not_serving,
+                              "oasis.v1.Cluster": serving}  # fmt: skip
+            cluster = pb_grpc.ClusterStub(channel)  # reads are served
+            assert cluster.GetClusterInfo(pb.GetClusterInfoRequest(), timeout=10).window == 300
+        # the CLI given both nodes, the standby first, finds the leader
+        job = tmp_path / "job.json"
+        job.write_text(json.dumps({**specs[1], "id": "cli-1"}))
+        both = f"{standby.address},{leader.address}"
+        out = oasis("submit", str(job), "--json", server=both, check=False)
+        assert out.returncode in (0, 3), out.stderr
+        assert '"id": "cli-1"' in out.stdout
+        # oasis status shows each node's role, epoch and lease age
+        status = json.loads(oasis("status", "--json", server=both).stdout)
+        roles = {n["address"]: n for n in status["nodes"]}
+        assert roles[leader.address]["role"] == "leader"
+        assert roles[standby.address]["role"] == "standby"
+        assert roles[standby.address]["leader"] == leader.address
+        assert roles[leader.address]["epoch"] == roles[standby.address]["epoch"] >= 1
+        assert 0 <= roles[standby.address]["lease_age_seconds"] < LEASE
+    finally:
+        group.stop()
+
+
+class _Outages:
+    """Restart PostgreSQL, stop the standby, kill the leader and start one node again,
+    each once ``every`` more jobs are answered."""
+
+    def __init__(self, postgres: Postgres, group: HaNodes, every: int) -> None:
+        self.postgres = postgres
+        self.group = group
+        self.every = every
+        self.done: list[str] = []
+        self.problems: list[str] = []
+
+    def _after(self, load: Load, answers: int) -> bool:
+        target = load.answered_count() + answers
+        while load.answered_count() < target and not load.finished.is_set():
+            time.sleep(0.01)
+        return not load.finished.is_set()
+
+    def run(self, load: Load) -> None:
+        try:
+            if not self._after(load, self.every):
+                return
+            self.postgres.stop("fast")
+            time.sleep(1.0)
+            self.postgres.start()
+            self.done.append("postgres restarted")
+            leader = self.group.wait_leader(timeout=60)
+            if not self._after(load, self.every):
+                return
+            standby = next(n for n in self.group.nodes if n is not leader)
+            assert standby.daemon is not None
+            if standby.daemon.stop() != 0:
+                self.problems.append("the standby did not stop cleanly")
+            self.done.append("standby stopped")
+            if not self._after(load, self.every):
+                return
+            leader = self.group.wait_leader(timeout=60)
+            assert leader.daemon is not None
+            leader.daemon.kill9()
+            self.done.append("leader killed: none left")
+            time.sleep(0.5)
+            standby.start()
+            self.group.wait_leader(timeout=60)
+            self.done.append("one started again")
+        except Exception as err:
+            self.problems.append(f"{type(err).__name__}: {err}")
+
+
+def test_postgres_restart_standby_stop_and_both_down(
+    own_postgres: Postgres, tmp_path: Path
+) -> None:
+    url = own_postgres.new_database()
+    servers, ids, requests = requests_for("o", 1, 240)
+    group = HaNodes(tmp_path, url, servers, 2, lease=LEASE).start()
+    try:
+        group.wait_leader()
+        load = FollowingLoad(
+            group.addresses,
+            requests,
+            4,
+            max_seconds=300.0,
+            job_seconds=120.0,
+            monitor_interval=0.5,
+            rate=60.0,
+            call_timeout=CALL_TIMEOUT,
+        )
+        fault = _Outages(own_postgres, group, 50)
+        load.run(fault)
+        assert fault.problems == []
+        assert fault.done == ["postgres restarted", "standby stopped", "leader killed: none left",
+                              "one started again"]  # fmt: skip
+        assert len(load.answers) == len(ids), load.given_up
+        found = check_store(url, ids, load.answers, servers)
+        assert found.problems == []
+        leader = group.wait_leader(timeout=30)
+        assert check_ledger(leader.address, found.use, servers) == []
+        assert epoch_problems(url, []) == []
+    finally:
+        group.stop()

@@ -1,0 +1,247 @@
+"""High availability in one process, on a real PostgreSQL: the fence, the standby's
+incremental apply, the ``[ha]`` settings, and clients that follow the leader (over real
+gRPC servers standing in for head nodes). (Two daemons as subprocesses under load,
+killed and stopped: ``tests/test_ha.py``.)"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import psycopg
+import pytest
+import structlog
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import select
+
+from controller.admission import AdmissionController
+from controller.clock import SlotClock, SystemClock
+from controller.commands.failover import FollowingStub, LeaderPool
+from controller.config import ConfigError, load
+from controller.errors import NotLeaderError
+from controller.metrics import Metrics
+from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
+from controller.startup import StartupError, open_store
+from controller.store import Database, EventRow, JobRow
+from controller.store.writer_lock import PostgresWriterLock
+from pricing import Ledger
+from tests.servers import Postgres, free_port, write_config
+from tests.test_daemon_e2e import contending_jobs, job
+
+HA = '[ha]\nlease_seconds = 5\nadvertise = "{address}"\n'
+
+
+class Node:
+    """An in-process controller with ``[ha]`` on ``url``, opened as oasisd opens it."""
+
+    def __init__(self, tmp_path: Path, url: str, name: str) -> None:
+        path = write_config(tmp_path / f"{name}.toml", tmp_path / name, url, epoch=0.0,
+                            extra=HA.format(address=f"{name}:50051"))  # fmt: skip
+        config = load(path)
+        assert config.ha is not None
+        self.db = Database(url, idle_transaction=config.ha.lease_seconds)
+        slots = SlotClock(SystemClock(), config.slot_seconds, config.epoch)
+        quiet = structlog.wrap_logger(structlog.ReturnLogger())
+        self.c = AdmissionController(config, self.db, slots, log=quiet)
+        self.c.advertise = f"{name}:50051"
+        self.lock = PostgresWriterLock(self.db, lease=config.ha.lease_seconds)
+        open_store(config, self.c, self.lock)
+
+    def take_over(self) -> int:
+        assert self.lock.try_acquire()
+        epoch = self.lock.record(self.db, self.c.advertise)
+        asyncio.run(self.c.take_over(epoch, self.lock.backend_pid))
+        return epoch
+
+    def close(self) -> None:
+        self.lock.release()
+        self.c.close()
+
+
+def _same_prices(a: Ledger | None, b: Ledger | None) -> None:
+    assert a is not None and b is not None
+    assert a.origin == b.origin
+    for side in ("worker_side", "ps_side"):
+        x, y = getattr(a, side), getattr(b, side)
+        assert np.array_equal(x.used, y.used), side
+        assert np.array_equal(x.price, y.price), side  # bit for bit
+    assert sorted(a.job_ids()) == sorted(b.job_ids())
+    assert a.bounds.same_as(b.bounds)  # the same bound estimate: the next decision is the same
+
+
+def _ha_metrics(c: AdmissionController) -> tuple[float, float]:
+    """(oasis_ha_leader, oasis_ha_epoch) as scraped; the lease age must be a sample."""
+    text = generate_latest(Metrics(c).registry).decode()
+    found = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert 0 <= found["oasis_ha_lease_age_seconds"] < 60
+    return found["oasis_ha_leader"], found["oasis_ha_epoch"]
+
+
+def _stored(db: Database) -> dict[str, int]:
+    with db.session() as session:
+        return {r.id: r.sequence for r in session.execute(select(JobRow.id, JobRow.sequence))}
+
+
+def test_fence_standby_follow_and_takeover(tmp_path: Path, postgres: Postgres) -> None:
+    url = postgres.new_database()
+    jobs = contending_jobs(8)
+    a = Node(tmp_path, url, "a")
+    b = c = None
+    try:
+        assert not a.c.leading  # oasisd opens as a standby; its election then leads
+        assert a.take_over() == 1 and a.c.leading and a.c.fence_epoch == 1
+        b = Node(tmp_path, url, "b")  # the lock is taken: a standby
+        assert not b.c.leading
+        for spec in jobs[:6]:
+            asyncio.run(a.c.submit(spec))
+        asyncio.run(a.c.cancel("j1"))
+        asyncio.run(b.c.follow())
+        asyncio.run(a.c.set_bounds("pin", {"worker": {"gpu": {"U": 60.0}}}))  # an admin write
+        # a standby refuses writes, naming the leader
+        with pytest.raises(NotLeaderError) as refused:
+            asyncio.run(b.c.submit(jobs[6]))
+        asyncio.run(b.c.follow())
+        assert refused.value.leader in ("", "a:50051")
+        with pytest.raises(NotLeaderError, match="the leader is at a:50051"):
+            asyncio.run(b.c.quote(jobs[6]))
+        _same_prices(a.c.ledger, b.c.ledger)  # followed incrementally, bit for bit
+
+        # a's lease ends (its session is cut, as PostgreSQL does past the lease) and b
+        # takes over; a, not told, still believes it leads: its next commit is fenced
+        with psycopg.connect(url.replace("postgresql+psycopg", "postgresql")) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (a.lock.backend_pid,))
+        assert b.take_over() == 2 and b.c.leading
+        assert a.c.leading
+        before = _stored(a.db)
+        with pytest.raises(NotLeaderError, match="stopped leading"):
+            asyncio.run(a.c.submit(jobs[7]))
+        assert not a.c.leading and _stored(a.db) == before  # nothing committed
+        with pytest.raises(NotLeaderError, match="b:50051"):
+            asyncio.run(a.c.submit(jobs[7]))
+
+        late = [job(f"b{i}") for i in range(4)]
+        jobs += late
+        admitted = [
+            spec["id"] for spec in jobs[6:] if asyncio.run(b.c.submit(spec)).state == "admitted"
+        ]
+        assert admitted, "the new leader admitted nothing to cancel"
+        asyncio.run(b.c.cancel(admitted[-1]))
+        asyncio.run(a.c.follow())  # the old leader follows the new one
+        _same_prices(a.c.ledger, b.c.ledger)
+        c = Node(tmp_path, url, "c")  # a ledger rebuilt from the store in full
+        _same_prices(b.c.ledger, c.c.ledger)
+        with b.db.session() as session:
+            epochs = [
+                e.detail.get("epoch")
+                for e in session.scalars(select(EventRow).order_by(EventRow.sequence))
+            ]
+        assert set(epochs) == {1, 2} and epochs == sorted(epochs)  # one leader per epoch
+        assert set(_stored(b.db)) == {j["id"] for j in jobs}
+        assert (_ha_metrics(a.c), _ha_metrics(b.c)) == ((0.0, 2.0), (1.0, 2.0))
+    finally:
+        for node in (a, b, c):
+            if node is not None:
+                node.close()
+
+
+def test_ha_settings_are_checked(tmp_path: Path) -> None:
+    def config(extra: str) -> None:
+        load(write_config(tmp_path / "x.toml", tmp_path / "x", extra=extra))
+
+    with pytest.raises(ConfigError, match=r"ha\.lease: unknown key"):
+        config("[ha]\nlease = 5\n")
+    with pytest.raises(ConfigError, match=r"ha\.lease_seconds: must be within"):
+        config("[ha]\nlease_seconds = 0.5\n")
+    with pytest.raises(ConfigError, match=r"ha\.retry_seconds: must be <= lease_seconds / 2"):
+        config("[ha]\nlease_seconds = 2\nretry_seconds = 1.5\n")
+    with pytest.raises(ConfigError, match=r"ha\.advertise: must be host:port"):
+        config('[ha]\nadvertise = "nohost"\n')
+
+
+def test_ha_on_sqlite_refuses_to_start(tmp_path: Path) -> None:
+    path = write_config(tmp_path / "s.toml", tmp_path / "s", extra="[ha]\n")
+    config = load(path)
+    db = Database(config.database_url)
+    controller = AdmissionController(config, db, SlotClock(SystemClock(), 3600, 0))
+    from controller.store.writer_lock import writer_lock
+
+    with pytest.raises(StartupError, match="high availability needs a PostgreSQL store"):
+        open_store(config, controller, writer_lock(db))
+    controller.close()
+
+
+class _Node(pb_grpc.ClusterServicer):
+    """A fake head node: a leader answers GetClusterInfo, a standby refuses naming
+    ``leader`` (or no one)."""
+
+    def __init__(self, leader: str | None) -> None:
+        self.leader = leader
+        self.calls = 0
+
+    def GetClusterInfo(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        self.calls += 1
+        if self.leader is None:
+            return pb.GetClusterInfoResponse(window=7)
+        if self.leader:
+            context.set_trailing_metadata((("oasis-leader", self.leader),))
+        context.abort(grpc.StatusCode.UNAVAILABLE, "standby")
+
+
+def _serve(node: _Node) -> tuple[grpc.Server, str]:
+    server = grpc.server(ThreadPoolExecutor(2))
+    pb_grpc.add_ClusterServicer_to_server(node, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+def test_clients_follow_the_redirect_and_retry_over_the_nodes() -> None:
+    leader = _Node(None)
+    lead_server, lead_address = _serve(leader)
+    standby = _Node(lead_address)
+    standby_server, standby_address = _serve(standby)
+    dead = f"127.0.0.1:{free_port()}"
+    try:
+        # the standby first: one redirect, then the leader answers
+        pool = LeaderPool([standby_address, lead_address], grpc.insecure_channel, budget=5)
+        stub = FollowingStub(pool, pb_grpc.ClusterStub)
+        assert stub.GetClusterInfo(pb.GetClusterInfoRequest(), timeout=5).window == 7
+        assert (pool.redirects, pool.address, standby.calls) == (1, lead_address, 1)
+        pool.close()
+        # a dead node first: retried on the next one, no redirect needed
+        pool = LeaderPool([dead, lead_address], grpc.insecure_channel, budget=5)
+        stub = FollowingStub(pool, pb_grpc.ClusterStub)
+        assert stub.GetClusterInfo(pb.GetClusterInfoRequest(), timeout=5).window == 7
+        pool.close()
+        # one address that is down: fails at once, as before
+        pool = LeaderPool([dead], grpc.insecure_channel, budget=5)
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as down:
+            FollowingStub(pool, pb_grpc.ClusterStub).GetClusterInfo(
+                pb.GetClusterInfoRequest(), timeout=5
+            )
+        assert down.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert time.monotonic() - started < 3
+        pool.close()
+        # only standbys naming no one: retried with back-off until the budget is spent
+        lost = _Node("")
+        lost_server, lost_address = _serve(lost)
+        pool = LeaderPool([lost_address, standby_address], grpc.insecure_channel, budget=1)
+        standby.leader = ""
+        with pytest.raises(grpc.RpcError):
+            FollowingStub(pool, pb_grpc.ClusterStub).GetClusterInfo(
+                pb.GetClusterInfoRequest(), timeout=5
+            )
+        assert lost.calls + standby.calls >= 4  # several rounds, bounded by the budget
+        pool.close()
+        lost_server.stop(0)
+    finally:
+        lead_server.stop(0)
+        standby_server.stop(0)
