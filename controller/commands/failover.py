@@ -29,7 +29,8 @@ __all__ = ["LEADER_KEY", "FollowingStub", "LeaderPool", "split_servers"]
 LEADER_KEY = "oasis-leader"
 """The trailing metadata key a standby names the leader with."""
 FIRST_DELAY = 0.05
-MAX_DELAY = 1.0
+MAX_DELAY = 0.5
+"""Seconds between tries at the most (jittered to 0.75): a takeover takes well under one."""
 MAX_HOPS = 8  # redirects in a row before backing off (nodes naming each other)
 FAILED_MEMORY = 2.0
 """Seconds a node that failed a call (down, unreachable) is not followed to: a standby
