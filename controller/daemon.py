@@ -211,9 +211,11 @@ async def serve(
         log.info("metrics listening", address=metrics_address)
     if console is not None:
         log.info("console listening", address=console.address)
+    if controller.leading:  # before the slot clock's first tick
+        await plane.attach()
     tasks = [asyncio.create_task(e.loop(), name=e.name) for e in events]
     if controller.leading:  # after the slot clock's task, as its review follows the tick
-        await plane.start()
+        plane.run()
     log.info("listening", address=address, role=controller.role, config=config.source, store=config.database_url
              if not config.store_url else "<store_url>",
              tls="mutual" if config.tls and config.tls.mutual else bool(config.tls),
@@ -284,22 +286,34 @@ class PlaneRunner:
         """True while this daemon leads and its plane is connected to the broker."""
         return bool(self.tasks) and self.plane is not None and bool(self.plane.connected)
 
-    async def start(self) -> None:
-        if self.config.mqtt is None or self.tasks:
+    async def attach(self) -> None:
+        """Load the plane from the store and attach it to the controller, so the slot
+        clock asks it about jobs past their plan (a tick without it would complete a job
+        its agents reported short of its work); nothing runs yet."""
+        if self.config.mqtt is None or self.plane is not None:
             return
         from controller.plane.link import start_plane
 
         broker_up = self.metrics.set_broker if self.metrics else None
-        plane = await start_plane(self.c, self.config.mqtt, broker_up)
-        self.plane = plane
-        self.c.execution = plane.execution
+        self.plane = await start_plane(self.c, self.config.mqtt, broker_up)
+        self.c.execution = self.plane.execution
         if self.metrics is not None:
             self.metrics.set_broker(False)
-        review = PeriodicEvent("execution plane", self.config.tick_seconds, plane.review)
+
+    def run(self) -> None:
+        """Start the attached plane's review and broker link."""
+        if self.plane is None or self.tasks:
+            return
+        review = PeriodicEvent("execution plane", self.config.tick_seconds, self.plane.review)
         self.tasks = [asyncio.create_task(review.loop(), name=review.name),
-                      asyncio.create_task(plane.run(), name="broker link")]  # fmt: skip
+                      asyncio.create_task(self.plane.run(), name="broker link")]  # fmt: skip
+
+    async def start(self) -> None:
+        await self.attach()
+        self.run()
 
     async def stop(self) -> None:
+        self.plane = None  # loaded again from the store at the next start
         tasks, self.tasks = self.tasks, []
         for task in tasks:
             task.cancel()

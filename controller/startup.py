@@ -55,7 +55,11 @@ def open_store(config: Config, controller: AdmissionController, writer: WriterLo
             with db.patient(START_SECONDS):
                 controller.open()
             if writer is not None:
-                writer.record(db)
+                epoch = writer.record(db)
+                if isinstance(writer, PostgresWriterLock):
+                    # fenced by epoch even without [ha]: after a PostgreSQL restart,
+                    # another daemon may take the lock before this one's watch notices
+                    controller.fence_epoch = epoch
         except BaseException:
             if writer is not None:
                 writer.release()

@@ -21,9 +21,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
 from controller.admission import AdmissionController
+from controller.auth import Caller, Role
 from controller.clock import SlotClock, SystemClock
 from controller.commands.failover import FollowingStub, LeaderPool
 from controller.config import ConfigError, load
+from controller.console.data import ConsoleData
 from controller.errors import NotLeaderError
 from controller.metrics import Metrics
 from controller.rpc import oasis_pb2 as pb
@@ -112,6 +114,14 @@ def test_fence_standby_follow_and_takeover(tmp_path: Path, postgres: Postgres) -
         with pytest.raises(NotLeaderError, match="the leader is at a:50051"):
             asyncio.run(b.c.quote(jobs[6]))
         _same_prices(a.c.ledger, b.c.ledger)  # followed incrementally, bit for bit
+        # the console's overview names each node's role (it said "standalone" before)
+        operator = Caller("", Role.OPERATOR)
+        nodes = [asyncio.run(ConsoleData(n.c).overview(operator))["node"] for n in (a, b)]
+        assert [(n["role"], n["epoch"], n["serving"]) for n in nodes] == [
+            ("leader", 1, True),
+            ("standby", 1, False),
+        ]
+        assert nodes[1]["leader"] == "a:50051"
 
         # a's lease ends (its session is cut, as PostgreSQL does past the lease) and b
         # takes over; a, not told, still believes it leads: its next commit is fenced

@@ -300,7 +300,17 @@ def test_work_finished_while_the_daemon_was_down_is_reported_again(plane: Plane)
         reply = plane.stub().GetProgress(pb.GetProgressRequest(id="quick"), timeout=10)
         return float(reply.progress.minibatches_done)
 
-    wait_for("some progress", lambda: done() > 0 or None)
+    # some progress, in the store (what a restarted daemon knows; a job with none stored
+    # would complete with its plan, as one nobody reports on)
+    wait_for(
+        "some progress stored",
+        lambda: (
+            plane.store_rows(
+                "SELECT minibatches FROM job_progress WHERE job_id = 'quick' AND minibatches > 0"
+            )
+            or None
+        ),
+    )
     planned_end = plane.job("quick").decision.completion_slot + 1  # its plan's last slot, + 1
     found = re.search(r"^epoch = (\S+)$", plane.daemon.config.read_text(), re.M)
     assert found is not None

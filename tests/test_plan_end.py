@@ -26,6 +26,8 @@ TOTAL = PlaneDaemon.TOTAL
 def daemon(tmp_path: Path) -> Iterator[PlaneDaemon]:
     d = PlaneDaemon(tmp_path)
     d.c.execution = d.ex  # as oasisd wires it: the slot clock asks the plane
+    d.ex.connected()  # the broker connection up for long: the grace runs (a job past its
+    d.mono[0] = 10 * d.ex.mqtt.heartbeat_timeout  # plan fails only with agents reachable)
     try:
         yield d
     finally:
@@ -81,6 +83,23 @@ def test_silence_after_the_plan_ended_short_fails_the_job(daemon: PlaneDaemon) -
     assert (detail["minibatches"], detail["of"]) == (5.0, TOTAL)
     assert daemon.state("k") == "failed"
     assert daemon.ex.review_sync() == []  # failed once
+
+
+def test_no_job_fails_while_its_agents_cannot_be_heard(daemon: PlaneDaemon) -> None:
+    """Past its plan, short, and silent for the grace -- but the broker connection is
+    down, or up for less than the grace (just reconnected, or the daemon just started):
+    the agents may have finished and not been able to say so, so the job stays open."""
+    view = daemon.submit("d")
+    _report(daemon.ex, "d", 5.0)
+    daemon.ex.review_sync()
+    _past_plan(daemon, view)
+    daemon.clock.advance(daemon.ex.mqtt.heartbeat_timeout + 1.0)
+    daemon.ex.disconnected()
+    assert daemon.ex.review_sync() == [] and daemon.state("d") == "running"
+    daemon.ex.connected()  # just back: its grace counts from now
+    assert daemon.ex.review_sync() == [] and daemon.state("d") == "running"
+    daemon.mono[0] += daemon.ex.mqtt.heartbeat_timeout + 1.0  # (w0 silent too: failed)
+    assert [e.kind for e in daemon.ex.review_sync() if e.job_id == "d"] == ["failed"]
 
 
 def test_the_grace_counts_from_the_end_of_the_plan(daemon: PlaneDaemon) -> None:

@@ -12,10 +12,14 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
 import psycopg
 import pytest
 from sqlalchemy import create_engine, text
 
+from controller.convert import spec_to_proto
+from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.store.writer_lock import (
     LOCK_KEY,
     FileWriterLock,
@@ -142,7 +146,9 @@ def test_a_lock_lost_with_its_session_is_taken_again_or_the_daemon_stops(
         while '"writer lock taken again' not in log.read_text():
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)
-        assert _writer_record(url)["epoch"] == 2
+        # the store still records this daemon's epoch: it keeps it (its writes are fenced
+        # with it; before the epoch fence without [ha] it recorded epoch 2 here)
+        assert _writer_record(url)["epoch"] == 1
         assert submit_json(tmp_path, job("still"), daemon.address)["state"]
 
         # the session ends and another process takes the lock first: the daemon stops
@@ -153,5 +159,52 @@ def test_a_lock_lost_with_its_session_is_taken_again_or_the_daemon_stops(
             assert daemon.proc is not None
             assert daemon.proc.wait(60) == 1
         assert "was taken over by another oasisd" in log.read_text()
+    finally:
+        daemon.stop()
+
+
+def test_a_daemon_that_held_the_store_meanwhile_fences_and_stops_this_one(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    """The gap after a PostgreSQL restart: this daemon's lock session is gone, and another
+    oasisd takes the lock and records its epoch before this one's watch takes it again.
+    This one's writes are fenced with its epoch from then on (UNAVAILABLE, nothing
+    stored), and when it finds the lock free again but the store recording another
+    holder, it stops (its ledger may miss that one's decisions) instead of deciding on.
+    Before the fence without [ha] it took the lock again, recorded epoch 3 and went on."""
+    url = postgres.new_database()
+    database = url.rsplit("/", 1)[1]
+    config = write_config(tmp_path / "p.toml", tmp_path / "data", url)
+    log = tmp_path / "p.log"
+    daemon = Daemon(config, log).start()
+    dsn = f"host=127.0.0.1 port={postgres.port} user=oasis dbname={database}"
+    rival_record = {"host": "rival", "pid": 1, "since": None, "epoch": 2}
+    try:
+        assert submit_json(tmp_path, job("before"), daemon.address)["state"]
+        with psycopg.connect(dsn, autocommit=True) as rival:
+            rival.execute("SELECT pg_terminate_backend(%s)", (_lock_session(postgres, database),))
+            while not rival.execute("SELECT pg_try_advisory_lock(%s)", (LOCK_KEY,)).fetchone()[0]:  # type: ignore[index]
+                time.sleep(0.01)
+            rival.execute(
+                "UPDATE meta SET value = %s WHERE key = 'writer'", (json.dumps(rival_record),)
+            )
+            with grpc.insecure_channel(daemon.address) as channel:
+                stub = pb_grpc.AdmissionStub(channel)
+                request = pb.SubmitJobRequest(job=spec_to_proto(job("gap")))
+                with pytest.raises(grpc.RpcError) as fenced:
+                    stub.SubmitJob(request, timeout=30)
+            assert fenced.value.code() == grpc.StatusCode.UNAVAILABLE, fenced.value.details()
+            rival.execute("SELECT pg_advisory_unlock(%s)", (LOCK_KEY,))  # the rival is gone
+        assert daemon.proc is not None
+        assert daemon.proc.wait(60) == 1
+        assert "was held by another oasisd (host rival, pid 1" in log.read_text()
+        engine = create_engine(url)
+        try:
+            with engine.connect() as conn:
+                ids = set(conn.execute(text("SELECT id FROM jobs")).scalars())
+        finally:
+            engine.dispose()
+        assert ids == {"before"}
+        assert _writer_record(url)["host"] == "rival"  # this daemon recorded nothing more
     finally:
         daemon.stop()

@@ -40,7 +40,6 @@ from controller.commands.records import (
     slot_label,
     state_name,
 )
-from controller.jobspec import new_id
 from controller.rpc import oasis_pb2 as pb
 from controller.table import render_table
 from pricing.durations import DURATION_EXAMPLES, format_duration, parse_duration
@@ -223,6 +222,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     specs = _specs(args.file)
     responses = []
     if len(stubs.pool.addresses) > 1:  # a retry on another node must carry the same id
+        from controller.jobspec import new_id  # numpy: not at the parser's start-up
+
         specs = [s if s.get("id") else {**s, "id": new_id()} for s in specs]
     for i, spec in enumerate(specs):
         req = pb.SubmitJobRequest(job=_request_spec(spec), wait_seconds=args.wait)

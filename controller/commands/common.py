@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pricing.bound_prior import MAX_PRIOR_BYTES
 from pricing.errors import Problem
 
 if TYPE_CHECKING:  # the client commands never read traces: no numpy at their start
@@ -65,6 +64,8 @@ def read_json(path: str, what: str = "") -> Any:
 
 def load_prior_file(path: Path, what: str) -> Any:
     """The JSON of a prior file (``oasis calibrate`` writes one), size-checked."""
+    from pricing.bound_prior import MAX_PRIOR_BYTES  # numpy: not for every client command
+
     try:
         size = path.stat().st_size
     except OSError as err:

@@ -109,9 +109,14 @@ class ConsoleData:
         up = await asyncio.to_thread(self.c.db.ping)
         broker = self.broker()
         draining = self.c.draining
+        ha = self.c.ha_status()
+        role = "standalone" if self.c.config.ha is None else ha.role
         out["node"] = {
-            "role": "standalone",
-            "serving": up and not draining,
+            "role": role,
+            "epoch": ha.epoch,
+            "lease_age_seconds": round(ha.lease_age, 3),
+            "leader": ha.leader,
+            "serving": up and not draining and role != "standby",
             "store_up": up,
             "draining": draining,
             "broker": "none" if broker is None else ("connected" if broker else "disconnected"),

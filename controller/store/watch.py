@@ -8,8 +8,10 @@ store calls in a thread and bounded by the store's timeout (``database.py``):
    ``on_change``, which turns the gRPC health to NOT_SERVING while the store is out of
    reach and back to SERVING after.
 2. The writer lock (``writer_lock.py``): on PostgreSQL it lives as long as its session;
-   after a PostgreSQL restart the lock is gone. The watch takes it again and records a
-   new epoch. If another daemon took it meanwhile, this one must stop deciding:
+   after a PostgreSQL restart the lock is gone. The watch takes it again if the store
+   still records this daemon's epoch (every write is fenced with that epoch:
+   ``AdmissionState._write``). If another daemon took it meanwhile (and recorded its own
+   epoch, so this one's writes fail from then on), this one must stop deciding:
    :attr:`StoreWatch.lost` says why and ``on_lost`` is called (the daemon stops, exit 1).
    With ``[ha]`` the lock is a lease kept by the election instead
    (``controller/ha/leadership.py``): a daemon that loses it becomes a standby.
@@ -25,7 +27,7 @@ import structlog
 from sqlalchemy.exc import DBAPIError
 
 from controller.store.database import Database, StoreUnavailableError
-from controller.store.writer_lock import WriterLock
+from controller.store.writer_lock import WriterLock, recorded_holder
 
 __all__ = ["StoreWatch", "WriterLockLostError"]
 
@@ -89,9 +91,19 @@ class StoreWatch:
             return True, ""
         try:
             if self.lock.try_acquire():
-                epoch = self.lock.record(self.db)
-                self.log.warning("writer lock taken again after its session ended", epoch=epoch)
-                return True, ""
+                if self.lock.recorded_mine(self.db):
+                    # still this daemon's epoch: its writes (fenced with it) go on
+                    self.log.warning("writer lock taken again after its session ended",
+                                     epoch=self.lock.epoch)  # fmt: skip
+                    return True, ""
+                with self.db.session() as session:
+                    holder = recorded_holder(session)
+                self.lock.release()
+                return True, (
+                    f"{self.lock.what} was held by another oasisd ({holder or 'unknown'}) "
+                    "while this one could not reach it: its ledger may miss that one's "
+                    "decisions; stopping"
+                )
         except (DBAPIError, StoreUnavailableError, OSError) as err:
             self.log.warning("writer lock not taken again yet", error=str(err))
             return False, ""

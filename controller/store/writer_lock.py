@@ -236,6 +236,19 @@ class WriterLock(ABC):
         self.epoch = me.epoch
         return me.epoch
 
+    def recorded_mine(self, db: Database) -> bool:
+        """True if the store still records this process, in the epoch :meth:`record`
+        gave it, as the holder: nobody else took the lock and wrote in between (a lock
+        taken again after a PostgreSQL restart, :mod:`controller.store.watch`)."""
+        with db.session() as session:
+            holder = recorded_holder(session)
+        me = this_process()
+        return (
+            holder is not None
+            and self.epoch > 0
+            and (holder.host, holder.pid, holder.epoch) == (me.host, me.pid, self.epoch)
+        )
+
 
 class FileWriterLock(WriterLock):
     """``flock`` on ``path``; the file names the holder (SQLite stores)."""

@@ -160,8 +160,11 @@
     out.push(clock);
     var node = section("Node", "h-node");
     node.appendChild(dl([
-      ["Role", n.role],
-      ["Health", el("span", { class: n.serving ? "ok" : "bad", text: n.serving ? "serving" : "not serving" })],
+      ["Role", n.role === "standalone" ? "standalone (no [ha])"
+        : n.role + " (epoch " + n.epoch + ", lease confirmed " + n.lease_age_seconds.toFixed(1) + " s ago)"],
+      ["Leader", n.role === "standby" ? (n.leader || "unknown") : "this node"],
+      ["Health", el("span", { class: n.serving ? "ok" : "bad",
+        text: n.serving ? "serving" : (n.role === "standby" ? "reads only (standby)" : "not serving") })],
       ["Store", el("span", { class: n.store_up ? "ok" : "bad", text: n.store_up ? "reachable" : "unreachable" })],
       ["Draining", n.draining ? "yes: stopping" : "no"],
       ["Broker", n.broker],
