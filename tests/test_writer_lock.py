@@ -129,15 +129,19 @@ def _lock_session(pg: Postgres, database: str) -> int:
         return int(row[0])
 
 
+def _daemon_on_postgres(tmp_path: Path, pg: Postgres) -> tuple[str, str, Path, Daemon, str]:
+    """A daemon on a fresh database: (store URL, database, log, daemon, admin DSN)."""
+    url = pg.new_database()
+    database = url.rsplit("/", 1)[1]
+    log = tmp_path / "p.log"
+    daemon = Daemon(write_config(tmp_path / "p.toml", tmp_path / "data", url), log).start()
+    return url, database, log, daemon, f"host=127.0.0.1 port={pg.port} user=oasis dbname={database}"
+
+
 def test_a_lock_lost_with_its_session_is_taken_again_or_the_daemon_stops(
     tmp_path: Path, postgres: Postgres
 ) -> None:
-    url = postgres.new_database()
-    database = url.rsplit("/", 1)[1]
-    config = write_config(tmp_path / "p.toml", tmp_path / "data", url)
-    log = tmp_path / "p.log"
-    daemon = Daemon(config, log).start()
-    dsn = f"host=127.0.0.1 port={postgres.port} user=oasis dbname={database}"
+    url, database, log, daemon, dsn = _daemon_on_postgres(tmp_path, postgres)
     try:
         # the session ends (as in a PostgreSQL restart): the daemon takes the lock again
         with psycopg.connect(dsn, autocommit=True) as admin:
@@ -172,12 +176,7 @@ def test_a_daemon_that_held_the_store_meanwhile_fences_and_stops_this_one(
     stored), and when it finds the lock free again but the store recording another
     holder, it stops (its ledger may miss that one's decisions) instead of deciding on.
     Before the fence without [ha] it took the lock again, recorded epoch 3 and went on."""
-    url = postgres.new_database()
-    database = url.rsplit("/", 1)[1]
-    config = write_config(tmp_path / "p.toml", tmp_path / "data", url)
-    log = tmp_path / "p.log"
-    daemon = Daemon(config, log).start()
-    dsn = f"host=127.0.0.1 port={postgres.port} user=oasis dbname={database}"
+    url, database, log, daemon, dsn = _daemon_on_postgres(tmp_path, postgres)
     rival_record = {"host": "rival", "pid": 1, "since": None, "epoch": 2}
     try:
         assert submit_json(tmp_path, job("before"), daemon.address)["state"]
