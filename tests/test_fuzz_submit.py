@@ -189,6 +189,7 @@ def test_a_job_worth_nothing_moves_the_estimate_finitely() -> None:
 def test_extreme_pins_price_finitely(tmp_path: Path) -> None:
     """Pins at the edges of float64 (U up to 1.7e308, L down to 5e-324): a quote and a
     submission are still decided, with finite payoffs; non-finite pins are refused."""
+    from controller.admission.commit import Deferred
     from controller.clock import FakeClock
     from pricing import SpecError
     from tests.test_pending import controller
@@ -207,7 +208,9 @@ def test_extreme_pins_price_finitely(tmp_path: Path) -> None:
             with pytest.raises(SpecError):
                 c._set_bounds_sync("pin", {"worker": {"gpu": {"U": bad}}}, "ops")
         c._set_bounds_sync("unpin", None, "ops")
-        job, _events = c._submit_sync({**spec, "id": "after"}, None, None)
+        submitted = c._submit_sync({**spec, "id": "after"}, None, None)
+        assert isinstance(submitted, Deferred)  # its commit is queued (group commit)
+        job, _events = submitted.then(submitted.future.result(10))
         assert job.decision.payoff is not None and math.isfinite(job.decision.payoff)
     finally:
         c.close()

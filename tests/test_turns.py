@@ -57,3 +57,38 @@ def test_waiting_clients_are_served_in_turn_not_first_come() -> None:
         assert [t for t in order if t.startswith("a")] == ["a0", "a1", "a2", "a3"]
 
     asyncio.run(scenario())
+
+
+def test_two_holders_keep_the_turns_round_robin() -> None:
+    """With a second holder (the controller's: a step queued behind the running one), a
+    third call waits, and a burst still delays another client by one turn at most."""
+
+    async def scenario() -> None:
+        turns = Turns(holders=2)
+        await turns.acquire("first")
+        await turns.acquire("second")  # granted at once: a second holder
+        third = asyncio.ensure_future(turns.acquire("third"))
+        await asyncio.sleep(0)
+        assert not third.done()
+        turns.release("first")
+        await third
+        order: list[str] = []
+
+        async def call(client: str, tag: str) -> None:
+            await turns.acquire(client)
+            order.append(tag)
+            await asyncio.sleep(0)
+            turns.release(client)
+
+        tasks = [asyncio.ensure_future(call("alice", f"a{i}")) for i in range(4)]
+        await asyncio.sleep(0)
+        tasks.append(asyncio.ensure_future(call("bob", "b0")))
+        await asyncio.sleep(0)
+        turns.release("second")
+        turns.release("third")
+        await asyncio.gather(*tasks)
+        assert order.index("b0") <= 2, order
+        assert [t for t in order if t.startswith("a")] == ["a0", "a1", "a2", "a3"]
+        assert turns.inside("alice") == 0 and turns.inside("bob") == 0
+
+    asyncio.run(scenario())

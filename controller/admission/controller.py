@@ -9,6 +9,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from controller.admission.commit import Deferred
 from controller.admission.follow import Follow
 from controller.admission.lifecycle import Lifecycle
 from controller.admission.pending import PendingQueue
@@ -31,9 +32,12 @@ class AdmissionController(PendingQueue, Follow, Lifecycle, ReadViews):
 
     # -- async API (serialised, off the event loop) ---------------------------------------
 
-    async def _run(self, fn: Callable[[], _T], client: str = "") -> _T:
+    async def _run(self, fn: Callable[[], _T | Deferred[_T]], client: str = "") -> _T:
         """Run ``fn`` in the decision thread in ``client``'s turn (round-robin over
         clients, :class:`~controller.admission.turns.Turns`; ``""``: the daemon itself).
+        A :class:`~controller.admission.commit.Deferred` result (a decision whose commit
+        is queued) is awaited here, after the turn passed on: the next decision does not
+        wait for this one's commit, its caller does.
 
         Raises:
             DrainingError: the daemon is stopping.
@@ -48,11 +52,14 @@ class AdmissionController(PendingQueue, Follow, Lifecycle, ReadViews):
         try:
             await self._turns.acquire(client)
             try:
-                return await asyncio.get_running_loop().run_in_executor(
+                result = await asyncio.get_running_loop().run_in_executor(
                     self._executor, lambda: self._in_step(fn)
                 )
             finally:
                 self._turns.release(client)
+            if isinstance(result, Deferred):
+                return result.then(await asyncio.wrap_future(result.future))
+            return result
         finally:
             held, self._held_events = self._held_events, []
             self._publish(held)
@@ -86,8 +93,11 @@ class AdmissionController(PendingQueue, Follow, Lifecycle, ReadViews):
         return self._executor.submit(fn).result(timeout)
 
     def _in_step(self, fn: Callable[[], _T]) -> _T:
-        """Run ``fn`` in the decision thread on a ledger that matches the store."""
+        """Run ``fn`` in the decision thread on a ledger that matches the store (or is
+        ahead of it by decisions the writer is committing)."""
         if self._stale:
+            self._writer.drain()  # nothing of the old ledger is committed after the rebuild
+            self._generation += 1  # what was queued on it and failed stays failed
             seen = self._last_event()  # before the rebuild: later ones are applied again
             with self.db.patient(REBUILD_SECONDS):
                 rebuilt = self._reload()  # StoreUnavailableError: still stale, try next time
@@ -198,6 +208,12 @@ class AdmissionController(PendingQueue, Follow, Lifecycle, ReadViews):
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
+        self._writer.close()
+        w = self._writer
+        if w.batches:
+            self.log.info("group commit", batches=w.batches, decisions=w.committed,
+                          mean_batch=round(w.committed / w.batches, 2), largest=w.largest,
+                          commit_ms_mean=round(1000 * w.commit_seconds / w.batches, 3))  # fmt: skip
         self.db.dispose()
 
     def _publish(self, events: list[Event]) -> None:

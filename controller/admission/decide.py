@@ -11,16 +11,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
-from controller.admission.state import ESTIMATE_KEY, AdmissionState
+from controller.admission.commit import Committed, DecisionRows, Deferred, GroupCommit
 from controller.admission.views import DecisionView, JobView, canonical_spec
 from controller.errors import ConflictError, QueueFullError
 from controller.events import Event
 from controller.limits import check_job_id
 from controller.replay import allocations as allocation_entries
-from controller.store import AllocationRow, JobRow, MetaRow
+from controller.store import AllocationRow, JobRow
 from pricing import ADMIT_THRESHOLD, Job, SpecError
 from pricing.best_schedule import BestSchedule, best_schedule, payoff_ceiling
 from pricing.bound_estimate import BoundEstimate
@@ -31,7 +31,16 @@ from pricing.prices import PriceBounds
 __all__ = ["DecisionCore"]
 
 
-class DecisionCore(AdmissionState):
+def _as_answer(answer: tuple[JobView, list[Event]]) -> tuple[JobView, list[Event]]:
+    return answer
+
+
+def _as_duplicate(answer: tuple[JobView, list[Event]]) -> tuple[JobView, list[Event]]:
+    """A retried submission's answer: the first's, marked a duplicate, with no events."""
+    return replace(answer[0], duplicate=True), []
+
+
+class DecisionCore(GroupCommit):
     """Decide, commit, apply; see the module docstring."""
 
     def _decide(
@@ -103,19 +112,25 @@ class DecisionCore(AdmissionState):
         by: str | None,
         owner: str | None,
         wait_seconds: float | None = None,
-    ) -> tuple[JobView, list[Event]]:
+    ) -> tuple[JobView, list[Event]] | Deferred[tuple[JobView, list[Event]]]:
+        """Decide ``spec`` and apply it to the ledger; its commit is queued (:mod:`.commit`),
+        so this returns a :class:`~controller.admission.commit.Deferred` answer (or, for a
+        job stored already, its first decision at once)."""
         job_id = text(spec.get("id") if isinstance(spec, dict) else None, "job.id")
         check_job_id(job_id)
         wait = self._wait(wait_seconds)
         canonical = canonical_spec(spec)
         if job_id in self._stored_ids():  # a new id needs no read of the store
+            first = self._uncommitted.get(job_id)
+            if first is not None:  # decided, its commit under way: answer as it is
+                self._check_duplicate(job_id, first[0], first[1], canonical, owner)
+                return Deferred(first[2], _as_duplicate)
             with self.db.session() as session:
                 existing = session.get(JobRow, job_id)
                 if existing is not None:
-                    if owner is not None and existing.submitter != owner:
-                        raise ConflictError(f"job id {job_id!r} is taken by another submitter")
-                    if existing.spec != canonical:
-                        raise ConflictError(f"job {job_id!r} exists with another spec")
+                    self._check_duplicate(
+                        job_id, existing.spec, existing.submitter, canonical, owner
+                    )
                     return self._view(session, existing, duplicate=True), []
         # at a slot boundary the jobs already waiting are decided before a newcomer
         self._advance_window()
@@ -126,7 +141,7 @@ class DecisionCore(AdmissionState):
             wait_until = None
             if not view.admitted and wait > 0:
                 wait_until, view = self._queue(job, view, wait, by)
-            events = self._commit(job, best, view, canonical, estimate, by, wait_until)
+            rows = self._decision_rows(job, best, view, canonical, estimate, by, wait_until)
         except BaseException:
             self._restore_bounds(previous)
             raise
@@ -135,44 +150,63 @@ class DecisionCore(AdmissionState):
         if view.admitted:
             assert best.schedule is not None
             self._ledger.admit(job.id, job.worker, job.ps, best.schedule)
-        self.log.info(
-            "decided", job=job.id, admitted=view.admitted, payoff=view.payoff, cost=view.cost,
-            jct=view.jct, arrival=view.arrival_slot, ms=round(view.decision_ms, 3),
-            pending_until=wait_until, slots_scanned=best.slots_scanned,
-            slots_priced=best.slots_priced,
-        )  # fmt: skip
-        return self._answer(job.id, canonical, view, events, wait_until), events
+        submitted_slot = self.slot
 
-    def _answer(
-        self, job_id: str, canonical: str, view: DecisionView, events: list[Event],
-        wait_until: int | None,
-    ) -> JobView:  # fmt: skip
-        """The job as just committed, as a read of the store would give it (no re-read):
-        the decided event holds its state and sequence, ``view`` its decision (its
-        allocations in the store's order: by slot, then server, each server one kind)."""
-        decided = events[0]
-        assert decided.job_id == job_id and decided.kind == "decided"
-        return JobView(
-            id=job_id,
-            spec=json.loads(canonical),
-            state=decided.state,
-            decision=view,
-            submitted_slot=decided.slot,
-            sequence=self._sequence,
-            wait_until_slot=wait_until,
-        )
+        def finish(done: Committed) -> tuple[JobView, list[Event]]:
+            """The answer, once committed (in the writer thread): the job as a read of
+            the store would give it, built from the decision (no re-read)."""
+            answer = JobView(
+                id=job.id,
+                spec=json.loads(canonical),
+                state=rows.job["state"],
+                decision=view,
+                submitted_slot=submitted_slot,
+                sequence=done.sequence,
+                wait_until_slot=wait_until,
+            )
+            return answer, [done.event]
+
+        def logged() -> None:
+            self.log.info(
+                "decided", job=job.id, admitted=view.admitted, payoff=view.payoff,
+                cost=view.cost, jct=view.jct, arrival=view.arrival_slot,
+                ms=round(view.decision_ms, 3), pending_until=wait_until,
+                slots_scanned=best.slots_scanned, slots_priced=best.slots_priced,
+            )  # fmt: skip
+
+        future = self._queue_write(rows, finish, logged)
+        entry = (canonical, by, future)
+        self._uncommitted[job.id] = entry
+        future.add_done_callback(lambda _f: self._forget_uncommitted(job.id, entry))
+        return Deferred(future, _as_answer)
+
+    def _forget_uncommitted(self, job_id: str, entry: Any) -> None:
+        if self._uncommitted.get(job_id) is entry:
+            del self._uncommitted[job_id]
+
+    @staticmethod
+    def _check_duplicate(
+        job_id: str, stored_spec: str, submitter: str | None, canonical: str, owner: str | None
+    ) -> None:
+        """A stored (or committing) job's id submitted again: the same submitter and spec
+        get its first decision; anything else is a conflict."""
+        if owner is not None and submitter != owner:
+            raise ConflictError(f"job id {job_id!r} is taken by another submitter")
+        if stored_spec != canonical:
+            raise ConflictError(f"job {job_id!r} exists with another spec")
 
     def _stored_ids(self) -> set[str]:
-        """Ids of every job in the store, kept in memory so a new id's submission reads
-        nothing before it is decided. Loaded with one query whenever the ledger was
-        (re)built from the store (at start, after an outage): both then match it."""
+        """Ids of every job in the store or handed to the writer, kept in memory so a new
+        id's submission reads nothing before it is decided. Loaded with one query
+        whenever the ledger was (re)built from the store (at start, after an outage):
+        both then match it."""
         if self._ids_ledger is not self._ledger:
             with self.db.session() as session:
                 self._ids = set(session.scalars(select(JobRow.id)).all())
             self._ids_ledger = self._ledger
         return self._ids
 
-    def _commit(
+    def _decision_rows(
         self,
         job: Job,
         best: BestSchedule,
@@ -181,52 +215,43 @@ class DecisionCore(AdmissionState):
         estimate: BoundEstimate,
         submitter: str | None = None,
         wait_until: int | None = None,
-    ) -> list[Event]:
-        """Store the decision; with ``wait_until`` set, a job not admitted is pending."""
+    ) -> DecisionRows:
+        """The rows that store the decision; with ``wait_until`` set, a job not admitted
+        is pending."""
         now = datetime.now(UTC)
         waiting = "rejected" if wait_until is None else "pending"
         state = "admitted" if view.admitted else waiting
-        with self._write() as session:
-            seq = (session.scalar(select(func.max(JobRow.sequence))) or 0) + 1
-            self._sequence = seq  # the answer's (_answer), once this commits
-            start = None
-            if view.admitted and best.schedule is not None:
-                start = int(best.schedule.start + np.flatnonzero(best.schedule.worker_counts())[0])
-            session.add(
-                JobRow(
-                    id=job.id,
-                    sequence=seq,
-                    spec=canonical,
-                    state=state,
-                    submitted_slot=self.slot,
-                    arrival_slot=view.arrival_slot,
-                    work=view.work,
-                    admitted=view.admitted,
-                    payoff=view.payoff,
-                    cost=view.cost,
-                    start_slot=start,
-                    completion_slot=view.completion_slot,
-                    jct=view.jct,
-                    utility=view.utility,
-                    reason=view.reason,
-                    detail={"drivers": view.drivers},
-                    decision_ms=view.decision_ms,
-                    decided_at=now,
-                    submitter=submitter,
-                    wait_until_slot=wait_until,
-                    decided_slot=self.slot,
-                )
-            )
-            session.flush()
-            if view.admitted:
-                self._insert_allocations(session, job.id, view.allocations)
-            if self.config.pricing.mode == "estimate":  # one UPDATE, not merge's SELECT + UPDATE
-                value = estimate.to_dict()
-                stmt = update(MetaRow).where(MetaRow.key == ESTIMATE_KEY).values(value=value)
-                if session.connection().execute(stmt).rowcount == 0:
-                    session.add(MetaRow(key=ESTIMATE_KEY, value=value))
-            detail = {"admitted": view.admitted, "payoff": view.payoff}
-            return [self._event(session, now, "decided", job.id, state, detail)]
+        start = None
+        if view.admitted and best.schedule is not None:
+            start = int(best.schedule.start + np.flatnonzero(best.schedule.worker_counts())[0])
+        job_row = {
+            "id": job.id,
+            "spec": canonical,
+            "state": state,
+            "submitted_slot": self.slot,
+            "arrival_slot": view.arrival_slot,
+            "work": view.work,
+            "admitted": view.admitted,
+            "payoff": view.payoff,
+            "cost": view.cost,
+            "start_slot": start,
+            "completion_slot": view.completion_slot,
+            "jct": view.jct,
+            "utility": view.utility,
+            "reason": view.reason,
+            "detail": {"drivers": view.drivers},
+            "decision_ms": view.decision_ms,
+            "decided_at": now,
+            "cancelled_slot": None,
+            "submitter": submitter,
+            "wait_until_slot": wait_until,
+            "decided_slot": self.slot,
+        }
+        allocations = self._allocation_rows(job.id, view.allocations) if view.admitted else []
+        value = estimate.to_dict() if self.config.pricing.mode == "estimate" else None
+        detail = {"admitted": view.admitted, "payoff": view.payoff}
+        event = self._event_row(now, "decided", job.id, state, detail)
+        return DecisionRows(job_row, allocations, value, event)
 
     def _wait(self, asked: float | None) -> float:
         """The wait of a submission, seconds: ``asked``, or the configured default."""
@@ -255,6 +280,7 @@ class DecisionCore(AdmissionState):
         if why:
             return None, replace(view, reason=f"{view.reason}; not queued: {why}")
         limits = self.config.limits
+        self._sync_writes()  # the pending jobs of decisions still being committed count
         with self.db.session() as session:
             pending = select(func.count()).select_from(JobRow).where(JobRow.state == "pending")
             everyone = int(session.scalar(pending) or 0)

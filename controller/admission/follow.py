@@ -90,8 +90,16 @@ class Follow(Recovery):
 
     def _follow_sync(self) -> list[Event]:
         """Apply what was committed since the last event applied (at most
-        :data:`FOLLOW_BATCH` events); returns them, for the event bus."""
+        :data:`FOLLOW_BATCH` events); returns them, for the event bus. A ledger left
+        stale by a failed commit (a leader that just stepped down) is rebuilt in full."""
         self._advance_window()
+        if self._stale:
+            self._writer.drain()
+            self._generation += 1
+            self._seen_event = self._last_event()
+            self._reload()
+            self._stale = False
+            return []
         with self.db.session() as session:
             rows = session.scalars(
                 select(EventRow)
@@ -167,6 +175,9 @@ class Follow(Recovery):
         """Lead in ``epoch`` (just recorded in the store) with the writer lock held by
         backend ``lock_pid``: apply what is not applied yet, record the servers and
         settings; returns the events applied. On failure this daemon stays a standby."""
+        self._writer.drain()  # a commit of this daemon's last lead, if any, is over
+        if self._stale:
+            self._generation += 1  # rebuilt below; what failed before stays failed
         self.lead(epoch, lock_pid)
         self._ids_ledger = None  # the ids of stored jobs are read again (.decide)
         try:

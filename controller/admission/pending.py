@@ -41,6 +41,7 @@ class PendingQueue(DecisionCore):
         order; their events are held for the controller to publish."""
         if self._pending_slot == self.slot:  # done in this slot: no query per submission
             return
+        self._sync_writes()  # jobs queued by decisions still being committed included
         with self.db.session() as session:
             ids = session.scalars(
                 select(JobRow.id)

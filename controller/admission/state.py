@@ -25,12 +25,13 @@ from sqlalchemy.orm import Session
 
 from controller.admission.turns import Turns
 from controller.admission.views import JobView
+from controller.admission.writer import GroupWriter, WriteSet
 from controller.clock import SlotClock
 from controller.config import Config
 from controller.errors import NotLeaderError
 from controller.events import Event, EventBus
 from controller.pins import Pins
-from controller.store import Database, EventRow, JobRow
+from controller.store import Database, EventRow, JobRow, StoreUnavailableError
 from controller.store.writer_lock import Holder, check_epoch
 from pricing import Job, Ledger, job_from_dict
 from pricing.bound_estimate import BoundEstimate
@@ -69,7 +70,7 @@ class AdmissionState(ABC):
         self.log = log or structlog.get_logger("oasisd")
         self.window = config.window
         # the decision thread: every step below runs in it, serialised (.controller)
-        self._turns = Turns(config.limits.max_in_flight)
+        self._turns = Turns(config.limits.max_in_flight, holders=2)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="decide")
         self._draining = False
         self._in_flight = 0  # requests inside _run: queued on the lock or deciding
@@ -94,7 +95,14 @@ class AdmissionState(ABC):
         # ids of the stored jobs, valid for the ledger they were loaded with (.decide)
         self._ids: set[str] = set()
         self._ids_ledger: Ledger | None = None
-        self._sequence = 0  # the sequence of the job last committed (.decide)
+        # group commit (.writer, .commit): decisions are committed by a writer thread
+        # in batches; a rebuild of the ledger starts a new generation, and write sets
+        # of a generation a batch of which failed are not committed
+        self._writer = GroupWriter(self._commit_batch, self._commit_failed)
+        self._generation = 0
+        # job id -> (canonical spec, submitter, future of the answer) of each decision
+        # handed to the writer and not committed yet: a retry waits for the first
+        self._uncommitted: dict[str, tuple[str, str | None, Any]] = {}
         # high availability (controller/ha): without [ha] this daemon always leads and
         # its writes are not fenced (the writer lock keeps other daemons out)
         self.role = "leader" if config.ha is None else "standby"
@@ -119,12 +127,25 @@ class AdmissionState(ABC):
 
     @contextmanager
     def _write(self) -> Iterator[Session]:
-        """A store transaction that writes, fenced: every write goes through here.
+        """A store transaction that writes, fenced: every write but the group-committed
+        decisions' (:mod:`.commit`) goes through here, after those (:meth:`_sync_writes`).
 
         Raises NotLeaderError on a standby; with high availability, the transaction first
         checks, with the ``writer`` row share-locked, that the store's epoch is still
         this leader's (:func:`controller.store.writer_lock.check_epoch`, FencedError if
         not), so a leader that was paused or cut off past its lease never commits."""
+        self._sync_writes()
+        self._written_event = self._seen_event
+        with self.db.session() as session:
+            self._fence(session)
+            yield session
+        # committed: its events are this leader's own, reflected in its ledger once the
+        # caller applies them (a commit whose fate is unknown leaves the ledger stale
+        # and these events unseen: a standby applies them, a leader rebuilds)
+        self._seen_event = max(self._seen_event, self._written_event)
+
+    def _fence(self, session: Session) -> None:
+        """The checks that open every write transaction (:meth:`_write`)."""
         if not self.leading:
             raise self._not_leader()
         ha = self.config.ha
@@ -133,15 +154,21 @@ class AdmissionState(ABC):
             raise self._not_leader(
                 f"this oasisd has not confirmed its lease for over {ha.lease_seconds:g} s"
             )
-        self._written_event = self._seen_event
-        with self.db.session() as session:
-            if self.fence_epoch is not None:
-                check_epoch(session, self.fence_epoch, self.fence_pid)
-            yield session
-        # committed: its events are this leader's own, reflected in its ledger once the
-        # caller applies them (a commit whose fate is unknown leaves the ledger stale
-        # and these events unseen: a standby applies them, a leader rebuilds)
-        self._seen_event = max(self._seen_event, self._written_event)
+        if self.fence_epoch is not None:
+            check_epoch(session, self.fence_epoch, self.fence_pid)
+
+    def _sync_writes(self) -> None:
+        """Wait until every decision handed to the writer is committed, so a write or a
+        read of the store that follows sees them all, in decision order.
+
+        Raises StoreUnavailableError if one of this generation failed: the ledger holds
+        decisions the store does not, and is rebuilt before the next step."""
+        self._writer.drain()
+        if self._writer.failed_generation >= self._generation:
+            self._stale = True
+            raise StoreUnavailableError(
+                "a commit of earlier decisions failed; the ledger is rebuilt from the store"
+            )
 
     @property
     def _ledger(self) -> Ledger:
@@ -171,14 +198,21 @@ class AdmissionState(ABC):
         self, session: Session, now: datetime, kind: str, job_id: str, state: str,
         detail: dict[str, Any],
     ) -> Event:  # fmt: skip
-        if self.fence_epoch is not None:  # high availability: whose decision it was
-            detail = {**detail, "epoch": self.fence_epoch}
-        row = EventRow(at=now, kind=kind, job_id=job_id, slot=self.slot, state=state,
-                       detail=detail)  # fmt: skip
+        values = self._event_row(now, kind, job_id, state, detail)
+        row = EventRow(**values)
         session.add(row)
         session.flush()
         self._written_event = max(self._written_event, row.sequence)  # seen once committed
-        return Event(row.sequence, kind, job_id, self.slot, state, detail)
+        return Event(row.sequence, kind, job_id, self.slot, state, values["detail"])
+
+    def _event_row(
+        self, now: datetime, kind: str, job_id: str, state: str, detail: dict[str, Any]
+    ) -> dict[str, Any]:
+        """An event's columns but its sequence (the store numbers events)."""
+        if self.fence_epoch is not None:  # high availability: whose decision it was
+            detail = {**detail, "epoch": self.fence_epoch}
+        return {"at": now, "kind": kind, "job_id": job_id, "slot": self.slot, "state": state,
+                "detail": detail}  # fmt: skip
 
     @staticmethod
     def _allocation_rows(job_id: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -211,6 +245,18 @@ class AdmissionState(ABC):
     @abstractmethod
     def _bounds(self, estimate: BoundEstimate) -> PriceBounds:
         """The price bounds for ``estimate`` (:mod:`.recovery`)."""
+
+    @abstractmethod
+    def _commit_batch(self, batch: list[WriteSet]) -> list[Any]:
+        """Commit a batch of decisions (:mod:`.commit`, in the writer thread)."""
+
+    @abstractmethod
+    def _commit_failed(self, err: BaseException) -> BaseException:
+        """After a failed batch (:mod:`.commit`, in the writer thread)."""
+
+    @abstractmethod
+    def _step_down(self, why: str) -> None:
+        """Stop deciding: a standby from now (:mod:`.follow`)."""
 
     @abstractmethod
     def _view(self, session: Session, row: JobRow, duplicate: bool = False) -> JobView:

@@ -1,6 +1,7 @@
 """Turns at the decision thread, round-robin over clients, with a cap on each client's
 calls waiting: one client's burst of quotes delays another's submit by at most one of its
-decisions, not by the whole burst (a FIFO lock would serve the burst first)."""
+decisions (``holders`` of them), not by the whole burst (a FIFO lock would serve the
+burst first)."""
 
 from __future__ import annotations
 
@@ -13,17 +14,22 @@ __all__ = ["Turns"]
 
 
 class Turns:
-    """One holder at a time; waiting calls are granted a client at a time, in turn.
+    """Up to ``holders`` holders at a time; waiting calls are granted a client at a time,
+    in turn.
 
     Args:
         max_waiting: the most calls of one client inside (waiting or holding); one more
             raises :class:`BusyError` at once. 0: no cap. The daemon's own steps (client
             ``""``: slot ticks, the execution plane) are never capped.
+        holders: turns granted at once. The decision thread runs one step at a time; a
+            second holder has its step queued behind, so the thread starts it as soon as
+            the first ends instead of waiting for the event loop to grant the next turn.
     """
 
-    def __init__(self, max_waiting: int = 0) -> None:
+    def __init__(self, max_waiting: int = 0, holders: int = 1) -> None:
         self.max_waiting = max_waiting
-        self._busy = False
+        self.holders = holders
+        self._held = 0  # turns granted and not released
         self._queues: OrderedDict[str, deque[asyncio.Future[None]]] = OrderedDict()
         self._inside: dict[str, int] = {}
 
@@ -44,8 +50,8 @@ class Turns:
                 f"{self.max_waiting} (wait for their answers)"
             )
         self._inside[client] = count + 1
-        if not self._busy and not self._queues:
-            self._busy = True
+        if self._held < self.holders and not self._queues:
+            self._held += 1
             return
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queues.setdefault(client, deque()).append(turn)
@@ -66,6 +72,7 @@ class Turns:
     def release(self, client: str) -> None:
         """End ``client``'s turn and grant the next: the head of the next client's queue."""
         self._leave(client)
+        self._held -= 1
         while self._queues:
             name, queue = next(iter(self._queues.items()))
             turn = queue.popleft()
@@ -74,9 +81,9 @@ class Turns:
             else:
                 del self._queues[name]
             if not turn.done():
+                self._held += 1
                 turn.set_result(None)
                 return
-        self._busy = False
 
     def _leave(self, client: str) -> None:
         left = self._inside.get(client, 0) - 1

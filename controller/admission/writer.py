@@ -1,0 +1,170 @@
+"""Group commit: the decision thread decides and applies, a writer thread commits.
+
+The decision thread decides a submission, applies it to the ledger and hands its rows
+to :class:`GroupWriter` as a :class:`WriteSet`; it goes on to the next decision at once.
+The writer takes every write set queued (up to :data:`MAX_BATCH`), commits them in one
+transaction, in decision order, and only then resolves each one's future: an answer
+leaves only after its own batch committed. One commit (one fsync on SQLite with
+``synchronous=FULL``, one round trip on PostgreSQL) is shared by the whole batch.
+
+A failed batch fails every write set decided on the ledger it left behind: the write
+sets of that batch, and every later one of the same *generation* (the decision thread
+starts a new generation each time it rebuilds the ledger from the store). The failure
+callback marks the ledger stale, so the decision thread rebuilds it from the store before
+its next step. Writes of other kinds (ticks, cancels, the plane's) are not queued here:
+they first wait for the writer to be idle (:meth:`GroupWriter.drain`), so the store
+records every change in the order the ledger took it.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["MAX_BATCH", "GroupWriter", "WriteSet"]
+
+MAX_BATCH = 256
+"""Write sets committed in one transaction at most."""
+
+
+@dataclass(eq=False)
+class WriteSet:
+    """One decision's rows, committed by the writer (see the module docstring).
+
+    ``rows`` is whatever the commit function reads (the controller's job, allocation,
+    estimate and event rows); ``finish(committed)`` turns the commit function's result
+    for this write set into its answer, in the writer thread, once the batch committed.
+    """
+
+    rows: Any
+    finish: Callable[[Any], Any]
+    generation: int
+    after: Callable[[], None] | None = None
+    """Called once the answer is out (logging: it does not delay the batch's answers)."""
+    future: Future[Any] = field(default_factory=Future)
+
+
+class GroupWriter:
+    """A thread committing queued write sets in batches.
+
+    Args:
+        commit: commits a batch in one transaction, in order; returns one result per
+            write set (passed to its ``finish``). Raises on failure: nothing of the
+            batch is committed (or, after a lost connection, its fate is unknown).
+        failed: called in the writer thread with the exception after a batch failed
+            (before any future of it is resolved); returns the exception the write
+            sets' futures get.
+        name: the thread's name.
+    """
+
+    def __init__(
+        self,
+        commit: Callable[[list[WriteSet]], list[Any]],
+        failed: Callable[[BaseException], BaseException],
+        name: str = "commit",
+    ) -> None:
+        self._commit = commit
+        self._failed = failed
+        self._queue: queue.SimpleQueue[WriteSet | None] = queue.SimpleQueue()
+        self._cond = threading.Condition()
+        self._queued = 0  # write sets submitted and not yet resolved
+        self._failed_generation = -1  # write sets of this generation or older fail
+        self._error: BaseException | None = None  # what the last failed batch's callers got
+        self._closed = False
+        self.batches = 0  # batches committed
+        self.committed = 0  # write sets committed
+        self.largest = 0  # write sets in the largest batch
+        self.commit_seconds = 0.0  # time in the commit function, successful batches
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, ws: WriteSet) -> Future[Any]:
+        """Queue ``ws``; its future resolves once its batch committed (or failed)."""
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the writer is closed")
+            self._queued += 1
+        self._queue.put(ws)
+        return ws.future
+
+    @property
+    def failed_generation(self) -> int:
+        """The newest generation a batch of which failed (-1: none)."""
+        return self._failed_generation
+
+    @property
+    def busy(self) -> bool:
+        """True while write sets are queued or being committed."""
+        return self._queued > 0
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every write set submitted so far is committed or failed; False if
+        ``timeout`` seconds passed first."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._queued == 0, timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Commit what is queued, then stop the thread."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            stop = False
+            while len(batch) < MAX_BATCH:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                batch.append(more)
+            self._run(batch)
+            if stop:
+                return
+
+    def _run(self, batch: list[WriteSet]) -> None:
+        doomed = [ws for ws in batch if ws.generation <= self._failed_generation]
+        live = [ws for ws in batch if ws.generation > self._failed_generation]
+        for ws in doomed:
+            assert self._error is not None
+            ws.future.set_exception(self._error)
+        if live:
+            started = time.perf_counter()
+            try:
+                results = self._commit(live)
+            except BaseException as exc:  # every caller of the batch gets the error
+                self._failed_generation = max(ws.generation for ws in live)
+                self._error = err = self._failed(exc)
+                for ws in live:
+                    ws.future.set_exception(err)
+            else:
+                self.commit_seconds += time.perf_counter() - started
+                self.batches += 1
+                self.committed += len(live)
+                self.largest = max(self.largest, len(live))
+                for ws, result in zip(live, results, strict=True):
+                    try:
+                        ws.future.set_result(ws.finish(result))
+                    except BaseException as exc:  # an answer that cannot be built
+                        ws.future.set_exception(exc)
+                for ws in live:
+                    if ws.after is not None:
+                        ws.after()
+        with self._cond:
+            self._queued -= len(batch)
+            self._cond.notify_all()
