@@ -76,10 +76,10 @@ N_SERVERS = 50  # worker servers, and as many PS servers
 WINDOW = 300
 SLOT_SECONDS = 3600
 BACKENDS = ("sqlite", "postgresql")
-GOALS = {
-    "sqlite_decisions_per_s": 100.0,
-    "postgresql_decisions_per_s": 50.0,
-    "submit_p99_ms": 150.0,
+GOALS = {  # issue 16 (8 clients, the daemon's defaults: durable commits)
+    "sqlite_decisions_per_s": 500.0,
+    "postgresql_decisions_per_s": 300.0,
+    "submit_p99_ms": 50.0,
     "health_p99_ms": 20.0,
 }
 
@@ -109,6 +109,14 @@ class BackendResult:
     health_max_ms: float = 0.0
     allocation_rows: int = 0
     timed_out: bool = False
+    # group commit, from the daemon's "group commit" log line at its stop
+    batches: int = 0
+    mean_batch: float = 0.0
+    commit_ms_mean: float = 0.0
+    # --ceilings: the same machine and run, without the daemon around them
+    grpc_ceiling_per_s: float | None = None
+    commit_ceiling_k1_per_s: float | None = None
+    commit_ceiling_k32_per_s: float | None = None
 
 
 # -- workload and config ---------------------------------------------------------------
@@ -348,6 +356,47 @@ def count_allocations(url: str) -> int:
         engine.dispose()
 
 
+def group_commit_stats(log_path: Path) -> dict[str, Any]:
+    """The daemon's "group commit" summary line (logged at its stop), or {}."""
+    found: dict[str, Any] = {}
+    for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if '"group commit"' in line:
+            try:
+                found = json.loads(line)
+            except ValueError:
+                continue
+    return found
+
+
+def ceilings(
+    result: BackendResult,
+    new_store: Any,
+    servers: list[dict[str, Any]],
+    jobs: list[dict[str, Any]],
+    requests: list[pb.SubmitJobRequest],
+    args: argparse.Namespace,
+    workdir: Path,
+) -> None:
+    """Measure the gRPC and commit ceilings (bench.throughput_ceilings) into ``result``;
+    ``new_store()`` gives a fresh store URL ("" for SQLite in a new data directory)."""
+    from bench import throughput_ceilings as tc
+
+    def config(name: str) -> Path:
+        return write_config(
+            workdir / f"{name}.toml", workdir / f"{name}-data", new_store(), servers,
+            epoch=time.time(), sqlite_synchronous=args.sqlite_synchronous,
+        )  # fmt: skip
+
+    tag = f"{result.backend}-ceiling"
+    sets = tc.write_sets(config(f"{tag}-decide"), jobs[: args.ceiling_jobs], uuid.uuid4().hex[:8])
+    result.commit_ceiling_k1_per_s = tc.commit_ceiling(config(f"{tag}-k1"), sets, 1)
+    result.commit_ceiling_k32_per_s = tc.commit_ceiling(config(f"{tag}-k32"), sets, 32)
+    rejected = next((j for j in reversed(jobs) if j), jobs[0])
+    response = tc.canned_response(config(f"{tag}-answer"), {**rejected, "id": "canned"})
+    calls = requests[: max(args.ceiling_jobs, 8 * args.clients)]
+    result.grpc_ceiling_per_s = tc.grpc_ceiling(response, args.clients, calls, args.max_seconds)
+
+
 def run_backend(
     backend: str,
     store_url: str,
@@ -379,6 +428,7 @@ def run_backend(
         shutil.copy(log_path, Path(args.keep_logs) / f"oasisd-{backend}.log")
     url = store_url or f"sqlite:///{(data_dir / 'oasis.db').resolve()}"
     decisions = load.admitted + load.rejected
+    stats = group_commit_stats(log_path)
     s50, s99, smax = percentiles(load.submit_ms)
     d50, d99, _ = percentiles(load.decision_ms)
     h50, h99, hmax = percentiles(load.health_ms)
@@ -406,6 +456,9 @@ def run_backend(
         health_max_ms=hmax,
         allocation_rows=count_allocations(url),
         timed_out=load.timed_out,
+        batches=int(stats.get("batches", 0)),
+        mean_batch=float(stats.get("mean_batch", 0.0)),
+        commit_ms_mean=float(stats.get("commit_ms_mean", 0.0)),
     )
 
 
@@ -459,6 +512,23 @@ def print_table(results: list[BackendResult], settings: dict[str, Any]) -> None:
             f"| {r.health_p50_ms:.1f} / {r.health_p99_ms:.1f} / {r.health_max_ms:.1f} "
             f"| {r.allocation_rows} |"
         )
+    print(
+        "\n| store | batches | mean batch | commit ms per batch | gRPC ceiling /s "
+        "| commit ceiling k=1 / k=32 /s | share of gRPC / k=1 / k=32 |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        gc, k1, k32 = r.grpc_ceiling_per_s, r.commit_ceiling_k1_per_s, r.commit_ceiling_k32_per_s
+
+        def share(ceiling: float | None, rate: float = r.decisions_per_s) -> str:
+            return "-" if not ceiling else f"{rate / ceiling:.0%}"
+
+        print(
+            f"| {r.backend} | {r.batches} | {r.mean_batch:.2f} | {r.commit_ms_mean:.2f} "
+            f"| {'-' if gc is None else f'{gc:.0f}'} "
+            f"| {'-' if k1 is None else f'{k1:.0f}'} / {'-' if k32 is None else f'{k32:.0f}'} "
+            f"| {share(gc)} / {share(k1)} / {share(k32)} |"
+        )
     print("\n| store | goal | measured | met |\n|---|---|---|---|")
     for g in goals(results):
         print(f"| {g['backend']} | {g['goal']} | {g['measured']:.1f} | "
@@ -484,6 +554,12 @@ def main(argv: list[str] | None = None) -> int:
         "--sqlite-synchronous", choices=("full", "normal"), default="full",
         help="daemon.sqlite_synchronous of the SQLite run (full: the daemon's default)",
     )  # fmt: skip
+    parser.add_argument(
+        "--ceilings", action="store_true",
+        help="also measure the gRPC and commit ceilings (bench/throughput_ceilings.py)",
+    )  # fmt: skip
+    parser.add_argument("--ceiling-jobs", type=int, default=600,
+                        help="decisions committed and calls made per ceiling (600)")  # fmt: skip
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
@@ -505,7 +581,17 @@ def main(argv: list[str] | None = None) -> int:
                 store_url = postgres.new_database()
             else:
                 store_url = ""  # SQLite in the data directory
-            results.append(run_backend(backend, store_url, servers, jobs, args, workdir))
+            result = run_backend(backend, store_url, servers, jobs, args, workdir)
+            if args.ceilings:
+                print(f"measuring {backend}'s ceilings ...", file=sys.stderr, flush=True)
+                pg = postgres
+                new_store = pg.new_database if pg is not None else (lambda: "")
+                requests = [
+                    pb.SubmitJobRequest(job=spec_to_proto({**job, "id": f"ceiling-{i}"}))
+                    for i, job in enumerate(jobs)
+                ]
+                ceilings(result, new_store, servers, jobs, requests, args, workdir)
+            results.append(result)
     finally:
         if postgres is not None:
             postgres.close()

@@ -29,7 +29,7 @@ import structlog
 
 from controller.errors import DrainingError
 from controller.events import Event
-from controller.plane.client import client_for
+from controller.plane.client import client_for, for_each
 from controller.plane.execution import Execution
 from controller.plane.intake import Complaints
 from controller.plane.port import AdmissionPort
@@ -235,10 +235,10 @@ class Plane:
         the number of plans published."""
         published = dict(self.published)
         plans = await self.c._run(lambda: self.execution.plans_sync(published))
-        await asyncio.gather(
-            *(client.publish(self.topics.plan(p.server), p.to_bytes(), qos=1, retain=True)
-              for p in plans)
-        )  # fmt: skip
+        await for_each(
+            plans,
+            lambda p: client.publish(self.topics.plan(p.server), p.to_bytes(), qos=1, retain=True),
+        )
         for plan in plans:
             self.published[plan.server] = plan
         if self._restore:
@@ -270,7 +270,7 @@ class Plane:
     async def _publish_events(self, client: aiomqtt.Client, events: Sequence[Event]) -> None:
         """Publish job events (retained, QoS 1); one that cannot be published is logged
         and skipped, never retried: the counter moves past it."""
-        out = []
+        out: list[tuple[str, JobEvent]] = []
         for e in events:
             kind = event_kind(e.kind, e.state)
             if kind is None or not e.job_id:
@@ -281,9 +281,8 @@ class Plane:
                 self._complain("?", "event", "job event not published", sequence=e.sequence,
                                error=str(err))  # fmt: skip
                 continue
-            message = JobEvent(e.sequence, kind, e.job_id, e.slot, e.state, e.detail)
-            out.append(self._publish_one(client, topic, message))
-        await asyncio.gather(*out)
+            out.append((topic, JobEvent(e.sequence, kind, e.job_id, e.slot, e.state, e.detail)))
+        await for_each(out, lambda m: self._publish_one(client, *m))
 
     async def _publish_one(self, client: aiomqtt.Client, topic: str, message: JobEvent) -> None:
         try:
