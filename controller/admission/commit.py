@@ -64,10 +64,12 @@ class GroupCommit(AdmissionState):
     def _commit_batch(self, batch: list[WriteSet]) -> list[Committed]:
         """Commit ``batch`` in one fenced transaction, in order (the writer thread)."""
         rows: list[DecisionRows] = [ws.rows for ws in batch]
-        with self.db.session() as session:
+        with self.db.held_session() as session:
             self._fence(session)
             conn = session.connection()
-            sequence = int(conn.scalar(select(func.max(JobRow.sequence))) or 0)
+            sequence = self._last_sequence
+            if sequence is None:  # after another write, or a failure: as stored
+                sequence = int(conn.scalar(select(func.max(JobRow.sequence))) or 0)
             jobs = []
             for r in rows:
                 sequence += 1
@@ -87,6 +89,7 @@ class GroupCommit(AdmissionState):
             numbers = list(conn.execute(stmt_events, [r.event for r in rows]).scalars())
         # committed: these events are this leader's own, reflected in its ledger already
         self._seen_event = max(self._seen_event, *numbers)
+        self._last_sequence = sequence
         first = jobs[0]["sequence"]
         done = []
         for i, (r, n) in enumerate(zip(rows, numbers, strict=True)):
@@ -99,6 +102,7 @@ class GroupCommit(AdmissionState):
         """A batch failed (the writer thread): the ledger holds decisions the store may
         not, so it is rebuilt before the next step; returns what the callers get."""
         self._stale = True
+        self._last_sequence = None
         if isinstance(err, FencedError):  # another daemon leads now: nothing was committed
             self.leader = err.holder
             self._step_down(str(err))

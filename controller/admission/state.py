@@ -103,6 +103,9 @@ class AdmissionState(ABC):
         # job id -> (canonical spec, submitter, future of the answer) of each decision
         # handed to the writer and not committed yet: a retry waits for the first
         self._uncommitted: dict[str, tuple[str, str | None, Any]] = {}
+        # the largest job sequence committed, as the writer knows it (None: read it);
+        # forgotten at every other write (a pending job admitted takes the next one)
+        self._last_sequence: int | None = None
         # high availability (controller/ha): without [ha] this daemon always leads and
         # its writes are not fenced (the writer lock keeps other daemons out)
         self.role = "leader" if config.ha is None else "standby"
@@ -135,6 +138,7 @@ class AdmissionState(ABC):
         this leader's (:func:`controller.store.writer_lock.check_epoch`, FencedError if
         not), so a leader that was paused or cut off past its lease never commits."""
         self._sync_writes()
+        self._last_sequence = None
         self._written_event = self._seen_event
         with self.db.session() as session:
             self._fence(session)

@@ -21,6 +21,7 @@ ledger's rebuild at start-up may take longer on a large store: they run under
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -34,7 +35,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event, make_url, text
+from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
@@ -132,16 +133,42 @@ class Database:
             event.listen(self.engine, "do_connect", _bounded_connect(timeout + _CLIENT_MARGIN))
             event.listen(self.engine, "begin", _patient_statements)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._held: Connection | None = None  # held_session's
 
     @contextmanager
     def session(self) -> Iterator[Session]:
         """A session in a transaction, committed on success; database outages become
         StoreUnavailableError."""
+        with self._outages(), self._sessions.begin() as session:
+            yield session
+
+    @contextmanager
+    def held_session(self) -> Iterator[Session]:
+        """As :meth:`session`, on one connection kept open from call to call (for one
+        thread: the group-commit writer's), so a transaction costs no pool checkout and
+        no pre-ping round trip. A failed transaction closes it; the next call opens
+        another."""
+        with self._outages():
+            conn = self._held
+            if conn is None or conn.closed or conn.invalidated:
+                conn = self._held = self.engine.connect()
+            try:
+                with conn.begin(), Session(bind=conn, expire_on_commit=False) as session:
+                    yield session
+            except BaseException:
+                self._held = None
+                with contextlib.suppress(Exception):
+                    conn.close()
+                raise
+
+    @contextmanager
+    def _outages(self) -> Iterator[None]:
+        """Database outages in the block become StoreUnavailableError (the module
+        docstring); while PostgreSQL is known out of reach, fail at once."""
         if self._down and time.monotonic() < self._retry_at:
             raise StoreUnavailableError(f"{self._down} (retrying)")
         try:
-            with self._sessions.begin() as session:
-                yield session
+            yield
             self._down = ""
         except DBAPIError as err:
             if err.connection_invalidated or _is_transient(err):
@@ -192,6 +219,10 @@ class Database:
             self._retry_at = time.monotonic() + RETRY_SECONDS
 
     def dispose(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            with contextlib.suppress(Exception):
+                held.close()
         self.engine.dispose()
 
 
