@@ -12,6 +12,14 @@ from controller.admission.turns import Turns
 from controller.errors import BusyError
 
 
+async def _call(turns: Turns, order: list[str], client: str, tag: str) -> None:
+    """Take a turn, note ``tag``, and pass the turn on."""
+    await turns.acquire(client)
+    order.append(tag)
+    await asyncio.sleep(0)
+    turns.release(client)
+
+
 def test_a_client_past_its_cap_is_refused_and_the_daemon_never_is() -> None:
     async def scenario() -> None:
         turns = Turns(max_waiting=2)
@@ -38,17 +46,10 @@ def test_waiting_clients_are_served_in_turn_not_first_come() -> None:
     async def scenario() -> None:
         turns = Turns()
         order: list[str] = []
-
-        async def call(client: str, tag: str) -> None:
-            await turns.acquire(client)
-            order.append(tag)
-            await asyncio.sleep(0)
-            turns.release(client)
-
         await turns.acquire("holder")
-        tasks = [asyncio.ensure_future(call("alice", f"a{i}")) for i in range(4)]
+        tasks = [asyncio.ensure_future(_call(turns, order, "alice", f"a{i}")) for i in range(4)]
         await asyncio.sleep(0)
-        tasks.append(asyncio.ensure_future(call("bob", "b0")))
+        tasks.append(asyncio.ensure_future(_call(turns, order, "bob", "b0")))
         await asyncio.sleep(0)
         turns.release("holder")
         await asyncio.gather(*tasks)
@@ -73,16 +74,9 @@ def test_two_holders_keep_the_turns_round_robin() -> None:
         turns.release("first")
         await third
         order: list[str] = []
-
-        async def call(client: str, tag: str) -> None:
-            await turns.acquire(client)
-            order.append(tag)
-            await asyncio.sleep(0)
-            turns.release(client)
-
-        tasks = [asyncio.ensure_future(call("alice", f"a{i}")) for i in range(4)]
+        tasks = [asyncio.ensure_future(_call(turns, order, "alice", f"a{i}")) for i in range(4)]
         await asyncio.sleep(0)
-        tasks.append(asyncio.ensure_future(call("bob", "b0")))
+        tasks.append(asyncio.ensure_future(_call(turns, order, "bob", "b0")))
         await asyncio.sleep(0)
         turns.release("second")
         turns.release("third")
