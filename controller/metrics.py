@@ -24,6 +24,10 @@ Read at each scrape:
   admitted job (not ``pending``, ``rejected`` or ``expired``: never earned; the
   algorithm's objective is the sum over ``admitted``, ``running`` and ``completed``).
 - ``oasis_slot``, ``oasis_draining``.
+- ``oasis_commit_batches_total`` and ``oasis_commit_decisions_total``: the group-commit
+  writer's committed batches and the decisions in them (their ratio is the mean batch);
+  ``oasis_commit_seconds_total``: its time inside those commits;
+  ``oasis_commit_queued``: decisions decided and not yet committed.
 - ``oasis_utilisation{kind, resource}``: share of the capacity of that kind of server
   (``worker``, ``ps``) in use in the current slot, 0..1; ``oasis_utilisation_planned``:
   the mean share over the window ahead (current slot included).
@@ -48,7 +52,7 @@ import grpc
 import numpy as np
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from sqlalchemy import func, select
 
 from controller.admission import STATES, AdmissionController
@@ -228,9 +232,29 @@ class _ControllerCollector:
             "1 once the daemon is stopping and refuses new decisions.",
             value=float(self.c.draining),
         )
+        yield from self._commits()
         if self.c.config.ha is not None:
             yield from self._ha()
         yield from self._ledger()
+
+    def _commits(self) -> Iterator[Metric]:
+        w = self.c.writer
+        yield CounterMetricFamily(
+            "oasis_commit_batches", "Batches of decisions the group-commit writer committed.",
+            value=float(w.batches),
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "oasis_commit_decisions", "Decisions committed by the group-commit writer.",
+            value=float(w.committed),
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "oasis_commit_seconds", "Seconds the group-commit writer spent in its commits.",
+            value=w.commit_seconds,
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "oasis_commit_queued", "Decisions decided and applied, their commit not yet done.",
+            value=float(w.queued),
+        )  # fmt: skip
 
     def _ha(self) -> Iterator[Metric]:
         ha = self.c.ha_status()

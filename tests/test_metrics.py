@@ -115,6 +115,11 @@ def test_metrics_follow_decisions_jobs_utilisation_and_prices(scraped: Scraped) 
     )
     payoffs = [a.job.decision.payoff for a in admitted]
     assert value(after, "oasis_admitted_payoff_total") == pytest.approx(sum(payoffs))
+    # each decision committed by the group-commit writer, in at most as many batches
+    assert value(after, "oasis_commit_decisions_total") == len(answers)
+    assert 1 <= value(after, "oasis_commit_batches_total") <= len(answers)
+    assert value(after, "oasis_commit_seconds_total") > 0
+    assert value(after, "oasis_commit_queued") == 0
 
     assert value(after, "oasis_jobs", state="admitted") == n_admitted - 1
     assert value(after, "oasis_jobs", state="cancelled") == 1

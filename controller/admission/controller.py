@@ -15,6 +15,7 @@ from controller.admission.lifecycle import Lifecycle
 from controller.admission.pending import PendingQueue
 from controller.admission.reads import ReadViews
 from controller.admission.views import DecisionView, JobView
+from controller.admission.writer import GroupWriter
 from controller.errors import DrainingError
 from controller.events import Event
 from controller.limits import search_size
@@ -66,6 +67,11 @@ class AdmissionController(PendingQueue, Follow, Lifecycle, ReadViews):
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._idle.set()
+
+    @property
+    def writer(self) -> GroupWriter:
+        """The group-commit writer (its counters: batches, decisions, seconds)."""
+        return self._writer
 
     @property
     def draining(self) -> bool:

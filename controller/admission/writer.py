@@ -98,9 +98,9 @@ class GroupWriter:
         return self._failed_generation
 
     @property
-    def busy(self) -> bool:
-        """True while write sets are queued or being committed."""
-        return self._queued > 0
+    def queued(self) -> int:
+        """Write sets submitted and not yet committed or failed."""
+        return self._queued
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until every write set submitted so far is committed or failed; False if
