@@ -13,6 +13,13 @@ so the maximum over ``t`` is exact (and reached by a schedule using its last slo
 Speed, exactness kept:
 - slots nobody has touched share one cost curve, computed once per decision;
 - the work reachable after ``k`` slots bounds the ``w`` range of the ``k``-th step;
+- a prefix ``D[0 .. f]`` that a step with the untouched slots' curve gave back unchanged
+  is *frozen*: it depends only on itself and that curve, so no later step with that
+  curve, or with a curve no lower at any ``y`` (checked per touched slot), changes it,
+  and later steps update only ``w > f``. Once all of ``D`` is frozen an untouched slot
+  costs no DP at all (a priced-out job's search used to run the full window here: its
+  ``D`` stops changing a few slots after its best end, but later ends tie within the
+  early stop's slack). Every value is still the float the plain DP computes;
 - the search ends once ``f(t + 1 - a + 1)`` minus a lower bound on any completion's
   cost cannot beat the best payoff found. The rest of the work costs at least, per
   worker-slot, the cheapest unit price per resource of each later slot's servers (from
@@ -126,6 +133,7 @@ def _search(
     cover: F64,
     cheapest_idle: bool,
     d_all: F64,
+    rows: I64,
     c_all: F64,
     ymax_all: I64,
     idle_curve: F64,
@@ -137,49 +145,67 @@ def _search(
     ``n = len(util)`` slots from ``t0``, resuming where the call that ended at
     ``k_lo`` stopped (``k_lo = 0``: from the start).
 
-    Fills ``d_all[k]`` (``(W + 1,)``: least cost of at least w worker-slots by slot k),
-    ``c_all[k]`` (``(N + 1,)``: the slot's cost curve) and ``ymax_all[k]``. ``lb[k]`` (``(n,)``)
+    Fills ``d_all[rows[k]]`` (``(W + 1,)``: least cost of at least w worker-slots by slot
+    k; a slot that leaves it unchanged shares the row of the slot before), ``c_all[k]``
+    (``(N + 1,)``: the slot's cost curve) and ``ymax_all[k]``. ``lb[k]`` (``(n,)``)
     is a lower bound on the cost of one worker-slot in slot ``k``, ``lb_rest[k]`` its
     least over slots ``k .. n - 1``; ``cover`` ``(W + 1,)`` lower bounds on the cost of
     ``w`` worker-slots anywhere (zeros: none known), which with ``cheapest_idle`` the
     first untouched slot's curve tightens, with ``lb`` (:func:`_tighten_idle`).
-    ``state`` (``(5,)``) carries ``best payoff, best k (-1: none), reach,
-    idle ymax (-1: none), stopped`` between calls; ``idle_curve`` ``(N + 1,)`` the cost
-    curve of untouched slots. Returns the slots scanned so far; ``state[4]`` is 1 once
+    ``state`` (``(6,)``) carries ``best payoff, best k (-1: none), reach,
+    idle ymax (-1: none), stopped, frozen`` between calls; ``idle_curve`` ``(N + 1,)`` the
+    cost curve of untouched slots. Returns the slots scanned so far; ``state[4]`` is 1 once
     no later end can beat the best payoff found.
+
+    ``frozen`` (-1: none) is the last ``w`` of a prefix ``D[0 .. frozen]`` that no slot can
+    change any more (:func:`_freeze`): each step updates only ``w > frozen``, and once the
+    whole of ``D`` is frozen a slot costs no DP at all. Every value is the float the plain
+    DP computes: a skipped update is one whose result is known to be its input.
     """
     n_slots = util.shape[0]
     best = state[0]
     best_k = int(state[1])
     reach = int(state[2])
     idle_ymax = int(state[3])
+    frozen = int(state[5])
     if k_lo == 0:
         prev = np.full(work + 1, np.inf)
         prev[0] = 0.0
     else:
-        prev = d_all[k_lo - 1]
+        prev = d_all[rows[k_lo - 1]]
     for k in range(k_lo, k_hi):
         slot = t0 + k
         c = c_all[k]
-        if not touched[slot] and idle_ymax >= 0:
+        idle = not touched[slot]
+        if idle and idle_ymax >= 0:
             c[:] = idle_curve
             ymax = idle_ymax
         else:
             ymax = _slot_curve(wside, pside, slot, zt, c)
-            if not touched[slot]:
+            if idle:
                 idle_curve[:] = c
                 idle_ymax = ymax
                 if cheapest_idle:
                     _tighten_idle(c, ymax, work, lb, lb_rest, cover)
+            elif frozen >= 0 and not _dominates(c, idle_curve):
+                frozen = -1  # this slot may lower the frozen prefix
         ymax_all[k] = ymax
 
-        cur = d_all[k]
-        cur[:] = prev
-        # w < y needs no update: cost_t rises with y, so choosing y = w covers it as cheaply
-        for y in range(1, ymax + 1):
-            cy = c[y]
-            for w in range(y, min(work, reach + y) + 1):
-                cur[w] = min(cur[w], prev[w - y] + cy)
+        if frozen >= work:  # D is a fixed point of this slot
+            rows[k] = rows[k - 1]
+            cur = prev
+        else:
+            rows[k] = k
+            cur = d_all[k]
+            cur[:] = prev
+            # w < y needs no update: cost_t rises with y, so choosing y = w covers it as
+            # cheaply; w <= frozen would keep its value
+            for y in range(1, ymax + 1):
+                cy = c[y]
+                for w in range(max(y, frozen + 1), min(work, reach + y) + 1):
+                    cur[w] = min(cur[w], prev[w - y] + cy)
+            if idle:
+                frozen = _freeze(cur, prev, frozen, work)
         reach = min(work, reach + ymax)
 
         if cur[work] < np.inf:
@@ -189,11 +215,39 @@ def _search(
                 best = payoff
                 best_k = k
         prev = cur
-        if k + 1 < n_slots and _cannot_beat(cur, reach, work, util, lb, lb_rest, cover, k, best):
-            _keep(state, best, best_k, reach, idle_ymax, 1.0)
+        # with D frozen, an untouched slot costs nothing: try to stop only before a
+        # touched slot or the end of the run (the caller then derives more prices)
+        test = frozen < work or touched[slot + 1] or k + 1 == k_hi
+        if (
+            k + 1 < n_slots
+            and test
+            and _cannot_beat(cur, reach, work, util, lb, lb_rest, cover, k, best)
+        ):
+            _keep(state, best, best_k, reach, idle_ymax, 1.0, frozen)
             return k + 1
-    _keep(state, best, best_k, reach, idle_ymax, 0.0)
+    _keep(state, best, best_k, reach, idle_ymax, 0.0, frozen)
     return k_hi
+
+
+@njit(cache=True, nogil=True)
+def _freeze(cur: F64, prev: F64, frozen: int, work: int) -> int:
+    """The frozen prefix after a step with the untouched slots' curve ``c``: ``frozen``
+    extended over every ``w`` where the step left ``cur[w] == prev[w]``.
+
+    ``cur[0 .. f]`` depends only on ``prev[0 .. f]`` and ``c``; when the step gave it back
+    unchanged, every later step with ``c``, or with a curve no lower than ``c`` at any
+    ``y`` (:func:`_dominates`: float addition is monotone), gives it back unchanged too."""
+    w = frozen + 1
+    while w <= work and cur[w] == prev[w]:
+        w += 1
+    return w - 1
+
+
+@njit(cache=True, nogil=True)
+def _dominates(curve: F64, idle_curve: F64) -> bool:
+    """True if ``curve[y] >= idle_curve[y]`` for every ``y`` (``(N + 1,)`` each; inf where
+    ``y`` workers do not fit)."""
+    return bool(np.all(curve[1:] >= idle_curve[1:]))
 
 
 @njit(cache=True, nogil=True)
@@ -267,18 +321,22 @@ def _cannot_beat(
 
 
 @njit(cache=True, nogil=True)
-def _keep(state: F64, best: float, best_k: int, reach: int, idle_ymax: int, stop: float) -> None:
+def _keep(
+    state: F64, best: float, best_k: int, reach: int, idle_ymax: int, stop: float, frozen: int
+) -> None:
     """Store the search's state between runs of slots (see :func:`_search`)."""
     state[0] = best
     state[1] = best_k
     state[2] = reach
     state[3] = idle_ymax
     state[4] = stop
+    state[5] = frozen
 
 
 @njit(cache=True, nogil=True)
-def _backtrack(d_all: F64, c_all: F64, ymax_all: I64, best_k: int, work: int) -> I64:
-    """Workers per slot of a schedule reaching ``d_all[best_k][work]``.
+def _backtrack(d_all: F64, rows: I64, c_all: F64, ymax_all: I64, best_k: int, work: int) -> I64:
+    """Workers per slot of a schedule reaching ``d_all[rows[best_k]][work]`` (slot ``k``'s
+    DP is row ``rows[k]`` of ``d_all``, :func:`_search`).
 
     Walking back from the last slot, the smallest ``y`` whose cost is within a relative
     ``TIE`` of the least wins: equal-cost splits (common, since untouched slots share
@@ -287,7 +345,7 @@ def _backtrack(d_all: F64, c_all: F64, ymax_all: I64, best_k: int, work: int) ->
     ys = np.zeros(best_k + 1, np.int64)
     w = work
     for k in range(best_k, -1, -1):
-        target = d_all[k, w]
+        target = d_all[rows[k], w]
         c = c_all[k]
         found = False
         for y in range(ymax_all[k] + 1):
@@ -297,7 +355,7 @@ def _backtrack(d_all: F64, c_all: F64, ymax_all: I64, best_k: int, work: int) ->
             elif k == 0:
                 base = np.inf
             else:
-                base = d_all[k - 1, rest]
+                base = d_all[rows[k - 1], rest]
             if base + c[y] <= target * (1.0 + TIE):
                 ys[k] = y
                 w = max(rest, 0)
@@ -450,25 +508,26 @@ def search(
     lb_rest = np.ascontiguousarray(np.minimum.accumulate(lb[::-1])[::-1])
     cover = np.zeros(work + 1)
     d_all = np.empty((n_slots, work + 1))
+    rows = np.empty(n_slots, np.int64)
     c_all = np.empty((n_slots, job.chunks + 1))
     ymax_all = np.empty(n_slots, np.int64)
     idle_curve = np.empty(job.chunks + 1)
-    state = np.array([-np.inf, -1.0, 0.0, -1.0, 0.0])
+    state = np.array([-np.inf, -1.0, 0.0, -1.0, 0.0, -1.0])
     scanned, run = 0, _FIRST_RUN
     while scanned < n_slots and not state[4]:
         hi = n_slots if prepare is None else min(n_slots, scanned + run)
         if prepare is not None:
             prepare(t0 + scanned, t0 + hi, False)
         args = (wside, pside, touched, t0, work, zt, util, lb, lb_rest, cover, cheapest_idle,
-                d_all, c_all, ymax_all)  # fmt: skip
+                d_all, rows, c_all, ymax_all)  # fmt: skip
         scanned = _search(*args, idle_curve, state, scanned, hi)
         run *= 2
     best_k = int(state[1])
-    ends[:scanned] = util[:scanned] - d_all[:scanned, work]
+    ends[:scanned] = util[:scanned] - d_all[rows[:scanned], work]
     ends[scanned:] = util[scanned:] - work * np.minimum.accumulate(lb)[scanned:]
     if best_k < 0:
         return BestSchedule(None, None, None, None, None, int(scanned)), ends
-    ys = _backtrack(d_all, c_all, ymax_all, best_k, work)
+    ys = _backtrack(d_all, rows, c_all, ymax_all, best_k, work)
     if prepare is not None:
         prepare(t0, t0 + best_k + 1, True)  # the schedule's slots, untouched ones too
     workers, ps = _materialise(wside, pside, t0, ys, zt)
