@@ -201,9 +201,10 @@ def _search(
             # w < y needs no update: cost_t rises with y, so choosing y = w covers it as
             # cheaply; w <= frozen would keep its value
             for y in range(1, ymax + 1):
-                cy = c[y]
-                for w in range(max(y, frozen + 1), min(work, reach + y) + 1):
-                    cur[w] = min(cur[w], prev[w - y] + cy)
+                lo = max(y, frozen + 1)
+                hi = min(work, reach + y) + 1
+                if hi > lo:
+                    _relax(cur[lo:hi], prev[lo - y : hi - y], c[y])
             if idle:
                 frozen = _freeze(cur, prev, frozen, work)
         reach = min(work, reach + ymax)
@@ -227,6 +228,16 @@ def _search(
             return k + 1
     _keep(state, best, best_k, reach, idle_ymax, 0.0, frozen)
     return k_hi
+
+
+@njit(cache=True, nogil=True)
+def _relax(cur: F64, prev: F64, cy: float) -> None:
+    """``cur[i] = min(cur[i], prev[i] + cy)`` (``cur`` and ``prev`` ``(m,)``, views of two
+    DP rows, ``cy`` the cost of ``y`` workers in the slot). A loop over two views from
+    index 0 is one the compiler vectorises; the same loop indexed ``w`` and ``w - y`` in
+    the caller was not, and ran several times slower for the same floats."""
+    for i in range(cur.shape[0]):
+        cur[i] = min(cur[i], prev[i] + cy)
 
 
 @njit(cache=True, nogil=True)
