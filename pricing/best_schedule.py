@@ -43,7 +43,7 @@ from numpy.typing import NDArray
 
 from pricing.job import Job
 from pricing.ledger import Ledger
-from pricing.placement import F64, I64, cost_curve, offers, place
+from pricing.placement import F64, I64, cost_curve_picks, offers, place_picks
 from pricing.schedule import Schedule
 
 __all__ = [
@@ -98,16 +98,21 @@ Side = tuple[F64, F64, F64, F64]
 
 
 @njit(cache=True, nogil=True)
-def _slot_curve(wside: Side, pside: Side, slot: int, zt: I64, out: F64) -> int:
+def _slot_curve(
+    wside: Side, pside: Side, slot: int, zt: I64, out: F64, picks_w: I64, picks_p: I64
+) -> int:
     """``out[y] = cost_t(y)`` for ``y = 0 .. N`` (inf where it does not fit); returns the
-    largest feasible ``y``."""
+    largest feasible ``y``. ``picks_w`` ``(2, N + 1)`` and ``picks_p`` ``(2, z(N) + 1)``
+    receive the servers the greedy placement fills, in order
+    (:func:`pricing.placement.cost_curve_picks`), to place the schedule without sorting
+    again."""
     n_max = out.shape[0] - 1
     unit_w, room_w = offers(wside, slot)
     unit_p, room_p = offers(pside, slot)
     curve_w = np.empty(n_max + 1)
     curve_p = np.empty(zt[n_max] + 1)
-    nw = cost_curve(unit_w, room_w, n_max, curve_w)
-    np_ = cost_curve(unit_p, room_p, zt[n_max], curve_p)
+    nw = cost_curve_picks(unit_w, room_w, n_max, curve_w, picks_w)
+    np_ = cost_curve_picks(unit_p, room_p, zt[n_max], curve_p, picks_p)
     ymax = 0
     out[0] = 0.0
     for y in range(1, n_max + 1):
@@ -136,6 +141,9 @@ def _search(
     rows: I64,
     c_all: F64,
     ymax_all: I64,
+    picks_w: I64,
+    picks_p: I64,
+    src: I64,
     idle_curve: F64,
     state: F64,
     k_lo: int,
@@ -147,15 +155,18 @@ def _search(
 
     Fills ``d_all[rows[k]]`` (``(W + 1,)``: least cost of at least w worker-slots by slot
     k; a slot that leaves it unchanged shares the row of the slot before), ``c_all[k]``
-    (``(N + 1,)``: the slot's cost curve) and ``ymax_all[k]``. ``lb[k]`` (``(n,)``)
+    (``(N + 1,)``: the slot's cost curve) and ``ymax_all[k]``; ``picks_w[src[k]]`` and
+    ``picks_p[src[k]]`` are the servers that place slot ``k``'s workers and PS
+    (:func:`_slot_curve`; ``src[k]`` is ``k``, or the first untouched slot for an untouched
+    one). ``lb[k]`` (``(n,)``)
     is a lower bound on the cost of one worker-slot in slot ``k``, ``lb_rest[k]`` its
     least over slots ``k .. n - 1``; ``cover`` ``(W + 1,)`` lower bounds on the cost of
     ``w`` worker-slots anywhere (zeros: none known), which with ``cheapest_idle`` the
     first untouched slot's curve tightens, with ``lb`` (:func:`_tighten_idle`).
-    ``state`` (``(6,)``) carries ``best payoff, best k (-1: none), reach,
-    idle ymax (-1: none), stopped, frozen`` between calls; ``idle_curve`` ``(N + 1,)`` the
-    cost curve of untouched slots. Returns the slots scanned so far; ``state[4]`` is 1 once
-    no later end can beat the best payoff found.
+    ``state`` (``(7,)``) carries ``best payoff, best k (-1: none), reach, idle ymax (-1:
+    none), stopped, frozen, first untouched k`` between calls; ``idle_curve`` ``(N + 1,)``
+    the cost curve of untouched slots. Returns the slots scanned so far; ``state[4]`` is 1
+    once no later end can beat the best payoff found.
 
     ``frozen`` (-1: none) is the last ``w`` of a prefix ``D[0 .. frozen]`` that no slot can
     change any more (:func:`_freeze`): each step updates only ``w > frozen``, and once the
@@ -168,6 +179,7 @@ def _search(
     reach = int(state[2])
     idle_ymax = int(state[3])
     frozen = int(state[5])
+    idle_k = int(state[6])
     if k_lo == 0:
         prev = np.full(work + 1, np.inf)
         prev[0] = 0.0
@@ -180,11 +192,14 @@ def _search(
         if idle and idle_ymax >= 0:
             c[:] = idle_curve
             ymax = idle_ymax
+            src[k] = idle_k
         else:
-            ymax = _slot_curve(wside, pside, slot, zt, c)
+            ymax = _slot_curve(wside, pside, slot, zt, c, picks_w[k], picks_p[k])
+            src[k] = k
             if idle:
                 idle_curve[:] = c
                 idle_ymax = ymax
+                idle_k = k
                 if cheapest_idle:
                     _tighten_idle(c, ymax, work, lb, lb_rest, cover)
             elif frozen >= 0 and not _dominates(c, idle_curve):
@@ -224,9 +239,9 @@ def _search(
             and test
             and _cannot_beat(cur, reach, work, util, lb, lb_rest, cover, k, best)
         ):
-            _keep(state, best, best_k, reach, idle_ymax, 1.0, frozen)
+            _keep(state, best, best_k, reach, idle_ymax, 1.0, frozen, idle_k)
             return k + 1
-    _keep(state, best, best_k, reach, idle_ymax, 0.0, frozen)
+    _keep(state, best, best_k, reach, idle_ymax, 0.0, frozen, idle_k)
     return k_hi
 
 
@@ -333,7 +348,14 @@ def _cannot_beat(
 
 @njit(cache=True, nogil=True)
 def _keep(
-    state: F64, best: float, best_k: int, reach: int, idle_ymax: int, stop: float, frozen: int
+    state: F64,
+    best: float,
+    best_k: int,
+    reach: int,
+    idle_ymax: int,
+    stop: float,
+    frozen: int,
+    idle_k: int,
 ) -> None:
     """Store the search's state between runs of slots (see :func:`_search`)."""
     state[0] = best
@@ -342,6 +364,7 @@ def _keep(
     state[3] = idle_ymax
     state[4] = stop
     state[5] = frozen
+    state[6] = idle_k
 
 
 @njit(cache=True, nogil=True)
@@ -379,20 +402,21 @@ def _backtrack(d_all: F64, rows: I64, c_all: F64, ymax_all: I64, best_k: int, wo
 
 @njit(cache=True, nogil=True)
 def _materialise(
-    wside: Side, pside: Side, t0: int, ys: I64, zt: I64
+    picks_w: I64, picks_p: I64, src: I64, ys: I64, zt: I64, n_w: int, n_p: int
 ) -> tuple[NDArray[np.int32], NDArray[np.int32]]:
-    """Per-server workers ``(n, H)`` and PS ``(n, K)`` for ``ys`` workers per slot."""
+    """Per-server workers ``(n, n_w)`` and PS ``(n, n_p)`` for ``ys`` workers per slot,
+    placed on the servers the search's greedy fill of each slot picked (:func:`_search`'s
+    ``picks_w``, ``picks_p``, ``src``): what :func:`pricing.placement.place` gives."""
     n = ys.shape[0]
-    workers = np.zeros((n, wside[2].shape[0]), np.int32)
-    ps = np.zeros((n, pside[2].shape[0]), np.int32)
+    workers = np.zeros((n, n_w), np.int32)
+    ps = np.zeros((n, n_p), np.int32)
     for k in range(n):
         if ys[k] == 0:
             continue
-        unit_w, room_w = offers(wside, t0 + k)
-        unit_p, room_p = offers(pside, t0 + k)
-        if place(unit_w, room_w, ys[k], workers[k]) != ys[k]:
+        j = src[k]
+        if place_picks(picks_w[j], ys[k], workers[k]) != ys[k]:
             raise RuntimeError("workers do not fit where the search placed them")
-        if place(unit_p, room_p, zt[ys[k]], ps[k]) != zt[ys[k]]:
+        if place_picks(picks_p[j], zt[ys[k]], ps[k]) != zt[ys[k]]:
             raise RuntimeError("PS do not fit where the search placed them")
     return workers, ps
 
@@ -491,9 +515,10 @@ def search(
             these slots, or ``(n_slots,)``, one per slot; 0 is always valid.
         arrival: the slot its completion time counts from (:func:`best_schedule`);
             None: ``first_slot``.
-        prepare: called as ``prepare(lo, hi, idle)`` before the search reads prices of
-            window slots ``lo .. hi - 1``: with ``idle`` False it reads only touched
-            slots and one untouched slot, with True every slot (None: prices are ready).
+        prepare: called as ``prepare(lo, hi, False)`` before the search reads prices of
+            window slots ``lo .. hi - 1``, of which it reads only the touched slots and
+            one untouched slot (None: prices are ready). Placing the schedule reads no
+            price: it uses the servers the search's greedy fill picked.
         cheapest_idle: True if no slot costs less than an untouched one for any number
             of workers (prices rise with use, as in a ledger): the first untouched slot's
             cost curve then bounds the cost of the rest of the work, so the search may
@@ -522,15 +547,18 @@ def search(
     rows = np.empty(n_slots, np.int64)
     c_all = np.empty((n_slots, job.chunks + 1))
     ymax_all = np.empty(n_slots, np.int64)
+    picks_w = np.empty((n_slots, 2, job.chunks + 1), np.int64)
+    picks_p = np.empty((n_slots, 2, int(zt[job.chunks]) + 1), np.int64)
+    src = np.empty(n_slots, np.int64)
     idle_curve = np.empty(job.chunks + 1)
-    state = np.array([-np.inf, -1.0, 0.0, -1.0, 0.0, -1.0])
+    state = np.array([-np.inf, -1.0, 0.0, -1.0, 0.0, -1.0, -1.0])
     scanned, run = 0, _FIRST_RUN
     while scanned < n_slots and not state[4]:
         hi = n_slots if prepare is None else min(n_slots, scanned + run)
         if prepare is not None:
             prepare(t0 + scanned, t0 + hi, False)
         args = (wside, pside, touched, t0, work, zt, util, lb, lb_rest, cover, cheapest_idle,
-                d_all, rows, c_all, ymax_all)  # fmt: skip
+                d_all, rows, c_all, ymax_all, picks_w, picks_p, src)  # fmt: skip
         scanned = _search(*args, idle_curve, state, scanned, hi)
         run *= 2
     best_k = int(state[1])
@@ -539,9 +567,8 @@ def search(
     if best_k < 0:
         return BestSchedule(None, None, None, None, None, int(scanned)), ends
     ys = _backtrack(d_all, rows, c_all, ymax_all, best_k, work)
-    if prepare is not None:
-        prepare(t0, t0 + best_k + 1, True)  # the schedule's slots, untouched ones too
-    workers, ps = _materialise(wside, pside, t0, ys, zt)
+    n_w, n_p = wside[2].shape[0], pside[2].shape[0]
+    workers, ps = _materialise(picks_w, picks_p, src, ys, zt, n_w, n_p)
     schedule = Schedule(first_slot, workers, ps)
     cost = float(sum(c_all[k, ys[k]] for k in range(ys.shape[0])))
     jct = schedule.end - a + 1

@@ -38,7 +38,8 @@ def _plain(
     prev[0] = 0.0
     best, best_k = -np.inf, -1
     for k in range(n_slots):
-        ymax[k] = _slot_curve(wside, pside, t0 + k, zt, c[k])
+        picks = np.empty((2, 0), np.int64)  # none recorded
+        ymax[k] = _slot_curve(wside, pside, t0 + k, zt, c[k], picks, picks)
         cur = prev.copy()
         for y in range(1, min(int(ymax[k]), work) + 1):
             cur[y:] = np.minimum(cur[y:], prev[: work + 1 - y] + c[k, y])
