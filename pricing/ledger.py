@@ -163,11 +163,27 @@ class Side:
         self.cells[empty] = self.empty_price
         rows = stale[busy]
         if rows.size:
-            self.cells[rows] = price(self.log_l, self.log_u, self.used[rows], self.capacity)
+            self._derive(rows)
         self.priced[empty] = self.version
         self.priced[rows] = self.version
         self.derived += int(empty.size + rows.size)
         return self.cells
+
+    def _derive(self, rows: NDArray[np.intp]) -> None:
+        """Derive the cells of window slots ``rows`` from their amounts.
+
+        A server with nothing allocated in a slot prices at :attr:`empty_price`: the same
+        floats, as ``exp`` gets the same argument (a share of 0, or of 1 where the server
+        lacks the resource) whatever else the array holds. So when few servers of these
+        slots hold anything (a large cluster), only theirs are derived."""
+        amounts = self.used[rows]  # (k, n, R)
+        held = amounts.any(axis=2)  # (k, n)
+        if 4 * int(np.count_nonzero(held)) > held.size:
+            self.cells[rows] = price(self.log_l, self.log_u, amounts, self.capacity)
+            return
+        self.cells[rows] = self.empty_price
+        t, h = np.nonzero(held)
+        self.cells[rows[t], h] = price(self.log_l, self.log_u, amounts[t, h], self.capacity[h])
 
     def kernel_view(
         self, demand: NDArray[np.float64], lo: int = 0, hi: int | None = None
