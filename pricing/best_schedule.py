@@ -233,10 +233,9 @@ def _search(
         prev = cur
         # with D frozen, an untouched slot costs nothing: try to stop only before a
         # touched slot or the end of the run (the caller then derives more prices)
-        test = frozen < work or touched[slot + 1] or k + 1 == k_hi
         if (
             k + 1 < n_slots
-            and test
+            and (frozen < work or touched[slot + 1] or k + 1 == k_hi)
             and _cannot_beat(cur, reach, work, util, lb, lb_rest, cover, k, best)
         ):
             _keep(state, best, best_k, reach, idle_ymax, 1.0, frozen, idle_k)
