@@ -29,7 +29,10 @@ Speed, exactness kept:
   curve). Prices never fall below ``L``, so the old floor-price bound is the weakest case;
 - prices are derived from the amounts only for the slots the search scans, a run of
   slots at a time (:class:`pricing.ledger.Side`), so a change of bounds costs a decision
-  no more than the slots it reads.
+  no more than the slots it reads;
+- the schedule is placed on the servers the greedy fill of each slot's cost curve
+  reached (:func:`pricing.placement.cost_curve_picks`), so placing it reads no price
+  and sorts nothing again.
 """
 
 from __future__ import annotations
