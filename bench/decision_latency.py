@@ -21,9 +21,17 @@ What is measured
     trace (same state: the decisions before them are the same, which is checked) give
     the ratio, measured in the same run.
 
+    With ``--reasons``, each decision is also timed together with its rejection's
+    explanation (``pricing.explain``, as the daemon gives it), as the time the replay
+    takes to yield it; ``--hash`` prints a SHA-256 over every decision (admitted, payoff,
+    cost, jct, utility, schedule arrays, reason), the same before and after a change that
+    must not change any decision.
+
 Methodology
     Kernels are compiled (or loaded from numba's cache) before timing, by the replay's
-    own warm-up. Each decision is timed with ``time.perf_counter``. Memory is measured
+    own warm-up. Each decision is timed with ``time.perf_counter`` (``--clock wall``) or
+    with the CPU time of the deciding thread, ``time.thread_time`` (``--clock thread``),
+    which other load on the machine disturbs less. Memory is measured
     in separate child processes, so no tracing slows the timed runs. Traces are generated
     from fixed seeds, so every run replays the same jobs. Nothing else should run on the
     machine.
@@ -32,25 +40,28 @@ Run with
     make bench                    # or: .venv/bin/python -m bench.decision_latency
     .venv/bin/python -m bench.decision_latency --seeds 1 --reference-jobs 10   # quicker
     .venv/bin/python -m bench.decision_latency --pricing estimate   # the daemon's bounds
+    .venv/bin/python -m bench.decision_latency --pricing estimate --seeds 1 \
+        --scales paper,T3000,10k-servers --clock thread --reasons --hash   # issue 16
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import resource
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numba
 import numpy as np
 
 from bench.machine import describe
 from bench.reference_alg2 import replay_reference
-from controller.replay import replay
+from controller.replay import ReplayRecord, replay
 from pricing import trace_from_dict
 from pricing.workload import generate_trace
 
@@ -74,6 +85,13 @@ class ScaleResult:
     mean_ms: float
     seconds: float
     peak_rss_mb: float = 0.0
+    clock: str = "wall"
+    p50_with_reason_ms: float = 0.0
+    p99_with_reason_ms: float = 0.0
+    sha256: str = ""
+
+
+CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
 
 
 def make_trace(scale: str, seed: int, pricing: str = "oracle") -> dict[str, Any]:
@@ -89,21 +107,57 @@ def make_trace(scale: str, seed: int, pricing: str = "oracle") -> dict[str, Any]
     return raw
 
 
+def digest(records: list[ReplayRecord], h: Any) -> None:
+    """Fold every decision of ``records`` into the hash ``h`` (hashlib): id, admitted,
+    payoff, cost, jct, utility, reason (their reprs) and the schedule's start and arrays."""
+    for r in records:
+        d, b = r.decision, r.decision.best
+        h.update(repr((d.job.id, d.admitted, b.payoff, b.cost, b.jct, b.utility)).encode())
+        h.update(r.reason.encode())
+        if b.schedule is not None:
+            h.update(repr(b.schedule.start).encode())
+            h.update(np.ascontiguousarray(b.schedule.workers).tobytes())
+            h.update(np.ascontiguousarray(b.schedule.ps).tobytes())
+
+
+def timed_replay(
+    trace: Any, clock_name: Literal["wall", "thread"]
+) -> tuple[list[ReplayRecord], list[float]]:
+    """The replay's records, and per record the milliseconds the replay took to yield it
+    on the same clock: the decision plus, for a rejection, its explanation."""
+    clock = CLOCKS[clock_name]
+    records: list[ReplayRecord] = []
+    with_reason: list[float] = []
+    steps = replay(trace, clock=clock)
+    while True:
+        started = clock()
+        record = next(steps, None)
+        if record is None:
+            break
+        with_reason.append((clock() - started) * 1000.0)
+        records.append(record)
+    return records, with_reason
+
+
 def run_scale(
-    scale: str, seeds: list[int], pricing: str = "oracle"
+    scale: str, seeds: list[int], pricing: str = "oracle", clock: Literal["wall", "thread"] = "wall"
 ) -> tuple[ScaleResult, list[float]]:
     times: list[float] = []
+    with_reason: list[float] = []
     admitted = 0
     started = time.perf_counter()
     first_seed_times: list[float] = []
+    h = hashlib.sha256()
     for seed in seeds:
         trace = trace_from_dict(make_trace(scale, seed, pricing))
-        records = list(replay(trace))
+        records, steps = timed_replay(trace, clock)
+        with_reason.extend(steps[1:])  # the first also holds the replay's warm-up
         ms = [r.decision_ms for r in records]
         if not first_seed_times:
             first_seed_times = ms
         times.extend(ms)
         admitted += sum(r.decision.admitted for r in records)
+        digest(records, h)
     arr = np.array(times)
     result = ScaleResult(
         name=scale,
@@ -114,6 +168,10 @@ def run_scale(
         max_ms=float(arr.max()),
         mean_ms=float(arr.mean()),
         seconds=time.perf_counter() - started,
+        clock=clock,
+        p50_with_reason_ms=float(np.percentile(with_reason, 50)),
+        p99_with_reason_ms=float(np.percentile(with_reason, 99)),
+        sha256=h.hexdigest(),
     )
     return result, first_seed_times
 
@@ -192,6 +250,21 @@ def main(argv: list[str] | None = None) -> int:
         "estimate (the daemon's: each decision's time includes folding the job into the "
         "estimate and repricing the ledger; no reference run)",
     )
+    parser.add_argument(
+        "--clock",
+        choices=tuple(CLOCKS),
+        default="wall",
+        help="what times a decision: wall (time.perf_counter, default) or thread (the "
+        "deciding thread's CPU time, time.thread_time: less disturbed by other load)",
+    )
+    parser.add_argument(
+        "--reasons",
+        action="store_true",
+        help="also give p50 / p99 of each decision with its rejection's explanation",
+    )
+    parser.add_argument(
+        "--hash", action="store_true", help="give a SHA-256 over every decision per scale"
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--memory-probe", metavar="SCALE", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -208,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     reference = None
     for scale in args.scales.split(","):
         print(f"running {scale} ...", file=sys.stderr, flush=True)
-        result, first_times = run_scale(scale, seeds, args.pricing)
+        result, first_times = run_scale(scale, seeds, args.pricing, args.clock)
         results.append(result)
         if scale == "paper" and args.reference_jobs and args.pricing == "oracle":
             print("running the Alg. 2 reference ...", file=sys.stderr, flush=True)
@@ -231,14 +304,25 @@ def main(argv: list[str] | None = None) -> int:
         f"machine: {m['cpu']}, {m['cores']} cores; Python {m['python']}, numpy "
         f"{m['numpy']}, numba {m['numba']}"
     )
-    print(f"seeds: {seeds}; {args.pricing} bounds\n")
-    print("| scale | decisions | admitted | p50 ms | p99 ms | max ms | mean ms | peak RSS MB |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"seeds: {seeds}; {args.pricing} bounds; clock: {args.clock}\n")
+    extra = " p50 / p99 ms with reason |" if args.reasons else ""
+    print(
+        f"| scale | decisions | admitted | p50 ms | p99 ms | max ms | mean ms |{extra} "
+        "peak RSS MB |"
+    )
+    print("|---|---|---|---|---|---|---|" + ("---|" if args.reasons else "") + "---|")
     for r in results:
+        reasons = (
+            f" {r.p50_with_reason_ms:.2f} / {r.p99_with_reason_ms:.2f} |" if args.reasons else ""
+        )
         print(
             f"| {r.name} | {r.decisions} | {r.admitted} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | "
-            f"{r.max_ms:.2f} | {r.mean_ms:.2f} | {r.peak_rss_mb:.0f} |"
+            f"{r.max_ms:.2f} | {r.mean_ms:.2f} |{reasons} {r.peak_rss_mb:.0f} |"
         )
+    if args.hash:
+        print()
+        for r in results:
+            print(f"sha256 {r.name}: {r.sha256}")
     print(
         f"\npeak RSS is of a process replaying one trace of the scale (seed 1); a process "
         f"that only imports everything peaks at {base_mb:.0f} MB"

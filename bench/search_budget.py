@@ -68,6 +68,10 @@ def measure(chunks: int, minibatches: int) -> dict[str, float]:
     size = search_size(job, c, T)
     util = job.utility.values(np.arange(1, T + 1))
     d_all = np.empty((T, job.work + 1))
+    rows = np.empty(T, np.int64)
+    picks_w = np.empty((T, 2, job.chunks + 1), np.int64)
+    picks_p = np.empty((T, 2, int(job.ps_table()[job.chunks]) + 1), np.int64)
+    src = np.empty(T, np.int64)
     c_all = np.empty((T, job.chunks + 1))
     ymax = np.empty(T, np.int64)
     sides = (ledger.worker_side.kernel_view(job.worker), ledger.ps_side.kernel_view(job.ps))
@@ -76,10 +80,11 @@ def measure(chunks: int, minibatches: int) -> dict[str, float]:
     idle = np.empty(job.chunks + 1)
 
     def kernel() -> int:
-        state = np.array([-np.inf, -1.0, 0.0, -1.0, 0.0])
+        state = np.array([-np.inf, -1.0, 0.0, -1.0, 0.0, -1.0, -1.0])
         return int(
             _search(sides[0], sides[1], ledger.touched, 0, job.work, job.ps_table(), util, lb,
-                    lb, cover, False, d_all, c_all, ymax, idle, state, 0, T)
+                    lb, cover, False, d_all, rows, c_all, ymax, picks_w, picks_p, src, idle,
+                    state, 0, T)
         )  # fmt: skip
 
     kernel()

@@ -13,6 +13,13 @@ so the maximum over ``t`` is exact (and reached by a schedule using its last slo
 Speed, exactness kept:
 - slots nobody has touched share one cost curve, computed once per decision;
 - the work reachable after ``k`` slots bounds the ``w`` range of the ``k``-th step;
+- a prefix ``D[0 .. f]`` that a step with the untouched slots' curve gave back unchanged
+  is *frozen*: it depends only on itself and that curve, so no later step with that
+  curve, or with a curve no lower at any ``y`` (checked per touched slot), changes it,
+  and later steps update only ``w > f``. Once all of ``D`` is frozen an untouched slot
+  costs no DP at all (a priced-out job's search used to run the full window here: its
+  ``D`` stops changing a few slots after its best end, but later ends tie within the
+  early stop's slack). Every value is still the float the plain DP computes;
 - the search ends once ``f(t + 1 - a + 1)`` minus a lower bound on any completion's
   cost cannot beat the best payoff found. The rest of the work costs at least, per
   worker-slot, the cheapest unit price per resource of each later slot's servers (from
@@ -22,7 +29,10 @@ Speed, exactness kept:
   curve). Prices never fall below ``L``, so the old floor-price bound is the weakest case;
 - prices are derived from the amounts only for the slots the search scans, a run of
   slots at a time (:class:`pricing.ledger.Side`), so a change of bounds costs a decision
-  no more than the slots it reads.
+  no more than the slots it reads;
+- the schedule is placed on the servers the greedy fill of each slot's cost curve
+  reached (:func:`pricing.placement.cost_curve_picks`), so placing it reads no price
+  and sorts nothing again.
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ from numpy.typing import NDArray
 
 from pricing.job import Job
 from pricing.ledger import Ledger
-from pricing.placement import F64, I64, cost_curve, offers, place
+from pricing.placement import F64, I64, cost_curve_picks, offers, place_picks
 from pricing.schedule import Schedule
 
 __all__ = [
@@ -91,16 +101,21 @@ Side = tuple[F64, F64, F64, F64]
 
 
 @njit(cache=True, nogil=True)
-def _slot_curve(wside: Side, pside: Side, slot: int, zt: I64, out: F64) -> int:
+def _slot_curve(
+    wside: Side, pside: Side, slot: int, zt: I64, out: F64, picks_w: I64, picks_p: I64
+) -> int:
     """``out[y] = cost_t(y)`` for ``y = 0 .. N`` (inf where it does not fit); returns the
-    largest feasible ``y``."""
+    largest feasible ``y``. ``picks_w`` ``(2, N + 1)`` and ``picks_p`` ``(2, z(N) + 1)``
+    receive the servers the greedy placement fills, in order
+    (:func:`pricing.placement.cost_curve_picks`), to place the schedule without sorting
+    again."""
     n_max = out.shape[0] - 1
     unit_w, room_w = offers(wside, slot)
     unit_p, room_p = offers(pside, slot)
     curve_w = np.empty(n_max + 1)
     curve_p = np.empty(zt[n_max] + 1)
-    nw = cost_curve(unit_w, room_w, n_max, curve_w)
-    np_ = cost_curve(unit_p, room_p, zt[n_max], curve_p)
+    nw = cost_curve_picks(unit_w, room_w, n_max, curve_w, picks_w)
+    np_ = cost_curve_picks(unit_p, room_p, zt[n_max], curve_p, picks_p)
     ymax = 0
     out[0] = 0.0
     for y in range(1, n_max + 1):
@@ -126,8 +141,12 @@ def _search(
     cover: F64,
     cheapest_idle: bool,
     d_all: F64,
+    rows: I64,
     c_all: F64,
     ymax_all: I64,
+    picks_w: I64,
+    picks_p: I64,
+    src: I64,
     idle_curve: F64,
     state: F64,
     k_lo: int,
@@ -137,49 +156,75 @@ def _search(
     ``n = len(util)`` slots from ``t0``, resuming where the call that ended at
     ``k_lo`` stopped (``k_lo = 0``: from the start).
 
-    Fills ``d_all[k]`` (``(W + 1,)``: least cost of at least w worker-slots by slot k),
-    ``c_all[k]`` (``(N + 1,)``: the slot's cost curve) and ``ymax_all[k]``. ``lb[k]`` (``(n,)``)
+    Fills ``d_all[rows[k]]`` (``(W + 1,)``: least cost of at least w worker-slots by slot
+    k; a slot that leaves it unchanged shares the row of the slot before), ``c_all[k]``
+    (``(N + 1,)``: the slot's cost curve) and ``ymax_all[k]``; ``picks_w[src[k]]`` and
+    ``picks_p[src[k]]`` are the servers that place slot ``k``'s workers and PS
+    (:func:`_slot_curve`; ``src[k]`` is ``k``, or the first untouched slot for an untouched
+    one). ``lb[k]`` (``(n,)``)
     is a lower bound on the cost of one worker-slot in slot ``k``, ``lb_rest[k]`` its
     least over slots ``k .. n - 1``; ``cover`` ``(W + 1,)`` lower bounds on the cost of
     ``w`` worker-slots anywhere (zeros: none known), which with ``cheapest_idle`` the
     first untouched slot's curve tightens, with ``lb`` (:func:`_tighten_idle`).
-    ``state`` (``(5,)``) carries ``best payoff, best k (-1: none), reach,
-    idle ymax (-1: none), stopped`` between calls; ``idle_curve`` ``(N + 1,)`` the cost
-    curve of untouched slots. Returns the slots scanned so far; ``state[4]`` is 1 once
-    no later end can beat the best payoff found.
+    ``state`` (``(7,)``) carries ``best payoff, best k (-1: none), reach, idle ymax (-1:
+    none), stopped, frozen, first untouched k`` between calls; ``idle_curve`` ``(N + 1,)``
+    the cost curve of untouched slots. Returns the slots scanned so far; ``state[4]`` is 1
+    once no later end can beat the best payoff found.
+
+    ``frozen`` (-1: none) is the last ``w`` of a prefix ``D[0 .. frozen]`` that no slot can
+    change any more (:func:`_freeze`): each step updates only ``w > frozen``, and once the
+    whole of ``D`` is frozen a slot costs no DP at all. Every value is the float the plain
+    DP computes: a skipped update is one whose result is known to be its input.
     """
     n_slots = util.shape[0]
     best = state[0]
     best_k = int(state[1])
     reach = int(state[2])
     idle_ymax = int(state[3])
+    frozen = int(state[5])
+    idle_k = int(state[6])
     if k_lo == 0:
         prev = np.full(work + 1, np.inf)
         prev[0] = 0.0
     else:
-        prev = d_all[k_lo - 1]
+        prev = d_all[rows[k_lo - 1]]
     for k in range(k_lo, k_hi):
         slot = t0 + k
         c = c_all[k]
-        if not touched[slot] and idle_ymax >= 0:
+        idle = not touched[slot]
+        if idle and idle_ymax >= 0:
             c[:] = idle_curve
             ymax = idle_ymax
+            src[k] = idle_k
         else:
-            ymax = _slot_curve(wside, pside, slot, zt, c)
-            if not touched[slot]:
+            ymax = _slot_curve(wside, pside, slot, zt, c, picks_w[k], picks_p[k])
+            src[k] = k
+            if idle:
                 idle_curve[:] = c
                 idle_ymax = ymax
+                idle_k = k
                 if cheapest_idle:
                     _tighten_idle(c, ymax, work, lb, lb_rest, cover)
+            elif frozen >= 0 and not _dominates(c, idle_curve):
+                frozen = -1  # this slot may lower the frozen prefix
         ymax_all[k] = ymax
 
-        cur = d_all[k]
-        cur[:] = prev
-        # w < y needs no update: cost_t rises with y, so choosing y = w covers it as cheaply
-        for y in range(1, ymax + 1):
-            cy = c[y]
-            for w in range(y, min(work, reach + y) + 1):
-                cur[w] = min(cur[w], prev[w - y] + cy)
+        if frozen >= work:  # D is a fixed point of this slot
+            rows[k] = rows[k - 1]
+            cur = prev
+        else:
+            rows[k] = k
+            cur = d_all[k]
+            cur[:] = prev
+            # w < y needs no update: cost_t rises with y, so choosing y = w covers it as
+            # cheaply; w <= frozen would keep its value
+            for y in range(1, ymax + 1):
+                lo = max(y, frozen + 1)
+                hi = min(work, reach + y) + 1
+                if hi > lo:
+                    _relax(cur[lo:hi], prev[lo - y : hi - y], c[y])
+            if idle:
+                frozen = _freeze(cur, prev, frozen, work)
         reach = min(work, reach + ymax)
 
         if cur[work] < np.inf:
@@ -189,11 +234,48 @@ def _search(
                 best = payoff
                 best_k = k
         prev = cur
-        if k + 1 < n_slots and _cannot_beat(cur, reach, work, util, lb, lb_rest, cover, k, best):
-            _keep(state, best, best_k, reach, idle_ymax, 1.0)
+        # with D frozen, an untouched slot costs nothing: try to stop only before a
+        # touched slot or the end of the run (the caller then derives more prices)
+        if (
+            k + 1 < n_slots
+            and (frozen < work or touched[slot + 1] or k + 1 == k_hi)
+            and _cannot_beat(cur, reach, work, util, lb, lb_rest, cover, k, best)
+        ):
+            _keep(state, best, best_k, reach, idle_ymax, 1.0, frozen, idle_k)
             return k + 1
-    _keep(state, best, best_k, reach, idle_ymax, 0.0)
+    _keep(state, best, best_k, reach, idle_ymax, 0.0, frozen, idle_k)
     return k_hi
+
+
+@njit(cache=True, nogil=True)
+def _relax(cur: F64, prev: F64, cy: float) -> None:
+    """``cur[i] = min(cur[i], prev[i] + cy)`` (``cur`` and ``prev`` ``(m,)``, views of two
+    DP rows, ``cy`` the cost of ``y`` workers in the slot). A loop over two views from
+    index 0 is one the compiler vectorises; the same loop indexed ``w`` and ``w - y`` in
+    the caller was not, and ran several times slower for the same floats."""
+    for i in range(cur.shape[0]):
+        cur[i] = min(cur[i], prev[i] + cy)
+
+
+@njit(cache=True, nogil=True)
+def _freeze(cur: F64, prev: F64, frozen: int, work: int) -> int:
+    """The frozen prefix after a step with the untouched slots' curve ``c``: ``frozen``
+    extended over every ``w`` where the step left ``cur[w] == prev[w]``.
+
+    ``cur[0 .. f]`` depends only on ``prev[0 .. f]`` and ``c``; when the step gave it back
+    unchanged, every later step with ``c``, or with a curve no lower than ``c`` at any
+    ``y`` (:func:`_dominates`: float addition is monotone), gives it back unchanged too."""
+    w = frozen + 1
+    while w <= work and cur[w] == prev[w]:
+        w += 1
+    return w - 1
+
+
+@njit(cache=True, nogil=True)
+def _dominates(curve: F64, idle_curve: F64) -> bool:
+    """True if ``curve[y] >= idle_curve[y]`` for every ``y`` (``(N + 1,)`` each; inf where
+    ``y`` workers do not fit)."""
+    return bool(np.all(curve[1:] >= idle_curve[1:]))
 
 
 @njit(cache=True, nogil=True)
@@ -267,18 +349,30 @@ def _cannot_beat(
 
 
 @njit(cache=True, nogil=True)
-def _keep(state: F64, best: float, best_k: int, reach: int, idle_ymax: int, stop: float) -> None:
+def _keep(
+    state: F64,
+    best: float,
+    best_k: int,
+    reach: int,
+    idle_ymax: int,
+    stop: float,
+    frozen: int,
+    idle_k: int,
+) -> None:
     """Store the search's state between runs of slots (see :func:`_search`)."""
     state[0] = best
     state[1] = best_k
     state[2] = reach
     state[3] = idle_ymax
     state[4] = stop
+    state[5] = frozen
+    state[6] = idle_k
 
 
 @njit(cache=True, nogil=True)
-def _backtrack(d_all: F64, c_all: F64, ymax_all: I64, best_k: int, work: int) -> I64:
-    """Workers per slot of a schedule reaching ``d_all[best_k][work]``.
+def _backtrack(d_all: F64, rows: I64, c_all: F64, ymax_all: I64, best_k: int, work: int) -> I64:
+    """Workers per slot of a schedule reaching ``d_all[rows[best_k]][work]`` (slot ``k``'s
+    DP is row ``rows[k]`` of ``d_all``, :func:`_search`).
 
     Walking back from the last slot, the smallest ``y`` whose cost is within a relative
     ``TIE`` of the least wins: equal-cost splits (common, since untouched slots share
@@ -287,7 +381,7 @@ def _backtrack(d_all: F64, c_all: F64, ymax_all: I64, best_k: int, work: int) ->
     ys = np.zeros(best_k + 1, np.int64)
     w = work
     for k in range(best_k, -1, -1):
-        target = d_all[k, w]
+        target = d_all[rows[k], w]
         c = c_all[k]
         found = False
         for y in range(ymax_all[k] + 1):
@@ -297,7 +391,7 @@ def _backtrack(d_all: F64, c_all: F64, ymax_all: I64, best_k: int, work: int) ->
             elif k == 0:
                 base = np.inf
             else:
-                base = d_all[k - 1, rest]
+                base = d_all[rows[k - 1], rest]
             if base + c[y] <= target * (1.0 + TIE):
                 ys[k] = y
                 w = max(rest, 0)
@@ -310,20 +404,21 @@ def _backtrack(d_all: F64, c_all: F64, ymax_all: I64, best_k: int, work: int) ->
 
 @njit(cache=True, nogil=True)
 def _materialise(
-    wside: Side, pside: Side, t0: int, ys: I64, zt: I64
+    picks_w: I64, picks_p: I64, src: I64, ys: I64, zt: I64, n_w: int, n_p: int
 ) -> tuple[NDArray[np.int32], NDArray[np.int32]]:
-    """Per-server workers ``(n, H)`` and PS ``(n, K)`` for ``ys`` workers per slot."""
+    """Per-server workers ``(n, n_w)`` and PS ``(n, n_p)`` for ``ys`` workers per slot,
+    placed on the servers the search's greedy fill of each slot picked (:func:`_search`'s
+    ``picks_w``, ``picks_p``, ``src``): what :func:`pricing.placement.place` gives."""
     n = ys.shape[0]
-    workers = np.zeros((n, wside[2].shape[0]), np.int32)
-    ps = np.zeros((n, pside[2].shape[0]), np.int32)
+    workers = np.zeros((n, n_w), np.int32)
+    ps = np.zeros((n, n_p), np.int32)
     for k in range(n):
         if ys[k] == 0:
             continue
-        unit_w, room_w = offers(wside, t0 + k)
-        unit_p, room_p = offers(pside, t0 + k)
-        if place(unit_w, room_w, ys[k], workers[k]) != ys[k]:
+        j = src[k]
+        if place_picks(picks_w[j], ys[k], workers[k]) != ys[k]:
             raise RuntimeError("workers do not fit where the search placed them")
-        if place(unit_p, room_p, zt[ys[k]], ps[k]) != zt[ys[k]]:
+        if place_picks(picks_p[j], zt[ys[k]], ps[k]) != zt[ys[k]]:
             raise RuntimeError("PS do not fit where the search placed them")
     return workers, ps
 
@@ -422,9 +517,10 @@ def search(
             these slots, or ``(n_slots,)``, one per slot; 0 is always valid.
         arrival: the slot its completion time counts from (:func:`best_schedule`);
             None: ``first_slot``.
-        prepare: called as ``prepare(lo, hi, idle)`` before the search reads prices of
-            window slots ``lo .. hi - 1``: with ``idle`` False it reads only touched
-            slots and one untouched slot, with True every slot (None: prices are ready).
+        prepare: called as ``prepare(lo, hi, False)`` before the search reads prices of
+            window slots ``lo .. hi - 1``, of which it reads only the touched slots and
+            one untouched slot (None: prices are ready). Placing the schedule reads no
+            price: it uses the servers the search's greedy fill picked.
         cheapest_idle: True if no slot costs less than an untouched one for any number
             of workers (prices rise with use, as in a ledger): the first untouched slot's
             cost curve then bounds the cost of the rest of the work, so the search may
@@ -450,28 +546,31 @@ def search(
     lb_rest = np.ascontiguousarray(np.minimum.accumulate(lb[::-1])[::-1])
     cover = np.zeros(work + 1)
     d_all = np.empty((n_slots, work + 1))
+    rows = np.empty(n_slots, np.int64)
     c_all = np.empty((n_slots, job.chunks + 1))
     ymax_all = np.empty(n_slots, np.int64)
+    picks_w = np.empty((n_slots, 2, job.chunks + 1), np.int64)
+    picks_p = np.empty((n_slots, 2, int(zt[job.chunks]) + 1), np.int64)
+    src = np.empty(n_slots, np.int64)
     idle_curve = np.empty(job.chunks + 1)
-    state = np.array([-np.inf, -1.0, 0.0, -1.0, 0.0])
+    state = np.array([-np.inf, -1.0, 0.0, -1.0, 0.0, -1.0, -1.0])
     scanned, run = 0, _FIRST_RUN
     while scanned < n_slots and not state[4]:
         hi = n_slots if prepare is None else min(n_slots, scanned + run)
         if prepare is not None:
             prepare(t0 + scanned, t0 + hi, False)
         args = (wside, pside, touched, t0, work, zt, util, lb, lb_rest, cover, cheapest_idle,
-                d_all, c_all, ymax_all)  # fmt: skip
+                d_all, rows, c_all, ymax_all, picks_w, picks_p, src)  # fmt: skip
         scanned = _search(*args, idle_curve, state, scanned, hi)
         run *= 2
     best_k = int(state[1])
-    ends[:scanned] = util[:scanned] - d_all[:scanned, work]
+    ends[:scanned] = util[:scanned] - d_all[rows[:scanned], work]
     ends[scanned:] = util[scanned:] - work * np.minimum.accumulate(lb)[scanned:]
     if best_k < 0:
         return BestSchedule(None, None, None, None, None, int(scanned)), ends
-    ys = _backtrack(d_all, c_all, ymax_all, best_k, work)
-    if prepare is not None:
-        prepare(t0, t0 + best_k + 1, True)  # the schedule's slots, untouched ones too
-    workers, ps = _materialise(wside, pside, t0, ys, zt)
+    ys = _backtrack(d_all, rows, c_all, ymax_all, best_k, work)
+    n_w, n_p = wside[2].shape[0], pside[2].shape[0]
+    workers, ps = _materialise(picks_w, picks_p, src, ys, zt, n_w, n_p)
     schedule = Schedule(first_slot, workers, ps)
     cost = float(sum(c_all[k, ys[k]] for k in range(ys.shape[0])))
     jct = schedule.end - a + 1

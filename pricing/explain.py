@@ -55,7 +55,9 @@ class PriceDriver:
 def price_drivers(best: BestSchedule, job: Job, ledger: Ledger, top: int = 3) -> list[PriceDriver]:
     """The ``top`` costliest (server, resource, run of slots) parts of ``best``'s schedule.
 
-    Ties keep the order workers before PS, then server, resource and slot."""
+    Ties keep the order workers before PS, then server, resource and slot. Only the
+    servers the schedule uses are read (a part costs nothing elsewhere), so the work
+    grows with the schedule, not with the cluster."""
     sched = best.schedule
     if sched is None:
         return []
@@ -67,9 +69,12 @@ def price_drivers(best: BestSchedule, job: Job, ledger: Ledger, top: int = 3) ->
         (sched.workers, ledger.worker_side, job.worker, cluster.worker_names),
         (sched.ps, ledger.ps_side, job.ps, cluster.ps_names),
     ):
-        # (servers, R, n): cost of each resource on each server in each slot
-        prices = side.prices(lo, hi)[lo:hi].transpose(1, 2, 0)
-        cost = np.ascontiguousarray(counts.T[:, None, :] * prices * demand[None, :, None])
+        used = np.flatnonzero(counts.any(axis=0))  # (m,): servers with a unit in some slot
+        if used.size == 0:
+            continue
+        # (m, R, n): cost of each resource on each used server in each slot
+        prices = side.prices(lo, hi)[lo:hi, used].transpose(1, 2, 0)
+        cost = np.ascontiguousarray(counts[:, used].T[:, None, :] * prices * demand[None, :, None])
         # runs of positive cost along the slots, every (server, resource) column at once;
         # starts and ends come out in (server, resource, slot) order, so they pair up
         edges = np.diff((cost > 0).view(np.int8), axis=2, prepend=0, append=0)
@@ -86,7 +91,7 @@ def price_drivers(best: BestSchedule, job: Job, ledger: Ledger, top: int = 3) ->
             s_, r, a, b = int(srv[k]), int(res[k]), int(first[k]), int(end[k])
             driver = PriceDriver(
                 resource=cluster.resources[r],
-                server=names[s_],
+                server=names[int(used[s_])],
                 first_slot=sched.start + a,
                 last_slot=sched.start + b - 1,
                 cost=float(run_cost[k]),
@@ -95,6 +100,31 @@ def price_drivers(best: BestSchedule, job: Job, ledger: Ledger, top: int = 3) ->
             found.append((driver.cost, len(found), driver))
     found.sort(key=lambda x: (-x[0], x[1]))
     return [d for _, _, d in found[:top]]
+
+
+def _scarcest(job: Job, ledger: Ledger, lo: int, hi: int) -> tuple[str, int | None, int]:
+    """Over window slots ``lo .. hi - 1`` of the worker servers: the resource with the
+    fewest workers' worth free (its name and that count; ``""`` and None if the job
+    demands none) and the worker-slots that fit, capped at ``N`` per slot and server.
+
+    One resource at a time, ``(hi - lo, n)`` each: the room of every resource is the
+    least of the rooms of each (:func:`pricing.job.room`), and the counts are the same."""
+    side = ledger.worker_side
+    worst = ""
+    least = None
+    fits = None
+    for r, name in enumerate(ledger.cluster.resources):
+        if job.worker[r] <= 0:
+            continue
+        free = side.capacity[None, :, r : r + 1] - side.used[lo:hi, :, r : r + 1]
+        units = room(free, job.worker[r : r + 1])  # (hi - lo, n) int64
+        total = int(units.sum())
+        if least is None or total < least:
+            least, worst = total, name
+        fits = units if fits is None else np.minimum(fits, units)
+    if fits is None:  # no worker demand: as the room of every resource at once says
+        fits = room(side.capacity[None] - side.used[lo:hi], job.worker)
+    return worst, least, int(fits.clip(max=job.chunks).sum())
 
 
 def explain_rejection(
@@ -113,16 +143,7 @@ def explain_rejection(
         if late is not None:
             return late
         lo, hi = ledger.index(first_slot), ledger.index(last_slot) + 1
-        free_w = ledger.worker_side.capacity[None] - ledger.worker_side.used[lo:hi]
-        worst = ""
-        least = None
-        for r, name in enumerate(ledger.cluster.resources):
-            if job.worker[r] <= 0:
-                continue
-            units = int(room(free_w[:, :, r : r + 1], job.worker[r : r + 1]).sum())
-            if least is None or units < least:
-                least, worst = units, name
-        fit = int(room(free_w, job.worker).clip(max=job.chunks).sum())
+        worst, least, fit = _scarcest(job, ledger, lo, hi)
         return (
             f"cannot fit: it needs {job.work} worker-slots in slots {first_slot}..{last_slot}, "
             f"and only {fit} worker-slots are free there (capped at {job.chunks} per slot); "

@@ -29,6 +29,7 @@ from pricing.cluster import Cluster
 from pricing.errors import CapacityError, LedgerError
 from pricing.prices import PriceBounds, price
 from pricing.schedule import Schedule
+from pricing.shares import least_shares
 
 __all__ = ["CAPACITY_SLACK", "LOG_PRICE_CAP", "LOG_PRICE_FLOOR", "Ledger", "Side"]
 
@@ -162,11 +163,27 @@ class Side:
         self.cells[empty] = self.empty_price
         rows = stale[busy]
         if rows.size:
-            self.cells[rows] = price(self.log_l, self.log_u, self.used[rows], self.capacity)
+            self._derive(rows)
         self.priced[empty] = self.version
         self.priced[rows] = self.version
         self.derived += int(empty.size + rows.size)
         return self.cells
+
+    def _derive(self, rows: NDArray[np.intp]) -> None:
+        """Derive the cells of window slots ``rows`` from their amounts.
+
+        A server with nothing allocated in a slot prices at :attr:`empty_price`: the same
+        floats, as ``exp`` gets the same argument (a share of 0, or of 1 where the server
+        lacks the resource) whatever else the array holds. So when few servers of these
+        slots hold anything (a large cluster), only theirs are derived."""
+        amounts = self.used[rows]  # (k, n, R)
+        held = amounts.any(axis=2)  # (k, n)
+        if 4 * int(np.count_nonzero(held)) > held.size:
+            self.cells[rows] = price(self.log_l, self.log_u, amounts, self.capacity)
+            return
+        self.cells[rows] = self.empty_price
+        t, h = np.nonzero(held)
+        self.cells[rows[t], h] = price(self.log_l, self.log_u, amounts[t, h], self.capacity[h])
 
     def kernel_view(
         self, demand: NDArray[np.float64], lo: int = 0, hi: int | None = None
@@ -184,19 +201,21 @@ class Side:
         out: NDArray[np.float64] = least @ demand
         return out
 
-    def reprice(self, lo: int, hi: int) -> None:
+    def reprice(self, lo: int, hi: int) -> NDArray[np.bool_]:
         """Amounts of window slots ``lo .. hi - 1`` changed: their prices are derived
-        again when next read, and their least shares now."""
+        again when next read, and their least shares now. Returns ``(hi - lo,)`` bool,
+        whether anything is allocated in each of those slots."""
         self.priced[lo:hi] = 0
-        self.refresh_shares(lo, hi)
+        return self.refresh_shares(lo, hi)
 
-    def refresh_shares(self, lo: int, hi: int) -> None:
-        """Recompute :attr:`min_share` of window slots ``lo .. hi - 1``."""
-        if lo >= hi:
-            return
-        with np.errstate(divide="ignore", invalid="ignore"):
-            share = np.where(self.capacity > 0, self.used[lo:hi] / self.capacity, 1.0)
-        self.min_share[lo:hi] = share.min(axis=1) if share.shape[1] else 1.0
+    def refresh_shares(self, lo: int, hi: int) -> NDArray[np.bool_]:
+        """Recompute :attr:`min_share` of window slots ``lo .. hi - 1``; returns
+        ``(hi - lo,)`` bool, whether anything is allocated in each of those slots."""
+        busy = np.zeros(self.used.shape[0], np.bool_)
+        if lo < hi:
+            least_shares(self.used, self.capacity, lo, hi, self.min_share, busy)
+        out: NDArray[np.bool_] = busy[lo:hi]
+        return out
 
     def fill_blocked(self, lo: int, hi: int) -> None:
         """Set amounts of blocked cells in window slots ``lo .. hi - 1`` to capacity."""
@@ -329,20 +348,24 @@ class Ledger:
             raise LedgerError(f"job {job_id!r}: empty schedule")
         lo = self.index(schedule.start)
         hi = self.index(schedule.start + schedule.slots - 1) + 1
-        add_w = schedule.workers[:, :, None] * worker[None, None, :]
-        add_p = schedule.ps[:, :, None] * ps[None, None, :]
-        new_w = self.worker_side.used[lo:hi] + add_w
-        new_p = self.ps_side.used[lo:hi] + add_p
-        for name, side, new in (("worker", self.worker_side, new_w), ("PS", self.ps_side, new_p)):
-            over = new > side.capacity[None] + CAPACITY_SLACK
+        # only the servers the schedule uses change (x + 0 is x): (slots, m, R) each
+        changes = []
+        for name, side, counts, demand in (
+            ("worker", self.worker_side, schedule.workers, worker),
+            ("PS", self.ps_side, schedule.ps, ps),
+        ):
+            cols = np.flatnonzero(counts.any(axis=0))
+            new = side.used[lo:hi, cols] + counts[:, cols, None] * demand[None, None, :]
+            over = new > side.capacity[None, cols] + CAPACITY_SLACK
             if over.any():
                 t, srv, r = (int(i) for i in np.argwhere(over)[0])
                 raise CapacityError(
-                    f"job {job_id!r} would exceed {name} server #{srv} resource "
+                    f"job {job_id!r} would exceed {name} server #{int(cols[srv])} resource "
                     f"{self.cluster.resources[r]!r} in slot {schedule.start + t}"
                 )
-        self.worker_side.used[lo:hi] = new_w
-        self.ps_side.used[lo:hi] = new_p
+            changes.append((side, cols, new))
+        for side, cols, new in changes:
+            side.used[lo:hi, cols] = new
         self._entries[job_id] = _Entry(worker, ps, schedule)
         self._refresh(lo, hi)
 
@@ -508,8 +531,6 @@ class Ledger:
         return ""
 
     def _refresh(self, lo: int, hi: int) -> None:
-        for side in (self.worker_side, self.ps_side):
-            side.reprice(lo, hi)
-        self.touched[lo:hi] = self.worker_side.used[lo:hi].any(axis=(1, 2)) | self.ps_side.used[
-            lo:hi
-        ].any(axis=(1, 2))
+        busy_w = self.worker_side.reprice(lo, hi)
+        busy_p = self.ps_side.reprice(lo, hi)
+        self.touched[lo:hi] = busy_w | busy_p

@@ -17,7 +17,7 @@ import numpy as np
 from numba import njit
 from numpy.typing import NDArray
 
-__all__ = ["F64", "I64", "cost_curve", "offers", "place"]
+__all__ = ["F64", "I64", "cost_curve", "cost_curve_picks", "offers", "place", "place_picks"]
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
@@ -59,13 +59,36 @@ def cost_curve(
     ``curve`` (length ``>= limit + 1``) receives ``curve[q]`` for every ``q`` up to the
     returned count; entries past it are left as they were.
     """
+    return cost_curve_picks(unit, room, limit, curve, np.empty((2, 0), np.int64))
+
+
+@njit(cache=True, nogil=True)
+def cost_curve_picks(
+    unit: NDArray[np.float64],
+    room: NDArray[np.int64],
+    limit: int,
+    curve: NDArray[np.float64],
+    picks: NDArray[np.int64],
+) -> int:
+    """:func:`cost_curve`, also recording the servers it fills, in order.
+
+    ``picks`` is ``(2, m)``: ``picks[0, i]`` is the ``i``-th server with room that the
+    greedy fill reaches and ``picks[1, i]`` its room, for as many as fit in ``m``, then
+    ``picks[0, i] = -1`` if there is space. With ``m >= limit + 1`` that is every server
+    :func:`place` fills for any count up to ``limit`` (:func:`place_picks`).
+    """
     order = np.argsort(unit, kind="mergesort")
     curve[0] = 0.0
     q = 0
     acc = 0.0
+    n = 0
     for i in range(order.shape[0]):
         h = order[i]
         take = min(room[h], limit - q)
+        if take > 0 and n < picks.shape[1]:
+            picks[0, n] = h
+            picks[1, n] = room[h]
+            n += 1
         u = unit[h]
         for _ in range(take):
             acc += u
@@ -73,7 +96,26 @@ def cost_curve(
             curve[q] = acc
         if q >= limit:
             break
+    if n < picks.shape[1]:
+        picks[0, n] = -1
     return q
+
+
+@njit(cache=True, nogil=True)
+def place_picks(picks: NDArray[np.int64], count: int, out: NDArray[np.int32]) -> int:
+    """:func:`place` over the servers :func:`cost_curve_picks` recorded in ``picks``
+    (``(2, m)``, ``m >= limit + 1``) for ``count <= limit``: the same units per server
+    (``out``, ``(n,)``), without sorting again. Returns how many were placed."""
+    out[:] = 0
+    left = count
+    for i in range(picks.shape[1]):
+        h = picks[0, i]
+        if h < 0 or left <= 0:
+            break
+        take = min(picks[1, i], left)
+        out[h] = take
+        left -= take
+    return count - left
 
 
 @njit(cache=True, nogil=True)

@@ -61,3 +61,36 @@ def test_drivers_are_the_costliest_parts_and_the_reason_names_them() -> None:
         assert reason.startswith("priced out") and drivers[0].server in reason
         checked += 1
     assert checked >= 3
+
+
+def dense_scarcest(job, ledger, lo, hi):
+    """The scarcest resource and the worker-slots that fit, from every resource's free
+    amounts at once (as the explanation first computed them)."""
+    from pricing.job import room
+
+    free_w = ledger.worker_side.capacity[None] - ledger.worker_side.used[lo:hi]
+    worst, least = "", None
+    for r, name in enumerate(ledger.cluster.resources):
+        if job.worker[r] <= 0:
+            continue
+        units = int(room(free_w[:, :, r : r + 1], job.worker[r : r + 1]).sum())
+        if least is None or units < least:
+            least, worst = units, name
+    return worst, least, int(room(free_w, job.worker).clip(max=job.chunks).sum())
+
+
+def test_the_scarcest_resource_is_found_one_resource_at_a_time() -> None:
+    from pricing.explain import _scarcest
+
+    raw = generate_trace(
+        np.random.default_rng(11), n_jobs=80, n_worker_servers=3, n_ps_servers=3, horizon=30
+    )
+    raw["pricing"] = {"bounds": "oracle"}
+    trace = trace_from_dict(raw)
+    ledger = Ledger(trace.cluster, trace.bounds, trace.horizon)
+    rng = np.random.default_rng(0)
+    for job in trace.jobs:
+        decide(job, ledger, job.arrival, trace.horizon - 1)  # admits what pays
+        lo = int(rng.integers(0, trace.horizon))
+        hi = int(rng.integers(lo + 1, trace.horizon + 1))
+        assert _scarcest(job, ledger, lo, hi) == dense_scarcest(job, ledger, lo, hi)

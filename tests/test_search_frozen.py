@@ -1,0 +1,138 @@
+"""The search's frozen prefix and fixed points skip only updates that change nothing: on
+replayed ledgers and on prices where some touched slots are cheaper than the untouched
+ones, every value it computes is the float the plain DP over every slot computes
+(issue 16)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numpy.typing import NDArray
+
+from pricing import Ledger
+from pricing.admission import ADMIT_THRESHOLD
+from pricing.best_schedule import (
+    TIE,
+    Side,
+    _backtrack,
+    _slot_cost_bounds,
+    _slot_curve,
+    best_schedule,
+    search,
+)
+from pricing.job import Job
+from pricing.placement import F64, I64
+from tests.test_offline_colgen import _small
+
+
+def _plain(
+    job: Job, wside: Side, pside: Side, t0: int, n_slots: int, util: F64
+) -> tuple[F64, F64, I64, int]:
+    """The DP with no skipping and no stop: ``D`` ``(n, W + 1)``, curves ``(n, N + 1)``,
+    largest ``y`` per slot ``(n,)`` and the best end (-1: none), by the search's tie rule."""
+    work, zt = job.work, job.ps_table()
+    d = np.empty((n_slots, work + 1))
+    c = np.empty((n_slots, job.chunks + 1))
+    ymax = np.empty(n_slots, np.int64)
+    prev = np.full(work + 1, np.inf)
+    prev[0] = 0.0
+    best, best_k = -np.inf, -1
+    for k in range(n_slots):
+        picks = np.empty((2, 0), np.int64)  # none recorded
+        ymax[k] = _slot_curve(wside, pside, t0 + k, zt, c[k], picks, picks)
+        cur = prev.copy()
+        for y in range(1, min(int(ymax[k]), work) + 1):
+            cur[y:] = np.minimum(cur[y:], prev[: work + 1 - y] + c[k, y])
+        d[k] = cur
+        if cur[work] < np.inf:
+            payoff = util[k] - cur[work]
+            if best_k < 0 or payoff > best + TIE * max(abs(best), 1.0):
+                best, best_k = payoff, k
+        prev = cur
+    return d, c, ymax, best_k
+
+
+def _check(
+    job: Job,
+    wside: Side,
+    pside: Side,
+    touched: NDArray[np.bool_],
+    t0: int,
+    n: int,
+    lb: float | F64,
+    cheapest_idle: bool,
+) -> tuple[int, int]:
+    """Search and plain DP agree bit for bit; returns (slots scanned, best end)."""
+    best, ends = search(job, wside, pside, touched, t0, n, t0, lb, None, None, cheapest_idle)
+    util = job.utility.values(np.arange(1, n + 1))
+    d, c, ymax, best_k = _plain(job, wside, pside, t0, n, util)
+    scanned = best.slots_scanned
+    assert np.array_equal(ends[:scanned], util[:scanned] - d[:scanned, job.work])
+    if best_k < 0:
+        assert best.schedule is None
+        return scanned, best_k
+    assert best.schedule is not None and best.jct == best_k + 1
+    ys = _backtrack(d, np.arange(n), c, ymax, best_k, job.work)
+    assert np.array_equal(best.schedule.workers.sum(axis=1), ys)
+    assert best.cost == float(sum(c[k, ys[k]] for k in range(ys.shape[0])))
+    return scanned, best_k
+
+
+def _views(job: Job, ledger: Ledger) -> tuple[Side, Side]:
+    w, p = ledger.worker_side, ledger.ps_side
+    return (
+        (w.price, w.used, w.capacity, np.ascontiguousarray(job.worker)),
+        (p.price, p.used, p.capacity, np.ascontiguousarray(job.ps)),
+    )
+
+
+@pytest.mark.parametrize("seed", [5, 6])
+def test_search_on_a_replayed_ledger_equals_the_plain_dp(seed: int) -> None:
+    trace = _small(seed, jobs=40, servers=4, horizon=120, bounds="estimate")
+    last = trace.horizon - 1
+    ledger = Ledger(trace.cluster, trace.bounds, trace.horizon)
+    estimate = trace.estimate()
+    late_ends = 0
+    for job in trace.jobs:
+        if trace.late(job) is not None:
+            continue
+        estimate = estimate.observe(job)
+        bounds = estimate.bounds()
+        assert bounds is not None
+        ledger.set_bounds(bounds)
+        now = best_schedule(job, ledger, job.arrival, last)
+        wside, pside = _views(job, ledger)
+        t0 = ledger.index(job.arrival)
+        n = last - job.arrival + 1
+        lb = _slot_cost_bounds(job, ledger, t0, t0 + n)
+        _, best_k = _check(job, wside, pside, ledger.touched, t0, n, lb, True)
+        assert now.jct == (None if best_k < 0 else best_k + 1)
+        late_ends += best_k > 20
+        if now.payoff is not None and now.payoff > ADMIT_THRESHOLD:
+            assert now.schedule is not None
+            ledger.admit(job.id, job.worker, job.ps, now.schedule)
+    assert late_ends > 0  # some searches went far past the first slots
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_touched_slots_cheaper_than_untouched_ones_undo_the_freeze(seed: int) -> None:
+    """Prices no ledger holds: some touched slots are cheaper than the untouched ones, so
+    a prefix frozen under the untouched slots' curve must be computed again there."""
+    rng = np.random.default_rng(seed)
+    trace = _small(seed, jobs=6, servers=3, horizon=200)
+    cluster = trace.cluster
+    n = trace.horizon
+    touched = rng.random(n) < 0.15
+    sides = []
+    for cap in (cluster.worker_capacity, cluster.ps_capacity):
+        idle = rng.uniform(0.5, 2.0, cap.shape)
+        price = np.broadcast_to(idle, (n, *cap.shape)).copy()
+        used = np.zeros((n, *cap.shape))
+        busy = np.flatnonzero(touched)
+        price[busy] *= rng.uniform(0.3, 3.0, (busy.size, *cap.shape))
+        used[busy] = cap * rng.uniform(0.0, 0.9, (busy.size, *cap.shape))
+        sides.append((price, used, cap))
+    for job in trace.jobs:
+        wside = (*sides[0], np.ascontiguousarray(job.worker))
+        pside = (*sides[1], np.ascontiguousarray(job.ps))
+        _check(job, wside, pside, touched, 0, n, 0.0, False)
