@@ -24,6 +24,7 @@ from controller.errors import NotLeaderError
 from controller.events import Event
 from controller.store import AllocationRow, EventRow, JobRow, MetaRow, StoreUnavailableError
 from controller.store.writer_lock import FencedError
+from pricing.bound_estimate import BoundEstimate
 
 __all__ = ["Committed", "DecisionRows", "Deferred", "GroupCommit"]
 
@@ -37,7 +38,9 @@ class DecisionRows:
 
     job: dict[str, Any]
     allocations: list[dict[str, Any]]
-    estimate: dict[str, Any] | None
+    estimate: BoundEstimate | None
+    """The estimate after the decision (immutable); only a batch's last is written, and
+    turned into JSON there, in the writer thread."""
     event: dict[str, Any]
 
 
@@ -78,11 +81,12 @@ class GroupCommit(AdmissionState):
             allocations = [a for r in rows for a in r.allocations]
             if allocations:
                 conn.execute(insert(AllocationRow), allocations)
-            estimate = next((r.estimate for r in reversed(rows) if r.estimate is not None), None)
-            if estimate is not None:  # the last one of the batch: one UPDATE
-                stmt = update(MetaRow).where(MetaRow.key == ESTIMATE_KEY).values(value=estimate)
+            last = next((r.estimate for r in reversed(rows) if r.estimate is not None), None)
+            if last is not None:  # the last one of the batch: one UPDATE
+                value = last.to_dict()
+                stmt = update(MetaRow).where(MetaRow.key == ESTIMATE_KEY).values(value=value)
                 if conn.execute(stmt).rowcount == 0:
-                    conn.execute(insert(MetaRow).values(key=ESTIMATE_KEY, value=estimate))
+                    conn.execute(insert(MetaRow).values(key=ESTIMATE_KEY, value=value))
             stmt_events = insert(EventRow).returning(
                 EventRow.sequence, sort_by_parameter_order=True
             )

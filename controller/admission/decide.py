@@ -248,7 +248,7 @@ class DecisionCore(GroupCommit):
             "decided_slot": self.slot,
         }
         allocations = self._allocation_rows(job.id, view.allocations) if view.admitted else []
-        value = estimate.to_dict() if self.config.pricing.mode == "estimate" else None
+        value = estimate if self.config.pricing.mode == "estimate" else None
         detail = {"admitted": view.admitted, "payoff": view.payoff}
         event = self._event_row(now, "decided", job.id, state, detail)
         return DecisionRows(job_row, allocations, value, event)
