@@ -24,6 +24,7 @@ from pricing.utility import WHEN_KEYS
 
 __all__ = [
     "ID_PREFIX",
+    "check_job_worth",
     "check_worth",
     "for_display",
     "has_times",
@@ -175,6 +176,13 @@ def check_worth(
         arrival=arrival,
         field=field,
     )
+    check_job_worth(job, spec, slot_seconds=slot_seconds, field=field)
+
+
+def check_job_worth(
+    job: Any, spec: Mapping[str, Any], *, slot_seconds: float, field: str = "job"
+) -> None:
+    """:func:`check_worth` of ``job``, already parsed from ``spec`` (the admission's)."""
     d_min = job.min_slots
     if float(job.utility.log_values(d_min)) > -math.inf:
         return

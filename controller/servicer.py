@@ -3,7 +3,7 @@
 Domain errors map to precise status codes; anything else is a bug and becomes INTERNAL
 (:mod:`controller.statuses`: bounded messages, every bad field). A submitted spec is
 prepared at this edge (:mod:`controller.jobspec`): read from JSON, given an id if it has
-none, its times resolved to slots, and refused if it can be worth nothing.
+none, and its times resolved to slots; the decision refuses it if it can be worth nothing.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from controller.convert import (
     spec_from_proto,
 )
 from controller.errors import BusyError, NotLeaderError
-from controller.jobspec import check_worth, has_times, prepare
+from controller.jobspec import prepare
 from controller.limits import RateLimiter
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
@@ -122,40 +122,22 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
 
     def _charge(self, spec: dict[str, Any], client: str) -> None:
         if self.limiter is not None and client:
+            self.c.config.limits.check_spec(spec)  # bounded before it is parsed
             steps = self.c.search_steps(spec)
             self.limiter.charge(client, self.c.config.limits.search_tokens(steps))
 
-    async def _spec(self, msg: pb.JobSpec, *, new: bool) -> dict[str, Any]:
-        """The spec of a submission or quote, prepared (see the module docstring).
-
-        A spec with times whose job is stored already skips the worth check: at a later
-        arrival its deadline may have passed, and a retry must get the first decision."""
-        spec = prepare(spec_from_proto(msg), self.c.slots.times)
-        try:
-            check_worth(
-                spec,
-                cluster=self.c.cluster,
-                slot_seconds=self.c.config.slot_seconds,
-                window=self.c.window,
-                arrival=self.c.slots.current_slot() + 1,
-            )
-        except SpecError:
-            if not (new and has_times(spec) and await self._stored(spec["id"])):
-                raise
-        return spec
-
-    async def _stored(self, job_id: Any) -> bool:
-        try:
-            await self.c.get(str(job_id))
-        except (NotFoundError, SpecError):
-            return False
-        return True
+    async def _spec(self, msg: pb.JobSpec) -> dict[str, Any]:
+        """The spec of a submission or quote, prepared (see the module docstring). Its
+        worth is checked by the decision (:func:`controller.jobspec.check_job_worth`, on
+        the job it parses anyway), after a retry of a stored job got its first decision:
+        at a later arrival a deadline may have passed."""
+        return prepare(spec_from_proto(msg), self.c.slots.times)
 
     async def SubmitJob(
         self, request: pb.SubmitJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.SubmitJobResponse:
         caller = current_caller()
-        spec = await _guard(context, self._spec(request.job, new=True))
+        spec = await _guard(context, self._spec(request.job))
         self._charge(spec, caller.client)
         wait = request.wait_seconds if request.HasField("wait_seconds") else None
         submit = self.c.submit(spec, caller.submitter, caller.owner, wait, caller.turn)
@@ -166,7 +148,7 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
         self, request: pb.QuoteJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.QuoteJobResponse:
         caller = current_caller()
-        spec = await _guard(context, self._spec(request.job, new=False))
+        spec = await _guard(context, self._spec(request.job))
         self._charge(spec, caller.client)
         view = await _guard(context, self.c.quote(spec, caller.turn))
         return pb.QuoteJobResponse(decision=decision_to_proto(view))

@@ -318,10 +318,10 @@ def test_issue_12_inputs_are_invalid_argument(tmp_path: Path, daemon: Daemon) ->
             next(iter(watch(b"\x08", timeout=10)))
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
-        # 40,000 unknown resources: a bounded message (gRPC clients refuse trailers over
-        # 8 KiB), and the first fields as details
+        # 3,000 unknown resources (a spec under limits.max_spec_bytes): a bounded message
+        # (gRPC clients refuse trailers over 8 KiB), and the first fields as details
         stub = pb_grpc.AdmissionStub(channel)
-        many = {**PEOPLE, "worker": {f"r{i}": 1 for i in range(40_000)}}
+        many = {**PEOPLE, "worker": {f"r{i}": 1 for i in range(3_000)}}
         call = stub.SubmitJob.with_call
         with pytest.raises(grpc.RpcError) as err:
             call(pb.SubmitJobRequest(job=pb.JobSpec(json=json.dumps(many))), timeout=30)
@@ -333,7 +333,12 @@ def test_issue_12_inputs_are_invalid_argument(tmp_path: Path, daemon: Daemon) ->
         status.details[0].Unpack(bad)
         shown = len(bad.field_violations) - 1
         assert shown >= 10 and bad.field_violations[0].field == "job.worker.r0"
-        assert bad.field_violations[-1].description == f"and {40_000 - shown} more problems"
+        assert bad.field_violations[-1].description == f"and {3_000 - shown} more problems"
+        # 40,000: refused for its size before anything parses it
+        huge = {**PEOPLE, "worker": {f"r{i}": 1 for i in range(40_000)}}
+        with pytest.raises(grpc.RpcError) as err:
+            call(pb.SubmitJobRequest(job=pb.JobSpec(json=json.dumps(huge))), timeout=30)
+        assert "exceeds limits.max_spec_bytes" in (err.value.details() or "")
 
 
 def test_reflection_v1_and_v1alpha(daemon: Daemon) -> None:

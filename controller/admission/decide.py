@@ -18,6 +18,7 @@ from controller.admission.commit import Committed, DecisionRows, Deferred, Group
 from controller.admission.views import DecisionView, JobView, canonical_spec
 from controller.errors import ConflictError, QueueFullError
 from controller.events import Event
+from controller.jobspec import check_job_worth
 from controller.limits import check_job_id
 from controller.replay import allocations as allocation_entries
 from controller.store import AllocationRow, JobRow
@@ -52,6 +53,7 @@ class DecisionCore(GroupCommit):
         self._advance_window()
         arrival = self.slot + 1
         job = self._parse(spec, arrival)
+        check_job_worth(job, spec, slot_seconds=self.config.slot_seconds)
         self.config.limits.check_job(job, self.cluster, self.window)
         estimate = self._estimate
         if self.config.pricing.mode == "estimate":
