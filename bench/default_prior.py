@@ -4,9 +4,7 @@ What is made
     ``oasis gen --jobs 2000 --seed 9001`` (the paper's setting: 50 + 50 EC2-like servers,
     T = 300, the default utility mix) summarised by ``oasis calibrate --points 16``
     (:func:`pricing.bound_estimate.calibrate`), written as the module's JSON text.
-    Seed 9001 is used by no benchmark, so no measured trace is its own prior. The prior
-    records its window (``horizon``: 300 less the trace's first arrival), so the
-    estimate moves its floor to other windows (``pricing.bound_prior``).
+    Seed 9001 is used by no benchmark, so no measured trace is its own prior.
 
 Run with
     .venv/bin/python -m bench.default_prior            # rewrites pricing/default_prior.py
@@ -75,9 +73,7 @@ def prior_dict() -> dict[str, Any]:
     )  # fmt: skip
     trace = trace_from_dict({**raw, "pricing": {"bounds": "estimate", "prior": "none"}})
     jobs = [j for j in trace.jobs if trace.late(j) is None]
-    window = trace.horizon - min(j.arrival for j in trace.jobs)  # as a trace's estimate
-    prior = calibrate(jobs, trace.cluster, points=POINTS, source=COMMAND, horizon=window)
-    return prior.to_dict()
+    return calibrate(jobs, trace.cluster, points=POINTS, source=COMMAND).to_dict()
 
 
 def _points(points: list[list[float]], indent: int) -> str:
@@ -97,8 +93,6 @@ def module_text(prior: dict[str, Any]) -> str:
     """The whole module, the prior as wrapped JSON text."""
     out = ["{", f' "kind": {json.dumps(prior["kind"])},', f' "version": {prior["version"]},']
     out += [f' "source": {json.dumps(prior["source"])},', f' "weight": {prior["weight"]},']
-    if "horizon" in prior:
-        out.append(f' "horizon": {prior["horizon"]},')
     out.append(f' "best": {_points(prior["best"], 1)},')
     for side in ("worker", "ps"):
         out += [f' "{side}": {{', f'  "floor": {_points(prior[side]["floor"], 2)},']

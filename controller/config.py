@@ -105,9 +105,7 @@ class PricingConfig:
         prior: estimate: the prior it starts from (pricing/bound_prior.py); None: none,
             the first job sets it. The config's ``prior`` is ``"default"`` (the shipped
             :func:`pricing.default_prior.default_prior`, also when absent), ``"none"``,
-            or the path of a JSON prior ``oasis calibrate`` wrote. :func:`load` moves it
-            to the daemon's ``window`` (:meth:`pricing.bound_prior.Prior.for_window`), as
-            a trace moves it to its own; a config built in code takes it as given.
+            or the path of a JSON prior ``oasis calibrate`` wrote.
     """
 
     mode: str
@@ -279,7 +277,6 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
                 f"daemon.wait_seconds: {wait_seconds:g} exceeds limits.max_wait_seconds = "
                 f"{limits.max_wait_seconds:g}"
             )
-        window = fields.positive_int(daemon.get("window", 300), "daemon.window")
         mqtt = mqtt_from_dict(fields.optional_mapping(data, "mqtt", ""))
         if mqtt is not None:
             check_server_names(name for _kind, _i, name, _cap in cluster.servers())
@@ -290,11 +287,11 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
             store_timeout=store_timeout,
             sqlite_synchronous=synchronous,
             slot_seconds=fields.positive(daemon.get("slot_seconds", 3600), "daemon.slot_seconds"),
-            window=window,
+            window=fields.positive_int(daemon.get("window", 300), "daemon.window"),
             epoch=epoch,
             log_level=level,
             cluster=cluster,
-            pricing=_pricing(fields.optional_mapping(data, "pricing", ""), cluster, window, base),
+            pricing=_pricing(fields.optional_mapping(data, "pricing", ""), cluster, base),
             tick_seconds=fields.positive(daemon.get("tick_seconds", 1.0), "daemon.tick_seconds"),
             metrics_listen=_metrics_listen(fields.optional_mapping(data, "metrics", "")),
             mqtt=mqtt,
@@ -368,9 +365,7 @@ def _prior(raw: Any, base: Path | None) -> Prior | None:
     return prior if prior.source else replace(prior, source=str(path))
 
 
-def _pricing(
-    raw: Mapping[str, Any], cluster: Cluster, window: int, base: Path | None = None
-) -> PricingConfig:
+def _pricing(raw: Mapping[str, Any], cluster: Cluster, base: Path | None = None) -> PricingConfig:
     mode = raw.get("bounds", "estimate")
     if mode == "estimate":
         _check_keys(raw, {"bounds", "l_margin", "u_margin", "trim", "prior"}, "pricing")
@@ -384,8 +379,6 @@ def _pricing(
         if not 0 <= trim < 1:
             raise ConfigError(f"pricing.trim: must be in [0, 1), got {trim}")
         prior = _prior(raw.get("prior", "default"), base)
-        if prior is not None:  # moved to the window, as replay moves it to a trace's
-            prior = prior.for_window(window)
         return PricingConfig("estimate", None, l_margin, u_margin, trim, prior)
     if mode == "explicit":
         _check_keys(raw, {"bounds", "U1", "U2", "L1", "L2"}, "pricing")

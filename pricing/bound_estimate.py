@@ -44,10 +44,7 @@ reported benchmark uses (bench/RESULTS.md, "Price bounds").
 old outlier fades; a histogram keeps at most 256 bins of ``exp(0.05)`` width.
 
 **Warm start.** Before jobs are seen the quantiles are those of the prior, which counts
-as ``weight`` (default 40) jobs and fades like any old job. A prior that records the
-window it was calibrated in is first moved to the window of the jobs at hand
-(:meth:`pricing.bound_prior.Prior.for_window`: its floor scaled by the ratio of the
-windows) by whoever starts the estimate: the daemon's config and the trace. The shipped default
+as ``weight`` (default 40) jobs and fades like any old job. The shipped default
 (:mod:`pricing.default_prior`) was calibrated on ``oasis gen`` traces; ``oasis calibrate``
 makes one from a trace (:func:`calibrate`). Without any prior (``empty``, ``start(...,
 None)``) the first job sets the values.
@@ -433,12 +430,9 @@ def calibrate(
     weight: float = DEFAULT_PRIOR_WEIGHT,
     points: int = 32,
     source: str = "",
-    horizon: int | None = None,
 ) -> Prior:
     """A prior from ``jobs`` (at least one) on ``cluster``: the distribution of each
-    value the estimate follows, summarised in at most ``points`` points per list.
-    ``horizon``: the window the jobs were planned in, slots (:meth:`Prior.for_window`);
-    None: unknown."""
+    value the estimate follows, summarised in at most ``points`` points per list."""
     if not jobs:
         raise ValueError("a prior needs at least one job")
     log_best = np.array([clip_log(float(j.utility.log_values(j.min_slots))) for j in jobs])
@@ -470,4 +464,4 @@ def calibrate(
             )
         )
     best = _summary(log_best.tolist(), [1.0] * len(jobs), points)
-    return Prior(weight, best, sides[0], sides[1], source, horizon)
+    return Prior(weight, best, sides[0], sides[1], source)

@@ -19,7 +19,6 @@ JSON form (``oasis calibrate`` writes it; a trace's ``pricing.prior`` or the dae
 config reads it)::
 
     {"kind": "oasis-bound-prior", "version": 1, "source": "...", "weight": 40,
-     "horizon": 300,
      "best": [[x, share], ...],
      "worker": {"floor": [[x, share], ...], "floor_per_job": 0.2,
                 "top": {"gpu": [[x, share], ...], ...}},
@@ -29,16 +28,6 @@ Shares are normalised per list; at most ``MAX_POINTS`` points per list. A job we
 most 1 in the floor's quantile (its utility over a reference, capped), ``floor_per_job``
 (default 1) on average in the jobs calibrated from: the floor points weigh ``weight *
 floor_per_job``, so the prior counts as ``weight`` typical jobs there too.
-
-**Window.** ``horizon`` (optional) is the window, in slots, of the jobs the prior was
-calibrated on: the most slots a job could be planned over. A job must fit its window, so
-in a window of ``T`` slots jobs carry about ``T / horizon`` of the work, and their floor
-values (utility per worker-slot) are about ``horizon / T`` times higher.
-:meth:`Prior.for_window` moves the floor points by that factor (in logs, rounded to the
-estimate's bins); the daemon (its ``window``) and a trace (its horizon less its first
-arrival) start from the prior moved to their window. Without ``horizon`` a prior is used
-as it is. Measured on the Fig. 5 instances (T = 10) with the shipped prior (T = 300):
-bench/results/quality.md.
 """
 
 from __future__ import annotations
@@ -50,7 +39,7 @@ from typing import Any
 
 from pricing import fields
 from pricing.errors import Problem, SpecError
-from pricing.quantile_tracker import BIN_WIDTH, LOG_LIMIT, clip_log
+from pricing.quantile_tracker import LOG_LIMIT
 
 __all__ = [
     "DEFAULT_PRIOR_WEIGHT",
@@ -73,7 +62,6 @@ MAX_POINTS = 64
 MAX_PRIOR_BYTES = 1_000_000
 """A prior file larger than this is refused (a real one is a few kilobytes)."""
 _MAX_WEIGHT = 1e6
-_MAX_HORIZON = 1_000_000_000
 _MAX_SOURCE = 500
 _MAX_RESOURCES = 64
 
@@ -105,8 +93,6 @@ class Prior:
         best: points of ``log f(d_min)``.
         worker, ps: the priors of each kind of server.
         source: where it came from (free text, shown by ``oasis bounds``).
-        horizon: the window of the jobs it was calibrated on, slots; None: unknown (the
-            prior is used as it is in every window).
     """
 
     weight: float
@@ -114,24 +100,6 @@ class Prior:
     worker: SidePrior
     ps: SidePrior
     source: str = ""
-    horizon: int | None = None
-
-    def for_window(self, window: int) -> Prior:
-        """This prior for jobs planned over at most ``window`` slots (>= 1): the floor
-        points of both sides moved by ``log(horizon / window)``, rounded to a whole
-        number of the estimate's bins (``BIN_WIDTH``), so windows within a few percent of
-        each other start alike; the same prior without ``horizon`` or at its own."""
-        if self.horizon is None or window == self.horizon:
-            return self
-        shift = round(math.log(self.horizon / max(window, 1)) / BIN_WIDTH) * BIN_WIDTH
-
-        def moved(side: SidePrior) -> SidePrior:
-            floor = tuple((clip_log(x + shift), s) for x, s in side.floor)
-            return SidePrior(floor, side.top, side.floor_per_job)
-
-        return Prior(
-            self.weight, self.best, moved(self.worker), moved(self.ps), self.source, window
-        )
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form of the module docstring."""
@@ -146,22 +114,22 @@ class Prior:
                 "top": {r: pts(v) for r, v in p.top.items()},
             }
 
-        out: dict[str, Any] = {
+        return {
             "kind": PRIOR_KIND,
             "version": PRIOR_VERSION,
             "source": self.source,
             "weight": self.weight,
+            "best": pts(self.best),
+            "worker": side(self.worker),
+            "ps": side(self.ps),
         }
-        if self.horizon is not None:
-            out["horizon"] = self.horizon
-        return {**out, "best": pts(self.best), "worker": side(self.worker), "ps": side(self.ps)}
 
 
 def prior_from_dict(raw: Any, field: str = "prior") -> Prior:
     """Validate a prior's JSON form; SpecError names every bad field."""
     spec = fields.mapping(raw, field)
     problems: list[Problem] = []
-    allowed = {"kind", "version", "source", "weight", "horizon", "best", "worker", "ps"}
+    allowed = {"kind", "version", "source", "weight", "best", "worker", "ps"}
     extra = sorted(set(spec) - allowed)
     if extra:
         problems.append(Problem(field, f"unexpected keys: {extra[:10]}"))
@@ -180,22 +148,11 @@ def prior_from_dict(raw: Any, field: str = "prior") -> Prior:
             problems.append(Problem(f"{field}.weight", f"must be <= {_MAX_WEIGHT:g}"))
     except SpecError as err:
         problems.extend(err.problems)
-    horizon: int | None = None
-    if spec.get("horizon") is not None:
-        raw_horizon = spec["horizon"]
-        if (
-            isinstance(raw_horizon, bool)
-            or not isinstance(raw_horizon, int)
-            or not 1 <= raw_horizon <= _MAX_HORIZON
-        ):
-            problems.append(Problem(f"{field}.horizon", f"must be an integer in 1..{_MAX_HORIZON}"))
-        else:
-            horizon = raw_horizon
     best = _points(spec.get("best"), f"{field}.best", problems)
     sides = [_side(spec.get(name), f"{field}.{name}", problems) for name in ("worker", "ps")]
     if problems:
         raise SpecError(problems[:50])
-    return Prior(weight, best, sides[0], sides[1], source, horizon)
+    return Prior(weight, best, sides[0], sides[1], source)
 
 
 def _side(raw: Any, field: str, problems: list[Problem]) -> SidePrior:

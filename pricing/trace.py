@@ -141,8 +141,6 @@ def trace_from_dict(raw: Any) -> Trace:
         if not 0 <= trim < 1:
             raise SpecError.one("pricing.trim", f"must be in [0, 1), got {trim}")
         prior = _prior(spec.get("prior", "default"))
-        if prior is not None:  # the most slots a job of this trace may be planned over
-            prior = prior.for_window(max(1, horizon - min(j.arrival for j in jobs)))
         estimate = BoundEstimate.start(cluster, prior, trim)
         for job in fit:
             estimate = estimate.observe(job)

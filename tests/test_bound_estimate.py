@@ -324,47 +324,6 @@ def test_a_prior_round_trips_and_bad_ones_name_the_field() -> None:
         prior_from_dict({**prior.to_dict(), "kind": "other"})
 
 
-def test_a_prior_moves_its_floor_to_the_window_of_the_jobs() -> None:
-    """A prior that knows its window moves its floor points by ``log(horizon / window)``
-    (whole bins) and nothing else; without a window, or at its own, it is unchanged."""
-    prior = default_prior()
-    assert prior.horizon == 300
-    assert prior.for_window(300) is prior
-    short = prior.for_window(10)
-    shift = round(math.log(30) / BIN_WIDTH) * BIN_WIDTH
-    assert short.horizon == 10 and short.best == prior.best
-    for side, moved in ((prior.worker, short.worker), (prior.ps, short.ps)):
-        assert moved.top == side.top and moved.floor_per_job == side.floor_per_job
-        assert [s for _, s in moved.floor] == [s for _, s in side.floor]
-        np.testing.assert_allclose([x for x, _ in moved.floor], [x + shift for x, _ in side.floor])
-    assert prior.for_window(299).worker.floor == prior.worker.floor  # within half a bin
-    unknown = calibrate(list(trace_from_dict(_trace(4)).jobs), trace_from_dict(_trace(4)).cluster)
-    assert unknown.horizon is None and unknown.for_window(7) is unknown
-    assert prior_from_dict(short.to_dict()) == short
-    for bad in (0, 1.5, True, "300"):
-        with pytest.raises(SpecError, match=r"prior\.horizon"):
-            prior_from_dict({**prior.to_dict(), "horizon": bad})
-
-
-def test_replay_and_the_daemons_config_move_the_prior_to_their_window(tmp_path: Path) -> None:
-    """A trace moves its prior to its horizon less its first arrival, the daemon's config
-    to its window: a daemon with window T and replay of its jobs arriving at slot 1 in a
-    trace of horizon T + 1 start from the same prior."""
-    raw = _trace(11, n_jobs=10, horizon=25)
-    for job in raw["jobs"]:
-        job["arrival"] = 1
-    raw["pricing"] = {"bounds": "estimate", "prior": "default"}
-    trace = trace_from_dict(raw)
-    config = from_dict(
-        {
-            "daemon": {"data_dir": str(tmp_path), "window": 24, "epoch": 0},
-            "cluster": {"resources": raw["resources"], "servers": raw["servers"]},
-        }
-    )
-    assert trace.prior == config.pricing.prior == default_prior().for_window(24)
-    assert trace.prior is not None and trace.prior.worker.floor != default_prior().worker.floor
-
-
 def test_the_prior_sets_the_start_and_fades() -> None:
     """Before any job the bounds are the prior's; a prior far from the jobs is left
     behind at STEP per job, and one from the same workload starts close to the end."""
@@ -567,9 +526,8 @@ def test_calibrate_from_a_daemons_store(tmp_path: Path, capsys: pytest.CaptureFi
     assert "12 jobs -> a prior" in capsys.readouterr().err
     prior = prior_from_dict(json.loads(out.read_text()))
     made = calibrate(
-        list(trace_from_dict(raw).jobs), CLUSTER_OF(raw), source="oasis calibrate --store",
-        horizon=30,  # the daemon's window
-    )  # fmt: skip
+        list(trace_from_dict(raw).jobs), CLUSTER_OF(raw), source="oasis calibrate --store"
+    )
     assert prior == prior_from_dict(made.to_dict())  # read back as the file was
     assert main(["calibrate", "--store", f"sqlite:///{tmp_path / 'none.db'}"]) == 2
     assert "--store" in capsys.readouterr().err

@@ -422,8 +422,7 @@ def test_a_pending_job_past_its_deadline_expires_cleanly(tmp_path: Path) -> None
 
 def test_pricing_prior_config(tmp_path: Path) -> None:
     """``default`` (also when absent), ``none``, or a calibrate file relative to the
-    config's folder; a bad file is one clear line at start, naming the key and file. A
-    prior that records its window is moved to the daemon's (one without is used as is)."""
+    config's folder; a bad file is one clear line at start, naming the key and file."""
     from controller.config import ConfigError, load
     from pricing.bound_estimate import calibrate
     from pricing.default_prior import default_prior
@@ -436,9 +435,8 @@ def test_pricing_prior_config(tmp_path: Path) -> None:
         path.write_text(text)
         return path
 
-    # the shipped prior, moved to the daemon's window (pricing/bound_prior.py)
-    assert load(config("")).pricing.prior == default_prior().for_window(WINDOW)
-    assert load(config('"default"')).pricing.prior == default_prior().for_window(WINDOW)
+    assert load(config("")).pricing.prior is default_prior()
+    assert load(config('"default"')).pricing.prior is default_prior()
     assert load(config('"none"')).pricing.prior is None
     cluster = load(config("")).cluster
     jobs = [

@@ -66,7 +66,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _from_store(url: str) -> tuple[list[Job], Cluster, int]:
+def _from_store(url: str) -> tuple[list[Job], Cluster]:
     # the store's modules only when a store is read: `oasis calibrate TRACE` stays light
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -86,7 +86,7 @@ def _from_store(url: str) -> tuple[list[Job], Cluster, int]:
         raise InputError(f"--store: cannot read a daemon's store there: {first_line}") from err
     finally:
         db.dispose()
-    return list(history.trace.jobs), history.trace.cluster, history.window
+    return list(history.trace.jobs), history.trace.cluster
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,21 +95,18 @@ def run(args: argparse.Namespace) -> int:
     if args.points > MAX_POINTS:
         raise InputError(f"--points: at most {MAX_POINTS}, got {args.points}")
     if args.store is not None:
-        jobs, cluster, window = _from_store(args.store)
+        jobs, cluster = _from_store(args.store)
         source = "oasis calibrate --store"
     else:
         trace = load_trace(args.trace)
         jobs = [j for j in trace.jobs if trace.late(j) is None]
         cluster = trace.cluster
         source = f"oasis calibrate {args.trace}"
-        # the most slots a job of the trace may be planned over, as replay reads it
-        window = max(1, trace.horizon - min(j.arrival for j in trace.jobs))
     if not jobs:
         raise InputError("no job to calibrate from (none can finish before the horizon)")
     prior = calibrate(
-        jobs, cluster, weight=args.weight, points=args.points, source=args.source or source,
-        horizon=window,
-    )  # fmt: skip
+        jobs, cluster, weight=args.weight, points=args.points, source=args.source or source
+    )
     text = json.dumps(prior.to_dict(), indent=1) + "\n"
     if args.output == "-":
         sys.stdout.write(text)
