@@ -239,22 +239,17 @@ class _ControllerCollector:
 
     def _commits(self) -> Iterator[Metric]:
         w = self.c.writer
-        yield CounterMetricFamily(
-            "oasis_commit_batches", "Batches of decisions the group-commit writer committed.",
-            value=float(w.batches),
-        )  # fmt: skip
-        yield CounterMetricFamily(
-            "oasis_commit_decisions", "Decisions committed by the group-commit writer.",
-            value=float(w.committed),
-        )  # fmt: skip
-        yield CounterMetricFamily(
-            "oasis_commit_seconds", "Seconds the group-commit writer spent in its commits.",
-            value=w.commit_seconds,
-        )  # fmt: skip
-        yield GaugeMetricFamily(
-            "oasis_commit_queued", "Decisions decided and applied, their commit not yet done.",
-            value=float(w.queued),
-        )  # fmt: skip
+        for kind, name, what, value in (
+            (CounterMetricFamily, "oasis_commit_batches",
+             "Batches of decisions the group-commit writer committed.", w.batches),
+            (CounterMetricFamily, "oasis_commit_decisions",
+             "Decisions committed by the group-commit writer.", w.committed),
+            (CounterMetricFamily, "oasis_commit_seconds",
+             "Seconds the group-commit writer spent in its commits.", w.commit_seconds),
+            (GaugeMetricFamily, "oasis_commit_queued",
+             "Decisions decided and applied, their commit not yet done.", w.queued),
+        ):  # fmt: skip
+            yield kind(name, what, value=float(value))
 
     def _ha(self) -> Iterator[Metric]:
         ha = self.c.ha_status()

@@ -4,6 +4,8 @@ decisions, and a change of bounds derives nothing until a search reads the slots
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 
@@ -14,6 +16,20 @@ from pricing.job import Job
 from pricing.prices import price
 from pricing.trace import Trace
 from tests.test_offline_colgen import _small
+
+
+def estimated(trace: Trace, ledger: Ledger) -> Iterator[Job]:
+    """The trace's jobs that can finish in time, each with ``ledger``'s bounds set to the
+    estimate after it (as replay and the daemon do)."""
+    estimate = trace.estimate()
+    for job in trace.jobs:
+        if trace.late(job) is not None:
+            continue
+        estimate = estimate.observe(job)
+        bounds = estimate.bounds()
+        assert bounds is not None
+        ledger.set_bounds(bounds)
+        yield job
 
 
 def _trace(seed: int, servers: int = 8, horizon: int = 60, jobs: int = 60) -> Trace:
@@ -50,15 +66,8 @@ def test_lazy_decisions_are_bit_identical_to_eager(seed: int) -> None:
     trace = _trace(seed)
     last = trace.horizon - 1
     ledger = Ledger(trace.cluster, trace.bounds, trace.horizon)
-    estimate = trace.estimate()
     scanned_now = scanned_then = rejected = 0
-    for job in trace.jobs:
-        if trace.late(job) is not None:
-            continue
-        estimate = estimate.observe(job)
-        bounds = estimate.bounds()
-        assert bounds is not None
-        ledger.set_bounds(bounds)
+    for job in estimated(trace, ledger):
         then = _eager(job, ledger, job.arrival, last)
         now = best_schedule(job, ledger, job.arrival, last)
         assert _same(now, then), job.id

@@ -22,6 +22,7 @@ from pricing.best_schedule import (
 )
 from pricing.job import Job
 from pricing.placement import F64, I64
+from tests.test_lazy_prices import estimated
 from tests.test_offline_colgen import _small
 
 
@@ -91,15 +92,8 @@ def test_search_on_a_replayed_ledger_equals_the_plain_dp(seed: int) -> None:
     trace = _small(seed, jobs=40, servers=4, horizon=120, bounds="estimate")
     last = trace.horizon - 1
     ledger = Ledger(trace.cluster, trace.bounds, trace.horizon)
-    estimate = trace.estimate()
     late_ends = 0
-    for job in trace.jobs:
-        if trace.late(job) is not None:
-            continue
-        estimate = estimate.observe(job)
-        bounds = estimate.bounds()
-        assert bounds is not None
-        ledger.set_bounds(bounds)
+    for job in estimated(trace, ledger):
         now = best_schedule(job, ledger, job.arrival, last)
         wside, pside = _views(job, ledger)
         t0 = ledger.index(job.arrival)
