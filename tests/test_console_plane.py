@@ -56,6 +56,7 @@ def plane(tmp_path: Path) -> Iterator[tuple[Cluster, str]]:
 
 
 def test_a_running_jobs_progress_is_drawn_against_its_plan(plane: tuple[Cluster, str]) -> None:
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -74,20 +75,33 @@ def test_a_running_jobs_progress_is_drawn_against_its_plan(plane: tuple[Cluster,
     browser = chromium(profile)
     try:
         browser.get(f"{web}/jobs/shown")
-        chart = WebDriverWait(browser, 15).until(
-            lambda b: b.find_element(By.CSS_SELECTOR, "svg.progress"), "the progress chart"
+
+        def drawn(b: Any) -> tuple[str, str, bool, bool]:
+            """The chart's label, the section's text, and whether the interval band and
+            the plan line are drawn, read in one go: a live update may redraw the page
+            between two reads (the element goes stale), and the poll is tried again."""
+            chart = b.find_element(By.CSS_SELECTOR, "svg.progress")
+            section = b.find_element(By.XPATH, "//section[@aria-labelledby='h-progress']")
+            return (
+                chart.get_attribute("aria-label") or "",
+                section.text,
+                bool(chart.find_elements(By.CSS_SELECTOR, "rect.interval")),
+                bool(chart.find_elements(By.CSS_SELECTOR, "line.plan-line")),
+            )
+
+        ignored = (NoSuchElementException, StaleElementReferenceException)
+        label, text, interval, plan = WebDriverWait(browser, 15, ignored_exceptions=ignored).until(
+            drawn, "the progress chart"
         )
-        label = chart.get_attribute("aria-label")
         assert "used" in label and "estimate" in label and "between" in label
-        section = browser.find_element(By.XPATH, "//section[@aria-labelledby='h-progress']")
-        text = section.text
         assert f"of {progress.minibatches_total}" in text  # mini-batches done of the total
         assert "% interval" in text and "reports" in text
         # the interval and the plan are drawn: a band and a dashed line in the chart
-        assert chart.find_elements(By.CSS_SELECTOR, "rect.interval")
-        assert chart.find_elements(By.CSS_SELECTOR, "line.plan-line")
-        shoot(browser, artifacts_dir(), "job-progress",
-              lambda b: b.execute_script("arguments[0].scrollIntoView()", section))  # fmt: skip
+        assert interval and plan
+        shoot(browser, artifacts_dir(), "job-progress", lambda b: b.execute_script(
+            "arguments[0].scrollIntoView()",
+            b.find_element(By.XPATH, "//section[@aria-labelledby='h-progress']"),
+        ))  # fmt: skip
     finally:
         browser.quit()
         shutil.rmtree(profile, ignore_errors=True)

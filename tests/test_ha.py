@@ -168,7 +168,7 @@ def test_postgres_restart_standby_stop_and_both_down(
     own_postgres: Postgres, tmp_path: Path
 ) -> None:
     url = own_postgres.new_database()
-    servers, ids, requests = requests_for("o", 1, 240)
+    servers, ids, requests = requests_for("o", 1, 400)  # every outage before the load ends
     group = HaNodes(tmp_path, url, servers, 2, lease=LEASE).start()
     try:
         group.wait_leader()
