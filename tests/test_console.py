@@ -416,6 +416,11 @@ def test_a_rejection_shows_what_priced_it_out(
     first = job.decision.price_drivers[0]
     row = section.find_element(By.CSS_SELECTOR, "tbody tr").text
     assert first.resource in row and first.server in row
+    # every unit price as the answer has it, to three digits (a small one was shown as 0)
+    cells = section.find_elements(By.CSS_SELECTOR, "tbody tr td:last-child")
+    shown = [float(c.text.replace(",", "")) for c in cells]
+    prices = [p.price for p in job.decision.price_drivers]
+    assert shown == pytest.approx(prices, rel=5e-3), (shown, prices)
     assert job.decision.reason[:40] in visible_text(browser)
     shoot(browser, artifacts, "job-rejected")
 

@@ -50,6 +50,8 @@
     if (!isFinite(x)) return String(x);
     var a = Math.abs(x);
     if (a !== 0 && (a < 0.001 || a >= 1e6)) return x.toExponential(2);
+    // below 1, three significant digits: a unit price of 0.0022 is not "0"
+    if (a !== 0 && a < 1 && digits === undefined) return x.toLocaleString("en-US", { maximumSignificantDigits: 3 });
     return x.toLocaleString("en-US", { maximumFractionDigits: digits === undefined ? 2 : digits });
   }
   function pct(x) { return x === null || x === undefined ? "–" : (100 * x).toFixed(x > 0 && x < 0.01 ? 1 : 0) + "%"; }
