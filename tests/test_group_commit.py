@@ -142,3 +142,47 @@ def test_a_cancel_right_behind_a_decision_finds_it_committed(c: AdmissionControl
     view, (after, _released) = asyncio.run(scenario())
     assert view.state == "admitted"
     assert after.state == "cancelled" and after.sequence == view.sequence
+
+
+def test_the_writer_answers_every_caller_whatever_fails_and_goes_on() -> None:
+    """A commit that raises, a failure callback that raises too, an answer that cannot be
+    built and a log call that raises: every future is resolved, and the writer commits
+    the next batch (a writer stopped by one of these would hold every later caller)."""
+    from concurrent.futures import Future
+
+    from controller.admission.writer import GroupWriter, WriteSet
+
+    plan: list[str] = ["fail", "ok", "ok"]
+    failures: list[BaseException] = []
+
+    def commit(batch: list[WriteSet]) -> list[Any]:
+        if plan.pop(0) == "fail":
+            raise StoreUnavailableError("the store went away")
+        return [ws.rows for ws in batch]
+
+    def failed(err: BaseException) -> BaseException:
+        failures.append(err)
+        raise RuntimeError("the failure callback itself failed")
+
+    def boom() -> None:
+        raise OSError("the log is gone")
+
+    writer = GroupWriter(commit, failed)
+    try:
+        first = writer.submit(WriteSet("a", lambda r: r, generation=0))
+        with pytest.raises(StoreUnavailableError):
+            first.result(10)  # the commit's own error, though the callback failed
+        assert failures and writer.failed_generation == 0
+        # the same generation: failed without a commit
+        doomed = writer.submit(WriteSet("b", lambda r: r, generation=0))
+        with pytest.raises(StoreUnavailableError):
+            doomed.result(10)
+        bad: Future[Any] = writer.submit(WriteSet("c", lambda r: 1 / 0, generation=1))
+        with pytest.raises(ZeroDivisionError):
+            bad.result(10)
+        fine = writer.submit(WriteSet("d", lambda r: r.upper(), generation=1, after=boom))
+        assert fine.result(10) == "D"
+        assert writer.drain(10) and writer.queued == 0
+        assert writer.committed == 2 and plan == []
+    finally:
+        writer.close(10)

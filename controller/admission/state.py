@@ -98,7 +98,7 @@ class AdmissionState(ABC):
         # group commit (.writer, .commit): decisions are committed by a writer thread
         # in batches; a rebuild of the ledger starts a new generation, and write sets
         # of a generation a batch of which failed are not committed
-        self._writer = GroupWriter(self._commit_batch, self._commit_failed)
+        self._writer = GroupWriter(self._commit_batch, self._commit_failed, log=self.log)
         self._generation = 0
         # job id -> (canonical spec, submitter, future of the answer) of each decision
         # handed to the writer and not committed yet: a retry waits for the first

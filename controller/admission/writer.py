@@ -18,6 +18,7 @@ records every change in the order the ledger took it.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -60,6 +61,7 @@ class GroupWriter:
             (before any future of it is resolved); returns the exception the write
             sets' futures get.
         name: the thread's name.
+        log: a structlog logger for errors of the writer itself (None: not logged).
     """
 
     def __init__(
@@ -67,9 +69,11 @@ class GroupWriter:
         commit: Callable[[list[WriteSet]], list[Any]],
         failed: Callable[[BaseException], BaseException],
         name: str = "commit",
+        log: Any = None,
     ) -> None:
         self._commit = commit
         self._failed = failed
+        self._log = log
         self._queue: queue.SimpleQueue[WriteSet | None] = queue.SimpleQueue()
         self._cond = threading.Condition()
         self._queued = 0  # write sets submitted and not yet resolved
@@ -133,38 +137,59 @@ class GroupWriter:
                     stop = True
                     break
                 batch.append(more)
-            self._run(batch)
+            try:
+                self._run(batch)
+            except Exception as err:  # its futures are resolved; the writer goes on
+                if self._log is not None:
+                    self._log.error("group commit: a batch ended in error", exc_info=err)
             if stop:
                 return
 
     def _run(self, batch: list[WriteSet]) -> None:
+        """Commit ``batch`` and resolve every future of it, whatever fails: a future left
+        unresolved would hold its caller for ever."""
+        try:
+            self._commit_live(batch)
+        finally:
+            for ws in batch:
+                if not ws.future.done():  # a bug above: the caller still gets an answer
+                    ws.future.set_exception(RuntimeError("the commit was not completed"))
+            with self._cond:
+                self._queued -= len(batch)
+                self._cond.notify_all()
+
+    def _commit_live(self, batch: list[WriteSet]) -> None:
         doomed = [ws for ws in batch if ws.generation <= self._failed_generation]
         live = [ws for ws in batch if ws.generation > self._failed_generation]
         for ws in doomed:
             assert self._error is not None
             ws.future.set_exception(self._error)
-        if live:
-            started = time.perf_counter()
+        if not live:
+            return
+        started = time.perf_counter()
+        try:
+            results = self._commit(live)
+        except BaseException as exc:  # every caller of the batch gets the error
+            self._failed_generation = max(ws.generation for ws in live)
             try:
-                results = self._commit(live)
-            except BaseException as exc:  # every caller of the batch gets the error
-                self._failed_generation = max(ws.generation for ws in live)
-                self._error = err = self._failed(exc)
-                for ws in live:
-                    ws.future.set_exception(err)
-            else:
-                self.commit_seconds += time.perf_counter() - started
-                self.batches += 1
-                self.committed += len(live)
-                self.largest = max(self.largest, len(live))
-                for ws, result in zip(live, results, strict=True):
-                    try:
-                        ws.future.set_result(ws.finish(result))
-                    except BaseException as exc:  # an answer that cannot be built
-                        ws.future.set_exception(exc)
-                for ws in live:
-                    if ws.after is not None:
-                        ws.after()
-        with self._cond:
-            self._queued -= len(batch)
-            self._cond.notify_all()
+                err = self._failed(exc)
+            except BaseException as also:  # the callback's own failure: the first error
+                err = exc
+                err.__context__ = also
+            self._error = err
+            for ws in live:
+                ws.future.set_exception(err)
+            return
+        self.commit_seconds += time.perf_counter() - started
+        self.batches += 1
+        self.committed += len(live)
+        self.largest = max(self.largest, len(live))
+        for ws, result in zip(live, results, strict=True):
+            try:
+                ws.future.set_result(ws.finish(result))
+            except BaseException as exc:  # an answer that cannot be built
+                ws.future.set_exception(exc)
+        for ws in live:
+            if ws.after is not None:
+                with contextlib.suppress(Exception):  # logging: never the writer's end
+                    ws.after()
