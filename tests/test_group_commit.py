@@ -17,8 +17,11 @@ import pytest
 
 from controller.admission import AdmissionController
 from controller.clock import FakeClock
+from controller.config import load
 from controller.store import StoreUnavailableError
-from tests.test_pending import controller, small
+from controller.store.database import HELD_IDLE_SECONDS
+from tests.servers import Postgres, postgres_or_skip, write_config
+from tests.test_pending import CHEAP, controller, opened, small
 
 
 @pytest.fixture
@@ -188,3 +191,31 @@ def test_the_writer_answers_every_caller_whatever_fails_and_goes_on() -> None:
         assert writer.committed == 2 and plan == []
     finally:
         writer.close(10)
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[Postgres]:
+    """A PostgreSQL of this test's own: it is restarted mid-test."""
+    yield from postgres_or_skip()
+
+
+def test_after_a_postgres_restart_while_idle_the_next_decision_commits(
+    own_postgres: Postgres, tmp_path: Path
+) -> None:
+    """The writer keeps its connection between batches; one that sat idle across a
+    PostgreSQL restart is checked out again (and pinged) first, so the next decision
+    commits instead of failing its callers and rebuilding the ledger."""
+    path = write_config(tmp_path / "c.toml", tmp_path / "data", own_postgres.new_database(),
+                        epoch=1_000_000.0)  # fmt: skip
+    path.write_text(path.read_text() + CHEAP)
+    ctl = opened(load(path), FakeClock(1_000_000.0))
+    try:
+        assert asyncio.run(ctl.submit(small("before"))).state == "admitted"
+        own_postgres.stop("fast")
+        own_postgres.start()
+        time.sleep(HELD_IDLE_SECONDS + 0.5)
+        after = asyncio.run(ctl.submit(small("after")))
+        assert after.state == "admitted" and not ctl._stale
+        assert ctl.writer.committed == 2
+    finally:
+        ctl.close()

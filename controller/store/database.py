@@ -62,6 +62,9 @@ _KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10
                "keepalives_count": 3}  # fmt: skip
 # psycopg's own "wait timed out" (private, an OperationalError), raised by Connection.wait
 _WAIT_TIMEOUT: type[Exception] = psycopg.errors._WaitTimeout
+HELD_IDLE_SECONDS = 1.0
+"""A connection :meth:`Database.held_session` keeps is checked out again (and so pinged,
+on PostgreSQL) once idle this long; under load it is used as it is."""
 REBUILD_SECONDS = 120.0
 """Seconds each statement of a ledger rebuild after an outage may take (under
 :meth:`Database.patient`): the rebuild reads the whole store, which the normal
@@ -134,6 +137,7 @@ class Database:
             event.listen(self.engine, "begin", _patient_statements)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._held: Connection | None = None  # held_session's
+        self._held_used = 0.0  # time.monotonic() of its last transaction
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -146,10 +150,18 @@ class Database:
     def held_session(self) -> Iterator[Session]:
         """As :meth:`session`, on one connection kept open from call to call (for one
         thread: the group-commit writer's), so a transaction costs no pool checkout and
-        no pre-ping round trip. A failed transaction closes it; the next call opens
-        another."""
+        no pre-ping round trip while calls follow each other; after
+        :data:`HELD_IDLE_SECONDS` idle it is checked out again. A failed transaction
+        closes it; the next call opens another."""
         with self._outages():
             conn = self._held
+            if conn is not None and time.monotonic() - self._held_used > HELD_IDLE_SECONDS:
+                # idle a while: back to the pool, whose checkout pings it (PostgreSQL may
+                # have restarted, or something between dropped the idle connection)
+                self._held = None
+                with contextlib.suppress(Exception):
+                    conn.close()
+                conn = None
             if conn is None or conn.closed or conn.invalidated:
                 conn = self._held = self.engine.connect()
             try:
@@ -160,6 +172,8 @@ class Database:
                 with contextlib.suppress(Exception):
                     conn.close()
                 raise
+            finally:
+                self._held_used = time.monotonic()
 
     @contextmanager
     def _outages(self) -> Iterator[None]:
