@@ -19,7 +19,7 @@ from controller.admission.writer import GroupWriter
 from controller.errors import DrainingError
 from controller.events import Event
 from controller.limits import search_size
-from controller.store import REBUILD_SECONDS, StoreUnavailableError
+from controller.store import StoreUnavailableError
 from controller.store.writer_lock import FencedError
 from pricing import SpecError
 
@@ -102,14 +102,7 @@ class AdmissionController(PendingQueue, Follow, Lifecycle, ReadViews):
         """Run ``fn`` in the decision thread on a ledger that matches the store (or is
         ahead of it by decisions the writer is committing)."""
         if self._stale:
-            self._writer.drain()  # nothing of the old ledger is committed after the rebuild
-            self._generation += 1  # what was queued on it and failed stays failed
-            seen = self._last_event()  # before the rebuild: later ones are applied again
-            with self.db.patient(REBUILD_SECONDS):
-                rebuilt = self._reload()  # StoreUnavailableError: still stale, try next time
-            self._seen_event = max(self._seen_event, seen)
-            self._stale = False
-            self.log.info("ledger rebuilt from the store after an outage", jobs=rebuilt)
+            self._rebuild_stale()  # StoreUnavailableError: still stale, try next time
         try:
             return fn()
         except StoreUnavailableError:

@@ -94,11 +94,7 @@ class Follow(Recovery):
         stale by a failed commit (a leader that just stepped down) is rebuilt in full."""
         self._advance_window()
         if self._stale:
-            self._writer.drain()
-            self._generation += 1
-            self._seen_event = self._last_event()
-            self._reload()
-            self._stale = False
+            self._rebuild_stale()
             return []
         with self.db.session() as session:
             rows = session.scalars(

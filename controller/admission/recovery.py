@@ -18,6 +18,7 @@ from controller.admission.bounds import BoundControl
 from controller.admission.moves import Moves
 from controller.admission.state import EPOCH_KEY, SETTINGS_KEY
 from controller.store import (
+    REBUILD_SECONDS,
     AllocationRow,
     EventRow,
     JobRow,
@@ -142,6 +143,22 @@ class Recovery(Moves, BoundControl):
             self.ledger, self._pins = previous, previous_pins
             raise
         self._estimate = estimate
+        return rebuilt
+
+    def _rebuild_stale(self) -> int:
+        """Rebuild a ledger that may hold decisions the store does not (a commit failed
+        or its fate is unknown): once the writer is idle, in a new generation (what was
+        queued on the old ledger and failed stays failed), under
+        :meth:`~controller.store.Database.patient`; returns the jobs rebuilt. Raises
+        StoreUnavailableError if the store fails meanwhile: still stale then."""
+        self._writer.drain()  # nothing of the old ledger is committed after the rebuild
+        self._generation += 1
+        seen = self._last_event()  # before the rebuild: later ones are applied again
+        with self.db.patient(REBUILD_SECONDS):
+            rebuilt = self._reload()
+        self._seen_event = max(self._seen_event, seen)
+        self._stale = False
+        self.log.info("ledger rebuilt from the store after an outage", jobs=rebuilt)
         return rebuilt
 
     def _sync_servers(self, session: Session) -> None:

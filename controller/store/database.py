@@ -154,26 +154,28 @@ class Database:
         :data:`HELD_IDLE_SECONDS` idle it is checked out again. A failed transaction
         closes it; the next call opens another."""
         with self._outages():
-            conn = self._held
-            if conn is not None and time.monotonic() - self._held_used > HELD_IDLE_SECONDS:
+            if time.monotonic() - self._held_used > HELD_IDLE_SECONDS:
                 # idle a while: back to the pool, whose checkout pings it (PostgreSQL may
                 # have restarted, or something between dropped the idle connection)
-                self._held = None
-                with contextlib.suppress(Exception):
-                    conn.close()
-                conn = None
+                self._drop_held()
+            conn = self._held
             if conn is None or conn.closed or conn.invalidated:
                 conn = self._held = self.engine.connect()
             try:
                 with conn.begin(), Session(bind=conn, expire_on_commit=False) as session:
                     yield session
             except BaseException:
-                self._held = None
-                with contextlib.suppress(Exception):
-                    conn.close()
+                self._drop_held()
                 raise
             finally:
                 self._held_used = time.monotonic()
+
+    def _drop_held(self) -> None:
+        """Close :meth:`held_session`'s connection (back to the pool), if there is one."""
+        held, self._held = self._held, None
+        if held is not None:
+            with contextlib.suppress(Exception):
+                held.close()
 
     @contextmanager
     def _outages(self) -> Iterator[None]:
@@ -233,10 +235,7 @@ class Database:
             self._retry_at = time.monotonic() + RETRY_SECONDS
 
     def dispose(self) -> None:
-        held, self._held = self._held, None
-        if held is not None:
-            with contextlib.suppress(Exception):
-                held.close()
+        self._drop_held()
         self.engine.dispose()
 
 
