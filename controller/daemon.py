@@ -102,7 +102,7 @@ async def serve(
     db = Database(
         config.database_url, config.store_timeout, config.sqlite_synchronous, idle_transaction=lease
     )
-    controller = AdmissionController(config, db, slots, log=log)
+    controller = AdmissionController(config, db, slots, log=log, commit_process=True)
     controller.advertise = advertise
     writer = writer_lock(db, lease)  # one daemon per store, or one leader (with [ha])
     notifier = Notifier()

@@ -24,9 +24,13 @@ from tests.servers import Postgres, postgres_or_skip, write_config
 from tests.test_pending import CHEAP, controller, opened, small
 
 
-@pytest.fixture
-def c(tmp_path: Path) -> Iterator[AdmissionController]:
-    ctl = controller(tmp_path, FakeClock(1_000_000.0))
+@pytest.fixture(params=["thread", "process"])
+def c(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[AdmissionController]:
+    """A controller whose writer thread writes each batch itself, or (as in the daemon)
+    through its commit process."""
+    process = request.param == "process"
+    ctl = controller(tmp_path, FakeClock(1_000_000.0), commit_process=process)
+    assert (ctl._committer is not None) == process
     try:
         yield ctl
     finally:
@@ -40,7 +44,8 @@ def _db_file(c: AdmissionController) -> str:
 
 
 class StoreLock:
-    """Another connection holding the SQLite write lock until :meth:`release`."""
+    """Another connection holding the SQLite write lock until :meth:`release` (as
+    another process would: the commit process sees it too)."""
 
     def __init__(self, path: str) -> None:
         self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -199,8 +204,9 @@ def own_postgres() -> Iterator[Postgres]:
     yield from postgres_or_skip()
 
 
+@pytest.mark.parametrize("process", [False, True], ids=["thread", "process"])
 def test_after_a_postgres_restart_while_idle_the_next_decision_commits(
-    own_postgres: Postgres, tmp_path: Path
+    own_postgres: Postgres, tmp_path: Path, process: bool
 ) -> None:
     """The writer keeps its connection between batches; one that sat idle across a
     PostgreSQL restart is checked out again (and pinged) first, so the next decision
@@ -208,7 +214,7 @@ def test_after_a_postgres_restart_while_idle_the_next_decision_commits(
     path = write_config(tmp_path / "c.toml", tmp_path / "data", own_postgres.new_database(),
                         epoch=1_000_000.0)  # fmt: skip
     path.write_text(path.read_text() + CHEAP)
-    ctl = opened(load(path), FakeClock(1_000_000.0))
+    ctl = opened(load(path), FakeClock(1_000_000.0), commit_process=process)
     try:
         assert asyncio.run(ctl.submit(small("before"))).state == "admitted"
         own_postgres.stop("fast")

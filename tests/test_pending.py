@@ -63,20 +63,24 @@ def small(job_id: str, **changes: Any) -> dict[str, Any]:
     return job(job_id, **changes)
 
 
-def controller(tmp_path: Path, clock: FakeClock, extra: str = CHEAP) -> AdmissionController:
+def controller(
+    tmp_path: Path, clock: FakeClock, extra: str = CHEAP, commit_process: bool = False
+) -> AdmissionController:
     path = write_config(tmp_path / "c.toml", tmp_path / "data", epoch=clock.now(), extra="")
     path.write_text(path.read_text() + extra)
-    return opened(load(path), clock)
+    return opened(load(path), clock, commit_process)
 
 
-def opened(config: Config, clock: FakeClock) -> AdmissionController:
-    """The controller of ``config`` on ``clock``, open (its store created)."""
+def opened(config: Config, clock: FakeClock, commit_process: bool = False) -> AdmissionController:
+    """The controller of ``config`` on ``clock``, open (its store created); with
+    ``commit_process``, its batches are written by a child process, as in the daemon."""
     config.data_dir.mkdir(parents=True, exist_ok=True)
     c = AdmissionController(
         config,
         Database(config.database_url),
         SlotClock(clock, SLOT, config.epoch),
         log=structlog.wrap_logger(structlog.ReturnLogger()),
+        commit_process=commit_process,
     )
     c.open()
     return c

@@ -1,12 +1,12 @@
 """The decisions' side of group commit (:mod:`.writer`): what a decision writes, how a
-batch of them is committed (SQLAlchemy Core, a few statements a batch whatever its
-size, fenced once), and what a failed batch does to the controller.
+batch of them is committed, and what a failed batch does to the controller.
 
 A submission's write set is a :class:`DecisionRows`: its job row (without a sequence:
 the batch gives sequences in decision order, after the largest stored one), its
-allocation rows, the bound estimate after it, and its ``decided`` event. Events get
-their sequences from the store, in the same order (``INSERT ... RETURNING``, sorted by
-parameter order).
+allocation rows, the bound estimate after it, and its ``decided`` event. A batch is
+written by :func:`controller.store.decisions.write_decisions` (a few statements a batch
+whatever its size, fenced once), in the writer thread or, in the daemon, in its commit
+process (:mod:`controller.store.commit_process`).
 """
 
 from __future__ import annotations
@@ -16,13 +16,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy import func, insert, select, update
-
-from controller.admission.state import ESTIMATE_KEY, AdmissionState
+from controller.admission.state import AdmissionState
 from controller.admission.writer import WriteSet
 from controller.errors import NotLeaderError
 from controller.events import Event
-from controller.store import AllocationRow, EventRow, JobRow, MetaRow, StoreUnavailableError
+from controller.store import StoreUnavailableError
+from controller.store.decisions import DecisionPayload, write_decisions
 from controller.store.writer_lock import FencedError
 from pricing.bound_estimate import BoundEstimate
 
@@ -42,6 +41,11 @@ class DecisionRows:
     """The estimate after the decision (immutable); only a batch's last is written, and
     turned into JSON there, in the writer thread."""
     event: dict[str, Any]
+
+    def payload(self) -> DecisionPayload:
+        """The rows as the store writes them (the estimate's state as a dict)."""
+        estimate = self.estimate.to_dict() if self.estimate is not None else None
+        return DecisionPayload(self.job, self.allocations, estimate, self.event)
 
 
 @dataclass(frozen=True)
@@ -65,39 +69,24 @@ class GroupCommit(AdmissionState):
     """Commit batches of decisions; see the module docstring."""
 
     def _commit_batch(self, batch: list[WriteSet]) -> list[Committed]:
-        """Commit ``batch`` in one fenced transaction, in order (the writer thread)."""
-        rows: list[DecisionRows] = [ws.rows for ws in batch]
-        with self.db.held_session() as session:
-            self._fence(session)
-            conn = session.connection()
-            sequence = self._last_sequence
-            if sequence is None:  # after another write, or a failure: as stored
-                sequence = int(conn.scalar(select(func.max(JobRow.sequence))) or 0)
-            jobs = []
-            for r in rows:
-                sequence += 1
-                jobs.append({**r.job, "sequence": sequence})
-            conn.execute(insert(JobRow), jobs)
-            allocations = [a for r in rows for a in r.allocations]
-            if allocations:
-                conn.execute(insert(AllocationRow), allocations)
-            last = next((r.estimate for r in reversed(rows) if r.estimate is not None), None)
-            if last is not None:  # the last one of the batch: one UPDATE
-                value = last.to_dict()
-                stmt = update(MetaRow).where(MetaRow.key == ESTIMATE_KEY).values(value=value)
-                if conn.execute(stmt).rowcount == 0:
-                    conn.execute(insert(MetaRow).values(key=ESTIMATE_KEY, value=value))
-            stmt_events = insert(EventRow).returning(
-                EventRow.sequence, sort_by_parameter_order=True
-            )
-            numbers = list(conn.execute(stmt_events, [r.event for r in rows]).scalars())
+        """Commit ``batch`` in one fenced transaction, in order (the writer thread),
+        itself or through the commit process."""
+        payloads = [ws.rows.payload() for ws in batch]
+        self._fence_here()
+        epoch, lock_pid = self.fence_epoch, self.fence_pid
+        if self._committer is not None:
+            written = self._committer.commit(payloads, self._last_sequence, epoch, lock_pid)
+        else:
+            with self.db.held_session() as session:
+                written = write_decisions(session, payloads, self._last_sequence, epoch, lock_pid)
+        numbers = written.events
         # committed: these events are this leader's own, reflected in its ledger already
         self._seen_event = max(self._seen_event, *numbers)
-        self._last_sequence = sequence
-        first = jobs[0]["sequence"]
+        first = written.first_sequence
+        self._last_sequence = first + len(batch) - 1
         done = []
-        for i, (r, n) in enumerate(zip(rows, numbers, strict=True)):
-            e = r.event
+        for i, (p, n) in enumerate(zip(payloads, numbers, strict=True)):
+            e = p.event
             event = Event(n, e["kind"], e["job_id"], e["slot"], e["state"], e["detail"])
             done.append(Committed(first + i, event))
         return done

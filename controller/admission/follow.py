@@ -176,6 +176,7 @@ class Follow(Recovery):
             self._generation += 1  # rebuilt below; what failed before stays failed
         self.lead(epoch, lock_pid)
         self._ids_ledger = None  # the ids of stored jobs are read again (.decide)
+        self._start_committer()
         try:
             with self._write() as session:
                 self._record_setup(session)

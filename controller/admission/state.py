@@ -32,6 +32,8 @@ from controller.errors import NotLeaderError
 from controller.events import Event, EventBus
 from controller.pins import Pins
 from controller.store import Database, EventRow, JobRow, StoreUnavailableError
+from controller.store.commit_process import CommitProcess, separate_process_ok
+from controller.store.decisions import ESTIMATE_KEY
 from controller.store.writer_lock import Holder, check_epoch
 from pricing import Job, Ledger, job_from_dict
 from pricing.bound_estimate import BoundEstimate
@@ -42,7 +44,6 @@ if TYPE_CHECKING:
 
 __all__ = ["EPOCH_KEY", "ESTIMATE_KEY", "SETTINGS_KEY", "AdmissionState"]
 
-ESTIMATE_KEY = "bound_estimate"
 EPOCH_KEY = "epoch"
 """Meta row with the Unix time of slot 0 when the config sets none: ``{"epoch": t,
 "source": why}``, recorded at the first start (:mod:`.recovery`)."""
@@ -61,6 +62,7 @@ class AdmissionState(ABC):
         slots: SlotClock,
         bus: EventBus | None = None,
         log: Any = None,
+        commit_process: bool = False,
     ) -> None:
         self.config = config
         self.cluster = config.cluster
@@ -98,7 +100,21 @@ class AdmissionState(ABC):
         # group commit (.writer, .commit): decisions are committed by a writer thread
         # in batches; a rebuild of the ledger starts a new generation, and write sets
         # of a generation a batch of which failed are not committed
-        self._writer = GroupWriter(self._commit_batch, self._commit_failed, log=self.log)
+        # writes each batch itself, or (commit_process: the daemon) through a child
+        # process (controller.store.commit_process) started (:meth:`_start_committer`,
+        # else at the first batch) and stopped by its thread
+        self._committer: CommitProcess | None = None
+        if commit_process and separate_process_ok(db.url):
+            self._committer = CommitProcess(
+                db.url, db.timeout, db.sqlite_synchronous, db.idle_transaction, self.log
+            )
+        committer = self._committer
+        self._writer = GroupWriter(
+            self._commit_batch,
+            self._commit_failed,
+            log=self.log,
+            on_stop=committer.close if committer is not None else None,
+        )
         self._generation = 0
         # job id -> (canonical spec, submitter, future of the answer) of each decision
         # handed to the writer and not committed yet: a retry waits for the first
@@ -119,6 +135,12 @@ class AdmissionState(ABC):
         self._outages: tuple[int, int, int] | None = None  # (.follow) a change: rebuild
         # where clients are sent while this daemon leads (the daemon fills in its address)
         self.advertise = config.ha.advertise if config.ha is not None else ""
+
+    def _start_committer(self) -> None:
+        """Start the commit process now, in the writer thread (a leader about to decide:
+        its first answer need not wait for the child's start-up)."""
+        if self._committer is not None:
+            self._writer.call(self._committer.start)
 
     @property
     def leading(self) -> bool:
@@ -150,6 +172,13 @@ class AdmissionState(ABC):
 
     def _fence(self, session: Session) -> None:
         """The checks that open every write transaction (:meth:`_write`)."""
+        self._fence_here()
+        if self.fence_epoch is not None:
+            check_epoch(session, self.fence_epoch, self.fence_pid)
+
+    def _fence_here(self) -> None:
+        """The fence's checks that need no store: this daemon leads, and (with high
+        availability) confirmed its lease within the lease's length."""
         if not self.leading:
             raise self._not_leader()
         ha = self.config.ha
@@ -158,8 +187,6 @@ class AdmissionState(ABC):
             raise self._not_leader(
                 f"this oasisd has not confirmed its lease for over {ha.lease_seconds:g} s"
             )
-        if self.fence_epoch is not None:
-            check_epoch(session, self.fence_epoch, self.fence_pid)
 
     def _sync_writes(self) -> None:
         """Wait until every decision handed to the writer is committed, so a write or a

@@ -62,6 +62,7 @@ class GroupWriter:
             sets' futures get.
         name: the thread's name.
         log: a structlog logger for errors of the writer itself (None: not logged).
+        on_stop: called in the writer thread before it ends.
     """
 
     def __init__(
@@ -70,11 +71,13 @@ class GroupWriter:
         failed: Callable[[BaseException], BaseException],
         name: str = "commit",
         log: Any = None,
+        on_stop: Callable[[], None] | None = None,
     ) -> None:
         self._commit = commit
         self._failed = failed
         self._log = log
-        self._queue: queue.SimpleQueue[WriteSet | None] = queue.SimpleQueue()
+        self._on_stop = on_stop
+        self._queue: queue.SimpleQueue[WriteSet | _Call | None] = queue.SimpleQueue()
         self._cond = threading.Condition()
         self._queued = 0  # write sets submitted and not yet resolved
         self._failed_generation = -1  # write sets of this generation or older fail
@@ -121,13 +124,28 @@ class GroupWriter:
         self._queue.put(None)
         self._thread.join(timeout)
 
+    def call(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` in the writer thread, between batches (a failure is logged)."""
+        self._queue.put(_Call(fn))
+
     def _loop(self) -> None:
+        try:
+            self._batches()
+        finally:
+            if self._on_stop is not None:
+                self._on_stop()
+
+    def _batches(self) -> None:
         while True:
             first = self._queue.get()
             if first is None:
                 return
+            if isinstance(first, _Call):
+                first.run(self._log)
+                continue
             batch = [first]
             stop = False
+            call: _Call | None = None
             while len(batch) < MAX_BATCH:
                 try:
                     more = self._queue.get_nowait()
@@ -136,12 +154,17 @@ class GroupWriter:
                 if more is None:
                     stop = True
                     break
+                if isinstance(more, _Call):
+                    call = more  # after this batch: the write sets before it go first
+                    break
                 batch.append(more)
             try:
                 self._run(batch)
             except Exception as err:  # its futures are resolved; the writer goes on
                 if self._log is not None:
                     self._log.error("group commit: a batch ended in error", exc_info=err)
+            if call is not None:
+                call.run(self._log)
             if stop:
                 return
 
@@ -193,3 +216,17 @@ class GroupWriter:
             if ws.after is not None:
                 with contextlib.suppress(Exception):  # logging: never the writer's end
                     ws.after()
+
+
+@dataclass(frozen=True)
+class _Call:
+    """A function queued to run in the writer thread (:meth:`GroupWriter.call`)."""
+
+    fn: Callable[[], None]
+
+    def run(self, log: Any) -> None:
+        try:
+            self.fn()
+        except Exception as err:
+            if log is not None:
+                log.warning("group commit: a call failed", error=str(err))

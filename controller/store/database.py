@@ -120,6 +120,8 @@ class Database:
             raise ValueError(f"sqlite_synchronous must be one of {SQLITE_SYNCHRONOUS}")
         self.url = url
         self.timeout = timeout
+        self.sqlite_synchronous = sqlite_synchronous
+        self.idle_transaction = idle_transaction
         self._down = ""  # why PostgreSQL was last found out of reach; "" if it was not
         self._retry_at = 0.0  # time.monotonic() before which calls fail at once
         kwargs: dict[str, Any] = {}

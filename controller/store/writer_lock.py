@@ -127,13 +127,17 @@ class FencedError(Exception):
 
     Attributes:
         holder: the holder recorded in the store now (None: unknown).
+        mine: the epoch this daemon led in.
+        why: the reason given ("": the store's epoch is another).
     """
 
     def __init__(self, mine: int, holder: Holder | None, why: str = "") -> None:
         now = holder.epoch if holder else "unknown"
-        why = why or f"the store is in epoch {now}"
-        super().__init__(f"fenced: this daemon led in epoch {mine}; {why}")
+        reason = why or f"the store is in epoch {now}"
+        super().__init__(f"fenced: this daemon led in epoch {mine}; {reason}")
         self.holder = holder
+        self.mine = mine
+        self.why = why
 
 
 def recorded_holder(session: Session, lock: bool = False) -> Holder | None:

@@ -1,0 +1,84 @@
+"""Writing a batch of decisions in one transaction: the group-commit writer's statements
+(SQLAlchemy Core, a few a batch whatever its size, fenced once), used in the daemon's
+writer thread or in its commit process (:mod:`controller.store.commit_process`).
+
+A decision's rows are a :class:`DecisionPayload` of plain data (picklable, so they can
+cross to the commit process): its job row without a sequence (the batch gives sequences
+in decision order, after the largest stored one), its allocation rows, the bound
+estimate after it (as ``BoundEstimate.to_dict()``; only a batch's last one is written)
+and its ``decided`` event without a sequence. Events get their sequences from the store,
+in the same order (``INSERT ... RETURNING``, sorted by parameter order).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.orm import Session
+
+from controller.store.models import AllocationRow, EventRow, JobRow, MetaRow
+from controller.store.writer_lock import check_epoch
+
+__all__ = ["ESTIMATE_KEY", "BatchWritten", "DecisionPayload", "write_decisions"]
+
+ESTIMATE_KEY = "bound_estimate"
+"""Meta row with the bound estimate's state (``BoundEstimate.to_dict()``)."""
+
+
+class DecisionPayload(NamedTuple):
+    """One decision's rows (see the module docstring): ``job`` has every column of
+    ``jobs`` but ``sequence``, ``event`` every column of ``events`` but ``sequence``."""
+
+    job: dict[str, Any]
+    allocations: list[dict[str, Any]]
+    estimate: dict[str, Any] | None
+    event: dict[str, Any]
+
+
+class BatchWritten(NamedTuple):
+    """What the store gave a batch: the first job's sequence (the others follow it in
+    order) and each decision's event sequence."""
+
+    first_sequence: int
+    events: list[int]
+
+
+def write_decisions(
+    session: Session,
+    payloads: list[DecisionPayload],
+    last_sequence: int | None,
+    epoch: int | None,
+    lock_pid: int | None,
+) -> BatchWritten:
+    """Write ``payloads`` (at least one) in ``session``'s transaction, in order.
+
+    Args:
+        last_sequence: the largest job sequence stored, if the caller knows it (None:
+            it is read).
+        epoch, lock_pid: the fence (:func:`~controller.store.writer_lock.check_epoch`),
+            checked first; ``epoch`` None: not fenced (no high availability).
+
+    Raises:
+        FencedError: the store's epoch is not ``epoch`` any more (nothing is written).
+    """
+    if epoch is not None:
+        check_epoch(session, epoch, lock_pid)
+    conn = session.connection()
+    sequence = last_sequence
+    if sequence is None:  # after another write, or a failure: as stored
+        sequence = int(conn.scalar(select(func.max(JobRow.sequence))) or 0)
+    first = sequence + 1
+    jobs = [{**p.job, "sequence": first + i} for i, p in enumerate(payloads)]
+    conn.execute(insert(JobRow), jobs)
+    allocations = [a for p in payloads for a in p.allocations]
+    if allocations:
+        conn.execute(insert(AllocationRow), allocations)
+    last = next((p.estimate for p in reversed(payloads) if p.estimate is not None), None)
+    if last is not None:  # the last one of the batch: one UPDATE
+        stmt = update(MetaRow).where(MetaRow.key == ESTIMATE_KEY).values(value=last)
+        if conn.execute(stmt).rowcount == 0:
+            conn.execute(insert(MetaRow).values(key=ESTIMATE_KEY, value=last))
+    stmt_events = insert(EventRow).returning(EventRow.sequence, sort_by_parameter_order=True)
+    numbers = list(conn.execute(stmt_events, [p.event for p in payloads]).scalars())
+    return BatchWritten(first, numbers)

@@ -1,0 +1,266 @@
+"""The commit process (controller/store/commit_process.py): the daemon's writer hands each
+batch to a child process. A child killed, stopped or failing costs at most the callers of
+the batch it held (UNAVAILABLE, nothing of it stored, the ledger rebuilt from the store),
+and the next batch goes to a new child; the child never outlives the daemon."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.admission import AdmissionController
+from controller.clock import FakeClock
+from controller.store import StoreUnavailableError
+from controller.store.commit_process import CommitProcess, CommitProcessError
+from controller.store.decisions import DecisionPayload
+from controller.store.writer_lock import FencedError
+from tests.servers import ROOT, Daemon, oasis, write_config
+from tests.test_group_commit import StoreLock, _db_file, _until
+from tests.test_pending import controller, small
+
+
+@pytest.fixture
+def c(tmp_path: Path) -> Iterator[AdmissionController]:
+    ctl = controller(tmp_path, FakeClock(1_000_000.0), commit_process=True)
+    try:
+        yield ctl
+    finally:
+        ctl.close()
+
+
+def _committer(c: AdmissionController) -> CommitProcess:
+    assert c._committer is not None
+    return c._committer
+
+
+def _child(c: AdmissionController) -> int:
+    """The running child's pid, once the writer thread started it (it answered ready)."""
+    deadline = time.monotonic() + 30
+    while _committer(c).pid is None or _committer(c).starts < 1:
+        assert time.monotonic() < deadline, "no commit process started"
+        time.sleep(0.02)
+    pid = _committer(c).pid
+    assert pid is not None
+    return pid
+
+
+def _gone(pid: int, timeout: float = 10.0) -> bool:
+    """True once ``pid`` is gone or a zombie (ended, not yet reaped by its parent)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_decisions_commit_through_the_child_and_read_back(c: AdmissionController) -> None:
+    pid = _child(c)
+    views = [asyncio.run(c.submit(small(f"j{i}"))) for i in range(3)]
+    assert [v.sequence for v in views] == [1, 2, 3]
+    for view in views:
+        assert c._get_sync(view.id) == view
+    assert _committer(c).pid == pid and _committer(c).starts == 1
+    assert c._writer.committed == 3
+
+
+def test_a_child_killed_during_a_batch_fails_its_callers_and_the_next_goes_to_another(
+    c: AdmissionController,
+) -> None:
+    """The child is killed while it waits for the store's write lock: its batch's callers
+    get UNAVAILABLE, nothing of it is stored, and the ledger is rebuilt before the next
+    decision, which a new child commits."""
+    first = _child(c)
+
+    async def scenario() -> list[Any]:
+        lock = StoreLock(_db_file(c))
+        try:
+            tasks = [asyncio.ensure_future(c.submit(small(i))) for i in ("k0", "k1")]
+            await _until(lambda: c._writer.queued == 2 and "k1" in c._stored_ids())
+            await asyncio.sleep(0.2)  # the batch is in the child, waiting for the lock
+            os.kill(first, signal.SIGKILL)
+            return list(await asyncio.gather(*tasks, return_exceptions=True))
+        finally:
+            lock.release()
+
+    results = asyncio.run(scenario())
+    assert all(isinstance(r, StoreUnavailableError) for r in results), results
+    assert "commit process failed" in str(results[0])
+    after = asyncio.run(c.submit(small("after")))
+    assert after.state == "admitted" and not after.duplicate
+    assert _committer(c).pid not in (None, first) and _committer(c).starts == 2
+    assert c.ledger is not None and "k0" not in c.ledger and "k1" not in c.ledger
+    for job_id in ("k0", "k1"):
+        with pytest.raises(Exception, match="no job"):
+            c._get_sync(job_id)
+
+
+def test_a_child_killed_while_idle_is_replaced_without_failing_a_decision(
+    c: AdmissionController,
+) -> None:
+    first = _child(c)
+    os.kill(first, signal.SIGKILL)
+    assert _gone(first)
+    view = asyncio.run(c.submit(small("next")))
+    assert view.state == "admitted" and not c._stale
+    assert _committer(c).pid not in (None, first) and _committer(c).starts == 2
+
+
+def test_sigterm_and_sigint_leave_the_child_writing(c: AdmissionController) -> None:
+    """systemd and a terminal signal the whole group at a stop: the daemon then drains
+    its last batches through the child, so the child must not end on them."""
+    pid = _child(c)
+    os.kill(pid, signal.SIGTERM)
+    os.kill(pid, signal.SIGINT)
+    time.sleep(0.2)
+    assert asyncio.run(c.submit(small("still"))).state == "admitted"
+    assert _committer(c).pid == pid
+
+
+def test_a_child_that_stops_answering_is_killed_and_its_batch_fails(
+    c: AdmissionController,
+) -> None:
+    pid = _child(c)
+    _committer(c).answer_seconds = 1.0
+    os.kill(pid, signal.SIGSTOP)
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailableError, match="did not answer its batch within 1 s"):
+        asyncio.run(c.submit(small("stuck")))
+    assert time.monotonic() - started < 10
+    assert _gone(pid)
+    assert asyncio.run(c.submit(small("then"))).state == "admitted"
+
+
+def _payloads(c: AdmissionController, job_id: str) -> list[DecisionPayload]:
+    """The rows deciding ``small(job_id)`` would commit, taken from the writer's queue
+    (not committed; the ledger is rebuilt from the store afterwards)."""
+    taken: list[Any] = []
+    submit = c._writer.submit
+
+    def keep(ws: Any) -> Any:
+        taken.append(ws)
+        ws.future.set_result(None)
+        return ws.future
+
+    c._writer.submit = keep  # type: ignore[method-assign]
+    try:
+        c._executor.submit(c._submit_sync, small(job_id), None, None).result()
+    finally:
+        c._writer.submit = submit  # type: ignore[method-assign]
+        c._stale = True
+    return [ws.rows.payload() for ws in taken]
+
+
+def test_a_batch_the_store_refuses_fails_with_the_childs_traceback_and_it_goes_on(
+    c: AdmissionController,
+) -> None:
+    pid = _child(c)
+    payload = _payloads(c, "dup")
+    with pytest.raises(CommitProcessError, match="IntegrityError"):
+        _committer(c).commit(payload * 2, None, None, None)  # one job id twice
+    written = _committer(c).commit(payload, None, None, None)
+    assert written.first_sequence == 1 and len(written.events) == 1
+    assert _committer(c).pid == pid
+
+
+def test_a_fenced_batch_raises_fenced_error_with_the_recorded_holder(
+    c: AdmissionController,
+) -> None:
+    payload = _payloads(c, "fenced")
+    with pytest.raises(FencedError) as err:
+        _committer(c).commit(payload, None, 7, None)  # no holder is recorded: not epoch 7
+    assert err.value.mine == 7 and err.value.holder is None
+    assert "led in epoch 7" in str(err.value)
+    with pytest.raises(Exception, match="no job"):
+        c._get_sync("fenced")
+
+
+def test_the_child_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import structlog, time
+        from controller.store.commit_process import CommitProcess
+        p = CommitProcess("sqlite:///{tmp_path / "s.db"}", 3.0, "full", None,
+                          structlog.wrap_logger(structlog.ReturnLogger()))
+        p.start()
+        print(p.pid, flush=True)
+        time.sleep(60)
+        """
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert not _gone(child, 0.2)
+        parent.kill()
+        parent.wait(10)
+        assert _gone(child), "the commit process outlived its daemon"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(10)
+        if parent.stdout is not None:
+            parent.stdout.close()
+
+
+def _children(pid: int) -> set[int]:
+    out: set[int] = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            out.update(int(x) for x in f.read().split())
+    return out
+
+
+def test_the_daemon_writes_through_a_child_that_a_kill_9_takes_with_it(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "d.toml", tmp_path / "data")
+    daemon = Daemon(config, tmp_path / "d.log").start()
+    child = 0
+    try:
+        assert daemon.proc is not None
+        deadline = time.monotonic() + 30
+        while not (children := _children(daemon.proc.pid)):
+            assert time.monotonic() < deadline, "the daemon started no commit process"
+            time.sleep(0.05)
+        [child] = children
+        job = tmp_path / "job.json"
+        job.write_text(json.dumps(small("one")))
+        out = oasis("submit", str(job), "--json", server=daemon.address, check=False)
+        assert out.returncode in (0, 3), out.stderr
+    finally:
+        daemon.kill9()
+    assert _gone(child), "the commit process outlived its daemon"
+    # the store is free for the next daemon, which has the decision
+    again = Daemon(config, tmp_path / "d.log").start()
+    try:
+        listed = oasis("jobs", "--json", server=again.address).stdout
+        assert '"one"' in listed
+    finally:
+        assert again.stop() == 0
+
+
+def test_a_thread_writer_is_used_for_an_in_memory_store() -> None:
+    from controller.store.commit_process import separate_process_ok
+
+    assert not separate_process_ok("sqlite://")
+    assert not separate_process_ok("sqlite:///:memory:")
+    assert not separate_process_ok("sqlite:///file:x?mode=memory&cache=shared&uri=true")
+    assert separate_process_ok("sqlite:////var/lib/oasis/oasis.db")
+    assert separate_process_ok("postgresql+psycopg://oasis@/oasis")
