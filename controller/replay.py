@@ -82,21 +82,33 @@ def replay(
 
 
 def allocations(schedule: Schedule | None, cluster: Cluster) -> list[dict[str, Any]]:
-    """SPEC 6 allocation entries: per slot, servers in listing order, workers or PS."""
+    """SPEC 6 allocation entries: per slot, servers in listing order, workers or PS.
+
+    Only the schedule's nonzero cells are visited (``np.nonzero`` of each kind, ordered
+    by slot and listing position), so the work grows with the schedule, not with the
+    cluster times its slots."""
     if schedule is None:
         return []
+    worker_pos, ps_pos = cluster.listing_positions
+    w_rows, w_cols = np.nonzero(schedule.workers)
+    p_rows, p_cols = np.nonzero(schedule.ps)
+    rows = np.concatenate([w_rows, p_rows])
+    positions = np.concatenate([worker_pos[w_cols], ps_pos[p_cols]])
+    counts = np.concatenate([schedule.workers[w_rows, w_cols], schedule.ps[p_rows, p_cols]])
+    is_worker = np.arange(rows.size) < w_rows.size
+    servers = np.concatenate([w_cols, p_cols])
+    order = np.lexsort((positions, rows))
+    names = (cluster.ps_names, cluster.worker_names)
     out: list[dict[str, Any]] = []
-    for row in range(schedule.slots):
-        slot = schedule.start + row
-        for kind, idx in cluster.listing:
-            if kind == "worker":
-                n = int(schedule.workers[row, idx])
-                if n:
-                    out.append({"slot": slot, "server": cluster.worker_names[idx], "workers": n})
-            else:
-                n = int(schedule.ps[row, idx])
-                if n:
-                    out.append({"slot": slot, "server": cluster.ps_names[idx], "ps": n})
+    for row, server, n, worker in zip(
+        (rows[order] + schedule.start).tolist(),
+        servers[order].tolist(),
+        counts[order].tolist(),
+        is_worker[order].tolist(),
+        strict=True,
+    ):
+        key = "workers" if worker else "ps"
+        out.append({"slot": row, "server": names[worker][server], key: n})
     return out
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
@@ -39,6 +40,16 @@ class Cluster:
     worker_capacity: NDArray[np.float64]
     ps_capacity: NDArray[np.float64]
     listing: tuple[tuple[Kind, int], ...]
+
+    @cached_property
+    def listing_positions(self) -> tuple[NDArray[np.intp], NDArray[np.intp]]:
+        """Where each worker server (``(H,)``) and each PS server (``(K,)``) stands in
+        :attr:`listing` (computed once)."""
+        workers = np.empty(len(self.worker_names), np.intp)
+        ps = np.empty(len(self.ps_names), np.intp)
+        for pos, (kind, idx) in enumerate(self.listing):
+            (workers if kind == "worker" else ps)[idx] = pos
+        return workers, ps
 
     def servers(self) -> Iterator[tuple[Kind, int, str, NDArray[np.float64]]]:
         """Every server in listing order: ``(kind, index within its kind, name, capacity
