@@ -26,7 +26,10 @@ What is measured
       uptime);
     - **daemon crashes:** ``oasisd`` itself is killed (SIGKILL) twice and started again
       at once on the same port (the second kill of an agent and a broker restart fall
-      in the first one's downtime); the clients retry with the same ids meanwhile.
+      in the first one's downtime); the clients retry with the same ids meanwhile;
+    - **commit process kills:** the daemon's commit process
+      (``controller.store.commit_process``) is killed (SIGKILL) 3 times under load; the
+      daemon starts another for its next batch.
 
 Checks and figures
     - lost / duplicated: every job has one row and one ``decided`` event, and its
@@ -41,6 +44,8 @@ Checks and figures
       run, against the broker restarts and daemon crashes (at most one each); the link's
       own failures (must be 0);
     - back after a crash: seconds from the SIGKILL until the daemon listens again;
+    - orphaned commit processes: a killed daemon's commit process still running 5 s
+      after the kill (must be 0);
     - jobs failed, by reason: a killed agent's jobs may fail (``server_failed``); a job
       whose agents worked while the daemon or broker was away should not
       (``plan_ended``);
@@ -64,10 +69,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import logging
 import math
+import os
 import random
+import signal
 import sqlite3
 import sys
 import tempfile
@@ -99,7 +107,7 @@ from controller.plane.settings import MqttConfig
 from controller.plane.topics import Heartbeat, Progress, TaskProgress, Topics
 from controller.rpc import oasis_pb2 as pb
 from tests.broker import Mosquitto
-from tests.servers import ROOT, Daemon, json_log
+from tests.servers import ROOT, Daemon, commit_processes, ended, json_log
 
 SLOT_SECONDS = 5.0
 WINDOW = 24
@@ -233,6 +241,8 @@ class Chaos:
     forged_reports: int = 0
     forged_entries: int = 0
     kills: list[Kill] = field(default_factory=list)
+    writer_kills: int = 0  # commit processes killed
+    orphans: int = 0  # a killed daemon's commit process still running 5 s after
 
     def run(self, load: Load) -> None:
         start = time.monotonic()
@@ -244,6 +254,7 @@ class Chaos:
                 for f, s in zip((0.15, 0.4, 0.6, 0.75), KILLED, strict=True)
             ]
             + [(f * self.seconds, "crash", "") for f in (0.3, 0.85)]
+            + [(f * self.seconds, "writer", "") for f in (0.25, 0.5, 0.65)]
         )
         next_forgery = 0.0
         crashing: list[threading.Thread] = []
@@ -261,6 +272,8 @@ class Chaos:
                     self.restarts += 1
                 elif what == "poison":
                     self.agents.run(self._poison())
+                elif what == "writer":
+                    self._kill_writer()
                 elif what == "crash":  # in a thread: the schedule goes on meanwhile
                     crash = threading.Thread(target=self._crash, name="crash")
                     crash.start()
@@ -276,11 +289,22 @@ class Chaos:
         for crash in crashing:
             crash.join(150)
 
+    def _kill_writer(self) -> None:
+        """SIGKILL the daemon's commit process (none while the daemon is down)."""
+        proc = self.daemon.proc
+        for pid in commit_processes(proc.pid) if proc is not None else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                self.writer_kills += 1
+
     def _crash(self) -> None:
         """SIGKILL the daemon and start it again on the same port."""
         killed = time.monotonic()
         self.down.append([time.time(), math.inf])
+        proc = self.daemon.proc
+        writers = commit_processes(proc.pid) if proc is not None else []
         self.daemon.kill9()
+        self.orphans += sum(not ended(pid, 5.0) for pid in writers)
         self.daemon.start(timeout=120)
         self.down[-1][1] = time.time()
         self.crashes.append(round(time.monotonic() - killed, 2))
@@ -442,6 +466,8 @@ class ChaosReport:
     reconnects_per_minute: float = 0.0
     link_failures: int = 0
     daemon_crashes: int = 0
+    commit_process_kills: int = 0
+    orphaned_commit_processes: int = 0
     jobs_failed: dict[str, int] = field(default_factory=dict)  # reason -> jobs
     back_after_crash_seconds: list[float] = field(default_factory=list)
     poison_messages: int = 0
@@ -541,6 +567,10 @@ def _finish(
     )
     report.broker_restarts = chaos.restarts
     report.daemon_crashes = len(chaos.crashes)
+    report.commit_process_kills = chaos.writer_kills
+    report.orphaned_commit_processes = chaos.orphans
+    if chaos.orphans:
+        report.problems.append(f"{chaos.orphans} commit processes outlived their daemon")
     report.jobs_failed = jobs_failed(db)
     report.back_after_crash_seconds = chaos.crashes
     report.reconnects = connections - 1
@@ -661,6 +691,8 @@ def print_report(r: ChaosReport, command: str) -> None:
                               "false"),
         ("daemon kill -9", f"{r.daemon_crashes}, listening again after "
                            f"{', '.join(f'{x:.1f}' for x in r.back_after_crash_seconds)} s"),
+        ("commit process kill -9", f"{r.commit_process_kills}; orphaned after a daemon "
+                                   f"kill -9: {r.orphaned_commit_processes}"),
         ("jobs failed, by reason", ", ".join(f"{k} {v}" for k, v in r.jobs_failed.items())
                                    or "none"),
         ("broker restarts / reconnects", f"{r.broker_restarts} / {r.reconnects} "

@@ -263,6 +263,47 @@ class Daemon:
         self.log.close()
 
 
+def commit_processes(pid: int) -> list[int]:
+    """The commit processes (``controller.store.commit_process``) process ``pid`` started
+    and that still run (Linux ``/proc``)."""
+    found = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return []
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                kids = [int(x) for x in f.read().split()]
+        except FileNotFoundError:
+            continue
+        for kid in kids:
+            try:
+                with open(f"/proc/{kid}/cmdline", "rb") as f:
+                    if b"controller.store.commit_process" in f.read():
+                        found.append(kid)
+            except FileNotFoundError:
+                continue
+    return found
+
+
+def ended(pid: int, timeout: float = 10.0) -> bool:
+    """True once process ``pid`` is gone or a zombie (ended, not yet reaped), within
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return True
+        if state in ("Z", "X"):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
 def json_log(path: Path) -> list[dict[str, Any]]:
     """The JSON lines of a daemon's or agent's log (other lines skipped)."""
     out = []

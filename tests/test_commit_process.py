@@ -25,7 +25,7 @@ from controller.store import StoreUnavailableError
 from controller.store.commit_process import CommitProcess, CommitProcessError
 from controller.store.decisions import DecisionPayload
 from controller.store.writer_lock import FencedError
-from tests.servers import ROOT, Daemon, oasis, write_config
+from tests.servers import ROOT, Daemon, commit_processes, ended, oasis, write_config
 from tests.test_group_commit import StoreLock, _db_file, _until
 from tests.test_pending import controller, small
 
@@ -53,21 +53,6 @@ def _child(c: AdmissionController) -> int:
     pid = _committer(c).pid
     assert pid is not None
     return pid
-
-
-def _gone(pid: int, timeout: float = 10.0) -> bool:
-    """True once ``pid`` is gone or a zombie (ended, not yet reaped by its parent)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:
-            return True
-        if state in ("Z", "X"):
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_decisions_commit_through_the_child_and_read_back(c: AdmissionController) -> None:
@@ -116,7 +101,7 @@ def test_a_child_killed_while_idle_is_replaced_without_failing_a_decision(
 ) -> None:
     first = _child(c)
     os.kill(first, signal.SIGKILL)
-    assert _gone(first)
+    assert ended(first)
     view = asyncio.run(c.submit(small("next")))
     assert view.state == "admitted" and not c._stale
     assert _committer(c).pid not in (None, first) and _committer(c).starts == 2
@@ -143,7 +128,7 @@ def test_a_child_that_stops_answering_is_killed_and_its_batch_fails(
     with pytest.raises(StoreUnavailableError, match="did not answer its batch within 1 s"):
         asyncio.run(c.submit(small("stuck")))
     assert time.monotonic() - started < 10
-    assert _gone(pid)
+    assert ended(pid)
     assert asyncio.run(c.submit(small("then"))).state == "admitted"
 
 
@@ -209,24 +194,16 @@ def test_the_child_dies_with_the_process_that_started_it(tmp_path: Path) -> None
     try:
         assert parent.stdout is not None
         child = int(parent.stdout.readline())
-        assert not _gone(child, 0.2)
+        assert not ended(child, 0.2)
         parent.kill()
         parent.wait(10)
-        assert _gone(child), "the commit process outlived its daemon"
+        assert ended(child), "the commit process outlived its daemon"
     finally:
         if parent.poll() is None:
             parent.kill()
             parent.wait(10)
         if parent.stdout is not None:
             parent.stdout.close()
-
-
-def _children(pid: int) -> set[int]:
-    out: set[int] = set()
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            out.update(int(x) for x in f.read().split())
-    return out
 
 
 def test_the_daemon_writes_through_a_child_that_a_kill_9_takes_with_it(tmp_path: Path) -> None:
@@ -236,7 +213,7 @@ def test_the_daemon_writes_through_a_child_that_a_kill_9_takes_with_it(tmp_path:
     try:
         assert daemon.proc is not None
         deadline = time.monotonic() + 30
-        while not (children := _children(daemon.proc.pid)):
+        while not (children := commit_processes(daemon.proc.pid)):
             assert time.monotonic() < deadline, "the daemon started no commit process"
             time.sleep(0.05)
         [child] = children
@@ -246,7 +223,7 @@ def test_the_daemon_writes_through_a_child_that_a_kill_9_takes_with_it(tmp_path:
         assert out.returncode in (0, 3), out.stderr
     finally:
         daemon.kill9()
-    assert _gone(child), "the commit process outlived its daemon"
+    assert ended(child), "the commit process outlived its daemon"
     # the store is free for the next daemon, which has the decision
     again = Daemon(config, tmp_path / "d.log").start()
     try:
