@@ -588,8 +588,9 @@ def payoff_ceiling(job: Job, ledger: Ledger, first_slot: int, arrival: int) -> f
 
 
 def warm_up() -> None:
-    """Compile (or load from numba's cache) every kernel the search uses, on a tiny
-    instance, so the first real decision is not charged for it."""
+    """Compile (or load from numba's cache) every kernel the search and a rejection's
+    explanation use, on a tiny instance, so the first real decision is not charged for
+    it."""
     from pricing.cluster import cluster_from_dict
     from pricing.job import job_from_dict
     from pricing.prices import oracle_bounds
@@ -618,5 +619,8 @@ def warm_up() -> None:
         slot_seconds=3600.0,
         slots_available=lambda a: 2 - a,
     )
+    from pricing.explain import price_drivers
+
     bounds = oracle_bounds([job], cluster, 2, {job.id: 2})
-    best_schedule(job, Ledger(cluster, bounds, 2), 0, 1)
+    ledger = Ledger(cluster, bounds, 2)
+    price_drivers(best_schedule(job, ledger, 0, 1), job, ledger)  # its kernel too

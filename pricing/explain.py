@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
+from numpy.typing import NDArray
 
 from pricing.best_schedule import BestSchedule
 from pricing.cluster import Cluster
@@ -52,12 +54,61 @@ class PriceDriver:
     price: float
 
 
+@njit(cache=True, nogil=True)
+def _runs(
+    counts: NDArray[np.int32],
+    cells: NDArray[np.float64],
+    lo: int,
+    used: NDArray[np.intp],
+    demand: NDArray[np.float64],
+) -> tuple[NDArray[np.intp], NDArray[np.intp], NDArray[np.intp], NDArray[np.intp],
+           NDArray[np.float64], NDArray[np.float64]]:  # fmt: skip
+    """Every run of consecutive slots with a positive cost ``counts * price * demand`` on
+    each of the ``used`` servers and each resource, in (server, resource, slot) order.
+
+    ``counts`` ``(S, n)`` is one side of a schedule, ``cells`` the side's ``(slots, n, R)``
+    prices with the schedule's rows at ``lo ..``. Returns ``(server position in used,
+    resource, first row, end row (exclusive), cost summed slot by slot, highest unit
+    price)`` arrays of one entry per run."""
+    slots = counts.shape[0]
+    n_res = demand.shape[0]
+    most = used.shape[0] * n_res * ((slots + 1) // 2)
+    srv = np.empty(most, np.intp)
+    res = np.empty(most, np.intp)
+    first = np.empty(most, np.intp)
+    end = np.empty(most, np.intp)
+    cost = np.empty(most, np.float64)
+    peak = np.empty(most, np.float64)
+    k = 0
+    for i in range(used.shape[0]):
+        h = used[i]
+        for r in range(n_res):
+            open_ = False
+            start = 0
+            total = 0.0
+            top = 0.0
+            for t in range(slots + 1):
+                c = counts[t, h] * cells[lo + t, h, r] * demand[r] if t < slots else 0.0
+                if c > 0:
+                    p = cells[lo + t, h, r]
+                    if not open_:
+                        open_, start, total, top = True, t, 0.0, p
+                    total += c
+                    top = max(top, p)
+                elif open_:
+                    srv[k], res[k], first[k], end[k], cost[k], peak[k] = i, r, start, t, total, top
+                    k += 1
+                    open_ = False
+    return srv[:k], res[:k], first[:k], end[:k], cost[:k], peak[:k]
+
+
 def price_drivers(best: BestSchedule, job: Job, ledger: Ledger, top: int = 3) -> list[PriceDriver]:
     """The ``top`` costliest (server, resource, run of slots) parts of ``best``'s schedule.
 
     Ties keep the order workers before PS, then server, resource and slot. Only the
     servers the schedule uses are read (a part costs nothing elsewhere), so the work
-    grows with the schedule, not with the cluster."""
+    grows with the schedule, not with the cluster; each run's cost is summed slot by
+    slot (compiled, :func:`_runs`), so equal runs cost exactly the same."""
     sched = best.schedule
     if sched is None:
         return []
@@ -72,30 +123,19 @@ def price_drivers(best: BestSchedule, job: Job, ledger: Ledger, top: int = 3) ->
         used = np.flatnonzero(counts.any(axis=0))  # (m,): servers with a unit in some slot
         if used.size == 0:
             continue
-        # (m, R, n): cost of each resource on each used server in each slot
-        prices = side.prices(lo, hi)[lo:hi, used].transpose(1, 2, 0)
-        cost = np.ascontiguousarray(counts[:, used].T[:, None, :] * prices * demand[None, :, None])
-        # runs of positive cost along the slots, every (server, resource) column at once;
-        # starts and ends come out in (server, resource, slot) order, so they pair up
-        edges = np.diff((cost > 0).view(np.int8), axis=2, prepend=0, append=0)
-        srv, res, first = np.nonzero(edges == 1)
-        end = np.nonzero(edges == -1)[2]
-        if srv.size == 0:
-            continue
-        base = (srv * cost.shape[1] + res) * cost.shape[2]
-        bounds = np.empty(2 * srv.size, np.intp)
-        bounds[0::2], bounds[1::2] = base + first, base + end
-        # each run summed slot by slot, so equal runs cost exactly the same
-        run_cost = np.add.reduceat(np.append(cost.ravel(), 0.0), bounds)[0::2]
+        cells = side.prices(lo, hi)
+        srv, res, first, end, run_cost, peak = _runs(
+            np.ascontiguousarray(counts, np.int32), cells, lo, used.astype(np.intp),
+            np.ascontiguousarray(demand, np.float64),
+        )  # fmt: skip
         for k in np.argsort(-run_cost, kind="stable")[:top].tolist():
-            s_, r, a, b = int(srv[k]), int(res[k]), int(first[k]), int(end[k])
             driver = PriceDriver(
-                resource=cluster.resources[r],
-                server=names[int(used[s_])],
-                first_slot=sched.start + a,
-                last_slot=sched.start + b - 1,
+                resource=cluster.resources[int(res[k])],
+                server=names[int(used[int(srv[k])])],
+                first_slot=sched.start + int(first[k]),
+                last_slot=sched.start + int(end[k]) - 1,
                 cost=float(run_cost[k]),
-                price=float(prices[s_, r, a:b].max()),
+                price=float(peak[k]),
             )
             found.append((driver.cost, len(found), driver))
     found.sort(key=lambda x: (-x[0], x[1]))
