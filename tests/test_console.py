@@ -135,6 +135,9 @@ def wait_for(browser: Any, condition: Any, what: str, timeout: float = WAIT) -> 
 
 
 def login(browser: Any, cluster: Cluster, name: str, token: str | None = None) -> None:
+    """Log in as ``name`` (its token, or ``token``); with a known token, return once the
+    session cookie is set: a page loaded before the form's answer came back would find
+    no session (the browser abandons the pending submission), on a loaded machine."""
     from selenium.webdriver.common.by import By
 
     browser.delete_all_cookies()
@@ -142,6 +145,8 @@ def login(browser: Any, cluster: Cluster, name: str, token: str | None = None) -
     field = browser.find_element(By.ID, "token")
     field.send_keys(TOKENS[name] if token is None else token)
     field.submit()
+    if token is None:
+        wait_for(browser, lambda b: b.get_cookie("oasis_session"), f"{name}'s session cookie")
 
 
 def visible_text(browser: Any) -> str:
