@@ -1,5 +1,7 @@
 """SIGTERM under load: every call is answered, and a call the daemon cannot answer any
-more is UNAVAILABLE (clients retry it), never CANCELLED (they do not).
+more is UNAVAILABLE (clients retry it), never CANCELLED (they do not). As systemd does
+(KillMode=control-group), the commit process gets the SIGTERM too: every answered
+decision is in the store after the stop.
 
 16 clients submit in a loop and retry UNAVAILABLE at once, as a busy client would, while
 one operator watches the event stream. Before the stop gate (controller/drain.py) gRPC's
@@ -9,7 +11,9 @@ reached the server as it began to shut down.
 
 from __future__ import annotations
 
+import os
 import signal
+import sqlite3
 import threading
 import time
 from collections import Counter
@@ -20,7 +24,7 @@ import grpc
 from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
-from tests.servers import Daemon, write_config
+from tests.servers import Daemon, commit_processes, ended, write_config
 from tests.test_daemon_e2e import job
 
 CLIENTS = 16
@@ -30,6 +34,7 @@ def test_sigterm_under_load_answers_unavailable_never_cancelled(tmp_path: Path) 
     log = tmp_path / "d.log"
     daemon = Daemon(write_config(tmp_path / "d.toml", tmp_path / "data"), log).start()
     codes: Counter[str] = Counter()
+    answered: list[str] = []
     lock = threading.Lock()
     exited = threading.Event()
 
@@ -42,6 +47,8 @@ def test_sigterm_under_load_answers_unavailable_never_cancelled(tmp_path: Path) 
                 try:
                     stub.SubmitJob(request, timeout=60)
                     code = "OK"
+                    with lock:
+                        answered.append(f"c{k}-{i}")
                     i += 1
                 except grpc.RpcError as err:
                     code = err.code().name  # UNAVAILABLE: the same job again, at once
@@ -68,8 +75,13 @@ def test_sigterm_under_load_answers_unavailable_never_cancelled(tmp_path: Path) 
             assert time.monotonic() < deadline, codes
             time.sleep(0.1)
         assert daemon.proc is not None
+        writers = commit_processes(daemon.proc.pid)
+        assert len(writers) == 1
         daemon.proc.send_signal(signal.SIGTERM)
+        for pid in writers:  # the whole unit is signalled
+            os.kill(pid, signal.SIGTERM)
         assert daemon.proc.wait(60) == 0, log.read_text()
+        assert all(ended(pid) for pid in writers)
         time.sleep(0.5)  # calls sent after the exit fail to connect: UNAVAILABLE too
     finally:
         exited.set()
@@ -79,3 +91,6 @@ def test_sigterm_under_load_answers_unavailable_never_cancelled(tmp_path: Path) 
     assert codes["OK"] > 0 and codes["UNAVAILABLE"] > 0, codes
     assert set(codes) == {"OK", "UNAVAILABLE"}, codes  # no CANCELLED, nothing else
     assert watch_end == [grpc.StatusCode.UNAVAILABLE]
+    with sqlite3.connect(tmp_path / "data" / "oasis.db") as db:
+        stored = {row[0] for row in db.execute("SELECT id FROM jobs")}
+    assert set(answered) <= stored, sorted(set(answered) - stored)[:5]
