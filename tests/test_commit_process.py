@@ -134,7 +134,9 @@ def test_a_child_that_stops_answering_is_killed_and_its_batch_fails(
 
 def _payloads(c: AdmissionController, job_id: str) -> list[DecisionPayload]:
     """The rows deciding ``small(job_id)`` would commit, taken from the writer's queue
-    (not committed; the ledger is rebuilt from the store afterwards)."""
+    (not committed; the ledger is rebuilt from the store afterwards). Once the child is
+    ready: the tests then use it from their own thread, the writer thread being idle."""
+    _child(c)
     taken: list[Any] = []
     submit = c._writer.submit
 
