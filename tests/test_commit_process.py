@@ -235,6 +235,27 @@ def test_the_daemon_writes_through_a_child_that_a_kill_9_takes_with_it(tmp_path:
         assert again.stop() == 0
 
 
+def test_a_child_that_cannot_start_leaves_the_writer_thread_committing(
+    c: AdmissionController,
+) -> None:
+    """No child can be started (here: its command exits at once): the batch is written
+    by the writer thread instead, nothing fails, and a start is tried again only after
+    the back-off; then a child takes over again."""
+    committer = _committer(c)
+    first = _child(c)
+    committer.command = [sys.executable, "-c", "raise SystemExit(3)"]
+    os.kill(first, signal.SIGKILL)
+    assert ended(first)
+    views = [asyncio.run(c.submit(small(f"t{i}"))) for i in range(3)]
+    assert all(v.state == "admitted" and not v.duplicate for v in views)
+    assert [c._get_sync(v.id) for v in views] == views and not c._stale
+    assert committer.failed_starts == 1 and committer.pid is None  # tried once, not per batch
+    committer.command = [sys.executable, "-m", "controller.store.commit_process"]
+    committer._retry_at = 0.0  # the back-off is over
+    assert asyncio.run(c.submit(small("again"))).sequence == views[-1].sequence + 1
+    assert committer.pid is not None and committer.starts == 2 and committer.failed_starts == 0
+
+
 def test_a_thread_writer_is_used_for_an_in_memory_store() -> None:
     from controller.store.commit_process import separate_process_ok
 

@@ -11,6 +11,7 @@ process (:mod:`controller.store.commit_process`).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from controller.admission.writer import WriteSet
 from controller.errors import NotLeaderError
 from controller.events import Event
 from controller.store import StoreUnavailableError
+from controller.store.commit_process import CommitProcessStartError
 from controller.store.decisions import DecisionPayload, write_decisions
 from controller.store.writer_lock import FencedError
 from pricing.bound_estimate import BoundEstimate
@@ -74,9 +76,11 @@ class GroupCommit(AdmissionState):
         payloads = [ws.rows.payload() for ws in batch]
         self._fence_here()
         epoch, lock_pid = self.fence_epoch, self.fence_pid
+        written = None
         if self._committer is not None:
-            written = self._committer.commit(payloads, self._last_sequence, epoch, lock_pid)
-        else:
+            with contextlib.suppress(CommitProcessStartError):  # nothing sent: write it here
+                written = self._committer.commit(payloads, self._last_sequence, epoch, lock_pid)
+        if written is None:
             with self.db.held_session() as session:
                 written = write_decisions(session, payloads, self._last_sequence, epoch, lock_pid)
         numbers = written.events

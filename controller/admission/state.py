@@ -12,6 +12,7 @@ the only steps one part takes of another.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -32,7 +33,11 @@ from controller.errors import NotLeaderError
 from controller.events import Event, EventBus
 from controller.pins import Pins
 from controller.store import Database, EventRow, JobRow, StoreUnavailableError
-from controller.store.commit_process import CommitProcess, separate_process_ok
+from controller.store.commit_process import (
+    CommitProcess,
+    CommitProcessStartError,
+    separate_process_ok,
+)
 from controller.store.decisions import ESTIMATE_KEY
 from controller.store.writer_lock import Holder, check_epoch
 from pricing import Job, Ledger, job_from_dict
@@ -139,8 +144,15 @@ class AdmissionState(ABC):
     def _start_committer(self) -> None:
         """Start the commit process now, in the writer thread (a leader about to decide:
         its first answer need not wait for the child's start-up)."""
-        if self._committer is not None:
-            self._writer.call(self._committer.start)
+        committer = self._committer
+        if committer is None:
+            return
+
+        def start() -> None:
+            with contextlib.suppress(CommitProcessStartError):  # logged; the writer writes
+                committer.start()
+
+        self._writer.call(start)
 
     @property
     def leading(self) -> bool:

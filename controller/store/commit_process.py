@@ -19,10 +19,12 @@ Failures
     daemon waits :func:`answer_seconds` at most for an answer. A child that ends, or does
     not answer in time, is killed; the batch fails with :class:`StoreUnavailableError`
     (its fate unknown: the daemon rebuilds its ledger from the store, as after any failed
-    commit) and the next batch starts a new child. The child dies with the daemon
-    (``PR_SET_PDEATHSIG``: a kill -9 of the daemon leaves no writer behind) and ignores
-    SIGINT and SIGTERM, which a terminal or systemd sends the whole group: the daemon
-    drains its last batches through it, then stops it.
+    commit) and the next batch starts a new child. If a child cannot be started at all
+    (a failed exec, a process limit), the writer thread writes the batches itself and
+    tries again after :data:`RETRY_SECONDS`: the daemon stays up and durable, only slower.
+    The child dies with the daemon (``PR_SET_PDEATHSIG``: a kill -9 of the daemon leaves
+    no writer behind) and ignores SIGINT and SIGTERM, which a terminal or systemd sends
+    the whole group: the daemon drains its last batches through it, then stops it.
 """
 
 from __future__ import annotations
@@ -44,18 +46,32 @@ from controller.store.database import Database, StoreUnavailableError
 from controller.store.decisions import BatchWritten, DecisionPayload, write_decisions
 from controller.store.writer_lock import FencedError, Holder
 
-__all__ = ["CommitProcess", "CommitProcessError", "answer_seconds", "separate_process_ok"]
+__all__ = [
+    "CommitProcess",
+    "CommitProcessError",
+    "CommitProcessStartError",
+    "answer_seconds",
+    "separate_process_ok",
+]
 
 _LENGTH = struct.Struct(">I")
 START_SECONDS = 60.0
 """How long the daemon waits for a new child to start (imports; a loaded machine)."""
 STOP_SECONDS = 5.0
+RETRY_SECONDS = (5.0, 300.0)
+"""After a child failed to start, the next try waits this long (doubling from the first
+to the second figure while the failures go on)."""
 _PR_SET_PDEATHSIG = 1
 
 
 class CommitProcessError(RuntimeError):
     """The child failed a batch for a reason other than the store's availability or the
     fence (its traceback is the message)."""
+
+
+class CommitProcessStartError(RuntimeError):
+    """No child runs and none could be started now (nothing of the batch was sent: the
+    caller may write it itself)."""
 
 
 def answer_seconds(timeout: float) -> float:
@@ -111,6 +127,9 @@ class CommitProcess:
         self._log = log
         self._child: subprocess.Popen[bytes] | None = None
         self.starts = 0  # children started
+        self.failed_starts = 0  # in a row
+        self._retry_at = 0.0  # time.monotonic() before which no start is tried
+        self.command = [sys.executable, "-m", "controller.store.commit_process"]
 
     @property
     def pid(self) -> int | None:
@@ -118,15 +137,38 @@ class CommitProcess:
         return self._child.pid if self._child is not None else None
 
     def start(self) -> None:
-        """Start a child if none runs; raises StoreUnavailableError if it cannot. A child
-        that ended between batches (nothing of a batch at stake) is replaced."""
+        """Start a child if none runs. A child that ended between batches (nothing of a
+        batch at stake) is replaced.
+
+        Raises:
+            CommitProcessStartError: none could be started, now or (after failures, for
+                :data:`RETRY_SECONDS`) recently; the writer then writes batches itself.
+        """
         if self._child is not None:
             if self._child.poll() is None:
                 return
             status = self._kill()
             self._log.warning("commit process ended between batches", status=status)
+        if time.monotonic() < self._retry_at:
+            raise CommitProcessStartError("the commit process failed to start recently")
+        try:
+            pid = self._spawn()
+        except (OSError, StoreUnavailableError, CommitProcessError) as err:
+            self.failed_starts += 1
+            first, most = RETRY_SECONDS
+            wait = min(most, first * 2 ** (self.failed_starts - 1))
+            self._retry_at = time.monotonic() + wait
+            self._log.error("commit process did not start; the writer thread commits "
+                            "meanwhile", error=str(err), retry_in_s=wait)  # fmt: skip
+            raise CommitProcessStartError(str(err)) from err
+        self.failed_starts = 0
+        self.starts += 1
+        if self.starts > 1:  # the first is part of every start; a replacement is news
+            self._log.info("commit process restarted", pid=pid, starts=self.starts)
+
+    def _spawn(self) -> int:
         child = subprocess.Popen(
-            [sys.executable, "-m", "controller.store.commit_process"],
+            self.command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,  # not the writer lock's descriptor: the lock is the daemon's
@@ -137,12 +179,10 @@ class CommitProcess:
         self._child = child
         self._send(("settings", self._settings), START_SECONDS)
         reply = self._receive(START_SECONDS, "start")
-        if reply[0] != "ready":
+        if not (isinstance(reply, tuple) and reply[:1] == ("ready",)):
             self._kill()
-            raise StoreUnavailableError(f"the commit process did not start: {reply!r:.200}")
-        self.starts += 1
-        if self.starts > 1:  # the first is part of every start; a replacement is news
-            self._log.info("commit process restarted", pid=child.pid, starts=self.starts)
+            raise CommitProcessError(f"it answered {reply!r:.200}")
+        return child.pid
 
     def commit(
         self,
@@ -155,6 +195,7 @@ class CommitProcess:
         write_decisions`, same arguments and result).
 
         Raises:
+            CommitProcessStartError: no child runs (:meth:`start`): nothing was sent.
             FencedError: as write_decisions.
             StoreUnavailableError: the store failed the batch, or the child ended or did
                 not answer in time (then it is killed, and the batch's fate is unknown).
