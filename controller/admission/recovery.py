@@ -75,8 +75,8 @@ class Recovery(Moves, BoundControl):
         self.slot = self.slots.current_slot()
         self._seen_event = self._last_event()  # first: later ones are applied again, harmlessly
         rebuilt = self._reload()
-        if self.leading:
-            self._start_committer()
+        # a standby starts its commit process too: a takeover need not wait for it
+        self._start_committer()
         if self.config.mqtt is None and self.leading:
             self._tick_sync()
         # else the first tick() runs once the execution plane is attached and has loaded

@@ -142,8 +142,9 @@ class AdmissionState(ABC):
         self.advertise = config.ha.advertise if config.ha is not None else ""
 
     def _start_committer(self) -> None:
-        """Start the commit process now, in the writer thread (a leader about to decide:
-        its first answer need not wait for the child's start-up)."""
+        """Start the commit process now, in the writer thread, if none runs (at open, a
+        standby's too, and at a takeover): the first answer after it need not wait for
+        the child's start-up (about 0.5 s)."""
         committer = self._committer
         if committer is None:
             return
