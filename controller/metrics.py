@@ -27,7 +27,11 @@ Read at each scrape:
 - ``oasis_commit_batches_total`` and ``oasis_commit_decisions_total``: the group-commit
   writer's committed batches and the decisions in them (their ratio is the mean batch);
   ``oasis_commit_seconds_total``: its time inside those commits;
-  ``oasis_commit_queued``: decisions decided and not yet committed.
+  ``oasis_commit_queued``: decisions decided and not yet committed;
+  ``oasis_commit_process_up``: 1 while its commit process runs (0: the writer thread
+  commits itself, after a child could not be started), and
+  ``oasis_commit_process_starts_total``: children started (one at start, one more for
+  each that ended or was killed); both absent for an in-memory store.
 - ``oasis_utilisation{kind, resource}``: share of the capacity of that kind of server
   (``worker``, ``ps``) in use in the current slot, 0..1; ``oasis_utilisation_planned``:
   the mean share over the window ahead (current slot included).
@@ -250,6 +254,16 @@ class _ControllerCollector:
              "Decisions decided and applied, their commit not yet done.", w.queued),
         ):  # fmt: skip
             yield kind(name, what, value=float(value))
+        process = self.c.commit_process
+        if process is not None:
+            yield GaugeMetricFamily(
+                "oasis_commit_process_up", "1 while the commit process runs.",
+                value=float(process.pid is not None),
+            )  # fmt: skip
+            yield CounterMetricFamily(
+                "oasis_commit_process_starts", "Commit processes started.",
+                value=float(process.starts),
+            )  # fmt: skip
 
     def _ha(self) -> Iterator[Metric]:
         ha = self.c.ha_status()

@@ -120,6 +120,8 @@ def test_metrics_follow_decisions_jobs_utilisation_and_prices(scraped: Scraped) 
     assert 1 <= value(after, "oasis_commit_batches_total") <= len(answers)
     assert value(after, "oasis_commit_seconds_total") > 0
     assert value(after, "oasis_commit_queued") == 0
+    assert value(after, "oasis_commit_process_up") == 1  # the daemon's own child
+    assert value(after, "oasis_commit_process_starts_total") == 1
 
     assert value(after, "oasis_jobs", state="admitted") == n_admitted - 1
     assert value(after, "oasis_jobs", state="cancelled") == 1

@@ -20,6 +20,7 @@ from controller.errors import DrainingError
 from controller.events import Event
 from controller.limits import search_size
 from controller.store import StoreUnavailableError
+from controller.store.commit_process import CommitProcess
 from controller.store.writer_lock import FencedError
 from pricing import SpecError
 
@@ -72,6 +73,11 @@ class AdmissionController(PendingQueue, Follow, Lifecycle, ReadViews):
     def writer(self) -> GroupWriter:
         """The group-commit writer (its counters: batches, decisions, seconds)."""
         return self._writer
+
+    @property
+    def commit_process(self) -> CommitProcess | None:
+        """The writer's commit process (None: the writer thread commits itself)."""
+        return self._committer
 
     @property
     def draining(self) -> bool:
