@@ -4,6 +4,7 @@ when the execution plane re-plans)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,6 +29,7 @@ from controller.store import (
     StoreUnavailableError,
     migrate,
 )
+from controller.store.commit_process import START_SECONDS
 from controller.store.writer_lock import recorded_holder
 from pricing import Job, Ledger, OasisError, SpecError, fields
 from pricing.best_schedule import warm_up
@@ -64,6 +66,9 @@ class Recovery(Moves, BoundControl):
 
     def open(self) -> None:
         """Migrate the store, record the servers and rebuild the ledger (blocking)."""
+        # the commit process starts meanwhile (a standby's too: a takeover need not wait
+        # for it); the daemon serves once it is up, so no first answer waits for it
+        starting = self._start_committer()
         revision = migrate(self.db)
         warm_up()
         with self._write() if self.leading else self.db.session() as session:
@@ -75,12 +80,13 @@ class Recovery(Moves, BoundControl):
         self.slot = self.slots.current_slot()
         self._seen_event = self._last_event()  # first: later ones are applied again, harmlessly
         rebuilt = self._reload()
-        # a standby starts its commit process too: a takeover need not wait for it
-        self._start_committer()
         if self.config.mqtt is None and self.leading:
             self._tick_sync()
         # else the first tick() runs once the execution plane is attached and has loaded
         # the progress it needs to tell which ended plans left their work unfinished
+        if starting is not None:
+            with contextlib.suppress(TimeoutError):  # then the writer thread commits
+                starting.result(timeout=START_SECONDS)
         self.log.info(
             "store ready",
             revision=revision,

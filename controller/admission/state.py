@@ -16,7 +16,7 @@ import contextlib
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -141,19 +141,20 @@ class AdmissionState(ABC):
         # where clients are sent while this daemon leads (the daemon fills in its address)
         self.advertise = config.ha.advertise if config.ha is not None else ""
 
-    def _start_committer(self) -> None:
-        """Start the commit process now, in the writer thread, if none runs (at open, a
-        standby's too, and at a takeover): the first answer after it need not wait for
-        the child's start-up (about 0.5 s)."""
+    def _start_committer(self) -> Future[None] | None:
+        """Start the commit process in the writer thread, if none runs (at open, a
+        standby's too, and at a takeover), so the first answer after it need not wait
+        for the child's start-up (about 0.5 s); the future resolves once it is up (or
+        failed to start: the writer thread then commits itself). None: no child is used."""
         committer = self._committer
         if committer is None:
-            return
+            return None
 
         def start() -> None:
             with contextlib.suppress(CommitProcessStartError):  # logged; the writer writes
                 committer.start()
 
-        self._writer.call(start)
+        return self._writer.call(start)
 
     @property
     def leading(self) -> bool:

@@ -124,9 +124,12 @@ class GroupWriter:
         self._queue.put(None)
         self._thread.join(timeout)
 
-    def call(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` in the writer thread, between batches (a failure is logged)."""
-        self._queue.put(_Call(fn))
+    def call(self, fn: Callable[[], None]) -> Future[None]:
+        """Run ``fn`` in the writer thread, between batches (a failure is logged); the
+        future resolves once it ran."""
+        call = _Call(fn)
+        self._queue.put(call)
+        return call.done
 
     def _loop(self) -> None:
         try:
@@ -223,6 +226,7 @@ class _Call:
     """A function queued to run in the writer thread (:meth:`GroupWriter.call`)."""
 
     fn: Callable[[], None]
+    done: Future[None] = field(default_factory=Future)
 
     def run(self, log: Any) -> None:
         try:
@@ -230,3 +234,5 @@ class _Call:
         except Exception as err:
             if log is not None:
                 log.warning("group commit: a call failed", error=str(err))
+        finally:
+            self.done.set_result(None)
