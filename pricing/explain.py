@@ -72,7 +72,12 @@ def _runs(
     price)`` arrays of one entry per run."""
     slots = counts.shape[0]
     n_res = demand.shape[0]
-    most = used.shape[0] * n_res * ((slots + 1) // 2)
+    nonzero = 0  # each run holds at least one of these cells, per resource
+    for i in range(used.shape[0]):
+        for t in range(slots):
+            if counts[t, used[i]] > 0:
+                nonzero += 1
+    most = nonzero * n_res
     srv = np.empty(most, np.intp)
     res = np.empty(most, np.intp)
     first = np.empty(most, np.intp)
