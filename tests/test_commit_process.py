@@ -182,8 +182,9 @@ def test_the_child_dies_with_the_process_that_started_it(tmp_path: Path) -> None
     script = textwrap.dedent(
         f"""
         import structlog, time
+        from controller.store import Database
         from controller.store.commit_process import CommitProcess
-        p = CommitProcess("sqlite:///{tmp_path / "s.db"}", 3.0, "full", None,
+        p = CommitProcess(Database("sqlite:///{tmp_path / "s.db"}"),
                           structlog.wrap_logger(structlog.ReturnLogger()))
         p.start()
         print(p.pid, flush=True)

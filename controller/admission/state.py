@@ -104,15 +104,13 @@ class AdmissionState(ABC):
         self._ids_ledger: Ledger | None = None
         # group commit (.writer, .commit): decisions are committed by a writer thread
         # in batches; a rebuild of the ledger starts a new generation, and write sets
-        # of a generation a batch of which failed are not committed
-        # writes each batch itself, or (commit_process: the daemon) through a child
-        # process (controller.store.commit_process) started (:meth:`_start_committer`,
-        # else at the first batch) and stopped by its thread
+        # of a generation a batch of which failed are not committed. The writer writes
+        # each batch itself or (commit_process: the daemon) through a child process
+        # (controller.store.commit_process), which its thread starts (_start_committer,
+        # else at the first batch) and stops
         self._committer: CommitProcess | None = None
         if commit_process and separate_process_ok(db.url):
-            self._committer = CommitProcess(
-                db.url, db.timeout, db.sqlite_synchronous, db.idle_transaction, self.log
-            )
+            self._committer = CommitProcess(db, self.log)
         committer = self._committer
         self._writer = GroupWriter(
             self._commit_batch,

@@ -102,27 +102,20 @@ class CommitProcess:
     child's parent-death signal is tied to the thread that started it).
 
     Args:
-        url, timeout, sqlite_synchronous, idle_transaction: the store, as the daemon's
-            :class:`~controller.store.database.Database` has it.
+        db: the daemon's store; the child opens its own :class:`~controller.store.
+            database.Database` with the same URL and settings.
         log: a structlog logger (child starts and ends).
     """
 
-    def __init__(
-        self,
-        url: str,
-        timeout: float,
-        sqlite_synchronous: str,
-        idle_transaction: float | None,
-        log: Any,
-    ) -> None:
+    def __init__(self, db: Database, log: Any) -> None:
         self._settings = {
-            "url": url,
-            "timeout": timeout,
-            "sqlite_synchronous": sqlite_synchronous,
-            "idle_transaction": idle_transaction,
+            "url": db.url,
+            "timeout": db.timeout,
+            "sqlite_synchronous": db.sqlite_synchronous,
+            "idle_transaction": db.idle_transaction,
             "parent": os.getpid(),
         }
-        self.answer_seconds = answer_seconds(timeout)
+        self.answer_seconds = answer_seconds(db.timeout)
         """How long a batch's answer is waited for (then the child is killed)."""
         self._log = log
         self._child: subprocess.Popen[bytes] | None = None
@@ -277,8 +270,7 @@ class CommitProcess:
     def _lost(self, why: str) -> None:
         status = self._kill()
         exit_note = f" (exit status {status})" if status is not None else ""
-        if self._log is not None:
-            self._log.warning("commit process lost", why=why, status=status)
+        self._log.warning("commit process lost", why=why, status=status)
         raise StoreUnavailableError(f"the commit process failed: {why}{exit_note}")
 
     def _kill(self) -> int | None:
