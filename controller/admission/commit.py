@@ -73,8 +73,8 @@ class GroupCommit(AdmissionState):
     def _commit_batch(self, batch: list[WriteSet]) -> list[Committed]:
         """Commit ``batch`` in one fenced transaction, in order (the writer thread),
         itself or through the commit process."""
-        payloads = [ws.rows.payload() for ws in batch]
         self._fence_here()
+        payloads = [ws.rows.payload() for ws in batch]
         epoch, lock_pid = self.fence_epoch, self.fence_pid
         written = None
         if self._committer is not None:

@@ -128,6 +128,9 @@ class GroupWriter:
         """Run ``fn`` in the writer thread, between batches (a failure is logged); the
         future resolves once it ran."""
         call = _Call(fn)
+        with self._cond:
+            if self._closed:  # queued after the stop, it would never run
+                raise RuntimeError("the writer is closed")
         self._queue.put(call)
         return call.done
 
