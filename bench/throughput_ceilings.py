@@ -24,6 +24,7 @@ Run with
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import subprocess
 import sys
@@ -70,7 +71,7 @@ def write_sets(config_path: Path, jobs: list[dict[str, Any]], run: str) -> list[
     try:
         for i, job in enumerate(jobs):
             spec = {**job, "id": f"{run}-{i}"}
-            c._executor.submit(c._submit_sync, spec, None, None).result()
+            c.between_decisions(functools.partial(c._submit_sync, spec, None, None), 60.0)
     finally:
         c.close()
     return taken
@@ -96,7 +97,7 @@ def canned_response(config_path: Path, job: dict[str, Any]) -> bytes:
 
     c = _controller(config_path)
     try:
-        submitted = c._executor.submit(lambda: c._submit_sync(job, None, None)).result()
+        submitted = c.between_decisions(lambda: c._submit_sync(job, None, None), 60.0)
         view, _events = (
             submitted
             if isinstance(submitted, tuple)

@@ -147,7 +147,7 @@ def _payloads(c: AdmissionController, job_id: str) -> list[DecisionPayload]:
 
     c._writer.submit = keep  # type: ignore[method-assign]
     try:
-        c._executor.submit(c._submit_sync, small(job_id), None, None).result()
+        c.between_decisions(lambda: c._submit_sync(small(job_id), None, None))
     finally:
         c._writer.submit = submit  # type: ignore[method-assign]
         c._stale = True

@@ -77,7 +77,7 @@ def test_a_flood_gets_its_own_cap_and_another_tenant_its_turn(daemon: Daemon) ->
                 codes.append(err.code())
                 assert "max_in_flight = 4" in str(err.details())
         # whether 16 calls pile up past the cap depends on how long a search takes here
-        # (a few ms on this cluster): tests/test_turns.py checks the cap deterministically
+        # (a few ms on this cluster): tests/test_decision_thread.py checks the cap deterministically
         assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
 
         # alice keeps her maximum queued; bob submits now and then
@@ -115,7 +115,7 @@ def test_a_flood_gets_its_own_cap_and_another_tenant_its_turn(daemon: Daemon) ->
     assert flooded > 20, "the flood must have kept the thread busy"
     # How many of alice's quotes are answered while bob waits depends on the machine's
     # load as much as on the order (his call is read, authenticated and parsed before it
-    # queues): tests/test_turns.py checks the round-robin order itself, deterministically.
+    # queues): tests/test_decision_thread.py checks the round-robin order itself, deterministically.
     assert len(waited) == 5
 
 

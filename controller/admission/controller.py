@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, InvalidStateError
 from typing import Any, TypeVar
 
 from controller.admission.commit import Deferred
@@ -29,6 +30,23 @@ __all__ = ["AdmissionController"]
 _T = TypeVar("_T")
 
 
+def _settle(answer: Future[_T], outcome: Callable[[], _T] | BaseException) -> None:
+    """Resolve ``answer`` with ``outcome()`` (or what it raises), or with the exception
+    given; nothing if its caller gave up (cancelled) meanwhile."""
+    try:
+        if isinstance(outcome, BaseException):
+            answer.set_exception(outcome)
+            return
+        try:
+            value = outcome()
+        except BaseException as err:
+            answer.set_exception(err)
+        else:
+            answer.set_result(value)
+    except InvalidStateError:  # cancelled: nobody waits for it
+        pass
+
+
 class AdmissionController(PendingQueue, Follow, Lifecycle, ReadViews):
     """Owns the ledger, the price bounds and the store; see the package docstring."""
 
@@ -36,10 +54,12 @@ class AdmissionController(PendingQueue, Follow, Lifecycle, ReadViews):
 
     async def _run(self, fn: Callable[[], _T | Deferred[_T]], client: str = "") -> _T:
         """Run ``fn`` in the decision thread in ``client``'s turn (round-robin over
-        clients, :class:`~controller.admission.turns.Turns`; ``""``: the daemon itself).
+        clients, :class:`~controller.admission.decision_thread.DecisionThread`; ``""``:
+        the daemon itself).
         A :class:`~controller.admission.commit.Deferred` result (a decision whose commit
         is queued) is awaited here, after the turn passed on: the next decision does not
-        wait for this one's commit, its caller does.
+        wait for this one's commit, its caller does. The event loop is woken once, when
+        the answer is ready (the commit's), not also when the step ends.
 
         Raises:
             DrainingError: the daemon is stopping.
@@ -52,16 +72,26 @@ class AdmissionController(PendingQueue, Follow, Lifecycle, ReadViews):
         self._in_flight += 1
         self._idle.clear()
         try:
-            await self._turns.acquire(client)
-            try:
-                result = await asyncio.get_running_loop().run_in_executor(
-                    self._executor, lambda: self._in_step(fn)
-                )
-            finally:
-                self._turns.release(client)
-            if isinstance(result, Deferred):
-                return result.then(await asyncio.wrap_future(result.future))
-            return result
+            answer: Future[_T] = Future()
+
+            def step() -> None:
+                try:
+                    result = self._in_step(fn)
+                except BaseException as err:  # the caller's, through the answer
+                    _settle(answer, err)
+                    return
+                if isinstance(result, Deferred):
+                    deferred = result
+                    deferred.future.add_done_callback(
+                        lambda done: _settle(answer, lambda: deferred.then(done.result()))
+                    )
+                else:
+                    _settle(answer, lambda: result)
+
+            queued = self._decisions.submit(client, step)
+            # a caller that gives up before its step started takes it out of the queue
+            answer.add_done_callback(lambda f: queued.cancel() if f.cancelled() else None)
+            return await asyncio.wrap_future(answer)
         finally:
             held, self._held_events = self._held_events, []
             self._publish(held)
@@ -96,13 +126,13 @@ class AdmissionController(PendingQueue, Follow, Lifecycle, ReadViews):
     async def read(self, fn: Callable[[], _T]) -> _T:
         """Run ``fn`` in the decision thread between two ledger changes and return its
         result (from the event loop): a read of the ledger never sees half a decision."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        return await asyncio.wrap_future(self._decisions.call(fn))
 
     def between_decisions(self, fn: Callable[[], _T], timeout: float = 10.0) -> _T:
         """Run ``fn`` in the decision thread between two decisions and return its result
         (blocking; from any thread but the event loop's). The ledger is only changed in that
         thread, so ``fn`` reads it whole, never half-updated."""
-        return self._executor.submit(fn).result(timeout)
+        return self._decisions.call(fn).result(timeout)
 
     def _in_step(self, fn: Callable[[], _T]) -> _T:
         """Run ``fn`` in the decision thread on a ledger that matches the store (or is
@@ -212,7 +242,7 @@ class AdmissionController(PendingQueue, Follow, Lifecycle, ReadViews):
         return await asyncio.to_thread(self._events_sync, after)
 
     def close(self) -> None:
-        self._executor.shutdown(wait=True)
+        self._decisions.shutdown()
         self._writer.close()
         w = self._writer
         if w.batches:

@@ -16,7 +16,7 @@ import contextlib
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from sqlalchemy.orm import Session
 
-from controller.admission.turns import Turns
+from controller.admission.decision_thread import DecisionThread
 from controller.admission.views import JobView
 from controller.admission.writer import GroupWriter, WriteSet
 from controller.clock import SlotClock
@@ -77,8 +77,7 @@ class AdmissionState(ABC):
         self.log = log or structlog.get_logger("oasisd")
         self.window = config.window
         # the decision thread: every step below runs in it, serialised (.controller)
-        self._turns = Turns(config.limits.max_in_flight, holders=2)
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="decide")
+        self._decisions = DecisionThread(config.limits.max_in_flight)
         self._draining = False
         self._in_flight = 0  # requests inside _run: queued on the lock or deciding
         self._idle = asyncio.Event()
