@@ -105,7 +105,10 @@ LOG_DIVISOR = math.log(4.0)
 """L is the floor value divided by 4 (SPEC 4)."""
 
 _DECAY = 1.0 - 1.0 / WINDOW
-_VERSION = 3
+_VERSION = 4
+_READ_VERSIONS = (3, 4)
+"""Versions :meth:`BoundEstimate.from_dict` reads: 4 packs each tracker's weights into one
+base64 string, 3 (before) lists them."""
 
 
 def log_mean_capacity(capacity: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -371,7 +374,7 @@ class BoundEstimate:
     def from_dict(cls, data: Any) -> BoundEstimate | None:
         """The state :meth:`to_dict` wrote; None for another version or a state that is
         not one (the caller starts afresh)."""
-        if not isinstance(data, dict) or data.get("version") != _VERSION:
+        if not isinstance(data, dict) or data.get("version") not in _READ_VERSIONS:
             return None
         try:
             resources = data["resources"]

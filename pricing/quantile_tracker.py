@@ -36,9 +36,12 @@ scale factor, so an observation touches O(1) bins but the quantile scan.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import bisect
 import itertools
 import math
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -180,10 +183,14 @@ class Tracker:
         return Tracker(tuple(keys), tuple(raw), scale, value, self.seeded)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe state; floats round-trip exactly."""
+        """JSON-safe state; floats round-trip exactly. The weights are one base64 string
+        of little-endian float64 (``raw64``): the daemon stores its estimate with every
+        batch of decisions, and a list of ~120 floats per tracker made that JSON cost
+        0.5 ms a batch (``raw``, a list, is still read)."""
+        n = len(self.raw)
         return {
             "keys": list(self.keys),
-            "raw": list(self.raw),
+            "raw64": base64.b64encode(struct.pack(f"<{n}d", *self.raw)).decode(),
             "scale": self.scale,
             "value": self.value,
             "seeded": self.seeded,
@@ -195,6 +202,8 @@ class Tracker:
         if not isinstance(data, dict):
             raise ValueError("a tracker must be an object")
         keys, raw = data.get("keys"), data.get("raw")
+        if "raw64" in data:
+            raw = _unpack_weights(data["raw64"])
         if not (isinstance(keys, list) and isinstance(raw, list)):
             raise ValueError("tracker keys and raw must be lists")
         if len(keys) != len(raw) or len(keys) > MAX_BINS:
@@ -235,6 +244,19 @@ def _fold_edges(keys: list[int], raw: list[float], lo: int, hi: int) -> None:
         else:
             keys.append(hi)
             raw.append(moved)
+
+
+def _unpack_weights(text: Any) -> list[float]:
+    """The weights :meth:`Tracker.to_dict` packed; ValueError if ``text`` is not such."""
+    if not isinstance(text, str) or len(text) > 4 * 8 * (MAX_BINS + 1) // 3 + 4:
+        raise ValueError("tracker raw64 must be a short base64 string")
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as err:
+        raise ValueError("tracker raw64 is not base64") from err
+    if len(data) % 8:
+        raise ValueError("tracker raw64 is not a whole number of float64")
+    return list(struct.unpack(f"<{len(data) // 8}d", data))
 
 
 def _finite(x: Any, positive: bool = False) -> float:

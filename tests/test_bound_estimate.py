@@ -6,9 +6,11 @@ calibrated, named by a trace), its persistence, and the daemon deciding as repla
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import json
 import math
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -402,6 +404,41 @@ def test_state_round_trips_exactly_and_stays_small() -> None:
     bad_best = {**state, "best": {"keys": [1], "raw": [0.0]}}
     for bad in ({"version": 2}, {**state, "jobs": -1}, bad_best, "x", None):
         assert BoundEstimate.from_dict(bad) is None
+
+
+def _listed(state: Any) -> Any:
+    """``state`` as version 3 wrote it: each tracker's weights as a list (``raw``)."""
+    if isinstance(state, list):
+        return [_listed(v) for v in state]
+    if not isinstance(state, dict):
+        return state
+    out = {k: _listed(v) for k, v in state.items() if k != "raw64"}
+    if "raw64" in state:
+        data = base64.b64decode(state["raw64"])
+        out["raw"] = list(struct.unpack(f"<{len(data) // 8}d", data))
+    return out
+
+
+def test_a_stored_state_of_version_3_reads_the_same_and_bad_packed_weights_do_not() -> None:
+    """The weights are stored packed (version 4); a store written before (weights listed,
+    version 3) reads to the same estimate, and packed weights that are not base64 of
+    float64, or too many, or not finite, are refused (the daemon starts afresh)."""
+    trace = trace_from_dict(_trace(8, n_jobs=60))
+    estimate = trace.estimate()
+    for job in trace.jobs:
+        estimate = estimate.observe(job)
+    state = estimate.to_dict()
+    assert state["version"] == 4 and isinstance(state["best"]["raw64"], str)
+    old = {**_listed(state), "version": 3}
+    assert "raw64" not in json.dumps(old) and isinstance(old["best"]["raw"], list)
+    back = BoundEstimate.from_dict(json.loads(json.dumps(old)))
+    assert back is not None and back.to_dict() == state
+    n = len(state["best"]["keys"])
+    inf = base64.b64encode(struct.pack(f"<{n}d", *[math.inf] * n)).decode()
+    many = base64.b64encode(struct.pack(f"<{MAX_BINS + 1}d", *[1.0] * (MAX_BINS + 1)))
+    for raw64 in ("not base64!", state["best"]["raw64"][:-4], inf, many.decode(), 7):
+        bad = {**state, "best": {**state["best"], "raw64": raw64}}
+        assert BoundEstimate.from_dict(bad) is None, raw64
 
 
 def test_the_daemon_decides_as_replay_does_with_a_prior(tmp_path: Path) -> None:
