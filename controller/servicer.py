@@ -238,7 +238,8 @@ class ClusterServicer(pb_grpc.ClusterServicer):
         self, request: pb.ListServersRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListServersResponse:
         cluster = self.c.cluster
-        use = await _guard(context, self.c.read(lambda: self.c.current_use(request.slot)))
+        turn = current_caller().turn
+        use = await _guard(context, self.c.read(lambda: self.c.current_use(request.slot), turn))
         out = pb.ListServersResponse(current_slot=self.c.slot)
         for kind, _, name, caps in cluster.servers():
             out.servers.add(
@@ -252,7 +253,10 @@ class ClusterServicer(pb_grpc.ClusterServicer):
     async def GetPrices(
         self, request: pb.GetPricesRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetPricesResponse:
-        first, rows = await self.c.read(lambda: self.c.prices(request.first_slot, request.slots))
+        read = self.c.read(
+            lambda: self.c.prices(request.first_slot, request.slots), current_caller().turn
+        )
+        first, rows = await _guard(context, read)
         out = pb.GetPricesResponse(first_slot=first)
         for server, kind, resource, prices in rows:
             if request.server and server != request.server:
@@ -270,9 +274,10 @@ class ClusterServicer(pb_grpc.ClusterServicer):
     async def GetUtilisation(
         self, request: pb.GetUtilisationRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetUtilisationResponse:
-        first, rows = await self.c.read(
-            lambda: self.c.utilisation(request.first_slot, request.slots)
+        read = self.c.read(
+            lambda: self.c.utilisation(request.first_slot, request.slots), current_caller().turn
         )
+        first, rows = await _guard(context, read)
         out = pb.GetUtilisationResponse(first_slot=first)
         for resource, kind, share in rows:
             out.use.add(
@@ -285,7 +290,7 @@ class ClusterServicer(pb_grpc.ClusterServicer):
     async def GetBounds(
         self, request: pb.GetBoundsRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetBoundsResponse:
-        return bounds_to_proto(await _guard(context, self.c.bounds()))
+        return bounds_to_proto(await _guard(context, self.c.bounds(current_caller().turn)))
 
     async def SetBounds(
         self, request: pb.SetBoundsRequest, context: grpc.aio.ServicerContext

@@ -141,3 +141,23 @@ def test_shutdown_runs_what_is_queued_then_refuses_more() -> None:
         thread.submit("alice", _note(order, "late"))
     with pytest.raises(RuntimeError, match="shut down"):
         thread.call(_note(order, "late read"))
+
+
+def test_a_clients_reads_wait_their_turn_and_do_not_count_against_its_cap() -> None:
+    """A burst of one client's reads (GetPrices) delays another client's submit by one
+    read at most, and takes none of the client's own max_in_flight."""
+    thread = DecisionThread(max_waiting=1)
+    try:
+        go, _ = _held(thread)
+        order: list[str] = []
+        reads = [thread.submit("alice", _note(order, f"r{i}"), counted=False) for i in range(5)]
+        assert thread.inside("alice") == 0
+        mine = thread.submit("alice", _note(order, "a0"))  # not refused for the reads
+        bob = thread.submit("bob", _note(order, "b0"))
+        go.set()
+        for f in [*reads, mine, bob]:
+            f.result(WAIT)
+        assert order.index("b0") <= 1, order
+        assert order.index("a0") == len(order) - 1  # behind alice's own reads
+    finally:
+        thread.shutdown()

@@ -123,10 +123,19 @@ class AdmissionController(PendingQueue, Follow, Lifecycle, ReadViews):
                 await asyncio.wait_for(self._idle.wait(), timeout)
         return self._in_flight
 
-    async def read(self, fn: Callable[[], _T]) -> _T:
+    async def read(self, fn: Callable[[], _T], client: str | None = None) -> _T:
         """Run ``fn`` in the decision thread between two ledger changes and return its
-        result (from the event loop): a read of the ledger never sees half a decision."""
-        return await asyncio.wrap_future(self._decisions.call(fn))
+        result (from the event loop): a read of the ledger never sees half a decision.
+
+        A client's read (``client``: its turn key, ``""`` when anonymous) waits its turn
+        among the clients' steps, round robin (not counted against
+        ``limits.max_in_flight``), so a flood of price reads delays another client's
+        submit by one read at most. The daemon's own reads (``client`` None) go ahead of
+        the waiting steps.
+        """
+        if client is None:
+            return await asyncio.wrap_future(self._decisions.call(fn))
+        return await asyncio.wrap_future(self._decisions.submit(client, fn, counted=False))
 
     def between_decisions(self, fn: Callable[[], _T], timeout: float = 10.0) -> _T:
         """Run ``fn`` in the decision thread between two decisions and return its result
@@ -208,9 +217,10 @@ class AdmissionController(PendingQueue, Follow, Lifecycle, ReadViews):
             return 0
         return search_size(job, self.cluster, self.window).steps
 
-    async def bounds(self) -> dict[str, Any]:
-        """The price bounds in use and how they were set (:mod:`.bounds`)."""
-        return await self.read(self._bounds_view)
+    async def bounds(self, client: str | None = None) -> dict[str, Any]:
+        """The price bounds in use and how they were set (:mod:`.bounds`); ``client`` as
+        for :meth:`read`."""
+        return await self.read(self._bounds_view, client)
 
     async def set_bounds(
         self, action: str, pins: Any, by: str | None = None, client: str = ""

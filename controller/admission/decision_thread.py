@@ -30,10 +30,11 @@ _T = TypeVar("_T")
 
 
 class _Step:
-    __slots__ = ("client", "fn", "future")
+    __slots__ = ("client", "counted", "fn", "future")
 
-    def __init__(self, client: str | None, fn: Callable[[], Any]) -> None:
-        self.client = client  # None: a read between steps (uncounted, ahead of steps)
+    def __init__(self, client: str | None, fn: Callable[[], Any], counted: bool = False) -> None:
+        self.client = client  # None: a read between steps (ahead of the waiting steps)
+        self.counted = counted  # against the client's cap
         self.fn = fn
         self.future: Future[Any] = Future()
 
@@ -63,24 +64,27 @@ class DecisionThread:
         with self._cv:
             return self._inside.get(client, 0)
 
-    def submit(self, client: str, fn: Callable[[], _T]) -> Future[_T]:
+    def submit(self, client: str, fn: Callable[[], _T], counted: bool = True) -> Future[_T]:
         """Queue ``fn`` as ``client``'s step; its future resolves with what it returns or
         raises. Cancelling the future before the step starts takes it out of the queue.
+        A step not ``counted`` (a read) waits its turn like the others but is neither
+        capped nor counted against the client's cap.
 
         Raises:
             BusyError: ``client`` already has ``max_waiting`` calls inside.
             RuntimeError: the thread is shut down.
         """
-        step = _Step(client, fn)
+        step = _Step(client, fn, counted)
         with self._cv:
             self._check_open()
-            count = self._inside.get(client, 0)
-            if self.max_waiting and client and count >= self.max_waiting:
-                raise BusyError(
-                    f"{count} calls of this client in flight; at most limits.max_in_flight"
-                    f" = {self.max_waiting} (wait for their answers)"
-                )
-            self._inside[client] = count + 1
+            if counted:
+                count = self._inside.get(client, 0)
+                if self.max_waiting and client and count >= self.max_waiting:
+                    raise BusyError(
+                        f"{count} calls of this client in flight; at most "
+                        f"limits.max_in_flight = {self.max_waiting} (wait for their answers)"
+                    )
+                self._inside[client] = count + 1
             self._queues.setdefault(client, deque()).append(step)
             self._wake()
         step.future.add_done_callback(lambda _f: self._done(step))
@@ -136,6 +140,8 @@ class DecisionThread:
                     queue.remove(step)
                     if not queue:
                         del self._queues[client]
+            if not step.counted:
+                return
             left = self._inside.get(client, 0) - 1
             if left > 0:
                 self._inside[client] = left
