@@ -25,6 +25,7 @@ from typing import Any
 import aiomqtt
 import pytest
 
+from controller.convert import spec_to_proto
 from controller.plane.topics import Heartbeat, Progress, TaskProgress, Topics
 from controller.rpc import oasis_pb2 as pb
 from tests.broker import Mosquitto, mosquitto_binary
@@ -482,3 +483,36 @@ def test_forged_reports_and_heartbeats_change_nothing(secured: Plane) -> None:
     assert [e["server"] for e in p.logged("server failed")] == ["w0"]
     failed = [json.loads(e.detail) for e in p.events() if e.kind == "server_failed"]
     assert failed and failed[0]["server"] == "w0"
+
+
+def _running_on(p: Plane, spec: dict[str, Any]) -> str:
+    """Submit ``spec``, wait until it runs, and return a server with its workers now."""
+    job = p.submit(spec)
+    assert job["decision"]["admitted"], job
+    first = min(a["slot"] for a in job["decision"]["allocations"])
+    server = next(a["server"] for a in job["decision"]["allocations"]
+                  if a["slot"] == first and a.get("workers"))  # fmt: skip
+    wait_for("the job to run", lambda: p.job(spec["id"]).state == pb.JOB_STATE_RUNNING)
+    return str(server)
+
+
+def test_a_report_far_behind_its_plan_does_not_stall_the_decisions(plane: Plane) -> None:
+    """An agent reporting a million times the planned worker-seconds (microseconds sent
+    as seconds; or a tenant's tau far too small) made the daemon re-plan the job's
+    remaining work, 33 million worker-slots, without the limits a submission is held
+    to: 6 GB of DP tables and 12 s in the decision thread, once a slot, while every
+    other tenant's call waited. Now the job is reported behind, naming the limit."""
+    p = plane
+    p.daemon.start()
+    server = _running_on(p, plane_job("slow"))
+    reports = [
+        Progress(server, "us", [TaskProgress("slow", float(i), 1e6 * i)]) for i in range(1, 7)
+    ]
+    p.publish(DAEMON_USER, *((TOPICS.progress(server), r.to_bytes(), False) for r in reports))
+    behind = p.wait_logged("job behind its plan")
+    assert "limits.max_job_work" in behind[0]["why"], behind
+    assert behind[0]["payoff"] is None
+    started = time.monotonic()
+    p.stub().QuoteJob(pb.QuoteJobRequest(job=spec_to_proto(plane_job("other"))), timeout=30)
+    assert time.monotonic() - started < 5.0
+    assert p.job("slow").state == pb.JOB_STATE_RUNNING

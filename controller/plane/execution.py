@@ -52,7 +52,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -78,6 +78,8 @@ from controller.store import (
     StoreUnavailableError,
 )
 from pricing import ADMIT_THRESHOLD, Job, Ledger
+from pricing.best_schedule import BestSchedule
+from pricing.errors import SpecError
 from pricing.replan import fail_server, release_rest, replan_remaining
 from pricing.runtime_estimate import Interval, RuntimePrior, fit
 
@@ -571,13 +573,20 @@ class Execution:
         if need.low <= spent + held:  # the plan may still suffice
             return []
         self.reviewed[job_id] = s
-        work = max(1, math.ceil((need.mean - spent - in_slot) / self.slot_seconds - 1e-9))
+        slots_needed = (need.mean - spent - in_slot) / self.slot_seconds
+        # the search's limits refuse any amount past them; this keeps ceil() finite
+        work = max(1, math.ceil(slots_needed - 1e-9)) if slots_needed < 2.0**53 else 2**53
         ledger = self.c._ledger
-        best, whole = replan_remaining(ledger, job, work, s + 1, self._last_slot(job))
         estimate = post.minibatch_seconds(_LEVEL)
         detail: dict[str, Any] = {"reason": "slow", "minibatch_seconds": estimate.mean,
                                   "planned_minibatch_seconds": planned_mb,
                                   "work": work}  # fmt: skip
+        why = self._replan_refused(job, work, s + 1)
+        if why:  # not searched: the job is behind, with the reason
+            best = BestSchedule(None, None, None, None, None, slots_scanned=0)
+            detail["why"] = why
+        else:
+            best, whole = replan_remaining(ledger, job, work, s + 1, self._last_slot(job))
         now = datetime.now(UTC)
         if best.schedule is None or best.payoff is None or best.payoff <= ADMIT_THRESHOLD:
             detail["payoff"] = best.payoff
@@ -599,6 +608,20 @@ class Execution:
             return [event]
 
         return self._guarded(change)
+
+    def _replan_refused(self, job: Job, work: int, first_slot: int) -> str:
+        """Why a re-plan of ``work`` worker-slots of ``job`` from ``first_slot`` is not
+        searched (empty: it is): its search would be over the limits every submission is
+        held to (``[limits]``, :meth:`controller.limits.Limits.check_search`). A report
+        far behind the plan (a slow or misreporting agent, a tau far too small) asks for
+        any amount of work, and that search runs in the decision thread, where every
+        tenant's calls wait for it."""
+        slots = max(1, min(self._last_slot(job), self.c._ledger.end - 1) - first_slot + 1)
+        try:
+            self.c.config.limits.check_search(replace(job, work=work), self.c.cluster, slots)
+        except SpecError as err:
+            return f"its re-plan is not searched: {err}"
+        return ""
 
     def _complete_sync(self, job: Job, done: float) -> list[Event]:
         s = self.c.slot
