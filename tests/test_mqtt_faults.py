@@ -516,3 +516,18 @@ def test_a_report_far_behind_its_plan_does_not_stall_the_decisions(plane: Plane)
     p.stub().QuoteJob(pb.QuoteJobRequest(job=spec_to_proto(plane_job("other"))), timeout=30)
     assert time.monotonic() - started < 5.0
     assert p.job("slow").state == pb.JOB_STATE_RUNNING
+
+
+def test_counts_whose_sum_overflows_are_refused(plane: Plane) -> None:
+    """Two sessions each reporting 1e308 worker-seconds (finite, so accepted) summed to
+    inf: the job's GetProgress answered INTERNAL, and every review that took a report of
+    the job raised before storing anyone's progress. Counts above 2**53 are refused."""
+    p = plane
+    p.daemon.start()
+    server = _running_on(p, plane_job("huge"))
+    reports = [Progress(server, f"s{i}", [TaskProgress("huge", float(i), 1e308)]) for i in range(6)]
+    p.publish(DAEMON_USER, *((TOPICS.progress(server), r.to_bytes(), False) for r in reports))
+    bad = p.wait_logged("bad message from an agent")
+    assert "progress.jobs[0].worker_seconds: must be <= 2**53" in bad[0]["error"]
+    reply = p.stub().GetProgress(pb.GetProgressRequest(id="huge"), timeout=10)
+    assert reply.progress.worker_seconds == 0
