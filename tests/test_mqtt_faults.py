@@ -26,6 +26,7 @@ import aiomqtt
 import pytest
 
 from controller.convert import spec_to_proto
+from controller.plane.execution import MAX_SESSIONS_PER_SERVER
 from controller.plane.topics import Heartbeat, Progress, TaskProgress, Topics
 from controller.rpc import oasis_pb2 as pb
 from tests.broker import Mosquitto, mosquitto_binary
@@ -531,3 +532,20 @@ def test_counts_whose_sum_overflows_are_refused(plane: Plane) -> None:
     assert "progress.jobs[0].worker_seconds: must be <= 2**53" in bad[0]["error"]
     reply = p.stub().GetProgress(pb.GetProgressRequest(id="huge"), timeout=10)
     assert reply.progress.worker_seconds == 0
+
+
+def test_an_agent_changing_its_session_with_every_report_is_bounded(plane: Plane) -> None:
+    """Counts are kept per agent session; an agent with a new session id in every report
+    (a bug, or a forger on its own topic) grew the job's sessions without bound: 20,000
+    of them made one review take 28 s (every entry summed every session), stalling every
+    tenant's call, and the job's stored row grew with each. A job keeps at most
+    MAX_SESSIONS_PER_SERVER sessions of one server; entries of more are dropped, logged."""
+    p = plane
+    p.daemon.start()
+    server = _running_on(p, plane_job("churn"))
+    reports = [Progress(server, f"s{i}", [TaskProgress("churn", 1.0, 1.0)]) for i in range(300)]
+    p.publish(DAEMON_USER, *((TOPICS.progress(server), r.to_bytes(), False) for r in reports))
+    dropped = p.wait_logged("report entries dropped: too many agent sessions for a job")
+    assert dropped[0]["server"] == server and dropped[0]["limit"] == MAX_SESSIONS_PER_SERVER
+    reply = p.stub().GetProgress(pb.GetProgressRequest(id="churn"), timeout=10)
+    assert reply.progress.minibatches_done == MAX_SESSIONS_PER_SERVER

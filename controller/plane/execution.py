@@ -90,6 +90,11 @@ ACTIVE = ("admitted", "running")
 _PLANE_KEY = "plane"
 OVERDUE = -1  # the slot of :meth:`Execution._planned`'s entries for jobs past their plan
 _MAX_SAMPLES = 400
+MAX_SESSIONS_PER_SERVER = 64
+"""Agent sessions of one server whose counts a job keeps (a restarted agent starts a
+new one); entries of more are dropped. Each entry sums the job's sessions and its
+stored row holds them all, so without a bound an agent with a new session id in every
+report (a bug, or a forger on its own topic) slowed every review for every tenant."""
 _MIN_SAMPLES = 4
 _LEVEL = 0.9
 # job entries of reports held while the decision thread cannot take them (a store outage
@@ -127,6 +132,12 @@ class JobProgress:
 
 def _totals(sessions: dict[str, list[float]]) -> tuple[float, float]:
     return sum(v[0] for v in sessions.values()), sum(v[1] for v in sessions.values())
+
+
+def _sessions_of(prog: JobProgress, server: str) -> int:
+    """The sessions of ``server`` whose counts ``prog`` holds."""
+    prefix = f"{server}/"
+    return sum(1 for key in prog.sessions if key.startswith(prefix))
 
 
 def _stored(row: ProgressRow) -> JobProgress:
@@ -304,6 +315,7 @@ class Execution:
             self._reports.put_back(reports)
             raise
         ignored: Counter[str] = Counter()
+        crowded: Counter[str] = Counter()
         for received in reports:
             progress = received.progress
             self._seen(progress.server, received.at)
@@ -318,6 +330,11 @@ class Execution:
                 prog = self.progress.get(task.job)
                 if prog is None:  # new, or ended and forgotten: the store may hold more
                     prog = self.progress[task.job] = JobProgress(partial=True)
+                if key not in prog.sessions and _sessions_of(prog, progress.server) >= (
+                    MAX_SESSIONS_PER_SERVER
+                ):
+                    crowded[progress.server] += 1
+                    continue
                 prog.sessions[key] = [task.minibatches, task.worker_seconds]
                 prog.samples.append(prog.totals())
                 del prog.samples[:-_MAX_SAMPLES]
@@ -326,6 +343,10 @@ class Execution:
         for server, entries in ignored.items():
             self._complain(server, "unplanned", "report entries ignored: jobs not planned on "
                            "this server now", entries=entries)  # fmt: skip
+        for server, entries in crowded.items():
+            self._complain(server, "sessions", "report entries dropped: too many agent "
+                           "sessions for a job", entries=entries,
+                           limit=MAX_SESSIONS_PER_SERVER)  # fmt: skip
         return watch_from
 
     def _planned(self, reports: list[Received]) -> set[tuple[str, str, int]]:
