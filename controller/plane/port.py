@@ -57,8 +57,10 @@ class AdmissionPort(Protocol):
     async def _run(self, fn: Callable[[], _T]) -> _T:
         """Run ``fn`` in the decision thread, serialised with the decisions."""
 
-    async def stored_events(self, after: int) -> list[Event]:
-        """Job events after sequence ``after``, from the store."""
+    async def stored_events(
+        self, after: int, limit: int | None = None, newest: bool = False
+    ) -> list[Event]:
+        """Job events after sequence ``after``, from the store (the first ``limit``)."""
 
     def _publish(self, events: list[Event]) -> None:
         """Hand committed events to the bus."""
