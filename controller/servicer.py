@@ -208,10 +208,10 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
             reason = "no execution plane: the daemon has no [mqtt] broker configured"
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, reason)
             raise AssertionError  # unreachable: abort raises
-        owner = current_caller().owner
-        if owner is not None:  # a submitter: its own jobs only
-            await _guard(context, self.c.get(request.id, owner))
-        view = await _guard(context, self.c.execution.view(request.id))
+        caller = current_caller()
+        if caller.owner is not None:  # a submitter: its own jobs only
+            await _guard(context, self.c.get(request.id, caller.owner))
+        view = await _guard(context, self.c.execution.view(request.id, caller.turn))
         return pb.GetProgressResponse(progress=progress_to_proto(view))
 
     async def WatchEvents(

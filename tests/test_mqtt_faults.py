@@ -23,12 +23,16 @@ from pathlib import Path
 from typing import Any
 
 import aiomqtt
+import grpc
 import pytest
 
+from controller.auth import hash_token
 from controller.convert import spec_to_proto
 from controller.plane.execution import MAX_SESSIONS_PER_SERVER
 from controller.plane.topics import Heartbeat, Progress, TaskProgress, Topics
 from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
+from controller.tls import client_channel
 from tests.broker import Mosquitto, mosquitto_binary
 from tests.servers import ROOT, Daemon, json_log, oasis, write_config
 from tests.test_mqtt_plane import (
@@ -549,3 +553,34 @@ def test_an_agent_changing_its_session_with_every_report_is_bounded(plane: Plane
     assert dropped[0]["server"] == server and dropped[0]["limit"] == MAX_SESSIONS_PER_SERVER
     reply = p.stub().GetProgress(pb.GetProgressRequest(id="churn"), timeout=10)
     assert reply.progress.minibatches_done == MAX_SESSIONS_PER_SERVER
+
+
+def test_progress_reads_wait_in_the_callers_turn(tmp_path: Path) -> None:
+    """GetProgress runs in the decision thread. It ran there as the daemon's own step
+    (client ""), uncapped: a tenant polling its jobs' progress with many calls at once
+    was never held to limits.max_in_flight, and its calls queued with the slot clock and
+    the plane's reviews, delaying every tenant's jobs. They are the caller's turns now."""
+    p = Plane(tmp_path)
+    try:
+        tokens = tmp_path / "tokens"
+        tokens.write_text(f"alice submitter {hash_token('alice-progress')}\n")
+        config = p.daemon.config
+        config.write_text(f'{config.read_text()}\n[auth]\ntokens_file = "{tokens}"\n'
+                          "[limits]\nmax_in_flight = 1\n")  # fmt: skip
+        p.daemon.start()
+        with client_channel(p.daemon.address, token="alice-progress") as channel:
+            stub = pb_grpc.AdmissionStub(channel)
+            spec = spec_to_proto(plane_job("polled"))
+            assert stub.SubmitJob(pb.SubmitJobRequest(job=spec), timeout=30).job.decision.admitted
+            request = pb.GetProgressRequest(id="polled")
+            calls = [stub.GetProgress.future(request, timeout=30) for _ in range(50)]
+            refused = []
+            for call in calls:
+                try:
+                    call.result()
+                except grpc.RpcError as err:
+                    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err
+                    refused.append(err.details())
+        assert refused and "limits.max_in_flight = 1" in refused[0]
+    finally:
+        p.close()

@@ -788,10 +788,12 @@ class Execution:
 
     # -- reads ----------------------------------------------------------------------------
 
-    async def view(self, job_id: str) -> ProgressView:
-        """:meth:`view_sync` in the decision thread; NotFoundError if no such job."""
+    async def view(self, job_id: str, client: str = "") -> ProgressView:
+        """:meth:`view_sync` in the decision thread, in ``client``'s turn (the caller's,
+        held to ``limits.max_in_flight`` like its other calls there; ``""``: the
+        daemon's own); NotFoundError if no such job."""
         try:
-            return await self.c._run(lambda: self.view_sync(job_id))
+            return await self.c._run(lambda: self.view_sync(job_id), client)
         except KeyError:
             raise NotFoundError(f"no job {job_id!r}") from None
 
