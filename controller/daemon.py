@@ -82,7 +82,9 @@ class PeriodicEvent:
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("periodic event failed", event=self.name)
+                # not ``event=``: structlog's first argument is the event, and a second
+                # one raised TypeError here, which ended this task for good
+                log.exception("periodic event failed", task=self.name)
             await asyncio.sleep(self.interval)
 
 

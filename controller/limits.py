@@ -187,6 +187,13 @@ class Limits:
     def check_job(self, job: Job, cluster: Cluster, window: int) -> None:
         """Raise JobTooLargeError if ``job`` is over a limit, or its search over budget."""
         self.check_utility(job)
+        self.check_search(job, cluster, window)
+
+    def check_search(self, job: Job, cluster: Cluster, window: int) -> None:
+        """Raise JobTooLargeError if a search for ``job`` over ``window`` slots is over
+        ``max_job_work``, ``max_job_chunks``, ``max_search_steps`` or ``max_search_mb``:
+        every best-schedule search in the decision thread is held to these, a job's
+        re-plan from its reported progress (:mod:`controller.plane.execution`) too."""
         if job.work > self.max_job_work:
             raise JobTooLargeError.one(
                 "job",

@@ -46,6 +46,9 @@ __all__ = ["AdmissionServicer", "ClusterServicer", "HighAvailabilityServicer"]
 
 _T = TypeVar("_T")
 
+_WATCH_PAGE = 1000
+"""Stored events WatchEvents reads from the store at a time."""
+
 _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (SpecError, grpc.StatusCode.INVALID_ARGUMENT),
     (NotFoundError, grpc.StatusCode.NOT_FOUND),
@@ -205,10 +208,10 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
             reason = "no execution plane: the daemon has no [mqtt] broker configured"
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, reason)
             raise AssertionError  # unreachable: abort raises
-        owner = current_caller().owner
-        if owner is not None:  # a submitter: its own jobs only
-            await _guard(context, self.c.get(request.id, owner))
-        view = await _guard(context, self.c.execution.view(request.id))
+        caller = current_caller()
+        if caller.owner is not None:  # a submitter: its own jobs only
+            await _guard(context, self.c.get(request.id, caller.owner))
+        view = await _guard(context, self.c.execution.view(request.id, caller.turn))
         return pb.GetProgressResponse(progress=progress_to_proto(view))
 
     async def WatchEvents(
@@ -217,10 +220,13 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
         queue = self.c.bus.subscribe()
         try:
             last = request.after_sequence
-            if last >= 0:
-                for event in await _guard(context, self.c.stored_events(last)):
+            while last >= 0:  # the stored ones, a page at a time: the log may be long
+                page = await _guard(context, self.c.stored_events(last, limit=_WATCH_PAGE))
+                for event in page:
                     last = event.sequence
                     yield event_to_proto(event)
+                if len(page) < _WATCH_PAGE:
+                    break
             while True:
                 event = await queue.get()
                 if event.sequence > last:

@@ -19,7 +19,7 @@ from controller.auth import Caller, Role, hash_token
 from controller.config import ConfigError, demo_config, from_dict, load
 from controller.console.app import Console, _safe_next
 from controller.console.heatmap import LEVELS, bin_edges, bin_grid, price_levels
-from controller.console.sessions import MAX_SESSIONS, Sessions
+from controller.console.sessions import MAX_SESSIONS, MAX_SESSIONS_PER_CALLER, Sessions
 from controller.console.settings import DEFAULT_WEB_LISTEN, web_from_dict
 from pricing.errors import SpecError
 from tests.test_security import make_pki
@@ -113,10 +113,13 @@ def test_sessions_expire_and_keep_a_bounded_number() -> None:
     now[0] = 60.0
     assert sessions.get(alice.id) is None  # expired
     first = sessions.open(Caller("ops", Role.OPERATOR))
-    for _ in range(MAX_SESSIONS):
-        sessions.open(Caller("ops", Role.OPERATOR))
+    for i in range(MAX_SESSIONS):  # many users: the oldest session of all goes
+        sessions.open(Caller(f"user{i}", Role.OPERATOR))
     assert len(sessions) == MAX_SESSIONS
     assert sessions.get(first.id) is None  # the oldest went
+    for _ in range(MAX_SESSIONS_PER_CALLER + 5):  # one user: its own oldest goes
+        sessions.open(Caller("ops", Role.OPERATOR))
+    assert len(sessions) == MAX_SESSIONS
     last = sessions.open(Caller("ops", Role.OPERATOR))
     sessions.close(last.id)
     assert sessions.get(last.id) is None
@@ -186,5 +189,40 @@ def test_with_tls_the_console_is_https_with_client_certificates(tmp_path: Path) 
                         await r.read()
         finally:
             await console.close()
+
+    asyncio.run(scenario())
+
+
+def test_one_users_logins_do_not_end_another_users_session(tmp_path: Path) -> None:
+    """The console keeps at most MAX_SESSIONS sessions, the oldest going first: a
+    submitter's script that logged in for every poll (10,000 logins) logged every other
+    user out, operators included. A user's own oldest session goes now, past
+    MAX_SESSIONS_PER_CALLER."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(
+        f"ops operator {hash_token('ops-token')}\nalice submitter {hash_token('alice-token')}\n"
+    )
+    config = from_dict({"cluster": CLUSTER, "auth": {"tokens_file": str(tokens)},
+                        "web": {"listen": "127.0.0.1:0"}})  # fmt: skip
+
+    async def login(http: aiohttp.ClientSession, url: str, token: str) -> str:
+        async with http.post(url + "/login", data={"token": token}, allow_redirects=False) as r:
+            assert r.status == 303
+            return str(r.cookies["oasis_session"].value)
+
+    async def scenario() -> None:
+        console = await _started(config)
+        url = f"http://{console.address}"
+        try:
+            async with aiohttp.ClientSession() as http:
+                ops = await login(http, url, "ops-token")
+                for _ in range(MAX_SESSIONS // 50):
+                    await asyncio.gather(*(login(http, url, "alice-token") for _ in range(50)))
+                latest = await login(http, url, "alice-token")
+        finally:
+            await console.close()
+        assert console.sessions.get(ops) is not None  # still logged in
+        assert console.sessions.get(latest) is not None
+        assert len(console.sessions) == 1 + MAX_SESSIONS_PER_CALLER
 
     asyncio.run(scenario())

@@ -23,10 +23,16 @@ from pathlib import Path
 from typing import Any
 
 import aiomqtt
+import grpc
 import pytest
 
+from controller.auth import hash_token
+from controller.convert import spec_to_proto
+from controller.plane.execution import MAX_SESSIONS_PER_SERVER
 from controller.plane.topics import Heartbeat, Progress, TaskProgress, Topics
 from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
+from controller.tls import client_channel
 from tests.broker import Mosquitto, mosquitto_binary
 from tests.servers import ROOT, Daemon, json_log, oasis, write_config
 from tests.test_mqtt_plane import (
@@ -482,3 +488,99 @@ def test_forged_reports_and_heartbeats_change_nothing(secured: Plane) -> None:
     assert [e["server"] for e in p.logged("server failed")] == ["w0"]
     failed = [json.loads(e.detail) for e in p.events() if e.kind == "server_failed"]
     assert failed and failed[0]["server"] == "w0"
+
+
+def _running_on(p: Plane, spec: dict[str, Any]) -> str:
+    """Submit ``spec``, wait until it runs, and return a server with its workers now."""
+    job = p.submit(spec)
+    assert job["decision"]["admitted"], job
+    first = min(a["slot"] for a in job["decision"]["allocations"])
+    server = next(a["server"] for a in job["decision"]["allocations"]
+                  if a["slot"] == first and a.get("workers"))  # fmt: skip
+    wait_for("the job to run", lambda: p.job(spec["id"]).state == pb.JOB_STATE_RUNNING)
+    return str(server)
+
+
+def test_a_report_far_behind_its_plan_does_not_stall_the_decisions(plane: Plane) -> None:
+    """An agent reporting a million times the planned worker-seconds (microseconds sent
+    as seconds; or a tenant's tau far too small) made the daemon re-plan the job's
+    remaining work, 33 million worker-slots, without the limits a submission is held
+    to: 6 GB of DP tables and 12 s in the decision thread, once a slot, while every
+    other tenant's call waited. Now the job is reported behind, naming the limit."""
+    p = plane
+    p.daemon.start()
+    server = _running_on(p, plane_job("slow"))
+    reports = [
+        Progress(server, "us", [TaskProgress("slow", float(i), 1e6 * i)]) for i in range(1, 7)
+    ]
+    p.publish(DAEMON_USER, *((TOPICS.progress(server), r.to_bytes(), False) for r in reports))
+    behind = p.wait_logged("job behind its plan")
+    assert "limits.max_job_work" in behind[0]["why"], behind
+    assert behind[0]["payoff"] is None
+    started = time.monotonic()
+    p.stub().QuoteJob(pb.QuoteJobRequest(job=spec_to_proto(plane_job("other"))), timeout=30)
+    assert time.monotonic() - started < 5.0
+    assert p.job("slow").state == pb.JOB_STATE_RUNNING
+
+
+def test_counts_whose_sum_overflows_are_refused(plane: Plane) -> None:
+    """Two sessions each reporting 1e308 worker-seconds (finite, so accepted) summed to
+    inf: the job's GetProgress answered INTERNAL, and every review that took a report of
+    the job raised before storing anyone's progress. Counts above 2**53 are refused."""
+    p = plane
+    p.daemon.start()
+    server = _running_on(p, plane_job("huge"))
+    reports = [Progress(server, f"s{i}", [TaskProgress("huge", float(i), 1e308)]) for i in range(6)]
+    p.publish(DAEMON_USER, *((TOPICS.progress(server), r.to_bytes(), False) for r in reports))
+    bad = p.wait_logged("bad message from an agent")
+    assert "progress.jobs[0].worker_seconds: must be <= 2**53" in bad[0]["error"]
+    reply = p.stub().GetProgress(pb.GetProgressRequest(id="huge"), timeout=10)
+    assert reply.progress.worker_seconds == 0
+
+
+def test_an_agent_changing_its_session_with_every_report_is_bounded(plane: Plane) -> None:
+    """Counts are kept per agent session; an agent with a new session id in every report
+    (a bug, or a forger on its own topic) grew the job's sessions without bound: 20,000
+    of them made one review take 28 s (every entry summed every session), stalling every
+    tenant's call, and the job's stored row grew with each. A job keeps at most
+    MAX_SESSIONS_PER_SERVER sessions of one server; entries of more are dropped, logged."""
+    p = plane
+    p.daemon.start()
+    server = _running_on(p, plane_job("churn"))
+    reports = [Progress(server, f"s{i}", [TaskProgress("churn", 1.0, 1.0)]) for i in range(300)]
+    p.publish(DAEMON_USER, *((TOPICS.progress(server), r.to_bytes(), False) for r in reports))
+    dropped = p.wait_logged("report entries dropped: too many agent sessions for a job")
+    assert dropped[0]["server"] == server and dropped[0]["limit"] == MAX_SESSIONS_PER_SERVER
+    reply = p.stub().GetProgress(pb.GetProgressRequest(id="churn"), timeout=10)
+    assert reply.progress.minibatches_done == MAX_SESSIONS_PER_SERVER
+
+
+def test_progress_reads_wait_in_the_callers_turn(tmp_path: Path) -> None:
+    """GetProgress runs in the decision thread. It ran there as the daemon's own step
+    (client ""), uncapped: a tenant polling its jobs' progress with many calls at once
+    was never held to limits.max_in_flight, and its calls queued with the slot clock and
+    the plane's reviews, delaying every tenant's jobs. They are the caller's turns now."""
+    p = Plane(tmp_path)
+    try:
+        tokens = tmp_path / "tokens"
+        tokens.write_text(f"alice submitter {hash_token('alice-progress')}\n")
+        config = p.daemon.config
+        config.write_text(f'{config.read_text()}\n[auth]\ntokens_file = "{tokens}"\n'
+                          "[limits]\nmax_in_flight = 1\n")  # fmt: skip
+        p.daemon.start()
+        with client_channel(p.daemon.address, token="alice-progress") as channel:
+            stub = pb_grpc.AdmissionStub(channel)
+            spec = spec_to_proto(plane_job("polled"))
+            assert stub.SubmitJob(pb.SubmitJobRequest(job=spec), timeout=30).job.decision.admitted
+            request = pb.GetProgressRequest(id="polled")
+            calls = [stub.GetProgress.future(request, timeout=30) for _ in range(50)]
+            refused = []
+            for call in calls:
+                try:
+                    call.result()
+                except grpc.RpcError as err:
+                    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err
+                    refused.append(err.details())
+        assert refused and "limits.max_in_flight = 1" in refused[0]
+    finally:
+        p.close()

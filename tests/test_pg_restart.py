@@ -12,14 +12,27 @@ must not leave the daemon's prices out of step), capacity never exceeded.
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
+import grpc
 import pytest
 
 from bench.load_test import PgRestart, run_load
-from tests.servers import Postgres, postgres_or_skip
+from controller.convert import spec_to_proto
+from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
+from tests.servers import (
+    SMALL_JOB,
+    Daemon,
+    Postgres,
+    json_log,
+    postgres_or_skip,
+    write_config,
+)
 
 JOBS = 400
 
@@ -44,3 +57,48 @@ def test_postgres_restart_mid_load(own_postgres: Postgres, tmp_path: Path) -> No
     assert report.answered_after_restart > 0
     logs = "".join(p.read_text() for p in tmp_path.glob("*.log"))
     assert "ledger rebuilt from the store after an outage" in logs
+
+
+def test_the_slot_clock_keeps_ticking_after_a_store_outage_at_a_boundary(
+    own_postgres: Postgres, tmp_path: Path
+) -> None:
+    """PostgreSQL down across a slot boundary: that slot's tick fails (the store is out of
+    reach), and the next ticks must move the jobs on once it is back. Before the fix the
+    failure's own log line raised (``log.exception(..., event=...)``: structlog's first
+    argument is ``event``), which ended the slot clock's task for good, silently: admitted
+    jobs never started, pending jobs were never decided again, until a restart."""
+    slot = 4.0
+    config = write_config(tmp_path / "o.toml", tmp_path / "data", own_postgres.new_database(),
+                          extra="store_timeout = 1")  # fmt: skip
+    config.write_text(config.read_text().replace("slot_seconds = 3600", f"slot_seconds = {slot}"))
+    log = tmp_path / "o.log"
+    daemon = Daemon(config, log).start()
+    try:
+        with grpc.insecure_channel(daemon.address) as channel:
+            stub = pb_grpc.AdmissionStub(channel)
+            info = pb_grpc.ClusterStub(channel).GetClusterInfo(
+                pb.GetClusterInfoRequest(), timeout=10
+            )
+            if info.now - (info.epoch + info.current_slot * slot) > slot - 1.5:
+                time.sleep(1.5)  # not at the end of a slot: the job must be admitted first
+            spec = {**SMALL_JOB, "id": "waits-for-the-clock", "epochs": 1, "grad_mb": 1}
+            answer = stub.SubmitJob(pb.SubmitJobRequest(job=spec_to_proto(spec)), timeout=30)
+            assert answer.job.state == pb.JOB_STATE_ADMITTED
+            arrival = answer.job.decision.arrival_slot
+            own_postgres.stop()
+            try:  # down until the tick of the job's first slot has failed
+                boundary = info.epoch + arrival * slot
+                time.sleep(max(0.0, boundary - time.time()) + 2.0)
+            finally:
+                own_postgres.start()
+            deadline = time.monotonic() + 4 * slot + 10
+            state = answer.job.state
+            while time.monotonic() < deadline and state == pb.JOB_STATE_ADMITTED:
+                time.sleep(0.3)
+                with contextlib.suppress(grpc.RpcError):  # UNAVAILABLE until it reconnects
+                    state = stub.GetJob(pb.GetJobRequest(id=spec["id"]), timeout=10).job.state
+            assert state in (pb.JOB_STATE_RUNNING, pb.JOB_STATE_COMPLETED), log.read_text()[-3000:]
+        failed = [e for e in json_log(log) if e.get("event") == "periodic event failed"]
+        assert failed and failed[0]["task"] == "slot clock"
+    finally:
+        daemon.stop()

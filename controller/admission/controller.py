@@ -248,8 +248,12 @@ class AdmissionController(PendingQueue, Follow, Lifecycle, ReadViews):
         more follow; with ``owner`` set, only that submitter's."""
         return await asyncio.to_thread(self._list_sync, list(states), page, after, owner)
 
-    async def stored_events(self, after: int) -> list[Event]:
-        return await asyncio.to_thread(self._events_sync, after)
+    async def stored_events(
+        self, after: int, limit: int | None = None, newest: bool = False
+    ) -> list[Event]:
+        """Stored events after sequence ``after``: all, the first ``limit``, or with
+        ``newest`` the last ``limit`` (:meth:`~.reads.ReadViews._events_sync`)."""
+        return await asyncio.to_thread(self._events_sync, after, limit, newest)
 
     def close(self) -> None:
         self._decisions.shutdown()

@@ -88,11 +88,23 @@ class ReadViews(AdmissionState):
             rows = session.scalars(query.limit(page + 1)).all()
             return [self._view(session, row) for row in rows[:page]], len(rows) > page
 
-    def _events_sync(self, after: int) -> list[Event]:
+    def _events_sync(
+        self, after: int, limit: int | None = None, newest: bool = False
+    ) -> list[Event]:
+        """The stored events after sequence ``after``, in order: all of them, or the
+        first ``limit`` (with ``newest``, the last ``limit``). A reader of a long history
+        pages with ``limit``: the store holds every event the daemon ever logged."""
         with self.db.session() as session:
-            rows = session.scalars(
-                select(EventRow).where(EventRow.sequence > after).order_by(EventRow.sequence)
-            ).all()
+            query = select(EventRow).where(EventRow.sequence > after)
+            if newest:
+                query = query.order_by(EventRow.sequence.desc())
+            else:
+                query = query.order_by(EventRow.sequence)
+            if limit is not None:
+                query = query.limit(limit)
+            rows = list(session.scalars(query).all())
+            if newest:
+                rows.reverse()
             return [Event(r.sequence, r.kind, r.job_id, r.slot, r.state, r.detail) for r in rows]
 
     # -- cluster views (read the ledger; monitoring only) --------------------------------

@@ -442,7 +442,7 @@ class Console:
                 last = int(resume)
             backlog: list[Event] = []
             if last >= 0:
-                backlog = (await self.c.stored_events(last))[-_BACKFILL_MAX:]
+                backlog = await self.c.stored_events(last, limit=_BACKFILL_MAX, newest=True)
             for event in backlog:
                 last = max(last, event.sequence)
                 if await self._visible(event, owner, owned):

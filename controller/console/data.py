@@ -33,7 +33,7 @@ from controller.auth import Caller, Role
 from controller.commands.records import job_record, plain
 from controller.console.heatmap import MAX_BINS, bin_edges, bin_grid, price_levels
 from controller.convert import job_to_proto, progress_to_proto
-from controller.errors import DrainingError
+from controller.errors import BusyError, DrainingError
 from controller.store import AllocationRow, EventRow, JobRow
 from pricing.cluster import Kind
 from pricing.durations import format_time
@@ -466,19 +466,19 @@ class ConsoleData:
             "clock": self.clock(),
             "job": record,
             "plan": [plan[s] for s in sorted(plan)],
-            "progress": await self._progress(view.id),
+            "progress": await self._progress(view.id, caller.turn),
             "events": events,
             "can_cancel": caller.role is Role.OPERATOR and view.state in _CANCELLABLE,
         }
 
-    async def _progress(self, job_id: str) -> dict[str, Any]:
+    async def _progress(self, job_id: str, client: str) -> dict[str, Any]:
         execution = self.c.execution
         if execution is None:
             why = "no execution plane: the daemon has no [mqtt] broker configured"
             return {"available": False, "why": why}
         try:
-            view = await execution.view(job_id)
-        except (DrainingError, NotFoundError) as err:
+            view = await execution.view(job_id, client)  # the caller's turn, as GetProgress
+        except (BusyError, DrainingError, NotFoundError) as err:
             return {"available": False, "why": str(err)}
         return {"available": True, **plain(progress_to_proto(view))}
 

@@ -4,7 +4,9 @@ the browser holds only the session's random id in an HttpOnly, SameSite=Strict c
 A session carries the caller (name and role, as the gRPC interceptor would find them),
 its expiry (``[web] session_hours``) and a CSRF token that every state-changing form
 (cancel, logout) must send back. Sessions live in the daemon's memory: a restart logs
-everyone out. At most :data:`MAX_SESSIONS` are kept; beyond that the oldest goes.
+everyone out. At most :data:`MAX_SESSIONS_PER_CALLER` are kept per user (a token's
+name), beyond which that user's oldest goes, so one user logging in again and again
+cannot log the others out; and at most :data:`MAX_SESSIONS` in all, the oldest going.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ from dataclasses import dataclass
 
 from controller.auth import Caller
 
-__all__ = ["COOKIE", "MAX_SESSIONS", "Session", "Sessions"]
+__all__ = ["COOKIE", "MAX_SESSIONS", "MAX_SESSIONS_PER_CALLER", "Session", "Sessions"]
 
 COOKIE = "oasis_session"
 MAX_SESSIONS = 10_000
+MAX_SESSIONS_PER_CALLER = 100
+"""Sessions one user (a token's name) may hold; a login past it ends its own oldest."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,9 @@ class Sessions:
     def open(self, caller: Caller) -> Session:
         """A new session for ``caller``."""
         now = self._now()
+        mine = [sid for sid, s in self._by_id.items() if s.caller.name == caller.name]
+        for sid in mine[: max(0, len(mine) - MAX_SESSIONS_PER_CALLER + 1)]:
+            del self._by_id[sid]  # this user's oldest, never another's
         if len(self._by_id) >= MAX_SESSIONS:
             self._expire(now)
         while len(self._by_id) >= MAX_SESSIONS:  # the oldest goes (dicts keep order)

@@ -52,7 +52,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -78,6 +78,8 @@ from controller.store import (
     StoreUnavailableError,
 )
 from pricing import ADMIT_THRESHOLD, Job, Ledger
+from pricing.best_schedule import BestSchedule
+from pricing.errors import SpecError
 from pricing.replan import fail_server, release_rest, replan_remaining
 from pricing.runtime_estimate import Interval, RuntimePrior, fit
 
@@ -88,6 +90,11 @@ ACTIVE = ("admitted", "running")
 _PLANE_KEY = "plane"
 OVERDUE = -1  # the slot of :meth:`Execution._planned`'s entries for jobs past their plan
 _MAX_SAMPLES = 400
+MAX_SESSIONS_PER_SERVER = 64
+"""Agent sessions of one server whose counts a job keeps (a restarted agent starts a
+new one); entries of more are dropped. Each entry sums the job's sessions and its
+stored row holds them all, so without a bound an agent with a new session id in every
+report (a bug, or a forger on its own topic) slowed every review for every tenant."""
 _MIN_SAMPLES = 4
 _LEVEL = 0.9
 # job entries of reports held while the decision thread cannot take them (a store outage
@@ -125,6 +132,12 @@ class JobProgress:
 
 def _totals(sessions: dict[str, list[float]]) -> tuple[float, float]:
     return sum(v[0] for v in sessions.values()), sum(v[1] for v in sessions.values())
+
+
+def _sessions_of(prog: JobProgress, server: str) -> int:
+    """The sessions of ``server`` whose counts ``prog`` holds."""
+    prefix = f"{server}/"
+    return sum(1 for key in prog.sessions if key.startswith(prefix))
 
 
 def _stored(row: ProgressRow) -> JobProgress:
@@ -302,6 +315,7 @@ class Execution:
             self._reports.put_back(reports)
             raise
         ignored: Counter[str] = Counter()
+        crowded: Counter[str] = Counter()
         for received in reports:
             progress = received.progress
             self._seen(progress.server, received.at)
@@ -316,6 +330,11 @@ class Execution:
                 prog = self.progress.get(task.job)
                 if prog is None:  # new, or ended and forgotten: the store may hold more
                     prog = self.progress[task.job] = JobProgress(partial=True)
+                if key not in prog.sessions and _sessions_of(prog, progress.server) >= (
+                    MAX_SESSIONS_PER_SERVER
+                ):
+                    crowded[progress.server] += 1
+                    continue
                 prog.sessions[key] = [task.minibatches, task.worker_seconds]
                 prog.samples.append(prog.totals())
                 del prog.samples[:-_MAX_SAMPLES]
@@ -324,6 +343,10 @@ class Execution:
         for server, entries in ignored.items():
             self._complain(server, "unplanned", "report entries ignored: jobs not planned on "
                            "this server now", entries=entries)  # fmt: skip
+        for server, entries in crowded.items():
+            self._complain(server, "sessions", "report entries dropped: too many agent "
+                           "sessions for a job", entries=entries,
+                           limit=MAX_SESSIONS_PER_SERVER)  # fmt: skip
         return watch_from
 
     def _planned(self, reports: list[Received]) -> set[tuple[str, str, int]]:
@@ -571,13 +594,20 @@ class Execution:
         if need.low <= spent + held:  # the plan may still suffice
             return []
         self.reviewed[job_id] = s
-        work = max(1, math.ceil((need.mean - spent - in_slot) / self.slot_seconds - 1e-9))
+        slots_needed = (need.mean - spent - in_slot) / self.slot_seconds
+        # the search's limits refuse any amount past them; this keeps ceil() finite
+        work = max(1, math.ceil(slots_needed - 1e-9)) if slots_needed < 2.0**53 else 2**53
         ledger = self.c._ledger
-        best, whole = replan_remaining(ledger, job, work, s + 1, self._last_slot(job))
         estimate = post.minibatch_seconds(_LEVEL)
         detail: dict[str, Any] = {"reason": "slow", "minibatch_seconds": estimate.mean,
                                   "planned_minibatch_seconds": planned_mb,
                                   "work": work}  # fmt: skip
+        why = self._replan_refused(job, work, s + 1)
+        if why:  # not searched: the job is behind, with the reason
+            best = BestSchedule(None, None, None, None, None, slots_scanned=0)
+            detail["why"] = why
+        else:
+            best, whole = replan_remaining(ledger, job, work, s + 1, self._last_slot(job))
         now = datetime.now(UTC)
         if best.schedule is None or best.payoff is None or best.payoff <= ADMIT_THRESHOLD:
             detail["payoff"] = best.payoff
@@ -599,6 +629,20 @@ class Execution:
             return [event]
 
         return self._guarded(change)
+
+    def _replan_refused(self, job: Job, work: int, first_slot: int) -> str:
+        """Why a re-plan of ``work`` worker-slots of ``job`` from ``first_slot`` is not
+        searched (empty: it is): its search would be over the limits every submission is
+        held to (``[limits]``, :meth:`controller.limits.Limits.check_search`). A report
+        far behind the plan (a slow or misreporting agent, a tau far too small) asks for
+        any amount of work, and that search runs in the decision thread, where every
+        tenant's calls wait for it."""
+        slots = max(1, min(self._last_slot(job), self.c._ledger.end - 1) - first_slot + 1)
+        try:
+            self.c.config.limits.check_search(replace(job, work=work), self.c.cluster, slots)
+        except SpecError as err:
+            return f"its re-plan is not searched: {err}"
+        return ""
 
     def _complete_sync(self, job: Job, done: float) -> list[Event]:
         s = self.c.slot
@@ -744,10 +788,12 @@ class Execution:
 
     # -- reads ----------------------------------------------------------------------------
 
-    async def view(self, job_id: str) -> ProgressView:
-        """:meth:`view_sync` in the decision thread; NotFoundError if no such job."""
+    async def view(self, job_id: str, client: str = "") -> ProgressView:
+        """:meth:`view_sync` in the decision thread, in ``client``'s turn (the caller's,
+        held to ``limits.max_in_flight`` like its other calls there; ``""``: the
+        daemon's own); NotFoundError if no such job."""
         try:
-            return await self.c._run(lambda: self.view_sync(job_id))
+            return await self.c._run(lambda: self.view_sync(job_id), client)
         except KeyError:
             raise NotFoundError(f"no job {job_id!r}") from None
 

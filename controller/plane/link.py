@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import aiomqtt
 import structlog
@@ -244,11 +245,16 @@ class Plane:
         if self._restore:
             await self.restore_job_events(client)
             self._restore = False
-        events = await self.c.stored_events(self.execution.events_published)
-        await self._publish_events(client, events)
-        if events:
-            last = events[-1].sequence
-            await self.c._run(lambda: self.execution.events_published_to(last))
+        while True:  # a page at a time: after a long outage (or [mqtt] added to an old
+            # store) the events not yet published may be the whole history
+            after = self.execution.events_published
+            events = await self.c.stored_events(after, limit=_RESTORE_BATCH)
+            await self._publish_events(client, events)
+            if events:
+                last = events[-1].sequence
+                await self.c._run(partial(self.execution.events_published_to, last))
+            if len(events) < _RESTORE_BATCH:
+                break
         if plans:
             self.log.info("plans published", plans=len(plans), epoch=self.execution.epoch,
                           slot=plans[0].current.slot)  # fmt: skip

@@ -54,11 +54,14 @@ class AdmissionPort(Protocol):
     def _write(self) -> AbstractContextManager[Session]:
         """A fenced store transaction that writes (the leader's only)."""
 
-    async def _run(self, fn: Callable[[], _T]) -> _T:
-        """Run ``fn`` in the decision thread, serialised with the decisions."""
+    async def _run(self, fn: Callable[[], _T], client: str = "") -> _T:
+        """Run ``fn`` in the decision thread, serialised with the decisions, in
+        ``client``'s turn (``""``: the daemon's own)."""
 
-    async def stored_events(self, after: int) -> list[Event]:
-        """Job events after sequence ``after``, from the store."""
+    async def stored_events(
+        self, after: int, limit: int | None = None, newest: bool = False
+    ) -> list[Event]:
+        """Job events after sequence ``after``, from the store (the first ``limit``)."""
 
     def _publish(self, events: list[Event]) -> None:
         """Hand committed events to the bus."""

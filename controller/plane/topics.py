@@ -37,8 +37,10 @@ user (its server's name) to its own topics.
 
 Untrusted bytes. An agent's payload over :data:`MAX_AGENT_PAYLOAD_BYTES` is dropped
 unread, and a report may name at most :data:`MAX_REPORT_JOBS` jobs (the reference agent
-splits larger ones); any payload that does not parse (bad UTF-8, bad JSON, JSON nested
-too deep for the parser) is a :class:`~pricing.errors.SpecError`, logged and skipped.
+splits larger ones), each count at most :data:`MAX_COUNT` and its session id at most
+:data:`MAX_SESSION_CHARS` characters; any payload that does not parse (bad UTF-8, bad
+JSON, JSON nested too deep for the parser) is a :class:`~pricing.errors.SpecError`,
+logged and skipped.
 
 The status. ``{"version": 1, "online": true, "servers": [...]}`` while the daemon is
 connected (``servers``: every server of its cluster, so an agent for another name can
@@ -59,8 +61,10 @@ from pricing.errors import SpecError
 
 __all__ = [
     "MAX_AGENT_PAYLOAD_BYTES",
+    "MAX_COUNT",
     "MAX_PLAN_PAYLOAD_BYTES",
     "MAX_REPORT_JOBS",
+    "MAX_SESSION_CHARS",
     "NAME_PATTERN",
     "VERSION",
     "Heartbeat",
@@ -91,6 +95,14 @@ MAX_REPORT_JOBS = 1000
 
 MAX_PLAN_PAYLOAD_BYTES = 16 * 1024 * 1024
 """The largest plan an agent reads."""
+
+MAX_COUNT = fields.MAX_INTEGER
+"""The largest mini-batch or worker-second count of a report (2**53: about 285 million
+years of worker-seconds); the sum over any number of sessions stays finite."""
+
+MAX_SESSION_CHARS = 128
+"""The longest agent session id (the reference agent's are 12 hex digits); a job's
+stored progress is keyed by them."""
 
 
 def topic_name(name: str, what: str) -> str:
@@ -394,19 +406,32 @@ class Progress:
             jobs.append(
                 TaskProgress(
                     job=fields.text(fields.require(m, "job", w), f"{w}.job"),
-                    minibatches=fields.non_negative(
-                        fields.require(m, "minibatches", w), f"{w}.minibatches"
-                    ),
-                    worker_seconds=fields.non_negative(
+                    minibatches=_count(fields.require(m, "minibatches", w), f"{w}.minibatches"),
+                    worker_seconds=_count(
                         fields.require(m, "worker_seconds", w), f"{w}.worker_seconds"
                     ),
                 )
             )
+        session = fields.text(fields.require(obj, "session", "progress"), "progress.session")
+        if len(session) > MAX_SESSION_CHARS:
+            raise SpecError.one(
+                "progress.session", f"{len(session)} characters, over {MAX_SESSION_CHARS}"
+            )
         return cls(
             server=fields.text(fields.require(obj, "server", "progress"), "progress.server"),
-            session=fields.text(fields.require(obj, "session", "progress"), "progress.session"),
+            session=session,
             jobs=jobs,
         )
+
+
+def _count(value: Any, field: str) -> float:
+    """A cumulative count of a report: a number in ``0 .. 2**53``. The daemon sums them
+    over the sessions of a job and fits its runtime estimate to the sums, which must stay
+    finite (two sessions of 1e308 each made inf)."""
+    x = fields.non_negative(value, field)
+    if x > MAX_COUNT:
+        raise SpecError.one(field, f"must be <= 2**53 = {MAX_COUNT}, got {fields.show(value)}")
+    return x
 
 
 @dataclass(frozen=True)
