@@ -77,7 +77,18 @@ def cost_curve_picks(
     ``picks[0, i] = -1`` if there is space. With ``m >= limit + 1`` that is every server
     :func:`place` fills for any count up to ``limit`` (:func:`place_picks`).
     """
-    order = np.argsort(unit, kind="mergesort")
+    # only servers with room take units: sort those alone (a stable sort of the subset
+    # keeps their order, ties to the server listed first); on a busy cluster most
+    # servers of a slot are full, and the sort was most of a slot's curve
+    n_srv = unit.shape[0]
+    candidates = np.empty(n_srv, np.int64)
+    m = 0
+    for h in range(n_srv):
+        if room[h] > 0:
+            candidates[m] = h
+            m += 1
+    candidates = candidates[:m]
+    order = candidates[np.argsort(unit[candidates], kind="mergesort")]
     curve[0] = 0.0
     q = 0
     acc = 0.0

@@ -26,3 +26,35 @@ def test_picks_place_as_place_does(seed: int) -> None:
         want, got = np.empty(n, np.int32), np.empty(n, np.int32)
         assert place_picks(picks, count, got) == place(unit, room, count, want) == count
         assert np.array_equal(got, want)
+
+
+def _reference_curve(unit: np.ndarray, room: np.ndarray, limit: int) -> tuple[list[float], int]:
+    """SPEC 5's greedy fill in plain Python: every server in a stable sort by unit price
+    (ties to the server listed first), each taking what fits, summed in that order."""
+    curve, acc, q = [0.0], 0.0, 0
+    for h in sorted(range(len(unit)), key=lambda i: float(unit[i])):
+        for _ in range(min(int(room[h]), limit - q)):
+            acc += float(unit[h])
+            q += 1
+            curve.append(acc)
+        if q >= limit:
+            break
+    return curve, q
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_curve_is_the_greedy_fill_over_every_server(seed: int) -> None:
+    """The compiled curve sorts only the servers with room; it must give the float sums
+    of the fill over all servers, bit for bit, with full servers anywhere in the order."""
+    rng = np.random.default_rng(1000 + seed)
+    n = int(rng.integers(1, 60))
+    unit = rng.choice([0.25, 1.0, 3.0], n) if seed % 2 else rng.uniform(0.0, 5.0, n)
+    full = rng.random(n) < rng.uniform(0.0, 1.0)  # from no server full to all of them
+    room = np.where(full, 0, rng.integers(1, 5, n)).astype(np.int64)
+    limit = int(rng.integers(0, 40))
+    curve = np.full(limit + 1, -1.0)
+    picks = np.empty((2, limit + 1), np.int64)
+    fitted = cost_curve_picks(unit, room, limit, curve, picks)
+    want, q = _reference_curve(unit, room, limit)
+    assert fitted == q
+    assert curve[: q + 1].tolist() == want
