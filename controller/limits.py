@@ -22,6 +22,18 @@
   boundary, so these bound the work of a boundary, and one tenant cannot fill the queue: a
   submission that would go over fails with RESOURCE_EXHAUSTED (nothing is committed; it may
   be retried). Without ``[auth]`` every caller is one submitter.
+- ``pending_steps_per_submitter``: the search steps (each search's bound
+  ``T * Y * (W + 1)``, as ``max_search_steps`` counts them) one submitter's pending jobs
+  may take at one slot boundary. The pending jobs are decided again in one step of the
+  decision thread, before any newcomer, so without this one submitter's queue (up to
+  ``max_pending_per_submitter`` jobs, each up to ``max_search_steps``) would hold every
+  other tenant's calls for all of its searches at every boundary. A submitter's jobs are
+  decided in turn until the next would take its steps past the budget (its first always
+  runs); the rest stay pending, untouched, and go first at the next boundary (the least
+  recently decided first), so none starves. Expiries that need no search (a wait that
+  ended, a job that can no longer pay off) are not charged. The default ``3e8``, one
+  search of the largest job ``max_search_steps`` allows, holds a boundary for one
+  submitter's queue about as long as one of its largest decisions (see above).
 - ``rate`` and ``burst``: requests per second per client, a token bucket each (0: no
   limit). A client is its token's name when ``[auth]`` is on, else its address. Over the
   rate, a call fails with RESOURCE_EXHAUSTED, the seconds to wait in the message and in
@@ -97,6 +109,7 @@ _KEYS = {
     "max_wait_seconds",
     "max_pending_per_submitter",
     "max_pending",
+    "pending_steps_per_submitter",
     "max_spec_bytes",
     "max_table_points",
     "max_page_jobs",
@@ -133,6 +146,8 @@ class Limits:
         max_wait_seconds: the longest wait of a pending job, seconds.
         max_pending_per_submitter: pending jobs of one submitter at once.
         max_pending: pending jobs at once, all submitters together.
+        pending_steps_per_submitter: search steps one submitter's pending jobs may take
+            at one slot boundary (the first job's always runs).
         max_spec_bytes: largest job spec, bytes of canonical JSON.
         max_table_points: most values of a table utility.
         max_page_jobs: most jobs in one ``ListJobs`` page.
@@ -154,6 +169,7 @@ class Limits:
     max_wait_seconds: float = 7 * 86400.0
     max_pending_per_submitter: int = 100
     max_pending: int = 1000
+    pending_steps_per_submitter: float = 3e8
     max_spec_bytes: int = 64 * 1024
     max_table_points: int = 1000
     max_page_jobs: int = 100
@@ -302,6 +318,10 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
         ),
         max_pending_per_submitter=count("max_pending_per_submitter", d.max_pending_per_submitter),
         max_pending=count("max_pending", d.max_pending),
+        pending_steps_per_submitter=fields.positive(
+            raw.get("pending_steps_per_submitter", d.pending_steps_per_submitter),
+            "limits.pending_steps_per_submitter",
+        ),
         max_spec_bytes=count("max_spec_bytes", d.max_spec_bytes),
         max_table_points=count("max_table_points", d.max_table_points),
         max_page_jobs=count("max_page_jobs", d.max_page_jobs),

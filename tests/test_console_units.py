@@ -7,6 +7,7 @@ import asyncio
 import socket
 import ssl
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import aiohttp
@@ -17,10 +18,12 @@ from hypothesis import strategies as st
 
 from controller.auth import Caller, Role, hash_token
 from controller.config import ConfigError, demo_config, from_dict, load
+from controller.console import app as app_module
 from controller.console.app import Console, _safe_next
 from controller.console.heatmap import LEVELS, bin_edges, bin_grid, price_levels
 from controller.console.sessions import MAX_SESSIONS, MAX_SESSIONS_PER_CALLER, Sessions
 from controller.console.settings import DEFAULT_WEB_LISTEN, web_from_dict
+from controller.events import EventBus
 from pricing.errors import SpecError
 from tests.test_security import make_pki
 
@@ -89,10 +92,18 @@ def test_web_listen_stays_on_loopback_unless_tls_or_allowed() -> None:
         ({"allow_insecure_remote": "yes"}, "web.allow_insecure_remote"),
         ({"session_hours": 0}, "web.session_hours"),
         ({"session_hours": 10_000}, "web.session_hours"),
+        ({"max_event_streams_per_user": 0}, "web.max_event_streams_per_user: must be >= 1"),
+        ({"max_event_streams": "many"}, "web.max_event_streams: must be an integer"),
     ):
         with pytest.raises(SpecError, match=field.replace(".", r"\.")):
             web_from_dict(bad, None)
     assert web_from_dict({"session_hours": 2}, None).session_seconds == 7200
+    caps = web_from_dict({"max_event_streams_per_user": 3, "max_event_streams": 9}, None)
+    assert (caps.max_event_streams_per_user, caps.max_event_streams) == (3, 9)
+    assert (
+        web_from_dict({}, None).max_event_streams_per_user,
+        web_from_dict({}, None).max_event_streams,
+    ) == (32, 256)
 
 
 def test_the_console_is_on_in_the_embedded_defaults_and_off_in_the_example() -> None:
@@ -224,5 +235,51 @@ def test_one_users_logins_do_not_end_another_users_session(tmp_path: Path) -> No
         assert console.sessions.get(ops) is not None  # still logged in
         assert console.sessions.get(latest) is not None
         assert len(console.sessions) == 1 + MAX_SESSIONS_PER_CALLER
+
+    asyncio.run(scenario())
+
+
+# the console keys requests by str (request["caller"]), which aiohttp 3.14 warns of
+@pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
+def test_a_closed_event_stream_frees_its_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without ``[auth]`` every caller is one user: past its cap a stream is refused
+    (429, the key named); a stream the client closed frees its place at its next
+    heartbeat (15 s in the daemon, 0.05 s here)."""
+    monkeypatch.setattr(app_module, "_HEARTBEAT_SECONDS", 0.05)
+    web = {"listen": "127.0.0.1:0", "max_event_streams_per_user": 2, "max_event_streams": 5}
+    config = from_dict({"cluster": CLUSTER, "web": web})
+    controller = cast(Any, SimpleNamespace(bus=EventBus()))
+
+    async def scenario() -> None:
+        console = Console(config, controller, None, None)
+        await console.start()
+        url = f"http://{console.address}/api/events"
+        try:
+            async with aiohttp.ClientSession() as http:
+                first, second = await http.get(url), await http.get(url)
+                assert (first.status, second.status) == (200, 200)
+                async with http.get(url) as refused:
+                    assert refused.status == 429
+                    message = (await refused.json())["error"]["message"]
+                assert "web.max_event_streams_per_user = 2" in message
+                assert "without [auth], everyone" in message
+                first.close()  # the client goes away; the daemon notices at a heartbeat
+                for _ in range(100):
+                    again = await http.get(url)
+                    if again.status == 200:
+                        break
+                    again.close()
+                    await asyncio.sleep(0.05)
+                assert again.status == 200
+                assert console.streams == {"": 2}
+                second.close()
+                again.close()
+                for _ in range(100):
+                    if not console.streams:
+                        break
+                    await asyncio.sleep(0.05)
+                assert console.streams == {}
+        finally:
+            await console.close()
 
     asyncio.run(scenario())

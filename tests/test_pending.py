@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 import pytest
 import structlog
+from sqlalchemy import select
 
 from controller.admission import AdmissionController, QueueFullError
 from controller.clock import FakeClock, SlotClock
@@ -27,7 +28,7 @@ from controller.config import Config, load
 from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
-from controller.store import Database
+from controller.store import Database, JobRow
 from pricing import SpecError
 from pricing.utility import Sigmoid
 from tests.servers import Daemon, oasis, write_config
@@ -245,6 +246,79 @@ def test_pending_jobs_are_decided_again_in_submission_order(tmp_path: Path) -> N
         a, b = c._get_sync("first"), c._get_sync("second")
         assert (a.state, b.state) == ("admitted", "pending")
         assert a.sequence > 1  # it took the next place in decision order when admitted
+    finally:
+        c.close()
+
+
+def test_one_submitters_pending_jobs_cannot_hold_the_boundary_for_everyone(
+    tmp_path: Path,
+) -> None:
+    """Alice's many pending jobs are searched again within her budget of search steps
+    per boundary (``limits.pending_steps_per_submitter``), so Bob's submission right
+    after a boundary waits for a bounded number of her searches, not all of them. The
+    jobs she had left over go first at the next boundary: within ceil(7 / 2) boundaries
+    each of hers was decided again, none starved; one left over in its wait's last slot
+    expires at the next boundary all the same (no search, so not charged). Counted in
+    searches (deterministic)."""
+    clock = FakeClock(1_000_000.0)
+    flat = {"kind": "sigmoid", "priority": 50, "decay": 0, "target": 1}  # waiting is free
+
+    def mine(job_id: str) -> dict[str, Any]:
+        # W = 9 with one worker per slot: nine slots, so it cannot fit at boundary k < 9
+        # (only slots 25..k + 24 are free of the blocker's plan) and stays pending
+        return small(job_id, chunks=1, minibatches=450, utility=flat)
+
+    (tmp_path / "probe").mkdir()
+    probe = controller(tmp_path / "probe", clock)
+    steps = probe.search_steps(mine("x"))
+    probe.close()
+    limits = f"[limits]\nmax_pending_per_submitter = 10\npending_steps_per_submitter = {2 * steps}"
+    c = controller(tmp_path, clock, f"{CHEAP}\n{limits}\n")
+    searched: list[str] = []
+    search = c._search
+
+    def counted(job: Any, *args: Any, **kwargs: Any) -> Any:
+        searched.append(job.id)
+        return search(job, *args, **kwargs)
+
+    c._search = counted  # type: ignore[method-assign]
+    try:
+        assert asyncio.run(c.submit(blocker(), by="ops")).state == "admitted"
+        alice = [f"a{i}" for i in range(7)]
+        for name in alice:
+            view = asyncio.run(c.submit(mine(name), by="alice", wait_seconds=SLOT * 20))
+            assert view.state == "pending"
+        # its wait ends in slot 2, while Alice's earlier jobs take her budget
+        short = asyncio.run(c.submit(mine("a7"), by="alice", wait_seconds=SLOT * 2.5))
+        assert (short.state, short.wait_until_slot) == ("pending", 2)
+        assert asyncio.run(c.submit(mine("b0"), by="bob", wait_seconds=SLOT * 20)).state == (
+            "pending"
+        )
+
+        # each boundary: two of Alice's jobs (her budget; the ones left over last time
+        # first, then in submission order), Bob's pending one, then Bob's newcomer
+        expected = {
+            1: ["a0", "a1", "b0"],
+            2: ["a2", "a3", "b0"],
+            3: ["a4", "a5", "b0"],
+            4: ["a6", "a0", "b0"],  # every job of Alice's decided again within 4
+        }
+        for slot, pending in expected.items():
+            clock.advance(SLOT)
+            del searched[:]
+            # the first step after the boundary is Bob's: the pending jobs are decided
+            # (within budget) before it, then his
+            view = asyncio.run(c.submit(small(f"b{slot}"), by="bob"))
+            assert view.state != "pending"  # a plain submission, no wait
+            assert searched == [*pending, f"b{slot}"], slot
+            still = {*alice, "b0"} | ({"a7"} if slot < 3 else set())
+            assert {v.id for v in c._list_sync(["pending"], 1000)[0]} == still
+        gone = c._get_sync("a7")
+        assert gone.state == "expired" and "its wait ended in slot 2" in gone.decision.reason
+        with c.db.session() as session:
+            query = select(JobRow.id, JobRow.decided_slot).where(JobRow.id.in_(alice))
+            decided = {job_id: slot for job_id, slot in session.execute(query)}
+        assert decided == {"a0": 4, "a1": 1, "a2": 2, "a3": 2, "a4": 3, "a5": 3, "a6": 4}
     finally:
         c.close()
 

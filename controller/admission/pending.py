@@ -1,7 +1,9 @@
 """The pending queue: jobs submitted with a wait that were not admitted at once.
 
-At every slot boundary ``s`` each pending job is decided again, in submission order,
-against that slot's prices: its schedule may start at ``s + 1``, but its utility still
+At every slot boundary ``s`` the pending jobs are decided again, the least recently
+decided first, then in submission order, before any newcomer, against that slot's prices,
+within a budget of search steps per submitter (``limits.pending_steps_per_submitter``;
+see "The budget" below). A job's schedule may start at ``s + 1``, but its utility still
 counts from its original arrival ``a`` (SPEC 1), so a schedule ending in slot ``t`` is
 worth ``f(t - a + 1)`` and waiting costs what it should
 (:func:`pricing.best_schedule.best_schedule`'s ``arrival``). The job's price bounds were
@@ -13,12 +15,27 @@ ledger is rebuilt in), stays pending, or expires: when its wait ends (its last s
 the lowest prices (:func:`pricing.best_schedule.payoff_ceiling`). Each job's outcome is
 committed before the ledger changes, and ``decided_slot`` records the slot it was decided
 in, so a restarted daemon decides it again only at the next boundary.
+
+The budget: the whole pass runs in one step of the decision thread, so every other
+tenant's submit, quote and cancel waits for it. Each search is charged its bound
+(:func:`controller.limits.search_size`, what ``limits.max_search_steps`` caps); a
+submitter's jobs are searched in order until the next would take its steps past
+``limits.pending_steps_per_submitter`` (its first search always runs, so a budget below
+one job's bound still moves the queue). That job and the submitter's later ones are left
+as they are, ``decided_slot`` unchanged, which puts them first at the next boundary (the
+order is by ``decided_slot``): a rotation, so no job starves. Expiries that need no
+search (a wait that ended, a job no longer valid or that can no longer pay off) are not
+charged. One submitter's queue thus holds a boundary for at most about its budget, and
+``max_pending`` still bounds the whole pass.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 
 import numpy as np
 from sqlalchemy import func, select
@@ -26,6 +43,7 @@ from sqlalchemy.orm import Session
 
 from controller.admission.decide import DecisionCore
 from controller.events import Event
+from controller.limits import search_size
 from controller.store import JobRow
 from pricing import ADMIT_THRESHOLD, SpecError
 from pricing.best_schedule import payoff_ceiling
@@ -33,27 +51,72 @@ from pricing.best_schedule import payoff_ceiling
 __all__ = ["PendingQueue"]
 
 
+class _Budget:
+    """The search steps each submitter's pending jobs may take at one boundary."""
+
+    def __init__(self, steps: float) -> None:
+        self.steps = steps
+        self._used: dict[str | None, float] = {}  # math.inf: over, no more this boundary
+
+    def take(self, submitter: str | None, steps: float) -> bool:
+        """Charge ``steps`` to ``submitter`` if they fit (the first search always does);
+        False, and the submitter is spent for this boundary, if not."""
+        used = self._used.get(submitter, 0.0)
+        if used and used + steps > self.steps:
+            self._used[submitter] = math.inf
+            return False
+        self._used[submitter] = used + steps
+        return True
+
+    def spent(self, submitter: str | None) -> bool:
+        """Whether ``submitter``'s budget ran out at this boundary."""
+        return self._used.get(submitter, 0.0) == math.inf
+
+    def over(self) -> list[str]:
+        """The submitters whose budget ran out (``"-"``: the one without a name)."""
+        return sorted("-" if by is None else by for by, used in self._used.items()
+                      if used == math.inf)  # fmt: skip
+
+
 class PendingQueue(DecisionCore):
     """Decide the pending jobs again at a slot boundary; see the module docstring."""
 
     def _decide_pending(self) -> None:
-        """Decide every pending job not yet decided in the current slot, in submission
-        order; their events are held for the controller to publish."""
+        """Decide the pending jobs not yet decided in the current slot, the least recently
+        decided first, then in submission order, each submitter's within its budget of
+        search steps (module docstring); their events are held for the controller to
+        publish. The jobs over budget are left for the next boundary."""
         if self._pending_slot == self.slot:  # done in this slot: no query per submission
             return
         self._sync_writes()  # jobs queued by decisions still being committed included
         with self.db.session() as session:
-            ids = session.scalars(
-                select(JobRow.id)
+            rows = session.execute(
+                select(JobRow.id, JobRow.submitter, JobRow.wait_until_slot)
                 .where(JobRow.state == "pending")
                 .where((JobRow.decided_slot < self.slot) | JobRow.decided_slot.is_(None))
-                .order_by(JobRow.sequence)
+                .order_by(func.coalesce(JobRow.decided_slot, -1), JobRow.sequence)
             ).all()
-        for job_id in ids:
-            self._held_events.extend(self._decide_waiting(job_id))
+        budget = _Budget(self.config.limits.pending_steps_per_submitter)
+        left = 0
+        for job_id, submitter, until in rows:
+            events = None
+            ended = until is not None and until < self.slot  # expires with no search
+            if ended or not budget.spent(submitter):
+                events = self._decide_waiting(job_id, partial(budget.take, submitter))
+            if events is None:
+                left += 1
+            else:
+                self._held_events.extend(events)
+        if left:
+            self.log.info(
+                "pending jobs left for the next boundary", jobs=left,
+                submitters=budget.over(), budget=budget.steps,
+            )  # fmt: skip
         self._pending_slot = self.slot
 
-    def _decide_waiting(self, job_id: str) -> list[Event]:
+    def _decide_waiting(self, job_id: str, afford: Callable[[float], bool]) -> list[Event] | None:
+        """Decide one pending job again: its events, or None when its search is over its
+        submitter's budget (``afford(steps)`` False): then nothing is written."""
         s, first = self.slot, self.slot + 1
         now = datetime.now(UTC)
         with self._write() as session:
@@ -61,8 +124,7 @@ class PendingQueue(DecisionCore):
             if row is None or row.state != "pending":
                 return []
             until = s if row.wait_until_slot is None else row.wait_until_slot
-            row.decided_slot = s
-            if s > until:  # the daemon was down across the end of the wait
+            if s > until:  # the daemon was down, or the job over budget, in its last slot
                 return [self._expire(session, row, now, f"its wait ended in slot {until}")]
             try:
                 job = self._parse(json.loads(row.spec), row.arrival_slot)
@@ -76,6 +138,9 @@ class PendingQueue(DecisionCore):
                     f"its work at the lowest prices is {ceiling:.6g}"
                 )
                 return [self._expire(session, row, now, why)]
+            if not afford(search_size(job, self.cluster, self.window).steps):
+                return None  # left as it was: first at the next boundary
+            row.decided_slot = s
             best, view = self._search(job, first, row.arrival_slot, explain=s >= until)
             row.payoff = view.payoff
             row.decision_ms = view.decision_ms
@@ -113,6 +178,7 @@ class PendingQueue(DecisionCore):
         return [event]
 
     def _expire(self, session: Session, row: JobRow, now: datetime, why: str) -> Event:
+        row.decided_slot = self.slot
         row.state = "expired"
         row.reason = why
         row.decided_at = now

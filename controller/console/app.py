@@ -16,11 +16,14 @@ Who may see what follows :mod:`controller.auth`: with ``[auth]``, a page needs a
 (from ``/login``) or, for scripts, ``Authorization: Bearer TOKEN``; a submitter sees its
 own jobs only (another's is 404, as ``GetJob`` says NOT_FOUND), and the prices and plans
 are for operators (as ``GetPrices`` and ``ListServers``). A submitter's event stream
-carries its own jobs' events only. Without ``[auth]`` everyone is an operator, as over
-gRPC. A cancel from a browser must carry the session's CSRF token (a form field or the
-``X-CSRF-Token`` header) and, if the browser sends one, a same-origin ``Origin``; the
-cookie is ``SameSite=Strict`` besides. On a loopback address only loopback ``Host``
-names are answered (a page of another site cannot reach it by DNS rebinding).
+carries its own jobs' events only, and a user may hold at most
+``web.max_event_streams_per_user`` streams at once (429 past it), everyone together
+``web.max_event_streams`` (503). Without ``[auth]`` everyone is an operator, as over
+gRPC, and one user. A cancel from a browser must carry the session's CSRF token (a form
+field or the ``X-CSRF-Token`` header) and, if the browser sends one, a same-origin
+``Origin``; the cookie is ``SameSite=Strict`` besides. On a loopback address only
+loopback ``Host`` names are answered (a page of another site cannot reach it by DNS
+rebinding).
 """
 
 from __future__ import annotations
@@ -117,6 +120,7 @@ class Console:
         # without [auth] there are no sessions: one token per process guards the forms
         self.anonymous_csrf = secrets.token_urlsafe(32)
         self.closing = asyncio.Event()
+        self.streams: dict[str, int] = {}  # open event streams per user (token name)
         self.runner: web.AppRunner | None = None
         self.address = ""
         host, _, port = config.web.listen.rpartition(":")
@@ -428,6 +432,44 @@ class Console:
         caller: Caller = request["caller"]
         owner = caller.owner
         owned: dict[str, bool] = {}
+        self._open_stream(caller)
+        try:
+            return await self._stream(request, owner, owned)
+        finally:
+            self._close_stream(caller)
+
+    def _open_stream(self, caller: Caller) -> None:
+        """Count a new event stream of ``caller``'s, or refuse it: 429 past the user's
+        cap, 503 past everyone's (``[web]``)."""
+        web_config = self.config.web
+        mine = self.streams.get(caller.name, 0)
+        if mine >= web_config.max_event_streams_per_user:
+            who = caller.name or "this console's user (without [auth], everyone)"
+            raise _RefusedError(
+                429,
+                f"too many event streams: {who} has {mine} open (web.max_event_streams_per_"
+                f"user = {web_config.max_event_streams_per_user}); close another console tab "
+                f"or stream first (a closed one frees its place within {_HEARTBEAT_SECONDS:g} s)",
+            )
+        total = sum(self.streams.values())
+        if total >= web_config.max_event_streams:
+            raise _RefusedError(
+                503,
+                f"too many event streams: {total} open in all (web.max_event_streams = "
+                f"{web_config.max_event_streams}); try again later",
+            )
+        self.streams[caller.name] = mine + 1
+
+    def _close_stream(self, caller: Caller) -> None:
+        left = self.streams.get(caller.name, 0) - 1
+        if left > 0:
+            self.streams[caller.name] = left
+        else:
+            self.streams.pop(caller.name, None)
+
+    async def _stream(
+        self, request: web.Request, owner: str | None, owned: dict[str, bool]
+    ) -> web.StreamResponse:
         queue = self.c.bus.subscribe()  # first, so nothing falls between backfill and live
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",

@@ -4,10 +4,19 @@
     listen = "127.0.0.1:8080"      # host:port; empty or absent: no console
     allow_insecure_remote = false  # true: plain HTTP off loopback (tokens in the clear)
     session_hours = 8              # how long a login lasts
+    max_event_streams_per_user = 32  # live event streams (/api/events) of one user
+    max_event_streams = 256        # live event streams in all
 
 As ``daemon.listen``: plain HTTP stays on a loopback address unless ``[tls]`` is configured
 (the console then serves HTTPS with the same certificate, and asks for a client
 certificate when ``tls.client_ca`` is set) or ``allow_insecure_remote`` says so.
+
+Each open event stream (a console tab, or a script on ``/api/events``) holds a descriptor,
+a task and a queue in the daemon, and each new event costs every stream work (a
+submitter's stream looks up the job's owner), so their number is capped: a user (a
+token's name; without ``[auth]`` every caller is one user) past
+``max_event_streams_per_user`` is refused with 429, anyone past ``max_event_streams``
+with 503. A closed stream frees its place at the latest at its next heartbeat (15 s).
 """
 
 from __future__ import annotations
@@ -36,16 +45,26 @@ class WebConfig:
         listen: ``host:port`` (port 0: any free one); empty: no console.
         allow_insecure_remote: serve plain HTTP on a non-loopback address.
         session_seconds: lifetime of a login session, seconds.
+        max_event_streams_per_user: open event streams of one user at once.
+        max_event_streams: open event streams at once, all users together.
     """
 
     listen: str = ""
     allow_insecure_remote: bool = False
     session_seconds: float = 8 * 3600.0
+    max_event_streams_per_user: int = 32
+    max_event_streams: int = 256
 
 
 def web_from_dict(raw: Mapping[str, Any], tls: TlsConfig | None) -> WebConfig:
     """Read the ``[web]`` table (empty: no console); SpecError names the key."""
-    known = {"listen", "allow_insecure_remote", "session_hours"}
+    known = {
+        "listen",
+        "allow_insecure_remote",
+        "session_hours",
+        "max_event_streams_per_user",
+        "max_event_streams",
+    }
     for key in raw:
         if key not in known:
             raise SpecError.one(f"web.{key}", f"unknown key (known: {', '.join(sorted(known))})")
@@ -68,4 +87,12 @@ def web_from_dict(raw: Mapping[str, Any], tls: TlsConfig | None) -> WebConfig:
             "would carry tokens and session cookies in the clear; set [tls] cert and key, or "
             "web.allow_insecure_remote = true to serve plain HTTP to the network",
         )
-    return WebConfig(listen, remote, hours * 3600.0)
+    d = WebConfig()
+    per_user = fields.positive_int(
+        raw.get("max_event_streams_per_user", d.max_event_streams_per_user),
+        "web.max_event_streams_per_user",
+    )
+    total = fields.positive_int(
+        raw.get("max_event_streams", d.max_event_streams), "web.max_event_streams"
+    )
+    return WebConfig(listen, remote, hours * 3600.0, per_user, total)

@@ -687,7 +687,16 @@
   if (window.EventSource) {
     var stream = new EventSource("/api/events");
     stream.onopen = function () { if (live) { live.textContent = "● live"; live.className = "live on"; } };
-    stream.onerror = function () { if (live) { live.textContent = "reconnecting…"; live.className = "live off"; } };
+    stream.onerror = function () {
+      if (!live) return;
+      live.className = "live off";
+      // a refusal (too many streams open: 429 or 503; a session that ended: 401) closes
+      // the stream for good; the browser reconnects by itself only after a cut
+      if (stream.readyState === EventSource.CLOSED) {
+        live.textContent = "not updating: reload the page";
+        live.setAttribute("title", "the live event stream was refused (too many open, or logged out)");
+      } else live.textContent = "reconnecting…";
+    };
     stream.addEventListener("oasis", function (e) {
       var ev = JSON.parse(e.data);
       if (live) live.setAttribute("title", "last event: " + ev.kind + " " + (ev.job_id || "") + " (#" + ev.sequence + ")");

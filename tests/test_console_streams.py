@@ -1,0 +1,189 @@
+"""The console's event streams are capped per user and in all: a real ``oasisd``
+subprocess with tokens (three submitters, an operator) and the console on a loopback
+port, streams opened over HTTP (``/api/events``, server-sent events) until refused, and
+a refused page in headless Chromium.
+
+Each open stream holds a descriptor, a task and a queue in the daemon, and every new
+event costs each stream work (a submitter's stream looks up the job's owner): without a
+cap one user's script could open streams until the daemon ran out of descriptors, or
+slow every event for everyone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import tempfile
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from controller.auth import hash_token
+from controller.convert import spec_to_proto
+from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
+from controller.tls import client_channel
+from tests.browser import chromium, missing
+from tests.servers import SMALL_JOB, Daemon, json_log, write_config
+
+TOKENS = {"alice": "alice-stream-token", "bob": "bob-stream-token", "ops": "ops-stream-token",
+          "carol": "carol-stream-token"}  # fmt: skip
+ROLES = {"alice": "submitter", "bob": "submitter", "ops": "operator", "carol": "submitter"}
+PER_USER = 4
+TOTAL = 7
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def bearer(name: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {TOKENS[name]}", "Accept": "text/event-stream"}
+
+
+async def open_stream(http: aiohttp.ClientSession, url: str, name: str) -> Any:
+    """An event stream of ``name``'s, open (its first bytes read), or the refusal."""
+    r = await http.get(url + "/api/events", headers=bearer(name))
+    if r.status == 200:
+        assert (await r.content.readuntil(b"\n\n")) == b"retry: 2000\n\n"
+    return r
+
+
+async def next_event(stream: Any) -> dict[str, Any]:
+    """The next ``oasis`` event on ``stream`` (heartbeats skipped)."""
+    while True:
+        block = (await stream.content.readuntil(b"\n\n")).decode()
+        for line in block.splitlines():
+            if line.startswith("data: "):
+                return dict(json.loads(line[len("data: ") :]))
+
+
+class Console:
+    """The daemon and its console's URL."""
+
+    def __init__(self, daemon: Daemon, url: str) -> None:
+        self.daemon = daemon
+        self.url = url
+
+
+@pytest.fixture
+def console(tmp_path: Path) -> Iterator[Console]:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("".join(f"{n} {ROLES[n]} {hash_token(t)}\n" for n, t in TOKENS.items()))
+    extra = (
+        f'[auth]\ntokens_file = "{tokens}"\n[web]\nlisten = "127.0.0.1:0"\n'
+        f"max_event_streams_per_user = {PER_USER}\nmax_event_streams = {TOTAL}\n"
+    )
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", extra=extra)
+    daemon = Daemon(config, tmp_path / "oasisd.log").start()
+    try:
+        web = next(
+            line["address"] for line in json_log(tmp_path / "oasisd.log")
+            if line.get("event") == "console listening"
+        )  # fmt: skip
+        yield Console(daemon, f"http://{web}")
+    finally:
+        assert daemon.stop() == 0  # a clean stop, streams open or not
+
+
+def test_one_users_event_streams_are_capped_and_others_still_get_one(console: Console) -> None:
+    url, daemon = console.url, console.daemon
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as http:
+            alice = []
+            for _ in range(PER_USER):
+                r = await open_stream(http, url, "alice")
+                assert r.status == 200, await r.text()
+                alice.append(r)
+            # one more of Alice's is refused, with the limit named
+            refused = await open_stream(http, url, "alice")
+            assert refused.status == 429
+            message = (await refused.json())["error"]["message"]
+            assert f"web.max_event_streams_per_user = {PER_USER}" in message, message
+            assert "alice" in message
+            # ... also from a browser session of hers: the cap is the user's
+            async with http.post(
+                url + "/login", data={"token": TOKENS["alice"]}, allow_redirects=False
+            ) as login:
+                assert login.status == 303
+                cookie = f"oasis_session={login.cookies['oasis_session'].value}"
+            async with http.get(url + "/api/events", headers={"Cookie": cookie}) as by_cookie:
+                assert by_cookie.status == 429
+
+            # another user still gets streams, and they carry events
+            bob = await open_stream(http, url, "bob")
+            assert bob.status == 200
+            for name in ("bob", "alice"):
+                with client_channel(daemon.address, token=TOKENS[name]) as channel:
+                    spec = {**SMALL_JOB, "id": f"{name}-job"}
+                    pb_grpc.AdmissionStub(channel).SubmitJob(
+                        pb.SubmitJobRequest(job=spec_to_proto(spec)), timeout=30
+                    )
+            event = await asyncio.wait_for(next_event(bob), 30)
+            assert (event["kind"], event["job_id"]) == ("decided", "bob-job")
+            # Alice's open streams still work (her own jobs' events only)
+            event = await asyncio.wait_for(next_event(alice[-1]), 30)
+            assert (event["kind"], event["job_id"]) == ("decided", "alice-job")
+
+            # the total: 4 + 1 open, two more of the operator's fill it
+            ops = [await open_stream(http, url, "ops") for _ in range(TOTAL - PER_USER - 1)]
+            assert [r.status for r in ops] == [200] * len(ops)
+            full = await open_stream(http, url, "carol")
+            assert full.status == 503
+            message = (await full.json())["error"]["message"]
+            assert f"web.max_event_streams = {TOTAL}" in message, message
+            for r in [*alice, bob, *ops]:
+                r.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), 90))
+    except TimeoutError:
+        pytest.fail("an event stream did not deliver an event in time")
+
+
+def test_a_refused_tab_says_it_is_not_updating(console: Console) -> None:
+    """In a real browser: a page of a user whose streams are all taken says it is not
+    updating (an EventSource refused is closed for good, so "reconnecting" would be
+    false); another user's page is live."""
+    lacking = missing()
+    if lacking:
+        if os.environ.get("OASIS_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"OASIS_REQUIRE_BROWSER=1 but missing: {', '.join(lacking)}")
+        pytest.skip(f"no browser: missing {', '.join(lacking)}")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    held = []
+    for _ in range(PER_USER):
+        request = urllib.request.Request(console.url + "/api/events", headers=bearer("alice"))
+        stream = urllib.request.urlopen(request, timeout=10)
+        assert stream.status == 200
+        held.append(stream)
+    profile = tempfile.mkdtemp(prefix="oasis-chromium-")
+    browser = chromium(profile)
+    try:
+        for name, expected in (("alice", "not updating: reload the page"), ("bob", "● live")):
+            browser.delete_all_cookies()
+            browser.get(console.url + "/login")
+            field = browser.find_element(By.ID, "token")
+            field.send_keys(TOKENS[name])
+            field.submit()
+            WebDriverWait(browser, 15).until(lambda b: b.get_cookie("oasis_session"))
+            browser.get(console.url + "/jobs")
+
+            def says(b: Any, want: str = expected) -> bool:
+                return bool(b.find_element(By.ID, "live").text == want)
+
+            WebDriverWait(browser, 15, poll_frequency=0.1).until(
+                says, message=f"{name}'s page to say {expected!r}"
+            )
+    finally:
+        browser.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+        for stream in held:
+            stream.close()
