@@ -383,10 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.data_dir:
         config = replace(config, data_dir=Path(args.data_dir))
     if args.web_listen is not None:
-        web = {"listen": args.web_listen, "session_hours": config.web.session_seconds / 3600,
-               "allow_insecure_remote": config.web.allow_insecure_remote,
-               "max_event_streams_per_user": config.web.max_event_streams_per_user,
-               "max_event_streams": config.web.max_event_streams}  # fmt: skip
+        web = {**config.web.to_dict(), "listen": args.web_listen}
         try:
             config = replace(config, web=web_from_dict(web, config.tls))
         except SpecError as err:

@@ -4,6 +4,7 @@ reduction, the ``[web]`` table's rules, sessions, and the login's redirect targe
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 import ssl
 from pathlib import Path
@@ -104,6 +105,22 @@ def test_web_listen_stays_on_loopback_unless_tls_or_allowed() -> None:
         web_from_dict({}, None).max_event_streams_per_user,
         web_from_dict({}, None).max_event_streams,
     ) == (32, 256)
+
+
+def test_web_settings_read_back_from_their_table_whole() -> None:
+    """``oasisd --web-listen`` replaces ``listen`` in ``WebConfig.to_dict()`` and reads it
+    again: every setting must come back, a key added later included (dataclass equality
+    compares every field)."""
+    every = web_from_dict(
+        {"listen": "127.0.0.1:9", "allow_insecure_remote": True, "session_hours": 3,
+         "max_event_streams_per_user": 5, "max_event_streams": 7},
+        None,
+    )  # fmt: skip
+    assert every != web_from_dict({}, None)
+    assert all(getattr(every, f.name) != f.default for f in dataclasses.fields(every))
+    assert web_from_dict(every.to_dict(), None) == every
+    moved = web_from_dict({**every.to_dict(), "listen": "127.0.0.1:0"}, None)
+    assert moved == dataclasses.replace(every, listen="127.0.0.1:0")
 
 
 def test_the_console_is_on_in_the_embedded_defaults_and_off_in_the_example() -> None:

@@ -55,6 +55,18 @@ class WebConfig:
     max_event_streams_per_user: int = 32
     max_event_streams: int = 256
 
+    def to_dict(self) -> dict[str, Any]:
+        """The ``[web]`` table these settings read from (:func:`web_from_dict` of it
+        gives them back): ``oasisd --web-listen`` replaces ``listen`` in it and reads it
+        again, with the address rules, keeping every other key."""
+        return {
+            "listen": self.listen,
+            "allow_insecure_remote": self.allow_insecure_remote,
+            "session_hours": self.session_seconds / 3600.0,
+            "max_event_streams_per_user": self.max_event_streams_per_user,
+            "max_event_streams": self.max_event_streams,
+        }
+
 
 def web_from_dict(raw: Mapping[str, Any], tls: TlsConfig | None) -> WebConfig:
     """Read the ``[web]`` table (empty: no console); SpecError names the key."""
