@@ -18,6 +18,17 @@ What is measured
       window instead of a 300-slot one has about ``T / 300`` of the work). The second
       is an experiment (the estimate does not do it), measured to see whether the
       shipped prior's failure on these instances is one of scale.
+    - ``bounds``: for each job count and seed, the trace of ``traces`` against the
+      tightest certified upper bound this project computes: ``oasis offline``'s solve
+      (``pricing.offline_solve.solve``, ``--method auto``: column generation on the
+      configuration LP, whose least Lagrangian bound is certified, and an allocation
+      rounded from its columns), started from OASiS's allocation as ``oasis offline``
+      is. Per trace: ``sum f(d_min)``, the empty-cluster bound, the certified LP bound
+      (with why column generation stopped and after how many rounds), the offline
+      allocation, OASiS (estimated bounds, the daemon's rule) and RRH. One solve at a
+      time: each takes up to ``--time-limit`` seconds. The same numbers come from
+      ``oasis gen --jobs N --seed S --pricing estimate -o t.json`` then ``oasis offline
+      t.json --time-limit L --json`` (up to where the time limit stops the solver).
 
 Methodology
     Traces from ``generate_trace(numpy.random.default_rng(seed), ...)``. The replay is
@@ -30,6 +41,8 @@ Methodology
 Run with
     .venv/bin/python -m bench.quality traces [--jobs 300,400] [--seeds 5] [--first-seed 1]
     .venv/bin/python -m bench.quality fig5 [--seeds 5] [--first-seed 1] [--max-share 0.1]
+    .venv/bin/python -m bench.quality bounds [--jobs 300,400] [--seeds 5] [--first-seed 1]
+        [--time-limit 300]
 """
 
 from __future__ import annotations
@@ -37,6 +50,7 @@ from __future__ import annotations
 import argparse
 import copy
 import math
+import re
 import sys
 import time
 from typing import Any
@@ -48,15 +62,17 @@ from bench.offline_optimum import HORIZON as FIG5_HORIZON
 from bench.offline_optimum import N_JOBS as FIG5_JOBS
 from bench.pool import add_arguments, executor, run_all
 from controller.commands.gen import parse_share
+from controller.commands.offline import _quiet_native_stdout
 from controller.replay import replay
 from pricing import Ledger, Trace, decide, trace_from_dict
 from pricing.baselines import run as run_baseline
 from pricing.default_prior import DEFAULT_PRIOR
 from pricing.offline import solve_offline
+from pricing.offline_solve import solve
 from pricing.quality import certified_bound, dmin_bound
 from pricing.workload import generate_trace
 
-__all__ = ["fig5_instance", "shifted_prior", "trace_row"]
+__all__ = ["bounds_row", "fig5_instance", "shifted_prior", "trace_row"]
 
 SERVERS = 50
 HORIZON = 300
@@ -124,6 +140,88 @@ def trace_row(jobs: int, seed: int) -> dict[str, Any]:
         raise AssertionError(f"replay earned {replayed}, this loop {row['oasis']}")
     row["rrh"] = math.fsum(float(o.utility or 0.0) for o in run_baseline(oracle, "rrh"))
     return row
+
+
+def bounds_row(
+    jobs: int, seed: int, time_limit: float, *, servers: int = SERVERS, horizon: int = HORIZON
+) -> dict[str, Any]:
+    """One trace of the paper's setting against the offline solve (module docstring):
+    ``dmin``, ``empty`` (empty-cluster bound), ``lp`` (the certified configuration-LP
+    bound), ``tightest`` (the least of the two), ``allocation``, ``oasis``, ``rrh``,
+    ``stop``, ``rounds``, ``method``, ``seconds``."""
+    raw = _raw(seed, jobs, servers, servers, horizon, None)
+    oracle = trace_from_dict({**raw, "pricing": {"bounds": "oracle"}})
+    estimated = trace_from_dict({**raw, "pricing": {"bounds": "estimate"}})
+    records = list(replay(estimated))
+    oasis = math.fsum(float(r.decision.best.utility or 0.0) for r in records if r.decision.admitted)
+    start = [r.decision.best.schedule if r.decision.admitted else None for r in records]
+    said: list[str] = []
+    with _quiet_native_stdout():  # HiGHS's banner, as in ``oasis offline``
+        result = solve(
+            estimated, method="auto", time_limit=time_limit, start=start, progress=said.append
+        )
+    # offline_solve's "column generation: STOP after N rounds, ..." (not a round's line)
+    ends = [m.split(": ", 1)[1] for m in said if re.match(r"column generation: [a-z ]+ after", m)]
+    stop = ends[-1].split(" after ")[0] if ends else "?"
+    assert result.optimum is not None  # started from OASiS's allocation
+    lp = result.lp_bound if result.lp_bound is not None else math.inf
+    empty = certified_bound(oracle)
+    best = min(empty, lp, result.bound if result.bound is not None else math.inf)
+    return {
+        "jobs": jobs,
+        "seed": seed,
+        "dmin": dmin_bound(oracle),
+        "empty": empty,
+        "lp": lp,
+        "tightest": best,
+        "allocation": result.optimum,
+        "oasis": oasis,
+        "rrh": math.fsum(float(o.utility or 0.0) for o in run_baseline(oracle, "rrh")),
+        "stop": stop,
+        "rounds": result.rounds,
+        "method": result.method,
+        "seconds": result.solve_seconds,
+    }
+
+
+def _bounds_line(r: dict[str, Any]) -> str:
+    return (
+        f"| {r['jobs']} | {r['seed']} | {r['dmin']:.1f} | {r['empty']:.1f} "
+        f"| {r['tightest']:.1f} ({r['method']}: {r['stop']}, {r['rounds']} rounds, "
+        f"{r['seconds']:.0f} s) "
+        f"| {r['allocation']:.1f} | {r['oasis']:.1f} | {r['rrh']:.1f} "
+        f"| {r['tightest'] / r['dmin']:.4f} | {r['allocation'] / r['dmin']:.4f} "
+        f"| {r['oasis'] / r['dmin']:.4f} | {r['oasis'] / r['tightest']:.4f} "
+        f"| {r['oasis'] / r['allocation']:.4f} | {r['oasis'] / r['rrh']:.4f} |"
+    )
+
+
+def _bounds(args: argparse.Namespace, seeds: list[int]) -> list[str]:
+    head = [
+        "| jobs | seed | sum f(d_min) | empty-cluster bound | certified bound (method: LP "
+        "stop, rounds, solve time) | offline allocation | OASiS | RRH | bound / sum f(d_min) "
+        "| allocation / sum f(d_min) | OASiS / sum f(d_min) | OASiS / bound "
+        "| OASiS / allocation | OASiS / RRH |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    print("\n".join(head), flush=True)  # rows as they come: each solve takes minutes
+    rows = []
+    for n in (int(x) for x in args.jobs.split(",")):
+        for s in seeds:
+            rows.append(bounds_row(n, s, args.time_limit))
+            print(_bounds_line(rows[-1]), flush=True)
+
+    def span(key: str) -> str:
+        q = [r["oasis"] / r[key] for r in rows]
+        return f"{min(q):.4f}-{max(q):.4f} (mean {float(np.mean(q)):.4f})"
+
+    return [
+        "",
+        f"OASiS / sum f(d_min): {span('dmin')}, "
+        f"{sum(r['oasis'] >= 0.8 * r['dmin'] for r in rows)} of {len(rows)} at or above 0.80. "
+        f"OASiS / certified bound: {span('tightest')}. OASiS / offline allocation: "
+        f"{span('allocation')}.",
+    ]
 
 
 def shifted_prior(horizon: int) -> dict[str, Any]:
@@ -212,16 +310,20 @@ def _fig5(args: argparse.Namespace, seeds: list[int]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.quality")
-    parser.add_argument("what", choices=("traces", "fig5"))
+    parser.add_argument("what", choices=("traces", "fig5", "bounds"))
     parser.add_argument("--jobs", default="300,400", help="traces: job counts")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--first-seed", type=int, default=1)
     parser.add_argument("--max-share", type=parse_share, default=None, help="fig5: small jobs")
+    parser.add_argument(
+        "--time-limit", type=float, default=300.0, help="bounds: seconds per offline solve"
+    )
     add_arguments(parser)
     args = parser.parse_args(argv)
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     started = time.perf_counter()
-    lines = _traces(args, seeds) if args.what == "traces" else _fig5(args, seeds)
+    run = {"traces": _traces, "fig5": _fig5, "bounds": _bounds}[args.what]
+    lines = run(args, seeds)
     print(f"seeds {seeds[0]}..{seeds[-1]}; {describe()}; {time.perf_counter() - started:.0f} s")
     print("\n".join(lines))
     return 0

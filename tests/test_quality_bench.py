@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from bench.quality import losses, shifted_prior
+from bench.quality import bounds_row, losses, shifted_prior
 from controller.replay import replay
 from pricing import trace_from_dict
 from pricing.default_prior import DEFAULT_PRIOR
@@ -47,3 +47,26 @@ def test_the_shifted_prior_moves_only_the_floor() -> None:
             "pricing": {"bounds": "estimate", "prior": moved},
         }
     )  # fmt: skip
+
+
+def test_a_bounds_row_orders_oasis_the_allocation_and_the_bounds() -> None:
+    row = bounds_row(12, 1, 20.0, servers=3, horizon=20)
+    eps = 1e-6 * max(1.0, row["dmin"])
+    assert row["oasis"] <= row["allocation"] + eps  # started from OASiS's allocation
+    assert row["allocation"] <= row["tightest"] + eps <= row["lp"] + 2 * eps
+    assert row["tightest"] <= row["empty"] + eps <= row["dmin"] + 2 * eps
+    assert row["rounds"] is not None and row["rounds"] >= 1
+    assert row["stop"] in {"converged", "gap", "time limit", "iterations", "stalled"}
+    trace = trace_from_dict(
+        {
+            **generate_trace(
+                np.random.default_rng(1), n_jobs=12, n_worker_servers=3, n_ps_servers=3,
+                horizon=20,
+            ),
+            "pricing": {"bounds": "estimate"},
+        }
+    )  # fmt: skip
+    earned = math.fsum(
+        float(r.decision.best.utility or 0.0) for r in replay(trace) if r.decision.admitted
+    )
+    assert math.isclose(row["oasis"], earned, rel_tol=1e-12, abs_tol=1e-12)
