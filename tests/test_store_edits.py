@@ -1,0 +1,166 @@
+"""A store edited by hand (an operator, a bad migration, a half-restored backup): the
+daemon, a subprocess on SQLite and on PostgreSQL, still starts, takes out the one row it
+cannot use with a log line and an event naming it, and leaves every other tenant's job
+as it was. Nothing prints a traceback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import sqlalchemy
+
+from controller.convert import spec_to_proto
+from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
+from tests.servers import Daemon, Postgres, write_config
+from tests.test_config_shrink import _events, _jobs, _plan, _within_capacity
+from tests.test_daemon_e2e import contending_jobs
+
+
+@dataclass
+class Store:
+    """A copy of a store a daemon decided six jobs in (j0-j3 admitted, j4-j5 rejected)."""
+
+    url: str
+    epoch: float
+    before: dict[str, Any]  # ListJobs as the daemon that decided them answered
+
+    def execute(self, *statements: str) -> None:
+        engine = sqlalchemy.create_engine(self.url)
+        try:
+            with engine.begin() as conn:
+                for statement in statements:
+                    conn.execute(sqlalchemy.text(statement))
+        finally:
+            engine.dispose()
+
+
+@dataclass
+class _Template:
+    url: str
+    epoch: float
+    before: dict[str, Any]
+
+
+def _decide_six(url: str, folder: Path) -> _Template:
+    epoch = time.time()
+    config = write_config(folder / "oasisd.toml", folder / "data", url, epoch=epoch)
+    daemon = Daemon(config, folder / "oasisd.log").start()
+    try:
+        with grpc.insecure_channel(daemon.address) as channel:
+            stub = pb_grpc.AdmissionStub(channel)
+            for spec in contending_jobs(6):
+                stub.SubmitJob(pb.SubmitJobRequest(job=spec_to_proto(spec)), timeout=60)
+            before = _jobs(stub)
+    finally:
+        assert daemon.stop() == 0, (folder / "oasisd.log").read_text()
+    return _Template(url, epoch, before)
+
+
+@pytest.fixture(scope="module")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> _Template:
+    folder = tmp_path_factory.mktemp("template")
+    return _decide_six(f"sqlite:///{folder / 'store.db'}", folder)
+
+
+@pytest.fixture(scope="module")
+def postgres_template(tmp_path_factory: pytest.TempPathFactory, postgres: Postgres) -> _Template:
+    return _decide_six(postgres.new_database(), tmp_path_factory.mktemp("template"))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    """A fresh copy of the template store of the backend."""
+    if request.param == "sqlite":
+        template: _Template = request.getfixturevalue("sqlite_template")
+        source = Path(template.url.removeprefix("sqlite:///"))
+        shutil.copy(source, tmp_path / "store.db")
+        return Store(f"sqlite:///{tmp_path / 'store.db'}", template.epoch, template.before)
+    template = request.getfixturevalue("postgres_template")
+    server: Postgres = request.getfixturevalue("postgres")
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    engine = sqlalchemy.create_engine(server.url(), isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            database = template.url.rsplit("/", 1)[1]
+            conn.execute(sqlalchemy.text(f'CREATE DATABASE "{name}" TEMPLATE "{database}"'))
+    finally:
+        engine.dispose()
+    return Store(server.url(name), template.epoch, template.before)
+
+
+@dataclass
+class Restarted:
+    jobs: dict[str, Any]
+    events: dict[str, dict[str, Any]]  # job id -> detail of its last replanned/failed event
+    first_slot: int
+    log: str
+
+
+def _restart(store: Store, tmp_path: Path, edit: Callable[[str], str] = str) -> Restarted:
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store.url, store.epoch)
+    config.write_text(edit(config.read_text()))
+    log = tmp_path / "restarted.log"
+    daemon = Daemon(config, log).start()
+    try:
+        with grpc.insecure_channel(daemon.address) as channel:
+            stub = pb_grpc.AdmissionStub(channel)
+            cluster = pb_grpc.ClusterStub(channel)
+            jobs = _jobs(stub)
+            now = cluster.GetUtilisation(pb.GetUtilisationRequest(), timeout=10).first_slot
+            _within_capacity(cluster, jobs, now)
+            events = {
+                e.job_id: json.loads(e.detail)
+                for e in _events(stub)
+                if e.kind in ("replanned", "failed")
+            }
+    finally:
+        assert daemon.stop() == 0, log.read_text()
+    text = log.read_text()
+    assert "Traceback" not in text, text
+    return Restarted(jobs, events, now, text)
+
+
+def _others_untouched(store: Store, after: Restarted, *edited: str) -> None:
+    for job_id, job in store.before.items():
+        if job_id in edited:
+            continue
+        assert after.jobs[job_id].state == job.state, job_id
+        assert _plan(after.jobs[job_id], after.first_slot) == _plan(job, after.first_slot), job_id
+        assert job_id not in after.events, (job_id, after.events[job_id])
+
+
+def test_a_job_row_that_does_not_read_back_leaves_every_other_readable(
+    store: Store, tmp_path: Path
+) -> None:
+    """Before: one row whose spec was not JSON (or not an object), whose state was not a
+    state or whose detail was not an object failed every ListJobs page holding it
+    (INTERNAL or UNKNOWN), so `oasis jobs` and `oasis status` failed for everyone."""
+    store.execute(
+        "UPDATE jobs SET spec = '{not json' WHERE id = 'j4'",  # rejected: no plan to rebuild
+        "UPDATE jobs SET spec = '[1, 2]' WHERE id = 'j5'",
+        "UPDATE jobs SET state = 'zombie' WHERE id = 'j3'",
+        "UPDATE jobs SET detail = '[1]' WHERE id = 'j2'",
+    )
+    after = _restart(store, tmp_path)
+    assert sorted(after.jobs) == sorted(store.before)
+    assert json.loads(after.jobs["j4"].spec.json) == {"id": "j4"}
+    assert json.loads(after.jobs["j5"].spec.json) == {"id": "j5"}
+    assert after.jobs["j3"].state == pb.JOB_STATE_UNSPECIFIED
+    for job_id in ("j0", "j1", "j2", "j3"):
+        assert _plan(after.jobs[job_id], 0) == _plan(store.before[job_id], 0), job_id
+    warned = {e["job"]: e["why"] for e in map(json.loads, after.log.splitlines())
+              if e.get("event", "").startswith("stored job row does not read back")}  # fmt: skip
+    assert "the stored spec of job 'j4': is not valid JSON" in warned["j4"], warned
+    assert "must be a JSON object, got list" in warned["j5"], warned
+    assert "state 'zombie' is not one of" in warned["j3"], warned
+    assert "detail: must be a JSON object, got list" in warned["j2"], warned
