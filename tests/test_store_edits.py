@@ -139,6 +139,28 @@ def _others_untouched(store: Store, after: Restarted, *edited: str) -> None:
         assert job_id not in after.events, (job_id, after.events[job_id])
 
 
+BAD_SPECS: dict[str, Callable[[str], str]] = {
+    "not JSON": lambda spec: "{not json",
+    "nested too deeply": lambda spec: '{"a": ' + "[" * 100_000 + "}",
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_SPECS))
+def test_a_stored_spec_that_does_not_read_back_fails_that_job_alone(
+    store: Store, tmp_path: Path, bad: str
+) -> None:
+    """Before: json.loads raised out of the rebuild (JSONDecodeError, RecursionError): a
+    traceback and exit 1 at every start, a crash loop under systemd."""
+    spec = BAD_SPECS[bad]("")
+    store.execute(f"UPDATE jobs SET spec = '{spec}' WHERE id = 'j1'")
+    after = _restart(store, tmp_path)
+    assert after.jobs["j1"].state == pb.JOB_STATE_FAILED
+    why = after.events["j1"]["why"]
+    assert "the stored spec of job 'j1'" in why and after.events["j1"]["how"] == "stranded", why
+    assert not _plan(after.jobs["j1"], after.first_slot)
+    _others_untouched(store, after, "j1")
+
+
 def test_a_job_row_that_does_not_read_back_leaves_every_other_readable(
     store: Store, tmp_path: Path
 ) -> None:
@@ -164,3 +186,26 @@ def test_a_job_row_that_does_not_read_back_leaves_every_other_readable(
     assert "must be a JSON object, got list" in warned["j5"], warned
     assert "state 'zombie' is not one of" in warned["j3"], warned
     assert "detail: must be a JSON object, got list" in warned["j2"], warned
+
+
+def test_a_pending_job_whose_spec_does_not_read_back_expires_alone(
+    store: Store, tmp_path: Path
+) -> None:
+    """Before: the pass over the pending queue at a slot boundary caught ValueError, not
+    RecursionError: a pending job's spec nested too deeply failed the whole pass, at
+    every boundary, so no pending job of any tenant was decided again."""
+    deep = '{"a": ' + "[" * 100_000 + "}"
+    store.execute(
+        f"UPDATE jobs SET state = 'pending', wait_until_slot = 20, decided_slot = NULL, "
+        f"spec = '{deep}' WHERE id = 'j4'",
+        "UPDATE jobs SET state = 'pending', wait_until_slot = 20, decided_slot = NULL "
+        "WHERE id = 'j5'",
+    )
+    after = _restart(store, tmp_path)
+    assert after.jobs["j4"].state == pb.JOB_STATE_EXPIRED
+    assert (
+        "the stored spec of job 'j4': is JSON nested too deeply" in after.jobs["j4"].decision.reason
+    )
+    assert after.jobs["j5"].state in (pb.JOB_STATE_PENDING, pb.JOB_STATE_ADMITTED)
+    # decided again (its search timed anew) in the same pass, after j4 expired
+    assert after.jobs["j5"].decision.decision_ms != store.before["j5"].decision.decision_ms

@@ -5,7 +5,6 @@ when the execution plane re-plans)."""
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -30,6 +29,7 @@ from controller.store import (
     migrate,
 )
 from controller.store.commit_process import START_SECONDS
+from controller.store.stored import stored_spec
 from controller.store.writer_lock import recorded_holder
 from pricing import Job, Ledger, OasisError, SpecError, fields
 from pricing.best_schedule import warm_up
@@ -234,7 +234,8 @@ class Recovery(Moves, BoundControl):
         p_index = {n: i for i, n in enumerate(self.cluster.ps_names)}
         start, stop = allocs[0].slot, allocs[-1].slot + 1
         try:
-            job = self._parse(json.loads(allocs[0].spec), allocs[0].arrival_slot, fits=False)
+            spec = stored_spec(allocs[0].spec, job_id)
+            job = self._parse(spec, allocs[0].arrival_slot, fits=False)
         except SpecError as err:
             return self._misfit(job_id, None, allocs, str(err))
         gone = sorted({a.server for a in allocs} - w_index.keys() - p_index.keys())
