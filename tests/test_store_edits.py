@@ -21,7 +21,7 @@ import sqlalchemy
 from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
-from tests.servers import Daemon, Postgres, write_config
+from tests.servers import CLUSTER_TOML, Daemon, Postgres, write_config
 from tests.test_config_shrink import _events, _jobs, _plan, _within_capacity
 from tests.test_daemon_e2e import contending_jobs
 
@@ -159,6 +159,87 @@ def test_a_stored_spec_that_does_not_read_back_fails_that_job_alone(
     assert "the stored spec of job 'j1'" in why and after.events["j1"]["how"] == "stranded", why
     assert not _plan(after.jobs["j1"], after.first_slot)
     _others_untouched(store, after, "j1")
+
+
+def _first_allocation(store: Store, job_id: str, server: str) -> int:
+    engine = sqlalchemy.create_engine(store.url)
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(sqlalchemy.text(
+                "SELECT min(slot) FROM allocations WHERE job_id = :j AND server = :s"
+            ), {"j": job_id, "s": server}).scalar_one())  # fmt: skip
+    finally:
+        engine.dispose()
+
+
+BAD_ALLOCATIONS: dict[str, tuple[str, str]] = {
+    # name: (SET clause on j1's first row on w0, what the reason says)
+    "negative workers": ("workers = -50", "workers: must be 0 .. 13 (its chunks), got -50"),
+    "workers past int32": ("workers = 2000000000", "workers: must be 0 .. 13"),
+    "huge workers": ("workers = 1000", "workers: must be 0 .. 13 (its chunks), got 1000"),
+    "negative ps": ("ps = -3", "ps: must be 0 .. 13 (its chunks), got -3"),
+    "slot far past the window": ("slot = 1000000000000", "slot 1000000000000 on w0: more than"),
+    "workers not a number": ("workers = 'abc'", "workers: must be 0 .. 13 (its chunks), got abc"),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_ALLOCATIONS))
+def test_a_stored_allocation_out_of_range_fails_that_job_alone(
+    store: Store, tmp_path: Path, bad: str
+) -> None:
+    """Before: a negative count went into the ledger as it was (freeing capacity other
+    tenants' jobs then took: servers over capacity); a huge one made the refit search
+    billions of worker-slots (MemoryError at start-up) and a far slot a misfit array of
+    a trillion slots (MemoryError): each a crash loop."""
+    change, reason = BAD_ALLOCATIONS[bad]
+    if "'" in change and store.url.startswith("postgresql"):
+        pytest.skip("PostgreSQL keeps an integer column's type; SQLite keeps what it is given")
+    slot = _first_allocation(store, "j1", "w0")
+    where = f"job_id = 'j1' AND server = 'w0' AND slot = {slot}"
+    store.execute(f"UPDATE allocations SET {change} WHERE {where}")
+    after = _restart(store, tmp_path)
+    assert after.jobs["j1"].state == pb.JOB_STATE_FAILED
+    why = after.events["j1"]["why"]
+    assert "the stored plan of job 'j1'" in why and reason in why, why
+    assert not _plan(after.jobs["j1"], after.first_slot)
+    _others_untouched(store, after, "j1")
+
+
+def test_a_server_whose_kind_changed_has_its_units_refitted(store: Store, tmp_path: Path) -> None:
+    """Before: a PS server made a worker server (or the reverse) in the config kept the
+    stored rows, reading the PS count as 0 workers: the job's parameter servers silently
+    vanished from the ledger, their capacity free for others, and nothing was logged."""
+    engine = sqlalchemy.create_engine(store.url)
+    try:
+        with engine.connect() as conn:
+            used = conn.execute(sqlalchemy.text(
+                "SELECT DISTINCT job_id FROM allocations WHERE server = 'p1' AND ps > 0"
+            )).scalars().all()  # fmt: skip
+    finally:
+        engine.dispose()
+    assert used, "some job must have PS on p1, or the test checks nothing"
+    after = _restart(store, tmp_path, lambda text: text.replace(
+        '{name="p1", kind="ps"', '{name="p1", kind="worker"'))  # fmt: skip
+    for job_id in used:
+        assert after.events[job_id]["reason"] == "config_changed", after.events
+        assert "server p1 is now a worker server" in after.events[job_id]["why"]
+        assert all(p == 0 for _, server, _, p in _plan(after.jobs[job_id], 0) if server == "p1")
+
+
+def test_a_refit_is_held_to_the_search_limits(store: Store, tmp_path: Path) -> None:
+    """A plan that no longer fits is re-planned by the best-schedule search at start-up
+    (and at a takeover), where every tenant waits for it: the search is held to the
+    limits a submission is, so a stored spec edited into a huge job cannot hold the
+    start. Here the limit is set low and a server removed: the jobs that cannot be
+    re-placed in their slots are stranded, naming the limit, instead of searched."""
+    w2 = next(line for line in CLUSTER_TOML.splitlines() if 'name="w2"' in line)
+    after = _restart(store, tmp_path, lambda text: text.replace(w2 + "\n", "").replace(
+        "[cluster]", "[limits]\nmax_search_steps = 10\n\n[cluster]"))  # fmt: skip
+    refused = {j: e for j, e in after.events.items() if "re-plan is not searched" in e["why"]}
+    assert refused, after.events
+    for job_id, event in refused.items():
+        assert event["how"] == "stranded" and "limits.max_search_steps" in event["why"], event
+        assert after.jobs[job_id].state == pb.JOB_STATE_FAILED
 
 
 def test_a_job_row_that_does_not_read_back_leaves_every_other_readable(
