@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -21,7 +23,7 @@ import sqlalchemy
 from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
-from tests.servers import CLUSTER_TOML, Daemon, Postgres, write_config
+from tests.servers import CLUSTER_TOML, ROOT, Daemon, Postgres, write_config
 from tests.test_config_shrink import _events, _jobs, _plan, _within_capacity
 from tests.test_daemon_e2e import contending_jobs
 
@@ -290,3 +292,20 @@ def test_a_pending_job_whose_spec_does_not_read_back_expires_alone(
     assert after.jobs["j5"].state in (pb.JOB_STATE_PENDING, pb.JOB_STATE_ADMITTED)
     # decided again (its search timed anew) in the same pass, after j4 expired
     assert after.jobs["j5"].decision.decision_ms != store.before["j5"].decision.decision_ms
+
+
+def test_a_store_of_a_newer_version_is_refused_in_one_line(store: Store, tmp_path: Path) -> None:
+    """Before: a store a newer oasis migrated (an upgrade rolled back, a backup from a
+    newer head node) stopped the start with Alembic's traceback ending in "Can't locate
+    revision identified by ...", at every restart."""
+    store.execute("UPDATE alembic_version SET version_num = '0042_from_the_future'")
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store.url, store.epoch)
+    out = subprocess.run(
+        [sys.executable, "-m", "controller.daemon", "--config", str(config)],
+        capture_output=True, text=True, timeout=120, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("oasisd: the store ") and "0042_from_the_future" in lines[0]
+    assert "newer oasis" in lines[0] and "0004" in lines[0], lines[0]

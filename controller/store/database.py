@@ -32,6 +32,7 @@ from typing import Any
 
 import psycopg
 from alembic import command
+from alembic import util as alembic_util
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
@@ -47,6 +48,7 @@ __all__ = [
     "SQLITE_SYNCHRONOUS",
     "Database",
     "StoreUnavailableError",
+    "StoreVersionError",
     "migrate",
 ]
 
@@ -75,6 +77,11 @@ _patience: ContextVar[float | None] = ContextVar("store_patience", default=None)
 
 class StoreUnavailableError(Exception):
     """The database cannot be reached or refused the operation for a transient reason."""
+
+
+class StoreVersionError(Exception):
+    """The store's schema is at a revision this oasis does not know: a newer one wrote it
+    (the message says so and what to do)."""
 
 
 SQLITE_SYNCHRONOUS = ("full", "normal")
@@ -329,18 +336,35 @@ def _alembic_config(url: str) -> Config:
     return cfg
 
 
+def _unknown_revision(script: ScriptDirectory, revision: str) -> bool:
+    """Whether ``revision`` is none of this oasis's migrations."""
+    try:
+        return script.get_revision(revision) is None
+    except alembic_util.CommandError:  # unknown, or ambiguous
+        return True
+
+
 def migrate(db: Database) -> str:
     """Bring the schema to the newest revision; returns it.
 
     Check, lock, check again, upgrade: concurrent daemons on one PostgreSQL serialise on
-    an advisory lock; SQLite serialises on its own write lock.
+    an advisory lock; SQLite serialises on its own write lock. StoreVersionError if the
+    store is at a revision this oasis does not know (a newer one migrated it).
     """
     cfg = _alembic_config(db.url)
-    head = ScriptDirectory.from_config(cfg).get_current_head()
+    script = ScriptDirectory.from_config(cfg)
+    head = script.get_current_head()
     assert head is not None
     with db.engine.begin() as conn:
-        if MigrationContext.configure(conn).get_current_revision() == head:
+        current = MigrationContext.configure(conn).get_current_revision()
+        if current == head:
             return head
+    if current is not None and _unknown_revision(script, current):
+        raise StoreVersionError(
+            f"is at schema revision {current[:64]!r}, which this oasis does not know (its "
+            f"newest is {head!r}): a newer oasis migrated it. Run that version, or restore "
+            "a backup of the store taken before it ran"
+        )
     with db.patient(_MIGRATION_SECONDS), db.engine.begin() as conn:
         if db.engine.dialect.name == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK})
