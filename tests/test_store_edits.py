@@ -309,3 +309,23 @@ def test_a_store_of_a_newer_version_is_refused_in_one_line(store: Store, tmp_pat
     assert len(lines) == 1, out.stderr
     assert lines[0].startswith("oasisd: the store ") and "0042_from_the_future" in lines[0]
     assert "newer oasis" in lines[0] and "0004" in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("up_from", ["NULL", "1000000000000"])
+def test_an_outage_row_over_planned_slots_refits_the_jobs_on_that_server(
+    store: Store, tmp_path: Path, up_from: str
+) -> None:
+    """A store restored half from a backup: the server outages (the execution plane's)
+    from after the plans. Before: the rebuild placed the plans, then blocking the
+    server raised LedgerError ("still holds jobs"): a traceback at every start."""
+    store.execute(
+        "INSERT INTO server_outages (server, down_from, up_from, detected_at) "
+        f"VALUES ('w0', -1000000000000, {up_from}, '2026-01-01 00:00:00+00:00')"
+    )
+    on_w0 = {j for j, job in store.before.items() if any(s == "w0" for _, s, _, _ in _plan(job, 0))}
+    assert on_w0, "some job must be planned on w0, or the test checks nothing"
+    after = _restart(store, tmp_path)
+    for job_id in on_w0:
+        assert after.events[job_id]["reason"] == "config_changed", after.events
+        assert all(s != "w0" for _, s, _, _ in _plan(after.jobs[job_id], after.first_slot))
+    _others_untouched(store, after, *on_w0)

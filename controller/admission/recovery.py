@@ -195,8 +195,10 @@ class Recovery(Moves, BoundControl):
         A standby leaves such plans out and rebuilds in full when it takes over."""
         ledger = self._ledger
         by_job = self._stored_plans(ledger.origin)
-        misfits = [m for job_id, allocs in by_job.items() if (m := self._place(job_id, allocs))]
+        # the outages first: a plan on a server down in its slots (a store restored in
+        # part from a backup) is then a misfit, refitted, instead of a LedgerError
         self._block_failed_servers(ledger)
+        misfits = [m for job_id, allocs in by_job.items() if (m := self._place(job_id, allocs))]
         self._unfitted = 0 if self.leading else len(misfits)
         if misfits and self.leading:
             self._refit(misfits)
@@ -232,11 +234,29 @@ class Recovery(Moves, BoundControl):
         if isinstance(found, _Misfit):
             return found
         job, schedule = found
+        down = self._down_in(schedule)
+        if down:
+            return self._misfit(job_id, job, allocs, down)
         try:
             self._ledger.admit(job_id, job.worker, job.ps, schedule)
             return None
         except CapacityError as err:
             return self._misfit(job_id, job, allocs, f"over the configured capacity: {err}")
+
+    def _down_in(self, schedule: Schedule) -> str:
+        """Where ``schedule`` has units on a server recorded down (an outage of the
+        execution plane), in words; "" if nowhere."""
+        ledger, cluster = self._ledger, self.cluster
+        lo = schedule.start - ledger.origin
+        sides = ((schedule.workers, ledger.worker_side, cluster.worker_names),
+                 (schedule.ps, ledger.ps_side, cluster.ps_names))  # fmt: skip
+        for counts, side, names in sides:
+            hit = (counts > 0) & side.blocked[lo : lo + schedule.slots]
+            if hit.any():
+                t, server = (int(i) for i in np.argwhere(hit)[0])
+                slot = schedule.start + t
+                return f"server {names[server]} is down in slot {slot} (a recorded outage)"
+        return ""
 
     def _stored_schedule(self, job_id: str, allocs: list[Any]) -> tuple[Job, Schedule] | _Misfit:
         """One job's stored allocations (rows of :meth:`_stored_plans`) as the job and its
