@@ -329,3 +329,21 @@ def test_an_outage_row_over_planned_slots_refits_the_jobs_on_that_server(
         assert after.events[job_id]["reason"] == "config_changed", after.events
         assert all(s != "w0" for _, s, _, _ in _plan(after.jobs[job_id], after.first_slot))
     _others_untouched(store, after, *on_w0)
+
+
+def test_sqlite_json_that_does_not_parse_reads_as_null(store: Store, tmp_path: Path) -> None:
+    """SQLite keeps any text in a JSON column (PostgreSQL checks it). Before: a meta row
+    edited into text that is not JSON raised json.JSONDecodeError out of the start-up
+    (a crash loop), an event's detail out of every read of the event log."""
+    if not store.url.startswith("sqlite"):
+        pytest.skip("PostgreSQL refuses text that is not JSON in a json column")
+    store.execute(
+        "UPDATE meta SET value = '{oops' WHERE key = 'bound_estimate'",
+        "UPDATE events SET detail = '{oops' WHERE job_id = 'j2'",
+        "UPDATE jobs SET detail = '{oops' WHERE id = 'j3'",
+    )
+    after = _restart(store, tmp_path)
+    assert sorted(after.jobs) == sorted(store.before)
+    assert '"why": "the stored state is of an older format or unreadable"' in after.log
+    assert "stored job row does not read back" in after.log
+    _others_untouched(store, after)

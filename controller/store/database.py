@@ -22,6 +22,7 @@ ledger's rebuild at start-up may take longer on a large store: they run under
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -137,6 +138,8 @@ class Database:
             connect_args = _pg_connect_args(parsed, timeout, idle_transaction)
             kwargs.update(pool_pre_ping=True, pool_size=5, max_overflow=5, pool_timeout=timeout,
                           connect_args=connect_args)  # fmt: skip
+        else:  # SQLite keeps any text in a JSON column: text that is not JSON reads as null
+            kwargs.update(json_deserializer=lenient_json)
         self.engine: Engine = create_engine(url, **kwargs)
         self.fail_fast = self.engine.dialect.name == "postgresql"
         if self.engine.dialect.name == "sqlite":
@@ -246,6 +249,17 @@ class Database:
     def dispose(self) -> None:
         self._drop_held()
         self.engine.dispose()
+
+
+def lenient_json(text: str) -> Any:
+    """A JSON column's value as stored, None if it is not JSON (nested too deeply for the
+    parser included): SQLite keeps any text there, and one row edited by hand must not
+    fail every query that reads it (each reader takes None as a value it cannot use, and
+    logs it where that matters). PostgreSQL's json type refuses such text."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
 
 
 def _is_transient(err: DBAPIError) -> bool:
