@@ -347,3 +347,39 @@ def test_sqlite_json_that_does_not_parse_reads_as_null(store: Store, tmp_path: P
     assert '"why": "the stored state is of an older format or unreadable"' in after.log
     assert "stored job row does not read back" in after.log
     _others_untouched(store, after)
+
+
+OFFLINE_EDITS: dict[str, tuple[list[str], str]] = {
+    # name: (statements, what the one-line error says)
+    "spec not JSON": (["UPDATE jobs SET spec = '{not json' WHERE id = 'j1'"],
+                      "the stored spec of job 'j1': is not valid JSON"),
+    "spec nested too deeply": ([f"UPDATE jobs SET spec = '{{\"a\": {'[' * 100_000}}}' "
+                                "WHERE id = 'j4'"], "the stored spec of job 'j4': is JSON nested"),
+    "a held job's spec not an object": (
+        ["UPDATE jobs SET spec = '[1]', arrival_slot = 0 WHERE id = 'j0'"],
+        "the stored spec of job 'j0': must be a JSON object, got list"),
+    "an arrival a trillion slots out": (
+        ["UPDATE jobs SET arrival_slot = 1000000000000 WHERE id = 'j5'"],
+        "too large to compare at once; narrow it with --from and --to"),
+    "a negative count": (["UPDATE allocations SET workers = -5 WHERE job_id = 'j0'"],
+                         "allocation of job 'j0' at slot"),
+    "settings of the wrong type": (["UPDATE meta SET value = '[1]' WHERE key = 'settings'"],
+                                   "the store's meta row 'settings'"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("edit", sorted(OFFLINE_EDITS))
+def test_the_offline_tools_name_a_bad_row(store: Store, edit: str) -> None:
+    """Before: `oasis offline --store` and `oasis calibrate --store` printed a traceback
+    (json.JSONDecodeError, RecursionError, AttributeError, a MemoryError of 109 TiB for
+    one arrival slot edited far out) instead of naming the row."""
+    statements, message = OFFLINE_EDITS[edit]
+    store.execute(*statements)
+    for command in (["offline", "--method", "ilp", "--time-limit", "5", "--no-progress"],
+                    ["calibrate"]):  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-m", "controller.cli", *command, "--store", store.url],
+            capture_output=True, text=True, timeout=120, check=False, cwd=ROOT,
+        )  # fmt: skip
+        assert out.returncode == 2, (command, out.stderr)
+        assert "Traceback" not in out.stderr and message in out.stderr, (command, out.stderr)
