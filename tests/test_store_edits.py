@@ -383,3 +383,28 @@ def test_the_offline_tools_name_a_bad_row(store: Store, edit: str) -> None:
         )  # fmt: skip
         assert out.returncode == 2, (command, out.stderr)
         assert "Traceback" not in out.stderr and message in out.stderr, (command, out.stderr)
+
+
+@pytest.mark.parametrize("plane", ["[1]", '{"epoch": "x", "events": 3}'])
+def test_the_execution_plane_starts_past_rows_that_do_not_read_back(
+    store: Store, tmp_path: Path, plane: str
+) -> None:
+    """With [mqtt], the plane reads the progress of active jobs and its own meta row at
+    start. Before: a progress row or the plane row of the wrong shape raised
+    AttributeError, TypeError or ValueError out of the start-up: a crash loop."""
+    store.execute(
+        "INSERT INTO job_progress VALUES ('j1', 1.0, 1.0, '[1]', '{}', '2026-01-01 00:00:00')",
+        "INSERT INTO job_progress VALUES ('j2', 1.0, 1.0, '{\"w0/x\": 5}', '{\"points\": 3}', "
+        "'2026-01-01 00:00:00')",
+        f"INSERT INTO meta VALUES ('plane', '{plane}')",
+    )
+    broker = 'url = "mqtt://127.0.0.1:1"\n'  # nothing listens: the daemon decides on
+    after = _restart(
+        store, tmp_path, lambda t: t.replace("[cluster]", f"[mqtt]\n{broker}\n[cluster]")
+    )
+    logged = [json.loads(line) for line in after.log.splitlines() if line.startswith("{")]
+    skipped = {e["job"] for e in logged if e["event"] == "stored progress ignored"}
+    assert skipped == {"j1", "j2"}, logged
+    [epoch] = [e for e in logged if e["event"] == "stored plane state ignored"]
+    assert epoch["epoch"] > 1_000_000_000, epoch  # above any counter: agents take its plans
+    _others_untouched(store, after)
