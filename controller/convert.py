@@ -173,7 +173,7 @@ def job_to_proto(view: JobView, times: SlotTimes) -> pb.Job:
     """A stored job; ``times`` shows the times in its spec as times."""
     msg = pb.Job(
         spec=_stored_spec_to_proto(view.spec, times),
-        state=STATE_NAMES[view.state],
+        state=STATE_NAMES.get(view.state, pb.JOB_STATE_UNSPECIFIED),
         decision=decision_to_proto(view.decision),
         submitted_slot=view.submitted_slot,
         sequence=view.sequence,
@@ -224,7 +224,7 @@ def progress_to_proto(view: ProgressView) -> pb.JobProgress:
 
     return pb.JobProgress(
         id=view.job_id,
-        state=STATE_NAMES[view.state],
+        state=STATE_NAMES.get(view.state, pb.JOB_STATE_UNSPECIFIED),
         minibatches_done=view.minibatches_done,
         minibatches_total=view.minibatches_total,
         worker_seconds=view.worker_seconds,

@@ -18,7 +18,6 @@ Theorem 4 figure) are SPEC 4's over the compared jobs with ``Tmax = T``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +27,8 @@ from sqlalchemy import select
 
 from controller.admission import SETTINGS_KEY
 from controller.store import AllocationRow, Database, JobRow, MetaRow, ServerRow
-from pricing import SpecError, job_from_dict
+from controller.store.stored import stored_spec
+from pricing import SpecError, fields, job_from_dict
 from pricing.cluster import cluster_from_dict
 from pricing.job import Job
 from pricing.offline import Held
@@ -36,7 +36,12 @@ from pricing.prices import oracle_bounds
 from pricing.schedule import Schedule
 from pricing.trace import Trace
 
-__all__ = ["History", "HistoryError", "OnlineJob", "load_history"]
+__all__ = ["MAX_CELLS", "History", "HistoryError", "OnlineJob", "load_history"]
+
+MAX_CELLS = 1 << 26
+"""Slots x servers x resources of the problem read at most (two float arrays of 512 MiB):
+past it, the comparison asks for a narrower --from/--to instead of running out of
+memory (one arrival slot edited a trillion slots out asked for 109 TiB)."""
 
 
 class HistoryError(Exception):
@@ -95,13 +100,16 @@ def load_history(db: Database, first: int | None = None, last: int | None = None
         ).all()  # fmt: skip
     if settings is None or not servers:
         raise HistoryError("the store holds no daemon state (has a daemon run on it?)")
-    window = int(settings.value["window"])
-    slot_seconds = float(settings.value["slot_seconds"])
-    resources = list(servers[0].capacity)
-    cluster = cluster_from_dict(
-        resources,
-        [{"name": s.name, "kind": s.kind, "capacity": s.capacity} for s in servers],
-    )
+    window, slot_seconds = _settings(settings.value)
+    resources = list(servers[0].capacity) if isinstance(servers[0].capacity, dict) else []
+    try:
+        cluster = cluster_from_dict(
+            resources,
+            [{"name": s.name, "kind": s.kind, "capacity": s.capacity} for s in servers],
+            prefix="the store's servers rows: ",
+        )
+    except SpecError as err:
+        raise HistoryError(str(err)) from err
     arrivals = [r.arrival_slot for r in rows]
     lo = first if first is not None else min(arrivals, default=0)
     hi = last if last is not None else max(arrivals, default=lo)
@@ -111,13 +119,20 @@ def load_history(db: Database, first: int | None = None, last: int | None = None
     if not compared:
         raise HistoryError(f"no job arrived in slots {lo} .. {hi} (cancelled jobs are left out)")
     horizon = max(r.arrival_slot for r in compared) + window - lo
+    cells = horizon * len(list(cluster.servers())) * len(resources)
+    if cells > MAX_CELLS:
+        raise HistoryError(
+            f"the jobs compared arrived in slots {lo} .. {hi}, a horizon of {horizon} slots "
+            f"over {len(list(cluster.servers()))} servers: too large to compare at once; "
+            "narrow it with --from and --to"
+        )
 
     jobs: list[Job] = []
     for r in compared:
         try:
             jobs.append(
                 job_from_dict(
-                    json.loads(r.spec),
+                    _spec(r),
                     cluster,
                     slot_seconds=slot_seconds,
                     slots_available=lambda _a: window,
@@ -129,23 +144,35 @@ def load_history(db: Database, first: int | None = None, last: int | None = None
             raise HistoryError(f"stored job {r.id} no longer fits the servers: {err}") from err
     index = {r.id: i for i, r in enumerate(compared)}
     kind_index = {name: (kind, i) for kind, i, name, _ in cluster.servers()}
-    demand = {r.id: json.loads(r.spec) for r in rows}
+    held_rows = {r.id: r for r in rows}
+    demand: dict[str, dict[str, Any]] = {}
     worker_used = np.zeros((horizon, *cluster.worker_capacity.shape))
     ps_used = np.zeros((horizon, *cluster.ps_capacity.shape))
     units: dict[str, list[Any]] = {}
     for a in allocs:
+        where = f"allocation of job {a.job_id!r} at slot {a.slot} on {a.server}"
+        if not (_natural(a.slot, 1 << 63) and _natural(a.workers) and _natural(a.ps)):
+            raise HistoryError(f"{where}: a slot >= 0 and counts 0 .. 2**31 - 1, got "
+                               f"{str(a.workers)[:24]} workers, {str(a.ps)[:24]} PS")  # fmt: skip
         t = a.slot - lo
         if a.server not in kind_index or not 0 <= t < horizon:
             continue
         if a.job_id in index:
             units.setdefault(a.job_id, []).append(a)
             continue
+        if a.job_id not in held_rows:
+            raise HistoryError(f"{where}: the store holds no such job")
+        if a.job_id not in demand:
+            demand[a.job_id] = _spec(held_rows[a.job_id])
         kind, s = kind_index[a.server]
         spec = demand[a.job_id]
-        if kind == "worker":
-            worker_used[t, s] += a.workers * _vector(spec.get("worker", {}), resources)
-        else:
-            ps_used[t, s] += a.ps * _vector(spec.get("ps", {}), resources)
+        try:
+            if kind == "worker":
+                worker_used[t, s] += a.workers * _vector(spec.get("worker", {}), resources)
+            else:
+                ps_used[t, s] += a.ps * _vector(spec.get("ps", {}), resources)
+        except (AttributeError, TypeError, ValueError) as err:
+            raise HistoryError(f"the stored spec of job {a.job_id!r}: its demands: {err}") from err
 
     schedules: list[Schedule | None] = []
     for r in compared:
@@ -174,6 +201,37 @@ def load_history(db: Database, first: int | None = None, last: int | None = None
         for r in compared
     ]
     return History(trace, Held(worker_used, ps_used, last_slot), online, schedules, lo, window)
+
+
+def _natural(value: Any, end: int = 1 << 31) -> bool:
+    """Whether a stored slot or count is an integer ``0 .. end - 1`` (SQLite keeps what
+    it is given; the arrays counts go into hold int32)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < end
+
+
+def _settings(value: Any) -> tuple[int, float]:
+    """The daemon's window and slot length from the meta row ``settings``."""
+    where = f"the store's meta row {SETTINGS_KEY!r}"
+    if not isinstance(value, dict):
+        raise HistoryError(f"{where}: must be an object, got {type(value).__name__}")
+    try:
+        window = fields.positive_int(value.get("window"), f"{where}: window")
+        slot_seconds = fields.positive(value.get("slot_seconds"), f"{where}: slot_seconds")
+    except SpecError as err:
+        raise HistoryError(str(err)) from err
+    return window, slot_seconds
+
+
+def _spec(row: JobRow) -> dict[str, Any]:
+    """A stored job's spec, a JSON object (else HistoryError naming the job)."""
+    try:
+        spec = stored_spec(row.spec, row.id)
+    except SpecError as err:
+        raise HistoryError(str(err)) from err
+    if not isinstance(spec, dict):
+        raise HistoryError(f"the stored spec of job {row.id!r}: must be a JSON object, got "
+                           f"{type(spec).__name__}")  # fmt: skip
+    return spec
 
 
 def _vector(demand: dict[str, float], resources: list[str]) -> NDArray[np.float64]:

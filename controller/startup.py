@@ -9,7 +9,9 @@ store, and exit status 1 (``oasisd: ...``), never a traceback:
 - another daemon holds the store (``controller/store/writer_lock.py``): the line names it
   (with ``[ha]`` on PostgreSQL the second one becomes a standby instead; ``[ha]`` on a
   SQLite store is refused: high availability needs PostgreSQL);
-- the store's recorded slot 0 (meta row ``epoch``) is malformed.
+- the store's recorded slot 0 (meta row ``epoch``) is malformed;
+- the store's schema is at a revision this oasis does not know (a newer oasis migrated
+  it: run that one, or restore a backup from before it ran).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import sqlalchemy
 from controller.admission import AdmissionController
 from controller.admission.state import EPOCH_KEY
 from controller.config import Config
-from controller.store import MetaRow, StoreUnavailableError, migrate
+from controller.store import MetaRow, StoreUnavailableError, StoreVersionError, migrate
 from controller.store.writer_lock import PostgresWriterLock, StoreLockedError, WriterLock
 from pricing.best_schedule import warm_up
 from pricing.errors import SpecError
@@ -71,6 +73,8 @@ def open_store(config: Config, controller: AdmissionController, writer: WriterLo
         raise StartupError(f"cannot open {store}: {lines[0] if lines else err}") from err
     except StoreUnavailableError as err:
         raise StartupError(f"cannot open {store}: {err}") from err
+    except StoreVersionError as err:  # a newer oasis migrated it
+        raise StartupError(f"{store} {err}") from err
     except SpecError as err:  # a malformed meta row (the recorded slot 0)
         raise StartupError(f"cannot use {store}: {err}") from err
     except OSError as err:  # the lock file: permissions, a full disk

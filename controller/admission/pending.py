@@ -31,7 +31,6 @@ charged. One submitter's queue thus holds a boundary for at most about its budge
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -45,6 +44,7 @@ from controller.admission.decide import DecisionCore
 from controller.events import Event
 from controller.limits import search_size
 from controller.store import JobRow
+from controller.store.stored import stored_spec
 from pricing import ADMIT_THRESHOLD, SpecError
 from pricing.best_schedule import payoff_ceiling
 
@@ -127,7 +127,7 @@ class PendingQueue(DecisionCore):
             if s > until:  # the daemon was down, or the job over budget, in its last slot
                 return [self._expire(session, row, now, f"its wait ended in slot {until}")]
             try:
-                job = self._parse(json.loads(row.spec), row.arrival_slot)
+                job = self._parse(stored_spec(row.spec, row.id), row.arrival_slot)
                 self.config.limits.check_job(job, self.cluster, self.window)
             except (SpecError, ValueError) as err:  # the cluster or limits changed since
                 return [self._expire(session, row, now, f"no longer valid: {err}")]

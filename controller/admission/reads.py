@@ -3,7 +3,6 @@ and utilisation for monitoring."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from sqlalchemy import select
@@ -15,15 +14,67 @@ from controller.errors import NotFoundError
 from controller.events import Event
 from controller.limits import check_job_id
 from controller.store import AllocationRow, EventRow, JobRow
+from controller.store.stored import stored_spec
 from pricing import SpecError
 
 __all__ = ["ReadViews"]
+
+_LOGGED_ROWS = 1000
+"""Stored job rows whose problems are logged (each once)."""
+_DRIVER_FIELDS = {"resource": str, "server": str, "first_slot": int, "last_slot": int,
+                  "cost": float, "price": float}  # fmt: skip
+
+
+def _count(value: Any) -> bool:
+    """Whether ``value`` is an integer count as stored (SQLite keeps what it is given)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _drivers(value: Any) -> list[dict[str, Any]] | None:
+    """A job's stored price drivers, or None if they are not a list of them."""
+    if not isinstance(value, list):
+        return None
+    out = []
+    for d in value:
+        if not isinstance(d, dict) or not set(d) <= _DRIVER_FIELDS.keys():
+            return None
+        for key, kind in _DRIVER_FIELDS.items():
+            v = d.get(key)
+            ok = isinstance(v, int | float) if kind is float else isinstance(v, kind)
+            if v is not None and (isinstance(v, bool) or not ok):
+                return None
+        out.append(d)
+    return out
 
 
 class ReadViews(AdmissionState):
     """Reads of the store and the ledger; see the module docstring."""
 
     def _view(self, session: Session, row: JobRow, duplicate: bool = False) -> JobView:
+        """``row`` as the API reports it. A row edited by hand (an operator, a bad
+        migration, a half-restored backup) still gives a view, so one bad row never
+        fails the reads of every job listed with it: an unreadable spec shows as
+        ``{"id": ...}``, an unknown state as it is stored (unspecified over gRPC), price
+        drivers and allocation rows that do not read back are left out, and the first
+        read logs what was wrong with the row (:meth:`_unreadable_row`)."""
+        problems: list[str] = []
+        try:
+            spec = stored_spec(row.spec, row.id)
+            if not isinstance(spec, dict):
+                where = f"the stored spec of job {row.id[:128]!r}"
+                raise SpecError.one(where, f"must be a JSON object, got {type(spec).__name__}")
+        except SpecError as err:
+            problems.append(str(err))
+            spec = {"id": row.id}
+        if row.state not in STATES:
+            problems.append(f"state {str(row.state)[:32]!r} is not one of {', '.join(STATES)}")
+        detail = row.detail if isinstance(row.detail, dict) else {}
+        if not isinstance(row.detail, dict):
+            problems.append(f"detail: must be a JSON object, got {type(row.detail).__name__}")
+        drivers = _drivers(detail.get("drivers", []))
+        if drivers is None:
+            problems.append("detail.drivers: not a list of price drivers")
+            drivers = []
         allocs = session.scalars(
             select(AllocationRow).where(AllocationRow.job_id == row.id)
             .order_by(AllocationRow.slot)
@@ -31,10 +82,17 @@ class ReadViews(AdmissionState):
         order = {name: pos for pos, name in enumerate(self._server_order())}
         entries: list[dict[str, Any]] = []
         for a in sorted(allocs, key=lambda a: (a.slot, order.get(a.server, 1 << 30))):
+            if not (_count(a.workers) and _count(a.ps)):
+                where = f"allocation (slot {a.slot}, server {str(a.server)[:64]!r})"
+                counts = f"{str(a.workers)[:20]!r}, {str(a.ps)[:20]!r}"
+                problems.append(f"{where}: counts {counts} are not integers")
+                continue
             if a.workers:
                 entries.append({"slot": a.slot, "server": a.server, "workers": a.workers})
             if a.ps:
                 entries.append({"slot": a.slot, "server": a.server, "ps": a.ps})
+        if problems:
+            self._unreadable_row(row.id, problems)
         decision = DecisionView(
             admitted=row.admitted,
             payoff=row.payoff,
@@ -46,12 +104,12 @@ class ReadViews(AdmissionState):
             work=row.work,
             allocations=entries,
             reason=row.reason,
-            drivers=list(row.detail.get("drivers", [])),
+            drivers=drivers,
             decision_ms=row.decision_ms,
         )
         return JobView(
             id=row.id,
-            spec=json.loads(row.spec),
+            spec=spec,
             state=row.state,
             decision=decision,
             submitted_slot=row.submitted_slot,
@@ -59,6 +117,16 @@ class ReadViews(AdmissionState):
             duplicate=duplicate,
             wait_until_slot=row.wait_until_slot,
         )
+
+    def _unreadable_row(self, job_id: str, problems: list[str]) -> None:
+        """Log what is wrong with a stored job row, once per job (for the first
+        :data:`_LOGGED_ROWS` such jobs: reads of a store full of them do not flood the
+        log)."""
+        if job_id in self._unreadable or len(self._unreadable) >= _LOGGED_ROWS:
+            return
+        self._unreadable.add(job_id)
+        self.log.warning("stored job row does not read back; shown as far as it does",
+                         job=job_id[:128], why="; ".join(problems)[:1000])  # fmt: skip
 
     def _server_order(self) -> list[str]:
         return [name for _, _, name, _ in self.cluster.servers()]

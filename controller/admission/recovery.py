@@ -5,8 +5,7 @@ when the execution plane re-plans)."""
 from __future__ import annotations
 
 import contextlib
-import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,6 +29,7 @@ from controller.store import (
     migrate,
 )
 from controller.store.commit_process import START_SECONDS
+from controller.store.stored import stored_spec
 from controller.store.writer_lock import recorded_holder
 from pricing import Job, Ledger, OasisError, SpecError, fields
 from pricing.best_schedule import warm_up
@@ -37,7 +37,18 @@ from pricing.errors import CapacityError
 from pricing.replan import refit
 from pricing.schedule import Schedule
 
-__all__ = ["Recovery"]
+__all__ = ["PLAN_SPAN", "Recovery"]
+
+PLAN_SPAN = 1 << 18
+"""Slots past the window's first slot that no stored plan reaches (a window of this many
+slots is 30 years of hourly slots; a longer configured window raises it): a stored
+allocation further out is read as a broken row, not as a plan to refit, whose arrays
+would be that long."""
+
+
+def _integer(value: Any) -> bool:
+    """Whether a stored count or slot is an integer (SQLite keeps what it is given)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -184,8 +195,10 @@ class Recovery(Moves, BoundControl):
         A standby leaves such plans out and rebuilds in full when it takes over."""
         ledger = self._ledger
         by_job = self._stored_plans(ledger.origin)
-        misfits = [m for job_id, allocs in by_job.items() if (m := self._place(job_id, allocs))]
+        # the outages first: a plan on a server down in its slots (a store restored in
+        # part from a backup) is then a misfit, refitted, instead of a LedgerError
         self._block_failed_servers(ledger)
+        misfits = [m for job_id, allocs in by_job.items() if (m := self._place(job_id, allocs))]
         self._unfitted = 0 if self.leading else len(misfits)
         if misfits and self.leading:
             self._refit(misfits)
@@ -221,27 +234,57 @@ class Recovery(Moves, BoundControl):
         if isinstance(found, _Misfit):
             return found
         job, schedule = found
+        down = self._down_in(schedule)
+        if down:
+            return self._misfit(job_id, job, allocs, down)
         try:
             self._ledger.admit(job_id, job.worker, job.ps, schedule)
             return None
         except CapacityError as err:
             return self._misfit(job_id, job, allocs, f"over the configured capacity: {err}")
 
+    def _down_in(self, schedule: Schedule) -> str:
+        """Where ``schedule`` has units on a server recorded down (an outage of the
+        execution plane), in words; "" if nowhere."""
+        ledger, cluster = self._ledger, self.cluster
+        lo = schedule.start - ledger.origin
+        sides = ((schedule.workers, ledger.worker_side, cluster.worker_names),
+                 (schedule.ps, ledger.ps_side, cluster.ps_names))  # fmt: skip
+        for counts, side, names in sides:
+            hit = (counts > 0) & side.blocked[lo : lo + schedule.slots]
+            if hit.any():
+                t, server = (int(i) for i in np.argwhere(hit)[0])
+                slot = schedule.start + t
+                return f"server {names[server]} is down in slot {slot} (a recorded outage)"
+        return ""
+
     def _stored_schedule(self, job_id: str, allocs: list[Any]) -> tuple[Job, Schedule] | _Misfit:
         """One job's stored allocations (rows of :meth:`_stored_plans`) as the job and its
-        schedule on the configured servers; the misfit if they no longer fit them."""
+        schedule on the configured servers; the misfit if they no longer fit them (a
+        misfit without a job if its spec or a row does not read back:
+        :meth:`_unreadable_plan`)."""
         w_index = {n: i for i, n in enumerate(self.cluster.worker_names)}
         p_index = {n: i for i, n in enumerate(self.cluster.ps_names)}
-        start, stop = allocs[0].slot, allocs[-1].slot + 1
         try:
-            job = self._parse(json.loads(allocs[0].spec), allocs[0].arrival_slot, fits=False)
+            spec = stored_spec(allocs[0].spec, job_id)
+            job = self._parse(spec, allocs[0].arrival_slot, fits=False)
         except SpecError as err:
             return self._misfit(job_id, None, allocs, str(err))
+        bad = self._unreadable_plan(job, allocs)
+        if bad:
+            return self._misfit(job_id, None, allocs, f"the stored plan of job {job_id!r}: {bad}")
+        start, stop = allocs[0].slot, allocs[-1].slot + 1
         gone = sorted({a.server for a in allocs} - w_index.keys() - p_index.keys())
         if gone:
             return self._misfit(
                 job_id, job, allocs, f"server {', '.join(gone)} no longer configured"
             )
+        for a in allocs:  # the config changed a server's kind under its units
+            if (a.ps and a.server in w_index) or (a.workers and a.server in p_index):
+                kind = "worker" if a.server in w_index else "ps"
+                return self._misfit(
+                    job_id, job, allocs, f"server {a.server} is now a {kind} server"
+                )
         if stop > self._ledger.end:
             why = f"planned past the window's last slot {self._ledger.end - 1}"
             return self._misfit(job_id, job, allocs, why)
@@ -254,8 +297,31 @@ class Recovery(Moves, BoundControl):
                 ps[a.slot - start, p_index[a.server]] = a.ps
         return job, Schedule(start, workers, ps)
 
+    def _unreadable_plan(self, job: Job, allocs: list[Any]) -> str:
+        """What makes a job's stored allocation rows unusable as a plan ("" if nothing):
+        a count that is not an integer from 0 to the job's chunks (no slot holds more
+        workers than chunks, nor more parameter servers than workers), or a slot more
+        than :data:`PLAN_SPAN` slots (or the window, if longer) past the window's first.
+        The daemon never writes such rows; a hand edit or a half-restored backup can."""
+        first = self._ledger.origin
+        span = max(PLAN_SPAN, self.window + 1)
+        for a in allocs:
+            where = f"allocation at slot {str(a.slot)[:24]} on {str(a.server)[:64]}"
+            if not _integer(a.slot):
+                return f"{where}: the slot is not an integer"
+            if a.slot >= first + span:
+                return f"{where}: more than {span} slots past the window's first slot {first}"
+            for name, value in (("workers", a.workers), ("ps", a.ps)):
+                if not (_integer(value) and 0 <= value <= job.chunks):
+                    shown = str(value)[:24]
+                    return f"{where}: {name}: must be 0 .. {job.chunks} (its chunks), got {shown}"
+        return ""
+
     @staticmethod
     def _misfit(job_id: str, job: Job | None, allocs: list[Any], why: str) -> _Misfit:
+        if job is None:  # stranded as it is: what it wanted is not used (nor trusted)
+            empty = np.zeros(0, np.int64)
+            return _Misfit(job_id, None, 0, empty, empty, why)
         start, stop = allocs[0].slot, allocs[-1].slot + 1
         wanted_w = np.zeros(stop - start, np.int64)
         wanted_p = np.zeros(stop - start, np.int64)
@@ -283,8 +349,12 @@ class Recovery(Moves, BoundControl):
                     self._event(session, now, "failed", m.job_id, "failed", detail)
                     how = "stranded"
                 else:
-                    work = int(m.workers.sum())
+                    work = min(int(m.workers.sum()), m.job.work)
                     last = m.job.arrival + self.window - 1
+                    refused = self._refit_refused(m.job, work, last)
+                    if refused:  # re-placed in the same slots, else stranded: no search
+                        work = 0
+                        detail["why"] = f"{m.why[:300]}; {refused}"[:500]
                     try:
                         how, best = refit(ledger, m.job, m.start, m.workers, m.ps, work, last)
                     except OasisError as err:  # a bug here must not stop the daemon starting
@@ -296,6 +366,17 @@ class Recovery(Moves, BoundControl):
                     self._record_move(session, now, m.job, how, first, detail, best)
                 self.log.warning("plan refitted to the configuration", job=m.job_id, how=how,
                                  why=m.why, from_slot=first)  # fmt: skip
+
+    def _refit_refused(self, job: Job, work: int, last: int) -> str:
+        """Why the re-plan of a refitted job is not searched ("" if it is): a search over
+        the limits every submission is held to (``[limits]``), which a stored spec edited
+        by hand can ask for, would hold the start-up (and at a takeover, the decisions)."""
+        slots = max(1, min(last, self._ledger.end - 1) - max(self._ledger.origin, job.arrival) + 1)
+        try:
+            self.config.limits.check_search(replace(job, work=max(work, 1)), self.cluster, slots)
+        except SpecError as err:
+            return f"its re-plan is not searched: {err}"
+        return ""
 
     def _block_failed_servers(self, ledger: Ledger) -> None:
         """Take servers declared failed (the execution plane) out of their slots again."""

@@ -101,6 +101,8 @@ class AdmissionState(ABC):
         # ids of the stored jobs, valid for the ledger they were loaded with (.decide)
         self._ids: set[str] = set()
         self._ids_ledger: Ledger | None = None
+        # stored job rows found not to read back, each logged once (.reads)
+        self._unreadable: set[str] = set()
         # group commit (.writer, .commit): decisions are committed by a writer thread
         # in batches; a rebuild of the ledger starts a new generation, and write sets
         # of a generation a batch of which failed are not committed. The writer writes

@@ -140,6 +140,11 @@ def _sessions_of(prog: JobProgress, server: str) -> int:
     return sum(1 for key in prog.sessions if key.startswith(prefix))
 
 
+def _counter(value: Any) -> bool:
+    """Whether a stored plan epoch or event count is an integer >= 0."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _stored(row: ProgressRow) -> JobProgress:
     sessions = {k: [float(v[0]), float(v[1])] for k, v in row.per_server.items()}
     samples = [(float(x), float(y)) for x, y in row.samples.get("points", [])]
@@ -256,7 +261,14 @@ class Execution:
                 .where(JobRow.state.in_(ACTIVE))
             )
             for prow in session.scalars(active):
-                self.progress[prow.job_id] = _stored(prow)
+                try:
+                    self.progress[prow.job_id] = _stored(prow)
+                except (AttributeError, TypeError, ValueError, IndexError) as err:
+                    # edited by hand: its agents send again what they sent since the
+                    # daemon went offline; one row must not stop the start
+                    self.log.warning("stored progress ignored", job=prow.job_id,
+                                     why=f"{type(err).__name__}: {str(err)[:200]}")  # fmt: skip
+                    continue
                 # its agents reported before the restart: their silence counts from now,
                 # or one that died while the daemon was down would never be noticed
                 for key in prow.per_server:
@@ -265,9 +277,17 @@ class Execution:
                         self.last_seen[server] = now
             meta = session.get(MetaRow, _PLANE_KEY)
             if meta is not None:
-                self.epoch = int(meta.value.get("epoch", 0))
-                self.events_published = int(meta.value.get("events", 0))
-                heard = meta.value.get("heard", [])
+                value = meta.value if isinstance(meta.value, dict) else {}
+                epoch, events = value.get("epoch", 0), value.get("events", 0)
+                if not (isinstance(meta.value, dict) and _counter(epoch) and _counter(events)):
+                    # edited by hand: plans must go out under an epoch above any agents
+                    # saw (they ignore older ones); the wall clock's seconds are above
+                    # any count of publications, and every job event is published again
+                    epoch, events = max(int(time.time()), epoch if _counter(epoch) else 0), 0
+                    self.log.warning("stored plane state ignored", epoch=epoch,
+                                     stored=str(meta.value)[:200])  # fmt: skip
+                self.epoch, self.events_published = epoch, events
+                heard = value.get("heard", [])
                 if isinstance(heard, list):  # an edited store: names it does not know go
                     self.heard = {s for s in heard if s in self.server_index}
             # heard from before the restart: their silence counts from now, or an agent

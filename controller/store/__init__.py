@@ -4,7 +4,13 @@ The store is the source of truth: a decision is committed before it is answered,
 restarted daemon rebuilds its ledger and prices from it.
 """
 
-from controller.store.database import REBUILD_SECONDS, Database, StoreUnavailableError, migrate
+from controller.store.database import (
+    REBUILD_SECONDS,
+    Database,
+    StoreUnavailableError,
+    StoreVersionError,
+    migrate,
+)
 from controller.store.models import (
     AllocationRow,
     EventRow,
@@ -26,5 +32,6 @@ __all__ = [
     "ProgressRow",
     "ServerRow",
     "StoreUnavailableError",
+    "StoreVersionError",
     "migrate",
 ]

@@ -22,6 +22,7 @@ ledger's rebuild at start-up may take longer on a large store: they run under
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -32,6 +33,7 @@ from typing import Any
 
 import psycopg
 from alembic import command
+from alembic import util as alembic_util
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
@@ -47,6 +49,7 @@ __all__ = [
     "SQLITE_SYNCHRONOUS",
     "Database",
     "StoreUnavailableError",
+    "StoreVersionError",
     "migrate",
 ]
 
@@ -75,6 +78,11 @@ _patience: ContextVar[float | None] = ContextVar("store_patience", default=None)
 
 class StoreUnavailableError(Exception):
     """The database cannot be reached or refused the operation for a transient reason."""
+
+
+class StoreVersionError(Exception):
+    """The store's schema is at a revision this oasis does not know: a newer one wrote it
+    (the message says so and what to do)."""
 
 
 SQLITE_SYNCHRONOUS = ("full", "normal")
@@ -130,6 +138,8 @@ class Database:
             connect_args = _pg_connect_args(parsed, timeout, idle_transaction)
             kwargs.update(pool_pre_ping=True, pool_size=5, max_overflow=5, pool_timeout=timeout,
                           connect_args=connect_args)  # fmt: skip
+        else:  # SQLite keeps any text in a JSON column: text that is not JSON reads as null
+            kwargs.update(json_deserializer=lenient_json)
         self.engine: Engine = create_engine(url, **kwargs)
         self.fail_fast = self.engine.dialect.name == "postgresql"
         if self.engine.dialect.name == "sqlite":
@@ -241,6 +251,17 @@ class Database:
         self.engine.dispose()
 
 
+def lenient_json(text: str) -> Any:
+    """A JSON column's value as stored, None if it is not JSON (nested too deeply for the
+    parser included): SQLite keeps any text there, and one row edited by hand must not
+    fail every query that reads it (each reader takes None as a value it cannot use, and
+    logs it where that matters). PostgreSQL's json type refuses such text."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
 def _is_transient(err: DBAPIError) -> bool:
     from sqlalchemy.exc import InterfaceError, OperationalError
 
@@ -329,18 +350,35 @@ def _alembic_config(url: str) -> Config:
     return cfg
 
 
+def _unknown_revision(script: ScriptDirectory, revision: str) -> bool:
+    """Whether ``revision`` is none of this oasis's migrations."""
+    try:
+        return script.get_revision(revision) is None
+    except alembic_util.CommandError:  # unknown, or ambiguous
+        return True
+
+
 def migrate(db: Database) -> str:
     """Bring the schema to the newest revision; returns it.
 
     Check, lock, check again, upgrade: concurrent daemons on one PostgreSQL serialise on
-    an advisory lock; SQLite serialises on its own write lock.
+    an advisory lock; SQLite serialises on its own write lock. StoreVersionError if the
+    store is at a revision this oasis does not know (a newer one migrated it).
     """
     cfg = _alembic_config(db.url)
-    head = ScriptDirectory.from_config(cfg).get_current_head()
+    script = ScriptDirectory.from_config(cfg)
+    head = script.get_current_head()
     assert head is not None
     with db.engine.begin() as conn:
-        if MigrationContext.configure(conn).get_current_revision() == head:
+        current = MigrationContext.configure(conn).get_current_revision()
+        if current == head:
             return head
+    if current is not None and _unknown_revision(script, current):
+        raise StoreVersionError(
+            f"is at schema revision {current[:64]!r}, which this oasis does not know (its "
+            f"newest is {head!r}): a newer oasis migrated it. Run that version, or restore "
+            "a backup of the store taken before it ran"
+        )
     with db.patient(_MIGRATION_SECONDS), db.engine.begin() as conn:
         if db.engine.dialect.name == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK})

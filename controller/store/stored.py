@@ -1,0 +1,35 @@
+"""What the store holds, read back as untrusted input: a row an operator, a bad migration
+or a half-restored backup edited gives a :class:`~pricing.errors.SpecError` naming the
+row and what is wrong with it, never another exception, a hang or unbounded memory, so
+the caller can take that one row out and say so (README, "Security and limits")."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pricing.errors import SpecError
+
+__all__ = ["MAX_STORED_SPEC", "stored_spec"]
+
+MAX_STORED_SPEC = 1 << 22
+"""Characters of a stored spec read back (4 Mi): 64 times the default
+``limits.max_spec_bytes``, so no spec the daemon stored is refused, and a row blown up by
+hand is not parsed."""
+
+
+def stored_spec(text: Any, job_id: str) -> Any:
+    """The JSON value of job ``job_id``'s stored ``spec`` column (``job_from_dict`` then
+    checks it is a job). SpecError if it is not JSON text of at most
+    :data:`MAX_STORED_SPEC` characters (nested too deeply for the parser included)."""
+    where = f"the stored spec of job {job_id[:128]!r}"
+    if not isinstance(text, str):
+        raise SpecError.one(where, f"must be JSON text, got {type(text).__name__}")
+    if len(text) > MAX_STORED_SPEC:
+        raise SpecError.one(where, f"is {len(text)} characters, over {MAX_STORED_SPEC}")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise SpecError.one(where, "is JSON nested too deeply to read") from None
+    except ValueError as err:  # JSONDecodeError, and a str too long to convert to an int
+        raise SpecError.one(where, f"is not valid JSON: {str(err)[:200]}") from None

@@ -1,0 +1,410 @@
+"""A store edited by hand (an operator, a bad migration, a half-restored backup): the
+daemon, a subprocess on SQLite and on PostgreSQL, still starts, takes out the one row it
+cannot use with a log line and an event naming it, and leaves every other tenant's job
+as it was. Nothing prints a traceback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import sqlalchemy
+
+from controller.convert import spec_to_proto
+from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
+from tests.servers import CLUSTER_TOML, ROOT, Daemon, Postgres, write_config
+from tests.test_config_shrink import _events, _jobs, _plan, _within_capacity
+from tests.test_daemon_e2e import contending_jobs
+
+
+@dataclass
+class Store:
+    """A copy of a store a daemon decided six jobs in (j0-j3 admitted, j4-j5 rejected)."""
+
+    url: str
+    epoch: float
+    before: dict[str, Any]  # ListJobs as the daemon that decided them answered
+
+    def execute(self, *statements: str) -> None:
+        engine = sqlalchemy.create_engine(self.url)
+        try:
+            with engine.begin() as conn:
+                for statement in statements:
+                    conn.execute(sqlalchemy.text(statement))
+        finally:
+            engine.dispose()
+
+
+@dataclass
+class _Template:
+    url: str
+    epoch: float
+    before: dict[str, Any]
+
+
+def _decide_six(url: str, folder: Path) -> _Template:
+    epoch = time.time()
+    config = write_config(folder / "oasisd.toml", folder / "data", url, epoch=epoch)
+    daemon = Daemon(config, folder / "oasisd.log").start()
+    try:
+        with grpc.insecure_channel(daemon.address) as channel:
+            stub = pb_grpc.AdmissionStub(channel)
+            for spec in contending_jobs(6):
+                stub.SubmitJob(pb.SubmitJobRequest(job=spec_to_proto(spec)), timeout=60)
+            before = _jobs(stub)
+    finally:
+        assert daemon.stop() == 0, (folder / "oasisd.log").read_text()
+    return _Template(url, epoch, before)
+
+
+@pytest.fixture(scope="module")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> _Template:
+    folder = tmp_path_factory.mktemp("template")
+    return _decide_six(f"sqlite:///{folder / 'store.db'}", folder)
+
+
+@pytest.fixture(scope="module")
+def postgres_template(tmp_path_factory: pytest.TempPathFactory, postgres: Postgres) -> _Template:
+    return _decide_six(postgres.new_database(), tmp_path_factory.mktemp("template"))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    """A fresh copy of the template store of the backend."""
+    if request.param == "sqlite":
+        template: _Template = request.getfixturevalue("sqlite_template")
+        source = Path(template.url.removeprefix("sqlite:///"))
+        shutil.copy(source, tmp_path / "store.db")
+        return Store(f"sqlite:///{tmp_path / 'store.db'}", template.epoch, template.before)
+    template = request.getfixturevalue("postgres_template")
+    server: Postgres = request.getfixturevalue("postgres")
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    engine = sqlalchemy.create_engine(server.url(), isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            database = template.url.rsplit("/", 1)[1]
+            conn.execute(sqlalchemy.text(f'CREATE DATABASE "{name}" TEMPLATE "{database}"'))
+    finally:
+        engine.dispose()
+    return Store(server.url(name), template.epoch, template.before)
+
+
+@dataclass
+class Restarted:
+    jobs: dict[str, Any]
+    events: dict[str, dict[str, Any]]  # job id -> detail of its last replanned/failed event
+    first_slot: int
+    log: str
+
+
+def _restart(store: Store, tmp_path: Path, edit: Callable[[str], str] = str) -> Restarted:
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store.url, store.epoch)
+    config.write_text(edit(config.read_text()))
+    log = tmp_path / "restarted.log"
+    daemon = Daemon(config, log).start()
+    try:
+        with grpc.insecure_channel(daemon.address) as channel:
+            stub = pb_grpc.AdmissionStub(channel)
+            cluster = pb_grpc.ClusterStub(channel)
+            jobs = _jobs(stub)
+            now = cluster.GetUtilisation(pb.GetUtilisationRequest(), timeout=10).first_slot
+            _within_capacity(cluster, jobs, now)
+            events = {
+                e.job_id: json.loads(e.detail)
+                for e in _events(stub)
+                if e.kind in ("replanned", "failed")
+            }
+    finally:
+        assert daemon.stop() == 0, log.read_text()
+    text = log.read_text()
+    assert "Traceback" not in text, text
+    return Restarted(jobs, events, now, text)
+
+
+def _others_untouched(store: Store, after: Restarted, *edited: str) -> None:
+    for job_id, job in store.before.items():
+        if job_id in edited:
+            continue
+        assert after.jobs[job_id].state == job.state, job_id
+        assert _plan(after.jobs[job_id], after.first_slot) == _plan(job, after.first_slot), job_id
+        assert job_id not in after.events, (job_id, after.events[job_id])
+
+
+BAD_SPECS: dict[str, Callable[[str], str]] = {
+    "not JSON": lambda spec: "{not json",
+    "nested too deeply": lambda spec: '{"a": ' + "[" * 100_000 + "}",
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_SPECS))
+def test_a_stored_spec_that_does_not_read_back_fails_that_job_alone(
+    store: Store, tmp_path: Path, bad: str
+) -> None:
+    """Before: json.loads raised out of the rebuild (JSONDecodeError, RecursionError): a
+    traceback and exit 1 at every start, a crash loop under systemd."""
+    spec = BAD_SPECS[bad]("")
+    store.execute(f"UPDATE jobs SET spec = '{spec}' WHERE id = 'j1'")
+    after = _restart(store, tmp_path)
+    assert after.jobs["j1"].state == pb.JOB_STATE_FAILED
+    why = after.events["j1"]["why"]
+    assert "the stored spec of job 'j1'" in why and after.events["j1"]["how"] == "stranded", why
+    assert not _plan(after.jobs["j1"], after.first_slot)
+    _others_untouched(store, after, "j1")
+
+
+def _first_allocation(store: Store, job_id: str, server: str) -> int:
+    engine = sqlalchemy.create_engine(store.url)
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(sqlalchemy.text(
+                "SELECT min(slot) FROM allocations WHERE job_id = :j AND server = :s"
+            ), {"j": job_id, "s": server}).scalar_one())  # fmt: skip
+    finally:
+        engine.dispose()
+
+
+BAD_ALLOCATIONS: dict[str, tuple[str, str]] = {
+    # name: (SET clause on j1's first row on w0, what the reason says)
+    "negative workers": ("workers = -50", "workers: must be 0 .. 13 (its chunks), got -50"),
+    "workers past int32": ("workers = 2000000000", "workers: must be 0 .. 13"),
+    "huge workers": ("workers = 1000", "workers: must be 0 .. 13 (its chunks), got 1000"),
+    "negative ps": ("ps = -3", "ps: must be 0 .. 13 (its chunks), got -3"),
+    "slot far past the window": ("slot = 1000000000000", "slot 1000000000000 on w0: more than"),
+    "workers not a number": ("workers = 'abc'", "workers: must be 0 .. 13 (its chunks), got abc"),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_ALLOCATIONS))
+def test_a_stored_allocation_out_of_range_fails_that_job_alone(
+    store: Store, tmp_path: Path, bad: str
+) -> None:
+    """Before: a negative count went into the ledger as it was (freeing capacity other
+    tenants' jobs then took: servers over capacity); a huge one made the refit search
+    billions of worker-slots (MemoryError at start-up) and a far slot a misfit array of
+    a trillion slots (MemoryError): each a crash loop."""
+    change, reason = BAD_ALLOCATIONS[bad]
+    if "'" in change and store.url.startswith("postgresql"):
+        pytest.skip("PostgreSQL keeps an integer column's type; SQLite keeps what it is given")
+    slot = _first_allocation(store, "j1", "w0")
+    where = f"job_id = 'j1' AND server = 'w0' AND slot = {slot}"
+    store.execute(f"UPDATE allocations SET {change} WHERE {where}")
+    after = _restart(store, tmp_path)
+    assert after.jobs["j1"].state == pb.JOB_STATE_FAILED
+    why = after.events["j1"]["why"]
+    assert "the stored plan of job 'j1'" in why and reason in why, why
+    assert not _plan(after.jobs["j1"], after.first_slot)
+    _others_untouched(store, after, "j1")
+
+
+def test_a_server_whose_kind_changed_has_its_units_refitted(store: Store, tmp_path: Path) -> None:
+    """Before: a PS server made a worker server (or the reverse) in the config kept the
+    stored rows, reading the PS count as 0 workers: the job's parameter servers silently
+    vanished from the ledger, their capacity free for others, and nothing was logged."""
+    engine = sqlalchemy.create_engine(store.url)
+    try:
+        with engine.connect() as conn:
+            used = conn.execute(sqlalchemy.text(
+                "SELECT DISTINCT job_id FROM allocations WHERE server = 'p1' AND ps > 0"
+            )).scalars().all()  # fmt: skip
+    finally:
+        engine.dispose()
+    assert used, "some job must have PS on p1, or the test checks nothing"
+    after = _restart(store, tmp_path, lambda text: text.replace(
+        '{name="p1", kind="ps"', '{name="p1", kind="worker"'))  # fmt: skip
+    for job_id in used:
+        assert after.events[job_id]["reason"] == "config_changed", after.events
+        assert "server p1 is now a worker server" in after.events[job_id]["why"]
+        assert all(p == 0 for _, server, _, p in _plan(after.jobs[job_id], 0) if server == "p1")
+
+
+def test_a_refit_is_held_to_the_search_limits(store: Store, tmp_path: Path) -> None:
+    """A plan that no longer fits is re-planned by the best-schedule search at start-up
+    (and at a takeover), where every tenant waits for it: the search is held to the
+    limits a submission is, so a stored spec edited into a huge job cannot hold the
+    start. Here the limit is set low and a server removed: the jobs that cannot be
+    re-placed in their slots are stranded, naming the limit, instead of searched."""
+    w2 = next(line for line in CLUSTER_TOML.splitlines() if 'name="w2"' in line)
+    after = _restart(store, tmp_path, lambda text: text.replace(w2 + "\n", "").replace(
+        "[cluster]", "[limits]\nmax_search_steps = 10\n\n[cluster]"))  # fmt: skip
+    refused = {j: e for j, e in after.events.items() if "re-plan is not searched" in e["why"]}
+    assert refused, after.events
+    for job_id, event in refused.items():
+        assert event["how"] == "stranded" and "limits.max_search_steps" in event["why"], event
+        assert after.jobs[job_id].state == pb.JOB_STATE_FAILED
+
+
+def test_a_job_row_that_does_not_read_back_leaves_every_other_readable(
+    store: Store, tmp_path: Path
+) -> None:
+    """Before: one row whose spec was not JSON (or not an object), whose state was not a
+    state or whose detail was not an object failed every ListJobs page holding it
+    (INTERNAL or UNKNOWN), so `oasis jobs` and `oasis status` failed for everyone."""
+    store.execute(
+        "UPDATE jobs SET spec = '{not json' WHERE id = 'j4'",  # rejected: no plan to rebuild
+        "UPDATE jobs SET spec = '[1, 2]' WHERE id = 'j5'",
+        "UPDATE jobs SET state = 'zombie' WHERE id = 'j3'",
+        "UPDATE jobs SET detail = '[1]' WHERE id = 'j2'",
+    )
+    after = _restart(store, tmp_path)
+    assert sorted(after.jobs) == sorted(store.before)
+    assert json.loads(after.jobs["j4"].spec.json) == {"id": "j4"}
+    assert json.loads(after.jobs["j5"].spec.json) == {"id": "j5"}
+    assert after.jobs["j3"].state == pb.JOB_STATE_UNSPECIFIED
+    for job_id in ("j0", "j1", "j2", "j3"):
+        assert _plan(after.jobs[job_id], 0) == _plan(store.before[job_id], 0), job_id
+    warned = {e["job"]: e["why"] for e in map(json.loads, after.log.splitlines())
+              if e.get("event", "").startswith("stored job row does not read back")}  # fmt: skip
+    assert "the stored spec of job 'j4': is not valid JSON" in warned["j4"], warned
+    assert "must be a JSON object, got list" in warned["j5"], warned
+    assert "state 'zombie' is not one of" in warned["j3"], warned
+    assert "detail: must be a JSON object, got list" in warned["j2"], warned
+
+
+def test_a_pending_job_whose_spec_does_not_read_back_expires_alone(
+    store: Store, tmp_path: Path
+) -> None:
+    """Before: the pass over the pending queue at a slot boundary caught ValueError, not
+    RecursionError: a pending job's spec nested too deeply failed the whole pass, at
+    every boundary, so no pending job of any tenant was decided again."""
+    deep = '{"a": ' + "[" * 100_000 + "}"
+    store.execute(
+        f"UPDATE jobs SET state = 'pending', wait_until_slot = 20, decided_slot = NULL, "
+        f"spec = '{deep}' WHERE id = 'j4'",
+        "UPDATE jobs SET state = 'pending', wait_until_slot = 20, decided_slot = NULL "
+        "WHERE id = 'j5'",
+    )
+    after = _restart(store, tmp_path)
+    assert after.jobs["j4"].state == pb.JOB_STATE_EXPIRED
+    assert (
+        "the stored spec of job 'j4': is JSON nested too deeply" in after.jobs["j4"].decision.reason
+    )
+    assert after.jobs["j5"].state in (pb.JOB_STATE_PENDING, pb.JOB_STATE_ADMITTED)
+    # decided again (its search timed anew) in the same pass, after j4 expired
+    assert after.jobs["j5"].decision.decision_ms != store.before["j5"].decision.decision_ms
+
+
+def test_a_store_of_a_newer_version_is_refused_in_one_line(store: Store, tmp_path: Path) -> None:
+    """Before: a store a newer oasis migrated (an upgrade rolled back, a backup from a
+    newer head node) stopped the start with Alembic's traceback ending in "Can't locate
+    revision identified by ...", at every restart."""
+    store.execute("UPDATE alembic_version SET version_num = '0042_from_the_future'")
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store.url, store.epoch)
+    out = subprocess.run(
+        [sys.executable, "-m", "controller.daemon", "--config", str(config)],
+        capture_output=True, text=True, timeout=120, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("oasisd: the store ") and "0042_from_the_future" in lines[0]
+    assert "newer oasis" in lines[0] and "0004" in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("up_from", ["NULL", "1000000000000"])
+def test_an_outage_row_over_planned_slots_refits_the_jobs_on_that_server(
+    store: Store, tmp_path: Path, up_from: str
+) -> None:
+    """A store restored half from a backup: the server outages (the execution plane's)
+    from after the plans. Before: the rebuild placed the plans, then blocking the
+    server raised LedgerError ("still holds jobs"): a traceback at every start."""
+    store.execute(
+        "INSERT INTO server_outages (server, down_from, up_from, detected_at) "
+        f"VALUES ('w0', -1000000000000, {up_from}, '2026-01-01 00:00:00+00:00')"
+    )
+    on_w0 = {j for j, job in store.before.items() if any(s == "w0" for _, s, _, _ in _plan(job, 0))}
+    assert on_w0, "some job must be planned on w0, or the test checks nothing"
+    after = _restart(store, tmp_path)
+    for job_id in on_w0:
+        assert after.events[job_id]["reason"] == "config_changed", after.events
+        assert all(s != "w0" for _, s, _, _ in _plan(after.jobs[job_id], after.first_slot))
+    _others_untouched(store, after, *on_w0)
+
+
+def test_sqlite_json_that_does_not_parse_reads_as_null(store: Store, tmp_path: Path) -> None:
+    """SQLite keeps any text in a JSON column (PostgreSQL checks it). Before: a meta row
+    edited into text that is not JSON raised json.JSONDecodeError out of the start-up
+    (a crash loop), an event's detail out of every read of the event log."""
+    if not store.url.startswith("sqlite"):
+        pytest.skip("PostgreSQL refuses text that is not JSON in a json column")
+    store.execute(
+        "UPDATE meta SET value = '{oops' WHERE key = 'bound_estimate'",
+        "UPDATE events SET detail = '{oops' WHERE job_id = 'j2'",
+        "UPDATE jobs SET detail = '{oops' WHERE id = 'j3'",
+    )
+    after = _restart(store, tmp_path)
+    assert sorted(after.jobs) == sorted(store.before)
+    assert '"why": "the stored state is of an older format or unreadable"' in after.log
+    assert "stored job row does not read back" in after.log
+    _others_untouched(store, after)
+
+
+OFFLINE_EDITS: dict[str, tuple[list[str], str]] = {
+    # name: (statements, what the one-line error says)
+    "spec not JSON": (["UPDATE jobs SET spec = '{not json' WHERE id = 'j1'"],
+                      "the stored spec of job 'j1': is not valid JSON"),
+    "spec nested too deeply": ([f"UPDATE jobs SET spec = '{{\"a\": {'[' * 100_000}}}' "
+                                "WHERE id = 'j4'"], "the stored spec of job 'j4': is JSON nested"),
+    "a held job's spec not an object": (
+        ["UPDATE jobs SET spec = '[1]', arrival_slot = 0 WHERE id = 'j0'"],
+        "the stored spec of job 'j0': must be a JSON object, got list"),
+    "an arrival a trillion slots out": (
+        ["UPDATE jobs SET arrival_slot = 1000000000000 WHERE id = 'j5'"],
+        "too large to compare at once; narrow it with --from and --to"),
+    "a negative count": (["UPDATE allocations SET workers = -5 WHERE job_id = 'j0'"],
+                         "allocation of job 'j0' at slot"),
+    "settings of the wrong type": (["UPDATE meta SET value = '[1]' WHERE key = 'settings'"],
+                                   "the store's meta row 'settings'"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("edit", sorted(OFFLINE_EDITS))
+def test_the_offline_tools_name_a_bad_row(store: Store, edit: str) -> None:
+    """Before: `oasis offline --store` and `oasis calibrate --store` printed a traceback
+    (json.JSONDecodeError, RecursionError, AttributeError, a MemoryError of 109 TiB for
+    one arrival slot edited far out) instead of naming the row."""
+    statements, message = OFFLINE_EDITS[edit]
+    store.execute(*statements)
+    for command in (["offline", "--method", "ilp", "--time-limit", "5", "--no-progress"],
+                    ["calibrate"]):  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-m", "controller.cli", *command, "--store", store.url],
+            capture_output=True, text=True, timeout=120, check=False, cwd=ROOT,
+        )  # fmt: skip
+        assert out.returncode == 2, (command, out.stderr)
+        assert "Traceback" not in out.stderr and message in out.stderr, (command, out.stderr)
+
+
+@pytest.mark.parametrize("plane", ["[1]", '{"epoch": "x", "events": 3}'])
+def test_the_execution_plane_starts_past_rows_that_do_not_read_back(
+    store: Store, tmp_path: Path, plane: str
+) -> None:
+    """With [mqtt], the plane reads the progress of active jobs and its own meta row at
+    start. Before: a progress row or the plane row of the wrong shape raised
+    AttributeError, TypeError or ValueError out of the start-up: a crash loop."""
+    store.execute(
+        "INSERT INTO job_progress VALUES ('j1', 1.0, 1.0, '[1]', '{}', '2026-01-01 00:00:00')",
+        "INSERT INTO job_progress VALUES ('j2', 1.0, 1.0, '{\"w0/x\": 5}', '{\"points\": 3}', "
+        "'2026-01-01 00:00:00')",
+        f"INSERT INTO meta VALUES ('plane', '{plane}')",
+    )
+    broker = 'url = "mqtt://127.0.0.1:1"\n'  # nothing listens: the daemon decides on
+    after = _restart(
+        store, tmp_path, lambda t: t.replace("[cluster]", f"[mqtt]\n{broker}\n[cluster]")
+    )
+    logged = [json.loads(line) for line in after.log.splitlines() if line.startswith("{")]
+    skipped = {e["job"] for e in logged if e["event"] == "stored progress ignored"}
+    assert skipped == {"j1", "j2"}, logged
+    [epoch] = [e for e in logged if e["event"] == "stored plane state ignored"]
+    assert epoch["epoch"] > 1_000_000_000, epoch  # above any counter: agents take its plans
+    _others_untouched(store, after)
