@@ -410,7 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             asyncio.run(serve(config, on_ready=ready))
     except (StartupError, WriterLockLostError) as err:
         print(f"oasisd: {err}", file=sys.stderr)
-        return 1
+        return err.status if isinstance(err, StartupError) else 1
     return 0
 
 

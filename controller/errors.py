@@ -8,7 +8,8 @@ execution plane raises and catches them too)::
     ├── DrainingError        the daemon is stopping
     ├── NotLeaderError       a write sent to a standby (high availability)
     ├── QueueFullError       the submitter's (or everyone's) pending jobs are at their limit
-    └── BusyError            the client has too many calls in flight
+    ├── BusyError            the client has too many calls in flight
+    └── SlotGridChangedError the config numbers slots otherwise than the store's jobs
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ __all__ = [
     "NotLeaderError",
     "PreconditionError",
     "QueueFullError",
+    "SlotGridChangedError",
 ]
 
 
@@ -71,3 +73,8 @@ class BusyError(OasisError):
 class QueueFullError(OasisError):
     """A job would go pending, but its submitter (or the daemon) has as many pending jobs
     as ``[limits]`` allows; nothing was committed, so it may be submitted again later."""
+
+
+class SlotGridChangedError(OasisError):
+    """The config's slot length or slot 0 differs from those the store's jobs were
+    planned with: started, the daemon would move every stored plan to another time."""

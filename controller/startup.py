@@ -23,6 +23,7 @@ import sqlalchemy
 from controller.admission import AdmissionController
 from controller.admission.state import EPOCH_KEY
 from controller.config import Config
+from controller.errors import SlotGridChangedError
 from controller.store import MetaRow, StoreUnavailableError, StoreVersionError, migrate
 from controller.store.writer_lock import PostgresWriterLock, StoreLockedError, WriterLock
 from pricing.best_schedule import warm_up
@@ -37,7 +38,13 @@ START_SECONDS = 300.0
 
 class StartupError(Exception):
     """The daemon cannot start for a reason outside its config file's syntax (an address
-    in use, say); the message names the setting."""
+    in use, say); the message names the setting. ``status`` is oasisd's exit status: 1,
+    or 2 when only an operator can mend it (the config disagrees with the store), which
+    the systemd unit does not restart."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def open_store(config: Config, controller: AdmissionController, writer: WriterLock | None) -> None:
@@ -75,6 +82,8 @@ def open_store(config: Config, controller: AdmissionController, writer: WriterLo
         raise StartupError(f"cannot open {store}: {err}") from err
     except StoreVersionError as err:  # a newer oasis migrated it
         raise StartupError(f"{store} {err}") from err
+    except SlotGridChangedError as err:  # the config's slots are not the store's
+        raise StartupError(f"cannot use {store}: {err}", status=2) from err
     except SpecError as err:  # a malformed meta row (the recorded slot 0)
         raise StartupError(f"cannot use {store}: {err}") from err
     except OSError as err:  # the lock file: permissions, a full disk

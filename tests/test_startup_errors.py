@@ -162,3 +162,60 @@ def test_secrets_readable_by_others_get_a_warning(tmp_path: Path, postgres: Post
     assert daemon.stop() == 0
     text = log.read_text()
     assert '"event": "config readable by others"' in text and "s3cret" not in text
+
+
+def test_slots_other_than_the_stored_jobs_are_refused_with_exit_2(
+    tmp_path: Path, store_url: str
+) -> None:
+    """Another slot_seconds or epoch than the store's jobs were planned with would move
+    every stored plan to another time: refused in one line, exit 2 (which the systemd
+    unit does not restart), the store untouched; set back, the daemon starts with its
+    jobs. A store without jobs takes new settings."""
+    from controller.convert import spec_to_proto
+    from controller.rpc import oasis_pb2 as pb
+    from controller.rpc import oasis_pb2_grpc as pb_grpc
+    from controller.tls import client_channel
+    from tests.servers import SMALL_JOB
+
+    epoch = 1_700_000_000.0
+    config = write_config(tmp_path / "c.toml", tmp_path / "data", store_url, epoch=epoch)
+    empty = write_config(tmp_path / "e.toml", tmp_path / "empty", "", epoch=epoch)
+    log = tmp_path / "d.log"
+    for path in (config, empty):
+        Daemon(path, log).start().stop()  # both stores record their slots
+    daemon = Daemon(config, log).start()
+    with client_channel(daemon.address) as channel:
+        job = (
+            pb_grpc.AdmissionStub(channel)
+            .SubmitJob(
+                pb.SubmitJobRequest(job=spec_to_proto({**SMALL_JOB, "id": "kept"})), timeout=60
+            )
+            .job
+        )
+    assert daemon.stop() == 0
+    original = config.read_text()
+    for old, new, says in (
+        ("slot_seconds = 3600", "slot_seconds = 1800",
+         "daemon.slot_seconds is 1800 s, but the store's jobs were planned in slots of 3600 s"),
+        (f"epoch = {epoch}", f"epoch = {epoch + 7200}",
+         "slot 0 begins at 2023-11-15T00:13:20Z (daemon.epoch), but the store's jobs were "
+         "planned from 2023-11-14T22:13:20Z"),
+    ):  # fmt: skip
+        config.write_text(original.replace(old, new))
+        out = _oasisd(config)
+        assert out.returncode == 2, out.stderr
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("oasisd: cannot use the store"), lines
+        assert says in lines[0] and "meta row 'settings'" in lines[0], lines[0]
+        empty.write_text(empty.read_text().replace(old, new))
+        Daemon(empty, log).start().stop()  # no jobs there: the new settings are taken
+    config.write_text(original)
+    daemon = Daemon(config, log).start()
+    try:
+        with client_channel(daemon.address) as channel:
+            got = pb_grpc.AdmissionStub(channel).GetJob(pb.GetJobRequest(id="kept"), timeout=30)
+        assert got.job.state == job.state and got.job.decision == job.decision
+    finally:
+        daemon.stop()
+    unit = (ROOT / "config" / "oasisd.service").read_text()
+    assert "RestartPreventExitStatus=2" in unit

@@ -5,6 +5,7 @@ when the execution plane re-plans)."""
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -17,6 +18,7 @@ from sqlalchemy.orm import Session
 from controller.admission.bounds import BoundControl
 from controller.admission.moves import Moves
 from controller.admission.state import EPOCH_KEY, SETTINGS_KEY
+from controller.errors import SlotGridChangedError
 from controller.store import (
     REBUILD_SECONDS,
     AllocationRow,
@@ -33,6 +35,7 @@ from controller.store.stored import stored_spec
 from controller.store.writer_lock import recorded_holder
 from pricing import Job, Ledger, OasisError, SpecError, fields
 from pricing.best_schedule import warm_up
+from pricing.durations import format_time
 from pricing.errors import CapacityError
 from pricing.replan import refit
 from pricing.schedule import Schedule
@@ -84,6 +87,7 @@ class Recovery(Moves, BoundControl):
         warm_up()
         with self._write() if self.leading else self.db.session() as session:
             self.slots.epoch = self._epoch(session)
+            self._check_slot_grid(session)
             if self.leading:  # a standby writes nothing; it records these at takeover
                 self._record_setup(session)
             else:
@@ -129,6 +133,46 @@ class Recovery(Moves, BoundControl):
         session.add(MetaRow(key=EPOCH_KEY, value={"epoch": epoch, "source": why}))
         self.log.info("slot 0 recorded", epoch=epoch, source=why)
         return epoch
+
+    def _check_slot_grid(self, session: Session) -> None:
+        """Refuse a slot length or slot 0 other than those of the stored jobs' plans.
+
+        Stored plans, windows and waits are slot numbers, read through the ``settings``
+        row's ``slot_seconds`` and ``epoch``. With others in the config the daemon would
+        read each plan as another time: admitted jobs would seem long over, or not yet
+        due, and be moved on accordingly. Only a store that holds jobs is checked (an
+        empty one takes the new settings), and a ``settings`` row that does not read is
+        rewritten as before.
+
+        Raises:
+            SlotGridChangedError: naming the key, both values and what to do.
+        """
+        meta = session.get(MetaRow, SETTINGS_KEY)
+        recorded = meta.value if meta is not None and isinstance(meta.value, dict) else {}
+        length, epoch = recorded.get("slot_seconds"), recorded.get("epoch")
+        numbers = (int, float)
+        if not (isinstance(length, numbers) and isinstance(epoch, numbers)):
+            return
+        if not (math.isfinite(length) and length > 0 and math.isfinite(epoch)):
+            return
+        if session.scalar(select(JobRow.id).limit(1)) is None:
+            return
+        changed = []
+        configured = self.config.slot_seconds
+        if abs(configured - length) > 1e-9 * length:
+            changed.append(f"daemon.slot_seconds is {configured:g} s, but the store's jobs "
+                           f"were planned in slots of {length:g} s")  # fmt: skip
+        if abs(self.slots.epoch - epoch) > 1e-3:
+            changed.append(
+                f"slot 0 begins at {_when(self.slots.epoch)} (daemon.epoch), but the store's "
+                f"jobs were planned from {_when(epoch)}"
+            )
+        if changed:
+            raise SlotGridChangedError(
+                f"{'; '.join(changed)} (its meta row {SETTINGS_KEY!r}): started so, it would "
+                "move every stored plan to another time. Set them back, or give the new "
+                "settings a new store (another daemon.data_dir or store_url)"
+            )
 
     def _record_setup(self, session: Session) -> None:
         """Record the configured servers and the settings that give stored slots their
@@ -393,3 +437,11 @@ class Recovery(Moves, BoundControl):
                 continue
             # A recovered server may hold new jobs from up_from on: block only the outage.
             ledger.block(kind, index, o.down_from, o.up_from)
+
+
+def _when(unix: float) -> str:
+    """``unix`` as a UTC time, or as seconds if no date can show it."""
+    try:
+        return format_time(unix)
+    except (OverflowError, OSError, ValueError):
+        return f"{unix:g} s after the Unix epoch"
