@@ -7,7 +7,29 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["Clock", "FakeClock", "SlotClock", "SlotTimes", "SystemClock"]
+__all__ = ["LATEST_EPOCH", "Clock", "FakeClock", "SlotClock", "SlotTimes", "SystemClock", "epoch"]
+
+LATEST_EPOCH = 32_503_680_000.0
+"""The latest slot 0 taken (3000-01-01T00:00:00Z): slot times a window ahead of it stay
+dates that every client can show (a slot 0 of 1e300 made every listing's times overflow
+in the client)."""
+
+
+def epoch(value: object, field: str) -> float:
+    """``value`` as slot 0's Unix time: a number from 0 to :data:`LATEST_EPOCH`.
+
+    Raises:
+        SpecError: naming ``field``.
+    """
+    from pricing import fields
+    from pricing.errors import SpecError
+
+    x = fields.number(value, field)
+    if not 0.0 <= x <= LATEST_EPOCH:
+        raise SpecError.one(
+            field, f"must be a Unix time from 0 to {LATEST_EPOCH:.0f} (the year 3000), got {x:g}"
+        )
+    return x
 
 
 class Clock(Protocol):

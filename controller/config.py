@@ -67,6 +67,7 @@ from sqlalchemy import make_url
 from sqlalchemy.exc import ArgumentError
 
 from controller.auth import Caller, tokens_from_dict
+from controller.clock import epoch as slot_zero
 from controller.connections import Connections, connections_from_dict
 from controller.console.settings import DEFAULT_WEB_LISTEN, WebConfig, web_from_dict
 from controller.ha.settings import HaConfig, ha_from_dict
@@ -259,7 +260,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
         data_dir = Path(fields.text(daemon.get("data_dir", "./data"), "daemon.data_dir"))
         if base is not None and not data_dir.is_absolute():
             data_dir = base / data_dir
-        epoch = fields.number(daemon.get("epoch", 0), "daemon.epoch")
+        epoch = slot_zero(daemon.get("epoch", 0), "daemon.epoch")
         insecure_remote = daemon.get("allow_insecure_remote", False)
         if not isinstance(insecure_remote, bool):
             raise ConfigError("daemon.allow_insecure_remote: must be true or false")

@@ -422,6 +422,30 @@ def test_slot_0_is_the_first_start_recorded_in_the_store(tmp_path: Path) -> None
     c.close()
 
 
+def test_slot_0_far_out_is_refused_in_the_config_and_in_the_store(tmp_path: Path) -> None:
+    """Slot 0 at 1e300 s made every listing's slot times overflow in the client: the
+    config's ``epoch`` and the store's recorded one must be Unix times up to the year
+    3000, each refused naming where it came from."""
+    from controller.admission.state import EPOCH_KEY
+    from controller.config import ConfigError
+    from controller.store import MetaRow
+
+    path = write_config(tmp_path / "c.toml", tmp_path / "data", epoch=0.0)
+    for bad in ("1e300", "-1.0", "32503680001"):
+        path.write_text(path.read_text().replace("epoch = 0.0\n", f"epoch = {bad}\n"))
+        with pytest.raises(ConfigError, match=r"daemon\.epoch: must be a Unix time from 0"):
+            load(path)
+        path.write_text(path.read_text().replace(f"epoch = {bad}\n", "epoch = 0.0\n"))
+    path.write_text(path.read_text().replace("epoch = 0.0\n", ""))
+    config = load(path)
+    c = opened(config, FakeClock(1_700_000_000.0))  # records slot 0 in the store
+    c.close()
+    with Database(config.database_url).session() as session:
+        session.merge(MetaRow(key=EPOCH_KEY, value={"epoch": 1e300, "source": "an edit"}))
+    with pytest.raises(SpecError, match=r"meta row 'epoch': epoch: must be a Unix time"):
+        opened(config, FakeClock(1_700_000_000.0))
+
+
 def test_a_store_with_jobs_but_no_recorded_slot_0_keeps_the_unix_epoch(tmp_path: Path) -> None:
     """A store written before slot 0 was recorded numbered its slots from the Unix epoch
     (the old default): a config without ``epoch`` keeps that numbering for it."""

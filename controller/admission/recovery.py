@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from controller.admission.bounds import BoundControl
 from controller.admission.moves import Moves
 from controller.admission.state import EPOCH_KEY, SETTINGS_KEY
+from controller.clock import epoch as slot_zero
 from controller.errors import SlotGridChangedError
 from controller.store import (
     REBUILD_SECONDS,
@@ -33,7 +34,7 @@ from controller.store import (
 from controller.store.commit_process import START_SECONDS
 from controller.store.stored import stored_spec
 from controller.store.writer_lock import recorded_holder
-from pricing import Job, Ledger, OasisError, SpecError, fields
+from pricing import Job, Ledger, OasisError, SpecError
 from pricing.best_schedule import warm_up
 from pricing.durations import format_time
 from pricing.errors import CapacityError
@@ -120,7 +121,7 @@ class Recovery(Moves, BoundControl):
         meta = session.get(MetaRow, EPOCH_KEY)
         if meta is not None:
             value = meta.value.get("epoch") if isinstance(meta.value, dict) else None
-            return fields.number(value, f"the store's meta row {EPOCH_KEY!r}: epoch")
+            return slot_zero(value, f"the store's meta row {EPOCH_KEY!r}: epoch")
         if not self.leading:
             raise StoreUnavailableError(
                 "slot 0 is not recorded in the store yet: a standby reads it from there, "
