@@ -50,6 +50,38 @@ def _events(stub: pb_grpc.AdmissionStub) -> list[Any]:
     return out
 
 
+def decided(config: Path, log: Path, n: int) -> dict[str, Any]:
+    """Start ``oasisd --config config``, submit ``n`` contending jobs, stop it; its jobs
+    by id, as it answered them."""
+    daemon = Daemon(config, log).start()
+    try:
+        with grpc.insecure_channel(daemon.address) as channel:
+            stub = pb_grpc.AdmissionStub(channel)
+            for spec in contending_jobs(n):
+                stub.SubmitJob(pb.SubmitJobRequest(job=spec_to_proto(spec)), timeout=60)
+            return _jobs(stub)
+    finally:
+        assert daemon.stop() == 0, log.read_text()
+
+
+def read_back(address: str) -> tuple[dict[str, Any], int, dict[str, dict[str, Any]]]:
+    """What a restarted daemon at ``address`` holds: its jobs by id, its current slot
+    (every plan from it on checked within capacity) and the detail of each job's last
+    ``replanned`` or ``failed`` event."""
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.AdmissionStub(channel)
+        cluster = pb_grpc.ClusterStub(channel)
+        jobs = _jobs(stub)
+        now = cluster.GetUtilisation(pb.GetUtilisationRequest(), timeout=10).first_slot
+        _within_capacity(cluster, jobs, now)
+        events = {
+            e.job_id: json.loads(e.detail)
+            for e in _events(stub)
+            if e.kind in ("replanned", "failed")
+        }
+    return jobs, now, events
+
+
 def _within_capacity(cluster: Any, jobs: dict[str, Any], from_slot: int) -> None:
     """Every job's demands summed per (slot, server, resource) from the stored plans,
     from ``from_slot`` on, are within the configured capacities."""
@@ -74,31 +106,13 @@ def test_a_shrunk_config_starts_and_refits_the_jobs_that_no_longer_fit(
 ) -> None:
     config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store_url)
     log = tmp_path / "oasisd.log"
-    daemon = Daemon(config, log).start()
-    try:
-        with grpc.insecure_channel(daemon.address) as channel:
-            stub = pb_grpc.AdmissionStub(channel)
-            for spec in contending_jobs(10):
-                stub.SubmitJob(pb.SubmitJobRequest(job=spec_to_proto(spec)), timeout=60)
-            before = _jobs(stub)
-    finally:
-        assert daemon.stop() == 0, log.read_text()
+    before = decided(config, log, 10)
     config.write_text(SHRINKS[shrink](config.read_text()))
     assert config.read_text() != write_config(tmp_path / "x.toml", tmp_path / "data").read_text()
 
     daemon = Daemon(config, log).start()  # before the fix: a CapacityError/LedgerError
     try:
-        with grpc.insecure_channel(daemon.address) as channel:
-            stub = pb_grpc.AdmissionStub(channel)
-            cluster = pb_grpc.ClusterStub(channel)
-            after = _jobs(stub)
-            now = cluster.GetUtilisation(pb.GetUtilisationRequest(), timeout=10).first_slot
-            _within_capacity(cluster, after, now)
-            refits = {
-                e.job_id: json.loads(e.detail)
-                for e in _events(stub)
-                if e.kind in ("replanned", "failed")
-            }
+        after, now, refits = read_back(daemon.address)
     finally:
         assert daemon.stop() == 0, log.read_text()
 

@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -175,9 +176,11 @@ def test_slots_other_than_the_stored_jobs_are_refused_with_exit_2(
     from controller.rpc import oasis_pb2 as pb
     from controller.rpc import oasis_pb2_grpc as pb_grpc
     from controller.tls import client_channel
+    from pricing.durations import format_time
     from tests.servers import SMALL_JOB
 
-    epoch = 1_700_000_000.0
+    # half a slot ago: no slot boundary (which moves the job on) falls within the test
+    epoch = float(int(time.time()) - 1800)
     config = write_config(tmp_path / "c.toml", tmp_path / "data", store_url, epoch=epoch)
     empty = write_config(tmp_path / "e.toml", tmp_path / "empty", "", epoch=epoch)
     log = tmp_path / "d.log"
@@ -198,8 +201,8 @@ def test_slots_other_than_the_stored_jobs_are_refused_with_exit_2(
         ("slot_seconds = 3600", "slot_seconds = 1800",
          "daemon.slot_seconds is 1800 s, but the store's jobs were planned in slots of 3600 s"),
         (f"epoch = {epoch}", f"epoch = {epoch + 7200}",
-         "slot 0 begins at 2023-11-15T00:13:20Z (daemon.epoch), but the store's jobs were "
-         "planned from 2023-11-14T22:13:20Z"),
+         f"slot 0 begins at {format_time(epoch + 7200)} (daemon.epoch), but the store's "
+         f"jobs were planned from {format_time(epoch)}"),
     ):  # fmt: skip
         config.write_text(original.replace(old, new))
         out = _oasisd(config)

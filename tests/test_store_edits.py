@@ -16,16 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 import sqlalchemy
 
-from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
-from controller.rpc import oasis_pb2_grpc as pb_grpc
 from tests.servers import CLUSTER_TOML, ROOT, Daemon, Postgres, write_config
-from tests.test_config_shrink import _events, _jobs, _plan, _within_capacity
-from tests.test_daemon_e2e import contending_jobs
+from tests.test_config_shrink import _plan, decided, read_back
 
 
 @dataclass
@@ -56,16 +52,7 @@ class _Template:
 def _decide_six(url: str, folder: Path) -> _Template:
     epoch = time.time()
     config = write_config(folder / "oasisd.toml", folder / "data", url, epoch=epoch)
-    daemon = Daemon(config, folder / "oasisd.log").start()
-    try:
-        with grpc.insecure_channel(daemon.address) as channel:
-            stub = pb_grpc.AdmissionStub(channel)
-            for spec in contending_jobs(6):
-                stub.SubmitJob(pb.SubmitJobRequest(job=spec_to_proto(spec)), timeout=60)
-            before = _jobs(stub)
-    finally:
-        assert daemon.stop() == 0, (folder / "oasisd.log").read_text()
-    return _Template(url, epoch, before)
+    return _Template(url, epoch, decided(config, folder / "oasisd.log", 6))
 
 
 @pytest.fixture(scope="module")
@@ -114,17 +101,7 @@ def _restart(store: Store, tmp_path: Path, edit: Callable[[str], str] = str) -> 
     log = tmp_path / "restarted.log"
     daemon = Daemon(config, log).start()
     try:
-        with grpc.insecure_channel(daemon.address) as channel:
-            stub = pb_grpc.AdmissionStub(channel)
-            cluster = pb_grpc.ClusterStub(channel)
-            jobs = _jobs(stub)
-            now = cluster.GetUtilisation(pb.GetUtilisationRequest(), timeout=10).first_slot
-            _within_capacity(cluster, jobs, now)
-            events = {
-                e.job_id: json.loads(e.detail)
-                for e in _events(stub)
-                if e.kind in ("replanned", "failed")
-            }
+        jobs, now, events = read_back(daemon.address)
     finally:
         assert daemon.stop() == 0, log.read_text()
     text = log.read_text()
