@@ -184,8 +184,9 @@ def test_slots_other_than_the_stored_jobs_are_refused_with_exit_2(
     config = write_config(tmp_path / "c.toml", tmp_path / "data", store_url, epoch=epoch)
     empty = write_config(tmp_path / "e.toml", tmp_path / "empty", "", epoch=epoch)
     log = tmp_path / "d.log"
-    for path in (config, empty):
-        Daemon(path, log).start().stop()  # both stores record their slots
+    with_empty = store_url.startswith("sqlite")  # the empty store's check: once is enough
+    if with_empty:
+        Daemon(empty, log).start().stop()  # it records its slots, and holds no job
     daemon = Daemon(config, log).start()
     with client_channel(daemon.address) as channel:
         job = (
@@ -211,7 +212,8 @@ def test_slots_other_than_the_stored_jobs_are_refused_with_exit_2(
         assert len(lines) == 1 and lines[0].startswith("oasisd: cannot use the store"), lines
         assert says in lines[0] and "meta row 'settings'" in lines[0], lines[0]
         empty.write_text(empty.read_text().replace(old, new))
-        Daemon(empty, log).start().stop()  # no jobs there: the new settings are taken
+    if with_empty:  # no jobs there: both new settings are taken
+        assert Daemon(empty, log).start().stop() == 0
     config.write_text(original)
     daemon = Daemon(config, log).start()
     try:
