@@ -81,6 +81,7 @@ from pricing.bound_prior import MAX_PRIOR_BYTES, Prior, prior_from_dict
 from pricing.cluster import Cluster, cluster_from_dict
 from pricing.default_prior import default_prior
 from pricing.errors import SpecError
+from pricing.ledger import ledger_bytes
 from pricing.prices import PriceBounds, bounds_from_dict
 
 __all__ = ["DEFAULT_LISTEN", "Config", "ConfigError", "PricingConfig", "demo_config", "load"]
@@ -278,6 +279,8 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
                 f"daemon.wait_seconds: {wait_seconds:g} exceeds limits.max_wait_seconds = "
                 f"{limits.max_wait_seconds:g}"
             )
+        window = fields.positive_int(daemon.get("window", 300), "daemon.window")
+        _check_ledger_size(cluster, window, limits)
         mqtt = mqtt_from_dict(fields.optional_mapping(data, "mqtt", ""))
         if mqtt is not None:
             check_server_names(name for _kind, _i, name, _cap in cluster.servers())
@@ -288,7 +291,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
             store_timeout=store_timeout,
             sqlite_synchronous=synchronous,
             slot_seconds=fields.positive(daemon.get("slot_seconds", 3600), "daemon.slot_seconds"),
-            window=fields.positive_int(daemon.get("window", 300), "daemon.window"),
+            window=window,
             epoch=epoch,
             log_level=level,
             cluster=cluster,
@@ -311,6 +314,20 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
         )
     except SpecError as err:
         raise ConfigError(str(err)) from err
+
+
+def _check_ledger_size(cluster: Cluster, window: int, limits: Limits) -> None:
+    """ConfigError if the price ledger over ``window + 1`` slots of ``cluster`` would
+    take more than ``limits.max_ledger_mb``."""
+    need = ledger_bytes(cluster, window + 1) / 2**20
+    if need > limits.max_ledger_mb:
+        servers = len(cluster.worker_names) + len(cluster.ps_names)
+        raise ConfigError(
+            f"daemon.window: {window} slots x {servers} servers x {len(cluster.resources)} "
+            f"resources need a price ledger of {need:,.0f} MiB, over limits.max_ledger_mb = "
+            f"{limits.max_ledger_mb:g}; use a smaller window (or raise the limit if the "
+            f"head node has the memory, twice that while the ledger is rebuilt)"
+        )
 
 
 def _metrics_listen(raw: Mapping[str, Any]) -> str:

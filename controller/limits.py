@@ -58,6 +58,12 @@
   0 turns the cap off. The estimate is robust without it (one job moves the bounds by at
   most ``e^0.1``), but a cap makes a typo of a few extra zeros an error, not a job that
   outbids everyone.
+- ``max_ledger_mb``: the most memory the price ledger may take, MiB. It holds amounts and
+  prices per server, resource and slot of the window, about ``16 R + 1`` bytes per server
+  and slot (:func:`pricing.ledger.ledger_bytes`; 81 with five resources), and a rebuild
+  holds two for a moment. A config whose ``daemon.window`` and cluster need more is
+  refused at start-up with the numbers, instead of a daemon the kernel kills when the
+  pages are first touched. The default 8192 allows 10,000 servers over 10,000 slots.
 - ``max_page_jobs`` and ``max_page_bytes``: the most jobs, and about the most bytes of
   them, one ``ListJobs`` answer holds; the rest follow on later pages (``page_token``).
 
@@ -117,6 +123,7 @@ _KEYS = {
     "max_in_flight",
     "search_steps_per_token",
     "max_utility",
+    "max_ledger_mb",
 }
 
 
@@ -157,6 +164,7 @@ class Limits:
         search_steps_per_token: a submit or quote costs one token plus one per this many
             steps of its search bound (with ``rate`` on).
         max_utility: the largest best utility ``f(d_min)`` of a job; 0: no cap.
+        max_ledger_mb: the largest price ledger (window x servers x resources), MiB.
     """
 
     max_message_bytes: int = 1 << 20
@@ -177,6 +185,7 @@ class Limits:
     max_in_flight: int = 4
     search_steps_per_token: float = 5e7
     max_utility: float = DEFAULT_MAX_UTILITY
+    max_ledger_mb: float = 8192.0
 
     def search_tokens(self, steps: float) -> float:
         """Tokens a search bounded by ``steps`` costs on top of its call's one."""
@@ -333,6 +342,9 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
         ),
         max_utility=fields.non_negative(
             raw.get("max_utility", d.max_utility), "limits.max_utility"
+        ),
+        max_ledger_mb=fields.positive(
+            raw.get("max_ledger_mb", d.max_ledger_mb), "limits.max_ledger_mb"
         ),
     )
 

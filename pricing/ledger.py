@@ -31,7 +31,7 @@ from pricing.prices import PriceBounds, price
 from pricing.schedule import Schedule
 from pricing.shares import least_shares
 
-__all__ = ["CAPACITY_SLACK", "LOG_PRICE_CAP", "LOG_PRICE_FLOOR", "Ledger", "Side"]
+__all__ = ["CAPACITY_SLACK", "LOG_PRICE_CAP", "LOG_PRICE_FLOOR", "Ledger", "Side", "ledger_bytes"]
 
 CAPACITY_SLACK = 1e-7
 """Absolute slack on capacity checks: room counts use ``floor(x + 1e-9)``."""
@@ -49,6 +49,20 @@ inputs (a priority of ``1e308``)."""
 LOG_PRICE_FLOOR = -1e6
 """``log L`` is raised to at least this: ``exp`` of it is 0 anyway, and a finite floor
 keeps ``log L + share * (log U - log L)`` free of ``inf - inf``."""
+
+
+def ledger_bytes(cluster: Cluster, length: int) -> int:
+    """Bytes of the arrays a :class:`Ledger` of ``cluster`` over ``length`` slots holds.
+
+    Per side of ``n`` servers and ``r`` resources: amounts and prices ``(length, n, r)``
+    float64, blocked flags ``(length, n)`` bool, least shares ``(length, r)`` float64 and
+    price versions ``(length,)`` int64; plus the ``(length,)`` bool ``touched``. About
+    ``16 r + 1`` bytes per server and slot (81 with the paper's five resources)."""
+    total = length  # touched
+    for capacity in (cluster.worker_capacity, cluster.ps_capacity):
+        n, r = capacity.shape
+        total += length * (n * r * 16 + n + r * 8 + 8)
+    return total
 
 
 _VERSIONS = itertools.count(1)

@@ -28,6 +28,7 @@ from pricing.default_prior import default_prior
 from pricing.errors import Problem, SpecError
 from pricing.explain import cannot_finish
 from pricing.job import Job, job_from_dict
+from pricing.ledger import ledger_bytes
 from pricing.prices import PriceBounds, bounds_from_dict, etas_from_dict, oracle_bounds
 
 __all__ = ["MAX_REPORTED_PROBLEMS", "TRACE_VERSION", "Trace", "trace_from_dict"]
@@ -77,6 +78,13 @@ class Trace:
         return BoundEstimate.start(self.cluster, self.prior, self.trim)
 
 
+MAX_LEDGER_BYTES = 16 * 2**30
+"""The largest price ledger a trace may need (:func:`pricing.ledger.ledger_bytes` of its
+cluster over its horizon): past it ``horizon`` is refused, instead of the allocation
+failing (or the kernel killing the replay) deep in a run. 10,000 servers over 20,000
+slots fit."""
+
+
 def trace_from_dict(raw: Any) -> Trace:
     """Validate a trace object; a SpecError lists every bad field (up to 50)."""
     data: Mapping[str, Any] = fields.mapping(raw, "trace")
@@ -88,6 +96,14 @@ def trace_from_dict(raw: Any) -> Trace:
     cluster = cluster_from_dict(
         fields.require(data, "resources", ""), fields.require(data, "servers", "")
     )
+    need = ledger_bytes(cluster, horizon)
+    if need > MAX_LEDGER_BYTES:
+        raise SpecError.one(
+            "horizon",
+            f"{horizon} slots of {len(cluster.worker_names) + len(cluster.ps_names)} servers need a price ledger of "
+            f"{need / 2**30:,.1f} GiB, over the {MAX_LEDGER_BYTES / 2**30:g} GiB a trace may "
+            f"take; a shorter horizon, or fewer servers",
+        )
     pricing_raw = data.get("pricing", {"bounds": "oracle"})
     explicit = bounds_from_dict(pricing_raw, cluster)
 

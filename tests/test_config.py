@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from controller.config import ConfigError, demo_config, load
+from pricing.ledger import Ledger, ledger_bytes
+from pricing.prices import PriceBounds
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = (ROOT / "config" / "oasisd.example.toml").read_text()
@@ -77,3 +80,38 @@ def test_unreadable_and_not_toml(tmp_path: Path) -> None:
     bad.write_text("[daemon\n")
     with pytest.raises(ConfigError, match="not TOML"):
         load(bad)
+
+
+def test_window_whose_ledger_is_too_large_is_refused(tmp_path: Path) -> None:
+    """A window the head node cannot hold is a config error with the numbers, not a
+    daemon the kernel kills when the ledger's pages are first touched."""
+    path = tmp_path / "wide.toml"
+    path.write_text(EXAMPLE.replace("window = 300", "window = 100000000", 1))
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    message = str(err.value)
+    assert message.startswith("daemon.window: 100000000 slots x 9 servers x 5 resources")
+    assert "78,773 MiB, over limits.max_ledger_mb = 8192" in message
+    # the same window passes once the operator raises the limit knowingly
+    path.write_text(
+        EXAMPLE.replace("window = 300", "window = 100000000", 1).replace(
+            "max_ledger_mb = 8192", "max_ledger_mb = 80000", 1
+        )
+    )
+    assert load(path).window == 100_000_000
+
+
+def test_ledger_bytes_is_what_a_ledger_holds() -> None:
+    """The size the window check uses is the arrays a ledger really allocates."""
+    config = load(ROOT / "config" / "oasisd.example.toml")
+    r = len(config.cluster.resources)
+    bounds = PriceBounds(np.zeros(r), np.zeros(r), -5.0, -5.0, 1.0, 1.0)
+    ledger = Ledger(config.cluster, bounds, 37)
+    held = ledger.touched.nbytes
+    for side in (ledger.worker_side, ledger.ps_side):
+        held += sum(
+            a.nbytes
+            for a in vars(side).values()
+            if isinstance(a, np.ndarray) and a.shape[:1] == (37,) and a is not ledger.touched
+        )
+    assert ledger_bytes(config.cluster, 37) == held

@@ -129,6 +129,19 @@ def test_trace_job_ids_follow_the_same_alphabet() -> None:
     assert trace_from_dict(base_trace(id="a.b_c-1")).jobs[0].id == "a.b_c-1"
 
 
+def test_a_trace_horizon_past_memory_is_refused_by_name() -> None:
+    """A horizon whose price ledger would not fit in memory is a bad field of the
+    trace, not a MemoryError (or an OOM kill) once the replay starts."""
+    from tests.test_units import base_trace
+
+    raw = base_trace()
+    raw["horizon"] = 10**9
+    with pytest.raises(SpecError, match=r"horizon: 1000000000 slots of \d+ servers need a "):
+        trace_from_dict(raw)
+    raw["horizon"] = 10**4
+    assert trace_from_dict(raw).horizon == 10**4
+
+
 def test_limits_config() -> None:
     assert limits_from_dict({}) == Limits()
     got = limits_from_dict({"rate": 2.5, "burst": 10, "max_search_steps": 1e8})
