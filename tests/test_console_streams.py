@@ -15,7 +15,10 @@ import asyncio
 import json
 import os
 import shutil
+import socket
 import tempfile
+import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +40,7 @@ TOKENS = {"alice": "alice-stream-token", "bob": "bob-stream-token", "ops": "ops-
 ROLES = {"alice": "submitter", "bob": "submitter", "ops": "operator", "carol": "submitter"}
 PER_USER = 4
 TOTAL = 7
+CONNECTIONS = 16
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -77,6 +81,7 @@ def console(tmp_path: Path) -> Iterator[Console]:
     extra = (
         f'[auth]\ntokens_file = "{tokens}"\n[web]\nlisten = "127.0.0.1:0"\n'
         f"max_event_streams_per_user = {PER_USER}\nmax_event_streams = {TOTAL}\n"
+        f"max_connections = {CONNECTIONS}\n"
     )
     config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", extra=extra)
     daemon = Daemon(config, tmp_path / "oasisd.log").start()
@@ -187,3 +192,41 @@ def test_a_refused_tab_says_it_is_not_updating(console: Console) -> None:
         shutil.rmtree(profile, ignore_errors=True)
         for stream in held:
             stream.close()
+
+
+def test_a_flood_of_connections_costs_the_console_not_the_daemon(console: Console) -> None:
+    """Connections that send nothing fill ``web.max_connections``; the next is answered
+    503 at once and closed (not held, so it costs no descriptor); gRPC clients are served
+    all along; once the flood ends the console answers again."""
+    host, _, port = console.url.removeprefix("http://").rpartition(":")
+    held = [socket.create_connection((host, int(port)), timeout=10) for _ in range(CONNECTIONS)]
+    try:
+        time.sleep(0.5)  # every one accepted and counted
+        for _ in range(3):
+            with socket.create_connection((host, int(port)), timeout=10) as extra:
+                answer = b""
+                while chunk := extra.recv(4096):  # read until the daemon closes it
+                    answer += chunk
+            assert answer.startswith(b"HTTP/1.1 503 "), answer
+            assert b"web.max_connections" in answer
+        # the daemon itself is untouched: a gRPC call is served while the console is full
+        with client_channel(console.daemon.address, token=TOKENS["ops"]) as channel:
+            info = pb_grpc.ClusterStub(channel).GetClusterInfo(
+                pb.GetClusterInfoRequest(), timeout=10
+            )
+            assert info.window > 0
+        # a held connection is served like any other (they were accepted, not parked)
+        held[0].sendall(b"GET /login HTTP/1.1\r\nHost: 127.0.0.1:" + port.encode() + b"\r\n\r\n")
+        assert held[0].recv(4096).startswith(b"HTTP/1.1 200 ")
+    finally:
+        for sock in held:
+            sock.close()
+    deadline = time.monotonic() + 10
+    while True:  # the closed ones free their places
+        try:
+            with urllib.request.urlopen(console.url + "/login", timeout=10) as page:
+                assert page.status == 200
+                break
+        except urllib.error.HTTPError as err:
+            assert err.code == 503 and time.monotonic() < deadline, err
+            time.sleep(0.1)

@@ -113,7 +113,7 @@ def test_web_settings_read_back_from_their_table_whole() -> None:
     compares every field)."""
     every = web_from_dict(
         {"listen": "127.0.0.1:9", "allow_insecure_remote": True, "session_hours": 3,
-         "max_event_streams_per_user": 5, "max_event_streams": 7},
+         "max_event_streams_per_user": 5, "max_event_streams": 7, "max_connections": 9},
         None,
     )  # fmt: skip
     assert every != web_from_dict({}, None)

@@ -87,6 +87,32 @@ _CSP = (
 )
 _JOB_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
+IDLE_SECONDS = 75.0
+"""A console connection with no request for this long is closed (aiohttp's default keeps
+one an hour, so idle connections would hold the ``web.max_connections`` places)."""
+
+HANDSHAKE_SECONDS = 10.0
+"""A TLS handshake must finish within this (it holds a descriptor before it counts)."""
+
+_BUSY = b"the console has too many connections open (web.max_connections); try again later\n"
+
+
+class _Refused(asyncio.Protocol):
+    """A connection past ``web.max_connections``: answered 503 at once and closed, so a
+    flood of connections costs one descriptor each for a moment, never the daemon's
+    descriptors (which its gRPC clients and the store need)."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.write(
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            b"Retry-After: 5\r\nConnection: close\r\nContent-Length: "
+            + str(len(_BUSY)).encode()
+            + b"\r\n\r\n"
+            + _BUSY
+        )
+        transport.close()
+
 
 class _RefusedError(Exception):
     """A request the console refuses with ``status`` and a message."""
@@ -122,6 +148,7 @@ class Console:
         self.closing = asyncio.Event()
         self.streams: dict[str, int] = {}  # open event streams per user (token name)
         self.runner: web.AppRunner | None = None
+        self.listener: asyncio.Server | None = None
         self.address = ""
         host, _, port = config.web.listen.rpartition(":")
         self.loopback = is_loopback(host)
@@ -164,16 +191,31 @@ class Console:
         """
         listen = self.config.web.listen
         host, _, port = listen.rpartition(":")
-        self.runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        self.runner = web.AppRunner(
+            self.app(), access_log=None, handle_signals=False, keepalive_timeout=IDLE_SECONDS
+        )
         await self.runner.setup()
         tls = _ssl_context(self.config.tls) if self.config.tls is not None else None
-        site = web.TCPSite(self.runner, host.strip("[]"), int(port), ssl_context=tls)
+        server, cap = self.runner.server, self.config.web.max_connections
+        assert server is not None  # set up above
+
+        def accept() -> asyncio.BaseProtocol:
+            # past the cap the connection is answered 503 and closed, not served
+            return _Refused() if len(server.connections) >= cap else server()
+
         try:
-            await site.start()
+            self.listener = await asyncio.get_running_loop().create_server(
+                accept,
+                host.strip("[]") or None,
+                int(port),
+                ssl=tls,
+                ssl_handshake_timeout=HANDSHAKE_SECONDS if tls is not None else None,
+                reuse_address=True,
+            )
         except OSError as err:
             await self.runner.cleanup()
             raise OSError(f"web.listen: cannot listen on {listen}: {err.strerror or err}") from err
-        bound = self.runner.addresses[0]
+        bound = self.listener.sockets[0].getsockname()
         self.address = f"{host}:{bound[1]}"
         self.hosts |= {f"{h}:{bound[1]}" for h in ("127.0.0.1", "localhost", "[::1]", host)}
         return self.address
@@ -181,6 +223,9 @@ class Console:
     async def close(self) -> None:
         """End the event streams, then stop serving."""
         self.closing.set()
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None

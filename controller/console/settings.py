@@ -6,6 +6,7 @@
     session_hours = 8              # how long a login lasts
     max_event_streams_per_user = 32  # live event streams (/api/events) of one user
     max_event_streams = 256        # live event streams in all
+    max_connections = 512          # HTTP connections at once; past it 503 at accept
 
 As ``daemon.listen``: plain HTTP stays on a loopback address unless ``[tls]`` is configured
 (the console then serves HTTPS with the same certificate, and asks for a client
@@ -17,6 +18,12 @@ submitter's stream looks up the job's owner), so their number is capped: a user 
 token's name; without ``[auth]`` every caller is one user) past
 ``max_event_streams_per_user`` is refused with 429, anyone past ``max_event_streams``
 with 503. A closed stream frees its place at the latest at its next heartbeat (15 s).
+
+Every connection holds a descriptor of the daemon's process, the one its gRPC clients and
+the store share, so the console's are capped too: past ``max_connections`` (streams
+included) a new one is answered 503 at once and closed; a connection idle 75 s is closed.
+The cap stays far below the unit's descriptor limit, so a flood of browser connections
+costs the console, never the daemon.
 """
 
 from __future__ import annotations
@@ -36,6 +43,10 @@ DEFAULT_WEB_LISTEN = "127.0.0.1:8080"
 
 _MAX_SESSION_HOURS = 24 * 30.0
 
+MAX_CONNECTIONS = 10_000
+"""The most ``web.max_connections`` may be: the unit's ``LimitNOFILE=65536`` keeps room
+for the gRPC connections (``connections.max_connections``) and the store."""
+
 
 @dataclass(frozen=True)
 class WebConfig:
@@ -47,6 +58,7 @@ class WebConfig:
         session_seconds: lifetime of a login session, seconds.
         max_event_streams_per_user: open event streams of one user at once.
         max_event_streams: open event streams at once, all users together.
+        max_connections: open HTTP connections at once, streams included.
     """
 
     listen: str = ""
@@ -54,6 +66,7 @@ class WebConfig:
     session_seconds: float = 8 * 3600.0
     max_event_streams_per_user: int = 32
     max_event_streams: int = 256
+    max_connections: int = 512
 
     def to_dict(self) -> dict[str, Any]:
         """The ``[web]`` table these settings read from (:func:`web_from_dict` of it
@@ -65,6 +78,7 @@ class WebConfig:
             "session_hours": self.session_seconds / 3600.0,
             "max_event_streams_per_user": self.max_event_streams_per_user,
             "max_event_streams": self.max_event_streams,
+            "max_connections": self.max_connections,
         }
 
 
@@ -76,6 +90,7 @@ def web_from_dict(raw: Mapping[str, Any], tls: TlsConfig | None) -> WebConfig:
         "session_hours",
         "max_event_streams_per_user",
         "max_event_streams",
+        "max_connections",
     }
     for key in raw:
         if key not in known:
@@ -107,4 +122,12 @@ def web_from_dict(raw: Mapping[str, Any], tls: TlsConfig | None) -> WebConfig:
     total = fields.positive_int(
         raw.get("max_event_streams", d.max_event_streams), "web.max_event_streams"
     )
-    return WebConfig(listen, remote, hours * 3600.0, per_user, total)
+    connections = fields.positive_int(
+        raw.get("max_connections", d.max_connections), "web.max_connections"
+    )
+    if connections > MAX_CONNECTIONS:
+        raise SpecError.one(
+            "web.max_connections",
+            f"must be <= {MAX_CONNECTIONS} (each holds a descriptor the daemon needs)",
+        )
+    return WebConfig(listen, remote, hours * 3600.0, per_user, total, connections)
