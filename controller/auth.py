@@ -2,11 +2,13 @@
 gRPC server interceptor in front of every oasis RPC.
 
 Roles:
-    ``submitter``: SubmitJob, QuoteJob, and GetJob, ListJobs and GetProgress of the jobs
-    it submitted (another's job reads as NOT_FOUND; reusing another's job id is
-    ALREADY_EXISTS), and GetClusterInfo (the slot clock). ``operator``: every RPC, every
-    job. Any RPC not listed for submitters (CancelJob, WatchEvents, the rest of the
-    Cluster service, and RPCs added later) is for operators only.
+    ``submitter``: SubmitJob, QuoteJob, and GetJob, ListJobs, GetProgress and CancelJob
+    of the jobs it submitted (another's job reads as NOT_FOUND; reusing another's job id
+    is ALREADY_EXISTS), and GetClusterInfo (the slot clock). A submitter cancels its own
+    mistakes without an operator (a wrong job admitted holds the cluster for everyone
+    until it is cancelled); a cancel only ever releases slots. ``operator``: every RPC,
+    every job. Any RPC not listed for submitters (WatchEvents, the rest of the Cluster
+    service, and RPCs added later) is for operators only.
 
 Requests carry ``authorization: Bearer TOKEN`` metadata. A missing or unknown token is
 UNAUTHENTICATED; a role that may not call the RPC is PERMISSION_DENIED. Health checking
@@ -69,7 +71,7 @@ _ADMISSION = "/oasis.v1.Admission/"
 SUBMITTER_METHODS = frozenset(
     [
         *(_ADMISSION + name for name in ("SubmitJob", "QuoteJob", "GetJob", "ListJobs",
-                                         "GetProgress")),
+                                         "GetProgress", "CancelJob")),
         "/oasis.v1.Cluster/GetClusterInfo",  # the slot clock: times next to slot numbers
     ]
 )  # fmt: skip

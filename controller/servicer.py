@@ -198,7 +198,10 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
     async def CancelJob(
         self, request: pb.CancelJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.CancelJobResponse:
-        view, released = await _guard(context, self.c.cancel(request.id, current_caller().turn))
+        caller = current_caller()  # a submitter cancels its own jobs only
+        view, released = await _guard(
+            context, self.c.cancel(request.id, caller.turn, caller.owner, caller.name or None)
+        )
         return pb.CancelJobResponse(job=self._job(view), released_worker_slots=released)
 
     async def GetProgress(

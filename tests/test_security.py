@@ -285,9 +285,16 @@ def test_roles_and_ownership(mtls_daemon: Daemon, pki: Pki, tmp_path: Path) -> N
         code, details = code_of(a.SubmitJob, submit_request("role-b1"))
         assert code == grpc.StatusCode.ALREADY_EXISTS and "another submitter" in details
 
+        # a submitter cancels its own jobs, not another's (which reads as missing)
+        code, _ = code_of(a.CancelJob, pb.CancelJobRequest(id="role-b1"))
+        assert code == grpc.StatusCode.NOT_FOUND
+        assert b.GetJob(pb.GetJobRequest(id="role-b1"), timeout=10).job.state == pb.JOB_STATE_ADMITTED
+        b.SubmitJob(submit_request("role-b2"), timeout=30)
+        mine = b.CancelJob(pb.CancelJobRequest(id="role-b2"), timeout=30)
+        assert mine.job.state == pb.JOB_STATE_CANCELLED and mine.released_worker_slots > 0
+
         # operators only
         denied = [
-            (a.CancelJob, pb.CancelJobRequest(id="role-a1")),
             (pb_grpc.ClusterStub(alice).ListServers, pb.ListServersRequest()),
             (pb_grpc.ClusterStub(alice).GetPrices, pb.GetPricesRequest()),
             (pb_grpc.ClusterStub(alice).GetUtilisation, pb.GetUtilisationRequest()),
@@ -315,9 +322,15 @@ def test_roles_and_ownership(mtls_daemon: Daemon, pki: Pki, tmp_path: Path) -> N
     db = sqlite3.connect(Path(mtls_daemon.config).parent / "data" / "oasis.db")
     try:
         rows = dict(db.execute("SELECT id, submitter FROM jobs WHERE id LIKE 'role-%'"))
+        cancels = dict(db.execute("SELECT job_id, detail FROM events WHERE kind = 'cancelled'"))
     finally:
         db.close()
-    assert rows == {"role-a1": "alice", "role-b1": "bob", "role-o1": "ops"}
+    assert rows == {"role-a1": "alice", "role-b1": "bob", "role-b2": "bob", "role-o1": "ops"}
+    # ... and who cancelled what
+    assert {job: json.loads(detail)["by"] for job, detail in cancels.items()} == {
+        "role-b2": "bob",
+        "role-a1": "ops",
+    }
 
 
 def test_cli_with_tls_and_token(mtls_daemon: Daemon, pki: Pki, tmp_path: Path) -> None:

@@ -201,9 +201,15 @@ class AdmissionController(PendingQueue, Follow, Lifecycle, ReadViews):
         self.config.limits.check_spec(spec)
         return await self._run(lambda: self._quote_sync(spec), client)
 
-    async def cancel(self, job_id: str, client: str = "") -> tuple[JobView, int]:
-        """Cancel a job: its slots from the next one on are released."""
-        view, released, events = await self._run(lambda: self._cancel_sync(job_id), client)
+    async def cancel(
+        self, job_id: str, client: str = "", owner: str | None = None, by: str | None = None
+    ) -> tuple[JobView, int]:
+        """Cancel a job: its slots from the next one on are released. With ``owner`` set,
+        only a job that submitter submitted (NotFoundError for another's); ``by``, who
+        asked, goes into the ``cancelled`` event."""
+        view, released, events = await self._run(
+            lambda: self._cancel_sync(job_id, owner, by), client
+        )
         self._publish(events)
         return view, released
 

@@ -21,14 +21,19 @@ __all__ = ["Lifecycle"]
 class Lifecycle(AdmissionState):
     """Slot ticks and cancellation; see the module docstring."""
 
-    def _cancel_sync(self, job_id: str) -> tuple[JobView, int, list[Event]]:
+    def _cancel_sync(
+        self, job_id: str, owner: str | None = None, by: str | None = None
+    ) -> tuple[JobView, int, list[Event]]:
+        """Cancel ``job_id``; with ``owner`` set, only if that submitter submitted it
+        (another's reads as missing, as :meth:`get` says). ``by``: who asked, recorded
+        in the event."""
         check_job_id(job_id, "id")
         self._advance_window()
         release_from = self.slot + 1
         now = datetime.now(UTC)
         with self._write() as session:
             row = session.get(JobRow, job_id)
-            if row is None:
+            if row is None or (owner is not None and row.submitter != owner):
                 raise NotFoundError(f"no job {job_id!r}")
             if row.state == "cancelled":
                 # a retried cancel (its answer lost) gets the first answer again
@@ -54,12 +59,13 @@ class Lifecycle(AdmissionState):
                 "cancelled",
                 job_id,
                 "cancelled",
-                {"released_worker_slots": released, "from_slot": release_from},
+                {"released_worker_slots": released, "from_slot": release_from}
+                | ({"by": by} if by else {}),
             )
             view = self._view(session, row)
         if job_id in self._ledger:
             self._ledger.release(job_id, release_from)
-        self.log.info("cancelled", job=job_id, from_slot=release_from, released=released)
+        self.log.info("cancelled", job=job_id, from_slot=release_from, released=released, by=by)
         return view, released, [event]
 
     @staticmethod

@@ -8,7 +8,7 @@ Routes (each page has its JSON twin under ``/api/``, with the same query paramet
     GET  /plans             /api/plans             ?page=N&job=ID (Gantt per server)
     GET  /jobs              /api/jobs              ?state=&q=ID-prefix&after=SEQUENCE
     GET  /jobs/{id}         /api/jobs/{id}
-    POST /jobs/{id}/cancel  /api/jobs/{id}/cancel  operators only (as CancelJob)
+    POST /jobs/{id}/cancel  /api/jobs/{id}/cancel  operators, or the job's submitter (as CancelJob)
     GET  /api/events        server-sent events from the controller's event bus
     GET/POST /login, POST /logout
 
@@ -447,11 +447,8 @@ class Console:
         bearer = bool(request.headers.get("Authorization"))
         if not bearer:  # a browser: its cookie (or nothing) is ambient; the form is not
             await self._check_csrf(request)
-        if caller.role is not Role.OPERATOR:
-            raise _RefusedError(403, f"{caller.name} ({caller.role.value}) may not cancel jobs: "
-                           "operators only (as CancelJob)")  # fmt: skip
-        job_id = request.match_info["id"]
-        view, released = await self.c.cancel(job_id, caller.turn)
+        job_id = request.match_info["id"]  # a submitter's own jobs only, as CancelJob
+        view, released = await self.c.cancel(job_id, caller.turn, caller.owner, caller.name or None)
         log.info("console cancel", job=job_id, caller=caller.name or None, released=released)
         if request.path.startswith("/api/"):
             times = self.c.slots.times
