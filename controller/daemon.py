@@ -49,12 +49,12 @@ from controller.store import Database
 from controller.store.watch import PROBE_SECONDS, StoreWatch, WriterLockLostError
 from controller.store.writer_lock import PostgresWriterLock, writer_lock
 from controller.systemd import Notifier
-from controller.tls import check_exposure, server_credentials
+from controller.tls import MAX_RESPONSE_BYTES, check_exposure, server_credentials
 from pricing.errors import SpecError
 
 __all__ = ["PeriodicEvent", "StartupError", "main", "serve"]
 
-MAX_MESSAGE_BYTES = 16 * 2**20
+MAX_MESSAGE_BYTES = MAX_RESPONSE_BYTES  # what the daemon sends; its clients read as much
 DRAIN_SECONDS = 30.0  # at most this long for decisions in flight at stop (unit: TimeoutStopSec=60)
 STOP_GRACE_SECONDS = 5.0  # then for the server's calls to end (reads, held calls)
 SERVICES = (

@@ -28,6 +28,7 @@ from pricing import fields
 from pricing.errors import SpecError
 
 __all__ = [
+    "MAX_RESPONSE_BYTES",
     "TlsConfig",
     "check_exposure",
     "client_channel",
@@ -146,6 +147,12 @@ def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
     )
 
 
+MAX_RESPONSE_BYTES = 16 * 2**20
+"""The largest message the daemon sends (its ``grpc.max_send_message_length``) and every
+client channel of this package reads (gRPC's default is 4 MiB): an answer the daemon may
+send is never refused by the client that asked for it."""
+
+
 def client_channel(
     address: str,
     *,
@@ -164,7 +171,7 @@ def client_channel(
     ``cert_pem``/``key_pem`` the client presents a certificate (mutual TLS). ``token``
     is sent as ``authorization: Bearer TOKEN`` on every call.
     """
-    opts = list(options or [])
+    opts = [("grpc.max_receive_message_length", MAX_RESPONSE_BYTES), *(options or [])]
     if server_name:
         opts.append(("grpc.ssl_target_name_override", server_name))
     if tls or ca_pem or cert_pem:

@@ -288,7 +288,9 @@ def test_roles_and_ownership(mtls_daemon: Daemon, pki: Pki, tmp_path: Path) -> N
         # a submitter cancels its own jobs, not another's (which reads as missing)
         code, _ = code_of(a.CancelJob, pb.CancelJobRequest(id="role-b1"))
         assert code == grpc.StatusCode.NOT_FOUND
-        assert b.GetJob(pb.GetJobRequest(id="role-b1"), timeout=10).job.state == pb.JOB_STATE_ADMITTED
+        assert (
+            b.GetJob(pb.GetJobRequest(id="role-b1"), timeout=10).job.state == pb.JOB_STATE_ADMITTED
+        )
         b.SubmitJob(submit_request("role-b2"), timeout=30)
         mine = b.CancelJob(pb.CancelJobRequest(id="role-b2"), timeout=30)
         assert mine.job.state == pb.JOB_STATE_CANCELLED and mine.released_worker_slots > 0

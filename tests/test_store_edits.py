@@ -20,7 +20,8 @@ import pytest
 import sqlalchemy
 
 from controller.rpc import oasis_pb2 as pb
-from tests.servers import CLUSTER_TOML, ROOT, Daemon, Postgres, write_config
+from controller.store.stored import MAX_STORED_SPEC
+from tests.servers import CLUSTER_TOML, ROOT, Daemon, Postgres, oasis, write_config
 from tests.test_config_shrink import _plan, decided, read_back
 
 
@@ -407,3 +408,24 @@ def test_the_execution_plane_starts_past_rows_that_do_not_read_back(
     [epoch] = [e for e in logged if e["event"] == "stored plane state ignored"]
     assert epoch["epoch"] > 1_000_000_000, epoch  # above any counter: agents take its plans
     _others_untouched(store, after)
+
+
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)
+def test_a_job_of_megabytes_reads_back_through_the_cli(store: Store, tmp_path: Path) -> None:
+    """Before: a spec blown up by hand to the 4 Mi characters the daemon reads back made
+    its GetJob answer, and every ListJobs page holding it, larger than gRPC's default
+    4 MiB a client reads: ``oasis job`` and ``oasis jobs`` failed with
+    RESOURCE_EXHAUSTED, the latter for every job listed after it too."""
+    pad = MAX_STORED_SPEC - 100
+    store.execute(
+        f"""UPDATE jobs SET spec = '{{"id": "j4", "note": "{"x" * pad}"}}' WHERE id = 'j4'"""
+    )
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store.url, store.epoch)
+    daemon = Daemon(config, tmp_path / "oasisd.log").start()
+    try:
+        one = json.loads(oasis("job", "j4", "--json", server=daemon.address).stdout)
+        assert len(one["spec"]["note"]) == pad
+        listed = json.loads(oasis("jobs", "--json", server=daemon.address).stdout)
+        assert sorted(j["id"] for j in listed["jobs"]) == sorted(store.before)
+    finally:
+        assert daemon.stop() == 0
