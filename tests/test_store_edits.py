@@ -170,7 +170,10 @@ BAD_ALLOCATIONS: dict[str, tuple[str, str]] = {
     "huge workers": ("workers = 1000", "workers: must be 0 .. 13 (its chunks), got 1000"),
     "negative ps": ("ps = -3", "ps: must be 0 .. 13 (its chunks), got -3"),
     "slot far past the window": ("slot = 1000000000000", "slot 1000000000000 on w0: more than"),
-    "workers not a number": ("workers = 'abc'", "workers: must be 0 .. 13 (its chunks), got abc"),
+    "workers not a number": (
+        "workers = 'abc'",
+        "workers: must be 0 .. 13 (its chunks), got no integer",
+    ),
 }
 
 
@@ -429,3 +432,26 @@ def test_a_job_of_megabytes_reads_back_through_the_cli(store: Store, tmp_path: P
         assert sorted(j["id"] for j in listed["jobs"]) == sorted(store.before)
     finally:
         assert daemon.stop() == 0
+
+
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)  # PostgreSQL types its columns
+def test_sqlite_text_in_typed_columns_fails_that_job_alone(store: Store, tmp_path: Path) -> None:
+    """SQLite keeps whatever text an edit writes into a number, flag or time column."""
+    store.execute(
+        "UPDATE jobs SET payoff = 'abc', decision_ms = 'slow' WHERE id = 'j0'",
+        "UPDATE jobs SET completion_slot = 'soon', jct = 'x' WHERE id = 'j1'",
+        "UPDATE jobs SET decided_at = 'yesterday' WHERE id = 'j5'",
+        "UPDATE jobs SET admitted = 'maybe', arrival_slot = 'then' WHERE id = 'j4'",
+        "UPDATE events SET at = 'never', slot = 'some' WHERE job_id = 'j2'",
+    )
+    after = _restart(store, tmp_path)
+    assert sorted(after.jobs) == sorted(store.before)
+    _others_untouched(store, after, "j0", "j1", "j4", "j5")
+    j0, j1, j4 = after.jobs["j0"], after.jobs["j1"], after.jobs["j4"]
+    assert not j0.decision.HasField("payoff") and j0.decision.decision_ms == 0
+    assert not j1.decision.HasField("completion_slot") and not j1.decision.HasField("jct")
+    assert not j4.decision.admitted
+    warned = {e["job"]: e["why"] for e in map(json.loads, after.log.splitlines())
+              if e.get("event", "").startswith("stored job row does not read back")}  # fmt: skip
+    assert "decision_ms: not a number" in warned["j0"], warned
+    assert "admitted: not a flag" in warned["j4"] and "arrival_slot" in warned["j4"], warned

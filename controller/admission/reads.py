@@ -47,6 +47,10 @@ def _drivers(value: Any) -> list[dict[str, Any]] | None:
     return out
 
 
+_REQUIRED_INTS = ("sequence", "submitted_slot", "arrival_slot", "work")
+"""Integer columns of a job row that are never NULL as the daemon writes them."""
+
+
 class ReadViews(AdmissionState):
     """Reads of the store and the ledger; see the module docstring."""
 
@@ -68,6 +72,21 @@ class ReadViews(AdmissionState):
             spec = {"id": row.id}
         if row.state not in STATES:
             problems.append(f"state {str(row.state)[:32]!r} is not one of {', '.join(STATES)}")
+        # typed columns read leniently (controller.store.lenient): None where a value
+        # belongs is a value an edit broke
+        need = {name: getattr(row, name) for name in _REQUIRED_INTS}
+        for name, value in need.items():
+            if value is None:
+                problems.append(f"{name}: not an integer")
+                need[name] = 0
+        admitted = row.admitted
+        if admitted is None:
+            problems.append("admitted: not a flag")
+            admitted = False
+        decision_ms = row.decision_ms
+        if decision_ms is None:
+            problems.append("decision_ms: not a number")
+            decision_ms = 0.0
         detail = row.detail if isinstance(row.detail, dict) else {}
         if not isinstance(row.detail, dict):
             problems.append(f"detail: must be a JSON object, got {type(row.detail).__name__}")
@@ -94,26 +113,26 @@ class ReadViews(AdmissionState):
         if problems:
             self._unreadable_row(row.id, problems)
         decision = DecisionView(
-            admitted=row.admitted,
+            admitted=admitted,
             payoff=row.payoff,
             cost=row.cost,
             completion_slot=row.completion_slot,
             jct=row.jct,
             utility=row.utility,
-            arrival_slot=row.arrival_slot,
-            work=row.work,
+            arrival_slot=need["arrival_slot"],
+            work=need["work"],
             allocations=entries,
-            reason=row.reason,
+            reason=row.reason if isinstance(row.reason, str) else "",
             drivers=drivers,
-            decision_ms=row.decision_ms,
+            decision_ms=decision_ms,
         )
         return JobView(
             id=row.id,
             spec=spec,
             state=row.state,
             decision=decision,
-            submitted_slot=row.submitted_slot,
-            sequence=row.sequence,
+            submitted_slot=need["submitted_slot"],
+            sequence=need["sequence"],
             duplicate=duplicate,
             wait_until_slot=row.wait_until_slot,
         )

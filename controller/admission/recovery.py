@@ -358,7 +358,7 @@ class Recovery(Moves, BoundControl):
                 return f"{where}: more than {span} slots past the window's first slot {first}"
             for name, value in (("workers", a.workers), ("ps", a.ps)):
                 if not (_integer(value) and 0 <= value <= job.chunks):
-                    shown = str(value)[:24]
+                    shown = "no integer" if value is None else str(value)[:24]
                     return f"{where}: {name}: must be 0 .. {job.chunks} (its chunks), got {shown}"
         return ""
 

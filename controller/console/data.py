@@ -512,8 +512,11 @@ class ConsoleData:
         return await asyncio.to_thread(read) if ids else {}
 
 
-def _iso(at: datetime) -> str:
-    """A stored time (SQLite returns it without a zone: it was written in UTC)."""
+def _iso(at: datetime | None) -> str:
+    """A stored time (SQLite returns it without a zone: it was written in UTC); "" for
+    one an edit broke (it reads as None: :mod:`controller.store.lenient`)."""
+    if at is None:
+        return ""
     return format_time((at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp())
 
 

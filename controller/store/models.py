@@ -1,12 +1,23 @@
-"""SQLAlchemy 2 models. Keep in step with migrations/versions/."""
+"""SQLAlchemy 2 models. Keep in step with migrations/versions/.
+
+Typed columns other than keys read leniently (:mod:`controller.store.lenient`): a value
+an edit left that is not of the column's type reads as None."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from controller.store.lenient import (
+    LenientBigInteger,
+    LenientBoolean,
+    LenientFloat,
+    LenientInteger,
+    LenientTime,
+)
 
 __all__ = [
     "AllocationRow",
@@ -21,7 +32,7 @@ __all__ = [
 
 
 class Base(DeclarativeBase):
-    type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: JSON}
+    type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: JSON, bool: LenientBoolean}
 
 
 class ServerRow(Base):
@@ -30,7 +41,7 @@ class ServerRow(Base):
     __tablename__ = "servers"
     name: Mapped[str] = mapped_column(String(200), primary_key=True)
     kind: Mapped[str] = mapped_column(String(16))
-    position: Mapped[int] = mapped_column(Integer)
+    position: Mapped[int] = mapped_column(LenientInteger)
     capacity: Mapped[dict[str, Any]] = mapped_column(JSON)
 
 
@@ -43,30 +54,30 @@ class JobRow(Base):
 
     __tablename__ = "jobs"
     id: Mapped[str] = mapped_column(String(200), primary_key=True)
-    sequence: Mapped[int] = mapped_column(BigInteger, unique=True)
+    sequence: Mapped[int] = mapped_column(LenientBigInteger, unique=True)
     spec: Mapped[str] = mapped_column(Text)
     state: Mapped[str] = mapped_column(String(16), index=True)
-    submitted_slot: Mapped[int] = mapped_column(BigInteger)
-    arrival_slot: Mapped[int] = mapped_column(BigInteger)
-    work: Mapped[int] = mapped_column(BigInteger)
+    submitted_slot: Mapped[int] = mapped_column(LenientBigInteger)
+    arrival_slot: Mapped[int] = mapped_column(LenientBigInteger)
+    work: Mapped[int] = mapped_column(LenientBigInteger)
     admitted: Mapped[bool]
-    payoff: Mapped[float | None] = mapped_column(Float)
-    cost: Mapped[float | None] = mapped_column(Float)
-    start_slot: Mapped[int | None] = mapped_column(BigInteger)
-    completion_slot: Mapped[int | None] = mapped_column(BigInteger)
-    jct: Mapped[int | None] = mapped_column(BigInteger)
-    utility: Mapped[float | None] = mapped_column(Float)
+    payoff: Mapped[float | None] = mapped_column(LenientFloat)
+    cost: Mapped[float | None] = mapped_column(LenientFloat)
+    start_slot: Mapped[int | None] = mapped_column(LenientBigInteger)
+    completion_slot: Mapped[int | None] = mapped_column(LenientBigInteger)
+    jct: Mapped[int | None] = mapped_column(LenientBigInteger)
+    utility: Mapped[float | None] = mapped_column(LenientFloat)
     reason: Mapped[str] = mapped_column(Text, default="")
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    decision_ms: Mapped[float] = mapped_column(Float, default=0.0)
-    decided_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    cancelled_slot: Mapped[int | None] = mapped_column(BigInteger)
+    decision_ms: Mapped[float] = mapped_column(LenientFloat, default=0.0)
+    decided_at: Mapped[datetime] = mapped_column(LenientTime)
+    cancelled_slot: Mapped[int | None] = mapped_column(LenientBigInteger)
     # the name of the token it was submitted with (controller/auth.py); None without auth
     submitter: Mapped[str | None] = mapped_column(String(200), index=True)
     # a job submitted with a wait: the last slot it may be admitted at (None: no wait)
-    wait_until_slot: Mapped[int | None] = mapped_column(BigInteger)
+    wait_until_slot: Mapped[int | None] = mapped_column(LenientBigInteger)
     # the slot of its latest decision (a pending job is decided again at each boundary)
-    decided_slot: Mapped[int | None] = mapped_column(BigInteger)
+    decided_slot: Mapped[int | None] = mapped_column(LenientBigInteger)
 
 
 class AllocationRow(Base):
@@ -76,8 +87,8 @@ class AllocationRow(Base):
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
     slot: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     server: Mapped[str] = mapped_column(String(200), primary_key=True)
-    workers: Mapped[int] = mapped_column(Integer, default=0)
-    ps: Mapped[int] = mapped_column(Integer, default=0)
+    workers: Mapped[int] = mapped_column(LenientInteger, default=0)
+    ps: Mapped[int] = mapped_column(LenientInteger, default=0)
 
     __table_args__ = (Index("ix_allocations_slot", "slot"),)
 
@@ -89,10 +100,10 @@ class EventRow(Base):
     sequence: Mapped[int] = mapped_column(
         BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
     )
-    at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    at: Mapped[datetime] = mapped_column(LenientTime)
     kind: Mapped[str] = mapped_column(String(32))
     job_id: Mapped[str] = mapped_column(String(200), default="")
-    slot: Mapped[int] = mapped_column(BigInteger)
+    slot: Mapped[int] = mapped_column(LenientBigInteger)
     state: Mapped[str] = mapped_column(String(16), default="")
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
@@ -114,9 +125,9 @@ class OutageRow(Base):
         BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
     )
     server: Mapped[str] = mapped_column(String(200), index=True)
-    down_from: Mapped[int] = mapped_column(BigInteger)
-    up_from: Mapped[int | None] = mapped_column(BigInteger)
-    detected_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    down_from: Mapped[int] = mapped_column(LenientBigInteger)
+    up_from: Mapped[int | None] = mapped_column(LenientBigInteger)
+    detected_at: Mapped[datetime] = mapped_column(LenientTime)
 
 
 class ProgressRow(Base):
@@ -126,8 +137,8 @@ class ProgressRow(Base):
 
     __tablename__ = "job_progress"
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
-    minibatches: Mapped[float] = mapped_column(Float)
-    worker_seconds: Mapped[float] = mapped_column(Float)
+    minibatches: Mapped[float] = mapped_column(LenientFloat)
+    worker_seconds: Mapped[float] = mapped_column(LenientFloat)
     per_server: Mapped[dict[str, Any]] = mapped_column(JSON)
     samples: Mapped[dict[str, Any]] = mapped_column(JSON)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(LenientTime)
