@@ -71,3 +71,36 @@ def test_sqlite_synchronous_normal_is_a_choice(tmp_path: Path) -> None:
             assert conn.execute(text("PRAGMA synchronous")).scalar() == 1  # NORMAL
     finally:
         db.dispose()
+
+
+def test_sqlite_values_not_of_their_column_type_read_as_null() -> None:
+    """What the daemon writes reads back as it was; what an edit left that is not of
+    the column's type (text in a number, flag or time column) reads as None, not as the
+    text (nor raising while the row is fetched)."""
+    import sqlalchemy as sa
+
+    from controller.store.lenient import (
+        LenientBigInteger,
+        LenientBoolean,
+        LenientFloat,
+        LenientInteger,
+        LenientTime,
+    )
+
+    engine = sa.create_engine("sqlite://")
+    table = sa.Table(
+        "t", sa.MetaData(), sa.Column("i", LenientInteger), sa.Column("b", LenientBigInteger),
+        sa.Column("f", LenientFloat), sa.Column("flag", LenientBoolean),
+        sa.Column("at", LenientTime),
+    )  # fmt: skip
+    table.metadata.create_all(engine)
+    at = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
+    with engine.begin() as conn:
+        conn.execute(table.insert(), [{"i": 7, "b": 2**40, "f": 1.5, "flag": True, "at": at}])
+        conn.execute(text("INSERT INTO t VALUES ('x', 'lots', 'abc', 'maybe', 'yesterday')"))
+        conn.execute(text("INSERT INTO t VALUES (1.5, NULL, 3, 2, 17)"))
+        good, edited, odd = conn.execute(select(table)).all()
+    assert tuple(good)[:4] == (7, 2**40, 1.5, True)
+    assert good.at.replace(tzinfo=UTC) == at  # SQLite keeps no zone: written in UTC
+    assert tuple(edited) == (None, None, None, None, None)
+    assert tuple(odd) == (None, None, 3.0, None, None)

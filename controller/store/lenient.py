@@ -24,25 +24,13 @@ from sqlalchemy.types import TypeDecorator, TypeEngine
 __all__ = ["LenientBigInteger", "LenientBoolean", "LenientFloat", "LenientInteger", "LenientTime"]
 
 
-def _int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _float(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
 class _Lenient(TypeDecorator[Any]):
-    """The plain type's read, with a value it cannot read, or that is not of the
-    column's Python type (:meth:`accepts`), as None."""
+    """The plain type's read, with a value it cannot read, or that is not one of the
+    column's Python types (``kinds``; a bool is no number), as None."""
 
     cache_ok = True
-
-    @staticmethod
-    def accepts(value: Any) -> bool:  # pragma: no cover - every subclass sets its own
-        """Whether a value as read is of the column's Python type."""
-        raise NotImplementedError
-
+    kinds: tuple[type, ...] = ()
+    """The Python types a value as read may have."""
     native: type | None = None
     """The type SQLite returns for a value of the column's own type, taken as it is."""
 
@@ -56,7 +44,8 @@ class _Lenient(TypeDecorator[Any]):
         inner = plain.result_processor(dialect, coltype)
         if dialect.name != "sqlite":  # the server enforces the column's type
             return inner
-        accepts, raw_accepts, native = self.accepts, self.raw_accepts, self.native
+        kinds, raw_accepts, native = self.kinds, self.raw_accepts, self.native
+        number = bool not in kinds
 
         def process(value: Any) -> Any:
             if type(value) is native:  # what SQLite returns for a value the daemon wrote
@@ -67,44 +56,33 @@ class _Lenient(TypeDecorator[Any]):
                 value = inner(value) if inner is not None else value
             except (ValueError, TypeError, OverflowError):
                 return None
-            return value if accepts(value) else None
+            if not isinstance(value, kinds) or (number and isinstance(value, bool)):
+                return None
+            return value
 
         return process
 
 
 class LenientInteger(_Lenient):
-    cache_ok = True  # SQLAlchemy reads it from each class's own attributes
-    impl = Integer
-    native = int
-    accepts = staticmethod(_int)
+    cache_ok, impl, native, kinds = True, Integer, int, (int,)
 
 
-class LenientBigInteger(_Lenient):
-    cache_ok = True  # SQLAlchemy reads it from each class's own attributes
-    impl = BigInteger
-    native = int
-    accepts = staticmethod(_int)
+class LenientBigInteger(LenientInteger):
+    cache_ok, impl = True, BigInteger
 
 
 class LenientFloat(_Lenient):
-    cache_ok = True  # SQLAlchemy reads it from each class's own attributes
-    impl = Float
-    native = float
-    accepts = staticmethod(_float)
+    cache_ok, impl, native, kinds = True, Float, float, (int, float)
 
 
 class LenientBoolean(_Lenient):
     """A flag: stored 0 or 1 (SQLite), else None (the plain read takes any text as True)."""
 
-    cache_ok = True  # SQLAlchemy reads it from each class's own attributes
-    impl = Boolean
-    accepts = staticmethod(lambda value: isinstance(value, bool))
+    cache_ok, impl, kinds = True, Boolean, (bool,)
     raw_accepts = staticmethod(lambda value: value in (0, 1) and not isinstance(value, float))
 
 
 class LenientTime(_Lenient):
     """``DateTime(timezone=True)``, read leniently."""
 
-    cache_ok = True  # SQLAlchemy reads it from each class's own attributes
-    impl = DateTime(timezone=True)
-    accepts = staticmethod(lambda value: isinstance(value, datetime))
+    cache_ok, impl, kinds = True, DateTime(timezone=True), (datetime,)
