@@ -98,11 +98,12 @@ def trace_from_dict(raw: Any) -> Trace:
     )
     need = ledger_bytes(cluster, horizon)
     if need > MAX_LEDGER_BYTES:
+        servers = len(cluster.worker_names) + len(cluster.ps_names)
         raise SpecError.one(
             "horizon",
-            f"{horizon} slots of {len(cluster.worker_names) + len(cluster.ps_names)} servers need a price ledger of "
-            f"{need / 2**30:,.1f} GiB, over the {MAX_LEDGER_BYTES / 2**30:g} GiB a trace may "
-            f"take; a shorter horizon, or fewer servers",
+            f"{horizon} slots of {servers} servers need a price ledger of "
+            f"{need / 2**30:,.1f} GiB, over the {MAX_LEDGER_BYTES / 2**30:g} GiB a trace "
+            "may take; a shorter horizon, or fewer servers",
         )
     pricing_raw = data.get("pricing", {"bounds": "oracle"})
     explicit = bounds_from_dict(pricing_raw, cluster)
