@@ -303,6 +303,9 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
     def count(key: str, default: int) -> int:
         return fields.positive_int(raw.get(key, default), f"limits.{key}")
 
+    def positive(key: str) -> float:
+        return fields.positive(raw.get(key, getattr(d, key)), f"limits.{key}")
+
     rate = fields.non_negative(raw.get("rate", d.rate), "limits.rate")
     burst = fields.non_negative(raw.get("burst", d.burst), "limits.burst")
     if burst and not rate:
@@ -314,12 +317,8 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
         max_message_bytes=count("max_message_bytes", d.max_message_bytes),
         max_job_work=count("max_job_work", d.max_job_work),
         max_job_chunks=count("max_job_chunks", d.max_job_chunks),
-        max_search_steps=fields.positive(
-            raw.get("max_search_steps", d.max_search_steps), "limits.max_search_steps"
-        ),
-        max_search_mb=fields.positive(
-            raw.get("max_search_mb", d.max_search_mb), "limits.max_search_mb"
-        ),
+        max_search_steps=positive("max_search_steps"),
+        max_search_mb=positive("max_search_mb"),
         rate=rate,
         burst=burst,
         max_wait_seconds=fields.non_negative(
@@ -327,25 +326,17 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
         ),
         max_pending_per_submitter=count("max_pending_per_submitter", d.max_pending_per_submitter),
         max_pending=count("max_pending", d.max_pending),
-        pending_steps_per_submitter=fields.positive(
-            raw.get("pending_steps_per_submitter", d.pending_steps_per_submitter),
-            "limits.pending_steps_per_submitter",
-        ),
+        pending_steps_per_submitter=positive("pending_steps_per_submitter"),
         max_spec_bytes=count("max_spec_bytes", d.max_spec_bytes),
         max_table_points=count("max_table_points", d.max_table_points),
         max_page_jobs=count("max_page_jobs", d.max_page_jobs),
         max_page_bytes=count("max_page_bytes", d.max_page_bytes),
         max_in_flight=count("max_in_flight", d.max_in_flight),
-        search_steps_per_token=fields.positive(
-            raw.get("search_steps_per_token", d.search_steps_per_token),
-            "limits.search_steps_per_token",
-        ),
+        search_steps_per_token=positive("search_steps_per_token"),
         max_utility=fields.non_negative(
             raw.get("max_utility", d.max_utility), "limits.max_utility"
         ),
-        max_ledger_mb=fields.positive(
-            raw.get("max_ledger_mb", d.max_ledger_mb), "limits.max_ledger_mb"
-        ),
+        max_ledger_mb=positive("max_ledger_mb"),
     )
 
 

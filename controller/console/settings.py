@@ -115,16 +115,12 @@ def web_from_dict(raw: Mapping[str, Any], tls: TlsConfig | None) -> WebConfig:
             "web.allow_insecure_remote = true to serve plain HTTP to the network",
         )
     d = WebConfig()
-    per_user = fields.positive_int(
-        raw.get("max_event_streams_per_user", d.max_event_streams_per_user),
-        "web.max_event_streams_per_user",
-    )
-    total = fields.positive_int(
-        raw.get("max_event_streams", d.max_event_streams), "web.max_event_streams"
-    )
-    connections = fields.positive_int(
-        raw.get("max_connections", d.max_connections), "web.max_connections"
-    )
+
+    def count(key: str) -> int:
+        return fields.positive_int(raw.get(key, getattr(d, key)), f"web.{key}")
+
+    per_user, total = count("max_event_streams_per_user"), count("max_event_streams")
+    connections = count("max_connections")
     if connections > MAX_CONNECTIONS:
         raise SpecError.one(
             "web.max_connections",
