@@ -124,14 +124,29 @@ def browser() -> Iterator[Any]:
 
 
 def wait_for(browser: Any, condition: Any, what: str, timeout: float = WAIT) -> Any:
-    """Poll ``condition(browser)`` until it is truthy. A live update may redraw the page
-    between finding an element and reading it (stale): that poll is tried again."""
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    """Poll ``condition(browser)`` until it is truthy. A live update or a navigation may
+    redraw the page between finding an element and reading it (stale): that poll is tried
+    again. Chromium reports some of these not as stale but as an inspector error ("Node
+    with given id does not belong to the document"; a CI run failed on it), so that one
+    counts as stale too; any other driver error still fails the test at once."""
+    from selenium.common.exceptions import (
+        NoSuchElementException,
+        StaleElementReferenceException,
+        WebDriverException,
+    )
     from selenium.webdriver.support.ui import WebDriverWait
+
+    def poll(b: Any) -> Any:
+        try:
+            return condition(b)
+        except WebDriverException as e:
+            if "does not belong to the document" in str(e.msg):
+                return False
+            raise
 
     ignored = (NoSuchElementException, StaleElementReferenceException)
     wait = WebDriverWait(browser, timeout, poll_frequency=0.1, ignored_exceptions=ignored)
-    return wait.until(condition, message=what)
+    return wait.until(poll, message=what)
 
 
 def login(browser: Any, cluster: Cluster, name: str, token: str | None = None) -> None:
