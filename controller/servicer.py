@@ -123,7 +123,9 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
         self.c = controller
         self.limiter = limiter
 
-    def _charge(self, spec: dict[str, Any], client: str) -> None:
+    async def _charge(self, spec: dict[str, Any], client: str) -> None:
+        """Charge ``client``'s rate for the search ``spec`` asks for: a spec over a limit
+        is refused here (INVALID_ARGUMENT, through :func:`_guard` like the decision's)."""
         if self.limiter is not None and client:
             self.c.config.limits.check_spec(spec)  # bounded before it is parsed
             steps = self.c.search_steps(spec)
@@ -141,7 +143,7 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
     ) -> pb.SubmitJobResponse:
         caller = current_caller()
         spec = await _guard(context, self._spec(request.job))
-        self._charge(spec, caller.client)
+        await _guard(context, self._charge(spec, caller.client))
         wait = request.wait_seconds if request.HasField("wait_seconds") else None
         submit = self.c.submit(spec, caller.submitter, caller.owner, wait, caller.turn)
         view = await _guard(context, submit)
@@ -152,7 +154,7 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
     ) -> pb.QuoteJobResponse:
         caller = current_caller()
         spec = await _guard(context, self._spec(request.job))
-        self._charge(spec, caller.client)
+        await _guard(context, self._charge(spec, caller.client))
         view = await _guard(context, self.c.quote(spec, caller.turn))
         return pb.QuoteJobResponse(decision=decision_to_proto(view))
 

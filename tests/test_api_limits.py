@@ -21,6 +21,8 @@ LIMITS = """
 max_page_jobs = 3
 max_table_points = 40
 max_spec_bytes = 900
+rate = 1000        # the limiter on: a spec over a limit is refused the same way when the
+burst = 1000       # rate is charged its search (it was UNKNOWN there, with rate on)
 """
 
 
