@@ -159,3 +159,59 @@ def test_unreadable_input(
 def test_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", "/nonexistent/trace.json"]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+UNREADABLE = {
+    "deep": (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    "digits": (b'{"version": 1, "horizon": ' + b"9" * 5000 + b"}", "cannot be read"),
+    "latin-1": (b'{"epochs": \xff}', "not UTF-8 text"),
+}
+COMMANDS = {
+    "replay": ["replay"],
+    "offline": ["offline"],
+    "calibrate": ["calibrate"],
+    "submit": ["submit", "--server", "127.0.0.1:1"],
+    "quote": ["quote", "--server", "127.0.0.1:1"],
+    "bounds pin": ["bounds", "pin", "--server", "127.0.0.1:1", "--file"],
+}
+
+
+@pytest.mark.parametrize("content", UNREADABLE, ids=str)
+@pytest.mark.parametrize("command", COMMANDS, ids=str)
+def test_every_json_file_reader_says_why_it_cannot_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, content: str
+) -> None:
+    """Each command that reads a JSON file names a file it cannot read, with exit 2 (not
+    a RecursionError, ValueError or UnicodeDecodeError traceback), before any connection."""
+    data, expected = UNREADABLE[content]
+    path = tmp_path / "input.json"
+    path.write_bytes(data)
+    assert main([*COMMANDS[command], str(path)]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "input.json" in err, err
+
+
+def test_a_traces_prior_is_read_within_bounds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A trace names its prior file, so the path is the trace author's choice: a device
+    or pipe is refused, not read without end, and a large file is read only so far."""
+    from pricing.bound_prior import MAX_PRIOR_BYTES
+
+    trace = json.loads(DEMO.read_text())
+    trace["pricing"] = {"bounds": "estimate", "prior": "/dev/zero"}
+    assert main(["replay", _write(tmp_path, trace)]) == 2
+    assert "/dev/zero is not a regular file" in capsys.readouterr().err
+    (tmp_path / "big.json").write_bytes(b" " * (MAX_PRIOR_BYTES + 1) + b"{}")
+    trace["pricing"]["prior"] = "big.json"
+    assert main(["replay", _write(tmp_path, trace)]) == 2
+    assert f"more than {MAX_PRIOR_BYTES} bytes" in capsys.readouterr().err
+
+
+def test_a_pin_file_with_a_huge_integer_is_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "pins.json"
+    path.write_text('{"worker": {"gpu": {"U": ' + "9" * 400 + "}}}")
+    assert main(["bounds", "pin", "--server", "127.0.0.1:1", "--file", str(path)]) == 2
+    assert "worker.gpu.U: 400 digits: too large" in capsys.readouterr().err

@@ -80,9 +80,14 @@ def pins_of(args: argparse.Namespace) -> list[pb.BoundPin]:
                 if not isinstance(sides, dict) or not set(sides) <= set(_SIDES):
                     raise InputError(f'--file {args.file}: {kind}.{resource}: need "U" and/or "L"')
                 for side, value in sides.items():
+                    where = f"--file {args.file}: {kind}.{resource}.{side}"
                     if isinstance(value, bool) or not isinstance(value, int | float):
-                        raise InputError(f"--file {args.file}: {kind}.{resource}.{side}: a number")
-                    found.setdefault((_KIND_OF[kind], resource), {})[_SIDES[side]] = value
+                        raise InputError(f"{where}: a number")
+                    try:
+                        number = float(value)
+                    except OverflowError:
+                        raise InputError(f"{where}: {len(str(value))} digits: too large") from None
+                    found.setdefault((_KIND_OF[kind], resource), {})[_SIDES[side]] = number
     for option, side in (("--upper", "upper"), ("--lower", "lower")):
         for item in getattr(args, side):
             name, eq, text = item.partition("=")

@@ -14,14 +14,13 @@ import json
 import math
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import grpc
 
 from controller.clock import SlotTimes
 from controller.commands import SUMMARIES
-from controller.commands.common import EXIT_OK, InputError, fmt
+from controller.commands.common import EXIT_OK, InputError, fmt, read_json
 from controller.commands.connection import (
     EXIT_REJECTED,
     Stubs,
@@ -94,25 +93,10 @@ def register(sub: Any) -> None:
 # -- reading job files ---------------------------------------------------------------
 
 
-def _read_json(path: str) -> Any:
-    try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise InputError(f"{path}: cannot read: {err.strerror or err}") from err
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise InputError(
-            f"{path}: not JSON: {err.msg} at line {err.lineno} column {err.colno}"
-        ) from err
-    except (RecursionError, ValueError) as err:
-        raise InputError(f"{path}: not JSON that can be read: {str(err)[:200]}") from err
-
-
 def _specs(path: str) -> list[dict[str, Any]]:
     """The job objects of a file: one, a list, or job records as ``job --json`` prints
     them (``{"id", "state", "spec", "decision", ...}``, whose spec is taken)."""
-    data = _read_json(path)
+    data = read_json(path)
     if isinstance(data, dict) and isinstance(data.get("jobs"), list):
         data = data["jobs"]  # what `jobs --json` printed
     items = data if isinstance(data, list) else [data]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import stat
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -45,34 +46,48 @@ class InputError(Exception):
         self.problems = tuple(problems)
 
 
-def read_json(path: str, what: str = "") -> Any:
-    """A JSON file (``-``: standard input); InputError saying why not."""
+def read_json(path: str, what: str = "", limit: int | None = None) -> Any:
+    """A JSON file (``-``: standard input); InputError saying why not: unreadable, more
+    than ``limit`` bytes (None: no limit), not UTF-8, not JSON, or JSON Python cannot
+    hold (nested too deeply, an integer of thousands of digits)."""
     name = what or path
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+        if path == "-":
+            data = sys.stdin.buffer.read(-1 if limit is None else limit + 1)
+        else:
+            with open(path, "rb") as f:
+                data = f.read(-1 if limit is None else limit + 1)
     except OSError as err:
         raise InputError(f"{name}: cannot read: {err.strerror or err}") from err
-    except UnicodeDecodeError as err:
-        raise InputError(f"{name}: not UTF-8 text: {err.reason}") from err
+    if limit is not None and len(data) > limit:
+        raise InputError(f"{name}: more than {limit} bytes")
     try:
-        return json.loads(text)
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise InputError(f"{name}: not UTF-8 text: {err.reason} at byte {err.start}") from err
     except json.JSONDecodeError as err:
         raise InputError(
             f"{name}: not JSON: {err.msg} at line {err.lineno} column {err.colno}"
         ) from err
+    except RecursionError as err:
+        raise InputError(f"{name}: JSON nested too deeply to read") from err
+    except ValueError as err:  # an integer past Python's digit limit
+        raise InputError(f"{name}: JSON that cannot be read: {str(err)[:200]}") from err
 
 
 def load_prior_file(path: Path, what: str) -> Any:
-    """The JSON of a prior file (``oasis calibrate`` writes one), size-checked."""
+    """The JSON of a prior file (``oasis calibrate`` writes one), at most
+    ``MAX_PRIOR_BYTES`` read: a trace names its prior, so the trace's author chooses the
+    path, and a device or a pipe would be read without end (or wait for a writer)."""
     from pricing.bound_prior import MAX_PRIOR_BYTES  # numpy: not for every client command
 
     try:
-        size = path.stat().st_size
+        mode = path.stat().st_mode
     except OSError as err:
         raise InputError(f"{what}: cannot read {path}: {err.strerror or err}") from err
-    if size > MAX_PRIOR_BYTES:
-        raise InputError(f"{what}: {path} is {size} bytes, more than a prior ({MAX_PRIOR_BYTES})")
-    return read_json(str(path), f"{what} ({path})")
+    if not stat.S_ISREG(mode):
+        raise InputError(f"{what}: {path} is not a regular file")
+    return read_json(str(path), f"{what} ({path})", limit=MAX_PRIOR_BYTES)
 
 
 def load_trace(path: str) -> Trace:
