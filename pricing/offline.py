@@ -716,6 +716,8 @@ def check_allocation(
             problems.append(f"{job.id}: more than N = {job.chunks} workers in a slot")
         if (ps_slot < job.ps_needed(per_slot)).any() or (ps_slot > per_slot).any():
             problems.append(f"{job.id}: PS count outside z(y) .. y")
+    if not trace.jobs:  # nothing allocated (and no (J, R) demand array to build)
+        return problems
     used_w = np.einsum("ith,ir->thr", workers, np.array([j.worker for j in trace.jobs]))
     used_p = np.einsum("itk,ir->tkr", ps, np.array([j.ps for j in trace.jobs]))
     if (used_w > held.worker_capacity(trace) + CAPACITY_SLACK).any():

@@ -462,6 +462,22 @@ def test_offline_text_for_people(tmp_path: Path, capsys: pytest.CaptureFixture[s
         assert label in captured.out
 
 
+@pytest.mark.parametrize("method", ["ilp", "colgen"])
+def test_a_trace_without_jobs_has_optimum_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], method: str
+) -> None:
+    """``replay`` takes a trace with no jobs (explicit bounds), so ``offline`` does too."""
+    raw = generate_trace(
+        np.random.default_rng(5), n_jobs=2, n_worker_servers=2, n_ps_servers=1, horizon=6
+    )
+    raw["jobs"] = []
+    raw["pricing"] = {"U1": {"gpu": 1}, "U2": {"cpu": 1}, "L1": 0.1, "L2": 0.1}
+    args = ["offline", _write(tmp_path, raw), "--json", "--method", method, "--no-progress"]
+    assert main(args) == 0, capsys.readouterr().err
+    out = json.loads(capsys.readouterr().out)
+    assert out["optimum"] == 0 and out["online"] == 0 and out["jobs"] == []
+
+
 @pytest.mark.parametrize(
     "content",
     [

@@ -144,5 +144,5 @@ def positive_seconds(text: str) -> float:
 
 
 def fmt(x: float | None, digits: int = 4) -> str:
-    """A number for a table cell; ``-`` for None."""
-    return "-" if x is None else f"{x:.{digits}g}"
+    """A number for a table cell; ``-`` for None (and ``0`` for -0.0)."""
+    return "-" if x is None else f"{x + 0.0:.{digits}g}"
