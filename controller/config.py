@@ -290,7 +290,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
             store_url=store_url,
             store_timeout=store_timeout,
             sqlite_synchronous=synchronous,
-            slot_seconds=fields.positive(daemon.get("slot_seconds", 3600), "daemon.slot_seconds"),
+            slot_seconds=_slot_seconds(daemon.get("slot_seconds", 3600)),
             window=window,
             epoch=epoch,
             log_level=level,
@@ -407,6 +407,24 @@ def _pricing(raw: Mapping[str, Any], cluster: Cluster, base: Path | None = None)
     raise ConfigError(f"pricing.bounds: must be 'estimate' or 'explicit', got {mode!r}")
 
 
+MIN_SLOT_SECONDS = 1.0
+MAX_SLOT_SECONDS = 366 * 86400.0
+"""``daemon.slot_seconds`` lies in 1 s .. a year: the slot clock counts slots since the
+epoch in 64-bit integers (a slot of 1e-12 s overflows them, and the store's), and slot
+times are dates (a slot of 1e300 s has none)."""
+
+
+def _slot_seconds(value: Any) -> float:
+    seconds = fields.positive(value, "daemon.slot_seconds")
+    if not MIN_SLOT_SECONDS <= seconds <= MAX_SLOT_SECONDS:
+        raise SpecError.one(
+            "daemon.slot_seconds",
+            f"must lie in {MIN_SLOT_SECONDS:g} .. {MAX_SLOT_SECONDS:.0f} seconds (366 days), "
+            f"got {seconds:g}",
+        )
+    return seconds
+
+
 def load(path: str | Path) -> Config:
     """Read and validate a TOML config file."""
     p = Path(path)
@@ -415,8 +433,12 @@ def load(path: str | Path) -> Config:
         mode, group = p.stat().st_mode, p.stat().st_gid
     except OSError as err:
         raise ConfigError(f"{p}: cannot read: {err.strerror or err}") from err
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{p}: not UTF-8 text: {err.reason} at byte {err.start}") from err
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{p}: not TOML: {err}") from err
+    except RecursionError as err:
+        raise ConfigError(f"{p}: not TOML that can be read: nested too deeply") from err
     config = from_dict(data, str(p), base=p.parent)
     warning = _exposed_secrets(p, config, mode, group)
     return replace(config, warnings=(warning,)) if warning else config

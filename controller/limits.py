@@ -127,6 +127,9 @@ _KEYS = {
 }
 
 
+MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
+"""The largest ``limits.max_message_bytes``: gRPC takes its message limits as a C int."""
+
 DEFAULT_MAX_UTILITY = 1e9
 """``limits.max_utility`` unless the config sets it: far above ``oasis gen``'s 1-100."""
 
@@ -313,8 +316,14 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
     if 0 < burst < 1:
         # A bucket that never holds a whole token would refuse every request forever.
         raise SpecError.one("limits.burst", f"must be 0 (= max(1, rate)) or >= 1, got {burst}")
+    message_bytes = count("max_message_bytes", d.max_message_bytes)
+    if message_bytes > MAX_GRPC_MESSAGE_BYTES:  # gRPC keeps the limit in a C int
+        raise SpecError.one(
+            "limits.max_message_bytes",
+            f"must be <= {MAX_GRPC_MESSAGE_BYTES} (2 GiB - 1, gRPC's largest), got {message_bytes}",
+        )
     return Limits(
-        max_message_bytes=count("max_message_bytes", d.max_message_bytes),
+        max_message_bytes=message_bytes,
         max_job_work=count("max_job_work", d.max_job_work),
         max_job_chunks=count("max_job_chunks", d.max_job_chunks),
         max_search_steps=positive("max_search_steps"),

@@ -35,6 +35,9 @@ def test_demo_defaults() -> None:
     [
         ("window = 300", "window = 0", "daemon.window: must be >= 1"),
         ("slot_seconds = 3600", "slot_seconds = -1", "daemon.slot_seconds: must be > 0"),
+        ("slot_seconds = 3600", "slot_seconds = 1e-12",
+         "daemon.slot_seconds: must lie in 1 .. 31622400 seconds (366 days), got 1e-12"),
+        ("slot_seconds = 3600", "slot_seconds = 1e300", "daemon.slot_seconds: must lie in"),
         ('listen = "127.0.0.1:50051"', 'listen = "nowhere"', "daemon.listen: must be host:port"),
         ('log_level = "info"', 'log_level = "loud"', "daemon.log_level"),
         ("tick_seconds = 1.0", "tick_seconds = 1.0\nspeed = 3", "daemon.speed: unknown key"),
@@ -46,6 +49,8 @@ def test_demo_defaults() -> None:
         ("gpu = 16, cpu = 64", "gpu = -16, cpu = 64",
          "cluster.servers[2].capacity.gpu: must be >= 0"),
         ('"bandwidth"]', '"bw"]', "cluster.resources: must include 'bandwidth'"),
+        ("max_message_bytes = 1048576", "max_message_bytes = 2147483648",
+         "limits.max_message_bytes: must be <= 2147483647 (2 GiB - 1, gRPC's largest)"),
         ('sqlite_synchronous = "full"', 'sqlite_synchronous = "off"',
          "daemon.sqlite_synchronous: must be one of ['full', 'normal'], got 'off'"),
     ],
@@ -79,6 +84,12 @@ def test_unreadable_and_not_toml(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[daemon\n")
     with pytest.raises(ConfigError, match="not TOML"):
+        load(bad)
+    bad.write_bytes(b'[daemon]\nlisten = "\xff"\n')
+    with pytest.raises(ConfigError, match="not UTF-8 text: invalid start byte at byte 19"):
+        load(bad)
+    bad.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigError, match="nested too deeply"):
         load(bad)
 
 
