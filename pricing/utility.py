@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -129,7 +129,7 @@ class Deadline:
         late = np.maximum(np.asarray(d, dtype=np.float64) - self.deadline, 0.0)
         if self.half_life is None:
             return np.where(late > 0, -np.inf, math.log(self.value))
-        return math.log(self.value) - late * (_LN2 / self.half_life)
+        return math.log(self.value) - late / self.half_life * _LN2  # 0 on time, not 0 * inf
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": "deadline", "value": self.value, "deadline": self.deadline}
@@ -265,10 +265,26 @@ def utility_from_dict(
         return Table(tuple(values))
     value = r.get("value", fields.positive)
     deadline = r.get("deadline", r.positive_when)
-    half_life = r.get("half_life", r.span, required=False)
+    half_life = r.get("half_life", _half_life(r), required=False)
     fields.check_no_problems(r.problems)
     assert value is not None and deadline is not None
     return Deadline(value, deadline, half_life)
+
+
+def _half_life(r: _Reader) -> Callable[[Any, str], float]:
+    """Reads a half-life: a span of at least 2**-53 slots (a decay of at most 2**53 per
+    slot, as a sigmoid's; a shorter one is a drop to 0, said as no half_life)."""
+
+    def read(value: Any, field: str) -> float:
+        slots = r.span(value, field)
+        if slots < 1.0 / _LIMIT:
+            raise SpecError.one(
+                field, f"must be at least 2**-53 slots, got {slots:g} slots (for a value that "
+                "drops to 0 at the deadline, give no half_life)",
+            )  # fmt: skip
+        return slots
+
+    return read
 
 
 def _sigmoid_decay(r: _Reader) -> float | None:

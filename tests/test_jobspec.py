@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 from typing import Any
@@ -286,6 +287,15 @@ def test_check_worth_says_how_far_a_deadline_is_too_close() -> None:
     )
     kept = {**spec, "utility": {**spec["utility"], "half_life": "1h"}}
     check_worth(kept, cluster=CLUSTER, slot_seconds=SLOT, window=48, arrival=5)
+    # a half-life too short to hold as a decay is refused as such, not read as "no
+    # half_life" through 0 * inf = nan on time
+    for tiny in (5e-324, 1e-310, 1e-17):
+        short = {**spec, "utility": {**spec["utility"], "half_life": tiny}}
+        with pytest.raises(SpecError, match=r"job.utility.half_life: must be at least 2\*\*-53"):
+            check_worth(short, cluster=CLUSTER, slot_seconds=SLOT, window=48, arrival=5)
+    assert (
+        Deadline(40.0, 6.0, 1e-15).log_values([5.0, 6.0, 7.0]).tolist()[:2] == [math.log(40.0)] * 2
+    )
     table = {**PEOPLE, "minibatch_seconds": 90, "utility": {"kind": "table", "values": [9, 9, 0]}}
     with pytest.raises(SpecError, match=r"job.utility: is 0 at 3 slots \(3h\)"):
         check_worth(table, cluster=CLUSTER, slot_seconds=SLOT, window=48, arrival=5)
