@@ -14,6 +14,7 @@ every resource.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -123,6 +124,11 @@ def price(
     return np.exp(log_l + share * (log_u - log_l))
 
 
+_LOG4 = math.log(4.0)
+_LOG_TINY = math.log(sys.float_info.min)
+"""The log of the smallest normal float (-708.4): an L below it underflows."""
+
+
 def _eta(jobs: Sequence[Job], demand_of: str, capacity_total: float, horizon: int) -> float:
     """``eta`` with ``1/eta = min(1, min_i W_i sum_r d_i[r] / (T sum c))``."""
     inv = 1.0
@@ -174,12 +180,19 @@ def oracle_bounds(
                 per_unit = best - np.log(demand, where=used, out=np.zeros(n_res))
             log_u[side] = np.where(used, np.maximum(log_u[side], per_unit), log_u[side])
             log_l[side] = min(log_l[side], worst - math.log(job.work * float(demand.sum())))
-    l1 = log_l["worker"] - math.log(4.0 * e1)
-    l2 = log_l["ps"] - math.log(4.0 * e2)
-    if not (math.isfinite(l1) and math.isfinite(l2)):
+    if not (math.isfinite(log_l["worker"]) and math.isfinite(log_l["ps"])):
         raise SpecError.one(
             "pricing", "the lowest utility of some job is 0, so L would be 0: no price can start"
         )
+    l1 = log_l["worker"] - _LOG4 - math.log(e1)  # 4 * eta overflows for eta near 1e308
+    l2 = log_l["ps"] - _LOG4 - math.log(e2)
+    for key, low in (("eta1", l1), ("eta2", l2)):
+        if low < _LOG_TINY:
+            raise SpecError.one(
+                f"pricing.{key}",
+                f"makes L = exp({low:.4g}), below the smallest normal float: no price can "
+                "start; give a smaller eta (or none: SPEC 4 computes it)",
+            )
     # a resource no job uses prices flat at L
     u1 = np.where(np.isfinite(log_u["worker"]), log_u["worker"], l1)
     u2 = np.where(np.isfinite(log_u["ps"]), log_u["ps"], l2)
@@ -270,8 +283,15 @@ def _log_floor(value: Any, cluster: Cluster, field: str) -> float | NDArray[np.f
 def etas_from_dict(
     spec: Mapping[str, Any], field: str = "pricing"
 ) -> tuple[float | None, float | None]:
-    """The optional ``eta1``, ``eta2`` of a pricing object (each > 0)."""
+    """The optional ``eta1``, ``eta2`` of a pricing object (each >= 1: SPEC 4's ``1/eta``
+    is ``min(1, ...)``; a smaller one would put L above the utility it is a floor of, and
+    one near 0 its log past what a float holds)."""
     out: list[float | None] = []
     for key in ("eta1", "eta2"):
-        out.append(fields.positive(spec[key], f"{field}.{key}") if key in spec else None)
+        eta = fields.positive(spec[key], f"{field}.{key}") if key in spec else None
+        if eta is not None and eta < 1.0:
+            raise SpecError.one(
+                f"{field}.{key}", f"must be >= 1 (SPEC 4: 1/eta = min(1, ...)), got {eta:g}"
+            )
+        out.append(eta)
     return out[0], out[1]

@@ -215,3 +215,22 @@ def test_a_pin_file_with_a_huge_integer_is_bad_input(
     path.write_text('{"worker": {"gpu": {"U": ' + "9" * 400 + "}}}")
     assert main(["bounds", "pin", "--server", "127.0.0.1:1", "--file", str(path)]) == 2
     assert "worker.gpu.U: 400 digits: too large" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("eta", "expected"),
+    [
+        (5e-324, "pricing.eta1: must be >= 1 (SPEC 4: 1/eta = min(1, ...)), got 4.94066e-324"),
+        (0.5, "pricing.eta1: must be >= 1"),
+        (1e308, "pricing.eta1: makes L = exp(-721.4), below the smallest normal float"),
+    ],
+)
+def test_an_eta_outside_what_prices_hold_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], eta: float, expected: str
+) -> None:
+    """Before, eta 5e-324 overflowed the prices (NaN costs: "cannot fit" on an empty
+    cluster) and 1e308 overflowed 4 * eta (blamed on "a utility of 0")."""
+    trace = json.loads(DEMO.read_text())
+    trace["pricing"] = {"bounds": "oracle", "eta1": eta, "eta2": 1.0}
+    assert main(["replay", _write(tmp_path, trace)]) == 2
+    assert expected in capsys.readouterr().err
