@@ -96,3 +96,5 @@ def test_heat_levels() -> None:
     assert level(1e-9, 5.0) == 1  # anything above it shows
     assert level(5.0, 5.0) == len(RAMP) - 1
     assert level(0.0, 0.0) == 0
+    inf = float("inf")  # pinned bounds of 1e308 over 1e-308: the ratio overflows
+    assert level(inf, inf) == level(inf, 5.0) == len(RAMP) - 1

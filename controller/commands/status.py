@@ -176,10 +176,14 @@ def _job(j: pb.Job) -> dict[str, Any]:
 
 
 def level(x: float, top: float) -> int:
-    """``x`` in ``[0, top]`` on the ramp: 0 only for 0, else 1..8 (rounded up)."""
+    """``x`` in ``[0, top]`` on the ramp: 0 only for 0, else 1..8 (rounded up). Pinned
+    bounds may make both infinite (a price of 1e308 over an L of 1e-308): inf over inf
+    is the top, and any share above it too."""
     if x <= 0 or top <= 0:
         return 0
-    return max(1, min(len(RAMP) - 1, math.ceil((len(RAMP) - 1) * x / top)))
+    share = x / top
+    share = 1.0 if math.isnan(share) else min(share, 1.0)
+    return max(1, math.ceil((len(RAMP) - 1) * share))
 
 
 def render(st: Status, limit: int) -> str:
