@@ -239,7 +239,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
         _check_keys(daemon, _DAEMON_KEYS, "daemon")
         listen = fields.text(daemon.get("listen", DEFAULT_LISTEN), "daemon.listen")
         host, _, port = listen.rpartition(":")
-        if not host or not port.isdigit() or int(port) > 65535:
+        if not host or not (port.isascii() and port.isdigit()) or int(port) > 65535:
             raise ConfigError(f"daemon.listen: must be host:port, got {listen!r}")
         level = fields.text(daemon.get("log_level", "info"), "daemon.log_level").lower()
         if level not in _LEVELS:
@@ -336,7 +336,7 @@ def _metrics_listen(raw: Mapping[str, Any]) -> str:
     if not isinstance(listen, str):
         raise ConfigError(f"metrics.listen: must be a string host:port, got {listen!r}")
     host, _, port = listen.rpartition(":")
-    if listen and (not host or not port.isdigit() or int(port) > 65535):
+    if listen and (not host or not (port.isascii() and port.isdigit()) or int(port) > 65535):
         raise ConfigError(f"metrics.listen: must be host:port (or empty: off), got {listen!r}")
     remote = raw.get("allow_insecure_remote", False)
     if not isinstance(remote, bool):

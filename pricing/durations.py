@@ -21,7 +21,7 @@ __all__ = [
 ]
 
 _UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
-_PART = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([dhms])")
+_PART = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([dhms])")  # ASCII digits only, as JSON
 _MAX_TEXT = 64
 """Longer strings are neither durations nor times (and are not worth a regex)."""
 

@@ -89,7 +89,7 @@ def trace_from_dict(raw: Any) -> Trace:
     """Validate a trace object; a SpecError lists every bad field (up to 50)."""
     data: Mapping[str, Any] = fields.mapping(raw, "trace")
     version = fields.require(data, "version", "")
-    if version != TRACE_VERSION:
+    if type(version) is not int or version != TRACE_VERSION:  # not true, nor 1.0
         raise SpecError.one("version", f"must be {TRACE_VERSION}, got {version!r}")
     horizon = fields.positive_int(fields.require(data, "horizon", ""), "horizon")
     slot_seconds = fields.positive(data.get("slot_seconds", 3600), "slot_seconds")

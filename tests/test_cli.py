@@ -147,7 +147,12 @@ def test_every_problem_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture
 
 @pytest.mark.parametrize(
     ("content", "expected"),
-    [("{not json", "not JSON"), ("[]", "trace: must be an object")],
+    [
+        ("{not json", "not JSON"),
+        ("[]", "trace: must be an object"),
+        ('{"version": true}', "version: must be 1, got True"),
+        ('{"version": 1.0}', "version: must be 1, got 1.0"),
+    ],
 )
 def test_unreadable_input(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, expected: str

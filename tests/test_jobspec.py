@@ -88,7 +88,9 @@ def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(format_duration(seconds)) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "h", "5", "1h2h", "1h30", "x1h", "6 hours", "1" * 100])
+@pytest.mark.parametrize(
+    "text", ["", "h", "5", "1h2h", "1h30", "x1h", "6 hours", "1" * 100, "١٠h", "１０h"]
+)
 def test_not_durations(text: str) -> None:
     assert parse_duration(text) is None
 

@@ -99,7 +99,7 @@ def web_from_dict(raw: Mapping[str, Any], tls: TlsConfig | None) -> WebConfig:
     if not isinstance(listen, str):
         raise SpecError.one("web.listen", f"must be a string host:port, got {listen!r}")
     host, _, port = listen.rpartition(":")
-    if listen and (not host or not port.isdigit() or int(port) > 65535):
+    if listen and (not host or not (port.isascii() and port.isdigit()) or int(port) > 65535):
         raise SpecError.one("web.listen", f"must be host:port (or empty: off), got {listen!r}")
     remote = raw.get("allow_insecure_remote", False)
     if not isinstance(remote, bool):

@@ -70,6 +70,11 @@ def ha_from_dict(raw: Mapping[str, Any] | None) -> HaConfig | None:
     advertise = fields.text(raw["advertise"], "ha.advertise") if "advertise" in raw else ""
     if advertise:
         host, _, port = advertise.rpartition(":")
-        if not host or not port.isdigit() or int(port) > 65535 or len(advertise) > 255:
+        if (
+            not host
+            or not (port.isascii() and port.isdigit())
+            or int(port) > 65535
+            or len(advertise) > 255
+        ):
             raise SpecError.one("ha.advertise", f"must be host:port, got {advertise[:100]!r}")
     return HaConfig(lease, retry, follow, advertise)
