@@ -45,6 +45,7 @@ import grpc
 import structlog
 
 from controller.bearer import TokenInterceptor  # the client's side, re-exported
+from controller.streams import relay
 from pricing import fields
 from pricing.errors import SpecError
 
@@ -305,7 +306,7 @@ def _wrap(handler: Any, admit: Callable[[Any], Awaitable[Caller]]) -> Any:
 
         async def us(request: Any, context: Any) -> AsyncIterator[Any]:
             _caller.set(await admit(context))
-            async for item in unary_stream(request, context):
+            async for item in relay(unary_stream(request, context)):
                 yield item
 
         return handler._replace(unary_stream=us)

@@ -29,6 +29,8 @@ from typing import Any
 
 import grpc
 
+from controller.streams import relay
+
 __all__ = ["GOAWAY_SECONDS", "HOLD_SECONDS", "StopGate"]
 
 HOLD_SECONDS = 0.5
@@ -104,10 +106,13 @@ class StopGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
         return gated
 
-    def _streaming(self, inner: Callable[[Any, Any], AsyncIterator[Any]]) -> Any:
+    def _streaming(self, inner: Callable[[Any, Any], Any]) -> Any:
+        """A server-streaming handler gated: an async generator, or a coroutine that
+        writes with ``context.write`` (grpc's own aio health service's Watch)."""
+
         async def gated(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             async with self._gated(context):
-                async for item in inner(request, context):
+                async for item in relay(inner(request, context)):
                     yield item
 
         return gated

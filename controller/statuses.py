@@ -25,6 +25,7 @@ import structlog
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from controller.streams import relay
 from pricing.errors import Problem, SpecError
 
 __all__ = ["MAX_BYTES", "MAX_TEXT", "DecodeInterceptor", "abort", "bounded"]
@@ -138,7 +139,7 @@ class DecodeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             async def us(request: Any, context: Any) -> AsyncIterator[Any]:
                 if isinstance(request, _Undecodable):
                     await _refuse(context, request)
-                async for item in unary_stream(request, context):
+                async for item in relay(unary_stream(request, context)):
                     yield item
 
             return handler._replace(unary_stream=us, request_deserializer=decode)

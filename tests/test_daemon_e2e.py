@@ -145,6 +145,10 @@ def test_invalid_input_is_a_clear_error_and_the_daemon_stays_healthy(
         health = health_pb2_grpc.HealthStub(channel)
         status = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10).status
         assert status == health_pb2.HealthCheckResponse.SERVING
+        # Watch (what some load balancers use) streams the status; it was UNKNOWN once
+        watch = health.Watch(health_pb2.HealthCheckRequest(service=""), timeout=10)
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+        watch.cancel()
     assert submit_json(tmp_path, job("good"), addr)["decision"]["admitted"] is True
     listed = json.loads(oasis("jobs", "--json", server=addr).stdout)["jobs"]
     assert [j["spec"]["id"] for j in listed] == ["good"]
