@@ -47,6 +47,8 @@ The ledger is read in the decision thread between two decisions
 from __future__ import annotations
 
 import asyncio
+import math
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import TimeoutError as FutureTimeoutError
@@ -223,13 +225,29 @@ class _DecisionInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         )
 
 
+SCRAPE_INTERVAL = 1.0
+"""Seconds a scrape's answer is reused: scrapes closer together (the endpoint takes no
+token) share one store query and one ledger snapshot, which the decision thread makes
+between decisions; a flood of scrapes cannot slow the decisions by more than that."""
+
+
 class _ControllerCollector:
-    """Reads the store and the ledger at each scrape."""
+    """Reads the store and the ledger at most once per :data:`SCRAPE_INTERVAL`."""
 
     def __init__(self, controller: AdmissionController) -> None:
         self.c = controller
+        self._lock = threading.Lock()
+        self._cached: list[Metric] = []
+        self._at = -math.inf
 
     def collect(self) -> Iterable[Metric]:
+        with self._lock:  # concurrent scrapes wait for the one reading
+            if time.monotonic() - self._at >= SCRAPE_INTERVAL:
+                self._cached = list(self._read())
+                self._at = time.monotonic()
+            return list(self._cached)
+
+    def _read(self) -> Iterator[Metric]:
         yield from self._store()
         yield GaugeMetricFamily(
             "oasis_draining",

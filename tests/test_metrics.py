@@ -21,7 +21,7 @@ from controller.admission import AdmissionController
 from controller.clock import SlotClock, SystemClock
 from controller.config import ConfigError, demo_config, from_dict, load
 from controller.convert import spec_to_proto
-from controller.metrics import Metrics
+from controller.metrics import SCRAPE_INTERVAL, Metrics
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.store import Database
@@ -100,6 +100,7 @@ def test_metrics_follow_decisions_jobs_utilisation_and_prices(scraped: Scraped) 
     quote = scraped.admission.QuoteJob(pb.QuoteJobRequest(job=spec_to_proto(job("q"))), timeout=60)
     scraped.admission.CancelJob(pb.CancelJobRequest(id=admitted[0].job.spec.id), timeout=60)
 
+    time.sleep(SCRAPE_INTERVAL)  # past the answer the first scrape left for the next
     after = scraped.scrape()
     n_admitted, n_rejected = len(admitted), len(answers) - len(admitted)
     assert value(after, "oasis_decisions_total", kind="submit", outcome="admitted") == n_admitted
@@ -178,6 +179,36 @@ def test_a_store_that_does_not_answer_reads_as_down_and_the_broker_as_set(
         assert value(samples, "oasis_broker_up") == 0
         metrics.set_broker(True)
         assert value(parse(generate_latest(metrics.registry).decode()), "oasis_broker_up") == 1
+    finally:
+        controller.close()
+
+
+def test_scrapes_closer_than_the_interval_share_one_reading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/metrics takes no token: a flood of scrapes reads the store and the ledger (in the
+    decision thread) at most once per SCRAPE_INTERVAL, not once per scrape."""
+    controller = _unreachable_controller(tmp_path)
+    pings = 0
+    ping = controller.db.ping
+
+    def counted() -> bool:
+        nonlocal pings
+        pings += 1
+        return ping()
+
+    now = [1000.0]
+    monkeypatch.setattr(controller.db, "ping", counted)
+    monkeypatch.setattr("controller.metrics.time.monotonic", lambda: now[0])
+    try:
+        metrics = Metrics(controller)
+        first = generate_latest(metrics.registry)
+        for _ in range(20):
+            assert generate_latest(metrics.registry) == first
+        assert pings == 1
+        now[0] += SCRAPE_INTERVAL
+        generate_latest(metrics.registry)
+        assert pings == 2
     finally:
         controller.close()
 
