@@ -300,3 +300,43 @@ def test_a_closed_event_stream_frees_its_place(monkeypatch: pytest.MonkeyPatch) 
             await console.close()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
+def test_console_requests_cost_the_callers_rate(tmp_path: Path) -> None:
+    """A user's console requests take from its ``[limits] rate`` as its gRPC calls do:
+    a submitter's script polling the console at hundreds of requests a second slowed
+    every tenant's calls (the console shares the daemon's loop, threads and store).
+    Another user's bucket is untouched; the login page stays open."""
+    from controller.limits import RateLimiter
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text(
+        f"bob operator {hash_token('bob-token')}\nalice submitter {hash_token('alice-token')}\n"
+    )
+    config = from_dict({"cluster": CLUSTER, "auth": {"tokens_file": str(tokens)},
+                        "web": {"listen": "127.0.0.1:0"}})  # fmt: skip
+    limiter = RateLimiter(rate=0.001, burst=3)  # no refill within the test
+
+    async def scenario() -> None:
+        console = Console(config, cast(Any, None), limiter, None)
+        await console.start()
+        url = f"http://{console.address}"
+        alice = {"Authorization": "Bearer alice-token"}
+        try:
+            async with aiohttp.ClientSession() as http:
+                for _ in range(3):  # past the rate's check: no such page
+                    async with http.get(url + "/api/nothing", headers=alice) as r:
+                        assert r.status == 404
+                async with http.get(url + "/api/nothing", headers=alice) as r:
+                    assert r.status == 429
+                    assert "rate limit" in (await r.json())["error"]["message"]
+                bob = {"Authorization": "Bearer bob-token"}
+                async with http.get(url + "/api/nothing", headers=bob) as r:
+                    assert r.status == 404
+                async with http.get(url + "/login") as r:
+                    assert r.status == 200
+        finally:
+            await console.close()
+
+    asyncio.run(scenario())

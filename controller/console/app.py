@@ -280,6 +280,9 @@ class Console:
                 )
             target = request.path_qs if request.path != "/" else "/"
             raise web.HTTPSeeOther(f"/login?next={quote(target, safe='/')}")
+        # a request of the console costs its caller's rate as a gRPC call does (the same
+        # bucket: the console shares the daemon's event loop, threads and store)
+        self._throttle(request, caller.name or f"web:{request.remote}")
         request["caller"] = caller
         request["session"] = session
         return await handler(request)
@@ -302,9 +305,10 @@ class Console:
         session = self.sessions.get(request.cookies.get(COOKIE, ""))
         return (session.caller, session) if session else (None, None)
 
-    def _throttle(self, request: web.Request) -> None:
-        """Charge a refused token to the peer's rate (``[limits] rate``), as over gRPC."""
-        if self.limiter is not None and self.limiter.take(f"web:{request.remote}") > 0:
+    def _throttle(self, request: web.Request, client: str = "") -> None:
+        """Take one request from ``client``'s rate (``[limits] rate``; by default the
+        peer's, as for a refused token), or refuse it with 429."""
+        if self.limiter is not None and self.limiter.take(client or f"web:{request.remote}") > 0:
             raise _RefusedError(429, f"rate limit: {self.limiter.rate:g} requests/s per client")
 
     def _csrf_of(self, request: web.Request) -> str:
