@@ -17,9 +17,12 @@ $(STAMP): pyproject.toml proto/oasis/v1/oasis.proto
 run: $(STAMP)
 	$(BIN)/oasisd
 
-## test: formatting, lint, types, then the whole test suite
+## test: formatting, lint, types, then the whole test suite, in two processes (most tests
+## wait on daemons, brokers and databases they start: two halve the time on two cores),
+## one test file per process (a file's daemons and brokers are shared by its tests)
+TEST_WORKERS ?= 2
 test: lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check .
