@@ -194,6 +194,8 @@ def bounds_to_proto(view: dict[str, Any]) -> pb.GetBoundsResponse:
         units=view["units"],
         pins=json.dumps(view["pins"], sort_keys=True),
     )
+    for voter in view.get("submitters", ()):
+        out.submitters.add(name=voter["name"], jobs=voter["jobs"], prior_share=voter["prior_share"])
     for row in view["bounds"]:
         out.bounds.add(
             kind=SERVER_KINDS[row["kind"]],

@@ -155,7 +155,7 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
         caller = current_caller()
         spec = await _guard(context, self._spec(request.job))
         await _guard(context, self._charge(spec, caller.client))
-        view = await _guard(context, self.c.quote(spec, caller.turn))
+        view = await _guard(context, self.c.quote(spec, caller.turn, caller.submitter))
         return pb.QuoteJobResponse(decision=decision_to_proto(view))
 
     def _job(self, view: Any) -> pb.Job:

@@ -36,6 +36,9 @@ moves a quantile by one rank, and once the followed value has caught up with the
 ordinary jobs' quantile, they pull it back. Only the very first job of an estimate
 without a prior (no value to move from) sets the values outright.
 
+What one *submitter's* many jobs can do is bounded one level up: the daemon keeps an
+estimate per submitter and prices with their median (:mod:`pricing.shared_estimate`).
+
 The levels (trim 0.3, median U) were chosen by measurement on seeds 100-102, which no
 reported benchmark uses (bench/RESULTS.md, "Price bounds").
 

@@ -560,3 +560,73 @@ def test_a_stored_estimate_of_other_servers_or_units_starts_afresh(tmp_path: Pat
             assert c._estimate.prior.startswith("oasis gen")
     finally:
         c.close()
+
+
+def test_one_tenants_flood_of_inflated_jobs_leaves_others_priced_as_before(
+    tmp_path: Path,
+) -> None:
+    """A submitter that sends 150 jobs worth 1e9 (the default max_utility), cancelling
+    each at once, walked the one estimate up to its values: L rose a thousandfold and
+    another tenant's ordinary jobs were priced out on an idle cluster until an operator
+    reset it. With one estimate per submitter the bounds are the median of alice's, bob's
+    and the prior, so they stay between alice's and the prior's."""
+    tokens = tmp_path / "tokens"
+    names = {"alice": "alice-tok-1", "bob": "bob-tok-2", "ops": "ops-tok-3"}
+    tokens.write_text("".join(
+        f"{n} {'operator' if n == 'ops' else 'submitter'} {hash_token(t)}\n"
+        for n, t in names.items()
+    ))  # fmt: skip
+    d = _start(tmp_path, extra=f'[auth]\ntokens_file = "{tokens}"\n')
+
+    def meta(name: str) -> tuple[tuple[str, str]]:
+        return (("authorization", f"Bearer {names[name]}"),)
+
+    late = ordinary_jobs(1, seed=99, prefix="late")[0]
+    try:
+        channel, admission, cluster = _stubs(d.address)
+        with channel:
+
+            def bounds() -> dict[tuple[int, str], tuple[float, float]]:
+                reply = cluster.GetBounds(pb.GetBoundsRequest(), metadata=meta("ops"))
+                return {(b.kind, b.resource): (b.upper, b.lower) for b in reply.bounds}
+
+            def quote() -> pb.Decision:
+                req = pb.QuoteJobRequest(job=spec_to_proto(late))
+                decision: pb.Decision = admission.QuoteJob(
+                    req, timeout=30, metadata=meta("alice")
+                ).decision
+                return decision
+
+            prior = bounds()
+            for spec in ORDINARY:
+                admission.SubmitJob(
+                    pb.SubmitJobRequest(job=spec_to_proto(spec)), timeout=60,
+                    metadata=meta("alice"),
+                )  # fmt: skip
+            alices, before = bounds(), quote()
+            for i in range(150):
+                spec = {**poison(1e9), "id": f"bob-{i}"}
+                admission.SubmitJob(
+                    pb.SubmitJobRequest(job=spec_to_proto(spec)), timeout=60, metadata=meta("bob")
+                )
+                admission.CancelJob(pb.CancelJobRequest(id=f"bob-{i}"), metadata=meta("bob"))
+            after, flooded = bounds(), quote()
+            reply = cluster.GetBounds(pb.GetBoundsRequest(), metadata=meta("ops"))
+        for key, values in after.items():
+            for i in (0, 1):  # U, L
+                lo = min(prior[key][i], alices[key][i])
+                hi = max(prior[key][i], alices[key][i])
+                assert lo * (1 - 1e-9) <= values[i] <= hi * (1 + 1e-9), (key, i, values)
+        # alice's quote (on her full cluster) sees the prices it saw before the flood
+        assert flooded.admitted == before.admitted
+        assert flooded.payoff == pytest.approx(before.payoff, rel=0.05)
+        assert [(v.name, v.jobs) for v in reply.submitters] == [("alice", 40), ("bob", 150)]
+        shown = _cli_as(d, names["ops"]).stdout
+        assert "median of 3 in use (2 submitters and the prior)" in shown, shown
+        assert "per submitter" in shown and "bob " in shown
+    finally:
+        assert d.stop() == 0, d.log_path.read_text()
+
+
+def _cli_as(daemon: Daemon, token: str) -> Any:
+    return oasis("bounds", "--token", token, server=daemon.address)

@@ -27,9 +27,9 @@ from controller.errors import PreconditionError
 from controller.events import Event
 from controller.pins import KINDS, Pins, pins_from_dict
 from controller.store import MetaRow
-from pricing.bound_estimate import BoundEstimate
 from pricing.errors import SpecError
 from pricing.prices import PriceBounds
+from pricing.shared_estimate import SharedEstimate
 
 __all__ = ["ACTIONS", "PINS_KEY", "BoundControl"]
 
@@ -42,13 +42,13 @@ class BoundControl(AdmissionState):
     """The estimate's start, its stored state and an operator's pins; see the module
     docstring."""
 
-    def _stored_estimate(self, session: Session) -> BoundEstimate:
+    def _stored_estimate(self, session: Session) -> SharedEstimate:
         """The stored estimate if it fits the configuration, else a fresh one."""
-        fresh = self._fresh_estimate()
+        fresh = SharedEstimate.start(self._fresh_estimate())
         meta = session.get(MetaRow, ESTIMATE_KEY)
         if meta is None or self.config.pricing.mode != "estimate":
             return fresh
-        stored = BoundEstimate.from_dict(meta.value)
+        stored = SharedEstimate.from_dict(meta.value, fresh.fresh)
         if stored is None:
             why = "the stored state is of an older format or unreadable"
         elif not stored.fits(self.cluster):
@@ -71,7 +71,7 @@ class BoundControl(AdmissionState):
             self.log.warning("stored pinned bounds ignored", why=str(err)[:500])
             return Pins()
 
-    def _bounds(self, estimate: BoundEstimate) -> PriceBounds:
+    def _bounds(self, estimate: SharedEstimate) -> PriceBounds:
         """The bounds in use: configured or estimated, with the pins put in."""
         pricing = self.config.pricing
         if pricing.mode == "explicit":
@@ -135,7 +135,7 @@ class BoundControl(AdmissionState):
         if action == "reset":
             if self.config.pricing.mode != "estimate":
                 raise PreconditionError("pricing.bounds is 'explicit': there is no estimate")
-            estimate = self._fresh_estimate()
+            estimate = SharedEstimate.start(self._fresh_estimate())
             detail["prior"] = estimate.prior
         elif action == "pin":
             given = pins_from_dict(pins, self.cluster.resources, "pins")

@@ -25,7 +25,7 @@ from controller.store import StoreUnavailableError
 from controller.store.commit_process import CommitProcessStartError
 from controller.store.decisions import DecisionPayload, write_decisions
 from controller.store.writer_lock import FencedError
-from pricing.bound_estimate import BoundEstimate
+from pricing.shared_estimate import SharedEstimate
 
 __all__ = ["Committed", "DecisionRows", "Deferred", "GroupCommit"]
 
@@ -39,15 +39,17 @@ class DecisionRows:
 
     job: dict[str, Any]
     allocations: list[dict[str, Any]]
-    estimate: BoundEstimate | None
+    estimate: SharedEstimate | None
     """The estimate after the decision (immutable); only a batch's last is written, and
     turned into JSON there, in the writer thread."""
     event: dict[str, Any]
 
-    def payload(self) -> DecisionPayload:
-        """The rows as the store writes them (the estimate's state as a dict)."""
-        estimate = self.estimate.to_dict() if self.estimate is not None else None
-        return DecisionPayload(self.job, self.allocations, estimate, self.event)
+    def payload(self, with_estimate: bool = True) -> DecisionPayload:
+        """The rows as the store writes them (the estimate's state as a dict, unless
+        ``with_estimate`` is False: a later decision of the batch carries the one written)."""
+        estimate = self.estimate if with_estimate else None
+        state = estimate.to_dict() if estimate is not None else None
+        return DecisionPayload(self.job, self.allocations, state, self.event)
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,8 @@ class GroupCommit(AdmissionState):
         """Commit ``batch`` in one fenced transaction, in order (the writer thread),
         itself or through the commit process."""
         self._fence_here()
-        payloads = [ws.rows.payload() for ws in batch]
+        last = max((i for i, ws in enumerate(batch) if ws.rows.estimate is not None), default=-1)
+        payloads = [ws.rows.payload(with_estimate=i == last) for i, ws in enumerate(batch)]
         epoch, lock_pid = self.fence_epoch, self.fence_pid
         written = None
         if self._committer is not None:

@@ -196,10 +196,13 @@ class AdmissionController(PendingQueue, Follow, Lifecycle, ReadViews):
         self._publish(events)
         return view
 
-    async def quote(self, spec: dict[str, Any], client: str = "") -> DecisionView:
-        """Decide ``spec`` without committing anything."""
+    async def quote(
+        self, spec: dict[str, Any], client: str = "", by: str | None = None
+    ) -> DecisionView:
+        """Decide ``spec`` without committing anything, as a submission of ``by`` would
+        be decided (its job taken into ``by``'s bound estimate)."""
         self.config.limits.check_spec(spec)
-        return await self._run(lambda: self._quote_sync(spec), client)
+        return await self._run(lambda: self._quote_sync(spec, by), client)
 
     async def cancel(
         self, job_id: str, client: str = "", owner: str | None = None, by: str | None = None

@@ -24,10 +24,10 @@ from controller.replay import allocations as allocation_entries
 from controller.store import AllocationRow, JobRow
 from pricing import ADMIT_THRESHOLD, Job, SpecError
 from pricing.best_schedule import BestSchedule, best_schedule, payoff_ceiling
-from pricing.bound_estimate import BoundEstimate
 from pricing.explain import explain_rejection, price_drivers
 from pricing.fields import text
 from pricing.prices import PriceBounds
+from pricing.shared_estimate import SharedEstimate
 
 __all__ = ["DecisionCore"]
 
@@ -45,9 +45,10 @@ class DecisionCore(GroupCommit):
     """Decide, commit, apply; see the module docstring."""
 
     def _decide(
-        self, spec: dict[str, Any]
-    ) -> tuple[Job, BestSchedule, DecisionView, BoundEstimate]:
-        """Compute a decision at the current slot; the ledger's bounds include the job.
+        self, spec: dict[str, Any], by: str | None = None
+    ) -> tuple[Job, BestSchedule, DecisionView, SharedEstimate]:
+        """Compute a decision at the current slot; the ledger's bounds include the job,
+        taken into its submitter ``by``'s estimate (:mod:`pricing.shared_estimate`).
 
         The caller restores the previous bounds if it does not commit."""
         self._advance_window()
@@ -57,7 +58,7 @@ class DecisionCore(GroupCommit):
         self.config.limits.check_job(job, self.cluster, self.window)
         estimate = self._estimate
         if self.config.pricing.mode == "estimate":
-            estimate = self._estimate.observe(job)
+            estimate = self._estimate.observe(job, by)
             self._ledger.set_bounds(self._bounds(estimate))
         best, view = self._search(job, arrival, arrival)
         return job, best, view, estimate
@@ -101,10 +102,10 @@ class DecisionCore(GroupCommit):
         if self._ledger.bounds is not previous:
             self._ledger.set_bounds(previous)
 
-    def _quote_sync(self, spec: dict[str, Any]) -> DecisionView:
+    def _quote_sync(self, spec: dict[str, Any], by: str | None = None) -> DecisionView:
         previous = self._ledger.bounds
         try:
-            return self._decide(spec)[2]
+            return self._decide(spec, by)[2]
         finally:
             self._restore_bounds(previous)
 
@@ -139,7 +140,7 @@ class DecisionCore(GroupCommit):
         self._decide_pending()
         previous = self._ledger.bounds
         try:
-            job, best, view, estimate = self._decide(spec)
+            job, best, view, estimate = self._decide(spec, by)
             wait_until = None
             if not view.admitted and wait > 0:
                 wait_until, view = self._queue(job, view, wait, by)
@@ -214,7 +215,7 @@ class DecisionCore(GroupCommit):
         best: BestSchedule,
         view: DecisionView,
         canonical: str,
-        estimate: BoundEstimate,
+        estimate: SharedEstimate,
         submitter: str | None = None,
         wait_until: int | None = None,
     ) -> DecisionRows:

@@ -43,6 +43,7 @@ from controller.store.writer_lock import Holder, check_epoch
 from pricing import Job, Ledger, job_from_dict
 from pricing.bound_estimate import BoundEstimate
 from pricing.prices import PriceBounds
+from pricing.shared_estimate import SharedEstimate
 
 if TYPE_CHECKING:
     from controller.plane.execution import Execution
@@ -82,7 +83,7 @@ class AdmissionState(ABC):
         self._in_flight = 0  # requests inside _run: queued on the lock or deciding
         self._idle = asyncio.Event()
         # the price bounds: set from the store by open() (.recovery, .bounds)
-        self._estimate = self._fresh_estimate()
+        self._estimate = SharedEstimate.start(self._fresh_estimate())
         self._estimate_note = ""  # why the stored estimate was last found unusable
         self._pins = Pins()
         # a store outage during a write may have cut off a commit that happened: rebuild
@@ -287,7 +288,7 @@ class AdmissionState(ABC):
         """Move the window and jobs through their states (:mod:`.lifecycle`)."""
 
     @abstractmethod
-    def _bounds(self, estimate: BoundEstimate) -> PriceBounds:
+    def _bounds(self, estimate: SharedEstimate) -> PriceBounds:
         """The price bounds for ``estimate`` (:mod:`.recovery`)."""
 
     @abstractmethod

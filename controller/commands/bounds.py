@@ -121,6 +121,9 @@ def as_dict(reply: pb.GetBoundsResponse) -> dict[str, Any]:
             for b in reply.bounds
         ],
         "pins": json.loads(reply.pins or "{}"),
+        "submitters": [
+            {"name": v.name, "jobs": v.jobs, "prior_share": v.prior_share} for v in reply.submitters
+        ],
     }
 
 
@@ -138,7 +141,13 @@ def render(view: dict[str, Any]) -> str:
         for b in view["bounds"]
     ]
     table = render_table(["kind", "resource", "U", "L", "how"], rows, right={2, 3})
-    return f"{head}\n\n{table}\nU: utility per unit of the resource; L: per unit per slot"
+    out = f"{head}\n\n{table}\nU: utility per unit of the resource; L: per unit per slot"
+    voters = view.get("submitters") or []
+    if len(voters) > 1:  # the bounds are their median: who stands behind them
+        per = [[v["name"], str(v["jobs"]), f"{100 * v['prior_share']:.0f}%"] for v in voters]
+        out += "\n\nper submitter (the bounds are the median of their estimates):\n"
+        out += render_table(["submitter", "jobs", "prior's weight"], per, right={1, 2})
+    return out
 
 
 def run(args: argparse.Namespace) -> int:

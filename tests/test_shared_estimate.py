@@ -1,0 +1,143 @@
+"""The per-submitter estimate (pricing/shared_estimate.py): one submitter decides as the
+lone estimate (replays), one tenant's flood of jobs worth 1e9 moves the bounds no further
+than the other voters allow, one job still moves them by at most e^STEP, and the state
+reads back (the lone estimate's stored format too)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pricing import trace_from_dict
+from pricing.bound_estimate import STEP, BoundEstimate
+from pricing.default_prior import default_prior
+from pricing.prices import PriceBounds
+from pricing.shared_estimate import SharedEstimate
+from pricing.trace import Trace
+from tests.test_bound_estimate import CLUSTER, _job, _logs, _trace, job_specs
+
+
+def _ordinary(seed: int, n_jobs: int = 60) -> Trace:
+    return trace_from_dict(_trace(seed, n_jobs=n_jobs, prior="default"))
+
+
+def _inflated(seed: int, n_jobs: int, priority: float = 1e9) -> Trace:
+    """A tenant's jobs with every priority set to ``priority`` (a slip of units)."""
+    raw = _trace(seed, n_jobs=n_jobs, prior="default")
+    for job in raw["jobs"]:
+        job["utility"] = {**job["utility"], "priority": priority}
+    return trace_from_dict(raw)
+
+
+def _fresh() -> BoundEstimate:
+    return BoundEstimate.start(CLUSTER, default_prior())
+
+
+def test_one_submitter_is_the_lone_estimate() -> None:
+    """Every replay, and a daemon without [auth], has one submitter: its bounds are the
+    lone estimate's, bit for bit, after every job."""
+    lone, shared = _fresh(), SharedEstimate.start(_fresh())
+    first, alone = shared.bounds(), lone.bounds()
+    assert first is not None and alone is not None and first.same_as(alone)
+    for job in _ordinary(3).jobs:
+        lone, shared = lone.observe(job), shared.observe(job, "alice")
+        a, b = lone.bounds(0.8, 1.2, 0.25), shared.bounds(0.8, 1.2, 0.25)
+        assert a is not None and b is not None and a.same_as(b)
+    assert shared.jobs == lone.jobs == 60
+
+
+def _between(x: PriceBounds, lo: PriceBounds, hi: PriceBounds) -> bool:
+    """Every log bound of ``x`` lies within those of ``lo`` and ``hi`` (either order)."""
+    a, b, c = _logs(x), _logs(lo), _logs(hi)
+    return bool((x.log_u1 >= x.floor1).all()) and bool(
+        (a >= np.minimum(b, c) - 1e-12).all() and (a <= np.maximum(b, c) + 1e-12).all()
+    )
+
+
+def test_a_tenants_flood_moves_the_bounds_no_further_than_the_others_allow() -> None:
+    """Bob sends 300 jobs worth 1e9 amid alice's 60 ordinary ones: his own estimate
+    walks up to his values (the lone estimate would, for everyone), but the bounds in
+    use stay between alice's estimate and the prior; with a third tenant, between the
+    two honest ones."""
+    shared = SharedEstimate.start(_fresh())
+    lone = _fresh()
+    alice, bob = _ordinary(5).jobs, _inflated(6, 300).jobs
+    for i, job in enumerate(bob):
+        if i < len(alice):
+            shared, lone = shared.observe(alice[i], "alice"), lone.observe(alice[i])
+        shared, lone = shared.observe(job, "bob"), lone.observe(job)
+    used, mine, prior = shared.bounds(), shared.of("alice").bounds(), _fresh().bounds()
+    flooded, bobs = lone.bounds(), shared.of("bob").bounds()
+    assert used is not None and mine is not None and prior is not None
+    assert flooded is not None and bobs is not None
+    assert _between(used, mine, prior)
+    # the flood would have raised L by a factor of thousands for everyone
+    assert (bobs.floor1 - mine.floor1).min() > 5 and (flooded.floor1 - mine.floor1).min() > 5
+    assert (used.floor1 - np.maximum(mine.floor1, prior.floor1)).max() <= 1e-12
+
+    carol = SharedEstimate.start(_fresh())
+    for job in _ordinary(7).jobs:
+        shared = shared.observe(job, "carol")
+        carol = carol.observe(job, "carol")
+    used = shared.bounds()
+    assert used is not None and _between(used, mine, carol.bounds())  # type: ignore[arg-type]
+    assert [v for v, _ in shared.voters()] == ["alice", "bob", "carol"]
+
+
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d"]), job_specs()), max_size=12))
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_no_job_moves_the_median_by_more_than_e_to_the_step(
+    steps: list[tuple[str, dict[str, Any]]],
+) -> None:
+    """Whoever sends it, one job moves every bound in use by at most e^STEP, all stay
+    finite, and U >= L."""
+    shared = SharedEstimate.start(_fresh())
+    before = shared.bounds()
+    assert before is not None
+    for i, (who, spec) in enumerate(steps):
+        job = _job(spec, i)
+        if job is None:
+            continue
+        shared = shared.observe(job, who)
+        after = shared.bounds()
+        assert after is not None
+        a, b = _logs(before), _logs(after)
+        assert np.isfinite(b).all()
+        assert np.abs(b - a).max() <= STEP + 1e-9, (who, spec, b - a)
+        assert (after.log_u1 >= after.floor1).all() and (after.log_u2 >= after.floor2).all()
+        before = after
+
+
+def test_the_state_reads_back_and_the_lone_format_is_the_nameless_submitter() -> None:
+    shared = SharedEstimate.start(_fresh())
+    jobs = _ordinary(9, n_jobs=12).jobs
+    for i, job in enumerate(jobs):
+        shared = shared.observe(job, (None, "alice", "bob")[i % 3])
+    back = SharedEstimate.from_dict(copy.deepcopy(shared.to_dict()), _fresh())
+    assert back is not None and back.fits(CLUSTER)
+    assert back.to_dict() == shared.to_dict() and back.jobs == 12
+    a, b = shared.bounds(), back.bounds()
+    assert a is not None and b is not None and a.same_as(b)
+    lone = _fresh()
+    for job in jobs:
+        lone = lone.observe(job)
+    old = SharedEstimate.from_dict(lone.to_dict(), _fresh())
+    assert old is not None and old.of(None).to_dict() == lone.to_dict()
+    wrong = {"format": "per-submitter", "version": 9, "submitters": {}}
+    unreadable = {"format": "per-submitter", "version": 1, "submitters": {"x": {}}}
+    bad: Any
+    for bad in (wrong, unreadable, [], None):
+        assert SharedEstimate.from_dict(bad, _fresh()) is None
+    described = shared.describe(CLUSTER.resources)
+    assert described["jobs"] == 12
+    assert [(v["name"], v["jobs"]) for v in described["submitters"]] == [
+        ("-", 4),
+        ("alice", 4),
+        ("bob", 4),
+    ]
+    assert all(0 < v["prior_share"] < 1 for v in described["submitters"])
+    assert "median of 3 in use (3 submitters)" in described["method"]
