@@ -30,6 +30,7 @@ operator (the embedded defaults, on loopback).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import re
@@ -54,6 +55,7 @@ if TYPE_CHECKING:  # the client's TokenInterceptor needs neither limits nor nump
 
 __all__ = [
     "ANONYMOUS",
+    "MAX_OPEN_STREAMS",
     "NAME_PATTERN",
     "OPEN_SERVICES",
     "SUBMITTER_METHODS",
@@ -212,6 +214,59 @@ def tokens_from_dict(raw: Mapping[str, Any]) -> dict[str, Caller]:
 # -- server side ------------------------------------------------------------------------
 
 
+MAX_OPEN_STREAMS = 32
+"""The most streams of the open services (reflection's ``ServerReflectionInfo``, health's
+``Watch``) at once, from everyone together. They take no token and may stay open for
+good, and every open call holds one of ``connections.max_calls``: without a cap, 1000
+reflection streams from anyone on the host refused every tenant's calls. Past it a new
+one is RESOURCE_EXHAUSTED; health's ``Check`` (a unary call) is never refused by it."""
+
+
+class _StreamCap:
+    """Counts the open services' streaming calls in flight (all on the event loop)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open = 0
+
+    def bounded(self, handler: Any) -> Any:
+        """``handler`` with its streaming behaviour counted against the cap."""
+        if handler.unary_stream is not None:
+            inner = handler.unary_stream
+
+            async def us(request: Any, context: Any) -> AsyncIterator[Any]:
+                async with self._held(context):
+                    async for item in relay(inner(request, context)):
+                        yield item
+
+            return handler._replace(unary_stream=us)
+        if handler.stream_stream is not None:
+            both = handler.stream_stream
+
+            async def ss(requests: Any, context: Any) -> AsyncIterator[Any]:
+                async with self._held(context):
+                    async for item in relay(both(requests, context)):
+                        yield item
+
+            return handler._replace(stream_stream=ss)
+        return handler
+
+    @contextlib.asynccontextmanager
+    async def _held(self, context: Any) -> AsyncIterator[None]:
+        if self.open >= self.limit:
+            log.warning("open-service stream refused", limit=self.limit, peer=context.peer())
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{self.open} health and reflection streams are open, the most at once "
+                f"({self.limit}); close one, or use Health.Check",
+            )
+        self.open += 1
+        try:
+            yield
+        finally:
+            self.open -= 1
+
+
 class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Authenticates, authorises and rate-limits every RPC outside :data:`OPEN_SERVICES`,
     then makes the caller available to the servicer (:func:`current_caller`).
@@ -225,14 +280,17 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def __init__(self, tokens: Mapping[str, Caller] | None, limiter: RateLimiter | None) -> None:
         self.tokens = tokens
         self.limiter = limiter
+        self._open_streams = _StreamCap(MAX_OPEN_STREAMS)
 
     async def intercept_service(
         self, continuation: Callable[[Any], Awaitable[Any]], details: Any
     ) -> Any:
         handler = await continuation(details)
         method: str = details.method
-        if handler is None or method.lstrip("/").split("/", 1)[0] in OPEN_SERVICES:
+        if handler is None:
             return handler
+        if method.lstrip("/").split("/", 1)[0] in OPEN_SERVICES:
+            return self._open_streams.bounded(handler)
         return _wrap(handler, lambda context: self._admit(method, context))
 
     async def _admit(self, method: str, context: grpc.aio.ServicerContext) -> Caller:

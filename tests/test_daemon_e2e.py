@@ -12,6 +12,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from controller.auth import MAX_OPEN_STREAMS
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from tests.servers import SMALL_JOB, Daemon, oasis, write_config
@@ -145,10 +146,35 @@ def test_invalid_input_is_a_clear_error_and_the_daemon_stays_healthy(
         health = health_pb2_grpc.HealthStub(channel)
         status = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10).status
         assert status == health_pb2.HealthCheckResponse.SERVING
-        # Watch (what some load balancers use) streams the status; it was UNKNOWN once
-        watch = health.Watch(health_pb2.HealthCheckRequest(service=""), timeout=10)
-        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
-        watch.cancel()
+        # Watch (what some load balancers use) streams the status; it was UNKNOWN once.
+        # The open services' streams take no token: at most MAX_OPEN_STREAMS at once (1000
+        # of them refused every tenant's calls), and Check and others' calls go on
+        watches = []
+        for _ in range(MAX_OPEN_STREAMS):
+            watches.append(health.Watch(health_pb2.HealthCheckRequest(service=""), timeout=60))
+            assert next(watches[-1]).status == health_pb2.HealthCheckResponse.SERVING
+        over = health.Watch(health_pb2.HealthCheckRequest(service=""), timeout=60)
+        with pytest.raises(grpc.RpcError) as refused:
+            next(over)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert f"the most at once ({MAX_OPEN_STREAMS})" in str(refused.value.details())
+        status = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10).status
+        assert status == health_pb2.HealthCheckResponse.SERVING
+        pb_grpc.AdmissionStub(channel).ListJobs(pb.ListJobsRequest(), timeout=10)
+        watches.pop().cancel()
+        again = health.Watch(health_pb2.HealthCheckRequest(service=""), timeout=60)
+        deadline = time.monotonic() + 30  # the cancelled stream's place frees as it ends
+        while True:
+            try:
+                assert next(again).status == health_pb2.HealthCheckResponse.SERVING
+                break
+            except grpc.RpcError as err:
+                assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert time.monotonic() < deadline, "a closed stream's place never came back"
+                time.sleep(0.1)
+                again = health.Watch(health_pb2.HealthCheckRequest(service=""), timeout=60)
+        for watch in [*watches, again]:
+            watch.cancel()
     assert submit_json(tmp_path, job("good"), addr)["decision"]["admitted"] is True
     listed = json.loads(oasis("jobs", "--json", server=addr).stdout)["jobs"]
     assert [j["spec"]["id"] for j in listed] == ["good"]
