@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import socket
 import ssl
 from pathlib import Path
@@ -340,3 +341,54 @@ def test_console_requests_cost_the_callers_rate(tmp_path: Path) -> None:
             await console.close()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
+def test_a_submitters_streams_read_job_owners_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A submitter's event stream shows its own jobs' events only. Its backlog's owners
+    are read in one query, and all streams share what was read: 32 streams replaying
+    1,000 events made a store query per event and stream, and slowed every tenant's
+    gRPC reads (they share the thread pool)."""
+    from controller.events import Event
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"alice submitter {hash_token('alice-token')}\n")
+    config = from_dict({"cluster": CLUSTER, "auth": {"tokens_file": str(tokens)},
+                        "web": {"listen": "127.0.0.1:0"}})  # fmt: skip
+    backlog = [Event(i + 1, "decided", f"j{i % 10}", 0, "admitted") for i in range(200)]
+
+    async def stored_events(after: int, limit: int, newest: bool) -> list[Event]:
+        return [e for e in backlog if e.sequence > after][-limit:]
+
+    controller = cast(Any, SimpleNamespace(bus=EventBus(), stored_events=stored_events))
+    queries: list[list[str]] = []
+
+    async def scenario() -> None:
+        console = Console(config, controller, None, None)
+
+        async def owner_of(ids: Any) -> dict[str, str | None]:
+            queries.append(sorted(ids))
+            return {j: ("alice" if int(j[1:]) % 2 == 0 else "bob") for j in ids}
+
+        monkeypatch.setattr(console.data, "owner_of", owner_of)
+        await console.start()
+        url = f"http://{console.address}/api/events?after=0"
+        alice = {"Authorization": "Bearer alice-token"}
+        try:
+            async with aiohttp.ClientSession() as http:
+                for _ in range(3):
+                    async with http.get(url, headers=alice) as r:
+                        assert r.status == 200
+                        seen: list[str] = []
+                        while len(seen) < 100:
+                            line = (await r.content.readline()).decode()
+                            if line.startswith("data: "):
+                                seen.append(json.loads(line[6:])["job_id"])
+                        assert set(seen) == {f"j{i}" for i in range(0, 10, 2)}
+        finally:
+            await console.close()
+
+    asyncio.run(scenario())
+    assert queries == [[f"j{i}" for i in range(10)]]

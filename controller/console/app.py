@@ -80,7 +80,7 @@ _ERRORS: tuple[tuple[type[BaseException], int], ...] = (
 )
 _HEARTBEAT_SECONDS = 15.0
 _BACKFILL_MAX = 1000  # events replayed to a stream that reconnects (Last-Event-ID)
-_OWNER_CACHE = 10_000  # job owners remembered per submitter's stream
+_OWNER_CACHE = 10_000  # job owners remembered, for every submitter's stream together
 _CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
@@ -147,6 +147,10 @@ class Console:
         self.anonymous_csrf = secrets.token_urlsafe(32)
         self.closing = asyncio.Event()
         self.streams: dict[str, int] = {}  # open event streams per user (token name)
+        # who submitted each job (it never changes), shared by the streams that filter by
+        # it: 32 streams of one submitter replaying 1,000 events each made a store query
+        # per event and stream, in the thread pool gRPC's reads use too
+        self.owners: dict[str, str | None] = {}
         self.runner: web.AppRunner | None = None
         self.listener: asyncio.Server | None = None
         self.address = ""
@@ -476,11 +480,9 @@ class Console:
         """Server-sent events: every event of the bus (a submitter: its own jobs'), after
         those stored since ``Last-Event-ID`` (or ``?after=``) when the stream resumes."""
         caller: Caller = request["caller"]
-        owner = caller.owner
-        owned: dict[str, bool] = {}
         self._open_stream(caller)
         try:
-            return await self._stream(request, owner, owned)
+            return await self._stream(request, caller.owner)
         finally:
             self._close_stream(caller)
 
@@ -513,9 +515,7 @@ class Console:
         else:
             self.streams.pop(caller.name, None)
 
-    async def _stream(
-        self, request: web.Request, owner: str | None, owned: dict[str, bool]
-    ) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, owner: str | None) -> web.StreamResponse:
         queue = self.c.bus.subscribe()  # first, so nothing falls between backfill and live
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
@@ -531,9 +531,11 @@ class Console:
             backlog: list[Event] = []
             if last >= 0:
                 backlog = await self.c.stored_events(last, limit=_BACKFILL_MAX, newest=True)
+                if owner is not None:  # the owners of the whole backlog in one query
+                    await self._learn_owners({e.job_id for e in backlog if e.job_id})
             for event in backlog:
                 last = max(last, event.sequence)
-                if await self._visible(event, owner, owned):
+                if await self._visible(event, owner):
                     await response.write(_sse(event))
             while not self.closing.is_set():
                 event_or_none = await self._next(queue)
@@ -543,7 +545,7 @@ class Console:
                 if event_or_none.sequence <= last:
                     continue
                 last = event_or_none.sequence
-                if await self._visible(event_or_none, owner, owned):
+                if await self._visible(event_or_none, owner):
                     await response.write(_sse(event_or_none))
         except (ConnectionResetError, ConnectionError):
             pass  # the browser went away
@@ -567,17 +569,28 @@ class Console:
             return getter.result()
         return None
 
-    async def _visible(self, event: Event, owner: str | None, owned: dict[str, bool]) -> bool:
+    async def _visible(self, event: Event, owner: str | None) -> bool:
+        """Whether a stream of ``owner`` (None: an operator's, every event) shows
+        ``event``: a submitter sees its own jobs' events."""
         if owner is None:
             return True
         if not event.job_id:
             return False
-        if event.job_id not in owned:
-            if len(owned) >= _OWNER_CACHE:
-                owned.clear()
-            who = await self.data.owner_of([event.job_id])
-            owned[event.job_id] = who.get(event.job_id) == owner
-        return owned[event.job_id]
+        if event.job_id not in self.owners:
+            await self._learn_owners({event.job_id})
+        return self.owners.get(event.job_id) == owner
+
+    async def _learn_owners(self, job_ids: set[str]) -> None:
+        """Read the submitters of those of ``job_ids`` not known yet, in one query, into
+        :attr:`owners` (at most ``_OWNER_CACHE``: past it, it starts over)."""
+        unknown = [j for j in job_ids if j not in self.owners]
+        if not unknown:
+            return
+        found = await self.data.owner_of(unknown)
+        if len(self.owners) + len(unknown) > _OWNER_CACHE:
+            self.owners.clear()
+        for job_id in unknown:
+            self.owners[job_id] = found.get(job_id)
 
 
 def mask(token: str) -> str:
