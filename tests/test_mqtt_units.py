@@ -586,6 +586,34 @@ def test_the_link_takes_the_sender_from_the_topic_and_survives_poison(
     assert plane.stored("j") == (2.0, {"w0/a": [2.0, 9.0]})
 
 
+def test_an_agent_flooding_its_topic_is_dropped_before_parsing_and_others_are_not(
+    plane: PlaneDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One server's messages past AGENT_MESSAGE_BURST (then its rate) are dropped before
+    they are parsed: a flood of reports slowed every tenant's calls. Another server's
+    messages still go through."""
+    from controller.plane import link as link_module
+    from controller.plane.link import AGENT_MESSAGE_BURST, Plane
+
+    parsed = 0
+    parse = Progress.parse
+
+    def counted(payload: Any) -> Progress:
+        nonlocal parsed
+        parsed += 1
+        return parse(payload)
+
+    monkeypatch.setattr(link_module.Progress, "parse", counted)
+    plane.submit("j")
+    link = Plane(plane.c, plane.ex, MqttConfig("localhost"))
+    t = link.topics
+    report = Progress("w0", "a", [TaskProgress("j", 2.0, 9.0)]).to_bytes()
+    taken = sum(link.take(t.progress("w0"), report) for _ in range(int(AGENT_MESSAGE_BURST) * 3))
+    assert AGENT_MESSAGE_BURST <= taken < 2 * AGENT_MESSAGE_BURST  # it refills at the rate
+    assert parsed == taken
+    assert link.take(t.heartbeat("p0"), Heartbeat("p0", "a").to_bytes())
+
+
 def test_the_latest_event_of_every_job_is_found_for_a_broker_that_lost_it(
     plane: PlaneDaemon,
 ) -> None:

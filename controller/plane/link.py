@@ -30,6 +30,7 @@ import structlog
 
 from controller.errors import DrainingError
 from controller.events import Event
+from controller.limits import RateLimiter
 from controller.plane.client import client_for, for_each
 from controller.plane.execution import Execution
 from controller.plane.intake import Complaints
@@ -52,6 +53,15 @@ __all__ = ["Plane", "start_plane"]
 _BACKOFF_FIRST = 0.2
 _BACKOFF_MAX = 10.0
 _COMPLAIN_SECONDS = 10.0  # the same complaint about one server, at most this often
+AGENT_MESSAGES_PER_SECOND = 20.0
+AGENT_MESSAGE_BURST = 100.0
+"""What one server's agent may send, heartbeats and progress together: a token bucket
+per server, checked before a message is parsed (on the event loop every tenant's calls
+use). An agent sends about two a second (a report a second, a heartbeat every
+``heartbeat_seconds``), and a burst when the daemon comes back; one that flooded its
+topic with 12,000 reports a second slowed every tenant's calls fivefold. Past the rate a
+message is dropped, and logged (at most every 10 s per server); reports carry running
+totals, so the next one makes up for a dropped one."""
 _RESTORE_BATCH = 1000  # job events read and published at a time when restoring
 _GOODBYE_SECONDS = 2.0  # at most this long for "online: false" at a clean stop
 
@@ -85,6 +95,7 @@ class Plane:
         self._slot = -1
         self._restore = False  # the latest event of every job is still to be republished
         self._complain = Complaints(_COMPLAIN_SECONDS)
+        self._rate = RateLimiter(AGENT_MESSAGES_PER_SECOND, AGENT_MESSAGE_BURST)
 
     # -- the daemon's hooks --------------------------------------------------------------
 
@@ -207,6 +218,10 @@ class Plane:
             return False
         server, what = found
         if not isinstance(payload, bytes | bytearray | str):
+            return False
+        if self._rate.take(server) > 0:  # before it is parsed: parsing is the cost
+            self._complain(server, "flood", "messages from an agent dropped: over its rate",
+                           rate=AGENT_MESSAGES_PER_SECOND, burst=AGENT_MESSAGE_BURST)  # fmt: skip
             return False
         try:
             parsed = Heartbeat.parse(payload) if what == "heartbeat" else Progress.parse(payload)
