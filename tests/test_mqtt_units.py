@@ -592,7 +592,6 @@ def test_an_agent_flooding_its_topic_is_dropped_before_parsing_and_others_are_no
     """One server's messages past AGENT_MESSAGE_BURST (then its rate) are dropped before
     they are parsed: a flood of reports slowed every tenant's calls. Another server's
     messages still go through."""
-    from controller.plane import link as link_module
     from controller.plane.link import AGENT_MESSAGE_BURST, Plane
 
     parsed = 0
@@ -603,7 +602,7 @@ def test_an_agent_flooding_its_topic_is_dropped_before_parsing_and_others_are_no
         parsed += 1
         return parse(payload)
 
-    monkeypatch.setattr(link_module.Progress, "parse", counted)
+    monkeypatch.setattr(Progress, "parse", counted)
     plane.submit("j")
     link = Plane(plane.c, plane.ex, MqttConfig("localhost"))
     t = link.topics
