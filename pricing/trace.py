@@ -150,9 +150,7 @@ def trace_from_dict(raw: Any) -> Trace:
     if explicit is not None:
         return Trace(horizon, slot_seconds, cluster, explicit, "explicit", tuple(jobs))
     spec = fields.mapping(pricing_raw, "pricing")
-    if not jobs:
-        raise SpecError.one("jobs", f"{spec['bounds']} price bounds need at least one job")
-    if spec["bounds"] == "estimate":
+    if spec["bounds"] == "estimate":  # no job: the prior's bounds (or flat without one)
         fit = [j for j in jobs if cannot_finish(j, cluster, horizon - j.arrival) is None]
         trim = fields.number(spec.get("trim", DEFAULT_TRIM), "pricing.trim")
         if not 0 <= trim < 1:
@@ -163,6 +161,11 @@ def trace_from_dict(raw: Any) -> Trace:
             estimate = estimate.observe(job)
         final = estimate.bounds() or _flat(cluster)
         return Trace(horizon, slot_seconds, cluster, final, "estimate", tuple(jobs), trim, prior)
+    if not jobs:
+        raise SpecError.one(
+            "jobs", "oracle price bounds need at least one job (SPEC 4 takes them over the "
+            "jobs); give explicit bounds, or estimate",
+        )  # fmt: skip
     eta1, eta2 = etas_from_dict(spec)
     # SPEC 4: over every job of the trace, those too late for the horizon included
     # (one arriving at or after T is taken at its fastest completion, Tmax = 1)

@@ -244,3 +244,21 @@ def test_an_eta_below_1_is_named_and_a_huge_one_works(
         assert expected in captured.err
     else:
         assert all(j["admitted"] for j in json.loads(captured.out)["jobs"])
+
+
+def test_a_trace_without_jobs_replays_with_estimated_bounds_not_oracle(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Estimated bounds start from the prior and need no job; SPEC 4's oracle bounds are
+    taken over the jobs, so that trace names what to give instead."""
+    trace = json.loads(DEMO.read_text())
+    trace["jobs"] = []
+    trace["pricing"] = {"bounds": "estimate"}
+    assert main(["replay", _write(tmp_path, trace), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["jobs"] == []
+    trace["pricing"] = {"bounds": "oracle"}
+    assert main(["replay", _write(tmp_path, trace)]) == 2
+    assert "oracle price bounds need at least one job" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # argparse: exit 2, the option named
+        main(["gen", "--jobs", "0", "-o", str(tmp_path / "none.json")])
+    assert refused.value.code == 2 and "--jobs: must be >= 1" in capsys.readouterr().err

@@ -77,7 +77,7 @@ def register(sub: Any) -> None:
             "Defaults are the paper's scale."
         ),
     )
-    p.add_argument("--jobs", type=int_at_least(0), default=300, help="jobs (default: 300)")
+    p.add_argument("--jobs", type=int_at_least(1), default=300, help="jobs (default: 300)")
     p.add_argument(
         "--worker-servers",
         type=int_at_least(1),
