@@ -232,24 +232,20 @@ class _StreamCap:
     def bounded(self, handler: Any) -> Any:
         """``handler`` with its streaming behaviour counted against the cap."""
         if handler.unary_stream is not None:
-            inner = handler.unary_stream
-
-            async def us(request: Any, context: Any) -> AsyncIterator[Any]:
-                async with self._held(context):
-                    async for item in relay(inner(request, context)):
-                        yield item
-
-            return handler._replace(unary_stream=us)
+            return handler._replace(unary_stream=self._counted(handler.unary_stream))
         if handler.stream_stream is not None:
-            both = handler.stream_stream
-
-            async def ss(requests: Any, context: Any) -> AsyncIterator[Any]:
-                async with self._held(context):
-                    async for item in relay(both(requests, context)):
-                        yield item
-
-            return handler._replace(stream_stream=ss)
+            return handler._replace(stream_stream=self._counted(handler.stream_stream))
         return handler
+
+    def _counted(self, inner: Callable[[Any, Any], Any]) -> Any:
+        """A streaming behaviour (of a request, or of a request stream) held to the cap."""
+
+        async def counted(request: Any, context: Any) -> AsyncIterator[Any]:
+            async with self._held(context):
+                async for item in relay(inner(request, context)):
+                    yield item
+
+        return counted
 
     @contextlib.asynccontextmanager
     async def _held(self, context: Any) -> AsyncIterator[None]:

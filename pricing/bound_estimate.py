@@ -83,6 +83,7 @@ __all__ = [
     "WINDOW",
     "BoundEstimate",
     "SideEstimate",
+    "bounds_by_kind",
     "calibrate",
     "log_mean_capacity",
 ]
@@ -347,16 +348,7 @@ class BoundEstimate:
             "prior_share": min(1.0, self.prior_mass / total) if total > 0 else 0.0,
             "units": "raw" if self.resources is None else "server's worth (mean capacity)",
         }
-        for kind, top, floor in (
-            ("worker", None if b is None else b.log_u1, None if b is None else b.floor1),
-            ("ps", None if b is None else b.log_u2, None if b is None else b.floor2),
-        ):
-            out[kind] = {
-                r: None
-                if top is None or floor is None
-                else {"U": math.exp(top[i]), "L": math.exp(floor[i])}
-                for i, r in enumerate(resources)
-            }
+        out.update(bounds_by_kind(b, resources))
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -403,6 +395,33 @@ class BoundEstimate:
             )
         except (KeyError, TypeError, ValueError, OverflowError):
             return None
+
+
+def bounds_by_kind(
+    bounds: PriceBounds | None, resources: Sequence[str]
+) -> dict[str, dict[str, dict[str, float] | None]]:
+    """``{"worker": {r: {"U": x, "L": y}}, "ps": {...}}`` of ``bounds`` as ``oasis bounds``
+    describes them (every value null for None: no job and no prior yet)."""
+    out: dict[str, dict[str, dict[str, float] | None]] = {}
+    for kind, top, floor in (
+        (
+            "worker",
+            None if bounds is None else bounds.log_u1,
+            None if bounds is None else bounds.floor1,
+        ),
+        (
+            "ps",
+            None if bounds is None else bounds.log_u2,
+            None if bounds is None else bounds.floor2,
+        ),
+    ):
+        out[kind] = {
+            r: None
+            if top is None or floor is None
+            else {"U": math.exp(float(top[i])), "L": math.exp(float(floor[i]))}
+            for i, r in enumerate(resources)
+        }
+    return out
 
 
 def _summary(values: Sequence[float], weights: Sequence[float], points: int) -> Points:

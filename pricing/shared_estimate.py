@@ -20,9 +20,13 @@ fresh estimate) when they are even in number, so the median is always one of the
 - more: one tenant, whatever it sends, moves each bound by at most one rank among the
   voters, between the values of the others.
 
-One job still moves the bounds by at most ``e^STEP`` (it moves one voter by that much,
-and a median of values one of which moves by ``d`` moves by at most ``d``), and the
-median of voters each with ``U >= L`` has ``U >= L`` (order statistics keep the order).
+One job still moves the bounds by at most ``e^STEP``: it moves one voter by at most that
+much, and a median of values one of which moves by ``d`` moves by at most ``d``; a job
+that brings a new voter (a submitter's first, which also adds or drops the prior's vote)
+can move the median by a rank at once, so the bounds in use *follow* the median by at
+most ``STEP`` per job (the gap, :attr:`SharedEstimate.lag`, is stored with the state).
+The median of voters each with ``U >= L`` has ``U >= L`` (order statistics keep the
+order), and so does the followed value (U is raised to L if a lag would cross them).
 A new tenant's estimate is the prior until it has sent jobs, so a tenant's vote departs
 from the prior only as fast as its own jobs move it.
 
@@ -40,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from pricing.bound_estimate import BoundEstimate
+from pricing.bound_estimate import STEP, BoundEstimate, bounds_by_kind
 from pricing.cluster import Cluster
 from pricing.job import Job
 from pricing.prices import PriceBounds
@@ -58,6 +62,21 @@ def _prior_share(estimate: BoundEstimate) -> float:
     """The prior's share of the weight behind ``estimate``, 0..1."""
     total = estimate.best.total
     return min(1.0, estimate.prior_mass / total) if total > 0 else 0.0
+
+
+_SLACK = 1e-9
+"""A move of the median within ``STEP`` plus this (rounding in the logs' sums) is taken
+whole, so that one submitter's bounds are its estimate's, bit for bit."""
+
+
+def _stacked(bounds: PriceBounds) -> np.ndarray:
+    """``(4, R)``: ``log U1, log U2, log L1, log L2`` per resource."""
+    return np.stack([bounds.log_u1, bounds.log_u2, bounds.floor1, bounds.floor2])
+
+
+def _logs(bounds: PriceBounds | None) -> np.ndarray | None:
+    """:func:`_stacked`, or None for None."""
+    return None if bounds is None else _stacked(bounds)
 
 
 def _key(submitter: str | None) -> str:
@@ -88,6 +107,9 @@ class SharedEstimate:
     :meth:`to_dict` in the writer thread while the decision thread may copy it: under
     ``_lock``."""
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    lag: np.ndarray | None = None
+    """``(4, R)``: how far the bounds in use lie from the voters' median, in logs, per
+    ``log U1, log U2, log L1, log L2`` and resource; None: at it. See :meth:`observe`."""
 
     @classmethod
     def start(cls, fresh: BoundEstimate) -> SharedEstimate:
@@ -99,17 +121,34 @@ class SharedEstimate:
         return self.submitters.get(_key(submitter), self.fresh)
 
     def observe(self, job: Job, submitter: str | None = None) -> SharedEstimate:
-        """A new state with ``job`` folded into ``submitter``'s estimate."""
+        """A new state with ``job`` folded into ``submitter``'s estimate.
+
+        The bounds in use follow the voters' median by at most ``STEP`` (in logs) per
+        job: a job moves its submitter's estimate by at most that, and so the median,
+        unless it brings a new voter (a submitter's first job, which also adds or drops
+        the prior's vote), which can move the median by a rank at once. Then the bounds
+        walk to the new median over the next jobs (:attr:`lag`). With one submitter the
+        median is its estimate and there is never a lag."""
         key = _key(submitter)
         kept = {k: b for k, b in self._bounds.items() if k[0] != key}
         with self._lock:
             states = {k: d for k, d in self._states.items() if k != key}
-        return replace(
+        before = _logs(self.bounds())
+        after = replace(
             self,
             submitters={**self.submitters, key: self.of(submitter).observe(job)},
             _bounds=kept,
             _states=states,
+            lag=None,
         )
+        target = _logs(after.bounds())
+        if before is None or target is None:
+            return after
+        move = target - before
+        close = np.abs(move) <= STEP + _SLACK  # the median itself, exactly, when in reach
+        held = np.where(close, target, before + np.clip(move, -STEP, STEP))
+        lag = np.where(close, 0.0, held - target)
+        return replace(after, lag=lag if lag.any() else None)
 
     @property
     def jobs(self) -> int:
@@ -151,20 +190,13 @@ class SharedEstimate:
         ]
         if not found:
             return None
-        if len(found) == 1:
+        if len(found) == 1 and self.lag is None:
             return found[0]
-
-        def median(arrays: Sequence[np.ndarray]) -> np.ndarray:
-            return np.asarray(np.median(np.stack(arrays), axis=0), np.float64)
-
-        return PriceBounds(
-            median([b.log_u1 for b in found]),
-            median([b.log_u2 for b in found]),
-            median([b.floor1 for b in found]),
-            median([b.floor2 for b in found]),
-            1.0,
-            1.0,
-        )
+        logs = np.median(np.stack([_stacked(b) for b in found]), axis=0)
+        if self.lag is not None:
+            logs = logs + self.lag
+        u1, u2, l1, l2 = logs
+        return PriceBounds(np.maximum(u1, l1), np.maximum(u2, l2), l1, l2, 1.0, 1.0)
 
     def fits(self, cluster: Cluster) -> bool:
         """True if every submitter's estimate was started for ``cluster``."""
@@ -176,17 +208,7 @@ class SharedEstimate:
         voters = self.voters()
         one = len(voters) == 1
         out = (voters[0][1] if one else self.fresh).describe(resources)
-        b = self.bounds()
-        for kind, top, floor in (
-            ("worker", None if b is None else b.log_u1, None if b is None else b.floor1),
-            ("ps", None if b is None else b.log_u2, None if b is None else b.floor2),
-        ):
-            out[kind] = {
-                r: None
-                if top is None or floor is None
-                else {"U": float(np.exp(top[i])), "L": float(np.exp(floor[i]))}
-                for i, r in enumerate(resources)
-            }
+        out.update(bounds_by_kind(self.bounds(), resources))
         out["jobs"] = self.jobs
         shares = {name: _prior_share(e) for name, e in self.submitters.items()}
         if not one:
@@ -210,7 +232,8 @@ class SharedEstimate:
                 if key not in self._states:
                     self._states[key] = estimate.to_dict()
             states = {k: self._states[k] for k in sorted(self.submitters)}
-        return {"format": _FORMAT, "version": _VERSION, "submitters": states}
+        lag = None if self.lag is None else [[float(x) for x in row] for row in self.lag]
+        return {"format": _FORMAT, "version": _VERSION, "submitters": states, "lag": lag}
 
     @classmethod
     def from_dict(cls, data: Any, fresh: BoundEstimate) -> SharedEstimate | None:
@@ -226,6 +249,26 @@ class SharedEstimate:
                 if estimate is None or not isinstance(name, str) or len(name) > 200:
                     return None
                 submitters[name] = estimate
-            return cls(fresh, submitters)
+            try:
+                lag = _lag_from(data.get("lag"), len(fresh.worker.top))
+            except ValueError:
+                return None
+            return cls(fresh, submitters, lag=lag)
         lone = BoundEstimate.from_dict(data)
         return None if lone is None else cls(fresh, {ANONYMOUS: lone})
+
+
+def _lag_from(raw: Any, n: int) -> np.ndarray | None:
+    """A stored :attr:`SharedEstimate.lag`: None, or a finite ``(4, n)`` array.
+
+    Raises:
+        ValueError: anything else."""
+    if raw is None:
+        return None
+    try:
+        lag = np.array(raw, dtype=np.float64)
+    except (TypeError, OverflowError) as err:
+        raise ValueError("lag: not numbers") from err
+    if lag.shape != (4, n) or not np.isfinite(lag).all():
+        raise ValueError("lag: not a finite (4, R) array")
+    return lag if lag.any() else None

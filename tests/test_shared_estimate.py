@@ -141,3 +141,26 @@ def test_the_state_reads_back_and_the_lone_format_is_the_nameless_submitter() ->
     ]
     assert all(0 < v["prior_share"] < 1 for v in described["submitters"])
     assert "median of 3 in use (3 submitters)" in described["method"]
+
+
+def test_a_new_submitter_moves_the_bounds_by_a_step_and_they_walk_to_the_median() -> None:
+    """A submitter's first job adds a voter (and the prior's vote), which can move the
+    median by a rank at once: the bounds follow it by at most e^STEP per job instead,
+    then sit at it."""
+    shared = SharedEstimate.start(_fresh())
+    for job in _inflated(11, 80).jobs:  # alice alone, far above the prior
+        shared = shared.observe(job, "alice")
+    alone = shared.bounds()
+    assert alone is not None and shared.lag is None
+    bob = _ordinary(12, n_jobs=120).jobs
+    shared = shared.observe(bob[0], "bob")
+    first = shared.bounds()
+    assert first is not None and shared.lag is not None
+    assert np.abs(_logs(first) - _logs(alone)).max() <= STEP + 1e-9
+    back = SharedEstimate.from_dict(shared.to_dict(), _fresh())  # the lag is stored too
+    assert back is not None and back.lag is not None and np.array_equal(back.lag, shared.lag)
+    again = back.bounds()
+    assert again is not None and again.same_as(first)
+    for job in bob[1:]:
+        shared = shared.observe(job, "bob")
+    assert shared.lag is None  # caught up with the median of alice, bob and the prior
