@@ -20,11 +20,12 @@ fresh estimate) when they are even in number, so the median is always one of the
 - more: one tenant, whatever it sends, moves each bound by at most one rank among the
   voters, between the values of the others.
 
-One job still moves the bounds by at most ``e^STEP``: it moves one voter by at most that
-much, and a median of values one of which moves by ``d`` moves by at most ``d``; a job
-that brings a new voter (a submitter's first, which also adds or drops the prior's vote)
-can move the median by a rank at once, so the bounds in use *follow* the median by at
-most ``STEP`` per job (the gap, :attr:`SharedEstimate.lag`, is stored with the state).
+One job still moves the bounds away from the prior by at most ``e^STEP``: it moves one
+voter by at most that much, and a median of values one of which moves by ``d`` moves by
+at most ``d``; a job that brings a new voter (a submitter's first, which also adds or
+drops the prior's vote) can move the median by a rank at once, so the bounds in use
+*follow* the median, away from the prior by at most ``STEP`` per job (the gap,
+:attr:`SharedEstimate.lag`, is stored with the state), toward it at once.
 The median of voters each with ``U >= L`` has ``U >= L`` (order statistics keep the
 order), and so does the followed value (U is raised to L if a lag would cross them).
 A new tenant's estimate is the prior until it has sent jobs, so a tenant's vote departs
@@ -123,12 +124,13 @@ class SharedEstimate:
     def observe(self, job: Job, submitter: str | None = None) -> SharedEstimate:
         """A new state with ``job`` folded into ``submitter``'s estimate.
 
-        The bounds in use follow the voters' median by at most ``STEP`` (in logs) per
-        job: a job moves its submitter's estimate by at most that, and so the median,
-        unless it brings a new voter (a submitter's first job, which also adds or drops
-        the prior's vote), which can move the median by a rank at once. Then the bounds
-        walk to the new median over the next jobs (:attr:`lag`). With one submitter the
-        median is its estimate and there is never a lag."""
+        The bounds in use follow the voters' median, but away from the prior by at most
+        ``STEP`` (in logs) per job: a job moves its submitter's estimate by at most that,
+        and so the median, unless it brings a new voter (a submitter's first job, which
+        also adds or drops the prior's vote), which can move the median by a rank at
+        once. A move away from the prior then walks over the next jobs (:attr:`lag`); a
+        move toward it (a second tenant arriving after one flooded alone) is taken at
+        once. With one submitter the median is its estimate and there is never a lag."""
         key = _key(submitter)
         kept = {k: b for k, b in self._bounds.items() if k[0] != key}
         with self._lock:
@@ -146,6 +148,9 @@ class SharedEstimate:
             return after
         move = target - before
         close = np.abs(move) <= STEP + _SLACK  # the median itself, exactly, when in reach
+        home = _logs(self.fresh.bounds())
+        if home is not None:  # toward the prior (the operator's reference) it goes at once
+            close |= np.abs(target - home) <= np.abs(before - home)
         held = np.where(close, target, before + np.clip(move, -STEP, STEP))
         lag = np.where(close, 0.0, held - target)
         return replace(after, lag=lag if lag.any() else None)
