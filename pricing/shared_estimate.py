@@ -65,6 +65,8 @@ def _prior_share(estimate: BoundEstimate) -> float:
     return min(1.0, estimate.prior_mass / total) if total > 0 else 0.0
 
 
+_PRIOR = "\0prior"
+"""The prior's name among the voters (no submitter's name holds a NUL)."""
 _SLACK = 1e-9
 """A move of the median within ``STEP`` plus this (rounding in the logs' sums) is taken
 whole, so that one submitter's bounds are its estimate's, bit for bit."""
@@ -135,7 +137,6 @@ class SharedEstimate:
         kept = {k: b for k, b in self._bounds.items() if k[0] != key}
         with self._lock:
             states = {k: d for k, d in self._states.items() if k != key}
-        before = _logs(self.bounds())
         after = replace(
             self,
             submitters={**self.submitters, key: self.of(submitter).observe(job)},
@@ -143,12 +144,15 @@ class SharedEstimate:
             _states=states,
             lag=None,
         )
+        if self.lag is None and set(self.submitters) <= {key}:
+            return after  # one voter before and after: it moves by at most STEP itself
+        before = _logs(self.bounds())
         target = _logs(after.bounds())
         if before is None or target is None:
             return after
         move = target - before
         close = np.abs(move) <= STEP + _SLACK  # the median itself, exactly, when in reach
-        home = _logs(self.fresh.bounds())
+        home = _logs(after._voter_bounds(_PRIOR, self.fresh, 1.0, 1.0, None))  # memoized
         if home is not None:  # toward the prior (the operator's reference) it goes at once
             close |= np.abs(target - home) <= np.abs(before - home)
         held = np.where(close, target, before + np.clip(move, -STEP, STEP))
@@ -170,7 +174,7 @@ class SharedEstimate:
         job), and the fresh one (named "\\0prior") when they are even in number."""
         out: list[tuple[str, BoundEstimate]] = sorted(self.submitters.items())
         if not out or len(out) % 2 == 0:
-            out.append(("\0prior", self.fresh))
+            out.append((_PRIOR, self.fresh))
         return out
 
     def _voter_bounds(
