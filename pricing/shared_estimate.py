@@ -99,8 +99,8 @@ class SharedEstimate:
 
     fresh: BoundEstimate
     submitters: Mapping[str, BoundEstimate] = field(default_factory=dict)
-    _bounds: dict[tuple[str, float, float, float | None], PriceBounds | None] = field(
-        default_factory=dict, repr=False
+    _bounds: dict[tuple[str, float, float, float | None], tuple[PriceBounds, np.ndarray] | None] = (
+        field(default_factory=dict, repr=False)
     )
     """Each voter's bounds, by (name, margins, trim); carried over to the next state for
     the voters it leaves unchanged (every estimate is immutable)."""
@@ -152,7 +152,8 @@ class SharedEstimate:
             return after
         move = target - before
         close = np.abs(move) <= STEP + _SLACK  # the median itself, exactly, when in reach
-        home = _logs(after._voter_bounds(_PRIOR, self.fresh, 1.0, 1.0, None))  # memoized
+        prior = after._voter_bounds(_PRIOR, self.fresh, 1.0, 1.0, None)  # memoized
+        home = None if prior is None else prior[1]
         if home is not None:  # toward the prior (the operator's reference) it goes at once
             close |= np.abs(target - home) <= np.abs(before - home)
         held = np.where(close, target, before + np.clip(move, -STEP, STEP))
@@ -180,10 +181,12 @@ class SharedEstimate:
     def _voter_bounds(
         self, key: str, estimate: BoundEstimate, l_margin: float, u_margin: float,
         trim: float | None,
-    ) -> PriceBounds | None:  # fmt: skip
+    ) -> tuple[PriceBounds, np.ndarray] | None:  # fmt: skip
+        """A voter's bounds and their :func:`_stacked` logs (None: no bounds yet)."""
         memo = (key, l_margin, u_margin, trim)
         if memo not in self._bounds:
-            self._bounds[memo] = estimate.bounds(l_margin, u_margin, trim)
+            found = estimate.bounds(l_margin, u_margin, trim)
+            self._bounds[memo] = None if found is None else (found, _stacked(found))
         return self._bounds[memo]
 
     def bounds(
@@ -200,8 +203,10 @@ class SharedEstimate:
         if not found:
             return None
         if len(found) == 1 and self.lag is None:
-            return found[0]
-        logs = np.median(np.stack([_stacked(b) for b in found]), axis=0)
+            return found[0][0]
+        ranked = np.sort(np.stack([logs for _, logs in found]), axis=0)
+        middle = len(found) // 2  # an odd count's median is a voter's value, exactly
+        logs = ranked[middle] if len(found) % 2 else (ranked[middle - 1] + ranked[middle]) / 2
         if self.lag is not None:
             logs = logs + self.lag
         u1, u2, l1, l2 = logs

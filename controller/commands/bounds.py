@@ -133,7 +133,8 @@ def render(view: dict[str, Any]) -> str:
         head = "price bounds: explicit, from the config ([pricing] U1, U2, L1, L2)"
     else:
         head = (
-            f"price bounds: estimated from {view['jobs']} jobs, prior {view['prior']!r} "
+            f"price bounds: estimated from {view['jobs']} job{'' if view['jobs'] == 1 else 's'}, "
+            f"prior {view['prior']!r} "
             f"({100 * view['prior_share']:.0f}% of the weight behind it)\n  {view['method']}"
         )
     rows = [
