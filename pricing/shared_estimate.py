@@ -32,8 +32,9 @@ A new tenant's estimate is the prior until it has sent jobs, so a tenant's vote 
 from the prior only as fast as its own jobs move it.
 
 A tenant that has gone keeps its vote until an operator resets the estimate
-(``oasis bounds reset``); the stored state grows by one estimate (about 18 KB of JSON)
-per submitter.
+(``oasis bounds reset``). A store keeps :meth:`SharedEstimate.head` (names, lag) and
+each submitter's :meth:`SharedEstimate.state` (about 18 KB of JSON) apart, so a decision
+rewrites only its submitter's.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ ANONYMOUS = ""
 """The key of the submitter without a name (no ``[auth]``; a replay's jobs)."""
 
 _FORMAT = "per-submitter"
-_VERSION = 1
+_VERSION = 2
 
 
 def _prior_share(estimate: BoundEstimate) -> float:
@@ -239,15 +240,60 @@ class SharedEstimate:
         ]
         return out
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe state: each submitter's estimate (:meth:`BoundEstimate.to_dict`)."""
+    def state(self, name: str) -> dict[str, Any]:
+        """Submitter ``name``'s estimate as :meth:`BoundEstimate.to_dict` (cached)."""
         with self._lock:
-            for key, estimate in self.submitters.items():
-                if key not in self._states:
-                    self._states[key] = estimate.to_dict()
-            states = {k: self._states[k] for k in sorted(self.submitters)}
+            if name not in self._states:
+                self._states[name] = self.submitters[name].to_dict()
+            return self._states[name]
+
+    def head(self) -> dict[str, Any]:
+        """JSON-safe state but the submitters' estimates: their names and the lag. A
+        store keeps each submitter's :meth:`state` apart, so a decision rewrites one."""
         lag = None if self.lag is None else [[float(x) for x in row] for row in self.lag]
-        return {"format": _FORMAT, "version": _VERSION, "submitters": states, "lag": lag}
+        return {
+            "format": _FORMAT,
+            "version": _VERSION,
+            "submitters": sorted(self.submitters),
+            "lag": lag,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """:meth:`head` with every submitter's :meth:`state` in it (one JSON object)."""
+        return {**self.head(), "states": {k: self.state(k) for k in sorted(self.submitters)}}
+
+    @staticmethod
+    def is_head(data: Any) -> bool:
+        """Whether ``data`` is a :meth:`head` without the states in it (they are stored
+        apart: :meth:`from_parts`)."""
+        return isinstance(data, dict) and data.get("format") == _FORMAT and "states" not in data
+
+    @classmethod
+    def from_parts(
+        cls, head: Any, states: Mapping[str, Any], fresh: BoundEstimate
+    ) -> tuple[SharedEstimate | None, list[str]]:
+        """The state of a :meth:`head` and the submitters' states by name; None for a
+        head that is not one. A submitter named in the head whose state is missing or
+        does not read back starts afresh from the prior: those are returned too."""
+        if not isinstance(head, dict) or head.get("format") != _FORMAT:
+            return None, []
+        names = head.get("submitters")
+        if head.get("version") != _VERSION or not isinstance(names, list):
+            return None, []
+        try:
+            lag = _lag_from(head.get("lag"), len(fresh.worker.top))
+        except ValueError:
+            return None, []
+        submitters, lost = {}, []
+        for name in names:
+            if not isinstance(name, str) or len(name) > 200:
+                return None, []
+            estimate = BoundEstimate.from_dict(states.get(name))
+            if estimate is None:
+                lost.append(name)
+                estimate = fresh
+            submitters[name] = estimate
+        return cls(fresh, submitters, lag=lag), lost
 
     @classmethod
     def from_dict(cls, data: Any, fresh: BoundEstimate) -> SharedEstimate | None:
@@ -255,19 +301,9 @@ class SharedEstimate:
         format before: the submitter without a name); None for anything else, or a
         submitter's estimate that does not read back (the caller starts afresh)."""
         if isinstance(data, dict) and data.get("format") == _FORMAT:
-            if data.get("version") != _VERSION or not isinstance(data.get("submitters"), dict):
-                return None
-            submitters = {}
-            for name, state in data["submitters"].items():
-                estimate = BoundEstimate.from_dict(state)
-                if estimate is None or not isinstance(name, str) or len(name) > 200:
-                    return None
-                submitters[name] = estimate
-            try:
-                lag = _lag_from(data.get("lag"), len(fresh.worker.top))
-            except ValueError:
-                return None
-            return cls(fresh, submitters, lag=lag)
+            states = data.get("states")
+            found, lost = cls.from_parts(data, states if isinstance(states, dict) else {}, fresh)
+            return None if lost else found
         lone = BoundEstimate.from_dict(data)
         return None if lone is None else cls(fresh, {ANONYMOUS: lone})
 

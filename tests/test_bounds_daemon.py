@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import sqlite3
 import subprocess
 import sys
 import time
@@ -624,6 +625,20 @@ def test_one_tenants_flood_of_inflated_jobs_leaves_others_priced_as_before(
         shown = _cli_as(d, names["ops"]).stdout
         assert "median of 3 in use (2 submitters and the prior)" in shown, shown
         assert "per submitter" in shown and "bob " in shown
+        # each submitter's estimate is a row of its own (a decision rewrites one), and a
+        # restarted daemon reads them all back
+        with sqlite3.connect(tmp_path / "data" / "oasis.db") as db:
+            keys = [k for (k,) in db.execute("SELECT key FROM meta") if k.startswith("bound_")]
+            head = json.loads(db.execute(
+                "SELECT value FROM meta WHERE key = 'bound_estimate'").fetchone()[0])  # fmt: skip
+        assert len([k for k in keys if k.startswith("bound_estimate/")]) == 2
+        assert head["submitters"] == ["alice", "bob"] and "states" not in head
+        d.stop()
+        d.start()
+        channel, _, cluster = _stubs(d.address)
+        with channel:
+            again = cluster.GetBounds(pb.GetBoundsRequest(), metadata=meta("ops"))
+        assert again == reply
     finally:
         assert d.stop() == 0, d.log_path.read_text()
 

@@ -377,10 +377,10 @@ def test_estimated_bounds_observe_a_pending_job_once(tmp_path: Path) -> None:
         assert asyncio.run(c.submit(y, wait_seconds=SLOT * 5)).state == "pending"
 
         def stored() -> Any:
+            """The estimate as the store holds it: its head row and a row per submitter."""
             with c.db.session() as session:
-                row = session.get(MetaRow, ESTIMATE_KEY)
-                assert row is not None
-                return row.value
+                assert session.get(MetaRow, ESTIMATE_KEY) is not None
+                return c._stored_estimate(session).to_dict()
 
         after_submission = c._estimate.to_dict()
         assert stored() == after_submission

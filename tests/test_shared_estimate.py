@@ -131,8 +131,8 @@ def test_the_state_reads_back_and_the_lone_format_is_the_nameless_submitter() ->
         lone = lone.observe(job)
     old = SharedEstimate.from_dict(lone.to_dict(), _fresh())
     assert old is not None and old.of(None).to_dict() == lone.to_dict()
-    wrong = {"format": "per-submitter", "version": 9, "submitters": {}}
-    unreadable = {"format": "per-submitter", "version": 1, "submitters": {"x": {}}}
+    wrong = {"format": "per-submitter", "version": 9, "submitters": []}
+    unreadable = {"format": "per-submitter", "version": 2, "submitters": ["x"], "states": {}}
     bad: Any
     for bad in (wrong, unreadable, [], None):
         assert SharedEstimate.from_dict(bad, _fresh()) is None
@@ -168,6 +168,22 @@ def test_a_new_voter_moves_the_bounds_toward_the_prior_at_once() -> None:
     assert shared.lag is None
     assert (np.abs(back - home) <= np.abs(alone - home) + 1e-12).all()
     assert (alone - back).max() > 1  # a jump, by far more than a step
+
+
+def test_the_head_and_the_submitters_states_are_kept_apart() -> None:
+    """A store keeps the head (names, lag) in one row and each submitter's state in its
+    own, so a decision rewrites one submitter's; a missing state starts afresh."""
+    shared = SharedEstimate.start(_fresh())
+    for i, job in enumerate(_ordinary(17, n_jobs=9).jobs):
+        shared = shared.observe(job, ("alice", "bob", "carol")[i % 3])
+    head = shared.head()
+    assert head["submitters"] == ["alice", "bob", "carol"] and "states" not in head
+    states = {name: shared.state(name) for name in head["submitters"]}
+    back, lost = SharedEstimate.from_parts(head, states, _fresh())
+    assert back is not None and lost == [] and back.to_dict() == shared.to_dict()
+    partial, lost = SharedEstimate.from_parts(head, {"alice": states["alice"]}, _fresh())
+    assert partial is not None and lost == ["bob", "carol"]
+    assert partial.of("bob").jobs == 0 and partial.of("alice").jobs == 3
 
 
 def test_a_lag_is_kept_with_the_state() -> None:

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from controller.admission.state import ESTIMATE_KEY, AdmissionState
@@ -27,6 +28,7 @@ from controller.errors import PreconditionError
 from controller.events import Event
 from controller.pins import KINDS, Pins, pins_from_dict
 from controller.store import MetaRow
+from controller.store.decisions import SUBMITTER_ESTIMATE_PREFIX
 from pricing.errors import SpecError
 from pricing.prices import PriceBounds
 from pricing.shared_estimate import SharedEstimate
@@ -49,6 +51,23 @@ class BoundControl(AdmissionState):
         if meta is None or self.config.pricing.mode != "estimate":
             return fresh
         stored = SharedEstimate.from_dict(meta.value, fresh.fresh)
+        if SharedEstimate.is_head(meta.value):  # the submitters' states in rows of their own
+            rows = session.scalars(
+                select(MetaRow).where(
+                    MetaRow.key.startswith(SUBMITTER_ESTIMATE_PREFIX, autoescape=True)
+                )
+            ).all()
+            states = {
+                row.value["name"]: row.value.get("state")
+                for row in rows
+                if isinstance(row.value, dict) and isinstance(row.value.get("name"), str)
+            }
+            stored, lost = SharedEstimate.from_parts(meta.value, states, fresh.fresh)
+            if lost:
+                self.log.warning(
+                    "price-bound estimates start afresh for some submitters",
+                    why="their stored state is missing or unreadable", submitters=lost[:20],
+                )  # fmt: skip
         if stored is None:
             why = "the stored state is of an older format or unreadable"
         elif not stored.fits(self.cluster):
@@ -154,7 +173,12 @@ class BoundControl(AdmissionState):
         now = datetime.now(UTC)
         with self._write() as session:  # fenced (high availability)
             if action == "reset":
-                session.merge(MetaRow(key=ESTIMATE_KEY, value=estimate.to_dict()))
+                session.execute(
+                    delete(MetaRow).where(
+                        MetaRow.key.startswith(SUBMITTER_ESTIMATE_PREFIX, autoescape=True)
+                    )
+                )
+                session.merge(MetaRow(key=ESTIMATE_KEY, value=estimate.head()))
             else:
                 session.merge(MetaRow(key=PINS_KEY, value=new_pins.to_dict()))
             event = self._event(session, now, "bounds", "", "", detail)

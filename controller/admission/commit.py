@@ -12,7 +12,7 @@ process (:mod:`controller.store.commit_process`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -23,9 +23,9 @@ from controller.errors import NotLeaderError
 from controller.events import Event
 from controller.store import StoreUnavailableError
 from controller.store.commit_process import CommitProcessStartError
-from controller.store.decisions import DecisionPayload, write_decisions
+from controller.store.decisions import DecisionPayload, estimate_rows, write_decisions
 from controller.store.writer_lock import FencedError
-from pricing.shared_estimate import SharedEstimate
+from pricing.shared_estimate import ANONYMOUS, SharedEstimate
 
 __all__ = ["Committed", "DecisionRows", "Deferred", "GroupCommit"]
 
@@ -44,12 +44,13 @@ class DecisionRows:
     turned into JSON there, in the writer thread."""
     event: dict[str, Any]
 
-    def payload(self, with_estimate: bool = True) -> DecisionPayload:
-        """The rows as the store writes them (the estimate's state as a dict, unless
-        ``with_estimate`` is False: a later decision of the batch carries the one written)."""
-        estimate = self.estimate if with_estimate else None
-        state = estimate.to_dict() if estimate is not None else None
-        return DecisionPayload(self.job, self.allocations, state, self.event)
+    def payload(self, changed: Iterable[str] | None = None) -> DecisionPayload:
+        """The rows as the store writes them, with the estimate's meta rows for the
+        submitters ``changed`` (:func:`~controller.store.decisions.estimate_rows`); None:
+        no estimate (a later decision of the batch carries the one written)."""
+        estimate = self.estimate if changed is not None else None
+        rows = estimate_rows(estimate, changed or ()) if estimate is not None else None
+        return DecisionPayload(self.job, self.allocations, rows, self.event)
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,12 @@ class GroupCommit(AdmissionState):
         itself or through the commit process."""
         self._fence_here()
         last = max((i for i, ws in enumerate(batch) if ws.rows.estimate is not None), default=-1)
-        payloads = [ws.rows.payload(with_estimate=i == last) for i, ws in enumerate(batch)]
+        changed = {  # whose estimates the batch moved: only theirs are written
+            ANONYMOUS if ws.rows.job["submitter"] is None else ws.rows.job["submitter"]
+            for ws in batch
+            if ws.rows.estimate is not None
+        }
+        payloads = [ws.rows.payload(changed if i == last else None) for i, ws in enumerate(batch)]
         epoch, lock_pid = self.fence_epoch, self.fence_pid
         written = None
         if self._committer is not None:

@@ -5,14 +5,16 @@ writer thread or in its commit process (:mod:`controller.store.commit_process`).
 A decision's rows are a :class:`DecisionPayload` of plain data (picklable, so they can
 cross to the commit process): its job row without a sequence (the batch gives sequences
 in decision order, after the largest stored one), its allocation rows, the bound
-estimate after it (as ``BoundEstimate.to_dict()``; only a batch's last one is written)
-and its ``decided`` event without a sequence. Events get their sequences from the store,
-in the same order (``INSERT ... RETURNING``, sorted by parameter order).
+estimate after it as ``meta`` rows to write (:func:`estimate_rows`; only a batch's last
+one is written) and its ``decided`` event without a sequence. Events get their sequences
+from the store, in the same order (``INSERT ... RETURNING``, sorted by parameter order).
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import hashlib
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
@@ -20,10 +22,41 @@ from sqlalchemy.orm import Session
 from controller.store.models import AllocationRow, EventRow, JobRow, MetaRow
 from controller.store.writer_lock import check_epoch
 
-__all__ = ["ESTIMATE_KEY", "BatchWritten", "DecisionPayload", "write_decisions"]
+if TYPE_CHECKING:  # the commit process writes dicts; it needs no pricing
+    from pricing.shared_estimate import SharedEstimate
+
+__all__ = [
+    "ESTIMATE_KEY",
+    "SUBMITTER_ESTIMATE_PREFIX",
+    "BatchWritten",
+    "DecisionPayload",
+    "estimate_rows",
+    "submitter_estimate_key",
+    "write_decisions",
+]
 
 ESTIMATE_KEY = "bound_estimate"
-"""Meta row with the bound estimate's state (``BoundEstimate.to_dict()``)."""
+"""Meta row with the bound estimate's state: ``SharedEstimate.head()`` (the lone
+``BoundEstimate.to_dict()`` before per-submitter estimates)."""
+SUBMITTER_ESTIMATE_PREFIX = ESTIMATE_KEY + "/"
+"""Meta rows ``bound_estimate/<sha256 of the name, 40 hex>``: one submitter's estimate,
+``{"name": name, "state": SharedEstimate.state(name)}`` (a name may be 200 characters;
+a key, 64)."""
+
+
+def submitter_estimate_key(name: str) -> str:
+    """The meta row of submitter ``name``'s estimate."""
+    return SUBMITTER_ESTIMATE_PREFIX + hashlib.sha256(name.encode()).hexdigest()[:40]
+
+
+def estimate_rows(estimate: SharedEstimate, names: Iterable[str]) -> dict[str, Any]:
+    """The meta rows that store ``estimate`` after its submitters ``names`` changed:
+    the head, and the state of each of those (the others are as stored)."""
+    rows: dict[str, Any] = {ESTIMATE_KEY: estimate.head()}
+    for name in names:
+        if name in estimate.submitters:
+            rows[submitter_estimate_key(name)] = {"name": name, "state": estimate.state(name)}
+    return rows
 
 
 class DecisionPayload(NamedTuple):
@@ -33,6 +66,7 @@ class DecisionPayload(NamedTuple):
     job: dict[str, Any]
     allocations: list[dict[str, Any]]
     estimate: dict[str, Any] | None
+    """Meta rows to write, by key (:func:`estimate_rows`); None: none."""
     event: dict[str, Any]
 
 
@@ -75,10 +109,10 @@ def write_decisions(
     if allocations:
         conn.execute(insert(AllocationRow), allocations)
     last = next((p.estimate for p in reversed(payloads) if p.estimate is not None), None)
-    if last is not None:  # the last one of the batch: one UPDATE
-        stmt = update(MetaRow).where(MetaRow.key == ESTIMATE_KEY).values(value=last)
+    for key, value in (last or {}).items():  # the last one of the batch: an UPDATE a row
+        stmt = update(MetaRow).where(MetaRow.key == key).values(value=value)
         if conn.execute(stmt).rowcount == 0:
-            conn.execute(insert(MetaRow).values(key=ESTIMATE_KEY, value=last))
+            conn.execute(insert(MetaRow).values(key=key, value=value))
     stmt_events = insert(EventRow).returning(EventRow.sequence, sort_by_parameter_order=True)
     numbers = list(conn.execute(stmt_events, [p.event for p in payloads]).scalars())
     return BatchWritten(first, numbers)
