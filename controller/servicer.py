@@ -308,7 +308,8 @@ class ClusterServicer(pb_grpc.ClusterServicer):
     ) -> pb.SetBoundsResponse:
         caller = current_caller()
         pins = await _guard(context, _pins(request))
-        change = self.c.set_bounds(request.action, pins, caller.submitter, caller.turn)
+        submitter = request.submitter if request.HasField("submitter") else None
+        change = self.c.set_bounds(request.action, pins, caller.submitter, caller.turn, submitter)
         return pb.SetBoundsResponse(bounds=bounds_to_proto(await _guard(context, change)))
 
     async def GetClusterInfo(

@@ -161,6 +161,16 @@ class SharedEstimate:
         lag = np.where(close, 0.0, held - target)
         return replace(after, lag=lag if lag.any() else None)
 
+    def without(self, name: str) -> SharedEstimate:
+        """This state with submitter ``name``'s estimate dropped (an operator's reset of
+        one tenant): it votes no more until its next job, from the prior. The bounds go
+        to the median of the others at once (an operator's choice, not a job's)."""
+        kept = {k: b for k, b in self._bounds.items() if k[0] != name}
+        with self._lock:
+            states = {k: d for k, d in self._states.items() if k != name}
+        others = {k: e for k, e in self.submitters.items() if k != name}
+        return replace(self, submitters=others, _bounds=kept, _states=states, lag=None)
+
     @property
     def jobs(self) -> int:
         """Jobs folded in, all submitters together."""

@@ -638,9 +638,35 @@ def test_one_tenants_flood_of_inflated_jobs_leaves_others_priced_as_before(
         channel, _, cluster = _stubs(d.address)
         with channel:
             again = cluster.GetBounds(pb.GetBoundsRequest(), metadata=meta("ops"))
-        assert again == reply
+            assert again == reply
+            # an operator drops bob's estimate alone: alice's prices are hers again
+            dropped = cluster.SetBounds(
+                pb.SetBoundsRequest(action="reset", submitter="bob"), metadata=meta("ops")
+            ).bounds
+            assert [(v.name, v.jobs) for v in dropped.submitters] == [("alice", 40)]
+            assert {(b.kind, b.resource): (b.upper, b.lower) for b in dropped.bounds} == alices
+            with pytest.raises(grpc.RpcError) as unknown:
+                cluster.SetBounds(
+                    pb.SetBoundsRequest(action="reset", submitter="carol"), metadata=meta("ops")
+                )
+            assert unknown.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "no estimate of 'carol' (submitters: alice)" in str(unknown.value.details())
+        out = oasis("bounds", "pin", "--submitter", "bob", server=d.address, check=False)
+        assert out.returncode == 2 and "--submitter goes with reset" in out.stderr
+        d.stop()
+        d.start()  # the drop is stored: bob's row is gone
+        assert [v.name for v in _bounds_reply(d, names["ops"]).submitters] == ["alice"]
     finally:
         assert d.stop() == 0, d.log_path.read_text()
+
+
+def _bounds_reply(daemon: Daemon, token: str) -> pb.GetBoundsResponse:
+    channel, _, cluster = _stubs(daemon.address)
+    with channel:
+        reply: pb.GetBoundsResponse = cluster.GetBounds(
+            pb.GetBoundsRequest(), metadata=(("authorization", f"Bearer {token}"),)
+        )
+        return reply
 
 
 def _cli_as(daemon: Daemon, token: str) -> Any:

@@ -28,10 +28,10 @@ from controller.errors import PreconditionError
 from controller.events import Event
 from controller.pins import KINDS, Pins, pins_from_dict
 from controller.store import MetaRow
-from controller.store.decisions import SUBMITTER_ESTIMATE_PREFIX
+from controller.store.decisions import SUBMITTER_ESTIMATE_PREFIX, submitter_estimate_key
 from pricing.errors import SpecError
 from pricing.prices import PriceBounds
-from pricing.shared_estimate import SharedEstimate
+from pricing.shared_estimate import ANONYMOUS, SharedEstimate
 
 __all__ = ["ACTIONS", "PINS_KEY", "BoundControl"]
 
@@ -142,7 +142,7 @@ class BoundControl(AdmissionState):
         return out
 
     def _set_bounds_sync(
-        self, action: str, pins: Any, by: str | None
+        self, action: str, pins: Any, by: str | None, submitter: str | None = None
     ) -> tuple[dict[str, Any], list[Event]]:
         """Reset the estimate to the prior, pin bounds (``pins`` in the JSON form of
         :mod:`controller.pins`, merged over those pinned), or unpin (``pins``: the
@@ -151,10 +151,23 @@ class BoundControl(AdmissionState):
         self._advance_window()
         estimate, new_pins = self._estimate, self._pins
         detail: dict[str, Any] = {"action": action, "by": by or ""}
+        if submitter is not None and action != "reset":
+            raise SpecError.one("submitter", f"goes with reset only, not {action!r}")
+        dropped = None
         if action == "reset":
             if self.config.pricing.mode != "estimate":
                 raise PreconditionError("pricing.bounds is 'explicit': there is no estimate")
-            estimate = SharedEstimate.start(self._fresh_estimate())
+            if submitter is None:
+                estimate = SharedEstimate.start(self._fresh_estimate())
+            else:
+                dropped = ANONYMOUS if submitter == "-" else submitter
+                if dropped not in estimate.submitters:
+                    known = ", ".join(n or "-" for n in sorted(estimate.submitters)) or "none"
+                    raise SpecError.one(
+                        "submitter", f"no estimate of {submitter[:200]!r} (submitters: {known})"
+                    )
+                estimate = estimate.without(dropped)
+                detail["submitter"] = submitter
             detail["prior"] = estimate.prior
         elif action == "pin":
             given = pins_from_dict(pins, self.cluster.resources, "pins")
@@ -173,11 +186,12 @@ class BoundControl(AdmissionState):
         now = datetime.now(UTC)
         with self._write() as session:  # fenced (high availability)
             if action == "reset":
-                session.execute(
-                    delete(MetaRow).where(
-                        MetaRow.key.startswith(SUBMITTER_ESTIMATE_PREFIX, autoescape=True)
-                    )
+                rows = (
+                    MetaRow.key.startswith(SUBMITTER_ESTIMATE_PREFIX, autoescape=True)
+                    if dropped is None
+                    else MetaRow.key == submitter_estimate_key(dropped)
                 )
+                session.execute(delete(MetaRow).where(rows))
                 session.merge(MetaRow(key=ESTIMATE_KEY, value=estimate.head()))
             else:
                 session.merge(MetaRow(key=PINS_KEY, value=new_pins.to_dict()))

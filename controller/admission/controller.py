@@ -232,10 +232,18 @@ class AdmissionController(PendingQueue, Follow, Lifecycle, ReadViews):
         return await self.read(self._bounds_view, client)
 
     async def set_bounds(
-        self, action: str, pins: Any, by: str | None = None, client: str = ""
+        self,
+        action: str,
+        pins: Any,
+        by: str | None = None,
+        client: str = "",
+        submitter: str | None = None,
     ) -> dict[str, Any]:
-        """Reset, pin or unpin the price bounds (:mod:`.bounds`); returns them after."""
-        view, events = await self._run(lambda: self._set_bounds_sync(action, pins, by), client)
+        """Reset, pin or unpin the price bounds (:mod:`.bounds`); returns them after. A
+        reset with ``submitter`` drops that submitter's estimate alone."""
+        view, events = await self._run(
+            lambda: self._set_bounds_sync(action, pins, by, submitter), client
+        )
         self._publish(events)
         return view
 

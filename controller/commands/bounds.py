@@ -53,6 +53,11 @@ def register(sub: Any) -> None:
         metavar="PINS.json",
         help='pin: {"worker": {"gpu": {"U": x, "L": y}}, "ps": {...}} (R=X options add to it)',
     )
+    p.add_argument(
+        "--submitter",
+        metavar="NAME",
+        help="reset: drop this submitter's estimate alone (- : callers without a token)",
+    )
     p.set_defaults(func=guarded(run))
 
 
@@ -157,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"{args.action}: takes no resources (unpin does)")
     if args.action != "pin" and (args.upper or args.lower or args.file):
         raise InputError("--upper, --lower and --file go with pin")
+    if args.action != "reset" and args.submitter is not None:
+        raise InputError("--submitter goes with reset")
     if args.action == "show":
         reply = stubs.cluster.GetBounds(pb.GetBoundsRequest(), timeout=stubs.timeout)
     else:
@@ -167,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             pins = [pb.BoundPin(kind=k, resource=r) for k, r in
                     (_target(name, "unpin") for name in args.resources)]  # fmt: skip
-        request = pb.SetBoundsRequest(action=args.action, pins=pins)
+        request = pb.SetBoundsRequest(action=args.action, pins=pins, submitter=args.submitter)
         reply = stubs.cluster.SetBounds(request, timeout=stubs.timeout).bounds
     view = as_dict(reply)
     if args.json:
