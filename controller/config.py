@@ -281,6 +281,15 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
             )
         window = fields.positive_int(daemon.get("window", 300), "daemon.window")
         _check_ledger_size(cluster, window, limits)
+        tokens = tokens_from_dict(fields.mapping(data["auth"], "auth")) if "auth" in data else None
+        named = {caller.name for caller in (tokens or {}).values()}
+        for name in limits.max_utility_by_submitter:
+            if name not in named:
+                raise SpecError.one(
+                    f"limits.max_utility_by_submitter.{name[:200]}",
+                    "names no submitter of [auth]'s tokens file"
+                    + ("" if tokens is not None else " (there is no [auth])"),
+                )
         mqtt = mqtt_from_dict(fields.optional_mapping(data, "mqtt", ""))
         if mqtt is not None:
             check_server_names(name for _kind, _i, name, _cap in cluster.servers())
@@ -301,9 +310,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
             mqtt=mqtt,
             allow_insecure_remote=insecure_remote,
             tls=tls,
-            tokens=tokens_from_dict(fields.mapping(data["auth"], "auth"))
-            if "auth" in data
-            else None,
+            tokens=tokens,
             limits=limits,
             wait_seconds=wait_seconds,
             epoch_from_store="epoch" not in daemon,

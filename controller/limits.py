@@ -57,7 +57,10 @@
   The default ``1e9`` is ten million times the largest priority ``oasis gen`` draws (100);
   0 turns the cap off. The estimate is robust without it (one job moves the bounds by at
   most ``e^0.1``), but a cap makes a typo of a few extra zeros an error, not a job that
-  outbids everyone.
+  outbids everyone. ``max_utility_by_submitter`` (a table, ``{token name: cap}``) puts
+  a submitter's own cap in its place: the median of the submitters' estimates keeps a
+  tenant whose priorities run high from moving the prices
+  (:mod:`pricing.shared_estimate`), not from outbidding others for capacity.
 - ``max_ledger_mb``: the most memory the price ledger may take, MiB. It holds amounts and
   prices per server, resource and slot of the window, about ``16 R + 1`` bytes per server
   and slot (:func:`pricing.ledger.ledger_bytes`; 81 with five resources), and a rebuild
@@ -80,7 +83,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pricing import fields
@@ -123,6 +126,7 @@ _KEYS = {
     "max_in_flight",
     "search_steps_per_token",
     "max_utility",
+    "max_utility_by_submitter",
     "max_ledger_mb",
 }
 
@@ -167,6 +171,8 @@ class Limits:
         search_steps_per_token: a submit or quote costs one token plus one per this many
             steps of its search bound (with ``rate`` on).
         max_utility: the largest best utility ``f(d_min)`` of a job; 0: no cap.
+        max_utility_by_submitter: ``max_utility`` of named submitters (their tokens'
+            names), in place of the one for everyone.
         max_ledger_mb: the largest price ledger (window x servers x resources), MiB.
     """
 
@@ -189,6 +195,7 @@ class Limits:
     search_steps_per_token: float = 5e7
     max_utility: float = DEFAULT_MAX_UTILITY
     max_ledger_mb: float = 8192.0
+    max_utility_by_submitter: Mapping[str, float] = field(default_factory=dict)
 
     def search_tokens(self, steps: float) -> float:
         """Tokens a search bounded by ``steps`` costs on top of its call's one."""
@@ -212,9 +219,12 @@ class Limits:
                 "job", f"spec of {size} bytes exceeds limits.max_spec_bytes = {self.max_spec_bytes}"
             )
 
-    def check_job(self, job: Job, cluster: Cluster, window: int) -> None:
-        """Raise JobTooLargeError if ``job`` is over a limit, or its search over budget."""
-        self.check_utility(job)
+    def check_job(
+        self, job: Job, cluster: Cluster, window: int, submitter: str | None = None
+    ) -> None:
+        """Raise JobTooLargeError if ``job`` (of ``submitter``) is over a limit, or its
+        search over budget."""
+        self.check_utility(job, submitter)
         self.check_search(job, cluster, window)
 
     def check_search(self, job: Job, cluster: Cluster, window: int) -> None:
@@ -248,20 +258,24 @@ class Limits:
                 f"over limits.max_search_mb = {self.max_search_mb:g}",
             )
 
-    def check_utility(self, job: Job) -> None:
+    def check_utility(self, job: Job, submitter: str | None = None) -> None:
         """Raise JobTooLargeError if ``job``'s best utility ``f(d_min)`` is over
-        ``max_utility`` (compared in logs: no overflow for any finite spec)."""
-        if self.max_utility <= 0:
+        ``max_utility``, or ``submitter``'s own cap (compared in logs: no overflow for
+        any finite spec)."""
+        cap, key = self.max_utility, "limits.max_utility"
+        if submitter is not None and submitter in self.max_utility_by_submitter:
+            cap = self.max_utility_by_submitter[submitter]
+            key = f"limits.max_utility_by_submitter.{submitter}"
+        if cap <= 0:
             return
         log_best = float(job.utility.log_values(job.min_slots))
-        if not log_best > math.log(self.max_utility):  # nan (impossible) is not refused
+        if not log_best > math.log(cap):  # nan (impossible) is not refused
             return
         name = _UTILITY_FIELD.get(type(job.utility), "")
         best = math.exp(min(log_best, 709.0))
         raise JobTooLargeError.one(
             f"job.utility.{name}" if name else "job.utility",
-            f"the job's best utility f({job.min_slots}) = {best:.6g} exceeds "
-            f"limits.max_utility = {self.max_utility:g}",
+            f"the job's best utility f({job.min_slots}) = {best:.6g} exceeds {key} = {cap:g}",
         )
 
 
@@ -346,7 +360,20 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
             raw.get("max_utility", d.max_utility), "limits.max_utility"
         ),
         max_ledger_mb=positive("max_ledger_mb"),
+        max_utility_by_submitter=_caps_by_submitter(raw.get("max_utility_by_submitter", {})),
     )
+
+
+def _caps_by_submitter(raw: Any) -> dict[str, float]:
+    """``[limits.max_utility_by_submitter]``: ``{token name: cap >= 0}``."""
+    where = "limits.max_utility_by_submitter"
+    table = fields.mapping(raw, where)
+    if len(table) > 10_000:
+        raise SpecError.one(where, f"at most 10000 submitters, got {len(table)}")
+    return {
+        str(name): fields.non_negative(cap, f"{where}.{str(name)[:200]}")
+        for name, cap in table.items()
+    }
 
 
 class RateLimiter:

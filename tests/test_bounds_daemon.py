@@ -671,3 +671,47 @@ def _bounds_reply(daemon: Daemon, token: str) -> pb.GetBoundsResponse:
 
 def _cli_as(daemon: Daemon, token: str) -> Any:
     return oasis("bounds", "--token", token, server=daemon.address)
+
+
+def test_an_operator_caps_one_submitters_declared_utility(tmp_path: Path) -> None:
+    """``[limits.max_utility_by_submitter]`` puts a tenant's own cap in place of
+    max_utility: a tenant that declares priorities of 1e9 on everything (a slip of
+    units) gets INVALID_ARGUMENT naming its cap, for submissions and quotes alike; the
+    others keep the default. A name that no token has is refused at start."""
+    tokens = tmp_path / "tokens"
+    names = {"alice": "alice-tok-1", "bob": "bob-tok-2"}
+    tokens.write_text("".join(f"{n} submitter {hash_token(t)}\n" for n, t in names.items()))
+    auth = f'[auth]\ntokens_file = "{tokens}"\n'
+    d = _start(tmp_path, extra=auth + "[limits.max_utility_by_submitter]\nbob = 1000\n")
+    try:
+        channel, admission, _ = _stubs(d.address)
+        with channel:
+            for who, priority, ok in (("alice", 1e6, True), ("bob", 1e6, False),
+                                      ("bob", 900.0, True)):  # fmt: skip
+                spec = {**poison(priority), "id": f"{who}-{int(priority)}"}
+                meta = (("authorization", f"Bearer {names[who]}"),)
+                for call, request in (
+                    (admission.QuoteJob, pb.QuoteJobRequest(job=spec_to_proto(spec))),
+                    (admission.SubmitJob, pb.SubmitJobRequest(job=spec_to_proto(spec))),
+                ):
+                    if ok:
+                        call(request, timeout=60, metadata=meta)
+                        continue
+                    with pytest.raises(grpc.RpcError) as refused:
+                        call(request, timeout=60, metadata=meta)
+                    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                    details = str(refused.value.details())
+                    assert "job.utility.priority" in details, details
+                    assert "limits.max_utility_by_submitter.bob = 1000" in details, details
+    finally:
+        assert d.stop() == 0, d.log_path.read_text()
+    config = write_config(
+        tmp_path / "typo.toml", tmp_path / "data2",
+        extra=auth + "[limits.max_utility_by_submitter]\nbobb = 1000\n",
+    )  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "controller.daemon", "--config", str(config)],
+        check=False, capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert "limits.max_utility_by_submitter.bobb: names no submitter" in out.stderr

@@ -55,7 +55,7 @@ class DecisionCore(GroupCommit):
         arrival = self.slot + 1
         job = self._parse(spec, arrival)
         check_job_worth(job, spec, slot_seconds=self.config.slot_seconds)
-        self.config.limits.check_job(job, self.cluster, self.window)
+        self.config.limits.check_job(job, self.cluster, self.window, by)
         estimate = self._estimate
         if self.config.pricing.mode == "estimate":
             estimate = self._estimate.observe(job, by)

@@ -128,7 +128,7 @@ class PendingQueue(DecisionCore):
                 return [self._expire(session, row, now, f"its wait ended in slot {until}")]
             try:
                 job = self._parse(stored_spec(row.spec, row.id), row.arrival_slot)
-                self.config.limits.check_job(job, self.cluster, self.window)
+                self.config.limits.check_job(job, self.cluster, self.window, row.submitter)
             except (SpecError, ValueError) as err:  # the cluster or limits changed since
                 return [self._expire(session, row, now, f"no longer valid: {err}")]
             ceiling = payoff_ceiling(job, self._ledger, first, row.arrival_slot)
