@@ -31,10 +31,11 @@ order), and so does the followed value (U is raised to L if a lag would cross th
 A new tenant's estimate is the prior until it has sent jobs, so a tenant's vote departs
 from the prior only as fast as its own jobs move it.
 
-A tenant that has gone keeps its vote until an operator resets the estimate
-(``oasis bounds reset``). A store keeps :meth:`SharedEstimate.head` (names, lag) and
-each submitter's :meth:`SharedEstimate.state` (about 18 KB of JSON) apart, so a decision
-rewrites only its submitter's.
+A tenant that has gone keeps its vote until an operator drops it (``oasis bounds reset
+--submitter NAME``, :meth:`SharedEstimate.without`) or resets every estimate. A store
+keeps :meth:`SharedEstimate.head` (names, lag) and each submitter's
+:meth:`SharedEstimate.state` (about 18 KB of JSON) apart, so a decision rewrites only
+its submitter's.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from pricing.cluster import Cluster
 from pricing.job import Job
 from pricing.prices import PriceBounds
 
-__all__ = ["ANONYMOUS", "SharedEstimate"]
+__all__ = ["ANONYMOUS", "SharedEstimate", "submitter_key"]
 
 ANONYMOUS = ""
 """The key of the submitter without a name (no ``[auth]``; a replay's jobs)."""
@@ -83,7 +84,8 @@ def _logs(bounds: PriceBounds | None) -> np.ndarray | None:
     return None if bounds is None else _stacked(bounds)
 
 
-def _key(submitter: str | None) -> str:
+def submitter_key(submitter: str | None) -> str:
+    """The name a submitter's estimate is kept under (:data:`ANONYMOUS` for None)."""
     return ANONYMOUS if submitter is None else submitter
 
 
@@ -122,7 +124,7 @@ class SharedEstimate:
 
     def of(self, submitter: str | None) -> BoundEstimate:
         """``submitter``'s estimate (the fresh one before its first job)."""
-        return self.submitters.get(_key(submitter), self.fresh)
+        return self.submitters.get(submitter_key(submitter), self.fresh)
 
     def observe(self, job: Job, submitter: str | None = None) -> SharedEstimate:
         """A new state with ``job`` folded into ``submitter``'s estimate.
@@ -134,16 +136,10 @@ class SharedEstimate:
         once. A move away from the prior then walks over the next jobs (:attr:`lag`); a
         move toward it (a second tenant arriving after one flooded alone) is taken at
         once. With one submitter the median is its estimate and there is never a lag."""
-        key = _key(submitter)
-        kept = {k: b for k, b in self._bounds.items() if k[0] != key}
-        with self._lock:
-            states = {k: d for k, d in self._states.items() if k != key}
+        key = submitter_key(submitter)
         after = replace(
-            self,
+            self._dropping(key),
             submitters={**self.submitters, key: self.of(submitter).observe(job)},
-            _bounds=kept,
-            _states=states,
-            lag=None,
         )
         if self.lag is None and set(self.submitters) <= {key}:
             return after  # one voter before and after: it moves by at most STEP itself
@@ -165,11 +161,16 @@ class SharedEstimate:
         """This state with submitter ``name``'s estimate dropped (an operator's reset of
         one tenant): it votes no more until its next job, from the prior. The bounds go
         to the median of the others at once (an operator's choice, not a job's)."""
+        others = {k: e for k, e in self.submitters.items() if k != name}
+        return replace(self._dropping(name), submitters=others)
+
+    def _dropping(self, name: str) -> SharedEstimate:
+        """This state without the lag, and without ``name``'s cached bounds and state
+        (the others' carry over: their estimates are unchanged)."""
         kept = {k: b for k, b in self._bounds.items() if k[0] != name}
         with self._lock:
             states = {k: d for k, d in self._states.items() if k != name}
-        others = {k: e for k, e in self.submitters.items() if k != name}
-        return replace(self, submitters=others, _bounds=kept, _states=states, lag=None)
+        return replace(self, _bounds=kept, _states=states, lag=None)
 
     @property
     def jobs(self) -> int:

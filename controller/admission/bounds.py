@@ -50,8 +50,9 @@ class BoundControl(AdmissionState):
         meta = session.get(MetaRow, ESTIMATE_KEY)
         if meta is None or self.config.pricing.mode != "estimate":
             return fresh
-        stored = SharedEstimate.from_dict(meta.value, fresh.fresh)
-        if SharedEstimate.is_head(meta.value):  # the submitters' states in rows of their own
+        if not SharedEstimate.is_head(meta.value):  # one JSON value (the lone estimate's)
+            stored = SharedEstimate.from_dict(meta.value, fresh.fresh)
+        else:  # the submitters' states in rows of their own
             rows = session.scalars(
                 select(MetaRow).where(
                     MetaRow.key.startswith(SUBMITTER_ESTIMATE_PREFIX, autoescape=True)

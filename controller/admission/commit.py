@@ -25,7 +25,7 @@ from controller.store import StoreUnavailableError
 from controller.store.commit_process import CommitProcessStartError
 from controller.store.decisions import DecisionPayload, estimate_rows, write_decisions
 from controller.store.writer_lock import FencedError
-from pricing.shared_estimate import ANONYMOUS, SharedEstimate
+from pricing.shared_estimate import SharedEstimate, submitter_key
 
 __all__ = ["Committed", "DecisionRows", "Deferred", "GroupCommit"]
 
@@ -79,9 +79,7 @@ class GroupCommit(AdmissionState):
         self._fence_here()
         last = max((i for i, ws in enumerate(batch) if ws.rows.estimate is not None), default=-1)
         changed = {  # whose estimates the batch moved: only theirs are written
-            ANONYMOUS if ws.rows.job["submitter"] is None else ws.rows.job["submitter"]
-            for ws in batch
-            if ws.rows.estimate is not None
+            submitter_key(ws.rows.job["submitter"]) for ws in batch if ws.rows.estimate is not None
         }
         payloads = [ws.rows.payload(changed if i == last else None) for i, ws in enumerate(batch)]
         epoch, lock_pid = self.fence_epoch, self.fence_pid
