@@ -6,6 +6,7 @@ as it was. Nothing prints a traceback."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -16,10 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import sqlalchemy
 
 from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.store.stored import MAX_STORED_SPEC
 from tests.servers import CLUSTER_TOML, ROOT, Daemon, Postgres, oasis, write_config
 from tests.test_config_shrink import _plan, decided, read_back
@@ -103,6 +106,7 @@ class Restarted:
     events: dict[str, dict[str, Any]]  # job id -> detail of its last replanned/failed event
     first_slot: int
     log: str
+    use: dict[str, dict[str, float]]  # the ledger's use per server in the first slot
 
 
 def _restart(store: Store, tmp_path: Path, edit: Callable[[str], str] = str) -> Restarted:
@@ -112,11 +116,32 @@ def _restart(store: Store, tmp_path: Path, edit: Callable[[str], str] = str) -> 
     daemon = Daemon(config, log).start()
     try:
         jobs, now, events = read_back(daemon.address)
+        with grpc.insecure_channel(daemon.address) as channel:
+            servers = (
+                pb_grpc.ClusterStub(channel)
+                .ListServers(pb.ListServersRequest(slot=now), timeout=10)
+                .servers
+            )
+            use = {s.name: dict(s.used) for s in servers}
     finally:
         assert daemon.stop() == 0, log.read_text()
     text = log.read_text()
     assert "Traceback" not in text, text
-    return Restarted(jobs, events, now, text)
+    return Restarted(jobs, events, now, text, use)
+
+
+def _use_of(jobs: dict[str, Any], slot: int) -> dict[str, dict[str, float]]:
+    """What ``jobs``' stored plans use per server and resource in ``slot``."""
+    use: dict[str, dict[str, float]] = {}
+    for job in jobs.values():
+        for a in job.decision.allocations:
+            if a.slot != slot:
+                continue
+            demand, count = (job.spec.worker, a.workers) if a.workers else (job.spec.ps, a.ps)
+            cell = use.setdefault(a.server, {})
+            for resource, amount in demand.items():
+                cell[resource] = cell.get(resource, 0.0) + amount * count
+    return use
 
 
 def _others_untouched(store: Store, after: Restarted, *edited: str) -> None:
@@ -455,3 +480,128 @@ def test_sqlite_text_in_typed_columns_fails_that_job_alone(store: Store, tmp_pat
               if e.get("event", "").startswith("stored job row does not read back")}  # fmt: skip
     assert "decision_ms: not a number" in warned["j0"], warned
     assert "admitted: not a flag" in warned["j4"] and "arrival_slot" in warned["j4"], warned
+
+
+def _same_use(ledger: dict[str, dict[str, float]], plans: dict[str, dict[str, float]]) -> None:
+    """The ledger's use per server and resource is what the plans add up to."""
+    for server in ledger.keys() | plans.keys():
+        held, planned = ledger.get(server, {}), plans.get(server, {})
+        for resource in held.keys() | planned.keys():
+            assert math.isclose(
+                held.get(resource, 0.0), planned.get(resource, 0.0), abs_tol=1e-9
+            ), (server, resource, held, planned)
+
+
+def _logged(log: str, event: str) -> list[dict[str, Any]]:
+    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    return [e for e in lines if e.get("event", "").startswith(event)]
+
+
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)  # text in an integer column
+def test_a_pending_job_whose_slots_do_not_read_back_expires_alone(
+    store: Store, tmp_path: Path
+) -> None:
+    """Before: a pending row whose submission slot an edit made text (it reads as None)
+    raised TypeError in the pass over the pending queue, and one whose arrival was a
+    trillion slots out ValueError out of the search: the pass runs at every start, slot
+    boundary and submission, so the daemon answered every tenant's submit INTERNAL and
+    exited 1 at every start (a crash loop)."""
+    store.execute(
+        "UPDATE jobs SET state = 'pending', wait_until_slot = 20, decided_slot = NULL, "
+        "submitted_slot = 'then' WHERE id = 'j4'",
+        "UPDATE jobs SET state = 'pending', wait_until_slot = 20, decided_slot = NULL, "
+        "arrival_slot = 1000000000000 WHERE id = 'j5'",
+    )
+    after = _restart(store, tmp_path)
+    for job_id, field in (("j4", "submitted_slot"), ("j5", "arrival_slot")):
+        job = after.jobs[job_id]
+        assert job.state == pb.JOB_STATE_EXPIRED, job_id
+        assert f"no longer valid: {field}: must be an integer" in job.decision.reason, job_id
+    _others_untouched(store, after, "j4", "j5")
+
+
+def _with_id(spec_sql: str, job_id: str) -> str:
+    """SQL for a job's spec with its ``id`` replaced (the specs are canonical JSON)."""
+    return f"""replace({spec_sql}, '"id":"' || id || '"', '"id":"{job_id}"')"""
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"], indirect=True)
+def test_a_spec_naming_another_job_acts_on_neither(store: Store, tmp_path: Path) -> None:
+    """Before: the rebuild, the refit and the pending pass took a job's id from its spec:
+    a row edited to carry another job's spec (j1 holding j0's id) was refitted as j0,
+    failing j0 (another tenant's job) and leaving j1's slots unaccounted, and a pending
+    one wrote its plan into j0's allocations, then stopped the start (LedgerError)."""
+    store.execute(
+        f"UPDATE jobs SET spec = {_with_id('spec', 'j0')} WHERE id = 'j1'",
+        f"UPDATE jobs SET state = 'pending', wait_until_slot = 20, decided_slot = NULL, "
+        f"spec = {_with_id('spec', 'j0')} WHERE id = 'j5'",
+    )
+    after = _restart(store, tmp_path)
+    assert after.jobs["j1"].state == pb.JOB_STATE_FAILED
+    assert (
+        "the stored spec of job 'j1': names 'j0', not the job it is stored as"
+        in (after.events["j1"]["why"])
+    )
+    assert after.jobs["j5"].state == pb.JOB_STATE_EXPIRED
+    assert "names 'j0', not the job it is stored as" in after.jobs["j5"].decision.reason
+    _others_untouched(store, after, "j1", "j5")
+    _same_use(after.use, _use_of({j: after.jobs[j] for j in ("j0", "j2", "j3")}, after.first_slot))
+
+
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)  # text in an integer column
+def test_an_outage_row_that_does_not_read_back_is_left_out(store: Store, tmp_path: Path) -> None:
+    """Before: an outage whose first slot an edit made text raised TypeError out of the
+    rebuild: exit 1 at every start."""
+    store.execute(
+        "INSERT INTO server_outages (server, down_from, up_from, detected_at) "
+        "VALUES ('w0', 'yesterday', NULL, '2026-01-01 00:00:00+00:00')"
+    )
+    after = _restart(store, tmp_path)
+    [warned] = _logged(after.log, "an outage row that does not read back is left out")
+    assert warned["server"] == "w0" and warned["down_from"] == "None", warned
+    _others_untouched(store, after)
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"], indirect=True)
+def test_the_rows_of_a_job_that_holds_nothing_take_no_capacity(
+    store: Store, tmp_path: Path
+) -> None:
+    """Before: the rebuild placed the stored rows of every job, whatever its state: a job
+    an edit marked cancelled (or completed, failed, ...) kept its slots from every
+    tenant until they passed, and a rejected job given rows was even re-planned."""
+    store.execute(
+        "UPDATE jobs SET state = 'cancelled' WHERE id = 'j1'",
+        "INSERT INTO allocations (job_id, slot, server, workers, ps) "
+        "SELECT 'j4', slot, server, workers, ps FROM allocations WHERE job_id = 'j2'",
+    )
+    assert _plan(store.before["j1"], 0), "j1 must have held slots, or the test checks nothing"
+    after = _restart(store, tmp_path)
+    [warned] = _logged(after.log, "allocations of jobs that hold no capacity deleted")
+    assert warned["jobs"] == 2 and sorted(warned["first"]) == ["j1 (cancelled)", "j4 (rejected)"]
+    assert after.jobs["j1"].state == pb.JOB_STATE_CANCELLED
+    assert after.jobs["j4"].state == pb.JOB_STATE_REJECTED
+    assert not _plan(after.jobs["j1"], after.first_slot)
+    assert not _plan(after.jobs["j4"], after.first_slot)
+    _others_untouched(store, after, "j1", "j4")
+    holding = {j: after.jobs[j] for j in ("j0", "j2", "j3")}
+    _same_use(after.use, _use_of(holding, after.first_slot))
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"], indirect=True)
+def test_a_plan_inflated_past_its_job_fails_that_job_alone(store: Store, tmp_path: Path) -> None:
+    """Before: a plan given rows past what its job needs (each count within its chunks)
+    was placed as stored, and the rebuild goes in decision order: the first job's
+    inflated plan took the capacity of every later job, each then re-planned or
+    stranded (failed)."""
+    store.execute(
+        "INSERT INTO allocations (job_id, slot, server, workers, ps) "
+        "SELECT job_id, slot, 'w2', 1, 0 FROM allocations a WHERE job_id = 'j0' "
+        "AND NOT EXISTS (SELECT 1 FROM allocations b WHERE b.job_id = 'j0' "
+        "AND b.slot = a.slot AND b.server = 'w2') GROUP BY job_id, slot"
+    )
+    after = _restart(store, tmp_path)
+    assert after.jobs["j0"].state == pb.JOB_STATE_FAILED
+    why = after.events["j0"]["why"]
+    assert "the stored plan of job 'j0'" in why, why
+    assert "over the job's" in why, why  # its work, or its chunks in a slot
+    _others_untouched(store, after, "j0")

@@ -47,6 +47,7 @@ from controller.store import JobRow
 from controller.store.stored import stored_spec
 from pricing import ADMIT_THRESHOLD, SpecError
 from pricing.best_schedule import payoff_ceiling
+from pricing.errors import OasisError
 
 __all__ = ["PendingQueue"]
 
@@ -102,7 +103,10 @@ class PendingQueue(DecisionCore):
             events = None
             ended = until is not None and until < self.slot  # expires with no search
             if ended or not budget.spent(submitter):
-                events = self._decide_waiting(job_id, partial(budget.take, submitter))
+                try:
+                    events = self._decide_waiting(job_id, partial(budget.take, submitter))
+                except (OasisError, ValueError, TypeError, ArithmeticError) as err:
+                    events = self._expire_unreadable(job_id, err)
             if events is None:
                 left += 1
             else:
@@ -126,6 +130,9 @@ class PendingQueue(DecisionCore):
             until = s if row.wait_until_slot is None else row.wait_until_slot
             if s > until:  # the daemon was down, or the job over budget, in its last slot
                 return [self._expire(session, row, now, f"its wait ended in slot {until}")]
+            bad = _unreadable_slots(row, s)
+            if bad:  # an edit: the job cannot be decided, and only it is affected
+                return [self._expire(session, row, now, f"no longer valid: {bad}")]
             try:
                 job = self._parse(stored_spec(row.spec, row.id), row.arrival_slot)
                 self.config.limits.check_job(job, self.cluster, self.window, row.submitter)
@@ -177,6 +184,19 @@ class PendingQueue(DecisionCore):
         )  # fmt: skip
         return [event]
 
+    def _expire_unreadable(self, job_id: str, err: Exception) -> list[Event]:
+        """Expire pending job ``job_id``, whose decision failed on what the store holds
+        for it (``err``; a row edited by hand): it alone, so the other pending jobs and the
+        slot clock go on. A store that cannot be written is an outage, raised as ever."""
+        self.log.error("a pending job cannot be decided: expired", job=job_id,
+                       error=f"{type(err).__name__}: {str(err)[:300]}")  # fmt: skip
+        with self._write() as session:
+            row = session.get(JobRow, job_id)
+            if row is None or row.state != "pending":
+                return []
+            why = f"no longer valid: its stored row cannot be decided ({type(err).__name__})"
+            return [self._expire(session, row, datetime.now(UTC), why)]
+
     def _expire(self, session: Session, row: JobRow, now: datetime, why: str) -> Event:
         row.decided_slot = self.slot
         row.state = "expired"
@@ -184,3 +204,16 @@ class PendingQueue(DecisionCore):
         row.decided_at = now
         self.log.info("expired", job=row.id, reason=why)
         return self._event(session, now, "expired", row.id, "expired", {"reason": why})
+
+
+def _unreadable_slots(row: JobRow, slot: int) -> str:
+    """What makes pending ``row``'s slots unusable at slot ``slot`` ("" if nothing): a
+    submission slot that is not an integer from 0 to ``slot``, or an arrival that is not
+    an integer from there to ``slot + 1``. The daemon writes neither; an edit can."""
+    submitted, arrival = row.submitted_slot, row.arrival_slot
+    if not (isinstance(submitted, int) and 0 <= submitted <= slot):
+        return f"submitted_slot: must be an integer from 0 to {slot}, got {str(submitted)[:24]}"
+    if not (isinstance(arrival, int) and submitted <= arrival <= slot + 1):
+        return (f"arrival_slot: must be an integer from {submitted} to {slot + 1}, "
+                f"got {str(arrival)[:24]}")  # fmt: skip
+    return ""

@@ -50,6 +50,11 @@ allocation further out is read as a broken row, not as a plan to refit, whose ar
 would be that long."""
 
 
+HOLDING_NONE = frozenset({"pending", "completed", "cancelled", "rejected", "expired", "failed"})
+"""The job states that hold no slot from the current one on (their future allocation
+rows are deleted when a job enters them)."""
+
+
 def _integer(value: Any) -> bool:
     """Whether a stored count or slot is an integer (SQLite keeps what it is given)."""
     return isinstance(value, int) and not isinstance(value, bool)
@@ -239,6 +244,8 @@ class Recovery(Moves, BoundControl):
         the others, so jobs whose plans still fit keep them unchanged (:meth:`_refit`).
         A standby leaves such plans out and rebuilds in full when it takes over."""
         ledger = self._ledger
+        if self.leading:
+            self._drop_idle_allocations(ledger.origin)
         by_job = self._stored_plans(ledger.origin)
         # the outages first: a plan on a server down in its slots (a store restored in
         # part from a backup) is then a misfit, refitted, instead of a LedgerError
@@ -252,12 +259,38 @@ class Recovery(Moves, BoundControl):
                              jobs=len(misfits))  # fmt: skip
         return len(by_job)
 
+    def _drop_idle_allocations(self, first: int) -> None:
+        """Delete the allocations from slot ``first`` on of jobs in a state that holds no
+        capacity (:data:`HOLDING_NONE`; the daemon deletes them when a job enters one, an
+        edit can leave or add them), so the store shows what the ledger holds, and log
+        which jobs had them."""
+        idle_jobs = select(JobRow.id).where(JobRow.state.in_(HOLDING_NONE))
+        stray = AllocationRow.job_id.in_(idle_jobs) & (AllocationRow.slot >= first)
+        with self._write() as session:
+            idle = session.execute(
+                select(JobRow.id, JobRow.state)
+                .where(JobRow.id.in_(select(AllocationRow.job_id).where(stray)))
+                .order_by(JobRow.sequence)
+            ).all()
+            if not idle:
+                return
+            session.execute(delete(AllocationRow).where(stray))
+        self.log.warning(
+            "allocations of jobs that hold no capacity deleted (an edit?)", jobs=len(idle),
+            first_slot=first, first=[f"{j[:64]} ({state})" for j, state in idle[:10]],
+        )  # fmt: skip
+
     def _stored_plans(self, first: int, job_id: str | None = None) -> dict[str, list[Any]]:
         """The stored allocations from slot ``first`` on (of one job, or all), grouped by
-        job in decision order: ``{job id: [rows (id, spec, arrival_slot, slot, server,
-        workers, ps) in slot order]}``."""
+        job in decision order: ``{job id: [rows (id, state, spec, arrival_slot, slot,
+        server, workers, ps) in slot order]}``. Only jobs that hold capacity: rows of a
+        job in a state that holds none (:data:`HOLDING_NONE`: cancelled, completed, ...;
+        the daemon deletes their future rows, an edit can leave them) are left out and
+        logged, so an edit never takes capacity from everyone for nothing. A state that
+        is not one of :data:`~controller.admission.views.STATES` keeps its rows: over
+        holding too much, the daemon errs on the side of never selling a slot twice."""
         query = (
-            select(JobRow.id, JobRow.spec, JobRow.arrival_slot, AllocationRow.slot,
+            select(JobRow.id, JobRow.state, JobRow.spec, JobRow.arrival_slot, AllocationRow.slot,
                    AllocationRow.server, AllocationRow.workers, AllocationRow.ps)
             .join(AllocationRow, AllocationRow.job_id == JobRow.id)
             .where(AllocationRow.slot >= first)
@@ -268,8 +301,17 @@ class Recovery(Moves, BoundControl):
         with self.db.session() as session:
             rows = session.execute(query).all()
         by_job: dict[str, list[Any]] = {}
+        idle: dict[str, str] = {}
         for row in rows:
-            by_job.setdefault(row.id, []).append(row)
+            if row.state in HOLDING_NONE:
+                idle[row.id] = row.state
+            else:
+                by_job.setdefault(row.id, []).append(row)
+        if idle:
+            self.log.warning(
+                "allocations of jobs that hold no capacity are left out (an edit?)",
+                jobs=len(idle), first=[f"{j[:64]} ({s})" for j, s in list(idle.items())[:10]],
+            )  # fmt: skip
         return by_job
 
     def _place(self, job_id: str, allocs: list[Any]) -> _Misfit | None:
@@ -344,22 +386,41 @@ class Recovery(Moves, BoundControl):
 
     def _unreadable_plan(self, job: Job, allocs: list[Any]) -> str:
         """What makes a job's stored allocation rows unusable as a plan ("" if nothing):
-        a count that is not an integer from 0 to the job's chunks (no slot holds more
-        workers than chunks, nor more parameter servers than workers), or a slot more
-        than :data:`PLAN_SPAN` slots (or the window, if longer) past the window's first.
-        The daemon never writes such rows; a hand edit or a half-restored backup can."""
+        a count that is not an integer from 0 to the job's chunks, a slot more than
+        :data:`PLAN_SPAN` slots (or the window, if longer) past the window's first or
+        before the job's arrival, a slot with more workers in all than chunks or more
+        parameter servers than its workers need, or more worker-slots in all than the
+        job's work. The daemon never writes such rows; a hand edit or a half-restored
+        backup can, and a plan that took more than its job needs would take it from
+        every job rebuilt after it."""
         first = self._ledger.origin
         span = max(PLAN_SPAN, self.window + 1)
+        per_slot: dict[int, list[int]] = {}
         for a in allocs:
             where = f"allocation at slot {str(a.slot)[:24]} on {str(a.server)[:64]}"
             if not _integer(a.slot):
                 return f"{where}: the slot is not an integer"
             if a.slot >= first + span:
                 return f"{where}: more than {span} slots past the window's first slot {first}"
+            if a.slot < job.arrival:
+                return f"{where}: before the job's arrival in slot {job.arrival}"
             for name, value in (("workers", a.workers), ("ps", a.ps)):
                 if not (_integer(value) and 0 <= value <= job.chunks):
                     shown = "no integer" if value is None else str(value)[:24]
                     return f"{where}: {name}: must be 0 .. {job.chunks} (its chunks), got {shown}"
+            counts = per_slot.setdefault(a.slot, [0, 0])
+            counts[0] += a.workers
+            counts[1] += a.ps
+        for slot, (workers, ps) in per_slot.items():
+            if workers > job.chunks:
+                return f"slot {slot}: {workers} workers, over the job's {job.chunks} chunks"
+            need = int(job.ps_needed(np.int64(workers)))
+            if ps > need:
+                return (f"slot {slot}: {ps} parameter servers, over the {need} its "
+                        f"{workers} workers need")  # fmt: skip
+        total = sum(workers for workers, _ in per_slot.values())
+        if total > job.work:
+            return f"{total} worker-slots from slot {first} on, over the job's work of {job.work}"
         return ""
 
     @staticmethod
@@ -428,6 +489,13 @@ class Recovery(Moves, BoundControl):
         with self.db.session() as session:
             outages = session.scalars(select(OutageRow).order_by(OutageRow.id)).all()
         for o in outages:
+            if not _integer(o.down_from) or not (o.up_from is None or _integer(o.up_from)):
+                self.log.warning(
+                    "an outage row that does not read back is left out", row=o.id,
+                    server=str(o.server)[:64], down_from=str(o.down_from)[:24],
+                    up_from=str(o.up_from)[:24],
+                )  # fmt: skip
+                continue
             if o.up_from is not None and o.up_from <= ledger.origin:
                 continue
             if o.server in self.cluster.worker_names:

@@ -21,15 +21,23 @@ hand is not parsed."""
 def stored_spec(text: Any, job_id: str) -> Any:
     """The JSON value of job ``job_id``'s stored ``spec`` column (``job_from_dict`` then
     checks it is a job). SpecError if it is not JSON text of at most
-    :data:`MAX_STORED_SPEC` characters (nested too deeply for the parser included)."""
+    :data:`MAX_STORED_SPEC` characters (nested too deeply for the parser included), or if
+    it is an object whose ``id`` is not ``job_id``: every path acts on the spec's id, and
+    an edit that gave one job's row another job's id would otherwise act on that job
+    (another tenant's included)."""
     where = f"the stored spec of job {job_id[:128]!r}"
     if not isinstance(text, str):
         raise SpecError.one(where, f"must be JSON text, got {type(text).__name__}")
     if len(text) > MAX_STORED_SPEC:
         raise SpecError.one(where, f"is {len(text)} characters, over {MAX_STORED_SPEC}")
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except RecursionError:
         raise SpecError.one(where, "is JSON nested too deeply to read") from None
     except ValueError as err:  # JSONDecodeError, and a str too long to convert to an int
         raise SpecError.one(where, f"is not valid JSON: {str(err)[:200]}") from None
+    if isinstance(value, dict) and value.get("id") != job_id:
+        named = value.get("id")
+        shown = repr(named[:128]) if isinstance(named, str) else "no id"
+        raise SpecError.one(where, f"names {shown}, not the job it is stored as")
+    return value
