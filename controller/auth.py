@@ -190,7 +190,9 @@ def load_tokens(path: Path) -> dict[str, Caller]:
         if digest in tokens:
             raise SpecError.one(where, f"line {number}: the same token appears twice")
         names.add(name)
-        tokens[digest] = Caller(name, Role(role))
+        # its turns and rate are its name's wherever it calls from (the console uses
+        # the caller as loaded: a console request waits its turn like a gRPC call)
+        tokens[digest] = Caller(name, Role(role), client=name, turn=name)
     if not tokens:
         raise SpecError.one(where, "holds no token: nobody could call the daemon")
     return tokens

@@ -1,13 +1,75 @@
-"""structlog set-up: JSON lines on stderr, one per event, with job ids and decisions."""
+"""structlog set-up: JSON lines on stderr, one per event, with job ids and decisions.
+
+Libraries that log through the standard ``logging`` module (aiohttp, aiomqtt, grpc's
+Python side) get JSON lines too, at WARNING and above. aiohttp's server logs every
+malformed HTTP request it refuses with a full traceback, before any token or rate
+limit: those records are cut to one line and at most :data:`LIBRARY_BURST` a minute
+get through (then one line says how many were dropped), so a client sending bad
+requests cannot fill the disk the logs are on.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
+import time
+from datetime import UTC, datetime
 
 import structlog
 
-__all__ = ["configure"]
+__all__ = ["LIBRARY_BURST", "configure"]
+
+LIBRARY_BURST = 20
+"""Records of one throttled library logger let through a minute."""
+
+_THROTTLED = ("aiohttp",)
+"""Loggers whose records a remote client can cause: throttled and cut to one line."""
+
+
+class _Throttle(logging.Filter):
+    """Of the records of the :data:`_THROTTLED` loggers (and their children), at most
+    ``burst`` per ``seconds``; the first one after a drop says how many were dropped.
+    Their tracebacks are cut to the error itself. Other records pass as they are."""
+
+    def __init__(self, burst: int = LIBRARY_BURST, seconds: float = 60.0) -> None:
+        super().__init__()
+        self.burst, self.seconds = burst, seconds
+        self.started, self.passed, self.dropped = 0.0, 0, 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(_THROTTLED):
+            return True
+        now = time.monotonic()
+        if now - self.started >= self.seconds:
+            self.started, self.passed = now, 0
+        if self.passed >= self.burst:
+            self.dropped += 1
+            return False
+        self.passed += 1
+        if record.exc_info and record.exc_info[1] is not None:
+            err = record.exc_info[1]
+            record.msg = f"{record.getMessage()}: {type(err).__name__}: {str(err)[:300]}"
+            record.args, record.exc_info, record.exc_text = None, None, None
+        if self.dropped:
+            record.msg = f"{record.getMessage()} ({self.dropped} like it dropped before)"
+            record.args, self.dropped = None, 0
+        return True
+
+
+class _JsonLines(logging.Formatter):
+    """A standard ``logging`` record as one JSON line, as structlog writes its own."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "event": record.getMessage()[:2000],
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "timestamp": datetime.fromtimestamp(record.created, UTC).isoformat(),
+        }
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)[-4000:]
+        return json.dumps(line, sort_keys=True)
 
 
 def configure(level: str = "info") -> None:
@@ -25,3 +87,10 @@ def configure(level: str = "info") -> None:
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
+    root = logging.getLogger()
+    if not any(isinstance(h.formatter, _JsonLines) for h in root.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(_JsonLines())
+        handler.addFilter(_Throttle())
+        root.addHandler(handler)
+        root.setLevel(logging.WARNING)

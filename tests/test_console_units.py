@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.auth import Caller, Role, hash_token
+from controller.auth import Caller, Role, hash_token, load_tokens
 from controller.config import ConfigError, demo_config, from_dict, load
 from controller.console import app as app_module
 from controller.console.app import Console, _safe_next
@@ -158,6 +158,32 @@ def test_after_login_only_a_local_path() -> None:
     assert _safe_next("/jobs?state=admitted") == "/jobs?state=admitted"
     for bad in ("https://evil.example/", "//evil.example/x", "/\\evil.example", "jobs", ""):
         assert _safe_next(bad) == "/"
+    # a browser drops a tab or line break from a URL: "/\t/evil" would be "//evil";
+    # a control or non-ASCII character made the Location header unsendable (no answer)
+    for bad in ("/\t/evil.example/", "/\r/x", "/\n/x", "/\x00x", "/\x7fx", "/\u00e9", "/a b"):
+        assert _safe_next(bad) == "/", repr(bad)
+
+
+def test_integers_in_queries_are_ascii_digits() -> None:
+    """``str.isdigit`` takes ``²`` and ``--5``, which ``int`` then refused: a 500."""
+    assert app_module._int({"n": "-12"}, "n") == -12
+    assert app_module._int({}, "n", 7) == 7
+    for bad in ("\u00b2", "--5", "1\u0660", "+3", "1e3", "9" * 19, " 1"):
+        with pytest.raises(SpecError, match="n: must be an integer"):
+            app_module._int({"n": bad}, "n")
+
+
+def test_the_tokens_file_gives_each_caller_its_own_turn(tmp_path: Path) -> None:
+    """The console uses the callers as loaded; they had an empty turn, the daemon's own:
+    a submitter's console cancels then skipped ``limits.max_in_flight`` and the turns
+    every gRPC call of theirs takes."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"alice submitter {hash_token('a')}\nops operator {hash_token('o')}\n")
+    loaded = load_tokens(tokens)
+    assert {(c.name, c.client, c.turn) for c in loaded.values()} == {
+        ("alice", "alice", "alice"),
+        ("ops", "ops", "ops"),
+    }
 
 
 # -- the server itself, in-process (no controller needed for login and static files) ----
@@ -392,3 +418,73 @@ def test_a_submitters_streams_read_job_owners_once(
 
     asyncio.run(scenario())
     assert queries == [[f"j{i}" for i in range(10)]]
+
+
+@pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
+def test_a_login_from_another_site_is_refused(tmp_path: Path) -> None:
+    """Login CSRF: a page of another site posted its author's token to /login, and the
+    visitor's browser was then logged in as that author (its operator session cookie
+    replaced), submitting and reading as someone else without noticing."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"alice submitter {hash_token('alice-token')}\n")
+    config = from_dict({"cluster": CLUSTER, "auth": {"tokens_file": str(tokens)},
+                        "web": {"listen": "127.0.0.1:0"}})  # fmt: skip
+
+    async def scenario() -> None:
+        console = await _started(config)
+        url = f"http://{console.address}"
+        form = {"token": "alice-token", "next": "/"}
+        try:
+            async with aiohttp.ClientSession() as http:
+                for headers in ({"Origin": "http://evil.example"}, {"Origin": "null"},
+                                {"Sec-Fetch-Site": "cross-site"}):  # fmt: skip
+                    async with http.post(url + "/login", data=form, headers=headers,
+                                         allow_redirects=False) as r:  # fmt: skip
+                        assert r.status == 403, headers
+                        assert "oasis_session" not in r.cookies, headers
+                same = {"Origin": url, "Sec-Fetch-Site": "same-origin"}
+                async with http.post(url + "/login", data=form, headers=same,
+                                     allow_redirects=False) as r:  # fmt: skip
+                    assert r.status == 303 and "oasis_session" in r.cookies
+        finally:
+            await console.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
+def test_every_answer_carries_the_security_headers_and_files_go_gzipped_once() -> None:
+    """aiohttp's own answers (a 404 of no route, a 405, a redirect) skipped the
+    middleware that set the headers: no CSP, no X-Frame-Options, no no-store. A bad
+    integer in an event stream's query answered 200, then a 500 inside the stream. The
+    static files were gzipped again for every request, on the loop gRPC shares."""
+    config = from_dict({"cluster": CLUSTER, "web": {"listen": "127.0.0.1:0"}})
+    controller = cast(Any, SimpleNamespace(bus=EventBus()))
+
+    async def scenario() -> None:
+        console = Console(config, controller, None, None)
+        await console.start()
+        url = f"http://{console.address}"
+        try:
+            async with aiohttp.ClientSession() as http:
+                for method, path, status in (("GET", "/nothing", 404), ("PUT", "/", 405),
+                                             ("GET", "/login", 303),
+                                             ("GET", "/api/events?after=%C2%B2", 400)):  # fmt: skip
+                    async with http.request(method, url + path, allow_redirects=False) as r:
+                        assert r.status == status, (method, path)
+                        assert "frame-ancestors 'none'" in r.headers["Content-Security-Policy"]
+                        assert r.headers["X-Frame-Options"] == "DENY", path
+                        assert r.headers["X-Content-Type-Options"] == "nosniff", path
+                file = "console.js"
+                async with http.get(url + "/static/" + file,
+                                    headers={"Accept-Encoding": "gzip"}) as r:  # fmt: skip
+                    assert r.headers["Content-Encoding"] == "gzip"
+                    assert await r.read() == console.static[file]  # aiohttp decompresses
+                async with http.get(url + "/static/" + file,
+                                    headers={"Accept-Encoding": "identity"}) as r:  # fmt: skip
+                    assert "Content-Encoding" not in r.headers
+                    assert await r.read() == console.static[file]
+        finally:
+            await console.close()
+
+    asyncio.run(scenario())

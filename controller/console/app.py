@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
 import json
 import re
 import secrets
@@ -143,6 +144,8 @@ class Console:
             name: resources.files("controller.console").joinpath("static", name).read_bytes()
             for name in pages.STATIC
         }
+        # gzipped once here, not per request on the event loop the gRPC calls share
+        self.static_gzip = {name: gzip.compress(data, 9) for name, data in self.static.items()}
         # without [auth] there are no sessions: one token per process guards the forms
         self.anonymous_csrf = secrets.token_urlsafe(32)
         self.closing = asyncio.Event()
@@ -184,6 +187,7 @@ class Console:
         r.add_post("/jobs/{id}/cancel", self.cancel)
         r.add_post("/api/jobs/{id}/cancel", self.cancel)
         r.add_get("/api/events", self.events)
+        app.on_response_prepare.append(_secure_headers)
         return app
 
     async def start(self) -> str:
@@ -242,15 +246,11 @@ class Console:
         if response.prepared:  # an event stream: its headers are sent (set in events)
             return response
         body = response.body if isinstance(response, web.Response) else None
-        if isinstance(body, bytes | bytearray) and len(body) > 1024:
+        encoded = "Content-Encoding" in response.headers
+        if isinstance(body, bytes | bytearray) and len(body) > 1024 and not encoded:
             # gzip if the browser asks; the form token in a page is masked afresh in each
             # response (:func:`mask`), so compression cannot leak it (BREACH)
             response.enable_compression()
-        response.headers.setdefault("Content-Security-Policy", _CSP)
-        response.headers.setdefault("X-Content-Type-Options", "nosniff")
-        response.headers.setdefault("Referrer-Policy", "same-origin")
-        response.headers.setdefault("X-Frame-Options", "DENY")
-        response.headers.setdefault("Cache-Control", "no-store")
         return response
 
     @web.middleware
@@ -275,6 +275,9 @@ class Console:
     @web.middleware
     async def _authenticate(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
         if request.path.startswith(_OPEN):
+            # no caller yet: the peer's rate (with [limits] rate), so a flood of the login
+            # page or the static files is refused before it costs the shared event loop
+            self._throttle(request)
             return await handler(request)
         caller, session = self._caller(request)
         if caller is None:
@@ -346,6 +349,9 @@ class Console:
     async def login(self, request: web.Request) -> web.StreamResponse:
         if self.tokens is None:
             raise web.HTTPSeeOther("/")
+        # another site's page must not log a visitor in as someone else (login CSRF:
+        # the visitor would then submit and read as the attacker's token)
+        _same_origin(request)
         form = await request.post()
         token = str(form.get("token", "")).strip()
         target = _safe_next(str(form.get("next", "/")))
@@ -375,9 +381,7 @@ class Console:
 
     async def _check_csrf(self, request: web.Request) -> None:
         """A browser's state-changing request must come from a page of this console."""
-        origin = request.headers.get("Origin")
-        if origin is not None and urlsplit(origin).netloc != request.host:
-            raise _RefusedError(403, "cross-origin request refused")
+        _same_origin(request)
         sent = request.headers.get("X-CSRF-Token", "")
         if not sent:
             form = await request.post()
@@ -468,11 +472,11 @@ class Console:
         name = request.match_info["name"]
         if name not in self.static:
             raise _RefusedError(404, f"no file {name[:100]!r}")
-        return web.Response(
-            body=self.static[name],
-            content_type=pages.STATIC[name],
-            headers={"Cache-Control": "public, max-age=86400, immutable"},
-        )
+        headers = {"Cache-Control": "public, max-age=86400, immutable", "Vary": "Accept-Encoding"}
+        body = self.static[name]
+        if "gzip" in request.headers.get("Accept-Encoding", "")[:200]:
+            body, headers["Content-Encoding"] = self.static_gzip[name], "gzip"
+        return web.Response(body=body, content_type=pages.STATIC[name], headers=headers)
 
     # -- live events -------------------------------------------------------------------
 
@@ -522,12 +526,12 @@ class Console:
                      "X-Accel-Buffering": "no", "X-Content-Type-Options": "nosniff"}
         )  # fmt: skip
         try:
+            last = _int(request.query, "after", -1)  # before the answer starts: a 400
+            resume = request.headers.get("Last-Event-ID", "")
+            if _INTEGER.fullmatch(resume) and not resume.startswith("-"):
+                last = int(resume)
             await response.prepare(request)
             await response.write(b"retry: 2000\n\n")
-            last = _int(request.query, "after", -1)
-            resume = request.headers.get("Last-Event-ID", "")
-            if resume.isdigit() and len(resume) <= 18:
-                last = int(resume)
             backlog: list[Event] = []
             if last >= 0:
                 backlog = await self.c.stored_events(last, limit=_BACKFILL_MAX, newest=True)
@@ -630,6 +634,12 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), default=str)
 
 
+_INTEGER = re.compile(r"-?[0-9]{1,18}")
+"""An integer a query or header may give: ASCII digits only (``str.isdigit`` takes
+``²``, which ``int`` refuses)."""
+_PRINTABLE = re.compile(r"[\x21-\x7e]*")
+
+
 def _int(query: Any, name: str, default: int | None = None) -> int:
     raw = query.get(name)
     if raw is None or raw == "":
@@ -637,16 +647,39 @@ def _int(query: Any, name: str, default: int | None = None) -> int:
             raise SpecError.one(name, "is required")
         return default
     text = str(raw)
-    if not (len(text) <= 18 and text.lstrip("-").isdigit()):
+    if not _INTEGER.fullmatch(text):
         raise SpecError.one(name, f"must be an integer, got {text[:40]!r}")
     return int(text)
 
 
+async def _secure_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Every answer's security headers, as it is sent: those of aiohttp's own refusals
+    (404, 405, a redirect raised) and event streams included."""
+    response.headers.setdefault("Content-Security-Policy", _CSP)
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("Referrer-Policy", "same-origin")
+    response.headers.setdefault("X-Frame-Options", "DENY")
+    response.headers.setdefault("Cache-Control", "no-store")
+
+
+def _same_origin(request: web.Request) -> None:
+    """Refuse (403) a request a page of another site sent: its ``Origin`` (``null``
+    included) is not this console's, or the browser says ``Sec-Fetch-Site: cross-site``.
+    A request without either (curl, a script) is no browser's and passes."""
+    origin = request.headers.get("Origin")
+    if origin is not None and urlsplit(origin).netloc != request.host:
+        raise _RefusedError(403, "cross-origin request refused")
+    if request.headers.get("Sec-Fetch-Site", "") == "cross-site":
+        raise _RefusedError(403, "cross-site request refused")
+
+
 def _safe_next(target: str) -> str:
-    """A local path to go to after logging in (never another site)."""
+    """A local path to go to after logging in (never another site): printable ASCII
+    only, so no tab or line break makes a browser read ``/\t/evil.example`` as
+    ``//evil.example``, and no character makes the ``Location`` header unsendable."""
     if not target.startswith("/") or target.startswith("//") or "\\" in target:
         return "/"
-    if len(target) > 2000:
+    if len(target) > 2000 or not _PRINTABLE.fullmatch(target):
         return "/"
     return target
 

@@ -1,0 +1,64 @@
+"""Records of the libraries that log through the standard ``logging`` module: JSON lines,
+and those a remote client can cause (aiohttp's refusals of malformed HTTP) throttled and
+cut to one line each."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+from controller.logs import LIBRARY_BURST, _JsonLines, _Throttle
+
+
+def _handler() -> tuple[logging.Handler, io.StringIO]:
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(_JsonLines())
+    handler.addFilter(_Throttle())
+    return handler, out
+
+
+def test_a_flood_of_bad_requests_logs_a_bounded_number_of_one_line_records() -> None:
+    """Before: each malformed request (a request line over 8 KiB, too many headers) made
+    aiohttp print a multi-line traceback, before any token or rate limit: 3,000 such
+    requests from one client wrote 2 MB of log in 2 s."""
+    handler, out = _handler()
+    server = logging.getLogger("aiohttp.server")
+    server.addHandler(handler)
+    try:
+        for _ in range(3000):
+            try:
+                raise ValueError("Got more than 8190 bytes when reading Status line")
+            except ValueError:
+                server.exception("Error handling request")
+    finally:
+        server.removeHandler(handler)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == LIBRARY_BURST
+    for line in lines:
+        record = json.loads(line)
+        assert record["logger"] == "aiohttp.server" and record["level"] == "error"
+        assert record["event"] == (
+            "Error handling request: ValueError: Got more than 8190 bytes when reading Status line"
+        )
+        assert "exception" not in record
+
+
+def test_other_libraries_keep_their_records_and_tracebacks() -> None:
+    handler, out = _handler()
+    other = logging.getLogger("tests.some_library")
+    other.addHandler(handler)
+    other.propagate = False
+    try:
+        for i in range(LIBRARY_BURST + 5):
+            other.warning("warned %d", i)
+        try:
+            raise KeyError("k")
+        except KeyError:
+            other.exception("failed")
+    finally:
+        other.removeHandler(handler)
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [r["event"] for r in records[:-1]] == [f"warned {i}" for i in range(LIBRARY_BURST + 5)]
+    assert "Traceback" in records[-1]["exception"] and "KeyError" in records[-1]["exception"]
