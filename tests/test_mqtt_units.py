@@ -180,9 +180,20 @@ def test_payloads_round_trip_and_bad_ones_name_the_field() -> None:
     assert Progress.parse(prog.to_bytes()) == prog
     with pytest.raises(SpecError, match=re.escape("plan.version")):
         Plan.parse(b'{"version": 2}')
-    with pytest.raises(SpecError, match=re.escape("progress.jobs[0].minibatches")):
-        bad = b'"jobs": [{"job": "j", "minibatches": -1, "worker_seconds": 0}]}'
-        Progress.parse(b'{"version": 1, "server": "w0", "session": "s", ' + bad)
+    # a bad entry is left out, named; the report's other entries stand
+    bad = (b'"jobs": [{"job": "j", "minibatches": -1, "worker_seconds": 0}, {"job": "k", '
+           b'"minibatches": 1e309, "worker_seconds": 0}, {"job": "ok", "minibatches": 2, '
+           b'"worker_seconds": 3}, 7]}')  # fmt: skip
+    mixed = Progress.parse(b'{"version": 1, "server": "w0", "session": "s", ' + bad)
+    assert mixed.jobs == [TaskProgress("ok", 2.0, 3.0)]
+    assert [r.split(":")[0] for r in mixed.refused] == [
+        "progress.jobs[0].minibatches",
+        "progress.jobs[1].minibatches",
+        "progress.jobs[3]",
+    ]
+    assert b"refused" not in mixed.to_bytes()
+    with pytest.raises(SpecError, match=re.escape("progress.session")):
+        Progress.parse(b'{"version": 1, "server": "w0", "session": 5, "jobs": []}')
     with pytest.raises(SpecError, match="heartbeat: not JSON"):
         Heartbeat.parse(b"{")
     t = Topics("oasis")
@@ -214,7 +225,9 @@ def test_agent_command_mode_counts_what_each_worker_prints() -> None:
     import asyncio
 
     now = [100.0]
-    command = 'echo 1; echo 2; echo "$OASIS_JOB"; echo 3; sleep 30'
+    # a count that is not finite, or past 2**53, is no count: the daemon would drop the
+    # server's whole report for it, every other tenant's progress on the server with it
+    command = 'echo 1; echo 2; echo "$OASIS_JOB"; echo inf; echo nan; echo 1e300; echo 3; sleep 30'
     agent = Agent("w0", MqttConfig("localhost"), command=command, wall=lambda: now[0])
     agent.accept(plan(1, workers=2))
 
@@ -232,7 +245,7 @@ def test_agent_command_mode_counts_what_each_worker_prints() -> None:
 
     asyncio.run(go())
     state = agent.tasks["j1"]
-    assert state.minibatches == 6  # 3 from each of the 2 workers; "j1" is not a count
+    assert state.minibatches == 6  # 3 from each of the 2 workers; "j1", inf, ... no count
     assert all(p.returncode is not None for p, _c in state.processes)
 
 
@@ -381,7 +394,9 @@ def test_progress_stays_dirty_until_a_commit_and_ended_jobs_are_forgotten_then_m
     ex.review_sync()  # no new report: what failed to commit is written now
     assert plane.stored("j") == (3.0, {"w0/a": [3.0, 40.0]}) and not ex.progress["j"].dirty
 
-    # two sessions (an agent restarted) finish the job: done early, progress stored
+    # in its first slot, two sessions (an agent restarted) finish the job: done early,
+    # progress stored
+    plane.clock.advance(plane.config.slot_seconds)
     ex.report(Progress("w0", "a", [TaskProgress("j", 15.0, 200.0)]))
     ex.report(Progress("w0", "b", [TaskProgress("j", 5.0, 60.0)]))
     assert [e.kind for e in ex.review_sync()] == ["completed"]
@@ -657,3 +672,48 @@ def test_agent_resends_only_recent_jobs_after_a_reconnection() -> None:
     assert agent.reports() == []
     agent.accept(plan(2))  # plans j1
     assert [t.job for r in agent.reports() for t in r.jobs] == ["j1"]
+
+
+def test_one_jobs_bad_count_costs_no_other_job_its_progress_and_retained_messages_are_ignored(
+    plane: PlaneDaemon,
+) -> None:
+    """Before: one entry with a count the daemon refuses (a tenant's worker printed inf)
+    dropped the server's whole report, so every other job on the server stopped
+    progressing and one that had reported part of its work failed at its plan's end.
+    And a retained heartbeat of a dead agent, handed out again at every subscription,
+    brought its server back after each reconnection of the daemon."""
+    from controller.plane.link import Plane
+
+    plane.submit("j")
+    link = Plane(plane.c, plane.ex, MqttConfig("localhost"))
+    t = link.topics
+    entries = [{"job": "evil", "minibatches": 1e309, "worker_seconds": 1.0},
+               {"job": "j", "minibatches": 2.0, "worker_seconds": 9.0}]  # fmt: skip
+    report = {"version": 1, "server": "w0", "session": "a", "jobs": entries}
+    assert link.take(t.progress("w0"), json.dumps(report).replace("Infinity", "1e309"))
+    assert not link.take(t.heartbeat("p0"), Heartbeat("p0", "a").to_bytes(), retained=True)
+    plane.ex.connected()
+    plane.ex.review_sync()
+    assert plane.stored("j") == (2.0, {"w0/a": [2.0, 9.0]})
+    assert set(plane.ex.last_seen) == {"w0"}  # p0's retained heartbeat did not count
+
+
+def test_a_job_reported_done_before_it_arrives_completes_only_once_it_has(
+    plane: PlaneDaemon,
+) -> None:
+    """A report for the slot ahead counts (an agent's clock a boundary ahead). Before: a
+    job reported done in the slot before its arrival completed there, stored with a
+    completion slot before its arrival, a jct of 0 and the utility of a jct no schedule
+    earns."""
+    plane.submit("j")  # submitted in slot 0, arrives in slot 1
+    ex = plane.ex
+    ex.report(Progress("w0", "a", [TaskProgress("j", float(plane.TOTAL), 1.0)]))
+    assert ex.review_sync() == []
+    assert plane.state("j") == "admitted" and "j" in ex.pending  # reviewed again later
+    plane.clock.advance(plane.config.slot_seconds)  # slot 1: it has arrived
+    [done] = [e for e in ex.review_sync() if e.kind == "completed"]
+    assert done.job_id == "j" and plane.state("j") == "completed"
+    import asyncio
+
+    view = asyncio.run(plane.c.get("j"))
+    assert view.decision.jct == 1 and view.decision.completion_slot == 1

@@ -43,6 +43,7 @@ import structlog
 from controller.plane.client import client_for
 from controller.plane.settings import MqttConfig
 from controller.plane.topics import (
+    MAX_COUNT,
     MAX_REPORT_JOBS,
     Heartbeat,
     Plan,
@@ -210,7 +211,9 @@ class Agent:
         assert proc.stdout is not None
         async for line in proc.stdout:
             with contextlib.suppress(ValueError):
-                count[0] = max(count[0], float(line.decode().strip()))
+                value = float(line.decode().strip())
+                if 0 <= value <= MAX_COUNT:  # not nan or inf: the daemon refuses those
+                    count[0] = max(count[0], value)
         await proc.wait()
 
     def progress(self, only_changed: bool = True) -> Progress | None:
@@ -226,7 +229,10 @@ class Agent:
             now = (s.minibatches, s.worker_seconds)
             if only_changed and self._reported.get(job) == now:
                 continue
-            jobs.append(TaskProgress(job, s.minibatches, s.worker_seconds))
+            # within what the daemon takes, or it drops the entry (workers' sums can pass it)
+            jobs.append(
+                TaskProgress(job, min(s.minibatches, MAX_COUNT), min(s.worker_seconds, MAX_COUNT))
+            )
         return [
             Progress(self.server, self.session, jobs[i : i + MAX_REPORT_JOBS])
             for i in range(0, len(jobs), MAX_REPORT_JOBS)

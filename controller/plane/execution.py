@@ -46,7 +46,6 @@ store holds rather than overwriting it.
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
@@ -77,6 +76,7 @@ from controller.store import (
     ProgressRow,
     StoreUnavailableError,
 )
+from controller.store.stored import stored_spec
 from pricing import ADMIT_THRESHOLD, Job, Ledger
 from pricing.best_schedule import BestSchedule
 from pricing.errors import SpecError
@@ -232,6 +232,9 @@ class Execution:
         self.failed: dict[str, float] = {}  # server -> monotonic time declared failed
         self.progress: dict[str, JobProgress] = {}
         self.pending: set[str] = set()
+        # jobs reported done in a slot before their arrival: never completed there (a jct
+        # under 1 slot, a utility no schedule earns), kept pending until they arrive
+        self._early: set[str] = set()
         self.reviewed: dict[str, int] = {}  # job -> slot of its last slow-job re-plan try
         self.watch_from: float | None = None
         self._jobs: dict[str, Job] = {}
@@ -429,7 +432,10 @@ class Execution:
             except Exception:
                 self.pending.discard(job_id)  # a bug would fail the same way every review
                 raise
-            self.pending.discard(job_id)
+            if job_id in self._early:
+                self._early.discard(job_id)  # reviewed again (its agents may say no more)
+            else:
+                self.pending.discard(job_id)
         events += self._overdue_sync(watch_from)
         self._flush_progress()
         if not self._heard_saved:
@@ -503,7 +509,7 @@ class Execution:
             row = session.get(JobRow, job_id)
             if row is None:
                 raise KeyError(job_id)
-            job = self.c._parse(json.loads(row.spec), arrival=row.arrival_slot)
+            job = self.c._parse(stored_spec(row.spec, job_id), arrival=row.arrival_slot)
             self._jobs[job_id] = job
         return job
 
@@ -597,6 +603,9 @@ class Execution:
         done, spent = prog.totals()
         total = job.total_minibatches
         if done >= total - 1e-9:
+            if self.c.slot < job.arrival:  # reported done before it arrived: a report
+                self._early.add(job_id)  # of the slot ahead; completes once it arrives
+                return []
             return self._complete_sync(job, done)
         s = self.c.slot
         if len(prog.samples) < _MIN_SAMPLES or self.reviewed.get(job_id) == s:

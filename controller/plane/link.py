@@ -203,21 +203,29 @@ class Plane:
         async for message in client.messages:
             topic = str(message.topic)
             try:
-                self.take(topic, message.payload)
+                self.take(topic, message.payload, retained=bool(message.retain))
             except Exception as err:  # a bug: this message is lost, never the link
                 self._complain("?", "bug", "message not handled", topic=topic[:200],
                                error=repr(err)[:200])  # fmt: skip
 
-    def take(self, topic: str, payload: object) -> bool:
+    def take(self, topic: str, payload: object, retained: bool = False) -> bool:
         """Queue an agent's message for the decision thread (Execution._drain); True if
         queued. The sender is the server named by the topic: a payload naming another
-        server, one over the size limit or one that does not parse is logged and dropped."""
+        server, one over the size limit or one that does not parse is logged and dropped.
+        So is a ``retained`` one: the broker hands it out again at every subscription, so
+        one retained heartbeat of an agent long dead brought its server back (from
+        failed) after every reconnection of the daemon. A progress report's entries
+        that do not parse are logged and left out; its other entries count."""
         found = self.topics.agent_of(topic)
         if found is None or found[0] not in self.execution.server_index:
             self._complain("?", "unknown", "message on no known server's topic", topic=topic[:200])
             return False
         server, what = found
         if not isinstance(payload, bytes | bytearray | str):
+            return False
+        if retained:
+            self._complain(server, "retained", "retained message from an agent ignored "
+                           "(agents must publish without retain)", topic=topic)  # fmt: skip
             return False
         if self._rate.take(server) > 0:  # before it is parsed: parsing is the cost
             self._complain(server, "flood", "messages from an agent dropped: over its rate",
@@ -236,6 +244,9 @@ class Plane:
         if isinstance(parsed, Heartbeat):
             self.execution.heartbeat(parsed)
         else:
+            if parsed.refused:
+                self._complain(server, "entries", "report entries dropped: bad counts",
+                               entries=len(parsed.refused), error=parsed.refused[0])  # fmt: skip
             self.execution.report(parsed)
         return True
 

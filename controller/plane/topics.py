@@ -36,11 +36,14 @@ agent's own is the broker's to enforce: ``config/mosquitto.acl`` confines each a
 user (its server's name) to its own topics.
 
 Untrusted bytes. An agent's payload over :data:`MAX_AGENT_PAYLOAD_BYTES` is dropped
-unread, and a report may name at most :data:`MAX_REPORT_JOBS` jobs (the reference agent
-splits larger ones), each count at most :data:`MAX_COUNT` and its session id at most
-:data:`MAX_SESSION_CHARS` characters; any payload that does not parse (bad UTF-8, bad
-JSON, JSON nested too deep for the parser) is a :class:`~pricing.errors.SpecError`,
-logged and skipped.
+before it is parsed (the MQTT client has read it by then: the broker's
+``max_packet_size`` keeps larger ones away), and a report may name at most
+:data:`MAX_REPORT_JOBS` jobs (the reference agent splits larger ones) and its session
+id at most :data:`MAX_SESSION_CHARS` characters; any payload that does not parse (bad
+UTF-8, bad JSON, JSON nested too deep for the parser) is a
+:class:`~pricing.errors.SpecError`, logged and skipped. A report's entry whose count is
+not a number from 0 to :data:`MAX_COUNT` is left out (``Progress.refused``), its other
+entries kept.
 
 The status. ``{"version": 1, "online": true, "servers": [...]}`` while the daemon is
 connected (``servers``: every server of its cluster, so an agent for another name can
@@ -87,8 +90,8 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,128}")
 """A job id or server name that can be one topic level (``fullmatch``)."""
 
 MAX_AGENT_PAYLOAD_BYTES = 256 * 1024
-"""The largest heartbeat or progress payload the daemon reads; larger ones are dropped
-unread. A report of :data:`MAX_REPORT_JOBS` entries with 128-character ids is ~210 KB."""
+"""The largest heartbeat or progress payload the daemon parses; larger ones are dropped.
+A report of :data:`MAX_REPORT_JOBS` entries with 128-character ids is ~210 KB."""
 
 MAX_REPORT_JOBS = 1000
 """The most jobs one progress report may name (a server runs far fewer at once)."""
@@ -176,7 +179,7 @@ def decode(
     payload: bytes | bytearray | str, what: str, max_bytes: int = MAX_AGENT_PAYLOAD_BYTES
 ) -> Mapping[str, Any]:
     """Parse a payload as a version-1 JSON object; SpecError naming ``what`` if not, or if
-    it is over ``max_bytes`` (then unread). Every failure of the parser on untrusted bytes
+    it is over ``max_bytes`` (then not parsed). Every failure of the parser on untrusted bytes
     is a SpecError: bad UTF-8 and bad JSON (ValueError), and JSON nested deeper than the
     parser's recursion limit (RecursionError)."""
     if len(payload) > max_bytes:
@@ -380,14 +383,22 @@ class Progress:
         server: the server it runs on.
         session: the agent process's random id.
         jobs: cumulative counts per job.
+        refused: what was wrong with each entry left out of ``jobs`` when parsed (not
+            sent): one job's bad count costs that entry, never the other jobs' progress
+            in the same report (another tenant's job would fail for want of it).
     """
 
     server: str
     session: str
     jobs: list[TaskProgress]
+    refused: list[str] = field(default_factory=list, compare=False)
 
     def to_bytes(self) -> bytes:
-        return _dump(self)
+        return json.dumps(
+            {"version": VERSION, "server": self.server, "session": self.session,
+             "jobs": [asdict(j) for j in self.jobs]},
+            separators=(",", ":"),
+        ).encode()  # fmt: skip
 
     @classmethod
     def parse(cls, payload: bytes | bytearray | str) -> Progress:
@@ -399,19 +410,22 @@ class Progress:
             raise SpecError.one(
                 "progress.jobs", f"{len(raw_jobs)} entries, over the limit of {MAX_REPORT_JOBS}"
             )
-        jobs = []
+        jobs, refused = [], []
         for i, j in enumerate(raw_jobs):
             w = f"progress.jobs[{i}]"
-            m = fields.mapping(j, w)
-            jobs.append(
-                TaskProgress(
-                    job=fields.text(fields.require(m, "job", w), f"{w}.job"),
-                    minibatches=_count(fields.require(m, "minibatches", w), f"{w}.minibatches"),
-                    worker_seconds=_count(
-                        fields.require(m, "worker_seconds", w), f"{w}.worker_seconds"
-                    ),
+            try:
+                m = fields.mapping(j, w)
+                jobs.append(
+                    TaskProgress(
+                        job=fields.text(fields.require(m, "job", w), f"{w}.job"),
+                        minibatches=_count(fields.require(m, "minibatches", w), f"{w}.minibatches"),
+                        worker_seconds=_count(
+                            fields.require(m, "worker_seconds", w), f"{w}.worker_seconds"
+                        ),
+                    )
                 )
-            )
+            except SpecError as err:
+                refused.append(str(err)[:200])
         session = fields.text(fields.require(obj, "session", "progress"), "progress.session")
         if len(session) > MAX_SESSION_CHARS:
             raise SpecError.one(
@@ -421,6 +435,7 @@ class Progress:
             server=fields.text(fields.require(obj, "server", "progress"), "progress.server"),
             session=session,
             jobs=jobs,
+            refused=refused,
         )
 
 
