@@ -149,6 +149,8 @@ class Config:
             admitted at once stays ``pending`` that long (at most
             ``limits.max_wait_seconds``); 0: it is rejected at once.
         connections: ``[connections]``.
+        keep_days: finished jobs are deleted from the store this many days after they
+            ended (:mod:`controller.admission.retention`); 0: every job is kept.
         ha: ``[ha]``, high availability on PostgreSQL (:mod:`controller.ha`); None: one
             daemon per store.
         web: ``[web]``, the operator's console; its ``listen`` empty: no console.
@@ -173,6 +175,7 @@ class Config:
     tokens: Mapping[str, Caller] | None = field(default=None, repr=False)
     limits: Limits = field(default_factory=Limits)
     wait_seconds: float = 0.0
+    keep_days: float = 0.0
     epoch_from_store: bool = False
     source: str = field(default="<embedded defaults>")
     store_timeout: float = DEFAULT_TIMEOUT
@@ -201,6 +204,7 @@ _DAEMON_KEYS = {
     "tick_seconds",
     "allow_insecure_remote",
     "wait_seconds",
+    "keep_days",
 }
 _LEVELS = {"debug", "info", "warning", "error"}
 
@@ -313,6 +317,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
             tokens=tokens,
             limits=limits,
             wait_seconds=wait_seconds,
+            keep_days=_keep_days(daemon.get("keep_days", 0)),
             epoch_from_store="epoch" not in daemon,
             connections=connections_from_dict(fields.optional_mapping(data, "connections", "")),
             ha=ha_from_dict(fields.mapping(data["ha"], "ha") if "ha" in data else None),
@@ -321,6 +326,21 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
         )
     except SpecError as err:
         raise ConfigError(str(err)) from err
+
+
+MAX_KEEP_DAYS = 36525
+"""The longest ``daemon.keep_days``: a century (past it, use 0: keep every job)."""
+
+
+def _keep_days(value: Any) -> float:
+    """``daemon.keep_days``: 0 (keep every job) or a number of days up to a century."""
+    days = fields.non_negative(value, "daemon.keep_days")
+    if days > MAX_KEEP_DAYS:
+        raise SpecError.one(
+            "daemon.keep_days", f"must be at most {MAX_KEEP_DAYS} (a century; 0 keeps every "
+            f"job), got {fields.show(value)}"
+        )  # fmt: skip
+    return days
 
 
 def _check_ledger_size(cluster: Cluster, window: int, limits: Limits) -> None:

@@ -292,7 +292,7 @@ def test_a_closed_event_stream_frees_its_place(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(app_module, "_HEARTBEAT_SECONDS", 0.05)
     web = {"listen": "127.0.0.1:0", "max_event_streams_per_user": 2, "max_event_streams": 5}
     config = from_dict({"cluster": CLUSTER, "web": web})
-    controller = cast(Any, SimpleNamespace(bus=EventBus()))
+    controller = cast(Any, SimpleNamespace(bus=EventBus(), prune_hooks=[]))
 
     async def scenario() -> None:
         console = Console(config, controller, None, None)
@@ -388,7 +388,9 @@ def test_a_submitters_streams_read_job_owners_once(
     async def stored_events(after: int, limit: int, newest: bool) -> list[Event]:
         return [e for e in backlog if e.sequence > after][-limit:]
 
-    controller = cast(Any, SimpleNamespace(bus=EventBus(), stored_events=stored_events))
+    controller = cast(
+        Any, SimpleNamespace(bus=EventBus(), stored_events=stored_events, prune_hooks=[])
+    )
     queries: list[list[str]] = []
 
     async def scenario() -> None:
@@ -459,7 +461,7 @@ def test_every_answer_carries_the_security_headers_and_files_go_gzipped_once() -
     integer in an event stream's query answered 200, then a 500 inside the stream. The
     static files were gzipped again for every request, on the loop gRPC shares."""
     config = from_dict({"cluster": CLUSTER, "web": {"listen": "127.0.0.1:0"}})
-    controller = cast(Any, SimpleNamespace(bus=EventBus()))
+    controller = cast(Any, SimpleNamespace(bus=EventBus(), prune_hooks=[]))
 
     async def scenario() -> None:
         console = Console(config, controller, None, None)

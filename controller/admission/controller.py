@@ -15,6 +15,7 @@ from controller.admission.follow import Follow
 from controller.admission.lifecycle import Lifecycle
 from controller.admission.pending import PendingQueue
 from controller.admission.reads import ReadViews
+from controller.admission.retention import PRUNE_BATCH, Retention
 from controller.admission.views import DecisionView, JobView
 from controller.admission.writer import GroupWriter
 from controller.errors import DrainingError
@@ -47,7 +48,7 @@ def _settle(answer: Future[_T], outcome: Callable[[], _T] | BaseException) -> No
         pass
 
 
-class AdmissionController(PendingQueue, Follow, Lifecycle, ReadViews):
+class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews):
     """Owns the ledger, the price bounds and the store; see the package docstring."""
 
     # -- async API (serialised, off the event loop) ---------------------------------------
@@ -253,6 +254,18 @@ class AdmissionController(PendingQueue, Follow, Lifecycle, ReadViews):
             return
         events = await self._run(self._tick_sync)
         self._publish(events)
+        if self.config.keep_days > 0:
+            await self.prune()
+
+    async def prune(self) -> int:
+        """Delete the finished jobs past ``daemon.keep_days`` (:mod:`.retention`), a
+        batch per decision-thread step; returns how many."""
+        deleted = 0
+        while True:
+            batch = await self._run(self._prune_sync)
+            deleted += len(batch)
+            if len(batch) < PRUNE_BATCH:
+                return deleted
 
     async def get(self, job_id: str, owner: str | None = None) -> JobView:
         """One job; with ``owner`` set, only if that submitter submitted it."""

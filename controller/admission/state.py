@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from datetime import datetime
@@ -102,6 +102,8 @@ class AdmissionState(ABC):
         # ids of the stored jobs, valid for the ledger they were loaded with (.decide)
         self._ids: set[str] = set()
         self._ids_ledger: Ledger | None = None
+        # called with the ids of each batch of jobs retention deleted (.retention)
+        self.prune_hooks: list[Callable[[list[str]], None]] = []
         # stored job rows found not to read back, each logged once (.reads)
         self._unreadable: set[str] = set()
         # group commit (.writer, .commit): decisions are committed by a writer thread

@@ -150,10 +150,15 @@ class Console:
         self.anonymous_csrf = secrets.token_urlsafe(32)
         self.closing = asyncio.Event()
         self.streams: dict[str, int] = {}  # open event streams per user (token name)
-        # who submitted each job (it never changes), shared by the streams that filter by
-        # it: 32 streams of one submitter replaying 1,000 events each made a store query
-        # per event and stream, in the thread pool gRPC's reads use too
+        # who submitted each job (it never changes while the job is stored), shared by the
+        # streams that filter by it: 32 streams of one submitter replaying 1,000 events
+        # each made a store query per event and stream, in the thread pool gRPC's reads
+        # use too. A job retention deletes is forgotten: its id may come back as
+        # another submitter's, whose events must not show in the first one's streams.
         self.owners: dict[str, str | None] = {}
+        self._learned_at: dict[str, int] = {}  # the event sequence each owner was read at
+        if controller is not None:
+            controller.prune_hooks.append(self._forget_owners)
         self.runner: web.AppRunner | None = None
         self.listener: asyncio.Server | None = None
         self.address = ""
@@ -535,8 +540,9 @@ class Console:
             backlog: list[Event] = []
             if last >= 0:
                 backlog = await self.c.stored_events(last, limit=_BACKFILL_MAX, newest=True)
-                if owner is not None:  # the owners of the whole backlog in one query
-                    await self._learn_owners({e.job_id for e in backlog if e.job_id})
+                if owner is not None and backlog:  # the backlog's owners in one query
+                    upto = max(e.sequence for e in backlog)
+                    await self._learn_owners({e.job_id for e in backlog if e.job_id}, upto)
             for event in backlog:
                 last = max(last, event.sequence)
                 if await self._visible(event, owner):
@@ -580,21 +586,34 @@ class Console:
             return True
         if not event.job_id:
             return False
+        # a job's first event is a decision: one after the owner was read may be that of
+        # a new job under a deleted job's id (retention), another submitter's: read again
+        learned = self._learned_at.get(event.job_id, event.sequence)
+        if event.kind == "decided" and event.sequence > learned:
+            self.owners.pop(event.job_id, None)
         if event.job_id not in self.owners:
-            await self._learn_owners({event.job_id})
+            await self._learn_owners({event.job_id}, event.sequence)
         return self.owners.get(event.job_id) == owner
 
-    async def _learn_owners(self, job_ids: set[str]) -> None:
+    def _forget_owners(self, job_ids: list[str]) -> None:
+        """Forget the owners of deleted jobs (called in the decision thread)."""
+        for job_id in job_ids:
+            self.owners.pop(job_id, None)
+
+    async def _learn_owners(self, job_ids: set[str], upto: int) -> None:
         """Read the submitters of those of ``job_ids`` not known yet, in one query, into
-        :attr:`owners` (at most ``_OWNER_CACHE``: past it, it starts over)."""
+        :attr:`owners` (at most ``_OWNER_CACHE``: past it, it starts over); ``upto``: the
+        latest event already stored when they are read."""
         unknown = [j for j in job_ids if j not in self.owners]
         if not unknown:
             return
         found = await self.data.owner_of(unknown)
         if len(self.owners) + len(unknown) > _OWNER_CACHE:
             self.owners.clear()
+            self._learned_at.clear()
         for job_id in unknown:
             self.owners[job_id] = found.get(job_id)
+            self._learned_at[job_id] = upto
 
 
 def mask(token: str) -> str:

@@ -20,6 +20,7 @@ publishes ``online: false`` before it disconnects (the will covers only a vanish
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import uuid
 from collections.abc import Callable, Sequence
@@ -37,6 +38,7 @@ from controller.plane.intake import Complaints
 from controller.plane.port import AdmissionPort
 from controller.plane.settings import MqttConfig
 from controller.plane.topics import (
+    NAME_PATTERN,
     Heartbeat,
     JobEvent,
     Plan,
@@ -63,6 +65,7 @@ topic with 12,000 reports a second slowed every tenant's calls fivefold. Past th
 message is dropped, and logged (at most every 10 s per server); reports carry running
 totals, so the next one makes up for a dropped one."""
 _RESTORE_BATCH = 1000  # job events read and published at a time when restoring
+_MAX_TO_CLEAR = 100_000  # deleted jobs whose retained events wait for a connection
 _GOODBYE_SECONDS = 2.0  # at most this long for "online: false" at a clean stop
 
 
@@ -96,6 +99,22 @@ class Plane:
         self._restore = False  # the latest event of every job is still to be republished
         self._complain = Complaints(_COMPLAIN_SECONDS)
         self._rate = RateLimiter(AGENT_MESSAGES_PER_SECOND, AGENT_MESSAGE_BURST)
+        # jobs retention deleted: their retained events are cleared at the next round
+        self._to_clear: collections.deque[str] = collections.deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        controller.prune_hooks.append(self.deleted)
+
+    def deleted(self, job_ids: list[str]) -> None:
+        """Jobs retention deleted (called in the decision thread): clear their retained
+        events, so the broker does not keep every job ever decided. At most
+        :data:`_MAX_TO_CLEAR` wait for a connection; past it, the rest stay retained."""
+        room = _MAX_TO_CLEAR - len(self._to_clear)
+        self._to_clear.extend(job_ids[: max(room, 0)])
+        if len(job_ids) > room:
+            self._complain("?", "clear", "retained events of deleted jobs left on the broker",
+                           jobs=len(job_ids) - max(room, 0))  # fmt: skip
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.dirty.set)
 
     # -- the daemon's hooks --------------------------------------------------------------
 
@@ -120,6 +139,7 @@ class Plane:
 
     async def run(self) -> None:
         """Connect, serve, reconnect with backoff; until cancelled."""
+        self._loop = asyncio.get_running_loop()
         watcher = asyncio.create_task(self._watch_bus(), name="plane bus")
         delay = _BACKOFF_FIRST
         last_error = ""
@@ -271,6 +291,10 @@ class Plane:
         if self._restore:
             await self.restore_job_events(client)
             self._restore = False
+        if self._to_clear:  # an empty retained message clears a topic's retained one
+            clear = [self._to_clear.popleft() for _ in range(len(self._to_clear))]
+            topics = [self.topics.job_events(j) for j in clear if NAME_PATTERN.fullmatch(j)]
+            await for_each(topics, lambda t: client.publish(t, b"", qos=1, retain=True))
         while True:  # a page at a time: after a long outage (or [mqtt] added to an old
             # store) the events not yet published may be the whole history
             after = self.execution.events_published

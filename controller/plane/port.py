@@ -46,6 +46,8 @@ class AdmissionPort(Protocol):
     """The window's current slot."""
     ledger: Ledger | None
     """The ledger; replaced (then rebuilt with :meth:`_rebuild`) after a re-plan."""
+    prune_hooks: list[Callable[[list[str]], None]]
+    """Called (in the decision thread) with the ids of each batch of deleted jobs."""
 
     @property
     def _ledger(self) -> Ledger:

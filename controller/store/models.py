@@ -102,7 +102,7 @@ class EventRow(Base):
     )
     at: Mapped[datetime] = mapped_column(LenientTime)
     kind: Mapped[str] = mapped_column(String(32))
-    job_id: Mapped[str] = mapped_column(String(200), default="")
+    job_id: Mapped[str] = mapped_column(String(200), default="", index=True)
     slot: Mapped[int] = mapped_column(LenientBigInteger)
     state: Mapped[str] = mapped_column(String(16), default="")
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

@@ -1,0 +1,193 @@
+"""Retention (``daemon.keep_days``, controller/admission/retention.py): the finished jobs
+past it are deleted from the store with their allocations, progress and events, at a
+slot boundary; jobs that may still hold slots are kept; a deleted id is free again; and
+what keeps jobs by id elsewhere (the console's owners, the plane's retained events) is
+told. The controller runs in-process on SQLite with a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from sqlalchemy import func, select
+
+from controller.admission import AdmissionController
+from controller.clock import FakeClock, SlotClock
+from controller.config import ConfigError, from_dict
+from controller.errors import NotFoundError
+from controller.store import AllocationRow, Database, EventRow, JobRow, ProgressRow
+from tests.test_mqtt_units import CLUSTER, PlaneDaemon
+
+HOUR = 3600.0
+SPEC = PlaneDaemon.SPEC  # 2 workers' worth of 1 GPU, planned within a few slots
+
+
+def _controller(tmp: Path, keep_days: float) -> tuple[AdmissionController, FakeClock]:
+    daemon = {"data_dir": str(tmp), "window": 6, "epoch": 0, "keep_days": keep_days}
+    config = from_dict({"daemon": daemon, "cluster": CLUSTER})
+    clock = FakeClock(1.0)
+    c = AdmissionController(
+        config,
+        Database(config.database_url),
+        SlotClock(clock, config.slot_seconds, 0.0),
+        log=structlog.wrap_logger(structlog.ReturnLogger()),
+    )
+    c.open()
+    return c, clock
+
+
+def _rows(c: AdmissionController) -> dict[str, set[str]]:
+    """The job ids each table holds rows of."""
+    with c.db.session() as session:
+        return {
+            table.__tablename__: set(session.scalars(select(column).distinct()))
+            for table, column in ((JobRow, JobRow.id), (AllocationRow, AllocationRow.job_id),
+                                  (EventRow, EventRow.job_id), (ProgressRow, ProgressRow.job_id))
+        }  # fmt: skip
+
+
+def _to_slot(c: AdmissionController, clock: FakeClock, slot: int) -> None:
+    clock.t = slot * HOUR + 1.0
+    asyncio.run(c.tick())
+
+
+def test_finished_jobs_past_keep_days_are_deleted_and_live_ones_kept(tmp_path: Path) -> None:
+    c, clock = _controller(tmp_path, keep_days=1)  # 24 one-hour slots
+    deleted: list[list[str]] = []
+    c.prune_hooks.append(deleted.append)
+    try:
+        assert asyncio.run(c.submit({"id": "done", **SPEC})).decision.admitted
+        assert asyncio.run(c.submit({"id": "gone", **SPEC})).decision.admitted
+        asyncio.run(c.cancel("gone"))
+        cheap = {**SPEC, "utility": {**SPEC["utility"], "priority": 1e-9}}
+        assert not asyncio.run(c.submit({"id": "cheap", **cheap})).decision.admitted
+        with c.db.session() as session:  # progress an agent reported
+            now = datetime.now(UTC)
+            session.add(ProgressRow(job_id="done", minibatches=1.0, worker_seconds=1.0,
+                                    per_server={}, samples={}, updated_at=now))  # fmt: skip
+            session.commit()
+        _to_slot(c, clock, 20)  # every job ended, none for 24 slots yet
+        assert not deleted and _rows(c)["jobs"] == {"done", "gone", "cheap"}
+        assert asyncio.run(c.get("done")).state == "completed"
+        assert asyncio.run(c.submit({"id": "live", **SPEC})).decision.admitted
+        _to_slot(c, clock, 40)
+        assert deleted == [["done", "gone", "cheap"]]
+        rows = _rows(c)
+        assert rows["jobs"] == {"live"} and rows["allocations"] == {"live"}, rows
+        assert rows["events"] <= {"", "live"} and rows["job_progress"] == set(), rows
+        with pytest.raises(NotFoundError):
+            asyncio.run(c.get("done"))
+        # the id is free again: a new job, with another spec, not ALREADY_EXISTS
+        again = asyncio.run(c.submit({"id": "done", **SPEC, "epochs": 2}))
+        assert again.decision.admitted and again.spec["epochs"] == 2
+        _to_slot(c, clock, 41)  # nothing more to delete: no batch, no hook
+        assert deleted == [["done", "gone", "cheap"]]
+    finally:
+        c.close()
+
+
+def test_without_keep_days_every_job_is_kept(tmp_path: Path) -> None:
+    c, clock = _controller(tmp_path, keep_days=0)
+    try:
+        asyncio.run(c.submit({"id": "old", **SPEC}))
+        _to_slot(c, clock, 10_000)
+        assert asyncio.run(c.get("old")).state == "completed"
+        assert asyncio.run(c.prune()) == 0
+    finally:
+        c.close()
+
+
+def test_deletion_goes_in_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each batch is one decision-thread step: decisions go on between them."""
+    from controller.admission import retention
+
+    c, clock = _controller(tmp_path, keep_days=1)
+    monkeypatch.setattr(retention, "PRUNE_BATCH", 2)
+    try:
+        cheap = {**SPEC, "utility": {**SPEC["utility"], "priority": 1e-9}}
+        for i in range(5):
+            asyncio.run(c.submit({"id": f"r{i}", **cheap}))
+        clock.t = 30 * HOUR + 1.0
+        c._advance_window()
+        sizes = [len(asyncio.run(c._run(lambda: c._prune_sync(2)))) for _ in range(4)]
+        assert sizes == [2, 2, 1, 0]
+        with c.db.session() as session:
+            assert session.scalar(select(func.count()).select_from(JobRow)) == 0
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (-1, "daemon.keep_days: must be >= 0"),
+        (1e6, "daemon.keep_days: must be at most 36525"),
+        ("week", "daemon.keep_days"),
+    ],
+)
+def test_keep_days_is_checked(value: Any, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        from_dict({"daemon": {"keep_days": value}, "cluster": CLUSTER})
+
+
+def test_the_console_forgets_the_owners_of_deleted_jobs() -> None:
+    """A deleted id can come back as another submitter's job: an owner remembered for
+    it would show the new job's events in the old owner's event streams."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from controller.console.app import Console
+    from controller.events import EventBus
+
+    config = from_dict({"cluster": CLUSTER, "web": {"listen": "127.0.0.1:0"}})
+    controller = SimpleNamespace(bus=EventBus(), prune_hooks=[])
+    console = Console(config, cast(Any, controller), None, None)
+    console.owners.update({"a": "alice", "b": "bob"})
+    for hook in controller.prune_hooks:
+        hook(["a"])
+    assert console.owners == {"b": "bob"}
+    json.dumps(console.owners)  # still a plain mapping
+
+
+def test_a_console_stream_reads_the_owner_again_at_a_later_decision(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a standby (no prune hook runs there) or after a batch, a job under a deleted
+    job's id is another submitter's: its first event, a decision after the owner was
+    read, makes the console read it again; other events do not cost a read."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from controller.console.app import Console
+    from controller.events import Event, EventBus
+
+    config = from_dict({"cluster": CLUSTER, "web": {"listen": "127.0.0.1:0"}})
+    console = Console(
+        config, cast(Any, SimpleNamespace(bus=EventBus(), prune_hooks=[])), None, None
+    )
+    reads: list[list[str]] = []
+
+    async def owner_of(ids: Iterable[str]) -> dict[str, str | None]:
+        reads.append(sorted(ids))
+        return {j: "bob" for j in ids}
+
+    monkeypatch.setattr(console.data, "owner_of", owner_of)
+
+    async def scenario() -> list[bool]:
+        await console._learn_owners({"a"}, 5)
+        console.owners["a"] = "alice"  # as it was read at sequence 5
+        return [
+            await console._visible(Event(4, "decided", "a", 0, "admitted", {}), "alice"),
+            await console._visible(Event(7, "running", "a", 0, "running", {}), "alice"),
+            await console._visible(Event(9, "decided", "a", 0, "admitted", {}), "alice"),
+            await console._visible(Event(10, "running", "a", 0, "running", {}), "bob"),
+        ]
+
+    assert asyncio.run(scenario()) == [True, True, False, True]
+    assert reads == [["a"], ["a"]]
