@@ -26,7 +26,7 @@ from controller.store import AllocationRow, EventRow, JobRow, ProgressRow
 
 __all__ = ["PRUNE_BATCH", "Retention"]
 
-PRUNE_BATCH = 500
+PRUNE_BATCH = 200
 """Jobs deleted in one transaction (one decision-thread step)."""
 
 _DAY_SECONDS = 86400.0
