@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from controller.clock import SlotClock, SystemClock
 from controller.commands.failover import FollowingStub, LeaderPool
 from controller.config import ConfigError, load
 from controller.console.data import ConsoleData
-from controller.errors import NotLeaderError
+from controller.errors import NotLeaderError, SlotGridChangedError
 from controller.metrics import Metrics
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
@@ -43,9 +44,12 @@ HA = '[ha]\nlease_seconds = 5\nadvertise = "{address}"\n'
 class Node:
     """An in-process controller with ``[ha]`` on ``url``, opened as oasisd opens it."""
 
-    def __init__(self, tmp_path: Path, url: str, name: str) -> None:
+    def __init__(
+        self, tmp_path: Path, url: str, name: str, edit: Callable[[str], str] = str
+    ) -> None:
         path = write_config(tmp_path / f"{name}.toml", tmp_path / name, url, epoch=0.0,
                             extra=HA.format(address=f"{name}:50051"))  # fmt: skip
+        path.write_text(edit(path.read_text()))
         config = load(path)
         assert config.ha is not None
         self.db = Database(url, idle_transaction=config.ha.lease_seconds)
@@ -157,6 +161,99 @@ def test_fence_standby_follow_and_takeover(tmp_path: Path, postgres: Postgres) -
         assert (_ha_metrics(a.c), _ha_metrics(b.c)) == ((0.0, 2.0), (1.0, 2.0))
     finally:
         for node in (a, b, c):
+            if node is not None:
+                node.close()
+
+
+def _cut_lease(url: str, node: Node) -> None:
+    """End ``node``'s lease as PostgreSQL does past it: its session is terminated."""
+    with psycopg.connect(url.replace("postgresql+psycopg", "postgresql")) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (node.lock.backend_pid,))
+
+
+def test_a_standby_with_smaller_servers_follows_and_takes_over_by_refitting(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    """Before: a standby whose config gave a server less capacity than the leader's (a
+    rolling config change) raised CapacityError following the first plan on it, at
+    every round, and every takeover failed the same way, naming itself the leader: no
+    node decided until someone stepped in. Now it warns at start, leaves such plans out
+    while following, and takes over as a restarted daemon would: refitting them."""
+    url = postgres.new_database()
+    a = Node(tmp_path, url, "a")
+    b = None
+    try:
+        a.take_over()
+        for spec in contending_jobs(6):
+            asyncio.run(a.c.submit(spec))
+        half = lambda text: text.replace("gpu=8,", "gpu=4,")  # noqa: E731  (w2's 8 GPUs)
+        b = Node(tmp_path, url, "b", edit=half)
+        asyncio.run(b.c.follow())
+        assert b.c._unfitted > 0, "some plan must use more of w2 than b has"
+        asyncio.run(a.c.submit(job("late")))
+        asyncio.run(b.c.follow())  # past the plans that do not fit: no exception
+        _cut_lease(url, a)
+        assert b.take_over() == 2 and b.c.leading
+        assert b.c.leader is not None and b.c.leader.address == "b:50051"
+        ledger = b.c.ledger
+        assert ledger is not None
+        w2 = b.c.cluster.worker_names.index("w2")
+        gpu = b.c.cluster.resources.index("gpu")
+        assert (ledger.worker_side.used[:, w2, gpu] <= 4 + 1e-9).all()
+    finally:
+        for node in (a, b):
+            if node is not None:
+                node.close()
+
+
+def test_a_standby_on_another_slot_grid_never_takes_the_lead(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    """Before: a standby with 60 s slots, started on the empty store of a leader with
+    3600 s slots, took over after the leader died, rewrote the slot grid and moved every
+    plan (admitted jobs completed at once, never having run). It now refuses to lead,
+    without taking the lock or recording an epoch, and says why; clients are not sent to
+    it as a leader."""
+    url = postgres.new_database()
+    a = Node(tmp_path, url, "a")
+    b = None
+    try:
+        a.take_over()
+        b = Node(tmp_path, url, "b", edit=lambda t: t.replace("slot_seconds = 3600",
+                                                             "slot_seconds = 60"))  # fmt: skip
+        assert not b.c.leading  # the store held no job yet: it started
+        for spec in contending_jobs(3):
+            asyncio.run(a.c.submit(spec))
+        problem = b.c.takeover_problem()
+        assert "daemon.slot_seconds is 60 s, but the store's jobs were planned in slots of " \
+               "3600 s" in problem, problem  # fmt: skip
+        _cut_lease(url, a)
+        with pytest.raises(SlotGridChangedError):
+            b.take_over()
+        assert not b.c.leading and b.c.leader is not None
+        assert b.c.leader.address == "a:50051"
+    finally:
+        for node in (a, b):
+            if node is not None:
+                node.close()
+
+
+def test_a_standby_without_an_epoch_takes_the_leaders(tmp_path: Path, postgres: Postgres) -> None:
+    """Before: a leader whose config sets the epoch never records it apart from its
+    settings, and a standby whose config sets none exited 1 at every start ("slot 0 is
+    not recorded in the store yet"): under systemd, a restart loop and no standby."""
+    url = postgres.new_database()
+    epochless = lambda text: "\n".join(  # noqa: E731
+        line for line in text.splitlines() if not line.startswith("epoch =")
+    )
+    a = Node(tmp_path, url, "a", edit=lambda t: t.replace("epoch = 0.0", "epoch = 3600.0"))
+    b = None
+    try:
+        a.take_over()
+        b = Node(tmp_path, url, "b", edit=epochless)
+        assert not b.c.leading and b.c.slots.epoch == 3600.0
+    finally:
+        for node in (a, b):
             if node is not None:
                 node.close()
 

@@ -35,9 +35,11 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from controller.admission.recovery import Recovery, _Misfit
+from controller.errors import SlotGridChangedError
 from controller.events import Event
 from controller.store import EventRow, OutageRow
 from controller.store.writer_lock import Holder, recorded_holder, this_process
+from pricing.errors import CapacityError
 
 __all__ = ["FOLLOW_BATCH", "Follow", "HaStatus"]
 
@@ -159,13 +161,16 @@ class Follow(Recovery):
             self.log.warning("plan that no longer fits left out", job=job_id, why=found.why)
             found = None
         if job_id in ledger:
-            if found is None:
-                ledger.release(job_id, ledger.schedule(job_id).start)
-            else:
-                ledger.replace(job_id, found[1])
-        elif found is not None:
-            job, schedule = found
+            ledger.release(job_id, ledger.schedule(job_id).start)
+        if found is None:
+            return
+        job, schedule = found
+        try:
             ledger.admit(job_id, job.worker, job.ps, schedule)
+        except CapacityError as err:  # this standby's servers are smaller than the leader's
+            self._unfitted += 1  # left out; a takeover rebuilds in full and refits it
+            self.log.warning("plan that no longer fits left out", job=job_id,
+                             why=f"over this standby's configured capacity: {err}")  # fmt: skip
 
     def _take_over_sync(self, epoch: int, lock_pid: int | None) -> int:
         """Lead in ``epoch`` (just recorded in the store) with the writer lock held by
@@ -174,11 +179,15 @@ class Follow(Recovery):
         self._writer.drain()  # a commit of this daemon's last lead, if any, is over
         if self._stale:
             self._generation += 1  # rebuilt below; what failed before stays failed
+        leader = self.leader
         self.lead(epoch, lock_pid)
         self._ids_ledger = None  # the ids of stored jobs are read again (.decide)
         self._start_committer()
         try:
             with self._write() as session:
+                # the stored plans are slot numbers of the leader's slot grid: with another,
+                # this node cannot lead this store (as it could not start on it)
+                self._check_slot_grid(session)
                 self._record_setup(session)
             applied = 0
             if self._unfitted or self._stale:
@@ -196,8 +205,20 @@ class Follow(Recovery):
             self._ticked_slot = -1
         except BaseException:
             self.role = "standby"
+            self.leader = leader  # not this node: clients are not sent back to it
             raise
         return applied
+
+    def takeover_problem(self) -> str:
+        """Why this standby cannot lead the store as it is ("" if it can): its slot grid
+        is not that of the stored plans (:meth:`_check_slot_grid`). Reads the store only,
+        so the election asks before it takes the lock and records an epoch."""
+        try:
+            with self.db.session() as session:
+                self._check_slot_grid(session)
+        except SlotGridChangedError as err:
+            return str(err)
+        return ""
 
     def lead(self, epoch: int, lock_pid: int | None) -> None:
         """Lead from now in ``epoch``, fencing every write with it and ``lock_pid``."""

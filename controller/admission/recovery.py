@@ -98,6 +98,13 @@ class Recovery(Moves, BoundControl):
                 self._record_setup(session)
             else:
                 self.leader = recorded_holder(session)
+                differences = self._setup_differences(session)
+                if differences:
+                    self.log.warning(
+                        "this standby's config differs from the one the leader recorded: a "
+                        "takeover applies this one, refitting the plans that no longer fit "
+                        "(as at a restart)", differences=differences[:10],
+                    )  # fmt: skip
         self.slot = self.slots.current_slot()
         self._seen_event = self._last_event()  # first: later ones are applied again, harmlessly
         rebuilt = self._reload()
@@ -127,6 +134,15 @@ class Recovery(Moves, BoundControl):
         if meta is not None:
             value = meta.value.get("epoch") if isinstance(meta.value, dict) else None
             return slot_zero(value, f"the store's meta row {EPOCH_KEY!r}: epoch")
+        settings = session.get(MetaRow, SETTINGS_KEY)
+        recorded = (
+            settings.value.get("epoch") if settings and isinstance(settings.value, dict) else None
+        )
+        if not self.leading and isinstance(recorded, int | float) and math.isfinite(recorded):
+            # a leader whose config sets the epoch records it only with its settings: a
+            # standby without one takes the leader's (it refused to start, in a loop)
+            self.log.info("slot 0 read from the leader's settings", epoch=recorded)
+            return float(recorded)
         if not self.leading:
             raise StoreUnavailableError(
                 "slot 0 is not recorded in the store yet: a standby reads it from there, "
@@ -179,6 +195,35 @@ class Recovery(Moves, BoundControl):
                 "move every stored plan to another time. Set them back, or give the new "
                 "settings a new store (another daemon.data_dir or store_url)"
             )
+
+    def _setup_differences(self, session: Session) -> list[str]:
+        """How this config's servers, window and slot grid differ from those recorded by
+        the daemon that last led the store (:meth:`_record_setup`), in words; [] if they
+        do not, or if nothing readable is recorded. Both head nodes need the same."""
+        out: list[str] = []
+        meta = session.get(MetaRow, SETTINGS_KEY)
+        recorded = meta.value if meta is not None and isinstance(meta.value, dict) else {}
+        mine = {"window": self.window, "slot_seconds": self.config.slot_seconds,
+                "epoch": self.slots.epoch}  # fmt: skip
+        for key, value in mine.items():
+            theirs = recorded.get(key)
+            if isinstance(theirs, int | float) and abs(theirs - value) > 1e-9 * max(1, abs(value)):
+                out.append(f"{key}: {value:g} here, {theirs:g} recorded")
+        stored = {r.name: (r.kind, r.capacity) for r in session.scalars(select(ServerRow))}
+        if not stored:
+            return out
+        configured = {
+            name: (kind, dict(zip(self.cluster.resources, caps.tolist(), strict=True)))
+            for kind, _, name, caps in self.cluster.servers()
+        }
+        for name in sorted(configured.keys() | stored.keys()):
+            if name not in stored:
+                out.append(f"server {name}: configured here, not recorded")
+            elif name not in configured:
+                out.append(f"server {name[:64]}: recorded, not configured here")
+            elif configured[name] != stored[name]:
+                out.append(f"server {name}: {configured[name]} here, {stored[name]} recorded")
+        return out
 
     def _record_setup(self, session: Session) -> None:
         """Record the configured servers and the settings that give stored slots their

@@ -39,6 +39,9 @@ from controller.store.writer_lock import PostgresWriterLock
 
 __all__ = ["Leadership"]
 
+_REFUSAL_LOG_SECONDS = 60.0
+"""A takeover refused for the same reason is logged again at most this often."""
+
 
 class Leadership:
     """The election loop of one daemon (:meth:`check`, every ``retry_seconds``).
@@ -67,6 +70,7 @@ class Leadership:
         self.role = controller.role  # the role last announced to on_role
         self.took_over_at = 0.0  # time.monotonic() of the last takeover
         self._probed = 0.0
+        self._refused, self._refused_at = "", 0.0  # the last takeover refused, when logged
 
     async def check(self) -> None:
         """One round: a leader confirms its lease, a standby tries to take it."""
@@ -98,6 +102,14 @@ class Leadership:
         await self.on_role("standby")
 
     async def _try_take_over(self) -> None:
+        problem = await asyncio.to_thread(self.c.takeover_problem)
+        if problem:  # no lock taken, no epoch recorded: asked again at the next check
+            now = time.monotonic()
+            if problem != self._refused or now - self._refused_at >= _REFUSAL_LOG_SECONDS:
+                self.log.error("cannot take over: this node's config cannot lead the store",
+                               why=problem)  # fmt: skip
+                self._refused, self._refused_at = problem, now
+            return
         try:
             epoch = await asyncio.to_thread(self._acquire)
         except (DBAPIError, StoreUnavailableError, OSError) as err:
