@@ -169,18 +169,20 @@ def oracle_bounds(
     log_l = {"worker": np.inf, "ps": np.inf}
     for job in jobs:
         best = float(job.utility.log_values(job.min_slots))
-        worst = float(job.utility.log_values(latest_jct[job.id]))
+        worst = _last_positive_log_utility(job, latest_jct[job.id])
         for side in ("worker", "ps"):
             demand: NDArray[np.float64] = getattr(job, side)
             used = demand > 0
             with np.errstate(divide="ignore"):
                 per_unit = best - np.log(demand, where=used, out=np.zeros(n_res))
             log_u[side] = np.where(used, np.maximum(log_u[side], per_unit), log_u[side])
-            log_l[side] = min(log_l[side], worst - math.log(job.work * float(demand.sum())))
+            if worst is not None:
+                log_l[side] = min(log_l[side], worst - math.log(job.work * float(demand.sum())))
     if not (math.isfinite(log_l["worker"]) and math.isfinite(log_l["ps"])):
         raise SpecError.one(
-            "pricing", "the lowest utility of some job is 0, so L would be 0: no price can start"
-        )
+            "pricing", "every job's utility is 0 by its fastest completion, so L would be 0: "
+            "no price can start"
+        )  # fmt: skip
     # in logs: 4 * eta overflows for an eta near 1e308 (L is kept as its log anyway)
     l1 = log_l["worker"] - _LOG4 - math.log(e1)
     l2 = log_l["ps"] - _LOG4 - math.log(e2)
@@ -188,6 +190,28 @@ def oracle_bounds(
     u1 = np.where(np.isfinite(log_u["worker"]), log_u["worker"], l1)
     u2 = np.where(np.isfinite(log_u["ps"]), log_u["ps"], l2)
     return PriceBounds(u1, u2, l1, l2, e1, e2)
+
+
+def _last_positive_log_utility(job: Job, latest: int) -> float | None:
+    """``log f(t)`` at the latest completion ``t <= latest`` where the job's utility is
+    still positive (SPEC 4's ``f(Tmax)``, the lowest value L is drawn from). A deadline
+    without ``half_life`` is worth 0 after its deadline: SPEC 4 would give L = 0, which no
+    exponential price can start from, so its value at the deadline counts instead. None
+    if it is worth nothing even at its fastest completion. Utilities do not rise with
+    time (SPEC 3), so the last positive one is found by bisection."""
+    lo = int(job.min_slots)
+    if math.isfinite(float(job.utility.log_values(latest))):
+        return float(job.utility.log_values(latest))
+    if lo > latest or not math.isfinite(float(job.utility.log_values(lo))):
+        return None
+    hi = latest  # log f(lo) finite, log f(hi) not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if math.isfinite(float(job.utility.log_values(mid))):
+            lo = mid
+        else:
+            hi = mid
+    return float(job.utility.log_values(lo))
 
 
 def bounds_from_dict(raw: Any, cluster: Cluster, field: str = "pricing") -> PriceBounds | None:

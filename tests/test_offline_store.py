@@ -153,3 +153,31 @@ def test_an_empty_stretch_is_a_clear_error(
 ) -> None:
     assert main(["offline", "--store", controller.url, "--from", "5", "--to", "9"]) == 2
     assert "no job arrived in slots 5 .. 9" in capsys.readouterr().err
+
+
+def test_a_deadline_without_half_life_leaves_the_store_tools_working(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A deadline job without ``half_life`` is worth 0 after its deadline, so SPEC 4's
+    oracle L (from each job's value at the latest completion) was 0: `offline --store`
+    and `calibrate --store` printed a SpecError traceback for any store holding one
+    ordinary job of that kind, and `replay` refused such a trace under oracle bounds.
+    Its value at the last completion still worth something counts now."""
+    raw, specs = _jobs(3, 8)
+    due = {"kind": "deadline", "value": 50, "deadline": "3h"}
+    specs[0] = {**specs[0], "utility": due}
+    c = Controller(tmp_path, raw)
+    try:
+        views = [c.submit(s) for s in specs]
+    finally:
+        c.inner.close()
+    assert views[0].spec["utility"]["kind"] == "deadline"
+    out = _offline(capsys, "--store", c.url)
+    assert [j["id"] for j in out["jobs"]] == [s["id"] for s in specs]
+    assert out["status"] == "optimal" and out["optimum"] > 0
+    prior = tmp_path / "prior.json"
+    assert main(["calibrate", "--store", c.url, "-o", str(prior)]) == 0
+    assert json.loads(prior.read_text())
+    trace = trace_from_dict({**raw, "jobs": [{**s, "arrival": 0} for s in specs]})
+
+    assert np.isfinite(trace.bounds.log_l1).all()  # replay's oracle L is not 0

@@ -15,6 +15,7 @@ from controller.commands.common import EXIT_OK, InputError, int_at_least, load_t
 from pricing.bound_estimate import BoundEstimate, calibrate
 from pricing.bound_prior import DEFAULT_PRIOR_WEIGHT, MAX_POINTS
 from pricing.cluster import Cluster
+from pricing.errors import SpecError
 from pricing.job import Job
 
 __all__ = ["register", "run"]
@@ -79,7 +80,7 @@ def _from_store(url: str) -> tuple[list[Job], Cluster]:
         raise InputError(f"--store: not a usable database URL: {err}") from err
     try:
         history = load_history(db)
-    except HistoryError as err:
+    except (HistoryError, SpecError) as err:  # a row, or what the jobs make of the bounds
         raise InputError(f"--store: {err}") from err
     except (StoreUnavailableError, SQLAlchemyError) as err:
         first_line = str(err).splitlines()[0]

@@ -33,6 +33,7 @@ from controller.history import HistoryError, OnlineJob, load_history
 from controller.replay import replay
 from controller.store import Database, StoreUnavailableError
 from pricing.column_generation import ColumnGenerationError
+from pricing.errors import SpecError
 from pricing.offline import (
     Held,
     OfflineError,
@@ -286,7 +287,7 @@ def _from_store(
         raise InputError(f"--store: not a usable database URL: {err}") from err
     try:
         history = load_history(db, args.first, args.last)
-    except HistoryError as err:
+    except (HistoryError, SpecError) as err:  # a row, or what the jobs make of the bounds
         raise InputError(f"--store: {err}") from err
     except (StoreUnavailableError, SQLAlchemyError) as err:
         # e.g. a file that is no daemon's store has no tables
