@@ -171,6 +171,25 @@ def test_a_list_names_the_item_that_failed(tmp_path: Path, daemon: Daemon) -> No
     assert "job.epochs: must be >= 1, got -1" in out.stderr
 
 
+def test_a_list_with_json_keeps_the_decisions_taken_before_an_item_failed(
+    tmp_path: Path, daemon: Daemon
+) -> None:
+    """Before: with --json, stdout held only the error: the items decided before the
+    failing one (with ids the daemon made) were printed nowhere, so a script took it
+    that nothing was submitted, and a retry submitted them again under new ids."""
+    jobs = [dict(PEOPLE), {**PEOPLE, "epochs": -1}, dict(PEOPLE)]  # no ids
+    out = run("submit", write(tmp_path, jobs), "--json", server=daemon.address)
+    assert out.returncode == 2, out.stderr
+    answer = json.loads(out.stdout)
+    assert answer["error"]["field"] == "job.epochs"
+    assert answer["failed"]["item"] == 1 and answer["failed"]["not_sent"] == 1
+    [first] = answer["submitted"]
+    assert first["id"] and first["decision"]["admitted"]
+    assert answer["failed"]["id"] != first["id"]  # the client named every item
+    again = json.loads(run("job", first["id"], "--json", server=daemon.address).stdout)
+    assert again["id"] == first["id"]
+
+
 def test_a_deadline_too_close_says_by_how_much(tmp_path: Path, daemon: Daemon) -> None:
     spec = {
         **PEOPLE,

@@ -23,6 +23,7 @@ from controller.commands import SUMMARIES
 from controller.commands.common import EXIT_OK, InputError, fmt, read_json
 from controller.commands.connection import (
     EXIT_REJECTED,
+    PartialFailureError,
     Stubs,
     guarded,
     options,
@@ -204,8 +205,10 @@ def _verdict(decisions: list[pb.Decision], states: list[int] | None = None) -> i
 def cmd_submit(args: argparse.Namespace) -> int:
     stubs = Stubs(args)
     specs = _specs(args.file)
-    responses = []
-    if len(stubs.pool.addresses) > 1:  # a retry on another node must carry the same id
+    responses: list[pb.SubmitJobResponse] = []
+    if len(stubs.pool.addresses) > 1 or len(specs) > 1:
+        # a retry on another node must carry the same id; and the items of a list that
+        # took effect before one failed must be named, so a retry need not repeat them
         from controller.jobspec import new_id  # numpy: not at the parser's start-up
 
         specs = [s if s.get("id") else {**s, "id": new_id()} for s in specs]
@@ -213,12 +216,22 @@ def cmd_submit(args: argparse.Namespace) -> int:
         req = pb.SubmitJobRequest(job=_request_spec(spec), wait_seconds=args.wait)
         try:
             resp = stubs.admission.SubmitJob(req, timeout=stubs.timeout)
-        except grpc.RpcError:
-            if len(specs) > 1:
-                name = spec.get("id") if isinstance(spec.get("id"), str) else "without an id"
+        except grpc.RpcError as err:
+            if len(specs) == 1:
+                raise
+            name = spec.get("id") if isinstance(spec.get("id"), str) else "without an id"
+            if not args.json:
                 print(f"oasis submit: item {i} ({name}) failed; the {i} before it were "
                       "submitted, the rest were not", file=sys.stderr)  # fmt: skip
-            raise
+                raise
+            # the decisions taken stay answered: a script must not think none were
+            try:
+                times = stubs.times() if responses else None
+            except grpc.RpcError:  # the daemon went away: slot numbers without times
+                times = None
+            done = [job_record(r.job, times) | {"duplicate": r.duplicate} for r in responses]
+            failed = {"item": i, "id": name, "not_sent": len(specs) - i - 1}
+            raise PartialFailureError(err, {"failed": failed, "submitted": done}) from err
         responses.append(resp)
         if not args.json:
             note = " (already decided: this is the first decision)" if resp.duplicate else ""

@@ -33,6 +33,7 @@ __all__ = [
     "DEFAULT_PORT",
     "DEFAULT_SERVER",
     "EXIT_REJECTED",
+    "PartialFailureError",
     "Stubs",
     "daemon_address",
     "guarded",
@@ -173,23 +174,42 @@ def guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
     """``func`` with its failures reported (see the module docstring)."""
 
     def run(args: argparse.Namespace) -> int:
+        extra: dict[str, Any] = {}
         try:
             return func(args)
-        except grpc.RpcError as err:
-            code = err.code()
-            problems = _field_violations(err)
-            message = _explain(code, err.details() or "", args)
-            return report_error(args, code.name, message, problems)
-        except InputError as err:  # a job file the client cannot use
+        except PartialFailureError as partial:
+            err, extra = partial.cause, partial.extra
+        except grpc.RpcError as rpc_error:
+            err = rpc_error
+        except InputError as bad:  # a job file the client cannot use
             if not args.json:
                 raise
-            return report_error(args, "INVALID_ARGUMENT", str(err), err.problems)
+            return report_error(args, "INVALID_ARGUMENT", str(bad), bad.problems)
+        code = err.code()
+        problems = _field_violations(err)
+        message = _explain(code, err.details() or "", args)
+        return report_error(args, code.name, message, problems, extra)
 
     return run
 
 
+class PartialFailureError(Exception):
+    """A call failed after others of the same command took effect: ``cause`` is the
+    failed call's error, ``extra`` what took effect, for ``--json`` (top-level keys
+    next to ``error``)."""
+
+    def __init__(self, cause: grpc.RpcError, extra: dict[str, Any]) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.extra = extra
+
+
 def report_error(
-    args: argparse.Namespace, code: str, message: str, problems: Sequence[Problem] = ()
+    args: argparse.Namespace,
+    code: str,
+    message: str,
+    problems: Sequence[Problem] = (),
+    extra: dict[str, Any] | None = None,
 ) -> int:
     """Show an error (text on stderr, or with ``--json`` one JSON object on stdout:
     ``{"error": {"code", "message", "field", "problems"}}``); return the exit status:
@@ -202,7 +222,7 @@ def report_error(
             "field": problems[0].field if problems else "",
             "problems": [{"field": p.field, "message": p.reason} for p in problems],
         }
-        print(json.dumps({"error": error}, indent=1))
+        print(json.dumps({"error": error, **(extra or {})}, indent=1))
     elif problems:
         lines = "\n".join(f"  {p}" for p in problems)
         print(f"oasis {args.command}: {code}: invalid input:\n{lines}", file=sys.stderr)
