@@ -262,3 +262,31 @@ def test_a_trace_without_jobs_replays_with_estimated_bounds_not_oracle(
     with pytest.raises(SystemExit) as refused:  # argparse: exit 2, the option named
         main(["gen", "--jobs", "0", "-o", str(tmp_path / "none.json")])
     assert refused.value.code == 2 and "--jobs: must be >= 1" in capsys.readouterr().err
+
+
+def test_careless_arguments_are_refused_before_any_harm(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an audit, each before: ``calibrate T -o T`` overwrote the trace with the
+    prior; a mistyped ``--store`` path left an empty SQLite file there and said "no such
+    table"; ``--timeout inf`` (or 0) failed every call at once, blaming the daemon;
+    ``gen --slot-seconds 1e20`` ran for hours."""
+    trace = _write(tmp_path, _small_trace())
+    before = Path(trace).read_text()
+    assert main(["calibrate", trace, "-o", trace]) == 2
+    assert "that is the trace read" in capsys.readouterr().err
+    assert Path(trace).read_text() == before
+    missing = tmp_path / "typo.db"
+    for command in (["calibrate"], ["offline", "--no-progress"]):
+        assert main([*command, "--store", f"sqlite:///{missing}"]) == 2
+        assert "no such file" in capsys.readouterr().err
+    assert not missing.exists()
+    for bad in ("inf", "0", "-1", "nan", "1e9"):
+        with pytest.raises(SystemExit) as refused:
+            main(["jobs", "--timeout", bad])
+        assert refused.value.code == 2
+        assert "--timeout" in capsys.readouterr().err
+    out = tmp_path / "gen.json"
+    assert main(["gen", "--jobs", "2", "--slot-seconds", "1e20", "-o", str(out)]) == 2
+    assert "--slot-seconds: at most 31622400" in capsys.readouterr().err
+    assert not out.exists()

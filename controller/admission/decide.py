@@ -24,6 +24,7 @@ from controller.replay import allocations as allocation_entries
 from controller.store import AllocationRow, JobRow
 from pricing import ADMIT_THRESHOLD, Job, SpecError
 from pricing.best_schedule import BestSchedule, best_schedule, payoff_ceiling
+from pricing.durations import format_duration
 from pricing.explain import explain_rejection, price_drivers
 from pricing.fields import text
 from pricing.prices import PriceBounds
@@ -264,8 +265,9 @@ class DecisionCore(GroupCommit):
             raise SpecError.one("wait_seconds", f"must be a finite number >= 0, got {wait!r}")
         if wait > longest:
             raise SpecError.one(
-                "wait_seconds", f"{wait:g} exceeds limits.max_wait_seconds = {longest:g}"
-            )
+                "wait_seconds", f"{format_duration(wait)} ({wait:g} s) exceeds "
+                f"limits.max_wait_seconds = {format_duration(longest)} ({longest:g} s)"
+            )  # fmt: skip
         return wait
 
     def _queue(

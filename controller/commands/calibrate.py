@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from controller.commands import SUMMARIES
-from controller.commands.common import EXIT_OK, InputError, int_at_least, load_trace
+from controller.commands.common import (
+    EXIT_OK,
+    InputError,
+    check_store_url,
+    int_at_least,
+    load_trace,
+    same_file,
+)
 from pricing.bound_estimate import BoundEstimate, calibrate
 from pricing.bound_prior import DEFAULT_PRIOR_WEIGHT, MAX_POINTS
 from pricing.cluster import Cluster
@@ -74,6 +81,7 @@ def _from_store(url: str) -> tuple[list[Job], Cluster]:
     from controller.history import HistoryError, load_history
     from controller.store import Database, StoreUnavailableError
 
+    check_store_url(url)
     try:
         db = Database(url)
     except SQLAlchemyError as err:
@@ -111,6 +119,9 @@ def run(args: argparse.Namespace) -> int:
     text = json.dumps(prior.to_dict(), indent=1) + "\n"
     if args.output == "-":
         sys.stdout.write(text)
+    elif args.trace is not None and same_file(args.output, args.trace):
+        raise InputError(f"-o {args.output}: that is the trace read: it would be overwritten "
+                         "with the prior; name another file")  # fmt: skip
     else:
         try:
             Path(args.output).write_text(text, encoding="utf-8")

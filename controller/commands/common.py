@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import stat
 import sys
 from collections.abc import Callable, Iterable
@@ -21,12 +22,15 @@ __all__ = [
     "EXIT_FAILURE",
     "EXIT_OK",
     "InputError",
+    "call_timeout",
+    "check_store_url",
     "fmt",
     "int_at_least",
     "load_prior_file",
     "load_trace",
     "positive_seconds",
     "read_json",
+    "same_file",
 ]
 
 EXIT_OK = 0
@@ -130,6 +134,34 @@ def int_at_least(low: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def same_file(a: str, b: str) -> bool:
+    """Whether paths ``a`` and ``b`` name one existing file."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_store_url(url: str) -> None:
+    """InputError for a ``--store`` SQLite URL whose file does not exist: SQLite would
+    create an empty one there (left behind), and the error would be "no such table"."""
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and url[len(prefix) :] not in ("", ":memory:"):
+        path = url[len(prefix) :].split("?", 1)[0]
+        if not os.path.isfile(path):
+            raise InputError(f"--store {url}: no such file (a daemon's SQLite store is "
+                             "oasis.db in its data_dir)")  # fmt: skip
+
+
+def call_timeout(text: str) -> float:
+    """An argparse ``type``: ``--timeout``, a finite number of seconds > 0, at most a
+    day (``inf`` or ``0`` made every call fail at once, blamed on the daemon)."""
+    value = positive_seconds(text)
+    if value > 86400:
+        raise argparse.ArgumentTypeError(f"must be at most 86400 seconds (a day), got {text}")
+    return value
 
 
 def positive_seconds(text: str) -> float:

@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 
 from controller.clock import SlotTimes
-from controller.commands.common import EXIT_BAD_INPUT, EXIT_FAILURE, InputError
+from controller.commands.common import EXIT_BAD_INPUT, EXIT_FAILURE, InputError, call_timeout
 from controller.commands.failover import FollowingStub, LeaderPool, split_servers
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
@@ -82,7 +82,9 @@ def options() -> argparse.ArgumentParser:
         f"(default: $OASIS_SERVER or {DEFAULT_SERVER})",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds per call (default 30)")
+    p.add_argument(
+        "--timeout", type=call_timeout, default=30.0, help="seconds per call (default 30)"
+    )
     p.add_argument("--tls", action="store_true", help="use TLS, trusting the system's CAs")
     for flag, var, meta, what in _ENV_OPTIONS:
         p.add_argument(flag, metavar=meta, default=env(var, ""), help=f"{what} (default: ${var})")

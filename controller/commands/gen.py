@@ -137,7 +137,15 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+MAX_SLOT_SECONDS = 366 * 86400.0
+"""The longest slot, as the daemon's ``daemon.slot_seconds`` (longer ones made the burst
+arrivals' draw run for hours)."""
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.slot_seconds > MAX_SLOT_SECONDS:
+        raise InputError(f"--slot-seconds: at most {MAX_SLOT_SECONDS:.0f} (366 days), as "
+                         f"daemon.slot_seconds; got {args.slot_seconds:g}")  # fmt: skip
     try:
         trace = generate_trace(
             np.random.default_rng(args.seed),

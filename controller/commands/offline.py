@@ -24,6 +24,7 @@ from controller.commands.common import (
     EXIT_FAILURE,
     EXIT_OK,
     InputError,
+    check_store_url,
     fmt,
     int_at_least,
     load_trace,
@@ -281,6 +282,7 @@ def _from_store(
     args: argparse.Namespace,
 ) -> tuple[Trace, Held | None, list[OnlineJob], list[Schedule | None]]:
     """The stored decisions as an offline problem (controller/history.py)."""
+    check_store_url(args.store)
     try:
         db = Database(args.store)
     except SQLAlchemyError as err:
