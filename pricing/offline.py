@@ -587,6 +587,12 @@ def _run(
             model.prob.solve(engine)
         except pulp.PulpSolverError as err:
             raise OfflineError(f"the {solver} solver failed: {err}") from err
+        except (ArithmeticError, LookupError, ValueError) as err:  # PuLP reading a failed
+            # solve back (an objective past 1e20, which HiGHS takes as infinite, did so)
+            raise OfflineError(
+                f"the {solver} solver failed ({type(err).__name__}: {str(err)[:200]}); "
+                "utilities near 1e20 or above are past what the solvers represent"
+            ) from err
         if solver == "highs":
             return _highs_verdict(model.prob)
         assert log_path is not None

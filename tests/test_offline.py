@@ -507,3 +507,24 @@ def test_pulp_is_loaded_only_when_solving() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_utility_past_what_the_solver_represents_is_an_error_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: a job worth 1e20 (HiGHS reads 1e20 as infinite) made PuLP raise
+    IndexError reading the failed solve back: a traceback, exit 1."""
+    job = {"arrival": 0, "epochs": 1, "chunks": 2, "minibatches": 1, "tau": 1, "grad_mb": 1e-9,
+           "worker": {"bandwidth": 1, "gpu": 1}, "ps": {"bandwidth": 1}}  # fmt: skip
+    trace = {
+        "version": 1, "horizon": 5, "resources": ["gpu", "bandwidth"],
+        "servers": [{"name": "w", "kind": "worker", "capacity": {"bandwidth": 10, "gpu": 1}},
+                    {"name": "p", "kind": "ps", "capacity": {"bandwidth": 10}}],
+        "jobs": [{**job, "id": f"a{i}", "utility": {"kind": "sigmoid", "priority": p,
+                                                     "decay": 0.5, "target": 1}}
+                 for i, p in enumerate((1e20, 5, 3))],
+    }  # fmt: skip
+    status = main(["offline", _write(tmp_path, trace), "--no-progress", "--time-limit", "20"])
+    err = capsys.readouterr().err
+    assert status == 1 and "Traceback" not in err, err
+    assert "the highs solver failed" in err and "near 1e20 or above" in err, err
