@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from controller.limits import search_size
 from pricing import Decision, Ledger, Trace, decide
 from pricing.baselines import Outcome
 from pricing.baselines import run as run_baseline
@@ -43,6 +44,7 @@ def replay(
     clock: Callable[[], float] = time.perf_counter,
     l_factor: float = 1.0,
     u_factor: float = 1.0,
+    max_search_steps: float | None = None,
 ) -> Iterator[ReplayRecord]:
     """Decide every job of ``trace`` in order, yielding each decision as it is made.
 
@@ -53,7 +55,10 @@ def replay(
     even on an empty cluster is rejected with payoff None and that reason, and takes no
     part in the estimate (the daemon refuses such a job before deciding). ``l_factor``
     and ``u_factor`` scale every L and U used (the paper's Fig. 6). A rejection's reason
-    is found after its decision is timed.
+    is found after its decision is timed. With ``max_search_steps``, a job whose search
+    would take more steps (``T`` x workers per slot x ``(W + 1)``, as the daemon's
+    ``limits.max_search_steps`` counts them) is rejected unsearched, with that reason,
+    as the daemon refuses it: one job of a small trace could otherwise search for hours.
     """
     warm_up()
     last = trace.horizon - 1
@@ -65,6 +70,17 @@ def replay(
             rejected = Decision(job, False, BestSchedule(None, None, None, None, None, 0))
             yield ReplayRecord(rejected, 0.0, late)
             continue
+        if max_search_steps is not None:
+            size = search_size(job, trace.cluster, last - job.arrival + 1)
+            if size.steps > max_search_steps:
+                rejected = Decision(job, False, BestSchedule(None, None, None, None, None, 0))
+                why = (f"not searched: its search would take {size.steps:.3g} steps "
+                       f"({size.slots} slots x {size.workers} workers per slot x (W + 1) "
+                       f"with W = {job.work}), over max_search_steps = "
+                       f"{max_search_steps:g} (the daemon's limits.max_search_steps; "
+                       "--max-search-steps 0: no limit)")  # fmt: skip
+                yield ReplayRecord(rejected, 0.0, why)
+                continue
         start = clock()
         if estimate is not None:
             estimate = estimate.observe(job)

@@ -290,3 +290,29 @@ def test_careless_arguments_are_refused_before_any_harm(
     assert main(["gen", "--jobs", "2", "--slot-seconds", "1e20", "-o", str(out)]) == 2
     assert "--slot-seconds: at most 31622400" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_replay_rejects_a_job_past_the_search_limit_unsearched(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: a 350-byte trace (one job of 1e6 chunks with a tiny demand) searched for
+    hours in `replay` and `offline`, which held no job to the daemon's search limit."""
+    job = {"arrival": 0, "epochs": 1, "minibatches": 10, "tau": 1, "grad_mb": 1e-9,
+           "worker": {"bandwidth": 0.001}, "ps": {"bandwidth": 1},
+           "utility": {"kind": "sigmoid", "priority": 10, "decay": 0, "target": 1}}  # fmt: skip
+    trace = {
+        "version": 1, "horizon": 20, "resources": ["bandwidth"],
+        "servers": [{"name": "w", "kind": "worker", "capacity": {"bandwidth": 1e6}},
+                    {"name": "p", "kind": "ps", "capacity": {"bandwidth": 1e6}}],
+        "jobs": [{**job, "id": "huge", "chunks": 10**6}, {**job, "id": "small", "chunks": 2}],
+    }  # fmt: skip
+    path = _write(tmp_path, trace)
+    assert main(["replay", path, "--json", "--max-search-steps", "1e6"]) in (0, 3)
+    out = json.loads(capsys.readouterr().out)
+    first = out["jobs"][0]
+    assert first["id"] == "huge" and not first["admitted"] and first["payoff"] is None
+    assert "not searched: its search would take" in first["reason"]
+    assert "over max_search_steps = 1e+06" in first["reason"]
+    assert [j["id"] for j in out["jobs"]] == ["huge", "small"]
+    assert main(["replay", path, "--max-search-steps", "-1"]) == 2
+    assert "--max-search-steps: must be a number >= 0" in capsys.readouterr().err

@@ -134,6 +134,9 @@ class Plane(PlaneHarness):
                     async with asyncio.timeout(wait):
                         async for message in client.messages:
                             assert isinstance(message.payload, bytes)
+                            if not message.payload:  # a retained message cleared (live)
+                                got.pop(str(message.topic), None)
+                                continue
                             got[str(message.topic)] = json.loads(message.payload)
                 except TimeoutError:
                     pass

@@ -18,10 +18,12 @@ if TYPE_CHECKING:  # the client commands never read traces: no numpy at their st
     from pricing.trace import Trace
 
 __all__ = [
+    "DEFAULT_SEARCH_STEPS",
     "EXIT_BAD_INPUT",
     "EXIT_FAILURE",
     "EXIT_OK",
     "InputError",
+    "add_search_limit",
     "call_timeout",
     "check_store_url",
     "fmt",
@@ -134,6 +136,31 @@ def int_at_least(low: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+DEFAULT_SEARCH_STEPS = 3e8
+"""``--max-search-steps``' default: the daemon's ``limits.max_search_steps``."""
+
+
+def add_search_limit(p: argparse.ArgumentParser) -> None:
+    """``--max-search-steps`` on a command that replays a trace."""
+    p.add_argument(
+        "--max-search-steps",
+        type=float,
+        default=DEFAULT_SEARCH_STEPS,
+        metavar="STEPS",
+        help="a job whose search would take more steps is rejected unsearched, as the "
+        f"daemon refuses it (default {DEFAULT_SEARCH_STEPS:g}, the daemon's "
+        "limits.max_search_steps; 0: no limit)",
+    )
+
+
+def search_limit(args: argparse.Namespace) -> float | None:
+    """The ``--max-search-steps`` given (None: no limit); InputError if not >= 0."""
+    steps = float(args.max_search_steps)
+    if not (steps >= 0 and math.isfinite(steps)):
+        raise InputError(f"--max-search-steps: must be a number >= 0, got {steps:g}")
+    return steps or None
 
 
 def same_file(a: str, b: str) -> bool:

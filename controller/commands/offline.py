@@ -24,11 +24,13 @@ from controller.commands.common import (
     EXIT_FAILURE,
     EXIT_OK,
     InputError,
+    add_search_limit,
     check_store_url,
     fmt,
     int_at_least,
     load_trace,
     positive_seconds,
+    search_limit,
 )
 from controller.history import HistoryError, OnlineJob, load_history
 from controller.replay import replay
@@ -119,6 +121,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--threads", type=int_at_least(1), default=None, help="solver threads (default: solver's)"
     )
+    add_search_limit(p)
     p.add_argument(
         "--cold",
         action="store_true",
@@ -306,7 +309,7 @@ def _from_trace(
     """Replay the trace with the online algorithm."""
     trace = load_trace(args.trace)
     progress(f"replaying {len(trace.jobs)} jobs with the online algorithm...")
-    records = list(replay(trace))
+    records = list(replay(trace, max_search_steps=search_limit(args)))
     online = [
         OnlineJob(
             r.decision.job.id,

@@ -9,7 +9,13 @@ import sys
 from typing import Any, TextIO
 
 from controller.commands import SUMMARIES
-from controller.commands.common import EXIT_OK, fmt, load_trace
+from controller.commands.common import (
+    EXIT_OK,
+    add_search_limit,
+    fmt,
+    load_trace,
+    search_limit,
+)
 from controller.replay import (
     ReplayRecord,
     baseline_json,
@@ -45,6 +51,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--no-progress", dest="progress", action="store_false", help="no progress on stderr"
     )
+    add_search_limit(p)
     p.set_defaults(func=run)
 
 
@@ -132,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     records: list[ReplayRecord] = []
     total = len(trace.jobs)
     progress = args.progress and not args.json and sys.stderr.isatty()
-    for i, record in enumerate(replay(trace), 1):
+    for i, record in enumerate(replay(trace, max_search_steps=search_limit(args)), 1):
         records.append(record)
         if progress:
             print(f"\rdecided {i}/{total}", end="", file=sys.stderr, flush=True)

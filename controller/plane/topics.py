@@ -19,7 +19,9 @@ cumulative per agent *session* (a random id per agent process), so a report repe
 lost changes nothing, and a restarted agent does not undo what its predecessor did. On
 every connection the daemon publishes every plan and every job's latest event again (a
 broker restarted without persistence has lost them); consumers dedupe events on
-``sequence``. An agent subscribes to its plan and to the status.
+``sequence``. A job deleted by retention (``daemon.keep_days``) has its retained event
+cleared: an empty payload on its ``jobs/<job>/events`` topic, which consumers drop. An
+agent subscribes to its plan and to the status.
 
 Names in topics. A job id or server name is one topic level: 1-128 characters of
 ``A-Z a-z 0-9 . _ -`` (:data:`NAME_PATTERN`), so it can hold no ``/``, no wildcard
