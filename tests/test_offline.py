@@ -528,3 +528,20 @@ def test_a_utility_past_what_the_solver_represents_is_an_error_not_a_traceback(
     err = capsys.readouterr().err
     assert status == 1 and "Traceback" not in err, err
     assert "the highs solver failed" in err and "near 1e20 or above" in err, err
+
+
+def test_an_ilp_too_large_to_build_is_refused_before_it_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: `--method ilp` on the default `oasis gen` trace (4.3 million variables)
+    built the model for 55 s past a 5 s time limit, then died with a MemoryError
+    traceback at 2.6 GB. The size is checked first (here against a lowered cap)."""
+    from controller.commands import offline
+
+    monkeypatch.setattr(offline, "MAX_ILP_VARIABLES", 10)
+    raw = generate_trace(np.random.default_rng(1), n_jobs=3, n_worker_servers=2,
+                         n_ps_servers=1, horizon=8)  # fmt: skip
+    assert main(["offline", _write(tmp_path, raw), "--method", "ilp", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--method ilp: the compact ILP has" in err and "over 10:" in err, err
+    assert "--method auto" in err

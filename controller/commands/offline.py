@@ -44,7 +44,7 @@ from pricing.offline import (
     largest_job_share,
     theorem4_bound,
 )
-from pricing.offline_solve import solve
+from pricing.offline_solve import ilp_size, solve
 from pricing.schedule import Schedule
 from pricing.trace import Trace
 
@@ -323,6 +323,10 @@ def _from_trace(
     return trace, None, online, schedules
 
 
+MAX_ILP_VARIABLES = 2_000_000
+"""The largest compact ILP ``--method ilp`` builds (about 600 bytes a variable in PuLP)."""
+
+
 def run(args: argparse.Namespace) -> int:
     def progress(message: str) -> None:
         if args.progress:
@@ -341,6 +345,17 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         trace, held, online_jobs, online = _from_trace(args, progress)
+    if args.method == "ilp":
+        size = ilp_size(trace, held if held is not None else Held.nothing(trace))
+        if size > MAX_ILP_VARIABLES:
+            raise InputError(
+                f"--method ilp: the compact ILP has {size:,} variables, over "
+                f"{MAX_ILP_VARIABLES:,}: building it alone takes gigabytes and minutes, "
+                "before any time limit counts (4.3 million took 2.6 GB, then failed). Use "
+                "--method auto (column generation: a certified bound and an allocation at "
+                "any size)"
+            )
+        progress(f"building the ILP of {size:,} variables...")
     # the online allocation is feasible offline: given as the start (HiGHS begins from
     # it, column generation takes its schedules as columns, the result is never worse),
     # the reported allocation is at least the online utility even when cut short
@@ -358,6 +373,11 @@ def run(args: argparse.Namespace) -> int:
             )
     except (OfflineError, ColumnGenerationError) as err:
         print(f"oasis offline: {err}", file=sys.stderr)
+        return EXIT_FAILURE
+    except MemoryError:
+        print("oasis offline: out of memory building or solving the model: use --method "
+              "auto, or compare fewer slots (--from/--to with --store)",
+              file=sys.stderr)  # fmt: skip
         return EXIT_FAILURE
     progress(f"finished in {result.solve_seconds:.2f} s ({result.method}): {result.status}")
     doc = offline_json(result, online_jobs, theorem4_bound(trace), largest_job_share(trace))
