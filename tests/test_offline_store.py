@@ -136,7 +136,8 @@ def test_from_to_compares_one_stretch_and_holds_the_rest(
     [
         (["t.json", "--from", "2"], "--from and --to select slots of a --store"),
         ([], "give either a TRACE or --store URL"),
-        (["--store", "sqlite:///{tmp}/nothing.db"], "cannot read a daemon's store"),
+        (["--store", "sqlite:///{tmp}/nothing.db"], "no such file"),  # and none made
+        (["--store", "sqlite:///{tmp}/empty.db"], "cannot read a daemon's store"),
         (["--store", "nonsense://"], "not a usable database URL"),
     ],
 )
@@ -144,8 +145,10 @@ def test_bad_store_arguments_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
 ) -> None:
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    (tmp_path / "empty.db").touch()  # a file, but no daemon's store
     assert main(["offline", *args]) == 2
     assert message in capsys.readouterr().err
+    assert not (tmp_path / "nothing.db").exists()
 
 
 def test_an_empty_stretch_is_a_clear_error(
