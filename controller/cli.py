@@ -15,19 +15,37 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from controller.commands import COMMANDS, common
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, whose usage errors keep the ``--json`` contract when the command line
+    asks for JSON: one error object on stdout (``{"error": {"code": "INVALID_ARGUMENT",
+    ...}}``), exit 2, as every other error of a command with ``--json``."""
+
+    json_errors = False
+
+    def error(self, message: str) -> NoReturn:
+        if _Parser.json_errors:
+            error = {"code": "INVALID_ARGUMENT", "message": f"{self.prog}: {message}",
+                     "field": "", "problems": []}  # fmt: skip
+            print(json.dumps({"error": error}, indent=1))
+            sys.exit(common.EXIT_BAD_INPUT)
+        super().error(message)
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The ``oasis`` parser. With ``only`` (a command name), only that command's module is
     imported and registered in full; every other command gets a stand-in that shows its
     summary in ``oasis --help``. Without it every module is loaded."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="oasis", description="Online admission control for shared ML clusters (OASiS)."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -49,6 +67,7 @@ def _command_of(argv: Sequence[str]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _Parser.json_errors = "--json" in argv
     args = build_parser(_command_of(argv)).parse_args(argv)
     try:
         code: int = args.func(args)

@@ -393,3 +393,22 @@ def test_progress_intervals_are_never_negative() -> None:
     empty = fit([], [], RuntimePrior(2.0))
     for interval in (empty.minibatch_seconds(0.95), empty.seconds_at(10_000, 0.95)):
         assert 0.0 <= interval.low < interval.mean < interval.high
+
+
+def test_addresses_and_arguments_are_checked_by_the_client_and_json_stays_json() -> None:
+    """Found by an audit, each before: ``--server :`` became ``:50051:50051`` and port
+    99999 read as "nothing listens there"; ``prices --slots -1`` showed the whole
+    window; a usage error with --json left stdout empty; ``watch --json`` ended its
+    one-event-per-line stream with an indented error."""
+    bad = {":": "not HOST[:PORT]", "127.0.0.1:99999": "the port must be 1..65535, got 99999"}
+    for address, message in bad.items():
+        out = run("jobs", server=address)
+        assert out.returncode == 2 and message in out.stderr, out.stderr
+    out = run("prices", "--slots", "-1", server="127.0.0.1:1")
+    assert out.returncode == 2 and "--slots: must be >= 1" in out.stderr, out.stderr
+    out = run("submit", "job.json", "--wait", "5x", "--json", server="127.0.0.1:1")
+    assert out.returncode == 2
+    assert "argument --wait: not a duration" in json.loads(out.stdout)["error"]["message"]
+    out = run("watch", "--json", "--timeout", "1", server="127.0.0.1:1")
+    assert out.returncode == 1 and len(out.stdout.splitlines()) == 1, out.stdout
+    assert json.loads(out.stdout)["error"]["code"] == "UNAVAILABLE"

@@ -20,7 +20,7 @@ import grpc
 
 from controller.clock import SlotTimes
 from controller.commands import SUMMARIES
-from controller.commands.common import EXIT_OK, InputError, fmt, read_json
+from controller.commands.common import EXIT_OK, InputError, fmt, int_at_least, read_json
 from controller.commands.connection import (
     EXIT_REJECTED,
     PartialFailureError,
@@ -76,8 +76,9 @@ def register(sub: Any) -> None:
     add("cancel", cmd_cancel).add_argument("id")
     add("servers", cmd_servers)
     p = add("prices", cmd_prices)
-    p.add_argument("--from", dest="first", type=int, default=0, help="first slot (0: now)")
-    p.add_argument("--slots", type=int, default=8)
+    p.add_argument("--from", dest="first", type=int_at_least(0), default=0,
+                   help="first slot (0: now)")  # fmt: skip
+    p.add_argument("--slots", type=int_at_least(1), default=8, help="slots to show (default 8)")
     p.add_argument("--node", dest="node", default="", metavar="NAME",
                    help="one server of the cluster only (as `oasis servers` lists it)")  # fmt: skip
     p.add_argument("--server-name", dest="node", help=argparse.SUPPRESS)  # the old name

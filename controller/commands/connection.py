@@ -61,6 +61,20 @@ def daemon_address(text: str) -> str:
     return text if sep and host and port else f"{text.rstrip(':')}:{DEFAULT_PORT}"
 
 
+def _checked(address: str) -> str:
+    """``address`` (as :func:`daemon_address` gives it) if its host and port can name a
+    daemon; InputError naming ``--server`` if not (``:`` became ``:50051:50051``, and
+    port 99999 was reported as "nothing listens there")."""
+    if "/" in address or address.startswith(("unix:", "dns:", "ipv4:", "ipv6:")):
+        return address
+    host, _, port = address.rpartition(":")
+    if not host.strip("[]") or not port.isascii() or not port.isdigit():
+        raise InputError(f"--server {address!r}: not HOST[:PORT]")
+    if not 1 <= int(port) <= 65535:
+        raise InputError(f"--server {address!r}: the port must be 1..65535, got {port}")
+    return address
+
+
 _ENV_OPTIONS = (
     ("--tls-ca", "OASIS_TLS_CA", "FILE", "use TLS, trusting this CA"),
     ("--tls-cert", "OASIS_TLS_CERT", "FILE", "client certificate for mutual TLS"),
@@ -128,7 +142,7 @@ class Stubs:
     ``--timeout`` seconds in all."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        addresses = [daemon_address(a) for a in split_servers(args.server)]
+        addresses = [_checked(daemon_address(a)) for a in split_servers(args.server)]
         if not addresses:
             raise InputError("--server: no address given")
         self._check_tls(args)
@@ -224,7 +238,9 @@ def report_error(
             "field": problems[0].field if problems else "",
             "problems": [{"field": p.field, "message": p.reason} for p in problems],
         }
-        print(json.dumps({"error": error, **(extra or {})}, indent=1))
+        # a stream of one event per line (watch) ends with an error of one line too
+        indent = None if getattr(args, "command", "") == "watch" else 1
+        print(json.dumps({"error": error, **(extra or {})}, indent=indent))
     elif problems:
         lines = "\n".join(f"  {p}" for p in problems)
         print(f"oasis {args.command}: {code}: invalid input:\n{lines}", file=sys.stderr)
