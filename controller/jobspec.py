@@ -19,7 +19,7 @@ from typing import Any
 
 from controller.clock import SlotTimes
 from pricing.durations import format_duration, format_time, parse_time
-from pricing.errors import SpecError
+from pricing.errors import Problem, SpecError
 from pricing.utility import WHEN_KEYS
 
 __all__ = [
@@ -179,6 +179,20 @@ def check_worth(
     check_job_worth(job, spec, slot_seconds=slot_seconds, field=field)
 
 
+def _work_in_words(job: Any, slot_seconds: float) -> str:
+    """How the job's work W came to be, in the user's terms: its mini-batches, each
+    one's compute and gradient transfer in seconds, and the worker-slots rounded up. A
+    transfer of microseconds can tip an hour of compute into a second slot."""
+    raw = job.epochs * job.chunks * job.minibatches * job.minibatch_slots
+    each = job.minibatch_slots * slot_seconds
+    transfer = (job.minibatch_slots - job.tau) * slot_seconds
+    return (
+        f"{job.epochs} x {job.chunks} x {job.minibatches} mini-batches of {each:.9g} s "
+        f"({job.tau * slot_seconds:.9g} s compute + {transfer:.3g} s gradient transfer) = "
+        f"{raw:.10g} worker-slots, rounded up to {job.work}"
+    )
+
+
 def check_job_worth(
     job: Any, spec: Mapping[str, Any], *, slot_seconds: float, field: str = "job"
 ) -> None:
@@ -191,12 +205,13 @@ def check_job_worth(
     due = getattr(job.utility, "deadline", None)
     if isinstance(raw, Mapping) and raw.get("kind") == "deadline" and due is not None:
         left = max(0, math.floor(due + 1e-9))
-        raise SpecError.one(
-            f"{field}.utility.deadline",
-            f"leaves {_slots(left, slot_seconds)} after the job's arrival, but it needs "
-            f"at least {need} even on an empty cluster, and its value "
-            "after the deadline is 0: give a later deadline, or a half_life",
-        )
+        raise SpecError([
+            Problem(f"{field}.utility.deadline",
+                    f"leaves {_slots(left, slot_seconds)} after the job's arrival, but it "
+                    f"needs at least {need} even on an empty cluster, and its value after "
+                    "the deadline is 0: give a later deadline, or a half_life"),
+            Problem(f"{field}.work", _work_in_words(job, slot_seconds)),
+        ])  # fmt: skip
     raise SpecError.one(
         f"{field}.utility",
         f"is 0 at {need}, the fewest the job can take even on an empty cluster: no "

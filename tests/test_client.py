@@ -202,6 +202,17 @@ def test_a_deadline_too_close_says_by_how_much(tmp_path: Path, daemon: Daemon) -
         "job.utility.deadline: leaves 1 slot (1h) after the job's arrival, but it needs "
         "at least 11 slots (11h) even on an empty cluster" in out.stderr
     )
+    # an hour of compute and 16 us of gradient transfer: two slots, and the message
+    # says why (before, only "needs at least 2 slots (2h)")
+    due = {"kind": "deadline", "value": 5, "deadline": "1h"}
+    hour = {**PEOPLE, "epochs": 1, "chunks": 1, "minibatches": 1, "minibatch_seconds": 3600,
+            "grad_mb": 0.001, "utility": due}  # fmt: skip
+    out = run("quote", write(tmp_path, hour), server=daemon.address)
+    assert out.returncode == 2
+    assert "needs at least 2 slots (2h) even on an empty cluster" in out.stderr
+    assert "job.work: 1 x 1 x 1 mini-batches of 3600.00002 s (3600 s compute + 1.6e-05 s " \
+           "gradient transfer) = 1.000000004 worker-slots, rounded up to 2" in out.stderr, \
+           out.stderr  # fmt: skip
 
 
 def test_exit_codes_admitted_rejected_bad_input_other(tmp_path: Path, daemon: Daemon) -> None:

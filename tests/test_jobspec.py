@@ -282,10 +282,14 @@ def test_check_worth_says_how_far_a_deadline_is_too_close() -> None:
     }
     with pytest.raises(SpecError) as err:
         check_worth(spec, cluster=CLUSTER, slot_seconds=SLOT, window=48, arrival=5)
-    assert str(err.value) == (
+    assert str(err.value).startswith(
         "job.utility.deadline: leaves 2 slots (2h) after the job's arrival, but it needs at "
         "least 3 slots (3h) even on an empty cluster, and its value after the deadline is 0: "
-        "give a later deadline, or a half_life"
+        "give a later deadline, or a half_life; job.work: "
+    )
+    assert err.value.problems[1].reason == (
+        "2 x 4 x 50 mini-batches of 91.6 s (90 s compute + 1.6 s gradient transfer) = "
+        "10.17777778 worker-slots, rounded up to 11"
     )
     kept = {**spec, "utility": {**spec["utility"], "half_life": "1h"}}
     check_worth(kept, cluster=CLUSTER, slot_seconds=SLOT, window=48, arrival=5)
