@@ -76,6 +76,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return common.EXIT_BAD_INPUT
     except BrokenPipeError:
         return common.EXIT_FAILURE
+    except MemoryError:  # a trace's horizon or a model too large for this machine
+        print(f"oasis {args.command}: out of memory (a trace's horizon x servers, or the "
+              "model built from it, is too large for this machine's memory)",
+              file=sys.stderr)  # fmt: skip
+        return common.EXIT_FAILURE
     return code
 
 

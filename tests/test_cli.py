@@ -316,3 +316,20 @@ def test_replay_rejects_a_job_past_the_search_limit_unsearched(
     assert [j["id"] for j in out["jobs"]] == ["huge", "small"]
     assert main(["replay", path, "--max-search-steps", "-1"]) == 2
     assert "--max-search-steps: must be a number >= 0" in capsys.readouterr().err
+
+
+def test_out_of_memory_is_one_line_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: a trace whose horizon the ledger's 16 GiB cap lets through, on a machine
+    with less memory (here: the ledger's allocation fails), ended in numpy's
+    _ArrayMemoryError traceback."""
+    from controller.commands import replay as replay_command
+
+    def no_memory(*_args: Any, **_kwargs: Any) -> Any:
+        raise MemoryError
+
+    monkeypatch.setattr(replay_command, "replay", no_memory)
+    assert main(["replay", _write(tmp_path, _small_trace())]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("oasis replay: out of memory") and "Traceback" not in err
