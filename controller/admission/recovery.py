@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from controller.admission.bounds import BoundControl
 from controller.admission.moves import Moves
 from controller.admission.state import EPOCH_KEY, SETTINGS_KEY
+from controller.admission.views import STATES
 from controller.clock import epoch as slot_zero
 from controller.errors import SlotGridChangedError
 from controller.store import (
@@ -50,9 +51,16 @@ allocation further out is read as a broken row, not as a plan to refit, whose ar
 would be that long."""
 
 
-HOLDING_NONE = frozenset({"pending", "completed", "cancelled", "rejected", "expired", "failed"})
+HOLDING_NONE = frozenset(STATES) - {"admitted", "running"}
 """The job states that hold no slot from the current one on (their future allocation
 rows are deleted when a job enters them)."""
+
+
+def _recorded_settings(session: Session) -> dict[str, Any]:
+    """The settings the last leader recorded (:meth:`Recovery._record_setup`): window,
+    slot length, slot 0; {} if none, or if the row does not read back as an object."""
+    meta = session.get(MetaRow, SETTINGS_KEY)
+    return meta.value if meta is not None and isinstance(meta.value, dict) else {}
 
 
 def _integer(value: Any) -> bool:
@@ -134,10 +142,7 @@ class Recovery(Moves, BoundControl):
         if meta is not None:
             value = meta.value.get("epoch") if isinstance(meta.value, dict) else None
             return slot_zero(value, f"the store's meta row {EPOCH_KEY!r}: epoch")
-        settings = session.get(MetaRow, SETTINGS_KEY)
-        recorded = (
-            settings.value.get("epoch") if settings and isinstance(settings.value, dict) else None
-        )
+        recorded = _recorded_settings(session).get("epoch")
         if not self.leading and isinstance(recorded, int | float) and math.isfinite(recorded):
             # a leader whose config sets the epoch records it only with its settings: a
             # standby without one takes the leader's (it refused to start, in a loop)
@@ -169,8 +174,7 @@ class Recovery(Moves, BoundControl):
         Raises:
             SlotGridChangedError: naming the key, both values and what to do.
         """
-        meta = session.get(MetaRow, SETTINGS_KEY)
-        recorded = meta.value if meta is not None and isinstance(meta.value, dict) else {}
+        recorded = _recorded_settings(session)
         length, epoch = recorded.get("slot_seconds"), recorded.get("epoch")
         numbers = (int, float)
         if not (isinstance(length, numbers) and isinstance(epoch, numbers)):
@@ -201,8 +205,7 @@ class Recovery(Moves, BoundControl):
         the daemon that last led the store (:meth:`_record_setup`), in words; [] if they
         do not, or if nothing readable is recorded. Both head nodes need the same."""
         out: list[str] = []
-        meta = session.get(MetaRow, SETTINGS_KEY)
-        recorded = meta.value if meta is not None and isinstance(meta.value, dict) else {}
+        recorded = _recorded_settings(session)
         mine = {"window": self.window, "slot_seconds": self.config.slot_seconds,
                 "epoch": self.slots.epoch}  # fmt: skip
         for key, value in mine.items():

@@ -18,7 +18,6 @@ if TYPE_CHECKING:  # the client commands never read traces: no numpy at their st
     from pricing.trace import Trace
 
 __all__ = [
-    "DEFAULT_SEARCH_STEPS",
     "EXIT_BAD_INPUT",
     "EXIT_FAILURE",
     "EXIT_OK",
@@ -138,20 +137,20 @@ def int_at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
-DEFAULT_SEARCH_STEPS = 3e8
-"""``--max-search-steps``' default: the daemon's ``limits.max_search_steps``."""
-
-
 def add_search_limit(p: argparse.ArgumentParser) -> None:
-    """``--max-search-steps`` on a command that replays a trace."""
+    """``--max-search-steps`` on a command that replays a trace; its default is the
+    daemon's ``limits.max_search_steps``."""
+    from controller.limits import Limits  # numpy: only for the commands that replay
+
+    default = Limits.max_search_steps
     p.add_argument(
         "--max-search-steps",
         type=float,
-        default=DEFAULT_SEARCH_STEPS,
+        default=default,
         metavar="STEPS",
         help="a job whose search would take more steps is rejected unsearched, as the "
-        f"daemon refuses it (default {DEFAULT_SEARCH_STEPS:g}, the daemon's "
-        "limits.max_search_steps; 0: no limit)",
+        f"daemon refuses it (default {default:g}, the daemon's limits.max_search_steps; "
+        "0: no limit)",
     )
 
 

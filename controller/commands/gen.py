@@ -137,12 +137,10 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-MAX_SLOT_SECONDS = 366 * 86400.0
-"""The longest slot, as the daemon's ``daemon.slot_seconds`` (longer ones made the burst
-arrivals' draw run for hours)."""
-
-
 def run(args: argparse.Namespace) -> int:
+    # the daemon's longest slot (longer ones made the burst arrivals' draw run for hours)
+    from controller.config import MAX_SLOT_SECONDS
+
     if args.slot_seconds > MAX_SLOT_SECONDS:
         raise InputError(f"--slot-seconds: at most {MAX_SLOT_SECONDS:.0f} (366 days), as "
                          f"daemon.slot_seconds; got {args.slot_seconds:g}")  # fmt: skip

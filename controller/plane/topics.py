@@ -173,8 +173,10 @@ class Topics:
         return f"{self.root}/agents/+/progress"
 
 
-def _dump(obj: Any) -> bytes:
-    return json.dumps({"version": VERSION, **asdict(obj)}, separators=(",", ":")).encode()
+def _dump(obj: Any, *omit: str) -> bytes:
+    """``obj``'s fields but ``omit`` as a version-1 payload."""
+    body = {k: v for k, v in asdict(obj).items() if k not in omit}
+    return json.dumps({"version": VERSION, **body}, separators=(",", ":")).encode()
 
 
 def decode(
@@ -396,11 +398,7 @@ class Progress:
     refused: list[str] = field(default_factory=list, compare=False)
 
     def to_bytes(self) -> bytes:
-        return json.dumps(
-            {"version": VERSION, "server": self.server, "session": self.session,
-             "jobs": [asdict(j) for j in self.jobs]},
-            separators=(",", ":"),
-        ).encode()  # fmt: skip
+        return _dump(self, "refused")  # what the receiver found wrong is not sent
 
     @classmethod
     def parse(cls, payload: bytes | bytearray | str) -> Progress:
