@@ -11,7 +11,9 @@ store, and exit status 1 (``oasisd: ...``), never a traceback:
   SQLite store is refused: high availability needs PostgreSQL);
 - the store's recorded slot 0 (meta row ``epoch``) is malformed;
 - the store's schema is at a revision this oasis does not know (a newer oasis migrated
-  it: run that one, or restore a backup from before it ran).
+  it: run that one, or restore a backup from before it ran); exit status 2, as for a
+  config whose slot grid is not the store's: the systemd unit does not restart either,
+  since only an operator can mend them.
 """
 
 from __future__ import annotations
@@ -80,8 +82,8 @@ def open_store(config: Config, controller: AdmissionController, writer: WriterLo
         raise StartupError(f"cannot open {store}: {lines[0] if lines else err}") from err
     except StoreUnavailableError as err:
         raise StartupError(f"cannot open {store}: {err}") from err
-    except StoreVersionError as err:  # a newer oasis migrated it
-        raise StartupError(f"{store} {err}") from err
+    except StoreVersionError as err:  # a newer oasis migrated it: a restart cannot help
+        raise StartupError(f"{store} {err}", status=2) from err
     except SlotGridChangedError as err:  # the config's slots are not the store's
         raise StartupError(f"cannot use {store}: {err}", status=2) from err
     except SpecError as err:  # a malformed meta row (the recorded slot 0)

@@ -316,14 +316,15 @@ def test_a_pending_job_whose_spec_does_not_read_back_expires_alone(
 def test_a_store_of_a_newer_version_is_refused_in_one_line(store: Store, tmp_path: Path) -> None:
     """Before: a store a newer oasis migrated (an upgrade rolled back, a backup from a
     newer head node) stopped the start with Alembic's traceback ending in "Can't locate
-    revision identified by ...", at every restart."""
+    revision identified by ...", at every restart. Exit 2: the unit does not restart it
+    (a restart cannot help; in a rolling upgrade, this node waits for its own)."""
     store.execute("UPDATE alembic_version SET version_num = '0042_from_the_future'")
     config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store.url, store.epoch)
     out = subprocess.run(
         [sys.executable, "-m", "controller.daemon", "--config", str(config)],
         capture_output=True, text=True, timeout=120, check=False, cwd=ROOT,
     )  # fmt: skip
-    assert out.returncode == 1, out.stderr
+    assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
     assert lines[0].startswith("oasisd: the store ") and "0042_from_the_future" in lines[0]
