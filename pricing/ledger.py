@@ -31,10 +31,34 @@ from pricing.prices import PriceBounds, price
 from pricing.schedule import Schedule
 from pricing.shares import least_shares
 
-__all__ = ["CAPACITY_SLACK", "LOG_PRICE_CAP", "LOG_PRICE_FLOOR", "Ledger", "Side", "ledger_bytes"]
+__all__ = [
+    "CAPACITY_SLACK",
+    "LOG_PRICE_CAP",
+    "LOG_PRICE_FLOOR",
+    "ROOM_SLACK",
+    "Ledger",
+    "Side",
+    "capacity_slack",
+    "ledger_bytes",
+]
 
 CAPACITY_SLACK = 1e-7
-"""Absolute slack on capacity checks: room counts use ``floor(x + 1e-9)``."""
+"""Absolute slack on capacity checks (with :func:`capacity_slack`'s relative part)."""
+
+ROOM_SLACK = 2e-9
+"""Relative slack on capacity checks. SPEC 5's room ``floor(free / w + 1e-9)`` lets ``y``
+units of demand ``w`` take up to ``1e-9 w`` more than is free, and ``w <= c (1 + 1e-9)``
+for a unit the server takes at all, so a placement the search makes may exceed a
+capacity ``c`` by up to about ``1e-9 c`` (memory in bytes: 16 bytes of 16e9), and the sums
+add float noise of a few ulps of ``c``."""
+
+
+def capacity_slack(capacity: NDArray[np.float64]) -> NDArray[np.float64]:
+    """How far amounts may exceed ``capacity`` (any shape, same units) and still fit:
+    :data:`CAPACITY_SLACK` plus :data:`ROOM_SLACK` of the capacity."""
+    out: NDArray[np.float64] = CAPACITY_SLACK + ROOM_SLACK * np.abs(capacity)
+    return out
+
 
 LOG_PRICE_CAP = 600.0
 """Every price is capped so that a server's whole capacity of a resource costs at most
@@ -370,7 +394,8 @@ class Ledger:
         ):
             cols = np.flatnonzero(counts.any(axis=0))
             new = side.used[lo:hi, cols] + counts[:, cols, None] * demand[None, None, :]
-            over = new > side.capacity[None, cols] + CAPACITY_SLACK
+            cap = side.capacity[None, cols]
+            over = new > cap + capacity_slack(cap)
             if over.any():
                 t, srv, r = (int(i) for i in np.argwhere(over)[0])
                 raise CapacityError(
@@ -528,7 +553,7 @@ class Ledger:
         blocked server), in words; empty if nowhere."""
         for name, side, counts in (("worker", self.worker_side, schedule.workers),
                                    ("PS", self.ps_side, schedule.ps)):  # fmt: skip
-            over = side.used[lo:hi] > side.capacity[None] + CAPACITY_SLACK
+            over = side.used[lo:hi] > side.capacity[None] + capacity_slack(side.capacity)[None]
             if schedule.slots:
                 a = max(schedule.start, self.origin + lo)
                 b = min(schedule.start + schedule.slots, self.origin + hi)

@@ -23,7 +23,9 @@ F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
 
 _ROUNDING = 1e-9
-_NO_LIMIT = 1 << 62
+_MAX_ROOM = 2**40
+"""As :data:`pricing.job.MAX_ROOM`: a tiny demand on a large capacity fits more times than
+an int64 holds (``math.floor`` of such a float is INT64_MIN in compiled code)."""
 
 
 @njit(cache=True, nogil=True)
@@ -31,20 +33,21 @@ def offers(side: tuple[F64, F64, F64, F64], slot: int) -> tuple[F64, I64]:
     """Per server of ``side = (price, used, capacity, demand)`` in window ``slot``: the
     price of one unit of ``demand`` (``(n,)`` float64, utility per slot) and the room,
     how many units fit (``(n,)`` int64: the minimum over demanded resources of
-    ``floor(free / demand + 1e-9)``, at least 0)."""
+    ``floor(free / demand + 1e-9)``, at least 0 and at most ``2**40``)."""
     price, used, capacity, demand = side
     n_srv, n_res = capacity.shape
     unit = np.empty(n_srv)
     room = np.empty(n_srv, np.int64)
     for h in range(n_srv):
         u = 0.0
-        k = _NO_LIMIT
+        k = _MAX_ROOM
         for r in range(n_res):
             d = demand[r]
             if d > 0.0:
                 u += price[slot, h, r] * d
-                fit = math.floor((capacity[h, r] - used[slot, h, r]) / d + _ROUNDING)
-                k = min(k, fit)
+                q = (capacity[h, r] - used[slot, h, r]) / d + _ROUNDING
+                if q < _MAX_ROOM:
+                    k = min(k, math.floor(q))
         unit[h] = u
         room[h] = max(k, 0)
     return unit, room

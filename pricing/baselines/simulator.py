@@ -39,7 +39,7 @@ from numpy.typing import NDArray
 from pricing.cluster import Cluster
 from pricing.errors import OasisError
 from pricing.job import ROUNDING, Job, max_workers_per_slot, room
-from pricing.ledger import CAPACITY_SLACK, Ledger
+from pricing.ledger import Ledger, capacity_slack
 from pricing.schedule import Schedule
 from pricing.trace import Trace
 
@@ -96,7 +96,7 @@ class Pool:
     def fits(self, counts: I64, demand: F64) -> bool:
         """Whether ``counts[n]`` units of ``demand`` fit in the free capacity."""
         need = counts[:, None] * demand[None, :]
-        return bool((need <= self.free + CAPACITY_SLACK).all())
+        return bool((need <= self.free + capacity_slack(self.capacity)).all())
 
     def take(self, counts: I64, demand: F64) -> None:
         """Allocate ``counts[n]`` units of ``demand``; PolicyError if they do not fit."""
