@@ -189,6 +189,35 @@ def test_pending_jobs_expire_when_their_wait_ends_or_they_cannot_pay_off(
         c.close()
 
 
+def test_a_pending_job_is_planned_within_its_own_window_or_expires(tmp_path: Path) -> None:
+    """SPEC 1: a job arriving at ``a`` may be planned up to ``a + T - 1`` (T = 24 here).
+    Before: a job re-decided after waiting was planned up to ``first + T - 1``, so once the
+    blocker's 24 slots ended it was admitted with a jct of 26 > T, past the slot a later
+    re-plan of it (``arrival + T - 1``) may use."""
+    clock = FakeClock(1_000_000.0)
+    c = controller(tmp_path, clock)
+    try:
+        assert asyncio.run(c.submit(blocker())).state == "admitted"  # slots 1 .. 24
+        flat = {"kind": "sigmoid", "priority": 50, "decay": 0, "target": 1}  # waiting is free
+        late = asyncio.run(c.submit(small("late", utility=flat), wait_seconds=30 * SLOT))
+        assert late.state == "pending" and late.decision.arrival_slot == 1
+        for _ in range(25):
+            clock.advance(SLOT)
+            asyncio.run(c.tick())
+            got = c._get_sync("late")
+            assert got.state != "admitted", got.decision
+            if got.state == "expired":
+                break
+        assert got.state == "expired", got.decision.reason
+        assert c.slot == 23  # d_min = 2: from slot 24 on it cannot end by slot 24
+        assert "can no longer finish by slot 24, the end of its window" in got.decision.reason
+        # a job that needs the whole window cannot wait at all
+        whole = small("whole", epochs=1, chunks=16, minibatches=24, tau=0.999, utility=flat)
+        assert asyncio.run(c.submit(whole, wait_seconds=5 * SLOT)).state == "rejected"
+    finally:
+        c.close()
+
+
 def test_a_pending_job_can_be_cancelled(tmp_path: Path) -> None:
     clock = FakeClock(1_000_000.0)
     c = controller(tmp_path, clock)
@@ -231,13 +260,14 @@ def test_one_submitters_pending_jobs_are_bounded(tmp_path: Path) -> None:
 
 def test_pending_jobs_are_decided_again_in_submission_order(tmp_path: Path) -> None:
     """After the blocker is cancelled there is room for only one of two equal pending
-    jobs, each needing every GPU of its window: the one submitted first gets it."""
+    jobs, each needing every GPU of its window but one slot (the one it waited): the one
+    submitted first gets it."""
     clock = FakeClock(1_000_000.0)
     c = controller(tmp_path, clock)
     try:
         asyncio.run(c.submit(blocker()))
         for name in ("first", "second"):
-            spec = small(name, chunks=16, minibatches=24, epochs=1, tau=0.999, grad_mb=1)
+            spec = small(name, chunks=16, minibatches=23, epochs=1, tau=0.999, grad_mb=1)
             spec["utility"] = {"kind": "sigmoid", "priority": 1000, "decay": 0, "target": 1}
             assert asyncio.run(c.submit(spec, wait_seconds=SLOT * 5)).state == "pending"
         asyncio.run(c.cancel("blocker"))

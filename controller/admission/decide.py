@@ -67,12 +67,14 @@ class DecisionCore(GroupCommit):
     def _search(
         self, job: Job, first: int, arrival: int, explain: bool = True
     ) -> tuple[BestSchedule, DecisionView]:
-        """The best schedule of ``job`` from slot ``first`` on, its utility counted from
-        ``arrival`` (earlier than ``first`` for a job that waited), at the ledger's prices;
-        a rejection is explained unless ``explain`` is False."""
+        """The best schedule of ``job`` in slots ``first .. arrival + T - 1`` (SPEC 1: a job
+        arriving at ``a`` may be planned up to ``a + T - 1``, so ``jct <= T`` even after a
+        wait), its utility counted from ``arrival`` (earlier than ``first`` for a job that
+        waited), at the ledger's prices; a rejection is explained unless ``explain`` is
+        False."""
         ledger = self._ledger
         started = time.perf_counter()
-        last = first + self.window - 1
+        last = arrival + self.window - 1
         best = best_schedule(job, ledger, first, last, arrival)
         admitted = best.payoff is not None and best.payoff > ADMIT_THRESHOLD
         reason = ""
@@ -146,14 +148,14 @@ class DecisionCore(GroupCommit):
             if not view.admitted and wait > 0:
                 wait_until, view = self._queue(job, view, wait, by)
             rows = self._decision_rows(job, best, view, canonical, estimate, by, wait_until)
+            if view.admitted:  # first: if it raises, nothing of the decision is kept
+                assert best.schedule is not None
+                self._ledger.admit(job.id, job.worker, job.ps, best.schedule)
         except BaseException:
             self._restore_bounds(previous)
             raise
         self._estimate = estimate
         self._stored_ids().add(job.id)
-        if view.admitted:
-            assert best.schedule is not None
-            self._ledger.admit(job.id, job.worker, job.ps, best.schedule)
         submitted_slot = self.slot
 
         def finish(done: Committed) -> tuple[JobView, list[Event]]:
@@ -280,6 +282,11 @@ class DecisionCore(GroupCommit):
         why = ""
         if until <= self.slot:
             why = f"the wait of {wait:g} s ends before the next slot boundary"
+        elif job.min_slots > self.window - 1:
+            why = (
+                f"it needs {job.min_slots} slots, so after waiting a slot it could not end "
+                f"by slot {job.arrival + self.window - 1}, the end of its window"
+            )
         elif payoff_ceiling(job, self._ledger, self.slot + 2, job.arrival) <= ADMIT_THRESHOLD:
             why = "it cannot pay off after waiting even at the lowest prices"
         if why:

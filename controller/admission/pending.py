@@ -6,15 +6,17 @@ within a budget of search steps per submitter (``limits.pending_steps_per_submit
 see "The budget" below). A job's schedule may start at ``s + 1``, but its utility still
 counts from its original arrival ``a`` (SPEC 1), so a schedule ending in slot ``t`` is
 worth ``f(t - a + 1)`` and waiting costs what it should
-(:func:`pricing.best_schedule.best_schedule`'s ``arrival``). The job's price bounds were
+(:func:`pricing.best_schedule.best_schedule`'s ``arrival``), and it must still end by
+``a + T - 1``. The job's price bounds were
 observed once, at its submission; a re-decision does not observe it again.
 
 A pending job is admitted (it takes the next place in decision order, the order the
 ledger is rebuilt in), stays pending, or expires: when its wait ends (its last slot
-``wait_until_slot`` passed without an admission) or when it can no longer pay off even at
-the lowest prices (:func:`pricing.best_schedule.payoff_ceiling`). Each job's outcome is
-committed before the ledger changes, and ``decided_slot`` records the slot it was decided
-in, so a restarted daemon decides it again only at the next boundary.
+``wait_until_slot`` passed without an admission), when it can no longer finish by
+``a + T - 1``, or when it can no longer pay off even at the lowest prices
+(:func:`pricing.best_schedule.payoff_ceiling`). Each job's outcome is committed before
+the ledger changes, and ``decided_slot`` records the slot it was decided in, so a
+restarted daemon decides it again only at the next boundary.
 
 The budget: the whole pass runs in one step of the decision thread, so every other
 tenant's submit, quote and cancel waits for it. Each search is charged its bound
@@ -138,6 +140,13 @@ class PendingQueue(DecisionCore):
                 self.config.limits.check_job(job, self.cluster, self.window, row.submitter)
             except (SpecError, ValueError) as err:  # the cluster or limits changed since
                 return [self._expire(session, row, now, f"no longer valid: {err}")]
+            end = row.arrival_slot + self.window - 1  # SPEC 1: planned up to a + T - 1
+            if first + job.min_slots - 1 > end:
+                why = (
+                    f"it can no longer finish by slot {end}, the end of its window: it "
+                    f"needs {job.min_slots} slots from slot {first}"
+                )
+                return [self._expire(session, row, now, why)]
             ceiling = payoff_ceiling(job, self._ledger, first, row.arrival_slot)
             if ceiling <= ADMIT_THRESHOLD:
                 why = (
