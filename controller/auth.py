@@ -30,6 +30,7 @@ operator (the embedded defaults, on loopback).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import hashlib
@@ -265,6 +266,81 @@ class _StreamCap:
             self.open -= 1
 
 
+REQUEST_SECONDS = 10.0
+"""How long a call may take, once started, to send its request message. gRPC counts a
+call against ``connections.max_calls`` from its start, but a unary-request behaviour runs
+only once the message has come: calls that never sent one, from any host and without a
+token, held every slot for good (10 connections of 100 such calls refused every tenant's
+calls for as long as they stayed open). So every unary-request call is served as a
+streaming one: the caller is authenticated and charged from its metadata first, then its
+message is read within this time (DEADLINE_EXCEEDED past it)."""
+
+MAX_UNREAD = 8
+"""The most calls of one client (its token's name, or its host without one) waiting for
+their request message at once; past it a new one is RESOURCE_EXHAUSTED. With
+:data:`REQUEST_SECONDS`, what keeps one client from holding ``max_calls`` this way."""
+
+
+class _FirstMessage:
+    """Reads the one request of a unary-request call, bounded per client in count and
+    time (:data:`MAX_UNREAD`, :data:`REQUEST_SECONDS`; all on the event loop)."""
+
+    def __init__(self, limit: int = MAX_UNREAD, seconds: float = REQUEST_SECONDS) -> None:
+        self.limit = limit
+        self.seconds = seconds
+        self.waiting: dict[str, int] = {}
+
+    async def read(self, client: str, requests: AsyncIterator[Any], context: Any) -> Any:
+        held = self.waiting.get(client, 0)
+        if held >= self.limit:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{held} calls of this client are waiting to send their request message, "
+                f"the most at once ({self.limit})",
+            )
+        self.waiting[client] = held + 1
+        try:
+            return await asyncio.wait_for(anext(requests), self.seconds)
+        except StopAsyncIteration:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call sent no request")
+        except TimeoutError:
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"no request message within {self.seconds:g} s of the call's start",
+            )
+        finally:
+            left = self.waiting[client] - 1
+            if left:
+                self.waiting[client] = left
+            else:
+                del self.waiting[client]
+        raise AssertionError  # unreachable: abort raises
+
+
+def _read_first(handler: Any, admit: Callable[[Any], Awaitable[str]], first: _FirstMessage) -> Any:
+    """``handler`` with a unary request served as a streamed one (:data:`REQUEST_SECONDS`):
+    ``admit(context)`` (which names the client) runs before the request is read; the
+    behaviour then gets the request as ever. Streamed-request handlers: unchanged."""
+    if handler.unary_unary is not None:
+        unary_unary = handler.unary_unary
+
+        async def su(requests: Any, context: Any) -> Any:
+            request = await first.read(await admit(context), requests, context)
+            return await unary_unary(request, context)
+
+        return handler._replace(request_streaming=True, unary_unary=None, stream_unary=su)
+    if handler.unary_stream is not None:
+        unary_stream = handler.unary_stream
+
+        async def ss(requests: Any, context: Any) -> AsyncIterator[Any]:
+            request = await first.read(await admit(context), requests, context)
+            async for item in relay(unary_stream(request, context)):
+                yield item
+
+        return handler._replace(request_streaming=True, unary_stream=None, stream_stream=ss)
+    return handler
+
+
 class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Authenticates, authorises and rate-limits every RPC outside :data:`OPEN_SERVICES`,
     then makes the caller available to the servicer (:func:`current_caller`).
@@ -279,6 +355,7 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self.tokens = tokens
         self.limiter = limiter
         self._open_streams = _StreamCap(MAX_OPEN_STREAMS)
+        self._first = _FirstMessage()
 
     async def intercept_service(
         self, continuation: Callable[[Any], Awaitable[Any]], details: Any
@@ -288,8 +365,21 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if handler is None:
             return handler
         if method.lstrip("/").split("/", 1)[0] in OPEN_SERVICES:
-            return self._open_streams.bounded(handler)
-        return _wrap(handler, lambda context: self._admit(method, context))
+            return _read_first(self._open_streams.bounded(handler), _open_client, self._first)
+        if handler.request_streaming:  # none of oasis's own RPCs
+            return _wrap(handler, lambda context: self._admit(method, context))
+        return _read_first(handler, self._caller_of(method), self._first)
+
+    def _caller_of(self, method: str) -> Callable[[Any], Awaitable[str]]:
+        """Admits a caller of ``method`` (:meth:`_admit`) and sets it for the call; returns
+        its client name."""
+
+        async def admit(context: Any) -> str:
+            caller = await self._admit(method, context)
+            _caller.set(caller)
+            return caller.client
+
+        return admit
 
     async def _admit(self, method: str, context: grpc.aio.ServicerContext) -> Caller:
         caller = ANONYMOUS
@@ -341,31 +431,19 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return caller
 
 
+async def _open_client(context: Any) -> str:
+    """The client of an open-service call: its host (no token is asked)."""
+    return _peer_host(context.peer())
+
+
 def _peer_host(peer: str) -> str:
     """``ipv4:127.0.0.1:5000`` -> ``ipv4:127.0.0.1``: one bucket per host, not per port."""
     return peer.rsplit(":", 1)[0] if peer.count(":") >= 2 else peer
 
 
 def _wrap(handler: Any, admit: Callable[[Any], Awaitable[Caller]]) -> Any:
-    """``handler`` with ``admit(context)`` run before its behaviour, whose caller is then
-    set for the servicer; for each of gRPC's four kinds of call."""
-    if handler.unary_unary is not None:
-        unary_unary = handler.unary_unary
-
-        async def uu(request: Any, context: Any) -> Any:
-            _caller.set(await admit(context))
-            return await unary_unary(request, context)
-
-        return handler._replace(unary_unary=uu)
-    if handler.unary_stream is not None:
-        unary_stream = handler.unary_stream
-
-        async def us(request: Any, context: Any) -> AsyncIterator[Any]:
-            _caller.set(await admit(context))
-            async for item in relay(unary_stream(request, context)):
-                yield item
-
-        return handler._replace(unary_stream=us)
+    """A streamed-request ``handler`` with ``admit(context)`` run before its behaviour,
+    whose caller is then set for the servicer (unary requests: :func:`_read_first`)."""
     if handler.stream_unary is not None:
         stream_unary = handler.stream_unary
 

@@ -45,8 +45,8 @@ _STOPPING = (
 
 class StopGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Holds calls while the server stops and answers them UNAVAILABLE after; see the
-    module docstring. Unary and server-streaming calls are gated (client-streaming ones,
-    only reflection here, are left to gRPC's stop)."""
+    module docstring. Every call is gated (the unary-request ones are served as streamed
+    by the access interceptor)."""
 
     def __init__(self) -> None:
         self._closed = False
@@ -73,10 +73,16 @@ class StopGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handler = await continuation(details)
         if handler is None:
             return None
+        # the access interceptor serves unary requests as streamed ones
+        # (controller.auth.REQUEST_SECONDS): gate those as their unary selves
         if handler.unary_unary is not None:
             return handler._replace(unary_unary=self._unary(handler.unary_unary))
+        if handler.stream_unary is not None:
+            return handler._replace(stream_unary=self._unary(handler.stream_unary))
         if handler.unary_stream is not None:
             return handler._replace(unary_stream=self._streaming(handler.unary_stream))
+        if handler.stream_stream is not None:
+            return handler._replace(stream_stream=self._streaming(handler.stream_stream))
         return handler
 
     @contextlib.asynccontextmanager

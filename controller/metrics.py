@@ -198,9 +198,12 @@ class _DecisionInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     ) -> Any:
         handler = await continuation(details)
         kind = _DECISION_METHODS.get(details.method)
-        if handler is None or kind is None or handler.unary_unary is None:
+        if handler is None or kind is None:
             return handler
-        inner = handler.unary_unary
+        # unary, or served as streamed by the access interceptor (REQUEST_SECONDS)
+        inner = handler.unary_unary or handler.stream_unary
+        if inner is None:
+            return handler
         metrics = self.metrics
 
         async def observed(request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -218,11 +221,9 @@ class _DecisionInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             metrics.observe(kind, outcome, time.perf_counter() - started, decision)
             return response
 
-        return grpc.unary_unary_rpc_method_handler(
-            observed,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        if handler.unary_unary is not None:
+            return handler._replace(unary_unary=observed)
+        return handler._replace(stream_unary=observed)
 
 
 SCRAPE_INTERVAL = 1.0

@@ -10,7 +10,9 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -92,3 +94,85 @@ def test_connections_settings_are_checked() -> None:
     ]:
         with pytest.raises(ConfigError, match=message):
             from_dict({**base, "connections": bad})
+
+
+def _never_sent(channel: grpc.Channel, method: str, n: int, token: str | None) -> list[Any]:
+    """``n`` calls of ``method`` that never send their request message (the stream stays
+    open until the test ends), as futures."""
+    call = channel.stream_unary(method, request_serializer=bytes, response_deserializer=bytes)
+    metadata = (("authorization", f"Bearer {token}"),) if token else None
+
+    def never() -> Iterator[bytes]:
+        _STOP.wait(120)
+        yield from ()
+
+    return [call.future(never(), metadata=metadata, timeout=120) for _ in range(n)]
+
+
+_STOP = threading.Event()
+
+
+def _ended(futures: list[Any], seconds: float) -> dict[grpc.StatusCode, int]:
+    """Codes of the calls that ended within ``seconds`` (the others still held)."""
+    deadline = time.monotonic() + seconds
+    codes: dict[grpc.StatusCode, int] = {}
+    for f in futures:
+        try:
+            f.result(timeout=max(deadline - time.monotonic(), 0.01))
+        except grpc.FutureTimeoutError:
+            continue
+        except grpc.RpcError as err:
+            codes[err.code()] = codes.get(err.code(), 0) + 1
+    return codes
+
+
+def test_calls_that_never_send_their_request_cannot_hold_every_call(tmp_path: Path) -> None:
+    """gRPC counts a call against ``max_calls`` from its start, but a unary behaviour runs
+    once its message has come. Before: 60 calls that never sent one, from a host without
+    a token, held ``max_calls = 40`` for good and every tenant's calls were refused. Now
+    the caller is checked from its metadata first (no token: refused at once), a client
+    waits on at most MAX_UNREAD messages at once, each for REQUEST_SECONDS."""
+    from controller.auth import MAX_UNREAD, REQUEST_SECONDS, hash_token
+    from controller.rpc import oasis_pb2 as pb
+    from controller.rpc import oasis_pb2_grpc as pb_grpc
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text(
+        f"alice submitter {hash_token('alice-token')}\n"
+        f"mallory submitter {hash_token('mallory-token')}\n"
+    )
+    extra = f'\n[connections]\nmax_calls = 40\n[auth]\ntokens_file = "{tokens}"\n'
+    config = write_config(tmp_path / "c.toml", tmp_path / "data", extra=extra)
+    daemon = Daemon(config, tmp_path / "c.log").start()
+    _STOP.clear()
+    try:
+        with grpc.insecure_channel(daemon.address) as channel:
+            get = "/oasis.v1.Admission/GetJob"
+            anonymous = _never_sent(channel, get, 60, None)
+            assert _ended(anonymous, 5.0) == {grpc.StatusCode.UNAUTHENTICATED: 60}
+            held = _never_sent(channel, get, 30, "mallory-token")
+            refused = _ended(held, 3.0)
+            assert refused == {grpc.StatusCode.RESOURCE_EXHAUSTED: 30 - MAX_UNREAD}, refused
+            checks = _never_sent(channel, "/grpc.health.v1.Health/Check", 30, None)
+            refused = _ended(checks, 3.0)
+            assert refused == {grpc.StatusCode.RESOURCE_EXHAUSTED: 30 - MAX_UNREAD}, refused
+            # 16 calls held: alice is served; a health check from this host is not, as
+            # its host holds its MAX_UNREAD (another host's would be)
+            alice = (("authorization", "Bearer alice-token"),)
+            info = pb_grpc.ClusterStub(channel).GetClusterInfo(
+                pb.GetClusterInfoRequest(), metadata=alice, timeout=10
+            )
+            assert info.slot_seconds > 0
+            health = health_pb2_grpc.HealthStub(channel)
+            with pytest.raises(grpc.RpcError) as refused_check:
+                health.Check(health_pb2.HealthCheckRequest(), timeout=10)
+            assert refused_check.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            # the held ones end once their time to send a message is over
+            late = _ended(held + checks, REQUEST_SECONDS + 5.0)
+            assert late.get(grpc.StatusCode.DEADLINE_EXCEEDED) == 2 * MAX_UNREAD, late
+            assert health.Check(health_pb2.HealthCheckRequest(), timeout=10).status == (
+                health_pb2.HealthCheckResponse.SERVING
+            )
+    finally:
+        _STOP.set()
+        assert daemon.stop() == 0, (tmp_path / "c.log").read_text()
