@@ -35,7 +35,7 @@ from controller.convert import (
 )
 from controller.errors import BusyError, NotLeaderError
 from controller.jobspec import prepare
-from controller.limits import RateLimiter
+from controller.limits import SENT_BYTES_PER_TOKEN, RateLimiter
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.statuses import abort
@@ -131,18 +131,25 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
             steps = self.c.search_steps(spec)
             self.limiter.charge(client, self.c.config.limits.search_tokens(steps))
 
-    async def _spec(self, msg: pb.JobSpec) -> dict[str, Any]:
+    async def _spec(self, msg: pb.JobSpec, client: str) -> dict[str, Any]:
         """The spec of a submission or quote, prepared (see the module docstring). Its
         worth is checked by the decision (:func:`controller.jobspec.check_job_worth`, on
         the job it parses anyway), after a retry of a stored job got its first decision:
-        at a later arrival a deadline may have passed."""
+        at a later arrival a deadline may have passed. Its size is checked first, as sent
+        (before its JSON is read), and ``client`` charged for its bytes past the first
+        :data:`~controller.limits.SENT_BYTES_PER_TOKEN` (one token each as many more)."""
+        table = msg.utility.table.values if msg.utility.WhichOneof("kind") == "table" else ()
+        sent = msg.ByteSize()
+        self.c.config.limits.check_sent(sent, len(table))
+        if self.limiter is not None and client and sent > SENT_BYTES_PER_TOKEN:
+            self.limiter.charge(client, sent / SENT_BYTES_PER_TOKEN - 1.0)
         return prepare(spec_from_proto(msg), self.c.slots.times)
 
     async def SubmitJob(
         self, request: pb.SubmitJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.SubmitJobResponse:
         caller = current_caller()
-        spec = await _guard(context, self._spec(request.job))
+        spec = await _guard(context, self._spec(request.job, caller.client))
         await _guard(context, self._charge(spec, caller.client))
         wait = request.wait_seconds if request.HasField("wait_seconds") else None
         submit = self.c.submit(spec, caller.submitter, caller.owner, wait, caller.turn)
@@ -153,7 +160,7 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
         self, request: pb.QuoteJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.QuoteJobResponse:
         caller = current_caller()
-        spec = await _guard(context, self._spec(request.job))
+        spec = await _guard(context, self._spec(request.job, caller.client))
         await _guard(context, self._charge(spec, caller.client))
         view = await _guard(context, self.c.quote(spec, caller.turn, caller.submitter))
         return pb.QuoteJobResponse(decision=decision_to_proto(view))
@@ -171,7 +178,9 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
         self, request: pb.ListJobsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListJobsResponse:
         states = []
-        for s in request.states:
+        # each state once: 70,000 repeats made a query of 70,000 parameters (on
+        # PostgreSQL past psycopg's 65,535, which read as the store being down for all)
+        for s in dict.fromkeys(request.states):
             if s not in STATE_OF:
                 await context.abort(
                     grpc.StatusCode.INVALID_ARGUMENT, f"states: unknown state {s} ({STATES})"

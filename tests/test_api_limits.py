@@ -83,9 +83,23 @@ def test_list_jobs_pages_and_specs_are_bounded(daemon: Daemon) -> None:
         ok = stub.SubmitJob(pb.SubmitJobRequest(job=spec_to_proto(job("t3", utility=short))))
         assert ok.job.spec.id == "t3"  # at the limits: accepted
 
+        # a spec is refused by its size as sent before its JSON is read (a 1 MB one took
+        # 94 ms of the event loop to parse first)
+        padded = pb.JobSpec(json=" " * 4000 + json.dumps(job("t4")))
+        code, details = _code(lambda: stub.QuoteJob(pb.QuoteJobRequest(job=padded), timeout=30))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+        assert "as sent exceeds 4 x limits.max_spec_bytes = 3600" in details, details
+
+        # each state once: 70,000 repeats were a query of 70,000 parameters, past
+        # psycopg's 65,535, which read as the store being down for every tenant
+        expired = pb.ListJobsRequest(states=[pb.JOB_STATE_EXPIRED] * 70_000)
+        assert list(stub.ListJobs(expired, timeout=30).jobs) == []
+        after = stub.SubmitJob(pb.SubmitJobRequest(job=spec_to_proto(job("t5"))), timeout=30)
+        assert after.job.spec.id == "t5"
+
     # the CLI follows the pages
     listed = json.loads(oasis("jobs", "--json", server=addr).stdout)["jobs"]
-    assert [j["spec"]["id"] for j in listed] == [*ids, "t3"]
+    assert [j["spec"]["id"] for j in listed] == [*ids, "t3", "t5"]
     limited = json.loads(oasis("jobs", "--json", "--limit", "5", server=addr).stdout)["jobs"]
     assert [j["spec"]["id"] for j in limited] == ids[:5]
     status = json.loads(oasis("status", "--json", "--limit", "100", server=addr).stdout)

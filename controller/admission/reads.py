@@ -163,6 +163,7 @@ class ReadViews(AdmissionState):
     ) -> tuple[list[JobView], bool]:
         """Up to ``page`` jobs with a sequence above ``after``, in decision order, and
         whether more follow."""
+        states = list(dict.fromkeys(states))  # a query parameter each: once
         for state in states:
             if state not in STATES:
                 raise SpecError.one("states", f"unknown state {state!r} (known: {STATES})")
