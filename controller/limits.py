@@ -144,9 +144,10 @@ _UTILITY_FIELD = {Sigmoid: "priority", Table: "values", Deadline: "value"}
 SENT_FACTOR = 4
 """How much larger than ``max_spec_bytes`` a spec may be as sent (:meth:`Limits.check_sent`)."""
 
-SENT_BYTES_PER_TOKEN = 16 * 1024
-"""A spec's bytes as sent past the first this many cost its client a token each this many
-more (on top of the call's one): reading them costs the event loop about 1.5 ms each."""
+BYTES_PER_TOKEN = 16 * 1024
+"""A spec's bytes as sent, and a submitter's answer's bytes, past the first this many cost
+the client a token each this many more (on top of the call's one): reading a spec costs
+the event loop about 1.5 ms each, building an answer about 10 ms."""
 
 
 class JobTooLargeError(SpecError):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, TypeVar
@@ -29,6 +31,18 @@ from pricing import SpecError
 __all__ = ["AdmissionController"]
 
 _T = TypeVar("_T")
+
+
+READS_PER_CLIENT = 2
+"""Store reads one named client has in the read pool at once (:meth:`read_store`)."""
+
+
+class _Turns:
+    """One client's read turns: a semaphore, and how many reads use it (to forget it)."""
+
+    def __init__(self, limit: int) -> None:
+        self.semaphore = asyncio.Semaphore(limit)
+        self.users = 0
 
 
 def _settle(answer: Future[_T], outcome: Callable[[], _T] | BaseException) -> None:
@@ -267,26 +281,58 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews)
             if len(batch) < PRUNE_BATCH:
                 return deleted
 
-    async def get(self, job_id: str, owner: str | None = None) -> JobView:
-        """One job; with ``owner`` set, only if that submitter submitted it."""
-        return await asyncio.to_thread(self._get_sync, job_id, owner)
+    async def read_store(self, fn: Callable[..., _T], *args: Any, client: str = "") -> _T:
+        """``fn(*args)`` in the store-read pool (``READ_THREADS`` threads, the caller's
+        context with it): the API's and the console's reads share it. A named ``client``
+        has at most :data:`READS_PER_CLIENT` reads in the pool at once; its others wait
+        their turn here, so one client's backlog of costly reads (pages of 60,000
+        allocations, 0.6 s each) delays its own reads, not every tenant's."""
+        run = functools.partial(contextvars.copy_context().run, fn, *args)
+        loop = asyncio.get_running_loop()
+        if not client:
+            return await loop.run_in_executor(self._reads, run)
+        turn = self._read_turns.get(client)
+        if turn is None:
+            turn = self._read_turns[client] = _Turns(READS_PER_CLIENT)
+        turn.users += 1
+        try:
+            async with turn.semaphore:
+                return await loop.run_in_executor(self._reads, run)
+        finally:
+            turn.users -= 1
+            if not turn.users:
+                del self._read_turns[client]
+
+    async def get(self, job_id: str, owner: str | None = None, client: str = "") -> JobView:
+        """One job; with ``owner`` set, only if that submitter submitted it (``client``:
+        whose read turn it takes, :meth:`read_store`)."""
+        return await self.read_store(self._get_sync, job_id, owner, client=client)
 
     async def list_jobs(
-        self, states: Sequence[str], page: int, after: int = 0, owner: str | None = None
+        self,
+        states: Sequence[str],
+        page: int,
+        after: int = 0,
+        owner: str | None = None,
+        budget: int | None = None,
+        client: str = "",
     ) -> tuple[list[JobView], bool]:
         """Up to ``page`` jobs after sequence ``after``, in decision order, and whether
-        more follow; with ``owner`` set, only that submitter's."""
-        return await asyncio.to_thread(self._list_sync, list(states), page, after, owner)
+        more follow; with ``owner`` set, only that submitter's; with ``budget`` (bytes),
+        ending at the job whose allocations reach it (:meth:`~.reads.ReadViews._list_sync`)."""
+        args = (list(states), page, after, owner, budget)
+        return await self.read_store(self._list_sync, *args, client=client)
 
     async def stored_events(
         self, after: int, limit: int | None = None, newest: bool = False
     ) -> list[Event]:
         """Stored events after sequence ``after``: all, the first ``limit``, or with
         ``newest`` the last ``limit`` (:meth:`~.reads.ReadViews._events_sync`)."""
-        return await asyncio.to_thread(self._events_sync, after, limit, newest)
+        return await self.read_store(self._events_sync, after, limit, newest)
 
     def close(self) -> None:
         self._decisions.shutdown()
+        self._reads.shutdown(wait=False, cancel_futures=True)
         self._writer.close()
         w = self._writer
         if w.batches:

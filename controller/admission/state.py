@@ -16,7 +16,7 @@ import contextlib
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -58,6 +58,10 @@ SETTINGS_KEY = "settings"
 --store`` reads them): ``{"window": T, "slot_seconds": s, "epoch": t}``."""
 
 
+READ_THREADS = 6
+"""Threads of the store-read pool (``AdmissionController.read_store``)."""
+
+
 class AdmissionState(ABC):
     """The controller's shared state; see the module docstring."""
 
@@ -79,6 +83,10 @@ class AdmissionState(ABC):
         self.window = config.window
         # the decision thread: every step below runs in it, serialised (.controller)
         self._decisions = DecisionThread(config.limits.max_in_flight)
+        # store reads of the API and the console: a pool of their own, so a flood of
+        # them queues there, not in the default executor the HA lease's checks use
+        self._reads = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="oasis-read")
+        self._read_turns: dict[str, Any] = {}  # per named client (.controller.read_store)
         self._draining = False
         self._in_flight = 0  # requests inside _run: queued on the lock or deciding
         self._idle = asyncio.Event()

@@ -17,7 +17,6 @@ Gantt chart and the job list are paginated, a job's events are the latest
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -104,9 +103,9 @@ class ConsoleData:
         """Use per resource (now, and over the window ahead), jobs per state, the node's
         role and health, and the slot with its wall-clock time. A submitter gets its own
         job counts and the clock (the cluster's use is for operators, as over gRPC)."""
-        counts = await asyncio.to_thread(self._counts, caller.owner)
+        counts = await self.c.read_store(self._counts, caller.owner)
         out: dict[str, Any] = {"clock": self.clock(), "jobs": counts}
-        up = await asyncio.to_thread(self.c.db.ping)
+        up = await self.c.read_store(self.c.db.ping)
         broker = self.broker()
         draining = self.c.draining
         ha = self.c.ha_status()
@@ -254,7 +253,7 @@ class ConsoleData:
             raise SpecError.one("cell", f"rows {a}..{b} or slots {s0}..{s1} out of range")
         servers = names[a:b]
         stats = await self.c.read(lambda: self._cell_stats(r, a, b, s0, s1))
-        jobs = await asyncio.to_thread(self._holding, servers, s0, s1)
+        jobs = await self.c.read_store(self._holding, servers, s0, s1)
         return {
             "resource": resource,
             **stats,
@@ -332,12 +331,12 @@ class ConsoleData:
         end = first + self.c.window + 1
         listing = self._listing()
         if job:
-            used = await asyncio.to_thread(self._servers_of, job, first, end)
+            used = await self.c.read_store(self._servers_of, job, first, end)
             listing = [s for s in listing if s[2] in used]
         pages = max(1, math.ceil(len(listing) / PLAN_PAGE))
         page = min(max(page, 1), pages)
         shown = listing[(page - 1) * PLAN_PAGE : page * PLAN_PAGE]
-        runs = await asyncio.to_thread(self._runs, [s[2] for s in shown], first, end)
+        runs = await self.c.read_store(self._runs, [s[2] for s in shown], first, end)
         return {
             "clock": clock,
             "first_slot": first,
@@ -407,7 +406,7 @@ class ConsoleData:
         owner = caller.owner
         states = [state] if state else []
         if query:
-            ids, more = await asyncio.to_thread(self._search, states, query, after, owner)
+            ids, more = await self.c.read_store(self._search, states, query, after, owner)
             views = []
             for job_id in ids:
                 try:
@@ -461,7 +460,7 @@ class ConsoleData:
                 entry["workers"][a["server"]] = a["workers"]
             if a.get("ps"):
                 entry["ps"][a["server"]] = a["ps"]
-        events = await asyncio.to_thread(self._job_events, view.id)
+        events = await self.c.read_store(self._job_events, view.id)
         return {
             "clock": self.clock(),
             "job": record,
@@ -509,7 +508,7 @@ class ConsoleData:
                 ).all()
                 return {job: who for job, who in rows}
 
-        return await asyncio.to_thread(read) if ids else {}
+        return await self.c.read_store(read) if ids else {}
 
 
 def _iso(at: datetime | None) -> str:
