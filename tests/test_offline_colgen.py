@@ -33,7 +33,7 @@ from pricing.offline import (
 from pricing.offline_rounding import round_columns
 from pricing.offline_solve import reduction, solve
 from pricing.workload import generate_trace
-from tests.test_offline import _job_options, _tiny_instances
+from tests.test_offline import _job_options, _regression_instance, _tiny_instances
 
 
 def _small(
@@ -177,6 +177,22 @@ def test_solve_never_calls_a_bound_an_optimum(method: Any) -> None:
         assert result.optimum == pytest.approx(exact.optimum, abs=1e-6)
     assert result.method in ("colgen", "colgen+ilp")
     assert result.lp_bound is not None and result.lp_bound >= exact.optimum - 1e-9
+
+
+@pytest.mark.parametrize("late_by", [0, 2])
+def test_a_job_arriving_at_or_after_the_horizon_is_a_rejection_in_every_method(
+    late_by: int,
+) -> None:
+    """SPEC 6: such a job is rejected, not an error. It has no slot to end in, and the
+    rounding's Lagrangian order took the largest of its (empty) end bounds: a
+    ValueError for ``colgen`` and ``auto``."""
+    raw, _ = _regression_instance()
+    raw["jobs"].append({**raw["jobs"][1], "id": "late", "arrival": raw["horizon"] + late_by})
+    trace = trace_from_dict(raw)
+    results = [solve(trace, method=m, time_limit=60) for m in ("ilp", "colgen", "auto")]
+    for result in results:
+        assert result.status == "optimal" and result.optimum == pytest.approx(0.51)
+        assert not result.jobs[-1].admitted
 
 
 def _write(tmp_path: Path, raw: Any) -> str:
