@@ -31,9 +31,13 @@ from pricing.job import Job, job_from_dict
 from pricing.ledger import ledger_bytes
 from pricing.prices import PriceBounds, bounds_from_dict, etas_from_dict, oracle_bounds
 
-__all__ = ["MAX_REPORTED_PROBLEMS", "TRACE_VERSION", "Trace", "trace_from_dict"]
+__all__ = ["MAX_REPORTED_PROBLEMS", "TRACE_KEYS", "TRACE_VERSION", "Trace", "trace_from_dict"]
 
 TRACE_VERSION = 1
+TRACE_KEYS = frozenset(
+    {"version", "horizon", "slot_seconds", "resources", "servers", "pricing", "jobs"}
+)
+"""Every key a trace object may have (SPEC 6)."""
 MAX_REPORTED_PROBLEMS = 50
 """A trace with more bad fields reports the first 50 (and how many more)."""
 
@@ -86,8 +90,12 @@ slots fit."""
 
 
 def trace_from_dict(raw: Any) -> Trace:
-    """Validate a trace object; a SpecError lists every bad field (up to 50)."""
+    """Validate a trace object; a SpecError lists every bad field (up to 50).
+
+    Unknown top-level keys are listed first and alone: a mistyped ``slot_seconds`` or
+    ``pricing`` would have every other field read under its default."""
     data: Mapping[str, Any] = fields.mapping(raw, "trace")
+    fields.check_no_problems(fields.unknown_keys(data, TRACE_KEYS, ""))
     version = fields.require(data, "version", "")
     if type(version) is not int or version != TRACE_VERSION:  # not true, nor 1.0
         raise SpecError.one("version", f"must be {TRACE_VERSION}, got {version!r}")

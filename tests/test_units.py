@@ -364,7 +364,7 @@ def _with(raw: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     keys = path.split(".")
     for key in keys[:-1]:
         node = node[int(key)] if isinstance(node, list) else node[key]
-    node[keys[-1]] = value
+    node[int(keys[-1]) if isinstance(node, list) else keys[-1]] = value
     return out
 
 
@@ -404,6 +404,37 @@ def test_bad_input_names_the_field(path: str, value: Any, field: str) -> None:
     with pytest.raises(pricing.SpecError) as caught:
         pricing.trace_from_dict(raw)
     assert caught.value.field == field, str(caught.value)
+
+
+EXPLICIT = {"U1": {"gpu": 2}, "U2": {}, "L1": 1, "L2": 1}
+
+UNKNOWN_KEYS = [
+    ("slot_second", 60, ["slot_second: unknown key; did you mean 'slot_seconds'?"]),
+    ("pricng", EXPLICIT, ["pricng: unknown key; did you mean 'pricing'?"]),
+    ("servers.0.capacty", {"gpu": 2}, ["servers[0].capacty: unknown key; did you mean "
+                                       "'capacity'?"]),
+    ("pricing", {**EXPLICIT, "eta": 3}, ["pricing.eta: unknown key; did you mean 'eta2'?"]),
+    ("pricing", {"bounds": "oracle", "eta": 3},
+     ["pricing.eta: unknown key; did you mean 'eta2'?"]),
+    ("pricing", {"bound": "oracle"}, ["pricing.bound: unknown key; did you mean 'bounds'?",
+                                      "pricing.L1: is required", "pricing.L2: is required"]),
+    # listed with the other problems of the same object
+    ("pricing", {**EXPLICIT, "U1": {"gpu": 0.5}, "eta": 3},
+     ["pricing.eta: unknown key; did you mean 'eta2'?", "pricing.U1.gpu: must be >= L1 = 1"]),
+    ("servers.1", {"nmae": "p0", "kind": "ps", "capacity": {"cpu": 8, "bandwidth": 20}},
+     ["servers[1].nmae: unknown key; did you mean 'name'?", "servers[1].name: is required"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "value", "problems"), UNKNOWN_KEYS)
+def test_an_unknown_key_is_refused_naming_the_closest_known_one(
+    path: str, value: Any, problems: list[str]
+) -> None:
+    """As in a job: a mistyped key read as absent would silently take its default (an
+    hour's slot, oracle bounds)."""
+    with pytest.raises(pricing.SpecError) as caught:
+        pricing.trace_from_dict(_with(base_trace(), path, value))
+    assert [str(p) for p in caught.value.problems] == problems
 
 
 LATE = [
