@@ -11,7 +11,7 @@ from numpy.typing import NDArray
 
 from pricing.best_schedule import BestSchedule
 from pricing.cluster import Cluster
-from pricing.job import Job, max_workers_per_slot, room
+from pricing.job import Job, fits_nowhere, max_workers_per_slot, room
 from pricing.ledger import Ledger
 
 __all__ = ["PriceDriver", "cannot_finish", "explain_rejection", "price_drivers"]
@@ -22,6 +22,9 @@ def cannot_finish(job: Job, cluster: Cluster, slots: int) -> str | None:
     ``cluster`` (SPEC 6: a rejection, not an input error), or None if it can."""
     if slots < 1:
         return "cannot finish before the horizon: it arrives at or after the horizon's end"
+    nowhere = fits_nowhere(job.worker, job.ps, cluster)
+    if nowhere:
+        return "cannot run: " + "; ".join(why for _kind, why in nowhere)
     per_slot = max_workers_per_slot(job, cluster)
     if per_slot < 1:
         return "cannot run: not one worker with its parameter servers fits on the empty cluster"

@@ -1,8 +1,9 @@
 """The trace format (SPEC 6): a cluster, a horizon, price bounds and jobs in arrival order.
 
-A job that cannot finish before the horizon even on an empty cluster (or arrives at or
-after it) is part of the trace like any other: replay rejects it with ``payoff: null``
-and the reason (:func:`pricing.explain.cannot_finish`). SPEC 4's oracle bounds take it in
+A job that cannot finish before the horizon even on an empty cluster (it arrives at or
+after it, its work takes longer, or one of its workers or PS fits on no server even
+empty) is part of the trace like any other: replay rejects it with ``payoff: null`` and
+the reason (:func:`pricing.explain.cannot_finish`). SPEC 4's oracle bounds take it in
 (they are over every job of the trace); the estimate does not (the daemon refuses such a
 job before it is priced).
 
@@ -130,9 +131,11 @@ def trace_from_dict(raw: Any) -> Trace:
                 raw_job,
                 cluster,
                 slot_seconds=slot_seconds,
-                # a job too late for the horizon is a rejection (SPEC 6), not a bad field
+                # a job too late for the horizon is a rejection (SPEC 6), not a bad field,
+                # and so is one that fits on no server
                 slots_available=lambda a: fields.MAX_INTEGER,
                 field=field,
+                must_fit=False,
             )
         except SpecError as err:
             problems.extend(err.problems)

@@ -179,20 +179,30 @@ def test_solve_never_calls_a_bound_an_optimum(method: Any) -> None:
     assert result.lp_bound is not None and result.lp_bound >= exact.optimum - 1e-9
 
 
-@pytest.mark.parametrize("late_by", [0, 2])
-def test_a_job_arriving_at_or_after_the_horizon_is_a_rejection_in_every_method(
-    late_by: int,
-) -> None:
-    """SPEC 6: such a job is rejected, not an error. It has no slot to end in, and the
-    rounding's Lagrangian order took the largest of its (empty) end bounds: a
-    ValueError for ``colgen`` and ``auto``."""
+NEVER_RUNS = [
+    {"arrival": 3},  # at the horizon T = 3
+    {"arrival": 5},  # after it
+    {"worker": {"gpu": 3, "cpu": 1, "bandwidth": 1}},  # the largest worker server has 2
+    {"ps": {"cpu": 5, "bandwidth": 2}},  # the PS server has 4
+]
+
+
+@pytest.mark.parametrize("change", NEVER_RUNS)
+def test_a_job_that_can_never_run_is_a_rejection_in_every_method(change: dict[str, Any]) -> None:
+    """SPEC 6: a job that cannot finish before the horizon even on an empty cluster is
+    rejected, not an error, and every method finds the optimum without it. One arriving
+    at or after T has no slot to end in: the rounding's Lagrangian order took the
+    largest of its (empty) end bounds, a ValueError for ``colgen`` and ``auto``."""
     raw, _ = _regression_instance()
-    raw["jobs"].append({**raw["jobs"][1], "id": "late", "arrival": raw["horizon"] + late_by})
+    alone = solve(trace_from_dict(raw), method="ilp", time_limit=60)
+    raw["jobs"].append({**raw["jobs"][1], "id": "never", **change})
     trace = trace_from_dict(raw)
-    results = [solve(trace, method=m, time_limit=60) for m in ("ilp", "colgen", "auto")]
-    for result in results:
-        assert result.status == "optimal" and result.optimum == pytest.approx(0.51)
-        assert not result.jobs[-1].admitted
+    assert trace.late(trace.jobs[-1]) is not None
+    for method in ("ilp", "colgen", "auto"):
+        result = solve(trace, method=method, time_limit=60)
+        assert result.status == "optimal", method
+        assert result.optimum == pytest.approx(alone.optimum, abs=1e-9), method
+        assert not result.jobs[-1].admitted, method
 
 
 def _write(tmp_path: Path, raw: Any) -> str:
