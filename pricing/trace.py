@@ -179,7 +179,8 @@ def trace_from_dict(raw: Any) -> Trace:
         )  # fmt: skip
     eta1, eta2 = etas_from_dict(spec)
     # SPEC 4: over every job of the trace, those too late for the horizon included
-    # (one arriving at or after T is taken at its fastest completion, Tmax = 1)
+    # (one arriving at or after T, where T - a is no completion time, with Tmax = 1:
+    # a choice, README "Implementation choices")
     latest = {j.id: max(horizon - j.arrival, 1) for j in jobs}
     bounds = oracle_bounds(jobs, cluster, horizon, latest, eta1, eta2)
     return Trace(horizon, slot_seconds, cluster, bounds, "oracle", tuple(jobs))
