@@ -9,6 +9,7 @@ import numpy as np
 from numba import njit
 from numpy.typing import NDArray
 
+from pricing.admission import ADMIT_THRESHOLD
 from pricing.best_schedule import BestSchedule
 from pricing.cluster import Cluster
 from pricing.job import Job, fits_nowhere, max_workers_per_slot, room
@@ -198,12 +199,14 @@ def explain_rejection(
             f"the scarcest resource is {worst!r} ({least} workers' worth free), or its "
             "parameter servers do not fit"
         )
-    assert best.cost is not None and best.utility is not None
+    assert best.cost is not None and best.utility is not None and best.payoff is not None
     if drivers is None:
         drivers = price_drivers(best, job, ledger)
+    # a payoff in (0, 1e-9] is not admitted either, and "<= 0" would be untrue of it
+    bar = "0" if best.payoff <= 0 else f"{ADMIT_THRESHOLD:g}, the admission threshold"
     head = (
         f"priced out: the best schedule (completion in {best.jct} slots, utility "
-        f"{best.utility:.6g}) costs {best.cost:.6g}, payoff {best.payoff:.6g} <= 0"
+        f"{best.utility:.6g}) costs {best.cost:.6g}, payoff {best.payoff:.6g} <= {bar}"
     )
     if not drivers:
         return head
