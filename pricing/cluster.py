@@ -13,12 +13,15 @@ from numpy.typing import NDArray
 from pricing import fields
 from pricing.errors import Problem, SpecError
 
-__all__ = ["BANDWIDTH", "Cluster", "cluster_from_dict"]
+__all__ = ["BANDWIDTH", "SERVER_KEYS", "Cluster", "cluster_from_dict"]
 
 BANDWIDTH = "bandwidth"
 """The resource whose per-worker and per-PS demands set ``b`` and ``B`` (Gbps)."""
 
 Kind = Literal["worker", "ps"]
+
+SERVER_KEYS = frozenset({"name", "kind", "capacity"})
+"""Every key a server object may have."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,7 +94,8 @@ class Cluster:
 def cluster_from_dict(resources: Any, servers: Any, prefix: str = "") -> Cluster:
     """Build a Cluster from the trace format's ``resources`` and ``servers`` values.
 
-    Every problem found is reported at once, each naming its field.
+    Every problem found is reported at once, each naming its field (an unknown key of
+    a server with the closest known one).
     """
     res_field = f"{prefix}resources"
     if not isinstance(resources, list) or not resources:
@@ -118,6 +122,7 @@ def cluster_from_dict(resources: Any, servers: Any, prefix: str = "") -> Cluster
         field = f"{srv_field}[{i}]"
         try:
             server = fields.mapping(raw, field)
+            problems.extend(fields.unknown_keys(server, SERVER_KEYS, field))
             name = fields.text(fields.require(server, "name", field), f"{field}.name")
             if name in seen:
                 raise SpecError.one(f"{field}.name", f"duplicate server name {name!r}")

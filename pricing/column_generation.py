@@ -502,7 +502,7 @@ class BoundResult:
         payoff: ``(J,)`` ``max(0, P_i(pi))`` of the best bound.
         ends: per job, ``(l_i - a_i + 1,)`` bounds on its payoff when it ends in each
             slot from its arrival on, at the ``pi`` of the best bound (``-inf``: no
-            schedule ends there).
+            schedule ends there; empty for a job arriving after its last slot).
         stop: why the loop ended: ``"converged"``, ``"gap"`` (bound and LP within
             ``rel_gap``), ``"time limit"``, ``"iterations"``, or ``"stalled"`` (every
             entering column was already in the master: the LP's duals are inexact).

@@ -9,9 +9,10 @@ import numpy as np
 from numba import njit
 from numpy.typing import NDArray
 
+from pricing.admission import ADMIT_THRESHOLD
 from pricing.best_schedule import BestSchedule
 from pricing.cluster import Cluster
-from pricing.job import Job, max_workers_per_slot, room
+from pricing.job import Job, fits_nowhere, max_workers_per_slot, room
 from pricing.ledger import Ledger
 
 __all__ = ["PriceDriver", "cannot_finish", "explain_rejection", "price_drivers"]
@@ -22,6 +23,9 @@ def cannot_finish(job: Job, cluster: Cluster, slots: int) -> str | None:
     ``cluster`` (SPEC 6: a rejection, not an input error), or None if it can."""
     if slots < 1:
         return "cannot finish before the horizon: it arrives at or after the horizon's end"
+    nowhere = fits_nowhere(job.worker, job.ps, cluster)
+    if nowhere:
+        return "cannot run: " + "; ".join(why for _kind, why in nowhere)
     per_slot = max_workers_per_slot(job, cluster)
     if per_slot < 1:
         return "cannot run: not one worker with its parameter servers fits on the empty cluster"
@@ -195,12 +199,14 @@ def explain_rejection(
             f"the scarcest resource is {worst!r} ({least} workers' worth free), or its "
             "parameter servers do not fit"
         )
-    assert best.cost is not None and best.utility is not None
+    assert best.cost is not None and best.utility is not None and best.payoff is not None
     if drivers is None:
         drivers = price_drivers(best, job, ledger)
+    # a payoff in (0, 1e-9] is not admitted either, and "<= 0" would be untrue of it
+    bar = "0" if best.payoff <= 0 else f"{ADMIT_THRESHOLD:g}, the admission threshold"
     head = (
         f"priced out: the best schedule (completion in {best.jct} slots, utility "
-        f"{best.utility:.6g}) costs {best.cost:.6g}, payoff {best.payoff:.6g} <= 0"
+        f"{best.utility:.6g}) costs {best.cost:.6g}, payoff {best.payoff:.6g} <= {bar}"
     )
     if not drivers:
         return head

@@ -47,7 +47,8 @@ def unknown_keys(
     problems: list[Problem] = []
     extra = [k for k in spec if k not in known]
     for key in extra[:MAX_UNKNOWN_KEYS]:
-        name = key if isinstance(key, str) else repr(key)
+        # a blank key is shown quoted: a field path must name something
+        name = key if isinstance(key, str) and key.strip() else repr(key)
         close = difflib.get_close_matches(name[:100], sorted(known), n=1, cutoff=0.6)
         reason = "unknown key" + (f"; did you mean {close[0]!r}?" if close else "")
         if not close and not hint:

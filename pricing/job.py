@@ -22,6 +22,7 @@ __all__ = [
     "MIN_DEMAND",
     "ROUNDING",
     "Job",
+    "fits_nowhere",
     "job_from_dict",
     "max_workers_per_slot",
     "room",
@@ -143,6 +144,7 @@ def job_from_dict(
     slots_available: Callable[[int], int],
     arrival: int | None = None,
     field: str = "job",
+    must_fit: bool = True,
 ) -> Job:
     """Validate a job object (SPEC 3) against ``cluster``; report every problem at once.
 
@@ -154,6 +156,9 @@ def job_from_dict(
             trace, ``T`` in the daemon's window), given the arrival.
         arrival: the arrival slot; read from ``raw["arrival"]`` when None.
         field: path of the object, prefixed to every problem's field.
+        must_fit: False: a worker or PS that fits on no server even when empty is
+            left for the caller to reject (a trace: SPEC 6 decides it, with
+            :func:`fits_nowhere`'s reason) instead of refused here.
 
     The mini-batch time is ``tau`` in slots or ``minibatch_seconds`` (converted with
     ``slot_seconds``); times in the utility may be durations (:mod:`pricing.utility`).
@@ -162,8 +167,8 @@ def job_from_dict(
     Raises:
         SpecError: naming each bad field: unknown keys (with the closest known one),
             non-positive or non-finite numbers, unknown resources, ``b > B``, a worker or
-            PS that fits on no server even when empty, work that cannot finish inside the
-            horizon, a utility that is not non-increasing.
+            PS that fits on no server even when empty (with ``must_fit``), work that
+            cannot finish inside the horizon, a utility that is not non-increasing.
     """
     spec: Mapping[str, Any] = fields.mapping(raw, field)
     problems = fields.unknown_keys(spec, JOB_KEYS, field)
@@ -231,16 +236,9 @@ def job_from_dict(
             f"worker bandwidth b = {b:g} exceeds PS bandwidth B = {B:g}: constraints 6 "
             "(z >= y b / B) and 7 (z <= y) cannot both hold",
         )
-    for name, vec, capacity in (
-        ("worker", worker, cluster.worker_capacity),
-        ("ps", ps, cluster.ps_capacity),
-    ):
-        if int(room(capacity, vec).max()) < 1:
-            problems.append(
-                Problem(f"{field}.{name}", f"one {name} fits on no {name} server, even empty")
-            )
-    if problems:
-        raise SpecError(problems)
+    nowhere = fits_nowhere(worker, ps, cluster)
+    if must_fit:
+        fields.check_no_problems([Problem(f"{field}.{kind}", why) for kind, why in nowhere])
 
     m = tau + 2.0 * grad_mb * MB_TO_GBIT / b / slot_seconds
     raw_work = epochs * chunks * minibatches * m
@@ -266,8 +264,35 @@ def job_from_dict(
         work=work,
         ps_ratio=b / B,
     )
-    _check_fits_in_time(job, cluster, slots_available(arrival), field)
+    if not nowhere:  # else it can never run: no time is enough
+        _check_fits_in_time(job, cluster, slots_available(arrival), field)
     return job
+
+
+def fits_nowhere(
+    worker: NDArray[np.float64], ps: NDArray[np.float64], cluster: Cluster
+) -> list[tuple[str, str]]:
+    """``(kind, why)`` for one worker (demand ``worker``, ``(R,)``) or one PS (``ps``)
+    that fits on no server of its kind even when empty (SPEC 5's room, its slack
+    included), naming each resource that even the largest server lacks; empty if both
+    fit somewhere."""
+    out: list[tuple[str, str]] = []
+    for kind, demand, capacity in (
+        ("worker", worker, cluster.worker_capacity),
+        ("ps", ps, cluster.ps_capacity),
+    ):
+        if int(room(capacity, demand).max()) >= 1:
+            continue
+        largest = capacity.max(axis=0)
+        resource = np.arange(demand.size)
+        lacking = [
+            f"{name}: it needs {demand[r]:g}, the largest has {largest[r]:g}"
+            for r, name in enumerate(cluster.resources)
+            if demand[r] > 0 and room(largest, np.where(resource == r, demand, 0.0)) < 1
+        ]
+        detail = "; ".join(lacking) or "no one server has enough of every resource it needs"
+        out.append((kind, f"one {kind} fits on no {kind} server, even empty ({detail})"))
+    return out
 
 
 def _demand(cluster: Cluster, raw: Any, field: str) -> NDArray[np.float64]:

@@ -218,7 +218,10 @@ def round_columns(
     best = Primal(greedy.schedules(), greedy.total(), "greedy")
     # Lagrangian heuristic: jobs one by one on their best schedule at the duals' prices
     cells = result.master.cells
-    by_utility = sorted(range(len(result.ends)), key=lambda i: -float(np.max(result.ends[i])))
+    # a job arriving at or after the horizon has no end slot at all: it sorts last
+    by_utility = sorted(
+        range(len(result.ends)), key=lambda i: -float(np.max(result.ends[i], initial=-np.inf))
+    )
     for order in (fill_order, by_utility):
         passed = Residual(cells, _tie(result))
         _fill(passed, result.pi, order)

@@ -26,7 +26,10 @@ from pricing.cluster import Cluster
 from pricing.errors import Problem, SpecError
 from pricing.job import Job
 
-__all__ = ["PriceBounds", "bounds_from_dict", "oracle_bounds", "price"]
+__all__ = ["EXPLICIT_KEYS", "PriceBounds", "bounds_from_dict", "oracle_bounds", "price"]
+
+EXPLICIT_KEYS = frozenset({"U1", "U2", "L1", "L2", "eta1", "eta2"})
+"""Every key of explicit bounds (SPEC 6)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -223,7 +226,7 @@ def bounds_from_dict(raw: Any, cluster: Cluster, field: str = "pricing") -> Pric
     and ``prior``, read by :mod:`pricing.trace`). A resource missing from U1 or U2 prices
     flat (``U = L``). ``L1`` and ``L2`` are one number or ``{r: x}`` naming every
     resource (a floor per resource). Every U must be >= its L, or prices would fall as a
-    server fills.
+    server fills. An unknown key is an error naming the closest known one, in each form.
     """
     spec = fields.mapping(raw, field)
     if "bounds" in spec:
@@ -231,18 +234,17 @@ def bounds_from_dict(raw: Any, cluster: Cluster, field: str = "pricing") -> Pric
         kind = spec["bounds"]
         if not isinstance(kind, str) or kind not in allowed:
             raise SpecError.one(f"{field}.bounds", f"must be 'oracle' or 'estimate', got {kind!r}")
-        extra = set(spec) - allowed[kind]
-        if extra:
-            raise SpecError.one(field, f"unexpected keys with {kind} bounds: {sorted(extra)}")
+        fields.check_no_problems(fields.unknown_keys(spec, allowed[kind], field))
         return None
-    problems: list[Problem] = []
+    # "bounds" is absent here; known, it is the suggestion for a mistyped "bound"
+    problems = fields.unknown_keys(spec, EXPLICIT_KEYS | {"bounds"}, field)
     floors: dict[str, float | NDArray[np.float64]] = {}
     for key in ("L1", "L2"):
         try:
             floors[key] = _log_floor(fields.require(spec, key, field), cluster, f"{field}.{key}")
         except SpecError as err:
             problems.extend(err.problems)
-    if problems:
+    if len(floors) < 2:  # U is checked against L
         raise SpecError(problems)
     ups: dict[str, NDArray[np.float64]] = {}
     for key, low in (("U1", "L1"), ("U2", "L2")):

@@ -1,8 +1,9 @@
 """The trace format (SPEC 6): a cluster, a horizon, price bounds and jobs in arrival order.
 
-A job that cannot finish before the horizon even on an empty cluster (or arrives at or
-after it) is part of the trace like any other: replay rejects it with ``payoff: null``
-and the reason (:func:`pricing.explain.cannot_finish`). SPEC 4's oracle bounds take it in
+A job that cannot finish before the horizon even on an empty cluster (it arrives at or
+after it, its work takes longer, or one of its workers or PS fits on no server even
+empty) is part of the trace like any other: replay rejects it with ``payoff: null`` and
+the reason (:func:`pricing.explain.cannot_finish`). SPEC 4's oracle bounds take it in
 (they are over every job of the trace); the estimate does not (the daemon refuses such a
 job before it is priced).
 
@@ -31,9 +32,13 @@ from pricing.job import Job, job_from_dict
 from pricing.ledger import ledger_bytes
 from pricing.prices import PriceBounds, bounds_from_dict, etas_from_dict, oracle_bounds
 
-__all__ = ["MAX_REPORTED_PROBLEMS", "TRACE_VERSION", "Trace", "trace_from_dict"]
+__all__ = ["MAX_REPORTED_PROBLEMS", "TRACE_KEYS", "TRACE_VERSION", "Trace", "trace_from_dict"]
 
 TRACE_VERSION = 1
+TRACE_KEYS = frozenset(
+    {"version", "horizon", "slot_seconds", "resources", "servers", "pricing", "jobs"}
+)
+"""Every key a trace object may have (SPEC 6)."""
 MAX_REPORTED_PROBLEMS = 50
 """A trace with more bad fields reports the first 50 (and how many more)."""
 
@@ -86,8 +91,12 @@ slots fit."""
 
 
 def trace_from_dict(raw: Any) -> Trace:
-    """Validate a trace object; a SpecError lists every bad field (up to 50)."""
+    """Validate a trace object; a SpecError lists every bad field (up to 50).
+
+    Unknown top-level keys are listed first and alone: a mistyped ``slot_seconds`` or
+    ``pricing`` would have every other field read under its default."""
     data: Mapping[str, Any] = fields.mapping(raw, "trace")
+    fields.check_no_problems(fields.unknown_keys(data, TRACE_KEYS, ""))
     version = fields.require(data, "version", "")
     if type(version) is not int or version != TRACE_VERSION:  # not true, nor 1.0
         raise SpecError.one("version", f"must be {TRACE_VERSION}, got {version!r}")
@@ -122,9 +131,11 @@ def trace_from_dict(raw: Any) -> Trace:
                 raw_job,
                 cluster,
                 slot_seconds=slot_seconds,
-                # a job too late for the horizon is a rejection (SPEC 6), not a bad field
+                # a job too late for the horizon is a rejection (SPEC 6), not a bad field,
+                # and so is one that fits on no server
                 slots_available=lambda a: fields.MAX_INTEGER,
                 field=field,
+                must_fit=False,
             )
         except SpecError as err:
             problems.extend(err.problems)
@@ -168,7 +179,8 @@ def trace_from_dict(raw: Any) -> Trace:
         )  # fmt: skip
     eta1, eta2 = etas_from_dict(spec)
     # SPEC 4: over every job of the trace, those too late for the horizon included
-    # (one arriving at or after T is taken at its fastest completion, Tmax = 1)
+    # (one arriving at or after T, where T - a is no completion time, with Tmax = 1:
+    # a choice, README "Implementation choices")
     latest = {j.id: max(horizon - j.arrival, 1) for j in jobs}
     bounds = oracle_bounds(jobs, cluster, horizon, latest, eta1, eta2)
     return Trace(horizon, slot_seconds, cluster, bounds, "oracle", tuple(jobs))

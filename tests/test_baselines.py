@@ -196,6 +196,22 @@ def test_fifo_blocks_behind_the_head_of_the_line() -> None:
     assert out["c"].utility == pytest.approx(5.0)  # time-insensitive: priority / 2
 
 
+@pytest.mark.parametrize("policy", BASELINES)
+def test_a_job_that_fits_on_no_server_is_rejected_by_every_baseline(policy: str) -> None:
+    """A trace may hold one (SPEC 6: a rejection); it never reaches the policy, which
+    would size it at 0 workers per slot (a PolicyError, or a division by 0 in RRH)."""
+    raw = _trace(
+        {"gpu": 4},
+        [_job("a", 0, chunks=2, work=2, worker={"gpu": 1}),
+         _job("huge", 0, chunks=1, work=1, worker={"gpu": 5})],
+        horizon=4,
+    )  # fmt: skip
+    out = _outcomes(raw, policy)
+    assert out["a"].admitted and out["a"].jct is not None
+    assert not out["huge"].admitted and out["huge"].schedule is None
+    assert out["huge"].utility is None
+
+
 def test_drf_equalises_dominant_shares_and_regrows_on_completion() -> None:
     raw = _trace(
         {"gpu": 4, "cpu": 15},

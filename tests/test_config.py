@@ -49,6 +49,8 @@ def test_demo_defaults() -> None:
         ("gpu = 16, cpu = 64", "gpu = -16, cpu = 64",
          "cluster.servers[2].capacity.gpu: must be >= 0"),
         ('"bandwidth"]', '"bw"]', "cluster.resources: must include 'bandwidth'"),
+        ('"c4-4x-0",  kind = "ps",     capacity', '"c4-4x-0",  kind = "ps",     capacty',
+         "cluster.servers[8].capacty: unknown key; did you mean 'capacity'?"),
         ("max_message_bytes = 1048576", "max_message_bytes = 2147483648",
          "limits.max_message_bytes: must be <= 2147483647 (2 GiB - 1, gRPC's largest)"),
         ('sqlite_synchronous = "full"', 'sqlite_synchronous = "off"',

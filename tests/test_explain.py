@@ -94,3 +94,36 @@ def test_the_scarcest_resource_is_found_one_resource_at_a_time() -> None:
         lo = int(rng.integers(0, trace.horizon))
         hi = int(rng.integers(lo + 1, trace.horizon + 1))
         assert _scarcest(job, ledger, lo, hi) == dense_scarcest(job, ledger, lo, hi)
+
+
+def _one_job_worth(priority: float) -> dict[str, object]:
+    """One job of W = 1 worker-slot costing exactly 1 at flat prices 0.25 (gpu and
+    bandwidth of its worker, cpu and bandwidth of its PS), worth ``priority / 2``."""
+    return {
+        "version": 1, "horizon": 4, "slot_seconds": 3600,
+        "resources": ["gpu", "cpu", "bandwidth"],
+        "servers": [
+            {"name": "w0", "kind": "worker", "capacity": {"gpu": 2, "cpu": 8, "bandwidth": 10}},
+            {"name": "p0", "kind": "ps", "capacity": {"cpu": 4, "bandwidth": 10}},
+        ],
+        "pricing": {"U1": dict.fromkeys(["gpu", "cpu", "bandwidth"], 0.25),
+                    "U2": dict.fromkeys(["cpu", "bandwidth"], 0.25), "L1": 0.25, "L2": 0.25},
+        "jobs": [{
+            "id": "j1", "arrival": 0, "epochs": 1, "chunks": 1, "minibatches": 1, "tau": 0.5,
+            "grad_mb": 0.001, "worker": {"gpu": 1, "bandwidth": 1},
+            "ps": {"cpu": 1, "bandwidth": 1},
+            "utility": {"kind": "sigmoid", "priority": priority, "decay": 0, "target": 1},
+        }],
+    }  # fmt: skip
+
+
+def test_a_payoff_under_the_threshold_is_said_to_be_under_it_not_under_0() -> None:
+    """A payoff in (0, 1e-9] is rejected too (SPEC 5); "5e-10 <= 0" was untrue."""
+    for priority, says in ((2.000000001, "payoff 5e-10 <= 1e-09, the admission threshold"),
+                           (1.5, "payoff -0.25 <= 0;")):  # fmt: skip
+        trace = trace_from_dict(_one_job_worth(priority))
+        ledger = Ledger(trace.cluster, trace.bounds, trace.horizon)
+        (job,) = trace.jobs
+        d = decide(job, ledger, 0, trace.horizon - 1)
+        assert not d.admitted
+        assert says in explain_rejection(d.best, job, ledger, 0, trace.horizon - 1)

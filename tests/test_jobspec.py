@@ -185,6 +185,21 @@ def test_unknown_keys_are_bounded() -> None:
     assert len(got) == 11 and got[-1] == "job: and 990 more unknown keys"
 
 
+def test_a_worker_or_ps_that_fits_on_no_server_is_refused() -> None:
+    """The daemon's parser (a submission: INVALID_ARGUMENT) refuses it as a bad field,
+    naming the resource; a trace rejects it instead (SPEC 6, tests/test_units.py)."""
+    worker = {**PEOPLE["worker"], "gpu": 5}
+    ps = {**PEOPLE["ps"], "mem": 61}
+    assert problems({**PEOPLE, "worker": worker, "ps": ps}) == [
+        "job.worker: one worker fits on no worker server, even empty (gpu: it needs 5, the "
+        "largest has 4)",
+        "job.ps: one ps fits on no ps server, even empty (mem: it needs 61, the largest has 60)",
+    ]
+    with pytest.raises(SpecError, match=r"job\.worker: one worker fits on no worker server"):
+        check_worth({**PEOPLE, "worker": worker}, cluster=CLUSTER, slot_seconds=SLOT,
+                    window=48, arrival=10)  # fmt: skip
+
+
 def test_the_spec3_form_still_parses_unchanged() -> None:
     spec3 = {
         "id": "s3",

@@ -33,7 +33,7 @@ from pricing.offline import (
 from pricing.offline_rounding import round_columns
 from pricing.offline_solve import reduction, solve
 from pricing.workload import generate_trace
-from tests.test_offline import _job_options, _tiny_instances
+from tests.test_offline import _job_options, _regression_instance, _tiny_instances
 
 
 def _small(
@@ -177,6 +177,32 @@ def test_solve_never_calls_a_bound_an_optimum(method: Any) -> None:
         assert result.optimum == pytest.approx(exact.optimum, abs=1e-6)
     assert result.method in ("colgen", "colgen+ilp")
     assert result.lp_bound is not None and result.lp_bound >= exact.optimum - 1e-9
+
+
+NEVER_RUNS = [
+    {"arrival": 3},  # at the horizon T = 3
+    {"arrival": 5},  # after it
+    {"worker": {"gpu": 3, "cpu": 1, "bandwidth": 1}},  # the largest worker server has 2
+    {"ps": {"cpu": 5, "bandwidth": 2}},  # the PS server has 4
+]
+
+
+@pytest.mark.parametrize("change", NEVER_RUNS)
+def test_a_job_that_can_never_run_is_a_rejection_in_every_method(change: dict[str, Any]) -> None:
+    """SPEC 6: a job that cannot finish before the horizon even on an empty cluster is
+    rejected, not an error, and every method finds the optimum without it. One arriving
+    at or after T has no slot to end in: the rounding's Lagrangian order took the
+    largest of its (empty) end bounds, a ValueError for ``colgen`` and ``auto``."""
+    raw, _ = _regression_instance()
+    alone = solve(trace_from_dict(raw), method="ilp", time_limit=60)
+    raw["jobs"].append({**raw["jobs"][1], "id": "never", **change})
+    trace = trace_from_dict(raw)
+    assert trace.late(trace.jobs[-1]) is not None
+    for method in ("ilp", "colgen", "auto"):
+        result = solve(trace, method=method, time_limit=60)
+        assert result.status == "optimal", method
+        assert result.optimum == pytest.approx(alone.optimum, abs=1e-9), method
+        assert not result.jobs[-1].admitted, method
 
 
 def _write(tmp_path: Path, raw: Any) -> str:

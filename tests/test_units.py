@@ -364,7 +364,7 @@ def _with(raw: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     keys = path.split(".")
     for key in keys[:-1]:
         node = node[int(key)] if isinstance(node, list) else node[key]
-    node[keys[-1]] = value
+    node[int(keys[-1]) if isinstance(node, list) else keys[-1]] = value
     return out
 
 
@@ -384,12 +384,9 @@ BAD_INPUTS = [
     ("jobs.0.utility", {"kind": "table", "values": [5, 6]}, "jobs[0].utility.values[1]"),
     ("jobs.0.utility", {"kind": "table", "values": [0]}, "jobs[0].utility.values[0]"),
     ("jobs.0.utility", {"kind": "step"}, "jobs[0].utility.kind"),
-    # a worker needs 3 gpu, the only worker server has 2
-    ("jobs.0.worker", {"gpu": 3, "cpu": 2, "bandwidth": 1}, "jobs[0].worker"),
-    # a PS needs 9 cpu, the only PS server has 8
-    ("jobs.0.ps", {"cpu": 9, "bandwidth": 2}, "jobs[0].ps"),
-    # a job too late for the horizon is a rejection since SPEC 6 says so, not a bad field:
-    # test_a_job_too_late_for_the_horizon_is_a_rejection
+    # a job too late for the horizon, or that fits on no server, is a rejection since
+    # SPEC 6 says so, not a bad field: test_a_job_too_late_for_the_horizon_is_a_rejection,
+    # test_a_job_that_fits_on_no_server_is_a_rejection
     ("pricing", {"U1": {"gpu": 0.5}, "U2": {}, "L1": 1, "L2": 1}, "pricing.U1.gpu"),
     ("pricing", {"U1": {"tpu": 2}, "U2": {}, "L1": 1, "L2": 1}, "pricing.U1.tpu"),
     ("pricing", {"U1": {}, "U2": {}, "L1": 0, "L2": 1}, "pricing.L1"),
@@ -404,6 +401,37 @@ def test_bad_input_names_the_field(path: str, value: Any, field: str) -> None:
     with pytest.raises(pricing.SpecError) as caught:
         pricing.trace_from_dict(raw)
     assert caught.value.field == field, str(caught.value)
+
+
+EXPLICIT = {"U1": {"gpu": 2}, "U2": {}, "L1": 1, "L2": 1}
+
+UNKNOWN_KEYS = [
+    ("slot_second", 60, ["slot_second: unknown key; did you mean 'slot_seconds'?"]),
+    ("pricng", EXPLICIT, ["pricng: unknown key; did you mean 'pricing'?"]),
+    ("servers.0.capacty", {"gpu": 2}, ["servers[0].capacty: unknown key; did you mean "
+                                       "'capacity'?"]),
+    ("pricing", {**EXPLICIT, "eta": 3}, ["pricing.eta: unknown key; did you mean 'eta2'?"]),
+    ("pricing", {"bounds": "oracle", "eta": 3},
+     ["pricing.eta: unknown key; did you mean 'eta2'?"]),
+    ("pricing", {"bound": "oracle"}, ["pricing.bound: unknown key; did you mean 'bounds'?",
+                                      "pricing.L1: is required", "pricing.L2: is required"]),
+    # listed with the other problems of the same object
+    ("pricing", {**EXPLICIT, "U1": {"gpu": 0.5}, "eta": 3},
+     ["pricing.eta: unknown key; did you mean 'eta2'?", "pricing.U1.gpu: must be >= L1 = 1"]),
+    ("servers.1", {"nmae": "p0", "kind": "ps", "capacity": {"cpu": 8, "bandwidth": 20}},
+     ["servers[1].nmae: unknown key; did you mean 'name'?", "servers[1].name: is required"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "value", "problems"), UNKNOWN_KEYS)
+def test_an_unknown_key_is_refused_naming_the_closest_known_one(
+    path: str, value: Any, problems: list[str]
+) -> None:
+    """As in a job: a mistyped key read as absent would silently take its default (an
+    hour's slot, oracle bounds)."""
+    with pytest.raises(pricing.SpecError) as caught:
+        pricing.trace_from_dict(_with(base_trace(), path, value))
+    assert [str(p) for p in caught.value.problems] == problems
 
 
 LATE = [
@@ -445,6 +473,49 @@ def test_a_job_too_late_for_the_horizon_is_a_rejection(
         alone = dict(raw, jobs=raw["jobs"][:1])
         (expected,) = replay(pricing.trace_from_dict(alone))
         assert records[0].decision.best.payoff == expected.decision.best.payoff
+
+
+NOWHERE = [
+    # a worker needs 3 gpu, the only worker server has 2
+    ({"worker": {"gpu": 3, "cpu": 2, "bandwidth": 1}},
+     "cannot run: one worker fits on no worker server, even empty (gpu: it needs 3, the "
+     "largest has 2)"),
+    # a PS needs 9 cpu, the only PS server has 8
+    ({"ps": {"cpu": 9, "bandwidth": 2}},
+     "cannot run: one ps fits on no ps server, even empty (cpu: it needs 9, the largest "
+     "has 8)"),
+    # each resource fits alone on some worker server, never both on one
+    ({"worker": {"gpu": 1, "cpu": 9, "bandwidth": 1}},
+     "cannot run: one worker fits on no worker server, even empty (no one server has "
+     "enough of every resource it needs)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("change", "why"), NOWHERE)
+@pytest.mark.parametrize("bounds", ["oracle", "estimate"])
+def test_a_job_that_fits_on_no_server_is_a_rejection(
+    change: dict[str, Any], why: str, bounds: str
+) -> None:
+    """SPEC 6: it cannot finish before the horizon even on an empty cluster, so replay
+    rejects it with payoff null and the reason, as a late one (the daemon refuses it as
+    a bad field: tests/test_jobspec.py)."""
+    from controller.replay import record_json, replay
+
+    raw = base_trace()
+    raw["servers"].insert(1, {"name": "w1", "kind": "worker",
+                              "capacity": {"cpu": 16, "bandwidth": 10}})  # fmt: skip
+    raw["jobs"].append({**copy.deepcopy(raw["jobs"][0]), "id": "nowhere", **change})
+    raw["pricing"] = {"bounds": bounds}
+    trace = pricing.trace_from_dict(raw)
+    records = list(replay(trace))
+    out = record_json(records[1], trace.cluster)
+    assert out["admitted"] is False and out["payoff"] is None and out["reason"] == why
+    assert out["cost"] is None and out["jct"] is None and out["utility"] is None
+    assert out["allocations"] == []
+    assert records[0].decision.admitted
+    if bounds == "estimate":  # the daemon never sees it: the other job decides the same
+        (alone,) = replay(pricing.trace_from_dict(dict(raw, jobs=raw["jobs"][:1])))
+        assert records[0].decision.best.payoff == alone.decision.best.payoff
 
 
 def test_the_same_bad_inputs_are_fine_when_corrected() -> None:

@@ -19,6 +19,9 @@ Choices the paper leaves open, each the reading most favourable to the baselines
   in every slot left, is dropped: its resources are released (an event), and it is
   reported admitted with ``jct`` null and utility 0 -- what it would earn anyway, without
   holding resources other jobs can use. Arrivals the policy admits are checked at once.
+- A job of which not one worker with its PS fits on the empty cluster (``y_max = 0``) is
+  never handed to the policy: it is rejected, as one arriving at or after ``T`` is
+  (SPEC 6; the daemon refuses such a job).
 - Pausing and resuming a job, and moving its workers between servers, cost nothing.
 
 Units: time in slots, work in worker-slots, capacities and demands in each resource's
@@ -433,7 +436,7 @@ class Simulator:
         event = False
         for t in range(self.horizon):
             self.slot = t
-            self.arrivals = [x for x in self.tasks if x.job.arrival == t]
+            self.arrivals = [x for x in self.tasks if x.job.arrival == t and x.y_max > 0]
             event = self._drop_hopeless() or event or bool(self.arrivals)
             while event:
                 yield t
