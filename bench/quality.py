@@ -61,8 +61,8 @@ from bench.machine import describe
 from bench.offline_optimum import HORIZON as FIG5_HORIZON
 from bench.offline_optimum import N_JOBS as FIG5_JOBS
 from bench.pool import add_arguments, executor, run_all
+from controller.commands.common import quiet_native_stdout
 from controller.commands.gen import parse_share
-from controller.commands.offline import _quiet_native_stdout
 from controller.replay import replay
 from pricing import Ledger, Trace, decide, trace_from_dict
 from pricing.baselines import run as run_baseline
@@ -156,7 +156,7 @@ def bounds_row(
     oasis = math.fsum(float(r.decision.best.utility or 0.0) for r in records if r.decision.admitted)
     start = [r.decision.best.schedule if r.decision.admitted else None for r in records]
     said: list[str] = []
-    with _quiet_native_stdout():  # HiGHS's banner, as in ``oasis offline``
+    with quiet_native_stdout():  # HiGHS's banner, as in ``oasis offline``
         result = solve(
             estimated, method="auto", time_limit=time_limit, start=start, progress=said.append
         )

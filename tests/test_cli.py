@@ -333,3 +333,14 @@ def test_out_of_memory_is_one_line_not_a_traceback(
     assert main(["replay", _write(tmp_path, _small_trace())]) == 1
     err = capsys.readouterr().err
     assert err.startswith("oasis replay: out of memory") and "Traceback" not in err
+
+
+def test_replay_json_under_dorm_is_json_alone(tmp_path: Path) -> None:
+    """Dorm's MILP solver (HiGHS) prints its banner on descriptor 1 whatever its options
+    say: before, `replay --json --policy dorm` put it ahead of the JSON (a fresh process:
+    the banner comes once per process)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "controller.cli", "replay", str(DEMO), "--json", "--policy", "dorm"],
+        capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    assert json.loads(out.stdout)["jobs"]

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import stat
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ __all__ = [
     "load_prior_file",
     "load_trace",
     "positive_seconds",
+    "quiet_native_stdout",
     "read_json",
     "same_file",
 ]
@@ -204,3 +206,25 @@ def positive_seconds(text: str) -> float:
 def fmt(x: float | None, digits: int = 4) -> str:
     """A number for a table cell; ``-`` for None (and ``0`` for -0.0)."""
     return "-" if x is None else f"{x + 0.0:.{digits}g}"
+
+
+@contextlib.contextmanager
+def quiet_native_stdout() -> Iterator[None]:
+    """Discard what native solvers print on file descriptor 1 (HiGHS prints its banner
+    there whatever its options say), so that stdout holds only the report; the
+    progress lines on stderr say what runs."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no descriptor 1 (e.g. a closed stdout): nothing to protect
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)

@@ -9,12 +9,9 @@ generation), or, by default, whichever the size allows (pricing/offline_solve.py
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
-import os
 import sys
-from collections.abc import Iterator
 from typing import Any, TextIO
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -30,6 +27,7 @@ from controller.commands.common import (
     int_at_least,
     load_trace,
     positive_seconds,
+    quiet_native_stdout,
     search_limit,
 )
 from controller.history import HistoryError, OnlineJob, load_history
@@ -259,28 +257,6 @@ def _text(doc: dict[str, Any], gap: float | None, out: TextIO) -> None:
     print("\n".join(lines), file=out)
 
 
-@contextlib.contextmanager
-def _quiet_native_stdout() -> Iterator[None]:
-    """Discard what native solvers print on file descriptor 1 (HiGHS prints its banner
-    there whatever its options say), so that stdout holds only the report; the
-    progress lines on stderr say what runs."""
-    sys.stdout.flush()
-    try:
-        saved = os.dup(1)
-    except OSError:  # no descriptor 1 (e.g. a closed stdout): nothing to protect
-        yield
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 1)
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
-        os.close(devnull)
-
-
 def _from_store(
     args: argparse.Namespace,
 ) -> tuple[Trace, Held | None, list[OnlineJob], list[Schedule | None]]:
@@ -360,7 +336,7 @@ def run(args: argparse.Namespace) -> int:
     # it, column generation takes its schedules as columns, the result is never worse),
     # the reported allocation is at least the online utility even when cut short
     try:
-        with _quiet_native_stdout():
+        with quiet_native_stdout():
             result = solve(
                 trace,
                 method=args.method,

@@ -14,6 +14,7 @@ from controller.commands.common import (
     add_search_limit,
     fmt,
     load_trace,
+    quiet_native_stdout,
     search_limit,
 )
 from controller.replay import (
@@ -123,7 +124,8 @@ def _baseline_table(outcomes: list[Outcome], out: TextIO) -> None:
 
 def _run_baseline(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace)
-    outcomes = replay_baseline(trace, args.policy)
+    with quiet_native_stdout():  # Dorm's MILP solver prints its banner there
+        outcomes = replay_baseline(trace, args.policy)
     if args.json:
         json.dump(baseline_json(trace, outcomes), sys.stdout, indent=None if args.compact else 1)
         print()
