@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import sys
 import tempfile
@@ -104,8 +105,10 @@ def measure(url: str, data_dir: Path, jobs: int) -> dict[str, Any]:
 
 async def _tick_only(c: AdmissionController) -> None:
     """The slot boundary's state changes, without the deletion the tick would start."""
-    events = await c._run(c._tick_sync)
-    c._publish(events)
+    cursor: tuple[int, int] | None = (-1, 0)
+    while cursor is not None:
+        events, cursor = await c._run(functools.partial(c._tick_sync, cursor))
+        c._publish(events)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -266,8 +266,10 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews)
         """Advance to the current slot, if it changed: window and job states."""
         if not self.leading or self._draining or self.slots.current_slot() == self._ticked_slot:
             return
-        events = await self._run(self._tick_sync)
-        self._publish(events)
+        cursor: tuple[int, int] | None = (-1, 0)
+        while cursor is not None:  # a batch of jobs a step: other calls go in between
+            events, cursor = await self._run(functools.partial(self._tick_sync, cursor))
+            self._publish(events)
         if self.config.keep_days > 0:
             await self.prune()
 

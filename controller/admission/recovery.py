@@ -117,7 +117,7 @@ class Recovery(Moves, BoundControl):
         self._seen_event = self._last_event()  # first: later ones are applied again, harmlessly
         rebuilt = self._reload()
         if self.config.mqtt is None and self.leading:
-            self._tick_sync()
+            self._tick_all()
         # else the first tick() runs once the execution plane is attached and has loaded
         # the progress it needs to tell which ended plans left their work unfinished
         if starting is not None:

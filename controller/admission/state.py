@@ -294,8 +294,14 @@ class AdmissionState(ABC):
         """Decide the pending jobs again at a new slot (:mod:`.pending`)."""
 
     @abstractmethod
-    def _tick_sync(self) -> list[Event]:
-        """Move the window and jobs through their states (:mod:`.lifecycle`)."""
+    def _tick_sync(
+        self, cursor: tuple[int, int] = (-1, 0)
+    ) -> tuple[list[Event], tuple[int, int] | None]:
+        """Move the window and a batch of jobs through their states (:mod:`.lifecycle`)."""
+
+    @abstractmethod
+    def _tick_all(self) -> None:
+        """Every step of the slot tick at once (:mod:`.lifecycle`)."""
 
     @abstractmethod
     def _bounds(self, estimate: SharedEstimate) -> PriceBounds:
