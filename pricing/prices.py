@@ -132,6 +132,8 @@ _LOG4 = math.log(4.0)
 def _eta(jobs: Sequence[Job], demand_of: str, capacity_total: float, horizon: int) -> float:
     """``eta`` with ``1/eta = min(1, min_i W_i sum_r d_i[r] / (T sum c))``."""
     inv = 1.0
+    if not capacity_total > 0:  # no capacity at all: the ratio is infinite, min is 1
+        return 1.0
     for job in jobs:
         need = job.work * float(getattr(job, demand_of).sum())
         inv = min(inv, need / (horizon * capacity_total))
