@@ -52,3 +52,51 @@ def test_ids_stay_known_after_a_rebuild(tmp_path: Path) -> None:
         assert "s1" in reopened._stored_ids() and "s9" not in reopened._stored_ids()
     finally:
         reopened.close()
+
+
+def test_a_retry_written_otherwise_is_the_same_job(tmp_path: Path) -> None:
+    """Before: ``"chunks": 8.0`` or ``"target": "3h"`` instead of ``8`` and ``3`` (slots
+    of an hour) was refused as 'another spec', though the first submission read 8.0 as 8."""
+    c = controller(tmp_path, FakeClock(1_000_000.0))
+    try:
+        first = asyncio.run(c.submit(small("s1"), by="alice", owner="alice"))
+        base = small("s1")
+        for same in (
+            {**base, "chunks": float(base["chunks"]), "epochs": float(base["epochs"])},
+            {**base, "utility": {**base["utility"], "target": f"{base['utility']['target']}h"}},
+            {
+                **base,
+                "utility": {**base["utility"], "target": f"{60 * base['utility']['target']}m"},
+            },
+            {**base, "worker": {k: float(v) for k, v in base["worker"].items()}},
+        ):
+            again = asyncio.run(c.submit(same, by="alice", owner="alice"))
+            assert again == replace(first, duplicate=True)
+    finally:
+        c.close()
+
+
+def test_another_spec_under_an_id_names_what_differs(tmp_path: Path) -> None:
+    c = controller(tmp_path, FakeClock(1_000_000.0))
+    try:
+        base = small("s1")
+        asyncio.run(c.submit(base, by="alice", owner="alice"))
+        other = {**base, "chunks": 16, "utility": {**base["utility"], "target": "5h"}}
+        with pytest.raises(ConflictError) as err:
+            asyncio.run(c.submit(other, by="alice", owner="alice"))
+        assert str(err.value) == (
+            f"job 's1' exists with another spec (chunks: stored {base['chunks']}, sent 16; "
+            f"utility.target: stored {base['utility']['target']} slots "
+            f"({base['utility']['target']}h), sent 5 slots (5h)): give this job another id"
+        )
+        many = {**base, "epochs": 9, "chunks": 9, "minibatches": 9, "tau": 0.02,
+                "grad_mb": 9, "worker": {**base["worker"], "cpu": 1, "mem": 1}}  # fmt: skip
+        with pytest.raises(ConflictError, match=r"; and 3 more\): give") as err:
+            asyncio.run(c.submit(many, by="alice", owner="alice"))
+        assert len(str(err.value)) < 400
+        # another submitter's job: taken, its spec not shown
+        with pytest.raises(ConflictError) as err:
+            asyncio.run(c.submit(other, by="bob", owner="bob"))
+        assert str(err.value) == "job id 's1' is taken by another submitter"
+    finally:
+        c.close()

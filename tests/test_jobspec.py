@@ -17,7 +17,15 @@ from controller.clock import SlotTimes
 from controller.commands.connection import daemon_address
 from controller.commands.records import job_record, plain, state_name
 from controller.convert import spec_from_proto
-from controller.jobspec import check_worth, for_display, has_times, new_id, prepare, read_json
+from controller.jobspec import (
+    check_worth,
+    for_display,
+    has_times,
+    new_id,
+    prepare,
+    read_json,
+    spec_differences,
+)
 from controller.rpc import oasis_pb2 as pb
 from controller.statuses import MAX_BYTES, bounded
 from pricing import SpecError, cluster_from_dict, job_from_dict
@@ -272,6 +280,39 @@ def test_json_and_typed_fields_store_the_same_job() -> None:
     typed = prepare(spec_from_proto(spec_to_proto(job)), TIMES)
     sent = prepare(spec_from_proto(pb.JobSpec(json=json.dumps(job))), TIMES)
     assert canonical_spec(sent) == canonical_spec(typed)
+
+
+def test_a_spec_written_otherwise_is_the_same_job() -> None:
+    """What the daemon compares a retried id's spec with: the job as it reads it, so
+    ``8.0`` is 8 and ``"120m"`` is ``"2h"`` (before: ALREADY_EXISTS 'another spec')."""
+    stored = prepare(PEOPLE, TIMES)
+    assert stored["chunks"] == 4 and isinstance(
+        prepare({**PEOPLE, "chunks": 4.0}, TIMES)["chunks"], int
+    )
+    utility = PEOPLE["utility"]
+    for same in (
+        {**PEOPLE, "chunks": 4.0, "epochs": 2e0},
+        {**PEOPLE, "utility": {**utility, "half_life": "1h30m", "deadline": "360m"}},
+        {**PEOPLE, "utility": {**utility, "half_life": 1.5, "deadline": 6}},  # slots
+        {**PEOPLE, "grad_mb": 100.0, "worker": {**PEOPLE["worker"], "gpu": 1.0}},
+    ):
+        assert spec_differences(stored, prepare(same, TIMES), slot_seconds=SLOT) == []
+    # a spec stored before numbers were stored as floats
+    assert spec_differences(PEOPLE, stored, slot_seconds=SLOT) == []
+    other = {**PEOPLE, "chunks": 8, "utility": {**utility, "half_life": "3h"}, "grad_mb": None}
+    del other["minibatch_seconds"]
+    assert spec_differences(stored, prepare(other, TIMES), slot_seconds=SLOT) == [
+        "chunks: stored 4, sent 8",
+        "grad_mb: stored 100, sent null",
+        "minibatch_seconds: stored 36, sent none",
+        "utility.half_life: stored 1.5 slots (1h30m), sent 3 slots (3h)",
+    ]
+    due = {**PEOPLE, "utility": {**utility, "deadline": format_time(TIMES.start(30))}}
+    later = {**PEOPLE, "utility": {**utility, "deadline": format_time(TIMES.start(31))}}
+    assert spec_differences(
+        prepare(due, TIMES), prepare(later, TIMES), slot_seconds=SLOT, times=TIMES
+    ) == [f"utility.deadline: stored {format_time(TIMES.start(30))}, sent "
+          f"{format_time(TIMES.start(31))}"]  # fmt: skip
 
 
 def test_check_worth_says_how_far_a_deadline_is_too_close() -> None:

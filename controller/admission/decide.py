@@ -18,7 +18,7 @@ from controller.admission.commit import Committed, DecisionRows, Deferred, Group
 from controller.admission.views import DecisionView, JobView, canonical_spec
 from controller.errors import ConflictError, QueueFullError
 from controller.events import Event
-from controller.jobspec import check_job_worth
+from controller.jobspec import check_job_worth, spec_differences
 from controller.limits import check_job_id
 from controller.replay import allocations as allocation_entries
 from controller.store import AllocationRow, JobRow
@@ -31,6 +31,9 @@ from pricing.prices import PriceBounds
 from pricing.shared_estimate import SharedEstimate
 
 __all__ = ["DecisionCore"]
+
+_DIFFERENCES_SHOWN = 4
+"""The fields a conflicting spec's message names at most (the rest are counted)."""
 
 
 def _as_answer(answer: tuple[JobView, list[Event]]) -> tuple[JobView, list[Event]]:
@@ -188,16 +191,38 @@ class DecisionCore(GroupCommit):
         if self._uncommitted.get(job_id) is entry:
             del self._uncommitted[job_id]
 
-    @staticmethod
     def _check_duplicate(
-        job_id: str, stored_spec: str, submitter: str | None, canonical: str, owner: str | None
+        self,
+        job_id: str,
+        stored_spec: str,
+        submitter: str | None,
+        canonical: str,
+        owner: str | None,
     ) -> None:
         """A stored (or committing) job's id submitted again: the same submitter and spec
-        get its first decision; anything else is a conflict."""
+        (as the daemon reads them: ``"chunks": 8.0`` is 8, ``"120m"`` is ``"2h"``) get its
+        first decision; anything else is a conflict, which names the fields that differ
+        (another submitter's spec is not shown)."""
         if owner is not None and submitter != owner:
             raise ConflictError(f"job id {job_id!r} is taken by another submitter")
-        if stored_spec != canonical:
+        if stored_spec == canonical:
+            return
+        try:
+            there, here = json.loads(stored_spec), json.loads(canonical)
+        except (TypeError, ValueError, RecursionError):  # a row edited by hand
+            there = here = None
+        if not (isinstance(there, dict) and isinstance(here, dict)):
             raise ConflictError(f"job {job_id!r} exists with another spec")
+        differences = spec_differences(
+            there, here, slot_seconds=self.config.slot_seconds, times=self.slots.times
+        )
+        if differences:
+            shown = "; ".join(differences[:_DIFFERENCES_SHOWN])
+            more = len(differences) - _DIFFERENCES_SHOWN
+            shown += f"; and {more} more" if more > 0 else ""
+            raise ConflictError(
+                f"job {job_id!r} exists with another spec ({shown}): give this job another id"
+            )
 
     def _stored_ids(self) -> set[str]:
         """Ids of every job in the store or handed to the writer, kept in memory so a new
