@@ -427,6 +427,56 @@ def test_records_are_plain_json() -> None:
     assert state_name(pb.JOB_STATE_CANCELLED) == "cancelled"
 
 
+def _ended(state: pb.JobState, ran_until: int | None) -> pb.Job:
+    """A job admitted to run in slots 3..7 (jct 5, utility 100), now in ``state``."""
+    d = pb.Decision(admitted=True, payoff=99.5, cost=0.5, arrival_slot=3, jct=5, utility=100.0)
+    if ran_until is not None:
+        d.completion_slot = ran_until
+    return pb.Job(spec=pb.JobSpec(id="c", json=json.dumps({"id": "c"})), state=state, decision=d)
+
+
+def test_a_cancelled_or_failed_jobs_plan_is_not_shown_as_earned() -> None:
+    """Before: ``oasis cancel X --json`` gave ``"completion_slot": null, "jct": 5,
+    "utility": 100.0`` and ``oasis jobs`` a jct, payoff and utility as if earned."""
+    from controller.commands.client import _decision_lines, _job_row
+
+    times = SlotTimes(0.0, SLOT)
+    planned = {"completion_slot": 7, "jct": 5, "utility": 100.0}
+    for state, ran_until in ((pb.JOB_STATE_CANCELLED, 4), (pb.JOB_STATE_FAILED, 7)):
+        job = _ended(state, ran_until)
+        record = job_record(job, times)
+        d = record["decision"]
+        assert (d["jct"], d["utility"], d["completes_by"]) == (None, None, None)
+        assert d["completion_slot"] == ran_until and d["payoff"] == 99.5
+        assert record["planned"] == planned
+        assert _job_row(job, None)[4:] == ["-", "-", "-", "-"]
+        line = next(_decision_lines("c", job.decision, None, state_name(state), job=job))
+        assert line.startswith(f"c: {state_name(state)}")
+        assert "payoff 99.5 (planned: completion in slot 7, jct 5, utility 100)" in line
+    never = _ended(pb.JOB_STATE_CANCELLED, None)
+    assert job_record(never, times)["decision"]["completion_slot"] is None
+    assert "cancelled (never ran)" in next(_decision_lines("c", never.decision, None, "cancelled"))
+    done = job_record(_ended(pb.JOB_STATE_COMPLETED, 7), times)
+    assert done["decision"]["jct"] == 5 and done["planned"] == planned
+    rejected = pb.Job(state=pb.JOB_STATE_REJECTED, decision=pb.Decision(payoff=-1.0))
+    assert job_record(rejected, times)["planned"] is None
+
+
+def test_a_jobs_lines_name_its_state() -> None:
+    """Before: a completed job's detail line (``oasis job``, a duplicate ``submit``) said
+    'admitted', the table and --json 'completed'."""
+    from controller.commands.client import _decision_lines
+
+    for state, words in (
+        ("", "c: admitted, arrives in slot 3, completes in slot 7 (jct 5)"),
+        ("admitted", "c: admitted, arrives in slot 3, completes in slot 7 (jct 5)"),
+        ("running", "c: running (admitted), arrived in slot 3, completes in slot 7 (jct 5)"),
+        ("completed", "c: completed (admitted), arrived in slot 3, completed in slot 7 (jct 5)"),
+    ):
+        job = _ended(pb.JOB_STATE_COMPLETED, 7)
+        assert next(_decision_lines("c", job.decision, None, state)).startswith(words)
+
+
 def test_the_client_imports_no_server_side_code() -> None:
     """``oasis`` client commands start without SQLAlchemy, Alembic, numba or numpy."""
     code = (

@@ -30,6 +30,7 @@ from controller.commands.connection import (
     print_json,
 )
 from controller.commands.records import (
+    ABANDONED,
     STATES,
     clock_caption,
     decision_record,
@@ -164,14 +165,22 @@ def _decision_lines(
             if d.HasField("completion_slot")
             else "never ran"
         )
-        yield f"{title}: cancelled ({end}); it had been admitted with payoff {d.payoff:.6g}"
+        yield f"{title}: cancelled ({end}); it had been admitted with {_plan_words(d, times)}"
+    elif state == "failed":
+        yield (
+            f"{title}: failed before completing (its 'failed' event says why); it had been "
+            f"admitted with {_plan_words(d, times)}"
+        )
     elif d.admitted:
         jct = f"{d.jct}" + (f" = {format_duration(d.jct * times.slot_seconds)}" if times else "")
         done = f"; done by {local_time(times.start(d.completion_slot + 1))}" if times else ""
+        ran = state in ("running", "completed")
         yield (
-            f"{title}: {would}admitted, arrives in slot {slot_label(d.arrival_slot, times)}, "
-            f"completes in slot {d.completion_slot}{done} (jct {jct}); utility "
-            f"{d.utility:.6g}, cost {d.cost:.6g}, payoff {d.payoff:.6g}"
+            f"{title}: {state + ' (admitted)' if ran else would + 'admitted'}, "
+            f"{'arrived' if ran else 'arrives'} in slot {slot_label(d.arrival_slot, times)}, "
+            f"{'completed' if state == 'completed' else 'completes'} in slot "
+            f"{d.completion_slot}{done} (jct {jct}); utility {d.utility:.6g}, cost "
+            f"{d.cost:.6g}, payoff {d.payoff:.6g}"
         )
     else:
         yield f"{title}: {would}rejected: {d.reason}"
@@ -188,6 +197,18 @@ def _decision_lines(
                     for s, v in sorted(by_slot.items())]  # fmt: skip
             yield render_table(["slot", "begins", "plan (server:workers w / ps)"], rows,
                                right={0})  # fmt: skip
+
+
+def _plan_words(d: pb.Decision, times: SlotTimes | None) -> str:
+    """An abandoned plan (a cancelled or failed job's) in words, said to be a plan:
+    ``payoff 99.8 (planned: completion in slot 5, jct 5 = 5h, utility 100)``."""
+    if not d.HasField("jct"):
+        return f"payoff {fmt(d.payoff if d.HasField('payoff') else None)}"
+    jct = f"{d.jct}" + (f" = {format_duration(d.jct * times.slot_seconds)}" if times else "")
+    return (
+        f"payoff {d.payoff:.6g} (planned: completion in slot {d.arrival_slot + d.jct - 1}, "
+        f"jct {jct}, utility {d.utility:.6g})"
+    )
 
 
 EXIT_PENDING = 4
@@ -270,6 +291,9 @@ def cmd_quote(args: argparse.Namespace) -> int:
 
 def _job_row(job: pb.Job, times: SlotTimes | None) -> list[str]:
     d = job.decision
+    if state_name(job.state) in ABANDONED:  # its plan's numbers were never earned
+        return [job.spec.id, state_name(job.state), str(job.sequence),
+                slot_label(d.arrival_slot, times), "-", "-", "-", "-"]  # fmt: skip
     done = d.completion_slot if d.HasField("completion_slot") else None
     jct = "-"
     if d.HasField("jct"):
