@@ -296,6 +296,31 @@ def test_prices_take_the_node_flag(daemon: Daemon) -> None:
         assert isinstance(json.loads(out.stdout)["first_slot"], int)
 
 
+def test_a_quote_of_a_stored_id_says_what_a_submission_gets(tmp_path: Path, daemon: Daemon) -> None:
+    """Before: quote said 'would be admitted' for an id submit then refused, or for
+    which submit returned the first decision."""
+    path = write(tmp_path, {**PEOPLE, "id": "qx"})
+    assert run("submit", path, server=daemon.address).returncode == 0
+    same = run("quote", write(tmp_path, {**PEOPLE, "id": "qx", "epochs": 2.0}, "same.json"),
+               server=daemon.address)  # fmt: skip
+    assert same.returncode == 0, same.stderr
+    assert "but qx exists already with this spec: a submission returns its first " \
+           "decision, not this quote:\nqx: admitted, arrives in slot" in same.stdout  # fmt: skip
+    record = json.loads(run("quote", path, "--json", server=daemon.address).stdout)
+    assert record["existing"]["id"] == "qx" and record["decision"]["admitted"]
+    fresh = json.loads(
+        run("quote", write(tmp_path, PEOPLE), "--json", server=daemon.address).stdout
+    )
+    assert fresh["existing"] is None
+    other = write(tmp_path, {**PEOPLE, "id": "qx", "epochs": 3}, "other.json")
+    quoted = run("quote", other, server=daemon.address)
+    submitted = run("submit", other, server=daemon.address)
+    assert quoted.returncode == submitted.returncode == 1
+    message = "ALREADY_EXISTS: job 'qx' exists with another spec (epochs: stored 2, sent 3)"
+    assert message in quoted.stderr and message in submitted.stderr
+    assert quoted.stderr.replace("quote", "submit") == submitted.stderr
+
+
 def test_agent_names_its_node_with_node() -> None:
     out = oasis("agent", "--server", "w0", check=False)
     assert out.returncode == 2

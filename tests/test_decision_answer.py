@@ -100,3 +100,25 @@ def test_another_spec_under_an_id_names_what_differs(tmp_path: Path) -> None:
         assert str(err.value) == "job id 's1' is taken by another submitter"
     finally:
         c.close()
+
+
+def test_a_quote_says_what_a_submission_of_a_stored_id_would_get(tmp_path: Path) -> None:
+    """Before: a quote said 'would be admitted' for an id that a submission then refused
+    (ALREADY_EXISTS), or answered with its first decision."""
+    c = controller(tmp_path, FakeClock(1_000_000.0))
+    try:
+        base = small("s1")
+        stored = asyncio.run(c.submit(base, by="alice", owner="alice"))
+        view, existing = asyncio.run(c.quote(base, by="alice", owner="alice"))
+        assert view.admitted and existing == stored  # priced anew, and the stored job
+        assert asyncio.run(c.quote(small("s2"), by="alice", owner="alice"))[1] is None
+        other = {**base, "chunks": 16}
+        with pytest.raises(ConflictError) as submitted:
+            asyncio.run(c.submit(other, by="alice", owner="alice"))
+        with pytest.raises(ConflictError) as quoted:
+            asyncio.run(c.quote(other, by="alice", owner="alice"))
+        assert str(quoted.value) == str(submitted.value)
+        with pytest.raises(ConflictError, match=r"^job id 's1' is taken by another submitter$"):
+            asyncio.run(c.quote(base, by="bob", owner="bob"))
+    finally:
+        c.close()

@@ -284,6 +284,11 @@ def test_roles_and_ownership(mtls_daemon: Daemon, pki: Pki, tmp_path: Path) -> N
         assert again.duplicate
         code, details = code_of(a.SubmitJob, submit_request("role-b1"))
         assert code == grpc.StatusCode.ALREADY_EXISTS and "another submitter" in details
+        # a quote says so too (before: 'would be admitted'), and shows nothing of bob's
+        quote = pb.QuoteJobRequest(job=submit_request("role-b1").job)
+        assert code_of(a.QuoteJob, quote) == (code, details)
+        mine = a.QuoteJob(pb.QuoteJobRequest(job=submit_request("role-a1").job), timeout=30)
+        assert mine.existing.spec.id == "role-a1"
 
         # a submitter cancels its own jobs, not another's (which reads as missing)
         code, _ = code_of(a.CancelJob, pb.CancelJobRequest(id="role-b1"))

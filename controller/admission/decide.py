@@ -106,12 +106,34 @@ class DecisionCore(GroupCommit):
         if self._ledger.bounds is not previous:
             self._ledger.set_bounds(previous)
 
-    def _quote_sync(self, spec: dict[str, Any], by: str | None = None) -> DecisionView:
+    def _quote_sync(
+        self, spec: dict[str, Any], by: str | None = None, owner: str | None = None
+    ) -> tuple[DecisionView, JobView | None]:
+        """The decision a submission of ``spec`` would get now, nothing committed; and
+        the caller's stored job if its id is one with this spec (a submission returns
+        that job's decision instead). An id a submission would conflict with is the same
+        ConflictError here."""
+        existing = self._quoted_job(spec, owner)
         previous = self._ledger.bounds
         try:
-            return self._decide(spec, by)[2]
+            return self._decide(spec, by)[2], existing
         finally:
             self._restore_bounds(previous)
+
+    def _quoted_job(self, spec: dict[str, Any], owner: str | None) -> JobView | None:
+        """The stored job whose id ``spec`` has, checked as a submission would be
+        (:meth:`_check_duplicate`); None for a new id."""
+        job_id = spec.get("id") if isinstance(spec, dict) else None
+        if not isinstance(job_id, str) or job_id not in self._stored_ids():
+            return None
+        if job_id in self._uncommitted:
+            self._sync_writes()  # its decision, as it will be read
+        with self.db.session() as session:
+            row = session.get(JobRow, job_id)
+            if row is None:  # deleted (retention) meanwhile: the id is free
+                return None
+            self._check_duplicate(job_id, row.spec, row.submitter, canonical_spec(spec), owner)
+            return self._view(session, row)
 
     def _submit_sync(
         self,

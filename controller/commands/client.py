@@ -278,14 +278,23 @@ def cmd_quote(args: argparse.Namespace) -> int:
     req = pb.QuoteJobRequest(job=_request_spec(specs[0]))
     resp = stubs.admission.QuoteJob(req, timeout=stubs.timeout)
     times = stubs.times()
+    existing = resp.existing if resp.HasField("existing") else None
     if args.json:
-        print_json({"decision": decision_record(resp.decision, times)})
+        print_json({
+            "decision": decision_record(resp.decision, times),
+            "existing": None if existing is None else job_record(existing, times),
+        })  # fmt: skip
     else:
         given = specs[0].get("id")
         title = f"quote for {given}" if isinstance(given, str) and given else "quote"
         for line in _decision_lines(title, resp.decision, times, quote=True):
             print(line)
         print("(nothing committed)")
+        if existing is not None:
+            first = next(_decision_lines(existing.spec.id, existing.decision, times,
+                                         state_name(existing.state), job=existing))  # fmt: skip
+            print(f"but {existing.spec.id} exists already with this spec: a submission "
+                  f"returns its first decision, not this quote:\n{first}")  # fmt: skip
     return _verdict([resp.decision])
 
 
