@@ -296,6 +296,33 @@ def test_prices_take_the_node_flag(daemon: Daemon) -> None:
         assert isinstance(json.loads(out.stdout)["first_slot"], int)
 
 
+def test_prices_from_is_a_slot_of_the_window(daemon: Daemon) -> None:
+    """Before: ``--from`` said "(0: now)" but takes a slot number; one past the window
+    printed an empty table (exit 0), one before it the current slot's prices."""
+    help_ = " ".join(run("prices", "--help", server=daemon.address).stdout.split())
+    assert "(0: now)" not in help_ and "a slot number as the columns are headed" in help_
+    now = cluster_info(daemon.address).current_slot
+    shown = json.loads(
+        run("prices", "--json", "--from", str(now + 2), server=daemon.address).stdout
+    )
+    assert shown["first_slot"] == now + 2
+    window = f"outside the window, slots {now}..{now + 24}"
+    out = run("prices", "--from", str(now + 10_000), server=daemon.address)
+    assert out.returncode == 2 and f"--from: slot {now + 10_000} is {window}" in out.stderr
+    out = run("prices", "--from", str(now + 10_000), "--json", server=daemon.address)
+    error = json.loads(out.stdout)["error"]
+    assert out.returncode == 2 and error["field"] == "--from" and window in error["message"]
+
+
+def test_options_are_named_in_the_daemons_errors(tmp_path: Path, daemon: Daemon) -> None:
+    """Before: ``submit --wait 1000d`` said ``wait_seconds: ...``, the request's field."""
+    path = write(tmp_path, {**PEOPLE, "id": "w1"})
+    out = run("submit", path, "--wait", "1000d", server=daemon.address)
+    assert out.returncode == 2 and "  --wait: 1000d (8.64e+07 s) exceeds" in out.stderr
+    out = run("submit", path, "--wait", "1000d", "--json", server=daemon.address)
+    assert json.loads(out.stdout)["error"]["message"].startswith("--wait: 1000d")
+
+
 def test_a_quote_of_a_stored_id_says_what_a_submission_gets(tmp_path: Path, daemon: Daemon) -> None:
     """Before: quote said 'would be admitted' for an id submit then refused, or for
     which submit returned the first decision."""

@@ -59,6 +59,7 @@ def register(sub: Any) -> None:
 
     job_file = "a job object (README: Job specs), a list of them, what `job --json` printed, or -"
     p = add("submit", cmd_submit)
+    p.set_defaults(api_flags={"wait_seconds": "--wait"})
     p.add_argument("file", metavar="JOB.json", help=job_file)
     p.add_argument(
         "--wait",
@@ -77,8 +78,10 @@ def register(sub: Any) -> None:
     add("cancel", cmd_cancel).add_argument("id")
     add("servers", cmd_servers)
     p = add("prices", cmd_prices)
-    p.add_argument("--from", dest="first", type=int_at_least(0), default=0,
-                   help="first slot (0: now)")  # fmt: skip
+    p.set_defaults(api_flags={"first_slot": "--from", "slots": "--slots"})
+    p.add_argument("--from", dest="first", type=int_at_least(0), default=0, metavar="SLOT",
+                   help="the first slot to show, a slot number as the columns are headed, "
+                   "inside the daemon's window (default: the current slot)")  # fmt: skip
     p.add_argument("--slots", type=int_at_least(1), default=8, help="slots to show (default 8)")
     p.add_argument("--node", dest="node", default="", metavar="NAME",
                    help="one server of the cluster only (as `oasis servers` lists it)")  # fmt: skip
