@@ -248,7 +248,11 @@ def test_tls_without_client_certificates(tmp_path: Path, pki: Pki) -> None:
 
 
 def test_tokens_are_required_and_checked(mtls_daemon: Daemon, pki: Pki) -> None:
-    for token, why in (("", "no bearer token"), ("not-a-token", "unknown token")):
+    no_token = (
+        "no bearer token: send metadata 'authorization: Bearer TOKEN' (oasis: set "
+        "$OASIS_TOKEN, or give --token after the command: oasis jobs --token TOKEN)"
+    )
+    for token, why in (("", no_token), ("not-a-token", "unknown token")):
         with mtls_channel(mtls_daemon, pki, token) as channel:
             code, details = code_of(pb_grpc.AdmissionStub(channel).ListJobs, pb.ListJobsRequest())
             assert code == grpc.StatusCode.UNAUTHENTICATED
