@@ -140,8 +140,8 @@ def test_every_problem_is_listed_once_in_plain_words(tmp_path: Path, daemon: Dae
         "  job.arrival: is not taken here: a job submitted during slot s arrives at s + 1",
         "  job.epochs: is required",
         "  job.chunks: must be an integer, got the string '8'",
-        "  job.utility.deadline: the time '2030-01-01T00:00' has no UTC offset: add Z (UTC) "
-        "or one such as +02:00",
+        "  job.utility.deadline: the time '2030-01-01T00:00' has no UTC offset: give one, "
+        "as in '2030-01-01T00:00Z' (UTC) or +02:00",
     ]
     js = run("submit", path, "--json", server=daemon.address)
     assert js.returncode == 2 and js.stderr == ""

@@ -108,8 +108,13 @@ def test_times_need_a_utc_offset() -> None:
     assert parse_time("2030-01-01T20:00:00+02:00") == 1893520800.0
     assert format_time(1893520800.0) == "2030-01-01T18:00:00Z"
     assert parse_time("6h") is None
-    with pytest.raises(ValueError, match="no UTC offset: add Z"):
-        parse_time("2030-01-01T18:00")
+    # the form the message suggests is one that reads (before: "add Z", and a date with
+    # Z added, "2030-06-01Z", is no time)
+    for naive, suggested in (("2030-01-01T18:00", "2030-01-01T18:00Z"),
+                             ("2030-06-01", "2030-06-01T00:00:00Z")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"no UTC offset: give one, as in '{suggested}'"):
+            parse_time(naive)
+        assert parse_time(suggested) is not None
 
 
 # -- the job parser -------------------------------------------------------------------
