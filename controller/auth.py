@@ -405,8 +405,7 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             context.set_trailing_metadata((("grpc-retry-pushback-ms", str(ms)),))
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"rate limit: {self.limiter.rate:g} requests/s per client; retry in "
-                f"{ms / 1000:.3f} s",
+                f"{self.limiter.words}; retry in {ms / 1000:.3f} s",
             )
 
     async def _authenticate(self, method: str, context: grpc.aio.ServicerContext) -> Caller:
@@ -418,7 +417,8 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             log.warning("unauthenticated", method=method, peer=context.peer(), why="no token")
             await context.abort(
                 grpc.StatusCode.UNAUTHENTICATED,
-                "no bearer token: send metadata 'authorization: Bearer TOKEN' (oasis --token)",
+                "no bearer token: send metadata 'authorization: Bearer TOKEN' (oasis: set "
+                "$OASIS_TOKEN, or give --token after the command: oasis jobs --token TOKEN)",
             )
         caller = self.tokens.get(hash_token(token.strip()))
         if caller is None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from datetime import date, datetime
+from datetime import time as dt_time
 from typing import Protocol
 
 __all__ = ["LATEST_EPOCH", "Clock", "FakeClock", "SlotClock", "SlotTimes", "SystemClock", "epoch"]
@@ -16,14 +18,33 @@ in the client)."""
 
 
 def epoch(value: object, field: str) -> float:
-    """``value`` as slot 0's Unix time: a number from 0 to :data:`LATEST_EPOCH`.
+    """``value`` as slot 0's Unix time, from 0 to :data:`LATEST_EPOCH`: a number, or a
+    time with a UTC offset (a TOML date-time, ``2026-01-01T00:00:00Z``, or that text).
 
     Raises:
         SpecError: naming ``field``.
     """
     from pricing import fields
+    from pricing.durations import parse_time
     from pricing.errors import SpecError
 
+    example = "a Unix time such as 1767225600, or a date-time with its UTC offset such as "
+    example += "2026-01-01T00:00:00Z"
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise SpecError.one(field, f"the date-time {value.isoformat()} has no UTC offset: "
+                                f"give {example}")  # fmt: skip
+        value = value.timestamp()
+    elif isinstance(value, date | dt_time):  # a TOML date, or a time of day
+        raise SpecError.one(field, f"must be {example}, got {value.isoformat()}")
+    elif isinstance(value, str):
+        try:
+            at = parse_time(value)
+        except ValueError as err:
+            raise SpecError.one(field, str(err)) from None
+        if at is None:
+            raise SpecError.one(field, f"must be {example}, got {fields.show(value)}")
+        value = at
     x = fields.number(value, field)
     if not 0.0 <= x <= LATEST_EPOCH:
         raise SpecError.one(

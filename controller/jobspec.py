@@ -6,7 +6,9 @@ A submitted spec goes through :func:`read_json` (when sent as JSON), :func:`prep
 start of the slot it falls in, so a retried submission stores the same spec at any
 later moment) and :func:`check_worth`, then to the admission controller, which reads it
 with :func:`pricing.job.job_from_dict` (durations there are converted with the slot
-length). :func:`for_display` turns the stored ``{"slot": S}`` back into a time.
+length). :func:`for_display` turns the stored ``{"slot": S}`` back into a time, and
+:func:`spec_differences` tells a retry (the same job, however its numbers and durations
+are written) from another job under the same id.
 """
 
 from __future__ import annotations
@@ -18,19 +20,22 @@ from collections.abc import Mapping
 from typing import Any
 
 from controller.clock import SlotTimes
-from pricing.durations import format_duration, format_time, parse_time
+from pricing.durations import format_duration, format_time, parse_duration, parse_time
 from pricing.errors import Problem, SpecError
+from pricing.fields import show
 from pricing.utility import WHEN_KEYS
 
 __all__ = [
     "ID_PREFIX",
     "check_job_worth",
     "check_worth",
+    "comparable",
     "for_display",
     "has_times",
     "new_id",
     "prepare",
     "read_json",
+    "spec_differences",
 ]
 
 ID_PREFIX = "job-"
@@ -60,6 +65,9 @@ def read_json(text: str, field: str = "job") -> dict[str, Any]:
 
 
 _REALS = ("tau", "minibatch_seconds", "grad_mb")
+_COUNTS = ("epochs", "chunks", "minibatches")
+_SPANS = (*WHEN_KEYS, "half_life")
+"""The keys of a utility object that hold a time or a length of time."""
 
 
 def _real(value: Any) -> Any:
@@ -73,10 +81,21 @@ def _real(value: Any) -> Any:
     return value
 
 
-def _numbers_as_reals(spec: dict[str, Any]) -> None:
-    """Demands, times and utilities as floats, in place: a job sent as JSON (``"gpu": 1``)
-    is then stored as the same job sent as typed fields (``gpu = 1.0``), so either
-    retries the other (the store compares specs as canonical JSON)."""
+def _count(value: Any) -> Any:
+    """An integral float (``8.0``, ``1e1``) as the int the parser reads it as (what the
+    typed JobSpec fields carry); anything else as it is, for the parser to judge."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
+        return int(value)
+    return value
+
+
+def _numbers_as_typed(spec: dict[str, Any]) -> None:
+    """Counts as ints, demands, times and utilities as floats, in place: a job sent as
+    JSON (``"gpu": 1``, ``"chunks": 8.0``) is then stored as the same job sent as typed
+    fields (``gpu = 1.0``, ``chunks = 8``), so either retries the other."""
+    for key in _COUNTS:
+        if key in spec:
+            spec[key] = _count(spec[key])
     for key in _REALS:
         if key in spec:
             spec[key] = _real(spec[key])
@@ -93,7 +112,7 @@ def _numbers_as_reals(spec: dict[str, Any]) -> None:
 
 def prepare(spec: dict[str, Any], times: SlotTimes) -> dict[str, Any]:
     """``spec`` with an id (made with :func:`new_id` when absent or empty), its numbers
-    as the typed fields carry them (:func:`_numbers_as_reals`), and each wall-clock time
+    as the typed fields carry them (:func:`_numbers_as_typed`), and each wall-clock time
     in its utility replaced by ``{"slot": S}``, S the slot it falls in (a job done by the
     start of slot S ends by that time at the latest).
 
@@ -103,7 +122,7 @@ def prepare(spec: dict[str, Any], times: SlotTimes) -> dict[str, Any]:
     out = dict(spec)
     if out.get("id", "") == "":
         out["id"] = new_id()
-    _numbers_as_reals(out)
+    _numbers_as_typed(out)
     utility = out.get("utility")
     if isinstance(utility, Mapping):
         resolved = dict(utility)
@@ -143,6 +162,96 @@ def for_display(spec: Mapping[str, Any], times: SlotTimes) -> dict[str, Any]:
                 shown[key] = format_time(times.start(value["slot"]))
         out["utility"] = shown
     return out
+
+
+def comparable(spec: Mapping[str, Any], slot_seconds: float) -> dict[str, Any]:
+    """``spec`` as the daemon reads it, to tell whether two submissions are one job: its
+    numbers as :func:`_numbers_as_typed` makes them, and each duration in its utility in
+    slots (``"120m"`` and ``"2h"`` are 2 slots of an hour, as is ``2``). Anything the
+    parser would refuse stays as it is."""
+    out = dict(spec)
+    _numbers_as_typed(out)
+    utility = out.get("utility")
+    if isinstance(utility, Mapping):
+        resolved = dict(utility)
+        for key in _SPANS:
+            value = utility.get(key)
+            seconds = parse_duration(value) if isinstance(value, str) else None
+            if seconds is not None:
+                resolved[key] = seconds / slot_seconds
+        out["utility"] = resolved
+    return out
+
+
+_ABSENT = object()
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal values, numbers to a relative 1e-9 (``"0.1h"`` is 6 minutes to rounding)."""
+    if _is_number(a) and _is_number(b):
+        try:
+            return math.isclose(a, b, rel_tol=1e-9)
+        except OverflowError:  # an int past float64's range
+            return bool(a == b)
+    return type(a) is type(b) and bool(a == b)
+
+
+def _is_span(path: str) -> bool:
+    """Whether ``path`` names a time or length of time in a utility."""
+    return path.startswith("utility.") and path.removeprefix("utility.") in _SPANS
+
+
+def _compare(there: Any, here: Any, path: str, out: list[tuple[str, Any, Any]]) -> None:
+    if isinstance(there, Mapping) and isinstance(here, Mapping) and not _is_span(path):
+        for key in sorted({*there, *here}, key=str):
+            name = str(key) if len(str(key)) <= 40 else f"{str(key)[:30]}..."
+            sub = f"{path}.{name}" if path else name
+            _compare(there.get(key, _ABSENT), here.get(key, _ABSENT), sub, out)
+    elif isinstance(there, list) and isinstance(here, list) and len(there) == len(here):
+        for i, (a, b) in enumerate(zip(there, here, strict=True)):
+            _compare(a, b, f"{path}[{i}]", out)
+    elif not _same(there, here):
+        out.append((path, there, here))
+
+
+def _shown(path: str, value: Any, slot_seconds: float, times: SlotTimes | None) -> str:
+    if value is _ABSENT:
+        return "none"
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)  # as the spec has it: null, true
+    if _is_span(path):
+        if isinstance(value, float):
+            return f"{value:.10g} slots ({format_duration(value * slot_seconds)})"
+        if isinstance(value, Mapping) and isinstance(value.get("slot"), int) and times:
+            return format_time(times.start(value["slot"]))
+    if isinstance(value, float):
+        return f"{value:.10g}"
+    return show(value)
+
+
+def spec_differences(
+    there: Mapping[str, Any],
+    here: Mapping[str, Any],
+    *,
+    slot_seconds: float,
+    times: SlotTimes | None = None,
+) -> list[str]:
+    """How spec ``here`` differs from the stored ``there``, read alike (:func:`comparable`),
+    one field a line: ``chunks: stored 8, sent 16``. Empty: the same job (a retry).
+
+    A spec stored by an older version compares too: it may hold ints where floats are
+    stored now, or a duration where a number of slots is given."""
+    found: list[tuple[str, Any, Any]] = []
+    _compare(comparable(there, slot_seconds), comparable(here, slot_seconds), "", found)
+    return [
+        f"{path}: stored {_shown(path, a, slot_seconds, times)}, "
+        f"sent {_shown(path, b, slot_seconds, times)}"
+        for path, a, b in found
+    ]
 
 
 def _slots(n: int, slot_seconds: float) -> str:

@@ -426,6 +426,11 @@ class RateLimiter:
         self._buckets: dict[str, tuple[float, float]] = {}  # client -> (tokens, at)
         self._lock = threading.Lock()
 
+    @property
+    def words(self) -> str:
+        """The limit in a refusal's words: ``rate limit: 1 request/s per client``."""
+        return f"rate limit: {self.rate:g} request{'' if self.rate == 1 else 's'}/s per client"
+
     def charge(self, client: str, tokens: float) -> None:
         """Take ``tokens`` more from ``client``'s bucket, below zero if need be (a debt
         its next calls wait out)."""

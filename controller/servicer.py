@@ -173,8 +173,12 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
         caller = current_caller()
         spec = await _guard(context, self._spec(request.job, caller.client))
         await _guard(context, self._charge(spec, caller.client))
-        view = await _guard(context, self.c.quote(spec, caller.turn, caller.submitter))
-        return pb.QuoteJobResponse(decision=decision_to_proto(view))
+        quote = self.c.quote(spec, caller.turn, caller.submitter, caller.owner)
+        view, existing = await _guard(context, quote)
+        out = pb.QuoteJobResponse(decision=decision_to_proto(view))
+        if existing is not None:
+            out.existing.CopyFrom(self._job(existing))
+        return out
 
     def _job(self, view: Any) -> pb.Job:
         return job_to_proto(view, self.c.slots.times)

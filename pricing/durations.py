@@ -60,7 +60,11 @@ def parse_time(text: str) -> float | None:
     except ValueError:
         return None
     if when.tzinfo is None:
-        raise ValueError(f"the time {text!r} has no UTC offset: add Z (UTC) or one such as +02:00")
+        given = text.strip()
+        utc = f"{given}Z" if "T" in given or " " in given else f"{given}T00:00:00Z"
+        raise ValueError(
+            f"the time {text!r} has no UTC offset: give one, as in {utc!r} (UTC) or +02:00"
+        )
     return when.timestamp()
 
 

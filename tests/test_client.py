@@ -140,8 +140,8 @@ def test_every_problem_is_listed_once_in_plain_words(tmp_path: Path, daemon: Dae
         "  job.arrival: is not taken here: a job submitted during slot s arrives at s + 1",
         "  job.epochs: is required",
         "  job.chunks: must be an integer, got the string '8'",
-        "  job.utility.deadline: the time '2030-01-01T00:00' has no UTC offset: add Z (UTC) "
-        "or one such as +02:00",
+        "  job.utility.deadline: the time '2030-01-01T00:00' has no UTC offset: give one, "
+        "as in '2030-01-01T00:00Z' (UTC) or +02:00",
     ]
     js = run("submit", path, "--json", server=daemon.address)
     assert js.returncode == 2 and js.stderr == ""
@@ -294,6 +294,58 @@ def test_prices_take_the_node_flag(daemon: Daemon) -> None:
         assert rows and {r["server"] for r in rows} == {"w1"}
         assert all(r["kind"] == "worker" for r in rows)
         assert isinstance(json.loads(out.stdout)["first_slot"], int)
+
+
+def test_prices_from_is_a_slot_of_the_window(daemon: Daemon) -> None:
+    """Before: ``--from`` said "(0: now)" but takes a slot number; one past the window
+    printed an empty table (exit 0), one before it the current slot's prices."""
+    help_ = " ".join(run("prices", "--help", server=daemon.address).stdout.split())
+    assert "(0: now)" not in help_ and "a slot number as the columns are headed" in help_
+    now = cluster_info(daemon.address).current_slot
+    shown = json.loads(
+        run("prices", "--json", "--from", str(now + 2), server=daemon.address).stdout
+    )
+    assert shown["first_slot"] == now + 2
+    window = f"outside the window, slots {now}..{now + 24}"
+    out = run("prices", "--from", str(now + 10_000), server=daemon.address)
+    assert out.returncode == 2 and f"--from: slot {now + 10_000} is {window}" in out.stderr
+    out = run("prices", "--from", str(now + 10_000), "--json", server=daemon.address)
+    error = json.loads(out.stdout)["error"]
+    assert out.returncode == 2 and error["field"] == "--from" and window in error["message"]
+
+
+def test_options_are_named_in_the_daemons_errors(tmp_path: Path, daemon: Daemon) -> None:
+    """Before: ``submit --wait 1000d`` said ``wait_seconds: ...``, the request's field."""
+    path = write(tmp_path, {**PEOPLE, "id": "w1"})
+    out = run("submit", path, "--wait", "1000d", server=daemon.address)
+    assert out.returncode == 2 and "  --wait: 1000d (8.64e+07 s) exceeds" in out.stderr
+    out = run("submit", path, "--wait", "1000d", "--json", server=daemon.address)
+    assert json.loads(out.stdout)["error"]["message"].startswith("--wait: 1000d")
+
+
+def test_a_quote_of_a_stored_id_says_what_a_submission_gets(tmp_path: Path, daemon: Daemon) -> None:
+    """Before: quote said 'would be admitted' for an id submit then refused, or for
+    which submit returned the first decision."""
+    path = write(tmp_path, {**PEOPLE, "id": "qx"})
+    assert run("submit", path, server=daemon.address).returncode == 0
+    same = run("quote", write(tmp_path, {**PEOPLE, "id": "qx", "epochs": 2.0}, "same.json"),
+               server=daemon.address)  # fmt: skip
+    assert same.returncode == 0, same.stderr
+    assert "but qx exists already with this spec: a submission returns its first " \
+           "decision, not this quote:\nqx: admitted, arrives in slot" in same.stdout  # fmt: skip
+    record = json.loads(run("quote", path, "--json", server=daemon.address).stdout)
+    assert record["existing"]["id"] == "qx" and record["decision"]["admitted"]
+    fresh = json.loads(
+        run("quote", write(tmp_path, PEOPLE), "--json", server=daemon.address).stdout
+    )
+    assert fresh["existing"] is None
+    other = write(tmp_path, {**PEOPLE, "id": "qx", "epochs": 3}, "other.json")
+    quoted = run("quote", other, server=daemon.address)
+    submitted = run("submit", other, server=daemon.address)
+    assert quoted.returncode == submitted.returncode == 1
+    message = "ALREADY_EXISTS: job 'qx' exists with another spec (epochs: stored 2, sent 3)"
+    assert message in quoted.stderr and message in submitted.stderr
+    assert quoted.stderr.replace("quote", "submit") == submitted.stderr
 
 
 def test_agent_names_its_node_with_node() -> None:

@@ -66,6 +66,26 @@ def test_bad_config_names_the_key(tmp_path: Path, old: str, new: str, message: s
     assert message in str(err.value)
 
 
+def test_the_epoch_may_be_a_toml_date_time(tmp_path: Path) -> None:
+    """Before: ``epoch = 2026-01-01T00:00:00Z`` was 'must be a number, got
+    datetime.datetime(2026, 1, 1, 0, 0, tzin'."""
+    path = tmp_path / "epoch.toml"
+    for given in ("2026-01-01T00:00:00Z", "2026-01-01T01:00:00+01:00", '"2026-01-01T00:00:00Z"'):
+        path.write_text(EXAMPLE.replace("epoch = 1767225600", f"epoch = {given}", 1))
+        assert load(path).epoch == 1767225600.0
+    for given, why in (
+        ("2026-01-01T00:00:00", "the date-time 2026-01-01T00:00:00 has no UTC offset"),
+        ("2026-01-01", "got 2026-01-01"),
+        ('"soon"', "got 'soon'"),
+    ):
+        path.write_text(EXAMPLE.replace("epoch = 1767225600", f"epoch = {given}", 1))
+        with pytest.raises(ConfigError) as err:
+            load(path)
+        message = str(err.value)
+        assert message.startswith("daemon.epoch: ") and why in message
+        assert "such as 2026-01-01T00:00:00Z" in message
+
+
 def test_explicit_bounds(tmp_path: Path) -> None:
     text = EXAMPLE.replace(
         'bounds = "estimate"\ntrim = 0.3\nl_margin = 1.0\nu_margin = 1.0',

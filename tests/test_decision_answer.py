@@ -52,3 +52,73 @@ def test_ids_stay_known_after_a_rebuild(tmp_path: Path) -> None:
         assert "s1" in reopened._stored_ids() and "s9" not in reopened._stored_ids()
     finally:
         reopened.close()
+
+
+def test_a_retry_written_otherwise_is_the_same_job(tmp_path: Path) -> None:
+    """Before: ``"chunks": 8.0`` or ``"target": "3h"`` instead of ``8`` and ``3`` (slots
+    of an hour) was refused as 'another spec', though the first submission read 8.0 as 8."""
+    c = controller(tmp_path, FakeClock(1_000_000.0))
+    try:
+        first = asyncio.run(c.submit(small("s1"), by="alice", owner="alice"))
+        base = small("s1")
+        for same in (
+            {**base, "chunks": float(base["chunks"]), "epochs": float(base["epochs"])},
+            {**base, "utility": {**base["utility"], "target": f"{base['utility']['target']}h"}},
+            {
+                **base,
+                "utility": {**base["utility"], "target": f"{60 * base['utility']['target']}m"},
+            },
+            {**base, "worker": {k: float(v) for k, v in base["worker"].items()}},
+        ):
+            again = asyncio.run(c.submit(same, by="alice", owner="alice"))
+            assert again == replace(first, duplicate=True)
+    finally:
+        c.close()
+
+
+def test_another_spec_under_an_id_names_what_differs(tmp_path: Path) -> None:
+    c = controller(tmp_path, FakeClock(1_000_000.0))
+    try:
+        base = small("s1")
+        asyncio.run(c.submit(base, by="alice", owner="alice"))
+        other = {**base, "chunks": 16, "utility": {**base["utility"], "target": "5h"}}
+        with pytest.raises(ConflictError) as err:
+            asyncio.run(c.submit(other, by="alice", owner="alice"))
+        assert str(err.value) == (
+            f"job 's1' exists with another spec (chunks: stored {base['chunks']}, sent 16; "
+            f"utility.target: stored {base['utility']['target']} slots "
+            f"({base['utility']['target']}h), sent 5 slots (5h)): give this job another id"
+        )
+        many = {**base, "epochs": 9, "chunks": 9, "minibatches": 9, "tau": 0.02,
+                "grad_mb": 9, "worker": {**base["worker"], "cpu": 1, "mem": 1}}  # fmt: skip
+        with pytest.raises(ConflictError, match=r"; and 3 more\): give") as err:
+            asyncio.run(c.submit(many, by="alice", owner="alice"))
+        assert len(str(err.value)) < 400
+        # another submitter's job: taken, its spec not shown
+        with pytest.raises(ConflictError) as err:
+            asyncio.run(c.submit(other, by="bob", owner="bob"))
+        assert str(err.value) == "job id 's1' is taken by another submitter"
+    finally:
+        c.close()
+
+
+def test_a_quote_says_what_a_submission_of_a_stored_id_would_get(tmp_path: Path) -> None:
+    """Before: a quote said 'would be admitted' for an id that a submission then refused
+    (ALREADY_EXISTS), or answered with its first decision."""
+    c = controller(tmp_path, FakeClock(1_000_000.0))
+    try:
+        base = small("s1")
+        stored = asyncio.run(c.submit(base, by="alice", owner="alice"))
+        view, existing = asyncio.run(c.quote(base, by="alice", owner="alice"))
+        assert view.admitted and existing == stored  # priced anew, and the stored job
+        assert asyncio.run(c.quote(small("s2"), by="alice", owner="alice"))[1] is None
+        other = {**base, "chunks": 16}
+        with pytest.raises(ConflictError) as submitted:
+            asyncio.run(c.submit(other, by="alice", owner="alice"))
+        with pytest.raises(ConflictError) as quoted:
+            asyncio.run(c.quote(other, by="alice", owner="alice"))
+        assert str(quoted.value) == str(submitted.value)
+        with pytest.raises(ConflictError, match=r"^job id 's1' is taken by another submitter$"):
+            asyncio.run(c.quote(base, by="bob", owner="bob"))
+    finally:
+        c.close()

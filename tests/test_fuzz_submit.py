@@ -202,7 +202,7 @@ def test_extreme_pins_price_finitely(tmp_path: Path) -> None:
             table = {"U": upper, "L": lower}
             pins = {kind: {r: table for r in c.cluster.resources} for kind in ("worker", "ps")}
             c._set_bounds_sync("pin", pins, "ops")
-            view = c._quote_sync(spec)
+            view, _ = c._quote_sync(spec)
             assert view.payoff is not None and math.isfinite(view.payoff), (upper, lower)
         for bad in (math.inf, math.nan, 0.0, -1.0):
             with pytest.raises(SpecError):

@@ -17,7 +17,15 @@ from controller.clock import SlotTimes
 from controller.commands.connection import daemon_address
 from controller.commands.records import job_record, plain, state_name
 from controller.convert import spec_from_proto
-from controller.jobspec import check_worth, for_display, has_times, new_id, prepare, read_json
+from controller.jobspec import (
+    check_worth,
+    for_display,
+    has_times,
+    new_id,
+    prepare,
+    read_json,
+    spec_differences,
+)
 from controller.rpc import oasis_pb2 as pb
 from controller.statuses import MAX_BYTES, bounded
 from pricing import SpecError, cluster_from_dict, job_from_dict
@@ -100,8 +108,13 @@ def test_times_need_a_utc_offset() -> None:
     assert parse_time("2030-01-01T20:00:00+02:00") == 1893520800.0
     assert format_time(1893520800.0) == "2030-01-01T18:00:00Z"
     assert parse_time("6h") is None
-    with pytest.raises(ValueError, match="no UTC offset: add Z"):
-        parse_time("2030-01-01T18:00")
+    # the form the message suggests is one that reads (before: "add Z", and a date with
+    # Z added, "2030-06-01Z", is no time)
+    for naive, suggested in (("2030-01-01T18:00", "2030-01-01T18:00Z"),
+                             ("2030-06-01", "2030-06-01T00:00:00Z")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"no UTC offset: give one, as in '{suggested}'"):
+            parse_time(naive)
+        assert parse_time(suggested) is not None
 
 
 # -- the job parser -------------------------------------------------------------------
@@ -289,6 +302,39 @@ def test_json_and_typed_fields_store_the_same_job() -> None:
     assert canonical_spec(sent) == canonical_spec(typed)
 
 
+def test_a_spec_written_otherwise_is_the_same_job() -> None:
+    """What the daemon compares a retried id's spec with: the job as it reads it, so
+    ``8.0`` is 8 and ``"120m"`` is ``"2h"`` (before: ALREADY_EXISTS 'another spec')."""
+    stored = prepare(PEOPLE, TIMES)
+    assert stored["chunks"] == 4 and isinstance(
+        prepare({**PEOPLE, "chunks": 4.0}, TIMES)["chunks"], int
+    )
+    utility = PEOPLE["utility"]
+    for same in (
+        {**PEOPLE, "chunks": 4.0, "epochs": 2e0},
+        {**PEOPLE, "utility": {**utility, "half_life": "1h30m", "deadline": "360m"}},
+        {**PEOPLE, "utility": {**utility, "half_life": 1.5, "deadline": 6}},  # slots
+        {**PEOPLE, "grad_mb": 100.0, "worker": {**PEOPLE["worker"], "gpu": 1.0}},
+    ):
+        assert spec_differences(stored, prepare(same, TIMES), slot_seconds=SLOT) == []
+    # a spec stored before numbers were stored as floats
+    assert spec_differences(PEOPLE, stored, slot_seconds=SLOT) == []
+    other = {**PEOPLE, "chunks": 8, "utility": {**utility, "half_life": "3h"}, "grad_mb": None}
+    del other["minibatch_seconds"]
+    assert spec_differences(stored, prepare(other, TIMES), slot_seconds=SLOT) == [
+        "chunks: stored 4, sent 8",
+        "grad_mb: stored 100, sent null",
+        "minibatch_seconds: stored 36, sent none",
+        "utility.half_life: stored 1.5 slots (1h30m), sent 3 slots (3h)",
+    ]
+    due = {**PEOPLE, "utility": {**utility, "deadline": format_time(TIMES.start(30))}}
+    later = {**PEOPLE, "utility": {**utility, "deadline": format_time(TIMES.start(31))}}
+    assert spec_differences(
+        prepare(due, TIMES), prepare(later, TIMES), slot_seconds=SLOT, times=TIMES
+    ) == [f"utility.deadline: stored {format_time(TIMES.start(30))}, sent "
+          f"{format_time(TIMES.start(31))}"]  # fmt: skip
+
+
 def test_check_worth_says_how_far_a_deadline_is_too_close() -> None:
     spec = {
         **PEOPLE,
@@ -399,6 +445,56 @@ def test_records_are_plain_json() -> None:
     assert d["arrives_at"] == "1970-01-01T03:00:00Z" and d["completes_by"] == "1970-01-01T05:00:00Z"
     assert plain(pb.Server(name="w0", kind=pb.SERVER_KIND_PS))["kind"] == "ps"
     assert state_name(pb.JOB_STATE_CANCELLED) == "cancelled"
+
+
+def _ended(state: pb.JobState, ran_until: int | None) -> pb.Job:
+    """A job admitted to run in slots 3..7 (jct 5, utility 100), now in ``state``."""
+    d = pb.Decision(admitted=True, payoff=99.5, cost=0.5, arrival_slot=3, jct=5, utility=100.0)
+    if ran_until is not None:
+        d.completion_slot = ran_until
+    return pb.Job(spec=pb.JobSpec(id="c", json=json.dumps({"id": "c"})), state=state, decision=d)
+
+
+def test_a_cancelled_or_failed_jobs_plan_is_not_shown_as_earned() -> None:
+    """Before: ``oasis cancel X --json`` gave ``"completion_slot": null, "jct": 5,
+    "utility": 100.0`` and ``oasis jobs`` a jct, payoff and utility as if earned."""
+    from controller.commands.client import _decision_lines, _job_row
+
+    times = SlotTimes(0.0, SLOT)
+    planned = {"completion_slot": 7, "jct": 5, "utility": 100.0}
+    for state, ran_until in ((pb.JOB_STATE_CANCELLED, 4), (pb.JOB_STATE_FAILED, 7)):
+        job = _ended(state, ran_until)
+        record = job_record(job, times)
+        d = record["decision"]
+        assert (d["jct"], d["utility"], d["completes_by"]) == (None, None, None)
+        assert d["completion_slot"] == ran_until and d["payoff"] == 99.5
+        assert record["planned"] == planned
+        assert _job_row(job, None)[4:] == ["-", "-", "-", "-"]
+        line = next(_decision_lines("c", job.decision, None, state_name(state), job=job))
+        assert line.startswith(f"c: {state_name(state)}")
+        assert "payoff 99.5 (planned: completion in slot 7, jct 5, utility 100)" in line
+    never = _ended(pb.JOB_STATE_CANCELLED, None)
+    assert job_record(never, times)["decision"]["completion_slot"] is None
+    assert "cancelled (never ran)" in next(_decision_lines("c", never.decision, None, "cancelled"))
+    done = job_record(_ended(pb.JOB_STATE_COMPLETED, 7), times)
+    assert done["decision"]["jct"] == 5 and done["planned"] == planned
+    rejected = pb.Job(state=pb.JOB_STATE_REJECTED, decision=pb.Decision(payoff=-1.0))
+    assert job_record(rejected, times)["planned"] is None
+
+
+def test_a_jobs_lines_name_its_state() -> None:
+    """Before: a completed job's detail line (``oasis job``, a duplicate ``submit``) said
+    'admitted', the table and --json 'completed'."""
+    from controller.commands.client import _decision_lines
+
+    for state, words in (
+        ("", "c: admitted, arrives in slot 3, completes in slot 7 (jct 5)"),
+        ("admitted", "c: admitted, arrives in slot 3, completes in slot 7 (jct 5)"),
+        ("running", "c: running (admitted), arrived in slot 3, completes in slot 7 (jct 5)"),
+        ("completed", "c: completed (admitted), arrived in slot 3, completed in slot 7 (jct 5)"),
+    ):
+        job = _ended(pb.JOB_STATE_COMPLETED, 7)
+        assert next(_decision_lines("c", job.decision, None, state)).startswith(words)
 
 
 def test_the_client_imports_no_server_side_code() -> None:

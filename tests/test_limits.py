@@ -184,6 +184,8 @@ def test_token_bucket() -> None:
     clock.t += 60  # refills to the burst, no more
     assert [limiter.take("a") for _ in range(4)][-1] > 0
     assert RateLimiter.retry_hint_ms(0.0001) == 1 and RateLimiter.retry_hint_ms(0.25) == 250
+    assert limiter.words == "rate limit: 2 requests/s per client"
+    assert RateLimiter(rate=1.0).words == "rate limit: 1 request/s per client"  # not "requests"
 
 
 def test_idle_buckets_are_forgotten() -> None:

@@ -248,7 +248,11 @@ def test_tls_without_client_certificates(tmp_path: Path, pki: Pki) -> None:
 
 
 def test_tokens_are_required_and_checked(mtls_daemon: Daemon, pki: Pki) -> None:
-    for token, why in (("", "no bearer token"), ("not-a-token", "unknown token")):
+    no_token = (
+        "no bearer token: send metadata 'authorization: Bearer TOKEN' (oasis: set "
+        "$OASIS_TOKEN, or give --token after the command: oasis jobs --token TOKEN)"
+    )
+    for token, why in (("", no_token), ("not-a-token", "unknown token")):
         with mtls_channel(mtls_daemon, pki, token) as channel:
             code, details = code_of(pb_grpc.AdmissionStub(channel).ListJobs, pb.ListJobsRequest())
             assert code == grpc.StatusCode.UNAUTHENTICATED
@@ -284,6 +288,11 @@ def test_roles_and_ownership(mtls_daemon: Daemon, pki: Pki, tmp_path: Path) -> N
         assert again.duplicate
         code, details = code_of(a.SubmitJob, submit_request("role-b1"))
         assert code == grpc.StatusCode.ALREADY_EXISTS and "another submitter" in details
+        # a quote says so too (before: 'would be admitted'), and shows nothing of bob's
+        quote = pb.QuoteJobRequest(job=submit_request("role-b1").job)
+        assert code_of(a.QuoteJob, quote) == (code, details)
+        mine = a.QuoteJob(pb.QuoteJobRequest(job=submit_request("role-a1").job), timeout=30)
+        assert mine.existing.spec.id == "role-a1"
 
         # a submitter cancels its own jobs, not another's (which reads as missing)
         code, _ = code_of(a.CancelJob, pb.CancelJobRequest(id="role-b1"))

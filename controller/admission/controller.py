@@ -212,12 +212,18 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews)
         return view
 
     async def quote(
-        self, spec: dict[str, Any], client: str = "", by: str | None = None
-    ) -> DecisionView:
+        self,
+        spec: dict[str, Any],
+        client: str = "",
+        by: str | None = None,
+        owner: str | None = None,
+    ) -> tuple[DecisionView, JobView | None]:
         """Decide ``spec`` without committing anything, as a submission of ``by`` would
-        be decided (its job taken into ``by``'s bound estimate)."""
+        be decided (its job taken into ``by``'s bound estimate); with it, the stored job
+        a submission would return instead (its id and spec), or ConflictError where a
+        submission would conflict (``owner`` as for :meth:`submit`)."""
         self.config.limits.check_spec(spec)
-        return await self._run(lambda: self._quote_sync(spec, by), client)
+        return await self._run(lambda: self._quote_sync(spec, by, owner), client)
 
     async def cancel(
         self, job_id: str, client: str = "", owner: str | None = None, by: str | None = None

@@ -18,7 +18,7 @@ from controller.admission.commit import Committed, DecisionRows, Deferred, Group
 from controller.admission.views import DecisionView, JobView, canonical_spec
 from controller.errors import ConflictError, QueueFullError
 from controller.events import Event
-from controller.jobspec import check_job_worth
+from controller.jobspec import check_job_worth, spec_differences
 from controller.limits import check_job_id
 from controller.replay import allocations as allocation_entries
 from controller.store import AllocationRow, JobRow
@@ -31,6 +31,9 @@ from pricing.prices import PriceBounds
 from pricing.shared_estimate import SharedEstimate
 
 __all__ = ["DecisionCore"]
+
+_DIFFERENCES_SHOWN = 4
+"""The fields a conflicting spec's message names at most (the rest are counted)."""
 
 
 def _as_answer(answer: tuple[JobView, list[Event]]) -> tuple[JobView, list[Event]]:
@@ -105,12 +108,34 @@ class DecisionCore(GroupCommit):
         if self._ledger.bounds is not previous:
             self._ledger.set_bounds(previous)
 
-    def _quote_sync(self, spec: dict[str, Any], by: str | None = None) -> DecisionView:
+    def _quote_sync(
+        self, spec: dict[str, Any], by: str | None = None, owner: str | None = None
+    ) -> tuple[DecisionView, JobView | None]:
+        """The decision a submission of ``spec`` would get now, nothing committed; and
+        the caller's stored job if its id is one with this spec (a submission returns
+        that job's decision instead). An id a submission would conflict with is the same
+        ConflictError here."""
+        existing = self._quoted_job(spec, owner)
         previous = self._ledger.bounds
         try:
-            return self._decide(spec, by)[2]
+            return self._decide(spec, by)[2], existing
         finally:
             self._restore_bounds(previous)
+
+    def _quoted_job(self, spec: dict[str, Any], owner: str | None) -> JobView | None:
+        """The stored job whose id ``spec`` has, checked as a submission would be
+        (:meth:`_check_duplicate`); None for a new id."""
+        job_id = spec.get("id") if isinstance(spec, dict) else None
+        if not isinstance(job_id, str) or job_id not in self._stored_ids():
+            return None
+        if job_id in self._uncommitted:
+            self._sync_writes()  # its decision, as it will be read
+        with self.db.session() as session:
+            row = session.get(JobRow, job_id)
+            if row is None:  # deleted (retention) meanwhile: the id is free
+                return None
+            self._check_duplicate(job_id, row.spec, row.submitter, canonical_spec(spec), owner)
+            return self._view(session, row)
 
     def _submit_sync(
         self,
@@ -190,16 +215,38 @@ class DecisionCore(GroupCommit):
         if self._uncommitted.get(job_id) is entry:
             del self._uncommitted[job_id]
 
-    @staticmethod
     def _check_duplicate(
-        job_id: str, stored_spec: str, submitter: str | None, canonical: str, owner: str | None
+        self,
+        job_id: str,
+        stored_spec: str,
+        submitter: str | None,
+        canonical: str,
+        owner: str | None,
     ) -> None:
         """A stored (or committing) job's id submitted again: the same submitter and spec
-        get its first decision; anything else is a conflict."""
+        (as the daemon reads them: ``"chunks": 8.0`` is 8, ``"120m"`` is ``"2h"``) get its
+        first decision; anything else is a conflict, which names the fields that differ
+        (another submitter's spec is not shown)."""
         if owner is not None and submitter != owner:
             raise ConflictError(f"job id {job_id!r} is taken by another submitter")
-        if stored_spec != canonical:
+        if stored_spec == canonical:
+            return
+        try:
+            there, here = json.loads(stored_spec), json.loads(canonical)
+        except (TypeError, ValueError, RecursionError):  # a row edited by hand
+            there = here = None
+        if not (isinstance(there, dict) and isinstance(here, dict)):
             raise ConflictError(f"job {job_id!r} exists with another spec")
+        differences = spec_differences(
+            there, here, slot_seconds=self.config.slot_seconds, times=self.slots.times
+        )
+        if differences:
+            shown = "; ".join(differences[:_DIFFERENCES_SHOWN])
+            more = len(differences) - _DIFFERENCES_SHOWN
+            shown += f"; and {more} more" if more > 0 else ""
+            raise ConflictError(
+                f"job {job_id!r} exists with another spec ({shown}): give this job another id"
+            )
 
     def _stored_ids(self) -> set[str]:
         """Ids of every job in the store or handed to the writer, kept in memory so a new

@@ -229,8 +229,19 @@ class ReadViews(AdmissionState):
 
     def _view_window(self, first_slot: int, slots: int) -> tuple[int, int, int]:
         """``(first slot, lo, hi)``: ``slots`` (0: 12) window indices from ``first_slot``
-        (0: the current slot), clipped to the ledger's window."""
+        (0: the current slot), clipped to the ledger window's end.
+
+        Raises:
+            SpecError: ``first_slot`` outside the window (it names the window's slots):
+                the ledger holds no prices there to show.
+        """
         ledger = self._ledger
+        if first_slot and not ledger.origin <= first_slot < ledger.end:
+            raise SpecError.one(
+                "first_slot",
+                f"slot {first_slot} is outside the window, slots {ledger.origin}.."
+                f"{ledger.end - 1}: give one of them, or 0 for the current slot",
+            )
         first = max(first_slot or self.slot, ledger.origin)
         lo = first - ledger.origin
         return first, lo, min(lo + (slots or 12), ledger.length)

@@ -15,6 +15,7 @@ from controller.commands.common import (
     EXIT_OK,
     InputError,
     check_store_url,
+    counted,
     int_at_least,
     load_trace,
     same_file,
@@ -133,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
         f"{r} {math.exp(x):.3g}" for r, x in zip(cluster.resources, start.floor1, strict=True)
     )
     print(
-        f"oasis calibrate: {len(jobs)} jobs -> a prior worth {args.weight:g} jobs; on this "
+        f"oasis calibrate: {counted(len(jobs), 'job')} -> a prior worth "
+        f"{counted(args.weight, 'job')}; on this "
         f"cluster it starts L1 at {floors}",
         file=sys.stderr,
     )

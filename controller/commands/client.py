@@ -30,6 +30,7 @@ from controller.commands.connection import (
     print_json,
 )
 from controller.commands.records import (
+    ABANDONED,
     STATES,
     clock_caption,
     decision_record,
@@ -58,6 +59,7 @@ def register(sub: Any) -> None:
 
     job_file = "a job object (README: Job specs), a list of them, what `job --json` printed, or -"
     p = add("submit", cmd_submit)
+    p.set_defaults(api_flags={"wait_seconds": "--wait"})
     p.add_argument("file", metavar="JOB.json", help=job_file)
     p.add_argument(
         "--wait",
@@ -76,8 +78,10 @@ def register(sub: Any) -> None:
     add("cancel", cmd_cancel).add_argument("id")
     add("servers", cmd_servers)
     p = add("prices", cmd_prices)
-    p.add_argument("--from", dest="first", type=int_at_least(0), default=0,
-                   help="first slot (0: now)")  # fmt: skip
+    p.set_defaults(api_flags={"first_slot": "--from", "slots": "--slots"})
+    p.add_argument("--from", dest="first", type=int_at_least(0), default=0, metavar="SLOT",
+                   help="the first slot to show, a slot number as the columns are headed, "
+                   "inside the daemon's window (default: the current slot)")  # fmt: skip
     p.add_argument("--slots", type=int_at_least(1), default=8, help="slots to show (default 8)")
     p.add_argument("--node", dest="node", default="", metavar="NAME",
                    help="one server of the cluster only (as `oasis servers` lists it)")  # fmt: skip
@@ -164,14 +168,22 @@ def _decision_lines(
             if d.HasField("completion_slot")
             else "never ran"
         )
-        yield f"{title}: cancelled ({end}); it had been admitted with payoff {d.payoff:.6g}"
+        yield f"{title}: cancelled ({end}); it had been admitted with {_plan_words(d, times)}"
+    elif state == "failed":
+        yield (
+            f"{title}: failed before completing (its 'failed' event says why); it had been "
+            f"admitted with {_plan_words(d, times)}"
+        )
     elif d.admitted:
         jct = f"{d.jct}" + (f" = {format_duration(d.jct * times.slot_seconds)}" if times else "")
         done = f"; done by {local_time(times.start(d.completion_slot + 1))}" if times else ""
+        ran = state in ("running", "completed")
         yield (
-            f"{title}: {would}admitted, arrives in slot {slot_label(d.arrival_slot, times)}, "
-            f"completes in slot {d.completion_slot}{done} (jct {jct}); utility "
-            f"{d.utility:.6g}, cost {d.cost:.6g}, payoff {d.payoff:.6g}"
+            f"{title}: {state + ' (admitted)' if ran else would + 'admitted'}, "
+            f"{'arrived' if ran else 'arrives'} in slot {slot_label(d.arrival_slot, times)}, "
+            f"{'completed' if state == 'completed' else 'completes'} in slot "
+            f"{d.completion_slot}{done} (jct {jct}); utility {d.utility:.6g}, cost "
+            f"{d.cost:.6g}, payoff {d.payoff:.6g}"
         )
     else:
         yield f"{title}: {would}rejected: {d.reason}"
@@ -188,6 +200,18 @@ def _decision_lines(
                     for s, v in sorted(by_slot.items())]  # fmt: skip
             yield render_table(["slot", "begins", "plan (server:workers w / ps)"], rows,
                                right={0})  # fmt: skip
+
+
+def _plan_words(d: pb.Decision, times: SlotTimes | None) -> str:
+    """An abandoned plan (a cancelled or failed job's) in words, said to be a plan:
+    ``payoff 99.8 (planned: completion in slot 5, jct 5 = 5h, utility 100)``."""
+    if not d.HasField("jct"):
+        return f"payoff {fmt(d.payoff if d.HasField('payoff') else None)}"
+    jct = f"{d.jct}" + (f" = {format_duration(d.jct * times.slot_seconds)}" if times else "")
+    return (
+        f"payoff {d.payoff:.6g} (planned: completion in slot {d.arrival_slot + d.jct - 1}, "
+        f"jct {jct}, utility {d.utility:.6g})"
+    )
 
 
 EXIT_PENDING = 4
@@ -257,19 +281,31 @@ def cmd_quote(args: argparse.Namespace) -> int:
     req = pb.QuoteJobRequest(job=_request_spec(specs[0]))
     resp = stubs.admission.QuoteJob(req, timeout=stubs.timeout)
     times = stubs.times()
+    existing = resp.existing if resp.HasField("existing") else None
     if args.json:
-        print_json({"decision": decision_record(resp.decision, times)})
+        print_json({
+            "decision": decision_record(resp.decision, times),
+            "existing": None if existing is None else job_record(existing, times),
+        })  # fmt: skip
     else:
         given = specs[0].get("id")
         title = f"quote for {given}" if isinstance(given, str) and given else "quote"
         for line in _decision_lines(title, resp.decision, times, quote=True):
             print(line)
         print("(nothing committed)")
+        if existing is not None:
+            first = next(_decision_lines(existing.spec.id, existing.decision, times,
+                                         state_name(existing.state), job=existing))  # fmt: skip
+            print(f"but {existing.spec.id} exists already with this spec: a submission "
+                  f"returns its first decision, not this quote:\n{first}")  # fmt: skip
     return _verdict([resp.decision])
 
 
 def _job_row(job: pb.Job, times: SlotTimes | None) -> list[str]:
     d = job.decision
+    if state_name(job.state) in ABANDONED:  # its plan's numbers were never earned
+        return [job.spec.id, state_name(job.state), str(job.sequence),
+                slot_label(d.arrival_slot, times), "-", "-", "-", "-"]  # fmt: skip
     done = d.completion_slot if d.HasField("completion_slot") else None
     jct = "-"
     if d.HasField("jct"):

@@ -26,6 +26,7 @@ __all__ = [
     "add_search_limit",
     "call_timeout",
     "check_store_url",
+    "counted",
     "fmt",
     "int_at_least",
     "load_prior_file",
@@ -201,6 +202,11 @@ def positive_seconds(text: str) -> float:
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
     return value
+
+
+def counted(n: float, noun: str) -> str:
+    """``1 job``, ``2 jobs``, ``0.5 jobs``: a count and its noun, singular for one."""
+    return f"{n:g} {noun}{'' if n == 1 else 's'}"
 
 
 def fmt(x: float | None, digits: int = 4) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -204,6 +205,11 @@ def guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
         code = err.code()
         problems = _field_violations(err)
         message = _explain(code, err.details() or "", args)
+        flags: dict[str, str] = getattr(args, "api_flags", None) or {}
+        if flags:  # the request's field the command's option filled: name the option
+            problems = [Problem(flags.get(p.field, p.field), p.reason) for p in problems]
+            for field, flag in flags.items():
+                message = re.sub(rf"(?m)^(\s*){re.escape(field)}:", rf"\g<1>{flag}:", message)
         return report_error(args, code.name, message, problems, extra)
 
     return run

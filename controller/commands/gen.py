@@ -17,7 +17,13 @@ from typing import Any
 import numpy as np
 
 from controller.commands import SUMMARIES
-from controller.commands.common import EXIT_OK, InputError, int_at_least, positive_seconds
+from controller.commands.common import (
+    EXIT_OK,
+    InputError,
+    counted,
+    int_at_least,
+    positive_seconds,
+)
 from pricing.workload import generate_trace
 
 __all__ = ["parse_mix", "parse_share", "register", "run"]
@@ -170,8 +176,9 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"-o {args.output}: cannot write: {err.strerror or err}") from err
         where = args.output
     print(
-        f"oasis gen: {args.jobs} jobs, {args.worker_servers} worker + {args.ps_servers} PS "
-        f"servers, horizon {args.horizon} slots of {args.slot_seconds:g} s, seed {args.seed}, "
+        f"oasis gen: {counted(args.jobs, 'job')}, {args.worker_servers} worker + "
+        f"{args.ps_servers} PS servers, horizon {counted(args.horizon, 'slot')} of "
+        f"{args.slot_seconds:g} s, seed {args.seed}, "
         f"{args.pricing} bounds -> {where}",
         file=sys.stderr,
     )

@@ -23,6 +23,7 @@ from controller.commands.common import (
     InputError,
     add_search_limit,
     check_store_url,
+    counted,
     fmt,
     int_at_least,
     load_trace,
@@ -240,9 +241,10 @@ def _text(doc: dict[str, Any], gap: float | None, out: TextIO) -> None:
             f"; here one job can take {100 * doc['largest_job_share']:.3g}% of the "
             f"cluster's {doc['largest_job_share_resource']}"
         )
+    of_n = counted(n, "job")
     lines = [
-        f"{first} {fmt(doc['optimum'], 6)}  ({admitted_off} of {n} jobs admitted{found})",
-        f"online utility   {fmt(doc['online'], 6)}  ({admitted_on} of {n} jobs admitted)",
+        f"{first} {fmt(doc['optimum'], 6)}  ({admitted_off} of {of_n} admitted{found})",
+        f"online utility   {fmt(doc['online'], 6)}  ({admitted_on} of {of_n} admitted)",
         f"ratio            {fmt(doc['ratio'], 4)}  (optimum / online{ratio_note})",
         f"certified        {certified}",
         f"bound            {fmt(doc['bound'], 6)}: {doc['bound_source']}",
@@ -284,7 +286,7 @@ def _from_trace(
 ) -> tuple[Trace, Held | None, list[OnlineJob], list[Schedule | None]]:
     """Replay the trace with the online algorithm."""
     trace = load_trace(args.trace)
-    progress(f"replaying {len(trace.jobs)} jobs with the online algorithm...")
+    progress(f"replaying {counted(len(trace.jobs), 'job')} with the online algorithm...")
     records = list(replay(trace, max_search_steps=search_limit(args)))
     online = [
         OnlineJob(
@@ -316,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
         progress("reading the store...")
         trace, held, online_jobs, online = _from_store(args)
         progress(
-            f"{len(trace.jobs)} jobs compared over {trace.horizon} slots; "
+            f"{counted(len(trace.jobs), 'job')} compared over {counted(trace.horizon, 'slot')}; "
             f"the daemon admitted {sum(j.admitted for j in online_jobs)}"
         )
     else:

@@ -20,6 +20,7 @@ from controller.rpc import oasis_pb2 as pb
 from pricing.durations import format_duration, format_time
 
 __all__ = [
+    "ABANDONED",
     "STATES",
     "decision_record",
     "event_record",
@@ -34,6 +35,9 @@ STATES = tuple(
     for n in pb.JobState.keys()  # noqa: SIM118 - an enum wrapper, not a dict
     if n != "JOB_STATE_UNSPECIFIED"
 )
+ABANDONED = ("cancelled", "failed")
+"""States of a job whose plan was not carried out: its decision's completion time and
+utility were planned, never earned."""
 _INTEGERS = {
     FieldDescriptor.TYPE_INT64,
     FieldDescriptor.TYPE_INT32,
@@ -113,14 +117,33 @@ def spec_of(job_spec: pb.JobSpec) -> dict[str, Any]:
     return spec_from_proto(job_spec)
 
 
+def planned(d: pb.Decision) -> dict[str, Any] | None:
+    """What an admission planned: ``{"completion_slot", "jct", "utility"}``; None for a
+    decision that admitted nothing."""
+    if not (d.admitted and d.HasField("jct")):
+        return None
+    utility = d.utility if d.HasField("utility") else None
+    return {"completion_slot": d.arrival_slot + d.jct - 1, "jct": d.jct, "utility": utility}
+
+
 def job_record(job: pb.Job, times: SlotTimes | None) -> dict[str, Any]:
-    """A stored job: its id, state in words, spec (the form ``submit`` reads) and
-    decision."""
+    """A stored job: its id, state in words, spec (the form ``submit`` reads), decision,
+    and what its admission ``planned``. A cancelled or failed job's decision has no
+    ``jct``, ``utility`` or ``completes_by`` (null: it never completed; its plan's are in
+    ``planned``), and its ``completion_slot`` is the last slot it ran (null: none), as
+    the daemon says."""
+    state = state_name(job.state)
+    decision = decision_record(job.decision, times)
+    if state in ABANDONED:
+        decision |= {"jct": None, "utility": None}
+        if "completes_by" in decision:
+            decision["completes_by"] = None
     return {
         "id": job.spec.id,
-        "state": state_name(job.state),
+        "state": state,
         "spec": spec_of(job.spec),
-        "decision": decision_record(job.decision, times),
+        "decision": decision,
+        "planned": planned(job.decision),
         "submitted_slot": job.submitted_slot,
         "sequence": job.sequence,
         # submitted with a wait: the last slot it may be admitted at (null: no wait)

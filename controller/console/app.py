@@ -321,7 +321,7 @@ class Console:
         """Take one request from ``client``'s rate (``[limits] rate``; by default the
         peer's, as for a refused token), or refuse it with 429."""
         if self.limiter is not None and self.limiter.take(client or f"web:{request.remote}") > 0:
-            raise _RefusedError(429, f"rate limit: {self.limiter.rate:g} requests/s per client")
+            raise _RefusedError(429, self.limiter.words)
 
     def _csrf_of(self, request: web.Request) -> str:
         """The form token of ``request``'s session (or of this daemon, without
