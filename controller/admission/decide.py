@@ -349,14 +349,16 @@ class DecisionCore(GroupCommit):
             own = int(session.scalar(mine) or 0)
         if own >= limits.max_pending_per_submitter:
             raise QueueFullError(
-                f"not admitted now, and {own} jobs of this submitter are pending already "
+                f"not admitted now, and {own} of this submitter's jobs "
+                f"{'is' if own == 1 else 'are'} pending already "
                 f"(limits.max_pending_per_submitter = {limits.max_pending_per_submitter}); "
                 f"submit it again later: {view.reason}"
             )
         if everyone >= limits.max_pending:
             raise QueueFullError(
-                f"not admitted now, and {everyone} jobs are pending already (limits.max_pending"
-                f" = {limits.max_pending}); submit it again later: {view.reason}"
+                f"not admitted now, and {everyone} {'job is' if everyone == 1 else 'jobs are'} "
+                f"pending already (limits.max_pending = {limits.max_pending}); submit it "
+                f"again later: {view.reason}"
             )
         return until, view
 
