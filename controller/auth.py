@@ -300,7 +300,8 @@ class _FirstMessage:
             )
         self.waiting[client] = held + 1
         try:
-            return await asyncio.wait_for(anext(requests), self.seconds)
+            async with asyncio.timeout(self.seconds):  # no task per call, as wait_for's
+                return await anext(requests)
         except StopAsyncIteration:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call sent no request")
         except TimeoutError:
