@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from controller.clock import SlotTimes
@@ -123,21 +123,17 @@ def prepare(spec: dict[str, Any], times: SlotTimes) -> dict[str, Any]:
     if out.get("id", "") == "":
         out["id"] = new_id()
     _numbers_as_typed(out)
-    utility = out.get("utility")
-    if isinstance(utility, Mapping):
-        resolved = dict(utility)
-        for key in WHEN_KEYS:
-            value = utility.get(key)
-            if not isinstance(value, str):
-                continue
-            try:
-                at = parse_time(value)
-            except ValueError:
-                continue  # no UTC offset: the job's parser says so
-            if at is not None:  # else a duration, or garbage the parser names
-                resolved[key] = {"slot": times.slot_at(at)}
-        out["utility"] = resolved
-    return out
+
+    def at_slot(value: Any) -> Any:
+        if not isinstance(value, str):
+            return _KEEP
+        try:
+            at = parse_time(value)
+        except ValueError:
+            return _KEEP  # no UTC offset: the job's parser says so
+        return _KEEP if at is None else {"slot": times.slot_at(at)}  # None: a duration
+
+    return _utility_mapped(out, WHEN_KEYS, at_slot)
 
 
 def has_times(spec: Mapping[str, Any]) -> bool:
@@ -152,16 +148,13 @@ def has_times(spec: Mapping[str, Any]) -> bool:
 def for_display(spec: Mapping[str, Any], times: SlotTimes) -> dict[str, Any]:
     """``spec`` with each ``{"slot": S}`` of its utility shown as the time slot S starts
     (ISO 8601, UTC): the form people wrote, which :func:`prepare` reads back to S."""
-    out = dict(spec)
-    utility = spec.get("utility")
-    if isinstance(utility, Mapping):
-        shown = dict(utility)
-        for key in WHEN_KEYS:
-            value = utility.get(key)
-            if isinstance(value, Mapping) and isinstance(value.get("slot"), int):
-                shown[key] = format_time(times.start(value["slot"]))
-        out["utility"] = shown
-    return out
+
+    def shown(value: Any) -> Any:
+        if isinstance(value, Mapping) and isinstance(value.get("slot"), int):
+            return format_time(times.start(value["slot"]))
+        return _KEEP
+
+    return _utility_mapped(dict(spec), WHEN_KEYS, shown)
 
 
 def comparable(spec: Mapping[str, Any], slot_seconds: float) -> dict[str, Any]:
@@ -171,16 +164,33 @@ def comparable(spec: Mapping[str, Any], slot_seconds: float) -> dict[str, Any]:
     parser would refuse stays as it is."""
     out = dict(spec)
     _numbers_as_typed(out)
-    utility = out.get("utility")
+
+    def in_slots(value: Any) -> Any:
+        seconds = parse_duration(value) if isinstance(value, str) else None
+        return _KEEP if seconds is None else seconds / slot_seconds
+
+    return _utility_mapped(out, _SPANS, in_slots)
+
+
+_KEEP = object()
+"""What a :func:`_utility_mapped` conversion gives for a value it leaves as it is."""
+
+
+def _utility_mapped(
+    spec: dict[str, Any], keys: Iterable[str], convert: Callable[[Any], Any]
+) -> dict[str, Any]:
+    """``spec`` with each of ``keys`` in its utility (an object; else nothing changes)
+    replaced by ``convert(value)``, unless that is :data:`_KEEP`; the utility is copied."""
+    utility = spec.get("utility")
     if isinstance(utility, Mapping):
         resolved = dict(utility)
-        for key in _SPANS:
-            value = utility.get(key)
-            seconds = parse_duration(value) if isinstance(value, str) else None
-            if seconds is not None:
-                resolved[key] = seconds / slot_seconds
-        out["utility"] = resolved
-    return out
+        for key in keys:
+            if key in utility:
+                new = convert(utility[key])
+                if new is not _KEEP:
+                    resolved[key] = new
+        spec["utility"] = resolved
+    return spec
 
 
 _ABSENT = object()
