@@ -312,6 +312,29 @@ def _work_in_words(job: Any, slot_seconds: float) -> str:
     )
 
 
+def past_times(spec: Mapping[str, Any], arrival: int, times: SlotTimes) -> str:
+    """A note on the times of ``spec``'s utility (resolved, ``{"slot": S}``) that lie at or
+    before the start of its arrival slot, for the reason of a rejection: such a job is
+    valid (a late job may still be worth something), but a mistyped date reads as its
+    prices being too high. Empty if there is none."""
+    utility = spec.get("utility")
+    if not isinstance(utility, Mapping):
+        return ""
+    past = []
+    for key in WHEN_KEYS:
+        value = utility.get(key)
+        slot = value.get("slot") if isinstance(value, Mapping) else None
+        if isinstance(slot, int) and slot <= arrival:
+            past.append(f"utility.{key} {format_time(times.start(slot))}")
+    if not past:
+        return ""
+    return (
+        f"; note: {' and '.join(past)} {'is' if len(past) == 1 else 'are'} not after the "
+        f"job's arrival ({format_time(times.start(arrival))}), so its utility has decayed "
+        "before it can run: is the date right?"
+    )
+
+
 def check_job_worth(
     job: Any, spec: Mapping[str, Any], *, slot_seconds: float, field: str = "job"
 ) -> None:

@@ -541,3 +541,22 @@ def test_a_slot_tick_moves_jobs_a_batch_a_step(
         assert {v.state for v in c._list_sync([], 100)[0]} == {"completed"}
     finally:
         c.close()
+
+
+def test_a_rejection_says_when_a_deadline_was_before_the_arrival(tmp_path: Path) -> None:
+    """A deadline (with a half_life) or a target already past is valid, but a mistyped
+    date read as 'priced out' alone (audit, 2026-11-27): the reason now says so."""
+    clock = FakeClock(1_000_000.0)
+    c = controller(tmp_path, clock)
+    try:
+        asyncio.run(c.submit(blocker()))
+        late = {"kind": "deadline", "value": 50, "deadline": {"slot": 0}, "half_life": 2}
+        view = asyncio.run(c.submit(small("late", utility=late)))
+        assert view.state == "rejected"
+        assert "note: utility.deadline " in view.decision.reason
+        assert "is not after the job's arrival" in view.decision.reason
+        on_time = {"kind": "deadline", "value": 50, "deadline": {"slot": 20}, "half_life": 2}
+        other = asyncio.run(c.submit(small("on-time", utility=on_time)))
+        assert other.state == "rejected" and "note:" not in other.decision.reason
+    finally:
+        c.close()

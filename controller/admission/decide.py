@@ -18,7 +18,7 @@ from controller.admission.commit import Committed, DecisionRows, Deferred, Group
 from controller.admission.views import DecisionView, JobView, canonical_spec
 from controller.errors import ConflictError, QueueFullError
 from controller.events import Event
-from controller.jobspec import check_job_worth, spec_differences
+from controller.jobspec import check_job_worth, past_times, spec_differences
 from controller.limits import check_job_id
 from controller.replay import allocations as allocation_entries
 from controller.store import AllocationRow, JobRow
@@ -65,6 +65,10 @@ class DecisionCore(GroupCommit):
             estimate = self._estimate.observe(job, by)
             self._ledger.set_bounds(self._bounds(estimate))
         best, view = self._search(job, arrival, arrival)
+        if not view.admitted:
+            note = past_times(spec, arrival, self.slots.times)
+            if note:
+                view = replace(view, reason=view.reason + note)
         return job, best, view, estimate
 
     def _search(
