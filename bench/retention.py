@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import json
 import sys
 import tempfile
@@ -105,10 +104,7 @@ def measure(url: str, data_dir: Path, jobs: int) -> dict[str, Any]:
 
 async def _tick_only(c: AdmissionController) -> None:
     """The slot boundary's state changes, without the deletion the tick would start."""
-    cursor: tuple[int, int] | None = (-1, 0)
-    while cursor is not None:
-        events, cursor = await c._run(functools.partial(c._tick_sync, cursor))
-        c._publish(events)
+    await c._move_jobs()
 
 
 def main(argv: list[str] | None = None) -> int:

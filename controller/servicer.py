@@ -131,16 +131,19 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
             steps = self.c.search_steps(spec)
             self.limiter.charge(client, self.c.config.limits.search_tokens(steps))
 
+    def _charge_bytes(self, client: str, nbytes: int) -> None:
+        """Charge ``client``'s rate for ``nbytes`` past the first
+        :data:`~controller.limits.BYTES_PER_TOKEN`, a token each as many more."""
+        if self.limiter is not None and client and nbytes > BYTES_PER_TOKEN:
+            self.limiter.charge(client, nbytes / BYTES_PER_TOKEN - 1.0)
+
     def _charge_answer(self, caller: Caller, nbytes: int) -> None:
-        """Charge a submitter's rate for an answer of ``nbytes`` past the first
-        :data:`~controller.limits.BYTES_PER_TOKEN` (a token each as many more):
+        """Charge a submitter's rate for an answer of ``nbytes`` (:meth:`_charge_bytes`):
         building a page of 60,000 allocations takes 0.6 s of the daemon's CPU, and at one
         token a call, 10 such pages a second took a core from every tenant. Operators
         (and callers without tokens) read uncharged."""
-        charged = self.limiter is not None and caller.owner is not None and caller.client
-        if charged and nbytes > BYTES_PER_TOKEN:
-            assert self.limiter is not None
-            self.limiter.charge(caller.client, nbytes / BYTES_PER_TOKEN - 1.0)
+        if caller.owner is not None:
+            self._charge_bytes(caller.client, nbytes)
 
     async def _spec(self, msg: pb.JobSpec, client: str) -> dict[str, Any]:
         """The spec of a submission or quote, prepared (see the module docstring). Its
@@ -152,8 +155,7 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
         table = msg.utility.table.values if msg.utility.WhichOneof("kind") == "table" else ()
         sent = msg.ByteSize()
         self.c.config.limits.check_sent(sent, len(table))
-        if self.limiter is not None and client and sent > BYTES_PER_TOKEN:
-            self.limiter.charge(client, sent / BYTES_PER_TOKEN - 1.0)
+        self._charge_bytes(client, sent)
         return prepare(spec_from_proto(msg), self.c.slots.times)
 
     async def SubmitJob(

@@ -18,6 +18,7 @@ from controller.admission.lifecycle import Lifecycle
 from controller.admission.pending import PendingQueue
 from controller.admission.reads import ReadViews
 from controller.admission.retention import PRUNE_BATCH, Retention
+from controller.admission.state import ReadTurns
 from controller.admission.views import DecisionView, JobView
 from controller.admission.writer import GroupWriter
 from controller.errors import DrainingError
@@ -35,14 +36,6 @@ _T = TypeVar("_T")
 
 READS_PER_CLIENT = 2
 """Store reads one named client has in the read pool at once (:meth:`read_store`)."""
-
-
-class _Turns:
-    """One client's read turns: a semaphore, and how many reads use it (to forget it)."""
-
-    def __init__(self, limit: int) -> None:
-        self.semaphore = asyncio.Semaphore(limit)
-        self.users = 0
 
 
 def _settle(answer: Future[_T], outcome: Callable[[], _T] | BaseException) -> None:
@@ -272,12 +265,17 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews)
         """Advance to the current slot, if it changed: window and job states."""
         if not self.leading or self._draining or self.slots.current_slot() == self._ticked_slot:
             return
-        cursor: tuple[int, int] | None = (-1, 0)
-        while cursor is not None:  # a batch of jobs a step: other calls go in between
-            events, cursor = await self._run(functools.partial(self._tick_sync, cursor))
-            self._publish(events)
+        await self._move_jobs()
         if self.config.keep_days > 0:
             await self.prune()
+
+    async def _move_jobs(self) -> None:
+        """The slot tick's steps (:meth:`~.lifecycle.Lifecycle._tick_sync`), a batch of
+        jobs each, other calls going in between, their events published as they go."""
+        cursor: tuple[int, int] | None = (-1, 0)
+        while cursor is not None:
+            events, cursor = await self._run(functools.partial(self._tick_sync, cursor))
+            self._publish(events)
 
     async def prune(self) -> int:
         """Delete the finished jobs past ``daemon.keep_days`` (:mod:`.retention`), a
@@ -301,7 +299,7 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews)
             return await loop.run_in_executor(self._reads, run)
         turn = self._read_turns.get(client)
         if turn is None:
-            turn = self._read_turns[client] = _Turns(READS_PER_CLIENT)
+            turn = self._read_turns[client] = ReadTurns(READS_PER_CLIENT)
         turn.users += 1
         try:
             async with turn.semaphore:

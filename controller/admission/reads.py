@@ -158,11 +158,10 @@ class ReadViews(AdmissionState):
     def _server_positions(self) -> dict[str, int]:
         """Each server's place in the cluster's order (allocations are listed in it),
         kept per cluster: a page of 100 jobs built it 100 times over every server."""
-        cached = getattr(self, "_positions", None)
-        if cached is None or cached[0] is not self.cluster:
-            cached = (self.cluster, {n: pos for pos, n in enumerate(self._server_order())})
-            self._positions = cached
-        return cached[1]
+        if self._positions is None or self._positions[0] is not self.cluster:
+            order = {name: pos for pos, name in enumerate(self._server_order())}
+            self._positions = (self.cluster, order)
+        return self._positions[1]
 
     def _get_sync(self, job_id: str, owner: str | None = None) -> JobView:
         check_job_id(job_id, "id")

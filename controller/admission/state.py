@@ -40,7 +40,7 @@ from controller.store.commit_process import (
 )
 from controller.store.decisions import ESTIMATE_KEY
 from controller.store.writer_lock import Holder, check_epoch
-from pricing import Job, Ledger, job_from_dict
+from pricing import Cluster, Job, Ledger, job_from_dict
 from pricing.bound_estimate import BoundEstimate
 from pricing.prices import PriceBounds
 from pricing.shared_estimate import SharedEstimate
@@ -48,7 +48,7 @@ from pricing.shared_estimate import SharedEstimate
 if TYPE_CHECKING:
     from controller.plane.execution import Execution
 
-__all__ = ["EPOCH_KEY", "ESTIMATE_KEY", "SETTINGS_KEY", "AdmissionState"]
+__all__ = ["EPOCH_KEY", "ESTIMATE_KEY", "SETTINGS_KEY", "AdmissionState", "ReadTurns"]
 
 EPOCH_KEY = "epoch"
 """Meta row with the Unix time of slot 0 when the config sets none: ``{"epoch": t,
@@ -60,6 +60,15 @@ SETTINGS_KEY = "settings"
 
 READ_THREADS = 6
 """Threads of the store-read pool (``AdmissionController.read_store``)."""
+
+
+class ReadTurns:
+    """One client's turns at the store-read pool: a semaphore, and how many reads use it
+    (to forget it once none does)."""
+
+    def __init__(self, limit: int) -> None:
+        self.semaphore = asyncio.Semaphore(limit)
+        self.users = 0
 
 
 class AdmissionState(ABC):
@@ -86,7 +95,9 @@ class AdmissionState(ABC):
         # store reads of the API and the console: a pool of their own, so a flood of
         # them queues there, not in the default executor the HA lease's checks use
         self._reads = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="oasis-read")
-        self._read_turns: dict[str, Any] = {}  # per named client (.controller.read_store)
+        self._read_turns: dict[str, ReadTurns] = {}  # per named client (.controller)
+        # each server's place in the cluster's order, for the cluster it was made of (.reads)
+        self._positions: tuple[Cluster, dict[str, int]] | None = None
         self._draining = False
         self._in_flight = 0  # requests inside _run: queued on the lock or deciding
         self._idle = asyncio.Event()
