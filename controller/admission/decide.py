@@ -81,7 +81,7 @@ class DecisionCore(GroupCommit):
         False."""
         ledger = self._ledger
         started = time.perf_counter()
-        last = arrival + self.window - 1
+        last = self._window_end(arrival)
         best = best_schedule(job, ledger, first, last, arrival)
         admitted = best.payoff is not None and best.payoff > ADMIT_THRESHOLD
         reason = ""
@@ -333,10 +333,10 @@ class DecisionCore(GroupCommit):
         why = ""
         if until <= self.slot:
             why = f"the wait of {wait:g} s ends before the next slot boundary"
-        elif job.min_slots > self.window - 1:
+        elif self.slot + 1 + job.min_slots > self._window_end(job.arrival):
             why = (
                 f"it needs {job.min_slots} slots, so after waiting a slot it could not end "
-                f"by slot {job.arrival + self.window - 1}, the end of its window"
+                f"by slot {self._window_end(job.arrival)}, the end of its window"
             )
         elif payoff_ceiling(job, self._ledger, self.slot + 2, job.arrival) <= ADMIT_THRESHOLD:
             why = "it cannot pay off after waiting even at the lowest prices"

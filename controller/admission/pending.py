@@ -140,7 +140,7 @@ class PendingQueue(DecisionCore):
                 self.config.limits.check_job(job, self.cluster, self.window, row.submitter)
             except (SpecError, ValueError) as err:  # the cluster or limits changed since
                 return [self._expire(session, row, now, f"no longer valid: {err}")]
-            end = row.arrival_slot + self.window - 1  # SPEC 1: planned up to a + T - 1
+            end = self._window_end(row.arrival_slot)
             if first + job.min_slots - 1 > end:
                 why = (
                     f"it can no longer finish by slot {end}, the end of its window: it "

@@ -504,7 +504,7 @@ class Recovery(Moves, BoundControl):
                     how = "stranded"
                 else:
                     work = min(int(m.workers.sum()), m.job.work)
-                    last = m.job.arrival + self.window - 1
+                    last = self._window_end(m.job.arrival)
                     refused = self._refit_refused(m.job, work, last)
                     if refused:  # re-placed in the same slots, else stranded: no search
                         work = 0

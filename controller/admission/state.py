@@ -310,6 +310,11 @@ class AdmissionState(ABC):
     ) -> tuple[list[Event], tuple[int, int] | None]:
         """Move the window and a batch of jobs through their states (:mod:`.lifecycle`)."""
 
+    def _window_end(self, arrival: int) -> int:
+        """The last slot a job arriving at ``arrival`` may be planned in (SPEC 1:
+        ``a + T - 1``), waiting or re-planned alike."""
+        return arrival + self.window - 1
+
     @abstractmethod
     def _tick_all(self) -> None:
         """Every step of the slot tick at once (:mod:`.lifecycle`)."""

@@ -514,7 +514,7 @@ class Execution:
         return job
 
     def _last_slot(self, job: Job) -> int:
-        return job.arrival + self.c.window - 1
+        return self.c._window_end(job.arrival)
 
     def _guarded(self, change: Callable[[], list[Event]]) -> list[Event]:
         """Run ``change`` (which changes the ledger, then commits); if the commit fails,

@@ -71,6 +71,9 @@ class AdmissionPort(Protocol):
     def _advance_window(self) -> None:
         """Move the window to the current slot."""
 
+    def _window_end(self, arrival: int) -> int:
+        """The last slot a job arriving at ``arrival`` may be planned in (SPEC 1)."""
+
     def _parse(self, spec: Any, arrival: int) -> Job:
         """A stored spec as a job arriving at slot ``arrival``."""
 
