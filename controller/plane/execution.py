@@ -102,6 +102,8 @@ _LEVEL = 0.9
 _MAX_INBOX = 100_000
 _MAX_INBOX_PER_SERVER = 1_000  # ... and at least this many
 _COMPLAIN_SECONDS = 10.0
+RESTORE_PAGE = 1000
+"""Jobs whose latest event one page of a broker's restore reads (and publishes)."""
 # the stored event kinds published on jobs/<id>/events (topics.event_kind)
 _JOB_EVENT_KINDS = ("decided", "running", "completed", "cancelled", "replanned", "failed")
 
@@ -788,18 +790,25 @@ class Execution:
         if session.connection().execute(stmt).rowcount == 0:
             session.add(MetaRow(key=_PLANE_KEY, value=value))
 
-    def latest_job_events_sync(self, upto: int) -> list[int]:
-        """The sequence of every job's latest published event up to ``upto``, ascending:
-        the retained job events a broker that lost its state should hold again. Reads the
-        store only (any thread)."""
+    def latest_job_events_sync(
+        self, upto: int, after: str = "", limit: int = 0
+    ) -> tuple[list[int], str | None]:
+        """A page of the job events a broker that lost its state should hold again: the
+        sequence of the latest job event of each of the next ``limit`` jobs whose ids
+        sort after ``after`` (ascending), and the page's last id (None: no job after
+        the page). A job whose latest event is past ``upto`` (not published before) is
+        left out. ``limit`` 0: :data:`RESTORE_PAGE`. Reads the store only (any thread)."""
+        limit = limit or RESTORE_PAGE
         with self.c.db.session() as session:
-            latest = (
-                select(func.max(EventRow.sequence))
-                .where(EventRow.sequence <= upto, EventRow.job_id != "",
-                       EventRow.kind.in_(_JOB_EVENT_KINDS))
+            rows = session.execute(
+                select(EventRow.job_id, func.max(EventRow.sequence))
+                .where(EventRow.job_id > after, EventRow.kind.in_(_JOB_EVENT_KINDS))
                 .group_by(EventRow.job_id)
-            )  # fmt: skip
-            return sorted(int(s) for s in session.scalars(latest))
+                .order_by(EventRow.job_id)
+                .limit(limit)
+            ).all()  # fmt: skip
+        sequences = sorted(int(s) for _, s in rows if int(s) <= upto)
+        return sequences, (str(rows[-1][0]) if len(rows) == limit else None)
 
     def events_sync(self, sequences: list[int]) -> list[Event]:
         """The stored events of ``sequences``, in order. Reads the store only (any thread)."""

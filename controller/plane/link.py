@@ -24,6 +24,7 @@ import collections
 import contextlib
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 
 import aiomqtt
@@ -69,6 +70,17 @@ _MAX_TO_CLEAR = 100_000  # deleted jobs whose retained events wait for a connect
 _GOODBYE_SECONDS = 2.0  # at most this long for "online: false" at a clean stop
 
 
+@dataclass
+class _Restore:
+    """A restore under way (:meth:`Plane.restore_job_events`): the latest event of each
+    job up to event ``upto``, the jobs after id ``after`` still to come; ``jobs``
+    published so far."""
+
+    upto: int
+    after: str = ""
+    jobs: int = 0
+
+
 class Plane:
     """The broker link of one daemon; see the module docstring.
 
@@ -96,7 +108,7 @@ class Plane:
         self.dirty = asyncio.Event()
         self.connected = False
         self._slot = -1
-        self._restore = False  # the latest event of every job is still to be republished
+        self._restore: _Restore | None = None  # the latest event of every job, republished
         self._complain = Complaints(_COMPLAIN_SECONDS)
         self._rate = RateLimiter(AGENT_MESSAGES_PER_SECOND, AGENT_MESSAGE_BURST)
         # jobs retention deleted: their retained events are cleared at the next round
@@ -208,7 +220,7 @@ class Plane:
         online = Status(online=True, servers=list(self.execution.server_index))
         await client.publish(self.topics.status, online.to_bytes(), qos=1, retain=True)
         self.published = {}  # the broker may have lost its retained plans: send them all
-        self._restore = True  # ... and its retained job events
+        self._restore = _Restore(self.execution.events_published)  # ... and job events
         self._set_connected(True)
         self.log.info("broker connected", host=self.mqtt.host, port=self.mqtt.port)
         self.dirty.set()
@@ -278,8 +290,9 @@ class Plane:
                 await self.publish_round(client)
 
     async def publish_round(self, client: aiomqtt.Client) -> int:
-        """Publish the plans that changed and the job events not yet published; returns
-        the number of plans published."""
+        """Publish the plans that changed and the job events not yet published, then go
+        on with the restore (:meth:`restore_job_events`) while nothing else waits;
+        returns the number of plans published."""
         published = dict(self.published)
         plans = await self.c._run(lambda: self.execution.plans_sync(published))
         await for_each(
@@ -288,9 +301,6 @@ class Plane:
         )
         for plan in plans:
             self.published[plan.server] = plan
-        if self._restore:
-            await self.restore_job_events(client)
-            self._restore = False
         if self._to_clear:  # an empty retained message clears a topic's retained one
             clear = [self._to_clear.popleft() for _ in range(len(self._to_clear))]
             topics = [self.topics.job_events(j) for j in clear if NAME_PATTERN.fullmatch(j)]
@@ -308,20 +318,46 @@ class Plane:
         if plans:
             self.log.info("plans published", plans=len(plans), epoch=self.execution.epoch,
                           slot=plans[0].current.slot)  # fmt: skip
+        if self._restore is not None:
+            await self.restore_job_events(client)
         return len(plans)
 
     async def restore_job_events(self, client: aiomqtt.Client) -> int:
-        """Publish again the latest event of every job up to the event counter (retained):
-        what a broker that lost its state no longer holds. Returns how many."""
-        upto = self.execution.events_published
-        sequences = await asyncio.to_thread(self.execution.latest_job_events_sync, upto)
-        for i in range(0, len(sequences), _RESTORE_BATCH):
-            part = sequences[i : i + _RESTORE_BATCH]
-            events = await asyncio.to_thread(self.execution.events_sync, part)
+        """Publish again (retained) the latest event of every job published before this
+        connection: what a broker that lost its state no longer holds. A page of jobs
+        (:data:`~controller.plane.execution.RESTORE_PAGE`) at a time, in id order, at
+        least one page a call (a daemon always deciding still gets to the end), then
+        until the restore is done or a plan or a new event is waiting (``dirty``): the
+        next round publishes
+        those first and the restore goes on after them. Before, the whole history was
+        published first, and with 20,000 jobs in the store a job admitted as the broker
+        came back had its plan published only 5.5 s later, now 0.35 s
+        (``bench/plane_restore.py``).
+
+        A job with an event newer than the restore's start is left out: the new events
+        publish it, and one of its older events published after it would replace it
+        as the retained one. Rounds run one after the other, so an event stored after a
+        page is read is published after the page. Returns how many were published in
+        this call."""
+        restore, sent = self._restore, 0
+        while restore is not None:
+            sequences, last = await asyncio.to_thread(
+                self.execution.latest_job_events_sync, restore.upto, restore.after
+            )
+            read = self.execution.events_sync
+            events = await asyncio.to_thread(read, sequences) if sequences else []
             await self._publish_events(client, events)
-        if sequences:
-            self.log.info("job events restored", jobs=len(sequences), upto=upto)
-        return len(sequences)
+            sent += len(events)
+            restore.jobs += len(events)
+            if last is None:
+                if restore.jobs:
+                    self.log.info("job events restored", jobs=restore.jobs, upto=restore.upto)
+                self._restore = restore = None
+            else:
+                restore.after = last
+                if self.dirty.is_set():
+                    break
+        return sent
 
     async def _publish_events(self, client: aiomqtt.Client, events: Sequence[Event]) -> None:
         """Publish job events (retained, QoS 1); one that cannot be published is logged
