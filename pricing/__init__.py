@@ -1,7 +1,7 @@
 """The numeric core of oasis: jobs, prices, the ledger and the best-schedule search.
 
 Pure functions and small classes over numpy arrays: no gRPC, SQL, MQTT, clocks or
-file I/O.
+file I/O, except numba's cache of the compiled kernels (:mod:`pricing.jit`).
 
 The names below are loaded on first use (PEP 562): ``from pricing.errors import
 SpecError`` or ``from pricing import fields`` costs no numba compile and no numpy import,

@@ -41,9 +41,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
-from numba import njit
 from numpy.typing import NDArray
 
+from pricing.jit import kernel
 from pricing.job import Job
 from pricing.ledger import Ledger
 from pricing.placement import F64, I64, cost_curve_picks, offers, place_picks
@@ -100,7 +100,7 @@ class BestSchedule:
 Side = tuple[F64, F64, F64, F64]
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _slot_curve(
     wside: Side, pside: Side, slot: int, zt: I64, out: F64, picks_w: I64, picks_p: I64
 ) -> int:
@@ -127,7 +127,7 @@ def _slot_curve(
     return ymax
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _search(
     wside: Side,
     pside: Side,
@@ -247,7 +247,7 @@ def _search(
     return k_hi
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _relax(cur: F64, prev: F64, cy: float) -> None:
     """``cur[i] = min(cur[i], prev[i] + cy)`` (``cur`` and ``prev`` ``(m,)``, views of two
     DP rows, ``cy`` the cost of ``y`` workers in the slot). A loop over two views from
@@ -257,7 +257,7 @@ def _relax(cur: F64, prev: F64, cy: float) -> None:
         cur[i] = min(cur[i], prev[i] + cy)
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _freeze(cur: F64, prev: F64, frozen: int, work: int) -> int:
     """The frozen prefix after a step with the untouched slots' curve ``c``: ``frozen``
     extended over every ``w`` where the step left ``cur[w] == prev[w]``.
@@ -271,14 +271,14 @@ def _freeze(cur: F64, prev: F64, frozen: int, work: int) -> int:
     return w - 1
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _dominates(curve: F64, idle_curve: F64) -> bool:
     """True if ``curve[y] >= idle_curve[y]`` for every ``y`` (``(N + 1,)`` each; inf where
     ``y`` workers do not fit)."""
     return bool(np.all(curve[1:] >= idle_curve[1:]))
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _rest_cost(cur: F64, reach: int, work: int, unit: float, cover: F64) -> float:
     """A lower bound on the cost of ``work`` worker-slots when those after the slot of
     ``cur`` cost at least ``unit`` each (inf: none fits) and ``w`` of them at least
@@ -289,7 +289,7 @@ def _rest_cost(cur: F64, reach: int, work: int, unit: float, cover: F64) -> floa
     return lower
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _tighten_idle(curve: F64, ymax: int, work: int, lb: F64, lb_rest: F64, cover: F64) -> None:
     """Tighten the bounds with the cost ``curve`` of an untouched slot, when no slot is
     cheaper (:func:`search`'s ``idle_cheapest``): raise every per-slot bound ``lb`` (and
@@ -317,7 +317,7 @@ _MAX_RUNS = 8
 """Runs of slots, each with one lower bound, that :func:`_cannot_beat` tries."""
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _cannot_beat(
     cur: F64, reach: int, work: int, util: F64, lb: F64, lb_rest: F64, cover: F64, k: int,
     best: float,
@@ -348,7 +348,7 @@ def _cannot_beat(
     return True
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _keep(
     state: F64,
     best: float,
@@ -369,7 +369,7 @@ def _keep(
     state[6] = idle_k
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _backtrack(d_all: F64, rows: I64, c_all: F64, ymax_all: I64, best_k: int, work: int) -> I64:
     """Workers per slot of a schedule reaching ``d_all[rows[best_k]][work]`` (slot ``k``'s
     DP is row ``rows[k]`` of ``d_all``, :func:`_search`).
@@ -402,7 +402,7 @@ def _backtrack(d_all: F64, rows: I64, c_all: F64, ymax_all: I64, best_k: int, wo
     return ys
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _materialise(
     picks_w: I64, picks_p: I64, src: I64, ys: I64, zt: I64, n_w: int, n_p: int
 ) -> tuple[NDArray[np.int32], NDArray[np.int32]]:

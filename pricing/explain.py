@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
 from numpy.typing import NDArray
 
 from pricing.admission import ADMIT_THRESHOLD
 from pricing.best_schedule import BestSchedule
 from pricing.cluster import Cluster
+from pricing.jit import kernel
 from pricing.job import Job, fits_nowhere, max_workers_per_slot, room
 from pricing.ledger import Ledger
 
@@ -58,7 +58,7 @@ class PriceDriver:
     price: float
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _runs(
     counts: NDArray[np.int32],
     cells: NDArray[np.float64],

@@ -14,8 +14,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
 from numpy.typing import NDArray
+
+from pricing.jit import kernel
 
 __all__ = ["F64", "I64", "cost_curve", "cost_curve_picks", "offers", "place", "place_picks"]
 
@@ -28,7 +29,7 @@ _MAX_ROOM = 2**40
 an int64 holds (``math.floor`` of such a float is INT64_MIN in compiled code)."""
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def offers(side: tuple[F64, F64, F64, F64], slot: int) -> tuple[F64, I64]:
     """Per server of ``side = (price, used, capacity, demand)`` in window ``slot``: the
     price of one unit of ``demand`` (``(n,)`` float64, utility per slot) and the room,
@@ -53,7 +54,7 @@ def offers(side: tuple[F64, F64, F64, F64], slot: int) -> tuple[F64, I64]:
     return unit, room
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def cost_curve(
     unit: NDArray[np.float64], room: NDArray[np.int64], limit: int, curve: NDArray[np.float64]
 ) -> int:
@@ -65,7 +66,7 @@ def cost_curve(
     return cost_curve_picks(unit, room, limit, curve, np.empty((2, 0), np.int64))
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def cost_curve_picks(
     unit: NDArray[np.float64],
     room: NDArray[np.int64],
@@ -115,7 +116,7 @@ def cost_curve_picks(
     return q
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def place_picks(picks: NDArray[np.int64], count: int, out: NDArray[np.int32]) -> int:
     """:func:`place` over the servers :func:`cost_curve_picks` recorded in ``picks``
     (``(2, m)``, ``m >= limit + 1``) for ``count <= limit``: the same units per server
@@ -132,7 +133,7 @@ def place_picks(picks: NDArray[np.int64], count: int, out: NDArray[np.int32]) ->
     return count - left
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def place(
     unit: NDArray[np.float64], room: NDArray[np.int64], count: int, out: NDArray[np.int32]
 ) -> int:

@@ -7,13 +7,14 @@ numpy expressions they replace (an IEEE division per cell, then an exact ``min``
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 from numpy.typing import NDArray
+
+from pricing.jit import kernel
 
 __all__ = ["least_shares"]
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def least_shares(
     used: NDArray[np.float64],
     capacity: NDArray[np.float64],
