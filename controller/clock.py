@@ -9,7 +9,16 @@ from datetime import date, datetime
 from datetime import time as dt_time
 from typing import Protocol
 
-__all__ = ["LATEST_EPOCH", "Clock", "FakeClock", "SlotClock", "SlotTimes", "SystemClock", "epoch"]
+__all__ = [
+    "LATEST_EPOCH",
+    "Clock",
+    "FakeClock",
+    "SlotClock",
+    "SlotTimes",
+    "SystemClock",
+    "epoch",
+    "first_epoch",
+]
 
 LATEST_EPOCH = 32_503_680_000.0
 """The latest slot 0 taken (3000-01-01T00:00:00Z): slot times a window ahead of it stay
@@ -51,6 +60,16 @@ def epoch(value: object, field: str) -> float:
             field, f"must be a Unix time from 0 to {LATEST_EPOCH:.0f} (the year 3000), got {x:g}"
         )
     return x
+
+
+def first_epoch(now: float, slot_seconds: float) -> float:
+    """Slot 0's start for a daemon first started at Unix time ``now`` without an epoch
+    in its config: ``now`` floored to a whole multiple of ``slot_seconds`` in Unix time
+    (a whole minute for 60 s slots, an hour for an hour's, midnight UTC for a day's),
+    or to a whole second for a slot shorter than that, so slot times print round. Slot
+    0 is then the current slot, with up to a slot (a second) of it already gone."""
+    step = max(slot_seconds, 1.0)
+    return min(math.floor(now / step) * step, now)
 
 
 class Clock(Protocol):

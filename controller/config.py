@@ -11,7 +11,8 @@ Example (``config/oasisd.example.toml`` is a complete one)::
     sqlite_synchronous = "full"  # SQLite: "full" survives power loss; "normal" only a crash
     slot_seconds = 3600          # length of a slot
     window = 300                 # T: a job may be planned up to T slots from its arrival
-    epoch = 0                    # Unix time at which slot 0 began; absent: the first start
+    epoch = 0                    # Unix time at which slot 0 began; absent: the first start,
+                                 # floored to a whole slot
     wait_seconds = 0             # how long a job not admitted at once stays pending (--wait)
     log_level = "info"
 
@@ -132,7 +133,8 @@ class Config:
         slot_seconds: seconds per slot.
         window: T, slots a job may be planned over from its arrival.
         epoch: Unix time of the start of slot 0, as the config gives it.
-        epoch_from_store: the config gives no epoch: slot 0 is the daemon's first start,
+        epoch_from_store: the config gives no epoch: slot 0 begins at the daemon's first
+            start floored to a whole slot (:func:`controller.clock.first_epoch`),
             recorded in the store (:mod:`controller.admission.recovery`), and ``epoch``
             is a placeholder 0.
         log_level: structlog level name.

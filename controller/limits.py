@@ -88,7 +88,7 @@ from typing import Any
 
 from pricing import fields
 from pricing.cluster import Cluster
-from pricing.errors import SpecError
+from pricing.errors import Problem, SpecError, check_all
 from pricing.job import Job, max_workers_per_slot
 from pricing.utility import Deadline, Sigmoid, Table
 
@@ -216,60 +216,60 @@ class Limits:
         spec took 94 ms of the event loop to parse before :meth:`check_spec` refused it.
         Sent JSON may carry spaces its canonical form drops: up to
         :data:`SENT_FACTOR` times ``max_spec_bytes`` is read."""
-        if table_points > self.max_table_points:
-            raise JobTooLargeError.one(
-                "job.utility.values",
-                f"{table_points} points exceed limits.max_table_points = {self.max_table_points}",
-            )
+        problems = self._table_problems(table_points)
         most = SENT_FACTOR * self.max_spec_bytes
         if sent_bytes > most:
-            raise JobTooLargeError.one(
+            problems.append(Problem(
                 "job", f"spec of {sent_bytes} bytes as sent exceeds {SENT_FACTOR} x "
                 f"limits.max_spec_bytes = {most}"
-            )  # fmt: skip
+            ))  # fmt: skip
+        if problems:
+            raise JobTooLargeError(problems)
+
+    def _table_problems(self, points: int) -> list[Problem]:
+        """A table utility of ``points`` values over ``max_table_points``, as a problem."""
+        if points <= self.max_table_points:
+            return []
+        why = f"{points} points exceed limits.max_table_points = {self.max_table_points}"
+        return [Problem("job.utility.values", why)]
 
     def check_spec(self, spec: Mapping[str, Any]) -> None:
         """Raise SpecError if the raw spec is over ``max_spec_bytes`` or its table
         utility over ``max_table_points`` (before it is parsed or queued)."""
         utility = spec.get("utility")
-        if isinstance(utility, Mapping):
-            values = utility.get("values")
-            if isinstance(values, list) and len(values) > self.max_table_points:
-                raise JobTooLargeError.one(
-                    "job.utility.values",
-                    f"{len(values)} points exceed limits.max_table_points = "
-                    f"{self.max_table_points}",
-                )
+        values = utility.get("values") if isinstance(utility, Mapping) else None
+        problems = self._table_problems(len(values) if isinstance(values, list) else 0)
         size = len(json.dumps(spec, sort_keys=True, separators=(",", ":")))
         if size > self.max_spec_bytes:
-            raise JobTooLargeError.one(
-                "job", f"spec of {size} bytes exceeds limits.max_spec_bytes = {self.max_spec_bytes}"
-            )
+            why = f"spec of {size} bytes exceeds limits.max_spec_bytes = {self.max_spec_bytes}"
+            problems.append(Problem("job", why))
+        if problems:
+            raise JobTooLargeError(problems)
 
     def check_job(
         self, job: Job, cluster: Cluster, window: int, submitter: str | None = None
     ) -> None:
-        """Raise JobTooLargeError if ``job`` (of ``submitter``) is over a limit, or its
-        search over budget."""
-        self.check_utility(job, submitter)
-        self.check_search(job, cluster, window)
+        """Raise JobTooLargeError naming each limit ``job`` (of ``submitter``) is over: its
+        utility, its size, or its search's budget."""
+        check_all(
+            lambda: self.check_utility(job, submitter),
+            lambda: self.check_search(job, cluster, window),
+        )
 
     def check_search(self, job: Job, cluster: Cluster, window: int) -> None:
         """Raise JobTooLargeError if a search for ``job`` over ``window`` slots is over
         ``max_job_work``, ``max_job_chunks``, ``max_search_steps`` or ``max_search_mb``:
         every best-schedule search in the decision thread is held to these, a job's
         re-plan from its reported progress (:mod:`controller.plane.execution`) too."""
+        problems = []
         if job.work > self.max_job_work:
-            raise JobTooLargeError.one(
-                "job",
-                f"work W = {job.work} worker-slots exceeds limits.max_job_work = "
-                f"{self.max_job_work}",
-            )
+            problems.append(Problem("job", f"work W = {job.work} worker-slots exceeds "
+                                    f"limits.max_job_work = {self.max_job_work}"))  # fmt: skip
         if job.chunks > self.max_job_chunks:
-            raise JobTooLargeError.one(
-                "job.chunks",
-                f"{job.chunks} exceeds limits.max_job_chunks = {self.max_job_chunks}",
-            )
+            problems.append(Problem("job.chunks", f"{job.chunks} exceeds "
+                                    f"limits.max_job_chunks = {self.max_job_chunks}"))  # fmt: skip
+        if problems:  # the search's size follows from these: no more said of it
+            raise JobTooLargeError(problems)
         size = search_size(job, cluster, window)
         if size.steps > self.max_search_steps:
             raise JobTooLargeError.one(

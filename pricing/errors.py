@@ -10,10 +10,10 @@ The hierarchy::
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-__all__ = ["CapacityError", "LedgerError", "OasisError", "Problem", "SpecError"]
+__all__ = ["CapacityError", "LedgerError", "OasisError", "Problem", "SpecError", "check_all"]
 
 
 class OasisError(Exception):
@@ -54,6 +54,23 @@ class SpecError(OasisError, ValueError):
     def reason(self) -> str:
         """Why the first offending field is wrong."""
         return self.problems[0].reason
+
+
+def check_all(*checks: Callable[[], object]) -> None:
+    """Run every one of ``checks`` (independent checks of one input) and raise one
+    SpecError with the problems of all that failed: of the class they share (a
+    JobTooLargeError stays one), else a SpecError."""
+    failed: list[SpecError] = []
+    for check in checks:
+        try:
+            check()
+        except SpecError as err:
+            failed.append(err)
+    if len(failed) == 1:
+        raise failed[0]
+    if failed:
+        kind = type(failed[0]) if all(type(e) is type(failed[0]) for e in failed) else SpecError
+        raise kind([p for e in failed for p in e.problems])
 
 
 class CapacityError(OasisError):

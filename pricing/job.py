@@ -11,7 +11,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from pricing import fields
-from pricing.cluster import BANDWIDTH, Cluster
+from pricing.cluster import BANDWIDTH, Cluster, Kind
 from pricing.errors import Problem, SpecError
 from pricing.utility import Utility, utility_from_dict
 
@@ -208,12 +208,24 @@ def job_from_dict(
             Problem(f"{field}.minibatch_seconds", "is required (or tau, the same in slots)")
         )
     grad_mb = read("grad_mb", fields.positive)
-    worker = read("worker", lambda v, f: _demand(cluster, v, f))
-    ps = read("ps", lambda v, f: _demand(cluster, v, f))
+    worker = read("worker", lambda v, f: _side(cluster, v, f))
+    ps = read("ps", lambda v, f: _side(cluster, v, f))
     utility = read(
         "utility",
         lambda v, f: utility_from_dict(v, f, slot_seconds=slot_seconds, arrival=arrival),
     )
+    sides: tuple[tuple[Kind, NDArray[np.float64] | None], ...] = (("worker", worker), ("ps", ps))
+    for kind, vec in sides if must_fit else ():
+        why = "" if vec is None else _fits_nowhere(cluster, kind, vec)
+        if why:
+            problems.append(Problem(f"{field}.{kind}", why))
+    bw = cluster.bandwidth
+    if worker is not None and ps is not None and worker[bw] > ps[bw]:
+        b, B = float(worker[bw]), float(ps[bw])
+        problems.append(Problem(
+            f"{field}.worker.{BANDWIDTH}", f"worker bandwidth b = {b:g} exceeds PS bandwidth "
+            f"B = {B:g}: constraints 6 (z >= y b / B) and 7 (z <= y) cannot both hold",
+        ))  # fmt: skip
     if problems:
         raise SpecError(problems)
     assert job_id is not None and arrival is not None and epochs is not None
@@ -221,25 +233,8 @@ def job_from_dict(
     assert grad_mb is not None and worker is not None and ps is not None
     assert utility is not None
 
-    bw = cluster.bandwidth
     b, B = float(worker[bw]), float(ps[bw])
-    for name, amount in (("worker", b), ("ps", B)):
-        if amount <= 0:
-            problems.append(
-                Problem(f"{field}.{name}.{BANDWIDTH}", "must be > 0 (transfer time divides by it)")
-            )
-    if problems:
-        raise SpecError(problems)
-    if b > B:
-        raise SpecError.one(
-            f"{field}.worker.{BANDWIDTH}",
-            f"worker bandwidth b = {b:g} exceeds PS bandwidth B = {B:g}: constraints 6 "
-            "(z >= y b / B) and 7 (z <= y) cannot both hold",
-        )
-    nowhere = fits_nowhere(worker, ps, cluster)
-    if must_fit:
-        fields.check_no_problems([Problem(f"{field}.{kind}", why) for kind, why in nowhere])
-
+    nowhere = [] if must_fit else fits_nowhere(worker, ps, cluster)  # else refused above
     m = tau + 2.0 * grad_mb * MB_TO_GBIT / b / slot_seconds
     raw_work = epochs * chunks * minibatches * m
     if not raw_work <= fields.MAX_INTEGER:  # also inf and nan
@@ -276,34 +271,56 @@ def fits_nowhere(
     that fits on no server of its kind even when empty (SPEC 5's room, its slack
     included), naming each resource that even the largest server lacks; empty if both
     fit somewhere."""
-    out: list[tuple[str, str]] = []
-    for kind, demand, capacity in (
-        ("worker", worker, cluster.worker_capacity),
-        ("ps", ps, cluster.ps_capacity),
-    ):
-        if int(room(capacity, demand).max()) >= 1:
-            continue
-        largest = capacity.max(axis=0)
-        resource = np.arange(demand.size)
-        lacking = [
-            f"{name}: it needs {demand[r]:g}, the largest has {largest[r]:g}"
-            for r, name in enumerate(cluster.resources)
-            if demand[r] > 0 and room(largest, np.where(resource == r, demand, 0.0)) < 1
-        ]
-        detail = "; ".join(lacking) or "no one server has enough of every resource it needs"
-        out.append((kind, f"one {kind} fits on no {kind} server, even empty ({detail})"))
-    return out
+    sides: tuple[tuple[Kind, NDArray[np.float64]], ...] = (("worker", worker), ("ps", ps))
+    return [(kind, why) for kind, demand in sides if (why := _fits_nowhere(cluster, kind, demand))]
+
+
+def _fits_nowhere(cluster: Cluster, kind: Kind, demand: NDArray[np.float64]) -> str:
+    """Why one ``kind`` of demand ``demand`` (``(R,)``) fits on no server of its kind even
+    when empty, naming each resource that even the largest lacks; "" if it fits."""
+    capacity = cluster.worker_capacity if kind == "worker" else cluster.ps_capacity
+    if int(room(capacity, demand).max()) >= 1:
+        return ""
+    largest = capacity.max(axis=0)
+    resource = np.arange(demand.size)
+    lacking = [
+        f"{name}: it needs {demand[r]:g}, the largest has {largest[r]:g}"
+        for r, name in enumerate(cluster.resources)
+        if demand[r] > 0 and room(largest, np.where(resource == r, demand, 0.0)) < 1
+    ]
+    detail = "; ".join(lacking) or "no one server has enough of every resource it needs"
+    return f"one {kind} fits on no {kind} server, even empty ({detail})"
+
+
+def _side(cluster: Cluster, raw: Any, field: str) -> NDArray[np.float64]:
+    """One worker's or PS's demand (``(R,)``, :func:`_demand`), its bandwidth > 0."""
+    vec = _demand(cluster, raw, field)
+    if vec[cluster.bandwidth] <= 0:
+        raise SpecError.one(f"{field}.{BANDWIDTH}", "must be > 0 (transfer time divides by it)")
+    return vec
 
 
 def _demand(cluster: Cluster, raw: Any, field: str) -> NDArray[np.float64]:
-    """A worker's or PS's demand per resource: 0, or at least :data:`MIN_DEMAND`."""
-    vec = cluster.demand_vector(fields.mapping(raw, field), field)
-    tiny = [r for r, x in zip(cluster.resources, vec, strict=True) if 0 < x < MIN_DEMAND]
-    if tiny:
-        raise SpecError([
-            Problem(f"{field}.{r}", f"must be 0 or at least {MIN_DEMAND:g}, got "
-                    f"{float(vec[cluster.resources.index(r)])!r}") for r in tiny
-        ])  # fmt: skip
+    """A worker's or PS's demand per resource (``(R,)``): 0, or at least
+    :data:`MIN_DEMAND`; every resource that is not is named at once."""
+    given = fields.mapping(raw, field)
+    problems: list[Problem] = []
+    vec: NDArray[np.float64] | None = None
+    try:
+        vec = cluster.demand_vector(given, field)
+    except SpecError as err:  # the others are still checked for a tiny amount
+        problems.extend(err.problems)
+    for name, x in given.items():
+        if name not in cluster.resources or not isinstance(x, int | float) or isinstance(x, bool):
+            continue  # named above, or not a number
+        if 0 < x < MIN_DEMAND:
+            problems.append(
+                Problem(
+                    f"{field}.{name}", f"must be 0 or at least {MIN_DEMAND:g}, got {float(x)!r}"
+                )
+            )
+    fields.check_no_problems(problems)
+    assert vec is not None
     return vec
 
 

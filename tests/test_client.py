@@ -162,13 +162,51 @@ def test_every_problem_is_listed_once_in_plain_words(tmp_path: Path, daemon: Dae
     )
 
 
-def test_a_list_names_the_item_that_failed(tmp_path: Path, daemon: Daemon) -> None:
-    jobs = [{**PEOPLE, "id": "l0"}, {**PEOPLE, "id": "l1", "epochs": -1}, {**PEOPLE, "id": "l2"}]
+def test_a_list_with_bad_items_submits_none_and_names_each(tmp_path: Path, daemon: Daemon) -> None:
+    """Before: the items ahead of the first bad one were submitted, and the list stopped
+    there naming that one alone. Every item is now read first as the daemon reads it;
+    with any bad, none is sent, and each bad item's problems are named with its index
+    (and its id, if the file gives one)."""
+    bad_worker = {**PEOPLE["worker"], "bandwidth": 0}
+    jobs = [
+        {**PEOPLE, "id": "b0"},
+        {**PEOPLE, "id": "b1", "epochs": -1, "worker": bad_worker},
+        dict(PEOPLE),
+        {**PEOPLE, "chunks": "8"},
+        {**PEOPLE, "id": "b0", "epochs": 3},  # b0's id, another spec
+    ]
+    out = run("submit", write(tmp_path, jobs), server=daemon.address)
+    assert out.returncode == 2 and out.stdout == "", out.stderr
+    assert out.stderr.splitlines() == [
+        f"oasis submit: {tmp_path / 'job.json'}: 3 of 5 jobs have bad input; none was submitted:",
+        "  item 1 (b1): job.epochs: must be >= 1, got -1",
+        "  item 1 (b1): job.worker.bandwidth: must be > 0 (transfer time divides by it)",
+        "  item 3: job.chunks: must be an integer, got the string '8'",
+        "  item 4 (b0): job.id: also item 0's, whose spec differs (epochs): the daemon would "
+        "refuse this one",
+    ]
+    listed = json.loads(run("jobs", "--json", server=daemon.address).stdout)["jobs"]
+    assert not [j for j in listed if j["id"] in ("b0", "b1")]
+    out = run("submit", write(tmp_path, jobs), "--json", server=daemon.address)
+    answer = json.loads(out.stdout)
+    assert out.returncode == 2 and answer["submitted"] == []
+    assert [(p["item"], p["id"], p["field"]) for p in answer["error"]["problems"]] == [
+        (1, "b1", "job.epochs"), (1, "b1", "job.worker.bandwidth"), (3, None, "job.chunks"),
+        (4, "b0", "job.id"),
+    ]  # fmt: skip
+    assert answer["error"]["code"] == "INVALID_ARGUMENT"
+
+
+def test_a_list_names_the_item_the_daemon_refused(tmp_path: Path, daemon: Daemon) -> None:
+    """What only the daemon can find (here a worker larger than any server) still stops
+    a list at that item, the ones before it submitted."""
+    huge = {**PEOPLE["worker"], "gpu": 99}
+    jobs = [{**PEOPLE, "id": "l0"}, {**PEOPLE, "id": "l1", "worker": huge}, {**PEOPLE, "id": "l2"}]
     out = run("submit", write(tmp_path, jobs), server=daemon.address)
     assert out.returncode == 2
     assert out.stdout.startswith("l0: admitted")
     assert "item 1 (l1) failed; the 1 before it were submitted, the rest were not" in out.stderr
-    assert "job.epochs: must be >= 1, got -1" in out.stderr
+    assert "job.worker: one worker fits on no worker server" in out.stderr
 
 
 def test_a_list_with_json_keeps_the_decisions_taken_before_an_item_failed(
@@ -177,11 +215,12 @@ def test_a_list_with_json_keeps_the_decisions_taken_before_an_item_failed(
     """Before: with --json, stdout held only the error: the items decided before the
     failing one (with ids the daemon made) were printed nowhere, so a script took it
     that nothing was submitted, and a retry submitted them again under new ids."""
-    jobs = [dict(PEOPLE), {**PEOPLE, "epochs": -1}, dict(PEOPLE)]  # no ids
+    huge = {**PEOPLE["worker"], "gpu": 99}
+    jobs = [dict(PEOPLE), {**PEOPLE, "worker": huge}, dict(PEOPLE)]  # no ids
     out = run("submit", write(tmp_path, jobs), "--json", server=daemon.address)
     assert out.returncode == 2, out.stderr
     answer = json.loads(out.stdout)
-    assert answer["error"]["field"] == "job.epochs"
+    assert answer["error"]["field"] == "job.worker"
     assert answer["failed"]["item"] == 1 and answer["failed"]["not_sent"] == 1
     [first] = answer["submitted"]
     assert first["id"] and first["decision"]["admitted"]

@@ -473,3 +473,43 @@ def test_screenshots_of_every_page(browser: Any, cluster: Cluster, artifacts: Pa
     assert browser.switch_to.active_element.text == "Overview"
     browser.get(cluster.web + "/prices")
     shoot(browser, artifacts, "prices-hover", lambda b: heat_tip(b, 0, 1))
+
+
+def test_a_cancelled_jobs_utility_is_shown_as_planned_not_earned(
+    browser: Any, cluster: Cluster
+) -> None:
+    """Before: the job list (and /api/jobs) showed a cancelled job's planned utility as
+    if earned, and its page a payoff and cost without saying they were a plan. Now, as
+    in ``oasis jobs``: its utility is null with the plan under ``planned``, and the pages
+    label each number as planned (a failed job is drawn the same way)."""
+    from selenium.webdriver.common.by import By
+
+    job = cluster.submit("alice", "alice-planned")
+    assert job.state == pb.JOB_STATE_ADMITTED
+    status, _ = api(cluster, "/api/jobs/alice-planned/cancel", TOKENS["alice"], method="POST")
+    assert status == 200
+    status, body = api(cluster, "/api/jobs?q=alice-planned", TOKENS["alice"])
+    assert status == 200
+    [row] = body["jobs"]
+    assert row["state"] == "cancelled" and row["utility"] is None
+    assert row["planned"] == {
+        "completion_slot": job.decision.arrival_slot + job.decision.jct - 1,
+        "jct": job.decision.jct,
+        "utility": pytest.approx(job.decision.utility),
+    }
+    login(browser, cluster, "alice")
+    browser.get(cluster.web + "/jobs?q=alice-planned")
+    link = wait_for(browser, lambda b: b.find_element(By.LINK_TEXT, "alice-planned"), "its row")
+    cells = [c.text for c in link.find_element(By.XPATH, "./ancestor::tr").find_elements(
+        By.TAG_NAME, "td")]  # fmt: skip
+    utility, cost, payoff = cells[-3:]
+    shown = f"{job.decision.utility:,.2f}".rstrip("0").rstrip(".")  # as the page's num()
+    assert utility == f"{shown} (planned)", cells
+    assert cost.endswith("(planned)") and payoff.endswith("(planned)"), cells
+    assert cells[-4] == "–", cells  # no completion: it never completed
+    link.click()
+    wait_for(browser, lambda b: b.find_element(By.ID, "h-plan"), "the job's page")
+    facts = browser.find_element(By.CSS_SELECTOR, "section[aria-labelledby='h-decision']").text
+    assert f"none earned ({shown} planned)" in facts, facts
+    assert "Ran until\nnever ran" in facts.replace("RAN UNTIL", "Ran until"), facts
+    assert "not carried out" in facts and "Completion time" not in facts, facts

@@ -213,6 +213,41 @@ def test_a_worker_or_ps_that_fits_on_no_server_is_refused() -> None:
                     window=48, arrival=10)  # fmt: skip
 
 
+INDEPENDENT = [
+    # a field that does not parse, and a bandwidth of 0 (it was checked only after)
+    ({"epochs": "x", "worker": {**PEOPLE["worker"], "bandwidth": 0}},
+     ["job.epochs: must be an integer, got the string 'x'",
+      "job.worker.bandwidth: must be > 0 (transfer time divides by it)"]),
+    # ... and b > B, which needs only the worker and the PS
+    ({"grad_mb": -1, "worker": {**PEOPLE["worker"], "bandwidth": 9}},
+     ["job.grad_mb: must be > 0, got -1",
+      "job.worker.bandwidth: worker bandwidth b = 9 exceeds PS bandwidth B = 5: "
+      "constraints 6 (z >= y b / B) and 7 (z <= y) cannot both hold"]),
+    # a utility without its deadline, and a PS that fits nowhere with b > B
+    ({"utility": {"kind": "deadline", "value": 40},
+      "worker": {**PEOPLE["worker"], "bandwidth": 9}, "ps": {**PEOPLE["ps"], "gpu": 1}},
+     ["job.utility.deadline: is required",
+      "job.ps: one ps fits on no ps server, even empty (gpu: it needs 1, the largest has 0)",
+      "job.worker.bandwidth: worker bandwidth b = 9 exceeds PS bandwidth B = 5: "
+      "constraints 6 (z >= y b / B) and 7 (z <= y) cannot both hold"]),
+    # an unknown resource, and a known one too small to count
+    ({"worker": {**PEOPLE["worker"], "tpu": 1, "cpu": 1e-300}},
+     ["job.worker.tpu: unknown resource (the cluster has: gpu, cpu, mem, disk, bandwidth)",
+      "job.worker.cpu: must be 0 or at least 1e-09, got 1e-300"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("change", "expected"), INDEPENDENT)
+def test_independent_problems_are_reported_together(
+    change: dict[str, Any], expected: list[str]
+) -> None:
+    """Before: a spec's problems came in stages (its fields; then bandwidths > 0; then
+    b > B; then room on a server), each stage only once the one before passed, so a
+    user fixed one and heard of the next. Each stage's check of a field that parsed is
+    now made with the others; what needs a field that did not parse is not."""
+    assert problems({**PEOPLE, **change}) == expected
+
+
 def test_the_spec3_form_still_parses_unchanged() -> None:
     spec3 = {
         "id": "s3",

@@ -86,6 +86,22 @@ def test_each_job_limit_names_itself() -> None:
         tight.check_job(parsed(job("m", chunks=16, minibatches=300)), CLUSTER, WINDOW)
 
 
+def test_independent_limits_are_named_together() -> None:
+    """Before: the first limit a job or spec was over, then the next on a retry."""
+    limits = Limits(max_job_work=300, max_job_chunks=32, max_utility=1)
+    with pytest.raises(JobTooLargeError) as err:  # W = 335, N = 40, f(9) = 2.37
+        limits.check_job(parsed(job("wnu", chunks=40, minibatches=400)), CLUSTER, WINDOW)
+    assert [p.field for p in err.value.problems] == ["job.utility.priority", "job", "job.chunks"]
+    assert "limits.max_job_work = 300" in str(err.value)
+    table = {"kind": "table", "values": [1.0] * 20}
+    with pytest.raises(JobTooLargeError) as err:
+        Limits(max_table_points=10, max_spec_bytes=100).check_spec(job("t", utility=table))
+    assert [p.field for p in err.value.problems] == ["job.utility.values", "job"]
+    with pytest.raises(JobTooLargeError) as err:
+        Limits(max_table_points=10, max_spec_bytes=100).check_sent(10_000, 20)
+    assert [p.field for p in err.value.problems] == ["job.utility.values", "job"]
+
+
 def test_the_default_budget_refuses_a_job_that_would_stall_the_daemon() -> None:
     """Tiny demands let thousands of workers run a slot: a W of 53,900 over 4,500 workers
     a slot is 5.8e9 DP steps in a 24-slot window, refused before any search."""
@@ -222,6 +238,16 @@ def test_oversized_jobs_are_refused_with_the_limit(limited: Daemon, tmp_path: Pa
         (job("w", chunks=16, minibatches=1000), "limits.max_job_work = 300"),
         (job("n", chunks=40), "limits.max_job_chunks = 32"),
         (job("s", chunks=16, minibatches=600), "over limits.max_search_steps = 5e+04"),
+        # worth nothing and over a limit: both at once (before: the worth, then the limit)
+        (
+            job("wl", chunks=40, utility={"kind": "deadline", "value": 5, "deadline": 0.5}),
+            "invalid input:\n  job.utility.deadline: leaves 0 slots (0s) after the job's "
+            "arrival, but it needs at least 2 slots (2h) even on an empty cluster",
+        ),
+        (
+            job("wl", chunks=40, utility={"kind": "deadline", "value": 5, "deadline": 0.5}),
+            "\n  job.chunks: 40 exceeds limits.max_job_chunks = 32",
+        ),
         (job("x" * 129), "job.id: must be 1-128 characters long, got 129"),
         (job("bad\tid"), "job.id: must be characters of A-Z a-z 0-9 . _ - only"),
         (

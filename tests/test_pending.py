@@ -431,25 +431,46 @@ def test_estimated_bounds_observe_a_pending_job_once(tmp_path: Path) -> None:
         c.close()
 
 
-def test_slot_0_is_the_first_start_recorded_in_the_store(tmp_path: Path) -> None:
-    """Without ``epoch`` in the config, slot 0 begins at the daemon's first start and a
-    restart keeps it; an explicit ``epoch`` still wins."""
-    clock = FakeClock(1_700_000_000.0)
+def test_slot_0_is_the_first_start_on_a_whole_slot_recorded_in_the_store(tmp_path: Path) -> None:
+    """Without ``epoch`` in the config, slot 0 begins at the daemon's first start floored
+    to a whole slot in Unix time (before: the start to the second, so tables showed
+    10:41:57), and a restart keeps it; an explicit ``epoch`` still wins, and a store
+    whose slot 0 an older version recorded to the second keeps that one."""
+    from controller.admission.state import EPOCH_KEY
+    from controller.store import MetaRow
+
+    hour = 1_699_999_200.0  # 472,222 hours after the Unix epoch
+    clock = FakeClock(hour + 3599.0)  # a second before the next hour
     path = write_config(tmp_path / "c.toml", tmp_path / "data", epoch=0.0)
     path.write_text(path.read_text().replace("epoch = 0.0\n", ""))
     config = load(path)
     assert config.epoch_from_store
     c = opened(config, clock)
-    assert c.slots.epoch == 1_700_000_000.0 and c.slot == 0
-    c.close()
+    try:
+        assert c.slots.epoch == hour and c.slot == 0  # a second of slot 0 left
+        assert c.slots.seconds_to_next_slot() == pytest.approx(1.0)
+        view = asyncio.run(c.submit(small("first")))
+        assert view.state == "admitted" and view.decision.arrival_slot == 1
+    finally:
+        c.close()
     clock.advance(2.5 * SLOT)
     c = opened(config, clock)
-    assert c.slots.epoch == 1_700_000_000.0 and c.slot == 2  # not restarted at slot 0
+    assert c.slots.epoch == hour and c.slot == 3  # not restarted at slot 0
     c.close()
-    explicit = load(write_config(tmp_path / "e.toml", tmp_path / "data", epoch=1000.0))
+    explicit = load(write_config(tmp_path / "e.toml", tmp_path / "other", epoch=1000.0))
     assert not explicit.epoch_from_store
     c = opened(explicit, clock)
     assert c.slots.epoch == 1000.0 and c.slot == int((clock.now() - 1000.0) // SLOT)
+    c.close()
+    older_path = write_config(tmp_path / "o.toml", tmp_path / "older", epoch=0.0)
+    older_path.write_text(older_path.read_text().replace("epoch = 0.0\n", ""))
+    older = load(older_path)
+    opened(older, clock).close()
+    recorded = {"epoch": hour + 123.4, "source": "the daemon's first start"}  # to the second
+    with Database(older.database_url).session() as session:
+        session.merge(MetaRow(key=EPOCH_KEY, value=recorded))
+    c = opened(older, clock)
+    assert c.slots.epoch == hour + 123.4
     c.close()
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import pytest
 
-from controller.clock import FakeClock, SlotClock
+from controller.clock import FakeClock, SlotClock, first_epoch
 from controller.config import load
 from controller.convert import spec_to_proto
 from controller.daemon import serve
@@ -46,6 +46,22 @@ def test_slot_clock_maps_wall_time_to_slots() -> None:
     clock.advance(600)
     assert slots.current_slot() == 11
     assert SlotClock(FakeClock(0.0), 60.0, epoch=500.0).current_slot() == 0  # before the epoch
+
+
+@pytest.mark.parametrize(
+    ("slot_seconds", "epoch"),
+    [
+        (60.0, 1_700_000_100.0),  # a whole minute
+        (3600.0, 1_699_999_200.0),  # on the hour
+        (86400.0, 1_699_920_000.0),  # midnight UTC
+        (7.0, 1_700_000_120.0),  # a multiple of 7 s since the Unix epoch
+        (0.25, 1_700_000_123.0),  # shorter than a second: a whole second
+    ],
+)
+def test_a_first_start_is_floored_to_a_whole_slot(slot_seconds: float, epoch: float) -> None:
+    now = 1_700_000_123.4
+    assert first_epoch(now, slot_seconds) == epoch
+    assert 0 <= now - epoch < max(slot_seconds, 1.0)
 
 
 class InProcessDaemon:
@@ -185,3 +201,26 @@ def test_a_decision_after_a_boundary_does_not_skip_the_state_changes(tmp_path: P
         assert c._get_sync("a").state == "completed"
     finally:
         c.close()
+
+
+def test_a_first_start_late_in_its_slot_runs_jobs_on_the_round_boundaries(tmp_path: Path) -> None:
+    """Without an epoch in the config slot 0 begins on the hour before the first start,
+    here a second before the next: the first job arrives at that boundary, a second
+    away, and moves through its states on the hours after it."""
+    hour = 1_699_999_200.0
+    clock = FakeClock(hour + 3599.0)
+    config = write_config(tmp_path / "c.toml", tmp_path / "data", epoch=0.0, extra="")
+    text = config.read_text().replace("epoch = 0.0\n", "")
+    config.write_text(text.replace("tick_seconds = 0.2", "tick_seconds = 0.02"))
+    with InProcessDaemon(config, clock) as daemon, grpc.insecure_channel(daemon.address) as channel:
+        info = pb_grpc.ClusterStub(channel).GetClusterInfo(pb.GetClusterInfoRequest(), timeout=10)
+        assert (info.epoch, info.current_slot) == (hour, 0)
+        admission = pb_grpc.AdmissionStub(channel)
+        spec = spec_to_proto(job("t1", epochs=6, chunks=4, minibatches=60))
+        d = admission.SubmitJob(pb.SubmitJobRequest(job=spec), timeout=30).job.decision
+        assert d.admitted and d.arrival_slot == 1
+        first = min(a.slot for a in d.allocations)
+        clock.advance(1.0 + SLOT * (first - 1))  # slot 1 begins a second later
+        wait_for_state(admission, "t1", pb.JOB_STATE_RUNNING)
+        clock.advance(SLOT * (d.completion_slot - first + 1))
+        wait_for_state(admission, "t1", pb.JOB_STATE_COMPLETED)

@@ -25,6 +25,7 @@ from controller.store import AllocationRow, JobRow
 from pricing import ADMIT_THRESHOLD, Job, SpecError
 from pricing.best_schedule import BestSchedule, best_schedule, payoff_ceiling
 from pricing.durations import format_duration
+from pricing.errors import check_all
 from pricing.explain import explain_rejection, price_drivers
 from pricing.fields import text
 from pricing.prices import PriceBounds
@@ -58,8 +59,10 @@ class DecisionCore(GroupCommit):
         self._advance_window()
         arrival = self.slot + 1
         job = self._parse(spec, arrival)
-        check_job_worth(job, spec, slot_seconds=self.config.slot_seconds)
-        self.config.limits.check_job(job, self.cluster, self.window, by)
+        check_all(  # independent: a job both worthless and too large hears of both
+            lambda: check_job_worth(job, spec, slot_seconds=self.config.slot_seconds),
+            lambda: self.config.limits.check_job(job, self.cluster, self.window, by),
+        )
         estimate = self._estimate
         if self.config.pricing.mode == "estimate":
             estimate = self._estimate.observe(job, by)

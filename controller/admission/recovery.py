@@ -20,6 +20,7 @@ from controller.admission.moves import Moves
 from controller.admission.state import EPOCH_KEY, SETTINGS_KEY
 from controller.admission.views import STATES
 from controller.clock import epoch as slot_zero
+from controller.clock import first_epoch
 from controller.errors import SlotGridChangedError
 from controller.store import (
     REBUILD_SECONDS,
@@ -133,7 +134,8 @@ class Recovery(Moves, BoundControl):
 
     def _epoch(self, session: Session) -> float:
         """The Unix time of slot 0: the config's ``epoch`` if it sets one, else the one
-        recorded in the store at the first start (recorded now if there is none). A store
+        recorded in the store at the first start (recorded now if there is none: the
+        start floored to a whole slot, :func:`controller.clock.first_epoch`). A store
         that holds jobs but no recorded epoch was started with slot 0 at the Unix epoch
         (the old default), so that is what it records then."""
         if not self.config.epoch_from_store:
@@ -153,12 +155,14 @@ class Recovery(Moves, BoundControl):
                 "slot 0 is not recorded in the store yet: a standby reads it from there, "
                 "so the first daemon must start (and lead) first"
             )
+        now = self.slots.clock.now()
         if session.scalar(select(JobRow.id).limit(1)) is not None:
             epoch, why = 0.0, "jobs stored before slot 0 was recorded: the Unix epoch"
         else:
-            epoch, why = self.slots.clock.now(), "the daemon's first start"
+            epoch = first_epoch(now, self.slots.slot_seconds)
+            why = "the daemon's first start, floored to a whole slot"
         session.add(MetaRow(key=EPOCH_KEY, value={"epoch": epoch, "source": why}))
-        self.log.info("slot 0 recorded", epoch=epoch, source=why)
+        self.log.info("slot 0 recorded", epoch=epoch, source=why, started=now)
         return epoch
 
     def _check_slot_grid(self, session: Session) -> None:

@@ -52,7 +52,7 @@ __all__ = ["EPOCH_KEY", "ESTIMATE_KEY", "SETTINGS_KEY", "AdmissionState", "ReadT
 
 EPOCH_KEY = "epoch"
 """Meta row with the Unix time of slot 0 when the config sets none: ``{"epoch": t,
-"source": why}``, recorded at the first start (:mod:`.recovery`)."""
+"source": why}``, recorded at the first start, floored to a whole slot (:mod:`.recovery`)."""
 SETTINGS_KEY = "settings"
 """Meta row with the settings that give stored slots their meaning (``oasis offline
 --store`` reads them): ``{"window": T, "slot_seconds": s, "epoch": t}``."""

@@ -236,7 +236,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
         # took effect before one failed must be named, so a retry need not repeat them
         from controller.jobspec import new_id  # numpy: not at the parser's start-up
 
+        given = [s.get("id") if isinstance(s.get("id"), str) else None for s in specs]
         specs = [s if s.get("id") else {**s, "id": new_id()} for s in specs]
+        info = stubs.info() if len(specs) > 1 else None
+        if info is not None:  # else a daemon without a slot clock: each is checked there
+            from controller.commands.precheck import check_items
+
+            clock = SlotTimes(info.epoch, info.slot_seconds)
+            check_items(specs, given, clock, info.window, info.current_slot + 1, args.file)
     for i, spec in enumerate(specs):
         req = pb.SubmitJobRequest(job=_request_spec(spec), wait_seconds=args.wait)
         try:

@@ -47,11 +47,22 @@ class InputError(Exception):
 
     Attributes:
         problems: the bad fields, when the input is a job or a trace.
+        about: with ``--json``, keys added to each problem's object, in order (a list
+            of jobs: ``{"item": 2, "id": "train-b"}``); empty: none.
+        extra: with ``--json``, top-level keys next to ``error``.
     """
 
-    def __init__(self, message: str, problems: Iterable[Problem] = ()) -> None:
+    def __init__(
+        self,
+        message: str,
+        problems: Iterable[Problem] = (),
+        about: Iterable[dict[str, Any]] = (),
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
         self.problems = tuple(problems)
+        self.about = tuple(about)
+        self.extra = extra or {}
 
 
 def read_json(path: str, what: str = "", limit: int | None = None) -> Any:

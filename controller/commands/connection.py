@@ -201,7 +201,8 @@ def guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
         except InputError as bad:  # a job file the client cannot use
             if not args.json:
                 raise
-            return report_error(args, "INVALID_ARGUMENT", str(bad), bad.problems)
+            return report_error(args, "INVALID_ARGUMENT", str(bad), bad.problems, bad.extra,
+                                bad.about)  # fmt: skip
         code = err.code()
         problems = _field_violations(err)
         message = _explain(code, err.details() or "", args)
@@ -232,17 +233,23 @@ def report_error(
     message: str,
     problems: Sequence[Problem] = (),
     extra: dict[str, Any] | None = None,
+    about: Sequence[dict[str, Any]] = (),
 ) -> int:
     """Show an error (text on stderr, or with ``--json`` one JSON object on stdout:
-    ``{"error": {"code", "message", "field", "problems"}}``); return the exit status:
-    2 for INVALID_ARGUMENT, else 1."""
+    ``{"error": {"code", "message", "field", "problems"}}`` and ``extra``'s keys, each
+    problem ``{"field", "message"}`` and its ``about``'s); return the exit status: 2 for
+    INVALID_ARGUMENT, else 1."""
     status = EXIT_BAD_INPUT if code == "INVALID_ARGUMENT" else EXIT_FAILURE
     if getattr(args, "json", False):
+        keys = list(about) + [{}] * (len(problems) - len(about))
         error = {
             "code": code,
             "message": message,
             "field": problems[0].field if problems else "",
-            "problems": [{"field": p.field, "message": p.reason} for p in problems],
+            "problems": [
+                {"field": p.field, "message": p.reason, **more}
+                for p, more in zip(problems, keys, strict=False)
+            ],
         }
         # a stream of one event per line (watch) ends with an error of one line too
         indent = None if getattr(args, "command", "") == "watch" else 1

@@ -26,6 +26,7 @@ __all__ = [
     "event_record",
     "job_record",
     "plain",
+    "plan_of",
     "slot_label",
     "state_name",
 ]
@@ -118,12 +119,19 @@ def spec_of(job_spec: pb.JobSpec) -> dict[str, Any]:
 
 
 def planned(d: pb.Decision) -> dict[str, Any] | None:
-    """What an admission planned: ``{"completion_slot", "jct", "utility"}``; None for a
-    decision that admitted nothing."""
-    if not (d.admitted and d.HasField("jct")):
+    """What an admission planned (:func:`plan_of`) for a decision as the API sends it."""
+    jct = d.jct if d.HasField("jct") else None
+    return plan_of(d.admitted, d.arrival_slot, jct, d.utility if d.HasField("utility") else None)
+
+
+def plan_of(
+    admitted: bool, arrival_slot: int, jct: int | None, utility: float | None
+) -> dict[str, Any] | None:
+    """What an admission planned: ``{"completion_slot", "jct", "utility"}`` (slots, slots,
+    the utility of that completion); None for a decision that admitted nothing."""
+    if not admitted or jct is None:
         return None
-    utility = d.utility if d.HasField("utility") else None
-    return {"completion_slot": d.arrival_slot + d.jct - 1, "jct": d.jct, "utility": utility}
+    return {"completion_slot": arrival_slot + jct - 1, "jct": jct, "utility": utility}
 
 
 def job_record(job: pb.Job, times: SlotTimes | None) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from sqlalchemy import func, select
 
 from controller.admission import STATES, AdmissionController, NotFoundError
 from controller.auth import Caller, Role
-from controller.commands.records import job_record, plain
+from controller.commands.records import ABANDONED, job_record, plain, plan_of
 from controller.console.heatmap import MAX_BINS, bin_edges, bin_grid, price_levels
 from controller.convert import job_to_proto, progress_to_proto
 from controller.errors import BusyError, DrainingError
@@ -520,6 +520,11 @@ def _iso(at: datetime | None) -> str:
 
 
 def _job_row(view: Any) -> dict[str, Any]:
+    """A job of the list. A cancelled or failed job's ``utility`` is null (its plan's was
+    never earned; ``oasis job ID --json`` says the same) and its ``completion_slot`` the
+    last slot it ran (null: none); ``planned`` is what its admission planned,
+    ``{"completion_slot", "jct", "utility"}`` (null: never admitted), and its ``cost`` and
+    ``payoff`` are that plan's."""
     d = view.decision
     return {
         "id": view.id,
@@ -528,7 +533,8 @@ def _job_row(view: Any) -> dict[str, Any]:
         "submitted_slot": view.submitted_slot,
         "arrival_slot": d.arrival_slot,
         "completion_slot": d.completion_slot,
-        "utility": d.utility,
+        "utility": None if view.state in ABANDONED else d.utility,
+        "planned": plan_of(d.admitted, d.arrival_slot, d.jct, d.utility),
         "cost": d.cost,
         "payoff": d.payoff,
         "reason": (d.reason or "")[:200],

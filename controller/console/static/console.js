@@ -81,6 +81,12 @@
   function slotLabel(clock, slot) { return slot + " (" + when(clock, slot) + ")"; }
   function stateBadge(state) { return el("span", { class: "state state-" + state, text: state }); }
   function jobLink(id) { return el("a", { href: "/jobs/" + encodeURIComponent(id), text: id }); }
+  // a cancelled or failed job's plan was not carried out: its numbers were planned, never earned
+  var ABANDONED = { cancelled: true, failed: true };
+  function planned(x) {
+    if (x === null || x === undefined) return "–";
+    return el("span", { class: "not-earned", title: "planned at admission, not earned", text: num(x) + " (planned)" });
+  }
   function section(title, id) {
     var s = el("section", { "aria-labelledby": id });
     s.appendChild(el("h2", { id: id, text: title }));
@@ -522,8 +528,9 @@
       out.push(el("p", { class: "empty", text: "No job matches" + (d.state ? " in state " + d.state : "") + (d.q ? " with an id starting " + d.q : "") + "." }));
     } else {
       var rows = d.jobs.map(function (j) {
-        return [jobLink(j.id), stateBadge(j.state), String(j.submitted_slot), slotLabel(clock, j.arrival_slot),
-          j.completion_slot === null ? "–" : slotLabel(clock, j.completion_slot), j.utility, j.cost, j.payoff];
+        var row = [jobLink(j.id), stateBadge(j.state), String(j.submitted_slot), slotLabel(clock, j.arrival_slot)];
+        if (ABANDONED[j.state]) return row.concat(["–", planned(j.planned && j.planned.utility), planned(j.cost), planned(j.payoff)]);
+        return row.concat([j.completion_slot === null ? "–" : slotLabel(clock, j.completion_slot), j.utility, j.cost, j.payoff]);
       });
       out.push(table("Jobs in decision order", ["Job", "State", "Submitted (slot)", "Arrives", "Completes (slot)",
         "Utility", "Cost", "Payoff"], rows, "jobs"));
@@ -549,12 +556,18 @@
     }
     out.push(head);
     var decision = section("Decision", "h-decision");
+    var gone = ABANDONED[j.state], plan = j.planned;
+    var byEnd = function (slot) { return "by the end of slot " + slot + " (" + when(clock, slot + 1) + ")"; };
+    var slots = function (n) { return n + (n === 1 ? " slot (" : " slots (") + duration(n * clock.slot_seconds) + ")"; };
     decision.appendChild(dl([
       ["Admitted", dec.admitted ? "yes" : "no"],
-      ["Utility", num(dec.utility)], ["Cost", num(dec.cost)], ["Payoff", num(dec.payoff)],
+      gone ? ["Utility", plan ? "none earned (" + num(plan.utility) + " planned)" : "–"] : ["Utility", num(dec.utility)],
+      ["Cost", gone ? planned(dec.cost) : num(dec.cost)], ["Payoff", gone ? planned(dec.payoff) : num(dec.payoff)],
       ["Arrives", slotLabel(clock, dec.arrival_slot)],
-      ["Completes", dec.completion_slot === null ? "–" : "by the end of slot " + dec.completion_slot + " (" + when(clock, dec.completion_slot + 1) + ")"],
-      ["Completion time", dec.jct === null ? "–" : dec.jct + " slots (" + duration(dec.jct * clock.slot_seconds) + ")"],
+      gone ? ["Ran until", dec.completion_slot === null ? "never ran" : "the end of slot " + dec.completion_slot + " (" + when(clock, dec.completion_slot + 1) + ")"]
+        : ["Completes", dec.completion_slot === null ? "–" : byEnd(dec.completion_slot)],
+      gone ? (plan ? ["Planned", byEnd(plan.completion_slot) + ", completion time " + slots(plan.jct) + "; not carried out"] : null)
+        : ["Completion time", dec.jct === null ? "–" : slots(dec.jct)],
       ["Work", dec.work + " worker-slots"],
       ["Submitted in slot", String(j.submitted_slot)],
       j.wait_until_slot === null ? null : ["Waits until", "slot " + slotLabel(clock, j.wait_until_slot)],
