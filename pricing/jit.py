@@ -25,11 +25,13 @@ the package's 37 files, 385 kB), so it describes the sources the process importe
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from numba import njit
 from numba.core import caching
@@ -76,7 +78,34 @@ class _PackageCacheImpl(caching.CompileResultCacheImpl):
 
 
 class _PackageCache(caching.FunctionCache):
+    """numba's cache of one kernel, with the package's stamp; a damaged cache file is a
+    miss, not an error.
+
+    numba raises from a cache index or data file it cannot unpickle (a file left empty
+    or truncated by a power loss or a full disk: ``UnpicklingError: pickle data was
+    truncated``) on every import, so the daemon failed at every start, and systemd
+    restarted it into the same failure. Here such a load compiles the kernel afresh,
+    and the damaged index is removed so that the save writes a whole one; a save that
+    fails (a full disk) leaves the kernel compiled in memory, not cached."""
+
     _impl_class = _PackageCacheImpl
+
+    def load_overload(self, sig: Any, target_context: Any) -> Any:
+        try:
+            return super().load_overload(sig, target_context)  # type: ignore[no-untyped-call]
+        except Exception:  # whatever the file holds: compile instead
+            self._discard_index()
+            return None
+
+    def save_overload(self, sig: Any, data: Any) -> None:
+        try:
+            super().save_overload(sig, data)  # type: ignore[no-untyped-call]
+        except Exception:  # a full disk, a damaged index: not cached
+            self._discard_index()
+
+    def _discard_index(self) -> None:
+        with contextlib.suppress(OSError):
+            os.remove(self._cache_file._index_path)
 
 
 def kernel(function: _Function) -> Dispatcher[_Function]:

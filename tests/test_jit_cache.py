@@ -88,3 +88,28 @@ def test_every_kernel_is_cached_through_pricing_jit() -> None:
     for path in sorted((ROOT / "pricing").rglob("*.py")):
         text = path.read_text()
         assert not re.search(r"cache\s*=\s*True", text) or path.name == "jit.py", path
+
+
+def test_a_damaged_cache_file_is_compiled_again_not_an_error(tmp_path: Path) -> None:
+    """Cache files left empty or cut short (a power loss, a full disk): numba raised
+    ``UnpicklingError`` at every import, so the daemon failed at every start and systemd
+    restarted it into the same failure. Now the kernel compiles, and the cache is whole
+    again for the start after."""
+    tree = tmp_path / "tree"
+    shutil.copytree(
+        ROOT / "pricing", tree / "pricing", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    (tree / "pricing" / "_probe_helper.py").write_text(_HELPER.format(increment=1))
+    (tree / "pricing" / "_probe_kernel.py").write_text(_KERNEL)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
+    env |= {"PYTHONPATH": str(tree), "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    assert _start(tree, env) == (20, 0)
+    damaged = 0
+    for index in (tmp_path / "cache").rglob("_probe_*.nbi"):
+        index.write_bytes(index.read_bytes()[:20])  # cut short
+        damaged += 1
+    for data in (tmp_path / "cache").rglob("_probe_*.nbc"):
+        data.write_bytes(b"")  # empty
+    assert damaged == 2
+    assert _start(tree, env) == (20, 0)  # compiled again, not an error
+    assert _start(tree, env) == (20, 1)  # and cached again
