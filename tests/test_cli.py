@@ -14,6 +14,7 @@ import pytest
 
 from bench.reference_alg2 import replay_reference
 from controller.cli import main
+from pricing.baselines import POLICIES
 from pricing.workload import generate_trace
 
 DEMO = Path(__file__).resolve().parent.parent / "config" / "demo-trace.json"
@@ -344,3 +345,16 @@ def test_replay_json_under_dorm_is_json_alone(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=300, check=True,
     )  # fmt: skip
     assert json.loads(out.stdout)["jobs"]
+
+
+def test_replay_help_names_every_policy(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The --policy help lists each choice it explains: before, rrh-np (README, "Replay a
+    trace") was a choice the help's words left out."""
+    monkeypatch.setenv("COLUMNS", "1000")  # no line break inside "rrh-np"
+    with pytest.raises(SystemExit):
+        main(["replay", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name in POLICIES:
+        assert f"{name}," in text or f"{name} (" in text, name

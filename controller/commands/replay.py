@@ -45,7 +45,8 @@ def register(sub: Any) -> None:
         choices=["oasis", *POLICIES],
         default="oasis",
         help="oasis (default), or a baseline of the paper's section V-A simulated slot by "
-        "slot: fifo, drf, rrh, dorm (payoff and cost are then null)",
+        "slot: fifo, drf, rrh, dorm, or rrh-np (RRH without its free pause and resume); "
+        "payoff and cost are then null",
     )
     p.add_argument("--json", action="store_true", help="print SPEC 6 JSON instead of a table")
     p.add_argument("--compact", action="store_true", help="with --json: one line, no indent")
