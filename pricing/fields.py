@@ -37,6 +37,26 @@ MAX_UNKNOWN_KEYS = 10
 """An object with more unknown keys reports the first ten and how many more."""
 
 
+_LOOKALIKE = str.maketrans({"O": "0", "o": "0", "I": "1", "l": "1", "|": "1"})
+
+
+def closest(name: str, known: Collection[str]) -> str | None:
+    """The known name ``name`` was most likely meant to be, or None: one that differs
+    only in case or in characters that look alike (``O`` for ``0``, ``l`` or ``I`` for
+    ``1``) first, else :func:`difflib.get_close_matches`' best (ratio >= 0.6). Among
+    ``p2-8x-0`` and ``p2-8x-1``, ``p2-8x-O`` means the first; difflib alone took either."""
+    name = name[:100]
+
+    def folded(text: str) -> str:
+        return text.casefold().translate(_LOOKALIKE)
+
+    alike = sorted(k for k in known if folded(k) == folded(name))
+    if alike:
+        return alike[0]
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def unknown_keys(
     spec: Mapping[Any, Any], known: Collection[str], field: str, hint: str = ""
 ) -> list[Problem]:
@@ -49,8 +69,8 @@ def unknown_keys(
     for key in extra[:MAX_UNKNOWN_KEYS]:
         # a blank key is shown quoted: a field path must name something
         name = key if isinstance(key, str) and key.strip() else repr(key)
-        close = difflib.get_close_matches(name[:100], sorted(known), n=1, cutoff=0.6)
-        reason = "unknown key" + (f"; did you mean {close[0]!r}?" if close else "")
+        close = closest(name, known)
+        reason = "unknown key" + (f"; did you mean {close!r}?" if close else "")
         if not close and not hint:
             reason += f" (known: {', '.join(sorted(known))})"
         problems.append(Problem(_join(field, _short(name)), reason + hint))

@@ -12,7 +12,6 @@ which is how the daemon stores a wall-clock time (``controller/jobspec.py``).
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -244,8 +243,8 @@ def utility_from_dict(
     spec: Mapping[str, Any] = fields.mapping(raw, field)
     kind = fields.require(spec, "kind", field)
     if kind not in KINDS:
-        close = difflib.get_close_matches(kind[:100], KINDS, n=1) if isinstance(kind, str) else []
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        close = fields.closest(kind, KINDS) if isinstance(kind, str) else None
+        hint = f"; did you mean {close!r}?" if close else ""
         raise SpecError.one(
             f"{field}.kind", f"unknown utility kind {fields.show(kind)} (known: "
             f"{', '.join(KINDS)}){hint}",

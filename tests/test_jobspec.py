@@ -564,3 +564,18 @@ def test_every_command_has_one_summary() -> None:
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     shown = {a.dest: a.help for a in sub._choices_actions}
     assert shown == {name: c.summary for name, c in COMMANDS.items()}
+
+
+def test_a_suggestion_prefers_the_name_that_differs_only_by_lookalike_characters() -> None:
+    """``p2-8x-O`` (the letter O) among ``p2-8x-0`` and ``p2-8x-1``: difflib rates both
+    alike and suggested ``p2-8x-1`` (seen by the README audit); the name that differs
+    only in a character that looks alike, or in case, comes first."""
+    from controller.plane.agent import UnknownServerError
+    from pricing.fields import closest
+
+    known = ["p0", "p2-8x-1", "p2-8x-0", "w0"]
+    assert closest("p2-8x-O", known) == "p2-8x-0"
+    assert closest("P2-8X-l", known) == "p2-8x-1"
+    assert closest("epoch", ["epochs", "chunks"]) == "epochs"  # else difflib's best
+    assert closest("zzz", known) is None
+    assert str(UnknownServerError("p2-8x-O", known)).endswith("did you mean 'p2-8x-0'?")

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import difflib
 import os
 import signal
 import time
@@ -55,6 +54,7 @@ from controller.plane.topics import (
     topic_name,
 )
 from pricing.errors import SpecError
+from pricing.fields import closest
 
 __all__ = ["Agent", "TaskState", "UnknownServerError"]
 
@@ -66,8 +66,8 @@ class UnknownServerError(Exception):
     """The daemon is online and its cluster has no server of the agent's name."""
 
     def __init__(self, server: str, known: list[str]) -> None:
-        close = difflib.get_close_matches(server, known, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        close = closest(server, known)
+        hint = f"; did you mean {close!r}?" if close else ""
         shown = ", ".join(sorted(known)[:20]) + (", ..." if len(known) > 20 else "")
         super().__init__(f"server {server!r} is not in the daemon's cluster (known: {shown}){hint}")
         self.server = server
