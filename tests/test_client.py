@@ -284,6 +284,14 @@ def test_quote_reads_as_a_quote(tmp_path: Path, daemon: Daemon) -> None:
     assert anonymous.stdout.startswith("quote: would be admitted")
 
 
+def test_an_empty_job_list_says_so(daemon: Daemon) -> None:
+    """Before: the table's header and rule, with nothing under them."""
+    out = run("jobs", "--state", "expired", "--state", "failed", server=daemon.address).stdout
+    assert out == "no jobs in state expired or failed\n"
+    listed = json.loads(run("jobs", "--state", "expired", "--json", server=daemon.address).stdout)
+    assert listed == {"jobs": []}
+
+
 def test_tables_show_wall_clock_times(tmp_path: Path, daemon: Daemon, epoch: float) -> None:
     info = cluster_info(daemon.address)
     assert (info.slot_seconds, info.epoch, info.window) == (3600.0, epoch, 24)

@@ -362,6 +362,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     times = stubs.times()
     if args.json:
         print_json({"jobs": [job_record(j, times) for j in resp.jobs]})
+    elif not resp.jobs:  # a header and a rule alone read as a broken table
+        print("no jobs" + (f" in state {' or '.join(args.state)}" if args.state else ""))
     else:
         print(_jobs_table(list(resp.jobs), times))
     return EXIT_OK
