@@ -105,3 +105,17 @@ def test_a_retention_step_costs_the_same_whatever_the_history(
 
     work = _each_size(tmp_path, step, keep_days=1)
     assert work[1] < 1.5 * work[0], work
+
+
+def test_the_check_of_stray_allocations_reads_the_window_not_the_history(
+    tmp_path: Path,
+) -> None:
+    """At start and at each rebuild after an outage the daemon deletes the allocations
+    ahead of jobs that hold no capacity: found from the window's allocation rows, not by
+    going through every rejected or finished job (1.4 s at 10^6 jobs)."""
+
+    def check(c: AdmissionController, _: FakeClock) -> int:
+        return _work(c, lambda: c._drop_idle_allocations(c._ledger.origin))
+
+    work = _each_size(tmp_path, check)
+    assert work[1] < 1.5 * work[0] + 5, work
