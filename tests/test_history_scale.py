@@ -119,3 +119,24 @@ def test_the_check_of_stray_allocations_reads_the_window_not_the_history(
 
     work = _each_size(tmp_path, check)
     assert work[1] < 1.5 * work[0] + 5, work
+
+
+@pytest.mark.parametrize(
+    ("states", "owner"), [(["rejected"], None), ([], "team0")], ids=["state", "submitter"]
+)
+def test_a_page_of_one_state_or_submitter_reads_its_own_rows(
+    tmp_path: Path, states: list[str], owner: str | None
+) -> None:
+    """``oasis jobs --state rejected`` and every ListJobs of a submitter's token read a
+    page in decision order from an index that holds the sequence (0006): an index on the
+    state or submitter alone read and sorted all of its jobs (0.31 s and 0.09 s a page
+    at 10^6 jobs)."""
+
+    def page(c: AdmissionController, _: FakeClock) -> int:
+        views: list[Any] = []
+        work = _work(c, lambda: views.extend(c._list_sync(states, 100, 0, owner)[0]))
+        assert len(views) == 100
+        return work
+
+    work = _each_size(tmp_path, page)
+    assert work[1] < 1.5 * work[0] + 5, work
