@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import sys
 import tempfile
@@ -83,12 +84,11 @@ def measure(url: str, data_dir: Path, jobs: int) -> dict[str, Any]:
         asyncio.run(_tick_only(c))
         before = _counts(c)
         batches: list[float] = []
-        while True:
+        cursor: int | None = 0
+        while cursor is not None:
             t0 = time.perf_counter()
-            deleted = asyncio.run(c._run(c._prune_sync))
+            _, cursor = asyncio.run(c._run(functools.partial(c._prune_sync, after=cursor)))
             batches.append((time.perf_counter() - t0) * 1000.0)
-            if len(deleted) < PRUNE_BATCH:
-                break
         after = _counts(c)
     finally:
         c.close()

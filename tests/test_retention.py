@@ -7,6 +7,7 @@ told. The controller runs in-process on SQLite with a fake clock."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -115,7 +116,11 @@ def test_deletion_goes_in_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
             asyncio.run(c.submit({"id": f"r{i}", **cheap}))
         clock.t = 30 * HOUR + 1.0
         c._advance_window()
-        sizes = [len(asyncio.run(c._run(lambda: c._prune_sync(2)))) for _ in range(4)]
+        sizes, after = [], 0
+        for _ in range(4):
+            ids, following = asyncio.run(c._run(functools.partial(c._prune_sync, 2, after)))
+            sizes.append(len(ids))
+            after = following or 0
         assert sizes == [2, 2, 1, 0]
         with c.db.session() as session:
             assert session.scalar(select(func.count()).select_from(JobRow)) == 0

@@ -17,7 +17,7 @@ from controller.admission.follow import Follow
 from controller.admission.lifecycle import Lifecycle
 from controller.admission.pending import PendingQueue
 from controller.admission.reads import ReadViews
-from controller.admission.retention import PRUNE_BATCH, Retention
+from controller.admission.retention import Retention
 from controller.admission.state import ReadTurns
 from controller.admission.views import DecisionView, JobView
 from controller.admission.writer import GroupWriter
@@ -279,13 +279,13 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews)
 
     async def prune(self) -> int:
         """Delete the finished jobs past ``daemon.keep_days`` (:mod:`.retention`), a
-        batch per decision-thread step; returns how many."""
+        bounded step at a time in the decision thread; returns how many."""
         deleted = 0
-        while True:
-            batch = await self._run(self._prune_sync)
+        after: int | None = 0
+        while after is not None:
+            batch, after = await self._run(functools.partial(self._prune_sync, after=after))
             deleted += len(batch)
-            if len(batch) < PRUNE_BATCH:
-                return deleted
+        return deleted
 
     async def read_store(self, fn: Callable[..., _T], *args: Any, client: str = "") -> _T:
         """``fn(*args)`` in the store-read pool (``READ_THREADS`` threads, the caller's

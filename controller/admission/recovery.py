@@ -52,6 +52,9 @@ allocation further out is read as a broken row, not as a plan to refit, whose ar
 would be that long."""
 
 
+_IN_BATCH = 500
+"""Ids in one query's IN list at most (SQLite's bound on parameters is 999 in old builds)."""
+
 HOLDING_NONE = frozenset(STATES) - {"admitted", "running"}
 """The job states that hold no slot from the current one on (their future allocation
 rows are deleted when a job enters them)."""
@@ -315,21 +318,35 @@ class Recovery(Moves, BoundControl):
         """Delete the allocations from slot ``first`` on of jobs in a state that holds no
         capacity (:data:`HOLDING_NONE`; the daemon deletes them when a job enters one, an
         edit can leave or add them), so the store shows what the ledger holds, and log
-        which jobs had them."""
-        idle_jobs = select(JobRow.id).where(JobRow.state.in_(HOLDING_NONE))
-        stray = AllocationRow.job_id.in_(idle_jobs) & (AllocationRow.slot >= first)
+        which jobs had them.
+
+        The jobs are found from the allocation rows of the window (the slot index: as
+        many as the plans ahead hold), then looked up by id: a query that went through
+        every job in those states read the whole history (1.4 s at start and at each
+        rebuild after an outage, with 10^6 jobs in a SQLite store)."""
         with self._write() as session:
-            idle = session.execute(
-                select(JobRow.id, JobRow.state)
-                .where(JobRow.id.in_(select(AllocationRow.job_id).where(stray)))
-                .order_by(JobRow.sequence)
-            ).all()
+            # no DISTINCT: SQLite would then scan every allocation row for it
+            holding = list(dict.fromkeys(session.scalars(
+                select(AllocationRow.job_id).where(AllocationRow.slot >= first))))  # fmt: skip
+            idle: list[Any] = []
+            for i in range(0, len(holding), _IN_BATCH):
+                idle += session.execute(
+                    select(JobRow.id, JobRow.state, JobRow.sequence).where(
+                        JobRow.id.in_(holding[i : i + _IN_BATCH]),
+                        JobRow.state.in_(HOLDING_NONE),
+                    )
+                ).all()
             if not idle:
                 return
-            session.execute(delete(AllocationRow).where(stray))
+            idle.sort(key=lambda j: (j.sequence is not None, j.sequence or 0))  # as SQLite
+            ids = [j.id for j in idle]
+            for i in range(0, len(ids), _IN_BATCH):
+                session.execute(delete(AllocationRow).where(
+                    AllocationRow.job_id.in_(ids[i : i + _IN_BATCH]),
+                    AllocationRow.slot >= first))  # fmt: skip
         self.log.warning(
             "allocations of jobs that hold no capacity deleted (an edit?)", jobs=len(idle),
-            first_slot=first, first=[f"{j[:64]} ({state})" for j, state in idle[:10]],
+            first_slot=first, first=[f"{j[:64]} ({state})" for j, state, _ in idle[:10]],
         )  # fmt: skip
 
     def _stored_plans(self, first: int, job_id: str | None = None) -> dict[str, list[Any]]:

@@ -9,17 +9,22 @@ planned to, for a failed job), was cancelled from, or was last decided (rejected
 expired). Jobs that may still hold slots (pending, admitted, running) and rows an edit
 left unreadable (their slot reads as None) are never deleted.
 
-Deletion runs at each slot boundary, on the leader, :data:`PRUNE_BATCH` jobs per
-decision-thread step, so decisions go on between batches. A deleted job's id is free
-again (for any submitter), and a consumer of the plane's job events sees its retained
-event cleared. ``oasis offline --store`` and ``oasis calibrate --store`` see only what is
-kept. ``keep_days = 0`` (the default) keeps every job."""
+Deletion runs at each slot boundary, on the leader, in decision-thread steps, so
+decisions go on between them: a pass walks the jobs in decision order, each step reading
+at most :data:`PRUNE_SCAN` of them from where the last stopped and deleting at most
+:data:`PRUNE_BATCH`, so a step costs the same in a store of 10^4 jobs or of 10^6 (one
+query that picked the oldest ended jobs sorted all of them at every step: 0.05 s a
+batch at 10^5 jobs, 0.5 s at 10^6). A job whose ``sequence`` an edit left unreadable is
+kept. A deleted job's id is free again (for any submitter), and a consumer of the
+plane's job events sees its retained event cleared. ``oasis offline --store`` and
+``oasis calibrate --store`` see only what is kept. ``keep_days = 0`` (the default)
+keeps every job."""
 
 from __future__ import annotations
 
 import math
 
-from sqlalchemy import and_, delete, func, or_, select
+from sqlalchemy import and_, case, delete, func, or_, select
 
 from controller.admission.decide import DecisionCore
 from controller.store import AllocationRow, EventRow, JobRow, ProgressRow
@@ -27,7 +32,9 @@ from controller.store import AllocationRow, EventRow, JobRow, ProgressRow
 __all__ = ["PRUNE_BATCH", "Retention"]
 
 PRUNE_BATCH = 200
-"""Jobs deleted in one transaction (one decision-thread step)."""
+"""Jobs deleted in one transaction (one decision-thread step) at most."""
+PRUNE_SCAN = 2000
+"""Jobs read in one step at most, in decision order, to find those to delete."""
 
 _DAY_SECONDS = 86400.0
 
@@ -44,12 +51,14 @@ class Retention(DecisionCore):
         cutoff = self.slot - slots
         return cutoff if cutoff > 0 else None
 
-    def _prune_sync(self, limit: int = PRUNE_BATCH) -> list[str]:
-        """Delete up to ``limit`` jobs that ended before :meth:`_prune_cutoff`, oldest
-        decision first, with their allocations, progress and events; their ids."""
+    def _prune_sync(self, limit: int = PRUNE_BATCH, after: int = 0) -> tuple[list[str], int | None]:
+        """One step of a pass: read up to :data:`PRUNE_SCAN` jobs in decision order from
+        sequence ``after`` on, and delete the first ``limit`` of them that ended before
+        :meth:`_prune_cutoff`, with their allocations, progress and events. Returns their
+        ids and the sequence the next step goes on after (None: the pass is over)."""
         cutoff = self._prune_cutoff()
         if cutoff is None:
-            return []
+            return [], None
         ended = or_(
             and_(
                 JobRow.state.in_(("completed", "failed")),
@@ -63,13 +72,24 @@ class Retention(DecisionCore):
             ),
         )
         with self._write() as session:
-            ids = list(
-                session.scalars(
-                    select(JobRow.id).where(ended).order_by(JobRow.sequence).limit(limit)
-                )
-            )
+            # the unique index on sequence bounds the read, whatever the history holds
+            scanned = session.execute(
+                select(JobRow.id, JobRow.sequence, case((ended, 1), else_=0))
+                .where(JobRow.sequence > after).order_by(JobRow.sequence).limit(PRUNE_SCAN)
+            ).all()  # fmt: skip
+            ids: list[str] = []
+            last = after
+            for job_id, sequence, old in scanned:
+                if isinstance(sequence, int):  # an edit may leave one that does not read
+                    last = max(last, sequence)
+                if old:
+                    ids.append(job_id)
+                    if len(ids) == limit:
+                        break
+            more = len(ids) == limit or len(scanned) == PRUNE_SCAN
+            following = last if more and last > after else None
             if not ids:
-                return []
+                return [], following
             for table in (AllocationRow, ProgressRow):
                 session.execute(delete(table).where(table.job_id.in_(ids)))
             session.execute(delete(EventRow).where(EventRow.job_id.in_(ids)))
@@ -79,4 +99,4 @@ class Retention(DecisionCore):
             forget(ids)
         self.log.info("finished jobs deleted", jobs=len(ids), ended_before_slot=cutoff,
                       keep_days=self.config.keep_days)  # fmt: skip
-        return ids
+        return ids, following

@@ -56,7 +56,7 @@ class JobRow(Base):
     id: Mapped[str] = mapped_column(String(200), primary_key=True)
     sequence: Mapped[int] = mapped_column(LenientBigInteger, unique=True)
     spec: Mapped[str] = mapped_column(Text)
-    state: Mapped[str] = mapped_column(String(16), index=True)
+    state: Mapped[str] = mapped_column(String(16))
     submitted_slot: Mapped[int] = mapped_column(LenientBigInteger)
     arrival_slot: Mapped[int] = mapped_column(LenientBigInteger)
     work: Mapped[int] = mapped_column(LenientBigInteger)
@@ -73,11 +73,17 @@ class JobRow(Base):
     decided_at: Mapped[datetime] = mapped_column(LenientTime)
     cancelled_slot: Mapped[int | None] = mapped_column(LenientBigInteger)
     # the name of the token it was submitted with (controller/auth.py); None without auth
-    submitter: Mapped[str | None] = mapped_column(String(200), index=True)
+    submitter: Mapped[str | None] = mapped_column(String(200))
     # a job submitted with a wait: the last slot it may be admitted at (None: no wait)
     wait_until_slot: Mapped[int | None] = mapped_column(LenientBigInteger)
     # the slot of its latest decision (a pending job is decided again at each boundary)
     decided_slot: Mapped[int | None] = mapped_column(LenientBigInteger)
+
+    # a page of one state's or one submitter's jobs reads them in decision order (0006)
+    __table_args__ = (
+        Index("ix_jobs_state_sequence", "state", "sequence"),
+        Index("ix_jobs_submitter_sequence", "submitter", "sequence"),
+    )
 
 
 class AllocationRow(Base):
