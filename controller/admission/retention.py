@@ -14,8 +14,9 @@ decisions go on between them: a pass walks the jobs in decision order, each step
 at most :data:`PRUNE_SCAN` of them from where the last stopped and deleting at most
 :data:`PRUNE_BATCH`, so a step costs the same in a store of 10^4 jobs or of 10^6 (one
 query that picked the oldest ended jobs sorted all of them at every step: 0.05 s a
-batch at 10^5 jobs, 0.5 s at 10^6). A job whose ``sequence`` an edit left unreadable is
-kept. A deleted job's id is free again (for any submitter), and a consumer of the
+batch at 10^5 jobs, 0.5 s at 10^6); a pass that finds nothing to delete costs about a
+tenth of that in all, in steps of about 10 ms. A ``sequence`` an edit left unreadable
+ends a pass where a step meets it. A deleted job's id is free again (for any submitter), and a consumer of the
 plane's job events sees its retained event cleared. ``oasis offline --store`` and
 ``oasis calibrate --store`` see only what is kept. ``keep_days = 0`` (the default)
 keeps every job."""
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from sqlalchemy import and_, case, delete, func, or_, select
+from sqlalchemy import and_, delete, func, or_, select
 
 from controller.admission.decide import DecisionCore
 from controller.store import AllocationRow, EventRow, JobRow, ProgressRow
@@ -33,8 +34,8 @@ __all__ = ["PRUNE_BATCH", "Retention"]
 
 PRUNE_BATCH = 200
 """Jobs deleted in one transaction (one decision-thread step) at most."""
-PRUNE_SCAN = 2000
-"""Jobs read in one step at most, in decision order, to find those to delete."""
+PRUNE_SCAN = 10_000
+"""Jobs one step looks through at most, in decision order, for those to delete."""
 
 _DAY_SECONDS = 86400.0
 
@@ -72,22 +73,28 @@ class Retention(DecisionCore):
             ),
         )
         with self._write() as session:
-            # the unique index on sequence bounds the read, whatever the history holds
-            scanned = session.execute(
-                select(JobRow.id, JobRow.sequence, case((ended, 1), else_=0))
-                .where(JobRow.sequence > after).order_by(JobRow.sequence).limit(PRUNE_SCAN)
+            # the step's stretch: the next PRUNE_SCAN jobs in decision order, bounded by
+            # the unique index on sequence whatever the history holds; the jobs to delete
+            # are picked in it by the store, so a stretch with none costs no rows read
+            # out (a pass over 10^5 jobs, none to delete: 50 steps, 0.41 s in all when
+            # each stretch's rows were read out, 10 steps and 0.10 s now)
+            upper = session.scalar(
+                select(JobRow.sequence).where(JobRow.sequence > after)
+                .order_by(JobRow.sequence).offset(PRUNE_SCAN - 1).limit(1)
+            )  # fmt: skip
+            stretch = JobRow.sequence > after
+            if isinstance(upper, int):
+                stretch = and_(stretch, JobRow.sequence <= upper)
+            found = session.execute(
+                select(JobRow.id, JobRow.sequence).where(stretch, ended)
+                .order_by(JobRow.sequence).limit(limit)
             ).all()  # fmt: skip
-            ids: list[str] = []
-            last = after
-            for job_id, sequence, old in scanned:
-                if isinstance(sequence, int):  # an edit may leave one that does not read
-                    last = max(last, sequence)
-                if old:
-                    ids.append(job_id)
-                    if len(ids) == limit:
-                        break
-            more = len(ids) == limit or len(scanned) == PRUNE_SCAN
-            following = last if more and last > after else None
+            ids = [job_id for job_id, _ in found]
+            readable = [seq for _, seq in found if isinstance(seq, int)]
+            if len(found) == limit:  # more may follow in the stretch: go on after these
+                following = max(readable) if readable and max(readable) > after else None
+            else:  # an edit may leave a sequence that does not read: the pass ends there
+                following = upper if isinstance(upper, int) else None
             if not ids:
                 return [], following
             for table in (AllocationRow, ProgressRow):
