@@ -28,13 +28,15 @@ from controller.commands.failover import FollowingStub, LeaderPool
 from controller.config import ConfigError, load
 from controller.console.data import ConsoleData
 from controller.errors import NotLeaderError, SlotGridChangedError
+from controller.ha.leadership import Leadership
 from controller.metrics import Metrics
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.startup import StartupError, open_store
-from controller.store import Database, EventRow, JobRow
+from controller.store import AllocationRow, Database, EventRow, JobRow
 from controller.store.writer_lock import PostgresWriterLock
 from pricing import Ledger
+from pricing.replan import refit
 from tests.servers import Postgres, free_port, write_config
 from tests.test_daemon_e2e import contending_jobs, job
 
@@ -59,6 +61,17 @@ class Node:
         self.c.advertise = f"{name}:50051"
         self.lock = PostgresWriterLock(self.db, lease=config.ha.lease_seconds)
         open_store(config, self.c, self.lock)
+
+    def elect(self) -> str:
+        """One round of oasisd's election (``controller/ha/leadership.py``): the role after."""
+
+        async def announced(role: str) -> None:
+            pass
+
+        assert self.c.config.ha is not None
+        election = Leadership(self.c, self.lock, self.c.config.ha, announced, log=self.c.log)
+        asyncio.run(election.check())
+        return self.c.role
 
     def take_over(self) -> int:
         assert self.lock.try_acquire()
@@ -171,35 +184,90 @@ def _cut_lease(url: str, node: Node) -> None:
         admin.execute("SELECT pg_terminate_backend(%s)", (node.lock.backend_pid,))
 
 
-def test_a_standby_with_smaller_servers_follows_and_takes_over_by_refitting(
-    tmp_path: Path, postgres: Postgres
+def test_a_standby_with_smaller_servers_follows_but_leaves_the_lead_to_the_last_leader(
+    tmp_path: Path, postgres: Postgres, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Before: a standby whose config gave a server less capacity than the leader's (a
-    rolling config change) raised CapacityError following the first plan on it, at
-    every round, and every takeover failed the same way, naming itself the leader: no
-    node decided until someone stepped in. Now it warns at start, leaves such plans out
-    while following, and takes over as a restarted daemon would: refitting them."""
+    config forgotten on one node) took over at the leader's death and re-planned the
+    other tenants' admitted jobs to fit it (3 of 4 in a run; a shorter window failed
+    one). It now follows, leaving such plans out, and refuses to take over, saying why;
+    the node that led last, restarted with the new config (a rolling change), takes
+    over and refits them. Its refit, slower than the lease, commits: before, it ran in
+    one write transaction, which PostgreSQL ended once idle past the lease, and the
+    takeover failed (tried again under the next epoch, the same way if still slow)."""
     url = postgres.new_database()
-    a = Node(tmp_path, url, "a")
-    b = None
+    short = lambda text: text.replace("lease_seconds = 5", "lease_seconds = 1")  # noqa: E731
+    half = lambda text: short(text.replace("gpu=8,", "gpu=4,"))  # noqa: E731  (w2's 8 GPUs)
+    a = Node(tmp_path, url, "a", edit=short)
+    b = a2 = None
     try:
         a.take_over()
         for spec in contending_jobs(6):
             asyncio.run(a.c.submit(spec))
-        half = lambda text: text.replace("gpu=8,", "gpu=4,")  # noqa: E731  (w2's 8 GPUs)
         b = Node(tmp_path, url, "b", edit=half)
         asyncio.run(b.c.follow())
         assert b.c._unfitted > 0, "some plan must use more of w2 than b has"
         asyncio.run(a.c.submit(job("late")))
         asyncio.run(b.c.follow())  # past the plans that do not fit: no exception
-        _cut_lease(url, a)
-        assert b.take_over() == 2 and b.c.leading
-        assert b.c.leader is not None and b.c.leader.address == "b:50051"
-        ledger = b.c.ledger
+        a.close()  # the leader is gone
+        problem = b.c.takeover_problem()
+        assert "stored plans do not fit this node's servers or window" in problem, problem
+        assert "server w2" in problem and "a:50051" in problem
+        plans = _plans(b.db)
+        # the node that led last comes back with the new config: it applies it
+        a2 = Node(tmp_path, url, "a", edit=half)
+        assert a2.c.takeover_problem() == ""
+
+        def slower(*args: Any) -> Any:
+            time.sleep(1.5)  # past the 1 s lease, as a long refit is
+            return refit(*args)
+
+        monkeypatch.setattr("controller.admission.recovery.refit", slower)
+        assert a2.elect() == "leader" and a2.c.fence_epoch == 2
+        assert _plans(a2.db) != plans
+        ledger = a2.c.ledger
         assert ledger is not None
-        w2 = b.c.cluster.worker_names.index("w2")
-        gpu = b.c.cluster.resources.index("gpu")
+        w2 = a2.c.cluster.worker_names.index("w2")
+        gpu = a2.c.cluster.resources.index("gpu")
         assert (ledger.worker_side.used[:, w2, gpu] <= 4 + 1e-9).all()
+        asyncio.run(b.c.follow())
+        assert b.c.takeover_problem() == ""  # counted again: its config is the leader's now
+    finally:
+        for node in (b, a2):
+            if node is not None:
+                node.close()
+
+
+def _plans(db: Database) -> list[tuple[Any, ...]]:
+    with db.session() as session:
+        rows = session.execute(
+            select(AllocationRow.job_id, AllocationRow.slot, AllocationRow.server,
+                   AllocationRow.workers, AllocationRow.ps).order_by(
+                AllocationRow.job_id, AllocationRow.slot, AllocationRow.server)
+        ).all()  # fmt: skip
+    return [tuple(r) for r in rows]
+
+
+def test_a_takeover_names_the_differences_of_pricing_limits_and_auth(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    """Before: a standby with other price bounds, limits or tokens took over without a
+    word: after a failover, decisions were priced otherwise, or clients refused, and no
+    log said why."""
+    url = postgres.new_database()
+    a = Node(tmp_path, url, "a")
+    b = None
+    try:
+        a.take_over()
+        other = lambda text: text.replace(  # noqa: E731
+            "[ha]", "[pricing]\ntrim = 0.2\n\n[limits]\nmax_job_chunks = 500\n\n[ha]"
+        )
+        b = Node(tmp_path, url, "b", edit=other)
+        with b.db.session() as session:
+            found = b.c._setup_differences(session)
+        assert any(d.startswith("pricing.trim: 0.2 here, 0.3 recorded") for d in found), found
+        assert any(d.startswith("limits.max_job_chunks: 500 here") for d in found), found
+        assert b.c.takeover_problem() == ""  # allowed: no stored plan moves
     finally:
         for node in (a, b):
             if node is not None:

@@ -38,14 +38,18 @@ from controller.admission.recovery import Recovery, _Misfit
 from controller.errors import SlotGridChangedError
 from controller.events import Event
 from controller.store import EventRow, OutageRow
+from controller.store.commit_process import START_SECONDS
 from controller.store.writer_lock import Holder, recorded_holder, this_process
 from pricing.errors import CapacityError
 
-__all__ = ["FOLLOW_BATCH", "Follow", "HaStatus"]
+__all__ = ["FOLLOW_BATCH", "RECOUNT_SECONDS", "Follow", "HaStatus"]
 
 FOLLOW_BATCH = 2000
 """Events applied per read; a standby far behind catches up over several reads."""
 _RESYNC = {"replanned", "failed"}
+RECOUNT_SECONDS = 60.0
+"""A standby refusing to take over counts the plans that do not fit it again at most
+this often (a rebuild of its ledger)."""
 
 
 @dataclass(frozen=True)
@@ -188,7 +192,11 @@ class Follow(Recovery):
                 # the stored plans are slot numbers of the leader's slot grid: with another,
                 # this node cannot lead this store (as it could not start on it)
                 self._check_slot_grid(session)
+                differences = self._setup_differences(session)
                 self._record_setup(session)
+            if differences:  # this node decides by its own config from now on: say so
+                self.log.warning("taking over with a config other than the last leader's",
+                                 epoch=epoch, differences=differences[:20])  # fmt: skip
             applied = 0
             if self._unfitted or self._stale:
                 # plans this standby left out (refit them as at start-up), or a ledger
@@ -206,19 +214,58 @@ class Follow(Recovery):
         except BaseException:
             self.role = "standby"
             self.leader = leader  # not this node: clients are not sent back to it
+            # a refit may have moved plans in the ledger that the store did not take:
+            # rebuilt from the store at the next follow (before: the next takeover
+            # followed on from this ledger, and held them as if committed)
+            self._stale = True
             raise
         return applied
 
     def takeover_problem(self) -> str:
         """Why this standby cannot lead the store as it is ("" if it can): its slot grid
-        is not that of the stored plans (:meth:`_check_slot_grid`). Reads the store only,
-        so the election asks before it takes the lock and records an epoch."""
+        is not that of the stored plans (:meth:`_check_slot_grid`), or its servers or
+        window would move plans another node admitted (:meth:`_moves_problem`). Reads
+        the store only, so the election asks before it takes the lock and records an
+        epoch."""
         try:
             with self.db.session() as session:
                 self._check_slot_grid(session)
+                holder = recorded_holder(session)
+                differences = self._setup_differences(session) if self._unfitted else []
         except SlotGridChangedError as err:
             return str(err)
-        return ""
+        return self._moves_problem(holder, differences)
+
+    def _moves_problem(self, holder: Holder | None, differences: list[str]) -> str:
+        """Why this standby's config would move plans the node that led last admitted
+        ("" if it would not): stored plans that do not fit its servers or window, which a
+        takeover would re-plan or fail (``config_changed``). A config forgotten on one
+        node must not re-plan every tenant's jobs at a failover. The node that led last
+        (the same ``advertise`` address), restarted with a changed config, applies it,
+        as a single daemon's restart does: that is how a config change is rolled out."""
+        if not self._unfitted:
+            return ""
+        if holder is not None and holder.address and holder.address == self.advertise:
+            return ""
+        if not differences:  # the leader's config: it would refit them alike (an outage)
+            return ""
+        now = time.monotonic()
+        if now - self._unfitted_counted >= RECOUNT_SECONDS:
+            # the count grows as plans are left out while following, never shrinks as
+            # their jobs end: counted again from the store, in full
+            self._decisions.call(self._reload).result(START_SECONDS)
+            self._unfitted_counted = now
+            if not self._unfitted:
+                return ""
+        leader = holder.address if holder is not None and holder.address else "unknown"
+        return (
+            f"{self._unfitted} stored plans do not fit this node's servers or window "
+            f"(this config differs from the one the node that led last, {leader}, recorded: "
+            f"{'; '.join(differences[:5])}); taking over would "
+            "re-plan or fail them. Give this node that node's [cluster] and window, or, to "
+            "change them, restart that node with the new config: the node that led last "
+            "applies its own config when it takes over again"
+        )
 
     def lead(self, epoch: int, lock_pid: int | None) -> None:
         """Lead from now in ``epoch``, fencing every write with it and ``lock_pid``."""

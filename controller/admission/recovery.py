@@ -5,8 +5,10 @@ when the execution plane re-plans)."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,7 +39,7 @@ from controller.store.commit_process import START_SECONDS
 from controller.store.stored import stored_spec
 from controller.store.writer_lock import recorded_holder
 from pricing import Job, Ledger, OasisError, SpecError
-from pricing.best_schedule import warm_up
+from pricing.best_schedule import BestSchedule, warm_up
 from pricing.durations import format_time
 from pricing.errors import CapacityError
 from pricing.replan import refit
@@ -113,9 +115,10 @@ class Recovery(Moves, BoundControl):
                 differences = self._setup_differences(session)
                 if differences:
                     self.log.warning(
-                        "this standby's config differs from the one the leader recorded: a "
-                        "takeover applies this one, refitting the plans that no longer fit "
-                        "(as at a restart)", differences=differences[:10],
+                        "this standby's config differs from the one the leader recorded: it "
+                        "does not take over while stored plans do not fit its servers or "
+                        "window; the rest applies at its takeover",
+                        differences=differences[:20],
                     )  # fmt: skip
         self.slot = self.slots.current_slot()
         self._seen_event = self._last_event()  # first: later ones are applied again, harmlessly
@@ -219,6 +222,14 @@ class Recovery(Moves, BoundControl):
             theirs = recorded.get(key)
             if isinstance(theirs, int | float) and abs(theirs - value) > 1e-9 * max(1, abs(value)):
                 out.append(f"{key}: {value:g} here, {theirs:g} recorded")
+        for table, here in self._config_marks().items():
+            theirs = recorded.get(table)
+            if not isinstance(theirs, dict) or theirs == here:
+                continue  # an older leader recorded none
+            for key in sorted(here.keys() | theirs.keys()):
+                if here.get(key) != theirs.get(key):
+                    out.append(f"{table}.{key}: {str(here.get(key))[:80]} here, "
+                               f"{str(theirs.get(key))[:80]} recorded")  # fmt: skip
         stored = {r.name: (r.kind, r.capacity) for r in session.scalars(select(ServerRow))}
         if not stored:
             return out
@@ -243,8 +254,36 @@ class Recovery(Moves, BoundControl):
             "window": self.window,
             "slot_seconds": self.config.slot_seconds,
             "epoch": self.slots.epoch,
+            **self._config_marks(),
         }
         session.merge(MetaRow(key=SETTINGS_KEY, value=settings))
+
+    def _config_marks(self) -> dict[str, dict[str, Any]]:
+        """What of the config, besides the servers and the slot grid, changes how a
+        leader decides: ``[pricing]``, ``[limits]``, ``[auth]``'s tokens and the default
+        wait, recorded with the settings so a takeover by a node configured otherwise
+        says so (:meth:`_setup_differences`). Priors, explicit bounds and tokens as
+        digests (a token's hash is no secret, but need not be copied around)."""
+        pricing, config = self.config.pricing, self.config
+        bounds = pricing.bounds.to_dict(self.cluster) if pricing.bounds is not None else None
+        tokens = sorted(
+            f"{digest} {caller.name} {caller.role.value}"
+            for digest, caller in (config.tokens or {}).items()
+        )
+        return {
+            "pricing": {
+                "bounds": pricing.mode if bounds is None else f"explicit {_digest(bounds)}",
+                "trim": pricing.trim,
+                "l_margin": pricing.l_margin,
+                "u_margin": pricing.u_margin,
+                "prior": _digest(pricing.prior.to_dict()) if pricing.prior else "none",
+            },
+            "limits": json.loads(json.dumps(asdict(config.limits), default=str)),
+            "auth": {
+                "tokens": f"{len(tokens)} ({_digest(tokens)})" if config.tokens else "off",
+                "wait_seconds": config.wait_seconds,
+            },
+        }
 
     def _last_event(self) -> int:
         """The newest event's sequence in the store (0: none)."""
@@ -511,10 +550,34 @@ class Recovery(Moves, BoundControl):
         ledger = self._ledger
         first = ledger.origin
         now = datetime.now(UTC)
+        # the searches first, the writes after, in one short transaction: a leader's
+        # sessions end once idle in a transaction past the lease (``[ha]``), and a
+        # takeover's refit of 4 plans (2.2 s with its kernels' first compile) outlived a
+        # 2 s lease, failed, and was started again from scratch under the next epoch
+        moves: list[tuple[_Misfit, str, BestSchedule | None, dict[str, Any]]] = []
+        for m in misfits:
+            detail: dict[str, Any] = {"reason": "config_changed", "why": m.why[:500]}
+            if m.job is None:  # the spec no longer fits the cluster at all
+                moves.append((m, "stranded", None, detail))
+                continue
+            work = min(int(m.workers.sum()), m.job.work)
+            last = self._window_end(m.job.arrival)
+            refused = self._refit_refused(m.job, work, last)
+            if refused:  # re-placed in the same slots, else stranded: no search
+                work = 0
+                detail["why"] = f"{m.why[:300]}; {refused}"[:500]
+            try:
+                how, best = refit(ledger, m.job, m.start, m.workers, m.ps, work, last)
+            except OasisError as err:  # a bug here must not stop the daemon starting
+                self.log.exception("refit failed; the job fails", job=m.job_id)
+                if m.job_id in ledger:
+                    ledger.release(m.job_id, first)
+                how, best = "stranded", None
+                detail["why"] = f"{m.why[:400]}; refit failed: {err}"[:500]
+            moves.append((m, how, best, detail))
         with self._write() as session:
-            for m in misfits:
-                detail: dict[str, Any] = {"reason": "config_changed", "why": m.why[:500]}
-                if m.job is None:  # the spec no longer fits the cluster at all
+            for m, how, best, detail in moves:
+                if m.job is None:
                     row = session.get(JobRow, m.job_id)
                     assert row is not None
                     session.execute(delete(AllocationRow).where(
@@ -522,25 +585,11 @@ class Recovery(Moves, BoundControl):
                     row.state = "failed"
                     detail.update(how="stranded", from_slot=first)
                     self._event(session, now, "failed", m.job_id, "failed", detail)
-                    how = "stranded"
                 else:
-                    work = min(int(m.workers.sum()), m.job.work)
-                    last = self._window_end(m.job.arrival)
-                    refused = self._refit_refused(m.job, work, last)
-                    if refused:  # re-placed in the same slots, else stranded: no search
-                        work = 0
-                        detail["why"] = f"{m.why[:300]}; {refused}"[:500]
-                    try:
-                        how, best = refit(ledger, m.job, m.start, m.workers, m.ps, work, last)
-                    except OasisError as err:  # a bug here must not stop the daemon starting
-                        self.log.exception("refit failed; the job fails", job=m.job_id)
-                        if m.job_id in ledger:
-                            ledger.release(m.job_id, first)
-                        how, best = "stranded", None
-                        detail["why"] = f"{m.why[:400]}; refit failed: {err}"[:500]
                     self._record_move(session, now, m.job, how, first, detail, best)
-                self.log.warning("plan refitted to the configuration", job=m.job_id, how=how,
-                                 why=m.why, from_slot=first)  # fmt: skip
+        for m, how, _, _ in moves:
+            self.log.warning("plan refitted to the configuration", job=m.job_id, how=how,
+                             why=m.why, from_slot=first)  # fmt: skip
 
     def _refit_refused(self, job: Job, work: int, last: int) -> str:
         """Why the re-plan of a refitted job is not searched ("" if it is): a search over
@@ -575,6 +624,12 @@ class Recovery(Moves, BoundControl):
                 continue
             # A recovered server may hold new jobs from up_from on: block only the outage.
             ledger.block(kind, index, o.down_from, o.up_from)
+
+
+def _digest(value: Any) -> str:
+    """A short digest of a JSON value, to tell two configs' tables apart in a log."""
+    text = json.dumps(value, sort_keys=True, default=str).encode()
+    return hashlib.sha256(text).hexdigest()[:12]
 
 
 def _when(unix: float) -> str:

@@ -119,18 +119,33 @@ class Leadership:
         if epoch is None:
             return
         started = time.monotonic()
+        # the lease is kept while the new leader catches up: a refit or a rebuild longer
+        # than the lease otherwise lost it (PostgreSQL ended the idle lock session) and
+        # the takeover failed, to start again from scratch under the next epoch
+        keep = asyncio.create_task(self._keep_lease())
         try:
             applied = await self.c.take_over(epoch, self.lock.backend_pid)
         except Exception:
             self.log.exception("takeover failed; still a standby", epoch=epoch)
             await asyncio.to_thread(self.lock.release)
             return
+        finally:
+            keep.cancel()
         self.took_over_at = time.monotonic()
         self._probed = self.took_over_at
         self.role = "leader"
         self.log.warning("leading", epoch=epoch, caught_up_events=applied,
                          catch_up_ms=round((self.took_over_at - started) * 1000, 1))  # fmt: skip
         await self.on_role("leader")
+
+    async def _keep_lease(self) -> None:
+        """Confirm the lease every ``probe_seconds`` until cancelled (during a takeover)."""
+        while True:
+            await asyncio.sleep(self.ha.probe_seconds)
+            probed = time.monotonic()
+            if not await asyncio.to_thread(self.lock.held):
+                return  # the takeover's writes are fenced out, and it fails
+            self.c.lease_seen = probed
 
     def _acquire(self) -> int | None:
         """Take the lock and record the next epoch (blocking); None if another holds it."""
