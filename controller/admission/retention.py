@@ -16,10 +16,10 @@ at most :data:`PRUNE_SCAN` of them from where the last stopped and deleting at m
 query that picked the oldest ended jobs sorted all of them at every step: 0.05 s a
 batch at 10^5 jobs, 0.5 s at 10^6); a pass that finds nothing to delete costs about a
 tenth of that in all, in steps of about 10 ms. A ``sequence`` an edit left unreadable
-ends a pass where a step meets it. A deleted job's id is free again (for any submitter), and a consumer of the
-plane's job events sees its retained event cleared. ``oasis offline --store`` and
-``oasis calibrate --store`` see only what is kept. ``keep_days = 0`` (the default)
-keeps every job."""
+ends a pass where a step meets it. A deleted job's id is free again (for any submitter),
+and a consumer of the plane's job events sees its retained event cleared. ``oasis
+offline --store`` and ``oasis calibrate --store`` see only what is kept. ``keep_days =
+0`` (the default) keeps every job."""
 
 from __future__ import annotations
 
