@@ -23,7 +23,7 @@ from sqlalchemy import select
 
 from controller.admission import AdmissionController
 from controller.auth import Caller, Role
-from controller.clock import SlotClock, SystemClock
+from controller.clock import Clock, SlotClock, SystemClock
 from controller.commands.failover import FollowingStub, LeaderPool
 from controller.config import ConfigError, load
 from controller.console.data import ConsoleData
@@ -47,7 +47,12 @@ class Node:
     """An in-process controller with ``[ha]`` on ``url``, opened as oasisd opens it."""
 
     def __init__(
-        self, tmp_path: Path, url: str, name: str, edit: Callable[[str], str] = str
+        self,
+        tmp_path: Path,
+        url: str,
+        name: str,
+        edit: Callable[[str], str] = str,
+        clock: Clock | None = None,
     ) -> None:
         path = write_config(tmp_path / f"{name}.toml", tmp_path / name, url, epoch=0.0,
                             extra=HA.format(address=f"{name}:50051"))  # fmt: skip
@@ -55,7 +60,7 @@ class Node:
         config = load(path)
         assert config.ha is not None
         self.db = Database(url, idle_transaction=config.ha.lease_seconds)
-        slots = SlotClock(SystemClock(), config.slot_seconds, config.epoch)
+        slots = SlotClock(clock or SystemClock(), config.slot_seconds, config.epoch)
         quiet = structlog.wrap_logger(structlog.ReturnLogger())
         self.c = AdmissionController(config, self.db, slots, log=quiet)
         self.c.advertise = f"{name}:50051"
@@ -304,6 +309,57 @@ def test_a_standby_on_another_slot_grid_never_takes_the_lead(
         for node in (a, b):
             if node is not None:
                 node.close()
+
+
+class _Skewed:
+    """The system clock, ``skew`` seconds off."""
+
+    def __init__(self, skew: float) -> None:
+        self.skew = skew
+
+    def now(self) -> float:
+        return time.time() + self.skew
+
+
+def test_a_standby_whose_clock_is_off_the_leaders_never_takes_the_lead(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    """Each node numbers slots by its own clock, and nothing compared them (the HA
+    audit): a standby 90 s behind would have led, letting jobs arrive and cancelled
+    jobs' slots go early. The leader records its clock's offset from PostgreSQL's when it
+    takes the lock; a standby whose own offset differs by more than ``max_clock_skew``
+    (36 s with hour-long slots) refuses to lead, naming the skew. 10 s off is allowed."""
+    from controller.admission.follow import max_clock_skew
+    from controller.store.writer_lock import recorded_holder
+
+    assert max_clock_skew(3600.0) == 36.0 and max_clock_skew(60.0) == 1.0
+    url = postgres.new_database()
+    a = Node(tmp_path, url, "a")
+    nodes = [a]
+    try:
+        assert a.lock.try_acquire()
+        epoch = a.lock.record(a.db, a.c.advertise, now=a.c.slots.clock.now)
+        asyncio.run(a.c.take_over(epoch, a.lock.backend_pid))
+        with a.db.session() as session:
+            holder = recorded_holder(session)
+        assert holder is not None and holder.clock_offset is not None
+        assert abs(holder.clock_offset) < 5.0  # one machine, one PostgreSQL
+        behind = Node(tmp_path, url, "b", clock=_Skewed(-90.0))
+        ahead = Node(tmp_path, url, "c", clock=_Skewed(+3600.0))
+        close = Node(tmp_path, url, "d", clock=_Skewed(-10.0))
+        nodes += [behind, ahead, close]
+        problem = behind.c.takeover_problem()
+        assert problem.startswith("this node's clock is 90 s behind the clock of the node "
+                                  "that led last (a:50051)"), problem  # fmt: skip
+        assert "at most 36 s with 3600 s slots" in problem and "NTP" in problem
+        assert "3.6e+03 s ahead of" in ahead.c.takeover_problem()
+        assert close.c.takeover_problem() == ""
+        assert behind.elect() == "standby"  # refused: no lock taken, no epoch recorded
+        with a.db.session() as session:
+            assert (h := recorded_holder(session)) is not None and h.epoch == epoch
+    finally:
+        for node in nodes:
+            node.close()
 
 
 def test_a_standby_without_an_epoch_takes_the_leaders(tmp_path: Path, postgres: Postgres) -> None:

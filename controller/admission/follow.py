@@ -39,17 +39,34 @@ from controller.errors import SlotGridChangedError
 from controller.events import Event
 from controller.store import EventRow, OutageRow
 from controller.store.commit_process import START_SECONDS
-from controller.store.writer_lock import Holder, recorded_holder, this_process
+from controller.store.writer_lock import Holder, clock_offset, recorded_holder, this_process
 from pricing.errors import CapacityError
 
-__all__ = ["FOLLOW_BATCH", "RECOUNT_SECONDS", "Follow", "HaStatus"]
+__all__ = [
+    "FOLLOW_BATCH",
+    "MAX_CLOCK_SKEW_SECONDS",
+    "RECOUNT_SECONDS",
+    "Follow",
+    "HaStatus",
+    "max_clock_skew",
+]
 
 FOLLOW_BATCH = 2000
 """Events applied per read; a standby far behind catches up over several reads."""
 _RESYNC = {"replanned", "failed"}
+MAX_CLOCK_SKEW_SECONDS = 1.0
+"""The skew from the last leader's clock a standby may lead with at least; with slots
+longer than 100 s, a hundredth of a slot (:func:`max_clock_skew`)."""
 RECOUNT_SECONDS = 60.0
 """A standby refusing to take over counts the plans that do not fit it again at most
 this often (a rebuild of its ledger)."""
+
+
+def max_clock_skew(slot_seconds: float) -> float:
+    """The most seconds a standby's clock may be off the last leader's for it to take
+    over: a hundredth of a slot, at least :data:`MAX_CLOCK_SKEW_SECONDS` (36 s with the
+    default hour-long slots). Clocks kept by NTP are milliseconds apart."""
+    return max(MAX_CLOCK_SKEW_SECONDS, slot_seconds / 100)
 
 
 @dataclass(frozen=True)
@@ -223,18 +240,42 @@ class Follow(Recovery):
 
     def takeover_problem(self) -> str:
         """Why this standby cannot lead the store as it is ("" if it can): its slot grid
-        is not that of the stored plans (:meth:`_check_slot_grid`), or its servers or
-        window would move plans another node admitted (:meth:`_moves_problem`). Reads
-        the store only, so the election asks before it takes the lock and records an
-        epoch."""
+        is not that of the stored plans (:meth:`_check_slot_grid`), its clock is too far
+        from the last leader's (:meth:`_clock_problem`), or its servers or window would
+        move plans another node admitted (:meth:`_moves_problem`). Reads the store only,
+        so the election asks before it takes the lock and records an epoch."""
         try:
             with self.db.session() as session:
                 self._check_slot_grid(session)
                 holder = recorded_holder(session)
                 differences = self._setup_differences(session) if self._unfitted else []
+                mine = clock_offset(session, self.slots.clock.now)
         except SlotGridChangedError as err:
             return str(err)
-        return self._moves_problem(holder, differences)
+        return self._clock_problem(holder, mine) or self._moves_problem(holder, differences)
+
+    def _clock_problem(self, holder: Holder | None, mine: tuple[float, float] | None) -> str:
+        """Why this node's clock must not number the slots after the last leader's ("" if
+        it may): their skew, each measured against PostgreSQL's clock (:func:`clock_offset`),
+        is over :func:`max_clock_skew`. Each node numbers slots by its own clock: one
+        behind would let jobs arrive and a cancelled job's slots go that much early, one
+        ahead would start and complete jobs early, and with a slot or more of skew the
+        stored plans would move."""
+        if holder is None or holder.clock_offset is None or mine is None:
+            return ""  # no leader yet, one that recorded none (an older oasis), or SQLite
+        offset, uncertainty = mine
+        skew = offset - holder.clock_offset
+        limit = max_clock_skew(self.config.slot_seconds)
+        if abs(skew) - uncertainty <= limit:
+            return ""
+        where = "ahead of" if skew > 0 else "behind"
+        leader = holder.address or holder.host or "unknown"
+        return (
+            f"this node's clock is {abs(skew):.3g} s {where} the clock of the node that led "
+            f"last ({leader}), each measured against PostgreSQL's (at most {limit:g} s with "
+            f"{self.config.slot_seconds:g} s slots): it would number the slots otherwise. "
+            "Set the head nodes' clocks right (NTP: chronyc tracking, timedatectl)"
+        )
 
     def _moves_problem(self, holder: Holder | None, differences: list[str]) -> str:
         """Why this standby's config would move plans the node that led last admitted

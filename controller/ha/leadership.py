@@ -106,7 +106,7 @@ class Leadership:
         if problem:  # no lock taken, no epoch recorded: asked again at the next check
             now = time.monotonic()
             if problem != self._refused or now - self._refused_at >= _REFUSAL_LOG_SECONDS:
-                self.log.error("cannot take over: this node's config cannot lead the store",
+                self.log.error("cannot take over: this node cannot lead the store as it is",
                                why=problem)  # fmt: skip
                 self._refused, self._refused_at = problem, now
             return
@@ -151,4 +151,4 @@ class Leadership:
         """Take the lock and record the next epoch (blocking); None if another holds it."""
         if not self.lock.try_acquire():
             return None
-        return self.lock.record(self.c.db, self.c.advertise)
+        return self.lock.record(self.c.db, self.c.advertise, now=self.c.slots.clock.now)

@@ -33,11 +33,13 @@ import contextlib
 import errno
 import fcntl
 import json
+import math
 import os
 import socket
 import threading
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -58,6 +60,7 @@ __all__ = [
     "StoreLockedError",
     "WriterLock",
     "check_epoch",
+    "clock_offset",
     "recorded_holder",
     "writer_lock",
 ]
@@ -79,6 +82,8 @@ class Holder:
         since: when it took the lock (UTC); None if unknown.
         epoch: the acquisition count when it took the lock; 0 if unknown.
         address: where clients reach it (``[ha] advertise``); "" if unknown.
+        clock_offset: its slot clock minus PostgreSQL's, seconds, when it took the lock
+            (:func:`clock_offset`); None if unknown (SQLite, an older oasis).
     """
 
     host: str
@@ -86,6 +91,7 @@ class Holder:
     since: datetime | None
     epoch: int = 0
     address: str = ""
+    clock_offset: float | None = None
 
     def __str__(self) -> str:
         pid = f"pid {self.pid}" if self.pid is not None else "pid unknown"
@@ -94,9 +100,16 @@ class Holder:
 
     def to_dict(self) -> dict[str, Any]:
         since = self.since.isoformat() if self.since else None
-        out = {"host": self.host, "pid": self.pid, "since": since, "epoch": self.epoch}
+        out: dict[str, Any] = {
+            "host": self.host,
+            "pid": self.pid,
+            "since": since,
+            "epoch": self.epoch,
+        }
         if self.address:
             out["address"] = self.address
+        if self.clock_offset is not None:
+            out["clock_offset"] = self.clock_offset
         return out
 
     @classmethod
@@ -114,7 +127,24 @@ class Holder:
             at = None
         pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
         address = raw.get("address", "")
-        return cls(host[:255], pid, at, epoch, address[:255] if isinstance(address, str) else "")
+        given = raw.get("clock_offset")
+        offset = float(given) if isinstance(given, int | float) and not isinstance(
+            given, bool) and math.isfinite(given) else None  # fmt: skip
+        address = address[:255] if isinstance(address, str) else ""
+        return cls(host[:255], pid, at, epoch, address, offset)
+
+
+def clock_offset(session: Session, now: Callable[[], float]) -> tuple[float, float] | None:
+    """``now()`` (a node's slot clock, Unix seconds) minus PostgreSQL's clock, seconds,
+    and half the round trip it was measured in (its uncertainty); None on SQLite. Two
+    head nodes' offsets, each against the same server, differ by their clocks' skew,
+    whatever the server's own clock says."""
+    if session.get_bind().dialect.name != "postgresql":
+        return None
+    before = now()
+    store = session.scalar(text("SELECT extract(epoch FROM clock_timestamp())"))
+    after = now()
+    return (before + after) / 2 - float(store), abs(after - before) / 2
 
 
 def this_process(epoch: int = 0, address: str = "") -> Holder:
@@ -228,14 +258,20 @@ class WriterLock(ABC):
         if not self.try_acquire():
             raise StoreLockedError(self.what, self.holder(), self.hint)
 
-    def record(self, db: Database, address: str = "") -> int:
+    def record(
+        self, db: Database, address: str = "", now: Callable[[], float] | None = None
+    ) -> int:
         """Record this process as the holder in the store's ``meta`` (the schema must
         exist), with the previous epoch + 1, in one transaction (the row locked ``FOR
-        UPDATE`` against the fence of :func:`check_epoch`); returns the new epoch."""
+        UPDATE`` against the fence of :func:`check_epoch`); returns the new epoch. With
+        ``now`` (the node's slot clock) its :func:`clock_offset` is recorded too."""
         with db.session() as session:
             previous = session.get(MetaRow, RECORD_KEY, with_for_update=True)
             last = Holder.from_dict(previous.value if previous else None)
             me = this_process((last.epoch if last else 0) + 1, address)
+            measured = clock_offset(session, now) if now is not None else None
+            if measured is not None:
+                me = replace(me, clock_offset=measured[0])
             session.merge(MetaRow(key=RECORD_KEY, value=me.to_dict()))
         self.epoch = me.epoch
         return me.epoch
