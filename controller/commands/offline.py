@@ -31,7 +31,7 @@ from controller.commands.common import (
     quiet_native_stdout,
     search_limit,
 )
-from controller.history import HistoryError, OnlineJob, load_history
+from controller.history import History, HistoryError, OnlineJob, load_history
 from controller.replay import replay
 from controller.store import Database, StoreUnavailableError
 from pricing.column_generation import ColumnGenerationError
@@ -40,6 +40,8 @@ from pricing.offline import (
     Held,
     OfflineError,
     OfflineResult,
+    allocation_from_schedules,
+    check_allocation,
     largest_job_share,
     theorem4_bound,
 )
@@ -260,7 +262,7 @@ def _text(doc: dict[str, Any], gap: float | None, out: TextIO) -> None:
 
 
 def _from_store(
-    args: argparse.Namespace,
+    args: argparse.Namespace, progress: Any
 ) -> tuple[Trace, Held | None, list[OnlineJob], list[Schedule | None]]:
     """The stored decisions as an offline problem (controller/history.py)."""
     check_store_url(args.store)
@@ -278,7 +280,38 @@ def _from_store(
         raise InputError(f"--store: cannot read a daemon's store there: {first_line}") from err
     finally:
         db.dispose()
-    return history.trace, history.held, history.online, history.schedules
+    return history.trace, history.held, history.online, _startable(history, progress)
+
+
+def _startable(history: History, progress: Any) -> list[Schedule | None]:
+    """The daemon's schedules that make a feasible start for the solver (SPEC 3-5), the
+    others None. A job its agents finished early, or one that failed, holds fewer
+    worker-slots than its work W in the store; given as part of the start it broke SPEC 4
+    and the whole comparison was refused ("the starting allocation breaks SPEC 3-5") on
+    any stretch where a job was done early. Such jobs are left out of the start (their
+    online utility still counts as the daemon recorded it); if what is left still breaks
+    the rules (plans stored before the servers shrank), the solver starts from nothing."""
+    trace, schedules = history.trace, list(history.schedules)
+    short = [
+        i
+        for i, (job, s) in enumerate(zip(trace.jobs, schedules, strict=True))
+        if s is not None and s.work() < job.work
+    ]
+    for i in short:
+        schedules[i] = None
+    if short:
+        progress(
+            "admitted jobs holding fewer worker-slots than their work in the store (done "
+            f"early, or failed): {len(short)}, left out of the solver's start"
+        )
+    problems = check_allocation(trace, history.held, *allocation_from_schedules(trace, schedules))
+    if problems:
+        progress(
+            f"the daemon's allocation breaks SPEC 3-5 on these servers ({problems[0]}): "
+            "the solver starts from nothing"
+        )
+        return [None] * len(schedules)
+    return schedules
 
 
 def _from_trace(
@@ -316,7 +349,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--from and --to select slots of a --store")
     if args.store is not None:
         progress("reading the store...")
-        trace, held, online_jobs, online = _from_store(args)
+        trace, held, online_jobs, online = _from_store(args, progress)
         progress(
             f"{counted(len(trace.jobs), 'job')} compared over {counted(trace.horizon, 'slot')}; "
             f"the daemon admitted {sum(j.admitted for j in online_jobs)}"
