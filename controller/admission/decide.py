@@ -15,6 +15,7 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
 from controller.admission.commit import Committed, DecisionRows, Deferred, GroupCommit
+from controller.admission.job_ids import JobIds
 from controller.admission.views import DecisionView, JobView, canonical_spec
 from controller.errors import ConflictError, QueueFullError
 from controller.events import Event
@@ -255,14 +256,16 @@ class DecisionCore(GroupCommit):
                 f"job {job_id!r} exists with another spec ({shown}): give this job another id"
             )
 
-    def _stored_ids(self) -> set[str]:
-        """Ids of every job in the store or handed to the writer, kept in memory so a new
-        id's submission reads nothing before it is decided. Loaded with one query
-        whenever the ledger was (re)built from the store (at start, after an outage):
-        both then match it."""
+    def _stored_ids(self) -> JobIds:
+        """Ids of every job in the store or handed to the writer, kept in memory (as
+        digests, :mod:`.job_ids`: a match is a "maybe", which the caller's read of the
+        store settles) so a new id's submission reads nothing before it is decided.
+        Loaded with one query, streamed, whenever the ledger was (re)built from the
+        store (at start, after an outage): both then match it."""
         if self._ids_ledger is not self._ledger:
             with self.db.session() as session:
-                self._ids = set(session.scalars(select(JobRow.id)).all())
+                ids = session.scalars(select(JobRow.id).execution_options(yield_per=20_000))
+                self._ids = JobIds(ids)
             self._ids_ledger = self._ledger
         return self._ids
 

@@ -25,6 +25,7 @@ import structlog
 from sqlalchemy.orm import Session
 
 from controller.admission.decision_thread import DecisionThread
+from controller.admission.job_ids import JobIds
 from controller.admission.views import JobView
 from controller.admission.writer import GroupWriter, WriteSet
 from controller.clock import SlotClock
@@ -119,7 +120,7 @@ class AdmissionState(ABC):
         self._held_events: list[Event] = []
         self._pending_slot = -1  # the slot whose pending jobs have all been decided
         # ids of the stored jobs, valid for the ledger they were loaded with (.decide)
-        self._ids: set[str] = set()
+        self._ids = JobIds()
         self._ids_ledger: Ledger | None = None
         # called with the ids of each batch of jobs retention deleted (.retention)
         self.prune_hooks: list[Callable[[list[str]], None]] = []
