@@ -13,14 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 from sqlalchemy import event, insert
 
 from controller.admission import AdmissionController
-from controller.clock import FakeClock, SlotClock
-from controller.config import from_dict
-from controller.store import Database, JobRow
-from tests.test_mqtt_units import CLUSTER
+from controller.clock import FakeClock
+from controller.store import JobRow
+from tests.test_retention import SPEC
+from tests.test_retention import _controller as retention_controller
 
 HOUR = 3600.0
 SIZES = (500, 5000)
@@ -28,17 +27,7 @@ SIZES = (500, 5000)
 
 def _controller(tmp: Path, keep_days: float = 0) -> tuple[AdmissionController, FakeClock]:
     tmp.mkdir()
-    daemon = {"data_dir": str(tmp), "window": 6, "epoch": 0, "keep_days": keep_days}
-    config = from_dict({"daemon": daemon, "cluster": CLUSTER})
-    clock = FakeClock(1.0)
-    c = AdmissionController(
-        config,
-        Database(config.database_url),
-        SlotClock(clock, config.slot_seconds, 0.0),
-        log=structlog.wrap_logger(structlog.ReturnLogger()),
-    )
-    c.open()
-    return c, clock
+    return retention_controller(tmp, keep_days)
 
 
 def _history(c: AdmissionController, jobs: int) -> None:
@@ -154,7 +143,7 @@ def test_offline_store_from_to_reads_the_stretch_not_the_history(tmp_path: Path)
     def load(c: AdmissionController, clock: FakeClock) -> int:
         clock.t = 3 * HOUR + 1.0  # the stretch: one job arriving in slot 4
         c._advance_window()
-        view = asyncio.run(c.submit({"id": "late", **_SPEC}))
+        view = asyncio.run(c.submit({"id": "late", **SPEC}))
         arrival = view.decision.arrival_slot
         tracemalloc.start()
         try:
@@ -167,10 +156,3 @@ def test_offline_store_from_to_reads_the_stretch_not_the_history(tmp_path: Path)
 
     peaks = _each_size(tmp_path, load)
     assert peaks[1] < 1.5 * peaks[0], peaks
-
-
-_SPEC: dict[str, Any] = {
-    "epochs": 1, "chunks": 2, "minibatches": 10, "tau": 0.05, "grad_mb": 1,
-    "worker": {"gpu": 1, "bandwidth": 1}, "ps": {"bandwidth": 1},
-    "utility": {"kind": "sigmoid", "priority": 50, "decay": 0.5, "target": 3},
-}  # fmt: skip
