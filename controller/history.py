@@ -26,7 +26,7 @@ from numpy.typing import NDArray
 from sqlalchemy import func, select
 
 from controller.admission import SETTINGS_KEY
-from controller.store import AllocationRow, Database, JobRow, MetaRow, ServerRow
+from controller.store import AllocationRow, Database, JobRow, MetaRow, ServerRow, in_batches
 from controller.store.stored import stored_spec
 from pricing import SpecError, fields, job_from_dict
 from pricing.cluster import cluster_from_dict
@@ -42,10 +42,6 @@ MAX_CELLS = 1 << 26
 """Slots x servers x resources of the problem read at most (two float arrays of 512 MiB):
 past it, the comparison asks for a narrower --from/--to instead of running out of
 memory (one arrival slot edited a trillion slots out asked for 109 TiB)."""
-
-
-_IN_BATCH = 500
-"""Ids in one query's IN list at most (old SQLite builds bind at most 999 values)."""
 
 
 class HistoryError(Exception):
@@ -143,9 +139,10 @@ def load_history(db: Database, first: int | None = None, last: int | None = None
         index = {r.id: i for i, r in enumerate(compared)}
         others = sorted({a.job_id for a in allocs} - index.keys())
         held_rows: dict[str, JobRow] = {}
-        for i in range(0, len(others), _IN_BATCH):
-            batch = session.scalars(select(JobRow).where(JobRow.id.in_(others[i : i + _IN_BATCH])))
-            held_rows |= {r.id: r for r in batch}
+        for batch in in_batches(others):
+            held_rows |= {
+                r.id: r for r in session.scalars(select(JobRow).where(JobRow.id.in_(batch)))
+            }
     try:
         cluster = cluster_from_dict(
             resources,

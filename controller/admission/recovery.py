@@ -33,6 +33,7 @@ from controller.store import (
     OutageRow,
     ServerRow,
     StoreUnavailableError,
+    in_batches,
     migrate,
 )
 from controller.store.commit_process import START_SECONDS
@@ -53,9 +54,6 @@ slots is 30 years of hourly slots; a longer configured window raises it): a stor
 allocation further out is read as a broken row, not as a plan to refit, whose arrays
 would be that long."""
 
-
-_IN_BATCH = 500
-"""Ids in one query's IN list at most (SQLite's bound on parameters is 999 in old builds)."""
 
 HOLDING_NONE = frozenset(STATES) - {"admitted", "running"}
 """The job states that hold no slot from the current one on (their future allocation
@@ -368,10 +366,10 @@ class Recovery(Moves, BoundControl):
             holding = list(dict.fromkeys(session.scalars(
                 select(AllocationRow.job_id).where(AllocationRow.slot >= first))))  # fmt: skip
             idle: list[Any] = []
-            for i in range(0, len(holding), _IN_BATCH):
+            for batch in in_batches(holding):
                 idle += session.execute(
                     select(JobRow.id, JobRow.state, JobRow.sequence).where(
-                        JobRow.id.in_(holding[i : i + _IN_BATCH]),
+                        JobRow.id.in_(batch),
                         JobRow.state.in_(HOLDING_NONE),
                     )
                 ).all()
@@ -379,9 +377,9 @@ class Recovery(Moves, BoundControl):
                 return
             idle.sort(key=lambda j: (j.sequence is not None, j.sequence or 0))  # as SQLite
             ids = [j.id for j in idle]
-            for i in range(0, len(ids), _IN_BATCH):
+            for batch in in_batches(ids):
                 session.execute(delete(AllocationRow).where(
-                    AllocationRow.job_id.in_(ids[i : i + _IN_BATCH]),
+                    AllocationRow.job_id.in_(batch),
                     AllocationRow.slot >= first))  # fmt: skip
         self.log.warning(
             "allocations of jobs that hold no capacity deleted (an edit?)", jobs=len(idle),

@@ -9,6 +9,7 @@ from controller.store.database import (
     Database,
     StoreUnavailableError,
     StoreVersionError,
+    in_batches,
     migrate,
 )
 from controller.store.models import (
@@ -33,5 +34,6 @@ __all__ = [
     "ServerRow",
     "StoreUnavailableError",
     "StoreVersionError",
+    "in_batches",
     "migrate",
 ]

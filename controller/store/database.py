@@ -25,11 +25,11 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from alembic import command
@@ -45,11 +45,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "IN_BATCH",
     "RETRY_SECONDS",
     "SQLITE_SYNCHRONOUS",
     "Database",
     "StoreUnavailableError",
     "StoreVersionError",
+    "in_batches",
     "migrate",
 ]
 
@@ -249,6 +251,18 @@ class Database:
     def dispose(self) -> None:
         self._drop_held()
         self.engine.dispose()
+
+
+_V = TypeVar("_V")
+
+IN_BATCH = 500
+"""Values in one query's ``IN`` list at most (old SQLite builds bind at most 999)."""
+
+
+def in_batches(values: Sequence[_V]) -> Iterator[Sequence[_V]]:
+    """``values`` in slices of at most :data:`IN_BATCH`, one query's ``IN`` list each."""
+    for i in range(0, len(values), IN_BATCH):
+        yield values[i : i + IN_BATCH]
 
 
 def lenient_json(text: str) -> Any:
