@@ -175,15 +175,14 @@ def _decision_lines(
             f"admitted with {_plan_words(d, times)}"
         )
     elif d.admitted:
-        jct = f"{d.jct}" + (f" = {format_duration(d.jct * times.slot_seconds)}" if times else "")
         done = f"; done by {local_time(times.start(d.completion_slot + 1))}" if times else ""
         ran = state in ("running", "completed")
         yield (
             f"{title}: {state + ' (admitted)' if ran else would + 'admitted'}, "
             f"{'arrived' if ran else 'arrives'} in slot {slot_label(d.arrival_slot, times)}, "
             f"{'completed' if state == 'completed' else 'completes'} in slot "
-            f"{d.completion_slot}{done} (jct {jct}); utility {d.utility:.6g}, cost "
-            f"{d.cost:.6g}, payoff {d.payoff:.6g}"
+            f"{d.completion_slot}{done} (jct {_jct_words(d, times)}); utility "
+            f"{d.utility:.6g}, cost {d.cost:.6g}, payoff {d.payoff:.6g}"
         )
     else:
         yield f"{title}: {would}rejected: {d.reason}"
@@ -202,15 +201,19 @@ def _decision_lines(
                                right={0})  # fmt: skip
 
 
+def _jct_words(d: pb.Decision, times: SlotTimes | None) -> str:
+    """A decision's jct in slots, and in time when the slot length is known: ``5 = 5h``."""
+    return f"{d.jct}" + (f" = {format_duration(d.jct * times.slot_seconds)}" if times else "")
+
+
 def _plan_words(d: pb.Decision, times: SlotTimes | None) -> str:
     """An abandoned plan (a cancelled or failed job's) in words, said to be a plan:
     ``payoff 99.8 (planned: completion in slot 5, jct 5 = 5h, utility 100)``."""
     if not d.HasField("jct"):
         return f"payoff {fmt(d.payoff if d.HasField('payoff') else None)}"
-    jct = f"{d.jct}" + (f" = {format_duration(d.jct * times.slot_seconds)}" if times else "")
     return (
         f"payoff {d.payoff:.6g} (planned: completion in slot {d.arrival_slot + d.jct - 1}, "
-        f"jct {jct}, utility {d.utility:.6g})"
+        f"jct {_jct_words(d, times)}, utility {d.utility:.6g})"
     )
 
 
