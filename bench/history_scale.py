@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import hashlib
 import json
 import os
@@ -68,6 +67,7 @@ import structlog
 from sqlalchemy import func, insert, select
 
 from bench.machine import describe
+from bench.retention import timed_pass
 from controller.admission import AdmissionController
 from controller.admission.state import SETTINGS_KEY
 from controller.admission.views import canonical_spec
@@ -450,14 +450,7 @@ def retention(store: Store, work: Path) -> dict[str, Any]:
     c = _controller(store, work, url, "keep_days = 30")
     c.open()
     try:
-        batches: list[float] = []
-        deleted = 0
-        after: int | None = 0
-        while after is not None:
-            t0 = time.perf_counter()
-            ids, after = asyncio.run(c._run(functools.partial(c._prune_sync, after=after)))
-            batches.append((time.perf_counter() - t0) * 1000.0)
-            deleted += len(ids)
+        batches, deleted = timed_pass(c)
         with c.db.session() as session:
             left = int(session.scalar(select(func.count()).select_from(JobRow)) or 0)
     finally:

@@ -83,12 +83,7 @@ def measure(url: str, data_dir: Path, jobs: int) -> dict[str, Any]:
         clock.t = 330 * HOUR + 1.0
         asyncio.run(_tick_only(c))
         before = _counts(c)
-        batches: list[float] = []
-        cursor: int | None = 0
-        while cursor is not None:
-            t0 = time.perf_counter()
-            _, cursor = asyncio.run(c._run(functools.partial(c._prune_sync, after=cursor)))
-            batches.append((time.perf_counter() - t0) * 1000.0)
+        batches, _ = timed_pass(c)
         after = _counts(c)
     finally:
         c.close()
@@ -100,6 +95,20 @@ def measure(url: str, data_dir: Path, jobs: int) -> dict[str, Any]:
         "batch_ms_max": round(float(arr.max()), 1),
         "jobs_per_second": round(before["jobs"] / (sum(batches) / 1000.0), 0),
     }  # fmt: skip
+
+
+def timed_pass(c: AdmissionController) -> tuple[list[float], int]:
+    """One retention pass, a step at a time as ``AdmissionController.prune`` runs it:
+    each step's milliseconds, and the jobs deleted."""
+    steps: list[float] = []
+    deleted = 0
+    cursor: int | None = 0
+    while cursor is not None:
+        t0 = time.perf_counter()
+        ids, cursor = asyncio.run(c._run(functools.partial(c._prune_sync, after=cursor)))
+        steps.append((time.perf_counter() - t0) * 1000.0)
+        deleted += len(ids)
+    return steps, deleted
 
 
 async def _tick_only(c: AdmissionController) -> None:
