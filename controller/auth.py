@@ -25,7 +25,9 @@ unsalted hash cannot be reversed by guessing)::
 
 ``oasis token NAME --role ROLE`` makes a token and prints its line. The name is what the
 store records as the job's submitter. With no ``[auth]`` every caller is an anonymous
-operator (the embedded defaults, on loopback).
+operator (the embedded defaults, on loopback). A reload (SIGHUP) reads the file again
+(:mod:`controller.reload`): a token it no longer holds, or holds with another role, is
+refused at its next call and ends its open streams (:func:`holds`).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import re
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,6 +61,7 @@ __all__ = [
     "MAX_OPEN_STREAMS",
     "NAME_PATTERN",
     "OPEN_SERVICES",
+    "REVOKE_CHECK_SECONDS",
     "SUBMITTER_METHODS",
     "AccessInterceptor",
     "Caller",
@@ -66,6 +69,7 @@ __all__ = [
     "TokenInterceptor",
     "current_caller",
     "hash_token",
+    "holds",
     "load_tokens",
     "new_token",
     "tokens_from_dict",
@@ -92,6 +96,10 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9_.@-]{1,200}")
 
 log = structlog.get_logger("oasisd")
 
+REVOKE_CHECK_SECONDS = 15.0
+"""How often an open stream checks that its caller's token still holds (:func:`holds`),
+seconds; it also checks at each event it sends. The console's heartbeat is as long."""
+
 
 class Role(StrEnum):
     SUBMITTER = "submitter"
@@ -113,12 +121,16 @@ class Caller:
             client on the head node is 127.0.0.1, and gRPC clients share one connection
             per address, so a per-host or per-connection cap would let one busy script
             refuse everyone else's calls.
+        token: the SHA-256 (hex) of the token it called with, as the tokens file holds
+            it; empty when authentication is off. A reload (SIGHUP) that drops or
+            rotates the token ends what it opened (:func:`holds`).
     """
 
     name: str
     role: Role
     client: str = ""
     turn: str = ""
+    token: str = field(default="", repr=False)
 
     @property
     def owner(self) -> str | None:
@@ -143,6 +155,16 @@ def current_caller() -> Caller:
     if caller is None:  # fail closed: a servicer reached without the interceptor
         raise RuntimeError("no caller: the access interceptor is not installed")
     return caller
+
+
+def holds(tokens: Mapping[str, Caller] | None, caller: Caller) -> bool:
+    """Whether ``caller`` may still call under ``tokens`` (the daemon's tokens now, which a
+    reload may have changed since the caller was admitted): its token is still there,
+    with the same name and role. Without authentication (None) everyone may."""
+    if tokens is None:
+        return True
+    now = tokens.get(caller.token)
+    return now is not None and now.name == caller.name and now.role is caller.role
 
 
 def hash_token(token: str) -> str:
@@ -193,7 +215,7 @@ def load_tokens(path: Path) -> dict[str, Caller]:
         names.add(name)
         # its turns and rate are its name's wherever it calls from (the console uses
         # the caller as loaded: a console request waits its turn like a gRPC call)
-        tokens[digest] = Caller(name, Role(role), client=name, turn=name)
+        tokens[digest] = Caller(name, Role(role), client=name, turn=name, token=digest)
     if not tokens:
         raise SpecError.one(where, "holds no token: nobody could call the daemon")
     return tokens

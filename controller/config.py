@@ -56,6 +56,7 @@ Example (``config/oasisd.example.toml`` is a complete one)::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tomllib
@@ -85,7 +86,15 @@ from pricing.errors import SpecError
 from pricing.ledger import ledger_bytes
 from pricing.prices import PriceBounds, bounds_from_dict
 
-__all__ = ["DEFAULT_LISTEN", "Config", "ConfigError", "PricingConfig", "demo_config", "load"]
+__all__ = [
+    "DEFAULT_LISTEN",
+    "Config",
+    "ConfigError",
+    "PricingConfig",
+    "demo_config",
+    "load",
+    "table_digests",
+]
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
 
@@ -158,6 +167,9 @@ class Config:
         web: ``[web]``, the operator's console; its ``listen`` empty: no console.
         warnings: problems worth a warning at start (a config with secrets that others
             may read).
+        tables: ``{table: digest}`` of the file's top-level TOML tables as read
+            (:func:`table_digests`), so a reload (SIGHUP, :mod:`controller.reload`) can
+            name the tables edited since; empty for a config not read from a file.
     """
 
     listen: str
@@ -186,6 +198,7 @@ class Config:
     ha: HaConfig | None = None
     web: WebConfig = field(default_factory=WebConfig)
     warnings: tuple[str, ...] = ()
+    tables: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def database_url(self) -> str:
@@ -468,9 +481,21 @@ def load(path: str | Path) -> Config:
         raise ConfigError(f"{p}: not TOML: {err}") from err
     except RecursionError as err:
         raise ConfigError(f"{p}: not TOML that can be read: nested too deeply") from err
-    config = from_dict(data, str(p), base=p.parent)
+    config = replace(from_dict(data, str(p), base=p.parent), tables=table_digests(data))
     warning = _exposed_secrets(p, config, mode, group)
     return replace(config, warnings=(warning,)) if warning else config
+
+
+def table_digests(data: Mapping[str, Any]) -> dict[str, str]:
+    """``{table: SHA-256 hex}`` of each top-level table of a TOML document as read (keys
+    sorted, so only a changed value or key changes a digest; comments and layout do not).
+    """
+    return {
+        name: hashlib.sha256(
+            json.dumps(value, sort_keys=True, default=str).encode("utf-8")
+        ).hexdigest()
+        for name, value in data.items()
+    }
 
 
 def _exposed_secrets(path: Path, config: Config, mode: int, group: int) -> str:

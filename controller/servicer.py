@@ -8,6 +8,7 @@ none, and its times resolved to slots; the decision refuses it if it can be wort
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
@@ -22,7 +23,7 @@ from controller.admission import (
     PreconditionError,
     QueueFullError,
 )
-from controller.auth import Caller, current_caller
+from controller.auth import REVOKE_CHECK_SECONDS, Caller, current_caller, holds
 from controller.convert import (
     SERVER_KINDS,
     STATE_OF,
@@ -254,6 +255,7 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
     async def WatchEvents(
         self, request: pb.WatchEventsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.Event]:
+        caller = current_caller()
         queue = self.c.bus.subscribe()
         try:
             last = request.after_sequence
@@ -262,13 +264,22 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
                 for event in page:
                     last = event.sequence
                     yield event_to_proto(event)
-                if len(page) < _WATCH_PAGE:
+                if len(page) < _WATCH_PAGE or not holds(self.c.config.tokens, caller):
                     break
-            while True:
-                event = await queue.get()
+            # until a reload (SIGHUP) revokes the token the stream was opened with
+            while holds(self.c.config.tokens, caller):
+                try:
+                    event = await asyncio.wait_for(queue.get(), REVOKE_CHECK_SECONDS)
+                except TimeoutError:
+                    continue
                 if event.sequence > last:
                     last = event.sequence
                     yield event_to_proto(event)
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                f"token of {caller.name} revoked: oasisd read its tokens file again "
+                "(a reload) and no longer finds it",
+            )
         finally:
             self.c.bus.unsubscribe(queue)
 

@@ -2,7 +2,8 @@
 
 Prints the token (give it to the client, e.g. as ``$OASIS_TOKEN``) and the line to add
 to the daemon's tokens file, which holds only the token's SHA-256 (controller/auth.py).
-Nothing is sent anywhere; the daemon reads its tokens file at start.
+Nothing is sent anywhere; the daemon reads its tokens file at start and at a reload
+(``systemctl reload oasisd``, SIGHUP: controller/reload.py).
 """
 
 from __future__ import annotations
@@ -42,4 +43,5 @@ def cmd_token(args: argparse.Namespace) -> int:
     else:
         print(f"token (give it to {args.name}; it is not stored anywhere): {token}")
         print(f"line for the daemon's tokens file:\n{line}")
+        print("then: systemctl reload oasisd (it reads the tokens file again; no restart)")
     return EXIT_OK

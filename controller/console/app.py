@@ -35,7 +35,7 @@ import json
 import re
 import secrets
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -44,7 +44,7 @@ import structlog
 from aiohttp import web
 
 from controller.admission import AdmissionController
-from controller.auth import ANONYMOUS, Caller, Role, hash_token
+from controller.auth import ANONYMOUS, Caller, Role, hash_token, holds
 from controller.commands.records import job_record
 from controller.config import Config
 from controller.console import pages
@@ -299,6 +299,13 @@ class Console:
         request["session"] = session
         return await handler(request)
 
+    def set_tokens(self, tokens: Mapping[str, Caller] | None) -> int:
+        """Take the tokens a reload read (:mod:`controller.reload`): the sessions of a
+        token removed, rotated or given another role end; returns how many. Their open
+        event streams end at their next event or heartbeat."""
+        self.tokens = tokens
+        return self.sessions.retain(lambda session: holds(tokens, session.caller))
+
     def _caller(self, request: web.Request) -> tuple[Caller | None, Session | None]:
         """Who sends ``request``: anonymous without ``[auth]``; else its bearer token
         (refused if unknown) or its session cookie; None: nobody logged in."""
@@ -491,7 +498,7 @@ class Console:
         caller: Caller = request["caller"]
         self._open_stream(caller)
         try:
-            return await self._stream(request, caller.owner)
+            return await self._stream(request, caller)
         finally:
             self._close_stream(caller)
 
@@ -524,7 +531,10 @@ class Console:
         else:
             self.streams.pop(caller.name, None)
 
-    async def _stream(self, request: web.Request, owner: str | None) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, caller: Caller) -> web.StreamResponse:
+        """The stream of ``caller`` (a submitter sees only its own jobs' events), until
+        the browser goes, the console closes, or a reload revokes the caller's token."""
+        owner = caller.owner
         queue = self.c.bus.subscribe()  # first, so nothing falls between backfill and live
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
@@ -547,7 +557,7 @@ class Console:
                 last = max(last, event.sequence)
                 if await self._visible(event, owner):
                     await response.write(_sse(event))
-            while not self.closing.is_set():
+            while not self.closing.is_set() and holds(self.tokens, caller):
                 event_or_none = await self._next(queue)
                 if event_or_none is None:
                     await response.write(b": ping\n\n")

@@ -91,6 +91,14 @@ class Sessions:
         """End a session (logout); unknown ids are ignored."""
         self._by_id.pop(session_id, None)
 
+    def retain(self, keep: Callable[[Session], bool]) -> int:
+        """End every session for which ``keep`` is false (a reload revoked its token);
+        returns how many ended."""
+        gone = [sid for sid, s in self._by_id.items() if not keep(s)]
+        for sid in gone:
+            del self._by_id[sid]
+        return len(gone)
+
     def __len__(self) -> int:
         return len(self._by_id)
 

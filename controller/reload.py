@@ -1,0 +1,196 @@
+"""The config file read again on SIGHUP (``systemctl reload oasisd``): who may call
+changes without a restart.
+
+What a reload applies at once is ``[auth]``'s tokens file, read again:
+
+- a token added may call at once (a new tenant, a new operator);
+- a token removed, rotated (its name's line holds another hash) or given another role is
+  refused at its next call (``UNAUTHENTICATED``), its console sessions end, and the
+  streams it opened (``WatchEvents``, the console's live events) end at their next event,
+  or within :data:`controller.auth.REVOKE_CHECK_SECONDS` (15 s).
+
+Everything else is read at start only, as before: a reload names each table of the file
+that differs from what the daemon runs as waiting for a restart, at every reload until
+one, and changes nothing of it. A file that would not start the daemon (any error, in any
+table) changes nothing at all: the error is logged, the daemon goes on as it was, and
+the operator learns of the mistake before a restart would have stopped on it. Turning
+``[auth]`` on or off is a change of ``[auth]`` that waits for a restart too: it decides
+whether calls are authenticated at all.
+
+The alternative, a restart per tenant added or token rotated, costs every tenant the
+daemon's downtime (a drain, start-up, a failover with ``[ha]``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import structlog
+
+from controller.auth import Caller
+from controller.config import Config, ConfigError, load
+
+__all__ = ["Reloader", "Reread", "TokenChanges", "reread", "token_changes"]
+
+
+@dataclass(frozen=True)
+class TokenChanges:
+    """What a reload changes of who may call, by token name (each tuple sorted).
+
+    Attributes:
+        added: names that had no token.
+        removed: names that have none now.
+        rotated: names whose token is another (the old one no longer calls).
+        roles: ``"name: old -> new"`` for names whose role changed.
+    """
+
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    rotated: tuple[str, ...] = ()
+    roles: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.removed or self.rotated or self.roles)
+
+    def words(self) -> str:
+        """One line for the log and a status: ``"added bob; removed alice"``, or
+        ``"no change"``."""
+        parts = [
+            f"{what} {', '.join(names)}"
+            for what, names in (
+                ("added", self.added),
+                ("removed", self.removed),
+                ("rotated", self.rotated),
+                ("role changed", self.roles),
+            )
+            if names
+        ]
+        return "; ".join(parts) or "no change"
+
+
+def token_changes(
+    old: Mapping[str, Caller] | None, new: Mapping[str, Caller] | None
+) -> TokenChanges:
+    """The changes from ``old`` to ``new`` (``{sha256: Caller}``; None: no ``[auth]``,
+    no names)."""
+    before = {c.name: (digest, c.role) for digest, c in (old or {}).items()}
+    after = {c.name: (digest, c.role) for digest, c in (new or {}).items()}
+    both = before.keys() & after.keys()
+    return TokenChanges(
+        added=tuple(sorted(after.keys() - before.keys())),
+        removed=tuple(sorted(before.keys() - after.keys())),
+        rotated=tuple(sorted(n for n in both if before[n][0] != after[n][0])),
+        roles=tuple(
+            sorted(
+                f"{n}: {before[n][1].value} -> {after[n][1].value}"
+                for n in both
+                if before[n][1] is not after[n][1]
+            )
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class Reread:
+    """What a reload found.
+
+    Attributes:
+        config: the running config with what the reload applies: the tokens, and
+            ``[auth]``'s table as read now (the other tables stay as they were read at
+            start, so every reload names them until a restart applies them).
+        tokens: what changes of who may call (empty if ``[auth]`` waits for a restart).
+        restart: the tables edited that apply only at the next restart, sorted
+            (``"auth"`` among them when ``[auth]`` was added or removed).
+    """
+
+    config: Config
+    tokens: TokenChanges
+    restart: tuple[str, ...]
+
+
+def reread(running: Config, path: Path) -> Reread:
+    """Read the config file at ``path`` again against the ``running`` config.
+
+    Raises:
+        ConfigError: the file would not start the daemon (nothing applies then).
+    """
+    fresh = load(path)
+    edited = {
+        table
+        for table in running.tables.keys() | fresh.tables.keys()
+        if running.tables.get(table) != fresh.tables.get(table)
+    }
+    restart = edited - {"auth"}
+    tables = dict(running.tables)
+    if (running.tokens is None) != (fresh.tokens is None):
+        restart.add("auth")  # authentication itself turned on or off
+        tokens = running.tokens
+    else:
+        tokens = fresh.tokens
+        tables.pop("auth", None)
+        if "auth" in fresh.tables:
+            tables["auth"] = fresh.tables["auth"]
+    applied = replace(running, tokens=tokens, tables=tables)
+    return Reread(applied, token_changes(running.tokens, tokens), tuple(sorted(restart)))
+
+
+class Reloader:
+    """SIGHUP's handler: reads the config file again off the event loop, one reload at a
+    time, and hands what applies to each of ``targets``.
+
+    Args:
+        running: the config the daemon runs (its ``source`` is the file read again;
+            without ``tables`` it was not read from a file: the embedded defaults).
+        targets: called on the event loop, in order, with the config to run from now
+            on (the gRPC interceptor's and the console's tokens, the controller's config).
+    """
+
+    def __init__(self, running: Config, targets: Sequence[Callable[[Config], object]]) -> None:
+        self.running = running
+        self.targets = targets
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[Reread | None]] = set()
+        self.log = structlog.get_logger("oasisd")
+
+    def hangup(self) -> None:
+        """The signal handler (on the event loop): start a reload."""
+        task = asyncio.get_running_loop().create_task(self.reload(), name="reload")
+        self._tasks.add(task)  # held until done: the loop keeps only weak references
+        task.add_done_callback(self._tasks.discard)
+
+    async def reload(self) -> Reread | None:
+        """Read the file again and apply its tokens; None if nothing could be read (the
+        reason logged)."""
+        async with self._lock:
+            if not self.running.tables:
+                self.log.warning(
+                    "reload: no config file to read again (the embedded defaults; start "
+                    "oasisd --config FILE)"
+                )
+                return None
+            path = Path(self.running.source)
+            try:
+                found = await asyncio.to_thread(reread, self.running, path)
+            except ConfigError as err:
+                self.log.error(
+                    "reload refused: the config file would not start oasisd; nothing "
+                    "changed", config=str(path), error=str(err),
+                )  # fmt: skip
+                return None
+            self.running = found.config
+            for target in self.targets:
+                target(found.config)
+            self.log.info(
+                "config reloaded", config=str(path), tokens=found.tokens.words(),
+                restart_needed=list(found.restart),
+            )  # fmt: skip
+            if found.restart:
+                self.log.warning(
+                    "config tables changed that apply only at a restart",
+                    tables=[f"[{t}]" for t in found.restart],
+                    hint="systemctl restart oasisd",
+                )
+            return found

@@ -1,0 +1,210 @@
+"""A reload (SIGHUP, ``systemctl reload oasisd``) reads the config file again and applies
+its tokens file: a tenant added, removed or a token rotated without a restart, which
+would cost every tenant the daemon's downtime (controller/reload.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+
+from controller.auth import Caller, Role, hash_token
+from controller.config import ConfigError, load
+from controller.convert import spec_to_proto
+from controller.reload import reread, token_changes
+from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
+from controller.tls import client_channel
+from tests.servers import Daemon, json_log, write_config
+from tests.test_daemon_e2e import job
+
+EPOCH = 1_700_000_000.0  # fixed, so writing the config again leaves [daemon] as it was
+
+
+def tokens_file(path: Path, lines: dict[str, tuple[str, str]]) -> Path:
+    """``{name: (role, token)}`` as a tokens file."""
+    path.write_text("".join(f"{n} {role} {hash_token(t)}\n" for n, (role, t) in lines.items()))
+    return path
+
+
+def config_file(d: Path, tokens: Path, limits: str = "") -> Path:
+    extra = f'[auth]\ntokens_file = "{tokens}"\n[web]\nlisten = "127.0.0.1:0"\n{limits}'
+    return write_config(d / "oasisd.toml", d / "data", epoch=EPOCH, extra=extra)
+
+
+def code_of(address: str, token: str) -> grpc.StatusCode:
+    with client_channel(address, token=token) as channel:
+        try:
+            pb_grpc.AdmissionStub(channel).ListJobs(pb.ListJobsRequest(), timeout=10)
+        except grpc.RpcError as err:
+            return err.code()
+    return grpc.StatusCode.OK
+
+
+def reloads(log: Path, event: str, seen: int, timeout: float = 30.0) -> dict[str, Any]:
+    """The next log entry ``event`` after the first ``seen`` of them."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [e for e in json_log(log) if e.get("event") == event]
+        if len(found) > seen:
+            return found[seen]
+        time.sleep(0.05)
+    raise AssertionError(f"no {event!r} logged within {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+# -- what a reload finds -----------------------------------------------------------------
+
+
+def test_token_changes_name_each_kind_of_change() -> None:
+    def caller(name: str, role: Role, digest: str) -> tuple[str, Caller]:
+        return digest, Caller(name, role, token=digest)
+
+    old = dict([caller("alice", Role.SUBMITTER, "a1"), caller("ops", Role.OPERATOR, "o1"),
+                caller("carol", Role.SUBMITTER, "c1")])  # fmt: skip
+    new = dict([caller("bob", Role.SUBMITTER, "b1"), caller("ops", Role.OPERATOR, "o2"),
+                caller("carol", Role.OPERATOR, "c1")])  # fmt: skip
+    changes = token_changes(old, new)
+    assert changes.added == ("bob",) and changes.removed == ("alice",)
+    assert changes.rotated == ("ops",) and changes.roles == ("carol: submitter -> operator",)
+    assert changes.words() == (
+        "added bob; removed alice; rotated ops; role changed carol: submitter -> operator"
+    )
+    assert not token_changes(old, dict(old)) and token_changes(old, old).words() == "no change"
+
+
+def test_reread_applies_tokens_and_names_the_tables_waiting_for_a_restart(
+    tmp_path: Path,
+) -> None:
+    tokens = tokens_file(tmp_path / "tokens", {"alice": ("submitter", "t-alice")})
+    running = load(config_file(tmp_path, tokens))
+    tokens_file(tokens, {"bob": ("submitter", "t-bob")})
+    config_file(tmp_path, tokens, limits="[limits]\nmax_utility = 10\n")
+    found = reread(running, Path(running.source))
+    assert found.tokens.added == ("bob",) and found.tokens.removed == ("alice",)
+    assert found.restart == ("limits",)  # noted, not applied
+    assert found.config.limits == running.limits
+    assert {c.name for c in (found.config.tokens or {}).values()} == {"bob"}
+    # every reload names it until a restart applies it; the tokens are not news again
+    again = reread(found.config, Path(running.source))
+    assert again.restart == ("limits",) and not again.tokens
+
+
+def test_reread_leaves_turning_auth_on_or_off_to_a_restart(tmp_path: Path) -> None:
+    tokens = tokens_file(tmp_path / "tokens", {"alice": ("submitter", "t-alice")})
+    running = load(config_file(tmp_path, tokens))
+    write_config(tmp_path / "oasisd.toml", tmp_path / "data", epoch=EPOCH,
+                 extra='[web]\nlisten = "127.0.0.1:0"\n')  # fmt: skip
+    found = reread(running, Path(running.source))
+    assert found.restart == ("auth",) and not found.tokens
+    assert found.config.tokens == running.tokens  # authentication stays on
+
+
+def test_reread_of_a_file_that_would_not_start_raises_and_names_the_line(
+    tmp_path: Path,
+) -> None:
+    tokens = tokens_file(tmp_path / "tokens", {"alice": ("submitter", "t-alice")})
+    running = load(config_file(tmp_path, tokens))
+    tokens.write_text("bob submitter not-a-hash\n")
+    with pytest.raises(ConfigError, match="line 1: the token's SHA-256 must be 64 hex"):
+        reread(running, Path(running.source))
+
+
+# -- the daemon ------------------------------------------------------------------------
+
+
+def test_a_reload_adds_removes_and_rotates_tokens_of_a_running_daemon(tmp_path: Path) -> None:
+    """With the daemon as a subprocess: bob added and alice removed by a SIGHUP, the
+    operator's token rotated. The old tokens are refused at their next call, an operator's
+    WatchEvents stream opened with the rotated token ends, alice's console session ends;
+    a tokens file with a mistake changes nothing, and the daemon never stops."""
+    tokens = tokens_file(tmp_path / "tokens", {"alice": ("submitter", "t-alice"),
+                                               "ops": ("operator", "t-ops")})  # fmt: skip
+    log = tmp_path / "oasisd.log"
+    daemon = Daemon(config_file(tmp_path, tokens), log).start()
+    try:
+        address = daemon.address
+        assert daemon.proc is not None
+        web = next(e["address"] for e in json_log(log) if e.get("event") == "console listening")
+        assert code_of(address, "t-alice") == grpc.StatusCode.OK
+        assert code_of(address, "t-bob") == grpc.StatusCode.UNAUTHENTICATED
+
+        ended: list[tuple[grpc.StatusCode, str]] = []
+        watching = threading.Event()
+
+        def watch() -> None:
+            with client_channel(address, token="t-ops") as channel:
+                stream = pb_grpc.AdmissionStub(channel).WatchEvents(
+                    pb.WatchEventsRequest(after_sequence=-1), timeout=120
+                )
+                watching.set()
+                try:
+                    for _ in stream:
+                        pass
+                except grpc.RpcError as err:
+                    ended.append((err.code(), err.details() or ""))
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        assert watching.wait(10)
+
+        async def login(http: aiohttp.ClientSession) -> str:
+            async with http.post(
+                f"http://{web}/login", data={"token": "t-alice"}, allow_redirects=False
+            ) as r:
+                assert r.status == 303
+                return str(r.cookies["oasis_session"].value)
+
+        async def overview(http: aiohttp.ClientSession, session: str) -> int:
+            cookies = {"oasis_session": session}
+            async with http.get(f"http://{web}/api/overview", cookies=cookies) as r:
+                return r.status
+
+        async def console_login() -> str:
+            async with aiohttp.ClientSession() as http:
+                session = await login(http)
+                assert await overview(http, session) == 200
+                return session
+
+        alice_session = asyncio.run(console_login())
+
+        tokens_file(tokens, {"bob": ("submitter", "t-bob"), "ops": ("operator", "t-ops-2")})
+        daemon.proc.send_signal(signal.SIGHUP)
+        reloaded = reloads(log, "config reloaded", 0)
+        assert reloaded["tokens"] == "added bob; removed alice; rotated ops"
+        assert reloaded["restart_needed"] == []
+        assert code_of(address, "t-bob") == grpc.StatusCode.OK
+        assert code_of(address, "t-ops-2") == grpc.StatusCode.OK
+        assert code_of(address, "t-alice") == grpc.StatusCode.UNAUTHENTICATED
+        assert code_of(address, "t-ops") == grpc.StatusCode.UNAUTHENTICATED
+
+        # an event wakes the old operator's stream, which then ends
+        with client_channel(address, token="t-bob") as channel:
+            spec = spec_to_proto(job("bob-1"))
+            pb_grpc.AdmissionStub(channel).SubmitJob(pb.SubmitJobRequest(job=spec), timeout=30)
+        watcher.join(30)
+        assert ended and ended[0][0] == grpc.StatusCode.UNAUTHENTICATED, ended
+        assert "token of ops revoked" in ended[0][1]
+
+        async def console_after() -> int:
+            async with aiohttp.ClientSession() as http:
+                return await overview(http, alice_session)
+
+        assert asyncio.run(console_after()) == 401  # logged out
+
+        # a mistake in the file changes nothing, and says where it is
+        tokens.write_text(tokens.read_text() + "carol submitter 1234\n")
+        daemon.proc.send_signal(signal.SIGHUP)
+        refused = reloads(log, "reload refused: the config file would not start oasisd; "
+                          "nothing changed", 0)  # fmt: skip
+        assert "line 3: the token's SHA-256 must be 64 hex digits" in refused["error"]
+        assert code_of(address, "t-bob") == grpc.StatusCode.OK
+        assert daemon.proc.poll() is None
+    finally:
+        assert daemon.stop() == 0, log.read_text()[-3000:]
