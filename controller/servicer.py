@@ -293,7 +293,10 @@ class ClusterServicer(pb_grpc.ClusterServicer):
     ) -> pb.ListServersResponse:
         cluster = self.c.cluster
         turn = current_caller().turn
-        use = await _guard(context, self.c.read(lambda: self.c.current_use(request.slot), turn))
+        use, states = await _guard(
+            context,
+            self.c.read(lambda: (self.c.current_use(request.slot), self.c.server_states()), turn),
+        )
         out = pb.ListServersResponse(current_slot=self.c.slot)
         for kind, _, name, caps in cluster.servers():
             out.servers.add(
@@ -301,6 +304,7 @@ class ClusterServicer(pb_grpc.ClusterServicer):
                 kind=SERVER_KINDS[kind],
                 capacity=dict(zip(cluster.resources, caps.tolist(), strict=True)),
                 used=use[name],
+                state=states[name],
             )
         return out
 
@@ -354,6 +358,31 @@ class ClusterServicer(pb_grpc.ClusterServicer):
         submitter = request.submitter if request.HasField("submitter") else None
         change = self.c.set_bounds(request.action, pins, caller.submitter, caller.turn, submitter)
         return pb.SetBoundsResponse(bounds=bounds_to_proto(await _guard(context, change)))
+
+    async def CordonServer(
+        self, request: pb.CordonServerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CordonServerResponse:
+        caller = current_caller()
+        change = self.c.cordon(request.server, request.reason, caller.submitter, caller.turn)
+        view = await _guard(context, change)
+        return pb.CordonServerResponse(
+            server=view["server"],
+            from_slot=view["from_slot"],
+            moved=[pb.MovedJob(id=j, how=how) for j, how in view["moved"].items()],
+            already=view["already"],
+        )
+
+    async def UncordonServer(
+        self, request: pb.UncordonServerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UncordonServerResponse:
+        caller = current_caller()
+        view = await _guard(context, self.c.uncordon(request.server, caller.submitter, caller.turn))
+        return pb.UncordonServerResponse(
+            server=view["server"],
+            from_slot=view["from_slot"] or 0,
+            already=view["already"],
+            failed=view["failed"],
+        )
 
     async def GetClusterInfo(
         self, request: pb.GetClusterInfoRequest, context: grpc.aio.ServicerContext

@@ -309,6 +309,8 @@ def test_roles_and_ownership(mtls_daemon: Daemon, pki: Pki, tmp_path: Path) -> N
             (pb_grpc.ClusterStub(alice).ListServers, pb.ListServersRequest()),
             (pb_grpc.ClusterStub(alice).GetPrices, pb.GetPricesRequest()),
             (pb_grpc.ClusterStub(alice).GetUtilisation, pb.GetUtilisationRequest()),
+            (pb_grpc.ClusterStub(alice).CordonServer, pb.CordonServerRequest(server="w0")),
+            (pb_grpc.ClusterStub(alice).UncordonServer, pb.UncordonServerRequest(server="w0")),
         ]
         for call, request in denied:
             code, details = code_of(call, request)

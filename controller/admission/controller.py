@@ -13,6 +13,7 @@ from concurrent.futures import Future, InvalidStateError
 from typing import Any, TypeVar
 
 from controller.admission.commit import Deferred
+from controller.admission.cordons import Cordons
 from controller.admission.follow import Follow
 from controller.admission.lifecycle import Lifecycle
 from controller.admission.pending import PendingQueue
@@ -55,7 +56,7 @@ def _settle(answer: Future[_T], outcome: Callable[[], _T] | BaseException) -> No
         pass
 
 
-class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews):
+class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews, Cordons):
     """Owns the ledger, the price bounds and the store; see the package docstring."""
 
     # -- async API (serialised, off the event loop) ---------------------------------------
@@ -258,6 +259,22 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews)
         view, events = await self._run(
             lambda: self._set_bounds_sync(action, pins, by, submitter), client
         )
+        self._publish(events)
+        return view
+
+    async def cordon(
+        self, server: str, reason: str = "", by: str | None = None, client: str = ""
+    ) -> dict[str, Any]:
+        """Take ``server`` out of service from the next slot on (:mod:`.cordons`)."""
+        view, events = await self._run(lambda: self._cordon_sync(server, reason, by), client)
+        self._publish(events)
+        return view
+
+    async def uncordon(
+        self, server: str, by: str | None = None, client: str = ""
+    ) -> dict[str, Any]:
+        """Put a cordoned ``server`` back in service from the next slot on."""
+        view, events = await self._run(lambda: self._uncordon_sync(server, by), client)
         self._publish(events)
         return view
 

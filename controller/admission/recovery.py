@@ -25,6 +25,7 @@ from controller.clock import epoch as slot_zero
 from controller.clock import first_epoch
 from controller.errors import SlotGridChangedError
 from controller.store import (
+    CORDONED,
     REBUILD_SECONDS,
     AllocationRow,
     EventRow,
@@ -601,9 +602,11 @@ class Recovery(Moves, BoundControl):
         return ""
 
     def _block_failed_servers(self, ledger: Ledger) -> None:
-        """Take servers declared failed (the execution plane) out of their slots again."""
+        """Take servers declared failed (the execution plane) or cordoned (an operator,
+        :mod:`.cordons`) out of their slots again."""
         with self.db.session() as session:
             outages = session.scalars(select(OutageRow).order_by(OutageRow.id)).all()
+        cordoned: dict[str, int] = {}
         for o in outages:
             if not _integer(o.down_from) or not (o.up_from is None or _integer(o.up_from)):
                 self.log.warning(
@@ -622,6 +625,9 @@ class Recovery(Moves, BoundControl):
                 continue
             # A recovered server may hold new jobs from up_from on: block only the outage.
             ledger.block(kind, index, o.down_from, o.up_from)
+            if o.cause == CORDONED and o.up_from is None:
+                cordoned.setdefault(o.server, o.down_from)
+        self.cordoned = cordoned
 
 
 def _digest(value: Any) -> str:

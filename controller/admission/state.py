@@ -126,6 +126,9 @@ class AdmissionState(ABC):
         self.prune_hooks: list[Callable[[list[str]], None]] = []
         # stored job rows found not to read back, each logged once (.reads)
         self._unreadable: set[str] = set()
+        # cordoned servers -> the slot their cordon began (.cordons), as the store holds
+        # them at the last rebuild and as this leader changed them since
+        self.cordoned: dict[str, int] = {}
         # group commit (.writer, .commit): decisions are committed by a writer thread
         # in batches; a rebuild of the ledger starts a new generation, and write sets
         # of a generation a batch of which failed are not committed. The writer writes

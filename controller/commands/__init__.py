@@ -39,7 +39,14 @@ COMMANDS: dict[str, Command] = {
     "jobs": Command(_CLIENT, "list jobs"),
     "job": Command(_CLIENT, "show one job with its plan"),
     "cancel": Command(_CLIENT, "cancel a job; its future slots are released"),
-    "servers": Command(_CLIENT, "list servers with capacity and current use"),
+    "servers": Command(_CLIENT, "list servers with their state, capacity and current use"),
+    "cordon": Command(
+        "controller.commands.cordon",
+        "take a server out of service from the next slot on; its jobs move (operators)",
+    ),
+    "uncordon": Command(
+        "controller.commands.cordon", "put a cordoned server back in service (operators)"
+    ),
     "prices": Command(_CLIENT, "unit prices per server and resource over the next slots"),
     "watch": Command(_CLIENT, "print decisions and state changes as they happen"),
     "status": Command(

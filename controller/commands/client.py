@@ -181,8 +181,7 @@ def _decision_lines(
             f"{title}: {state + ' (admitted)' if ran else would + 'admitted'}, "
             f"{'arrived' if ran else 'arrives'} in slot {slot_label(d.arrival_slot, times)}, "
             f"{'completed' if state == 'completed' else 'completes'} in slot "
-            f"{d.completion_slot}{done} (jct {_jct_words(d, times)}); utility "
-            f"{d.utility:.6g}, cost {d.cost:.6g}, payoff {d.payoff:.6g}"
+            f"{d.completion_slot}{done} (jct {_jct_words(d, times)}); {_worth_words(d)}"
         )
     else:
         yield f"{title}: {would}rejected: {d.reason}"
@@ -199,6 +198,20 @@ def _decision_lines(
                     for s, v in sorted(by_slot.items())]  # fmt: skip
             yield render_table(["slot", "begins", "plan (server:workers w / ps)"], rows,
                                right={0})  # fmt: skip
+
+
+def _worth_words(d: pb.Decision) -> str:
+    """``utility U, cost C, payoff P`` of an admitted job; its cost and payoff are those of
+    its decision, its utility that of its plan now: one moved since (a server failed or
+    was cordoned, its work ran slow) says so, rather than show a payoff over its utility
+    less its cost."""
+    decided = d.payoff + d.cost  # the utility of the plan it was admitted with
+    if math.isclose(decided, d.utility, rel_tol=1e-9, abs_tol=1e-9):
+        return f"utility {d.utility:.6g}, cost {d.cost:.6g}, payoff {d.payoff:.6g}"
+    return (
+        f"utility {d.utility:.6g} as re-planned (its 'replanned' events say why); admitted "
+        f"with utility {decided:.6g}, cost {d.cost:.6g}, payoff {d.payoff:.6g}"
+    )
 
 
 def _jct_words(d: pb.Decision, times: SlotTimes | None) -> str:
@@ -409,11 +422,11 @@ def cmd_servers(args: argparse.Namespace) -> int:
     for s in resp.servers:
         kind = "worker" if s.kind == pb.SERVER_KIND_WORKER else "ps"
         cells = [f"{s.used.get(r, 0):g}/{s.capacity.get(r, 0):g}" for r in resources]
-        rows.append([s.name, kind, *cells])
-    print(f"slot {slot_label(resp.current_slot, stubs.times())}: used/capacity")
-    print(
-        render_table(["server", "kind", *resources], rows, right=set(range(2, 2 + len(resources))))
-    )
+        rows.append([s.name, kind, s.state or "up", *cells])
+    print(f"slot {slot_label(resp.current_slot, stubs.times())}: used/capacity; state from "
+          "the next slot")  # fmt: skip
+    right = set(range(3, 3 + len(resources)))
+    print(render_table(["server", "kind", "state", *resources], rows, right=right))
     return EXIT_OK
 
 

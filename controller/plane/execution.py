@@ -67,6 +67,7 @@ from controller.plane.port import AdmissionPort
 from controller.plane.settings import MqttConfig
 from controller.plane.topics import Heartbeat, Plan, Progress, SlotPlan, Task
 from controller.store import (
+    CORDONED,
     REBUILD_SECONDS,
     AllocationRow,
     EventRow,
@@ -258,7 +259,10 @@ class Execution:
         (blocking). Ended jobs' progress stays in the store (see :meth:`view_sync`)."""
         now = self.monotonic()
         with self.c.db.session() as session:
-            for row in session.scalars(select(OutageRow).where(OutageRow.up_from.is_(None))):
+            failures = select(OutageRow).where(
+                OutageRow.up_from.is_(None), OutageRow.cause != CORDONED
+            )  # an operator's cordon is no failure: heartbeats do not end it
+            for row in session.scalars(failures):
                 self.failed[row.server] = now
             active = (
                 select(ProgressRow)
@@ -540,7 +544,9 @@ class Execution:
         from_slot = s + 1
         ledger = self.c._ledger
         if ledger.is_down(kind, index):
-            return []
+            # cordoned: its jobs moved off already; the failure is recorded, so the
+            # server stays out after an uncordon until its agent is heard again
+            return self._fail_cordoned_sync(server, from_slot) if server in self.c.cordoned else []
         with self.c.db.session() as session:
             jobs = {j: self._job(j, session) for j in ledger.job_ids()}
         before = {j: ledger.schedule(j) for j in jobs}
@@ -578,18 +584,35 @@ class Execution:
 
         return self._guarded(change)
 
+    def _fail_cordoned_sync(self, server: str, from_slot: int) -> list[Event]:
+        """A cordoned server's agent fell silent: recorded, nothing moves."""
+        now = datetime.now(UTC)
+        with self.c._write() as session:
+            session.add(OutageRow(server=server, down_from=from_slot, up_from=None,
+                                  detected_at=now))  # fmt: skip
+            event = self.c._event(session, now, "server_failed", "", "",
+                                  {"server": server, "from_slot": from_slot, "jobs": [],
+                                   "cordoned": True})  # fmt: skip
+        self.log.warning("server failed", server=server, from_slot=from_slot, cordoned=True)
+        return [event]
+
     def _recover_sync(self, server: str) -> list[Event]:
         kind, index = self.server_index[server]
         from_slot = self.c.slot + 1
         now = datetime.now(UTC)
+        cordoned = server in self.c.cordoned  # out until an operator's uncordon
         with self.c._write() as session:
             session.execute(update(OutageRow).where(
-                OutageRow.server == server, OutageRow.up_from.is_(None)
+                OutageRow.server == server, OutageRow.up_from.is_(None),
+                OutageRow.cause != CORDONED,
             ).values(up_from=from_slot))  # fmt: skip
-            event = self.c._event(session, now, "server_recovered", "", "",
-                                  {"server": server, "from_slot": from_slot})  # fmt: skip
-        self.c._ledger.unblock(kind, index, from_slot)
-        self.log.info("server back", server=server, from_slot=from_slot)
+            detail: dict[str, Any] = {"server": server, "from_slot": from_slot}
+            if cordoned:
+                detail["cordoned"] = True
+            event = self.c._event(session, now, "server_recovered", "", "", detail)
+        if not cordoned:
+            self.c._ledger.unblock(kind, index, from_slot)
+        self.log.info("server back", server=server, from_slot=from_slot, cordoned=cordoned)
         return [event]
 
     def _review_job_sync(self, job_id: str) -> list[Event]:

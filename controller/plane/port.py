@@ -48,6 +48,9 @@ class AdmissionPort(Protocol):
     """The ledger; replaced (then rebuilt with :meth:`_rebuild`) after a re-plan."""
     prune_hooks: list[Callable[[list[str]], None]]
     """Called (in the decision thread) with the ids of each batch of deleted jobs."""
+    cordoned: dict[str, int]
+    """Cordoned servers -> the slot their cordon began (an operator's; heartbeats do not
+    end it)."""
 
     @property
     def _ledger(self) -> Ledger:

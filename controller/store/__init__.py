@@ -13,6 +13,7 @@ from controller.store.database import (
     migrate,
 )
 from controller.store.models import (
+    CORDONED,
     AllocationRow,
     EventRow,
     JobRow,
@@ -23,6 +24,7 @@ from controller.store.models import (
 )
 
 __all__ = [
+    "CORDONED",
     "REBUILD_SECONDS",
     "AllocationRow",
     "Database",

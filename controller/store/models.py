@@ -122,9 +122,15 @@ class MetaRow(Base):
     value: Mapped[dict[str, Any]] = mapped_column(JSON)
 
 
+CORDONED = "cordoned"
+"""``OutageRow.cause`` of an operator's cordon (the execution plane's failures: ``"failed"``)."""
+
+
 class OutageRow(Base):
-    """A server declared failed: down from slot ``down_from`` until ``up_from`` (None:
-    still down). The ledger blocks it in those slots."""
+    """A server out of service: down from slot ``down_from`` until ``up_from`` (None:
+    still down). The ledger blocks it in those slots. ``cause``: ``"failed"``, declared by
+    the execution plane (its agent fell silent; its heartbeats end it), or
+    ``"cordoned"``, by an operator (``oasis cordon``; only ``oasis uncordon`` ends it)."""
 
     __tablename__ = "server_outages"
     id: Mapped[int] = mapped_column(
@@ -134,6 +140,7 @@ class OutageRow(Base):
     down_from: Mapped[int] = mapped_column(LenientBigInteger)
     up_from: Mapped[int | None] = mapped_column(LenientBigInteger)
     detected_at: Mapped[datetime] = mapped_column(LenientTime)
+    cause: Mapped[str] = mapped_column(String(16), default="failed", server_default="failed")
 
 
 class ProgressRow(Base):

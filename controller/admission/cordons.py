@@ -1,0 +1,170 @@
+"""Cordoned servers: an operator takes a server out of service, and puts it back,
+without a restart (``oasis cordon SERVER``, ``oasis uncordon SERVER``).
+
+A cordon takes effect at the next slot boundary: the server's capacity is zero from slot
+``s + 1`` on (``s`` the current slot), in this window and every slot it opens later,
+until an uncordon, which gives it back from the next boundary. The jobs planned on it
+then move as after a failure (:func:`pricing.replan.fail_server`), in decision order:
+re-placed in the same slots on other servers where room allows, else re-planned from
+their remaining work with the best-schedule search, else failed; each with a
+``replanned`` or ``failed`` event whose reason is ``server_cordoned``. The current slot
+is left as it is: the server works on to its end (a failure takes the current slot's
+work too, since nothing ran). New jobs are planned around it at once.
+
+The store keeps a cordon as an outage row of cause ``cordoned`` (migration 0007): a
+restart, an outage rebuild and a standby block it again, and the execution plane's
+heartbeats never end it, as they end a failure. A server both failed and cordoned stays
+out until both have ended.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import select, update
+
+from controller.admission.moves import Moves
+from controller.errors import NotFoundError
+from controller.events import Event
+from controller.store import CORDONED, JobRow, OutageRow
+from controller.store.stored import stored_spec
+from pricing import Job, SpecError
+from pricing.replan import fail_server
+
+__all__ = ["MAX_REASON", "Cordons"]
+
+MAX_REASON = 500
+"""The longest reason a cordon records, characters."""
+
+
+class Cordons(Moves):
+    """Cordon and uncordon servers; see the module docstring."""
+
+    def _server_of(self, server: str) -> tuple[str, int]:
+        """``(kind, index)`` of a configured server; NotFoundError naming the servers
+        otherwise."""
+        cluster = self.cluster
+        if server in cluster.worker_names:
+            return "worker", cluster.worker_names.index(server)
+        if server in cluster.ps_names:
+            return "ps", cluster.ps_names.index(server)
+        names = [*cluster.worker_names, *cluster.ps_names]
+        shown = ", ".join(names[:20]) + (f", and {len(names) - 20} more" if len(names) > 20 else "")
+        raise NotFoundError(f"no server {server[:200]!r} in [cluster] (servers: {shown})")
+
+    def _cordon_sync(
+        self, server: str, reason: str = "", by: str | None = None
+    ) -> tuple[dict[str, Any], list[Event]]:
+        """Cordon ``server`` from the next slot on; returns what was done (``server``,
+        ``from_slot``, ``moved``: ``{job id: how}``, ``already``: True if it was cordoned
+        before, when nothing changes) and the events."""
+        kind, index = self._server_of(server)
+        if len(reason) > MAX_REASON:
+            raise SpecError.one("reason", f"at most {MAX_REASON} characters, got {len(reason)}")
+        self._advance_window()
+        if server in self.cordoned:
+            since = self.cordoned[server]
+            return {"server": server, "from_slot": since, "moved": {}, "already": True}, []
+        from_slot = self.slot + 1
+        ledger = self._ledger
+        moved: dict[str, str] = {}
+        jobs: dict[str, Job] = {}
+        outcome = None
+        try:
+            if not ledger.is_down(kind, index):  # a failed server's jobs have moved already
+                with self.db.session() as session:
+                    jobs = {j: self._stored_job(j, session) for j in ledger.job_ids()}
+                last = {j: self._window_end(job.arrival) for j, job in jobs.items()}
+                # the current slot stays as planned: the server runs it to its end
+                outcome = fail_server(ledger, jobs, kind, index, from_slot, {}, last)
+                moved = {
+                    **dict.fromkeys(outcome.replaced, "replaced"),
+                    **dict.fromkeys(outcome.replanned, "replanned"),
+                    **dict.fromkeys(outcome.stranded, "stranded"),
+                }
+            now = datetime.now(UTC)
+            events: list[Event] = []
+            with self._write() as session:  # fenced (high availability)
+                session.add(OutageRow(server=server, down_from=from_slot, up_from=None,
+                                      detected_at=now, cause=CORDONED))  # fmt: skip
+                detail: dict[str, Any] = {"reason": "server_cordoned", "server": server}
+                for job_id, how in moved.items():  # decision order (fail_server's)
+                    best = outcome.replanned.get(job_id) if outcome is not None else None
+                    job = jobs[job_id]
+                    events.append(
+                        self._record_move(session, now, job, how, from_slot, detail, best)
+                    )
+                events.append(self._event(session, now, "server_cordoned", "", "", {
+                    "server": server, "from_slot": from_slot, "jobs": list(moved),
+                    "reason": reason, "by": by or "",
+                }))  # fmt: skip
+        except BaseException:
+            # the ledger may hold moves the store does not: rebuilt before the next step
+            self._stale = True
+            raise
+        self.cordoned[server] = from_slot
+        self.log.warning("server cordoned", server=server, from_slot=from_slot, moved=moved,
+                         reason=reason, by=by or "")  # fmt: skip
+        return {"server": server, "from_slot": from_slot, "moved": moved, "already": False}, events
+
+    def _uncordon_sync(
+        self, server: str, by: str | None = None
+    ) -> tuple[dict[str, Any], list[Event]]:
+        """End ``server``'s cordon from the next slot on; returns ``server``,
+        ``from_slot``, ``already`` (True if it was not cordoned: nothing changes) and
+        ``failed`` (True if it stays out, failed by the execution plane), and the events."""
+        kind, index = self._server_of(server)
+        self._advance_window()
+        if server not in self.cordoned:
+            return {"server": server, "from_slot": None, "already": True,
+                    "failed": self._failed_now(server)}, []  # fmt: skip
+        from_slot = self.slot + 1
+        now = datetime.now(UTC)
+        with self._write() as session:
+            session.execute(update(OutageRow).where(
+                OutageRow.server == server, OutageRow.up_from.is_(None),
+                OutageRow.cause == CORDONED,
+            ).values(up_from=from_slot))  # fmt: skip
+            failed = session.scalar(select(OutageRow.id).where(
+                OutageRow.server == server, OutageRow.up_from.is_(None),
+                OutageRow.cause != CORDONED,
+            ).limit(1)) is not None  # fmt: skip
+            event = self._event(session, now, "server_uncordoned", "", "", {
+                "server": server, "from_slot": from_slot, "by": by or "", "failed": failed,
+            })  # fmt: skip
+        del self.cordoned[server]
+        if not failed:
+            self._ledger.unblock(kind, index, from_slot)
+        self.log.info("server uncordoned", server=server, from_slot=from_slot, failed=failed,
+                      by=by or "")  # fmt: skip
+        return {"server": server, "from_slot": from_slot, "already": False, "failed": failed}, [
+            event
+        ]
+
+    def server_states(self) -> dict[str, str]:
+        """Each server's state from the next slot on: ``"cordoned"``, ``"failed"`` (down
+        by the execution plane) or ``"up"`` (read in the decision thread)."""
+        ledger = self._ledger
+        out: dict[str, str] = {}
+        for kind, index, name, _caps in self.cluster.servers():
+            if name in self.cordoned:
+                out[name] = "cordoned"
+            else:
+                out[name] = "failed" if ledger.is_down(kind, index) else "up"
+        return out
+
+    def _failed_now(self, server: str) -> bool:
+        """Whether the store holds an open failure of ``server`` (the execution plane's)."""
+        with self.db.session() as session:
+            return session.scalar(select(OutageRow.id).where(
+                OutageRow.server == server, OutageRow.up_from.is_(None),
+                OutageRow.cause != CORDONED,
+            ).limit(1)) is not None  # fmt: skip
+
+    def _stored_job(self, job_id: str, session: Any) -> Job:
+        """A job of the ledger, from its stored spec."""
+        row = session.get(JobRow, job_id)
+        if row is None:
+            raise NotFoundError(f"no job {job_id!r}")
+        return self._parse(stored_spec(row.spec, job_id), arrival=row.arrival_slot, fits=False)
