@@ -23,6 +23,11 @@ Read at each scrape:
   ``oasis_payoff{state}``: the sum of their payoffs as decided, for every state of an
   admitted job (not ``pending``, ``rejected`` or ``expired``: never earned; the
   algorithm's objective is the sum over ``admitted``, ``running`` and ``completed``).
+  Both are counted in the store at most every ``max(2 s, 50 x the count's duration)``
+  and shared with the console (:mod:`controller.admission.job_counts`: a long history
+  costs a bounded share of a core, not a full count per scrape);
+  ``oasis_jobs_counted_timestamp_seconds`` is the Unix time of their count, and
+  ``oasis_jobs_count_seconds`` how long it took.
 - ``oasis_slot``, ``oasis_draining``.
 - ``oasis_commit_batches_total`` and ``oasis_commit_decisions_total``: the group-commit
   writer's committed batches and the decisions in them (their ratio is the mean batch);
@@ -59,11 +64,10 @@ import numpy as np
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from sqlalchemy import func, select
 
-from controller.admission import STATES, AdmissionController
+from controller.admission import AdmissionController
+from controller.admission.job_counts import AGE_PER_COUNT_SECOND, MIN_AGE_SECONDS
 from controller.rpc import oasis_pb2 as pb
-from controller.store import JobRow
 
 __all__ = ["Metrics"]
 
@@ -186,9 +190,6 @@ def _outcome(kind: str, response: Any) -> tuple[str, pb.Decision]:
     return ("admitted" if decision.admitted else "rejected"), decision
 
 
-_NEVER_ADMITTED = ("pending", "rejected", "expired")
-
-
 class _DecisionInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
@@ -225,6 +226,11 @@ class _DecisionInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return handler._replace(unary_unary=observed)
         return handler._replace(stream_unary=observed)
 
+
+_AGE = (
+    f" Recounted at a scrape at most every max({MIN_AGE_SECONDS:g} s, {AGE_PER_COUNT_SECOND:g}"
+    " x oasis_jobs_count_seconds): older by at most that."
+)
 
 SCRAPE_INTERVAL = 1.0
 """Seconds a scrape's answer is reused: scrapes closer together (the endpoint takes no
@@ -311,29 +317,37 @@ class _ControllerCollector:
         if not up:
             return
         try:
-            with self.c.db.session() as session:
-                rows = session.execute(
-                    select(
-                        JobRow.state, func.count(), func.coalesce(func.sum(JobRow.payoff), 0.0)
-                    ).group_by(JobRow.state)
-                ).all()
+            counted = self.c.job_counts.read()
         except Exception as err:  # the store failed between the ping and the query
             log.warning("metrics: store query failed", error=str(err))
             return
-        counts = {state: (0, 0.0) for state in STATES}
-        counts.update({state: (int(n), float(total or 0.0)) for state, n, total in rows})
-        jobs = GaugeMetricFamily("oasis_jobs", "Stored jobs by state.", labels=["state"])
-        payoff = GaugeMetricFamily(
-            "oasis_payoff",
-            "Sum of the payoffs decided for the stored admitted jobs, by their state now.",
+        jobs = GaugeMetricFamily(
+            "oasis_jobs",
+            f"Stored jobs by state, as of oasis_jobs_counted_timestamp_seconds.{_AGE}",
             labels=["state"],
         )
-        for state, (n, total) in counts.items():
+        for state, n in counted.jobs.items():
             jobs.add_metric([state], n)
-            if state not in _NEVER_ADMITTED:  # their payoff was never earned
-                payoff.add_metric([state], total)
+        payoff = GaugeMetricFamily(
+            "oasis_payoff",
+            "Sum of the payoffs decided for the stored admitted jobs, by their state now, as "
+            f"of oasis_jobs_counted_timestamp_seconds.{_AGE}",
+            labels=["state"],
+        )
+        for state, total in counted.payoff.items():  # admitted jobs' states only
+            payoff.add_metric([state], total)
         yield jobs
         yield payoff
+        yield GaugeMetricFamily(
+            "oasis_jobs_counted_timestamp_seconds",
+            f"Unix time when oasis_jobs and oasis_payoff were counted in the store.{_AGE}",
+            value=counted.counted_at,
+        )
+        yield GaugeMetricFamily(
+            "oasis_jobs_count_seconds",
+            "Seconds the last count of oasis_jobs and oasis_payoff took.",
+            value=counted.seconds,
+        )
 
     def _snapshot(self) -> tuple[int, list[Any], list[Any]]:
         """Runs in the decision thread: the current slot, use and prices over the window."""

@@ -25,6 +25,7 @@ import structlog
 from sqlalchemy.orm import Session
 
 from controller.admission.decision_thread import DecisionThread
+from controller.admission.job_counts import JobCounts
 from controller.admission.job_ids import JobIds
 from controller.admission.views import JobView
 from controller.admission.writer import GroupWriter, WriteSet
@@ -87,6 +88,9 @@ class AdmissionState(ABC):
         self.config = config
         self.cluster = config.cluster
         self.db = db
+        # jobs per state for the scrapes and the console, shared, recounted at most every
+        # few seconds (.job_counts)
+        self.job_counts = JobCounts(db)
         self.slots = slots
         self.bus = bus or EventBus()
         self.log = log or structlog.get_logger("oasisd")

@@ -6,9 +6,11 @@ Every read goes through the controller the gRPC API uses: jobs through
 prints it (:func:`controller.commands.records.job_record`), progress through the
 execution plane's ``view`` (as ``GetProgress``), use through ``utilisation`` and the
 ledger's prices inside :meth:`~controller.admission.AdmissionController.read` (between two
-decisions, never half-way through one). What the views lack -- allocations across jobs
-for the Gantt chart and the heatmap's hover, one job's events, counts per state -- is
-read here from the same store tables, never from a copy.
+decisions, never half-way through one), counts per state from the controller's
+:class:`~controller.admission.job_counts.JobCounts` (shared, at most ``max(2 s, 50 x the
+count's duration)`` old).
+What the views lack -- allocations across jobs for the Gantt chart and the heatmap's
+hover, one job's events -- is read here from the same store tables, never from a copy.
 
 Sizes stay bounded at any cluster size: the heatmap is binned (:mod:`.heatmap`), the
 Gantt chart and the job list are paginated, a job's events are the latest
@@ -102,9 +104,19 @@ class ConsoleData:
     async def overview(self, caller: Caller) -> dict[str, Any]:
         """Use per resource (now, and over the window ahead), jobs per state, the node's
         role and health, and the slot with its wall-clock time. A submitter gets its own
-        job counts and the clock (the cluster's use is for operators, as over gRPC)."""
-        counts = await self.c.read_store(self._counts, caller.owner)
-        out: dict[str, Any] = {"clock": self.clock(), "jobs": counts}
+        job counts and the clock (the cluster's use is for operators, as over gRPC).
+
+        The counts are shared with every reader and the metrics and recounted at most
+        every ``jobs_max_age_seconds`` (:mod:`controller.admission.job_counts`): they are
+        ``jobs_age_seconds`` old, counted at ``jobs_counted_at``."""
+        counts = await self.c.read_store(self.c.job_counts.read, caller.owner)
+        out: dict[str, Any] = {
+            "clock": self.clock(),
+            "jobs": counts.jobs,
+            "jobs_counted_at": format_time(counts.counted_at),
+            "jobs_age_seconds": round(self.c.job_counts.age(counts), 3),
+            "jobs_max_age_seconds": round(counts.max_age, 3),
+        }
         up = await self.c.read_store(self.c.db.ping)
         broker = self.broker()
         draining = self.c.draining
@@ -146,16 +158,6 @@ class ConsoleData:
         out["use"] = use
         out["first_slot"] = first
         return out
-
-    def _counts(self, owner: str | None) -> dict[str, int]:
-        with self.c.db.session() as session:
-            query = select(JobRow.state, func.count()).group_by(JobRow.state)
-            if owner is not None:
-                query = query.where(JobRow.submitter == owner)
-            rows = session.execute(query).all()
-        counts = dict.fromkeys(STATES, 0)
-        counts.update({state: int(n) for state, n in rows})
-        return counts
 
     # -- prices ------------------------------------------------------------------------
 

@@ -186,6 +186,10 @@
         stateBadge(s), el("span", { class: "count", text: String(d.jobs[s]) }))));
     });
     jobs.appendChild(list);
+    if (d.jobs_counted_at) {
+      jobs.appendChild(el("p", { class: "muted", text: "Counted at " + d.jobs_counted_at +
+        "; recounted at most every " + d.jobs_max_age_seconds.toFixed(1) + " s." }));
+    }
     out.push(jobs);
     if (d.use) {
       var use = section("Use per resource", "h-use");
@@ -685,13 +689,21 @@
   requestAnimationFrame(function () { if (window.performance && performance.mark) performance.mark("oasis-drawn"); });
 
   var live = document.getElementById("live");
-  var pending = null, lastFetch = 0;
+  var pending = null, lastFetch = 0, lastEvent = 0;
   function refresh() {
     pending = null; lastFetch = Date.now();
     fetch(api, { headers: { Accept: "application/json" }, credentials: "same-origin" })
       .then(function (r) { return r.ok ? r.json() : null; })
-      .then(function (fresh) { if (fresh) { data = fresh; cellCache = {}; render(); } })
+      .then(function (fresh) { if (fresh) { data = fresh; cellCache = {}; render(); recount(); } })
       .catch(function () {});
+  }
+  // the overview's counts are shared and recounted at most every jobs_max_age_seconds:
+  // counts older than the last event are fetched again once they may be recounted
+  function recount() {
+    if (page !== "overview" || pending || !data.jobs_max_age_seconds) return;
+    var counted = lastFetch - 1000 * data.jobs_age_seconds;
+    if (lastEvent <= counted) return;
+    pending = setTimeout(refresh, Math.max(700, counted + 1000 * data.jobs_max_age_seconds + 50 - Date.now()));
   }
   function relevant(ev) {
     if (page === "job") return ev.job_id === data.job.id;
@@ -713,7 +725,9 @@
     stream.addEventListener("oasis", function (e) {
       var ev = JSON.parse(e.data);
       if (live) live.setAttribute("title", "last event: " + ev.kind + " " + (ev.job_id || "") + " (#" + ev.sequence + ")");
-      if (!relevant(ev) || pending) return;
+      if (!relevant(ev)) return;
+      lastEvent = Date.now();
+      if (pending) return;
       pending = setTimeout(refresh, Math.max(0, 700 - (Date.now() - lastFetch)));
     });
     window.addEventListener("beforeunload", function () { stream.close(); });
