@@ -113,6 +113,22 @@ def test_a_standby_redirects_writes_and_serves_reads(
         assert roles[standby.address]["leader"] == leader.address
         assert roles[leader.address]["epoch"] == roles[standby.address]["epoch"] >= 1
         assert 0 <= roles[standby.address]["lease_age_seconds"] < LEASE
+        # a cordon through the standby reaches the leader, and the standby follows it
+        with grpc.insecure_channel(standby.address) as channel:
+            listed = pb_grpc.ClusterStub(channel).ListServers(pb.ListServersRequest(), timeout=10)
+        first = next(s.name for s in listed.servers if s.kind == pb.SERVER_KIND_WORKER)
+        out = oasis("cordon", first, "--json", server=both)
+        assert json.loads(out.stdout)["server"] == first
+        deadline = time.monotonic() + 30
+        while True:
+            with grpc.insecure_channel(standby.address) as channel:
+                stub = pb_grpc.ClusterStub(channel)
+                states = {s.name: s.state for s in
+                          stub.ListServers(pb.ListServersRequest(), timeout=10).servers}  # fmt: skip
+            if states[first] == "cordoned" or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert states[first] == "cordoned", states
     finally:
         group.stop()
 
