@@ -349,20 +349,30 @@ class _ControllerCollector:
             value=counted.seconds,
         )
 
-    def _snapshot(self) -> tuple[int, list[Any], list[Any]]:
-        """Runs in the decision thread: the current slot, use and prices over the window."""
+    def _snapshot(self) -> tuple[int, list[Any], list[Any], dict[str, str]]:
+        """Runs in the decision thread: the current slot, use and prices over the window,
+        and each server's state."""
         c = self.c
         _, use = c.utilisation(0, c.window + 1)
         _, prices = c.prices(0, c.window + 1)
-        return c.slot, use, prices
+        return c.slot, use, prices, c.server_states()
 
     def _ledger(self) -> Iterator[Metric]:
         try:
-            slot, use, prices = self.c.between_decisions(self._snapshot, _SNAPSHOT_TIMEOUT)
+            slot, use, prices, states = self.c.between_decisions(self._snapshot, _SNAPSHOT_TIMEOUT)
         except (RuntimeError, FutureTimeoutError) as err:  # not open, shut down, or stuck
             log.warning("metrics: ledger not readable", error=str(err) or type(err).__name__)
             return
         yield GaugeMetricFamily("oasis_slot", "The current slot.", value=slot)
+        servers = GaugeMetricFamily(
+            "oasis_servers",
+            "Servers by state from the next slot on: up, cordoned (an operator's oasis "
+            "cordon), failed (the execution plane: its agent fell silent).",
+            labels=["state"],
+        )
+        for state in ("up", "cordoned", "failed"):
+            servers.add_metric([state], sum(1 for v in states.values() if v == state))
+        yield servers
         now = GaugeMetricFamily(
             "oasis_utilisation",
             "Share of the capacity in use in the current slot, 0..1.",

@@ -14,14 +14,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from prometheus_client import generate_latest
 from sqlalchemy import select
 
 from controller.admission import AdmissionController
 from controller.errors import NotFoundError
+from controller.metrics import Metrics
 from controller.store.models import AllocationRow, EventRow, OutageRow
 from pricing.errors import SpecError
 from tests.servers import Daemon, oasis, write_config
 from tests.test_daemon_e2e import job
+from tests.test_metrics import parse, value
 from tests.test_outage_rebuild import JOB, _open, _state
 
 
@@ -86,6 +89,9 @@ def test_a_cordon_moves_the_jobs_off_from_the_next_slot_and_outlives_a_restart(
         assert again["already"] and again["from_slot"] == 1 and not again["moved"]
         states = c.between_decisions(c.server_states)
         assert states == {"w0": "cordoned", "w1": "up", "p0": "up"}
+        scraped = parse(generate_latest(Metrics(c).registry).decode())
+        assert value(scraped, "oasis_servers", state="cordoned") == 1
+        assert value(scraped, "oasis_servers", state="up") == 2
         live = _state(c._ledger)
         assert more.decision is not None
     finally:

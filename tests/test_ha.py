@@ -122,9 +122,12 @@ def test_a_standby_redirects_writes_and_serves_reads(
         deadline = time.monotonic() + 30
         while True:
             with grpc.insecure_channel(standby.address) as channel:
-                stub = pb_grpc.ClusterStub(channel)
-                states = {s.name: s.state for s in
-                          stub.ListServers(pb.ListServersRequest(), timeout=10).servers}  # fmt: skip
+                servers = (
+                    pb_grpc.ClusterStub(channel)
+                    .ListServers(pb.ListServersRequest(), timeout=10)
+                    .servers
+                )
+            states = {s.name: s.state for s in servers}
             if states[first] == "cordoned" or time.monotonic() > deadline:
                 break
             time.sleep(0.2)

@@ -103,6 +103,8 @@ def test_metrics_follow_decisions_jobs_utilisation_and_prices(scraped: Scraped) 
     assert value(before, "oasis_broker_configured") == 0
     assert value(before, "oasis_broker_up") == 0
     assert not [k for k in before if k[0] == "oasis_decisions_total"]
+    servers = {s: value(before, "oasis_servers", state=s) for s in ("up", "cordoned", "failed")}
+    assert servers == {"up": 5, "cordoned": 0, "failed": 0}  # tests.servers.CLUSTER_TOML
 
     specs = contending_jobs(6)
     answers = [scraped.submit(spec) for spec in specs]
