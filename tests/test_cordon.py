@@ -185,6 +185,9 @@ def test_oasis_cordon_and_uncordon_against_a_daemon(tmp_path: Path) -> None:
         listed = oasis("servers", *server).stdout
         assert any(line.split()[:3] == ["w2", "worker", "cordoned"] for line in listed.splitlines())
         assert any(line.split()[:3] == ["w0", "worker", "up"] for line in listed.splitlines())
+        screen = oasis("status", *server).stdout.splitlines()
+        assert "cordoned; " in next(x for x in screen if x.startswith("w2 "))
+        assert "cordoned" not in next(x for x in screen if x.startswith("w0 "))
         again = json.loads(oasis("cordon", "w2", "--json", *server).stdout)
         assert again == {"server": "w2", "from_slot": 1, "already": True, "moved": []}
         missing = oasis("cordon", "w9", *server, check=False)

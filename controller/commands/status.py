@@ -58,7 +58,7 @@ class ServerHeat:
         price_ratio: per shown slot, the highest unit price over its resources divided by
             the floor of that resource on its kind of server (>= 1).
         busiest: the resource with the largest share in use now, as ``gpu 4/8``, or
-            ``idle``.
+            ``idle``; after ``cordoned; `` or ``failed; `` for a server out of service.
     """
 
     server: str
@@ -157,11 +157,14 @@ def nodes(stubs: Stubs) -> list[dict[str, Any]]:
 
 
 def _busiest(s: pb.Server) -> str:
+    """``gpu 4/8`` or ``idle``; a server out of service from the next slot on says so
+    first (``cordoned; gpu 4/8``): its full prices ahead are no demand."""
+    out = "" if s.state in ("", "up") else f"{s.state}; "
     shares = [(s.used.get(r, 0.0) / c, r) for r, c in s.capacity.items() if c > 0]
     share, r = max(shares, default=(0.0, ""))
     if share <= 0:
-        return "idle"
-    return f"{r} {s.used.get(r, 0.0):g}/{s.capacity[r]:g}"
+        return out + "idle"
+    return out + f"{r} {s.used.get(r, 0.0):g}/{s.capacity[r]:g}"
 
 
 def _job(j: pb.Job) -> dict[str, Any]:
