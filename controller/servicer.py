@@ -363,13 +363,15 @@ class ClusterServicer(pb_grpc.ClusterServicer):
         self, request: pb.CordonServerRequest, context: grpc.aio.ServicerContext
     ) -> pb.CordonServerResponse:
         caller = current_caller()
-        change = self.c.cordon(request.server, request.reason, caller.submitter, caller.turn)
+        change = self.c.cordon(request.server, request.reason, caller.submitter, caller.turn,
+                               dry_run=request.dry_run, force=request.force)  # fmt: skip
         view = await _guard(context, change)
         return pb.CordonServerResponse(
             server=view["server"],
             from_slot=view["from_slot"],
             moved=[pb.MovedJob(id=j, how=how) for j, how in view["moved"].items()],
             already=view["already"],
+            dry_run=view["dry_run"],
         )
 
     async def UncordonServer(

@@ -18,9 +18,9 @@ from prometheus_client import generate_latest
 from sqlalchemy import select
 
 from controller.admission import AdmissionController
-from controller.errors import NotFoundError
+from controller.errors import NotFoundError, PreconditionError
 from controller.metrics import Metrics
-from controller.store.models import AllocationRow, EventRow, OutageRow
+from controller.store.models import AllocationRow, EventRow, JobRow, OutageRow
 from pricing.errors import SpecError
 from tests.servers import Daemon, oasis, write_config
 from tests.test_daemon_e2e import job
@@ -123,6 +123,46 @@ def test_a_cordon_moves_the_jobs_off_from_the_next_slot_and_outlives_a_restart(
         c.close()
 
 
+BIG = {**JOB, "id": "big", "epochs": 20, "minibatches": 8,
+       "utility": {"kind": "sigmoid", "priority": 100, "decay": 0.1, "target": 12}}  # fmt: skip
+"""A job that needs both worker servers for most of the window: without w0 it fails."""
+
+
+def test_a_dry_run_changes_nothing_and_a_cordon_that_fails_jobs_needs_force(
+    tmp_path: Path,
+) -> None:
+    c = _open(tmp_path)
+    try:
+        assert asyncio.run(c.submit(BIG)).decision.admitted
+        before = _state(c._ledger)
+        trial = asyncio.run(c.cordon("w0", dry_run=True))
+        assert trial["dry_run"] and trial["moved"] == {"big": "stranded"}
+        for a, b in zip(before, _state(c._ledger), strict=True):
+            assert np.array_equal(a, b)  # the ledger as it was
+        with pytest.raises(PreconditionError) as refused:
+            asyncio.run(c.cordon("w0", "maintenance"))
+        assert str(refused.value) == (
+            "cordoning w0 from slot 1 would fail 1 job that fits nowhere else (big); nothing "
+            "changed. --force cordons it anyway, --dry-run shows every move"
+        )
+        for a, b in zip(before, _state(c._ledger), strict=True):
+            assert np.array_equal(a, b)
+        with c.db.session() as s:  # nothing stored either
+            assert s.scalars(select(OutageRow)).all() == []
+            assert s.scalars(select(EventRow.kind)).all() == ["decided"]
+        assert c.cordoned == {}
+
+        done = asyncio.run(c.cordon("w0", "maintenance", force=True))
+        assert done["moved"] == {"big": "stranded"} and not done["dry_run"]
+        with c.db.session() as s:
+            kinds = s.scalars(select(EventRow.kind).order_by(EventRow.sequence)).all()
+            row = s.get(JobRow, "big")
+            assert row is not None and row.state == "failed"
+        assert kinds == ["decided", "failed", "server_cordoned"]
+    finally:
+        c.close()
+
+
 def test_a_cordon_names_what_is_wrong(tmp_path: Path) -> None:
     c = _open(tmp_path)
     try:
@@ -179,6 +219,13 @@ def test_oasis_cordon_and_uncordon_against_a_daemon(tmp_path: Path) -> None:
         spec = tmp_path / "job.json"
         spec.write_text(json.dumps(job("c1")))
         oasis("submit", str(spec), *server)
+        trial = oasis("cordon", "w2", "--dry-run", *server).stdout
+        assert (
+            trial.startswith("w2: a cordon from slot 1 (")
+            and "nothing changed (--dry-run)" in trial
+        )
+        listed = oasis("servers", *server).stdout.splitlines()
+        assert any(line.split()[:3] == ["w2", "worker", "up"] for line in listed)  # unchanged
         out = oasis("cordon", "w2", "--reason", "GPU 3 errors", *server).stdout
         assert out.startswith("w2: cordoned from slot 1 (")
         assert "no new plans there (oasis uncordon w2 gives it back)" in out
@@ -189,7 +236,8 @@ def test_oasis_cordon_and_uncordon_against_a_daemon(tmp_path: Path) -> None:
         assert "cordoned; " in next(x for x in screen if x.startswith("w2 "))
         assert "cordoned" not in next(x for x in screen if x.startswith("w0 "))
         again = json.loads(oasis("cordon", "w2", "--json", *server).stdout)
-        assert again == {"server": "w2", "from_slot": 1, "already": True, "moved": []}
+        assert again == {"server": "w2", "from_slot": 1, "already": True, "moved": [],
+                         "dry_run": False}  # fmt: skip
         missing = oasis("cordon", "w9", *server, check=False)
         assert missing.returncode == 1 and "no server 'w9'" in missing.stderr
         out = oasis("uncordon", "w2", *server).stdout

@@ -263,10 +263,19 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
         return view
 
     async def cordon(
-        self, server: str, reason: str = "", by: str | None = None, client: str = ""
+        self,
+        server: str,
+        reason: str = "",
+        by: str | None = None,
+        client: str = "",
+        dry_run: bool = False,
+        force: bool = False,
     ) -> dict[str, Any]:
-        """Take ``server`` out of service from the next slot on (:mod:`.cordons`)."""
-        view, events = await self._run(lambda: self._cordon_sync(server, reason, by), client)
+        """Take ``server`` out of service from the next slot on (:mod:`.cordons`); with
+        ``dry_run``, only say what would move."""
+        view, events = await self._run(
+            lambda: self._cordon_sync(server, reason, by, dry_run, force), client
+        )
         self._publish(events)
         return view
 

@@ -19,18 +19,20 @@ out until both have ended.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import select, update
 
 from controller.admission.moves import Moves
-from controller.errors import NotFoundError
+from controller.errors import NotFoundError, PreconditionError
 from controller.events import Event
 from controller.store import CORDONED, JobRow, OutageRow
 from controller.store.stored import stored_spec
 from pricing import Job, SpecError
-from pricing.replan import fail_server
+from pricing.replan import FailureOutcome, fail_server
 
 __all__ = ["MAX_REASON", "Cordons"]
 
@@ -54,46 +56,75 @@ class Cordons(Moves):
         raise NotFoundError(f"no server {server[:200]!r} in [cluster] (servers: {shown})")
 
     def _cordon_sync(
-        self, server: str, reason: str = "", by: str | None = None
+        self,
+        server: str,
+        reason: str = "",
+        by: str | None = None,
+        dry_run: bool = False,
+        force: bool = False,
     ) -> tuple[dict[str, Any], list[Event]]:
         """Cordon ``server`` from the next slot on; returns what was done (``server``,
-        ``from_slot``, ``moved``: ``{job id: how}``, ``already``: True if it was cordoned
-        before, when nothing changes) and the events."""
+        ``from_slot``, ``moved``: ``{job id: how}`` in the ledger's order, ``already``: True if
+        it was cordoned before, when nothing changes; ``dry_run``) and the events.
+
+        The moves are tried first on a copy of the ledger. With ``dry_run`` that is all
+        (nothing changes). A cordon that would fail jobs (no room anywhere else) is
+        refused unless ``force``: a mistyped server name must not fail tenants' jobs.
+
+        Raises:
+            NotFoundError: no such server. SpecError: a reason too long.
+            PreconditionError: jobs would fail and ``force`` is not set.
+        """
         kind, index = self._server_of(server)
         if len(reason) > MAX_REASON:
             raise SpecError.one("reason", f"at most {MAX_REASON} characters, got {len(reason)}")
         self._advance_window()
         if server in self.cordoned:
             since = self.cordoned[server]
-            return {"server": server, "from_slot": since, "moved": {}, "already": True}, []
+            return {"server": server, "from_slot": since, "moved": {}, "already": True,
+                    "dry_run": dry_run}, []  # fmt: skip
         from_slot = self.slot + 1
         ledger = self._ledger
-        moved: dict[str, str] = {}
         jobs: dict[str, Job] = {}
+        last: dict[str, int] = {}
+        moved: dict[str, str] = {}
+        down = ledger.is_down(kind, index)  # failed: its jobs have moved already
+        if not down:
+            with self.db.session() as session:
+                jobs = {j: self._stored_job(j, session) for j in ledger.job_ids()}
+            last = {j: self._window_end(job.arrival) for j, job in jobs.items()}
+            # the current slot stays as planned: the server runs it to its end
+            trial = copy.deepcopy(ledger, {id(self.cluster): self.cluster})
+            moved = _moves(fail_server(trial, jobs, kind, index, from_slot, {}, last), jobs)
+        view = {"server": server, "from_slot": from_slot, "moved": moved, "already": False,
+                "dry_run": dry_run}  # fmt: skip
+        if dry_run:
+            return view, []
+        stranded = [j for j, how in moved.items() if how == "stranded"]
+        if stranded and not force:
+            shown = ", ".join(stranded[:10]) + (
+                f" and {len(stranded) - 10} more" if len(stranded) > 10 else ""
+            )
+            raise PreconditionError(
+                f"cordoning {server} from slot {from_slot} would fail {len(stranded)} "
+                f"job{'s' if len(stranded) > 1 else ''} that fit{'' if len(stranded) > 1 else 's'} "
+                f"nowhere else ({shown}); nothing changed. --force cordons it anyway, "
+                "--dry-run shows every move"
+            )
         outcome = None
         try:
-            if not ledger.is_down(kind, index):  # a failed server's jobs have moved already
-                with self.db.session() as session:
-                    jobs = {j: self._stored_job(j, session) for j in ledger.job_ids()}
-                last = {j: self._window_end(job.arrival) for j, job in jobs.items()}
-                # the current slot stays as planned: the server runs it to its end
+            if not down:  # the same moves on the ledger itself (deterministic)
                 outcome = fail_server(ledger, jobs, kind, index, from_slot, {}, last)
-                moved = {
-                    **dict.fromkeys(outcome.replaced, "replaced"),
-                    **dict.fromkeys(outcome.replanned, "replanned"),
-                    **dict.fromkeys(outcome.stranded, "stranded"),
-                }
             now = datetime.now(UTC)
             events: list[Event] = []
             with self._write() as session:  # fenced (high availability)
                 session.add(OutageRow(server=server, down_from=from_slot, up_from=None,
                                       detected_at=now, cause=CORDONED))  # fmt: skip
                 detail: dict[str, Any] = {"reason": "server_cordoned", "server": server}
-                for job_id, how in moved.items():  # decision order (fail_server's)
+                for job_id, how in moved.items():  # the ledger's order
                     best = outcome.replanned.get(job_id) if outcome is not None else None
-                    job = jobs[job_id]
                     events.append(
-                        self._record_move(session, now, job, how, from_slot, detail, best)
+                        self._record_move(session, now, jobs[job_id], how, from_slot, detail, best)
                     )
                 events.append(self._event(session, now, "server_cordoned", "", "", {
                     "server": server, "from_slot": from_slot, "jobs": list(moved),
@@ -103,10 +134,13 @@ class Cordons(Moves):
             # the ledger may hold moves the store does not: rebuilt before the next step
             self._stale = True
             raise
+        if outcome is not None and _moves(outcome, jobs) != moved:  # never: the same inputs
+            self.log.error("a cordon's moves differ from its trial's", trial=moved,
+                           done=_moves(outcome, jobs))  # fmt: skip
         self.cordoned[server] = from_slot
         self.log.warning("server cordoned", server=server, from_slot=from_slot, moved=moved,
                          reason=reason, by=by or "")  # fmt: skip
-        return {"server": server, "from_slot": from_slot, "moved": moved, "already": False}, events
+        return view, events
 
     def _uncordon_sync(
         self, server: str, by: str | None = None
@@ -168,3 +202,14 @@ class Cordons(Moves):
         if row is None:
             raise NotFoundError(f"no job {job_id!r}")
         return self._parse(stored_spec(row.spec, job_id), arrival=row.arrival_slot, fits=False)
+
+
+def _moves(outcome: FailureOutcome, order: Iterable[str]) -> dict[str, str]:
+    """``{job id: how}`` of a failure's outcome (``replaced``, ``replanned`` or
+    ``stranded``), in the jobs' ``order`` (the ledger's)."""
+    how = {
+        **dict.fromkeys(outcome.replaced, "replaced"),
+        **dict.fromkeys(outcome.replanned, "replanned"),
+        **dict.fromkeys(outcome.stranded, "stranded"),
+    }
+    return {j: how[j] for j in order if j in how}

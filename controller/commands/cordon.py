@@ -40,25 +40,42 @@ def register(sub: Any) -> None:
         )
         if name == "cordon":
             p.add_argument("--reason", default="", metavar="TEXT", help="recorded in the event log")
+            p.add_argument(
+                "--dry-run", action="store_true", help="only show what would move; change nothing"
+            )
+            p.add_argument(
+                "--force",
+                action="store_true",
+                help="cordon even if jobs would fail (room for them nowhere else); without "
+                "it such a cordon is refused, naming them",
+            )
         p.set_defaults(func=guarded(run))
 
 
 def cmd_cordon(args: argparse.Namespace) -> int:
     stubs = Stubs(args)
-    request = pb.CordonServerRequest(server=args.name, reason=args.reason)
+    request = pb.CordonServerRequest(
+        server=args.name, reason=args.reason, dry_run=args.dry_run, force=args.force
+    )
     resp = stubs.cluster.CordonServer(request, timeout=stubs.timeout)
     if args.json:
         print_json({"server": resp.server, "from_slot": resp.from_slot, "already": resp.already,
+                    "dry_run": resp.dry_run,
                     "moved": [{"id": m.id, "how": m.how} for m in resp.moved]})  # fmt: skip
         return EXIT_OK
     since = slot_label(resp.from_slot, stubs.times())
     if resp.already:
         print(f"{resp.server}: cordoned already, from slot {since}; nothing changed")
         return EXIT_OK
-    print(f"{resp.server}: cordoned from slot {since}: no new plans there (oasis uncordon "
-          f"{resp.server} gives it back)")  # fmt: skip
-    if not resp.moved:
-        print("no job was planned on it")
+    if resp.dry_run:
+        n = len(resp.moved)
+        print(f"{resp.server}: a cordon from slot {since} would move {n or 'no'} "
+              f"job{'' if n == 1 else 's'}; nothing changed (--dry-run)")  # fmt: skip
+    else:
+        print(f"{resp.server}: cordoned from slot {since}: no new plans there (oasis "
+              f"uncordon {resp.server} gives it back)")  # fmt: skip
+        if not resp.moved:
+            print("no job was planned on it")
     for m in resp.moved:
         print(f"  {m.id}: {_HOW.get(m.how, m.how)}")
     return EXIT_OK
