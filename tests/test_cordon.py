@@ -166,8 +166,14 @@ def test_a_dry_run_changes_nothing_and_a_cordon_that_fails_jobs_needs_force(
 def test_a_cordon_names_what_is_wrong(tmp_path: Path) -> None:
     c = _open(tmp_path)
     try:
-        with pytest.raises(NotFoundError, match=r"no server 'w9' in \[cluster\] \(servers: w0, w1"):
-            asyncio.run(c.cordon("w9"))
+        with pytest.raises(
+            NotFoundError, match=r"no server 'gpu-a' in \[cluster\] \(servers: w0, w1"
+        ):
+            asyncio.run(c.cordon("gpu-a"))
+        with pytest.raises(
+            NotFoundError, match=r"no server 'W0' in \[cluster\]; did you mean 'w0'\?"
+        ):
+            asyncio.run(c.uncordon("W0"))
         with pytest.raises(SpecError, match="reason: at most 500 characters"):
             asyncio.run(c.cordon("w0", "x" * 501))
         assert c.cordoned == {}

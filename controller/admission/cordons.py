@@ -32,6 +32,7 @@ from controller.events import Event
 from controller.store import CORDONED, JobRow, OutageRow
 from controller.store.stored import stored_spec
 from pricing import Job, SpecError
+from pricing.fields import closest
 from pricing.replan import FailureOutcome, fail_server
 
 __all__ = ["MAX_REASON", "Cordons"]
@@ -52,6 +53,9 @@ class Cordons(Moves):
         if server in cluster.ps_names:
             return "ps", cluster.ps_names.index(server)
         names = [*cluster.worker_names, *cluster.ps_names]
+        meant = closest(server, names)
+        if meant is not None:
+            raise NotFoundError(f"no server {server[:200]!r} in [cluster]; did you mean {meant!r}?")
         shown = ", ".join(names[:20]) + (f", and {len(names) - 20} more" if len(names) > 20 else "")
         raise NotFoundError(f"no server {server[:200]!r} in [cluster] (servers: {shown})")
 
