@@ -19,6 +19,7 @@ placement kernels need no change. Blocked slots hold no job's allocation.
 
 from __future__ import annotations
 
+import copy
 import itertools
 from dataclasses import dataclass, field
 
@@ -324,6 +325,17 @@ class Ledger:
 
     def __contains__(self, job_id: object) -> bool:
         return job_id in self._entries
+
+    def snapshot(self) -> Ledger:
+        """A copy of this ledger's whole state (its cluster and bounds shared), for
+        :meth:`restore`: a trial of changes that may be undone."""
+        return copy.deepcopy(self, {id(self.cluster): self.cluster, id(self.bounds): self.bounds})
+
+    def restore(self, saved: Ledger) -> None:
+        """Put this ledger back as it was when ``saved`` (its :meth:`snapshot`) was taken,
+        in place: whoever holds this ledger holds the restored one. ``saved`` is used up
+        (its arrays become this ledger's)."""
+        self.__dict__.update(saved.__dict__)
 
     def job_ids(self) -> list[str]:
         """Jobs with a schedule in the ledger, in admission order."""

@@ -19,7 +19,6 @@ out until both have ended.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -71,9 +70,10 @@ class Cordons(Moves):
         ``from_slot``, ``moved``: ``{job id: how}`` in the ledger's order, ``already``: True if
         it was cordoned before, when nothing changes; ``dry_run``) and the events.
 
-        The moves are tried first on a copy of the ledger. With ``dry_run`` that is all
-        (nothing changes). A cordon that would fail jobs (no room anywhere else) is
-        refused unless ``force``: a mistyped server name must not fail tenants' jobs.
+        The moves are made on the ledger, which a snapshot taken first puts back for a
+        ``dry_run`` (nothing changes) and for a cordon that would fail jobs (no room
+        anywhere else), refused unless ``force``: a mistyped server name must not fail
+        tenants' jobs.
 
         Raises:
             NotFoundError: no such server. SpecError: a reason too long.
@@ -90,35 +90,25 @@ class Cordons(Moves):
         from_slot = self.slot + 1
         ledger = self._ledger
         jobs: dict[str, Job] = {}
-        last: dict[str, int] = {}
         moved: dict[str, str] = {}
-        down = ledger.is_down(kind, index)  # failed: its jobs have moved already
-        if not down:
-            with self.db.session() as session:
-                jobs = {j: self._stored_job(j, session) for j in ledger.job_ids()}
-            last = {j: self._window_end(job.arrival) for j, job in jobs.items()}
-            # the current slot stays as planned: the server runs it to its end
-            trial = copy.deepcopy(ledger, {id(self.cluster): self.cluster})
-            moved = _moves(fail_server(trial, jobs, kind, index, from_slot, {}, last), jobs)
-        view = {"server": server, "from_slot": from_slot, "moved": moved, "already": False,
-                "dry_run": dry_run}  # fmt: skip
-        if dry_run:
-            return view, []
-        stranded = [j for j, how in moved.items() if how == "stranded"]
-        if stranded and not force:
-            shown = ", ".join(stranded[:10]) + (
-                f" and {len(stranded) - 10} more" if len(stranded) > 10 else ""
-            )
-            raise PreconditionError(
-                f"cordoning {server} from slot {from_slot} would fail {len(stranded)} "
-                f"job{'s' if len(stranded) > 1 else ''} that fit{'' if len(stranded) > 1 else 's'} "
-                f"nowhere else ({shown}); nothing changed. --force cordons it anyway, "
-                "--dry-run shows every move"
-            )
         outcome = None
+        saved = ledger.snapshot()  # to undo the moves: a dry run, a refusal, a failure
         try:
-            if not down:  # the same moves on the ledger itself (deterministic)
+            if not ledger.is_down(kind, index):  # failed: its jobs have moved already
+                with self.db.session() as session:
+                    jobs = {j: self._stored_job(j, session) for j in ledger.job_ids()}
+                last = {j: self._window_end(job.arrival) for j, job in jobs.items()}
+                # the current slot stays as planned: the server runs it to its end
                 outcome = fail_server(ledger, jobs, kind, index, from_slot, {}, last)
+                moved = _moves(outcome, jobs)
+            view = {"server": server, "from_slot": from_slot, "moved": moved,
+                    "already": False, "dry_run": dry_run}  # fmt: skip
+            stranded = [j for j, how in moved.items() if how == "stranded"]
+            if dry_run or (stranded and not force):
+                ledger.restore(saved)
+                if dry_run:
+                    return view, []
+                raise PreconditionError(_refusal(server, from_slot, stranded))
             now = datetime.now(UTC)
             events: list[Event] = []
             with self._write() as session:  # fenced (high availability)
@@ -134,13 +124,12 @@ class Cordons(Moves):
                     "server": server, "from_slot": from_slot, "jobs": list(moved),
                     "reason": reason, "by": by or "",
                 }))  # fmt: skip
+        except PreconditionError:
+            raise  # restored: nothing changed
         except BaseException:
             # the ledger may hold moves the store does not: rebuilt before the next step
             self._stale = True
             raise
-        if outcome is not None and _moves(outcome, jobs) != moved:  # never: the same inputs
-            self.log.error("a cordon's moves differ from its trial's", trial=moved,
-                           done=_moves(outcome, jobs))  # fmt: skip
         self.cordoned[server] = from_slot
         self.log.warning("server cordoned", server=server, from_slot=from_slot, moved=moved,
                          reason=reason, by=by or "")  # fmt: skip
@@ -217,3 +206,14 @@ def _moves(outcome: FailureOutcome, order: Iterable[str]) -> dict[str, str]:
         **dict.fromkeys(outcome.stranded, "stranded"),
     }
     return {j: how[j] for j in order if j in how}
+
+
+def _refusal(server: str, from_slot: int, stranded: list[str]) -> str:
+    """Why a cordon that would fail ``stranded`` jobs is refused, in words."""
+    n = len(stranded)
+    shown = ", ".join(stranded[:10]) + (f" and {n - 10} more" if n > 10 else "")
+    return (
+        f"cordoning {server} from slot {from_slot} would fail {n} job{'s' if n > 1 else ''} "
+        f"that fit{'' if n > 1 else 's'} nowhere else ({shown}); nothing changed. --force "
+        "cordons it anyway, --dry-run shows every move"
+    )

@@ -1,0 +1,100 @@
+"""What a cordon (``oasis cordon SERVER``) costs: the decision thread is busy for its
+whole step, so every tenant's calls wait that long once.
+
+What is measured
+    The admission controller in-process (``controller.admission``, a fake slot clock,
+    SQLite with the daemon's defaults) with ``--servers`` worker + as many PS servers of
+    the paper's workload (``pricing.workload``, seeded), a window of ``--window`` slots.
+    ``--jobs`` jobs of ``generate_trace`` are decided in slot 0 (their arrivals dropped:
+    the daemon decides at the current slot). Then the worker server holding the most
+    planned worker-slots is cordoned, twice over: ``--dry-run`` (the moves tried on a
+    copy of the ledger) and for real (``--force``: tried, then done, and stored), each
+    one ``_cordon_sync`` step timed with ``time.perf_counter``; then it is uncordoned.
+    Reported: the jobs moved by how, and each step's wall time.
+
+Usage
+    .venv/bin/python -m bench.cordon [--servers 50] [--window 300] [--jobs 300] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import structlog
+
+from bench.machine import describe
+from controller.admission import AdmissionController
+from controller.clock import FakeClock, SlotClock
+from controller.config import from_dict
+from controller.store import Database
+from pricing.workload import generate_trace
+
+SEED = 1
+
+
+def measure(servers: int, window: int, jobs: int, data_dir: Path) -> dict[str, Any]:
+    trace = generate_trace(np.random.default_rng(SEED), n_jobs=jobs, n_worker_servers=servers,
+                           n_ps_servers=servers, horizon=window)  # fmt: skip
+    config = from_dict({
+        "daemon": {"data_dir": str(data_dir), "window": window, "epoch": 0},
+        "cluster": {"resources": trace["resources"], "servers": trace["servers"]},
+        "limits": {"max_utility": 0},
+    })  # fmt: skip
+    c = AdmissionController(
+        config, Database(config.database_url), SlotClock(FakeClock(1.0), config.slot_seconds, 0.0),
+        log=structlog.wrap_logger(structlog.ReturnLogger()),
+    )  # fmt: skip
+    c.open()
+    try:
+        admitted = 0
+        for spec in trace["jobs"]:  # type: ignore[attr-defined]
+            job = {k: v for k, v in spec.items() if k != "arrival"}
+            admitted += bool(asyncio.run(c.submit(job)).decision.admitted)
+        ledger = c._ledger
+        held = ledger.worker_side.used[1:, :, 0].sum(axis=0)  # the first resource, by server
+        busiest = c.cluster.worker_names[int(np.argmax(held))]
+        out: dict[str, Any] = {"servers": servers, "window": window, "jobs": jobs,
+                               "admitted": admitted, "server": busiest}  # fmt: skip
+        for name, dry_run in (("dry_run", True), ("cordon", False)):
+            step = functools.partial(c._cordon_sync, busiest, "bench", "bench", dry_run, True)
+            started = time.perf_counter()
+            view, _events = c.between_decisions(step, 600.0)
+            out[f"{name}_ms"] = round((time.perf_counter() - started) * 1e3, 1)
+            out[f"{name}_moved"] = dict(Counter(view["moved"].values()))
+        started = time.perf_counter()
+        c.between_decisions(lambda: c._uncordon_sync(busiest, "bench"), 600.0)
+        out["uncordon_ms"] = round((time.perf_counter() - started) * 1e3, 1)
+        return out
+    finally:
+        c.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--servers", type=int, default=50, help="worker servers (and as many PS)")
+    p.add_argument("--window", type=int, default=300, help="slots, T")
+    p.add_argument("--jobs", type=int, default=300)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="oasis-cordon-") as d:
+        result = {"machine": describe(), **measure(args.servers, args.window, args.jobs, Path(d))}
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        for k, v in result.items():
+            print(f"{k}: {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
