@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ from controller.errors import NotFoundError, PreconditionError
 from controller.metrics import Metrics
 from controller.store.models import AllocationRow, EventRow, JobRow, OutageRow
 from pricing.errors import SpecError
-from tests.servers import Daemon, oasis, write_config
+from tests.servers import Daemon, json_log, oasis, write_config
 from tests.test_daemon_e2e import job
 from tests.test_metrics import parse, value
 from tests.test_outage_rebuild import JOB, _open, _state
@@ -218,8 +219,14 @@ def test_the_execution_plane_neither_ends_a_cordon_nor_reads_it_as_a_failure(
 
 
 def test_oasis_cordon_and_uncordon_against_a_daemon(tmp_path: Path) -> None:
-    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data")
+    extra = '[web]\nlisten = "127.0.0.1:0"\n'
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", extra=extra)
     daemon = Daemon(config, tmp_path / "oasisd.log").start()
+    web = next(
+        e["address"]
+        for e in json_log(tmp_path / "oasisd.log")
+        if e.get("event") == "console listening"
+    )
     try:
         server = ["--server", daemon.address]
         spec = tmp_path / "job.json"
@@ -238,6 +245,8 @@ def test_oasis_cordon_and_uncordon_against_a_daemon(tmp_path: Path) -> None:
         listed = oasis("servers", *server).stdout
         assert any(line.split()[:3] == ["w2", "worker", "cordoned"] for line in listed.splitlines())
         assert any(line.split()[:3] == ["w0", "worker", "up"] for line in listed.splitlines())
+        with urllib.request.urlopen(f"http://{web}/api/overview", timeout=10) as r:
+            assert json.load(r)["out_of_service"] == {"w2": "cordoned"}
         screen = oasis("status", *server).stdout.splitlines()
         assert "cordoned; " in next(x for x in screen if x.startswith("w2 "))
         assert "cordoned" not in next(x for x in screen if x.startswith("w0 "))

@@ -103,7 +103,8 @@ class ConsoleData:
 
     async def overview(self, caller: Caller) -> dict[str, Any]:
         """Use per resource (now, and over the window ahead), jobs per state, the node's
-        role and health, and the slot with its wall-clock time. A submitter gets its own
+        role and health, the servers out of service from the next slot on (``{name:
+        "cordoned" | "failed"}``), and the slot with its wall-clock time. A submitter gets its own
         job counts and the clock (the cluster's use is for operators, as over gRPC).
 
         The counts are shared with every reader and the metrics and recounted at most
@@ -136,6 +137,8 @@ class ConsoleData:
         if caller.role is not Role.OPERATOR:
             out["use"] = None
             return out
+        states = await self.c.read(self.c.server_states)
+        out["out_of_service"] = {name: state for name, state in states.items() if state != "up"}
         first, rows = await self.c.read(lambda: self.c.utilisation(0, self.c.window + 1))
         use = []
         for resource, kind, share in rows:

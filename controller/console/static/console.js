@@ -167,7 +167,7 @@
     ]));
     out.push(clock);
     var node = section("Node", "h-node");
-    node.appendChild(dl([
+    var facts = [
       ["Role", n.role === "standalone" ? "standalone (no [ha])"
         : n.role + " (epoch " + n.epoch + ", lease confirmed " + n.lease_age_seconds.toFixed(1) + " s ago)"],
       ["Leader", n.role === "standby" ? (n.leader || "unknown") : "this node"],
@@ -177,7 +177,14 @@
       ["Draining", n.draining ? "yes: stopping" : "no"],
       ["Broker", n.broker],
       ["Execution plane", n.execution_plane ? "on (progress reported by agents)" : "off (no [mqtt])"]
-    ]));
+    ];
+    if (d.out_of_service) {  // operators only: cordoned or failed, from the next slot on
+      var names = Object.keys(d.out_of_service);
+      facts.push(["Servers out of service", el("span", { id: "out-of-service", class: names.length ? "bad" : "",
+        text: names.length ? names.slice(0, 20).map(function (s) { return s + " (" + d.out_of_service[s] + ")"; }).join(", ") +
+          (names.length > 20 ? " and " + (names.length - 20) + " more (oasis servers lists them)" : "") : "none" })]);
+    }
+    node.appendChild(dl(facts));
     out.push(node);
     var jobs = section("Jobs per state", "h-jobs");
     var list = el("ul", { class: "counts" });
