@@ -77,7 +77,7 @@ def test_a_child_killed_during_a_batch_fails_its_callers_and_the_next_goes_to_an
         lock = StoreLock(_db_file(c))
         try:
             tasks = [asyncio.ensure_future(c.submit(small(i))) for i in ("k0", "k1")]
-            await _until(lambda: c._writer.queued == 2 and "k1" in c._stored_ids())
+            await _until(lambda: c._writer.queued == 2 and "k1" in c._uncommitted)
             await asyncio.sleep(0.2)  # the batch is in the child, waiting for the lock
             os.kill(first, signal.SIGKILL)
             return list(await asyncio.gather(*tasks, return_exceptions=True))

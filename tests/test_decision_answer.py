@@ -49,7 +49,8 @@ def test_ids_stay_known_after_a_rebuild(tmp_path: Path) -> None:
     reopened = controller(tmp_path, clock)  # a restart loads the ids from the store
     try:
         assert asyncio.run(reopened.submit(small("s1"))).duplicate
-        assert "s1" in reopened._stored_ids() and "s9" not in reopened._stored_ids()
+        ids = reopened.between_decisions(lambda: reopened._ids.wait(reopened._ledger))
+        assert ids is not None and "s1" in ids and "s9" not in ids
     finally:
         reopened.close()
 

@@ -72,7 +72,7 @@ def test_decisions_behind_a_slow_commit_go_in_one_batch_in_decision_order(
         lock = StoreLock(_db_file(c))
         tasks = [asyncio.ensure_future(c.submit(small(i))) for i in ids]
         # every one decided (applied to the ledger) while none can commit
-        await _until(lambda: all(i in c._stored_ids() for i in ids))
+        await _until(lambda: all(i in c._uncommitted for i in ids))
         assert not any(t.done() for t in tasks), "answered before its commit"
         threading.Timer(0.3, lock.release).start()
         return list(await asyncio.gather(*tasks))
@@ -125,7 +125,7 @@ def test_a_retry_while_the_first_commit_is_under_way_gets_the_first_decision(
     async def scenario() -> tuple[Any, Any]:
         lock = StoreLock(_db_file(c))
         first = asyncio.ensure_future(c.submit(small("twice")))
-        await _until(lambda: "twice" in c._stored_ids())
+        await _until(lambda: "twice" in c._uncommitted)
         second = asyncio.ensure_future(c.submit(small("twice")))
         await asyncio.sleep(0.1)
         assert not first.done() and not second.done()
@@ -144,7 +144,7 @@ def test_a_cancel_right_behind_a_decision_finds_it_committed(c: AdmissionControl
     async def scenario() -> tuple[Any, Any]:
         lock = StoreLock(_db_file(c))
         submitted = asyncio.ensure_future(c.submit(small("quick")))
-        await _until(lambda: "quick" in c._stored_ids())
+        await _until(lambda: "quick" in c._uncommitted)
         cancelled = asyncio.ensure_future(c.cancel("quick"))
         threading.Timer(0.3, lock.release).start()
         return await submitted, await cancelled

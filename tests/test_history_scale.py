@@ -89,7 +89,7 @@ def test_a_retention_step_costs_the_same_whatever_the_history(
     def step(c: AdmissionController, clock: FakeClock) -> int:
         clock.t = 30 * HOUR + 1.0
         c._advance_window()
-        c._stored_ids()  # the ids the daemon keeps: loaded once after a rebuild
+        c.between_decisions(lambda: c._ids.wait(c._ledger))  # loaded after each rebuild
         return _work(c, lambda: asyncio.run(c._run(c._prune_sync)))
 
     work = _each_size(tmp_path, step, keep_days=1)

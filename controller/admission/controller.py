@@ -366,6 +366,7 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
         self._decisions.shutdown()
         self._reads.shutdown(wait=False, cancel_futures=True)
         self._writer.close()
+        self._ids.close()
         w = self._writer
         if w.batches:
             self.log.info("group commit", batches=w.batches, decisions=w.committed,

@@ -202,7 +202,7 @@ class Follow(Recovery):
             self._generation += 1  # rebuilt below; what failed before stays failed
         leader = self.leader
         self.lead(epoch, lock_pid)
-        self._ids_ledger = None  # the ids of stored jobs are read again (.decide)
+        self._ids.discard()  # they missed the other leader's jobs: loaded again below
         self._start_committer()
         try:
             with self._write() as session:
@@ -228,6 +228,7 @@ class Follow(Recovery):
             self._stale = False
             self._pending_slot = -1
             self._ticked_slot = -1
+            self._ids.start(self._ledger)  # in the background (a rebuild above started it)
         except BaseException:
             self.role = "standby"
             self.leader = leader  # not this node: clients are not sent back to it

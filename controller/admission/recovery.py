@@ -291,7 +291,9 @@ class Recovery(Moves, BoundControl):
 
     def _reload(self) -> int:
         """Read the bound estimate and rebuild the ledger from the store (blocking);
-        returns the jobs rebuilt. Nothing changes if the store fails meanwhile."""
+        returns the jobs rebuilt. Nothing changes if the store fails meanwhile. A leader
+        then starts loading the stored ids for the new ledger, in the background
+        (:mod:`.id_index`: nothing waits for it); a standby needs none."""
         with self.db.session() as session:
             estimate = self._stored_estimate(session)
             pins = self._stored_pins(session)
@@ -305,6 +307,8 @@ class Recovery(Moves, BoundControl):
             self.ledger, self._pins = previous, previous_pins
             raise
         self._estimate = estimate
+        if self.leading:
+            self._ids.start(self.ledger)
         return rebuilt
 
     def _rebuild_stale(self) -> int:

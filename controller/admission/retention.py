@@ -101,7 +101,7 @@ class Retention(DecisionCore):
                 session.execute(delete(table).where(table.job_id.in_(ids)))
             session.execute(delete(EventRow).where(EventRow.job_id.in_(ids)))
             session.execute(delete(JobRow).where(JobRow.id.in_(ids)))
-        self._stored_ids().difference_update(ids)
+        self._ids.forget(ids)
         for forget in self.prune_hooks:
             forget(ids)
         self.log.info("finished jobs deleted", jobs=len(ids), ended_before_slot=cutoff,

@@ -25,8 +25,8 @@ import structlog
 from sqlalchemy.orm import Session
 
 from controller.admission.decision_thread import DecisionThread
+from controller.admission.id_index import StoredIds
 from controller.admission.job_counts import JobCounts
-from controller.admission.job_ids import JobIds
 from controller.admission.views import JobView
 from controller.admission.writer import GroupWriter, WriteSet
 from controller.clock import SlotClock
@@ -123,9 +123,12 @@ class AdmissionState(ABC):
         # by the controller once the step returns, even if it failed after them
         self._held_events: list[Event] = []
         self._pending_slot = -1  # the slot whose pending jobs have all been decided
-        # ids of the stored jobs, valid for the ledger they were loaded with (.decide)
-        self._ids = JobIds()
-        self._ids_ledger: Ledger | None = None
+        # job id -> (canonical spec, submitter, future of the answer) of each decision
+        # handed to the writer and not committed yet: a retry waits for the first
+        self._uncommitted: dict[str, tuple[str, str | None, Any]] = {}
+        # ids of the stored jobs, valid for the ledger they were loaded for, loaded in
+        # the background after each rebuild (.id_index)
+        self._ids = StoredIds(db, self._uncommitted.copy, self.log)
         # called with the ids of each batch of jobs retention deleted (.retention)
         self.prune_hooks: list[Callable[[list[str]], None]] = []
         # stored job rows found not to read back, each logged once (.reads)
@@ -150,9 +153,6 @@ class AdmissionState(ABC):
             on_stop=committer.close if committer is not None else None,
         )
         self._generation = 0
-        # job id -> (canonical spec, submitter, future of the answer) of each decision
-        # handed to the writer and not committed yet: a retry waits for the first
-        self._uncommitted: dict[str, tuple[str, str | None, Any]] = {}
         # the largest job sequence committed, as the writer knows it (None: read it);
         # forgotten at every other write (a pending job admitted takes the next one)
         self._last_sequence: int | None = None
