@@ -153,10 +153,7 @@ class Cordons(Moves):
                 OutageRow.server == server, OutageRow.up_from.is_(None),
                 OutageRow.cause == CORDONED,
             ).values(up_from=from_slot))  # fmt: skip
-            failed = session.scalar(select(OutageRow.id).where(
-                OutageRow.server == server, OutageRow.up_from.is_(None),
-                OutageRow.cause != CORDONED,
-            ).limit(1)) is not None  # fmt: skip
+            failed = _failed(session, server)
             event = self._event(session, now, "server_uncordoned", "", "", {
                 "server": server, "from_slot": from_slot, "by": by or "", "failed": failed,
             })  # fmt: skip
@@ -184,10 +181,7 @@ class Cordons(Moves):
     def _failed_now(self, server: str) -> bool:
         """Whether the store holds an open failure of ``server`` (the execution plane's)."""
         with self.db.session() as session:
-            return session.scalar(select(OutageRow.id).where(
-                OutageRow.server == server, OutageRow.up_from.is_(None),
-                OutageRow.cause != CORDONED,
-            ).limit(1)) is not None  # fmt: skip
+            return _failed(session, server)
 
     def _stored_job(self, job_id: str, session: Any) -> Job:
         """A job of the ledger, from its stored spec."""
@@ -195,6 +189,15 @@ class Cordons(Moves):
         if row is None:
             raise NotFoundError(f"no job {job_id!r}")
         return self._parse(stored_spec(row.spec, job_id), arrival=row.arrival_slot, fits=False)
+
+
+def _failed(session: Any, server: str) -> bool:
+    """Whether the store holds an open failure of ``server`` (the execution plane's, not
+    an operator's cordon)."""
+    open_failure = select(OutageRow.id).where(
+        OutageRow.server == server, OutageRow.up_from.is_(None), OutageRow.cause != CORDONED
+    )
+    return session.scalar(open_failure.limit(1)) is not None
 
 
 def _moves(outcome: FailureOutcome, order: Iterable[str]) -> dict[str, str]:
