@@ -193,7 +193,8 @@ async def serve(
     reloader = Reloader(config, [
         lambda new: setattr(access, "tokens", new.tokens),
         *([lambda new: console.set_tokens(new.tokens)] if console is not None else []),
-        lambda new: setattr(controller, "config", new),
+        *([lambda new: limiter.retune(new.limits.rate, new.limits.burst)] if limiter else []),
+        controller.reconfigure,
     ])  # fmt: skip
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGHUP, reloader.hangup)

@@ -426,6 +426,19 @@ class RateLimiter:
         self._buckets: dict[str, tuple[float, float]] = {}  # client -> (tokens, at)
         self._lock = threading.Lock()
 
+    def retune(self, rate: float, burst: float = 0.0) -> None:
+        """Take a new ``rate`` (> 0) and ``burst`` (a reload): buckets keep their tokens,
+        at most the new burst, and refill at the new rate from now on."""
+        if not rate > 0:
+            raise ValueError("rate must be > 0")
+        with self._lock:
+            self.rate = rate
+            self.burst = burst or max(1.0, rate)
+            self._buckets = {
+                client: (min(tokens, self.burst), at)
+                for client, (tokens, at) in self._buckets.items()
+            }
+
     @property
     def words(self) -> str:
         """The limit in a refusal's words: ``rate limit: 1 request/s per client``."""

@@ -1,5 +1,5 @@
-"""The config file read again on SIGHUP (``systemctl reload oasisd``): who may call
-changes without a restart.
+"""The config file read again on SIGHUP (``systemctl reload oasisd``): who may call, and
+the limits, change without a restart.
 
 What a reload applies at once is ``[auth]``'s tokens file, read again:
 
@@ -8,6 +8,11 @@ What a reload applies at once is ``[auth]``'s tokens file, read again:
   refused at its next call (``UNAUTHENTICATED``), its console sessions end, and the
   streams it opened (``WatchEvents``, the console's live events) end at their next event,
   or within :data:`controller.auth.REVOKE_CHECK_SECONDS` (15 s).
+
+and ``[limits]``, each decision reading them as it begins (:func:`limit_changes`), but
+for ``max_message_bytes`` (gRPC's, set when its server starts), ``max_ledger_mb``
+(checked against the window at start) and turning ``rate`` on or off (the rate limiter
+exists only if it was on at start; a new rate or burst retunes it).
 
 Everything else is read at start only, as before: a reload names each table of the file
 that differs from what the daemon runs as waiting for a restart, at every reload until
@@ -25,15 +30,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import structlog
 
 from controller.auth import Caller
 from controller.config import Config, ConfigError, load
+from controller.limits import Limits
 
-__all__ = ["Reloader", "Reread", "TokenChanges", "reread", "token_changes"]
+__all__ = ["Reloader", "Reread", "TokenChanges", "limit_changes", "reread", "token_changes"]
 
 
 @dataclass(frozen=True)
@@ -98,17 +104,51 @@ class Reread:
     """What a reload found.
 
     Attributes:
-        config: the running config with what the reload applies: the tokens, and
-            ``[auth]``'s table as read now (the other tables stay as they were read at
-            start, so every reload names them until a restart applies them).
+        config: the running config with what the reload applies: the tokens and the
+            limits, and ``[auth]``'s table as read now (the other tables stay as they
+            were read at start, so every reload names them until a restart applies them).
         tokens: what changes of who may call (empty if ``[auth]`` waits for a restart).
-        restart: the tables edited that apply only at the next restart, sorted
-            (``"auth"`` among them when ``[auth]`` was added or removed).
+        limits: the ``[limits]`` changes applied, in words (``"rate: 20 -> 40"``).
+        restart: what was edited that applies only at the next restart, sorted: tables
+            (``"auth"`` among them when ``[auth]`` was added or removed) and
+            ``"limits.KEY"`` for the limits read only at start.
     """
 
     config: Config
     tokens: TokenChanges
+    limits: tuple[str, ...]
     restart: tuple[str, ...]
+
+
+_LIMITS_AT_START = ("max_message_bytes", "max_ledger_mb")
+"""``[limits]`` keys read only at start: gRPC's largest request, set when its server starts,
+and the ledger's size, checked against the window then."""
+
+
+def limit_changes(
+    running: Limits, fresh: Limits
+) -> tuple[Limits, tuple[str, ...], tuple[str, ...]]:
+    """What a reload does with ``[limits]``: the limits to run with (``running`` with every
+    key of ``fresh`` that applies now), those changes in words (``"rate: 20 -> 40"``) and
+    the keys that wait for a restart: :data:`_LIMITS_AT_START`, and ``rate``/``burst`` when
+    the rate is turned on or off (the rate limiter exists only if it is on at start)."""
+    toggled = (running.rate > 0) != (fresh.rate > 0)
+    applied: dict[str, object] = {}
+    changed: list[str] = []
+    restart: list[str] = []
+    for f in fields(Limits):
+        old, new = getattr(running, f.name), getattr(fresh, f.name)
+        if old == new:
+            continue
+        if f.name in _LIMITS_AT_START or (toggled and f.name in ("rate", "burst")):
+            restart.append(f"limits.{f.name}")
+            continue
+        applied[f.name] = new
+        if isinstance(old, Mapping) or isinstance(new, Mapping):
+            changed.append(f"{f.name}: {dict(old)} -> {dict(new)}")
+        else:
+            changed.append(f"{f.name}: {old:g} -> {new:g}")
+    return replace(running, **applied), tuple(changed), tuple(restart)  # type: ignore[arg-type]
 
 
 def reread(running: Config, path: Path) -> Reread:
@@ -123,7 +163,9 @@ def reread(running: Config, path: Path) -> Reread:
         for table in running.tables.keys() | fresh.tables.keys()
         if running.tables.get(table) != fresh.tables.get(table)
     }
-    restart = edited - {"auth"}
+    restart = edited - {"auth", "limits"}
+    limits, changed, at_start = limit_changes(running.limits, fresh.limits)
+    restart.update(at_start)
     tables = dict(running.tables)
     if (running.tokens is None) != (fresh.tokens is None):
         restart.add("auth")  # authentication itself turned on or off
@@ -133,8 +175,8 @@ def reread(running: Config, path: Path) -> Reread:
         tables.pop("auth", None)
         if "auth" in fresh.tables:
             tables["auth"] = fresh.tables["auth"]
-    applied = replace(running, tokens=tokens, tables=tables)
-    return Reread(applied, token_changes(running.tokens, tokens), tuple(sorted(restart)))
+    applied = replace(running, tokens=tokens, limits=limits, tables=tables)
+    return Reread(applied, token_changes(running.tokens, tokens), changed, tuple(sorted(restart)))
 
 
 class Reloader:
@@ -185,12 +227,12 @@ class Reloader:
                 target(found.config)
             self.log.info(
                 "config reloaded", config=str(path), tokens=found.tokens.words(),
-                restart_needed=list(found.restart),
+                limits=list(found.limits), restart_needed=list(found.restart),
             )  # fmt: skip
             if found.restart:
                 self.log.warning(
-                    "config tables changed that apply only at a restart",
-                    tables=[f"[{t}]" for t in found.restart],
+                    "config changes that apply only at a restart",
+                    changed=[t if "." in t else f"[{t}]" for t in found.restart],
                     hint="systemctl restart oasisd",
                 )
             return found

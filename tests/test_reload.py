@@ -18,6 +18,7 @@ import pytest
 from controller.auth import Caller, Role, hash_token
 from controller.config import ConfigError, load
 from controller.convert import spec_to_proto
+from controller.limits import RateLimiter
 from controller.reload import reread, token_changes
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
@@ -79,21 +80,43 @@ def test_token_changes_name_each_kind_of_change() -> None:
     assert not token_changes(old, dict(old)) and token_changes(old, old).words() == "no change"
 
 
-def test_reread_applies_tokens_and_names_the_tables_waiting_for_a_restart(
+def test_reread_applies_tokens_and_limits_and_names_what_waits_for_a_restart(
+    tmp_path: Path,
+) -> None:
+    tokens = tokens_file(tmp_path / "tokens", {"alice": ("submitter", "t-alice")})
+    running = load(config_file(tmp_path, tokens, limits="[limits]\nrate = 20\n"))
+    tokens_file(tokens, {"bob": ("submitter", "t-bob")})
+    edited = (
+        "[limits]\nrate = 40\nmax_message_bytes = 2097152\n"
+        "[limits.max_utility_by_submitter]\nbob = 10\n"
+    )
+    config_file(tmp_path, tokens, limits=edited)
+    found = reread(running, Path(running.source))
+    assert found.tokens.added == ("bob",) and found.tokens.removed == ("alice",)
+    assert found.limits == ("rate: 20 -> 40", "max_utility_by_submitter: {} -> {'bob': 10.0}")
+    assert found.restart == ("limits.max_message_bytes",)  # noted, not applied
+    assert found.config.limits.rate == 40 and found.config.limits.max_utility_by_submitter == {
+        "bob": 10.0
+    }
+    assert found.config.limits.max_message_bytes == running.limits.max_message_bytes
+    assert {c.name for c in (found.config.tokens or {}).values()} == {"bob"}
+    # every reload names it until a restart applies it; the rest is not news again
+    again = reread(found.config, Path(running.source))
+    assert again.restart == ("limits.max_message_bytes",)
+    assert not again.tokens and again.limits == ()
+
+
+def test_reread_leaves_turning_the_rate_limit_on_or_off_and_other_tables_to_a_restart(
     tmp_path: Path,
 ) -> None:
     tokens = tokens_file(tmp_path / "tokens", {"alice": ("submitter", "t-alice")})
     running = load(config_file(tmp_path, tokens))
-    tokens_file(tokens, {"bob": ("submitter", "t-bob")})
-    config_file(tmp_path, tokens, limits="[limits]\nmax_utility = 10\n")
+    config_file(
+        tmp_path, tokens, limits="[limits]\nrate = 20\nburst = 40\n[pricing]\ntrim = 0.25\n"
+    )
     found = reread(running, Path(running.source))
-    assert found.tokens.added == ("bob",) and found.tokens.removed == ("alice",)
-    assert found.restart == ("limits",)  # noted, not applied
-    assert found.config.limits == running.limits
-    assert {c.name for c in (found.config.tokens or {}).values()} == {"bob"}
-    # every reload names it until a restart applies it; the tokens are not news again
-    again = reread(found.config, Path(running.source))
-    assert again.restart == ("limits",) and not again.tokens
+    assert found.restart == ("limits.burst", "limits.rate", "pricing")
+    assert found.limits == () and found.config.limits == running.limits
 
 
 def test_reread_leaves_turning_auth_on_or_off_to_a_restart(tmp_path: Path) -> None:
@@ -123,11 +146,12 @@ def test_a_reload_adds_removes_and_rotates_tokens_of_a_running_daemon(tmp_path: 
     """With the daemon as a subprocess: bob added and alice removed by a SIGHUP, the
     operator's token rotated. The old tokens are refused at their next call, an operator's
     WatchEvents stream opened with the rotated token ends, alice's console session ends;
-    a tokens file with a mistake changes nothing, and the daemon never stops."""
+    a new tenant's cap in ``[limits]`` applies at once; a tokens file with a mistake
+    changes nothing, and the daemon never stops."""
     tokens = tokens_file(tmp_path / "tokens", {"alice": ("submitter", "t-alice"),
                                                "ops": ("operator", "t-ops")})  # fmt: skip
     log = tmp_path / "oasisd.log"
-    daemon = Daemon(config_file(tmp_path, tokens), log).start()
+    daemon = Daemon(config_file(tmp_path, tokens, limits="[limits]\nrate = 100\n"), log).start()
     try:
         address = daemon.address
         assert daemon.proc is not None
@@ -175,18 +199,31 @@ def test_a_reload_adds_removes_and_rotates_tokens_of_a_running_daemon(tmp_path: 
         alice_session = asyncio.run(console_login())
 
         tokens_file(tokens, {"bob": ("submitter", "t-bob"), "ops": ("operator", "t-ops-2")})
+        capped = "[limits]\nrate = 50\n[limits.max_utility_by_submitter]\nbob = 10\n"
+        config_file(tmp_path, tokens, limits=capped)  # a new tenant with a cap of its own
         daemon.proc.send_signal(signal.SIGHUP)
         reloaded = reloads(log, "config reloaded", 0)
         assert reloaded["tokens"] == "added bob; removed alice; rotated ops"
+        assert reloaded["limits"] == [
+            "rate: 100 -> 50",
+            "max_utility_by_submitter: {} -> {'bob': 10.0}",
+        ]
         assert reloaded["restart_needed"] == []
         assert code_of(address, "t-bob") == grpc.StatusCode.OK
         assert code_of(address, "t-ops-2") == grpc.StatusCode.OK
         assert code_of(address, "t-alice") == grpc.StatusCode.UNAUTHENTICATED
         assert code_of(address, "t-ops") == grpc.StatusCode.UNAUTHENTICATED
 
-        # an event wakes the old operator's stream, which then ends
+        # bob's cap applies at once; an event (the operator's job) wakes the old
+        # operator's stream, which then ends
         with client_channel(address, token="t-bob") as channel:
             spec = spec_to_proto(job("bob-1"))
+            with pytest.raises(grpc.RpcError) as over:
+                pb_grpc.AdmissionStub(channel).SubmitJob(pb.SubmitJobRequest(job=spec), timeout=30)
+            assert over.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "limits.max_utility_by_submitter.bob = 10" in (over.value.details() or "")
+        with client_channel(address, token="t-ops-2") as channel:
+            spec = spec_to_proto(job("ops-1"))
             pb_grpc.AdmissionStub(channel).SubmitJob(pb.SubmitJobRequest(job=spec), timeout=30)
         watcher.join(30)
         assert ended and ended[0][0] == grpc.StatusCode.UNAUTHENTICATED, ended
@@ -208,3 +245,19 @@ def test_a_reload_adds_removes_and_rotates_tokens_of_a_running_daemon(tmp_path: 
         assert daemon.proc.poll() is None
     finally:
         assert daemon.stop() == 0, log.read_text()[-3000:]
+
+
+def test_a_retuned_rate_limit_keeps_each_clients_tokens_up_to_the_new_burst() -> None:
+    now = [0.0]
+    limiter = RateLimiter(10.0, 20.0, now=lambda: now[0])
+    for _ in range(5):
+        assert limiter.take("alice") == 0  # 15 left
+    limiter.retune(1.0, 4.0)  # burst 4: alice keeps 4
+    for _ in range(4):
+        assert limiter.take("alice") == 0
+    assert limiter.take("alice") == pytest.approx(1.0)  # one token a second now
+    now[0] += 1.0
+    assert limiter.take("alice") == 0
+    assert limiter.words == "rate limit: 1 request/s per client"
+    with pytest.raises(ValueError, match="rate must be > 0"):
+        limiter.retune(0.0)

@@ -22,6 +22,7 @@ from controller.admission.retention import Retention
 from controller.admission.state import ReadTurns
 from controller.admission.views import DecisionView, JobView
 from controller.admission.writer import GroupWriter
+from controller.config import Config
 from controller.errors import DrainingError
 from controller.events import Event
 from controller.limits import search_size
@@ -261,6 +262,14 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
         )
         self._publish(events)
         return view
+
+    def reconfigure(self, config: Config) -> None:
+        """Run with ``config`` from now on (a reload, :mod:`controller.reload`: its tokens
+        and limits; the rest is the running config's). Each decision reads the config
+        once it begins; the cap on a client's calls inside takes the new
+        ``limits.max_in_flight``."""
+        self.config = config
+        self._decisions.max_waiting = config.limits.max_in_flight
 
     async def cordon(
         self,
