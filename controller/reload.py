@@ -29,6 +29,7 @@ daemon's downtime (a drain, start-up, a failover with ``[ha]``).
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -187,7 +188,8 @@ class Reloader:
         running: the config the daemon runs (its ``source`` is the file read again;
             without ``tables`` it was not read from a file: the embedded defaults).
         targets: called on the event loop, in order, with the config to run from now
-            on (the gRPC interceptor's and the console's tokens, the controller's config).
+            on (the gRPC interceptor's and the console's tokens, the rate limiter, the
+            controller's config); one that returns an awaitable is awaited.
     """
 
     def __init__(self, running: Config, targets: Sequence[Callable[[Config], object]]) -> None:
@@ -224,7 +226,9 @@ class Reloader:
                 return None
             self.running = found.config
             for target in self.targets:
-                target(found.config)
+                done = target(found.config)
+                if inspect.isawaitable(done):
+                    await done
             self.log.info(
                 "config reloaded", config=str(path), tokens=found.tokens.words(),
                 limits=list(found.limits), restart_needed=list(found.restart),

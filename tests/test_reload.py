@@ -5,7 +5,9 @@ would cost every tenant the daemon's downtime (controller/reload.py)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -209,6 +211,15 @@ def test_a_reload_adds_removes_and_rotates_tokens_of_a_running_daemon(tmp_path: 
             "max_utility_by_submitter: {} -> {'bob': 10.0}",
         ]
         assert reloaded["restart_needed"] == []
+        # recorded for a standby: what it compares with at a takeover
+        db = sqlite3.connect(tmp_path / "data" / "oasis.db")
+        try:
+            (value,) = db.execute("SELECT value FROM meta WHERE key = 'settings'").fetchone()
+        finally:
+            db.close()
+        settings = json.loads(value)
+        assert settings["limits"]["rate"] == 50 and settings["window"] == 24
+        assert settings["limits"]["max_utility_by_submitter"] == {"bob": 10.0}
         assert code_of(address, "t-bob") == grpc.StatusCode.OK
         assert code_of(address, "t-ops-2") == grpc.StatusCode.OK
         assert code_of(address, "t-alice") == grpc.StatusCode.UNAUTHENTICATED

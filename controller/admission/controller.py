@@ -263,13 +263,21 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
         self._publish(events)
         return view
 
-    def reconfigure(self, config: Config) -> None:
+    async def reconfigure(self, config: Config) -> None:
         """Run with ``config`` from now on (a reload, :mod:`controller.reload`: its tokens
         and limits; the rest is the running config's). Each decision reads the config
         once it begins; the cap on a client's calls inside takes the new
-        ``limits.max_in_flight``."""
+        ``limits.max_in_flight``. A leader records its config marks again, for its
+        standbys (a failure to is logged: the next takeover records them anyway)."""
         self.config = config
         self._decisions.max_waiting = config.limits.max_in_flight
+        if not self.leading:
+            return
+        try:
+            await self._run(self._record_config_sync)
+        except Exception as err:  # the store out of reach, a lease lost meanwhile
+            self.log.warning("reload: the config's marks for a standby are not recorded",
+                             error=str(err)[:300])  # fmt: skip
 
     async def cordon(
         self,

@@ -257,6 +257,14 @@ class Recovery(Moves, BoundControl):
         }
         session.merge(MetaRow(key=SETTINGS_KEY, value=settings))
 
+    def _record_config_sync(self) -> None:
+        """Record this leader's config marks again (:meth:`_config_marks`), the rest of
+        the recorded settings kept: after a reload changed its tokens or limits, a
+        standby that takes over or starts compares with these, not the ones of before."""
+        with self._write() as session:
+            recorded = _recorded_settings(session)
+            session.merge(MetaRow(key=SETTINGS_KEY, value={**recorded, **self._config_marks()}))
+
     def _config_marks(self) -> dict[str, dict[str, Any]]:
         """What of the config, besides the servers and the slot grid, changes how a
         leader decides: ``[pricing]``, ``[limits]``, ``[auth]``'s tokens and the default
