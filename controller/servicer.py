@@ -293,19 +293,31 @@ class ClusterServicer(pb_grpc.ClusterServicer):
     ) -> pb.ListServersResponse:
         cluster = self.c.cluster
         turn = current_caller().turn
-        use, states = await _guard(
+        use, states, cordons = await _guard(
             context,
-            self.c.read(lambda: (self.c.current_use(request.slot), self.c.server_states()), turn),
+            self.c.read(
+                lambda: (
+                    self.c.current_use(request.slot),
+                    self.c.server_states(),
+                    self.c.cordons(),
+                ),
+                turn,
+            ),
         )
         out = pb.ListServersResponse(current_slot=self.c.slot)
         for kind, _, name, caps in cluster.servers():
-            out.servers.add(
+            server = out.servers.add(
                 name=name,
                 kind=SERVER_KINDS[kind],
                 capacity=dict(zip(cluster.resources, caps.tolist(), strict=True)),
                 used=use[name],
                 state=states[name],
             )
+            cordon = cordons.get(name)
+            if cordon is not None:
+                server.cordoned_from_slot = cordon.from_slot
+                server.cordon_reason = cordon.reason
+                server.cordoned_by = cordon.by
         return out
 
     async def GetPrices(

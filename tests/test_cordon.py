@@ -19,6 +19,7 @@ from prometheus_client import generate_latest
 from sqlalchemy import select
 
 from controller.admission import AdmissionController
+from controller.admission.views import Cordon
 from controller.errors import NotFoundError, PreconditionError
 from controller.metrics import Metrics
 from controller.store.models import AllocationRow, EventRow, JobRow, OutageRow
@@ -100,7 +101,7 @@ def test_a_cordon_moves_the_jobs_off_from_the_next_slot_and_outlives_a_restart(
 
     c = _open(tmp_path)  # a restart blocks it again, from the store
     try:
-        assert c.cordoned == {"w0": 1}
+        assert c.cordoned == {"w0": Cordon(1, "disk swap", "ops")}  # who and why, kept
         for a, b in zip(live, _state(c._ledger), strict=True):
             assert np.array_equal(a, b)  # the same ledger, bit for bit
 
@@ -204,7 +205,7 @@ def test_the_execution_plane_neither_ends_a_cordon_nor_reads_it_as_a_failure(
         c.between_decisions(lambda: plane._fail_sync("w0"))  # its agent fell silent
         c.between_decisions(lambda: plane._recover_sync("w0"))  # and is back
         assert c._ledger.worker_side.blocked[1:, w0].all()  # still cordoned
-        assert c.cordoned == {"w0": 1}
+        assert c.cordoned == {"w0": Cordon(1)}
 
         c.between_decisions(lambda: plane._fail_sync("w0"))  # silent again, then uncordoned
         back = asyncio.run(c.uncordon("w0"))
@@ -244,6 +245,8 @@ def test_oasis_cordon_and_uncordon_against_a_daemon(tmp_path: Path) -> None:
         assert "no new plans there (oasis uncordon w2 gives it back)" in out
         listed = oasis("servers", *server).stdout
         assert any(line.split()[:3] == ["w2", "worker", "cordoned"] for line in listed.splitlines())
+        assert "\nw2: cordoned from slot 1 (" in listed
+        assert listed.rstrip().endswith("): GPU 3 errors (oasis uncordon w2)")
         assert any(line.split()[:3] == ["w0", "worker", "up"] for line in listed.splitlines())
         with urllib.request.urlopen(f"http://{web}/api/overview", timeout=10) as r:
             assert json.load(r)["out_of_service"] == {"w2": "cordoned"}

@@ -26,6 +26,7 @@ from typing import Any
 from sqlalchemy import select, update
 
 from controller.admission.moves import Moves
+from controller.admission.views import Cordon
 from controller.errors import NotFoundError, PreconditionError
 from controller.events import Event
 from controller.store import CORDONED, JobRow, OutageRow
@@ -84,7 +85,7 @@ class Cordons(Moves):
             raise SpecError.one("reason", f"at most {MAX_REASON} characters, got {len(reason)}")
         self._advance_window()
         if server in self.cordoned:
-            since = self.cordoned[server]
+            since = self.cordoned[server].from_slot
             return {"server": server, "from_slot": since, "moved": {}, "already": True,
                     "dry_run": dry_run}, []  # fmt: skip
         from_slot = self.slot + 1
@@ -113,7 +114,8 @@ class Cordons(Moves):
             events: list[Event] = []
             with self._write() as session:  # fenced (high availability)
                 session.add(OutageRow(server=server, down_from=from_slot, up_from=None,
-                                      detected_at=now, cause=CORDONED))  # fmt: skip
+                                      detected_at=now, cause=CORDONED, reason=reason,
+                                      by=by or ""))  # fmt: skip
                 detail: dict[str, Any] = {"reason": "server_cordoned", "server": server}
                 for job_id, how in moved.items():  # the ledger's order
                     best = outcome.replanned.get(job_id) if outcome is not None else None
@@ -130,7 +132,7 @@ class Cordons(Moves):
             # the ledger may hold moves the store does not: rebuilt before the next step
             self._stale = True
             raise
-        self.cordoned[server] = from_slot
+        self.cordoned[server] = Cordon(from_slot, reason, by or "")
         self.log.warning("server cordoned", server=server, from_slot=from_slot, moved=moved,
                          reason=reason, by=by or "")  # fmt: skip
         return view, events
@@ -165,6 +167,10 @@ class Cordons(Moves):
         return {"server": server, "from_slot": from_slot, "already": False, "failed": failed}, [
             event
         ]
+
+    def cordons(self) -> dict[str, Cordon]:
+        """The cordons in force, by server (read in the decision thread)."""
+        return dict(self.cordoned)
 
     def server_states(self) -> dict[str, str]:
         """Each server's state from the next slot on: ``"cordoned"``, ``"failed"`` (down

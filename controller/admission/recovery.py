@@ -18,9 +18,10 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from controller.admission.bounds import BoundControl
+from controller.admission.cordons import MAX_REASON
 from controller.admission.moves import Moves
 from controller.admission.state import EPOCH_KEY, SETTINGS_KEY
-from controller.admission.views import STATES
+from controller.admission.views import STATES, Cordon
 from controller.clock import epoch as slot_zero
 from controller.clock import first_epoch
 from controller.errors import SlotGridChangedError
@@ -618,7 +619,7 @@ class Recovery(Moves, BoundControl):
         :mod:`.cordons`) out of their slots again."""
         with self.db.session() as session:
             outages = session.scalars(select(OutageRow).order_by(OutageRow.id)).all()
-        cordoned: dict[str, int] = {}
+        cordoned: dict[str, Cordon] = {}
         for o in outages:
             if not _integer(o.down_from) or not (o.up_from is None or _integer(o.up_from)):
                 self.log.warning(
@@ -638,7 +639,8 @@ class Recovery(Moves, BoundControl):
             # A recovered server may hold new jobs from up_from on: block only the outage.
             ledger.block(kind, index, o.down_from, o.up_from)
             if o.cause == CORDONED and o.up_from is None:
-                cordoned.setdefault(o.server, o.down_from)
+                reason, by = str(o.reason or "")[:MAX_REASON], str(o.by or "")[:200]
+                cordoned.setdefault(o.server, Cordon(o.down_from, reason, by))
         self.cordoned = cordoned
 
 

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 from controller.admission.decision_thread import DecisionThread
 from controller.admission.id_index import StoredIds
 from controller.admission.job_counts import JobCounts
-from controller.admission.views import JobView
+from controller.admission.views import Cordon, JobView
 from controller.admission.writer import GroupWriter, WriteSet
 from controller.clock import SlotClock
 from controller.config import Config
@@ -133,9 +133,9 @@ class AdmissionState(ABC):
         self.prune_hooks: list[Callable[[list[str]], None]] = []
         # stored job rows found not to read back, each logged once (.reads)
         self._unreadable: set[str] = set()
-        # cordoned servers -> the slot their cordon began (.cordons), as the store holds
-        # them at the last rebuild and as this leader changed them since
-        self.cordoned: dict[str, int] = {}
+        # cordoned servers -> their cordon (.cordons), as the store holds them at the
+        # last rebuild and as this leader changed them since
+        self.cordoned: dict[str, Cordon] = {}
         # group commit (.writer, .commit): decisions are committed by a writer thread
         # in batches; a rebuild of the ledger starts a new generation, and write sets
         # of a generation a batch of which failed are not committed. The writer writes

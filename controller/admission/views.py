@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["STATES", "DecisionView", "JobView", "canonical_spec"]
+__all__ = ["STATES", "Cordon", "DecisionView", "JobView", "canonical_spec"]
 
 STATES = (
     "pending",
@@ -20,6 +20,21 @@ STATES = (
 )
 """``pending``: not admitted yet, decided again at each slot boundary until its wait ends;
 ``expired``: a pending job whose wait ended, or that could no longer pay off."""
+
+
+@dataclass(frozen=True)
+class Cordon:
+    """A server's cordon in force (:mod:`.cordons`).
+
+    Attributes:
+        from_slot: the first slot it is out of service in.
+        reason: what the operator gave (``--reason``; empty if none).
+        by: who cordoned it (the token's name; empty without ``[auth]``).
+    """
+
+    from_slot: int
+    reason: str = ""
+    by: str = ""
 
 
 @dataclass(frozen=True)

@@ -427,6 +427,13 @@ def cmd_servers(args: argparse.Namespace) -> int:
           "the next slot")  # fmt: skip
     right = set(range(3, 3 + len(resources)))
     print(render_table(["server", "kind", "state", *resources], rows, right=right))
+    times = stubs.times()
+    for s in resp.servers:
+        if s.state == "cordoned":
+            who = f" by {s.cordoned_by}" if s.cordoned_by else ""
+            why = f": {s.cordon_reason}" if s.cordon_reason else ""
+            print(f"{s.name}: cordoned from slot {slot_label(s.cordoned_from_slot, times)}{who}"
+                  f"{why} (oasis uncordon {s.name})")  # fmt: skip
     return EXIT_OK
 
 

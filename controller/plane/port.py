@@ -8,7 +8,7 @@ structurally; mypy checks it where the daemon hands the controller to the plane.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
@@ -48,9 +48,10 @@ class AdmissionPort(Protocol):
     """The ledger; replaced (then rebuilt with :meth:`_rebuild`) after a re-plan."""
     prune_hooks: list[Callable[[list[str]], None]]
     """Called (in the decision thread) with the ids of each batch of deleted jobs."""
-    cordoned: dict[str, int]
-    """Cordoned servers -> the slot their cordon began (an operator's; heartbeats do not
-    end it)."""
+
+    @property
+    def cordoned(self) -> Mapping[str, object]:
+        """Cordoned servers (an operator's cordon; heartbeats do not end it)."""
 
     @property
     def _ledger(self) -> Ledger:

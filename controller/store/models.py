@@ -141,6 +141,9 @@ class OutageRow(Base):
     up_from: Mapped[int | None] = mapped_column(LenientBigInteger)
     detected_at: Mapped[datetime] = mapped_column(LenientTime)
     cause: Mapped[str] = mapped_column(String(16), default="failed", server_default="failed")
+    # a cordon's: the operator's --reason and token name (NULL for a failure)
+    reason: Mapped[str | None] = mapped_column(Text)
+    by: Mapped[str | None] = mapped_column(String(200))
 
 
 class ProgressRow(Base):

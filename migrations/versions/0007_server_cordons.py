@@ -4,7 +4,8 @@ Why: ``oasis cordon SERVER`` (maintenance, a suspect GPU) blocks a server from t
 slot on, as a failure does, until ``oasis uncordon``; the execution plane's heartbeats
 must not end it, and a restart or a standby must find it again. The outage rows say
 which: ``cause`` is ``failed`` for every row before this revision (only the execution
-plane wrote them) and ``cordoned`` for an operator's.
+plane wrote them) and ``cordoned`` for an operator's, with its ``reason`` and who
+cordoned it (``by``), shown by ``oasis servers`` as long as it lasts.
 
 Revision ID: 0007
 Revises: 0006
@@ -25,6 +26,8 @@ depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table("server_outages") as batch:
         batch.add_column(sa.Column("cause", sa.String(16), nullable=False, server_default="failed"))
+        batch.add_column(sa.Column("reason", sa.Text(), nullable=True))
+        batch.add_column(sa.Column("by", sa.String(200), nullable=True))
 
 
 def downgrade() -> None:
@@ -35,4 +38,6 @@ def downgrade() -> None:
         "UPDATE server_outages SET up_from = down_from WHERE cause = 'cordoned' AND up_from IS NULL"
     )
     with op.batch_alter_table("server_outages") as batch:
+        batch.drop_column("by")
+        batch.drop_column("reason")
         batch.drop_column("cause")
