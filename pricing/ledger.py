@@ -267,6 +267,21 @@ class Side:
         return out
 
 
+_Columns = tuple[NDArray[np.intp], NDArray[np.intp]]
+"""Server indices of each kind, ``(workers (k,), ps (k,))``."""
+
+
+def _columns(*schedules: Schedule) -> _Columns:
+    """The servers, of each kind, that any of ``schedules`` holds units on."""
+    n_w, n_p = schedules[0].workers.shape[1], schedules[0].ps.shape[1]
+    workers, ps = np.zeros(n_w, np.bool_), np.zeros(n_p, np.bool_)
+    for s in schedules:
+        if s.slots:
+            workers |= s.workers.any(axis=0)
+            ps |= s.ps.any(axis=0)
+    return np.flatnonzero(workers), np.flatnonzero(ps)
+
+
 @dataclass(frozen=True, eq=False)
 class _Entry:
     worker: NDArray[np.float64]
@@ -438,7 +453,7 @@ class Ledger:
         lo = max(released.start, self.origin)
         hi = min(released.start + released.slots, self.end)
         if lo < hi:
-            self._recompute(lo - self.origin, hi - self.origin)
+            self._recompute(lo - self.origin, hi - self.origin, _columns(released))
         return released
 
     def replace(self, job_id: str, schedule: Schedule) -> None:
@@ -459,11 +474,12 @@ class Ledger:
         hi = min(max((s.start + s.slots for s in parts), default=0), self.end) - self.origin
         self._entries[job_id] = _Entry(entry.worker, entry.ps, schedule)  # same place
         if lo < hi:
-            self._recompute(lo, hi)
+            columns = _columns(old, schedule)
+            self._recompute(lo, hi, columns)
             problem = self._over_capacity(lo, hi, schedule)
             if problem:
                 self._entries[job_id] = entry
-                self._recompute(lo, hi)
+                self._recompute(lo, hi, columns)
                 raise CapacityError(f"job {job_id!r}: the new schedule {problem}")
 
     def block(self, kind: str, index: int, from_slot: int, until: int | None = None) -> None:
@@ -503,7 +519,8 @@ class Ledger:
         lo = max(from_slot, self.origin) - self.origin
         if lo < self.length and side.blocked[lo:, index].any():
             side.blocked[lo:, index] = False
-            self._recompute(lo, self.length)
+            one, none = np.array([index], np.intp), np.zeros(0, np.intp)
+            self._recompute(lo, self.length, (one, none) if kind == "worker" else (none, one))
 
     def advance(self, origin: int) -> None:
         """Move the window to start at ``origin``: past slots drop, new empty ones open."""
@@ -535,12 +552,22 @@ class Ledger:
 
     # -- internals ---------------------------------------------------------------------
 
-    def _recompute(self, lo: int, hi: int) -> None:
+    def _recompute(self, lo: int, hi: int, columns: _Columns | None = None) -> None:
         """Rebuild amounts of window slots ``lo .. hi - 1`` from the schedules, in
-        admission order (the order ``admit`` added them in)."""
-        for side in (self.worker_side, self.ps_side):
-            side.used[lo:hi] = 0.0
+        admission order (the order ``admit`` added them in).
+
+        With ``columns`` (``(workers, ps)``, each the ``(k,)`` indices of the servers of
+        that kind whose amounts changed), only those servers' amounts are rebuilt. Each
+        cell is its own sum over the jobs in admission order, so the others' are what a
+        rebuild of every server gives, bit for bit; at 2,000 + 2,000 servers a rebuild of
+        every server took 0.3 s per moved job of a server failure or cordon."""
         a, b = self.origin + lo, self.origin + hi
+        if columns is None:
+            for side in (self.worker_side, self.ps_side):
+                side.used[lo:hi] = 0.0
+        else:
+            self.worker_side.used[lo:hi, columns[0]] = 0.0
+            self.ps_side.used[lo:hi, columns[1]] = 0.0
         for entry in self._entries.values():
             sched = entry.schedule
             s_lo = max(a, sched.start)
@@ -549,8 +576,18 @@ class Ledger:
                 continue
             rows = slice(s_lo - sched.start, s_hi - sched.start)
             win = slice(s_lo - self.origin, s_hi - self.origin)
-            self.worker_side.used[win] += sched.workers[rows, :, None] * entry.worker
-            self.ps_side.used[win] += sched.ps[rows, :, None] * entry.ps
+            if columns is None:
+                self.worker_side.used[win] += sched.workers[rows, :, None] * entry.worker
+                self.ps_side.used[win] += sched.ps[rows, :, None] * entry.ps
+                continue
+            # a job with no units on those servers adds zeros there (x + 0 is x): skipped
+            w, p = columns
+            counts = sched.workers[rows][:, w]
+            if counts.any():
+                self.worker_side.used[win, w] += counts[:, :, None] * entry.worker
+            counts = sched.ps[rows][:, p]
+            if counts.any():
+                self.ps_side.used[win, p] += counts[:, :, None] * entry.ps
         for side in (self.worker_side, self.ps_side):
             side.fill_blocked(lo, hi)
         self._refresh(lo, hi)
