@@ -33,8 +33,7 @@ from controller.store import CORDONED, JobRow, OutageRow
 from controller.store.stored import stored_spec
 from pricing import Job, SpecError
 from pricing.fields import closest
-from pricing.replan import FailureOutcome, fail_server
-from pricing.schedule import Schedule
+from pricing.replan import FailureOutcome, fail_server, jobs_on
 
 __all__ = ["MAX_REASON", "Cordons"]
 
@@ -99,10 +98,11 @@ class Cordons(Moves):
             if not ledger.is_down(kind, index):  # failed: its jobs have moved already
                 # only the jobs planned on it from then on move (read: 0.4 s for all
                 # 600 jobs of a ledger at 2,000 + 2,000 servers)
-                on_it = [j for j in ledger.job_ids()
-                         if _holds(ledger.schedule(j), kind, index, from_slot)]  # fmt: skip
                 with self.db.session() as session:
-                    jobs = {j: self._stored_job(j, session) for j in on_it}
+                    jobs = {
+                        j: self._stored_job(j, session)
+                        for j in jobs_on(ledger, kind, index, from_slot)
+                    }
                 last = {j: self._window_end(job.arrival) for j, job in jobs.items()}
                 # the current slot stays as planned: the server runs it to its end
                 outcome = fail_server(ledger, jobs, kind, index, from_slot, {}, last)
@@ -200,13 +200,6 @@ class Cordons(Moves):
         if row is None:
             raise NotFoundError(f"no job {job_id!r}")
         return self._parse(stored_spec(row.spec, job_id), arrival=row.arrival_slot, fits=False)
-
-
-def _holds(schedule: Schedule, kind: str, index: int, from_slot: int) -> bool:
-    """Whether ``schedule`` has units on server ``index`` of ``kind`` from ``from_slot``."""
-    part = schedule.after(from_slot)
-    counts = part.workers if kind == "worker" else part.ps
-    return bool(part.slots and counts[:, index].any())
 
 
 def _failed(session: Any, server: str) -> bool:
