@@ -182,6 +182,30 @@ def test_a_cordon_names_what_is_wrong(tmp_path: Path) -> None:
         c.close()
 
 
+def test_a_job_that_cannot_fit_for_servers_out_of_service_is_told_which(
+    tmp_path: Path,
+) -> None:
+    """A job rejected as it cannot fit names the servers out of service (before: with
+    every parameter server cordoned, ``it needs 21 worker-slots ..., and only 48 are
+    free``, a contradiction that read as a full cluster)."""
+    c = _open(tmp_path)
+    try:
+        asyncio.run(c.cordon("p0"))
+        reason = asyncio.run(c.submit({**JOB, "id": "no-ps"})).decision.reason
+        assert reason.startswith("cannot fit: its parameter servers do not fit in slots 1..")
+        assert "for the 21 it needs)" in reason, reason
+        assert reason.endswith("; out of service in those slots: p0"), reason
+        asyncio.run(c.uncordon("p0"))
+        asyncio.run(c.cordon("w0"))
+        asyncio.run(c.cordon("w1"))
+        reason = asyncio.run(c.submit({**JOB, "id": "no-workers"})).decision.reason
+        assert reason.startswith("cannot fit: it needs 21 worker-slots in slots 1..")
+        assert "only 0 worker-slots are free there" in reason, reason
+        assert reason.endswith("; out of service in those slots: w0, w1"), reason
+    finally:
+        c.close()
+
+
 def test_the_execution_plane_neither_ends_a_cordon_nor_reads_it_as_a_failure(
     tmp_path: Path,
 ) -> None:
