@@ -141,6 +141,26 @@ def test_reread_of_a_file_that_would_not_start_raises_and_names_the_line(
         reread(running, Path(running.source))
 
 
+def test_a_reload_that_removes_a_capped_tenant_says_its_cap_must_go_too(
+    tmp_path: Path,
+) -> None:
+    """Removing a tenant's token while ``[limits.max_utility_by_submitter]`` still caps it
+    is refused, so its token still calls: the refusal says so, and what to do (before:
+    only that the cap names no submitter, read as a typo in the cap)."""
+    tokens = tokens_file(tmp_path / "tokens", {"alice": ("submitter", "t-alice"),
+                                                "ops": ("operator", "t-ops")})  # fmt: skip
+    caps = "[limits.max_utility_by_submitter]\nalice = 100\n"
+    running = load(config_file(tmp_path, tokens, caps))
+    tokens_file(tmp_path / "tokens", {"ops": ("operator", "t-ops")})
+    with pytest.raises(ConfigError) as refused:
+        reread(running, Path(running.source))
+    assert str(refused.value) == (
+        "limits.max_utility_by_submitter.alice: names no submitter of [auth]'s tokens file "
+        "(a tenant's token removed: remove its cap too; until then a reload changes "
+        "nothing, and its token still calls)"
+    )
+
+
 # -- the daemon ------------------------------------------------------------------------
 
 
