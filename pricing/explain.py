@@ -182,15 +182,11 @@ def _out_of_service(ledger: Ledger, lo: int, hi: int) -> str:
     none; ``""`` if none is. Without it a job rejected because servers are out read as
     if the cluster were full."""
     cluster = ledger.cluster
-    names = [
-        name
-        for side, names in (
-            (ledger.worker_side, cluster.worker_names),
-            (ledger.ps_side, cluster.ps_names),
-        )
-        for name, out in zip(names, side.blocked[lo:hi].any(axis=0).tolist(), strict=True)
-        if out
-    ]
+    names: list[str] = []
+    for side, listed in ((ledger.worker_side, cluster.worker_names),
+                         (ledger.ps_side, cluster.ps_names)):  # fmt: skip
+        out = np.flatnonzero(side.blocked[lo:hi].any(axis=0))
+        names += [listed[int(i)] for i in out]
     if not names:
         return ""
     more = f" and {len(names) - 10} more" if len(names) > 10 else ""
