@@ -161,6 +161,53 @@ def test_a_reload_that_removes_a_capped_tenant_says_its_cap_must_go_too(
     )
 
 
+def test_a_reload_whose_file_is_never_read_is_refused_and_holds_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tokens file that never returns when read (a FIFO here; a hung network mount):
+    the reload is refused after ``READ_SECONDS``, the next one, of a fixed file, applies,
+    and the stuck read holds no exit (before: that reload and every later one waited
+    for good, and a stopped oasisd never exited: its read thread was joined)."""
+    import os
+
+    from controller import reload as reload_module
+
+    tokens = tokens_file(tmp_path / "tokens", {"alice": ("submitter", "t-alice")})
+    config = config_file(tmp_path, tokens)
+    running = load(config)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    config.write_text(config.read_text().replace(str(tokens), str(fifo)))
+    monkeypatch.setattr(reload_module, "READ_SECONDS", 0.5, raising=False)
+    applied: list[Any] = []
+    reloader = reload_module.Reloader(running, [applied.append])
+
+    def unblock() -> None:
+        with open(fifo, "w"):  # an EOF to the blocked read, if any
+            pass
+
+    rescue = threading.Timer(10, unblock)  # a test that fails must not hang
+    rescue.start()
+
+    async def twice() -> tuple[Any, Any]:
+        stuck = await asyncio.wait_for(reloader.reload(), 5)
+        config.write_text(config.read_text().replace(str(fifo), str(tokens)))
+        tokens_file(tokens, {"bob": ("submitter", "t-bob")})
+        return stuck, await asyncio.wait_for(reloader.reload(), 10)
+
+    try:
+        stuck, fixed = asyncio.run(twice())
+        assert stuck is None and fixed is not None
+        assert fixed.tokens.words() == "added bob; removed alice"
+        assert len(applied) == 1
+        reading = [t for t in threading.enumerate() if t.name == "reload" and t.is_alive()]
+        assert reading and all(t.daemon for t in reading)  # the FIFO's, still blocked
+    finally:
+        rescue.cancel()
+        if any(t.name == "reload" and t.is_alive() for t in threading.enumerate()):
+            unblock()
+
+
 # -- the daemon ------------------------------------------------------------------------
 
 
