@@ -307,7 +307,12 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
                 raise SpecError.one(
                     f"limits.max_utility_by_submitter.{name[:200]}",
                     "names no submitter of [auth]'s tokens file"
-                    + ("" if tokens is not None else " (there is no [auth])"),
+                    + (
+                        " (a tenant's token removed: remove its cap too; until then a "
+                        "reload changes nothing, and its token still calls)"
+                        if tokens is not None
+                        else " (there is no [auth])"
+                    ),
                 )
         mqtt = mqtt_from_dict(fields.optional_mapping(data, "mqtt", ""))
         if mqtt is not None:

@@ -18,7 +18,9 @@ Everything else is read at start only, as before: a reload names each table of t
 that differs from what the daemon runs as waiting for a restart, at every reload until
 one, and changes nothing of it. A file that would not start the daemon (any error, in any
 table) changes nothing at all: the error is logged, the daemon goes on as it was, and
-the operator learns of the mistake before a restart would have stopped on it. Turning
+the operator learns of the mistake before a restart would have stopped on it; so does a
+file not read within :data:`READ_SECONDS` (a FIFO, a hung mount), whose read is left to a
+daemon thread that holds neither later reloads nor the daemon's exit. Turning
 ``[auth]`` on or off is a change of ``[auth]`` that waits for a restart too: it decides
 whether calls are authenticated at all.
 
@@ -29,10 +31,13 @@ daemon's downtime (a drain, start-up, a failover with ``[ha]``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import TypeVar
 
 import structlog
 
@@ -40,7 +45,22 @@ from controller.auth import Caller
 from controller.config import Config, ConfigError, load
 from controller.limits import Limits
 
-__all__ = ["Reloader", "Reread", "TokenChanges", "limit_changes", "reread", "token_changes"]
+__all__ = [
+    "READ_SECONDS",
+    "Reloader",
+    "Reread",
+    "TokenChanges",
+    "limit_changes",
+    "reread",
+    "token_changes",
+]
+
+_T = TypeVar("_T")
+
+READ_SECONDS = 30.0
+"""The longest a reload waits for the config and tokens files to be read: one that never
+returns (a FIFO, a hung network mount) is refused, and later reloads are not held
+behind it."""
 
 
 @dataclass(frozen=True)
@@ -217,7 +237,15 @@ class Reloader:
                 return None
             path = Path(self.running.source)
             try:
-                found = await asyncio.to_thread(reread, self.running, path)
+                read = _in_daemon_thread(reread, self.running, path)
+                found = await asyncio.wait_for(read, READ_SECONDS)
+            except TimeoutError:
+                self.log.error(
+                    "reload refused: the config or tokens file was not read within "
+                    f"{READ_SECONDS:g} s (a FIFO, a hung mount?); nothing changed",
+                    config=str(path),
+                )  # fmt: skip
+                return None
             except ConfigError as err:
                 self.log.error(
                     "reload refused: the config file would not start oasisd; nothing "
@@ -240,3 +268,30 @@ class Reloader:
                     hint="systemctl restart oasisd",
                 )
             return found
+
+
+def _in_daemon_thread(fn: Callable[..., _T], *args: object) -> asyncio.Future[_T]:
+    """``fn(*args)`` in a daemon thread of its own, as a future of the running loop: a read
+    that never returns neither holds the daemon's exit (``asyncio.to_thread``'s threads
+    are joined then: a stopped oasisd did not exit) nor another reload's thread."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[_T] = loop.create_future()
+
+    def settle(result: _T | None, error: BaseException | None) -> None:
+        if future.done():  # given up on (the timeout)
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+
+    def run() -> None:
+        try:
+            result, error = fn(*args), None
+        except Exception as err:
+            result, error = None, err
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (a stop)
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name="reload", daemon=True).start()
+    return future

@@ -176,6 +176,23 @@ def _scarcest(job: Job, ledger: Ledger, lo: int, hi: int) -> tuple[str, int | No
     return worst, least, int(fits.clip(max=job.chunks).sum())
 
 
+def _out_of_service(ledger: Ledger, lo: int, hi: int) -> str:
+    """``"; out of service in those slots: w0, p1"``: the servers blocked (cordoned by an
+    operator, or failed) in some of window slots ``lo .. hi - 1``, whose room counts as
+    none; ``""`` if none is. Without it a job rejected because servers are out read as
+    if the cluster were full."""
+    cluster = ledger.cluster
+    names: list[str] = []
+    for side, listed in ((ledger.worker_side, cluster.worker_names),
+                         (ledger.ps_side, cluster.ps_names)):  # fmt: skip
+        out = np.flatnonzero(side.blocked[lo:hi].any(axis=0))
+        names += [listed[int(i)] for i in out]
+    if not names:
+        return ""
+    more = f" and {len(names) - 10} more" if len(names) > 10 else ""
+    return f"; out of service in those slots: {', '.join(names[:10])}{more}"
+
+
 def explain_rejection(
     best: BestSchedule,
     job: Job,
@@ -193,12 +210,21 @@ def explain_rejection(
             return late
         lo, hi = ledger.index(first_slot), ledger.index(last_slot) + 1
         worst, least, fit = _scarcest(job, ledger, lo, hi)
-        return (
-            f"cannot fit: it needs {job.work} worker-slots in slots {first_slot}..{last_slot}, "
-            f"and only {fit} worker-slots are free there (capped at {job.chunks} per slot); "
-            f"the scarcest resource is {worst!r} ({least} workers' worth free), or its "
-            "parameter servers do not fit"
-        )
+        slots = f"slots {first_slot}..{last_slot}"
+        if fit >= job.work:  # the workers alone would fit: "only 384 free" for 9 misled
+            said = (
+                f"cannot fit: its parameter servers do not fit in {slots} next to its "
+                f"workers ({fit} worker-slots are free there, capped at {job.chunks} per "
+                f"slot, for the {job.work} it needs)"
+            )
+        else:
+            said = (
+                f"cannot fit: it needs {job.work} worker-slots in {slots}, and only {fit} "
+                f"worker-slots are free there (capped at {job.chunks} per slot); the "
+                f"scarcest resource is {worst!r} ({least} workers' worth free), or its "
+                "parameter servers do not fit"
+            )
+        return said + _out_of_service(ledger, lo, hi)
     assert best.cost is not None and best.utility is not None and best.payoff is not None
     if drivers is None:
         drivers = price_drivers(best, job, ledger)

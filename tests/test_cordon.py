@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
+from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -183,6 +185,30 @@ def test_a_cordon_names_what_is_wrong(tmp_path: Path) -> None:
         c.close()
 
 
+def test_a_job_that_cannot_fit_for_servers_out_of_service_is_told_which(
+    tmp_path: Path,
+) -> None:
+    """A job rejected as it cannot fit names the servers out of service (before: with
+    every parameter server cordoned, ``it needs 21 worker-slots ..., and only 48 are
+    free``, a contradiction that read as a full cluster)."""
+    c = _open(tmp_path)
+    try:
+        asyncio.run(c.cordon("p0"))
+        reason = asyncio.run(c.submit({**JOB, "id": "no-ps"})).decision.reason
+        assert reason.startswith("cannot fit: its parameter servers do not fit in slots 1..")
+        assert "for the 21 it needs)" in reason, reason
+        assert reason.endswith("; out of service in those slots: p0"), reason
+        asyncio.run(c.uncordon("p0"))
+        asyncio.run(c.cordon("w0"))
+        asyncio.run(c.cordon("w1"))
+        reason = asyncio.run(c.submit({**JOB, "id": "no-workers"})).decision.reason
+        assert reason.startswith("cannot fit: it needs 21 worker-slots in slots 1..")
+        assert "only 0 worker-slots are free there" in reason, reason
+        assert reason.endswith("; out of service in those slots: w0, w1"), reason
+    finally:
+        c.close()
+
+
 def test_the_execution_plane_neither_ends_a_cordon_nor_reads_it_as_a_failure(
     tmp_path: Path,
 ) -> None:
@@ -198,6 +224,7 @@ def test_the_execution_plane_neither_ends_a_cordon_nor_reads_it_as_a_failure(
         asyncio.run(c.cordon("w0"))
         mqtt = mqtt_from_dict({"host": "127.0.0.1"})
         assert mqtt is not None
+        c.config = replace(c.config, mqtt=mqtt)  # a plane runs only with [mqtt]
         plane = Execution(c, mqtt)
         plane.load()
         assert "w0" not in plane.failed  # a cordon is no failure
@@ -215,6 +242,43 @@ def test_the_execution_plane_neither_ends_a_cordon_nor_reads_it_as_a_failure(
         with c.db.session() as s:
             causes = s.execute(select(OutageRow.cause, OutageRow.up_from)).all()
         assert sorted(causes) == [("cordoned", 1), ("failed", 1), ("failed", 1)]
+    finally:
+        c.close()
+
+
+def test_without_an_execution_plane_an_uncordon_ends_a_failure_nothing_else_would(
+    tmp_path: Path,
+) -> None:
+    """A failure the execution plane recorded before ``[mqtt]`` was turned off: no agent
+    can be heard again to end it, so an uncordon does (before: the server stayed out for
+    good, and ``oasis uncordon`` said it stays out until its agent is heard again)."""
+    c = _open(tmp_path)
+    try:
+        with c.db.session() as s:
+            s.add(OutageRow(server="w0", down_from=1, up_from=None, detected_at=datetime.now(UTC)))
+            s.commit()
+    finally:
+        c.close()
+    c = _open(tmp_path)  # no [mqtt]
+    try:
+        w0 = c.cluster.worker_names.index("w0")
+        assert c.between_decisions(c.server_states)["w0"] == "failed"
+        back = asyncio.run(c.uncordon("w0", "ops"))
+        assert back == {"server": "w0", "from_slot": 1, "already": False, "failed": False}
+        assert not c._ledger.worker_side.blocked[1:, w0].any()
+        assert c.between_decisions(c.server_states)["w0"] == "up"
+        assert asyncio.run(c.uncordon("w0"))["already"]
+        with c.db.session() as s:
+            assert s.scalars(select(OutageRow.up_from)).all() == [1]
+            event = s.scalars(select(EventRow).where(EventRow.kind == "server_uncordoned")).one()
+        assert event.detail["failure_ended"] is True
+        live = _state(c._ledger)
+    finally:
+        c.close()
+    c = _open(tmp_path)  # and a restart reads it so
+    try:
+        for a, b in zip(live, _state(c._ledger), strict=True):
+            assert np.array_equal(a, b)
     finally:
         c.close()
 

@@ -141,6 +141,73 @@ def test_reread_of_a_file_that_would_not_start_raises_and_names_the_line(
         reread(running, Path(running.source))
 
 
+def test_a_reload_that_removes_a_capped_tenant_says_its_cap_must_go_too(
+    tmp_path: Path,
+) -> None:
+    """Removing a tenant's token while ``[limits.max_utility_by_submitter]`` still caps it
+    is refused, so its token still calls: the refusal says so, and what to do (before:
+    only that the cap names no submitter, read as a typo in the cap)."""
+    tokens = tokens_file(tmp_path / "tokens", {"alice": ("submitter", "t-alice"),
+                                                "ops": ("operator", "t-ops")})  # fmt: skip
+    caps = "[limits.max_utility_by_submitter]\nalice = 100\n"
+    running = load(config_file(tmp_path, tokens, caps))
+    tokens_file(tmp_path / "tokens", {"ops": ("operator", "t-ops")})
+    with pytest.raises(ConfigError) as refused:
+        reread(running, Path(running.source))
+    assert str(refused.value) == (
+        "limits.max_utility_by_submitter.alice: names no submitter of [auth]'s tokens file "
+        "(a tenant's token removed: remove its cap too; until then a reload changes "
+        "nothing, and its token still calls)"
+    )
+
+
+def test_a_reload_whose_file_is_never_read_is_refused_and_holds_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tokens file that never returns when read (a FIFO here; a hung network mount):
+    the reload is refused after ``READ_SECONDS``, the next one, of a fixed file, applies,
+    and the stuck read holds no exit (before: that reload and every later one waited
+    for good, and a stopped oasisd never exited: its read thread was joined)."""
+    import os
+
+    from controller import reload as reload_module
+
+    tokens = tokens_file(tmp_path / "tokens", {"alice": ("submitter", "t-alice")})
+    config = config_file(tmp_path, tokens)
+    running = load(config)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    config.write_text(config.read_text().replace(str(tokens), str(fifo)))
+    monkeypatch.setattr(reload_module, "READ_SECONDS", 0.5, raising=False)
+    applied: list[Any] = []
+    reloader = reload_module.Reloader(running, [applied.append])
+
+    def unblock() -> None:
+        with open(fifo, "w"):  # an EOF to the blocked read, if any
+            pass
+
+    rescue = threading.Timer(10, unblock)  # a test that fails must not hang
+    rescue.start()
+
+    async def twice() -> tuple[Any, Any]:
+        stuck = await asyncio.wait_for(reloader.reload(), 5)
+        config.write_text(config.read_text().replace(str(fifo), str(tokens)))
+        tokens_file(tokens, {"bob": ("submitter", "t-bob")})
+        return stuck, await asyncio.wait_for(reloader.reload(), 10)
+
+    try:
+        stuck, fixed = asyncio.run(twice())
+        assert stuck is None and fixed is not None
+        assert fixed.tokens.words() == "added bob; removed alice"
+        assert len(applied) == 1
+        reading = [t for t in threading.enumerate() if t.name == "reload" and t.is_alive()]
+        assert reading and all(t.daemon for t in reading)  # the FIFO's, still blocked
+    finally:
+        rescue.cancel()
+        if any(t.name == "reload" and t.is_alive() for t in threading.enumerate()):
+            unblock()
+
+
 # -- the daemon ------------------------------------------------------------------------
 
 

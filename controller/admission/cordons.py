@@ -147,28 +147,36 @@ class Cordons(Moves):
     ) -> tuple[dict[str, Any], list[Event]]:
         """End ``server``'s cordon from the next slot on; returns ``server``,
         ``from_slot``, ``already`` (True if it was not cordoned: nothing changes) and
-        ``failed`` (True if it stays out, failed by the execution plane), and the events."""
+        ``failed`` (True if it stays out, failed by the execution plane), and the events.
+
+        Without an execution plane (no ``[mqtt]``) a failure it recorded before it was
+        turned off would never end (no agent can be heard): the uncordon ends it too,
+        cordoned or not, and its event says ``failure_ended``."""
         kind, index = self._server_of(server)
         self._advance_window()
-        if server not in self.cordoned:
+        orphaned = self.config.mqtt is None and self._failed_now(server)
+        if server not in self.cordoned and not orphaned:
             return {"server": server, "from_slot": None, "already": True,
                     "failed": self._failed_now(server)}, []  # fmt: skip
         from_slot = self.slot + 1
         now = datetime.now(UTC)
+        still_open = update(OutageRow).where(
+            OutageRow.server == server, OutageRow.up_from.is_(None)
+        )
+        if not orphaned:  # a failure is the execution plane's to end, at its agent's beat
+            still_open = still_open.where(OutageRow.cause == CORDONED)
         with self._write() as session:
-            session.execute(update(OutageRow).where(
-                OutageRow.server == server, OutageRow.up_from.is_(None),
-                OutageRow.cause == CORDONED,
-            ).values(up_from=from_slot))  # fmt: skip
+            session.execute(still_open.values(up_from=from_slot))
             failed = _failed(session, server)
-            event = self._event(session, now, "server_uncordoned", "", "", {
-                "server": server, "from_slot": from_slot, "by": by or "", "failed": failed,
-            })  # fmt: skip
-        del self.cordoned[server]
+            detail = {"server": server, "from_slot": from_slot, "by": by or "", "failed": failed}
+            if orphaned:
+                detail["failure_ended"] = True
+            event = self._event(session, now, "server_uncordoned", "", "", detail)
+        self.cordoned.pop(server, None)
         if not failed:
             self._ledger.unblock(kind, index, from_slot)
         self.log.info("server uncordoned", server=server, from_slot=from_slot, failed=failed,
-                      by=by or "")  # fmt: skip
+                      failure_ended=orphaned, by=by or "")  # fmt: skip
         return {"server": server, "from_slot": from_slot, "already": False, "failed": failed}, [
             event
         ]
