@@ -60,7 +60,7 @@ import hashlib
 import json
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -233,9 +233,18 @@ def _check_keys(table: Mapping[str, Any], known: set[str], where: str) -> None:
 _MAX_STORE_TIMEOUT = 3600.0
 
 
-def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None = None) -> Config:
+def from_dict(
+    data: Mapping[str, Any],
+    source: str = "<dict>",
+    base: Path | None = None,
+    former: Collection[str] = (),
+) -> Config:
     """Validate a parsed TOML document; a relative ``daemon.data_dir`` is relative to
-    ``base`` (the config file's folder) if given, else to the working directory."""
+    ``base`` (the config file's folder) if given, else to the working directory.
+    ``former``: the token names of the config running (a reload's): a
+    ``limits.max_utility_by_submitter`` cap naming one of them that has no token now is
+    a warning (:attr:`Config.warnings`), not an error, so removing a tenant revokes its
+    token whether or not its cap was removed in the same edit."""
     _check_keys(
         data,
         {
@@ -302,18 +311,24 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
         _check_ledger_size(cluster, window, limits)
         tokens = tokens_from_dict(fields.mapping(data["auth"], "auth")) if "auth" in data else None
         named = {caller.name for caller in (tokens or {}).values()}
+        stale: list[str] = []
         for name in limits.max_utility_by_submitter:
-            if name not in named:
-                raise SpecError.one(
-                    f"limits.max_utility_by_submitter.{name[:200]}",
-                    "names no submitter of [auth]'s tokens file"
-                    + (
-                        " (a tenant's token removed: remove its cap too; until then a "
-                        "reload changes nothing, and its token still calls)"
-                        if tokens is not None
-                        else " (there is no [auth])"
-                    ),
-                )
+            if name in named:
+                continue
+            where = f"limits.max_utility_by_submitter.{name[:200]}"
+            if name in former and tokens is not None:
+                # a tenant a reload removes: its token must stop calling even if its cap
+                # is left behind (the cap applies to no one; a start refuses it)
+                stale.append(f"{where}: {name} has no token any more, so its cap "
+                             "applies to no one: remove it (a start refuses a cap naming no "
+                             "token)")  # fmt: skip
+                continue
+            raise SpecError.one(
+                where,
+                "names no submitter of [auth]'s tokens file"
+                + (" (if its tenant was removed, remove its cap too)" if tokens is not None
+                   else " (there is no [auth])"),
+            )  # fmt: skip
         mqtt = mqtt_from_dict(fields.optional_mapping(data, "mqtt", ""))
         if mqtt is not None:
             check_server_names(name for _kind, _i, name, _cap in cluster.servers())
@@ -343,6 +358,7 @@ def from_dict(data: Mapping[str, Any], source: str = "<dict>", base: Path | None
             ha=ha_from_dict(fields.mapping(data["ha"], "ha") if "ha" in data else None),
             web=web_from_dict(fields.optional_mapping(data, "web", ""), tls),
             source=source,
+            warnings=tuple(stale),
         )
     except SpecError as err:
         raise ConfigError(str(err)) from err
@@ -472,8 +488,8 @@ def _slot_seconds(value: Any) -> float:
     return seconds
 
 
-def load(path: str | Path) -> Config:
-    """Read and validate a TOML config file."""
+def load(path: str | Path, former: Collection[str] = ()) -> Config:
+    """Read and validate a TOML config file (``former``: as for :func:`from_dict`)."""
     p = Path(path)
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
@@ -486,9 +502,11 @@ def load(path: str | Path) -> Config:
         raise ConfigError(f"{p}: not TOML: {err}") from err
     except RecursionError as err:
         raise ConfigError(f"{p}: not TOML that can be read: nested too deeply") from err
-    config = replace(from_dict(data, str(p), base=p.parent), tables=table_digests(data))
+    config = replace(
+        from_dict(data, str(p), base=p.parent, former=former), tables=table_digests(data)
+    )
     warning = _exposed_secrets(p, config, mode, group)
-    return replace(config, warnings=(warning,)) if warning else config
+    return replace(config, warnings=(*config.warnings, warning)) if warning else config
 
 
 def table_digests(data: Mapping[str, Any]) -> dict[str, str]:

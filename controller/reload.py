@@ -133,12 +133,15 @@ class Reread:
         restart: what was edited that applies only at the next restart, sorted: tables
             (``"auth"`` among them when ``[auth]`` was added or removed) and
             ``"limits.KEY"`` for the limits read only at start.
+        warnings: what the file holds that is worth a warning: a removed tenant's cap
+            left behind, a file with secrets that others may read.
     """
 
     config: Config
     tokens: TokenChanges
     limits: tuple[str, ...]
     restart: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
 
 
 _LIMITS_AT_START = ("max_message_bytes", "max_ledger_mb")
@@ -178,7 +181,8 @@ def reread(running: Config, path: Path) -> Reread:
     Raises:
         ConfigError: the file would not start the daemon (nothing applies then).
     """
-    fresh = load(path)
+    former = {caller.name for caller in (running.tokens or {}).values()}
+    fresh = load(path, former)  # a removed tenant's cap left behind: a warning
     edited = {
         table
         for table in running.tables.keys() | fresh.tables.keys()
@@ -197,7 +201,10 @@ def reread(running: Config, path: Path) -> Reread:
         if "auth" in fresh.tables:
             tables["auth"] = fresh.tables["auth"]
     applied = replace(running, tokens=tokens, limits=limits, tables=tables)
-    return Reread(applied, token_changes(running.tokens, tokens), changed, tuple(sorted(restart)))
+    return Reread(
+        applied, token_changes(running.tokens, tokens), changed, tuple(sorted(restart)),
+        fresh.warnings,
+    )  # fmt: skip
 
 
 class Reloader:
@@ -261,6 +268,8 @@ class Reloader:
                 "config reloaded", config=str(path), tokens=found.tokens.words(),
                 limits=list(found.limits), restart_needed=list(found.restart),
             )  # fmt: skip
+            for problem in found.warnings:
+                self.log.warning("config reloaded with a problem", problem=problem)
             if found.restart:
                 self.log.warning(
                     "config changes that apply only at a restart",

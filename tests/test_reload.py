@@ -141,23 +141,30 @@ def test_reread_of_a_file_that_would_not_start_raises_and_names_the_line(
         reread(running, Path(running.source))
 
 
-def test_a_reload_that_removes_a_capped_tenant_says_its_cap_must_go_too(
+def test_a_reload_that_removes_a_capped_tenant_revokes_it_and_warns_of_the_cap(
     tmp_path: Path,
 ) -> None:
     """Removing a tenant's token while ``[limits.max_utility_by_submitter]`` still caps it
-    is refused, so its token still calls: the refusal says so, and what to do (before:
-    only that the cap names no submitter, read as a typo in the cap)."""
+    revokes the token all the same, with a warning that the cap applies to no one (an
+    audit found the reload refused, the cap read as a typo, so a leaked token went on
+    calling). A cap naming a name that never had a token is still an error."""
     tokens = tokens_file(tmp_path / "tokens", {"alice": ("submitter", "t-alice"),
                                                 "ops": ("operator", "t-ops")})  # fmt: skip
     caps = "[limits.max_utility_by_submitter]\nalice = 100\n"
     running = load(config_file(tmp_path, tokens, caps))
     tokens_file(tmp_path / "tokens", {"ops": ("operator", "t-ops")})
-    with pytest.raises(ConfigError) as refused:
+    found = reread(running, Path(running.source))
+    assert found.tokens.removed == ("alice",)
+    assert found.warnings == (
+        "limits.max_utility_by_submitter.alice: alice has no token any more, so its cap "
+        "applies to no one: remove it (a start refuses a cap naming no token)",
+    )
+    config_file(tmp_path, tokens, "[limits.max_utility_by_submitter]\nalicia = 100\n")
+    with pytest.raises(ConfigError) as refused:  # a typo: never a tenant
         reread(running, Path(running.source))
     assert str(refused.value) == (
-        "limits.max_utility_by_submitter.alice: names no submitter of [auth]'s tokens file "
-        "(a tenant's token removed: remove its cap too; until then a reload changes "
-        "nothing, and its token still calls)"
+        "limits.max_utility_by_submitter.alicia: names no submitter of [auth]'s tokens "
+        "file (if its tenant was removed, remove its cap too)"
     )
 
 
