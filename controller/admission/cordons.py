@@ -154,10 +154,11 @@ class Cordons(Moves):
         cordoned or not, and its event says ``failure_ended``."""
         kind, index = self._server_of(server)
         self._advance_window()
-        orphaned = self.config.mqtt is None and self._failed_now(server)
+        failed_now = self._failed_now(server)
+        orphaned = self.config.mqtt is None and failed_now
         if server not in self.cordoned and not orphaned:
             return {"server": server, "from_slot": None, "already": True,
-                    "failed": self._failed_now(server)}, []  # fmt: skip
+                    "failed": failed_now}, []  # fmt: skip
         from_slot = self.slot + 1
         now = datetime.now(UTC)
         still_open = update(OutageRow).where(
