@@ -341,6 +341,18 @@ class Ledger:
     def __contains__(self, job_id: object) -> bool:
         return job_id in self._entries
 
+    def holding(self, kind: str, index: int, from_slot: int, until: int | None = None) -> list[str]:
+        """The jobs with units on server ``index`` of ``kind`` in absolute slots
+        ``from_slot .. until - 1`` (``until`` None: from then on), in admission order:
+        those a block of it there must move first (a failure, a cordon)."""
+        return [
+            j
+            for j, e in self._entries.items()
+            if self._uses(
+                e.schedule if until is None else e.schedule.before(until), kind, index, from_slot
+            )
+        ]
+
     def snapshot(self) -> Ledger:
         """A copy of this ledger's whole state (its cluster and bounds shared), for
         :meth:`restore`: a trial of changes that may be undone."""
@@ -496,11 +508,7 @@ class Ledger:
         lo = max(from_slot, self.origin) - self.origin
         hi = self.length if until is None else min(max(until - self.origin, 0), self.length)
         if lo < hi:
-            users = [
-                j
-                for j, e in self._entries.items()
-                if self._uses(e.schedule.before(self.origin + hi), kind, index, self.origin + lo)
-            ]
+            users = self.holding(kind, index, self.origin + lo, self.origin + hi)
             if users:
                 last = "" if until is None else f" to {until - 1}"
                 raise LedgerError(

@@ -41,7 +41,6 @@ __all__ = [
     "FailureOutcome",
     "Shifted",
     "fail_server",
-    "jobs_on",
     "refit",
     "release_rest",
     "remaining_job",
@@ -134,18 +133,6 @@ class FailureOutcome:
     stranded: list[str]
 
 
-def jobs_on(ledger: Ledger, kind: str, index: int, from_slot: int) -> list[str]:
-    """The jobs with units on server ``index`` of ``kind`` from absolute ``from_slot`` on,
-    in admission order: those a failure of it from then on moves."""
-    out = []
-    for job_id in ledger.job_ids():
-        part = ledger.schedule(job_id).after(from_slot)
-        counts = part.workers if kind == "worker" else part.ps
-        if part.slots and counts[:, index].any():
-            out.append(job_id)
-    return out
-
-
 def fail_server(
     ledger: Ledger,
     jobs: dict[str, Job],
@@ -168,7 +155,7 @@ def fail_server(
             ``from_slot`` on).
         last_slot: per job, the latest absolute slot it may be planned in.
     """
-    affected = jobs_on(ledger, kind, index, from_slot)
+    affected = ledger.holding(kind, index, from_slot)
     # the failed server's units come off every affected job before the server is blocked
     wanting: dict[str, Schedule] = {}
     for job_id in affected:

@@ -58,7 +58,7 @@ def test_a_partial_rebuild_equals_a_full_one_bit_for_bit(seed: int) -> None:
 def test_a_server_blocked_then_unblocked_rebuilds_only_its_own_amounts() -> None:
     ledger = admitted([make_job(f"j{i}", chunks=1 + i % 3) for i in range(6)])
     for kind, index in (("worker", 2), ("ps", 1)):
-        moved = [j for j in ledger.job_ids() if ledger._uses(ledger.schedule(j), kind, index, 5)]
+        moved = ledger.holding(kind, index, 5)
         for job_id in moved:  # as a failure does: the units come off, then the block
             ledger.release(job_id, 5)
         ledger.block(kind, index, 5)

@@ -33,7 +33,7 @@ from controller.store import CORDONED, JobRow, OutageRow
 from controller.store.stored import stored_spec
 from pricing import Job, SpecError
 from pricing.fields import closest
-from pricing.replan import FailureOutcome, fail_server, jobs_on
+from pricing.replan import FailureOutcome, fail_server
 
 __all__ = ["MAX_REASON", "Cordons"]
 
@@ -101,7 +101,7 @@ class Cordons(Moves):
                 with self.db.session() as session:
                     jobs = {
                         j: self._stored_job(j, session)
-                        for j in jobs_on(ledger, kind, index, from_slot)
+                        for j in ledger.holding(kind, index, from_slot)
                     }
                 last = {j: self._window_end(job.arrival) for j, job in jobs.items()}
                 # the current slot stays as planned: the server runs it to its end

@@ -81,7 +81,7 @@ from controller.store.stored import stored_spec
 from pricing import ADMIT_THRESHOLD, Job, Ledger
 from pricing.best_schedule import BestSchedule
 from pricing.errors import SpecError
-from pricing.replan import fail_server, jobs_on, release_rest, replan_remaining
+from pricing.replan import fail_server, release_rest, replan_remaining
 from pricing.runtime_estimate import Interval, RuntimePrior, fit
 
 __all__ = ["ACTIVE", "Execution", "JobProgress", "ProgressView"]
@@ -548,7 +548,7 @@ class Execution:
             # server stays out after an uncordon until its agent is heard again
             return self._fail_cordoned_sync(server, from_slot) if server in self.c.cordoned else []
         with self.c.db.session() as session:  # only the jobs the failure moves
-            jobs = {j: self._job(j, session) for j in jobs_on(ledger, kind, index, from_slot)}
+            jobs = {j: self._job(j, session) for j in ledger.holding(kind, index, from_slot)}
         before = {j: ledger.schedule(j) for j in jobs}
         remaining: dict[str, int] = {}
         for j, sched in before.items():
