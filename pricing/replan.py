@@ -23,6 +23,7 @@ maximises, whatever slot the re-plan starts in.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,6 +132,17 @@ class FailureOutcome:
     replaced: list[str]
     replanned: dict[str, BestSchedule]
     stranded: list[str]
+
+    def moves(self, order: Iterable[str] | None = None) -> dict[str, str]:
+        """``{job id: how}``, how each moved job moved: ``"replaced"``, ``"replanned"`` or
+        ``"stranded"``; in ``order`` (the jobs to list, e.g. the ledger's), else the
+        replaced ones first, then the re-planned, then the stranded."""
+        how = {
+            **dict.fromkeys(self.replaced, "replaced"),
+            **dict.fromkeys(self.replanned, "replanned"),
+            **dict.fromkeys(self.stranded, "stranded"),
+        }
+        return how if order is None else {j: how[j] for j in order if j in how}
 
 
 def fail_server(

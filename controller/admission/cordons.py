@@ -19,7 +19,6 @@ out until both have ended.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,7 +32,7 @@ from controller.store import CORDONED, JobRow, OutageRow
 from controller.store.stored import stored_spec
 from pricing import Job, SpecError
 from pricing.fields import closest
-from pricing.replan import FailureOutcome, fail_server
+from pricing.replan import fail_server
 
 __all__ = ["MAX_REASON", "Cordons"]
 
@@ -106,7 +105,7 @@ class Cordons(Moves):
                 last = {j: self._window_end(job.arrival) for j, job in jobs.items()}
                 # the current slot stays as planned: the server runs it to its end
                 outcome = fail_server(ledger, jobs, kind, index, from_slot, {}, last)
-                moved = _moves(outcome, jobs)
+                moved = outcome.moves(jobs)
             view = {"server": server, "from_slot": from_slot, "moved": moved,
                     "already": False, "dry_run": dry_run}  # fmt: skip
             stranded = [j for j, how in moved.items() if how == "stranded"]
@@ -218,17 +217,6 @@ def _failed(session: Any, server: str) -> bool:
         OutageRow.server == server, OutageRow.up_from.is_(None), OutageRow.cause != CORDONED
     )
     return session.scalar(open_failure.limit(1)) is not None
-
-
-def _moves(outcome: FailureOutcome, order: Iterable[str]) -> dict[str, str]:
-    """``{job id: how}`` of a failure's outcome (``replaced``, ``replanned`` or
-    ``stranded``), in the jobs' ``order`` (the ledger's)."""
-    how = {
-        **dict.fromkeys(outcome.replaced, "replaced"),
-        **dict.fromkeys(outcome.replanned, "replanned"),
-        **dict.fromkeys(outcome.stranded, "stranded"),
-    }
-    return {j: how[j] for j in order if j in how}
 
 
 def _refusal(server: str, from_slot: int, stranded: list[str]) -> str:

@@ -565,10 +565,8 @@ class Execution:
             with self.c._write() as session:
                 session.add(OutageRow(server=server, down_from=from_slot, up_from=None,
                                       detected_at=now))  # fmt: skip
-                moved = [*outcome.replaced, *outcome.replanned, *outcome.stranded]
-                for j in moved:
-                    how = ("replaced" if j in outcome.replaced else
-                           "replanned" if j in outcome.replanned else "stranded")  # fmt: skip
+                moved = outcome.moves()
+                for j, how in moved.items():
                     detail: dict[str, Any] = {"reason": "server_failed", "server": server}
                     best = outcome.replanned.get(j)
                     events.append(
@@ -576,7 +574,7 @@ class Execution:
                     )
                 events.append(self.c._event(session, now, "server_failed", "", "",
                                             {"server": server, "from_slot": from_slot,
-                                             "jobs": moved}))  # fmt: skip
+                                             "jobs": list(moved)}))  # fmt: skip
             self.log.warning("server failed", server=server, from_slot=from_slot,
                              replaced=outcome.replaced, replanned=list(outcome.replanned),
                              stranded=outcome.stranded)  # fmt: skip
