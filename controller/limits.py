@@ -417,18 +417,16 @@ class RateLimiter:
         now: Callable[[], float] = time.monotonic,
         max_clients: int = 10_000,
     ) -> None:
-        if not rate > 0:
-            raise ValueError("rate must be > 0")
-        self.rate = rate
-        self.burst = burst or max(1.0, rate)
         self._now = now
         self._max_clients = max_clients
         self._buckets: dict[str, tuple[float, float]] = {}  # client -> (tokens, at)
         self._lock = threading.Lock()
+        self.retune(rate, burst)
 
     def retune(self, rate: float, burst: float = 0.0) -> None:
-        """Take a new ``rate`` (> 0) and ``burst`` (a reload): buckets keep their tokens,
-        at most the new burst, and refill at the new rate from now on."""
+        """Take ``rate`` (> 0) and ``burst`` (0: ``max(1, rate)``), at start and at a
+        reload: buckets keep their tokens, at most the new burst, and refill at the new
+        rate from now on."""
         if not rate > 0:
             raise ValueError("rate must be > 0")
         with self._lock:
