@@ -58,8 +58,30 @@ would be that long."""
 
 
 HOLDING_NONE = frozenset(STATES) - {"admitted", "running"}
-"""The job states that hold no slot from the current one on (their future allocation
-rows are deleted when a job enters them)."""
+"""The job states that hold no slot after the current one (their future allocation rows
+are deleted when a job enters them; a job that entered one during the current slot keeps
+that slot's rows: :func:`released_from`)."""
+
+
+def released_from(row: Any, first: int) -> int:
+    """The first slot of the window (which starts at ``first``, the current slot) whose
+    stored allocations a job in a state of :data:`HOLDING_NONE` no longer holds.
+
+    A cancel releases from the slot after the one it came in (``cancelled_slot``), an
+    early completion and a failure that strands a job after their ``completion_slot``:
+    a job that ended during the current slot keeps what it held in it, in the live
+    ledger and in the store, and a rebuild in that slot holds it too. Any other state,
+    or a slot that does not read back, holds nothing. Only the current slot is ever
+    held this way (``first + 1`` at most): the columns can be edited.
+
+    ``row``: with ``state``, ``cancelled_slot`` and ``completion_slot`` (a job row)."""
+    if row.state == "cancelled":
+        end = row.cancelled_slot
+    elif row.state in ("completed", "failed") and _integer(row.completion_slot):
+        end = row.completion_slot + 1
+    else:
+        end = None
+    return first + 1 if _integer(end) and end > first else first
 
 
 def _recorded_settings(session: Session) -> dict[str, Any]:
@@ -356,7 +378,15 @@ class Recovery(Moves, BoundControl):
         # the outages first: a plan on a server down in its slots (a store restored in
         # part from a backup) is then a misfit, refitted, instead of a LedgerError
         self._block_failed_servers(ledger)
-        misfits = [m for job_id, allocs in by_job.items() if (m := self._place(job_id, allocs))]
+        misfits = []
+        for job_id, allocs in by_job.items():
+            misfit = self._place(job_id, allocs)
+            if misfit is not None and allocs[0].state in HOLDING_NONE:
+                # the slot an ended job held last: there is nothing of it to move
+                self.log.warning("the last slot of an ended job no longer fits; left out",
+                                 job=job_id, state=allocs[0].state, why=misfit.why)  # fmt: skip
+            elif misfit is not None:
+                misfits.append(misfit)
         self._unfitted = 0 if self.leading else len(misfits)
         if misfits and self.leading:
             self._refit(misfits)
@@ -369,7 +399,8 @@ class Recovery(Moves, BoundControl):
         """Delete the allocations from slot ``first`` on of jobs in a state that holds no
         capacity (:data:`HOLDING_NONE`; the daemon deletes them when a job enters one, an
         edit can leave or add them), so the store shows what the ledger holds, and log
-        which jobs had them.
+        which jobs had them. The current slot's rows of a job that ended in it stay: it
+        held them (:func:`released_from`).
 
         The jobs are found from the allocation rows of the window (the slot index: as
         many as the plans ahead hold), then looked up by id: a query that went through
@@ -379,39 +410,42 @@ class Recovery(Moves, BoundControl):
             # no DISTINCT: SQLite would then scan every allocation row for it
             holding = list(dict.fromkeys(session.scalars(
                 select(AllocationRow.job_id).where(AllocationRow.slot >= first))))  # fmt: skip
-            idle: list[Any] = []
+            ended: list[Any] = []
             for batch in in_batches(holding):
-                idle += session.execute(
-                    select(JobRow.id, JobRow.state, JobRow.sequence).where(
-                        JobRow.id.in_(batch),
-                        JobRow.state.in_(HOLDING_NONE),
-                    )
-                ).all()
-            if not idle:
-                return
-            idle.sort(key=lambda j: (j.sequence is not None, j.sequence or 0))  # as SQLite
-            ids = [j.id for j in idle]
-            for batch in in_batches(ids):
-                session.execute(delete(AllocationRow).where(
-                    AllocationRow.job_id.in_(batch),
-                    AllocationRow.slot >= first))  # fmt: skip
-        self.log.warning(
-            "allocations of jobs that hold no capacity deleted (an edit?)", jobs=len(idle),
-            first_slot=first, first=[f"{j[:64]} ({state})" for j, state, _ in idle[:10]],
-        )  # fmt: skip
+                ended += session.execute(
+                    select(JobRow.id, JobRow.state, JobRow.sequence, JobRow.cancelled_slot,
+                           JobRow.completion_slot)
+                    .where(JobRow.id.in_(batch), JobRow.state.in_(HOLDING_NONE))
+                ).all()  # fmt: skip
+            ended.sort(key=lambda j: (j.sequence is not None, j.sequence or 0))  # as SQLite
+            idle = []
+            for job in ended:  # few: the jobs that ended in this slot, and edits
+                deleted = session.execute(delete(AllocationRow).where(
+                    AllocationRow.job_id == job.id,
+                    AllocationRow.slot >= released_from(job, first)))  # fmt: skip
+                if deleted.rowcount:  # type: ignore[attr-defined]
+                    idle.append(job)
+        if idle:
+            self.log.warning(
+                "allocations of jobs that hold no capacity deleted (an edit?)", jobs=len(idle),
+                first_slot=first, first=[f"{j.id[:64]} ({j.state})" for j in idle[:10]],
+            )  # fmt: skip
 
     def _stored_plans(self, first: int, job_id: str | None = None) -> dict[str, list[Any]]:
         """The stored allocations from slot ``first`` on (of one job, or all), grouped by
         job in decision order: ``{job id: [rows (id, state, spec, arrival_slot, slot,
-        server, workers, ps) in slot order]}``. Only jobs that hold capacity: rows of a
-        job in a state that holds none (:data:`HOLDING_NONE`: cancelled, completed, ...;
-        the daemon deletes their future rows, an edit can leave them) are left out and
-        logged, so an edit never takes capacity from everyone for nothing. A state that
+        server, workers, ps, cancelled_slot, completion_slot) in slot order]}``. Only
+        what jobs hold: rows of a job in a state that holds none (:data:`HOLDING_NONE`:
+        cancelled, completed, ...; the daemon deletes their future rows, an edit can
+        leave them) are left out and logged, so an edit never takes capacity from
+        everyone for nothing, except the current slot's of a job that ended in it
+        (:func:`released_from`), which it held until it ended. A state that
         is not one of :data:`~controller.admission.views.STATES` keeps its rows: over
         holding too much, the daemon errs on the side of never selling a slot twice."""
         query = (
             select(JobRow.id, JobRow.state, JobRow.spec, JobRow.arrival_slot, AllocationRow.slot,
-                   AllocationRow.server, AllocationRow.workers, AllocationRow.ps)
+                   AllocationRow.server, AllocationRow.workers, AllocationRow.ps,
+                   JobRow.cancelled_slot, JobRow.completion_slot)
             .join(AllocationRow, AllocationRow.job_id == JobRow.id)
             .where(AllocationRow.slot >= first)
             .order_by(JobRow.sequence, AllocationRow.slot)
@@ -423,7 +457,7 @@ class Recovery(Moves, BoundControl):
         by_job: dict[str, list[Any]] = {}
         idle: dict[str, str] = {}
         for row in rows:
-            if row.state in HOLDING_NONE:
+            if row.state in HOLDING_NONE and row.slot >= released_from(row, first):
                 idle[row.id] = row.state
             else:
                 by_job.setdefault(row.id, []).append(row)
