@@ -318,6 +318,7 @@ class ClusterServicer(pb_grpc.ClusterServicer):
                 server.cordoned_from_slot = cordon.from_slot
                 server.cordon_reason = cordon.reason
                 server.cordoned_by = cordon.by
+                server.cordoned_until_slot = cordon.until or 0
         return out
 
     async def GetPrices(
@@ -376,11 +377,13 @@ class ClusterServicer(pb_grpc.ClusterServicer):
     ) -> pb.CordonServerResponse:
         caller = current_caller()
         change = self.c.cordon(request.server, request.reason, caller.submitter, caller.turn,
-                               dry_run=request.dry_run, force=request.force)  # fmt: skip
+                               dry_run=request.dry_run, force=request.force,
+                               until=request.until_slot or None)  # fmt: skip
         view = await _guard(context, change)
         return pb.CordonServerResponse(
             server=view["server"],
             from_slot=view["from_slot"],
+            until_slot=view["until"] or 0,
             moved=[pb.MovedJob(id=j, how=how) for j, how in view["moved"].items()],
             already=view["already"],
             dry_run=view["dry_run"],

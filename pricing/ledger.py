@@ -116,6 +116,9 @@ class Side:
             ``log U[r]``; both as priced, after :data:`LOG_PRICE_CAP`.
         blocked: ``(S, n)`` bool, True where the server is down in that slot.
         down: ``(n,)`` bool, servers down with no end: slots the window opens are blocked.
+        ahead: blocks with an end that reaches past the window's last slot, ``(server,
+            first, until)`` in absolute slots (``until`` exclusive): the slots the window
+            opens up to ``until`` are blocked too (an operator's cordon with an end).
         touched: ``(S,)`` bool, the ledger's: False where nothing is allocated on either
             side (such a slot prices at ``empty_price``).
         min_share: ``(S, R)`` float64, the least ``used / capacity`` over servers per slot
@@ -140,6 +143,7 @@ class Side:
     priced: NDArray[np.int64]
     version: int = 0
     derived: int = 0
+    ahead: list[tuple[int, int, int]] = field(default_factory=list)
     _known: list[tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], int]] = field(
         default_factory=list
     )
@@ -507,6 +511,8 @@ class Ledger:
         side = self.side(kind)
         lo = max(from_slot, self.origin) - self.origin
         hi = self.length if until is None else min(max(until - self.origin, 0), self.length)
+        if until is not None and until > self.end and until > from_slot:
+            side.ahead.append((index, from_slot, until))
         if lo < hi:
             users = self.holding(kind, index, self.origin + lo, self.origin + hi)
             if users:
@@ -524,6 +530,7 @@ class Ledger:
         """Bring server ``index`` of ``kind`` back from absolute ``from_slot`` on."""
         side = self.side(kind)
         side.down[index] = False
+        side.ahead = [b for b in side.ahead if b[0] != index or b[2] <= from_slot]
         lo = max(from_slot, self.origin) - self.origin
         if lo < self.length and side.blocked[lo:, index].any():
             side.blocked[lo:, index] = False
@@ -548,10 +555,14 @@ class Ledger:
             side.refresh_shares(keep, self.length)
             side.blocked[:keep] = side.blocked[self.length - keep :]
             side.blocked[keep:] = side.down[None, :]
+            for index, first, until in side.ahead:  # blocks with an end past the old window
+                lo, hi = max(first - origin, keep), min(until - origin, self.length)
+                side.blocked[max(lo, keep) : max(hi, keep), index] = True
+            side.ahead = [b for b in side.ahead if b[2] > origin + self.length]
         self.touched[:keep] = self.touched[self.length - keep :]
         self.touched[keep:] = False
         self.origin = origin
-        if self.worker_side.down.any() or self.ps_side.down.any():
+        if self.worker_side.blocked[keep:].any() or self.ps_side.blocked[keep:].any():
             for side in (self.worker_side, self.ps_side):
                 side.fill_blocked(keep, self.length)
             self._refresh(keep, self.length)

@@ -153,8 +153,10 @@ def fail_server(
     from_slot: int,
     remaining_work: dict[str, int],
     last_slot: dict[str, int],
+    until: int | None = None,
 ) -> FailureOutcome:
-    """Take server ``index`` of ``kind`` down from ``from_slot`` on and move its jobs.
+    """Take server ``index`` of ``kind`` down from ``from_slot`` on (up to ``until``,
+    exclusive, if given: an operator's cordon with an end) and move its jobs.
 
     Args:
         ledger: the allocations; changed in place.
@@ -167,14 +169,14 @@ def fail_server(
             ``from_slot`` on).
         last_slot: per job, the latest absolute slot it may be planned in.
     """
-    affected = ledger.holding(kind, index, from_slot)
+    affected = ledger.holding(kind, index, from_slot, until)
     # the failed server's units come off every affected job before the server is blocked
     wanting: dict[str, Schedule] = {}
     for job_id in affected:
         sched = ledger.schedule(job_id)
         wanting[job_id] = sched
-        ledger.replace(job_id, _without(sched, kind, index, from_slot))
-    ledger.block(kind, index, from_slot)
+        ledger.replace(job_id, _without(sched, kind, index, from_slot, until))
+    ledger.block(kind, index, from_slot, until)
 
     replaced: list[str] = []
     replanned: dict[str, BestSchedule] = {}
@@ -182,7 +184,7 @@ def fail_server(
     for job_id in affected:
         job = jobs[job_id]
         wanted = wanting[job_id]
-        moved = _replace(ledger, job, wanted, kind, index, from_slot)
+        moved = _replace(ledger, job, wanted, kind, index, from_slot, until)
         if moved is not None:
             ledger.replace(job_id, moved)
             replaced.append(job_id)
@@ -273,26 +275,45 @@ def _place_counts(
     return Schedule(start, out[0], out[1])
 
 
-def _without(schedule: Schedule, kind: str, index: int, from_slot: int) -> Schedule:
-    """``schedule`` with no units on server ``index`` of ``kind`` from ``from_slot`` on."""
-    workers, ps = schedule.workers.copy(), schedule.ps.copy()
+def _rows(schedule: Schedule, from_slot: int, until: int | None) -> tuple[int, int]:
+    """The rows of ``schedule`` in slots ``from_slot .. until - 1`` (no end: to its end)."""
     cut = min(max(from_slot - schedule.start, 0), schedule.slots)
-    (workers if kind == "worker" else ps)[cut:, index] = 0
+    stop = (
+        schedule.slots if until is None else min(max(until - schedule.start, cut), schedule.slots)
+    )
+    return cut, stop
+
+
+def _without(
+    schedule: Schedule, kind: str, index: int, from_slot: int, until: int | None = None
+) -> Schedule:
+    """``schedule`` with no units on server ``index`` of ``kind`` from ``from_slot`` on
+    (up to ``until``, exclusive, if given)."""
+    workers, ps = schedule.workers.copy(), schedule.ps.copy()
+    cut, stop = _rows(schedule, from_slot, until)
+    (workers if kind == "worker" else ps)[cut:stop, index] = 0
     return Schedule(schedule.start, workers, ps)
 
 
 def _replace(
-    ledger: Ledger, job: Job, wanted: Schedule, kind: str, index: int, from_slot: int
+    ledger: Ledger,
+    job: Job,
+    wanted: Schedule,
+    kind: str,
+    index: int,
+    from_slot: int,
+    until: int | None = None,
 ) -> Schedule | None:
-    """``wanted`` with its units on the failed server moved to other servers of the same
-    kind in the same slots, cheapest first; None if some slot has no room for them."""
+    """``wanted`` with its units on the failed server (from ``from_slot``, up to
+    ``until`` if given) moved to other servers of the same kind in the same slots,
+    cheapest first; None if some slot has no room for them."""
     current = ledger.schedule(job.id)  # ``wanted`` without the failed server's units
     workers, ps = current.workers.copy(), current.ps.copy()
     demand = job.worker if kind == "worker" else job.ps
     side = ledger.side(kind)
     counts = wanted.workers if kind == "worker" else wanted.ps
     target = workers if kind == "worker" else ps
-    for row in range(max(from_slot - wanted.start, 0), wanted.slots):
+    for row in range(*_rows(wanted, from_slot, until)):
         missing = int(counts[row, index])
         if missing == 0:
             continue

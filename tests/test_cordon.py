@@ -22,6 +22,7 @@ from sqlalchemy import select
 
 from controller.admission import AdmissionController
 from controller.admission.views import Cordon
+from controller.clock import FakeClock
 from controller.errors import NotFoundError, PreconditionError
 from controller.metrics import Metrics
 from controller.store.models import AllocationRow, EventRow, JobRow, OutageRow
@@ -44,6 +45,26 @@ def _on(c: AdmissionController, server: str, from_slot: int) -> dict[str, int]:
     for job_id, workers, ps in rows:
         out[job_id] = out.get(job_id, 0) + workers + ps
     return out
+
+
+def _slots_on(c: AdmissionController, server: str) -> dict[str, set[int]]:
+    """The slots each job holds ``server`` in, in the store."""
+    with c.db.session() as s:
+        rows = s.execute(
+            select(AllocationRow.job_id, AllocationRow.slot).where(AllocationRow.server == server)
+        ).all()
+    out: dict[str, set[int]] = {}
+    for job_id, slot in rows:
+        out.setdefault(job_id, set()).add(slot)
+    return out
+
+
+def _later(c: AdmissionController, slots: int) -> None:
+    """Move the fake clock of ``c`` on by ``slots`` slots, and tick."""
+    clock = c.slots.clock
+    assert isinstance(clock, FakeClock)
+    clock.advance(slots * c.slots.slot_seconds)
+    asyncio.run(c.tick())
 
 
 def _fill(c: AdmissionController, n: int) -> list[str]:
@@ -246,6 +267,40 @@ def test_the_execution_plane_neither_ends_a_cordon_nor_reads_it_as_a_failure(
         c.close()
 
 
+def test_a_failure_during_a_cordon_with_an_end_is_given_back_at_its_end(tmp_path: Path) -> None:
+    """A server whose agent fell silent and came back during a cordon with an end stays
+    out for the cordon, and is back from its end; one still silent at the end stays out
+    until its agent is heard again."""
+    from controller.plane.execution import Execution
+    from controller.plane.settings import mqtt_from_dict
+
+    c = _open(tmp_path)
+    try:
+        _fill(c, 2)
+        asyncio.run(c.cordon("w0", until=4))
+        asyncio.run(c.cordon("w1", until=4))
+        mqtt = mqtt_from_dict({"host": "127.0.0.1"})
+        assert mqtt is not None
+        c.config = replace(c.config, mqtt=mqtt)
+        plane = Execution(c, mqtt)
+        plane.load()
+        w0, w1 = (c.cluster.worker_names.index(n) for n in ("w0", "w1"))
+        for name in ("w0", "w1"):
+            c.between_decisions(lambda name=name: plane._fail_sync(name))  # type: ignore[misc]
+        c.between_decisions(lambda: plane._recover_sync("w0"))  # w0 heard again, w1 not
+        blocked = c._ledger.worker_side.blocked
+        assert blocked[1:, w0].all() and blocked[1:, w1].all()  # out for the cordon
+        _later(c, 3)  # slot 3: both cordons end at the next boundary
+        assert c.cordoned == {}
+        blocked = c._ledger.worker_side.blocked  # slot 3 is row 0 now
+        assert blocked[0, w0] and not blocked[1:, w0].any()  # back from slot 4
+        assert blocked[:, w1].all()  # still silent: out
+        c.between_decisions(lambda: plane._recover_sync("w1"))
+        assert not c._ledger.worker_side.blocked[1:, w1].any()  # from slot 4
+    finally:
+        c.close()
+
+
 def test_without_an_execution_plane_an_uncordon_ends_a_failure_nothing_else_would(
     tmp_path: Path,
 ) -> None:
@@ -318,15 +373,111 @@ def test_oasis_cordon_and_uncordon_against_a_daemon(tmp_path: Path) -> None:
         assert "cordoned; " in next(x for x in screen if x.startswith("w2 "))
         assert "cordoned" not in next(x for x in screen if x.startswith("w0 "))
         again = json.loads(oasis("cordon", "w2", "--json", *server).stdout)
-        assert again == {"server": "w2", "from_slot": 1, "already": True, "moved": [],
-                         "dry_run": False}  # fmt: skip
+        assert again == {"server": "w2", "from_slot": 1, "until_slot": None, "already": True,
+                         "moved": [], "dry_run": False}  # fmt: skip
         missing = oasis("cordon", "w9", *server, check=False)
         assert missing.returncode == 1 and "no server 'w9'" in missing.stderr
         out = oasis("uncordon", "w2", *server).stdout
         assert out.startswith("w2: back in service from slot 1 (")
         assert "not cordoned; nothing changed" in oasis("uncordon", "w2", *server).stdout
+
+        # a planned maintenance: an end in the user's terms, shown, and refused if past
+        slot = json.loads(oasis("cordon", "w1", "--for", "90m", "--json", *server).stdout)
+        assert (slot["from_slot"], slot["until_slot"]) == (1, 3)  # 1-hour slots, rounded up
+        listed = oasis("servers", *server).stdout
+        assert "\nw1: cordoned from slot 1 (" in listed and " until slot 3 (" in listed
+        oasis("uncordon", "w1", *server)
+        out = oasis("cordon", "w1", "--until", "4", *server).stdout
+        assert out.startswith("w1: cordoned from slot 1 (") and " until slot 4 (" in out
+        assert "(3 slots, 3h)" in out and "it is back then by itself" in out
+        oasis("uncordon", "w1", *server)
+        past = oasis("cordon", "w1", "--until", "2000-01-01T00:00:00Z", *server, check=False)
+        assert past.returncode != 0 and "--until: the cordon starts at the next slot" in past.stderr
+        naive = oasis("cordon", "w1", "--until", "2030-01-01T06:00", *server, check=False)
+        assert naive.returncode != 0 and "has no UTC offset" in naive.stderr
+        zero = oasis("cordon", "w1", "--for", "0h", *server, check=False)
+        assert zero.returncode != 0 and "must be > 0" in zero.stderr
+        assert "w1: not cordoned" in oasis("uncordon", "w1", *server).stdout  # none was made
     finally:
         assert daemon.stop() == 0
+
+
+def test_a_cordon_with_an_end_blocks_only_its_slots_and_ends_by_itself(tmp_path: Path) -> None:
+    """A planned maintenance (``oasis cordon --for/--until``): only the jobs planned on the
+    server before the end move, it is free to plan on after it, a restart keeps it, and it
+    ends at its end without an uncordon, also across a restart."""
+    c = _open(tmp_path)
+    w0 = c.cluster.worker_names.index("w0")
+    try:
+        _fill(c, 4)
+        before = _slots_on(c, "w0")
+        inside = {j for j, slots in before.items() if slots & {1, 2, 3}}
+        assert inside and any(slots & {4, 5, 6} for slots in before.values()), before
+        view = asyncio.run(c.cordon("w0", "BIOS update", "ops", until=4))
+        assert (view["from_slot"], view["until"]) == (1, 4)
+        assert set(view["moved"]) == inside  # every job planned there in slots 1 .. 3
+        now = _slots_on(c, "w0")
+        assert all(not slots & {1, 2, 3} for slots in now.values()), now
+        for j in before.keys() - inside:  # the others keep their plans there
+            assert now[j] == before[j]
+        blocked = c._ledger.worker_side.blocked[:, w0]
+        assert blocked[1:4].all() and not blocked[0] and not blocked[4:].any()
+        _within_capacity(c)
+        with c.db.session() as s:
+            outage = s.scalars(select(OutageRow)).one()
+        assert (outage.cause, outage.down_from, outage.up_from) == ("cordoned", 1, 4)
+        assert c.cordoned == {"w0": Cordon(1, "BIOS update", "ops", 4)}
+        with pytest.raises(SpecError, match="until_slot: must be after"):
+            asyncio.run(c.cordon("w1", until=1))
+        live = _state(c._ledger)
+    finally:
+        c.close()
+
+    c = _open(tmp_path)  # a restart: the same cordon, the same ledger
+    try:
+        assert c.cordoned == {"w0": Cordon(1, "BIOS update", "ops", 4)}
+        for a, b in zip(live, _state(c._ledger), strict=True):
+            assert np.array_equal(a, b)
+        _later(c, 3)  # slot 3: the cordon's last slot
+        assert c.cordoned == {}  # it ends at the next boundary, by itself
+        assert c.between_decisions(c.server_states)["w0"] == "up"
+        live = _state(c._ledger)
+    finally:
+        c.close()
+
+    c = _open(tmp_path)  # and a restart in its last slot does not bring it back
+    try:
+        _later(c, 3)
+        assert c.cordoned == {}
+    finally:
+        c.close()
+
+
+def test_an_end_past_the_window_stays_blocked_as_the_window_moves() -> None:
+    """A block with an end beyond the window's last slot (a long maintenance) covers the
+    slots the window opens later, up to its end, and no further; an unblock ends it."""
+    from tests.test_replan import admitted, make_job
+
+    ledger = admitted([make_job("a")])
+    one, two = np.flatnonzero(ledger.schedule("a").workers.sum(axis=0) == 0)[:2]
+    length = ledger.length
+    ledger.block("worker", one, 2, until=length + 5)
+    assert ledger.worker_side.blocked[2:, one].all()
+    ledger.advance(length)  # slots length .. 2 * length - 1
+    blocked = ledger.worker_side.blocked[:, one]
+    assert blocked[:5].all() and not blocked[5:].any()
+    assert ledger.worker_side.ahead == []  # inside the window now
+    assert (ledger.worker_side.used[:5, one] == ledger.worker_side.capacity[one]).all()
+
+    ledger.block("worker", two, ledger.end + 1, until=ledger.end + 3)  # past the window
+    assert not ledger.worker_side.blocked[:, two].any()
+    saved, origin = ledger.snapshot(), ledger.end
+    ledger.advance(origin)
+    assert ledger.worker_side.blocked[:4, two].tolist() == [False, True, True, False]
+    ledger.restore(saved)
+    ledger.unblock("worker", two, origin)
+    ledger.advance(origin)
+    assert not ledger.worker_side.blocked[:, two].any()  # the unblock ended it
 
 
 def test_a_moved_plan_is_shown_as_re_planned_not_as_a_payoff_over_its_utility() -> None:

@@ -287,11 +287,13 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
         client: str = "",
         dry_run: bool = False,
         force: bool = False,
+        until: int | None = None,
     ) -> dict[str, Any]:
-        """Take ``server`` out of service from the next slot on (:mod:`.cordons`); with
-        ``dry_run``, only say what would move."""
+        """Take ``server`` out of service from the next slot on, up to slot ``until``
+        (exclusive) if given (:mod:`.cordons`); with ``dry_run``, only say what would
+        move."""
         view, events = await self._run(
-            lambda: self._cordon_sync(server, reason, by, dry_run, force), client
+            lambda: self._cordon_sync(server, reason, by, dry_run, force, until), client
         )
         self._publish(events)
         return view

@@ -3,7 +3,10 @@ without a restart (``oasis cordon SERVER``, ``oasis uncordon SERVER``).
 
 A cordon takes effect at the next slot boundary: the server's capacity is zero from slot
 ``s + 1`` on (``s`` the current slot), in this window and every slot it opens later,
-until an uncordon, which gives it back from the next boundary. The jobs planned on it
+until an uncordon, which gives it back from the next boundary, or until the end the
+operator gave (``until``, a planned maintenance): then only the slots before it are
+blocked, jobs may be planned on the server after it at once, and the cordon ends by
+itself at that boundary. The jobs planned on it
 then move as after a failure (:func:`pricing.replan.fail_server`), in decision order:
 re-placed in the same slots on other servers where room allows, else re-planned from
 their remaining work with the best-schedule search, else failed; each with a
@@ -39,6 +42,10 @@ __all__ = ["MAX_REASON", "Cordons"]
 MAX_REASON = 500
 """The longest reason a cordon records, characters."""
 
+MAX_CORDON_SLOTS = 1_000_000
+"""The furthest end a cordon may be given, in slots after its first (a century of hourly
+slots; without an end it lasts until an uncordon)."""
+
 
 class Cordons(Moves):
     """Cordon and uncordon servers; see the module docstring."""
@@ -65,10 +72,12 @@ class Cordons(Moves):
         by: str | None = None,
         dry_run: bool = False,
         force: bool = False,
+        until: int | None = None,
     ) -> tuple[dict[str, Any], list[Event]]:
-        """Cordon ``server`` from the next slot on; returns what was done (``server``,
-        ``from_slot``, ``moved``: ``{job id: how}`` in the ledger's order, ``already``: True if
-        it was cordoned before, when nothing changes; ``dry_run``) and the events.
+        """Cordon ``server`` from the next slot on, up to slot ``until`` (exclusive) if
+        given; returns what was done (``server``, ``from_slot``, ``until``, ``moved``:
+        ``{job id: how}`` in the ledger's order, ``already``: True if it was cordoned
+        before, when nothing changes; ``dry_run``) and the events.
 
         The moves are made on the ledger, which a snapshot taken first puts back for a
         ``dry_run`` (nothing changes) and for a cordon that would fail jobs (no room
@@ -76,7 +85,8 @@ class Cordons(Moves):
         tenants' jobs.
 
         Raises:
-            NotFoundError: no such server. SpecError: a reason too long.
+            NotFoundError: no such server. SpecError: a reason too long, an end not after
+                the next slot or further out than :data:`MAX_CORDON_SLOTS`.
             PreconditionError: jobs would fail and ``force`` is not set.
         """
         kind, index = self._server_of(server)
@@ -84,10 +94,14 @@ class Cordons(Moves):
             raise SpecError.one("reason", f"at most {MAX_REASON} characters, got {len(reason)}")
         self._advance_window()
         if server in self.cordoned:
-            since = self.cordoned[server].from_slot
-            return {"server": server, "from_slot": since, "moved": {}, "already": True,
-                    "dry_run": dry_run}, []  # fmt: skip
+            held = self.cordoned[server]
+            return {"server": server, "from_slot": held.from_slot, "until": held.until,
+                    "moved": {}, "already": True, "dry_run": dry_run}, []  # fmt: skip
         from_slot = self.slot + 1
+        if until is not None and not from_slot < until <= from_slot + MAX_CORDON_SLOTS:
+            raise SpecError.one("until_slot", (
+                f"must be after the slot the cordon starts in ({from_slot}, the next one) and "
+                f"at most {MAX_CORDON_SLOTS} slots after it, got {until}"))  # fmt: skip
         ledger = self._ledger
         jobs: dict[str, Job] = {}
         moved: dict[str, str] = {}
@@ -100,13 +114,13 @@ class Cordons(Moves):
                 with self.db.session() as session:
                     jobs = {
                         j: self._stored_job(j, session)
-                        for j in ledger.holding(kind, index, from_slot)
+                        for j in ledger.holding(kind, index, from_slot, until)
                     }
                 last = {j: self._window_end(job.arrival) for j, job in jobs.items()}
                 # the current slot stays as planned: the server runs it to its end
-                outcome = fail_server(ledger, jobs, kind, index, from_slot, {}, last)
+                outcome = fail_server(ledger, jobs, kind, index, from_slot, {}, last, until)
                 moved = outcome.moves(jobs)
-            view = {"server": server, "from_slot": from_slot, "moved": moved,
+            view = {"server": server, "from_slot": from_slot, "until": until, "moved": moved,
                     "already": False, "dry_run": dry_run}  # fmt: skip
             stranded = [j for j, how in moved.items() if how == "stranded"]
             if dry_run or (stranded and not force):
@@ -117,7 +131,7 @@ class Cordons(Moves):
             now = datetime.now(UTC)
             events: list[Event] = []
             with self._write() as session:  # fenced (high availability)
-                session.add(OutageRow(server=server, down_from=from_slot, up_from=None,
+                session.add(OutageRow(server=server, down_from=from_slot, up_from=until,
                                       detected_at=now, cause=CORDONED, reason=reason,
                                       by=by or ""))  # fmt: skip
                 detail: dict[str, Any] = {"reason": "server_cordoned", "server": server}
@@ -127,8 +141,8 @@ class Cordons(Moves):
                         self._record_move(session, now, jobs[job_id], how, from_slot, detail, best)
                     )
                 events.append(self._event(session, now, "server_cordoned", "", "", {
-                    "server": server, "from_slot": from_slot, "jobs": list(moved),
-                    "reason": reason, "by": by or "",
+                    "server": server, "from_slot": from_slot, "until": until,
+                    "jobs": list(moved), "reason": reason, "by": by or "",
                 }))  # fmt: skip
         except PreconditionError:
             raise  # restored: nothing changed
@@ -136,9 +150,9 @@ class Cordons(Moves):
             # the ledger may hold moves the store does not: rebuilt before the next step
             self._stale = True
             raise
-        self.cordoned[server] = Cordon(from_slot, reason, by or "")
-        self.log.warning("server cordoned", server=server, from_slot=from_slot, moved=moved,
-                         reason=reason, by=by or "")  # fmt: skip
+        self.cordoned[server] = Cordon(from_slot, reason, by or "", until)
+        self.log.warning("server cordoned", server=server, from_slot=from_slot, until=until,
+                         moved=moved, reason=reason, by=by or "")  # fmt: skip
         return view, events
 
     def _uncordon_sync(
@@ -161,7 +175,8 @@ class Cordons(Moves):
         from_slot = self.slot + 1
         now = datetime.now(UTC)
         still_open = update(OutageRow).where(
-            OutageRow.server == server, OutageRow.up_from.is_(None)
+            OutageRow.server == server,
+            OutageRow.up_from.is_(None) | (OutageRow.up_from > from_slot),  # an end ahead
         )
         if not orphaned:  # a failure is the execution plane's to end, at its agent's beat
             still_open = still_open.where(OutageRow.cause == CORDONED)
@@ -180,6 +195,23 @@ class Cordons(Moves):
         return {"server": server, "from_slot": from_slot, "already": False, "failed": failed}, [
             event
         ]
+
+    def _window_moved(self) -> None:
+        """End the cordons with an end whose end is the next slot or before: the server
+        is planned on from then (its slots past the end were never blocked). One the
+        execution plane declared failed during the cordon, and heard again since, was
+        kept out for the cordon: it is given back now."""
+        ended = [name for name, c in self.cordoned.items() if c.until is not None
+                 and c.until <= self.slot + 1]  # fmt: skip
+        for server in ended:
+            cordon = self.cordoned[server]
+            assert cordon.until is not None
+            kind, index = self._server_of(server)
+            if self._ledger.is_down(kind, index) and not self._failed_now(server):
+                self._ledger.unblock(kind, index, cordon.until)
+            del self.cordoned[server]
+            self.log.info("cordon ended", server=server, from_slot=cordon.from_slot,
+                          until=cordon.until, reason=cordon.reason, by=cordon.by)  # fmt: skip
 
     def cordons(self) -> dict[str, Cordon]:
         """The cordons in force, by server (read in the decision thread)."""

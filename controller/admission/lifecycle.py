@@ -89,6 +89,7 @@ class Lifecycle(AdmissionState):
         if slot > self.slot:
             self.slot = slot
             self._ledger.advance(slot)
+            self._window_moved()
 
     def _tick_sync(self, cursor: TickCursor = (-1, 0)) -> tuple[list[Event], TickCursor | None]:
         """Move the window to the current slot, decide the pending jobs again, and move

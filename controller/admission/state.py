@@ -310,6 +310,10 @@ class AdmissionState(ABC):
         """Move the window to the current slot (:mod:`.lifecycle`)."""
 
     @abstractmethod
+    def _window_moved(self) -> None:
+        """End the cordons whose end the window reached (:mod:`.cordons`)."""
+
+    @abstractmethod
     def _decide_pending(self) -> None:
         """Decide the pending jobs again at a new slot (:mod:`.pending`)."""
 

@@ -30,11 +30,14 @@ class Cordon:
         from_slot: the first slot it is out of service in.
         reason: what the operator gave (``--reason``; empty if none).
         by: who cordoned it (the token's name; empty without ``[auth]``).
+        until: the first slot it is back in service in, if the operator set an end
+            (``oasis cordon --for/--until``); None: until ``oasis uncordon``.
     """
 
     from_slot: int
     reason: str = ""
     by: str = ""
+    until: int | None = None
 
 
 @dataclass(frozen=True)

@@ -432,8 +432,10 @@ def cmd_servers(args: argparse.Namespace) -> int:
         if s.state == "cordoned":
             who = f" by {s.cordoned_by}" if s.cordoned_by else ""
             why = f": {s.cordon_reason}" if s.cordon_reason else ""
-            print(f"{s.name}: cordoned from slot {slot_label(s.cordoned_from_slot, times)}{who}"
-                  f"{why} (oasis uncordon {s.name})")  # fmt: skip
+            until = (f" until slot {slot_label(s.cordoned_until_slot, times)}"
+                     if s.cordoned_until_slot else "")  # fmt: skip
+            print(f"{s.name}: cordoned from slot {slot_label(s.cordoned_from_slot, times)}"
+                  f"{until}{who}{why} (oasis uncordon {s.name})")  # fmt: skip
     return EXIT_OK
 
 
