@@ -117,21 +117,29 @@ def test_a_standby_redirects_writes_and_serves_reads(
         with grpc.insecure_channel(standby.address) as channel:
             listed = pb_grpc.ClusterStub(channel).ListServers(pb.ListServersRequest(), timeout=10)
         first = next(s.name for s in listed.servers if s.kind == pb.SERVER_KIND_WORKER)
-        out = oasis("cordon", first, "--json", server=both)
+        out = oasis("cordon", first, "--for", "5h", "--json", server=both)
         assert json.loads(out.stdout)["server"] == first
-        deadline = time.monotonic() + 30
-        while True:
-            with grpc.insecure_channel(standby.address) as channel:
-                servers = (
-                    pb_grpc.ClusterStub(channel)
-                    .ListServers(pb.ListServersRequest(), timeout=10)
-                    .servers
-                )
-            states = {s.name: s.state for s in servers}
-            if states[first] == "cordoned" or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+
+        def standby_sees(state: str) -> dict[str, str]:
+            deadline = time.monotonic() + 30
+            while True:
+                with grpc.insecure_channel(standby.address) as channel:
+                    servers = (
+                        pb_grpc.ClusterStub(channel)
+                        .ListServers(pb.ListServersRequest(), timeout=10)
+                        .servers
+                    )
+                states = {s.name: s.state for s in servers}
+                if states[first] == state or time.monotonic() > deadline:
+                    return states
+                time.sleep(0.2)
+
+        states = standby_sees("cordoned")
         assert states[first] == "cordoned", states
+        # ended before its end: the outage row's end moves, and the standby follows that
+        oasis("uncordon", first, server=both)
+        states = standby_sees("up")
+        assert states[first] == "up", states
     finally:
         group.stop()
 

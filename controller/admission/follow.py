@@ -104,12 +104,19 @@ class Follow(Recovery):
             applied=self._seen_event,
         )
 
-    def _outage_mark(self, session: Session) -> tuple[int, int, int]:
-        """What changes when a server fails or recovers: (outages, newest id, ended)."""
+    def _outage_mark(self, session: Session) -> tuple[int, int, int, int]:
+        """What changes when a server fails or recovers: (outages, newest id, ended, sum of
+        their ends); the last moves when an uncordon ends a cordon with an end sooner."""
         row = session.execute(
-            select(func.count(OutageRow.id), func.max(OutageRow.id), func.count(OutageRow.up_from))
+            select(
+                func.count(OutageRow.id),
+                func.max(OutageRow.id),
+                func.count(OutageRow.up_from),
+                func.sum(OutageRow.up_from),
+            )
         ).one()
-        return int(row[0] or 0), int(row[1] or 0), int(row[2] or 0)
+        count, newest, ended, ends = (int(v or 0) for v in row)
+        return count, newest, ended, ends
 
     def _follow_sync(self) -> list[Event]:
         """Apply what was committed since the last event applied (at most

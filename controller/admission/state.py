@@ -167,7 +167,7 @@ class AdmissionState(ABC):
         self._written_event = 0  # the newest event of the write transaction under way
         self._unfitted = 0  # stored plans a standby left out; a full rebuild at takeover
         self._unfitted_counted = 0.0  # time.monotonic() of its last count in full
-        self._outages: tuple[int, int, int] | None = None  # (.follow) a change: rebuild
+        self._outages: tuple[int, int, int, int] | None = None  # (.follow) a change: rebuild
         # where clients are sent while this daemon leads (the daemon fills in its address)
         self.advertise = config.ha.advertise if config.ha is not None else ""
 
