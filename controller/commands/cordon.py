@@ -115,8 +115,8 @@ def _until_slot(args: argparse.Namespace, stubs: Stubs) -> int:
     if until <= first:
         starts = slot_label(first, stubs.times())
         raise InputError(
-            f"--until: the cordon starts at the next slot boundary ({starts}), so it must "
-            "end after that"
+            f"--until: the cordon starts at the next slot boundary, slot {starts}, so it "
+            "must end after that"
         )
     return until
 
