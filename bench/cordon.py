@@ -10,10 +10,13 @@ What is measured
     planned worker-slots is cordoned, twice over: ``--dry-run`` (the moves tried on a
     copy of the ledger) and for real (``--force``: tried, then done, and stored), each
     one ``_cordon_sync`` step timed with ``time.perf_counter``; then it is uncordoned.
-    Reported: the jobs moved by how, and each step's wall time.
+    Reported: the jobs moved by how, and each step's wall time. With ``--for SLOTS`` the
+    cordon has an end (a planned maintenance, ``oasis cordon --for``): it blocks slots
+    ``1 .. SLOTS`` only, and only the jobs planned there move.
 
 Usage
-    .venv/bin/python -m bench.cordon [--servers 50] [--window 300] [--jobs 300] [--json]
+    .venv/bin/python -m bench.cordon [--servers 50] [--window 300] [--jobs 300]
+        [--for SLOTS] [--json]
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ from pricing.workload import generate_trace
 SEED = 1
 
 
-def measure(servers: int, window: int, jobs: int, data_dir: Path) -> dict[str, Any]:
+def measure(
+    servers: int, window: int, jobs: int, data_dir: Path, length: int | None = None
+) -> dict[str, Any]:
     trace = generate_trace(np.random.default_rng(SEED), n_jobs=jobs, n_worker_servers=servers,
                            n_ps_servers=servers, horizon=window)  # fmt: skip
     config = from_dict({
@@ -64,9 +69,13 @@ def measure(servers: int, window: int, jobs: int, data_dir: Path) -> dict[str, A
         held = ledger.worker_side.used[1:, :, 0].sum(axis=0)  # the first resource, by server
         busiest = c.cluster.worker_names[int(np.argmax(held))]
         out: dict[str, Any] = {"servers": servers, "window": window, "jobs": jobs,
-                               "admitted": admitted, "server": busiest}  # fmt: skip
+                               "admitted": admitted, "server": busiest,
+                               "cordon_slots": length or "no end"}  # fmt: skip
+        until = None if length is None else c.slot + 1 + length
         for name, dry_run in (("dry_run", True), ("cordon", False)):
-            step = functools.partial(c._cordon_sync, busiest, "bench", "bench", dry_run, True)
+            step = functools.partial(
+                c._cordon_sync, busiest, "bench", "bench", dry_run, True, until
+            )
             started = time.perf_counter()
             view, _events = c.between_decisions(step, 600.0)
             out[f"{name}_ms"] = round((time.perf_counter() - started) * 1e3, 1)
@@ -84,10 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--servers", type=int, default=50, help="worker servers (and as many PS)")
     p.add_argument("--window", type=int, default=300, help="slots, T")
     p.add_argument("--jobs", type=int, default=300)
+    p.add_argument("--for", dest="length", type=int, metavar="SLOTS",
+                   help="give the cordon an end: it blocks this many slots")  # fmt: skip
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="oasis-cordon-") as d:
-        result = {"machine": describe(), **measure(args.servers, args.window, args.jobs, Path(d))}
+        measured = measure(args.servers, args.window, args.jobs, Path(d), args.length)
+        result = {"machine": describe(), **measured}
     if args.json:
         print(json.dumps(result, indent=1))
     else:

@@ -386,6 +386,8 @@ def test_oasis_cordon_and_uncordon_against_a_daemon(tmp_path: Path) -> None:
         assert (slot["from_slot"], slot["until_slot"]) == (1, 3)  # 1-hour slots, rounded up
         listed = oasis("servers", *server).stdout
         assert "\nw1: cordoned from slot 1 (" in listed and " until slot 3 (" in listed
+        screen = oasis("status", *server).stdout.splitlines()
+        assert "cordoned to slot 2; " in next(x for x in screen if x.startswith("w1 "))
         oasis("uncordon", "w1", *server)
         out = oasis("cordon", "w1", "--until", "4", *server).stdout
         assert out.startswith("w1: cordoned from slot 1 (") and " until slot 4 (" in out

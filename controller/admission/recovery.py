@@ -651,8 +651,10 @@ class Recovery(Moves, BoundControl):
     def _block_failed_servers(self, ledger: Ledger) -> None:
         """Take servers declared failed (the execution plane) or cordoned (an operator,
         :mod:`.cordons`) out of their slots again."""
-        with self.db.session() as session:
-            outages = session.scalars(select(OutageRow).order_by(OutageRow.id)).all()
+        with self.db.session() as session:  # not those that ended before the window
+            outages = session.scalars(select(OutageRow).where(
+                OutageRow.up_from.is_(None) | (OutageRow.up_from > ledger.origin)
+            ).order_by(OutageRow.id)).all()  # fmt: skip
         cordoned: dict[str, Cordon] = {}
         for o in outages:
             if not _integer(o.down_from) or not (o.up_from is None or _integer(o.up_from)):

@@ -58,7 +58,8 @@ class ServerHeat:
         price_ratio: per shown slot, the highest unit price over its resources divided by
             the floor of that resource on its kind of server (>= 1).
         busiest: the resource with the largest share in use now, as ``gpu 4/8``, or
-            ``idle``; after ``cordoned; `` or ``failed; `` for a server out of service.
+            ``idle``; after ``cordoned; `` (``cordoned to slot N; `` for a cordon with
+            an end) or ``failed; `` for a server out of service.
     """
 
     server: str
@@ -160,6 +161,8 @@ def _busiest(s: pb.Server) -> str:
     """``gpu 4/8`` or ``idle``; a server out of service from the next slot on says so
     first (``cordoned; gpu 4/8``): its full prices ahead are no demand."""
     out = "" if s.state in ("", "up") else f"{s.state}; "
+    if s.state == "cordoned" and s.cordoned_until_slot:  # a planned maintenance
+        out = f"cordoned to slot {s.cordoned_until_slot - 1}; "
     shares = [(s.used.get(r, 0.0) / c, r) for r, c in s.capacity.items() if c > 0]
     share, r = max(shares, default=(0.0, ""))
     if share <= 0:
