@@ -388,6 +388,9 @@ def test_oasis_cordon_and_uncordon_against_a_daemon(tmp_path: Path) -> None:
         assert "\nw1: cordoned from slot 1 (" in listed and " until slot 3 (" in listed
         screen = oasis("status", *server).stdout.splitlines()
         assert "cordoned to slot 2; " in next(x for x in screen if x.startswith("w1 "))
+        other = oasis("cordon", "w1", "--for", "5h", *server).stdout
+        assert "cordoned already" in other and "oasis uncordon w1 first" in other
+        assert "uncordon w1 first" not in oasis("cordon", "w1", "--for", "2h", *server).stdout
         oasis("uncordon", "w1", *server)
         out = oasis("cordon", "w1", "--until", "4", *server).stdout
         assert out.startswith("w1: cordoned from slot 1 (") and " until slot 4 (" in out

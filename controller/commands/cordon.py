@@ -145,6 +145,8 @@ def cmd_cordon(args: argparse.Namespace) -> int:
         since += f" until slot {slot_label(resp.until_slot, times)} ({span} slots{length})"
     if resp.already:
         print(f"{resp.server}: cordoned already, from slot {since}; nothing changed")
+        if request.until_slot != resp.until_slot:  # the end asked for is not the one it has
+            print(f"to give it another end, oasis uncordon {resp.server} first")
         return EXIT_OK
     if resp.dry_run:
         n = len(resp.moved)
