@@ -301,6 +301,47 @@ def test_a_failure_during_a_cordon_with_an_end_is_given_back_at_its_end(tmp_path
         c.close()
 
 
+def test_a_flapping_server_is_held_out_by_a_cordon_with_an_end(tmp_path: Path) -> None:
+    """An agent that falls silent and comes back again and again: each failure moved
+    every tenant's jobs planned on its server, and each return let new plans onto it to
+    be moved again. The third failure within ``flap_seconds`` holds it out that long,
+    as a cordon with an end by ``oasisd`` that names why; then it is back by itself."""
+    from controller.plane.execution import Execution
+    from controller.plane.settings import mqtt_from_dict
+
+    c = _open(tmp_path)
+    try:
+        _fill(c, 2)
+        mqtt = mqtt_from_dict({"host": "127.0.0.1", "flap_seconds": 7200})  # 2 slots
+        assert mqtt is not None and mqtt.flap_failures == 3
+        c.config = replace(c.config, mqtt=mqtt)
+        plane = Execution(c, mqtt)
+        plane.load()
+        w0 = c.cluster.worker_names.index("w0")
+        for failures in (1, 2, 3):
+            c.between_decisions(lambda: plane._fail_sync("w0"))
+            events = c.between_decisions(lambda: plane._recover_sync("w0"))
+            blocked = c._ledger.worker_side.blocked[1:, w0]
+            if failures < 3:  # back at once
+                assert not blocked.any() and c.cordoned == {}, failures
+                assert [e.kind for e in events] == ["server_recovered"]
+        assert blocked.all()  # the third time: held out
+        held = c.cordoned["w0"]
+        assert (held.from_slot, held.until, held.by) == (1, 3, "oasisd")
+        assert held.reason == "flapping: its agent fell silent 3 times within 2h"
+        assert [e.kind for e in events] == ["server_recovered", "server_cordoned"]
+        assert c.between_decisions(c.server_states)["w0"] == "cordoned"
+        _later(c, 2)  # slot 2: the hold ends at the next boundary
+        assert c.cordoned == {} and not c._ledger.worker_side.blocked[1:, w0].any()
+    finally:
+        c.close()
+
+    with pytest.raises(SpecError, match=r"mqtt.flap_seconds: must be at most"):
+        mqtt_from_dict({"host": "127.0.0.1", "flap_seconds": 30 * 86400})
+    with pytest.raises(SpecError, match=r"mqtt.flap_failures: must be"):
+        mqtt_from_dict({"host": "127.0.0.1", "flap_failures": -1})
+
+
 def test_without_an_execution_plane_an_uncordon_ends_a_failure_nothing_else_would(
     tmp_path: Path,
 ) -> None:

@@ -52,7 +52,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -80,6 +80,7 @@ from controller.store import (
 from controller.store.stored import stored_spec
 from pricing import ADMIT_THRESHOLD, Job, Ledger
 from pricing.best_schedule import BestSchedule
+from pricing.durations import format_duration
 from pricing.errors import SpecError
 from pricing.replan import fail_server, release_rest, replan_remaining
 from pricing.runtime_estimate import Interval, RuntimePrior, fit
@@ -595,6 +596,11 @@ class Execution:
         return [event]
 
     def _recover_sync(self, server: str) -> list[Event]:
+        """The agent of failed ``server`` is heard again: it is back from the next slot,
+        unless cordoned, or flapping (``[mqtt] flap_failures`` failures within
+        ``flap_seconds``): then it is held out for ``flap_seconds`` more by a cordon with an
+        end (:mod:`controller.admission.cordons`, by ``oasisd``), which an operator's
+        ``oasis uncordon`` ends sooner."""
         kind, index = self.server_index[server]
         from_slot = self.c.slot + 1
         now = datetime.now(UTC)
@@ -604,14 +610,43 @@ class Execution:
                 OutageRow.server == server, OutageRow.up_from.is_(None),
                 OutageRow.cause != CORDONED,
             ).values(up_from=from_slot))  # fmt: skip
+            flaps = 0 if cordoned else self._recent_failures(session, server, now)
             detail: dict[str, Any] = {"server": server, "from_slot": from_slot}
             if cordoned:
                 detail["cordoned"] = True
             event = self.c._event(session, now, "server_recovered", "", "", detail)
-        if not cordoned:
+        events = [event]
+        if flaps:
+            events += self._hold_out(server, flaps)
+        elif not cordoned:
             self.c._ledger.unblock(kind, index, from_slot)
-        self.log.info("server back", server=server, from_slot=from_slot, cordoned=cordoned)
-        return [event]
+        self.log.info("server back", server=server, from_slot=from_slot, cordoned=cordoned,
+                      held_out=bool(flaps))  # fmt: skip
+        return events
+
+    def _recent_failures(self, session: Any, server: str, now: datetime) -> int:
+        """The failures of ``server`` detected within ``flap_seconds`` before ``now`` if
+        they are at least ``flap_failures`` (0 if not, or if that rule is off)."""
+        least = self.mqtt.flap_failures
+        if least <= 0:
+            return 0
+        since = now - timedelta(seconds=self.mqtt.flap_seconds)
+        count = session.scalar(select(func.count(OutageRow.id)).where(
+            OutageRow.server == server, OutageRow.cause != CORDONED,
+            OutageRow.detected_at >= since))  # fmt: skip
+        return int(count or 0) if (count or 0) >= least else 0
+
+    def _hold_out(self, server: str, flaps: int) -> list[Event]:
+        """Keep flapping ``server`` out for ``flap_seconds``, as a cordon with an end (its
+        jobs moved off at its failure, so nothing moves); returns the cordon's events."""
+        slots = math.ceil(self.mqtt.flap_seconds / self.slot_seconds - 1e-9)
+        until = self.c.slot + 1 + max(slots, 1)
+        span = format_duration(self.mqtt.flap_seconds)
+        reason = f"flapping: its agent fell silent {flaps} times within {span}"
+        _view, events = self.c._cordon_sync(server, reason, "oasisd", force=True, until=until)
+        self.log.warning("flapping server held out", server=server, failures=flaps,
+                         until_slot=until)  # fmt: skip
+        return events
 
     def _review_job_sync(self, job_id: str) -> list[Event]:
         prog = self.progress.get(job_id)

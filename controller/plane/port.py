@@ -75,6 +75,12 @@ class AdmissionPort(Protocol):
     def _advance_window(self) -> None:
         """Move the window to the current slot."""
 
+    def _cordon_sync(
+        self, server: str, reason: str = "", by: str | None = None, dry_run: bool = False,
+        force: bool = False, until: int | None = None,
+    ) -> tuple[dict[str, Any], list[Event]]:  # fmt: skip
+        """Cordon ``server`` from the next slot on, up to ``until`` (:mod:`.cordons`)."""
+
     def _window_end(self, arrival: int) -> int:
         """The last slot a job arriving at ``arrival`` may be planned in (SPEC 1)."""
 

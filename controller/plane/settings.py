@@ -9,6 +9,8 @@ Example::
     tls_ca = ""                     # CA file; set (or mqtts://) to use TLS
     topic_prefix = "oasis"          # topics are <prefix>/v1/...
     heartbeat_timeout = 30          # seconds of silence before a server is declared failed
+    flap_failures = 3               # failures within flap_seconds that hold a server out
+    flap_seconds = 3600             # ... for this long after it is heard again (0 failures: never)
 
 No ``[mqtt]`` table: no broker, and the daemon runs exactly as without the plane.
 
@@ -39,7 +41,7 @@ __all__ = [
 ]
 
 _KEYS = {"url", "host", "port", "username", "password", "tls_ca", "topic_prefix",
-         "heartbeat_timeout", "heartbeat_seconds"}  # fmt: skip
+         "heartbeat_timeout", "heartbeat_seconds", "flap_failures", "flap_seconds"}  # fmt: skip
 _OVERRIDABLE = ("username", "password", "tls_ca", "topic_prefix")
 
 
@@ -58,6 +60,13 @@ class MqttConfig:
         heartbeat_timeout: seconds without a heartbeat after which a server that
             reported before is declared failed.
         heartbeat_seconds: how often agents are asked to send heartbeats (in plans).
+        flap_failures: a server whose agent is heard again after as many failures within
+            ``flap_seconds`` (this one included) is held out of service for
+            ``flap_seconds`` more, as a cordon with an end by ``oasisd``: a flapping
+            agent would otherwise take new plans and fail them again, moving every
+            tenant's jobs it held each time. 0: never.
+        flap_seconds: the span failures are counted over, and how long a flapping server
+            is held out (rounded up to whole slots).
     """
 
     host: str
@@ -69,6 +78,12 @@ class MqttConfig:
     topic_prefix: str = "oasis"
     heartbeat_timeout: float = 30.0
     heartbeat_seconds: float = 5.0
+    flap_failures: int = 3
+    flap_seconds: float = 3600.0
+
+
+MAX_FLAP_SECONDS = 7 * 86400.0
+"""The longest ``flap_seconds``: a week."""
 
 
 def check_topic_prefix(value: Any, field_name: str = "mqtt.topic_prefix") -> str:
@@ -177,6 +192,13 @@ def mqtt_from_dict(raw: Mapping[str, Any]) -> MqttConfig | None:
         raise SpecError.one(
             "mqtt.heartbeat_seconds", f"must be < heartbeat_timeout ({timeout}), got {beat}"
         )
+    flaps = fields.integer(raw.get("flap_failures", 3), "mqtt.flap_failures", minimum=0)
+    flap_seconds = fields.positive(raw.get("flap_seconds", 3600.0), "mqtt.flap_seconds")
+    if flap_seconds > MAX_FLAP_SECONDS:
+        raise SpecError.one(
+            "mqtt.flap_seconds",
+            f"must be at most {MAX_FLAP_SECONDS:g} (7 days), got {flap_seconds}",
+        )
     return MqttConfig(
         host=host,
         port=port,
@@ -187,6 +209,8 @@ def mqtt_from_dict(raw: Mapping[str, Any]) -> MqttConfig | None:
         topic_prefix=prefix,
         heartbeat_timeout=timeout,
         heartbeat_seconds=beat,
+        flap_failures=flaps,
+        flap_seconds=flap_seconds,
     )
 
 
