@@ -418,13 +418,16 @@ class Recovery(Moves, BoundControl):
                     .where(JobRow.id.in_(batch), JobRow.state.in_(HOLDING_NONE))
                 ).all()  # fmt: skip
             ended.sort(key=lambda j: (j.sequence is not None, j.sequence or 0))  # as SQLite
-            idle = []
-            for job in ended:  # few: the jobs that ended in this slot, and edits
-                deleted = session.execute(delete(AllocationRow).where(
-                    AllocationRow.job_id == job.id,
-                    AllocationRow.slot >= released_from(job, first)))  # fmt: skip
-                if deleted.rowcount:  # type: ignore[attr-defined]
-                    idle.append(job)
+            by_end: dict[int, list[str]] = {}  # the first slot each holds nothing in
+            for job in ended:
+                by_end.setdefault(released_from(job, first), []).append(job.id)
+            had: set[str] = set()
+            for end, ids in by_end.items():
+                for batch in in_batches(ids):
+                    beyond = (AllocationRow.job_id.in_(batch), AllocationRow.slot >= end)
+                    had.update(session.scalars(select(AllocationRow.job_id).where(*beyond)))
+                    session.execute(delete(AllocationRow).where(*beyond))
+            idle = [job for job in ended if job.id in had]
         if idle:
             self.log.warning(
                 "allocations of jobs that hold no capacity deleted (an edit?)", jobs=len(idle),
