@@ -62,6 +62,12 @@ def epoch(value: object, field: str) -> float:
     return x
 
 
+def slots_for(seconds: float, slot_seconds: float) -> int:
+    """The whole slots ``seconds`` take, rounded up (a float's last bit forgiven: 7200 s
+    of 3600 s slots are 2, not 3)."""
+    return math.ceil(seconds / slot_seconds - 1e-9)
+
+
 def first_epoch(now: float, slot_seconds: float) -> float:
     """Slot 0's start for a daemon first started at Unix time ``now`` without an epoch
     in its config: ``now`` floored to a whole multiple of ``slot_seconds`` in Unix time

@@ -557,7 +557,8 @@ class Ledger:
             side.blocked[keep:] = side.down[None, :]
             for index, first, until in side.ahead:  # blocks with an end past the old window
                 lo, hi = max(first - origin, keep), min(until - origin, self.length)
-                side.blocked[max(lo, keep) : max(hi, keep), index] = True
+                if lo < hi:
+                    side.blocked[lo:hi, index] = True
             side.ahead = [b for b in side.ahead if b[2] > origin + self.length]
         self.touched[:keep] = self.touched[self.length - keep :]
         self.touched[keep:] = False

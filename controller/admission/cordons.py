@@ -201,9 +201,7 @@ class Cordons(Moves):
         is planned on from then (its slots past the end were never blocked). One the
         execution plane declared failed during the cordon, and heard again since, was
         kept out for the cordon: it is given back now."""
-        ended = [name for name, c in self.cordoned.items() if c.until is not None
-                 and c.until <= self.slot + 1]  # fmt: skip
-        for server in ended:
+        for server in [name for name, c in self.cordoned.items() if c.ended(self.slot)]:
             cordon = self.cordoned[server]
             assert cordon.until is not None
             kind, index = self._server_of(server)

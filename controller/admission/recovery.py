@@ -677,10 +677,12 @@ class Recovery(Moves, BoundControl):
                 continue
             # A recovered server may hold new jobs from up_from on: block only the outage.
             ledger.block(kind, index, o.down_from, o.up_from)
-            # in force if it blocks the next slot (an uncordon ends it at the next one)
-            if o.cause == CORDONED and (o.up_from is None or o.up_from > ledger.origin + 1):
-                reason, by = str(o.reason or "")[:MAX_REASON], str(o.by or "")[:200]
-                cordoned.setdefault(o.server, Cordon(o.down_from, reason, by, o.up_from))
+            if o.cause != CORDONED:
+                continue
+            reason, by = str(o.reason or "")[:MAX_REASON], str(o.by or "")[:200]
+            cordon = Cordon(o.down_from, reason, by, o.up_from)
+            if not cordon.ended(ledger.origin):  # an uncordon ends it at the next boundary
+                cordoned.setdefault(o.server, cordon)
         self.cordoned = cordoned
 
 

@@ -23,11 +23,10 @@ offline --store`` and ``oasis calibrate --store`` see only what is kept. ``keep_
 
 from __future__ import annotations
 
-import math
-
 from sqlalchemy import and_, delete, func, or_, select
 
 from controller.admission.decide import DecisionCore
+from controller.clock import slots_for
 from controller.store import AllocationRow, EventRow, JobRow, ProgressRow
 
 __all__ = ["PRUNE_BATCH", "Retention"]
@@ -48,8 +47,7 @@ class Retention(DecisionCore):
         keep = self.config.keep_days
         if keep <= 0:
             return None
-        slots = math.ceil(keep * _DAY_SECONDS / self.config.slot_seconds - 1e-9)
-        cutoff = self.slot - slots
+        cutoff = self.slot - slots_for(keep * _DAY_SECONDS, self.config.slot_seconds)
         return cutoff if cutoff > 0 else None
 
     def _prune_sync(self, limit: int = PRUNE_BATCH, after: int = 0) -> tuple[list[str], int | None]:

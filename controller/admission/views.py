@@ -39,6 +39,11 @@ class Cordon:
     by: str = ""
     until: int | None = None
 
+    def ended(self, slot: int) -> bool:
+        """Whether it no longer blocks the slot after ``slot`` (the current one): its
+        end came, or comes at the next boundary."""
+        return self.until is not None and self.until <= slot + 1
+
 
 @dataclass(frozen=True)
 class DecisionView:

@@ -17,9 +17,9 @@ the cordon ends by itself. ``oasis servers`` shows each server's state.
 from __future__ import annotations
 
 import argparse
-import math
 from typing import Any
 
+from controller.clock import slots_for
 from controller.commands import SUMMARIES
 from controller.commands.client import wait_duration
 from controller.commands.common import EXIT_OK, InputError
@@ -111,7 +111,7 @@ def _until_slot(args: argparse.Namespace, stubs: Stubs) -> int:
     first = info.current_slot + 1  # where the cordon starts
     start = info.epoch + first * info.slot_seconds
     end = start + args.length if args.length is not None else float(args.until)
-    until = math.ceil((end - info.epoch) / info.slot_seconds - 1e-9)
+    until = slots_for(end - info.epoch, info.slot_seconds)  # the first slot from ``end``
     if until <= first:
         starts = slot_label(first, stubs.times())
         raise InputError(

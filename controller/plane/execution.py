@@ -60,6 +60,7 @@ import structlog
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
+from controller.clock import slots_for
 from controller.errors import NotFoundError
 from controller.events import Event
 from controller.plane.intake import Complaints, Received, ReportInbox
@@ -639,8 +640,7 @@ class Execution:
     def _hold_out(self, server: str, flaps: int) -> list[Event]:
         """Keep flapping ``server`` out for ``flap_seconds``, as a cordon with an end (its
         jobs moved off at its failure, so nothing moves); returns the cordon's events."""
-        slots = math.ceil(self.mqtt.flap_seconds / self.slot_seconds - 1e-9)
-        until = self.c.slot + 1 + max(slots, 1)
+        until = self.c.slot + 1 + max(slots_for(self.mqtt.flap_seconds, self.slot_seconds), 1)
         span = format_duration(self.mqtt.flap_seconds)
         reason = f"flapping: its agent fell silent {flaps} times within {span}"
         _view, events = self.c._cordon_sync(server, reason, "oasisd", force=True, until=until)
