@@ -114,8 +114,13 @@ def _epoch() -> float:
     return time.time() - SPAN * SLOT - 60.0
 
 
+LAYOUT = 2
+"""The rows' layout, in the cached stores' names: 2 since jobs are keyed NAME:ID (0008)."""
+
+
 def job_id(i: int) -> str:
-    return f"team{i % SUBMITTERS:02d}-job-{i:08d}"
+    """Job ``i``'s key: its submitter's name and its id (:mod:`controller.job_keys`)."""
+    return f"team{i % SUBMITTERS:02d}:job-{i:08d}"
 
 
 def _job_rows(i: int, jobs: int, now: datetime) -> tuple[dict[str, Any], list[Any], list[Any]]:
@@ -135,7 +140,8 @@ def _job_rows(i: int, jobs: int, now: datetime) -> tuple[dict[str, Any], list[An
         "reason": "" if admitted else "its best payoff -1.25 is not positive at these prices",
         "detail": {"drivers": []}, "decision_ms": 1.5, "decided_at": now,
         "cancelled_slot": s + 2 if outcome == "cancelled" else None,
-        "submitter": jid[:6], "wait_until_slot": s + 2 if outcome == "expired" else None,
+        "submitter": jid.partition(":")[0],
+        "wait_until_slot": s + 2 if outcome == "expired" else None,
         "decided_slot": s + 2 if outcome == "expired" else s,
     }  # fmt: skip
     first = "pending" if outcome == "expired" else ("admitted" if admitted else "rejected")
@@ -200,7 +206,7 @@ class Store:
 
     def __init__(self, backend: str, jobs: int, cache: Path, pg: Postgres | None) -> None:
         self.backend, self.jobs = backend, jobs
-        self.dir = cache / f"{backend}-{jobs}"
+        self.dir = cache / f"{backend}-{jobs}-v{LAYOUT}"
         self.meta = self.dir / "meta.json"
         self.pg = pg
         if pg is not None or not self.meta.exists():  # a PostgreSQL store lives as long as it

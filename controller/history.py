@@ -163,6 +163,7 @@ def load_history(db: Database, first: int | None = None, last: int | None = None
                     slots_available=lambda _a: window,
                     arrival=r.arrival_slot - lo,
                     field=f"job {r.id}",
+                    keyed=True,
                 )
             )
         except SpecError as err:

@@ -100,6 +100,7 @@ __all__ = [
     "RateLimiter",
     "SearchSize",
     "check_job_id",
+    "check_job_key",
     "limits_from_dict",
     "search_size",
 ]
@@ -335,6 +336,12 @@ def check_job_id(job_id: str, field: str = "job.id") -> None:
     """Raise SpecError (INVALID_ARGUMENT) unless ``job_id`` is 1-128 characters of
     ``A-Z a-z 0-9 . _ -`` (:func:`pricing.fields.job_id`, the rule traces follow too)."""
     fields.job_id(job_id, field)
+
+
+def check_job_key(key: str, field: str = "job.id") -> None:
+    """Raise SpecError (INVALID_ARGUMENT) unless ``key`` is a job's key: its id, or its
+    submitter's name, ``:`` and its id (:mod:`controller.job_keys`)."""
+    fields.job_key(key, field)
 
 
 def limits_from_dict(raw: Mapping[str, Any]) -> Limits:

@@ -35,6 +35,8 @@ from controller.convert import (
     spec_from_proto,
 )
 from controller.errors import BusyError, NotLeaderError
+from controller.job_keys import as_named as _as_named
+from controller.job_keys import key_for, key_of, shown, shown_view
 from controller.jobspec import prepare
 from controller.limits import BYTES_PER_TOKEN, RateLimiter
 from controller.rpc import oasis_pb2 as pb
@@ -69,6 +71,17 @@ async def _guard(context: grpc.aio.ServicerContext, call: Awaitable[_T]) -> _T:
     except Exception as err:
         code = next((c for kind, c in _CODES if isinstance(err, kind)), None)
         await abort(context, code, err)
+
+
+def _key_of(spec: Any, caller: Caller) -> str:
+    """The key a submission of ``spec`` by ``caller`` is stored under (for messages)."""
+    job_id = spec.get("id") if isinstance(spec, dict) else None
+    return key_of(job_id, caller.submitter) if isinstance(job_id, str) else ""
+
+
+async def _key(caller: Caller, named: str) -> str:
+    """The key of the job ``caller`` names ``named`` (:func:`controller.job_keys.key_for`)."""
+    return key_for(caller, named)
 
 
 async def _after(page_token: str) -> int:
@@ -167,8 +180,8 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
         await _guard(context, self._charge(spec, caller.client))
         wait = request.wait_seconds if request.HasField("wait_seconds") else None
         submit = self.c.submit(spec, caller.submitter, caller.owner, wait, caller.turn)
-        view = await _guard(context, submit)
-        return pb.SubmitJobResponse(job=self._job(view), duplicate=view.duplicate)
+        view = await _guard(context, _as_named(caller, _key_of(spec, caller), submit))
+        return pb.SubmitJobResponse(job=self._job(view, caller), duplicate=view.duplicate)
 
     async def QuoteJob(
         self, request: pb.QuoteJobRequest, context: grpc.aio.ServicerContext
@@ -177,21 +190,24 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
         spec = await _guard(context, self._spec(request.job, caller.client))
         await _guard(context, self._charge(spec, caller.client))
         quote = self.c.quote(spec, caller.turn, caller.submitter, caller.owner)
-        view, existing = await _guard(context, quote)
+        view, existing = await _guard(context, _as_named(caller, _key_of(spec, caller), quote))
         out = pb.QuoteJobResponse(decision=decision_to_proto(view))
         if existing is not None:
-            out.existing.CopyFrom(self._job(existing))
+            out.existing.CopyFrom(self._job(existing, caller))
         return out
 
-    def _job(self, view: Any) -> pb.Job:
-        return job_to_proto(view, self.c.slots.times)
+    def _job(self, view: Any, caller: Caller) -> pb.Job:
+        """A job as ``caller`` sees it (a submitter: by its own id)."""
+        return job_to_proto(shown_view(caller, view), self.c.slots.times)
 
     async def GetJob(
         self, request: pb.GetJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetJobResponse:
         caller = current_caller()
-        view = await _guard(context, self.c.get(request.id, caller.owner, caller.turn))
-        answer = pb.GetJobResponse(job=self._job(view))
+        key = await _guard(context, _key(caller, request.id))
+        got = self.c.get(key, caller.owner, caller.turn)
+        view = await _guard(context, _as_named(caller, key, got))
+        answer = pb.GetJobResponse(job=self._job(view, caller))
         self._charge_answer(caller, answer.ByteSize())
         return answer
 
@@ -214,30 +230,31 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
         if request.page_size < 0 or request.limit < 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "page_size, limit: must be >= 0")
         after = await _guard(context, _after(request.page_token))
-        owner = current_caller().owner
-        turn = current_caller().turn
-        listed = self.c.list_jobs(states, page, after, owner, limits.max_page_bytes, turn)
+        caller = current_caller()
+        listed = self.c.list_jobs(
+            states, page, after, caller.owner, limits.max_page_bytes, caller.turn
+        )
         views, more = await _guard(context, listed)
         jobs: list[pb.Job] = []
         size = 0
         for view in views:  # a page ends at the job that reaches limits.max_page_bytes
-            jobs.append(self._job(view))
+            jobs.append(self._job(view, caller))
             size += jobs[-1].ByteSize()
             if size >= limits.max_page_bytes:
                 break
         more = more or len(jobs) < len(views)
         token = str(views[len(jobs) - 1].sequence) if more and jobs else ""
-        self._charge_answer(current_caller(), size)
+        self._charge_answer(caller, size)
         return pb.ListJobsResponse(jobs=jobs, next_page_token=token)
 
     async def CancelJob(
         self, request: pb.CancelJobRequest, context: grpc.aio.ServicerContext
     ) -> pb.CancelJobResponse:
         caller = current_caller()  # a submitter cancels its own jobs only
-        view, released = await _guard(
-            context, self.c.cancel(request.id, caller.turn, caller.owner, caller.name or None)
-        )
-        return pb.CancelJobResponse(job=self._job(view), released_worker_slots=released)
+        key = await _guard(context, _key(caller, request.id))
+        cancel = self.c.cancel(key, caller.turn, caller.owner, caller.name or None)
+        view, released = await _guard(context, _as_named(caller, key, cancel))
+        return pb.CancelJobResponse(job=self._job(view, caller), released_worker_slots=released)
 
     async def GetProgress(
         self, request: pb.GetProgressRequest, context: grpc.aio.ServicerContext
@@ -247,10 +264,15 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, reason)
             raise AssertionError  # unreachable: abort raises
         caller = current_caller()
+        key = await _guard(context, _key(caller, request.id))
         if caller.owner is not None:  # a submitter: its own jobs only
-            await _guard(context, self.c.get(request.id, caller.owner, caller.turn))
-        view = await _guard(context, self.c.execution.view(request.id, caller.turn))
-        return pb.GetProgressResponse(progress=progress_to_proto(view))
+            got = self.c.get(key, caller.owner, caller.turn)
+            await _guard(context, _as_named(caller, key, got))
+        viewed = self.c.execution.view(key, caller.turn)
+        view = await _guard(context, _as_named(caller, key, viewed))
+        progress = progress_to_proto(view)
+        progress.id = shown(caller, view.job_id)
+        return pb.GetProgressResponse(progress=progress)
 
     async def WatchEvents(
         self, request: pb.WatchEventsRequest, context: grpc.aio.ServicerContext

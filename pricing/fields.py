@@ -194,6 +194,28 @@ def job_id(value: Any, field: str) -> str:
     return value
 
 
+MAX_OWNER_CHARS = 200
+"""The longest submitter name a job key may start with (a token's name, ``[auth]``)."""
+MAX_JOB_KEY_CHARS = MAX_OWNER_CHARS + 1 + MAX_JOB_ID_CHARS
+_OWNER = re.compile(rf"[A-Za-z0-9_.@-]{{1,{MAX_OWNER_CHARS}}}")
+
+
+def job_key(value: Any, field: str) -> str:
+    """A job as the daemon stores it: its id (:func:`job_id`), or, for a job submitted
+    with a token, the token's name (1-200 characters of ``A-Z a-z 0-9 _ . @ -``), ``:``
+    and its id, so each submitter's ids are its own. Traces take plain ids only."""
+    if isinstance(value, str) and ":" in value:
+        owner, _, rest = value.partition(":")
+        if not _OWNER.fullmatch(owner):
+            raise SpecError.one(
+                field, f"must be NAME:ID with NAME 1-{MAX_OWNER_CHARS} characters of "
+                f"A-Z a-z 0-9 _ . @ -, got {show(owner)} before the ':'"
+            )  # fmt: skip
+        job_id(rest, field)
+        return value
+    return job_id(value, field)
+
+
 def show(value: Any) -> str:
     """``repr(value)``, shortened: a 400-digit integer is not a readable message."""
     text = repr(value)

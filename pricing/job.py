@@ -145,6 +145,7 @@ def job_from_dict(
     arrival: int | None = None,
     field: str = "job",
     must_fit: bool = True,
+    keyed: bool = False,
 ) -> Job:
     """Validate a job object (SPEC 3) against ``cluster``; report every problem at once.
 
@@ -159,6 +160,8 @@ def job_from_dict(
         must_fit: False: a worker or PS that fits on no server even when empty is
             left for the caller to reject (a trace: SPEC 6 decides it, with
             :func:`fits_nowhere`'s reason) instead of refused here.
+        keyed: True: ``id`` may be a stored job's key, ``NAME:ID``
+            (:func:`pricing.fields.job_key`, the daemon's store); False: a plain id.
 
     The mini-batch time is ``tau`` in slots or ``minibatch_seconds`` (converted with
     ``slot_seconds``); times in the utility may be durations (:mod:`pricing.utility`).
@@ -187,7 +190,7 @@ def job_from_dict(
             problems.extend(err.problems)
             return None
 
-    job_id = read("id", fields.job_id)
+    job_id = read("id", fields.job_key if keyed else fields.job_id)
     if arrival is None:
         arrival = read("arrival", lambda v, f: fields.integer(v, f, minimum=0))
     epochs = read("epochs", fields.positive_int)

@@ -28,6 +28,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import grpc
 import pytest
@@ -262,11 +263,12 @@ def test_a_submitted_job_shows_on_its_pages(browser: Any, cluster: Cluster) -> N
     browser.get(cluster.web + "/plans")
     bars = wait_for(
         browser,
-        lambda b: b.find_elements(By.CSS_SELECTOR, 'a[data-job="alice-job-1"]'),
-        "the job's bars in the Gantt chart",
+        lambda b: b.find_elements(By.CSS_SELECTOR, 'a[data-job="alice:alice-job-1"]'),
+        "the job's bars in the Gantt chart (an operator sees jobs by their keys)",
     )
     assert len(bars) == len(servers)  # one lane on each server it runs on
-    assert all(bar.get_dom_attribute("href").endswith("/jobs/alice-job-1") for bar in bars)
+    hrefs = {unquote(bar.get_dom_attribute("href")) for bar in bars}
+    assert hrefs == {"/jobs/alice:alice-job-1"}
 
 
 def test_a_submitter_cannot_see_another_submitters_job(browser: Any, cluster: Cluster) -> None:
@@ -289,7 +291,8 @@ def test_a_submitter_cannot_see_another_submitters_job(browser: Any, cluster: Cl
     status, body = api(cluster, "/api/jobs", TOKENS["bob"])
     assert status == 200 and {j["id"] for j in body["jobs"]} == {"bob-job-1"}
     status, body = api(cluster, "/api/jobs", TOKENS["ops"])
-    assert {"alice-job-1", "alice-job-2", "bob-job-1"} <= {j["id"] for j in body["jobs"]}
+    every = {j["id"] for j in body["jobs"]}
+    assert {"alice:alice-job-1", "alice:alice-job-2", "bob:bob-job-1"} <= every
 
 
 def test_a_new_submission_appears_live(browser: Any, cluster: Cluster) -> None:
@@ -300,7 +303,8 @@ def test_a_new_submission_appears_live(browser: Any, cluster: Cluster) -> None:
     wait_for(browser, lambda b: "live" in b.find_element(By.ID, "live").text, "the live stream")
     browser.execute_script("window.notReloaded = true")
     cluster.submit("bob", "bob-live-1")
-    wait_for(browser, lambda b: b.find_elements(By.LINK_TEXT, "bob-live-1"), "the new job, live")
+    new = "bob:bob-live-1"  # an operator sees jobs by their keys
+    wait_for(browser, lambda b: b.find_elements(By.LINK_TEXT, new), "the new job, live")
     assert browser.execute_script("return window.notReloaded === true")  # no reload
 
 
@@ -319,7 +323,7 @@ def test_a_cancel_frees_the_slots_in_the_heatmap(browser: Any, cluster: Cluster)
     before = heat_tip(browser, row, col)
     assert "alice-cancel-me" in before, before
 
-    browser.get(cluster.web + "/jobs/alice-cancel-me")
+    browser.get(cluster.web + "/jobs/alice:alice-cancel-me")
     wait_for(browser, lambda b: b.find_element(By.ID, "cancel"), "the cancel button").click()
     wait_for(
         browser,
@@ -340,7 +344,7 @@ def test_jobs_filter_by_state_and_search_by_id(browser: Any, cluster: Cluster) -
 
     cluster.submit("bob", "bob-find-me")
     cluster.submit("bob", "bob-to-cancel")
-    status, _ = api(cluster, "/api/jobs/bob-to-cancel/cancel", TOKENS["ops"], method="POST")
+    status, _ = api(cluster, "/api/jobs/bob:bob-to-cancel/cancel", TOKENS["ops"], method="POST")
     assert status == 200
     login(browser, cluster, "ops")
     browser.get(cluster.web + "/jobs")
@@ -349,7 +353,7 @@ def test_jobs_filter_by_state_and_search_by_id(browser: Any, cluster: Cluster) -
     field.submit()
     wait_for(browser, lambda b: "q=bob-find" in b.current_url, "the search's URL")
     ids = [a.text for a in browser.find_elements(By.CSS_SELECTOR, "table.jobs tbody th a")]
-    assert ids == ["bob-find-me"]
+    assert ids == ["bob:bob-find-me"]  # an operator's search finds the id in a key
     browser.get(cluster.web + "/jobs")
     Select(browser.find_element(By.ID, "state")).select_by_value("cancelled")
     browser.find_element(By.ID, "state").submit()
@@ -363,6 +367,11 @@ def test_jobs_filter_by_state_and_search_by_id(browser: Any, cluster: Cluster) -
     # a submitter's search finds only its own jobs
     status, body = api(cluster, "/api/jobs?q=bob-", TOKENS["alice"])
     assert status == 200 and body["jobs"] == []
+    status, body = api(cluster, "/api/jobs?q=bob:", TOKENS["ops"])  # all of bob's
+    assert {"bob:bob-find-me", "bob:bob-to-cancel"} <= {j["id"] for j in body["jobs"]}
+    assert all(j["id"].startswith("bob:") for j in body["jobs"])
+    status, body = api(cluster, "/api/jobs?q=bob-find", TOKENS["bob"])  # its own ids
+    assert [j["id"] for j in body["jobs"]] == ["bob-find-me"]
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -408,7 +417,7 @@ def test_cancel_needs_the_session_and_its_form_token(cluster: Cluster) -> None:
     with pytest.raises(grpc.RpcError) as denied:
         cluster.stub("bob").CancelJob(pb.CancelJobRequest(id=job_id), timeout=10)
     assert denied.value.code() == grpc.StatusCode.NOT_FOUND
-    status, body = api(cluster, f"/api/jobs/{job_id}", TOKENS["ops"])
+    status, body = api(cluster, f"/api/jobs/alice:{job_id}", TOKENS["ops"])
     assert status == 200 and body["job"]["state"] == "admitted"
     # a script with the submitter's (or an operator's) bearer token needs no form token
     status, body = api(cluster, f"/api/jobs/{job_id}/cancel", TOKENS["alice"], method="POST")

@@ -79,7 +79,7 @@ def test_event_backlogs_are_read_in_bounded_pages(tmp_path: Path) -> None:
         for event in watch:
             assert event.sequence > last
             last, seen = event.sequence, seen + 1
-            if event.job_id == "alice-new":
+            if event.job_id == "alice:alice-new":  # an operator sees the job's key
                 break
         watch.cancel()
         assert seen == HISTORY + 1

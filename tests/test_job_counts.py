@@ -105,7 +105,7 @@ def test_the_counts_follow_the_store_once_their_age_is_past(tmp_path: Path) -> N
         before = c.job_counts.read()
         assert before.jobs == _stored(c) and before.max_age >= MIN_AGE_SECONDS
         answer = asyncio.run(c.submit({"id": "a2", **SPEC}, by="alice"))
-        asyncio.run(c.cancel("a1"))
+        asyncio.run(c.cancel("alice:a1"))  # the job's key (controller.job_keys)
         asyncio.run(c.submit({"id": "b1", **CHEAP}, by="bob"))
         now[0] += before.max_age - 0.01
         assert c.job_counts.read() is before  # still within its age
@@ -115,12 +115,14 @@ def test_the_counts_follow_the_store_once_their_age_is_past(tmp_path: Path) -> N
         assert after.jobs["cancelled"] == 1 and after.jobs["rejected"] == 1
         with c.db.session() as session:
             payoffs = {j: p for j, p in session.execute(select(JobRow.id, JobRow.payoff))}
-        assert after.payoff["cancelled"] == pytest.approx(payoffs["a1"])
+        assert after.payoff["cancelled"] == pytest.approx(payoffs["alice:a1"])
         assert after.payoff["admitted"] == pytest.approx(answer.decision.payoff)
         assert set(after.payoff) == {"admitted", "running", "completed", "cancelled", "failed"}
         scraped = _scrape(metrics)
         assert value(scraped, "oasis_jobs", state="cancelled") == 1
-        assert value(scraped, "oasis_payoff", state="cancelled") == pytest.approx(payoffs["a1"])
+        assert value(scraped, "oasis_payoff", state="cancelled") == pytest.approx(
+            payoffs["alice:a1"]
+        )
         assert ("oasis_payoff", (("state", "rejected"),)) not in scraped
         assert value(scraped, "oasis_jobs_counted_timestamp_seconds") == after.counted_at
         assert value(scraped, "oasis_jobs_count_seconds") == after.seconds

@@ -584,7 +584,16 @@ def test_progress_reads_wait_in_the_callers_turn(tmp_path: Path) -> None:
                 except grpc.RpcError as err:
                     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err
                     refused.append(err.details())
+            # the submitter names and sees the job by its id (controller.job_keys) ...
+            assert stub.GetProgress(request, timeout=30).progress.id == "polled"
         assert refused and "limits.max_in_flight = 1" in refused[0]
+        # ... which MQTT carries as its key: a topic level, ':' and all
+        topic = TOPICS.job_events("alice:polled")
+        wait_for("its event retained", lambda: topic in p.retained(topic, wait=0.5))
+        assert p.retained(topic, wait=0.5)[topic]["job"] == "alice:polled"
+        plans = p.retained(TOPICS.plan("+"), wait=0.5).values()
+        tasks = [t for plan in plans for when in ("current", "next") for t in plan[when]["tasks"]]
+        assert tasks and {t["job"] for t in tasks} == {"alice:polled"}
     finally:
         p.close()
 

@@ -253,7 +253,8 @@ def test_one_submitters_pending_jobs_are_bounded(tmp_path: Path) -> None:
         assert asyncio.run(c.submit(small("b1"), by="bob", wait_seconds=SLOT * 5)).state == (
             "pending"
         )
-        assert [v.id for v in c._list_sync(["pending"], 1000)[0]] == ["a1", "a2", "b1"]
+        pending = [v.id for v in c._list_sync(["pending"], 1000)[0]]
+        assert pending == ["alice:a1", "alice:a2", "bob:b1"]  # keyed by submitter
         assert asyncio.run(c.submit(small("a3"), by="alice", wait_seconds=0)).state == "rejected"
     finally:
         c.close()
@@ -309,7 +310,7 @@ def test_one_submitters_pending_jobs_cannot_hold_the_boundary_for_everyone(
     search = c._search
 
     def counted(job: Any, *args: Any, **kwargs: Any) -> Any:
-        searched.append(job.id)
+        searched.append(job.id.partition(":")[2])  # its id, without its submitter
         return search(job, *args, **kwargs)
 
     c._search = counted  # type: ignore[method-assign]
@@ -343,12 +344,14 @@ def test_one_submitters_pending_jobs_cannot_hold_the_boundary_for_everyone(
             assert view.state != "pending"  # a plain submission, no wait
             assert searched == [*pending, f"b{slot}"], slot
             still = {*alice, "b0"} | ({"a7"} if slot < 3 else set())
-            assert {v.id for v in c._list_sync(["pending"], 1000)[0]} == still
-        gone = c._get_sync("a7")
+            ids = {v.id.partition(":")[2] for v in c._list_sync(["pending"], 1000)[0]}
+            assert ids == still
+        gone = c._get_sync("alice:a7")
         assert gone.state == "expired" and "its wait ended in slot 2" in gone.decision.reason
         with c.db.session() as session:
-            query = select(JobRow.id, JobRow.decided_slot).where(JobRow.id.in_(alice))
-            decided = {job_id: slot for job_id, slot in session.execute(query)}
+            keys = [f"alice:{name}" for name in alice]
+            query = select(JobRow.id, JobRow.decided_slot).where(JobRow.id.in_(keys))
+            decided = {key.partition(":")[2]: slot for key, slot in session.execute(query)}
         assert decided == {"a0": 4, "a1": 1, "a2": 2, "a3": 2, "a4": 3, "a5": 3, "a6": 4}
     finally:
         c.close()

@@ -283,26 +283,33 @@ def test_roles_and_ownership(mtls_daemon: Daemon, pki: Pki, tmp_path: Path) -> N
         assert a.GetJob(pb.GetJobRequest(id="role-a1"), timeout=10).job.spec.id == "role-a1"
         code, _ = code_of(a.GetJob, pb.GetJobRequest(id="role-b1"))
         assert code == grpc.StatusCode.NOT_FOUND
-        # retrying its own submission is idempotent; reusing another's id is not
-        again = a.SubmitJob(submit_request("role-a1"), timeout=30)
-        assert again.duplicate
-        code, details = code_of(a.SubmitJob, submit_request("role-b1"))
-        assert code == grpc.StatusCode.ALREADY_EXISTS and "another submitter" in details
-        # a quote says so too (before: 'would be admitted'), and shows nothing of bob's
-        quote = pb.QuoteJobRequest(job=submit_request("role-b1").job)
-        assert code_of(a.QuoteJob, quote) == (code, details)
-        mine = a.QuoteJob(pb.QuoteJobRequest(job=submit_request("role-a1").job), timeout=30)
-        assert mine.existing.spec.id == "role-a1"
-
         # a submitter cancels its own jobs, not another's (which reads as missing)
-        code, _ = code_of(a.CancelJob, pb.CancelJobRequest(id="role-b1"))
-        assert code == grpc.StatusCode.NOT_FOUND
-        assert (
-            b.GetJob(pb.GetJobRequest(id="role-b1"), timeout=10).job.state == pb.JOB_STATE_ADMITTED
-        )
+        code, details = code_of(a.CancelJob, pb.CancelJobRequest(id="role-b1"))
+        assert code == grpc.StatusCode.NOT_FOUND and details == "no job 'role-b1'"
+        bobs = b.GetJob(pb.GetJobRequest(id="role-b1"), timeout=10).job
+        assert bobs.state == pb.JOB_STATE_ADMITTED
         b.SubmitJob(submit_request("role-b2"), timeout=30)
         mine = b.CancelJob(pb.CancelJobRequest(id="role-b2"), timeout=30)
         assert mine.job.state == pb.JOB_STATE_CANCELLED and mine.released_worker_slots > 0
+
+        # retrying its own submission is idempotent, and a quote finds the stored job
+        again = a.SubmitJob(submit_request("role-a1"), timeout=30)
+        assert again.duplicate
+        mine = a.QuoteJob(pb.QuoteJobRequest(job=submit_request("role-a1").job), timeout=30)
+        assert mine.existing.spec.id == "role-a1"
+        # ids are per submitter (before: bob's id was ALREADY_EXISTS for alice, "taken by
+        # another submitter", which told her bob had such a job): a quote finds nothing,
+        # and a submission is a job of alice's own, bob's untouched
+        quote = a.QuoteJob(pb.QuoteJobRequest(job=submit_request("role-b1").job), timeout=30)
+        assert not quote.HasField("existing")
+        hers = a.SubmitJob(submit_request("role-b1"), timeout=30)
+        assert not hers.duplicate and hers.job.spec.id == "role-b1"
+        assert b.GetJob(pb.GetJobRequest(id="role-b1"), timeout=10).job == bobs
+        listed = a.ListJobs(pb.ListJobsRequest(), timeout=10).jobs
+        assert [j.spec.id for j in listed] == ["role-a1", "role-b1"]
+        # a submitter names its own jobs only: another's key is no id of its
+        code, details = code_of(a.GetJob, pb.GetJobRequest(id="bob:role-b1"))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "':' at position 3" in details
 
         # operators only
         denied = [
@@ -321,12 +328,15 @@ def test_roles_and_ownership(mtls_daemon: Daemon, pki: Pki, tmp_path: Path) -> N
             next(stream)
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
-        # the operator sees and does everything
+        # the operator sees and does everything, naming each job by its key NAME:ID
         every = {j.spec.id for j in o.ListJobs(pb.ListJobsRequest(), timeout=10).jobs}
-        assert {"role-a1", "role-b1", "role-o1"} <= every
-        assert o.GetJob(pb.GetJobRequest(id="role-b1"), timeout=10).job.spec.id == "role-b1"
+        assert {"alice:role-a1", "alice:role-b1", "bob:role-b1", "ops:role-o1"} <= every
+        got = o.GetJob(pb.GetJobRequest(id="bob:role-b1"), timeout=10).job
+        assert got.spec.id == "bob:role-b1" and got.decision == bobs.decision
+        code, details = code_of(o.GetJob, pb.GetJobRequest(id="role-b1"))
+        assert code == grpc.StatusCode.NOT_FOUND and "NAME:ID" in details
         assert pb_grpc.ClusterStub(ops).ListServers(pb.ListServersRequest(), timeout=10).servers
-        o.CancelJob(pb.CancelJobRequest(id="role-a1"), timeout=30)
+        o.CancelJob(pb.CancelJobRequest(id="alice:role-a1"), timeout=30)
     finally:
         for c in (alice, bob, ops):
             c.close()
@@ -334,15 +344,16 @@ def test_roles_and_ownership(mtls_daemon: Daemon, pki: Pki, tmp_path: Path) -> N
     # the store records who submitted what
     db = sqlite3.connect(Path(mtls_daemon.config).parent / "data" / "oasis.db")
     try:
-        rows = dict(db.execute("SELECT id, submitter FROM jobs WHERE id LIKE 'role-%'"))
+        rows = dict(db.execute("SELECT id, submitter FROM jobs WHERE id LIKE '%:role-%'"))
         cancels = dict(db.execute("SELECT job_id, detail FROM events WHERE kind = 'cancelled'"))
     finally:
         db.close()
-    assert rows == {"role-a1": "alice", "role-b1": "bob", "role-b2": "bob", "role-o1": "ops"}
+    assert rows == {"alice:role-a1": "alice", "alice:role-b1": "alice", "bob:role-b1": "bob",
+                    "bob:role-b2": "bob", "ops:role-o1": "ops"}  # fmt: skip
     # ... and who cancelled what
     assert {job: json.loads(detail)["by"] for job, detail in cancels.items()} == {
-        "role-b2": "bob",
-        "role-a1": "ops",
+        "bob:role-b2": "bob",
+        "alice:role-a1": "ops",
     }
 
 

@@ -18,8 +18,8 @@ from controller.admission.commit import Committed, DecisionRows, Deferred, Group
 from controller.admission.views import DecisionView, JobView, canonical_spec
 from controller.errors import ConflictError, QueueFullError
 from controller.events import Event
+from controller.job_keys import keyed_spec
 from controller.jobspec import check_job_worth, past_times, spec_differences
-from controller.limits import check_job_id
 from controller.replay import allocations as allocation_entries
 from controller.store import AllocationRow, JobRow
 from pricing import ADMIT_THRESHOLD, Job, SpecError
@@ -27,7 +27,6 @@ from pricing.best_schedule import BestSchedule, best_schedule, payoff_ceiling
 from pricing.durations import format_duration
 from pricing.errors import check_all
 from pricing.explain import explain_rejection, price_drivers
-from pricing.fields import text
 from pricing.prices import PriceBounds
 from pricing.shared_estimate import SharedEstimate
 
@@ -121,7 +120,9 @@ class DecisionCore(GroupCommit):
         """The decision a submission of ``spec`` would get now, nothing committed; and
         the caller's stored job if its id is one with this spec (a submission returns
         that job's decision instead). An id a submission would conflict with is the same
-        ConflictError here."""
+        ConflictError here. ``spec``'s id is the caller's; the job's key is made from it
+        and ``by`` (:func:`controller.job_keys.keyed_spec`)."""
+        spec = keyed_spec(spec, by)
         existing = self._quoted_job(spec, owner)
         previous = self._ledger.bounds
         try:
@@ -153,9 +154,10 @@ class DecisionCore(GroupCommit):
     ) -> tuple[JobView, list[Event]] | Deferred[tuple[JobView, list[Event]]]:
         """Decide ``spec`` and apply it to the ledger; its commit is queued (:mod:`.commit`),
         so this returns a :class:`~controller.admission.commit.Deferred` answer (or, for a
-        job stored already, its first decision at once)."""
-        job_id = text(spec.get("id") if isinstance(spec, dict) else None, "job.id")
-        check_job_id(job_id)
+        job stored already, its first decision at once). The job is stored under the key
+        made from ``spec``'s id and ``by`` (:func:`controller.job_keys.keyed_spec`)."""
+        spec = keyed_spec(spec, by)
+        job_id = spec["id"]
         wait = self._wait(wait_seconds)
         canonical = canonical_spec(spec)
         # a new id needs no read of the store, once the stored ids are loaded (.id_index)

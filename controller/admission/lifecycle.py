@@ -12,7 +12,7 @@ from controller.admission.state import AdmissionState
 from controller.admission.views import JobView
 from controller.errors import NotFoundError, PreconditionError
 from controller.events import Event
-from controller.limits import check_job_id
+from controller.limits import check_job_key
 from controller.store import AllocationRow, EventRow, JobRow
 
 __all__ = ["TICK_BATCH", "Lifecycle", "TickCursor"]
@@ -34,7 +34,7 @@ class Lifecycle(AdmissionState):
         """Cancel ``job_id``; with ``owner`` set, only if that submitter submitted it
         (another's reads as missing, as :meth:`get` says). ``by``: who asked, recorded
         in the event."""
-        check_job_id(job_id, "id")
+        check_job_key(job_id, "id")
         self._advance_window()
         release_from = self.slot + 1
         now = datetime.now(UTC)

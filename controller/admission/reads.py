@@ -13,7 +13,7 @@ from controller.admission.state import AdmissionState
 from controller.admission.views import STATES, DecisionView, JobView
 from controller.errors import NotFoundError
 from controller.events import Event
-from controller.limits import check_job_id
+from controller.limits import check_job_key
 from controller.store import AllocationRow, EventRow, JobRow, in_batches
 from controller.store.stored import stored_spec
 from pricing import SpecError
@@ -164,7 +164,7 @@ class ReadViews(AdmissionState):
         return self._positions[1]
 
     def _get_sync(self, job_id: str, owner: str | None = None) -> JobView:
-        check_job_id(job_id, "id")
+        check_job_key(job_id, "id")
         with self.db.session() as session:
             row = session.get(JobRow, job_id)
             if row is None or (owner is not None and row.submitter != owner):

@@ -267,6 +267,7 @@ class AdmissionState(ABC):
             slots_available=lambda _a: self.window if fits else 1 << 40,
             arrival=arrival,
             field="job",
+            keyed=True,
         )
 
     def _event(

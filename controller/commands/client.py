@@ -74,8 +74,9 @@ def register(sub: Any) -> None:
     p = add("jobs", cmd_jobs)
     p.add_argument("--state", action="append", choices=STATES, default=[])
     p.add_argument("--limit", type=int, default=0)
-    add("job", cmd_job).add_argument("id")
-    add("cancel", cmd_cancel).add_argument("id")
+    named = "the job's id; with tokens, an operator names a submitter's job NAME:ID"
+    add("job", cmd_job).add_argument("id", help=named)
+    add("cancel", cmd_cancel).add_argument("id", help=named)
     add("servers", cmd_servers)
     p = add("prices", cmd_prices)
     p.set_defaults(api_flags={"first_slot": "--from", "slots": "--slots"})

@@ -24,7 +24,7 @@ def register(sub: Any) -> None:
     """Add the ``progress`` subcommand to ``sub`` (an argparse subparsers object)."""
     help_ = SUMMARIES["progress"]
     p = sub.add_parser("progress", parents=[options()], help=help_, description=help_)
-    p.add_argument("id", help="job id")
+    p.add_argument("id", help="job id (with tokens, an operator's NAME:ID)")
     p.set_defaults(func=guarded(run))
 
 

@@ -59,7 +59,9 @@ from controller.errors import (
     PreconditionError,
 )
 from controller.events import Event
+from controller.job_keys import as_named, key_for, shown, shown_view
 from controller.limits import RateLimiter
+from controller.plane.topics import JOB_KEY_PATTERN
 from controller.store import StoreUnavailableError
 from controller.tls import TlsConfig, is_loopback
 from pricing.errors import SpecError
@@ -86,7 +88,7 @@ _CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
 )
-_JOB_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+_JOB_KEY = JOB_KEY_PATTERN
 
 IDLE_SECONDS = 75.0
 """A console connection with no request for this long is closed (aiohttp's default keeps
@@ -453,8 +455,9 @@ class Console:
     async def plans(self, request: web.Request) -> Any:
         self._operators_only(request, "the plans")
         job = request.query.get("job", "")
-        if job and not _JOB_ID.fullmatch(job):
-            raise SpecError.one("job", "not a job id (1-128 of A-Z a-z 0-9 . _ -)")
+        if job and not _JOB_KEY.fullmatch(job):
+            raise SpecError.one("job", "not a job (its id, or NAME:ID with tokens: 1-128 of "
+                                "A-Z a-z 0-9 . _ -, after a token's name)")  # fmt: skip
         return await self.data.plans(_int(request.query, "page", 1), job)
 
     async def jobs(self, request: web.Request) -> Any:
@@ -472,11 +475,13 @@ class Console:
         if not bearer:  # a browser: its cookie (or nothing) is ambient; the form is not
             await self._check_csrf(request)
         job_id = request.match_info["id"]  # a submitter's own jobs only, as CancelJob
-        view, released = await self.c.cancel(job_id, caller.turn, caller.owner, caller.name or None)
-        log.info("console cancel", job=job_id, caller=caller.name or None, released=released)
+        key = key_for(caller, job_id)
+        cancel = self.c.cancel(key, caller.turn, caller.owner, caller.name or None)
+        view, released = await as_named(caller, key, cancel)
+        log.info("console cancel", job=key, caller=caller.name or None, released=released)
         if request.path.startswith("/api/"):
             times = self.c.slots.times
-            record = job_record(job_to_proto(view, times), times)
+            record = job_record(job_to_proto(shown_view(caller, view), times), times)
             return web.json_response({"job": record, "released_worker_slots": released})
         raise web.HTTPSeeOther(f"/jobs/{quote(job_id)}")
 
@@ -556,7 +561,7 @@ class Console:
             for event in backlog:
                 last = max(last, event.sequence)
                 if await self._visible(event, owner):
-                    await response.write(_sse(event))
+                    await response.write(_sse(event, caller))
             while not self.closing.is_set() and holds(self.tokens, caller):
                 event_or_none = await self._next(queue)
                 if event_or_none is None:
@@ -566,7 +571,7 @@ class Console:
                     continue
                 last = event_or_none.sequence
                 if await self._visible(event_or_none, owner):
-                    await response.write(_sse(event_or_none))
+                    await response.write(_sse(event_or_none, caller))
         except (ConnectionResetError, ConnectionError):
             pass  # the browser went away
         finally:
@@ -653,8 +658,10 @@ def _see_other(target: str) -> web.Response:
     return web.Response(status=303, headers={"Location": target})
 
 
-def _sse(event: Event) -> bytes:
-    body = {"sequence": event.sequence, "kind": event.kind, "job_id": event.job_id,
+def _sse(event: Event, caller: Caller) -> bytes:
+    """``event`` as a server-sent event for ``caller`` (its job as the caller names it)."""
+    job_id = shown(caller, event.job_id) if event.job_id else event.job_id
+    body = {"sequence": event.sequence, "kind": event.kind, "job_id": job_id,
             "slot": event.slot, "state": event.state, "detail": event.detail}  # fmt: skip
     return f"id: {event.sequence}\nevent: oasis\ndata: {_dumps(body)}\n\n".encode()
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, func, or_, select
 
 from controller.admission import STATES, AdmissionController, NotFoundError
 from controller.auth import Caller, Role
@@ -35,6 +35,7 @@ from controller.commands.records import ABANDONED, job_record, plain, plan_of
 from controller.console.heatmap import MAX_BINS, bin_edges, bin_grid, price_levels
 from controller.convert import job_to_proto, progress_to_proto
 from controller.errors import BusyError, DrainingError
+from controller.job_keys import SEPARATOR, as_named, key_for, key_of, shown, shown_view
 from controller.store import AllocationRow, EventRow, JobRow
 from pricing.cluster import Kind
 from pricing.durations import format_time
@@ -403,7 +404,8 @@ class ConsoleData:
     ) -> dict[str, Any]:
         """A page of :data:`JOBS_PAGE` jobs in decision order after sequence ``after``,
         of one ``state`` (empty: all) and whose id starts with ``query`` (empty: any);
-        a submitter's own jobs only."""
+        a submitter's own jobs only. An operator's ``query`` matches the start of a key
+        (``alice:``: all of alice's) or of the id in one (``train``: ``alice:train-1``)."""
         if state and state not in STATES:
             raise SpecError.one("state", f"unknown state {state!r} (known: {', '.join(STATES)})")
         if len(query) > 200:
@@ -411,7 +413,8 @@ class ConsoleData:
         owner = caller.owner
         states = [state] if state else []
         if query:
-            ids, more = await self.c.read_store(self._search, states, query, after, owner)
+            prefix = key_of(query, owner)  # a submitter's ids are its keys' ends
+            ids, more = await self.c.read_store(self._search, states, prefix, after, owner)
             views = []
             for job_id in ids:
                 try:
@@ -426,7 +429,7 @@ class ConsoleData:
             "q": query or None,
             "after": after,
             "states": list(STATES),
-            "jobs": [_job_row(v) for v in views],
+            "jobs": [_job_row(shown_view(caller, v)) for v in views],
             "next_after": views[-1].sequence if more and views else None,
         }
 
@@ -434,11 +437,12 @@ class ConsoleData:
         self, states: list[str], prefix: str, after: int, owner: str | None
     ) -> tuple[list[str], bool]:
         escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        match: ColumnElement[bool] = JobRow.id.like(escaped + "%", escape="\\")
+        if owner is None and SEPARATOR not in prefix:  # an operator: a key, or an id in one
+            match = or_(match, JobRow.id.like(f"%{SEPARATOR}{escaped}%", escape="\\"))
         with self.c.db.session() as session:
             query = (
-                select(JobRow.id)
-                .where(JobRow.id.like(escaped + "%", escape="\\"), JobRow.sequence > after)
-                .order_by(JobRow.sequence)
+                select(JobRow.id).where(match, JobRow.sequence > after).order_by(JobRow.sequence)
             )
             if states:
                 query = query.where(JobRow.state.in_(states))
@@ -450,10 +454,12 @@ class ConsoleData:
     async def job(self, caller: Caller, job_id: str) -> dict[str, Any]:
         """One job as ``oasis job ID --json`` prints it, with its plan per slot, its
         progress against plan (with the execution plane), its latest events and whether
-        the caller may cancel it. NotFoundError for another submitter's job."""
-        view = await self.c.get(job_id, caller.owner)
+        the caller may cancel it. NotFoundError for another submitter's job. ``job_id``
+        as the caller names it (:func:`controller.job_keys.key_for`)."""
+        key = key_for(caller, job_id)
+        view = await as_named(caller, key, self.c.get(key, caller.owner))
         times = self.c.slots.times
-        record = job_record(job_to_proto(view, times), times)
+        record = job_record(job_to_proto(shown_view(caller, view), times), times)
         plan: dict[int, dict[str, Any]] = {}
         for a in view.decision.allocations:
             entry = plan.setdefault(
@@ -466,11 +472,14 @@ class ConsoleData:
             if a.get("ps"):
                 entry["ps"][a["server"]] = a["ps"]
         events = await self.c.read_store(self._job_events, view.id)
+        progress = await self._progress(view.id, caller.turn)
+        if "id" in progress:
+            progress["id"] = shown(caller, progress["id"])
         return {
             "clock": self.clock(),
             "job": record,
             "plan": [plan[s] for s in sorted(plan)],
-            "progress": await self._progress(view.id, caller.turn),
+            "progress": progress,
             "events": events,
             "can_cancel": view.state in _CANCELLABLE,  # another's job is NotFoundError above
         }

@@ -39,7 +39,8 @@ from controller.plane.intake import Complaints
 from controller.plane.port import AdmissionPort
 from controller.plane.settings import MqttConfig
 from controller.plane.topics import (
-    NAME_PATTERN,
+    JOB_KEY,
+    JOB_KEY_PATTERN,
     Heartbeat,
     JobEvent,
     Plan,
@@ -303,7 +304,7 @@ class Plane:
             self.published[plan.server] = plan
         if self._to_clear:  # an empty retained message clears a topic's retained one
             clear = [self._to_clear.popleft() for _ in range(len(self._to_clear))]
-            topics = [self.topics.job_events(j) for j in clear if NAME_PATTERN.fullmatch(j)]
+            topics = [self.topics.job_events(j) for j in clear if JOB_KEY_PATTERN.fullmatch(j)]
             await for_each(topics, lambda t: client.publish(t, b"", qos=1, retain=True))
         while True:  # a page at a time: after a long outage (or [mqtt] added to an old
             # store) the events not yet published may be the whole history
@@ -368,7 +369,7 @@ class Plane:
             if kind is None or not e.job_id:
                 continue
             try:
-                topic = self.topics.job_events(topic_name(e.job_id, "job id"))
+                topic = self.topics.job_events(topic_name(e.job_id, JOB_KEY))
             except ValueError as err:
                 self._complain("?", "event", "job event not published", sequence=e.sequence,
                                error=str(err))  # fmt: skip

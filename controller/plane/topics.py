@@ -23,10 +23,12 @@ broker restarted without persistence has lost them); consumers dedupe events on
 cleared: an empty payload on its ``jobs/<job>/events`` topic, which consumers drop. An
 agent subscribes to its plan and to the status.
 
-Names in topics. A job id or server name is one topic level: 1-128 characters of
+Names in topics. A server name is one topic level: 1-128 characters of
 ``A-Z a-z 0-9 . _ -`` (:data:`NAME_PATTERN`), so it can hold no ``/``, no wildcard
-``+``/``#`` and no NUL (which makes Mosquitto drop the connection). Job ids are checked
-at submission (:func:`controller.limits.check_job_id`), server names when a config with
+``+``/``#`` and no NUL (which makes Mosquitto drop the connection). A job is named by its
+key (:mod:`controller.job_keys`): its id, or with tokens its submitter's name, ``:`` and
+its id (:data:`JOB_KEY_PATTERN`, no ``/``, ``+``, ``#`` or NUL either). Job ids are
+checked at submission (:func:`pricing.fields.job_id`), server names when a config with
 ``[mqtt]`` is loaded, an agent's at its start; :func:`topic_name` checks one, and the
 daemon logs and skips an event it cannot publish (a job stored before the check).
 
@@ -65,6 +67,8 @@ from pricing import fields
 from pricing.errors import SpecError
 
 __all__ = [
+    "JOB_KEY",
+    "JOB_KEY_PATTERN",
     "MAX_AGENT_PAYLOAD_BYTES",
     "MAX_COUNT",
     "MAX_PLAN_PAYLOAD_BYTES",
@@ -89,7 +93,10 @@ __all__ = [
 VERSION = 1
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,128}")
-"""A job id or server name that can be one topic level (``fullmatch``)."""
+"""A server name that can be one topic level (``fullmatch``)."""
+
+JOB_KEY_PATTERN = re.compile(r"(?:[A-Za-z0-9_.@-]{1,200}:)?[A-Za-z0-9._-]{1,128}")
+"""A job's key (:func:`pricing.fields.job_key`), one topic level (``fullmatch``)."""
 
 MAX_AGENT_PAYLOAD_BYTES = 256 * 1024
 """The largest heartbeat or progress payload the daemon parses; larger ones are dropped.
@@ -110,14 +117,20 @@ MAX_SESSION_CHARS = 128
 stored progress is keyed by them."""
 
 
+JOB_KEY = "job id"
+"""What :func:`topic_name` checks a job's key as."""
+
+
 def topic_name(name: str, what: str) -> str:
     """``name`` if it can be one topic level (:data:`NAME_PATTERN`); ValueError naming
     ``what`` otherwise."""
+    if what == JOB_KEY and JOB_KEY_PATTERN.fullmatch(name):
+        return name
     if not NAME_PATTERN.fullmatch(name):
         shown = name if len(name) <= 40 else f"{name[:40]}..."
         raise ValueError(
             f"{what} {shown!r} cannot name an MQTT topic: it must be 1-128 characters of "
-            "A-Z a-z 0-9 . _ -"
+            "A-Z a-z 0-9 . _ -" + (", after NAME: with tokens" if what == JOB_KEY else "")
         )
     return name
 

@@ -53,7 +53,8 @@ class JobRow(Base):
     """
 
     __tablename__ = "jobs"
-    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    # the job's key: its id, or NAME:ID for a job submitted with a token (0008)
+    id: Mapped[str] = mapped_column(String(400), primary_key=True)
     sequence: Mapped[int] = mapped_column(LenientBigInteger, unique=True)
     spec: Mapped[str] = mapped_column(Text)
     state: Mapped[str] = mapped_column(String(16))
@@ -108,7 +109,7 @@ class EventRow(Base):
     )
     at: Mapped[datetime] = mapped_column(LenientTime)
     kind: Mapped[str] = mapped_column(String(32))
-    job_id: Mapped[str] = mapped_column(String(200), default="", index=True)
+    job_id: Mapped[str] = mapped_column(String(400), default="", index=True)
     slot: Mapped[int] = mapped_column(LenientBigInteger)
     state: Mapped[str] = mapped_column(String(16), default="")
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
