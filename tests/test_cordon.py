@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.request
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -26,6 +27,7 @@ from controller.clock import FakeClock
 from controller.errors import NotFoundError, PreconditionError
 from controller.metrics import Metrics
 from controller.store.models import AllocationRow, EventRow, JobRow, OutageRow
+from pricing.durations import format_time
 from pricing.errors import SpecError
 from tests.servers import Daemon, json_log, oasis, write_config
 from tests.test_daemon_e2e import job
@@ -381,7 +383,8 @@ def test_without_an_execution_plane_an_uncordon_ends_a_failure_nothing_else_woul
 
 def test_oasis_cordon_and_uncordon_against_a_daemon(tmp_path: Path) -> None:
     extra = '[web]\nlisten = "127.0.0.1:0"\n'
-    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", extra=extra)
+    epoch = time.time()
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", epoch=epoch, extra=extra)
     daemon = Daemon(config, tmp_path / "oasisd.log").start()
     web = next(
         e["address"]
@@ -429,6 +432,11 @@ def test_oasis_cordon_and_uncordon_against_a_daemon(tmp_path: Path) -> None:
         assert "\nw1: cordoned from slot 1 (" in listed and " until slot 3 (" in listed
         screen = oasis("status", *server).stdout.splitlines()
         assert "cordoned to slot 2; " in next(x for x in screen if x.startswith("w1 "))
+        with urllib.request.urlopen(f"http://{web}/api/overview", timeout=10) as r:
+            overview = json.load(r)
+        assert overview["out_of_service"] == {"w1": "cordoned"}
+        back = overview["cordoned_until"]["w1"]
+        assert back["last_slot"] == 2 and back["back_at"] == format_time(epoch + 3 * 3600)
         other = oasis("cordon", "w1", "--for", "5h", *server).stdout
         assert "cordoned already" in other and "oasis uncordon w1 first" in other
         assert "uncordon w1 first" not in oasis("cordon", "w1", "--for", "2h", *server).stdout

@@ -105,8 +105,10 @@ class ConsoleData:
     async def overview(self, caller: Caller) -> dict[str, Any]:
         """Use per resource (now, and over the window ahead), jobs per state, the node's
         role and health, the servers out of service from the next slot on (``{name:
-        "cordoned" | "failed"}``), and the slot with its wall-clock time. A submitter gets its own
-        job counts and the clock (the cluster's use is for operators, as over gRPC).
+        "cordoned" | "failed"}``; a cordon with an end in ``cordoned_until``, ``{name:
+        {"last_slot", "back_at"}}``), and the slot with its wall-clock time. A submitter
+        gets its own job counts and the clock (the cluster's use is for operators, as over
+        gRPC).
 
         The counts are shared with every reader and the metrics and recounted at most
         every ``jobs_max_age_seconds`` (:mod:`controller.admission.job_counts`): they are
@@ -138,8 +140,14 @@ class ConsoleData:
         if caller.role is not Role.OPERATOR:
             out["use"] = None
             return out
-        states = await self.c.read(self.c.server_states)
+        states, cordons = await self.c.read(lambda: (self.c.server_states(), self.c.cordons()))
         out["out_of_service"] = {name: state for name, state in states.items() if state != "up"}
+        times = self.c.slots.times
+        out["cordoned_until"] = {  # a cordon with an end: the last slot out, and when back
+            name: {"last_slot": c.until - 1, "back_at": format_time(times.start(c.until))}
+            for name, c in cordons.items()
+            if c.until is not None
+        }
         first, rows = await self.c.read(lambda: self.c.utilisation(0, self.c.window + 1))
         use = []
         for resource, kind, share in rows:

@@ -181,7 +181,10 @@
     if (d.out_of_service) {  // operators only: cordoned or failed, from the next slot on
       var names = Object.keys(d.out_of_service);
       facts.push(["Servers out of service", el("span", { id: "out-of-service", class: names.length ? "bad" : "",
-        text: names.length ? names.slice(0, 20).map(function (s) { return s + " (" + d.out_of_service[s] + ")"; }).join(", ") +
+        text: names.length ? names.slice(0, 20).map(function (s) {
+          var end = (d.cordoned_until || {})[s];  // a planned maintenance: when it is back
+          return s + " (" + d.out_of_service[s] + (end ? " to slot " + end.last_slot + ", back " + when(d.clock, end.last_slot + 1) : "") + ")";
+        }).join(", ") +
           (names.length > 20 ? " and " + (names.length - 20) + " more (oasis servers lists them)" : "") : "none" })]);
     }
     node.appendChild(dl(facts));
