@@ -10,7 +10,7 @@ import asyncio
 import functools
 import json
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from controller.admission import AdmissionController
 from controller.clock import FakeClock, SlotClock
 from controller.config import ConfigError, from_dict
 from controller.errors import NotFoundError
-from controller.store import AllocationRow, Database, EventRow, JobRow, ProgressRow
+from controller.store import AllocationRow, Database, EventRow, JobRow, OutageRow, ProgressRow
 from tests.test_mqtt_units import CLUSTER, PlaneDaemon
 
 HOUR = 3600.0
@@ -124,6 +124,33 @@ def test_deletion_goes_in_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         assert sizes == [2, 2, 1, 0]
         with c.db.session() as session:
             assert session.scalar(select(func.count()).select_from(JobRow)) == 0
+    finally:
+        c.close()
+
+
+def test_the_servers_history_past_keep_days_is_deleted(tmp_path: Path) -> None:
+    """Outage rows and the events of no job were kept for ever (one row and two events
+    per failure). Past keep_days they go too, but an outage only once it is also past
+    the flap window (7 days of ``detected_at``: the flap rule counts those failures)
+    and past the ledger's window."""
+    c, clock = _controller(tmp_path, keep_days=1)  # 24 one-hour slots
+    old = datetime.now(UTC) - timedelta(days=8)
+    try:
+        with c.db.session() as session:
+            for server, down, up, at in (("w0", 1, 2, old), ("w0", 3, 4, datetime.now(UTC)),
+                                         ("w1", 5, 30, old)):  # fmt: skip
+                session.add(OutageRow(server=server, down_from=down, up_from=up,
+                                      detected_at=at, cause="failed"))  # fmt: skip
+            for slot in (1, 2, 39):
+                session.add(EventRow(at=old, kind="server_failed", job_id="", slot=slot,
+                                     state="", detail={"server": "w0"}))  # fmt: skip
+            session.commit()
+        _to_slot(c, clock, 40)  # the cutoff: slot 16
+        with c.db.session() as session:
+            kept = {(o.down_from, o.up_from) for o in session.scalars(select(OutageRow))}
+            slots = set(session.scalars(select(EventRow.slot).where(EventRow.job_id == "")))
+        assert kept == {(3, 4), (5, 30)}  # within the flap window; ended after the cutoff
+        assert slots == {39}
     finally:
         c.close()
 

@@ -18,7 +18,7 @@ from controller.admission.follow import Follow
 from controller.admission.lifecycle import Lifecycle
 from controller.admission.pending import PendingQueue
 from controller.admission.reads import ReadViews
-from controller.admission.retention import Retention
+from controller.admission.retention import PRUNE_BATCH, PRUNE_SERVER_STEPS, Retention
 from controller.admission.state import ReadTurns
 from controller.admission.views import DecisionView, JobView
 from controller.admission.writer import GroupWriter
@@ -330,6 +330,9 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
         while after is not None:
             batch, after = await self._run(functools.partial(self._prune_sync, after=after))
             deleted += len(batch)
+        for _step in range(PRUNE_SERVER_STEPS):  # the rest at the next boundary
+            if await self._run(self._prune_servers_sync) < PRUNE_BATCH:
+                break
         return deleted
 
     async def read_store(self, fn: Callable[..., _T], *args: Any, client: str = "") -> _T:

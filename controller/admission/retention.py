@@ -16,23 +16,36 @@ at most :data:`PRUNE_SCAN` of them from where the last stopped and deleting at m
 query that picked the oldest ended jobs sorted all of them at every step: 0.05 s a
 batch at 10^5 jobs, 0.5 s at 10^6); a pass that finds nothing to delete costs about a
 tenth of that in all, in steps of about 10 ms. A ``sequence`` an edit left unreadable
-ends a pass where a step meets it. A deleted job's id is free again (for any submitter),
-and a consumer of the plane's job events sees its retained event cleared. ``oasis
+ends a pass where a step meets it. A deleted job's id is free again (for its submitter:
+:mod:`controller.job_keys`), and a consumer of the plane's job events sees its retained
+event cleared.
+
+The servers' history goes the same way, after the jobs' (:meth:`Retention._prune_servers_sync`):
+an outage (a failure or a cordon) that ended before the cutoff, once it is also past the
+ledger's window and past ``MAX_FLAP_SECONDS`` (7 days, the longest ``[mqtt] flap_seconds``
+that counts failures), and the events of no job (``server_failed``,
+``server_recovered``, ``server_cordoned``, ``server_uncordoned``, ``bounds``) of slots
+before the cutoff. Before, they were kept for ever: one row and two events per failure. ``oasis
 offline --store`` and ``oasis calibrate --store`` see only what is kept. ``keep_days =
 0`` (the default) keeps every job."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 from sqlalchemy import and_, delete, func, or_, select
 
 from controller.admission.decide import DecisionCore
 from controller.clock import slots_for
-from controller.store import AllocationRow, EventRow, JobRow, ProgressRow
+from controller.plane.settings import MAX_FLAP_SECONDS
+from controller.store import AllocationRow, EventRow, JobRow, OutageRow, ProgressRow
 
-__all__ = ["PRUNE_BATCH", "Retention"]
+__all__ = ["PRUNE_BATCH", "PRUNE_SERVER_STEPS", "Retention"]
 
 PRUNE_BATCH = 200
 """Jobs deleted in one transaction (one decision-thread step) at most."""
+PRUNE_SERVER_STEPS = 100
+"""Steps of the servers' history in one pass at most (``PRUNE_BATCH`` rows of each kind)."""
 PRUNE_SCAN = 10_000
 """Jobs one step looks through at most, in decision order, for those to delete."""
 
@@ -105,3 +118,30 @@ class Retention(DecisionCore):
         self.log.info("finished jobs deleted", jobs=len(ids), ended_before_slot=cutoff,
                       keep_days=self.config.keep_days)  # fmt: skip
         return ids, following
+
+    def _prune_servers_sync(self, limit: int = PRUNE_BATCH) -> int:
+        """One step: delete up to ``limit`` ended outage rows and up to ``limit`` events
+        of no job past the cutoff (module docstring); returns how many rows in all."""
+        cutoff = self._prune_cutoff()
+        if cutoff is None:
+            return 0
+        ended = min(cutoff, self._ledger.origin)
+        since = datetime.now(UTC) - timedelta(seconds=MAX_FLAP_SECONDS)
+        with self._write() as session:
+            outages = list(session.scalars(
+                select(OutageRow.id).where(OutageRow.up_from < ended,
+                                           OutageRow.detected_at < since)
+                .order_by(OutageRow.id).limit(limit)
+            ))  # fmt: skip
+            if outages:
+                session.execute(delete(OutageRow).where(OutageRow.id.in_(outages)))
+            events = list(session.scalars(
+                select(EventRow.sequence).where(EventRow.job_id == "", EventRow.slot < cutoff)
+                .order_by(EventRow.sequence).limit(limit)
+            ))  # fmt: skip
+            if events:
+                session.execute(delete(EventRow).where(EventRow.sequence.in_(events)))
+        if outages or events:
+            self.log.info("servers' history deleted", outages=len(outages), events=len(events),
+                          ended_before_slot=cutoff, keep_days=self.config.keep_days)  # fmt: skip
+        return len(outages) + len(events)
