@@ -34,12 +34,16 @@ What is measured
     first pass's steps (``Retention._prune_sync``: count, p50 / max ms a step, total),
     each a decision-thread step every tenant's calls wait for once.
 
+    ``migration``: the upgrade to migration 0008 (job ids per submitter) over a copy of
+    the store taken back to 0007 first: seconds of ``migrate`` (the daemon runs it at
+    its first start after the upgrade), and the jobs it renamed.
+
     PostgreSQL is a throwaway server (``tests.servers.Postgres``: loopback, ``fsync=off``),
     SQLite a file with the daemon's defaults. Stores are cached in ``--cache`` between runs.
 
 Run with
     ``python -m bench.history_scale --jobs 10000,100000 --backends sqlite[,postgresql]
-    [--parts startup,calls,tick,offline,calibrate,retention] [--cache DIR] [--json]``
+    [--parts startup,calls,tick,offline,calibrate,retention,migration] [--cache DIR] [--json]``
 """
 
 from __future__ import annotations
@@ -468,7 +472,30 @@ def retention(store: Store, work: Path) -> dict[str, Any]:
     }  # fmt: skip
 
 
-PARTS = ("startup", "calls", "tick", "offline", "calibrate", "retention")
+def migration(store: Store, work: Path) -> dict[str, Any]:
+    """Migration 0008 over a copy taken back to 0007 (every job with a submitter)."""
+    from alembic import command
+
+    from controller.store.database import _alembic_config
+
+    url = store.copy(work)
+    db = Database(url)
+    try:
+        cfg = _alembic_config(url)
+        with db.engine.begin() as conn:  # the daemon's engine: foreign keys enforced
+            cfg.attributes["connection"] = conn
+            command.downgrade(cfg, "0007")
+        t0 = time.perf_counter()
+        migrate(db)
+        took = time.perf_counter() - t0
+        with db.session() as session:
+            keyed = session.scalar(select(func.count()).where(JobRow.id.contains(":")))
+    finally:
+        db.dispose()
+    return {"upgrade_s": round(took, 1), "jobs_renamed": int(keyed or 0)}
+
+
+PARTS = ("startup", "calls", "tick", "offline", "calibrate", "retention", "migration")
 
 
 def run(backend: str, jobs: int, cache: Path, parts: list[str], repeat: int,
@@ -488,6 +515,8 @@ def run(backend: str, jobs: int, cache: Path, parts: list[str], repeat: int,
                 out["calibrate"] = calibrate(store, work)
             elif part == "retention":
                 out["retention"] = retention(store, work)
+            elif part == "migration":
+                out["migration"] = migration(store, work)
         print(f"# {backend} {jobs}: {part} done", file=sys.stderr, flush=True)
     return out
 
