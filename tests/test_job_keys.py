@@ -169,3 +169,41 @@ def test_the_migration_keys_every_submitters_job_and_back(store_url: str, tmp_pa
         assert _keys(db) == old
     finally:
         db.dispose()
+
+
+def test_the_migration_renames_an_edited_spec_too(store_url: str) -> None:
+    """Specs as the daemon writes them (canonical JSON) are renamed in SQL; one an edit
+    left otherwise (spaces, another order) is read and written back, and one that does
+    not read as JSON is left for the daemon to take out, as before."""
+    db = Database(store_url)
+    try:
+        _to(db, "0007", down=False)
+        specs = {
+            "c1": ("carol", '{"epochs":1,"id":"c1"}'),
+            "e1": ("carol", '{"id": "e1", "epochs": 1}'),
+            "x1": ("carol", "{not json"),
+            "n1": (None, '{"epochs":1,"id":"n1"}'),
+        }
+        with db.engine.begin() as conn:
+            for i, (job_id, (who, spec)) in enumerate(specs.items()):
+                conn.execute(
+                    text(
+                        "INSERT INTO jobs (id, sequence, spec, state, submitted_slot, "
+                        "arrival_slot, work, admitted, reason, detail, decision_ms, "
+                        "decided_at, submitter) VALUES (:id, :seq, :spec, 'rejected', 0, 1, "
+                        "1, false, '', '{}', 0, :at, :who)"
+                    ),
+                    {"id": job_id, "seq": i + 1, "spec": spec, "at": datetime.now(UTC),
+                     "who": who},
+                )  # fmt: skip
+        migrate(db)
+        with db.session() as s:
+            stored = {job_id: spec for job_id, spec in s.execute(select(JobRow.id, JobRow.spec))}
+        assert stored == {
+            "carol:c1": '{"epochs":1,"id":"carol:c1"}',
+            "carol:e1": '{"epochs":1,"id":"carol:e1"}',
+            "carol:x1": "{not json",
+            "n1": '{"epochs":1,"id":"n1"}',
+        }
+    finally:
+        db.dispose()

