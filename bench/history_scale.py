@@ -482,7 +482,8 @@ def migration(store: Store, work: Path) -> dict[str, Any]:
     db = Database(url)
     try:
         cfg = _alembic_config(url)
-        with db.engine.begin() as conn:  # the daemon's engine: foreign keys enforced
+        # the daemon's engine (foreign keys enforced), as patient as its migrations
+        with db.patient(300.0), db.engine.begin() as conn:
             cfg.attributes["connection"] = conn
             command.downgrade(cfg, "0007")
         t0 = time.perf_counter()
