@@ -457,6 +457,13 @@ def test_names_in_topics_and_the_agent_topics_identity() -> None:
     for bad in ("a/b", "a+b", "#", "", "x" * 129, "nul\x00", "caf\u00e9"):
         with pytest.raises(ValueError, match="cannot name an MQTT topic"):
             topic_name(bad, "job id")
+    # a job's key: its id, or NAME:ID with tokens (controller/job_keys.py)
+    from controller.plane.topics import job_level
+
+    assert job_level("alice@x:job-1") == "alice@x:job-1" and job_level("job-1") == "job-1"
+    for bad in ("a/b", "a:b/c", "a+b:c", "#", "", ":x", "a:", "x" * 129, "a:b:c", "nul\x00"):
+        with pytest.raises(ValueError, match="cannot name an MQTT topic"):
+            job_level(bad)
     t = Topics("oasis")
     assert t.agent_of("oasis/v1/agents/w0/progress") == ("w0", "progress")
     assert t.agent_of("oasis/v1/agents/p1/heartbeat") == ("p1", "heartbeat")

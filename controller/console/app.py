@@ -61,9 +61,9 @@ from controller.errors import (
 from controller.events import Event
 from controller.job_keys import as_named, key_for, shown, shown_view
 from controller.limits import RateLimiter
-from controller.plane.topics import JOB_KEY_PATTERN
 from controller.store import StoreUnavailableError
 from controller.tls import TlsConfig, is_loopback
+from pricing import fields
 from pricing.errors import SpecError
 
 __all__ = ["Console", "start_console"]
@@ -88,7 +88,6 @@ _CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
 )
-_JOB_KEY = JOB_KEY_PATTERN
 
 IDLE_SECONDS = 75.0
 """A console connection with no request for this long is closed (aiohttp's default keeps
@@ -455,9 +454,8 @@ class Console:
     async def plans(self, request: web.Request) -> Any:
         self._operators_only(request, "the plans")
         job = request.query.get("job", "")
-        if job and not _JOB_KEY.fullmatch(job):
-            raise SpecError.one("job", "not a job (its id, or NAME:ID with tokens: 1-128 of "
-                                "A-Z a-z 0-9 . _ -, after a token's name)")  # fmt: skip
+        if job:
+            fields.job_key(job, "job")  # its id, or NAME:ID with tokens
         return await self.data.plans(_int(request.query, "page", 1), job)
 
     async def jobs(self, request: web.Request) -> Any:

@@ -39,8 +39,6 @@ from controller.plane.intake import Complaints
 from controller.plane.port import AdmissionPort
 from controller.plane.settings import MqttConfig
 from controller.plane.topics import (
-    JOB_KEY,
-    JOB_KEY_PATTERN,
     Heartbeat,
     JobEvent,
     Plan,
@@ -48,7 +46,7 @@ from controller.plane.topics import (
     Status,
     Topics,
     event_kind,
-    topic_name,
+    job_level,
 )
 from pricing.errors import SpecError
 
@@ -304,7 +302,10 @@ class Plane:
             self.published[plan.server] = plan
         if self._to_clear:  # an empty retained message clears a topic's retained one
             clear = [self._to_clear.popleft() for _ in range(len(self._to_clear))]
-            topics = [self.topics.job_events(j) for j in clear if JOB_KEY_PATTERN.fullmatch(j)]
+            topics = []
+            for job in clear:  # a key stored before the check names no topic
+                with contextlib.suppress(ValueError):
+                    topics.append(self.topics.job_events(job_level(job)))
             await for_each(topics, lambda t: client.publish(t, b"", qos=1, retain=True))
         while True:  # a page at a time: after a long outage (or [mqtt] added to an old
             # store) the events not yet published may be the whole history
@@ -369,7 +370,7 @@ class Plane:
             if kind is None or not e.job_id:
                 continue
             try:
-                topic = self.topics.job_events(topic_name(e.job_id, JOB_KEY))
+                topic = self.topics.job_events(job_level(e.job_id))
             except ValueError as err:
                 self._complain("?", "event", "job event not published", sequence=e.sequence,
                                error=str(err))  # fmt: skip

@@ -27,10 +27,11 @@ Names in topics. A server name is one topic level: 1-128 characters of
 ``A-Z a-z 0-9 . _ -`` (:data:`NAME_PATTERN`), so it can hold no ``/``, no wildcard
 ``+``/``#`` and no NUL (which makes Mosquitto drop the connection). A job is named by its
 key (:mod:`controller.job_keys`): its id, or with tokens its submitter's name, ``:`` and
-its id (:data:`JOB_KEY_PATTERN`, no ``/``, ``+``, ``#`` or NUL either). Job ids are
-checked at submission (:func:`pricing.fields.job_id`), server names when a config with
-``[mqtt]`` is loaded, an agent's at its start; :func:`topic_name` checks one, and the
-daemon logs and skips an event it cannot publish (a job stored before the check).
+its id (:func:`pricing.fields.job_key`: no ``/``, ``+``, ``#`` or NUL either). Job ids
+are checked at submission (:func:`pricing.fields.job_id`), server names when a config
+with ``[mqtt]`` is loaded, an agent's at its start; :func:`topic_name` checks a server's
+name, :func:`job_level` a job's key, and the daemon logs and skips an event it cannot
+publish (a job stored before the check).
 
 Who says what. The daemon takes an agent's identity from the topic it published on, never
 from the payload: a heartbeat or report whose ``server`` differs from its topic is dropped.
@@ -67,8 +68,6 @@ from pricing import fields
 from pricing.errors import SpecError
 
 __all__ = [
-    "JOB_KEY",
-    "JOB_KEY_PATTERN",
     "MAX_AGENT_PAYLOAD_BYTES",
     "MAX_COUNT",
     "MAX_PLAN_PAYLOAD_BYTES",
@@ -87,6 +86,7 @@ __all__ = [
     "Topics",
     "decode",
     "event_kind",
+    "job_level",
     "topic_name",
 ]
 
@@ -94,10 +94,6 @@ VERSION = 1
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,128}")
 """A server name that can be one topic level (``fullmatch``)."""
-
-JOB_KEY_PATTERN = re.compile(r"(?:[A-Za-z0-9_.@-]{1,200}:)?[A-Za-z0-9._-]{1,128}")
-"""A job's key (:func:`pricing.fields.job_key`), one topic level (``fullmatch``)."""
-
 MAX_AGENT_PAYLOAD_BYTES = 256 * 1024
 """The largest heartbeat or progress payload the daemon parses; larger ones are dropped.
 A report of :data:`MAX_REPORT_JOBS` entries with 128-character ids is ~210 KB."""
@@ -117,22 +113,26 @@ MAX_SESSION_CHARS = 128
 stored progress is keyed by them."""
 
 
-JOB_KEY = "job id"
-"""What :func:`topic_name` checks a job's key as."""
-
-
 def topic_name(name: str, what: str) -> str:
     """``name`` if it can be one topic level (:data:`NAME_PATTERN`); ValueError naming
     ``what`` otherwise."""
-    if what == JOB_KEY and JOB_KEY_PATTERN.fullmatch(name):
-        return name
     if not NAME_PATTERN.fullmatch(name):
         shown = name if len(name) <= 40 else f"{name[:40]}..."
         raise ValueError(
             f"{what} {shown!r} cannot name an MQTT topic: it must be 1-128 characters of "
-            "A-Z a-z 0-9 . _ -" + (", after NAME: with tokens" if what == JOB_KEY else "")
+            "A-Z a-z 0-9 . _ -"
         )
     return name
+
+
+def job_level(key: str) -> str:
+    """``key``, a job's key, if it can be one topic level (the rule of
+    :func:`pricing.fields.job_key`); ValueError saying why otherwise."""
+    try:
+        return fields.job_key(key, "job id")
+    except SpecError as err:
+        shown = key if len(key) <= 40 else f"{key[:40]}..."
+        raise ValueError(f"job {shown!r} cannot name an MQTT topic: {err}") from None
 
 
 @dataclass(frozen=True)
