@@ -24,19 +24,20 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from controller.admission import SETTINGS_KEY
 from controller.store import AllocationRow, Database, JobRow, MetaRow, ServerRow, in_batches
 from controller.store.stored import stored_spec
 from pricing import SpecError, fields, job_from_dict
-from pricing.cluster import cluster_from_dict
+from pricing.cluster import Cluster, cluster_from_dict
 from pricing.job import Job
 from pricing.offline import Held
 from pricing.prices import oracle_bounds
 from pricing.schedule import Schedule
 from pricing.trace import Trace
 
-__all__ = ["MAX_CELLS", "History", "HistoryError", "OnlineJob", "load_history"]
+__all__ = ["MAX_CELLS", "History", "HistoryError", "OnlineJob", "load_history", "load_jobs"]
 
 MAX_CELLS = 1 << 26
 """Slots x servers x resources of the problem read at most (two float arrays of 512 MiB):
@@ -96,11 +97,7 @@ def load_history(db: Database, first: int | None = None, last: int | None = None
     allocation of the store was read first: one day's comparison of a year's history
     (10^6 jobs) took 45 s and 2.6 GB (``bench/history_scale.py``)."""
     with db.session() as session:
-        settings = session.get(MetaRow, SETTINGS_KEY)
-        servers = session.scalars(select(ServerRow).order_by(ServerRow.position)).all()
-        if settings is None or not servers:
-            raise HistoryError("the store holds no daemon state (has a daemon run on it?)")
-        window, slot_seconds = _settings(settings.value)
+        window, slot_seconds, cluster = _daemon_state(session)
         if first is None or last is None:
             low, high = session.execute(
                 select(func.min(JobRow.arrival_slot), func.max(JobRow.arrival_slot))
@@ -123,12 +120,13 @@ def load_history(db: Database, first: int | None = None, last: int | None = None
                 f"no job arrived in slots {lo} .. {hi} (cancelled jobs are left out)"
             )
         horizon = max(r.arrival_slot for r in compared) + window - lo
-        resources = list(servers[0].capacity) if isinstance(servers[0].capacity, dict) else []
-        cells = horizon * len(servers) * len(resources)
+        resources = list(cluster.resources)
+        n_servers = len(cluster.worker_names) + len(cluster.ps_names)
+        cells = horizon * n_servers * len(resources)
         if cells > MAX_CELLS:
             raise HistoryError(
                 f"the jobs compared arrived in slots {lo} .. {hi}, a horizon of {horizon} "
-                f"slots over {len(servers)} servers: too large to compare at once; "
+                f"slots over {n_servers} servers: too large to compare at once; "
                 "narrow it with --from and --to"
             )
         allocs = session.execute(
@@ -143,31 +141,9 @@ def load_history(db: Database, first: int | None = None, last: int | None = None
             held_rows |= {
                 r.id: r for r in session.scalars(select(JobRow).where(JobRow.id.in_(batch)))
             }
-    try:
-        cluster = cluster_from_dict(
-            resources,
-            [{"name": s.name, "kind": s.kind, "capacity": s.capacity} for s in servers],
-            prefix="the store's servers rows: ",
-        )
-    except SpecError as err:
-        raise HistoryError(str(err)) from err
-
     jobs: list[Job] = []
     for r in compared:
-        try:
-            jobs.append(
-                job_from_dict(
-                    _spec(r),
-                    cluster,
-                    slot_seconds=slot_seconds,
-                    slots_available=lambda _a: window,
-                    arrival=r.arrival_slot - lo,
-                    field=f"job {r.id}",
-                    keyed=True,
-                )
-            )
-        except SpecError as err:
-            raise HistoryError(f"stored job {r.id} no longer fits the servers: {err}") from err
+        jobs.append(_job(r, cluster, slot_seconds, window, r.arrival_slot - lo))
     kind_index = {name: (kind, i) for kind, i, name, _ in cluster.servers()}
     demand: dict[str, dict[str, Any]] = {}
     worker_used = np.zeros((horizon, *cluster.worker_capacity.shape))
@@ -227,6 +203,89 @@ def load_history(db: Database, first: int | None = None, last: int | None = None
     return History(trace, Held(worker_used, ps_used, last_slot), online, schedules, lo, window)
 
 
+def load_jobs(
+    db: Database,
+    first: int | None = None,
+    last: int | None = None,
+    newest: int | None = None,
+) -> tuple[list[Job], Cluster]:
+    """The jobs a daemon decided, as :class:`~pricing.job.Job` on its servers, for
+    ``oasis calibrate --store``: those that arrived in slots ``first .. last`` (each bound
+    optional), not cancelled, at most the ``newest`` of them (by decision order), oldest
+    first; and the cluster. Only the jobs' rows are read, in batches (not allocations,
+    which a prior does not need); arrivals are 0 (a prior does not use them).
+
+    Raises:
+        HistoryError: no daemon state, no such job, or a row that does not read back
+            (naming it).
+    """
+    with db.session() as session:
+        window, slot_seconds, cluster = _daemon_state(session)
+        chosen = select(JobRow.id, JobRow.spec).where(JobRow.state != "cancelled")
+        if first is not None:
+            chosen = chosen.where(JobRow.arrival_slot >= first)
+        if last is not None:
+            chosen = chosen.where(JobRow.arrival_slot <= last)
+        chosen = chosen.order_by(JobRow.sequence.desc())
+        if newest is not None:
+            chosen = chosen.limit(newest)
+        jobs: list[Job] = []
+        for row in session.execute(chosen.execution_options(yield_per=JOB_BATCH)):
+            jobs.append(_job(row, cluster, slot_seconds, window, 0))
+    if not jobs:
+        span = (
+            f" in slots {_shown(first)} .. {_shown(last)}" if (first, last) != (None, None) else ""
+        )
+        raise HistoryError(f"the store holds no decided job{span} (cancelled jobs are left out)")
+    jobs.reverse()
+    return jobs, cluster
+
+
+JOB_BATCH = 1000
+"""Job rows :func:`load_jobs` holds from the store at once."""
+
+
+def _shown(slot: int | None) -> str:
+    return "any" if slot is None else str(slot)
+
+
+def _job(row: Any, cluster: Cluster, slot_seconds: float, window: int, arrival: int) -> Job:
+    """A stored job (``row`` with ``id`` and ``spec``) arriving at ``arrival``, its work
+    within ``window`` slots, as the daemon parsed it; HistoryError naming it otherwise."""
+    try:
+        return job_from_dict(
+            _spec(row),
+            cluster,
+            slot_seconds=slot_seconds,
+            slots_available=lambda _a: window,
+            arrival=arrival,
+            field=f"job {row.id}",
+            keyed=True,
+        )
+    except SpecError as err:
+        raise HistoryError(f"stored job {row.id} no longer fits the servers: {err}") from err
+
+
+def _daemon_state(session: Session) -> tuple[int, float, Cluster]:
+    """The daemon's window (slots), slot length (seconds) and servers, from the store's
+    ``settings`` meta row and ``servers`` rows; HistoryError naming what does not read."""
+    settings = session.get(MetaRow, SETTINGS_KEY)
+    servers = session.scalars(select(ServerRow).order_by(ServerRow.position)).all()
+    if settings is None or not servers:
+        raise HistoryError("the store holds no daemon state (has a daemon run on it?)")
+    window, slot_seconds = _settings(settings.value)
+    resources = list(servers[0].capacity) if isinstance(servers[0].capacity, dict) else []
+    try:
+        cluster = cluster_from_dict(
+            resources,
+            [{"name": s.name, "kind": s.kind, "capacity": s.capacity} for s in servers],
+            prefix="the store's servers rows: ",
+        )
+    except SpecError as err:
+        raise HistoryError(str(err)) from err
+    return window, slot_seconds, cluster
+
+
 def _natural(value: Any, end: int = 1 << 31) -> bool:
     """Whether a stored slot or count is an integer ``0 .. end - 1`` (SQLite keeps what
     it is given; the arrays counts go into hold int32)."""
@@ -246,8 +305,9 @@ def _settings(value: Any) -> tuple[int, float]:
     return window, slot_seconds
 
 
-def _spec(row: JobRow) -> dict[str, Any]:
-    """A stored job's spec, a JSON object (else HistoryError naming the job)."""
+def _spec(row: Any) -> dict[str, Any]:
+    """A stored job's spec (``row``: a JobRow, or a row with ``id`` and ``spec``), a JSON
+    object (else HistoryError naming the job)."""
     try:
         spec = stored_spec(row.spec, row.id)
     except SpecError as err:

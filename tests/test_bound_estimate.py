@@ -568,3 +568,32 @@ def test_calibrate_from_a_daemons_store(tmp_path: Path, capsys: pytest.CaptureFi
     assert prior == prior_from_dict(made.to_dict())  # read back as the file was
     assert main(["calibrate", "--store", f"sqlite:///{tmp_path / 'none.db'}"]) == 2
     assert "--store" in capsys.readouterr().err
+
+    # the newest N (decision order), and a stretch of arrival slots
+    jobs = list(trace_from_dict(raw).jobs)
+    url = config.database_url
+    assert main(["calibrate", "--store", url, "--newest", "5", "-o", str(out)]) == 0
+    assert "5 jobs (the newest; --newest sets how many)" in capsys.readouterr().err
+    newest = calibrate(jobs[-5:], CLUSTER_OF(raw), source="oasis calibrate --store")
+    assert prior_from_dict(json.loads(out.read_text())) == prior_from_dict(newest.to_dict())
+    assert prior != prior_from_dict(newest.to_dict())  # it can tell them apart
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "oasis.db") as db:  # all arrived in the clock's slot
+        (slot,) = db.execute("SELECT DISTINCT arrival_slot FROM jobs").fetchone()
+    for stretch, read in (
+        (["--from", str(slot), "--to", str(slot)], 12),
+        (["--to", str(slot)], 12),
+    ):
+        assert main(["calibrate", "--store", url, *stretch, "--newest", "0", "-o", str(out)]) == 0
+        assert f"{read} jobs -> a prior" in capsys.readouterr().err
+        assert prior_from_dict(json.loads(out.read_text())) == prior
+    assert main(["calibrate", "--store", url, "--to", str(slot - 1)]) == 2
+    assert f"holds no decided job in slots any .. {slot - 1}" in capsys.readouterr().err
+    for wrong, said in (
+        (["--store", url, "--from", "5", "--to", "4"], "--to 4 is before --from 5"),
+        (["--store", url, "--from", "100000"], "holds no decided job in slots 100000 .. any"),
+        ([str(tmp_path / "t.json"), "--newest", "3"], "choose a store's jobs"),
+    ):
+        assert main(["calibrate", *wrong]) == 2
+        assert said in capsys.readouterr().err, wrong
