@@ -398,9 +398,10 @@ class ClusterServicer(pb_grpc.ClusterServicer):
         self, request: pb.CordonServerRequest, context: grpc.aio.ServicerContext
     ) -> pb.CordonServerResponse:
         caller = current_caller()
+        start = request.from_slot if request.from_slot > 0 else None
         change = self.c.cordon(request.server, request.reason, caller.submitter, caller.turn,
                                dry_run=request.dry_run, force=request.force,
-                               until=request.until_slot or None)  # fmt: skip
+                               until=request.until_slot or None, start=start)  # fmt: skip
         view = await _guard(context, change)
         return pb.CordonServerResponse(
             server=view["server"],
@@ -421,6 +422,7 @@ class ClusterServicer(pb_grpc.ClusterServicer):
             from_slot=view["from_slot"] or 0,
             already=view["already"],
             failed=view["failed"],
+            planned=view["planned"],
         )
 
     async def GetClusterInfo(

@@ -131,7 +131,8 @@ def test_a_cordon_moves_the_jobs_off_from_the_next_slot_and_outlives_a_restart(
             assert np.array_equal(a, b)  # the same ledger, bit for bit
 
         back = asyncio.run(c.uncordon("w0", "ops"))
-        assert back == {"server": "w0", "from_slot": 1, "already": False, "failed": False}
+        assert back == {"server": "w0", "from_slot": 1, "already": False, "failed": False,
+                        "planned": False}  # fmt: skip
         assert not c._ledger.worker_side.blocked[1:, w0].any()
         assert c.between_decisions(c.server_states)["w0"] == "up"
         assert asyncio.run(c.uncordon("w0"))["already"]
@@ -362,7 +363,8 @@ def test_without_an_execution_plane_an_uncordon_ends_a_failure_nothing_else_woul
         w0 = c.cluster.worker_names.index("w0")
         assert c.between_decisions(c.server_states)["w0"] == "failed"
         back = asyncio.run(c.uncordon("w0", "ops"))
-        assert back == {"server": "w0", "from_slot": 1, "already": False, "failed": False}
+        assert back == {"server": "w0", "from_slot": 1, "already": False, "failed": False,
+                        "planned": False}  # fmt: skip
         assert not c._ledger.worker_side.blocked[1:, w0].any()
         assert c.between_decisions(c.server_states)["w0"] == "up"
         assert asyncio.run(c.uncordon("w0"))["already"]
@@ -452,6 +454,29 @@ def test_oasis_cordon_and_uncordon_against_a_daemon(tmp_path: Path) -> None:
         zero = oasis("cordon", "w1", "--for", "0h", *server, check=False)
         assert zero.returncode != 0 and "must be > 0" in zero.stderr
         assert "w1: not cordoned" in oasis("uncordon", "w1", *server).stdout  # none was made
+
+        # a cordon planned ahead (--from): in service until then, shown as planned
+        start = datetime.fromtimestamp(epoch + 4 * 3600, UTC).isoformat()
+        out = oasis("cordon", "w1", "--from", start, "--for", "2h", *server).stdout
+        assert out.startswith("w1: cordon planned from slot 4 (") and " until slot 6 (" in out
+        assert "in service until then" in out and "oasis uncordon w1 cancels it" in out
+        listed = oasis("servers", *server).stdout
+        assert any(line.split()[:3] == ["w1", "worker", "up"] for line in listed.splitlines())
+        assert "\nw1: a cordon planned from slot 4 (" in listed
+        screen = oasis("status", *server).stdout.splitlines()
+        assert "cordon from slot 4; " in next(x for x in screen if x.startswith("w1 "))
+        with urllib.request.urlopen(f"http://{web}/api/overview", timeout=10) as r:
+            overview = json.load(r)
+        assert overview["out_of_service"] == {} and overview["cordoned_until"] == {}
+        assert overview["cordons_planned"] == {"w1": {
+            "from_slot": 4, "starts_at": format_time(epoch + 4 * 3600),
+            "last_slot": 5, "back_at": format_time(epoch + 6 * 3600)}}  # fmt: skip
+        other = oasis("cordon", "w1", *server).stdout
+        assert "a cordon is planned already" in other and "oasis uncordon w1 first" in other
+        assert "the planned cordon is cancelled" in oasis("uncordon", "w1", *server).stdout
+        wrong = oasis("cordon", "w1", "--from", "6", "--until", "5", *server, check=False)
+        assert wrong.returncode != 0 and "--until 5 is not after --from 6" in wrong.stderr
+        assert "w1: not cordoned" in oasis("uncordon", "w1", *server).stdout
     finally:
         assert daemon.stop() == 0
 
@@ -548,3 +573,109 @@ def test_a_moved_plan_is_shown_as_re_planned_not_as_a_payoff_over_its_utility() 
         "utility 18.877 as re-planned (its 'replanned' events say why); admitted with "
         "utility 31.123, cost 0.231, payoff 30.892"
     )
+
+
+def test_a_planned_cordon_moves_only_its_slots_and_keeps_the_server_until_it_begins(
+    tmp_path: Path,
+) -> None:
+    """``oasis cordon --from``: the jobs planned on the server from the planned start move
+    at once, those before it keep their plans there, and new jobs may still use it
+    before; the server is up until then, across a restart and a failure and recovery of
+    its agent; the cordon then begins by itself and lasts until an uncordon."""
+    from controller.plane.execution import Execution
+    from controller.plane.settings import mqtt_from_dict
+
+    c = _open(tmp_path)
+    w0 = c.cluster.worker_names.index("w0")
+    try:
+        _fill(c, 4)
+        before = _slots_on(c, "w0")
+        later = {j for j, slots in before.items() if max(slots) >= 3}
+        early = {j for j, slots in before.items() if slots & {1, 2}}
+        assert later and early, before
+        view = asyncio.run(c.cordon("w0", "PSU swap", "ops", start=3))
+        assert (view["from_slot"], view["until"], view["already"]) == (3, None, False)
+        assert set(view["moved"]) == later
+        now = _slots_on(c, "w0")
+        assert all(max(slots) < 3 for slots in now.values()), now
+        for j in before.keys() - later:  # planned there before slot 3 only: unchanged
+            assert now[j] == before[j]
+        ledger = c._ledger
+        blocked = ledger.worker_side.blocked[:, w0]
+        assert not blocked[:3].any() and blocked[3:].all() and not ledger.is_down("worker", w0)
+        _within_capacity(c)
+        assert c.cordoned == {"w0": Cordon(3, "PSU swap", "ops")}
+        assert c.between_decisions(c.server_states)["w0"] == "up"  # in service until then
+        with c.db.session() as s:
+            outage = s.scalars(select(OutageRow)).one()
+        assert (outage.cause, outage.down_from, outage.up_from) == ("cordoned", 3, None)
+        again = asyncio.run(c.cordon("w0"))  # one cordon per server
+        assert again["already"] and again["from_slot"] == 3
+        with pytest.raises(SpecError, match=r"until_slot: .*\(3, its --from\)"):
+            asyncio.run(c.cordon("w1", start=3, until=3))
+        with pytest.raises(SpecError, match="from_slot: at most"):
+            asyncio.run(c.cordon("w1", start=10**7))
+        live = _state(c._ledger)
+    finally:
+        c.close()
+
+    c = _open(tmp_path)  # a restart: the same planned cordon, the same ledger
+    try:
+        assert c.cordoned == {"w0": Cordon(3, "PSU swap", "ops")}
+        for a, b in zip(live, _state(c._ledger), strict=True):
+            assert np.array_equal(a, b)
+        assert not c._ledger.is_down("worker", w0)
+        assert c.between_decisions(c.server_states)["w0"] == "up"
+
+        mqtt = mqtt_from_dict({"host": "127.0.0.1"})
+        assert mqtt is not None
+        c.config = replace(c.config, mqtt=mqtt)
+        plane = Execution(c, mqtt)
+        plane.load()
+        c.between_decisions(lambda: plane._fail_sync("w0"))  # its agent falls silent
+        assert c._ledger.worker_side.blocked[1:, w0].all()
+        assert c.between_decisions(c.server_states)["w0"] == "failed"
+        c.between_decisions(lambda: plane._recover_sync("w0"))  # and is back: until slot 3
+        blocked = c._ledger.worker_side.blocked[:, w0]
+        assert not blocked[1:3].any() and blocked[3:].all()
+        assert c.cordoned == {"w0": Cordon(3, "PSU swap", "ops")}
+
+        _later(c, 2)  # slot 2: the cordon begins at the next boundary
+        assert c.between_decisions(c.server_states)["w0"] == "cordoned"
+        assert c._ledger.is_down("worker", w0) and c._ledger.worker_side.blocked[1:, w0].all()
+        _later(c, 3)  # and lasts, with no end
+        assert c._ledger.worker_side.blocked[1:, w0].all() and "w0" in c.cordoned
+        back = asyncio.run(c.uncordon("w0"))
+        assert not back["planned"] and not c._ledger.worker_side.blocked[1:, w0].any()
+    finally:
+        c.close()
+
+
+def test_an_uncordon_cancels_a_planned_cordon(tmp_path: Path) -> None:
+    """A planned cordon uncordoned before it begins is cancelled: the slots it blocked
+    are free again at once and stay free after a restart and when its start passes."""
+    c = _open(tmp_path)
+    w1 = c.cluster.worker_names.index("w1")
+    try:
+        view = asyncio.run(c.cordon("w1", start=4, until=7))
+        assert (view["from_slot"], view["until"]) == (4, 7)
+        assert c._ledger.worker_side.blocked[4:7, w1].all()
+        assert c.between_decisions(c.server_states)["w1"] == "up"
+        back = asyncio.run(c.uncordon("w1", "ops"))
+        assert back["planned"] and not back["already"] and not back["failed"]
+        assert not c._ledger.worker_side.blocked[:, w1].any() and c.cordoned == {}
+        with c.db.session() as s:
+            event = s.scalars(select(EventRow).where(EventRow.kind == "server_uncordoned")).one()
+        assert event.detail["planned"] is True
+        live = _state(c._ledger)
+    finally:
+        c.close()
+    c = _open(tmp_path)
+    try:
+        assert c.cordoned == {}
+        for a, b in zip(live, _state(c._ledger), strict=True):
+            assert np.array_equal(a, b)
+        _later(c, 5)
+        assert not c._ledger.worker_side.blocked[:, w1].any() and c.cordoned == {}
+    finally:
+        c.close()

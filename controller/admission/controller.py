@@ -288,12 +288,13 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
         dry_run: bool = False,
         force: bool = False,
         until: int | None = None,
+        start: int | None = None,
     ) -> dict[str, Any]:
-        """Take ``server`` out of service from the next slot on, up to slot ``until``
-        (exclusive) if given (:mod:`.cordons`); with ``dry_run``, only say what would
-        move."""
+        """Take ``server`` out of service from the next slot on, or from slot ``start``
+        if later, up to slot ``until`` (exclusive) if given (:mod:`.cordons`); with
+        ``dry_run``, only say what would move."""
         view, events = await self._run(
-            lambda: self._cordon_sync(server, reason, by, dry_run, force, until), client
+            lambda: self._cordon_sync(server, reason, by, dry_run, force, until, start), client
         )
         self._publish(events)
         return view

@@ -14,6 +14,12 @@ their remaining work with the best-schedule search, else failed; each with a
 is left as it is: the server works on to its end (a failure takes the current slot's
 work too, since nothing ran). New jobs are planned around it at once.
 
+A cordon may be planned to start later (``oasis cordon --from``, ``start``): the jobs
+planned on the server from its first slot move at once, as above, and no new plan uses
+the server from then on, but the server is in service until then (state ``up``; a
+failure and recovery meanwhile keep the planned slots blocked). At most one cordon per
+server: to change one, uncordon it (which cancels a planned one) and cordon again.
+
 The store keeps a cordon as an outage row of cause ``cordoned`` (migration 0007): a
 restart, an outage rebuild and a standby block it again, and the execution plane's
 heartbeats never end it, as they end a failure. A server both failed and cordoned stays
@@ -37,14 +43,28 @@ from pricing import Job, SpecError
 from pricing.fields import closest
 from pricing.replan import fail_server
 
-__all__ = ["MAX_REASON", "Cordons"]
+__all__ = ["FOREVER", "MAX_REASON", "Cordons", "ledger_until"]
 
 MAX_REASON = 500
 """The longest reason a cordon records, characters."""
 
 MAX_CORDON_SLOTS = 1_000_000
 """The furthest end a cordon may be given, in slots after its first (a century of hourly
-slots; without an end it lasts until an uncordon)."""
+slots; without an end it lasts until an uncordon), and the furthest start, in slots
+after the next one."""
+
+FOREVER = 1 << 62
+"""The end, in the ledger, of a planned cordon without one: a block with an end keeps
+the slots the window opens blocked up to it (:meth:`pricing.Ledger.block`), while a
+block without one also marks the server down now, which it is not yet."""
+
+
+def ledger_until(cordon: Cordon, slot: int) -> int | None:
+    """The end ``cordon`` is blocked to in the ledger when the current slot is ``slot``:
+    its own, or :data:`FOREVER` for a planned one without an end."""
+    if cordon.until is None and not cordon.started(slot):
+        return FOREVER
+    return cordon.until
 
 
 class Cordons(Moves):
@@ -73,9 +93,11 @@ class Cordons(Moves):
         dry_run: bool = False,
         force: bool = False,
         until: int | None = None,
+        start: int | None = None,
     ) -> tuple[dict[str, Any], list[Event]]:
-        """Cordon ``server`` from the next slot on, up to slot ``until`` (exclusive) if
-        given; returns what was done (``server``, ``from_slot``, ``until``, ``moved``:
+        """Cordon ``server`` from the next slot on, or from slot ``start`` if that is
+        later (a planned cordon), up to slot ``until`` (exclusive) if given; returns what
+        was done (``server``, ``from_slot``, ``until``, ``moved``:
         ``{job id: how}`` in the ledger's order, ``already``: True if it was cordoned
         before, when nothing changes; ``dry_run``) and the events.
 
@@ -85,8 +107,8 @@ class Cordons(Moves):
         tenants' jobs.
 
         Raises:
-            NotFoundError: no such server. SpecError: a reason too long, an end not after
-                the next slot or further out than :data:`MAX_CORDON_SLOTS`.
+            NotFoundError: no such server. SpecError: a reason too long, a start or an
+                end further out than :data:`MAX_CORDON_SLOTS`, an end not after the start.
             PreconditionError: jobs would fail and ``force`` is not set.
         """
         kind, index = self._server_of(server)
@@ -98,10 +120,21 @@ class Cordons(Moves):
             return {"server": server, "from_slot": held.from_slot, "until": held.until,
                     "moved": {}, "already": True, "dry_run": dry_run}, []  # fmt: skip
         from_slot = self.slot + 1
+        if start is not None and start > from_slot + MAX_CORDON_SLOTS:
+            raise SpecError.one("from_slot", (
+                f"at most {MAX_CORDON_SLOTS} slots after the next one ({from_slot}), "
+                f"got {start}"))  # fmt: skip
+        planned = start is not None and start > from_slot
+        if planned:
+            assert start is not None
+            from_slot = start
         if until is not None and not from_slot < until <= from_slot + MAX_CORDON_SLOTS:
+            first = f"{from_slot}, " + ("its --from" if planned else "the next one")
             raise SpecError.one("until_slot", (
-                f"must be after the slot the cordon starts in ({from_slot}, the next one) and "
+                f"must be after the slot the cordon starts in ({first}) and "
                 f"at most {MAX_CORDON_SLOTS} slots after it, got {until}"))  # fmt: skip
+        cordon = Cordon(from_slot, reason, by or "", until)
+        blocked_to = ledger_until(cordon, self.slot)
         ledger = self._ledger
         jobs: dict[str, Job] = {}
         moved: dict[str, str] = {}
@@ -114,11 +147,11 @@ class Cordons(Moves):
                 with self.db.session() as session:
                     jobs = {
                         j: self._stored_job(j, session)
-                        for j in ledger.holding(kind, index, from_slot, until)
+                        for j in ledger.holding(kind, index, from_slot, blocked_to)
                     }
                 last = {j: self._window_end(job.arrival) for j, job in jobs.items()}
                 # the current slot stays as planned: the server runs it to its end
-                outcome = fail_server(ledger, jobs, kind, index, from_slot, {}, last, until)
+                outcome = fail_server(ledger, jobs, kind, index, from_slot, {}, last, blocked_to)
                 moved = outcome.moves(jobs)
             view = {"server": server, "from_slot": from_slot, "until": until, "moved": moved,
                     "already": False, "dry_run": dry_run}  # fmt: skip
@@ -150,9 +183,9 @@ class Cordons(Moves):
             # the ledger may hold moves the store does not: rebuilt before the next step
             self._stale = True
             raise
-        self.cordoned[server] = Cordon(from_slot, reason, by or "", until)
+        self.cordoned[server] = cordon
         self.log.warning("server cordoned", server=server, from_slot=from_slot, until=until,
-                         moved=moved, reason=reason, by=by or "")  # fmt: skip
+                         planned=planned, moved=moved, reason=reason, by=by or "")  # fmt: skip
         return view, events
 
     def _uncordon_sync(
@@ -171,7 +204,9 @@ class Cordons(Moves):
         orphaned = self.config.mqtt is None and failed_now
         if server not in self.cordoned and not orphaned:
             return {"server": server, "from_slot": None, "already": True,
-                    "failed": failed_now}, []  # fmt: skip
+                    "failed": failed_now, "planned": False}, []  # fmt: skip
+        held = self.cordoned.get(server)
+        planned = held is not None and not held.started(self.slot)  # cancelled, unstarted
         from_slot = self.slot + 1
         now = datetime.now(UTC)
         still_open = update(OutageRow).where(
@@ -184,6 +219,8 @@ class Cordons(Moves):
             session.execute(still_open.values(up_from=from_slot))
             failed = _failed(session, server)
             detail = {"server": server, "from_slot": from_slot, "by": by or "", "failed": failed}
+            if planned:
+                detail["planned"] = True
             if orphaned:
                 detail["failure_ended"] = True
             event = self._event(session, now, "server_uncordoned", "", "", detail)
@@ -191,10 +228,10 @@ class Cordons(Moves):
         if not failed:
             self._ledger.unblock(kind, index, from_slot)
         self.log.info("server uncordoned", server=server, from_slot=from_slot, failed=failed,
-                      failure_ended=orphaned, by=by or "")  # fmt: skip
-        return {"server": server, "from_slot": from_slot, "already": False, "failed": failed}, [
-            event
-        ]
+                      failure_ended=orphaned, planned=planned, by=by or "")  # fmt: skip
+        view = {"server": server, "from_slot": from_slot, "already": False, "failed": failed,
+                "planned": planned}  # fmt: skip
+        return view, [event]
 
     def _window_moved(self) -> None:
         """End the cordons with an end whose end is the next slot or before: the server
@@ -210,18 +247,38 @@ class Cordons(Moves):
             del self.cordoned[server]
             self.log.info("cordon ended", server=server, from_slot=cordon.from_slot,
                           until=cordon.until, reason=cordon.reason, by=cordon.by)  # fmt: skip
+        for server, cordon in self.cordoned.items():  # a planned one without an end begins
+            kind, index = self._server_of(server)
+            if (
+                cordon.until is None
+                and cordon.started(self.slot)
+                and not self._ledger.is_down(kind, index)
+            ):
+                self._ledger.block(kind, index, cordon.from_slot)  # down from now on
+                self.log.info("planned cordon begins", server=server, from_slot=cordon.from_slot,
+                              reason=cordon.reason, by=cordon.by)  # fmt: skip
+
+    def _block_planned(self, server: str) -> None:
+        """Block ``server``'s planned cordon, if it has one, in the ledger again (after
+        its recovery from a failure unblocked every slot ahead)."""
+        cordon = self.cordoned.get(server)
+        if cordon is not None and not cordon.started(self.slot):
+            kind, index = self._server_of(server)
+            self._ledger.block(kind, index, cordon.from_slot, ledger_until(cordon, self.slot))
 
     def cordons(self) -> dict[str, Cordon]:
-        """The cordons in force, by server (read in the decision thread)."""
+        """The cordons in force or planned, by server (read in the decision thread)."""
         return dict(self.cordoned)
 
     def server_states(self) -> dict[str, str]:
         """Each server's state from the next slot on: ``"cordoned"``, ``"failed"`` (down
-        by the execution plane) or ``"up"`` (read in the decision thread)."""
+        by the execution plane) or ``"up"`` (a planned cordon included: :meth:`cordons`;
+        read in the decision thread)."""
         ledger = self._ledger
         out: dict[str, str] = {}
         for kind, index, name, _caps in self.cluster.servers():
-            if name in self.cordoned:
+            cordon = self.cordoned.get(name)
+            if cordon is not None and cordon.started(self.slot):
                 out[name] = "cordoned"
             else:
                 out[name] = "failed" if ledger.is_down(kind, index) else "up"

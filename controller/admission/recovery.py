@@ -18,7 +18,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from controller.admission.bounds import BoundControl
-from controller.admission.cordons import MAX_REASON
+from controller.admission.cordons import MAX_REASON, ledger_until
 from controller.admission.moves import Moves
 from controller.admission.state import EPOCH_KEY, SETTINGS_KEY
 from controller.admission.views import STATES, Cordon
@@ -675,12 +675,14 @@ class Recovery(Moves, BoundControl):
                 kind, index = "ps", self.cluster.ps_names.index(o.server)
             else:
                 continue
-            # A recovered server may hold new jobs from up_from on: block only the outage.
-            ledger.block(kind, index, o.down_from, o.up_from)
             if o.cause != CORDONED:
+                # A recovered server may hold new jobs from up_from on: block only the outage.
+                ledger.block(kind, index, o.down_from, o.up_from)
                 continue
             reason, by = str(o.reason or "")[:MAX_REASON], str(o.by or "")[:200]
             cordon = Cordon(o.down_from, reason, by, o.up_from)
+            # a planned one without an end is not down yet (its server is in service)
+            ledger.block(kind, index, o.down_from, ledger_until(cordon, ledger.origin))
             if not cordon.ended(ledger.origin):  # an uncordon ends it at the next boundary
                 cordoned.setdefault(o.server, cordon)
         self.cordoned = cordoned

@@ -27,7 +27,8 @@ class Cordon:
     """A server's cordon in force (:mod:`.cordons`).
 
     Attributes:
-        from_slot: the first slot it is out of service in.
+        from_slot: the first slot it is out of service in (after the next one for a
+            planned cordon, ``oasis cordon --from``).
         reason: what the operator gave (``--reason``; empty if none).
         by: who cordoned it (the token's name; empty without ``[auth]``).
         until: the first slot it is back in service in, if the operator set an end
@@ -43,6 +44,12 @@ class Cordon:
         """Whether it no longer blocks the slot after ``slot`` (the current one): its
         end came, or comes at the next boundary."""
         return self.until is not None and self.until <= slot + 1
+
+    def started(self, slot: int) -> bool:
+        """Whether the server is out from the slot after ``slot`` (the current one) on;
+        False for a cordon planned to start later (``oasis cordon --from``), when the
+        server is in service until its first slot."""
+        return self.from_slot <= slot + 1
 
 
 @dataclass(frozen=True)

@@ -430,12 +430,13 @@ def cmd_servers(args: argparse.Namespace) -> int:
     print(render_table(["server", "kind", "state", *resources], rows, right=right))
     times = stubs.times()
     for s in resp.servers:
-        if s.state == "cordoned":
+        if s.cordoned_from_slot:  # cordoned, or a cordon planned (its state is not yet)
             who = f" by {s.cordoned_by}" if s.cordoned_by else ""
             why = f": {s.cordon_reason}" if s.cordon_reason else ""
             until = (f" until slot {slot_label(s.cordoned_until_slot, times)}"
                      if s.cordoned_until_slot else "")  # fmt: skip
-            print(f"{s.name}: cordoned from slot {slot_label(s.cordoned_from_slot, times)}"
+            what = "cordoned" if s.state == "cordoned" else "a cordon planned"
+            print(f"{s.name}: {what} from slot {slot_label(s.cordoned_from_slot, times)}"
                   f"{until}{who}{why} (oasis uncordon {s.name})")  # fmt: skip
     return EXIT_OK
 

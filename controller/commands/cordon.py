@@ -8,10 +8,14 @@ recorded in the store and the event log and lasts, across restarts, until ``oasi
 uncordon``, which gives the server back from the next boundary, or, for a planned
 maintenance, until the end given with ``--for`` or ``--until``: then only the jobs planned
 on the server before that end move, new jobs may be planned on it after it at once, and
-the cordon ends by itself. ``oasis servers`` shows each server's state.
+the cordon ends by itself. With ``--from`` a cordon is planned to start later: the jobs
+planned on the server from then move now, no new plan uses it from then, and it stays in
+service until then (``oasis uncordon`` cancels it). ``oasis servers`` shows each
+server's state and any cordon planned.
 
     oasis cordon gpu3 --for 6h --reason "driver update"
     oasis cordon gpu3 --until 2026-12-01T06:00:00+01:00
+    oasis cordon gpu3 --from 2026-12-05T22:00:00Z --for 4h --reason "PSU swap"
 """
 
 from __future__ import annotations
@@ -57,14 +61,22 @@ def register(sub: Any) -> None:
                 help="cordon even if jobs would fail (room for them nowhere else); without "
                 "it such a cordon is refused, naming them",
             )
+            p.add_argument(
+                "--from",
+                dest="start",
+                metavar="WHEN",
+                type=_when,
+                help="start the cordon at this time (ISO 8601 with a UTC offset, rounded up "
+                "to a slot boundary) or slot number, instead of the next slot boundary",
+            )
             end = p.add_mutually_exclusive_group()
             end.add_argument(
                 "--for",
                 dest="length",
                 type=_positive_duration,
                 metavar="DURATION",
-                help="end the cordon this long after it starts (the next slot boundary), "
-                "rounded up to whole slots: 90m, 6h, 2d (default: no end)",
+                help="end the cordon this long after it starts (--from, or the next slot "
+                "boundary), rounded up to whole slots: 90m, 6h, 2d (default: no end)",
             )
             end.add_argument(
                 "--until",
@@ -99,36 +111,53 @@ def _when(text: str) -> float | int:
     return unix
 
 
-def _until_slot(args: argparse.Namespace, stubs: Stubs) -> int:
-    """The slot a cordon of ``--for`` / ``--until`` ends before (0: no end)."""
-    if args.length is None and args.until is None:
-        return 0
-    if isinstance(args.until, int):
-        return args.until
+def _span(args: argparse.Namespace, stubs: Stubs) -> tuple[int, int]:
+    """The slots a cordon asked for starts in (0: the next) and ends before (0: no end),
+    from ``--from`` and ``--for`` / ``--until``."""
+    if args.start is None and args.length is None and args.until is None:
+        return 0, 0
+    if all(isinstance(x, int) or x is None for x in (args.start, args.until)) and (
+        args.length is None
+    ):
+        first, until = args.start or 0, args.until or 0  # slots: the daemon checks them
+        if first and until and until <= first:
+            raise InputError(f"--until {until} is not after --from {first}")
+        return first, until
     info = stubs.info()
     if info is None:
-        raise InputError("this daemon does not give its slot clock: give --until as a slot")
-    first = info.current_slot + 1  # where the cordon starts
-    start = info.epoch + first * info.slot_seconds
-    end = start + args.length if args.length is not None else float(args.until)
-    until = slots_for(end - info.epoch, info.slot_seconds)  # the first slot from ``end``
-    if until <= first:
-        starts = slot_label(first, stubs.times())
-        raise InputError(
-            f"--until: the cordon starts at the next slot boundary, slot {starts}, so it "
-            "must end after that"
-        )
-    return until
+        raise InputError("this daemon does not give its slot clock: give --from and "
+                         "--until as slots")  # fmt: skip
+    times = stubs.times()
+    first = info.current_slot + 1  # the next slot boundary
+    start = args.start
+    if isinstance(start, float):  # a time: the first boundary at or after it
+        start = slots_for(start - info.epoch, info.slot_seconds)
+    planned = start is not None and start > first
+    if planned:
+        first = start
+    if args.length is not None:
+        end: float | int = info.epoch + first * info.slot_seconds + args.length
+    else:
+        end = args.until if args.until is not None else 0
+    until = slots_for(end - info.epoch, info.slot_seconds) if isinstance(end, float) else end
+    if until and until <= first:
+        starts = slot_label(first, times)
+        when = "at --from" if planned else "at the next slot boundary"
+        raise InputError(f"--until: the cordon starts {when}, slot {starts}, so it must "
+                         "end after that")  # fmt: skip
+    return (first if planned else 0), until
 
 
 def cmd_cordon(args: argparse.Namespace) -> int:
     stubs = Stubs(args)
+    first, until = _span(args, stubs)
     request = pb.CordonServerRequest(
         server=args.name,
         reason=args.reason,
         dry_run=args.dry_run,
         force=args.force,
-        until_slot=_until_slot(args, stubs),
+        until_slot=until,
+        from_slot=first,
     )
     resp = stubs.cluster.CordonServer(request, timeout=stubs.timeout)
     if args.json:
@@ -138,15 +167,19 @@ def cmd_cordon(args: argparse.Namespace) -> int:
                     "moved": [{"id": m.id, "how": m.how} for m in resp.moved]})  # fmt: skip
         return EXIT_OK
     times = stubs.times()
+    info = stubs.info()
+    planned = info is not None and resp.from_slot > info.current_slot + 1
     since = slot_label(resp.from_slot, times)
     if resp.until_slot:
         span = resp.until_slot - resp.from_slot
         length = f", {format_duration(span * times.slot_seconds)}" if times else ""
         since += f" until slot {slot_label(resp.until_slot, times)} ({span} slots{length})"
     if resp.already:
-        print(f"{resp.server}: cordoned already, from slot {since}; nothing changed")
-        if request.until_slot != resp.until_slot:  # the end asked for is not the one it has
-            print(f"to give it another end, oasis uncordon {resp.server} first")
+        which = "a cordon is planned already" if planned else "cordoned already"
+        print(f"{resp.server}: {which}, from slot {since}; nothing changed")
+        asked = request.from_slot or (info.current_slot + 1 if info is not None else 0)
+        if request.until_slot != resp.until_slot or asked not in (0, resp.from_slot):
+            print(f"to change it, oasis uncordon {resp.server} first")
         return EXIT_OK
     if resp.dry_run:
         n = len(resp.moved)
@@ -154,10 +187,15 @@ def cmd_cordon(args: argparse.Namespace) -> int:
               f"job{'' if n == 1 else 's'}; nothing changed (--dry-run)")  # fmt: skip
     else:
         back = "it is back then by itself; oasis uncordon" if resp.until_slot else "oasis uncordon"
-        print(f"{resp.server}: cordoned from slot {since}: no new plans there ({back} "
-              f"{resp.server} gives it back)")  # fmt: skip
+        if planned:
+            print(f"{resp.server}: cordon planned from slot {since}: in service until then, "
+                  f"no new plans there from then (oasis uncordon {resp.server} cancels "
+                  "it)")  # fmt: skip
+        else:
+            print(f"{resp.server}: cordoned from slot {since}: no new plans there ({back} "
+                  f"{resp.server} gives it back)")  # fmt: skip
         if not resp.moved:
-            print("no job was planned on it")
+            print("no job was planned on it" + (" then" if planned else ""))
     for m in resp.moved:
         print(f"  {m.id}: {_HOW.get(m.how, m.how)}")
     return EXIT_OK
@@ -170,11 +208,14 @@ def cmd_uncordon(args: argparse.Namespace) -> int:
     )
     if args.json:
         print_json({"server": resp.server, "from_slot": resp.from_slot or None,
-                    "already": resp.already, "failed": resp.failed})  # fmt: skip
+                    "already": resp.already, "failed": resp.failed,
+                    "planned": resp.planned})  # fmt: skip
         return EXIT_OK
     failed = " (its agent is silent: it stays out until heard again)" if resp.failed else ""
     if resp.already:
         print(f"{resp.server}: not cordoned; nothing changed{failed}")
+    elif resp.planned:
+        print(f"{resp.server}: the planned cordon is cancelled{failed}")
     else:
         since = slot_label(resp.from_slot, stubs.times())
         print(f"{resp.server}: back in service from slot {since}{failed}")

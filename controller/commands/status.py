@@ -163,6 +163,8 @@ def _busiest(s: pb.Server) -> str:
     out = "" if s.state in ("", "up") else f"{s.state}; "
     if s.state == "cordoned" and s.cordoned_until_slot:  # a planned maintenance
         out = f"cordoned to slot {s.cordoned_until_slot - 1}; "
+    elif s.state in ("", "up", "failed") and s.cordoned_from_slot:  # one ahead
+        out += f"cordon from slot {s.cordoned_from_slot}; "
     shares = [(s.used.get(r, 0.0) / c, r) for r, c in s.capacity.items() if c > 0]
     share, r = max(shares, default=(0.0, ""))
     if share <= 0:

@@ -106,7 +106,9 @@ class ConsoleData:
         """Use per resource (now, and over the window ahead), jobs per state, the node's
         role and health, the servers out of service from the next slot on (``{name:
         "cordoned" | "failed"}``; a cordon with an end in ``cordoned_until``, ``{name:
-        {"last_slot", "back_at"}}``), and the slot with its wall-clock time. A submitter
+        {"last_slot", "back_at"}}``; those planned to start later in ``cordons_planned``,
+        ``{name: {"from_slot", "starts_at", "last_slot", "back_at"}}``), and the slot with
+        its wall-clock time. A submitter
         gets its own job counts and the clock (the cluster's use is for operators, as over
         gRPC).
 
@@ -146,7 +148,17 @@ class ConsoleData:
         out["cordoned_until"] = {  # a cordon with an end: the last slot out, and when back
             name: {"last_slot": c.until - 1, "back_at": format_time(times.start(c.until))}
             for name, c in cordons.items()
-            if c.until is not None
+            if c.until is not None and c.started(self.c.slot)
+        }
+        out["cordons_planned"] = {  # not started: when it starts, and ends (None: no end)
+            name: {
+                "from_slot": c.from_slot,
+                "starts_at": format_time(times.start(c.from_slot)),
+                "last_slot": None if c.until is None else c.until - 1,
+                "back_at": None if c.until is None else format_time(times.start(c.until)),
+            }
+            for name, c in cordons.items()
+            if not c.started(self.c.slot)
         }
         first, rows = await self.c.read(lambda: self.c.utilisation(0, self.c.window + 1))
         use = []

@@ -548,7 +548,7 @@ class Execution:
         if ledger.is_down(kind, index):
             # cordoned: its jobs moved off already; the failure is recorded, so the
             # server stays out after an uncordon until its agent is heard again
-            return self._fail_cordoned_sync(server, from_slot) if server in self.c.cordoned else []
+            return self._fail_cordoned_sync(server, from_slot) if self._out(server) else []
         with self.c.db.session() as session:  # only the jobs the failure moves
             jobs = {j: self._job(j, session) for j in ledger.holding(kind, index, from_slot)}
         before = {j: ledger.schedule(j) for j in jobs}
@@ -605,7 +605,8 @@ class Execution:
         kind, index = self.server_index[server]
         from_slot = self.c.slot + 1
         now = datetime.now(UTC)
-        cordoned = server in self.c.cordoned  # out until an operator's uncordon
+        cordoned = self._out(server)  # out until an operator's uncordon (or its end)
+        planned = server in self.c.cordoned and not cordoned  # a cordon ahead: kept
         with self.c._write() as session:
             session.execute(update(OutageRow).where(
                 OutageRow.server == server, OutageRow.up_from.is_(None),
@@ -617,13 +618,22 @@ class Execution:
                 detail["cordoned"] = True
             event = self.c._event(session, now, "server_recovered", "", "", detail)
         events = [event]
-        if flaps:
+        if flaps and not planned:
             events += self._hold_out(server, flaps)
         elif not cordoned:
+            # one cordon per server: a planned one keeps its slots, and a flapping
+            # server is not held out as well (logged)
             self.c._ledger.unblock(kind, index, from_slot)
+            self.c._block_planned(server)
         self.log.info("server back", server=server, from_slot=from_slot, cordoned=cordoned,
-                      held_out=bool(flaps))  # fmt: skip
+                      held_out=bool(flaps) and not planned, planned_cordon=planned,
+                      flapping=bool(flaps))  # fmt: skip
         return events
+
+    def _out(self, server: str) -> bool:
+        """Whether ``server`` is cordoned from the next slot on (not only planned)."""
+        cordon = self.c.cordoned.get(server)
+        return cordon is not None and cordon.started(self.c.slot)
 
     def _recent_failures(self, session: Any, server: str, now: datetime) -> int:
         """The failures of ``server`` detected within ``flap_seconds`` before ``now`` if

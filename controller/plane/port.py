@@ -24,9 +24,16 @@ from pricing.best_schedule import BestSchedule
 from pricing.cluster import Cluster
 from pricing.schedule import Schedule
 
-__all__ = ["AdmissionPort"]
+__all__ = ["AdmissionPort", "CordonPort"]
 
 _T = TypeVar("_T")
+
+
+class CordonPort(Protocol):
+    """A server's cordon as the plane reads it (:class:`controller.admission.views.Cordon`)."""
+
+    def started(self, slot: int) -> bool:
+        """Whether the server is out from the slot after ``slot`` on (not only planned)."""
 
 
 class AdmissionPort(Protocol):
@@ -50,8 +57,9 @@ class AdmissionPort(Protocol):
     """Called (in the decision thread) with the ids of each batch of deleted jobs."""
 
     @property
-    def cordoned(self) -> Mapping[str, object]:
-        """Cordoned servers (an operator's cordon; heartbeats do not end it)."""
+    def cordoned(self) -> Mapping[str, CordonPort]:
+        """Cordoned servers, planned cordons included (an operator's; heartbeats do not
+        end it)."""
 
     @property
     def _ledger(self) -> Ledger:
@@ -80,6 +88,9 @@ class AdmissionPort(Protocol):
         force: bool = False, until: int | None = None,
     ) -> tuple[dict[str, Any], list[Event]]:  # fmt: skip
         """Cordon ``server`` from the next slot on, up to ``until`` (:mod:`.cordons`)."""
+
+    def _block_planned(self, server: str) -> None:
+        """Block ``server``'s planned cordon in the ledger again, if it has one."""
 
     def _window_end(self, arrival: int) -> int:
         """The last slot a job arriving at ``arrival`` may be planned in (SPEC 1)."""

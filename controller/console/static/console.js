@@ -186,6 +186,15 @@
           return s + " (" + d.out_of_service[s] + (end ? " to slot " + end.last_slot + ", back " + when(d.clock, end.last_slot + 1) : "") + ")";
         }).join(", ") +
           (names.length > 20 ? " and " + (names.length - 20) + " more (oasis servers lists them)" : "") : "none" })]);
+      var planned = Object.keys(d.cordons_planned || {});
+      if (planned.length) {  // oasis cordon --from: in service until then
+        facts.push(["Cordons planned", el("span", { id: "cordons-planned",
+          text: planned.slice(0, 20).map(function (s) {
+            var c = d.cordons_planned[s];
+            return s + " (from slot " + c.from_slot + ", " + when(d.clock, c.from_slot) +
+              (c.last_slot === null ? ", no end" : "; back " + when(d.clock, c.last_slot + 1)) + ")";
+          }).join(", ") + (planned.length > 20 ? " and " + (planned.length - 20) + " more" : "") })]);
+      }
     }
     node.appendChild(dl(facts));
     out.push(node);
