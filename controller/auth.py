@@ -340,15 +340,61 @@ class _FirstMessage:
         raise AssertionError  # unreachable: abort raises
 
 
-def _read_first(handler: Any, admit: Callable[[Any], Awaitable[str]], first: _FirstMessage) -> Any:
+class _InFlight:
+    """Counts each client's calls from their admission until they end, answer sent or
+    not (all on the event loop), against ``connections.max_calls_per_client``.
+
+    gRPC counts a call against ``connections.max_calls`` until its answer and status
+    are sent. A client that never reads its answers (an HTTP/2 receive window of 0)
+    held its calls in flight for as long as its connections stayed open: 10 connections
+    of 100 such calls, health checks from any host included, refused every tenant's
+    calls (an audit, 2026-11-27). Past the cap a new call is RESOURCE_EXHAUSTED; the
+    count drops when the call ends (its done callback), however it ends."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.calls: dict[str, int] = {}
+
+    async def hold(self, client: str, context: Any) -> None:
+        held = self.calls.get(client, 0)
+        if held >= self.limit:
+            log.warning("calls in flight refused", client=client[:200], limit=self.limit,
+                        peer=context.peer())  # fmt: skip
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{held} calls of this client are in flight, the most at once "
+                f"(connections.max_calls_per_client = {self.limit}); wait for their "
+                "answers (read them) before more",
+            )
+        self.calls[client] = held + 1
+        context.add_done_callback(lambda _context: self._release(client))
+
+    def _release(self, client: str) -> None:
+        left = self.calls.get(client, 0) - 1
+        if left > 0:
+            self.calls[client] = left
+        else:
+            self.calls.pop(client, None)
+
+
+def _read_first(
+    handler: Any, admit: Callable[[Any], Awaitable[str]], first: _FirstMessage, calls: _InFlight
+) -> Any:
     """``handler`` with a unary request served as a streamed one (:data:`REQUEST_SECONDS`):
-    ``admit(context)`` (which names the client) runs before the request is read; the
+    ``admit(context)`` (which names the client) runs before the request is read, and the
+    call counts against its client's calls in flight (:class:`_InFlight`); the
     behaviour then gets the request as ever. Streamed-request handlers: unchanged."""
+
+    async def admitted(context: Any) -> str:
+        client = await admit(context)
+        await calls.hold(client, context)
+        return client
+
     if handler.unary_unary is not None:
         unary_unary = handler.unary_unary
 
         async def su(requests: Any, context: Any) -> Any:
-            request = await first.read(await admit(context), requests, context)
+            request = await first.read(await admitted(context), requests, context)
             return await unary_unary(request, context)
 
         return handler._replace(request_streaming=True, unary_unary=None, stream_unary=su)
@@ -356,7 +402,7 @@ def _read_first(handler: Any, admit: Callable[[Any], Awaitable[str]], first: _Fi
         unary_stream = handler.unary_stream
 
         async def ss(requests: Any, context: Any) -> AsyncIterator[Any]:
-            request = await first.read(await admit(context), requests, context)
+            request = await first.read(await admitted(context), requests, context)
             async for item in relay(unary_stream(request, context)):
                 yield item
 
@@ -372,13 +418,21 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         tokens: ``{sha256 hex: Caller}``; None: authentication off (every caller
             :data:`ANONYMOUS`).
         limiter: the per-client rate limit; None: none.
+        per_client: the most calls of one client in flight at once
+            (``connections.max_calls_per_client``).
     """
 
-    def __init__(self, tokens: Mapping[str, Caller] | None, limiter: RateLimiter | None) -> None:
+    def __init__(
+        self,
+        tokens: Mapping[str, Caller] | None,
+        limiter: RateLimiter | None,
+        per_client: int = 100,
+    ) -> None:
         self.tokens = tokens
         self.limiter = limiter
         self._open_streams = _StreamCap(MAX_OPEN_STREAMS)
         self._first = _FirstMessage()
+        self._calls = _InFlight(per_client)
 
     async def intercept_service(
         self, continuation: Callable[[Any], Awaitable[Any]], details: Any
@@ -388,10 +442,12 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if handler is None:
             return handler
         if method.lstrip("/").split("/", 1)[0] in OPEN_SERVICES:
-            return _read_first(self._open_streams.bounded(handler), _open_client, self._first)
+            return _read_first(
+                self._open_streams.bounded(handler), _open_client, self._first, self._calls
+            )
         if handler.request_streaming:  # none of oasis's own RPCs
             return _wrap(handler, lambda context: self._admit(method, context))
-        return _read_first(handler, self._caller_of(method), self._first)
+        return _read_first(handler, self._caller_of(method), self._first, self._calls)
 
     def _caller_of(self, method: str) -> Callable[[Any], Awaitable[str]]:
         """Admits a caller of ``method`` (:meth:`_admit`) and sets it for the call; returns

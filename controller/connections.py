@@ -7,6 +7,7 @@ included). ``[connections]`` keys, every one optional:
 
     max_connections = 1000      # accepted at once; past it a new one is closed at accept
     max_calls = 1000            # calls in flight at once; past it RESOURCE_EXHAUSTED
+    max_calls_per_client = 100  # of those, one client's (token name, or host without one)
     max_streams = 100           # calls in flight on one connection (HTTP/2 streams)
     handshake_seconds = 10      # a connection must finish its TLS/HTTP/2 start within this
     idle_seconds = 300          # a connection without a call for this long is closed
@@ -40,6 +41,7 @@ class Connections:
 
     max_connections: int = 1000
     max_calls: int = 1000
+    max_calls_per_client: int = 100
     max_streams: int = 100
     handshake_seconds: float = 10.0
     idle_seconds: float = 300.0
@@ -63,7 +65,7 @@ def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
 
-_INTS = ("max_connections", "max_calls", "max_streams")
+_INTS = ("max_connections", "max_calls", "max_calls_per_client", "max_streams")
 _SECONDS = ("handshake_seconds", "idle_seconds", "keepalive_seconds", "keepalive_timeout_seconds")
 _MAX_SECONDS = 86_400  # seconds, a day: larger values are mistakes (and overflow gRPC's int ms)
 _MAX_COUNT = 1_000_000
@@ -86,7 +88,17 @@ def connections_from_dict(raw: Mapping[str, Any]) -> Connections:
                 if value > most:
                     raise SpecError.one(f"connections.{key}", f"must be <= {most}")
                 values[key] = value
-    return Connections(**values)
+    if "max_calls_per_client" not in values:  # the default, within a smaller max_calls
+        values["max_calls_per_client"] = min(
+            Connections.max_calls_per_client, values.get("max_calls", Connections.max_calls)
+        )
+    made = Connections(**values)
+    if made.max_calls_per_client > made.max_calls:
+        raise SpecError.one(
+            "connections.max_calls_per_client",
+            f"must be <= connections.max_calls ({made.max_calls}), got {made.max_calls_per_client}",
+        )
+    return made
 
 
 def raise_fd_limit(needed: int) -> tuple[int, int]:

@@ -131,8 +131,8 @@ async def serve(
     # the metrics first, so they count the calls refused; then who may call (tokens,
     # roles, rate); then requests that do not decode (INVALID_ARGUMENT, not UNKNOWN)
     limiter = RateLimiter(limits.rate, limits.burst) if limits.rate else None
-    access = AccessInterceptor(config.tokens, limiter)
     connections = config.connections
+    access = AccessInterceptor(config.tokens, limiter, connections.max_calls_per_client)
     fds, _ = raise_fd_limit(connections.max_connections + RESERVED_FDS)
     if fds < connections.max_connections + RESERVED_FDS:
         log.warning("descriptor limit below connections.max_connections + reserve",

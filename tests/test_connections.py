@@ -6,8 +6,10 @@ connections exhausted the unit's 1,024 descriptors."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -85,12 +87,18 @@ def test_connections_settings_are_checked() -> None:
     assert options["grpc.max_allowed_incoming_connections"] == 10
     assert options["grpc.max_connection_idle_ms"] == 500
     assert from_dict(base).connections == Connections()
+    smaller = from_dict({**base, "connections": {"max_calls": 50}}).connections
+    assert (smaller.max_calls, smaller.max_calls_per_client) == (50, 50)  # the default, capped
     for bad, message in [
         ({"max_connections": 0}, "connections.max_connections: must be >= 1"),
         ({"max_calls": 10**9}, "connections.max_calls: must be <= 1000000"),
         ({"idle_seconds": -1}, "connections.idle_seconds: must be > 0"),
         ({"keepalive_seconds": 1e9}, "connections.keepalive_seconds: must be <= 86400"),
         ({"streams": 1}, "connections.streams: unknown key"),
+        (
+            {"max_calls": 50, "max_calls_per_client": 60},
+            r"connections.max_calls_per_client: must be <= connections.max_calls \(50\), got 60",
+        ),
     ]:
         with pytest.raises(ConfigError, match=message):
             from_dict({**base, "connections": bad})
@@ -141,7 +149,8 @@ def test_calls_that_never_send_their_request_cannot_hold_every_call(tmp_path: Pa
         f"alice submitter {hash_token('alice-token')}\n"
         f"mallory submitter {hash_token('mallory-token')}\n"
     )
-    extra = f'\n[connections]\nmax_calls = 40\n[auth]\ntokens_file = "{tokens}"\n'
+    extra = (f'\n[connections]\nmax_calls = 40\nmax_calls_per_client = 10\n'
+             f'[auth]\ntokens_file = "{tokens}"\n')  # fmt: skip
     config = write_config(tmp_path / "c.toml", tmp_path / "data", extra=extra)
     daemon = Daemon(config, tmp_path / "c.log").start()
     _STOP.clear()
@@ -173,6 +182,100 @@ def test_calls_that_never_send_their_request_cannot_hold_every_call(tmp_path: Pa
             assert health.Check(health_pb2.HealthCheckRequest(), timeout=10).status == (
                 health_pb2.HealthCheckResponse.SERVING
             )
+
+            # calls whose answers are never read (a receive window of 0) stay in flight
+            # until their connection closes: at most max_calls_per_client of a client.
+            # Before: these 45 held all 40 of max_calls and every tenant was refused.
+            cluster = pb_grpc.ClusterStub(channel)
+            mallory = (("authorization", "Bearer mallory-token"),)
+            stalled = [_Unread(daemon.address, "/oasis.v1.Cluster/GetClusterInfo", 15,
+                               "mallory-token") for _ in range(2)]  # fmt: skip
+            stalled.append(_Unread(daemon.address, "/grpc.health.v1.Health/Check", 15, ""))
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:  # until mallory's ten are held
+                try:
+                    cluster.GetClusterInfo(pb.GetClusterInfoRequest(), metadata=mallory, timeout=10)
+                except grpc.RpcError as err:
+                    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err
+                    assert "max_calls_per_client = 10" in str(err.details()), err.details()
+                    break
+                time.sleep(0.1)
+            else:
+                raise AssertionError("mallory's unread calls were never counted")
+            time.sleep(0.5)  # the health checks too
+            info = cluster.GetClusterInfo(pb.GetClusterInfoRequest(), metadata=alice, timeout=10)
+            assert info.slot_seconds > 0  # alice is served
+            for unread in stalled:
+                unread.close()
+            deadline = time.monotonic() + 20  # closed: the calls end, the count drops
+            while True:
+                try:
+                    cluster.GetClusterInfo(pb.GetClusterInfoRequest(), metadata=mallory, timeout=10)
+                    break
+                except grpc.RpcError as err:
+                    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err
+                    assert time.monotonic() < deadline, "the closed calls were never released"
+                    time.sleep(0.2)
     finally:
         _STOP.set()
         assert daemon.stop() == 0, (tmp_path / "c.log").read_text()
+
+
+class _Unread:
+    """``n`` gRPC calls of ``path`` on one raw HTTP/2 connection that advertises a stream
+    receive window of 0, so no answer can ever be sent: the calls stay in flight until
+    :meth:`close`. A thread answers the daemon's SETTINGS and PINGs (so keepalive does
+    not close it)."""
+
+    def __init__(self, address: str, path: str, n: int, token: str) -> None:
+        host, port = address.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=10)
+        headers = b"".join(_literal(k, v) for k, v in (
+            (":method", "POST"), (":scheme", "http"), (":path", path), (":authority", address),
+            ("content-type", "application/grpc"), ("te", "trailers"),
+            *((("authorization", f"Bearer {token}"),) if token else ()),
+        ))  # fmt: skip
+        out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(4, 0, 0, struct.pack(">HI", 4, 0))
+        for stream in range(1, 2 * n, 2):  # HEADERS (END_HEADERS), DATA: an empty message
+            out += _frame(1, 4, stream, headers) + _frame(0, 1, stream, b"\x00" * 5)
+        self.sock.sendall(out)
+        self.closed = threading.Event()
+        threading.Thread(target=self._answer, daemon=True).start()
+
+    def _answer(self) -> None:
+        buf = b""
+        self.sock.settimeout(0.5)
+        while not self.closed.is_set():
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if not data:
+                return
+            buf += data
+            while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
+                size, kind, flags = int.from_bytes(buf[:3], "big"), buf[3], buf[4]
+                payload, buf = buf[9 : 9 + size], buf[9 + size :]
+                with contextlib.suppress(OSError):
+                    if kind == 4 and not flags & 1:  # SETTINGS: acknowledge
+                        self.sock.sendall(_frame(4, 1, 0))
+                    elif kind == 6 and not flags & 1:  # PING: answer
+                        self.sock.sendall(_frame(6, 1, 0, payload))
+
+    def close(self) -> None:
+        self.closed.set()
+        self.sock.close()
+
+
+def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    return (
+        len(payload).to_bytes(3, "big") + bytes([kind, flags]) + struct.pack(">I", stream) + payload
+    )
+
+
+def _literal(name: str, value: str) -> bytes:
+    """An HPACK literal header field without indexing (names and values < 127 bytes)."""
+    n, v = name.encode(), value.encode()
+    return b"\x00" + bytes([len(n)]) + n + bytes([len(v)]) + v
