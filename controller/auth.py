@@ -49,6 +49,7 @@ import grpc
 import structlog
 
 from controller.bearer import TokenInterceptor  # the client's side, re-exported
+from controller.files import read_bounded
 from controller.streams import relay
 from pricing import fields
 from pricing.errors import SpecError
@@ -181,7 +182,7 @@ def load_tokens(path: Path) -> dict[str, Caller]:
     """Read a tokens file: ``{sha256 hex: Caller}``. Errors name the line."""
     where = f"auth.tokens_file: {path}"
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bounded(path).decode("utf-8")
     except OSError as err:
         raise SpecError.one(
             "auth.tokens_file", f"cannot read {path}: {err.strerror or err}"

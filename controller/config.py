@@ -72,6 +72,7 @@ from controller.auth import Caller, tokens_from_dict
 from controller.clock import epoch as slot_zero
 from controller.connections import Connections, connections_from_dict
 from controller.console.settings import DEFAULT_WEB_LISTEN, WebConfig, web_from_dict
+from controller.files import read_bounded
 from controller.ha.settings import HaConfig, ha_from_dict
 from controller.limits import Limits, limits_from_dict
 from controller.plane.settings import MqttConfig, check_server_names, mqtt_from_dict
@@ -427,12 +428,9 @@ def _prior(raw: Any, base: Path | None) -> Prior | None:
     if base is not None and not path.is_absolute():
         path = base / path
     try:
-        with path.open("rb") as f:
-            data = f.read(MAX_PRIOR_BYTES + 1)
+        data = read_bounded(path, MAX_PRIOR_BYTES)
     except OSError as err:
         raise ConfigError(f"pricing.prior: cannot read {path}: {err.strerror or err}") from err
-    if len(data) > MAX_PRIOR_BYTES:
-        raise ConfigError(f"pricing.prior: {path} is over {MAX_PRIOR_BYTES} bytes")
     try:
         doc = json.loads(data)
     except (ValueError, RecursionError) as err:
@@ -492,7 +490,7 @@ def load(path: str | Path, former: Collection[str] = ()) -> Config:
     """Read and validate a TOML config file (``former``: as for :func:`from_dict`)."""
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        data = tomllib.loads(read_bounded(p).decode("utf-8"))
         mode, group = p.stat().st_mode, p.stat().st_gid
     except OSError as err:
         raise ConfigError(f"{p}: cannot read: {err.strerror or err}") from err

@@ -259,6 +259,12 @@ class Reloader:
                     "changed", config=str(path), error=str(err),
                 )  # fmt: skip
                 return None
+            except Exception as err:  # MemoryError, a bug: the daemon serves on as it was
+                self.log.exception(
+                    "reload refused: reading the config failed; nothing changed",
+                    config=str(path), error=f"{type(err).__name__}: {str(err)[:300]}",
+                )  # fmt: skip
+                return None
             self.running = found.config
             for target in self.targets:
                 done = target(found.config)

@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 
 from controller.bearer import TokenInterceptor
+from controller.files import read_bounded
 from pricing import fields
 from pricing.errors import SpecError
 
@@ -69,7 +70,7 @@ def read_pem(path: Path, what: str, field_name: str) -> bytes:
     ``what`` is the PEM label expected (``CERTIFICATE``, or ``PRIVATE KEY`` which also
     matches ``RSA PRIVATE KEY`` and ``EC PRIVATE KEY``)."""
     try:
-        data = path.read_bytes()
+        data = read_bounded(path)
     except OSError as err:
         raise SpecError.one(field_name, f"cannot read {path}: {err.strerror or err}") from err
     if b"-----BEGIN " not in data or what.encode() + b"-----" not in data:

@@ -207,11 +207,11 @@ def test_a_traces_prior_is_read_within_bounds(
     trace = json.loads(DEMO.read_text())
     trace["pricing"] = {"bounds": "estimate", "prior": "/dev/zero"}
     assert main(["replay", _write(tmp_path, trace)]) == 2
-    assert "/dev/zero is not a regular file" in capsys.readouterr().err
+    assert "cannot read /dev/zero: not a regular file" in capsys.readouterr().err
     (tmp_path / "big.json").write_bytes(b" " * (MAX_PRIOR_BYTES + 1) + b"{}")
     trace["pricing"]["prior"] = "big.json"
     assert main(["replay", _write(tmp_path, trace)]) == 2
-    assert f"more than {MAX_PRIOR_BYTES} bytes" in capsys.readouterr().err
+    assert f"larger than {MAX_PRIOR_BYTES} bytes" in capsys.readouterr().err
 
 
 def test_a_pin_file_with_a_huge_integer_is_bad_input(

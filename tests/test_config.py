@@ -148,3 +148,31 @@ def test_ledger_bytes_is_what_a_ledger_holds() -> None:
             if isinstance(a, np.ndarray) and a.shape[:1] == (37,) and a is not ledger.touched
         )
     assert ledger_bytes(config.cluster, 37) == held
+
+
+def test_files_named_by_mistake_are_refused_not_read_without_end(tmp_path: Path) -> None:
+    """A config, tokens file or certificate path that names a device, a FIFO or a huge
+    file: refused in words, at once (before: ``tokens_file = "/dev/zero"`` was read on a
+    reload until the daemon ran out of memory, and a FIFO blocked the read)."""
+    import os
+
+    from controller.auth import load_tokens
+    from controller.config import ConfigError, load
+    from controller.files import read_bounded
+    from controller.tls import read_pem
+    from pricing.errors import SpecError
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    big = tmp_path / "big"
+    big.write_bytes(b"#" * 2048)
+    for path in (Path("/dev/zero"), fifo):
+        with pytest.raises(ConfigError, match=f"{path}: cannot read: not a regular file"):
+            load(path)
+        with pytest.raises(SpecError, match=r"auth.tokens_file: cannot read .*not a regular"):
+            load_tokens(path)
+        with pytest.raises(SpecError, match=r"tls.cert: cannot read .*not a regular file"):
+            read_pem(path, "CERTIFICATE", "tls.cert")
+    with pytest.raises(OSError, match="larger than 1024 bytes"):
+        read_bounded(big, 1024)
+    assert read_bounded(big, 2048) == b"#" * 2048

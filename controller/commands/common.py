@@ -7,12 +7,12 @@ import contextlib
 import json
 import math
 import os
-import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from controller.files import read_bounded
 from pricing.errors import Problem
 
 if TYPE_CHECKING:  # the client commands never read traces: no numpy at their start
@@ -80,6 +80,11 @@ def read_json(path: str, what: str = "", limit: int | None = None) -> Any:
         raise InputError(f"{name}: cannot read: {err.strerror or err}") from err
     if limit is not None and len(data) > limit:
         raise InputError(f"{name}: more than {limit} bytes")
+    return _parsed(data, name)
+
+
+def _parsed(data: bytes, name: str) -> Any:
+    """``data`` as JSON; InputError naming ``name`` and why not."""
     try:
         return json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as err:
@@ -101,12 +106,10 @@ def load_prior_file(path: Path, what: str) -> Any:
     from pricing.bound_prior import MAX_PRIOR_BYTES  # numpy: not for every client command
 
     try:
-        mode = path.stat().st_mode
+        data = read_bounded(path, MAX_PRIOR_BYTES)
     except OSError as err:
         raise InputError(f"{what}: cannot read {path}: {err.strerror or err}") from err
-    if not stat.S_ISREG(mode):
-        raise InputError(f"{what}: {path} is not a regular file")
-    return read_json(str(path), f"{what} ({path})", limit=MAX_PRIOR_BYTES)
+    return _parsed(data, f"{what} ({path})")
 
 
 def load_trace(path: str) -> Trace:
