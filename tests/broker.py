@@ -42,7 +42,8 @@ class Mosquitto:
 
     ``users`` (name: password): only they may connect (``mosquitto_passwd`` makes the
     file); ``tls`` (certificate, key): the listener speaks TLS only (``mqtts://``);
-    ``acl``: an ACL file (``acl_file``), e.g. the shipped ``config/mosquitto.acl``.
+    ``acl``: an ACL file (``acl_file``), e.g. the shipped ``config/mosquitto.acl``;
+    ``extra``: more lines of configuration (``max_packet_size 6000\n``).
     """
 
     def __init__(
@@ -51,6 +52,7 @@ class Mosquitto:
         users: dict[str, str] | None = None,
         tls: tuple[Path, Path] | None = None,
         acl: Path | None = None,
+        extra: str = "",
     ) -> None:
         binary = mosquitto_binary()
         if binary is None:
@@ -84,6 +86,7 @@ class Mosquitto:
             f"{security}"
             "persistence false\n"
             "max_queued_messages 100000\n"
+            f"{extra}"
             f"log_dest file {self.dir / 'mosquitto.log'}\n"
             "log_type error\nlog_type warning\nlog_type notice\n"
         )

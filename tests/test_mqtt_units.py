@@ -4,6 +4,7 @@ reference agent's plan following and simulation."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -173,7 +174,8 @@ def plan(epoch: int, slot: int = 5, starts: float = 100.0, workers: int = 2) -> 
 def test_payloads_round_trip_and_bad_ones_name_the_field() -> None:
     p = plan(7)
     assert Plan.parse(p.to_bytes()) == p
-    assert p.to_bytes() == topics._dump(p)  # the hand-built payload is asdict's, byte for byte
+    # the hand-built payload is asdict's, byte for byte (a whole plan's without its part)
+    assert p.to_bytes() == topics._dump(p, "part", "parts")
     beat = Heartbeat("w0", "s1", 7)
     assert Heartbeat.parse(beat.to_bytes()) == beat
     prog = Progress("w0", "s1", [TaskProgress("j1", 3.5, 2.0)])
@@ -784,3 +786,63 @@ def test_a_job_reported_done_before_it_arrives_completes_only_once_it_has(
 
     view = asyncio.run(plane.c.get("j"))
     assert view.decision.jct == 1 and view.decision.completion_slot == 1
+
+
+def test_a_large_plan_splits_into_parts_that_fit_and_go_back_together() -> None:
+    """:meth:`Plan.split` gives parts of at most ``max_bytes`` that
+    :class:`PlanParts` puts back together in any order, whatever else arrives between;
+    a whole plan stays one message with the same bytes as before."""
+    import random
+
+    from controller.plane.topics import MAX_PLAN_PARTS, Plan, PlanParts, SlotPlan, Task
+
+    rng = random.Random(7)
+
+    def plan(epoch: int, n: int) -> Plan:
+        tasks = [Task(f"job-{i:04d}-" + "x" * rng.randrange(0, 100), rng.randrange(1, 3), 0,
+                      0.5, 100) for i in range(n)]  # fmt: skip
+        cut = rng.randrange(0, n + 1)
+        return Plan("w0", "worker", epoch, 60.0, 5.0, False,
+                    SlotPlan(7, 420.0, tasks[:cut]), SlotPlan(8, 480.0, tasks[cut:]))  # fmt: skip
+
+    small = plan(1, 3)
+    assert small.split(4096) == [small] and b'"part"' not in small.to_bytes()
+    for n in (0, 1, 40, 300):
+        whole = plan(2, n)
+        parts = whole.split(4096)
+        assert all(len(p.to_bytes()) <= 4096 for p in parts)
+        assert len(parts) == 1 or len(whole.to_bytes()) > 4096
+        assert [p.part for p in parts] == list(range(len(parts)))
+        back = PlanParts()
+        other = plan(3, 300).split(4096)  # a newer epoch's parts, interleaved, incomplete
+        got = None
+        shuffled = [Plan.parse(p.to_bytes()) for p in parts]
+        rng.shuffle(shuffled)
+        for i, part in enumerate(shuffled):
+            if i < len(other) - 1:
+                assert back.add(Plan.parse(other[i].to_bytes())) is None
+            result = back.add(part)
+            assert (result is None) == (i < len(shuffled) - 1)
+            got = result or got
+        assert got is not None and got == whole  # tasks in order, header as sent
+
+    with pytest.raises(SpecError, match=r"plan\.parts: must be below"):
+        Plan.parse(json.dumps({**json.loads(small.to_bytes()), "parts": MAX_PLAN_PARTS + 1}))
+    first = plan(4, 300).split(4096)
+    back = PlanParts()
+    back.add(first[0])
+    with pytest.raises(SpecError, match="does not match the epoch's other parts"):
+        back.add(dataclasses.replace(first[1], slot_seconds=30.0))
+    same = [Task(f"j{i:03d}", 1, 0, 0.5, 100) for i in range(300)]
+    many = Plan("w0", "worker", 5, 60.0, 5.0, False, SlotPlan(7, 420.0, same),
+                SlotPlan(8, 480.0, []))  # fmt: skip
+    header = dataclasses.replace(many, current=SlotPlan(7, 420.0, []), part=255, parts=256)
+    with pytest.raises(ValueError, match="needs 300 parts"):  # one task a part
+        many.split(len(header.to_bytes()) + 100)
+    with pytest.raises(ValueError, match="one task of job 'j000' is over"):
+        many.split(len(header.to_bytes()) + 10)
+    assert mqtt_from_dict({"host": "h"}).max_plan_bytes == 200_000  # type: ignore[union-attr]
+    with pytest.raises(SpecError, match=r"mqtt\.max_plan_bytes: must be >= 4096"):
+        mqtt_from_dict({"host": "h", "max_plan_bytes": 1000})
+    with pytest.raises(SpecError, match=r"mqtt\.max_plan_bytes: must be at most 16777216"):
+        mqtt_from_dict({"host": "h", "max_plan_bytes": 1 << 30})

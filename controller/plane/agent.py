@@ -46,6 +46,7 @@ from controller.plane.topics import (
     MAX_REPORT_JOBS,
     Heartbeat,
     Plan,
+    PlanParts,
     Progress,
     SlotPlan,
     Status,
@@ -121,6 +122,7 @@ class Agent:
         self.wall = wall
         self.session = uuid.uuid4().hex[:12]
         self.plan: Plan | None = None
+        self._parts = PlanParts()  # a plan published in parts, put back together
         self.tasks: dict[str, TaskState] = {}
         self.log = structlog.get_logger("oasis-agent").bind(server=server)
         self._reported: dict[str, tuple[float, float]] = {}
@@ -301,6 +303,7 @@ class Agent:
 
     async def _session(self, client: aiomqtt.Client) -> None:
         await client.subscribe(self.topics.plan(self.server), qos=1)
+        await client.subscribe(self.topics.plan_parts(self.server), qos=1)  # a plan in parts
         await client.subscribe(self.topics.status, qos=1)
         self.log.info("connected", host=self.mqtt.host, port=self.mqtt.port)
         try:
@@ -319,11 +322,15 @@ class Agent:
             if not isinstance(payload, bytes | bytearray | str):
                 continue
             is_status = str(message.topic) == self.topics.status
+            if not payload and not is_status:  # a part's topic cleared: nothing there
+                continue
             try:
                 if is_status:
                     self.status(Status.parse(payload))
                 else:
-                    self.accept(Plan.parse(payload))
+                    whole = self._parts.add(Plan.parse(payload))
+                    if whole is not None:
+                        self.accept(whole)
             except SpecError as err:
                 self.log.warning("bad status" if is_status else "bad plan", error=str(err))
 

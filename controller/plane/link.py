@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -54,6 +55,10 @@ __all__ = ["Plane", "start_plane"]
 
 _BACKOFF_FIRST = 0.2
 _BACKOFF_MAX = 10.0
+_STABLE_SECONDS = 30.0
+"""A connection that lasted this long resets the back-off; one the broker drops sooner
+(a message over its ``max_packet_size``, a bad ACL) backs off further each time, rather
+than reconnecting five times a second for good."""
 _COMPLAIN_SECONDS = 10.0  # the same complaint about one server, at most this often
 AGENT_MESSAGES_PER_SECOND = 20.0
 AGENT_MESSAGE_BURST = 100.0
@@ -104,6 +109,7 @@ class Plane:
         self.broker_up = broker_up or (lambda _up: None)
         self.log = structlog.get_logger("oasisd")
         self.published: dict[str, Plan] = {}
+        self._parts: dict[str, int] = {}  # parts each server's last plan went in
         self.dirty = asyncio.Event()
         self.connected = False
         self._slot = -1
@@ -154,6 +160,7 @@ class Plane:
         watcher = asyncio.create_task(self._watch_bus(), name="plane bus")
         delay = _BACKOFF_FIRST
         last_error = ""
+        connected_at: float | None = None
         try:
             while True:
                 offline = Status(online=False).to_bytes()
@@ -161,7 +168,7 @@ class Plane:
                 client = client_for(self.mqtt, f"oasisd-{uuid.uuid4().hex[:12]}", will)
                 try:
                     async with client:
-                        delay, last_error = _BACKOFF_FIRST, ""
+                        last_error, connected_at = "", time.monotonic()
                         try:
                             await self._session(client)
                         except asyncio.CancelledError:  # a clean stop: say so, retained
@@ -180,6 +187,9 @@ class Plane:
                     self.log.exception("execution plane failed; reconnecting", retry_in=delay)
                 finally:
                     self._set_connected(False)
+                if connected_at is not None and time.monotonic() - connected_at >= _STABLE_SECONDS:
+                    delay = _BACKOFF_FIRST  # a connection that held: retry at once
+                connected_at = None
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _BACKOFF_MAX)
         finally:
@@ -294,10 +304,10 @@ class Plane:
         returns the number of plans published."""
         published = dict(self.published)
         plans = await self.c._run(lambda: self.execution.plans_sync(published))
-        await for_each(
-            plans,
-            lambda p: client.publish(self.topics.plan(p.server), p.to_bytes(), qos=1, retain=True),
-        )
+        messages: list[tuple[str, bytes]] = []
+        for plan in plans:
+            messages += self._plan_messages(plan)
+        await for_each(messages, lambda m: client.publish(m[0], m[1], qos=1, retain=True))
         for plan in plans:
             self.published[plan.server] = plan
         if self._to_clear:  # an empty retained message clears a topic's retained one
@@ -323,6 +333,28 @@ class Plane:
         if self._restore is not None:
             await self.restore_job_events(client)
         return len(plans)
+
+    def _plan_messages(self, plan: Plan) -> list[tuple[str, bytes]]:
+        """The ``(topic, payload)`` messages of ``plan``: itself, or its parts if it is
+        over ``mqtt.max_plan_bytes`` (each at most that), and an empty retained message
+        for each part topic its previous plan used and this one does not (so a broker
+        holds no stale part). A plan that cannot be split within
+        :data:`~controller.plane.topics.MAX_PLAN_PARTS` parts is logged and left out:
+        one server's agent keeps its last plan, every other server gets its own."""
+        try:
+            parts = plan.split(self.mqtt.max_plan_bytes)
+        except ValueError as err:
+            self.log.error("plan not published: too large", server=plan.server,
+                           epoch=plan.epoch, error=str(err))  # fmt: skip
+            return []
+        if len(parts) > 1:
+            self.log.warning("plan published in parts", server=plan.server, epoch=plan.epoch,
+                             parts=len(parts), max_plan_bytes=self.mqtt.max_plan_bytes)  # fmt: skip
+        out = [(self.topics.plan(p.server, p.part), p.to_bytes()) for p in parts]
+        before = self._parts.get(plan.server, 1)
+        out += [(self.topics.plan(plan.server, i), b"") for i in range(len(parts), before)]
+        self._parts[plan.server] = len(parts)
+        return out
 
     async def restore_job_events(self, client: aiomqtt.Client) -> int:
         """Publish again (retained) the latest event of every job published before this

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import SplitResult, unquote, urlsplit
 
-from controller.plane.topics import topic_name
+from controller.plane.topics import MAX_PLAN_PAYLOAD_BYTES, topic_name
 from pricing import fields
 from pricing.errors import SpecError
 
@@ -41,7 +41,8 @@ __all__ = [
 ]
 
 _KEYS = {"url", "host", "port", "username", "password", "tls_ca", "topic_prefix",
-         "heartbeat_timeout", "heartbeat_seconds", "flap_failures", "flap_seconds"}  # fmt: skip
+         "heartbeat_timeout", "heartbeat_seconds", "flap_failures", "flap_seconds",
+         "max_plan_bytes"}  # fmt: skip
 _OVERRIDABLE = ("username", "password", "tls_ca", "topic_prefix")
 
 
@@ -67,6 +68,10 @@ class MqttConfig:
             tenant's jobs it held each time. 0: never.
         flap_seconds: the span failures are counted over, and how long a flapping server
             is held out (rounded up to whole slots).
+        max_plan_bytes: the largest plan payload published in one message; a larger
+            plan goes in parts (:meth:`~controller.plane.topics.Plan.split`). Keep it
+            below the broker's ``max_packet_size``, which drops the connection of a
+            client that sends more.
     """
 
     host: str
@@ -80,7 +85,11 @@ class MqttConfig:
     heartbeat_seconds: float = 5.0
     flap_failures: int = 3
     flap_seconds: float = 3600.0
+    max_plan_bytes: int = 200_000
 
+
+MIN_PLAN_BYTES = 4096
+"""The smallest ``max_plan_bytes``: a plan's header and a task with a long id fit."""
 
 MAX_FLAP_SECONDS = 7 * 86400.0
 """The longest ``flap_seconds``: a week."""
@@ -199,6 +208,13 @@ def mqtt_from_dict(raw: Mapping[str, Any]) -> MqttConfig | None:
             "mqtt.flap_seconds",
             f"must be at most {MAX_FLAP_SECONDS:g} (7 days), got {flap_seconds}",
         )
+    plan_bytes = fields.integer(
+        raw.get("max_plan_bytes", MqttConfig.max_plan_bytes), "mqtt.max_plan_bytes",
+        minimum=MIN_PLAN_BYTES,
+    )  # fmt: skip
+    if plan_bytes > MAX_PLAN_PAYLOAD_BYTES:
+        raise SpecError.one("mqtt.max_plan_bytes", f"must be at most {MAX_PLAN_PAYLOAD_BYTES} "
+                            f"(what an agent reads), got {plan_bytes}")  # fmt: skip
     return MqttConfig(
         host=host,
         port=port,
@@ -211,6 +227,7 @@ def mqtt_from_dict(raw: Mapping[str, Any]) -> MqttConfig | None:
         heartbeat_seconds=beat,
         flap_failures=flaps,
         flap_seconds=flap_seconds,
+        max_plan_bytes=plan_bytes,
     )
 
 

@@ -61,7 +61,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from pricing import fields
@@ -70,6 +70,7 @@ from pricing.errors import SpecError
 __all__ = [
     "MAX_AGENT_PAYLOAD_BYTES",
     "MAX_COUNT",
+    "MAX_PLAN_PARTS",
     "MAX_PLAN_PAYLOAD_BYTES",
     "MAX_REPORT_JOBS",
     "MAX_SESSION_CHARS",
@@ -78,6 +79,7 @@ __all__ = [
     "Heartbeat",
     "JobEvent",
     "Plan",
+    "PlanParts",
     "Progress",
     "SlotPlan",
     "Status",
@@ -102,7 +104,11 @@ MAX_REPORT_JOBS = 1000
 """The most jobs one progress report may name (a server runs far fewer at once)."""
 
 MAX_PLAN_PAYLOAD_BYTES = 16 * 1024 * 1024
-"""The largest plan an agent reads."""
+"""The largest plan (or part of one) an agent reads."""
+
+MAX_PLAN_PARTS = 256
+"""The most parts one plan is published in (:meth:`Plan.split`): 256 parts of the
+default ``mqtt.max_plan_bytes`` hold about 200,000 tasks."""
 
 MAX_COUNT = fields.MAX_INTEGER
 """The largest mini-batch or worker-second count of a report (2**53: about 285 million
@@ -145,8 +151,15 @@ class Topics:
     def root(self) -> str:
         return f"{self.prefix}/v{VERSION}"
 
-    def plan(self, server: str) -> str:
-        return f"{self.root}/servers/{server}/plan"
+    def plan(self, server: str, part: int = 0) -> str:
+        """The topic of ``server``'s plan, or of its part ``part`` (1 ..; 0: the plan's
+        own topic, where a whole plan or its first part goes)."""
+        own = f"{self.root}/servers/{server}/plan"
+        return own if part == 0 else f"{own}/{part}"
+
+    def plan_parts(self, server: str) -> str:
+        """A filter for the parts of ``server``'s plan after the first."""
+        return f"{self.root}/servers/{server}/plan/+"
 
     def job_events(self, job_id: str) -> str:
         """Also a filter: ``job_events("+")``; check an id with :func:`topic_name` first."""
@@ -297,6 +310,9 @@ class Plan:
         down: the daemon considers this server failed (it plans nothing on it).
         current: the slot in progress when the plan was issued.
         next: the slot after it.
+        part: which part of the plan this is, ``0 .. parts - 1`` (:meth:`split`).
+        parts: how many parts the plan was published in (1: whole; only then are the
+            two fields left out of the payload).
     """
 
     server: str
@@ -307,17 +323,66 @@ class Plan:
     down: bool
     current: SlotPlan
     next: SlotPlan
+    part: int = 0
+    parts: int = 1
 
     def to_bytes(self) -> bytes:
-        """The payload: the same bytes as ``_dump`` gives, built without
-        :func:`dataclasses.asdict`'s deep copy (a slot boundary encodes one per server)."""
-        return json.dumps(
-            {"version": VERSION, "server": self.server, "kind": self.kind, "epoch": self.epoch,
-             "slot_seconds": self.slot_seconds, "heartbeat_seconds": self.heartbeat_seconds,
-             "down": self.down, "current": _slot_dict(self.current),
-             "next": _slot_dict(self.next)},
-            separators=(",", ":"),
-        ).encode()  # fmt: skip
+        """The payload: the same bytes as ``_dump`` gives (without ``part`` and ``parts``
+        for a whole plan, as before parts), built without :func:`dataclasses.asdict`'s
+        deep copy (a slot boundary encodes one per server)."""
+        body: dict[str, Any] = {
+            "version": VERSION, "server": self.server, "kind": self.kind, "epoch": self.epoch,
+            "slot_seconds": self.slot_seconds, "heartbeat_seconds": self.heartbeat_seconds,
+            "down": self.down, "current": _slot_dict(self.current),
+            "next": _slot_dict(self.next),
+        }  # fmt: skip
+        if self.parts > 1:
+            body |= {"part": self.part, "parts": self.parts}
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    def split(self, max_bytes: int) -> list[Plan]:
+        """This plan as parts whose payloads are each at most ``max_bytes`` (``[self]``
+        if it fits): the same header in each, the tasks of both slots shared out in
+        order. One tenant's many small jobs on a server made a plan larger than the
+        broker's ``max_packet_size``, which then dropped the daemon's connection at each
+        publish, for every server (an audit, 2026-11-27).
+
+        Raises:
+            ValueError: more than :data:`MAX_PLAN_PARTS` parts would be needed, or one
+                task alone does not fit.
+        """
+        if len(self.to_bytes()) <= max_bytes:
+            return [self]
+        empty = replace(self, current=replace(self.current, tasks=[]),
+                        next=replace(self.next, tasks=[]), part=MAX_PLAN_PARTS,
+                        parts=MAX_PLAN_PARTS)  # fmt: skip
+        room = max_bytes - len(empty.to_bytes())
+        chunks: list[tuple[list[Task], list[Task]]] = [([], [])]
+        used = 0
+        for which, task in [(0, t) for t in self.current.tasks] + [(1, t) for t in self.next.tasks]:
+            size = len(json.dumps(asdict(task), separators=(",", ":"))) + 1  # and a comma
+            if size > room:
+                raise ValueError(f"one task of job {task.job[:64]!r} is over {max_bytes} bytes")
+            if used + size > room:
+                chunks.append(([], []))
+                used = 0
+            chunks[-1][which].append(task)
+            used += size
+        if len(chunks) > MAX_PLAN_PARTS:
+            raise ValueError(
+                f"the plan of {self.server} needs {len(chunks)} parts of {max_bytes} bytes, "
+                f"over {MAX_PLAN_PARTS}"
+            )
+        return [
+            replace(
+                self,
+                current=replace(self.current, tasks=now),
+                next=replace(self.next, tasks=later),
+                part=i,
+                parts=len(chunks),
+            )
+            for i, (now, later) in enumerate(chunks)
+        ]
 
     def same_content(self, other: Plan | None) -> bool:
         """True if ``other`` plans the same (its epoch aside)."""
@@ -347,7 +412,63 @@ class Plan:
             down=bool(obj.get("down", False)),
             current=SlotPlan.from_dict(fields.require(obj, "current", "plan"), "plan.current"),
             next=SlotPlan.from_dict(fields.require(obj, "next", "plan"), "plan.next"),
+            part=_below(obj.get("part", 0), "plan.part", 0, MAX_PLAN_PARTS),
+            parts=_below(obj.get("parts", 1), "plan.parts", 1, MAX_PLAN_PARTS + 1),
         )
+
+
+class PlanParts:
+    """Puts a plan published in parts (:meth:`Plan.split`) back together on the agent's
+    side: :meth:`add` each part as it comes; it returns the whole plan once every part
+    of its epoch is in. Parts of at most two epochs are held (a newer one drops the
+    oldest), each at most :data:`MAX_PLAN_PARTS` parts: bounded whatever arrives."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, dict[int, Plan]] = {}
+
+    def add(self, plan: Plan) -> Plan | None:
+        """The whole plan of ``plan``'s epoch if this part completes it (``plan`` itself
+        if it is whole), else None. SpecError for a part that does not belong (its
+        ``part`` not below ``parts``, or a header unlike its epoch's other parts)."""
+        if plan.parts == 1:
+            return plan
+        if plan.part >= plan.parts:
+            raise SpecError.one("plan.part", f"must be below plan.parts ({plan.parts})")
+        held = self._held.setdefault(plan.epoch, {})
+        first = next(iter(held.values()), None)
+        if first is not None and not _same_header(first, plan):
+            raise SpecError.one("plan", f"part {plan.part} of epoch {plan.epoch} does not "
+                                "match the epoch's other parts")  # fmt: skip
+        held[plan.part] = plan
+        while len(self._held) > 2:
+            del self._held[min(self._held)]
+        if len(held) < plan.parts:
+            return None
+        del self._held[plan.epoch]
+        ordered = [held[i] for i in range(plan.parts)]
+        return replace(
+            ordered[0],
+            current=replace(plan.current, tasks=[t for p in ordered for t in p.current.tasks]),
+            next=replace(plan.next, tasks=[t for p in ordered for t in p.next.tasks]),
+            part=0,
+            parts=1,
+        )
+
+
+def _below(value: Any, field: str, least: int, end: int) -> int:
+    """An integer ``least .. end - 1``; SpecError naming ``field`` otherwise."""
+    number = fields.integer(value, field, minimum=least)
+    if number >= end:
+        raise SpecError.one(field, f"must be below {end}, got {number}")
+    return number
+
+
+def _same_header(a: Plan, b: Plan) -> bool:
+    """Whether two parts are of the same plan (all but their tasks)."""
+    return (a.server, a.kind, a.epoch, a.slot_seconds, a.heartbeat_seconds, a.down, a.parts,
+            a.current.slot, a.current.starts_at, a.next.slot, a.next.starts_at) == (
+            b.server, b.kind, b.epoch, b.slot_seconds, b.heartbeat_seconds, b.down, b.parts,
+            b.current.slot, b.current.starts_at, b.next.slot, b.next.starts_at)  # fmt: skip
 
 
 @dataclass(frozen=True)
