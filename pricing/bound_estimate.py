@@ -441,9 +441,12 @@ def _summary(values: Sequence[float], weights: Sequence[float], points: int) -> 
         picked = v[np.minimum(np.searchsorted(cumulative, levels), v.size - 1)]
         xs, counts = np.unique(picked, return_counts=True)
         shares = counts.astype(np.float64)
-    # a summary: 1e-4 in a log is far inside a bin (0.05), and short numbers read well
+    # a summary: 1e-4 in a log is far inside a bin (0.05), and short numbers read well;
+    # shares to 6 significant digits, not decimals: a share below 5e-7 (a job's weight
+    # far below the others') rounded to 0, which a prior may not hold, and oasisd and
+    # replay refused the file oasis calibrate had just written
     return tuple(
-        (round(float(x), 4), round(float(s / shares.sum()), 6))
+        (round(float(x), 4), float(f"{float(s / shares.sum()):.6g}"))
         for x, s in zip(xs, shares, strict=True)
     )
 

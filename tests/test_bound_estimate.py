@@ -535,6 +535,19 @@ def test_calibrate_writes_a_prior_a_trace_can_name(
     assert "pricing.prior.version" in capsys.readouterr().err
     assert main(["calibrate"]) == 2
 
+    # jobs whose weights differ by far more than 10^6: their shares were rounded to 6
+    # decimals, to 0, which a prior may not hold (an audit: oasis gen --jobs 10
+    # --worker-servers 4 --ps-servers 3 --horizon 24 --seed 3 --max-share 0.2)
+    spread = tmp_path / "spread.json"
+    assert main(["gen", "--jobs", "10", "--worker-servers", "4", "--ps-servers", "3",
+                 "--horizon", "24", "--seed", "3", "--max-share", "0.2",
+                 "-o", str(spread)]) == 0  # fmt: skip
+    assert main(["calibrate", str(spread), "-o", str(tmp_path / "spread-prior.json")]) == 0
+    made = json.loads((tmp_path / "spread-prior.json").read_text())
+    shares = [s for side in ("worker", "ps") for _v, s in made[side]["floor"]]
+    assert min(shares) < 5e-7  # the case: a share 6 decimals made 0
+    assert prior_from_dict(made).source.startswith("oasis calibrate")
+
 
 def test_calibrate_from_a_daemons_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``oasis calibrate --store URL``: the jobs the daemon decided (every one submitted
