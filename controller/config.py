@@ -266,10 +266,9 @@ def from_dict(
     try:
         daemon = fields.optional_mapping(data, "daemon", "")
         _check_keys(daemon, _DAEMON_KEYS, "daemon")
-        listen = fields.text(daemon.get("listen", DEFAULT_LISTEN), "daemon.listen")
-        host, _, port = listen.rpartition(":")
-        if not host or not (port.isascii() and port.isdigit()) or int(port) > 65535:
-            raise ConfigError(f"daemon.listen: must be host:port, got {listen!r}")
+        listen = check_listen(
+            fields.text(daemon.get("listen", DEFAULT_LISTEN), "daemon.listen"), "daemon.listen"
+        )
         level = fields.text(daemon.get("log_level", "info"), "daemon.log_level").lower()
         if level not in _LEVELS:
             raise ConfigError(f"daemon.log_level: must be one of {sorted(_LEVELS)}")
@@ -484,6 +483,15 @@ def _slot_seconds(value: Any) -> float:
             f"got {seconds:g}",
         )
     return seconds
+
+
+def check_listen(listen: str, where: str) -> str:
+    """``listen`` if it is ``host:port`` with a port 0 .. 65535; ConfigError naming
+    ``where`` (``daemon.listen``, ``--listen``) otherwise."""
+    host, _, port = listen.rpartition(":")
+    if not host or not (port.isascii() and port.isdigit()) or int(port) > 65535:
+        raise ConfigError(f"{where}: must be host:port (a port 0 .. 65535), got {listen!r}")
+    return listen
 
 
 def load(path: str | Path, former: Collection[str] = ()) -> Config:

@@ -34,7 +34,7 @@ from controller import logs, reflection
 from controller.admission import AdmissionController
 from controller.auth import AccessInterceptor
 from controller.clock import Clock, SlotClock, SystemClock
-from controller.config import Config, ConfigError, demo_config, load
+from controller.config import Config, ConfigError, check_listen, demo_config, load
 from controller.connections import RESERVED_FDS, raise_fd_limit
 from controller.console.settings import web_from_dict
 from controller.drain import StopGate
@@ -110,9 +110,16 @@ async def serve(
     controller.advertise = advertise
     writer = writer_lock(db, lease)  # one daemon per store, or one leader (with [ha])
     notifier = Notifier()
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    # from the start: a SIGINT or SIGTERM while starting was lost (the daemon went on
+    # to serve); now it stops the daemon as soon as it has started, through the drain
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
+            loop.add_signal_handler(sig, stop.set)
     with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
         # a reload sent while starting must not end the daemon (SIGHUP's default action)
-        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, lambda: log.warning(
+        loop.add_signal_handler(signal.SIGHUP, lambda: log.warning(
             "reload: still starting, nothing read; reload again once it is ready"))  # fmt: skip
     notifier.status("migrating the store and rebuilding the ledger")
     try:
@@ -185,11 +192,6 @@ async def serve(
     health_now = _Health(health_servicer, controller)
     await health_now.set(True)
 
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
-            loop.add_signal_handler(sig, stop.set)
     reloader = Reloader(config, [
         lambda new: setattr(access, "tokens", new.tokens),
         *([lambda new: console.set_tokens(new.tokens)] if console is not None else []),
@@ -393,7 +395,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"oasisd: {err}", file=sys.stderr)
         return 2
     if args.listen:
-        config = replace(config, listen=args.listen)
+        try:
+            config = replace(config, listen=check_listen(args.listen, "--listen"))
+        except ConfigError as err:
+            print(f"oasisd: {err}", file=sys.stderr)
+            return 2
     if args.data_dir:
         config = replace(config, data_dir=Path(args.data_dir))
     if args.web_listen is not None:

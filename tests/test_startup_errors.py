@@ -224,3 +224,17 @@ def test_slots_other_than_the_stored_jobs_are_refused_with_exit_2(
         daemon.stop()
     unit = (ROOT / "config" / "oasisd.service").read_text()
     assert "RestartPreventExitStatus=2" in unit
+
+
+def test_listen_given_on_the_command_line_is_checked_as_in_the_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: ``oasisd --listen 127.0.0.1:99999`` listened on port 34463 (99999 - 65536),
+    and ``--listen 127.0.0.1`` was refused as "not a loopback address"."""
+    from controller.daemon import main
+
+    for wrong in ("127.0.0.1:99999", "127.0.0.1", "127.0.0.1:abc", ":50051"):
+        assert main(["--listen", wrong, "--data-dir", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert f"oasisd: --listen: must be host:port (a port 0 .. 65535), got {wrong!r}" in err
+    assert not (tmp_path / "oasis.db").exists()  # refused before anything opened

@@ -165,6 +165,10 @@ class CommitProcess:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,  # not the writer lock's descriptor: the lock is the daemon's
+            # a Ctrl-C in the terminal goes to the foreground process group: in its own
+            # group the child does not get it while importing (before main() ignores
+            # it), which printed a KeyboardInterrupt traceback; the daemon stops it
+            process_group=0,
         )
         assert child.stdin is not None and child.stdout is not None
         os.set_blocking(child.stdin.fileno(), False)
