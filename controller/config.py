@@ -459,6 +459,12 @@ def _pricing(raw: Mapping[str, Any], cluster: Cluster, base: Path | None = None)
         prior = _prior(raw.get("prior", "default"), base)
         return PricingConfig("estimate", None, l_margin, u_margin, trim, prior)
     if mode == "explicit":
+        for key in ("trim", "l_margin", "u_margin", "prior"):  # the estimate's keys
+            if key in raw:
+                raise ConfigError(
+                    f"pricing.{key}: only with bounds = \"estimate\"; with \"explicit\" "
+                    "bounds remove it (the keys are U1, U2, L1, L2)"
+                )
         _check_keys(raw, {"bounds", "U1", "U2", "L1", "L2"}, "pricing")
         explicit = {k: v for k, v in raw.items() if k != "bounds"}
         bounds = bounds_from_dict(explicit, cluster, "pricing")

@@ -98,6 +98,13 @@ def test_explicit_bounds(tmp_path: Path) -> None:
     path.write_text(text.replace("U1 = {gpu = 50.0}", "U1 = {gpu = 1e-6}"))
     with pytest.raises(ConfigError, match=r"pricing.U1.gpu: must be >= L1"):
         load(path)
+    # as the example's comment says, with the estimate's trim left in (before: "unknown
+    # key", though the key is documented)
+    path.write_text(EXAMPLE.replace('bounds = "estimate"',
+                                    'bounds = "explicit"\nL1 = 1e-4\nL2 = 1e-4\nU1 = {gpu = 50.0}'
+                                    '\nU2 = {cpu = 25.0}'))  # fmt: skip
+    with pytest.raises(ConfigError, match=r'pricing.trim: only with bounds = "estimate"'):
+        load(path)
 
 
 def test_unreadable_and_not_toml(tmp_path: Path) -> None:
