@@ -462,7 +462,7 @@ def _pricing(raw: Mapping[str, Any], cluster: Cluster, base: Path | None = None)
         for key in ("trim", "l_margin", "u_margin", "prior"):  # the estimate's keys
             if key in raw:
                 raise ConfigError(
-                    f"pricing.{key}: only with bounds = \"estimate\"; with \"explicit\" "
+                    f'pricing.{key}: only with bounds = "estimate"; with "explicit" '
                     "bounds remove it (the keys are U1, U2, L1, L2)"
                 )
         _check_keys(raw, {"bounds", "U1", "U2", "L1", "L2"}, "pricing")

@@ -5,7 +5,9 @@ the daemon cannot be reached; and issue 12's clean INVALID_ARGUMENT cases."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -417,6 +419,24 @@ def test_an_unreachable_daemon_says_what_to_check() -> None:
     as_json = oasis("status", "--json", "--timeout", "5", server=address, check=False)
     assert as_json.returncode == 1
     assert json.loads(as_json.stdout)["error"]["code"] == "UNAVAILABLE"
+
+    # an HTTP server there (the console's port, say): said in words, not cut mid-word
+    http = subprocess.Popen([sys.executable, "-m", "http.server", address.rsplit(":", 1)[1],
+                             "--bind", "127.0.0.1"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        for _ in range(100):
+            with socket.socket() as s, contextlib.suppress(OSError):
+                s.connect(("127.0.0.1", int(address.rsplit(":", 1)[1])))
+                break
+            time.sleep(0.05)
+        out = oasis("jobs", "--timeout", "5", server=address, check=False)
+        assert out.returncode == 1 and (
+            "something other than gRPC answered there (the console's port?)" in out.stderr
+        ), out.stderr
+    finally:
+        http.terminate()
+        http.wait(10)
 
 
 def test_no_port_means_50051() -> None:

@@ -92,7 +92,7 @@ def test_submit_quote_cancel_and_prices_fall(tmp_path: Path, daemon: Daemon) -> 
     assert all(p > idle for p in used)
 
     out = oasis("cancel", "a1", server=addr)
-    assert "cancelled" in out.stdout
+    assert out.stdout.startswith("a1: cancelled; ") and " worker-slot" in out.stdout
     after = prices(addr, server, "gpu")
     assert all(after[int(s) - first_slot] == idle for s in slots)  # back to the empty price
     shown = json.loads(oasis("job", "a1", "--json", server=addr).stdout)

@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 from controller.commands import SUMMARIES
-from controller.commands.common import EXIT_OK, InputError, read_json
+from controller.commands.common import EXIT_OK, InputError, plain_doc, read_json
 from controller.commands.connection import Stubs, guarded, options, print_json
 from controller.rpc import oasis_pb2 as pb
 from controller.table import render_table
@@ -35,7 +35,7 @@ def register(sub: Any) -> None:
         "bounds",
         parents=[options()],
         help=help_,
-        description=__doc__,
+        description=plain_doc(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(

@@ -20,7 +20,7 @@ import grpc
 
 from controller.clock import SlotTimes
 from controller.commands import SUMMARIES
-from controller.commands.common import EXIT_OK, InputError, fmt, int_at_least, read_json
+from controller.commands.common import EXIT_OK, InputError, counted, fmt, int_at_least, read_json
 from controller.commands.connection import (
     EXIT_REJECTED,
     PartialFailureError,
@@ -408,7 +408,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         record = job_record(resp.job, stubs.times())
         print_json({"job": record, "released_worker_slots": resp.released_worker_slots})
     else:
-        print(f"{args.id}: cancelled; {resp.released_worker_slots} worker-slots released")
+        released = resp.released_worker_slots
+        print(f"{args.id}: cancelled; " + (
+            f"{counted(released, 'worker-slot')} released" if released
+            else "nothing was planned for it ahead, so no slot was released"))  # fmt: skip
     return EXIT_OK
 
 

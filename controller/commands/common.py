@@ -248,3 +248,12 @@ def quiet_native_stdout() -> Iterator[None]:
         os.dup2(saved, 1)
         os.close(saved)
         os.close(devnull)
+
+
+def plain_doc(doc: str | None) -> str:
+    """A module docstring as ``--help`` text: without reST's double backquotes and
+    roles (``:func:`x``` -> ``x``)."""
+    import re
+
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc or "")
+    return text.replace("``", "")

@@ -289,7 +289,18 @@ _CAUSES = (
     ("deadline", "no answer in time"),
     ("socket closed", "the connection was closed"),
     ("connection reset", "the connection was reset"),
+    ("http1", "an HTTP/1 server answered there, not oasisd's gRPC (the console's port?)"),
+    ("parsing http/2", "something other than gRPC answered there (the console's port?)"),
 )
+
+
+def _shortened(text: str, most: int = 200) -> str:
+    """``text``, or its first words within ``most`` characters and "..." (not cut
+    mid-word: "Trying to connect an http1.x serv")."""
+    if len(text) <= most:
+        return text
+    cut = text[:most].rsplit(" ", 1)[0]
+    return f"{cut.rstrip(' .,;:')}..."
 
 
 def _explain(code: grpc.StatusCode, details: str, args: argparse.Namespace) -> str:
@@ -308,7 +319,7 @@ def _explain(code: grpc.StatusCode, details: str, args: argparse.Namespace) -> s
     )
     if not unreachable:
         return details
-    cause = next((why for key, why in _CAUSES if key in lowered), details[:200])
+    cause = next((why for key, why in _CAUSES if key in lowered), _shortened(details))
     tls = (
         "the daemon's certificate and --tls-ca (or --tls-server-name)"
         if args.tls or args.tls_ca

@@ -26,7 +26,7 @@ from typing import Any
 from controller.clock import slots_for
 from controller.commands import SUMMARIES
 from controller.commands.client import wait_duration
-from controller.commands.common import EXIT_OK, InputError
+from controller.commands.common import EXIT_OK, InputError, plain_doc
 from controller.commands.connection import Stubs, guarded, options, print_json
 from controller.commands.records import slot_label
 from controller.rpc import oasis_pb2 as pb
@@ -44,7 +44,7 @@ def register(sub: Any) -> None:
             name,
             parents=[options()],
             help=SUMMARIES[name],
-            description=__doc__,
+            description=plain_doc(__doc__),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         p.add_argument(
