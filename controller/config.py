@@ -358,10 +358,23 @@ def from_dict(
             ha=ha_from_dict(fields.mapping(data["ha"], "ha") if "ha" in data else None),
             web=web_from_dict(fields.optional_mapping(data, "web", ""), tls),
             source=source,
-            warnings=tuple(stale),
+            warnings=(*stale, *_idle_servers(cluster)),
         )
     except SpecError as err:
         raise ConfigError(str(err)) from err
+
+
+def _idle_servers(cluster: Cluster) -> list[str]:
+    """Warnings for servers no worker or PS can ever use: every one needs bandwidth
+    (SPEC 3), so a server without it takes nothing (a typo, or a missing key, in
+    ``[cluster]``). Not an error: a server may be listed ahead of its hardware."""
+    out = []
+    for kind, _index, name, caps in cluster.servers():
+        if caps[cluster.bandwidth] <= 0:
+            out.append(f"cluster.servers: {kind} server {name!r} has no bandwidth capacity: "
+                       f"no {'worker' if kind == 'worker' else 'PS'} can run there "
+                       "(every one needs bandwidth)")  # fmt: skip
+    return out
 
 
 MAX_KEEP_DAYS = 36525

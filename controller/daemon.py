@@ -416,7 +416,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logs.configure(config.log_level)
     for warning in config.warnings:
-        structlog.get_logger("oasisd").warning("config readable by others", problem=warning)
+        structlog.get_logger("oasisd").warning("config problem", problem=warning)
 
     def ready(address: str) -> None:
         store = sqlalchemy.make_url(config.database_url).render_as_string(hide_password=True)

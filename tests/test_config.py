@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from controller.config import ConfigError, demo_config, load
+from controller.config import ConfigError, demo_config, from_dict, load
 from pricing.ledger import Ledger, ledger_bytes
 from pricing.prices import PriceBounds
 
@@ -183,3 +183,18 @@ def test_files_named_by_mistake_are_refused_not_read_without_end(tmp_path: Path)
     with pytest.raises(OSError, match="larger than 1024 bytes"):
         read_bounded(big, 1024)
     assert read_bounded(big, 2048) == b"#" * 2048
+
+
+def test_a_server_without_bandwidth_is_warned_of() -> None:
+    """Every worker and PS needs bandwidth (SPEC 3): a server listed without it takes
+    no job, ever; before, only every submission's refusal said so."""
+    import tomllib
+
+    from tests.servers import CLUSTER_TOML
+
+    base = tomllib.loads(CLUSTER_TOML)
+    assert from_dict(base).warnings == ()
+    base["cluster"]["servers"][1]["capacity"].pop("bandwidth")
+    (warning,) = from_dict(base).warnings
+    assert warning == ("cluster.servers: worker server 'w1' has no bandwidth capacity: no "
+                       "worker can run there (every one needs bandwidth)")  # fmt: skip
