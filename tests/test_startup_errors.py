@@ -162,7 +162,11 @@ def test_secrets_readable_by_others_get_a_warning(tmp_path: Path, postgres: Post
     daemon = Daemon(config, log).start()
     assert daemon.stop() == 0
     text = log.read_text()
-    assert '"event": "config problem"' in text and "readable by" in text and "s3cret" not in text
+    assert (
+        '"event": "config problem"' in text
+        and "others may read it" in text
+        and "s3cret" not in text
+    )
 
 
 def test_slots_other_than_the_stored_jobs_are_refused_with_exit_2(
