@@ -340,7 +340,8 @@ class ClusterServicer(pb_grpc.ClusterServicer):
                 server.cordoned_from_slot = cordon.from_slot
                 server.cordon_reason = cordon.reason
                 server.cordoned_by = cordon.by
-                server.cordoned_until_slot = cordon.until or 0
+                if cordon.until is not None:
+                    server.cordoned_until_slot = cordon.until
         return out
 
     async def GetPrices(

@@ -412,6 +412,11 @@ def test_oasis_cordon_and_uncordon_against_a_daemon(tmp_path: Path) -> None:
         assert any(line.split()[:3] == ["w2", "worker", "cordoned"] for line in listed.splitlines())
         assert "\nw2: cordoned from slot 1 (" in listed
         assert listed.rstrip().endswith("): GPU 3 errors (oasis uncordon w2)")
+        by_name = {x["name"]: x for x in json.loads(oasis("servers", "--json", *server).stdout)[
+            "servers"]}  # fmt: skip
+        assert by_name["w2"]["cordoned_from_slot"] == 1  # no end: null, not slot 0
+        assert by_name["w2"]["cordoned_until_slot"] is None
+        assert by_name["w0"]["cordoned_from_slot"] is None and by_name["w0"]["cordoned_by"] is None
         assert any(line.split()[:3] == ["w0", "worker", "up"] for line in listed.splitlines())
         with urllib.request.urlopen(f"http://{web}/api/overview", timeout=10) as r:
             assert json.load(r)["out_of_service"] == {"w2": "cordoned"}
