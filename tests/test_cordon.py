@@ -568,7 +568,7 @@ def test_a_moved_plan_is_shown_as_re_planned_not_as_a_payoff_over_its_utility() 
     """``oasis job`` of a job whose plan moved (a cordon, a failure) showed its decision's
     cost and payoff next to its new plan's utility: ``utility 18.9, cost 0.23, payoff
     30.9``."""
-    from controller.commands.client import _worth_words
+    from controller.commands.client import _jobs_table, _worth_words
     from controller.rpc import oasis_pb2 as pb
 
     as_decided = pb.Decision(admitted=True, utility=31.123, cost=0.231, payoff=30.892)
@@ -578,6 +578,18 @@ def test_a_moved_plan_is_shown_as_re_planned_not_as_a_payoff_over_its_utility() 
         "utility 18.877 as re-planned (its 'replanned' events say why); admitted with "
         "utility 31.123, cost 0.231, payoff 30.892"
     )
+    # and in the table of oasis jobs, marked and explained under it (an audit found a
+    # payoff of 36.36 over a utility of 18.88 there, unexplained)
+    spec = pb.JobSpec(id="m1")
+    table = _jobs_table([pb.Job(spec=spec, state=pb.JOB_STATE_RUNNING, decision=moved),
+                         pb.Job(spec=pb.JobSpec(id="a1"), state=pb.JOB_STATE_RUNNING,
+                                decision=as_decided)], None)  # fmt: skip
+    rows = table.splitlines()
+    assert next(r for r in rows if r.startswith("m1")).rstrip().endswith("18.88*")
+    assert next(r for r in rows if r.startswith("a1")).rstrip().endswith("31.12")
+    assert rows[-1].startswith("* re-planned since its admission")
+    assert "re-planned since" not in _jobs_table([pb.Job(spec=pb.JobSpec(id="a1"),
+                                                  decision=as_decided)], None)  # fmt: skip
 
 
 def test_a_planned_cordon_moves_only_its_slots_and_keeps_the_server_until_it_begins(

@@ -207,7 +207,7 @@ def _worth_words(d: pb.Decision) -> str:
     was cordoned, its work ran slow) says so, rather than show a payoff over its utility
     less its cost."""
     decided = d.payoff + d.cost  # the utility of the plan it was admitted with
-    if math.isclose(decided, d.utility, rel_tol=1e-9, abs_tol=1e-9):
+    if not _moved(d):
         return f"utility {d.utility:.6g}, cost {d.cost:.6g}, payoff {d.payoff:.6g}"
     return (
         f"utility {d.utility:.6g} as re-planned (its 'replanned' events say why); admitted "
@@ -342,8 +342,20 @@ def _job_row(job: pb.Job, times: SlotTimes | None) -> list[str]:
         "-" if done is None else slot_label(done, times, end=True),
         jct,
         fmt(d.payoff if d.HasField("payoff") else None),
-        fmt(d.utility if d.HasField("utility") else None),
+        fmt(d.utility if d.HasField("utility") else None) + ("*" if _moved(d) else ""),
     ]
+
+
+def _moved(d: pb.Decision) -> bool:
+    """Whether an admitted job's plan changed since its decision (a server failed or was
+    cordoned, its work ran slow): its utility now is not its decision's payoff + cost."""
+    if not (d.HasField("payoff") and d.HasField("utility") and d.HasField("cost")):
+        return False
+    return not math.isclose(d.payoff + d.cost, d.utility, rel_tol=1e-9, abs_tol=1e-9)
+
+
+_MOVED_NOTE = ("* re-planned since its admission: payoff is the decision's, utility the "
+               "plan's now (oasis job ID says why)")  # fmt: skip
 
 
 _JOB_HEADERS = ["job", "state", "seq", "arrival (begins)", "completes (done by)", "jct",
@@ -352,6 +364,8 @@ _JOB_HEADERS = ["job", "state", "seq", "arrival (begins)", "completes (done by)"
 
 def _jobs_table(jobs: list[pb.Job], times: SlotTimes | None) -> str:
     table = render_table(_JOB_HEADERS, [_job_row(j, times) for j in jobs], right={2, 5, 6, 7})
+    if any(_moved(j.decision) for j in jobs if state_name(j.state) not in ABANDONED):
+        table += f"\n{_MOVED_NOTE}"
     caption = clock_caption(times)
     return f"{table}\n{caption}" if caption and jobs else table
 
