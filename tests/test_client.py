@@ -207,7 +207,7 @@ def test_a_list_names_the_item_the_daemon_refused(tmp_path: Path, daemon: Daemon
     out = run("submit", write(tmp_path, jobs), server=daemon.address)
     assert out.returncode == 2
     assert out.stdout.startswith("l0: admitted")
-    assert "item 1 (l1) failed; the 1 before it were submitted, the rest were not" in out.stderr
+    assert "item 1 (l1) failed; the one before it was submitted, the rest were not" in out.stderr
     assert "job.worker: one worker fits on no worker server" in out.stderr
 
 

@@ -270,8 +270,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 raise
             name = spec.get("id") if isinstance(spec.get("id"), str) else "without an id"
             if not args.json:
-                print(f"oasis submit: item {i} ({name}) failed; the {i} before it were "
-                      "submitted, the rest were not", file=sys.stderr)  # fmt: skip
+                before = ("none before it was" if i == 0 else "the one before it was"
+                          if i == 1 else f"the {i} before it were")  # fmt: skip
+                print(f"oasis submit: item {i} ({name}) failed; {before} submitted, the rest "
+                      "were not", file=sys.stderr)  # fmt: skip
                 raise
             # the decisions taken stay answered: a script must not think none were
             try:
