@@ -121,6 +121,14 @@ def test_replay_is_deterministic(tmp_path: Path, capsys: pytest.CaptureFixture[s
             "jobs[3].utility.decay: must be >= 0",
         ),
         (lambda t: t["jobs"][4].update(arrival=0), "jobs[4].arrival: arrivals must not decrease"),
+        (  # one arrival too large: the next ones' errors name it (before: them alone)
+            lambda t: t["jobs"][2].update(arrival=t["jobs"][2]["arrival"] + 500),
+            "jobs[3].arrival: arrivals must not decrease: ",
+        ),
+        (
+            lambda t: t["jobs"][2].update(arrival=t["jobs"][2]["arrival"] + 500),
+            "(jobs[2].arrival; is that one too late?)",
+        ),
     ],
 )
 def test_bad_trace_exits_2_naming_the_field(
