@@ -11,6 +11,8 @@ $(STAMP): pyproject.toml proto/oasis/v1/oasis.proto
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
 	$(BIN)/python proto/generate.py
+	@echo "compiling the numeric kernels once (numba's cache; about 20 s)"
+	$(BIN)/oasis replay config/demo-trace.json > /dev/null
 	touch $(STAMP)
 
 ## run: the daemon on its embedded defaults (SQLite under ./data, a small demo cluster)
