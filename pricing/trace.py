@@ -123,7 +123,7 @@ def trace_from_dict(raw: Any) -> Trace:
     problems: list[Problem] = []
     jobs: list[Job] = []
     ids: set[str] = set()
-    last_arrival, latest = 0, "jobs[0]"  # the latest arrival so far, and whose
+    last_arrival, latest_at = 0, "jobs[0]"  # the latest arrival so far, and whose
     for i, raw_job in enumerate(raw_jobs):
         field = f"jobs[{i}]"
         try:
@@ -147,12 +147,12 @@ def trace_from_dict(raw: Any) -> Trace:
                 Problem(
                     f"{field}.arrival",
                     f"arrivals must not decrease: {job.arrival} after {last_arrival} "
-                    f"({latest}.arrival; is that one too late?)",
+                    f"({latest_at}.arrival; is that one too late?)",
                 )
             )
         ids.add(job.id)
         if job.arrival > last_arrival:
-            last_arrival, latest = job.arrival, field
+            last_arrival, latest_at = job.arrival, field
         jobs.append(job)
     if problems:
         shown = problems[:MAX_REPORTED_PROBLEMS]

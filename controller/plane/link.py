@@ -341,19 +341,22 @@ class Plane:
         holds no stale part). A plan that cannot be split within
         :data:`~controller.plane.topics.MAX_PLAN_PARTS` parts is logged and left out:
         one server's agent keeps its last plan, every other server gets its own."""
-        try:
-            parts = plan.split(self.mqtt.max_plan_bytes)
-        except ValueError as err:
-            self.log.error("plan not published: too large", server=plan.server,
-                           epoch=plan.epoch, error=str(err))  # fmt: skip
-            return []
-        if len(parts) > 1:
+        whole = plan.to_bytes()  # encoded once: a boundary encodes one per server
+        if len(whole) <= self.mqtt.max_plan_bytes:
+            out = [(self.topics.plan(plan.server), whole)]
+        else:
+            try:
+                parts = plan.split(self.mqtt.max_plan_bytes)
+            except ValueError as err:
+                self.log.error("plan not published: too large", server=plan.server,
+                               epoch=plan.epoch, error=str(err))  # fmt: skip
+                return []
             self.log.warning("plan published in parts", server=plan.server, epoch=plan.epoch,
                              parts=len(parts), max_plan_bytes=self.mqtt.max_plan_bytes)  # fmt: skip
-        out = [(self.topics.plan(p.server, p.part), p.to_bytes()) for p in parts]
+            out = [(self.topics.plan(p.server, p.part), p.to_bytes()) for p in parts]
         before = self._parts.get(plan.server, 1)
-        out += [(self.topics.plan(plan.server, i), b"") for i in range(len(parts), before)]
-        self._parts[plan.server] = len(parts)
+        out += [(self.topics.plan(plan.server, i), b"") for i in range(len(out), before)]
+        self._parts[plan.server] = len(out)
         return out
 
     async def restore_job_events(self, client: aiomqtt.Client) -> int:
