@@ -16,18 +16,24 @@ MAX_CONFIG_BYTES = 16 << 20
 tokens is about 14 MB."""
 
 
-def read_bounded(path: Path, limit: int = MAX_CONFIG_BYTES) -> bytes:
-    """The bytes of the regular file ``path``, at most ``limit`` of them.
+def read_bounded(path: Path, limit: int = MAX_CONFIG_BYTES, pipes: bool = False) -> bytes:
+    """The bytes of the regular file ``path`` (or, with ``pipes``, of a pipe: a client's
+    ``--tls-key <(vault read ...)``), at most ``limit`` of them.
 
     Raises:
-        OSError: it cannot be opened or read, is not a regular file (a device, a FIFO, a
-            directory; opened without blocking, so a FIFO never hangs the caller), or
-            holds more than ``limit`` bytes; ``strerror`` says which in words.
+        OSError: it cannot be opened or read, is not a regular file (a device, a FIFO
+            unless ``pipes``, a directory; opened without blocking, so a FIFO never hangs
+            the daemon), or holds more than ``limit`` bytes; ``strerror`` says which.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    # a pipe is opened blocking (a command-line tool waits for its writer: opened
+    # without, a read before the writer came would see an empty file); anything else not
+    # (so a FIFO the daemon is pointed at never hangs it), then checked
+    piped = pipes and stat.S_ISFIFO(os.stat(path).st_mode)
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | (0 if piped else os.O_NONBLOCK)
+    fd = os.open(path, flags)
     try:
         mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
+        if not (stat.S_ISREG(mode) or (piped and stat.S_ISFIFO(mode))):
             kind = "a directory" if stat.S_ISDIR(mode) else "a device, FIFO or socket"
             raise OSError(0, f"not a regular file ({kind})")
         with os.fdopen(fd, "rb", closefd=False) as f:

@@ -64,13 +64,14 @@ class TlsConfig:
         return self.client_ca_pem is not None
 
 
-def read_pem(path: Path, what: str, field_name: str) -> bytes:
+def read_pem(path: Path, what: str, field_name: str, pipes: bool = False) -> bytes:
     """The PEM file at ``path``; SpecError naming ``field_name`` if unreadable or not PEM.
 
     ``what`` is the PEM label expected (``CERTIFICATE``, or ``PRIVATE KEY`` which also
-    matches ``RSA PRIVATE KEY`` and ``EC PRIVATE KEY``)."""
+    matches ``RSA PRIVATE KEY`` and ``EC PRIVATE KEY``); ``pipes``: a pipe may be read
+    too (the client's flags, not the daemon's files)."""
     try:
-        data = read_bounded(path)
+        data = read_bounded(path, pipes=pipes)
     except OSError as err:
         raise SpecError.one(field_name, f"cannot read {path}: {err.strerror or err}") from err
     if b"-----BEGIN " not in data or what.encode() + b"-----" not in data:

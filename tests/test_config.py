@@ -198,3 +198,35 @@ def test_a_server_without_bandwidth_is_warned_of() -> None:
     (warning,) = from_dict(base).warnings
     assert warning == ("cluster.servers: worker server 'w1' has no bandwidth capacity: no "
                        "worker can run there (every one needs bandwidth)")  # fmt: skip
+
+
+def test_a_client_reads_a_pem_from_a_pipe(tmp_path: Path) -> None:
+    """``oasis ... --tls-ca <(vault read ...)``: a pipe, which the daemon's files may
+    not be, is read by the client's flags (bounded all the same)."""
+    import os
+    import threading
+
+    from controller.files import read_bounded
+    from controller.tls import read_pem
+
+    pem = b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"
+    fifo = tmp_path / "ca.pem"
+    os.mkfifo(fifo)
+
+    def write() -> None:
+        with open(fifo, "wb") as f:
+            f.write(pem)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        assert read_pem(fifo, "CERTIFICATE", "--tls-ca", pipes=True) == pem
+    finally:
+        writer.join(10)
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        with pytest.raises(OSError, match="larger than 10 bytes"):
+            read_bounded(fifo, 10, pipes=True)
+    finally:
+        writer.join(10)

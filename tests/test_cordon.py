@@ -292,7 +292,17 @@ def test_a_failure_during_a_cordon_with_an_end_is_given_back_at_its_end(tmp_path
             c.between_decisions(lambda name=name: plane._fail_sync(name))  # type: ignore[misc]
         c.between_decisions(lambda: plane._recover_sync("w0"))  # w0 heard again, w1 not
         blocked = c._ledger.worker_side.blocked
-        assert blocked[1:, w0].all() and blocked[1:, w1].all()  # out for the cordon
+        assert blocked[1:4, w0].all() and blocked[1:, w1].all()  # out for the cordon
+        # w0 up to its end only, as a rebuild from the store has it (before: for good)
+        assert not blocked[4:, w0].any() and not c._ledger.is_down("worker", w0)
+        live = _state(c._ledger)
+        c.close()
+        c = _open(tmp_path)
+        for a, b in zip(live, _state(c._ledger), strict=True):
+            assert np.array_equal(a, b)
+        c.config = replace(c.config, mqtt=mqtt)
+        plane = Execution(c, mqtt)
+        plane.load()
         _later(c, 3)  # slot 3: both cordons end at the next boundary
         assert c.cordoned == {}
         blocked = c._ledger.worker_side.blocked  # slot 3 is row 0 now

@@ -846,3 +846,31 @@ def test_a_large_plan_splits_into_parts_that_fit_and_go_back_together() -> None:
         mqtt_from_dict({"host": "h", "max_plan_bytes": 1000})
     with pytest.raises(SpecError, match=r"mqtt\.max_plan_bytes: must be at most 16777216"):
         mqtt_from_dict({"host": "h", "max_plan_bytes": 1 << 30})
+
+
+def test_part_topics_a_smaller_plan_leaves_are_cleared_once() -> None:
+    """A plan in parts, then whole plans: the first whole one clears the part topics
+    (empty retained messages), the next ones publish the plan alone (before: every later
+    publish cleared them again, for good)."""
+    from typing import cast
+
+    from controller.plane.link import Plane as Link
+
+    controller = cast(Any, argparse.Namespace(prune_hooks=[]))  # what the link reads of it
+    link = Link(controller, cast(Any, None), MqttConfig(host="h", max_plan_bytes=4096))
+    tasks = [Task(f"job-{i:04d}-" + "x" * 60, 1, 0, 0.5, 100) for i in range(150)]
+    big = Plan("w0", "worker", 1, 60.0, 5.0, False, SlotPlan(7, 420.0, tasks),
+               SlotPlan(8, 480.0, []))  # fmt: skip
+    small = dataclasses.replace(big, epoch=2, current=SlotPlan(7, 420.0, tasks[:2]))
+    messages, parts = link._plan_messages(big)
+    assert parts == len(messages) > 1
+    assert [t for t, _ in messages] == [TOPICS_W0] + [f"{TOPICS_W0}/{k}" for k in range(1, parts)]
+    link._parts["w0"] = parts  # as publish_round does once they are published
+    for clears in (parts - 1, 0):
+        messages, count = link._plan_messages(dataclasses.replace(small, epoch=small.epoch + 1))
+        assert count == 1 and len(messages) == 1 + clears
+        assert all(payload == b"" for _, payload in messages[1:])
+        link._parts["w0"] = count
+
+
+TOPICS_W0 = "oasis/v1/servers/w0/plan"

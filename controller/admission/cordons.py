@@ -258,13 +258,18 @@ class Cordons(Moves):
                 self.log.info("planned cordon begins", server=server, from_slot=cordon.from_slot,
                               reason=cordon.reason, by=cordon.by)  # fmt: skip
 
-    def _block_planned(self, server: str) -> None:
-        """Block ``server``'s planned cordon, if it has one, in the ledger again (after
-        its recovery from a failure unblocked every slot ahead)."""
+    def _block_cordon(self, server: str) -> None:
+        """Block ``server``'s cordon, if it has one, in the ledger again from the next
+        slot on, after its recovery from a failure unblocked every slot ahead: a planned
+        one from its start, one in force up to its end (without one, for good). The
+        ledger then holds what a rebuild from the store would (before, a failure
+        recovered within a cordon with an end kept the server blocked past the end)."""
         cordon = self.cordoned.get(server)
-        if cordon is not None and not cordon.started(self.slot):
-            kind, index = self._server_of(server)
-            self._ledger.block(kind, index, cordon.from_slot, ledger_until(cordon, self.slot))
+        if cordon is None:
+            return
+        kind, index = self._server_of(server)
+        first = max(cordon.from_slot, self.slot + 1)
+        self._ledger.block(kind, index, first, ledger_until(cordon, self.slot))
 
     def cordons(self) -> dict[str, Cordon]:
         """The cordons in force or planned, by server (read in the decision thread)."""

@@ -120,7 +120,7 @@ def _connect(args: argparse.Namespace, address: str) -> grpc.Channel:
         if not path:
             return None
         try:
-            return read_pem(Path(path), what, option)
+            return read_pem(Path(path), what, option, pipes=True)
         except SpecError as err:
             raise InputError(str(err)) from err
 

@@ -618,13 +618,16 @@ class Execution:
                 detail["cordoned"] = True
             event = self.c._event(session, now, "server_recovered", "", "", detail)
         events = [event]
+        cordon = self.c.cordoned.get(server)
         if flaps and not planned:
             events += self._hold_out(server, flaps)
-        elif not cordoned:
-            # one cordon per server: a planned one keeps its slots, and a flapping
-            # server is not held out as well (logged)
+        elif not cordoned or (cordon is not None and cordon.until is not None):
+            # the failure's block goes; a cordon keeps its own slots (one planned, or in
+            # force up to its end; one without an end keeps the server out as it is).
+            # One cordon per server: a flapping server with one planned is not held out
+            # as well (logged)
             self.c._ledger.unblock(kind, index, from_slot)
-            self.c._block_planned(server)
+            self.c._block_cordon(server)
         self.log.info("server back", server=server, from_slot=from_slot, cordoned=cordoned,
                       held_out=bool(flaps) and not planned, planned_cordon=planned,
                       flapping=bool(flaps))  # fmt: skip

@@ -305,9 +305,12 @@ class Plane:
         published = dict(self.published)
         plans = await self.c._run(lambda: self.execution.plans_sync(published))
         messages: list[tuple[str, bytes]] = []
+        parts: dict[str, int] = {}
         for plan in plans:
-            messages += self._plan_messages(plan)
+            plan_messages, parts[plan.server] = self._plan_messages(plan)
+            messages += plan_messages
         await for_each(messages, lambda m: client.publish(m[0], m[1], qos=1, retain=True))
+        self._parts |= parts  # once published: a round cut short clears again next time
         for plan in plans:
             self.published[plan.server] = plan
         if self._to_clear:  # an empty retained message clears a topic's retained one
@@ -334,11 +337,13 @@ class Plane:
             await self.restore_job_events(client)
         return len(plans)
 
-    def _plan_messages(self, plan: Plan) -> list[tuple[str, bytes]]:
-        """The ``(topic, payload)`` messages of ``plan``: itself, or its parts if it is
-        over ``mqtt.max_plan_bytes`` (each at most that), and an empty retained message
-        for each part topic its previous plan used and this one does not (so a broker
-        holds no stale part). A plan that cannot be split within
+    def _plan_messages(self, plan: Plan) -> tuple[list[tuple[str, bytes]], int]:
+        """The ``(topic, payload)`` messages of ``plan`` and how many parts it went in:
+        itself, or its parts if it is over ``mqtt.max_plan_bytes`` (each at most that),
+        and an empty retained message for each part topic this process's previous plan
+        of the server used and this one does not. (Parts a daemon published before a
+        restart or a takeover may stay retained: an agent ignores them, as their epoch
+        is older than its plan's.) A plan that cannot be split within
         :data:`~controller.plane.topics.MAX_PLAN_PARTS` parts is logged and left out:
         one server's agent keeps its last plan, every other server gets its own."""
         whole = plan.to_bytes()  # encoded once: a boundary encodes one per server
@@ -350,14 +355,14 @@ class Plane:
             except ValueError as err:
                 self.log.error("plan not published: too large", server=plan.server,
                                epoch=plan.epoch, error=str(err))  # fmt: skip
-                return []
+                return [], self._parts.get(plan.server, 1)
             self.log.warning("plan published in parts", server=plan.server, epoch=plan.epoch,
                              parts=len(parts), max_plan_bytes=self.mqtt.max_plan_bytes)  # fmt: skip
             out = [(self.topics.plan(p.server, p.part), p.to_bytes()) for p in parts]
+        count = len(out)
         before = self._parts.get(plan.server, 1)
-        out += [(self.topics.plan(plan.server, i), b"") for i in range(len(out), before)]
-        self._parts[plan.server] = len(out)
-        return out
+        out += [(self.topics.plan(plan.server, i), b"") for i in range(count, before)]
+        return out, count
 
     async def restore_job_events(self, client: aiomqtt.Client) -> int:
         """Publish again (retained) the latest event of every job published before this

@@ -32,6 +32,10 @@ _T = TypeVar("_T")
 class CordonPort(Protocol):
     """A server's cordon as the plane reads it (:class:`controller.admission.views.Cordon`)."""
 
+    @property
+    def until(self) -> int | None:
+        """The first slot back in service, if the cordon has an end."""
+
     def started(self, slot: int) -> bool:
         """Whether the server is out from the slot after ``slot`` on (not only planned)."""
 
@@ -89,8 +93,9 @@ class AdmissionPort(Protocol):
     ) -> tuple[dict[str, Any], list[Event]]:  # fmt: skip
         """Cordon ``server`` from the next slot on, up to ``until`` (:mod:`.cordons`)."""
 
-    def _block_planned(self, server: str) -> None:
-        """Block ``server``'s planned cordon in the ledger again, if it has one."""
+    def _block_cordon(self, server: str) -> None:
+        """Block ``server``'s cordon in the ledger again from the next slot, if it has
+        one (after a recovery unblocked it)."""
 
     def _window_end(self, arrival: int) -> int:
         """The last slot a job arriving at ``arrival`` may be planned in (SPEC 1)."""

@@ -6,6 +6,7 @@ Topics, under ``<prefix>/v1/`` (``prefix`` from ``[mqtt] topic_prefix``):
 topic                           from       QoS/ret.  payload
 ==============================  =========  ========  ======================================
 ``servers/<server>/plan``       daemon     1, yes    :class:`Plan`: this and the next slot
+``servers/<server>/plan/<k>``   daemon     1, yes    part ``k`` (1 ..) of a plan in parts
 ``jobs/<job>/events``           daemon     1, yes    :class:`JobEvent`: the latest event
 ``daemon/status``               daemon     1, yes    :class:`Status`: online, known servers
 ``agents/<server>/heartbeat``   agent      0, no     :class:`Heartbeat`
@@ -21,7 +22,15 @@ every connection the daemon publishes every plan and every job's latest event ag
 broker restarted without persistence has lost them); consumers dedupe events on
 ``sequence``. A job deleted by retention (``daemon.keep_days``) has its retained event
 cleared: an empty payload on its ``jobs/<job>/events`` topic, which consumers drop. An
-agent subscribes to its plan and to the status.
+agent subscribes to its plan, its plan's parts and the status.
+
+Plans in parts. A plan over ``[mqtt] max_plan_bytes`` is published in parts
+(:meth:`Plan.split`): part 0 on the plan's topic, part ``k`` on ``plan/<k>``, each a
+:class:`Plan` with ``part`` and ``parts`` and a share of the tasks; an agent follows the
+plan once it has every part of one epoch (:class:`PlanParts`), and ignores an empty
+payload (a part topic cleared). An agent that predates parts reads part 0 as a whole
+plan and runs only its tasks: upgrade agents before the daemon (only plans over
+``max_plan_bytes`` are split; smaller ones keep their exact bytes).
 
 Names in topics. A server name is one topic level: 1-128 characters of
 ``A-Z a-z 0-9 . _ -`` (:data:`NAME_PATTERN`), so it can hold no ``/``, no wildcard
@@ -357,6 +366,8 @@ class Plan:
                         next=replace(self.next, tasks=[]), part=MAX_PLAN_PARTS,
                         parts=MAX_PLAN_PARTS)  # fmt: skip
         room = max_bytes - len(empty.to_bytes())
+        if room <= 0:
+            raise ValueError(f"the plan's header alone is over {max_bytes} bytes")
         chunks: list[tuple[list[Task], list[Task]]] = [([], [])]
         used = 0
         for which, task in [(0, t) for t in self.current.tasks] + [(1, t) for t in self.next.tasks]:
