@@ -181,7 +181,7 @@ def test_payloads_round_trip_and_bad_ones_name_the_field() -> None:
     prog = Progress("w0", "s1", [TaskProgress("j1", 3.5, 2.0)])
     assert Progress.parse(prog.to_bytes()) == prog
     with pytest.raises(SpecError, match=re.escape("plan.version")):
-        Plan.parse(b'{"version": 2}')
+        Plan.parse(b'{"version": 3}')  # 2: a part of a plan in parts
     # a bad entry is left out, named; the report's other entries stand
     bad = (b'"jobs": [{"job": "j", "minibatches": -1, "worker_seconds": 0}, {"job": "k", '
            b'"minibatches": 1e309, "worker_seconds": 0}, {"job": "ok", "minibatches": 2, '
@@ -826,6 +826,16 @@ def test_a_large_plan_splits_into_parts_that_fit_and_go_back_together() -> None:
             got = result or got
         assert got is not None and got == whole  # tasks in order, header as sent
 
+    # a part is version 2: an agent that predates parts (a reader of version 1) refuses
+    # it rather than follow the first part as the whole plan; a whole plan stays 1
+    part = plan(6, 300).split(4096)[0]
+    assert json.loads(part.to_bytes())["version"] == 2
+    assert json.loads(small.to_bytes())["version"] == 1
+    with pytest.raises(SpecError, match=r"plan\.version: must be 1, got 2"):
+        topics.decode(part.to_bytes(), "plan")  # what an older agent's parse does
+    claimed = {**json.loads(part.to_bytes()), "version": 1}
+    with pytest.raises(SpecError, match=r"plan\.version: 2 for a part"):
+        Plan.parse(json.dumps(claimed))
     with pytest.raises(SpecError, match=r"plan\.parts: must be below"):
         Plan.parse(json.dumps({**json.loads(small.to_bytes()), "parts": MAX_PLAN_PARTS + 1}))
     first = plan(4, 300).split(4096)

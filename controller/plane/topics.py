@@ -13,7 +13,8 @@ topic                           from       QoS/ret.  payload
 ``agents/<server>/progress``    agent      1, no     :class:`Progress`
 ==============================  =========  ========  ======================================
 
-Every payload is a JSON object with ``"version": 1``. A plan carries an ``epoch`` that
+Every payload is a JSON object with ``"version": 1`` (2 for a part of a plan in parts,
+below). A plan carries an ``epoch`` that
 grows with every plan the daemon issues, across restarts (it is kept in the store): an
 agent ignores a plan whose epoch is lower than one it has followed. Progress counts are
 cumulative per agent *session* (a random id per agent process), so a report repeated or
@@ -28,9 +29,10 @@ Plans in parts. A plan over ``[mqtt] max_plan_bytes`` is published in parts
 (:meth:`Plan.split`): part 0 on the plan's topic, part ``k`` on ``plan/<k>``, each a
 :class:`Plan` with ``part`` and ``parts`` and a share of the tasks; an agent follows the
 plan once it has every part of one epoch (:class:`PlanParts`), and ignores an empty
-payload (a part topic cleared). An agent that predates parts reads part 0 as a whole
-plan and runs only its tasks: upgrade agents before the daemon (only plans over
-``max_plan_bytes`` are split; smaller ones keep their exact bytes).
+payload (a part topic cleared). A part says ``"version": 2`` (:data:`PART_VERSION`), so
+an agent that predates parts refuses it with a "bad plan" line in its log instead of
+running the first part's tasks alone: upgrade agents before the daemon (only plans over
+``max_plan_bytes`` are split; smaller ones keep their exact bytes, version 1).
 
 Names in topics. A server name is one topic level: 1-128 characters of
 ``A-Z a-z 0-9 . _ -`` (:data:`NAME_PATTERN`), so it can hold no ``/``, no wildcard
@@ -102,6 +104,11 @@ __all__ = [
 ]
 
 VERSION = 1
+
+PART_VERSION = 2
+"""The ``version`` of a part of a plan in parts (:meth:`Plan.split`): an agent that
+predates parts refuses it ("plan.version: must be 1") and says so in its log, rather
+than follow the first part as a whole plan and run only its tasks."""
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,128}")
 """A server name that can be one topic level (``fullmatch``)."""
@@ -215,12 +222,15 @@ def _dump(obj: Any, *omit: str) -> bytes:
 
 
 def decode(
-    payload: bytes | bytearray | str, what: str, max_bytes: int = MAX_AGENT_PAYLOAD_BYTES
+    payload: bytes | bytearray | str,
+    what: str,
+    max_bytes: int = MAX_AGENT_PAYLOAD_BYTES,
+    versions: tuple[int, ...] = (VERSION,),
 ) -> Mapping[str, Any]:
-    """Parse a payload as a version-1 JSON object; SpecError naming ``what`` if not, or if
-    it is over ``max_bytes`` (then not parsed). Every failure of the parser on untrusted bytes
-    is a SpecError: bad UTF-8 and bad JSON (ValueError), and JSON nested deeper than the
-    parser's recursion limit (RecursionError)."""
+    """Parse a payload as a JSON object of one of ``versions`` (1); SpecError naming
+    ``what`` if not, or if it is over ``max_bytes`` (then not parsed). Every failure of
+    the parser on untrusted bytes is a SpecError: bad UTF-8 and bad JSON (ValueError),
+    and JSON nested deeper than the parser's recursion limit (RecursionError)."""
     if len(payload) > max_bytes:
         raise SpecError.one(what, f"{len(payload)} bytes, over the limit of {max_bytes}")
     try:
@@ -230,8 +240,10 @@ def decode(
     except RecursionError:
         raise SpecError.one(what, "not JSON the parser can read: nested too deep") from None
     obj = fields.mapping(data, what)
-    if obj.get("version") != VERSION:
-        raise SpecError.one(f"{what}.version", f"must be {VERSION}, got {obj.get('version')!r}")
+    version = obj.get("version")
+    if type(version) is not int or version not in versions:
+        shown = " or ".join(map(str, versions))
+        raise SpecError.one(f"{what}.version", f"must be {shown}, got {version!r}")
     return obj
 
 
@@ -340,7 +352,8 @@ class Plan:
         for a whole plan, as before parts), built without :func:`dataclasses.asdict`'s
         deep copy (a slot boundary encodes one per server)."""
         body: dict[str, Any] = {
-            "version": VERSION, "server": self.server, "kind": self.kind, "epoch": self.epoch,
+            "version": PART_VERSION if self.parts > 1 else VERSION,
+            "server": self.server, "kind": self.kind, "epoch": self.epoch,
             "slot_seconds": self.slot_seconds, "heartbeat_seconds": self.heartbeat_seconds,
             "down": self.down, "current": _slot_dict(self.current),
             "next": _slot_dict(self.next),
@@ -409,8 +422,8 @@ class Plan:
 
     @classmethod
     def parse(cls, payload: bytes | bytearray | str) -> Plan:
-        obj = decode(payload, "plan", MAX_PLAN_PAYLOAD_BYTES)
-        return cls(
+        obj = decode(payload, "plan", MAX_PLAN_PAYLOAD_BYTES, (VERSION, PART_VERSION))
+        plan = cls(
             server=fields.text(fields.require(obj, "server", "plan"), "plan.server"),
             kind=fields.text(fields.require(obj, "kind", "plan"), "plan.kind"),
             epoch=fields.integer(fields.require(obj, "epoch", "plan"), "plan.epoch", minimum=0),
@@ -426,6 +439,10 @@ class Plan:
             part=_below(obj.get("part", 0), "plan.part", 0, MAX_PLAN_PARTS),
             parts=_below(obj.get("parts", 1), "plan.parts", 1, MAX_PLAN_PARTS + 1),
         )
+        if (obj["version"] == PART_VERSION) != (plan.parts > 1):
+            raise SpecError.one("plan.version", f"{PART_VERSION} for a part of a plan in "
+                                f"parts (parts > 1), {VERSION} for a whole plan")  # fmt: skip
+        return plan
 
 
 class PlanParts:
