@@ -104,8 +104,7 @@ def load_history(db: Database, first: int | None = None, last: int | None = None
             ).one()
         lo = first if first is not None else (low if isinstance(low, int) else 0)
         hi = last if last is not None else (high if isinstance(high, int) else lo)
-        if hi < lo:
-            raise HistoryError(f"--to {hi} is before --from {lo}")
+        _check_stretch(lo, hi)
         compared = [
             r
             for r in session.scalars(
@@ -216,9 +215,11 @@ def load_jobs(
     which a prior does not need); arrivals are 0 (a prior does not use them).
 
     Raises:
-        HistoryError: no daemon state, no such job, or a row that does not read back
-            (naming it).
+        HistoryError: ``last`` before ``first``, no daemon state, no such job, or a row
+            that does not read back (naming it).
     """
+    if first is not None and last is not None:
+        _check_stretch(first, last)
     with db.session() as session:
         window, slot_seconds, cluster = _daemon_state(session)
         chosen = select(JobRow.id, JobRow.spec).where(JobRow.state != "cancelled")
@@ -243,6 +244,13 @@ def load_jobs(
 
 JOB_BATCH = 1000
 """Job rows :func:`load_jobs` holds from the store at once."""
+
+
+def _check_stretch(first: int, last: int) -> None:
+    """HistoryError unless arrival slots ``first .. last`` (``--from``, ``--to``) are a
+    stretch."""
+    if last < first:
+        raise HistoryError(f"--to {last} is before --from {first}")
 
 
 def _shown(slot: int | None) -> str:

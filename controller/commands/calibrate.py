@@ -14,6 +14,7 @@ from controller.commands import SUMMARIES
 from controller.commands.common import (
     EXIT_OK,
     InputError,
+    add_arrival_slots,
     check_store_url,
     counted,
     int_at_least,
@@ -71,19 +72,10 @@ def register(sub: Any) -> None:
         help=f"--store: the N most recently decided jobs (default: {DEFAULT_NEWEST}; 0: all, "
         "which at 10^5 jobs takes about 30 s and 0.5 GB)",
     )
-    p.add_argument(
-        "--from",
-        dest="first",
-        type=int_at_least(0),
-        metavar="SLOT",
-        help="--store: only jobs that arrived in this slot or later",
-    )
-    p.add_argument(
-        "--to",
-        dest="last",
-        type=int_at_least(0),
-        metavar="SLOT",
-        help="--store: only jobs that arrived in this slot or earlier",
+    add_arrival_slots(
+        p,
+        "--store: only jobs that arrived in this slot or later",
+        "--store: only jobs that arrived in this slot or earlier",
     )
     p.add_argument(
         "--weight",
@@ -104,7 +96,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _from_store(args: argparse.Namespace) -> tuple[list[Job], Cluster]:
+def _from_store(args: argparse.Namespace, newest: int) -> tuple[list[Job], Cluster]:
     # the store's modules only when a store is read: `oasis calibrate TRACE` stays light
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -118,7 +110,6 @@ def _from_store(args: argparse.Namespace) -> tuple[list[Job], Cluster]:
     except SQLAlchemyError as err:
         raise InputError(f"--store: not a usable database URL: {err}") from err
     try:
-        newest = DEFAULT_NEWEST if args.newest is None else args.newest
         return load_jobs(db, args.first, args.last, newest or None)
     except (HistoryError, SpecError) as err:  # a row, or what the jobs make of the bounds
         raise InputError(f"--store: {err}") from err
@@ -137,10 +128,9 @@ def run(args: argparse.Namespace) -> int:
     if args.store is None and (args.first, args.last, args.newest) != (None, None, None):
         raise InputError("--newest, --from and --to choose a store's jobs: give --store "
                          "URL, or cut the trace itself")  # fmt: skip
-    if None not in (args.first, args.last) and args.last < args.first:
-        raise InputError(f"--to {args.last} is before --from {args.first}")
+    newest = DEFAULT_NEWEST if args.newest is None else args.newest
     if args.store is not None:
-        jobs, cluster = _from_store(args)
+        jobs, cluster = _from_store(args, newest)
         source = "oasis calibrate --store"
     else:
         trace = load_trace(args.trace)
@@ -168,7 +158,6 @@ def run(args: argparse.Namespace) -> int:
     floors = ", ".join(
         f"{r} {math.exp(x):.3g}" for r, x in zip(cluster.resources, start.floor1, strict=True)
     )
-    newest = DEFAULT_NEWEST if args.newest is None else args.newest
     limited = args.store is not None and len(jobs) == newest
     print(
         f"oasis calibrate: {counted(len(jobs), 'job')}"

@@ -139,6 +139,13 @@ def load_trace(path: str) -> Trace:
         raise InputError(f"{path}: invalid trace:\n{lines}", err.problems) from err
 
 
+def add_arrival_slots(p: argparse.ArgumentParser, first_help: str, last_help: str) -> None:
+    """``--from SLOT`` and ``--to SLOT`` (``args.first``, ``args.last``: arrival slots of
+    a daemon's store, each an integer >= 0, None if not given)."""
+    for flag, dest, help_text in (("--from", "first", first_help), ("--to", "last", last_help)):
+        p.add_argument(flag, dest=dest, type=int_at_least(0), metavar="SLOT", help=help_text)
+
+
 def int_at_least(low: int) -> Callable[[str], int]:
     """An argparse ``type``: an integer ``>= low``, or an error saying which."""
 

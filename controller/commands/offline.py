@@ -21,6 +21,7 @@ from controller.commands.common import (
     EXIT_FAILURE,
     EXIT_OK,
     InputError,
+    add_arrival_slots,
     add_search_limit,
     check_store_url,
     counted,
@@ -81,19 +82,10 @@ def register(sub: Any) -> None:
         help="compare what the daemon with this store (SQLAlchemy URL, e.g. "
         "sqlite:////var/lib/oasis/oasis.db) decided, instead of replaying a TRACE",
     )
-    p.add_argument(
-        "--from",
-        dest="first",
-        type=int_at_least(0),
-        metavar="SLOT",
-        help="--store: compare the jobs that arrived from this slot on (default: the first)",
-    )
-    p.add_argument(
-        "--to",
-        dest="last",
-        type=int_at_least(0),
-        metavar="SLOT",
-        help="--store: ... up to this slot, inclusive (default: the last); other jobs keep "
+    add_arrival_slots(
+        p,
+        "--store: compare the jobs that arrived from this slot on (default: the first)",
+        "--store: ... up to this slot, inclusive (default: the last); other jobs keep "
         "their allocations",
     )
     p.add_argument("--json", action="store_true", help="print JSON (SPEC 6) instead of text")
