@@ -248,12 +248,10 @@ class Cordons(Moves):
             self.log.info("cordon ended", server=server, from_slot=cordon.from_slot,
                           until=cordon.until, reason=cordon.reason, by=cordon.by)  # fmt: skip
         for server, cordon in self.cordoned.items():  # a planned one without an end begins
+            if cordon.until is not None or not cordon.started(self.slot):
+                continue
             kind, index = self._server_of(server)
-            if (
-                cordon.until is None
-                and cordon.started(self.slot)
-                and not self._ledger.is_down(kind, index)
-            ):
+            if not self._ledger.is_down(kind, index):
                 self._ledger.block(kind, index, cordon.from_slot)  # down from now on
                 self.log.info("planned cordon begins", server=server, from_slot=cordon.from_slot,
                               reason=cordon.reason, by=cordon.by)  # fmt: skip

@@ -605,8 +605,9 @@ class Execution:
         kind, index = self.server_index[server]
         from_slot = self.c.slot + 1
         now = datetime.now(UTC)
-        cordoned = self._out(server)  # out until an operator's uncordon (or its end)
-        planned = server in self.c.cordoned and not cordoned  # a cordon ahead: kept
+        cordon = self.c.cordoned.get(server)
+        cordoned = cordon is not None and cordon.started(self.c.slot)  # out: its cordon
+        planned = cordon is not None and not cordoned  # a cordon ahead: kept
         with self.c._write() as session:
             session.execute(update(OutageRow).where(
                 OutageRow.server == server, OutageRow.up_from.is_(None),
@@ -618,7 +619,6 @@ class Execution:
                 detail["cordoned"] = True
             event = self.c._event(session, now, "server_recovered", "", "", detail)
         events = [event]
-        cordon = self.c.cordoned.get(server)
         if flaps and not planned:
             events += self._hold_out(server, flaps)
         elif not cordoned or (cordon is not None and cordon.until is not None):

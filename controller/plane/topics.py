@@ -312,10 +312,14 @@ class SlotPlan:
 
 def _slot_dict(plan: SlotPlan) -> dict[str, Any]:
     """``asdict(plan)``, by hand."""
-    tasks = [{"job": t.job, "workers": t.workers, "ps": t.ps,
-              "minibatch_seconds": t.minibatch_seconds, "minibatches": t.minibatches}
-             for t in plan.tasks]  # fmt: skip
-    return {"slot": plan.slot, "starts_at": plan.starts_at, "tasks": tasks}
+    return {"slot": plan.slot, "starts_at": plan.starts_at,
+            "tasks": [_task_dict(t) for t in plan.tasks]}  # fmt: skip
+
+
+def _task_dict(t: Task) -> dict[str, Any]:
+    """``asdict(t)``, by hand."""
+    return {"job": t.job, "workers": t.workers, "ps": t.ps,
+            "minibatch_seconds": t.minibatch_seconds, "minibatches": t.minibatches}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -384,7 +388,7 @@ class Plan:
         chunks: list[tuple[list[Task], list[Task]]] = [([], [])]
         used = 0
         for which, task in [(0, t) for t in self.current.tasks] + [(1, t) for t in self.next.tasks]:
-            size = len(json.dumps(asdict(task), separators=(",", ":"))) + 1  # and a comma
+            size = len(json.dumps(_task_dict(task), separators=(",", ":"))) + 1  # and a comma
             if size > room:
                 raise ValueError(f"one task of job {task.job[:64]!r} is over {max_bytes} bytes")
             if used + size > room:
