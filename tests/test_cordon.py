@@ -694,6 +694,9 @@ def test_an_uncordon_cancels_a_planned_cordon(tmp_path: Path) -> None:
         with c.db.session() as s:
             event = s.scalars(select(EventRow).where(EventRow.kind == "server_uncordoned")).one()
         assert event.detail["planned"] is True
+        with c.db.session() as s:  # cancelled: an empty span, not an end before its start
+            row = s.scalars(select(OutageRow).where(OutageRow.server == "w1")).one()
+        assert (row.down_from, row.up_from) == (4, 4)
         live = _state(c._ledger)
     finally:
         c.close()

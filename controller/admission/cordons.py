@@ -31,7 +31,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import case, select, update
 
 from controller.admission.moves import Moves
 from controller.admission.views import Cordon
@@ -215,8 +215,10 @@ class Cordons(Moves):
         )
         if not orphaned:  # a failure is the execution plane's to end, at its agent's beat
             still_open = still_open.where(OutageRow.cause == CORDONED)
+        # a cordon cancelled before it began keeps an empty span (up_from = down_from)
+        end = case((OutageRow.down_from > from_slot, OutageRow.down_from), else_=from_slot)
         with self._write() as session:
-            session.execute(still_open.values(up_from=from_slot))
+            session.execute(still_open.values(up_from=end))
             failed = _failed(session, server)
             detail = {"server": server, "from_slot": from_slot, "by": by or "", "failed": failed}
             if planned:

@@ -667,8 +667,8 @@ class Recovery(Moves, BoundControl):
                     up_from=str(o.up_from)[:24],
                 )  # fmt: skip
                 continue
-            if o.up_from is not None and o.up_from <= ledger.origin:
-                continue
+            if o.up_from is not None and o.up_from <= max(ledger.origin, o.down_from):
+                continue  # ended before the window, or a cordon cancelled before it began
             if o.server in self.cluster.worker_names:
                 kind, index = "worker", self.cluster.worker_names.index(o.server)
             elif o.server in self.cluster.ps_names:
