@@ -449,6 +449,50 @@ def test_a_restarted_daemon_watches_the_servers_that_reported(plane: PlaneDaemon
     assert failed == [reporter]  # and no server that never reported
 
 
+def test_silence_is_timed_on_the_link_a_flap_does_not_restart_it(plane: PlaneDaemon) -> None:
+    """A server's silence counts only while the broker connection is up, summed over
+    connections: a link that drops every 20 s (under the 30 s timeout) still lets a dead
+    agent be declared failed, and an hour of broker outage fails nobody."""
+    ex, timeout = plane.ex, plane.ex.mqtt.heartbeat_timeout
+
+    def fails_at(step: float, up: float, down: float, until: float) -> float | None:
+        """Seconds after the last beats (both servers at 0 s, then only p1's) at which
+        p0 is declared failed, the link up ``up`` s and down ``down`` s in turn."""
+        start = plane.mono[0]
+        link_up = True
+        while plane.mono[0] - start < until:
+            plane.mono[0] += step
+            t = plane.mono[0] - start
+            if (t % (up + down) < up) != link_up:
+                link_up = not link_up
+                ex.connected() if link_up else ex.disconnected()
+            if link_up:
+                ex.heartbeat(Heartbeat("p1", "a"))  # a live agent beats on
+            if any(e.kind == "server_failed" for e in ex.review_sync()):
+                return t
+        return None
+
+    ex.connected()
+    ex.heartbeat(Heartbeat("p0", "a"))
+    ex.heartbeat(Heartbeat("p1", "a"))
+    ex.review_sync()
+    # up 20 s, down 1 s: p0 fails once 30 s of connection time have passed, in the
+    # second connection (on the old clock, restarted at each connection, never)
+    at = fails_at(1.0, up=20.0, down=1.0, until=200.0)
+    assert at is not None and timeout + 1 <= at <= 21.0 + timeout
+    assert "p0" in ex.failed and "p1" not in ex.failed
+
+    # a broker outage of an hour counts nothing; p1, heard just before, stays up
+    ex.heartbeat(Heartbeat("p1", "a"))
+    ex.review_sync()
+    ex.disconnected()
+    plane.mono[0] += 3600.0
+    assert ex.review_sync() == []
+    ex.connected()
+    plane.mono[0] += 2 * ex.mqtt.heartbeat_seconds + 1.0  # settled, p1 not heard yet
+    assert ex.review_sync() == [] and "p1" not in ex.failed
+
+
 # -- untrusted messages: names, sizes, parse failures, identity (issue 12, items 5-8) -------
 
 

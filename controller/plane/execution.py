@@ -8,8 +8,11 @@ two decisions), always committing to the store before the ledger changes hands:
   the current slot; its slots from the next one on are released and prices fall.
 - **server silent** for ``heartbeat_timeout`` seconds (after it was heard at least once,
   also before a restart of the daemon: the store keeps the names of the servers ever
-  heard, and the progress of active jobs names those that reported; and only while the
-  broker connection is up): the server is
+  heard, and the progress of active jobs names those that reported), counted only while
+  the broker connection was up (:mod:`controller.plane.link_clock`: an outage neither
+  counts nor restarts the count), and once the current connection has lasted two of an
+  agent's beats (``heartbeat_seconds``; at most ``heartbeat_timeout``), for agents to
+  come back after a broker restart: the server is
   down from the next slot on; its jobs are re-placed or re-planned
   (:func:`pricing.replan.fail_server`); a job that can no longer finish becomes
   ``failed``. A heartbeat brings it back from the next slot on.
@@ -64,6 +67,7 @@ from controller.clock import slots_for
 from controller.errors import NotFoundError
 from controller.events import Event
 from controller.plane.intake import Complaints, Received, ReportInbox
+from controller.plane.link_clock import LinkClock
 from controller.plane.port import AdmissionPort
 from controller.plane.settings import MqttConfig
 from controller.plane.topics import Heartbeat, Plan, Progress, SlotPlan, Task
@@ -231,23 +235,23 @@ class Execution:
                             ("ps", controller.cluster.ps_names)):  # fmt: skip
             for i, name in enumerate(names):
                 self.server_index[name] = (kind, i)
-        self.last_seen: dict[str, float] = {}
+        self.link = LinkClock(monotonic)  # silence is timed on it: connected seconds
+        self.last_seen: dict[str, float] = {}  # server -> link time it was last heard
         self.heard: set[str] = set()  # servers ever heard from (kept in the store)
         self._heard_saved = True  # False: ``heard`` grew since it was last stored
-        self.failed: dict[str, float] = {}  # server -> monotonic time declared failed
+        self.failed: dict[str, float] = {}  # server -> link time declared failed
         self.progress: dict[str, JobProgress] = {}
         self.pending: set[str] = set()
         # jobs reported done in a slot before their arrival: never completed there (a jct
         # under 1 slot, a utility no schedule earns), kept pending until they arrive
         self._early: set[str] = set()
         self.reviewed: dict[str, int] = {}  # job -> slot of its last slow-job re-plan try
-        self.watch_from: float | None = None
         self._jobs: dict[str, Job] = {}
         self._pruned_slot: int | None = None
         self.overdue: set[str] = set()  # running past their plan, short of their work
         # the inbox: filled on the event loop, emptied in the decision thread (_drain)
         self._inbox_lock = threading.Lock()
-        self._beats: dict[str, float] = {}  # server -> monotonic time of its latest beat
+        self._beats: dict[str, float] = {}  # server -> link time of its latest beat
         per_server = max(_MAX_INBOX_PER_SERVER, _MAX_INBOX // max(1, len(self.server_index)))
         self._reports = ReportInbox(per_server)
         self._complain = Complaints(_COMPLAIN_SECONDS, monotonic)
@@ -259,7 +263,7 @@ class Execution:
     def load(self) -> None:
         """Read failed servers, progress of active jobs and the plan epoch from the store
         (blocking). Ended jobs' progress stays in the store (see :meth:`view_sync`)."""
-        now = self.monotonic()
+        now = self.link.now()
         with self.c.db.session() as session:
             failures = select(OutageRow).where(
                 OutageRow.up_from.is_(None), OutageRow.cause != CORDONED
@@ -309,34 +313,33 @@ class Execution:
     # -- what agents say (event loop: into the inbox only) -------------------------------
 
     def connected(self) -> None:
-        """The broker connection is up: silence counts from now."""
+        """The broker connection is up: silence counts again."""
         with self._inbox_lock:
-            self.watch_from = self.monotonic()
+            self.link.up()
 
     def disconnected(self) -> None:
         """The broker connection is down: nobody can be heard, so nobody is failed."""
         with self._inbox_lock:
-            self.watch_from = None
+            self.link.down()
 
     def heartbeat(self, beat: Heartbeat) -> None:
         """Queue a heartbeat (timed now) for the decision thread."""
         if beat.server in self.server_index:
             with self._inbox_lock:
-                self._beats[beat.server] = self.monotonic()
+                self._beats[beat.server] = self.link.now()
 
     def report(self, progress: Progress) -> None:
         """Queue a progress report (timed now, in the current slot) for the decision
         thread. ``progress.server`` must be the server whose topic it came on."""
         if progress.server in self.server_index:
-            received = Received(self.monotonic(), self.c.slots.current_slot(), progress)
-            self._reports.put(received)
+            with self._inbox_lock:
+                at = self.link.now()
+            self._reports.put(Received(at, self.c.slots.current_slot(), progress))
 
-    def _drain(self) -> float | None:
-        """Apply what the inbox holds (decision thread); returns the time silence counts
-        from (None: the broker connection is down)."""
+    def _drain(self) -> None:
+        """Apply what the inbox holds (decision thread)."""
         with self._inbox_lock:
             beats, self._beats = self._beats, {}
-            watch_from = self.watch_from
         for server, at in beats.items():
             self._seen(server, at)
         reports = self._reports.take()
@@ -378,7 +381,6 @@ class Execution:
             self._complain(server, "sessions", "report entries dropped: too many agent "
                            "sessions for a job", entries=entries,
                            limit=MAX_SESSIONS_PER_SERVER)  # fmt: skip
-        return watch_from
 
     def _planned(self, reports: list[Received]) -> set[tuple[str, str, int]]:
         """``(job, server, slot)`` with workers, for the servers of ``reports`` and the
@@ -418,16 +420,20 @@ class Execution:
         """Failures, recoveries, early completions and slow jobs; then persist progress
         and, once a slot, forget the jobs that ended."""
         self.c._advance_window()
-        watch_from = self._drain()
+        self._drain()
         events: list[Event] = []
-        now = self.monotonic()
-        if watch_from is not None:
+        with self._inbox_lock:
+            now, up_for = self.link.now(), self.link.up_for()
+        # connected long enough for every live agent to reconnect and beat (or resend)
+        grace = min(2 * self.mqtt.heartbeat_seconds, self.mqtt.heartbeat_timeout)
+        settled = up_for is not None and up_for >= grace
+        if up_for is not None:  # connected: who fell silent, who is back
             for server, seen in self.last_seen.items():
-                silent = now - max(seen, watch_from)
-                if server not in self.failed and silent > self.mqtt.heartbeat_timeout:
-                    events += self._fail_sync(server)
-                    self.failed[server] = now
-                elif server in self.failed and seen > self.failed[server]:
+                if server not in self.failed:
+                    if settled and now - seen > self.mqtt.heartbeat_timeout:
+                        events += self._fail_sync(server)
+                        self.failed[server] = now
+                elif seen > self.failed[server]:
                     events += self._recover_sync(server)
                     del self.failed[server]
         for job_id in sorted(self.pending):
@@ -444,7 +450,8 @@ class Execution:
                 self._early.discard(job_id)  # reviewed again (its agents may say no more)
             else:
                 self.pending.discard(job_id)
-        events += self._overdue_sync(watch_from)
+        if settled:
+            events += self._overdue_sync()
         self._flush_progress()
         if not self._heard_saved:
             with self.c._write() as session:
@@ -468,15 +475,13 @@ class Execution:
             self.overdue.add(job_id)
         return short
 
-    def _overdue_sync(self, watch_from: float | None) -> list[Event]:
+    def _overdue_sync(self) -> list[Event]:
         """Fail the jobs left running past their plan short of their work, once their
-        agents had ``heartbeat_timeout`` seconds after the plan's end, and as long with
-        the broker connection up (``watch_from``: since when; None: down), to report the
-        rest. Agents resend their counts when the daemon comes back, so a job finished
-        while the daemon was down or cut off completes rather than fails."""
+        agents had ``heartbeat_timeout`` seconds after the plan's end to report the rest
+        (called only with the broker connection up for two of their beats: agents resend
+        their counts when the daemon comes back, so a job finished while the daemon was
+        down or cut off completes rather than fails)."""
         if not self.overdue:
-            return []
-        if watch_from is None or self.monotonic() - watch_from <= self.mqtt.heartbeat_timeout:
             return []
         s = self.c.slot
         since_boundary = self.slot_seconds - self.c.slots.seconds_to_next_slot()

@@ -31,7 +31,8 @@ class Received:
     """A progress report as received.
 
     Attributes:
-        at: when, on the daemon's monotonic clock, seconds.
+        at: when, on the daemon's link clock (:mod:`controller.plane.link_clock`),
+            seconds.
         slot: the daemon's slot then (a report counts for jobs planned around it).
         progress: the report; its ``server`` is the topic's.
     """
