@@ -15,7 +15,7 @@ from pricing.baselines import Outcome
 from pricing.baselines import run as run_baseline
 from pricing.best_schedule import BestSchedule, warm_up
 from pricing.cluster import Cluster
-from pricing.explain import explain_rejection
+from pricing.explain import explain
 from pricing.schedule import Schedule
 
 __all__ = [
@@ -90,9 +90,7 @@ def replay(
         decision = decide(job, ledger, job.arrival, last)
         ms = (clock() - start) * 1000.0
         reason = (
-            ""
-            if decision.admitted
-            else explain_rejection(decision.best, job, ledger, job.arrival, last)
+            "" if decision.admitted else explain(decision.best, job, ledger, job.arrival, last)[0]
         )
         yield ReplayRecord(decision, ms, reason)
 

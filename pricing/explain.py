@@ -1,5 +1,11 @@
 """Why a job was priced out: the parts of its best schedule that cost the most, or why
-nothing fits at all. Operators read these in a rejection."""
+nothing fits at all. Operators read these in a rejection.
+
+A best schedule worth nothing (it ends after a deadline without a half-life, or where a
+table utility has fallen to 0) is no answer to "why": what the user needs to hear is why
+no schedule that ends while the job is worth something was taken. :func:`explain`
+searches that one (the same search, over the slots up to the last such end): either it
+does not fit there, or it costs more than the job is worth, and its parts say where."""
 
 from __future__ import annotations
 
@@ -9,13 +15,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from pricing.admission import ADMIT_THRESHOLD
-from pricing.best_schedule import BestSchedule
+from pricing.best_schedule import BestSchedule, best_schedule
 from pricing.cluster import Cluster
 from pricing.jit import kernel
 from pricing.job import Job, fits_nowhere, max_workers_per_slot, room
 from pricing.ledger import Ledger
 
-__all__ = ["PriceDriver", "cannot_finish", "explain_rejection", "price_drivers"]
+__all__ = ["PriceDriver", "cannot_finish", "explain", "explain_rejection", "price_drivers"]
 
 
 def cannot_finish(job: Job, cluster: Cluster, slots: int) -> str | None:
@@ -193,6 +199,60 @@ def _out_of_service(ledger: Ledger, lo: int, hi: int) -> str:
     return f"; out of service in those slots: {', '.join(names[:10])}{more}"
 
 
+def explain(
+    best: BestSchedule,
+    job: Job,
+    ledger: Ledger,
+    first_slot: int,
+    last_slot: int,
+    arrival: int | None = None,
+) -> tuple[str, list[PriceDriver]]:
+    """The reason and the price drivers of a rejection: ``best`` is the job's best
+    schedule in slots ``first_slot .. last_slot`` with its completion time counted from
+    ``arrival`` (None: ``first_slot``), as :func:`pricing.best_schedule.best_schedule`
+    was given them. A best schedule worth nothing is explained by the best one that ends
+    while the job is worth something (see the module docstring)."""
+    start = first_slot if arrival is None else arrival
+    if best.utility is not None and best.utility <= 0:
+        span = last_slot - start + 1  # completion times d = 1 .. span
+        worth = np.asarray(job.utility.values(np.arange(1, span + 1)), dtype=np.float64) > 0
+        end = start + int(np.count_nonzero(worth)) - 1  # non-increasing: a prefix is > 0
+        within = f"by slot {end}, after which it is worth nothing"
+        if end < first_slot:
+            return f"too late: it is worth nothing after slot {end}", []
+        on_time = best_schedule(job, ledger, first_slot, end, start)
+        if on_time.payoff is None:
+            return "cannot finish " + within + ": " + _cannot_fit(job, ledger, first_slot, end), []
+        drivers = price_drivers(on_time, job, ledger)
+        return explain_rejection(on_time, job, ledger, first_slot, end, drivers, within), drivers
+    drivers = price_drivers(best, job, ledger)
+    return explain_rejection(best, job, ledger, first_slot, last_slot, drivers), drivers
+
+
+def _cannot_fit(job: Job, ledger: Ledger, first_slot: int, last_slot: int) -> str:
+    """Why no schedule of ``job`` fits in slots ``first_slot .. last_slot``."""
+    late = cannot_finish(job, ledger.cluster, last_slot - first_slot + 1)
+    if late is not None:
+        return late
+    lo, hi = ledger.index(first_slot), ledger.index(last_slot) + 1
+    worst, least, fit = _scarcest(job, ledger, lo, hi)
+    slots = f"slots {first_slot}..{last_slot}"
+    if fit >= job.work:  # the workers alone would fit: "only 384 free" for 9 misled
+        said = (
+            f"cannot fit: its parameter servers do not fit in {slots} next to its "
+            f"workers ({fit} worker-slots are free there, capped at {job.chunks} per "
+            f"slot, for the {job.work} it needs)"
+        )
+    else:
+        said = (
+            f"cannot fit: it needs {job.work} worker-slots in {slots}, and only {fit} "
+            f"worker-slots are free there (capped at {job.chunks} per slot); the "
+            f"scarcest resource is {worst!r} ({least} workers' worth free), or its "
+            "parameter servers do not fit"
+        )
+    return said + _out_of_service(ledger, lo, hi)
+
+
 def explain_rejection(
     best: BestSchedule,
     job: Job,
@@ -200,38 +260,23 @@ def explain_rejection(
     first_slot: int,
     last_slot: int,
     drivers: list[PriceDriver] | None = None,
+    within: str = "",
 ) -> str:
-    """A sentence a person can act on, for a job whose best payoff is not positive.
+    """A sentence a person can act on, for a job whose best payoff in slots
+    ``first_slot .. last_slot`` is not positive.
 
-    ``drivers`` are :func:`price_drivers` of ``best`` if the caller has them already."""
+    ``drivers`` are :func:`price_drivers` of ``best`` if the caller has them already;
+    ``within`` says what bounds the schedule searched (``"by slot 7, after which ..."``)."""
     if best.payoff is None:
-        late = cannot_finish(job, ledger.cluster, last_slot - first_slot + 1)
-        if late is not None:
-            return late
-        lo, hi = ledger.index(first_slot), ledger.index(last_slot) + 1
-        worst, least, fit = _scarcest(job, ledger, lo, hi)
-        slots = f"slots {first_slot}..{last_slot}"
-        if fit >= job.work:  # the workers alone would fit: "only 384 free" for 9 misled
-            said = (
-                f"cannot fit: its parameter servers do not fit in {slots} next to its "
-                f"workers ({fit} worker-slots are free there, capped at {job.chunks} per "
-                f"slot, for the {job.work} it needs)"
-            )
-        else:
-            said = (
-                f"cannot fit: it needs {job.work} worker-slots in {slots}, and only {fit} "
-                f"worker-slots are free there (capped at {job.chunks} per slot); the "
-                f"scarcest resource is {worst!r} ({least} workers' worth free), or its "
-                "parameter servers do not fit"
-            )
-        return said + _out_of_service(ledger, lo, hi)
+        return _cannot_fit(job, ledger, first_slot, last_slot)
     assert best.cost is not None and best.utility is not None and best.payoff is not None
     if drivers is None:
         drivers = price_drivers(best, job, ledger)
     # a payoff in (0, 1e-9] is not admitted either, and "<= 0" would be untrue of it
     bar = "0" if best.payoff <= 0 else f"{ADMIT_THRESHOLD:g}, the admission threshold"
+    which = f"the best schedule that completes {within}" if within else "the best schedule"
     head = (
-        f"priced out: the best schedule (completion in {best.jct} slots, utility "
+        f"priced out: {which} (completion in {best.jct} slots, utility "
         f"{best.utility:.6g}) costs {best.cost:.6g}, payoff {best.payoff:.6g} <= {bar}"
     )
     if not drivers:

@@ -127,3 +127,32 @@ def test_a_payoff_under_the_threshold_is_said_to_be_under_it_not_under_0() -> No
         d = decide(job, ledger, 0, trace.horizon - 1)
         assert not d.admitted
         assert says in explain_rejection(d.best, job, ledger, 0, trace.horizon - 1)
+
+
+def test_a_job_worth_nothing_by_its_best_end_hears_why_it_cannot_end_in_time() -> None:
+    """A deadline without a half-life, its slots up to it taken: the best schedule ends
+    after it (utility 0), and "priced out" with that schedule's prices explained
+    nothing (the audit's `fill3`). The reason now says what keeps it from its deadline;
+    a job whose deadline passed while it waited is told so."""
+    from pricing.explain import explain
+
+    raw = _one_job_worth(2.0)
+    raw["jobs"][0]["utility"] = {"kind": "deadline", "value": 1000.0, "deadline": 2}
+    trace = trace_from_dict(raw)
+    ledger = Ledger(trace.cluster, trace.bounds, trace.horizon)
+    ledger.block("worker", 0, 0, 2)  # w0 out in slots 0 and 1: its deadline cannot be met
+    (job,) = trace.jobs
+    d = decide(job, ledger, 0, trace.horizon - 1)
+    assert not d.admitted and d.best.utility == 0.0 and d.best.completion_slot == 2
+    reason, drivers = explain(d.best, job, ledger, 0, trace.horizon - 1)
+    assert reason.startswith(
+        "cannot finish by slot 1, after which it is worth nothing: cannot fit: it needs 1 "
+        "worker-slots in slots 0..1, and only 0 worker-slots are free there"
+    ), reason
+    assert reason.endswith("out of service in those slots: w0") and drivers == []
+
+    waited = explain(d.best, job, ledger, 2, trace.horizon - 1, arrival=0)
+    assert waited == ("too late: it is worth nothing after slot 1", [])
+
+    ledger = Ledger(trace.cluster, trace.bounds, trace.horizon)  # nothing taken: admitted
+    assert decide(job, ledger, 0, trace.horizon - 1).admitted

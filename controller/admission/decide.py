@@ -26,7 +26,7 @@ from pricing import ADMIT_THRESHOLD, Job, SpecError
 from pricing.best_schedule import BestSchedule, best_schedule, payoff_ceiling
 from pricing.durations import format_duration
 from pricing.errors import check_all
-from pricing.explain import explain_rejection, price_drivers
+from pricing.explain import explain as explain_decision
 from pricing.prices import PriceBounds
 from pricing.shared_estimate import SharedEstimate
 
@@ -89,8 +89,7 @@ class DecisionCore(GroupCommit):
         reason = ""
         drivers: list[dict[str, Any]] = []
         if not admitted and explain:
-            found = price_drivers(best, job, ledger)
-            reason = explain_rejection(best, job, ledger, first, last, found)
+            reason, found = explain_decision(best, job, ledger, first, last, arrival)
             drivers = [d.__dict__ for d in found]
         ms = (time.perf_counter() - started) * 1000.0
         view = DecisionView(
