@@ -137,7 +137,9 @@ def test_a_job_worth_nothing_by_its_best_end_hears_why_it_cannot_end_in_time() -
     from pricing.explain import explain
 
     raw = _one_job_worth(2.0)
-    raw["jobs"][0]["utility"] = {"kind": "deadline", "value": 1000.0, "deadline": 2}
+    jobs = raw["jobs"]
+    assert isinstance(jobs, list)
+    jobs[0]["utility"] = {"kind": "deadline", "value": 1000.0, "deadline": 2}
     trace = trace_from_dict(raw)
     ledger = Ledger(trace.cluster, trace.bounds, trace.horizon)
     ledger.block("worker", 0, 0, 2)  # w0 out in slots 0 and 1: its deadline cannot be met

@@ -493,6 +493,33 @@ def test_silence_is_timed_on_the_link_a_flap_does_not_restart_it(plane: PlaneDae
     assert ex.review_sync() == [] and "p1" not in ex.failed
 
 
+def test_one_agents_flood_is_not_the_others_silence(plane: PlaneDaemon) -> None:
+    """While an agent's messages are dropped over its rate, the broker may be dropping
+    the other agents' heartbeats on the way to the daemon (the audit: a flood on w0's
+    own topic failed p0 and w1, and another tenant's jobs with them). The time of the
+    flood counts as no server's silence; once it is over, a silent server fails as
+    before."""
+    ex, timeout = plane.ex, plane.ex.mqtt.heartbeat_timeout
+    ex.connected()
+    ex.heartbeat(Heartbeat("p0", "a"))
+    ex.heartbeat(Heartbeat("w0", "a"))
+    ex.review_sync()
+    for _ in range(int(3 * timeout)):  # w0 floods; p0's beats (if any) do not get through
+        plane.mono[0] += 1.0
+        ex.heartbeat(Heartbeat("w0", "a"))
+        ex.crowded()
+        assert ex.review_sync() == []
+    failed_at = None
+    for step in range(1, int(2 * timeout)):  # calm: p0 silent for the timeout fails
+        plane.mono[0] += 1.0
+        ex.heartbeat(Heartbeat("w0", "a"))
+        if any(e.kind == "server_failed" for e in ex.review_sync()):
+            failed_at = step
+            break
+    assert failed_at is not None and timeout < failed_at <= timeout + 2
+    assert "p0" in ex.failed and "w0" not in ex.failed
+
+
 # -- untrusted messages: names, sizes, parse failures, identity (issue 12, items 5-8) -------
 
 

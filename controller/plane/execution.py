@@ -236,6 +236,8 @@ class Execution:
             for i, name in enumerate(names):
                 self.server_index[name] = (kind, i)
         self.link = LinkClock(monotonic)  # silence is timed on it: connected seconds
+        self._reviewed_at = 0.0  # link time of the last review
+        self._crowded = False  # an agent's messages dropped over its rate since then
         self.last_seen: dict[str, float] = {}  # server -> link time it was last heard
         self.heard: set[str] = set()  # servers ever heard from (kept in the store)
         self._heard_saved = True  # False: ``heard`` grew since it was last stored
@@ -321,6 +323,13 @@ class Execution:
         """The broker connection is down: nobody can be heard, so nobody is failed."""
         with self._inbox_lock:
             self.link.down()
+
+    def crowded(self) -> None:
+        """An agent's message was dropped over its rate (event loop): the broker may be
+        dropping other agents' messages too, so the time until the next review does not
+        count as anyone's silence."""
+        with self._inbox_lock:
+            self._crowded = True
 
     def heartbeat(self, beat: Heartbeat) -> None:
         """Queue a heartbeat (timed now) for the decision thread."""
@@ -423,7 +432,11 @@ class Execution:
         self._drain()
         events: list[Event] = []
         with self._inbox_lock:
+            if self._crowded:  # one agent's flood is not the others' silence
+                self.link.rewind_to(self._reviewed_at)
+                self._crowded = False
             now, up_for = self.link.now(), self.link.up_for()
+            self._reviewed_at = now
         # connected long enough for every live agent to reconnect and beat (or resend)
         grace = min(2 * self.mqtt.heartbeat_seconds, self.mqtt.heartbeat_timeout)
         settled = up_for is not None and up_for >= grace

@@ -269,7 +269,9 @@ class Plane:
                            "(agents must publish without retain)", topic=topic)  # fmt: skip
             return False
         if self._rate.take(server) > 0:  # before it is parsed: parsing is the cost
-            self._complain(server, "flood", "messages from an agent dropped: over its rate",
+            self.execution.crowded()
+            self._complain(server, "flood", "messages from an agent dropped: over its rate "
+                           "(no server's silence counts meanwhile)",
                            rate=AGENT_MESSAGES_PER_SECOND, burst=AGENT_MESSAGE_BURST)  # fmt: skip
             return False
         try:

@@ -5,7 +5,10 @@ An agent can be heard only while the daemon is connected, so only that time coun
 against it: a broker outage of an hour does not fail every server, and a link that
 drops every few seconds (a flapping broker, a proxy that cuts idle streams) does not
 restart every server's silence at each reconnection, which would let a dead server
-hold its jobs' plans for as long as the link flaps.
+hold its jobs' plans for as long as the link flaps. Nor does the time between two
+reviews in which an agent flooded the daemon's intake (:meth:`LinkClock.rewind_to`): the
+broker drops what it cannot deliver to the daemon, other agents' heartbeats among them,
+so one agent's flood must not read as the others' silence.
 """
 
 from __future__ import annotations
@@ -41,6 +44,11 @@ class LinkClock:
         if self._since is None:
             return self._before
         return self._before + max(self._monotonic() - self._since, 0.0)
+
+    def rewind_to(self, mark: float) -> None:
+        """The time since ``mark`` (a reading of :meth:`now`) does not count: nobody could
+        be heard reliably in it (an agent flooded the daemon's intake)."""
+        self._before -= max(self.now() - mark, 0.0)
 
     def up_for(self) -> float | None:
         """Seconds the current connection has been up; None while it is down."""
