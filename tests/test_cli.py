@@ -299,6 +299,13 @@ def test_careless_arguments_are_refused_before_any_harm(
     assert main(["gen", "--jobs", "2", "--slot-seconds", "1e20", "-o", str(out)]) == 2
     assert "--slot-seconds: at most 31622400" in capsys.readouterr().err
     assert not out.exists()
+    # the agent: nan or inf as its speed reported every planned job done at once, nan
+    # as its report interval spun the loop (the MQTT audit); refused before it connects
+    for flag in ("--speed", "--report-seconds"):
+        for bad in ("nan", "inf", "0"):
+            argv = ["agent", "--node", "w0", "--broker", "mqtt://127.0.0.1:9", flag, bad]
+            assert main(argv) == 2
+            assert f"{flag}: must be a number > 0, got {float(bad)}" in capsys.readouterr().err
 
 
 def test_replay_rejects_a_job_past_the_search_limit_unsearched(

@@ -198,6 +198,13 @@ def test_payloads_round_trip_and_bad_ones_name_the_field() -> None:
         Progress.parse(b'{"version": 1, "server": "w0", "session": 5, "jobs": []}')
     with pytest.raises(SpecError, match="heartbeat: not JSON"):
         Heartbeat.parse(b"{")
+    # not text: a UTF-8-encoded surrogate (json.loads(bytes) took it), a lone escaped
+    # one; an escaped pair is text (an emoji)
+    for session in (b"sur\xed\xa0\x80", b"sur\\ud800"):
+        with pytest.raises(SpecError, match="heartbeat: not JSON"):
+            Heartbeat.parse(b'{"version": 1, "server": "w0", "session": "' + session + b'"}')
+    smile = Heartbeat.parse(b'{"version": 1, "server": "w0", "session": "\\ud83d\\ude00"}')
+    assert smile.session == "\U0001f600"
     t = Topics("oasis")
     assert t.plan("w0") == "oasis/v1/servers/w0/plan"
     assert t.all_progress == "oasis/v1/agents/+/progress"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -72,10 +73,10 @@ def _agent(args: argparse.Namespace) -> int:
     if not args.node:
         raise InputError("--node NAME is required: the server this agent runs on")
     mqtt = broker_settings(args)
-    if args.speed <= 0:
-        raise InputError(f"--speed: must be > 0, got {args.speed}")
-    if args.report_seconds <= 0:
-        raise InputError(f"--report-seconds: must be > 0, got {args.report_seconds}")
+    if not (0 < args.speed < math.inf):  # nan and inf: every job done at once
+        raise InputError(f"--speed: must be a number > 0, got {args.speed}")
+    if not (0 < args.report_seconds < math.inf):  # nan: the report loop spins
+        raise InputError(f"--report-seconds: must be a number > 0, got {args.report_seconds}")
     logs.configure(args.log_level)
     try:
         agent = Agent(args.node, mqtt, args.speed, args.worker_command, args.report_seconds)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import time
@@ -111,8 +112,8 @@ class Agent:
         report_seconds: float = 1.0,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        if speed <= 0:
-            raise ValueError(f"speed: must be > 0, got {speed}")
+        if not (0 < speed < math.inf):
+            raise ValueError(f"speed: must be a number > 0, got {speed}")
         self.server = topic_name(server, "server")
         self.mqtt = mqtt
         self.topics = Topics(mqtt.topic_prefix)

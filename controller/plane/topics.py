@@ -221,6 +221,10 @@ def _dump(obj: Any, *omit: str) -> bytes:
     return json.dumps({"version": VERSION, **body}, separators=(",", ":")).encode()
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+"""A JSON escape of a UTF-16 surrogate: a pair is text, a lone one is not (checked)."""
+
+
 def decode(
     payload: bytes | bytearray | str,
     what: str,
@@ -234,8 +238,12 @@ def decode(
     if len(payload) > max_bytes:
         raise SpecError.one(what, f"{len(payload)} bytes, over the limit of {max_bytes}")
     try:
-        data = json.loads(payload)
-    except ValueError as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        # strictly: json.loads(bytes) lets UTF-8-encoded surrogates through
+        text = payload if isinstance(payload, str) else bytes(payload).decode("utf-8")
+        data = json.loads(text)
+        if _SURROGATE_ESCAPE.search(text):  # "\ud800" escaped: valid JSON, not text
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except ValueError as err:  # JSONDecodeError and UnicodeError are ValueErrors
         raise SpecError.one(what, f"not JSON: {str(err)[:200]}") from None
     except RecursionError:
         raise SpecError.one(what, "not JSON the parser can read: nested too deep") from None
