@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -30,7 +31,7 @@ from controller.plane.topics import Heartbeat, Plan, Topics
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from tests.broker import Mosquitto, mosquitto_binary
-from tests.servers import ROOT, Daemon, oasis, write_config
+from tests.servers import ROOT, Daemon, json_log, oasis, write_config
 
 SLOT = 6.0
 WINDOW = 24  # the daemon's window (tests/servers.py): its ledger holds slots s .. s + WINDOW
@@ -435,6 +436,38 @@ def test_broker_restart_loses_nothing(cluster: Cluster) -> None:
     failed = [(e.kind, e.detail) for e in cluster.events() if e.kind == "server_failed"]
     assert failed == [], "a broker outage is no server's failure"
     assert not any(p.down for p in cluster.plans().values())
+
+
+def test_agents_of_an_old_store_follow_a_daemon_on_a_new_one(cluster: Cluster) -> None:
+    """Agents ignore plans of an epoch below the one they follow, and a daemon on a new
+    store (or a store restored from a backup) numbers its plans from 1 again: the MQTT
+    audit saw every agent log "stale plan ignored" while the new daemon completed, with
+    their plans, jobs that never ran. Their heartbeats name the epoch they follow; the
+    daemon sends every plan again above it."""
+    cluster.daemon.start()
+    for server in SERVERS:
+        cluster.start_agent(server, speed=1.0)
+    cluster.wait_agents()
+    for i in range(3):
+        assert cluster.submit(plane_job(f"o{i}"))["decision"]["admitted"] is True
+    wait_consistent(cluster)
+    old = max(p.epoch for p in cluster.plans().values())
+    cluster.daemon.stop()
+    shutil.rmtree(cluster.tmp / "data")  # a new store: its plans start at epoch 1
+    cluster.daemon.start()
+    assert cluster.submit(plane_job("n1"))["decision"]["admitted"] is True
+    wait_for("every agent's plan above the old store's epoch",
+             lambda: min(p.epoch for p in cluster.plans().values()) > old,
+             timeout=3 * SLOT)  # fmt: skip
+    wait_for(
+        "progress of the new store's job",
+        lambda: cluster.stub().GetProgress(pb.GetProgressRequest(id="n1"), timeout=10)
+        .progress.minibatches_done > 0,
+    )  # fmt: skip
+    warning = "agents follow plans of another daemon"
+    said = [e for e in json_log(cluster.tmp / "oasisd.log")
+            if str(e.get("event", "")).startswith(warning)]  # fmt: skip
+    assert said and said[0]["followed"] >= old
 
 
 def test_kill_9_daemon_republishes_plans_and_loses_nothing(cluster: Cluster) -> None:

@@ -527,6 +527,33 @@ def test_one_agents_flood_is_not_the_others_silence(plane: PlaneDaemon) -> None:
     assert "p0" in ex.failed and "w0" not in ex.failed
 
 
+def test_agents_that_follow_another_stores_plans_get_this_daemons_above_them(
+    plane: PlaneDaemon,
+) -> None:
+    """A daemon on a new (or restored) store starts its epochs again, and agents ignore
+    plans below the one they follow: the audit saw them ignore a new daemon's plans for
+    40 rounds while it completed their jobs with their plans. A heartbeat names the epoch
+    its agent follows; one above the daemon's sends every plan again above it. A claim
+    past MAX_FOLLOWED_EPOCH (a hostile agent's) moves nothing."""
+    from controller.plane.execution import MAX_FOLLOWED_EPOCH
+
+    plane.submit("j")
+    ex = plane.ex
+    first = ex.plans_sync({})
+    assert first and {p.epoch for p in first} == {1}
+    published = {p.server: p for p in first}
+    assert ex.plans_sync(published) == []  # nothing changed
+    assert not ex.heartbeat(Heartbeat("w0", "a", 1))  # follows this daemon's
+    assert not ex.heartbeat(Heartbeat("w0", "a", MAX_FOLLOWED_EPOCH + 1))
+    assert ex.heartbeat(Heartbeat("w0", "a", 41))  # another store's epoch 41
+    assert not ex.heartbeat(Heartbeat("w1", "a", 41))  # nothing new
+    again = ex.plans_sync(published)
+    assert {p.server for p in again} == set(ex.server_index)
+    assert {p.epoch for p in again} == {42} and ex.epoch == 42
+    assert [p.current.tasks for p in again] == [published[p.server].current.tasks for p in again]
+    assert not ex.heartbeat(Heartbeat("w0", "a", 41))  # behind now: the next plan fixes it
+
+
 # -- untrusted messages: names, sizes, parse failures, identity (issue 12, items 5-8) -------
 
 

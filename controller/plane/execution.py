@@ -109,6 +109,10 @@ _LEVEL = 0.9
 _MAX_INBOX = 100_000
 _MAX_INBOX_PER_SERVER = 1_000  # ... and at least this many
 _COMPLAIN_SECONDS = 10.0
+MAX_FOLLOWED_EPOCH = 1 << 52
+"""The highest epoch an agent's heartbeat may move this daemon's to (see
+:meth:`Execution.plans_sync`): plan epochs are at most 2**53, so a hostile agent's claim
+leaves room for 2**52 more rounds."""
 RESTORE_PAGE = 1000
 """Jobs whose latest event one page of a broker's restore reads (and publishes)."""
 # the stored event kinds published on jobs/<id>/events (topics.event_kind)
@@ -238,6 +242,9 @@ class Execution:
         self.link = LinkClock(monotonic)  # silence is timed on it: connected seconds
         self._reviewed_at = 0.0  # link time of the last review
         self._crowded = False  # an agent's messages dropped over its rate since then
+        # the highest epoch an agent follows above this daemon's (its heartbeats), and
+        # that agent's server: plans of another daemon's store, which hide this one's
+        self._ahead: tuple[int, str] = (0, "")
         self.last_seen: dict[str, float] = {}  # server -> link time it was last heard
         self.heard: set[str] = set()  # servers ever heard from (kept in the store)
         self._heard_saved = True  # False: ``heard`` grew since it was last stored
@@ -331,11 +338,17 @@ class Execution:
         with self._inbox_lock:
             self._crowded = True
 
-    def heartbeat(self, beat: Heartbeat) -> None:
-        """Queue a heartbeat (timed now) for the decision thread."""
-        if beat.server in self.server_index:
-            with self._inbox_lock:
-                self._beats[beat.server] = self.link.now()
+    def heartbeat(self, beat: Heartbeat) -> bool:
+        """Queue a heartbeat (timed now) for the decision thread; True if its agent
+        follows a plan of an epoch above this daemon's (see :meth:`plans_sync`)."""
+        if beat.server not in self.server_index:
+            return False
+        with self._inbox_lock:
+            self._beats[beat.server] = self.link.now()
+            if self.epoch < beat.epoch <= MAX_FOLLOWED_EPOCH and beat.epoch > self._ahead[0]:
+                self._ahead = (beat.epoch, beat.server)
+                return True
+        return False
 
     def report(self, progress: Progress) -> None:
         """Queue a progress report (timed now, in the current slot) for the decision
@@ -831,8 +844,23 @@ class Execution:
     def plans_sync(self, published: dict[str, Plan]) -> list[Plan]:
         """Plans of every server for the current and next slot that differ from
         ``published`` (all of them if it is empty), under one new epoch (persisted first);
-        ``[]`` if nothing changed."""
+        ``[]`` if nothing changed.
+
+        Agents ignore a plan of an epoch below the one they follow. One that follows an
+        epoch above this daemon's (its heartbeat says so) followed another daemon: one
+        on another store, or on this store before it was restored from a backup or
+        replaced by a new one. Then every plan goes out again, above that epoch: else
+        the agents would ignore this daemon's plans for as many rounds, while their
+        servers' jobs, reported by nobody, completed with their plans."""
         self.c._advance_window()
+        with self._inbox_lock:
+            (ahead, by), self._ahead = self._ahead, (0, "")
+        if ahead > self.epoch:
+            self.log.warning(
+                "agents follow plans of another daemon or store: plans go out again above "
+                "their epoch", followed=ahead, server=by, epoch=self.epoch,
+            )  # fmt: skip
+            self.epoch, published = ahead, {}
         s = self.c.slot
         tasks: dict[tuple[str, int], list[Task]] = {}
         with self.c._write() as session:

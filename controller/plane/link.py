@@ -285,7 +285,8 @@ class Plane:
                            topic=topic, named=parsed.server[:200])  # fmt: skip
             return False
         if isinstance(parsed, Heartbeat):
-            self.execution.heartbeat(parsed)
+            if self.execution.heartbeat(parsed):  # it follows another daemon's plans
+                self.changed()
         else:
             if parsed.refused:
                 self._complain(server, "entries", "report entries dropped: bad counts",
