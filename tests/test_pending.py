@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 import pytest
 import structlog
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from controller.admission import AdmissionController, QueueFullError
 from controller.clock import FakeClock, SlotClock
@@ -499,6 +499,43 @@ def test_slot_0_far_out_is_refused_in_the_config_and_in_the_store(tmp_path: Path
         session.merge(MetaRow(key=EPOCH_KEY, value={"epoch": 1e300, "source": "an edit"}))
     with pytest.raises(SpecError, match=r"meta row 'epoch': epoch: must be a Unix time"):
         opened(config, FakeClock(1_700_000_000.0))
+
+
+def test_a_deleted_slot_0_row_is_read_from_the_settings_or_refused(tmp_path: Path) -> None:
+    """The HA audit: ``delete from meta`` made a restart read slot 0 as the Unix epoch
+    (the legacy rule) and complete every tenant's admitted job at once, its capacity
+    sold again; deleting the ``epoch`` row alone gave a refusal that blamed a
+    ``daemon.epoch`` the config does not set. Slot 0 is now read from the ``settings``
+    row, and without either row a store whose newest job says otherwise is refused."""
+    from controller.admission.state import EPOCH_KEY, SETTINGS_KEY
+    from controller.errors import SlotGridChangedError
+    from controller.store import MetaRow
+
+    clock = FakeClock(time.time())  # decided_at is the wall clock's
+    path = write_config(tmp_path / "c.toml", tmp_path / "data", epoch=0.0)
+    path.write_text(path.read_text().replace("epoch = 0.0\n", ""))
+    config = load(path)
+    c = opened(config, clock)
+    try:
+        epoch = c.slots.epoch
+        assert asyncio.run(c.submit(small("kept"))).state == "admitted"
+    finally:
+        c.close()
+    db = Database(config.database_url)
+    for deleted in ((EPOCH_KEY,), (EPOCH_KEY, SETTINGS_KEY)):
+        with db.session() as session:
+            session.execute(delete(MetaRow).where(MetaRow.key.in_(deleted)))
+        if len(deleted) == 2:
+            with pytest.raises(SlotGridChangedError, match="puts slot 0 near") as refused:
+                opened(config, clock)
+            assert f"epoch = {epoch:.0f}" in str(refused.value)
+            break
+        c = opened(config, clock)
+        try:
+            assert c.slots.epoch == epoch
+            assert c._get_sync("kept").state == "admitted"
+        finally:
+            c.close()
 
 
 def test_a_store_with_jobs_but_no_recorded_slot_0_keeps_the_unix_epoch(tmp_path: Path) -> None:

@@ -173,10 +173,19 @@ class Recovery(Moves, BoundControl):
             value = meta.value.get("epoch") if isinstance(meta.value, dict) else None
             return slot_zero(value, f"the store's meta row {EPOCH_KEY!r}: epoch")
         recorded = _recorded_settings(session).get("epoch")
-        if not self.leading and isinstance(recorded, int | float) and math.isfinite(recorded):
+        if (
+            isinstance(recorded, int | float)
+            and not isinstance(recorded, bool)
+            and (math.isfinite(recorded))
+        ):
             # a leader whose config sets the epoch records it only with its settings: a
-            # standby without one takes the leader's (it refused to start, in a loop)
-            self.log.info("slot 0 read from the leader's settings", epoch=recorded)
+            # standby without one takes the leader's (it refused to start, in a loop),
+            # and so does a leader whose config no longer sets it (or whose epoch row
+            # was deleted): slot 0 at the Unix epoch completed every stored job
+            self.log.info("slot 0 read from the store's settings", epoch=recorded)
+            if self.leading:
+                why = f"the store's meta row {SETTINGS_KEY!r}"
+                session.add(MetaRow(key=EPOCH_KEY, value={"epoch": recorded, "source": why}))
             return float(recorded)
         if not self.leading:
             raise StoreUnavailableError(
@@ -185,6 +194,7 @@ class Recovery(Moves, BoundControl):
             )
         now = self.slots.clock.now()
         if session.scalar(select(JobRow.id).limit(1)) is not None:
+            self._check_unix_epoch(session)
             epoch, why = 0.0, "jobs stored before slot 0 was recorded: the Unix epoch"
         else:
             epoch = first_epoch(now, self.slots.slot_seconds)
@@ -192,6 +202,41 @@ class Recovery(Moves, BoundControl):
         session.add(MetaRow(key=EPOCH_KEY, value={"epoch": epoch, "source": why}))
         self.log.info("slot 0 recorded", epoch=epoch, source=why, started=now)
         return epoch
+
+    def _check_unix_epoch(self, session: Session) -> None:
+        """Refuse to take the Unix epoch as slot 0 of a store whose newest job says
+        otherwise: a store that records no slot 0 (no ``epoch`` or ``settings`` meta row)
+        was started before the daemon recorded one, when slot 0 was the Unix epoch, or
+        its rows were deleted by hand; then its jobs, read as planned in 1970, would all
+        be completed at once and their capacity sold again.
+
+        Raises:
+            SlotGridChangedError: the newest job was submitted more than two slots away
+                from where slot 0 at the Unix epoch puts it; the message gives the slot 0
+                its time implies.
+        """
+        row = session.execute(
+            select(JobRow.decided_at, JobRow.submitted_slot).order_by(JobRow.sequence.desc())
+        ).first()  # fmt: skip
+        if row is None or not isinstance(row.decided_at, datetime):
+            return
+        if not _integer(row.submitted_slot):
+            return
+        length = self.slots.slot_seconds
+        at = row.decided_at  # SQLite keeps no zone: stored as UTC
+        at = at.replace(tzinfo=UTC) if at.tzinfo is None else at
+        implied = at.timestamp() - row.submitted_slot * length
+        if abs(implied) <= 2 * length:
+            return
+        start = math.floor(implied / length) * length
+        raise SlotGridChangedError(
+            f"it records no slot 0 (its meta rows {EPOCH_KEY!r} and {SETTINGS_KEY!r} are "
+            f"missing or unreadable), and its newest job, decided at "
+            f"{_when(at.timestamp())} in slot {row.submitted_slot}, puts slot 0 "
+            f"near {_when(implied)}, not at the Unix epoch: started so, every stored job "
+            f"would be read as planned in 1970 and completed at once. Set daemon.epoch to "
+            f"the store's slot 0 (epoch = {start:.0f} is {_when(start)}), or restore the rows"
+        )
 
     def _check_slot_grid(self, session: Session) -> None:
         """Refuse a slot length or slot 0 other than those of the stored jobs' plans.
