@@ -478,3 +478,88 @@ def test_clients_follow_the_redirect_and_retry_over_the_nodes() -> None:
     finally:
         lead_server.stop(0)
         standby_server.stop(0)
+
+
+class _Leadership(pb_grpc.HighAvailabilityServicer):
+    """A fake node's answer to "who leads"; ``hang`` seconds first (a stopped process
+    answers nothing)."""
+
+    def __init__(self, role: str, hang: float = 0.0) -> None:
+        self.role, self.hang = role, hang
+
+    def GetLeadership(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        time.sleep(self.hang)
+        return pb.GetLeadershipResponse(enabled=True, role=self.role)
+
+
+class _HungNode(_Node):
+    def __init__(self, hang: float) -> None:
+        super().__init__(None)
+        self.hang = hang
+
+    def GetClusterInfo(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        time.sleep(self.hang)
+        return super().GetClusterInfo(request, context)
+
+
+def test_a_hung_node_named_first_costs_a_command_seconds_not_its_whole_timeout() -> None:
+    """The HA audit: with the leader stopped (SIGSTOP) and named first, every command
+    gave its whole --timeout to it before trying the standby that had taken over
+    (``--timeout 10`` failed after 10.7 s; 30 took 20.6 s). Asked who leads, all at
+    once, the nodes that answer say; the first call goes to the new leader."""
+    from controller.commands.failover import LOCATE_SECONDS
+
+    servers = []
+    try:
+        addresses = []
+        for node, role in ((_HungNode(8.0), _Leadership("leader", hang=8.0)),
+                           (_Node(None), _Leadership("leader"))):  # fmt: skip
+            server = grpc.server(ThreadPoolExecutor(4))
+            pb_grpc.add_ClusterServicer_to_server(node, server)
+            pb_grpc.add_HighAvailabilityServicer_to_server(role, server)
+            addresses.append(f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}")
+            server.start()
+            servers.append(server)
+        pool = LeaderPool(addresses, grpc.insecure_channel, budget=10)
+        started = time.monotonic()
+        info = FollowingStub(pool, pb_grpc.ClusterStub).GetClusterInfo(
+            pb.GetClusterInfoRequest(), timeout=10
+        )
+        assert info.window == 7 and pool.address == addresses[1]
+        assert time.monotonic() - started < LOCATE_SECONDS + 2.0
+        pool.close()
+    finally:
+        for server in servers:
+            server.stop(0)
+
+
+def test_a_failed_call_names_the_node_it_went_to_not_the_list() -> None:
+    """The HA audit: a standby naming a dead leader read "cannot reach the daemon at
+    <the standby>" (it is up), and two nodes read as one address "[a,b]:50051"."""
+    import argparse
+
+    from controller.commands.connection import _explain
+    from controller.commands.failover import tried_address
+
+    dead = f"127.0.0.1:{free_port()}"
+    standby = _Node(dead)
+    server, address = _serve(standby)
+    try:
+        pool = LeaderPool([address], grpc.insecure_channel, budget=2)
+        with pytest.raises(grpc.RpcError) as failed:
+            FollowingStub(pool, pb_grpc.ClusterStub).GetClusterInfo(
+                pb.GetClusterInfoRequest(), timeout=2
+            )
+        pool.close()
+        assert tried_address(failed.value) == dead
+        args = argparse.Namespace(server=address, timeout=2.0, tls=False, tls_ca="")
+        said = _explain(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses",
+                        args, tried_address(failed.value))  # fmt: skip
+        assert said.startswith(f"cannot reach the daemon at {dead} (the leader a node of "
+                               "--server named): ")  # fmt: skip
+        args.server = f"{address},{dead}"
+        said = _explain(grpc.StatusCode.UNAVAILABLE, "connection refused", args, dead)
+        assert said.startswith(f"cannot reach the daemon at {dead} (tried last of {address}, "
+                               f"{dead}): connection refused")  # fmt: skip
+    finally:
+        server.stop(0)

@@ -24,7 +24,7 @@ import grpc
 
 from controller.clock import SlotTimes
 from controller.commands.common import EXIT_BAD_INPUT, EXIT_FAILURE, InputError, call_timeout
-from controller.commands.failover import FollowingStub, LeaderPool, split_servers
+from controller.commands.failover import FollowingStub, LeaderPool, split_servers, tried_address
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.tls import client_channel, read_pem
@@ -205,7 +205,7 @@ def guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
                                 bad.about)  # fmt: skip
         code = err.code()
         problems = _field_violations(err)
-        message = _explain(code, err.details() or "", args)
+        message = _explain(code, err.details() or "", args, tried_address(err))
         flags: dict[str, str] = getattr(args, "api_flags", None) or {}
         if flags:  # the request's field the command's option filled: name the option
             problems = [Problem(flags.get(p.field, p.field), p.reason) for p in problems]
@@ -303,9 +303,23 @@ def _shortened(text: str, most: int = 200) -> str:
     return f"{cut.rstrip(' .,;:')}..."
 
 
-def _explain(code: grpc.StatusCode, details: str, args: argparse.Namespace) -> str:
-    """The server's message, or for a daemon that cannot be reached, what to check."""
-    address = daemon_address(args.server)
+def _where(args: argparse.Namespace, tried: str | None) -> str:
+    """The node a failed call went to, as the user named it, and the others named: the
+    whole comma list read as one address gave "[a:1,b:2]:50051"; a standby's redirect
+    to a dead leader read as the standby being down."""
+    named = [daemon_address(a) for a in split_servers(args.server)] or [args.server]
+    where = tried or named[0]
+    if where not in named:
+        return f"{where} (the leader a node of --server named)"
+    return f"{where} (tried last of {', '.join(named)})" if len(named) > 1 else where
+
+
+def _explain(
+    code: grpc.StatusCode, details: str, args: argparse.Namespace, tried: str | None = None
+) -> str:
+    """The server's message, or for a daemon that cannot be reached, what to check;
+    ``tried``: the node the call went to last (:func:`.failover.tried_address`)."""
+    address = _where(args, tried)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return (
             f"no answer from {address} within --timeout {args.timeout:g} s. Check that "

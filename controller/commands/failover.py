@@ -10,6 +10,12 @@ back-off from 50 ms doubling to 1 s, with jitter, for at most ``budget`` seconds
 then the last error is raised. With one address, only a redirect is followed: a node
 that cannot be reached fails at once, as before.
 
+With several nodes, the first call asks them all at once who leads (``GetLeadership``,
+for at most :data:`LOCATE_SECONDS`) and starts at the leader: a node that is hung (a
+stopped process, a frozen host) answers nothing, and with each call given the whole
+``--timeout`` one such node named first used it all up before the next was tried, in
+every command, long after the standby had taken over (the HA audit).
+
 Retrying a submission is safe: the daemon answers a job id it has decided with its
 first decision (the client gives a job without an id one first, so that a retry
 carries the same id).
@@ -24,7 +30,7 @@ from typing import Any
 
 import grpc
 
-__all__ = ["LEADER_KEY", "FollowingStub", "LeaderPool", "split_servers"]
+__all__ = ["LEADER_KEY", "FollowingStub", "LeaderPool", "split_servers", "tried_address"]
 
 LEADER_KEY = "oasis-leader"
 """The trailing metadata key a standby names the leader with."""
@@ -32,9 +38,24 @@ FIRST_DELAY = 0.05
 MAX_DELAY = 0.5
 """Seconds between tries at the most (jittered to 0.75): a takeover takes well under one."""
 MAX_HOPS = 8  # redirects in a row before backing off (nodes naming each other)
+LOCATE_SECONDS = 2.0
+"""With several nodes, how long the first call waits for their answers to "who leads"."""
 FAILED_MEMORY = 2.0
 """Seconds a node that failed a call (down, unreachable) is not followed to: a standby
 may still name a leader that has just died."""
+
+
+_TRIED = "oasis: the call went to "
+"""The note :meth:`LeaderPool.call` adds to the error it raises (see :func:`tried_address`)."""
+
+
+def tried_address(err: BaseException) -> str | None:
+    """The node the failed call went to last (a redirect's target, perhaps not one of
+    those named), from the note :meth:`LeaderPool.call` adds; None if it has none."""
+    for note in getattr(err, "__notes__", ()):
+        if isinstance(note, str) and note.startswith(_TRIED):
+            return note[len(_TRIED) :]
+    return None
 
 
 def split_servers(text: str) -> list[str]:
@@ -60,10 +81,12 @@ class LeaderPool:
         self.connect = connect
         self.budget = budget
         self.address = self.addresses[0]
+        self.last_tried = self.address  # the node the last attempt of a call went to
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[tuple[str, str], Any] = {}
         self.redirects = 0  # how many times a node named another as the leader
         self._failed: dict[str, float] = {}  # address -> when it last failed unredirected
+        self._located = len(self.addresses) < 2  # asked who leads (see the docstring)
 
     def channel(self, address: str | None = None) -> grpc.Channel:
         address = address or self.address
@@ -82,11 +105,24 @@ class LeaderPool:
     def call(
         self, factory: Callable[[grpc.Channel], Any], method: str, *args: Any, **kw: Any
     ) -> Any:
-        """``stub.method(*args, **kw)`` on the leader (see the module docstring)."""
+        """``stub.method(*args, **kw)`` on the leader (see the module docstring); its
+        error names the node it went to last (:func:`tried_address`)."""
+        try:
+            return self._call(factory, method, *args, **kw)
+        except grpc.RpcError as err:
+            err.add_note(_TRIED + self.last_tried)
+            raise
+
+    def _call(
+        self, factory: Callable[[grpc.Channel], Any], method: str, *args: Any, **kw: Any
+    ) -> Any:
         deadline = time.monotonic() + self.budget
+        if not self._located:
+            self._locate(min(LOCATE_SECONDS, self.budget))
         delay = FIRST_DELAY
         hops = 0
         while True:
+            self.last_tried = self.address
             try:
                 return getattr(self.stub(factory), method)(*args, **kw)
             except grpc.RpcError as err:
@@ -124,6 +160,33 @@ class LeaderPool:
                 time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
                 delay = min(MAX_DELAY, delay * 2)
                 hops = 0
+
+    def _locate(self, seconds: float) -> None:
+        """Ask every node at once who leads, for at most ``seconds``; the next call goes
+        to the first named that says it leads, else to the first that answered (a
+        standby names the leader). A node that does not answer is remembered as failed
+        (:data:`FAILED_MEMORY`), so a standby naming it is not followed there at once."""
+        from controller.rpc import oasis_pb2 as pb
+        from controller.rpc import oasis_pb2_grpc as pb_grpc
+
+        self._located = True
+        asked = {
+            address: self.stub(pb_grpc.HighAvailabilityStub, address).GetLeadership.future(
+                pb.GetLeadershipRequest(), timeout=seconds
+            )
+            for address in self.addresses
+        }
+        roles: dict[str, str] = {}
+        for address, future in asked.items():
+            try:
+                roles[address] = future.result().role
+            except grpc.RpcError as err:
+                if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    self._failed[address] = time.monotonic()
+        leading = [a for a in self.addresses if roles.get(a) == "leader"]
+        answered = [a for a in self.addresses if a in roles]
+        if leading or answered:
+            self.address = (leading or answered)[0]
 
     def _next(self) -> str:
         if self.address not in self.addresses:
