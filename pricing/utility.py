@@ -214,6 +214,17 @@ class _Reader:
         if isinstance(value, Mapping):
             raise SpecError.one(field, f"must be a number of slots or a duration such as "
                                 f"{DURATION_EXAMPLES}")  # fmt: skip
+        if isinstance(value, str) and parse_duration(value) is None:
+            # a length, never a time: "2026-11-28T06:00:00Z" was told to give {"slot": S}
+            if value.strip().startswith("-") and parse_duration(value.strip()[1:]) is not None:
+                raise SpecError.one(field, f"must be > 0, got {fields.show(value)}")
+            try:
+                is_time = parse_time(value) is not None
+            except ValueError:
+                is_time = False
+            what = "is a length of time, not a time: give" if is_time else "must be"
+            raise SpecError.one(field, f"{what} a number of slots or a duration such as "
+                                f"{DURATION_EXAMPLES}; got {fields.show(value)}")  # fmt: skip
         slots = self.when(value, field)
         if slots <= 0:
             raise SpecError.one(field, f"must be > 0, got {fields.show(value)}")

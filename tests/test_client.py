@@ -181,10 +181,10 @@ def test_a_list_with_bad_items_submits_none_and_names_each(tmp_path: Path, daemo
     assert out.returncode == 2 and out.stdout == "", out.stderr
     assert out.stderr.splitlines() == [
         f"oasis submit: {tmp_path / 'job.json'}: 3 of 5 jobs have bad input; none was submitted:",
-        "  item 1 (b1): job.epochs: must be >= 1, got -1",
-        "  item 1 (b1): job.worker.bandwidth: must be > 0 (transfer time divides by it)",
-        "  item 3: job.chunks: must be an integer, got the string '8'",
-        "  item 4 (b0): job.id: also item 0's, whose spec differs (epochs): the daemon would "
+        "  item 2 (b1): job.epochs: must be >= 1, got -1",
+        "  item 2 (b1): job.worker.bandwidth: must be > 0 (transfer time divides by it)",
+        "  item 4: job.chunks: must be an integer, got the string '8'",
+        "  item 5 (b0): job.id: also item 1's, whose spec differs (epochs): the daemon would "
         "refuse this one",
     ]
     listed = json.loads(run("jobs", "--json", server=daemon.address).stdout)["jobs"]
@@ -207,7 +207,7 @@ def test_a_list_names_the_item_the_daemon_refused(tmp_path: Path, daemon: Daemon
     out = run("submit", write(tmp_path, jobs), server=daemon.address)
     assert out.returncode == 2
     assert out.stdout.startswith("l0: admitted")
-    assert "item 1 (l1) failed; the one before it was submitted, the rest were not" in out.stderr
+    assert "item 2 (l1) failed; the one before it was submitted, the rest were not" in out.stderr
     assert "job.worker: one worker fits on no worker server" in out.stderr
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -250,14 +251,19 @@ def test_a_submitted_job_shows_on_its_pages(browser: Any, cluster: Cluster) -> N
     cookie = browser.get_cookie("oasis_session")
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
 
+    # the list's completion is the time its slot ends, as on the job's page (the units
+    # audit: the list showed the slot's start, an hour early)
+    completes = re.findall(r"(\d+) \(([^)]*)\)", row.text)[-1]
     link.click()
     wait_for(browser, lambda b: b.find_element(By.ID, "h-plan"), "the job's page")
     text = visible_text(browser)
     assert "Job alice-job-1" in text and "admitted" in text
+    assert "by the end of slot {} ({})".format(*completes) in text, (completes, text)
     for server in servers:
         assert server in text  # the plan per slot names its servers
     assert browser.find_elements(By.ID, "cancel")  # a submitter may cancel its own job
     assert "Plans" not in browser.find_element(By.TAG_NAME, "nav").text
+    assert not browser.find_elements(By.PARTIAL_LINK_TEXT, "See it in the plans")  # refused
 
     login(browser, cluster, "ops")
     browser.get(cluster.web + "/plans")
@@ -269,6 +275,12 @@ def test_a_submitted_job_shows_on_its_pages(browser: Any, cluster: Cluster) -> N
     assert len(bars) == len(servers)  # one lane on each server it runs on
     hrefs = {unquote(bar.get_dom_attribute("href")) for bar in bars}
     assert hrefs == {"/jobs/alice:alice-job-1"}
+    browser.get(cluster.web + "/jobs/alice:alice-job-1")
+    wait_for(browser, lambda b: b.find_element(By.ID, "h-plan"), "the job's page, as ops")
+    assert browser.find_elements(By.PARTIAL_LINK_TEXT, "See it in the plans")
+    # what oasis submit reads: an id, not the key an operator sees the job by
+    sendable = json.loads(browser.find_element(By.TAG_NAME, "pre").get_attribute("textContent"))
+    assert sendable["id"] == "alice-job-1"
 
 
 def test_a_submitter_cannot_see_another_submitters_job(browser: Any, cluster: Cluster) -> None:

@@ -207,3 +207,22 @@ def test_the_migration_renames_an_edited_spec_too(store_url: str) -> None:
         }
     finally:
         db.dispose()
+
+
+def test_an_operators_record_of_a_tenants_job_reads_back_as_a_job(tmp_path: Path) -> None:
+    """The units audit: ``oasis job alice:dabsk --json > f; oasis quote f`` (as the
+    README says, "prices it again") failed with "job.id: must be characters of ...,
+    got ':'" for an operator. A record's key reads as the id after ``NAME:``; a job
+    object given so is the user's own words, and the daemon says what is wrong."""
+    import json
+
+    from controller.commands.client import _specs
+
+    spec = {"id": "alice:dabsk", "epochs": 1}
+    record = tmp_path / "record.json"
+    record.write_text(json.dumps({"id": "alice:dabsk", "state": "admitted", "spec": spec,
+                                  "decision": {"admitted": True}}))  # fmt: skip
+    assert _specs(str(record)) == [{"id": "dabsk", "epochs": 1}]
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps(spec))
+    assert _specs(str(plain)) == [spec]

@@ -117,6 +117,27 @@ def test_times_need_a_utc_offset() -> None:
         assert parse_time(suggested) is not None
 
 
+def test_a_half_life_is_a_length_and_is_told_so() -> None:
+    """The units audit: a time given as a half-life was told to "give a duration or
+    {"slot": S}" (no half-life is a slot), and "-2h" that it may be a time."""
+    from pricing.utility import Deadline, utility_from_dict
+
+    def said(half_life: object) -> str:
+        raw = {"kind": "deadline", "value": 5, "deadline": 3, "half_life": half_life}
+        with pytest.raises(SpecError) as refused:
+            utility_from_dict(raw, "job.utility", slot_seconds=3600.0, arrival=0)
+        return str(refused.value)
+
+    assert said("2026-11-28T06:00:00Z").startswith(
+        "job.utility.half_life: is a length of time, not a time: give a number of slots or "
+        "a duration such as"
+    )
+    assert said("-2h") == "job.utility.half_life: must be > 0, got '-2h'"
+    assert said("soon").endswith("; got 'soon'") and '{"slot"' not in said("soon")
+    raw = {"kind": "deadline", "value": 5, "deadline": 3, "half_life": "90m"}
+    assert utility_from_dict(raw, "u", slot_seconds=3600.0, arrival=0) == Deadline(5, 3, 1.5)
+
+
 # -- the job parser -------------------------------------------------------------------
 
 
@@ -579,3 +600,34 @@ def test_a_suggestion_prefers_the_name_that_differs_only_by_lookalike_characters
     assert closest("epoch", ["epochs", "chunks"]) == "epochs"  # else difflib's best
     assert closest("zzz", known) is None
     assert str(UnknownServerError("p2-8x-O", known)).endswith("did you mean 'p2-8x-0'?")
+
+
+def test_a_time_with_seconds_keeps_them_in_tables() -> None:
+    """The units audit: with slots of 90 s, "done by Sat 01:28" while --json said
+    01:28:30; a whole minute is still shown without seconds."""
+    import os
+    import time
+
+    from controller.commands.records import local_time
+
+    zone = os.environ.get("TZ")
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    try:
+        at = 1764293310.0  # 2025-11-28T01:28:30Z, a Friday
+        assert local_time(at, now=at) == "Fri 01:28:30"
+        assert local_time(at + 30, now=at) == "Fri 01:29"
+        assert local_time(at, now=0.0) == "2025-11-28 01:28:30"
+        # across a clock change, a time in the other offset names its zone (the caption
+        # names the zone in force now): DST from 03:00 on the last Saturday of November
+        os.environ["TZ"] = "STD0DST-1,M11.5.6/3,M12.1.0"
+        time.tzset()
+        now = 1795827600.0  # 2026-11-28T01:00:00Z, a Saturday
+        shown = [local_time(now + k * 3600, now=now) for k in range(4)]
+        assert shown == ["Sat 01:00", "Sat 02:00", "Sat 04:00 DST", "Sat 05:00 DST"]
+    finally:
+        if zone is None:
+            del os.environ["TZ"]
+        else:
+            os.environ["TZ"] = zone
+        time.tzset()

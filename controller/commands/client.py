@@ -41,6 +41,7 @@ from controller.commands.records import (
     slot_label,
     state_name,
 )
+from controller.job_keys import SEPARATOR
 from controller.rpc import oasis_pb2 as pb
 from controller.table import render_table
 from pricing.durations import DURATION_EXAMPLES, format_duration, parse_duration
@@ -102,18 +103,25 @@ def register(sub: Any) -> None:
 
 def _specs(path: str) -> list[dict[str, Any]]:
     """The job objects of a file: one, a list, or job records as ``job --json`` prints
-    them (``{"id", "state", "spec", "decision", ...}``, whose spec is taken)."""
+    them (``{"id", "state", "spec", "decision", ...}``, whose spec is taken). A record an
+    operator printed names another tenant's job by its key, ``alice:train-1``, which is
+    no id: its spec is taken with the id after ``NAME:`` (the operator's own job of that
+    id, as any job an operator submits)."""
     data = read_json(path)
     if isinstance(data, dict) and isinstance(data.get("jobs"), list):
         data = data["jobs"]  # what `jobs --json` printed
     items = data if isinstance(data, list) else [data]
     out = []
     for i, item in enumerate(items):
-        where = f"{path}: item {i}" if isinstance(data, list) else path
+        where = f"{path}: item {i + 1}" if isinstance(data, list) else path
         if not isinstance(item, dict):
             raise InputError(f"{where}: a job must be a JSON object")
         record = isinstance(item.get("spec"), dict) and "decision" in item
-        out.append(item["spec"] if record else item)
+        spec = item["spec"] if record else item
+        key = spec.get("id")
+        if record and isinstance(key, str) and SEPARATOR in key:
+            spec = {**spec, "id": key.rsplit(SEPARATOR, 1)[1]}
+        out.append(spec)
     if not out:
         raise InputError(f"{path}: no jobs in it")
     return out
@@ -165,7 +173,7 @@ def _decision_lines(
         yield f"{title}: cancelled while pending"
     elif state == "cancelled":
         end = (
-            f"ran until slot {slot_label(d.completion_slot, times)}"
+            f"ran until the end of slot {slot_label(d.completion_slot, times, end=True)}"
             if d.HasField("completion_slot")
             else "never ran"
         )
@@ -272,7 +280,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             if not args.json:
                 before = ("none before it was" if i == 0 else "the one before it was"
                           if i == 1 else f"the {i} before it were")  # fmt: skip
-                print(f"oasis submit: item {i} ({name}) failed; {before} submitted, the rest "
+                print(f"oasis submit: item {i + 1} ({name}) failed; {before} submitted, the rest "
                       "were not", file=sys.stderr)  # fmt: skip
                 raise
             # the decisions taken stay answered: a script must not think none were

@@ -74,7 +74,8 @@ def item_problems(
 
 
 def _label(i: int, given: str | None) -> str:
-    return f"item {i} ({given})" if given else f"item {i}"
+    """Item ``i`` (from 0) as people count: from 1."""
+    return f"item {i + 1} ({given})" if given else f"item {i + 1}"
 
 
 def _reused(
@@ -88,7 +89,7 @@ def _reused(
     if not differ:
         return []
     fields = ", ".join(d.split(":", 1)[0] for d in differ[:4])
-    why = f"also item {j}'s, whose spec differs ({fields}): the daemon would refuse this one"
+    why = f"also item {j + 1}'s, whose spec differs ({fields}): the daemon would refuse this one"
     return [Problem("job.id", why)]
 
 

@@ -9,6 +9,7 @@ prices the same job again. Tables show each slot with the local time it begins.
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any
 
@@ -172,12 +173,17 @@ def event_record(event: pb.Event, times: SlotTimes | None) -> dict[str, Any]:
 
 
 def local_time(unix: float, now: float | None = None) -> str:
-    """A time for a table: ``Tue 14:00`` within six days of now, else the date too."""
+    """A time for a table: ``Tue 14:00`` within six days of now, else the date too; with
+    its seconds if it has any (slots of 90 s: ``Sat 01:28:30``, not ``01:28``)."""
     now = time.time() if now is None else now
-    local = time.localtime(unix)
+    second = math.ceil(unix)  # up, as format_time: a slot's start reads as in that slot
+    local = time.localtime(second)
+    clock = "%H:%M:%S" if second % 60 else "%H:%M"
+    if local.tm_isdst != time.localtime(now).tm_isdst:  # across a clock change: say which
+        clock += " %Z"
     if abs(unix - now) < 6 * 86400:
-        return time.strftime("%a %H:%M", local)
-    return time.strftime("%Y-%m-%d %H:%M", local)
+        return time.strftime(f"%a {clock}", local)
+    return time.strftime(f"%Y-%m-%d {clock}", local)
 
 
 def slot_label(slot: int, times: SlotTimes | None, *, end: bool = False) -> str:

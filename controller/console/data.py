@@ -502,6 +502,7 @@ class ConsoleData:
             "progress": progress,
             "events": events,
             "can_cancel": view.state in _CANCELLABLE,  # another's job is NotFoundError above
+            "can_see_plans": caller.role is Role.OPERATOR,  # the Gantt chart is theirs
         }
 
     async def _progress(self, job_id: str, client: str) -> dict[str, Any]:

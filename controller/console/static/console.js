@@ -65,11 +65,13 @@
   }
   function slotStart(clock, slot) { return new Date((clock.epoch + slot * clock.slot_seconds) * 1000); }
   function when(clock, slot) {
-    var d = slotStart(clock, slot), now = Date.now();
+    // to the second, up, as the ISO times next to it (a slot's start reads as in that slot)
+    var d = new Date(Math.ceil(slotStart(clock, slot).getTime() / 1000) * 1000), now = Date.now();
     var opts = Math.abs(d - now) < 6 * 86400 * 1000
       ? { weekday: "short", hour: "2-digit", minute: "2-digit", hour12: false }
       : { year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit", hour12: false };
-    if (clock.slot_seconds < 60) opts.second = "2-digit";  // short slots (tests, demos)
+    // short slots (tests, demos), or a time with seconds (slots of 90 s: 01:28:30)
+    if (clock.slot_seconds < 60 || (d.getTime() / 1000) % 60) opts.second = "2-digit";
     return d.toLocaleString("en-GB", opts);
   }
   // a time axis' label: the clock time, or the date when labels are a day or more apart
@@ -77,6 +79,15 @@
     var d = slotStart(clock, slot), pad = function (n) { return (n < 10 ? "0" : "") + n; };
     if (clock.slot_seconds * step >= 86400) return pad(d.getDate()) + "/" + pad(d.getMonth() + 1);
     return pad(d.getHours()) + ":" + pad(d.getMinutes()) + (clock.slot_seconds < 60 ? ":" + pad(d.getSeconds()) : "");
+  }
+  // the browser's zone and its offset now: "Asia/Kolkata (UTC+05:30)"
+  function zoneName() {
+    var minutes = -new Date().getTimezoneOffset(), sign = minutes < 0 ? "-" : "+", m = Math.abs(minutes);
+    var pad = function (n) { return (n < 10 ? "0" : "") + n; };
+    var zone = "";
+    try { zone = Intl.DateTimeFormat().resolvedOptions().timeZone || ""; } catch (e) { zone = ""; }
+    var offset = "UTC" + sign + pad(Math.floor(m / 60)) + ":" + pad(m % 60);
+    return zone ? zone + " (" + offset + ")" : offset;
   }
   function slotLabel(clock, slot) { return slot + " (" + when(clock, slot) + ")"; }
   function stateBadge(state) { return el("span", { class: "state state-" + state, text: state }); }
@@ -163,7 +174,8 @@
       ["Began", when(c, c.slot) + " (" + c.starts_at + ")"],
       ["Ends", when(c, c.slot + 1) + " (" + c.ends_at + ")"],
       ["Slot length", duration(c.slot_seconds)],
-      ["Window ahead", c.window + " slots (" + duration(c.window * c.slot_seconds) + ")"]
+      ["Window ahead", c.window + " slots (" + duration(c.window * c.slot_seconds) + ")"],
+      ["Times shown", "in this browser's time zone, " + zoneName()]
     ]));
     out.push(clock);
     var node = section("Node", "h-node");
@@ -553,7 +565,9 @@
       var rows = d.jobs.map(function (j) {
         var row = [jobLink(j.id), stateBadge(j.state), String(j.submitted_slot), slotLabel(clock, j.arrival_slot)];
         if (ABANDONED[j.state]) return row.concat(["–", planned(j.planned && j.planned.utility), planned(j.cost), planned(j.payoff)]);
-        return row.concat([j.completion_slot === null ? "–" : slotLabel(clock, j.completion_slot), j.utility, j.cost, j.payoff]);
+        // a completion slot's time is its end, as on the job's page and in oasis jobs
+        var done = j.completion_slot === null ? "–" : j.completion_slot + " (" + when(clock, j.completion_slot + 1) + ")";
+        return row.concat([done, j.utility, j.cost, j.payoff]);
       });
       out.push(table("Jobs in decision order", ["Job", "State", "Submitted (slot)", "Arrives", "Completes (slot)",
         "Utility", "Cost", "Payoff"], rows, "jobs"));
@@ -614,7 +628,9 @@
         d.plan.map(function (p) {
           return [slotLabel(clock, p.slot), placement(p.workers), placement(p.ps)];
         }), "plan"));
-      plan.appendChild(el("p", null, el("a", { href: "/plans?job=" + encodeURIComponent(j.id), text: "See it in the plans (Gantt chart)" })));
+      if (d.can_see_plans) {  // a submitter is refused the plans page: no link to it
+        plan.appendChild(el("p", null, el("a", { href: "/plans?job=" + encodeURIComponent(j.id), text: "See it in the plans (Gantt chart)" })));
+      }
     }
     out.push(plan);
     out.push(progressSection(d.progress, clock));
@@ -652,8 +668,11 @@
       return [SPEC_LABELS[k] || k, shown];
     });
     s.appendChild(dl(pairs));
+    // an operator sees a tenant's job by its key, alice:train-1, which is no id to submit
+    var sendable = Object.assign({}, spec);
+    if (typeof sendable.id === "string" && sendable.id.indexOf(":") >= 0) sendable.id = sendable.id.split(":").pop();
     var details = el("details", null, el("summary", { text: "As JSON (what oasis submit reads)" }),
-      el("pre", { text: JSON.stringify(spec, null, 2) }));
+      el("pre", { text: JSON.stringify(sendable, null, 2) }));
     s.appendChild(details);
     return s;
   }
