@@ -293,7 +293,10 @@ def from_dict(
         insecure_remote = daemon.get("allow_insecure_remote", False)
         if not isinstance(insecure_remote, bool):
             raise ConfigError("daemon.allow_insecure_remote: must be true or false")
-        tls = tls_from_dict(fields.optional_mapping(data, "tls", ""))
+        tls_raw = _rebased(
+            fields.optional_mapping(data, "tls", ""), ("cert", "key", "client_ca"), base
+        )
+        tls = tls_from_dict(tls_raw)
         check_exposure(listen, tls, insecure_remote)
         cluster_raw = fields.mapping(fields.require(data, "cluster", ""), "cluster")
         _check_keys(cluster_raw, {"resources", "servers"}, "cluster")
@@ -309,7 +312,11 @@ def from_dict(
             )
         window = fields.positive_int(daemon.get("window", 300), "daemon.window")
         _check_ledger_size(cluster, window, limits)
-        tokens = tokens_from_dict(fields.mapping(data["auth"], "auth")) if "auth" in data else None
+        tokens = (
+            tokens_from_dict(_rebased(fields.mapping(data["auth"], "auth"), ("tokens_file",), base))
+            if "auth" in data
+            else None
+        )
         named = {caller.name for caller in (tokens or {}).values()}
         stale: list[str] = []
         for name in limits.max_utility_by_submitter:
@@ -329,7 +336,9 @@ def from_dict(
                 + (" (if its tenant was removed, remove its cap too)" if tokens is not None
                    else " (there is no [auth])"),
             )  # fmt: skip
-        mqtt = mqtt_from_dict(fields.optional_mapping(data, "mqtt", ""))
+        mqtt = mqtt_from_dict(
+            _rebased(fields.optional_mapping(data, "mqtt", ""), ("tls_ca",), base)
+        )
         if mqtt is not None:
             check_server_names(name for _kind, _i, name, _cap in cluster.servers())
         return Config(
@@ -426,6 +435,21 @@ def _metrics_listen(raw: Mapping[str, Any]) -> str:
             "serve it to the network"
         )
     return listen
+
+
+def _rebased(raw: Mapping[str, Any], keys: tuple[str, ...], base: Path | None) -> dict[str, Any]:
+    """``raw`` with each of its ``keys`` that is a relative path made relative to ``base``
+    (the config file's folder), as ``data_dir`` and ``pricing.prior`` are: read from the
+    working directory, ``tokens_file = "tokens"`` next to the config was not found under
+    systemd (whose working directory is /). Values that are no text are left for the
+    table's own reader to name."""
+    out = dict(raw)
+    for key in keys:
+        value = out.get(key)
+        if base is not None and isinstance(value, str) and value:
+            path = Path(value).expanduser()
+            out[key] = str(path if path.is_absolute() else base / path)
+    return out
 
 
 def _prior(raw: Any, base: Path | None) -> Prior | None:

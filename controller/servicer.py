@@ -326,7 +326,7 @@ class ClusterServicer(pb_grpc.ClusterServicer):
                 turn,
             ),
         )
-        out = pb.ListServersResponse(current_slot=self.c.slot)
+        out = pb.ListServersResponse(current_slot=self.c.slot, resources=cluster.resources)
         for kind, _, name, caps in cluster.servers():
             server = out.servers.add(
                 name=name,

@@ -250,6 +250,9 @@ def test_bounds_show_pin_unpin_reset_recorded_and_kept(tmp_path: Path) -> None:
         assert shown["prior"].startswith("oasis gen")  # the shipped default prior
         assert {b["how"] for b in shown["bounds"]} == {"prior"}
         assert "prior" in _cli(d)  # the table
+        # no row for a resource no server of the kind has (PS servers have no gpu)
+        listed = {(b["kind"], b["resource"]) for b in shown["bounds"]}
+        assert ("worker", "gpu") in listed and ("ps", "gpu") not in listed
 
         # a submitter may neither read nor change them
         sam = grpc.insecure_channel(d.address)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -230,3 +231,31 @@ def test_a_client_reads_a_pem_from_a_pipe(tmp_path: Path) -> None:
             read_bounded(fifo, 10, pipes=True)
     finally:
         writer.join(10)
+
+
+def test_files_a_config_names_are_relative_to_its_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The units audit: ``[auth] tokens_file = "tokens"`` next to the config was read from
+    the working directory ("cannot read tokens: No such file"), unlike data_dir and the
+    prior; under systemd the working directory is /. The tokens file, the TLS files and
+    the broker's CA are now read relative to the config's folder, as those are."""
+    from controller.auth import hash_token
+    from controller.config import ConfigError, load
+    from tests.servers import write_config
+
+    folder = tmp_path / "etc"
+    folder.mkdir()
+    (folder / "tokens").write_text(f"alice submitter {hash_token('a' * 43)}\n")
+    path = write_config(folder / "oasisd.toml", tmp_path / "data",
+                        extra='[auth]\ntokens_file = "tokens"\n')  # fmt: skip
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    config = load(path)
+    assert config.tokens is not None
+    assert [c.name for c in config.tokens.values()] == ["alice"]
+    text = path.read_text() + '\n[tls]\ncert = "server.pem"\nkey = "server.key"\n'
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(str(folder / "server.pem"))):
+        load(path)

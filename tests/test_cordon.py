@@ -415,6 +415,15 @@ def test_oasis_cordon_and_uncordon_against_a_daemon(tmp_path: Path) -> None:
         )
         listed = oasis("servers", *server).stdout.splitlines()
         assert any(line.split()[:3] == ["w2", "worker", "up"] for line in listed)  # unchanged
+        # the config's resources in its order (the units audit: alphabetical, and a PS
+        # server's "gpu 0/0"); --json's maps in the same order
+        head = next(line for line in listed if line.startswith("server "))
+        assert head.split()[3:] == ["gpu", "cpu", "mem", "disk", "bandwidth"]
+        ps_row = next(line for line in listed if " ps " in line).split()
+        assert ps_row[3] == "-"
+        data = json.loads(oasis("servers", "--json", *server).stdout)
+        assert data["resources"] == ["gpu", "cpu", "mem", "disk", "bandwidth"]
+        assert list(data["servers"][0]["capacity"]) == data["resources"]
         out = oasis("cordon", "w2", "--reason", "GPU 3 errors", *server).stdout
         assert out.startswith("w2: cordoned from slot 1 (")
         assert "no new plans there (oasis uncordon w2 gives it back)" in out

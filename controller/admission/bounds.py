@@ -122,12 +122,15 @@ class BoundControl(AdmissionState):
             "observed" if estimate.jobs else "prior"
         )  # fmt: skip
         rows = []
-        for kind, log_u, floor in (
-            ("worker", bounds.log_u1, bounds.floor1),
-            ("ps", bounds.log_u2, bounds.floor2),
+        cluster = self.cluster
+        for kind, log_u, floor, capacity in (
+            ("worker", bounds.log_u1, bounds.floor1, cluster.worker_capacity),
+            ("ps", bounds.log_u2, bounds.floor2, cluster.ps_capacity),
         ):
-            for i, r in enumerate(self.cluster.resources):
+            for i, r in enumerate(cluster.resources):
                 pinned = [s for s in ("U", "L") if self._pins.get(kind, r, s) is not None]
+                if not pinned and not (capacity[:, i] > 0).any():
+                    continue  # no server of the kind has it (a PS server's gpu): no price
                 if len(pinned) == 2:
                     how = "pinned"
                 elif pinned:

@@ -442,14 +442,23 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_servers(args: argparse.Namespace) -> int:
     stubs = Stubs(args)
     resp = stubs.cluster.ListServers(pb.ListServersRequest(), timeout=stubs.timeout)
+    # the config's order (a daemon older than that field: by name)
+    resources = list(resp.resources) or sorted({r for s in resp.servers for r in s.capacity})
     if args.json:
-        print_json(plain(resp))
+        data = plain(resp)
+        for server in data["servers"]:  # maps in the config's order, as the table
+            for key in ("capacity", "used"):
+                given = server[key]
+                server[key] = {r: given[r] for r in resources if r in given} | given
+        print_json(data)
         return EXIT_OK
-    resources = sorted({r for s in resp.servers for r in s.capacity})
     rows = []
     for s in resp.servers:
         kind = "worker" if s.kind == pb.SERVER_KIND_WORKER else "ps"
-        cells = [f"{s.used.get(r, 0):g}/{s.capacity.get(r, 0):g}" for r in resources]
+        cells = [  # "-": a resource this server has none of (a PS server's gpu)
+            f"{s.used.get(r, 0):g}/{s.capacity.get(r, 0):g}" if s.capacity.get(r, 0) else "-"
+            for r in resources
+        ]
         rows.append([s.name, kind, s.state or "up", *cells])
     print(f"slot {slot_label(resp.current_slot, stubs.times())}: used/capacity; state from "
           "the next slot")  # fmt: skip
