@@ -48,6 +48,7 @@ from controller.servicer import AdmissionServicer, ClusterServicer, HighAvailabi
 from controller.startup import StartupError, open_store
 from controller.statuses import DecodeInterceptor
 from controller.store import Database
+from controller.store.database import StoreUnavailableError
 from controller.store.watch import PROBE_SECONDS, StoreWatch, WriterLockLostError
 from controller.store.writer_lock import PostgresWriterLock, writer_lock
 from controller.systemd import Notifier
@@ -78,11 +79,22 @@ class PeriodicEvent:
 
     async def loop(self) -> None:
         log = structlog.get_logger("oasisd")
+        waiting = False  # the store was unavailable at the last run
         while True:
             try:
                 await self.run()
+                if waiting:
+                    log.info("periodic event runs again: the store is back", task=self.name)
+                waiting = False
             except asyncio.CancelledError:
                 raise
+            except StoreUnavailableError as err:
+                # an outage (a PostgreSQL restart): expected, said once, not a traceback
+                # at every run as if it were a bug
+                if not waiting:
+                    log.warning("periodic event waits: the store is unavailable",
+                                task=self.name, error=(str(err).splitlines() or [""])[0][:300])  # fmt: skip
+                waiting = True
             except Exception:
                 # not ``event=``: structlog's first argument is the event, and a second
                 # one raised TypeError here, which ended this task for good

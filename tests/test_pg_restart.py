@@ -102,3 +102,40 @@ def test_the_slot_clock_keeps_ticking_after_a_store_outage_at_a_boundary(
         assert failed and failed[0]["task"] == "slot clock"
     finally:
         daemon.stop()
+
+
+def test_a_periodic_task_says_once_that_the_store_is_away_not_a_traceback_each_run() -> None:
+    """The HA audit: a PostgreSQL restart made the standby log "periodic event failed"
+    with a full traceback of StoreUnavailableError at every run of each task, as if it
+    were a bug. An outage is said once per task (a warning), and its end once."""
+    import asyncio
+
+    from structlog.testing import capture_logs
+
+    from controller.daemon import PeriodicEvent
+    from controller.store.database import StoreUnavailableError
+
+    outcomes = [StoreUnavailableError("terminating connection"), StoreUnavailableError("again"),
+                None, ValueError("a bug")]  # fmt: skip
+
+    async def run() -> None:
+        outcome = outcomes.pop(0) if outcomes else None
+        if outcome is not None:
+            raise outcome
+
+    async def main() -> None:
+        task = asyncio.create_task(PeriodicEvent("follow", 0.001, run).loop())
+        while outcomes:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.02)
+        task.cancel()
+
+    with capture_logs() as logs:
+        asyncio.run(main())
+    said = [(e["event"], e["log_level"], "exc_info" in e) for e in logs]
+    assert said == [
+        ("periodic event waits: the store is unavailable", "warning", False),
+        ("periodic event runs again: the store is back", "info", False),
+        ("periodic event failed", "error", True),  # a bug still says where
+    ]
+    assert logs[0]["error"] == "terminating connection" and logs[0]["task"] == "follow"
