@@ -457,4 +457,5 @@ class HighAvailabilityServicer(pb_grpc.HighAvailabilityServicer):
             leader=ha.leader,
             advertise=self.c.advertise,
             applied_sequence=ha.applied,
+            cannot_lead=self.c.cannot_lead if not self.c.leading else "",
         )

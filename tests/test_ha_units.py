@@ -220,6 +220,17 @@ def test_a_standby_with_smaller_servers_follows_but_leaves_the_lead_to_the_last_
         problem = b.c.takeover_problem()
         assert "stored plans do not fit this node's servers or window" in problem, problem
         assert "server w2" in problem and "a:50051" in problem
+        # told to the clients it redirects (the HA audit: it named the dead leader only)
+        # and in oasis status, not only in its own log
+        assert b.elect() == "standby" and b.c.cannot_lead == problem
+        refusal = str(b.c._not_leader())
+        assert refusal.startswith("this oasisd is a standby that cannot take over (")
+        from controller.commands.status import _leadership_warnings
+
+        said = _leadership_warnings([{"address": "b:50051", "role": "standby",
+                                      "leader": "a:50051", "cannot_lead": problem}])  # fmt: skip
+        assert said == ["no node named in --server leads: the standbys name a:50051",
+                        f"b:50051 cannot take over: {problem}"]  # fmt: skip
         plans = _plans(b.db)
         # the node that led last comes back with the new config: it applies it
         a2 = Node(tmp_path, url, "a", edit=lambda text: short(half(text)))
@@ -539,7 +550,7 @@ def test_a_failed_call_names_the_node_it_went_to_not_the_list() -> None:
     import argparse
 
     from controller.commands.connection import _explain
-    from controller.commands.failover import tried_address
+    from controller.commands.failover import redirected_by, tried_address
 
     dead = f"127.0.0.1:{free_port()}"
     standby = _Node(dead)
@@ -552,6 +563,7 @@ def test_a_failed_call_names_the_node_it_went_to_not_the_list() -> None:
             )
         pool.close()
         assert tried_address(failed.value) == dead
+        assert redirected_by(failed.value) == f"{address} said: standby"  # its message
         args = argparse.Namespace(server=address, timeout=2.0, tls=False, tls_ca="")
         said = _explain(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses",
                         args, tried_address(failed.value))  # fmt: skip

@@ -162,6 +162,7 @@ class AdmissionState(ABC):
         self.fence_epoch: int | None = None  # the epoch every write is fenced with
         self.fence_pid: int | None = None  # the backend holding this leader's lock
         self.leader: Holder | None = None  # the leader as recorded in the store
+        self.cannot_lead = ""  # a standby: why it could not take over now (controller/ha)
         self.lease_seen = time.monotonic()  # when the lease's holder was last confirmed
         self._seen_event = 0  # the last event sequence the ledger reflects (.follow)
         self._written_event = 0  # the newest event of the write transaction under way
@@ -192,6 +193,8 @@ class AdmissionState(ABC):
         return self.role == "leader"
 
     def _not_leader(self, why: str = "this oasisd is a standby") -> NotLeaderError:
+        if self.cannot_lead:  # if the leader is gone too, the caller must hear why
+            why += f" that cannot take over ({self.cannot_lead[:300]})"
         return NotLeaderError(self.leader.address if self.leader else "", why)
 
     @contextmanager

@@ -24,7 +24,13 @@ import grpc
 
 from controller.clock import SlotTimes
 from controller.commands.common import EXIT_BAD_INPUT, EXIT_FAILURE, InputError, call_timeout
-from controller.commands.failover import FollowingStub, LeaderPool, split_servers, tried_address
+from controller.commands.failover import (
+    FollowingStub,
+    LeaderPool,
+    redirected_by,
+    split_servers,
+    tried_address,
+)
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.tls import client_channel, read_pem
@@ -206,6 +212,9 @@ def guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
         code = err.code()
         problems = _field_violations(err)
         message = _explain(code, err.details() or "", args, tried_address(err))
+        said = redirected_by(err)
+        if said:  # a standby sent the call to a leader that is gone: what it said
+            message += f" ({said})"
         flags: dict[str, str] = getattr(args, "api_flags", None) or {}
         if flags:  # the request's field the command's option filled: name the option
             problems = [Problem(flags.get(p.field, p.field), p.reason) for p in problems]

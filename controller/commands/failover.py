@@ -30,7 +30,14 @@ from typing import Any
 
 import grpc
 
-__all__ = ["LEADER_KEY", "FollowingStub", "LeaderPool", "split_servers", "tried_address"]
+__all__ = [
+    "LEADER_KEY",
+    "FollowingStub",
+    "LeaderPool",
+    "redirected_by",
+    "split_servers",
+    "tried_address",
+]
 
 LEADER_KEY = "oasis-leader"
 """The trailing metadata key a standby names the leader with."""
@@ -47,6 +54,21 @@ may still name a leader that has just died."""
 
 _TRIED = "oasis: the call went to "
 """The note :meth:`LeaderPool.call` adds to the error it raises (see :func:`tried_address`)."""
+
+
+_SAID = "oasis: before it, "
+"""The note :meth:`LeaderPool.call` adds when a node redirected the call
+(:func:`redirected_by`)."""
+
+
+def redirected_by(err: BaseException) -> str | None:
+    """``"b:50051 said: this oasisd is a standby ..."``: what the node that named the
+    failed call's last node the leader said (a standby that cannot take over says why),
+    from the note :meth:`LeaderPool.call` adds; None if no node redirected it."""
+    for note in getattr(err, "__notes__", ()):
+        if isinstance(note, str) and note.startswith(_SAID):
+            return note[len(_SAID) :]
+    return None
 
 
 def tried_address(err: BaseException) -> str | None:
@@ -82,6 +104,7 @@ class LeaderPool:
         self.budget = budget
         self.address = self.addresses[0]
         self.last_tried = self.address  # the node the last attempt of a call went to
+        self._said: tuple[str, str] | None = None  # the last redirect: (node, its message)
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[tuple[str, str], Any] = {}
         self.redirects = 0  # how many times a node named another as the leader
@@ -111,6 +134,8 @@ class LeaderPool:
             return self._call(factory, method, *args, **kw)
         except grpc.RpcError as err:
             err.add_note(_TRIED + self.last_tried)
+            if self._said and self._said[0] != self.last_tried:
+                err.add_note(f"{_SAID}{self._said[0]} said: {self._said[1]}")
             raise
 
     def _call(
@@ -142,6 +167,7 @@ class LeaderPool:
                 fresh = failed is None or now - failed >= FAILED_MEMORY
                 # told where (and it did not just fail us): go there at once
                 if isinstance(leader, str) and leader and leader != self.address and fresh:
+                    self._said = (self.address, (err.details() or "")[:500])
                     self.address = leader
                     self.redirects += 1
                     hops += 1

@@ -152,8 +152,22 @@ def nodes(stubs: Stubs) -> list[dict[str, Any]]:
         out.append({
             "address": address, "role": r.role if r.enabled else "single", "epoch": r.epoch,
             "lease_age_seconds": round(r.lease_age_seconds, 3), "leader": r.leader,
-            "applied_sequence": r.applied_sequence,
+            "applied_sequence": r.applied_sequence, "cannot_lead": r.cannot_lead or None,
         })  # fmt: skip
+    return out
+
+
+def _leadership_warnings(nodes: list[dict[str, Any]]) -> list[str]:
+    """Lines on what the nodes' table alone does not say: that no node named leads (a
+    standby names a leader that is gone), and each standby that could not take over."""
+    out = []
+    if nodes and not any(n["role"] in ("leader", "single") for n in nodes):
+        named = sorted({n["leader"] for n in nodes if n.get("leader")})
+        where = f": the standbys name {', '.join(named)}" if named else ""
+        out.append(f"no node named in --server leads{where}")
+    for n in nodes:
+        if n.get("cannot_lead"):
+            out.append(f"{n['address']} cannot take over: {n['cannot_lead']}")
     return out
 
 
@@ -211,9 +225,11 @@ def render(st: Status, limit: int) -> str:
              n.get("leader") or "-", str(n.get("applied_sequence", "-"))]
             for n in st.nodes
         ]  # fmt: skip
-        out.append("head nodes (high availability): lease age = since the lease was confirmed")
+        out.append("head nodes (high availability): lease age = since the lease was confirmed "
+                   "(a standby: since it last read the leader's record)")  # fmt: skip
         out.append(render_table(["node", "role", "epoch", "lease age", "leader", "applied event"],
                                 rows, right={2, 3, 5}))  # fmt: skip
+        out += _leadership_warnings(st.nodes)
         out.append("")
 
     out.append(f"cluster use: share of capacity in use, slots {span} ({RAMP[0]} none, @ all)")

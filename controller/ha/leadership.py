@@ -103,6 +103,7 @@ class Leadership:
 
     async def _try_take_over(self) -> None:
         problem = await asyncio.to_thread(self.c.takeover_problem)
+        self.c.cannot_lead = problem  # told to clients and in oasis status
         if problem:  # no lock taken, no epoch recorded: asked again at the next check
             now = time.monotonic()
             if problem != self._refused or now - self._refused_at >= _REFUSAL_LOG_SECONDS:
