@@ -82,8 +82,18 @@ class Cluster:
                 known = ", ".join(self.resources)
                 problems.append(Problem(sub, f"unknown resource (the cluster has: {known})"))
                 continue
+            r = self.resources.index(name)
+            if isinstance(amount, str):  # "16GiB": the cluster's capacities have no unit
+                largest = max(self.worker_capacity[:, r].max(initial=0.0),
+                              self.ps_capacity[:, r].max(initial=0.0))  # fmt: skip
+                why = (
+                    f"must be a number, in the unit of the cluster's capacities (its "
+                    f"largest server has {name} {largest:g}), got {fields.show(amount)}"
+                )
+                problems.append(Problem(sub, why))
+                continue
             try:
-                vec[self.resources.index(name)] = fields.non_negative(amount, sub)
+                vec[r] = fields.non_negative(amount, sub)
             except SpecError as err:
                 problems.extend(err.problems)
         if problems:

@@ -631,3 +631,14 @@ def test_a_time_with_seconds_keeps_them_in_tables() -> None:
         else:
             os.environ["TZ"] = zone
         time.tzset()
+
+
+def test_an_amount_in_a_users_unit_is_told_the_clusters() -> None:
+    """The units audit: "16GiB" for a worker's mem read "must be a number, got the
+    string '16GiB'", with no word on the unit expected. The cluster's capacities have
+    the unit; the message gives the largest, as a scale."""
+    got = problems({**PEOPLE, "worker": {**PEOPLE["worker"], "mem": "16GiB"}})
+    assert got == [
+        "job.worker.mem: must be a number, in the unit of the cluster's capacities (its "
+        "largest server has mem 244), got '16GiB'"
+    ], got
