@@ -463,7 +463,7 @@ def test_silence_is_timed_on_the_link_a_flap_does_not_restart_it(plane: PlaneDae
     ex, timeout = plane.ex, plane.ex.mqtt.heartbeat_timeout
 
     def fails_at(step: float, up: float, down: float, until: float) -> float | None:
-        """Seconds after the last beats (both servers at 0 s, then only p1's) at which
+        """Seconds after the last beats (both servers at 0 s, then only w0's) at which
         p0 is declared failed, the link up ``up`` s and down ``down`` s in turn."""
         start = plane.mono[0]
         link_up = True
@@ -474,30 +474,30 @@ def test_silence_is_timed_on_the_link_a_flap_does_not_restart_it(plane: PlaneDae
                 link_up = not link_up
                 ex.connected() if link_up else ex.disconnected()
             if link_up:
-                ex.heartbeat(Heartbeat("p1", "a"))  # a live agent beats on
+                ex.heartbeat(Heartbeat("w0", "a"))  # a live agent beats on
             if any(e.kind == "server_failed" for e in ex.review_sync()):
                 return t
         return None
 
     ex.connected()
     ex.heartbeat(Heartbeat("p0", "a"))
-    ex.heartbeat(Heartbeat("p1", "a"))
+    ex.heartbeat(Heartbeat("w0", "a"))
     ex.review_sync()
     # up 20 s, down 1 s: p0 fails once 30 s of connection time have passed, in the
     # second connection (on the old clock, restarted at each connection, never)
     at = fails_at(1.0, up=20.0, down=1.0, until=200.0)
     assert at is not None and timeout + 1 <= at <= 21.0 + timeout
-    assert "p0" in ex.failed and "p1" not in ex.failed
+    assert "p0" in ex.failed and "w0" not in ex.failed
 
-    # a broker outage of an hour counts nothing; p1, heard just before, stays up
-    ex.heartbeat(Heartbeat("p1", "a"))
+    # a broker outage of an hour counts nothing; w0, heard just before, stays up
+    ex.heartbeat(Heartbeat("w0", "a"))
     ex.review_sync()
     ex.disconnected()
     plane.mono[0] += 3600.0
     assert ex.review_sync() == []
     ex.connected()
-    plane.mono[0] += 2 * ex.mqtt.heartbeat_seconds + 1.0  # settled, p1 not heard yet
-    assert ex.review_sync() == [] and "p1" not in ex.failed
+    plane.mono[0] += 2 * ex.mqtt.heartbeat_seconds + 1.0  # settled, w0 not heard yet
+    assert ex.review_sync() == [] and "w0" not in ex.failed
 
 
 def test_one_agents_flood_is_not_the_others_silence(plane: PlaneDaemon) -> None:
@@ -535,7 +535,7 @@ def test_agents_that_follow_another_stores_plans_get_this_daemons_above_them(
     40 rounds while it completed their jobs with their plans. A heartbeat names the epoch
     its agent follows; one above the daemon's sends every plan again above it. A claim
     past MAX_FOLLOWED_EPOCH (a hostile agent's) moves nothing."""
-    from controller.plane.execution import MAX_FOLLOWED_EPOCH
+    from controller.plane.execution import BUMP_SECONDS, MAX_FOLLOWED_EPOCH
 
     plane.submit("j")
     ex = plane.ex
@@ -546,12 +546,20 @@ def test_agents_that_follow_another_stores_plans_get_this_daemons_above_them(
     assert not ex.heartbeat(Heartbeat("w0", "a", 1))  # follows this daemon's
     assert not ex.heartbeat(Heartbeat("w0", "a", MAX_FOLLOWED_EPOCH + 1))
     assert ex.heartbeat(Heartbeat("w0", "a", 41))  # another store's epoch 41
-    assert not ex.heartbeat(Heartbeat("w1", "a", 41))  # nothing new
+    assert not ex.heartbeat(Heartbeat("p0", "a", 41))  # nothing new
     again = ex.plans_sync(published)
     assert {p.server for p in again} == set(ex.server_index)
     assert {p.epoch for p in again} == {42} and ex.epoch == 42
     assert [p.current.tasks for p in again] == [published[p.server].current.tasks for p in again]
     assert not ex.heartbeat(Heartbeat("w0", "a", 41))  # behind now: the next plan fixes it
+    # another daemon under the same prefix, moving on: at most one move a minute, not a
+    # republication of every plan at each of its rounds
+    published = {p.server: p for p in again}
+    assert ex.heartbeat(Heartbeat("p0", "a", 50))
+    assert ex.plans_sync(published) == [] and ex.epoch == 42
+    plane.mono[0] += BUMP_SECONDS + 1.0
+    assert ex.heartbeat(Heartbeat("p0", "a", 50))
+    assert {p.epoch for p in ex.plans_sync(published)} == {51}
 
 
 # -- untrusted messages: names, sizes, parse failures, identity (issue 12, items 5-8) -------

@@ -109,6 +109,10 @@ _LEVEL = 0.9
 _MAX_INBOX = 100_000
 _MAX_INBOX_PER_SERVER = 1_000  # ... and at least this many
 _COMPLAIN_SECONDS = 10.0
+BUMP_SECONDS = 60.0
+"""At most one move of the epoch above the agents' (see :meth:`Execution.plans_sync`)
+per this many seconds: two daemons publishing under one topic prefix (a misconfiguration)
+would otherwise move above each other at every round, each sending every plan again."""
 MAX_FOLLOWED_EPOCH = 1 << 52
 """The highest epoch an agent's heartbeat may move this daemon's to (see
 :meth:`Execution.plans_sync`): plan epochs are at most 2**53, so a hostile agent's claim
@@ -245,6 +249,7 @@ class Execution:
         # the highest epoch an agent follows above this daemon's (its heartbeats), and
         # that agent's server: plans of another daemon's store, which hide this one's
         self._ahead: tuple[int, str] = (0, "")
+        self._bumped_at: float | None = None  # monotonic time of the last such move
         self.last_seen: dict[str, float] = {}  # server -> link time it was last heard
         self.heard: set[str] = set()  # servers ever heard from (kept in the store)
         self._heard_saved = True  # False: ``heard`` grew since it was last stored
@@ -855,12 +860,15 @@ class Execution:
         self.c._advance_window()
         with self._inbox_lock:
             (ahead, by), self._ahead = self._ahead, (0, "")
-        if ahead > self.epoch:
+        now = self.monotonic()
+        recent = self._bumped_at is not None and now - self._bumped_at < BUMP_SECONDS
+        if ahead > self.epoch and not recent:
             self.log.warning(
                 "agents follow plans of another daemon or store: plans go out again above "
-                "their epoch", followed=ahead, server=by, epoch=self.epoch,
+                "their epoch (a daemon on another store, or another daemon publishing under "
+                "this topic prefix)", followed=ahead, server=by, epoch=self.epoch,
             )  # fmt: skip
-            self.epoch, published = ahead, {}
+            self.epoch, published, self._bumped_at = ahead, {}, now
         s = self.c.slot
         tasks: dict[tuple[str, int], list[Task]] = {}
         with self.c._write() as session:
