@@ -138,6 +138,8 @@ class ConsoleData:
             "draining": draining,
             "broker": "none" if broker is None else ("connected" if broker else "disconnected"),
             "execution_plane": self.c.execution is not None,
+            # a standby that could not take over now: why (its log says it too)
+            "cannot_lead": (self.c.cannot_lead or None) if role == "standby" else None,
         }
         if caller.role is not Role.OPERATOR:
             out["use"] = None

@@ -183,6 +183,7 @@
       ["Role", n.role === "standalone" ? "standalone (no [ha])"
         : n.role + " (epoch " + n.epoch + ", lease confirmed " + n.lease_age_seconds.toFixed(1) + " s ago)"],
       ["Leader", n.role === "standby" ? (n.leader || "unknown") : "this node"],
+      n.cannot_lead ? ["Takeover", el("span", { class: "bad", text: "cannot take over: " + n.cannot_lead })] : null,
       ["Health", el("span", { class: n.serving ? "ok" : "bad",
         text: n.serving ? "serving" : (n.role === "standby" ? "reads only (standby)" : "not serving") })],
       ["Store", el("span", { class: n.store_up ? "ok" : "bad", text: n.store_up ? "reachable" : "unreachable" })],
