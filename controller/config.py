@@ -83,6 +83,7 @@ from pricing.bound_estimate import DEFAULT_TRIM
 from pricing.bound_prior import MAX_PRIOR_BYTES, Prior, prior_from_dict
 from pricing.cluster import Cluster, cluster_from_dict
 from pricing.default_prior import default_prior
+from pricing.durations import parse_duration
 from pricing.errors import SpecError
 from pricing.ledger import ledger_bytes
 from pricing.prices import PriceBounds, bounds_from_dict
@@ -263,6 +264,7 @@ def from_dict(
         },
         "config",
     )
+    data = _durations(data)
     try:
         daemon = fields.optional_mapping(data, "daemon", "")
         _check_keys(daemon, _DAEMON_KEYS, "daemon")
@@ -435,6 +437,21 @@ def _metrics_listen(raw: Mapping[str, Any]) -> str:
             "serve it to the network"
         )
     return listen
+
+
+def _durations(table: Mapping[str, Any]) -> dict[str, Any]:
+    """``table`` (and the tables in it) with each key ending in ``_seconds`` or
+    ``_timeout`` given as a duration (``"2h"``, ``"90m"``) in seconds: ``--wait 2h``
+    worked on the command line, ``wait_seconds = "2h"`` was "must be a number". Any
+    other text is left for the key's reader to refuse."""
+    out: dict[str, Any] = dict(table)
+    for key, value in table.items():
+        if isinstance(value, Mapping):
+            out[key] = _durations(value)
+        elif isinstance(value, str) and key.endswith(("_seconds", "_timeout")):
+            seconds = parse_duration(value)
+            out[key] = value if seconds is None else seconds
+    return out
 
 
 def _rebased(raw: Mapping[str, Any], keys: tuple[str, ...], base: Path | None) -> dict[str, Any]:

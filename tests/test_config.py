@@ -259,3 +259,25 @@ def test_files_a_config_names_are_relative_to_its_folder(
     path.write_text(text)
     with pytest.raises(ConfigError, match=re.escape(str(folder / "server.pem"))):
         load(path)
+
+
+def test_seconds_in_a_config_may_be_durations(tmp_path: Path) -> None:
+    """The units audit: ``oasis submit --wait 2h`` worked, ``daemon.wait_seconds = "2h"``
+    was "must be a number, got the string '2h'". Every key ending in ``_seconds`` or
+    ``_timeout`` also takes a duration; other text is still refused, naming the key."""
+    from controller.config import ConfigError, load
+    from pricing.errors import SpecError
+    from tests.servers import write_config
+
+    path = write_config(tmp_path / "c.toml", tmp_path / "data", extra=(
+        '[mqtt]\nurl = "mqtt://127.0.0.1:1883"\nheartbeat_timeout = "1m"\n'
+        'flap_seconds = "2h"\n'))  # fmt: skip
+    text = path.read_text().replace("slot_seconds = 3600", 'slot_seconds = "1h"')
+    path.write_text(text.replace("[daemon]\n", '[daemon]\nwait_seconds = "1h30m"\n'))
+    config = load(path)
+    assert (config.slot_seconds, config.wait_seconds) == (3600.0, 5400.0)
+    assert config.mqtt is not None
+    assert (config.mqtt.heartbeat_timeout, config.mqtt.flap_seconds) == (60.0, 7200.0)
+    path.write_text(path.read_text().replace('"1h30m"', '"soon"'))
+    with pytest.raises((ConfigError, SpecError), match=r"daemon\.wait_seconds: must be a number"):
+        load(path)
