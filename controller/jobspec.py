@@ -164,6 +164,10 @@ def comparable(spec: Mapping[str, Any], slot_seconds: float) -> dict[str, Any]:
     parser would refuse stays as it is."""
     out = dict(spec)
     _numbers_as_typed(out)
+    given = out.get("minibatch_seconds")  # "1.5s" and 1.5 are one job
+    seconds = parse_duration(given) if isinstance(given, str) else None
+    if seconds is not None:
+        out["minibatch_seconds"] = seconds
 
     def in_slots(value: Any) -> Any:
         seconds = parse_duration(value) if isinstance(value, str) else None

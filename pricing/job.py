@@ -12,6 +12,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from pricing import fields
 from pricing.cluster import BANDWIDTH, Cluster, Kind
+from pricing.durations import parse_duration
 from pricing.errors import Problem, SpecError
 from pricing.utility import Utility, utility_from_dict
 
@@ -136,6 +137,18 @@ class Job:
         }
 
 
+def _seconds(value: Any, field: str) -> float:
+    """Seconds > 0: a number, or a duration such as ``"1.5s"`` or ``"2m"`` (as a
+    utility's deadline takes one)."""
+    if isinstance(value, str):
+        seconds = parse_duration(value)
+        if seconds is None:
+            raise SpecError.one(field, f"must be a number of seconds or a duration such as "
+                                f'"1.5s" or "2m"; got {fields.show(value)}')  # fmt: skip
+        value = seconds
+    return fields.positive(value, field)
+
+
 def job_from_dict(
     raw: Any,
     cluster: Cluster,
@@ -200,7 +213,7 @@ def job_from_dict(
     if "tau" in spec and "minibatch_seconds" in spec:
         problems.append(Problem(f"{field}.tau", "give tau or minibatch_seconds, not both"))
     elif "minibatch_seconds" in spec:
-        seconds = read("minibatch_seconds", fields.positive)
+        seconds = read("minibatch_seconds", _seconds)
         tau = None if seconds is None else seconds / slot_seconds
         if seconds is not None and not tau:  # a subnormal quotient
             problems.append(Problem(f"{field}.minibatch_seconds", "is too small to count"))

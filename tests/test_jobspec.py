@@ -642,3 +642,20 @@ def test_an_amount_in_a_users_unit_is_told_the_clusters() -> None:
         "job.worker.mem: must be a number, in the unit of the cluster's capacities (its "
         "largest server has mem 244), got '16GiB'"
     ], got
+
+
+def test_a_minibatch_time_may_be_a_duration() -> None:
+    """The units audit: ``"minibatch_seconds": "1.5s"`` was "must be a number" while a
+    deadline took "2 h". It takes a duration now, is the same job as 1.5 (a retry in
+    either form is one job), and other text names what it takes."""
+    from controller.jobspec import spec_differences
+
+    as_number = parse({**PEOPLE, "minibatch_seconds": 36})
+    as_text = parse({**PEOPLE, "minibatch_seconds": "36s"})
+    assert (as_text.tau, as_text.work) == (as_number.tau, as_number.work) == (0.01, as_number.work)
+    text, number = {**PEOPLE, "minibatch_seconds": "36s"}, {**PEOPLE, "minibatch_seconds": 36}
+    assert spec_differences(text, number, slot_seconds=3600.0) == []
+    assert problems({**PEOPLE, "minibatch_seconds": "fast"}) == [
+        'job.minibatch_seconds: must be a number of seconds or a duration such as "1.5s" or '
+        "\"2m\"; got 'fast'"
+    ]
