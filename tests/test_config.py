@@ -278,6 +278,13 @@ def test_seconds_in_a_config_may_be_durations(tmp_path: Path) -> None:
     assert (config.slot_seconds, config.wait_seconds) == (3600.0, 5400.0)
     assert config.mqtt is not None
     assert (config.mqtt.heartbeat_timeout, config.mqtt.flap_seconds) == (60.0, 7200.0)
+    # the window counts slots: a duration that is a whole number of them, or refused
+    path.write_text(path.read_text().replace("window = 24", 'window = "2d"'))
+    assert load(path).window == 48
+    path.write_text(path.read_text().replace('window = "2d"', 'window = "90m"'))
+    with pytest.raises(ConfigError, match=r"daemon\.window: '90m' is not a whole number of slots"):
+        load(path)
+    path.write_text(path.read_text().replace('window = "90m"', "window = 24"))
     path.write_text(path.read_text().replace('"1h30m"', '"soon"'))
     with pytest.raises((ConfigError, SpecError), match=r"daemon\.wait_seconds: must be a number"):
         load(path)
