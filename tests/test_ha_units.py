@@ -575,3 +575,35 @@ def test_a_failed_call_names_the_node_it_went_to_not_the_list() -> None:
                                f"{dead}): connection refused")  # fmt: skip
     finally:
         server.stop(0)
+
+
+def test_a_deleted_writer_row_does_not_take_the_epoch_back(
+    postgres: Postgres, tmp_path: Path
+) -> None:
+    """The HA audit: ``delete from meta where key = 'writer'`` made the next leader take
+    epoch 1 again, below the epochs its events carried (nothing was double-written,
+    but "one leader per epoch, epochs never go down" no longer held). The epoch counts
+    on from the newest event's."""
+    from sqlalchemy import delete
+
+    from controller.store import MetaRow
+    from controller.store.writer_lock import RECORD_KEY
+
+    url = postgres.new_database()
+    a = Node(tmp_path, url, "a")
+    try:
+        assert a.take_over() == 1
+        asyncio.run(a.c.submit(job("e1")))
+        assert a.take_over() == 2  # (taken again: epoch 2, as a restart would)
+        asyncio.run(a.c.submit(job("e2")))
+    finally:
+        a.close()
+    db = Database(url)
+    with db.session() as session:
+        session.execute(delete(MetaRow).where(MetaRow.key == RECORD_KEY))
+    db.dispose()
+    b = Node(tmp_path, url, "b")
+    try:
+        assert b.take_over() == 3
+    finally:
+        b.close()

@@ -49,7 +49,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from controller.store.database import Database
-from controller.store.models import MetaRow
+from controller.store.models import EventRow, MetaRow
 
 __all__ = [
     "LOCK_KEY",
@@ -145,6 +145,18 @@ def clock_offset(session: Session, now: Callable[[], float]) -> tuple[float, flo
     store = session.scalar(text("SELECT extract(epoch FROM clock_timestamp())"))
     after = now()
     return (before + after) / 2 - float(store), abs(after - before) / 2
+
+
+def _newest_event_epoch(session: Session) -> int:
+    """The epoch of the newest event (events are committed in epoch order), 0 if none
+    says one: the epoch to count on from when the ``writer`` row is gone (deleted by
+    hand), or the next leader's epoch restarts at 1, below the events' (the HA audit)."""
+    detail = session.scalar(select(EventRow.detail).order_by(EventRow.sequence.desc()).limit(1))
+    if isinstance(detail, str):
+        with contextlib.suppress(ValueError, RecursionError):
+            detail = json.loads(detail)
+    epoch = detail.get("epoch") if isinstance(detail, dict) else None
+    return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) and epoch > 0 else 0
 
 
 def this_process(epoch: int = 0, address: str = "") -> Holder:
@@ -268,7 +280,8 @@ class WriterLock(ABC):
         with db.session() as session:
             previous = session.get(MetaRow, RECORD_KEY, with_for_update=True)
             last = Holder.from_dict(previous.value if previous else None)
-            me = this_process((last.epoch if last else 0) + 1, address)
+            before = last.epoch if last else _newest_event_epoch(session)
+            me = this_process(before + 1, address)
             measured = clock_offset(session, now) if now is not None else None
             if measured is not None:
                 me = replace(me, clock_offset=measured[0])
