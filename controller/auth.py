@@ -82,6 +82,9 @@ SUBMITTER_METHODS = frozenset(
         *(_ADMISSION + name for name in ("SubmitJob", "QuoteJob", "GetJob", "ListJobs",
                                          "GetProgress", "CancelJob")),
         "/oasis.v1.Cluster/GetClusterInfo",  # the slot clock: times next to slot numbers
+        # who leads: a client of several head nodes asks before its first call (a node
+        # that is hung answers nothing); why a standby cannot lead is an operator's
+        "/oasis.v1.HighAvailability/GetLeadership",
     ]
 )  # fmt: skip
 OPEN_SERVICES = frozenset(

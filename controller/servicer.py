@@ -23,7 +23,7 @@ from controller.admission import (
     PreconditionError,
     QueueFullError,
 )
-from controller.auth import REVOKE_CHECK_SECONDS, Caller, current_caller, holds
+from controller.auth import REVOKE_CHECK_SECONDS, Caller, Role, current_caller, holds
 from controller.convert import (
     SERVER_KINDS,
     STATE_OF,
@@ -457,5 +457,8 @@ class HighAvailabilityServicer(pb_grpc.HighAvailabilityServicer):
             leader=ha.leader,
             advertise=self.c.advertise,
             applied_sequence=ha.applied,
-            cannot_lead=self.c.cannot_lead if not self.c.leading else "",
+            # names servers and counts plans: an operator's (ListServers is theirs)
+            cannot_lead=self.c.cannot_lead
+            if not self.c.leading and current_caller().role is Role.OPERATOR
+            else "",
         )

@@ -213,10 +213,16 @@ def explain(
     was given them. A best schedule worth nothing is explained by the best one that ends
     while the job is worth something (see the module docstring)."""
     start = first_slot if arrival is None else arrival
-    if best.utility is not None and best.utility <= 0:
-        span = last_slot - start + 1  # completion times d = 1 .. span
-        worth = np.asarray(job.utility.values(np.arange(1, span + 1)), dtype=np.float64) > 0
-        end = start + int(np.count_nonzero(worth)) - 1  # non-increasing: a prefix is > 0
+    span = last_slot - start + 1  # completion times d = 1 .. span
+    if best.utility is not None and best.utility <= 0 and span >= 1:
+        # in logs: a sigmoid's value underflows to 0 long before it is worth nothing (a
+        # job the worth check took, told "too late" at its arrival: the diff review)
+        logs = np.asarray(job.utility.log_values(np.arange(1, span + 1)), dtype=np.float64)
+        worth = int(np.count_nonzero(logs > -np.inf))  # non-increasing: a prefix
+    else:
+        worth = span
+    if worth < span:  # worth nothing after completion time ``worth``
+        end = start + worth - 1
         within = f"by slot {end}, after which it is worth nothing"
         if end < first_slot:
             return f"too late: it is worth nothing after slot {end}", []

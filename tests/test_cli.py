@@ -301,11 +301,11 @@ def test_careless_arguments_are_refused_before_any_harm(
     assert not out.exists()
     # the agent: nan or inf as its speed reported every planned job done at once, nan
     # as its report interval spun the loop (the MQTT audit); refused before it connects
-    for flag in ("--speed", "--report-seconds"):
+    for flag, least in (("--speed", "> 0"), ("--report-seconds", ">= 0.1")):
         for bad in ("nan", "inf", "0"):
             argv = ["agent", "--node", "w0", "--broker", "mqtt://127.0.0.1:9", flag, bad]
             assert main(argv) == 2
-            assert f"{flag}: must be a number > 0, got {float(bad)}" in capsys.readouterr().err
+            assert f"{flag}: must be a number {least}" in capsys.readouterr().err
 
 
 def test_replay_rejects_a_job_past_the_search_limit_unsearched(

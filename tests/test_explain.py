@@ -158,3 +158,22 @@ def test_a_job_worth_nothing_by_its_best_end_hears_why_it_cannot_end_in_time() -
 
     ledger = Ledger(trace.cluster, trace.bounds, trace.horizon)  # nothing taken: admitted
     assert decide(job, ledger, 0, trace.horizon - 1).admitted
+
+
+def test_a_utility_that_underflows_is_not_said_to_be_worth_nothing() -> None:
+    """The diff review: a sigmoid whose value underflows to 0 (finite in logs, so the
+    worth check takes it) was told "too late: it is worth nothing after slot -1" at
+    its arrival. It is priced out as any job whose utility rounds to 0."""
+    from pricing.explain import explain
+
+    raw = _one_job_worth(2.0)
+    jobs = raw["jobs"]
+    assert isinstance(jobs, list)
+    jobs[0]["utility"] = {"kind": "sigmoid", "priority": 1000, "decay": 1, "target": -2000}
+    trace = trace_from_dict(raw)
+    ledger = Ledger(trace.cluster, trace.bounds, trace.horizon)
+    (job,) = trace.jobs
+    d = decide(job, ledger, 0, trace.horizon - 1)
+    assert not d.admitted and d.best.utility == 0.0
+    reason, _ = explain(d.best, job, ledger, 0, trace.horizon - 1)
+    assert reason.startswith("priced out: the best schedule (completion in "), reason

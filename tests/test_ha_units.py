@@ -497,9 +497,12 @@ class _Leadership(pb_grpc.HighAvailabilityServicer):
 
     def __init__(self, role: str, hang: float = 0.0) -> None:
         self.role, self.hang = role, hang
+        self.refuse: grpc.StatusCode | None = None
 
     def GetLeadership(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
         time.sleep(self.hang)
+        if self.refuse is not None:
+            context.abort(self.refuse, "refused")
         return pb.GetLeadershipResponse(enabled=True, role=self.role)
 
 
@@ -523,14 +526,26 @@ def test_a_hung_node_named_first_costs_a_command_seconds_not_its_whole_timeout()
     servers = []
     try:
         addresses = []
-        for node, role in ((_HungNode(8.0), _Leadership("leader", hang=8.0)),
-                           (_Node(None), _Leadership("leader"))):  # fmt: skip
+        leadership = [_Leadership("leader", hang=8.0), _Leadership("leader")]
+        for node, role in ((_HungNode(8.0), leadership[0]), (_Node(None), leadership[1])):
             server = grpc.server(ThreadPoolExecutor(4))
             pb_grpc.add_ClusterServicer_to_server(node, server)
             pb_grpc.add_HighAvailabilityServicer_to_server(role, server)
             addresses.append(f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}")
             server.start()
             servers.append(server)
+        pool = LeaderPool(addresses, grpc.insecure_channel, budget=10)
+        started = time.monotonic()
+        info = FollowingStub(pool, pb_grpc.ClusterStub).GetClusterInfo(
+            pb.GetClusterInfoRequest(), timeout=10
+        )
+        assert info.window == 7 and pool.address == addresses[1]
+        assert time.monotonic() - started < LOCATE_SECONDS + 2.0
+        pool.close()
+        # a node that refuses the question (an older daemon, or a token it refuses) is
+        # alive: a call starts there, not at the hung one (the diff review: a tenant's
+        # token was refused GetLeadership, and its calls waited on the hung node)
+        leadership[1].refuse = grpc.StatusCode.PERMISSION_DENIED
         pool = LeaderPool(addresses, grpc.insecure_channel, budget=10)
         started = time.monotonic()
         info = FollowingStub(pool, pb_grpc.ClusterStub).GetClusterInfo(
@@ -564,6 +579,20 @@ def test_a_failed_call_names_the_node_it_went_to_not_the_list() -> None:
         pool.close()
         assert tried_address(failed.value) == dead
         assert redirected_by(failed.value) == f"{address} said: standby"  # its message
+        # only on a call that found no leader: the next call, answered NOT_FOUND by a
+        # live leader after the same redirect, carries no word of the standby's
+        lead = _Node(None)
+        lead_server, lead_address = _serve(lead)
+        standby.leader = lead_address
+        pool = LeaderPool([address], grpc.insecure_channel, budget=2)
+        stub = FollowingStub(pool, pb_grpc.ClusterStub)
+        assert stub.GetClusterInfo(pb.GetClusterInfoRequest(), timeout=2).window == 7
+        lead.leader = ""  # it refuses now: UNAVAILABLE naming no one (not the standby)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.GetClusterInfo(pb.GetClusterInfoRequest(), timeout=2)
+        assert redirected_by(refused.value) is None
+        pool.close()
+        lead_server.stop(0)
         args = argparse.Namespace(server=address, timeout=2.0, tls=False, tls_ca="")
         said = _explain(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses",
                         args, tried_address(failed.value))  # fmt: skip

@@ -538,6 +538,54 @@ def test_a_deleted_slot_0_row_is_read_from_the_settings_or_refused(tmp_path: Pat
             c.close()
 
 
+def test_the_slot_0_a_refusal_suggests_holds_after_a_job_that_waited(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The diff review: the refusal above took the newest job's submitted slot with its
+    decision time, and a job admitted after waiting was decided slots later: the slot 0
+    it suggested was that many slots late (an operator following it would move every
+    stored plan). It takes the slot the decision was made in."""
+    from datetime import datetime
+
+    from controller.admission import pending
+    from controller.admission.state import EPOCH_KEY, SETTINGS_KEY
+    from controller.errors import SlotGridChangedError
+    from controller.store import MetaRow
+
+    clock = FakeClock(time.time())
+
+    class Now(datetime):  # the pending module's wall clock follows the fake one
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:
+            return datetime.fromtimestamp(clock.now(), tz)
+
+    monkeypatch.setattr(pending, "datetime", Now)
+    path = write_config(tmp_path / "c.toml", tmp_path / "data", epoch=0.0)
+    path.write_text(path.read_text().replace("epoch = 0.0\n", "") + CHEAP)
+    config = load(path)
+    c = opened(config, clock)
+    try:
+        epoch = c.slots.epoch
+        assert asyncio.run(c.submit(blocker())).state == "admitted"
+        assert asyncio.run(c.submit(small("w"), wait_seconds=20 * SLOT)).state == "pending"
+        for _ in range(6):
+            clock.advance(SLOT)
+            asyncio.run(c.tick())
+        asyncio.run(c.cancel("blocker"))
+        clock.advance(SLOT)
+        asyncio.run(c.tick())
+        assert c._get_sync("w").state == "admitted"
+    finally:
+        c.close()
+    db = Database(config.database_url)
+    with db.session() as session:
+        session.execute(delete(MetaRow).where(MetaRow.key.in_((EPOCH_KEY, SETTINGS_KEY))))
+    db.dispose()
+    with pytest.raises(SlotGridChangedError) as refused:
+        opened(config, clock)
+    assert f"epoch = {epoch:.0f}" in str(refused.value), str(refused.value)
+
+
 def test_a_store_with_jobs_but_no_recorded_slot_0_keeps_the_unix_epoch(tmp_path: Path) -> None:
     """A store written before slot 0 was recorded numbered its slots from the Unix epoch
     (the old default): a config without ``epoch`` keeps that numbering for it."""

@@ -327,6 +327,12 @@ def test_roles_and_ownership(mtls_daemon: Daemon, pki: Pki, tmp_path: Path) -> N
         with pytest.raises(grpc.RpcError) as err:
             next(stream)
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        # who leads: a client of several head nodes asks it first, so a tenant may too
+        # (without it, its calls waited on a hung node named first)
+        leads = pb_grpc.HighAvailabilityStub(alice).GetLeadership(
+            pb.GetLeadershipRequest(), timeout=10
+        )
+        assert leads.role == "leader" and leads.cannot_lead == ""
 
         # the operator sees and does everything, naming each job by its key NAME:ID
         every = {j.spec.id for j in o.ListJobs(pb.ListJobsRequest(), timeout=10).jobs}

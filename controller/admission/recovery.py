@@ -216,23 +216,28 @@ class Recovery(Moves, BoundControl):
                 its time implies.
         """
         row = session.execute(
-            select(JobRow.decided_at, JobRow.submitted_slot).order_by(JobRow.sequence.desc())
+            select(JobRow.decided_at, JobRow.submitted_slot, JobRow.decided_slot)
+            .where(JobRow.state != "pending")  # decided again, its decided_at not moved
+            .order_by(JobRow.sequence.desc())
         ).first()  # fmt: skip
         if row is None or not isinstance(row.decided_at, datetime):
             return
-        if not _integer(row.submitted_slot):
+        # the slot decided_at falls in: a job admitted after waiting (or expired) was
+        # decided slots after it was submitted (the review: slot 0 given 7 slots late)
+        slot = row.decided_slot if _integer(row.decided_slot) else row.submitted_slot
+        if not _integer(slot):
             return
         length = self.slots.slot_seconds
         at = row.decided_at  # SQLite keeps no zone: stored as UTC
         at = at.replace(tzinfo=UTC) if at.tzinfo is None else at
-        implied = at.timestamp() - row.submitted_slot * length
+        implied = at.timestamp() - slot * length
         if abs(implied) <= 2 * length:
             return
         start = math.floor(implied / length) * length
         raise SlotGridChangedError(
             f"it records no slot 0 (its meta rows {EPOCH_KEY!r} and {SETTINGS_KEY!r} are "
             f"missing or unreadable), and its newest job, decided at "
-            f"{_when(at.timestamp())} in slot {row.submitted_slot}, puts slot 0 "
+            f"{_when(at.timestamp())} in slot {slot}, puts slot 0 "
             f"near {_when(implied)}, not at the Unix epoch: started so, every stored job "
             f"would be read as planned in 1970 and completed at once. Set daemon.epoch to "
             f"the store's slot 0 (epoch = {start:.0f} is {_when(start)}), or restore the rows"

@@ -193,8 +193,8 @@ class AdmissionState(ABC):
         return self.role == "leader"
 
     def _not_leader(self, why: str = "this oasisd is a standby") -> NotLeaderError:
-        if self.cannot_lead:  # if the leader is gone too, the caller must hear why
-            why += f" that cannot take over ({self.cannot_lead[:300]})"
+        if self.cannot_lead:  # if the leader is gone too, the caller must hear it (why:
+            why += " that cannot take over (oasis status says why)"  # an operator's)
         return NotLeaderError(self.leader.address if self.leader else "", why)
 
     @contextmanager

@@ -17,6 +17,10 @@ from typing import TYPE_CHECKING, Any
 from controller.commands import SUMMARIES
 from controller.commands.common import EXIT_OK, InputError
 
+MIN_REPORT_SECONDS = 0.1
+"""The shortest report interval: 10 reports a second, under the daemon's rate of 20
+messages a second per agent (controller.plane.link), heartbeats included."""
+
 if TYPE_CHECKING:
     from controller.plane.settings import MqttConfig
 
@@ -75,8 +79,10 @@ def _agent(args: argparse.Namespace) -> int:
     mqtt = broker_settings(args)
     if not (0 < args.speed < math.inf):  # nan and inf: every job done at once
         raise InputError(f"--speed: must be a number > 0, got {args.speed}")
-    if not (0 < args.report_seconds < math.inf):  # nan: the report loop spins
-        raise InputError(f"--report-seconds: must be a number > 0, got {args.report_seconds}")
+    if not (MIN_REPORT_SECONDS <= args.report_seconds < math.inf):  # nan: the loop spins
+        raise InputError(f"--report-seconds: must be a number >= {MIN_REPORT_SECONDS} (the "
+                         f"daemon drops an agent's messages past 20 a second), got "
+                         f"{args.report_seconds}")  # fmt: skip
     logs.configure(args.log_level)
     try:
         agent = Agent(args.node, mqtt, args.speed, args.worker_command, args.report_seconds)

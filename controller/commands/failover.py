@@ -130,11 +130,13 @@ class LeaderPool:
     ) -> Any:
         """``stub.method(*args, **kw)`` on the leader (see the module docstring); its
         error names the node it went to last (:func:`tried_address`)."""
+        self._said = None  # this call's redirect only
         try:
             return self._call(factory, method, *args, **kw)
         except grpc.RpcError as err:
             err.add_note(_TRIED + self.last_tried)
-            if self._said and self._said[0] != self.last_tried:
+            gone = err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+            if gone and self._said and self._said[0] != self.last_tried:
                 err.add_note(f"{_SAID}{self._said[0]} said: {self._said[1]}")
             raise
 
@@ -209,6 +211,8 @@ class LeaderPool:
             except grpc.RpcError as err:
                 if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     self._failed[address] = time.monotonic()
+                else:  # it answered (refused, or an older daemon): alive, role unknown
+                    roles[address] = ""
         leading = [a for a in self.addresses if roles.get(a) == "leader"]
         answered = [a for a in self.addresses if a in roles]
         if leading or answered:

@@ -139,7 +139,9 @@ class ConsoleData:
             "broker": "none" if broker is None else ("connected" if broker else "disconnected"),
             "execution_plane": self.c.execution is not None,
             # a standby that could not take over now: why (its log says it too)
-            "cannot_lead": (self.c.cannot_lead or None) if role == "standby" else None,
+            "cannot_lead": (self.c.cannot_lead or None)
+            if role == "standby" and caller.role is Role.OPERATOR
+            else None,
         }
         if caller.role is not Role.OPERATOR:
             out["use"] = None

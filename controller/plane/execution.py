@@ -109,10 +109,18 @@ _LEVEL = 0.9
 _MAX_INBOX = 100_000
 _MAX_INBOX_PER_SERVER = 1_000  # ... and at least this many
 _COMPLAIN_SECONDS = 10.0
+FLOOD_DROPS = 100
+"""Agents' messages dropped over their rates between two reviews that make a flood (an
+agent's burst): then the broker may be dropping the other agents' heartbeats, and the time
+counts half as silence. A few over one agent's rate change nothing: one agent sending
+21 a second must not stop failure detection for the whole cluster (the diff review)."""
 BUMP_SECONDS = 60.0
 """At most one move of the epoch above the agents' (see :meth:`Execution.plans_sync`)
 per this many seconds: two daemons publishing under one topic prefix (a misconfiguration)
 would otherwise move above each other at every round, each sending every plan again."""
+MAX_EPOCH_STEP = 1 << 40
+"""The furthest above this daemon's epoch a heartbeat's may move it (a trillion rounds: no
+store restored from a backup is that far behind; a hostile claim moves it only so far)."""
 MAX_FOLLOWED_EPOCH = 1 << 52
 """The highest epoch an agent's heartbeat may move this daemon's to (see
 :meth:`Execution.plans_sync`): plan epochs are at most 2**53, so a hostile agent's claim
@@ -245,10 +253,11 @@ class Execution:
                 self.server_index[name] = (kind, i)
         self.link = LinkClock(monotonic)  # silence is timed on it: connected seconds
         self._reviewed_at = 0.0  # link time of the last review
-        self._crowded = False  # an agent's messages dropped over its rate since then
+        self._dropped = 0  # agents' messages dropped over their rate since the last review
         # the highest epoch an agent follows above this daemon's (its heartbeats), and
         # that agent's server: plans of another daemon's store, which hide this one's
         self._ahead: tuple[int, str] = (0, "")
+        self._ahead_since: float | None = None  # monotonic time of the first such claim
         self._bumped_at: float | None = None  # monotonic time of the last such move
         self.last_seen: dict[str, float] = {}  # server -> link time it was last heard
         self.heard: set[str] = set()  # servers ever heard from (kept in the store)
@@ -337,11 +346,12 @@ class Execution:
             self.link.down()
 
     def crowded(self) -> None:
-        """An agent's message was dropped over its rate (event loop): the broker may be
-        dropping other agents' messages too, so the time until the next review does not
-        count as anyone's silence."""
+        """An agent's message was dropped over its rate (event loop). Many between two
+        reviews (:data:`FLOOD_DROPS`): a flood, and the broker may be dropping other
+        agents' messages too, so that time counts half as anyone's silence (see
+        :meth:`review_sync`)."""
         with self._inbox_lock:
-            self._crowded = True
+            self._dropped += 1
 
     def heartbeat(self, beat: Heartbeat) -> bool:
         """Queue a heartbeat (timed now) for the decision thread; True if its agent
@@ -350,10 +360,13 @@ class Execution:
             return False
         with self._inbox_lock:
             self._beats[beat.server] = self.link.now()
-            if self.epoch < beat.epoch <= MAX_FOLLOWED_EPOCH and beat.epoch > self._ahead[0]:
+            if not self.epoch < beat.epoch <= min(MAX_FOLLOWED_EPOCH, self.epoch + MAX_EPOCH_STEP):
+                return False
+            if beat.epoch > self._ahead[0]:
                 self._ahead = (beat.epoch, beat.server)
-                return True
-        return False
+            if self._ahead_since is None:
+                self._ahead_since = self.monotonic()
+            return self._bump_due()
 
     def report(self, progress: Progress) -> None:
         """Queue a progress report (timed now, in the current slot) for the decision
@@ -450,9 +463,13 @@ class Execution:
         self._drain()
         events: list[Event] = []
         with self._inbox_lock:
-            if self._crowded:  # one agent's flood is not the others' silence
-                self.link.rewind_to(self._reviewed_at)
-                self._crowded = False
+            # one agent's flood is not the others' silence: its time counts half (so a
+            # flood delays failure detection, at most twofold, but never stops it; a
+            # trickle over one agent's rate changes nothing)
+            flooded = self._dropped >= FLOOD_DROPS
+            if flooded:
+                self.link.rewind_to(self._reviewed_at + (self.link.now() - self._reviewed_at) / 2)
+            self._dropped = 0
             now, up_for = self.link.now(), self.link.up_for()
             self._reviewed_at = now
         # connected long enough for every live agent to reconnect and beat (or resend)
@@ -481,7 +498,7 @@ class Execution:
                 self._early.discard(job_id)  # reviewed again (its agents may say no more)
             else:
                 self.pending.discard(job_id)
-        if settled:
+        if settled and not flooded:  # a job's last counts may be among the dropped
             events += self._overdue_sync()
         self._flush_progress()
         if not self._heard_saved:
@@ -846,6 +863,18 @@ class Execution:
 
     # -- plans (decision thread) --------------------------------------------------------
 
+    def _bump_due(self) -> bool:
+        """Whether the epoch moves above the agents' at the next round (the inbox lock
+        held): a beat's claim was heard an agent's beat ago (so every agent has said which
+        epoch it follows: the first claim heard may be a lagging agent's), and the last
+        move was :data:`BUMP_SECONDS` ago."""
+        now = self.monotonic()
+        heard = (
+            self._ahead_since is not None and now - self._ahead_since >= self.mqtt.heartbeat_seconds
+        )
+        paused = self._bumped_at is not None and now - self._bumped_at < BUMP_SECONDS
+        return heard and not paused
+
     def plans_sync(self, published: dict[str, Plan]) -> list[Plan]:
         """Plans of every server for the current and next slot that differ from
         ``published`` (all of them if it is empty), under one new epoch (persisted first);
@@ -859,16 +888,17 @@ class Execution:
         servers' jobs, reported by nobody, completed with their plans."""
         self.c._advance_window()
         with self._inbox_lock:
-            (ahead, by), self._ahead = self._ahead, (0, "")
-        now = self.monotonic()
-        recent = self._bumped_at is not None and now - self._bumped_at < BUMP_SECONDS
-        if ahead > self.epoch and not recent:
+            (ahead, by) = self._ahead
+            due = self._bump_due()
+            if due:  # else it stays for the first round it is due at
+                self._ahead, self._ahead_since = (0, ""), None
+        if ahead > self.epoch and due:
             self.log.warning(
                 "agents follow plans of another daemon or store: plans go out again above "
                 "their epoch (a daemon on another store, or another daemon publishing under "
                 "this topic prefix)", followed=ahead, server=by, epoch=self.epoch,
             )  # fmt: skip
-            self.epoch, published, self._bumped_at = ahead, {}, now
+            self.epoch, published, self._bumped_at = ahead, {}, self.monotonic()
         s = self.c.slot
         tasks: dict[tuple[str, int], list[Task]] = {}
         with self.c._write() as session:

@@ -5,10 +5,11 @@ An agent can be heard only while the daemon is connected, so only that time coun
 against it: a broker outage of an hour does not fail every server, and a link that
 drops every few seconds (a flapping broker, a proxy that cuts idle streams) does not
 restart every server's silence at each reconnection, which would let a dead server
-hold its jobs' plans for as long as the link flaps. Nor does the time between two
-reviews in which an agent flooded the daemon's intake (:meth:`LinkClock.rewind_to`): the
-broker drops what it cannot deliver to the daemon, other agents' heartbeats among them,
-so one agent's flood must not read as the others' silence.
+hold its jobs' plans for as long as the link flaps. The time between two reviews in which
+an agent flooded the daemon's intake counts half (:meth:`LinkClock.rewind_to`, called by
+:meth:`controller.plane.execution.Execution.review_sync`): the broker drops what it
+cannot deliver to the daemon, other agents' heartbeats among them, so one agent's flood
+must not read as the others' silence, nor stop failure detection for good.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ class LinkClock:
         return self._before + max(self._monotonic() - self._since, 0.0)
 
     def rewind_to(self, mark: float) -> None:
-        """The time since ``mark`` (a reading of :meth:`now`) does not count: nobody could
-        be heard reliably in it (an agent flooded the daemon's intake)."""
+        """Take the clock back to ``mark`` (at most :meth:`now`): the time since does not
+        count, or counts in part (a mark between an earlier reading and now)."""
         self._before -= max(self.now() - mark, 0.0)
 
     def up_for(self) -> float | None:
