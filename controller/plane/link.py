@@ -271,7 +271,7 @@ class Plane:
         if self._rate.take(server) > 0:  # before it is parsed: parsing is the cost
             self.execution.crowded()
             self._complain(server, "flood", "messages from an agent dropped: over its rate "
-                           "(no server's silence counts meanwhile)",
+                           "(in a flood, silence counts half meanwhile)",
                            rate=AGENT_MESSAGES_PER_SECOND, burst=AGENT_MESSAGE_BURST)  # fmt: skip
             return False
         try:
