@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from pathlib import Path
 
 import pytest
 
@@ -161,3 +162,35 @@ def test_a_clients_reads_wait_their_turn_and_do_not_count_against_its_cap() -> N
         assert order.index("a0") == len(order) - 1  # behind alice's own reads
     finally:
         thread.shutdown()
+
+
+def test_an_answer_comes_after_its_call_stops_counting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI, once: a client with limits.max_in_flight = 1 sent its next call the moment it
+    had an answer and was refused, "1 calls of this client in flight": the answer was
+    given from inside the step, before the thread stopped counting the call. Here the
+    thread is slow to stop counting (as when it is descheduled just then); each next
+    call must still be taken."""
+    import asyncio
+    import time
+
+    from controller.clock import FakeClock
+    from tests.test_pending import CHEAP, controller
+
+    done = DecisionThread._done
+
+    def slow_done(self: DecisionThread, step: object) -> None:
+        time.sleep(0.01)
+        done(self, step)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DecisionThread, "_done", slow_done)
+    c = controller(tmp_path, FakeClock(1_700_000_000.0), CHEAP + "\n[limits]\nmax_in_flight = 1\n")
+
+    async def calls() -> list[int]:
+        return [await c._run(lambda: 1, "alice") for _ in range(20)]
+
+    try:
+        assert asyncio.run(calls()) == [1] * 20
+    finally:
+        c.close()

@@ -83,12 +83,13 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
         self._idle.clear()
         try:
             answer: Future[_T] = Future()
+            outcome: list[Callable[[], _T] | BaseException] = []  # the step's, once it ends
 
             def step() -> None:
                 try:
                     result = self._in_step(fn)
                 except BaseException as err:  # the caller's, through the answer
-                    _settle(answer, err)
+                    outcome.append(err)
                     return
                 if isinstance(result, Deferred):
                     deferred = result
@@ -96,9 +97,14 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
                         lambda done: _settle(answer, lambda: deferred.then(done.result()))
                     )
                 else:
-                    _settle(answer, lambda: result)
+                    outcome.append(lambda: result)
 
             queued = self._decisions.submit(client, step)
+            # answered once the step has ended, after the thread stopped counting it
+            # against the client's limits.max_in_flight (a callback registered before
+            # this one): answered from inside the step, a client that sent its next call
+            # the moment it had the answer was refused, "1 calls in flight"
+            queued.add_done_callback(lambda _f: _settle(answer, outcome[0]) if outcome else None)
             # a caller that gives up before its step started takes it out of the queue
             answer.add_done_callback(lambda f: queued.cancel() if f.cancelled() else None)
             return await asyncio.wrap_future(answer)
