@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -456,36 +457,52 @@ def test_a_restarted_daemon_watches_the_servers_that_reported(plane: PlaneDaemon
     assert failed == [reporter]  # and no server that never reported
 
 
+def _both_heard(ex: Any) -> None:
+    """The broker link up, and p0 and w0 heard from now on (reviewed)."""
+    ex.connected()
+    ex.heartbeat(Heartbeat("p0", "a"))
+    ex.heartbeat(Heartbeat("w0", "a"))
+    ex.review_sync()
+
+
+def _seconds_until_a_failure(
+    plane: PlaneDaemon, each_second: Callable[[float], None], until: float
+) -> float | None:
+    """Seconds, one review a second, until a server is declared failed (None: not within
+    ``until``); ``each_second(t)`` runs before the review of second ``t``."""
+    for second in range(1, int(until) + 1):
+        plane.mono[0] += 1.0
+        each_second(float(second))
+        if any(e.kind == "server_failed" for e in plane.ex.review_sync()):
+            return float(second)
+    return None
+
+
 def test_silence_is_timed_on_the_link_a_flap_does_not_restart_it(plane: PlaneDaemon) -> None:
     """A server's silence counts only while the broker connection is up, summed over
     connections: a link that drops every 20 s (under the 30 s timeout) still lets a dead
     agent be declared failed, and an hour of broker outage fails nobody."""
     ex, timeout = plane.ex, plane.ex.mqtt.heartbeat_timeout
 
-    def fails_at(step: float, up: float, down: float, until: float) -> float | None:
+    def fails_at(up: float, down: float, until: float) -> float | None:
         """Seconds after the last beats (both servers at 0 s, then only w0's) at which
         p0 is declared failed, the link up ``up`` s and down ``down`` s in turn."""
-        start = plane.mono[0]
         link_up = True
-        while plane.mono[0] - start < until:
-            plane.mono[0] += step
-            t = plane.mono[0] - start
+
+        def flap(t: float) -> None:
+            nonlocal link_up
             if (t % (up + down) < up) != link_up:
                 link_up = not link_up
                 ex.connected() if link_up else ex.disconnected()
             if link_up:
                 ex.heartbeat(Heartbeat("w0", "a"))  # a live agent beats on
-            if any(e.kind == "server_failed" for e in ex.review_sync()):
-                return t
-        return None
 
-    ex.connected()
-    ex.heartbeat(Heartbeat("p0", "a"))
-    ex.heartbeat(Heartbeat("w0", "a"))
-    ex.review_sync()
+        return _seconds_until_a_failure(plane, flap, until)
+
+    _both_heard(ex)
     # up 20 s, down 1 s: p0 fails once 30 s of connection time have passed, in the
     # second connection (on the old clock, restarted at each connection, never)
-    at = fails_at(1.0, up=20.0, down=1.0, until=200.0)
+    at = fails_at(up=20.0, down=1.0, until=200.0)
     assert at is not None and timeout + 1 <= at <= 21.0 + timeout
     assert "p0" in ex.failed and "w0" not in ex.failed
 
@@ -512,22 +529,18 @@ def test_one_agents_flood_is_not_the_others_silence(plane: PlaneDaemon) -> None:
 
     ex, timeout = plane.ex, plane.ex.mqtt.heartbeat_timeout
 
-    def fails_after(drops: int) -> int | None:
+    def fails_after(drops: int) -> float | None:
         """Seconds until p0, silent from now, is failed while w0 has ``drops`` messages
         dropped a second (each second a review)."""
-        for step in range(1, int(3 * timeout)):
-            plane.mono[0] += 1.0
+
+        def flood(_t: float) -> None:
             ex.heartbeat(Heartbeat("w0", "a"))
             for _ in range(drops):
                 ex.crowded()
-            if any(e.kind == "server_failed" for e in ex.review_sync()):
-                return step
-        return None
 
-    ex.connected()
-    ex.heartbeat(Heartbeat("p0", "a"))
-    ex.heartbeat(Heartbeat("w0", "a"))
-    ex.review_sync()
+        return _seconds_until_a_failure(plane, flood, 3 * timeout)
+
+    _both_heard(ex)
     trickle = fails_after(1)  # one over the rate: as without it
     assert trickle is not None and timeout < trickle <= timeout + 2
     plane.mono[0] += 1.0

@@ -173,11 +173,10 @@ class Recovery(Moves, BoundControl):
             value = meta.value.get("epoch") if isinstance(meta.value, dict) else None
             return slot_zero(value, f"the store's meta row {EPOCH_KEY!r}: epoch")
         recorded = _recorded_settings(session).get("epoch")
-        if (
-            isinstance(recorded, int | float)
-            and not isinstance(recorded, bool)
-            and (math.isfinite(recorded))
-        ):
+        if isinstance(recorded, int) and not isinstance(recorded, bool):
+            with contextlib.suppress(OverflowError):  # an edited row: not read
+                recorded = float(recorded)
+        if isinstance(recorded, float) and math.isfinite(recorded):
             # a leader whose config sets the epoch records it only with its settings: a
             # standby without one takes the leader's (it refused to start, in a loop),
             # and so does a leader whose config no longer sets it (or whose epoch row
@@ -186,7 +185,7 @@ class Recovery(Moves, BoundControl):
             if self.leading:
                 why = f"the store's meta row {SETTINGS_KEY!r}"
                 session.add(MetaRow(key=EPOCH_KEY, value={"epoch": recorded, "source": why}))
-            return float(recorded)
+            return recorded
         if not self.leading:
             raise StoreUnavailableError(
                 "slot 0 is not recorded in the store yet: a standby reads it from there, "

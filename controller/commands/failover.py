@@ -47,6 +47,8 @@ MAX_DELAY = 0.5
 MAX_HOPS = 8  # redirects in a row before backing off (nodes naming each other)
 LOCATE_SECONDS = 2.0
 """With several nodes, how long the first call waits for their answers to "who leads"."""
+_GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+"""A call's codes when the node it went to could not answer (down, stopped, unreachable)."""
 FAILED_MEMORY = 2.0
 """Seconds a node that failed a call (down, unreachable) is not followed to: a standby
 may still name a leader that has just died."""
@@ -65,18 +67,20 @@ def redirected_by(err: BaseException) -> str | None:
     """``"b:50051 said: this oasisd is a standby ..."``: what the node that named the
     failed call's last node the leader said (a standby that cannot take over says why),
     from the note :meth:`LeaderPool.call` adds; None if no node redirected it."""
-    for note in getattr(err, "__notes__", ()):
-        if isinstance(note, str) and note.startswith(_SAID):
-            return note[len(_SAID) :]
-    return None
+    return _noted(err, _SAID)
 
 
 def tried_address(err: BaseException) -> str | None:
     """The node the failed call went to last (a redirect's target, perhaps not one of
     those named), from the note :meth:`LeaderPool.call` adds; None if it has none."""
+    return _noted(err, _TRIED)
+
+
+def _noted(err: BaseException, prefix: str) -> str | None:
+    """The rest of ``err``'s first note that starts with ``prefix``; None if none does."""
     for note in getattr(err, "__notes__", ()):
-        if isinstance(note, str) and note.startswith(_TRIED):
-            return note[len(_TRIED) :]
+        if isinstance(note, str) and note.startswith(prefix):
+            return note[len(prefix) :]
     return None
 
 
@@ -135,8 +139,7 @@ class LeaderPool:
             return self._call(factory, method, *args, **kw)
         except grpc.RpcError as err:
             err.add_note(_TRIED + self.last_tried)
-            gone = err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-            if gone and self._said and self._said[0] != self.last_tried:
+            if err.code() in _GONE and self._said and self._said[0] != self.last_tried:
                 err.add_note(f"{_SAID}{self._said[0]} said: {self._said[1]}")
             raise
 
@@ -209,7 +212,7 @@ class LeaderPool:
             try:
                 roles[address] = future.result().role
             except grpc.RpcError as err:
-                if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                if err.code() in _GONE:
                     self._failed[address] = time.monotonic()
                 else:  # it answered (refused, or an older daemon): alive, role unknown
                     roles[address] = ""
