@@ -40,8 +40,8 @@ def cannot_finish(job: Job, cluster: Cluster, slots: int) -> str | None:
         return None
     return (
         f"cannot finish before the horizon even on an empty cluster: its work of {job.work} "
-        f"worker-slots needs at least {need} slots (at most {per_slot} workers per slot), "
-        f"and only {slots} remain"
+        f"worker-slots needs at least {_count(need, 'slot')} (at most {per_slot} workers per "
+        f"slot), and only {slots} remain"
     )
 
 
@@ -242,7 +242,7 @@ def _cannot_fit(job: Job, ledger: Ledger, first_slot: int, last_slot: int) -> st
         return late
     lo, hi = ledger.index(first_slot), ledger.index(last_slot) + 1
     worst, least, fit = _scarcest(job, ledger, lo, hi)
-    slots = f"slots {first_slot}..{last_slot}"
+    slots = _span(first_slot, last_slot)
     if fit >= job.work:  # the workers alone would fit: "only 384 free" for 9 misled
         said = (
             f"cannot fit: its parameter servers do not fit in {slots} next to its "
@@ -276,20 +276,31 @@ def explain_rejection(
     if best.payoff is None:
         return _cannot_fit(job, ledger, first_slot, last_slot)
     assert best.cost is not None and best.utility is not None and best.payoff is not None
+    assert best.jct is not None
     if drivers is None:
         drivers = price_drivers(best, job, ledger)
     # a payoff in (0, 1e-9] is not admitted either, and "<= 0" would be untrue of it
     bar = "0" if best.payoff <= 0 else f"{ADMIT_THRESHOLD:g}, the admission threshold"
     which = f"the best schedule that completes {within}" if within else "the best schedule"
     head = (
-        f"priced out: {which} (completion in {best.jct} slots, utility "
+        f"priced out: {which} (completion in {_count(best.jct, 'slot')}, utility "
         f"{best.utility:.6g}) costs {best.cost:.6g}, payoff {best.payoff:.6g} <= {bar}"
     )
     if not drivers:
         return head
     parts = ", ".join(
-        f"{d.resource} on {d.server} in slots {d.first_slot}..{d.last_slot} "
+        f"{d.resource} on {d.server} in {_span(d.first_slot, d.last_slot)} "
         f"(cost {d.cost:.4g}, unit price up to {d.price:.4g})"
         for d in drivers
     )
     return f"{head}; the costliest parts: {parts}"
+
+
+def _count(n: int, word: str) -> str:
+    """``"1 slot"``, ``"3 slots"``."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _span(first: int, last: int) -> str:
+    """``"slot 4"`` or ``"slots 4..7"`` (absolute slots, both included)."""
+    return f"slot {first}" if first == last else f"slots {first}..{last}"

@@ -24,6 +24,7 @@ from sqlalchemy import select
 from controller.admission import AdmissionController
 from controller.admission.views import Cordon
 from controller.clock import FakeClock
+from controller.commands.records import local_time
 from controller.errors import NotFoundError, PreconditionError
 from controller.metrics import Metrics
 from controller.store.models import AllocationRow, EventRow, JobRow, OutageRow
@@ -457,7 +458,8 @@ def test_oasis_cordon_and_uncordon_against_a_daemon(tmp_path: Path) -> None:
         listed = oasis("servers", *server).stdout
         assert "\nw1: cordoned from slot 1 (" in listed and " until slot 3 (" in listed
         screen = oasis("status", *server).stdout.splitlines()
-        assert "cordoned to slot 2; " in next(x for x in screen if x.startswith("w1 "))
+        busiest = next(x for x in screen if x.startswith("w1 "))
+        assert f"cordoned until slot 3 ({local_time(epoch + 3 * 3600)}); " in busiest
         with urllib.request.urlopen(f"http://{web}/api/overview", timeout=10) as r:
             overview = json.load(r)
         assert overview["out_of_service"] == {"w1": "cordoned"}
@@ -488,7 +490,8 @@ def test_oasis_cordon_and_uncordon_against_a_daemon(tmp_path: Path) -> None:
         assert any(line.split()[:3] == ["w1", "worker", "up"] for line in listed.splitlines())
         assert "\nw1: a cordon planned from slot 4 (" in listed
         screen = oasis("status", *server).stdout.splitlines()
-        assert "cordon from slot 4; " in next(x for x in screen if x.startswith("w1 "))
+        busiest = next(x for x in screen if x.startswith("w1 "))
+        assert f"cordon from slot 4 ({local_time(epoch + 4 * 3600)}); " in busiest
         with urllib.request.urlopen(f"http://{web}/api/overview", timeout=10) as r:
             overview = json.load(r)
         assert overview["out_of_service"] == {} and overview["cordoned_until"] == {}

@@ -126,7 +126,10 @@ def test_a_payoff_under_the_threshold_is_said_to_be_under_it_not_under_0() -> No
         (job,) = trace.jobs
         d = decide(job, ledger, 0, trace.horizon - 1)
         assert not d.admitted
-        assert says in explain_rejection(d.best, job, ledger, 0, trace.horizon - 1)
+        reason = explain_rejection(d.best, job, ledger, 0, trace.horizon - 1)
+        assert says in reason
+        # one slot is said as one ("in 1 slots" and "slots 0..0" read as a slip)
+        assert "(completion in 1 slot, " in reason and " on w0 in slot 0 (" in reason
 
 
 def test_a_job_worth_nothing_by_its_best_end_hears_why_it_cannot_end_in_time() -> None:

@@ -112,8 +112,9 @@ def collect(stubs: Stubs, server: str, slots: int) -> Status:
         current = ratios.setdefault(row.server, [1.0] * len(row.prices))
         for i, p in enumerate(row.prices):
             current[i] = max(current[i], p / low if low > 0 else 1.0)
+    clock = stubs.times()
     heat = [
-        ServerHeat(s.name, _KIND[s.kind], ratios.get(s.name, []), _busiest(s))
+        ServerHeat(s.name, _KIND[s.kind], ratios.get(s.name, []), _busiest(s, clock))
         for s in servers.servers
     ]
     shown = max((len(u.share) for u in use.use), default=0)
@@ -131,7 +132,7 @@ def collect(stubs: Stubs, server: str, slots: int) -> Status:
         heat=heat,
         jobs_in_flight={s: sum(state_name(j.state) == s for j in jobs) for s in order},
         jobs=[_job(j) for j in listed],
-        clock=stubs.times(),
+        clock=clock,
         nodes=nodes(stubs),
     )
 
@@ -171,14 +172,16 @@ def _leadership_warnings(nodes: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def _busiest(s: pb.Server) -> str:
+def _busiest(s: pb.Server, times: SlotTimes | None = None) -> str:
     """``gpu 4/8`` or ``idle``; a server out of service from the next slot on says so
-    first (``cordoned; gpu 4/8``): its full prices ahead are no demand."""
+    first (``cordoned; gpu 4/8``): its full prices ahead are no demand. A cordon's end or
+    a planned one's start names its slot and, with the slot clock, its local time
+    (``cordoned until slot 12 (Tue 14:00)``), as ``oasis servers`` does."""
     out = "" if s.state in ("", "up") else f"{s.state}; "
     if s.state == "cordoned" and s.cordoned_until_slot:  # a planned maintenance
-        out = f"cordoned to slot {s.cordoned_until_slot - 1}; "
+        out = f"cordoned until slot {slot_label(s.cordoned_until_slot, times)}; "
     elif s.state in ("", "up", "failed") and s.cordoned_from_slot:  # one ahead
-        out += f"cordon from slot {s.cordoned_from_slot}; "
+        out += f"cordon from slot {slot_label(s.cordoned_from_slot, times)}; "
     shares = [(s.used.get(r, 0.0) / c, r) for r, c in s.capacity.items() if c > 0]
     share, r = max(shares, default=(0.0, ""))
     if share <= 0:
