@@ -458,6 +458,12 @@ class RateLimiter:
             left = min(self.burst, left + (now - at) * self.rate)
             self._buckets[client] = (left - tokens, now)
 
+    def charge_bytes(self, client: str, nbytes: int) -> None:
+        """Charge ``client`` for ``nbytes`` read or answered: nothing for the first
+        :data:`BYTES_PER_TOKEN`, then a token each as many more."""
+        if nbytes > BYTES_PER_TOKEN:
+            self.charge(client, nbytes / BYTES_PER_TOKEN - 1.0)
+
     def take(self, client: str) -> float:
         """Take one token for ``client``: 0.0 if granted, else the seconds until one is."""
         with self._lock:

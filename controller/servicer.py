@@ -38,7 +38,7 @@ from controller.errors import BusyError, NotLeaderError
 from controller.job_keys import as_named as _as_named
 from controller.job_keys import key_for, key_of, shown, shown_view
 from controller.jobspec import prepare
-from controller.limits import BYTES_PER_TOKEN, RateLimiter
+from controller.limits import RateLimiter
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.statuses import abort
@@ -148,8 +148,8 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
     def _charge_bytes(self, client: str, nbytes: int) -> None:
         """Charge ``client``'s rate for ``nbytes`` past the first
         :data:`~controller.limits.BYTES_PER_TOKEN`, a token each as many more."""
-        if self.limiter is not None and client and nbytes > BYTES_PER_TOKEN:
-            self.limiter.charge(client, nbytes / BYTES_PER_TOKEN - 1.0)
+        if self.limiter is not None and client:
+            self.limiter.charge_bytes(client, nbytes)
 
     def _charge_answer(self, caller: Caller, nbytes: int) -> None:
         """Charge a submitter's rate for an answer of ``nbytes`` (:meth:`_charge_bytes`):

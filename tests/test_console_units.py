@@ -334,12 +334,16 @@ def test_console_requests_cost_the_callers_rate(tmp_path: Path) -> None:
     """A user's console requests take from its ``[limits] rate`` as its gRPC calls do:
     a submitter's script polling the console at hundreds of requests a second slowed
     every tenant's calls (the console shares the daemon's loop, threads and store).
-    Another user's bucket is untouched; the login page stays open."""
+    Another user's bucket is untouched; the login page stays open. The login page and
+    the static files take no bucket, and a login its token's own: they took the peer's,
+    which everyone behind one address shares (loopback, an SSH tunnel, a proxy), so an
+    unauthenticated flood of them refused every user's login."""
     from controller.limits import RateLimiter
 
     tokens = tmp_path / "tokens"
     tokens.write_text(
         f"bob operator {hash_token('bob-token')}\nalice submitter {hash_token('alice-token')}\n"
+        f"carol submitter {hash_token('carol-token')}\n"
     )
     config = from_dict({"cluster": CLUSTER, "auth": {"tokens_file": str(tokens)},
                         "web": {"listen": "127.0.0.1:0"}})  # fmt: skip
@@ -363,6 +367,61 @@ def test_console_requests_cost_the_callers_rate(tmp_path: Path) -> None:
                     assert r.status == 404
                 async with http.get(url + "/login") as r:
                     assert r.status == 200
+                # a flood from this peer, with no token: served, or refused on its own
+                for _ in range(10):
+                    async with http.get(url + "/static/console.css") as r:
+                        assert r.status == 200
+                    async with http.get(url + "/login") as r:
+                        assert r.status == 200
+                same = {"Origin": url, "Sec-Fetch-Site": "same-origin"}
+                guesses = [(await http.post(url + "/login", data={"token": "guess"},
+                                            headers=same)).status for _ in range(5)]  # fmt: skip
+                assert guesses == [401, 401, 401, 429, 429]  # the peer's bucket: guesses
+                async with http.post(url + "/login", data={"token": "carol-token"},
+                                     headers=same, allow_redirects=False) as r:  # fmt: skip
+                    assert r.status == 303 and "oasis_session" in r.cookies
+        finally:
+            await console.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
+def test_a_submitters_large_console_answers_cost_its_rate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A submitter's console answer past 16 KiB costs its rate a token each 16 KiB more,
+    as its gRPC answers do (building a long page costs the shared event loop); an
+    operator's reads are not charged."""
+    from controller.limits import BYTES_PER_TOKEN, RateLimiter
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text(
+        f"bob operator {hash_token('bob-token')}\nalice submitter {hash_token('alice-token')}\n"
+    )
+    config = from_dict({"cluster": CLUSTER, "auth": {"tokens_file": str(tokens)},
+                        "web": {"listen": "127.0.0.1:0"}})  # fmt: skip
+    limiter = RateLimiter(rate=0.001, burst=3)  # no refill within the test
+    page = {"jobs": ["x" * 1000] * (6 * BYTES_PER_TOKEN // 1000)}  # about 6 x 16 KiB
+
+    async def scenario() -> None:
+        console = Console(config, cast(Any, None), limiter, None)
+
+        async def jobs(*_: Any) -> dict[str, Any]:
+            return page
+
+        monkeypatch.setattr(console.data, "jobs", jobs)
+        await console.start()
+        url = f"http://{console.address}/api/jobs"
+        try:
+            async with aiohttp.ClientSession() as http:
+                for who, statuses in (("bob", [200, 200, 200, 429]), ("alice", [200, 429])):
+                    got = []
+                    for _ in statuses:
+                        headers = {"Authorization": f"Bearer {who}-token"}
+                        async with http.get(url, headers=headers) as r:
+                            got.append(r.status)
+                    assert got == statuses, who
         finally:
             await console.close()
 
@@ -420,6 +479,56 @@ def test_a_submitters_streams_read_job_owners_once(
 
     asyncio.run(scenario())
     assert queries == [[f"j{i}" for i in range(10)]]
+
+
+@pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
+def test_a_new_jobs_owner_is_read_once_for_every_stream_that_meets_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Streams that meet a new job's event at once share one read of its owner: 32 of a
+    submitter's streams made 32 store queries for each of another tenant's decisions."""
+    from controller.events import Event
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"alice submitter {hash_token('alice-token')}\n")
+    config = from_dict({"cluster": CLUSTER, "auth": {"tokens_file": str(tokens)},
+                        "web": {"listen": "127.0.0.1:0"}})  # fmt: skip
+    bus = EventBus()
+    controller = cast(Any, SimpleNamespace(bus=bus, prune_hooks=[]))
+    queries: list[list[str]] = []
+
+    async def scenario() -> None:
+        console = Console(config, controller, None, None)
+
+        async def owner_of(ids: Any) -> dict[str, str | None]:
+            queries.append(sorted(ids))
+            await asyncio.sleep(0.3)  # a slow store: every stream asks meanwhile
+            return {j: "alice" if j.startswith("a") else "bob" for j in ids}
+
+        monkeypatch.setattr(console.data, "owner_of", owner_of)
+        await console.start()
+        url = f"http://{console.address}/api/events"
+        alice = {"Authorization": "Bearer alice-token"}
+        try:
+            async with aiohttp.ClientSession() as http:
+                streams = [await http.get(url, headers=alice) for _ in range(8)]
+                assert [r.status for r in streams] == [200] * 8
+                while sum(console.streams.values()) < 8:
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.2)  # each stream waits on the bus
+                bus.publish(Event(1, "decided", "b-1", 0, "admitted"))  # another's
+                bus.publish(Event(2, "decided", "a-1", 0, "admitted"))
+                for r in streams:
+                    line = ""
+                    while not line.startswith("data: "):
+                        line = (await r.content.readline()).decode()
+                    assert json.loads(line[6:])["job_id"] == "a-1"
+                    r.close()
+        finally:
+            await console.close()
+
+    asyncio.run(scenario())
+    assert sorted(queries) == [["a-1"], ["b-1"]]
 
 
 @pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")

@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, TypeVar
 
+from sqlalchemy import ColumnElement
+
 from controller.admission.commit import Deferred
 from controller.admission.cordons import Cordons
 from controller.admission.follow import Follow
@@ -377,11 +379,14 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
         owner: str | None = None,
         budget: int | None = None,
         client: str = "",
+        match: ColumnElement[bool] | None = None,
+        allocations: bool = True,
     ) -> tuple[list[JobView], bool]:
         """Up to ``page`` jobs after sequence ``after``, in decision order, and whether
         more follow; with ``owner`` set, only that submitter's; with ``budget`` (bytes),
-        ending at the job whose allocations reach it (:meth:`~.reads.ReadViews._list_sync`)."""
-        args = (list(states), page, after, owner, budget)
+        ending at the job whose allocations reach it; ``match`` and ``allocations``: see
+        :meth:`~.reads.ReadViews._list_sync`."""
+        args = (list(states), page, after, owner, budget, match, allocations)
         return await self.read_store(self._list_sync, *args, client=client)
 
     async def stored_events(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, select
 from sqlalchemy.orm import Session
 
 from controller.admission.state import AdmissionState
@@ -178,11 +178,15 @@ class ReadViews(AdmissionState):
         after: int = 0,
         owner: str | None = None,
         budget: int | None = None,
+        match: ColumnElement[bool] | None = None,
+        allocations: bool = True,
     ) -> tuple[list[JobView], bool]:
         """Up to ``page`` jobs with a sequence above ``after``, in decision order, and
         whether more follow; with ``budget`` (bytes), no more jobs after the one whose
         allocations alone reach it (the answer's page ends there or earlier: each entry
-        is at least its server's name and 6 bytes in a message)."""
+        is at least its server's name and 6 bytes in a message). ``match``: only the
+        jobs it holds for (a condition on :class:`JobRow`, the console's search);
+        ``allocations`` False: none read (each view's empty), for a list of summaries."""
         states = list(dict.fromkeys(states))  # a query parameter each: once
         for state in states:
             if state not in STATES:
@@ -193,8 +197,11 @@ class ReadViews(AdmissionState):
                 query = query.where(JobRow.state.in_(states))
             if owner is not None:
                 query = query.where(JobRow.submitter == owner)
+            if match is not None:
+                query = query.where(match)
             rows = session.scalars(query.limit(page + 1)).all()
-            allocs = _allocations(session, [row.id for row in rows[:page]])
+            ids = [row.id for row in rows[:page]] if allocations else []
+            allocs = _allocations(session, ids)
             views: list[JobView] = []
             size = 0
             for row in rows[:page]:

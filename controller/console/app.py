@@ -158,6 +158,10 @@ class Console:
         # another submitter's, whose events must not show in the first one's streams.
         self.owners: dict[str, str | None] = {}
         self._learned_at: dict[str, int] = {}  # the event sequence each owner was read at
+        # the reads of owners under way, with the sequence each reads at: every stream
+        # that meets a new job's event at once waits for one read, not one each (32
+        # streams made 32 queries a decision of another tenant)
+        self._reading: dict[str, tuple[asyncio.Future[None], int]] = {}
         if controller is not None:
             controller.prune_hooks.append(self._forget_owners)
         self.runner: web.AppRunner | None = None
@@ -253,6 +257,12 @@ class Console:
             return response
         body = response.body if isinstance(response, web.Response) else None
         encoded = "Content-Encoding" in response.headers
+        caller: Caller | None = request.get("caller")
+        charged = caller is not None and caller.owner is not None and self.limiter is not None
+        if charged and isinstance(body, bytes | bytearray):
+            # a submitter's large answer costs its rate as over gRPC (_charge_answer)
+            assert caller is not None and self.limiter is not None
+            self.limiter.charge_bytes(caller.name, len(body))
         if isinstance(body, bytes | bytearray) and len(body) > 1024 and not encoded:
             # gzip if the browser asks; the form token in a page is masked afresh in each
             # response (:func:`mask`), so compression cannot leak it (BREACH)
@@ -281,9 +291,11 @@ class Console:
     @web.middleware
     async def _authenticate(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
         if request.path.startswith(_OPEN):
-            # no caller yet: the peer's rate (with [limits] rate), so a flood of the login
-            # page or the static files is refused before it costs the shared event loop
-            self._throttle(request)
+            # no caller yet, and no bucket taken: the login page and the static files
+            # cost no more to serve than a 429 does, and the peer's bucket is shared by
+            # everyone behind its address (loopback, an SSH tunnel, a proxy), so an
+            # unauthenticated flood of them refused every user's login. A login takes
+            # from its token's rate, or the peer's if the token is unknown (:meth:`login`)
             return await handler(request)
         caller, session = self._caller(request)
         if caller is None:
@@ -370,10 +382,11 @@ class Console:
         target = _safe_next(str(form.get("next", "/")))
         caller = self.tokens.get(hash_token(token)) if token else None
         if caller is None:
-            self._throttle(request)
+            self._throttle(request)  # guesses: the peer's rate
             log.warning("unauthenticated", console=True, path="/login", why="bad token")
             html = pages.login_page(self.version, target, "Unknown token: not logged in.")
             return web.Response(text=html, status=401, content_type="text/html")
+        self._throttle(request, caller.name)  # its own rate, as its requests after it
         session = self.sessions.open(caller)
         log.info("console login", caller=caller.name, role=caller.role.value)
         response = _see_other(target)
@@ -618,13 +631,32 @@ class Console:
         :attr:`owners` (at most ``_OWNER_CACHE``: past it, it starts over); ``upto``: the
         latest event already stored when they are read."""
         unknown = [j for j in job_ids if j not in self.owners]
-        if not unknown:
-            return
-        found = await self.data.owner_of(unknown)
-        if len(self.owners) + len(unknown) > _OWNER_CACHE:
+        waits = {
+            self._reading[j][0]
+            for j in unknown
+            if j in self._reading and self._reading[j][1] >= upto
+        }
+        mine = [j for j in unknown if j not in self._reading or self._reading[j][1] < upto]
+        if mine:
+            read = asyncio.ensure_future(self._read_owners(mine, upto))
+            for job_id in mine:
+                self._reading[job_id] = (read, upto)
+            waits.add(read)
+        for shared in waits:  # shielded: a stream that goes away ends no other's wait
+            await asyncio.shield(shared)
+
+    async def _read_owners(self, job_ids: list[str], upto: int) -> None:
+        """Read the submitters of ``job_ids`` into :attr:`owners` (one query)."""
+        try:
+            found = await self.data.owner_of(job_ids)
+        finally:
+            for job_id in job_ids:
+                if self._reading.get(job_id, (None, 0))[1] == upto:
+                    del self._reading[job_id]
+        if len(self.owners) + len(job_ids) > _OWNER_CACHE:
             self.owners.clear()
             self._learned_at.clear()
-        for job_id in unknown:
+        for job_id in job_ids:
             self.owners[job_id] = found.get(job_id)
             self._learned_at[job_id] = upto
 

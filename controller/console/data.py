@@ -115,7 +115,7 @@ class ConsoleData:
         The counts are shared with every reader and the metrics and recounted at most
         every ``jobs_max_age_seconds`` (:mod:`controller.admission.job_counts`): they are
         ``jobs_age_seconds`` old, counted at ``jobs_counted_at``."""
-        counts = await self.c.read_store(self.c.job_counts.read, caller.owner)
+        counts = await self.c.read_store(self.c.job_counts.read, caller.owner, client=caller.turn)
         out: dict[str, Any] = {
             "clock": self.clock(),
             "jobs": counts.jobs,
@@ -123,7 +123,7 @@ class ConsoleData:
             "jobs_age_seconds": round(self.c.job_counts.age(counts), 3),
             "jobs_max_age_seconds": round(counts.max_age, 3),
         }
-        up = await self.c.read_store(self.c.db.ping)
+        up = await self.c.read_store(self.c.db.ping, client=caller.turn)
         broker = self.broker()
         draining = self.c.draining
         ha = self.c.ha_status()
@@ -436,17 +436,12 @@ class ConsoleData:
             raise SpecError.one("q", "at most 200 characters")
         owner = caller.owner
         states = [state] if state else []
-        if query:
-            prefix = key_of(query, owner)  # a submitter's ids are its keys' ends
-            ids, more = await self.c.read_store(self._search, states, prefix, after, owner)
-            views = []
-            for job_id in ids:
-                try:
-                    views.append(await self.c.get(job_id, owner))
-                except NotFoundError:  # gone between the two reads: not shown
-                    continue
-        else:
-            views, more = await self.c.list_jobs(states, JOBS_PAGE, after, owner)
+        # one read of the rows, none of their allocations (a row shows none), in the
+        # caller's read turns (one user's reads wait for each other, not every tenant's)
+        match = self._search(key_of(query, owner), owner) if query else None
+        views, more = await self.c.list_jobs(
+            states, JOBS_PAGE, after, owner, client=caller.turn, match=match, allocations=False
+        )
         return {
             "clock": self.clock(),
             "state": state or None,
@@ -457,23 +452,15 @@ class ConsoleData:
             "next_after": views[-1].sequence if more and views else None,
         }
 
-    def _search(
-        self, states: list[str], prefix: str, after: int, owner: str | None
-    ) -> tuple[list[str], bool]:
+    @staticmethod
+    def _search(prefix: str, owner: str | None) -> ColumnElement[bool]:
+        """The jobs whose key starts with ``prefix``; for an operator (``owner`` None),
+        also those whose id in a key does (``train``: ``alice:train-1``)."""
         escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         match: ColumnElement[bool] = JobRow.id.like(escaped + "%", escape="\\")
         if owner is None and SEPARATOR not in prefix:  # an operator: a key, or an id in one
             match = or_(match, JobRow.id.like(f"%{SEPARATOR}{escaped}%", escape="\\"))
-        with self.c.db.session() as session:
-            query = (
-                select(JobRow.id).where(match, JobRow.sequence > after).order_by(JobRow.sequence)
-            )
-            if states:
-                query = query.where(JobRow.state.in_(states))
-            if owner is not None:
-                query = query.where(JobRow.submitter == owner)
-            ids = list(session.scalars(query.limit(JOBS_PAGE + 1)).all())
-        return ids[:JOBS_PAGE], len(ids) > JOBS_PAGE
+        return match
 
     async def job(self, caller: Caller, job_id: str) -> dict[str, Any]:
         """One job as ``oasis job ID --json`` prints it, with its plan per slot, its
@@ -481,7 +468,7 @@ class ConsoleData:
         the caller may cancel it. NotFoundError for another submitter's job. ``job_id``
         as the caller names it (:func:`controller.job_keys.key_for`)."""
         key = key_for(caller, job_id)
-        view = await as_named(caller, key, self.c.get(key, caller.owner))
+        view = await as_named(caller, key, self.c.get(key, caller.owner, caller.turn))
         times = self.c.slots.times
         record = job_record(job_to_proto(shown_view(caller, view), times), times)
         plan: dict[int, dict[str, Any]] = {}
@@ -495,7 +482,7 @@ class ConsoleData:
                 entry["workers"][a["server"]] = a["workers"]
             if a.get("ps"):
                 entry["ps"][a["server"]] = a["ps"]
-        events = await self.c.read_store(self._job_events, view.id)
+        events = await self.c.read_store(self._job_events, view.id, client=caller.turn)
         progress = await self._progress(view.id, caller.turn)
         if "id" in progress:
             progress["id"] = shown(caller, progress["id"])
