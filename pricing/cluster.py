@@ -84,13 +84,7 @@ class Cluster:
                 continue
             r = self.resources.index(name)
             if isinstance(amount, str):  # "16GiB": the cluster's capacities have no unit
-                largest = max(self.worker_capacity[:, r].max(initial=0.0),
-                              self.ps_capacity[:, r].max(initial=0.0))  # fmt: skip
-                why = (
-                    f"must be a number, in the unit of the cluster's capacities (its "
-                    f"largest server has {name} {largest:g}), got {fields.show(amount)}"
-                )
-                problems.append(Problem(sub, why))
+                problems.append(Problem(sub, self._unitless(name, r, amount)))
                 continue
             try:
                 vec[r] = fields.non_negative(amount, sub)
@@ -99,6 +93,22 @@ class Cluster:
         if problems:
             raise SpecError(problems)
         return vec
+
+    def _unitless(self, name: str, r: int, amount: str) -> str:
+        """Why ``amount`` (a string, such as ``"16GiB"``) is no amount of resource ``r``:
+        the unit is the cluster's, named by its largest server's (a cluster being read,
+        with no servers yet, names none)."""
+        if not (len(self.worker_capacity) or len(self.ps_capacity)):
+            return (
+                f"must be a number (amounts have no unit: give every server's and job's "
+                f"{name} in one unit), got {fields.show(amount)}"
+            )
+        largest = max(self.worker_capacity[:, r].max(initial=0.0),
+                      self.ps_capacity[:, r].max(initial=0.0))  # fmt: skip
+        return (
+            f"must be a number, in the unit of the cluster's capacities (its largest "
+            f"server has {name} {largest:g}), got {fields.show(amount)}"
+        )
 
 
 def cluster_from_dict(resources: Any, servers: Any, prefix: str = "") -> Cluster:
@@ -127,7 +137,8 @@ def cluster_from_dict(resources: Any, servers: Any, prefix: str = "") -> Cluster
     rows: dict[Kind, list[NDArray[np.float64]]] = {"worker": [], "ps": []}
     kind_names: dict[Kind, list[str]] = {"worker": [], "ps": []}
     listing: list[tuple[Kind, int]] = []
-    probe = Cluster(tuple(names), (), (), np.zeros((0, 0)), np.zeros((0, 0)), ())
+    empty = np.zeros((0, len(names)))
+    probe = Cluster(tuple(names), (), (), empty, empty, ())
     for i, raw in enumerate(servers):
         field = f"{srv_field}[{i}]"
         try:

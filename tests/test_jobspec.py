@@ -644,6 +644,22 @@ def test_an_amount_in_a_users_unit_is_told_the_clusters() -> None:
     ], got
 
 
+def test_a_capacity_in_a_unit_is_refused_naming_the_key() -> None:
+    """The store audit: a capacity of "488GiB" in ``[cluster]`` (or a stored server row)
+    raised IndexError while the message was built (the cluster being read had no
+    servers to name a unit by): oasisd exited 1 with a traceback, which systemd restarts,
+    where a bad config exits 2 naming the key."""
+    servers = [{"name": "w0", "kind": "worker", "capacity": {"gpu": 8, "mem": "488GiB",
+                                                             "bandwidth": 10}},
+               {"name": "p0", "kind": "ps", "capacity": {"mem": 64, "bandwidth": 10}}]  # fmt: skip
+    with pytest.raises(SpecError) as err:
+        cluster_from_dict(["gpu", "mem", "bandwidth"], servers, "cluster.")
+    assert [str(p) for p in err.value.problems] == [
+        "cluster.servers[0].capacity.mem: must be a number (amounts have no unit: give "
+        "every server's and job's mem in one unit), got '488GiB'"
+    ]
+
+
 def test_a_minibatch_time_may_be_a_duration() -> None:
     """The units audit: ``"minibatch_seconds": "1.5s"`` was "must be a number" while a
     deadline took "2 h". It takes a duration now, is the same job as 1.5 (a retry in
