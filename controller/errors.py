@@ -78,3 +78,8 @@ class QueueFullError(OasisError):
 class SlotGridChangedError(OasisError):
     """The config's slot length or slot 0 differs from those the store's jobs were
     planned with: started, the daemon would move every stored plan to another time."""
+
+
+class StoreEditedError(OasisError):
+    """The store holds what no daemon writes (an edit by hand) and the daemon cannot set
+    aside: only an operator can mend it, so it does not start (exit 2, not restarted)."""

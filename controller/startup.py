@@ -25,7 +25,7 @@ import sqlalchemy
 from controller.admission import AdmissionController
 from controller.admission.state import EPOCH_KEY
 from controller.config import Config
-from controller.errors import SlotGridChangedError
+from controller.errors import SlotGridChangedError, StoreEditedError
 from controller.store import MetaRow, StoreUnavailableError, StoreVersionError, migrate
 from controller.store.writer_lock import PostgresWriterLock, StoreLockedError, WriterLock
 from pricing.best_schedule import warm_up
@@ -84,10 +84,16 @@ def open_store(config: Config, controller: AdmissionController, writer: WriterLo
         raise StartupError(f"cannot open {store}: {err}") from err
     except StoreVersionError as err:  # a newer oasis migrated it: a restart cannot help
         raise StartupError(f"{store} {err}", status=2) from err
+    except StoreEditedError as err:  # rows no daemon writes: an operator mends them
+        raise StartupError(f"cannot use {store}: {err}", status=2) from err
     except SlotGridChangedError as err:  # the config's slots are not the store's
         raise StartupError(f"cannot use {store}: {err}", status=2) from err
-    except SpecError as err:  # a malformed meta row (the recorded slot 0)
-        raise StartupError(f"cannot use {store}: {err}") from err
+    except SpecError as err:  # a malformed meta row (the recorded slot 0): an operator's
+        raise StartupError(  # to mend, so not restarted (it would fail again, in a loop)
+            f"cannot use {store}: {err}; set daemon.epoch to the slot 0 its jobs were "
+            "planned in, or mend that row",
+            status=2,
+        ) from err
     except OSError as err:  # the lock file: permissions, a full disk
         where = f" ({err.filename})" if err.filename else ""
         raise StartupError(f"cannot open {store}: {err.strerror or err}{where}") from err

@@ -481,8 +481,9 @@ def test_slot_0_far_out_is_refused_in_the_config_and_in_the_store(tmp_path: Path
     """Slot 0 at 1e300 s made every listing's slot times overflow in the client: the
     config's ``epoch`` and the store's recorded one must be Unix times up to the year
     3000, each refused naming where it came from."""
-    from controller.admission.state import EPOCH_KEY
+    from controller.admission.state import EPOCH_KEY, SETTINGS_KEY
     from controller.config import ConfigError
+    from controller.startup import StartupError, open_store
     from controller.store import MetaRow
 
     path = write_config(tmp_path / "c.toml", tmp_path / "data", epoch=0.0)
@@ -494,11 +495,37 @@ def test_slot_0_far_out_is_refused_in_the_config_and_in_the_store(tmp_path: Path
     path.write_text(path.read_text().replace("epoch = 0.0\n", ""))
     config = load(path)
     c = opened(config, FakeClock(1_700_000_000.0))  # records slot 0 in the store
+    epoch = c.slots.epoch
     c.close()
+    # the store audit: an edited epoch row stopped the daemon with exit 1, which systemd
+    # restarts in a loop; the settings row's slot 0 is read then (and the row mended)
+    for edit in ({"epoch": 1e300, "source": "an edit"}, [1], {"epoch": "nan"}):
+        with Database(config.database_url).session() as session:
+            session.merge(MetaRow(key=EPOCH_KEY, value=edit))
+        c = opened(config, FakeClock(1_700_000_000.0))
+        try:
+            assert c.slots.epoch == epoch
+        finally:
+            c.close()
+        with Database(config.database_url).session() as session:
+            mended = session.get(MetaRow, EPOCH_KEY)
+            assert mended is not None and mended.value["epoch"] == epoch
+    # with no settings row to read it from, a refusal naming the row, exit 2
     with Database(config.database_url).session() as session:
         session.merge(MetaRow(key=EPOCH_KEY, value={"epoch": 1e300, "source": "an edit"}))
+        session.execute(delete(MetaRow).where(MetaRow.key == SETTINGS_KEY))
     with pytest.raises(SpecError, match=r"meta row 'epoch': epoch: must be a Unix time"):
         opened(config, FakeClock(1_700_000_000.0))
+    with Database(config.database_url).session() as session:
+        session.merge(MetaRow(key=EPOCH_KEY, value=[1]))
+    with pytest.raises(SpecError, match=r"meta row 'epoch': must be a JSON object .*got list"):
+        opened(config, FakeClock(1_700_000_000.0))
+    c = AdmissionController(config, Database(config.database_url),
+                            SlotClock(FakeClock(1_700_000_000.0), SLOT, config.epoch))  # fmt: skip
+    with pytest.raises(StartupError, match=r"set daemon\.epoch .* or mend that row") as refused:
+        open_store(config, c, None)
+    assert refused.value.status == 2  # not restarted by systemd
+    c.close()
 
 
 def test_a_deleted_slot_0_row_is_read_from_the_settings_or_refused(tmp_path: Path) -> None:

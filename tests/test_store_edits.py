@@ -418,7 +418,10 @@ def test_the_offline_tools_name_a_bad_row(store: Store, edit: str) -> None:
 
 @pytest.mark.parametrize(
     ("store", "plane"),
-    _cases(["[1]", '{"epoch": "x", "events": 3}'], ['{"epoch": "x", "events": 3}']),
+    _cases(
+        ["[1]", '{"epoch": "x", "events": 3}', '{"epoch": 3, "events": 1' + "0" * 29 + "}"],
+        ['{"epoch": "x", "events": 3}'],
+    ),
     indirect=["store"],
 )
 def test_the_execution_plane_starts_past_rows_that_do_not_read_back(
@@ -426,7 +429,9 @@ def test_the_execution_plane_starts_past_rows_that_do_not_read_back(
 ) -> None:
     """With [mqtt], the plane reads the progress of active jobs and its own meta row at
     start. Before: a progress row or the plane row of the wrong shape raised
-    AttributeError, TypeError or ValueError out of the start-up: a crash loop."""
+    AttributeError, TypeError or ValueError out of the start-up: a crash loop; an event
+    count of 10**29 overflowed every read of the events after it, and the plane
+    reconnected every second (the store audit). A progress row keeps what reads."""
     store.execute(
         "INSERT INTO job_progress VALUES ('j1', 1.0, 1.0, '[1]', '{}', '2026-01-01 00:00:00')",
         "INSERT INTO job_progress VALUES ('j2', 1.0, 1.0, '{\"w0/x\": 5}', '{\"points\": 3}', "
@@ -438,7 +443,7 @@ def test_the_execution_plane_starts_past_rows_that_do_not_read_back(
         store, tmp_path, lambda t: t.replace("[cluster]", f"[mqtt]\n{broker}\n[cluster]")
     )
     logged = [json.loads(line) for line in after.log.splitlines() if line.startswith("{")]
-    skipped = {e["job"] for e in logged if e["event"] == "stored progress ignored"}
+    skipped = {e["job"] for e in logged if e["event"] == "stored progress entries ignored"}
     assert skipped == {"j1", "j2"}, logged
     [epoch] = [e for e in logged if e["event"] == "stored plane state ignored"]
     assert epoch["epoch"] > 1_000_000_000, epoch  # above any counter: agents take its plans
@@ -612,3 +617,80 @@ def test_a_plan_inflated_past_its_job_fails_that_job_alone(store: Store, tmp_pat
     assert "the stored plan of job 'j0'" in why, why
     assert "over the job's" in why, why  # its work, or its chunks in a slot
     _others_untouched(store, after, "j0")
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"], indirect=True)
+def test_a_sequence_edited_out_of_range_stops_no_submission(store: Store, tmp_path: Path) -> None:
+    """The store audit: a job's sequence edited to 2**63 - 1 made every submission of
+    every tenant fail (INTERNAL: the next number overflowed), across restarts; on SQLite
+    one edited to 1e30 read as none, and every new job was numbered 1 again (UNIQUE
+    failed). New jobs are numbered after the others; the edited row stays listed."""
+    edits = ["UPDATE jobs SET sequence = 9223372036854775807 WHERE id = 'j1'"]
+    if store.url.startswith("sqlite"):
+        edits.append("UPDATE jobs SET sequence = 1e30 WHERE id = 'j2'")
+    store.execute(*edits)
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store.url, store.epoch)
+    daemon = Daemon(config, tmp_path / "oasisd.log").start()
+    try:
+        for name in ("new-1", "new-2"):
+            spec = {**json.loads(store.before["j0"].spec.json or "{}"), "id": name}
+            path = tmp_path / f"{name}.json"
+            path.write_text(json.dumps(spec))
+            out = oasis("submit", str(path), "--json", server=daemon.address, check=False)
+            assert out.returncode in (0, 3), out.stderr
+        jobs, _, _ = read_back(daemon.address)
+        assert {"new-1", "new-2", "j1"} <= set(jobs)
+        numbers = [jobs[n].sequence for n in ("new-1", "new-2")]
+        assert numbers[1] == numbers[0] + 1 and numbers[0] < 2**53, numbers
+    finally:
+        assert daemon.stop() == 0, (tmp_path / "oasisd.log").read_text()
+
+
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)
+def test_an_event_numbered_past_2_53_stops_the_start_with_exit_2(
+    store: Store, tmp_path: Path
+) -> None:
+    """The store audit: past an event numbered 2**63 - 1, SQLite numbers new events at
+    random, and the execution plane, which publishes the events after the last it
+    published, would skip them silently. Only an operator can mend it: exit 2 (systemd
+    does not restart it), naming the number."""
+    store.execute("UPDATE events SET sequence = 9223372036854775807 WHERE sequence = "
+                  "(SELECT max(sequence) FROM events)")  # fmt: skip
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store.url, store.epoch)
+    out = subprocess.run(
+        [sys.executable, "-m", "controller.daemon", "--config", str(config)],
+        capture_output=True, text=True, timeout=120, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert "events table holds sequence 9223372036854775807" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)
+def test_progress_rows_too_large_or_of_the_wrong_shape_are_read_no_further(
+    store: Store, tmp_path: Path
+) -> None:
+    """The store audit: a progress row of 70 MB was read whole at every start (0.38 ->
+    1.1 GB; a larger one a crash loop by memory), and `oasis progress` of an ended job
+    whose row had the wrong shape answered INTERNAL (AttributeError)."""
+    big = '\'{"w0/x": [1, 1], "pad": "\' || hex(zeroblob(4500000)) || \'"}\''
+    store.execute(
+        f"INSERT INTO job_progress VALUES ('j1', 1.0, 1.0, {big}, '{{}}', '2026-01-01 00:00:00')",
+        "INSERT INTO job_progress VALUES ('j4', 10.0, 20.0, '[1,2]', '{\"points\": 5}', "
+        "'2026-01-01 00:00:00')",
+    )
+    broker = 'url = "mqtt://127.0.0.1:1"\n'  # nothing listens: the daemon decides on
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store.url, store.epoch)
+    config.write_text(config.read_text().replace("[cluster]", f"[mqtt]\n{broker}\n[cluster]"))
+    log = tmp_path / "oasisd.log"
+    daemon = Daemon(config, log).start()
+    try:
+        for job_id in ("j1", "j4"):
+            out = oasis("progress", job_id, "--json", server=daemon.address, check=False)
+            assert out.returncode == 0, out.stderr
+            assert json.loads(out.stdout).get("minibatches_done", 0) == 0, out.stdout
+    finally:
+        assert daemon.stop() == 0, log.read_text()
+    [skipped] = _logged(log.read_text(), "stored progress ignored")
+    assert skipped["job"] == "j1" and "over 8388608" in skipped["why"], skipped
+    assert "Traceback" not in log.read_text()

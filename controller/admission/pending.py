@@ -46,6 +46,7 @@ from controller.admission.decide import DecisionCore
 from controller.events import Event
 from controller.limits import search_size
 from controller.store import JobRow
+from controller.store.decisions import last_job_sequence
 from controller.store.stored import stored_spec
 from pricing import ADMIT_THRESHOLD, SpecError
 from pricing.best_schedule import payoff_ceiling
@@ -167,7 +168,7 @@ class PendingQueue(DecisionCore):
                 why = f"not admitted by slot {until}, when its wait ended: {view.reason}"
                 return [self._expire(session, row, now, why)]
             assert best.schedule is not None
-            row.sequence = (session.scalar(select(func.max(JobRow.sequence))) or 0) + 1
+            row.sequence = last_job_sequence(session) + 1
             row.state = "admitted"
             row.admitted = True
             row.cost = view.cost

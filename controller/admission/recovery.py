@@ -24,7 +24,7 @@ from controller.admission.state import EPOCH_KEY, SETTINGS_KEY
 from controller.admission.views import STATES, Cordon
 from controller.clock import epoch as slot_zero
 from controller.clock import first_epoch
-from controller.errors import SlotGridChangedError
+from controller.errors import SlotGridChangedError, StoreEditedError
 from controller.store import (
     CORDONED,
     REBUILD_SECONDS,
@@ -49,6 +49,9 @@ from pricing.replan import refit
 from pricing.schedule import Schedule
 
 __all__ = ["PLAN_SPAN", "Recovery"]
+
+MAX_EVENT_SEQUENCE = 1 << 53
+"""Events are numbered below this; a stored one at or above it is an edit's."""
 
 PLAN_SPAN = 1 << 18
 """Slots past the window's first slot that no stored plan reaches (a window of this many
@@ -144,6 +147,13 @@ class Recovery(Moves, BoundControl):
                     )  # fmt: skip
         self.slot = self.slots.current_slot()
         self._seen_event = self._last_event()  # first: later ones are applied again, harmlessly
+        if self._seen_event >= MAX_EVENT_SEQUENCE:
+            raise StoreEditedError(
+                f"its events table holds sequence {self._seen_event}, an edit's (events are "
+                f"numbered in order from 1, below 2**53): past it SQLite numbers new events "
+                f"at random and the execution plane would skip them. Delete that row, or "
+                f"give it the next number after the others"
+            )
         rebuilt = self._reload()
         if self.config.mqtt is None and self.leading:
             self._tick_all()
@@ -169,9 +179,16 @@ class Recovery(Moves, BoundControl):
         if not self.config.epoch_from_store:
             return self.config.epoch
         meta = session.get(MetaRow, EPOCH_KEY)
+        broken: SpecError | None = None  # an edited epoch row: the settings row's, if any
         if meta is not None:
-            value = meta.value.get("epoch") if isinstance(meta.value, dict) else None
-            return slot_zero(value, f"the store's meta row {EPOCH_KEY!r}: epoch")
+            where = f"the store's meta row {EPOCH_KEY!r}"
+            try:
+                if not isinstance(meta.value, dict):
+                    got = type(meta.value).__name__
+                    raise SpecError.one(where, f'must be a JSON object {{"epoch": ...}}, got {got}')
+                return slot_zero(meta.value.get("epoch"), f"{where}: epoch")
+            except SpecError as err:
+                broken = err
         recorded = _recorded_settings(session).get("epoch")
         if isinstance(recorded, int) and not isinstance(recorded, bool):
             with contextlib.suppress(OverflowError):  # an edited row: not read
@@ -181,11 +198,17 @@ class Recovery(Moves, BoundControl):
             # standby without one takes the leader's (it refused to start, in a loop),
             # and so does a leader whose config no longer sets it (or whose epoch row
             # was deleted): slot 0 at the Unix epoch completed every stored job
-            self.log.info("slot 0 read from the store's settings", epoch=recorded)
+            if broken is None:
+                self.log.info("slot 0 read from the store's settings", epoch=recorded)
+            else:
+                self.log.warning("slot 0 read from the store's settings: its epoch row does "
+                                 "not read", epoch=recorded, why=str(broken))  # fmt: skip
             if self.leading:
                 why = f"the store's meta row {SETTINGS_KEY!r}"
-                session.add(MetaRow(key=EPOCH_KEY, value={"epoch": recorded, "source": why}))
+                session.merge(MetaRow(key=EPOCH_KEY, value={"epoch": recorded, "source": why}))
             return recorded
+        if broken is not None:
+            raise broken
         if not self.leading:
             raise StoreUnavailableError(
                 "slot 0 is not recorded in the store yet: a standby reads it from there, "

@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 import structlog
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import Text, cast, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from controller.clock import slots_for
@@ -97,6 +97,13 @@ ACTIVE = ("admitted", "running")
 _PLANE_KEY = "plane"
 OVERDUE = -1  # the slot of :meth:`Execution._planned`'s entries for jobs past their plan
 _MAX_SAMPLES = 400
+MAX_STORED_SESSIONS = 1 << 16
+"""Sessions read from a job's stored progress at most (its agents' on its servers are far
+fewer; an edited row's are left out)."""
+MAX_PROGRESS_BYTES = 8 << 20
+"""A stored progress row's JSON read at most (a row is a few KB to a few hundred; an
+edited row of 70 MB took the daemon from 0.38 to 1.1 GB at start-up): a larger one is
+not read, and its job's progress starts again from its agents' reports."""
 MAX_SESSIONS_PER_SERVER = 64
 """Agent sessions of one server whose counts a job keeps (a restarted agent starts a
 new one); entries of more are dropped. Each entry sums the job's sessions and its
@@ -166,21 +173,65 @@ def _sessions_of(prog: JobProgress, server: str) -> int:
 
 
 def _counter(value: Any) -> bool:
-    """Whether a stored plan epoch or event count is an integer >= 0."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    """Whether a stored plan epoch or event count is an integer in ``[0, 2**53]`` (an
+    edit's 10**29 overflowed every query of the events after it: the plane reconnected
+    every second)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 1 << 53
 
 
-def _stored(row: ProgressRow) -> JobProgress:
-    sessions = {k: [float(v[0]), float(v[1])] for k, v in row.per_server.items()}
-    samples = [(float(x), float(y)) for x, y in row.samples.get("points", [])]
-    return JobProgress(sessions, samples)
+def _pair(value: Any) -> tuple[float, float] | None:
+    """A stored ``[minibatches, worker_seconds]``, or None if it does not read as two
+    finite numbers >= 0."""
+    if not isinstance(value, list | tuple) or len(value) != 2:
+        return None
+    try:
+        a, b = float(value[0]), float(value[1])
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return (a, b) if math.isfinite(a) and math.isfinite(b) and min(a, b) >= 0 else None
+
+
+def _stored(row: ProgressRow) -> tuple[JobProgress, int]:
+    """A stored row's progress and how many of its entries did not read (an edit: they
+    are left out, as are sessions past :data:`MAX_STORED_SESSIONS` and all but the last
+    ``_MAX_SAMPLES`` samples), so a row edited by hand never fails a review or a read."""
+    per_server = row.per_server if isinstance(row.per_server, dict) else {}
+    points = row.samples.get("points", []) if isinstance(row.samples, dict) else []
+    points = points if isinstance(points, list) else []
+    sessions = {
+        key: list(pair)
+        for key, value in list(per_server.items())[:MAX_STORED_SESSIONS]
+        if isinstance(key, str) and (pair := _pair(value)) is not None
+    }
+    samples = [p for p in map(_pair, points[-_MAX_SAMPLES:]) if p is not None]
+    bad = (
+        len(per_server) - len(sessions) + min(len(points), _MAX_SAMPLES) - len(samples)
+        + (not isinstance(row.per_server, dict)) + (not isinstance(row.samples, dict))
+    )  # fmt: skip
+    return JobProgress(sessions, samples), bad
+
+
+def _progress_row(session: Session, job_id: str) -> ProgressRow | None:
+    """``job_id``'s stored progress, None if none or larger than
+    :data:`MAX_PROGRESS_BYTES` (an edit: its JSON is not read)."""
+    size = session.scalar(select(_progress_bytes()).where(ProgressRow.job_id == job_id))
+    if size is None or size > MAX_PROGRESS_BYTES:
+        return None
+    return session.get(ProgressRow, job_id)
+
+
+def _progress_bytes() -> Any:
+    """The size of a progress row's JSON, as SQL (both stores store it as text)."""
+    return func.coalesce(func.length(cast(ProgressRow.per_server, Text)), 0) + func.coalesce(
+        func.length(cast(ProgressRow.samples, Text)), 0
+    )
 
 
 def _merged(
     prog: JobProgress, row: ProgressRow
 ) -> tuple[dict[str, list[float]], list[tuple[float, float]]]:
     """A partial entry's sessions and samples merged with the job's stored progress."""
-    stored = _stored(row)
+    stored = _stored(row)[0]
     sessions = stored.sessions
     for key, (mb, ws) in prog.sessions.items():
         old = sessions.get(key, [0.0, 0.0])
@@ -298,18 +349,24 @@ class Execution:
                 .join(JobRow, JobRow.id == ProgressRow.job_id)
                 .where(JobRow.state.in_(ACTIVE))
             )
+            sized = (
+                select(ProgressRow.job_id, _progress_bytes())
+                .join(JobRow, JobRow.id == ProgressRow.job_id)
+                .where(JobRow.state.in_(ACTIVE))
+            )
+            for job_id, size in session.execute(sized):
+                if size > MAX_PROGRESS_BYTES:  # edited by hand: not read (its memory)
+                    self.log.warning("stored progress ignored", job=job_id,
+                                     why=f"{size} bytes, over {MAX_PROGRESS_BYTES}")  # fmt: skip
+            active = active.where(_progress_bytes() <= MAX_PROGRESS_BYTES)
             for prow in session.scalars(active):
-                try:
-                    self.progress[prow.job_id] = _stored(prow)
-                except (AttributeError, TypeError, ValueError, IndexError) as err:
-                    # edited by hand: its agents send again what they sent since the
-                    # daemon went offline; one row must not stop the start
-                    self.log.warning("stored progress ignored", job=prow.job_id,
-                                     why=f"{type(err).__name__}: {str(err)[:200]}")  # fmt: skip
-                    continue
+                self.progress[prow.job_id], bad = _stored(prow)
+                if bad:  # edited by hand: its agents send again what they sent since
+                    self.log.warning("stored progress entries ignored", job=prow.job_id,
+                                     entries=bad)  # fmt: skip
                 # its agents reported before the restart: their silence counts from now,
                 # or one that died while the daemon was down would never be noticed
-                for key in prow.per_server:
+                for key in self.progress[prow.job_id].sessions:
                     server = key.split("/", 1)[0]
                     if server in self.server_index and server not in self.failed:
                         self.last_seen[server] = now
@@ -324,6 +381,11 @@ class Execution:
                     epoch, events = max(int(time.time()), epoch if _counter(epoch) else 0), 0
                     self.log.warning("stored plane state ignored", epoch=epoch,
                                      stored=str(meta.value)[:200])  # fmt: skip
+                newest = int(session.scalar(select(func.max(EventRow.sequence))) or 0)
+                if events > newest:  # edited by hand: it would skip every event up to it
+                    self.log.warning("stored plane state's events past the newest event",
+                                     events=events, newest=newest)  # fmt: skip
+                    events = newest
                 self.epoch, self.events_published = epoch, events
                 heard = value.get("heard", [])
                 if isinstance(heard, list):  # an edited store: names it does not know go
@@ -833,7 +895,7 @@ class Execution:
                 if job_id not in known:  # progress for a job this daemon never saw
                     continue
                 sessions, samples = prog.sessions, prog.samples
-                if prog.partial and (row := session.get(ProgressRow, job_id)) is not None:
+                if prog.partial and (row := _progress_row(session, job_id)) is not None:
                     sessions, samples = _merged(prog, row)
                 mb, ws = _totals(sessions)
                 values = {"minibatches": mb, "worker_seconds": ws, "per_server": sessions,
@@ -1003,9 +1065,11 @@ class Execution:
             ) * self.slot_seconds  # fmt: skip
             prog = self.progress.get(job_id)
             if prog is None or prog.partial:  # an ended job's progress is in the store
-                stored = session.get(ProgressRow, job_id)
+                stored = _progress_row(session, job_id)
                 if stored is not None:
-                    prog = _stored(stored) if prog is None else JobProgress(*_merged(prog, stored))
+                    prog = (
+                        _stored(stored)[0] if prog is None else JobProgress(*_merged(prog, stored))
+                    )
         if prog is None:
             prog = JobProgress()
         done, spent = prog.totals()

@@ -78,6 +78,19 @@ class BatchWritten(NamedTuple):
     events: list[int]
 
 
+MAX_JOB_SEQUENCE = 1 << 53
+"""Job sequences are numbered below this; a stored one at or above it (or not a number)
+is an edit's, and not counted on from."""
+
+
+def last_job_sequence(session: Session) -> int:
+    """The largest job sequence stored below :data:`MAX_JOB_SEQUENCE` (0: none). A row
+    edited to 2**63 - 1, or to text, is left out: counting on from it overflowed (or
+    read as none and numbered again from 1), and every tenant's submission failed."""
+    below = select(func.max(JobRow.sequence)).where(JobRow.sequence < MAX_JOB_SEQUENCE)
+    return int(session.connection().scalar(below) or 0)
+
+
 def write_decisions(
     session: Session,
     payloads: list[DecisionPayload],
@@ -101,7 +114,7 @@ def write_decisions(
     conn = session.connection()
     sequence = last_sequence
     if sequence is None:  # after another write, or a failure: as stored
-        sequence = int(conn.scalar(select(func.max(JobRow.sequence))) or 0)
+        sequence = last_job_sequence(session)
     first = sequence + 1
     jobs = [{**p.job, "sequence": first + i} for i, p in enumerate(payloads)]
     conn.execute(insert(JobRow), jobs)
