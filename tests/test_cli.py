@@ -205,6 +205,21 @@ def test_every_json_file_reader_says_why_it_cannot_read(
     assert expected in err and "input.json" in err, err
 
 
+@pytest.mark.parametrize("command", COMMANDS, ids=str)
+def test_every_json_file_reader_reads_a_device_only_so_far(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    """The offline tools' audit: ``oasis replay /dev/zero`` (or quote, calibrate...) read
+    until the machine ran out of memory (24 GB). A JSON input is read up to
+    ``MAX_INPUT_BYTES`` (512 MiB; 1 MiB here), then refused naming the file, exit 2."""
+    from controller.commands import common
+
+    monkeypatch.setattr(common, "MAX_INPUT_BYTES", 1 << 20)
+    assert main([*COMMANDS[command], "/dev/zero"]) == 2
+    err = capsys.readouterr().err
+    assert "/dev/zero" in err and "the most read" in err, err
+
+
 def test_a_traces_prior_is_read_within_bounds(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

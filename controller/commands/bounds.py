@@ -75,7 +75,7 @@ def pins_of(args: argparse.Namespace) -> list[pb.BoundPin]:
     """The pins the options and the file give, one per (kind, resource)."""
     found: dict[tuple[pb.ServerKind, str], dict[str, float]] = {}
     if args.file:
-        raw = read_json(args.file, f"--file {args.file}")
+        raw = read_json(args.file, f"--file {args.file}", limit=1 << 20)
         if not isinstance(raw, dict):
             raise InputError(f"--file {args.file}: must be an object of kinds")
         for kind, per in raw.items():

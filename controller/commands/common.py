@@ -65,21 +65,31 @@ class InputError(Exception):
         self.extra = extra or {}
 
 
+MAX_INPUT_BYTES = 512 << 20
+"""The most a JSON input (a trace, a job file) is read: ``oasis replay /dev/zero`` read
+until the machine ran out of memory (24 GB). A trace of 10^6 jobs is about 300 MB."""
+
+
 def read_json(path: str, what: str = "", limit: int | None = None) -> Any:
-    """A JSON file (``-``: standard input); InputError saying why not: unreadable, more
-    than ``limit`` bytes (None: no limit), not UTF-8, not JSON, or JSON Python cannot
-    hold (nested too deeply, an integer of thousands of digits)."""
+    """A JSON file (``-``: standard input; a pipe too: ``<(oasis gen ...)``); InputError
+    saying why not: unreadable, more than ``limit`` bytes (None:
+    :data:`MAX_INPUT_BYTES`), not UTF-8, not JSON, or JSON Python cannot hold (nested
+    too deeply, an integer of thousands of digits)."""
     name = what or path
+    limit = MAX_INPUT_BYTES if limit is None else limit
     try:
         if path == "-":
-            data = sys.stdin.buffer.read(-1 if limit is None else limit + 1)
+            data = sys.stdin.buffer.read(limit + 1)
         else:
             with open(path, "rb") as f:
-                data = f.read(-1 if limit is None else limit + 1)
+                data = f.read(limit + 1)
     except OSError as err:
         raise InputError(f"{name}: cannot read: {err.strerror or err}") from err
-    if limit is not None and len(data) > limit:
-        raise InputError(f"{name}: more than {limit} bytes")
+    if len(data) > limit:
+        raise InputError(
+            f"{name}: more than {limit:,} bytes, the most read (a device or another file "
+            f"than meant?)"
+        )
     return _parsed(data, name)
 
 
