@@ -27,7 +27,9 @@ Constraints, for every ``i``, ``t``, ``h``, ``k``, ``r`` (paper's numbers)
     - ``sum_t u[i,t] = x_i``: an admitted job completes exactly once, a rejected one never.
     - (2) ``sum_{h,t} y[i,h,t] >= W_i * x_i``: enough worker-slots.
     - (3) ``sum_h y[i,h,t] <= N_i * sum_{t' >= t} u[i,t']``: at most ``N_i`` workers per
-      slot, and none after the completion slot (so a rejected job gets no workers).
+      slot, and none after the completion slot (so a rejected job gets no workers). The
+      sum is a continuous ``v[i,t] = u[i,t] + v[i,t+1]`` where ``u[i,t]`` exists (the
+      next one's elsewhere): the model grows linearly with the slots, not quadratically.
     - (4) ``sum_i w_i[r] * y[i,h,t] <= c[h][r]``; (5) ``sum_i s_i[r] * z[i,k,t] <= c[k][r]``.
     - (6) ``sum_k z[i,k,t] >= (b_i / B_i) * sum_h y[i,h,t] - 1e-9``: the PS carry the
       workers' bandwidth, with SPEC 3's slack (``z(y) = ceil(y b / B - 1e-9)`` is the least
@@ -122,6 +124,15 @@ Status = Literal["optimal", "feasible", "infeasible", "no solution"]
 ABS_GAP = 1e-6
 """Utility by which the optimum may fall short of the bound and still count as proven:
 both solvers run with a relative gap tolerance of 0 and this absolute one."""
+
+SYMMETRY_MAX_COLUMNS = 100_000
+"""HiGHS looks for symmetry (identical servers) in a model of at most this many columns:
+its search checks no time limit, and in one of 160,000 (a horizon of 20,000 slots) it
+ran for minutes past a limit of 10 s."""
+
+INTERRUPT_MARGIN_SECONDS = 1.0
+"""Past its time limit, HiGHS is interrupted from its callbacks after this long more
+(its own limit, where it checks it, ends it first)."""
 
 _INTEGRALITY = 1e-5
 """Largest distance from an integer accepted in the solver's integer values."""
@@ -326,6 +337,7 @@ class _Model:
     y: dict[tuple[int, int, int], Any]
     z: dict[tuple[int, int, int], Any]
     u: dict[tuple[int, int], Any]
+    v: dict[tuple[int, int], Any]  # running sums of u, keyed as u: (3)
 
 
 def _pulp() -> Any:
@@ -354,6 +366,7 @@ def _build(trace: Trace, held: Held, reduction: Reduction | None = None) -> _Mod
     y: dict[tuple[int, int, int], Any] = {}
     z: dict[tuple[int, int, int], Any] = {}
     u: dict[tuple[int, int], Any] = {}
+    v: dict[tuple[int, int], Any] = {}
     objective = []
     for i, job in enumerate(trace.jobs):
         a, last = job.arrival, int(held.last_slot[i])
@@ -388,12 +401,17 @@ def _build(trace: Trace, held: Held, reduction: Reduction | None = None) -> _Mod
         for t, f in zip(ends, utility.tolist(), strict=True):
             u[i, t] = prob.add_variable(f"u_{i}_{t}", 0, 1, pulp.LpBinary)
             objective.append(f * u[i, t])
-        later: list[Any] = []
+        # (3) through running sums: v[i,t] = sum_{t' >= t} u[i,t'] (a variable where a u
+        # is, the later one's elsewhere), so each row is O(1), not O(T): summed afresh for
+        # every slot, a job of 20,000 slots made 10^8 entries (minutes and 6 GB in PuLP)
+        later: Any = 0
         for t in range(stop - 1, a - 1, -1):
             if (i, t) in u:
-                later.append(u[i, t])
+                v[i, t] = prob.add_variable(f"v_{i}_{t}", 0, 1, pulp.LpContinuous)
+                prob += v[i, t] == u[i, t] + later, f"c3_later_{i}_{t}"
+                later = v[i, t]
             ys_t = [y[i, h, t] for h in range(len(cluster.worker_names)) if (i, h, t) in y]
-            prob += pulp.lpSum(ys_t) <= job.chunks * pulp.lpSum(later), f"c3_chunks_{i}_{t}"
+            prob += pulp.lpSum(ys_t) <= job.chunks * later, f"c3_chunks_{i}_{t}"
         prob += pulp.lpSum(u[i, t] for t in ends) == x[i], f"complete_once_{i}"
         prob += pulp.lpSum(ys) >= job.work * x[i], f"c2_work_{i}"
         if reduction is not None and reduction.must_run[i]:
@@ -407,7 +425,7 @@ def _build(trace: Trace, held: Held, reduction: Reduction | None = None) -> _Mod
         ("c5_ps_capacity", z, held.ps_capacity(trace), "ps"),
     ):
         _capacity_rows(prob, trace, name, units, capacity, demand_of)
-    return _Model(prob, x, y, z, u)
+    return _Model(prob, x, y, z, u, v)
 
 
 def _capacity_rows(
@@ -462,22 +480,41 @@ class _Verdict:
     bound: float | None
 
 
-def _highs_with_start() -> Any:
-    """``pulp.HiGHS`` that hands HiGHS the variables' current values as a starting
-    solution (PuLP's HiGHS API class has no warm start of its own)."""
+def _highs(warm: bool, time_limit: float | None) -> Any:
+    """``pulp.HiGHS`` that, with ``warm``, hands HiGHS the variables' current values as a
+    starting solution (PuLP's HiGHS API class has no warm start of its own), and with a
+    ``time_limit`` also interrupts it from its simplex, interior-point and MIP callbacks
+    once that many seconds (and a margin) have passed: HiGHS's own limit went unchecked
+    in the root LP of a model of 220,000 rows (a horizon of 20,000 slots), which ran for
+    minutes past a limit of 10 s."""
     import highspy
 
-    class HiGHSWithStart(_pulp().HiGHS):  # type: ignore[misc]
+    class HiGHSBounded(_pulp().HiGHS):  # type: ignore[misc]
         def callSolver(self, lp: Any) -> None:  # noqa: N802 - PuLP's name
-            cols = lp.variables()
-            index = np.array([v.index for v in cols], dtype=np.int32)
-            value = np.array([float(v.varValue or 0.0) for v in cols])
-            status = lp.solverModel.setSolution(len(cols), index, value)
-            if status == highspy.HighsStatus.kError:
-                raise OfflineError("HiGHS rejected the starting allocation")
+            model = lp.solverModel
+            if model.getNumCol() > SYMMETRY_MAX_COLUMNS:
+                model.setOptionValue("mip_detect_symmetry", False)
+            if warm:
+                cols = lp.variables()
+                index = np.array([v.index for v in cols], dtype=np.int32)
+                value = np.array([float(v.varValue or 0.0) for v in cols])
+                if model.setSolution(len(cols), index, value) == highspy.HighsStatus.kError:
+                    raise OfflineError("HiGHS rejected the starting allocation")
+            if time_limit is not None:
+                deadline = time.monotonic() + time_limit + INTERRUPT_MARGIN_SECONDS
+
+                def interrupt(kind: int, message: str, out: Any, into: Any, data: Any) -> None:
+                    if time.monotonic() > deadline:
+                        into.user_interrupt = True
+
+                model.setCallback(interrupt, None)
+                kinds = highspy.cb.HighsCallbackType
+                for kind in (kinds.kCallbackSimplexInterrupt, kinds.kCallbackIpmInterrupt,
+                             kinds.kCallbackMipInterrupt):  # fmt: skip
+                    model.startCallback(kind)
             super().callSolver(lp)
 
-    return HiGHSWithStart
+    return HiGHSBounded
 
 
 def _solver(
@@ -497,7 +534,7 @@ def _solver(
         # "optimal" answers on this model: 4 of 150 random tiny traces in a check against
         # exhaustive search (CBC and HiGHS without presolve: 0). Similar reports upstream:
         # ERGO-Code/HiGHS issues 3043, 3073, 3094, 3274. Branch and bound stays on.
-        solver = (_highs_with_start() if warm else pulp.HiGHS)(
+        solver = _highs(warm, time_limit)(
             msg=False,
             timeLimit=time_limit,
             threads=threads,
@@ -699,6 +736,9 @@ def _set_start(
         if job.completion_slot is not None:
             model.x[i].setInitialValue(1)
             model.u[i, job.completion_slot].setInitialValue(1)
+            for t in range(trace.jobs[i].arrival, job.completion_slot + 1):
+                if (i, t) in model.v:
+                    model.v[i, t].setInitialValue(1)
 
 
 def check_allocation(

@@ -64,7 +64,8 @@ COLUMNS_ILP_SECONDS = 60.0
 
 
 def ilp_size(trace: Trace, held: Held) -> int:
-    """Variables of the compact ILP (``y``, ``z``, ``u``, ``x``) before any reduction."""
+    """Variables of the compact ILP (``y``, ``z``, ``u``, ``x``) before any reduction
+    (the running sums ``v`` of (3), one per ``u``, are not counted)."""
     c = trace.cluster
     total = 0
     for i, job in enumerate(trace.jobs):
