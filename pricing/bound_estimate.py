@@ -379,7 +379,9 @@ class BoundEstimate:
             trim = float(data["trim"])
             jobs = int(data["jobs"])
             prior_mass = float(data["prior_mass"])
-            if not (0 <= trim < 1 and jobs >= 0 and math.isfinite(prior_mass)):
+            # an edit's 2**63 jobs overflowed the count of every submitter's together in
+            # GetBounds (a uint64), and a negative prior weight showed as -2e9 %
+            if not (0 <= trim < 1 and 0 <= jobs <= 1 << 53 and 0 <= prior_mass < math.inf):
                 raise ValueError("trim, jobs or prior_mass out of range")
             if resources is not None and len(resources) != n:
                 raise ValueError("resources do not match the state")

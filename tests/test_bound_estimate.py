@@ -402,7 +402,10 @@ def test_state_round_trips_exactly_and_stays_small() -> None:
     assert not back.fits(CLUSTER)  # other servers: start afresh
     state = estimate.to_dict()
     bad_best = {**state, "best": {"keys": [1], "raw": [0.0]}}
-    for bad in ({"version": 2}, {**state, "jobs": -1}, bad_best, "x", None):
+    # the store audit: 2**63 - 1 jobs overflowed GetBounds' sum of them; a negative
+    # prior weight was shown as -2e9 % of the weight behind the bounds
+    edits = ({**state, "jobs": -1}, {**state, "jobs": 2**63 - 1}, {**state, "prior_mass": -1e300})
+    for bad in ({"version": 2}, *edits, bad_best, "x", None):
         assert BoundEstimate.from_dict(bad) is None
 
 

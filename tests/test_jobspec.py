@@ -618,6 +618,12 @@ def test_a_time_with_seconds_keeps_them_in_tables() -> None:
         assert local_time(at, now=at) == "Fri 01:28:30"
         assert local_time(at + 30, now=at) == "Fri 01:29"
         assert local_time(at, now=0.0) == "2025-11-28 01:28:30"
+        # the store audit: a slot an edit set 2**63 out raised OverflowError in every
+        # table that showed it (oasis jobs, status): shown as format_time shows it
+        assert (
+            local_time(2.0**63 * 3600, now=at)
+            == f"{2.0**63 * 3600:.6g} s after 1970-01-01T00:00:00Z"
+        )
         # across a clock change, a time in the other offset names its zone (the caption
         # names the zone in force now): DST from 03:00 on the last Saturday of November
         os.environ["TZ"] = "STD0DST-1,M11.5.6/3,M12.1.0"

@@ -236,6 +236,27 @@ def test_a_pending_job_can_be_cancelled(tmp_path: Path) -> None:
         c.close()
 
 
+def test_a_job_whose_arrival_an_edit_broke_can_still_be_cancelled(tmp_path: Path) -> None:
+    """The store audit: with ``arrival_slot`` edited to text (it reads as None) while the
+    daemon ran, its tenant's cancel answered INTERNAL (TypeError). It is cancelled from
+    the next slot, every allocation from there released."""
+    from sqlalchemy import text
+
+    clock = FakeClock(1_000_000.0)
+    c = controller(tmp_path, clock)
+    try:
+        view = asyncio.run(c.submit(small("broken")))
+        assert view.state == "admitted"
+        planned = sum(a.get("workers", 0) for a in view.decision.allocations)
+        with c.db.session() as session:
+            session.execute(text("UPDATE jobs SET arrival_slot = 'then' WHERE id = 'broken'"))
+        cancelled, released = asyncio.run(c.cancel("broken"))
+        assert cancelled.state == "cancelled"
+        assert 0 < released <= planned
+    finally:
+        c.close()
+
+
 def test_one_submitters_pending_jobs_are_bounded(tmp_path: Path) -> None:
     clock = FakeClock(1_000_000.0)
     c = controller(tmp_path, clock, CHEAP + "\n[limits]\nmax_pending_per_submitter = 2\n")

@@ -48,7 +48,9 @@ class Lifecycle(AdmissionState):
             if row.state not in ("pending", "admitted", "running"):
                 raise PreconditionError(f"job {job_id!r} is {row.state}; only pending, admitted "
                                         "or running jobs can be cancelled")  # fmt: skip
-            release_from = max(release_from, row.arrival_slot)
+            arrival = row.arrival_slot  # None or far out: an edit's (its plan from now on)
+            if isinstance(arrival, int) and arrival < 1 << 53:
+                release_from = max(release_from, arrival)
             released = int(session.scalar(
                 select(func.coalesce(func.sum(AllocationRow.workers), 0)).where(
                     AllocationRow.job_id == job_id, AllocationRow.slot >= release_from)

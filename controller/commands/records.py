@@ -176,8 +176,11 @@ def local_time(unix: float, now: float | None = None) -> str:
     """A time for a table: ``Tue 14:00`` within six days of now, else the date too; with
     its seconds if it has any (slots of 90 s: ``Sat 01:28:30``, not ``01:28``)."""
     now = time.time() if now is None else now
-    second = math.ceil(unix)  # up, as format_time: a slot's start reads as in that slot
-    local = time.localtime(second)
+    try:
+        second = math.ceil(unix)  # up, as format_time: a slot's start reads as in that slot
+        local = time.localtime(second)
+    except (OverflowError, ValueError, OSError):  # past time_t: a slot an edit set far out
+        return format_time(unix)
     clock = "%H:%M:%S" if second % 60 else "%H:%M"
     if local.tm_isdst != time.localtime(now).tm_isdst:  # across a clock change: say which
         clock += " %Z"
