@@ -271,9 +271,17 @@ def test_oversized_jobs_are_refused_with_the_limit(limited: Daemon, tmp_path: Pa
         assert stub.SubmitJob(request, timeout=30).job.decision.admitted
 
 
-def test_a_message_over_the_limit_is_refused_by_grpc(limited: Daemon) -> None:
+def test_a_message_over_the_limit_is_refused_by_grpc(limited: Daemon, tmp_path: Path) -> None:
     values = [100.0 - i * 0.01 for i in range(1000)]  # ~9 KB, over 4096 bytes
     spec = job("big", utility={"kind": "table", "values": values})
+    # the client says it as bad input (exit 2), not gRPC's "Received message larger
+    # than max (9038 vs. 4096)" with exit 1 (the offline tools' audit)
+    out = oasis("submit", write_job(tmp_path, spec), server=limited.address, check=False)
+    assert out.returncode == 2, out.stderr
+    assert (
+        "INVALID_ARGUMENT: the request is " in out.stderr
+        and "(4,096, its [limits] max_message_bytes)" in out.stderr
+    ), out.stderr
     with grpc.insecure_channel(limited.address) as channel:
         stub = pb_grpc.AdmissionStub(channel)
         with pytest.raises(grpc.RpcError) as err:

@@ -212,6 +212,14 @@ def guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
         code = err.code()
         problems = _field_violations(err)
         message = _explain(code, err.details() or "", args, tried_address(err))
+        sizes = _TOO_LARGE.search(err.details() or "")
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED and sizes:  # a job file too large:
+            sent, most = (int(n) for n in sizes.groups())  # bad input (exit 2), not load
+            message = (
+                f"the request is {sent:,} bytes, more than the daemon takes ({most:,}, its "
+                "[limits] max_message_bytes): a job that large is refused whatever the load"
+            )
+            return report_error(args, "INVALID_ARGUMENT", message, [], extra)
         said = redirected_by(err)
         if said:  # a standby sent the call to a leader that is gone: what it said
             message += f" ({said})"
@@ -223,6 +231,10 @@ def guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
         return report_error(args, code.name, message, problems, extra)
 
     return run
+
+
+_TOO_LARGE = re.compile(r"Received message larger than max \((\d+) vs\. (\d+)\)")
+"""gRPC's refusal of a request over the daemon's ``grpc.max_receive_message_length``."""
 
 
 class PartialFailureError(Exception):
