@@ -220,6 +220,24 @@ def test_every_json_file_reader_reads_a_device_only_so_far(
     assert "/dev/zero" in err and "the most read" in err, err
 
 
+def test_a_replay_off_a_terminal_says_how_far_it_is(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The offline tools' audit: off a terminal (a log, a CI job) or with --json, a
+    replay printed nothing until it ended (150,000 jobs: a minute). It prints a line
+    every PROGRESS_SECONDS on stderr; stdout stays the JSON alone; --no-progress: none."""
+    from controller.commands import replay as replay_command
+
+    monkeypatch.setattr(replay_command, "PROGRESS_SECONDS", 0.0)
+    assert main(["replay", str(DEMO), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["jobs"]
+    total = len(json.loads(DEMO.read_text())["jobs"])
+    assert err.splitlines()[-1] == f"oasis replay: decided {total:,} of {total:,} jobs", err
+    assert main(["replay", str(DEMO), "--json", "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_a_traces_prior_is_read_within_bounds(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Any, TextIO
 
 from controller.commands import SUMMARIES
@@ -135,18 +136,29 @@ def _run_baseline(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+PROGRESS_SECONDS = 10.0
+"""Seconds between two progress lines of a replay whose stderr is no terminal."""
+
+
 def run(args: argparse.Namespace) -> int:
     if args.policy != "oasis":
         return _run_baseline(args)
     trace = load_trace(args.trace)
     records: list[ReplayRecord] = []
     total = len(trace.jobs)
-    progress = args.progress and not args.json and sys.stderr.isatty()
+    # on a terminal a count updated in place; else (a log, or --json on a terminal) a line
+    # every PROGRESS_SECONDS, so long work is never silent (150,000 jobs took a minute)
+    in_place = args.progress and not args.json and sys.stderr.isatty()
+    lines = args.progress and not in_place
+    shown = time.monotonic()
     for i, record in enumerate(replay(trace, max_search_steps=search_limit(args)), 1):
         records.append(record)
-        if progress:
+        if in_place:
             print(f"\rdecided {i}/{total}", end="", file=sys.stderr, flush=True)
-    if progress:
+        elif lines and time.monotonic() - shown >= PROGRESS_SECONDS:
+            shown = time.monotonic()
+            print(f"oasis replay: decided {i:,} of {total:,} jobs", file=sys.stderr, flush=True)
+    if in_place:
         print(file=sys.stderr)
     if args.json:
         json.dump(replay_json(trace, records), sys.stdout, indent=None if args.compact else 1)
