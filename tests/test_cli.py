@@ -332,6 +332,13 @@ def test_careless_arguments_are_refused_before_any_harm(
     assert main(["gen", "--jobs", "2", "--slot-seconds", "1e20", "-o", str(out)]) == 2
     assert "--slot-seconds: at most 31622400" in capsys.readouterr().err
     assert not out.exists()
+    # drawn for minutes into gigabytes, a trace no replay reads (the offline tools' audit)
+    huge = [(["--jobs", "100000000"], "--jobs: at most 1,000,000"),
+            (["--worker-servers", "1000000"], "need a price ledger of 22.6 GiB")]  # fmt: skip
+    for argv, said in huge:
+        assert main(["gen", *argv, "-o", str(out)]) == 2
+        assert said in capsys.readouterr().err
+        assert not out.exists()
     # the agent: nan or inf as its speed reported every planned job done at once, nan
     # as its report interval spun the loop (the MQTT audit); refused before it connects
     for flag, least in (("--speed", "> 0"), ("--report-seconds", ">= 0.1")):

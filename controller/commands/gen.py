@@ -12,7 +12,8 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import numpy as np
 
@@ -24,6 +25,9 @@ from controller.commands.common import (
     int_at_least,
     positive_seconds,
 )
+from pricing.cluster import Cluster
+from pricing.ledger import ledger_bytes
+from pricing.trace import MAX_LEDGER_BYTES
 from pricing.workload import generate_trace
 
 __all__ = ["parse_mix", "parse_share", "register", "run"]
@@ -143,6 +147,10 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+MAX_GEN_JOBS = 10**6
+"""The most jobs ``oasis gen`` draws (the longest history measured, bench/RESULTS.md)."""
+
+
 def run(args: argparse.Namespace) -> int:
     # the daemon's longest slot (longer ones made the burst arrivals' draw run for hours)
     from controller.config import MAX_SLOT_SECONDS
@@ -150,6 +158,22 @@ def run(args: argparse.Namespace) -> int:
     if args.slot_seconds > MAX_SLOT_SECONDS:
         raise InputError(f"--slot-seconds: at most {MAX_SLOT_SECONDS:.0f} (366 days), as "
                          f"daemon.slot_seconds; got {args.slot_seconds:g}")  # fmt: skip
+    # what a replay can take, checked before drawing: --jobs 100000000 or 10^6 servers
+    # drew for minutes into gigabytes a trace no replay reads (the offline tools' audit)
+    if args.jobs > MAX_GEN_JOBS:
+        raise InputError(f"--jobs: at most {MAX_GEN_JOBS:,}, got {args.jobs:,}")
+    shape = SimpleNamespace(  # the servers' shapes alone (the paper's five resources)
+        worker_capacity=np.broadcast_to(np.zeros(5), (args.worker_servers, 5)),
+        ps_capacity=np.broadcast_to(np.zeros(5), (args.ps_servers, 5)),
+    )
+    need = ledger_bytes(cast(Cluster, shape), args.horizon)
+    servers = args.worker_servers + args.ps_servers
+    if need > MAX_LEDGER_BYTES:
+        raise InputError(
+            f"--horizon / --worker-servers / --ps-servers: {args.horizon:,} slots of "
+            f"{servers:,} servers need a price ledger of {need / 2**30:,.1f} GiB to replay, "
+            f"over the {MAX_LEDGER_BYTES / 2**30:g} GiB a trace may take"
+        )
     try:
         trace = generate_trace(
             np.random.default_rng(args.seed),
