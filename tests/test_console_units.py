@@ -428,6 +428,65 @@ def test_a_submitters_large_console_answers_cost_its_rate(
     asyncio.run(scenario())
 
 
+def test_one_host_off_loopback_holds_at_most_its_share_of_the_console() -> None:
+    """The tenant audit: one client holding every console connection (each sending a
+    byte of its request every 25 s, reopened as they closed) kept the console down for
+    everyone. A host off loopback holds at most ``web.max_connections_per_host``; past
+    it a connection is answered 503 and closed. Loopback peers are every SSH tunnel's
+    one address, so they are not capped per host. (A remote peer is out of the tests'
+    reach on 127.0.0.1: a transport that says where it comes from stands in for it.)"""
+    from collections import Counter
+
+    from controller.console.app import _PerHost
+
+    class Transport(asyncio.WriteTransport):
+        def __init__(self, host: str) -> None:
+            super().__init__()
+            self.host, self.written, self.closed = host, b"", False
+
+        def get_extra_info(self, name: str, default: Any = None) -> Any:
+            return (self.host, 40000) if name == "peername" else default
+
+        def write(self, data: Any) -> None:
+            self.written += bytes(data)
+
+        def close(self) -> None:
+            self.closed = True
+
+    served: list[Any] = []
+
+    def serve() -> Any:
+        inner = SimpleNamespace(made=[], lost=[], data=[])
+        inner.connection_made = inner.made.append
+        inner.connection_lost = inner.lost.append
+        inner.data_received = inner.data.append
+        served.append(inner)
+        return inner
+
+    hosts: Counter[str] = Counter()
+    gates = [_PerHost(serve, hosts, 2) for _ in range(6)]
+    far = [Transport("203.0.113.7") for _ in range(3)]
+    for gate, transport in zip(gates, far, strict=False):
+        gate.connection_made(cast(Any, transport))
+    assert [t.closed for t in far] == [False, False, True]
+    assert far[2].written.startswith(b"HTTP/1.1 503 ")
+    assert len(served) == 2 and hosts["203.0.113.7"] == 2
+    gates[0].data_received(b"GET / HTTP/1.1\r\n")
+    assert served[0].data == [b"GET / HTTP/1.1\r\n"]  # handed on
+    gates[2].connection_lost(None)  # the refused one frees nothing
+    gates[0].connection_lost(None)
+    assert served[0].lost == [None] and hosts["203.0.113.7"] == 1
+    again = Transport("203.0.113.7")
+    gates[3].connection_made(cast(Any, again))
+    assert not again.closed and hosts["203.0.113.7"] == 2
+    for gate in gates[4:]:  # loopback: not counted per host
+        for _ in range(2):
+            gate.connection_made(cast(Any, Transport("127.0.0.1")))
+    assert "127.0.0.1" not in hosts and len(served) == 7
+    with pytest.raises(SpecError, match="max_connections_per_host: must be <= "):
+        web_from_dict({"max_connections": 10, "max_connections_per_host": 11}, None)
+
+
 @pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
 def test_a_submitters_streams_read_job_owners_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -35,6 +35,7 @@ import json
 import re
 import secrets
 import ssl
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
 from typing import Any
@@ -114,6 +115,54 @@ class _Refused(asyncio.Protocol):
             + _BUSY
         )
         transport.close()
+
+
+class _PerHost(asyncio.Protocol):
+    """A console connection, counted against its peer's host (off loopback) while open:
+    past ``web.max_connections_per_host`` it is answered 503 and closed as
+    :class:`_Refused` does; else it is served by ``serve()``'s protocol, to which this
+    one hands every call of the transport."""
+
+    def __init__(self, serve: Callable[[], asyncio.Protocol], hosts: Counter[str], cap: int):
+        self._serve, self._hosts, self._cap = serve, hosts, cap
+        self._inner: asyncio.Protocol | None = None
+        self._host = ""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peer = transport.get_extra_info("peername")
+        host = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        if host and not is_loopback(host):
+            if self._hosts[host] >= self._cap:
+                log.warning("console connection refused", peer=host, per_host=self._cap)
+                _Refused().connection_made(transport)
+                return
+            self._hosts[host] += 1
+            self._host = host
+        self._inner = self._serve()
+        self._inner.connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._host:
+            self._hosts[self._host] -= 1
+            if self._hosts[self._host] <= 0:
+                del self._hosts[self._host]
+        if self._inner is not None:
+            self._inner.connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._inner is not None:
+            self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received() if self._inner is not None else None
+
+    def pause_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.resume_writing()
 
 
 class _RefusedError(Exception):
@@ -217,9 +266,13 @@ class Console:
         server, cap = self.runner.server, self.config.web.max_connections
         assert server is not None  # set up above
 
+        per_host, hosts = self.config.web.max_connections_per_host, Counter[str]()
+
         def accept() -> asyncio.BaseProtocol:
             # past the cap the connection is answered 503 and closed, not served
-            return _Refused() if len(server.connections) >= cap else server()
+            if len(server.connections) >= cap:
+                return _Refused()
+            return _PerHost(server, hosts, per_host)
 
         try:
             self.listener = await asyncio.get_running_loop().create_server(

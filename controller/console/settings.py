@@ -7,6 +7,7 @@
     max_event_streams_per_user = 32  # live event streams (/api/events) of one user
     max_event_streams = 256        # live event streams in all
     max_connections = 512          # HTTP connections at once; past it 503 at accept
+    max_connections_per_host = 64  # of one host off loopback; past it 503 at accept
 
 As ``daemon.listen``: plain HTTP stays on a loopback address unless ``[tls]`` is configured
 (the console then serves HTTPS with the same certificate, and asks for a client
@@ -23,7 +24,11 @@ Every connection holds a descriptor of the daemon's process, the one its gRPC cl
 the store share, so the console's are capped too: past ``max_connections`` (streams
 included) a new one is answered 503 at once and closed; a connection idle 75 s is closed.
 The cap stays far below the unit's descriptor limit, so a flood of browser connections
-costs the console, never the daemon.
+costs the console, never the daemon. One host off loopback may hold at most
+``max_connections_per_host`` of them: one client holding every place (connections that
+send a byte of their request every 25 s) kept the console down for everyone. Loopback
+peers are one host to this cap (every SSH tunnel is 127.0.0.1), so it does not apply to
+them; a firewall rule per address does (README, "Security and limits").
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ class WebConfig:
         max_event_streams_per_user: open event streams of one user at once.
         max_event_streams: open event streams at once, all users together.
         max_connections: open HTTP connections at once, streams included.
+        max_connections_per_host: of those, from one host off loopback.
     """
 
     listen: str = ""
@@ -67,6 +73,7 @@ class WebConfig:
     max_event_streams_per_user: int = 32
     max_event_streams: int = 256
     max_connections: int = 512
+    max_connections_per_host: int = 64
 
     def to_dict(self) -> dict[str, Any]:
         """The ``[web]`` table these settings read from (:func:`web_from_dict` of it
@@ -79,6 +86,7 @@ class WebConfig:
             "max_event_streams_per_user": self.max_event_streams_per_user,
             "max_event_streams": self.max_event_streams,
             "max_connections": self.max_connections,
+            "max_connections_per_host": self.max_connections_per_host,
         }
 
 
@@ -91,6 +99,7 @@ def web_from_dict(raw: Mapping[str, Any], tls: TlsConfig | None) -> WebConfig:
         "max_event_streams_per_user",
         "max_event_streams",
         "max_connections",
+        "max_connections_per_host",
     }
     for key in raw:
         if key not in known:
@@ -126,4 +135,12 @@ def web_from_dict(raw: Mapping[str, Any], tls: TlsConfig | None) -> WebConfig:
             "web.max_connections",
             f"must be <= {MAX_CONNECTIONS} (each holds a descriptor the daemon needs)",
         )
-    return WebConfig(listen, remote, hours * 3600.0, per_user, total, connections)
+    per_host = min(d.max_connections_per_host, connections)  # the default within the cap
+    if "max_connections_per_host" in raw:
+        per_host = count("max_connections_per_host")
+    if per_host > connections:
+        raise SpecError.one(
+            "web.max_connections_per_host",
+            f"must be <= web.max_connections ({connections}), got {per_host}",
+        )
+    return WebConfig(listen, remote, hours * 3600.0, per_user, total, connections, per_host)
