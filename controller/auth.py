@@ -38,6 +38,7 @@ import dataclasses
 import hashlib
 import re
 import secrets
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ import structlog
 from controller.bearer import TokenInterceptor  # the client's side, re-exported
 from controller.files import read_bounded
 from controller.streams import relay
+from controller.tls import is_loopback
 from pricing import fields
 from pricing.errors import SpecError
 
@@ -60,6 +62,7 @@ if TYPE_CHECKING:  # the client's TokenInterceptor needs neither limits nor nump
 __all__ = [
     "ANONYMOUS",
     "MAX_OPEN_STREAMS",
+    "MAX_OPEN_STREAMS_PER_HOST",
     "NAME_PATTERN",
     "OPEN_SERVICES",
     "REVOKE_CHECK_SECONDS",
@@ -251,12 +254,22 @@ reflection streams from anyone on the host refused every tenant's calls. Past it
 one is RESOURCE_EXHAUSTED; health's ``Check`` (a unary call) is never refused by it."""
 
 
-class _StreamCap:
-    """Counts the open services' streaming calls in flight (all on the event loop)."""
+MAX_OPEN_STREAMS_PER_HOST = 8
+"""Of :data:`MAX_OPEN_STREAMS`, the most one host off loopback may hold: one host holding
+all 32 (no token needed) left every other host's health watchers refused, which read a
+refused ``Watch`` as the daemon down. Loopback peers are one host to a per-host cap
+(every local client and SSH tunnel is 127.0.0.1), so only the total holds for them."""
 
-    def __init__(self, limit: int) -> None:
+
+class _StreamCap:
+    """Counts the open services' streaming calls in flight (all on the event loop), in
+    all and per host off loopback."""
+
+    def __init__(self, limit: int, per_host: int = MAX_OPEN_STREAMS_PER_HOST) -> None:
         self.limit = limit
+        self.per_host = per_host
         self.open = 0
+        self.hosts: Counter[str] = Counter()
 
     def bounded(self, handler: Any) -> Any:
         """``handler`` with its streaming behaviour counted against the cap."""
@@ -278,6 +291,8 @@ class _StreamCap:
 
     @contextlib.asynccontextmanager
     async def _held(self, context: Any) -> AsyncIterator[None]:
+        host = _peer_host(context.peer())
+        counted = not _loopback_peer(host)
         if self.open >= self.limit:
             log.warning("open-service stream refused", limit=self.limit, peer=context.peer())
             await context.abort(
@@ -285,11 +300,25 @@ class _StreamCap:
                 f"{self.open} health and reflection streams are open, the most at once "
                 f"({self.limit}); close one, or use Health.Check",
             )
+        if counted and self.hosts[host] >= self.per_host:
+            log.warning("open-service stream refused", per_host=self.per_host, peer=host)
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{self.hosts[host]} health and reflection streams of this host are open, "
+                f"the most one host may hold ({self.per_host}); close one, or use "
+                "Health.Check",
+            )
         self.open += 1
+        if counted:
+            self.hosts[host] += 1
         try:
             yield
         finally:
             self.open -= 1
+            if counted:
+                self.hosts[host] -= 1
+                if self.hosts[host] <= 0:
+                    del self.hosts[host]
 
 
 REQUEST_SECONDS = 10.0
@@ -517,6 +546,15 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 async def _open_client(context: Any) -> str:
     """The client of an open-service call: its host (no token is asked)."""
     return _peer_host(context.peer())
+
+
+def _loopback_peer(host: str) -> bool:
+    """Whether a peer host as :func:`_peer_host` gives it (``ipv4:127.0.0.1``,
+    ``ipv6:[::1]``, ``unix:...``) is this machine."""
+    kind, _, address = host.partition(":")
+    if kind.startswith("unix"):  # unix: and unix-abstract:
+        return True
+    return kind in ("ipv4", "ipv6") and is_loopback(address.strip("[]"))
 
 
 def _peer_host(peer: str) -> str:

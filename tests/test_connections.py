@@ -279,3 +279,48 @@ def _literal(name: str, value: str) -> bytes:
     """An HPACK literal header field without indexing (names and values < 127 bytes)."""
     n, v = name.encode(), value.encode()
     return b"\x00" + bytes([len(n)]) + n + bytes([len(v)]) + v
+
+
+def test_one_host_off_loopback_holds_at_most_its_share_of_the_open_streams() -> None:
+    """The tenant audit: one host held all 32 health-watch and reflection streams (no
+    token needed), and every other host's ``Watch``, which some health checkers read as
+    the daemon's state, was refused. A host off loopback holds at most
+    ``MAX_OPEN_STREAMS_PER_HOST`` of them; loopback peers (every local client and SSH
+    tunnel is 127.0.0.1) only the total. (A remote peer is out of the tests' reach on
+    127.0.0.1: a call context that names its peer stands in for one.)"""
+    import asyncio
+
+    from controller.auth import _StreamCap
+
+    class RefusedError(Exception):
+        pass
+
+    class Context:
+        def __init__(self, peer: str) -> None:
+            self._peer = peer
+
+        def peer(self) -> str:
+            return self._peer
+
+        async def abort(self, code: grpc.StatusCode, details: str) -> None:
+            raise RefusedError(code, details)
+
+    async def scenario() -> None:
+        cap = _StreamCap(limit=5, per_host=2)
+        held = contextlib.AsyncExitStack()
+        far = "ipv4:203.0.113.7:{}"
+        for port in (1, 2):
+            await held.enter_async_context(cap._held(Context(far.format(port))))
+        with pytest.raises(RefusedError, match="the most one host may hold \\(2\\)"):
+            await held.enter_async_context(cap._held(Context(far.format(3))))
+        await held.enter_async_context(cap._held(Context("ipv4:198.51.100.9:1")))  # another
+        for peer in ("ipv4:127.0.0.1:7", "ipv6:[::1]:8"):  # loopback: the total only
+            await held.enter_async_context(cap._held(Context(peer)))
+        assert cap.open == 5 and dict(cap.hosts) == {"ipv4:203.0.113.7": 2,
+                                                       "ipv4:198.51.100.9": 1}  # fmt: skip
+        with pytest.raises(RefusedError, match="the most at once \\(5\\)"):
+            await held.enter_async_context(cap._held(Context("ipv4:127.0.0.1:9")))
+        await held.aclose()
+        assert cap.open == 0 and not cap.hosts
+
+    asyncio.run(scenario())
