@@ -170,6 +170,15 @@ def test_unreadable_input(
     assert expected in capsys.readouterr().err
 
 
+def test_a_byte_order_mark_is_no_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The offline tools' audit: a trace saved with a UTF-8 byte-order mark (as some
+    Windows editors write) was refused with "decode using utf-8-sig"."""
+    path = tmp_path / "bom.json"
+    path.write_bytes(b"\xef\xbb\xbf" + DEMO.read_bytes())
+    assert main(["replay", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["jobs"]
+
+
 def test_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", "/nonexistent/trace.json"]) == 2
     assert "cannot read" in capsys.readouterr().err
@@ -177,7 +186,10 @@ def test_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
 
 UNREADABLE = {
     "deep": (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
-    "digits": (b'{"version": 1, "horizon": ' + b"9" * 5000 + b"}", "cannot be read"),
+    "digits": (
+        b'{"version": 1, "horizon": ' + b"9" * 5000 + b"}",
+        "cannot be read: an integer of more than 4300 digits",
+    ),
     "latin-1": (b'{"epochs": \xff}', "not UTF-8 text"),
 }
 COMMANDS = {

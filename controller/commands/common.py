@@ -96,7 +96,8 @@ def read_json(path: str, what: str = "", limit: int | None = None) -> Any:
 def _parsed(data: bytes, name: str) -> Any:
     """``data`` as JSON; InputError naming ``name`` and why not."""
     try:
-        return json.loads(data.decode("utf-8"))
+        # utf-8-sig: a byte-order mark, as some Windows editors write, is no error
+        return json.loads(data.decode("utf-8-sig"))
     except UnicodeDecodeError as err:
         raise InputError(f"{name}: not UTF-8 text: {err.reason} at byte {err.start}") from err
     except json.JSONDecodeError as err:
@@ -105,8 +106,12 @@ def _parsed(data: bytes, name: str) -> Any:
         ) from err
     except RecursionError as err:
         raise InputError(f"{name}: JSON nested too deeply to read") from err
-    except ValueError as err:  # an integer past Python's digit limit
-        raise InputError(f"{name}: JSON that cannot be read: {str(err)[:200]}") from err
+    except ValueError as err:  # an integer past Python's digit limit (its message tells
+        # a programmer to call sys.set_int_max_str_digits: not the user's remedy)
+        digits = sys.get_int_max_str_digits()
+        raise InputError(
+            f"{name}: JSON that cannot be read: an integer of more than {digits} digits"
+        ) from err
 
 
 def load_prior_file(path: Path, what: str) -> Any:
