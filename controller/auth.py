@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 import grpc
 import structlog
@@ -554,7 +555,8 @@ def _loopback_peer(host: str) -> bool:
     kind, _, address = host.partition(":")
     if kind.startswith("unix"):  # unix: and unix-abstract:
         return True
-    return kind in ("ipv4", "ipv6") and is_loopback(address.strip("[]"))
+    # gRPC percent-encodes an IPv6 peer's brackets: ipv6:%5B::1%5D:49744
+    return kind in ("ipv4", "ipv6") and is_loopback(unquote(address).strip("[]"))
 
 
 def _peer_host(peer: str) -> str:

@@ -590,6 +590,41 @@ def test_a_new_jobs_owner_is_read_once_for_every_stream_that_meets_it(
     assert sorted(queries) == [["a-1"], ["b-1"]]
 
 
+def test_a_stream_decides_from_what_its_read_found_not_the_cache_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The review: with owner reads shared, a stream looked its job up in the cache once
+    its read was done, and another read that had started the cache over (past
+    ``_OWNER_CACHE``) meanwhile made it drop an event of its own job for good."""
+    from controller.events import Event
+
+    monkeypatch.setattr(app_module, "_OWNER_CACHE", 2)
+    config = from_dict({"cluster": CLUSTER, "web": {"listen": "127.0.0.1:0"}})
+    controller = cast(Any, SimpleNamespace(bus=EventBus(), prune_hooks=[]))
+
+    async def scenario() -> list[bool]:
+        console = Console(config, controller, None, None)
+        console.owners["old"], console._learned_at["old"] = "bob", 0
+        gate = asyncio.Event()
+
+        async def owner_of(ids: Any) -> dict[str, str | None]:
+            await gate.wait()
+            return dict.fromkeys(ids, "alice")
+
+        monkeypatch.setattr(console.data, "owner_of", owner_of)
+        shown = [
+            asyncio.create_task(
+                console._visible(Event(5 + i, "decided", f"a-{i}", 0, "x"), "alice")
+            )
+            for i in (1, 2)
+        ]
+        await asyncio.sleep(0.01)
+        gate.set()
+        return list(await asyncio.gather(*shown))
+
+    assert asyncio.run(scenario()) == [True, True]
+
+
 @pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
 def test_a_login_from_another_site_is_refused(tmp_path: Path) -> None:
     """Login CSRF: a page of another site posted its author's token to /login, and the

@@ -624,30 +624,37 @@ def test_a_sequence_edited_out_of_range_stops_no_submission(store: Store, tmp_pa
     """The store audit: a job's sequence edited to 2**63 - 1 made every submission of
     every tenant fail (INTERNAL: the next number overflowed), across restarts; on SQLite
     one edited to 1e30 read as none, and every new job was numbered 1 again (UNIQUE
-    failed). New jobs are numbered after the others; the edited row stays listed."""
-    edits = ["UPDATE jobs SET sequence = 9223372036854775807 WHERE id = 'j1'"]
+    failed). New jobs are numbered after the others, the same before and after a restart
+    (the review: a first fix counted on only from rows below 2**53, while a running
+    daemon numbered past it, and after a restart every number was taken again); the
+    edited rows stay listed."""
+    edits = [
+        "UPDATE jobs SET sequence = 9223372036854775807 WHERE id = 'j1'",
+        f"UPDATE jobs SET sequence = {2**53 - 2} WHERE id = 'j3'",
+    ]
     if store.url.startswith("sqlite"):
         edits.append("UPDATE jobs SET sequence = 1e30 WHERE id = 'j2'")
     store.execute(*edits)
     config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store.url, store.epoch)
-    daemon = Daemon(config, tmp_path / "oasisd.log").start()
-    try:
-        for name in ("new-1", "new-2"):
-            spec = {**json.loads(store.before["j0"].spec.json or "{}"), "id": name}
-            path = tmp_path / f"{name}.json"
-            path.write_text(json.dumps(spec))
-            out = oasis("submit", str(path), "--json", server=daemon.address, check=False)
-            assert out.returncode in (0, 3), out.stderr
-        jobs, _, _ = read_back(daemon.address)
-        assert {"new-1", "new-2", "j1"} <= set(jobs)
-        numbers = [jobs[n].sequence for n in ("new-1", "new-2")]
-        assert numbers[1] == numbers[0] + 1 and numbers[0] < 2**53, numbers
-    finally:
-        assert daemon.stop() == 0, (tmp_path / "oasisd.log").read_text()
+    spec = json.loads(store.before["j0"].spec.json or "{}")
+    for names in (("new-1", "new-2"), ("new-3",)):  # a restart between the two
+        daemon = Daemon(config, tmp_path / "oasisd.log").start()
+        try:
+            for name in names:
+                path = tmp_path / f"{name}.json"
+                path.write_text(json.dumps({**spec, "id": name}))
+                out = oasis("submit", str(path), "--json", server=daemon.address, check=False)
+                assert out.returncode in (0, 3), out.stderr
+            jobs, _, _ = read_back(daemon.address)
+        finally:
+            assert daemon.stop() == 0, (tmp_path / "oasisd.log").read_text()
+    assert {"new-1", "new-2", "new-3", "j1", "j3"} <= set(jobs)
+    numbers = [jobs[n].sequence for n in ("new-1", "new-2", "new-3")]
+    assert numbers == [2**53 - 1, 2**53, 2**53 + 1], numbers
 
 
 @pytest.mark.parametrize("store", ["sqlite"], indirect=True)
-def test_an_event_numbered_past_2_53_stops_the_start_with_exit_2(
+def test_an_event_numbered_near_2_63_stops_the_start_with_exit_2(
     store: Store, tmp_path: Path
 ) -> None:
     """The store audit: past an event numbered 2**63 - 1, SQLite numbers new events at

@@ -50,8 +50,10 @@ from pricing.schedule import Schedule
 
 __all__ = ["PLAN_SPAN", "Recovery"]
 
-MAX_EVENT_SEQUENCE = 1 << 53
-"""Events are numbered below this; a stored one at or above it is an edit's."""
+MAX_EVENT_SEQUENCE = 1 << 62
+"""Events are numbered far below this; a stored one at or above it is an edit's, near the
+largest number a store can give (2**63 - 1, past which SQLite numbers new rows at random
+and PostgreSQL's sequence fails every write)."""
 
 PLAN_SPAN = 1 << 18
 """Slots past the window's first slot that no stored plan reaches (a window of this many
@@ -150,9 +152,10 @@ class Recovery(Moves, BoundControl):
         if self._seen_event >= MAX_EVENT_SEQUENCE:
             raise StoreEditedError(
                 f"its events table holds sequence {self._seen_event}, an edit's (events are "
-                f"numbered in order from 1, below 2**53): past it SQLite numbers new events "
-                f"at random and the execution plane would skip them. Delete that row, or "
-                f"give it the next number after the others"
+                f"numbered in order from 1): near 2**63 - 1, the largest, SQLite numbers "
+                f"new events at random (the execution plane would skip them) and "
+                f"PostgreSQL fails every write. Delete that row, or give it the next "
+                f"number after the others"
             )
         rebuilt = self._reload()
         if self.config.mqtt is None and self.leading:

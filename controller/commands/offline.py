@@ -358,7 +358,7 @@ def run(args: argparse.Namespace) -> int:
                 "--method auto (column generation: a certified bound and an allocation at "
                 "any size)"
             )
-        progress(f"building the ILP of {size:,} variables...")
+        progress(f"building the ILP of {size:,} variables (and a running sum per u)...")
     # the online allocation is feasible offline: given as the start (HiGHS begins from
     # it, column generation takes its schedules as columns, the result is never worse),
     # the reported allocation is at least the online utility even when cut short

@@ -210,7 +210,7 @@ class Console:
         # the reads of owners under way, with the sequence each reads at: every stream
         # that meets a new job's event at once waits for one read, not one each (32
         # streams made 32 queries a decision of another tenant)
-        self._reading: dict[str, tuple[asyncio.Future[None], int]] = {}
+        self._reading: dict[str, tuple[asyncio.Future[dict[str, str | None]], int]] = {}
         if controller is not None:
             controller.prune_hooks.append(self._forget_owners)
         self.runner: web.AppRunner | None = None
@@ -670,20 +670,25 @@ class Console:
         learned = self._learned_at.get(event.job_id, event.sequence)
         if event.kind == "decided" and event.sequence > learned:
             self.owners.pop(event.job_id, None)
-        if event.job_id not in self.owners:
-            await self._learn_owners({event.job_id}, event.sequence)
-        return self.owners.get(event.job_id) == owner
+        if event.job_id in self.owners:
+            return self.owners[event.job_id] == owner
+        # what the read found, not the cache after it: another read may have started the
+        # cache over meanwhile (the review: an event of the stream's own job was lost)
+        found = await self._learn_owners({event.job_id}, event.sequence)
+        return found.get(event.job_id) == owner
 
     def _forget_owners(self, job_ids: list[str]) -> None:
         """Forget the owners of deleted jobs (called in the decision thread)."""
         for job_id in job_ids:
             self.owners.pop(job_id, None)
 
-    async def _learn_owners(self, job_ids: set[str], upto: int) -> None:
-        """Read the submitters of those of ``job_ids`` not known yet, in one query, into
+    async def _learn_owners(self, job_ids: set[str], upto: int) -> dict[str, str | None]:
+        """The submitters of ``job_ids``: those known, and those not read in one query
+        (or read by a query under way that reads at ``upto`` or later) into
         :attr:`owners` (at most ``_OWNER_CACHE``: past it, it starts over); ``upto``: the
         latest event already stored when they are read."""
-        unknown = [j for j in job_ids if j not in self.owners]
+        known = {j: self.owners[j] for j in job_ids if j in self.owners}
+        unknown = [j for j in job_ids if j not in known]
         waits = {
             self._reading[j][0]
             for j in unknown
@@ -696,22 +701,28 @@ class Console:
                 self._reading[job_id] = (read, upto)
             waits.add(read)
         for shared in waits:  # shielded: a stream that goes away ends no other's wait
-            await asyncio.shield(shared)
+            found = await asyncio.shield(shared)
+            known.update((j, found[j]) for j in unknown if j in found)
+        return known
 
-    async def _read_owners(self, job_ids: list[str], upto: int) -> None:
-        """Read the submitters of ``job_ids`` into :attr:`owners` (one query)."""
+    async def _read_owners(self, job_ids: list[str], upto: int) -> dict[str, str | None]:
+        """Read the submitters of ``job_ids`` (one query; None: not stored) into
+        :attr:`owners`, where no later read has put them, and return them."""
         try:
-            found = await self.data.owner_of(job_ids)
+            stored = await self.data.owner_of(job_ids)
         finally:
             for job_id in job_ids:
                 if self._reading.get(job_id, (None, 0))[1] == upto:
                     del self._reading[job_id]
+        found = {job_id: stored.get(job_id) for job_id in job_ids}
         if len(self.owners) + len(job_ids) > _OWNER_CACHE:
             self.owners.clear()
             self._learned_at.clear()
-        for job_id in job_ids:
-            self.owners[job_id] = found.get(job_id)
-            self._learned_at[job_id] = upto
+        for job_id, who in found.items():
+            if self._learned_at.get(job_id, -1) <= upto:  # not over a later read's
+                self.owners[job_id] = who
+                self._learned_at[job_id] = upto
+        return found
 
 
 def mask(token: str) -> str:

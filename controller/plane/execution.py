@@ -101,9 +101,10 @@ MAX_STORED_SESSIONS = 1 << 16
 """Sessions read from a job's stored progress at most (its agents' on its servers are far
 fewer; an edited row's are left out)."""
 MAX_PROGRESS_BYTES = 8 << 20
-"""A stored progress row's JSON read at most (a row is a few KB to a few hundred; an
-edited row of 70 MB took the daemon from 0.38 to 1.1 GB at start-up): a larger one is
-not read, and its job's progress starts again from its agents' reports."""
+"""A stored progress row's JSON read at most, in characters (the bytes of the ASCII the
+daemon writes; a row is a few KB to a few hundred; an edited row of 70 MB took the daemon
+from 0.38 to 1.1 GB at start-up): a larger one is not read, and its job's progress
+starts again from its agents' reports."""
 MAX_SESSIONS_PER_SERVER = 64
 """Agent sessions of one server whose counts a job keeps (a restarted agent starts a
 new one); entries of more are dropped. Each entry sums the job's sessions and its
@@ -221,7 +222,8 @@ def _progress_row(session: Session, job_id: str) -> ProgressRow | None:
 
 
 def _progress_bytes() -> Any:
-    """The size of a progress row's JSON, as SQL (both stores store it as text)."""
+    """The size of a progress row's JSON in characters, as SQL (``length`` of its text
+    on both stores)."""
     return func.coalesce(func.length(cast(ProgressRow.per_server, Text)), 0) + func.coalesce(
         func.length(cast(ProgressRow.samples, Text)), 0
     )

@@ -78,15 +78,16 @@ class BatchWritten(NamedTuple):
     events: list[int]
 
 
-MAX_JOB_SEQUENCE = 1 << 53
-"""Job sequences are numbered below this; a stored one at or above it (or not a number)
-is an edit's, and not counted on from."""
+MAX_JOB_SEQUENCE = 1 << 62
+"""Job sequences are counted on from the largest stored below this: one an edit set to
+2**63 - 1 (the largest BIGINT) made the next number overflow, and every tenant's
+submission failed. Numbering on from any row below it cannot overflow, and a row at or
+above it (or text, which SQLite keeps in an integer column) is left where it is."""
 
 
 def last_job_sequence(session: Session) -> int:
-    """The largest job sequence stored below :data:`MAX_JOB_SEQUENCE` (0: none). A row
-    edited to 2**63 - 1, or to text, is left out: counting on from it overflowed (or
-    read as none and numbered again from 1), and every tenant's submission failed."""
+    """The largest job sequence stored below :data:`MAX_JOB_SEQUENCE` (0: none): the
+    number new jobs count on from, the same whether the writer knew it or read it."""
     below = select(func.max(JobRow.sequence)).where(JobRow.sequence < MAX_JOB_SEQUENCE)
     return int(session.connection().scalar(below) or 0)
 
