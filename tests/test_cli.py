@@ -250,6 +250,25 @@ def test_a_replay_off_a_terminal_says_how_far_it_is(
     assert capsys.readouterr().err == ""
 
 
+def test_a_ledger_past_this_machines_memory_is_refused_up_front(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The offline tools' audit: a 1 KB trace's horizon may ask for a ledger of up to
+    16 GiB, which on a smaller machine the kernel killed as the replay filled it, with no
+    word. A ledger over MEMORY_SHARE of this machine's memory is refused naming it (a
+    share of 10^-9 here stands in for a machine too small for the demo trace)."""
+    from controller.commands import common
+
+    assert main(["replay", str(DEMO), "--no-progress"]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(common, "MEMORY_SHARE", 1e-9)
+    for command in (["replay"], ["offline", "--no-progress"], ["calibrate", "-o", "/dev/null"]):
+        assert main([*command, str(DEMO)]) == 2
+        err = capsys.readouterr().err
+        assert "horizon: 20 slots of 2 servers need a price ledger of" in err, err
+        assert "of this machine's" in err and "of memory" in err
+
+
 def test_a_traces_prior_is_read_within_bounds(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

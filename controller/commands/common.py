@@ -148,10 +148,38 @@ def load_trace(path: str) -> Trace:
             },
         }
     try:
-        return trace_from_dict(data)
+        trace = trace_from_dict(data)
     except SpecError as err:
         lines = "\n".join(f"  {p}" for p in err.problems)
         raise InputError(f"{path}: invalid trace:\n{lines}", err.problems) from err
+    _check_memory(path, trace)
+    return trace
+
+
+MEMORY_SHARE = 0.75
+"""The most of this machine's memory a trace's price ledger may take: a 1 KB trace's
+horizon can ask for up to the 16 GiB any trace may (``MAX_LEDGER_BYTES``), and on a
+smaller machine the kernel killed the replay as it filled the ledger, with no word."""
+
+
+def _check_memory(path: str, trace: Trace) -> None:
+    """InputError if ``trace``'s ledger needs more than :data:`MEMORY_SHARE` of this
+    machine's physical memory (unknown: not checked)."""
+    from pricing.ledger import ledger_bytes
+
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not a POSIX machine: not checked
+        return
+    need = ledger_bytes(trace.cluster, trace.horizon)
+    if memory > 0 and need > MEMORY_SHARE * memory:
+        servers = len(trace.cluster.worker_names) + len(trace.cluster.ps_names)
+        raise InputError(
+            f"{path}: horizon: {trace.horizon:,} slots of {servers:,} servers need a price "
+            f"ledger of {need / 2**30:,.1f} GiB, more than {MEMORY_SHARE:.0%} of this "
+            f"machine's {memory / 2**30:,.1f} GiB of memory; a shorter horizon, or fewer "
+            "servers"
+        )
 
 
 def add_arrival_slots(p: argparse.ArgumentParser, first_help: str, last_help: str) -> None:
