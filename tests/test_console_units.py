@@ -39,6 +39,15 @@ CLUSTER = {
 }
 
 
+def _console_config(tmp_path: Path, **roles: str) -> Any:
+    """A config whose console listens on a free loopback port, with a tokens file of
+    ``roles`` (``name="role"``); each name's token is ``NAME-token``."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("".join(f"{n} {r} {hash_token(n + '-token')}\n" for n, r in roles.items()))
+    return from_dict({"cluster": CLUSTER, "auth": {"tokens_file": str(tokens)},
+                      "web": {"listen": "127.0.0.1:0"}})  # fmt: skip
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     rows=st.integers(1, 230),
@@ -253,12 +262,7 @@ def test_one_users_logins_do_not_end_another_users_session(tmp_path: Path) -> No
     submitter's script that logged in for every poll (10,000 logins) logged every other
     user out, operators included. A user's own oldest session goes now, past
     MAX_SESSIONS_PER_CALLER."""
-    tokens = tmp_path / "tokens"
-    tokens.write_text(
-        f"ops operator {hash_token('ops-token')}\nalice submitter {hash_token('alice-token')}\n"
-    )
-    config = from_dict({"cluster": CLUSTER, "auth": {"tokens_file": str(tokens)},
-                        "web": {"listen": "127.0.0.1:0"}})  # fmt: skip
+    config = _console_config(tmp_path, ops="operator", alice="submitter")
 
     async def login(http: aiohttp.ClientSession, url: str, token: str) -> str:
         async with http.post(url + "/login", data={"token": token}, allow_redirects=False) as r:
@@ -340,13 +344,7 @@ def test_console_requests_cost_the_callers_rate(tmp_path: Path) -> None:
     unauthenticated flood of them refused every user's login."""
     from controller.limits import RateLimiter
 
-    tokens = tmp_path / "tokens"
-    tokens.write_text(
-        f"bob operator {hash_token('bob-token')}\nalice submitter {hash_token('alice-token')}\n"
-        f"carol submitter {hash_token('carol-token')}\n"
-    )
-    config = from_dict({"cluster": CLUSTER, "auth": {"tokens_file": str(tokens)},
-                        "web": {"listen": "127.0.0.1:0"}})  # fmt: skip
+    config = _console_config(tmp_path, bob="operator", alice="submitter", carol="submitter")
     limiter = RateLimiter(rate=0.001, burst=3)  # no refill within the test
 
     async def scenario() -> None:
@@ -395,12 +393,7 @@ def test_a_submitters_large_console_answers_cost_its_rate(
     operator's reads are not charged."""
     from controller.limits import BYTES_PER_TOKEN, RateLimiter
 
-    tokens = tmp_path / "tokens"
-    tokens.write_text(
-        f"bob operator {hash_token('bob-token')}\nalice submitter {hash_token('alice-token')}\n"
-    )
-    config = from_dict({"cluster": CLUSTER, "auth": {"tokens_file": str(tokens)},
-                        "web": {"listen": "127.0.0.1:0"}})  # fmt: skip
+    config = _console_config(tmp_path, bob="operator", alice="submitter")
     limiter = RateLimiter(rate=0.001, burst=3)  # no refill within the test
     page = {"jobs": ["x" * 1000] * (6 * BYTES_PER_TOKEN // 1000)}  # about 6 x 16 KiB
 
@@ -497,10 +490,7 @@ def test_a_submitters_streams_read_job_owners_once(
     gRPC reads (they share the thread pool)."""
     from controller.events import Event
 
-    tokens = tmp_path / "tokens"
-    tokens.write_text(f"alice submitter {hash_token('alice-token')}\n")
-    config = from_dict({"cluster": CLUSTER, "auth": {"tokens_file": str(tokens)},
-                        "web": {"listen": "127.0.0.1:0"}})  # fmt: skip
+    config = _console_config(tmp_path, alice="submitter")
     backlog = [Event(i + 1, "decided", f"j{i % 10}", 0, "admitted") for i in range(200)]
 
     async def stored_events(after: int, limit: int, newest: bool) -> list[Event]:
@@ -548,10 +538,7 @@ def test_a_new_jobs_owner_is_read_once_for_every_stream_that_meets_it(
     submitter's streams made 32 store queries for each of another tenant's decisions."""
     from controller.events import Event
 
-    tokens = tmp_path / "tokens"
-    tokens.write_text(f"alice submitter {hash_token('alice-token')}\n")
-    config = from_dict({"cluster": CLUSTER, "auth": {"tokens_file": str(tokens)},
-                        "web": {"listen": "127.0.0.1:0"}})  # fmt: skip
+    config = _console_config(tmp_path, alice="submitter")
     bus = EventBus()
     controller = cast(Any, SimpleNamespace(bus=bus, prune_hooks=[]))
     queries: list[list[str]] = []
@@ -630,10 +617,7 @@ def test_a_login_from_another_site_is_refused(tmp_path: Path) -> None:
     """Login CSRF: a page of another site posted its author's token to /login, and the
     visitor's browser was then logged in as that author (its operator session cookie
     replaced), submitting and reading as someone else without noticing."""
-    tokens = tmp_path / "tokens"
-    tokens.write_text(f"alice submitter {hash_token('alice-token')}\n")
-    config = from_dict({"cluster": CLUSTER, "auth": {"tokens_file": str(tokens)},
-                        "web": {"listen": "127.0.0.1:0"}})  # fmt: skip
+    config = _console_config(tmp_path, alice="submitter")
 
     async def scenario() -> None:
         console = await _started(config)

@@ -130,6 +130,16 @@ def _restart(store: Store, tmp_path: Path, edit: Callable[[str], str] = str) -> 
     return Restarted(jobs, events, now, text, use)
 
 
+def _start_refused(store: Store, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """oasisd started on ``store`` in the foreground, as a process that is expected to
+    refuse to start (its exit status and stderr)."""
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store.url, store.epoch)
+    return subprocess.run(
+        [sys.executable, "-m", "controller.daemon", "--config", str(config)],
+        capture_output=True, text=True, timeout=120, check=False, cwd=ROOT,
+    )  # fmt: skip
+
+
 def _use_of(jobs: dict[str, Any], slot: int) -> dict[str, dict[str, float]]:
     """What ``jobs``' stored plans use per server and resource in ``slot``."""
     use: dict[str, dict[str, float]] = {}
@@ -319,11 +329,7 @@ def test_a_store_of_a_newer_version_is_refused_in_one_line(store: Store, tmp_pat
     revision identified by ...", at every restart. Exit 2: the unit does not restart it
     (a restart cannot help; in a rolling upgrade, this node waits for its own)."""
     store.execute("UPDATE alembic_version SET version_num = '0042_from_the_future'")
-    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store.url, store.epoch)
-    out = subprocess.run(
-        [sys.executable, "-m", "controller.daemon", "--config", str(config)],
-        capture_output=True, text=True, timeout=120, check=False, cwd=ROOT,
-    )  # fmt: skip
+    out = _start_refused(store, tmp_path)
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
@@ -663,11 +669,7 @@ def test_an_event_numbered_near_2_63_stops_the_start_with_exit_2(
     does not restart it), naming the number."""
     store.execute("UPDATE events SET sequence = 9223372036854775807 WHERE sequence = "
                   "(SELECT max(sequence) FROM events)")  # fmt: skip
-    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store.url, store.epoch)
-    out = subprocess.run(
-        [sys.executable, "-m", "controller.daemon", "--config", str(config)],
-        capture_output=True, text=True, timeout=120, check=False, cwd=ROOT,
-    )  # fmt: skip
+    out = _start_refused(store, tmp_path)
     assert out.returncode == 2, out.stderr
     assert "events table holds sequence 9223372036854775807" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
