@@ -215,10 +215,8 @@ def _stored(row: ProgressRow) -> tuple[JobProgress, int]:
 def _progress_row(session: Session, job_id: str) -> ProgressRow | None:
     """``job_id``'s stored progress, None if none or larger than
     :data:`MAX_PROGRESS_BYTES` (an edit: its JSON is not read)."""
-    size = session.scalar(select(_progress_bytes()).where(ProgressRow.job_id == job_id))
-    if size is None or size > MAX_PROGRESS_BYTES:
-        return None
-    return session.get(ProgressRow, job_id)
+    within = _progress_bytes() <= MAX_PROGRESS_BYTES
+    return session.scalar(select(ProgressRow).where(ProgressRow.job_id == job_id, within))
 
 
 def _progress_bytes() -> Any:
@@ -351,16 +349,14 @@ class Execution:
                 .join(JobRow, JobRow.id == ProgressRow.job_id)
                 .where(JobRow.state.in_(ACTIVE))
             )
-            sized = (
-                select(ProgressRow.job_id, _progress_bytes())
-                .join(JobRow, JobRow.id == ProgressRow.job_id)
-                .where(JobRow.state.in_(ACTIVE))
+            size = _progress_bytes()
+            oversized = active.with_only_columns(ProgressRow.job_id, size).where(
+                size > MAX_PROGRESS_BYTES
             )
-            for job_id, size in session.execute(sized):
-                if size > MAX_PROGRESS_BYTES:  # edited by hand: not read (its memory)
-                    self.log.warning("stored progress ignored", job=job_id,
-                                     why=f"{size} bytes, over {MAX_PROGRESS_BYTES}")  # fmt: skip
-            active = active.where(_progress_bytes() <= MAX_PROGRESS_BYTES)
+            for job_id, chars in session.execute(oversized):  # edited by hand: not read
+                self.log.warning("stored progress ignored", job=job_id,
+                                 why=f"{chars} bytes, over {MAX_PROGRESS_BYTES}")  # fmt: skip
+            active = active.where(size <= MAX_PROGRESS_BYTES)
             for prow in session.scalars(active):
                 self.progress[prow.job_id], bad = _stored(prow)
                 if bad:  # edited by hand: its agents send again what they sent since
