@@ -41,6 +41,8 @@ __all__ = [
     "Side",
     "capacity_slack",
     "ledger_bytes",
+    "ledger_bytes_of",
+    "ledger_need",
 ]
 
 CAPACITY_SLACK = 1e-7
@@ -77,17 +79,30 @@ keeps ``log L + share * (log U - log L)`` free of ``inf - inf``."""
 
 
 def ledger_bytes(cluster: Cluster, length: int) -> int:
-    """Bytes of the arrays a :class:`Ledger` of ``cluster`` over ``length`` slots holds.
+    """Bytes of the arrays a :class:`Ledger` of ``cluster`` over ``length`` slots holds
+    (:func:`ledger_bytes_of`)."""
+    n_worker, resources = cluster.worker_capacity.shape
+    return ledger_bytes_of(n_worker, cluster.ps_capacity.shape[0], resources, length)
+
+
+def ledger_bytes_of(n_worker: int, n_ps: int, resources: int, length: int) -> int:
+    """Bytes of the arrays a :class:`Ledger` over ``length`` slots holds for ``n_worker``
+    worker and ``n_ps`` PS servers of ``resources`` resources.
 
     Per side of ``n`` servers and ``r`` resources: amounts and prices ``(length, n, r)``
     float64, blocked flags ``(length, n)`` bool, least shares ``(length, r)`` float64 and
     price versions ``(length,)`` int64; plus the ``(length,)`` bool ``touched``. About
     ``16 r + 1`` bytes per server and slot (81 with the paper's five resources)."""
     total = length  # touched
-    for capacity in (cluster.worker_capacity, cluster.ps_capacity):
-        n, r = capacity.shape
-        total += length * (n * r * 16 + n + r * 8 + 8)
+    for n in (n_worker, n_ps):
+        total += length * (n * resources * 16 + n + resources * 8 + 8)
     return total
+
+
+def ledger_need(length: int, servers: int, need: int) -> str:
+    """How a too-large ledger is named in every refusal: ``"300 slots of 100 servers
+    need a price ledger of 2.3 GiB"`` (``need`` in bytes, :func:`ledger_bytes`)."""
+    return f"{length:,} slots of {servers:,} servers need a price ledger of {need / 2**30:,.1f} GiB"
 
 
 _VERSIONS = itertools.count(1)

@@ -29,7 +29,7 @@ from pricing.default_prior import default_prior
 from pricing.errors import Problem, SpecError
 from pricing.explain import cannot_finish
 from pricing.job import Job, job_from_dict
-from pricing.ledger import ledger_bytes
+from pricing.ledger import ledger_bytes, ledger_need
 from pricing.prices import PriceBounds, bounds_from_dict, etas_from_dict, oracle_bounds
 
 __all__ = ["MAX_REPORTED_PROBLEMS", "TRACE_KEYS", "TRACE_VERSION", "Trace", "trace_from_dict"]
@@ -110,9 +110,8 @@ def trace_from_dict(raw: Any) -> Trace:
         servers = len(cluster.worker_names) + len(cluster.ps_names)
         raise SpecError.one(
             "horizon",
-            f"{horizon} slots of {servers} servers need a price ledger of "
-            f"{need / 2**30:,.1f} GiB, over the {MAX_LEDGER_BYTES / 2**30:g} GiB a trace "
-            "may take; a shorter horizon, or fewer servers",
+            f"{ledger_need(horizon, servers, need)}, over the {MAX_LEDGER_BYTES / 2**30:g} "
+            "GiB a trace may take; a shorter horizon, or fewer servers",
         )
     pricing_raw = data.get("pricing", {"bounds": "oracle"})
     explicit = bounds_from_dict(pricing_raw, cluster)

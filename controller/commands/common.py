@@ -165,7 +165,7 @@ smaller machine the kernel killed the replay as it filled the ledger, with no wo
 def _check_memory(path: str, trace: Trace) -> None:
     """InputError if ``trace``'s ledger needs more than :data:`MEMORY_SHARE` of this
     machine's physical memory (unknown: not checked)."""
-    from pricing.ledger import ledger_bytes
+    from pricing.ledger import ledger_bytes, ledger_need
 
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -175,10 +175,9 @@ def _check_memory(path: str, trace: Trace) -> None:
     if memory > 0 and need > MEMORY_SHARE * memory:
         servers = len(trace.cluster.worker_names) + len(trace.cluster.ps_names)
         raise InputError(
-            f"{path}: horizon: {trace.horizon:,} slots of {servers:,} servers need a price "
-            f"ledger of {need / 2**30:,.1f} GiB, more than {MEMORY_SHARE:.0%} of this "
-            f"machine's {memory / 2**30:,.1f} GiB of memory; a shorter horizon, or fewer "
-            "servers"
+            f"{path}: horizon: {ledger_need(trace.horizon, servers, need)}, more than "
+            f"{MEMORY_SHARE:.0%} of this machine's {memory / 2**30:,.1f} GiB of memory; a "
+            "shorter horizon, or fewer servers"
         )
 
 

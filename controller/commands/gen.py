@@ -12,8 +12,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -25,10 +24,9 @@ from controller.commands.common import (
     int_at_least,
     positive_seconds,
 )
-from pricing.cluster import Cluster
-from pricing.ledger import ledger_bytes
+from pricing.ledger import ledger_bytes_of, ledger_need
 from pricing.trace import MAX_LEDGER_BYTES
-from pricing.workload import generate_trace
+from pricing.workload import RESOURCES, generate_trace
 
 __all__ = ["parse_mix", "parse_share", "register", "run"]
 
@@ -162,17 +160,14 @@ def run(args: argparse.Namespace) -> int:
     # drew for minutes into gigabytes a trace no replay reads (the offline tools' audit)
     if args.jobs > MAX_GEN_JOBS:
         raise InputError(f"--jobs: at most {MAX_GEN_JOBS:,}, got {args.jobs:,}")
-    shape = SimpleNamespace(  # the servers' shapes alone (the paper's five resources)
-        worker_capacity=np.broadcast_to(np.zeros(5), (args.worker_servers, 5)),
-        ps_capacity=np.broadcast_to(np.zeros(5), (args.ps_servers, 5)),
-    )
-    need = ledger_bytes(cast(Cluster, shape), args.horizon)
+    resources = len(RESOURCES)  # the paper's five
+    need = ledger_bytes_of(args.worker_servers, args.ps_servers, resources, args.horizon)
     servers = args.worker_servers + args.ps_servers
     if need > MAX_LEDGER_BYTES:
         raise InputError(
-            f"--horizon / --worker-servers / --ps-servers: {args.horizon:,} slots of "
-            f"{servers:,} servers need a price ledger of {need / 2**30:,.1f} GiB to replay, "
-            f"over the {MAX_LEDGER_BYTES / 2**30:g} GiB a trace may take"
+            "--horizon / --worker-servers / --ps-servers: "
+            f"{ledger_need(args.horizon, servers, need)} to replay, over the "
+            f"{MAX_LEDGER_BYTES / 2**30:g} GiB a trace may take"
         )
     try:
         trace = generate_trace(
