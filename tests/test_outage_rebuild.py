@@ -20,9 +20,10 @@ import structlog
 from sqlalchemy import select
 
 from controller.admission import AdmissionController
+from controller.admission.recovery import REBUILD_RETRY_SECONDS
 from controller.clock import FakeClock, SlotClock
 from controller.config import from_dict
-from controller.store import Database
+from controller.store import Database, StoreUnavailableError
 from controller.store.models import AllocationRow, OutageRow
 from pricing.errors import LedgerError
 from pricing.ledger import Ledger
@@ -121,40 +122,81 @@ def test_restart_after_a_recovered_outage(tmp_path: Path) -> None:
         c.close()
 
 
-def test_rebuild_after_an_outage_may_take_longer_than_store_timeout(
+def _lock_table(url: str, table: str, seconds: float) -> threading.Thread:
+    """Another session holding ``table`` in ACCESS EXCLUSIVE mode for ``seconds`` (as
+    ``VACUUM FULL`` or a ``LOCK TABLE`` in psql does), from the moment this returns; join
+    the thread returned to wait for its end."""
+    locked = threading.Event()
+
+    def hold() -> None:
+        engine = sqlalchemy.create_engine(url)
+        try:
+            with engine.connect() as conn:
+                conn.execute(sqlalchemy.text(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"))
+                locked.set()
+                time.sleep(seconds)
+                conn.rollback()
+        finally:
+            engine.dispose()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert locked.wait(10)
+    return holder
+
+
+def test_patient_statements_may_take_longer_but_lock_waits_may_not(postgres: Postgres) -> None:
+    """Under ``patient`` a statement may run past ``store_timeout`` (a rebuild reads the
+    whole store), but a wait for another session's lock still ends at it, unless the
+    block says ``locks`` (a migration waits for another daemon's)."""
+    url = postgres.new_database()
+    db = Database(url, 1.0)
+    try:
+        with db.session() as session:
+            session.execute(sqlalchemy.text("CREATE TABLE held (x int)"))
+        with db.patient(10), db.session() as session:
+            assert session.execute(sqlalchemy.text("SELECT 1 FROM pg_sleep(2)")).scalar() == 1
+        holder = _lock_table(url, "held", 4)
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailableError), db.patient(10), db.session() as session:
+            session.execute(sqlalchemy.text("SELECT count(*) FROM held"))
+        assert time.monotonic() - started < 3.0
+        with db.patient(10, locks=True), db.session() as session:  # waits for the lock
+            assert session.execute(sqlalchemy.text("SELECT count(*) FROM held")).scalar() == 0
+        holder.join(20)
+    finally:
+        db.dispose()
+
+
+def test_a_rebuild_behind_a_locked_table_fails_fast_then_retries(
     tmp_path: Path, postgres: Postgres
 ) -> None:
-    """The rebuild after an outage reads the whole store: one statement slower than
-    ``store_timeout`` (here a table locked for twice that) must not keep the ledger stale
-    for ever; before the fix it raised StoreUnavailableError on every try."""
+    """A table locked by another session (a ``VACUUM FULL``) while the ledger is stale:
+    each tenant's call waited for the rebuild's lock for two minutes (a rebuild raised
+    the lock timeout with the statement timeout), one call after another. Now the
+    rebuild's lock wait ends after ``store_timeout``, the calls of the next second fail
+    at once, and once the lock is gone the rebuild gives the ledger it had."""
     url = postgres.new_database()
     c = _open(tmp_path, url, store_timeout=1.0)
     try:
         assert asyncio.run(c.submit({**JOB, "id": "a"})).decision.admitted
         live = _state(c._ledger)
         c._stale = True  # as after a call that found the store out of reach
-        locked, release = threading.Event(), threading.Event()
-
-        engine = sqlalchemy.create_engine(url)
-
-        def hold_lock() -> None:
-            with engine.connect() as conn:
-                conn.execute(sqlalchemy.text("LOCK TABLE allocations IN ACCESS EXCLUSIVE MODE"))
-                locked.set()
-                release.wait(10)
-                time.sleep(2.5)  # 2.5 x store_timeout after the rebuild started waiting
-                conn.rollback()
-
-        holder = threading.Thread(target=hold_lock)
-        holder.start()
+        holder = _lock_table(url, "allocations", 6)
         try:
-            assert locked.wait(10)
-            release.set()
-            assert c._in_step(lambda: 42) == 42
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailableError):
+                c._in_step(lambda: 42)
+            assert time.monotonic() - started < 4.0  # 120 s before
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailableError, match="tried again in"):
+                c._in_step(lambda: 42)
+            assert time.monotonic() - started < 0.5
+            assert c._stale
         finally:
-            release.set()
             holder.join(20)
-            engine.dispose()
+        time.sleep(REBUILD_RETRY_SECONDS)
+        assert c._in_step(lambda: 42) == 42
         assert not c._stale
         for a, b in zip(live, _state(c._ledger), strict=True):
             assert np.array_equal(a, b)

@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import json
 import math
+import time
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -54,6 +55,10 @@ MAX_EVENT_SEQUENCE = 1 << 62
 """Events are numbered far below this; a stored one at or above it is an edit's, near the
 largest number a store can give (2**63 - 1, past which SQLite numbers new rows at random
 and PostgreSQL's sequence fails every write)."""
+
+REBUILD_RETRY_SECONDS = 1.0
+"""After a ledger's rebuild failed, calls fail at once for this long (the store's own
+:data:`~controller.store.database.RETRY_SECONDS` after it was found out of reach)."""
 
 PLAN_SPAN = 1 << 18
 """Slots past the window's first slot that no stored plan reaches (a window of this many
@@ -422,12 +427,25 @@ class Recovery(Moves, BoundControl):
         or its fate is unknown): once the writer is idle, in a new generation (what was
         queued on the old ledger and failed stays failed), under
         :meth:`~controller.store.Database.patient`; returns the jobs rebuilt. Raises
-        StoreUnavailableError if the store fails meanwhile: still stale then."""
+        StoreUnavailableError if the store fails meanwhile: still stale then, and the
+        calls of the next :data:`REBUILD_RETRY_SECONDS` fail at once with the same
+        error, instead of each waiting for a rebuild that fails again (a table locked
+        in psql failed each after the store's timeout, one tenant's call after another)."""
+        wait = self._rebuild_retry_at - time.monotonic()
+        if wait > 0:
+            raise StoreUnavailableError(
+                f"{self._rebuild_error}; the ledger's rebuild is tried again in {wait:.1f} s"
+            )
         self._writer.drain()  # nothing of the old ledger is committed after the rebuild
         self._generation += 1
         seen = self._last_event()  # before the rebuild: later ones are applied again
-        with self.db.patient(REBUILD_SECONDS):
-            rebuilt = self._reload()
+        try:
+            with self.db.patient(REBUILD_SECONDS):
+                rebuilt = self._reload()
+        except StoreUnavailableError as err:
+            self._rebuild_retry_at = time.monotonic() + REBUILD_RETRY_SECONDS
+            self._rebuild_error = str(err)
+            raise
         self._seen_event = max(self._seen_event, seen)
         self._stale = False
         self.log.info("ledger rebuilt from the store after an outage", jobs=rebuilt)

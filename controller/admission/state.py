@@ -113,6 +113,8 @@ class AdmissionState(ABC):
         # a store outage during a write may have cut off a commit that happened: rebuild
         # the ledger from the store before the next decision (_run)
         self._stale = False
+        self._rebuild_retry_at = 0.0  # a failed rebuild is not tried again before this
+        self._rebuild_error = ""  # (time.monotonic()), and why it failed
         self.ledger: Ledger | None = None
         self.slot = 0
         # the slot whose job-state changes are done: the window (self.slot) may move on

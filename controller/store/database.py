@@ -76,6 +76,8 @@ REBUILD_SECONDS = 120.0
 ``store_timeout`` does not bound on a large one."""
 # seconds a round trip may take where :meth:`Database.patient` says so (None: the default)
 _patience: ContextVar[float | None] = ContextVar("store_patience", default=None)
+# whether lock waits may take as long there too (:meth:`Database.patient`'s ``locks``)
+_patient_locks: ContextVar[bool] = ContextVar("store_patient_locks", default=False)
 
 
 class StoreUnavailableError(Exception):
@@ -233,14 +235,19 @@ class Database:
         return self._down
 
     @contextmanager
-    def patient(self, seconds: float) -> Iterator[None]:
+    def patient(self, seconds: float, locks: bool = False) -> Iterator[None]:
         """Within this block (in this thread or task), PostgreSQL statements and round
         trips may take up to ``seconds`` each: for migrations and the ledger's rebuild,
-        which grow with the store."""
+        which grow with the store. A wait for a lock still ends after the store's
+        timeout unless ``locks`` (a migration, which waits for another daemon's): a
+        session holding a table's lock (``VACUUM FULL``, ``LOCK TABLE`` in psql) held
+        each rebuild for two minutes, and every tenant's call queued behind it."""
         token = _patience.set(seconds)
+        locks_token = _patient_locks.set(locks)
         try:
             yield
         finally:
+            _patient_locks.reset(locks_token)
             _patience.reset(token)
 
     def _mark_down(self, reason: str) -> None:
@@ -320,15 +327,16 @@ def _bounded_connect(limit: float) -> Any:
 
 
 def _patient_statements(conn: Any) -> None:
-    """Raise the server's statement and lock timeouts for this transaction inside
-    :meth:`Database.patient`."""
+    """Raise the server's statement timeout for this transaction inside
+    :meth:`Database.patient`, and its lock timeout if that says ``locks``."""
     seconds = _patience.get()
     if seconds is not None:
         ms = max(1, round(seconds * 1000))
+        raised = f"SET LOCAL statement_timeout = {ms}"
+        if _patient_locks.get():
+            raised = f"{raised}; SET LOCAL lock_timeout = {ms}"
         # on the driver's connection: psycopg opens the transaction with this statement
-        conn.connection.driver_connection.execute(
-            f"SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}"
-        )
+        conn.connection.driver_connection.execute(raised)
 
 
 class _BoundedConnection(psycopg.Connection[Any]):
@@ -393,7 +401,7 @@ def migrate(db: Database) -> str:
             f"newest is {head!r}): a newer oasis migrated it. Run that version, or restore "
             "a backup of the store taken before it ran"
         )
-    with db.patient(_MIGRATION_SECONDS), db.engine.begin() as conn:
+    with db.patient(_MIGRATION_SECONDS, locks=True), db.engine.begin() as conn:
         if db.engine.dialect.name == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK})
         if MigrationContext.configure(conn).get_current_revision() != head:
