@@ -8,6 +8,8 @@ are written to the store as the execution plane writes them (``server_outages``)
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
 import threading
 import time
 from datetime import UTC, datetime
@@ -25,6 +27,7 @@ from controller.clock import FakeClock, SlotClock
 from controller.config import from_dict
 from controller.store import Database, StoreUnavailableError
 from controller.store.models import AllocationRow, OutageRow
+from controller.store.sqlite_file import StoreFile
 from pricing.errors import LedgerError
 from pricing.ledger import Ledger
 from tests.servers import Postgres
@@ -203,3 +206,50 @@ def test_a_rebuild_behind_a_locked_table_fails_fast_then_retries(
     finally:
         c.close()
         c.db.dispose()
+
+
+def test_a_store_file_deleted_under_the_daemon_refuses_calls_and_is_copied_back(
+    tmp_path: Path,
+) -> None:
+    """``rm -rf`` of a running daemon's data directory: it went on admitting jobs into a
+    file no name led to, which the next start did not find. Now the store's watch finds
+    the file gone, every call is refused, and the copy the message gives (from the file
+    the process still holds open) brings every committed job back."""
+    data = tmp_path / "data"
+    data.mkdir()
+    c = _open(data)
+    try:
+        assert asyncio.run(c.submit({**JOB, "id": "a"})).decision.admitted
+        assert c.db.ping()  # the watch's probe, every second in the daemon
+        shutil.rmtree(data)
+        assert not c.db.ping()
+        why = c.db.down_reason
+        assert "was deleted under the running oasisd" in why, why
+        with pytest.raises(StoreUnavailableError, match="was deleted"):
+            asyncio.run(c.submit({**JOB, "id": "b"}))
+        rescue = why.split("while oasisd runs, ", 1)[1].split("; then restart", 1)[0]
+        subprocess.run(rescue, shell=True, check=True)
+    finally:
+        c.close()
+        c.db.dispose()
+    again = _open(data)
+    try:
+        assert again._get_sync("a").state == "admitted"
+        assert again.db.ping()
+    finally:
+        again.close()
+        again.db.dispose()
+
+
+def test_a_store_file_replaced_under_the_daemon_is_found(tmp_path: Path) -> None:
+    path = tmp_path / "oasis.db"
+    path.write_bytes(b"first")
+    watched = StoreFile(path)
+    assert watched.check() == ""
+    assert watched.check() == ""
+    other = tmp_path / "backup.db"
+    other.write_bytes(b"second")
+    other.rename(path)  # a backup moved over it
+    assert watched.check() == "was replaced by another file"
+    path.unlink()
+    assert watched.check() == "was deleted"

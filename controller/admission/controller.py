@@ -164,6 +164,8 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
     def _in_step(self, fn: Callable[[], _T]) -> _T:
         """Run ``fn`` in the decision thread on a ledger that matches the store (or is
         ahead of it by decisions the writer is committing)."""
+        if self.db.severed:  # the store's file is gone: nothing decided now would be kept
+            raise StoreUnavailableError(self.db.severed)
         if self._stale:
             self._rebuild_stale()  # StoreUnavailableError: still stale, try next time
         try:

@@ -43,6 +43,8 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
+from controller.store.sqlite_file import StoreFile
+
 __all__ = [
     "DEFAULT_TIMEOUT",
     "IN_BATCH",
@@ -146,6 +148,10 @@ class Database:
             kwargs.update(json_deserializer=lenient_json)
         self.engine: Engine = create_engine(url, **kwargs)
         self.fail_fast = self.engine.dialect.name == "postgresql"
+        self._severed = ""  # why every call is refused for good (the file went); "" if not
+        self.file: StoreFile | None = None  # a SQLite store's file, watched by ping()
+        if self.engine.dialect.name == "sqlite" and parsed.database not in (None, "", ":memory:"):
+            self.file = StoreFile(Path(str(parsed.database)).absolute())
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas(sqlite_synchronous))
         elif self.engine.dialect.driver == "psycopg":
@@ -196,7 +202,10 @@ class Database:
     @contextmanager
     def _outages(self) -> Iterator[None]:
         """Database outages in the block become StoreUnavailableError (the module
-        docstring); while PostgreSQL is known out of reach, fail at once."""
+        docstring); while PostgreSQL is known out of reach, fail at once, and always once
+        a SQLite store's file is gone (:mod:`.sqlite_file`)."""
+        if self._severed:
+            raise StoreUnavailableError(self._severed)
         if self._down and time.monotonic() < self._retry_at:
             raise StoreUnavailableError(f"{self._down} (retrying)")
         try:
@@ -216,7 +225,14 @@ class Database:
 
     def ping(self) -> bool:
         """True if the database answers a trivial query (always tried, even while calls
-        fail at once); the answer also ends or starts that fast failing."""
+        fail at once); the answer also ends or starts that fast failing. A SQLite
+        store's file is checked first: once it is gone or replaced, False for good."""
+        if self.file is not None and not self._severed:
+            what = self.file.check()
+            if what:
+                self._sever(what)
+        if self._severed:
+            return False
         try:
             with self.engine.connect() as conn:
                 conn.execute(text("SELECT 1"))
@@ -231,8 +247,38 @@ class Database:
 
     @property
     def down_reason(self) -> str:
-        """Why PostgreSQL was last found out of reach; "" if its last answer was fine."""
-        return self._down
+        """Why PostgreSQL was last found out of reach, or the SQLite store's file gone
+        (:attr:`severed`); "" if its last answer was fine."""
+        return self._severed or self._down
+
+    @property
+    def severed(self) -> str:
+        """Why every call is refused for good: the SQLite store's file was deleted or
+        replaced under this process, with how to copy it back; "" if it was not."""
+        return self._severed
+
+    def _sever(self, what: str) -> None:
+        """Refuse every call from now on: the store's file ``what`` (:mod:`.sqlite_file`).
+        Its write-ahead log is first checkpointed into the open file, which the message
+        says how to copy back."""
+        assert self.file is not None
+        # best effort: the log is named below too
+        with contextlib.suppress(Exception), self.engine.connect() as conn:
+            conn.exec_driver_sql("PRAGMA wal_checkpoint(FULL)")
+        path = self.file.path
+        copies = self.file.open_copies()
+        if copies:
+            commands = " && ".join(f"cp {src} {dst}" for src, dst in copies)
+            rescue = (
+                f"the jobs it held are in the copy this process still holds open: while "
+                f"oasisd runs, mkdir -p {path.parent} && {commands}; then restart oasisd"
+            )
+        else:
+            rescue = "restart oasisd to open the file now at that path (or a new store)"
+        self._severed = (
+            f"the store's file {path} {what} under the running oasisd: every call is "
+            f"refused, since nothing committed now would be kept; {rescue}"
+        )
 
     @contextmanager
     def patient(self, seconds: float, locks: bool = False) -> Iterator[None]:
