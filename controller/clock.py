@@ -1,20 +1,29 @@
-"""Wall time to slots. The clock is a seam: tests use a FakeClock they advance."""
+"""Wall time to slots. The clock is a seam: tests use a FakeClock they advance (or step).
+The daemon reads the system clock through a :class:`SteadyClock`, which holds off its
+steps until they last."""
 
 from __future__ import annotations
 
 import math
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime
 from datetime import time as dt_time
-from typing import Protocol
+from typing import Any, Protocol
+
+import structlog
 
 __all__ = [
+    "CONFIRM_SECONDS",
     "LATEST_EPOCH",
+    "STEP_SECONDS",
     "Clock",
     "FakeClock",
     "SlotClock",
     "SlotTimes",
+    "SteadyClock",
     "SystemClock",
     "epoch",
     "first_epoch",
@@ -84,24 +93,109 @@ class Clock(Protocol):
         ...
 
 
+def _since_boot() -> float:
+    """Seconds since an arbitrary start that no setting of the wall clock moves, counting
+    a suspended machine's sleep (``CLOCK_BOOTTIME`` on Linux; monotonic elsewhere)."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    return time.clock_gettime(boottime) if boottime is not None else time.monotonic()
+
+
 class SystemClock:
     """The real wall clock."""
 
     def now(self) -> float:
         return time.time()
 
+    def elapsed(self) -> float:
+        """Seconds passed, as :func:`_since_boot` counts them."""
+        return _since_boot()
+
 
 class FakeClock:
-    """A clock that moves only when told to."""
+    """A clock that moves only when told to: :meth:`advance` lets time pass, :meth:`step`
+    sets the wall clock alone (an NTP step, an operator's ``date -s``)."""
 
     def __init__(self, start: float = 0.0) -> None:
         self.t = start
+        self.passed = 0.0
 
     def now(self) -> float:
         return self.t
 
+    def elapsed(self) -> float:
+        return self.passed
+
     def advance(self, seconds: float) -> None:
         self.t += seconds
+        self.passed += seconds
+
+    def step(self, seconds: float) -> None:
+        self.t += seconds
+
+
+STEP_SECONDS = 5.0
+"""A change of the wall clock against the time passed larger than this is a step, which
+:class:`SteadyClock` holds off; smaller ones (NTP's slewing, jitter) it follows."""
+CONFIRM_SECONDS = 60.0
+"""How long a step must hold before :class:`SteadyClock` takes it."""
+
+
+class SteadyClock:
+    """The wall clock of ``inner``, with its steps held off until they last.
+
+    A head node's clock set ten days ahead for three seconds (a wrong RTC read at boot, a
+    local-time/UTC mix-up put right) moved the daemon to a slot ten days on: one tick
+    completed every tenant's admitted jobs as if they had run, retention deleted them,
+    and the daemon, whose slot never moves back, planned every new job ten days out. So
+    the time this clock gives moves with the time passed (``inner.elapsed()``, which no
+    setting of the wall clock moves; the real time passed where ``inner`` has none), and
+    follows the wall clock's small drifts. A step of more than :data:`STEP_SECONDS`
+    either way is logged and held off; only once the wall clock has kept to it for
+    :data:`CONFIRM_SECONDS` (an operator's or NTP's correction) is it taken, and logged
+    again. A step that ends sooner is never seen by the slots. Safe from any thread.
+    """
+
+    def __init__(
+        self,
+        inner: Clock,
+        log: Any = None,
+        step_seconds: float = STEP_SECONDS,
+        confirm_seconds: float = CONFIRM_SECONDS,
+    ) -> None:
+        self.inner = inner
+        self.log = log if log is not None else structlog.get_logger("oasisd")
+        self.step_seconds = step_seconds
+        self.confirm_seconds = confirm_seconds
+        elapsed = getattr(inner, "elapsed", None)
+        self._elapsed: Callable[[], float] = elapsed if callable(elapsed) else _since_boot
+        self._lock = threading.Lock()
+        self._offset: float | None = None  # wall time minus time passed, as taken
+        self._step: tuple[float, float] | None = None  # a step held off: (offset, seen at)
+
+    def now(self) -> float:
+        with self._lock:
+            wall, passed = self.inner.now(), self._elapsed()
+            offset = wall - passed
+            if self._offset is None or abs(offset - self._offset) <= self.step_seconds:
+                if self._step is not None:
+                    self.log.warning("the system clock is back from its step; the step was "
+                                     "ignored", step_seconds=round(self._step[0] - offset, 3),
+                                     lasted_seconds=round(passed - self._step[1], 3))  # fmt: skip
+                    self._step = None
+                self._offset = offset
+                return wall
+            by = round(offset - self._offset, 3)
+            if self._step is None or abs(offset - self._step[0]) > self.step_seconds:
+                self._step = (offset, passed)
+                self.log.warning("the system clock stepped; slots keep to the time passed "
+                                 "until it holds", step_seconds=by,
+                                 hold_seconds=self.confirm_seconds)  # fmt: skip
+            elif passed - self._step[1] >= self.confirm_seconds:
+                self.log.warning("the system clock's step held; slots follow it",
+                                 step_seconds=by)  # fmt: skip
+                self._offset, self._step = offset, None
+                return wall
+            return passed + self._offset
 
 
 @dataclass(frozen=True)

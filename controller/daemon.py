@@ -33,7 +33,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from controller import logs, reflection
 from controller.admission import AdmissionController
 from controller.auth import AccessInterceptor
-from controller.clock import Clock, SlotClock, SystemClock
+from controller.clock import Clock, SlotClock, SteadyClock, SystemClock
 from controller.config import Config, ConfigError, check_listen, demo_config, load
 from controller.connections import RESERVED_FDS, raise_fd_limit
 from controller.console.settings import web_from_dict
@@ -111,7 +111,7 @@ async def serve(
     """Run the daemon until ``stop`` is set (or a termination signal arrives)."""
     log = structlog.get_logger("oasisd")
     # without an epoch in the config, slot 0 is read from the store when it opens
-    slots = SlotClock(clock or SystemClock(), config.slot_seconds, config.epoch)
+    slots = SlotClock(SteadyClock(clock or SystemClock()), config.slot_seconds, config.epoch)
     ha = config.ha
     lease = ha.lease_seconds if ha is not None else None
     advertise = _advertise(config) if ha is not None else ""

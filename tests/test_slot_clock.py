@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import pytest
 
-from controller.clock import FakeClock, SlotClock, first_epoch
+from controller.clock import CONFIRM_SECONDS, FakeClock, SlotClock, SteadyClock, first_epoch
 from controller.config import load
 from controller.convert import spec_to_proto
 from controller.daemon import serve
@@ -224,3 +224,77 @@ def test_a_first_start_late_in_its_slot_runs_jobs_on_the_round_boundaries(tmp_pa
         wait_for_state(admission, "t1", pb.JOB_STATE_RUNNING)
         clock.advance(SLOT * (d.completion_slot - first + 1))
         wait_for_state(admission, "t1", pb.JOB_STATE_COMPLETED)
+
+
+class _Logged:
+    """A structlog-like logger that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, dict[str, Any]]] = []
+
+    def warning(self, event: str, **kw: Any) -> None:
+        self.lines.append((event, kw))
+
+
+def test_a_steady_clock_holds_off_a_step_until_it_lasts() -> None:
+    wall = FakeClock(1_000_000.0)
+    log = _Logged()
+    steady = SteadyClock(wall, log)
+    assert steady.now() == 1_000_000.0
+    wall.advance(10)
+    wall.step(2.0)  # NTP's small corrections are followed
+    assert steady.now() == 1_000_012.0
+    wall.step(864_000)  # ten days ahead, for three seconds
+    assert steady.now() == 1_000_012.0
+    wall.advance(3)
+    assert steady.now() == 1_000_015.0
+    wall.step(-864_000)
+    assert steady.now() == 1_000_015.0
+    assert [e for e, _ in log.lines] == [
+        "the system clock stepped; slots keep to the time passed until it holds",
+        "the system clock is back from its step; the step was ignored",
+    ]
+    assert log.lines[0][1]["step_seconds"] == 864_000
+    wall.step(-3600)  # back an hour, and it holds: taken after CONFIRM_SECONDS
+    assert steady.now() == 1_000_015.0
+    wall.advance(CONFIRM_SECONDS - 1)
+    assert steady.now() == 1_000_015.0 + CONFIRM_SECONDS - 1
+    wall.advance(1)
+    assert steady.now() == 1_000_015.0 + CONFIRM_SECONDS - 3600
+    assert log.lines[-1] == ("the system clock's step held; slots follow it",
+                             {"step_seconds": -3600})  # fmt: skip
+
+
+def test_a_clock_ten_days_ahead_for_seconds_ends_no_tenants_jobs(tmp_path: Path) -> None:
+    """The time audit: a head node's clock set ten days ahead for three seconds moved
+    the daemon to a slot ten days on, and its tick completed every admitted job (and
+    retention deleted them); new jobs were planned ten days out. Through the daemon's
+    steady clock the step is never seen."""
+    import structlog
+
+    from controller.admission import AdmissionController
+    from controller.store import Database
+
+    wall = FakeClock(1_000_000.0)
+    quiet = structlog.wrap_logger(structlog.ReturnLogger())
+    path = write_config(tmp_path / "c.toml", tmp_path / "data", epoch=wall.now(), extra="")
+    config = load(path)
+    config.data_dir.mkdir(parents=True)
+    slots = SlotClock(SteadyClock(wall, quiet), SLOT, wall.now())
+    c = AdmissionController(config, Database(config.database_url), slots, log=quiet)
+    c.open()
+    try:
+        first = asyncio.run(c.submit(job("a", epochs=6, chunks=4, minibatches=60))).decision
+        assert first.admitted and first.arrival_slot == 1
+        wall.step(864_000)
+        asyncio.run(c.tick())
+        wall.advance(3)
+        asyncio.run(c.tick())
+        wall.step(-864_000)
+        asyncio.run(c.tick())
+        assert c._get_sync("a").state == "admitted"
+        assert c.slot == 0
+        later = asyncio.run(c.submit(job("b"))).decision
+        assert later.arrival_slot == 1
+    finally:
+        c.close()
