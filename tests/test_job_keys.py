@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from alembic import command
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy import select, text
 from sqlalchemy.exc import IntegrityError
 
@@ -167,6 +168,42 @@ def test_the_migration_keys_every_submitters_job_and_back(store_url: str, tmp_pa
             s.execute(text("DELETE FROM jobs WHERE id = 'bob:a1'"))
         _to(db, "0007", down=True)
         assert _keys(db) == old
+    finally:
+        db.dispose()
+
+
+def test_an_upgrade_that_fails_leaves_the_store_as_it_was(store_url: str, tmp_path: Path) -> None:
+    """Every migration of an upgrade runs in one transaction. On SQLite, Python's driver
+    committed each ``ALTER TABLE`` at once: an upgrade from 0006 that failed (or was
+    killed) in 0008 left 0007's columns in a store still marked 0006, and every start
+    after failed on them ("duplicate column name: cause", the upgrade audit)."""
+    clock = FakeClock(1_000_000.0)
+    path = write_config(tmp_path / "c.toml", tmp_path / "data", store_url, epoch=clock.now())
+    path.write_text(path.read_text() + CHEAP)
+    c = opened(load(path), clock)
+    try:
+        asyncio.run(c.submit(small("x"), by="alice", owner="alice"))
+        asyncio.run(c.submit(small("y")))
+    finally:
+        c.close()
+    db = Database(store_url)
+    try:
+        _to(db, "0006", down=True)
+        # an anonymous job already under the key 0008 gives alice's 'x': its rename fails
+        with db.session() as s:
+            s.execute(text("CREATE TEMP TABLE copied AS SELECT * FROM jobs WHERE id = 'y'"))
+            s.execute(text("UPDATE copied SET id = 'alice:x', sequence = sequence + 100"))
+            s.execute(text("INSERT INTO jobs SELECT * FROM copied"))
+        with pytest.raises(IntegrityError):
+            migrate(db)
+        with db.session() as s:
+            assert s.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0006"
+        columns = {c["name"] for c in sa_inspect(db.engine).get_columns("server_outages")}
+        assert "cause" not in columns  # 0007's column went with the rest
+        with db.session() as s:
+            s.execute(text("DELETE FROM jobs WHERE id = 'alice:x'"))
+        assert migrate(db) == "0008"  # mended, the same upgrade goes through
+        assert set(_keys(db)["jobs"]) == {"alice:x", "y"}
     finally:
         db.dispose()
 

@@ -42,6 +42,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
 
 from controller.store.sqlite_file import StoreFile
 
@@ -447,10 +448,39 @@ def migrate(db: Database) -> str:
             f"newest is {head!r}): a newer oasis migrated it. Run that version, or restore "
             "a backup of the store taken before it ran"
         )
-    with db.patient(_MIGRATION_SECONDS, locks=True), db.engine.begin() as conn:
-        if db.engine.dialect.name == "postgresql":
-            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK})
-        if MigrationContext.configure(conn).get_current_revision() != head:
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "head")
+    engine = _migration_engine(db)
+    try:
+        with db.patient(_MIGRATION_SECONDS, locks=True), engine.begin() as conn:
+            if engine.dialect.name == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK})
+            if MigrationContext.configure(conn).get_current_revision() != head:
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, "head")
+    finally:
+        if engine is not db.engine:
+            engine.dispose()
     return head
+
+
+def _migration_engine(db: Database) -> Engine:
+    """The engine the migrations run on, every one in one transaction: ``db``'s own on
+    PostgreSQL; on SQLite one whose driver leaves transactions to it and begins each with
+    ``BEGIN IMMEDIATE``. Python's sqlite3 begins a transaction only before a row is
+    written, so a migration's ``ALTER TABLE`` or ``CREATE INDEX`` committed at once: a
+    daemon killed in the middle of an upgrade left the columns of a migration its store
+    did not record, and every start after failed on them ("duplicate column name")."""
+    if db.engine.dialect.name != "sqlite":
+        return db.engine
+    engine = create_engine(db.url, poolclass=NullPool)
+    pragmas = _sqlite_pragmas(db.sqlite_synchronous)
+
+    @event.listens_for(engine, "connect")
+    def connect(dbapi_connection: Any, record: Any) -> None:
+        dbapi_connection.isolation_level = None  # no implicit BEGIN or COMMIT
+        pragmas(dbapi_connection, record)
+
+    @event.listens_for(engine, "begin")
+    def begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")  # the write lock from the start
+
+    return engine
