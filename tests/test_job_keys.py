@@ -138,7 +138,7 @@ def test_the_migration_keys_every_submitters_job_and_back(store_url: str, tmp_pa
             "events": ["a1", "z1"],
         }
         # ... migrated: each submitter's job under its key, children and spec with it
-        assert migrate(db) == "0008"
+        assert migrate(db) == "0009"
         assert _keys(db) == keyed
         with pytest.raises(IntegrityError), db.session() as s:  # the foreign keys hold
             s.add(AllocationRow(job_id="a1", slot=5, server="w0", workers=1, ps=0))
@@ -202,7 +202,7 @@ def test_an_upgrade_that_fails_leaves_the_store_as_it_was(store_url: str, tmp_pa
         assert "cause" not in columns  # 0007's column went with the rest
         with db.session() as s:
             s.execute(text("DELETE FROM jobs WHERE id = 'alice:x'"))
-        assert migrate(db) == "0008"  # mended, the same upgrade goes through
+        assert migrate(db) == "0009"  # mended, the same upgrade goes through
         assert set(_keys(db)["jobs"]) == {"alice:x", "y"}
     finally:
         db.dispose()

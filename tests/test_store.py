@@ -53,6 +53,35 @@ def test_downgrade_and_upgrade_with_data(store_url: str) -> None:
     db.dispose()
 
 
+def test_a_store_an_early_0007_migrated_gets_its_cordon_columns(store_url: str) -> None:
+    """Revision 0007 was first released without ``server_outages.reason`` and ``by``
+    (they were added to it later): such a store reached 0008 and then failed every
+    start on the missing column. 0009 adds them where they are missing, keeping the
+    outages it has."""
+    db = Database(store_url)
+    try:
+        cfg = _alembic_config(store_url)
+        command.upgrade(cfg, "0008")
+        with db.session() as s:  # the store as the first 0007 left it, with an outage
+            s.execute(text("ALTER TABLE server_outages DROP COLUMN reason"))
+            s.execute(text('ALTER TABLE server_outages DROP COLUMN "by"'))
+            s.execute(text("INSERT INTO server_outages (server, down_from, detected_at, cause) "
+                           "VALUES ('w0', 3, '2026-11-27 10:00:00', 'cordoned')"))  # fmt: skip
+        assert migrate(db) == "0009"
+        columns = {c["name"] for c in inspect(db.engine).get_columns("server_outages")}
+        assert {"reason", "by", "cause"} <= columns
+        with db.session() as s:
+            rows = s.execute(text('SELECT server, cause, reason, "by" FROM server_outages'))
+            assert [tuple(r) for r in rows] == [("w0", "cordoned", None, None)]
+        command.downgrade(cfg, "0008")  # and back: nothing of 0007's is dropped by 0009
+        command.upgrade(cfg, "head")
+        assert {"reason", "by"} <= {
+            c["name"] for c in inspect(db.engine).get_columns("server_outages")
+        }
+    finally:
+        db.dispose()
+
+
 def test_sqlite_commits_are_synced_to_disk(tmp_path: Path) -> None:
     """WAL with synchronous=FULL: a commit survives power loss, not only a crash."""
     db = Database(f"sqlite:///{tmp_path / 'o.db'}")

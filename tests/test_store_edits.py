@@ -334,7 +334,7 @@ def test_a_store_of_a_newer_version_is_refused_in_one_line(store: Store, tmp_pat
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
     assert lines[0].startswith("oasisd: the store ") and "0042_from_the_future" in lines[0]
-    assert "newer oasis" in lines[0] and "0008" in lines[0], lines[0]
+    assert "newer oasis" in lines[0] and "0009" in lines[0], lines[0]
 
 
 @pytest.mark.parametrize(
