@@ -27,6 +27,7 @@ from controller.admission.state import EPOCH_KEY
 from controller.config import Config
 from controller.errors import SlotGridChangedError, StoreEditedError
 from controller.store import MetaRow, StoreUnavailableError, StoreVersionError, migrate
+from controller.store.database import Database, rewrites_ahead
 from controller.store.writer_lock import PostgresWriterLock, StoreLockedError, WriterLock
 from pricing.best_schedule import warm_up
 from pricing.errors import SpecError
@@ -113,6 +114,7 @@ def _open_ha(controller: AdmissionController, writer: WriterLock | None) -> None
         )
     try:
         with db.patient(START_SECONDS):
+            _beside_no_leader(db, writer)
             migrate(db)  # concurrent daemons serialise on the migration's own lock
             warm_up()  # before any lease is taken: it may take longer than one
             if controller.config.epoch_from_store and writer.try_acquire():
@@ -126,6 +128,27 @@ def _open_ha(controller: AdmissionController, writer: WriterLock | None) -> None
     except BaseException:
         writer.release()
         raise
+
+
+def _beside_no_leader(db: Database, writer: PostgresWriterLock) -> None:
+    """StartupError (exit 2) if the upgrade would apply a migration that rewrites stored
+    jobs (:data:`~controller.store.database.REWRITING_REVISIONS`) while another node
+    leads: one node at a time does not do for it. In the upgrade audit a node on the older
+    version that led again after 0008 failed every tenant's job, whose new keys it
+    refuses, and took jobs under their old ids meanwhile."""
+    rewriting = rewrites_ahead(db)
+    if not rewriting:
+        return
+    if not writer.try_acquire():
+        holder = writer.holder()
+        raise StartupError(
+            f"this upgrade's migration {', '.join(rewriting)} rewrites the stored jobs, "
+            "which an oasisd of an older version misreads (leading, it fails every tenant's "
+            f"job); another node leads now ({holder or 'holder unknown'}): stop every "
+            "oasisd on this store, then start the upgraded ones (README: Upgrades)",
+            status=2,
+        )
+    writer.release()
 
 
 def _data_dir(path: Path) -> None:

@@ -19,7 +19,7 @@ import pytest
 import structlog
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from controller.admission import AdmissionController
 from controller.auth import Caller, Role
@@ -634,3 +634,32 @@ def test_a_deleted_writer_row_does_not_take_the_epoch_back(
         assert b.take_over() == 3
     finally:
         b.close()
+
+
+def test_an_upgrade_that_rewrites_the_jobs_waits_until_no_other_node_leads(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    """One node at a time does not do for migration 0008, which keys each submitter's
+    jobs ``NAME:ID``: a node of the older version that led again after it failed every
+    tenant's job (the upgrade audit). An upgraded node refuses to start while another
+    leads (exit 2, naming the leader), and starts once it is stopped."""
+    from tests.test_job_keys import _to
+
+    url = postgres.new_database()
+    old = Node(tmp_path, url, "old")
+    try:
+        old.take_over()
+        _to(old.db, "0007", down=True)  # the store as the older version keeps it
+        with pytest.raises(StartupError, match=r"migration 0008 rewrites the stored jobs") as err:
+            Node(tmp_path, url, "new")
+        assert err.value.status == 2
+        assert "another node leads now (" in str(err.value)
+        assert "stop every oasisd on this store" in str(err.value)
+    finally:
+        old.close()
+    new = Node(tmp_path, url, "new")  # the older node stopped: the upgrade goes through
+    try:
+        with new.db.session() as s:
+            assert s.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0009"
+    finally:
+        new.close()

@@ -50,12 +50,14 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "IN_BATCH",
     "RETRY_SECONDS",
+    "REWRITING_REVISIONS",
     "SQLITE_SYNCHRONOUS",
     "Database",
     "StoreUnavailableError",
     "StoreVersionError",
     "in_batches",
     "migrate",
+    "rewrites_ahead",
 ]
 
 MIGRATIONS = Path(__file__).resolve().parent.parent.parent / "migrations"
@@ -425,6 +427,26 @@ def _unknown_revision(script: ScriptDirectory, revision: str) -> bool:
         return script.get_revision(revision) is None
     except alembic_util.CommandError:  # unknown, or ambiguous
         return True
+
+
+REWRITING_REVISIONS = frozenset({"0008"})
+"""Revisions that rewrite stored rows so that an older oasis misreads them: 0008 keys
+each submitter's jobs ``NAME:ID``, which an older daemon reads as ids it refuses (leading,
+it failed every such job and deleted its plan). No older daemon may run beside an
+upgrade across one (:func:`rewrites_ahead`)."""
+
+
+def rewrites_ahead(db: Database) -> list[str]:
+    """The revisions of :data:`REWRITING_REVISIONS` that :func:`migrate` would apply to
+    ``db`` now, oldest first ([] for a new store, or one at the newest revision)."""
+    script = ScriptDirectory.from_config(_alembic_config(db.url))
+    head = script.get_current_head()
+    with db.engine.connect() as conn:
+        current = MigrationContext.configure(conn).get_current_revision()
+    if current is None or current == head or _unknown_revision(script, current):
+        return []
+    ahead = [r.revision for r in script.iterate_revisions(head, current)]
+    return sorted(r for r in ahead if r in REWRITING_REVISIONS)
 
 
 def migrate(db: Database) -> str:
