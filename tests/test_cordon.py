@@ -12,10 +12,13 @@ import asyncio
 import json
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 from prometheus_client import generate_latest
@@ -27,6 +30,8 @@ from controller.clock import FakeClock
 from controller.commands.records import local_time
 from controller.errors import NotFoundError, PreconditionError
 from controller.metrics import Metrics
+from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.store.models import AllocationRow, EventRow, JobRow, OutageRow
 from pricing.durations import format_time
 from pricing.errors import SpecError
@@ -721,3 +726,42 @@ def test_an_uncordon_cancels_a_planned_cordon(tmp_path: Path) -> None:
         assert not c._ledger.worker_side.blocked[:, w1].any() and c.cordoned == {}
     finally:
         c.close()
+
+
+class _OlderDaemon(pb_grpc.ClusterServicer):
+    """An oasisd older than the client (between an upgrade's install and its restart):
+    it knows neither a cordon's start nor its end, so it cordons at once and for good.
+    Records the requests it got."""
+
+    def __init__(self) -> None:
+        self.requests: list[Any] = []
+
+    def GetClusterInfo(self, request: Any, context: Any) -> Any:  # noqa: N802
+        return pb.GetClusterInfoResponse(slot_seconds=3600.0, epoch=0.0, window=48,
+                                         current_slot=28, now=28 * 3600.0 + 5)  # fmt: skip
+
+    def CordonServer(self, request: Any, context: Any) -> Any:  # noqa: N802
+        self.requests.append(request)
+        return pb.CordonServerResponse(server=request.server, from_slot=29,
+                                       dry_run=request.dry_run)  # fmt: skip
+
+
+def test_a_timed_cordon_to_an_older_daemon_is_refused_and_changes_nothing() -> None:
+    """Such a daemon ignored ``--for`` and cordoned the server for good, moving its jobs
+    (the upgrade audit); the client's dry run now finds it out first."""
+    older = _OlderDaemon()
+    server = grpc.server(ThreadPoolExecutor(2))
+    pb_grpc.add_ClusterServicer_to_server(older, server)
+    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    server.start()
+    try:
+        out = oasis("cordon", "w1", "--for", "2h", "--force", server=address, check=False)
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert "does not know a cordon's start or end" in out.stderr, out.stderr
+        assert "nothing was changed" in out.stderr
+        assert [r.dry_run for r in older.requests] == [True]
+        out = oasis("cordon", "w1", server=address)  # untimed: as it always was
+        assert "cordoned from slot 29" in out.stdout, out.stdout
+        assert [r.dry_run for r in older.requests] == [True, False]
+    finally:
+        server.stop(None)

@@ -148,6 +148,26 @@ def _span(args: argparse.Namespace, stubs: Stubs) -> tuple[int, int]:
     return (first if planned else 0), until
 
 
+def _check_timed_cordons(stubs: Stubs, request: pb.CordonServerRequest) -> None:
+    """InputError, nothing changed, if the daemon does not know a cordon's start or end
+    (an oasisd older than this client: between an upgrade's install and its restart).
+    It ignored ``from_slot`` and ``until_slot`` and cordoned at once and for good, moving
+    every job off the server (the upgrade audit). A dry run shows whether it reads them."""
+    probe = pb.CordonServerRequest()
+    probe.CopyFrom(request)
+    probe.dry_run = True
+    resp = stubs.cluster.CordonServer(probe, timeout=stubs.timeout)
+    if resp.already:  # the cordon there answers for itself
+        return
+    if request.until_slot != resp.until_slot or request.from_slot not in (0, resp.from_slot):
+        raise InputError(
+            "--from / --for / --until: the daemon does not know a cordon's start or end "
+            "(it runs an older oasis than this client; restart it on the new version): "
+            "nothing was changed; without them the cordon starts at the next slot and "
+            "lasts until oasis uncordon"
+        )
+
+
 def cmd_cordon(args: argparse.Namespace) -> int:
     stubs = Stubs(args)
     first, until = _span(args, stubs)
@@ -159,6 +179,8 @@ def cmd_cordon(args: argparse.Namespace) -> int:
         until_slot=until,
         from_slot=first,
     )
+    if (until or first) and not args.dry_run:
+        _check_timed_cordons(stubs, request)
     resp = stubs.cluster.CordonServer(request, timeout=stubs.timeout)
     if args.json:
         print_json({"server": resp.server, "from_slot": resp.from_slot,
