@@ -1030,3 +1030,41 @@ def test_part_topics_a_smaller_plan_leaves_are_cleared_once() -> None:
 
 
 TOPICS_W0 = "oasis/v1/servers/w0/plan"
+
+
+def test_a_job_planned_while_the_daemon_was_down_fails_rather_than_completes(
+    plane: PlaneDaemon,
+) -> None:
+    """The time audit: the daemon down from slot 1 to slot 5, a job planned in slots
+    1-3 (agents hold a plan for the current and next slot only, so slots 2-3 never
+    reached them) completed at the restart's first tick with its whole utility, and the
+    agents' counts came too late. Now it waits for its agents' reports like a job
+    short of its work, and fails naming the slots whose plans never went out; a job
+    planned only in slots whose plans went out completes as before."""
+    import asyncio
+
+    from controller.plane.execution import Execution
+
+    long = asyncio.run(plane.c.submit({**plane.SPEC, "id": "long", "epochs": 6}))
+    short = plane.submit("short")
+    slots = lambda view: {a["slot"] for a in view.decision.allocations if a.get("workers")}  # noqa: E731
+    assert slots(short) == {1} and max(slots(long)) >= 2, (slots(short), slots(long))
+    assert plane.ex.plans_sync({})  # slot 0's round: plans of slots 0 and 1 go out
+    plane.clock.advance(5 * plane.config.slot_seconds)  # down until slot 5
+    plane.c._advance_window()
+
+    restarted = Execution(plane.c, MqttConfig("localhost"), monotonic=lambda: plane.mono[0])
+    restarted.load()
+    assert restarted.unsent == (2, 4)
+    plane.c.execution = restarted
+    asyncio.run(plane.c.tick())
+    assert plane.state("short") == "completed"
+    assert plane.state("long") == "running" and "long" in restarted.overdue
+    restarted.connected()
+    wait = restarted.mqtt.heartbeat_timeout + 1.0  # for its agents to resend their counts
+    plane.mono[0] += wait
+    plane.clock.advance(wait)
+    failed = [e for e in restarted.review_sync() if e.kind == "failed"]
+    assert [(e.job_id, e.detail["reason"]) for e in failed] == [("long", "plan_not_sent")]
+    assert failed[0].detail["not_sent_slots"] == [2, 4]
+    assert plane.state("long") == "failed"

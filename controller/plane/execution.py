@@ -331,6 +331,10 @@ class Execution:
         self._complain = Complaints(_COMPLAIN_SECONDS, monotonic)
         self.epoch = 0
         self.events_published = 0
+        # the latest slot whose plans went out (they hold that slot and the next), and
+        # the slots whose plans never did because this daemon was down: (first, last)
+        self.planned_slot: int | None = None
+        self.unsent: tuple[int, int] | None = None
 
     # -- start-up ----------------------------------------------------------------------
 
@@ -385,6 +389,7 @@ class Execution:
                                      events=events, newest=newest)  # fmt: skip
                     events = newest
                 self.epoch, self.events_published = epoch, events
+                self._find_unsent(value.get("planned"))
                 heard = value.get("heard", [])
                 if isinstance(heard, list):  # an edited store: names it does not know go
                     self.heard = {s for s in heard if s in self.server_index}
@@ -570,15 +575,46 @@ class Execution:
             self._pruned_slot = self.c.slot
         return events
 
+    def _find_unsent(self, planned: Any) -> None:
+        """Note the slots whose plans never went out (:attr:`unsent`): after the latest
+        slot whose plans did (``planned``, from the store; they held the next slot too)
+        and before the current one. The daemon was down meanwhile."""
+        if not _counter(planned):
+            return
+        assert isinstance(planned, int)
+        self.planned_slot = planned
+        first, last = planned + 2, self.c.slot - 1
+        if first <= last:
+            self.unsent = (first, last)
+            self.log.warning("plans of slots no agent was sent (oasisd was down): a job "
+                             "planned in them completes only as its agents report",
+                             first_slot=first, last_slot=last)  # fmt: skip
+
+    def _planned_unsent(self, job_id: str, session: Session) -> bool:
+        """Whether ``job_id`` had workers planned in slots whose plans never went out."""
+        if self.unsent is None:
+            return False
+        first, last = self.unsent
+        found = session.scalar(
+            select(AllocationRow.slot).where(
+                AllocationRow.job_id == job_id, AllocationRow.workers > 0,
+                AllocationRow.slot >= first, AllocationRow.slot <= last,
+            ).limit(1)
+        )  # fmt: skip
+        return found is not None
+
     def unfinished(self, job_id: str, session: Session) -> bool:
         """Whether agents reported progress for ``job_id`` short of its ``E * N * M``
         mini-batches (decision thread). The slot clock asks this of running jobs whose
         plan has ended; one that is short is remembered for :meth:`_overdue_sync`. A job
-        nobody reported on is not short: its plan is all the daemon knows."""
+        nobody reported on is not short, its plan being all the daemon knows, unless
+        that plan had slots whose plans never went out (:attr:`unsent`): it did not run
+        then (the time audit found such jobs completed with their whole utility)."""
         prog = self.progress.get(job_id)
         if prog is None:
-            return False
-        short = prog.totals()[0] < self._job(job_id, session).total_minibatches - 1e-9
+            short = self._planned_unsent(job_id, session)
+        else:
+            short = prog.totals()[0] < self._job(job_id, session).total_minibatches - 1e-9
         if short:
             self.overdue.add(job_id)
         return short
@@ -608,11 +644,14 @@ class Execution:
                     self.overdue.discard(job_id)
                     continue
                 job = self._job(job_id, session)
-                done, _ = self.progress[job_id].totals()
+                prog = self.progress.get(job_id)
+                done = prog.totals()[0] if prog is not None else 0.0
                 row.state = "failed"
                 detail = {"reason": "plan_ended", "minibatches": done,
                           "of": job.total_minibatches,
                           "completion_slot": row.completion_slot}  # fmt: skip
+                if prog is None and self.unsent is not None:  # no agent ever reported it
+                    detail.update(reason="plan_not_sent", not_sent_slots=list(self.unsent))
                 events.append(self.c._event(session, now, "failed", job_id, "failed", detail))
                 self.log.warning("job failed: its plan ended before its work", job=job_id,
                                  **detail)  # fmt: skip
@@ -993,12 +1032,13 @@ class Execution:
                     plans.append(plan)
             if plans:
                 self.epoch += 1
+                self.planned_slot = s
                 self._save_meta(session)
         return plans
 
     def _save_meta(self, session: Session) -> None:
         value = {"epoch": self.epoch, "events": self.events_published,
-                 "heard": sorted(self.heard)}  # fmt: skip
+                 "heard": sorted(self.heard), "planned": self.planned_slot}  # fmt: skip
         stmt = update(MetaRow).where(MetaRow.key == _PLANE_KEY).values(value=value)
         if session.connection().execute(stmt).rowcount == 0:
             session.add(MetaRow(key=_PLANE_KEY, value=value))
