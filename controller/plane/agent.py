@@ -61,6 +61,7 @@ from pricing.fields import closest
 __all__ = ["Agent", "TaskState", "UnknownServerError"]
 
 _STEP = 0.05  # seconds between simulation steps
+_FORGET_EVERY = 10.0  # seconds between looks for jobs to set aside (Agent.forget_idle)
 _BACKOFF_MAX = 5.0
 
 
@@ -128,6 +129,9 @@ class Agent:
         self.log = structlog.get_logger("oasis-agent").bind(server=server)
         self._reported: dict[str, tuple[float, float]] = {}
         self._sent_at: dict[str, float] = {}  # job -> monotonic time its counts last went out
+        # jobs this server no longer runs, their counts sent long ago: (mini-batches,
+        # worker-seconds), out of the loops that run every step (:meth:`forget_idle`)
+        self._idle: dict[str, tuple[float, float]] = {}
         self._away_since: float | None = None  # monotonic time the daemon was seen offline
         self._ran_out = False  # the plan's last slot ended (logged once)
 
@@ -178,7 +182,7 @@ class Agent:
         for task in slot.tasks:
             if task.workers <= 0:
                 continue
-            state = self.tasks.setdefault(task.job, TaskState())
+            state = self._task(task.job)
             if state.minibatches >= task.minibatches:
                 continue
             rate = task.workers * self.speed / task.minibatch_seconds
@@ -197,7 +201,7 @@ class Agent:
                 _stop(running.pop()[0])
             state.minibatches = state.done_before + sum(c[0] for _p, c in state.processes)
         for job, task in wanted.items():
-            state = self.tasks.setdefault(job, TaskState())
+            state = self._task(job)
             running = [p for p in state.processes if p[0].returncode is None]
             for worker in range(len(running), task.workers):
                 env = {**os.environ, "OASIS_JOB": job, "OASIS_SERVER": self.server,
@@ -218,6 +222,47 @@ class Agent:
                 if 0 <= value <= MAX_COUNT:  # not nan or inf: the daemon refuses those
                     count[0] = max(count[0], value)
         await proc.wait()
+
+    def _task(self, job: str) -> TaskState:
+        """``job``'s state here, its counts carried on if it was set aside idle."""
+        state = self.tasks.get(job)
+        if state is None:
+            done, seconds = self._idle.pop(job, (0.0, 0.0))
+            state = self.tasks[job] = TaskState(done, seconds, done_before=done)
+        return state
+
+    def forget_idle(self, now: float | None = None) -> int:
+        """Set aside the jobs this server no longer runs: in neither slot of its plan,
+        no command running, their last counts sent more than two slots ago, and the
+        daemon online (it may ask for them again after a reconnection). Their counts are
+        kept, and carried on if a plan brings one back, but no step loops over them:
+        every job an agent ever ran was looked at every 50 ms, 15 ms a step (31% of a
+        core) after 20,000 jobs. Returns how many were set aside."""
+        now = time.monotonic() if now is None else now
+        plan = self.plan
+        if self._away_since is not None:
+            return 0
+        ahead: tuple[SlotPlan, ...] = ()  # the slots of its plan that have not ended
+        if plan is not None:
+            ahead = (
+                (plan.next,) if self.wall() >= plan.next.starts_at else (plan.current, plan.next)
+            )
+        planned = {t.job for slot in ahead for t in slot.tasks}
+        horizon = 2 * (plan.slot_seconds if plan else 3600.0)
+        idle = [
+            job
+            for job, state in self.tasks.items()
+            if job not in planned
+            and not any(proc.returncode is None for proc, _count in state.processes)
+            and self._reported.get(job) == (state.minibatches, state.worker_seconds)
+            and now - self._sent_at.get(job, now) >= horizon
+        ]
+        for job in idle:
+            state = self.tasks.pop(job)
+            self._idle[job] = (state.minibatches, state.worker_seconds)
+            self._reported.pop(job, None)
+            self._sent_at.pop(job, None)
+        return len(idle)
 
     def progress(self, only_changed: bool = True) -> Progress | None:
         """The progress report to send (None if nothing changed since the last one)."""
@@ -292,7 +337,7 @@ class Agent:
                         _stop(proc)
 
     async def _work(self) -> None:
-        last = time.monotonic()
+        last = forgot = time.monotonic()
         while True:
             await asyncio.sleep(_STEP)
             now = time.monotonic()
@@ -301,6 +346,9 @@ class Agent:
                 await self._commands(dt)
             else:
                 self.step(dt)
+            if now - forgot >= _FORGET_EVERY:
+                self.forget_idle(now)
+                forgot = now
 
     async def _session(self, client: aiomqtt.Client) -> None:
         await client.subscribe(self.topics.plan(self.server), qos=1)
