@@ -434,7 +434,10 @@ class ClusterServicer(pb_grpc.ClusterServicer):
             slot_seconds=slots.slot_seconds,
             epoch=slots.epoch,
             window=self.c.window,
-            current_slot=slots.current_slot(),
+            # the daemon's slot never moves back: after the clock was set back, the
+            # clock's slot is behind it, and clients counting from that (a cordon's
+            # --for) named slots the daemon had passed (the time audit)
+            current_slot=max(slots.current_slot(), self.c.slot),
             now=slots.clock.now(),
         )
 

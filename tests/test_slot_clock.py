@@ -298,3 +298,32 @@ def test_a_clock_ten_days_ahead_for_seconds_ends_no_tenants_jobs(tmp_path: Path)
         assert later.arrival_slot == 1
     finally:
         c.close()
+
+
+def test_the_slot_clients_are_given_never_moves_back_with_the_clock(tmp_path: Path) -> None:
+    """After the head node's clock was set back (and the step held), the clock's slot is
+    behind the daemon's, which never moves back; GetClusterInfo gave the clock's, and a
+    cordon's ``--for`` counted from it ended before the cordon began (the time audit)."""
+    import structlog
+
+    from controller.admission import AdmissionController
+    from controller.servicer import ClusterServicer
+    from controller.store import Database
+
+    wall = FakeClock(1_000_000.0)
+    quiet = structlog.wrap_logger(structlog.ReturnLogger())
+    path = write_config(tmp_path / "c.toml", tmp_path / "data", epoch=wall.now(), extra="")
+    config = load(path)
+    config.data_dir.mkdir(parents=True)
+    c = AdmissionController(config, Database(config.database_url),
+                            SlotClock(wall, SLOT, wall.now()), log=quiet)  # fmt: skip
+    c.open()
+    try:
+        wall.advance(3 * SLOT)
+        asyncio.run(c.tick())
+        assert c.slot == 3
+        wall.step(-2 * SLOT)  # set back two hours, for good
+        info = asyncio.run(ClusterServicer(c).GetClusterInfo(pb.GetClusterInfoRequest(), None))
+        assert info.current_slot == 3
+    finally:
+        c.close()
