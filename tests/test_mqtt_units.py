@@ -1055,10 +1055,18 @@ def test_a_job_planned_while_the_daemon_was_down_fails_rather_than_completes(
 
     restarted = Execution(plane.c, MqttConfig("localhost"), monotonic=lambda: plane.mono[0])
     restarted.load()
-    assert restarted.unsent == (2, 4)
+    assert restarted.unsent == [(2, 4)]
     plane.c.execution = restarted
     asyncio.run(plane.c.tick())
     assert plane.state("short") == "completed"
+    assert plane.state("long") == "running" and "long" in restarted.overdue
+    assert restarted.plans_sync({})  # slot 5's plans go out; then a second restart
+    restarted = Execution(plane.c, MqttConfig("localhost"), monotonic=lambda: plane.mono[0])
+    restarted.load()
+    assert restarted.unsent == [(2, 4)]  # kept: "long" still waits for its agents
+    plane.c.execution = restarted
+    plane.c._ticked_slot = -1  # a new process ticks its first slot again
+    asyncio.run(plane.c.tick())
     assert plane.state("long") == "running" and "long" in restarted.overdue
     restarted.connected()
     wait = restarted.mqtt.heartbeat_timeout + 1.0  # for its agents to resend their counts
@@ -1066,7 +1074,7 @@ def test_a_job_planned_while_the_daemon_was_down_fails_rather_than_completes(
     plane.clock.advance(wait)
     failed = [e for e in restarted.review_sync() if e.kind == "failed"]
     assert [(e.job_id, e.detail["reason"]) for e in failed] == [("long", "plan_not_sent")]
-    assert failed[0].detail["not_sent_slots"] == [2, 4]
+    assert failed[0].detail["not_sent_slots"] == [[2, 4]]
     assert plane.state("long") == "failed"
 
 

@@ -173,6 +173,11 @@ def _sessions_of(prog: JobProgress, server: str) -> int:
     return sum(1 for key in prog.sessions if key.startswith(prefix))
 
 
+MAX_UNSENT_RUNS = 16
+"""Runs of slots whose plans never went out that the plane keeps (the newest): a job
+planned in one still waits for its agents' counts (:meth:`Execution.unfinished`)."""
+
+
 def _counter(value: Any) -> bool:
     """Whether a stored plan epoch or event count is an integer in ``[0, 2**53]`` (an
     edit's 10**29 overflowed every query of the events after it: the plane reconnected
@@ -334,7 +339,7 @@ class Execution:
         # the latest slot whose plans went out (they hold that slot and the next), and
         # the slots whose plans never did because this daemon was down: (first, last)
         self.planned_slot: int | None = None
-        self.unsent: tuple[int, int] | None = None
+        self.unsent: list[tuple[int, int]] = []
 
     # -- start-up ----------------------------------------------------------------------
 
@@ -389,7 +394,7 @@ class Execution:
                                      events=events, newest=newest)  # fmt: skip
                     events = newest
                 self.epoch, self.events_published = epoch, events
-                self._find_unsent(value.get("planned"))
+                self._find_unsent(value.get("planned"), value.get("unsent"))
                 heard = value.get("heard", [])
                 if isinstance(heard, list):  # an edited store: names it does not know go
                     self.heard = {s for s in heard if s in self.server_index}
@@ -575,33 +580,42 @@ class Execution:
             self._pruned_slot = self.c.slot
         return events
 
-    def _find_unsent(self, planned: Any) -> None:
-        """Note the slots whose plans never went out (:attr:`unsent`): after the latest
-        slot whose plans did (``planned``, from the store; they held the next slot too)
-        and before the current one. The daemon was down meanwhile."""
+    def _find_unsent(self, planned: Any, stored: Any) -> None:
+        """Note the runs of slots whose plans never went out (:attr:`unsent`): those
+        stored (a restart soon after another keeps them) that a job may still be running
+        from, and the slots after the latest whose plans did (``planned``; they held the
+        next slot too) and before the current one. The daemon was down meanwhile."""
+        oldest = self.c.slot - self.c.window  # no job planned before it still runs
+        if isinstance(stored, list):  # an edited store: what does not read is dropped
+            for run in stored[-MAX_UNSENT_RUNS:]:
+                pair: list[Any] = run if isinstance(run, list) and len(run) == 2 else [-1, -1]
+                first, last = pair
+                if _counter(first) and _counter(last) and oldest <= last and first <= last:
+                    self.unsent.append((int(first), int(last)))
         if not _counter(planned):
             return
         assert isinstance(planned, int)
         self.planned_slot = planned
         first, last = planned + 2, self.c.slot - 1
         if first <= last:
-            self.unsent = (first, last)
+            self.unsent = [*self.unsent, (first, last)][-MAX_UNSENT_RUNS:]
             self.log.warning("plans of slots no agent was sent (oasisd was down): a job "
                              "planned in them completes only as its agents report",
                              first_slot=first, last_slot=last)  # fmt: skip
 
-    def _planned_unsent(self, job_id: str, session: Session) -> bool:
-        """Whether ``job_id`` had workers planned in slots whose plans never went out."""
-        if self.unsent is None:
-            return False
-        first, last = self.unsent
-        found = session.scalar(
-            select(AllocationRow.slot).where(
-                AllocationRow.job_id == job_id, AllocationRow.workers > 0,
-                AllocationRow.slot >= first, AllocationRow.slot <= last,
-            ).limit(1)
-        )  # fmt: skip
-        return found is not None
+    def _planned_unsent(self, job_id: str, session: Session) -> list[tuple[int, int]]:
+        """The runs of :attr:`unsent` in which ``job_id`` had workers planned."""
+        runs = []
+        for first, last in self.unsent:
+            found = session.scalar(
+                select(AllocationRow.slot).where(
+                    AllocationRow.job_id == job_id, AllocationRow.workers > 0,
+                    AllocationRow.slot >= first, AllocationRow.slot <= last,
+                ).limit(1)
+            )  # fmt: skip
+            if found is not None:
+                runs.append((first, last))
+        return runs
 
     def unfinished(self, job_id: str, session: Session) -> bool:
         """Whether agents reported progress for ``job_id`` short of its ``E * N * M``
@@ -612,7 +626,7 @@ class Execution:
         then (the time audit found such jobs completed with their whole utility)."""
         prog = self.progress.get(job_id)
         if prog is None:
-            short = self._planned_unsent(job_id, session)
+            short = bool(self._planned_unsent(job_id, session))
         else:
             short = prog.totals()[0] < self._job(job_id, session).total_minibatches - 1e-9
         if short:
@@ -650,8 +664,10 @@ class Execution:
                 detail = {"reason": "plan_ended", "minibatches": done,
                           "of": job.total_minibatches,
                           "completion_slot": row.completion_slot}  # fmt: skip
-                if prog is None and self.unsent is not None:  # no agent ever reported it
-                    detail.update(reason="plan_not_sent", not_sent_slots=list(self.unsent))
+                unsent = self._planned_unsent(job_id, session) if prog is None else []
+                if unsent:  # no agent ever reported it, and slots of its plan never went out
+                    detail.update(reason="plan_not_sent",
+                                  not_sent_slots=[list(run) for run in unsent])  # fmt: skip
                 events.append(self.c._event(session, now, "failed", job_id, "failed", detail))
                 self.log.warning("job failed: its plan ended before its work", job=job_id,
                                  **detail)  # fmt: skip
@@ -1038,7 +1054,8 @@ class Execution:
 
     def _save_meta(self, session: Session) -> None:
         value = {"epoch": self.epoch, "events": self.events_published,
-                 "heard": sorted(self.heard), "planned": self.planned_slot}  # fmt: skip
+                 "heard": sorted(self.heard), "planned": self.planned_slot,
+                 "unsent": [list(run) for run in self.unsent]}  # fmt: skip
         stmt = update(MetaRow).where(MetaRow.key == _PLANE_KEY).values(value=value)
         if session.connection().execute(stmt).rowcount == 0:
             session.add(MetaRow(key=_PLANE_KEY, value=value))
