@@ -174,28 +174,35 @@ class SteadyClock:
 
     def now(self) -> float:
         with self._lock:
-            wall, passed = self.inner.now(), self._elapsed()
-            offset = wall - passed
-            if self._offset is None or abs(offset - self._offset) <= self.step_seconds:
-                if self._step is not None:
-                    self.log.warning("the system clock is back from its step; the step was "
-                                     "ignored", step_seconds=round(self._step[0] - offset, 3),
-                                     lasted_seconds=round(passed - self._step[1], 3))  # fmt: skip
-                    self._step = None
-                self._offset = offset
-                return wall
-            by = round(offset - self._offset, 3)
-            if self._step is None or abs(offset - self._step[0]) > self.step_seconds:
-                self._step = (offset, passed)
-                self.log.warning("the system clock stepped; slots keep to the time passed "
-                                 "until it holds", step_seconds=by,
-                                 hold_seconds=self.confirm_seconds)  # fmt: skip
-            elif passed - self._step[1] >= self.confirm_seconds:
-                self.log.warning("the system clock's step held; slots follow it",
-                                 step_seconds=by)  # fmt: skip
-                self._offset, self._step = offset, None
-                return wall
-            return passed + self._offset
+            t, said = self._now()
+        if said is not None:  # logged outside the lock: a slow log stalls no other caller
+            self.log.warning(said[0], **said[1])
+        return t
+
+    def _now(self) -> tuple[float, tuple[str, dict[str, float]] | None]:
+        """The time, and what to log about a step (the lock held)."""
+        wall, passed = self.inner.now(), self._elapsed()
+        offset = wall - passed
+        if self._offset is None or abs(offset - self._offset) <= self.step_seconds:
+            said = None
+            if self._step is not None:
+                said = ("the system clock is back from its step; the step was ignored",
+                        {"step_seconds": round(self._step[0] - offset, 3),
+                         "lasted_seconds": round(passed - self._step[1], 3)})  # fmt: skip
+                self._step = None
+            self._offset = offset
+            return wall, said
+        by = round(offset - self._offset, 3)
+        if self._step is None or abs(offset - self._step[0]) > self.step_seconds:
+            self._step = (offset, passed)
+            return passed + self._offset, (
+                "the system clock stepped; slots keep to the time passed until it holds",
+                {"step_seconds": by, "hold_seconds": self.confirm_seconds},
+            )
+        if passed - self._step[1] >= self.confirm_seconds:
+            self._offset, self._step = offset, None
+            return wall, ("the system clock's step held; slots follow it", {"step_seconds": by})
+        return passed + self._offset, None
 
 
 @dataclass(frozen=True)

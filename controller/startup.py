@@ -18,6 +18,7 @@ store, and exit status 1 (``oasisd: ...``), never a traceback:
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import sqlalchemy
@@ -114,8 +115,12 @@ def _open_ha(controller: AdmissionController, writer: WriterLock | None) -> None
         )
     try:
         with db.patient(START_SECONDS):
-            _beside_no_leader(db, writer)
-            migrate(db)  # concurrent daemons serialise on the migration's own lock
+            held = _beside_no_leader(db, writer)
+            try:
+                migrate(db)  # concurrent daemons serialise on the migration's own lock
+            finally:
+                if held:
+                    writer.release()
             warm_up()  # before any lease is taken: it may take longer than one
             if controller.config.epoch_from_store and writer.try_acquire():
                 with db.session() as session:
@@ -130,25 +135,40 @@ def _open_ha(controller: AdmissionController, writer: WriterLock | None) -> None
         raise
 
 
-def _beside_no_leader(db: Database, writer: PostgresWriterLock) -> None:
-    """StartupError (exit 2) if the upgrade would apply a migration that rewrites stored
-    jobs (:data:`~controller.store.database.REWRITING_REVISIONS`) while another node
-    leads: one node at a time does not do for it. In the upgrade audit a node on the older
+REWRITE_WAIT_SECONDS = 30.0
+"""How long an upgraded node waits for the writer lock before it refuses to migrate
+across a revision that rewrites the stored jobs (another upgraded node may be doing it)."""
+
+
+def _beside_no_leader(db: Database, writer: PostgresWriterLock) -> bool:
+    """Take the writer lock if the upgrade would apply a migration that rewrites stored
+    jobs (:data:`~controller.store.database.REWRITING_REVISIONS`), so that no other node
+    leads while it runs; True if it was taken (the caller lets it go after). StartupError
+    (exit 2) if another node holds it for :data:`REWRITE_WAIT_SECONDS`: one node at a
+    time does not do for such an upgrade. In the upgrade audit a node of the older
     version that led again after 0008 failed every tenant's job, whose new keys it
     refuses, and took jobs under their old ids meanwhile."""
-    rewriting = rewrites_ahead(db)
-    if not rewriting:
-        return
-    if not writer.try_acquire():
-        holder = writer.holder()
-        raise StartupError(
-            f"this upgrade's migration {', '.join(rewriting)} rewrites the stored jobs, "
-            "which an oasisd of an older version misreads (leading, it fails every tenant's "
-            f"job); another node leads now ({holder or 'holder unknown'}): stop every "
-            "oasisd on this store, then start the upgraded ones (README: Upgrades)",
-            status=2,
-        )
-    writer.release()
+    deadline = time.monotonic() + REWRITE_WAIT_SECONDS
+    while True:
+        rewriting = rewrites_ahead(db)
+        if not rewriting:  # none, or another upgraded node has just applied them
+            return False
+        if writer.try_acquire():
+            if rewrites_ahead(db):
+                return True
+            writer.release()
+            return False
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(1.0)
+    holder = writer.holder()
+    raise StartupError(
+        f"this upgrade's migration {', '.join(rewriting)} rewrites the stored jobs, which an "
+        "oasisd of an older version misreads (leading, it fails every tenant's job); "
+        f"another node has led for {REWRITE_WAIT_SECONDS:g} s ({holder or 'holder unknown'}): "
+        "stop every oasisd on this store, then start the upgraded ones (README: Upgrades)",
+        status=2,
+    )
 
 
 def _data_dir(path: Path) -> None:

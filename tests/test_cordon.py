@@ -760,8 +760,10 @@ def test_a_timed_cordon_to_an_older_daemon_is_refused_and_changes_nothing() -> N
         assert "does not know a cordon's start or end" in out.stderr, out.stderr
         assert "nothing was changed" in out.stderr
         assert [r.dry_run for r in older.requests] == [True]
+        out = oasis("cordon", "w1", "--from", "31", server=address, check=False)
+        assert out.returncode == 2 and "nothing was changed" in out.stderr, out.stderr
         out = oasis("cordon", "w1", server=address)  # untimed: as it always was
         assert "cordoned from slot 29" in out.stdout, out.stdout
-        assert [r.dry_run for r in older.requests] == [True, False]
+        assert [r.dry_run for r in older.requests] == [True, True, False]
     finally:
         server.stop(None)

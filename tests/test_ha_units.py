@@ -637,14 +637,16 @@ def test_a_deleted_writer_row_does_not_take_the_epoch_back(
 
 
 def test_an_upgrade_that_rewrites_the_jobs_waits_until_no_other_node_leads(
-    tmp_path: Path, postgres: Postgres
+    tmp_path: Path, postgres: Postgres, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One node at a time does not do for migration 0008, which keys each submitter's
     jobs ``NAME:ID``: a node of the older version that led again after it failed every
     tenant's job (the upgrade audit). An upgraded node refuses to start while another
     leads (exit 2, naming the leader), and starts once it is stopped."""
+    import controller.startup
     from tests.test_job_keys import _to
 
+    monkeypatch.setattr(controller.startup, "REWRITE_WAIT_SECONDS", 1.0)
     url = postgres.new_database()
     old = Node(tmp_path, url, "old")
     try:
@@ -653,7 +655,7 @@ def test_an_upgrade_that_rewrites_the_jobs_waits_until_no_other_node_leads(
         with pytest.raises(StartupError, match=r"migration 0008 rewrites the stored jobs") as err:
             Node(tmp_path, url, "new")
         assert err.value.status == 2
-        assert "another node leads now (" in str(err.value)
+        assert "another node has led for 1 s (" in str(err.value)
         assert "stop every oasisd on this store" in str(err.value)
     finally:
         old.close()

@@ -1105,3 +1105,10 @@ def test_an_agent_sets_aside_the_jobs_it_no_longer_runs_and_carries_their_counts
     assert agent.tasks["j1"].minibatches == pytest.approx(done + 4.0)
     [again] = agent.reports()
     assert again.jobs[0].minibatches == pytest.approx(done + 4.0)
+
+
+def test_runs_of_unsent_slots_that_overlap_or_meet_are_one() -> None:
+    from controller.plane.execution import _joined_runs
+
+    assert _joined_runs([(2, 4), (3, 6), (8, 9), (7, 7), (12, 12)]) == [(2, 9), (12, 12)]
+    assert _joined_runs([]) == []

@@ -208,23 +208,30 @@ def test_a_rebuild_behind_a_locked_table_fails_fast_then_retries(
         c.db.dispose()
 
 
+@pytest.mark.parametrize("linked", [False, True])
 def test_a_store_file_deleted_under_the_daemon_refuses_calls_and_is_copied_back(
-    tmp_path: Path,
+    tmp_path: Path, linked: bool
 ) -> None:
     """``rm -rf`` of a running daemon's data directory: it went on admitting jobs into a
     file no name led to, which the next start did not find. Now the store's watch finds
-    the file gone, every call is refused, and the copy the message gives (from the file
-    the process still holds open) brings every committed job back."""
+    the file gone, every call is refused, and the copy the message gives (from the files
+    the process still holds open) brings every committed job back, a data directory
+    reached through a symbolic link included."""
     data = tmp_path / "data"
-    data.mkdir()
+    if linked:
+        (tmp_path / "real").mkdir()
+        data.symlink_to(tmp_path / "real")
+    else:
+        data.mkdir()
     c = _open(data)
     try:
         assert asyncio.run(c.submit({**JOB, "id": "a"})).decision.admitted
         assert c.db.ping()  # the watch's probe, every second in the daemon
-        shutil.rmtree(data)
+        shutil.rmtree(tmp_path / "real" if linked else data)
         assert not c.db.ping()
         why = c.db.down_reason
         assert "was deleted under the running oasisd" in why, why
+        assert "oasis.db-wal" in why and "/proc/" in why, why
         with pytest.raises(StoreUnavailableError, match="was deleted"):
             asyncio.run(c.submit({**JOB, "id": "b"}))
         rescue = why.split("while oasisd runs, ", 1)[1].split("; then restart", 1)[0]

@@ -159,7 +159,9 @@ def _check_timed_cordons(stubs: Stubs, request: pb.CordonServerRequest) -> None:
     resp = stubs.cluster.CordonServer(probe, timeout=stubs.timeout)
     if resp.already:  # the cordon there answers for itself
         return
-    if request.until_slot != resp.until_slot or request.from_slot not in (0, resp.from_slot):
+    # an older daemon answers with no end and the next slot; a newer one echoes the end,
+    # and starts at the next slot a --from that is not after it
+    if (request.until_slot and not resp.until_slot) or request.from_slot > resp.from_slot:
         raise InputError(
             "--from / --for / --until: the daemon does not know a cordon's start or end "
             "(it runs an older oasis than this client; restart it on the new version): "

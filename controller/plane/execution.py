@@ -178,6 +178,18 @@ MAX_UNSENT_RUNS = 16
 planned in one still waits for its agents' counts (:meth:`Execution.unfinished`)."""
 
 
+def _joined_runs(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``runs`` of slots ``(first, last)`` in order, those that overlap or meet made one
+    (a daemon restarted again and again with the broker down adds the same slots)."""
+    out: list[tuple[int, int]] = []
+    for first, last in sorted(runs):
+        if out and first <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], last))
+        else:
+            out.append((first, last))
+    return out
+
+
 def _counter(value: Any) -> bool:
     """Whether a stored plan epoch or event count is an integer in ``[0, 2**53]`` (an
     edit's 10**29 overflowed every query of the events after it: the plane reconnected
@@ -598,7 +610,7 @@ class Execution:
         self.planned_slot = planned
         first, last = planned + 2, self.c.slot - 1
         if first <= last:
-            self.unsent = [*self.unsent, (first, last)][-MAX_UNSENT_RUNS:]
+            self.unsent = _joined_runs([*self.unsent, (first, last)])[-MAX_UNSENT_RUNS:]
             self.log.warning("plans of slots no agent was sent (oasisd was down): a job "
                              "planned in them completes only as its agents report",
                              first_slot=first, last_slot=last)  # fmt: skip

@@ -261,13 +261,10 @@ class Database:
         return self._severed
 
     def _sever(self, what: str) -> None:
-        """Refuse every call from now on: the store's file ``what`` (:mod:`.sqlite_file`).
-        Its write-ahead log is first checkpointed into the open file, which the message
-        says how to copy back."""
+        """Refuse every call from now on: the store's file ``what`` (:mod:`.sqlite_file`);
+        the message says how to copy it back with its write-ahead log (no connection is
+        opened here: a new one would make an empty store at the path)."""
         assert self.file is not None
-        # best effort: the log is named below too
-        with contextlib.suppress(Exception), self.engine.connect() as conn:
-            conn.exec_driver_sql("PRAGMA wal_checkpoint(FULL)")
         path = self.file.path
         copies = self.file.open_copies()
         if copies:
