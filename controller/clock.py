@@ -13,8 +13,6 @@ from datetime import date, datetime
 from datetime import time as dt_time
 from typing import Any, Protocol
 
-import structlog
-
 __all__ = [
     "CONFIRM_SECONDS",
     "LATEST_EPOCH",
@@ -163,7 +161,11 @@ class SteadyClock:
         confirm_seconds: float = CONFIRM_SECONDS,
     ) -> None:
         self.inner = inner
-        self.log = log if log is not None else structlog.get_logger("oasisd")
+        if log is None:  # imported here: the client reads slots too, and logs none
+            import structlog
+
+            log = structlog.get_logger("oasisd")
+        self.log = log
         self.step_seconds = step_seconds
         self.confirm_seconds = confirm_seconds
         elapsed = getattr(inner, "elapsed", None)
