@@ -38,7 +38,6 @@ import dataclasses
 import hashlib
 import re
 import secrets
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -52,6 +51,7 @@ import structlog
 
 from controller.bearer import TokenInterceptor  # the client's side, re-exported
 from controller.files import read_bounded
+from controller.holds import Holds
 from controller.streams import relay
 from controller.tls import is_loopback
 from pricing import fields
@@ -270,7 +270,7 @@ class _StreamCap:
         self.limit = limit
         self.per_host = per_host
         self.open = 0
-        self.hosts: Counter[str] = Counter()
+        self.hosts = Holds()
 
     def bounded(self, handler: Any) -> Any:
         """``handler`` with its streaming behaviour counted against the cap."""
@@ -301,25 +301,23 @@ class _StreamCap:
                 f"{self.open} health and reflection streams are open, the most at once "
                 f"({self.limit}); close one, or use Health.Check",
             )
-        if counted and self.hosts[host] >= self.per_host:
+        if counted and self.hosts.of(host) >= self.per_host:
             log.warning("open-service stream refused", per_host=self.per_host, peer=host)
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"{self.hosts[host]} health and reflection streams of this host are open, "
+                f"{self.hosts.of(host)} health and reflection streams of this host are open, "
                 f"the most one host may hold ({self.per_host}); close one, or use "
                 "Health.Check",
             )
         self.open += 1
         if counted:
-            self.hosts[host] += 1
+            self.hosts.take(host)
         try:
             yield
         finally:
             self.open -= 1
             if counted:
-                self.hosts[host] -= 1
-                if self.hosts[host] <= 0:
-                    del self.hosts[host]
+                self.hosts.give_back(host)
 
 
 REQUEST_SECONDS = 10.0
@@ -344,17 +342,17 @@ class _FirstMessage:
     def __init__(self, limit: int = MAX_UNREAD, seconds: float = REQUEST_SECONDS) -> None:
         self.limit = limit
         self.seconds = seconds
-        self.waiting: dict[str, int] = {}
+        self.waiting = Holds()
 
     async def read(self, client: str, requests: AsyncIterator[Any], context: Any) -> Any:
-        held = self.waiting.get(client, 0)
+        held = self.waiting.of(client)
         if held >= self.limit:
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"{held} calls of this client are waiting to send their request message, "
                 f"the most at once ({self.limit})",
             )
-        self.waiting[client] = held + 1
+        self.waiting.take(client)
         try:
             async with asyncio.timeout(self.seconds):  # no task per call, as wait_for's
                 return await anext(requests)
@@ -366,11 +364,7 @@ class _FirstMessage:
                 f"no request message within {self.seconds:g} s of the call's start",
             )
         finally:
-            left = self.waiting[client] - 1
-            if left:
-                self.waiting[client] = left
-            else:
-                del self.waiting[client]
+            self.waiting.give_back(client)
         raise AssertionError  # unreachable: abort raises
 
 
@@ -387,10 +381,10 @@ class _InFlight:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.calls: dict[str, int] = {}
+        self.calls = Holds()
 
     async def hold(self, client: str, context: Any) -> None:
-        held = self.calls.get(client, 0)
+        held = self.calls.of(client)
         if held >= self.limit:
             log.warning("calls in flight refused", client=client[:200], limit=self.limit,
                         peer=context.peer())  # fmt: skip
@@ -400,15 +394,8 @@ class _InFlight:
                 f"(connections.max_calls_per_client = {self.limit}); wait for their "
                 "answers (read them) before more",
             )
-        self.calls[client] = held + 1
-        context.add_done_callback(lambda _context: self._release(client))
-
-    def _release(self, client: str) -> None:
-        left = self.calls.get(client, 0) - 1
-        if left > 0:
-            self.calls[client] = left
-        else:
-            self.calls.pop(client, None)
+        self.calls.take(client)
+        context.add_done_callback(lambda _context: self.calls.give_back(client))
 
 
 def _read_first(

@@ -428,9 +428,8 @@ def test_one_host_off_loopback_holds_at_most_its_share_of_the_console() -> None:
     it a connection is answered 503 and closed. Loopback peers are every SSH tunnel's
     one address, so they are not capped per host. (A remote peer is out of the tests'
     reach on 127.0.0.1: a transport that says where it comes from stands in for it.)"""
-    from collections import Counter
-
     from controller.console.app import _PerHost
+    from controller.holds import Holds
 
     class Transport(asyncio.WriteTransport):
         def __init__(self, host: str) -> None:
@@ -456,7 +455,7 @@ def test_one_host_off_loopback_holds_at_most_its_share_of_the_console() -> None:
         served.append(inner)
         return inner
 
-    hosts: Counter[str] = Counter()
+    hosts = Holds()
     gates = [_PerHost(serve, hosts, 2) for _ in range(6)]
     far = [Transport("203.0.113.7") for _ in range(3)]
     for gate, transport in zip(gates, far, strict=False):

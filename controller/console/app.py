@@ -35,7 +35,6 @@ import json
 import re
 import secrets
 import ssl
-from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
 from typing import Any
@@ -60,6 +59,7 @@ from controller.errors import (
     PreconditionError,
 )
 from controller.events import Event
+from controller.holds import Holds
 from controller.job_keys import as_named, key_for, shown, shown_view
 from controller.limits import RateLimiter
 from controller.store import StoreUnavailableError
@@ -123,7 +123,7 @@ class _PerHost(asyncio.Protocol):
     :class:`_Refused` does; else it is served by ``serve()``'s protocol, to which this
     one hands every call of the transport."""
 
-    def __init__(self, serve: Callable[[], asyncio.Protocol], hosts: Counter[str], cap: int):
+    def __init__(self, serve: Callable[[], asyncio.Protocol], hosts: Holds, cap: int):
         self._serve, self._hosts, self._cap = serve, hosts, cap
         self._inner: asyncio.Protocol | None = None
         self._host = ""
@@ -132,20 +132,18 @@ class _PerHost(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         host = str(peer[0]) if isinstance(peer, tuple) and peer else ""
         if host and not is_loopback(host):
-            if self._hosts[host] >= self._cap:
+            if self._hosts.of(host) >= self._cap:
                 log.warning("console connection refused", peer=host, per_host=self._cap)
                 _Refused().connection_made(transport)
                 return
-            self._hosts[host] += 1
+            self._hosts.take(host)
             self._host = host
         self._inner = self._serve()
         self._inner.connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._host:
-            self._hosts[self._host] -= 1
-            if self._hosts[self._host] <= 0:
-                del self._hosts[self._host]
+            self._hosts.give_back(self._host)
         if self._inner is not None:
             self._inner.connection_lost(exc)
 
@@ -266,7 +264,7 @@ class Console:
         server, cap = self.runner.server, self.config.web.max_connections
         assert server is not None  # set up above
 
-        per_host, hosts = self.config.web.max_connections_per_host, Counter[str]()
+        per_host, hosts = self.config.web.max_connections_per_host, Holds()
 
         def accept() -> asyncio.BaseProtocol:
             # past the cap the connection is answered 503 and closed, not served
