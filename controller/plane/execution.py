@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 import structlog
-from sqlalchemy import Text, cast, delete, func, select, update
+from sqlalchemy import Text, cast, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from controller.clock import slots_for
@@ -616,18 +616,17 @@ class Execution:
                              first_slot=first, last_slot=last)  # fmt: skip
 
     def _planned_unsent(self, job_id: str, session: Session) -> list[tuple[int, int]]:
-        """The runs of :attr:`unsent` in which ``job_id`` had workers planned."""
-        runs = []
-        for first, last in self.unsent:
-            found = session.scalar(
-                select(AllocationRow.slot).where(
-                    AllocationRow.job_id == job_id, AllocationRow.workers > 0,
-                    AllocationRow.slot >= first, AllocationRow.slot <= last,
-                ).limit(1)
-            )  # fmt: skip
-            if found is not None:
-                runs.append((first, last))
-        return runs
+        """The runs of :attr:`unsent` in which ``job_id`` had workers planned (one
+        query; none without such runs)."""
+        if not self.unsent:
+            return []
+        slots = set(session.scalars(
+            select(AllocationRow.slot).where(
+                AllocationRow.job_id == job_id, AllocationRow.workers > 0,
+                or_(*(AllocationRow.slot.between(a, b) for a, b in self.unsent)),
+            )
+        ))  # fmt: skip
+        return [(a, b) for a, b in self.unsent if any(a <= s <= b for s in slots)]
 
     def unfinished(self, job_id: str, session: Session) -> bool:
         """Whether agents reported progress for ``job_id`` short of its ``E * N * M``
@@ -636,14 +635,19 @@ class Execution:
         nobody reported on is not short, its plan being all the daemon knows, unless
         that plan had slots whose plans never went out (:attr:`unsent`): it did not run
         then (the time audit found such jobs completed with their whole utility)."""
-        prog = self.progress.get(job_id)
-        if prog is None:
-            short = bool(self._planned_unsent(job_id, session))
-        else:
-            short = prog.totals()[0] < self._job(job_id, session).total_minibatches - 1e-9
+        short, _ = self._shortfall(job_id, session)
         if short:
             self.overdue.add(job_id)
         return short
+
+    def _shortfall(self, job_id: str, session: Session) -> tuple[bool, list[tuple[int, int]]]:
+        """Whether ``job_id`` is short of its work (:meth:`unfinished`), and, for one
+        nobody reported on, the runs of :attr:`unsent` that make it so."""
+        prog = self.progress.get(job_id)
+        if prog is None:
+            unsent = self._planned_unsent(job_id, session)
+            return bool(unsent), unsent
+        return prog.totals()[0] < self._job(job_id, session).total_minibatches - 1e-9, []
 
     def _overdue_sync(self) -> list[Event]:
         """Fail the jobs left running past their plan short of their work, once their
@@ -666,7 +670,8 @@ class Execution:
                 since_plan_end = (s - row.completion_slot - 1) * self.slot_seconds + since_boundary
                 if since_plan_end <= self.mqtt.heartbeat_timeout:
                     continue
-                if not self.unfinished(job_id, session):
+                short, unsent = self._shortfall(job_id, session)
+                if not short:
                     self.overdue.discard(job_id)
                     continue
                 job = self._job(job_id, session)
@@ -676,7 +681,6 @@ class Execution:
                 detail = {"reason": "plan_ended", "minibatches": done,
                           "of": job.total_minibatches,
                           "completion_slot": row.completion_slot}  # fmt: skip
-                unsent = self._planned_unsent(job_id, session) if prog is None else []
                 if unsent:  # no agent ever reported it, and slots of its plan never went out
                     detail.update(reason="plan_not_sent",
                                   not_sent_slots=[list(run) for run in unsent])  # fmt: skip
