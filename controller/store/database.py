@@ -433,13 +433,19 @@ it failed every such job and deleted its plan). No older daemon may run beside a
 upgrade across one (:func:`rewrites_ahead`)."""
 
 
+def _revisions(db: Database) -> tuple[ScriptDirectory, str, str | None]:
+    """This oasis's migrations, their newest revision, and the store's (None: new)."""
+    script = ScriptDirectory.from_config(_alembic_config(db.url))
+    head = script.get_current_head()
+    assert head is not None
+    with db.engine.begin() as conn:
+        return script, head, MigrationContext.configure(conn).get_current_revision()
+
+
 def rewrites_ahead(db: Database) -> list[str]:
     """The revisions of :data:`REWRITING_REVISIONS` that :func:`migrate` would apply to
     ``db`` now, oldest first ([] for a new store, or one at the newest revision)."""
-    script = ScriptDirectory.from_config(_alembic_config(db.url))
-    head = script.get_current_head()
-    with db.engine.connect() as conn:
-        current = MigrationContext.configure(conn).get_current_revision()
+    script, head, current = _revisions(db)
     if current is None or current == head or _unknown_revision(script, current):
         return []
     ahead = [r.revision for r in script.iterate_revisions(head, current)]
@@ -453,20 +459,16 @@ def migrate(db: Database) -> str:
     an advisory lock; SQLite serialises on its own write lock. StoreVersionError if the
     store is at a revision this oasis does not know (a newer one migrated it).
     """
-    cfg = _alembic_config(db.url)
-    script = ScriptDirectory.from_config(cfg)
-    head = script.get_current_head()
-    assert head is not None
-    with db.engine.begin() as conn:
-        current = MigrationContext.configure(conn).get_current_revision()
-        if current == head:
-            return head
+    script, head, current = _revisions(db)
+    if current == head:
+        return head
     if current is not None and _unknown_revision(script, current):
         raise StoreVersionError(
             f"is at schema revision {current[:64]!r}, which this oasis does not know (its "
             f"newest is {head!r}): a newer oasis migrated it. Run that version, or restore "
             "a backup of the store taken before it ran"
         )
+    cfg = _alembic_config(db.url)
     engine = _migration_engine(db)
     try:
         with db.patient(_MIGRATION_SECONDS, locks=True), engine.begin() as conn:
