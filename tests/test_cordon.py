@@ -12,13 +12,11 @@ import asyncio
 import json
 import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 import pytest
 from prometheus_client import generate_latest
@@ -37,6 +35,7 @@ from pricing.durations import format_time
 from pricing.errors import SpecError
 from tests.servers import Daemon, json_log, oasis, write_config
 from tests.test_daemon_e2e import job
+from tests.test_ha_units import _serve
 from tests.test_metrics import parse, value
 from tests.test_outage_rebuild import JOB, _open, _state
 
@@ -750,10 +749,7 @@ def test_a_timed_cordon_to_an_older_daemon_is_refused_and_changes_nothing() -> N
     """Such a daemon ignored ``--for`` and cordoned the server for good, moving its jobs
     (the upgrade audit); the client's dry run now finds it out first."""
     older = _OlderDaemon()
-    server = grpc.server(ThreadPoolExecutor(2))
-    pb_grpc.add_ClusterServicer_to_server(older, server)
-    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
-    server.start()
+    server, address = _serve(older)
     try:
         out = oasis("cordon", "w1", "--for", "2h", "--force", server=address, check=False)
         assert out.returncode == 2, out.stdout + out.stderr

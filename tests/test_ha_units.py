@@ -438,7 +438,8 @@ class _Node(pb_grpc.ClusterServicer):
         context.abort(grpc.StatusCode.UNAVAILABLE, "standby")
 
 
-def _serve(node: _Node) -> tuple[grpc.Server, str]:
+def _serve(node: pb_grpc.ClusterServicer) -> tuple[grpc.Server, str]:
+    """``node`` served on a loopback port: the server and its address."""
     server = grpc.server(ThreadPoolExecutor(2))
     pb_grpc.add_ClusterServicer_to_server(node, server)
     port = server.add_insecure_port("127.0.0.1:0")
