@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from controller.commands import COMMANDS, common
+from controller.terminal import guarded
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -66,7 +67,13 @@ def _command_of(argv: Sequence[str]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Run one command; its output shows what it prints and never acts on the terminal
+    (:mod:`controller.terminal`)."""
+    with guarded():
+        return _main(list(sys.argv[1:] if argv is None else argv))
+
+
+def _main(argv: list[str]) -> int:
     _Parser.json_errors = "--json" in argv
     args = build_parser(_command_of(argv)).parse_args(argv)
     try:

@@ -5,7 +5,11 @@ Python side) get JSON lines too, at WARNING and above. aiohttp's server logs eve
 malformed HTTP request it refuses with a full traceback, before any token or rate
 limit: those records are cut to one line and at most :data:`LIBRARY_BURST` a minute
 get through (then one line says how many were dropped), so a client sending bad
-requests cannot fill the disk the logs are on.
+requests cannot fill the disk the logs are on. grpc's records (an exception that
+escaped a handler) are throttled the same way. The daemon's own tracebacks are bounded
+too: at most :data:`TRACEBACK_BURST` a minute are written whole; past that an event
+keeps its error's type and message on one line (:class:`_Tracebacks`), so a request
+that finds a bug cannot be repeated into gigabytes of log.
 """
 
 from __future__ import annotations
@@ -13,18 +17,58 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 import time
+from collections.abc import MutableMapping
 from datetime import UTC, datetime
+from typing import Any
 
 import structlog
 
-__all__ = ["LIBRARY_BURST", "configure"]
+__all__ = ["LIBRARY_BURST", "TRACEBACK_BURST", "configure"]
 
 LIBRARY_BURST = 20
 """Records of one throttled library logger let through a minute."""
 
-_THROTTLED = ("aiohttp",)
+TRACEBACK_BURST = 10
+"""Whole tracebacks of the daemon's own log events written a minute."""
+
+_THROTTLED = ("aiohttp", "grpc")
 """Loggers whose records a remote client can cause: throttled and cut to one line."""
+
+
+class _Tracebacks:
+    """A structlog processor: of the events that carry an exception, the first ``burst``
+    in each ``seconds`` keep it for the traceback; later ones get ``error`` (its type
+    and message, cut to 300 characters) and ``traceback: "cut"`` instead."""
+
+    def __init__(self, burst: int = TRACEBACK_BURST, seconds: float = 60.0) -> None:
+        self.burst, self.seconds = burst, seconds
+        self.started, self.passed = -seconds, 0
+        self._lock = threading.Lock()  # events come from several threads
+
+    def __call__(
+        self, _logger: Any, _method: str, event: MutableMapping[str, Any]
+    ) -> MutableMapping[str, Any]:
+        exc = event.get("exc_info")
+        if not exc:
+            return event
+        with self._lock:
+            now = time.monotonic()
+            if now - self.started >= self.seconds:
+                self.started, self.passed = now, 0
+            self.passed += 1
+            whole = self.passed <= self.burst
+        if whole:
+            return event
+        if exc is True:
+            exc = sys.exc_info()
+        err = exc if isinstance(exc, BaseException) else exc[1] if isinstance(exc, tuple) else None
+        del event["exc_info"]
+        if err is not None:
+            event["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+        event["traceback"] = f"cut (over {self.burst} a minute)"
+        return event
 
 
 class _Throttle(logging.Filter):
@@ -78,6 +122,7 @@ def configure(level: str = "info") -> None:
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            _Tracebacks(),
             structlog.processors.format_exc_info,
             structlog.processors.JSONRenderer(sort_keys=True),
         ],

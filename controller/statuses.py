@@ -27,6 +27,7 @@ from grpc_status import rpc_status
 
 from controller.streams import relay
 from pricing.errors import Problem, SpecError
+from pricing.text import escape
 
 __all__ = ["MAX_BYTES", "MAX_TEXT", "DecodeInterceptor", "abort", "bounded"]
 
@@ -39,6 +40,9 @@ log = structlog.get_logger("oasisd")
 
 
 def _cut(text: str, limit: int = MAX_TEXT) -> str:
+    """``text`` escaped (no control characters or lone surrogates reach a client's
+    terminal, or fail the UTF-8 of the status) and cut to ``limit`` characters."""
+    text = escape(text)
     return text if len(text) <= limit else f"{text[: limit - 30]}...({len(text)} characters)"
 
 

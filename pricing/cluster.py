@@ -12,6 +12,7 @@ from numpy.typing import NDArray
 
 from pricing import fields
 from pricing.errors import Problem, SpecError
+from pricing.text import label
 
 __all__ = ["BANDWIDTH", "SERVER_KEYS", "Cluster", "cluster_from_dict"]
 
@@ -77,7 +78,7 @@ class Cluster:
         vec = np.zeros(len(self.resources))
         problems: list[Problem] = []
         for name, amount in demand.items():
-            sub = f"{field}.{name}"
+            sub = f"{field}.{label(name)}"
             if name not in self.resources:
                 known = ", ".join(self.resources)
                 problems.append(Problem(sub, f"unknown resource (the cluster has: {known})"))
@@ -122,7 +123,7 @@ def cluster_from_dict(resources: Any, servers: Any, prefix: str = "") -> Cluster
         raise SpecError.one(res_field, "must be a non-empty list of resource names")
     names: list[str] = []
     for i, r in enumerate(resources):
-        name = fields.text(r, f"{res_field}[{i}]")
+        name = fields.name(r, f"{res_field}[{i}]")
         if name in names:
             raise SpecError.one(f"{res_field}[{i}]", f"duplicate resource {name!r}")
         names.append(name)
@@ -144,7 +145,7 @@ def cluster_from_dict(resources: Any, servers: Any, prefix: str = "") -> Cluster
         try:
             server = fields.mapping(raw, field)
             problems.extend(fields.unknown_keys(server, SERVER_KEYS, field))
-            name = fields.text(fields.require(server, "name", field), f"{field}.name")
+            name = fields.name(fields.require(server, "name", field), f"{field}.name")
             if name in seen:
                 raise SpecError.one(f"{field}.name", f"duplicate server name {name!r}")
             raw_kind = fields.require(server, "kind", field)

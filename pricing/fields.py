@@ -9,6 +9,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from pricing.errors import Problem, SpecError
+from pricing.text import label, printable_problem
 
 __all__ = [
     "MAX_INTEGER",
@@ -16,6 +17,7 @@ __all__ = [
     "check_no_problems",
     "integer",
     "mapping",
+    "name",
     "non_negative",
     "number",
     "optional_mapping",
@@ -67,8 +69,8 @@ def unknown_keys(
     problems: list[Problem] = []
     extra = [k for k in spec if k not in known]
     for key in extra[:MAX_UNKNOWN_KEYS]:
-        # a blank key is shown quoted: a field path must name something
-        name = key if isinstance(key, str) and key.strip() else repr(key)
+        # a blank key, or one with control characters, is shown quoted and escaped
+        name = label(key)
         close = closest(name, known)
         reason = "unknown key" + (f"; did you mean {close!r}?" if close else "")
         if not close and not hint:
@@ -169,6 +171,16 @@ def text(value: Any, field: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise SpecError.one(field, f"must be a non-empty string, got {_kind(value)}")
     return value
+
+
+def name(value: Any, field: str) -> str:
+    """A non-empty string that shows as it is written: a name people read in tables and
+    logs, without control or invisible format characters (:mod:`pricing.text`)."""
+    given = text(value, field)
+    why = printable_problem(given)
+    if why is not None:
+        raise SpecError.one(field, why)
+    return given
 
 
 MAX_JOB_ID_CHARS = 128

@@ -25,6 +25,7 @@ from pricing import fields
 from pricing.cluster import Cluster
 from pricing.errors import Problem, SpecError
 from pricing.job import Job
+from pricing.text import label
 
 __all__ = ["EXPLICIT_KEYS", "PriceBounds", "bounds_from_dict", "oracle_bounds", "price"]
 
@@ -258,7 +259,7 @@ def bounds_from_dict(raw: Any, cluster: Cluster, field: str = "pricing") -> Pric
             problems.extend(err.problems)
             continue
         for name, value in given.items():
-            sub = f"{field}.{key}.{name}"
+            sub = f"{field}.{key}.{label(name)}"
             if name not in cluster.resources:
                 problems.append(Problem(sub, "unknown resource"))
                 continue
@@ -286,7 +287,7 @@ def _log_floor(value: Any, cluster: Cluster, field: str) -> float | NDArray[np.f
     out = np.zeros(len(cluster.resources))
     for name in value:
         if name not in cluster.resources:
-            problems.append(Problem(f"{field}.{name}", "unknown resource"))
+            problems.append(Problem(f"{field}.{label(name)}", "unknown resource"))
     for r, name in enumerate(cluster.resources):
         try:
             out[r] = math.log(

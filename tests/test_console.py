@@ -376,6 +376,9 @@ def test_jobs_filter_by_state_and_search_by_id(browser: Any, cluster: Cluster) -
     assert status == 200 and body["jobs"] and {j["state"] for j in body["jobs"]} == {"cancelled"}
     status, body = api(cluster, "/api/jobs?state=nonsense", TOKENS["ops"])
     assert status == 400 and "unknown state" in body["error"]["message"]
+    # a NUL failed PostgreSQL's text: a 500 and a 5 KB traceback logged per request
+    status, body = api(cluster, "/api/jobs?q=bob%00", TOKENS["alice"])
+    assert status == 400 and "q: must not hold control" in body["error"]["message"]
     # a submitter's search finds only its own jobs
     status, body = api(cluster, "/api/jobs?q=bob-", TOKENS["alice"])
     assert status == 200 and body["jobs"] == []

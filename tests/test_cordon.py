@@ -209,6 +209,15 @@ def test_a_cordon_names_what_is_wrong(tmp_path: Path) -> None:
             asyncio.run(c.uncordon("W0"))
         with pytest.raises(SpecError, match="reason: at most 500 characters"):
             asyncio.run(c.cordon("w0", "x" * 501))
+        # every operator reads the reason (oasis servers, the log): an escape that would
+        # draw a fake "uncordoned" line on their terminals, or a NUL (PostgreSQL's text
+        # refuses it, and the failed write rebuilt the ledger), is refused
+        for reason in ("disk swap\x1b[1A\x1b[2K\rw0: uncordoned", "nul\x00", "rtl\u202e"):
+            with pytest.raises(SpecError, match="reason: must not hold control"):
+                asyncio.run(c.cordon("w0", reason))
+        asyncio.run(c.cordon("w0", "磁盘更换, ECC"))  # any text that shows as written
+        assert c.cordoned["w0"].reason == "磁盘更换, ECC"
+        asyncio.run(c.uncordon("w0"))
         assert c.cordoned == {}
     finally:
         c.close()

@@ -13,6 +13,7 @@ every decision is quick; budget refusals are INVALID_ARGUMENT too. Bounded
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Iterator
@@ -214,3 +215,27 @@ def test_extreme_pins_price_finitely(tmp_path: Path) -> None:
         assert job.decision.payoff is not None and math.isfinite(job.decision.payoff)
     finally:
         c.close()
+
+
+def test_keys_that_do_not_show_as_text_are_invalid_argument(daemon: Daemon) -> None:
+    """A key that is a lone surrogate (valid JSON: ``"\\ud800"``) or holds terminal
+    escapes is named, escaped, in an INVALID_ARGUMENT. Before: the surrogate failed the
+    UTF-8 of the status, UNKNOWN, and a 4 KB traceback in the log per request (300
+    quotes wrote 1.3 MB)."""
+    spec = json.dumps({**SMALL_JOB, "id": "keys"})
+    bad = [
+        spec[:-1] + ', "\\ud800": 1}',
+        spec.replace('"worker": {', '"worker": {"\\udcff": 1, '),
+        spec[:-1] + ', "x\\u001b]52;c;cm0gLXJmIH4vKgo=\\u0007\\r": 1}',
+    ]
+    before = len(json_log(daemon.log_path))
+    with grpc.insecure_channel(daemon.address) as channel:
+        stub = pb_grpc.AdmissionStub(channel)
+        for text in bad:
+            for _ in range(20):
+                code, details = _code(stub.QuoteJob, pb.QuoteJobRequest(job=pb.JobSpec(json=text)))
+                assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, details)
+                assert "\\u" in details or "\\x1b" in details, details
+                assert "\x1b" not in details and "\r" not in details
+    grown = json_log(daemon.log_path)[before:]
+    assert [e for e in grown if "exception" in e or e.get("level") == "error"] == []

@@ -65,3 +65,43 @@ def test_other_libraries_keep_their_records_and_tracebacks() -> None:
     records = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [r["event"] for r in records[:-1]] == [f"warned {i}" for i in range(LIBRARY_BURST + 5)]
     assert "Traceback" in records[-1]["exception"] and "KeyError" in records[-1]["exception"]
+
+
+def test_grpc_records_are_throttled_too() -> None:
+    """An exception that escapes a handler is logged by grpc with its traceback, once per
+    call: a client repeating the call could fill the disk."""
+    handler, out = _handler()
+    grpc_log = logging.getLogger("grpc._cython.cygrpc")
+    grpc_log.addHandler(handler)
+    grpc_log.propagate = False
+    try:
+        for _ in range(500):
+            _log_raised(grpc_log, UnicodeEncodeError("utf-8", "\ud800", 0, 1, "no"), "Unexpected")
+    finally:
+        grpc_log.removeHandler(handler)
+        grpc_log.propagate = True
+    lines = out.getvalue().splitlines()
+    assert len(lines) == LIBRARY_BURST
+    assert all("exception" not in json.loads(line) for line in lines)
+
+
+def test_the_daemons_own_tracebacks_are_bounded_per_minute() -> None:
+    """The first TRACEBACK_BURST events with an exception in a minute keep it whole;
+    later ones keep its type and message on one line, until the minute is over."""
+    from controller.logs import TRACEBACK_BURST, _Tracebacks
+
+    cut = _Tracebacks(seconds=3600.0)
+    events = []
+    for i in range(TRACEBACK_BURST + 5):
+        try:
+            raise KeyError(f"k{i}")
+        except KeyError:
+            events.append(cut(None, "exception", {"event": "failed", "exc_info": True}))
+    assert all(e["exc_info"] is True for e in events[:TRACEBACK_BURST])
+    late = events[TRACEBACK_BURST]
+    assert "exc_info" not in late and late["error"] == f"KeyError: 'k{TRACEBACK_BURST}'"
+    assert late["traceback"] == f"cut (over {TRACEBACK_BURST} a minute)"
+    assert cut(None, "info", {"event": "fine"}) == {"event": "fine"}
+    cut.started -= 3600.0  # the minute is over: whole again
+    err = ValueError("v")
+    assert cut(None, "error", {"event": "x", "exc_info": err})["exc_info"] is err

@@ -236,8 +236,11 @@ def test_agent_command_mode_counts_what_each_worker_prints() -> None:
 
     now = [100.0]
     # a count that is not finite, or past 2**53, is no count: the daemon would drop the
-    # server's whole report for it, every other tenant's progress on the server with it
-    command = 'echo 1; echo 2; echo "$OASIS_JOB"; echo inf; echo nan; echo 1e300; echo 3; sleep 30'
+    # server's whole report for it, every other tenant's progress on the server with it;
+    # a line over the pipe's 64 KiB limit is skipped (it ended the reading before)
+    long_line = 'head -c 100000 /dev/zero | tr "\\000" x; echo'
+    command = (f'echo 1; {long_line}; echo 2; echo "$OASIS_JOB"; echo inf; echo nan; '
+               'echo 1e300; echo 3; sleep 30')  # fmt: skip
     agent = Agent("w0", MqttConfig("localhost"), command=command, wall=lambda: now[0])
     agent.accept(plan(1, workers=2))
 

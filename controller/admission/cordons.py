@@ -42,6 +42,7 @@ from controller.store.stored import stored_spec
 from pricing import Job, SpecError
 from pricing.fields import closest
 from pricing.replan import fail_server
+from pricing.text import printable_problem
 
 __all__ = ["FOREVER", "MAX_REASON", "Cordons", "ledger_until"]
 
@@ -114,6 +115,9 @@ class Cordons(Moves):
         kind, index = self._server_of(server)
         if len(reason) > MAX_REASON:
             raise SpecError.one("reason", f"at most {MAX_REASON} characters, got {len(reason)}")
+        why = printable_problem(reason)  # it is shown to every operator and in the log
+        if why is not None:
+            raise SpecError.one("reason", why)
         self._advance_window()
         if server in self.cordoned:
             held = self.cordoned[server]

@@ -26,6 +26,7 @@ from controller.jobspec import check_job_worth, prepare, spec_differences
 from pricing.cluster import BANDWIDTH, Cluster
 from pricing.errors import Problem, SpecError
 from pricing.job import job_from_dict
+from pricing.text import label
 
 __all__ = ["check_items", "item_problems"]
 
@@ -75,7 +76,7 @@ def item_problems(
 
 def _label(i: int, given: str | None) -> str:
     """Item ``i`` (from 0) as people count: from 1."""
-    return f"item {i + 1} ({given})" if given else f"item {i + 1}"
+    return f"item {i + 1} ({label(given)})" if given else f"item {i + 1}"
 
 
 def _reused(

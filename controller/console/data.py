@@ -40,6 +40,7 @@ from controller.store import AllocationRow, EventRow, JobRow
 from pricing.cluster import Kind
 from pricing.durations import format_time
 from pricing.errors import SpecError
+from pricing.text import printable_problem
 
 __all__ = ["JOBS_PAGE", "MAX_JOB_EVENTS", "PLAN_PAGE", "ConsoleData"]
 
@@ -434,6 +435,9 @@ class ConsoleData:
             raise SpecError.one("state", f"unknown state {state!r} (known: {', '.join(STATES)})")
         if len(query) > 200:
             raise SpecError.one("q", "at most 200 characters")
+        why = printable_problem(query)  # a NUL fails PostgreSQL's text (a 500 before)
+        if why is not None:
+            raise SpecError.one("q", why)
         owner = caller.owner
         states = [state] if state else []
         # one read of the rows, none of their allocations (a row shows none), in the

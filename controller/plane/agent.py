@@ -215,8 +215,17 @@ class Agent:
                 asyncio.get_running_loop().create_task(self._read_counts(proc, count))
 
     async def _read_counts(self, proc: asyncio.subprocess.Process, count: list[float]) -> None:
+        """Follow a worker command's counts, one number a line; other lines are skipped,
+        a line over the stream's limit (64 KiB) too: the reading goes on (it stopped
+        there before, and the command then blocked on a full pipe)."""
         assert proc.stdout is not None
-        async for line in proc.stdout:
+        while True:
+            try:
+                line = await proc.stdout.readline()
+            except ValueError:  # over the limit: the stream has dropped it
+                continue
+            if not line:
+                break
             with contextlib.suppress(ValueError):
                 value = float(line.decode().strip())
                 if 0 <= value <= MAX_COUNT:  # not nan or inf: the daemon refuses those
