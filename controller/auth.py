@@ -192,7 +192,13 @@ def load_tokens(path: Path) -> dict[str, Caller]:
         text = read_bounded(path).decode("utf-8")
     except OSError as err:
         raise SpecError.one(
-            "auth.tokens_file", f"cannot read {path}: {err.strerror or err}"
+            "auth.tokens_file",
+            f"cannot read {path}: {err.strerror or err}"
+            + (
+                f" (make it: oasis token NAME --role operator --add-to {path})"
+                if isinstance(err, FileNotFoundError)
+                else ""
+            ),
         ) from err
     except UnicodeDecodeError as err:
         raise SpecError.one("auth.tokens_file", f"{path} is not UTF-8 text") from err

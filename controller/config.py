@@ -65,9 +65,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import make_url
-from sqlalchemy.exc import ArgumentError
-
 from controller.auth import Caller, tokens_from_dict
 from controller.clock import epoch as slot_zero
 from controller.connections import Connections, connections_from_dict
@@ -77,6 +74,7 @@ from controller.ha.settings import HaConfig, ha_from_dict
 from controller.limits import Limits, limits_from_dict
 from controller.plane.settings import MqttConfig, check_server_names, mqtt_from_dict
 from controller.store.database import DEFAULT_TIMEOUT, SQLITE_SYNCHRONOUS
+from controller.store.urls import has_password, unusable
 from controller.tls import TlsConfig, check_exposure, is_loopback, tls_from_dict
 from pricing import fields
 from pricing.bound_estimate import DEFAULT_TRIM
@@ -277,6 +275,9 @@ def from_dict(
         store_url = daemon.get("store_url", "")
         if not isinstance(store_url, str):
             raise ConfigError("daemon.store_url: must be a string")
+        why = unusable(store_url) if store_url else None
+        if why is not None:
+            raise ConfigError(f"daemon.store_url: {why}")
         store_timeout = fields.positive(
             daemon.get("store_timeout", DEFAULT_TIMEOUT), "daemon.store_timeout"
         )
@@ -589,8 +590,44 @@ def load(path: str | Path, former: Collection[str] = ()) -> Config:
     config = replace(
         from_dict(data, str(p), base=p.parent, former=former), tables=table_digests(data)
     )
-    warning = _exposed_secrets(p, config, mode, group)
-    return replace(config, warnings=(*config.warnings, warning)) if warning else config
+    found = [_exposed_secrets(p, config, mode, group), *_exposed_files(p, data)]
+    warnings = tuple(w for w in found if w)
+    return replace(config, warnings=(*config.warnings, *warnings)) if warnings else config
+
+
+def _exposed_files(config_path: Path, data: Mapping[str, Any]) -> list[str]:
+    """Warnings for the files that decide who may do what, when others may change them:
+    the config and the tokens file writable by another user (a line added to the
+    tokens file makes its writer an operator at the next reload), and the TLS private
+    key readable by others (they could pose as this daemon)."""
+    base = config_path.parent
+    auth, tls = (t if isinstance(t := data.get(k), Mapping) else {} for k in ("auth", "tls"))
+    checks: list[tuple[str, Any, bool]] = [
+        ("the config", str(config_path), False),
+        ("auth.tokens_file", _rebased(auth, ("tokens_file",), base).get("tokens_file"), False),
+        ("tls.key", _rebased(tls, ("key",), base).get("key"), True),
+    ]
+    out = []
+    for what, value, secret in checks:
+        if not isinstance(value, str) or not value:
+            continue
+        try:
+            st = Path(value).stat()
+        except OSError:
+            continue  # its own reader names it
+        mode = st.st_mode & 0o777
+        others_write = mode & 0o002 or (mode & 0o020 and st.st_gid != os.getegid())
+        stranger = st.st_uid not in (0, os.geteuid())
+        if others_write or stranger:
+            owner = f"owned by uid {st.st_uid}, " if stranger else ""
+            out.append(f"{what} {value}: {owner}mode {mode:04o}: another user may change it "
+                       f"and so who may do what here; chown it to root or the daemon's "
+                       f"user, chmod go-w")  # fmt: skip
+        elif secret and (mode & 0o004 or (mode & 0o040 and st.st_gid != os.getegid())):
+            out.append(f"{what} {value}: mode {mode:04o}: others may read this private key "
+                       f"(and pose as this daemon); chmod 600 it, or 640 with the "
+                       f"daemon's group")  # fmt: skip
+    return out
 
 
 def table_digests(data: Mapping[str, Any]) -> dict[str, str]:
@@ -610,11 +647,8 @@ def _exposed_secrets(path: Path, config: Config, mode: int, group: int) -> str:
     it: anyone (``o+r``), or a group that is not the daemon's own (``g+r``; the install
     steps' ``0640 root:oasis`` is fine)."""
     secrets = []
-    try:
-        if config.store_url and make_url(config.store_url).password:
-            secrets.append("daemon.store_url's password")
-    except ArgumentError:
-        pass  # not a URL: the store says so at start
+    if config.store_url and has_password(config.store_url):
+        secrets.append("daemon.store_url's password")
     if config.mqtt is not None and config.mqtt.password:
         secrets.append("the mqtt password")
     readable = mode & 0o004 or (mode & 0o040 and group != os.getegid())

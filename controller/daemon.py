@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import os
 import signal
 import socket
 import sys
@@ -26,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import sqlalchemy
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
@@ -49,6 +49,7 @@ from controller.startup import StartupError, open_store
 from controller.statuses import DecodeInterceptor
 from controller.store import Database
 from controller.store.database import StoreUnavailableError
+from controller.store.urls import shown
 from controller.store.watch import PROBE_SECONDS, StoreWatch, WriterLockLostError
 from controller.store.writer_lock import PostgresWriterLock, writer_lock
 from controller.systemd import Notifier
@@ -250,6 +251,11 @@ async def serve(
              if not config.store_url else "<store_url>",
              tls="mutual" if config.tls and config.tls.mutual else bool(config.tls),
              auth=config.tokens is not None, rate_limit=limits.rate or None)  # fmt: skip
+    if config.tokens is None:
+        log.warning("no [auth]: every caller is an operator", address=address,
+                    problem="anyone who can connect (on loopback: every user of this "
+                    "machine) may cancel any tenant's job and cordon servers; give [auth] "
+                    "a tokens_file (oasis token NAME --role operator --add-to FILE)")  # fmt: skip
     if on_ready is not None:
         on_ready(address)
     notifier.ready(f"listening on {address}")
@@ -401,6 +407,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--web-listen", metavar="HOST:PORT", help='override web.listen ("": no console)'
     )
     args = parser.parse_args(argv)
+    # the store, its write-ahead log and the lock are the daemon's alone (under a umask
+    # of 022 every local user could read every tenant's jobs); systemd's unit sets it too
+    umask = os.umask(0o077)
+    os.umask(umask | 0o077)
+    try:
+        return _main(args)
+    finally:
+        os.umask(umask)
+
+
+def _main(args: argparse.Namespace) -> int:
     try:
         config = load(args.config) if args.config else demo_config()
     except ConfigError as err:
@@ -431,7 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         structlog.get_logger("oasisd").warning("config problem", problem=warning)
 
     def ready(address: str) -> None:
-        store = sqlalchemy.make_url(config.database_url).render_as_string(hide_password=True)
+        store = shown(config.database_url)
         web = config.web.listen
         scheme = "https" if config.tls else "http"
         console = f"; console: {scheme}://{web}/" if web and not web.endswith(":0") else ""

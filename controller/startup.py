@@ -18,10 +18,13 @@ store, and exit status 1 (``oasisd: ...``), never a traceback:
 
 from __future__ import annotations
 
+import os
+import pwd
 import time
 from pathlib import Path
 
 import sqlalchemy
+import structlog
 
 from controller.admission import AdmissionController
 from controller.admission.state import EPOCH_KEY
@@ -29,6 +32,7 @@ from controller.config import Config
 from controller.errors import SlotGridChangedError, StoreEditedError
 from controller.store import MetaRow, StoreUnavailableError, StoreVersionError, migrate
 from controller.store.database import Database, rewrites_ahead
+from controller.store.urls import shown
 from controller.store.writer_lock import PostgresWriterLock, StoreLockedError, WriterLock
 from pricing.best_schedule import warm_up
 from pricing.errors import SpecError
@@ -55,7 +59,7 @@ def open_store(config: Config, controller: AdmissionController, writer: WriterLo
     """Make the data directory, take the writer lock, then migrate the store and rebuild
     the ledger (blocking); StartupError on any failure, the lock let go."""
     db = controller.db
-    store = f"the store {db.engine.url.render_as_string(hide_password=True)}"
+    store = f"the store {shown(db.engine.url)}"
     try:
         if not config.store_url:
             _data_dir(config.data_dir)
@@ -172,9 +176,40 @@ def _beside_no_leader(db: Database, writer: PostgresWriterLock) -> bool:
 
 
 def _data_dir(path: Path) -> None:
+    """Make the SQLite store's directory (0700), or check the one there: refused (exit 2)
+    if another user owns it or anyone may write it (they could read, swap or delete the
+    store, or plant a link where the daemon writes); a warning if others may read it."""
     if path.exists() and not path.is_dir():
         raise StartupError(f"daemon.data_dir: {path} exists and is not a directory")
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = path.stat()
     except OSError as err:
         raise StartupError(f"daemon.data_dir: cannot create {path}: {err.strerror or err}") from err
+    me = os.geteuid()
+    if st.st_uid not in (me, 0):
+        raise StartupError(
+            f"daemon.data_dir: {path} belongs to {_user(st.st_uid)}, not to the daemon's user "
+            f"({_user(me)}): that user could read, swap or delete the store; chown it to "
+            "the daemon's user, or give another data_dir",
+            status=2,
+        )
+    if st.st_mode & 0o002:  # sticky or not: another user could create oasis.db first
+        raise StartupError(
+            f"daemon.data_dir: anyone may write in {path} (mode {st.st_mode & 0o7777:04o}): "
+            f"they could swap or delete the store; chmod 700 {path}",
+            status=2,
+        )
+    if st.st_mode & 0o007:
+        structlog.get_logger("oasisd").warning(
+            "daemon.data_dir: others may read the store",
+            data_dir=str(path), mode=f"{st.st_mode & 0o7777:04o}", fix=f"chmod 700 {path}",
+        )  # fmt: skip
+
+
+def _user(uid: int) -> str:
+    """``uid`` with its name (``1001 (mallory)``), or the number alone."""
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"

@@ -263,6 +263,20 @@ class Daemon:
         self.log.close()
 
 
+def example_config(directory: Path, text: str | None = None) -> Path:
+    """``config/oasisd.example.toml`` (or ``text``) written to ``directory``, with the
+    tokens file its ``[auth]`` names next to it (one operator); its path."""
+    from controller.auth import hash_token
+
+    (directory / "tokens").write_text(f"ops operator {hash_token('ops-token')}\n")
+    path = directory / "oasisd.toml"
+    path.write_text(text if text is not None else EXAMPLE_CONFIG.read_text())
+    return path
+
+
+EXAMPLE_CONFIG = ROOT / "config" / "oasisd.example.toml"
+
+
 def commit_processes(pid: int) -> list[int]:
     """The commit processes (``controller.store.commit_process``) process ``pid`` started
     and that still run (Linux ``/proc``)."""

@@ -11,13 +11,20 @@ import pytest
 from controller.config import ConfigError, demo_config, from_dict, load
 from pricing.ledger import Ledger, ledger_bytes
 from pricing.prices import PriceBounds
+from tests.servers import example_config
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = (ROOT / "config" / "oasisd.example.toml").read_text()
 
 
-def test_example_config_loads() -> None:
-    config = load(ROOT / "config" / "oasisd.example.toml")
+@pytest.fixture(autouse=True)
+def _tokens(tmp_path: Path) -> None:
+    """The tokens file the example's [auth] names, next to every config written here."""
+    example_config(tmp_path)
+
+
+def test_example_config_loads(tmp_path: Path) -> None:
+    config = load(example_config(tmp_path))
     assert config.window == 300 and config.slot_seconds == 3600
     assert len(config.cluster.worker_names) == 6 and len(config.cluster.ps_names) == 3
     assert config.pricing.mode == "estimate" and config.pricing.trim == 0.3
@@ -142,9 +149,9 @@ def test_window_whose_ledger_is_too_large_is_refused(tmp_path: Path) -> None:
     assert load(path).window == 100_000_000
 
 
-def test_ledger_bytes_is_what_a_ledger_holds() -> None:
+def test_ledger_bytes_is_what_a_ledger_holds(tmp_path: Path) -> None:
     """The size the window check uses is the arrays a ledger really allocates."""
-    config = load(ROOT / "config" / "oasisd.example.toml")
+    config = load(example_config(tmp_path))
     r = len(config.cluster.resources)
     bounds = PriceBounds(np.zeros(r), np.zeros(r), -5.0, -5.0, 1.0, 1.0)
     ledger = Ledger(config.cluster, bounds, 37)

@@ -133,9 +133,13 @@ def test_web_settings_read_back_from_their_table_whole() -> None:
     assert moved == dataclasses.replace(every, listen="127.0.0.1:0")
 
 
-def test_the_console_is_on_in_the_embedded_defaults_and_off_in_the_example() -> None:
+def test_the_console_is_on_in_the_embedded_defaults_and_off_in_the_example(
+    tmp_path: Path,
+) -> None:
+    from tests.servers import example_config
+
     assert demo_config().web.listen == DEFAULT_WEB_LISTEN
-    assert load(ROOT / "config" / "oasisd.example.toml").web.listen == ""
+    assert load(example_config(tmp_path)).web.listen == ""
     assert from_dict({"cluster": CLUSTER}).web.listen == ""
     with pytest.raises(ConfigError, match=r"web\.listen: .* is not a loopback address"):
         from_dict({"cluster": CLUSTER, "web": {"listen": "10.1.2.3:8080"}})

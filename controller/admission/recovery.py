@@ -41,6 +41,7 @@ from controller.store import (
 )
 from controller.store.commit_process import START_SECONDS
 from controller.store.stored import stored_spec
+from controller.store.urls import shown
 from controller.store.writer_lock import recorded_holder
 from pricing import Job, Ledger, OasisError, SpecError
 from pricing.best_schedule import BestSchedule, warm_up
@@ -173,7 +174,7 @@ class Recovery(Moves, BoundControl):
         self.log.info(
             "store ready",
             revision=revision,
-            store=self.db.engine.url.render_as_string(hide_password=True),
+            store=shown(self.db.engine.url),
             slot=self.slot,
             jobs_in_window=rebuilt,
         )

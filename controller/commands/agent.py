@@ -12,10 +12,11 @@ import asyncio
 import contextlib
 import math
 import os
+import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 from controller.commands import SUMMARIES
-from controller.commands.common import EXIT_OK, InputError
+from controller.commands.common import EXIT_OK, InputError, warn_visible_password
 
 MIN_REPORT_SECONDS = 0.1
 """The shortest report interval: 10 reports a second, under the daemon's rate of 20
@@ -104,6 +105,12 @@ def broker_settings(args: argparse.Namespace) -> MqttConfig:
     from controller.plane.settings import mqtt_from_dict, override
     from pricing.errors import SpecError
 
+    if args.broker and args.broker != os.environ.get("OASIS_BROKER"):
+        with contextlib.suppress(ValueError):  # a bad URL is named below
+            if urllib.parse.urlsplit(args.broker).password:
+                warn_visible_password(
+                    "--broker", "$OASIS_MQTT_PASSWORD or --mqtt-password-file FILE"
+                )
     try:
         given = _security_flags(args)
         if args.broker or not args.config:

@@ -35,6 +35,7 @@ __all__ = [
     "quiet_native_stdout",
     "read_json",
     "same_file",
+    "warn_visible_password",
 ]
 
 EXIT_OK = 0
@@ -236,9 +237,22 @@ def same_file(a: str, b: str) -> bool:
         return False
 
 
+def warn_visible_password(flag: str, instead: str) -> None:
+    """Warn (stderr) that the password in ``flag`` is visible to every user of this
+    machine, as the command line is (``ps``), and where it belongs ``instead``."""
+    print(f"oasis: warning: {flag} holds a password, which every user of this machine "
+          f"can read in the process list (ps); leave it out: {instead}",
+          file=sys.stderr)  # fmt: skip
+
+
 def check_store_url(url: str) -> None:
     """InputError for a ``--store`` SQLite URL whose file does not exist: SQLite would
-    create an empty one there (left behind), and the error would be "no such table"."""
+    create an empty one there (left behind), and the error would be "no such table".
+    A password in it is warned of (:func:`warn_visible_password`)."""
+    from controller.store.urls import has_password
+
+    if has_password(url):
+        warn_visible_password("--store", "psycopg reads it from $PGPASSWORD or ~/.pgpass")
     prefix = "sqlite:///"
     if url.startswith(prefix) and url[len(prefix) :] not in ("", ":memory:"):
         path = url[len(prefix) :].split("?", 1)[0]

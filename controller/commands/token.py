@@ -1,7 +1,8 @@
 """``oasis token NAME --role ROLE``: make a bearer token for ``oasisd``'s ``[auth]``.
 
 Prints the token (give it to the client, e.g. as ``$OASIS_TOKEN``) and the line to add
-to the daemon's tokens file, which holds only the token's SHA-256 (controller/auth.py).
+to the daemon's tokens file, which holds only the token's SHA-256 (controller/auth.py);
+``--add-to FILE`` appends the line itself (a new file is made 0640).
 Nothing is sent anywhere; the daemon reads its tokens file at start and at a reload
 (``systemctl reload oasisd``, SIGHUP: controller/reload.py).
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+from pathlib import Path
 from typing import Any
 
 from controller.auth import NAME_PATTERN, Role, hash_token, new_token
@@ -29,6 +32,9 @@ def register(sub: Any) -> None:
         default=Role.SUBMITTER.value,
         help="submitter (default): submit, quote, read own jobs; operator: all",
     )
+    p.add_argument("--add-to", metavar="FILE",
+                   help="append the line to this tokens file (made 0640 if new; a name "
+                   "already there is refused)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_token)
 
@@ -38,10 +44,36 @@ def cmd_token(args: argparse.Namespace) -> int:
         raise InputError(f"name {args.name[:40]!r}: use 1-200 of A-Z a-z 0-9 _ . @ -")
     token = new_token()
     line = f"{args.name} {args.role} {hash_token(token)}"
+    if args.add_to:
+        _append(Path(args.add_to), args.name, line)
     if args.json:
         print(json.dumps({"name": args.name, "role": args.role, "token": token, "line": line}))
     else:
         print(f"token (give it to {args.name}; it is not stored anywhere): {token}")
-        print(f"line for the daemon's tokens file:\n{line}")
+        if args.add_to:
+            print(f"added to {args.add_to}: {line}")
+        else:
+            print(f"line for the daemon's tokens file:\n{line}")
         print("then: systemctl reload oasisd (it reads the tokens file again; no restart)")
     return EXIT_OK
+
+
+def _append(path: Path, name: str, line: str) -> None:
+    """Append ``line`` to the tokens file ``path`` (made 0640 if new, never through a
+    symbolic link); InputError if ``name`` has a line there already."""
+    try:
+        fd = os.open(
+            path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o640
+        )
+    except OSError as err:
+        raise InputError(f"--add-to {path}: {err.strerror or err}") from err
+    with os.fdopen(fd, "r+", encoding="utf-8") as f:
+        try:
+            text = f.read(1 << 24)
+        except UnicodeDecodeError as err:
+            raise InputError(f"--add-to {path}: not UTF-8 text") from err
+        names = {w[0] for w in (row.split("#", 1)[0].split() for row in text.splitlines()) if w}
+        if name in names:
+            raise InputError(f"--add-to {path}: {name!r} has a token there already (one "
+                             "per name): remove its line first to replace it")  # fmt: skip
+        f.write(("\n" if text and not text.endswith("\n") else "") + line + "\n")

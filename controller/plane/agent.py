@@ -76,6 +76,23 @@ class UnknownServerError(Exception):
         self.server = server
 
 
+PRIVATE_VARIABLES = ("PGPASSWORD",)
+"""Variables of the agent's environment, besides every ``OASIS_*`` one, that its worker
+commands do not get (:func:`worker_environment`)."""
+
+
+def worker_environment() -> dict[str, str]:
+    """The environment a worker command starts from: the agent's, without its own
+    settings (every ``OASIS_*`` variable: ``$OASIS_MQTT_PASSWORD``, a ``$OASIS_BROKER``
+    with a password in it, ``$OASIS_TOKEN``) and :data:`PRIVATE_VARIABLES`. Before, a
+    tenant's job got the agent's broker password, logged in as the agent, and reported
+    another tenant's job on the same server as done."""
+    return {
+        k: v for k, v in os.environ.items()
+        if not k.startswith("OASIS_") and k not in PRIVATE_VARIABLES
+    }  # fmt: skip
+
+
 @dataclass
 class TaskState:
     """What this agent did for one job (cumulative over the agent's life).
@@ -204,7 +221,7 @@ class Agent:
             state = self._task(job)
             running = [p for p in state.processes if p[0].returncode is None]
             for worker in range(len(running), task.workers):
-                env = {**os.environ, "OASIS_JOB": job, "OASIS_SERVER": self.server,
+                env = {**worker_environment(), "OASIS_JOB": job, "OASIS_SERVER": self.server,
                        "OASIS_WORKER": str(worker),
                        "OASIS_MINIBATCH_SECONDS": str(task.minibatch_seconds)}  # fmt: skip
                 proc = await asyncio.create_subprocess_shell(

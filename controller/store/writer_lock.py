@@ -50,6 +50,7 @@ from sqlalchemy.orm import Session
 
 from controller.store.database import Database
 from controller.store.models import EventRow, MetaRow
+from controller.store.urls import shown
 
 __all__ = [
     "LOCK_KEY",
@@ -319,7 +320,9 @@ class FileWriterLock(WriterLock):
     def try_acquire(self) -> bool:
         if self._fd is not None:
             return True
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # never through a symbolic link: one another user put in a data_dir it could
+        # write had the daemon overwrite the file it pointed at
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
@@ -385,7 +388,7 @@ class PostgresWriterLock(WriterLock):
 
     @property
     def what(self) -> str:
-        return f"the store {self.db.engine.url.render_as_string(hide_password=True)}"
+        return f"the store {shown(self.db.engine.url)}"
 
     def try_acquire(self) -> bool:
         with self._using:
