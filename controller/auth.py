@@ -52,6 +52,7 @@ import structlog
 from controller.bearer import TokenInterceptor  # the client's side, re-exported
 from controller.files import read_bounded
 from controller.holds import Holds
+from controller.logs import Complaints
 from controller.streams import relay
 from controller.tls import is_loopback
 from pricing import fields
@@ -103,6 +104,12 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9_.@-]{1,200}")
 """A token's name: it is stored as a job's submitter (VARCHAR(200))."""
 
 log = structlog.get_logger("oasisd")
+
+REFUSAL_LOG_SECONDS = 10.0
+refusals = Complaints(REFUSAL_LOG_SECONDS, field="peer")
+"""Refusals a client can repeat (no token, a bad one, an operator's method, its caps):
+one log line per peer (or caller) and reason in :data:`REFUSAL_LOG_SECONDS`, the next
+saying how many were held back; one line per refusal filled the disk at 400 KiB/s."""
 
 REVOKE_CHECK_SECONDS = 15.0
 """How often an open stream checks that its caller's token still holds (:func:`holds`),
@@ -301,14 +308,15 @@ class _StreamCap:
         host = _peer_host(context.peer())
         counted = not _loopback_peer(host)
         if self.open >= self.limit:
-            log.warning("open-service stream refused", limit=self.limit, peer=context.peer())
+            refusals(host, "open streams", "open-service stream refused", limit=self.limit)
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"{self.open} health and reflection streams are open, the most at once "
                 f"({self.limit}); close one, or use Health.Check",
             )
         if counted and self.hosts.of(host) >= self.per_host:
-            log.warning("open-service stream refused", per_host=self.per_host, peer=host)
+            refusals(host, "open streams of a host", "open-service stream refused",
+                     per_host=self.per_host)  # fmt: skip
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"{self.hosts.of(host)} health and reflection streams of this host are open, "
@@ -392,8 +400,8 @@ class _InFlight:
     async def hold(self, client: str, context: Any) -> None:
         held = self.calls.of(client)
         if held >= self.limit:
-            log.warning("calls in flight refused", client=client[:200], limit=self.limit,
-                        peer=context.peer())  # fmt: skip
+            refusals(client, "calls in flight", "calls in flight refused", limit=self.limit,
+                     from_peer=context.peer())  # fmt: skip
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"{held} calls of this client are in flight, the most at once "
@@ -492,7 +500,8 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if self.tokens is not None:
             caller = await self._authenticate(method, context)
             if caller.role is not Role.OPERATOR and method not in SUBMITTER_METHODS:
-                log.warning("permission denied", caller=caller.name, method=method)
+                await self._throttle(caller.name, context)  # its rate, as its other calls
+                refusals(caller.name, f"denied {method}", "permission denied", method=method)
                 await context.abort(
                     grpc.StatusCode.PERMISSION_DENIED,
                     f"{caller.name} ({caller.role}) may not call {method}: operators only",
@@ -520,7 +529,8 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         scheme, _, token = (values[0] if values else "").partition(" ")
         if not values or scheme.lower() != "bearer" or not token.strip():
             await self._throttle(_peer_host(context.peer()), context)
-            log.warning("unauthenticated", method=method, peer=context.peer(), why="no token")
+            refusals(_peer_host(context.peer()), "no token", "unauthenticated", method=method,
+                     why="no token")  # fmt: skip
             await context.abort(
                 grpc.StatusCode.UNAUTHENTICATED,
                 "no bearer token: send metadata 'authorization: Bearer TOKEN' (oasis: set "
@@ -531,7 +541,8 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             # Guessing tokens costs the guesser's address its rate (and keeps its log
             # lines to that rate).
             await self._throttle(_peer_host(context.peer()), context)
-            log.warning("unauthenticated", method=method, peer=context.peer(), why="bad token")
+            refusals(_peer_host(context.peer()), "bad token", "unauthenticated", method=method,
+                     why="bad token")  # fmt: skip
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown token")
             raise AssertionError  # unreachable: abort raises
         return caller

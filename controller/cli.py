@@ -78,10 +78,15 @@ def _main(argv: list[str]) -> int:
     args = build_parser(_command_of(argv)).parse_args(argv)
     try:
         code: int = args.func(args)
+        sys.stdout.flush()  # a write that fails (a full disk) fails here, not at exit
     except common.InputError as err:
         print(f"oasis {args.command}: {err}", file=sys.stderr)
         return common.EXIT_BAD_INPUT
     except BrokenPipeError:
+        return common.EXIT_FAILURE
+    except OSError as err:  # its output: a full disk (`oasis replay > out.json`), ...
+        where = f" ({err.filename})" if err.filename else ""
+        print(f"oasis {args.command}: {err.strerror or err}{where}", file=sys.stderr)
         return common.EXIT_FAILURE
     except MemoryError:  # a trace's horizon or a model too large for this machine
         print(f"oasis {args.command}: out of memory (a trace's horizon x servers, or the "

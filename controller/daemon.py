@@ -236,15 +236,17 @@ async def serve(
         leadership = Leadership(controller, writer, ha, role_changed, log=log)
         events += [PeriodicEvent("leadership", ha.retry_seconds, leadership.check),
                    PeriodicEvent("follow", ha.follow_seconds, controller.follow)]  # fmt: skip
+    tasks: list[asyncio.Task[None]] = []
     if notifier.watchdog_interval is not None:
-        events.append(PeriodicEvent("watchdog", notifier.watchdog_interval, _ping(notifier)))
+        ping = _ping(notifier, tasks, log)
+        events.append(PeriodicEvent("watchdog", notifier.watchdog_interval, ping))
     if metrics is not None:
         log.info("metrics listening", address=metrics_address)
     if console is not None:
         log.info("console listening", address=console.address)
     if controller.leading:  # before the slot clock's first tick
         await plane.attach()
-    tasks = [asyncio.create_task(e.loop(), name=e.name) for e in events]
+    tasks += [asyncio.create_task(e.loop(), name=e.name) for e in events]
     if controller.leading:  # after the slot clock's task, as its review follows the tick
         plane.run()
     log.info("listening", address=address, role=controller.role, config=config.source, store=config.database_url
@@ -391,10 +393,22 @@ async def _console(
     )
 
 
-def _ping(notifier: Notifier) -> Callable[[], Awaitable[None]]:
-    async def ping() -> None:
-        notifier.watchdog()
+def _ping(
+    notifier: Notifier, tasks: list[asyncio.Task[None]], log: Any
+) -> Callable[[], Awaitable[None]]:
+    """The watchdog's ping: sent while every periodic task runs. One that has ended (it
+    should not: each logs its failures and goes on) stops the pings, so systemd restarts
+    a daemon whose slot clock, say, no longer ticks, rather than leave it answering."""
 
+    async def ping() -> None:
+        ended = [t.get_name() for t in tasks if t.done()]
+        if not ended:
+            notifier.watchdog()
+        elif not stopped:
+            stopped.append(True)
+            log.error("watchdog: not pinged any more, a periodic task has ended", tasks=ended)
+
+    stopped: list[bool] = []
     return ping
 
 

@@ -1,15 +1,18 @@
 """Reading the operator's files (config, tokens, TLS certificates, a prior) with a bound:
 a mistyped path that names ``/dev/zero``, a log or a FIFO must give a clear error, not
 fill the daemon's memory or hang it (a reload read ``tokens_file = "/dev/zero"`` until
-the process ran out of memory; an audit, 2026-11-27)."""
+the process ran out of memory; an audit, 2026-11-27). Writing a file whole, or not at
+all (:func:`write_whole`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+import tempfile
 from pathlib import Path
 
-__all__ = ["MAX_CONFIG_BYTES", "read_bounded"]
+__all__ = ["MAX_CONFIG_BYTES", "read_bounded", "write_whole"]
 
 MAX_CONFIG_BYTES = 16 << 20
 """The largest config, tokens or certificate file read (16 MiB): a tokens file of 50,000
@@ -43,3 +46,31 @@ def read_bounded(path: Path, limit: int = MAX_CONFIG_BYTES, pipes: bool = False)
     if len(data) > limit:
         raise OSError(0, f"larger than {limit} bytes: not the file meant?")
     return data
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all: into a new file beside it, synced,
+    then renamed over it. A full disk left a truncated trace before, and could have
+    truncated the prior a running config names (``oasis calibrate -o``). A path that is
+    not a regular file (``/dev/stdout``, a FIFO) is written directly. Raises OSError."""
+    if path.exists() and not path.is_file():
+        path.write_text(text, encoding="utf-8")
+        return
+    fd, temporary = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(temporary, 0o666 & ~_umask())  # as a file made by open() would be
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

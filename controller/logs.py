@@ -9,29 +9,55 @@ requests cannot fill the disk the logs are on. grpc's records (an exception that
 escaped a handler) are throttled the same way. The daemon's own tracebacks are bounded
 too: at most :data:`TRACEBACK_BURST` a minute are written whole; past that an event
 keeps its error's type and message on one line (:class:`_Tracebacks`), so a request
-that finds a bug cannot be repeated into gigabytes of log.
+that finds a bug cannot be repeated into gigabytes of log. A value longer than
+:data:`MAX_VALUE_CHARS` (a request's path, say) is cut. What a client or an agent can
+repeat is logged through :class:`Complaints`: one line per ``(who, reason)`` in each
+interval, the next one saying how many were held back.
+
+Logging never fails or waits for its caller (:class:`_Lines`): lines go through a
+bounded queue to a writer thread. A log whose disk is full, a pipe whose reader has
+gone (``oasisd 2>&1 | head``, journald restarted) or stalled drops lines, counted and
+reported once writing works again, instead of raising ``OSError`` into whatever was
+logging: before, that ended the slot clock's task for good, failed a committed cancel
+with ``UNKNOWN`` and skipped the drain at SIGTERM; a stalled pipe blocked the commit.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import logging
+import queue
 import sys
 import threading
 import time
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from datetime import UTC, datetime
 from typing import Any
 
 import structlog
 
-__all__ = ["LIBRARY_BURST", "TRACEBACK_BURST", "configure"]
+__all__ = [
+    "LIBRARY_BURST",
+    "MAX_VALUE_CHARS",
+    "QUEUE_LINES",
+    "TRACEBACK_BURST",
+    "Complaints",
+    "configure",
+]
 
 LIBRARY_BURST = 20
 """Records of one throttled library logger let through a minute."""
 
 TRACEBACK_BURST = 10
 """Whole tracebacks of the daemon's own log events written a minute."""
+
+MAX_VALUE_CHARS = 1000
+"""Characters of one value of a log event (a traceback excepted): the rest is cut."""
+
+QUEUE_LINES = 10_000
+"""Lines waiting for the log's stream; past that, new ones are dropped and counted."""
 
 _THROTTLED = ("aiohttp", "grpc")
 """Loggers whose records a remote client can cause: throttled and cut to one line."""
@@ -101,6 +127,138 @@ class _Throttle(logging.Filter):
         return True
 
 
+class Complaints:
+    """Warnings about what a client or an agent may repeat, at most one per ``every``
+    seconds for each ``(who, reason)``; the next one says how many were held back
+    (``suppressed``). ``who`` is logged as ``field`` (``server``, ``peer``). At most
+    :attr:`max_keys` pairs are remembered: past that the quiet ones are forgotten."""
+
+    max_keys = 4096
+
+    def __init__(
+        self, every: float, monotonic: Callable[[], float] = time.monotonic, field: str = "server"
+    ) -> None:
+        self.every = every
+        self.monotonic = monotonic
+        self.field = field
+        self.log = structlog.get_logger("oasisd")
+        self._last: dict[tuple[str, str], tuple[float, int]] = {}
+
+    def __call__(self, who: str, reason: str, event: str, **details: object) -> bool:
+        """Log ``event`` as a warning unless ``(who, reason)`` was logged within
+        ``every`` seconds; True if logged."""
+        key = (who[:200], reason)
+        now = self.monotonic()
+        last, since = self._last.get(key, (-self.every, 0))
+        if now - last < self.every:
+            self._last[key] = (last, since + 1)
+            return False
+        if key not in self._last and len(self._last) >= self.max_keys:
+            self._last = {k: v for k, v in self._last.items() if now - v[0] < self.every}
+        self._last[key] = (now, 0)
+        self.log.warning(event, **{self.field: key[0]}, suppressed=since, **details)
+        return True
+
+
+def _bounded(
+    _logger: Any, _method: str, event: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """A structlog processor: every text value over :data:`MAX_VALUE_CHARS` cut."""
+    for key, value in event.items():
+        if isinstance(value, str) and len(value) > MAX_VALUE_CHARS:
+            event[key] = f"{value[: MAX_VALUE_CHARS - 40]}...(cut: {len(value)} characters)"
+    return event
+
+
+class _Lines:
+    """Where the log's lines go: a queue of at most :data:`QUEUE_LINES` that a writer
+    thread empties into ``stream``. :meth:`put` never blocks or raises. A line that
+    finds the queue full, or whose write fails (``OSError``: a full disk, a closed
+    pipe), is dropped and counted; the first line written after says how many."""
+
+    def __init__(self, stream: Any, capacity: int = QUEUE_LINES) -> None:
+        self.stream = stream
+        self._queue: queue.Queue[str | None] = queue.Queue(capacity)
+        self._lock = threading.Lock()
+        self.dropped = 0
+        self._thread = threading.Thread(target=self._write, name="log writer", daemon=True)
+        self._thread.start()
+        atexit.register(self.close)
+
+    def put(self, line: str) -> None:
+        try:
+            self._queue.put_nowait(line)
+        except queue.Full:
+            with self._lock:
+                self.dropped += 1
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Write what is queued (for at most ``timeout`` seconds), then stop."""
+        with contextlib.suppress(queue.Full):
+            self._queue.put(None, timeout=timeout)
+        self._thread.join(timeout)
+
+    def _write(self) -> None:
+        while True:
+            line = self._queue.get()
+            if line is None:
+                return
+            lines, ending = [line], False
+            with contextlib.suppress(queue.Empty):
+                while len(lines) < 256:  # what came meanwhile, in one write
+                    more = self._queue.get_nowait()
+                    if more is None:
+                        ending = True
+                        break
+                    lines.append(more)
+            with self._lock:
+                dropped, self.dropped = self.dropped, 0
+            if dropped:
+                lines.insert(0, _dropped_line(dropped))
+            try:
+                self.stream.write("\n".join(lines) + "\n")
+                self.stream.flush()
+            except (OSError, ValueError):  # a full disk, a closed pipe or file
+                with self._lock:
+                    self.dropped += len(lines) - (1 if dropped else 0) + dropped
+            if ending:
+                return
+
+
+def _dropped_line(count: int) -> str:
+    return json.dumps({
+        "event": "log lines dropped", "level": "warning", "dropped": count,
+        "why": "the log's stream refused them or fell behind (a full disk, a closed or "
+        "stalled pipe)", "timestamp": datetime.now(UTC).isoformat(),
+    }, sort_keys=True)  # fmt: skip
+
+
+class _LineLogger:
+    """A structlog logger that hands its rendered lines to :class:`_Lines`."""
+
+    def __init__(self, lines: _Lines) -> None:
+        self._lines = lines
+
+    def msg(self, message: str) -> None:
+        self._lines.put(message)
+
+    log = debug = info = warn = warning = err = error = critical = fatal = exception = msg
+
+
+class _LinesHandler(logging.Handler):
+    """A standard ``logging`` handler that hands its formatted records to :class:`_Lines`."""
+
+    def __init__(self, lines: _Lines) -> None:
+        super().__init__()
+        self._lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._lines.put(self.format(record))
+        except Exception:  # a record that cannot be formatted: not the caller's failure
+            self.handleError(record)
+
+
 class _JsonLines(logging.Formatter):
     """A standard ``logging`` record as one JSON line, as structlog writes its own."""
 
@@ -116,25 +274,34 @@ class _JsonLines(logging.Formatter):
         return json.dumps(line, sort_keys=True)
 
 
+_WRITERS: dict[int, _Lines] = {}
+"""One :class:`_Lines` per stream (by ``id``): a second :func:`configure` reuses it."""
+
+
 def configure(level: str = "info") -> None:
+    """Log JSON lines at ``level`` and above to stderr, through :class:`_Lines`."""
+    lines = _WRITERS.get(id(sys.stderr))
+    if lines is None or lines.stream is not sys.stderr:
+        lines = _WRITERS[id(sys.stderr)] = _Lines(sys.stderr)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             _Tracebacks(),
+            _bounded,
             structlog.processors.format_exc_info,
             structlog.processors.JSONRenderer(sort_keys=True),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=lambda *_args: _LineLogger(lines),
         cache_logger_on_first_use=True,
     )
     root = logging.getLogger()
     if not any(isinstance(h.formatter, _JsonLines) for h in root.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _LinesHandler(lines)
         handler.setFormatter(_JsonLines())
         handler.addFilter(_Throttle())
         root.addHandler(handler)

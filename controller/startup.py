@@ -85,7 +85,9 @@ def open_store(config: Config, controller: AdmissionController, writer: WriterLo
         raise StartupError(str(err)) from err
     except sqlalchemy.exc.DBAPIError as err:  # unreachable, refused, bad credentials, full
         lines = str(err.orig if err.orig is not None else err).strip().splitlines()
-        raise StartupError(f"cannot open {store}: {lines[0] if lines else err}") from err
+        # SQLite says "disk I/O error" when the disk is full: say which, with the number
+        why = db.space_short() or (lines[0] if lines else str(err))
+        raise StartupError(f"cannot open {store}: {why}") from err
     except StoreUnavailableError as err:
         raise StartupError(f"cannot open {store}: {err}") from err
     except StoreVersionError as err:  # a newer oasis migrated it: a restart cannot help

@@ -444,3 +444,38 @@ def test_replay_help_names_every_policy(
     text = " ".join(capsys.readouterr().out.split())
     for name in POLICIES:
         assert f"{name}," in text or f"{name} (" in text, name
+
+
+def test_output_to_a_full_disk_is_one_line_and_leaves_no_half_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`oasis replay > out.json` on a full disk printed a traceback; `oasis gen -o` left
+    a truncated trace, and `calibrate -o` could truncate the prior a config names."""
+    import os
+    import stat
+
+    from controller.files import write_whole
+
+    with open("/dev/full", "w") as full_disk:
+        out = subprocess.run(
+            [sys.executable, "-m", "controller.cli", "replay", str(DEMO)],
+            stdout=full_disk, stderr=subprocess.PIPE, text=True, check=False,
+        )  # fmt: skip
+    assert out.returncode == 1 and out.stderr == "oasis replay: No space left on device\n"
+    prior = tmp_path / "prior.json"
+    prior.write_text('{"the": "prior a config names"}\n')
+
+    def full(_fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        write_whole(prior, "x" * 100_000)
+    assert prior.read_text() == '{"the": "prior a config names"}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["prior.json"]  # no temporary left
+    monkeypatch.undo()
+    assert main(["gen", "--jobs", "3", "-o", str(prior)]) == 0
+    assert json.loads(prior.read_text())["jobs"]
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(prior.stat().st_mode) == 0o666 & ~mask

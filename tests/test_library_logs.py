@@ -105,3 +105,58 @@ def test_the_daemons_own_tracebacks_are_bounded_per_minute() -> None:
     cut.started -= 3600.0  # the minute is over: whole again
     err = ValueError("v")
     assert cut(None, "error", {"event": "x", "exc_info": err})["exc_info"] is err
+
+
+def test_a_long_value_is_cut_and_complaints_forget_quiet_pairs() -> None:
+    from controller.logs import MAX_VALUE_CHARS, Complaints, _bounded
+
+    event = _bounded(None, "warning", {"event": "x", "path": "/a" * 4000, "n": 3})
+    assert len(event["path"]) < MAX_VALUE_CHARS and event["path"].endswith("(cut: 8000 characters)")
+    now = [0.0]
+    complaints = Complaints(10.0, lambda: now[0], field="peer")
+    complaints.max_keys = 3
+    assert [complaints(f"p{i}", "r", "refused") for i in range(3)] == [True, True, True]
+    assert not complaints("p0", "r", "refused")  # within 10 s: held back, counted
+    now[0] = 11.0
+    assert complaints("p9", "r", "refused")  # a fourth pair: the quiet ones are forgotten
+    assert set(complaints._last) == {("p9", "r")}
+
+
+def test_the_watchdog_is_not_pinged_once_a_periodic_task_has_ended() -> None:
+    """A slot clock whose task ended (the first failed log write did it) kept the daemon
+    answering with no tick; now systemd's watchdog restarts it."""
+    import asyncio
+
+    from controller.daemon import _ping
+
+    class Notifier:
+        pings = 0
+
+        def watchdog(self) -> bool:
+            self.pings += 1
+            return True
+
+    class Log:
+        def __init__(self) -> None:
+            self.errors: list[str] = []
+
+        def error(self, event: str, **_kw: object) -> None:
+            self.errors.append(event)
+
+    async def go() -> tuple[int, list[str]]:
+        notifier, log = Notifier(), Log()
+        tasks: list[asyncio.Task[None]] = []
+        ping = _ping(notifier, tasks, log)  # type: ignore[arg-type]
+        tasks.append(asyncio.create_task(asyncio.sleep(3600)))
+        await ping()
+        ended = asyncio.create_task(asyncio.sleep(0))
+        tasks.append(ended)
+        await ended
+        await ping()
+        await ping()
+        for task in tasks:
+            task.cancel()
+        return notifier.pings, log.errors
+
+    pings, errors = asyncio.run(go())
+    assert pings == 1 and len(errors) == 1

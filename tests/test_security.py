@@ -36,7 +36,7 @@ from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.tls import check_exposure, client_channel, is_loopback, tls_from_dict
 from pricing.errors import SpecError
-from tests.servers import CLUSTER_TOML, ROOT, Daemon, oasis, write_config
+from tests.servers import CLUSTER_TOML, ROOT, Daemon, json_log, oasis, write_config
 from tests.test_daemon_e2e import job
 
 # -- a throwaway PKI ---------------------------------------------------------------------
@@ -404,6 +404,41 @@ def test_token_command_makes_a_line_the_daemon_reads(tmp_path: Path) -> None:
     assert made["token"] not in path.read_text()
     bad = oasis("token", "no spaces allowed", check=False)
     assert bad.returncode == 2
+    # --add-to appends the line itself (a new file 0640), and refuses a name twice
+    added = tmp_path / "added"
+    out = oasis("token", "ops", "--role", "operator", "--add-to", str(added))
+    assert "added to" in out.stdout and (added.stat().st_mode & 0o777) == 0o640
+    oasis("token", "dana", "--add-to", str(added))
+    assert [c.name for c in load_tokens(added).values()] == ["ops", "dana"]
+    again = oasis("token", "dana", "--add-to", str(added), check=False)
+    assert again.returncode == 2 and "'dana' has a token there already" in again.stderr
+    assert len(added.read_text().splitlines()) == 2
+
+
+def test_refusals_a_client_repeats_are_logged_once_in_a_while(
+    mtls_daemon: Daemon, pki: Pki
+) -> None:
+    """Before: one line per refusal, 400 KiB/s of log from one submitter calling an
+    operator's method in a loop (and those calls drew on no rate at all)."""
+    before = len(json_log(mtls_daemon.log_path))
+    with mtls_channel(mtls_daemon, pki, TOKENS["alice"]) as channel:
+        cluster = pb_grpc.ClusterStub(channel)
+        for _ in range(200):
+            code, _ = code_of(cluster.ListServers, pb.ListServersRequest())
+            assert code == grpc.StatusCode.PERMISSION_DENIED
+    with mtls_channel(mtls_daemon, pki, "not-a-token") as channel:
+        for _ in range(200):
+            code, _ = code_of(pb_grpc.AdmissionStub(channel).ListJobs, pb.ListJobsRequest())
+            assert code == grpc.StatusCode.UNAUTHENTICATED
+    lines = json_log(mtls_daemon.log_path)[before:]
+    denied = [e for e in lines if e.get("event") == "permission denied"]
+    unknown = [e for e in lines if e.get("why") == "bad token"]
+    # at most one line per 10 s for each (caller or peer, reason): two if the run
+    # crossed such a boundary; none if another test's refusal of the same kind was
+    # logged within the 10 s (this module shares one daemon)
+    assert len(denied) <= 2 and len(unknown) <= 2, (len(denied), len(unknown))
+    logged = [e for e in json_log(mtls_daemon.log_path) if e.get("event") == "permission denied"]
+    assert any(e["peer"] == "alice" and "suppressed" in e for e in logged), logged
 
 
 # -- configuration -------------------------------------------------------------------------

@@ -70,13 +70,12 @@ def test_a_file_system_that_refuses_writes(tmp_path: Path) -> None:
     _one_line_error(out, "cannot open the store ")
 
 
-@pytest.fixture
-def tiny_fs(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MiB tmpfs of 64 inodes (needs the right to mount, as root in CI)."""
-    mount = tmp_path / "fs"
+@contextlib.contextmanager
+def _tmpfs(mount: Path, options: str) -> Iterator[Path]:
+    """A tmpfs at ``mount`` (needs the right to mount, as root in CI)."""
     mount.mkdir()
     out = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m,nr_inodes=64", "tmpfs", str(mount)],
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     if out.returncode != 0:
@@ -85,6 +84,13 @@ def tiny_fs(tmp_path: Path) -> Iterator[Path]:
         yield mount
     finally:
         subprocess.run(["umount", str(mount)], check=False)
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs of 64 inodes."""
+    with _tmpfs(tmp_path / "fs", "size=2m,nr_inodes=64") as mount:
+        yield mount
 
 
 def _fill(fs: Path) -> None:
@@ -107,12 +113,69 @@ def test_a_full_disk_at_start(tmp_path: Path, tiny_fs: Path) -> None:
     assert Daemon(config, log).start().stop() == 0, log.read_text()  # this store exists
     _fill(tiny_fs)
     _one_line_error(_oasisd(full), f"daemon.data_dir: cannot create {tiny_fs / 'new'}: No space")
-    _one_line_error(_oasisd(config), f"cannot open the store sqlite:///{store}/oasis.db", "full")
+    # "disk I/O error" before: SQLite's words, which point at the hardware
+    _one_line_error(_oasisd(config), f"cannot open the store sqlite:///{store}/oasis.db",
+                    "no space left on device: 0 bytes free on the file system of")  # fmt: skip
     for path in tiny_fs.glob("inode-*"):
         path.unlink()
     (tiny_fs / "filler").unlink()
     again = Daemon(config, log).start()  # room again: it starts
     assert again.stop() == 0, log.read_text()
+
+
+def test_a_disk_that_fills_while_the_daemon_runs(tmp_path: Path) -> None:
+    """The SQLite store's disk fills: health turns NOT_SERVING, submissions get
+    UNAVAILABLE at once without a ledger rebuild each (every failed commit rebuilt it
+    before, 150 ms at 3,000 jobs, as often as clients retried); reads go on; once
+    space is freed the daemon is SERVING and admits again by itself."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from controller.convert import spec_to_proto
+    from controller.rpc import oasis_pb2 as pb
+    from controller.rpc import oasis_pb2_grpc as pb_grpc
+    from tests.servers import SMALL_JOB, json_log
+
+    with _tmpfs(tmp_path / "fs", "size=8m") as fs:
+        log = tmp_path / "d.log"
+        daemon = Daemon(write_config(tmp_path / "c.toml", fs / "data"), log).start()
+        try:
+            with grpc.insecure_channel(daemon.address) as channel:
+                admission = pb_grpc.AdmissionStub(channel)
+                health = health_pb2_grpc.HealthStub(channel)
+
+                def submit(name: str) -> grpc.StatusCode:
+                    spec = {**SMALL_JOB, "id": name}
+                    try:
+                        admission.SubmitJob(pb.SubmitJobRequest(job=spec_to_proto(spec)),
+                                            timeout=30)  # fmt: skip
+                    except grpc.RpcError as err:
+                        return err.code()
+                    return grpc.StatusCode.OK
+
+                def status_within(want: int, seconds: float) -> None:
+                    deadline = time.monotonic() + seconds
+                    while True:
+                        got = health.Check(health_pb2.HealthCheckRequest(), timeout=10).status
+                        if got == want or time.monotonic() > deadline:
+                            assert got == want
+                            return
+                        time.sleep(0.2)
+
+                assert submit("before") == grpc.StatusCode.OK
+                _fill(fs)
+                status_within(health_pb2.HealthCheckResponse.NOT_SERVING, 10)
+                codes = {submit(f"full-{i}") for i in range(30)}
+                assert codes == {grpc.StatusCode.UNAVAILABLE}
+                job = admission.GetJob(pb.GetJobRequest(id="before"), timeout=10).job
+                assert job.decision.admitted  # reads go on
+                (fs / "filler").unlink()
+                status_within(health_pb2.HealthCheckResponse.SERVING, 10)
+                assert submit("after") == grpc.StatusCode.OK
+        finally:
+            assert daemon.stop() == 0
+        rebuilds = [e for e in json_log(log) if e.get("event", "").startswith("ledger rebuilt")]
+        assert len(rebuilds) <= 2, len(rebuilds)
 
 
 def test_a_store_that_never_answers(tmp_path: Path) -> None:

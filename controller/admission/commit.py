@@ -107,6 +107,7 @@ class GroupCommit(AdmissionState):
         not, so it is rebuilt before the next step; returns what the callers get."""
         self._stale = True
         self._last_sequence = None
+        self.db.note_failed_write(str(err))
         if isinstance(err, FencedError):  # another daemon leads now: nothing was committed
             self.leader = err.holder
             self._step_down(str(err))

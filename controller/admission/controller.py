@@ -64,14 +64,18 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
 
     # -- async API (serialised, off the event loop) ---------------------------------------
 
-    async def _run(self, fn: Callable[[], _T | Deferred[_T]], client: str = "") -> _T:
+    async def _run(
+        self, fn: Callable[[], _T | Deferred[_T]], client: str = "", writes: bool = True
+    ) -> _T:
         """Run ``fn`` in the decision thread in ``client``'s turn (round-robin over
         clients, :class:`~controller.admission.decision_thread.DecisionThread`; ``""``:
         the daemon itself).
         A :class:`~controller.admission.commit.Deferred` result (a decision whose commit
         is queued) is awaited here, after the turn passed on: the next decision does not
         wait for this one's commit, its caller does. The event loop is woken once, when
-        the answer is ready (the commit's), not also when the step ends.
+        the answer is ready (the commit's), not also when the step ends. ``writes``:
+        ``fn`` may write to the store (all but a quote), refused at once while a SQLite
+        store is full (:attr:`~controller.store.database.Database.writes_refused`).
 
         Raises:
             DrainingError: the daemon is stopping.
@@ -89,7 +93,7 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
 
             def step() -> None:
                 try:
-                    result = self._in_step(fn)
+                    result = self._in_step(fn, writes)
                 except BaseException as err:  # the caller's, through the answer
                     outcome.append(err)
                     return
@@ -161,11 +165,13 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
         thread, so ``fn`` reads it whole, never half-updated."""
         return self._decisions.call(fn).result(timeout)
 
-    def _in_step(self, fn: Callable[[], _T]) -> _T:
+    def _in_step(self, fn: Callable[[], _T], writes: bool = True) -> _T:
         """Run ``fn`` in the decision thread on a ledger that matches the store (or is
         ahead of it by decisions the writer is committing)."""
         if self.db.severed:  # the store's file is gone: nothing decided now would be kept
             raise StoreUnavailableError(self.db.severed)
+        if writes and self.db.writes_refused:  # its disk is full: the commit would fail
+            raise StoreUnavailableError(self.db.writes_refused)
         if self._stale:
             self._rebuild_stale()  # StoreUnavailableError: still stale, try next time
         try:
@@ -228,7 +234,7 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
         a submission would return instead (its id and spec), or ConflictError where a
         submission would conflict (``owner`` as for :meth:`submit`)."""
         self.config.limits.check_spec(spec)
-        return await self._run(lambda: self._quote_sync(spec, by, owner), client)
+        return await self._run(lambda: self._quote_sync(spec, by, owner), client, writes=False)
 
     async def cancel(
         self, job_id: str, client: str = "", owner: str | None = None, by: str | None = None

@@ -7,7 +7,6 @@ import argparse
 import json
 import math
 import sys
-from pathlib import Path
 from typing import Any
 
 from controller.commands import SUMMARIES
@@ -20,6 +19,7 @@ from controller.commands.common import (
     int_at_least,
     load_trace,
     same_file,
+    write_output,
 )
 from pricing.bound_estimate import BoundEstimate, calibrate
 from pricing.bound_prior import DEFAULT_PRIOR_WEIGHT, MAX_POINTS
@@ -149,10 +149,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"-o {args.output}: that is the trace read: it would be overwritten "
                          "with the prior; name another file")  # fmt: skip
     else:
-        try:
-            Path(args.output).write_text(text, encoding="utf-8")
-        except OSError as err:
-            raise InputError(f"-o {args.output}: cannot write: {err.strerror or err}") from err
+        write_output(args.output, text)
     start = BoundEstimate.start(cluster, prior).bounds()
     assert start is not None
     floors = ", ".join(

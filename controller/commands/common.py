@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from controller.files import read_bounded
+from controller.files import read_bounded, write_whole
 from pricing.errors import Problem
 
 if TYPE_CHECKING:  # the client commands never read traces: no numpy at their start
@@ -36,6 +36,7 @@ __all__ = [
     "read_json",
     "same_file",
     "warn_visible_password",
+    "write_output",
 ]
 
 EXIT_OK = 0
@@ -235,6 +236,15 @@ def same_file(a: str, b: str) -> bool:
         return os.path.samefile(a, b)
     except OSError:
         return False
+
+
+def write_output(output: str, text: str) -> None:
+    """Write a command's ``-o FILE`` whole or not at all (:func:`controller.files.write_whole`);
+    InputError naming the flag if it cannot."""
+    try:
+        write_whole(Path(output), text)
+    except OSError as err:
+        raise InputError(f"-o {output}: cannot write: {err.strerror or err}") from err
 
 
 def warn_visible_password(flag: str, instead: str) -> None:

@@ -11,7 +11,6 @@ import argparse
 import json
 import math
 import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,6 +22,7 @@ from controller.commands.common import (
     counted,
     int_at_least,
     positive_seconds,
+    write_output,
 )
 from pricing.ledger import ledger_bytes_of, ledger_need
 from pricing.trace import MAX_LEDGER_BYTES
@@ -189,10 +189,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         where = "stdout"
     else:
-        try:
-            Path(args.output).write_text(text, encoding="utf-8")
-        except OSError as err:
-            raise InputError(f"-o {args.output}: cannot write: {err.strerror or err}") from err
+        write_output(args.output, text)
         where = args.output
     print(
         f"oasis gen: {counted(args.jobs, 'job')}, {args.worker_servers} worker + "

@@ -44,7 +44,7 @@ import structlog
 from aiohttp import web
 
 from controller.admission import AdmissionController
-from controller.auth import ANONYMOUS, Caller, Role, hash_token, holds
+from controller.auth import ANONYMOUS, Caller, Role, hash_token, holds, refusals
 from controller.commands.records import job_record
 from controller.config import Config
 from controller.console import pages
@@ -133,7 +133,8 @@ class _PerHost(asyncio.Protocol):
         host = str(peer[0]) if isinstance(peer, tuple) and peer else ""
         if host and not is_loopback(host):
             if self._hosts.of(host) >= self._cap:
-                log.warning("console connection refused", peer=host, per_host=self._cap)
+                refusals(host, "console connections", "console connection refused",
+                         per_host=self._cap)  # fmt: skip
                 _Refused().connection_made(transport)
                 return
             self._hosts.take(host)
@@ -382,7 +383,8 @@ class Console:
             caller = self.tokens.get(hash_token(token.strip())) if bearer else None
             if caller is None:
                 self._throttle(request)
-                log.warning("unauthenticated", console=True, path=request.path, why="bad token")
+                refusals(request.remote or "", "console bad token", "unauthenticated",
+                         console=True, path=request.path[:200], why="bad token")  # fmt: skip
                 raise _RefusedError(401, "unknown token")
             return caller, None
         session = self.sessions.get(request.cookies.get(COOKIE, ""))
@@ -434,7 +436,8 @@ class Console:
         caller = self.tokens.get(hash_token(token)) if token else None
         if caller is None:
             self._throttle(request)  # guesses: the peer's rate
-            log.warning("unauthenticated", console=True, path="/login", why="bad token")
+            refusals(request.remote or "", "console login", "unauthenticated", console=True,
+                     path="/login", why="bad token")  # fmt: skip
             html = pages.login_page(self.version, target, "Unknown token: not logged in.")
             return web.Response(text=html, status=401, content_type="text/html")
         self._throttle(request, caller.name)  # its own rate, as its requests after it

@@ -66,7 +66,8 @@ from sqlalchemy.orm import Session
 from controller.clock import slots_for
 from controller.errors import NotFoundError
 from controller.events import Event
-from controller.plane.intake import Complaints, Received, ReportInbox
+from controller.logs import Complaints
+from controller.plane.intake import Received, ReportInbox
 from controller.plane.link_clock import LinkClock
 from controller.plane.port import AdmissionPort
 from controller.plane.settings import MqttConfig

@@ -14,16 +14,13 @@ dropped, and counted.
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
-
-import structlog
 
 from controller.plane.topics import Progress, TaskProgress
 
-__all__ = ["Complaints", "Received", "ReportInbox"]
+__all__ = ["Received", "ReportInbox"]
 
 
 @dataclass(frozen=True)
@@ -103,28 +100,3 @@ class ReportInbox:
                 self.dropped += 1
                 continue
             carry[key] = (old.at, old.slot, entry)
-
-
-class Complaints:
-    """Warnings about what agents send, at most one per ``every`` seconds for each
-    ``(server, reason)``; the next one says how many were held back (``suppressed``)."""
-
-    def __init__(self, every: float, monotonic: Callable[[], float] = time.monotonic) -> None:
-        self.every = every
-        self.monotonic = monotonic
-        self.log = structlog.get_logger("oasisd")
-        self._last: dict[tuple[str, str], tuple[float, int]] = {}
-
-    def __call__(self, server: str, reason: str, event: str, **details: object) -> bool:
-        """Log ``event`` as a warning unless ``(server, reason)`` was logged within
-        ``every`` seconds; True if logged. ``server`` should be a known server's name or
-        ``"?"``, so the table stays as small as the cluster."""
-        key = (server, reason)
-        now = self.monotonic()
-        last, since = self._last.get(key, (-self.every, 0))
-        if now - last < self.every:
-            self._last[key] = (last, since + 1)
-            return False
-        self._last[key] = (now, 0)
-        self.log.warning(event, server=server, suppressed=since, **details)
-        return True

@@ -34,9 +34,9 @@ import structlog
 from controller.errors import DrainingError
 from controller.events import Event
 from controller.limits import RateLimiter
+from controller.logs import Complaints
 from controller.plane.client import client_for, for_each
 from controller.plane.execution import Execution
-from controller.plane.intake import Complaints
 from controller.plane.port import AdmissionPort
 from controller.plane.settings import MqttConfig
 from controller.plane.topics import (

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -66,6 +67,13 @@ DEFAULT_TIMEOUT = 3.0
 """Seconds any one store operation may take (``daemon.store_timeout``)."""
 RETRY_SECONDS = 1.0
 """After PostgreSQL was found out of reach, calls fail at once for this long."""
+
+MIN_FREE_BYTES = 1 << 20
+"""A SQLite store whose file system has less free than this is full: it cannot grow."""
+
+_FULL = ("database or disk is full", "disk i/o error")
+"""What SQLite says when a write fails for space (SQLITE_FULL, SQLITE_IOERR)."""
+
 _CLIENT_MARGIN = 1.0  # the server's own timeouts fire first while it runs
 # keepalive probes after 30 s idle, every 10 s, 3 unanswered: a vanished peer in ~60 s
 _KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
@@ -152,6 +160,7 @@ class Database:
         self.engine: Engine = create_engine(url, **kwargs)
         self.fail_fast = self.engine.dialect.name == "postgresql"
         self._severed = ""  # why every call is refused for good (the file went); "" if not
+        self._full = ""  # why a SQLite store cannot take writes now (space); "" if it can
         self.file: StoreFile | None = None  # a SQLite store's file, watched by ping()
         if self.engine.dialect.name == "sqlite" and parsed.database not in (None, "", ":memory:"):
             self.file = StoreFile(Path(str(parsed.database)).absolute())
@@ -236,6 +245,11 @@ class Database:
                 self._sever(what)
         if self._severed:
             return False
+        short = self.space_short()
+        if short:
+            self._full = short
+            return False
+        self._full = ""
         try:
             with self.engine.connect() as conn:
                 conn.execute(text("SELECT 1"))
@@ -251,8 +265,39 @@ class Database:
     @property
     def down_reason(self) -> str:
         """Why PostgreSQL was last found out of reach, or the SQLite store's file gone
-        (:attr:`severed`); "" if its last answer was fine."""
-        return self._severed or self._down
+        (:attr:`severed`) or its disk full (:attr:`writes_refused`); "" if its last
+        answer was fine."""
+        return self._severed or self._full or self._down
+
+    @property
+    def writes_refused(self) -> str:
+        """Why a SQLite store cannot take a write now: a write failed for space, or its
+        file system has less than :data:`MIN_FREE_BYTES` free (until :meth:`ping`
+        finds room again); "" if it can. Decisions are refused at once meanwhile: each
+        one failed at its commit, and the ledger was rebuilt for it (150 ms at 3,000
+        jobs), as often as clients retried."""
+        return self._full
+
+    def note_failed_write(self, reason: str) -> None:
+        """A commit failed with ``reason``: a SQLite store out of space takes no more
+        writes until :meth:`ping` finds room (:attr:`writes_refused`)."""
+        if self.file is not None and any(words in reason.lower() for words in _FULL):
+            self._full = self.space_short() or f"the store's last write failed: {reason}"
+
+    def space_short(self) -> str:
+        """Why a SQLite store's file system is full (less than :data:`MIN_FREE_BYTES`
+        free, with the number), or "" (PostgreSQL, room, or no answer from statvfs)."""
+        if self.file is None:
+            return ""
+        folder = self.file.path.parent
+        try:
+            st = os.statvfs(folder)
+        except OSError:
+            return ""
+        free = st.f_bavail * st.f_frsize
+        if free >= MIN_FREE_BYTES:
+            return ""
+        return f"no space left on device: {free:,} bytes free on the file system of {folder}"
 
     @property
     def severed(self) -> str:
