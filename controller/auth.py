@@ -238,7 +238,8 @@ def load_tokens(path: Path) -> dict[str, Caller]:
         # the caller as loaded: a console request waits its turn like a gRPC call)
         tokens[digest] = Caller(name, Role(role), client=name, turn=name, token=digest)
     if not tokens:
-        raise SpecError.one(where, "holds no token: nobody could call the daemon")
+        raise SpecError.one(where, "holds no token: nobody could call the daemon (add one: "
+                            f"oasis token NAME --role operator --add-to {path})")  # fmt: skip
     return tokens
 
 

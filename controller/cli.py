@@ -32,8 +32,15 @@ class _Parser(argparse.ArgumentParser):
     ...}}``), exit 2, as every other error of a command with ``--json``."""
 
     json_errors = False
+    secrets: tuple[str, ...] = ()  # the command line's --token values: never echoed
 
     def error(self, message: str) -> NoReturn:
+        for secret in _Parser.secrets:
+            if secret in message:
+                message = message.replace(secret, "***") + (
+                    " (--token goes after the command: oasis jobs --token TOKEN, or set "
+                    "$OASIS_TOKEN)"
+                )
         if _Parser.json_errors:
             error = {"code": "INVALID_ARGUMENT", "message": f"{self.prog}: {message}",
                      "field": "", "problems": []}  # fmt: skip
@@ -75,6 +82,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: list[str]) -> int:
     _Parser.json_errors = "--json" in argv
+    _Parser.secrets = tuple(
+        a.split("=", 1)[1] if a.startswith("--token=") else argv[i + 1]
+        for i, a in enumerate(argv)
+        if (a == "--token" and i + 1 < len(argv)) or a.startswith("--token=")
+    )
     args = build_parser(_command_of(argv)).parse_args(argv)
     try:
         code: int = args.func(args)

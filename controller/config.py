@@ -93,6 +93,7 @@ __all__ = [
     "PricingConfig",
     "demo_config",
     "load",
+    "load_mqtt",
     "table_digests",
 ]
 
@@ -576,6 +577,32 @@ def check_listen(listen: str, where: str) -> str:
 def load(path: str | Path, former: Collection[str] = ()) -> Config:
     """Read and validate a TOML config file (``former``: as for :func:`from_dict`)."""
     p = Path(path)
+    data, mode, group = _read_toml(p)
+    config = replace(
+        from_dict(data, str(p), base=p.parent, former=former), tables=table_digests(data)
+    )
+    found = [_exposed_secrets(p, config, mode, group), *_exposed_files(p, data),
+             _clear_broker_password(config)]  # fmt: skip
+    warnings = tuple(w for w in found if w)
+    return replace(config, warnings=(*config.warnings, *warnings)) if warnings else config
+
+
+def load_mqtt(path: str | Path) -> MqttConfig | None:
+    """Only the ``[mqtt]`` table of a config file (``oasis agent --config``): an agent on
+    a worker node has no use for the daemon's tokens file, store or cluster, and may
+    not be able to read them."""
+    p = Path(path)
+    data, _mode, _group = _read_toml(p)
+    try:
+        return mqtt_from_dict(
+            _rebased(fields.optional_mapping(data, "mqtt", ""), ("tls_ca",), p.parent)
+        )
+    except SpecError as err:
+        raise ConfigError(str(err)) from err
+
+
+def _read_toml(p: Path) -> tuple[dict[str, Any], int, int]:
+    """The TOML document at ``p``, its mode and group; ConfigError if unreadable."""
     try:
         data = tomllib.loads(read_bounded(p).decode("utf-8"))
         mode, group = p.stat().st_mode, p.stat().st_gid
@@ -587,12 +614,18 @@ def load(path: str | Path, former: Collection[str] = ()) -> Config:
         raise ConfigError(f"{p}: not TOML: {err}") from err
     except RecursionError as err:
         raise ConfigError(f"{p}: not TOML that can be read: nested too deeply") from err
-    config = replace(
-        from_dict(data, str(p), base=p.parent, former=former), tables=table_digests(data)
-    )
-    found = [_exposed_secrets(p, config, mode, group), *_exposed_files(p, data)]
-    warnings = tuple(w for w in found if w)
-    return replace(config, warnings=(*config.warnings, *warnings)) if warnings else config
+    return data, mode, group
+
+
+def _clear_broker_password(config: Config) -> str:
+    """A warning if the broker's password would cross the network in the clear: TLS off
+    and a broker off loopback (gRPC, the console and /metrics refuse plaintext there)."""
+    mqtt = config.mqtt
+    if mqtt is None or not mqtt.password or mqtt.tls or is_loopback(mqtt.host):
+        return ""
+    return (f"mqtt: the broker {mqtt.host}:{mqtt.port} is not on loopback and TLS is off: "
+            "the broker password, and every plan, cross the network in the clear; use "
+            "mqtts:// (or tls_ca)")  # fmt: skip
 
 
 def _exposed_files(config_path: Path, data: Mapping[str, Any]) -> list[str]:

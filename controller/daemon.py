@@ -54,6 +54,7 @@ from controller.store.watch import PROBE_SECONDS, StoreWatch, WriterLockLostErro
 from controller.store.writer_lock import PostgresWriterLock, writer_lock
 from controller.systemd import Notifier
 from controller.tls import MAX_RESPONSE_BYTES, check_exposure, server_credentials
+from pricing import jit
 from pricing.errors import SpecError
 
 __all__ = ["PeriodicEvent", "StartupError", "main", "serve"]
@@ -460,18 +461,27 @@ def _main(args: argparse.Namespace) -> int:
     logs.configure(config.log_level)
     for warning in config.warnings:
         structlog.get_logger("oasisd").warning("config problem", problem=warning)
+    if jit.UNCACHED:
+        structlog.get_logger("oasisd").warning(
+            "numba cannot cache the compiled kernels: they are compiled at each start",
+            error=jit.UNCACHED[0][:300],
+            fix="set NUMBA_CACHE_DIR to a folder this user may write (the systemd unit "
+            "sets /var/cache/oasis/numba)",
+        )
 
     def ready(address: str) -> None:
         store = shown(config.database_url)
         web = config.web.listen
         scheme = "https" if config.tls else "http"
         console = f"; console: {scheme}://{web}/" if web and not web.endswith(":0") else ""
+        logs.sync()  # a reader of this line finds the log lines before it written
         print(f"oasisd listening on {address} (store: {store}{console})", flush=True)
 
     try:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(serve(config, on_ready=ready))
     except (StartupError, WriterLockLostError) as err:
+        logs.flush()  # the log lines that led to it first
         print(f"oasisd: {err}", file=sys.stderr)
         return err.status if isinstance(err, StartupError) else 1
     return 0

@@ -51,19 +51,38 @@ def read_bounded(path: Path, limit: int = MAX_CONFIG_BYTES, pipes: bool = False)
 def write_whole(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` whole or not at all: into a new file beside it, synced,
     then renamed over it. A full disk left a truncated trace before, and could have
-    truncated the prior a running config names (``oasis calibrate -o``). A path that is
-    not a regular file (``/dev/stdout``, a FIFO) is written directly. Raises OSError."""
-    if path.exists() and not path.is_file():
-        path.write_text(text, encoding="utf-8")
+    truncated the prior a running config names (``oasis calibrate -o``).
+
+    The file keeps what it had: through a symbolic link its target is written; an
+    existing file's mode and group carry over (a prior kept ``0640 root:oasis`` stays
+    readable by the daemon); a new one gets the mode ``open()`` would give. A path that
+    is not a regular file (``/dev/stdout``, a FIFO), or in a folder this user may not
+    write, is written in place, as before. Raises OSError."""
+    target = path.resolve() if path.is_symlink() else path
+    if target.exists() and not target.is_file():
+        target.write_text(text, encoding="utf-8")
         return
-    fd, temporary = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, temporary = tempfile.mkstemp(
+            dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"
+        )
+    except PermissionError:  # the file may be writable where the folder is not
+        target.write_text(text, encoding="utf-8")
+        return
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(temporary, 0o666 & ~_umask())  # as a file made by open() would be
-        os.replace(temporary, path)
+            try:
+                st = target.stat()
+            except FileNotFoundError:
+                os.fchmod(f.fileno(), 0o666 & ~_umask())
+            else:
+                os.fchmod(f.fileno(), stat.S_IMODE(st.st_mode))
+                with contextlib.suppress(PermissionError):  # not this user's group: as new
+                    os.fchown(f.fileno(), -1, st.st_gid)
+        os.replace(temporary, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
@@ -71,6 +90,7 @@ def write_whole(path: Path, text: str) -> None:
 
 
 def _umask() -> int:
+    """This process's umask (read by setting it, then put back)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask

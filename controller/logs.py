@@ -45,6 +45,8 @@ __all__ = [
     "TRACEBACK_BURST",
     "Complaints",
     "configure",
+    "flush",
+    "sync",
 ]
 
 LIBRARY_BURST = 20
@@ -59,8 +61,10 @@ MAX_VALUE_CHARS = 1000
 QUEUE_LINES = 10_000
 """Lines waiting for the log's stream; past that, new ones are dropped and counted."""
 
-_THROTTLED = ("aiohttp", "grpc")
-"""Loggers whose records a remote client can cause: throttled and cut to one line."""
+_THROTTLED = {"aiohttp": False, "grpc": True}
+"""Loggers whose records a remote client can cause, each throttled on its own budget,
+and whether their tracebacks are kept (within the budget): aiohttp's are about malformed
+requests, cut to one line; grpc's about an exception that escaped a handler, a bug."""
 
 
 class _Tracebacks:
@@ -98,32 +102,37 @@ class _Tracebacks:
 
 
 class _Throttle(logging.Filter):
-    """Of the records of the :data:`_THROTTLED` loggers (and their children), at most
-    ``burst`` per ``seconds``; the first one after a drop says how many were dropped.
-    Their tracebacks are cut to the error itself. Other records pass as they are."""
+    """Of the records of each of the :data:`_THROTTLED` libraries (and their children),
+    at most ``burst`` per ``seconds``, each library on its own budget (a flood of bad
+    HTTP must not hide grpc's records); the first one after a drop says how many were
+    dropped. Tracebacks are cut to the error itself unless the library's are kept.
+    Other records pass as they are."""
 
     def __init__(self, burst: int = LIBRARY_BURST, seconds: float = 60.0) -> None:
         super().__init__()
         self.burst, self.seconds = burst, seconds
-        self.started, self.passed, self.dropped = 0.0, 0, 0
+        # per library: [start of its minute, records passed, records dropped]
+        self._budgets = {name: [-seconds, 0, 0] for name in _THROTTLED}
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not record.name.startswith(_THROTTLED):
+        library = record.name.split(".", 1)[0]
+        budget = self._budgets.get(library)
+        if budget is None:
             return True
         now = time.monotonic()
-        if now - self.started >= self.seconds:
-            self.started, self.passed = now, 0
-        if self.passed >= self.burst:
-            self.dropped += 1
+        if now - budget[0] >= self.seconds:
+            budget[0], budget[1] = now, 0
+        if budget[1] >= self.burst:
+            budget[2] += 1
             return False
-        self.passed += 1
-        if record.exc_info and record.exc_info[1] is not None:
+        budget[1] += 1
+        if record.exc_info and record.exc_info[1] is not None and not _THROTTLED[library]:
             err = record.exc_info[1]
             record.msg = f"{record.getMessage()}: {type(err).__name__}: {str(err)[:300]}"
             record.args, record.exc_info, record.exc_text = None, None, None
-        if self.dropped:
-            record.msg = f"{record.getMessage()} ({self.dropped} like it dropped before)"
-            record.args, self.dropped = None, 0
+        if budget[2]:
+            record.msg = f"{record.getMessage()} ({budget[2]} like it dropped before)"
+            record.args, budget[2] = None, 0
         return True
 
 
@@ -178,7 +187,8 @@ class _Lines:
 
     def __init__(self, stream: Any, capacity: int = QUEUE_LINES) -> None:
         self.stream = stream
-        self._queue: queue.Queue[str | None] = queue.Queue(capacity)
+        # a line; None: the end; an Event: set once everything before it is written
+        self._queue: queue.Queue[str | threading.Event | None] = queue.Queue(capacity)
         self._lock = threading.Lock()
         self.dropped = 0
         self._thread = threading.Thread(target=self._write, name="log writer", daemon=True)
@@ -192,37 +202,54 @@ class _Lines:
             with self._lock:
                 self.dropped += 1
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Write what is queued (for at most ``timeout`` seconds), then stop."""
+    def sync(self, timeout: float = 2.0) -> bool:
+        """Wait (at most ``timeout`` seconds) until every line put before is written or
+        dropped; True if so. oasisd does at the line saying it listens, so a reader of
+        that line finds the log lines before it (the console's address, say)."""
+        written = threading.Event()
+        try:
+            self._queue.put(written, timeout=timeout)
+        except queue.Full:
+            return False
+        return written.wait(timeout)
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Write what is queued (for at most ``timeout`` seconds: a stream nobody reads
+        must not hold the exit), then stop."""
         with contextlib.suppress(queue.Full):
             self._queue.put(None, timeout=timeout)
         self._thread.join(timeout)
 
     def _write(self) -> None:
         while True:
-            line = self._queue.get()
-            if line is None:
+            item = self._queue.get()
+            lines: list[str] = []
+            while isinstance(item, str):  # with what came meanwhile, in one write
+                lines.append(item)
+                try:
+                    item = self._queue.get_nowait() if len(lines) < 256 else ""
+                except queue.Empty:
+                    item = ""
+                if item == "":
+                    break
+            if lines:
+                self._write_lines(lines)
+            if isinstance(item, threading.Event):
+                item.set()
+            elif item is None:
                 return
-            lines, ending = [line], False
-            with contextlib.suppress(queue.Empty):
-                while len(lines) < 256:  # what came meanwhile, in one write
-                    more = self._queue.get_nowait()
-                    if more is None:
-                        ending = True
-                        break
-                    lines.append(more)
+
+    def _write_lines(self, lines: list[str]) -> None:
+        with self._lock:
+            dropped, self.dropped = self.dropped, 0
+        if dropped:
+            lines.insert(0, _dropped_line(dropped))
+        try:
+            self.stream.write("\n".join(lines) + "\n")
+            self.stream.flush()
+        except Exception:  # a full disk, a closed pipe or file: never the thread's end
             with self._lock:
-                dropped, self.dropped = self.dropped, 0
-            if dropped:
-                lines.insert(0, _dropped_line(dropped))
-            try:
-                self.stream.write("\n".join(lines) + "\n")
-                self.stream.flush()
-            except (OSError, ValueError):  # a full disk, a closed pipe or file
-                with self._lock:
-                    self.dropped += len(lines) - (1 if dropped else 0) + dropped
-            if ending:
-                return
+                self.dropped += len(lines) - (1 if dropped else 0) + dropped
 
 
 def _dropped_line(count: int) -> str:
@@ -306,3 +333,18 @@ def configure(level: str = "info") -> None:
         handler.addFilter(_Throttle())
         root.addHandler(handler)
         root.setLevel(logging.WARNING)
+
+
+def sync(timeout: float = 2.0) -> None:
+    """Wait until the lines logged so far are written (:meth:`_Lines.sync`)."""
+    for lines in list(_WRITERS.values()):
+        lines.sync(timeout)
+
+
+def flush(timeout: float = 2.0) -> None:
+    """Write what every log writer has queued (at most ``timeout`` seconds each), and
+    stop them: before a last line printed straight to stderr (oasisd's exit message),
+    so it comes after the log lines that led to it."""
+    for lines in list(_WRITERS.values()):
+        lines.close(timeout)
+    _WRITERS.clear()

@@ -196,17 +196,41 @@ def _data_dir(path: Path) -> None:
             "the daemon's user, or give another data_dir",
             status=2,
         )
+    unwritable = [p for p in (path, *(path / f"oasis.db{s}" for s in ("", "-wal", "-shm", ".lock")))
+                  if p.exists() and not os.access(p, os.W_OK)]  # fmt: skip
+    if unwritable:  # root's (an earlier start as root), not chowned with -R
+        owner = _user(unwritable[0].stat().st_uid)
+        name = pwd.getpwuid(me).pw_name if _known(me) else str(me)
+        raise StartupError(
+            f"daemon.data_dir: the daemon's user ({_user(me)}) may not write "
+            f"{unwritable[0]} ({owner}'s): chown -R {name}: {path}",
+            status=2,
+        )
     if st.st_mode & 0o002:  # sticky or not: another user could create oasis.db first
         raise StartupError(
             f"daemon.data_dir: anyone may write in {path} (mode {st.st_mode & 0o7777:04o}): "
             f"they could swap or delete the store; chmod 700 {path}",
             status=2,
         )
+    if st.st_mode & 0o020 and st.st_gid != os.getegid():
+        structlog.get_logger("oasisd").warning(
+            "daemon.data_dir: a group other than the daemon's may write in it (and swap "
+            "or delete the store)",
+            data_dir=str(path), mode=f"{st.st_mode & 0o7777:04o}", fix=f"chmod g-w {path}",
+        )  # fmt: skip
     if st.st_mode & 0o007:
         structlog.get_logger("oasisd").warning(
             "daemon.data_dir: others may read the store",
             data_dir=str(path), mode=f"{st.st_mode & 0o7777:04o}", fix=f"chmod 700 {path}",
         )  # fmt: skip
+
+
+def _known(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True
 
 
 def _user(uid: int) -> str:

@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 from pricing.text import escape
 
-__all__ = ["SafeStream", "guarded"]
+__all__ = ["SafeStream", "guarded", "unfiltered"]
 
 _KEEP = "\n\t"
 
@@ -34,7 +34,8 @@ class SafeStream:
         self.stream = stream
 
     def write(self, text: str) -> int:
-        self.stream.write(escape(text, keep=_KEEP))
+        # the common case first: printable ASCII (JSON, tables) passes as it is
+        self.stream.write(text if text.isascii() and text.isprintable() else escape(text, _KEEP))
         return len(text)
 
     def writelines(self, lines: Iterable[str]) -> None:
@@ -59,3 +60,9 @@ def guarded() -> Iterator[None]:
         yield
     finally:
         sys.stdout, sys.stderr = saved
+
+
+def unfiltered(stream: TextIO) -> TextIO:
+    """The stream under a :class:`SafeStream`: for the client's own control characters
+    (``oasis replay``'s progress line rewritten with CR), never for text from others."""
+    return stream.stream if isinstance(stream, SafeStream) else stream

@@ -21,7 +21,9 @@ __all__ = [
 ]
 
 _UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
-_PART = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([dhms])")  # ASCII digits only, as JSON
+# ASCII digits and blanks only: "2h\r\n\x0b\u2028" was taken, and stored as written
+_PART = re.compile(r"[ \t]*([0-9]+(?:\.[0-9]+)?)[ \t]*([dhms])")
+_BLANKS = " \t"
 _MAX_TEXT = 64
 """Longer strings are neither durations nor times (and are not worth a regex)."""
 
@@ -30,14 +32,14 @@ DURATION_EXAMPLES = '"90m", "6h", "1h30m" or "2d"'
 
 def parse_duration(text: str) -> float | None:
     """Seconds of a duration such as ``"1h30m"``; None if ``text`` is not one."""
-    if len(text) > _MAX_TEXT or not text.strip():
+    if len(text) > _MAX_TEXT or not text.strip(_BLANKS):
         return None
     pos, total = 0, 0.0
     seen: set[str] = set()
     while pos < len(text):
         m = _PART.match(text, pos)
         if m is None:
-            return None if text[pos:].strip() else (total if seen else None)
+            return None if text[pos:].strip(_BLANKS) else (total if seen else None)
         unit = m.group(2)
         if unit in seen:  # "1h2h" is a typo, not three hours
             return None

@@ -37,9 +37,15 @@ from numba import njit
 from numba.core import caching
 from numba.core.dispatcher import Dispatcher
 
-__all__ = ["kernel", "source_stamp"]
+__all__ = ["UNCACHED", "kernel", "source_stamp"]
 
 _PACKAGE = Path(__file__).resolve().parent
+
+UNCACHED: list[str] = []
+"""Why kernels could not be cached (numba found no folder it may write: the package is
+read only, the user has no home, ``NUMBA_CACHE_DIR`` unset); they are compiled at each
+start instead. The daemon logs it; before, the import raised and oasisd died with a
+traceback."""
 
 _Function = TypeVar("_Function", bound=Callable[..., object])
 
@@ -114,5 +120,9 @@ def kernel(function: _Function) -> Dispatcher[_Function]:
     dispatcher = njit(nogil=True)(function)
     if hasattr(dispatcher, "enable_caching"):  # not a plain function (NUMBA_DISABLE_JIT)
         # what enable_caching() does (njit's cache=True), with the package's stamp
-        dispatcher._cache = _PackageCache(function)  # type: ignore[attr-defined,no-untyped-call]
+        try:
+            dispatcher._cache = _PackageCache(function)  # type: ignore[attr-defined,no-untyped-call]
+        except RuntimeError as err:  # "no locator available": nowhere to write the cache
+            if not UNCACHED:
+                UNCACHED.append(str(err))
     return dispatcher

@@ -479,3 +479,34 @@ def test_output_to_a_full_disk_is_one_line_and_leaves_no_half_file(
     mask = os.umask(0)
     os.umask(mask)
     assert stat.S_IMODE(prior.stat().st_mode) == 0o666 & ~mask
+
+
+def test_a_file_written_whole_keeps_its_mode_and_its_link(tmp_path: Path) -> None:
+    """`sudo oasis calibrate -o prior.json` under a 077 umask made a prior kept 0640
+    root:oasis unreadable to the daemon, and a link to it a plain file."""
+    import os
+    import stat
+
+    from controller.files import write_whole
+
+    prior = tmp_path / "prior.json"
+    prior.write_text("old\n")
+    prior.chmod(0o640)
+    link = tmp_path / "link.json"
+    link.symlink_to(prior)
+    old = os.umask(0o077)
+    try:
+        write_whole(link, "new\n")
+    finally:
+        os.umask(old)
+    assert link.is_symlink() and prior.read_text() == "new\n"
+    assert stat.S_IMODE(prior.stat().st_mode) == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "prior.json"]
+
+
+def test_a_token_before_the_command_is_not_echoed(capsys: pytest.CaptureFixture[str]) -> None:
+    """`oasis --token T jobs` named the token as an invalid command, on the terminal."""
+    with pytest.raises(SystemExit):
+        main(["--token", "s3cret-token-value", "jobs"])
+    err = capsys.readouterr().err
+    assert "s3cret-token-value" not in err and "--token goes after the command" in err

@@ -113,3 +113,25 @@ def test_a_damaged_cache_file_is_compiled_again_not_an_error(tmp_path: Path) -> 
     assert damaged == 2
     assert _start(tree, env) == (20, 0)  # compiled again, not an error
     assert _start(tree, env) == (20, 1)  # and cached again
+
+
+def test_no_folder_for_the_cache_compiles_uncached_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A user who may write neither the package's folder nor a home of its own (the
+    oasis user run by hand, without the unit's NUMBA_CACHE_DIR): numba found no
+    locator, and oasisd died at import with a 30-line traceback."""
+    from pricing import jit
+
+    def no_locator(function: object) -> None:
+        raise RuntimeError(f"cannot cache function {function!r}: no locator available")
+
+    monkeypatch.setattr(jit, "_PackageCache", no_locator)
+    monkeypatch.setattr(jit, "UNCACHED", [])
+
+    def double(x: int) -> int:
+        return 2 * x
+
+    compiled = jit.kernel(double)
+    assert compiled(21) == 42
+    assert len(jit.UNCACHED) == 1 and "no locator available" in jit.UNCACHED[0]

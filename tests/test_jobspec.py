@@ -97,7 +97,22 @@ def test_durations(text: str, seconds: float) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "h", "5", "1h2h", "1h30", "x1h", "6 hours", "1" * 100, "١٠h", "１０h"]
+    "text",
+    [
+        "",
+        "h",
+        "5",
+        "1h2h",
+        "1h30",
+        "x1h",
+        "6 hours",
+        "1" * 100,
+        "١٠h",
+        "１０h",
+        "2h\r\n",
+        "2h\u2028",
+        "\x0b2h",
+    ],
 )
 def test_not_durations(text: str) -> None:
     assert parse_duration(text) is None

@@ -176,3 +176,37 @@ def test_a_worker_command_does_not_get_the_agents_secrets(
 
     asyncio.run(go())
     assert agent.tasks["j1"].processes[0][1][0] == 7
+
+
+def test_a_broker_password_in_the_clear_off_loopback_is_warned_of(tmp_path: Path) -> None:
+    def warnings(url: str) -> tuple[str, ...]:
+        extra = f'[mqtt]\nurl = "{url}"\nusername = "oasisd"\npassword = "PW"\n'
+        config = write_config(tmp_path / "c.toml", tmp_path / "data", extra=extra)
+        config.chmod(0o600)
+        return load(config).warnings
+
+    (warned,) = warnings("mqtt://10.1.2.3:1883")
+    assert warned.startswith("mqtt: the broker 10.1.2.3:1883 is not on loopback and TLS is off")
+    assert "PW" not in warned
+    assert warnings("mqtts://10.1.2.3:8883") == ()
+    assert warnings("mqtt://127.0.0.1:1883") == ()
+
+
+def test_a_data_dir_the_daemons_user_may_not_write_names_the_chown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The example config run once as root left /var/lib/oasis root's; the daemon run as
+    its own user then failed with 'Permission denied (oasis.db.lock)', exit 1 (which
+    systemd restarts), not saying what to do. (The daemon's user is played by the
+    checks' view of it: root may write anything.)"""
+    from controller.startup import StartupError, _data_dir
+
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    (data / "oasis.db").write_bytes(b"")
+    db = data / "oasis.db"
+    monkeypatch.setattr(os, "access", lambda path, _mode: Path(path) != db)
+    with pytest.raises(StartupError) as err:
+        _data_dir(data)
+    assert err.value.status == 2
+    assert f"may not write {db}" in str(err.value) and f"chown -R root: {data}" in str(err.value)

@@ -59,6 +59,24 @@ def test_lines_that_cannot_be_written_are_counted_and_said_once_writing_works() 
     assert [w["event"] for w in written[1:]] == ["after"]
 
 
+def test_a_sync_returns_once_the_lines_before_it_are_written() -> None:
+    """oasisd syncs before the line that says it listens: a test (or a script) that
+    reads the log then finds the console's address in it (a test found none before)."""
+
+    class Slow(io.StringIO):
+        def write(self, text: str) -> int:
+            time.sleep(0.05)
+            return super().write(text)
+
+    stream = Slow()
+    lines = _Lines(stream)
+    for i in range(3):
+        lines.put(f'{{"event": "e{i}"}}')
+    assert lines.sync(5.0)
+    assert [json.loads(x)["event"] for x in stream.getvalue().splitlines()] == ["e0", "e1", "e2"]
+    lines.close()
+
+
 def test_a_stalled_stream_holds_nobody_and_drops_past_its_queue() -> None:
     release = threading.Event()
 

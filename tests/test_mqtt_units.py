@@ -147,6 +147,10 @@ def test_agent_flags_keep_tls_and_credentials(
     m = broker_settings(agent_args("--config", str(cfg), "--mqtt-username", "z",
                                    "--mqtt-tls-ca", ca))  # fmt: skip
     assert (m.username, m.password, m.tls_ca, m.topic_prefix) == ("z", "y", ca, "site")
+    # only [mqtt] is read: the daemon's tokens file (the example turns [auth] on) is not
+    # on a worker node, or not readable by the agent's user (it failed the agent before)
+    cfg.write_text(cfg.read_text() + '[auth]\ntokens_file = "/no/such/tokens"\n')
+    assert broker_settings(agent_args("--config", str(cfg))).host == "cfg"
 
 
 @pytest.mark.parametrize(

@@ -101,7 +101,7 @@ def broker_settings(args: argparse.Namespace) -> MqttConfig:
     """The broker settings of ``oasis agent``: --broker (else --config, else the local
     default) with the credential, CA and prefix flags applied, every value checked as in
     the ``[mqtt]`` table; InputError naming the flag otherwise."""
-    from controller.config import ConfigError, load
+    from controller.config import ConfigError, load_mqtt
     from controller.plane.settings import mqtt_from_dict, override
     from pricing.errors import SpecError
 
@@ -118,7 +118,7 @@ def broker_settings(args: argparse.Namespace) -> MqttConfig:
             mqtt = mqtt_from_dict({"url": url, **given})
             assert mqtt is not None  # a table with a url is never empty
             return mqtt
-        mqtt = load(args.config).mqtt
+        mqtt = load_mqtt(args.config)
         if mqtt is None:
             raise InputError(f"{args.config}: has no [mqtt] table")
         return override(mqtt, given)  # the flags win over the file

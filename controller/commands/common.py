@@ -259,10 +259,13 @@ def check_store_url(url: str) -> None:
     """InputError for a ``--store`` SQLite URL whose file does not exist: SQLite would
     create an empty one there (left behind), and the error would be "no such table".
     A password in it is warned of (:func:`warn_visible_password`)."""
-    from controller.store.urls import has_password
+    from controller.store.urls import has_password, unusable
 
     if has_password(url):
         warn_visible_password("--store", "psycopg reads it from $PGPASSWORD or ~/.pgpass")
+    why = unusable(url)
+    if why is not None:
+        raise InputError(f"--store: {why}")
     prefix = "sqlite:///"
     if url.startswith(prefix) and url[len(prefix) :] not in ("", ":memory:"):
         path = url[len(prefix) :].split("?", 1)[0]

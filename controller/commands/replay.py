@@ -28,6 +28,7 @@ from controller.replay import (
     summary,
 )
 from controller.table import render_table
+from controller.terminal import unfiltered
 from pricing.baselines import POLICIES, Outcome
 
 __all__ = ["register"]
@@ -129,8 +130,7 @@ def _run_baseline(args: argparse.Namespace) -> int:
     with quiet_native_stdout():  # Dorm's MILP solver prints its banner there
         outcomes = replay_baseline(trace, args.policy)
     if args.json:
-        json.dump(baseline_json(trace, outcomes), sys.stdout, indent=None if args.compact else 1)
-        print()
+        print(json.dumps(baseline_json(trace, outcomes), indent=None if args.compact else 1))
     else:
         _baseline_table(outcomes, sys.stdout)
     return EXIT_OK
@@ -154,15 +154,15 @@ def run(args: argparse.Namespace) -> int:
     for i, record in enumerate(replay(trace, max_search_steps=search_limit(args)), 1):
         records.append(record)
         if in_place:
-            print(f"\rdecided {i}/{total}", end="", file=sys.stderr, flush=True)
+            print(f"\rdecided {i}/{total}", end="", file=unfiltered(sys.stderr), flush=True)
         elif lines and time.monotonic() - shown >= PROGRESS_SECONDS:
             shown = time.monotonic()
             print(f"oasis replay: decided {i:,} of {total:,} jobs", file=sys.stderr, flush=True)
     if in_place:
         print(file=sys.stderr)
     if args.json:
-        json.dump(replay_json(trace, records), sys.stdout, indent=None if args.compact else 1)
-        print()
+        # one write: the output filter (controller/terminal.py) costs a call per write
+        print(json.dumps(replay_json(trace, records), indent=None if args.compact else 1))
     else:
         _replay_table(records, sys.stdout)
     return EXIT_OK

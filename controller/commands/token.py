@@ -54,7 +54,10 @@ def cmd_token(args: argparse.Namespace) -> int:
             print(f"added to {args.add_to}: {line}")
         else:
             print(f"line for the daemon's tokens file:\n{line}")
-        print("then: systemctl reload oasisd (it reads the tokens file again; no restart)")
+        print(
+            "then: systemctl reload oasisd, or kill -HUP its pid (it reads the tokens file "
+            "again; no restart); a daemon not started yet reads it at its start"
+        )
     return EXIT_OK
 
 

@@ -236,13 +236,18 @@ class Agent:
         a line over the stream's limit (64 KiB) too: the reading goes on (it stopped
         there before, and the command then blocked on a full pipe)."""
         assert proc.stdout is not None
+        rest = False  # the next line is the rest of one over the limit
         while True:
             try:
                 line = await proc.stdout.readline()
-            except ValueError:  # over the limit: the stream has dropped it
+            except ValueError:  # over the limit: the stream has dropped what it held
+                rest = True
                 continue
             if not line:
                 break
+            if rest:  # the tail of the long line (were it digits, it is no count)
+                rest = False
+                continue
             with contextlib.suppress(ValueError):
                 value = float(line.decode().strip())
                 if 0 <= value <= MAX_COUNT:  # not nan or inf: the daemon refuses those

@@ -9,6 +9,8 @@ written. :func:`shown` masks both; :func:`has_password` tells whether a URL carr
 
 from __future__ import annotations
 
+import urllib.parse
+
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
@@ -30,10 +32,13 @@ def _parsed(url: str | URL) -> URL | None:
 
 
 def has_password(url: str | URL) -> bool:
-    """Whether ``url`` carries a password, in its user part or as a query parameter."""
+    """Whether ``url`` carries a password, in its user part or as a query parameter
+    (one SQLAlchemy cannot parse is read as a plain URL: a bad port hides no password)."""
     parsed = _parsed(url)
     if parsed is None:
-        return False
+        plain = urllib.parse.urlsplit(str(url))
+        query = urllib.parse.parse_qs(plain.query)
+        return ":" in plain.netloc.rpartition("@")[0] or any(k in query for k in SECRET_PARAMETERS)
     return bool(parsed.password) or any(k in parsed.query for k in SECRET_PARAMETERS)
 
 
