@@ -115,7 +115,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 
 def test_agent_flags_keep_tls_and_credentials(
-    tmp_path: Path, clean_env: pytest.MonkeyPatch
+    tmp_path: Path, clean_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     ca = ca_file(tmp_path)
     url = "mqtts://u:pw@broker:8884"
@@ -143,6 +143,8 @@ def test_agent_flags_keep_tls_and_credentials(
     clean_env.delenv("OASIS_MQTT_PASSWORD")
     m = broker_settings(agent_args("--config", str(cfg), "--topic-prefix", "other"))
     assert (m.host, m.port, m.tls, m.username, m.password) == ("cfg", 9000, True, "x", "y")
+    # the config's user is the daemon's: warned of, with the flag that gives the node's
+    assert "as 'x', the user of" in capsys.readouterr().err
     assert (m.topic_prefix, m.heartbeat_timeout) == ("other", 9.0)
     m = broker_settings(agent_args("--config", str(cfg), "--mqtt-username", "z",
                                    "--mqtt-tls-ca", ca))  # fmt: skip

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import math
 import os
+import sys
 import urllib.parse
 from typing import TYPE_CHECKING, Any
 
@@ -121,6 +122,11 @@ def broker_settings(args: argparse.Namespace) -> MqttConfig:
         mqtt = load_mqtt(args.config)
         if mqtt is None:
             raise InputError(f"{args.config}: has no [mqtt] table")
+        if mqtt.username and "username" not in given:
+            print(f"oasis: warning: logging in to the broker as {mqtt.username!r}, the user "
+                  f"of {args.config}'s [mqtt]: the daemon's, which the broker's ACL lets "
+                  f"publish every server's plans; give this node's own: --mqtt-username "
+                  f"{args.node or 'NODE'} and its password", file=sys.stderr)  # fmt: skip
         return override(mqtt, given)  # the flags win over the file
     except (SpecError, ConfigError) as err:
         if isinstance(err, SpecError) and err.field in _FLAGS:
