@@ -138,7 +138,7 @@ def test_from_to_compares_one_stretch_and_holds_the_rest(
         ([], "give either a TRACE or --store URL"),
         (["--store", "sqlite:///{tmp}/nothing.db"], "no such file"),  # and none made
         (["--store", "sqlite:///{tmp}/empty.db"], "cannot read a daemon's store"),
-        (["--store", "nonsense://"], "not a usable database URL"),
+        (["--store", "nonsense://"], "--store: no SQLAlchemy dialect or driver 'nonsense'"),
     ],
 )
 def test_bad_store_arguments_exit_2(
