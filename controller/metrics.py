@@ -68,6 +68,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from controller.admission import AdmissionController
 from controller.admission.job_counts import AGE_PER_COUNT_SECOND, MIN_AGE_SECONDS
 from controller.rpc import oasis_pb2 as pb
+from controller.tls import is_loopback
 
 __all__ = ["Metrics"]
 
@@ -168,7 +169,11 @@ class Metrics:
             raise OSError(
                 f"metrics.listen: cannot listen on {listen}: {err.strerror or err}"
             ) from err
-        return f"{host}:{self._httpd.server_port}"
+        bound = self._httpd.server_port
+        if is_loopback(host.strip("[]")):
+            names = {f"{h}:{bound}" for h in ("127.0.0.1", "localhost", "[::1]", host)}
+            self._httpd.set_app(_loopback_names_only(self._httpd.get_app(), names))
+        return f"{host}:{bound}"
 
     def close(self) -> None:
         """Stop the HTTP endpoint, if started."""
@@ -176,6 +181,21 @@ class Metrics:
             self._httpd.shutdown()
             self._httpd.server_close()
             self._httpd = None
+
+
+def _loopback_names_only(app: Any, names: set[str]) -> Any:
+    """``app`` (WSGI) answering only requests addressed to one of ``names`` (``Host``):
+    on loopback, a web page's script that renamed its site to 127.0.0.1 (DNS rebinding)
+    could otherwise read the prices and job counts, as the console refuses too (421)."""
+    allowed = {n.lower() for n in names}
+
+    def guarded(environ: dict[str, Any], start_response: Any) -> Any:
+        if str(environ.get("HTTP_HOST", "")).lower() not in allowed:
+            start_response("421 Misdirected Request", [("Content-Type", "text/plain")])
+            return [b"metrics answer to loopback names only\n"]
+        return app(environ, start_response)
+
+    return guarded
 
 
 def _outcome(kind: str, response: Any) -> tuple[str, pb.Decision]:

@@ -231,6 +231,23 @@ def test_scrapes_closer_than_the_interval_share_one_reading(
         controller.close()
 
 
+def test_metrics_on_loopback_answer_loopback_names_only(scraped: Scraped) -> None:
+    """A web page whose name was rebound to 127.0.0.1 (DNS rebinding) read the prices
+    and job counts the console shows operators only (200 before)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    where = urlsplit(scraped.url)
+    for host, status in (("evil.example", 421), (f"evil.example:{where.port}", 421),
+                         (where.netloc, 200), (f"localhost:{where.port}", 200)):  # fmt: skip
+        conn = http.client.HTTPConnection(where.hostname or "", where.port, timeout=30)
+        try:
+            conn.request("GET", "/metrics", headers={"Host": host})
+            assert conn.getresponse().status == status, host
+        finally:
+            conn.close()
+
+
 def test_metrics_listen_is_off_by_default_and_checked(tmp_path: Path) -> None:
     assert demo_config().metrics_listen == ""
     base: dict[str, Any] = tomllib.loads(CLUSTER_TOML)
