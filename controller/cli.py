@@ -36,8 +36,12 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         for secret in _Parser.secrets:
-            if secret in message:
-                message = message.replace(secret, "***") + (
+            # argparse quotes a word it refuses, or names a whole --token=T it does not know
+            shown = [w for w in (repr(secret), f"={secret}") if w in message]
+            for word in shown:
+                message = message.replace(word, "'***'" if word[0] == "'" else "=***")
+            if shown:
+                message += (
                     " (--token goes after the command: oasis jobs --token TOKEN, or set "
                     "$OASIS_TOKEN)"
                 )
@@ -68,6 +72,21 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _token_values(argv: Sequence[str]) -> list[str]:
+    """The values the command line gives ``--token`` (or an abbreviation argparse takes:
+    ``--tok``), in ``--token T`` or ``--token=T`` form."""
+    out = []
+    for i, word in enumerate(argv):
+        flag, equals, value = word.partition("=")
+        if len(flag) < 4 or not "--token".startswith(flag):
+            continue
+        if equals:
+            out.append(value)
+        elif i + 1 < len(argv):
+            out.append(argv[i + 1])
+    return [v for v in out if v]
+
+
 def _command_of(argv: Sequence[str]) -> str:
     """The command named on the command line: its first word not starting with ``-``."""
     return next((a for a in argv if not a.startswith("-")), "")
@@ -82,11 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: list[str]) -> int:
     _Parser.json_errors = "--json" in argv
-    _Parser.secrets = tuple(
-        a.split("=", 1)[1] if a.startswith("--token=") else argv[i + 1]
-        for i, a in enumerate(argv)
-        if (a == "--token" and i + 1 < len(argv)) or a.startswith("--token=")
-    )
+    _Parser.secrets = tuple(_token_values(argv))
     args = build_parser(_command_of(argv)).parse_args(argv)
     try:
         code: int = args.func(args)

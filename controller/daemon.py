@@ -474,7 +474,7 @@ def _main(args: argparse.Namespace) -> int:
         web = config.web.listen
         scheme = "https" if config.tls else "http"
         console = f"; console: {scheme}://{web}/" if web and not web.endswith(":0") else ""
-        logs.sync()  # a reader of this line finds the log lines before it written
+        logs.sync(0.5)  # a reader of this line finds the log lines before it written
         print(f"oasisd listening on {address} (store: {store}{console})", flush=True)
 
     try:
@@ -484,6 +484,9 @@ def _main(args: argparse.Namespace) -> int:
         logs.flush()  # the log lines that led to it first
         print(f"oasisd: {err}", file=sys.stderr)
         return err.status if isinstance(err, StartupError) else 1
+    except BaseException:
+        logs.flush()  # as above, before the traceback
+        raise
     return 0
 
 

@@ -7,6 +7,7 @@ all (:func:`write_whole`)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import tempfile
@@ -58,10 +59,13 @@ def write_whole(path: Path, text: str) -> None:
     readable by the daemon); a new one gets the mode ``open()`` would give. A path that
     is not a regular file (``/dev/stdout``, a FIFO), or in a folder this user may not
     write, is written in place, as before. Raises OSError."""
-    target = path.resolve() if path.is_symlink() else path
-    if target.exists() and not target.is_file():
-        target.write_text(text, encoding="utf-8")
+    if path.exists() and not path.is_file():  # /dev/stdout (a pipe behind it), a FIFO
+        path.write_text(text, encoding="utf-8")
         return
+    try:
+        target = path.resolve() if path.is_symlink() else path
+    except RuntimeError as err:  # a loop of links (Python 3.11)
+        raise OSError(errno.ELOOP, f"{path}: a loop of symbolic links") from err
     try:
         fd, temporary = tempfile.mkstemp(
             dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"
@@ -80,8 +84,10 @@ def write_whole(path: Path, text: str) -> None:
                 os.fchmod(f.fileno(), 0o666 & ~_umask())
             else:
                 os.fchmod(f.fileno(), stat.S_IMODE(st.st_mode))
-                with contextlib.suppress(PermissionError):  # not this user's group: as new
-                    os.fchown(f.fileno(), -1, st.st_gid)
+                if os.fstat(f.fileno()).st_gid != st.st_gid:
+                    # not this user's group (EPERM), unmapped in a namespace (EINVAL): as new
+                    with contextlib.suppress(OSError):
+                        os.fchown(f.fileno(), -1, st.st_gid)
         os.replace(temporary, target)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -113,12 +113,17 @@ class _Throttle(logging.Filter):
         self.burst, self.seconds = burst, seconds
         # per library: [start of its minute, records passed, records dropped]
         self._budgets = {name: [-seconds, 0, 0] for name in _THROTTLED}
+        self._lock = threading.Lock()  # records come from several threads
 
     def filter(self, record: logging.LogRecord) -> bool:
         library = record.name.split(".", 1)[0]
         budget = self._budgets.get(library)
         if budget is None:
             return True
+        with self._lock:
+            return self._within(budget, library, record)
+
+    def _within(self, budget: list[float], library: str, record: logging.LogRecord) -> bool:
         now = time.monotonic()
         if now - budget[0] >= self.seconds:
             budget[0], budget[1] = now, 0
@@ -191,11 +196,15 @@ class _Lines:
         self._queue: queue.Queue[str | threading.Event | None] = queue.Queue(capacity)
         self._lock = threading.Lock()
         self.dropped = 0
+        self.closed = False  # once closed, put writes in place (what is logged at exit)
         self._thread = threading.Thread(target=self._write, name="log writer", daemon=True)
         self._thread.start()
         atexit.register(self.close)
 
     def put(self, line: str) -> None:
+        if self.closed:
+            self._write_lines([line])
+            return
         try:
             self._queue.put_nowait(line)
         except queue.Full:
@@ -206,31 +215,38 @@ class _Lines:
         """Wait (at most ``timeout`` seconds) until every line put before is written or
         dropped; True if so. oasisd does at the line saying it listens, so a reader of
         that line finds the log lines before it (the console's address, say)."""
+        if self.closed:
+            return True
+        deadline = time.monotonic() + timeout
         written = threading.Event()
         try:
             self._queue.put(written, timeout=timeout)
         except queue.Full:
             return False
-        return written.wait(timeout)
+        return written.wait(max(0.0, deadline - time.monotonic()))
 
     def close(self, timeout: float = 2.0) -> None:
         """Write what is queued (for at most ``timeout`` seconds: a stream nobody reads
         must not hold the exit), then stop."""
+        if self.closed:
+            return
+        deadline = time.monotonic() + timeout
         with contextlib.suppress(queue.Full):
             self._queue.put(None, timeout=timeout)
-        self._thread.join(timeout)
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        self.closed = True
 
     def _write(self) -> None:
         while True:
-            item = self._queue.get()
+            item: str | threading.Event | None = self._queue.get()
             lines: list[str] = []
             while isinstance(item, str):  # with what came meanwhile, in one write
                 lines.append(item)
+                if len(lines) >= 256:
+                    break
                 try:
-                    item = self._queue.get_nowait() if len(lines) < 256 else ""
+                    item = self._queue.get_nowait()
                 except queue.Empty:
-                    item = ""
-                if item == "":
                     break
             if lines:
                 self._write_lines(lines)

@@ -196,14 +196,18 @@ def _data_dir(path: Path) -> None:
             "the daemon's user, or give another data_dir",
             status=2,
         )
-    unwritable = [p for p in (path, *(path / f"oasis.db{s}" for s in ("", "-wal", "-shm", ".lock")))
-                  if p.exists() and not os.access(p, os.W_OK)]  # fmt: skip
+    # the folder first: in a folder it may not enter, probing its files raises
+    unwritable = [path] if not os.access(path, os.W_OK | os.X_OK) else [
+        p for p in (path / f"oasis.db{s}" for s in ("", "-wal", "-shm", ".lock"))
+        if os.access(p, os.F_OK) and not os.access(p, os.W_OK)
+    ]  # fmt: skip
     if unwritable:  # root's (an earlier start as root), not chowned with -R
-        owner = _user(unwritable[0].stat().st_uid)
-        name = pwd.getpwuid(me).pw_name if _known(me) else str(me)
+        owner = _user(unwritable[0].stat().st_uid) if unwritable[0] != path else _user(st.st_uid)
+        # a user with no passwd entry has no login group for "name:"
+        who = f"{pwd.getpwuid(me).pw_name}:" if _known(me) else f"{me}:{os.getegid()}"
         raise StartupError(
             f"daemon.data_dir: the daemon's user ({_user(me)}) may not write "
-            f"{unwritable[0]} ({owner}'s): chown -R {name}: {path}",
+            f"{unwritable[0]} ({owner}'s): chown -R {who} {path}",
             status=2,
         )
     if st.st_mode & 0o002:  # sticky or not: another user could create oasis.db first

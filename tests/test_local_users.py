@@ -205,8 +205,13 @@ def test_a_data_dir_the_daemons_user_may_not_write_names_the_chown(
     data.mkdir(mode=0o700)
     (data / "oasis.db").write_bytes(b"")
     db = data / "oasis.db"
-    monkeypatch.setattr(os, "access", lambda path, _mode: Path(path) != db)
+    monkeypatch.setattr(os, "access", lambda path, mode: mode == os.F_OK or Path(path) != db)
     with pytest.raises(StartupError) as err:
         _data_dir(data)
     assert err.value.status == 2
     assert f"may not write {db}" in str(err.value) and f"chown -R root: {data}" in str(err.value)
+    # the folder itself (root's 0700, the daemon's user may not enter it): probing the
+    # files in it raised PermissionError, exit 1 with 'Permission denied'
+    monkeypatch.setattr(os, "access", lambda path, _mode: Path(path) != data)
+    with pytest.raises(StartupError, match=f"may not write {data} .*chown -R root: {data}"):
+        _data_dir(data)

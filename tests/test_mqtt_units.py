@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import json
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -1121,3 +1122,24 @@ def test_runs_of_unsent_slots_that_overlap_or_meet_are_one() -> None:
 
     assert _joined_runs([(2, 4), (3, 6), (8, 9), (7, 7), (12, 12)]) == [(2, 9), (12, 12)]
     assert _joined_runs([]) == []
+
+
+def test_a_worker_line_over_the_limit_is_skipped_and_the_next_counts() -> None:
+    """A line over the pipe's 64 KiB, in one write with the count after it: the count
+    was skipped as if it were the long line's tail; a long line of digits is no count."""
+    import asyncio
+
+    agent = Agent("w0", MqttConfig("localhost"))
+
+    async def counted(script: str) -> float:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", script, stdout=asyncio.subprocess.PIPE
+        )
+        count = [0.0]
+        await asyncio.wait_for(agent._read_counts(proc, count), 30)
+        return count[0]
+
+    write = "import sys; sys.stdout.write"
+    assert asyncio.run(counted(f"{write}('x' * 70000 + '\\n42\\n')")) == 42
+    assert asyncio.run(counted(f"{write}('1' * 70000 + '7\\n5\\n')")) == 5
+    assert asyncio.run(counted(f"{write}('3\\n4')")) == 4  # the last line, no newline

@@ -122,7 +122,7 @@ def broker_settings(args: argparse.Namespace) -> MqttConfig:
         mqtt = load_mqtt(args.config)
         if mqtt is None:
             raise InputError(f"{args.config}: has no [mqtt] table")
-        if mqtt.username and "username" not in given:
+        if mqtt.username and "username" not in given and mqtt.username != args.node:
             print(f"oasis: warning: logging in to the broker as {mqtt.username!r}, the user "
                   f"of {args.config}'s [mqtt]: the daemon's, which the broker's ACL lets "
                   f"publish every server's plans; give this node's own: --mqtt-username "

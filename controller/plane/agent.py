@@ -236,16 +236,19 @@ class Agent:
         a line over the stream's limit (64 KiB) too: the reading goes on (it stopped
         there before, and the command then blocked on a full pipe)."""
         assert proc.stdout is not None
-        rest = False  # the next line is the rest of one over the limit
+        rest = False  # what comes up to the next newline is the rest of a long line
         while True:
             try:
-                line = await proc.stdout.readline()
-            except ValueError:  # over the limit: the stream has dropped what it held
+                line = await proc.stdout.readuntil(b"\n")
+            except asyncio.IncompleteReadError as end:  # the end: a last line, or none
+                line = end.partial
+                if not line:
+                    break
+            except asyncio.LimitOverrunError as over:  # a line over the limit (64 KiB)
+                await proc.stdout.readexactly(over.consumed)  # its start, dropped
                 rest = True
                 continue
-            if not line:
-                break
-            if rest:  # the tail of the long line (were it digits, it is no count)
+            if rest:  # its tail, with the newline (were it digits, it is no count)
                 rest = False
                 continue
             with contextlib.suppress(ValueError):
