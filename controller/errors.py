@@ -17,6 +17,7 @@ from __future__ import annotations
 from pricing import OasisError
 
 __all__ = [
+    "TENANT_UNAVAILABLE",
     "BusyError",
     "ConflictError",
     "DrainingError",
@@ -26,6 +27,11 @@ __all__ = [
     "QueueFullError",
     "SlotGridChangedError",
 ]
+
+TENANT_UNAVAILABLE = "the store is unavailable; retry shortly (the daemon's log says why)"
+"""What a submitter is told of a store outage, over gRPC and in the console: the reason
+(the database's host and port, the path of the store's file system) is the operator's
+to read, in the log and as an operator."""
 
 
 class NotFoundError(OasisError):

@@ -34,7 +34,7 @@ from controller.convert import (
     progress_to_proto,
     spec_from_proto,
 )
-from controller.errors import BusyError, NotLeaderError
+from controller.errors import TENANT_UNAVAILABLE, BusyError, NotLeaderError
 from controller.job_keys import as_named as _as_named
 from controller.job_keys import key_for, key_of, shown, shown_view
 from controller.jobspec import prepare
@@ -70,6 +70,8 @@ async def _guard(context: grpc.aio.ServicerContext, call: Awaitable[_T]) -> _T:
         return await call
     except Exception as err:
         code = next((c for kind, c in _CODES if isinstance(err, kind)), None)
+        if isinstance(err, StoreUnavailableError) and current_caller().role is not Role.OPERATOR:
+            err = StoreUnavailableError(TENANT_UNAVAILABLE)
         await abort(context, code, err)
 
 

@@ -680,3 +680,71 @@ def test_every_answer_carries_the_security_headers_and_files_go_gzipped_once() -
             await console.close()
 
     asyncio.run(scenario())
+
+
+# the console keys requests by str (request["caller"]), which aiohttp 3.14 warns of
+@pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
+def test_a_store_outage_is_told_to_a_submitter_without_the_databases_address(
+    tmp_path: Path,
+) -> None:
+    """A store outage showed every tenant the database's host and port (or the path of
+    a full file system); an operator still reads why."""
+    from controller.errors import TENANT_UNAVAILABLE
+    from controller.store import StoreUnavailableError
+
+    config = _console_config(tmp_path, ops="operator", alice="submitter")
+    why = 'connection to server at "10.0.0.5", port 5432 failed: Connection refused'
+
+    async def down(*_args: Any) -> Any:
+        raise StoreUnavailableError(why)
+
+    async def scenario() -> dict[str, tuple[int, str]]:
+        console = await _started(config)
+        console.data.jobs = down  # type: ignore[method-assign,assignment]
+        seen = {}
+        try:
+            async with aiohttp.ClientSession() as http:
+                for name in ("alice", "ops"):
+                    headers = {"Authorization": f"Bearer {name}-token"}
+                    url = f"http://{console.address}/api/jobs"
+                    async with http.get(url, headers=headers) as r:
+                        seen[name] = (r.status, (await r.json())["error"]["message"])
+        finally:
+            await console.close()
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert seen["alice"] == (503, TENANT_UNAVAILABLE)
+    assert seen["ops"][0] == 503 and "10.0.0.5" in seen["ops"][1]
+
+
+def test_a_store_outage_over_grpc_is_told_to_a_submitter_without_the_address() -> None:
+    from controller import auth, servicer
+    from controller.errors import TENANT_UNAVAILABLE
+    from controller.store import StoreUnavailableError
+
+    class AbortedError(Exception):
+        pass
+
+    class Context:
+        async def abort_with_status(self, status: Any) -> None:
+            raise AbortedError(status.details)
+
+        async def abort(self, _code: Any, details: str) -> None:
+            raise AbortedError(details)
+
+    async def down() -> None:
+        raise StoreUnavailableError('connection to server at "10.0.0.5", port 5432 failed')
+
+    async def told(caller: Caller) -> str:
+        token = auth._caller.set(caller)
+        try:
+            await servicer._guard(cast(Any, Context()), down())
+        except AbortedError as err:
+            return str(err)
+        finally:
+            auth._caller.reset(token)
+        raise AssertionError("not aborted")
+
+    assert asyncio.run(told(Caller("alice", Role.SUBMITTER))) == TENANT_UNAVAILABLE
+    assert "10.0.0.5" in asyncio.run(told(Caller("ops", Role.OPERATOR)))

@@ -52,6 +52,7 @@ from controller.console.data import ConsoleData
 from controller.console.sessions import COOKIE, Session, Sessions
 from controller.convert import job_to_proto
 from controller.errors import (
+    TENANT_UNAVAILABLE,
     BusyError,
     ConflictError,
     DrainingError,
@@ -338,6 +339,11 @@ class Console:
             if status is None:
                 log.exception("console: request failed", path=request.path)
                 return self._refusal(request, 500, "internal error (logged by the daemon)")
+            caller: Caller | None = request.get("caller")
+            if isinstance(err, StoreUnavailableError) and (
+                caller is None or caller.role is not Role.OPERATOR
+            ):  # the database's host and port are the operator's to read
+                return self._refusal(request, status, TENANT_UNAVAILABLE)
             return self._refusal(request, status, str(err)[:2000])
 
     @web.middleware
