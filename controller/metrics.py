@@ -68,7 +68,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from controller.admission import AdmissionController
 from controller.admission.job_counts import AGE_PER_COUNT_SECOND, MIN_AGE_SECONDS
 from controller.rpc import oasis_pb2 as pb
-from controller.tls import is_loopback
+from controller.tls import is_loopback, loopback_names
 
 __all__ = ["Metrics"]
 
@@ -171,7 +171,7 @@ class Metrics:
             ) from err
         bound = self._httpd.server_port
         if is_loopback(host.strip("[]")):
-            names = {f"{h}:{bound}" for h in ("127.0.0.1", "localhost", "[::1]", host)}
+            names = loopback_names(host, bound)
             self._httpd.set_app(_loopback_names_only(self._httpd.get_app(), names))
         return f"{host}:{bound}"
 

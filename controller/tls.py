@@ -34,6 +34,7 @@ __all__ = [
     "check_exposure",
     "client_channel",
     "is_loopback",
+    "loopback_names",
     "read_pem",
     "server_credentials",
     "tls_from_dict",
@@ -126,6 +127,14 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:  # a host name: it may resolve to anything
         return False
+
+
+def loopback_names(host: str, port: int | str) -> set[str]:
+    """The ``Host`` values a server listening on loopback ``host``:``port`` answers to
+    (the console, /metrics): the loopback names and ``host`` itself, each with the port.
+    A request naming another host came through a name rebound to 127.0.0.1 (DNS
+    rebinding) or a proxy that should not reach it."""
+    return {f"{h}:{port}" for h in ("127.0.0.1", "localhost", "[::1]", host)}
 
 
 def check_exposure(listen: str, tls: TlsConfig | None, allow_insecure_remote: bool) -> None:

@@ -64,7 +64,7 @@ from controller.holds import Holds
 from controller.job_keys import as_named, key_for, shown, shown_view
 from controller.limits import RateLimiter
 from controller.store import StoreUnavailableError
-from controller.tls import TlsConfig, is_loopback
+from controller.tls import TlsConfig, is_loopback, loopback_names
 from pricing import fields
 from pricing.errors import SpecError
 
@@ -218,7 +218,7 @@ class Console:
         self.address = ""
         host, _, port = config.web.listen.rpartition(":")
         self.loopback = is_loopback(host)
-        self.hosts = {f"{h}:{port}" for h in ("127.0.0.1", "localhost", "[::1]", host)}
+        self.hosts = loopback_names(host, port)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -288,7 +288,7 @@ class Console:
             raise OSError(f"web.listen: cannot listen on {listen}: {err.strerror or err}") from err
         bound = self.listener.sockets[0].getsockname()
         self.address = f"{host}:{bound[1]}"
-        self.hosts |= {f"{h}:{bound[1]}" for h in ("127.0.0.1", "localhost", "[::1]", host)}
+        self.hosts |= loopback_names(host, bound[1])
         return self.address
 
     async def close(self) -> None:
