@@ -67,29 +67,48 @@ and whether their tracebacks are kept (within the budget): aiohttp's are about m
 requests, cut to one line; grpc's about an exception that escaped a handler, a bug."""
 
 
+class _Budget:
+    """At most ``burst`` of something in each window of ``seconds``: :meth:`take` says
+    whether one more fits, and counts those that did not (:meth:`dropped`). Thread safe:
+    log records come from several threads."""
+
+    def __init__(self, burst: int, seconds: float) -> None:
+        self.burst, self.seconds = burst, seconds
+        self.started, self.passed, self._dropped = -seconds, 0, 0
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self._lock:
+            now = time.monotonic()
+            if now - self.started >= self.seconds:
+                self.started, self.passed = now, 0
+            if self.passed >= self.burst:
+                self._dropped += 1
+                return False
+            self.passed += 1
+            return True
+
+    def dropped(self) -> int:
+        """How many did not fit since the last call."""
+        with self._lock:
+            count, self._dropped = self._dropped, 0
+            return count
+
+
 class _Tracebacks:
     """A structlog processor: of the events that carry an exception, the first ``burst``
     in each ``seconds`` keep it for the traceback; later ones get ``error`` (its type
     and message, cut to 300 characters) and ``traceback: "cut"`` instead."""
 
     def __init__(self, burst: int = TRACEBACK_BURST, seconds: float = 60.0) -> None:
-        self.burst, self.seconds = burst, seconds
-        self.started, self.passed = -seconds, 0
-        self._lock = threading.Lock()  # events come from several threads
+        self.burst = burst
+        self.budget = _Budget(burst, seconds)
 
     def __call__(
         self, _logger: Any, _method: str, event: MutableMapping[str, Any]
     ) -> MutableMapping[str, Any]:
         exc = event.get("exc_info")
-        if not exc:
-            return event
-        with self._lock:
-            now = time.monotonic()
-            if now - self.started >= self.seconds:
-                self.started, self.passed = now, 0
-            self.passed += 1
-            whole = self.passed <= self.burst
-        if whole:
+        if not exc or self.budget.take():
             return event
         if exc is True:
             exc = sys.exc_info()
@@ -110,34 +129,23 @@ class _Throttle(logging.Filter):
 
     def __init__(self, burst: int = LIBRARY_BURST, seconds: float = 60.0) -> None:
         super().__init__()
-        self.burst, self.seconds = burst, seconds
-        # per library: [start of its minute, records passed, records dropped]
-        self._budgets = {name: [-seconds, 0, 0] for name in _THROTTLED}
-        self._lock = threading.Lock()  # records come from several threads
+        self._budgets = {name: _Budget(burst, seconds) for name in _THROTTLED}
 
     def filter(self, record: logging.LogRecord) -> bool:
         library = record.name.split(".", 1)[0]
         budget = self._budgets.get(library)
         if budget is None:
             return True
-        with self._lock:
-            return self._within(budget, library, record)
-
-    def _within(self, budget: list[float], library: str, record: logging.LogRecord) -> bool:
-        now = time.monotonic()
-        if now - budget[0] >= self.seconds:
-            budget[0], budget[1] = now, 0
-        if budget[1] >= self.burst:
-            budget[2] += 1
+        if not budget.take():
             return False
-        budget[1] += 1
         if record.exc_info and record.exc_info[1] is not None and not _THROTTLED[library]:
             err = record.exc_info[1]
             record.msg = f"{record.getMessage()}: {type(err).__name__}: {str(err)[:300]}"
             record.args, record.exc_info, record.exc_text = None, None, None
-        if budget[2]:
-            record.msg = f"{record.getMessage()} ({budget[2]} like it dropped before)"
-            record.args, budget[2] = None, 0
+        dropped = budget.dropped()
+        if dropped:
+            record.msg = f"{record.getMessage()} ({dropped} like it dropped before)"
+            record.args = None
         return True
 
 

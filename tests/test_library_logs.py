@@ -112,7 +112,7 @@ def test_the_daemons_own_tracebacks_are_bounded_per_minute() -> None:
     assert "exc_info" not in late and late["error"] == f"KeyError: 'k{TRACEBACK_BURST}'"
     assert late["traceback"] == f"cut (over {TRACEBACK_BURST} a minute)"
     assert cut(None, "info", {"event": "fine"}) == {"event": "fine"}
-    cut.started -= 3600.0  # the minute is over: whole again
+    cut.budget.started -= 3600.0  # the minute is over: whole again
     err = ValueError("v")
     assert cut(None, "error", {"event": "x", "exc_info": err})["exc_info"] is err
 
