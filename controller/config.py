@@ -649,18 +649,26 @@ def _exposed_files(config_path: Path, data: Mapping[str, Any]) -> list[str]:
         except OSError:
             continue  # its own reader names it
         mode = st.st_mode & 0o777
-        others_write = mode & 0o002 or (mode & 0o020 and st.st_gid != os.getegid())
+        others_write = _others_may(mode, st.st_gid, write=True)
         stranger = st.st_uid not in (0, os.geteuid())
         if others_write or stranger:
             owner = f"owned by uid {st.st_uid}, " if stranger else ""
             out.append(f"{what} {value}: {owner}mode {mode:04o}: another user may change it "
                        f"and so who may do what here; chown it to root or the daemon's "
                        f"user, chmod go-w")  # fmt: skip
-        elif secret and (mode & 0o004 or (mode & 0o040 and st.st_gid != os.getegid())):
+        elif secret and _others_may(mode, st.st_gid):
             out.append(f"{what} {value}: mode {mode:04o}: others may read this private key "
                        f"(and pose as this daemon); chmod 600 it, or 640 with the "
                        f"daemon's group")  # fmt: skip
     return out
+
+
+def _others_may(mode: int, group: int, write: bool = False) -> bool:
+    """Whether users other than the daemon's may read (or ``write``) a file of ``mode``
+    and ``group``: anyone, or a group that is not the daemon's own (the install steps'
+    ``0640 root:oasis`` is fine)."""
+    bit = 0o002 if write else 0o004
+    return bool(mode & bit or (mode & (bit << 3) and group != os.getegid()))
 
 
 def table_digests(data: Mapping[str, Any]) -> dict[str, str]:
@@ -684,8 +692,7 @@ def _exposed_secrets(path: Path, config: Config, mode: int, group: int) -> str:
         secrets.append("daemon.store_url's password")
     if config.mqtt is not None and config.mqtt.password:
         secrets.append("the mqtt password")
-    readable = mode & 0o004 or (mode & 0o040 and group != os.getegid())
-    if not secrets or not readable:
+    if not secrets or not _others_may(mode, group):
         return ""
     return (
         f"{path} holds {' and '.join(secrets)} and others may read it (mode "

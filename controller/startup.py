@@ -202,9 +202,10 @@ def _data_dir(path: Path) -> None:
         if os.access(p, os.F_OK) and not os.access(p, os.W_OK)
     ]  # fmt: skip
     if unwritable:  # root's (an earlier start as root), not chowned with -R
-        owner = _user(unwritable[0].stat().st_uid) if unwritable[0] != path else _user(st.st_uid)
+        owner = _user(unwritable[0].stat().st_uid)
         # a user with no passwd entry has no login group for "name:"
-        who = f"{pwd.getpwuid(me).pw_name}:" if _known(me) else f"{me}:{os.getegid()}"
+        name = _name(me)
+        who = f"{name}:" if name is not None else f"{me}:{os.getegid()}"
         raise StartupError(
             f"daemon.data_dir: the daemon's user ({_user(me)}) may not write "
             f"{unwritable[0]} ({owner}'s): chown -R {who} {path}",
@@ -229,17 +230,15 @@ def _data_dir(path: Path) -> None:
         )  # fmt: skip
 
 
-def _known(uid: int) -> bool:
+def _name(uid: int) -> str | None:
+    """The login name of ``uid``, or None if it has no passwd entry."""
     try:
-        pwd.getpwuid(uid)
+        return pwd.getpwuid(uid).pw_name
     except KeyError:
-        return False
-    return True
+        return None
 
 
 def _user(uid: int) -> str:
-    """``uid`` with its name (``1001 (mallory)``), or the number alone."""
-    try:
-        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
-    except KeyError:
-        return f"uid {uid}"
+    """``uid`` with its name (``uid 1001 (mallory)``), or the number alone."""
+    name = _name(uid)
+    return f"uid {uid} ({name})" if name is not None else f"uid {uid}"
