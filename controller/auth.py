@@ -38,7 +38,7 @@ import dataclasses
 import hashlib
 import re
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -78,6 +78,7 @@ __all__ = [
     "holds",
     "load_tokens",
     "new_token",
+    "token_lines",
     "tokens_from_dict",
 ]
 
@@ -192,6 +193,15 @@ def new_token() -> str:
     return secrets.token_urlsafe(32)
 
 
+def token_lines(text: str) -> Iterator[tuple[int, list[str]]]:
+    """``(line number from 1, its words)`` of each line of a tokens file that holds
+    any: blank lines and ``#`` comments (whole lines or their ends) left out."""
+    for number, line in enumerate(text.splitlines(), 1):
+        words = line.split("#", 1)[0].split()
+        if words:
+            yield number, words
+
+
 def load_tokens(path: Path) -> dict[str, Caller]:
     """Read a tokens file: ``{sha256 hex: Caller}``. Errors name the line."""
     where = f"auth.tokens_file: {path}"
@@ -211,10 +221,7 @@ def load_tokens(path: Path) -> dict[str, Caller]:
         raise SpecError.one("auth.tokens_file", f"{path} is not UTF-8 text") from err
     tokens: dict[str, Caller] = {}
     names: set[str] = set()
-    for number, line in enumerate(text.splitlines(), 1):
-        words = line.split("#", 1)[0].split()
-        if not words:
-            continue
+    for number, words in token_lines(text):
         if len(words) != 3:
             raise SpecError.one(where, f"line {number}: expected 'NAME ROLE SHA256', got "
                                 f"{len(words)} fields")  # fmt: skip

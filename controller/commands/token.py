@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from controller.auth import NAME_PATTERN, Role, hash_token, new_token
+from controller.auth import NAME_PATTERN, Role, hash_token, new_token, token_lines
 from controller.commands import SUMMARIES
 from controller.commands.common import EXIT_OK, InputError
 
@@ -75,7 +75,7 @@ def _append(path: Path, name: str, line: str) -> None:
             text = f.read(1 << 24)
         except UnicodeDecodeError as err:
             raise InputError(f"--add-to {path}: not UTF-8 text") from err
-        names = {w[0] for w in (row.split("#", 1)[0].split() for row in text.splitlines()) if w}
+        names = {words[0] for _number, words in token_lines(text)}
         if name in names:
             raise InputError(f"--add-to {path}: {name!r} has a token there already (one "
                              "per name): remove its line first to replace it")  # fmt: skip
