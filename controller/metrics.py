@@ -44,6 +44,8 @@ Read at each scrape:
   ``oasis_unit_price_peak{kind, resource}``: the highest over all servers and the window.
 - ``oasis_broker_configured`` and ``oasis_broker_up``: set by whoever owns the broker
   connection through :meth:`Metrics.set_broker`; without a broker both are 0.
+- ``oasis_agent_clock_offset_seconds{server}``: its agent's clock minus the daemon's, from
+  its latest heartbeat (servers of the cluster's config only; absent without a broker).
 
 The ledger is read in the decision thread between two decisions
 (:meth:`AdmissionController.between_decisions`), so a scrape never sees half a decision.
@@ -285,6 +287,21 @@ class _ControllerCollector:
         if self.c.config.ha is not None:
             yield from self._ha()
         yield from self._ledger()
+        yield from self._agents()
+
+    def _agents(self) -> Iterator[Metric]:
+        execution = self.c.execution
+        if execution is None:  # no broker configured, or not leading
+            return
+        offsets = GaugeMetricFamily(
+            "oasis_agent_clock_offset_seconds",
+            "A server's agent's clock minus the daemon's, from its latest heartbeat "
+            "(seconds; positive: the agent is ahead and follows each slot's plan early).",
+            labels=["server"],
+        )
+        for server, offset in sorted(dict(execution.clock_offsets).items()):
+            offsets.add_metric([server], offset)
+        yield offsets
 
     def _commits(self) -> Iterator[Metric]:
         w = self.c.writer

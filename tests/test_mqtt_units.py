@@ -186,6 +186,14 @@ def test_payloads_round_trip_and_bad_ones_name_the_field() -> None:
     assert p.to_bytes() == topics._dump(p, "part", "parts")
     beat = Heartbeat("w0", "s1", 7)
     assert Heartbeat.parse(beat.to_bytes()) == beat
+    assert b"sent_at" not in beat.to_bytes()  # as an older agent sends it
+    timed = Heartbeat("w0", "s1", 7, sent_at=1.7e9 + 0.25)
+    assert Heartbeat.parse(timed.to_bytes()) == timed
+    for bad in (b'"x"', b"1e999", b"true"):
+        with pytest.raises(SpecError, match=re.escape("heartbeat.sent_at")):
+            Heartbeat.parse(
+                b'{"version": 1, "server": "w0", "session": "s", "sent_at": ' + bad + b"}"
+            )
     prog = Progress("w0", "s1", [TaskProgress("j1", 3.5, 2.0)])
     assert Progress.parse(prog.to_bytes()) == prog
     with pytest.raises(SpecError, match=re.escape("plan.version")):
@@ -363,6 +371,42 @@ def plane(tmp_path: Path) -> Any:
         yield daemon
     finally:
         daemon.c.close()
+
+
+def test_an_agents_clock_off_the_daemons_is_said_once_and_so_is_its_return(
+    plane: PlaneDaemon,
+) -> None:
+    """Left from the time audit: an agent follows the next slot's plan from its start by
+    its own clock, so one whose clock is off the head node's ran every slot's plan that
+    much early or late, and nothing said so. Its heartbeats now carry its clock."""
+    from structlog.testing import capture_logs
+
+    ex, now = plane.ex, plane.clock.now()
+    with capture_logs() as logs:
+        ex.heartbeat(Heartbeat("w0", "a", sent_at=now + 3.0))  # within 10 s: nothing
+        ex.heartbeat(Heartbeat("w0", "a", sent_at=now + 30.0))  # ahead: said
+        ex.heartbeat(Heartbeat("w0", "a", sent_at=now + 31.0))  # still: not again
+        ex.heartbeat(Heartbeat("p0", "a", sent_at=now - 12.0))  # behind
+        ex.heartbeat(Heartbeat("w0", "a", sent_at=now + 7.0))  # not back yet (5 s)
+        ex.heartbeat(Heartbeat("w0", "a", sent_at=now + 1.0))  # back
+        ex.heartbeat(Heartbeat("p0", "a"))  # an older agent says nothing of its clock
+    said = [
+        (e["log_level"], e["server"], e["offset_seconds"]) for e in logs if "clock" in e["event"]
+    ]
+    assert said == [("warning", "w0", 30.0), ("warning", "p0", -12.0), ("info", "w0", 1.0)]
+    assert "30.0 s early" in logs[0]["event"] and "12.0 s late" in logs[1]["event"]
+    assert ex.clock_offsets == {"w0": 1.0, "p0": -12.0}
+    # and /metrics gives each server's offset, for an alert
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from controller.metrics import Metrics
+
+    plane.c.execution = ex
+    text = generate_latest(Metrics(plane.c).registry).decode()
+    (family,) = [f for f in text_string_to_metric_families(text)
+                 if f.name == "oasis_agent_clock_offset_seconds"]  # fmt: skip
+    assert {s.labels["server"]: s.value for s in family.samples} == {"w0": 1.0, "p0": -12.0}
 
 
 def test_reports_are_only_queued_on_the_event_loop_and_applied_in_the_decision_thread(

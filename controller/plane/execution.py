@@ -134,6 +134,13 @@ MAX_FOLLOWED_EPOCH = 1 << 52
 """The highest epoch an agent's heartbeat may move this daemon's to (see
 :meth:`Execution.plans_sync`): plan epochs are at most 2**53, so a hostile agent's claim
 leaves room for 2**52 more rounds."""
+CLOCK_OFF_SECONDS = 10.0
+"""An agent whose clock is off the daemon's by more than this (its heartbeat's
+``sent_at`` against the daemon's clock at receipt) is logged: it switches to the next
+slot's plan that much early or late, so jobs on its server lose that time, or overlap
+with the next slot's. A beat's delivery takes milliseconds, not seconds."""
+CLOCK_BACK_SECONDS = 5.0
+"""... and logged again once it is back within this."""
 RESTORE_PAGE = 1000
 """Jobs whose latest event one page of a broker's restore reads (and publishes)."""
 # the stored event kinds published on jobs/<id>/events (topics.event_kind)
@@ -347,6 +354,9 @@ class Execution:
         per_server = max(_MAX_INBOX_PER_SERVER, _MAX_INBOX // max(1, len(self.server_index)))
         self._reports = ReportInbox(per_server)
         self._complain = Complaints(_COMPLAIN_SECONDS, monotonic)
+        # server -> its agent's clock minus this daemon's, seconds (latest beat saying)
+        self.clock_offsets: dict[str, float] = {}
+        self._clock_off: set[str] = set()  # servers logged as off, not yet back
         self.epoch = 0
         self.events_published = 0
         # the latest slot whose plans went out (they hold that slot and the next), and
@@ -441,6 +451,8 @@ class Execution:
         follows a plan of an epoch above this daemon's (see :meth:`plans_sync`)."""
         if beat.server not in self.server_index:
             return False
+        if beat.sent_at is not None:
+            self._check_clock(beat.server, beat.sent_at - self.c.slots.clock.now())
         with self._inbox_lock:
             self._beats[beat.server] = self.link.now()
             if not self.epoch < beat.epoch <= min(MAX_FOLLOWED_EPOCH, self.epoch + MAX_EPOCH_STEP):
@@ -450,6 +462,24 @@ class Execution:
             if self._ahead_since is None:
                 self._ahead_since = self.monotonic()
             return self._bump_due()
+
+    def _check_clock(self, server: str, offset: float) -> None:
+        """Keep ``server``'s clock offset (seconds, its agent's minus this daemon's) and
+        log when it goes past :data:`CLOCK_OFF_SECONDS` and when it comes back within
+        :data:`CLOCK_BACK_SECONDS` (event loop)."""
+        self.clock_offsets[server] = offset
+        if abs(offset) > CLOCK_OFF_SECONDS and server not in self._clock_off:
+            self._clock_off.add(server)
+            self.log.warning(
+                "an agent's clock is off the daemon's: it follows each slot's plan "
+                f"{abs(offset):.1f} s {'early' if offset > 0 else 'late'}; keep the head "
+                "node and the servers on one time source (NTP)",
+                server=server, offset_seconds=round(offset, 1),
+            )  # fmt: skip
+        elif abs(offset) < CLOCK_BACK_SECONDS and server in self._clock_off:
+            self._clock_off.discard(server)
+            self.log.info("an agent's clock is back in step with the daemon's", server=server,
+                          offset_seconds=round(offset, 1))  # fmt: skip
 
     def report(self, progress: Progress) -> None:
         """Queue a progress report (timed now, in the current slot) for the decision

@@ -519,22 +519,29 @@ class Heartbeat:
         server: the server it runs on.
         session: the agent process's random id.
         epoch: the epoch of the plan it follows (0: none yet).
+        sent_at: the agent's clock when it sent the beat, Unix seconds; None from an
+            agent that does not say (older ones). The daemon compares it with its own
+            clock: an agent follows the next slot's plan from its ``starts_at`` by its
+            own clock, so an agent ahead switches plans early and one behind late.
     """
 
     server: str
     session: str
     epoch: int = 0
+    sent_at: float | None = None
 
     def to_bytes(self) -> bytes:
-        return _dump(self)
+        return _dump(self, *(("sent_at",) if self.sent_at is None else ()))
 
     @classmethod
     def parse(cls, payload: bytes | bytearray | str) -> Heartbeat:
         obj = decode(payload, "heartbeat")
+        sent_at = obj.get("sent_at")
         return cls(
             server=fields.text(fields.require(obj, "server", "heartbeat"), "heartbeat.server"),
             session=fields.text(fields.require(obj, "session", "heartbeat"), "heartbeat.session"),
             epoch=fields.integer(obj.get("epoch", 0), "heartbeat.epoch", minimum=0),
+            sent_at=None if sent_at is None else fields.number(sent_at, "heartbeat.sent_at"),
         )
 
 
