@@ -10,6 +10,7 @@ execution plane raises and catches them too)::
     ├── QueueFullError       the submitter's (or everyone's) pending jobs are at their limit
     ├── BusyError            the client has too many calls in flight
     └── SlotGridChangedError the config numbers slots otherwise than the store's jobs
+        └── ResourcesRemovedError  ... or lacks a resource they demand
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ __all__ = [
     "NotLeaderError",
     "PreconditionError",
     "QueueFullError",
+    "ResourcesRemovedError",
     "SlotGridChangedError",
 ]
 
@@ -84,6 +86,13 @@ class QueueFullError(OasisError):
 class SlotGridChangedError(OasisError):
     """The config's slot length or slot 0 differs from those the store's jobs were
     planned with: started, the daemon would move every stored plan to another time."""
+
+
+class ResourcesRemovedError(SlotGridChangedError):
+    """The config's ``[cluster] resources`` lack one that jobs holding or awaiting a plan
+    demand: started, the daemon could not read their specs and would fail every one of
+    them for good. Caught where a slot grid change is: both are a config the store's
+    jobs were not planned with."""
 
 
 class StoreEditedError(OasisError):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -281,6 +282,21 @@ def test_slots_other_than_the_stored_jobs_are_refused_with_exit_2(
         empty.write_text(empty.read_text().replace(old, new))
     if with_empty:  # no jobs there: both new settings are taken
         assert Daemon(empty, log).start().stop() == 0
+    # a resource the job demands taken out (or renamed): before, the daemon started and
+    # failed every such job for good, and putting it back brought none back (restore audit)
+    for edit in (lambda t: re.sub(r'"disk", |disk=\d+, ', "", t),
+                 lambda t: re.sub(r"\bmem\b", "memory", t)):  # fmt: skip
+        config.write_text(edit(original))
+        out = _oasisd(config)
+        assert out.returncode == 2, out.stderr
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("oasisd: cannot use the store"), lines
+        gone = "'disk'" if "disk" not in config.read_text() else "'mem'"
+        assert (
+            f"[cluster] resources lacks {gone}, which 1 admitted, running or pending job(s) demand"
+            in lines[0]
+        ), lines[0]
+        assert "kept" in lines[0] and "Put the resource back" in lines[0], lines[0]
     config.write_text(original)
     daemon = Daemon(config, log).start()
     try:

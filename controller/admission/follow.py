@@ -215,7 +215,7 @@ class Follow(Recovery):
             with self._write() as session:
                 # the stored plans are slot numbers of the leader's slot grid: with another,
                 # this node cannot lead this store (as it could not start on it)
-                self._check_slot_grid(session)
+                self._check_setup(session)
                 differences = self._setup_differences(session)
                 self._record_setup(session)
             if differences:  # this node decides by its own config from now on: say so
@@ -248,13 +248,14 @@ class Follow(Recovery):
 
     def takeover_problem(self) -> str:
         """Why this standby cannot lead the store as it is ("" if it can): its slot grid
-        is not that of the stored plans (:meth:`_check_slot_grid`), its clock is too far
-        from the last leader's (:meth:`_clock_problem`), or its servers or window would
-        move plans another node admitted (:meth:`_moves_problem`). Reads the store only,
-        so the election asks before it takes the lock and records an epoch."""
+        is not that of the stored plans, or it lacks resources they demand
+        (:meth:`_check_setup`), its clock is too far from the last leader's
+        (:meth:`_clock_problem`), or its servers or window would move plans another node
+        admitted (:meth:`_moves_problem`). Reads the store only, so the election asks
+        before it takes the lock and records an epoch."""
         try:
             with self.db.session() as session:
-                self._check_slot_grid(session)
+                self._check_setup(session)
                 holder = recorded_holder(session)
                 differences = self._setup_differences(session) if self._unfitted else []
                 mine = clock_offset(session, self.slots.clock.now)

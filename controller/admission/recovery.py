@@ -25,7 +25,7 @@ from controller.admission.state import EPOCH_KEY, SETTINGS_KEY
 from controller.admission.views import STATES, Cordon
 from controller.clock import epoch as slot_zero
 from controller.clock import first_epoch
-from controller.errors import SlotGridChangedError, StoreEditedError
+from controller.errors import ResourcesRemovedError, SlotGridChangedError, StoreEditedError
 from controller.store import (
     CORDONED,
     REBUILD_SECONDS,
@@ -140,7 +140,7 @@ class Recovery(Moves, BoundControl):
         warm_up()
         with self._write() if self.leading else self.db.session() as session:
             self.slots.epoch = self._epoch(session)
-            self._check_slot_grid(session)
+            self._check_setup(session)
             if self.leading:  # a standby writes nothing; it records these at takeover
                 self._record_setup(session)
             else:
@@ -272,6 +272,56 @@ class Recovery(Moves, BoundControl):
             f"near {_when(implied)}, not at the Unix epoch: started so, every stored job "
             f"would be read as planned in 1970 and completed at once. Set daemon.epoch to "
             f"the store's slot 0 (epoch = {start:.0f} is {_when(start)}), or restore the rows"
+        )
+
+    def _check_setup(self, session: Session) -> None:
+        """Refuse a config the store's jobs were not planned with: another slot grid
+        (:meth:`_check_slot_grid`), or resources they demand gone
+        (:meth:`_check_resources`)."""
+        self._check_slot_grid(session)
+        self._check_resources(session)
+
+    def _check_resources(self, session: Session) -> None:
+        """Refuse ``[cluster] resources`` without one that a job holding or awaiting a
+        plan (admitted, running, pending) demands.
+
+        Its spec would not read against them ("unknown resource"), and the rebuild would
+        fail the job and drop its plan, for good: putting the resource back afterwards
+        brought none back (the restore audit: ``disk`` taken out of the list failed every
+        tenant's six jobs). A resource renamed is the same. A demand of 0 does not count;
+        a spec that does not read at all is left to the rebuild, as before.
+
+        Raises:
+            ResourcesRemovedError: naming the resources, how many jobs and a few of them.
+        """
+        known = set(self.cluster.resources)
+        missing: dict[str, list[str]] = {}
+        live = ("admitted", "running", "pending")
+        rows = session.execute(select(JobRow.id, JobRow.spec).where(JobRow.state.in_(live)))
+        for job_id, text in rows:
+            try:
+                spec = json.loads(text) if isinstance(text, str) else None
+            except ValueError:
+                continue
+            if not isinstance(spec, dict):
+                continue
+            for side in ("worker", "ps"):
+                demand = spec.get(side)
+                if not isinstance(demand, dict):
+                    continue
+                for name, amount in demand.items():
+                    if name not in known and amount not in (0, 0.0, "0"):
+                        missing.setdefault(str(name), []).append(job_id)
+        if not missing:
+            return
+        jobs = sorted({j for ids in missing.values() for j in ids})
+        names = ", ".join(repr(r) for r in sorted(missing))
+        raise ResourcesRemovedError(
+            f"[cluster] resources lacks {names}, which {len(jobs)} admitted, running or "
+            f"pending job(s) demand ({', '.join(repr(j) for j in jobs[:5])}"
+            f"{', ...' if len(jobs) > 5 else ''}): started so, the daemon could not read "
+            "their specs and would fail them all, for good. Put the resource back (a "
+            "resource renamed: under its old name), or take it out once those jobs have ended"
         )
 
     def _check_slot_grid(self, session: Session) -> None:
