@@ -230,3 +230,28 @@ def test_a_flood_of_connections_costs_the_console_not_the_daemon(console: Consol
         except urllib.error.HTTPError as err:
             assert err.code == 503 and time.monotonic() < deadline, err
             time.sleep(0.1)
+
+
+def test_a_page_resumed_past_a_restored_stores_newest_event_gets_the_new_ones(
+    console: Console,
+) -> None:
+    """The restore audit: a store restored from a backup numbers its new events from its
+    own newest, so a page that had seen more (its Last-Event-ID, sent on reconnect)
+    skipped every event up to the number it had seen, without a word."""
+
+    async def run() -> dict[str, Any]:
+        async with aiohttp.ClientSession() as http:
+            headers = {**bearer("ops"), "Last-Event-ID": "1000"}
+            r = await http.get(console.url + "/api/events", headers=headers)
+            assert r.status == 200
+            assert (await r.content.readuntil(b"\n\n")) == b"retry: 2000\n\n"
+            with client_channel(console.daemon.address, token=TOKENS["alice"]) as channel:
+                request = pb.SubmitJobRequest(job=spec_to_proto({**SMALL_JOB, "id": "after"}))
+                await asyncio.to_thread(pb_grpc.AdmissionStub(channel).SubmitJob, request,
+                                        timeout=60)  # fmt: skip
+            event = await asyncio.wait_for(next_event(r), 20)
+            r.close()
+            return event
+
+    event = asyncio.run(run())
+    assert event["job_id"] == "alice:after" and event["kind"] == "decided", event

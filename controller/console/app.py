@@ -623,6 +623,12 @@ class Console:
                 last = int(resume)
             await response.prepare(request)
             await response.write(b"retry: 2000\n\n")
+            if last > 0:
+                # a page resumed past the store's newest event: the store was restored from
+                # a backup (or is another one), and reuses those numbers; its events after
+                # its newest are new to the page (before, the page skipped them unseen)
+                newest = await self.c.stored_events(-1, limit=1, newest=True)
+                last = min(last, newest[-1].sequence if newest else 0)
             backlog: list[Event] = []
             if last >= 0:
                 backlog = await self.c.stored_events(last, limit=_BACKFILL_MAX, newest=True)
