@@ -18,8 +18,10 @@ store, and exit status 1 (``oasisd: ...``), never a traceback:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
+import sqlite3
 import time
 from pathlib import Path
 
@@ -63,6 +65,8 @@ def open_store(config: Config, controller: AdmissionController, writer: WriterLo
     try:
         if not config.store_url:
             _data_dir(config.data_dir)
+        else:
+            _left_behind(config.data_dir, store)
         if config.ha is not None:
             _open_ha(controller, writer)
             return
@@ -175,6 +179,38 @@ def _beside_no_leader(db: Database, writer: PostgresWriterLock) -> bool:
         "stop every oasisd on this store, then start the upgraded ones (README: Upgrades)",
         status=2,
     )
+
+
+def _left_behind(data_dir: Path, store: str) -> None:
+    """Warn if ``data_dir`` holds a SQLite store with jobs while ``store_url`` names
+    another: setting ``store_url`` moves no job, and the daemon started on an empty store
+    without a word, its tenants' jobs left behind there (the restore audit). Read only,
+    and any failure to read it is said as such."""
+    path = data_dir / "oasis.db"
+    if not path.is_file():
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True,
+                                                timeout=1.0)) as db:  # fmt: skip
+            (jobs,) = db.execute("SELECT count(*) FROM jobs").fetchone()
+            (live,) = db.execute(
+                "SELECT count(*) FROM jobs WHERE state IN ('admitted', 'running', 'pending')"
+            ).fetchone()
+    except sqlite3.Error as err:
+        structlog.get_logger("oasisd").warning(
+            f"daemon.data_dir holds a SQLite store this daemon does not use ({store} is "
+            "daemon.store_url), and it could not be read",
+            path=str(path), error=str(err)[:200],
+        )  # fmt: skip
+        return
+    if jobs:
+        structlog.get_logger("oasisd").warning(
+            f"daemon.data_dir's SQLite store holds {jobs} job(s), {live} of them admitted, "
+            f"running or pending, that this daemon does not use: it uses {store} "
+            "(daemon.store_url). Setting store_url moves no job; move or remove that file "
+            "once its jobs are not needed",
+            path=str(path), jobs=jobs, live=live,
+        )  # fmt: skip
 
 
 def _data_dir(path: Path) -> None:

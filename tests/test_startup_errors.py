@@ -321,3 +321,34 @@ def test_listen_given_on_the_command_line_is_checked_as_in_the_config(
         err = capsys.readouterr().err
         assert f"oasisd: --listen: must be host:port (a port 0 .. 65535), got {wrong!r}" in err
     assert not (tmp_path / "oasis.db").exists()  # refused before anything opened
+
+
+def test_a_store_url_beside_a_data_dir_holding_jobs_is_warned_of(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    """The restore audit: setting ``store_url`` (a move to PostgreSQL) with the SQLite
+    store's jobs still in ``data_dir`` started an empty cluster without a word."""
+    from controller.convert import spec_to_proto
+    from controller.rpc import oasis_pb2 as pb
+    from controller.rpc import oasis_pb2_grpc as pb_grpc
+    from controller.tls import client_channel
+    from tests.servers import SMALL_JOB, json_log
+
+    data = tmp_path / "data"
+    daemon = Daemon(write_config(tmp_path / "s.toml", data), tmp_path / "s.log").start()
+    with client_channel(daemon.address) as channel:
+        request = pb.SubmitJobRequest(job=spec_to_proto({**SMALL_JOB, "id": "left"}))
+        assert pb_grpc.AdmissionStub(channel).SubmitJob(request, timeout=60).job.decision.admitted
+    assert daemon.stop() == 0
+    url = postgres.new_database()
+    for where, log, says in (
+        (data, tmp_path / "p.log", 1),
+        (tmp_path / "new", tmp_path / "n.log", 0),
+    ):
+        config = write_config(tmp_path / "p.toml", where, url)
+        assert Daemon(config, log).start().stop() == 0
+        said = [e for e in json_log(log) if "SQLite store holds" in e.get("event", "")]
+        assert len(said) == says, said
+        if says:
+            assert said[0]["jobs"] == 1 and said[0]["live"] == 1 and said[0]["level"] == "warning"
+            assert "moves no job" in said[0]["event"] and str(data) in said[0]["path"]
