@@ -12,7 +12,11 @@ What is measured
     one ``_cordon_sync`` step timed with ``time.perf_counter``; then it is uncordoned.
     Reported: the jobs moved by how, and each step's wall time. With ``--for SLOTS`` the
     cordon has an end (a planned maintenance, ``oasis cordon --for``): it blocks slots
-    ``1 .. SLOTS`` only, and only the jobs planned there move.
+    ``1 .. SLOTS`` only, and only the jobs planned there move. With ``--tiny`` every job
+    is made one worker (``chunks = 1``) with a demand of 0.001 of each resource and 9
+    slots of work:
+    one tenant's many small jobs, thousands of them on one server (the observability
+    audit: such a cordon held every tenant's calls for 4 minutes).
 
 Usage
     .venv/bin/python -m bench.cordon [--servers 50] [--window 300] [--jobs 300]
@@ -46,10 +50,20 @@ SEED = 1
 
 
 def measure(
-    servers: int, window: int, jobs: int, data_dir: Path, length: int | None = None
+    servers: int,
+    window: int,
+    jobs: int,
+    data_dir: Path,
+    length: int | None = None,
+    tiny: bool = False,
 ) -> dict[str, Any]:
     trace = generate_trace(np.random.default_rng(SEED), n_jobs=jobs, n_worker_servers=servers,
                            n_ps_servers=servers, horizon=window)  # fmt: skip
+    if tiny:
+        for spec in trace["jobs"]:  # type: ignore[attr-defined]
+            spec.update(chunks=1, epochs=1, minibatches=40, tau=0.2, grad_mb=1)  # 9 slots
+            for side in ("worker", "ps"):
+                spec[side] = {r: 0.001 for r in spec[side]}
     config = from_dict({
         "daemon": {"data_dir": str(data_dir), "window": window, "epoch": 0},
         "cluster": {"resources": trace["resources"], "servers": trace["servers"]},
@@ -70,7 +84,7 @@ def measure(
         busiest = c.cluster.worker_names[int(np.argmax(held))]
         out: dict[str, Any] = {"servers": servers, "window": window, "jobs": jobs,
                                "admitted": admitted, "server": busiest,
-                               "cordon_slots": length or "no end"}  # fmt: skip
+                               "cordon_slots": length or "no end", "tiny": tiny}  # fmt: skip
         until = None if length is None else c.slot + 1 + length
         for name, dry_run in (("dry_run", True), ("cordon", False)):
             step = functools.partial(
@@ -95,10 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=300)
     p.add_argument("--for", dest="length", type=int, metavar="SLOTS",
                    help="give the cordon an end: it blocks this many slots")  # fmt: skip
+    p.add_argument("--tiny", action="store_true",
+                   help="one worker per job at most, 0.001 of each resource")  # fmt: skip
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="oasis-cordon-") as d:
-        measured = measure(args.servers, args.window, args.jobs, Path(d), args.length)
+        measured = measure(args.servers, args.window, args.jobs, Path(d), args.length, args.tiny)
         result = {"machine": describe(), **measured}
     if args.json:
         print(json.dumps(result, indent=1))

@@ -169,6 +169,21 @@ def fail_server(
             ``from_slot`` on).
         last_slot: per job, the latest absolute slot it may be planned in.
     """
+    with ledger.deferred():  # one exact rebuild of the cells changed, not one per move
+        return _fail_server(ledger, jobs, kind, index, from_slot, remaining_work, last_slot,
+                            until)  # fmt: skip
+
+
+def _fail_server(
+    ledger: Ledger,
+    jobs: dict[str, Job],
+    kind: str,
+    index: int,
+    from_slot: int,
+    remaining_work: dict[str, int],
+    last_slot: dict[str, int],
+    until: int | None,
+) -> FailureOutcome:
     affected = ledger.holding(kind, index, from_slot, until)
     # the failed server's units come off every affected job before the server is blocked
     wanting: dict[str, Schedule] = {}

@@ -66,3 +66,41 @@ def test_a_server_blocked_then_unblocked_rebuilds_only_its_own_amounts() -> None
         ledger.unblock(kind, index, 7)
         same_state(ledger, _full(ledger))
         assert not ledger.side(kind).blocked[7 - ledger.origin :, index].any()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_replaces_deferred_end_bit_for_bit_as_a_rebuild_and_check_capacity_each(
+    seed: int,
+) -> None:
+    """Within ``Ledger.deferred`` a replace moves the amounts by the difference (a
+    failure's or cordon's moves: each used to sum every job again, quadratic in a
+    tenant's small jobs); a move that does not fit is refused and put back as outside;
+    at its end the ledger is what a rebuild gives, bit for bit."""
+    rng = np.random.default_rng(seed)
+    ledger = admitted([make_job(f"j{i}", chunks=1 + i % 3, epochs=2 + i % 4) for i in range(9)])
+    exact = ledger.snapshot()  # the same moves, each replace exact
+    moves = refused = 0
+    with ledger.deferred():
+        for _ in range(40):
+            job_id = str(rng.choice(ledger.job_ids()))
+            sched = ledger.schedule(job_id)
+            if not sched.slots:
+                continue
+            new = _shuffled(sched, rng)
+            try:
+                ledger.replace(job_id, new)
+            except CapacityError:
+                refused += 1
+                with pytest.raises(CapacityError):
+                    exact.replace(job_id, new)  # refused there too
+                assert ledger.schedule(job_id) is sched
+                continue
+            exact.replace(job_id, new)
+            moves += 1
+            for mine, theirs in ((ledger.worker_side, exact.worker_side),
+                                 (ledger.ps_side, exact.ps_side)):  # fmt: skip
+                assert np.allclose(mine.used, theirs.used, rtol=1e-12, atol=1e-9)
+    assert moves and refused  # both paths taken
+    same_state(ledger, _full(ledger))
+    same_state(ledger, exact)
+    same_state(ledger, rebuilt(ledger, []))
