@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import json
 import logging
 import queue
@@ -55,6 +56,10 @@ LIBRARY_BURST = 20
 TRACEBACK_BURST = 10
 """Whole tracebacks of the daemon's own log events written a minute."""
 
+MAX_VALUE_ITEMS = 50
+"""Items of a list or mapping a log line gives; the rest are counted."""
+MAX_ITEM_CHARS = 200
+"""... and characters of each text item."""
 MAX_VALUE_CHARS = 1000
 """Characters of one value of a log event (a traceback excepted): the rest is cut."""
 
@@ -185,11 +190,38 @@ class Complaints:
 def _bounded(
     _logger: Any, _method: str, event: MutableMapping[str, Any]
 ) -> MutableMapping[str, Any]:
-    """A structlog processor: every text value over :data:`MAX_VALUE_CHARS` cut."""
+    """A structlog processor: every text value over :data:`MAX_VALUE_CHARS` cut, and
+    every list or mapping over :data:`MAX_VALUE_ITEMS` items cut to that many (its text
+    items to :data:`MAX_ITEM_CHARS`), the rest counted. A cordon of a server holding a
+    tenant's 2,440 jobs logged their ids in one line of 364 KB (observability audit):
+    journald splits a line over 48 KiB into pieces that are not JSON."""
     for key, value in event.items():
         if isinstance(value, str) and len(value) > MAX_VALUE_CHARS:
             event[key] = f"{value[: MAX_VALUE_CHARS - 40]}...(cut: {len(value)} characters)"
+        elif isinstance(value, list | tuple | set | frozenset | dict):
+            event[key] = _fewer(value)
     return event
+
+
+def _fewer(value: Any) -> Any:
+    """``value`` (a list, tuple, set or dict) as a list (a dict: a dict) of at most
+    :data:`MAX_VALUE_ITEMS` items, text items cut to :data:`MAX_ITEM_CHARS`."""
+
+    def item(x: Any) -> Any:
+        if isinstance(x, str) and len(x) > MAX_ITEM_CHARS:
+            return f"{x[:MAX_ITEM_CHARS]}...(cut: {len(x)} characters)"
+        return x
+
+    more = len(value) - MAX_VALUE_ITEMS
+    if isinstance(value, dict):
+        out: Any = {item(k): item(v) for k, v in itertools.islice(value.items(), MAX_VALUE_ITEMS)}
+        if more > 0:
+            out["..."] = f"{more} more"
+        return out
+    items = [item(x) for x in itertools.islice(value, MAX_VALUE_ITEMS)]
+    if more > 0:
+        items.append(f"...({more} more)")
+    return items
 
 
 class _Lines:

@@ -122,6 +122,14 @@ def test_a_long_value_is_cut_and_complaints_forget_quiet_pairs() -> None:
 
     event = _bounded(None, "warning", {"event": "x", "path": "/a" * 4000, "n": 3})
     assert len(event["path"]) < MAX_VALUE_CHARS and event["path"].endswith("(cut: 8000 characters)")
+    # a cordon's moved jobs: one line of 364 KB before (observability audit)
+    ids = {f"alice:{'j' * 120}{i}": "replaced" for i in range(2440)}
+    event = _bounded(None, "warning", {"event": "x", "moved": ids, "replaced": list(ids),
+                                       "few": ("a", 1), "long": ["x" * 5000]})  # fmt: skip
+    assert len(json.dumps(event)) < 30_000
+    assert len(event["moved"]) == 51 and event["moved"]["..."] == "2390 more"
+    assert event["replaced"][:50] == list(ids)[:50] and event["replaced"][50] == "...(2390 more)"
+    assert event["few"] == ["a", 1] and event["long"][0].endswith("(cut: 5000 characters)")
     now = [0.0]
     complaints = Complaints(10.0, lambda: now[0], field="peer")
     complaints.max_keys = 3
