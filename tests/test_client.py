@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -86,6 +89,48 @@ def test_a_job_in_seconds_without_an_id_gets_one(tmp_path: Path, daemon: Daemon)
     assert shown["spec"] == {**PEOPLE, "id": job_id}  # as given, in seconds and durations
     again = run("submit", write(tmp_path, PEOPLE), server=daemon.address)
     assert again.stdout.split(":", 1)[0] not in (job_id, "")  # no id: a new job each time
+
+
+def test_a_submit_with_no_answer_names_the_id_its_job_may_have_been_admitted_as(
+    tmp_path: Path, daemon: Daemon
+) -> None:
+    """The CLI audit: a submit without an id that timed out (the answer waits for its
+    commit) exited 1, yet had admitted its job, under an id the client never learnt; a
+    retry admitted a second copy. The client now names the id it sent."""
+    assert daemon.proc is not None
+    kids = subprocess.run(["pgrep", "-P", str(daemon.proc.pid)], capture_output=True,
+                          text=True, check=False).stdout.split()  # fmt: skip
+    assert len(kids) == 1, kids  # the commit process
+    committer = int(kids[0])
+    path = write(tmp_path, SMALL_JOB)
+    os.kill(committer, signal.SIGSTOP)
+    try:
+        out = run("submit", path, "--timeout", "1", server=daemon.address)
+    finally:
+        os.kill(committer, signal.SIGCONT)
+    assert out.returncode == 1 and "DEADLINE_EXCEEDED" in out.stderr, out.stderr
+    said = re.search(r"may have been admitted as '(job-[0-9a-f]+)' before the call", out.stderr)
+    assert said, out.stderr
+    job_id = said.group(1)
+    for _ in range(100):  # committed once the commit process goes on
+        shown = run("job", job_id, "--json", server=daemon.address)
+        if shown.returncode == 0:
+            break
+        time.sleep(0.1)
+    assert json.loads(shown.stdout)["state"] == "admitted", shown.stdout + shown.stderr
+    with_id = write(tmp_path, {**SMALL_JOB, "id": job_id}, "again.json")
+    again = run("submit", with_id, server=daemon.address)
+    assert again.returncode == 0 and "already decided" in again.stdout, again.stdout
+    # --json: the id and the note are keys of the error object
+    os.kill(committer, signal.SIGSTOP)
+    try:
+        out = run("submit", path, "--timeout", "1", "--json", server=daemon.address)
+    finally:
+        os.kill(committer, signal.SIGCONT)
+    error = json.loads(out.stdout)
+    assert "error" in error, (out.stdout, out.stderr)
+    assert error["error"]["code"] == "DEADLINE_EXCEEDED" and error["id"].startswith("job-")
+    assert error["id"] in error["note"]
 
 
 def test_job_json_round_trips_to_the_same_decision(

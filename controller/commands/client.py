@@ -252,17 +252,29 @@ def _verdict(decisions: list[pb.Decision], states: list[int] | None = None) -> i
     return EXIT_REJECTED
 
 
+_NO_EFFECT = frozenset({
+    grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS,
+    grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.NOT_FOUND, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.UNIMPLEMENTED,
+})  # fmt: skip
+"""Refusals after which a submitted job was surely not admitted; after any other failure
+(no answer in time, the connection lost, the daemon stopping) it may have been."""
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     stubs = Stubs(args)
     specs = _specs(args.file)
     responses: list[pb.SubmitJobResponse] = []
-    if len(stubs.pool.addresses) > 1 or len(specs) > 1:
-        # a retry on another node must carry the same id; and the items of a list that
-        # took effect before one failed must be named, so a retry need not repeat them
-        from controller.jobspec import new_id  # numpy: not at the parser's start-up
+    # every job is sent with an id: a retry on another node must carry the same one, the
+    # items of a list that took effect before one failed must be named, and a call that
+    # fails without an answer may still have admitted its job (the CLI audit: each
+    # `submit --timeout 1` that timed out had, and a retry admitted a second copy)
+    from controller.jobspec import new_id  # numpy: not at the parser's start-up
 
-        given = [s.get("id") if isinstance(s.get("id"), str) else None for s in specs]
-        specs = [s if s.get("id") else {**s, "id": new_id()} for s in specs]
+    given = [s.get("id") if isinstance(s.get("id"), str) else None for s in specs]
+    specs = [s if s.get("id") else {**s, "id": new_id()} for s in specs]
+    if len(stubs.pool.addresses) > 1 or len(specs) > 1:
         info = stubs.info() if len(specs) > 1 else None
         if info is not None:  # else a daemon without a slot clock: each is checked there
             from controller.commands.precheck import check_items
@@ -275,6 +287,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
             resp = stubs.admission.SubmitJob(req, timeout=stubs.timeout)
         except grpc.RpcError as err:
             if len(specs) == 1:
+                if err.code() not in _NO_EFFECT:
+                    job_id = spec["id"]
+                    note = (f"the job may have been admitted as {job_id!r} before the call "
+                            f"failed: see `oasis job {job_id}`. To submit it again, give it "
+                            f'"id": "{job_id}": a copy already admitted is then answered '
+                            "as a duplicate, not admitted twice")  # fmt: skip
+                    raise PartialFailureError(err, {"id": job_id, "note": note}) from err
                 raise
             name = spec.get("id") if isinstance(spec.get("id"), str) else "without an id"
             if not args.json:

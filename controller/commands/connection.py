@@ -280,6 +280,8 @@ def report_error(
         print(f"oasis {args.command}: {code}: invalid input:\n{lines}", file=sys.stderr)
     else:
         print(f"oasis {args.command}: {code}: {message}", file=sys.stderr)
+    if not getattr(args, "json", False) and extra and isinstance(extra.get("note"), str):
+        print(f"oasis {args.command}: {extra['note']}", file=sys.stderr)
     return status
 
 
