@@ -7,7 +7,10 @@ import argparse
 import dataclasses
 import json
 import re
+import signal
+import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,7 @@ from controller.plane.agent import Agent, TaskState
 from controller.plane.settings import MqttConfig, mqtt_from_dict
 from controller.plane.topics import Heartbeat, Plan, Progress, SlotPlan, Task, TaskProgress, Topics
 from pricing.errors import SpecError
+from tests.servers import ROOT, free_port
 
 CLUSTER: dict[str, Any] = {
     "resources": ["gpu", "bandwidth"],
@@ -1187,3 +1191,57 @@ def test_a_worker_line_over_the_limit_is_skipped_and_the_next_counts() -> None:
     assert asyncio.run(counted(f"{write}('x' * 70000 + '\\n42\\n')")) == 42
     assert asyncio.run(counted(f"{write}('1' * 70000 + '7\\n5\\n')")) == 5
     assert asyncio.run(counted(f"{write}('3\\n4')")) == 4  # the last line, no newline
+
+
+_AGENT_SCRIPT = """
+import sys, time
+from controller.commands.agent import run_agent
+from controller.plane.agent import Agent
+from controller.plane.settings import MqttConfig
+from controller.plane.topics import Plan, SlotPlan, Task
+
+now = time.time()
+task = Task("j1", 2, 0, minibatch_seconds=0.5, minibatches=40)
+plan = Plan("w0", "worker", 1, 3600.0, 0.5, False, SlotPlan(5, now - 10, [task]),
+            SlotPlan(6, now + 3590, [task]))
+# no broker there: the agent retries it, and runs its plan's workers meanwhile
+agent = Agent("w0", MqttConfig("127.0.0.1", int(sys.argv[1])),
+              command=f"echo $$ >> {sys.argv[2]}; sleep 60")
+agent.accept(plan)
+run_agent(agent)
+print("stopped")
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_the_agent_stops_its_workers_on_sigterm_as_on_sigint(tmp_path: Path, sig: int) -> None:
+    """The CLI audit: SIGTERM (kill, a service manager's stop) ended the agent at once
+    and left its worker commands running (each in its own session), holding the server
+    while the daemon planned other tenants' jobs on it."""
+    pids = tmp_path / "pids"
+    agent = subprocess.Popen([sys.executable, "-c", _AGENT_SCRIPT, str(free_port()), str(pids)],
+                             cwd=ROOT, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (pids.exists() and len(pids.read_text().split()) == 2):
+            assert time.monotonic() < deadline and agent.poll() is None
+            time.sleep(0.1)
+        workers = [int(p) for p in pids.read_text().split()]
+        agent.send_signal(sig)
+        out, _ = agent.communicate(timeout=30)
+        assert agent.returncode == 0 and "stopped" in out
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in workers if alive(p)]

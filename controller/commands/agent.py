@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import math
 import os
+import signal
 import sys
 import urllib.parse
 from typing import TYPE_CHECKING, Any
@@ -24,9 +25,10 @@ MIN_REPORT_SECONDS = 0.1
 messages a second per agent (controller.plane.link), heartbeats included."""
 
 if TYPE_CHECKING:
+    from controller.plane.agent import Agent
     from controller.plane.settings import MqttConfig
 
-__all__ = ["broker_settings", "register"]
+__all__ = ["broker_settings", "register", "run_agent"]
 
 
 def register(sub: Any) -> None:
@@ -91,11 +93,30 @@ def _agent(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise InputError(f"--node: {err}") from err
     try:
-        with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(agent.run())
+        run_agent(agent)
     except UnknownServerError as err:
         raise InputError(str(err)) from err
     return EXIT_OK
+
+
+def run_agent(agent: Agent) -> None:
+    """Run ``agent`` until SIGINT (Ctrl-C) or SIGTERM, then stop its worker commands.
+
+    Either signal cancels the agent, which stops every worker command it started (each
+    in its own session, so nothing else would). Before, SIGTERM (``kill``, a service
+    manager's stop) ended the agent at once and left its workers running on the
+    server, holding its GPUs while the daemon planned other tenants' jobs there (the
+    CLI audit)."""
+
+    async def until_stopped() -> None:
+        main = asyncio.current_task()
+        assert main is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await agent.run()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(until_stopped())
 
 
 def broker_settings(args: argparse.Namespace) -> MqttConfig:
