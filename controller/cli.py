@@ -92,6 +92,10 @@ def _command_of(argv: Sequence[str]) -> str:
     return next((a for a in argv if not a.startswith("-")), "")
 
 
+EXIT_INTERRUPTED = 130
+"""Ctrl-C (SIGINT), as a shell reports a command it ended: 128 + 2."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; its output shows what it prints and never acts on the terminal
     (:mod:`controller.terminal`)."""
@@ -111,6 +115,9 @@ def _main(argv: list[str]) -> int:
         return common.EXIT_BAD_INPUT
     except BrokenPipeError:
         return common.EXIT_FAILURE
+    except KeyboardInterrupt:  # Ctrl-C: a line, not a traceback; the shell's status
+        print(f"oasis {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except OSError as err:  # its output: a full disk (`oasis replay > out.json`), ...
         where = f" ({err.filename})" if err.filename else ""
         print(f"oasis {args.command}: {err.strerror or err}{where}", file=sys.stderr)

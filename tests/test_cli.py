@@ -16,6 +16,7 @@ from bench.reference_alg2 import replay_reference
 from controller.cli import main
 from pricing.baselines import POLICIES
 from pricing.workload import generate_trace
+from tests.servers import ROOT
 
 DEMO = Path(__file__).resolve().parent.parent / "config" / "demo-trace.json"
 
@@ -510,3 +511,42 @@ def test_a_token_before_the_command_is_not_echoed(capsys: pytest.CaptureFixture[
         main(["--token", "s3cret-token-value", "jobs"])
     err = capsys.readouterr().err
     assert "s3cret-token-value" not in err and "--token goes after the command" in err
+
+
+def _interrupted(args: list[str], after: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """``oasis ARGS`` as a subprocess, sent SIGINT (Ctrl-C) once its stderr says
+    ``after``; its output."""
+    import signal
+    import time
+
+    err_path = tmp_path / "err"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "controller.cli", *args], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=err, text=True)  # fmt: skip
+        deadline = time.monotonic() + 120
+        while after not in err_path.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()
+            time.sleep(0.05)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(args, proc.returncode, out, err_path.read_text())
+
+
+def test_ctrl_c_says_interrupted_and_exits_130_without_a_traceback(tmp_path: Path) -> None:
+    """The CLI audit: Ctrl-C printed a traceback in every command, and during the ILP of
+    `oasis offline` said "an allocation ... beats the solver's bound -0: its proof is
+    wrong" (HiGHS stops on the signal and keeps it)."""
+    big = tmp_path / "big.json"
+    assert main(["gen", "--jobs", "20000", "--seed", "3", "-o", str(big)]) == 0
+    ilp = tmp_path / "ilp.json"
+    assert main(["gen", "--jobs", "40", "--worker-servers", "4", "--ps-servers", "4",
+                 "--horizon", "30", "--seed", "7", "-o", str(ilp)]) == 0  # fmt: skip
+    for args, after in (
+        (["replay", str(big), "--json"], "oasis replay: decided"),
+        (["offline", str(ilp), "--method", "ilp", "--json"], "solving ILP"),
+    ):
+        got = _interrupted(args, after, tmp_path)
+        assert got.returncode == 130, (args, got.returncode, got.stderr)
+        assert "Traceback" not in got.stderr and "proof is wrong" not in got.stderr, got.stderr
+        assert got.stderr.rstrip().endswith(f"oasis {args[0]}: interrupted"), got.stderr

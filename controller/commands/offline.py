@@ -9,9 +9,13 @@ generation), or, by default, whichever the size allows (pricing/offline_solve.py
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -330,6 +334,28 @@ MAX_ILP_VARIABLES = 2_000_000
 """The largest compact ILP ``--method ilp`` builds (about 600 bytes a variable in PuLP)."""
 
 
+@contextlib.contextmanager
+def _interrupts(noted: list[int]) -> Iterator[None]:
+    """Within: SIGINT (Ctrl-C) raises KeyboardInterrupt as before, and is also noted in
+    ``noted``. HiGHS runs Python callbacks during its solve; one interrupted
+    there ends the solve as a "solve error" and the exception is lost, so the run then
+    read as a wrong proof ("an allocation ... beats the solver's bound -0", the CLI
+    audit). Off the main thread: nothing is changed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        noted.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def run(args: argparse.Namespace) -> int:
     def progress(message: str) -> None:
         if args.progress:
@@ -362,8 +388,9 @@ def run(args: argparse.Namespace) -> int:
     # the online allocation is feasible offline: given as the start (HiGHS begins from
     # it, column generation takes its schedules as columns, the result is never worse),
     # the reported allocation is at least the online utility even when cut short
+    interrupted: list[int] = []
     try:
-        with quiet_native_stdout():
+        with quiet_native_stdout(), _interrupts(interrupted):
             result = solve(
                 trace,
                 method=args.method,
@@ -375,6 +402,8 @@ def run(args: argparse.Namespace) -> int:
                 held=held,
             )
     except (OfflineError, ColumnGenerationError) as err:
+        if interrupted:  # the solver's failure was Ctrl-C's: say that (cli.py: 130)
+            raise KeyboardInterrupt from err
         print(f"oasis offline: {err}", file=sys.stderr)
         return EXIT_FAILURE
     except MemoryError:
