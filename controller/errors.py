@@ -18,6 +18,7 @@ from __future__ import annotations
 from pricing import OasisError
 
 __all__ = [
+    "STORE_UNAVAILABLE",
     "TENANT_UNAVAILABLE",
     "BusyError",
     "ConflictError",
@@ -30,7 +31,10 @@ __all__ = [
     "SlotGridChangedError",
 ]
 
-TENANT_UNAVAILABLE = "the store is unavailable; retry shortly (the daemon's log says why)"
+STORE_UNAVAILABLE = "the store is unavailable"
+"""How every store outage's message over gRPC begins (a client tells it from an
+unreachable daemon by it)."""
+TENANT_UNAVAILABLE = f"{STORE_UNAVAILABLE}; retry shortly (the daemon's log says why)"
 """What a submitter is told of a store outage, over gRPC and in the console: the reason
 (the database's host and port, the path of the store's file system) is the operator's
 to read, in the log and as an operator."""

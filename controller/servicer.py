@@ -34,7 +34,7 @@ from controller.convert import (
     progress_to_proto,
     spec_from_proto,
 )
-from controller.errors import TENANT_UNAVAILABLE, BusyError, NotLeaderError
+from controller.errors import STORE_UNAVAILABLE, TENANT_UNAVAILABLE, BusyError, NotLeaderError
 from controller.job_keys import as_named as _as_named
 from controller.job_keys import key_for, key_of, shown, shown_view
 from controller.jobspec import prepare
@@ -70,8 +70,14 @@ async def _guard(context: grpc.aio.ServicerContext, call: Awaitable[_T]) -> _T:
         return await call
     except Exception as err:
         code = next((c for kind, c in _CODES if isinstance(err, kind)), None)
-        if isinstance(err, StoreUnavailableError) and current_caller().role is not Role.OPERATOR:
-            err = StoreUnavailableError(TENANT_UNAVAILABLE)
+        if isinstance(err, StoreUnavailableError):
+            if current_caller().role is not Role.OPERATOR:
+                err = StoreUnavailableError(TENANT_UNAVAILABLE)
+            elif not str(err).startswith(STORE_UNAVAILABLE):
+                # an operator reads the reason, said to be the store's: psycopg's
+                # "connection refused" read as the daemon's own to the client, which told
+                # the operator to check that oasisd runs (observability audit)
+                err = StoreUnavailableError(f"{STORE_UNAVAILABLE}: {err}")
         await abort(context, code, err)
 
 

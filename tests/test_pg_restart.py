@@ -30,6 +30,7 @@ from tests.servers import (
     Daemon,
     Postgres,
     json_log,
+    oasis,
     postgres_or_skip,
     write_config,
 )
@@ -87,6 +88,12 @@ def test_the_slot_clock_keeps_ticking_after_a_store_outage_at_a_boundary(
             arrival = answer.job.decision.arrival_slot
             own_postgres.stop()
             try:  # down until the tick of the job's first slot has failed
+                # an operator is told the store is out, not to check that oasisd runs
+                # (psycopg's "connection refused" read as the daemon's: observability audit)
+                out = oasis("jobs", server=daemon.address, check=False)
+                assert out.returncode == 1, out.stderr
+                assert "UNAVAILABLE: the store is unavailable: " in out.stderr, out.stderr
+                assert "Check that oasisd runs" not in out.stderr, out.stderr
                 boundary = info.epoch + arrival * slot
                 time.sleep(max(0.0, boundary - time.time()) + 2.0)
             finally:

@@ -349,10 +349,16 @@ def _explain(
             "oasisd runs there (it may be busy, or the address a different service)"
         )
     lowered = details.lower()
-    unreachable = code == grpc.StatusCode.UNAVAILABLE and (
-        "failed to connect" in lowered
-        or ("connect" in lowered and "draining" not in lowered)
-        or any(key in lowered for key, _ in _CAUSES)
+    unreachable = (
+        code == grpc.StatusCode.UNAVAILABLE
+        and not lowered.startswith(
+            "the store is unavailable"  # the daemon answered: its store is out (errors.py)
+        )
+        and (
+            "failed to connect" in lowered
+            or ("connect" in lowered and "draining" not in lowered)
+            or any(key in lowered for key, _ in _CAUSES)
+        )
     )
     if not unreachable:
         return details
