@@ -45,7 +45,10 @@ Read at each scrape:
 - ``oasis_broker_configured`` and ``oasis_broker_up``: set by whoever owns the broker
   connection through :meth:`Metrics.set_broker`; without a broker both are 0.
 - ``oasis_agent_clock_offset_seconds{server}``: its agent's clock minus the daemon's, from
-  its latest heartbeat (servers of the cluster's config only; absent without a broker).
+  its latest heartbeat (servers of the cluster's config only; absent without a broker);
+  ``oasis_agent_heartbeat_age_seconds{server}``: seconds since its agent was last heard
+  (connected seconds, as the failure rule counts them; +Inf: never heard).
+- ``process_*``: the daemon process's memory, CPU time and open descriptors.
 
 The ledger is read in the decision thread between two decisions
 (:meth:`AdmissionController.between_decisions`), so a scrape never sees half a decision.
@@ -64,7 +67,14 @@ from typing import Any
 import grpc
 import numpy as np
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    start_http_server,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from controller.admission import AdmissionController
@@ -103,6 +113,7 @@ class Metrics:
 
     def __init__(self, controller: AdmissionController) -> None:
         self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)  # memory and descriptors, for alerts
         self.decisions = Counter(
             "oasis_decisions",
             "Decisions answered, by kind and outcome.",
@@ -302,6 +313,17 @@ class _ControllerCollector:
         for server, offset in sorted(dict(execution.clock_offsets).items()):
             offsets.add_metric([server], offset)
         yield offsets
+        ages = GaugeMetricFamily(
+            "oasis_agent_heartbeat_age_seconds",
+            "Seconds since a server's agent was last heard, counted while the daemon is "
+            "connected to the broker (as the failure rule counts them); +Inf: never heard.",
+            labels=["server"],
+        )
+        now, seen = execution.link.now(), dict(execution.last_seen)
+        for server in sorted(execution.server_index):
+            at = seen.get(server)
+            ages.add_metric([server], math.inf if at is None else max(now - at, 0.0))
+        yield ages
 
     def _commits(self) -> Iterator[Metric]:
         w = self.c.writer

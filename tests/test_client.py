@@ -30,7 +30,7 @@ from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from pricing.durations import format_time
 from pricing.runtime_estimate import RuntimePrior, fit
-from tests.servers import ROOT, SMALL_JOB, Daemon, free_port, oasis, write_config
+from tests.servers import ROOT, SMALL_JOB, Daemon, free_port, json_log, oasis, write_config
 
 PEOPLE: dict[str, Any] = {  # SMALL_JOB in people's units: 36 s is 0.01 of an hour
     **{k: v for k, v in SMALL_JOB.items() if k != "tau"},
@@ -312,6 +312,12 @@ def test_exit_codes_admitted_rejected_bad_input_other(tmp_path: Path, daemon: Da
     rejected = run("submit", write(tmp_path, worthless), "--json", server=daemon.address)
     assert rejected.returncode == 3, rejected.stderr
     assert json.loads(rejected.stdout)["state"] == "rejected"
+    # the daemon's log line says why (the observability audit: an operator had to ask)
+    reason = json.loads(rejected.stdout)["decision"]["reason"]
+    time.sleep(0.5)  # the log's writer thread
+    lines = [e for e in json_log(daemon.log_path) if e.get("event") == "decided"]
+    assert [e["reason"] for e in lines if e["job"] == "x3"] == [reason[:300]] and reason
+    assert all("reason" not in e for e in lines if e["admitted"])
     assert run("quote", write(tmp_path, worthless), server=daemon.address).returncode == 3
     bad = run("submit", write(tmp_path, {**PEOPLE, "epochs": 0}), server=daemon.address)
     assert bad.returncode == 2 and "job.epochs: must be >= 1, got 0" in bad.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import re
 import signal
 import subprocess
@@ -411,6 +412,36 @@ def test_an_agents_clock_off_the_daemons_is_said_once_and_so_is_its_return(
     (family,) = [f for f in text_string_to_metric_families(text)
                  if f.name == "oasis_agent_clock_offset_seconds"]  # fmt: skip
     assert {s.labels["server"]: s.value for s in family.samples} == {"w0": 1.0, "p0": -12.0}
+
+
+def test_metrics_give_each_agents_heartbeat_age_and_the_process(plane: PlaneDaemon) -> None:
+    """The observability audit: a server whose agent never connected read as "up", and
+    nothing gave a heartbeat's age, the daemon's memory or its descriptors."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from controller.metrics import Metrics
+
+    ex = plane.ex
+    plane.c.execution = ex
+    metrics = Metrics(plane.c)
+
+    def scrape() -> dict[str, dict[str, float]]:
+        text = generate_latest(metrics.registry).decode()
+        return {f.name: {s.labels.get("server", s.name): s.value for s in f.samples}
+                for f in text_string_to_metric_families(text)}  # fmt: skip
+
+    assert scrape()["oasis_agent_heartbeat_age_seconds"] == {"w0": math.inf, "p0": math.inf}
+    ex.connected()
+    plane.mono[0] = 5.0
+    ex.heartbeat(Heartbeat("w0", "a"))
+    ex._drain()
+    plane.mono[0] = 12.0
+    metrics = Metrics(plane.c)  # a fresh one: scrapes within SCRAPE_INTERVAL share a reading
+    got = scrape()
+    assert got["oasis_agent_heartbeat_age_seconds"] == {"w0": 7.0, "p0": math.inf}
+    assert got["process_resident_memory_bytes"]["process_resident_memory_bytes"] > 0
+    assert got["process_open_fds"]["process_open_fds"] > 0
 
 
 def test_reports_are_only_queued_on_the_event_loop_and_applied_in_the_decision_thread(

@@ -212,6 +212,7 @@ class DecisionCore(GroupCommit):
                 cost=view.cost, jct=view.jct, arrival=view.arrival_slot,
                 ms=round(view.decision_ms, 3), pending_until=wait_until,
                 slots_scanned=best.slots_scanned, slots_priced=best.slots_priced,
+                **({} if view.admitted else {"reason": view.reason[:300]}),
             )  # fmt: skip
 
         future = self._queue_write(rows, finish, logged)
