@@ -259,9 +259,14 @@ async def serve(
                     problem="anyone who can connect (on loopback: every user of this "
                     "machine) may cancel any tenant's job and cordon servers; give [auth] "
                     "a tokens_file (oasis token NAME --role operator --add-to FILE)")  # fmt: skip
-    if on_ready is not None:
-        on_ready(address)
-    notifier.ready(f"listening on {address}")
+    if stop.is_set():  # SIGTERM during start-up (migrations, the kernels' compile): a
+        # script or systemd waiting for "listening" / READY=1 must not see a daemon that
+        # is already stopping (the CLI audit)
+        log.info("stopped during start-up: not announced as ready")
+    else:
+        if on_ready is not None:
+            on_ready(address)
+        notifier.ready(f"listening on {address}")
     try:
         await stop.wait()
     finally:

@@ -19,6 +19,7 @@ store, and exit status 1 (``oasisd: ...``), never a traceback:
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import pwd
 import sqlite3
@@ -217,13 +218,19 @@ def _data_dir(path: Path) -> None:
     """Make the SQLite store's directory (0700), or check the one there: refused (exit 2)
     if another user owns it or anyone may write it (they could read, swap or delete the
     store, or plant a link where the daemon writes); a warning if others may read it."""
+    # exit 2 where only an operator can mend it: a restart would fail the same way, in a
+    # loop the unit's start limit never stops (a start fails in 1-3 s, then RestartSec)
     if path.exists() and not path.is_dir():
-        raise StartupError(f"daemon.data_dir: {path} exists and is not a directory")
+        raise StartupError(f"daemon.data_dir: {path} exists and is not a directory", status=2)
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         st = path.stat()
     except OSError as err:
-        raise StartupError(f"daemon.data_dir: cannot create {path}: {err.strerror or err}") from err
+        mendable = isinstance(err, PermissionError | NotADirectoryError | FileExistsError)
+        raise StartupError(
+            f"daemon.data_dir: cannot create {path}: {err.strerror or err}",
+            status=2 if mendable or err.errno == errno.EROFS else 1,
+        ) from err
     me = os.geteuid()
     if st.st_uid not in (me, 0):
         raise StartupError(

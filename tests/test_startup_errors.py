@@ -1,7 +1,8 @@
-"""Start-up failures are one line and exit 1, never a traceback or a hang: a data_dir that
-is a file or cannot be created, a file system that refuses writes or is full, a store
-that never answers. A relative data_dir is relative to the config file's folder, and a
-config with secrets that others may read gets a warning."""
+"""Start-up failures are one line and exit 1 (2 where only an operator can mend them),
+never a traceback or a hang: a data_dir that is a file or cannot be created, a file
+system that refuses writes or is full, a store that never answers. A relative data_dir
+is relative to the config file's folder, and a config with secrets that others may read
+gets a warning."""
 
 from __future__ import annotations
 
@@ -35,8 +36,8 @@ def _oasisd(
     )  # fmt: skip
 
 
-def _one_line_error(out: subprocess.CompletedProcess[str], *parts: str) -> None:
-    assert out.returncode == 1, out.stderr
+def _one_line_error(out: subprocess.CompletedProcess[str], *parts: str, status: int = 1) -> None:
+    assert out.returncode == status, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("oasisd: "), out.stderr
     for part in parts:
@@ -47,14 +48,15 @@ def test_a_data_dir_that_is_a_file(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.write_text("not a directory")
     out = _oasisd(write_config(tmp_path / "c.toml", data))
-    _one_line_error(out, f"daemon.data_dir: {data} exists and is not a directory")
+    # exit 2: only an operator mends it; a restart loop would not (the CLI audit)
+    _one_line_error(out, f"daemon.data_dir: {data} exists and is not a directory", status=2)
 
 
 def test_a_data_dir_that_cannot_be_created(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     data = tmp_path / "file" / "data"
     out = _oasisd(write_config(tmp_path / "c.toml", data))
-    _one_line_error(out, f"daemon.data_dir: cannot create {data}: Not a directory")
+    _one_line_error(out, f"daemon.data_dir: cannot create {data}: Not a directory", status=2)
 
 
 def _no_writes_past_1_byte() -> None:
@@ -352,3 +354,25 @@ def test_a_store_url_beside_a_data_dir_holding_jobs_is_warned_of(
         if says:
             assert said[0]["jobs"] == 1 and said[0]["live"] == 1 and said[0]["level"] == "warning"
             assert "moves no job" in said[0]["event"] and str(data) in said[0]["path"]
+
+
+def test_a_daemon_stopped_while_starting_is_never_announced_ready(tmp_path: Path) -> None:
+    """The CLI audit: SIGTERM during start-up (migrations, the kernels' compile) was
+    held until the store had opened, then the daemon printed 'oasisd listening' (and
+    told systemd READY=1) before it drained: a script waiting for it saw a daemon that
+    was already stopping. ``serve`` with its stop event set while starting."""
+    import asyncio
+
+    from controller.daemon import serve
+
+    config = load(write_config(tmp_path / "c.toml", tmp_path / "data"))
+    announced: list[str] = []
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        stop.set()  # as the SIGTERM handler does, before the store has opened
+        await asyncio.wait_for(serve(config, stop=stop, on_ready=announced.append), 120)
+
+    asyncio.run(run())
+    assert announced == []
+    assert (tmp_path / "data" / "oasis.db").exists()  # it did start, then stopped
