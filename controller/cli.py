@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -60,6 +61,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = _Parser(
         prog="oasis", description="Online admission control for shared ML clusters (OASiS)."
     )
+    parser.add_argument("--version", action="version", version=f"oasis {common.version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     wanted = [COMMANDS[only].module] if only in COMMANDS else []
     if only is None:
@@ -99,6 +101,9 @@ EXIT_INTERRUPTED = 130
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; its output shows what it prints and never acts on the terminal
     (:mod:`controller.terminal`)."""
+    for name in ("stdout", "stderr"):  # closed (`oasis jobs >&-`): Python leaves None
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 - for the process
     with guarded():
         return _main(list(sys.argv[1:] if argv is None else argv))
 

@@ -34,6 +34,7 @@ from controller import logs, reflection
 from controller.admission import AdmissionController
 from controller.auth import AccessInterceptor
 from controller.clock import Clock, SlotClock, SteadyClock, SystemClock
+from controller.commands.common import version
 from controller.config import Config, ConfigError, check_listen, demo_config, load
 from controller.connections import RESERVED_FDS, raise_fd_limit
 from controller.console.settings import web_from_dict
@@ -420,6 +421,7 @@ def _ping(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="oasisd", description="The oasis admission daemon.")
+    parser.add_argument("--version", action="version", version=f"oasisd {version()}")
     parser.add_argument("--config", metavar="FILE", help="TOML config (default: embedded demo)")
     parser.add_argument("--listen", metavar="HOST:PORT", help="override daemon.listen")
     parser.add_argument("--data-dir", metavar="DIR", help="override daemon.data_dir")

@@ -550,3 +550,18 @@ def test_ctrl_c_says_interrupted_and_exits_130_without_a_traceback(tmp_path: Pat
         assert got.returncode == 130, (args, got.returncode, got.stderr)
         assert "Traceback" not in got.stderr and "proof is wrong" not in got.stderr, got.stderr
         assert got.stderr.rstrip().endswith(f"oasis {args[0]}: interrupted"), got.stderr
+
+
+def test_version_and_a_closed_stdout(tmp_path: Path) -> None:
+    """The CLI audit: neither oasis nor oasisd had --version, and `oasis jobs >&-` (its
+    stdout closed) ended in a traceback."""
+    for module, name in (("controller.cli", "oasis"), ("controller.daemon", "oasisd")):
+        out = subprocess.run([sys.executable, "-m", module, "--version"], cwd=ROOT,
+                             capture_output=True, text=True, check=False)  # fmt: skip
+        assert out.returncode == 0 and out.stdout.startswith(f"{name} "), out
+        assert out.stdout.split()[1][0].isdigit(), out.stdout  # installed: its version
+    shell = f"{sys.executable} -m controller.cli jobs --server 127.0.0.1:1 >&-"
+    out = subprocess.run(["bash", "-c", shell], cwd=ROOT, capture_output=True, text=True,
+                         check=False)  # fmt: skip
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "cannot reach the daemon" in out.stderr

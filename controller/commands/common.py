@@ -35,6 +35,7 @@ __all__ = [
     "quiet_native_stdout",
     "read_json",
     "same_file",
+    "version",
     "warn_visible_password",
     "write_output",
 ]
@@ -333,3 +334,14 @@ def plain_doc(doc: str | None) -> str:
 
     text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc or "")
     return text.replace("``", "")
+
+
+def version() -> str:
+    """This installation's version (the ``oasis-scheduler`` package's), for ``--version``."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("oasis-scheduler")
+    except PackageNotFoundError:  # run from a checkout without pip install
+        return "unknown (not installed)"
