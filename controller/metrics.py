@@ -37,9 +37,11 @@ Read at each scrape:
   commits itself, after a child could not be started), and
   ``oasis_commit_process_starts_total``: children started (one at start, one more for
   each that ended or was killed); both absent for an in-memory store.
-- ``oasis_utilisation{kind, resource}``: share of the capacity of that kind of server
-  (``worker``, ``ps``) in use in the current slot, 0..1; ``oasis_utilisation_planned``:
-  the mean share over the window ahead (current slot included).
+- ``oasis_utilisation{kind, resource}``: share of the capacity in service of that kind of
+  server (``worker``, ``ps``) in use in the current slot, 0..1; ``oasis_utilisation_planned``:
+  the mean share over the window ahead (current slot included);
+  ``oasis_capacity_out_of_service{kind, resource}``: the share of the capacity on failed
+  or cordoned servers in the current slot (not counted as in use).
 - ``oasis_unit_price{server, kind, resource}``: price of one unit in the current slot;
   ``oasis_unit_price_peak{kind, resource}``: the highest over all servers and the window.
 - ``oasis_broker_configured`` and ``oasis_broker_up``: set by whoever owns the broker
@@ -408,17 +410,20 @@ class _ControllerCollector:
             value=counted.seconds,
         )
 
-    def _snapshot(self) -> tuple[int, list[Any], list[Any], dict[str, str]]:
-        """Runs in the decision thread: the current slot, use and prices over the window,
-        and each server's state."""
+    def _snapshot(self) -> tuple[int, tuple[list[Any], list[Any]], list[Any], dict[str, str]]:
+        """Runs in the decision thread: the current slot, use over the window and the
+        capacity out of service now, prices over the window, and each server's state."""
         c = self.c
         _, use = c.utilisation(0, c.window + 1)
+        _, out = c.out_of_service(0, 1)
         _, prices = c.prices(0, c.window + 1)
-        return c.slot, use, prices, c.server_states()
+        return c.slot, (use, out), prices, c.server_states()
 
     def _ledger(self) -> Iterator[Metric]:
         try:
-            slot, use, prices, states = self.c.between_decisions(self._snapshot, _SNAPSHOT_TIMEOUT)
+            slot, (use, out), prices, states = self.c.between_decisions(
+                self._snapshot, _SNAPSHOT_TIMEOUT
+            )
         except (RuntimeError, FutureTimeoutError) as err:  # not open, shut down, or stuck
             log.warning("metrics: ledger not readable", error=str(err) or type(err).__name__)
             return
@@ -446,6 +451,17 @@ class _ControllerCollector:
             if share:
                 now.add_metric([kind, resource], share[0])
                 planned.add_metric([kind, resource], float(np.mean(share)))
+        yield now
+        yield planned
+        lost = GaugeMetricFamily(
+            "oasis_capacity_out_of_service",
+            "Share of the capacity on failed or cordoned servers in the current slot, 0..1.",
+            labels=["kind", "resource"],
+        )
+        for resource, kind, share in out:
+            if share:
+                lost.add_metric([kind, resource], share[0])
+        yield lost
         unit = GaugeMetricFamily(
             "oasis_unit_price",
             "Price of one unit of a resource on a server, current slot.",
@@ -464,4 +480,4 @@ class _ControllerCollector:
                 peaks[key] = max(peaks.get(key, 0.0), *series)
         for (kind, resource), value in peaks.items():
             peak.add_metric([kind, resource], value)
-        yield from (now, planned, unit, peak)
+        yield from (unit, peak)

@@ -124,6 +124,21 @@ def test_a_cordon_moves_the_jobs_off_from_the_next_slot_and_outlives_a_restart(
         scraped = parse(generate_latest(Metrics(c).registry).decode())
         assert value(scraped, "oasis_servers", state="cordoned") == 1
         assert value(scraped, "oasis_servers", state="up") == 2
+        # its capacity is out of service, not in use (a half-failed cluster read as busy:
+        # the observability audit); utilisation is over the capacity in service
+        side, slot = c._ledger.worker_side, 1 - c._ledger.origin
+        for r, resource in enumerate(c.cluster.resources):
+            total = side.capacity[:, r].sum()
+            if total <= 0:
+                continue
+            _, out = c.between_decisions(lambda: c.out_of_service(1, 1))
+            _, use = c.between_decisions(lambda: c.utilisation(1, 1))
+            shares = {(k, res): sh[0] for res, k, sh in out}
+            used = {(k, res): sh[0] for res, k, sh in use}
+            assert shares[("worker", resource)] == pytest.approx(side.capacity[w0, r] / total)
+            others = np.delete(side.used[slot, :, r], w0).sum()
+            serving = total - side.capacity[w0, r]
+            assert used[("worker", resource)] == pytest.approx(others / serving if serving else 0)
         live = _state(c._ledger)
         assert more.decision is not None
     finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from sqlalchemy import ColumnElement, select
 from sqlalchemy.orm import Session
 
@@ -273,16 +274,40 @@ class ReadViews(AdmissionState):
     def utilisation(
         self, first_slot: int, slots: int
     ) -> tuple[int, list[tuple[str, str, list[float]]]]:
-        """Cluster-wide used/capacity per resource and kind, per slot."""
+        """Cluster-wide share of the capacity in service that jobs use, per resource and
+        kind, per slot: a failed or cordoned server's capacity is out of service, not in
+        use (it read as used: a half-failed cluster looked busy, the observability
+        audit); 0 where none is in service. :meth:`out_of_service` gives the rest."""
+        return self._shares(first_slot, slots, in_use=True)
+
+    def out_of_service(
+        self, first_slot: int, slots: int
+    ) -> tuple[int, list[tuple[str, str, list[float]]]]:
+        """Cluster-wide share of the capacity on failed or cordoned servers, per resource
+        and kind, per slot."""
+        return self._shares(first_slot, slots, in_use=False)
+
+    def _shares(
+        self, first_slot: int, slots: int, in_use: bool
+    ) -> tuple[int, list[tuple[str, str, list[float]]]]:
         ledger = self._ledger
         first, lo, hi = self._view_window(first_slot, slots)
         out: list[tuple[str, str, list[float]]] = []
         for kind, side in (("worker", ledger.worker_side), ("ps", ledger.ps_side)):
-            total = side.capacity.sum(axis=0)
-            used = side.used[lo:hi].sum(axis=1)
+            total = side.capacity.sum(axis=0)  # (R,)
+            blocked = side.blocked[lo:hi]  # (S, n)
+            down = blocked.astype(np.float64) @ side.capacity  # (S, R) out of service
+            if in_use:
+                used = np.where(blocked[:, :, None], 0.0, side.used[lo:hi]).sum(axis=1)
+                serving = total[None, :] - down
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    share = np.where(serving > 0, used / serving, 0.0)
+            else:
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    share = np.where(total > 0, down / total, 0.0)
             for r, res in enumerate(self.cluster.resources):
                 if total[r] > 0:
-                    out.append((res, kind, (used[:, r] / total[r]).tolist()))
+                    out.append((res, kind, share[:, r].tolist()))
         return first, out
 
     def current_use(self, slot: int = 0) -> dict[str, dict[str, float]]:
