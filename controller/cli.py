@@ -94,6 +94,10 @@ def _command_of(argv: Sequence[str]) -> str:
     return next((a for a in argv if not a.startswith("-")), "")
 
 
+_TRACE_TOOLS = frozenset({"replay", "offline", "calibrate", "gen"})
+"""Commands whose --json output is SPEC 6's document: their errors go to standard error
+(controller/commands/connection.py)."""
+
 EXIT_INTERRUPTED = 130
 """Ctrl-C (SIGINT), as a shell reports a command it ended: 128 + 2."""
 
@@ -116,6 +120,13 @@ def _main(argv: list[str]) -> int:
         code: int = args.func(args)
         sys.stdout.flush()  # a write that fails (a full disk) fails here, not at exit
     except common.InputError as err:
+        if getattr(args, "json", False) and args.command not in _TRACE_TOOLS:
+            # --json: the error is JSON too (``token``; the daemon's commands report it
+            # themselves); the trace tools keep standard output for SPEC 6's document
+            from controller.commands.connection import report_error
+
+            return report_error(args, "INVALID_ARGUMENT", str(err), err.problems, err.extra,
+                                err.about)  # fmt: skip
         print(f"oasis {args.command}: {err}", file=sys.stderr)
         return common.EXIT_BAD_INPUT
     except BrokenPipeError:

@@ -565,3 +565,14 @@ def test_version_and_a_closed_stdout(tmp_path: Path) -> None:
                          check=False)  # fmt: skip
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
     assert "cannot reach the daemon" in out.stderr
+
+
+def test_a_json_error_of_a_local_command_is_json(tmp_path: Path) -> None:
+    """The CLI audit: `oasis token NAME --add-to FILE --json` said what was wrong as text
+    on standard error; the trace tools keep theirs there (SPEC 6's output alone)."""
+    args = ["token", "carol", "--add-to", str(tmp_path / "no" / "tokens"), "--json"]
+    out = subprocess.run([sys.executable, "-m", "controller.cli", *args], cwd=ROOT,
+                         capture_output=True, text=True, check=False)  # fmt: skip
+    assert out.returncode == 2 and out.stderr == "", out
+    error = json.loads(out.stdout)["error"]
+    assert error["code"] == "INVALID_ARGUMENT" and "--add-to" in error["message"]
