@@ -463,6 +463,71 @@ def test_reports_are_only_queued_on_the_event_loop_and_applied_in_the_decision_t
     assert plane.stored("j") == (3.0, {"w0/a": [3.0, 40.0]})
 
 
+def test_counts_of_another_admission_of_the_same_id_count_for_nothing(
+    plane: PlaneDaemon,
+) -> None:
+    """The restore audit: a job submitted again under the id of one lost with a restored
+    store took the lost one's counts (46.6% done before its first slot), and completed
+    with about half its work. Plans carry each admission's run, and the daemon drops
+    report entries of another run; entries without one (older agents) count as before."""
+    from controller.plane.execution import run_of
+
+    plane.submit("j")
+    ex = plane.ex
+    plans = ex.plans_sync({})
+    (run,) = {t.run for p in plans for sl in (p.current, p.next) for t in sl.tasks}
+    with plane.c.db.session() as session:
+        from controller.store import JobRow
+
+        row = session.get(JobRow, "j")
+        assert row is not None and run == run_of(row.decided_at) and run
+    ex.connected()
+    plane.mono[0] = 5.0
+    ex.report(Progress("w0", "a", [TaskProgress("j", 9.0, 90.0, run="20200101T000000.000000")]))
+    assert ex.review_sync() == []
+    assert "j" not in ex.progress  # another admission's: nothing counted
+    ex.report(Progress("w0", "a", [TaskProgress("j", 3.0, 40.0, run=run)]))
+    ex.report(Progress("w0", "b", [TaskProgress("j", 1.0, 10.0)]))  # an older agent
+    assert ex.review_sync() == []
+    assert ex.progress["j"].sessions == {"w0/a": [3.0, 40.0], "w0/b": [1.0, 10.0]}
+
+
+def test_an_agents_counts_of_an_id_start_afresh_for_another_admission() -> None:
+    """The agent's side: a plan bringing a job id back with another run drops the
+    counts it kept for the id (set aside idle, or still followed), and reports the new
+    run's own."""
+    now = [100.0]
+    agent = Agent("w0", MqttConfig("localhost"), wall=lambda: now[0])
+
+    def plan_of(epoch: int, run: str) -> Plan:
+        task = Task("j1", 2, 0, minibatch_seconds=0.5, minibatches=1000, run=run)
+        return Plan("w0", "worker", epoch, 10.0, 0.5, False, SlotPlan(10, 100.0, [task]),
+                    SlotPlan(11, 110.0, [task]))  # fmt: skip
+
+    agent.accept(plan_of(1, "r1"))
+    agent.step(1.0)
+    assert agent.tasks["j1"].minibatches == pytest.approx(4.0)
+    report = agent.progress()
+    assert report is not None and report.jobs == [TaskProgress("j1", 4.0, 2.0, "r1")]
+    agent.accept(plan_of(2, "r1"))  # the same admission: carried on
+    agent.step(1.0)
+    assert agent.tasks["j1"].minibatches == pytest.approx(8.0)
+    agent.accept(plan_of(3, "r2"))  # the id admitted again: afresh
+    agent.step(1.0)
+    assert agent.tasks["j1"].minibatches == pytest.approx(4.0)
+    assert agent.tasks["j1"].run == "r2"
+    # set aside idle, then brought back by a plan of yet another run: afresh too
+    agent._idle["j1"] = (agent.tasks.pop("j1").minibatches, 2.0, "r2")
+    agent.accept(plan_of(4, "r3"))
+    agent.step(1.0)
+    assert agent.tasks["j1"].minibatches == pytest.approx(4.0)
+    # ... but of the same run, carried on
+    agent._idle["j1"] = (agent.tasks.pop("j1").minibatches, 2.0, "r3")
+    agent.accept(plan_of(5, "r3"))
+    agent.step(1.0)
+    assert agent.tasks["j1"].minibatches == pytest.approx(8.0)
+
+
 def test_progress_stays_dirty_until_a_commit_and_ended_jobs_are_forgotten_then_merged(
     plane: PlaneDaemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -107,6 +107,7 @@ class TaskState:
     worker_seconds: float = 0.0
     processes: list[tuple[asyncio.subprocess.Process, list[float]]] = field(default_factory=list)
     done_before: float = 0.0  # mini-batches of commands that already exited
+    run: str = ""  # the admission these counts are for (Task.run); "": not said
 
 
 class Agent:
@@ -148,7 +149,7 @@ class Agent:
         self._sent_at: dict[str, float] = {}  # job -> monotonic time its counts last went out
         # jobs this server no longer runs, their counts sent long ago: (mini-batches,
         # worker-seconds), out of the loops that run every step (:meth:`forget_idle`)
-        self._idle: dict[str, tuple[float, float]] = {}
+        self._idle: dict[str, tuple[float, float, str]] = {}  # ... and their run
         self._away_since: float | None = None  # monotonic time the daemon was seen offline
         self._ran_out = False  # the plan's last slot ended (logged once)
 
@@ -199,7 +200,7 @@ class Agent:
         for task in slot.tasks:
             if task.workers <= 0:
                 continue
-            state = self._task(task.job)
+            state = self._task(task.job, task.run)
             if state.minibatches >= task.minibatches:
                 continue
             rate = task.workers * self.speed / task.minibatch_seconds
@@ -218,7 +219,7 @@ class Agent:
                 _stop(running.pop()[0])
             state.minibatches = state.done_before + sum(c[0] for _p, c in state.processes)
         for job, task in wanted.items():
-            state = self._task(job)
+            state = self._task(job, task.run)
             running = [p for p in state.processes if p[0].returncode is None]
             for worker in range(len(running), task.workers):
                 env = {**worker_environment(), "OASIS_JOB": job, "OASIS_SERVER": self.server,
@@ -257,12 +258,29 @@ class Agent:
                     count[0] = max(count[0], value)
         await proc.wait()
 
-    def _task(self, job: str) -> TaskState:
-        """``job``'s state here, its counts carried on if it was set aside idle."""
+    def _task(self, job: str, run: str = "") -> TaskState:
+        """``job``'s state here for its admission ``run`` (:class:`Task`), its counts
+        carried on if it was set aside idle. Counts of another run of the same id are
+        dropped (its commands stopped): before, a job submitted again under the id of
+        one lost with a restored store began at the lost one's 47%, and completed with
+        half its work done (the restore audit)."""
         state = self.tasks.get(job)
+        if state is not None and run and state.run and state.run != run:
+            self.log.info("job id planned for another admission: its counts start afresh",
+                          job=job, run=run, before=state.run)  # fmt: skip
+            for proc, _count in state.processes:
+                if proc.returncode is None:
+                    _stop(proc)
+            del self.tasks[job]
+            self._reported.pop(job, None)
+            state = None
         if state is None:
-            done, seconds = self._idle.pop(job, (0.0, 0.0))
-            state = self.tasks[job] = TaskState(done, seconds, done_before=done)
+            done, seconds, was = self._idle.pop(job, (0.0, 0.0, ""))
+            if run and was and was != run:
+                done, seconds = 0.0, 0.0
+            state = self.tasks[job] = TaskState(done, seconds, done_before=done, run=run or was)
+        elif run and not state.run:
+            state.run = run
         return state
 
     def forget_idle(self, now: float | None = None) -> int:
@@ -293,7 +311,7 @@ class Agent:
         ]
         for job in idle:
             state = self.tasks.pop(job)
-            self._idle[job] = (state.minibatches, state.worker_seconds)
+            self._idle[job] = (state.minibatches, state.worker_seconds, state.run)
             self._reported.pop(job, None)
             self._sent_at.pop(job, None)
         return len(idle)
@@ -312,9 +330,8 @@ class Agent:
             if only_changed and self._reported.get(job) == now:
                 continue
             # within what the daemon takes, or it drops the entry (workers' sums can pass it)
-            jobs.append(
-                TaskProgress(job, min(s.minibatches, MAX_COUNT), min(s.worker_seconds, MAX_COUNT))
-            )
+            jobs.append(TaskProgress(job, min(s.minibatches, MAX_COUNT),
+                                     min(s.worker_seconds, MAX_COUNT), s.run))  # fmt: skip
         return [
             Progress(self.server, self.session, jobs[i : i + MAX_REPORT_JOBS])
             for i in range(0, len(jobs), MAX_REPORT_JOBS)

@@ -302,6 +302,15 @@ class ProgressView:
     completion_slot: int | None
 
 
+def run_of(decided_at: Any) -> str:
+    """A job's ``run`` in plans and reports (:class:`~controller.plane.topics.Task`): the
+    time it was admitted, to the microsecond (UTC, as the store keeps it). Every head node
+    of one store gives the same; an id used again gets another. "" if it does not read."""
+    if not isinstance(decided_at, datetime):
+        return ""
+    return decided_at.strftime("%Y%m%dT%H%M%S.%f")
+
+
 class Execution:
     """Heartbeats, progress and the reactions to them; see the module docstring.
 
@@ -497,12 +506,13 @@ class Execution:
             self._seen(server, at)
         reports = self._reports.take()
         try:
-            planned = self._planned(reports)
+            planned, runs = self._planned(reports)
         except Exception:  # the store: nothing applied, so nothing lost
             self._reports.put_back(reports)
             raise
         ignored: Counter[str] = Counter()
         crowded: Counter[str] = Counter()
+        other_run: Counter[str] = Counter()
         for received in reports:
             progress = received.progress
             self._seen(progress.server, received.at)
@@ -513,6 +523,11 @@ class Execution:
                     (task.job, progress.server, OVERDUE) not in planned
                 ):
                     ignored[progress.server] += 1
+                    continue
+                if task.run and runs.get(task.job, "") not in ("", task.run):
+                    # counts of another admission of this id (a store restored from a
+                    # backup, a job deleted by retention): not this job's work
+                    other_run[progress.server] += 1
                     continue
                 prog = self.progress.get(task.job)
                 if prog is None:  # new, or ended and forgotten: the store may hold more
@@ -530,35 +545,43 @@ class Execution:
         for server, entries in ignored.items():
             self._complain(server, "unplanned", "report entries ignored: jobs not planned on "
                            "this server now", entries=entries)  # fmt: skip
+        for server, entries in other_run.items():
+            self._complain(server, "run", "report entries ignored: counts of an earlier job "
+                           "of the same id", entries=entries)  # fmt: skip
         for server, entries in crowded.items():
             self._complain(server, "sessions", "report entries dropped: too many agent "
                            "sessions for a job", entries=entries,
                            limit=MAX_SESSIONS_PER_SERVER)  # fmt: skip
 
-    def _planned(self, reports: list[Received]) -> set[tuple[str, str, int]]:
+    def _planned(self, reports: list[Received]) -> tuple[set[tuple[str, str, int]], dict[str, str]]:
         """``(job, server, slot)`` with workers, for the servers of ``reports`` and the
         slots around their arrival: what their entries may count for; and ``(job,
         server, OVERDUE)`` for the jobs past their plan short of their work on the
-        servers that ran their workers, whose late counts still count (two queries)."""
+        servers that ran their workers, whose late counts still count (two queries).
+        Also each of those jobs' run (:func:`run_of`)."""
         if not reports:
-            return set()
+            return set(), {}
         servers = {r.progress.server for r in reports}
         lo = min(r.slot for r in reports) - 1
         hi = max(r.slot for r in reports) + 1
         with self.c.db.session() as session:
             rows = session.execute(
-                select(AllocationRow.job_id, AllocationRow.server, AllocationRow.slot).where(
+                select(AllocationRow.job_id, AllocationRow.server, AllocationRow.slot,
+                       JobRow.decided_at)
+                .join(JobRow, JobRow.id == AllocationRow.job_id).where(
                     AllocationRow.slot >= lo, AllocationRow.slot <= hi,
                     AllocationRow.server.in_(servers), AllocationRow.workers > 0)
             ).all()  # fmt: skip
             late = session.execute(
-                select(AllocationRow.job_id, AllocationRow.server).distinct().where(
+                select(AllocationRow.job_id, AllocationRow.server, JobRow.decided_at)
+                .join(JobRow, JobRow.id == AllocationRow.job_id).distinct().where(
                     AllocationRow.job_id.in_(sorted(self.overdue)),
                     AllocationRow.server.in_(servers), AllocationRow.workers > 0)
             ).all() if self.overdue else []  # fmt: skip
+        runs = {r.job_id: run_of(r.decided_at) for r in (*rows, *late)}
         return {(r.job_id, r.server, int(r.slot)) for r in rows} | {
             (r.job_id, r.server, OVERDUE) for r in late
-        }
+        }, runs
 
     def _seen(self, server: str, at: float) -> None:
         # a beat and a report drained together may come in either order
@@ -1066,7 +1089,7 @@ class Execution:
         with self.c._write() as session:
             rows = session.execute(
                 select(AllocationRow.job_id, AllocationRow.slot, AllocationRow.server,
-                       AllocationRow.workers, AllocationRow.ps)
+                       AllocationRow.workers, AllocationRow.ps, JobRow.decided_at)
                 .join(JobRow, JobRow.id == AllocationRow.job_id)
                 .where(AllocationRow.slot.in_((s, s + 1)), JobRow.state.in_(ACTIVE))
                 .order_by(JobRow.sequence)
@@ -1074,7 +1097,7 @@ class Execution:
             for r in rows:
                 job = self._job(r.job_id, session)
                 task = Task(r.job_id, r.workers, r.ps, job.minibatch_slots * self.slot_seconds,
-                            job.total_minibatches)  # fmt: skip
+                            job.total_minibatches, run_of(r.decided_at))  # fmt: skip
                 tasks.setdefault((r.server, r.slot), []).append(task)
             epoch0 = self.c.slots.epoch
             plans: list[Plan] = []

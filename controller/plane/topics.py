@@ -265,6 +265,10 @@ class Task:
         ps: parameter servers to run on this server (PS servers).
         minibatch_seconds: planned time of one mini-batch on one worker, seconds.
         minibatches: mini-batches of the whole job, ``E * N * M``.
+        run: which admission of the job id this is (the daemon gives the time it was
+            admitted): an id used again, after a store restored from a backup or its
+            job deleted by retention, comes with another, and an agent's counts of the
+            earlier one do not carry over to it. "": not said (an older daemon).
     """
 
     job: str
@@ -272,6 +276,7 @@ class Task:
     ps: int
     minibatch_seconds: float
     minibatches: int
+    run: str = ""
 
 
 @dataclass(frozen=True)
@@ -309,6 +314,7 @@ class SlotPlan:
                     minibatches=fields.integer(
                         fields.require(tm, "minibatches", tw), f"{tw}.minibatches", minimum=1
                     ),
+                    run=_run(tm.get("run", ""), f"{tw}.run"),
                 )
             )
         return cls(
@@ -327,7 +333,22 @@ def _slot_dict(plan: SlotPlan) -> dict[str, Any]:
 def _task_dict(t: Task) -> dict[str, Any]:
     """``asdict(t)``, by hand."""
     return {"job": t.job, "workers": t.workers, "ps": t.ps,
-            "minibatch_seconds": t.minibatch_seconds, "minibatches": t.minibatches}  # fmt: skip
+            "minibatch_seconds": t.minibatch_seconds, "minibatches": t.minibatches,
+            "run": t.run}  # fmt: skip
+
+
+MAX_RUN_CHARS = 64
+"""The longest ``run`` of a task or a report entry."""
+
+
+def _run(value: Any, field: str) -> str:
+    """A task's or report entry's ``run``: text of at most :data:`MAX_RUN_CHARS`, or ""."""
+    if value == "":
+        return ""
+    run = fields.text(value, field)
+    if len(run) > MAX_RUN_CHARS:
+        raise SpecError.one(field, f"{len(run)} characters, over {MAX_RUN_CHARS}")
+    return run
 
 
 @dataclass(frozen=True)
@@ -553,11 +574,13 @@ class TaskProgress:
         job: the job id.
         minibatches: mini-batches its workers on this server finished.
         worker_seconds: time its workers ran, summed over workers, seconds.
+        run: the ``run`` of the task these counts are for (:class:`Task`); "": not said.
     """
 
     job: str
     minibatches: float
     worker_seconds: float
+    run: str = ""
 
 
 @dataclass(frozen=True)
@@ -603,6 +626,7 @@ class Progress:
                         worker_seconds=_count(
                             fields.require(m, "worker_seconds", w), f"{w}.worker_seconds"
                         ),
+                        run=_run(m.get("run", ""), f"{w}.run"),
                     )
                 )
             except SpecError as err:
