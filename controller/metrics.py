@@ -51,6 +51,10 @@ Read at each scrape:
   ``oasis_agent_heartbeat_age_seconds{server}``: seconds since its agent was last heard
   (connected seconds, as the failure rule counts them; +Inf: never heard).
 - ``process_*``: the daemon process's memory, CPU time and open descriptors.
+- ``oasis_decision_step_seconds``: how long the decision thread's running step has run
+  (0 between steps); ``oasis_ledger_metrics_age_seconds``: the age of the ledger's
+  metrics (slot, servers, utilisation, prices), which are served as last read while a
+  step has run for over :data:`BUSY_SECONDS`.
 
 The ledger is read in the decision thread between two decisions
 (:meth:`AdmissionController.between_decisions`), so a scrape never sees half a decision.
@@ -103,7 +107,10 @@ _ERROR_OUTCOMES = {
 }
 # decisions take milliseconds (bench/RESULTS.md); a queue of them can take seconds
 _SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
-_SNAPSHOT_TIMEOUT = 10.0  # seconds a scrape waits for the decision thread
+_SNAPSHOT_TIMEOUT = 5.0  # seconds a scrape waits for the decision thread
+BUSY_SECONDS = 1.0
+"""A decision-thread step running longer than this when scraped: the ledger's metrics
+are the last ones read, not read again (the scrape would wait for the step)."""
 
 
 class Metrics:
@@ -281,6 +288,8 @@ class _ControllerCollector:
         self._lock = threading.Lock()
         self._cached: list[Metric] = []
         self._at = -math.inf
+        self._ledger_metrics: list[Metric] = []  # the last ledger section read
+        self._ledger_at: float | None = None  # monotonic time it was read
 
     def collect(self) -> Iterable[Metric]:
         with self._lock:  # concurrent scrapes wait for the one reading
@@ -420,13 +429,37 @@ class _ControllerCollector:
         return c.slot, (use, out), prices, c.server_states()
 
     def _ledger(self) -> Iterator[Metric]:
-        try:
-            slot, (use, out), prices, states = self.c.between_decisions(
-                self._snapshot, _SNAPSHOT_TIMEOUT
-            )
-        except (RuntimeError, FutureTimeoutError) as err:  # not open, shut down, or stuck
-            log.warning("metrics: ledger not readable", error=str(err) or type(err).__name__)
+        """The ledger's metrics, read between two decisions; while a step has run for
+        over :data:`BUSY_SECONDS`, or the read fails, the last ones read, with their age.
+        Before, a scrape waited 10 s for a decision thread held by a long step, then left
+        the ledger's metrics out without a word (the observability audit)."""
+        step = self.c.step_seconds()
+        yield GaugeMetricFamily(
+            "oasis_decision_step_seconds",
+            "Seconds the decision thread's running step has run (0: between steps); every "
+            "tenant's calls wait for it.",
+            value=step,
+        )
+        if step <= BUSY_SECONDS:
+            try:
+                self._ledger_metrics = list(self._read_ledger())
+                self._ledger_at = time.monotonic()
+            except (RuntimeError, FutureTimeoutError) as err:  # not open, shut down, stuck
+                log.warning("metrics: ledger not readable", error=str(err) or type(err).__name__)
+        if self._ledger_at is None:
             return
+        yield GaugeMetricFamily(
+            "oasis_ledger_metrics_age_seconds",
+            "Seconds since the ledger's metrics (slot, servers, utilisation, prices) were "
+            "read: more than a scrape's interval while the decision thread is held.",
+            value=time.monotonic() - self._ledger_at,
+        )
+        yield from self._ledger_metrics
+
+    def _read_ledger(self) -> Iterator[Metric]:
+        slot, (use, out), prices, states = self.c.between_decisions(
+            self._snapshot, _SNAPSHOT_TIMEOUT
+        )
         yield GaugeMetricFamily("oasis_slot", "The current slot.", value=slot)
         servers = GaugeMetricFamily(
             "oasis_servers",

@@ -159,6 +159,10 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
             return await asyncio.wrap_future(self._decisions.call(fn))
         return await asyncio.wrap_future(self._decisions.submit(client, fn, counted=False))
 
+    def step_seconds(self) -> float:
+        """How long the decision thread's running step has run, seconds (0: none runs)."""
+        return self._decisions.step_seconds()
+
     def between_decisions(self, fn: Callable[[], _T], timeout: float = 10.0) -> _T:
         """Run ``fn`` in the decision thread between two decisions and return its result
         (blocking; from any thread but the event loop's). The ledger is only changed in that

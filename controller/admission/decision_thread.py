@@ -17,6 +17,7 @@ gRPC's own work, and each hand-off left the decision thread idle for part of a s
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -58,6 +59,7 @@ class DecisionThread:
         self._inside: dict[str, int] = {}
         self._thread: threading.Thread | None = None
         self._closed = False
+        self.step_started: float | None = None  # monotonic start of the running step
 
     def inside(self, client: str) -> int:
         """Calls of ``client`` waiting or running."""
@@ -174,10 +176,20 @@ class DecisionThread:
                     step = self._next()
             if not step.future.set_running_or_notify_cancel():
                 continue  # cancelled while it waited
+            self.step_started = time.monotonic()
             try:
                 result = step.fn()
             except BaseException as err:  # the caller's to handle, not this thread's
                 step.future.set_exception(err)
             else:
                 step.future.set_result(result)
+            finally:
+                self.step_started = None
             del step
+
+    def step_seconds(self) -> float:
+        """How long the step running now has run, seconds (0: none runs). Any thread: a
+        step that runs for minutes holds every tenant's calls (the observability audit:
+        a cordon of 2,440 small jobs, for four minutes), and is seen from outside."""
+        started = self.step_started
+        return 0.0 if started is None else max(time.monotonic() - started, 0.0)
