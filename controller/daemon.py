@@ -178,6 +178,8 @@ async def serve(
     pb_grpc.add_AdmissionServicer_to_server(AdmissionServicer(controller, limiter), server)  # type: ignore[no-untyped-call]
     pb_grpc.add_ClusterServicer_to_server(ClusterServicer(controller), server)  # type: ignore[no-untyped-call]
     ha_servicer = HighAvailabilityServicer(controller)
+    if config.mqtt is not None:
+        ha_servicer.broker = lambda: plane.connected
     pb_grpc.add_HighAvailabilityServicer_to_server(ha_servicer, server)  # type: ignore[no-untyped-call]
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

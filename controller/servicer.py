@@ -9,7 +9,7 @@ none, and its times resolved to slots; the decision refuses it if it can be wort
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -455,12 +455,22 @@ class HighAvailabilityServicer(pb_grpc.HighAvailabilityServicer):
 
     def __init__(self, controller: AdmissionController) -> None:
         self.c = controller
+        # whether the event broker is connected; None: no broker (set once the plane is)
+        self.broker: Callable[[], bool | None] = lambda: None
 
     async def GetLeadership(
         self, request: pb.GetLeadershipRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetLeadershipResponse:
         ha = self.c.ha_status()
+        try:  # the operator's screen says a store outage, not only the console (audit)
+            store_up = bool(await self.c.read_store(self.c.db.ping))
+        except Exception:  # any failure to answer: a store that is not up
+            store_up = False
+        broker = self.broker()
         return pb.GetLeadershipResponse(
+            store_up=store_up,
+            broker="none" if broker is None else ("connected" if broker else "disconnected"),
+            draining=self.c.draining,
             enabled=self.c.config.ha is not None,
             role=ha.role,
             epoch=ha.epoch,

@@ -94,6 +94,11 @@ def test_the_slot_clock_keeps_ticking_after_a_store_outage_at_a_boundary(
                 assert out.returncode == 1, out.stderr
                 assert "UNAVAILABLE: the store is unavailable: " in out.stderr, out.stderr
                 assert "Check that oasisd runs" not in out.stderr, out.stderr
+                # the operator's screen says so, and shows what the ledger still can
+                out = oasis("status", server=daemon.address, check=False)
+                assert out.returncode == 0, out.stderr
+                assert "THE STORE IS UNAVAILABLE" in out.stdout, out.stdout
+                assert "jobs in flight: not read (the store is unavailable)" in out.stdout
                 boundary = info.epoch + arrival * slot
                 time.sleep(max(0.0, boundary - time.time()) + 2.0)
             finally:

@@ -72,6 +72,10 @@ def test_screen_shows_use_heat_and_jobs(busy: tuple[Daemon, list[pb.Job]]) -> No
     st = json.loads(oasis("status", "--json", server=daemon.address).stdout)
     assert f"oasis status: {daemon.address}, slot {st['current_slot']}" in screen
     assert "cluster use" in screen and "price heat by server" in screen
+    # its health, which the screen did not say (the observability audit)
+    assert screen.splitlines()[2] == "store up, no broker", screen
+    assert st["nodes"] == [{**st["nodes"][0], "store_up": True, "broker": "none",
+                            "draining": False}]  # fmt: skip
     assert f"jobs in flight: 0 running, {len(admitted)} admitted" in screen
     assert admitted[0].spec.id in screen and admitted[1].spec.id not in screen
     assert f"... and {len(admitted) - 1} more" in screen

@@ -79,8 +79,8 @@ class Status:
     use: list[dict[str, Any]]
     price_floor: dict[str, dict[str, float]]
     heat: list[ServerHeat]
-    jobs_in_flight: dict[str, int]
-    jobs: list[dict[str, Any]]
+    jobs_in_flight: dict[str, int] | None  # None: not read (the store is unavailable)
+    jobs: list[dict[str, Any]] | None
     clock: SlotTimes | None = None
     nodes: list[dict[str, Any]] | None = None
 
@@ -100,7 +100,13 @@ def collect(stubs: Stubs, server: str, slots: int) -> Status:
         ).prices
     ]
     in_flight = [pb.JOB_STATE_RUNNING, pb.JOB_STATE_ADMITTED]
-    jobs = list_jobs(stubs, in_flight)
+    try:
+        jobs: list[pb.Job] | None = list_jobs(stubs, in_flight)
+    except grpc.RpcError as err:  # the store is out: the ledger's views still show
+        # controller.errors.STORE_UNAVAILABLE (not imported: it loads numpy)
+        if not (err.details() or "").startswith("the store is unavailable"):
+            raise
+        jobs = None
 
     floor: dict[str, dict[str, float]] = {}  # kind -> resource -> lowest price
     for row in (*prices.prices, *window):
@@ -119,7 +125,7 @@ def collect(stubs: Stubs, server: str, slots: int) -> Status:
     ]
     shown = max((len(u.share) for u in use.use), default=0)
     order = {"running": 0, "admitted": 1}
-    listed = sorted(jobs, key=lambda j: (order[state_name(j.state)], j.sequence))
+    listed = sorted(jobs or [], key=lambda j: (order[state_name(j.state)], j.sequence))
     return Status(
         server=server,
         current_slot=servers.current_slot,
@@ -130,8 +136,10 @@ def collect(stubs: Stubs, server: str, slots: int) -> Status:
         ],
         price_floor=floor,
         heat=heat,
-        jobs_in_flight={s: sum(state_name(j.state) == s for j in jobs) for s in order},
-        jobs=[_job(j) for j in listed],
+        jobs_in_flight=None
+        if jobs is None
+        else {s: sum(state_name(j.state) == s for j in jobs) for s in order},
+        jobs=None if jobs is None else [_job(j) for j in listed],
         clock=clock,
         nodes=nodes(stubs),
     )
@@ -154,7 +162,34 @@ def nodes(stubs: Stubs) -> list[dict[str, Any]]:
             "address": address, "role": r.role if r.enabled else "single", "epoch": r.epoch,
             "lease_age_seconds": round(r.lease_age_seconds, 3), "leader": r.leader,
             "applied_sequence": r.applied_sequence, "cannot_lead": r.cannot_lead or None,
+            # "" from a daemon older than these fields: nothing said of its health
+            **({"store_up": r.store_up, "broker": r.broker, "draining": r.draining}
+               if r.broker else {}),
         })  # fmt: skip
+    return out
+
+
+def _health_lines(nodes: list[dict[str, Any]]) -> list[str]:
+    """A line per node on its store, broker and drain: what is wrong first, in words
+    (before, the operator's screen said nothing of a store or broker outage: the
+    observability audit)."""
+    out = []
+    for n in nodes:
+        if "store_up" not in n:
+            continue
+        who = f"{n['address']}: " if len(nodes) > 1 else ""
+        wrong = []
+        if not n["store_up"]:
+            wrong.append("THE STORE IS UNAVAILABLE (no decision can be stored)")
+        if n["broker"] == "disconnected":
+            wrong.append("THE BROKER IS DISCONNECTED (no plan reaches the agents)")
+        if n["draining"]:
+            wrong.append("DRAINING (stopping: new decisions are refused)")
+        if wrong:
+            out.append(f"{who}{'; '.join(wrong)}")
+        else:
+            broker = {"connected": "broker connected", "none": "no broker"}[n["broker"]]
+            out.append(f"{who}store up, {broker}")
     return out
 
 
@@ -220,6 +255,7 @@ def render(st: Status, limit: int) -> str:
     if times is not None:
         begins, ends = local_time(times.start(st.first_slot)), local_time(times.start(last + 1))
         out.append(f"slots {span} run from {begins} to {ends}; {clock_caption(times)}")
+    out += _health_lines(st.nodes or [])
     out.append("")
     if st.nodes and (len(st.nodes) > 1 or st.nodes[0]["role"] != "single"):
         rows = [
@@ -266,6 +302,9 @@ def render(st: Status, limit: int) -> str:
     out.append(render_table(["server", "kind", span, "busiest now"], rows, right=set()))
     out.append("")
 
+    if st.jobs_in_flight is None or st.jobs is None:
+        out.append("jobs in flight: not read (the store is unavailable)")
+        return "\n".join(out)
     counts = ", ".join(f"{n} {state}" for state, n in st.jobs_in_flight.items())
     out.append(f"jobs in flight: {counts}")
     if st.jobs:
