@@ -330,6 +330,12 @@ class _ControllerCollector:
             "connected to the broker (as the failure rule counts them); +Inf: never heard.",
             labels=["server"],
         )
+        yield GaugeMetricFamily(
+            "oasis_agents_following_another_store",
+            "Servers whose agent's latest heartbeat follows the plans of a daemon on another "
+            "store (a store replaced, or a second daemon under the same broker and prefix).",
+            value=len(execution.foreign),
+        )
         now, seen = execution.link.now(), dict(execution.last_seen)
         for server in sorted(execution.server_index):
             at = seen.get(server)

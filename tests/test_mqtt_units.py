@@ -401,6 +401,7 @@ def test_an_agents_clock_off_the_daemons_is_said_once_and_so_is_its_return(
     assert said == [("warning", "w0", 30.0), ("warning", "p0", -12.0), ("info", "w0", 1.0)]
     assert "30.0 s early" in logs[0]["event"] and "12.0 s late" in logs[1]["event"]
     assert ex.clock_offsets == {"w0": 1.0, "p0": -12.0}
+    assert ex.store_id and all(plan.store == ex.store_id for plan in ex.plans_sync({}))
     # and /metrics gives each server's offset, for an alert
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
@@ -442,6 +443,42 @@ def test_metrics_give_each_agents_heartbeat_age_and_the_process(plane: PlaneDaem
     assert got["oasis_agent_heartbeat_age_seconds"] == {"w0": 7.0, "p0": math.inf}
     assert got["process_resident_memory_bytes"]["process_resident_memory_bytes"] > 0
     assert got["process_open_fds"]["process_open_fds"] > 0
+
+
+def test_agents_following_another_stores_daemon_are_said_and_counted(
+    plane: PlaneDaemon,
+) -> None:
+    """The restore audit: a second daemon on another store under the same broker (a
+    move to PostgreSQL with the old one still up) and the first took turns driving the
+    agents, with a warning that did not tell it from a restored backup. Plans and
+    heartbeats now name the store, and a heartbeat of another store's plans is said with
+    both stores and counted on /metrics. The daemon still moves above them (the store
+    may have been replaced, its daemon gone: tests/test_mqtt_plane.py)."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+    from structlog.testing import capture_logs
+
+    from controller.metrics import Metrics
+
+    ex = plane.ex
+    mine = ex.store_id
+    assert len(mine) == 16
+    with capture_logs() as logs:
+        assert not ex.heartbeat(Heartbeat("w0", "a", 40, store="0123456789abcdef"))
+    assert ex.foreign == {"w0": "0123456789abcdef"}
+    said = [e for e in logs if "another store" in e["event"]]
+    assert said and said[0]["store"] == "0123456789abcdef" and said[0]["this_store"] == mine
+    plane.c.execution = ex
+    text = generate_latest(Metrics(plane.c).registry).decode()
+    (family,) = [f for f in text_string_to_metric_families(text)
+                 if f.name == "oasis_agents_following_another_store"]  # fmt: skip
+    assert family.samples[0].value == 1
+    plane.mono[0] += ex.mqtt.heartbeat_seconds
+    assert ex.heartbeat(Heartbeat("w0", "a", 40, store="0123456789abcdef"))  # a round, as before
+    ex.heartbeat(Heartbeat("w0", "a", ex.epoch, store=mine))  # its own plans again
+    assert ex.foreign == {}
+    assert Heartbeat.parse(Heartbeat("w0", "a", 7, store=mine).to_bytes()).store == mine
+    assert b"store" not in Heartbeat("w0", "a", 7).to_bytes()
 
 
 def test_a_long_step_shows_on_metrics_and_the_ledgers_are_served_as_last_read(

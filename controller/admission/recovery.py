@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import json
 import math
+import secrets
 import time
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
@@ -21,7 +22,7 @@ from sqlalchemy.orm import Session
 from controller.admission.bounds import BoundControl
 from controller.admission.cordons import MAX_REASON, ledger_until
 from controller.admission.moves import Moves
-from controller.admission.state import EPOCH_KEY, SETTINGS_KEY
+from controller.admission.state import EPOCH_KEY, SETTINGS_KEY, STORE_ID_KEY
 from controller.admission.views import STATES, Cordon
 from controller.clock import epoch as slot_zero
 from controller.clock import first_epoch
@@ -403,6 +404,8 @@ class Recovery(Moves, BoundControl):
         """Record the configured servers and the settings that give stored slots their
         meaning (a leader's, at start and at takeover)."""
         self._sync_servers(session)
+        if session.get(MetaRow, STORE_ID_KEY) is None:
+            session.add(MetaRow(key=STORE_ID_KEY, value={"id": secrets.token_hex(8)}))
         settings = {
             "window": self.window,
             "slot_seconds": self.config.slot_seconds,

@@ -50,7 +50,14 @@ from pricing.shared_estimate import SharedEstimate
 if TYPE_CHECKING:
     from controller.plane.execution import Execution
 
-__all__ = ["EPOCH_KEY", "ESTIMATE_KEY", "SETTINGS_KEY", "AdmissionState", "ReadTurns"]
+__all__ = [
+    "EPOCH_KEY",
+    "ESTIMATE_KEY",
+    "SETTINGS_KEY",
+    "STORE_ID_KEY",
+    "AdmissionState",
+    "ReadTurns",
+]
 
 EPOCH_KEY = "epoch"
 """Meta row with the Unix time of slot 0 when the config sets none: ``{"epoch": t,
@@ -58,6 +65,11 @@ EPOCH_KEY = "epoch"
 SETTINGS_KEY = "settings"
 """Meta row with the settings that give stored slots their meaning (``oasis offline
 --store`` reads them): ``{"window": T, "slot_seconds": s, "epoch": t}``."""
+STORE_ID_KEY = "store_id"
+"""Meta row naming this store, ``{"id": 16 hex digits}``, made by its first leader: the
+execution plane's plans carry it, so a daemon tells agents that follow another store's
+plans (a second daemon on another store under the same broker) from agents that follow
+this store's older plans (a store restored from a backup keeps its id)."""
 
 
 READ_THREADS = 6

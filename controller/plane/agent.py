@@ -437,7 +437,8 @@ class Agent:
     async def _beat(self, client: aiomqtt.Client) -> None:
         while True:
             epoch = self.plan.epoch if self.plan else 0
-            beat = Heartbeat(self.server, self.session, epoch, sent_at=self.wall())
+            store = self.plan.store if self.plan else ""
+            beat = Heartbeat(self.server, self.session, epoch, sent_at=self.wall(), store=store)
             await client.publish(self.topics.heartbeat(self.server), beat.to_bytes(), qos=0)
             sent = time.monotonic()
             # the interval comes with the plan, which may arrive (or change) meanwhile

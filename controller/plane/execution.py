@@ -63,6 +63,7 @@ import structlog
 from sqlalchemy import Text, cast, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
+from controller.admission.state import STORE_ID_KEY
 from controller.clock import slots_for
 from controller.errors import NotFoundError
 from controller.events import Event
@@ -365,6 +366,9 @@ class Execution:
         self._complain = Complaints(_COMPLAIN_SECONDS, monotonic)
         # server -> its agent's clock minus this daemon's, seconds (latest beat saying)
         self.clock_offsets: dict[str, float] = {}
+        self.store_id = ""  # this store's (STORE_ID_KEY; read at load): plans carry it
+        # server -> the store whose plans its agent follows, when not this one's
+        self.foreign: dict[str, str] = {}
         self._clock_off: set[str] = set()  # servers logged as off, not yet back
         self.epoch = 0
         self.events_published = 0
@@ -409,6 +413,11 @@ class Execution:
                     server = key.split("/", 1)[0]
                     if server in self.server_index and server not in self.failed:
                         self.last_seen[server] = now
+            named = session.get(MetaRow, STORE_ID_KEY)
+            sid = named.value.get("id") if named and isinstance(named.value, dict) else None
+            # an edit may leave anything: an id the plans carry is short and plain
+            ok = isinstance(sid, str) and 0 < len(sid) <= 64 and sid.isascii() and sid.isalnum()
+            self.store_id = sid if ok and isinstance(sid, str) else ""
             meta = session.get(MetaRow, _PLANE_KEY)
             if meta is not None:
                 value = meta.value if isinstance(meta.value, dict) else {}
@@ -462,6 +471,20 @@ class Execution:
             return False
         if beat.sent_at is not None:
             self._check_clock(beat.server, beat.sent_at - self.c.slots.clock.now())
+        if beat.store and self.store_id and beat.store != self.store_id:
+            # plans of another store's daemon: a store replaced (its daemon gone: this
+            # one moves above them, as it must), or a second daemon on another store
+            # under this broker and prefix (then the two take turns driving the agents,
+            # which only an operator can end): said, and counted on /metrics (audit)
+            self.foreign[beat.server] = beat.store
+            self._complain(beat.server, "foreign",
+                           "this server's agent follows the plans of a daemon on another "
+                           "store: if that daemon still runs under this broker and topic "
+                           "prefix, the two take turns driving the agents; stop one, or "
+                           "give one another [mqtt] topic_prefix",
+                           store=beat.store, this_store=self.store_id)  # fmt: skip
+        else:
+            self.foreign.pop(beat.server, None)
         with self._inbox_lock:
             self._beats[beat.server] = self.link.now()
             if not self.epoch < beat.epoch <= min(MAX_FOLLOWED_EPOCH, self.epoch + MAX_EPOCH_STEP):
@@ -1105,6 +1128,7 @@ class Execution:
                 plan = Plan(
                     server=server,
                     kind=kind,
+                    store=self.store_id,
                     epoch=self.epoch + 1,
                     slot_seconds=self.slot_seconds,
                     heartbeat_seconds=self.mqtt.heartbeat_seconds,

@@ -364,6 +364,8 @@ class Plan:
         down: the daemon considers this server failed (it plans nothing on it).
         current: the slot in progress when the plan was issued.
         next: the slot after it.
+        store: the id of the store whose daemon issued it ("": not said); an agent's
+            heartbeats say it back.
         part: which part of the plan this is, ``0 .. parts - 1`` (:meth:`split`).
         parts: how many parts the plan was published in (1: whole; only then are the
             two fields left out of the payload).
@@ -377,6 +379,7 @@ class Plan:
     down: bool
     current: SlotPlan
     next: SlotPlan
+    store: str = ""
     part: int = 0
     parts: int = 1
 
@@ -389,7 +392,7 @@ class Plan:
             "server": self.server, "kind": self.kind, "epoch": self.epoch,
             "slot_seconds": self.slot_seconds, "heartbeat_seconds": self.heartbeat_seconds,
             "down": self.down, "current": _slot_dict(self.current),
-            "next": _slot_dict(self.next),
+            "next": _slot_dict(self.next), "store": self.store,
         }  # fmt: skip
         if self.parts > 1:
             body |= {"part": self.part, "parts": self.parts}
@@ -469,6 +472,7 @@ class Plan:
             down=bool(obj.get("down", False)),
             current=SlotPlan.from_dict(fields.require(obj, "current", "plan"), "plan.current"),
             next=SlotPlan.from_dict(fields.require(obj, "next", "plan"), "plan.next"),
+            store=_run(obj.get("store", ""), "plan.store"),
             part=_below(obj.get("part", 0), "plan.part", 0, MAX_PLAN_PARTS),
             parts=_below(obj.get("parts", 1), "plan.parts", 1, MAX_PLAN_PARTS + 1),
         )
@@ -526,10 +530,13 @@ def _below(value: Any, field: str, least: int, end: int) -> int:
 
 def _same_header(a: Plan, b: Plan) -> bool:
     """Whether two parts are of the same plan (all but their tasks)."""
-    return (a.server, a.kind, a.epoch, a.slot_seconds, a.heartbeat_seconds, a.down, a.parts,
-            a.current.slot, a.current.starts_at, a.next.slot, a.next.starts_at) == (
-            b.server, b.kind, b.epoch, b.slot_seconds, b.heartbeat_seconds, b.down, b.parts,
-            b.current.slot, b.current.starts_at, b.next.slot, b.next.starts_at)  # fmt: skip
+
+    def header(p: Plan) -> tuple[Any, ...]:
+        return (p.server, p.kind, p.epoch, p.slot_seconds, p.heartbeat_seconds, p.down,
+                p.parts, p.current.slot, p.current.starts_at, p.next.slot, p.next.starts_at,
+                p.store)  # fmt: skip
+
+    return header(a) == header(b)
 
 
 @dataclass(frozen=True)
@@ -544,15 +551,20 @@ class Heartbeat:
             agent that does not say (older ones). The daemon compares it with its own
             clock: an agent follows the next slot's plan from its ``starts_at`` by its
             own clock, so an agent ahead switches plans early and one behind late.
+        store: the ``store`` of the plan it follows ("": none, or not said).
     """
 
     server: str
     session: str
     epoch: int = 0
     sent_at: float | None = None
+    store: str = ""
 
     def to_bytes(self) -> bytes:
-        return _dump(self, *(("sent_at",) if self.sent_at is None else ()))
+        unsaid = (("sent_at",) if self.sent_at is None else ()) + (
+            ("store",) if not self.store else ()
+        )
+        return _dump(self, *unsaid)
 
     @classmethod
     def parse(cls, payload: bytes | bytearray | str) -> Heartbeat:
@@ -563,6 +575,7 @@ class Heartbeat:
             session=fields.text(fields.require(obj, "session", "heartbeat"), "heartbeat.session"),
             epoch=fields.integer(obj.get("epoch", 0), "heartbeat.epoch", minimum=0),
             sent_at=None if sent_at is None else fields.number(sent_at, "heartbeat.sent_at"),
+            store=_run(obj.get("store", ""), "heartbeat.store"),
         )
 
 
