@@ -198,9 +198,13 @@ def _bounded(
     for key, value in event.items():
         if isinstance(value, str) and len(value) > MAX_VALUE_CHARS:
             event[key] = f"{value[: MAX_VALUE_CHARS - 40]}...(cut: {len(value)} characters)"
-        elif isinstance(value, list | tuple | set | frozenset | dict):
+        elif isinstance(value, list | tuple | set | frozenset | dict) and key not in _RAW:
             event[key] = _fewer(value)
     return event
+
+
+_RAW = frozenset({"exc_info", "stack_info"})
+"""Keys structlog's later processors read as they are (an ``exc_info`` tuple)."""
 
 
 def _fewer(value: Any) -> Any:

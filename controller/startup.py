@@ -188,7 +188,10 @@ def _left_behind(data_dir: Path, store: str) -> None:
     without a word, its tenants' jobs left behind there (the restore audit). Read only,
     and any failure to read it is said as such."""
     path = data_dir / "oasis.db"
-    if not path.is_file():
+    try:
+        if not path.is_file():
+            return
+    except OSError:  # a folder the daemon's user may not enter: not its store's (review)
         return
     try:
         with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True,

@@ -552,6 +552,12 @@ class Ledger:
         the difference, or back if it does not fit (CapacityError)."""
         assert self._deferred is not None
         columns = _columns(entry.schedule, schedule)
+        # noted first: a move refused (put back by differences, which round) or one
+        # that raised half-way is rebuilt at the end too, as every other (the review)
+        span, w, p = self._deferred
+        span[0], span[1] = min(span[0], lo), max(span[1], hi)
+        w.update(columns[0].tolist())
+        p.update(columns[1].tolist())
         self._add(entry, entry.schedule, columns, -1.0, lo, hi)
         self._add(entry, schedule, columns, 1.0, lo, hi)
         problem = self._over_capacity(lo, hi, schedule)
@@ -560,10 +566,6 @@ class Ledger:
             self._add(entry, schedule, columns, -1.0, lo, hi)
             self._add(entry, entry.schedule, columns, 1.0, lo, hi)
             raise CapacityError(f"job {job_id!r}: the new schedule {problem}")
-        span, w, p = self._deferred
-        span[0], span[1] = min(span[0], lo), max(span[1], hi)
-        w.update(columns[0].tolist())
-        p.update(columns[1].tolist())
 
     def _add(
         self, entry: _Entry, sched: Schedule, columns: _Columns, sign: float, lo: int, hi: int

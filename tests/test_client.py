@@ -131,6 +131,16 @@ def test_a_submit_with_no_answer_names_the_id_its_job_may_have_been_admitted_as(
     assert "error" in error, (out.stdout, out.stderr)
     assert error["error"]["code"] == "DEADLINE_EXCEEDED" and error["id"].startswith("job-")
     assert error["id"] in error["note"]
+    # a list's item too (the review): its failed entry says so, and names the id
+    many = write(tmp_path, [SMALL_JOB, SMALL_JOB], "many.json")
+    os.kill(committer, signal.SIGSTOP)
+    try:
+        out = run("submit", many, "--timeout", "1", "--json", server=daemon.address)
+    finally:
+        os.kill(committer, signal.SIGCONT)
+    failed = json.loads(out.stdout)["failed"]
+    assert failed["item"] == 0 and failed["id"] in failed["note"], failed
+    assert "may have been admitted" in failed["note"]
 
 
 def test_job_json_round_trips_to_the_same_decision(

@@ -130,6 +130,8 @@ def test_a_long_value_is_cut_and_complaints_forget_quiet_pairs() -> None:
     assert len(event["moved"]) == 51 and event["moved"]["..."] == "2390 more"
     assert event["replaced"][:50] == list(ids)[:50] and event["replaced"][50] == "...(2390 more)"
     assert event["few"] == ["a", 1] and event["long"][0].endswith("(cut: 5000 characters)")
+    info = (ValueError, ValueError("x"), None)  # structlog reads these as they are (review)
+    assert _bounded(None, "error", {"event": "x", "exc_info": info})["exc_info"] is info
     now = [0.0]
     complaints = Complaints(10.0, lambda: now[0], field="peer")
     complaints.max_keys = 3

@@ -566,6 +566,12 @@ def test_counts_of_another_admission_of_the_same_id_count_for_nothing(
 
         row = session.get(JobRow, "j")
         assert row is not None and run == run_of(row.decided_at) and run
+    # PostgreSQL gives the time in its session's zone (PGTZ): the same run (the review)
+    from datetime import UTC, datetime, timedelta, timezone
+
+    at = datetime(2026, 11, 29, 13, 8, 26, 638598)
+    tokyo = at.replace(tzinfo=UTC).astimezone(timezone(timedelta(hours=9)))
+    assert run_of(at) == run_of(tokyo) == run_of(at.replace(tzinfo=UTC)) == "20261129T130826.638598"
     ex.connected()
     plane.mono[0] = 5.0
     ex.report(Progress("w0", "a", [TaskProgress("j", 9.0, 90.0, run="20200101T000000.000000")]))

@@ -289,8 +289,8 @@ class Recovery(Moves, BoundControl):
         Its spec would not read against them ("unknown resource"), and the rebuild would
         fail the job and drop its plan, for good: putting the resource back afterwards
         brought none back (the restore audit: ``disk`` taken out of the list failed every
-        tenant's six jobs). A resource renamed is the same. A demand of 0 does not count;
-        a spec that does not read at all is left to the rebuild, as before.
+        tenant's six jobs). A resource renamed is the same, and so is a demand of 0 for it
+        (the spec names it). A spec that does not read at all is left to the rebuild.
 
         Raises:
             ResourcesRemovedError: naming the resources, how many jobs and a few of them.
@@ -310,8 +310,8 @@ class Recovery(Moves, BoundControl):
                 demand = spec.get(side)
                 if not isinstance(demand, dict):
                     continue
-                for name, amount in demand.items():
-                    if name not in known and amount not in (0, 0.0, "0"):
+                for name in demand:  # a demand of 0 too: the spec does not read without it
+                    if name not in known:
                         missing.setdefault(str(name), []).append(job_id)
         if not missing:
             return

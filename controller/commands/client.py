@@ -288,13 +288,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             return _interrupted(args, specs, i, responses)
         except grpc.RpcError as err:
+            job_id = spec["id"]
+            note = (f"the job may have been admitted as {job_id!r} before the call failed: "
+                    f"see `oasis job {job_id}`. To submit it again, give it \"id\": "
+                    f'"{job_id}": a copy already admitted is then answered as a duplicate, '
+                    "not admitted twice") if err.code() not in _NO_EFFECT else ""  # fmt: skip
             if len(specs) == 1:
-                if err.code() not in _NO_EFFECT:
-                    job_id = spec["id"]
-                    note = (f"the job may have been admitted as {job_id!r} before the call "
-                            f"failed: see `oasis job {job_id}`. To submit it again, give it "
-                            f'"id": "{job_id}": a copy already admitted is then answered '
-                            "as a duplicate, not admitted twice")  # fmt: skip
+                if note:
                     raise PartialFailureError(err, {"id": job_id, "note": note}) from err
                 raise
             name = spec.get("id") if isinstance(spec.get("id"), str) else "without an id"
@@ -303,6 +303,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
                           if i == 1 else f"the {i} before it were")  # fmt: skip
                 print(f"oasis submit: item {i + 1} ({name}) failed; {before} submitted, the rest "
                       "were not", file=sys.stderr)  # fmt: skip
+                if note:  # said after the error's own line (connection.report_error)
+                    raise PartialFailureError(err, {"note": note}) from err
                 raise
             # the decisions taken stay answered: a script must not think none were
             try:
@@ -311,6 +313,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 times = None
             done = [job_record(r.job, times) | {"duplicate": r.duplicate} for r in responses]
             failed = {"item": i, "id": name, "not_sent": len(specs) - i - 1}
+            if note:
+                failed["note"] = note
             raise PartialFailureError(err, {"failed": failed, "submitted": done}) from err
         responses.append(resp)
         if not args.json:

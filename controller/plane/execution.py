@@ -309,7 +309,10 @@ def run_of(decided_at: Any) -> str:
     of one store gives the same; an id used again gets another. "" if it does not read."""
     if not isinstance(decided_at, datetime):
         return ""
-    return decided_at.strftime("%Y%m%dT%H%M%S.%f")
+    at: datetime = decided_at
+    if at.tzinfo is not None:  # PostgreSQL gives it in the session's time zone (PGTZ,
+        at = at.astimezone(UTC)  # options): the same run whatever it is
+    return at.strftime("%Y%m%dT%H%M%S.%f")  # naive: UTC, as SQLite keeps it
 
 
 class Execution:
