@@ -81,7 +81,12 @@ def test_scrapes_and_overviews_share_one_count_within_its_age(
             assert len(seen) == 1, seen  # the scrape's count, shared
             assert value(second, "oasis_jobs", state="admitted") == 1
             assert value(second, "oasis_jobs", state="rejected") == 1
-            assert second == first
+            moving = ("process_", "oasis_ledger_metrics_age", "oasis_decision_step")
+
+            def steady(scrape: dict[Any, Any]) -> dict[Any, Any]:  # the clocks move on
+                return {k: v for k, v in scrape.items() if not str(k[0]).startswith(moving)}
+
+            assert steady(second) == steady(first)
             assert overview["jobs"] == stored
             assert overview["jobs_age_seconds"] <= overview["jobs_max_age_seconds"]
             own = asyncio.run(data.overview(ALICE))
