@@ -324,6 +324,33 @@ def test_a_standby_on_another_slot_grid_never_takes_the_lead(
                 node.close()
 
 
+def test_a_standby_missing_a_resource_the_jobs_demand_says_so_and_never_takes_the_lock(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    """The second review: a standby whose [cluster] resources lack one that stored jobs
+    demand said it could lead, took the lock, failed its takeover (the resources check),
+    let the lock go and did it again every retry, a traceback and an epoch each time."""
+    import re
+
+    from tests.servers import SMALL_JOB
+
+    url = postgres.new_database()
+    a = Node(tmp_path, url, "a")
+    b = None
+    try:
+        a.take_over()
+        b = Node(tmp_path, url, "b", edit=lambda t: re.sub(r'"disk", |disk=\d+, ', "", t))
+        assert not b.c.leading  # the store held no job yet: it started
+        asyncio.run(a.c.submit({**SMALL_JOB, "id": "on-disk"}))
+        problem = b.c.takeover_problem()
+        assert "[cluster] resources lacks 'disk'" in problem and "on-disk" in problem, problem
+        assert b.c.takeover_problem() == problem  # said again, from the check made once
+    finally:
+        for node in (a, b):
+            if node is not None:
+                node.close()
+
+
 class _Skewed:
     """The system clock, ``skew`` seconds off."""
 

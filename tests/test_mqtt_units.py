@@ -479,6 +479,14 @@ def test_agents_following_another_stores_daemon_are_said_and_counted(
     assert ex.foreign == {}
     assert Heartbeat.parse(Heartbeat("w0", "a", 7, store=mine).to_bytes()).store == mine
     assert b"store" not in Heartbeat("w0", "a", 7).to_bytes()
+    # an agent of another store that falls silent: failed, and no longer counted
+    ex.connected()
+    ex.heartbeat(Heartbeat("p0", "a", 0, store="0123456789abcdef"))
+    assert ex.foreign == {"p0": "0123456789abcdef"}
+    ex.review_sync()
+    plane.mono[0] += 10 * ex.mqtt.heartbeat_timeout
+    ex.review_sync()
+    assert "p0" in ex.failed and ex.foreign == {}
 
 
 def test_a_long_step_shows_on_metrics_and_the_ledgers_are_served_as_last_read(

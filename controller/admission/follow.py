@@ -248,17 +248,27 @@ class Follow(Recovery):
 
     def takeover_problem(self) -> str:
         """Why this standby cannot lead the store as it is ("" if it can): its slot grid
-        is not that of the stored plans (:meth:`_check_slot_grid`; its resources are
-        checked by the takeover), its clock is too far from the last leader's
+        is not that of the stored plans, or it lacks resources they demand (checked
+        again once an event was applied since), its clock is too far from the last leader's
         (:meth:`_clock_problem`), or its servers or window would move plans another node
         admitted (:meth:`_moves_problem`). Reads the store only, so the election asks
         before it takes the lock and records an epoch."""
         try:
             with self.db.session() as session:
-                # the slot grid only: the election asks every retry_seconds, and the
-                # resources check reads every live job's spec (0.5 s at 50,000: the
-                # review); the takeover itself makes it (:meth:`takeover`)
                 self._check_slot_grid(session)
+                # the resources check reads every live job's spec (0.5 s at 50,000) and
+                # the election asks every retry_seconds: made again only once an event
+                # was applied since (the first review); skipped, a standby missing a
+                # resource took the lock, failed, let it go, again and again (the second)
+                if self._resources_checked_at != self._seen_event:
+                    self._resources_problem = ""
+                    try:
+                        self._check_resources(session)
+                    except SlotGridChangedError as err:
+                        self._resources_problem = str(err)
+                    self._resources_checked_at = self._seen_event
+                if self._resources_problem:
+                    return self._resources_problem
                 holder = recorded_holder(session)
                 differences = self._setup_differences(session) if self._unfitted else []
                 mine = clock_offset(session, self.slots.clock.now)

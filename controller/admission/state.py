@@ -179,6 +179,10 @@ class AdmissionState(ABC):
         self.cannot_lead = ""  # a standby: why it could not take over now (controller/ha)
         self.lease_seen = time.monotonic()  # when the lease's holder was last confirmed
         self._seen_event = 0  # the last event sequence the ledger reflects (.follow)
+        # a standby's resources check (.follow.takeover_problem): at which _seen_event
+        # it was last made, and what it found ("": nothing)
+        self._resources_checked_at = -1
+        self._resources_problem = ""
         self._written_event = 0  # the newest event of the write transaction under way
         self._unfitted = 0  # stored plans a standby left out; a full rebuild at takeover
         self._unfitted_counted = 0.0  # time.monotonic() of its last count in full

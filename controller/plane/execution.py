@@ -643,6 +643,8 @@ class Execution:
                     if settled and now - seen > self.mqtt.heartbeat_timeout:
                         events += self._fail_sync(server)
                         self.failed[server] = now
+                        # it follows nothing now: its agent's last store is not counted
+                        self.foreign.pop(server, None)  # (the second review)
                 elif seen > self.failed[server]:
                     events += self._recover_sync(server)
                     del self.failed[server]
