@@ -56,6 +56,7 @@ Example (``config/oasisd.example.toml`` is a complete one)::
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -578,13 +579,69 @@ def load(path: str | Path, former: Collection[str] = ()) -> Config:
     """Read and validate a TOML config file (``former``: as for :func:`from_dict`)."""
     p = Path(path)
     data, mode, group = _read_toml(p)
-    config = replace(
-        from_dict(data, str(p), base=p.parent, former=former), tables=table_digests(data)
-    )
+    try:
+        parsed = from_dict(data, str(p), base=p.parent, former=former)
+    except ConfigError as first:
+        found = _problems(data, str(p), p.parent, former)
+        if len(found) > 1:
+            raise ConfigError("\n".join(found)) from first
+        raise
+    config = replace(parsed, tables=table_digests(data))
     found = [_exposed_secrets(p, config, mode, group), *_exposed_files(p, data),
              _clear_broker_password(config)]  # fmt: skip
     warnings = tuple(w for w in found if w)
     return replace(config, warnings=(*config.warnings, *warnings)) if warnings else config
+
+
+MAX_PROBLEMS = 20
+"""Problems of a config file said at once, at most."""
+
+
+def _problems(
+    data: Mapping[str, Any], source: str, base: Path, former: Collection[str]
+) -> list[str]:
+    """Every problem of ``data`` :func:`from_dict` finds one at a time (at most
+    :data:`MAX_PROBLEMS`): after each, the key it names is taken out (its default then
+    applies) and the document read again. The parser stops at its first problem, so a
+    file with three mistakes took three starts to mend (the CLI audit). A key its table
+    requires takes its table with it. A problem that names no key a table holds (a
+    list's item, a rule between two keys) ends the list."""
+    trial = copy.deepcopy(dict(data))
+    out: list[str] = []
+    dropped = ""
+    while len(out) < MAX_PROBLEMS:
+        try:
+            from_dict(trial, source, base=base, former=former)
+        except ConfigError as err:
+            path = str(err).split(":", 1)[0].strip()
+            if path == dropped:  # a key its table requires: its removal's problem, not
+                # the file's; the table goes instead (its defaults, or none), if it is one
+                table = path.rpartition(".")[0]
+                if not table or not _drop(trial, table):
+                    break
+                dropped = table
+                continue
+            out.append(str(err))
+            if not _drop(trial, path):
+                break
+            dropped = path
+        else:
+            break
+    return out
+
+
+def _drop(doc: dict[str, Any], path: str) -> bool:
+    """Take the key at dotted ``path`` out of ``doc``'s tables; False if there is none."""
+    *tables, key = path.split(".")
+    for name in tables:
+        inner = doc.get(name)
+        if not isinstance(inner, dict):
+            return False
+        doc = inner
+    if key not in doc:
+        return False
+    del doc[key]
+    return True
 
 
 def load_mqtt(path: str | Path) -> MqttConfig | None:

@@ -444,8 +444,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(args: argparse.Namespace) -> int:
     try:
         config = load(args.config) if args.config else demo_config()
-    except ConfigError as err:
-        print(f"oasisd: {err}", file=sys.stderr)
+    except ConfigError as err:  # a line per problem (controller.config.load)
+        for line in str(err).splitlines():
+            print(f"oasisd: {line}", file=sys.stderr)
         return 2
     if args.listen:
         try:

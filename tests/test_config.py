@@ -74,6 +74,34 @@ def test_bad_config_names_the_key(tmp_path: Path, old: str, new: str, message: s
     assert message in str(err.value)
 
 
+def test_every_problem_of_a_config_file_is_said_at_once(tmp_path: Path) -> None:
+    """The CLI audit: a config with an unknown key, a window of 0 and a negative tick
+    took three starts to mend, one problem each. ``oasisd`` says a line per problem."""
+    import subprocess
+    import sys
+
+    from tests.servers import ROOT
+
+    (tmp_path / "tokens").write_text("")  # holds no token: a fourth problem, in [auth]
+    text = (
+        EXAMPLE.replace("window = 300", "window = 0", 1)
+        .replace("tick_seconds = 1.0", "tick_seconds = -1", 1)
+        .replace("[daemon]", "[daemon]\nbogus_key = 1", 1)
+    )
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    said = str(err.value).splitlines()
+    assert [line.split(":", 1)[0] for line in said] == [
+        "daemon.bogus_key", "daemon.window", "auth.tokens_file", "daemon.tick_seconds"
+    ], said  # fmt: skip
+    assert "auth.tokens_file: is required" not in str(err.value)  # no problem of its own
+    out = subprocess.run([sys.executable, "-m", "controller.daemon", "--config", str(path)],
+                         cwd=ROOT, capture_output=True, text=True, check=False)  # fmt: skip
+    assert out.returncode == 2 and out.stderr.splitlines() == [f"oasisd: {x}" for x in said]
+
+
 def test_the_epoch_may_be_a_toml_date_time(tmp_path: Path) -> None:
     """Before: ``epoch = 2026-01-01T00:00:00Z`` was 'must be a number, got
     datetime.datetime(2026, 1, 1, 0, 0, tzin'."""
