@@ -205,6 +205,19 @@ class Metrics:
             self._httpd = None
 
 
+def _shares(
+    name: str, doc: str, rows: list[Any], value: Callable[[list[float]], float]
+) -> GaugeMetricFamily:
+    """A gauge by kind and resource from ``(resource, kind, shares per slot)`` rows
+    (:meth:`~controller.admission.reads.ReadViews.utilisation`), ``value`` of each
+    non-empty series."""
+    family = GaugeMetricFamily(name, doc, labels=["kind", "resource"])
+    for resource, kind, share in rows:
+        if share:
+            family.add_metric([kind, resource], value(share))
+    return family
+
+
 def _loopback_names_only(app: Any, names: set[str]) -> Any:
     """``app`` (WSGI) answering only requests addressed to one of ``names`` (``Host``):
     on loopback, a web page's script that renamed its site to 127.0.0.1 (DNS rebinding)
@@ -476,31 +489,15 @@ class _ControllerCollector:
         for state in ("up", "cordoned", "failed"):
             servers.add_metric([state], sum(1 for v in states.values() if v == state))
         yield servers
-        now = GaugeMetricFamily(
-            "oasis_utilisation",
-            "Share of the capacity in use in the current slot, 0..1.",
-            labels=["kind", "resource"],
-        )
-        planned = GaugeMetricFamily(
-            "oasis_utilisation_planned",
-            "Mean share of the capacity in use over the window ahead, 0..1.",
-            labels=["kind", "resource"],
-        )
-        for resource, kind, share in use:
-            if share:
-                now.add_metric([kind, resource], share[0])
-                planned.add_metric([kind, resource], float(np.mean(share)))
-        yield now
-        yield planned
-        lost = GaugeMetricFamily(
-            "oasis_capacity_out_of_service",
-            "Share of the capacity on failed or cordoned servers in the current slot, 0..1.",
-            labels=["kind", "resource"],
-        )
-        for resource, kind, share in out:
-            if share:
-                lost.add_metric([kind, resource], share[0])
-        yield lost
+        yield _shares("oasis_utilisation",
+                      "Share of the capacity in service in use in the current slot, 0..1.",
+                      use, lambda share: share[0])  # fmt: skip
+        yield _shares("oasis_utilisation_planned",
+                      "Mean share of the capacity in service in use over the window ahead, "
+                      "0..1.", use, lambda share: float(np.mean(share)))  # fmt: skip
+        yield _shares("oasis_capacity_out_of_service",
+                      "Share of the capacity on failed or cordoned servers in the current "
+                      "slot, 0..1.", out, lambda share: share[0])  # fmt: skip
         unit = GaugeMetricFamily(
             "oasis_unit_price",
             "Price of one unit of a resource on a server, current slot.",

@@ -170,51 +170,37 @@ def fail_server(
         last_slot: per job, the latest absolute slot it may be planned in.
     """
     with ledger.deferred():  # one exact rebuild of the cells changed, not one per move
-        return _fail_server(ledger, jobs, kind, index, from_slot, remaining_work, last_slot,
-                            until)  # fmt: skip
+        affected = ledger.holding(kind, index, from_slot, until)
+        # the failed server's units come off every affected job before the server is blocked
+        wanting: dict[str, Schedule] = {}
+        for job_id in affected:
+            sched = ledger.schedule(job_id)
+            wanting[job_id] = sched
+            ledger.replace(job_id, _without(sched, kind, index, from_slot, until))
+        ledger.block(kind, index, from_slot, until)
 
-
-def _fail_server(
-    ledger: Ledger,
-    jobs: dict[str, Job],
-    kind: str,
-    index: int,
-    from_slot: int,
-    remaining_work: dict[str, int],
-    last_slot: dict[str, int],
-    until: int | None,
-) -> FailureOutcome:
-    affected = ledger.holding(kind, index, from_slot, until)
-    # the failed server's units come off every affected job before the server is blocked
-    wanting: dict[str, Schedule] = {}
-    for job_id in affected:
-        sched = ledger.schedule(job_id)
-        wanting[job_id] = sched
-        ledger.replace(job_id, _without(sched, kind, index, from_slot, until))
-    ledger.block(kind, index, from_slot, until)
-
-    replaced: list[str] = []
-    replanned: dict[str, BestSchedule] = {}
-    stranded: list[str] = []
-    for job_id in affected:
-        job = jobs[job_id]
-        wanted = wanting[job_id]
-        moved = _replace(ledger, job, wanted, kind, index, from_slot, until)
-        if moved is not None:
-            ledger.replace(job_id, moved)
-            replaced.append(job_id)
-            continue
-        work = remaining_work.get(job_id, wanted.after(from_slot).work())
-        if work < 1:  # its remaining work is done: nothing to move
-            replaced.append(job_id)
-            continue
-        best, whole = replan_remaining(ledger, job, work, from_slot, last_slot[job_id])
-        ledger.replace(job_id, whole)
-        if best.schedule is None:
-            stranded.append(job_id)
-        else:
-            replanned[job_id] = best
-    return FailureOutcome(replaced, replanned, stranded)
+        replaced: list[str] = []
+        replanned: dict[str, BestSchedule] = {}
+        stranded: list[str] = []
+        for job_id in affected:
+            job = jobs[job_id]
+            wanted = wanting[job_id]
+            moved = _replace(ledger, job, wanted, kind, index, from_slot, until)
+            if moved is not None:
+                ledger.replace(job_id, moved)
+                replaced.append(job_id)
+                continue
+            work = remaining_work.get(job_id, wanted.after(from_slot).work())
+            if work < 1:  # its remaining work is done: nothing to move
+                replaced.append(job_id)
+                continue
+            best, whole = replan_remaining(ledger, job, work, from_slot, last_slot[job_id])
+            ledger.replace(job_id, whole)
+            if best.schedule is None:
+                stranded.append(job_id)
+            else:
+                replanned[job_id] = best
+        return FailureOutcome(replaced, replanned, stranded)
 
 
 def refit(

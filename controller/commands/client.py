@@ -28,6 +28,7 @@ from controller.commands.connection import (
     guarded,
     options,
     print_json,
+    report_error,
 )
 from controller.commands.records import (
     ABANDONED,
@@ -311,7 +312,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 times = stubs.times() if responses else None
             except grpc.RpcError:  # the daemon went away: slot numbers without times
                 times = None
-            done = [job_record(r.job, times) | {"duplicate": r.duplicate} for r in responses]
+            done = _submitted(responses, times)
             failed = {"item": i, "id": name, "not_sent": len(specs) - i - 1}
             if note:
                 failed["note"] = note
@@ -327,9 +328,16 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 print(line + note if note and n == 0 else line)
     if args.json:
         times = stubs.times()
-        records = [job_record(r.job, times) | {"duplicate": r.duplicate} for r in responses]
+        records = _submitted(responses, times)
         print_json(records if len(records) != 1 else records[0])
     return _verdict([r.job.decision for r in responses], [r.job.state for r in responses])
+
+
+def _submitted(
+    responses: list[pb.SubmitJobResponse], times: SlotTimes | None
+) -> list[dict[str, Any]]:
+    """``submit --json``'s record of each answered submission."""
+    return [job_record(r.job, times) | {"duplicate": r.duplicate} for r in responses]
 
 
 def _interrupted(
@@ -346,10 +354,9 @@ def _interrupted(
     note = (f"item {i + 1}, {job_id!r}, may have been admitted: see `oasis job {job_id}`; "
             f"{len(specs) - i - 1} after it were not sent")  # fmt: skip
     if args.json:
-        done = [job_record(r.job, None) | {"duplicate": r.duplicate} for r in responses]
-        error = {"code": "CANCELLED", "message": "interrupted", "field": "", "problems": []}
         failed = {"item": i, "id": job_id, "not_sent": len(specs) - i - 1}
-        print_json({"error": error, "failed": failed, "submitted": done, "note": note})
+        extra = {"failed": failed, "submitted": _submitted(responses, None), "note": note}
+        report_error(args, "CANCELLED", "interrupted", extra=extra)
     else:
         print(f"oasis submit: interrupted; {len(responses)} submitted before it; {note}",
               file=sys.stderr)  # fmt: skip

@@ -337,6 +337,12 @@ def _where(args: argparse.Namespace, tried: str | None) -> str:
     return f"{where} (tried last of {', '.join(named)})" if len(named) > 1 else where
 
 
+def store_unavailable(details: str) -> bool:
+    """Whether a call's error text is the daemon's store outage: its messages begin with
+    ``controller.errors.STORE_UNAVAILABLE`` (not imported here: that loads numpy)."""
+    return details.lower().startswith("the store is unavailable")
+
+
 def _explain(
     code: grpc.StatusCode, details: str, args: argparse.Namespace, tried: str | None = None
 ) -> str:
@@ -351,9 +357,7 @@ def _explain(
     lowered = details.lower()
     unreachable = (
         code == grpc.StatusCode.UNAVAILABLE
-        and not lowered.startswith(
-            "the store is unavailable"  # the daemon answered: its store is out (errors.py)
-        )
+        and not store_unavailable(details)  # the daemon answered: its store is out
         and (
             "failed to connect" in lowered
             or ("connect" in lowered and "draining" not in lowered)

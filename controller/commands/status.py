@@ -27,7 +27,7 @@ from controller.clock import SlotTimes
 from controller.commands import SUMMARIES
 from controller.commands.client import list_jobs
 from controller.commands.common import EXIT_OK, InputError, fmt
-from controller.commands.connection import Stubs, guarded, options
+from controller.commands.connection import Stubs, guarded, options, store_unavailable
 from controller.commands.records import clock_caption, local_time, slot_label, state_name
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
@@ -103,8 +103,7 @@ def collect(stubs: Stubs, server: str, slots: int) -> Status:
     try:
         jobs: list[pb.Job] | None = list_jobs(stubs, in_flight)
     except grpc.RpcError as err:  # the store is out: the ledger's views still show
-        # controller.errors.STORE_UNAVAILABLE (not imported: it loads numpy)
-        if not (err.details() or "").startswith("the store is unavailable"):
+        if not store_unavailable(err.details() or ""):
             raise
         jobs = None
 
