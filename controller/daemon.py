@@ -214,7 +214,7 @@ async def serve(
         *([lambda new: console.set_tokens(new.tokens)] if console is not None else []),
         *([lambda new: limiter.retune(new.limits.rate, new.limits.burst)] if limiter else []),
         controller.reconfigure,
-    ])  # fmt: skip
+    ], controller.restart_problems)  # fmt: skip
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGHUP, reloader.hangup)
 

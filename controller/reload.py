@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import inspect
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TypeVar
@@ -61,6 +61,10 @@ READ_SECONDS = 30.0
 """The longest a reload waits for the config and tokens files to be read: one that never
 returns (a FIFO, a hung network mount) is refused, and later reloads are not held
 behind it."""
+
+RESTART_CHECK_SECONDS = 30.0
+"""The longest a reload waits for the store to say whether a restart with the file read
+would start (it reads every live job's spec: 0.5 s at 50,000)."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,8 @@ class Reread:
             ``"limits.KEY"`` for the limits read only at start.
         warnings: what the file holds that is worth a warning: a removed tenant's cap
             left behind, a file with secrets that others may read.
+        fresh: the file as read, whole: what the next restart would start with (None
+            when built by hand).
     """
 
     config: Config
@@ -142,6 +148,7 @@ class Reread:
     limits: tuple[str, ...]
     restart: tuple[str, ...]
     warnings: tuple[str, ...] = ()
+    fresh: Config | None = None
 
 
 _LIMITS_AT_START = ("max_message_bytes", "max_ledger_mb")
@@ -203,7 +210,7 @@ def reread(running: Config, path: Path) -> Reread:
     applied = replace(running, tokens=tokens, limits=limits, tables=tables)
     return Reread(
         applied, token_changes(running.tokens, tokens), changed, tuple(sorted(restart)),
-        fresh.warnings,
+        fresh.warnings, fresh,
     )  # fmt: skip
 
 
@@ -217,11 +224,22 @@ class Reloader:
         targets: called on the event loop, in order, with the config to run from now
             on (the gRPC interceptor's and the console's tokens, the rate limiter, the
             controller's config); one that returns an awaitable is awaited.
+        restart_problems: given the file as read, why a restart with it would be
+            refused (:meth:`AdmissionController.restart_problems`: the store's jobs
+            planned in another slot grid, or demanding a resource it lacks); each is
+            logged as an error when the file has changes that wait for a restart, so the
+            operator mends the file before a restart (a reboot) leaves the daemon down.
     """
 
-    def __init__(self, running: Config, targets: Sequence[Callable[[Config], object]]) -> None:
+    def __init__(
+        self,
+        running: Config,
+        targets: Sequence[Callable[[Config], object]],
+        restart_problems: Callable[[Config], Awaitable[Sequence[str]]] | None = None,
+    ) -> None:
         self.running = running
         self.targets = targets
+        self.restart_problems = restart_problems
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Reread | None]] = set()
         self.log = structlog.get_logger("oasisd")
@@ -282,7 +300,29 @@ class Reloader:
                     changed=[t if "." in t else f"[{t}]" for t in found.restart],
                     hint="systemctl restart oasisd",
                 )
+                await self._check_restart(found)
             return found
+
+    async def _check_restart(self, found: Reread) -> None:
+        """Log, as errors, why a restart with the file just read would be refused."""
+        if self.restart_problems is None or found.fresh is None:
+            return
+        try:
+            problems = await asyncio.wait_for(
+                self.restart_problems(found.fresh), RESTART_CHECK_SECONDS
+            )
+        except Exception as err:  # the store out of reach, a timeout: said, not fatal
+            self.log.warning(
+                "reload: could not check that a restart with this config would start",
+                error=f"{type(err).__name__}: {str(err)[:300]}",
+            )
+            return
+        for problem in problems:
+            self.log.error(
+                "reload: a restart with this config file would be refused (exit 2), and "
+                "the daemon would stay down; mend the file, then reload again",
+                config=self.running.source, problem=problem,
+            )  # fmt: skip
 
 
 def _in_daemon_thread(fn: Callable[..., _T], *args: object) -> asyncio.Future[_T]:

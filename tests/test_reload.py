@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import signal
 import sqlite3
 import threading
@@ -334,6 +335,35 @@ def test_a_reload_adds_removes_and_rotates_tokens_of_a_running_daemon(tmp_path: 
         assert "line 3: the token's SHA-256 must be 64 hex digits" in refused["error"]
         assert code_of(address, "t-bob") == grpc.StatusCode.OK
         assert daemon.proc.poll() is None
+
+        # a file that the store's jobs would not let start: said at the reload, not at
+        # the next restart (a reboot), which would leave the daemon down with exit 2
+        tokens_file(tokens, {"bob": ("submitter", "t-bob"), "ops": ("operator", "t-ops-2")})
+        config = Path(daemon.config)
+        good = config.read_text()
+        bad = re.sub(r'"disk", |disk=\d+, ', "", good).replace("slot_seconds = 3600",
+                                                              "slot_seconds = 1800")  # fmt: skip
+        config.write_text(bad)
+        daemon.proc.send_signal(signal.SIGHUP)
+        said = "reload: a restart with this config file would be refused (exit 2), and the "
+        problem = reloads(log, said + "daemon would stay down; mend the file, then reload "
+                          "again", 0)  # fmt: skip
+        other = reloads(log, problem["event"], 1)
+        assert problem["level"] == "error"
+        assert (
+            "daemon.slot_seconds is 1800 s, but the store's jobs were planned in slots of 3600 s"
+            in problem["problem"]
+        ), problem
+        assert other["problem"].startswith(
+            "[cluster] resources lacks 'disk', which 1 admitted, running or pending job(s) "
+            "demand ('ops:ops-1')"
+        ), other
+        config.write_text(good)  # mended: the next reload says nothing of a restart
+        daemon.proc.send_signal(signal.SIGHUP)
+        reloads(log, "config reloaded", 2)
+        assert daemon.stop() == 0, log.read_text()[-3000:]
+        assert sum(e.get("event", "").startswith(said) for e in json_log(log)) == 2
+        assert Daemon(config, log).start().stop() == 0  # and it does start
     finally:
         assert daemon.stop() == 0, log.read_text()[-3000:]
 

@@ -20,6 +20,7 @@ from controller.admission.follow import Follow
 from controller.admission.lifecycle import Lifecycle
 from controller.admission.pending import PendingQueue
 from controller.admission.reads import ReadViews
+from controller.admission.restart_checks import resources_problem, slot_grid_problem
 from controller.admission.retention import PRUNE_BATCH, PRUNE_SERVER_STEPS, Retention
 from controller.admission.state import ReadTurns
 from controller.admission.views import DecisionView, JobView
@@ -298,6 +299,27 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
         except Exception as err:  # the store out of reach, a lease lost meanwhile
             self.log.warning("reload: the config's marks for a standby are not recorded",
                              error=str(err)[:300])  # fmt: skip
+
+    async def restart_problems(self, config: Config) -> list[str]:
+        """Why a restart with ``config`` (a reload's file, whole) would be refused by
+        this store's jobs: another slot grid, or a resource they demand gone
+        (:mod:`.restart_checks`, the checks of start-up); [] if it would not. Read in
+        the store-read pool, off the decision thread.
+
+        Raises:
+            StoreUnavailableError: the store could not be read.
+        """
+        return await self.read_store(self._restart_problems_sync, config)
+
+    def _restart_problems_sync(self, config: Config) -> list[str]:
+        # a config without an epoch takes the store's at start: the one running now
+        epoch = self.slots.epoch if config.epoch_from_store else config.epoch
+        with self.db.session() as session:
+            found = (
+                slot_grid_problem(session, config.slot_seconds, epoch),
+                resources_problem(session, config.cluster.resources),
+            )
+        return [problem for problem in found if problem is not None]
 
     async def cordon(
         self,

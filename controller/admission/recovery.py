@@ -22,6 +22,12 @@ from sqlalchemy.orm import Session
 from controller.admission.bounds import BoundControl
 from controller.admission.cordons import MAX_REASON, ledger_until
 from controller.admission.moves import Moves
+from controller.admission.restart_checks import (
+    recorded_settings,
+    resources_problem,
+    slot_grid_problem,
+    when,
+)
 from controller.admission.state import EPOCH_KEY, SETTINGS_KEY, STORE_ID_KEY
 from controller.admission.views import STATES, Cordon
 from controller.clock import epoch as slot_zero
@@ -46,7 +52,6 @@ from controller.store.urls import shown
 from controller.store.writer_lock import recorded_holder
 from pricing import Job, Ledger, OasisError, SpecError
 from pricing.best_schedule import BestSchedule, warm_up
-from pricing.durations import format_time
 from pricing.errors import CapacityError
 from pricing.replan import refit
 from pricing.schedule import Schedule
@@ -94,13 +99,6 @@ def released_from(row: Any, first: int) -> int:
     else:
         end = None
     return first + 1 if _integer(end) and end > first else first
-
-
-def _recorded_settings(session: Session) -> dict[str, Any]:
-    """The settings the last leader recorded (:meth:`Recovery._record_setup`): window,
-    slot length, slot 0; {} if none, or if the row does not read back as an object."""
-    meta = session.get(MetaRow, SETTINGS_KEY)
-    return meta.value if meta is not None and isinstance(meta.value, dict) else {}
 
 
 def _integer(value: Any) -> bool:
@@ -199,7 +197,7 @@ class Recovery(Moves, BoundControl):
                 return slot_zero(meta.value.get("epoch"), f"{where}: epoch")
             except SpecError as err:
                 broken = err
-        recorded = _recorded_settings(session).get("epoch")
+        recorded = recorded_settings(session).get("epoch")
         if isinstance(recorded, int) and not isinstance(recorded, bool):
             with contextlib.suppress(OverflowError):  # an edited row: not read
                 recorded = float(recorded)
@@ -269,10 +267,10 @@ class Recovery(Moves, BoundControl):
         raise SlotGridChangedError(
             f"it records no slot 0 (its meta rows {EPOCH_KEY!r} and {SETTINGS_KEY!r} are "
             f"missing or unreadable), and its newest job, decided at "
-            f"{_when(at.timestamp())} in slot {slot}, puts slot 0 "
-            f"near {_when(implied)}, not at the Unix epoch: started so, every stored job "
+            f"{when(at.timestamp())} in slot {slot}, puts slot 0 "
+            f"near {when(implied)}, not at the Unix epoch: started so, every stored job "
             f"would be read as planned in 1970 and completed at once. Set daemon.epoch to "
-            f"the store's slot 0 (epoch = {start:.0f} is {_when(start)}), or restore the rows"
+            f"the store's slot 0 (epoch = {start:.0f} is {when(start)}), or restore the rows"
         )
 
     def _check_setup(self, session: Session) -> None:
@@ -283,93 +281,33 @@ class Recovery(Moves, BoundControl):
         self._check_resources(session)
 
     def _check_resources(self, session: Session) -> None:
-        """Refuse ``[cluster] resources`` without one that a job holding or awaiting a
-        plan (admitted, running, pending) demands.
-
-        Its spec would not read against them ("unknown resource"), and the rebuild would
-        fail the job and drop its plan, for good: putting the resource back afterwards
-        brought none back (the restore audit: ``disk`` taken out of the list failed every
-        tenant's six jobs). A resource renamed is the same, and so is a demand of 0 for it
-        (the spec names it). A spec that does not read at all is left to the rebuild.
+        """Refuse ``[cluster] resources`` without one that a live job's spec names
+        (:func:`.restart_checks.resources_problem`).
 
         Raises:
             ResourcesRemovedError: naming the resources, how many jobs and a few of them.
         """
-        known = set(self.cluster.resources)
-        missing: dict[str, list[str]] = {}
-        live = ("admitted", "running", "pending")
-        rows = session.execute(select(JobRow.id, JobRow.spec).where(JobRow.state.in_(live)))
-        for job_id, text in rows:
-            try:
-                spec = stored_spec(text, job_id)  # bounded: size, nesting, its own id
-            except SpecError:  # left to the rebuild, which fails that job alone
-                continue
-            if not isinstance(spec, dict):
-                continue
-            for side in ("worker", "ps"):
-                demand = spec.get(side)
-                if not isinstance(demand, dict):
-                    continue
-                for name in demand:  # a demand of 0 too: the spec does not read without it
-                    if name not in known:
-                        missing.setdefault(str(name), []).append(job_id)
-        if not missing:
-            return
-        jobs = sorted({j for ids in missing.values() for j in ids})
-        names = ", ".join(repr(r) for r in sorted(missing))
-        raise ResourcesRemovedError(
-            f"[cluster] resources lacks {names}, which {len(jobs)} admitted, running or "
-            f"pending job(s) demand ({', '.join(repr(j) for j in jobs[:5])}"
-            f"{', ...' if len(jobs) > 5 else ''}): started so, the daemon could not read "
-            "their specs and would fail them all, for good. Put the resource back (a "
-            "resource renamed: under its old name), or take it out once those jobs have ended"
-        )
+        problem = resources_problem(session, self.cluster.resources)
+        if problem is not None:
+            raise ResourcesRemovedError(problem)
 
     def _check_slot_grid(self, session: Session) -> None:
-        """Refuse a slot length or slot 0 other than those of the stored jobs' plans.
-
-        Stored plans, windows and waits are slot numbers, read through the ``settings``
-        row's ``slot_seconds`` and ``epoch``. With others in the config the daemon would
-        read each plan as another time: admitted jobs would seem long over, or not yet
-        due, and be moved on accordingly. Only a store that holds jobs is checked (an
-        empty one takes the new settings), and a ``settings`` row that does not read is
-        rewritten as before.
+        """Refuse a slot length or slot 0 other than those of the stored jobs' plans
+        (:func:`.restart_checks.slot_grid_problem`).
 
         Raises:
             SlotGridChangedError: naming the key, both values and what to do.
         """
-        recorded = _recorded_settings(session)
-        length, epoch = recorded.get("slot_seconds"), recorded.get("epoch")
-        numbers = (int, float)
-        if not (isinstance(length, numbers) and isinstance(epoch, numbers)):
-            return
-        if not (math.isfinite(length) and length > 0 and math.isfinite(epoch)):
-            return
-        if session.scalar(select(JobRow.id).limit(1)) is None:
-            return
-        changed = []
-        configured = self.config.slot_seconds
-        if abs(configured - length) > 1e-9 * length:
-            changed.append(f"daemon.slot_seconds is {configured:g} s, but the store's jobs "
-                           f"were planned in slots of {length:g} s")  # fmt: skip
-        if abs(self.slots.epoch - epoch) > 1e-3:
-            changed.append(
-                f"slot 0 begins at {_when(self.slots.epoch)} (daemon.epoch), but the store's "
-                f"jobs were planned from {_when(epoch)}"
-            )
-        if changed:
-            raise SlotGridChangedError(
-                f"{'; '.join(changed)} (its meta row {SETTINGS_KEY!r}): started so, it would "
-                "move every stored plan to another time. Set them back, or give the new "
-                "settings a new store (another daemon.data_dir or store_url)"
-            )
+        problem = slot_grid_problem(session, self.config.slot_seconds, self.slots.epoch)
+        if problem is not None:
+            raise SlotGridChangedError(problem)
 
     def _setup_differences(self, session: Session) -> list[str]:
         """How this config's servers, window and slot grid differ from those recorded by
         the daemon that last led the store (:meth:`_record_setup`), in words; [] if they
         do not, or if nothing readable is recorded. Both head nodes need the same."""
         out: list[str] = []
-        recorded = _recorded_settings(session)
+        recorded = recorded_settings(session)
         mine = {"window": self.window, "slot_seconds": self.config.slot_seconds,
                 "epoch": self.slots.epoch}  # fmt: skip
         for key, value in mine.items():
@@ -419,7 +357,7 @@ class Recovery(Moves, BoundControl):
         the recorded settings kept: after a reload changed its tokens or limits, a
         standby that takes over or starts compares with these, not the ones of before."""
         with self._write() as session:
-            recorded = _recorded_settings(session)
+            recorded = recorded_settings(session)
             session.merge(MetaRow(key=SETTINGS_KEY, value={**recorded, **self._config_marks()}))
 
     def _config_marks(self) -> dict[str, dict[str, Any]]:
@@ -839,11 +777,3 @@ def _digest(value: Any) -> str:
     """A short digest of a JSON value, to tell two configs' tables apart in a log."""
     text = json.dumps(value, sort_keys=True, default=str).encode()
     return hashlib.sha256(text).hexdigest()[:12]
-
-
-def _when(unix: float) -> str:
-    """``unix`` as a UTC time, or as seconds if no date can show it."""
-    try:
-        return format_time(unix)
-    except (OverflowError, OSError, ValueError):
-        return f"{unix:g} s after the Unix epoch"
