@@ -367,7 +367,13 @@ def test_a_flapping_server_is_held_out_by_a_cordon_with_an_end(tmp_path: Path) -
             if failures < 3:  # back at once
                 assert not blocked.any() and c.cordoned == {}, failures
                 assert [e.kind for e in events] == ["server_recovered"]
-        assert blocked.all()  # the third time: held out
+        # the third time: held out for its slots alone, as a rebuild holds it (before,
+        # the failure's block stayed on past the hold-out, until a rebuild)
+        assert blocked[:2].all() and not blocked[2:].any(), blocked.tolist()
+        live = _state(c._ledger)
+        c.between_decisions(c._reload)
+        for a, b in zip(live, _state(c._ledger), strict=True):
+            assert np.array_equal(a, b)
         held = c.cordoned["w0"]
         assert (held.from_slot, held.until, held.by) == (1, 3, "oasisd")
         assert held.reason == "flapping: its agent fell silent 3 times within 2h"
@@ -714,6 +720,39 @@ def test_a_planned_cordon_moves_only_its_slots_and_keeps_the_server_until_it_beg
         assert c._ledger.worker_side.blocked[1:, w0].all() and "w0" in c.cordoned
         back = asyncio.run(c.uncordon("w0"))
         assert not back["planned"] and not c._ledger.worker_side.blocked[1:, w0].any()
+    finally:
+        c.close()
+
+
+def test_a_job_a_planned_cordon_strands_fails_at_once_holding_nothing(tmp_path: Path) -> None:
+    """A cordon ahead that leaves a job no room from its start on fails the job (with
+    ``force``). Before, the failed job kept its slots up to the cordon's start, in the
+    ledger and the store: capacity priced for every tenant, planned for no one, and a
+    rebuild dropped it (the interleaving audit)."""
+    c = _open(tmp_path)
+    try:
+        asyncio.run(c.cordon("w1", force=True))  # only w0 left for workers
+        patient = {"kind": "sigmoid", "priority": 100, "decay": 0.1, "target": 12}
+        view = asyncio.run(c.submit({**JOB, "id": "victim", "utility": patient}))
+        assert view.state == "admitted", view.decision
+        assert max(a["slot"] for a in view.decision.allocations) >= 4
+        with pytest.raises(PreconditionError, match="victim"):  # refused without force
+            asyncio.run(c.cordon("w0", "maintenance", start=4))
+        moved = asyncio.run(c.cordon("w0", "maintenance", force=True, start=4))["moved"]
+        assert moved == {"victim": "stranded"}
+        assert "victim" not in c._ledger  # its first slot had not begun: nothing kept
+        with c.db.session() as s:
+            row = s.get(JobRow, "victim")
+            assert row is not None and row.state == "failed" and row.completion_slot is None
+            held = s.scalars(select(AllocationRow.slot).where(
+                AllocationRow.job_id == "victim", AllocationRow.slot > c.slot)).all()  # fmt: skip
+            failed = s.scalars(select(EventRow.detail).where(
+                EventRow.job_id == "victim", EventRow.kind == "failed")).one()  # fmt: skip
+        assert held == [] and failed["from_slot"] == c.slot + 1, (held, failed)
+        live = _state(c._ledger)
+        c.between_decisions(c._reload)
+        for a, b in zip(live, _state(c._ledger), strict=True):
+            assert np.array_equal(a, b)
     finally:
         c.close()
 

@@ -1440,3 +1440,30 @@ def test_the_agent_stops_its_workers_on_sigterm_as_on_sigint(tmp_path: Path, sig
     while any(alive(p) for p in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in workers if alive(p)]
+
+
+def test_a_slow_jobs_re_plan_over_its_work_survives_a_rebuild(plane: PlaneDaemon) -> None:
+    """A job at a quarter of its planned pace is re-planned with more worker-slots than
+    its spec's work. Before, the next rebuild (a restart, a store outage, a takeover)
+    read that plan as a hand edit and failed the job (the audits of jobs off their plan
+    and of interleavings); the re-plan now records what it holds."""
+    from controller.store import JobRow
+
+    view = plane.submit("slow")
+    ex = plane.ex
+    planned = 3600.0 * plane.c._ledger.schedule("slow").work() / PlaneDaemon.TOTAL
+    for i in range(1, 9):  # a quarter of the planned pace
+        ex.report(Progress("w0", "a", [TaskProgress("slow", float(i), i * 4 * planned)]))
+    events = ex.review_sync()
+    assert [(e.kind, e.detail["reason"]) for e in events] == [("replanned", "slow")], events
+    held = plane.c._ledger.schedule("slow").work()
+    assert held > view.decision.work, (held, view.decision.work)
+    with plane.c.db.session() as session:
+        row = session.get(JobRow, "slow")
+        assert row is not None and row.detail["planned_work"] == held
+    before = plane.c._ledger.schedule("slow")
+    plane.c.between_decisions(plane.c._reload)  # what a restart or an outage rebuild does
+    assert plane.state("slow") == "admitted"
+    after = plane.c._ledger.schedule("slow")
+    assert after.start == before.start and (after.workers == before.workers).all()
+    assert (after.ps == before.ps).all()

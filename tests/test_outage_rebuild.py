@@ -260,3 +260,40 @@ def test_a_store_file_replaced_under_the_daemon_is_found(tmp_path: Path) -> None
     assert watched.check() == "was replaced by another file"
     path.unlink()
     assert watched.check() == "was deleted"
+
+
+def test_a_rebuild_in_the_slot_of_a_failure_keeps_the_job_it_re_planned(tmp_path: Path) -> None:
+    """A server fails in a running job's slot: the re-plan adds back that slot's work on
+    it, so the stored plan from this slot on holds more worker-slots than the job's work.
+    Before, the next rebuild in the slot (a restart, a store outage, a takeover) read it
+    as a hand edit and failed the job (the interleaving audit)."""
+    from dataclasses import replace
+
+    from controller.plane.execution import Execution
+    from controller.plane.settings import mqtt_from_dict
+    from controller.store.models import JobRow
+    from tests.test_cordon import _later
+
+    c = _open(tmp_path)
+    try:
+        view = asyncio.run(c.submit({**JOB, "id": "victim"}))
+        assert view.state == "admitted"
+        _later(c, 1)  # slot 1: it runs
+        mqtt = mqtt_from_dict({"host": "127.0.0.1"})
+        c.config = replace(c.config, mqtt=mqtt)
+        plane = Execution(c, mqtt)
+        plane.load()
+        server = next(a["server"] for a in view.decision.allocations
+                      if a.get("workers") and a["slot"] == c.slot)  # fmt: skip
+        events = c.between_decisions(lambda: plane._fail_sync(server))
+        assert [e.kind for e in events][:1] == ["replanned"], events
+        live = _state(c._ledger)
+        assert c._ledger.schedule("victim").after(c.slot).work() > view.decision.work
+        c.between_decisions(c._reload)
+        with c.db.session() as s:
+            row = s.get(JobRow, "victim")
+            assert row is not None and row.state == "running", row.state
+        for a, b in zip(live, _state(c._ledger), strict=True):
+            assert np.array_equal(a, b)
+    finally:
+        c.close()

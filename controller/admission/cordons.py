@@ -157,6 +157,10 @@ class Cordons(Moves):
                 # the current slot stays as planned: the server runs it to its end
                 outcome = fail_server(ledger, jobs, kind, index, from_slot, {}, last, blocked_to)
                 moved = outcome.moves(jobs)
+                if planned:  # a job a cordon ahead strands fails now, holding nothing on
+                    for job_id, how in moved.items():  # (the interleaving audit)
+                        if how == "stranded" and job_id in ledger:
+                            ledger.release(job_id, self.slot + 1)
             view = {"server": server, "from_slot": from_slot, "until": until, "moved": moved,
                     "already": False, "dry_run": dry_run}  # fmt: skip
             stranded = [j for j, how in moved.items() if how == "stranded"]
@@ -174,8 +178,9 @@ class Cordons(Moves):
                 detail: dict[str, Any] = {"reason": "server_cordoned", "server": server}
                 for job_id, how in moved.items():  # the ledger's order
                     best = outcome.replanned.get(job_id) if outcome is not None else None
+                    since = self.slot + 1 if how == "stranded" else from_slot
                     events.append(
-                        self._record_move(session, now, jobs[job_id], how, from_slot, detail, best)
+                        self._record_move(session, now, jobs[job_id], how, since, detail, best)
                     )
                 events.append(self._event(session, now, "server_cordoned", "", "", {
                     "server": server, "from_slot": from_slot, "until": until,

@@ -19,7 +19,14 @@ from pricing import Job
 from pricing.best_schedule import BestSchedule
 from pricing.schedule import Schedule
 
-__all__ = ["Moves"]
+__all__ = ["PLANNED_WORK", "Moves"]
+
+PLANNED_WORK = "planned_work"
+"""The key, in a job row's ``detail``, of the worker-slots its plan holds from the
+window's first slot on, written when a re-plan holds more than the job's work: a server
+failure adds back the work lost in its slot, a job behind its plan asks for what its
+measured pace needs. A rebuild reads any more than the larger of the two as a hand
+edit (:meth:`controller.admission.recovery.Recovery._unreadable_plan`)."""
 
 
 class Moves(AdmissionState):
@@ -28,9 +35,17 @@ class Moves(AdmissionState):
     def _write_schedule(
         self, session: Session, job: Job, row: JobRow, schedule: Schedule, from_slot: int
     ) -> None:
-        """Store ``schedule``'s slots from ``from_slot`` on as the job's allocations."""
+        """Store ``schedule`` (the job's whole plan) from ``from_slot`` on as the job's
+        allocations, and the most it holds from the window's first slot on if that is
+        over the job's work (:data:`PLANNED_WORK`)."""
         session.execute(delete(AllocationRow).where(
             AllocationRow.job_id == job.id, AllocationRow.slot >= from_slot))  # fmt: skip
+        held = schedule.after(self._ledger.origin).work()
+        detail = row.detail if isinstance(row.detail, dict) else {}
+        if held > job.work:
+            row.detail = {**detail, PLANNED_WORK: held}  # a new dict: the ORM sees it
+        elif PLANNED_WORK in detail:
+            row.detail = {k: v for k, v in detail.items() if k != PLANNED_WORK}
         future = schedule.after(from_slot)
         if future.slots and (future.workers.any() or future.ps.any()):
             entries = allocation_entries(future, self.cluster)

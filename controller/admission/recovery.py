@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from controller.admission.bounds import BoundControl
 from controller.admission.cordons import MAX_REASON, ledger_until
-from controller.admission.moves import Moves
+from controller.admission.moves import PLANNED_WORK, Moves
 from controller.admission.restart_checks import (
     recorded_settings,
     resources_problem,
@@ -599,7 +599,7 @@ class Recovery(Moves, BoundControl):
             job = self._parse(spec, allocs[0].arrival_slot, fits=False)
         except SpecError as err:
             return self._misfit(job_id, None, allocs, str(err))
-        bad = self._unreadable_plan(job, allocs)
+        bad = self._unreadable_plan(job_id, job, allocs)
         if bad:
             return self._misfit(job_id, None, allocs, f"the stored plan of job {job_id!r}: {bad}")
         start, stop = allocs[0].slot, allocs[-1].slot + 1
@@ -626,15 +626,17 @@ class Recovery(Moves, BoundControl):
                 ps[a.slot - start, p_index[a.server]] = a.ps
         return job, Schedule(start, workers, ps)
 
-    def _unreadable_plan(self, job: Job, allocs: list[Any]) -> str:
+    def _unreadable_plan(self, job_id: str, job: Job, allocs: list[Any]) -> str:
         """What makes a job's stored allocation rows unusable as a plan ("" if nothing):
         a count that is not an integer from 0 to the job's chunks, a slot more than
         :data:`PLAN_SPAN` slots (or the window, if longer) past the window's first or
         before the job's arrival, a slot with more workers in all than chunks or more
         parameter servers than its workers need, or more worker-slots in all than the
-        job's work. The daemon never writes such rows; a hand edit or a half-restored
-        backup can, and a plan that took more than its job needs would take it from
-        every job rebuilt after it."""
+        job's work and than its last re-plan held (:data:`.moves.PLANNED_WORK`: the
+        interleaving audit found a restart in the slot of a server failure failing the
+        job it re-planned). The daemon never writes such rows; a hand edit or a
+        half-restored backup can, and a plan that took more than its job needs would
+        take it from every job rebuilt after it."""
         first = self._ledger.origin
         span = max(PLAN_SPAN, self.window + 1)
         per_slot: dict[int, list[int]] = {}
@@ -661,9 +663,18 @@ class Recovery(Moves, BoundControl):
                 return (f"slot {slot}: {ps} parameter servers, over the {need} its "
                         f"{workers} workers need")  # fmt: skip
         total = sum(workers for workers, _ in per_slot.values())
-        if total > job.work:
+        if total > job.work and total > self._planned_work(job_id):
             return f"{total} worker-slots from slot {first} on, over the job's work of {job.work}"
         return ""
+
+    def _planned_work(self, job_id: str) -> int:
+        """The worker-slots the daemon's last re-plan of ``job_id`` held from its slot on,
+        if over the job's work (:data:`.moves.PLANNED_WORK`); 0 if none is recorded. Read
+        only for a plan over its job's work, rarely."""
+        with self.db.session() as session:
+            detail = session.scalar(select(JobRow.detail).where(JobRow.id == job_id))
+        value = detail.get(PLANNED_WORK) if isinstance(detail, dict) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
     @staticmethod
     def _misfit(job_id: str, job: Job | None, allocs: list[Any], why: str) -> _Misfit:

@@ -887,6 +887,11 @@ class Execution:
         events = [event]
         if flaps and not planned:
             events += self._hold_out(server, flaps)
+            # the failure's block has no end: the hold-out's own slots take its place
+            # (the interleaving audit: blocked for good, where a rebuild held the
+            # hold-out's slots alone)
+            self.c._ledger.unblock(kind, index, from_slot)
+            self.c._block_cordon(server)
         elif not cordoned or (cordon is not None and cordon.until is not None):
             # the failure's block goes; a cordon keeps its own slots (one planned, or in
             # force up to its end; one without an end keeps the server out as it is).
