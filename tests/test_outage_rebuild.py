@@ -280,6 +280,7 @@ def test_a_rebuild_in_the_slot_of_a_failure_keeps_the_job_it_re_planned(tmp_path
         assert view.state == "admitted"
         _later(c, 1)  # slot 1: it runs
         mqtt = mqtt_from_dict({"host": "127.0.0.1"})
+        assert mqtt is not None
         c.config = replace(c.config, mqtt=mqtt)
         plane = Execution(c, mqtt)
         plane.load()
@@ -292,7 +293,8 @@ def test_a_rebuild_in_the_slot_of_a_failure_keeps_the_job_it_re_planned(tmp_path
         c.between_decisions(c._reload)
         with c.db.session() as s:
             row = s.get(JobRow, "victim")
-            assert row is not None and row.state == "running", row.state
+            assert row is not None
+            assert row.state == "running", row.state
         for a, b in zip(live, _state(c._ledger), strict=True):
             assert np.array_equal(a, b)
     finally:
