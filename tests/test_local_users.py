@@ -168,14 +168,16 @@ def test_a_worker_command_does_not_get_the_agents_secrets(
         await agent._commands(0.0)
         for _ in range(200):
             await asyncio.sleep(0.02)
-            if agent.tasks["j1"].processes[0][1][0] > 0:
+            if agent.tasks["j1"].workers.running[0].count[0] > 0:
                 break
         now[0] = 111.0  # the next slot has no task: the command is stopped
         await agent._commands(0.02)
-        await asyncio.wait_for(agent.tasks["j1"].processes[0][0].wait(), 10)
+        assert agent.commands is not None
+        [worker] = agent.commands.departing
+        await asyncio.wait_for(worker.proc.wait(), 10)
+        assert worker.count[0] == 7
 
     asyncio.run(go())
-    assert agent.tasks["j1"].processes[0][1][0] == 7
 
 
 def test_a_broker_password_in_the_clear_off_loopback_is_warned_of(tmp_path: Path) -> None:

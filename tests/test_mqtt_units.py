@@ -273,13 +273,21 @@ def test_agent_command_mode_counts_what_each_worker_prints() -> None:
                 break
         now[0] = 111.0  # the next slot has no task: the commands are stopped
         await agent._commands(0.02)
-        procs = [p for p, _c in agent.tasks["j1"].processes]
+        assert agent.commands is not None and not agent.tasks["j1"].workers.running
+        procs = [w.proc for w in agent.commands.departing]
+        assert len(procs) == 2
         await asyncio.wait_for(asyncio.gather(*(p.wait() for p in procs)), 10)
+        for _ in range(200):  # reaped once their output is read to its end
+            await agent._commands(0.02)
+            if not agent.commands.departing:
+                break
+            await asyncio.sleep(0.02)
 
     asyncio.run(go())
     state = agent.tasks["j1"]
     assert state.minibatches == 6  # 3 from each of the 2 workers; "j1", inf, ... no count
-    assert all(p.returncode is not None for p, _c in state.processes)
+    assert state.workers.done_before == 6 and agent.commands is not None
+    assert not agent.commands.departing and not agent.commands.live
 
 
 # -- the agent when its plan runs out; the daemon side of progress (no broker) ------------

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from controller.commands import SUMMARIES
 from controller.commands.common import EXIT_OK, InputError, warn_visible_password
+from controller.plane.workers import MAX_STOP_GRACE, STOP_GRACE
 
 MIN_REPORT_SECONDS = 0.1
 """The shortest report interval: 10 reports a second, under the daemon's rate of 20
@@ -65,6 +66,9 @@ def register(sub: Any) -> None:
                    help="shell command per worker; prints its cumulative mini-batches")  # fmt: skip
     p.add_argument("--report-seconds", type=float, default=1.0, metavar="S",
                    help="progress report interval (default 1)")  # fmt: skip
+    p.add_argument("--stop-grace", type=float, default=STOP_GRACE, metavar="S",
+                   help="seconds a worker leaving the plan has between SIGTERM and SIGKILL; "
+                        f"no other worker starts meanwhile (default {STOP_GRACE:g})")  # fmt: skip
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=_agent)
 
@@ -87,9 +91,13 @@ def _agent(args: argparse.Namespace) -> int:
         raise InputError(f"--report-seconds: must be a number >= {MIN_REPORT_SECONDS} (the "
                          f"daemon drops an agent's messages past 20 a second), got "
                          f"{args.report_seconds}")  # fmt: skip
+    if not (0 <= args.stop_grace <= MAX_STOP_GRACE):  # nan: never killed
+        raise InputError(f"--stop-grace: must be a number of seconds from 0 to "
+                         f"{MAX_STOP_GRACE:g}, got {args.stop_grace}")  # fmt: skip
     logs.configure(args.log_level)
     try:
-        agent = Agent(args.node, mqtt, args.speed, args.worker_command, args.report_seconds)
+        agent = Agent(args.node, mqtt, args.speed, args.worker_command, args.report_seconds,
+                      stop_grace=args.stop_grace)  # fmt: skip
     except ValueError as err:
         raise InputError(f"--node: {err}") from err
     try:

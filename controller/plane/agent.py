@@ -22,7 +22,8 @@ Work is either simulated -- each worker finishes a mini-batch every
 done by a command launched per worker (``--command``), which gets ``OASIS_JOB``,
 ``OASIS_SERVER``, ``OASIS_WORKER`` and ``OASIS_MINIBATCH_SECONDS`` in its environment and
 prints its cumulative mini-batch count, one number per line, as it goes; it is stopped
-(SIGTERM) when its task leaves the plan.
+(SIGTERM, then SIGKILL after a grace) when its task leaves the plan, and started again
+after a back-off if it fails (:mod:`controller.plane.workers`).
 """
 
 from __future__ import annotations
@@ -30,8 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import os
-import signal
 import time
 import uuid
 from collections.abc import Callable
@@ -55,10 +54,11 @@ from controller.plane.topics import (
     Topics,
     topic_name,
 )
+from controller.plane.workers import STOP_GRACE, Commands, JobWorkers, worker_environment
 from pricing.errors import SpecError
 from pricing.fields import closest
 
-__all__ = ["Agent", "TaskState", "UnknownServerError"]
+__all__ = ["Agent", "TaskState", "UnknownServerError", "worker_environment"]
 
 _STEP = 0.05  # seconds between simulation steps
 _FORGET_EVERY = 10.0  # seconds between looks for jobs to set aside (Agent.forget_idle)
@@ -76,23 +76,6 @@ class UnknownServerError(Exception):
         self.server = server
 
 
-PRIVATE_VARIABLES = ("PGPASSWORD",)
-"""Variables of the agent's environment, besides every ``OASIS_*`` one, that its worker
-commands do not get (:func:`worker_environment`)."""
-
-
-def worker_environment() -> dict[str, str]:
-    """The environment a worker command starts from: the agent's, without its own
-    settings (every ``OASIS_*`` variable: ``$OASIS_MQTT_PASSWORD``, a ``$OASIS_BROKER``
-    with a password in it, ``$OASIS_TOKEN``) and :data:`PRIVATE_VARIABLES`. Before, a
-    tenant's job got the agent's broker password, logged in as the agent, and reported
-    another tenant's job on the same server as done."""
-    return {
-        k: v for k, v in os.environ.items()
-        if not k.startswith("OASIS_") and k not in PRIVATE_VARIABLES
-    }  # fmt: skip
-
-
 @dataclass
 class TaskState:
     """What this agent did for one job (cumulative over the agent's life).
@@ -100,14 +83,15 @@ class TaskState:
     Attributes:
         minibatches: mini-batches its workers here finished.
         worker_seconds: seconds its workers ran, summed over workers.
-        processes: the running per-worker commands (``--command``), with their counts.
+        workers: its worker commands (``--command``: :mod:`controller.plane.workers`),
+            with the counts of those that exited.
+        run: the admission these counts are for (:class:`Task`); "": not said.
     """
 
     minibatches: float = 0.0
     worker_seconds: float = 0.0
-    processes: list[tuple[asyncio.subprocess.Process, list[float]]] = field(default_factory=list)
-    done_before: float = 0.0  # mini-batches of commands that already exited
-    run: str = ""  # the admission these counts are for (Task.run); "": not said
+    workers: JobWorkers = field(default_factory=JobWorkers)
+    run: str = ""
 
 
 class Agent:
@@ -120,6 +104,7 @@ class Agent:
         command: a shell command run per worker instead of the simulation.
         report_seconds: how often progress is sent, seconds.
         wall: Unix time, to find the slot in progress.
+        stop_grace: seconds from a departing worker's SIGTERM to its SIGKILL.
     """
 
     def __init__(
@@ -130,6 +115,7 @@ class Agent:
         command: str = "",
         report_seconds: float = 1.0,
         wall: Callable[[], float] = time.time,
+        stop_grace: float = STOP_GRACE,
     ) -> None:
         if not (0 < speed < math.inf):
             raise ValueError(f"speed: must be a number > 0, got {speed}")
@@ -152,6 +138,10 @@ class Agent:
         self._idle: dict[str, tuple[float, float, str]] = {}  # ... and their run
         self._away_since: float | None = None  # monotonic time the daemon was seen offline
         self._ran_out = False  # the plan's last slot ended (logged once)
+        self.commands = (
+            Commands(command, self.server, self._read_counts, self.log, stop_grace)
+            if command else None
+        )  # fmt: skip
 
     # -- the plan -----------------------------------------------------------------------
 
@@ -208,29 +198,22 @@ class Agent:
             state.worker_seconds += task.workers * dt
 
     async def _commands(self, dt: float) -> None:
-        """Start and stop the per-worker commands so they match the active slot."""
+        """Start and stop the per-worker commands so they match the active slot
+        (:class:`~controller.plane.workers.Commands`)."""
+        assert self.commands is not None
         slot = self.active()
         wanted = {t.job: t for t in (slot.tasks if slot else []) if t.workers > 0}
-        for job, state in self.tasks.items():
-            running = [p for p in state.processes if p[0].returncode is None]
-            state.worker_seconds += len(running) * dt
-            want = wanted[job].workers if job in wanted else 0
-            while len(running) > want:
-                _stop(running.pop()[0])
-            state.minibatches = state.done_before + sum(c[0] for _p, c in state.processes)
         for job, task in wanted.items():
-            state = self._task(job, task.run)
-            running = [p for p in state.processes if p[0].returncode is None]
-            for worker in range(len(running), task.workers):
-                env = {**worker_environment(), "OASIS_JOB": job, "OASIS_SERVER": self.server,
-                       "OASIS_WORKER": str(worker),
-                       "OASIS_MINIBATCH_SECONDS": str(task.minibatch_seconds)}  # fmt: skip
-                proc = await asyncio.create_subprocess_shell(
-                    self.command, stdout=asyncio.subprocess.PIPE, env=env, start_new_session=True
-                )
-                count = [0.0]
-                state.processes.append((proc, count))
-                asyncio.get_running_loop().create_task(self._read_counts(proc, count))
+            self._task(job, task.run)
+        for state in self.tasks.values():
+            state.worker_seconds += len(state.workers.running) * dt
+        await self.commands.follow(
+            {job: state.workers for job, state in self.tasks.items()},
+            {job: (task.workers, {"OASIS_MINIBATCH_SECONDS": str(task.minibatch_seconds)})
+             for job, task in wanted.items()},
+        )  # fmt: skip
+        for state in self.tasks.values():
+            state.minibatches = self.commands.count(state.workers)
 
     async def _read_counts(self, proc: asyncio.subprocess.Process, count: list[float]) -> None:
         """Follow a worker command's counts, one number a line; other lines are skipped,
@@ -268,9 +251,8 @@ class Agent:
         if state is not None and run and state.run and state.run != run:
             self.log.info("job id planned for another admission: its counts start afresh",
                           job=job, run=run, before=state.run)  # fmt: skip
-            for proc, _count in state.processes:
-                if proc.returncode is None:
-                    _stop(proc)
+            if self.commands is not None:
+                self.commands.stop_job(state.workers)
             del self.tasks[job]
             self._reported.pop(job, None)
             state = None
@@ -278,7 +260,9 @@ class Agent:
             done, seconds, was = self._idle.pop(job, (0.0, 0.0, ""))
             if run and was and was != run:
                 done, seconds = 0.0, 0.0
-            state = self.tasks[job] = TaskState(done, seconds, done_before=done, run=run or was)
+            state = self.tasks[job] = TaskState(
+                done, seconds, JobWorkers(done_before=done), run=run or was
+            )
         elif run and not state.run:
             state.run = run
         return state
@@ -305,7 +289,7 @@ class Agent:
             job
             for job, state in self.tasks.items()
             if job not in planned
-            and not any(proc.returncode is None for proc, _count in state.processes)
+            and not (self.commands is not None and self.commands.busy(state.workers))
             and self._reported.get(job) == (state.minibatches, state.worker_seconds)
             and now - self._sent_at.get(job, now) >= horizon
         ]
@@ -382,10 +366,8 @@ class Agent:
                 delay = min(delay * 2, _BACKOFF_MAX)
         finally:
             worker.cancel()
-            for state in self.tasks.values():
-                for proc, _count in state.processes:
-                    if proc.returncode is None:
-                        _stop(proc)
+            if self.commands is not None:  # every worker gone before the agent is
+                await self.commands.stop_all()
 
     async def _work(self) -> None:
         last = forgot = time.monotonic()
@@ -456,9 +438,3 @@ class Agent:
                 for t in report.jobs:
                     self._reported[t.job] = (t.minibatches, t.worker_seconds)
                     self._sent_at[t.job] = time.monotonic()
-
-
-def _stop(proc: asyncio.subprocess.Process) -> None:
-    """SIGTERM a worker command and everything it started (its own session)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGTERM)

@@ -1,0 +1,395 @@
+"""The worker commands of ``oasis agent --command``: one process per planned worker,
+started, counted, restarted and stopped so that what runs on the server is what its plan
+says, and nothing of a job outlasts its place in the plan.
+
+- **Stop.** A worker whose task leaves the plan gets SIGTERM once (its process group:
+  each command runs in a session of its own), and SIGKILL ``stop_grace`` seconds later
+  if it is still there. No command of any job starts on the server while one is
+  departing: the capacity is the departing job's until it is gone, at most
+  ``stop_grace`` seconds into the slot. Before, SIGTERM came again every 50 ms (which
+  many frameworks read as "exit now"), never SIGKILL, and the next tenant's workers
+  started beside a worker that ignored it, on the same GPUs, for good (the audit of jobs
+  that do not follow their plan).
+- **Escapes.** The agent is its workers' subreaper (``PR_SET_CHILD_SUBREAPER``): a
+  process that leaves its worker's session (``setsid``, a daemon) is reparented to the
+  agent when its parent exits, instead of to init. Such an orphan is stopped the same
+  way once its job (``OASIS_JOB`` in its environment) has no worker running here, or at
+  once if it names none; its exit is reaped.
+- **Exits.** A worker that exits 0 has done its part: it is not started again for that
+  admission. One that fails (any other status, or a signal it did not get from the
+  agent) is started again after a back-off, 1 s doubling to 60 s, from 1 s again once a
+  run lasted 60 s; each exit is logged with its status. Before, any exit was restarted
+  within 50 ms: a worker failing at start forked 30 times a second, and its counts,
+  summed over the restarts, completed its job in one slot.
+- **Counts.** Each process prints its own cumulative mini-batch count (the largest
+  number it printed counts); the job's count is the sum over every process of the job
+  on this server, those that exited included (their mini-batches went to the parameter
+  servers). An exited process is kept as its count only.
+- **Indices.** ``OASIS_WORKER`` is the worker's index, 0 .. workers - 1: a restart takes
+  the index that is free (two live workers had the same before).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "MAX_STOP_GRACE",
+    "RESTART_FIRST",
+    "RESTART_MAX",
+    "STOP_GRACE",
+    "Commands",
+    "JobWorkers",
+    "Worker",
+    "worker_environment",
+]
+
+STOP_GRACE = 10.0
+"""Seconds between a departing worker's SIGTERM and its SIGKILL (``--stop-grace``)."""
+
+MAX_STOP_GRACE = 600.0
+"""The longest ``--stop-grace``: no worker of another job starts meanwhile."""
+
+RESTART_FIRST = 1.0
+"""Seconds before a failed worker is started again; doubled at each failure in a row."""
+
+RESTART_MAX = 60.0
+"""The longest back-off; a run this long starts the back-off from RESTART_FIRST again."""
+
+PRIVATE_VARIABLES = ("PGPASSWORD",)
+"""Variables of the agent's environment, besides every ``OASIS_*`` one, that its worker
+commands do not get (:func:`worker_environment`)."""
+
+
+def worker_environment() -> dict[str, str]:
+    """The environment a worker command starts from: the agent's, without its own
+    settings (every ``OASIS_*`` variable: ``$OASIS_MQTT_PASSWORD``, a ``$OASIS_BROKER``
+    with a password in it, ``$OASIS_TOKEN``) and :data:`PRIVATE_VARIABLES`. Before, a
+    tenant's job got the agent's broker password, logged in as the agent, and reported
+    another tenant's job on the same server as done."""
+    return {
+        k: v for k, v in os.environ.items()
+        if not k.startswith("OASIS_") and k not in PRIVATE_VARIABLES
+    }  # fmt: skip
+
+
+ORPHAN_SCAN_SECONDS = 1.0
+"""How often the agent looks for workers' descendants reparented to it."""
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+@dataclass
+class Worker:
+    """One running worker command.
+
+    Attributes:
+        proc: the process (the leader of its own session and process group).
+        index: its ``OASIS_WORKER``.
+        count: ``[n]``, the largest mini-batch count it printed.
+        reader: the task following its output; done once it exited and was reaped.
+        started: monotonic time it started.
+        job: the :class:`JobWorkers` it counts for.
+        stop_sent: monotonic time of its SIGTERM (None: not departing).
+        killed: SIGKILL sent.
+    """
+
+    proc: asyncio.subprocess.Process
+    index: int
+    count: list[float]
+    reader: asyncio.Task[None]
+    started: float
+    job: JobWorkers
+    stop_sent: float | None = None
+    killed: bool = False
+
+
+@dataclass
+class JobWorkers:
+    """One job's worker commands on this server (for one admission).
+
+    Attributes:
+        running: the live workers, not departing.
+        done_before: mini-batches of its processes that exited or were stopped.
+        finished: indices whose worker exited 0: not started again.
+        failures: failures in a row per index (the back-off's exponent).
+        retry_at: per index, the monotonic time before which it is not started again.
+    """
+
+    running: list[Worker] = field(default_factory=list)
+    done_before: float = 0.0
+    finished: set[int] = field(default_factory=set)
+    failures: dict[int, int] = field(default_factory=dict)
+    retry_at: dict[int, float] = field(default_factory=dict)
+
+
+class Commands:
+    """Starts and stops one server's worker commands; see the module docstring.
+
+    Args:
+        command: the shell command run per worker.
+        server: the server's name (``OASIS_SERVER``).
+        read_counts: follows a process's output into its count (the agent's).
+        log: a structlog logger.
+        stop_grace: seconds from SIGTERM to SIGKILL.
+        monotonic: the clock (tests).
+    """
+
+    def __init__(
+        self,
+        command: str,
+        server: str,
+        read_counts: Any,
+        log: Any,
+        stop_grace: float = STOP_GRACE,
+        monotonic: Any = time.monotonic,
+    ) -> None:
+        self.command = command
+        self.server = server
+        self.read_counts = read_counts
+        self.log = log
+        self.stop_grace = stop_grace
+        self.monotonic = monotonic
+        self.departing: list[Worker] = []
+        self.live: dict[int, Worker] = {}  # pid -> a running worker, not departing
+        self._orphans: dict[int, tuple[float, bool]] = {}  # pid -> (SIGTERM time, killed)
+        self._scanned = -ORPHAN_SCAN_SECONDS
+        self.subreaper = _become_subreaper()
+
+    # -- each step ----------------------------------------------------------------------
+
+    async def follow(self, jobs: dict[str, JobWorkers], wanted: dict[str, tuple[int, Any]]) -> None:
+        """Make the running workers match ``wanted`` (``{job: (workers, env extra)}``):
+        reap the exited, stop the unwanted, escalate the departing, and, once none is
+        departing, start the missing."""
+        now = self.monotonic()
+        for job_id, job in jobs.items():
+            self._reap(job_id, job, now)
+            want = wanted[job_id][0] if job_id in wanted else 0
+            for worker in sorted(job.running, key=lambda w: w.index)[want:]:
+                self.stop(worker, now)
+        self._escalate(now)
+        if now - self._scanned >= ORPHAN_SCAN_SECONDS:
+            self._scanned = now
+            self._scan_orphans({j for j, (n, _e) in wanted.items() if n > 0}, now)
+        if self.departing or any(not killed for _t, killed in self._orphans.values()):
+            return  # the capacity is the departing jobs' until they are gone
+        for job_id, (workers, extra) in wanted.items():
+            job = jobs[job_id]
+            taken = {w.index for w in job.running}
+            for index in range(workers):
+                if index in taken or index in job.finished or job.retry_at.get(index, 0) > now:
+                    continue
+                await self._start(job_id, job, index, extra, now)
+
+    def count(self, job: JobWorkers) -> float:
+        """The job's mini-batches on this server: every process's count, summed."""
+        total = job.done_before + sum(w.count[0] for w in job.running)
+        return total + sum(w.count[0] for w in self.departing if w.job is job)
+
+    def stop(self, worker: Worker, now: float | None = None) -> None:
+        """SIGTERM ``worker``'s process group, once; it departs (SIGKILL after the grace)."""
+        if worker.stop_sent is not None:
+            return
+        worker.stop_sent = self.monotonic() if now is None else now
+        with contextlib.suppress(ValueError):
+            worker.job.running.remove(worker)
+        self.live.pop(worker.proc.pid, None)
+        self.departing.append(worker)
+        _kill_group(worker.proc.pid, signal.SIGTERM)
+
+    async def stop_all(self) -> None:
+        """Stop every worker and orphan, SIGKILL what is left after the grace, and wait
+        for them (the agent's exit: before, it left without waiting, and a worker that
+        ignored SIGTERM ran on)."""
+        now = self.monotonic()
+        for worker in list(self.live.values()):
+            self.stop(worker, now)
+        self._scan_orphans(set(), now)
+        deadline = now + self.stop_grace
+        while (self.departing or self._orphans) and self.monotonic() < deadline + 5.0:
+            if self.monotonic() >= deadline:
+                self._escalate(float("inf"))
+            await asyncio.sleep(0.05)
+            self._reap_departing()
+            self._scan_orphans(set(), self.monotonic())
+
+    def busy(self, job: JobWorkers) -> bool:
+        """Whether a worker of ``job`` runs or departs."""
+        return bool(job.running) or any(w.job is job for w in self.departing)
+
+    def stop_job(self, job: JobWorkers) -> None:
+        """Stop every worker of ``job`` (an admission replaced under the same id)."""
+        for worker in list(job.running):
+            self.stop(worker)
+
+    # -- the mechanics -------------------------------------------------------------------
+
+    async def _start(
+        self, job_id: str, job: JobWorkers, index: int, extra: dict[str, str], now: float
+    ) -> None:
+        env = {**worker_environment(), **extra, "OASIS_JOB": job_id, "OASIS_SERVER": self.server,
+               "OASIS_WORKER": str(index)}  # fmt: skip
+        proc = await asyncio.create_subprocess_shell(
+            self.command, stdout=asyncio.subprocess.PIPE, env=env, start_new_session=True
+        )
+        count = [0.0]
+        reader = asyncio.get_running_loop().create_task(self.read_counts(proc, count))
+        worker = Worker(proc, index, count, reader, now, job)
+        job.running.append(worker)
+        self.live[proc.pid] = worker
+
+    def _reap(self, job_id: str, job: JobWorkers, now: float) -> None:
+        """Take the exited workers of ``job`` out, their counts kept; a failure is
+        started again after its back-off, an exit 0 not at all."""
+        for worker in [w for w in job.running if w.reader.done()]:
+            job.running.remove(worker)
+            self.live.pop(worker.proc.pid, None)
+            job.done_before += worker.count[0]
+            code = worker.proc.returncode
+            if code == 0:
+                job.finished.add(worker.index)
+                self.log.info("worker finished", job=job_id, worker=worker.index,
+                              minibatches=worker.count[0])  # fmt: skip
+                continue
+            ran = now - worker.started
+            failures = 1 if ran >= RESTART_MAX else job.failures.get(worker.index, 0) + 1
+            job.failures[worker.index] = failures
+            delay = min(RESTART_MAX, RESTART_FIRST * 2 ** (failures - 1))
+            job.retry_at[worker.index] = now + delay
+            self.log.warning("worker exited; started again after a back-off", job=job_id,
+                             worker=worker.index, status=_status(code), ran_seconds=round(ran, 1),
+                             failures=failures, restart_in=delay)  # fmt: skip
+        self._reap_departing()
+
+    def _reap_departing(self) -> None:
+        for worker in [w for w in self.departing if w.reader.done()]:
+            self.departing.remove(worker)
+            worker.job.done_before += worker.count[0]
+
+    def _escalate(self, now: float) -> None:
+        """SIGKILL the departing workers and orphans past their grace."""
+        for worker in self.departing:
+            assert worker.stop_sent is not None
+            if not worker.killed and now - worker.stop_sent >= self.stop_grace:
+                worker.killed = True
+                self.log.warning("worker did not stop within the grace: killed",
+                                 pid=worker.proc.pid, worker=worker.index,
+                                 grace_seconds=self.stop_grace)  # fmt: skip
+                _kill_group(worker.proc.pid, signal.SIGKILL)  # its leader may be gone
+        for pid, (sent, killed) in list(self._orphans.items()):
+            if not killed and now - sent >= self.stop_grace:
+                self._orphans[pid] = (sent, True)
+                _signal_group(pid, signal.SIGKILL)
+
+    def _scan_orphans(self, wanted: set[str], now: float) -> None:
+        """Stop the processes reparented to the agent whose job is not running here
+        (:data:`ORPHAN_SCAN_SECONDS`); reap those that exited."""
+        if not self.subreaper:
+            return
+        known = {w.proc.pid for w in self.departing} | self.live.keys()
+        seen: set[int] = set()
+        for pid in _children():
+            if pid in known:  # asyncio reaps those
+                continue
+            seen.add(pid)
+            if _zombie(pid):
+                with contextlib.suppress(ChildProcessError, OSError):
+                    os.waitpid(pid, os.WNOHANG)
+                continue
+            if pid in self._orphans:
+                continue
+            try:
+                group = os.getpgid(pid)
+            except ProcessLookupError:
+                continue
+            if group in known:  # still in its worker's group: stopped with the group
+                continue
+            job = _environment_of(pid).get("OASIS_JOB")
+            if job in wanted:
+                continue  # its job runs here: it is part of its work
+            self._orphans[pid] = (now, False)
+            self.log.warning("a worker's process that left its session is stopped",
+                             pid=pid, job=job)  # fmt: skip
+            _signal_group(pid, signal.SIGTERM)
+        for pid in [p for p in self._orphans if p not in seen]:
+            del self._orphans[pid]  # gone and reaped
+
+
+def _become_subreaper() -> bool:
+    """Make this process the subreaper of its descendants (Linux); False if it cannot."""
+    import ctypes  # here: the CLI imports this module for its defaults
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def _children() -> list[int]:
+    """This process's children, from ``/proc/self/task/*/children``."""
+    out: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError), open(f"/proc/self/task/{task}/children") as f:
+                out.extend(int(p) for p in f.read().split())
+    return out
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _environment_of(pid: int) -> dict[str, str]:
+    """``pid``'s environment as it started; {} if it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read(1 << 20)
+    except OSError:
+        return {}
+    out: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            out[key.decode(errors="replace")] = value.decode(errors="replace")
+    return out
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    """``sig`` to ``pid``'s process group if it leads one, else to ``pid`` alone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        try:
+            leads = os.getpgid(pid) == pid
+        except ProcessLookupError:
+            return
+        if leads:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+
+
+def _kill_group(group: int, sig: int) -> None:
+    """``sig`` to process group ``group`` (a worker's: its leader's pid), if any is left."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(group, sig)
+
+
+def _status(code: int | None) -> str:
+    """A process's exit status in words."""
+    if code is None:
+        return "unknown"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    return f"exit {code}"
