@@ -6,16 +6,22 @@ follow their plan)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
+import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+
+import pytest
 
 from controller.plane.agent import Agent
 from controller.plane.settings import MqttConfig
 from controller.plane.topics import Plan, SlotPlan, Task
 from controller.plane.workers import Commands
+from tests.servers import ROOT
 
 
 def two_jobs(first: str, second: str, workers: int = 1) -> Plan:
@@ -48,6 +54,27 @@ async def steps(agent: Agent, until: Callable[[], bool], seconds: float = 10.0) 
 def commands(agent: Agent) -> Commands:
     assert agent.commands is not None
     return agent.commands
+
+
+def run(agent: Agent, body: Callable[[], Awaitable[None]]) -> None:
+    """``body()`` on an event loop, then every worker of ``agent`` stopped, whatever
+    happened (a failed test leaves no process behind)."""
+
+    async def go() -> None:
+        try:
+            await body()
+        finally:
+            agent_commands = commands(agent)
+            agent_commands.stop_grace = min(agent_commands.stop_grace, 0.5)
+            await agent_commands.stop_all()
+
+    asyncio.run(go())
+
+
+def kill(pid_file: Path) -> None:
+    """SIGKILL the process whose pid ``pid_file`` holds, if any."""
+    with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
 # a worker that writes its pid, counts the SIGTERMs it gets in a file and ignores them
@@ -95,7 +122,7 @@ def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace_before_the_next
         await commands(agent).stop_all()
         assert not alive(int((tmp_path / "b-0.pid").read_text()))
 
-    asyncio.run(go())
+    run(agent, go)
 
 
 def test_a_failing_worker_is_started_again_after_a_back_off_and_one_done_is_not(
@@ -124,7 +151,7 @@ def test_a_failing_worker_is_started_again_after_a_back_off_and_one_done_is_not(
         await steps(agent, lambda: agent.tasks["a"].minibatches == 12)  # 4 runs x 3
         assert len(log.read_text().split()) == 4
 
-    asyncio.run(go())
+    run(agent, go)
 
 
 def test_a_restarted_worker_takes_the_free_index(tmp_path: Path) -> None:
@@ -143,38 +170,228 @@ def test_a_restarted_worker_takes_the_free_index(tmp_path: Path) -> None:
         await steps(agent, lambda: log.exists() and len(log.read_text().split()) == 3)
         assert sorted(log.read_text().split()) == ["0", "0", "1"]
         assert sorted(w.index for w in agent.tasks["a"].workers.running) == [0, 1]
-        await commands(agent).stop_all()
 
-    asyncio.run(go())
+    run(agent, go)
+
+
+def test_fewer_workers_stop_the_highest_indices_and_a_finished_one_is_not_replaced(
+    tmp_path: Path,
+) -> None:
+    """Before: the workers past the new count in order of their indices were stopped, so
+    with index 0 done, a 2-worker task ran indices 1 and 2 (``OASIS_WORKER`` past the
+    task's workers), or 3 workers for a while."""
+    log = tmp_path / "indices"
+    command = f'echo "$OASIS_WORKER" >> {log}; [ "$OASIS_WORKER" = 0 ] && exit 0; sleep 30'
+    now = [101.0]
+    agent = Agent("w0", MqttConfig("localhost"), command=command, wall=lambda: now[0])
+    agent.accept(Plan("w0", "worker", 1, 10.0, 0.5, False,
+                      SlotPlan(5, 100.0, [Task("a", 3, 0, 0.5, 40)]),
+                      SlotPlan(6, 110.0, [Task("a", 2, 0, 0.5, 40)])))  # fmt: skip
+    job = agent.tasks
+
+    async def go() -> None:
+        await agent._commands(0.0)
+        await steps(agent, lambda: job["a"].workers.finished == {0} and
+                    len(job["a"].workers.running) == 2)  # fmt: skip
+        now[0] = 111.0  # 2 workers: index 2 goes, index 0 is done
+        await agent._commands(0.02)
+        assert [w.index for w in commands(agent).departing] == [2]
+        await steps(agent, lambda: not commands(agent).departing)
+        assert [w.index for w in job["a"].workers.running] == [1]
+        await asyncio.sleep(0.3)
+        await agent._commands(0.02)
+        assert [w.index for w in job["a"].workers.running] == [1]
+        assert sorted(log.read_text().split()) == ["0", "1", "2"]
+
+    run(agent, go)
+
+
+def test_a_worker_whose_output_an_escaped_process_holds_is_gone_with_its_group(
+    tmp_path: Path,
+) -> None:
+    """The review: a worker's child in a session of its own kept the worker's output
+    open, so the stopped worker never counted as gone, and no worker of any job
+    started on the server again. A worker is gone once its process group is empty."""
+    escaped = tmp_path / "escaped"
+    command = (f'if [ "$OASIS_JOB" = a ] && [ "$OASIS_WORKER" = 1 ]; then '
+               f'setsid sh -c \'echo $$ > {escaped}; exec sleep 60\' & fi; '
+               f'echo "$OASIS_JOB" >> {tmp_path / "started"}; sleep 30')  # fmt: skip
+    now = [101.0]
+    agent = Agent("w0", MqttConfig("localhost"), command=command, wall=lambda: now[0],
+                  stop_grace=0.5)  # fmt: skip
+    agent.accept(Plan("w0", "worker", 1, 10.0, 0.5, False,
+                      SlotPlan(5, 100.0, [Task("a", 2, 0, 0.5, 40)]),
+                      SlotPlan(6, 110.0, [Task("a", 1, 0, 0.5, 40),
+                                          Task("b", 1, 0, 0.5, 40)])))  # fmt: skip
+
+    async def go() -> None:
+        await agent._commands(0.0)
+        await steps(agent, lambda: escaped.exists() and escaped.read_text().strip() != "")
+        now[0] = 111.0  # a's worker 1 departs; b may start once it is gone
+        await steps(agent, lambda: "b" in (tmp_path / "started").read_text())
+        assert alive(int(escaped.read_text()))  # a's: a still runs here
+
+    try:
+        run(agent, go)
+    finally:
+        kill(escaped)
+
+
+def test_a_worker_that_cannot_be_stopped_is_given_up_on_and_holds_the_server_no_longer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker the agent may not signal (run as another user) stayed departing for
+    good, and no worker of any job started on the server again (the review)."""
+    from controller.plane import workers
+
+    monkeypatch.setattr(workers, "GIVE_UP_SECONDS", 0.5)
+    monkeypatch.setattr(workers, "_kill_group", lambda group, sig: None)  # EPERM, as it were
+    pids = tmp_path / "pids"
+    now = [101.0]
+    agent = Agent("w0", MqttConfig("localhost"), command=f'echo $$ >> {pids}; sleep 30',
+                  wall=lambda: now[0], stop_grace=0.5)  # fmt: skip
+    agent.accept(two_jobs("a", "b"))
+
+    async def go() -> None:
+        await agent._commands(0.0)
+        await steps(agent, pids.exists)
+        now[0] = 111.0
+        started = time.monotonic()
+        await steps(agent, lambda: len(pids.read_text().split()) == 2)  # b, after 1 s
+        assert time.monotonic() - started >= 0.9
+        first = int(pids.read_text().split()[0])
+        assert alive(first)  # given up on, not stopped
+        os.killpg(first, signal.SIGKILL)
+        while os.path.exists(f"/proc/{first}"):  # reaped by asyncio's child watcher
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.1)  # and its transport told
+        monkeypatch.undo()  # b's worker may be stopped again
+
+    try:
+        run(agent, go)
+    finally:
+        for pid in pids.read_text().split() if pids.exists() else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int(pid), signal.SIGKILL)
+
+
+_ORPHANS_SCRIPT = """
+import asyncio, os, subprocess, sys, time
+from controller.plane.agent import Agent
+from controller.plane.settings import MqttConfig
+from controller.plane.topics import Plan, SlotPlan, Task
+
+folder = sys.argv[1]
+now = [101.0]
+escape = (
+    "import os, time\\n"
+    "if os.fork() == 0:\\n"
+    "    os.setsid()\\n"
+    "    open(os.environ['ESCAPED'], 'w').write(str(os.getpid()))\\n"
+    "    time.sleep(60)\\n"
+)
+os.environ["ESCAPED"] = folder + "/escaped"
+command = f"{sys.executable} -c \\"{escape}\\"; sleep 30"
+agent = Agent("w0", MqttConfig("localhost"), command=command, wall=lambda: now[0],
+              stop_grace=1.0, adopt_orphans=True)
+agent.accept(Plan("w0", "worker", 1, 10.0, 0.5, False,
+                  SlotPlan(5, 100.0, [Task("a", 1, 0, 0.5, 40)]), SlotPlan(6, 110.0, [])))
+# a child of the agent's process that is no worker's: never signalled
+bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+async def main():
+    assert agent.commands is not None and agent.commands.subreaper
+    path = folder + "/escaped"
+    await agent._commands(0.0)
+    deadline = time.monotonic() + 20
+    while not (os.path.exists(path) and open(path).read()):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+        await agent._commands(0.05)
+    escaped = int(open(path).read())
+    assert os.getsid(escaped) == escaped
+    for _ in range(30):  # 1.5 s: a scan while its job runs leaves it be
+        await asyncio.sleep(0.05)
+        await agent._commands(0.05)
+    assert alive(escaped)
+    now[0] = 121.0  # the plan ran out: a's worker stops, and so does the escape
+    while alive(escaped):
+        assert time.monotonic() < deadline + 20
+        await asyncio.sleep(0.05)
+        await agent._commands(0.05)
+    await agent.commands.stop_all()
+    print("escaped stopped; bystander", "alive" if bystander.poll() is None else "killed")
+
+try:
+    asyncio.run(main())
+finally:
+    bystander.kill()
+"""
 
 
 def test_a_process_that_leaves_its_workers_session_is_stopped_with_its_job(
     tmp_path: Path,
 ) -> None:
     """Before: a worker's child that called setsid (a daemon) outlived the job's stop
-    and the agent's, holding the server for good. The agent is its subreaper now."""
-    pid_file = tmp_path / "escaped"
-    escape = (f"import os, time\nif os.fork() == 0:\n    os.setsid()\n"
-              f"    open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
-              "    time.sleep(60)\n")  # fmt: skip
-    script = tmp_path / "escape.py"
-    script.write_text(escape)
+    and the agent's, holding the server for good. ``oasis agent`` is its workers'
+    subreaper now, and stops such a process, marked as its own, once its job no longer
+    runs there; a child of its process without the mark is left alone (run in a
+    process of its own: a subreaper's orphans are the whole process's)."""
+    out = subprocess.run([sys.executable, "-c", _ORPHANS_SCRIPT, str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    try:
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "escaped stopped; bystander alive" in out.stdout, out.stdout[-2000:]
+    finally:
+        kill(tmp_path / "escaped")
+
+
+def test_an_agent_whose_work_loop_fails_stops_with_the_error(tmp_path: Path) -> None:
+    """Before: a worker that could not be started (out of processes) ended the work
+    loop silently; the agent heartbeat on and ran nothing. A start's OSError is now a
+    failure with a back-off, and any other error of the loop stops the agent."""
+    from tests.servers import free_port
+
     now = [101.0]
-    agent = Agent("w0", MqttConfig("localhost"), command=f"{sys.executable} {script}; sleep 30",
-                  wall=lambda: now[0], stop_grace=1.0)  # fmt: skip
+    agent = Agent("w0", MqttConfig("127.0.0.1", free_port()), command="sleep 30",
+                  wall=lambda: now[0])  # fmt: skip
     agent.accept(two_jobs("a", "b"))
-    assert commands(agent).subreaper
+
+    async def broken(dt: float) -> None:
+        raise ValueError("a bug")
+
+    agent._commands = broken  # type: ignore[method-assign]
+
+    async def go() -> None:
+        await asyncio.wait_for(agent.run(), 10)
+
+    with pytest.raises(RuntimeError, match="the agent's work loop failed: ValueError"):
+        asyncio.run(go())
+
+
+def test_a_worker_that_cannot_be_started_is_a_failure_with_a_back_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def no_fork(*args: object, **kwargs: object) -> None:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(asyncio, "create_subprocess_shell", no_fork)
+    now = [101.0]
+    agent = Agent("w0", MqttConfig("localhost"), command="sleep 30", wall=lambda: now[0])
+    agent.accept(two_jobs("a", "b"))
 
     async def go() -> None:
         await agent._commands(0.0)
-        await steps(agent, lambda: pid_file.exists() and pid_file.read_text() != "")
-        escaped = int(pid_file.read_text())
-        assert os.getsid(escaped) == escaped  # its own session: killpg misses it
-        await asyncio.sleep(1.2)  # a scan while its job runs leaves it be
-        await agent._commands(0.02)
-        assert alive(escaped)
-        now[0] = 121.0  # the plan ran out: a's worker stops, and so does the escape
-        await steps(agent, lambda: not alive(escaped))
-        await commands(agent).stop_all()
+        job = agent.tasks["a"].workers
+        assert job.failures == {0: 1} and not job.running and job.retry_at[0] > 0
+        await agent._commands(0.02)  # within its back-off: not tried again
+        assert job.failures == {0: 1}
 
-    asyncio.run(go())
+    run(agent, go)

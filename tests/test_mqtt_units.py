@@ -1387,7 +1387,9 @@ def test_a_worker_line_over_the_limit_is_skipped_and_the_next_counts() -> None:
             sys.executable, "-c", script, stdout=asyncio.subprocess.PIPE
         )
         count = [0.0]
-        await asyncio.wait_for(agent._read_counts(proc, count), 30)
+        assert proc.stdout is not None
+        await asyncio.wait_for(agent._read_counts(proc.stdout, count), 30)
+        await proc.wait()
         return count[0]
 
     write = "import sys; sys.stdout.write"

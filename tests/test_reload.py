@@ -382,3 +382,46 @@ def test_a_retuned_rate_limit_keeps_each_clients_tokens_up_to_the_new_burst() ->
     assert limiter.words == "rate limit: 1 request/s per client"
     with pytest.raises(ValueError, match="rate must be > 0"):
         limiter.retune(0.0)
+
+
+def test_the_reload_check_reads_slot_0_from_the_store_as_a_start_would(tmp_path: Path) -> None:
+    """The review: a file without ``daemon.epoch`` starts from the store's epoch row,
+    which a config that set the epoch never rewrote; the check used the running slot 0
+    and said nothing of a restart that then refused."""
+    import structlog
+
+    from controller.admission import AdmissionController
+    from controller.clock import FakeClock, SlotClock
+    from controller.config import from_dict
+    from controller.store import Database
+    from tests.test_outage_rebuild import JOB, PS, WORKER
+
+    cluster = {"resources": ["gpu", "cpu", "mem", "disk", "bandwidth"],
+               "servers": [{"name": "w0", "kind": "worker", "capacity": WORKER},
+                           {"name": "p0", "kind": "ps", "capacity": PS}]}  # fmt: skip
+
+    def opened(**daemon: Any) -> AdmissionController:
+        config = from_dict({"daemon": {"data_dir": str(tmp_path), "window": 12, **daemon},
+                            "cluster": cluster})  # fmt: skip
+        c = AdmissionController(config, Database(config.database_url),
+                                SlotClock(FakeClock(10_000.0), 3600.0, 0.0),
+                                log=structlog.wrap_logger(structlog.ReturnLogger()))  # fmt: skip
+        c.open()
+        return c
+
+    opened().close()  # the first start records slot 0 at 7200 (its epoch row)
+    c = opened(epoch=3600)  # no jobs yet: the store takes this one
+    try:
+        asyncio.run(c.submit({**JOB, "id": "j"}))  # a job stored: its slot grid is kept
+        without = from_dict({"daemon": {"data_dir": str(tmp_path), "window": 12},
+                             "cluster": cluster})  # fmt: skip
+        [problem] = asyncio.run(c.restart_problems(without))
+        assert problem.startswith(
+            "slot 0 begins at 1970-01-01T02:00:00Z (daemon.epoch), but "
+            "the store's jobs were planned from 1970-01-01T01:00:00Z"
+        )
+        assert asyncio.run(c.restart_problems(c.config)) == []
+    finally:
+        c.close()
+    with pytest.raises(Exception, match="slot 0 begins at"):  # as the restart says
+        opened()

@@ -20,7 +20,11 @@ from controller.admission.follow import Follow
 from controller.admission.lifecycle import Lifecycle
 from controller.admission.pending import PendingQueue
 from controller.admission.reads import ReadViews
-from controller.admission.restart_checks import resources_problem, slot_grid_problem
+from controller.admission.restart_checks import (
+    resources_problem,
+    slot_grid_problem,
+    stored_epoch,
+)
 from controller.admission.retention import PRUNE_BATCH, PRUNE_SERVER_STEPS, Retention
 from controller.admission.state import ReadTurns
 from controller.admission.views import DecisionView, JobView
@@ -312,9 +316,13 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
         return await self.read_store(self._restart_problems_sync, config)
 
     def _restart_problems_sync(self, config: Config) -> list[str]:
-        # a config without an epoch takes the store's at start: the one running now
-        epoch = self.slots.epoch if config.epoch_from_store else config.epoch
         with self.db.session() as session:
+            # a config without an epoch takes the store's at start, which may not be the
+            # one running now (a config that set it does not rewrite the epoch row)
+            epoch = config.epoch
+            if config.epoch_from_store:
+                stored = stored_epoch(session)
+                epoch = self.slots.epoch if stored is None else stored
             found = (
                 slot_grid_problem(session, config.slot_seconds, epoch),
                 resources_problem(session, config.cluster.resources),

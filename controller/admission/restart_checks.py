@@ -10,6 +10,7 @@ when the daemon would stay down with exit 2.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Collection
 from typing import Any
@@ -17,13 +18,20 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from controller.admission.state import SETTINGS_KEY
+from controller.admission.state import EPOCH_KEY, SETTINGS_KEY
+from controller.clock import epoch as slot_zero
 from controller.store import JobRow, MetaRow
 from controller.store.stored import stored_spec
 from pricing.durations import format_time
 from pricing.errors import SpecError
 
-__all__ = ["recorded_settings", "resources_problem", "slot_grid_problem", "when"]
+__all__ = [
+    "recorded_settings",
+    "resources_problem",
+    "slot_grid_problem",
+    "stored_epoch",
+    "when",
+]
 
 LIVE = ("admitted", "running", "pending")
 """The states of jobs that hold or await a plan."""
@@ -34,6 +42,22 @@ def recorded_settings(session: Session) -> dict[str, Any]:
     slot length, slot 0; {} if none, or if the row does not read back as an object."""
     meta = session.get(MetaRow, SETTINGS_KEY)
     return meta.value if meta is not None and isinstance(meta.value, dict) else {}
+
+
+def stored_epoch(session: Session) -> float | None:
+    """Slot 0 as a start without ``daemon.epoch`` would read it from the store: its
+    ``epoch`` meta row's, else the recorded settings'; None if neither reads (as
+    ``Recovery._epoch`` reads them, without its logging)."""
+    meta = session.get(MetaRow, EPOCH_KEY)
+    if meta is not None and isinstance(meta.value, dict):
+        with contextlib.suppress(SpecError):
+            return slot_zero(meta.value.get("epoch"), EPOCH_KEY)
+    recorded = recorded_settings(session).get("epoch")
+    if isinstance(recorded, int | float) and not isinstance(recorded, bool):
+        with contextlib.suppress(OverflowError):
+            value = float(recorded)
+            return value if math.isfinite(value) else None
+    return None
 
 
 def resources_problem(session: Session, resources: Collection[str]) -> str | None:

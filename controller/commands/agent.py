@@ -97,7 +97,7 @@ def _agent(args: argparse.Namespace) -> int:
     logs.configure(args.log_level)
     try:
         agent = Agent(args.node, mqtt, args.speed, args.worker_command, args.report_seconds,
-                      stop_grace=args.stop_grace)  # fmt: skip
+                      stop_grace=args.stop_grace, adopt_orphans=True)  # fmt: skip
     except ValueError as err:
         raise InputError(f"--node: {err}") from err
     try:

@@ -20,7 +20,8 @@ the broker was away are lost.
 Work is either simulated -- each worker finishes a mini-batch every
 ``minibatch_seconds / speed`` seconds (``--speed 2``: twice as fast as planned) -- or
 done by a command launched per worker (``--command``), which gets ``OASIS_JOB``,
-``OASIS_SERVER``, ``OASIS_WORKER`` and ``OASIS_MINIBATCH_SECONDS`` in its environment and
+``OASIS_SERVER``, ``OASIS_WORKER``, ``OASIS_MINIBATCH_SECONDS`` and ``OASIS_AGENT`` in
+its environment and
 prints its cumulative mini-batch count, one number per line, as it goes; it is stopped
 (SIGTERM, then SIGKILL after a grace) when its task leaves the plan, and started again
 after a back-off if it fails (:mod:`controller.plane.workers`).
@@ -105,6 +106,8 @@ class Agent:
         report_seconds: how often progress is sent, seconds.
         wall: Unix time, to find the slot in progress.
         stop_grace: seconds from a departing worker's SIGTERM to its SIGKILL.
+        adopt_orphans: stop the workers' descendants that leave their sessions (the
+            agent's process becomes their subreaper: ``oasis agent`` itself).
     """
 
     def __init__(
@@ -116,6 +119,7 @@ class Agent:
         report_seconds: float = 1.0,
         wall: Callable[[], float] = time.time,
         stop_grace: float = STOP_GRACE,
+        adopt_orphans: bool = False,
     ) -> None:
         if not (0 < speed < math.inf):
             raise ValueError(f"speed: must be a number > 0, got {speed}")
@@ -139,7 +143,8 @@ class Agent:
         self._away_since: float | None = None  # monotonic time the daemon was seen offline
         self._ran_out = False  # the plan's last slot ended (logged once)
         self.commands = (
-            Commands(command, self.server, self._read_counts, self.log, stop_grace)
+            Commands(command, self.server, self.session, self._read_counts, self.log,
+                     stop_grace, adopt_orphans)
             if command else None
         )  # fmt: skip
 
@@ -215,21 +220,21 @@ class Agent:
         for state in self.tasks.values():
             state.minibatches = self.commands.count(state.workers)
 
-    async def _read_counts(self, proc: asyncio.subprocess.Process, count: list[float]) -> None:
-        """Follow a worker command's counts, one number a line; other lines are skipped,
+    async def _read_counts(self, stream: asyncio.StreamReader, count: list[float]) -> None:
+        """Follow a worker command's counts (its output ``stream``), one number a line, to
+        the end of its output; other lines are skipped,
         a line over the stream's limit (64 KiB) too: the reading goes on (it stopped
         there before, and the command then blocked on a full pipe)."""
-        assert proc.stdout is not None
         rest = False  # what comes up to the next newline is the rest of a long line
         while True:
             try:
-                line = await proc.stdout.readuntil(b"\n")
+                line = await stream.readuntil(b"\n")
             except asyncio.IncompleteReadError as end:  # the end: a last line, or none
                 line = end.partial
                 if not line:
                     break
             except asyncio.LimitOverrunError as over:  # a line over the limit (64 KiB)
-                await proc.stdout.readexactly(over.consumed)  # its start, dropped
+                await stream.readexactly(over.consumed)  # its start, dropped
                 rest = True
                 continue
             if rest:  # its tail, with the newline (were it digits, it is no count)
@@ -239,7 +244,6 @@ class Agent:
                 value = float(line.decode().strip())
                 if 0 <= value <= MAX_COUNT:  # not nan or inf: the daemon refuses those
                     count[0] = max(count[0], value)
-        await proc.wait()
 
     def _task(self, job: str, run: str = "") -> TaskState:
         """``job``'s state here for its admission ``run`` (:class:`Task`), its counts
@@ -349,8 +353,19 @@ class Agent:
     # -- the connection -----------------------------------------------------------------
 
     async def run(self) -> None:
-        """Work and talk to the broker until cancelled; reconnect with backoff."""
+        """Work and talk to the broker until cancelled; reconnect with backoff. If the
+        work loop fails (a bug), the agent stops with its error, rather than heartbeat on
+        while running nothing (the review)."""
         worker = asyncio.create_task(self._work())
+        main = asyncio.current_task()
+        failed: list[BaseException] = []
+
+        def ended(task: asyncio.Task[None]) -> None:
+            if not task.cancelled() and task.exception() is not None and main is not None:
+                failed.append(task.exception())  # type: ignore[arg-type]
+                main.cancel()
+
+        worker.add_done_callback(ended)
         delay = 0.2
         try:
             while True:
@@ -364,6 +379,10 @@ class Agent:
                     self.log.info("broker unavailable", error=str(err), retry_in=delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _BACKOFF_MAX)
+        except asyncio.CancelledError:
+            if failed:
+                raise RuntimeError(f"the agent's work loop failed: {failed[0]!r}") from failed[0]
+            raise
         finally:
             worker.cancel()
             if self.commands is not None:  # every worker gone before the agent is

@@ -9,12 +9,16 @@ says, and nothing of a job outlasts its place in the plan.
   ``stop_grace`` seconds into the slot. Before, SIGTERM came again every 50 ms (which
   many frameworks read as "exit now"), never SIGKILL, and the next tenant's workers
   started beside a worker that ignored it, on the same GPUs, for good (the audit of jobs
-  that do not follow their plan).
-- **Escapes.** The agent is its workers' subreaper (``PR_SET_CHILD_SUBREAPER``): a
-  process that leaves its worker's session (``setsid``, a daemon) is reparented to the
-  agent when its parent exits, instead of to init. Such an orphan is stopped the same
-  way once its job (``OASIS_JOB`` in its environment) has no worker running here, or at
-  once if it names none; its exit is reaped.
+  that do not follow their plan). A worker is gone once its process group is empty;
+  one the agent may not signal (another user's) or that a process outside its group
+  keeps open is given up :data:`GIVE_UP_SECONDS` after its SIGKILL, with an error, so
+  that it never holds the server's other jobs for good.
+- **Escapes** (``adopt_orphans``: ``oasis agent`` itself). The agent is its workers'
+  subreaper (``PR_SET_CHILD_SUBREAPER``): a process that leaves its worker's session
+  (``setsid``, a daemon) is reparented to the agent when its parent exits, instead of
+  to init. Such an orphan, known by this agent's ``OASIS_AGENT`` in its environment, is
+  stopped the same way once its job (``OASIS_JOB``) has no worker running here; a
+  process without the mark is never signalled. The orphans' exits are reaped.
 - **Exits.** A worker that exits 0 has done its part: it is not started again for that
   admission. One that fails (any other status, or a signal it did not get from the
   agent) is started again after a back-off, 1 s doubling to 60 s, from 1 s again once a
@@ -79,6 +83,13 @@ def worker_environment() -> dict[str, str]:
     }  # fmt: skip
 
 
+GIVE_UP_SECONDS = 5.0
+"""Seconds after its SIGKILL that a departing worker still there is given up on (logged
+as an error): it no longer holds the server's other jobs."""
+
+_LINE_LIMIT = 1 << 16
+"""The longest worker output line read whole (asyncio's default); longer ones are skipped."""
+
 ORPHAN_SCAN_SECONDS = 1.0
 """How often the agent looks for workers' descendants reparented to it."""
 
@@ -135,9 +146,14 @@ class Commands:
     Args:
         command: the shell command run per worker.
         server: the server's name (``OASIS_SERVER``).
+        session: the agent's session id, given to workers as ``OASIS_AGENT``: the mark
+            of the processes this agent may stop as orphans.
         read_counts: follows a process's output into its count (the agent's).
         log: a structlog logger.
         stop_grace: seconds from SIGTERM to SIGKILL.
+        adopt_orphans: become the subreaper of the workers' descendants and stop the
+            escaped ones (the ``oasis agent`` process: it has no other children; a
+            process that embeds an agent, a test, should not).
         monotonic: the clock (tests).
     """
 
@@ -145,13 +161,16 @@ class Commands:
         self,
         command: str,
         server: str,
+        session: str,
         read_counts: Any,
         log: Any,
         stop_grace: float = STOP_GRACE,
+        adopt_orphans: bool = False,
         monotonic: Any = time.monotonic,
     ) -> None:
         self.command = command
         self.server = server
+        self.session = session
         self.read_counts = read_counts
         self.log = log
         self.stop_grace = stop_grace
@@ -160,25 +179,26 @@ class Commands:
         self.live: dict[int, Worker] = {}  # pid -> a running worker, not departing
         self._orphans: dict[int, tuple[float, bool]] = {}  # pid -> (SIGTERM time, killed)
         self._scanned = -ORPHAN_SCAN_SECONDS
-        self.subreaper = _become_subreaper()
+        self.subreaper = adopt_orphans and _become_subreaper()
 
     # -- each step ----------------------------------------------------------------------
 
     async def follow(self, jobs: dict[str, JobWorkers], wanted: dict[str, tuple[int, Any]]) -> None:
         """Make the running workers match ``wanted`` (``{job: (workers, env extra)}``):
-        reap the exited, stop the unwanted, escalate the departing, and, once none is
-        departing, start the missing."""
+        reap the exited, stop the unwanted (indices from the planned count on), escalate
+        the departing, and, once none is departing, start the missing indices."""
         now = self.monotonic()
         for job_id, job in jobs.items():
             self._reap(job_id, job, now)
             want = wanted[job_id][0] if job_id in wanted else 0
-            for worker in sorted(job.running, key=lambda w: w.index)[want:]:
+            for worker in [w for w in job.running if w.index >= want]:
                 self.stop(worker, now)
+        self._reap_departing(now)
         self._escalate(now)
-        if now - self._scanned >= ORPHAN_SCAN_SECONDS:
+        if self.subreaper and now - self._scanned >= ORPHAN_SCAN_SECONDS:
             self._scanned = now
             self._scan_orphans({j for j, (n, _e) in wanted.items() if n > 0}, now)
-        if self.departing or any(not killed for _t, killed in self._orphans.values()):
+        if self.departing or self._orphans:
             return  # the capacity is the departing jobs' until they are gone
         for job_id, (workers, extra) in wanted.items():
             job = jobs[job_id]
@@ -206,19 +226,30 @@ class Commands:
 
     async def stop_all(self) -> None:
         """Stop every worker and orphan, SIGKILL what is left after the grace, and wait
-        for them (the agent's exit: before, it left without waiting, and a worker that
-        ignored SIGTERM ran on)."""
-        now = self.monotonic()
+        for them, at most the grace and :data:`GIVE_UP_SECONDS` (the agent's exit:
+        before, it left without waiting, and a worker that ignored SIGTERM ran on). A
+        cancellation meanwhile (a second signal) kills what is left at once."""
+        start = self.monotonic()
         for worker in list(self.live.values()):
-            self.stop(worker, now)
-        self._scan_orphans(set(), now)
-        deadline = now + self.stop_grace
-        while (self.departing or self._orphans) and self.monotonic() < deadline + 5.0:
-            if self.monotonic() >= deadline:
-                self._escalate(float("inf"))
-            await asyncio.sleep(0.05)
-            self._reap_departing()
-            self._scan_orphans(set(), self.monotonic())
+            self.stop(worker, start)
+        try:
+            while True:
+                now = self.monotonic()
+                if self.subreaper:
+                    self._scan_orphans(set(), now)
+                self._reap_departing(now)
+                self._escalate(now)
+                if not (self.departing or self._orphans):
+                    return
+                if now - start >= self.stop_grace + GIVE_UP_SECONDS:
+                    self.log.error("workers left running at the agent's exit",
+                                   pids=[w.proc.pid for w in self.departing],
+                                   orphans=list(self._orphans))  # fmt: skip
+                    return
+                await asyncio.sleep(0.05)
+        except asyncio.CancelledError:
+            self._escalate(float("inf"))
+            raise
 
     def busy(self, job: JobWorkers) -> bool:
         """Whether a worker of ``job`` runs or departs."""
@@ -235,15 +266,46 @@ class Commands:
         self, job_id: str, job: JobWorkers, index: int, extra: dict[str, str], now: float
     ) -> None:
         env = {**worker_environment(), **extra, "OASIS_JOB": job_id, "OASIS_SERVER": self.server,
-               "OASIS_WORKER": str(index)}  # fmt: skip
-        proc = await asyncio.create_subprocess_shell(
-            self.command, stdout=asyncio.subprocess.PIPE, env=env, start_new_session=True
-        )
+               "OASIS_WORKER": str(index), "OASIS_AGENT": self.session}  # fmt: skip
+        loop = asyncio.get_running_loop()
+        try:
+            # the agent's own pipe, not asyncio's: a process that escaped the worker's
+            # group may hold it open, and a worker given up on must leave no transport
+            read_end, write_end = os.pipe()
+            try:
+                proc = await asyncio.create_subprocess_shell(
+                    self.command, stdout=write_end, env=env, start_new_session=True
+                )
+            finally:
+                os.close(write_end)
+            stream = asyncio.StreamReader(limit=_LINE_LIMIT)
+            pipe = os.fdopen(read_end, "rb", buffering=0)
+            transport, _ = await loop.connect_read_pipe(
+                lambda: asyncio.StreamReaderProtocol(stream), pipe
+            )
+        except OSError as err:  # out of processes or descriptors: a failure, backed off
+            self._failed(job_id, job, index, f"{type(err).__name__}: {err}", 0.0, now)
+            return
         count = [0.0]
-        reader = asyncio.get_running_loop().create_task(self.read_counts(proc, count))
+        reader = loop.create_task(self._follow(proc, stream, transport, count))
         worker = Worker(proc, index, count, reader, now, job)
         job.running.append(worker)
         self.live[proc.pid] = worker
+
+    async def _follow(
+        self,
+        proc: asyncio.subprocess.Process,
+        stream: asyncio.StreamReader,
+        transport: asyncio.BaseTransport,
+        count: list[float],
+    ) -> None:
+        """Read a worker's counts to the end of its output, then wait for its exit;
+        the pipe is closed however this ends (a cancellation included)."""
+        try:
+            await self.read_counts(stream, count)
+        finally:
+            transport.close()
+        await proc.wait()
 
     def _reap(self, job_id: str, job: JobWorkers, now: float) -> None:
         """Take the exited workers of ``job`` out, their counts kept; a failure is
@@ -258,18 +320,39 @@ class Commands:
                 self.log.info("worker finished", job=job_id, worker=worker.index,
                               minibatches=worker.count[0])  # fmt: skip
                 continue
-            ran = now - worker.started
-            failures = 1 if ran >= RESTART_MAX else job.failures.get(worker.index, 0) + 1
-            job.failures[worker.index] = failures
-            delay = min(RESTART_MAX, RESTART_FIRST * 2 ** (failures - 1))
-            job.retry_at[worker.index] = now + delay
-            self.log.warning("worker exited; started again after a back-off", job=job_id,
-                             worker=worker.index, status=_status(code), ran_seconds=round(ran, 1),
-                             failures=failures, restart_in=delay)  # fmt: skip
-        self._reap_departing()
+            self._failed(job_id, job, worker.index, _status(code), now - worker.started, now)
 
-    def _reap_departing(self) -> None:
-        for worker in [w for w in self.departing if w.reader.done()]:
+    def _failed(
+        self, job_id: str, job: JobWorkers, index: int, status: str, ran: float, now: float
+    ) -> None:
+        """Worker ``index`` of ``job`` failed after ``ran`` seconds: its back-off."""
+        failures = 1 if ran >= RESTART_MAX else job.failures.get(index, 0) + 1
+        job.failures[index] = failures
+        delay = min(RESTART_MAX, RESTART_FIRST * 2 ** (failures - 1))
+        job.retry_at[index] = now + delay
+        self.log.warning("worker exited; started again after a back-off", job=job_id,
+                         worker=index, status=status, ran_seconds=round(ran, 1),
+                         failures=failures, restart_in=delay)  # fmt: skip
+
+    def _reap_departing(self, now: float) -> None:
+        """Take out the departing workers that are gone: output read to its end, or
+        their process group empty (a process outside it may hold the output open), or
+        given up :data:`GIVE_UP_SECONDS` after their SIGKILL."""
+        for worker in list(self.departing):
+            gone = worker.reader.done() or (
+                worker.proc.returncode is not None and not _group_alive(worker.proc.pid)
+            )
+            assert worker.stop_sent is not None
+            stuck = now - worker.stop_sent >= self.stop_grace + GIVE_UP_SECONDS
+            if not (gone or stuck):
+                continue
+            if not gone:
+                self.log.error(
+                    "a departing worker could not be stopped (another user's process?); "
+                    "the server's other workers start beside it", pid=worker.proc.pid,
+                    worker=worker.index,
+                )  # fmt: skip
+            worker.reader.cancel()  # its output is no longer followed
             self.departing.remove(worker)
             worker.job.done_before += worker.count[0]
 
@@ -279,39 +362,46 @@ class Commands:
             assert worker.stop_sent is not None
             if not worker.killed and now - worker.stop_sent >= self.stop_grace:
                 worker.killed = True
-                self.log.warning("worker did not stop within the grace: killed",
-                                 pid=worker.proc.pid, worker=worker.index,
-                                 grace_seconds=self.stop_grace)  # fmt: skip
-                _kill_group(worker.proc.pid, signal.SIGKILL)  # its leader may be gone
+                if _group_alive(worker.proc.pid):
+                    self.log.warning("worker did not stop within the grace: killed",
+                                     pid=worker.proc.pid, worker=worker.index,
+                                     grace_seconds=self.stop_grace)  # fmt: skip
+                    _kill_group(worker.proc.pid, signal.SIGKILL)  # its leader may be gone
         for pid, (sent, killed) in list(self._orphans.items()):
             if not killed and now - sent >= self.stop_grace:
                 self._orphans[pid] = (sent, True)
                 _signal_group(pid, signal.SIGKILL)
+            elif now - sent >= self.stop_grace + GIVE_UP_SECONDS:
+                self.log.error("an escaped worker process could not be stopped", pid=pid)
+                del self._orphans[pid]
 
     def _scan_orphans(self, wanted: set[str], now: float) -> None:
-        """Stop the processes reparented to the agent whose job is not running here
-        (:data:`ORPHAN_SCAN_SECONDS`); reap those that exited."""
-        if not self.subreaper:
-            return
+        """Stop the processes reparented to the agent that carry its mark and whose
+        job is not running here; reap those that exited (every child of the agent is
+        its workers' or their descendants')."""
         known = {w.proc.pid for w in self.departing} | self.live.keys()
         seen: set[int] = set()
         for pid in _children():
             if pid in known:  # asyncio reaps those
                 continue
-            seen.add(pid)
             if _zombie(pid):
                 with contextlib.suppress(ChildProcessError, OSError):
                     os.waitpid(pid, os.WNOHANG)
+                self._orphans.pop(pid, None)
                 continue
+            seen.add(pid)
             if pid in self._orphans:
                 continue
+            env = _environment_of(pid)
+            if env.get("OASIS_AGENT") != self.session:
+                continue  # not marked as this agent's: never signalled
             try:
                 group = os.getpgid(pid)
             except ProcessLookupError:
                 continue
             if group in known:  # still in its worker's group: stopped with the group
                 continue
-            job = _environment_of(pid).get("OASIS_JOB")
+            job = env.get("OASIS_JOB")
             if job in wanted:
                 continue  # its job runs here: it is part of its work
             self._orphans[pid] = (now, False)
@@ -319,7 +409,7 @@ class Commands:
                              pid=pid, job=job)  # fmt: skip
             _signal_group(pid, signal.SIGTERM)
         for pid in [p for p in self._orphans if p not in seen]:
-            del self._orphans[pid]  # gone and reaped
+            del self._orphans[pid]  # gone
 
 
 def _become_subreaper() -> bool:
@@ -377,6 +467,18 @@ def _signal_group(pid: int, sig: int) -> None:
             os.killpg(pid, sig)
         else:
             os.kill(pid, sig)
+
+
+def _group_alive(group: int) -> bool:
+    """Whether process group ``group`` has a process left (one the agent may not signal
+    counts as left)."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _kill_group(group: int, sig: int) -> None:
