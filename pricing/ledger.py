@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -520,6 +520,18 @@ class Ledger:
                 self._entries[job_id] = entry
                 self._recompute(lo, hi, columns)
                 raise CapacityError(f"job {job_id!r}: the new schedule {problem}")
+
+    def reorder(self, job_ids: Sequence[str]) -> None:
+        """Put the jobs in the order of ``job_ids`` (any not named keep theirs, after
+        them) and rebuild every amount in that order: the ledger then equals, bit for
+        bit, one that admitted them in it (a rebuild from the store admits in decision
+        order; a refit at start admits the refitted jobs after the others)."""
+        named = [j for j in dict.fromkeys(job_ids) if j in self._entries]
+        order = named + [j for j in self._entries if j not in set(named)]
+        if order == list(self._entries):
+            return
+        self._entries = {j: self._entries[j] for j in order}
+        self._recompute(0, self.length)
 
     @contextlib.contextmanager
     def deferred(self) -> Iterator[None]:

@@ -299,3 +299,55 @@ def test_a_rebuild_in_the_slot_of_a_failure_keeps_the_job_it_re_planned(tmp_path
             assert np.array_equal(a, b)
     finally:
         c.close()
+
+
+def test_a_refit_at_start_leaves_the_ledger_a_later_rebuild_gives_bit_for_bit(
+    tmp_path: Path,
+) -> None:
+    """A start on a shrunk server refits the plans that no longer fit, admitting them
+    after the others; the next rebuild admits every job in decision order, and with
+    fractional demands its sums differed in the last bits (the interleaving audit). The
+    refitted jobs are now put back in decision order."""
+
+    def opened(w1_gpus: int) -> AdmissionController:
+        config = from_dict({
+            "daemon": {"data_dir": str(tmp_path), "window": 12, "epoch": 0},
+            "cluster": {"resources": ["gpu", "cpu", "bandwidth"], "servers": [
+                {"name": "w0", "kind": "worker",
+                 "capacity": {"gpu": 8, "cpu": 10, "bandwidth": 10}},
+                {"name": "w1", "kind": "worker",
+                 "capacity": {"gpu": w1_gpus, "cpu": 10, "bandwidth": 10}},
+                {"name": "p0", "kind": "ps", "capacity": {"cpu": 10, "bandwidth": 10}},
+            ]},
+        })  # fmt: skip
+        c = AdmissionController(config, Database(config.database_url),
+                                SlotClock(FakeClock(1.0), SLOT, 0.0),
+                                log=structlog.wrap_logger(structlog.ReturnLogger()))  # fmt: skip
+        c.open()
+        return c
+
+    c = opened(8)
+    try:
+        for i in range(30):
+            spec = {"id": f"j{i}", "epochs": 1, "chunks": 1 + i % 3, "minibatches": 60,
+                    "tau": 0.05, "grad_mb": 1,
+                    "worker": {"gpu": 1, "cpu": 0.1 + 0.07 * (i % 5), "bandwidth": 0.1},
+                    "ps": {"cpu": 0.3 + 0.01 * i, "bandwidth": 0.3},
+                    "utility": {"kind": "sigmoid", "priority": 100, "decay": 0.1,
+                                "target": 12}}  # fmt: skip
+            asyncio.run(c.submit(spec))
+        before = c._ledger.job_ids()
+    finally:
+        c.close()
+    c = opened(3)  # w1 shrunk: its plans are refitted
+    try:
+        live = _state(c._ledger)
+        assert c._ledger.job_ids() == [j for j in before if j in c._ledger]  # decision order
+    finally:
+        c.close()
+    c = opened(3)  # nothing to refit now: every plan placed in decision order
+    try:
+        for a, b in zip(live, _state(c._ledger), strict=True):
+            assert np.array_equal(a, b)
+    finally:
+        c.close()

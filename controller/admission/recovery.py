@@ -475,6 +475,10 @@ class Recovery(Moves, BoundControl):
         self._unfitted = 0 if self.leading else len(misfits)
         if misfits and self.leading:
             self._refit(misfits)
+            # the refitted jobs were admitted after the others: put back in decision
+            # order, as the next rebuild admits them, so that it gives these amounts bit
+            # for bit (the interleaving audit: they differed in the last bits)
+            self._ledger.reorder(list(by_job))
         elif misfits:
             self.log.warning("plans that no longer fit left out until this standby leads",
                              jobs=len(misfits))  # fmt: skip
