@@ -1477,3 +1477,20 @@ def test_a_slow_jobs_re_plan_over_its_work_survives_a_rebuild(plane: PlaneDaemon
     after = plane.c._ledger.schedule("slow")
     assert after.start == before.start and (after.workers == before.workers).all()
     assert (after.ps == before.ps).all()
+
+
+def test_a_job_whose_workers_report_no_mini_batch_is_reported_behind_once(
+    plane: PlaneDaemon,
+) -> None:
+    """The pace fit reads worker-seconds without a mini-batch as start-up time: a job
+    whose workers did nothing (hung, or printing no counts) showed as running on plan
+    until its plan ended (the audit of jobs that do not follow their plan)."""
+    view = plane.submit("stuck")
+    planned = view.decision.work * 3600.0
+    kinds = []
+    for i in range(1, 9):
+        spent = i * planned / 4  # half its plan's worker-seconds at the second report
+        plane.ex.report(Progress("w0", "a", [TaskProgress("stuck", 0.0, spent)]))
+        kinds.append([(e.kind, e.detail.get("reason")) for e in plane.ex.review_sync()])
+    assert kinds == [[], [("behind", "no_progress")], [], [], [], [], [], []], kinds
+    assert plane.state("stuck") == "admitted"

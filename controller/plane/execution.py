@@ -358,6 +358,7 @@ class Execution:
         # under 1 slot, a utility no schedule earns), kept pending until they arrive
         self._early: set[str] = set()
         self.reviewed: dict[str, int] = {}  # job -> slot of its last slow-job re-plan try
+        self.stalled: set[str] = set()  # jobs reported behind for want of any progress
         self._jobs: dict[str, Job] = {}
         self._pruned_slot: int | None = None
         self.overdue: set[str] = set()  # running past their plan, short of their work
@@ -950,6 +951,10 @@ class Execution:
                 return []
             return self._complete_sync(job, done)
         s = self.c.slot
+        if done <= 0.0 and job_id not in self.stalled:
+            stalled = self._stalled_sync(job, state, spent)
+            if stalled:
+                return stalled
         if len(prog.samples) < _MIN_SAMPLES or self.reviewed.get(job_id) == s:
             return []
         if job_id not in self.c._ledger:
@@ -1000,6 +1005,24 @@ class Execution:
             return [event]
 
         return self._guarded(change)
+
+    def _stalled_sync(self, job: Job, state: str, spent: float) -> list[Event]:
+        """A ``behind`` event (reason ``no_progress``), once, for a job whose workers
+        have spent half its planned worker-seconds without one mini-batch reported. The
+        pace fit reads worker-seconds without mini-batches as start-up time, so a job
+        whose workers do nothing (hung, or not printing counts) was reported only when
+        its plan ended (the audit of jobs that do not follow their plan)."""
+        planned = job.work * self.slot_seconds
+        if spent < 0.5 * planned:
+            return []
+        self.stalled.add(job.id)
+        detail = {"reason": "no_progress", "worker_seconds": spent,
+                  "planned_worker_seconds": planned}  # fmt: skip
+        with self.c._write() as session:
+            event = self.c._event(session, datetime.now(UTC), "behind", job.id, state, detail)
+        self.log.warning("job without progress: its workers report no mini-batch",
+                         job=job.id, **detail)  # fmt: skip
+        return [event]
 
     def _replan_refused(self, job: Job, work: int, first_slot: int) -> str:
         """Why a re-plan of ``work`` worker-slots of ``job`` from ``first_slot`` is not
@@ -1078,6 +1101,7 @@ class Execution:
         for cache in (self._jobs, self.reviewed):
             for job_id in [j for j in cache if j not in active]:
                 del cache[job_id]
+        self.stalled &= active
 
     # -- plans (decision thread) --------------------------------------------------------
 
