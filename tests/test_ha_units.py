@@ -693,3 +693,34 @@ def test_an_upgrade_that_rewrites_the_jobs_waits_until_no_other_node_leads(
             assert s.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0009"
     finally:
         new.close()
+
+
+def test_a_cordon_before_a_standbys_first_follow_is_in_its_ledger(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    """The HA audit: a cordon (or a failure) committed between a standby's start and
+    its first follow was never applied: the first follow took the outage mark as it
+    found it, and after a takeover the new leader planned tenants' jobs on the
+    cordoned server. The mark is now read with each rebuild."""
+    url = postgres.new_database()
+    a = Node(tmp_path, url, "a")
+    b = None
+    try:
+        a.take_over()
+        b = Node(tmp_path, url, "b")  # a standby, its ledger rebuilt at its start
+        now = a.c.slot
+        asyncio.run(a.c.cordon("w0", "maintenance", "ops", force=True))  # from the next slot
+        a.close()  # the leader stops before b followed once
+        b.take_over()
+        assert b.c.leading
+        w0 = b.c.cluster.worker_names.index("w0")
+        assert b.c._ledger.worker_side.blocked[1 + now - b.c._ledger.origin :, w0].all()
+        for i in range(8):
+            view = asyncio.run(b.c.submit(job(f"late{i}")))
+            if view.state == "admitted":
+                sched = b.c._ledger.schedule(view.id).after(now + 1)
+                assert not (sched.slots and sched.workers[:, w0].any()), view.id
+    finally:
+        for node in (a, b):
+            if node is not None:
+                node.close()

@@ -31,13 +31,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import select
 
-from controller.admission.recovery import Recovery, _Misfit
+from controller.admission.recovery import Recovery, _Misfit, outage_mark
 from controller.errors import SlotGridChangedError
 from controller.events import Event
-from controller.store import EventRow, OutageRow
+from controller.store import EventRow
 from controller.store.commit_process import START_SECONDS
 from controller.store.writer_lock import Holder, clock_offset, recorded_holder, this_process
 from pricing.errors import CapacityError
@@ -104,20 +103,6 @@ class Follow(Recovery):
             applied=self._seen_event,
         )
 
-    def _outage_mark(self, session: Session) -> tuple[int, int, int, int]:
-        """What changes when a server fails or recovers: (outages, newest id, ended, sum of
-        their ends); the last moves when an uncordon ends a cordon with an end sooner."""
-        row = session.execute(
-            select(
-                func.count(OutageRow.id),
-                func.max(OutageRow.id),
-                func.count(OutageRow.up_from),
-                func.sum(OutageRow.up_from),
-            )
-        ).one()
-        count, newest, ended, ends = (int(v or 0) for v in row)
-        return count, newest, ended, ends
-
     def _follow_sync(self) -> list[Event]:
         """Apply what was committed since the last event applied (at most
         :data:`FOLLOW_BATCH` events); returns them, for the event bus. A ledger left
@@ -133,7 +118,7 @@ class Follow(Recovery):
                 .order_by(EventRow.sequence)
                 .limit(FOLLOW_BATCH)
             ).all()
-            outages = self._outage_mark(session)
+            outages = outage_mark(session)
             holder = recorded_holder(session)
             estimate = self._stored_estimate(session)
             pins = self._stored_pins(session)
@@ -142,8 +127,7 @@ class Follow(Recovery):
         if self._outages is not None and outages != self._outages:
             # a server failed or recovered: rebuild in full; the events read are in it
             self._seen_event = self._last_event()
-            self._reload()
-            self._outages = outages
+            self._reload()  # which records the mark it rebuilt at
             return events
         self._outages = outages
         repriced = False  # a decision moved the estimate, or an operator the bounds

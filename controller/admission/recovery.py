@@ -56,7 +56,7 @@ from pricing.errors import CapacityError
 from pricing.replan import refit
 from pricing.schedule import Schedule
 
-__all__ = ["PLAN_SPAN", "Recovery"]
+__all__ = ["PLAN_SPAN", "Recovery", "outage_mark"]
 
 MAX_EVENT_SEQUENCE = 1 << 62
 """Events are numbered far below this; a stored one at or above it is an edit's, near the
@@ -99,6 +99,23 @@ def released_from(row: Any, first: int) -> int:
     else:
         end = None
     return first + 1 if _integer(end) and end > first else first
+
+
+def outage_mark(session: Session) -> tuple[int, int, int, int]:
+    """What changes when a server fails or recovers, or is cordoned or uncordoned: (outage
+    rows, newest id, ended, sum of their ends); the last moves when an uncordon ends a
+    cordon with an end sooner. A standby rebuilds its ledger when it moves (outages
+    change no event it applies)."""
+    row = session.execute(
+        select(
+            func.count(OutageRow.id),
+            func.max(OutageRow.id),
+            func.count(OutageRow.up_from),
+            func.sum(OutageRow.up_from),
+        )
+    ).one()
+    count, newest, ended, ends = (int(v or 0) for v in row)
+    return count, newest, ended, ends
 
 
 def _integer(value: Any) -> bool:
@@ -400,6 +417,10 @@ class Recovery(Moves, BoundControl):
         with self.db.session() as session:
             estimate = self._stored_estimate(session)
             pins = self._stored_pins(session)
+            # before the rebuild: a cordon or failure committed meanwhile moves the mark,
+            # and a standby's next follow rebuilds again (before, the mark was first
+            # read at that follow, and such a change was never applied: the HA audit)
+            outages = outage_mark(session)
         previous, previous_pins = self.ledger, self._pins
         self._pins = pins
         bounds = self._bounds(estimate)
@@ -410,6 +431,7 @@ class Recovery(Moves, BoundControl):
             self.ledger, self._pins = previous, previous_pins
             raise
         self._estimate = estimate
+        self._outages = outages
         if self.leading:
             self._ids.start(self.ledger)
         return rebuilt
