@@ -527,7 +527,8 @@ class Ledger:
         bit, one that admitted them in it (a rebuild from the store admits in decision
         order; a refit at start admits the refitted jobs after the others)."""
         named = [j for j in dict.fromkeys(job_ids) if j in self._entries]
-        order = named + [j for j in self._entries if j not in set(named)]
+        seen = set(named)
+        order = named + [j for j in self._entries if j not in seen]
         if order == list(self._entries):
             return
         self._entries = {j: self._entries[j] for j in order}

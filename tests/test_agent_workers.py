@@ -387,11 +387,71 @@ def test_a_worker_that_cannot_be_started_is_a_failure_with_a_back_off(
     agent = Agent("w0", MqttConfig("localhost"), command="sleep 30", wall=lambda: now[0])
     agent.accept(two_jobs("a", "b"))
 
+    descriptors = len(os.listdir("/proc/self/fd"))
+
     async def go() -> None:
         await agent._commands(0.0)
         job = agent.tasks["a"].workers
         assert job.failures == {0: 1} and not job.running and job.retry_at[0] > 0
         await agent._commands(0.02)  # within its back-off: not tried again
         assert job.failures == {0: 1}
+        for _ in range(20):  # every failed start closes its pipe (each leaked one)
+            job.retry_at.clear()
+            await agent._commands(0.02)
 
     run(agent, go)
+    assert len(os.listdir("/proc/self/fd")) <= descriptors + 2
+
+
+def test_a_worker_that_exits_while_an_escaped_process_holds_its_output_is_reaped(
+    tmp_path: Path,
+) -> None:
+    """The second review: a worker whose process group emptied was reaped only once its
+    output ended, so a failed worker was never started again (nor a finished one marked
+    done) while a process outside its group held the output open, and it counted as
+    running, its worker-seconds with it."""
+    escaped = tmp_path / "escaped"
+    command = f"setsid sh -c 'echo $$ > {escaped}; exec sleep 60' & echo 5; exit 1"
+    now = [101.0]
+    agent = Agent("w0", MqttConfig("localhost"), command=command, wall=lambda: now[0])
+    agent.accept(two_jobs("a", "b"))
+
+    async def go() -> None:
+        await agent._commands(0.0)
+        job = agent.tasks["a"].workers
+        await steps(agent, lambda: job.failures.get(0) == 1)
+        assert not job.running and agent.tasks["a"].minibatches == 5  # its count kept
+
+    try:
+        run(agent, go)
+    finally:
+        kill(escaped)
+
+
+def test_a_process_given_up_on_is_not_taken_back_as_an_orphan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The second review: a worker given up on (it could not be stopped) stayed a child
+    of the agent, marked as its own; the orphan scan took it back at once, and held
+    every other job off the server again, for good."""
+    from controller.plane import workers
+
+    agent = Agent("w0", MqttConfig("localhost"), command="true")
+    pool = commands(agent)
+    pool.subreaper = True  # as with adopt_orphans, without making this process one
+    stuck = 999_999  # a pid the agent cannot stop
+    monkeypatch.setattr(workers, "_children", lambda: [stuck])
+    monkeypatch.setattr(workers, "_zombie", lambda pid: False)
+    monkeypatch.setattr(workers, "_environment_of", lambda pid: {"OASIS_AGENT": agent.session})
+    monkeypatch.setattr(os, "getpgid", lambda pid: pid)
+    monkeypatch.setattr(workers, "_signal_group", lambda pid, sig: None)
+    pool._scan_orphans(set(), 0.0)
+    assert stuck in pool._orphans
+    pool._escalate(pool.stop_grace)  # SIGKILL, to no effect
+    pool._escalate(pool.stop_grace + workers.GIVE_UP_SECONDS)  # given up on
+    assert stuck not in pool._orphans
+    pool._scan_orphans(set(), 100.0)
+    assert stuck not in pool._orphans  # taken back before
+    monkeypatch.setattr(workers, "_children", lambda: [])
+    pool._scan_orphans(set(), 101.0)  # gone: its pid may be another's later
+    assert not pool._given_up

@@ -1494,3 +1494,36 @@ def test_a_job_whose_workers_report_no_mini_batch_is_reported_behind_once(
         kinds.append([(e.kind, e.detail.get("reason")) for e in plane.ex.review_sync()])
     assert kinds == [[], [("behind", "no_progress")], [], [], [], [], [], []], kinds
     assert plane.state("stuck") == "admitted"
+
+
+def test_a_no_progress_report_survives_a_store_outage_and_is_said_once_across_restarts(
+    plane: PlaneDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second review: the job was marked as reported before the event's commit, so
+    a store outage at that moment lost it for good; and a restarted daemon said it
+    again."""
+    from controller.plane.execution import Execution
+    from controller.store import StoreUnavailableError
+
+    view = plane.submit("stuck")
+    spent = view.decision.work * 3600.0  # its whole plan, no mini-batch
+    plane.ex.report(Progress("w0", "a", [TaskProgress("stuck", 0.0, spent)]))
+    write = plane.c._write
+
+    def down() -> Any:
+        monkeypatch.setattr(plane.c, "_write", write)  # back for the next review
+        raise StoreUnavailableError("the store is unavailable: a test")
+
+    monkeypatch.setattr(plane.c, "_write", down)
+    try:
+        lost = plane.ex.review_sync()
+    except StoreUnavailableError:
+        lost = []
+    assert not [e for e in lost if e.kind == "behind"]
+    assert plane.c._write == write  # the outage happened
+    again = plane.ex.review_sync()
+    assert [(e.kind, e.detail["reason"]) for e in again] == [("behind", "no_progress")]
+    restarted = Execution(plane.c, MqttConfig("localhost"), monotonic=lambda: plane.mono[0])
+    restarted.load()
+    restarted.report(Progress("w0", "b", [TaskProgress("stuck", 0.0, spent + 1.0)]))
+    assert [e for e in restarted.review_sync() if e.kind == "behind"] == []

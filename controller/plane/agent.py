@@ -369,6 +369,8 @@ class Agent:
         delay = 0.2
         try:
             while True:
+                if failed:  # the cancellation may have come out as a broker error
+                    raise asyncio.CancelledError
                 client = client_for(self.mqtt, f"agent-{self.server}-{self.session}")
                 try:
                     async with client:

@@ -1015,11 +1015,19 @@ class Execution:
         planned = job.work * self.slot_seconds
         if spent < 0.5 * planned:
             return []
-        self.stalled.add(job.id)
         detail = {"reason": "no_progress", "worker_seconds": spent,
                   "planned_worker_seconds": planned}  # fmt: skip
         with self.c._write() as session:
-            event = self.c._event(session, datetime.now(UTC), "behind", job.id, state, detail)
+            said = session.scalars(select(EventRow.detail).where(
+                EventRow.job_id == job.id, EventRow.kind == "behind")).all()  # fmt: skip
+            if any(isinstance(d, dict) and d.get("reason") == "no_progress" for d in said):
+                event = None  # said before a restart or a takeover: once per job
+            else:
+                event = self.c._event(session, datetime.now(UTC), "behind", job.id, state,
+                                      detail)  # fmt: skip
+        self.stalled.add(job.id)  # once committed: a store outage loses nothing
+        if event is None:
+            return []
         self.log.warning("job without progress: its workers report no mini-batch",
                          job=job.id, **detail)  # fmt: skip
         return [event]

@@ -119,6 +119,7 @@ class Worker:
     job: JobWorkers
     stop_sent: float | None = None
     killed: bool = False
+    emptied: bool = False  # its process group was found empty once (gone at the next look)
 
 
 @dataclass
@@ -178,6 +179,9 @@ class Commands:
         self.departing: list[Worker] = []
         self.live: dict[int, Worker] = {}  # pid -> a running worker, not departing
         self._orphans: dict[int, tuple[float, bool]] = {}  # pid -> (SIGTERM time, killed)
+        # processes given up on (GIVE_UP_SECONDS past their SIGKILL): never tried again,
+        # or the orphan scan took a given-up worker back and held the server for good
+        self._given_up: set[int] = set()
         self._scanned = -ORPHAN_SCAN_SECONDS
         self.subreaper = adopt_orphans and _become_subreaper()
 
@@ -247,8 +251,11 @@ class Commands:
                                    orphans=list(self._orphans))  # fmt: skip
                     return
                 await asyncio.sleep(0.05)
-        except asyncio.CancelledError:
-            self._escalate(float("inf"))
+        except asyncio.CancelledError:  # a second signal: everything killed at once
+            for worker in self.departing:
+                _kill_group(worker.proc.pid, signal.SIGKILL)
+            for pid in self._orphans:
+                _signal_group(pid, signal.SIGKILL)
             raise
 
     def busy(self, job: JobWorkers) -> bool:
@@ -268,23 +275,30 @@ class Commands:
         env = {**worker_environment(), **extra, "OASIS_JOB": job_id, "OASIS_SERVER": self.server,
                "OASIS_WORKER": str(index), "OASIS_AGENT": self.session}  # fmt: skip
         loop = asyncio.get_running_loop()
+        stream = asyncio.StreamReader(limit=_LINE_LIMIT)
+        proc: asyncio.subprocess.Process | None = None
+        pipe = None
         try:
             # the agent's own pipe, not asyncio's: a process that escaped the worker's
             # group may hold it open, and a worker given up on must leave no transport
             read_end, write_end = os.pipe()
+            pipe = os.fdopen(read_end, "rb", buffering=0)  # closes read_end from now on
             try:
                 proc = await asyncio.create_subprocess_shell(
                     self.command, stdout=write_end, env=env, start_new_session=True
                 )
             finally:
                 os.close(write_end)
-            stream = asyncio.StreamReader(limit=_LINE_LIMIT)
-            pipe = os.fdopen(read_end, "rb", buffering=0)
             transport, _ = await loop.connect_read_pipe(
                 lambda: asyncio.StreamReaderProtocol(stream), pipe
             )
         except OSError as err:  # out of processes or descriptors: a failure, backed off
-            self._failed(job_id, job, index, f"{type(err).__name__}: {err}", 0.0, now)
+            if pipe is not None:
+                pipe.close()  # every failed start leaked it (the second review)
+            if proc is not None:  # started, but its output cannot be followed
+                _kill_group(proc.pid, signal.SIGKILL)
+            self._failed(job_id, job, index, f"{type(err).__name__}: {err}", 0.0, now,
+                         started=False)  # fmt: skip
             return
         count = [0.0]
         reader = loop.create_task(self._follow(proc, stream, transport, count))
@@ -310,7 +324,8 @@ class Commands:
     def _reap(self, job_id: str, job: JobWorkers, now: float) -> None:
         """Take the exited workers of ``job`` out, their counts kept; a failure is
         started again after its back-off, an exit 0 not at all."""
-        for worker in [w for w in job.running if w.reader.done()]:
+        for worker in [w for w in job.running if self._gone(w)]:
+            worker.reader.cancel()  # done, or held open by a process outside its group
             job.running.remove(worker)
             self.live.pop(worker.proc.pid, None)
             job.done_before += worker.count[0]
@@ -323,25 +338,43 @@ class Commands:
             self._failed(job_id, job, worker.index, _status(code), now - worker.started, now)
 
     def _failed(
-        self, job_id: str, job: JobWorkers, index: int, status: str, ran: float, now: float
+        self,
+        job_id: str,
+        job: JobWorkers,
+        index: int,
+        status: str,
+        ran: float,
+        now: float,
+        started: bool = True,
     ) -> None:
-        """Worker ``index`` of ``job`` failed after ``ran`` seconds: its back-off."""
+        """Worker ``index`` of ``job`` failed after ``ran`` seconds (or could not be
+        ``started``): its back-off."""
         failures = 1 if ran >= RESTART_MAX else job.failures.get(index, 0) + 1
         job.failures[index] = failures
         delay = min(RESTART_MAX, RESTART_FIRST * 2 ** (failures - 1))
         job.retry_at[index] = now + delay
-        self.log.warning("worker exited; started again after a back-off", job=job_id,
+        what = "worker exited" if started else "worker could not be started"
+        self.log.warning(f"{what}; started again after a back-off", job=job_id,
                          worker=index, status=status, ran_seconds=round(ran, 1),
                          failures=failures, restart_in=delay)  # fmt: skip
+
+    def _gone(self, worker: Worker) -> bool:
+        """Whether ``worker`` has ended: its output read to the end, or its process
+        group found empty at two looks in a row (a process outside the group may hold
+        its output open; the second look lets the reader take what is left)."""
+        if worker.reader.done():
+            return True
+        if worker.proc.returncode is None or _group_alive(worker.proc.pid):
+            return False
+        gone, worker.emptied = worker.emptied, True
+        return gone
 
     def _reap_departing(self, now: float) -> None:
         """Take out the departing workers that are gone: output read to its end, or
         their process group empty (a process outside it may hold the output open), or
         given up :data:`GIVE_UP_SECONDS` after their SIGKILL."""
         for worker in list(self.departing):
-            gone = worker.reader.done() or (
-                worker.proc.returncode is not None and not _group_alive(worker.proc.pid)
-            )
+            gone = self._gone(worker)
             assert worker.stop_sent is not None
             stuck = now - worker.stop_sent >= self.stop_grace + GIVE_UP_SECONDS
             if not (gone or stuck):
@@ -352,6 +385,7 @@ class Commands:
                     "the server's other workers start beside it", pid=worker.proc.pid,
                     worker=worker.index,
                 )  # fmt: skip
+                self._given_up.add(worker.proc.pid)
             worker.reader.cancel()  # its output is no longer followed
             self.departing.remove(worker)
             worker.job.done_before += worker.count[0]
@@ -374,6 +408,7 @@ class Commands:
             elif now - sent >= self.stop_grace + GIVE_UP_SECONDS:
                 self.log.error("an escaped worker process could not be stopped", pid=pid)
                 del self._orphans[pid]
+                self._given_up.add(pid)
 
     def _scan_orphans(self, wanted: set[str], now: float) -> None:
         """Stop the processes reparented to the agent that carry its mark and whose
@@ -381,8 +416,10 @@ class Commands:
         its workers' or their descendants')."""
         known = {w.proc.pid for w in self.departing} | self.live.keys()
         seen: set[int] = set()
-        for pid in _children():
-            if pid in known:  # asyncio reaps those
+        children = _children()
+        self._given_up &= set(children)  # gone: its pid may come back as another's
+        for pid in children:
+            if pid in known or pid in self._given_up:  # asyncio reaps the workers
                 continue
             if _zombie(pid):
                 with contextlib.suppress(ChildProcessError, OSError):
