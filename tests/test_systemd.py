@@ -264,3 +264,32 @@ def test_unit_file_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     )
     problems = [line for line in (out.stdout + out.stderr).splitlines() if str(unit) in line]
     assert out.returncode == 0 and not problems, out.stdout + out.stderr
+
+
+AGENT_UNIT = ROOT / "config" / "oasis-agent@.service"
+
+
+def test_the_agents_unit_lets_it_stop_its_workers_and_passes_verify(tmp_path: Path) -> None:
+    """The reference agent as a service: SIGTERM to the agent alone (it stops its
+    workers itself, within its grace), SIGKILL to whatever is left in the unit's control
+    group after the stop timeout, escaped processes included; not restarted on exit 2."""
+    from controller.plane.workers import GIVE_UP_SECONDS, STOP_GRACE
+
+    parser = configparser.ConfigParser(interpolation=None, strict=False)
+    parser.read_string(AGENT_UNIT.read_text())
+    service = parser["Service"]
+    assert service["KillMode"] == "mixed" and service["RestartPreventExitStatus"] == "2"
+    assert int(service["TimeoutStopSec"]) > STOP_GRACE + GIVE_UP_SECONDS
+    assert service["ExecStart"].startswith("/opt/oasis/.venv/bin/oasis agent --node %i ")
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed")
+    oasis = Path(sys.executable).parent / "oasis"
+    assert oasis.exists(), oasis
+    unit = tmp_path / "oasis-agent@gpu0.service"  # an instance: verify wants one
+    unit.write_text(AGENT_UNIT.read_text().replace("/opt/oasis/.venv/bin/oasis", str(oasis)))
+    out = subprocess.run(
+        [analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60, check=False
+    )
+    problems = [line for line in (out.stdout + out.stderr).splitlines() if str(unit) in line]
+    assert out.returncode == 0 and not problems, out.stdout + out.stderr
