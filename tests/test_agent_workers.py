@@ -455,3 +455,147 @@ def test_a_process_given_up_on_is_not_taken_back_as_an_orphan(
     monkeypatch.setattr(workers, "_children", lambda: [])
     pool._scan_orphans(set(), 101.0)  # gone: its pid may be another's later
     assert not pool._given_up
+
+
+def test_counts_past_the_jobs_whole_are_capped_and_all_workers_done_is_said(
+    tmp_path: Path,
+) -> None:
+    """The re-audit: one line of 9e15 showed as 9e15 of 60 mini-batches, and a job whose
+    workers all exited 0 early said nothing until its plan ended."""
+    from structlog.testing import capture_logs
+
+    now = [101.0]
+    agent = Agent("w0", MqttConfig("localhost"), command="echo 9e15; exit 0",
+                  wall=lambda: now[0])  # fmt: skip
+    agent.accept(two_jobs("a", "b", workers=2))
+
+    async def go() -> None:
+        await agent._commands(0.0)
+        await steps(agent, lambda: agent.tasks["a"].workers.finished == {0, 1})
+        for _ in range(3):
+            await agent._commands(0.02)
+
+    with capture_logs() as logs:
+        run(agent, go)
+    assert agent.tasks["a"].minibatches == 40  # the task's whole
+    said = [e for e in logs if e["event"].startswith("every worker of the job exited 0")]
+    assert len(said) == 1 and said[0]["job"] == "a", said
+
+
+def test_an_empty_worker_command_is_refused() -> None:
+    """The re-audit: the agent's unit with OASIS_WORKER_COMMAND unset passed --command ''
+    and the agent simulated its jobs, completing them with no work done."""
+    out = subprocess.run([sys.executable, "-m", "controller.cli", "agent", "--node", "w0",
+                          "--command", ""], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60, check=False)  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert "--command: is empty (is OASIS_WORKER_COMMAND set" in out.stderr
+
+
+_SUCCESSION_SCRIPT = """
+import asyncio, os, sys, time
+from controller.plane.agent import Agent
+from controller.plane.settings import MqttConfig
+from controller.plane.topics import Plan, SlotPlan, Task
+
+mode, folder = sys.argv[1], sys.argv[2]
+now = [101.0]
+if mode == "race":  # a's worker leaves a process that ignores SIGTERM in its own session
+    command = ('if [ "$OASIS_JOB" = a ]; then setsid sh -c '
+               f'\\'trap "" TERM; echo $$ > {folder}/escaped; exec sleep 60\\' & fi; '
+               f'echo $$ > {folder}/$OASIS_JOB; exec sleep 60')
+else:
+    command = f"echo $$ > {folder}/{mode}; exec sleep 60"
+agent = Agent("w0", MqttConfig("localhost"), command=command, wall=lambda: now[0],
+              stop_grace=1.0, adopt_orphans=True)
+agent.accept(Plan("w0", "worker", 1, 10.0, 0.5, False,
+                  SlotPlan(5, 100.0, [Task("a", 1, 0, 0.5, 40)]),
+                  SlotPlan(6, 110.0, [Task("b", 1, 0, 0.5, 40)])))
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+async def until(check, seconds=20):
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, "not within the time"
+        await asyncio.sleep(0.02)
+        await agent._commands(0.02)
+
+def read(name):
+    path = os.path.join(folder, name)
+    return int(open(path).read()) if os.path.exists(path) and open(path).read().strip() else 0
+
+async def main():
+    await agent._commands(0.0)
+    if mode == "first":  # then killed with -9 by the test
+        await until(lambda: read("first"))
+        print("ready", flush=True)
+        await asyncio.sleep(120)
+    elif mode == "second":  # the first agent's worker is stopped before its own starts
+        old = read("first")
+        await until(lambda: read("second"))
+        print("old worker", "alive" if alive(old) else "gone", flush=True)
+    else:
+        await until(lambda: read("escaped") and read("a"))
+        escaped = read("escaped")
+        now[0] = 111.0  # a leaves, b comes in
+        await until(lambda: read("b"))
+        print("escaped", "alive" if alive(escaped) else "gone", "when b started", flush=True)
+    await agent.commands.stop_all()
+
+asyncio.run(main())
+"""
+
+
+def _succession(mode: str, folder: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", _SUCCESSION_SCRIPT, mode, str(folder)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          check=False)  # fmt: skip
+
+
+def test_workers_an_agent_killed_with_9_left_are_stopped_by_the_next_agent(
+    tmp_path: Path,
+) -> None:
+    """The re-audit: after kill -9 of an agent (or the OOM killer), its workers ran on,
+    reparented to init, and the restarted agent started a second set beside them."""
+    first = subprocess.Popen([sys.executable, "-c", _SUCCESSION_SCRIPT, "first", str(tmp_path)],
+                             cwd=ROOT, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert first.stdout is not None
+        for line in first.stdout:  # after the agent's log lines
+            if line.strip() == "ready":
+                break
+        first.kill()
+        first.wait(10)
+        old = int((tmp_path / "first").read_text())
+        assert alive(old)  # left behind
+        out = _succession("second", tmp_path)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "old worker gone" in out.stdout, out.stdout + out.stderr[-2000:]
+    finally:
+        if first.poll() is None:
+            first.kill()
+        first.wait(10)
+        if first.stdout is not None:
+            first.stdout.close()
+        for name in ("first", "second"):
+            with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
+                os.killpg(int((tmp_path / name).read_text()), signal.SIGKILL)
+
+
+def test_a_departed_workers_escaped_process_is_gone_before_the_next_job_starts(
+    tmp_path: Path,
+) -> None:
+    """The re-audit: the orphan scan ran once a second, so the next job's worker started
+    beside a departed worker's escaped process for up to a second and the grace."""
+    try:
+        out = _succession("race", tmp_path)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "escaped gone when b started" in out.stdout, out.stdout + out.stderr[-2000:]
+    finally:
+        kill(tmp_path / "escaped")

@@ -62,7 +62,7 @@ def register(sub: Any) -> None:
     p.add_argument("--speed", type=float, default=1.0,
                    help="simulated pace relative to the plan (default 1)")  # fmt: skip
     # dest: "command" is the subcommand's name, which error messages show
-    p.add_argument("--command", dest="worker_command", default="", metavar="CMD",
+    p.add_argument("--command", dest="worker_command", default=None, metavar="CMD",
                    help="shell command per worker; prints its cumulative mini-batches")  # fmt: skip
     p.add_argument("--report-seconds", type=float, default=1.0, metavar="S",
                    help="progress report interval (default 1)")  # fmt: skip
@@ -91,12 +91,17 @@ def _agent(args: argparse.Namespace) -> int:
         raise InputError(f"--report-seconds: must be a number >= {MIN_REPORT_SECONDS} (the "
                          f"daemon drops an agent's messages past 20 a second), got "
                          f"{args.report_seconds}")  # fmt: skip
+    if args.worker_command is not None and not args.worker_command.strip():
+        # the unit's ${OASIS_WORKER_COMMAND} unset: an empty word, and the agent
+        # simulated its jobs, completing them with no work done (the re-audit)
+        raise InputError("--command: is empty (is OASIS_WORKER_COMMAND set in the agent's "
+                         "environment file?); leave the flag out to simulate")  # fmt: skip
     if not (0 <= args.stop_grace <= MAX_STOP_GRACE):  # nan: never killed
         raise InputError(f"--stop-grace: must be a number of seconds from 0 to "
                          f"{MAX_STOP_GRACE:g}, got {args.stop_grace}")  # fmt: skip
     logs.configure(args.log_level)
     try:
-        agent = Agent(args.node, mqtt, args.speed, args.worker_command, args.report_seconds,
+        agent = Agent(args.node, mqtt, args.speed, args.worker_command or "", args.report_seconds,
                       stop_grace=args.stop_grace, adopt_orphans=True)  # fmt: skip
     except ValueError as err:
         raise InputError(f"--node: {err}") from err

@@ -87,12 +87,14 @@ class TaskState:
         workers: its worker commands (``--command``: :mod:`controller.plane.workers`),
             with the counts of those that exited.
         run: the admission these counts are for (:class:`Task`); "": not said.
+        total: the job's mini-batches in all (its task's), a cap on ``minibatches``.
     """
 
     minibatches: float = 0.0
     worker_seconds: float = 0.0
     workers: JobWorkers = field(default_factory=JobWorkers)
     run: str = ""
+    total: int = 0  # the job's mini-batches, as its plan's task says (0: not known yet)
 
 
 class Agent:
@@ -209,7 +211,7 @@ class Agent:
         slot = self.active()
         wanted = {t.job: t for t in (slot.tasks if slot else []) if t.workers > 0}
         for job, task in wanted.items():
-            self._task(job, task.run)
+            self._task(job, task.run).total = task.minibatches
         for state in self.tasks.values():
             state.worker_seconds += len(state.workers.running) * dt
         await self.commands.follow(
@@ -218,7 +220,9 @@ class Agent:
              for job, task in wanted.items()},
         )  # fmt: skip
         for state in self.tasks.values():
-            state.minibatches = self.commands.count(state.workers)
+            # not past the job's whole: one line of 9e15 showed as 9e15 of 60 (the re-audit)
+            counted = self.commands.count(state.workers)
+            state.minibatches = min(counted, state.total) if state.total else counted
 
     async def _read_counts(self, stream: asyncio.StreamReader, count: list[float]) -> None:
         """Follow a worker command's counts (its output ``stream``), one number a line, to

@@ -139,6 +139,7 @@ class JobWorkers:
     finished: set[int] = field(default_factory=set)
     failures: dict[int, int] = field(default_factory=dict)
     retry_at: dict[int, float] = field(default_factory=dict)
+    all_done_said: bool = False  # every planned index exited 0: warned once
 
 
 class Commands:
@@ -183,6 +184,7 @@ class Commands:
         # or the orphan scan took a given-up worker back and held the server for good
         self._given_up: set[int] = set()
         self._scanned = -ORPHAN_SCAN_SECONDS
+        self._leftovers_stopped = False
         self.subreaper = adopt_orphans and _become_subreaper()
 
     # -- each step ----------------------------------------------------------------------
@@ -197,15 +199,26 @@ class Commands:
             want = wanted[job_id][0] if job_id in wanted else 0
             for worker in [w for w in job.running if w.index >= want]:
                 self.stop(worker, now)
-        self._reap_departing(now)
+        departed = self._reap_departing(now)
         self._escalate(now)
-        if self.subreaper and now - self._scanned >= ORPHAN_SCAN_SECONDS:
+        if self.subreaper and not self._leftovers_stopped:
+            self._leftovers_stopped = True
+            self._stop_leftovers(now)
+        # a scan as soon as a worker has departed: a process of it that escaped its
+        # group is found before the next job's workers start (the re-audit: they started
+        # beside it for up to a second and the grace)
+        if self.subreaper and (departed or now - self._scanned >= ORPHAN_SCAN_SECONDS):
             self._scanned = now
             self._scan_orphans({j for j, (n, _e) in wanted.items() if n > 0}, now)
         if self.departing or self._orphans:
             return  # the capacity is the departing jobs' until they are gone
         for job_id, (workers, extra) in wanted.items():
             job = jobs[job_id]
+            if workers and not job.all_done_said and set(range(workers)) <= job.finished:
+                job.all_done_said = True
+                self.log.warning("every worker of the job exited 0: none is started again "
+                                 "for this admission", job=job_id, workers=workers,
+                                 minibatches=self.count(job))  # fmt: skip
             taken = {w.index for w in job.running}
             for index in range(workers):
                 if index in taken or index in job.finished or job.retry_at.get(index, 0) > now:
@@ -369,10 +382,11 @@ class Commands:
         gone, worker.emptied = worker.emptied, True
         return gone
 
-    def _reap_departing(self, now: float) -> None:
+    def _reap_departing(self, now: float) -> bool:
         """Take out the departing workers that are gone: output read to its end, or
         their process group empty (a process outside it may hold the output open), or
-        given up :data:`GIVE_UP_SECONDS` after their SIGKILL."""
+        given up :data:`GIVE_UP_SECONDS` after their SIGKILL. True if any was."""
+        before = len(self.departing)
         for worker in list(self.departing):
             gone = self._gone(worker)
             assert worker.stop_sent is not None
@@ -389,6 +403,7 @@ class Commands:
             worker.reader.cancel()  # its output is no longer followed
             self.departing.remove(worker)
             worker.job.done_before += worker.count[0]
+        return len(self.departing) < before
 
     def _escalate(self, now: float) -> None:
         """SIGKILL the departing workers and orphans past their grace."""
@@ -404,11 +419,34 @@ class Commands:
         for pid, (sent, killed) in list(self._orphans.items()):
             if not killed and now - sent >= self.stop_grace:
                 self._orphans[pid] = (sent, True)
+                self.log.warning("an escaped worker process did not stop within the grace: "
+                                 "killed", pid=pid, grace_seconds=self.stop_grace)  # fmt: skip
                 _signal_group(pid, signal.SIGKILL)
             elif now - sent >= self.stop_grace + GIVE_UP_SECONDS:
                 self.log.error("an escaped worker process could not be stopped", pid=pid)
                 del self._orphans[pid]
                 self._given_up.add(pid)
+
+    def _stop_leftovers(self, now: float) -> None:
+        """At the first step: stop the workers an earlier agent of this server left
+        behind (killed with -9, or by the kernel's OOM killer): they were reparented to
+        init, not to this agent, and ran on beside the workers it started (the
+        re-audit: four workers for a plan of two). They are known by their environment:
+        this server's ``OASIS_SERVER``, another agent's ``OASIS_AGENT``. Stopped as
+        orphans are; no worker starts until they are gone."""
+        mine = os.getpid()
+        for name in _all_pids():
+            pid = int(name)
+            if pid == mine:
+                continue
+            env = _environment_of(pid)
+            agent = env.get("OASIS_AGENT")
+            if env.get("OASIS_SERVER") != self.server or not agent or agent == self.session:
+                continue
+            self._orphans[pid] = (now, False)
+            self.log.warning("a worker an earlier agent of this server left is stopped",
+                             pid=pid, job=env.get("OASIS_JOB"), agent=agent)  # fmt: skip
+            _signal_group(pid, signal.SIGTERM)
 
     def _scan_orphans(self, wanted: set[str], now: float) -> None:
         """Stop the processes reparented to the agent that carry its mark and whose
@@ -445,8 +483,8 @@ class Commands:
             self.log.warning("a worker's process that left its session is stopped",
                              pid=pid, job=job)  # fmt: skip
             _signal_group(pid, signal.SIGTERM)
-        for pid in [p for p in self._orphans if p not in seen]:
-            del self._orphans[pid]  # gone
+        for pid in [p for p in self._orphans if p not in seen and not _exists(p)]:
+            del self._orphans[pid]  # gone (a leftover is no child of this agent)
 
 
 def _become_subreaper() -> bool:
@@ -468,6 +506,19 @@ def _children() -> list[int]:
             with contextlib.suppress(OSError), open(f"/proc/self/task/{task}/children") as f:
                 out.extend(int(p) for p in f.read().split())
     return out
+
+
+def _all_pids() -> list[str]:
+    """Every process's id, as ``/proc`` lists them."""
+    try:
+        return [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return []
+
+
+def _exists(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not ended (a zombie has)."""
+    return os.path.exists(f"/proc/{pid}") and not _zombie(pid)
 
 
 def _zombie(pid: int) -> bool:
