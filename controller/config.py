@@ -60,7 +60,6 @@ import copy
 import hashlib
 import json
 import os
-import tomllib
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -68,6 +67,9 @@ from typing import Any
 
 from controller.auth import Caller, tokens_from_dict
 from controller.clock import epoch as slot_zero
+from controller.config_file import ConfigError, load_mqtt
+from controller.config_file import read_toml as _read_toml
+from controller.config_file import rebased as _rebased
 from controller.connections import Connections, connections_from_dict
 from controller.console.settings import DEFAULT_WEB_LISTEN, WebConfig, web_from_dict
 from controller.files import read_bounded
@@ -99,10 +101,6 @@ __all__ = [
 ]
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
-
-
-class ConfigError(Exception):
-    """The configuration is invalid; the message names the key."""
 
 
 @dataclass(frozen=True)
@@ -475,21 +473,6 @@ def _durations(table: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _rebased(raw: Mapping[str, Any], keys: tuple[str, ...], base: Path | None) -> dict[str, Any]:
-    """``raw`` with each of its ``keys`` that is a relative path made relative to ``base``
-    (the config file's folder), as ``data_dir`` and ``pricing.prior`` are: read from the
-    working directory, ``tokens_file = "tokens"`` next to the config was not found under
-    systemd (whose working directory is /). Values that are no text are left for the
-    table's own reader to name."""
-    out = dict(raw)
-    for key in keys:
-        value = out.get(key)
-        if base is not None and isinstance(value, str) and value:
-            path = Path(value).expanduser()
-            out[key] = str(path if path.is_absolute() else base / path)
-    return out
-
-
 def _prior(raw: Any, base: Path | None) -> Prior | None:
     """``pricing.prior``: ``"default"``, ``"none"`` or the path of a JSON prior, relative
     to ``base`` (the config file's folder) if given, else to the working directory."""
@@ -642,36 +625,6 @@ def _drop(doc: dict[str, Any], path: str) -> bool:
         return False
     del doc[key]
     return True
-
-
-def load_mqtt(path: str | Path) -> MqttConfig | None:
-    """Only the ``[mqtt]`` table of a config file (``oasis agent --config``): an agent on
-    a worker node has no use for the daemon's tokens file, store or cluster, and may
-    not be able to read them."""
-    p = Path(path)
-    data, _mode, _group = _read_toml(p)
-    try:
-        return mqtt_from_dict(
-            _rebased(fields.optional_mapping(data, "mqtt", ""), ("tls_ca",), p.parent)
-        )
-    except SpecError as err:
-        raise ConfigError(str(err)) from err
-
-
-def _read_toml(p: Path) -> tuple[dict[str, Any], int, int]:
-    """The TOML document at ``p``, its mode and group; ConfigError if unreadable."""
-    try:
-        data = tomllib.loads(read_bounded(p).decode("utf-8"))
-        mode, group = p.stat().st_mode, p.stat().st_gid
-    except OSError as err:
-        raise ConfigError(f"{p}: cannot read: {err.strerror or err}") from err
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{p}: not UTF-8 text: {err.reason} at byte {err.start}") from err
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"{p}: not TOML: {err}") from err
-    except RecursionError as err:
-        raise ConfigError(f"{p}: not TOML that can be read: nested too deeply") from err
-    return data, mode, group
 
 
 def _clear_broker_password(config: Config) -> str:

@@ -136,7 +136,7 @@ def broker_settings(args: argparse.Namespace) -> MqttConfig:
     """The broker settings of ``oasis agent``: --broker (else --config, else the local
     default) with the credential, CA and prefix flags applied, every value checked as in
     the ``[mqtt]`` table; InputError naming the flag otherwise."""
-    from controller.config import ConfigError, load_mqtt
+    from controller.config_file import ConfigError, load_mqtt
     from controller.plane.settings import mqtt_from_dict, override
     from pricing.errors import SpecError
 
