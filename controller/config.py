@@ -67,9 +67,7 @@ from typing import Any
 
 from controller.auth import Caller, tokens_from_dict
 from controller.clock import epoch as slot_zero
-from controller.config_file import ConfigError, load_mqtt
-from controller.config_file import read_toml as _read_toml
-from controller.config_file import rebased as _rebased
+from controller.config_file import ConfigError, load_mqtt, read_toml, rebased
 from controller.connections import Connections, connections_from_dict
 from controller.console.settings import DEFAULT_WEB_LISTEN, WebConfig, web_from_dict
 from controller.files import read_bounded
@@ -296,7 +294,7 @@ def from_dict(
         insecure_remote = daemon.get("allow_insecure_remote", False)
         if not isinstance(insecure_remote, bool):
             raise ConfigError("daemon.allow_insecure_remote: must be true or false")
-        tls_raw = _rebased(
+        tls_raw = rebased(
             fields.optional_mapping(data, "tls", ""), ("cert", "key", "client_ca"), base
         )
         tls = tls_from_dict(tls_raw)
@@ -316,7 +314,7 @@ def from_dict(
         window = _window(daemon.get("window", 300), daemon.get("slot_seconds", 3600))
         _check_ledger_size(cluster, window, limits)
         tokens = (
-            tokens_from_dict(_rebased(fields.mapping(data["auth"], "auth"), ("tokens_file",), base))
+            tokens_from_dict(rebased(fields.mapping(data["auth"], "auth"), ("tokens_file",), base))
             if "auth" in data
             else None
         )
@@ -339,9 +337,7 @@ def from_dict(
                 + (" (if its tenant was removed, remove its cap too)" if tokens is not None
                    else " (there is no [auth])"),
             )  # fmt: skip
-        mqtt = mqtt_from_dict(
-            _rebased(fields.optional_mapping(data, "mqtt", ""), ("tls_ca",), base)
-        )
+        mqtt = mqtt_from_dict(rebased(fields.optional_mapping(data, "mqtt", ""), ("tls_ca",), base))
         if mqtt is not None:
             check_server_names(name for _kind, _i, name, _cap in cluster.servers())
         return Config(
@@ -561,7 +557,7 @@ def check_listen(listen: str, where: str) -> str:
 def load(path: str | Path, former: Collection[str] = ()) -> Config:
     """Read and validate a TOML config file (``former``: as for :func:`from_dict`)."""
     p = Path(path)
-    data, mode, group = _read_toml(p)
+    data, mode, group = read_toml(p)
     try:
         parsed = from_dict(data, str(p), base=p.parent, former=former)
     except ConfigError as first:
@@ -647,8 +643,8 @@ def _exposed_files(config_path: Path, data: Mapping[str, Any]) -> list[str]:
     auth, tls = (t if isinstance(t := data.get(k), Mapping) else {} for k in ("auth", "tls"))
     checks: list[tuple[str, Any, bool]] = [
         ("the config", str(config_path), False),
-        ("auth.tokens_file", _rebased(auth, ("tokens_file",), base).get("tokens_file"), False),
-        ("tls.key", _rebased(tls, ("key",), base).get("key"), True),
+        ("auth.tokens_file", rebased(auth, ("tokens_file",), base).get("tokens_file"), False),
+        ("tls.key", rebased(tls, ("key",), base).get("key"), True),
     ]
     out = []
     for what, value, secret in checks:

@@ -9,7 +9,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from controller.admission.state import AdmissionState
-from controller.admission.views import JobView
+from controller.admission.views import LIVE_STATES, JobView
 from controller.errors import NotFoundError, PreconditionError
 from controller.events import Event
 from controller.limits import check_job_key
@@ -45,7 +45,7 @@ class Lifecycle(AdmissionState):
             if row.state == "cancelled":
                 # a retried cancel (its answer lost) gets the first answer again
                 return self._view(session, row), self._released(session, job_id), []
-            if row.state not in ("pending", "admitted", "running"):
+            if row.state not in LIVE_STATES:
                 raise PreconditionError(f"job {job_id!r} is {row.state}; only pending, admitted "
                                         "or running jobs can be cancelled")  # fmt: skip
             arrival = row.arrival_slot  # None or far out: an edit's (its plan from now on)

@@ -23,14 +23,15 @@ from controller.admission.bounds import BoundControl
 from controller.admission.cordons import MAX_REASON, ledger_until
 from controller.admission.moves import PLANNED_WORK, Moves
 from controller.admission.restart_checks import (
+    epoch_row,
     recorded_settings,
     resources_problem,
+    settings_epoch,
     slot_grid_problem,
     when,
 )
 from controller.admission.state import EPOCH_KEY, SETTINGS_KEY, STORE_ID_KEY
 from controller.admission.views import STATES, Cordon
-from controller.clock import epoch as slot_zero
 from controller.clock import first_epoch
 from controller.errors import ResourcesRemovedError, SlotGridChangedError, StoreEditedError
 from controller.store import (
@@ -203,22 +204,15 @@ class Recovery(Moves, BoundControl):
         (the old default), so that is what it records then."""
         if not self.config.epoch_from_store:
             return self.config.epoch
-        meta = session.get(MetaRow, EPOCH_KEY)
         broken: SpecError | None = None  # an edited epoch row: the settings row's, if any
-        if meta is not None:
-            where = f"the store's meta row {EPOCH_KEY!r}"
-            try:
-                if not isinstance(meta.value, dict):
-                    got = type(meta.value).__name__
-                    raise SpecError.one(where, f'must be a JSON object {{"epoch": ...}}, got {got}')
-                return slot_zero(meta.value.get("epoch"), f"{where}: epoch")
-            except SpecError as err:
-                broken = err
-        recorded = recorded_settings(session).get("epoch")
-        if isinstance(recorded, int) and not isinstance(recorded, bool):
-            with contextlib.suppress(OverflowError):  # an edited row: not read
-                recorded = float(recorded)
-        if isinstance(recorded, float) and math.isfinite(recorded):
+        try:
+            recorded = epoch_row(session)
+            if recorded is not None:
+                return recorded
+        except SpecError as err:
+            broken = err
+        recorded = settings_epoch(session)
+        if recorded is not None:
             # a leader whose config sets the epoch records it only with its settings: a
             # standby without one takes the leader's (it refused to start, in a loop),
             # and so does a leader whose config no longer sets it (or whose epoch row

@@ -19,6 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from controller.admission.state import EPOCH_KEY, SETTINGS_KEY
+from controller.admission.views import LIVE_STATES
 from controller.clock import epoch as slot_zero
 from controller.store import JobRow, MetaRow
 from controller.store.stored import stored_spec
@@ -26,15 +27,14 @@ from pricing.durations import format_time
 from pricing.errors import SpecError
 
 __all__ = [
+    "epoch_row",
     "recorded_settings",
     "resources_problem",
+    "settings_epoch",
     "slot_grid_problem",
     "stored_epoch",
     "when",
 ]
-
-LIVE = ("admitted", "running", "pending")
-"""The states of jobs that hold or await a plan."""
 
 
 def recorded_settings(session: Session) -> dict[str, Any]:
@@ -44,20 +44,40 @@ def recorded_settings(session: Session) -> dict[str, Any]:
     return meta.value if meta is not None and isinstance(meta.value, dict) else {}
 
 
-def stored_epoch(session: Session) -> float | None:
-    """Slot 0 as a start without ``daemon.epoch`` would read it from the store: its
-    ``epoch`` meta row's, else the recorded settings'; None if neither reads (as
-    ``Recovery._epoch`` reads them, without its logging)."""
+def epoch_row(session: Session) -> float | None:
+    """Slot 0 as the store's ``epoch`` meta row records it; None if there is no row.
+
+    Raises:
+        SpecError: the row does not read (an edit's).
+    """
     meta = session.get(MetaRow, EPOCH_KEY)
-    if meta is not None and isinstance(meta.value, dict):
-        with contextlib.suppress(SpecError):
-            return slot_zero(meta.value.get("epoch"), EPOCH_KEY)
+    if meta is None:
+        return None
+    where = f"the store's meta row {EPOCH_KEY!r}"
+    if not isinstance(meta.value, dict):
+        got = type(meta.value).__name__
+        raise SpecError.one(where, f'must be a JSON object {{"epoch": ...}}, got {got}')
+    return slot_zero(meta.value.get("epoch"), f"{where}: epoch")
+
+
+def settings_epoch(session: Session) -> float | None:
+    """Slot 0 as the last leader's recorded settings give it; None if they do not."""
     recorded = recorded_settings(session).get("epoch")
-    if isinstance(recorded, int | float) and not isinstance(recorded, bool):
-        with contextlib.suppress(OverflowError):
-            value = float(recorded)
-            return value if math.isfinite(value) else None
-    return None
+    if isinstance(recorded, int) and not isinstance(recorded, bool):
+        with contextlib.suppress(OverflowError):  # an edited row: not read
+            recorded = float(recorded)
+    return recorded if isinstance(recorded, float) and math.isfinite(recorded) else None
+
+
+def stored_epoch(session: Session) -> float | None:
+    """Slot 0 as a start without ``daemon.epoch`` reads it from the store: its ``epoch``
+    meta row's, else (none, or one that does not read) the recorded settings'; None if
+    neither gives it (``Recovery._epoch`` reads the same, and logs which)."""
+    with contextlib.suppress(SpecError):
+        value = epoch_row(session)
+        if value is not None:
+            return value
+    return settings_epoch(session)
 
 
 def resources_problem(session: Session, resources: Collection[str]) -> str | None:
@@ -73,7 +93,7 @@ def resources_problem(session: Session, resources: Collection[str]) -> str | Non
     """
     known = set(resources)
     missing: dict[str, list[str]] = {}
-    rows = session.execute(select(JobRow.id, JobRow.spec).where(JobRow.state.in_(LIVE)))
+    rows = session.execute(select(JobRow.id, JobRow.spec).where(JobRow.state.in_(LIVE_STATES)))
     for job_id, text in rows:
         try:
             spec = stored_spec(text, job_id)  # bounded: size, nesting, its own id

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["STATES", "Cordon", "DecisionView", "JobView", "canonical_spec"]
+__all__ = ["LIVE_STATES", "STATES", "Cordon", "DecisionView", "JobView", "canonical_spec"]
 
 STATES = (
     "pending",
@@ -20,6 +20,10 @@ STATES = (
 )
 """``pending``: not admitted yet, decided again at each slot boundary until its wait ends;
 ``expired``: a pending job whose wait ended, or that could no longer pay off."""
+
+LIVE_STATES = ("pending", "admitted", "running")
+"""The states of a job that has not ended: it holds or awaits a plan, and may be
+cancelled."""
 
 
 @dataclass(frozen=True)

@@ -459,7 +459,7 @@ class Commands:
         for pid in children:
             if pid in known or pid in self._given_up:  # asyncio reaps the workers
                 continue
-            if _zombie(pid):
+            if _ended(pid):  # a zombie to reap (or gone meanwhile)
                 with contextlib.suppress(ChildProcessError, OSError):
                     os.waitpid(pid, os.WNOHANG)
                 self._orphans.pop(pid, None)
@@ -483,7 +483,7 @@ class Commands:
             self.log.warning("a worker's process that left its session is stopped",
                              pid=pid, job=job)  # fmt: skip
             _signal_group(pid, signal.SIGTERM)
-        for pid in [p for p in self._orphans if p not in seen and not _exists(p)]:
+        for pid in [p for p in self._orphans if p not in seen and _ended(p)]:
             del self._orphans[pid]  # gone (a leftover is no child of this agent)
 
 
@@ -516,12 +516,8 @@ def _all_pids() -> list[str]:
         return []
 
 
-def _exists(pid: int) -> bool:
-    """Whether ``pid`` is a process that has not ended (a zombie has)."""
-    return os.path.exists(f"/proc/{pid}") and not _zombie(pid)
-
-
-def _zombie(pid: int) -> bool:
+def _ended(pid: int) -> bool:
+    """Whether ``pid`` has ended: a zombie, or no such process."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
             return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
