@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,13 +25,33 @@ from controller.plane.workers import Commands
 from tests.servers import ROOT
 
 
-def two_jobs(first: str, second: str, workers: int = 1) -> Plan:
-    """``first`` in slot 5 (100-110 s), ``second`` in slot 6 (110-120 s), on w0."""
-    return Plan(
-        "w0", "worker", 1, 10.0, 0.5, False,
-        SlotPlan(5, 100.0, [Task(first, workers, 0, 0.5, 40)]),
-        SlotPlan(6, 110.0, [Task(second, workers, 0, 0.5, 40)]),
-    )  # fmt: skip
+def plan_of(slot_5: dict[str, int], slot_6: dict[str, int], server: str = "w0") -> Plan:
+    """A plan of ``server`` with ``{job: workers}`` in slot 5 (100-110 s) and in slot 6
+    (110-120 s), each job of 40 mini-batches."""
+
+    def tasks(workers: dict[str, int]) -> list[Task]:
+        return [Task(job, n, 0, 0.5, 40) for job, n in workers.items()]
+
+    return Plan(server, "worker", 1, 10.0, 0.5, False,
+                SlotPlan(5, 100.0, tasks(slot_5)), SlotPlan(6, 110.0, tasks(slot_6)))  # fmt: skip
+
+
+def two_jobs(first: str, second: str, workers: int = 1, server: str = "w0") -> Plan:
+    """``first`` in slot 5 (100-110 s), ``second`` in slot 6 (110-120 s), on ``server``."""
+    return plan_of({first: workers}, {second: workers}, server)
+
+
+def agent_on(
+    command: str, plan: Plan, mqtt: MqttConfig | None = None, **options: Any
+) -> tuple[Agent, list[float]]:
+    """An agent of ``plan``'s server running ``command`` per worker and following
+    ``plan``, its wall clock ``now[0]`` at 101 s (slot 5; the test moves it):
+    ``(agent, now)``."""
+    now = [101.0]
+    agent = Agent(plan.server, mqtt or MqttConfig("localhost"), command=command,
+                  wall=lambda: now[0], **options)  # fmt: skip
+    agent.accept(plan)
+    return agent, now
 
 
 def alive(pid: int) -> bool:
@@ -100,10 +121,9 @@ def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace_before_the_next
     beside the departing one on the same GPUs, for good."""
     script = tmp_path / "stubborn.py"
     script.write_text(_STUBBORN)
-    now = [101.0]
-    agent = Agent("w0", MqttConfig("localhost"), command=f"{sys.executable} {script} {tmp_path}",
-                  wall=lambda: now[0], stop_grace=1.0)  # fmt: skip
-    agent.accept(two_jobs("a", "b"))
+    agent, now = agent_on(
+        f"{sys.executable} {script} {tmp_path}", two_jobs("a", "b"), stop_grace=1.0
+    )
 
     async def go() -> None:
         await agent._commands(0.0)
@@ -134,9 +154,7 @@ def test_a_failing_worker_is_started_again_after_a_back_off_and_one_done_is_not(
     log = tmp_path / "starts"
     command = (f'echo "$OASIS_WORKER" >> {log}; echo 3; '
                '[ "$OASIS_WORKER" = 0 ] && exit 0; exit 1')  # fmt: skip
-    now = [101.0]
-    agent = Agent("w0", MqttConfig("localhost"), command=command, wall=lambda: now[0])
-    agent.accept(two_jobs("a", "b", workers=2))
+    agent, _ = agent_on(command, two_jobs("a", "b", workers=2))
 
     async def go() -> None:
         await agent._commands(0.0)
@@ -161,9 +179,7 @@ def test_a_restarted_worker_takes_the_free_index(tmp_path: Path) -> None:
     command = (f'echo "$OASIS_WORKER" >> {log}; '
                f'if [ "$OASIS_WORKER" = 0 ] && [ ! -e {marker} ]; then touch {marker}; exit 1; fi; '
                'sleep 30')  # fmt: skip
-    now = [101.0]
-    agent = Agent("w0", MqttConfig("localhost"), command=command, wall=lambda: now[0])
-    agent.accept(two_jobs("a", "b", workers=2))
+    agent, _ = agent_on(command, two_jobs("a", "b", workers=2))
 
     async def go() -> None:
         await agent._commands(0.0)
@@ -182,11 +198,7 @@ def test_fewer_workers_stop_the_highest_indices_and_a_finished_one_is_not_replac
     task's workers), or 3 workers for a while."""
     log = tmp_path / "indices"
     command = f'echo "$OASIS_WORKER" >> {log}; [ "$OASIS_WORKER" = 0 ] && exit 0; sleep 30'
-    now = [101.0]
-    agent = Agent("w0", MqttConfig("localhost"), command=command, wall=lambda: now[0])
-    agent.accept(Plan("w0", "worker", 1, 10.0, 0.5, False,
-                      SlotPlan(5, 100.0, [Task("a", 3, 0, 0.5, 40)]),
-                      SlotPlan(6, 110.0, [Task("a", 2, 0, 0.5, 40)])))  # fmt: skip
+    agent, now = agent_on(command, plan_of({"a": 3}, {"a": 2}))
     job = agent.tasks
 
     async def go() -> None:
@@ -216,13 +228,7 @@ def test_a_worker_whose_output_an_escaped_process_holds_is_gone_with_its_group(
     command = (f'if [ "$OASIS_JOB" = a ] && [ "$OASIS_WORKER" = 1 ]; then '
                f'setsid sh -c \'echo $$ > {escaped}; exec sleep 60\' & fi; '
                f'echo "$OASIS_JOB" >> {tmp_path / "started"}; sleep 30')  # fmt: skip
-    now = [101.0]
-    agent = Agent("w0", MqttConfig("localhost"), command=command, wall=lambda: now[0],
-                  stop_grace=0.5)  # fmt: skip
-    agent.accept(Plan("w0", "worker", 1, 10.0, 0.5, False,
-                      SlotPlan(5, 100.0, [Task("a", 2, 0, 0.5, 40)]),
-                      SlotPlan(6, 110.0, [Task("a", 1, 0, 0.5, 40),
-                                          Task("b", 1, 0, 0.5, 40)])))  # fmt: skip
+    agent, now = agent_on(command, plan_of({"a": 2}, {"a": 1, "b": 1}), stop_grace=0.5)
 
     async def go() -> None:
         await agent._commands(0.0)
@@ -247,10 +253,7 @@ def test_a_worker_that_cannot_be_stopped_is_given_up_on_and_holds_the_server_no_
     monkeypatch.setattr(workers, "GIVE_UP_SECONDS", 0.5)
     monkeypatch.setattr(workers, "_kill_group", lambda group, sig: None)  # EPERM, as it were
     pids = tmp_path / "pids"
-    now = [101.0]
-    agent = Agent("w0", MqttConfig("localhost"), command=f'echo $$ >> {pids}; sleep 30',
-                  wall=lambda: now[0], stop_grace=0.5)  # fmt: skip
-    agent.accept(two_jobs("a", "b"))
+    agent, now = agent_on(f"echo $$ >> {pids}; sleep 30", two_jobs("a", "b"), stop_grace=0.5)
 
     async def go() -> None:
         await agent._commands(0.0)
@@ -277,12 +280,9 @@ def test_a_worker_that_cannot_be_stopped_is_given_up_on_and_holds_the_server_no_
 
 _ORPHANS_SCRIPT = """
 import asyncio, os, subprocess, sys, time
-from controller.plane.agent import Agent
-from controller.plane.settings import MqttConfig
-from controller.plane.topics import Plan, SlotPlan, Task
+from tests.test_agent_workers import agent_on, alive, plan_of, steps
 
 folder = sys.argv[1]
-now = [101.0]
 escape = (
     "import os, time\\n"
     "if os.fork() == 0:\\n"
@@ -292,29 +292,19 @@ escape = (
 )
 os.environ["ESCAPED"] = folder + "/escaped"
 command = f"{sys.executable} -c \\"{escape}\\"; sleep 30"
-agent = Agent("w0", MqttConfig("localhost"), command=command, wall=lambda: now[0],
-              stop_grace=1.0, adopt_orphans=True)
-agent.accept(Plan("w0", "worker", 1, 10.0, 0.5, False,
-                  SlotPlan(5, 100.0, [Task("a", 1, 0, 0.5, 40)]), SlotPlan(6, 110.0, [])))
+# a server of its own: at its start, an agent that adopts orphans stops every other
+# agent's workers of its server on this machine (those of tests running beside it)
+server = os.path.basename(folder)
+agent, now = agent_on(command, plan_of({"a": 1}, {}, server), stop_grace=1.0,
+                      adopt_orphans=True)
 # a child of the agent's process that is no worker's: never signalled
 bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 async def main():
     assert agent.commands is not None and agent.commands.subreaper
     path = folder + "/escaped"
     await agent._commands(0.0)
-    deadline = time.monotonic() + 20
-    while not (os.path.exists(path) and open(path).read()):
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.05)
-        await agent._commands(0.05)
+    await steps(agent, lambda: os.path.exists(path) and open(path).read() != "", 20)
     escaped = int(open(path).read())
     assert os.getsid(escaped) == escaped
     for _ in range(30):  # 1.5 s: a scan while its job runs leaves it be
@@ -322,10 +312,7 @@ async def main():
         await agent._commands(0.05)
     assert alive(escaped)
     now[0] = 121.0  # the plan ran out: a's worker stops, and so does the escape
-    while alive(escaped):
-        assert time.monotonic() < deadline + 20
-        await asyncio.sleep(0.05)
-        await agent._commands(0.05)
+    await steps(agent, lambda: not alive(escaped), 20)
     await agent.commands.stop_all()
     print("escaped stopped; bystander", "alive" if bystander.poll() is None else "killed")
 
@@ -359,10 +346,7 @@ def test_an_agent_whose_work_loop_fails_stops_with_the_error(tmp_path: Path) -> 
     failure with a back-off, and any other error of the loop stops the agent."""
     from tests.servers import free_port
 
-    now = [101.0]
-    agent = Agent("w0", MqttConfig("127.0.0.1", free_port()), command="sleep 30",
-                  wall=lambda: now[0])  # fmt: skip
-    agent.accept(two_jobs("a", "b"))
+    agent, _ = agent_on("sleep 30", two_jobs("a", "b"), MqttConfig("127.0.0.1", free_port()))
 
     async def broken(dt: float) -> None:
         raise ValueError("a bug")
@@ -383,9 +367,7 @@ def test_a_worker_that_cannot_be_started_is_a_failure_with_a_back_off(
         raise BlockingIOError(11, "Resource temporarily unavailable")
 
     monkeypatch.setattr(asyncio, "create_subprocess_shell", no_fork)
-    now = [101.0]
-    agent = Agent("w0", MqttConfig("localhost"), command="sleep 30", wall=lambda: now[0])
-    agent.accept(two_jobs("a", "b"))
+    agent, _ = agent_on("sleep 30", two_jobs("a", "b"))
 
     descriptors = len(os.listdir("/proc/self/fd"))
 
@@ -412,9 +394,7 @@ def test_a_worker_that_exits_while_an_escaped_process_holds_its_output_is_reaped
     running, its worker-seconds with it."""
     escaped = tmp_path / "escaped"
     command = f"setsid sh -c 'echo $$ > {escaped}; exec sleep 60' & echo 5; exit 1"
-    now = [101.0]
-    agent = Agent("w0", MqttConfig("localhost"), command=command, wall=lambda: now[0])
-    agent.accept(two_jobs("a", "b"))
+    agent, _ = agent_on(command, two_jobs("a", "b"))
 
     async def go() -> None:
         await agent._commands(0.0)
@@ -441,7 +421,7 @@ def test_a_process_given_up_on_is_not_taken_back_as_an_orphan(
     pool.subreaper = True  # as with adopt_orphans, without making this process one
     stuck = 999_999  # a pid the agent cannot stop
     monkeypatch.setattr(workers, "_children", lambda: [stuck])
-    monkeypatch.setattr(workers, "_zombie", lambda pid: False)
+    monkeypatch.setattr(workers, "_ended", lambda pid: False)
     monkeypatch.setattr(workers, "_environment_of", lambda pid: {"OASIS_AGENT": agent.session})
     monkeypatch.setattr(os, "getpgid", lambda pid: pid)
     monkeypatch.setattr(workers, "_signal_group", lambda pid, sig: None)
@@ -464,10 +444,7 @@ def test_counts_past_the_jobs_whole_are_capped_and_all_workers_done_is_said(
     workers all exited 0 early said nothing until its plan ended."""
     from structlog.testing import capture_logs
 
-    now = [101.0]
-    agent = Agent("w0", MqttConfig("localhost"), command="echo 9e15; exit 0",
-                  wall=lambda: now[0])  # fmt: skip
-    agent.accept(two_jobs("a", "b", workers=2))
+    agent, _ = agent_on("echo 9e15; exit 0", two_jobs("a", "b", workers=2))
 
     async def go() -> None:
         await agent._commands(0.0)
@@ -493,38 +470,21 @@ def test_an_empty_worker_command_is_refused() -> None:
 
 
 _SUCCESSION_SCRIPT = """
-import asyncio, os, sys, time
-from controller.plane.agent import Agent
-from controller.plane.settings import MqttConfig
-from controller.plane.topics import Plan, SlotPlan, Task
+import asyncio, os, sys
+from tests.test_agent_workers import agent_on, alive, steps, two_jobs
 
 mode, folder = sys.argv[1], sys.argv[2]
-now = [101.0]
 if mode == "race":  # a's worker leaves a process that ignores SIGTERM in its own session
     command = ('if [ "$OASIS_JOB" = a ]; then setsid sh -c '
                f'\\'trap "" TERM; echo $$ > {folder}/escaped; exec sleep 60\\' & fi; '
                f'echo $$ > {folder}/$OASIS_JOB; exec sleep 60')
 else:
     command = f"echo $$ > {folder}/{mode}; exec sleep 60"
-agent = Agent("w0", MqttConfig("localhost"), command=command, wall=lambda: now[0],
-              stop_grace=1.0, adopt_orphans=True)
-agent.accept(Plan("w0", "worker", 1, 10.0, 0.5, False,
-                  SlotPlan(5, 100.0, [Task("a", 1, 0, 0.5, 40)]),
-                  SlotPlan(6, 110.0, [Task("b", 1, 0, 0.5, 40)])))
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-async def until(check, seconds=20):
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, "not within the time"
-        await asyncio.sleep(0.02)
-        await agent._commands(0.02)
+# a server of its own: at its start, an agent that adopts orphans stops every other
+# agent's workers of its server on this machine (those of tests running beside it)
+server = os.path.basename(folder)
+agent, now = agent_on(command, two_jobs("a", "b", server=server), stop_grace=1.0,
+                      adopt_orphans=True)
 
 def read(name):
     path = os.path.join(folder, name)
@@ -533,18 +493,18 @@ def read(name):
 async def main():
     await agent._commands(0.0)
     if mode == "first":  # then killed with -9 by the test
-        await until(lambda: read("first"))
+        await steps(agent, lambda: read("first"), 20)
         print("ready", flush=True)
         await asyncio.sleep(120)
     elif mode == "second":  # the first agent's worker is stopped before its own starts
         old = read("first")
-        await until(lambda: read("second"))
+        await steps(agent, lambda: read("second"), 20)
         print("old worker", "alive" if alive(old) else "gone", flush=True)
     else:
-        await until(lambda: read("escaped") and read("a"))
+        await steps(agent, lambda: read("escaped") and read("a"), 20)
         escaped = read("escaped")
         now[0] = 111.0  # a leaves, b comes in
-        await until(lambda: read("b"))
+        await steps(agent, lambda: read("b"), 20)
         print("escaped", "alive" if alive(escaped) else "gone", "when b started", flush=True)
     await agent.commands.stop_all()
 

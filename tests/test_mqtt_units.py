@@ -1439,12 +1439,7 @@ def test_the_agent_stops_its_workers_on_sigterm_as_on_sigint(tmp_path: Path, sig
         if agent.poll() is None:
             agent.kill()
 
-    def alive(pid: int) -> bool:
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-        except FileNotFoundError:
-            return False
+    from tests.test_agent_workers import alive
 
     deadline = time.monotonic() + 10
     while any(alive(p) for p in workers) and time.monotonic() < deadline:
