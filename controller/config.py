@@ -340,6 +340,13 @@ def from_dict(
         mqtt = mqtt_from_dict(rebased(fields.optional_mapping(data, "mqtt", ""), ("tls_ca",), base))
         if mqtt is not None:
             check_server_names(name for _kind, _i, name, _cap in cluster.servers())
+            given = fields.optional_mapping(data, "mqtt", "").get("device_resource")
+            if given and mqtt.device_resource not in cluster.resources:
+                raise SpecError.one(
+                    "mqtt.device_resource",
+                    f"{mqtt.device_resource!r} is not a resource of the cluster (its "
+                    f'resources: {", ".join(cluster.resources)}); "" gives agents no devices',
+                )
         return Config(
             listen=listen,
             data_dir=data_dir,

@@ -578,3 +578,60 @@ def test_the_agent_runs_without_the_daemons_libraries(tmp_path: Path) -> None:
     names = {line.rsplit("|", 1)[-1].strip() for line in imports.splitlines() if "|" in line}
     assert "controller.plane.agent" in names, imports[-2000:]
     assert not names & {"sqlalchemy", "numba", "controller.config", "grpc"}, sorted(names)
+
+
+def _device_plan(slot_5: list[Task], slot_6: list[Task], devices: int = 4) -> Plan:
+    return Plan("w0", "worker", 1, 10.0, 0.5, False, SlotPlan(5, 100.0, slot_5),
+                SlotPlan(6, 110.0, slot_6), devices=devices)  # fmt: skip
+
+
+def test_each_worker_gets_devices_of_its_own_and_a_job_without_gpus_sees_none(
+    tmp_path: Path,
+) -> None:
+    """Before: no worker was told its devices, so two tenants' jobs on one 4-GPU server
+    both ran on device 0 (the framework's default) and the other three idled."""
+    command = f'echo "$CUDA_VISIBLE_DEVICES" > {tmp_path}/$OASIS_JOB-$OASIS_WORKER; exec sleep 30'
+    a, b, c = (
+        Task("a", 2, 0, 0.5, 40, devices=1),
+        Task("b", 1, 0, 0.5, 40, devices=2),
+        Task("c", 1, 0, 0.5, 40),
+    )
+    d = Task("d", 1, 0, 0.5, 40, devices=2)
+    agent, now = agent_on(command, _device_plan([a, b, c], [b, d]))
+
+    def seen(name: str) -> list[str] | None:
+        path = tmp_path / name
+        text = path.read_text().strip() if path.exists() else None
+        return None if text is None else [x for x in text.split(",") if x]
+
+    async def go() -> None:
+        await steps(agent, lambda: all(seen(n) is not None for n in ("a-0", "a-1", "b-0", "c-0")))
+        held = [seen("a-0"), seen("a-1"), seen("b-0")]
+        assert [len(h or []) for h in held] == [1, 1, 2]
+        flat = [x for h in held for x in h or []]
+        assert sorted(flat) == ["0", "1", "2", "3"], held  # four GPUs, none twice
+        assert seen("c-0") == []  # no GPU in its demand: it sees none, not every one
+        now[0] = 111.0  # slot 6: a and c leave, d (2 GPUs) comes in beside b
+        await steps(agent, lambda: seen("d-0") is not None)
+        assert sorted((seen("d-0") or []) + (seen("b-0") or [])) == ["0", "1", "2", "3"]
+
+    run(agent, go)
+
+
+def test_a_plan_without_devices_leaves_the_workers_environment_as_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plan of an older daemon (or a cluster with no gpu resource) counts none: the
+    workers get the agent's own CUDA_VISIBLE_DEVICES, as before."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,6")
+    out = tmp_path / "seen"
+    task = Task("a", 1, 0, 0.5, 40, devices=1)
+    agent, _ = agent_on(f'echo "$CUDA_VISIBLE_DEVICES" > {out}; exec sleep 30',
+                        _device_plan([task], [], devices=0))  # fmt: skip
+
+    async def go() -> None:
+        await steps(agent, out.exists)
+        await steps(agent, lambda: out.read_text().strip() != "")
+        assert out.read_text().strip() == "5,6"
+
+    run(agent, go)

@@ -346,6 +346,10 @@ def test_agents_follow_plans_report_progress_and_early_completion_releases_slots
         lambda: (p := cluster.plans()[worker_server]).current.slot == first and p,
     )
     assert [t.job for t in plan.current.tasks] == ["e1"]
+    # the server's GPUs and the worker's, for the agent to hand out (CUDA_VISIBLE_DEVICES)
+    assert plan.devices == CAPACITY[worker_server]["gpu"]
+    assert plan.current.tasks[0].devices == DEMAND["worker"]["gpu"]
+    assert all(p.devices == 0 for s, p in cluster.plans().items() if s.startswith("p"))
 
     # six times faster than planned: done in about a slot; the rest is released
     done = wait_for(

@@ -59,6 +59,8 @@ def test_mqtt_table_is_optional_and_validated(tmp_path: Path) -> None:
                                                                           False, "lab")  # fmt: skip
     assert c.mqtt.heartbeat_seconds == 3.0
     assert config({"host": "b", "tls_ca": ca_file(tmp_path)}).mqtt.port == 8883
+    assert c.mqtt.device_resource == "gpu"  # the default; "" gives agents no devices
+    assert config({"host": "b", "device_resource": ""}).mqtt.device_resource == ""
     cases: list[tuple[dict[str, Any], str]] = [
         ({"url": "http://b"}, "mqtt.url: must be mqtt://"),
         ({"port": 1883}, "mqtt: needs url or host"),
@@ -66,7 +68,10 @@ def test_mqtt_table_is_optional_and_validated(tmp_path: Path) -> None:
         ({"host": "b", "topic_prefix": "a/#"}, "mqtt.topic_prefix"),
         ({"host": "b", "heartbeat_timeout": 2, "heartbeat_seconds": 3}, "mqtt.heartbeat_seconds"),
         ({"host": "b", "colour": 1}, "mqtt.colour: unknown key"),
-    ]
+        ({"host": "b", "device_resource": "gpus"}, "mqtt.device_resource: 'gpus' is not a "
+         "resource of the cluster (its resources: gpu, bandwidth); \"\" gives agents no "),
+        ({"host": "b", "device_resource": 1}, "mqtt.device_resource: must be"),
+    ]  # fmt: skip
     for bad, message in cases:
         with pytest.raises(ConfigError, match=re.escape(message)):
             config(bad)
@@ -178,17 +183,32 @@ def test_agent_flag_errors_name_the_flag(
         broker_settings(agent_args(*argv))
 
 
-def plan(epoch: int, slot: int = 5, starts: float = 100.0, workers: int = 2) -> Plan:
-    task = Task("j1", workers, 0, minibatch_seconds=0.5, minibatches=40)
+def plan(
+    epoch: int, slot: int = 5, starts: float = 100.0, workers: int = 2, devices: int = 0
+) -> Plan:
+    task = Task("j1", workers, 0, minibatch_seconds=0.5, minibatches=40, devices=devices / 4)
     return Plan("w0", "worker", epoch, 10.0, 0.5, False,
-                SlotPlan(slot, starts, [task]), SlotPlan(slot + 1, starts + 10.0, []))  # fmt: skip
+                SlotPlan(slot, starts, [task]), SlotPlan(slot + 1, starts + 10.0, []),
+                devices=devices)  # fmt: skip
 
 
 def test_payloads_round_trip_and_bad_ones_name_the_field() -> None:
-    p = plan(7)
+    p = plan(7, devices=4)
     assert Plan.parse(p.to_bytes()) == p
     # the hand-built payload is asdict's, byte for byte (a whole plan's without its part)
     assert p.to_bytes() == topics._dump(p, "part", "parts")
+    # without devices, as an older daemon's: none of the two fields in the payload
+    bare = plan(7)
+    assert b"devices" not in bare.to_bytes() and Plan.parse(bare.to_bytes()) == bare
+    for bad, why in ((b'"devices":-1', "plan.devices: must be >= 0"),
+                     (b'"devices":1025', "plan.devices: must be below 1025"),
+                     (b'"devices":1.5', "plan.devices: must be an integer")):  # fmt: skip
+        with pytest.raises(SpecError, match=re.escape(why)):
+            Plan.parse(bare.to_bytes()[:-1] + b"," + bad + b"}")
+    for bad, why in ((b'"devices":-0.5', "must be >= 0"), (b'"devices":"1"', "must be a number"),
+                     (b'"devices":2000', "must be at most 1024")):  # fmt: skip
+        with pytest.raises(SpecError, match=re.escape("plan.current.tasks[0].devices: " + why)):
+            Plan.parse(bare.to_bytes().replace(b'"run":""', b'"run":"",' + bad, 1))
     beat = Heartbeat("w0", "s1", 7)
     assert Heartbeat.parse(beat.to_bytes()) == beat
     assert b"sent_at" not in beat.to_bytes()  # as an older agent sends it

@@ -69,6 +69,11 @@ def register(sub: Any) -> None:
     p.add_argument("--stop-grace", type=float, default=STOP_GRACE, metavar="S",
                    help="seconds a worker leaving the plan has between SIGTERM and SIGKILL; "
                         f"no other worker starts meanwhile (default {STOP_GRACE:g})")  # fmt: skip
+    p.add_argument("--devices", metavar="IDS",
+                   help="the server's GPUs to hand to workers, comma-separated (0,1,2,3 or "
+                   "GPU-... names); each worker gets its own in CUDA_VISIBLE_DEVICES "
+                   "(default: the agent's own $CUDA_VISIBLE_DEVICES, else 0 .. n-1 of "
+                   "the n the daemon's cluster gives the server)")  # fmt: skip
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=_agent)
 
@@ -99,10 +104,11 @@ def _agent(args: argparse.Namespace) -> int:
     if not (0 <= args.stop_grace <= MAX_STOP_GRACE):  # nan: never killed
         raise InputError(f"--stop-grace: must be a number of seconds from 0 to "
                          f"{MAX_STOP_GRACE:g}, got {args.stop_grace}")  # fmt: skip
+    devices = _device_ids(args.devices)
     logs.configure(args.log_level)
     try:
         agent = Agent(args.node, mqtt, args.speed, args.worker_command or "", args.report_seconds,
-                      stop_grace=args.stop_grace, adopt_orphans=True)  # fmt: skip
+                      stop_grace=args.stop_grace, adopt_orphans=True, devices=devices)  # fmt: skip
     except ValueError as err:
         raise InputError(f"--node: {err}") from err
     try:
@@ -110,6 +116,25 @@ def _agent(args: argparse.Namespace) -> int:
     except UnknownServerError as err:
         raise InputError(str(err)) from err
     return EXIT_OK
+
+
+def _device_ids(flag: str | None) -> list[str] | None:
+    """The ids of ``--devices``, else of the agent's own ``$CUDA_VISIBLE_DEVICES`` (the
+    devices it may use, so its workers' are among them); None: neither, the plan's count
+    decides. InputError naming the flag or variable for ids that cannot be."""
+    from controller.plane.devices import parse_device_ids
+
+    where, text = ("--devices", flag) if flag is not None else (
+        "$CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))  # fmt: skip
+    if text is None:
+        return None
+    try:
+        ids = parse_device_ids(text)
+    except ValueError as err:
+        raise InputError(f"{where}: {err}") from err
+    if not ids and flag is not None:
+        raise InputError("--devices: is empty; leave it out to hand out the plan's devices")
+    return ids
 
 
 def run_agent(agent: Agent) -> None:

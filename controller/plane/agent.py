@@ -21,7 +21,8 @@ Work is either simulated -- each worker finishes a mini-batch every
 ``minibatch_seconds / speed`` seconds (``--speed 2``: twice as fast as planned) -- or
 done by a command launched per worker (``--command``), which gets ``OASIS_JOB``,
 ``OASIS_SERVER``, ``OASIS_WORKER``, ``OASIS_MINIBATCH_SECONDS`` and ``OASIS_AGENT`` in
-its environment and
+its environment, and its own devices in ``CUDA_VISIBLE_DEVICES`` and ``OASIS_DEVICES``
+when its task needs any (:mod:`controller.plane.devices`), and
 prints its cumulative mini-batch count, one number per line, as it goes; it is stopped
 (SIGTERM, then SIGKILL after a grace) when its task leaves the plan, and started again
 after a back-off if it fails (:mod:`controller.plane.workers`).
@@ -34,13 +35,14 @@ import contextlib
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import aiomqtt
 import structlog
 
 from controller.plane.client import client_for
+from controller.plane.devices import Devices
 from controller.plane.settings import MqttConfig
 from controller.plane.topics import (
     MAX_COUNT,
@@ -110,6 +112,8 @@ class Agent:
         stop_grace: seconds from a departing worker's SIGTERM to its SIGKILL.
         adopt_orphans: stop the workers' descendants that leave their sessions (the
             agent's process becomes their subreaper: ``oasis agent`` itself).
+        devices: the ids of the server's devices to hand to workers (``--devices``);
+            None: ``0 .. n - 1`` of the plan's ``devices``.
     """
 
     def __init__(
@@ -122,6 +126,7 @@ class Agent:
         wall: Callable[[], float] = time.time,
         stop_grace: float = STOP_GRACE,
         adopt_orphans: bool = False,
+        devices: Sequence[str] | None = None,
     ) -> None:
         if not (0 < speed < math.inf):
             raise ValueError(f"speed: must be a number > 0, got {speed}")
@@ -144,9 +149,10 @@ class Agent:
         self._idle: dict[str, tuple[float, float, str]] = {}  # ... and their run
         self._away_since: float | None = None  # monotonic time the daemon was seen offline
         self._ran_out = False  # the plan's last slot ended (logged once)
+        self._counted = 0  # the devices the plan counts
         self.commands = (
             Commands(command, self.server, self.session, self._read_counts, self.log,
-                     stop_grace, adopt_orphans)
+                     stop_grace, adopt_orphans, devices=Devices(devices))
             if command else None
         )  # fmt: skip
 
@@ -167,7 +173,21 @@ class Agent:
             for task in (*plan.current.tasks, *plan.next.tasks):
                 self._reported.pop(task.job, None)
         self.plan = plan
+        if self.commands is not None:
+            self._size_devices(plan.devices)
         return True
+
+    def _size_devices(self, count: int) -> None:
+        """The plan counts ``count`` devices: hand out as many, or say once that the
+        ids given (``--devices``) are fewer."""
+        assert self.commands is not None
+        devices = self.commands.devices
+        devices.resize(count)
+        if devices.given is not None and len(devices.given) < count and count != self._counted:
+            self.log.warning("the plan counts more devices than --devices lists: workers "
+                             "will share devices", planned=count,
+                             listed=len(devices.given))  # fmt: skip
+        self._counted = count
 
     def active(self) -> SlotPlan | None:
         """The slot plan in force now: the next slot's once it has begun; None with no
@@ -216,7 +236,8 @@ class Agent:
             state.worker_seconds += len(state.workers.running) * dt
         await self.commands.follow(
             {job: state.workers for job, state in self.tasks.items()},
-            {job: (task.workers, {"OASIS_MINIBATCH_SECONDS": str(task.minibatch_seconds)})
+            {job: (task.workers, {"OASIS_MINIBATCH_SECONDS": str(task.minibatch_seconds)},
+                   task.devices)
              for job, task in wanted.items()},
         )  # fmt: skip
         for state in self.tasks.values():

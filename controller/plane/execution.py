@@ -68,6 +68,7 @@ from controller.clock import slots_for
 from controller.errors import NotFoundError
 from controller.events import Event
 from controller.logs import Complaints
+from controller.plane.devices import MAX_DEVICES
 from controller.plane.intake import Received, ReportInbox
 from controller.plane.link_clock import LinkClock
 from controller.plane.port import AdmissionPort
@@ -1159,14 +1160,19 @@ class Execution:
                 .where(AllocationRow.slot.in_((s, s + 1)), JobRow.state.in_(ACTIVE))
                 .order_by(JobRow.sequence)
             ).all()  # fmt: skip
+            device = self._device_resource()
             for r in rows:
                 job = self._job(r.job_id, session)
+                demand = 0.0
+                if device is not None:
+                    per = job.worker if self.server_index[r.server][0] == "worker" else job.ps
+                    demand = float(per[device])
                 task = Task(r.job_id, r.workers, r.ps, job.minibatch_slots * self.slot_seconds,
-                            job.total_minibatches, run_of(r.decided_at))  # fmt: skip
+                            job.total_minibatches, run_of(r.decided_at), demand)  # fmt: skip
                 tasks.setdefault((r.server, r.slot), []).append(task)
             epoch0 = self.c.slots.epoch
             plans: list[Plan] = []
-            for server, (kind, _index) in self.server_index.items():
+            for server, (kind, index) in self.server_index.items():
                 plan = Plan(
                     server=server,
                     kind=kind,
@@ -1179,6 +1185,7 @@ class Execution:
                     next=SlotPlan(
                         s + 1, epoch0 + (s + 1) * self.slot_seconds, tasks.get((server, s + 1), [])
                     ),
+                    devices=self._devices(kind, index, device),
                 )
                 if not plan.same_content(published.get(server)):
                     plans.append(plan)
@@ -1187,6 +1194,22 @@ class Execution:
                 self.planned_slot = s
                 self._save_meta(session)
         return plans
+
+    def _device_resource(self) -> int | None:
+        """The index of ``[mqtt] device_resource`` among the cluster's resources; None if
+        the cluster has no such resource (plans then give no devices)."""
+        resources = self.c.cluster.resources
+        name = self.mqtt.device_resource
+        return resources.index(name) if name in resources else None
+
+    def _devices(self, kind: str, index: int, device: int | None) -> int:
+        """A server's devices for its plan: its capacity of the device resource, whole
+        (at most :data:`~controller.plane.devices.MAX_DEVICES`)."""
+        if device is None:
+            return 0
+        cluster = self.c.cluster
+        capacity = (cluster.worker_capacity if kind == "worker" else cluster.ps_capacity)[index]
+        return min(MAX_DEVICES, math.floor(float(capacity[device]) + 1e-9))
 
     def _save_meta(self, session: Session) -> None:
         value = {"epoch": self.epoch, "events": self.events_published,

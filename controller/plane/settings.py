@@ -11,6 +11,7 @@ Example::
     heartbeat_timeout = 30          # seconds of silence before a server is declared failed
     flap_failures = 3               # failures within flap_seconds that hold a server out
     flap_seconds = 3600             # ... for this long after it is heard again (0 failures: never)
+    device_resource = "gpu"         # the resource agents hand out as devices (CUDA_VISIBLE_DEVICES)
 
 No ``[mqtt]`` table: no broker, and the daemon runs exactly as without the plane.
 
@@ -42,7 +43,7 @@ __all__ = [
 
 _KEYS = {"url", "host", "port", "username", "password", "tls_ca", "topic_prefix",
          "heartbeat_timeout", "heartbeat_seconds", "flap_failures", "flap_seconds",
-         "max_plan_bytes"}  # fmt: skip
+         "max_plan_bytes", "device_resource"}  # fmt: skip
 _OVERRIDABLE = ("username", "password", "tls_ca", "topic_prefix")
 
 
@@ -72,6 +73,10 @@ class MqttConfig:
             plan goes in parts (:meth:`~controller.plane.topics.Plan.split`). Keep it
             below the broker's ``max_packet_size``, which drops the connection of a
             client that sends more.
+        device_resource: the resource whose units are devices the agents hand to their
+            workers (``CUDA_VISIBLE_DEVICES``): plans give each server's capacity of it
+            and each task's demand (:mod:`controller.plane.devices`). A cluster without
+            such a resource gives none (checked at config load when set explicitly).
     """
 
     host: str
@@ -86,6 +91,7 @@ class MqttConfig:
     flap_failures: int = 3
     flap_seconds: float = 3600.0
     max_plan_bytes: int = 200_000
+    device_resource: str = "gpu"
 
 
 MIN_PLAN_BYTES = 4096
@@ -228,7 +234,15 @@ def mqtt_from_dict(raw: Mapping[str, Any]) -> MqttConfig | None:
         flap_failures=flaps,
         flap_seconds=flap_seconds,
         max_plan_bytes=plan_bytes,
+        device_resource=_device_resource(raw.get("device_resource", "gpu")),
     )
+
+
+def _device_resource(value: Any) -> str:
+    """``device_resource``: a resource's name, or "" for none."""
+    if value == "":
+        return ""
+    return fields.text(value, "mqtt.device_resource")
 
 
 def override(mqtt: MqttConfig, raw: Mapping[str, Any]) -> MqttConfig:

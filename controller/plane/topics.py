@@ -75,6 +75,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from controller.plane.devices import MAX_DEVICES
 from pricing import fields
 from pricing.errors import SpecError
 
@@ -269,6 +270,9 @@ class Task:
             admitted): an id used again, after a store restored from a backup or its
             job deleted by retention, comes with another, and an agent's counts of the
             earlier one do not carry over to it. "": not said (an older daemon).
+        devices: devices (GPUs) one of its workers needs (one of its PS on a PS
+            server), whole or a fraction; 0: none, or not said (an older daemon). Left
+            out of the payload when 0.
     """
 
     job: str
@@ -277,6 +281,7 @@ class Task:
     minibatch_seconds: float
     minibatches: int
     run: str = ""
+    devices: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -315,6 +320,7 @@ class SlotPlan:
                         fields.require(tm, "minibatches", tw), f"{tw}.minibatches", minimum=1
                     ),
                     run=_run(tm.get("run", ""), f"{tw}.run"),
+                    devices=_devices_demand(tm.get("devices", 0), f"{tw}.devices"),
                 )
             )
         return cls(
@@ -331,10 +337,21 @@ def _slot_dict(plan: SlotPlan) -> dict[str, Any]:
 
 
 def _task_dict(t: Task) -> dict[str, Any]:
-    """``asdict(t)``, by hand."""
-    return {"job": t.job, "workers": t.workers, "ps": t.ps,
-            "minibatch_seconds": t.minibatch_seconds, "minibatches": t.minibatches,
-            "run": t.run}  # fmt: skip
+    """``asdict(t)``, by hand (``devices`` only when not 0)."""
+    out = {"job": t.job, "workers": t.workers, "ps": t.ps,
+           "minibatch_seconds": t.minibatch_seconds, "minibatches": t.minibatches,
+           "run": t.run}  # fmt: skip
+    if t.devices:
+        out["devices"] = t.devices
+    return out
+
+
+def _devices_demand(value: Any, field: str) -> float:
+    """A task's ``devices``: a number from 0 to :data:`MAX_DEVICES`."""
+    demand = fields.non_negative(value, field)
+    if demand > MAX_DEVICES:
+        raise SpecError.one(field, f"must be at most {MAX_DEVICES}, got {demand:g}")
+    return demand
 
 
 MAX_RUN_CHARS = 64
@@ -369,6 +386,10 @@ class Plan:
         part: which part of the plan this is, ``0 .. parts - 1`` (:meth:`split`).
         parts: how many parts the plan was published in (1: whole; only then are the
             two fields left out of the payload).
+        devices: the server's devices (GPUs: its capacity of the daemon's
+            ``device_resource``, whole), which the agent hands to its workers
+            (:mod:`controller.plane.devices`); 0: none, or not said (an older daemon).
+            Left out of the payload when 0.
     """
 
     server: str
@@ -382,6 +403,7 @@ class Plan:
     store: str = ""
     part: int = 0
     parts: int = 1
+    devices: int = 0
 
     def to_bytes(self) -> bytes:
         """The payload: the same bytes as ``_dump`` gives (without ``part`` and ``parts``
@@ -396,6 +418,8 @@ class Plan:
         }  # fmt: skip
         if self.parts > 1:
             body |= {"part": self.part, "parts": self.parts}
+        if self.devices:
+            body["devices"] = self.devices
         return json.dumps(body, separators=(",", ":")).encode()
 
     def split(self, max_bytes: int) -> list[Plan]:
@@ -448,13 +472,9 @@ class Plan:
         """True if ``other`` plans the same (its epoch aside)."""
         if other is None:
             return False
-        return (self.kind, self.down, self.current, self.next, self.heartbeat_seconds) == (
-            other.kind,
-            other.down,
-            other.current,
-            other.next,
-            other.heartbeat_seconds,
-        )
+        return (self.kind, self.down, self.current, self.next, self.heartbeat_seconds,
+                self.devices) == (other.kind, other.down, other.current, other.next,
+                                  other.heartbeat_seconds, other.devices)  # fmt: skip
 
     @classmethod
     def parse(cls, payload: bytes | bytearray | str) -> Plan:
@@ -475,6 +495,7 @@ class Plan:
             store=_run(obj.get("store", ""), "plan.store"),
             part=_below(obj.get("part", 0), "plan.part", 0, MAX_PLAN_PARTS),
             parts=_below(obj.get("parts", 1), "plan.parts", 1, MAX_PLAN_PARTS + 1),
+            devices=_below(obj.get("devices", 0), "plan.devices", 0, MAX_DEVICES + 1),
         )
         if (obj["version"] == PART_VERSION) != (plan.parts > 1):
             raise SpecError.one("plan.version", f"{PART_VERSION} for a part of a plan in "
@@ -534,7 +555,7 @@ def _same_header(a: Plan, b: Plan) -> bool:
     def header(p: Plan) -> tuple[Any, ...]:
         return (p.server, p.kind, p.epoch, p.slot_seconds, p.heartbeat_seconds, p.down,
                 p.parts, p.current.slot, p.current.starts_at, p.next.slot, p.next.starts_at,
-                p.store)  # fmt: skip
+                p.store, p.devices)  # fmt: skip
 
     return header(a) == header(b)
 

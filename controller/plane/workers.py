@@ -31,6 +31,8 @@ says, and nothing of a job outlasts its place in the plan.
   servers). An exited process is kept as its count only.
 - **Indices.** ``OASIS_WORKER`` is the worker's index, 0 .. workers - 1: a restart takes
   the index that is free (two live workers had the same before).
+- **Devices.** Each worker gets devices of its own in ``CUDA_VISIBLE_DEVICES``, as its
+  task's demand asks (:mod:`controller.plane.devices`), given back once it is gone.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from controller.plane.devices import Devices
 
 __all__ = [
     "MAX_STOP_GRACE",
@@ -120,6 +124,7 @@ class Worker:
     stop_sent: float | None = None
     killed: bool = False
     emptied: bool = False  # its process group was found empty once (gone at the next look)
+    devices: dict[str, float] = field(default_factory=dict)  # its shares of the devices
 
 
 @dataclass
@@ -157,6 +162,8 @@ class Commands:
             escaped ones (the ``oasis agent`` process: it has no other children; a
             process that embeds an agent, a test, should not).
         monotonic: the clock (tests).
+        devices: the server's devices, handed to the workers
+            (:mod:`controller.plane.devices`); the agent sizes it from its plan.
     """
 
     def __init__(
@@ -169,8 +176,11 @@ class Commands:
         stop_grace: float = STOP_GRACE,
         adopt_orphans: bool = False,
         monotonic: Any = time.monotonic,
+        devices: Devices | None = None,
     ) -> None:
         self.command = command
+        self.devices = devices if devices is not None else Devices()
+        self._short_said = False  # devices oversubscribed: warned once
         self.server = server
         self.session = session
         self.read_counts = read_counts
@@ -189,8 +199,11 @@ class Commands:
 
     # -- each step ----------------------------------------------------------------------
 
-    async def follow(self, jobs: dict[str, JobWorkers], wanted: dict[str, tuple[int, Any]]) -> None:
-        """Make the running workers match ``wanted`` (``{job: (workers, env extra)}``):
+    async def follow(
+        self, jobs: dict[str, JobWorkers], wanted: dict[str, tuple[int, Any, float]]
+    ) -> None:
+        """Make the running workers match ``wanted`` (``{job: (workers, env extra,
+        devices per worker)}``):
         reap the exited, stop the unwanted (indices from the planned count on), escalate
         the departing, and, once none is departing, start the missing indices."""
         now = self.monotonic()
@@ -209,10 +222,10 @@ class Commands:
         # beside it for up to a second and the grace)
         if self.subreaper and (departed or now - self._scanned >= ORPHAN_SCAN_SECONDS):
             self._scanned = now
-            self._scan_orphans({j for j, (n, _e) in wanted.items() if n > 0}, now)
+            self._scan_orphans({j for j, (n, _e, _d) in wanted.items() if n > 0}, now)
         if self.departing or self._orphans:
             return  # the capacity is the departing jobs' until they are gone
-        for job_id, (workers, extra) in wanted.items():
+        for job_id, (workers, extra, devices) in wanted.items():
             job = jobs[job_id]
             if workers and not job.all_done_said and set(range(workers)) <= job.finished:
                 job.all_done_said = True
@@ -223,7 +236,7 @@ class Commands:
             for index in range(workers):
                 if index in taken or index in job.finished or job.retry_at.get(index, 0) > now:
                     continue
-                await self._start(job_id, job, index, extra, now)
+                await self._start(job_id, job, index, extra, devices, now)
 
     def count(self, job: JobWorkers) -> float:
         """The job's mini-batches on this server: every process's count, summed."""
@@ -283,10 +296,27 @@ class Commands:
     # -- the mechanics -------------------------------------------------------------------
 
     async def _start(
-        self, job_id: str, job: JobWorkers, index: int, extra: dict[str, str], now: float
+        self,
+        job_id: str,
+        job: JobWorkers,
+        index: int,
+        extra: dict[str, str],
+        demand: float,
+        now: float,
     ) -> None:
-        env = {**worker_environment(), **extra, "OASIS_JOB": job_id, "OASIS_SERVER": self.server,
-               "OASIS_WORKER": str(index), "OASIS_AGENT": self.session}  # fmt: skip
+        held, enough = self.devices.take(demand)
+        if enough:
+            self._short_said = False
+        elif not self._short_said:  # once a shortage
+            self._short_said = True
+            self.log.warning("not enough free devices for a worker: it shares devices others "
+                             "hold (a worker given up on, fractions that do not pack, or "
+                             "--devices listing fewer than the plan counts)", job=job_id,
+                             worker=index, devices=list(held), demand=demand,
+                             known=len(self.devices.ids))  # fmt: skip
+        env = {**worker_environment(), **extra, **self.devices.environment(held),
+               "OASIS_JOB": job_id, "OASIS_SERVER": self.server, "OASIS_WORKER": str(index),
+               "OASIS_AGENT": self.session}  # fmt: skip
         loop = asyncio.get_running_loop()
         stream = asyncio.StreamReader(limit=_LINE_LIMIT)
         proc: asyncio.subprocess.Process | None = None
@@ -306,6 +336,7 @@ class Commands:
                 lambda: asyncio.StreamReaderProtocol(stream), pipe
             )
         except OSError as err:  # out of processes or descriptors: a failure, backed off
+            self.devices.give_back(held)
             if pipe is not None:
                 pipe.close()  # every failed start leaked it (the second review)
             if proc is not None:  # started, but its output cannot be followed
@@ -315,7 +346,7 @@ class Commands:
             return
         count = [0.0]
         reader = loop.create_task(self._follow(proc, stream, transport, count))
-        worker = Worker(proc, index, count, reader, now, job)
+        worker = Worker(proc, index, count, reader, now, job, devices=held)
         job.running.append(worker)
         self.live[proc.pid] = worker
 
@@ -341,6 +372,7 @@ class Commands:
             worker.reader.cancel()  # done, or held open by a process outside its group
             job.running.remove(worker)
             self.live.pop(worker.proc.pid, None)
+            self.devices.give_back(worker.devices)
             job.done_before += worker.count[0]
             code = worker.proc.returncode
             if code == 0:
@@ -402,6 +434,7 @@ class Commands:
                 self._given_up.add(worker.proc.pid)
             worker.reader.cancel()  # its output is no longer followed
             self.departing.remove(worker)
+            self.devices.give_back(worker.devices)
             worker.job.done_before += worker.count[0]
         return len(self.departing) < before
 

@@ -1,0 +1,145 @@
+"""The devices (GPUs) the reference agent hands to its workers
+(controller/plane/devices.py): each worker gets devices of its own, as its task's demand
+asks, and two tenants' jobs on one server never share a device while the plan fits."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from controller.plane.devices import MAX_DEVICES, Devices, parse_device_ids
+
+
+def test_whole_demands_get_devices_of_their_own_lowest_first() -> None:
+    devices = Devices()
+    devices.resize(4)
+    a, enough_a = devices.take(1)
+    b, enough_b = devices.take(2)
+    assert (a, enough_a) == ({"0": 1.0}, True)
+    assert (b, enough_b) == ({"1": 1.0, "2": 1.0}, True)
+    assert devices.environment(b) == {"CUDA_VISIBLE_DEVICES": "1,2", "OASIS_DEVICES": "1,2"}
+    devices.give_back(a)
+    c, _ = devices.take(2)
+    assert list(c) == ["0", "3"]  # the freed one and the last free one
+
+
+def test_fractions_pack_best_fit_and_leave_whole_devices_for_whole_demands() -> None:
+    devices = Devices()
+    devices.resize(2)
+    half, _ = devices.take(0.5)
+    quarter, _ = devices.take(0.25)
+    assert list(half) == list(quarter) == ["0"]  # both on device 0: device 1 stays whole
+    whole, enough = devices.take(1)
+    assert (list(whole), enough) == (["1"], True)
+    more, enough = devices.take(0.25)
+    assert (list(more), enough) == (["0"], True)  # 0.25 left on device 0: it fits there
+    over, enough = devices.take(0.5)
+    assert not enough  # nothing holds half a device any more: shared, and said
+    assert list(over) == ["0"] or list(over) == ["1"]
+
+
+def test_a_worker_that_needs_none_sees_no_device_and_without_devices_nothing_is_set() -> None:
+    devices = Devices()
+    assert devices.environment({}) == {}  # no plan count yet, no ids: the environment as is
+    devices.resize(2)
+    none, enough = devices.take(0)
+    assert (none, enough) == ({}, True)
+    assert devices.environment(none) == {"CUDA_VISIBLE_DEVICES": "", "OASIS_DEVICES": ""}
+
+
+def test_more_demand_than_free_devices_is_said_and_still_gives_the_asked_number() -> None:
+    devices = Devices(["GPU-a", "GPU-b", "GPU-c"])
+    devices.resize(8)  # given ids win over the plan's count
+    assert devices.ids == ["GPU-a", "GPU-b", "GPU-c"]
+    first, _ = devices.take(2)
+    second, enough = devices.take(2)
+    assert not enough
+    assert list(first) == ["GPU-a", "GPU-b"]
+    assert len(second) == 2 and "GPU-c" in second
+    devices.give_back(first)
+    devices.give_back(second)
+    assert devices.free == {"GPU-a": 1.0, "GPU-b": 1.0, "GPU-c": 1.0}
+    everything, enough = devices.take(5)  # more pieces than devices: every device, said
+    assert (list(everything), enough) == (["GPU-a", "GPU-b", "GPU-c"], False)
+
+
+def test_a_resize_keeps_what_workers_hold() -> None:
+    devices = Devices()
+    devices.resize(4)
+    held, _ = devices.take(1)
+    devices.resize(2)
+    assert devices.free == {"0": 0.0, "1": 1.0}
+    devices.give_back(held)
+    devices.give_back({"3": 1.0})  # a device no longer counted: nothing to give back to
+    assert devices.free == {"0": 1.0, "1": 1.0}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_while_the_plan_fits_no_two_workers_share_a_device(seed: int) -> None:
+    """Random starts and exits of workers with whole demands (what the daemon plans never
+    exceeds the count) and with fractions of a common size: never short, never shared
+    beyond a whole device."""
+    rng = random.Random(seed)
+    count = rng.randint(1, 8)
+    devices = Devices()
+    devices.resize(count)
+    unit = rng.choice([u for u in (1.0, 0.5, 0.25, 2.0) if u <= count])
+    running: list[dict[str, float]] = []
+    for _ in range(200):
+        used = sum(sum(h.values()) for h in running)
+        if running and (rng.random() < 0.45 or used + unit > count):
+            devices.give_back(running.pop(rng.randrange(len(running))))
+            continue
+        held, enough = devices.take(unit)
+        assert enough, (seed, unit, used, devices.free)
+        assert abs(sum(held.values()) - unit) < 1e-9
+        running.append(held)
+        for one in devices.ids:  # every device's shares add up to at most one device
+            assert sum(h.get(one, 0.0) for h in running) <= 1.0 + 1e-9
+        if unit >= 1:  # whole demands: pairwise disjoint
+            for x, y in itertools.combinations(running, 2):
+                assert not set(x) & set(y)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("0,,1", "id 2 is empty"),
+        ("0,1,0", "0 listed twice"),
+        ("0, 1 x", "has a space"),
+        (",".join(str(i) for i in range(MAX_DEVICES + 1)), "over 1024"),
+    ],
+)
+def test_device_ids_that_cannot_be_are_refused(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_device_ids(text)
+
+
+def test_device_ids_parse() -> None:
+    assert parse_device_ids("") == []
+    assert parse_device_ids("0, 2,GPU-8f1c") == ["0", "2", "GPU-8f1c"]
+
+
+def test_the_agents_devices_come_from_the_flag_else_its_own_cuda_visible_devices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from controller.commands.agent import _device_ids
+    from controller.commands.common import InputError
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert _device_ids(None) is None  # the plan's count decides
+    assert _device_ids("2,3") == ["2", "3"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    assert _device_ids(None) == ["4", "5"]
+    assert _device_ids("1") == ["1"]  # the flag wins
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert _device_ids(None) == []  # the agent may use none: neither may its workers
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,0")
+    with pytest.raises(InputError, match=r"^\$CUDA_VISIBLE_DEVICES: 0 listed twice"):
+        _device_ids(None)
+    with pytest.raises(InputError, match=r"^--devices: id 2 is empty"):
+        _device_ids("0,")
+    with pytest.raises(InputError, match=r"^--devices: is empty"):
+        _device_ids("")
