@@ -349,6 +349,12 @@ class _ControllerCollector:
             "store (a store replaced, or a second daemon under the same broker and prefix).",
             value=len(execution.foreign),
         )
+        yield GaugeMetricFamily(
+            "oasis_servers_with_two_agents",
+            "Servers whose heartbeats come from two agent sessions at once (two agents for "
+            "one server: both run its workers, and its jobs' progress counts from both).",
+            value=len(execution.twins),
+        )
         now, seen = execution.link.now(), dict(execution.last_seen)
         for server in sorted(execution.server_index):
             at = seen.get(server)

@@ -580,7 +580,7 @@ def test_the_agent_runs_without_the_daemons_libraries(tmp_path: Path) -> None:
     assert not names & {"sqlalchemy", "numba", "controller.config", "grpc"}, sorted(names)
 
 
-def _device_plan(slot_5: list[Task], slot_6: list[Task], devices: int = 4) -> Plan:
+def _device_plan(slot_5: list[Task], slot_6: list[Task], devices: int | None = 4) -> Plan:
     return Plan("w0", "worker", 1, 10.0, 0.5, False, SlotPlan(5, 100.0, slot_5),
                 SlotPlan(6, 110.0, slot_6), devices=devices)  # fmt: skip
 
@@ -618,16 +618,18 @@ def test_each_worker_gets_devices_of_its_own_and_a_job_without_gpus_sees_none(
     run(agent, go)
 
 
+@pytest.mark.parametrize("given", [None, ["0", "1", "2", "3"]])
 def test_a_plan_without_devices_leaves_the_workers_environment_as_it_is(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: list[str] | None
 ) -> None:
-    """A plan of an older daemon (or a cluster with no gpu resource) counts none: the
-    workers get the agent's own CUDA_VISIBLE_DEVICES, as before."""
+    """A plan of an older daemon (or with ``device_resource = ""``) counts none: the
+    workers get the agent's own CUDA_VISIBLE_DEVICES, as before, ids given or not (the
+    review: with --devices every worker got it empty, a GPU job no GPU)."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,6")
     out = tmp_path / "seen"
-    task = Task("a", 1, 0, 0.5, 40, devices=1)
+    task = Task("a", 1, 0, 0.5, 40)
     agent, _ = agent_on(f'echo "$CUDA_VISIBLE_DEVICES" > {out}; exec sleep 30',
-                        _device_plan([task], [], devices=0))  # fmt: skip
+                        _device_plan([task], [], devices=None), devices=given)  # fmt: skip
 
     async def go() -> None:
         await steps(agent, out.exists)
@@ -635,3 +637,94 @@ def test_a_plan_without_devices_leaves_the_workers_environment_as_it_is(
         assert out.read_text().strip() == "5,6"
 
     run(agent, go)
+
+
+def test_a_given_up_workers_devices_are_not_handed_to_the_next_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The review: a worker given up on (one the agent may not signal) may still run on
+    its GPU; the next tenant's worker was put on that GPU while three idled."""
+    from controller.plane import workers
+
+    monkeypatch.setattr(workers, "GIVE_UP_SECONDS", 0.3)
+    real_kill = workers._kill_group
+    monkeypatch.setattr(workers, "_kill_group", lambda group, sig: None)  # EPERM, as it were
+    pids = tmp_path / "pids"
+    command = f'echo "$$ $OASIS_JOB $CUDA_VISIBLE_DEVICES" >> {pids}; exec sleep 30'
+    a, b = Task("a", 1, 0, 0.5, 40, devices=1), Task("b", 1, 0, 0.5, 40, devices=1)
+    agent, now = agent_on(command, _device_plan([a], [b]), stop_grace=0.3)
+    started: list[list[str]] = []
+
+    async def go() -> None:
+        await steps(agent, pids.exists)
+        now[0] = 111.0  # a leaves (and cannot be stopped), b comes in
+        await steps(agent, lambda: len(pids.read_text().splitlines()) == 2)
+        started.extend(line.split() for line in pids.read_text().splitlines())
+        assert alive(int(started[0][0]))
+        assert started[0][1:] == ["a", "0"] and started[1][1:] == ["b", "1"], started
+        real_kill(int(started[0][0]), signal.SIGKILL)  # a is gone at last: GPU 0 free again
+        await steps(agent, lambda: commands(agent).devices.used == {"1": 1.0})
+        while os.path.exists(f"/proc/{started[0][0]}"):  # reaped by asyncio's child watcher
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.1)  # and its transport told
+        monkeypatch.undo()  # b's worker may be stopped again
+
+    try:
+        run(agent, go)
+    finally:
+        for line in started:
+            real_kill(int(line[0]), signal.SIGKILL)
+
+
+def test_a_second_agent_for_the_server_on_this_machine_is_refused_until_the_first_is_gone(
+    tmp_path: Path,
+) -> None:
+    """Before: two agents for one server (a unit started twice, a copy run by hand) ran
+    every worker twice, and each stopped the other's workers at its start as an earlier
+    agent's leftovers. The second now exits 2 naming the first's pid; once the first is
+    killed (-9: no lock to clean up), an agent starts again."""
+    from tests.servers import free_port
+
+    broker = f"mqtt://127.0.0.1:{free_port()}"  # nothing listens: the agents keep retrying
+    node = tmp_path.name  # a server of its own (tests beside this one run agents too)
+
+    def agent(*extra: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "controller.cli", "agent", "--node",
+                                 node, "--broker", broker, *extra], cwd=ROOT, text=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+
+    from controller.plane import one_agent
+
+    port = int(broker.rsplit(":", 1)[1])
+
+    def holder(prefix: str = "oasis") -> int:
+        return one_agent._holder(one_agent._address("127.0.0.1", port, prefix, node))
+
+    def held_by(proc: subprocess.Popen[str], prefix: str = "oasis") -> None:
+        deadline = time.monotonic() + 60  # its imports take a while on a loaded machine
+        while holder(prefix) != proc.pid:
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "the agent does not hold its server"
+            time.sleep(0.1)
+
+    first = agent()
+    try:
+        held_by(first)
+        second = agent()
+        _, err = second.communicate(timeout=60)
+        assert second.returncode == 2, err
+        assert f"another oasis agent for server {node!r} on broker 127.0.0.1:" in err, err
+        assert f"runs on this machine (pid {first.pid})" in err, err
+        other = agent("--topic-prefix", "lab")  # another deployment's agent: not the same
+        held_by(other, "lab")
+        other.kill()
+        other.communicate(timeout=30)
+        first.kill()
+        first.communicate(timeout=30)
+        third = agent()
+        held_by(third)
+        third.kill()
+        third.communicate(timeout=30)
+    finally:
+        first.kill()
+        first.communicate(timeout=30)

@@ -40,13 +40,19 @@ def test_fractions_pack_best_fit_and_leave_whole_devices_for_whole_demands() -> 
     assert list(over) == ["0"] or list(over) == ["1"]
 
 
-def test_a_worker_that_needs_none_sees_no_device_and_without_devices_nothing_is_set() -> None:
+def test_a_worker_that_needs_none_sees_no_device_and_without_a_count_nothing_is_set() -> None:
     devices = Devices()
-    assert devices.environment({}) == {}  # no plan count yet, no ids: the environment as is
+    assert devices.environment({}) == {}  # no plan count yet: the environment as is
+    assert devices.take(1) == ({}, True)
+    devices.resize(0)  # a server without GPUs: its workers see none
+    assert devices.environment({}) == {"CUDA_VISIBLE_DEVICES": "", "OASIS_DEVICES": ""}
     devices.resize(2)
     none, enough = devices.take(0)
     assert (none, enough) == ({}, True)
     assert devices.environment(none) == {"CUDA_VISIBLE_DEVICES": "", "OASIS_DEVICES": ""}
+    given = Devices(["0", "1"])
+    given.resize(None)  # the review: ids given, a plan that counts none (an older daemon)
+    assert given.environment({}) == {} and given.take(1) == ({}, True)
 
 
 def test_more_demand_than_free_devices_is_said_and_still_gives_the_asked_number() -> None:
@@ -60,20 +66,29 @@ def test_more_demand_than_free_devices_is_said_and_still_gives_the_asked_number(
     assert len(second) == 2 and "GPU-c" in second
     devices.give_back(first)
     devices.give_back(second)
-    assert devices.free == {"GPU-a": 1.0, "GPU-b": 1.0, "GPU-c": 1.0}
+    assert devices.used == {}
     everything, enough = devices.take(5)  # more pieces than devices: every device, said
     assert (list(everything), enough) == (["GPU-a", "GPU-b", "GPU-c"], False)
+    nothing = Devices([])
+    nothing.resize(4)
+    assert nothing.take(1) == ({}, False)  # none to give: said, not taken as enough
 
 
-def test_a_resize_keeps_what_workers_hold() -> None:
+@pytest.mark.parametrize("between", [2, 0, None])
+def test_what_workers_hold_stays_held_whatever_the_count_does(between: int | None) -> None:
+    """The review: a count that shrank (or a plan without one) and grew back handed out
+    devices that running workers still held."""
     devices = Devices()
     devices.resize(4)
-    held, _ = devices.take(1)
-    devices.resize(2)
-    assert devices.free == {"0": 0.0, "1": 1.0}
-    devices.give_back(held)
-    devices.give_back({"3": 1.0})  # a device no longer counted: nothing to give back to
-    assert devices.free == {"0": 1.0, "1": 1.0}
+    held = [devices.take(1)[0] for _ in range(4)]
+    devices.resize(between)
+    devices.resize(4)
+    assert devices.take(1)[1] is False  # all four still held: short, and said
+    for h in held:
+        devices.give_back(h)
+    devices.give_back({"9": 1.0})  # never held: nothing to give back
+    assert devices.used == {"0": 1.0}  # the last take's
+    assert devices.take(1) == ({"1": 1.0}, True)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -93,7 +108,7 @@ def test_while_the_plan_fits_no_two_workers_share_a_device(seed: int) -> None:
             devices.give_back(running.pop(rng.randrange(len(running))))
             continue
         held, enough = devices.take(unit)
-        assert enough, (seed, unit, used, devices.free)
+        assert enough, (seed, unit, used, devices.used)
         assert abs(sum(held.values()) - unit) < 1e-9
         running.append(held)
         for one in devices.ids:  # every device's shares add up to at most one device
@@ -108,7 +123,8 @@ def test_while_the_plan_fits_no_two_workers_share_a_device(seed: int) -> None:
     [
         ("0,,1", "id 2 is empty"),
         ("0,1,0", "0 listed twice"),
-        ("0, 1 x", "has a space"),
+        ("0, 1 x", "'1 x' is not a device index"),
+        ("NoDevFiles", "'NoDevFiles' is not a device index"),
         (",".join(str(i) for i in range(MAX_DEVICES + 1)), "over 1024"),
     ],
 )
@@ -123,23 +139,29 @@ def test_device_ids_parse() -> None:
 
 
 def test_the_agents_devices_come_from_the_flag_else_its_own_cuda_visible_devices(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from controller.commands.agent import _device_ids
     from controller.commands.common import InputError
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert _device_ids(None) is None  # the plan's count decides
-    assert _device_ids("2,3") == ["2", "3"]
+    assert _device_ids(None) == (None, "")  # the plan's count decides
+    assert _device_ids("2,3") == (["2", "3"], "--devices")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
-    assert _device_ids(None) == ["4", "5"]
-    assert _device_ids("1") == ["1"]  # the flag wins
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert _device_ids(None) == []  # the agent may use none: neither may its workers
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,0")
-    with pytest.raises(InputError, match=r"^\$CUDA_VISIBLE_DEVICES: 0 listed twice"):
-        _device_ids(None)
+    assert _device_ids(None) == (["4", "5"], "$CUDA_VISIBLE_DEVICES")
+    assert _device_ids("1")[0] == ["1"]  # the flag wins
+    # as CUDA reads it (the review): up to the first id that is none
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,-1,2")
+    assert _device_ids(None)[0] == ["0", "1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", " MIG-4f1e/1/0 ,GPU-8f1c")
+    assert _device_ids(None)[0] == ["MIG-4f1e/1/0", "GPU-8f1c"]
+    for none in ("", "-1", "NoDevFiles"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", none)
+        assert _device_ids(None)[0] == []  # the agent may use none: neither may its workers
+        assert "lets this agent use no device" in capsys.readouterr().err
     with pytest.raises(InputError, match=r"^--devices: id 2 is empty"):
         _device_ids("0,")
+    with pytest.raises(InputError, match=r"^--devices: id '-1' is not a device index"):
+        _device_ids("0,-1")
     with pytest.raises(InputError, match=r"^--devices: is empty"):
         _device_ids("")

@@ -184,9 +184,9 @@ def test_agent_flag_errors_name_the_flag(
 
 
 def plan(
-    epoch: int, slot: int = 5, starts: float = 100.0, workers: int = 2, devices: int = 0
+    epoch: int, slot: int = 5, starts: float = 100.0, workers: int = 2, devices: int | None = None
 ) -> Plan:
-    task = Task("j1", workers, 0, minibatch_seconds=0.5, minibatches=40, devices=devices / 4)
+    task = Task("j1", workers, 0, 0.5, 40, devices=(devices or 0) / 4)
     return Plan("w0", "worker", epoch, 10.0, 0.5, False,
                 SlotPlan(slot, starts, [task]), SlotPlan(slot + 1, starts + 10.0, []),
                 devices=devices)  # fmt: skip
@@ -200,6 +200,8 @@ def test_payloads_round_trip_and_bad_ones_name_the_field() -> None:
     # without devices, as an older daemon's: none of the two fields in the payload
     bare = plan(7)
     assert b"devices" not in bare.to_bytes() and Plan.parse(bare.to_bytes()) == bare
+    none = plan(7, devices=0)  # a server without GPUs: said (its workers see none)
+    assert b'"devices":0}' in none.to_bytes() and Plan.parse(none.to_bytes()) == none
     for bad, why in ((b'"devices":-1', "plan.devices: must be >= 0"),
                      (b'"devices":1025', "plan.devices: must be below 1025"),
                      (b'"devices":1.5', "plan.devices: must be an integer")):  # fmt: skip
@@ -352,7 +354,7 @@ class PlaneDaemon:
     }  # fmt: skip
     TOTAL = 20  # mini-batches: epochs * chunks * minibatches
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, cluster: dict[str, Any] | None = None) -> None:
         import structlog
 
         from controller.admission import AdmissionController
@@ -360,7 +362,8 @@ class PlaneDaemon:
         from controller.plane.execution import Execution
         from controller.store import Database
 
-        data = {"daemon": {"data_dir": str(tmp), "window": 6, "epoch": 0}, "cluster": CLUSTER}
+        data = {"daemon": {"data_dir": str(tmp), "window": 6, "epoch": 0},
+                "cluster": cluster or CLUSTER}  # fmt: skip
         self.config = from_dict(data)
         self.clock = FakeClock(1.0)
         self.c = AdmissionController(
@@ -1542,3 +1545,49 @@ def test_a_no_progress_report_survives_a_store_outage_and_is_said_once_across_re
     restarted.load()
     restarted.report(Progress("w0", "b", [TaskProgress("stuck", 0.0, spent + 1.0)]))
     assert [e for e in restarted.review_sync() if e.kind == "behind"] == []
+
+
+def test_two_agents_beating_for_one_server_at_once_are_said_and_a_restart_is_not(
+    plane: PlaneDaemon,
+) -> None:
+    """Two agents for one server (a unit copied to another machine, a typo in --node)
+    both run its workers and its jobs' progress counts from both: nothing said so. An
+    agent restarted (its old session silent before the new one beats) is not that."""
+    from structlog.testing import capture_logs
+
+    ex, beat = plane.ex, plane.ex.mqtt.heartbeat_seconds
+
+    def at(offset: float, server: str, session: str) -> None:
+        plane.mono[0] = offset
+        ex.heartbeat(Heartbeat(server, session))
+
+    with capture_logs() as logs:
+        for i in range(4):  # w0: a restart; session b takes over from a
+            at(i * beat, "w0", "a")
+        for i in range(4, 8):
+            at(i * beat, "w0", "b")
+        assert ex.twins == {}
+        for i in range(8, 12):  # p0: two at once, in turn
+            at(i * beat, "p0", "c")
+            at(i * beat + 0.5, "p0", "d")
+    said = [e for e in logs if e["event"].startswith("two agents beat for one server")]
+    assert [e["server"] for e in said] == ["p0"], said
+    assert set(said[0]["sessions"]) == {"c", "d"}
+    assert ex.twins == {"p0": ("c", "d")}
+    # one of them stopped: the other alone past the heartbeat timeout, no longer two
+    for i in range(12, 12 + int(ex.mqtt.heartbeat_timeout / beat) + 2):
+        at(i * beat, "p0", "d")
+    assert ex.twins == {}
+
+
+def test_a_device_capacity_that_is_not_whole_is_said_at_load(tmp_path: Path) -> None:
+    from structlog.testing import capture_logs
+
+    odd = {**CLUSTER, "servers": [{"name": "w0", "kind": "worker",
+                                   "capacity": {"gpu": 3.5, "bandwidth": 10}},
+                                  CLUSTER["servers"][1]]}  # fmt: skip
+    with capture_logs() as logs:
+        daemon = PlaneDaemon(tmp_path, odd)
+    daemon.c.close()
+    said = [e for e in logs if e["event"].startswith("servers whose capacity of the device")]
+    assert [(e["resource"], e["servers"]) for e in said] == [("gpu", ["w0"])], logs

@@ -81,6 +81,7 @@ def register(sub: Any) -> None:
 def _agent(args: argparse.Namespace) -> int:
     from controller import logs
     from controller.plane.agent import Agent, UnknownServerError
+    from controller.plane.one_agent import AgentRunningError, hold_server
 
     if args.old_server is not None:
         raise InputError(
@@ -104,37 +105,51 @@ def _agent(args: argparse.Namespace) -> int:
     if not (0 <= args.stop_grace <= MAX_STOP_GRACE):  # nan: never killed
         raise InputError(f"--stop-grace: must be a number of seconds from 0 to "
                          f"{MAX_STOP_GRACE:g}, got {args.stop_grace}")  # fmt: skip
-    devices = _device_ids(args.devices)
+    devices, devices_from = _device_ids(args.devices)
+    try:  # before anything of the agent runs: it would stop the other's workers
+        held = hold_server(mqtt.host, mqtt.port, mqtt.topic_prefix, args.node)
+    except AgentRunningError as err:
+        raise InputError(str(err)) from err
     logs.configure(args.log_level)
     try:
         agent = Agent(args.node, mqtt, args.speed, args.worker_command or "", args.report_seconds,
-                      stop_grace=args.stop_grace, adopt_orphans=True, devices=devices)  # fmt: skip
+                      stop_grace=args.stop_grace, adopt_orphans=True, devices=devices,
+                      devices_from=devices_from)  # fmt: skip
     except ValueError as err:
         raise InputError(f"--node: {err}") from err
     try:
         run_agent(agent)
     except UnknownServerError as err:
         raise InputError(str(err)) from err
+    finally:
+        held.close()
     return EXIT_OK
 
 
-def _device_ids(flag: str | None) -> list[str] | None:
-    """The ids of ``--devices``, else of the agent's own ``$CUDA_VISIBLE_DEVICES`` (the
-    devices it may use, so its workers' are among them); None: neither, the plan's count
-    decides. InputError naming the flag or variable for ids that cannot be."""
-    from controller.plane.devices import parse_device_ids
+def _device_ids(flag: str | None) -> tuple[list[str] | None, str]:
+    """``(ids, where from)``: those of ``--devices``, else those the agent's own
+    ``$CUDA_VISIBLE_DEVICES`` lets it use, read as CUDA reads it (up to the first id
+    that is none, such as ``-1``; its workers' are among them); None: neither, the
+    plan's count decides. InputError naming the flag for ids that cannot be."""
+    from controller.plane.devices import parse_device_ids, visible_devices
 
-    where, text = ("--devices", flag) if flag is not None else (
-        "$CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))  # fmt: skip
-    if text is None:
-        return None
-    try:
-        ids = parse_device_ids(text)
-    except ValueError as err:
-        raise InputError(f"{where}: {err}") from err
-    if not ids and flag is not None:
-        raise InputError("--devices: is empty; leave it out to hand out the plan's devices")
-    return ids
+    if flag is not None:
+        try:
+            ids = parse_device_ids(flag)
+        except ValueError as err:
+            raise InputError(f"--devices: {err}") from err
+        if not ids:
+            raise InputError("--devices: is empty; leave it out to hand out the plan's devices")
+        return ids, "--devices"
+    own = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if own is None:
+        return None, ""
+    ids = visible_devices(own)
+    if not ids:
+        print(f"oasis: warning: $CUDA_VISIBLE_DEVICES={own[:80]!r} lets this agent use no "
+              "device, so its workers get none; give --devices, or unset it",
+              file=sys.stderr)  # fmt: skip
+    return ids, "$CUDA_VISIBLE_DEVICES"
 
 
 def run_agent(agent: Agent) -> None:

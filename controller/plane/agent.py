@@ -114,6 +114,7 @@ class Agent:
             agent's process becomes their subreaper: ``oasis agent`` itself).
         devices: the ids of the server's devices to hand to workers (``--devices``);
             None: ``0 .. n - 1`` of the plan's ``devices``.
+        devices_from: where ``devices`` came from, for warnings.
     """
 
     def __init__(
@@ -127,6 +128,7 @@ class Agent:
         stop_grace: float = STOP_GRACE,
         adopt_orphans: bool = False,
         devices: Sequence[str] | None = None,
+        devices_from: str = "--devices",
     ) -> None:
         if not (0 < speed < math.inf):
             raise ValueError(f"speed: must be a number > 0, got {speed}")
@@ -149,10 +151,10 @@ class Agent:
         self._idle: dict[str, tuple[float, float, str]] = {}  # ... and their run
         self._away_since: float | None = None  # monotonic time the daemon was seen offline
         self._ran_out = False  # the plan's last slot ended (logged once)
-        self._counted = 0  # the devices the plan counts
+        self._counted: int | None = None  # the devices the plan counts
         self.commands = (
             Commands(command, self.server, self.session, self._read_counts, self.log,
-                     stop_grace, adopt_orphans, devices=Devices(devices))
+                     stop_grace, adopt_orphans, devices=Devices(devices, devices_from))
             if command else None
         )  # fmt: skip
 
@@ -177,16 +179,17 @@ class Agent:
             self._size_devices(plan.devices)
         return True
 
-    def _size_devices(self, count: int) -> None:
-        """The plan counts ``count`` devices: hand out as many, or say once that the
-        ids given (``--devices``) are fewer."""
+    def _size_devices(self, count: int | None) -> None:
+        """The plan counts ``count`` devices (None: says nothing of them): hand out as
+        many, or say once a count that the ids given are fewer."""
         assert self.commands is not None
         devices = self.commands.devices
         devices.resize(count)
-        if devices.given is not None and len(devices.given) < count and count != self._counted:
-            self.log.warning("the plan counts more devices than --devices lists: workers "
-                             "will share devices", planned=count,
-                             listed=len(devices.given))  # fmt: skip
+        given = devices.given
+        if given is not None and count is not None and len(given) < count != self._counted:
+            self.log.warning(f"the plan counts more devices than {devices.source} lists: "
+                             "workers will share devices", planned=count,
+                             listed=len(given), ids=given)  # fmt: skip
         self._counted = count
 
     def active(self) -> SlotPlan | None:

@@ -10,22 +10,33 @@ every framework starts on device 0, so two tenants' jobs planned on one 4-GPU se
 both ran on GPU 0 (one slowed, or out of memory), and the other three idled.
 
 A demand is whole devices, or a fraction of one (``gpu = 0.5``: two such workers share
-a device). Whole devices go first to wholly free ones, lowest position first; a fraction
-goes to the device with the least room that still holds it (best fit), so whole devices
-stay free for whole demands. The plan never places more than a server's capacity, but
-fractions can fragment, a worker the agent gave up on may still hold its devices, and an
-operator's ``--devices`` may list fewer than the plan counts: then the worker still gets
-as many devices as it asked for, those with the most room, and the agent says so once
-(an oversubscribed device, not a worker left without any, which would run on every
-device).
+a device; fractions that divide 1 pack without waste). Whole devices go first to wholly
+free ones, lowest position first; a fraction goes to the device with the least room
+that still holds it (best fit), so whole devices stay free for whole demands. What a
+worker holds is held until its process group is gone, a worker the agent gave up on
+included (it may still run there), whatever the plan's count does meanwhile. The plan
+never places more than a server's capacity, but fractions can fragment, a worker given
+up on keeps its devices, and the ids given (``--devices``, the agent's own
+``CUDA_VISIBLE_DEVICES``) may be fewer than the plan counts: then the worker still gets
+as many devices as it asked for, those with the most room, and the agent says so (an
+oversubscribed device, not a worker left without any, which would run on every device).
+A plan that counts no devices (an older daemon's, ``device_resource = ""``) leaves the
+workers' environments as they are.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 
-__all__ = ["DEVICE_VARIABLES", "MAX_DEVICES", "Devices", "parse_device_ids"]
+__all__ = [
+    "DEVICE_VARIABLES",
+    "MAX_DEVICES",
+    "Devices",
+    "parse_device_ids",
+    "visible_devices",
+]
 
 MAX_DEVICES = 1024
 """The most devices one server's plan may count, and ``--devices`` may list."""
@@ -35,13 +46,17 @@ DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "OASIS_DEVICES")
 
 _EPS = 1e-9
 
+_DEVICE_ID = re.compile(r"\d+|(GPU|MIG)-[0-9A-Za-z/_.:-]+")
+"""A device id as CUDA reads it: an index, or a GPU's or MIG instance's UUID."""
+
 
 def parse_device_ids(text: str) -> list[str]:
-    """The ids of ``--devices`` (or the agent's own ``CUDA_VISIBLE_DEVICES``): comma-
-    separated, each an index or a name such as ``GPU-8f1c...``, none twice.
+    """The ids of ``--devices``: comma-separated, each an index (``0``) or a GPU's or MIG
+    instance's UUID (``GPU-8f1c...``, ``MIG-...``), none twice.
 
     Raises:
-        ValueError: an empty id, an id given twice, or more than :data:`MAX_DEVICES`.
+        ValueError: an empty or unreadable id, an id given twice, or more than
+            :data:`MAX_DEVICES`.
     """
     ids = [part.strip() for part in text.split(",")]
     if ids == [""]:
@@ -49,8 +64,9 @@ def parse_device_ids(text: str) -> list[str]:
     for i, one in enumerate(ids):
         if not one:
             raise ValueError(f"id {i + 1} is empty (ids are comma-separated: 0,1,2,3)")
-        if not one.isprintable() or any(c.isspace() for c in one):
-            raise ValueError(f"id {one!r} has a space or an unprintable character")
+        if not _DEVICE_ID.fullmatch(one):
+            raise ValueError(f"id {one[:80]!r} is not a device index (0, 1, ...) or a GPU-... "
+                             "or MIG-... UUID")  # fmt: skip
     twice = sorted({one for one in ids if ids.count(one) > 1})
     if twice:
         raise ValueError(f"{', '.join(twice)} listed twice")
@@ -59,71 +75,97 @@ def parse_device_ids(text: str) -> list[str]:
     return ids
 
 
+def visible_devices(text: str) -> list[str]:
+    """The devices a ``CUDA_VISIBLE_DEVICES`` of ``text`` lets a process use, read as
+    CUDA reads it: the ids up to the first that is not one (``-1``, ``NoDevFiles``) or
+    is there twice; ``[]`` for none."""
+    ids: list[str] = []
+    for part in text.split(","):
+        one = part.strip()
+        if not _DEVICE_ID.fullmatch(one) or one in ids or len(ids) >= MAX_DEVICES:
+            break
+        ids.append(one)
+    return ids
+
+
 class Devices:
     """Which of a server's devices each running worker holds, as shares of a device.
 
     Args:
-        given: the device ids to hand out (``--devices``); None: ``0 .. count - 1`` of
-            the plan's count (:meth:`resize`).
+        given: the device ids to hand out (``--devices``, or the agent's own
+            ``CUDA_VISIBLE_DEVICES``); None: ``0 .. count - 1`` of the plan's count.
+        source: where ``given`` came from, for the agent's warnings.
     """
 
-    def __init__(self, given: Sequence[str] | None = None) -> None:
+    def __init__(self, given: Sequence[str] | None = None, source: str = "--devices") -> None:
         self.given = list(given) if given is not None else None
-        self.ids: list[str] = list(self.given or [])
-        self.free: dict[str, float] = dict.fromkeys(self.ids, 1.0)  # id -> room, 0 .. 1
+        self.source = source
+        self.count: int | None = None  # the plan's; None: it says nothing of devices
+        self.ids: list[str] = []
+        # id -> the shares running workers hold (kept whatever the plan's count does:
+        # a device counted again must not look free while a worker still holds it)
+        self.used: dict[str, float] = {}
 
-    def resize(self, count: int) -> None:
-        """The plan counts ``count`` devices: without ``given`` ids, hand out ``0 ..
-        count - 1``. What workers hold is kept (a device no longer counted is handed out
-        no more; its holders keep it until they leave)."""
+    @property
+    def managed(self) -> bool:
+        """Whether the plan counts devices (else workers' environments are left alone)."""
+        return self.count is not None
+
+    def resize(self, count: int | None) -> None:
+        """The plan counts ``count`` devices (None: it says nothing of them, an older
+        daemon's): hand out the given ids, or ``0 .. count - 1``."""
+        self.count = count
         if self.given is not None:
-            return
-        ids = [str(i) for i in range(min(count, MAX_DEVICES))]
-        if ids == self.ids:
-            return
-        self.ids = ids
-        self.free = {one: self.free.get(one, 1.0) for one in ids}
+            self.ids = self.given if count is not None else []
+        else:
+            self.ids = [str(i) for i in range(min(count or 0, MAX_DEVICES))]
+
+    def free(self, one: str) -> float:
+        """The room left on device ``one``, a share of it (below 0: oversubscribed)."""
+        return 1.0 - self.used.get(one, 0.0)
 
     def take(self, demand: float) -> tuple[dict[str, float], bool]:
         """Devices for one worker needing ``demand`` devices: ``({id: share}, enough)``,
         in position order. ``enough`` is False when the worker had to be given devices
-        others hold too (see the module docstring); ``{}`` with no demand or no devices
-        known."""
-        if not (demand > _EPS) or not self.ids:
+        others hold too, or none could be (see the module docstring); ``{}`` with no
+        demand, or while the plan counts no devices."""
+        if not (demand > _EPS) or not self.managed:
             return {}, True
         whole = math.floor(demand + _EPS)
         part = demand - whole if demand - whole > _EPS else 0.0
         pieces = [1.0] * whole + ([part] if part else [])
         chosen: dict[str, float] = {}
-        enough = True
+        enough = bool(self.ids)
         for piece in pieces:
-            room = [(self.free[one], pos, one) for pos, one in enumerate(self.ids)
-                    if one not in chosen and self.free[one] >= piece - _EPS]  # fmt: skip
+            room = [(self.free(one), pos, one) for pos, one in enumerate(self.ids)
+                    if one not in chosen and self.free(one) >= piece - _EPS]  # fmt: skip
             if room:  # best fit: the least room that holds the piece, then the lowest
                 _, _, one = min(room)
             else:  # oversubscribed: the most room left
-                rest = [(-self.free[one], pos, one) for pos, one in enumerate(self.ids)
+                enough = False
+                rest = [(-self.free(one), pos, one) for pos, one in enumerate(self.ids)
                         if one not in chosen]  # fmt: skip
                 if not rest:  # more pieces than devices: the worker gets them all
-                    enough = False
                     break
                 _, _, one = min(rest)
-                enough = False
             chosen[one] = piece
-            self.free[one] -= piece
+            self.used[one] = self.used.get(one, 0.0) + piece
         order = {one: pos for pos, one in enumerate(self.ids)}
         return dict(sorted(chosen.items(), key=lambda kv: order[kv[0]])), enough
 
     def give_back(self, held: dict[str, float]) -> None:
         """A worker holding ``held`` (from :meth:`take`) is gone."""
         for one, share in held.items():
-            if one in self.free:
-                self.free[one] = min(1.0, self.free[one] + share)
+            left = self.used.get(one, 0.0) - share
+            if left > _EPS:
+                self.used[one] = left
+            else:
+                self.used.pop(one, None)
 
     def environment(self, held: dict[str, float]) -> dict[str, str]:
         """The variables that tell a worker its devices ``held``: set empty for a worker
         that needs none (it sees no device, rather than every one); none at all while
-        no devices are known (a plan of an older daemon, a cluster without devices)."""
-        if not self.ids:
+        the plan counts no devices (an older daemon's plan, or ``device_resource = ""``)."""
+        if not self.managed:
             return {}
         return dict.fromkeys(DEVICE_VARIABLES, ",".join(held))

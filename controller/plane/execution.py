@@ -119,6 +119,8 @@ _LEVEL = 0.9
 # stops it), over all servers; each server gets its share (controller/plane/intake.py)
 _MAX_INBOX = 100_000
 _MAX_INBOX_PER_SERVER = 1_000  # ... and at least this many
+_MAX_SESSIONS_WATCHED = 4
+"""Agent sessions per server whose beats are remembered to tell two agents at once."""
 _COMPLAIN_SECONDS = 10.0
 FLOOD_DROPS = 100
 """Agents' messages dropped over their rates between two reviews that make a flood (an
@@ -374,6 +376,9 @@ class Execution:
         self.store_id = ""  # this store's (STORE_ID_KEY; read at load): plans carry it
         # server -> the store whose plans its agent follows, when not this one's
         self.foreign: dict[str, str] = {}
+        # server -> {agent session: [first beat, latest beat]} (monotonic), the latest few
+        self._sessions: dict[str, dict[str, list[float]]] = {}
+        self.twins: dict[str, tuple[str, str]] = {}  # server -> two sessions beating at once
         self._clock_off: set[str] = set()  # servers logged as off, not yet back
         self.epoch = 0
         self.events_published = 0
@@ -387,6 +392,7 @@ class Execution:
     def load(self) -> None:
         """Read failed servers, progress of active jobs and the plan epoch from the store
         (blocking). Ended jobs' progress stays in the store (see :meth:`view_sync`)."""
+        self._check_devices()
         now = self.link.now()
         with self.c.db.session() as session:
             failures = select(OutageRow).where(
@@ -490,6 +496,7 @@ class Execution:
                            store=beat.store, this_store=self.store_id)  # fmt: skip
         else:
             self.foreign.pop(beat.server, None)
+        self._twins(beat)
         with self._inbox_lock:
             self._beats[beat.server] = self.link.now()
             if not self.epoch < beat.epoch <= min(MAX_FOLLOWED_EPOCH, self.epoch + MAX_EPOCH_STEP):
@@ -499,6 +506,37 @@ class Execution:
             if self._ahead_since is None:
                 self._ahead_since = self.monotonic()
             return self._bump_due()
+
+    def _twins(self, beat: Heartbeat) -> None:
+        """Say when two agent sessions of one server beat at once (event loop): each
+        heard more than a beat interval after the other's first beat. A restarted agent
+        is not: its old session falls silent before the new one starts. Two at once are
+        two agents for one server (a unit copied to another machine, a typo in
+        ``--node``): both run the server's workers, and the job's progress is counted
+        from both. Only the operator can end it; said at most every 10 s while it lasts,
+        and counted on ``/metrics``."""
+        now = self.monotonic()
+        sessions = self._sessions.setdefault(beat.server, {})
+        times = sessions.setdefault(beat.session, [now, now])
+        times[1] = now
+        if len(sessions) > _MAX_SESSIONS_WATCHED:  # the quietest goes (bounded per server)
+            del sessions[min(sessions, key=lambda k: sessions[k][1])]
+        margin = self.mqtt.heartbeat_seconds
+        for other, (first, last) in sessions.items():
+            if other != beat.session and last > times[0] + margin and now > first + margin:
+                if now - last > self.mqtt.heartbeat_timeout:
+                    continue  # the other fell silent since: gone
+                self.twins[beat.server] = (other, beat.session)
+                self._complain(beat.server, "twins",
+                               "two agents beat for one server at once: both run its "
+                               "workers, and its jobs' progress is counted from both; stop "
+                               "one (the broker ACL gives each server's user one agent)",
+                               sessions=[other, beat.session])  # fmt: skip
+                return
+        if beat.server in self.twins and beat.session in self.twins[beat.server]:
+            other = next(x for x in self.twins[beat.server] if x != beat.session)
+            if other not in sessions or now - sessions[other][1] > self.mqtt.heartbeat_timeout:
+                del self.twins[beat.server]
 
     def _check_clock(self, server: str, offset: float) -> None:
         """Keep ``server``'s clock offset (seconds, its agent's minus this daemon's) and
@@ -1195,6 +1233,21 @@ class Execution:
                 self._save_meta(session)
         return plans
 
+    def _check_devices(self) -> None:
+        """Warn of servers whose device capacity is not whole: agents hand out whole
+        devices (the count rounded down), while the daemon places the fraction too."""
+        device = self._device_resource()
+        if device is None:
+            return
+        odd = [name for _kind, _i, name, capacity in self.c.cluster.servers()
+               if not float(capacity[device]).is_integer()]  # fmt: skip
+        if odd:
+            self.log.warning(
+                "servers whose capacity of the device resource is not whole: agents hand "
+                "out whole devices, so workers placed on the fraction share one",
+                resource=self.mqtt.device_resource, servers=odd,
+            )  # fmt: skip
+
     def _device_resource(self) -> int | None:
         """The index of ``[mqtt] device_resource`` among the cluster's resources; None if
         the cluster has no such resource (plans then give no devices)."""
@@ -1202,11 +1255,11 @@ class Execution:
         name = self.mqtt.device_resource
         return resources.index(name) if name in resources else None
 
-    def _devices(self, kind: str, index: int, device: int | None) -> int:
+    def _devices(self, kind: str, index: int, device: int | None) -> int | None:
         """A server's devices for its plan: its capacity of the device resource, whole
-        (at most :data:`~controller.plane.devices.MAX_DEVICES`)."""
+        (at most :data:`~controller.plane.devices.MAX_DEVICES`); None without one."""
         if device is None:
-            return 0
+            return None
         cluster = self.c.cluster
         capacity = (cluster.worker_capacity if kind == "worker" else cluster.ps_capacity)[index]
         return min(MAX_DEVICES, math.floor(float(capacity[device]) + 1e-9))

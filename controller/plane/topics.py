@@ -388,8 +388,8 @@ class Plan:
             two fields left out of the payload).
         devices: the server's devices (GPUs: its capacity of the daemon's
             ``device_resource``, whole), which the agent hands to its workers
-            (:mod:`controller.plane.devices`); 0: none, or not said (an older daemon).
-            Left out of the payload when 0.
+            (:mod:`controller.plane.devices`); 0: none (a worker sees none); None: not
+            said (an older daemon, ``device_resource = ""``), left out of the payload.
     """
 
     server: str
@@ -403,12 +403,13 @@ class Plan:
     store: str = ""
     part: int = 0
     parts: int = 1
-    devices: int = 0
+    devices: int | None = None
 
     def to_bytes(self) -> bytes:
         """The payload: the same bytes as ``_dump`` gives (without ``part`` and ``parts``
-        for a whole plan, as before parts), built without :func:`dataclasses.asdict`'s
-        deep copy (a slot boundary encodes one per server)."""
+        for a whole plan, as before parts; without ``devices`` where it is None, or 0 in
+        a task), built without :func:`dataclasses.asdict`'s deep copy (a slot boundary
+        encodes one per server)."""
         body: dict[str, Any] = {
             "version": PART_VERSION if self.parts > 1 else VERSION,
             "server": self.server, "kind": self.kind, "epoch": self.epoch,
@@ -418,7 +419,7 @@ class Plan:
         }  # fmt: skip
         if self.parts > 1:
             body |= {"part": self.part, "parts": self.parts}
-        if self.devices:
+        if self.devices is not None:
             body["devices"] = self.devices
         return json.dumps(body, separators=(",", ":")).encode()
 
@@ -495,7 +496,9 @@ class Plan:
             store=_run(obj.get("store", ""), "plan.store"),
             part=_below(obj.get("part", 0), "plan.part", 0, MAX_PLAN_PARTS),
             parts=_below(obj.get("parts", 1), "plan.parts", 1, MAX_PLAN_PARTS + 1),
-            devices=_below(obj.get("devices", 0), "plan.devices", 0, MAX_DEVICES + 1),
+            devices=None
+            if obj.get("devices") is None
+            else _below(obj["devices"], "plan.devices", 0, MAX_DEVICES + 1),
         )
         if (obj["version"] == PART_VERSION) != (plan.parts > 1):
             raise SpecError.one("plan.version", f"{PART_VERSION} for a part of a plan in "

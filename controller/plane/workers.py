@@ -193,6 +193,8 @@ class Commands:
         # processes given up on (GIVE_UP_SECONDS past their SIGKILL): never tried again,
         # or the orphan scan took a given-up worker back and held the server for good
         self._given_up: set[int] = set()
+        # given-up workers' devices, held until their process group is gone
+        self._stuck_devices: dict[int, dict[str, float]] = {}
         self._scanned = -ORPHAN_SCAN_SECONDS
         self._leftovers_stopped = False
         self.subreaper = adopt_orphans and _become_subreaper()
@@ -213,6 +215,8 @@ class Commands:
             for worker in [w for w in job.running if w.index >= want]:
                 self.stop(worker, now)
         departed = self._reap_departing(now)
+        for pid in [p for p in self._stuck_devices if not _group_alive(p)]:
+            self.devices.give_back(self._stuck_devices.pop(pid))
         self._escalate(now)
         if self.subreaper and not self._leftovers_stopped:
             self._leftovers_stopped = True
@@ -311,8 +315,8 @@ class Commands:
             self._short_said = True
             self.log.warning("not enough free devices for a worker: it shares devices others "
                              "hold (a worker given up on, fractions that do not pack, or "
-                             "--devices listing fewer than the plan counts)", job=job_id,
-                             worker=index, devices=list(held), demand=demand,
+                             f"{self.devices.source} listing fewer than the plan counts)",
+                             job=job_id, worker=index, devices=list(held), demand=demand,
                              known=len(self.devices.ids))  # fmt: skip
         env = {**worker_environment(), **extra, **self.devices.environment(held),
                "OASIS_JOB": job_id, "OASIS_SERVER": self.server, "OASIS_WORKER": str(index),
@@ -428,13 +432,17 @@ class Commands:
             if not gone:
                 self.log.error(
                     "a departing worker could not be stopped (another user's process?); "
-                    "the server's other workers start beside it", pid=worker.proc.pid,
-                    worker=worker.index,
+                    "the server's other workers start beside it, on other devices while "
+                    "there are", pid=worker.proc.pid, worker=worker.index,
+                    devices=list(worker.devices),
                 )  # fmt: skip
                 self._given_up.add(worker.proc.pid)
+                if worker.devices:  # it may still run on them (the review)
+                    self._stuck_devices[worker.proc.pid] = worker.devices
+            else:
+                self.devices.give_back(worker.devices)
             worker.reader.cancel()  # its output is no longer followed
             self.departing.remove(worker)
-            self.devices.give_back(worker.devices)
             worker.job.done_before += worker.count[0]
         return len(self.departing) < before
 

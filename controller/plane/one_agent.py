@@ -1,0 +1,73 @@
+"""One ``oasis agent`` per server on a machine.
+
+A second agent for the same server, broker and topic prefix (a unit started twice, a
+copy run by hand beside the service) would run every planned worker twice, on the
+same GPUs, and each would take the other's workers for those of an earlier agent and
+stop them at its start (:meth:`~controller.plane.workers.Commands._stop_leftovers`):
+the server's tenants saw their workers killed and restarted in turn. The agent holds
+an abstract Unix socket named after the three while it runs; a second one finds the
+name taken and stops with the first one's pid. The kernel frees the name when the
+holder exits, however it exits (``kill -9`` included), so there is no stale lock to
+clean up. Agents of different brokers or prefixes (two deployments, a test's broker)
+do not meet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import socket
+import struct
+
+__all__ = ["AgentRunningError", "hold_server"]
+
+
+class AgentRunningError(Exception):
+    """Another agent of this server, broker and prefix runs on this machine."""
+
+
+def _address(host: str, port: int, prefix: str, server: str) -> bytes:
+    """The abstract socket's name: a digest, as server names and prefixes may be long."""
+    digest = hashlib.sha256(f"{host}:{port}/{prefix}/{server}".encode()).hexdigest()[:40]
+    return b"\0oasis-agent-" + digest.encode()
+
+
+def hold_server(host: str, port: int, prefix: str, server: str) -> socket.socket:
+    """Take this machine's one place for the agent of ``server`` on broker ``host:port``
+    under ``prefix``: keep the returned socket open while the agent runs.
+
+    Raises:
+        AgentRunningError: another process holds it (its pid in the message, when the
+            kernel says).
+    """
+    address = _address(host, port, prefix, server)
+    held = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        held.bind(address)
+    except OSError:
+        held.close()
+        pid = _holder(address)
+        who = f" (pid {pid})" if pid else ""
+        raise AgentRunningError(
+            f"another oasis agent for server {server!r} on broker {host}:{port} (topic prefix "
+            f"{prefix!r}) runs on this machine{who}: two would run every worker twice and "
+            f"stop each other's; stop it first (the service: systemctl stop "
+            f"oasis-agent@{server})"
+        ) from None
+    held.listen(1)  # a second agent connects, to learn the pid (never accepted)
+    held.set_inheritable(False)  # the workers must not hold it after the agent
+    return held
+
+
+def _holder(address: bytes) -> int:
+    """The pid of the process listening on ``address``; 0 if it cannot be told."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with contextlib.closing(probe):
+        probe.settimeout(1.0)
+        try:
+            probe.connect(address)
+            raw = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        except OSError:
+            return 0
+        pid, _uid, _gid = struct.unpack("3i", raw)
+        return int(pid)
