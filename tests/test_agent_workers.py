@@ -728,3 +728,53 @@ def test_a_second_agent_for_the_server_on_this_machine_is_refused_until_the_firs
     finally:
         first.kill()
         first.communicate(timeout=30)
+
+
+def test_the_output_budget_slows_a_flooding_worker_to_its_rate_and_not_a_drained_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before: a worker printing as fast as it could (``yes``) took a whole core of the
+    server from the other tenants' workers (bench/agent_output.py: 1.0 CPU s/s)."""
+    from controller.plane import workers
+
+    clock, slept, ended = [0.0], [], [False]
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock[0] += seconds
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    budget = workers.OutputBudget(lambda: ended[0], lambda: clock[0])
+
+    async def lines(n: int, size: int = 2) -> None:
+        for _ in range(n):
+            await budget.spend(size)
+
+    asyncio.run(lines(int(workers.OUTPUT_LINES_PER_SECOND)))  # a second's worth at once
+    assert slept == []
+    asyncio.run(lines(4000))  # then at the rate: 4000 more lines take 2 s
+    assert sum(slept) == pytest.approx(2.0, rel=1e-3)
+    slept.clear()
+    asyncio.run(lines(10, size=1 << 20))  # 10 MiB in long lines: 1 MiB a second, past
+    # the first (the bucket of bytes is still about full)
+    assert sum(slept) == pytest.approx(9.0, rel=1e-2)
+    slept.clear()
+    ended[0] = True  # its processes are gone: what is left in the pipe is read at once
+    asyncio.run(lines(100_000))
+    assert slept == []
+
+
+def test_a_flooding_workers_last_count_is_read_once_it_exits(tmp_path: Path) -> None:
+    """The budget holds a flooding worker back on its pipe; once it exits, the rest of
+    its output is read at once, its last count included."""
+    script = tmp_path / "flood.py"
+    script.write_text("import sys\nfor i in range(1, 30001):\n    print(i)\n")
+    agent, _ = agent_on(f"{sys.executable} {script}", plan_of({"a": 1}, {}))
+    agent.tasks.clear()
+
+    async def go() -> None:
+        await steps(agent, lambda: "a" in agent.tasks and 0 in agent.tasks["a"].workers.finished,
+                    seconds=60)  # fmt: skip
+        assert agent.tasks["a"].workers.done_before == 30000
+
+    run(agent, go)

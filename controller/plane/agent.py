@@ -57,7 +57,13 @@ from controller.plane.topics import (
     Topics,
     topic_name,
 )
-from controller.plane.workers import STOP_GRACE, Commands, JobWorkers, worker_environment
+from controller.plane.workers import (
+    STOP_GRACE,
+    Commands,
+    JobWorkers,
+    OutputBudget,
+    worker_environment,
+)
 from pricing.errors import SpecError
 from pricing.fields import closest
 
@@ -248,9 +254,14 @@ class Agent:
             counted = self.commands.count(state.workers)
             state.minibatches = min(counted, state.total) if state.total else counted
 
-    async def _read_counts(self, stream: asyncio.StreamReader, count: list[float]) -> None:
+    async def _read_counts(
+        self,
+        stream: asyncio.StreamReader,
+        count: list[float],
+        budget: OutputBudget | None = None,
+    ) -> None:
         """Follow a worker command's counts (its output ``stream``), one number a line, to
-        the end of its output; other lines are skipped,
+        the end of its output, no faster than ``budget`` allows; other lines are skipped,
         a line over the stream's limit (64 KiB) too: the reading goes on (it stopped
         there before, and the command then blocked on a full pipe)."""
         rest = False  # what comes up to the next newline is the rest of a long line
@@ -263,8 +274,12 @@ class Agent:
                     break
             except asyncio.LimitOverrunError as over:  # a line over the limit (64 KiB)
                 await stream.readexactly(over.consumed)  # its start, dropped
+                if budget is not None:
+                    await budget.spend(over.consumed)
                 rest = True
                 continue
+            if budget is not None:
+                await budget.spend(len(line))
             if rest:  # its tail, with the newline (were it digits, it is no count)
                 rest = False
                 continue

@@ -54,6 +54,7 @@ __all__ = [
     "STOP_GRACE",
     "Commands",
     "JobWorkers",
+    "OutputBudget",
     "Worker",
     "worker_environment",
 ]
@@ -94,6 +95,17 @@ as an error): it no longer holds the server's other jobs."""
 _LINE_LIMIT = 1 << 16
 """The longest worker output line read whole (asyncio's default); longer ones are skipped."""
 
+OUTPUT_LINES_PER_SECOND = 2000.0
+"""The most lines of one worker's output the agent reads a second (:class:`OutputBudget`)."""
+
+OUTPUT_BYTES_PER_SECOND = float(1 << 20)
+"""The most bytes of one worker's output the agent reads a second."""
+
+DRAIN_SECONDS = 0.5
+"""How long the agent reads what a worker whose processes are all gone left in its pipe
+(at most the pipe's and the reader's buffers) before it counts the worker gone: a
+process that escaped the worker's group may hold the pipe open for good."""
+
 ORPHAN_SCAN_SECONDS = 1.0
 """How often the agent looks for workers' descendants reparented to it."""
 
@@ -123,7 +135,7 @@ class Worker:
     job: JobWorkers
     stop_sent: float | None = None
     killed: bool = False
-    emptied: bool = False  # its process group was found empty once (gone at the next look)
+    emptied_at: float | None = None  # monotonic time its process group was found empty
     devices: dict[str, float] = field(default_factory=dict)  # its shares of the devices
 
 
@@ -155,7 +167,8 @@ class Commands:
         server: the server's name (``OASIS_SERVER``).
         session: the agent's session id, given to workers as ``OASIS_AGENT``: the mark
             of the processes this agent may stop as orphans.
-        read_counts: follows a process's output into its count (the agent's).
+        read_counts: follows a process's output into its count (the agent's), within
+            an :class:`OutputBudget`.
         log: a structlog logger.
         stop_grace: seconds from SIGTERM to SIGKILL.
         adopt_orphans: become the subreaper of the workers' descendants and stop the
@@ -363,8 +376,11 @@ class Commands:
     ) -> None:
         """Read a worker's counts to the end of its output, then wait for its exit;
         the pipe is closed however this ends (a cancellation included)."""
+        budget = OutputBudget(
+            lambda: proc.returncode is not None and not _group_alive(proc.pid), self.monotonic
+        )
         try:
-            await self.read_counts(stream, count)
+            await self.read_counts(stream, count, budget)
         finally:
             transport.close()
         await proc.wait()
@@ -409,14 +425,16 @@ class Commands:
 
     def _gone(self, worker: Worker) -> bool:
         """Whether ``worker`` has ended: its output read to the end, or its process
-        group found empty at two looks in a row (a process outside the group may hold
-        its output open; the second look lets the reader take what is left)."""
+        group found empty :data:`DRAIN_SECONDS` ago (a process outside the group may
+        hold its output open; meanwhile the reader takes what is left in the pipe)."""
         if worker.reader.done():
             return True
         if worker.proc.returncode is None or _group_alive(worker.proc.pid):
             return False
-        gone, worker.emptied = worker.emptied, True
-        return gone
+        now: float = self.monotonic()
+        if worker.emptied_at is None:
+            worker.emptied_at = now
+        return now - worker.emptied_at >= DRAIN_SECONDS
 
     def _reap_departing(self, now: float) -> bool:
         """Take out the departing workers that are gone: output read to its end, or
@@ -526,6 +544,40 @@ class Commands:
             _signal_group(pid, signal.SIGTERM)
         for pid in [p for p in self._orphans if p not in seen and _ended(p)]:
             del self._orphans[pid]  # gone (a leftover is no child of this agent)
+
+
+class OutputBudget:
+    """How fast the agent reads one worker's output: :data:`OUTPUT_LINES_PER_SECOND`
+    lines and :data:`OUTPUT_BYTES_PER_SECOND` bytes a second, a second's worth at once.
+    A worker that writes faster waits on its full pipe, which slows only itself. Before,
+    a worker printing as fast as it could (``yes``) took a whole core of the server
+    from the other tenants' workers, and the agent's event loop with it
+    (``bench/agent_output.py``). Once the worker's leader has exited and its group is
+    empty, what is left in the pipe (bounded) is read at once, its last count included.
+
+    Args:
+        ended: whether the worker's processes are all gone.
+        monotonic: the clock.
+    """
+
+    def __init__(self, ended: Any, monotonic: Any = time.monotonic) -> None:
+        self.ended = ended
+        self.monotonic = monotonic
+        self.lines = OUTPUT_LINES_PER_SECOND
+        self.bytes = OUTPUT_BYTES_PER_SECOND
+        self.at = monotonic()
+
+    async def spend(self, size: int) -> None:
+        """One line of ``size`` bytes was read: wait while over the budget."""
+        now = self.monotonic()
+        elapsed, self.at = now - self.at, now
+        self.lines = min(OUTPUT_LINES_PER_SECOND,
+                         self.lines + elapsed * OUTPUT_LINES_PER_SECOND) - 1  # fmt: skip
+        self.bytes = min(OUTPUT_BYTES_PER_SECOND,
+                         self.bytes + elapsed * OUTPUT_BYTES_PER_SECOND) - size  # fmt: skip
+        wait = max(-self.lines / OUTPUT_LINES_PER_SECOND, -self.bytes / OUTPUT_BYTES_PER_SECOND)
+        if wait > 0 and not self.ended():
+            await asyncio.sleep(wait)
 
 
 def _become_subreaper() -> bool:
