@@ -471,6 +471,7 @@ def test_an_empty_worker_command_is_refused() -> None:
 
 _SUCCESSION_SCRIPT = """
 import asyncio, os, sys
+from controller.plane.settings import MqttConfig
 from tests.test_agent_workers import agent_on, alive, steps, two_jobs
 
 mode, folder = sys.argv[1], sys.argv[2]
@@ -483,7 +484,9 @@ else:
 # a server of its own: at its start, an agent that adopts orphans stops every other
 # agent's workers of its server on this machine (those of tests running beside it)
 server = os.path.basename(folder)
-agent, now = agent_on(command, two_jobs("a", "b", server=server), stop_grace=1.0,
+# "other": an agent of the same server under another topic prefix (another deployment)
+mqtt = MqttConfig("localhost", topic_prefix="lab") if mode == "other" else None
+agent, now = agent_on(command, two_jobs("a", "b", server=server), mqtt, stop_grace=1.0,
                       adopt_orphans=True)
 
 def read(name):
@@ -496,9 +499,9 @@ async def main():
         await steps(agent, lambda: read("first"), 20)
         print("ready", flush=True)
         await asyncio.sleep(120)
-    elif mode == "second":  # the first agent's worker is stopped before its own starts
+    elif mode in ("second", "other"):  # the first agent's worker is stopped first
         old = read("first")
-        await steps(agent, lambda: read("second"), 20)
+        await steps(agent, lambda: read(mode), 20)
         print("old worker", "alive" if alive(old) else "gone", flush=True)
     else:
         await steps(agent, lambda: read("escaped") and read("a"), 20)
@@ -534,6 +537,10 @@ def test_workers_an_agent_killed_with_9_left_are_stopped_by_the_next_agent(
         first.wait(10)
         old = int((tmp_path / "first").read_text())
         assert alive(old)  # left behind
+        # an agent of another prefix leaves it be (the audit: it stopped a running
+        # agent's workers as leftovers)
+        out = _succession("other", tmp_path)
+        assert "old worker alive" in out.stdout, out.stdout + out.stderr[-2000:]
         out = _succession("second", tmp_path)
         assert out.returncode == 0, out.stderr[-3000:]
         assert "old worker gone" in out.stdout, out.stdout + out.stderr[-2000:]
@@ -543,7 +550,7 @@ def test_workers_an_agent_killed_with_9_left_are_stopped_by_the_next_agent(
         first.wait(10)
         if first.stdout is not None:
             first.stdout.close()
-        for name in ("first", "second"):
+        for name in ("first", "second", "other"):
             with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
                 os.killpg(int((tmp_path / name).read_text()), signal.SIGKILL)
 
@@ -698,7 +705,8 @@ def test_a_second_agent_for_the_server_on_this_machine_is_refused_until_the_firs
     port = int(broker.rsplit(":", 1)[1])
 
     def holder(prefix: str = "oasis") -> int:
-        return one_agent._holder(one_agent._address("127.0.0.1", port, prefix, node))
+        key = one_agent.agent_key("127.0.0.1", port, prefix, node)
+        return one_agent._holder(one_agent._address(key))
 
     def held_by(proc: subprocess.Popen[str], prefix: str = "oasis") -> None:
         deadline = time.monotonic() + 60  # its imports take a while on a loaded machine
@@ -710,10 +718,11 @@ def test_a_second_agent_for_the_server_on_this_machine_is_refused_until_the_firs
     first = agent()
     try:
         held_by(first)
-        second = agent()
+        # the same broker by another name (the audit: not refused, and both ran)
+        second = agent("--broker", broker.replace("127.0.0.1", "localhost"))
         _, err = second.communicate(timeout=60)
         assert second.returncode == 2, err
-        assert f"another oasis agent for server {node!r} on broker 127.0.0.1:" in err, err
+        assert f"another oasis agent for server {node!r} on broker localhost:" in err, err
         assert f"runs on this machine (pid {first.pid})" in err, err
         other = agent("--topic-prefix", "lab")  # another deployment's agent: not the same
         held_by(other, "lab")

@@ -145,7 +145,7 @@ def test_the_agents_devices_come_from_the_flag_else_its_own_cuda_visible_devices
     from controller.commands.common import InputError
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert _device_ids(None) == (None, "")  # the plan's count decides
+    assert _device_ids(None) == (None, "the plan")  # the plan's count decides
     assert _device_ids("2,3") == (["2", "3"], "--devices")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
     assert _device_ids(None) == (["4", "5"], "$CUDA_VISIBLE_DEVICES")

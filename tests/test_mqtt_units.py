@@ -1572,8 +1572,14 @@ def test_two_agents_beating_for_one_server_at_once_are_said_and_a_restart_is_not
             at(i * beat + 0.5, "p0", "d")
     said = [e for e in logs if e["event"].startswith("two agents beat for one server")]
     assert [e["server"] for e in said] == ["p0"], said
-    assert set(said[0]["sessions"]) == {"c", "d"}
+    assert (said[0]["counted"], said[0]["ignored"]) == ("c", "d")
     assert ex.twins == {"p0": ("c", "d")}
+    # only the first one's progress counts while both beat (the audit: counted from
+    # both, two jobs completed a slot or two early)
+    ex._reports.take()
+    for session in ("c", "d"):
+        ex.report(Progress("p0", session, [TaskProgress("j", 1.0, 1.0)]))
+    assert [r.progress.session for r in ex._reports.take()] == ["c"]
     # one of them stopped: the other alone past the heartbeat timeout, no longer two
     for i in range(12, 12 + int(ex.mqtt.heartbeat_timeout / beat) + 2):
         at(i * beat, "p0", "d")
@@ -1586,8 +1592,115 @@ def test_a_device_capacity_that_is_not_whole_is_said_at_load(tmp_path: Path) -> 
     odd = {**CLUSTER, "servers": [{"name": "w0", "kind": "worker",
                                    "capacity": {"gpu": 3.5, "bandwidth": 10}},
                                   CLUSTER["servers"][1]]}  # fmt: skip
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "upper").mkdir()
     with capture_logs() as logs:
-        daemon = PlaneDaemon(tmp_path, odd)
+        daemon = PlaneDaemon(tmp_path / "odd", odd)
+    try:
+        said = [e for e in logs if e["event"].startswith("servers whose capacity of the device")]
+        assert [(e["resource"], e["servers"]) for e in said] == [("gpu", ["w0"])], logs
+        # the fraction is a device of its own (the audit: half a GPU gave its worker none)
+        plans = {p.server: p for p in daemon.ex.plans_sync({})}
+        assert (plans["w0"].devices, plans["p0"].devices) == (4, 0)
+    finally:
+        daemon.c.close()
+    upper = {"resources": ["GPU", "bandwidth"],
+             "servers": [{"name": "w0", "kind": "worker", "capacity": {"GPU": 4, "bandwidth": 10}},
+                         {"name": "p0", "kind": "ps", "capacity": {"bandwidth": 10}}]}  # fmt: skip
+    with capture_logs() as logs:
+        daemon = PlaneDaemon(tmp_path / "upper", upper)
     daemon.c.close()
-    said = [e for e in logs if e["event"].startswith("servers whose capacity of the device")]
-    assert [(e["resource"], e["servers"]) for e in said] == [("gpu", ["w0"])], logs
+    hints = [e["event"] for e in logs if "device_resource" in e["event"]]
+    assert hints == ["[mqtt] device_resource 'gpu' is not a resource of the cluster: agents give "
+                    "workers no devices of their own, and each sees every GPU; set "
+                    "device_resource = 'GPU'"], logs  # fmt: skip
+
+
+_LAST_REPORT_SCRIPT = """
+import sys, time
+from controller.commands.agent import run_agent
+from controller.plane.agent import Agent
+from controller.plane.settings import MqttConfig
+from controller.plane.topics import Plan, SlotPlan, Task
+
+now = time.time()
+task = Task("j1", 1, 0, minibatch_seconds=0.5, minibatches=40)
+plan = Plan("w0", "worker", 1, 3600.0, 0.5, False, SlotPlan(5, now - 10, [task]),
+            SlotPlan(6, now + 3590, [task]))
+# a worker that prints 3, then 30 when told to stop, and is killed after the grace
+worker = ("import signal, sys, time\\n"
+          "def stop(*_):\\n    print(30, flush=True)\\n"
+          "signal.signal(signal.SIGTERM, stop)\\nprint(3, flush=True)\\n"
+          "open(sys.argv[1], 'w').write('up')\\n"
+          "while True:\\n    time.sleep(0.05)\\n")
+agent = Agent("w0", MqttConfig("127.0.0.1", int(sys.argv[1])), report_seconds=0.2,
+              command=f"{sys.executable} -c \\"{worker}\\" {sys.argv[2]}", stop_grace=1.0)
+agent.accept(plan)
+run_agent(agent)
+print("stopped")
+"""
+
+
+def test_the_agents_stop_sends_the_counts_its_workers_printed_during_the_grace(
+    tmp_path: Path,
+) -> None:
+    """The GPU audit: the agent's stop sent no last report, and the counts its workers
+    printed during their stop grace were lost (24 mini-batches short)."""
+    import json
+    import os
+
+    import paho.mqtt.client as paho
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    from tests.broker import Mosquitto
+
+    try:
+        broker = Mosquitto()
+    except FileNotFoundError:
+        if os.environ.get("OASIS_REQUIRE_MOSQUITTO") == "1":
+            raise
+        pytest.skip("mosquitto not installed")
+    seen: list[float] = []
+    client = paho.Client(CallbackAPIVersion.VERSION2)
+    client.on_message = lambda _c, _u, m: seen.extend(
+        j["minibatches"] for j in json.loads(m.payload)["jobs"]
+    )
+    up = tmp_path / "up"
+    agent: subprocess.Popen[str] | None = None
+    try:
+        client.connect("127.0.0.1", broker.port)
+        client.subscribe(Topics("oasis").progress("w0"), qos=1)
+        client.loop_start()
+        argv = [sys.executable, "-c", _LAST_REPORT_SCRIPT, str(broker.port), str(up)]
+        agent = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not (up.exists() and 3.0 in seen):
+            assert time.monotonic() < deadline and agent.poll() is None, seen
+            time.sleep(0.1)
+        agent.send_signal(signal.SIGTERM)
+        out, _ = agent.communicate(timeout=30)
+        assert agent.returncode == 0 and "stopped" in out
+        deadline = time.monotonic() + 10
+        while 30.0 not in seen and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert seen[-1] == 30.0, seen  # printed during the grace: sent at the stop
+    finally:
+        client.loop_stop()
+        client.disconnect()
+        if agent is not None and agent.poll() is None:
+            agent.kill()
+            agent.communicate(timeout=30)
+        broker.close()
+
+
+def test_a_jobs_progress_never_reads_over_its_whole(plane: PlaneDaemon) -> None:
+    """The GPU audit: ``436 of 432 mini-batches (100.9%)``: each server's count is capped
+    at the whole, but their sum was not (workers run on until completion is heard)."""
+    plane.submit("j")
+    ex = plane.ex
+    plane.clock.advance(plane.config.slot_seconds)
+    ex.report(Progress("w0", "a", [TaskProgress("j", 15.0, 200.0)]))
+    ex.report(Progress("w0", "b", [TaskProgress("j", 9.0, 60.0)]))
+    assert [e.kind for e in ex.review_sync()] == ["completed"]
+    view = ex.view_sync("j")
+    assert (view.minibatches_done, view.minibatches_total) == (20.0, PlaneDaemon.TOTAL)

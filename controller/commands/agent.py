@@ -81,7 +81,7 @@ def register(sub: Any) -> None:
 def _agent(args: argparse.Namespace) -> int:
     from controller import logs
     from controller.plane.agent import Agent, UnknownServerError
-    from controller.plane.one_agent import AgentRunningError, hold_server
+    from controller.plane.one_agent import AgentRunningError, agent_key, hold_server
 
     if args.old_server is not None:
         raise InputError(
@@ -107,14 +107,15 @@ def _agent(args: argparse.Namespace) -> int:
                          f"{MAX_STOP_GRACE:g}, got {args.stop_grace}")  # fmt: skip
     devices, devices_from = _device_ids(args.devices)
     try:  # before anything of the agent runs: it would stop the other's workers
-        held = hold_server(mqtt.host, mqtt.port, mqtt.topic_prefix, args.node)
+        key = agent_key(mqtt.host, mqtt.port, mqtt.topic_prefix, args.node)
+        held = hold_server(key, mqtt.host, mqtt.port, mqtt.topic_prefix, args.node)
     except AgentRunningError as err:
         raise InputError(str(err)) from err
     logs.configure(args.log_level)
     try:
         agent = Agent(args.node, mqtt, args.speed, args.worker_command or "", args.report_seconds,
                       stop_grace=args.stop_grace, adopt_orphans=True, devices=devices,
-                      devices_from=devices_from)  # fmt: skip
+                      devices_from=devices_from, key=key)  # fmt: skip
     except ValueError as err:
         raise InputError(f"--node: {err}") from err
     try:
@@ -143,7 +144,7 @@ def _device_ids(flag: str | None) -> tuple[list[str] | None, str]:
         return ids, "--devices"
     own = os.environ.get("CUDA_VISIBLE_DEVICES")
     if own is None:
-        return None, ""
+        return None, "the plan"
     ids = visible_devices(own)
     if not ids:
         print(f"oasis: warning: $CUDA_VISIBLE_DEVICES={own[:80]!r} lets this agent use no "

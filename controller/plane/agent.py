@@ -43,6 +43,7 @@ import structlog
 
 from controller.plane.client import client_for
 from controller.plane.devices import Devices
+from controller.plane.one_agent import agent_key
 from controller.plane.settings import MqttConfig
 from controller.plane.topics import (
     MAX_COUNT,
@@ -72,6 +73,9 @@ __all__ = ["Agent", "TaskState", "UnknownServerError", "worker_environment"]
 _STEP = 0.05  # seconds between simulation steps
 _FORGET_EVERY = 10.0  # seconds between looks for jobs to set aside (Agent.forget_idle)
 _BACKOFF_MAX = 5.0
+
+LAST_REPORT_SECONDS = 3.0
+"""The longest the agent's stop waits to send its workers' last counts."""
 
 
 class UnknownServerError(Exception):
@@ -121,6 +125,8 @@ class Agent:
         devices: the ids of the server's devices to hand to workers (``--devices``);
             None: ``0 .. n - 1`` of the plan's ``devices``.
         devices_from: where ``devices`` came from, for warnings.
+        key: this agent's place on the machine (:func:`~controller.plane.one_agent.
+            agent_key`); None: computed from ``mqtt`` and ``server``.
     """
 
     def __init__(
@@ -135,6 +141,7 @@ class Agent:
         adopt_orphans: bool = False,
         devices: Sequence[str] | None = None,
         devices_from: str = "--devices",
+        key: str | None = None,
     ) -> None:
         if not (0 < speed < math.inf):
             raise ValueError(f"speed: must be a number > 0, got {speed}")
@@ -160,7 +167,9 @@ class Agent:
         self._counted: int | None = None  # the devices the plan counts
         self.commands = (
             Commands(command, self.server, self.session, self._read_counts, self.log,
-                     stop_grace, adopt_orphans, devices=Devices(devices, devices_from))
+                     stop_grace, adopt_orphans, devices=Devices(devices, devices_from),
+                     key=key if key is not None else agent_key(
+                         mqtt.host, mqtt.port, mqtt.topic_prefix, self.server))
             if command else None
         )  # fmt: skip
 
@@ -249,6 +258,11 @@ class Agent:
                    task.devices)
              for job, task in wanted.items()},
         )  # fmt: skip
+        self._fold_counts()
+
+    def _fold_counts(self) -> None:
+        """Each job's mini-batches from its worker commands' counts."""
+        assert self.commands is not None
         for state in self.tasks.values():
             # not past the job's whole: one line of 9e15 showed as 9e15 of 60 (the re-audit)
             counted = self.commands.count(state.workers)
@@ -432,6 +446,26 @@ class Agent:
             worker.cancel()
             if self.commands is not None:  # every worker gone before the agent is
                 await self.commands.stop_all()
+                self._fold_counts()
+                await self._last_report()
+
+    async def _last_report(self) -> None:
+        """Once the workers are gone: the counts not sent yet (those printed during
+        their stop grace included) go out on a connection of their own, within
+        :data:`LAST_REPORT_SECONDS`. Before, the agent's stop sent none: the audit's job
+        was reported 24 mini-batches short of what its workers did."""
+        reports = self.reports()
+        if not reports:
+            return
+        try:
+            async with asyncio.timeout(LAST_REPORT_SECONDS):
+                async with client_for(self.mqtt, f"agent-{self.server}-{self.session}") as client:
+                    for report in reports:
+                        await client.publish(self.topics.progress(self.server),
+                                             report.to_bytes(), qos=1)  # fmt: skip
+            self.log.info("last progress sent", jobs=sum(len(r.jobs) for r in reports))
+        except (aiomqtt.MqttError, OSError, TimeoutError) as err:
+            self.log.warning("last progress not sent: the broker is away", error=str(err))
 
     async def _work(self) -> None:
         last = forgot = time.monotonic()

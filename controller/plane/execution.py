@@ -512,9 +512,10 @@ class Execution:
         heard more than a beat interval after the other's first beat. A restarted agent
         is not: its old session falls silent before the new one starts. Two at once are
         two agents for one server (a unit copied to another machine, a typo in
-        ``--node``): both run the server's workers, and the job's progress is counted
-        from both. Only the operator can end it; said at most every 10 s while it lasts,
-        and counted on ``/metrics``."""
+        ``--node``): both run the server's workers, and the job's progress was counted
+        from both (the audit: two jobs completed a slot or two early). Only the first
+        session's reports count while it lasts (:meth:`report`). Only the operator can
+        end it; said at most every 10 s while it lasts, and counted on ``/metrics``."""
         now = self.monotonic()
         sessions = self._sessions.setdefault(beat.server, {})
         times = sessions.setdefault(beat.session, [now, now])
@@ -526,12 +527,14 @@ class Execution:
             if other != beat.session and last > times[0] + margin and now > first + margin:
                 if now - last > self.mqtt.heartbeat_timeout:
                     continue  # the other fell silent since: gone
-                self.twins[beat.server] = (other, beat.session)
+                older, newer = ((other, beat.session) if first <= times[0]
+                                else (beat.session, other))  # fmt: skip
+                self.twins[beat.server] = (older, newer)
                 self._complain(beat.server, "twins",
                                "two agents beat for one server at once: both run its "
-                               "workers, and its jobs' progress is counted from both; stop "
-                               "one (the broker ACL gives each server's user one agent)",
-                               sessions=[other, beat.session])  # fmt: skip
+                               "workers; only the first one's progress is counted until "
+                               "one stops; stop the wrong one", counted=older,
+                               ignored=newer)  # fmt: skip
                 return
         if beat.server in self.twins and beat.session in self.twins[beat.server]:
             other = next(x for x in self.twins[beat.server] if x != beat.session)
@@ -558,8 +561,15 @@ class Execution:
 
     def report(self, progress: Progress) -> None:
         """Queue a progress report (timed now, in the current slot) for the decision
-        thread. ``progress.server`` must be the server whose topic it came on."""
+        thread. ``progress.server`` must be the server whose topic it came on. The
+        second of two agents beating for the server at once is not counted."""
         if progress.server in self.server_index:
+            twins = self.twins.get(progress.server)
+            if twins is not None and progress.session == twins[1]:
+                self._complain(progress.server, "twin", "progress of the second of two "
+                               "agents beating for one server ignored",
+                               session=progress.session)  # fmt: skip
+                return
             with self._inbox_lock:
                 at = self.link.now()
             self._reports.put(Received(at, self.c.slots.current_slot(), progress))
@@ -1234,18 +1244,28 @@ class Execution:
         return plans
 
     def _check_devices(self) -> None:
-        """Warn of servers whose device capacity is not whole: agents hand out whole
-        devices (the count rounded down), while the daemon places the fraction too."""
+        """Warn of a device resource that the cluster does not have while one of its
+        resources looks like it (``GPU`` against the default ``gpu``: agents would hand
+        out no devices, and every worker would see every GPU), and of servers whose
+        device capacity is not whole (the fraction counts as a device of its own)."""
         device = self._device_resource()
+        name = self.mqtt.device_resource
         if device is None:
+            alike = [r for r in self.c.cluster.resources if "gpu" in r.lower()]
+            if name and alike:
+                self.log.warning(
+                    f"[mqtt] device_resource {name!r} is not a resource of the cluster: "
+                    "agents give workers no devices of their own, and each sees every GPU; "
+                    f"set device_resource = {alike[0]!r}", resources=list(alike),
+                )  # fmt: skip
             return
-        odd = [name for _kind, _i, name, capacity in self.c.cluster.servers()
+        odd = [server for _kind, _i, server, capacity in self.c.cluster.servers()
                if not float(capacity[device]).is_integer()]  # fmt: skip
         if odd:
             self.log.warning(
-                "servers whose capacity of the device resource is not whole: agents hand "
-                "out whole devices, so workers placed on the fraction share one",
-                resource=self.mqtt.device_resource, servers=odd,
+                "servers whose capacity of the device resource is not whole: agents count "
+                "the fraction as a device of its own, which the workers placed on it share",
+                resource=name, servers=odd,
             )  # fmt: skip
 
     def _device_resource(self) -> int | None:
@@ -1256,13 +1276,15 @@ class Execution:
         return resources.index(name) if name in resources else None
 
     def _devices(self, kind: str, index: int, device: int | None) -> int | None:
-        """A server's devices for its plan: its capacity of the device resource, whole
-        (at most :data:`~controller.plane.devices.MAX_DEVICES`); None without one."""
+        """A server's devices for its plan: its capacity of the device resource, a
+        fraction rounded up (a server of half a GPU has one, which its workers share;
+        rounded down, a worker placed there got none: the audit), at most
+        :data:`~controller.plane.devices.MAX_DEVICES`; None without one."""
         if device is None:
             return None
         cluster = self.c.cluster
         capacity = (cluster.worker_capacity if kind == "worker" else cluster.ps_capacity)[index]
-        return min(MAX_DEVICES, math.floor(float(capacity[device]) + 1e-9))
+        return min(MAX_DEVICES, math.ceil(float(capacity[device]) - 1e-9))
 
     def _save_meta(self, session: Session) -> None:
         value = {"epoch": self.epoch, "events": self.events_published,
@@ -1348,7 +1370,9 @@ class Execution:
         return ProgressView(
             job_id=job_id,
             state=state,
-            minibatches_done=done,
+            # each server's count is capped at the whole, their sum too (the audit saw
+            # "436 of 432 (100.9%)": workers run on until the job's completion is heard)
+            minibatches_done=min(done, float(total)),
             minibatches_total=total,
             worker_seconds=spent,
             reports=len(prog.samples),

@@ -9,7 +9,8 @@ an abstract Unix socket named after the three while it runs; a second one finds 
 name taken and stops with the first one's pid. The kernel frees the name when the
 holder exits, however it exits (``kill -9`` included), so there is no stale lock to
 clean up. Agents of different brokers or prefixes (two deployments, a test's broker)
-do not meet.
+do not meet, and neither stops the other's workers (the audit: an agent of another
+prefix took the running agent's workers for leftovers and stopped them).
 """
 
 from __future__ import annotations
@@ -19,28 +20,41 @@ import hashlib
 import socket
 import struct
 
-__all__ = ["AgentRunningError", "hold_server"]
+__all__ = ["AgentRunningError", "agent_key", "hold_server"]
 
 
 class AgentRunningError(Exception):
     """Another agent of this server, broker and prefix runs on this machine."""
 
 
-def _address(host: str, port: int, prefix: str, server: str) -> bytes:
-    """The abstract socket's name: a digest, as server names and prefixes may be long."""
-    digest = hashlib.sha256(f"{host}:{port}/{prefix}/{server}".encode()).hexdigest()[:40]
-    return b"\0oasis-agent-" + digest.encode()
+def agent_key(host: str, port: int, prefix: str, server: str) -> str:
+    """What names one agent's place on a machine: a digest of the broker's address (its
+    host resolved, so ``localhost`` and ``127.0.0.1`` are one broker), the topic prefix
+    and the server. Its workers carry it (``OASIS_AGENT_KEY``): the next agent of the
+    same place stops those an earlier one left, and no other agent's."""
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        address = sorted({str(info[4][0]) for info in found})[0]
+    except (OSError, UnicodeError, IndexError):  # not resolvable now: its name
+        address = host.lower()
+    return hashlib.sha256(f"{address}:{port}/{prefix}/{server}".encode()).hexdigest()[:40]
 
 
-def hold_server(host: str, port: int, prefix: str, server: str) -> socket.socket:
-    """Take this machine's one place for the agent of ``server`` on broker ``host:port``
-    under ``prefix``: keep the returned socket open while the agent runs.
+def _address(key: str) -> bytes:
+    """The abstract socket's name for ``key`` (:func:`agent_key`)."""
+    return b"\0oasis-agent-" + key.encode()
+
+
+def hold_server(key: str, host: str, port: int, prefix: str, server: str) -> socket.socket:
+    """Take this machine's one place ``key`` (:func:`agent_key`) for the agent of
+    ``server`` on broker ``host:port`` under ``prefix`` (named in the error): keep the
+    returned socket open while the agent runs.
 
     Raises:
         AgentRunningError: another process holds it (its pid in the message, when the
             kernel says).
     """
-    address = _address(host, port, prefix, server)
+    address = _address(key)
     held = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         held.bind(address)

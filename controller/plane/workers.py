@@ -177,6 +177,9 @@ class Commands:
         monotonic: the clock (tests).
         devices: the server's devices, handed to the workers
             (:mod:`controller.plane.devices`); the agent sizes it from its plan.
+        key: the agent's place on the machine (broker, prefix, server:
+            :func:`~controller.plane.one_agent.agent_key`), given to workers as
+            ``OASIS_AGENT_KEY``: an earlier agent's leftovers are those of the same key.
     """
 
     def __init__(
@@ -190,9 +193,11 @@ class Commands:
         adopt_orphans: bool = False,
         monotonic: Any = time.monotonic,
         devices: Devices | None = None,
+        key: str = "",
     ) -> None:
         self.command = command
         self.devices = devices if devices is not None else Devices()
+        self.key = key
         self._short_said = False  # devices oversubscribed: warned once
         self.server = server
         self.session = session
@@ -326,14 +331,20 @@ class Commands:
             self._short_said = False
         elif not self._short_said:  # once a shortage
             self._short_said = True
-            self.log.warning("not enough free devices for a worker: it shares devices others "
-                             "hold (a worker given up on, fractions that do not pack, or "
-                             f"{self.devices.source} listing fewer than the plan counts)",
-                             job=job_id, worker=index, devices=list(held), demand=demand,
-                             known=len(self.devices.ids))  # fmt: skip
+            source = self.devices.source if self.devices.given is not None else "the plan"
+            event = (
+                "not enough free devices for a worker: it shares devices others hold (a "
+                "worker given up on still holds its own, fractional demands fragmented "
+                "the devices, or fewer ids than the plan counts)"
+                if held
+                else "no device for a worker that needs some: the agent may use none"
+            )
+            self.log.warning(event, job=job_id, worker=index, devices=list(held),
+                             demand=demand, known=len(self.devices.ids),
+                             ids_from=source)  # fmt: skip
         env = {**worker_environment(), **extra, **self.devices.environment(held),
                "OASIS_JOB": job_id, "OASIS_SERVER": self.server, "OASIS_WORKER": str(index),
-               "OASIS_AGENT": self.session}  # fmt: skip
+               "OASIS_AGENT": self.session, "OASIS_AGENT_KEY": self.key}  # fmt: skip
         loop = asyncio.get_running_loop()
         stream = asyncio.StreamReader(limit=_LINE_LIMIT)
         proc: asyncio.subprocess.Process | None = None
@@ -366,6 +377,8 @@ class Commands:
         worker = Worker(proc, index, count, reader, now, job, devices=held)
         job.running.append(worker)
         self.live[proc.pid] = worker
+        self.log.info("worker started", job=job_id, worker=index, pid=proc.pid,
+                      devices=list(held) if self.devices.managed else None)  # fmt: skip
 
     async def _follow(
         self,
@@ -491,8 +504,10 @@ class Commands:
         behind (killed with -9, or by the kernel's OOM killer): they were reparented to
         init, not to this agent, and ran on beside the workers it started (the
         re-audit: four workers for a plan of two). They are known by their environment:
-        this server's ``OASIS_SERVER``, another agent's ``OASIS_AGENT``. Stopped as
-        orphans are; no worker starts until they are gone."""
+        this agent's ``OASIS_AGENT_KEY`` (the same broker, prefix and server; before, any
+        agent of the server name's, and an agent of another prefix stopped a running
+        agent's workers), another agent's ``OASIS_AGENT``. Stopped as orphans are; no
+        worker starts until they are gone."""
         mine = os.getpid()
         for name in _all_pids():
             pid = int(name)
@@ -500,7 +515,9 @@ class Commands:
                 continue
             env = _environment_of(pid)
             agent = env.get("OASIS_AGENT")
-            if env.get("OASIS_SERVER") != self.server or not agent or agent == self.session:
+            if not agent or agent == self.session or not self.key:
+                continue
+            if env.get("OASIS_AGENT_KEY") != self.key:  # another broker's, prefix's or server's
                 continue
             self._orphans[pid] = (now, False)
             self.log.warning("a worker an earlier agent of this server left is stopped",
