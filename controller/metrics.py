@@ -355,6 +355,16 @@ class _ControllerCollector:
             "one server: both run its workers, and its jobs' progress counts from both).",
             value=len(execution.twins),
         )
+        short = GaugeMetricFamily(
+            "oasis_agent_workers_short_of_devices",
+            "Workers a server's agent runs on GPUs others hold, or without the GPUs their "
+            "task needs (its latest heartbeat; fractional demands that fragmented the GPUs, "
+            "fewer ids than the capacity, a worker given up on).",
+            labels=["server"],
+        )
+        for server, n in sorted(dict(execution.devices_short).items()):
+            short.add_metric([server], n)
+        yield short
         now, seen = execution.link.now(), dict(execution.last_seen)
         for server in sorted(execution.server_index):
             at = seen.get(server)

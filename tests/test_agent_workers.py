@@ -787,3 +787,20 @@ def test_a_flooding_workers_last_count_is_read_once_it_exits(tmp_path: Path) -> 
         assert agent.tasks["a"].workers.done_before == 30000
 
     run(agent, go)
+
+
+def test_workers_on_a_device_others_hold_are_counted_for_the_heartbeat(tmp_path: Path) -> None:
+    """Two jobs of one GPU each on a plan that counts one (fewer ids than needed): both
+    run on GPU 0, and the agent's heartbeat says 2 workers are short; none once one
+    leaves."""
+    a, b = Task("a", 1, 0, 0.5, 40, devices=1), Task("b", 1, 0, 0.5, 40, devices=1)
+    agent, now = agent_on("exec sleep 30", _device_plan([a, b], [a], devices=1))
+
+    async def go() -> None:
+        await steps(agent, lambda: len(commands(agent).live) == 2)
+        assert commands(agent).devices_short() == 2
+        now[0] = 111.0  # b leaves
+        await steps(agent, lambda: len(commands(agent).live) == 1 and not commands(agent).departing)
+        assert commands(agent).devices_short() == 0
+
+    run(agent, go)

@@ -1574,6 +1574,7 @@ def test_two_agents_beating_for_one_server_at_once_are_said_and_a_restart_is_not
     assert [e["server"] for e in said] == ["p0"], said
     assert (said[0]["counted"], said[0]["ignored"]) == ("c", "d")
     assert ex.twins == {"p0": ("c", "d")}
+    assert _metric(plane, "oasis_servers_with_two_agents") == [({}, 1.0)]
     # only the first one's progress counts while both beat (the audit: counted from
     # both, two jobs completed a slot or two early)
     ex._reports.take()
@@ -1704,3 +1705,39 @@ def test_a_jobs_progress_never_reads_over_its_whole(plane: PlaneDaemon) -> None:
     assert [e.kind for e in ex.review_sync()] == ["completed"]
     view = ex.view_sync("j")
     assert (view.minibatches_done, view.minibatches_total) == (20.0, PlaneDaemon.TOTAL)
+
+
+def test_an_agents_workers_short_of_devices_reach_the_daemon(plane: PlaneDaemon) -> None:
+    """The GPU audit: a shortage of devices (two tenants on one GPU) was only in the
+    agent's own log. Heartbeats now say how many workers are short, and the daemon
+    warns and shows it on /metrics."""
+    from structlog.testing import capture_logs
+
+    beat = Heartbeat("w0", "a", 3, devices_short=2)
+    assert Heartbeat.parse(beat.to_bytes()) == beat
+    assert b"devices_short" not in Heartbeat("w0", "a").to_bytes()  # as older agents send
+    for bad in (b"-1", b"1.5", b'"2"', b"100001"):
+        with pytest.raises(SpecError, match=re.escape("heartbeat.devices_short")):
+            Heartbeat.parse(b'{"version": 1, "server": "w0", "session": "s", '
+                            b'"devices_short": ' + bad + b"}")  # fmt: skip
+    ex = plane.ex
+    with capture_logs() as logs:
+        ex.heartbeat(beat)
+    assert ex.devices_short == {"w0": 2}
+    assert [e["workers"] for e in logs if e["event"].startswith("workers share GPUs")] == [2]
+    assert _metric(plane, "oasis_agent_workers_short_of_devices") == [({"server": "w0"}, 2.0)]
+    ex.heartbeat(Heartbeat("w0", "a", 3))
+    assert ex.devices_short == {}
+
+
+def _metric(plane: PlaneDaemon, name: str) -> list[tuple[dict[str, str], float]]:
+    """``name``'s samples as the daemon's /metrics would give them: (labels, value)."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from controller.metrics import Metrics
+
+    plane.c.execution = plane.ex
+    text = generate_latest(Metrics(plane.c).registry).decode()
+    (family,) = [f for f in text_string_to_metric_families(text) if f.name == name]
+    return [(dict(sample.labels), sample.value) for sample in family.samples]

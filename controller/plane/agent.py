@@ -518,7 +518,9 @@ class Agent:
         while True:
             epoch = self.plan.epoch if self.plan else 0
             store = self.plan.store if self.plan else ""
-            beat = Heartbeat(self.server, self.session, epoch, sent_at=self.wall(), store=store)
+            short = self.commands.devices_short() if self.commands is not None else 0
+            beat = Heartbeat(self.server, self.session, epoch, sent_at=self.wall(), store=store,
+                             devices_short=short)  # fmt: skip
             await client.publish(self.topics.heartbeat(self.server), beat.to_bytes(), qos=0)
             sent = time.monotonic()
             # the interval comes with the plan, which may arrive (or change) meanwhile

@@ -379,6 +379,7 @@ class Execution:
         # server -> {agent session: [first beat, latest beat]} (monotonic), the latest few
         self._sessions: dict[str, dict[str, list[float]]] = {}
         self.twins: dict[str, tuple[str, str]] = {}  # server -> two sessions beating at once
+        self.devices_short: dict[str, int] = {}  # server -> its workers short of devices
         self._clock_off: set[str] = set()  # servers logged as off, not yet back
         self.epoch = 0
         self.events_published = 0
@@ -497,6 +498,7 @@ class Execution:
         else:
             self.foreign.pop(beat.server, None)
         self._twins(beat)
+        self._devices_short(beat)
         with self._inbox_lock:
             self._beats[beat.server] = self.link.now()
             if not self.epoch < beat.epoch <= min(MAX_FOLLOWED_EPOCH, self.epoch + MAX_EPOCH_STEP):
@@ -506,6 +508,20 @@ class Execution:
             if self._ahead_since is None:
                 self._ahead_since = self.monotonic()
             return self._bump_due()
+
+    def _devices_short(self, beat: Heartbeat) -> None:
+        """Keep and say what an agent reports of workers short of devices (event loop):
+        sharing a GPU others hold, or without one (fractional demands that fragmented a
+        server's GPUs, fewer ids than its capacity, a worker given up on). Before, only
+        the agent's own log said so."""
+        if beat.devices_short:
+            self.devices_short[beat.server] = beat.devices_short
+            self._complain(beat.server, "devices",
+                           "workers share GPUs others hold, or run without the ones they "
+                           "need (the agent's log says why)",
+                           workers=beat.devices_short)  # fmt: skip
+        else:
+            self.devices_short.pop(beat.server, None)
 
     def _twins(self, beat: Heartbeat) -> None:
         """Say when two agent sessions of one server beat at once (event loop): each

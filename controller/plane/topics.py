@@ -354,6 +354,9 @@ def _devices_demand(value: Any, field: str) -> float:
     return demand
 
 
+MAX_DEVICES_SHORT = 100_000
+"""The most workers short of devices a heartbeat may say."""
+
 MAX_RUN_CHARS = 64
 """The longest ``run`` of a task or a report entry."""
 
@@ -576,6 +579,9 @@ class Heartbeat:
             clock: an agent follows the next slot's plan from its ``starts_at`` by its
             own clock, so an agent ahead switches plans early and one behind late.
         store: the ``store`` of the plan it follows ("": none, or not said).
+        devices_short: its workers running on devices others hold, or without the
+            devices their task needs (:mod:`controller.plane.devices`); 0: none, or
+            not said (left out of the payload).
     """
 
     server: str
@@ -583,10 +589,13 @@ class Heartbeat:
     epoch: int = 0
     sent_at: float | None = None
     store: str = ""
+    devices_short: int = 0
 
     def to_bytes(self) -> bytes:
-        unsaid = (("sent_at",) if self.sent_at is None else ()) + (
-            ("store",) if not self.store else ()
+        unsaid = (
+            (("sent_at",) if self.sent_at is None else ())
+            + (("store",) if not self.store else ())
+            + (("devices_short",) if not self.devices_short else ())
         )
         return _dump(self, *unsaid)
 
@@ -600,6 +609,9 @@ class Heartbeat:
             epoch=fields.integer(obj.get("epoch", 0), "heartbeat.epoch", minimum=0),
             sent_at=None if sent_at is None else fields.number(sent_at, "heartbeat.sent_at"),
             store=_run(obj.get("store", ""), "heartbeat.store"),
+            devices_short=_below(
+                obj.get("devices_short", 0), "heartbeat.devices_short", 0, MAX_DEVICES_SHORT + 1
+            ),
         )
 
 

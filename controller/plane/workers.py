@@ -137,6 +137,7 @@ class Worker:
     killed: bool = False
     emptied_at: float | None = None  # monotonic time its process group was found empty
     devices: dict[str, float] = field(default_factory=dict)  # its shares of the devices
+    demand: float = 0.0  # the devices its task needs
 
 
 @dataclass
@@ -260,6 +261,18 @@ class Commands:
                     continue
                 await self._start(job_id, job, index, extra, devices, now)
 
+    def devices_short(self) -> int:
+        """How many running workers are short of devices now: on a device others' shares
+        take past a whole one, or holding none while their task needs some."""
+        if not self.devices.managed:
+            return 0
+        used = self.devices.used
+        return sum(
+            1 for w in self.live.values()
+            if (w.demand > 0 and not w.devices)
+            or any(used.get(one, 0.0) > 1.0 + 1e-9 for one in w.devices)
+        )  # fmt: skip
+
     def count(self, job: JobWorkers) -> float:
         """The job's mini-batches on this server: every process's count, summed."""
         total = job.done_before + sum(w.count[0] for w in job.running)
@@ -374,7 +387,7 @@ class Commands:
             return
         count = [0.0]
         reader = loop.create_task(self._follow(proc, stream, transport, count))
-        worker = Worker(proc, index, count, reader, now, job, devices=held)
+        worker = Worker(proc, index, count, reader, now, job, devices=held, demand=demand)
         job.running.append(worker)
         self.live[proc.pid] = worker
         self.log.info("worker started", job=job_id, worker=index, pid=proc.pid,
