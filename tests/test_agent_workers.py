@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -706,7 +707,7 @@ def test_a_second_agent_for_the_server_on_this_machine_is_refused_until_the_firs
 
     def holder(prefix: str = "oasis") -> int:
         key = one_agent.agent_key("127.0.0.1", port, prefix, node)
-        return one_agent._holder(one_agent._address(key))
+        return one_agent._holder(one_agent._address(key))[0]
 
     def held_by(proc: subprocess.Popen[str], prefix: str = "oasis") -> None:
         deadline = time.monotonic() + 60  # its imports take a while on a loaded machine
@@ -804,3 +805,78 @@ def test_workers_on_a_device_others_hold_are_counted_for_the_heartbeat(tmp_path:
         assert commands(agent).devices_short() == 0
 
     run(agent, go)
+
+
+def test_a_process_that_left_its_workers_group_keeps_the_workers_devices(
+    tmp_path: Path,
+) -> None:
+    """The review: a worker that exited 0 leaving a ``setsid`` child behind (a
+    launcher's) gave its GPU back while the child still ran on it, and the next tenant's
+    worker was put on that GPU."""
+    escaped = tmp_path / "escaped"
+    command = (
+        'if [ "$OASIS_JOB" = a ]; then setsid sh -c '
+        f"'echo $$ $CUDA_VISIBLE_DEVICES > {escaped}; exec sleep 60' & "
+        f"while [ ! -s {escaped} ]; do sleep 0.05; done; exit 0; fi; "
+        f'echo "$CUDA_VISIBLE_DEVICES" > {tmp_path}/$OASIS_JOB; exec sleep 60'
+    )
+    a, b, c = (Task(j, 1, 0, 0.5, 40, devices=1) for j in "abc")
+    agent, now = agent_on(command, _device_plan([a, b], [a, c], devices=2))
+
+    async def go() -> None:
+        await steps(agent, lambda: "a" in agent.tasks and 0 in agent.tasks["a"].workers.finished
+                    and (tmp_path / "b").exists())  # fmt: skip
+        pid, held = escaped.read_text().split()
+        assert alive(int(pid))
+        now[0] = 111.0  # b leaves, c comes in: not on the GPU a's process still uses
+        await steps(agent, (tmp_path / "c").exists)
+        assert (tmp_path / "c").read_text().strip() != held
+        os.kill(int(pid), signal.SIGKILL)  # gone at last: its GPU is free again
+        await steps(agent, lambda: commands(agent).devices.used == {"1": 1.0})
+
+    try:
+        run(agent, go)
+    finally:
+        if escaped.exists() and escaped.read_text().split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(escaped.read_text().split()[0]), signal.SIGKILL)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a process as another user")
+def test_another_users_process_holding_the_guards_name_does_not_keep_the_agent_from_starting(
+    tmp_path: Path,
+) -> None:
+    """The review: abstract socket names have no permissions, so a tenant's worker run
+    as its own user could take the name and the server's agent exited 2 (and stayed
+    down under its unit). An agent now goes on without the guard, and says so."""
+    from controller.plane import one_agent
+
+    key = one_agent.agent_key("127.0.0.1", 1, "oasis", tmp_path.name)
+    squat = ("import socket, sys, time\n"
+             "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+             f"s.bind({one_agent._address(key)!r}); s.listen(1)\n"
+             "print('up', flush=True); time.sleep(60)\n")  # fmt: skip
+    system = shutil.which("python3", path="/usr/bin:/bin")
+    if system is None:
+        pytest.skip("no system python3 for a process of another user")
+    squatter = subprocess.Popen([system, "-c", squat], stdout=subprocess.PIPE, text=True,
+                                user=65534, cwd="/")  # fmt: skip
+    try:
+        assert squatter.stdout is not None and squatter.stdout.readline().strip() == "up"
+        held, why = one_agent.hold_server(key, "127.0.0.1", 1, "oasis", tmp_path.name)
+        assert held is None
+        assert f"held by pid {squatter.pid} of user 65534" in why
+        mine = subprocess.Popen([sys.executable, "-c", squat],
+                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+        squatter.kill()
+        squatter.communicate(timeout=30)
+        try:
+            assert mine.stdout is not None and mine.stdout.readline().strip() == "up"
+            with pytest.raises(one_agent.AgentRunningError, match=f"pid {mine.pid}"):
+                one_agent.hold_server(key, "127.0.0.1", 1, "oasis", tmp_path.name)
+        finally:
+            mine.kill()
+            mine.communicate(timeout=30)
+    finally:
+        squatter.kill()
+        squatter.communicate(timeout=30)

@@ -1585,6 +1585,19 @@ def test_two_agents_beating_for_one_server_at_once_are_said_and_a_restart_is_not
     for i in range(12, 12 + int(ex.mqtt.heartbeat_timeout / beat) + 2):
         at(i * beat, "p0", "d")
     assert ex.twins == {}
+    assert _metric(plane, "oasis_servers_with_two_agents") == [({}, 0.0)]
+    # ... but the second's counts never count: cumulative over the time both ran, they
+    # were added in full once the first stopped (the review), and after a restart
+    ex.report(Progress("p0", "d", [TaskProgress("j", 2.0, 2.0)]))
+    assert ex._reports.take() == []
+    ex.review_sync()  # the ignored session is stored
+    from controller.plane.execution import Execution
+
+    restarted = Execution(plane.c, MqttConfig("localhost"), monotonic=lambda: plane.mono[0])
+    restarted.load()
+    restarted.report(Progress("p0", "d", [TaskProgress("j", 3.0, 3.0)]))
+    restarted.report(Progress("p0", "e", [TaskProgress("j", 1.0, 1.0)]))  # a new session
+    assert [r.progress.session for r in restarted._reports.take()] == ["e"]
 
 
 def test_a_device_capacity_that_is_not_whole_is_said_at_load(tmp_path: Path) -> None:

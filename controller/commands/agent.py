@@ -108,9 +108,11 @@ def _agent(args: argparse.Namespace) -> int:
     devices, devices_from = _device_ids(args.devices)
     try:  # before anything of the agent runs: it would stop the other's workers
         key = agent_key(mqtt.host, mqtt.port, mqtt.topic_prefix, args.node)
-        held = hold_server(key, mqtt.host, mqtt.port, mqtt.topic_prefix, args.node)
+        held, unguarded = hold_server(key, mqtt.host, mqtt.port, mqtt.topic_prefix, args.node)
     except AgentRunningError as err:
         raise InputError(str(err)) from err
+    if unguarded:
+        print(f"oasis: warning: {unguarded}", file=sys.stderr)
     logs.configure(args.log_level)
     try:
         agent = Agent(args.node, mqtt, args.speed, args.worker_command or "", args.report_seconds,
@@ -123,7 +125,8 @@ def _agent(args: argparse.Namespace) -> int:
     except UnknownServerError as err:
         raise InputError(str(err)) from err
     finally:
-        held.close()
+        if held is not None:
+            held.close()
     return EXIT_OK
 
 

@@ -20,9 +20,9 @@ the broker was away are lost.
 Work is either simulated -- each worker finishes a mini-batch every
 ``minibatch_seconds / speed`` seconds (``--speed 2``: twice as fast as planned) -- or
 done by a command launched per worker (``--command``), which gets ``OASIS_JOB``,
-``OASIS_SERVER``, ``OASIS_WORKER``, ``OASIS_MINIBATCH_SECONDS`` and ``OASIS_AGENT`` in
-its environment, and its own devices in ``CUDA_VISIBLE_DEVICES`` and ``OASIS_DEVICES``
-when its task needs any (:mod:`controller.plane.devices`), and
+``OASIS_SERVER``, ``OASIS_WORKER``, ``OASIS_MINIBATCH_SECONDS``, ``OASIS_AGENT`` and
+``OASIS_AGENT_KEY`` in its environment, and its own devices in ``CUDA_VISIBLE_DEVICES``
+and ``OASIS_DEVICES`` when its task needs any (:mod:`controller.plane.devices`), and
 prints its cumulative mini-batch count, one number per line, as it goes; it is stopped
 (SIGTERM, then SIGKILL after a grace) when its task leaves the plan, and started again
 after a back-off if it fails (:mod:`controller.plane.workers`).
@@ -465,7 +465,8 @@ class Agent:
                                              report.to_bytes(), qos=1)  # fmt: skip
             self.log.info("last progress sent", jobs=sum(len(r.jobs) for r in reports))
         except (aiomqtt.MqttError, OSError, TimeoutError) as err:
-            self.log.warning("last progress not sent: the broker is away", error=str(err))
+            self.log.warning("last progress not sent: the broker is away",
+                             error=str(err) or type(err).__name__)  # fmt: skip
 
     async def _work(self) -> None:
         last = forgot = time.monotonic()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from collections.abc import Sequence
 
 __all__ = [
@@ -58,20 +59,20 @@ def parse_device_ids(text: str) -> list[str]:
         ValueError: an empty or unreadable id, an id given twice, or more than
             :data:`MAX_DEVICES`.
     """
-    ids = [part.strip() for part in text.split(",")]
+    ids = [part.strip() for part in text.split(",", MAX_DEVICES + 1)]
     if ids == [""]:
         return []
+    if len(ids) > MAX_DEVICES:
+        raise ValueError(f"over {MAX_DEVICES} ids")
     for i, one in enumerate(ids):
         if not one:
             raise ValueError(f"id {i + 1} is empty (ids are comma-separated: 0,1,2,3)")
         if not _DEVICE_ID.fullmatch(one):
             raise ValueError(f"id {one[:80]!r} is not a device index (0, 1, ...) or a GPU-... "
                              "or MIG-... UUID")  # fmt: skip
-    twice = sorted({one for one in ids if ids.count(one) > 1})
+    twice = sorted(one for one, n in Counter(ids).items() if n > 1)
     if twice:
         raise ValueError(f"{', '.join(twice)} listed twice")
-    if len(ids) > MAX_DEVICES:
-        raise ValueError(f"{len(ids)} ids, over {MAX_DEVICES}")
     return ids
 
 

@@ -119,6 +119,9 @@ _LEVEL = 0.9
 # stops it), over all servers; each server gets its share (controller/plane/intake.py)
 _MAX_INBOX = 100_000
 _MAX_INBOX_PER_SERVER = 1_000  # ... and at least this many
+MAX_IGNORED_SESSIONS = 256
+"""Agent sessions whose reports never count (the second of two that beat at once) the
+plane remembers, the newest."""
 _MAX_SESSIONS_WATCHED = 4
 """Agent sessions per server whose beats are remembered to tell two agents at once."""
 _COMPLAIN_SECONDS = 10.0
@@ -379,6 +382,9 @@ class Execution:
         # server -> {agent session: [first beat, latest beat]} (monotonic), the latest few
         self._sessions: dict[str, dict[str, list[float]]] = {}
         self.twins: dict[str, tuple[str, str]] = {}  # server -> two sessions beating at once
+        # "server/session" of the second of two agents that beat at once: its reports
+        # never count (stored: a restart would count its whole cumulative count again)
+        self.ignored_sessions: dict[str, None] = {}
         self.devices_short: dict[str, int] = {}  # server -> its workers short of devices
         self._clock_off: set[str] = set()  # servers logged as off, not yet back
         self.epoch = 0
@@ -451,6 +457,12 @@ class Execution:
                 heard = value.get("heard", [])
                 if isinstance(heard, list):  # an edited store: names it does not know go
                     self.heard = {s for s in heard if s in self.server_index}
+                ignored = value.get("ignored", [])
+                if isinstance(ignored, list):
+                    self.ignored_sessions = dict.fromkeys(
+                        k for k in ignored[-MAX_IGNORED_SESSIONS:]
+                        if isinstance(k, str) and len(k) <= 512
+                    )  # fmt: skip
             # heard from before the restart: their silence counts from now, or an agent
             # (a PS's, say, that reports no progress) that died meanwhile goes unnoticed
             for server in self.heard - set(self.failed):
@@ -530,8 +542,11 @@ class Execution:
         two agents for one server (a unit copied to another machine, a typo in
         ``--node``): both run the server's workers, and the job's progress was counted
         from both (the audit: two jobs completed a slot or two early). Only the first
-        session's reports count while it lasts (:meth:`report`). Only the operator can
-        end it; said at most every 10 s while it lasts, and counted on ``/metrics``."""
+        session's reports count; the second's never do, even once the first has
+        stopped (its counts are cumulative over the time both ran: the review saw them
+        added in full), and the store keeps which it is. Only the operator can end it;
+        said at most every 10 s while it lasts, and counted on ``/metrics`` until
+        either falls silent."""
         now = self.monotonic()
         sessions = self._sessions.setdefault(beat.server, {})
         times = sessions.setdefault(beat.session, [now, now])
@@ -546,16 +561,24 @@ class Execution:
                 older, newer = ((other, beat.session) if first <= times[0]
                                 else (beat.session, other))  # fmt: skip
                 self.twins[beat.server] = (older, newer)
+                key = f"{beat.server}/{newer}"
+                if key not in self.ignored_sessions:
+                    self.ignored_sessions[key] = None
+                    while len(self.ignored_sessions) > MAX_IGNORED_SESSIONS:
+                        del self.ignored_sessions[next(iter(self.ignored_sessions))]
+                    self._heard_saved = False  # stored at the next review
                 self._complain(beat.server, "twins",
                                "two agents beat for one server at once: both run its "
-                               "workers; only the first one's progress is counted until "
-                               "one stops; stop the wrong one", counted=older,
-                               ignored=newer)  # fmt: skip
+                               "workers; only the first one's progress counts, the "
+                               "second's never does: stop the second (if you stop the "
+                               "first, restart the second: a new session counts from "
+                               "then on)", counted=older, ignored=newer)  # fmt: skip
                 return
-        if beat.server in self.twins and beat.session in self.twins[beat.server]:
-            other = next(x for x in self.twins[beat.server] if x != beat.session)
-            if other not in sessions or now - sessions[other][1] > self.mqtt.heartbeat_timeout:
-                del self.twins[beat.server]
+        for server, pair in list(self.twins.items()):  # over once either is silent
+            known = self._sessions.get(server, {})
+            if any(x not in known or now - known[x][1] > self.mqtt.heartbeat_timeout
+                   for x in pair):  # fmt: skip
+                del self.twins[server]
 
     def _check_clock(self, server: str, offset: float) -> None:
         """Keep ``server``'s clock offset (seconds, its agent's minus this daemon's) and
@@ -580,10 +603,9 @@ class Execution:
         thread. ``progress.server`` must be the server whose topic it came on. The
         second of two agents beating for the server at once is not counted."""
         if progress.server in self.server_index:
-            twins = self.twins.get(progress.server)
-            if twins is not None and progress.session == twins[1]:
+            if f"{progress.server}/{progress.session}" in self.ignored_sessions:
                 self._complain(progress.server, "twin", "progress of the second of two "
-                               "agents beating for one server ignored",
+                               "agents that beat for one server at once ignored",
                                session=progress.session)  # fmt: skip
                 return
             with self._inbox_lock:
@@ -1305,7 +1327,8 @@ class Execution:
     def _save_meta(self, session: Session) -> None:
         value = {"epoch": self.epoch, "events": self.events_published,
                  "heard": sorted(self.heard), "planned": self.planned_slot,
-                 "unsent": [list(run) for run in self.unsent]}  # fmt: skip
+                 "unsent": [list(run) for run in self.unsent],
+                 "ignored": list(self.ignored_sessions)}  # fmt: skip
         stmt = update(MetaRow).where(MetaRow.key == _PLANE_KEY).values(value=value)
         if session.connection().execute(stmt).rowcount == 0:
             session.add(MetaRow(key=_PLANE_KEY, value=value))

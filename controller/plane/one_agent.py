@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import socket
 import struct
 
@@ -45,14 +46,19 @@ def _address(key: str) -> bytes:
     return b"\0oasis-agent-" + key.encode()
 
 
-def hold_server(key: str, host: str, port: int, prefix: str, server: str) -> socket.socket:
+def hold_server(
+    key: str, host: str, port: int, prefix: str, server: str
+) -> tuple[socket.socket | None, str]:
     """Take this machine's one place ``key`` (:func:`agent_key`) for the agent of
     ``server`` on broker ``host:port`` under ``prefix`` (named in the error): keep the
-    returned socket open while the agent runs.
+    returned socket open while the agent runs. ``(None, why)`` when a process of
+    another user (not root) holds the name: abstract names have no permissions, so a
+    tenant's worker run as its own user could take it and keep the server's agent from
+    starting (the review); then the agent goes on without the guard, and says so.
 
     Raises:
-        AgentRunningError: another process holds it (its pid in the message, when the
-            kernel says).
+        AgentRunningError: a process of this user or root holds it (its pid in the
+            message, when the kernel says).
     """
     address = _address(key)
     held = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -60,7 +66,10 @@ def hold_server(key: str, host: str, port: int, prefix: str, server: str) -> soc
         held.bind(address)
     except OSError:
         held.close()
-        pid = _holder(address)
+        pid, uid = _holder(address)
+        if uid is not None and uid not in (0, os.getuid()):
+            return None, (f"the one-agent guard's name is held by pid {pid} of user {uid}, "
+                          "not an agent of this user: going on without the guard")  # fmt: skip
         who = f" (pid {pid})" if pid else ""
         raise AgentRunningError(
             f"another oasis agent for server {server!r} on broker {host}:{port} (topic prefix "
@@ -70,11 +79,12 @@ def hold_server(key: str, host: str, port: int, prefix: str, server: str) -> soc
         ) from None
     held.listen(1)  # a second agent connects, to learn the pid (never accepted)
     held.set_inheritable(False)  # the workers must not hold it after the agent
-    return held
+    return held, ""
 
 
-def _holder(address: bytes) -> int:
-    """The pid of the process listening on ``address``; 0 if it cannot be told."""
+def _holder(address: bytes) -> tuple[int, int | None]:
+    """``(pid, uid)`` of the process listening on ``address``; ``(0, None)`` if they
+    cannot be told."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     with contextlib.closing(probe):
         probe.settimeout(1.0)
@@ -82,6 +92,6 @@ def _holder(address: bytes) -> int:
             probe.connect(address)
             raw = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         except OSError:
-            return 0
-        pid, _uid, _gid = struct.unpack("3i", raw)
-        return int(pid)
+            return 0, None
+        pid, uid, _gid = struct.unpack("3i", raw)
+        return int(pid), int(uid)

@@ -212,8 +212,9 @@ class Commands:
         # processes given up on (GIVE_UP_SECONDS past their SIGKILL): never tried again,
         # or the orphan scan took a given-up worker back and held the server for good
         self._given_up: set[int] = set()
-        # given-up workers' devices, held until their process group is gone
-        self._stuck_devices: dict[int, dict[str, float]] = {}
+        # devices of workers gone from the agent's view whose processes may still run on
+        # them (given up on, or escaped from their group): held until those are gone
+        self._held_on: list[tuple[list[int], dict[str, float]]] = []
         self._scanned = -ORPHAN_SCAN_SECONDS
         self._leftovers_stopped = False
         self.subreaper = adopt_orphans and _become_subreaper()
@@ -234,8 +235,9 @@ class Commands:
             for worker in [w for w in job.running if w.index >= want]:
                 self.stop(worker, now)
         departed = self._reap_departing(now)
-        for pid in [p for p in self._stuck_devices if not _group_alive(p)]:
-            self.devices.give_back(self._stuck_devices.pop(pid))
+        for entry in [e for e in self._held_on if not any(map(_still_there, e[0]))]:
+            self._held_on.remove(entry)
+            self.devices.give_back(entry[1])
         self._escalate(now)
         if self.subreaper and not self._leftovers_stopped:
             self._leftovers_stopped = True
@@ -418,7 +420,7 @@ class Commands:
             worker.reader.cancel()  # done, or held open by a process outside its group
             job.running.remove(worker)
             self.live.pop(worker.proc.pid, None)
-            self.devices.give_back(worker.devices)
+            self._release(job_id, worker)
             job.done_before += worker.count[0]
             code = worker.proc.returncode
             if code == 0:
@@ -427,6 +429,36 @@ class Commands:
                               minibatches=worker.count[0])  # fmt: skip
                 continue
             self._failed(job_id, job, worker.index, _status(code), now - worker.started, now)
+
+    def _release(self, job_id: str, worker: Worker) -> None:
+        """Give back the devices of ``worker``, which exited, unless a process of it that
+        left its group (``setsid``, a launcher's child) still runs: on them, as its
+        ``CUDA_VISIBLE_DEVICES`` says; then they are held until it is gone (the review:
+        the next tenant's worker was put on the GPU it still used)."""
+        if not worker.devices:
+            return
+        escaped = self._escaped_of(job_id, worker.index)
+        if escaped:
+            self.log.warning("a worker's process that left its group still runs: its "
+                             "devices stay its own", job=job_id, worker=worker.index,
+                             pids=escaped, devices=list(worker.devices))  # fmt: skip
+            self._held_on.append((escaped, worker.devices))
+        else:
+            self.devices.give_back(worker.devices)
+
+    def _escaped_of(self, job_id: str, index: int) -> list[int]:
+        """The live processes marked as worker ``index`` of ``job_id`` of this agent."""
+        mine = os.getpid()
+        out = []
+        for name in _all_pids():
+            pid = int(name)
+            if pid == mine or pid in self.live or _ended(pid):
+                continue
+            env = _environment_of(pid)
+            if (env.get("OASIS_AGENT") == self.session and env.get("OASIS_JOB") == job_id
+                    and env.get("OASIS_WORKER") == str(index)):  # fmt: skip
+                out.append(pid)
+        return out
 
     def _failed(
         self,
@@ -482,7 +514,7 @@ class Commands:
                 )  # fmt: skip
                 self._given_up.add(worker.proc.pid)
                 if worker.devices:  # it may still run on them (the review)
-                    self._stuck_devices[worker.proc.pid] = worker.devices
+                    self._held_on.append(([worker.proc.pid], worker.devices))
             else:
                 self.devices.give_back(worker.devices)
             worker.reader.cancel()  # its output is no longer followed
@@ -674,6 +706,11 @@ def _signal_group(pid: int, sig: int) -> None:
             os.killpg(pid, sig)
         else:
             os.kill(pid, sig)
+
+
+def _still_there(pid: int) -> bool:
+    """Whether ``pid``, or the process group it leads, has a process left."""
+    return _group_alive(pid) or not _ended(pid)
 
 
 def _group_alive(group: int) -> bool:
