@@ -355,6 +355,13 @@ class _ControllerCollector:
             "one server: both run its workers, and its jobs' progress counts from both).",
             value=len(execution.twins),
         )
+        yield GaugeMetricFamily(
+            "oasis_servers_with_only_ignored_agents",
+            "Servers whose only beating agent is one whose progress is ignored (the second "
+            "of two that beat at once): their jobs' progress counts for nothing until it "
+            "is restarted.",
+            value=len(execution.ignored_alone),
+        )
         short = GaugeMetricFamily(
             "oasis_agent_workers_short_of_devices",
             "Workers a server's agent runs on GPUs others hold, or without the GPUs their "

@@ -880,3 +880,50 @@ def test_another_users_process_holding_the_guards_name_does_not_keep_the_agent_f
     finally:
         squatter.kill()
         squatter.communicate(timeout=30)
+
+
+def test_a_departed_jobs_escaped_process_is_stopped_before_the_next_job_starts(
+    tmp_path: Path,
+) -> None:
+    """The re-audit: once the job of a worker that left a ``setsid`` child behind left
+    the plan, the next tenant's worker started on the GPU the child still used, until
+    the orphan scan found it a second later (and its grace after that)."""
+    escaped = tmp_path / "escaped"
+    command = (
+        'if [ "$OASIS_JOB" = a ]; then setsid sh -c '
+        f"'echo $$ > {escaped}; exec sleep 60' & "
+        f"while [ ! -s {escaped} ]; do sleep 0.05; done; exit 0; fi; "
+        f'echo "$CUDA_VISIBLE_DEVICES" > {tmp_path}/$OASIS_JOB; exec sleep 60'
+    )
+    a, c = Task("a", 1, 0, 0.5, 40, devices=1), Task("c", 1, 0, 0.5, 40, devices=1)
+    agent, now = agent_on(command, _device_plan([a], [c], devices=1), stop_grace=1.0)
+    seen_alive: list[bool] = []
+
+    async def go() -> None:
+        await steps(agent, lambda: "a" in agent.tasks and 0 in agent.tasks["a"].workers.finished)
+        pid = int(escaped.read_text())
+        now[0] = 111.0  # a leaves the plan, c comes in on the one GPU
+        await steps(agent, (tmp_path / "c").exists)
+        seen_alive.append(alive(pid))
+
+    try:
+        run(agent, go)
+    finally:
+        if escaped.exists() and escaped.read_text().strip():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(escaped.read_text()), signal.SIGKILL)
+    assert seen_alive == [False]
+
+
+def test_one_broker_under_any_of_its_names_is_one_place_for_an_agent() -> None:
+    """The re-audit: ``[::ffff:127.0.0.1]`` (and ``::1`` beside ``localhost``) let a
+    second agent of the same broker run every worker of the server again."""
+    from controller.plane.one_agent import agent_key
+
+    names = ["localhost", "127.0.0.1", "::1", "[::1]", "::ffff:127.0.0.1", "LOCALHOST"]
+    assert len({agent_key(name, 1883, "oasis", "w0") for name in names}) == 1
+    assert agent_key("10.1.2.3", 1883, "oasis", "w0") == agent_key("::ffff:10.1.2.3", 1883,
+                                                                     "oasis", "w0")  # fmt: skip
+    others = [("10.1.2.3", 1884, "oasis", "w0"), ("10.1.2.3", 1883, "lab", "w0"),
+              ("10.1.2.3", 1883, "oasis", "w1"), ("10.1.2.4", 1883, "oasis", "w0")]  # fmt: skip
+    assert len({agent_key(*other) for other in others}) == 4

@@ -1586,6 +1586,20 @@ def test_two_agents_beating_for_one_server_at_once_are_said_and_a_restart_is_not
         at(i * beat, "p0", "d")
     assert ex.twins == {}
     assert _metric(plane, "oasis_servers_with_two_agents") == [({}, 0.0)]
+    # the ignored one alone: said, and shown (its jobs' progress counts for nothing)
+    assert ex.ignored_alone == {"p0": "d"}
+    assert _metric(plane, "oasis_servers_with_only_ignored_agents") == [({}, 1.0)]
+    # a new agent beside the ignored one (the re-audit: a real agent restarted there was
+    # paired with the ignored twin as the second, and ignored for good): it counts
+    start = (12 + int(ex.mqtt.heartbeat_timeout / beat) + 2) * beat
+    for i in range(4):
+        at(start + i * beat, "p0", "d")
+        at(start + i * beat + 0.5, "p0", "e")
+    assert ex.twins == {"p0": ("e", "d")} and ex.ignored_alone == {}
+    ex._reports.take()
+    for session in ("d", "e"):
+        ex.report(Progress("p0", session, [TaskProgress("j", 1.0, 1.0)]))
+    assert [r.progress.session for r in ex._reports.take()] == ["e"]
     # ... but the second's counts never count: cumulative over the time both ran, they
     # were added in full once the first stopped (the review), and after a restart
     ex.report(Progress("p0", "d", [TaskProgress("j", 2.0, 2.0)]))

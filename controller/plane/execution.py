@@ -385,6 +385,7 @@ class Execution:
         # "server/session" of the second of two agents that beat at once: its reports
         # never count (stored: a restart would count its whole cumulative count again)
         self.ignored_sessions: dict[str, None] = {}
+        self.ignored_alone: dict[str, str] = {}  # server -> its only beating, ignored session
         self.devices_short: dict[str, int] = {}  # server -> its workers short of devices
         self._clock_off: set[str] = set()  # servers logged as off, not yet back
         self.epoch = 0
@@ -560,6 +561,10 @@ class Execution:
                     continue  # the other fell silent since: gone
                 older, newer = ((other, beat.session) if first <= times[0]
                                 else (beat.session, other))  # fmt: skip
+                if f"{beat.server}/{older}" in self.ignored_sessions:
+                    # one already ignored never becomes the counted one (the re-audit: a
+                    # real agent restarted beside an ignored twin was itself ignored)
+                    older, newer = newer, older
                 self.twins[beat.server] = (older, newer)
                 key = f"{beat.server}/{newer}"
                 if key not in self.ignored_sessions:
@@ -579,6 +584,18 @@ class Execution:
             if any(x not in known or now - known[x][1] > self.mqtt.heartbeat_timeout
                    for x in pair):  # fmt: skip
                 del self.twins[server]
+        if f"{beat.server}/{beat.session}" in self.ignored_sessions and not any(
+            other != beat.session and f"{beat.server}/{other}" not in self.ignored_sessions
+            and now - last <= self.mqtt.heartbeat_timeout
+            for other, (_first, last) in sessions.items()
+        ):  # fmt: skip
+            self.ignored_alone[beat.server] = beat.session
+            self._complain(beat.server, "ignored_alone",
+                           "the only agent beating for this server is one whose progress is "
+                           "ignored (the second of two that beat at once): restart it, and "
+                           "a new session counts", session=beat.session)  # fmt: skip
+        else:
+            self.ignored_alone.pop(beat.server, None)
 
     def _check_clock(self, server: str, offset: float) -> None:
         """Keep ``server``'s clock offset (seconds, its agent's minus this daemon's) and

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import ipaddress
 import os
 import socket
 import struct
@@ -34,11 +35,24 @@ def agent_key(host: str, port: int, prefix: str, server: str) -> str:
     and the server. Its workers carry it (``OASIS_AGENT_KEY``): the next agent of the
     same place stops those an earlier one left, and no other agent's."""
     try:
-        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        address = sorted({str(info[4][0]) for info in found})[0]
+        found = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
+        address = sorted({_plain(str(info[4][0])) for info in found})[0]
     except (OSError, UnicodeError, IndexError):  # not resolvable now: its name
         address = host.lower()
     return hashlib.sha256(f"{address}:{port}/{prefix}/{server}".encode()).hexdigest()[:40]
+
+
+def _plain(text: str) -> str:
+    """One name for one address: an IPv4-mapped IPv6 address as its IPv4 one, and every
+    loopback address (``127.0.0.1``, ``::1``) as ``loopback`` (the re-audit:
+    ``[::ffff:127.0.0.1]`` let a second agent of the same broker run every worker)."""
+    try:
+        address = ipaddress.ip_address(text.split("%", 1)[0])
+    except ValueError:
+        return text
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return "loopback" if address.is_loopback else str(address)
 
 
 def _address(key: str) -> bytes:

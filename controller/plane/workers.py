@@ -214,7 +214,8 @@ class Commands:
         self._given_up: set[int] = set()
         # devices of workers gone from the agent's view whose processes may still run on
         # them (given up on, or escaped from their group): held until those are gone
-        self._held_on: list[tuple[list[int], dict[str, float]]] = []
+        # (job, pids, devices, escaped): escaped processes are stopped with their job
+        self._held_on: list[tuple[str, list[int], dict[str, float], bool]] = []
         self._scanned = -ORPHAN_SCAN_SECONDS
         self._leftovers_stopped = False
         self.subreaper = adopt_orphans and _become_subreaper()
@@ -235,9 +236,10 @@ class Commands:
             for worker in [w for w in job.running if w.index >= want]:
                 self.stop(worker, now)
         departed = self._reap_departing(now)
-        for entry in [e for e in self._held_on if not any(map(_still_there, e[0]))]:
+        for entry in [e for e in self._held_on if not any(map(_still_there, e[1]))]:
             self._held_on.remove(entry)
-            self.devices.give_back(entry[1])
+            self.devices.give_back(entry[2])
+        self._stop_escaped({j for j, (n, _e, _d) in wanted.items() if n > 0}, now)
         self._escalate(now)
         if self.subreaper and not self._leftovers_stopped:
             self._leftovers_stopped = True
@@ -442,9 +444,28 @@ class Commands:
             self.log.warning("a worker's process that left its group still runs: its "
                              "devices stay its own", job=job_id, worker=worker.index,
                              pids=escaped, devices=list(worker.devices))  # fmt: skip
-            self._held_on.append((escaped, worker.devices))
+            self._held_on.append((job_id, escaped, worker.devices, True))
         else:
             self.devices.give_back(worker.devices)
+
+    def _stop_escaped(self, wanted: set[str], now: float) -> None:
+        """Stop, as orphans, the processes holding devices that escaped the group of a
+        worker whose job no longer runs here: no worker starts until they are gone (the
+        re-audit: the next tenant's worker started on the GPU while one still ran, until
+        the orphan scan found it a second later, and its grace after). Not the agent's
+        subreaper alone: such a process may have been reparented to init."""
+        for pid in [p for p in self._orphans if not _still_there(p)]:
+            del self._orphans[pid]  # gone (reaped by init, or by the orphan scan)
+        for job_id, pids, _held, escaped in self._held_on:
+            if not escaped or job_id in wanted:
+                continue
+            for pid in pids:
+                if pid in self._orphans or pid in self._given_up or not _still_there(pid):
+                    continue
+                self._orphans[pid] = (now, False)
+                self.log.warning("a worker's process that left its session is stopped",
+                                 pid=pid, job=job_id)  # fmt: skip
+                _signal_group(pid, signal.SIGTERM)
 
     def _escaped_of(self, job_id: str, index: int) -> list[int]:
         """The live processes marked as worker ``index`` of ``job_id`` of this agent."""
@@ -514,7 +535,7 @@ class Commands:
                 )  # fmt: skip
                 self._given_up.add(worker.proc.pid)
                 if worker.devices:  # it may still run on them (the review)
-                    self._held_on.append(([worker.proc.pid], worker.devices))
+                    self._held_on.append(("", [worker.proc.pid], worker.devices, False))
             else:
                 self.devices.give_back(worker.devices)
             worker.reader.cancel()  # its output is no longer followed
