@@ -696,10 +696,14 @@ def test_a_second_agent_for_the_server_on_this_machine_is_refused_until_the_firs
     broker = f"mqtt://127.0.0.1:{free_port()}"  # nothing listens: the agents keep retrying
     node = tmp_path.name  # a server of its own (tests beside this one run agents too)
 
+    started: list[subprocess.Popen[str]] = []
+
     def agent(*extra: str) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-m", "controller.cli", "agent", "--node",
+        proc = subprocess.Popen([sys.executable, "-m", "controller.cli", "agent", "--node",
                                  node, "--broker", broker, *extra], cwd=ROOT, text=True,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+        started.append(proc)
+        return proc
 
     from controller.plane import one_agent
 
@@ -733,11 +737,10 @@ def test_a_second_agent_for_the_server_on_this_machine_is_refused_until_the_firs
         first.communicate(timeout=30)
         third = agent()
         held_by(third)
-        third.kill()
-        third.communicate(timeout=30)
     finally:
-        first.kill()
-        first.communicate(timeout=30)
+        for proc in started:  # every agent it started, whatever failed (none left running)
+            proc.kill()
+            proc.communicate(timeout=30)
 
 
 def test_the_output_budget_slows_a_flooding_worker_to_its_rate_and_not_a_drained_one(

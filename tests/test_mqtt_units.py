@@ -1754,7 +1754,8 @@ def test_an_agents_workers_short_of_devices_reach_the_daemon(plane: PlaneDaemon)
     assert [e["workers"] for e in logs if e["event"].startswith("workers share GPUs")] == [2]
     assert _metric(plane, "oasis_agent_workers_short_of_devices") == [({"server": "w0"}, 2.0)]
     ex.heartbeat(Heartbeat("w0", "a", 3))
-    assert ex.devices_short == {}
+    assert ex.devices_short == {"w0": 0}  # the series reads 0 (the re-audit: it vanished)
+    assert _metric(plane, "oasis_agent_workers_short_of_devices") == [({"server": "w0"}, 0.0)]
 
 
 def _metric(plane: PlaneDaemon, name: str) -> list[tuple[dict[str, str], float]]:

@@ -533,8 +533,8 @@ class Execution:
                            "workers share GPUs others hold, or run without the ones they "
                            "need (the agent's log says why)",
                            workers=beat.devices_short)  # fmt: skip
-        else:
-            self.devices_short.pop(beat.server, None)
+        elif beat.server in self.devices_short:  # 0 once seen: an alert on it resolves
+            self.devices_short[beat.server] = 0
 
     def _twins(self, beat: Heartbeat) -> None:
         """Say when two agent sessions of one server beat at once (event loop): each
