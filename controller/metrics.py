@@ -66,7 +66,7 @@ import asyncio
 import math
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from typing import Any
 
@@ -218,6 +218,15 @@ def _shares(
     return family
 
 
+def _per_server(name: str, documentation: str, values: Mapping[str, float]) -> GaugeMetricFamily:
+    """A gauge labelled by server, one sample per entry of ``values`` (copied first: the
+    event loop changes it meanwhile), in server order."""
+    gauge = GaugeMetricFamily(name, documentation, labels=["server"])
+    for server, value in sorted(dict(values).items()):
+        gauge.add_metric([server], value)
+    return gauge
+
+
 def _loopback_names_only(app: Any, names: set[str]) -> Any:
     """``app`` (WSGI) answering only requests addressed to one of ``names`` (``Host``):
     on loopback, a web page's script that renamed its site to 127.0.0.1 (DNS rebinding)
@@ -328,15 +337,12 @@ class _ControllerCollector:
         execution = self.c.execution
         if execution is None:  # no broker configured, or not leading
             return
-        offsets = GaugeMetricFamily(
+        yield _per_server(
             "oasis_agent_clock_offset_seconds",
             "A server's agent's clock minus the daemon's, from its latest heartbeat "
             "(seconds; positive: the agent is ahead and follows each slot's plan early).",
-            labels=["server"],
+            execution.clock_offsets,
         )
-        for server, offset in sorted(dict(execution.clock_offsets).items()):
-            offsets.add_metric([server], offset)
-        yield offsets
         ages = GaugeMetricFamily(
             "oasis_agent_heartbeat_age_seconds",
             "Seconds since a server's agent was last heard, counted while the daemon is "
@@ -352,7 +358,7 @@ class _ControllerCollector:
         yield GaugeMetricFamily(
             "oasis_servers_with_two_agents",
             "Servers whose heartbeats come from two agent sessions at once (two agents for "
-            "one server: both run its workers, and its jobs' progress counts from both).",
+            "one server: both run its workers; only the first one's progress counts).",
             value=len(execution.twins),
         )
         yield GaugeMetricFamily(
@@ -362,16 +368,13 @@ class _ControllerCollector:
             "is restarted.",
             value=len(execution.ignored_alone),
         )
-        short = GaugeMetricFamily(
+        yield _per_server(
             "oasis_agent_workers_short_of_devices",
             "Workers a server's agent runs on GPUs others hold, or without the GPUs their "
             "task needs (its latest heartbeat; fractional demands that fragmented the GPUs, "
             "fewer ids than the capacity, a worker given up on).",
-            labels=["server"],
+            execution.devices_short,
         )
-        for server, n in sorted(dict(execution.devices_short).items()):
-            short.add_metric([server], n)
-        yield short
         now, seen = execution.link.now(), dict(execution.last_seen)
         for server in sorted(execution.server_index):
             at = seen.get(server)

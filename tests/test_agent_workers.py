@@ -78,6 +78,17 @@ def commands(agent: Agent) -> Commands:
     return agent.commands
 
 
+async def end_given_up(pid: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGKILL the group of worker ``pid``, which the agent gave up on (a test's patch
+    keeps it from signalling), wait until asyncio's child watcher reaped it and told its
+    transport, then lift the test's patches: the agent may stop its workers again."""
+    os.killpg(pid, signal.SIGKILL)
+    while os.path.exists(f"/proc/{pid}"):
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.1)
+    monkeypatch.undo()
+
+
 def run(agent: Agent, body: Callable[[], Awaitable[None]]) -> None:
     """``body()`` on an event loop, then every worker of ``agent`` stopped, whatever
     happened (a failed test leaves no process behind)."""
@@ -265,11 +276,7 @@ def test_a_worker_that_cannot_be_stopped_is_given_up_on_and_holds_the_server_no_
         assert time.monotonic() - started >= 0.9
         first = int(pids.read_text().split()[0])
         assert alive(first)  # given up on, not stopped
-        os.killpg(first, signal.SIGKILL)
-        while os.path.exists(f"/proc/{first}"):  # reaped by asyncio's child watcher
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.1)  # and its transport told
-        monkeypatch.undo()  # b's worker may be stopped again
+        await end_given_up(first, monkeypatch)  # b's worker may be stopped again
 
     try:
         run(agent, go)
@@ -670,12 +677,8 @@ def test_a_given_up_workers_devices_are_not_handed_to_the_next_job(
         started.extend(line.split() for line in pids.read_text().splitlines())
         assert alive(int(started[0][0]))
         assert started[0][1:] == ["a", "0"] and started[1][1:] == ["b", "1"], started
-        real_kill(int(started[0][0]), signal.SIGKILL)  # a is gone at last: GPU 0 free again
-        await steps(agent, lambda: commands(agent).devices.used == {"1": 1.0})
-        while os.path.exists(f"/proc/{started[0][0]}"):  # reaped by asyncio's child watcher
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.1)  # and its transport told
-        monkeypatch.undo()  # b's worker may be stopped again
+        await end_given_up(int(started[0][0]), monkeypatch)  # a is gone at last
+        await steps(agent, lambda: commands(agent).devices.used == {"1": 1.0})  # GPU 0 free
 
     try:
         run(agent, go)

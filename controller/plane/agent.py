@@ -201,7 +201,12 @@ class Agent:
         devices = self.commands.devices
         devices.resize(count)
         given = devices.given
-        if given is not None and count is not None and len(given) < count != self._counted:
+        if (
+            given is not None
+            and count is not None
+            and count != self._counted
+            and len(given) < count
+        ):
             self.log.warning(f"the plan counts more devices than {devices.source} lists: "
                              "workers will share devices", planned=count,
                              listed=len(given), ids=given)  # fmt: skip
@@ -428,7 +433,7 @@ class Agent:
             while True:
                 if failed:  # the cancellation may have come out as a broker error
                     raise asyncio.CancelledError
-                client = client_for(self.mqtt, f"agent-{self.server}-{self.session}")
+                client = self._client()
                 try:
                     async with client:
                         delay = 0.2
@@ -459,10 +464,8 @@ class Agent:
             return
         try:
             async with asyncio.timeout(LAST_REPORT_SECONDS):
-                async with client_for(self.mqtt, f"agent-{self.server}-{self.session}") as client:
-                    for report in reports:
-                        await client.publish(self.topics.progress(self.server),
-                                             report.to_bytes(), qos=1)  # fmt: skip
+                async with self._client() as client:
+                    await self._publish(client, reports)
             self.log.info("last progress sent", jobs=sum(len(r.jobs) for r in reports))
         except (aiomqtt.MqttError, OSError, TimeoutError) as err:
             self.log.warning("last progress not sent: the broker is away",
@@ -534,8 +537,16 @@ class Agent:
     async def _report(self, client: aiomqtt.Client) -> None:
         while True:
             await asyncio.sleep(self.report_seconds)
-            for report in self.reports():
-                await client.publish(self.topics.progress(self.server), report.to_bytes(), qos=1)
-                for t in report.jobs:
-                    self._reported[t.job] = (t.minibatches, t.worker_seconds)
-                    self._sent_at[t.job] = time.monotonic()
+            await self._publish(client, self.reports())
+
+    async def _publish(self, client: aiomqtt.Client, reports: list[Progress]) -> None:
+        """Send ``reports`` (:meth:`reports`), each job's counts noted as sent."""
+        for report in reports:
+            await client.publish(self.topics.progress(self.server), report.to_bytes(), qos=1)
+            for t in report.jobs:
+                self._reported[t.job] = (t.minibatches, t.worker_seconds)
+                self._sent_at[t.job] = time.monotonic()
+
+    def _client(self) -> aiomqtt.Client:
+        """A broker connection of this agent's session (one at a time)."""
+        return client_for(self.mqtt, f"agent-{self.server}-{self.session}")

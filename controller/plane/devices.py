@@ -154,6 +154,14 @@ class Devices:
         order = {one: pos for pos, one in enumerate(self.ids)}
         return dict(sorted(chosen.items(), key=lambda kv: order[kv[0]])), enough
 
+    def short(self, held: dict[str, float], demand: float) -> bool:
+        """Whether a worker needing ``demand`` and holding ``held`` (from :meth:`take`)
+        is short of devices now: on one that others' shares take past a whole device,
+        or holding none while it needs some."""
+        if demand > _EPS and not held:
+            return True
+        return any(self.free(one) < -_EPS for one in held)
+
     def give_back(self, held: dict[str, float]) -> None:
         """A worker holding ``held`` (from :meth:`take`) is gone."""
         for one, share in held.items():

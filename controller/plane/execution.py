@@ -182,6 +182,12 @@ def _totals(sessions: dict[str, list[float]]) -> tuple[float, float]:
     return sum(v[0] for v in sessions.values()), sum(v[1] for v in sessions.values())
 
 
+def session_key(server: str, session: str) -> str:
+    """``"server/session"``: one agent session of a server, as :class:`JobProgress`
+    keys its counts and the plane names the sessions it ignores."""
+    return f"{server}/{session}"
+
+
 def _sessions_of(prog: JobProgress, server: str) -> int:
     """The sessions of ``server`` whose counts ``prog`` holds."""
     prefix = f"{server}/"
@@ -561,12 +567,12 @@ class Execution:
                     continue  # the other fell silent since: gone
                 older, newer = ((other, beat.session) if first <= times[0]
                                 else (beat.session, other))  # fmt: skip
-                if f"{beat.server}/{older}" in self.ignored_sessions:
+                if session_key(beat.server, older) in self.ignored_sessions:
                     # one already ignored never becomes the counted one (the re-audit: a
                     # real agent restarted beside an ignored twin was itself ignored)
                     older, newer = newer, older
                 self.twins[beat.server] = (older, newer)
-                key = f"{beat.server}/{newer}"
+                key = session_key(beat.server, newer)
                 if key not in self.ignored_sessions:
                     self.ignored_sessions[key] = None
                     while len(self.ignored_sessions) > MAX_IGNORED_SESSIONS:
@@ -584,8 +590,8 @@ class Execution:
             if any(x not in known or now - known[x][1] > self.mqtt.heartbeat_timeout
                    for x in pair):  # fmt: skip
                 del self.twins[server]
-        if f"{beat.server}/{beat.session}" in self.ignored_sessions and not any(
-            other != beat.session and f"{beat.server}/{other}" not in self.ignored_sessions
+        if session_key(beat.server, beat.session) in self.ignored_sessions and not any(
+            other != beat.session and session_key(beat.server, other) not in self.ignored_sessions
             and now - last <= self.mqtt.heartbeat_timeout
             for other, (_first, last) in sessions.items()
         ):  # fmt: skip
@@ -620,7 +626,7 @@ class Execution:
         thread. ``progress.server`` must be the server whose topic it came on. The
         second of two agents beating for the server at once is not counted."""
         if progress.server in self.server_index:
-            if f"{progress.server}/{progress.session}" in self.ignored_sessions:
+            if session_key(progress.server, progress.session) in self.ignored_sessions:
                 self._complain(progress.server, "twin", "progress of the second of two "
                                "agents that beat for one server at once ignored",
                                session=progress.session)  # fmt: skip
@@ -647,7 +653,7 @@ class Execution:
         for received in reports:
             progress = received.progress
             self._seen(progress.server, received.at)
-            key = f"{progress.server}/{progress.session}"
+            key = session_key(progress.server, progress.session)
             around = (received.slot - 1, received.slot, received.slot + 1)
             for task in progress.jobs:
                 if not any((task.job, progress.server, s) in planned for s in around) and (

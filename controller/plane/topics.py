@@ -390,7 +390,7 @@ class Plan:
         parts: how many parts the plan was published in (1: whole; only then are the
             two fields left out of the payload).
         devices: the server's devices (GPUs: its capacity of the daemon's
-            ``device_resource``, whole), which the agent hands to its workers
+            ``device_resource``, a fraction rounded up), which the agent hands to its workers
             (:mod:`controller.plane.devices`); 0: none (a worker sees none); None: not
             said (an older daemon, ``device_resource = ""``), left out of the payload.
     """

@@ -53,6 +53,7 @@ __all__ = [
     "RESTART_MAX",
     "STOP_GRACE",
     "Commands",
+    "HeldDevices",
     "JobWorkers",
     "OutputBudget",
     "Worker",
@@ -160,6 +161,26 @@ class JobWorkers:
     all_done_said: bool = False  # every planned index exited 0: warned once
 
 
+@dataclass
+class HeldDevices:
+    """Devices of a worker gone from the agent's view whose processes may still run on
+    them: held until none of ``pids`` is left.
+
+    Attributes:
+        job: the worker's job ("": not needed, a worker given up on).
+        pids: the processes (a given-up worker's group leader, or the processes that
+            escaped its group).
+        devices: its shares of the devices (:meth:`Devices.take`).
+        escaped: the processes left the worker's group: stopped once ``job`` no longer
+            runs here.
+    """
+
+    job: str
+    pids: list[int]
+    devices: dict[str, float]
+    escaped: bool = False
+
+
 class Commands:
     """Starts and stops one server's worker commands; see the module docstring.
 
@@ -215,7 +236,7 @@ class Commands:
         # devices of workers gone from the agent's view whose processes may still run on
         # them (given up on, or escaped from their group): held until those are gone
         # (job, pids, devices, escaped): escaped processes are stopped with their job
-        self._held_on: list[tuple[str, list[int], dict[str, float], bool]] = []
+        self._held_on: list[HeldDevices] = []
         self._scanned = -ORPHAN_SCAN_SECONDS
         self._leftovers_stopped = False
         self.subreaper = adopt_orphans and _become_subreaper()
@@ -236,10 +257,11 @@ class Commands:
             for worker in [w for w in job.running if w.index >= want]:
                 self.stop(worker, now)
         departed = self._reap_departing(now)
-        for entry in [e for e in self._held_on if not any(map(_still_there, e[1]))]:
-            self._held_on.remove(entry)
-            self.devices.give_back(entry[2])
-        self._stop_escaped({j for j, (n, _e, _d) in wanted.items() if n > 0}, now)
+        for held in [h for h in self._held_on if not any(map(_still_there, h.pids))]:
+            self._held_on.remove(held)
+            self.devices.give_back(held.devices)
+        running = {j for j, (n, _e, _d) in wanted.items() if n > 0}
+        self._stop_escaped(running, now)
         self._escalate(now)
         if self.subreaper and not self._leftovers_stopped:
             self._leftovers_stopped = True
@@ -249,7 +271,7 @@ class Commands:
         # beside it for up to a second and the grace)
         if self.subreaper and (departed or now - self._scanned >= ORPHAN_SCAN_SECONDS):
             self._scanned = now
-            self._scan_orphans({j for j, (n, _e, _d) in wanted.items() if n > 0}, now)
+            self._scan_orphans(running, now)
         if self.departing or self._orphans:
             return  # the capacity is the departing jobs' until they are gone
         for job_id, (workers, extra, devices) in wanted.items():
@@ -270,12 +292,7 @@ class Commands:
         take past a whole one, or holding none while their task needs some."""
         if not self.devices.managed:
             return 0
-        used = self.devices.used
-        return sum(
-            1 for w in self.live.values()
-            if (w.demand > 0 and not w.devices)
-            or any(used.get(one, 0.0) > 1.0 + 1e-9 for one in w.devices)
-        )  # fmt: skip
+        return sum(1 for w in self.live.values() if self.devices.short(w.devices, w.demand))
 
     def count(self, job: JobWorkers) -> float:
         """The job's mini-batches on this server: every process's count, summed."""
@@ -444,7 +461,7 @@ class Commands:
             self.log.warning("a worker's process that left its group still runs: its "
                              "devices stay its own", job=job_id, worker=worker.index,
                              pids=escaped, devices=list(worker.devices))  # fmt: skip
-            self._held_on.append((job_id, escaped, worker.devices, True))
+            self._held_on.append(HeldDevices(job_id, escaped, worker.devices, escaped=True))
         else:
             self.devices.give_back(worker.devices)
 
@@ -456,10 +473,11 @@ class Commands:
         subreaper alone: such a process may have been reparented to init."""
         for pid in [p for p in self._orphans if not _still_there(p)]:
             del self._orphans[pid]  # gone (reaped by init, or by the orphan scan)
-        for job_id, pids, _held, escaped in self._held_on:
-            if not escaped or job_id in wanted:
+        for held in self._held_on:
+            if not held.escaped or held.job in wanted:
                 continue
-            for pid in pids:
+            job_id = held.job
+            for pid in held.pids:
                 if pid in self._orphans or pid in self._given_up or not _still_there(pid):
                     continue
                 self._orphans[pid] = (now, False)
@@ -469,11 +487,9 @@ class Commands:
 
     def _escaped_of(self, job_id: str, index: int) -> list[int]:
         """The live processes marked as worker ``index`` of ``job_id`` of this agent."""
-        mine = os.getpid()
         out = []
-        for name in _all_pids():
-            pid = int(name)
-            if pid == mine or pid in self.live or _ended(pid):
+        for pid in _other_pids():
+            if pid in self.live or _ended(pid):
                 continue
             env = _environment_of(pid)
             if (env.get("OASIS_AGENT") == self.session and env.get("OASIS_JOB") == job_id
@@ -535,7 +551,7 @@ class Commands:
                 )  # fmt: skip
                 self._given_up.add(worker.proc.pid)
                 if worker.devices:  # it may still run on them (the review)
-                    self._held_on.append(("", [worker.proc.pid], worker.devices, False))
+                    self._held_on.append(HeldDevices("", [worker.proc.pid], worker.devices))
             else:
                 self.devices.give_back(worker.devices)
             worker.reader.cancel()  # its output is no longer followed
@@ -574,11 +590,7 @@ class Commands:
         agent of the server name's, and an agent of another prefix stopped a running
         agent's workers), another agent's ``OASIS_AGENT``. Stopped as orphans are; no
         worker starts until they are gone."""
-        mine = os.getpid()
-        for name in _all_pids():
-            pid = int(name)
-            if pid == mine:
-                continue
+        for pid in _other_pids():
             env = _environment_of(pid)
             agent = env.get("OASIS_AGENT")
             if not agent or agent == self.session or not self.key:
@@ -684,12 +696,14 @@ def _children() -> list[int]:
     return out
 
 
-def _all_pids() -> list[str]:
-    """Every process's id, as ``/proc`` lists them."""
+def _other_pids() -> list[int]:
+    """Every process's id, as ``/proc`` lists them, but this process's."""
+    mine = os.getpid()
     try:
-        return [name for name in os.listdir("/proc") if name.isdigit()]
+        names = os.listdir("/proc")
     except OSError:
         return []
+    return [pid for name in names if name.isdigit() and (pid := int(name)) != mine]
 
 
 def _ended(pid: int) -> bool:
