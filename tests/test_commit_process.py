@@ -22,7 +22,7 @@ import pytest
 from controller.admission import AdmissionController
 from controller.clock import FakeClock
 from controller.store import StoreUnavailableError
-from controller.store.commit_process import CommitProcess, CommitProcessError
+from controller.store.commit_process import CommitProcess, CommitProcessError, child_command
 from controller.store.decisions import DecisionPayload
 from controller.store.writer_lock import FencedError
 from tests.servers import ROOT, Daemon, commit_processes, ended, oasis, write_config
@@ -265,3 +265,22 @@ def test_a_thread_writer_is_used_for_an_in_memory_store() -> None:
     assert not separate_process_ok("sqlite:///file:x?mode=memory&cache=shared&uri=true")
     assert separate_process_ok("sqlite:////var/lib/oasis/oasis.db")
     assert separate_process_ok("postgresql+psycopg://oasis@/oasis")
+
+
+@pytest.mark.parametrize("planted", ["controller", "sqlalchemy"])
+def test_the_child_never_imports_code_from_the_working_directory(
+    tmp_path: Path, planted: str
+) -> None:
+    """``python -m`` puts the working directory first: a ``controller/`` there ran as
+    the daemon's user when it was started in a directory others can write to."""
+    marker = tmp_path / "ran"
+    package = tmp_path / "cwd" / planted
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    child = subprocess.run(
+        child_command(), cwd=package.parent, input=b"", capture_output=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert not marker.exists(), "the planted package ran"
+    # it imported the real module: with no settings on its input, it ends with 2
+    assert child.returncode == 2 and not child.stderr, child.stderr.decode()[-2000:]

@@ -4,9 +4,9 @@ JSON, the driver) runs beside the daemon's threads instead of sharing their inte
 lock (issue 16: the writer thread held it a third of the time).
 
 Protocol
-    The daemon (:class:`CommitProcess`, in its writer thread) starts
-    ``python -m controller.store.commit_process`` with pipes on its standard input and
-    output. Each message is a 4-byte big-endian length and a pickle: first the settings
+    The daemon (:class:`CommitProcess`, in its writer thread) starts this module
+    (:func:`child_command`; never from the working directory) with pipes on its standard
+    input and output. Each message is a 4-byte big-endian length and a pickle: first the settings
     (the store's URL and timeouts, the daemon's pid), answered ``("ready", pid)``; then,
     per batch, ``("commit", payloads, last_sequence, epoch, lock_pid)``
     (:func:`controller.store.decisions.write_decisions`), answered ``("ok", first,
@@ -40,6 +40,7 @@ import subprocess
 import sys
 import time
 import traceback
+from pathlib import Path
 from typing import Any, BinaryIO
 
 from controller.store.database import Database, StoreUnavailableError
@@ -122,7 +123,7 @@ class CommitProcess:
         self.starts = 0  # children started
         self.failed_starts = 0  # in a row
         self._retry_at = 0.0  # time.monotonic() before which no start is tried
-        self.command = [sys.executable, "-m", "controller.store.commit_process"]
+        self.command = child_command()
 
     @property
     def pid(self) -> int | None:
@@ -332,6 +333,24 @@ def _commit(db: Database, message: tuple[Any, ...]) -> tuple[Any, ...]:
     except Exception:
         return ("error", traceback.format_exc(limit=20))
     return ("ok", written.first_sequence, written.events)
+
+
+def child_command() -> list[str]:
+    """The child's command line: this interpreter, importing this very code.
+
+    ``python -m`` would put the working directory first on the child's path, so a
+    ``controller/`` package there ran as the daemon's user (root started in ``/tmp``),
+    and in another checkout the child wrote with other code than its parent's
+    (an audit, 2026-11-29). ``-P`` leaves the working directory out (Python 3.11); the
+    directory this package was imported from goes first instead, unless the child's
+    path has it already (site-packages, ``PYTHONPATH``): put first, site-packages would
+    come before the standard library."""
+    root = str(Path(__file__).resolve().parents[2])
+    code = (
+        f"import sys; r = {root!r}; sys.path[:0] = [] if r in sys.path else [r]; "
+        "import controller.store.commit_process as c; sys.exit(c.main())"
+    )
+    return [sys.executable, "-P", "-c", code]
 
 
 def main() -> int:
