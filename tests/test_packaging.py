@@ -61,9 +61,11 @@ def _build(kind: str, source: Path, out: Path) -> Path:
 def test_the_source_distribution_builds_a_wheel_with_what_the_daemon_opens(
     tmp_path: Path,
 ) -> None:
-    tracked = subprocess.run(
-        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
-    ).stdout.decode().split("\0")
+    tracked = (
+        subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
+        .stdout.decode()
+        .split("\0")
+    )
     checkout = tmp_path / "checkout"
     for name in filter(None, tracked):
         if (ROOT / name).is_file():
