@@ -564,12 +564,30 @@ def _solver(
     return solver
 
 
+def _highs_threads() -> None:
+    """Let the next HiGHS run take its own ``threads`` option.
+
+    HiGHS keeps one scheduler per process, sized by its first run; a later run asking
+    another thread count does not run at all ("already been initialized"), and its
+    status was read as no solution with bound 0 (an audit: ``oasis offline --threads 1``
+    after column generation's LPs). Resetting it (blocking: no HiGHS run is under way
+    in this process then) lets the next run size it again."""
+    import highspy
+
+    highspy.Highs.resetGlobalScheduler(True)
+
+
 def _highs_verdict(prob: Any) -> _Verdict:
-    """Read HiGHS's model status and bound from the ``highspy.Highs`` PuLP kept."""
+    """Read HiGHS's model status and bound from the ``highspy.Highs`` PuLP kept.
+
+    Raises:
+        OfflineError: HiGHS did not run (its model status is still "not set")."""
     import highspy
 
     h = prob.solverModel
     status = h.getModelStatus()
+    if status == highspy.HighsModelStatus.kNotset:
+        raise OfflineError("the highs solver did not run (its model status is not set)")
     info = h.getInfo()
     incumbent = int(info.primal_solution_status) == int(
         highspy.SolutionStatus.kSolutionStatusFeasible
@@ -620,6 +638,8 @@ def _run(
         engine = _solver(solver, time_limit, threads, warm, log_path)
         if solver == "cbc":
             engine.tmpDir = tmp  # PuLP leaves its model files behind when CBC fails
+        if solver == "highs" and threads is not None:
+            _highs_threads()
         try:
             model.prob.solve(engine)
         except pulp.PulpSolverError as err:

@@ -431,6 +431,18 @@ def test_cbc_and_highs_agree() -> None:
     assert cbc.solver == "cbc" and highs.solver == "highs"
 
 
+def test_highs_solves_with_any_thread_count_after_another_solve() -> None:
+    """HiGHS fixes its thread count at a process's first solve: a later one asking
+    another count failed to run, and that was read as "no solution, bound 0" (an
+    audit: ``oasis offline --threads 1`` refused a proven allocation as a wrong proof)."""
+    trace = _small_trace(2)
+    first = solve_offline(trace, time_limit=30)  # the process's scheduler: the default
+    for threads in (1, 3, None):
+        again = solve_offline(trace, time_limit=30, threads=threads)
+        assert again.status == "optimal", threads
+        assert again.optimum == pytest.approx(first.optimum, abs=1e-6)
+
+
 def test_theorem4_bound_is_twice_the_largest_log_price_range() -> None:
     trace = _small_trace(3)
     b = trace.bounds
