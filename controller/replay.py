@@ -183,7 +183,8 @@ def baseline_record_json(outcome: Outcome, cluster: Cluster) -> dict[str, Any]:
 
     A baseline prices nothing, so ``payoff`` and ``cost`` are null. An admitted job that
     did not complete by ``T - 1`` has ``jct`` null, utility 0, and the allocations it ran;
-    a rejected one (RRH only) has utility null and no allocations.
+    a rejected one (RRH only, or a job no policy can run) has utility null, no
+    allocations, and its ``reason`` (null for an admitted job), as OASiS's records.
     """
     return {
         "id": outcome.job.id,
@@ -194,6 +195,7 @@ def baseline_record_json(outcome: Outcome, cluster: Cluster) -> dict[str, Any]:
         "utility": outcome.utility,
         "decision_ms": round(outcome.decision_ms, 4),
         "allocations": allocations(outcome.schedule, cluster),
+        "reason": outcome.reason,
     }
 
 

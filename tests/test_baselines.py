@@ -72,6 +72,9 @@ def _check_rules(trace: dict[str, Any], out: dict[str, Any], policy: str) -> Non
             assert 1 <= y <= job["chunks"], (rec["id"], t)
             assert ps[t] == math.ceil(y * ratio - 1e-9) <= y, (rec["id"], t)  # (6), (7)
         work = _work(job, float(trace["slot_seconds"]))
+        # every rejected job says why (README, "Replay a trace"), as OASiS's records do
+        assert (rec["reason"] is None) == rec["admitted"], rec
+        assert rec["admitted"] or rec["reason"].strip()
         if not rec["admitted"]:
             assert policy.startswith("rrh") and rec["utility"] is None and not rec["allocations"]
         elif rec["jct"] is None:  # admitted, did not finish by the horizon
@@ -210,6 +213,8 @@ def test_a_job_that_fits_on_no_server_is_rejected_by_every_baseline(policy: str)
     assert out["a"].admitted and out["a"].jct is not None
     assert not out["huge"].admitted and out["huge"].schedule is None
     assert out["huge"].utility is None
+    assert out["huge"].reason is not None and "fits on any server" in out["huge"].reason
+    assert out["a"].reason is None
 
 
 def test_drf_equalises_dominant_shares_and_regrows_on_completion() -> None:
@@ -245,10 +250,29 @@ def test_rrh_rejects_by_delay_cost_and_preempts_for_more_reward() -> None:
     )
     out = _outcomes(raw, "rrh")
     assert not out["b"].admitted and out["b"].schedule is None and out["b"].utility is None
+    assert out["b"].reason is not None and out["b"].reason.startswith("RRH: ")
+    assert "not above the threshold" in out["b"].reason
     assert _workers(out["c"]) == {2: 1, 3: 1, 4: 1}
     assert out["c"].utility == pytest.approx(500.0)
     assert _workers(out["a"]) == {0: 1, 1: 1, 5: 1, 6: 1, 7: 1}  # paused 2-4
     assert out["a"].jct == 8
+
+
+@pytest.mark.parametrize("policy", ["rrh", "rrh-np"])
+def test_rrh_takes_utilities_near_the_float_range_without_a_warning(policy: str) -> None:
+    """Delay costs of jobs worth 1.7e308 summed past the float range: numpy warned on
+    the replay's stderr (an audit; warnings are errors here). Such a cost is inf."""
+    gpu2 = {"gpu": 2}  # one job fills the cluster: every arrival delays the others
+    huge: dict[str, Any] = {"kind": "sigmoid", "decay": 5, "target": 5, "priority": 1.7e308}
+    raw = _trace(
+        {"gpu": 2},
+        [_job("a", 0, 1, 4, gpu2, huge), _job("b", 0, 1, 4, gpu2, huge),
+         _job("c", 1, 1, 4, gpu2, huge)],
+        horizon=20,
+    )  # fmt: skip
+    out = _outcomes(raw, policy)
+    assert out["a"].admitted and out["a"].utility is not None
+    assert all(o.admitted or o.reason for o in out.values())
 
 
 @pytest.mark.parametrize(("slack", "expected"), [(0.1, (2, 8)), (0.5, (3, 4)), (1.0, (4, 0))])

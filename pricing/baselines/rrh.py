@@ -34,6 +34,16 @@ from pricing.baselines.sizing import fixed_workers
 __all__ = ["THRESHOLD", "Rrh", "RrhNoPreemption"]
 
 THRESHOLD = 1e-9
+
+
+def _below_threshold(net: float) -> str:
+    """A rejected arrival's reason."""
+    return (
+        f"RRH: its utility minus the delay cost its admission causes the other jobs is "
+        f"{net:.6g}, not above the threshold {THRESHOLD:g}"
+    )
+
+
 """An arrival is admitted iff its gain minus delay cost exceeds this (utility units)."""
 
 
@@ -49,7 +59,7 @@ class Rrh:
             if net[task.order] > THRESHOLD:
                 sim.admit(task, limit=limits[task.order])
             else:
-                sim.reject(task)
+                sim.reject(task, _below_threshold(net[task.order]))
         active = sim.active
         held = {task.order: (task.workers, task.ps) for task in active if task.y}
         for task in active:
@@ -76,7 +86,7 @@ class RrhNoPreemption:
             if net[task.order] > THRESHOLD:
                 sim.admit(task, limit=limits[task.order])
             else:
-                sim.reject(task)
+                sim.reject(task, _below_threshold(net[task.order]))
         waiting = [task for task in sim.active if not task.y]
         for task in sorted(waiting, key=lambda x: (-density[x.order], x.order)):
             sim.place(task, task.cap)
@@ -95,11 +105,14 @@ def _net_rewards(
     cost = np.zeros(len(tasks))
     if share.sum() > 1.0:
         delay = np.ceil(share * rpt - 1e-9)
-        for j, x in enumerate(tasks):
-            # loss[i]: what job j loses if job i delays it by delay[i]
-            loss = gain[j] - x.job.utility.values(done_at[j] + delay)
-            loss[j] = 0.0
-            cost += loss
+        # utilities near the float range (priority 1e308) sum past it: such a cost is
+        # inf, the net -inf, and the job is rejected, without numpy's warning on stderr
+        with np.errstate(over="ignore"):
+            for j, x in enumerate(tasks):
+                # loss[i]: what job j loses if job i delays it by delay[i]
+                loss = gain[j] - x.job.utility.values(done_at[j] + delay)
+                loss[j] = 0.0
+                cost += loss
     net = gain - cost
     dens = net / np.maximum(share * rpt, 1e-12)
     orders = [x.order for x in tasks]

@@ -171,6 +171,7 @@ class Task:
         worker_share, ps_share: the largest fraction of the cluster's total capacity
             of one resource that one worker (one PS) takes.
         decision_ms: wall time of the re-plan at its arrival, milliseconds.
+        reason: why the policy rejected it ("" otherwise).
     """
 
     job: Job
@@ -186,6 +187,7 @@ class Task:
     rows: list[tuple[int, I64, I64]] = field(default_factory=list)
     end: int | None = None
     decision_ms: float = 0.0
+    reason: str = ""
 
     @property
     def y(self) -> int:
@@ -224,6 +226,7 @@ class Outcome:
         jct: completion time in slots; None if it did not complete by ``T-1``.
         utility: ``f(jct)``; 0 for an admitted job that did not complete; None if rejected.
         decision_ms: wall time of the re-plan at its arrival, milliseconds.
+        reason: why it was rejected; None if admitted.
     """
 
     job: Job
@@ -232,6 +235,7 @@ class Outcome:
     jct: int | None
     utility: float | None
     decision_ms: float
+    reason: str | None = None
 
 
 class Simulator:
@@ -309,10 +313,11 @@ class Simulator:
             task.limit = limit
         task.status = Status.ACTIVE
 
-    def reject(self, task: Task) -> None:
-        """Reject an arrival: it never runs."""
+    def reject(self, task: Task, reason: str) -> None:
+        """Reject an arrival, saying why (a job's ``reason``): it never runs."""
         self._decide(task)
         task.status = Status.REJECTED
+        task.reason = reason
 
     def release(self, task: Task) -> None:
         """Take back every worker and PS of ``task`` (it pauses or waits)."""
@@ -446,6 +451,9 @@ class Simulator:
             self.arrivals = []
             event = self._run_slot()
 
+    def _rejection(self, task: Task) -> str:
+        return task.reason or _never_decided(task, self.horizon)
+
     def outcomes(self) -> list[Outcome]:
         """Every job's outcome, in trace order."""
         h, k = len(self.cluster.worker_names), len(self.cluster.ps_names)
@@ -466,8 +474,20 @@ class Simulator:
                 utility: float | None = float(task.job.utility.values(jct))
             else:
                 utility = 0.0 if admitted else None
-            out.append(Outcome(task.job, admitted, schedule, jct, utility, task.decision_ms))
+            reason = None if admitted else self._rejection(task)
+            out.append(
+                Outcome(task.job, admitted, schedule, jct, utility, task.decision_ms, reason)
+            )
         return out
+
+
+def _never_decided(task: Task, horizon: int) -> str:
+    """Why a job the policy never saw was rejected (module docstring)."""
+    if task.y_max == 0:
+        return "not one worker with its PS fits on any server, even on the empty cluster"
+    if task.job.arrival >= horizon:
+        return f"it arrives at slot {task.job.arrival}, at or after the horizon T = {horizon}"
+    return "never decided"
 
 
 def _largest_fraction(demand: F64, total: F64) -> float:
