@@ -114,12 +114,18 @@ def trace_from_dict(raw: Any) -> Trace:
             "GiB a trace may take; a shorter horizon, or fewer servers",
         )
     pricing_raw = data.get("pricing", {"bounds": "oracle"})
-    explicit = bounds_from_dict(pricing_raw, cluster)
+    problems: list[Problem] = []  # the pricing's and the jobs', reported together
+    explicit, pricing = None, None
+    try:
+        explicit = bounds_from_dict(pricing_raw, cluster)
+        if explicit is None:
+            pricing = _pricing_rule(pricing_raw)
+    except SpecError as err:
+        problems.extend(err.problems)
 
     raw_jobs = fields.require(data, "jobs", "")
     if not isinstance(raw_jobs, list):
-        raise SpecError.one("jobs", "must be a list")
-    problems: list[Problem] = []
+        raise SpecError([*problems, Problem("jobs", "must be a list")])
     jobs: list[Job] = []
     ids: set[str] = set()
     last_arrival, latest_at = 0, "jobs[0]"  # the latest arrival so far, and whose
@@ -161,13 +167,10 @@ def trace_from_dict(raw: Any) -> Trace:
 
     if explicit is not None:
         return Trace(horizon, slot_seconds, cluster, explicit, "explicit", tuple(jobs))
-    spec = fields.mapping(pricing_raw, "pricing")
-    if spec["bounds"] == "estimate":  # no job: the prior's bounds (or flat without one)
+    assert pricing is not None  # else a problem was raised above
+    if isinstance(pricing, _EstimateRule):  # no job: the prior's bounds (or flat without one)
         fit = [j for j in jobs if cannot_finish(j, cluster, horizon - j.arrival) is None]
-        trim = fields.number(spec.get("trim", DEFAULT_TRIM), "pricing.trim")
-        if not 0 <= trim < 1:
-            raise SpecError.one("pricing.trim", f"must be in [0, 1), got {trim}")
-        prior = _prior(spec.get("prior", "default"))
+        trim, prior = pricing.trim, pricing.prior
         estimate = BoundEstimate.start(cluster, prior, trim)
         for job in fit:
             estimate = estimate.observe(job)
@@ -178,13 +181,33 @@ def trace_from_dict(raw: Any) -> Trace:
             "jobs", "oracle price bounds need at least one job (SPEC 4 takes them over the "
             "jobs); give explicit bounds, or estimate",
         )  # fmt: skip
-    eta1, eta2 = etas_from_dict(spec)
+    eta1, eta2 = pricing
     # SPEC 4: over every job of the trace, those too late for the horizon included
     # (one arriving at or after T, where T - a is no completion time, with Tmax = 1:
     # a choice, README "Implementation choices")
     latest = {j.id: max(horizon - j.arrival, 1) for j in jobs}
     bounds = oracle_bounds(jobs, cluster, horizon, latest, eta1, eta2)
     return Trace(horizon, slot_seconds, cluster, bounds, "oracle", tuple(jobs))
+
+
+@dataclass(frozen=True)
+class _EstimateRule:
+    """``{"bounds": "estimate"}``'s settings, checked."""
+
+    trim: float
+    prior: Prior | None
+
+
+def _pricing_rule(pricing_raw: Any) -> _EstimateRule | tuple[float | None, float | None]:
+    """The checked rule of a pricing that is not explicit bounds: the estimate's
+    settings, or the oracle's ``(eta1, eta2)``; a SpecError names a bad field."""
+    spec = fields.mapping(pricing_raw, "pricing")
+    if spec["bounds"] == "estimate":
+        trim = fields.number(spec.get("trim", DEFAULT_TRIM), "pricing.trim")
+        if not 0 <= trim < 1:
+            raise SpecError.one("pricing.trim", f"must be in [0, 1), got {trim}")
+        return _EstimateRule(trim, _prior(spec.get("prior", "default")))
+    return etas_from_dict(spec)
 
 
 def _flat(cluster: Cluster) -> PriceBounds:

@@ -156,6 +156,26 @@ def test_every_problem_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 @pytest.mark.parametrize(
+    ("pricing", "expected"),
+    [
+        ({"bounds": "oracel"}, "pricing.bounds: must be 'oracle' or 'estimate'"),
+        ({"bounds": "estimate", "trim": 2}, "pricing.trim: must be in [0, 1)"),
+        ({"bounds": "oracle", "eta1": 0.5}, "pricing.eta1"),
+    ],
+)
+def test_a_bad_pricing_is_reported_with_the_jobs_problems(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], pricing: Any, expected: str
+) -> None:
+    """Before, the pricing's problem was the only one named (an audit): README says a
+    bad trace names every bad field."""
+    trace = {**_small_trace(), "pricing": pricing}
+    trace["jobs"][3]["tau"] = -1
+    assert main(["replay", _write(tmp_path, trace)]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "jobs[3].tau: must be > 0" in err
+
+
+@pytest.mark.parametrize(
     ("content", "expected"),
     [
         ("{not json", "not JSON"),
