@@ -9,8 +9,10 @@ What is measured
       (``pricing.baselines.run``). OASiS earns ``f(jct)`` of every admitted job; a
       baseline earns ``f(jct)`` of every job it completes by the horizon.
     - Fig. 4 (``fig4_completion_minus_target``): per policy, at 300 jobs, the empirical
-      CDF of ``jct - target`` over the completed jobs, with ``target`` the job's sigmoid
-      utility target (slots) from the raw trace.
+      CDF of ``jct - target`` over the completed time-sensitive and time-critical jobs
+      (one panel each, as the paper's: a time-insensitive job's target means nothing),
+      with ``target`` the job's sigmoid utility target (slots) from the raw trace; the
+      CSV has every completed job, with its ``decay`` and ``kind``.
     - Fig. 5 (``fig5_offline_ratio``): the ratio offline optimum / online total utility on
       the paper's performance-ratio instances, as ``bench/offline_optimum.py`` defines them
       (10 jobs, T = 10, 3 / 6 / 9 / 12 servers split ``ceil(n/2)`` worker + ``floor(n/2)``
@@ -76,19 +78,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+try:
+    import matplotlib
+    from tqdm import tqdm
+except ImportError as missing:  # the 'dev' extra's, not the daemon's
+    raise SystemExit(
+        f"python -m bench.figures needs {missing.name}: pip install -e '.[dev]' "
+        "(make does), or pip install matplotlib tqdm"
+    ) from missing
 
 matplotlib.use("Agg")  # files only, no display; before pyplot is imported
 import matplotlib.pyplot as plt
 import numpy as np
-from tqdm import tqdm
 
 from bench.machine import describe
 from bench.offline_optimum import HORIZON as FIG5_HORIZON
 from bench.offline_optimum import N_JOBS as FIG5_JOBS
 from bench.offline_optimum import TOTAL_SERVERS as FIG5_SERVERS
 from bench.pool import add_arguments, executor, run_all
-from controller.commands.common import int_at_least
+from controller.commands.common import int_at_least, quiet_native_stdout
 from controller.commands.gen import parse_share
 from controller.replay import ReplayRecord, replay
 from pricing import Trace, trace_from_dict
@@ -120,12 +128,23 @@ LABELS = {
 FACTORS: tuple[float, ...] = (1e-3, 1e-2, 0.1, 0.5, 1.0, 2.0, 10.0, 100.0, 1000.0)
 """Fig. 6: what L, or U, is multiplied by."""
 
+FIG4_KINDS: tuple[str, ...] = ("sensitive", "critical")
+"""Fig. 4's panels: the paper plots time-sensitive and time-critical jobs only."""
+
+
+def _kind(decay: float) -> str:
+    """A job's kind by its sigmoid decay (:func:`pricing.workload.generate_trace`: 0,
+    0.01-1, 4-6)."""
+    return "insensitive" if decay == 0 else "sensitive" if decay < 2 else "critical"
+
+
 CSV_COLUMNS: dict[str, tuple[str, ...]] = {
     "fig3_total_utility": (
         "jobs", "seed", "policy", "total_utility", "admitted", "completed", "seconds",
     ),
     "fig4_completion_minus_target": (
-        "policy", "seed", "job", "arrival", "target", "jct", "jct_minus_target",
+        "policy", "seed", "job", "arrival", "target", "jct", "jct_minus_target", "decay",
+        "kind",
     ),
     "fig5_offline_ratio": (
         "servers", "worker_servers", "ps_servers", "seed", "status", "gap", "solve_seconds",
@@ -183,19 +202,21 @@ def _seeds(n: int) -> str:
     return f"{n} seed" if n == 1 else f"{n} seeds"
 
 
-def _decorate(fig: Any, ax: Any, settings: Settings) -> None:
-    """Legend beside the axes (inside, it hid lines such as RRH's) and, for a quick run,
-    the caveat under them."""
+def _decorate(fig: Any, ax: Any, settings: Settings, caveat_ax: Any = None) -> None:
+    """Legend beside the axes ``ax`` (inside, it hid lines such as RRH's) and, for a
+    quick run, the caveat under ``caveat_ax`` (default: ``ax``)."""
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     if settings.quick:  # under the x axis label
-        ax.annotate(textwrap.fill(QUICK_CAVEAT, 110), xy=(0, 0), xycoords="axes fraction",
-                    xytext=(0, -40), textcoords="offset points", va="top", fontsize=7,
-                    color="firebrick")  # fmt: skip
+        (caveat_ax or ax).annotate(
+            textwrap.fill(QUICK_CAVEAT, 110), xy=(0, 0), xycoords="axes fraction",
+            xytext=(0, -40), textcoords="offset points", va="top", fontsize=7,
+            color="firebrick",
+        )  # fmt: skip
 
 
-def _save(fig: Any, ax: Any, path: Path, settings: Settings) -> None:
+def _save(fig: Any, ax: Any, path: Path, settings: Settings, caveat_ax: Any = None) -> None:
     """:func:`_decorate`, then the PNG written (the legend and caveat included)."""
-    _decorate(fig, ax, settings)
+    _decorate(fig, ax, settings, caveat_ax)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
@@ -301,7 +322,8 @@ def fig3_fig4(
     s = settings
     keys: list[tuple[int, int, str]] = []
     tasks: list[tuple[dict[str, Any], str]] = []
-    targets: dict[int, list[tuple[str, int, int]]] = {}  # seed -> (job, arrival, target)
+    # seed -> (job, arrival, target, decay)
+    targets: dict[int, list[tuple[str, int, int, float]]] = {}
     bounds: dict[tuple[int, int], tuple[float, float]] = {}
     for n in s.job_counts:
         for seed in seeds:
@@ -310,7 +332,8 @@ def fig3_fig4(
             bounds[n, seed] = (certified_bound(oracle), dmin_bound(oracle))
             if n == s.fig4_jobs:
                 targets[seed] = [
-                    (j["id"], j["arrival"], j["utility"]["target"]) for j in raw["jobs"]
+                    (j["id"], j["arrival"], j["utility"]["target"], j["utility"]["decay"])
+                    for j in raw["jobs"]
                 ]
             for policy in POLICY_NAMES:
                 keys.append((n, seed, policy))
@@ -353,28 +376,41 @@ def fig3_fig4(
     for p in POLICY_NAMES:
         for seed in seeds:
             r = runs[s.fig4_jobs, seed, p]
-            for (job, arrival, target), jct in zip(targets[seed], r.jct, strict=True):
+            for (job, arrival, target, decay), jct in zip(targets[seed], r.jct, strict=True):
                 if jct is not None:
-                    rows4.append((p, seed, job, arrival, target, jct, jct - target))
+                    kind = _kind(decay)
+                    rows4.append((p, seed, job, arrival, target, jct, jct - target, decay, kind))
     _write_csv(
         out / "fig4_completion_minus_target.csv",
         CSV_COLUMNS["fig4_completion_minus_target"],
         rows4,
     )
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    deltas = {p: [row[6] for row in rows4 if row[0] == p] for p in POLICY_NAMES}
-    for p in POLICY_NAMES:
-        if deltas[p]:
-            ax.ecdf(deltas[p], label=f"{LABELS[p]} ({len(deltas[p])} jobs)")
-    ax.axvline(0, color="grey", lw=0.8, ls=":")
-    ax.set_xlabel("completion time - target (slots)")
-    ax.set_ylabel("fraction of completed jobs")
-    ax.set_title(
-        f"Fig. 4: completion minus target, {s.fig4_jobs} jobs ({_seeds(len(seeds))} pooled)",
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.5), sharey=True)
+    deltas = {
+        (p, kind): [row[6] for row in rows4 if row[0] == p and row[8] == kind]
+        for p in POLICY_NAMES
+        for kind in FIG4_KINDS
+    }
+    colors = {p: f"C{i}" for i, p in enumerate(POLICY_NAMES)}  # the same in both panels
+    for ax, kind in zip(axes, FIG4_KINDS, strict=True):
+        for p in POLICY_NAMES:
+            if deltas[p, kind]:
+                ax.ecdf(deltas[p, kind], color=colors[p])
+        ax.axvline(0, color="grey", lw=0.8, ls=":")
+        ax.set_xlabel("completion time - target (slots)")
+        ax.set_title(f"time-{kind} jobs", fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("fraction of completed jobs")
+    for p in POLICY_NAMES:  # one legend for both panels, every policy in it
+        counts = " + ".join(str(len(deltas[p, kind])) for kind in FIG4_KINDS)
+        axes[1].plot([], [], color=colors[p], label=f"{LABELS[p]} ({counts} jobs)")
+    fig.suptitle(
+        f"Fig. 4: completion minus target of the completed time-sensitive and time-critical "
+        f"jobs, {s.fig4_jobs} jobs ({_seeds(len(seeds))} pooled; legend: jobs completed, "
+        "left + right)",
         fontsize=9,
     )
-    ax.grid(alpha=0.3)
-    _save(fig, ax, out / "fig4_completion_minus_target.png", s)
+    _save(fig, axes[1], out / "fig4_completion_minus_target.png", s, caveat_ax=axes[0])
 
     lines = [
         f"Fig. 3, mean total utility over {_seeds(len(seeds))} "
@@ -385,22 +421,24 @@ def fig3_fig4(
     ]
     for p in POLICY_NAMES:
         lines.append(f"| {LABELS[p]} | " + " | ".join(f"{v:.1f}" for v in mean[p]) + " |")
-    lines += [
-        "",
-        f"Fig. 4, jct - target over completed jobs at {s.fig4_jobs} jobs (seeds pooled):",
-        "",
-        "| policy | completed | <= 0 | median | p90 | max |",
-        "|---|---|---|---|---|---|",
-    ]
-    for p in POLICY_NAMES:
-        d = np.array(deltas[p])
-        if d.size == 0:
-            lines.append(f"| {LABELS[p]} | 0 | - | - | - | - |")
-            continue
-        lines.append(
-            f"| {LABELS[p]} | {d.size} | {float((d <= 0).mean()):.0%} | "
-            f"{float(np.median(d)):g} | {float(np.percentile(d, 90)):g} | {int(d.max())} |"
-        )
+    for kind in FIG4_KINDS:
+        lines += [
+            "",
+            f"Fig. 4, jct - target over the completed time-{kind} jobs at {s.fig4_jobs} jobs "
+            "(seeds pooled):",
+            "",
+            "| policy | completed | <= 0 | median | p90 | max |",
+            "|---|---|---|---|---|---|",
+        ]
+        for p in POLICY_NAMES:
+            d = np.array(deltas[p, kind])
+            if d.size == 0:
+                lines.append(f"| {LABELS[p]} | 0 | - | - | - | - |")
+                continue
+            lines.append(
+                f"| {LABELS[p]} | {d.size} | {float((d <= 0).mean()):.0%} | "
+                f"{float(np.median(d)):g} | {float(np.percentile(d, 90)):g} | {int(d.max())} |"
+            )
     return [*lines, "", *quality(settings, seeds, out, runs, bounds)]
 
 
@@ -430,9 +468,9 @@ def quality(
     fig, ax = plt.subplots(figsize=(7, 4.5))
     xs = np.arange(len(rows))
     for offset, col, label in (
-        (-0.27, 7, "OASiS"),
-        (0.0, 11, "RRH"),
-        (0.27, None, "RRH w/o preemption"),
+        (-0.27, 7, LABELS["oasis"]),
+        (0.0, 11, LABELS["rrh"]),
+        (0.27, None, LABELS["rrh-np"]),
     ):
         ys = [(row[col] if col is not None else _over(row[6], row[2])) or 0.0 for row in rows]
         ax.bar(xs + offset, ys, width=0.27, label=label)
@@ -440,11 +478,8 @@ def quality(
     ax.set_xlabel("trace (jobs / seed)")
     ax.set_ylabel("total utility / certified upper bound")
     ax.set_title("Quality: share of sum f(fastest completion on an empty cluster)", fontsize=9)
-    ax.legend(fontsize=8)
     ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    fig.savefig(out / "quality_per_trace.png", dpi=120)
-    plt.close(fig)
+    _save(fig, ax, out / "quality_per_trace.png", settings)  # legend beside, caveat under
 
     lines = [
         "Quality per trace: OASiS (estimated bounds) against the certified upper bound "
@@ -729,6 +764,8 @@ def main(argv: list[str] | None = None) -> int:
     count = args.seeds or (1 if args.quick else 3)
     seeds = list(range(args.first_seed, args.first_seed + count))
     out: Path = args.out
+    if out.exists() and not out.is_dir():
+        parser.error(f"--out {out}: exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)
 
     total = len(settings.fig5_servers) * len(seeds)
@@ -737,6 +774,7 @@ def main(argv: list[str] | None = None) -> int:
         total += (2 * len(settings.factors) - (1.0 in settings.factors)) * len(seeds)
     started = time.perf_counter()
     with (
+        quiet_native_stdout(),  # HiGHS's banner, in this process and the pool's
         tqdm(total=total, file=sys.stderr, unit="run", disable=args.no_progress) as bar,
         executor(args.workers, args.dask_scheduler) as pool,
     ):

@@ -30,6 +30,8 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_complet
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from controller.commands.common import int_at_least
+
 __all__ = ["add_arguments", "executor", "run_all"]
 
 T = TypeVar("T")
@@ -39,7 +41,7 @@ def add_arguments(parser: Any) -> None:
     """``--workers`` and ``--dask-scheduler`` on an argparse parser."""
     parser.add_argument(
         "--workers",
-        type=int,
+        type=int_at_least(1),
         default=None,
         metavar="N",
         help="processes on this machine (default: one per core; 1: in this process, one "

@@ -51,6 +51,11 @@ def test_quick_run_writes_every_figure(tmp_path: Path, capsys: pytest.CaptureFix
     fig4 = rows["fig4_completion_minus_target"]
     for r in fig4:
         assert int(r["jct_minus_target"]) == int(r["jct"]) - int(r["target"])
+        # the plot's panels: the paper's time-sensitive and time-critical jobs only
+        decay = float(r["decay"])
+        assert r["kind"] == (
+            "insensitive" if decay == 0 else "sensitive" if decay <= 1 else "critical"
+        )
     for policy in POLICY_NAMES:
         completed = sum(r["policy"] == policy for r in fig4)
         assert completed == int(at_fig4[policy]["completed"])
