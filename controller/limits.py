@@ -261,7 +261,7 @@ class Limits:
         """Raise JobTooLargeError if a search for ``job`` over ``window`` slots is over
         ``max_job_work``, ``max_job_chunks``, ``max_search_steps`` or ``max_search_mb``:
         every best-schedule search in the decision thread is held to these, a job's
-        re-plan from its reported progress (:mod:`controller.plane.execution`) too."""
+        re-plan from its reported progress (:mod:`controller.plane.job_review`) too."""
         problems = []
         if job.work > self.max_job_work:
             problems.append(Problem("job", f"work W = {job.work} worker-slots exceeds "

@@ -337,11 +337,12 @@ class _ControllerCollector:
         execution = self.c.execution
         if execution is None:  # no broker configured, or not leading
             return
+        agents = execution.agents
         yield _per_server(
             "oasis_agent_clock_offset_seconds",
             "A server's agent's clock minus the daemon's, from its latest heartbeat "
             "(seconds; positive: the agent is ahead and follows each slot's plan early).",
-            execution.clock_offsets,
+            agents.clock_offsets,
         )
         ages = GaugeMetricFamily(
             "oasis_agent_heartbeat_age_seconds",
@@ -353,27 +354,27 @@ class _ControllerCollector:
             "oasis_agents_following_another_store",
             "Servers whose agent's latest heartbeat follows the plans of a daemon on another "
             "store (a store replaced, or a second daemon under the same broker and prefix).",
-            value=len(execution.foreign),
+            value=len(agents.foreign),
         )
         yield GaugeMetricFamily(
             "oasis_servers_with_two_agents",
             "Servers whose heartbeats come from two agent sessions at once (two agents for "
             "one server: both run its workers; only the first one's progress counts).",
-            value=len(execution.twins),
+            value=len(agents.twins),
         )
         yield GaugeMetricFamily(
             "oasis_servers_with_only_ignored_agents",
             "Servers whose only beating agent is one whose progress is ignored (the second "
             "of two that beat at once): their jobs' progress counts for nothing until it "
             "is restarted.",
-            value=len(execution.ignored_alone),
+            value=len(agents.ignored_alone),
         )
         yield _per_server(
             "oasis_agent_workers_short_of_devices",
             "Workers a server's agent runs on GPUs others hold, or without the GPUs their "
             "task needs (its latest heartbeat; fractional demands that fragmented the GPUs, "
             "fewer ids than the capacity, a worker given up on).",
-            execution.devices_short,
+            agents.devices_short,
         )
         now, seen = execution.link.now(), dict(execution.last_seen)
         for server in sorted(execution.server_index):

@@ -282,15 +282,15 @@ def test_the_execution_plane_neither_ends_a_cordon_nor_reads_it_as_a_failure(
         plane.load()
         assert "w0" not in plane.failed  # a cordon is no failure
         w0 = c.cluster.worker_names.index("w0")
-        c.between_decisions(lambda: plane._fail_sync("w0"))  # its agent fell silent
-        c.between_decisions(lambda: plane._recover_sync("w0"))  # and is back
+        c.between_decisions(lambda: plane.outages.fail_sync("w0"))  # its agent fell silent
+        c.between_decisions(lambda: plane.outages.recover_sync("w0"))  # and is back
         assert c._ledger.worker_side.blocked[1:, w0].all()  # still cordoned
         assert c.cordoned == {"w0": Cordon(1)}
 
-        c.between_decisions(lambda: plane._fail_sync("w0"))  # silent again, then uncordoned
+        c.between_decisions(lambda: plane.outages.fail_sync("w0"))  # silent again, then uncordoned
         back = asyncio.run(c.uncordon("w0"))
         assert back["failed"] and c._ledger.worker_side.blocked[1:, w0].all()
-        c.between_decisions(lambda: plane._recover_sync("w0"))  # heard again: in service
+        c.between_decisions(lambda: plane.outages.recover_sync("w0"))  # heard again: in service
         assert not c._ledger.worker_side.blocked[1:, w0].any()
         with c.db.session() as s:
             causes = s.execute(select(OutageRow.cause, OutageRow.up_from)).all()
@@ -318,8 +318,8 @@ def test_a_failure_during_a_cordon_with_an_end_is_given_back_at_its_end(tmp_path
         plane.load()
         w0, w1 = (c.cluster.worker_names.index(n) for n in ("w0", "w1"))
         for name in ("w0", "w1"):
-            c.between_decisions(lambda name=name: plane._fail_sync(name))  # type: ignore[misc]
-        c.between_decisions(lambda: plane._recover_sync("w0"))  # w0 heard again, w1 not
+            c.between_decisions(lambda name=name: plane.outages.fail_sync(name))  # type: ignore[misc]
+        c.between_decisions(lambda: plane.outages.recover_sync("w0"))  # w0 heard again, w1 not
         blocked = c._ledger.worker_side.blocked
         assert blocked[1:4, w0].all() and blocked[1:, w1].all()  # out for the cordon
         # w0 up to its end only, as a rebuild from the store has it (before: for good)
@@ -337,7 +337,7 @@ def test_a_failure_during_a_cordon_with_an_end_is_given_back_at_its_end(tmp_path
         blocked = c._ledger.worker_side.blocked  # slot 3 is row 0 now
         assert blocked[0, w0] and not blocked[1:, w0].any()  # back from slot 4
         assert blocked[:, w1].all()  # still silent: out
-        c.between_decisions(lambda: plane._recover_sync("w1"))
+        c.between_decisions(lambda: plane.outages.recover_sync("w1"))
         assert not c._ledger.worker_side.blocked[1:, w1].any()  # from slot 4
     finally:
         c.close()
@@ -361,8 +361,8 @@ def test_a_flapping_server_is_held_out_by_a_cordon_with_an_end(tmp_path: Path) -
         plane.load()
         w0 = c.cluster.worker_names.index("w0")
         for failures in (1, 2, 3):
-            c.between_decisions(lambda: plane._fail_sync("w0"))
-            events = c.between_decisions(lambda: plane._recover_sync("w0"))
+            c.between_decisions(lambda: plane.outages.fail_sync("w0"))
+            events = c.between_decisions(lambda: plane.outages.recover_sync("w0"))
             blocked = c._ledger.worker_side.blocked[1:, w0]
             if failures < 3:  # back at once
                 assert not blocked.any() and c.cordoned == {}, failures
@@ -705,10 +705,10 @@ def test_a_planned_cordon_moves_only_its_slots_and_keeps_the_server_until_it_beg
         c.config = replace(c.config, mqtt=mqtt)
         plane = Execution(c, mqtt)
         plane.load()
-        c.between_decisions(lambda: plane._fail_sync("w0"))  # its agent falls silent
+        c.between_decisions(lambda: plane.outages.fail_sync("w0"))  # its agent falls silent
         assert c._ledger.worker_side.blocked[1:, w0].all()
         assert c.between_decisions(c.server_states)["w0"] == "failed"
-        c.between_decisions(lambda: plane._recover_sync("w0"))  # and is back: until slot 3
+        c.between_decisions(lambda: plane.outages.recover_sync("w0"))  # and is back: until slot 3
         blocked = c._ledger.worker_side.blocked[:, w0]
         assert not blocked[1:3].any() and blocked[3:].all()
         assert c.cordoned == {"w0": Cordon(3, "PSU swap", "ops")}

@@ -431,7 +431,7 @@ def test_an_agents_clock_off_the_daemons_is_said_once_and_so_is_its_return(
     ]
     assert said == [("warning", "w0", 30.0), ("warning", "p0", -12.0), ("info", "w0", 1.0)]
     assert "30.0 s early" in logs[0]["event"] and "12.0 s late" in logs[1]["event"]
-    assert ex.clock_offsets == {"w0": 1.0, "p0": -12.0}
+    assert ex.agents.clock_offsets == {"w0": 1.0, "p0": -12.0}
     assert ex.store_id and all(plan.store == ex.store_id for plan in ex.plans_sync({}))
     # and /metrics gives each server's offset, for an alert
     from prometheus_client import generate_latest
@@ -496,7 +496,7 @@ def test_agents_following_another_stores_daemon_are_said_and_counted(
     assert len(mine) == 16
     with capture_logs() as logs:
         assert not ex.heartbeat(Heartbeat("w0", "a", 40, store="0123456789abcdef"))
-    assert ex.foreign == {"w0": "0123456789abcdef"}
+    assert ex.agents.foreign == {"w0": "0123456789abcdef"}
     said = [e for e in logs if "another store" in e["event"]]
     assert said and said[0]["store"] == "0123456789abcdef" and said[0]["this_store"] == mine
     plane.c.execution = ex
@@ -507,17 +507,17 @@ def test_agents_following_another_stores_daemon_are_said_and_counted(
     plane.mono[0] += ex.mqtt.heartbeat_seconds
     assert ex.heartbeat(Heartbeat("w0", "a", 40, store="0123456789abcdef"))  # a round, as before
     ex.heartbeat(Heartbeat("w0", "a", ex.epoch, store=mine))  # its own plans again
-    assert ex.foreign == {}
+    assert ex.agents.foreign == {}
     assert Heartbeat.parse(Heartbeat("w0", "a", 7, store=mine).to_bytes()).store == mine
     assert b"store" not in Heartbeat("w0", "a", 7).to_bytes()
     # an agent of another store that falls silent: failed, and no longer counted
     ex.connected()
     ex.heartbeat(Heartbeat("p0", "a", 0, store="0123456789abcdef"))
-    assert ex.foreign == {"p0": "0123456789abcdef"}
+    assert ex.agents.foreign == {"p0": "0123456789abcdef"}
     ex.review_sync()
     plane.mono[0] += 10 * ex.mqtt.heartbeat_timeout
     ex.review_sync()
-    assert "p0" in ex.failed and ex.foreign == {}
+    assert "p0" in ex.failed and ex.agents.foreign == {}
 
 
 def test_a_long_step_shows_on_metrics_and_the_ledgers_are_served_as_last_read(
@@ -579,7 +579,7 @@ def test_reports_are_only_queued_on_the_event_loop_and_applied_in_the_decision_t
     ex.report(Progress("w0", "a", [TaskProgress("j", 3.0, 40.0)]))
     ex.report(Progress("w9", "a", [TaskProgress("j", 1.0, 1.0)]))  # not a server of ours
     # nothing the decision thread reads has changed: it iterates these between decisions
-    assert ex.last_seen == {} and ex.progress == {} and ex.pending == set()
+    assert ex.last_seen == {} and ex.progress == {} and ex.review.pending == set()
     plane.mono[0] = 7.0  # ... applied at 7 s, as received at 5 s
     assert ex.review_sync() == []
     assert ex.last_seen == {"p0": 5.0, "w0": 5.0}
@@ -698,7 +698,7 @@ def test_progress_stays_dirty_until_a_commit_and_ended_jobs_are_forgotten_then_m
     assert plane.state("j") == "completed" and plane.stored("j") == final
     plane.clock.advance(plane.config.slot_seconds)  # a new slot: ended jobs are forgotten
     ex.review_sync()
-    assert "j" not in ex.progress and "j" not in ex._jobs and "j" not in ex.reviewed
+    assert "j" not in ex.progress and "j" not in ex.jobs.cache and "j" not in ex.review.reviewed
     view = ex.view_sync("j")  # read from the store now
     assert (view.minibatches_done, view.worker_seconds, view.reports) == (20.0, 260.0, 3)
 
@@ -1001,7 +1001,7 @@ def test_a_report_counts_only_for_jobs_planned_on_its_server_around_its_slot(
     unknown = [TaskProgress(f"ghost-{i}", 5.0, 5.0) for i in range(1000)]
     ex.report(Progress("w0", "b", unknown))
     assert ex.review_sync() == []
-    assert plane.state("j") == "admitted" and ex.progress == {} and ex.pending == set()
+    assert plane.state("j") == "admitted" and ex.progress == {} and ex.review.pending == set()
     assert plane.stored("j") is None
     ex.report(Progress("w0", "b", [TaskProgress("j", 3.0, 40.0), *unknown[:5]]))
     ex.review_sync()
@@ -1208,7 +1208,7 @@ def test_a_job_reported_done_before_it_arrives_completes_only_once_it_has(
     ex = plane.ex
     ex.report(Progress("w0", "a", [TaskProgress("j", float(plane.TOTAL), 1.0)]))
     assert ex.review_sync() == []
-    assert plane.state("j") == "admitted" and "j" in ex.pending  # reviewed again later
+    assert plane.state("j") == "admitted" and "j" in ex.review.pending  # reviewed again later
     plane.clock.advance(plane.config.slot_seconds)  # slot 1: it has arrived
     [done] = [e for e in ex.review_sync() if e.kind == "completed"]
     assert done.job_id == "j" and plane.state("j") == "completed"
@@ -1339,19 +1339,19 @@ def test_a_job_planned_while_the_daemon_was_down_fails_rather_than_completes(
 
     restarted = Execution(plane.c, MqttConfig("localhost"), monotonic=lambda: plane.mono[0])
     restarted.load()
-    assert restarted.unsent == [(2, 4)]
+    assert restarted.review.unsent == [(2, 4)]
     plane.c.execution = restarted
     asyncio.run(plane.c.tick())
     assert plane.state("short") == "completed"
-    assert plane.state("long") == "running" and "long" in restarted.overdue
+    assert plane.state("long") == "running" and "long" in restarted.review.overdue
     assert restarted.plans_sync({})  # slot 5's plans go out; then a second restart
     restarted = Execution(plane.c, MqttConfig("localhost"), monotonic=lambda: plane.mono[0])
     restarted.load()
-    assert restarted.unsent == [(2, 4)]  # kept: "long" still waits for its agents
+    assert restarted.review.unsent == [(2, 4)]  # kept: "long" still waits for its agents
     plane.c.execution = restarted
     plane.c._ticked_slot = -1  # a new process ticks its first slot again
     asyncio.run(plane.c.tick())
-    assert plane.state("long") == "running" and "long" in restarted.overdue
+    assert plane.state("long") == "running" and "long" in restarted.review.overdue
     restarted.connected()
     wait = restarted.mqtt.heartbeat_timeout + 1.0  # for its agents to resend their counts
     plane.mono[0] += wait
@@ -1392,7 +1392,7 @@ def test_an_agent_sets_aside_the_jobs_it_no_longer_runs_and_carries_their_counts
 
 
 def test_runs_of_unsent_slots_that_overlap_or_meet_are_one() -> None:
-    from controller.plane.execution import _joined_runs
+    from controller.plane.job_review import _joined_runs
 
     assert _joined_runs([(2, 4), (3, 6), (8, 9), (7, 7), (12, 12)]) == [(2, 9), (12, 12)]
     assert _joined_runs([]) == []
@@ -1566,14 +1566,14 @@ def test_two_agents_beating_for_one_server_at_once_are_said_and_a_restart_is_not
             at(i * beat, "w0", "a")
         for i in range(4, 8):
             at(i * beat, "w0", "b")
-        assert ex.twins == {}
+        assert ex.agents.twins == {}
         for i in range(8, 12):  # p0: two at once, in turn
             at(i * beat, "p0", "c")
             at(i * beat + 0.5, "p0", "d")
     said = [e for e in logs if e["event"].startswith("two agents beat for one server")]
     assert [e["server"] for e in said] == ["p0"], said
     assert (said[0]["counted"], said[0]["ignored"]) == ("c", "d")
-    assert ex.twins == {"p0": ("c", "d")}
+    assert ex.agents.twins == {"p0": ("c", "d")}
     assert _metric(plane, "oasis_servers_with_two_agents") == [({}, 1.0)]
     # only the first one's progress counts while both beat (the audit: counted from
     # both, two jobs completed a slot or two early)
@@ -1584,10 +1584,10 @@ def test_two_agents_beating_for_one_server_at_once_are_said_and_a_restart_is_not
     # one of them stopped: the other alone past the heartbeat timeout, no longer two
     for i in range(12, 12 + int(ex.mqtt.heartbeat_timeout / beat) + 2):
         at(i * beat, "p0", "d")
-    assert ex.twins == {}
+    assert ex.agents.twins == {}
     assert _metric(plane, "oasis_servers_with_two_agents") == [({}, 0.0)]
     # the ignored one alone: said, and shown (its jobs' progress counts for nothing)
-    assert ex.ignored_alone == {"p0": "d"}
+    assert ex.agents.ignored_alone == {"p0": "d"}
     assert _metric(plane, "oasis_servers_with_only_ignored_agents") == [({}, 1.0)]
     # a new agent beside the ignored one (the re-audit: a real agent restarted there was
     # paired with the ignored twin as the second, and ignored for good): it counts
@@ -1595,7 +1595,7 @@ def test_two_agents_beating_for_one_server_at_once_are_said_and_a_restart_is_not
     for i in range(4):
         at(start + i * beat, "p0", "d")
         at(start + i * beat + 0.5, "p0", "e")
-    assert ex.twins == {"p0": ("e", "d")} and ex.ignored_alone == {}
+    assert ex.agents.twins == {"p0": ("e", "d")} and ex.agents.ignored_alone == {}
     ex._reports.take()
     for session in ("d", "e"):
         ex.report(Progress("p0", session, [TaskProgress("j", 1.0, 1.0)]))
@@ -1750,11 +1750,11 @@ def test_an_agents_workers_short_of_devices_reach_the_daemon(plane: PlaneDaemon)
     ex = plane.ex
     with capture_logs() as logs:
         ex.heartbeat(beat)
-    assert ex.devices_short == {"w0": 2}
+    assert ex.agents.devices_short == {"w0": 2}
     assert [e["workers"] for e in logs if e["event"].startswith("workers share GPUs")] == [2]
     assert _metric(plane, "oasis_agent_workers_short_of_devices") == [({"server": "w0"}, 2.0)]
     ex.heartbeat(Heartbeat("w0", "a", 3))
-    assert ex.devices_short == {"w0": 0}  # the series reads 0 (the re-audit: it vanished)
+    assert ex.agents.devices_short == {"w0": 0}  # the series reads 0 (the re-audit: it vanished)
     assert _metric(plane, "oasis_agent_workers_short_of_devices") == [({"server": "w0"}, 0.0)]
 
 

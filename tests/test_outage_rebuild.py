@@ -286,7 +286,7 @@ def test_a_rebuild_in_the_slot_of_a_failure_keeps_the_job_it_re_planned(tmp_path
         plane.load()
         server = next(a["server"] for a in view.decision.allocations
                       if a.get("workers") and a["slot"] == c.slot)  # fmt: skip
-        events = c.between_decisions(lambda: plane._fail_sync(server))
+        events = c.between_decisions(lambda: plane.outages.fail_sync(server))
         assert [e.kind for e in events][:1] == ["replanned"], events
         live = _state(c._ledger)
         assert c._ledger.schedule("victim").after(c.slot).work() > view.decision.work

@@ -1,0 +1,369 @@
+"""Each job's reported progress against its plan: the plane's reactions per job, in the
+admission controller's decision thread, always committing to the store before the
+ledger changes hands:
+
+- **done early**: a job whose reported mini-batches reach ``E * N * M`` completes in
+  the current slot; its slots from the next one on are released and prices fall.
+- **slower than planned**: the job's mini-batch time is re-estimated
+  (:mod:`pricing.runtime_estimate`); when even the optimistic end of the predictive
+  interval needs more time than the plan holds, the remaining work is re-planned, and
+  the new plan is taken if its payoff is positive (else the job is reported ``behind``).
+- **stalled**: a job whose workers spent half its planned worker-seconds without one
+  mini-batch reported is reported ``behind`` (``no_progress``), once.
+- **plan ended short**: a running job whose plan has ended while its agents reported
+  less than its work stays ``running`` (the slot clock asks
+  :meth:`~controller.plane.execution.Execution.unfinished`, which asks
+  :meth:`JobReview.unfinished`); it completes when they report the rest, and becomes
+  ``failed`` (``plan_ended``) if they have not within ``heartbeat_timeout`` seconds of
+  the slot boundary. A job nobody reported on completes with its plan, as without the
+  plane, unless that plan had slots whose plans never went out
+  (:attr:`JobReview.unsent`, ``plan_not_sent``).
+
+The progress it judges is :class:`~controller.plane.execution.Execution`'s (read here,
+never changed).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import structlog
+from sqlalchemy import delete, or_, select
+from sqlalchemy.orm import Session
+
+from controller.events import Event
+from controller.plane.jobs import ACTIVE, Jobs
+from controller.plane.port import AdmissionPort
+from controller.plane.progress import LEVEL, MIN_SAMPLES, JobProgress
+from controller.plane.settings import MqttConfig
+from controller.store import AllocationRow, EventRow, JobRow, StoreUnavailableError
+from pricing import ADMIT_THRESHOLD, Job
+from pricing.best_schedule import BestSchedule
+from pricing.errors import SpecError
+from pricing.replan import release_rest, replan_remaining
+from pricing.runtime_estimate import RuntimePrior, fit
+
+__all__ = ["MAX_UNSENT_RUNS", "JobReview", "counter"]
+
+MAX_UNSENT_RUNS = 16
+"""Runs of slots whose plans never went out that the plane keeps (the newest): a job
+planned in one still waits for its agents' counts (:meth:`JobReview.unfinished`)."""
+
+
+def _joined_runs(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``runs`` of slots ``(first, last)`` in order, those that overlap or meet made one
+    (a daemon restarted again and again with the broker down adds the same slots)."""
+    out: list[tuple[int, int]] = []
+    for first, last in sorted(runs):
+        if out and first <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], last))
+        else:
+            out.append((first, last))
+    return out
+
+
+def counter(value: Any) -> bool:
+    """Whether a stored plan epoch or event count is an integer in ``[0, 2**53]`` (an
+    edit's 10**29 overflowed every query of the events after it: the plane reconnected
+    every second)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 1 << 53
+
+
+class JobReview:
+    """The per-job reactions to reported progress; see the module docstring.
+
+    Args:
+        controller: the opened admission controller.
+        mqtt: the broker settings (``heartbeat_timeout``).
+        progress: the plane's progress per job (read only).
+        jobs: the plane's job specs and guarded ledger changes.
+    """
+
+    def __init__(
+        self,
+        controller: AdmissionPort,
+        mqtt: MqttConfig,
+        progress: dict[str, JobProgress],
+        jobs: Jobs,
+    ) -> None:
+        self.c = controller
+        self.mqtt = mqtt
+        self.progress = progress
+        self.jobs = jobs
+        self.slot_seconds = controller.config.slot_seconds
+        self.log = structlog.get_logger("oasisd")
+        self.pending: set[str] = set()  # jobs with new progress, to review
+        # jobs reported done in a slot before their arrival: never completed there (a jct
+        # under 1 slot, a utility no schedule earns), kept pending until they arrive
+        self._early: set[str] = set()
+        self.reviewed: dict[str, int] = {}  # job -> slot of its last slow-job re-plan try
+        self.stalled: set[str] = set()  # jobs reported behind for want of any progress
+        self.overdue: set[str] = set()  # running past their plan, short of their work
+        # the slots whose plans never went out because this daemon was down: (first, last)
+        self.unsent: list[tuple[int, int]] = []
+
+    def pending_sync(self) -> list[Event]:
+        """Review the jobs with new progress (:attr:`pending`): early completions and
+        slow or stalled jobs."""
+        events: list[Event] = []
+        for job_id in sorted(self.pending):
+            try:
+                events += self._review_job_sync(job_id)
+            except StoreUnavailableError:
+                # kept pending: reviewed again once the store is back, even if its agents
+                # have nothing new to report (those of a job that is done never do)
+                raise
+            except Exception:
+                self.pending.discard(job_id)  # a bug would fail the same way every review
+                raise
+            if job_id in self._early:
+                self._early.discard(job_id)  # reviewed again (its agents may say no more)
+            else:
+                self.pending.discard(job_id)
+        return events
+
+    def forget(self, active: set[str]) -> None:
+        """Forget what was kept of jobs not in ``active``."""
+        for job_id in [j for j in self.reviewed if j not in active]:
+            del self.reviewed[job_id]
+        self.stalled &= active
+
+    def find_unsent(self, planned: Any, stored: Any) -> int | None:
+        """Note the runs of slots whose plans never went out (:attr:`unsent`): those
+        stored (a restart soon after another keeps them) that a job may still be running
+        from, and the slots after the latest whose plans did (``planned``; they held the
+        next slot too) and before the current one. The daemon was down meanwhile.
+        Returns ``planned`` if it reads as a slot, else None."""
+        oldest = self.c.slot - self.c.window  # no job planned before it still runs
+        if isinstance(stored, list):  # an edited store: what does not read is dropped
+            for run in stored[-MAX_UNSENT_RUNS:]:
+                pair: list[Any] = run if isinstance(run, list) and len(run) == 2 else [-1, -1]
+                first, last = pair
+                if counter(first) and counter(last) and oldest <= last and first <= last:
+                    self.unsent.append((int(first), int(last)))
+        if not counter(planned):
+            return None
+        assert isinstance(planned, int)
+        first, last = planned + 2, self.c.slot - 1
+        if first <= last:
+            self.unsent = _joined_runs([*self.unsent, (first, last)])[-MAX_UNSENT_RUNS:]
+            self.log.warning("plans of slots no agent was sent (oasisd was down): a job "
+                             "planned in them completes only as its agents report",
+                             first_slot=first, last_slot=last)  # fmt: skip
+        return planned
+
+    def _planned_unsent(self, job_id: str, session: Session) -> list[tuple[int, int]]:
+        """The runs of :attr:`unsent` in which ``job_id`` had workers planned (one
+        query; none without such runs)."""
+        if not self.unsent:
+            return []
+        slots = set(session.scalars(
+            select(AllocationRow.slot).where(
+                AllocationRow.job_id == job_id, AllocationRow.workers > 0,
+                or_(*(AllocationRow.slot.between(a, b) for a, b in self.unsent)),
+            )
+        ))  # fmt: skip
+        return [(a, b) for a, b in self.unsent if any(a <= s <= b for s in slots)]
+
+    def unfinished(self, job_id: str, session: Session) -> bool:
+        """Whether agents reported progress for ``job_id`` short of its ``E * N * M``
+        mini-batches (decision thread). The slot clock asks this of running jobs whose
+        plan has ended; one that is short is remembered for :meth:`overdue_sync`. A job
+        nobody reported on is not short, its plan being all the daemon knows, unless
+        that plan had slots whose plans never went out (:attr:`unsent`): it did not run
+        then (the time audit found such jobs completed with their whole utility)."""
+        short, _ = self._shortfall(job_id, session)
+        if short:
+            self.overdue.add(job_id)
+        return short
+
+    def _shortfall(self, job_id: str, session: Session) -> tuple[bool, list[tuple[int, int]]]:
+        """Whether ``job_id`` is short of its work (:meth:`unfinished`), and, for one
+        nobody reported on, the runs of :attr:`unsent` that make it so."""
+        prog = self.progress.get(job_id)
+        if prog is None:
+            unsent = self._planned_unsent(job_id, session)
+            return bool(unsent), unsent
+        return prog.totals()[0] < self.jobs.get(job_id, session).total_minibatches - 1e-9, []
+
+    def overdue_sync(self) -> list[Event]:
+        """Fail the jobs left running past their plan short of their work, once their
+        agents had ``heartbeat_timeout`` seconds after the plan's end to report the rest
+        (called only with the broker connection up for two of their beats: agents resend
+        their counts when the daemon comes back, so a job finished while the daemon was
+        down or cut off completes rather than fails)."""
+        if not self.overdue:
+            return []
+        s = self.c.slot
+        since_boundary = self.slot_seconds - self.c.slots.seconds_to_next_slot()
+        now = datetime.now(UTC)
+        events: list[Event] = []
+        with self.c._write() as session:
+            for job_id in sorted(self.overdue):
+                row = session.get(JobRow, job_id)
+                if row is None or row.state != "running" or row.completion_slot is None:
+                    self.overdue.discard(job_id)  # completed by its last report, or ended
+                    continue
+                since_plan_end = (s - row.completion_slot - 1) * self.slot_seconds + since_boundary
+                if since_plan_end <= self.mqtt.heartbeat_timeout:
+                    continue
+                short, unsent = self._shortfall(job_id, session)
+                if not short:
+                    self.overdue.discard(job_id)
+                    continue
+                job = self.jobs.get(job_id, session)
+                prog = self.progress.get(job_id)
+                done = prog.totals()[0] if prog is not None else 0.0
+                row.state = "failed"
+                detail = {"reason": "plan_ended", "minibatches": done,
+                          "of": job.total_minibatches,
+                          "completion_slot": row.completion_slot}  # fmt: skip
+                if unsent:  # no agent ever reported it, and slots of its plan never went out
+                    detail.update(reason="plan_not_sent",
+                                  not_sent_slots=[list(run) for run in unsent])  # fmt: skip
+                events.append(self.c._event(session, now, "failed", job_id, "failed", detail))
+                self.log.warning("job failed: its plan ended before its work", job=job_id,
+                                 **detail)  # fmt: skip
+        # only once the commit went through: a store outage leaves them to the next review
+        for e in events:
+            self.overdue.discard(e.job_id)
+        return events
+
+    def _review_job_sync(self, job_id: str) -> list[Event]:
+        prog = self.progress.get(job_id)
+        if prog is None:
+            return []
+        with self.c.db.session() as session:
+            row = session.get(JobRow, job_id)
+            if row is None or row.state not in ACTIVE:
+                return []
+            state = row.state
+            job = self.jobs.get(job_id, session)
+        done, spent = prog.totals()
+        total = job.total_minibatches
+        if done >= total - 1e-9:
+            if self.c.slot < job.arrival:  # reported done before it arrived: a report
+                self._early.add(job_id)  # of the slot ahead; completes once it arrives
+                return []
+            return self._complete_sync(job, done)
+        s = self.c.slot
+        if done <= 0.0 and job_id not in self.stalled:
+            stalled = self._stalled_sync(job, state, spent)
+            if stalled:
+                return stalled
+        if len(prog.samples) < MIN_SAMPLES or self.reviewed.get(job_id) == s:
+            return []
+        if job_id not in self.c._ledger:
+            return []
+        planned_mb = job.minibatch_slots * self.slot_seconds
+        xs = np.array([p[0] for p in prog.samples])
+        post = fit(xs, np.array([p[1] for p in prog.samples]), RuntimePrior(planned_mb))
+        need = post.seconds_at(total, LEVEL)
+        sched = self.c._ledger.schedule(job_id)
+        now_workers = int(sched.after(s).before(s + 1).workers.sum())
+        in_slot = now_workers * self.c.slots.seconds_to_next_slot()
+        held = sched.after(s + 1).work() * self.slot_seconds + in_slot
+        if need.low <= spent + held:  # the plan may still suffice
+            return []
+        self.reviewed[job_id] = s
+        slots_needed = (need.mean - spent - in_slot) / self.slot_seconds
+        # the search's limits refuse any amount past them; this keeps ceil() finite
+        work = max(1, math.ceil(slots_needed - 1e-9)) if slots_needed < 2.0**53 else 2**53
+        ledger = self.c._ledger
+        estimate = post.minibatch_seconds(LEVEL)
+        detail: dict[str, Any] = {"reason": "slow", "minibatch_seconds": estimate.mean,
+                                  "planned_minibatch_seconds": planned_mb,
+                                  "work": work}  # fmt: skip
+        why = self._replan_refused(job, work, s + 1)
+        if why:  # not searched: the job is behind, with the reason
+            best = BestSchedule(None, None, None, None, None, slots_scanned=0)
+            detail["why"] = why
+        else:
+            best, whole = replan_remaining(ledger, job, work, s + 1, self.jobs.last_slot(job))
+        now = datetime.now(UTC)
+        if best.schedule is None or best.payoff is None or best.payoff <= ADMIT_THRESHOLD:
+            detail["payoff"] = best.payoff
+            with self.c._write() as session:
+                event = self.c._event(session, now, "behind", job_id, state, detail)
+            self.log.info("job behind its plan", job=job_id, **detail)
+            return [event]
+
+        def change() -> list[Event]:
+            ledger.replace(job_id, whole)
+            detail["payoff"] = best.payoff
+            with self.c._write() as session:
+                row = session.get(JobRow, job_id)
+                assert row is not None
+                self.c._write_schedule(session, job, row, whole, s + 1)
+                detail["completion_slot"] = row.completion_slot
+                event = self.c._event(session, now, "replanned", job_id, row.state, detail)
+            self.log.info("slow job re-planned", job=job_id, **detail)
+            return [event]
+
+        return self.jobs.guarded(change)
+
+    def _stalled_sync(self, job: Job, state: str, spent: float) -> list[Event]:
+        """A ``behind`` event (reason ``no_progress``), once, for a job whose workers
+        have spent half its planned worker-seconds without one mini-batch reported. The
+        pace fit reads worker-seconds without mini-batches as start-up time, so a job
+        whose workers do nothing (hung, or not printing counts) was reported only when
+        its plan ended (the audit of jobs that do not follow their plan)."""
+        planned = job.work * self.slot_seconds
+        if spent < 0.5 * planned:
+            return []
+        detail = {"reason": "no_progress", "worker_seconds": spent,
+                  "planned_worker_seconds": planned}  # fmt: skip
+        with self.c._write() as session:
+            said = session.scalars(select(EventRow.detail).where(
+                EventRow.job_id == job.id, EventRow.kind == "behind")).all()  # fmt: skip
+            if any(isinstance(d, dict) and d.get("reason") == "no_progress" for d in said):
+                event = None  # said before a restart or a takeover: once per job
+            else:
+                event = self.c._event(session, datetime.now(UTC), "behind", job.id, state,
+                                      detail)  # fmt: skip
+        self.stalled.add(job.id)  # once committed: a store outage loses nothing
+        if event is None:
+            return []
+        self.log.warning("job without progress: its workers report no mini-batch",
+                         job=job.id, **detail)  # fmt: skip
+        return [event]
+
+    def _replan_refused(self, job: Job, work: int, first_slot: int) -> str:
+        """Why a re-plan of ``work`` worker-slots of ``job`` from ``first_slot`` is not
+        searched (empty: it is): its search would be over the limits every submission is
+        held to (``[limits]``, :meth:`controller.limits.Limits.check_search`). A report
+        far behind the plan (a slow or misreporting agent, a tau far too small) asks for
+        any amount of work, and that search runs in the decision thread, where every
+        tenant's calls wait for it."""
+        slots = max(1, min(self.jobs.last_slot(job), self.c._ledger.end - 1) - first_slot + 1)
+        try:
+            self.c.config.limits.check_search(replace(job, work=work), self.c.cluster, slots)
+        except SpecError as err:
+            return f"its re-plan is not searched: {err}"
+        return ""
+
+    def _complete_sync(self, job: Job, done: float) -> list[Event]:
+        s = self.c.slot
+        now = datetime.now(UTC)
+
+        def change() -> list[Event]:
+            released = release_rest(self.c._ledger, job.id, s + 1)
+            with self.c._write() as session:
+                row = session.get(JobRow, job.id)
+                assert row is not None
+                session.execute(delete(AllocationRow).where(
+                    AllocationRow.job_id == job.id, AllocationRow.slot >= s + 1))  # fmt: skip
+                row.state = "completed"
+                row.completion_slot = s
+                row.jct = s - job.arrival + 1
+                row.utility = float(job.utility.values(row.jct))
+                detail = {"early": True, "released_worker_slots": released, "minibatches": done}
+                event = self.c._event(session, now, "completed", job.id, "completed", detail)
+            self.log.info("job done early", job=job.id, slot=s, released=released)
+            return [event]
+
+        return self.jobs.guarded(change)

@@ -1,0 +1,77 @@
+"""The jobs the execution plane reacts to: their specs, parsed from the store once, and
+the ledger changes that re-plan them, which never leave the ledger and the store apart.
+
+Decision thread only (:mod:`controller.plane.execution`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import structlog
+from sqlalchemy.orm import Session
+
+from controller.events import Event
+from controller.plane.port import AdmissionPort
+from controller.store import REBUILD_SECONDS, JobRow
+from controller.store.stored import stored_spec
+from pricing import Job, Ledger
+
+__all__ = ["ACTIVE", "Jobs"]
+
+ACTIVE = ("admitted", "running")
+"""Job states that appear in plans."""
+
+
+class Jobs:
+    """The specs of the jobs the plane reviews, re-plans and plans, each parsed from the
+    store once and kept while the job is active (:meth:`forget`).
+
+    Args:
+        controller: the opened admission controller.
+    """
+
+    def __init__(self, controller: AdmissionPort) -> None:
+        self.c = controller
+        self.log = structlog.get_logger("oasisd")
+        self.cache: dict[str, Job] = {}  # job id -> its parsed spec
+
+    def get(self, job_id: str, session: Session | None = None) -> Job:
+        """``job_id``'s spec (read in ``session``, or a session of its own, if not kept);
+        KeyError if the store has no such job."""
+        job = self.cache.get(job_id)
+        if job is None:
+            if session is None:
+                with self.c.db.session() as s:
+                    return self.get(job_id, s)
+            row = session.get(JobRow, job_id)
+            if row is None:
+                raise KeyError(job_id)
+            job = self.c._parse(stored_spec(row.spec, job_id), arrival=row.arrival_slot)
+            self.cache[job_id] = job
+        return job
+
+    def forget(self, active: set[str]) -> None:
+        """Forget the specs of jobs not in ``active``."""
+        for job_id in [j for j in self.cache if j not in active]:
+            del self.cache[job_id]
+
+    def last_slot(self, job: Job) -> int:
+        """The last slot ``job`` may be planned in (its window's end)."""
+        return self.c._window_end(job.arrival)
+
+    def guarded(self, change: Callable[[], list[Event]]) -> list[Event]:
+        """Run ``change`` (which changes the ledger, then commits); if the commit fails,
+        rebuild the ledger from the store so the two never disagree."""
+        try:
+            return change()
+        except Exception:
+            self.log.exception("re-plan failed; rebuilding the ledger from the store")
+            self._resync()
+            raise
+
+    def _resync(self) -> None:
+        ledger = self.c._ledger
+        self.c.ledger = Ledger(self.c.cluster, ledger.bounds, ledger.length, origin=ledger.origin)
+        with self.c.db.patient(REBUILD_SECONDS):
+            self.c._rebuild()

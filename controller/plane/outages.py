@@ -1,0 +1,184 @@
+"""Servers whose agents fell silent, and came back: the plane's reactions, in the
+admission controller's decision thread, committing to the store before the ledger
+changes hands.
+
+- **server failed** (its agent silent for ``heartbeat_timeout`` seconds; when that is,
+  :meth:`controller.plane.execution.Execution.review_sync` decides): the server is down
+  from the next slot on; its jobs are re-placed or re-planned
+  (:func:`pricing.replan.fail_server`); a job that can no longer finish becomes
+  ``failed``. A cordoned server's failure is recorded, and nothing moves.
+- **server back** (a heartbeat): it is back from the next slot on, unless cordoned, or
+  flapping (``[mqtt] flap_failures`` failures within ``flap_seconds``): then it is held
+  out for ``flap_seconds`` more by a cordon with an end.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import structlog
+from sqlalchemy import func, select, update
+
+from controller.clock import slots_for
+from controller.events import Event
+from controller.plane.jobs import Jobs
+from controller.plane.port import AdmissionPort
+from controller.plane.settings import MqttConfig
+from controller.store import CORDONED, OutageRow
+from pricing.durations import format_duration
+from pricing.replan import fail_server
+
+__all__ = ["Outages"]
+
+
+class Outages:
+    """Server failures and recoveries; see the module docstring.
+
+    Args:
+        controller: the opened admission controller.
+        mqtt: the broker settings (``flap_failures``, ``flap_seconds``).
+        server_index: server name -> ``(kind, index)`` (``"worker"`` or ``"ps"``).
+        jobs: the plane's job specs and guarded ledger changes.
+    """
+
+    def __init__(
+        self,
+        controller: AdmissionPort,
+        mqtt: MqttConfig,
+        server_index: dict[str, tuple[str, int]],
+        jobs: Jobs,
+    ) -> None:
+        self.c = controller
+        self.mqtt = mqtt
+        self.server_index = server_index
+        self.jobs = jobs
+        self.slot_seconds = controller.config.slot_seconds
+        self.log = structlog.get_logger("oasisd")
+
+    def fail_sync(self, server: str) -> list[Event]:
+        """``server`` failed: down from the next slot on, its jobs moved off it."""
+        kind, index = self.server_index[server]
+        s = self.c.slot
+        from_slot = s + 1
+        ledger = self.c._ledger
+        if ledger.is_down(kind, index):
+            # cordoned: its jobs moved off already; the failure is recorded, so the
+            # server stays out after an uncordon until its agent is heard again
+            return self._fail_cordoned_sync(server, from_slot) if self._out(server) else []
+        with self.c.db.session() as session:  # only the jobs the failure moves
+            jobs = {j: self.jobs.get(j, session) for j in ledger.holding(kind, index, from_slot)}
+        before = {j: ledger.schedule(j) for j in jobs}
+        remaining: dict[str, int] = {}
+        for j, sched in before.items():
+            lost = sched.after(s).before(from_slot)  # the current slot, on the failed server
+            counts = lost.workers if kind == "worker" else lost.ps
+            lost_work = int(counts[:, index].sum()) if (kind == "worker" and lost.slots) else 0
+            remaining[j] = sched.after(from_slot).work() + lost_work
+
+        def change() -> list[Event]:
+            last_slots = {j: self.jobs.last_slot(job) for j, job in jobs.items()}
+            outcome = fail_server(ledger, jobs, kind, index, from_slot, remaining, last_slots)
+            now = datetime.now(UTC)
+            events: list[Event] = []
+            with self.c._write() as session:
+                session.add(OutageRow(server=server, down_from=from_slot, up_from=None,
+                                      detected_at=now))  # fmt: skip
+                moved = outcome.moves()
+                for j, how in moved.items():
+                    detail: dict[str, Any] = {"reason": "server_failed", "server": server}
+                    best = outcome.replanned.get(j)
+                    events.append(
+                        self.c._record_move(session, now, jobs[j], how, from_slot, detail, best)
+                    )
+                events.append(self.c._event(session, now, "server_failed", "", "",
+                                            {"server": server, "from_slot": from_slot,
+                                             "jobs": list(moved)}))  # fmt: skip
+            self.log.warning("server failed", server=server, from_slot=from_slot,
+                             replaced=outcome.replaced, replanned=list(outcome.replanned),
+                             stranded=outcome.stranded)  # fmt: skip
+            return events
+
+        return self.jobs.guarded(change)
+
+    def _fail_cordoned_sync(self, server: str, from_slot: int) -> list[Event]:
+        """A cordoned server's agent fell silent: recorded, nothing moves."""
+        now = datetime.now(UTC)
+        with self.c._write() as session:
+            session.add(OutageRow(server=server, down_from=from_slot, up_from=None,
+                                  detected_at=now))  # fmt: skip
+            event = self.c._event(session, now, "server_failed", "", "",
+                                  {"server": server, "from_slot": from_slot, "jobs": [],
+                                   "cordoned": True})  # fmt: skip
+        self.log.warning("server failed", server=server, from_slot=from_slot, cordoned=True)
+        return [event]
+
+    def recover_sync(self, server: str) -> list[Event]:
+        """The agent of failed ``server`` is heard again: it is back from the next slot,
+        unless cordoned, or flapping (``[mqtt] flap_failures`` failures within
+        ``flap_seconds``): then it is held out for ``flap_seconds`` more by a cordon with an
+        end (:mod:`controller.admission.cordons`, by ``oasisd``), which an operator's
+        ``oasis uncordon`` ends sooner."""
+        kind, index = self.server_index[server]
+        from_slot = self.c.slot + 1
+        now = datetime.now(UTC)
+        cordon = self.c.cordoned.get(server)
+        cordoned = cordon is not None and cordon.started(self.c.slot)  # out: its cordon
+        planned = cordon is not None and not cordoned  # a cordon ahead: kept
+        with self.c._write() as session:
+            session.execute(update(OutageRow).where(
+                OutageRow.server == server, OutageRow.up_from.is_(None),
+                OutageRow.cause != CORDONED,
+            ).values(up_from=from_slot))  # fmt: skip
+            flaps = 0 if cordoned else self._recent_failures(session, server, now)
+            detail: dict[str, Any] = {"server": server, "from_slot": from_slot}
+            if cordoned:
+                detail["cordoned"] = True
+            event = self.c._event(session, now, "server_recovered", "", "", detail)
+        events = [event]
+        if flaps and not planned:
+            events += self._hold_out(server, flaps)
+            # the failure's block has no end: the hold-out's own slots take its place
+            # (the interleaving audit: blocked for good, where a rebuild held the
+            # hold-out's slots alone)
+            self.c._ledger.unblock(kind, index, from_slot)
+            self.c._block_cordon(server)
+        elif not cordoned or (cordon is not None and cordon.until is not None):
+            # the failure's block goes; a cordon keeps its own slots (one planned, or in
+            # force up to its end; one without an end keeps the server out as it is).
+            # One cordon per server: a flapping server with one planned is not held out
+            # as well (logged)
+            self.c._ledger.unblock(kind, index, from_slot)
+            self.c._block_cordon(server)
+        self.log.info("server back", server=server, from_slot=from_slot, cordoned=cordoned,
+                      held_out=bool(flaps) and not planned, planned_cordon=planned,
+                      flapping=bool(flaps))  # fmt: skip
+        return events
+
+    def _out(self, server: str) -> bool:
+        """Whether ``server`` is cordoned from the next slot on (not only planned)."""
+        cordon = self.c.cordoned.get(server)
+        return cordon is not None and cordon.started(self.c.slot)
+
+    def _recent_failures(self, session: Any, server: str, now: datetime) -> int:
+        """The failures of ``server`` detected within ``flap_seconds`` before ``now`` if
+        they are at least ``flap_failures`` (0 if not, or if that rule is off)."""
+        least = self.mqtt.flap_failures
+        if least <= 0:
+            return 0
+        since = now - timedelta(seconds=self.mqtt.flap_seconds)
+        count = session.scalar(select(func.count(OutageRow.id)).where(
+            OutageRow.server == server, OutageRow.cause != CORDONED,
+            OutageRow.detected_at >= since))  # fmt: skip
+        return int(count or 0) if (count or 0) >= least else 0
+
+    def _hold_out(self, server: str, flaps: int) -> list[Event]:
+        """Keep flapping ``server`` out for ``flap_seconds``, as a cordon with an end (its
+        jobs moved off at its failure, so nothing moves); returns the cordon's events."""
+        until = self.c.slot + 1 + max(slots_for(self.mqtt.flap_seconds, self.slot_seconds), 1)
+        span = format_duration(self.mqtt.flap_seconds)
+        reason = f"flapping: its agent fell silent {flaps} times within {span}"
+        _view, events = self.c._cordon_sync(server, reason, "oasisd", force=True, until=until)
+        self.log.warning("flapping server held out", server=server, failures=flaps,
+                         until_slot=until)  # fmt: skip
+        return events

@@ -1,0 +1,231 @@
+"""The plans the daemon publishes to the node agents: each server's tasks for the current
+and the next slot, with its device (GPU) count, computed from the store (the source of
+truth) in the decision thread, so store, ledger and plans agree at every publication;
+and the epochs they go out under, moved above the agents' when they follow another
+daemon's plans (:class:`EpochClaims`).
+
+:class:`~controller.plane.execution.Execution` publishes what :class:`PlanBuilder`
+builds (:meth:`~controller.plane.execution.Execution.plans_sync`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from controller.plane.devices import MAX_DEVICES
+from controller.plane.jobs import ACTIVE, Jobs
+from controller.plane.port import AdmissionPort
+from controller.plane.settings import MqttConfig
+from controller.plane.topics import Plan, SlotPlan, Task
+from controller.store import AllocationRow, JobRow
+
+__all__ = [
+    "BUMP_SECONDS",
+    "MAX_EPOCH_STEP",
+    "MAX_FOLLOWED_EPOCH",
+    "EpochClaims",
+    "PlanBuilder",
+    "run_of",
+]
+
+BUMP_SECONDS = 60.0
+"""At most one move of the epoch above the agents' (see
+:meth:`controller.plane.execution.Execution.plans_sync`) per this many seconds: two
+daemons publishing under one topic prefix (a misconfiguration) would otherwise move above
+each other at every round, each sending every plan again."""
+MAX_EPOCH_STEP = 1 << 40
+"""The furthest above this daemon's epoch a heartbeat's may move it (a trillion rounds: no
+store restored from a backup is that far behind; a hostile claim moves it only so far)."""
+MAX_FOLLOWED_EPOCH = 1 << 52
+"""The highest epoch an agent's heartbeat may move this daemon's to (see
+:meth:`controller.plane.execution.Execution.plans_sync`): plan epochs are at most 2**53,
+so a hostile agent's claim leaves room for 2**52 more rounds."""
+
+
+def run_of(decided_at: Any) -> str:
+    """A job's ``run`` in plans and reports (:class:`~controller.plane.topics.Task`): the
+    time it was admitted, to the microsecond (UTC, as the store keeps it). Every head node
+    of one store gives the same; an id used again gets another. "" if it does not read."""
+    if not isinstance(decided_at, datetime):
+        return ""
+    at: datetime = decided_at
+    if at.tzinfo is not None:  # PostgreSQL gives it in the session's time zone (PGTZ,
+        at = at.astimezone(UTC)  # options): the same run whatever it is
+    return at.strftime("%Y%m%dT%H%M%S.%f")  # naive: UTC, as SQLite keeps it
+
+
+class EpochClaims:
+    """Heartbeats' claims that their agent follows a plan of an epoch above this
+    daemon's, and when the epoch moves above them (at most every :data:`BUMP_SECONDS`).
+
+    :meth:`heard` (event loop) and :meth:`take` (decision thread) are called with the
+    plane's inbox lock held (:class:`~controller.plane.execution.Execution`);
+    :meth:`bumped` in the decision thread, after :meth:`take`.
+
+    Args:
+        mqtt: the broker settings (``heartbeat_seconds``).
+        monotonic: the clock claims are timed with, seconds.
+    """
+
+    def __init__(self, mqtt: MqttConfig, monotonic: Callable[[], float]) -> None:
+        self.mqtt = mqtt
+        self.monotonic = monotonic
+        # the highest epoch an agent follows above this daemon's (its heartbeats), and
+        # that agent's server: plans of another daemon's store, which hide this one's
+        self._ahead: tuple[int, str] = (0, "")
+        self._ahead_since: float | None = None  # monotonic time of the first such claim
+        self._bumped_at: float | None = None  # monotonic time of the last such move
+
+    def heard(self, epoch: int, server: str, own: int) -> bool:
+        """A heartbeat of ``server`` says its agent follows ``epoch`` (this daemon's is
+        ``own``): True if the epoch moves above the agents' at the next round."""
+        if not own < epoch <= min(MAX_FOLLOWED_EPOCH, own + MAX_EPOCH_STEP):
+            return False
+        if epoch > self._ahead[0]:
+            self._ahead = (epoch, server)
+        if self._ahead_since is None:
+            self._ahead_since = self.monotonic()
+        return self._bump_due()
+
+    def take(self) -> tuple[int, str, bool]:
+        """``(epoch, server, due)``: the highest claim heard (0 if none) and its server,
+        and whether the epoch moves above it now (then the claims start again)."""
+        (ahead, by) = self._ahead
+        due = self._bump_due()
+        if due:  # else it stays for the first round it is due at
+            self._ahead, self._ahead_since = (0, ""), None
+        return ahead, by, due
+
+    def bumped(self) -> None:
+        """The epoch moved above the agents' now."""
+        self._bumped_at = self.monotonic()
+
+    def _bump_due(self) -> bool:
+        """Whether the epoch moves above the agents' at the next round (the inbox lock
+        held): a beat's claim was heard an agent's beat ago (so every agent has said which
+        epoch it follows: the first claim heard may be a lagging agent's), and the last
+        move was :data:`BUMP_SECONDS` ago."""
+        now = self.monotonic()
+        heard = (
+            self._ahead_since is not None and now - self._ahead_since >= self.mqtt.heartbeat_seconds
+        )
+        paused = self._bumped_at is not None and now - self._bumped_at < BUMP_SECONDS
+        return heard and not paused
+
+
+class PlanBuilder:
+    """Every server's plan for a slot and the next (decision thread).
+
+    Args:
+        controller: the opened admission controller.
+        mqtt: the broker settings (``heartbeat_seconds``, ``device_resource``).
+        server_index: server name -> ``(kind, index)`` (``"worker"`` or ``"ps"``).
+        jobs: the plane's job specs.
+    """
+
+    def __init__(
+        self,
+        controller: AdmissionPort,
+        mqtt: MqttConfig,
+        server_index: dict[str, tuple[str, int]],
+        jobs: Jobs,
+    ) -> None:
+        self.c = controller
+        self.mqtt = mqtt
+        self.server_index = server_index
+        self.jobs = jobs
+        self.slot_seconds = controller.config.slot_seconds
+        self.log = structlog.get_logger("oasisd")
+
+    def build(
+        self, session: Session, s: int, epoch: int, store_id: str, failed: dict[str, float]
+    ) -> list[Plan]:
+        """The plans of every server for slots ``s`` and ``s + 1`` from the store
+        (``session``), under ``epoch``, for the store ``store_id``; those of ``failed``
+        servers say they are down."""
+        tasks: dict[tuple[str, int], list[Task]] = {}
+        rows = session.execute(
+            select(AllocationRow.job_id, AllocationRow.slot, AllocationRow.server,
+                   AllocationRow.workers, AllocationRow.ps, JobRow.decided_at)
+            .join(JobRow, JobRow.id == AllocationRow.job_id)
+            .where(AllocationRow.slot.in_((s, s + 1)), JobRow.state.in_(ACTIVE))
+            .order_by(JobRow.sequence)
+        ).all()  # fmt: skip
+        device = self._device_resource()
+        for r in rows:
+            job = self.jobs.get(r.job_id, session)
+            demand = 0.0
+            if device is not None:
+                per = job.worker if self.server_index[r.server][0] == "worker" else job.ps
+                demand = float(per[device])
+            task = Task(r.job_id, r.workers, r.ps, job.minibatch_slots * self.slot_seconds,
+                        job.total_minibatches, run_of(r.decided_at), demand)  # fmt: skip
+            tasks.setdefault((r.server, r.slot), []).append(task)
+        epoch0 = self.c.slots.epoch
+        plans: list[Plan] = []
+        for server, (kind, index) in self.server_index.items():
+            plans.append(Plan(
+                server=server,
+                kind=kind,
+                store=store_id,
+                epoch=epoch,
+                slot_seconds=self.slot_seconds,
+                heartbeat_seconds=self.mqtt.heartbeat_seconds,
+                down=server in failed,
+                current=SlotPlan(s, epoch0 + s * self.slot_seconds, tasks.get((server, s), [])),
+                next=SlotPlan(
+                    s + 1, epoch0 + (s + 1) * self.slot_seconds, tasks.get((server, s + 1), [])
+                ),
+                devices=self._devices(kind, index, device),
+            ))  # fmt: skip
+        return plans
+
+    def check_devices(self) -> None:
+        """Warn of a device resource that the cluster does not have while one of its
+        resources looks like it (``GPU`` against the default ``gpu``: agents would hand
+        out no devices, and every worker would see every GPU), and of servers whose
+        device capacity is not whole (the fraction counts as a device of its own)."""
+        device = self._device_resource()
+        name = self.mqtt.device_resource
+        if device is None:
+            alike = [r for r in self.c.cluster.resources if "gpu" in r.lower()]
+            if name and alike:
+                self.log.warning(
+                    f"[mqtt] device_resource {name!r} is not a resource of the cluster: "
+                    "agents give workers no devices of their own, and each sees every GPU; "
+                    f"set device_resource = {alike[0]!r}", resources=list(alike),
+                )  # fmt: skip
+            return
+        odd = [server for _kind, _i, server, capacity in self.c.cluster.servers()
+               if not float(capacity[device]).is_integer()]  # fmt: skip
+        if odd:
+            self.log.warning(
+                "servers whose capacity of the device resource is not whole: agents count "
+                "the fraction as a device of its own, which the workers placed on it share",
+                resource=name, servers=odd,
+            )  # fmt: skip
+
+    def _device_resource(self) -> int | None:
+        """The index of ``[mqtt] device_resource`` among the cluster's resources; None if
+        the cluster has no such resource (plans then give no devices)."""
+        resources = self.c.cluster.resources
+        name = self.mqtt.device_resource
+        return resources.index(name) if name in resources else None
+
+    def _devices(self, kind: str, index: int, device: int | None) -> int | None:
+        """A server's devices for its plan: its capacity of the device resource, a
+        fraction rounded up (a server of half a GPU has one, which its workers share;
+        rounded down, a worker placed there got none: the audit), at most
+        :data:`~controller.plane.devices.MAX_DEVICES`; None without one."""
+        if device is None:
+            return None
+        cluster = self.c.cluster
+        capacity = (cluster.worker_capacity if kind == "worker" else cluster.ps_capacity)[index]
+        return min(MAX_DEVICES, math.ceil(float(capacity[device]) - 1e-9))
