@@ -567,11 +567,12 @@ def _solver(
 def _highs_threads() -> None:
     """Let the next HiGHS run take its own ``threads`` option.
 
-    HiGHS keeps one scheduler per process, sized by its first run; a later run asking
-    another thread count does not run at all ("already been initialized"), and its
-    status was read as no solution with bound 0 (an audit: ``oasis offline --threads 1``
-    after column generation's LPs). Resetting it (blocking: no HiGHS run is under way
-    in this process then) lets the next run size it again."""
+    HiGHS keeps a scheduler per thread, sized by the thread's first run; a later run in
+    that thread asking another thread count does not run at all ("already been
+    initialized"), and its status was read as no solution with bound 0 (an audit:
+    ``oasis offline --threads 1`` after column generation's LPs). Resetting it
+    (blocking) lets the next run size it again; other threads' runs are not disturbed
+    (checked by the session's review)."""
     import highspy
 
     highspy.Highs.resetGlobalScheduler(True)

@@ -123,7 +123,9 @@ def trace_from_dict(raw: Any) -> Trace:
     except SpecError as err:
         problems.extend(err.problems)
 
-    raw_jobs = fields.require(data, "jobs", "")
+    if "jobs" not in data:
+        raise SpecError([*problems, Problem("jobs", "is required")])
+    raw_jobs = data["jobs"]
     if not isinstance(raw_jobs, list):
         raise SpecError([*problems, Problem("jobs", "must be a list")])
     jobs: list[Job] = []

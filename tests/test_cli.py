@@ -173,6 +173,10 @@ def test_a_bad_pricing_is_reported_with_the_jobs_problems(
     assert main(["replay", _write(tmp_path, trace)]) == 2
     err = capsys.readouterr().err
     assert expected in err and "jobs[3].tau: must be > 0" in err
+    del trace["jobs"]  # and with no jobs at all (the session's review)
+    assert main(["replay", _write(tmp_path, trace)]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "jobs: is required" in err
 
 
 @pytest.mark.parametrize(

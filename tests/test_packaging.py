@@ -71,17 +71,24 @@ def test_the_source_distribution_builds_a_wheel_with_what_the_daemon_opens(
         if (ROOT / name).is_file():
             (checkout / name).parent.mkdir(parents=True, exist_ok=True)
             (checkout / name).write_bytes((ROOT / name).read_bytes())
-    (checkout / "config" / "tokens").write_text("not to be shipped\n")  # a site's secret
+    for own in ("tokens", "oasisd.toml", "tokens.bak"):  # a site's files, secrets among them
+        (checkout / "config" / own).write_text("not to be shipped\n")
 
     sdist = _build("sdist", checkout, tmp_path / "dist")
     with tarfile.open(sdist) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
-        archive.extractall(tmp_path / "unpacked", filter="data")
+        # the "data" filter exists from Python 3.11.4 (and 3.14 makes it the default)
+        if hasattr(tarfile, "data_filter"):
+            archive.extractall(tmp_path / "unpacked", filter="data")
+        else:  # pragma: no cover - before 3.11.4
+            archive.extractall(tmp_path / "unpacked")  # our own sdist
     for needed in ("proto/generate.py", "proto/oasis/v1/oasis.proto", "setup.py",
                    "config/oasisd.example.toml", "config/oasisd.service",
                    "config/oasis-agent@.service", "config/demo-trace.json"):  # fmt: skip
         assert needed in names, needed
-    assert "config/tokens" not in names
+    assert not {"config/tokens", "config/oasisd.toml", "config/tokens.bak"} & names
+    shipped = {name for name in tracked if name.startswith("config/")}
+    assert shipped <= names, shipped - names  # every tracked config file, by name
 
     (unpacked,) = (tmp_path / "unpacked").iterdir()
     wheel = _build("wheel", unpacked, tmp_path / "wheels")

@@ -346,8 +346,9 @@ def child_command() -> list[str]:
     path has it already (site-packages, ``PYTHONPATH``): put first, site-packages would
     come before the standard library."""
     root = str(Path(__file__).resolve().parents[2])
-    code = (
-        f"import sys; r = {root!r}; sys.path[:0] = [] if r in sys.path else [r]; "
+    code = (  # the path's entries resolved as root is: a venv reached through a symlink
+        f"import os, sys; r = {root!r}; "
+        "sys.path[:0] = [] if r in map(os.path.realpath, filter(None, sys.path)) else [r]; "
         "import controller.store.commit_process as c; sys.exit(c.main())"
     )
     return [sys.executable, "-P", "-c", code]

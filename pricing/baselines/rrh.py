@@ -34,6 +34,7 @@ from pricing.baselines.sizing import fixed_workers
 __all__ = ["THRESHOLD", "Rrh", "RrhNoPreemption"]
 
 THRESHOLD = 1e-9
+"""An arrival is admitted iff its gain minus delay cost exceeds this (utility units)."""
 
 
 def _below_threshold(net: float) -> str:
@@ -42,9 +43,6 @@ def _below_threshold(net: float) -> str:
         f"RRH: its utility minus the delay cost its admission causes the other jobs is "
         f"{net:.6g}, not above the threshold {THRESHOLD:g}"
     )
-
-
-"""An arrival is admitted iff its gain minus delay cost exceeds this (utility units)."""
 
 
 class Rrh:
