@@ -242,18 +242,18 @@ def test_the_model_grows_linearly_with_the_horizon(monkeypatch: pytest.MonkeyPat
     minutes in 6.7 GB before any time limit counted. Running sums keep it linear. The
     tiny traces still solve to the exhaustive optimum with HiGHS's symmetry search off
     (it is off in models past ``SYMMETRY_MAX_COLUMNS``: it checks no time limit)."""
-    from pricing import offline
+    from pricing import offline_backends, offline_model
 
     demo = json.loads((Path(__file__).resolve().parent.parent / "config/demo-trace.json")
                       .read_text())  # fmt: skip
     entries = []
     for horizon in (500, 1000, 2000):
         trace = trace_from_dict({**demo, "horizon": horizon})
-        model = offline._build(trace, Held.nothing(trace))
+        model = offline_model._build(trace, Held.nothing(trace))
         entries.append(sum(len(row) for row in model.prob.constraints()))
     assert entries[2] / entries[1] < 2.2 and entries[1] / entries[0] < 2.2, entries
 
-    monkeypatch.setattr(offline, "SYMMETRY_MAX_COLUMNS", 0)
+    monkeypatch.setattr(offline_backends, "SYMMETRY_MAX_COLUMNS", 0)
     for raw, _ in _tiny_instances(100)[:10]:
         trace = trace_from_dict(raw)
         result = solve_offline(trace, solver="highs", time_limit=30)
