@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from controller.auth import Caller, Role, hash_token, load_tokens
 from controller.config import ConfigError, demo_config, from_dict, load
 from controller.console import app as app_module
+from controller.console import streams as streams_module
 from controller.console.app import Console, _safe_next
 from controller.console.heatmap import LEVELS, bin_edges, bin_grid, price_levels
 from controller.console.sessions import MAX_SESSIONS, MAX_SESSIONS_PER_CALLER, Sessions
@@ -297,7 +298,7 @@ def test_a_closed_event_stream_frees_its_place(monkeypatch: pytest.MonkeyPatch) 
     """Without ``[auth]`` every caller is one user: past its cap a stream is refused
     (429, the key named); a stream the client closed frees its place at its next
     heartbeat (15 s in the daemon, 0.05 s here)."""
-    monkeypatch.setattr(app_module, "_HEARTBEAT_SECONDS", 0.05)
+    monkeypatch.setattr(streams_module, "_HEARTBEAT_SECONDS", 0.05)
     web = {"listen": "127.0.0.1:0", "max_event_streams_per_user": 2, "max_event_streams": 5}
     config = from_dict({"cluster": CLUSTER, "web": web})
     controller = cast(Any, SimpleNamespace(bus=EventBus(), prune_hooks=[]))
@@ -588,7 +589,7 @@ def test_a_stream_decides_from_what_its_read_found_not_the_cache_after_it(
     ``_OWNER_CACHE``) meanwhile made it drop an event of its own job for good."""
     from controller.events import Event
 
-    monkeypatch.setattr(app_module, "_OWNER_CACHE", 2)
+    monkeypatch.setattr(streams_module, "_OWNER_CACHE", 2)
     config = from_dict({"cluster": CLUSTER, "web": {"listen": "127.0.0.1:0"}})
     controller = cast(Any, SimpleNamespace(bus=EventBus(), prune_hooks=[]))
 
