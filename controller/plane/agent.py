@@ -1,13 +1,13 @@
 """``oasis agent --server NAME``: the reference node agent.
 
-It follows its server's retained plan (:class:`~controller.plane.topics.Plan`): in each
+It follows its server's retained plan (:class:`~controller.plane.plan_messages.Plan`): in each
 slot it runs the tasks planned there, switching to the plan's next slot on its own at
 the slot boundary (so a late plan or a broker outage does not stall it), and ignores a
 plan whose epoch is lower than the one it follows. Once the last slot it has a plan for
 has ended (the next slot's start plus the plan's slot length) it runs nothing: that
 capacity may have been given to other jobs meanwhile; a new plan sets it going again.
 It sends heartbeats and cumulative progress per job (mini-batches done, worker-seconds
-spent), at most :data:`~controller.plane.topics.MAX_REPORT_JOBS` jobs per message.
+spent), at most :data:`~controller.plane.agent_messages.MAX_REPORT_JOBS` jobs per message.
 
 It also reads the daemon's retained status: once the daemon says it is online and its
 cluster has no server of this agent's name, the agent stops with
@@ -41,23 +41,20 @@ from dataclasses import dataclass, field
 import aiomqtt
 import structlog
 
-from controller.plane.client import client_for
-from controller.plane.devices import Devices
-from controller.plane.one_agent import agent_key
-from controller.plane.settings import MqttConfig
-from controller.plane.topics import (
+from controller.plane.agent_messages import (
     MAX_COUNT,
     MAX_REPORT_JOBS,
     Heartbeat,
-    Plan,
-    PlanParts,
     Progress,
-    SlotPlan,
     Status,
     TaskProgress,
-    Topics,
-    topic_name,
 )
+from controller.plane.client import client_for
+from controller.plane.devices import Devices
+from controller.plane.one_agent import agent_key
+from controller.plane.plan_messages import Plan, PlanParts, SlotPlan
+from controller.plane.settings import MqttConfig
+from controller.plane.topics import Topics, topic_name
 from controller.plane.workers import (
     STOP_GRACE,
     Commands,

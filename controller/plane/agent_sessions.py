@@ -26,9 +26,9 @@ from typing import Any
 import structlog
 
 from controller.logs import Complaints
+from controller.plane.agent_messages import Heartbeat, Progress
 from controller.plane.progress import session_key
 from controller.plane.settings import MqttConfig
-from controller.plane.topics import Heartbeat, Progress
 
 __all__ = [
     "CLOCK_BACK_SECONDS",

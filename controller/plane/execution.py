@@ -1,6 +1,6 @@
 """What really happens, fed back into the plan: the daemon side of the execution plane.
 
-Node agents send heartbeats and progress (:mod:`controller.plane.topics`); this module
+Node agents send heartbeats and progress (:mod:`controller.plane.agent_messages`); this module
 keeps them and reacts, always in the admission controller's decision thread (between
 two decisions), always committing to the store before the ledger changes hands. It
 orchestrates the plane's parts:
@@ -61,12 +61,14 @@ from controller.admission.state import STORE_ID_KEY
 from controller.errors import NotFoundError
 from controller.events import Event
 from controller.logs import Complaints
+from controller.plane.agent_messages import Heartbeat, Progress
 from controller.plane.agent_sessions import AgentSessions
 from controller.plane.intake import Received, ReportInbox
 from controller.plane.job_review import JobReview, counter
 from controller.plane.jobs import ACTIVE, Jobs
 from controller.plane.link_clock import LinkClock
 from controller.plane.outages import Outages
+from controller.plane.plan_messages import Plan
 from controller.plane.plans import (
     BUMP_SECONDS,
     MAX_FOLLOWED_EPOCH,
@@ -88,7 +90,6 @@ from controller.plane.progress import (
     with_stored,
 )
 from controller.plane.settings import MqttConfig
-from controller.plane.topics import Heartbeat, Plan, Progress
 from controller.store import CORDONED, AllocationRow, EventRow, JobRow, MetaRow, OutageRow
 
 __all__ = [
@@ -118,7 +119,7 @@ counts half as silence. A few over one agent's rate change nothing: one agent se
 21 a second must not stop failure detection for the whole cluster (the diff review)."""
 RESTORE_PAGE = 1000
 """Jobs whose latest event one page of a broker's restore reads (and publishes)."""
-# the stored event kinds published on jobs/<id>/events (topics.event_kind)
+# the stored event kinds published on jobs/<id>/events (event_messages.event_kind)
 _JOB_EVENT_KINDS = ("decided", "running", "completed", "cancelled", "replanned", "failed")
 
 

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from controller.plane.topics import Progress, TaskProgress
+from controller.plane.agent_messages import Progress, TaskProgress
 
 __all__ = ["Received", "ReportInbox"]
 

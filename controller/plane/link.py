@@ -35,20 +35,14 @@ from controller.errors import DrainingError
 from controller.events import Event
 from controller.limits import RateLimiter
 from controller.logs import Complaints
+from controller.plane.agent_messages import Heartbeat, Progress, Status
 from controller.plane.client import client_for, for_each
+from controller.plane.event_messages import JobEvent, event_kind
 from controller.plane.execution import Execution
+from controller.plane.plan_messages import Plan
 from controller.plane.port import AdmissionPort
 from controller.plane.settings import MqttConfig
-from controller.plane.topics import (
-    Heartbeat,
-    JobEvent,
-    Plan,
-    Progress,
-    Status,
-    Topics,
-    event_kind,
-    job_level,
-)
+from controller.plane.topics import Topics, job_level
 from pricing.errors import SpecError
 
 __all__ = ["Plane", "start_plane"]
@@ -347,7 +341,7 @@ class Plane:
         of the server used and this one does not. (Parts a daemon published before a
         restart or a takeover may stay retained: an agent ignores them, as their epoch
         is older than its plan's.) A plan that cannot be split within
-        :data:`~controller.plane.topics.MAX_PLAN_PARTS` parts is logged and left out:
+        :data:`~controller.plane.plan_messages.MAX_PLAN_PARTS` parts is logged and left out:
         one server's agent keeps its last plan, every other server gets its own."""
         whole = plan.to_bytes()  # encoded once: a boundary encodes one per server
         if len(whole) <= self.mqtt.max_plan_bytes:

@@ -21,9 +21,9 @@ from sqlalchemy.orm import Session
 
 from controller.plane.devices import MAX_DEVICES
 from controller.plane.jobs import ACTIVE, Jobs
+from controller.plane.plan_messages import Plan, SlotPlan, Task
 from controller.plane.port import AdmissionPort
 from controller.plane.settings import MqttConfig
-from controller.plane.topics import Plan, SlotPlan, Task
 from controller.store import AllocationRow, JobRow
 
 __all__ = [
@@ -50,7 +50,7 @@ so a hostile agent's claim leaves room for 2**52 more rounds."""
 
 
 def run_of(decided_at: Any) -> str:
-    """A job's ``run`` in plans and reports (:class:`~controller.plane.topics.Task`): the
+    """A job's ``run`` in plans and reports (:class:`~controller.plane.plan_messages.Task`): the
     time it was admitted, to the microsecond (UTC, as the store keeps it). Every head node
     of one store gives the same; an id used again gets another. "" if it does not read."""
     if not isinstance(decided_at, datetime):

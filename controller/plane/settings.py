@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import SplitResult, unquote, urlsplit
 
-from controller.plane.topics import MAX_PLAN_PAYLOAD_BYTES, topic_name
+from controller.plane.plan_messages import MAX_PLAN_PAYLOAD_BYTES
+from controller.plane.topics import topic_name
 from pricing import fields
 from pricing.errors import SpecError
 
@@ -70,7 +71,7 @@ class MqttConfig:
         flap_seconds: the span failures are counted over, and how long a flapping server
             is held out (rounded up to whole slots).
         max_plan_bytes: the largest plan payload published in one message; a larger
-            plan goes in parts (:meth:`~controller.plane.topics.Plan.split`). Keep it
+            plan goes in parts (:meth:`~controller.plane.plan_messages.Plan.split`). Keep it
             below the broker's ``max_packet_size``, which drops the connection of a
             client that sends more.
         device_resource: the resource whose units are devices the agents hand to their
