@@ -615,9 +615,11 @@ def test_each_worker_gets_devices_of_its_own_and_a_job_without_gpus_sees_none(
     agent, now = agent_on(command, _device_plan([a, b, c], [b, d]))
 
     def seen(name: str) -> list[str] | None:
+        """The worker's devices; None until its line is written (the shell creates the
+        file before echo writes to it: an empty file read then failed a CI run)."""
         path = tmp_path / name
-        text = path.read_text().strip() if path.exists() else None
-        return None if text is None else [x for x in text.split(",") if x]
+        text = path.read_text() if path.exists() else ""
+        return [x for x in text.strip().split(",") if x] if text.endswith("\n") else None
 
     async def go() -> None:
         await steps(agent, lambda: all(seen(n) is not None for n in ("a-0", "a-1", "b-0", "c-0")))
@@ -835,8 +837,9 @@ def test_a_process_that_left_its_workers_group_keeps_the_workers_devices(
         pid, held = escaped.read_text().split()
         assert alive(int(pid))
         now[0] = 111.0  # b leaves, c comes in: not on the GPU a's process still uses
-        await steps(agent, (tmp_path / "c").exists)
-        assert (tmp_path / "c").read_text().strip() != held
+        c_seen = tmp_path / "c"
+        await steps(agent, lambda: c_seen.exists() and c_seen.read_text().endswith("\n"))
+        assert c_seen.read_text().strip() != held
         os.kill(int(pid), signal.SIGKILL)  # gone at last: its GPU is free again
         await steps(agent, lambda: commands(agent).devices.used == {"1": 1.0})
 
