@@ -593,9 +593,11 @@ def test_calibrate_from_a_daemons_store(tmp_path: Path, capsys: pytest.CaptureFi
     newest = calibrate(jobs[-5:], CLUSTER_OF(raw), source="oasis calibrate --store")
     assert prior_from_dict(json.loads(out.read_text())) == prior_from_dict(newest.to_dict())
     assert prior != prior_from_dict(newest.to_dict())  # it can tell them apart
+    import contextlib
     import sqlite3
 
-    with sqlite3.connect(tmp_path / "oasis.db") as db:  # all arrived in the clock's slot
+    # all arrived in the clock's slot
+    with contextlib.closing(sqlite3.connect(tmp_path / "oasis.db")) as db:
         (slot,) = db.execute("SELECT DISTINCT arrival_slot FROM jobs").fetchone()
     for stretch, read in (
         (["--from", str(slot), "--to", str(slot)], 12),

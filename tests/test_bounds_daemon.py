@@ -16,6 +16,7 @@ small test cluster, so they contend: about a quarter are admitted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
@@ -630,7 +631,7 @@ def test_one_tenants_flood_of_inflated_jobs_leaves_others_priced_as_before(
         assert "per submitter" in shown and "bob " in shown
         # each submitter's estimate is a row of its own (a decision rewrites one), and a
         # restarted daemon reads them all back
-        with sqlite3.connect(tmp_path / "data" / "oasis.db") as db:
+        with contextlib.closing(sqlite3.connect(tmp_path / "data" / "oasis.db")) as db:
             keys = [k for (k,) in db.execute("SELECT key FROM meta") if k.startswith("bound_")]
             head = json.loads(db.execute(
                 "SELECT value FROM meta WHERE key = 'bound_estimate'").fetchone()[0])  # fmt: skip

@@ -11,6 +11,7 @@ reached the server as it began to shut down.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -97,6 +98,6 @@ def test_sigterm_under_load_answers_unavailable_never_cancelled(tmp_path: Path) 
     assert codes["OK"] > 0 and codes["UNAVAILABLE"] > 0, codes
     assert set(codes) == {"OK", "UNAVAILABLE"}, codes  # no CANCELLED, nothing else
     assert watch_end == [grpc.StatusCode.UNAVAILABLE]
-    with sqlite3.connect(tmp_path / "data" / "oasis.db") as db:
+    with contextlib.closing(sqlite3.connect(tmp_path / "data" / "oasis.db")) as db:
         stored = {row[0] for row in db.execute("SELECT id FROM jobs")}
     assert set(answered) <= stored, sorted(set(answered) - stored)[:5]

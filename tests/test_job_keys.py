@@ -230,8 +230,9 @@ def test_the_migration_renames_an_edited_spec_too(store_url: str) -> None:
                         "decided_at, submitter) VALUES (:id, :seq, :spec, 'rejected', 0, 1, "
                         "1, false, '', '{}', 0, :at, :who)"
                     ),
-                    {"id": job_id, "seq": i + 1, "spec": spec, "at": datetime.now(UTC),
-                     "who": who},
+                    # as text: sqlite3's default datetime adapter is deprecated (3.12)
+                    {"id": job_id, "seq": i + 1, "spec": spec,
+                     "at": datetime.now(UTC).isoformat(" "), "who": who},
                 )  # fmt: skip
         migrate(db)
         with db.session() as s:

@@ -10,6 +10,7 @@ Real parts throughout: Mosquitto on a loopback port, oasisd as a subprocess, age
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -121,7 +122,9 @@ class Plane(PlaneHarness):
         return found
 
     def store_rows(self, query: str, args: tuple[Any, ...] = ()) -> list[Any]:
-        with sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=10) as conn:
+        with contextlib.closing(
+            sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=10)
+        ) as conn:
             return conn.execute(query, args).fetchall()
 
     def events_published(self) -> int:
@@ -201,7 +204,7 @@ def test_an_event_that_cannot_be_published_is_skipped_and_the_counter_moves_on(
     assert "job.id: must be characters of A-Z a-z 0-9 . _ -" in refused.stderr
 
     # a job stored before the check: its event goes into the store as any other
-    with sqlite3.connect(plane.db, timeout=10) as conn:
+    with contextlib.closing(sqlite3.connect(plane.db, timeout=10)) as conn, conn:
         cursor = conn.execute(
             "INSERT INTO events (at, kind, job_id, slot, state, detail) "
             "VALUES ('2024-01-01 00:00:00.000000', 'decided', 'old/+/#', 0, 'rejected', '{}')"

@@ -10,6 +10,7 @@ After every step the store, the daemon's ledger and the retained plans must agre
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -231,7 +232,9 @@ class Cluster(PlaneHarness):
         return got, close
 
     def store_rows(self, query: str, args: tuple[Any, ...] = ()) -> list[Any]:
-        with sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=10) as conn:
+        with contextlib.closing(
+            sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=10)
+        ) as conn:
             return conn.execute(query, args).fetchall()
 
 

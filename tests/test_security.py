@@ -80,6 +80,12 @@ def _issue(
         .not_valid_before(now - dt.timedelta(hours=1))
         .not_valid_after(now + dt.timedelta(days=1))
         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        # key identifiers, as real CAs issue them: Python 3.13 verifies with
+        # VERIFY_X509_STRICT, which refuses a certificate without its issuer's (RFC 5280)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()), False
+        )
     )
     if ca:
         builder = builder.add_extension(
