@@ -583,9 +583,8 @@ def test_a_deleted_slot_0_row_is_read_from_the_settings_or_refused(tmp_path: Pat
         assert asyncio.run(c.submit(small("kept"))).state == "admitted"
     finally:
         c.close()
-    db = Database(config.database_url)
     for deleted in ((EPOCH_KEY,), (EPOCH_KEY, SETTINGS_KEY)):
-        with db.session() as session:
+        with _session(config.database_url) as session:
             session.execute(delete(MetaRow).where(MetaRow.key.in_(deleted)))
         if len(deleted) == 2:
             with pytest.raises(SlotGridChangedError, match="puts slot 0 near") as refused:
