@@ -31,12 +31,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
-import structlog
 from sqlalchemy import delete, or_, select
 from sqlalchemy.orm import Session
 
 from controller.events import Event
 from controller.plane.jobs import ACTIVE, Jobs
+from controller.plane.part import PlanePart
 from controller.plane.port import AdmissionPort
 from controller.plane.progress import LEVEL, MIN_SAMPLES, JobProgress
 from controller.plane.settings import MqttConfig
@@ -73,7 +73,7 @@ def counter(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 1 << 53
 
 
-class JobReview:
+class JobReview(PlanePart):
     """The per-job reactions to reported progress; see the module docstring.
 
     Args:
@@ -90,12 +90,8 @@ class JobReview:
         progress: dict[str, JobProgress],
         jobs: Jobs,
     ) -> None:
-        self.c = controller
-        self.mqtt = mqtt
+        super().__init__(controller, mqtt, jobs)
         self.progress = progress
-        self.jobs = jobs
-        self.slot_seconds = controller.config.slot_seconds
-        self.log = structlog.get_logger("oasisd")
         self.pending: set[str] = set()  # jobs with new progress, to review
         # jobs reported done in a slot before their arrival: never completed there (a jct
         # under 1 slot, a utility no schedule earns), kept pending until they arrive

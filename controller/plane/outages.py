@@ -17,12 +17,12 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import structlog
 from sqlalchemy import func, select, update
 
 from controller.clock import slots_for
 from controller.events import Event
 from controller.plane.jobs import Jobs
+from controller.plane.part import PlanePart
 from controller.plane.port import AdmissionPort
 from controller.plane.settings import MqttConfig
 from controller.store import CORDONED, OutageRow
@@ -32,7 +32,7 @@ from pricing.replan import fail_server
 __all__ = ["Outages"]
 
 
-class Outages:
+class Outages(PlanePart):
     """Server failures and recoveries; see the module docstring.
 
     Args:
@@ -49,12 +49,8 @@ class Outages:
         server_index: dict[str, tuple[str, int]],
         jobs: Jobs,
     ) -> None:
-        self.c = controller
-        self.mqtt = mqtt
+        super().__init__(controller, mqtt, jobs)
         self.server_index = server_index
-        self.jobs = jobs
-        self.slot_seconds = controller.config.slot_seconds
-        self.log = structlog.get_logger("oasisd")
 
     def fail_sync(self, server: str) -> list[Event]:
         """``server`` failed: down from the next slot on, its jobs moved off it."""

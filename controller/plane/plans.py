@@ -15,12 +15,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-import structlog
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from controller.plane.devices import MAX_DEVICES
 from controller.plane.jobs import ACTIVE, Jobs
+from controller.plane.part import PlanePart
 from controller.plane.plan_messages import Plan, SlotPlan, Task
 from controller.plane.port import AdmissionPort
 from controller.plane.settings import MqttConfig
@@ -120,7 +120,7 @@ class EpochClaims:
         return heard and not paused
 
 
-class PlanBuilder:
+class PlanBuilder(PlanePart):
     """Every server's plan for a slot and the next (decision thread).
 
     Args:
@@ -137,12 +137,8 @@ class PlanBuilder:
         server_index: dict[str, tuple[str, int]],
         jobs: Jobs,
     ) -> None:
-        self.c = controller
-        self.mqtt = mqtt
+        super().__init__(controller, mqtt, jobs)
         self.server_index = server_index
-        self.jobs = jobs
-        self.slot_seconds = controller.config.slot_seconds
-        self.log = structlog.get_logger("oasisd")
 
     def build(
         self, session: Session, s: int, epoch: int, store_id: str, failed: dict[str, float]
