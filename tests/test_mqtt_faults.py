@@ -121,12 +121,6 @@ class Plane(PlaneHarness):
         found: list[dict[str, Any]] = wait_for(event, lambda: self.logged(event) or None)
         return found
 
-    def store_rows(self, query: str, args: tuple[Any, ...] = ()) -> list[Any]:
-        with contextlib.closing(
-            sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=10)
-        ) as conn:
-            return conn.execute(query, args).fetchall()
-
     def events_published(self) -> int:
         rows = self.store_rows("SELECT value FROM meta WHERE key = 'plane'")
         return int(json.loads(rows[0][0]).get("events", 0)) if rows else 0

@@ -88,9 +88,17 @@ class PlaneHarness:
     ``self.daemon``, job files in ``self.tmp``, and the tear-down."""
 
     tmp: Path
+    db: Path  # the daemon's SQLite store
     daemon: Daemon
     broker: Mosquitto
     agents: dict[str, subprocess.Popen[bytes]]
+
+    def store_rows(self, query: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        """``query``'s rows in the daemon's store, read-only (its connection closed)."""
+        with contextlib.closing(
+            sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=10)
+        ) as conn:
+            return conn.execute(query, args).fetchall()
 
     def client(self, user: str = "") -> aiomqtt.Client:
         """An MQTT client of the broker (anonymous; ``user`` where the broker wants one)."""
@@ -230,12 +238,6 @@ class Cluster(PlaneHarness):
             loop.close()
 
         return got, close
-
-    def store_rows(self, query: str, args: tuple[Any, ...] = ()) -> list[Any]:
-        with contextlib.closing(
-            sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=10)
-        ) as conn:
-            return conn.execute(query, args).fetchall()
 
 
 def inconsistencies(c: Cluster) -> list[str]:

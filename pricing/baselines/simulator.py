@@ -451,9 +451,6 @@ class Simulator:
             self.arrivals = []
             event = self._run_slot()
 
-    def _rejection(self, task: Task) -> str:
-        return task.reason or _never_decided(task, self.horizon)
-
     def outcomes(self) -> list[Outcome]:
         """Every job's outcome, in trace order."""
         h, k = len(self.cluster.worker_names), len(self.cluster.ps_names)
@@ -474,7 +471,7 @@ class Simulator:
                 utility: float | None = float(task.job.utility.values(jct))
             else:
                 utility = 0.0 if admitted else None
-            reason = None if admitted else self._rejection(task)
+            reason = None if admitted else task.reason or _never_decided(task, self.horizon)
             out.append(
                 Outcome(task.job, admitted, schedule, jct, utility, task.decision_ms, reason)
             )
