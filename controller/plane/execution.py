@@ -532,7 +532,8 @@ class Execution:
             row = session.get(JobRow, job_id)
             if row is None:
                 raise KeyError(job_id)
-            job = self.jobs.get(job_id, session)
+            # the specs of active jobs only are kept: a read names any stored job
+            job = self.jobs.get(job_id, session, keep=row.state in ACTIVE)
             state, completion = row.state, row.completion_slot
             planned_ws = float(
                 sum(a.workers for a in session.scalars(
