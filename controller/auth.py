@@ -107,10 +107,15 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9_.@-]{1,200}")
 log = structlog.get_logger("oasisd")
 
 REFUSAL_LOG_SECONDS = 10.0
-refusals = Complaints(REFUSAL_LOG_SECONDS, field="peer")
+REFUSAL_LINES = 100
+"""Lines of one reason of refusal written in :data:`REFUSAL_LOG_SECONDS`, all peers and
+callers together; the rest are counted (:class:`~controller.logs.Complaints`)."""
+refusals = Complaints(REFUSAL_LOG_SECONDS, field="peer", max_lines=REFUSAL_LINES)
 """Refusals a client can repeat (no token, a bad one, an operator's method, its caps):
 one log line per peer (or caller) and reason in :data:`REFUSAL_LOG_SECONDS`, the next
-saying how many were held back; one line per refusal filled the disk at 400 KiB/s."""
+saying how many were held back; one line per refusal filled the disk at 400 KiB/s. At
+most :data:`REFUSAL_LINES` of a reason in that time: a client calling from 5,000
+addresses wrote 4,981 lines in 4 s."""
 
 REVOKE_CHECK_SECONDS = 15.0
 """How often an open stream checks that its caller's token still holds (:func:`holds`),

@@ -29,3 +29,66 @@ def test_progress_reads_of_ended_jobs_keep_no_spec(tmp_path: Path) -> None:
         assert "live" in plane.ex.jobs.cache
     finally:
         plane.c.close()
+
+
+def test_complaints_of_ever_new_callers_are_budgeted_per_reason() -> None:
+    # one line per (caller, reason) per interval: a caller that changes its address at
+    # each call made one line per call, and the remembered pairs grew past max_keys
+    from structlog.testing import capture_logs
+
+    from controller.logs import Complaints
+
+    now = [0.0]
+    complaints = Complaints(10.0, lambda: now[0], field="peer", max_lines=3)
+    complaints.max_keys = 5
+    with capture_logs() as logs:
+        said = [complaints(f"10.0.0.{i}", "bad token", "refused") for i in range(10)]
+        assert complaints("10.0.0.99", "no token", "refused")  # another reason: its own budget
+    assert said == [True] * 3 + [False] * 7
+    assert "more_held_back" in logs[2] and "more_held_back" not in logs[1]
+    assert len(complaints._last) <= complaints.max_keys
+    now[0] = 11.0
+    with capture_logs() as logs:
+        assert complaints("10.0.0.50", "bad token", "refused")
+    assert logs[0]["others_held_back"] == 7  # none lost: counted, and said
+
+    unbudgeted = Complaints(10.0, lambda: now[0])  # the plane's: servers of the config
+    unbudgeted.max_keys = 5
+    with capture_logs():
+        said = [unbudgeted(f"w{i}", "flood", "dropped") for i in range(8)]
+    assert said == [True] * 5 + [False] * 3 and len(unbudgeted._last) == 5
+
+
+def test_console_logins_from_many_addresses_write_a_bounded_log(tmp_path: Path) -> None:
+    # 5,000 bad logins from 5,000 loopback addresses wrote 4,981 warning lines in 4 s
+    import http.client
+    import math
+    import time
+
+    from controller.auth import REFUSAL_LINES, hash_token
+    from tests.servers import Daemon, json_log, write_config
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"ops operator {hash_token('ops-token')}\n")
+    extra = f'[auth]\ntokens_file = "{tokens}"\n[web]\nlisten = "127.0.0.1:0"\n'
+    log = tmp_path / "oasisd.log"
+    daemon = Daemon(write_config(tmp_path / "oasisd.toml", tmp_path / "data", extra=extra), log)
+    daemon.start()
+    try:
+        web = next(e["address"] for e in json_log(log) if e.get("event") == "console listening")
+        host, port = web.rsplit(":", 1)
+        logins, started = 3 * REFUSAL_LINES, time.monotonic()
+        for i in range(logins):
+            conn = http.client.HTTPConnection(
+                host, int(port), timeout=10, source_address=(f"127.77.{i // 250}.{i % 250 + 1}", 0)
+            )
+            conn.request("POST", "/login", body="token=wrong",
+                         headers={"Content-Type": "application/x-www-form-urlencoded"})  # fmt: skip
+            assert conn.getresponse().status == 401
+            conn.close()
+        windows = math.ceil((time.monotonic() - started) / 10.0) + 1  # a slow machine
+    finally:
+        assert daemon.stop() == 0
+    lines = [e for e in json_log(log) if e.get("event") == "unauthenticated"]
+    assert len(lines) <= min(windows * REFUSAL_LINES, logins - REFUSAL_LINES)
+    assert any("more_held_back" in e for e in lines)
