@@ -2,8 +2,9 @@
 the ledger's rebuild. Every way this can fail is one line naming the setting or the
 store, and exit status 1 (``oasisd: ...``), never a traceback:
 
-- ``daemon.data_dir`` is a file, or cannot be created (permissions, a read-only or full
-  file system);
+- ``daemon.data_dir`` cannot be created for want of space (a full file system); one that
+  is a file, or cannot be created for its permissions or a read-only file system, exits
+  2 (:func:`_data_dir`: only an operator can mend it);
 - the store cannot be reached (refused, timed out after ``daemon.store_timeout``, bad
   credentials) or cannot be written (a full disk: "database or disk is full");
 - another daemon holds the store (``controller/store/writer_lock.py``): the line names it
