@@ -377,9 +377,10 @@ def _advertise(config: Config) -> str:
         return config.ha.advertise
     host, _, port = config.listen.rpartition(":")
     if port == "0":
-        raise StartupError(
+        raise StartupError(  # the config's to mend: not restarted (exit 2)
             f"ha.advertise: needed when daemon.listen is {config.listen} (clients are sent "
-            "to the leader at this host:port)"
+            "to the leader at this host:port)",
+            status=2,
         )
     if host.strip("[]") in ("0.0.0.0", "::", ""):
         return f"{socket.getfqdn()}:{port}"

@@ -121,9 +121,10 @@ def _open_ha(controller: AdmissionController, writer: WriterLock | None) -> None
     records it (and rebuilds nothing)."""
     db = controller.db
     if not isinstance(writer, PostgresWriterLock):
-        raise StartupError(
+        raise StartupError(  # the config's to mend: not restarted (exit 2)
             "ha: high availability needs a PostgreSQL store (daemon.store_url = "
-            '"postgresql+psycopg://..."); a SQLite store serves a single node'
+            '"postgresql+psycopg://..."); a SQLite store serves a single node',
+            status=2,
         )
     try:
         with db.patient(START_SECONDS):

@@ -443,9 +443,22 @@ def test_ha_on_sqlite_refuses_to_start(tmp_path: Path) -> None:
     controller = AdmissionController(config, db, SlotClock(SystemClock(), 3600, 0))
     from controller.store.writer_lock import writer_lock
 
-    with pytest.raises(StartupError, match="high availability needs a PostgreSQL store"):
+    with pytest.raises(StartupError, match="high availability needs a PostgreSQL store") as err:
         open_store(config, controller, writer_lock(db))
     controller.close()
+    # exit 2, as for any config only an operator can mend: the unit does not restart it
+    # (exit 1 restarted it every RestartSec, each start failing the same way)
+    assert err.value.status == 2
+
+
+def test_ha_without_an_address_for_clients_is_refused_with_exit_2(tmp_path: Path) -> None:
+    from controller.daemon import _advertise
+
+    # daemon.listen on port 0 (write_config's) and no ha.advertise: a config to mend
+    config = load(write_config(tmp_path / "a.toml", tmp_path / "a", extra="[ha]\n"))
+    with pytest.raises(StartupError, match=r"ha\.advertise: needed when daemon\.listen") as err:
+        _advertise(config)
+    assert err.value.status == 2
 
 
 class _Node(pb_grpc.ClusterServicer):
