@@ -4,7 +4,9 @@ reference agent's plan following and simulation."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import itertools
 import json
 import math
 import re
@@ -1142,6 +1144,55 @@ def test_plans_and_new_events_go_first_while_a_broker_gets_its_job_events_back(
     assert [(e["job"], e["kind"]) for e in events] == [
         ("a", "admitted"), ("b", "admitted"), ("c", "cancelled"), ("d", "admitted"),
         ("e", "admitted")]  # fmt: skip
+
+
+def test_publish_rounds_are_paced_by_what_their_plans_cost(
+    plane: PlaneDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rebuilding every server's plan costs in proportion to all active jobs, and rounds
+    ran back to back while jobs kept coming: one tenant's 3,000 tiny admitted jobs kept
+    the decision thread 83% busy with plans, and another tenant's quote took 20 times as
+    long (the cardinality audit). A round now waits ``PUBLISH_PACE`` times what the last
+    one's plans cost before it starts."""
+    import asyncio
+
+    from controller.plane import link as link_module
+    from controller.plane.link import PUBLISH_PACE, Plane
+
+    plane.submit("a")
+    link = Plane(plane.c, plane.ex, MqttConfig("localhost"))
+    builds: list[tuple[float, float]] = []  # (start, end) of each plans_sync
+    plans_sync = plane.ex.plans_sync
+
+    def costly(published: dict[str, Any]) -> Any:  # as 3,000 active jobs cost
+        start = time.perf_counter()
+        time.sleep(0.04)
+        try:
+            return plans_sync(published)
+        finally:
+            builds.append((start, time.perf_counter()))
+
+    monkeypatch.setattr(plane.ex, "plans_sync", costly)
+
+    class Client:
+        async def publish(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
+            pass
+
+    async def busy() -> None:  # a job decided every 5 ms, each waking the publisher
+        loop = asyncio.create_task(link._publish_loop(Client()))  # type: ignore[arg-type]
+        deadline = time.perf_counter() + 1.2
+        while time.perf_counter() < deadline:
+            link.changed()
+            await asyncio.sleep(0.005)
+        loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop
+
+    asyncio.run(busy())
+    assert PUBLISH_PACE == link_module.PUBLISH_PACE >= 1
+    assert 2 <= len(builds) <= 1.2 / (0.04 * (1 + PUBLISH_PACE)) + 1, len(builds)
+    for (start, end), (after, _) in itertools.pairwise(builds):
+        assert after - end >= PUBLISH_PACE * (end - start), (after - end, end - start)
 
 
 def test_agent_resends_only_recent_jobs_after_a_reconnection() -> None:
