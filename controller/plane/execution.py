@@ -52,6 +52,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import structlog
 from sqlalchemy import func, select, update
@@ -101,6 +102,7 @@ __all__ = [
     "RESTORE_PAGE",
     "Execution",
     "JobProgress",
+    "PlanRound",
     "ProgressView",
     "run_of",
 ]
@@ -121,6 +123,24 @@ RESTORE_PAGE = 1000
 """Jobs whose latest event one page of a broker's restore reads (and publishes)."""
 # the stored event kinds published on jobs/<id>/events (event_messages.event_kind)
 _JOB_EVENT_KINDS = ("decided", "running", "completed", "cancelled", "replanned", "failed")
+
+
+@dataclass(frozen=True)
+class PlanRound:
+    """What one round of plans is built from (:meth:`Execution.plans_begin`).
+
+    Attributes:
+        slot: the window's current slot: plans hold it and the next.
+        epoch: the daemon's plan epoch when the round began; its plans go out under
+            ``epoch + 1``.
+        failed: failed server -> when it was marked so (monotonic seconds).
+        published: server -> the plan last published (only those that differ go out).
+    """
+
+    slot: int
+    epoch: int
+    failed: dict[str, float]
+    published: dict[str, Plan]
 
 
 class Execution:
@@ -439,7 +459,19 @@ class Execution:
     def plans_sync(self, published: dict[str, Plan]) -> list[Plan]:
         """Plans of every server for the current and next slot that differ from
         ``published`` (all of them if it is empty), under one new epoch (persisted first);
-        ``[]`` if nothing changed.
+        ``[]`` if nothing changed. :meth:`plans_begin`, :meth:`plans_build` and
+        :meth:`plans_end` in one call (decision thread): the link builds in a thread of
+        its own, between the two others, so a rebuild of many jobs' plans does not hold
+        the decision thread (``controller.plane.link.Plane.publish_round``)."""
+        begun = self.plans_begin(published)
+        plans = self.plans_build(begun)
+        return plans if self.plans_end(begun, plans) else []
+
+    def plans_begin(self, published: dict[str, Plan]) -> PlanRound:
+        """What a round of plans is built from (decision thread): the window moved to the
+        current slot, every decision so far committed (and, with high availability, this
+        daemon still the leader: NotLeaderError or FencedError if not), the failed
+        servers, and the epoch the plans go out above.
 
         Agents ignore a plan of an epoch below the one they follow. One that follows an
         epoch above this daemon's (its heartbeat says so) followed another daemon: one
@@ -458,18 +490,31 @@ class Execution:
             )  # fmt: skip
             self.epoch, published = ahead, {}
             self._claims.bumped()
-        s = self.c.slot
-        with self.c._write() as session:
-            plans = [
-                plan
-                for plan in self.plans.build(session, s, self.epoch + 1, self.store_id, self.failed)
-                if not plan.same_content(published.get(plan.server))
-            ]
-            if plans:
+        with self.c._write():  # decisions committed, this leader fenced: nothing written
+            pass
+        return PlanRound(self.c.slot, self.epoch, dict(self.failed), dict(published))
+
+    def plans_build(self, begun: PlanRound) -> list[Plan]:
+        """The plans of ``begun`` that differ from those it was given as published, under
+        its epoch + 1, read from the store (any thread: a session of its own)."""
+        with self.c.db.session() as session:
+            plans = self.plans.build(
+                session, begun.slot, begun.epoch + 1, self.store_id, begun.failed
+            )
+        return [p for p in plans if not p.same_content(begun.published.get(p.server))]
+
+    def plans_end(self, begun: PlanRound, plans: list[Plan]) -> bool:
+        """Take the epoch of ``plans`` built for ``begun`` (persisted; decision thread):
+        True if they may go out; False if the epoch moved since :meth:`plans_begin` (the
+        plane's state was read again), and they must be built again."""
+        if self.epoch != begun.epoch:
+            return False
+        if plans:
+            with self.c._write() as session:
                 self.epoch += 1
-                self.planned_slot = s
+                self.planned_slot = begun.slot
                 self._save_meta(session)
-        return plans
+        return True
 
     def _save_meta(self, session: Session) -> None:
         value = {"epoch": self.epoch, "events": self.events_published,

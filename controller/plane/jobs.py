@@ -1,11 +1,13 @@
 """The jobs the execution plane reacts to: their specs, parsed from the store once, and
 the ledger changes that re-plan them, which never leave the ledger and the store apart.
 
-Decision thread only (:mod:`controller.plane.execution`).
+Decision thread (:mod:`controller.plane.execution`), but for :meth:`Jobs.get`, which
+the plan builder calls from a thread of its own too.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import structlog
@@ -35,6 +37,7 @@ class Jobs:
         self.c = controller
         self.log = structlog.get_logger("oasisd")
         self.cache: dict[str, Job] = {}  # job id -> its parsed spec
+        self._cache_lock = threading.Lock()  # get (any thread) against forget
 
     def get(self, job_id: str, session: Session | None = None, keep: bool = True) -> Job:
         """``job_id``'s spec (read in ``session``, or a session of its own, if not kept);
@@ -52,13 +55,15 @@ class Jobs:
                 raise KeyError(job_id)
             job = self.c._parse(stored_spec(row.spec, job_id), arrival=row.arrival_slot)
             if keep:
-                self.cache[job_id] = job
+                with self._cache_lock:
+                    self.cache[job_id] = job
         return job
 
     def forget(self, active: set[str]) -> None:
         """Forget the specs of jobs not in ``active``."""
-        for job_id in [j for j in self.cache if j not in active]:
-            del self.cache[job_id]
+        with self._cache_lock:
+            for job_id in [j for j in self.cache if j not in active]:
+                del self.cache[job_id]
 
     def last_slot(self, job: Job) -> int:
         """The last slot ``job`` may be planned in (its window's end)."""

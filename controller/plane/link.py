@@ -38,7 +38,7 @@ from controller.logs import Complaints
 from controller.plane.agent_messages import Heartbeat, Progress, Status
 from controller.plane.client import client_for, for_each
 from controller.plane.event_messages import JobEvent, event_kind
-from controller.plane.execution import Execution
+from controller.plane.execution import Execution, PlanRound
 from controller.plane.plan_messages import Plan
 from controller.plane.port import AdmissionPort
 from controller.plane.settings import MqttConfig
@@ -67,23 +67,14 @@ _RESTORE_BATCH = 1000  # job events read and published at a time when restoring
 _MAX_TO_CLEAR = 100_000  # deleted jobs whose retained events wait for a connection
 _GOODBYE_SECONDS = 2.0  # at most this long for "online: false" at a clean stop
 PUBLISH_PACE = 4.0
-"""After a round whose plans took ``t`` seconds to build (in the decision thread) and
-encode (on the event loop), the next round waits ``PUBLISH_PACE * t``: rebuilding every
-server's plan costs in proportion to all active jobs, and rounds ran back to back while
-jobs were submitted. One tenant holding 3,000 tiny admitted jobs and submitting more
-kept the decision thread 83% busy rebuilding plans, and another tenant's quote went from
-6 to 122 ms (median; the cardinality audit). Paced, plans take at most ``1 / (1 +
-PUBLISH_PACE)`` of either thread; a round that is cheap (a few ms, as on most clusters)
-delays the next by as little."""
-
-
-def _timed(
-    build: Callable[[dict[str, Plan]], list[Plan]], published: dict[str, Plan]
-) -> tuple[list[Plan], float]:
-    """``build(published)`` and how long it took (seconds, wall clock of its thread)."""
-    started = time.perf_counter()
-    plans = build(published)
-    return plans, time.perf_counter() - started
+"""After a round whose plans took ``t`` seconds to build and encode, the next round waits
+``PUBLISH_PACE * t``: rebuilding every server's plan costs in proportion to all active
+jobs, and rounds ran back to back while jobs were submitted. One tenant holding 3,000
+tiny admitted jobs and submitting more kept the decision thread 83% busy rebuilding
+plans (they were built there then), and another tenant's quote went from 6 to 122 ms
+(median; the cardinality audit). Paced, plans take at most ``1 / (1 + PUBLISH_PACE)`` of
+the interpreter; a round that is cheap (a few ms, as on most clusters) delays the next
+by as little."""
 
 
 @dataclass
@@ -321,14 +312,13 @@ class Plane:
         on with the restore (:meth:`restore_job_events`) while nothing else waits;
         returns the number of plans published."""
         published = dict(self.published)
-        plans, built = await self.c._run(lambda: _timed(self.execution.plans_sync, published))
-        started = time.perf_counter()
-        messages: list[tuple[str, bytes]] = []
-        parts: dict[str, int] = {}
-        for plan in plans:
-            plan_messages, parts[plan.server] = self._plan_messages(plan)
-            messages += plan_messages
-        self.plans_seconds = built + time.perf_counter() - started
+        begun = await self.c._run(lambda: self.execution.plans_begin(published))
+        # built and encoded in a thread: every active job's plans, and the decision
+        # thread and the event loop answer other calls meanwhile
+        plans, messages, parts, self.plans_seconds = await asyncio.to_thread(self._prepare, begun)
+        if plans and not await self.c._run(lambda: self.execution.plans_end(begun, plans)):
+            plans, messages, parts = [], [], {}  # the epoch moved: built again next round
+            self.dirty.set()
         await for_each(messages, lambda m: client.publish(m[0], m[1], qos=1, retain=True))
         self._parts |= parts  # once published: a round cut short clears again next time
         for plan in plans:
@@ -356,6 +346,22 @@ class Plane:
         if self._restore is not None:
             await self.restore_job_events(client)
         return len(plans)
+
+    def _prepare(
+        self, begun: PlanRound
+    ) -> tuple[list[Plan], list[tuple[str, bytes]], dict[str, int], float]:
+        """The plans of round ``begun`` that changed, their messages, the parts each went
+        in, and how long it took (seconds): :meth:`Execution.plans_build
+        <controller.plane.execution.Execution.plans_build>`, then :meth:`_plan_messages`
+        (a thread of its own)."""
+        started = time.perf_counter()
+        plans = self.execution.plans_build(begun)
+        messages: list[tuple[str, bytes]] = []
+        parts: dict[str, int] = {}
+        for plan in plans:
+            plan_messages, parts[plan.server] = self._plan_messages(plan)
+            messages += plan_messages
+        return plans, messages, parts, time.perf_counter() - started
 
     def _plan_messages(self, plan: Plan) -> tuple[list[tuple[str, bytes]], int]:
         """The ``(topic, payload)`` messages of ``plan`` and how many parts it went in:
