@@ -414,8 +414,13 @@ class RateLimiter:
     """A token bucket per client: ``rate`` tokens per second up to ``burst``.
 
     Thread-safe. Buckets of clients idle long enough to be full again are dropped once
-    there are more than ``max_clients``, so the table stays small.
+    there are more than ``max_clients``, so the table stays small: at most once per
+    :attr:`PURGE_SECONDS`, as a pass looks at every bucket (over the cap with every
+    client recent, each call looked at all of them: 1.3 -> 103 us a call, the
+    cardinality audit).
     """
+
+    PURGE_SECONDS = 1.0
 
     def __init__(
         self,
@@ -427,6 +432,7 @@ class RateLimiter:
         self._now = now
         self._max_clients = max_clients
         self._buckets: dict[str, tuple[float, float]] = {}  # client -> (tokens, at)
+        self._purge_after = -math.inf  # no purge before (monotonic seconds)
         self._lock = threading.Lock()
         self.retune(rate, burst)
 
@@ -472,13 +478,14 @@ class RateLimiter:
             tokens = min(self.burst, tokens + (now - at) * self.rate)
             if tokens >= 1.0:
                 self._buckets[client] = (tokens - 1.0, now)
-                if len(self._buckets) > self._max_clients:
+                if len(self._buckets) > self._max_clients and now >= self._purge_after:
                     self._forget_idle(now)
                 return 0.0
             self._buckets[client] = (tokens, now)
             return (1.0 - tokens) / self.rate
 
     def _forget_idle(self, now: float) -> None:
+        self._purge_after = now + self.PURGE_SECONDS
         full = self.burst / self.rate
         for client, (tokens, at) in list(self._buckets.items()):
             if tokens + (now - at) * self.rate >= self.burst or now - at > full:
