@@ -201,7 +201,9 @@ class Complaints:
         budget = self._lines.setdefault(reason, [now, 0, 0])
         if now - budget[0] >= self.every:
             budget[0], budget[1] = now, 0
-        full = key not in self._last and len(self._last) >= self.max_keys
+        # with a budget, callers past max_keys are counted, not remembered (ever new
+        # peers); without one (the plane's, keyed by the config's servers) all are logged
+        full = bool(self.max_lines) and key not in self._last and len(self._last) >= self.max_keys
         if full or (self.max_lines and budget[1] >= self.max_lines):
             budget[2] += 1
             return False

@@ -31,19 +31,17 @@ daemon's downtime (a drain, start-up, a failover with ``[ha]``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
-import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import TypeVar
 
 import structlog
 
 from controller.auth import Caller
 from controller.config import Config, ConfigError, load
 from controller.limits import Limits
+from controller.threads import in_daemon_thread
 
 __all__ = [
     "READ_SECONDS",
@@ -54,8 +52,6 @@ __all__ = [
     "reread",
     "token_changes",
 ]
-
-_T = TypeVar("_T")
 
 READ_SECONDS = 30.0
 """The longest a reload waits for the config and tokens files to be read: one that never
@@ -262,7 +258,7 @@ class Reloader:
                 return None
             path = Path(self.running.source)
             try:
-                read = _in_daemon_thread(reread, self.running, path)
+                read = in_daemon_thread(reread, self.running, path, name="reload")
                 found = await asyncio.wait_for(read, READ_SECONDS)
             except TimeoutError:
                 self.log.error(
@@ -323,30 +319,3 @@ class Reloader:
                 "the daemon would stay down; mend the file, then reload again",
                 config=self.running.source, problem=problem,
             )  # fmt: skip
-
-
-def _in_daemon_thread(fn: Callable[..., _T], *args: object) -> asyncio.Future[_T]:
-    """``fn(*args)`` in a daemon thread of its own, as a future of the running loop: a read
-    that never returns neither holds the daemon's exit (``asyncio.to_thread``'s threads
-    are joined then: a stopped oasisd did not exit) nor another reload's thread."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[_T] = loop.create_future()
-
-    def settle(result: _T | None, error: BaseException | None) -> None:
-        if future.done():  # given up on (the timeout)
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)  # type: ignore[arg-type]
-
-    def run() -> None:
-        try:
-            result, error = fn(*args), None
-        except Exception as err:
-            result, error = None, err
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (a stop)
-            loop.call_soon_threadsafe(settle, result, error)
-
-    threading.Thread(target=run, name="reload", daemon=True).start()
-    return future

@@ -1193,6 +1193,10 @@ def test_publish_rounds_are_paced_by_what_their_plans_cost(
     assert 2 <= len(builds) <= 1.2 / (0.04 * (1 + PUBLISH_PACE)) + 1, len(builds)
     for (start, end), (after, _) in itertools.pairwise(builds):
         assert after - end >= PUBLISH_PACE * (end - start), (after - end, end - start)
+    # a slow round (10,000 servers' plans, a store slowed down) holds the next, with its
+    # cancels, re-plans and job events, at most MAX_PUBLISH_PAUSE (the review)
+    assert link_module.publish_pause(0.01) == pytest.approx(0.01 * PUBLISH_PACE)
+    assert link_module.publish_pause(1.5) == link_module.MAX_PUBLISH_PAUSE <= 2.0
 
 
 def test_other_calls_are_decided_while_a_round_builds_its_plans(
@@ -1236,6 +1240,48 @@ def test_other_calls_are_decided_while_a_round_builds_its_plans(
     assert view.decision.admitted
     assert published == len(CLUSTER["servers"]) and any(t.endswith("/plan") for t in sent)
     assert plane.ex.epoch == 1  # taken once the plans were built
+
+
+def test_a_daemon_that_stops_leading_while_plans_are_built_publishes_nothing(
+    plane: PlaneDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plans are built outside the decision thread, for as long as that takes: a
+    daemon that lost its lease meanwhile must publish neither the plans nor the round's
+    job events (a standby's older event would replace the leader's newer one, retained).
+    The build also runs in a daemon thread: one no longer wanted does not hold a
+    stopping daemon's exit, as ``asyncio.to_thread``'s threads do (the review)."""
+    import asyncio
+    import threading
+
+    from controller.errors import NotLeaderError
+    from controller.plane.link import Plane
+
+    plane.submit("a")
+    link = Plane(plane.c, plane.ex, MqttConfig("localhost"))
+    sent: list[str] = []
+
+    class Client:
+        async def publish(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
+            sent.append(topic)
+
+    asyncio.run(link.publish_round(Client()))  # type: ignore[arg-type]
+    assert sent and plane.ex.epoch == 1
+    low = {"kind": "sigmoid", "priority": 0.0001, "decay": 0.5, "target": 3}
+    view = asyncio.run(plane.c.submit({"id": "r", **plane.SPEC, "utility": low}))
+    assert not view.decision.admitted  # an event to publish, no plan changed
+    plans_build = plane.ex.plans_build
+    daemonic: list[bool] = []
+
+    def stepping_down(begun: Any) -> Any:
+        daemonic.append(threading.current_thread().daemon)
+        plane.c.step_down("lease lost while the plans were built")
+        return plans_build(begun)
+
+    monkeypatch.setattr(plane.ex, "plans_build", stepping_down)
+    sent.clear()
+    with pytest.raises(NotLeaderError):
+        asyncio.run(link.publish_round(Client()))  # type: ignore[arg-type]
+    assert sent == [] and plane.ex.epoch == 1 and daemonic == [True]
 
 
 def test_agent_resends_only_recent_jobs_after_a_reconnection() -> None:

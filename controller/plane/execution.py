@@ -24,14 +24,19 @@ orchestrates the plane's parts:
   (:mod:`controller.plane.plans`).
 
 Plans for the current and the next slot are computed from the store (the source of
-truth), in the same thread, so store, ledger and plans agree at every publication.
+truth), after every decision so far is committed: a round begins and ends in the
+decision thread (:meth:`Execution.plans_begin`, :meth:`Execution.plans_end`), and the
+plans are read, built and encoded between the two in a thread of their own
+(:meth:`Execution.plans_build`), so a rebuild of many jobs' plans holds no tenant's call.
+A decision committed after the build read the store wakes the next round.
 
 Heartbeats and progress arrive on the event loop (:mod:`controller.plane.link`), which
 only drops them in an inbox (:meth:`Execution.heartbeat`, :meth:`Execution.report`,
 guarded by a lock; reports in a :class:`~controller.plane.intake.ReportInbox`, bounded
 per server); the decision thread applies them at the start of each review, so
-everything else here is read and changed in that one thread alone. (What a heartbeat
-says of its agent is kept on the event loop as it arrives:
+everything else here is read and changed in that one thread alone (the plans' builder
+reads only what it is handed, the store, and the job specs, whose cache is locked).
+(What a heartbeat says of its agent is kept on the event loop as it arrives:
 :mod:`controller.plane.agent_sessions`.)
 
 A report's entry counts only if its job has workers on the reporting server (the one its
@@ -465,7 +470,8 @@ class Execution:
         the decision thread (``controller.plane.link.Plane.publish_round``)."""
         begun = self.plans_begin(published)
         plans = self.plans_build(begun)
-        return plans if self.plans_end(begun, plans) else []
+        self.plans_end(begun, plans)
+        return plans
 
     def plans_begin(self, published: dict[str, Plan]) -> PlanRound:
         """What a round of plans is built from (decision thread): the window moved to the
@@ -503,18 +509,18 @@ class Execution:
             )
         return [p for p in plans if not p.same_content(begun.published.get(p.server))]
 
-    def plans_end(self, begun: PlanRound, plans: list[Plan]) -> bool:
-        """Take the epoch of ``plans`` built for ``begun`` (persisted; decision thread):
-        True if they may go out; False if the epoch moved since :meth:`plans_begin` (the
-        plane's state was read again), and they must be built again."""
-        if self.epoch != begun.epoch:
-            return False
+    def plans_end(self, begun: PlanRound, plans: list[Plan]) -> None:
+        """Take the epoch of ``plans``, built for ``begun``, and store it (decision
+        thread; nothing to store if there are none). Rounds run one at a time, and a
+        round cut short (a reconnection) never reaches here, so the epoch is still the
+        one ``begun`` saw. Called also without plans: a step of the decision thread
+        checks that this daemon still leads (NotLeaderError), before the round's job
+        events go out."""
         if plans:
             with self.c._write() as session:
-                self.epoch += 1
+                self.epoch = begun.epoch + 1
                 self.planned_slot = begun.slot
                 self._save_meta(session)
-        return True
 
     def _save_meta(self, session: Session) -> None:
         value = {"epoch": self.epoch, "events": self.events_published,

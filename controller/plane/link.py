@@ -43,6 +43,7 @@ from controller.plane.plan_messages import Plan
 from controller.plane.port import AdmissionPort
 from controller.plane.settings import MqttConfig
 from controller.plane.topics import Topics, job_level
+from controller.threads import in_daemon_thread
 from pricing.errors import SpecError
 
 __all__ = ["Plane", "start_plane"]
@@ -68,13 +69,25 @@ _MAX_TO_CLEAR = 100_000  # deleted jobs whose retained events wait for a connect
 _GOODBYE_SECONDS = 2.0  # at most this long for "online: false" at a clean stop
 PUBLISH_PACE = 4.0
 """After a round whose plans took ``t`` seconds to build and encode, the next round waits
-``PUBLISH_PACE * t``: rebuilding every server's plan costs in proportion to all active
-jobs, and rounds ran back to back while jobs were submitted. One tenant holding 3,000
-tiny admitted jobs and submitting more kept the decision thread 83% busy rebuilding
-plans (they were built there then), and another tenant's quote went from 6 to 122 ms
-(median; the cardinality audit). Paced, plans take at most ``1 / (1 + PUBLISH_PACE)`` of
-the interpreter; a round that is cheap (a few ms, as on most clusters) delays the next
-by as little."""
+``PUBLISH_PACE * t`` (at most :data:`MAX_PUBLISH_PAUSE`): rebuilding every server's plan
+costs in proportion to all active jobs, and rounds ran back to back while jobs were
+submitted. One tenant holding 3,000 tiny admitted jobs and submitting more kept the
+decision thread 83% busy rebuilding plans (they were built there then), and another
+tenant's quote went from 6 to 122 ms (median; the cardinality audit). Paced, plans take
+at most ``1 / (1 + PUBLISH_PACE)`` of the interpreter while rounds cost under half a
+second; a round that is cheap (a few ms, as on most clusters) delays the next by as
+little."""
+MAX_PUBLISH_PAUSE = 2.0
+"""The longest pause between rounds, seconds: a round also carries cancels, re-plans
+after a failure, a slot boundary's plans and every job event, and one build slowed by
+the store (or 10,000 servers' plans, 1.3-1.6 s) must not hold them back for four times
+as long."""
+
+
+def publish_pause(cost: float) -> float:
+    """Seconds to wait after a round whose plans took ``cost`` seconds to build and
+    encode (:data:`PUBLISH_PACE`, :data:`MAX_PUBLISH_PAUSE`)."""
+    return min(PUBLISH_PACE * max(cost, 0.0), MAX_PUBLISH_PAUSE)
 
 
 @dataclass
@@ -304,8 +317,8 @@ class Plane:
             self.dirty.clear()
             with contextlib.suppress(DrainingError):
                 await self.publish_round(client)
-            if self.plans_seconds > 0:  # paced by the plans' cost (PUBLISH_PACE)
-                await asyncio.sleep(PUBLISH_PACE * self.plans_seconds)
+            if self.plans_seconds > 0:
+                await asyncio.sleep(publish_pause(self.plans_seconds))
 
     async def publish_round(self, client: aiomqtt.Client) -> int:
         """Publish the plans that changed and the job events not yet published, then go
@@ -314,12 +327,21 @@ class Plane:
         published = dict(self.published)
         begun = await self.c._run(lambda: self.execution.plans_begin(published))
         # built and encoded in a thread: every active job's plans, and the decision
-        # thread and the event loop answer other calls meanwhile
-        plans, messages, parts, self.plans_seconds = await asyncio.to_thread(self._prepare, begun)
-        if plans and not await self.c._run(lambda: self.execution.plans_end(begun, plans)):
-            plans, messages, parts = [], [], {}  # the epoch moved: built again next round
-            self.dirty.set()
+        # thread and the event loop answer other calls meanwhile (a daemon thread: a
+        # build no longer wanted does not hold a stopping daemon's exit)
+        prepared = in_daemon_thread(self._prepare, begun, name="plans")
+        plans, messages, parts, self.plans_seconds = await prepared
+        # the epoch taken, and (with high availability) still the leader: a standby
+        # publishes neither plans nor job events, however long the build took
+        await self.c._run(lambda: self.execution.plans_end(begun, plans))
         await for_each(messages, lambda m: client.publish(m[0], m[1], qos=1, retain=True))
+        for plan in plans:  # said when it changes: every publish said it (604 lines while
+            # one tenant's 3,000 small jobs went in, at warning: the observability audit)
+            count, before = parts[plan.server], self._parts.get(plan.server, 1)
+            if count != before:
+                self.log.info("plan published in parts" if count > 1 else "plan published whole",
+                              server=plan.server, epoch=plan.epoch, parts=count,
+                              max_plan_bytes=self.mqtt.max_plan_bytes)  # fmt: skip
         self._parts |= parts  # once published: a round cut short clears again next time
         for plan in plans:
             self.published[plan.server] = plan
@@ -385,11 +407,6 @@ class Plane:
             out = [(self.topics.plan(p.server, p.part), p.to_bytes()) for p in parts]
         count = len(out)
         before = self._parts.get(plan.server, 1)
-        if count != before:  # said when it changes: every publish said it (604 lines while
-            # one tenant's 3,000 small jobs went in, at warning: the observability audit)
-            self.log.info("plan published in parts" if count > 1 else "plan published whole",
-                          server=plan.server, epoch=plan.epoch, parts=count,
-                          max_plan_bytes=self.mqtt.max_plan_bytes)  # fmt: skip
         out += [(self.topics.plan(plan.server, i), b"") for i in range(count, before)]
         return out, count
 

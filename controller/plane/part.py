@@ -2,7 +2,8 @@
 :class:`~controller.plane.job_review.JobReview`,
 :class:`~controller.plane.plans.PlanBuilder`): the controller, the broker settings, the
 job specs, the slot length and the log. Decision thread only
-(:mod:`controller.plane.execution`).
+(:mod:`controller.plane.execution`), but for :meth:`PlanBuilder.build
+<controller.plane.plans.PlanBuilder.build>`.
 """
 
 from __future__ import annotations

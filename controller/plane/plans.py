@@ -1,6 +1,7 @@
 """The plans the daemon publishes to the node agents: each server's tasks for the current
 and the next slot, with its device (GPU) count, computed from the store (the source of
-truth) in the decision thread, so store, ledger and plans agree at every publication;
+truth) in a thread of its own, after every decision so far is committed (see
+:meth:`~controller.plane.execution.Execution.plans_begin`);
 and the epochs they go out under, moved above the agents' when they follow another
 daemon's plans (:class:`EpochClaims`).
 
@@ -121,7 +122,8 @@ class EpochClaims:
 
 
 class PlanBuilder(PlanePart):
-    """Every server's plan for a slot and the next (decision thread).
+    """Every server's plan for a slot and the next (:meth:`build`: any thread; it reads
+    only the store, the job specs and what it is handed).
 
     Args:
         controller: the opened admission controller.
