@@ -63,12 +63,15 @@ The ledger is read in the decision thread between two decisions
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler
 
 import grpc
 import numpy as np
@@ -79,16 +82,17 @@ from prometheus_client import (
     Gauge,
     Histogram,
     ProcessCollector,
-    start_http_server,
+    make_wsgi_app,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from controller.admission import AdmissionController
 from controller.admission.job_counts import AGE_PER_COUNT_SECOND, MIN_AGE_SECONDS
 from controller.rpc import oasis_pb2 as pb
 from controller.tls import is_loopback, loopback_names
 
-__all__ = ["Metrics"]
+__all__ = ["MAX_CONNECTIONS", "REQUEST_SECONDS", "Metrics"]
 
 log = structlog.get_logger("oasisd")
 
@@ -108,6 +112,19 @@ _ERROR_OUTCOMES = {
 # decisions take milliseconds (bench/RESULTS.md); a queue of them can take seconds
 _SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _SNAPSHOT_TIMEOUT = 5.0  # seconds a scrape waits for the decision thread
+MAX_CONNECTIONS = 32
+"""Connections ``/metrics`` holds open at once; past it a new one is answered 503 and
+closed at once. The endpoint serves each connection in a thread of its own: without a
+cap, connections that never finish their request (a byte a second) took a thread and a
+descriptor each, and 240 of them took every descriptor of a daemon with 256, so no
+tenant could open a gRPC connection (the stall audit)."""
+
+REQUEST_SECONDS = 30.0
+"""A connection of ``/metrics`` is closed this long after it was accepted, its request
+read and its answer written or not (Prometheus gives up on a scrape after 10 s by
+default): a client that sends its request a byte at a time, or never reads the answer,
+frees its place within this."""
+
 BUSY_SECONDS = 1.0
 """A decision-thread step running longer than this when scraped: the ledger's metrics
 are the last ones read, not read again (the scrape would wait for the step)."""
@@ -186,7 +203,7 @@ class Metrics:
         in a background thread; returns the ``host:port`` it listens on."""
         host, _, port = listen.rpartition(":")
         try:
-            self._httpd, _ = start_http_server(int(port), host.strip("[]"), registry=self.registry)
+            self._httpd = _serve(host.strip("[]"), int(port), make_wsgi_app(self.registry))
         except OSError as err:
             raise OSError(
                 f"metrics.listen: cannot listen on {listen}: {err.strerror or err}"
@@ -203,6 +220,80 @@ class Metrics:
             self._httpd.shutdown()
             self._httpd.server_close()
             self._httpd = None
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """A request of ``/metrics``, not logged (as prometheus_client's own handler)."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Log nothing."""
+
+
+class _MetricsServer(ThreadingWSGIServer):
+    """prometheus_client's server (a thread per connection) with at most
+    :data:`MAX_CONNECTIONS` connections open, each closed :data:`REQUEST_SECONDS` after it
+    was accepted (its socket shut down: the thread serving it ends)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._deadlines: dict[socket.socket, float] = {}  # open connection -> its deadline
+        self._lock = threading.Lock()
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._lock:
+            full = len(self._deadlines) >= MAX_CONNECTIONS
+            if not full:
+                self._deadlines[request] = time.monotonic() + REQUEST_SECONDS
+        if full:
+            _refuse(request)
+            super().shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._lock:
+            self._deadlines.pop(request, None)
+        super().shutdown_request(request)
+
+    def service_actions(self) -> None:
+        """Shut down the connections past their deadline (every poll of the server's
+        loop, twice a second)."""
+        now = time.monotonic()
+        with self._lock:
+            late = [conn for conn, deadline in self._deadlines.items() if deadline <= now]
+        for conn in late:
+            with contextlib.suppress(OSError):  # closed meanwhile
+                conn.shutdown(socket.SHUT_RDWR)  # its thread's read or write ends
+
+
+_BUSY = b"too many connections to /metrics (oasisd's metrics.MAX_CONNECTIONS); try again\n"
+
+
+def _refuse(conn: socket.socket) -> None:
+    """Answer 503 on ``conn`` if it can be written at once (never waits for the peer)."""
+    try:
+        conn.setblocking(False)
+        conn.send(
+            b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 5"
+            b"\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_BUSY), _BUSY)
+        )
+    except OSError:
+        pass
+
+
+def _serve(host: str, port: int, app: Any) -> _MetricsServer:
+    """Serve the WSGI ``app`` on ``host:port`` (IPv4 or IPv6) in a daemon thread."""
+    family, _, _, _, address = socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+
+    class Server(_MetricsServer):
+        address_family = family
+
+    httpd = Server((address[0], port), _QuietHandler)
+    httpd.set_app(app)
+    threading.Thread(target=httpd.serve_forever, name="metrics", daemon=True).start()
+    return httpd
 
 
 def _shares(

@@ -3,8 +3,12 @@ submissions, and read against a store that does not answer."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import socket
+import threading
 import time
 import tomllib
 import urllib.request
@@ -14,6 +18,7 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -22,7 +27,7 @@ from controller.admission.job_counts import MIN_AGE_SECONDS
 from controller.clock import SlotClock, SystemClock
 from controller.config import ConfigError, demo_config, from_dict, load
 from controller.convert import spec_to_proto
-from controller.metrics import SCRAPE_INTERVAL, Metrics
+from controller.metrics import MAX_CONNECTIONS, REQUEST_SECONDS, SCRAPE_INTERVAL, Metrics
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.store import Database
@@ -310,4 +315,66 @@ def test_refused_calls_are_counted(tmp_path: Path) -> None:
             time.sleep(0.05)
         assert got == wanted
     finally:
+        assert daemon.stop() == 0, log.read_text()
+
+
+def test_slow_metrics_clients_cannot_take_the_daemons_descriptors(tmp_path: Path) -> None:
+    """The stall audit: connections to /metrics that send their request a byte a second
+    (slowloris) took a thread and a descriptor each, for good; 240 of them took every
+    descriptor of a daemon limited to 256, and no tenant could connect over gRPC. Now at
+    most ``MAX_CONNECTIONS`` are served (the rest answered 503 at once), each closed
+    ``REQUEST_SECONDS`` after it was accepted, and a tenant's call goes through."""
+    config = write_config(tmp_path / "m.toml", tmp_path / "data", extra=METRICS_ON)
+    log = tmp_path / "m.log"
+    daemon = Daemon(config, log, nofile=256).start()
+    slow: list[socket.socket] = []
+    dripping = threading.Event()
+    try:
+        assert daemon.proc is not None
+        line = next(x for x in log.read_text().splitlines() if "metrics listening" in x)
+        host, port = json.loads(line)["address"].rsplit(":", 1)
+        baseline = len(os.listdir(f"/proc/{daemon.proc.pid}/fd"))
+        request = f"GET /metrics HTTP/1.1\r\nHost: {host}:{port}\r\nX-Slow: {'a' * 200}\r\n"
+        for _ in range(300):  # more than the daemon has descriptors
+            try:
+                conn = socket.create_connection((host, int(port)), timeout=2)
+            except OSError:
+                break  # its backlog is full: the daemon no longer accepts
+            conn.send(request[:1].encode())
+            slow.append(conn)
+
+        def drip() -> None:
+            for i in range(1, len(request)):
+                if dripping.wait(1.0):
+                    return
+                for conn in slow:
+                    with contextlib.suppress(OSError):
+                        conn.send(request[i : i + 1].encode())
+
+        dripper = threading.Thread(target=drip, daemon=True)
+        dripper.start()
+        time.sleep(1.0)
+        fds = len(os.listdir(f"/proc/{daemon.proc.pid}/fd"))
+        assert fds <= baseline + MAX_CONNECTIONS + 16, f"{fds} open, {len(slow)} slow clients"
+        # another tenant connects and is answered meanwhile
+        with grpc.insecure_channel(daemon.address) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            reply = health.Check(health_pb2.HealthCheckRequest(), timeout=20)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        # the slow ones past the cap were answered 503 at once (or reset: closed with the
+        # bytes dripped since unread), the others are closed within REQUEST_SECONDS,
+        # their requests never finished: none is left open
+        for conn in slow:
+            conn.settimeout(REQUEST_SECONDS + 30)
+            try:
+                answer = conn.recv(100)
+            except ConnectionResetError:
+                continue
+            assert answer == b"" or answer.startswith(b"HTTP/1.0 503"), answer
+        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=30) as resp:
+            assert resp.status == 200  # and /metrics answers again
+    finally:
+        dripping.set()
+        for conn in slow:
+            conn.close()
         assert daemon.stop() == 0, log.read_text()
