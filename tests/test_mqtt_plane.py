@@ -609,3 +609,35 @@ def test_slow_job_is_re_estimated_and_extended(cluster: Cluster) -> None:
     assert text.startswith("s1: ") and "one mini-batch  planned" in text and "interval" in text
     missing = oasis("progress", "nope", server=cluster.daemon.address, check=False)
     assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr
+
+
+def test_a_frozen_broker_fails_no_server(cluster: Cluster) -> None:
+    """The stall audit: a broker that stops answering but keeps its connections open
+    (SIGSTOP) for four heartbeat timeouts, while jobs run. The daemon gives the
+    connection up within half a ``heartbeat_timeout`` (its MQTT keepalive is a quarter of
+    it), so the agents' silence stops counting: no server is failed, no job with it.
+    Before, with the keepalive at ``heartbeat_timeout`` (5 s at least), the link stayed
+    "up" for up to twice that, every server was declared failed, and each admitted job
+    that no longer fit the cluster became ``failed``."""
+    cluster.daemon.start()
+    for server in SERVERS:
+        cluster.start_agent(server)
+    cluster.wait_agents()
+    for i in range(3):
+        assert cluster.submit(plane_job(f"f{i}"))["decision"]["admitted"] is True
+    broker = cluster.broker.proc
+    assert broker is not None
+    time.sleep(2 * HEARTBEAT_TIMEOUT)  # every server heard, the connection settled
+    os.kill(broker.pid, signal.SIGSTOP)
+    try:
+        time.sleep(4 * HEARTBEAT_TIMEOUT)
+    finally:
+        os.kill(broker.pid, signal.SIGCONT)
+    cluster.wait_agents()  # heard again: the daemon has reviewed them since
+    time.sleep(2 * HEARTBEAT_TIMEOUT)
+    log = json_log(cluster.daemon.log_path)
+    assert any(e.get("event") == "broker connection lost" for e in log)
+    failed = [e for e in log if e.get("event") == "server failed"]
+    assert not failed, failed
+    states = {j: cluster.job(j).state for j in ("f0", "f1", "f2")}
+    assert pb.JOB_STATE_FAILED not in states.values(), states

@@ -10,7 +10,7 @@ import aiomqtt
 
 from controller.plane.settings import MqttConfig
 
-__all__ = ["IN_FLIGHT", "client_for", "for_each"]
+__all__ = ["IN_FLIGHT", "client_for", "for_each", "keepalive_seconds"]
 
 _T = TypeVar("_T")
 
@@ -18,6 +18,20 @@ IN_FLIGHT = 32
 """Calls one client has in flight at most (a QoS 1 publish until its PUBACK, a
 subscription): aiomqtt scans its pending calls at every new one, and paho its queued
 messages at every PUBACK, so each costs time linear in how many are in flight."""
+
+
+def keepalive_seconds(heartbeat_timeout: float) -> int:
+    """The MQTT keepalive of a connection (whole seconds, at least 1): a quarter of
+    ``heartbeat_timeout``. paho pings a broker silent for a keepalive and gives the
+    connection up when another keepalive passes without an answer, so a broker that stops
+    answering but keeps the connection open (frozen: SIGSTOP, a paused VM, a full disk)
+    is noticed within half of ``heartbeat_timeout`` of its last word. A server's silence
+    counts only while the connection is up (:mod:`controller.plane.link_clock`); with the
+    keepalive at ``heartbeat_timeout`` (as before) a frozen broker was noticed only after
+    up to twice that, every agent's heartbeats stopped reaching the daemon meanwhile, and
+    every server was declared failed, each admitted job that no longer fit the cluster
+    with it (the stall audit: a broker frozen 30 s failed all four running jobs)."""
+    return max(1, int(heartbeat_timeout / 4))
 
 
 def client_for(
@@ -33,7 +47,7 @@ def client_for(
         identifier=identifier,
         will=will,
         tls_params=tls,
-        keepalive=max(5, int(mqtt.heartbeat_timeout)),
+        keepalive=keepalive_seconds(mqtt.heartbeat_timeout),
         max_inflight_messages=200,
         # the rest wait their turn: a slot boundary's plans for 10,000 servers published
         # all at once cost time quadratic in them
