@@ -10,6 +10,7 @@ such a history, then reads it both ways and watches the daemon's peak resident m
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
@@ -44,7 +45,7 @@ def test_event_backlogs_are_read_in_bounded_pages(tmp_path: Path) -> None:
     log = tmp_path / "oasisd.log"
     Daemon(config, log).start().stop()  # the store, migrated
     detail = json.dumps({"admitted": True, "payoff": 12.5, "drivers": []})
-    with sqlite3.connect(tmp_path / "data" / "oasis.db") as db:
+    with contextlib.closing(sqlite3.connect(tmp_path / "data" / "oasis.db")) as db, db:
         db.executemany(
             "INSERT INTO events (at, kind, job_id, slot, state, detail) VALUES (?,?,?,?,?,?)",
             (("2026-01-01 00:00:00", "decided", f"old-{i}", 0, "admitted", detail)

@@ -116,7 +116,11 @@ def test_from_to_compares_one_stretch_and_holds_the_rest(
         later = [c.submit(spec) for spec in specs[5:]]  # slot 2: arrival 3
     finally:
         c.inner.close()
-    history = load_history(Database(c.url), 3, 3)
+    db = Database(c.url)
+    try:
+        history = load_history(db, 3, 3)
+    finally:
+        db.dispose()
     assert [j.id for j in history.trace.jobs] == [s["id"] for s in specs[5:]]
     assert history.first_slot == 3 and all(j.arrival == 0 for j in history.trace.jobs)
     assert history.held.worker_used.any()  # the earlier jobs still run in slots 3 ..
@@ -208,14 +212,19 @@ def test_jobs_whose_stored_plan_is_short_of_their_work_do_not_stop_the_compariso
     admitted = [v for v in views if v.decision.admitted]
     assert admitted
     early = admitted[0].id
-    with Database(c.url).session() as session:  # as the plane's early completion does
-        first = session.scalar(select(func.min(AllocationRow.slot)).where(
-            AllocationRow.job_id == early))  # fmt: skip
-        session.execute(delete(AllocationRow).where(
-            AllocationRow.job_id == early, AllocationRow.slot > first))  # fmt: skip
-        row = session.get(JobRow, early)
-        assert row is not None and first is not None
-        row.state, row.completion_slot, row.jct = "completed", first, first - row.arrival_slot + 1
+    db = Database(c.url)
+    try:
+        with db.session() as session:  # as the plane's early completion does
+            first = session.scalar(select(func.min(AllocationRow.slot)).where(
+                AllocationRow.job_id == early))  # fmt: skip
+            session.execute(delete(AllocationRow).where(
+                AllocationRow.job_id == early, AllocationRow.slot > first))  # fmt: skip
+            row = session.get(JobRow, early)
+            assert row is not None and first is not None
+            row.state, row.completion_slot = "completed", first
+            row.jct = first - row.arrival_slot + 1
+    finally:
+        db.dispose()
     out = _offline(capsys, "--store", c.url)
     assert out["status"] in ("optimal", "time limit"), out["status"]
     assert [j["id"] for j in out["jobs"]] == [s["id"] for s in specs]

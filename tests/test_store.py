@@ -122,13 +122,16 @@ def test_sqlite_values_not_of_their_column_type_read_as_null() -> None:
         sa.Column("f", LenientFloat), sa.Column("flag", LenientBoolean),
         sa.Column("at", LenientTime),
     )  # fmt: skip
-    table.metadata.create_all(engine)
     at = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
-    with engine.begin() as conn:
-        conn.execute(table.insert(), [{"i": 7, "b": 2**40, "f": 1.5, "flag": True, "at": at}])
-        conn.execute(text("INSERT INTO t VALUES ('x', 'lots', 'abc', 'maybe', 'yesterday')"))
-        conn.execute(text("INSERT INTO t VALUES (1.5, NULL, 3, 2, 17)"))
-        good, edited, odd = conn.execute(select(table)).all()
+    try:
+        table.metadata.create_all(engine)
+        with engine.begin() as conn:
+            conn.execute(table.insert(), [{"i": 7, "b": 2**40, "f": 1.5, "flag": True, "at": at}])
+            conn.execute(text("INSERT INTO t VALUES ('x', 'lots', 'abc', 'maybe', 'yesterday')"))
+            conn.execute(text("INSERT INTO t VALUES (1.5, NULL, 3, 2, 17)"))
+            good, edited, odd = conn.execute(select(table)).all()
+    finally:
+        engine.dispose()  # its one in-memory connection (Python 3.13 warns of it unclosed)
     assert tuple(good)[:4] == (7, 2**40, 1.5, True)
     assert good.at.replace(tzinfo=UTC) == at  # SQLite keeps no zone: written in UTC
     assert tuple(edited) == (None, None, None, None, None)
