@@ -147,8 +147,7 @@ def test_fence_standby_follow_and_takeover(tmp_path: Path, postgres: Postgres) -
 
         # a's lease ends (its session is cut, as PostgreSQL does past the lease) and b
         # takes over; a, not told, still believes it leads: its next commit is fenced
-        with psycopg.connect(url.replace("postgresql+psycopg", "postgresql")) as admin:
-            admin.execute("SELECT pg_terminate_backend(%s)", (a.lock.backend_pid,))
+        _cut_lease(url, a)
         assert b.take_over() == 2 and b.c.leading
         assert a.c.leading
         before = _stored(a.db)
@@ -184,9 +183,13 @@ def test_fence_standby_follow_and_takeover(tmp_path: Path, postgres: Postgres) -
 
 
 def _cut_lease(url: str, node: Node) -> None:
-    """End ``node``'s lease as PostgreSQL does past it: its session is terminated."""
+    """End ``node``'s lease as PostgreSQL does past it: its session is terminated. Its
+    lock is free once the backend has exited, not when the signal is sent: without the
+    wait (PostgreSQL >= 14) a takeover right after found it still held under load."""
     with psycopg.connect(url.replace("postgresql+psycopg", "postgresql")) as admin:
-        admin.execute("SELECT pg_terminate_backend(%s)", (node.lock.backend_pid,))
+        ended = admin.execute("SELECT pg_terminate_backend(%s, 30000)",
+                              (node.lock.backend_pid,)).fetchone()  # fmt: skip
+        assert ended == (True,), ended
 
 
 def test_a_standby_with_smaller_servers_follows_but_leaves_the_lead_to_the_last_leader(
