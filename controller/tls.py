@@ -119,14 +119,24 @@ def tls_from_dict(raw: Mapping[str, Any]) -> TlsConfig | None:
 
 
 def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses (``127.0.0.0/8``, ``::1``)."""
+    """True for ``localhost`` and loopback addresses (``127.0.0.0/8``, ``::1``, and
+    ``127.0.0.0/8`` mapped into IPv6, ``::ffff:127.0.0.1``).
+
+    A socket listening on ``[::]`` (both stacks) sees an IPv4 peer as its mapped IPv6
+    address: the console's peers on such a listener read ``::ffff:127.0.0.1`` for every
+    SSH tunnel and local browser, which Python before 3.13 does not call loopback, so
+    all of them shared one host's ``web.max_connections_per_host`` (64), where loopback
+    peers are meant to be held only to the total."""
     host = host.strip("[]")
     if host.lower() == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:  # a host name: it may resolve to anything
         return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
 
 
 def loopback_names(host: str, port: int | str) -> set[str]:

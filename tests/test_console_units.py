@@ -480,6 +480,16 @@ def test_one_host_off_loopback_holds_at_most_its_share_of_the_console() -> None:
         for _ in range(2):
             gate.connection_made(cast(Any, Transport("127.0.0.1")))
     assert "127.0.0.1" not in hosts and len(served) == 7
+    # a console listening on [::] (both stacks) sees 127.0.0.1 as ::ffff:127.0.0.1: every
+    # SSH tunnel shared one host's cap there (Python < 3.13 calls it not loopback)
+    mapped = [Transport("::ffff:127.0.0.1") for _ in range(3)]
+    for transport in mapped:
+        _PerHost(serve, hosts, 2).connection_made(cast(Any, transport))
+    assert not any(t.closed for t in mapped) and "::ffff:127.0.0.1" not in hosts
+    far_mapped = [Transport("::ffff:203.0.113.9") for _ in range(3)]
+    for transport in far_mapped:  # an IPv4 host off loopback, mapped: still capped
+        _PerHost(serve, hosts, 2).connection_made(cast(Any, transport))
+    assert [t.closed for t in far_mapped] == [False, False, True]
     with pytest.raises(SpecError, match="max_connections_per_host: must be <= "):
         web_from_dict({"max_connections": 10, "max_connections_per_host": 11}, None)
 

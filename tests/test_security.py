@@ -494,9 +494,10 @@ def _config(daemon: str = "", extra: str = "") -> dict[str, Any]:
 
 
 def test_exposure_rules(pki: Pki) -> None:
-    for host in ("127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost"):
+    for host in ("127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost", "::ffff:127.0.0.1"):
         assert is_loopback(host), host
-    for host in ("0.0.0.0", "::", "10.0.0.1", "[2001:db8::1]", "oasis.example.com"):
+    for host in ("0.0.0.0", "::", "10.0.0.1", "[2001:db8::1]", "oasis.example.com",
+                 "::ffff:203.0.113.7", "::ffff:0.0.0.0"):  # fmt: skip
         assert not is_loopback(host), host
     with pytest.raises(SpecError, match="not a loopback address"):
         check_exposure("[::]:50051", None, allow_insecure_remote=False)
