@@ -115,6 +115,8 @@ class BackendResult:
     commit_ms_mean: float = 0.0
     # --ceilings: the same machine and run, without the daemon around them
     grpc_ceiling_per_s: float | None = None
+    grpc_front_ceiling_per_s: float | None = None
+    """The gRPC ceiling behind the daemon's interceptors (bench.throughput_ceilings)."""
     commit_ceiling_k1_per_s: float | None = None
     commit_ceiling_k32_per_s: float | None = None
 
@@ -395,6 +397,9 @@ def ceilings(
     response = tc.canned_response(config(f"{tag}-answer"), {**rejected, "id": "canned"})
     calls = requests[: max(args.ceiling_jobs, 8 * args.clients)]
     result.grpc_ceiling_per_s = tc.grpc_ceiling(response, args.clients, calls, args.max_seconds)
+    result.grpc_front_ceiling_per_s = tc.grpc_ceiling(
+        response, args.clients, calls, args.max_seconds, front=True
+    )
 
 
 def run_backend(
@@ -514,11 +519,13 @@ def print_table(results: list[BackendResult], settings: dict[str, Any]) -> None:
         )
     print(
         "\n| store | batches | mean batch | commit ms per batch | gRPC ceiling /s "
+        "| behind the daemon's interceptors /s "
         "| commit ceiling k=1 / k=32 /s | share of gRPC / k=1 / k=32 |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
         gc, k1, k32 = r.grpc_ceiling_per_s, r.commit_ceiling_k1_per_s, r.commit_ceiling_k32_per_s
+        front = r.grpc_front_ceiling_per_s
 
         def share(ceiling: float | None, rate: float = r.decisions_per_s) -> str:
             return "-" if not ceiling else f"{rate / ceiling:.0%}"
@@ -526,6 +533,7 @@ def print_table(results: list[BackendResult], settings: dict[str, Any]) -> None:
         print(
             f"| {r.backend} | {r.batches} | {r.mean_batch:.2f} | {r.commit_ms_mean:.2f} "
             f"| {'-' if gc is None else f'{gc:.0f}'} "
+            f"| {'-' if front is None else f'{front:.0f}'} "
             f"| {'-' if k1 is None else f'{k1:.0f}'} / {'-' if k32 is None else f'{k32:.0f}'} "
             f"| {share(gc)} / {share(k1)} / {share(k32)} |"
         )

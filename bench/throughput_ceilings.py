@@ -7,7 +7,10 @@ gRPC ceiling
     at once with a canned ``SubmitJobResponse`` (a real rejection of the workload, price
     drivers included, so the messages are the daemon's size). The same client threads
     (:class:`bench.daemon_throughput.Load`) call it: calls per second with no decision
-    and no store behind.
+    and no store behind. Measured bare, and again behind the daemon's own interceptors
+    (``front``: the stop gate, the access checks with the request read bounded, and the
+    decoding of bad requests; no tokens, no rate limit), so the daemon's front is part
+    of a ceiling rather than assumed free.
 
 Commit ceiling
     The decisions' write sets (job row, allocation rows, estimate, event: what
@@ -109,8 +112,11 @@ def canned_response(config_path: Path, job: dict[str, Any]) -> bytes:
         c.close()
 
 
-def grpc_ceiling(response: bytes, clients: int, requests: list[Any], seconds: float) -> float:
-    """Calls per second of ``clients`` threads against a server answering ``response``."""
+def grpc_ceiling(
+    response: bytes, clients: int, requests: list[Any], seconds: float, front: bool = False
+) -> float:
+    """Calls per second of ``clients`` threads against a server answering ``response``
+    (behind the daemon's interceptors if ``front``)."""
     from bench.daemon_throughput import Load
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -118,7 +124,14 @@ def grpc_ceiling(response: bytes, clients: int, requests: list[Any], seconds: fl
         payload.write_bytes(response)
         port_file = Path(tmp) / "port"
         server = subprocess.Popen(
-            [sys.executable, "-m", "bench.throughput_ceilings", str(payload), str(port_file)],
+            [
+                sys.executable,
+                "-m",
+                "bench.throughput_ceilings",
+                str(payload),
+                str(port_file),
+                "front" if front else "bare",
+            ],
             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
         )
         try:
@@ -136,8 +149,9 @@ def grpc_ceiling(response: bytes, clients: int, requests: list[Any], seconds: fl
             server.wait(10)
 
 
-async def _serve(payload: Path, port_file: Path) -> None:
-    """A gRPC server whose SubmitJob answers ``payload`` at once (with health checks)."""
+async def _serve(payload: Path, port_file: Path, front: bool) -> None:
+    """A gRPC server whose SubmitJob answers ``payload`` at once (with health checks),
+    behind the daemon's interceptors if ``front`` (in the daemon's order)."""
     import grpc
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
@@ -152,7 +166,14 @@ async def _serve(payload: Path, port_file: Path) -> None:
         async def QuoteJob(self, request: Any, context: Any) -> Any:  # noqa: N802
             return pb.QuoteJobResponse(decision=answer.job.decision)
 
-    server = grpc.aio.server()
+    interceptors: list[Any] = []
+    if front:
+        from controller.auth import AccessInterceptor
+        from controller.drain import StopGate
+        from controller.statuses import DecodeInterceptor
+
+        interceptors = [StopGate(), AccessInterceptor(None, None), DecodeInterceptor()]
+    server = grpc.aio.server(interceptors=interceptors)
     pb_grpc.add_AdmissionServicer_to_server(Canned(), server)
     checks = health.aio.HealthServicer()
     await checks.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -164,4 +185,4 @@ async def _serve(payload: Path, port_file: Path) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(_serve(Path(sys.argv[1]), Path(sys.argv[2])))
+    asyncio.run(_serve(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:] == ["front"]))
