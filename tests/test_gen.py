@@ -31,8 +31,9 @@ def test_same_seed_same_bytes(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert a.read_bytes() != c.read_bytes()
 
 
-def test_stdout_is_the_generator_output(capsys: pytest.CaptureFixture[str]) -> None:
-    out, err = _gen(capsys, "--seed", "3", "--slot-seconds", "1800")
+@pytest.mark.parametrize("slot", ["1800", "30m"])  # a duration too, as --wait takes
+def test_stdout_is_the_generator_output(capsys: pytest.CaptureFixture[str], slot: str) -> None:
+    out, err = _gen(capsys, "--seed", "3", "--slot-seconds", slot)
     expected = generate_trace(
         np.random.default_rng(3),
         n_jobs=12,
@@ -90,6 +91,7 @@ def test_a_generated_trace_replays(tmp_path: Path, capsys: pytest.CaptureFixture
         (["--horizon", "0"], "--horizon"),
         (["--slot-seconds", "0"], "--slot-seconds"),
         (["--slot-seconds", "inf"], "--slot-seconds"),
+        (["--slot-seconds", "1 hour"], "--slot-seconds: not seconds or a duration: '1 hour'"),
         (["--seed", "-3"], "--seed"),
         (["--pricing", "explicit"], "--pricing"),
         (["--max-share", "0"], "--max-share"),

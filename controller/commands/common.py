@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from controller.files import read_bounded, write_whole
+from pricing.durations import DURATION_EXAMPLES, parse_duration
 from pricing.errors import Problem
 
 if TYPE_CHECKING:  # the client commands never read traces: no numpy at their start
@@ -285,11 +286,18 @@ def call_timeout(text: str) -> float:
 
 
 def positive_seconds(text: str) -> float:
-    """An argparse ``type``: a finite number of seconds > 0."""
+    """An argparse ``type``: a finite number of seconds > 0, or a duration such as
+    ``"1h"`` (``oasis gen --slot-seconds 1h`` was "not a number", where ``submit --wait``
+    and the config's ``_seconds`` keys take one)."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        duration = parse_duration(text)
+        if duration is None:
+            raise argparse.ArgumentTypeError(
+                f"not seconds or a duration: {text!r} (e.g. {DURATION_EXAMPLES}, or 3600)"
+            ) from None
+        value = duration
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
     return value
