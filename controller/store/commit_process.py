@@ -24,7 +24,11 @@ Failures
     tries again after :data:`RETRY_SECONDS`: the daemon stays up and durable, only slower.
     The child dies with the daemon (``PR_SET_PDEATHSIG``: a kill -9 of the daemon leaves
     no writer behind) and ignores SIGINT and SIGTERM, which a terminal or systemd sends
-    the whole group: the daemon drains its last batches through it, then stops it.
+    the whole group: the daemon drains its last batches through it, then stops it. It
+    ignores SIGHUP too (:data:`IGNORED_SIGNALS`), from the first line of its command: a
+    reload is the daemon's, but ``systemctl kill -s HUP oasisd`` (every process of the
+    unit) ended the child, and each reload sent so cost the decisions being committed
+    their answer (UNAVAILABLE) and the daemon a rebuild of its ledger.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from controller.store.decisions import BatchWritten, DecisionPayload, write_deci
 from controller.store.writer_lock import FencedError, Holder
 
 __all__ = [
+    "IGNORED_SIGNALS",
     "CommitProcess",
     "CommitProcessError",
     "CommitProcessStartError",
@@ -56,6 +61,9 @@ __all__ = [
 ]
 
 _LENGTH = struct.Struct(">I")
+IGNORED_SIGNALS = ("SIGHUP", "SIGINT", "SIGTERM")
+"""What the child ignores, by name (see the module docstring): a reload, and the stop
+signals sent to every process of the daemon's terminal or unit."""
 START_SECONDS = 60.0
 """How long the daemon waits for a new child to start (imports; a loaded machine)."""
 STOP_SECONDS = 5.0
@@ -347,6 +355,8 @@ def child_command() -> list[str]:
     come before the standard library."""
     root = str(Path(__file__).resolve().parents[2])
     code = (  # the path's entries resolved as root is: a venv reached through a symlink
+        "import signal as s; "  # first: a SIGHUP while the child imports ended it
+        f"[s.signal(getattr(s, n), s.SIG_IGN) for n in {IGNORED_SIGNALS!r}]; "
         f"import os, sys; r = {root!r}; "
         "sys.path[:0] = [] if r in map(os.path.realpath, filter(None, sys.path)) else [r]; "
         "import controller.store.commit_process as c; sys.exit(c.main())"
@@ -357,8 +367,8 @@ def child_command() -> list[str]:
 def main() -> int:
     """The child (see the module docstring)."""
     _die_with_parent()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, signal.SIG_IGN)
+    for name in IGNORED_SIGNALS:  # as child_command does first (main may be run alone)
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
     inbox = sys.stdin.buffer
     # the protocol gets standard output to itself; anything else printed goes to stderr
     outbox = os.fdopen(os.dup(1), "wb")
