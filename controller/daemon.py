@@ -30,7 +30,7 @@ import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from controller import logs, reflection
+from controller import hangups, logs, reflection
 from controller.admission import AdmissionController
 from controller.auth import AccessInterceptor
 from controller.clock import Clock, SlotClock, SteadyClock, SystemClock
@@ -132,10 +132,15 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
             loop.add_signal_handler(sig, stop.set)
-    with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
-        # a reload sent while starting must not end the daemon (SIGHUP's default action)
-        loop.add_signal_handler(signal.SIGHUP, lambda: log.warning(
-            "reload: still starting, nothing read; reload again once it is ready"))  # fmt: skip
+    # a reload sent while starting must not end the daemon (SIGHUP's default action):
+    # the oasisd command took SIGHUP before its imports (controller/hangups.py)
+
+    def starting() -> None:
+        log.warning("reload: still starting, nothing read; reload again once it is ready")
+
+    hangups.hold()
+    if hangups.route((loop, starting)):  # sent before the loop ran
+        starting()
     notifier.status("migrating the store and rebuilding the ledger")
     try:
         await asyncio.to_thread(open_store, config, controller, writer)
@@ -215,8 +220,7 @@ async def serve(
         *([lambda new: limiter.retune(new.limits.rate, new.limits.burst)] if limiter else []),
         controller.reconfigure,
     ], controller.restart_problems)  # fmt: skip
-    with contextlib.suppress(NotImplementedError, RuntimeError):
-        loop.add_signal_handler(signal.SIGHUP, reloader.hangup)
+    hangups.route((loop, reloader.hangup))
 
     async def health_follows_store(up: bool) -> None:
         if not stop.is_set():  # once stopping, NOT_SERVING stays
@@ -275,6 +279,7 @@ async def serve(
     finally:
         log.info("stopping")
         notifier.stopping("draining: finishing the decisions in flight")
+        await reloader.stop()  # a reload now would apply a config to a daemon draining
         for name in ("", *SERVICES):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         left = await controller.drain(DRAIN_SECONDS)
@@ -292,6 +297,7 @@ async def serve(
         if writer is not None:
             writer.release()
         log.info("stopped")
+        hangups.route(None)  # the loop closes next: a SIGHUP from now on is only counted
     if watch.lost:
         raise WriterLockLostError(watch.lost)
 
@@ -432,6 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--web-listen", metavar="HOST:PORT", help='override web.listen ("": no console)'
     )
     args = parser.parse_args(argv)
+    hangups.hold()  # the oasisd command took it already; python -m controller.daemon not
     # the store, its write-ahead log and the lock are the daemon's alone (under a umask
     # of 022 every local user could read every tenant's jobs); systemd's unit sets it too
     umask = os.umask(0o077)
@@ -498,6 +505,8 @@ def _main(args: argparse.Namespace) -> int:
     except BaseException:
         logs.flush()  # as above, before the traceback
         raise
+    finally:
+        hangups.ignore()  # Python's exit gives its handler's signals their default action
     return 0
 
 

@@ -238,66 +238,101 @@ class Reloader:
         self.restart_problems = restart_problems
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Reread | None]] = set()
+        self._waiting: asyncio.Task[Reread | None] | None = None
+        self._stopping = False
+        self._told_stopping = False
         self.log = structlog.get_logger("oasisd")
 
     def hangup(self) -> None:
-        """The signal handler (on the event loop): start a reload."""
-        task = asyncio.get_running_loop().create_task(self.reload(), name="reload")
+        """The signal handler (on the event loop): start a reload, unless one waits for
+        its turn already (it reads the file after this signal anyway: a storm of
+        SIGHUPs is one reload more, not one per signal), or the daemon is stopping
+        (said once; nothing read)."""
+        if self._stopping:
+            if not self._told_stopping:
+                self._told_stopping = True
+                self.log.warning("reload: the daemon is stopping; nothing read")
+            return
+        if self._waiting is not None:
+            return
+        task = asyncio.get_running_loop().create_task(self._signalled(), name="reload")
+        self._waiting = task
         self._tasks.add(task)  # held until done: the loop keeps only weak references
         task.add_done_callback(self._tasks.discard)
+
+    async def stop(self) -> None:
+        """At the daemon's stop: later SIGHUPs read nothing, and the reloads running or
+        waiting are cancelled and awaited (a reload applied during the drain had its
+        config's marks refused, and one left waiting was destroyed pending when the
+        loop closed)."""
+        self._stopping = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+
+    async def _signalled(self) -> Reread | None:
+        async with self._lock:
+            self._waiting = None  # a SIGHUP from now on reads the file again after this
+            return await self._reread()
 
     async def reload(self) -> Reread | None:
         """Read the file again and apply its tokens; None if nothing could be read (the
         reason logged)."""
         async with self._lock:
-            if not self.running.tables:
-                self.log.warning(
-                    "reload: no config file to read again (the embedded defaults; start "
-                    "oasisd --config FILE)"
-                )
-                return None
-            path = Path(self.running.source)
-            try:
-                read = in_daemon_thread(reread, self.running, path, name="reload")
-                found = await asyncio.wait_for(read, READ_SECONDS)
-            except TimeoutError:
-                self.log.error(
-                    "reload refused: the config or tokens file was not read within "
-                    f"{READ_SECONDS:g} s (a FIFO, a hung mount?); nothing changed",
-                    config=str(path),
-                )  # fmt: skip
-                return None
-            except ConfigError as err:
-                self.log.error(
-                    "reload refused: the config file would not start oasisd; nothing "
-                    "changed", config=str(path), error=str(err),
-                )  # fmt: skip
-                return None
-            except Exception as err:  # MemoryError, a bug: the daemon serves on as it was
-                self.log.exception(
-                    "reload refused: reading the config failed; nothing changed",
-                    config=str(path), error=f"{type(err).__name__}: {str(err)[:300]}",
-                )  # fmt: skip
-                return None
-            self.running = found.config
-            for target in self.targets:
-                done = target(found.config)
-                if inspect.isawaitable(done):
-                    await done
-            self.log.info(
-                "config reloaded", config=str(path), tokens=found.tokens.words(),
-                limits=list(found.limits), restart_needed=list(found.restart),
+            return await self._reread()
+
+    async def _reread(self) -> Reread | None:
+        """:meth:`reload`, the lock held."""
+        if not self.running.tables:
+            self.log.warning(
+                "reload: no config file to read again (the embedded defaults; start "
+                "oasisd --config FILE)"
+            )
+            return None
+        path = Path(self.running.source)
+        try:
+            read = in_daemon_thread(reread, self.running, path, name="reload")
+            found = await asyncio.wait_for(read, READ_SECONDS)
+        except TimeoutError:
+            self.log.error(
+                "reload refused: the config or tokens file was not read within "
+                f"{READ_SECONDS:g} s (a FIFO, a hung mount?); nothing changed",
+                config=str(path),
             )  # fmt: skip
-            for problem in found.warnings:
-                self.log.warning("config reloaded with a problem", problem=problem)
-            if found.restart:
-                self.log.warning(
-                    "config changes that apply only at a restart",
-                    changed=[t if "." in t else f"[{t}]" for t in found.restart],
-                    hint="systemctl restart oasisd",
-                )
-                await self._check_restart(found)
-            return found
+            return None
+        except ConfigError as err:
+            self.log.error(
+                "reload refused: the config file would not start oasisd; nothing "
+                "changed", config=str(path), error=str(err),
+            )  # fmt: skip
+            return None
+        except Exception as err:  # MemoryError, a bug: the daemon serves on as it was
+            self.log.exception(
+                "reload refused: reading the config failed; nothing changed",
+                config=str(path), error=f"{type(err).__name__}: {str(err)[:300]}",
+            )  # fmt: skip
+            return None
+        self.running = found.config
+        for target in self.targets:
+            done = target(found.config)
+            if inspect.isawaitable(done):
+                await done
+        self.log.info(
+            "config reloaded", config=str(path), tokens=found.tokens.words(),
+            limits=list(found.limits), restart_needed=list(found.restart),
+        )  # fmt: skip
+        for problem in found.warnings:
+            self.log.warning("config reloaded with a problem", problem=problem)
+        if found.restart:
+            self.log.warning(
+                "config changes that apply only at a restart",
+                changed=[t if "." in t else f"[{t}]" for t in found.restart],
+                hint="systemctl restart oasisd",
+            )
+            await self._check_restart(found)
+        return found
 
     async def _check_restart(self, found: Reread) -> None:
         """Log, as errors, why a restart with the file just read would be refused."""
