@@ -101,6 +101,7 @@ __all__ = [
     "PricingConfig",
     "check_listen",
     "demo_config",
+    "key_digests",
     "load",
     "load_mqtt",
     "table_digests",
@@ -151,6 +152,8 @@ class Config:
         tables: ``{table: digest}`` of the file's top-level TOML tables as read
             (:func:`table_digests`), so a reload (SIGHUP, :mod:`controller.reload`) can
             name the tables edited since; empty for a config not read from a file.
+        keys: ``{"table.key": digest}`` of each key of those tables (:func:`key_digests`),
+            so a reload names the keys edited in a table that waits for a restart.
     """
 
     listen: str
@@ -180,6 +183,7 @@ class Config:
     web: WebConfig = field(default_factory=WebConfig)
     warnings: tuple[str, ...] = ()
     tables: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+    keys: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def database_url(self) -> str:
@@ -367,7 +371,7 @@ def load(path: str | Path, former: Collection[str] = ()) -> Config:
         if len(found) > 1:
             raise ConfigError("\n".join(found)) from first
         raise
-    config = replace(parsed, tables=table_digests(data))
+    config = replace(parsed, tables=table_digests(data), keys=key_digests(data))
     found = [_exposed_secrets(p, config, mode, group), *_exposed_files(p, data),
              _clear_broker_password(config)]  # fmt: skip
     warnings = tuple(w for w in found if w)
@@ -383,6 +387,17 @@ def table_digests(data: Mapping[str, Any]) -> dict[str, str]:
             json.dumps(value, sort_keys=True, default=str).encode("utf-8")
         ).hexdigest()
         for name, value in data.items()
+    }
+
+
+def key_digests(data: Mapping[str, Any]) -> dict[str, str]:
+    """``{"table.key": SHA-256 hex}`` of each key of each top-level table of a TOML
+    document (as :func:`table_digests` does for tables)."""
+    return {
+        f"{table}.{key}": digest
+        for table, value in data.items()
+        if isinstance(value, Mapping)
+        for key, digest in table_digests(value).items()
     }
 
 

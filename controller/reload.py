@@ -45,11 +45,14 @@ from controller.threads import in_daemon_thread
 
 __all__ = [
     "READ_SECONDS",
+    "WHY_AT_START",
     "Reloader",
     "Reread",
     "TokenChanges",
+    "edited_keys",
     "limit_changes",
     "reread",
+    "restart_reasons",
     "token_changes",
 ]
 
@@ -137,6 +140,9 @@ class Reread:
             left behind, a file with secrets that others may read.
         fresh: the file as read, whole: what the next restart would start with (None
             when built by hand).
+        keys: the keys edited in the tables of ``restart``, sorted, as
+            ``"table.key"`` (``"cluster.servers"``, ``"daemon.window"``); a table
+            added or removed whole is named by itself.
     """
 
     config: Config
@@ -145,7 +151,29 @@ class Reread:
     restart: tuple[str, ...]
     warnings: tuple[str, ...] = ()
     fresh: Config | None = None
+    keys: tuple[str, ...] = ()
 
+
+WHY_AT_START = {
+    "auth": "whether calls are authenticated at all is set at start",
+    "cluster": "the ledger, its prices and every plan are built over these servers at "
+    "start (a restart re-places, re-plans or fails the plans that no longer fit)",
+    "connections": "the gRPC server's connection options are set when it starts",
+    "daemon": "the store, the listening address, the slot grid and the clock are set up at start",
+    "ha": "the election of a leader starts with the daemon",
+    "metrics": "the metrics endpoint starts with the daemon",
+    "mqtt": "the broker link and the agents' plans start with the daemon",
+    "pricing": "the price bounds and their estimate are set up at start",
+    "tls": "the gRPC server's certificate and key are loaded when it starts",
+    "web": "the console starts with the daemon",
+    "limits.max_message_bytes": "gRPC's largest request is set when its server starts",
+    "limits.max_ledger_mb": "the ledger's size is checked against the window at start",
+    "limits.rate": "the rate limiter exists only if rate was on at start (a new rate or "
+    "burst retunes it)",
+    "limits.burst": "the rate limiter exists only if rate was on at start",
+}
+"""Why each table (or ``[limits]`` key) that a reload does not apply waits for a
+restart: the reload's warning says it beside the keys edited."""
 
 _LIMITS_AT_START = ("max_message_bytes", "max_ledger_mb")
 """``[limits]`` keys read only at start: gRPC's largest request, set when its server starts,
@@ -206,8 +234,32 @@ def reread(running: Config, path: Path) -> Reread:
     applied = replace(running, tokens=tokens, limits=limits, tables=tables)
     return Reread(
         applied, token_changes(running.tokens, tokens), changed, tuple(sorted(restart)),
-        fresh.warnings, fresh,
+        fresh.warnings, fresh, edited_keys(running, fresh, restart),
     )  # fmt: skip
+
+
+def edited_keys(running: Config, fresh: Config, restart: set[str]) -> tuple[str, ...]:
+    """The ``"table.key"`` edited from ``running`` to ``fresh`` in each table of
+    ``restart`` (its ``"limits.KEY"`` entries as they are); a table that only one of
+    them has is named whole."""
+    out: set[str] = set()
+    for name in restart:
+        if "." in name or (name in running.tables) != (name in fresh.tables):
+            out.add(name)
+            continue
+        prefix = f"{name}."
+        keys = {k for k in running.keys.keys() | fresh.keys.keys() if k.startswith(prefix)}
+        out.update(k for k in keys if running.keys.get(k) != fresh.keys.get(k))
+    return tuple(sorted(out))
+
+
+def restart_reasons(restart: Sequence[str]) -> list[str]:
+    """``"[table]: why"`` (or ``"limits.KEY: why"``) for each entry of a reload's
+    ``restart``, from :data:`WHY_AT_START`."""
+    return [
+        f"{name if '.' in name else f'[{name}]'}: {WHY_AT_START.get(name, 'read at start')}"
+        for name in restart
+    ]
 
 
 class Reloader:
@@ -329,8 +381,9 @@ class Reloader:
             self.log.warning(
                 "config changes that apply only at a restart",
                 changed=[t if "." in t else f"[{t}]" for t in found.restart],
+                keys=list(found.keys), why=restart_reasons(found.restart),
                 hint="systemctl restart oasisd",
-            )
+            )  # fmt: skip
             await self._check_restart(found)
         return found
 

@@ -195,3 +195,38 @@ def test_a_storm_of_sighups_is_one_reload_not_one_per_signal(tmp_path: Path) -> 
     asyncio.run(storm())
     assert len(applied) == 2
     assert {c.name for c in (applied[-1].tokens or {}).values()} == {"bob"}
+
+
+def test_a_reload_names_each_key_that_waits_for_a_restart_and_why(tmp_path: Path) -> None:
+    """The reload named tables only (``changed: ["[cluster]"]``), so an operator who
+    shrank a server, moved the window and retuned the estimate learned neither which
+    edit waits nor why. The warning now names each key edited and says why its table
+    is read at start only."""
+    log = tmp_path / "oasisd.log"
+    extra = "[pricing]\ntrim = 0.3\n[limits]\nmax_page_jobs = 100\n"
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", epoch=EPOCH, extra=extra)
+    daemon = Daemon(config, log).start()
+    assert daemon.proc is not None
+    try:
+        text = config.read_text()
+        config.write_text(
+            text.replace("window = 24", "window = 12")
+            .replace("trim = 0.3", "trim = 0.2")
+            .replace("max_page_jobs = 100", "max_page_jobs = 50\nmax_message_bytes = 2000000")
+            .replace("gpu=8, cpu=64, mem=488", "gpu=2, cpu=16, mem=64")
+        )
+        daemon.proc.send_signal(signal.SIGHUP)
+        said = reloads(log, "config changes that apply only at a restart", 0)
+        assert said["changed"] == ["[cluster]", "[daemon]", "limits.max_message_bytes",
+                                   "[pricing]"]  # fmt: skip
+        assert said["keys"] == [
+            "cluster.servers", "daemon.window", "limits.max_message_bytes", "pricing.trim"
+        ]  # fmt: skip
+        why = dict(line.split(": ", 1) for line in said["why"])
+        assert why["[cluster]"].startswith("the ledger, its prices and every plan are built")
+        assert why["limits.max_message_bytes"] == (
+            "gRPC's largest request is set when its server starts"
+        )
+        assert reloads(log, "config reloaded", 0)["limits"] == ["max_page_jobs: 100 -> 50"]
+    finally:
+        assert daemon.stop() == 0, log.read_text()[-3000:]
