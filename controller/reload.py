@@ -44,6 +44,7 @@ from controller.limits import Limits
 from controller.threads import in_daemon_thread
 
 __all__ = [
+    "MAX_NAMES_CHECKED",
     "READ_SECONDS",
     "WHY_AT_START",
     "Reloader",
@@ -153,6 +154,9 @@ class Reread:
     fresh: Config | None = None
     keys: tuple[str, ...] = ()
 
+
+MAX_NAMES_CHECKED = 20
+"""Of the tenants one reload removes, the most whose jobs are counted (a count each)."""
 
 WHY_AT_START = {
     "auth": "whether calls are authenticated at all is set at start",
@@ -277,6 +281,11 @@ class Reloader:
             planned in another slot grid, or demanding a resource it lacks); each is
             logged as an error when the file has changes that wait for a restart, so the
             operator mends the file before a restart (a reboot) leaves the daemon down.
+        jobs_left: given the names a reload removed from the tokens file, the jobs each
+            still has in the store that may yet run (:meth:`AdmissionController.jobs_left`:
+            ``{name: {"pending": n, "admitted": n, "running": n}}``, names without any
+            left out); logged as a warning, so removing a tenant is not taken for
+            stopping its work.
     """
 
     def __init__(
@@ -284,10 +293,13 @@ class Reloader:
         running: Config,
         targets: Sequence[Callable[[Config], object]],
         restart_problems: Callable[[Config], Awaitable[Sequence[str]]] | None = None,
+        jobs_left: Callable[[Sequence[str]], Awaitable[Mapping[str, Mapping[str, int]]]]
+        | None = None,
     ) -> None:
         self.running = running
         self.targets = targets
         self.restart_problems = restart_problems
+        self.jobs_left = jobs_left
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Reread | None]] = set()
         self._waiting: asyncio.Task[Reread | None] | None = None
@@ -377,6 +389,8 @@ class Reloader:
         )  # fmt: skip
         for problem in found.warnings:
             self.log.warning("config reloaded with a problem", problem=problem)
+        if found.tokens.removed:
+            await self._check_left(found.tokens.removed)
         if found.restart:
             self.log.warning(
                 "config changes that apply only at a restart",
@@ -386,6 +400,30 @@ class Reloader:
             )  # fmt: skip
             await self._check_restart(found)
         return found
+
+    async def _check_left(self, removed: Sequence[str]) -> None:
+        """Warn of the jobs that the tenants ``removed`` from the tokens file still have
+        waiting, admitted or running: their calls are refused from now on, but their
+        pending jobs are still searched at every slot boundary and may be admitted, and
+        their admitted jobs run on (a token removed by mistake and put back loses
+        nothing). ``oasis cancel NAME:ID`` ends one."""
+        if self.jobs_left is None:
+            return
+        names = list(removed[:MAX_NAMES_CHECKED])
+        try:
+            left = await self.jobs_left(names)
+        except Exception as err:  # the store out of reach: the reload stands
+            self.log.warning("reload: the removed tenants' jobs could not be counted",
+                             error=str(err)[:300])  # fmt: skip
+            return
+        if left:
+            self.log.warning(
+                "tenants removed from the tokens file still have jobs that may run: "
+                "pending ones are still admitted when they fit, admitted ones run on; "
+                "oasis cancel NAME:ID ends one",
+                jobs={name: dict(counts) for name, counts in left.items()},
+                **({"not_checked": len(removed) - len(names)} if len(removed) > len(names) else {}),
+            )  # fmt: skip
 
     async def _check_restart(self, found: Reread) -> None:
         """Log, as errors, why a restart with the file just read would be refused."""

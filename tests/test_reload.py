@@ -280,6 +280,10 @@ def test_a_reload_adds_removes_and_rotates_tokens_of_a_running_daemon(tmp_path: 
                 return session
 
         alice_session = asyncio.run(console_login())
+        with client_channel(address, token="t-alice") as channel:
+            request = pb.SubmitJobRequest(job=spec_to_proto(job("alice-1")))
+            answer = pb_grpc.AdmissionStub(channel).SubmitJob(request, timeout=30)
+            assert answer.job.decision.admitted
 
         tokens_file(tokens, {"bob": ("submitter", "t-bob"), "ops": ("operator", "t-ops-2")})
         capped = "[limits]\nrate = 50\n[limits.max_utility_by_submitter]\nbob = 10\n"
@@ -292,6 +296,11 @@ def test_a_reload_adds_removes_and_rotates_tokens_of_a_running_daemon(tmp_path: 
             "max_utility_by_submitter: {} -> {'bob': 10.0}",
         ]
         assert reloaded["restart_needed"] == []
+        # removing alice does not stop her work, and the log says so
+        left = reloads(log, "tenants removed from the tokens file still have jobs that may "
+                       "run: pending ones are still admitted when they fit, admitted ones run "
+                       "on; oasis cancel NAME:ID ends one", 0)  # fmt: skip
+        assert left["jobs"] == {"alice": {"admitted": 1}}
         # recorded for a standby: what it compares with at a takeover
         db = sqlite3.connect(tmp_path / "data" / "oasis.db")
         try:
@@ -355,8 +364,8 @@ def test_a_reload_adds_removes_and_rotates_tokens_of_a_running_daemon(tmp_path: 
             in problem["problem"]
         ), problem
         assert other["problem"].startswith(
-            "[cluster] resources lacks 'disk', which 1 admitted, running or pending job(s) "
-            "demand ('ops:ops-1')"
+            "[cluster] resources lacks 'disk', which 2 admitted, running or pending job(s) "
+            "demand ('alice:alice-1', 'ops:ops-1')"
         ), other
         config.write_text(good)  # mended: the next reload says nothing of a restart
         daemon.proc.send_signal(signal.SIGHUP)

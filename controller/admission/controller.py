@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, TypeVar
 
-from sqlalchemy import ColumnElement
+from sqlalchemy import ColumnElement, func, select
 
 from controller.admission.commit import Deferred
 from controller.admission.cordons import Cordons
@@ -27,13 +27,13 @@ from controller.admission.restart_checks import (
 )
 from controller.admission.retention import PRUNE_BATCH, PRUNE_SERVER_STEPS, Retention
 from controller.admission.state import ReadTurns
-from controller.admission.views import DecisionView, JobView
+from controller.admission.views import LIVE_STATES, DecisionView, JobView
 from controller.admission.writer import GroupWriter
 from controller.config import Config
 from controller.errors import DrainingError
 from controller.events import Event
 from controller.limits import search_size
-from controller.store import StoreUnavailableError
+from controller.store import JobRow, StoreUnavailableError
 from controller.store.commit_process import CommitProcess
 from controller.store.writer_lock import FencedError
 from pricing import SpecError
@@ -303,6 +303,30 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
         except Exception as err:  # the store out of reach, a lease lost meanwhile
             self.log.warning("reload: the config's marks for a standby are not recorded",
                              error=str(err)[:300])  # fmt: skip
+
+    async def jobs_left(self, names: Sequence[str]) -> dict[str, dict[str, int]]:
+        """The jobs of each submitter of ``names`` that may still run: ``{name:
+        {"pending": n, "admitted": n, "running": n}}``, the states without any left
+        out, and the names without any too (a reload's removed tenants,
+        :mod:`controller.reload`). Counted now, in the store-read pool: not the shared
+        counts of :mod:`.job_counts`, which may be seconds old.
+
+        Raises:
+            StoreUnavailableError: the store could not be read.
+        """
+        return await self.read_store(self._jobs_left_sync, list(names))
+
+    def _jobs_left_sync(self, names: list[str]) -> dict[str, dict[str, int]]:
+        query = (
+            select(JobRow.submitter, JobRow.state, func.count())
+            .where(JobRow.submitter.in_(names), JobRow.state.in_(LIVE_STATES))
+            .group_by(JobRow.submitter, JobRow.state)
+        )
+        out: dict[str, dict[str, int]] = {}
+        with self.db.session() as session:
+            for name, state, n in session.execute(query):
+                out.setdefault(str(name), {})[state] = int(n)
+        return out
 
     async def restart_problems(self, config: Config) -> list[str]:
         """Why a restart with ``config`` (a reload's file, whole) would be refused by
