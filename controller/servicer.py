@@ -356,13 +356,13 @@ class ClusterServicer(pb_grpc.ClusterServicer):
         self, request: pb.GetPricesRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetPricesResponse:
         read = self.c.read(
-            lambda: self.c.prices(request.first_slot, request.slots), current_caller().turn
+            lambda: self.c.prices(request.first_slot, request.slots, request.server),
+            current_caller().turn,
         )
-        first, rows = await _guard(context, read)
+        first, blocks = await _guard(context, read)
         out = pb.GetPricesResponse(first_slot=first)
+        rows = (row for block in blocks for row in block.rows(self.c.cluster.resources))
         for server, kind, resource, prices in rows:
-            if request.server and server != request.server:
-                continue
             out.prices.add(
                 server=server,
                 kind=SERVER_KINDS[kind],

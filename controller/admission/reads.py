@@ -10,6 +10,13 @@ import numpy as np
 from sqlalchemy import ColumnElement, select
 from sqlalchemy.orm import Session
 
+from controller.admission.ledger_reads import (
+    PriceBlock,
+    SidePrices,
+    in_service_use,
+    price_blocks,
+    price_summary,
+)
 from controller.admission.state import AdmissionState
 from controller.admission.views import STATES, DecisionView, JobView
 from controller.errors import NotFoundError
@@ -253,23 +260,19 @@ class ReadViews(AdmissionState):
         lo = first - ledger.origin
         return first, lo, min(lo + (slots or 12), ledger.length)
 
-    def prices(
-        self, first_slot: int, slots: int
-    ) -> tuple[int, list[tuple[str, str, str, list[float]]]]:
-        """Unit prices per (server, kind, resource) over ``slots`` slots from ``first_slot``."""
-        ledger = self._ledger
+    def prices(self, first_slot: int, slots: int, server: str = "") -> tuple[int, list[PriceBlock]]:
+        """Unit prices over ``slots`` slots from ``first_slot``, copied per kind of server
+        (:meth:`PriceBlock.rows <controller.admission.ledger_reads.PriceBlock.rows>` lists
+        them per server and resource, outside the decision thread); with ``server``, only
+        that server's (none: no such server)."""
         first, lo, hi = self._view_window(first_slot, slots)
-        out: list[tuple[str, str, str, list[float]]] = []
-        for kind, side, names in (
-            ("worker", ledger.worker_side, self.cluster.worker_names),
-            ("ps", ledger.ps_side, self.cluster.ps_names),
-        ):
-            cells = side.prices(lo, hi)
-            for i, name in enumerate(names):
-                for r, res in enumerate(self.cluster.resources):
-                    if side.capacity[i, r] > 0:
-                        out.append((name, kind, res, cells[lo:hi, i, r].tolist()))
-        return first, out
+        return first, price_blocks(self._ledger, self.cluster, lo, hi, server)
+
+    def price_summary(self) -> list[SidePrices]:
+        """Per kind of server, unit prices in the current slot and their peak over the
+        window ahead (:func:`~controller.admission.ledger_reads.price_summary`)."""
+        _, lo, hi = self._view_window(0, self._ledger.length)
+        return price_summary(self._ledger, self.cluster, lo, hi)
 
     def utilisation(
         self, first_slot: int, slots: int
@@ -298,7 +301,7 @@ class ReadViews(AdmissionState):
             blocked = side.blocked[lo:hi]  # (S, n)
             down = blocked.astype(np.float64) @ side.capacity  # (S, R) out of service
             if in_use:
-                used = np.where(blocked[:, :, None], 0.0, side.used[lo:hi]).sum(axis=1)
+                used = in_service_use(side, lo, hi)
                 serving = total[None, :] - down
                 with np.errstate(divide="ignore", invalid="ignore"):
                     share = np.where(serving > 0, used / serving, 0.0)

@@ -239,15 +239,21 @@ class ConsoleData:
         lo = max(self.c.slot - ledger.origin, 0)
         if chosen is None:
             chosen = self._costliest(lo)
-        prices, shares, floors, tops = [], [], [], []
-        for kind, idx, _ in self._listing(chosen):
+        listing = self._listing(chosen)
+        price = np.empty((len(listing), ledger.length - lo))
+        share = np.empty_like(price)
+        floors, tops = [], []
+        # a kind's rows at once: a strided slice per server took 140 ms at 10,000 servers
+        for kind in ("worker", "ps"):
+            rows = [pos for pos, (k, _, _) in enumerate(listing) if k == kind]
+            if not rows:
+                continue
+            idx = [i for k, i, _ in listing if k == kind]
             side = ledger.side(kind)
-            prices.append(side.price[lo:, idx, chosen])
-            shares.append(side.used[lo:, idx, chosen] / side.capacity[idx, chosen])
+            price[rows] = side.prices(lo, ledger.length)[lo:, idx, chosen].T
+            share[rows] = (side.used[lo:, idx, chosen] / side.capacity[idx, chosen]).T
             floors.append(float(side.log_l[chosen]))
             tops.append(float(side.log_u[chosen]))
-        price = np.array(prices, np.float64)
-        share = np.array(shares, np.float64)
         floor, top = math.exp(min(floors)), math.exp(max(tops))
         return chosen, ledger.origin, ledger.origin + lo, price, share, floor, top
 
@@ -256,16 +262,23 @@ class ConsoleData:
         on the log scale between the floor L and U (unit-free); ties: the first."""
         ledger = self.c.ledger
         assert ledger is not None
+        # each server's highest price ahead, (n, R) per side, in one pass over the cells
+        highest = [
+            (side, side.prices(lo, ledger.length)[lo:].max(axis=0))
+            for side in (ledger.worker_side, ledger.ps_side)
+            if side.capacity.shape[0] and lo < ledger.length
+        ]
         best, best_level = 0, -1.0
         for r in range(len(self.c.cluster.resources)):
             level = 0.0
-            for side in (ledger.worker_side, ledger.ps_side):
+            for side, top in highest:
                 have = side.capacity[:, r] > 0
                 if not have.any():
                     continue
                 span = max(float(side.log_u[r] - side.log_l[r]), 1e-12)
-                logp = np.log(np.maximum(side.price[lo:, have, r], 1e-300))
-                level = max(level, float((logp.max() - side.log_l[r]) / span))
+                # the log of the highest price is the highest of the prices' logs
+                high = math.log(max(float(top[have, r].max()), 1e-300))
+                level = max(level, (high - float(side.log_l[r])) / span)
             if level > best_level + 1e-9:
                 best, best_level = r, level
         return best

@@ -1,0 +1,140 @@
+"""Monitoring's reads of the ledger at scale (controller/admission/ledger_reads.py): a
+scrape, a one-server ``GetPrices`` and the console's price snapshot copy arrays in the
+decision thread, never a Python float per cell of the window.
+
+At 10,000 servers x 300 slots a scrape listed every cell's price there (1.3 s of the
+decision thread every 15 s, and 15 million floats), and so did a one-server
+``GetPrices`` of the window (0.85 s, twice per ``oasis status``). Memory is what these
+tests measure (tracemalloc's peak while the read runs, which is deterministic), on a
+cluster small enough to take a second: a list per cell costs at least 32 bytes a cell,
+more than the whole price array's 8 (``bench/operator_scale.py`` times the same reads at
+10,000 servers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tracemalloc
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import structlog
+
+from controller import auth
+from controller.admission import AdmissionController
+from controller.clock import FakeClock, SlotClock
+from controller.config import from_dict
+from controller.metrics import _ControllerCollector
+from controller.rpc import oasis_pb2 as pb
+from controller.servicer import ClusterServicer
+from controller.store import Database
+
+WORKERS, PS, WINDOW = 60, 20, 200
+GPU = {"gpu": 8, "cpu": 64, "mem": 488, "disk": 500, "bandwidth": 25}
+CPU = {"cpu": 36, "mem": 60, "disk": 500, "bandwidth": 25}
+JOB = {
+    "epochs": 2, "chunks": 16, "minibatches": 50, "tau": 0.1, "grad_mb": 100,
+    "worker": {"gpu": 1, "cpu": 4, "mem": 8, "disk": 5, "bandwidth": 1},
+    "ps": {"cpu": 2, "mem": 8, "disk": 5, "bandwidth": 5},
+    "utility": {"kind": "sigmoid", "priority": 80, "decay": 0.2, "target": 6},
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AdmissionController]:
+    tmp: Path = tmp_path_factory.mktemp("ledger-reads")
+    config = from_dict(
+        {
+            "daemon": {"data_dir": str(tmp), "window": WINDOW, "epoch": 0},
+            "cluster": {
+                "resources": ["gpu", "cpu", "mem", "disk", "bandwidth"],
+                "servers": [
+                    *({"name": f"w{i}", "kind": "worker", "capacity": GPU} for i in range(WORKERS)),
+                    *({"name": f"p{i}", "kind": "ps", "capacity": CPU} for i in range(PS)),
+                ],
+            },
+        }
+    )
+    c = AdmissionController(
+        config,
+        Database(config.database_url),
+        SlotClock(FakeClock(1.0), 3600.0, 0.0),
+        log=structlog.wrap_logger(structlog.ReturnLogger()),
+    )
+    c.open()
+    for i in range(6):
+        assert asyncio.run(c.submit({**JOB, "id": f"j{i}"})).decision.admitted
+    yield c
+    c.close()
+
+
+def _cells_bytes(c: AdmissionController) -> int:
+    """Bytes of the ledger's price cells, both sides: ``(S, n, R)`` float64 each."""
+    assert c.ledger is not None
+    return c.ledger.worker_side.cells.nbytes + c.ledger.ps_side.cells.nbytes
+
+
+def _peak(fn: Callable[[], Any]) -> tuple[Any, int]:
+    """``fn()`` and the peak of memory traced while it ran, bytes (a second call: the
+    first derives the prices, which a read may, into arrays the ledger already holds)."""
+    fn()
+    tracemalloc.start()
+    try:
+        out = fn()
+        return out, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def _rows(c: AdmissionController, request: pb.GetPricesRequest) -> list[tuple[Any, ...]]:
+    """``GetPrices`` as the servicer answers an operator without tokens."""
+
+    async def call() -> pb.GetPricesResponse:
+        auth._caller.set(auth.ANONYMOUS)  # as the access interceptor does
+        return await ClusterServicer(c).GetPrices(request, cast(Any, None))
+
+    answer = asyncio.run(call())
+    return [(p.server, p.kind, p.resource, list(p.prices)) for p in answer.prices]
+
+
+def test_a_scrape_copies_arrays_not_a_float_per_cell(controller: AdmissionController) -> None:
+    c = controller
+    metrics = _ControllerCollector(c)
+    _, peak = _peak(lambda: c.between_decisions(metrics._snapshot))
+    assert peak < _cells_bytes(c), f"a scrape's ledger read took {peak:,} bytes"
+
+    # the same values as a read of every cell gives
+    everything = _rows(c, pb.GetPricesRequest(slots=WINDOW + 1))
+    assert len(everything) == WORKERS * 5 + PS * 4  # a PS server has no GPU: no price
+    scraped: dict[tuple[str, ...], float] = {}
+    for metric in metrics._read_ledger():
+        for s in metric.samples:
+            if s.name in ("oasis_unit_price", "oasis_unit_price_peak"):
+                scraped[(s.name, *s.labels.values())] = s.value
+    kind = {pb.SERVER_KIND_WORKER: "worker", pb.SERVER_KIND_PS: "ps"}
+    peaks: dict[tuple[str, str], float] = {}
+    for server, k, resource, prices in everything:
+        assert scraped["oasis_unit_price", server, kind[k], resource] == prices[0]
+        peaks[kind[k], resource] = max(peaks.get((kind[k], resource), 0.0), *prices)
+    assert peaks[("worker", "gpu")] > min(p[3][0] for p in everything if p[2] == "gpu")
+    for (k, resource), top in peaks.items():
+        assert scraped["oasis_unit_price_peak", k, resource] == top
+    assert len(scraped) == len(everything) + len(peaks)
+
+
+def test_one_servers_window_of_prices_copies_that_server_only(
+    controller: AdmissionController,
+) -> None:
+    c = controller
+    window = pb.GetPricesRequest(slots=1 << 20, server="w7")  # oasis status asks so
+    rows, peak = _peak(lambda: _rows(c, window))
+    # its own 5 resources x 201 slots; before, every server's rows were listed, then
+    # all but its own dropped
+    assert peak < _cells_bytes(c) / 4, f"one server's prices took {peak:,} bytes"
+    everything = _rows(c, pb.GetPricesRequest(slots=WINDOW + 1))
+    assert rows == [r for r in everything if r[0] == "w7"]
+    assert len(rows) == 5 and all(len(r[3]) == WINDOW + 1 for r in rows)
+    ps_rows = _rows(c, pb.GetPricesRequest(slots=3, server="p2"))
+    assert [r[2] for r in ps_rows] == ["cpu", "mem", "disk", "bandwidth"]
