@@ -69,6 +69,8 @@
   pages are first touched. The default 8192 allows 10,000 servers over 10,000 slots.
 - ``max_page_jobs`` and ``max_page_bytes``: the most jobs, and about the most bytes of
   them, one ``ListJobs`` answer holds; the rest follow on later pages (``page_token``).
+  ``max_page_bytes`` also ends a page of ``GetPrices`` asked with ``page_size``
+  (:mod:`controller.admission.price_pages`).
 
 Job ids are checked here too, whatever the limits: 1-128 characters of
 ``A-Z a-z 0-9 . _ -`` (SPEC 3). An id names the job's MQTT topic
@@ -176,7 +178,8 @@ class Limits:
         max_table_points: most values of a table utility.
         max_page_jobs: most jobs in one ``ListJobs`` page.
         max_page_bytes: a ``ListJobs`` page stops after the job that reaches this size,
-            bytes (so a page holds at least one job).
+            bytes (so a page holds at least one job); a paged ``GetPrices`` answer holds
+            the servers whose prices fit in it (at least one).
         max_in_flight: most calls of one client waiting for the decision thread.
         search_steps_per_token: a submit or quote costs one token plus one per this many
             steps of its search bound (with ``rate`` on).

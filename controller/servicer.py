@@ -23,6 +23,7 @@ from controller.admission import (
     PreconditionError,
     QueueFullError,
 )
+from controller.admission.price_pages import price_page, too_many_prices
 from controller.auth import REVOKE_CHECK_SECONDS, Caller, Role, current_caller, holds
 from controller.convert import (
     SERVER_KINDS,
@@ -43,6 +44,7 @@ from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.statuses import abort
 from controller.store import StoreUnavailableError
+from controller.tls import MAX_RESPONSE_BYTES
 from pricing.errors import SpecError
 
 __all__ = ["AdmissionServicer", "ClusterServicer", "HighAvailabilityServicer"]
@@ -355,11 +357,26 @@ class ClusterServicer(pb_grpc.ClusterServicer):
     async def GetPrices(
         self, request: pb.GetPricesRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetPricesResponse:
+        if request.page_size < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "page_size: must be >= 0")
+        start = await _guard(context, _after(request.page_token))
+        count = None
+        if request.page_size and not request.server:
+            count = price_page(
+                request.page_size,
+                min(request.slots or 12, self.c.window + 1),
+                len(self.c.cluster.resources),
+                self.c.config.limits.max_page_bytes,
+            )
         read = self.c.read(
-            lambda: self.c.prices(request.first_slot, request.slots, request.server),
+            lambda: self.c.prices(request.first_slot, request.slots, request.server, start, count),
             current_caller().turn,
         )
         first, blocks = await _guard(context, read)
+        size = sum(block.answer_bytes() for block in blocks)
+        if count is None and size > MAX_RESPONSE_BYTES:  # gRPC would refuse it, unsaid why
+            servers = sum(len(block.names) for block in blocks)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, too_many_prices(servers, size))
         out = pb.GetPricesResponse(first_slot=first)
         rows = (row for block in blocks for row in block.rows(self.c.cluster.resources))
         for server, kind, resource, prices in rows:
@@ -371,6 +388,9 @@ class ClusterServicer(pb_grpc.ClusterServicer):
             )
         if request.server and not out.prices:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no server {request.server!r}")
+        listed = start + sum(len(block.names) for block in blocks)
+        if count is not None and listed < len(self.c.cluster.listing):
+            out.next_page_token = str(listed)
         return out
 
     async def GetUtilisation(

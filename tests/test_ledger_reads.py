@@ -19,11 +19,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
+import grpc
 import pytest
 import structlog
 
-from controller import auth
+from controller import auth, servicer
 from controller.admission import AdmissionController
+from controller.admission.price_pages import price_page
 from controller.clock import FakeClock, SlotClock
 from controller.config import from_dict
 from controller.metrics import _ControllerCollector
@@ -88,14 +90,32 @@ def _peak(fn: Callable[[], Any]) -> tuple[Any, int]:
         tracemalloc.stop()
 
 
-def _rows(c: AdmissionController, request: pb.GetPricesRequest) -> list[tuple[Any, ...]]:
+class AbortedError(Exception):
+    pass
+
+
+class Context:
+    """The part of a gRPC servicer context ``GetPrices`` uses."""
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        raise AbortedError(code, details)
+
+    async def abort_with_status(self, status: Any) -> None:
+        raise AbortedError(status.code, status.details)
+
+
+def _answer(c: AdmissionController, request: pb.GetPricesRequest) -> pb.GetPricesResponse:
     """``GetPrices`` as the servicer answers an operator without tokens."""
 
     async def call() -> pb.GetPricesResponse:
         auth._caller.set(auth.ANONYMOUS)  # as the access interceptor does
-        return await ClusterServicer(c).GetPrices(request, cast(Any, None))
+        return await ClusterServicer(c).GetPrices(request, cast(Any, Context()))
 
-    answer = asyncio.run(call())
+    return asyncio.run(call())
+
+
+def _rows(c: AdmissionController, request: pb.GetPricesRequest) -> list[tuple[Any, ...]]:
+    answer = _answer(c, request)
     return [(p.server, p.kind, p.resource, list(p.prices)) for p in answer.prices]
 
 
@@ -138,3 +158,45 @@ def test_one_servers_window_of_prices_copies_that_server_only(
     assert len(rows) == 5 and all(len(r[3]) == WINDOW + 1 for r in rows)
     ps_rows = _rows(c, pb.GetPricesRequest(slots=3, server="p2"))
     assert [r[2] for r in ps_rows] == ["cpu", "mem", "disk", "bandwidth"]
+
+
+def test_prices_come_in_pages_that_add_up_to_the_whole(controller: AdmissionController) -> None:
+    # at 10,000 servers every server's prices over more than 40 slots passed gRPC's
+    # 16 MiB cap on one message: oasis prices --slots 48 and oasis status --slots 48
+    # failed with "Sent message larger than max"; they now page
+    c = controller
+    whole = _rows(c, pb.GetPricesRequest(slots=30))
+    paged: list[tuple[Any, ...]] = []
+    token, pages = "", 0
+    while True:
+        answer = _answer(c, pb.GetPricesRequest(slots=30, page_size=7, page_token=token))
+        paged += [(p.server, p.kind, p.resource, list(p.prices)) for p in answer.prices]
+        pages += 1
+        token = answer.next_page_token
+        if not token:
+            break
+    assert paged == whole
+    assert pages == -(-(WORKERS + PS) // 7)  # a page of 7 servers each, the last shorter
+    assert not _answer(c, pb.GetPricesRequest(slots=30)).next_page_token  # asked whole
+    # a page also ends by bytes: limits.max_page_bytes over servers' rows of slots
+    assert price_page(1000, 300, 5, 1 << 20) == (1 << 20) // (5 * (8 * 300 + 64))
+    assert price_page(1000, 12, 5, 1 << 20) == 1000
+    assert price_page(3, 10**6, 5, 1 << 20) == 1  # never none
+    with pytest.raises(AbortedError, match="page_token"):
+        _answer(c, pb.GetPricesRequest(page_size=5, page_token="x"))
+
+
+def test_prices_too_large_for_one_answer_are_refused_naming_the_way_out(
+    controller: AdmissionController, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # gRPC refused such an answer only once the daemon had built it, saying "SERVER:
+    # Sent message larger than max (18240010 vs. 16777216)"; the cap is made smaller
+    # here so that 80 servers pass it
+    monkeypatch.setattr(servicer, "MAX_RESPONSE_BYTES", 100_000)
+    with pytest.raises(AbortedError) as refused:
+        _answer(controller, pb.GetPricesRequest(slots=100))
+    code, details = refused.value.args
+    assert code is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "the prices of 80 servers are about" in details and "page_size" in details
+    paged = _answer(controller, pb.GetPricesRequest(slots=100, page_size=1000))
+    assert paged.prices and not paged.next_page_token  # one page of 1 MiB holds them

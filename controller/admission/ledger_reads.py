@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from controller.admission.price_pages import ROW_OVERHEAD_BYTES
 from pricing.cluster import Cluster
 from pricing.ledger import Ledger, Side
 
@@ -83,6 +84,11 @@ class PriceBlock:
     cells: NDArray[np.float64]
     has: NDArray[np.bool_]
 
+    def answer_bytes(self) -> int:
+        """About the bytes its rows take in a ``GetPricesResponse`` (a little more: each
+        row's name, resource and framing counted as :data:`ROW_OVERHEAD_BYTES`)."""
+        return int(self.has.sum()) * (8 * int(self.cells.shape[2]) + ROW_OVERHEAD_BYTES)
+
     def rows(self, resources: tuple[str, ...]) -> list[tuple[str, str, str, list[float]]]:
         """``(server, kind, resource, prices per slot)`` for each resource a server has."""
         cells, has = self.cells.tolist(), self.has.tolist()
@@ -95,21 +101,34 @@ class PriceBlock:
 
 
 def price_blocks(
-    ledger: Ledger, cluster: Cluster, lo: int, hi: int, server: str = ""
+    ledger: Ledger,
+    cluster: Cluster,
+    lo: int,
+    hi: int,
+    server: str = "",
+    start: int = 0,
+    count: int | None = None,
 ) -> list[PriceBlock]:
-    """Unit prices over window slots ``lo .. hi - 1`` of every server, per kind, in the
-    cluster's order; with ``server``, only its (none: no such server). Only the servers
-    returned are copied, and no float becomes a Python object here (a list of every
-    cell's price built 15 million floats in the decision thread for a one-server read of
-    the window at 10,000 servers): :meth:`PriceBlock.rows` lists them after."""
+    """Unit prices over window slots ``lo .. hi - 1`` per kind of server: of ``count``
+    servers (None: all) from the ``start``-th, counting workers first, then parameter
+    servers, each in the cluster's order (a page); with ``server``, only its (none: no
+    such server). Only the servers returned are copied, and no float becomes a Python
+    object here (a list of every cell's price built 15 million floats in the decision
+    thread for a one-server read of the window at 10,000 servers): :meth:`PriceBlock.rows`
+    lists them after."""
     out = []
+    offset = 0  # the place of this side's first server in the count
     for kind, side, names in _sides(ledger, cluster):
-        first, last = 0, len(names)
+        n = len(names)
         if server:
-            if server not in names:
-                continue
-            first = names.index(server)
-            last = first + 1
+            first = names.index(server) if server in names else n
+            last = min(first + 1, n)
+        else:
+            first = min(max(start - offset, 0), n)
+            last = n if count is None else min(max(start + count - offset, 0), n)
+        offset += n
+        if first >= last:
+            continue
         cells = side.prices(lo, hi)[lo:hi, first:last].transpose(1, 2, 0)  # (k, R, S)
         has = side.capacity[first:last] > 0
         out.append(PriceBlock(kind, names[first:last], np.ascontiguousarray(cells), has))

@@ -260,13 +260,21 @@ class ReadViews(AdmissionState):
         lo = first - ledger.origin
         return first, lo, min(lo + (slots or 12), ledger.length)
 
-    def prices(self, first_slot: int, slots: int, server: str = "") -> tuple[int, list[PriceBlock]]:
+    def prices(
+        self,
+        first_slot: int,
+        slots: int,
+        server: str = "",
+        start: int = 0,
+        count: int | None = None,
+    ) -> tuple[int, list[PriceBlock]]:
         """Unit prices over ``slots`` slots from ``first_slot``, copied per kind of server
         (:meth:`PriceBlock.rows <controller.admission.ledger_reads.PriceBlock.rows>` lists
-        them per server and resource, outside the decision thread); with ``server``, only
-        that server's (none: no such server)."""
+        them per server and resource, outside the decision thread): of ``count`` servers
+        (None: all) from the ``start``-th, workers first; with ``server``, only that
+        server's (none: no such server)."""
         first, lo, hi = self._view_window(first_slot, slots)
-        return first, price_blocks(self._ledger, self.cluster, lo, hi, server)
+        return first, price_blocks(self._ledger, self.cluster, lo, hi, server, start, count)
 
     def price_summary(self) -> list[SidePrices]:
         """Per kind of server, unit prices in the current slot and their peak over the

@@ -450,6 +450,28 @@ def list_jobs(stubs: Stubs, states: Sequence[Any], limit: int = 0) -> list[pb.Jo
             return jobs
 
 
+PRICE_PAGE = 1000
+"""Servers asked per ``GetPrices`` page (the daemon may give fewer, by bytes)."""
+
+
+def get_prices(stubs: Stubs, first_slot: int, slots: int, server: str = "") -> pb.GetPricesResponse:
+    """Every server's prices (or ``server``'s) over ``slots`` slots from ``first_slot`` (0:
+    the current slot), page after page, as one answer: at 10,000 servers, more than 40
+    slots of them do not fit in one message. Later pages ask the first page's slot, so a
+    slot boundary between pages does not shift them."""
+    out = pb.GetPricesResponse()
+    token = ""
+    while True:
+        req = pb.GetPricesRequest(first_slot=first_slot, slots=slots, server=server,
+                                  page_size=PRICE_PAGE, page_token=token)  # fmt: skip
+        resp = stubs.cluster.GetPrices(req, timeout=stubs.timeout)
+        out.first_slot = first_slot = resp.first_slot
+        out.prices.extend(resp.prices)
+        token = resp.next_page_token
+        if not token:
+            return out
+
+
 def cmd_jobs(args: argparse.Namespace) -> int:
     stubs = Stubs(args)
     if args.limit < 0:
@@ -535,10 +557,9 @@ def cmd_servers(args: argparse.Namespace) -> int:
 
 def cmd_prices(args: argparse.Namespace) -> int:
     stubs = Stubs(args)
-    req = pb.GetPricesRequest(first_slot=args.first, slots=args.slots, server=args.node or "")
-    resp = stubs.cluster.GetPrices(req, timeout=stubs.timeout)
-    if args.json:
-        print_json(plain(resp))
+    resp = get_prices(stubs, args.first, args.slots, args.node or "")
+    if args.json:  # the pages as one answer: no token to follow
+        print_json({k: v for k, v in plain(resp).items() if k != "next_page_token"})
         return EXIT_OK
     n = max((len(p.prices) for p in resp.prices), default=0)
     headers = ["server", "resource", *(str(resp.first_slot + i) for i in range(n))]

@@ -25,7 +25,7 @@ import grpc
 
 from controller.clock import SlotTimes
 from controller.commands import SUMMARIES
-from controller.commands.client import list_jobs
+from controller.commands.client import get_prices, list_jobs
 from controller.commands.common import EXIT_OK, InputError, fmt
 from controller.commands.connection import Stubs, guarded, options, store_unavailable
 from controller.commands.records import clock_caption, local_time, slot_label, state_name
@@ -90,7 +90,7 @@ def collect(stubs: Stubs, server: str, slots: int) -> Status:
     t = stubs.timeout
     servers = stubs.cluster.ListServers(pb.ListServersRequest(), timeout=t)
     use = stubs.cluster.GetUtilisation(pb.GetUtilisationRequest(slots=slots), timeout=t)
-    prices = stubs.cluster.GetPrices(pb.GetPricesRequest(slots=slots), timeout=t)
+    prices = get_prices(stubs, 0, slots)
     first_of_kind = {_KIND[s.kind]: s.name for s in reversed(servers.servers)}
     window = [
         row
