@@ -88,6 +88,47 @@ def test_screen_shows_use_heat_and_jobs(busy: tuple[Daemon, list[pb.Job]]) -> No
     assert any("@" in x for x in lines if x.startswith("w"))  # the hottest cell is on screen
 
 
+def test_the_screen_shows_the_hottest_servers_and_says_how_many_more(
+    busy: tuple[Daemon, list[pb.Job]],
+) -> None:
+    """The operator's scale audit: at 10,000 servers the price heat was 10,000 lines.
+    ``--servers N`` (40 by default) shows the N hottest, and says how many are left out."""
+    daemon, _ = busy
+    st = json.loads(oasis("status", "--json", server=daemon.address).stdout)
+    assert len(st["heat"]) == 5  # --json lists every server
+    hottest = max(st["heat"], key=lambda h: max(h["price_ratio"]))["server"]
+    screen = oasis("status", "--servers", "1", server=daemon.address).stdout.splitlines()
+    names = {h["server"] for h in st["heat"]}
+    listed = [x.split()[0] for x in screen if x.split() and x.split()[0] in names]
+    assert listed == [hottest], screen
+    assert ("... and 4 more servers, none hotter than those shown (--servers 0 lists every "
+            "one; oasis servers)") in screen  # fmt: skip
+    every = oasis("status", "--servers", "0", server=daemon.address).stdout.splitlines()
+    assert sorted(x.split()[0] for x in every if x.split() and x.split()[0] in names) == sorted(
+        names
+    )
+    out = oasis("status", "--servers", "-1", server=daemon.address, check=False)
+    assert out.returncode == 2 and "--servers: must be >= 0, got -1" in out.stderr
+
+
+def test_shown_heat_keeps_the_hottest_and_every_server_out_of_service() -> None:
+    from controller.commands.status import ServerHeat, shown_heat
+
+    heat = [
+        ServerHeat("a", "worker", [1.0, 1.0], "idle"),
+        ServerHeat("b", "worker", [1.0, 9.0], "gpu 4/8"),
+        ServerHeat("c", "worker", [1.0, 1.0], "failed; idle"),
+        ServerHeat("d", "worker", [3.0, 1.0], "gpu 1/8"),
+        ServerHeat("e", "ps", [1.0, 1.0], "cordoned until slot 9; idle"),
+        ServerHeat("f", "ps", [1.0, 1.0], "idle"),
+    ]
+    assert [h.server for h in shown_heat(heat, 2)] == ["b", "c", "d", "e"]  # cluster order
+    assert [h.server for h in shown_heat(heat, 1)] == ["b", "c", "e"]
+    assert shown_heat(heat, 0) == heat and shown_heat(heat, 6) == heat
+    idle = [ServerHeat(n, "worker", [1.0], "idle") for n in "xyz"]
+    assert [h.server for h in shown_heat(idle, 2)] == ["x", "y"]  # the first among equals
+
+
 def test_bad_input_and_no_daemon_are_clear_errors() -> None:
     out = oasis("status", "--slots", "0", server="127.0.0.1:1", check=False)
     assert out.returncode == 2 and "--slots: must be >= 1" in out.stderr

@@ -38,6 +38,9 @@ __all__ = ["register"]
 RAMP = ".:-=+*#%@"  # level 0 (nothing in use / the price floor) .. 8 (the most)
 _KIND = {pb.SERVER_KIND_WORKER: "worker", pb.SERVER_KIND_PS: "ps"}
 _WHOLE_WINDOW = 1 << 20  # slots: the server clips it to the window
+SERVERS_SHOWN = 40
+"""Servers the price heat shows by default: the hottest (at 10,000 servers the screen was
+10,000 lines; the operator's scale audit)."""
 
 
 def register(sub: Any) -> None:
@@ -46,6 +49,14 @@ def register(sub: Any) -> None:
     p = sub.add_parser("status", parents=[options()], help=help_, description=help_)
     p.add_argument("--slots", type=int, default=12, help="slots to show from now (default 12)")
     p.add_argument("--limit", type=int, default=20, help="jobs in flight to list (default 20)")
+    p.add_argument(
+        "--servers",
+        type=int,
+        default=SERVERS_SHOWN,
+        metavar="N",
+        help=f"servers in the price heat: the N hottest, and any out of service, in the "
+        f"cluster's order (default {SERVERS_SHOWN}; 0: every server; --json lists all)",
+    )
     p.set_defaults(func=guarded(run))
 
 
@@ -245,8 +256,21 @@ def level(x: float, top: float) -> int:
     return max(1, math.ceil((len(RAMP) - 1) * share))
 
 
-def render(st: Status, limit: int) -> str:
-    """The screen, as text."""
+def shown_heat(heat: list[ServerHeat], servers: int) -> list[ServerHeat]:
+    """The rows of the price heat on screen: with ``servers`` > 0, the ``servers``
+    hottest (the highest price over the shown slots; the first in the cluster's order
+    among equals) and every server out of service (cordoned, failed: what an operator
+    looks for), in the cluster's order; 0: every server."""
+    if servers <= 0 or len(heat) <= servers:
+        return heat
+    rank = sorted(range(len(heat)), key=lambda i: (-max(heat[i].price_ratio, default=1.0), i))
+    keep = set(rank[:servers])
+    keep.update(i for i, h in enumerate(heat) if h.busiest.startswith(("cordoned", "failed")))
+    return [h for i, h in enumerate(heat) if i in keep]
+
+
+def render(st: Status, limit: int, servers: int = 0) -> str:
+    """The screen, as text; ``servers``: the price heat's rows (:func:`shown_heat`)."""
     last = st.first_slot + st.slots - 1
     span = f"{st.first_slot}..{last}"
     times = st.clock
@@ -294,11 +318,17 @@ def render(st: Status, limit: int) -> str:
         if top > 0
         else f"  {RAMP[0]} each resource's price floor ({floors or '-'}) everywhere"
     )
+    heat = shown_heat(st.heat, servers)
     rows = [
         [h.server, h.kind, "".join(RAMP[level(math.log(r), top)] for r in h.price_ratio), h.busiest]
-        for h in st.heat
+        for h in heat
     ]
     out.append(render_table(["server", "kind", span, "busiest now"], rows, right=set()))
+    if len(heat) < len(st.heat):
+        out.append(
+            f"... and {len(st.heat) - len(heat):,} more servers, none hotter than those shown "
+            "(--servers 0 lists every one; oasis servers)"
+        )
     out.append("")
 
     if st.jobs_in_flight is None or st.jobs is None:
@@ -331,9 +361,11 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--slots: must be >= 1, got {args.slots}")
     if args.limit < 0:
         raise InputError(f"--limit: must be >= 0, got {args.limit}")
+    if args.servers < 0:
+        raise InputError(f"--servers: must be >= 0, got {args.servers}")
     st = collect(Stubs(args), args.server, args.slots)
     if args.json:
         print(json.dumps(asdict(st), indent=1))
     else:
-        print(render(st, args.limit))
+        print(render(st, args.limit, args.servers))
     return EXIT_OK
