@@ -23,7 +23,7 @@ import contextlib
 import copy
 import itertools
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from numpy.typing import NDArray
@@ -282,6 +282,25 @@ class Side:
         t, srv = np.nonzero(self.blocked[lo:hi])
         self.used[lo + t, srv] = self.capacity[srv]
 
+    def snapshot(self, touched: NDArray[np.bool_]) -> Side:
+        """A copy for :meth:`Ledger.snapshot`: amounts, marks and blocks copied, its
+        ``touched`` the ledger copy's; its price cells not copied but fresh (unwritten
+        memory, which the system hands out as it is first written) and every slot stale
+        (``priced`` 0), so each slot is derived from its amounts when next read (the
+        same floats, see the class)."""
+        return replace(
+            self,
+            used=self.used.copy(),
+            cells=np.empty_like(self.cells),
+            blocked=self.blocked.copy(),
+            down=self.down.copy(),
+            touched=touched,
+            min_share=self.min_share.copy(),
+            priced=np.zeros_like(self.priced),
+            ahead=list(self.ahead),
+            _known=list(self._known),
+        )
+
     def job_used(self) -> NDArray[np.float64]:
         """``(S, n, R)`` amounts allocated to jobs (blocked cells count 0)."""
         out: NDArray[np.float64] = np.where(self.blocked[:, :, None], 0.0, self.used)
@@ -378,9 +397,20 @@ class Ledger:
         ]
 
     def snapshot(self) -> Ledger:
-        """A copy of this ledger's whole state (its cluster and bounds shared), for
-        :meth:`restore`: a trial of changes that may be undone."""
-        return copy.deepcopy(self, {id(self.cluster): self.cluster, id(self.bounds): self.bounds})
+        """A copy of this ledger's state, for :meth:`restore`: a trial of changes that may
+        be undone. Its amounts, blocks and jobs' entries are copied; the cluster, the
+        bounds and the jobs' schedules (never changed in place: a change replaces the
+        entry) are shared; the price cells are not copied, the copy's all stale
+        (:meth:`Side.snapshot`). A deep copy also copied every cell's price and every
+        schedule: at 10,000 servers x 300 slots, 0.4 s of the decision thread and about
+        twice the ledger's memory for every cordon (the operator's scale audit)."""
+        saved = copy.copy(self)
+        saved.touched = self.touched.copy()
+        saved.worker_side = self.worker_side.snapshot(saved.touched)
+        saved.ps_side = self.ps_side.snapshot(saved.touched)
+        saved._entries = dict(self._entries)
+        saved._deferred = copy.deepcopy(self._deferred)
+        return saved
 
     def restore(self, saved: Ledger) -> None:
         """Put this ledger back as it was when ``saved`` (its :meth:`snapshot`) was taken,
