@@ -8,7 +8,8 @@ execution plane's ``view`` (as ``GetProgress``), use through ``utilisation`` and
 ledger's prices inside :meth:`~controller.admission.AdmissionController.read` (between two
 decisions, never half-way through one), counts per state from the controller's
 :class:`~controller.admission.job_counts.JobCounts` (shared, at most ``max(2 s, 50 x the
-count's duration)`` old).
+count's duration)`` old); the window's use and the price heatmap's ledger reads are
+shared by every tab too, each reused for 20 times its duration (:mod:`.shared_reads`).
 What the views lack -- allocations across jobs for the Gantt chart and the heatmap's
 hover, one job's events -- is read here from the same store tables, never from a copy.
 
@@ -33,6 +34,7 @@ from controller.admission import STATES, AdmissionController, NotFoundError
 from controller.auth import Caller, Role
 from controller.commands.records import ABANDONED, job_record, plain, plan_of
 from controller.console.heatmap import MAX_BINS, bin_edges, bin_grid, price_levels
+from controller.console.shared_reads import SharedReads, timed
 from controller.convert import job_to_proto, progress_to_proto
 from controller.errors import BusyError, DrainingError
 from controller.job_keys import SEPARATOR, as_named, key_for, key_of, shown, shown_view
@@ -67,6 +69,7 @@ class ConsoleData:
     ) -> None:
         self.c = controller
         self.broker = broker or (lambda: None)
+        self.shared = SharedReads()  # the window's use and prices, shared by every tab
 
     # -- common ------------------------------------------------------------------------
 
@@ -165,7 +168,9 @@ class ConsoleData:
             for name, c in cordons.items()
             if not c.started(self.c.slot)
         }
-        first, rows = await self.c.read(lambda: self.c.utilisation(0, self.c.window + 1))
+        first, rows = await self.shared.get(
+            "use", lambda: self.c.read(timed(lambda: self.c.utilisation(0, self.c.window + 1)))
+        )
         use = []
         for resource, kind, share in rows:
             series = np.asarray(share, np.float64)
@@ -198,7 +203,9 @@ class ConsoleData:
         integers, so 10,000 cells stay small); :meth:`price_cell` gives a cell's exact
         prices, use and jobs."""
         chosen = self._resource(resource) if resource else None
-        snap = await self.c.read(lambda: self._price_snapshot(chosen))
+        snap = await self.shared.get(
+            ("prices", chosen), lambda: self.c.read(timed(lambda: self._price_snapshot(chosen)))
+        )
         r, origin, first, price, share, floor, top = snap
         names = [name for _, _, name in self._listing(r)]
         grid = bin_grid(price)
