@@ -119,7 +119,11 @@ async def serve(
     lease = ha.lease_seconds if ha is not None else None
     advertise = _advertise(config) if ha is not None else ""
     db = Database(
-        config.database_url, config.store_timeout, config.sqlite_synchronous, idle_transaction=lease
+        config.database_url,
+        config.store_timeout,
+        config.sqlite_synchronous,
+        idle_transaction=lease,
+        log=log,
     )
     controller = AdmissionController(config, db, slots, log=log, commit_process=True)
     controller.advertise = advertise

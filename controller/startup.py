@@ -6,7 +6,9 @@ store, and exit status 1 (``oasisd: ...``), never a traceback:
   is a file, or cannot be created for its permissions or a read-only file system, exits
   2 (:func:`_data_dir`: only an operator can mend it);
 - the store cannot be reached (refused, timed out after ``daemon.store_timeout``, bad
-  credentials) or cannot be written (a full disk: "database or disk is full");
+  credentials) or cannot be written (a full disk: "database or disk is full"; a role
+  without a privilege, a read-only database or hot standby: the line says what the DBA
+  does, ``controller/store/refusals.py``);
 - another daemon holds the store (``controller/store/writer_lock.py``): the line names it
   (with ``[ha]`` on PostgreSQL the second one becomes a standby instead; ``[ha]`` on a
   SQLite store is refused: high availability needs PostgreSQL);
@@ -36,6 +38,7 @@ from controller.config import Config
 from controller.errors import SlotGridChangedError, StoreEditedError
 from controller.store import MetaRow, StoreUnavailableError, StoreVersionError, migrate
 from controller.store.database import Database, rewrites_ahead
+from controller.store.refusals import refusal
 from controller.store.urls import shown
 from controller.store.writer_lock import PostgresWriterLock, StoreLockedError, WriterLock
 from pricing.best_schedule import warm_up
@@ -92,7 +95,11 @@ def open_store(config: Config, controller: AdmissionController, writer: WriterLo
     except sqlalchemy.exc.DBAPIError as err:  # unreachable, refused, bad credentials, full
         lines = str(err.orig if err.orig is not None else err).strip().splitlines()
         # SQLite says "disk I/O error" when the disk is full: say which, with the number
-        why = db.space_short() or (lines[0] if lines else str(err))
+        why = (
+            db.space_short()
+            or refusal(err.orig, db.engine.url)  # a DBA's to mend: which setting, what to do
+            or (lines[0] if lines else str(err))
+        )
         raise StartupError(f"cannot open {store}: {why}") from err
     except StoreUnavailableError as err:
         raise StartupError(f"cannot open {store}: {err}") from err

@@ -12,7 +12,10 @@ No call waits on PostgreSQL for ever. With ``timeout`` seconds (``daemon.store_t
   that vanished while the connection was idle;
 - after a failure that says the server is out of reach (no SQLSTATE: the connection broke
   or could not be made), calls fail at once for :data:`RETRY_SECONDS` instead of each
-  waiting out its own timeout; then one tries again. :meth:`Database.ping` always tries.
+  waiting out its own timeout; then one tries again. :meth:`Database.ping` always tries;
+- a refusal only a DBA can mend (a privilege revoked, a read-only database, the tables
+  out of the role's ``search_path``: :mod:`.refusals`) is said as such, naming the
+  setting and the remedy; the server is reachable, so calls are not failed at once.
 
 Each becomes :class:`StoreUnavailableError` (gRPC ``UNAVAILABLE``). Migrations and the
 ledger's rebuild at start-up may take longer on a large store: they run under
@@ -45,6 +48,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
+from controller.store.refusals import refusal
 from controller.store.sqlite_file import StoreFile
 
 __all__ = [
@@ -67,6 +71,9 @@ DEFAULT_TIMEOUT = 3.0
 """Seconds any one store operation may take (``daemon.store_timeout``)."""
 RETRY_SECONDS = 1.0
 """After PostgreSQL was found out of reach, calls fail at once for this long."""
+
+REFUSAL_LOG_SECONDS = 60.0
+"""The same refusal (:mod:`.refusals`) is logged at most once in this many seconds."""
 
 MIN_FREE_BYTES = 1 << 20
 """A SQLite store whose file system has less free than this is full: it cannot grow."""
@@ -94,7 +101,8 @@ _patient_locks: ContextVar[bool] = ContextVar("store_patient_locks", default=Fal
 
 
 class StoreUnavailableError(Exception):
-    """The database cannot be reached or refused the operation for a transient reason."""
+    """The database cannot be reached, or refused the operation: for a transient reason,
+    or for one its DBA mends (:mod:`.refusals`, the message says what to do)."""
 
 
 class StoreVersionError(Exception):
@@ -132,6 +140,9 @@ class Database:
         idle_transaction: PostgreSQL ends a session idle inside a transaction this long
             (seconds; high availability: a stopped leader's transaction must not hold
             the row its successor's epoch bump waits for); None: no limit.
+        log: a structlog logger told of refusals a DBA mends (:mod:`.refusals`), at
+            most once every :data:`REFUSAL_LOG_SECONDS` while the same one goes on;
+            None: not logged (the commit process, whose parent logs them).
     """
 
     def __init__(
@@ -140,6 +151,7 @@ class Database:
         timeout: float = DEFAULT_TIMEOUT,
         sqlite_synchronous: str = "full",
         idle_transaction: float | None = None,
+        log: Any = None,
     ) -> None:
         if sqlite_synchronous not in SQLITE_SYNCHRONOUS:
             raise ValueError(f"sqlite_synchronous must be one of {SQLITE_SYNCHRONOUS}")
@@ -149,6 +161,9 @@ class Database:
         self.idle_transaction = idle_transaction
         self._down = ""  # why PostgreSQL was last found out of reach; "" if it was not
         self._retry_at = 0.0  # time.monotonic() before which calls fail at once
+        self._log = log
+        self._refused = ""  # the last refusal logged (:mod:`.refusals`)
+        self._refused_logged = -math.inf  # time.monotonic() it was logged
         kwargs: dict[str, Any] = {}
         parsed = make_url(url)
         if parsed.get_backend_name() == "postgresql":
@@ -224,6 +239,10 @@ class Database:
             yield
             self._down = ""
         except DBAPIError as err:
+            refused = refusal(err.orig, self.engine.url)
+            if refused is not None:  # a DBA's to mend (:mod:`.refusals`): no outage
+                self._note_refusal(refused)
+                raise StoreUnavailableError(refused) from err
             if err.connection_invalidated or _is_transient(err):
                 reason = _first_line(err)
                 if _out_of_reach(err):
@@ -234,6 +253,18 @@ class Database:
             raise StoreUnavailableError(
                 f"no store connection free within {self.timeout:g} s"
             ) from err
+
+    def _note_refusal(self, refused: str) -> None:
+        """Log ``refused`` unless it was, less than :data:`REFUSAL_LOG_SECONDS` ago: the
+        probe's ``SELECT 1`` goes through, so only this tells the journal why every
+        decision fails (the operator's clients are told too, the tenants' are not)."""
+        now = time.monotonic()
+        if self._log is None or (
+            refused == self._refused and now - self._refused_logged < REFUSAL_LOG_SECONDS
+        ):
+            return
+        self._refused, self._refused_logged = refused, now
+        self._log.warning("the store refuses this daemon's role", reason=refused)
 
     def ping(self) -> bool:
         """True if the database answers a trivial query (always tried, even while calls

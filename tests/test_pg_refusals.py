@@ -1,0 +1,197 @@
+"""A PostgreSQL that answers but will not let the daemon's role write, as a DBA can make it
+while the daemon runs: a privilege revoked, the database made read-only, the role's
+``search_path`` moved to another schema. Submissions get ``UNAVAILABLE`` naming what the
+DBA does (not ``INTERNAL``, which clients do not retry, and a traceback in the log), what
+can still be read is served, and once the DBA undoes it the same submission is decided
+and stored, without a restart. Start-up on a role that may not create the tables says
+what to grant.
+
+The daemon runs as a role of its own (not the superuser the test cluster's ``oasis`` is)
+owning its database, as ``README`` ("Install on a head node") sets it up.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import psycopg
+import pytest
+
+from controller.convert import spec_to_proto
+from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
+from tests.servers import ROOT, Daemon, Postgres, json_log, write_config
+from tests.test_daemon_e2e import job
+
+RECOVERY_SECONDS = 30.0  # bound on the retries once the DBA undid it (a rebuild, a reconnect)
+
+
+@dataclass
+class RoleStore:
+    """A login role (not a superuser) and a database it owns, on the test cluster."""
+
+    role: str
+    database: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg://{self.role}@127.0.0.1:{self.port}/{self.database}"
+
+    def admin(self, database: str | None = None) -> psycopg.Connection[tuple[object, ...]]:
+        """A superuser connection (autocommit) to the store's database, or ``database``."""
+        dsn = f"host=127.0.0.1 port={self.port} user=oasis dbname={database or self.database}"
+        return psycopg.connect(dsn, autocommit=True)
+
+    def end_sessions(self) -> None:
+        """End the role's sessions, as a DBA does so that a setting takes effect."""
+        with self.admin("postgres") as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s",
+                (self.role,),
+            )
+
+
+@pytest.fixture
+def role_store(postgres: Postgres) -> Iterator[RoleStore]:
+    name = f"r_{uuid.uuid4().hex[:10]}"
+    store = RoleStore(name, name, postgres.port)
+    with store.admin("postgres") as conn:
+        conn.execute(f'CREATE ROLE "{name}" LOGIN')
+        conn.execute(f'CREATE DATABASE "{name}" OWNER "{name}"')
+    yield store
+    with store.admin("postgres") as conn:
+        conn.execute(f'ALTER ROLE "{name}" RESET ALL')
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'DROP ROLE IF EXISTS "{name}"')
+
+
+def _submit(stub: pb_grpc.AdmissionStub, job_id: str) -> pb.SubmitJobResponse:
+    reply: pb.SubmitJobResponse = stub.SubmitJob(
+        pb.SubmitJobRequest(job=spec_to_proto(job(job_id))), timeout=30
+    )
+    return reply
+
+
+def _refused(stub: pb_grpc.AdmissionStub, job_id: str, words: str) -> str:
+    """Submit ``job_id`` until it is refused with ``words`` in its details (the first
+    calls may meet the ended sessions); every refusal must be UNAVAILABLE."""
+    deadline = time.monotonic() + RECOVERY_SECONDS
+    while True:
+        with pytest.raises(grpc.RpcError) as refused:
+            _submit(stub, job_id)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value.details()
+        details = refused.value.details() or ""
+        if words in details:
+            return details
+        assert time.monotonic() < deadline, details
+        time.sleep(0.2)
+
+
+def _decided(stub: pb_grpc.AdmissionStub, job_id: str) -> pb.SubmitJobResponse:
+    """Submit ``job_id`` until it is decided, retrying UNAVAILABLE only."""
+    deadline = time.monotonic() + RECOVERY_SECONDS
+    while True:
+        try:
+            return _submit(stub, job_id)
+        except grpc.RpcError as err:
+            assert err.code() == grpc.StatusCode.UNAVAILABLE, err.details()
+            assert time.monotonic() < deadline, err.details()
+            time.sleep(0.2)
+
+
+# (what the DBA does, in the store's database; what undoes it; what the refusal says)
+FAULTS = {
+    "privilege_revoked": (
+        "REVOKE INSERT, UPDATE ON ALL TABLES IN SCHEMA public FROM {role}",
+        "GRANT INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO {role}",
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}",
+    ),
+    "database_read_only": (
+        "ALTER DATABASE {database} SET default_transaction_read_only = on",
+        "ALTER DATABASE {database} SET default_transaction_read_only = off",
+        "default_transaction_read_only",
+    ),
+    "search_path_moved": (
+        "CREATE SCHEMA elsewhere; ALTER ROLE {role} SET search_path = elsewhere",
+        "ALTER ROLE {role} RESET search_path",
+        "search_path",
+    ),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_a_store_that_refuses_the_role_is_unavailable_naming_the_remedy_then_recovers(
+    fault: str, role_store: RoleStore, tmp_path: Path
+) -> None:
+    do, undo, words = (s.format(role=role_store.role, database=role_store.database)
+                       for s in FAULTS[fault])  # fmt: skip
+    log = tmp_path / "d.log"
+    daemon = Daemon(write_config(tmp_path / "d.toml", tmp_path / "data", role_store.url), log)
+    daemon.start()
+    try:
+        with grpc.insecure_channel(daemon.address) as channel:
+            stub = pb_grpc.AdmissionStub(channel)
+            answers = {f"before{i}": _submit(stub, f"before{i}") for i in range(3)}
+
+            with role_store.admin() as admin:
+                for statement in do.split("; "):
+                    admin.execute(statement)
+            role_store.end_sessions()  # settings take effect in new sessions
+            details = _refused(stub, "during", words)
+            assert role_store.role in details
+            # what was stored is still read (not with the tables out of search_path)
+            if fault != "search_path_moved":
+                listed = stub.ListJobs(pb.ListJobsRequest(), timeout=30)
+                assert {j.spec.id for j in listed.jobs} >= set(answers)
+
+            with role_store.admin() as admin:
+                admin.execute("SET default_transaction_read_only = off")  # this session's
+                admin.execute(undo)
+            role_store.end_sessions()
+            answers["during"] = _decided(stub, "during")
+            answers["after"] = _decided(stub, "after")
+    finally:
+        assert daemon.stop() == 0
+    text = log.read_text()
+    assert '"internal error"' not in text, text
+    # the journal says it too (the probe's SELECT 1 went through: no "store unreachable")
+    refusals = [e for e in json_log(log) if e["event"] == "the store refuses this daemon's role"]
+    assert refusals and words in refusals[0]["reason"], text
+    with role_store.admin() as admin:
+        stored = {str(i): str(st) for i, st in admin.execute("SELECT id, state FROM jobs")}
+    for job_id, answer in answers.items():
+        assert answer.job.decision.admitted, job_id  # the small test job fits
+        assert stored.get(job_id) in ("admitted", "running"), (job_id, stored)
+
+
+def test_a_role_that_may_not_create_the_tables_is_told_what_to_grant(
+    role_store: RoleStore, tmp_path: Path
+) -> None:
+    """The DBA created the role with CONNECT only, in a database another role owns."""
+    with role_store.admin("postgres") as conn:
+        other = f"{role_store.database}_o"
+        conn.execute(f'CREATE DATABASE "{other}"')  # owned by the superuser
+    try:
+        url = role_store.url.rsplit("/", 1)[0] + f"/{other}"
+        config = write_config(tmp_path / "d.toml", tmp_path / "data", url)
+        out = subprocess.run(
+            [sys.executable, "-m", "controller.daemon", "--config", str(config)],
+            capture_output=True, text=True, cwd=ROOT, timeout=120, check=False,
+        )  # fmt: skip
+    finally:
+        with role_store.admin("postgres") as conn:
+            conn.execute(f'DROP DATABASE "{other}" WITH (FORCE)')
+    assert out.returncode == 1, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("oasisd: cannot open the store postgresql+psycopg://"), last
+    assert "permission denied for schema public" in last, last
+    assert f"ALTER SCHEMA public OWNER TO {role_store.role}" in last, last
+    assert f"GRANT USAGE, CREATE ON SCHEMA public TO {role_store.role}" in last, last
