@@ -13,6 +13,8 @@ store, and exit status 1 (``oasisd: ...``), never a traceback:
   (with ``[ha]`` on PostgreSQL the second one becomes a standby instead; ``[ha]`` on a
   SQLite store is refused: high availability needs PostgreSQL);
 - the store's recorded slot 0 (meta row ``epoch``) is malformed;
+- the store is new where the role's ``search_path`` looks, while another schema of its
+  database holds one (a DBA moved the path: ``controller/store/search_path.py``), exit 2;
 - the store's schema is at a revision this oasis does not know (a newer oasis migrated
   it: run that one, or restore a backup from before it ran); exit status 2, as for a
   config whose slot grid is not the store's: the systemd unit does not restart either,
@@ -39,6 +41,7 @@ from controller.errors import SlotGridChangedError, StoreEditedError
 from controller.store import MetaRow, StoreUnavailableError, StoreVersionError, migrate
 from controller.store.database import Database, rewrites_ahead
 from controller.store.refusals import refusal
+from controller.store.search_path import StoreHiddenError
 from controller.store.urls import shown
 from controller.store.writer_lock import PostgresWriterLock, StoreLockedError, WriterLock
 from pricing.best_schedule import warm_up
@@ -105,6 +108,8 @@ def open_store(config: Config, controller: AdmissionController, writer: WriterLo
         raise StartupError(f"cannot open {store}: {err}") from err
     except StoreVersionError as err:  # a newer oasis migrated it: a restart cannot help
         raise StartupError(f"{store} {err}", status=2) from err
+    except StoreHiddenError as err:  # search_path moved: a restart would not move it back
+        raise StartupError(f"cannot use {store}: {err}", status=2) from err
     except StoreEditedError as err:  # rows no daemon writes: an operator mends them
         raise StartupError(f"cannot use {store}: {err}", status=2) from err
     except SlotGridChangedError as err:  # the config's slots are not the store's

@@ -73,6 +73,14 @@ def role_store(postgres: Postgres) -> Iterator[RoleStore]:
         conn.execute(f'DROP ROLE IF EXISTS "{name}"')
 
 
+def _start(config: Path) -> subprocess.CompletedProcess[str]:
+    """``oasisd --config config`` until it exits (it is expected to, at start)."""
+    return subprocess.run(
+        [sys.executable, "-m", "controller.daemon", "--config", str(config)],
+        capture_output=True, text=True, cwd=ROOT, timeout=60, check=False,
+    )  # fmt: skip
+
+
 def _submit(stub: pb_grpc.AdmissionStub, job_id: str) -> pb.SubmitJobResponse:
     reply: pb.SubmitJobResponse = stub.SubmitJob(
         pb.SubmitJobRequest(job=spec_to_proto(job(job_id))), timeout=30
@@ -182,10 +190,7 @@ def test_a_role_that_may_not_create_the_tables_is_told_what_to_grant(
     try:
         url = role_store.url.rsplit("/", 1)[0] + f"/{other}"
         config = write_config(tmp_path / "d.toml", tmp_path / "data", url)
-        out = subprocess.run(
-            [sys.executable, "-m", "controller.daemon", "--config", str(config)],
-            capture_output=True, text=True, cwd=ROOT, timeout=120, check=False,
-        )  # fmt: skip
+        out = _start(config)
     finally:
         with role_store.admin("postgres") as conn:
             conn.execute(f'DROP DATABASE "{other}" WITH (FORCE)')
@@ -195,3 +200,52 @@ def test_a_role_that_may_not_create_the_tables_is_told_what_to_grant(
     assert "permission denied for schema public" in last, last
     assert f"ALTER SCHEMA public OWNER TO {role_store.role}" in last, last
     assert f"GRANT USAGE, CREATE ON SCHEMA public TO {role_store.role}" in last, last
+
+
+def test_a_search_path_moved_between_two_starts_begins_no_empty_store_beside_the_old(
+    role_store: RoleStore, tmp_path: Path
+) -> None:
+    """Before, the second start created an empty store in the new schema and decided on
+    it, blind to the jobs admitted in public."""
+    epoch = time.time()
+    config = write_config(tmp_path / "d.toml", tmp_path / "data", role_store.url, epoch=epoch)
+    daemon = Daemon(config, tmp_path / "d.log").start()
+    try:
+        with grpc.insecure_channel(daemon.address) as channel:
+            assert _submit(pb_grpc.AdmissionStub(channel), "kept").job.decision.admitted
+    finally:
+        assert daemon.stop() == 0
+    role = role_store.role
+    with role_store.admin() as admin:
+        admin.execute(f'CREATE SCHEMA elsewhere AUTHORIZATION "{role}"')
+        admin.execute(f'ALTER ROLE "{role}" SET search_path = elsewhere')
+
+    out = _start(config)
+    assert out.returncode == 2, out.stderr  # not restarted: a DBA's to mend
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("oasisd: cannot use the store postgresql+psycopg://"), last
+    assert "schema public of database" in last, last
+    assert f"ALTER ROLE {role} RESET search_path" in last, last
+    with role_store.admin() as admin:  # nothing was created in the other schema
+        created = admin.execute(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = 'elsewhere'"
+        ).fetchone()
+    assert created == (0,)
+
+    # named in store_url, the schema is the operator's choice: a new store begins there
+    chosen = role_store.url + "?options=-csearch_path%3Delsewhere"
+    config = write_config(tmp_path / "e.toml", tmp_path / "data", chosen, epoch=epoch)
+    daemon = Daemon(config, tmp_path / "e.log").start()
+    assert daemon.stop() == 0
+
+    # search_path set back: the first store, with its job
+    with role_store.admin() as admin:
+        admin.execute(f'ALTER ROLE "{role}" RESET search_path')
+    config = write_config(tmp_path / "d.toml", tmp_path / "data", role_store.url, epoch=epoch)
+    daemon = Daemon(config, tmp_path / "f.log").start()
+    try:
+        with grpc.insecure_channel(daemon.address) as channel:
+            got = pb_grpc.AdmissionStub(channel).GetJob(pb.GetJobRequest(id="kept"), timeout=30)
+        assert got.job.decision.admitted
+    finally:
+        assert daemon.stop() == 0

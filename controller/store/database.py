@@ -49,6 +49,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
 from controller.store.refusals import refusal
+from controller.store.search_path import check_new_store
 from controller.store.sqlite_file import StoreFile
 
 __all__ = [
@@ -533,7 +534,9 @@ def migrate(db: Database) -> str:
 
     Check, lock, check again, upgrade: concurrent daemons on one PostgreSQL serialise on
     an advisory lock; SQLite serialises on its own write lock. StoreVersionError if the
-    store is at a revision this oasis does not know (a newer one migrated it).
+    store is at a revision this oasis does not know (a newer one migrated it);
+    StoreHiddenError if a new PostgreSQL store would be created while another schema of
+    its database holds one (:mod:`.search_path`).
     """
     script, head, current = _revisions(db)
     if current == head:
@@ -550,7 +553,10 @@ def migrate(db: Database) -> str:
         with db.patient(_MIGRATION_SECONDS, locks=True), engine.begin() as conn:
             if engine.dialect.name == "postgresql":
                 conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_LOCK})
-            if MigrationContext.configure(conn).get_current_revision() != head:
+            now = MigrationContext.configure(conn).get_current_revision()
+            if now is None and engine.dialect.name == "postgresql":
+                check_new_store(conn, db.engine.url)  # not beside one search_path hides
+            if now != head:
                 cfg.attributes["connection"] = conn
                 command.upgrade(cfg, "head")
     finally:
