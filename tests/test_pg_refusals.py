@@ -15,6 +15,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+import tomllib
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,10 +25,11 @@ import grpc
 import psycopg
 import pytest
 
+from bench.load_test import check_ledger, read_store, store_use
 from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
-from tests.servers import ROOT, Daemon, Postgres, json_log, write_config
+from tests.servers import CLUSTER_TOML, ROOT, Daemon, Postgres, json_log, write_config
 from tests.test_daemon_e2e import job
 
 RECOVERY_SECONDS = 30.0  # bound on the retries once the DBA undid it (a rebuild, a reconnect)
@@ -115,6 +117,19 @@ def _decided(stub: pb_grpc.AdmissionStub, job_id: str) -> pb.SubmitJobResponse:
             time.sleep(0.2)
 
 
+def _ledger_is_the_store(address: str, url: str) -> None:
+    """The daemon's utilisation and servers' use come to be the store's allocations,
+    within :data:`RECOVERY_SECONDS`."""
+    servers = tomllib.loads(CLUSTER_TOML)["cluster"]["servers"]
+    deadline = time.monotonic() + RECOVERY_SECONDS
+    while True:
+        problems = check_ledger(address, store_use(read_store(url)), servers)
+        if not problems:
+            return
+        assert time.monotonic() < deadline, problems[:5]
+        time.sleep(0.2)
+
+
 # (what the DBA does, in the store's database; what undoes it; what the refusal says)
 FAULTS = {
     "privilege_revoked": (
@@ -164,6 +179,9 @@ def test_a_store_that_refuses_the_role_is_unavailable_naming_the_remedy_then_rec
                 admin.execute("SET default_transaction_read_only = off")  # this session's
                 admin.execute(undo)
             role_store.end_sessions()
+            # no call comes: the ledger still drops the decisions the store refused
+            # (before, reads showed them until the next submission or slot boundary)
+            _ledger_is_the_store(daemon.address, role_store.url)
             answers["during"] = _decided(stub, "during")
             answers["after"] = _decided(stub, "after")
     finally:

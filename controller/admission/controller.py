@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import contextvars
 import functools
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, TypeVar
@@ -41,6 +42,15 @@ from pricing import SpecError
 __all__ = ["AdmissionController"]
 
 _T = TypeVar("_T")
+
+STALE_REBUILD_SECONDS = 5.0
+"""Seconds between the slot clock's tries at rebuilding a stale ledger while no call
+does (:meth:`AdmissionController._rebuild_if_stale`): each try reads the whole store."""
+
+
+def _no_step() -> None:
+    """A step that does nothing: what runs before it (a stale ledger's rebuild) is the
+    point."""
 
 
 READS_PER_CLIENT = 2
@@ -382,12 +392,30 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
         return view
 
     async def tick(self) -> None:
-        """Advance to the current slot, if it changed: window and job states."""
-        if not self.leading or self._draining or self.slots.current_slot() == self._ticked_slot:
+        """Advance to the current slot, if it changed: window and job states. First, a
+        ledger a failed commit left stale is rebuilt (:meth:`_rebuild_if_stale`)."""
+        if not self.leading or self._draining:
+            return
+        await self._rebuild_if_stale()
+        if self.slots.current_slot() == self._ticked_slot:
             return
         await self._move_jobs()
         if self.config.keep_days > 0:
             await self.prune()
+
+    async def _rebuild_if_stale(self) -> None:
+        """Rebuild the ledger if a failed commit left it holding decisions the store may
+        not, once the store's last answer was fine, at most every
+        :data:`STALE_REBUILD_SECONDS`. Reads (utilisation, prices, the servers' use) are
+        served from the ledger: in the PostgreSQL audit they showed the decisions a
+        revoked privilege or a read-only database refused, as if admitted, until the
+        next submission or slot boundary rebuilt it (StoreUnavailableError if the store
+        fails meanwhile: the periodic event says so once)."""
+        now = time.monotonic()
+        if not self._stale or self.db.down_reason or now < self._stale_rebuild_at:
+            return
+        self._stale_rebuild_at = now + STALE_REBUILD_SECONDS
+        await self._run(_no_step)  # the step rebuilds a stale ledger first (_in_step)
 
     async def _move_jobs(self) -> None:
         """The slot tick's steps (:meth:`~.lifecycle.Lifecycle._tick_sync`), a batch of

@@ -127,6 +127,7 @@ class AdmissionState(ABC):
         self._stale = False
         self._rebuild_retry_at = 0.0  # a failed rebuild is not tried again before this
         self._rebuild_error = ""  # (time.monotonic()), and why it failed
+        self._stale_rebuild_at = 0.0  # the slot clock's next try at it (time.monotonic())
         self.ledger: Ledger | None = None
         self.slot = 0
         # the slot whose job-state changes are done: the window (self.slot) may move on
