@@ -5,6 +5,7 @@ daemon whose lock another process took over stops (exit 1)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import subprocess
@@ -15,11 +16,14 @@ from pathlib import Path
 import grpc
 import psycopg
 import pytest
+import sqlalchemy.exc
+import structlog
 from sqlalchemy import create_engine, text
 
 from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
+from controller.store.watch import StoreWatch
 from controller.store.writer_lock import (
     LOCK_KEY,
     FileWriterLock,
@@ -207,3 +211,61 @@ def test_a_daemon_that_held_the_store_meanwhile_fences_and_stops_this_one(
         assert _writer_record(url)["host"] == "rival"  # this daemon recorded nothing more
     finally:
         daemon.stop()
+
+
+class _Answering:
+    """A store whose probe answers (a pooled connection's SELECT 1)."""
+
+    down_reason = ""
+
+    def ping(self) -> bool:
+        return True
+
+
+class _Refused(FileWriterLock):
+    """A lock whose session ended and whose new one PostgreSQL refuses (the database's
+    CONNECTION LIMIT reached)."""
+
+    def held(self) -> bool:
+        return False
+
+    def try_acquire(self) -> bool:
+        raise sqlalchemy.exc.OperationalError(
+            "SELECT pg_try_advisory_lock(%(k)s)",
+            {},
+            psycopg.OperationalError(
+                'connection failed: connection to server at "db", port 5432 failed: '
+                'FATAL:  too many connections for database "oasis"'
+            ),
+        )
+
+
+def test_a_lock_not_taken_again_says_why_once_and_the_store_unreachable_names_it(
+    tmp_path: Path,
+) -> None:
+    """The probe's SELECT 1 went through on a pooled connection while the lock's new
+    session was refused: before, "store unreachable" gave an empty reason, and "writer
+    lock not taken again yet" came every second with SQLAlchemy's statement and link."""
+    from structlog.testing import capture_logs
+
+    async def changed(_up: bool) -> None:
+        return None
+
+    with capture_logs() as logs:
+        watch = StoreWatch(
+            _Answering(),  # type: ignore[arg-type]
+            _Refused(tmp_path / "lock"),
+            changed,
+            lambda: None,
+            log=structlog.get_logger(),
+        )
+        for _ in range(3):
+            asyncio.run(watch.check())
+    unreachable = [e for e in logs if e["event"] == "store unreachable"]
+    assert len(unreachable) == 1
+    assert "too many connections" in unreachable[0]["reason"], unreachable
+    not_yet = [e for e in logs if e["event"] == "writer lock not taken again yet"]
+    assert [e["error"] for e in not_yet] == [
+        'connection failed: connection to server at "db", port 5432 failed: FATAL:  '
+        'too many connections for database "oasis"'
+    ]

@@ -64,6 +64,7 @@ class StoreWatch:
         self.log = log or structlog.get_logger("oasisd")
         self.up = True
         self.lost = ""
+        self._lock_error = ""  # why the lock was last not taken again ("" : it was)
 
     async def check(self) -> None:
         """Probe once; tell ``on_change`` and ``on_lost`` what changed."""
@@ -80,7 +81,10 @@ class StoreWatch:
             if up:
                 self.log.info("store reachable again")
             else:
-                self.log.warning("store unreachable", reason=self.db.down_reason)
+                # the probe's SELECT 1 may go through on a pooled connection while the
+                # lock's new one is refused (the database's connection limit reached)
+                reason = self.db.down_reason or self._lock_error
+                self.log.warning("store unreachable", reason=reason)
             await self.on_change(up)
 
     def _probe(self) -> tuple[bool, str]:
@@ -88,10 +92,12 @@ class StoreWatch:
         if not self.db.ping():
             return False, ""
         if self.lock is None or self.lock.held():
+            self._lock_error = ""
             return True, ""
         try:
             if self.lock.try_acquire():
                 if self.lock.recorded_mine(self.db):
+                    self._lock_error = ""
                     # still this daemon's epoch: its writes (fenced with it) go on
                     self.log.warning("writer lock taken again after its session ended",
                                      epoch=self.lock.epoch)  # fmt: skip
@@ -105,7 +111,10 @@ class StoreWatch:
                     "decisions; stopping"
                 )
         except (DBAPIError, StoreUnavailableError, OSError) as err:
-            self.log.warning("writer lock not taken again yet", error=str(err))
+            why = _first_line(err)
+            if why != self._lock_error:  # said once while it goes on, not every second
+                self.log.warning("writer lock not taken again yet", error=why)
+            self._lock_error = why
             return False, ""
         holder = self.lock.holder()
         who = str(holder) if holder else "holder unknown"
@@ -113,3 +122,11 @@ class StoreWatch:
             f"{self.lock.what} was taken over by another oasisd ({who}) while this one "
             "could not reach it; stopping"
         )
+
+
+def _first_line(err: BaseException) -> str:
+    """What the store said, on one line (a DBAPIError's driver message, without
+    SQLAlchemy's statement and "Background on this error" link)."""
+    orig = err.orig if isinstance(err, DBAPIError) and err.orig is not None else err
+    lines = str(orig).strip().splitlines()
+    return lines[0] if lines else type(orig).__name__
