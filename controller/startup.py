@@ -40,7 +40,7 @@ from controller.config import Config
 from controller.errors import SlotGridChangedError, StoreEditedError
 from controller.store import MetaRow, StoreUnavailableError, StoreVersionError, migrate
 from controller.store.database import Database, rewrites_ahead
-from controller.store.refusals import refusal
+from controller.store.refusals import lock_waited, refusal
 from controller.store.search_path import StoreHiddenError
 from controller.store.urls import shown
 from controller.store.writer_lock import PostgresWriterLock, StoreLockedError, WriterLock
@@ -105,7 +105,13 @@ def open_store(config: Config, controller: AdmissionController, writer: WriterLo
         )
         raise StartupError(f"cannot open {store}: {why}") from err
     except StoreUnavailableError as err:
-        raise StartupError(f"cannot open {store}: {err}") from err
+        cause = err.__cause__
+        waited = (  # a lock wait the store's timeout ended: who holds the tables
+            lock_waited(cause.orig, db.engine, db.timeout)
+            if isinstance(cause, sqlalchemy.exc.DBAPIError)
+            else None
+        )
+        raise StartupError(f"cannot open {store}: {waited or err}") from err
     except StoreVersionError as err:  # a newer oasis migrated it: a restart cannot help
         raise StartupError(f"{store} {err}", status=2) from err
     except StoreHiddenError as err:  # search_path moved: a restart would not move it back

@@ -267,3 +267,27 @@ def test_a_search_path_moved_between_two_starts_begins_no_empty_store_beside_the
         assert got.job.decision.admitted
     finally:
         assert daemon.stop() == 0
+
+
+def test_a_start_behind_a_dba_s_table_lock_names_the_session_holding_it(
+    role_store: RoleStore, tmp_path: Path
+) -> None:
+    """A LOCK TABLE left open in psql (or a VACUUM FULL) while the daemon starts: the
+    start fails after daemon.store_timeout, as before, but its line names that setting
+    and the session, where it said only "canceling statement due to lock timeout"."""
+    config = write_config(tmp_path / "d.toml", tmp_path / "data", role_store.url,
+                          extra="store_timeout = 1")  # fmt: skip
+    Daemon(config, tmp_path / "d.log").start().stop()  # the store exists
+    with role_store.admin() as admin:
+        admin.execute("BEGIN")
+        admin.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
+        pid = admin.info.backend_pid
+        out = _start(config)
+        admin.execute("ROLLBACK")
+    assert out.returncode == 1, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("oasisd: cannot open the store postgresql+psycopg://"), last
+    assert "canceling statement due to lock timeout" in last, last
+    assert "daemon.store_timeout (1 s)" in last, last
+    assert f"session {pid} (user oasis) holds AccessExclusiveLock on jobs" in last, last
+    assert f"SELECT pg_terminate_backend({pid})" in last, last

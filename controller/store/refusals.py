@@ -8,16 +8,20 @@ in the PostgreSQL audit every tenant's submission failed so while a DBA's ``REVO
 ``ALTER DATABASE ... SET default_transaction_read_only = on`` or ``ALTER ROLE ... SET
 search_path`` held, and none was tried again once it was undone. :func:`refusal` words
 them for the operator; the store turns them into ``StoreUnavailableError``
-(``UNAVAILABLE``: nothing was kept, retry), and the start-up into its one-line error.
+(``UNAVAILABLE``: nothing was kept, retry), and the start-up into its one-line error,
+as it does a lock wait that outlasted ``daemon.store_timeout`` (:func:`lock_waited`,
+naming the sessions holding the tables).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import Engine, text
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError
 
-__all__ = ["REFUSED_SQLSTATES", "refusal"]
+__all__ = ["REFUSED_SQLSTATES", "lock_waited", "refusal"]
 
 INSUFFICIENT_PRIVILEGE = "42501"
 READ_ONLY_TRANSACTION = "25006"
@@ -78,4 +82,52 @@ def refusal(orig: Any, url: URL) -> str | None:
         "DATABASE ... SET search_path), or the tables were renamed or dropped. Set "
         "search_path back (ALTER ROLE ... RESET search_path), or name the tables' schema "
         "in daemon.store_url (?options=-csearch_path%3Dpublic)"
+    )
+
+
+LOCK_NOT_AVAILABLE = "55P03"
+
+_HOLDERS = text(
+    "SELECT DISTINCT l.pid, a.usename, a.application_name, a.xact_start, c.relname, l.mode "
+    "FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+    "JOIN pg_stat_activity a ON a.pid = l.pid "
+    "WHERE l.granted AND l.pid <> pg_backend_pid() "
+    "AND l.mode IN ('ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', "
+    "'AccessExclusiveLock') "
+    "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+    "AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()) "
+    "ORDER BY l.pid, c.relname LIMIT 5"
+)
+
+
+def lock_waited(orig: Any, engine: Engine, timeout: float) -> str | None:
+    """If ``orig`` is a lock wait PostgreSQL ended (``lock_timeout``, 55P03): which
+    sessions hold the store's tables (found on ``engine``, in one more connection; none
+    named if that fails too), and what ends them; None for any other error. For the
+    start-up's line: "canceling statement due to lock timeout" alone named neither the
+    setting nor the session (a VACUUM FULL, a LOCK TABLE left open in psql)."""
+    if getattr(orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+        return None
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(_HOLDERS).all()
+    except DBAPIError:
+        rows = []
+    held = "; ".join(  # what the role may see: another user's xact_start is hidden
+        f"session {pid} (user {user}"
+        f"{f', application {app!r}' if app else ''}"
+        f"{f', in a transaction since {since:%Y-%m-%dT%H:%M:%SZ}' if since else ''}) "
+        f"holds {mode} on {table}"
+        for pid, user, app, since, table, mode in rows
+    )
+    pids = sorted({row[0] for row in rows})
+    end = (
+        " or ".join(f"SELECT pg_terminate_backend({pid})" for pid in pids)
+        if pids
+        else "pg_terminate_backend"
+    )
+    return (
+        f"{_said(orig)}: another session held a lock on the store's tables longer than "
+        f"daemon.store_timeout ({timeout:g} s){': ' + held if held else ''}. End it "
+        f"(COMMIT or ROLLBACK in that session, or {end}), or let a VACUUM FULL finish"
     )
