@@ -759,3 +759,54 @@ def test_a_store_outage_over_grpc_is_told_to_a_submitter_without_the_address() -
 
     assert asyncio.run(told(Caller("alice", Role.SUBMITTER))) == TENANT_UNAVAILABLE
     assert "10.0.0.5" in asyncio.run(told(Caller("ops", Role.OPERATOR)))
+
+
+@pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
+def test_a_submitters_stream_forgets_the_jobs_retention_deleted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A submitter's open stream learns the owner of every job whose events it meets;
+    once retention deletes those jobs nothing of them stays. The sequence each owner
+    was read at was kept for every deleted job: with ``keep_days`` set, the owners left
+    and never reached ``_OWNER_CACHE`` to start the cache over, so a soak with one tab
+    open grew by an entry per job for ever."""
+    from controller.events import Event
+
+    config = _console_config(tmp_path, alice="submitter")
+    bus = EventBus()
+    controller = cast(Any, SimpleNamespace(bus=bus, prune_hooks=[]))
+    jobs = [f"{'a' if i % 2 else 'b'}-{i}" for i in range(60)]
+
+    async def scenario() -> Console:
+        console = Console(config, controller, None, None)
+
+        async def owner_of(ids: Any) -> dict[str, str | None]:
+            return {j: "alice" if j.startswith("a") else "bob" for j in ids}
+
+        monkeypatch.setattr(console.data, "owner_of", owner_of)
+        await console.start()
+        url = f"http://{console.address}/api/events"
+        try:
+            async with aiohttp.ClientSession() as http:
+                r = await http.get(url, headers={"Authorization": "Bearer alice-token"})
+                assert r.status == 200
+                while not console.streams:
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.1)  # the stream waits on the bus
+                for i, job in enumerate(jobs):
+                    bus.publish(Event(i + 1, "decided", job, 0, "admitted"))
+                seen = 0
+                while seen < len(jobs) // 2:  # alice's: every other one
+                    if (await r.content.readline()).startswith(b"data: "):
+                        seen += 1
+                assert set(console.owners) == set(jobs)
+                for forget in controller.prune_hooks:  # retention deleted them all
+                    forget(jobs)
+                r.close()
+        finally:
+            await console.close()
+        return console
+
+    console = asyncio.run(scenario())
+    assert console.owners == {}
+    assert console._learned_at == {}

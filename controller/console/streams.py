@@ -148,9 +148,13 @@ class EventStreams(ConsoleState):
         return found.get(event.job_id) == owner
 
     def _forget_owners(self, job_ids: list[str]) -> None:
-        """Forget the owners of deleted jobs (called in the decision thread)."""
+        """Forget the owners of deleted jobs, and the sequence each was read at (called in
+        the decision thread). Both: with ``keep_days`` set the owners left as their jobs
+        were deleted and never filled :data:`_OWNER_CACHE`, and the sequences kept grew
+        by one for every job a submitter's stream had met, for good."""
         for job_id in job_ids:
             self.owners.pop(job_id, None)
+            self._learned_at.pop(job_id, None)
 
     async def _learn_owners(self, job_ids: set[str], upto: int) -> dict[str, str | None]:
         """The submitters of ``job_ids``: those known, and those not read in one query
@@ -185,7 +189,8 @@ class EventStreams(ConsoleState):
                 if self._reading.get(job_id, (None, 0))[1] == upto:
                     del self._reading[job_id]
         found = {job_id: stored.get(job_id) for job_id in job_ids}
-        if len(self.owners) + len(job_ids) > _OWNER_CACHE:
+        # _learned_at holds every job in owners and those a new decision took out of it
+        if len(self._learned_at) + len(job_ids) > _OWNER_CACHE:
             self.owners.clear()
             self._learned_at.clear()
         for job_id, who in found.items():
