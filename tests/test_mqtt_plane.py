@@ -256,6 +256,8 @@ def _inconsistencies(c: Cluster, cluster: Any) -> list[str]:
         return [f"retained plans for {sorted(plans)} only"]
     planned: dict[tuple[int, str], dict[str, tuple[int, int]]] = {}
     for name, plan in plans.items():
+        if plan.window != WINDOW:  # agents drop set-aside counts by it
+            problems.append(f"{name}: retained plan says window {plan.window}, not {WINDOW}")
         if plan.current.slot != s:
             problems.append(f"{name}: retained plan is for slot {plan.current.slot}, not {s}")
         for part in (plan.current, plan.next):

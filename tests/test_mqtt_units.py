@@ -197,8 +197,11 @@ def plan(
 def test_payloads_round_trip_and_bad_ones_name_the_field() -> None:
     p = plan(7, devices=4)
     assert Plan.parse(p.to_bytes()) == p
-    # the hand-built payload is asdict's, byte for byte (a whole plan's without its part)
-    assert p.to_bytes() == topics._dump(p, "part", "parts")
+    # the hand-built payload is asdict's, byte for byte (a whole plan's without its part;
+    # a window not said is left out as well)
+    assert p.to_bytes() == topics._dump(p, "part", "parts", "window")
+    windowed = dataclasses.replace(p, window=24)
+    assert windowed.to_bytes() == topics._dump(windowed, "part", "parts")
     # without devices, as an older daemon's: none of the two fields in the payload
     bare = plan(7)
     assert b"devices" not in bare.to_bytes() and Plan.parse(bare.to_bytes()) == bare
@@ -649,12 +652,12 @@ def test_an_agents_counts_of_an_id_start_afresh_for_another_admission() -> None:
     assert agent.tasks["j1"].minibatches == pytest.approx(4.0)
     assert agent.tasks["j1"].run == "r2"
     # set aside idle, then brought back by a plan of yet another run: afresh too
-    agent._idle["j1"] = (agent.tasks.pop("j1").minibatches, 2.0, "r2")
+    agent._idle.put("j1", agent.tasks.pop("j1").minibatches, 2.0, "r2")
     agent.accept(plan_of(4, "r3"))
     agent.step(1.0)
     assert agent.tasks["j1"].minibatches == pytest.approx(4.0)
     # ... but of the same run, carried on
-    agent._idle["j1"] = (agent.tasks.pop("j1").minibatches, 2.0, "r3")
+    agent._idle.put("j1", agent.tasks.pop("j1").minibatches, 2.0, "r3")
     agent.accept(plan_of(5, "r3"))
     agent.step(1.0)
     assert agent.tasks["j1"].minibatches == pytest.approx(8.0)
@@ -1529,6 +1532,61 @@ def test_an_agent_sets_aside_the_jobs_it_no_longer_runs_and_carries_their_counts
     assert agent.tasks["j1"].minibatches == pytest.approx(done + 4.0)
     [again] = agent.reports()
     assert again.jobs[0].minibatches == pytest.approx(done + 4.0)
+
+
+def test_an_agent_drops_the_counts_of_jobs_no_plan_can_bring_back() -> None:
+    """A job set aside kept its counts for the agent's whole life: one entry for every
+    job the server ever ran (the soak audit). A plan that says the daemon's window ``T``
+    lets the agent drop them once no plan can name the job again, ``T + 1`` slots after
+    its run and a margin; a plan of an older daemon, which does not say it, keeps them."""
+    from datetime import UTC, datetime
+
+    from controller.plane.plans import run_of
+    from controller.plane.set_aside import MARGIN_SLOTS
+
+    run = run_of(datetime.fromtimestamp(99.0, UTC).replace(tzinfo=None))  # admitted at 99 s
+    jobs = [f"j{i}" for i in range(50)]
+
+    def plan_of(epoch: int, slot: int, window: int | None, names: list[str]) -> Plan:
+        tasks = [Task(j, 1, 0, 0.5, 40, run) for j in names]
+        return Plan("w0", "worker", epoch, 10.0, 0.5, False,
+                    SlotPlan(slot, slot * 10.0 + 50.0, tasks),
+                    SlotPlan(slot + 1, slot * 10.0 + 60.0, []), window=window)  # fmt: skip
+
+    def set_aside(window: int | None) -> tuple[Agent, list[float]]:
+        now = [100.0]
+        agent = Agent("w0", MqttConfig("localhost"), wall=lambda: now[0])
+        agent.accept(plan_of(1, 5, window, jobs))  # slot 5: 100-110 s
+        agent.step(5.0)
+        now[0] = 111.0  # slot 6: none of them is planned here any more
+        for report in agent.reports():
+            for entry in report.jobs:
+                agent._reported[entry.job] = (entry.minibatches, entry.worker_seconds)
+                agent._sent_at[entry.job] = 1000.0
+        assert agent.forget_idle(now=1020.0) == len(jobs)
+        assert len(agent._idle) == len(jobs)
+        return agent, now
+
+    window = 4
+    last = 99.0 + (window + 1 + MARGIN_SLOTS) * 10.0  # the run's last slot, and the margin
+    agent, now = set_aside(window)
+    agent.accept(plan_of(2, 9, window, []))
+    now[0] = last - 1.0
+    agent.forget_idle(now=1030.0)
+    assert len(agent._idle) == len(jobs)  # a plan may still bring them back
+    now[0] = last + 1.0
+    agent.forget_idle(now=1040.0)
+    assert len(agent._idle) == 0
+    # an older daemon's plans say no window: every job's counts are kept, as before
+    old, now = set_aside(None)
+    old.accept(plan_of(2, 30, None, []))
+    now[0] = 10_000.0
+    old.forget_idle(now=1040.0)
+    assert len(old._idle) == len(jobs)
+    # the field round-trips, and is left out of the payload when not said
+    said = plan_of(3, 5, window, jobs[:2])
+    assert Plan.parse(said.to_bytes()) == said and b'"window":4' in said.to_bytes()
+    assert b"window" not in plan_of(3, 5, None, []).to_bytes()
 
 
 def test_runs_of_unsent_slots_that_overlap_or_meet_are_one() -> None:

@@ -53,6 +53,7 @@ from controller.plane.client import client_for
 from controller.plane.devices import Devices
 from controller.plane.one_agent import agent_key
 from controller.plane.plan_messages import Plan, PlanParts, SlotPlan
+from controller.plane.set_aside import SetAside
 from controller.plane.settings import MqttConfig
 from controller.plane.topics import Topics, topic_name
 from controller.plane.workers import (
@@ -156,9 +157,9 @@ class Agent:
         self.log = structlog.get_logger("oasis-agent").bind(server=server)
         self._reported: dict[str, tuple[float, float]] = {}
         self._sent_at: dict[str, float] = {}  # job -> monotonic time its counts last went out
-        # jobs this server no longer runs, their counts sent long ago: (mini-batches,
-        # worker-seconds), out of the loops that run every step (:meth:`forget_idle`)
-        self._idle: dict[str, tuple[float, float, str]] = {}  # ... and their run
+        # jobs this server no longer runs, their counts sent long ago, out of the loops
+        # that run every step (:meth:`forget_idle`), until no plan can bring them back
+        self._idle = SetAside()
         self._away_since: float | None = None  # monotonic time the daemon was seen offline
         self._ran_out = False  # the plan's last slot ended (logged once)
         self._counted: int | None = None  # the devices the plan counts
@@ -320,7 +321,7 @@ class Agent:
             self._reported.pop(job, None)
             state = None
         if state is None:
-            done, seconds, was = self._idle.pop(job, (0.0, 0.0, ""))
+            done, seconds, was = self._idle.take(job)
             if run and was and was != run:
                 done, seconds = 0.0, 0.0
             state = self.tasks[job] = TaskState(
@@ -336,7 +337,8 @@ class Agent:
         daemon online (it may ask for them again after a reconnection). Their counts are
         kept, and carried on if a plan brings one back, but no step loops over them:
         every job an agent ever ran was looked at every 50 ms, 15 ms a step (31% of a
-        core) after 20,000 jobs. Returns how many were set aside."""
+        core) after 20,000 jobs. Their counts go once no plan can bring the job back
+        (:meth:`.SetAside.expire`). Returns how many were set aside."""
         now = time.monotonic() if now is None else now
         plan = self.plan
         if self._away_since is not None:
@@ -358,9 +360,11 @@ class Agent:
         ]
         for job in idle:
             state = self.tasks.pop(job)
-            self._idle[job] = (state.minibatches, state.worker_seconds, state.run)
+            self._idle.put(job, state.minibatches, state.worker_seconds, state.run)
             self._reported.pop(job, None)
             self._sent_at.pop(job, None)
+        if plan is not None:  # and those no plan can bring back any more are dropped
+            self._idle.expire(self.wall(), plan.window, plan.slot_seconds)
         return len(idle)
 
     def progress(self, only_changed: bool = True) -> Progress | None:

@@ -168,6 +168,10 @@ class Plan:
             ``device_resource``, a fraction rounded up), which the agent hands to its workers
             (:mod:`controller.plane.devices`); 0: none (a worker sees none); None: not
             said (an older daemon, ``device_resource = ""``), left out of the payload.
+        window: the daemon's window ``T``, slots: no job is planned more than ``T + 1``
+            slots after its ``run`` (its admission), so an agent may drop the counts of
+            a job it set aside that long ago (:mod:`controller.plane.set_aside`). None:
+            not said (an older daemon), left out of the payload.
     """
 
     server: str
@@ -182,6 +186,7 @@ class Plan:
     part: int = 0
     parts: int = 1
     devices: int | None = None
+    window: int | None = None
 
     def to_bytes(self) -> bytes:
         """The payload: the same bytes as ``_dump`` gives (without ``part`` and ``parts``
@@ -199,6 +204,8 @@ class Plan:
             body |= {"part": self.part, "parts": self.parts}
         if self.devices is not None:
             body["devices"] = self.devices
+        if self.window is not None:
+            body["window"] = self.window
         return json.dumps(body, separators=(",", ":")).encode()
 
     def split(self, max_bytes: int) -> list[Plan]:
@@ -252,8 +259,9 @@ class Plan:
         if other is None:
             return False
         return (self.kind, self.down, self.current, self.next, self.heartbeat_seconds,
-                self.devices) == (other.kind, other.down, other.current, other.next,
-                                  other.heartbeat_seconds, other.devices)  # fmt: skip
+                self.devices, self.window) == (other.kind, other.down, other.current,
+                                               other.next, other.heartbeat_seconds,
+                                               other.devices, other.window)  # fmt: skip
 
     @classmethod
     def parse(cls, payload: bytes | bytearray | str) -> Plan:
@@ -277,6 +285,9 @@ class Plan:
             devices=None
             if obj.get("devices") is None
             else _below(obj["devices"], "plan.devices", 0, MAX_DEVICES + 1),
+            window=None
+            if obj.get("window") is None
+            else fields.integer(obj["window"], "plan.window", minimum=1),
         )
         if (obj["version"] == PART_VERSION) != (plan.parts > 1):
             raise SpecError.one("plan.version", f"{PART_VERSION} for a part of a plan in "
@@ -328,6 +339,6 @@ def _same_header(a: Plan, b: Plan) -> bool:
     def header(p: Plan) -> tuple[Any, ...]:
         return (p.server, p.kind, p.epoch, p.slot_seconds, p.heartbeat_seconds, p.down,
                 p.parts, p.current.slot, p.current.starts_at, p.next.slot, p.next.starts_at,
-                p.store, p.devices)  # fmt: skip
+                p.store, p.devices, p.window)  # fmt: skip
 
     return header(a) == header(b)

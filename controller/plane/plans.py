@@ -182,6 +182,7 @@ class PlanBuilder(PlanePart):
                     s + 1, epoch0 + (s + 1) * self.slot_seconds, tasks.get((server, s + 1), [])
                 ),
                 devices=self._devices(kind, index, device),
+                window=self.c.window,
             ))  # fmt: skip
         return plans
 
