@@ -105,6 +105,11 @@ def _refused(stub: pb_grpc.AdmissionStub, job_id: str, words: str) -> str:
         time.sleep(0.2)
 
 
+def _commits_failed(log: Path) -> int:
+    """The commits the daemon's log says failed so far."""
+    return sum(e["event"].startswith("commit failed") for e in json_log(log))
+
+
 def _decided(stub: pb_grpc.AdmissionStub, job_id: str) -> pb.SubmitJobResponse:
     """Submit ``job_id`` until it is decided, retrying UNAVAILABLE only."""
     deadline = time.monotonic() + RECOVERY_SECONDS
@@ -291,3 +296,34 @@ def test_a_start_behind_a_dba_s_table_lock_names_the_session_holding_it(
     assert "daemon.store_timeout (1 s)" in last, last
     assert f"session {pid} (user oasis) holds AccessExclusiveLock on jobs" in last, last
     assert f"SELECT pg_terminate_backend({pid})" in last, last
+
+
+def test_clients_retrying_a_refused_commit_cost_one_rebuild_not_one_each(
+    role_store: RoleStore, tmp_path: Path
+) -> None:
+    """A refusal that lets the ledger's rebuild read the store but fails every commit
+    (here INSERT on ``jobs`` revoked; PostgreSQL's disk full does the same): each retried
+    submission was decided, failed at its commit and cost a rebuild of the ledger in the
+    thread that decides (22 in 6 s in the audit, seconds each at 10,000 servers) while
+    every read waited. After one, decisions are refused at once for
+    ``WRITE_PAUSE_SECONDS``, then one is tried again."""
+    log = tmp_path / "d.log"
+    daemon = Daemon(write_config(tmp_path / "d.toml", tmp_path / "data", role_store.url), log)
+    daemon.start()
+    try:
+        with grpc.insecure_channel(daemon.address) as channel:
+            stub = pb_grpc.AdmissionStub(channel)
+            _submit(stub, "before")
+            with role_store.admin() as admin:
+                admin.execute(f"REVOKE INSERT ON jobs FROM {role_store.role}")
+            for i in range(10):
+                with pytest.raises(grpc.RpcError) as refused:
+                    _submit(stub, f"retry{i}")
+                assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+                assert "lacks a privilege" in (refused.value.details() or "")
+            assert _commits_failed(log) == 1, [e["event"] for e in json_log(log)]
+            with role_store.admin() as admin:
+                admin.execute(f"GRANT INSERT ON jobs TO {role_store.role}")
+            assert _decided(stub, "after").job.decision.admitted
+    finally:
+        assert daemon.stop() == 0

@@ -21,7 +21,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
-__all__ = ["REFUSED_SQLSTATES", "lock_waited", "refusal"]
+__all__ = ["REFUSED_SQLSTATES", "is_refusal", "lock_waited", "refusal"]
 
 INSUFFICIENT_PRIVILEGE = "42501"
 READ_ONLY_TRANSACTION = "25006"
@@ -83,6 +83,16 @@ def refusal(orig: Any, url: URL) -> str | None:
         "search_path back (ALTER ROLE ... RESET search_path), or name the tables' schema "
         "in daemon.store_url (?options=-csearch_path%3Dpublic)"
     )
+
+
+_OPENINGS = ("the store's role ", "the store is read-only (", "the store's tables are not in ")
+"""How every text of :func:`refusal` begins."""
+
+
+def is_refusal(text: str) -> bool:
+    """Whether ``text`` (an error's message, as the commit process passes it back) is one
+    of :func:`refusal`'s."""
+    return text.startswith(_OPENINGS)
 
 
 LOCK_NOT_AVAILABLE = "55P03"
