@@ -15,8 +15,9 @@ What is measured
     - ``event s``: until the new job's ``decided`` event arrives;
     - ``restored s``: until every job's retained event has arrived.
 
-    The history's events are written to the store directly (one ``decided`` event of a
-    rejected job each), not decided: the benchmark measures the plane, not decisions.
+    The history's events are written to the store directly (one ``cancelled`` event of
+    an ended job each), not decided: the benchmark measures the plane, not decisions.
+    (Until 2026-11-30 they were rejections, which are no longer retained nor restored.)
 
 Run with
     ``python -m bench.plane_restore`` (``--history 100000``)
@@ -51,12 +52,12 @@ _CHUNK = 10_000
 
 
 def write_history(controller: AdmissionController, jobs: int) -> int:
-    """``jobs`` rejected jobs' ``decided`` events in the store; returns the last sequence."""
+    """``jobs`` cancelled jobs' ``cancelled`` events in the store; returns the last sequence."""
     now = datetime.now(UTC)
     with controller.db.session() as session:
         for lo in range(0, jobs, _CHUNK):
             rows = [
-                {"at": now, "kind": "decided", "job_id": f"h{i}", "slot": 0, "state": "rejected"}
+                {"at": now, "kind": "cancelled", "job_id": f"h{i}", "slot": 0, "state": "cancelled"}
                 for i in range(lo, min(jobs, lo + _CHUNK))
             ]
             session.execute(insert(EventRow), rows)

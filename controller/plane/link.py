@@ -37,7 +37,7 @@ from controller.limits import RateLimiter
 from controller.logs import Complaints
 from controller.plane.agent_messages import Heartbeat, Progress, Status
 from controller.plane.client import client_for, for_each
-from controller.plane.event_messages import JobEvent, event_kind
+from controller.plane.event_messages import UNRETAINED, JobEvent, event_kind
 from controller.plane.execution import Execution, PlanRound
 from controller.plane.plan_messages import Plan
 from controller.plane.port import AdmissionPort
@@ -434,6 +434,7 @@ class Plane:
             )
             read = self.execution.events_sync
             events = await asyncio.to_thread(read, sequences) if sequences else []
+            events = [e for e in events if event_kind(e.kind, e.state) != UNRETAINED]
             await self._publish_events(client, events)
             sent += len(events)
             restore.jobs += len(events)
@@ -448,8 +449,9 @@ class Plane:
         return sent
 
     async def _publish_events(self, client: aiomqtt.Client, events: Sequence[Event]) -> None:
-        """Publish job events (retained, QoS 1); one that cannot be published is logged
-        and skipped, never retried: the counter moves past it."""
+        """Publish job events (QoS 1; retained but for a rejection, :data:`UNRETAINED`);
+        one that cannot be published is logged and skipped, never retried: the counter
+        moves past it."""
         out: list[tuple[str, JobEvent]] = []
         for e in events:
             kind = event_kind(e.kind, e.state)
@@ -465,8 +467,9 @@ class Plane:
         await for_each(out, lambda m: self._publish_one(client, *m))
 
     async def _publish_one(self, client: aiomqtt.Client, topic: str, message: JobEvent) -> None:
+        retain = message.kind != UNRETAINED
         try:
-            await client.publish(topic, message.to_bytes(), qos=1, retain=True)
+            await client.publish(topic, message.to_bytes(), qos=1, retain=retain)
         except aiomqtt.MqttError:
             raise  # the connection: reconnect, and publish it then
         except Exception as err:  # paho refuses this message, or it cannot be encoded: skip it

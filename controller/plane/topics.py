@@ -7,11 +7,13 @@ topic                           from       QoS/ret.  payload
 ==============================  =========  ========  ======================================
 ``servers/<server>/plan``       daemon     1, yes    :class:`Plan`: this and the next slot
 ``servers/<server>/plan/<k>``   daemon     1, yes    part ``k`` (1 ..) of a plan in parts
-``jobs/<job>/events``           daemon     1, yes    :class:`JobEvent`: the latest event
+``jobs/<job>/events``           daemon     1, yes(*) :class:`JobEvent`: the latest event
 ``daemon/status``               daemon     1, yes    :class:`Status`: online, known servers
 ``agents/<server>/heartbeat``   agent      0, no     :class:`Heartbeat`
 ``agents/<server>/progress``    agent      1, no     :class:`Progress`
 ==============================  =========  ========  ======================================
+
+(*) but a rejection: published, not retained (``event_messages.UNRETAINED``).
 
 Every payload is a JSON object with ``"version": 1`` (2 for a part of a plan in parts,
 :mod:`controller.plane.plan_messages`). A plan carries an ``epoch`` that
