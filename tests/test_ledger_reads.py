@@ -16,22 +16,18 @@ from __future__ import annotations
 import asyncio
 import tracemalloc
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any, cast
 
 import grpc
 import pytest
-import structlog
 
+from bench.operator_scale import open_controller
 from controller import auth, servicer
 from controller.admission import AdmissionController
 from controller.admission.price_pages import price_page
-from controller.clock import FakeClock, SlotClock
-from controller.config import from_dict
 from controller.metrics import _ControllerCollector
 from controller.rpc import oasis_pb2 as pb
 from controller.servicer import ClusterServicer
-from controller.store import Database
 
 WORKERS, PS, WINDOW = 60, 20, 200
 GPU = {"gpu": 8, "cpu": 64, "mem": 488, "disk": 500, "bandwidth": 25}
@@ -46,26 +42,14 @@ JOB = {
 
 @pytest.fixture(scope="module")
 def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AdmissionController]:
-    tmp: Path = tmp_path_factory.mktemp("ledger-reads")
-    config = from_dict(
-        {
-            "daemon": {"data_dir": str(tmp), "window": WINDOW, "epoch": 0},
-            "cluster": {
-                "resources": ["gpu", "cpu", "mem", "disk", "bandwidth"],
-                "servers": [
-                    *({"name": f"w{i}", "kind": "worker", "capacity": GPU} for i in range(WORKERS)),
-                    *({"name": f"p{i}", "kind": "ps", "capacity": CPU} for i in range(PS)),
-                ],
-            },
-        }
-    )
-    c = AdmissionController(
-        config,
-        Database(config.database_url),
-        SlotClock(FakeClock(1.0), 3600.0, 0.0),
-        log=structlog.wrap_logger(structlog.ReturnLogger()),
-    )
-    c.open()
+    cluster = {
+        "resources": ["gpu", "cpu", "mem", "disk", "bandwidth"],
+        "servers": [
+            *({"name": f"w{i}", "kind": "worker", "capacity": GPU} for i in range(WORKERS)),
+            *({"name": f"p{i}", "kind": "ps", "capacity": CPU} for i in range(PS)),
+        ],
+    }
+    c = open_controller(tmp_path_factory.mktemp("ledger-reads"), cluster, WINDOW)
     for i in range(6):
         assert asyncio.run(c.submit({**JOB, "id": f"j{i}"})).decision.admitted
     yield c
