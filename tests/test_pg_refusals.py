@@ -83,6 +83,12 @@ def _start(config: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+def _last_line(out: subprocess.CompletedProcess[str], code: int) -> str:
+    """The last line ``oasisd`` wrote to stderr before it exited with ``code``."""
+    assert out.returncode == code, out.stderr
+    return out.stderr.strip().splitlines()[-1]
+
+
 def _submit(stub: pb_grpc.AdmissionStub, job_id: str) -> pb.SubmitJobResponse:
     reply: pb.SubmitJobResponse = stub.SubmitJob(
         pb.SubmitJobRequest(job=spec_to_proto(job(job_id))), timeout=30
@@ -217,8 +223,7 @@ def test_a_role_that_may_not_create_the_tables_is_told_what_to_grant(
     finally:
         with role_store.admin("postgres") as conn:
             conn.execute(f'DROP DATABASE "{other}" WITH (FORCE)')
-    assert out.returncode == 1, out.stderr
-    last = out.stderr.strip().splitlines()[-1]
+    last = _last_line(out, 1)
     assert last.startswith("oasisd: cannot open the store postgresql+psycopg://"), last
     assert "permission denied for schema public" in last, last
     assert f"ALTER SCHEMA public OWNER TO {role_store.role}" in last, last
@@ -244,8 +249,7 @@ def test_a_search_path_moved_between_two_starts_begins_no_empty_store_beside_the
         admin.execute(f'ALTER ROLE "{role}" SET search_path = elsewhere')
 
     out = _start(config)
-    assert out.returncode == 2, out.stderr  # not restarted: a DBA's to mend
-    last = out.stderr.strip().splitlines()[-1]
+    last = _last_line(out, 2)  # not restarted: a DBA's to mend
     assert last.startswith("oasisd: cannot use the store postgresql+psycopg://"), last
     assert "schema public of database" in last, last
     assert f"ALTER ROLE {role} RESET search_path" in last, last
@@ -289,8 +293,7 @@ def test_a_start_behind_a_dba_s_table_lock_names_the_session_holding_it(
         pid = admin.info.backend_pid
         out = _start(config)
         admin.execute("ROLLBACK")
-    assert out.returncode == 1, out.stderr
-    last = out.stderr.strip().splitlines()[-1]
+    last = _last_line(out, 1)
     assert last.startswith("oasisd: cannot open the store postgresql+psycopg://"), last
     assert "canceling statement due to lock timeout" in last, last
     assert "daemon.store_timeout (1 s)" in last, last
