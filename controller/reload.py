@@ -257,13 +257,16 @@ def edited_keys(running: Config, fresh: Config, restart: set[str]) -> tuple[str,
     return tuple(sorted(out))
 
 
+def _shown(name: str) -> str:
+    """An entry of a reload's ``restart`` as the log shows it: ``"[table]"``, or
+    ``"limits.KEY"`` as it is."""
+    return name if "." in name else f"[{name}]"
+
+
 def restart_reasons(restart: Sequence[str]) -> list[str]:
     """``"[table]: why"`` (or ``"limits.KEY: why"``) for each entry of a reload's
     ``restart``, from :data:`WHY_AT_START`."""
-    return [
-        f"{name if '.' in name else f'[{name}]'}: {WHY_AT_START.get(name, 'read at start')}"
-        for name in restart
-    ]
+    return [f"{_shown(name)}: {WHY_AT_START.get(name, 'read at start')}" for name in restart]
 
 
 class Reloader:
@@ -394,7 +397,7 @@ class Reloader:
         if found.restart:
             self.log.warning(
                 "config changes that apply only at a restart",
-                changed=[t if "." in t else f"[{t}]" for t in found.restart],
+                changed=[_shown(t) for t in found.restart],
                 keys=list(found.keys), why=restart_reasons(found.restart),
                 hint="systemctl restart oasisd",
             )  # fmt: skip
