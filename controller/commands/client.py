@@ -20,7 +20,15 @@ import grpc
 
 from controller.clock import SlotTimes
 from controller.commands import SUMMARIES
-from controller.commands.common import EXIT_OK, InputError, counted, fmt, int_at_least, read_json
+from controller.commands.common import (
+    EXIT_OK,
+    InputError,
+    counted,
+    fmt,
+    int_at_least,
+    read_json,
+    seconds_of,
+)
 from controller.commands.connection import (
     EXIT_REJECTED,
     PartialFailureError,
@@ -45,7 +53,7 @@ from controller.commands.records import (
 from controller.job_keys import SEPARATOR
 from controller.rpc import oasis_pb2 as pb
 from controller.table import render_table
-from pricing.durations import DURATION_EXAMPLES, format_duration, parse_duration
+from pricing.durations import DURATION_EXAMPLES, format_duration
 
 __all__ = ["register"]
 
@@ -135,10 +143,7 @@ def _request_spec(spec: dict[str, Any]) -> pb.JobSpec:
 def wait_duration(text: str) -> float:
     """An argparse ``type``: a duration such as ``90s``, ``30m``, ``1h30m`` or ``2d``, or a
     bare number of seconds; >= 0."""
-    try:
-        value: float | None = float(text)
-    except ValueError:
-        value = parse_duration(text)
+    value = seconds_of(text)
     if value is None or not (value >= 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(
             f"not a duration >= 0: {text!r} (e.g. {DURATION_EXAMPLES}, or seconds)"

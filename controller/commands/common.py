@@ -36,6 +36,7 @@ __all__ = [
     "quiet_native_stdout",
     "read_json",
     "same_file",
+    "seconds_of",
     "version",
     "warn_visible_password",
     "write_output",
@@ -285,19 +286,24 @@ def call_timeout(text: str) -> float:
     return value
 
 
+def seconds_of(text: str) -> float | None:
+    """Seconds of a bare number (``"3600"``) or of a duration (``"1h30m"``); None if
+    ``text`` is neither (any float, ``inf`` and ``nan`` included: callers bound it)."""
+    try:
+        return float(text)
+    except ValueError:
+        return parse_duration(text)
+
+
 def positive_seconds(text: str) -> float:
     """An argparse ``type``: a finite number of seconds > 0, or a duration such as
     ``"1h"`` (``oasis gen --slot-seconds 1h`` was "not a number", where ``submit --wait``
     and the config's ``_seconds`` keys take one)."""
-    try:
-        value = float(text)
-    except ValueError:
-        duration = parse_duration(text)
-        if duration is None:
-            raise argparse.ArgumentTypeError(
-                f"not seconds or a duration: {text!r} (e.g. {DURATION_EXAMPLES}, or 3600)"
-            ) from None
-        value = duration
+    value = seconds_of(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(
+            f"not seconds or a duration: {text!r} (e.g. {DURATION_EXAMPLES}, or 3600)"
+        )
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
     return value
