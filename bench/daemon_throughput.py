@@ -23,8 +23,14 @@ What is measured
       rejection, its explanation; no SQL, no gRPC) p50 / p99;
     - the allocation rows the store holds at the end (one per job, slot and server).
 
-    Goals: >= 100 decisions/s on SQLite and >= 50/s on PostgreSQL, p99 submit latency
-    <= 150 ms, p99 health-check latency <= 20 ms while submissions run.
+    - CPU milliseconds per decision (``bench.cpu_use``) of the daemon's process, its
+      commit process, PostgreSQL's server, this process (the clients), and the whole
+      machine; with the machine's cores they give the rate its CPU allows:
+      ``cores / machine CPU per decision``, whichever process spends it.
+
+    Goals (issue 16): >= 500 decisions/s on SQLite and >= 300/s on PostgreSQL with 8
+    clients, p99 submit latency <= 50 ms, p99 health-check latency <= 20 ms while
+    submissions run.
 
 Methodology
     Each backend gets a fresh store: a SQLite file in a temporary directory, or a new
@@ -65,6 +71,7 @@ import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sqlalchemy import create_engine, text
 
+from bench.cpu_use import CpuUse
 from bench.machine import describe
 from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
@@ -119,6 +126,11 @@ class BackendResult:
     """The gRPC ceiling behind the daemon's interceptors (bench.throughput_ceilings)."""
     commit_ceiling_k1_per_s: float | None = None
     commit_ceiling_k32_per_s: float | None = None
+    # CPU milliseconds per decision over the submissions (bench.cpu_use): the daemon's
+    # process, its commit process, the store's server (PostgreSQL), this process (the
+    # clients and the health checker), and the whole machine; its cores
+    cpu_ms: dict[str, float] = field(default_factory=dict)
+    cores: int = 0
 
 
 # -- workload and config ---------------------------------------------------------------
@@ -409,22 +421,31 @@ def run_backend(
     jobs: list[dict[str, Any]],
     args: argparse.Namespace,
     workdir: Path,
+    store_pids: list[int] | None = None,
 ) -> BackendResult:
+    """One backend's run; ``store_pids``: the store server's processes (PostgreSQL's
+    postmaster), whose CPU is counted with the run's."""
     run_id = uuid.uuid4().hex[:8]
     requests = [
         pb.SubmitJobRequest(job=spec_to_proto({**job, "id": f"{backend}-{run_id}-{i}"}))
         for i, job in enumerate(jobs)
     ]
     data_dir = workdir / f"{backend}-data"
+    limits = f"[limits]\nrate = {args.rate!r}\nburst = {args.rate!r}\n" if args.rate else ""
     config = write_config(
         workdir / f"{backend}.toml", data_dir, store_url, servers, epoch=time.time(),
-        sqlite_synchronous=args.sqlite_synchronous,
+        sqlite_synchronous=args.sqlite_synchronous, extra=limits,
     )  # fmt: skip
     log_path = workdir / f"{backend}.log"
     daemon = Daemon(config, log_path).start(timeout=120)
     load = Load(daemon.address, requests, args.clients, args.health_interval, args.max_seconds)
+    assert daemon.proc is not None
+    trees = {"daemon": [daemon.proc.pid], "daemon and commit": [daemon.proc.pid],
+             "store server": store_pids or []}  # fmt: skip
+    cpu = CpuUse.take(trees, alone=["daemon"])
     try:
         seconds = load.run()
+        spent = cpu.since()
     finally:
         code = daemon.stop()
     if code != 0:
@@ -433,6 +454,14 @@ def run_backend(
         shutil.copy(log_path, Path(args.keep_logs) / f"oasisd-{backend}.log")
     url = store_url or f"sqlite:///{(data_dir / 'oasis.db').resolve()}"
     decisions = load.admitted + load.rejected
+    per = 1000.0 / max(decisions, 1)
+    cpu_ms = {
+        "daemon": spent["daemon"] * per,
+        "commit process": (spent["daemon and commit"] - spent["daemon"]) * per,
+        "store server": spent["store server"] * per,
+        "clients": spent["this process"] * per,
+        "machine": spent["machine"] * per,
+    }
     stats = group_commit_stats(log_path)
     s50, s99, smax = percentiles(load.submit_ms)
     d50, d99, _ = percentiles(load.decision_ms)
@@ -464,6 +493,8 @@ def run_backend(
         batches=int(stats.get("batches", 0)),
         mean_batch=float(stats.get("mean_batch", 0.0)),
         commit_ms_mean=float(stats.get("commit_ms_mean", 0.0)),
+        cpu_ms=cpu_ms,
+        cores=os.cpu_count() or 1,
     )
 
 
@@ -500,7 +531,8 @@ def print_table(results: list[BackendResult], settings: dict[str, Any]) -> None:
     print(
         f"servers: {N_SERVERS} worker + {N_SERVERS} PS, T = {WINDOW}; seed {settings['seed']}; "
         f"{settings['clients']} client threads; health check every "
-        f"{settings['health_interval'] * 1000:.0f} ms\n"
+        f"{settings['health_interval'] * 1000:.0f} ms; limits.rate "
+        f"{settings['rate']:g}{' (off)' if not settings['rate'] else ''}\n"
     )
     print(
         "| store | jobs | decisions/s | seconds | admitted | rejected | errors "
@@ -537,6 +569,22 @@ def print_table(results: list[BackendResult], settings: dict[str, Any]) -> None:
             f"| {'-' if k1 is None else f'{k1:.0f}'} / {'-' if k32 is None else f'{k32:.0f}'} "
             f"| {share(gc)} / {share(k1)} / {share(k32)} |"
         )
+    print(
+        "\n| store | CPU ms per decision: daemon / commit process / store server / clients "
+        "| machine (all processes) | cores busy | the cores' cap at this CPU /s |"
+    )
+    print("|---|---|---|---|---|")
+    for r in results:
+        c = r.cpu_ms
+        if not c:
+            continue
+        busy = c["machine"] * r.decisions_per_s / 1000.0
+        cap = 1000.0 * r.cores / c["machine"] if c["machine"] > 0 else float("inf")
+        print(
+            f"| {r.backend} | {c['daemon']:.2f} / {c['commit process']:.2f} / "
+            f"{c['store server']:.2f} / {c['clients']:.2f} | {c['machine']:.2f} "
+            f"| {busy:.2f} of {r.cores} | {cap:.0f} |"
+        )
     print("\n| store | goal | measured | met |\n|---|---|---|---|")
     for g in goals(results):
         print(f"| {g['backend']} | {g['goal']} | {g['measured']:.1f} | "
@@ -568,12 +616,19 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--ceiling-jobs", type=int, default=600,
                         help="decisions committed and calls made per ceiling (600)")  # fmt: skip
+    parser.add_argument(
+        "--rate", type=float, default=0.0,
+        help="limits.rate (and burst) per client, as config/oasisd.example.toml turns it "
+        "on; high enough not to refuse the clients (0: off, the daemon's default)",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown or not backends:
         parser.error(f"--backends: unknown {unknown} (known: {', '.join(BACKENDS)})")
+    if args.rate < 0:
+        parser.error("--rate must be >= 0")
     if args.jobs < 1 or args.clients < 1 or args.health_interval <= 0 or args.max_seconds <= 0:
         parser.error("--jobs, --clients, --health-interval and --max-seconds must be > 0")
 
@@ -589,7 +644,8 @@ def main(argv: list[str] | None = None) -> int:
                 store_url = postgres.new_database()
             else:
                 store_url = ""  # SQLite in the data directory
-            result = run_backend(backend, store_url, servers, jobs, args, workdir)
+            pids = [postgres.processes()[0]] if backend == "postgresql" and postgres else None
+            result = run_backend(backend, store_url, servers, jobs, args, workdir, pids)
             if args.ceilings:
                 print(f"measuring {backend}'s ceilings ...", file=sys.stderr, flush=True)
                 pg = postgres
@@ -606,6 +662,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
 
     settings = {
+        "rate": args.rate,
         "seed": args.seed,
         "clients": args.clients,
         "health_interval": args.health_interval,
