@@ -430,7 +430,8 @@ class ClusterServicer(pb_grpc.ClusterServicer):
         start = request.from_slot if request.from_slot > 0 else None
         change = self.c.cordon(request.server, request.reason, caller.submitter, caller.turn,
                                dry_run=request.dry_run, force=request.force,
-                               until=request.until_slot or None, start=start)  # fmt: skip
+                               until=request.until_slot or None, start=start,
+                               more=list(request.more_servers))  # fmt: skip
         view = await _guard(context, change)
         return pb.CordonServerResponse(
             server=view["server"],
@@ -439,6 +440,8 @@ class ClusterServicer(pb_grpc.ClusterServicer):
             moved=[pb.MovedJob(id=j, how=how) for j, how in view["moved"].items()],
             already=view["already"],
             dry_run=view["dry_run"],
+            servers=view["servers"],
+            already_servers=view["already_servers"],
         )
 
     async def UncordonServer(

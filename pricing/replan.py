@@ -3,8 +3,9 @@
 Three reactions, each a pure change to a :class:`~pricing.ledger.Ledger`:
 
 - :func:`release_rest`: a job finished early; its slots from a given one on are freed.
-- :func:`fail_server`: a server is down from a slot on. Its capacity there becomes zero;
-  every job with units on it is first *re-placed*: the same units in the same slots on
+- :func:`fail_server`: a server is down from a slot on (:func:`fail_servers`: several
+  at once). Its capacity there becomes zero; every job with units on it is first
+  *re-placed*: the same units in the same slots on
   other servers, cheapest first (:mod:`pricing.placement`), where room allows. A job
   that does not fit is *re-planned*: its future slots are released and the best-schedule
   search (:mod:`pricing.best_schedule`) plans its remaining work against current prices.
@@ -23,7 +24,7 @@ maximises, whatever slot the re-plan starts in.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,7 @@ __all__ = [
     "FailureOutcome",
     "Shifted",
     "fail_server",
+    "fail_servers",
     "refit",
     "release_rest",
     "remaining_job",
@@ -169,15 +171,39 @@ def fail_server(
             ``from_slot`` on).
         last_slot: per job, the latest absolute slot it may be planned in.
     """
+    return fail_servers(ledger, jobs, [(kind, index)], from_slot, remaining_work, last_slot, until)
+
+
+def fail_servers(
+    ledger: Ledger,
+    jobs: dict[str, Job],
+    servers: Sequence[tuple[str, int]],
+    from_slot: int,
+    remaining_work: dict[str, int],
+    last_slot: dict[str, int],
+    until: int | None = None,
+) -> FailureOutcome:
+    """:func:`fail_server` for several servers at once, each ``(kind, index)``: every one
+    is down before any job moves, so no job is moved onto another of them (one at a
+    time, a rack's maintenance moved a job from each server to the next in turn). A job
+    on several of them is re-placed (all its lost units in the same slots, together) or
+    re-planned once. With one server this is :func:`fail_server`."""
     with ledger.deferred():  # one exact rebuild of the cells changed, not one per move
-        affected = ledger.holding(kind, index, from_slot, until)
-        # the failed server's units come off every affected job before the server is blocked
+        down = list(dict.fromkeys(servers))
+        held: set[str] = set()
+        for kind, index in down:
+            held.update(ledger.holding(kind, index, from_slot, until))
+        affected = [j for j in ledger.job_ids() if j in held]  # in admission order
+        # the failed servers' units come off every affected job before they are blocked
         wanting: dict[str, Schedule] = {}
         for job_id in affected:
             sched = ledger.schedule(job_id)
             wanting[job_id] = sched
-            ledger.replace(job_id, _without(sched, kind, index, from_slot, until))
-        ledger.block(kind, index, from_slot, until)
+            for kind, index in down:
+                sched = _without(sched, kind, index, from_slot, until)
+            ledger.replace(job_id, sched)
+        for kind, index in down:
+            ledger.block(kind, index, from_slot, until)
 
         replaced: list[str] = []
         replanned: dict[str, BestSchedule] = {}
@@ -185,7 +211,7 @@ def fail_server(
         for job_id in affected:
             job = jobs[job_id]
             wanted = wanting[job_id]
-            moved = _replace(ledger, job, wanted, kind, index, from_slot, until)
+            moved = _replace(ledger, job, wanted, down, from_slot, until)
             if moved is not None:
                 ledger.replace(job_id, moved)
                 replaced.append(job_id)
@@ -300,33 +326,36 @@ def _replace(
     ledger: Ledger,
     job: Job,
     wanted: Schedule,
-    kind: str,
-    index: int,
+    down: Sequence[tuple[str, int]],
     from_slot: int,
     until: int | None = None,
 ) -> Schedule | None:
-    """``wanted`` with its units on the failed server (from ``from_slot``, up to
-    ``until`` if given) moved to other servers of the same kind in the same slots,
-    cheapest first; None if some slot has no room for them."""
-    current = ledger.schedule(job.id)  # ``wanted`` without the failed server's units
-    workers, ps = current.workers.copy(), current.ps.copy()
-    demand = job.worker if kind == "worker" else job.ps
-    side = ledger.side(kind)
-    counts = wanted.workers if kind == "worker" else wanted.ps
-    target = workers if kind == "worker" else ps
-    for row in range(*_rows(wanted, from_slot, until)):
-        missing = int(counts[row, index])
-        if missing == 0:
+    """``wanted`` with its units on the failed servers ``down`` (each ``(kind, index)``;
+    from ``from_slot``, up to ``until`` if given) moved to other servers of the same kind
+    in the same slots, cheapest first, each slot's units of a kind placed together; None
+    if some slot has no room for them."""
+    current = ledger.schedule(job.id)  # ``wanted`` without the failed servers' units
+    placed = {"worker": current.workers.copy(), "ps": current.ps.copy()}
+    for kind, counts, demand in (("worker", wanted.workers, job.worker),
+                                 ("ps", wanted.ps, job.ps)):  # fmt: skip
+        gone = [index for k, index in down if k == kind]
+        if not gone:
             continue
-        slot = wanted.start + row
-        if not ledger.origin <= slot < ledger.end:
-            return None
-        unit, room = offers(side.kernel_view(demand), slot - ledger.origin)
-        out = np.zeros(unit.shape[0], np.int32)
-        if place(unit, room, missing, out) != missing:
-            return None
-        target[row] += out
-    return Schedule(wanted.start, workers, ps)
+        side = ledger.side(kind)
+        target = placed[kind]
+        for row in range(*_rows(wanted, from_slot, until)):
+            missing = int(counts[row, gone].sum())
+            if missing == 0:
+                continue
+            slot = wanted.start + row
+            if not ledger.origin <= slot < ledger.end:
+                return None
+            unit, room = offers(side.kernel_view(demand), slot - ledger.origin)
+            out = np.zeros(unit.shape[0], np.int32)
+            if place(unit, room, missing, out) != missing:
+                return None
+            target[row] += out
+    return Schedule(wanted.start, placed["worker"], placed["ps"])
 
 
 def _join(past: Schedule, future: Schedule, ledger: Ledger) -> Schedule:

@@ -37,7 +37,7 @@ from tests.servers import Daemon, json_log, oasis, write_config
 from tests.test_daemon_e2e import job
 from tests.test_ha_units import _serve
 from tests.test_metrics import parse, value
-from tests.test_outage_rebuild import JOB, _open, _state
+from tests.test_outage_rebuild import JOB, PS, WORKER, _open, _state
 
 
 def _on(c: AdmissionController, server: str, from_slot: int) -> dict[str, int]:
@@ -167,6 +167,102 @@ def test_a_cordon_moves_the_jobs_off_from_the_next_slot_and_outlives_a_restart(
             assert np.array_equal(a, b)
         with c.db.session() as s:
             assert s.scalars(select(OutageRow.up_from)).one() == 1
+    finally:
+        c.close()
+
+
+RACK = [*({"name": f"w{i}", "kind": "worker", "capacity": WORKER} for i in range(4)),
+        {"name": "p0", "kind": "ps", "capacity": PS}]  # fmt: skip
+"""Four worker servers: room for a cordoned pair's jobs on the other two."""
+
+
+def _landed(c: AdmissionController, job_ids: list[str], from_slot: int) -> set[str]:
+    """The servers ``job_ids`` hold from ``from_slot`` on, in the store."""
+    with c.db.session() as s:
+        rows = s.scalars(
+            select(AllocationRow.server).where(
+                AllocationRow.job_id.in_(job_ids), AllocationRow.slot >= from_slot
+            )
+        ).all()
+    return set(rows)
+
+
+def test_servers_cordoned_together_move_each_job_once_never_onto_each_other(
+    tmp_path: Path,
+) -> None:
+    """One server a call moved a job off the first onto the second, then off it again
+    (a rack's maintenance, server by server); cordoned together, each job moves once,
+    onto neither, and the store, the events and a restart say so."""
+    for name in ("one", "together"):
+        (tmp_path / name).mkdir()
+    one = _open(tmp_path / "one", servers=RACK)
+    try:
+        admitted = _fill(one, 6)
+        first = next(s for s in ("w0", "w1", "w2", "w3") if _on(one, s, 1))
+        moved_once = asyncio.run(one.cordon(first))["moved"]
+        assert moved_once, "the test needs jobs planned on the first server"
+        landed = _landed(one, list(moved_once), 1) - {"p0"}
+        second = sorted(landed)[0]  # where one of them went
+        again = asyncio.run(one.cordon(second))["moved"]
+        assert set(again) & set(moved_once)  # the churn: moved twice
+    finally:
+        one.close()
+
+    c = _open(tmp_path / "together", servers=RACK)
+    try:
+        assert _fill(c, 6) == admitted  # the same decisions, the same ledger
+        trial = asyncio.run(c.cordon(first, more=[second], dry_run=True))
+        assert trial["servers"] == [first, second] and trial["dry_run"]
+        assert _on(c, first, 1) and not c.cordoned  # nothing changed
+        view = asyncio.run(c.cordon(first, "rack 7", "ops", more=[second, first]))
+        assert view["servers"] == [first, second] and view["already_servers"] == []
+        assert view["moved"] == trial["moved"]
+        moved = view["moved"]
+        assert set(moved) >= set(moved_once) and len(moved) == len(set(moved))
+        for name in (first, second):
+            assert _on(c, name, 1) == {}
+        _within_capacity(c)
+        assert set(c.cordoned) == {first, second}
+        with c.db.session() as s:
+            cordoned = s.scalars(select(EventRow).where(EventRow.kind == "server_cordoned")).all()
+            moves = s.scalars(select(EventRow).where(EventRow.kind.in_(("replanned", "failed"))
+                                                     )).all()  # fmt: skip
+            outages = s.scalars(select(OutageRow)).all()
+        assert sorted(e.detail["server"] for e in cordoned) == sorted([first, second])
+        assert sorted(j for e in cordoned for j in e.detail["jobs"]) == sorted(moved)
+        assert {e.detail["with"][0] for e in cordoned} == {first, second}
+        assert sorted(e.job_id for e in moves) == sorted(moved)  # one event a job
+        assert all(e.detail["server"] in (first, second) for e in moves)
+        assert sorted((o.server, o.cause, o.down_from) for o in outages) == sorted(
+            [(first, "cordoned", 1), (second, "cordoned", 1)])  # fmt: skip
+        live = _state(c._ledger)
+
+        more = asyncio.run(c.cordon(second, more=[first]))
+        assert more["already"] and more["already_servers"] == [second, first]
+        third = next(s for s in ("w0", "w1", "w2", "w3") if s not in (first, second))
+        with pytest.raises(PreconditionError, match=f"cordoning {third}, "):
+            asyncio.run(
+                c.cordon(
+                    second,
+                    more=[
+                        third,
+                        *(s for s in ("w0", "w1", "w2", "w3") if s not in (first, second, third)),
+                    ],
+                )
+            )
+        with pytest.raises(NotFoundError, match="no server 'w9'"):
+            asyncio.run(c.cordon(third, more=["w9"]))
+        assert set(c.cordoned) == {first, second}  # neither changed anything
+        for a, b in zip(live, _state(c._ledger), strict=True):
+            assert np.array_equal(a, b)
+    finally:
+        c.close()
+
+    c = _open(tmp_path / "together", servers=RACK)  # a restart blocks both again
+    try:
+        assert set(c.cordoned) == {first, second}
+        for a, b in zip(live, _state(c._ledger), strict=True):
+            assert np.array_equal(a, b)
     finally:
         c.close()
 
@@ -478,7 +574,8 @@ def test_oasis_cordon_and_uncordon_against_a_daemon(tmp_path: Path) -> None:
         assert "cordoned; " in next(x for x in screen if x.startswith("w2 "))
         assert "cordoned" not in next(x for x in screen if x.startswith("w0 "))
         again = json.loads(oasis("cordon", "w2", "--json", *server).stdout)
-        assert again == {"server": "w2", "from_slot": 1, "until_slot": None, "already": True,
+        assert again == {"server": "w2", "servers": ["w2"], "already_servers": ["w2"],
+                         "from_slot": 1, "until_slot": None, "already": True,
                          "moved": [], "dry_run": False}  # fmt: skip
         missing = oasis("cordon", "w9", *server, check=False)
         assert missing.returncode == 1 and "no server 'w9'" in missing.stderr
@@ -538,6 +635,28 @@ def test_oasis_cordon_and_uncordon_against_a_daemon(tmp_path: Path) -> None:
         wrong = oasis("cordon", "w1", "--from", "6", "--until", "5", *server, check=False)
         assert wrong.returncode != 0 and "--until 5 is not after --from 6" in wrong.stderr
         assert "w1: not cordoned" in oasis("uncordon", "w1", *server).stdout
+
+        # several servers in one step (a rack): named once each, in the order given
+        trial = oasis("cordon", "w0", "w1", "--dry-run", *server).stdout
+        assert trial.startswith("w0, w1: a cordon from slot 1 (") and "(--dry-run)" in trial
+        both = json.loads(oasis("cordon", "w0", "w1", "w0", "--reason", "rack 7", "--json",
+                                *server).stdout)  # fmt: skip
+        assert both["servers"] == ["w0", "w1"] and both["already_servers"] == []
+        assert not both["already"] and both["from_slot"] == 1
+        listed = oasis("servers", *server).stdout.splitlines()
+        for name in ("w0", "w1"):
+            assert any(line.split()[:3] == [name, "worker", "cordoned"] for line in listed)
+        out = oasis("cordon", "w1", "w2", "--dry-run", *server).stdout
+        assert "w1: cordoned already; left as it was" in out
+        assert "\nw2: a cordon from slot 1 (" in out and " would move 1 job; " in out
+        out = oasis("cordon", "w0", "w1", *server).stdout
+        assert out.startswith("w0, w1: each cordoned already; nothing changed")
+        back = json.loads(oasis("uncordon", "w0", "w1", "w2", "--json", *server).stdout)
+        assert [(b["server"], b["already"]) for b in back] == [
+            ("w0", False), ("w1", False), ("w2", True)]  # fmt: skip
+        missing = oasis("cordon", "w0", "w9", *server, check=False)
+        assert missing.returncode == 1 and "no server 'w9'" in missing.stderr
+        assert "w0: not cordoned" in oasis("uncordon", "w0", *server).stdout  # nothing made
     finally:
         assert daemon.stop() == 0
 
@@ -824,5 +943,12 @@ def test_a_timed_cordon_to_an_older_daemon_is_refused_and_changes_nothing() -> N
         out = oasis("cordon", "w1", server=address)  # untimed: as it always was
         assert "cordoned from slot 29" in out.stdout, out.stdout
         assert [r.dry_run for r in older.requests] == [True, True, False]
+        # it ignores more_servers: it would cordon w1 alone (and move its jobs onto w2)
+        out = oasis("cordon", "w1", "w2", server=address, check=False)
+        assert out.returncode == 2 and "does not cordon several servers" in out.stderr
+        assert "nothing was changed" in out.stderr, out.stderr
+        out = oasis("cordon", "w1", "w2", "--dry-run", server=address, check=False)
+        assert out.returncode == 2 and "its dry run was of w1 alone" in out.stderr, out.stderr
+        assert [r.dry_run for r in older.requests] == [True, True, False, True, True]
     finally:
         server.stop(None)

@@ -14,6 +14,7 @@ import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -44,7 +45,14 @@ JOB = {
 }  # fmt: skip
 
 
-def _open(tmp_path: Path, store_url: str = "", store_timeout: float = 3.0) -> AdmissionController:
+def _open(
+    tmp_path: Path,
+    store_url: str = "",
+    store_timeout: float = 3.0,
+    servers: list[dict[str, Any]] | None = None,
+) -> AdmissionController:
+    """A controller on a SQLite file in ``tmp_path`` (or ``store_url``), window 12, a fake
+    clock at slot 0; ``servers``: the cluster's (default: w0, w1, p0)."""
     config = from_dict(
         {
             "daemon": {
@@ -56,7 +64,8 @@ def _open(tmp_path: Path, store_url: str = "", store_timeout: float = 3.0) -> Ad
             },
             "cluster": {
                 "resources": ["gpu", "cpu", "mem", "disk", "bandwidth"],
-                "servers": [
+                "servers": servers
+                or [
                     {"name": "w0", "kind": "worker", "capacity": WORKER},
                     {"name": "w1", "kind": "worker", "capacity": WORKER},
                     {"name": "p0", "kind": "ps", "capacity": PS},

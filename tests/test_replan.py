@@ -12,7 +12,14 @@ from pricing.errors import CapacityError, LedgerError
 from pricing.job import Job, job_from_dict
 from pricing.ledger import Ledger
 from pricing.prices import oracle_bounds
-from pricing.replan import Shifted, fail_server, release_rest, remaining_job, replan_remaining
+from pricing.replan import (
+    Shifted,
+    fail_server,
+    fail_servers,
+    release_rest,
+    remaining_job,
+    replan_remaining,
+)
 from pricing.schedule import Schedule
 from pricing.utility import Sigmoid
 
@@ -151,6 +158,56 @@ def test_failed_server_without_room_elsewhere_replans_or_strands() -> None:
     assert second.stranded == ["big"]
     assert ledger.schedule("big").end < from_slot  # only its past is kept
     same_state(ledger, rebuilt(ledger, [("ps", ps_used[0], from_slot), ("ps", other, from_slot)]))
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 3])
+def test_servers_failed_together_move_each_job_once_and_never_onto_each_other(
+    chunks: int,
+) -> None:
+    """One at a time, a job on the first server is moved onto the second, then off it
+    again (a rack's maintenance moved it from each server to the next); together, every
+    job moves once, onto neither, in the same slots where room allows."""
+    jobs = [make_job("a", chunks=chunks), make_job("b")]
+    by_id = {j.id: j for j in jobs}
+    last = {j: T - 1 for j in by_id}
+    sched = admitted(jobs).schedule("a")
+    first = int(np.flatnonzero(sched.workers.sum(axis=0))[0])
+    from_slot = sched.start + 1
+
+    one_by_one = admitted(jobs)
+    fail_server(one_by_one, by_id, "worker", first, from_slot, {}, last)
+    landed = one_by_one.schedule("a").after(from_slot).workers.sum(axis=0)
+    second = int(np.flatnonzero(landed * (np.arange(3) != first))[0])  # where it went
+    again = fail_server(one_by_one, by_id, "worker", second, from_slot, {}, last)
+    assert "a" in again.moves()  # the churn: moved twice
+
+    together = admitted(jobs)
+    per_slot = together.schedule("a").worker_counts().copy()
+    out = fail_servers(together, by_id, [("worker", first), ("worker", second)], from_slot,
+                       {}, last)  # fmt: skip
+    moves = out.moves()
+    assert len(out.replaced) + len(out.replanned) + len(out.stranded) == len(moves)
+    assert "a" in moves
+    for job_id in together.job_ids():
+        after = together.schedule(job_id).after(from_slot)
+        assert not after.workers[:, [first, second]].any()  # on neither of them
+    if moves["a"] == "replaced":  # the same workers in the same slots, on the third
+        assert np.array_equal(together.schedule("a").worker_counts(), per_slot)
+    down = [("worker", first, from_slot), ("worker", second, from_slot)]
+    same_state(together, rebuilt(together, down))
+
+
+def test_one_server_failed_as_a_set_is_the_same_failure() -> None:
+    jobs = [make_job("a"), make_job("b", chunks=3)]
+    by_id = {j.id: j for j in jobs}
+    last = {j: T - 1 for j in by_id}
+    sched = admitted(jobs).schedule("a")
+    victim = int(np.flatnonzero(sched.workers.sum(axis=0))[0])
+    alone, as_set = admitted(jobs), admitted(jobs)
+    out1 = fail_server(alone, by_id, "worker", victim, sched.start + 1, {}, last)
+    out2 = fail_servers(as_set, by_id, [("worker", victim)] * 2, sched.start + 1, {}, last)
+    assert out1.moves() == out2.moves()
+    same_state(alone, as_set)
 
 
 def fill(ledger: Ledger, servers: list[int], first: int, slots: int) -> dict[str, Job]:

@@ -373,12 +373,14 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
         force: bool = False,
         until: int | None = None,
         start: int | None = None,
+        more: Sequence[str] = (),
     ) -> dict[str, Any]:
-        """Take ``server`` out of service from the next slot on, or from slot ``start``
-        if later, up to slot ``until`` (exclusive) if given (:mod:`.cordons`); with
-        ``dry_run``, only say what would move."""
+        """Take ``server`` (and the servers ``more``, together) out of service from the
+        next slot on, or from slot ``start`` if later, up to slot ``until`` (exclusive) if
+        given (:mod:`.cordons`); with ``dry_run``, only say what would move."""
         view, events = await self._run(
-            lambda: self._cordon_sync(server, reason, by, dry_run, force, until, start), client
+            lambda: self._cordon_sync(server, reason, by, dry_run, force, until, start, more),
+            client,
         )
         self._publish(events)
         return view

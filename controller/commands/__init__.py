@@ -42,10 +42,10 @@ COMMANDS: dict[str, Command] = {
     "servers": Command(_CLIENT, "list servers with their state, capacity and current use"),
     "cordon": Command(
         "controller.commands.cordon",
-        "take a server out of service from the next slot on; its jobs move (operators)",
+        "take servers out of service from the next slot on; their jobs move (operators)",
     ),
     "uncordon": Command(
-        "controller.commands.cordon", "put a cordoned server back in service (operators)"
+        "controller.commands.cordon", "put cordoned servers back in service (operators)"
     ),
     "prices": Command(_CLIENT, "unit prices per server and resource over the next slots"),
     "watch": Command(_CLIENT, "print decisions and state changes as they happen"),

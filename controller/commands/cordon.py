@@ -1,5 +1,6 @@
-"""``oasis cordon SERVER`` and ``oasis uncordon SERVER``: take a server out of service
-(maintenance, a suspect GPU) and put it back, without a restart (operators only).
+"""``oasis cordon SERVER...`` and ``oasis uncordon SERVER...``: take servers out of
+service (maintenance, a suspect GPU) and put them back, without a restart (operators
+only).
 
 A cordon starts at the next slot boundary: no new plans on the server, and the jobs
 planned on it from then on move as after a failure (re-placed in the same slots on
@@ -13,7 +14,12 @@ planned on the server from then move now, no new plan uses it from then, and it 
 service until then (``oasis uncordon`` cancels it). ``oasis servers`` shows each
 server's state and any cordon planned.
 
+Servers named together are cordoned in one step (a rack's maintenance): every one is
+out before any job moves, so a job moves once and never onto another of them. One at a
+time, a job could move from the first server onto the second, then again.
+
     oasis cordon gpu3 --for 6h --reason "driver update"
+    oasis cordon gpu1 gpu2 gpu3 gpu4 --reason "rack 7 PDU swap" --dry-run
     oasis cordon gpu3 --until 2026-12-01T06:00:00+01:00
     oasis cordon gpu3 --from 2026-12-05T22:00:00Z --for 4h --reason "PSU swap"
 """
@@ -48,7 +54,11 @@ def register(sub: Any) -> None:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         p.add_argument(
-            "name", metavar="SERVER", help="a server of the daemon's [cluster] (oasis servers)"
+            "names",
+            metavar="SERVER",
+            nargs="+",
+            help="servers of the daemon's [cluster] (oasis servers)"
+            + (": cordoned together, in one step" if name == "cordon" else ""),
         )
         if name == "cordon":
             p.add_argument("--reason", default="", metavar="TEXT", help="recorded in the event log")
@@ -148,15 +158,23 @@ def _span(args: argparse.Namespace, stubs: Stubs) -> tuple[int, int]:
     return (first if planned else 0), until
 
 
-def _check_timed_cordons(stubs: Stubs, request: pb.CordonServerRequest) -> None:
-    """InputError, nothing changed, if the daemon does not know a cordon's start or end
-    (an oasisd older than this client: between an upgrade's install and its restart).
-    It ignored ``from_slot`` and ``until_slot`` and cordoned at once and for good, moving
-    every job off the server (the upgrade audit). A dry run shows whether it reads them."""
+def _check_daemon_reads(stubs: Stubs, request: pb.CordonServerRequest) -> None:
+    """InputError, nothing changed, if the daemon does not know a cordon's start or end,
+    or several servers at once (an oasisd older than this client: between an upgrade's
+    install and its restart). It ignored ``from_slot`` and ``until_slot`` and cordoned at
+    once and for good, moving every job off the server (the upgrade audit), and it
+    ignores ``more_servers``, cordoning the first server alone. A dry run shows whether
+    it reads them."""
     probe = pb.CordonServerRequest()
     probe.CopyFrom(request)
     probe.dry_run = True
     resp = stubs.cluster.CordonServer(probe, timeout=stubs.timeout)
+    if request.more_servers and not resp.servers:
+        raise InputError(
+            "the daemon does not cordon several servers in one call (it runs an older "
+            "oasis than this client; restart it on the new version): nothing was changed; "
+            "name one server a call meanwhile"
+        )
     if resp.already:  # the cordon there answers for itself
         return
     # an older daemon answers with no end and the next slot; a newer one echoes the end,
@@ -173,21 +191,29 @@ def _check_timed_cordons(stubs: Stubs, request: pb.CordonServerRequest) -> None:
 def cmd_cordon(args: argparse.Namespace) -> int:
     stubs = Stubs(args)
     first, until = _span(args, stubs)
+    names = list(dict.fromkeys(args.names))
     request = pb.CordonServerRequest(
-        server=args.name,
+        server=names[0],
         reason=args.reason,
         dry_run=args.dry_run,
         force=args.force,
         until_slot=until,
         from_slot=first,
+        more_servers=names[1:],
     )
-    if (until or first) and not args.dry_run:
-        _check_timed_cordons(stubs, request)
+    if (until or first or len(names) > 1) and not args.dry_run:
+        _check_daemon_reads(stubs, request)
     resp = stubs.cluster.CordonServer(request, timeout=stubs.timeout)
+    if len(names) > 1 and not resp.servers:  # a dry run of an older daemon: the first alone
+        raise InputError("the daemon does not cordon several servers in one call (it runs "
+                         "an older oasis than this client): its dry run was of "
+                         f"{names[0]} alone")  # fmt: skip
+    servers = list(resp.servers) or [resp.server]
+    already = list(resp.already_servers)
     if args.json:
-        print_json({"server": resp.server, "from_slot": resp.from_slot,
-                    "until_slot": resp.until_slot or None, "already": resp.already,
-                    "dry_run": resp.dry_run,
+        print_json({"server": resp.server, "servers": servers, "already_servers": already,
+                    "from_slot": resp.from_slot, "until_slot": resp.until_slot or None,
+                    "already": resp.already, "dry_run": resp.dry_run,
                     "moved": [{"id": m.id, "how": m.how} for m in resp.moved]})  # fmt: skip
         return EXIT_OK
     times = stubs.times()
@@ -200,47 +226,63 @@ def cmd_cordon(args: argparse.Namespace) -> int:
         since += f" until slot {slot_label(resp.until_slot, times)} ({span} slots{length})"
     if resp.already:
         which = "a cordon is planned already" if planned else "cordoned already"
+        if len(servers) > 1:
+            print(f"{', '.join(servers)}: each cordoned already; nothing changed")
+            return EXIT_OK
         print(f"{resp.server}: {which}, from slot {since}; nothing changed")
         asked = request.from_slot or (info.current_slot + 1 if info is not None else 0)
         if request.until_slot != resp.until_slot or asked not in (0, resp.from_slot):
             print(f"to change it, oasis uncordon {resp.server} first")
         return EXIT_OK
+    for name in already:
+        print(f"{name}: cordoned already; left as it was (oasis uncordon {name} first to "
+              "change it)")  # fmt: skip
+    out = [name for name in servers if name not in already]
+    named = ", ".join(out)
+    them = out[0] if len(out) == 1 else "them"
     if resp.dry_run:
         n = len(resp.moved)
-        print(f"{resp.server}: a cordon from slot {since} would move {n or 'no'} "
+        print(f"{named}: a cordon from slot {since} would move {n or 'no'} "
               f"job{'' if n == 1 else 's'}; nothing changed (--dry-run)")  # fmt: skip
     else:
         back = "it is back then by itself; oasis uncordon" if resp.until_slot else "oasis uncordon"
+        if len(out) > 1:
+            back = back.replace("it is", "they are")
         if planned:
-            print(f"{resp.server}: cordon planned from slot {since}: in service until then, "
-                  f"no new plans there from then (oasis uncordon {resp.server} cancels "
-                  "it)")  # fmt: skip
+            print(f"{named}: cordon planned from slot {since}: in service until then, "
+                  f"no new plans there from then (oasis uncordon {' '.join(out)} cancels "
+                  f"{'it' if len(out) == 1 else 'them'})")  # fmt: skip
         else:
-            print(f"{resp.server}: cordoned from slot {since}: no new plans there ({back} "
-                  f"{resp.server} gives it back)")  # fmt: skip
+            print(f"{named}: cordoned from slot {since}: no new plans there ({back} "
+                  f"{' '.join(out)} gives {'it' if len(out) == 1 else 'them'} back)")  # fmt: skip
         if not resp.moved:
-            print("no job was planned on it" + (" then" if planned else ""))
+            print(f"no job was planned on {them}" + (" then" if planned else ""))
     for m in resp.moved:
         print(f"  {m.id}: {_HOW.get(m.how, m.how)}")
     return EXIT_OK
 
 
 def cmd_uncordon(args: argparse.Namespace) -> int:
+    """Uncordon each server named, one call each (giving capacity back moves no job)."""
     stubs = Stubs(args)
-    resp = stubs.cluster.UncordonServer(
-        pb.UncordonServerRequest(server=args.name), timeout=stubs.timeout
-    )
-    if args.json:
-        print_json({"server": resp.server, "from_slot": resp.from_slot or None,
-                    "already": resp.already, "failed": resp.failed,
-                    "planned": resp.planned})  # fmt: skip
-        return EXIT_OK
-    failed = " (its agent is silent: it stays out until heard again)" if resp.failed else ""
-    if resp.already:
-        print(f"{resp.server}: not cordoned; nothing changed{failed}")
-    elif resp.planned:
-        print(f"{resp.server}: the planned cordon is cancelled{failed}")
-    else:
-        since = slot_label(resp.from_slot, stubs.times())
-        print(f"{resp.server}: back in service from slot {since}{failed}")
+    answers = []
+    for name in dict.fromkeys(args.names):
+        resp = stubs.cluster.UncordonServer(
+            pb.UncordonServerRequest(server=name), timeout=stubs.timeout
+        )
+        answers.append({"server": resp.server, "from_slot": resp.from_slot or None,
+                        "already": resp.already, "failed": resp.failed,
+                        "planned": resp.planned})  # fmt: skip
+        if args.json:
+            continue
+        failed = " (its agent is silent: it stays out until heard again)" if resp.failed else ""
+        if resp.already:
+            print(f"{resp.server}: not cordoned; nothing changed{failed}")
+        elif resp.planned:
+            print(f"{resp.server}: the planned cordon is cancelled{failed}")
+        else:
+            since = slot_label(resp.from_slot, stubs.times())
+            print(f"{resp.server}: back in service from slot {since}{failed}")
+    if args.json:  # one server: its object, as before; several: a list of them
+        print_json(answers[0] if len(answers) == 1 else answers)
     return EXIT_OK
