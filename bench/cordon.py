@@ -17,10 +17,14 @@ What is measured
     slots of work:
     one tenant's many small jobs, thousands of them on one server (the observability
     audit: such a cordon held every tenant's calls for 4 minutes).
+    With ``--together N`` the N busiest worker servers are cordoned in one step
+    (``oasis cordon A B ...``), dry run and real, and, on a second controller holding
+    the same jobs, one server a step in the same order: the moves each way, and how many
+    jobs the one-a-step cordons moved more than once.
 
 Usage
     .venv/bin/python -m bench.cordon [--servers 50] [--window 300] [--jobs 300]
-        [--for SLOTS] [--json]
+        [--for SLOTS] [--together N] [--json]
 """
 
 from __future__ import annotations
@@ -56,7 +60,10 @@ def measure(
     data_dir: Path,
     length: int | None = None,
     tiny: bool = False,
+    together: int = 1,
 ) -> dict[str, Any]:
+    if together > 1:
+        return measure_together(servers, window, jobs, data_dir, length, together)
     trace = generate_trace(np.random.default_rng(SEED), n_jobs=jobs, n_worker_servers=servers,
                            n_ps_servers=servers, horizon=window)  # fmt: skip
     if tiny:
@@ -64,21 +71,9 @@ def measure(
             spec.update(chunks=1, epochs=1, minibatches=40, tau=0.2, grad_mb=1)  # 9 slots
             for side in ("worker", "ps"):
                 spec[side] = {r: 0.001 for r in spec[side]}
-    config = from_dict({
-        "daemon": {"data_dir": str(data_dir), "window": window, "epoch": 0},
-        "cluster": {"resources": trace["resources"], "servers": trace["servers"]},
-        "limits": {"max_utility": 0},
-    })  # fmt: skip
-    c = AdmissionController(
-        config, Database(config.database_url), SlotClock(FakeClock(1.0), config.slot_seconds, 0.0),
-        log=structlog.wrap_logger(structlog.ReturnLogger()),
-    )  # fmt: skip
-    c.open()
+    c = _controller(trace, window, data_dir)
     try:
-        admitted = 0
-        for spec in trace["jobs"]:  # type: ignore[attr-defined]
-            job = {k: v for k, v in spec.items() if k != "arrival"}
-            admitted += bool(asyncio.run(c.submit(job)).decision.admitted)
+        admitted = _submit_all(c, trace)
         ledger = c._ledger
         held = ledger.worker_side.used[1:, :, 0].sum(axis=0)  # the first resource, by server
         busiest = c.cluster.worker_names[int(np.argmax(held))]
@@ -102,6 +97,74 @@ def measure(
         c.close()
 
 
+def _controller(trace: dict[str, Any], window: int, data_dir: Path) -> AdmissionController:
+    """An opened controller of ``trace``'s cluster on a SQLite store in ``data_dir``."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    config = from_dict({
+        "daemon": {"data_dir": str(data_dir), "window": window, "epoch": 0},
+        "cluster": {"resources": trace["resources"], "servers": trace["servers"]},
+        "limits": {"max_utility": 0},
+    })  # fmt: skip
+    c = AdmissionController(
+        config, Database(config.database_url), SlotClock(FakeClock(1.0), config.slot_seconds, 0.0),
+        log=structlog.wrap_logger(structlog.ReturnLogger()),
+    )  # fmt: skip
+    c.open()
+    return c
+
+
+def _submit_all(c: AdmissionController, trace: dict[str, Any]) -> int:
+    """Decide every job of ``trace`` in slot 0 (arrivals dropped); how many admitted."""
+    admitted = 0
+    for spec in trace["jobs"]:
+        job = {k: v for k, v in spec.items() if k != "arrival"}
+        admitted += bool(asyncio.run(c.submit(job)).decision.admitted)
+    return admitted
+
+
+def measure_together(
+    servers: int, window: int, jobs: int, data_dir: Path, length: int | None, n: int
+) -> dict[str, Any]:
+    """The ``n`` busiest worker servers cordoned in one step, and one a step."""
+    trace = generate_trace(np.random.default_rng(SEED), n_jobs=jobs, n_worker_servers=servers,
+                           n_ps_servers=servers, horizon=window)  # fmt: skip
+    out: dict[str, Any] = {"servers": servers, "window": window, "jobs": jobs, "together": n,
+                           "cordon_slots": length or "no end"}  # fmt: skip
+    one = _controller(trace, window, data_dir / "together")
+    try:
+        out["admitted"] = _submit_all(one, trace)
+        held = one._ledger.worker_side.used[1:, :, 0].sum(axis=0)
+        names = [one.cluster.worker_names[int(i)] for i in np.argsort(-held, kind="stable")[:n]]
+        until = None if length is None else one.slot + 1 + length
+        for name, dry_run in (("together_dry_run", True), ("together", False)):
+            step = functools.partial(one._cordon_sync, names[0], "bench", "bench", dry_run,
+                                     True, until, None, names[1:])  # fmt: skip
+            started = time.perf_counter()
+            view, _events = one.between_decisions(step, 600.0)
+            out[f"{name}_ms"] = round((time.perf_counter() - started) * 1e3, 1)
+            out[f"{name}_moved"] = dict(Counter(view["moved"].values()))
+    finally:
+        one.close()
+    each = _controller(trace, window, data_dir / "one-a-step")
+    try:
+        _submit_all(each, trace)
+        moves: Counter[str] = Counter()
+        how: Counter[str] = Counter()
+        started = time.perf_counter()
+        for name in names:
+            step = functools.partial(each._cordon_sync, name, "bench", "bench", False, True, until)
+            view, _events = each.between_decisions(step, 600.0)
+            moves.update(view["moved"].keys())
+            how.update(view["moved"].values())
+        out["one_a_step_ms"] = round((time.perf_counter() - started) * 1e3, 1)
+        out["one_a_step_moved"] = dict(how)
+        out["one_a_step_jobs_moved_twice_or_more"] = sum(1 for c in moves.values() if c > 1)
+        out["one_a_step_moves_of_a_job_max"] = max(moves.values(), default=0)
+    finally:
+        each.close()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--servers", type=int, default=50, help="worker servers (and as many PS)")
@@ -111,10 +174,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="give the cordon an end: it blocks this many slots")  # fmt: skip
     p.add_argument("--tiny", action="store_true",
                    help="one worker per job at most, 0.001 of each resource")  # fmt: skip
+    p.add_argument("--together", type=int, default=1, metavar="N",
+                   help="cordon the N busiest worker servers in one step, and one a "
+                   "step")  # fmt: skip
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    if args.together < 1:
+        p.error("--together must be >= 1")
     with tempfile.TemporaryDirectory(prefix="oasis-cordon-") as d:
-        measured = measure(args.servers, args.window, args.jobs, Path(d), args.length, args.tiny)
+        measured = measure(args.servers, args.window, args.jobs, Path(d), args.length, args.tiny,
+                           args.together)  # fmt: skip
         result = {"machine": describe(), **measured}
     if args.json:
         print(json.dumps(result, indent=1))

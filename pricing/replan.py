@@ -190,9 +190,12 @@ def fail_servers(
     re-planned once. With one server this is :func:`fail_server`."""
     with ledger.deferred():  # one exact rebuild of the cells changed, not one per move
         down = list(dict.fromkeys(servers))
-        held: set[str] = set()
+        by_kind: dict[str, list[int]] = {}
         for kind, index in down:
-            held.update(ledger.holding(kind, index, from_slot, until))
+            by_kind.setdefault(kind, []).append(index)
+        held: set[str] = set()
+        for kind, indices in by_kind.items():  # one walk of the jobs a kind
+            held.update(ledger.holding(kind, indices, from_slot, until))
         affected = [j for j in ledger.job_ids() if j in held]  # in admission order
         # the failed servers' units come off every affected job before they are blocked
         wanting: dict[str, Schedule] = {}
@@ -202,8 +205,8 @@ def fail_servers(
             for kind, index in down:
                 sched = _without(sched, kind, index, from_slot, until)
             ledger.replace(job_id, sched)
-        for kind, index in down:
-            ledger.block(kind, index, from_slot, until)
+        for kind, indices in by_kind.items():
+            ledger.block(kind, indices, from_slot, until)
 
         replaced: list[str] = []
         replanned: dict[str, BestSchedule] = {}

@@ -182,6 +182,12 @@ def test_servers_failed_together_move_each_job_once_and_never_onto_each_other(
     assert "a" in again.moves()  # the churn: moved twice
 
     together = admitted(jobs)
+    either = set(together.holding("worker", first, from_slot)) | set(
+        together.holding("worker", second, from_slot)
+    )
+    assert together.holding("worker", [first, second], from_slot) == [
+        j for j in together.job_ids() if j in either
+    ]  # in admission order
     per_slot = together.schedule("a").worker_counts().copy()
     out = fail_servers(together, by_id, [("worker", first), ("worker", second)], from_slot,
                        {}, last)  # fmt: skip
