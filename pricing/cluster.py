@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -20,6 +21,10 @@ BANDWIDTH = "bandwidth"
 """The resource whose per-worker and per-PS demands set ``b`` and ``B`` (Gbps)."""
 
 Kind = Literal["worker", "ps"]
+
+_HUGE_INT = 1 << 1000
+"""An int below this converts to a finite float (one past float64's range is refused as
+not finite, as :func:`pricing.fields.number` reads it)."""
 
 SERVER_KEYS = frozenset({"name", "kind", "capacity"})
 """Every key a server object may have."""
@@ -55,6 +60,11 @@ class Cluster:
             (workers if kind == "worker" else ps)[idx] = pos
         return workers, ps
 
+    @cached_property
+    def resource_index(self) -> dict[str, int]:
+        """Each resource's index ``r`` by name (computed once)."""
+        return {name: r for r, name in enumerate(self.resources)}
+
     def servers(self) -> Iterator[tuple[Kind, int, str, NDArray[np.float64]]]:
         """Every server in listing order: ``(kind, index within its kind, name, capacity
         (R,))``."""
@@ -75,9 +85,19 @@ class Cluster:
         Raises SpecError naming ``field.<resource>`` for unknown resources and for
         negative or non-finite amounts.
         """
-        vec = np.zeros(len(self.resources))
+        index = self.resource_index
+        values = [0.0] * len(self.resources)
         problems: list[Problem] = []
         for name, amount in demand.items():
+            r = index.get(name)
+            kind = type(amount)
+            if (
+                r is not None
+                and (kind is float or (kind is int and amount < _HUGE_INT))
+                and 0 <= amount < math.inf
+            ):  # what fields.non_negative reads it as, without naming the field
+                values[r] = float(amount)
+                continue
             sub = f"{field}.{label(name)}"
             if name not in self.resources:
                 known = ", ".join(self.resources)
@@ -88,12 +108,12 @@ class Cluster:
                 problems.append(Problem(sub, self._unitless(name, r, amount)))
                 continue
             try:
-                vec[r] = fields.non_negative(amount, sub)
+                values[r] = fields.non_negative(amount, sub)
             except SpecError as err:
                 problems.extend(err.problems)
         if problems:
             raise SpecError(problems)
-        return vec
+        return np.array(values, dtype=np.float64)
 
     def _unitless(self, name: str, r: int, amount: str) -> str:
         """Why ``amount`` (a string, such as ``"16GiB"``) is no amount of resource ``r``:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -294,9 +295,9 @@ def fits_nowhere(
 def _fits_nowhere(cluster: Cluster, kind: Kind, demand: NDArray[np.float64]) -> str:
     """Why one ``kind`` of demand ``demand`` (``(R,)``) fits on no server of its kind even
     when empty, naming each resource that even the largest lacks; "" if it fits."""
-    capacity = cluster.worker_capacity if kind == "worker" else cluster.ps_capacity
-    if int(room(capacity, demand).max()) >= 1:
+    if _empty_room(cluster, kind, demand)[0] >= 1:
         return ""
+    capacity = cluster.worker_capacity if kind == "worker" else cluster.ps_capacity
     largest = capacity.max(axis=0)
     resource = np.arange(demand.size)
     lacking = [
@@ -348,17 +349,47 @@ def max_workers_per_slot(job: Job, cluster: Cluster) -> int:
     ``(PS room + 1e-9) B / b`` and settled with a few exact steps, never by counting
     down from ``N`` (which can be 2**53).
     """
-    worker_room = int(room(cluster.worker_capacity, job.worker).sum())
-    ps_room = int(room(cluster.ps_capacity, job.ps).sum())
+    worker_room = _empty_room(cluster, "worker", job.worker)[1]
+    ps_room = _empty_room(cluster, "ps", job.ps)[1]
     y = min(job.chunks, worker_room)
-    limit = (ps_room + ROUNDING) / job.ps_ratio
+    ratio = job.ps_ratio
+    limit = (ps_room + ROUNDING) / ratio
     if limit < y:
         y = math.floor(limit)
-    while y > 0 and int(job.ps_needed(y)) > ps_room:
+    # z(y) of :meth:`Job.ps_needed` in float arithmetic (the same floats as numpy's)
+    while y > 0 and math.ceil(y * ratio - ROUNDING) > ps_room:
         y -= 1
-    while y < min(job.chunks, worker_room) and int(job.ps_needed(y + 1)) <= ps_room:
+    while y < min(job.chunks, worker_room) and math.ceil((y + 1) * ratio - ROUNDING) <= ps_room:
         y += 1
     return y
+
+
+_Rooms = dict[tuple[Kind, tuple[float, ...]], tuple[int, int]]
+_EMPTY_ROOMS: weakref.WeakKeyDictionary[Cluster, _Rooms] = weakref.WeakKeyDictionary()
+"""Per cluster: :func:`_empty_room` by kind and demand. A job's checks ask for the same
+ones several times (fits somewhere, fits in time, the search's size limit)."""
+_EMPTY_ROOMS_KEPT = 1024
+"""Demands remembered per cluster; past this the memory starts over."""
+
+
+def _empty_room(cluster: Cluster, kind: Kind, demand: NDArray[np.float64]) -> tuple[int, int]:
+    """``(most, total)``: the most units of ``demand`` (``(R,)``) that fit on one empty
+    server of ``kind``, and the units that fit on all of them (:func:`room`; 0 and 0
+    without such servers). Remembered per cluster and demand (its capacities never
+    change)."""
+    rooms = _EMPTY_ROOMS.get(cluster)
+    if rooms is None:
+        rooms = _EMPTY_ROOMS.setdefault(cluster, {})
+    key = (kind, tuple(demand.tolist()))
+    found = rooms.get(key)
+    if found is None:
+        capacity = cluster.worker_capacity if kind == "worker" else cluster.ps_capacity
+        units = room(capacity, demand)
+        found = (int(units.max()) if units.size else 0, int(units.sum()))
+        if len(rooms) >= _EMPTY_ROOMS_KEPT:
+            rooms.clear()
+        rooms[key] = found
+    return found
 
 
 def _check_fits_in_time(job: Job, cluster: Cluster, available: int, field: str) -> None:
