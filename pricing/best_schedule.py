@@ -38,7 +38,7 @@ Speed, exactness kept:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
@@ -47,6 +47,7 @@ from pricing.jit import kernel
 from pricing.job import Job
 from pricing.ledger import Ledger
 from pricing.placement import F64, I64, cost_curve_picks, offers, place_picks
+from pricing.prices import spread
 from pricing.schedule import Schedule
 
 __all__ = [
@@ -469,7 +470,7 @@ def best_schedule(
     t0 = ledger.index(first_slot)
     n_slots = ledger.index(last_slot) - t0 + 1
     sides = (ledger.worker_side, ledger.ps_side)
-    derived = sum(side.derived for side in sides)
+    derived = ledger.worker_side.derived + ledger.ps_side.derived
 
     def prepare(lo: int, hi: int, idle: bool) -> None:
         for side in sides:
@@ -482,7 +483,9 @@ def best_schedule(
     best, _ = search(
         job, wside, pside, ledger.touched, t0, n_slots, first_slot, lb, arrival, prepare, rising
     )
-    return replace(best, slots_priced=sum(side.derived for side in sides) - derived)
+    priced = ledger.worker_side.derived + ledger.ps_side.derived - derived
+    return BestSchedule(best.payoff, best.schedule, best.cost, best.jct, best.utility,
+                        best.slots_scanned, priced)  # fmt: skip
 
 
 _FIRST_RUN = 32
@@ -542,7 +545,7 @@ def search(
     work = job.work
     zt = job.ps_table()
     util = job.utility.values(np.arange(1, n_slots + 1) + (first_slot - a))
-    lb = np.array(np.broadcast_to(np.asarray(lb_unit, np.float64), (n_slots,)))  # a copy
+    lb = np.array(spread(lb_unit, (n_slots,)))  # a copy
     lb_rest = np.ascontiguousarray(np.minimum.accumulate(lb[::-1])[::-1])
     cover = np.zeros(work + 1)
     d_all = np.empty((n_slots, work + 1))
@@ -572,7 +575,9 @@ def search(
     n_w, n_p = wside[2].shape[0], pside[2].shape[0]
     workers, ps = _materialise(picks_w, picks_p, src, ys, zt, n_w, n_p)
     schedule = Schedule(first_slot, workers, ps)
-    cost = float(sum(c_all[k, ys[k]] for k in range(ys.shape[0])))
+    cost = 0.0  # summed slot by slot, in order (as sum() of the slots' costs was)
+    for part in c_all[np.arange(ys.shape[0]), ys].tolist():
+        cost += part
     jct = schedule.end - a + 1
     utility = float(job.utility.values(jct))
     return BestSchedule(utility - cost, schedule, cost, jct, utility, int(scanned)), ends

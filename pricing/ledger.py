@@ -30,7 +30,7 @@ from numpy.typing import NDArray
 
 from pricing.cluster import Cluster
 from pricing.errors import CapacityError, LedgerError
-from pricing.prices import PriceBounds, price
+from pricing.prices import PriceBounds, price, same_values, spread
 from pricing.schedule import Schedule
 from pricing.shares import least_shares
 
@@ -164,6 +164,7 @@ class Side:
     _known: list[tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], int]] = field(
         default_factory=list
     )
+    _capped: tuple[NDArray[np.float64], NDArray[np.float64]] | None = None
 
     @classmethod
     def empty(
@@ -188,19 +189,28 @@ class Side:
         on, each cut to :data:`LOG_PRICE_CAP`. No slot is derived here (see the class);
         going back to the bounds used just before makes the slots derived under them, and
         not changed since, valid again."""
-        with np.errstate(divide="ignore"):  # a resource no server has: no cap needed
-            cap = LOG_PRICE_CAP - np.log(self.capacity.max(axis=0))
-        floor = np.broadcast_to(np.asarray(log_l, np.float64), cap.shape)
+        cap = self._cap()
+        floor = spread(log_l, cap.shape)
         new_l = np.minimum(np.maximum(floor, LOG_PRICE_FLOOR), cap)
         new_u = np.minimum(np.asarray(log_u, np.float64), cap)
         for known in self._known:
-            if np.array_equal(known[0], new_l) and np.array_equal(known[1], new_u):
+            if same_values(known[0], new_l) and same_values(known[1], new_u):
                 self.log_l, self.log_u, self.empty_price, self.version = known
                 break
         else:
             self.log_l, self.log_u, self.version = new_l, new_u, next(_VERSIONS)
             self.empty_price = price(new_l, new_u, np.zeros_like(self.capacity), self.capacity)
             self._known = [*self._known[-1:], (new_l, new_u, self.empty_price, self.version)]
+
+    def _cap(self) -> NDArray[np.float64]:
+        """``(R,)``: the most ``log L`` and ``log U`` of each resource,
+        :data:`LOG_PRICE_CAP` less the log of its largest capacity (computed once per
+        capacity array)."""
+        if self._capped is None or self._capped[0] is not self.capacity:
+            with np.errstate(divide="ignore"):  # a resource no server has: no cap needed
+                cap = LOG_PRICE_CAP - np.log(self.capacity.max(axis=0))
+            self._capped = (self.capacity, cap)
+        return self._capped[1]
 
     @property
     def price(self) -> NDArray[np.float64]:
@@ -212,13 +222,16 @@ class Side:
         """The whole ``(S, n, R)`` price array, with window slots ``lo .. hi - 1`` derived
         under the bounds in use (slots outside may be stale). With ``idle`` False, of the
         untouched slots in the range only the first is made valid (they all price alike)."""
-        stale = np.flatnonzero(self.priced[lo:hi] != self.version) + lo
+        if lo >= hi:
+            return self.cells
+        stale = (self.priced[lo:hi] != self.version).nonzero()[0]  # np.flatnonzero, 1-D
         if not stale.size:
             return self.cells
+        stale += lo
         busy = self.touched[stale]
         empty = stale[~busy]
         if not idle and empty.size:  # the first untouched slot, the one a search reads
-            first = lo + int(np.argmin(self.touched[lo:hi]))
+            first = lo + int(self.touched[lo:hi].argmin())
             empty = empty[:1] if empty[0] == first else empty[:0]
         self.cells[empty] = self.empty_price
         rows = stale[busy]
@@ -257,7 +270,10 @@ class Side:
         """``(hi - lo,)`` float64: per window slot, ``sum_r demand[r] * min_h price[h, r]``,
         at most the price of one unit of ``demand`` on any server of the slot (equal up to
         rounding when one server is cheapest in every resource)."""
-        least = price(self.log_l, self.log_u, self.min_share[lo:hi], np.ones_like(self.log_l))
+        # price() of the least shares at capacity 1: share / 1 is the share, so the same
+        # floats without its division and masks
+        log_l = self.log_l
+        least = np.exp(log_l + self.min_share[lo:hi] * (self.log_u - log_l))
         out: NDArray[np.float64] = least @ demand
         return out
 
@@ -454,13 +470,9 @@ class Ledger:
         if bounds.same_as(self.bounds):
             return
         old, self.bounds = self.bounds, bounds
-        if not (
-            np.array_equal(old.floor1, bounds.floor1) and np.array_equal(old.log_u1, bounds.log_u1)
-        ):
+        if not (same_values(old.floor1, bounds.floor1) and same_values(old.log_u1, bounds.log_u1)):
             self.worker_side.use_bounds(bounds.log_l1, bounds.log_u1)
-        if not (
-            np.array_equal(old.floor2, bounds.floor2) and np.array_equal(old.log_u2, bounds.log_u2)
-        ):
+        if not (same_values(old.floor2, bounds.floor2) and same_values(old.log_u2, bounds.log_u2)):
             self.ps_side.use_bounds(bounds.log_l2, bounds.log_u2)
 
     def admit(

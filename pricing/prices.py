@@ -27,7 +27,15 @@ from pricing.errors import Problem, SpecError
 from pricing.job import Job
 from pricing.text import label
 
-__all__ = ["EXPLICIT_KEYS", "PriceBounds", "bounds_from_dict", "oracle_bounds", "price"]
+__all__ = [
+    "EXPLICIT_KEYS",
+    "PriceBounds",
+    "bounds_from_dict",
+    "oracle_bounds",
+    "price",
+    "same_values",
+    "spread",
+]
 
 EXPLICIT_KEYS = frozenset({"U1", "U2", "L1", "L2", "eta1", "eta2"})
 """Every key of explicit bounds (SPEC 6)."""
@@ -56,23 +64,24 @@ class PriceBounds:
 
     @property
     def floor1(self) -> NDArray[np.float64]:
-        """``(R,)`` float64: ``log L1[r]`` per resource (``log_l1`` spread if one number)."""
-        return np.broadcast_to(np.asarray(self.log_l1, np.float64), self.log_u1.shape)
+        """``(R,)`` float64, read-only: ``log L1[r]`` per resource (``log_l1`` spread if one
+        number)."""
+        return spread(self.log_l1, self.log_u1.shape)
 
     @property
     def floor2(self) -> NDArray[np.float64]:
-        """``(R,)`` float64: ``log L2[r]`` per resource."""
-        return np.broadcast_to(np.asarray(self.log_l2, np.float64), self.log_u2.shape)
+        """``(R,)`` float64, read-only: ``log L2[r]`` per resource."""
+        return spread(self.log_l2, self.log_u2.shape)
 
     def same_as(self, other: PriceBounds) -> bool:
         """True if every bound is equal, so prices under one equal those under the other."""
         return (
             self.eta1 == other.eta1
             and self.eta2 == other.eta2
-            and np.array_equal(self.floor1, other.floor1)
-            and np.array_equal(self.floor2, other.floor2)
-            and np.array_equal(self.log_u1, other.log_u1)
-            and np.array_equal(self.log_u2, other.log_u2)
+            and same_values(self.floor1, other.floor1)
+            and same_values(self.floor2, other.floor2)
+            and same_values(self.log_u1, other.log_u1)
+            and same_values(self.log_u2, other.log_u2)
         )
 
     def scaled(self, l_factor: float = 1.0, u_factor: float = 1.0) -> PriceBounds:
@@ -108,6 +117,24 @@ class PriceBounds:
             "eta1": self.eta1,
             "eta2": self.eta2,
         }
+
+
+def spread(value: float | NDArray[np.float64], shape: tuple[int, ...]) -> NDArray[np.float64]:
+    """``value`` (one number or an array) as a read-only float64 array of ``shape``:
+    ``np.broadcast_to``'s view, made directly (ten times faster) when ``value`` is already
+    a float64 array of that shape."""
+    if type(value) is np.ndarray and value.shape == shape and value.dtype == np.float64:
+        out = value.view()
+        out.flags.writeable = False
+        return out
+    return np.broadcast_to(np.asarray(value, np.float64), shape)
+
+
+def same_values(a: NDArray[np.float64], b: NDArray[np.float64]) -> bool:
+    """``np.array_equal(a, b)``, compared directly when both are arrays already."""
+    if type(a) is np.ndarray and type(b) is np.ndarray:
+        return a.shape == b.shape and bool((a == b).all())
+    return bool(np.array_equal(a, b))
 
 
 def price(
