@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -300,15 +300,17 @@ class BoundEstimate:
         if ref is not None:
             weight = max(MIN_WEIGHT, math.exp(min(log_best - ref, 0.0)))
         log_work = math.log(job.work)
-        return replace(
-            self,
-            worker=self.worker.observe(log_best, log_work, job.worker, weight, self.trim),
-            ps=self.ps.observe(log_best, log_work, job.ps, weight, self.trim),
-            best=self.best.observe(
+        return BoundEstimate(
+            self.worker.observe(log_best, log_work, job.worker, weight, self.trim),
+            self.ps.observe(log_best, log_work, job.ps, weight, self.trim),
+            self.best.observe(
                 log_best, 1.0, level=BEST_LEVEL, edge=0.5, decay=_DECAY, step=STEP, settle=SETTLE
             ),
-            jobs=self.jobs + 1,
-            prior_mass=self.prior_mass * _DECAY,
+            self.trim,
+            self.jobs + 1,
+            self.resources,
+            self.prior,
+            self.prior_mass * _DECAY,
         )
 
     def bounds(

@@ -84,6 +84,24 @@ def _logs(bounds: PriceBounds | None) -> np.ndarray | None:
     return None if bounds is None else _stacked(bounds)
 
 
+class _Voter:
+    """A voter's bounds and, once asked for, their :func:`_stacked` logs (one voter's
+    bounds are used as they are: no median to take)."""
+
+    __slots__ = ("_logs", "bounds")
+
+    def __init__(self, bounds: PriceBounds) -> None:
+        self.bounds = bounds
+        self._logs: np.ndarray | None = None
+
+    @property
+    def logs(self) -> np.ndarray:
+        """``(4, R)``: :func:`_stacked` of the bounds (computed once)."""
+        if self._logs is None:
+            self._logs = _stacked(self.bounds)
+        return self._logs
+
+
 def submitter_key(submitter: str | None) -> str:
     """The name a submitter's estimate is kept under (:data:`ANONYMOUS` for None)."""
     return ANONYMOUS if submitter is None else submitter
@@ -102,8 +120,8 @@ class SharedEstimate:
 
     fresh: BoundEstimate
     submitters: Mapping[str, BoundEstimate] = field(default_factory=dict)
-    _bounds: dict[tuple[str, float, float, float | None], tuple[PriceBounds, np.ndarray] | None] = (
-        field(default_factory=dict, repr=False)
+    _bounds: dict[tuple[str, float, float, float | None], _Voter | None] = field(
+        default_factory=dict, repr=False
     )
     """Each voter's bounds, by (name, margins, trim); carried over to the next state for
     the voters it leaves unchanged (every estimate is immutable)."""
@@ -137,10 +155,7 @@ class SharedEstimate:
         move toward it (a second tenant arriving after one flooded alone) is taken at
         once. With one submitter the median is its estimate and there is never a lag."""
         key = submitter_key(submitter)
-        after = replace(
-            self._dropping(key),
-            submitters={**self.submitters, key: self.of(submitter).observe(job)},
-        )
+        after = self._dropping(key, {**self.submitters, key: self.of(submitter).observe(job)})
         if self.lag is None and set(self.submitters) <= {key}:
             return after  # one voter before and after: it moves by at most STEP itself
         before = _logs(self.bounds())
@@ -150,7 +165,7 @@ class SharedEstimate:
         move = target - before
         close = np.abs(move) <= STEP + _SLACK  # the median itself, exactly, when in reach
         prior = after._voter_bounds(_PRIOR, self.fresh, 1.0, 1.0, None)  # memoized
-        home = None if prior is None else prior[1]
+        home = None if prior is None else prior.logs
         if home is not None:  # toward the prior (the operator's reference) it goes at once
             close |= np.abs(target - home) <= np.abs(before - home)
         held = np.where(close, target, before + np.clip(move, -STEP, STEP))
@@ -162,15 +177,15 @@ class SharedEstimate:
         one tenant): it votes no more until its next job, from the prior. The bounds go
         to the median of the others at once (an operator's choice, not a job's)."""
         others = {k: e for k, e in self.submitters.items() if k != name}
-        return replace(self._dropping(name), submitters=others)
+        return self._dropping(name, others)
 
-    def _dropping(self, name: str) -> SharedEstimate:
-        """This state without the lag, and without ``name``'s cached bounds and state
-        (the others' carry over: their estimates are unchanged)."""
+    def _dropping(self, name: str, submitters: Mapping[str, BoundEstimate]) -> SharedEstimate:
+        """This state with ``submitters``, without the lag, and without ``name``'s cached
+        bounds and state (the others' carry over: their estimates are unchanged)."""
         kept = {k: b for k, b in self._bounds.items() if k[0] != name}
         with self._lock:
             states = {k: d for k, d in self._states.items() if k != name}
-        return replace(self, _bounds=kept, _states=states, lag=None)
+        return SharedEstimate(self.fresh, submitters, kept, states, lag=None)
 
     @property
     def jobs(self) -> int:
@@ -193,12 +208,13 @@ class SharedEstimate:
     def _voter_bounds(
         self, key: str, estimate: BoundEstimate, l_margin: float, u_margin: float,
         trim: float | None,
-    ) -> tuple[PriceBounds, np.ndarray] | None:  # fmt: skip
-        """A voter's bounds and their :func:`_stacked` logs (None: no bounds yet)."""
+    ) -> _Voter | None:  # fmt: skip
+        """A voter's bounds, their :func:`_stacked` logs made when first asked for (None:
+        no bounds yet)."""
         memo = (key, l_margin, u_margin, trim)
         if memo not in self._bounds:
             found = estimate.bounds(l_margin, u_margin, trim)
-            self._bounds[memo] = None if found is None else (found, _stacked(found))
+            self._bounds[memo] = None if found is None else _Voter(found)
         return self._bounds[memo]
 
     def bounds(
@@ -215,8 +231,8 @@ class SharedEstimate:
         if not found:
             return None
         if len(found) == 1 and self.lag is None:
-            return found[0][0]
-        ranked = np.sort(np.stack([logs for _, logs in found]), axis=0)
+            return found[0].bounds
+        ranked = np.sort(np.stack([voter.logs for voter in found]), axis=0)
         middle = len(found) // 2  # an odd count's median is a voter's value, exactly
         logs = ranked[middle] if len(found) % 2 else (ranked[middle - 1] + ranked[middle]) / 2
         if self.lag is not None:
