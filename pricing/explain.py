@@ -10,6 +10,7 @@ does not fit there, or it costs more than the job is worth, and its parts say wh
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -130,31 +131,37 @@ def price_drivers(best: BestSchedule, job: Job, ledger: Ledger, top: int = 3) ->
     lo = ledger.index(sched.start)
     hi = lo + sched.slots
     cluster = ledger.cluster
-    found: list[tuple[float, int, PriceDriver]] = []
+    # (cost, order, names, server, resource, first row, end row, peak): a PriceDriver is
+    # made only for the top ones of both kinds
+    found: list[tuple[float, int, tuple[str, ...], int, int, int, int, float]] = []
     for counts, side, demand, names in (
         (sched.workers, ledger.worker_side, job.worker, cluster.worker_names),
         (sched.ps, ledger.ps_side, job.ps, cluster.ps_names),
     ):
-        used = np.flatnonzero(counts.any(axis=0))  # (m,): servers with a unit in some slot
+        holds = cast("NDArray[np.bool_]", counts.any(axis=0))  # (n,)
+        used = holds.nonzero()[0]  # (m,): servers with a unit in some slot
         if used.size == 0:
             continue
         cells = side.prices(lo, hi)
         srv, res, first, end, run_cost, peak = _runs(
-            np.ascontiguousarray(counts, np.int32), cells, lo, used.astype(np.intp),
+            np.ascontiguousarray(counts, np.int32), cells, lo, used.astype(np.intp, copy=False),
             np.ascontiguousarray(demand, np.float64),
         )  # fmt: skip
-        for k in np.argsort(-run_cost, kind="stable")[:top].tolist():
-            driver = PriceDriver(
-                resource=cluster.resources[int(res[k])],
-                server=names[int(used[int(srv[k])])],
-                first_slot=sched.start + int(first[k]),
-                last_slot=sched.start + int(end[k]) - 1,
-                cost=float(run_cost[k]),
-                price=float(peak[k]),
-            )
-            found.append((driver.cost, len(found), driver))
+        for k in (-run_cost).argsort(kind="stable")[:top].tolist():
+            found.append((float(run_cost[k]), len(found), names, int(used[srv[k]]),
+                          int(res[k]), int(first[k]), int(end[k]), float(peak[k])))  # fmt: skip
     found.sort(key=lambda x: (-x[0], x[1]))
-    return [d for _, _, d in found[:top]]
+    return [
+        PriceDriver(
+            resource=cluster.resources[r],
+            server=names[h],
+            first_slot=sched.start + a,
+            last_slot=sched.start + b - 1,
+            cost=cost,
+            price=peak_price,
+        )
+        for cost, _, names, h, r, a, b, peak_price in found[:top]
+    ]
 
 
 def _scarcest(job: Job, ledger: Ledger, lo: int, hi: int) -> tuple[str, int | None, int]:
