@@ -211,7 +211,7 @@ class SideEstimate:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "scale": [float(x) for x in self.log_scale],
+            "scale": self.log_scale.tolist(),  # (R,) float64: Python floats
             "floor": self.floor.to_dict(),
             "top": [t.to_dict() for t in self.top],
         }
