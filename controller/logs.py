@@ -67,11 +67,6 @@ MAX_VALUE_CHARS = 1000
 QUEUE_LINES = 10_000
 """Lines waiting for the log's stream; past that, new ones are dropped and counted."""
 
-LINGER_SECONDS = 0.01
-"""How long the log's writer waits after a line for more, to write them together: a
-wake of the writer thread for every line (one a decision) cost the daemon's process
-the interpreter lock twice per decision under load (issue 16)."""
-
 _THROTTLED = {"aiohttp": False, "grpc": True}
 """Loggers whose records a remote client can cause, each throttled on its own budget,
 and whether their tracebacks are kept (within the budget): aiohttp's are about malformed
@@ -334,8 +329,6 @@ class _Lines:
     def _write(self) -> None:
         while True:
             item: str | threading.Event | None = self._queue.get()
-            if isinstance(item, str):
-                time.sleep(LINGER_SECONDS)  # the lines that follow go in the same write
             lines: list[str] = []
             while isinstance(item, str):  # with what came meanwhile, in one write
                 lines.append(item)
