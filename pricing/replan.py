@@ -44,6 +44,7 @@ __all__ = [
     "Shifted",
     "fail_server",
     "fail_servers",
+    "first_holders",
     "refit",
     "release_rest",
     "remaining_job",
@@ -230,6 +231,35 @@ def fail_servers(
             else:
                 replanned[job_id] = best
         return FailureOutcome(replaced, replanned, stranded)
+
+
+def first_holders(
+    ledger: Ledger,
+    servers: Sequence[tuple[str, int]],
+    from_slot: int,
+    until: int | None = None,
+) -> dict[str, tuple[str, int]]:
+    """The jobs with units on any of ``servers`` (each ``(kind, index)``) in absolute
+    slots ``from_slot .. until - 1`` (None: from then on), in admission order, each with
+    the first of ``servers`` it is on: who a failure or cordon of them all moves, and
+    which of them to name for it. One walk of the jobs a kind."""
+    rank = {key: i for i, key in enumerate(dict.fromkeys(servers))}
+    by_kind: dict[str, list[int]] = {}
+    for kind, index in rank:
+        by_kind.setdefault(kind, []).append(index)
+    held: set[str] = set()
+    for kind, indices in by_kind.items():
+        held.update(ledger.holding(kind, indices, from_slot, until))
+    out: dict[str, tuple[str, int]] = {}
+    for job_id in ledger.job_ids():
+        if job_id not in held:
+            continue
+        schedule = ledger.schedule(job_id)
+        part = (schedule if until is None else schedule.before(until)).after(from_slot)
+        on = [("worker", int(i)) for i in np.flatnonzero(part.workers.any(axis=0))]
+        on += [("ps", int(i)) for i in np.flatnonzero(part.ps.any(axis=0))]
+        out[job_id] = min((key for key in on if key in rank), key=rank.__getitem__)
+    return out
 
 
 def refit(

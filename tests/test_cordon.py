@@ -28,6 +28,8 @@ from controller.clock import FakeClock
 from controller.commands.records import local_time
 from controller.errors import NotFoundError, PreconditionError
 from controller.metrics import Metrics
+from controller.plane.execution import Execution
+from controller.plane.settings import mqtt_from_dict
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.store.models import AllocationRow, EventRow, JobRow, OutageRow
@@ -267,6 +269,73 @@ def test_servers_cordoned_together_move_each_job_once_never_onto_each_other(
         c.close()
 
 
+def _plane(c: AdmissionController, **settings: Any) -> Any:
+    """An execution plane over ``c`` with ``[mqtt]`` ``settings`` (not connected: its
+    reactions are called directly)."""
+    mqtt = mqtt_from_dict({"host": "127.0.0.1", **settings})
+    assert mqtt is not None
+    c.config = replace(c.config, mqtt=mqtt)  # a plane runs only with [mqtt]
+    plane = Execution(c, mqtt)
+    plane.load()
+    return plane
+
+
+def test_servers_found_silent_at_one_review_fail_together(tmp_path: Path) -> None:
+    """Agents found silent at one review (a rack without power; every dead server once
+    the broker is back) fail in one step: one at a time, a job moved onto the next of
+    them and then again."""
+    for name in ("one", "together"):
+        (tmp_path / name).mkdir()
+    one = _open(tmp_path / "one", servers=RACK)
+    try:
+        admitted = _fill(one, 6)
+        plane = _plane(one)
+        first = next(s for s in ("w0", "w1", "w2", "w3") if _on(one, s, 1))
+        one.between_decisions(lambda: plane.outages.fail_sync(first))
+        with one.db.session() as s:
+            moved_once = [e.job_id for e in s.scalars(select(EventRow).where(
+                EventRow.kind.in_(("replanned", "failed"))))]  # fmt: skip
+        assert moved_once, "the test needs jobs planned on the first server"
+        second = sorted(_landed(one, moved_once, 1) - {"p0"})[0]
+        one.between_decisions(lambda: plane.outages.fail_sync(second))
+        with one.db.session() as s:
+            moves = [e.job_id for e in s.scalars(select(EventRow).where(
+                EventRow.kind.in_(("replanned", "failed"))))]  # fmt: skip
+        assert len(moves) > len(set(moves))  # the churn: a job moved twice
+    finally:
+        one.close()
+
+    c = _open(tmp_path / "together", servers=RACK)
+    try:
+        assert _fill(c, 6) == admitted
+        plane = _plane(c)
+        events = c.between_decisions(
+            lambda: plane.outages.fail_together_sync([first, second, first])
+        )
+        for name in (first, second):
+            assert _on(c, name, 1) == {}
+        _within_capacity(c)
+        failed = [e for e in events if e.kind == "server_failed"]
+        assert sorted(e.detail["server"] for e in failed) == sorted([first, second])
+        assert {e.detail["with"][0] for e in failed} == {first, second}
+        moved = [e.job_id for e in events if e.kind in ("replanned", "failed")]
+        assert moved and len(moved) == len(set(moved))  # each job once
+        assert sorted(j for e in failed for j in e.detail["jobs"]) == sorted(moved)
+        with c.db.session() as s:
+            outages = s.execute(select(OutageRow.server, OutageRow.cause)).all()
+        assert sorted(outages) == sorted([(first, "failed"), (second, "failed")])
+        live = _state(c._ledger)
+    finally:
+        c.close()
+
+    c = _open(tmp_path / "together", servers=RACK)  # a restart finds both down
+    try:
+        for a, b in zip(live, _state(c._ledger), strict=True):
+            assert np.array_equal(a, b)
+    finally:
+        c.close()
+
+
 BIG = {**JOB, "id": "big", "epochs": 20, "minibatches": 8,
        "utility": {"kind": "sigmoid", "priority": 100, "decay": 0.1, "target": 12}}  # fmt: skip
 """A job that needs both worker servers for most of the window: without w0 it fails."""
@@ -364,18 +433,11 @@ def test_the_execution_plane_neither_ends_a_cordon_nor_reads_it_as_a_failure(
     """A cordoned server's agent that falls silent and comes back: the failure and the
     recovery are recorded, and the server stays out until the operator's uncordon; one
     that also failed stays out after the uncordon until its agent is heard again."""
-    from controller.plane.execution import Execution
-    from controller.plane.settings import mqtt_from_dict
-
     c = _open(tmp_path)
     try:
         _fill(c, 2)
         asyncio.run(c.cordon("w0"))
-        mqtt = mqtt_from_dict({"host": "127.0.0.1"})
-        assert mqtt is not None
-        c.config = replace(c.config, mqtt=mqtt)  # a plane runs only with [mqtt]
-        plane = Execution(c, mqtt)
-        plane.load()
+        plane = _plane(c)
         assert "w0" not in plane.failed  # a cordon is no failure
         w0 = c.cluster.worker_names.index("w0")
         c.between_decisions(lambda: plane.outages.fail_sync("w0"))  # its agent fell silent
@@ -399,19 +461,12 @@ def test_a_failure_during_a_cordon_with_an_end_is_given_back_at_its_end(tmp_path
     """A server whose agent fell silent and came back during a cordon with an end stays
     out for the cordon, and is back from its end; one still silent at the end stays out
     until its agent is heard again."""
-    from controller.plane.execution import Execution
-    from controller.plane.settings import mqtt_from_dict
-
     c = _open(tmp_path)
     try:
         _fill(c, 2)
         asyncio.run(c.cordon("w0", until=4))
         asyncio.run(c.cordon("w1", until=4))
-        mqtt = mqtt_from_dict({"host": "127.0.0.1"})
-        assert mqtt is not None
-        c.config = replace(c.config, mqtt=mqtt)
-        plane = Execution(c, mqtt)
-        plane.load()
+        plane = _plane(c)
         w0, w1 = (c.cluster.worker_names.index(n) for n in ("w0", "w1"))
         for name in ("w0", "w1"):
             c.between_decisions(lambda name=name: plane.outages.fail_sync(name))  # type: ignore[misc]
@@ -425,9 +480,7 @@ def test_a_failure_during_a_cordon_with_an_end_is_given_back_at_its_end(tmp_path
         c = _open(tmp_path)
         for a, b in zip(live, _state(c._ledger), strict=True):
             assert np.array_equal(a, b)
-        c.config = replace(c.config, mqtt=mqtt)
-        plane = Execution(c, mqtt)
-        plane.load()
+        plane = _plane(c)
         _later(c, 3)  # slot 3: both cordons end at the next boundary
         assert c.cordoned == {}
         blocked = c._ledger.worker_side.blocked  # slot 3 is row 0 now
@@ -444,17 +497,11 @@ def test_a_flapping_server_is_held_out_by_a_cordon_with_an_end(tmp_path: Path) -
     every tenant's jobs planned on its server, and each return let new plans onto it to
     be moved again. The third failure within ``flap_seconds`` holds it out that long,
     as a cordon with an end by ``oasisd`` that names why; then it is back by itself."""
-    from controller.plane.execution import Execution
-    from controller.plane.settings import mqtt_from_dict
-
     c = _open(tmp_path)
     try:
         _fill(c, 2)
-        mqtt = mqtt_from_dict({"host": "127.0.0.1", "flap_seconds": 7200})  # 2 slots
-        assert mqtt is not None and mqtt.flap_failures == 3
-        c.config = replace(c.config, mqtt=mqtt)
-        plane = Execution(c, mqtt)
-        plane.load()
+        plane = _plane(c, flap_seconds=7200)  # 2 slots
+        assert plane.mqtt.flap_failures == 3
         w0 = c.cluster.worker_names.index("w0")
         for failures in (1, 2, 3):
             c.between_decisions(lambda: plane.outages.fail_sync("w0"))
@@ -774,8 +821,6 @@ def test_a_planned_cordon_moves_only_its_slots_and_keeps_the_server_until_it_beg
     at once, those before it keep their plans there, and new jobs may still use it
     before; the server is up until then, across a restart and a failure and recovery of
     its agent; the cordon then begins by itself and lasts until an uncordon."""
-    from controller.plane.execution import Execution
-    from controller.plane.settings import mqtt_from_dict
 
     c = _open(tmp_path)
     w0 = c.cluster.worker_names.index("w0")
@@ -819,11 +864,7 @@ def test_a_planned_cordon_moves_only_its_slots_and_keeps_the_server_until_it_beg
         assert not c._ledger.is_down("worker", w0)
         assert c.between_decisions(c.server_states)["w0"] == "up"
 
-        mqtt = mqtt_from_dict({"host": "127.0.0.1"})
-        assert mqtt is not None
-        c.config = replace(c.config, mqtt=mqtt)
-        plane = Execution(c, mqtt)
-        plane.load()
+        plane = _plane(c)
         c.between_decisions(lambda: plane.outages.fail_sync("w0"))  # its agent falls silent
         assert c._ledger.worker_side.blocked[1:, w0].all()
         assert c.between_decisions(c.server_states)["w0"] == "failed"

@@ -421,15 +421,19 @@ class Execution:
         grace = min(2 * self.mqtt.heartbeat_seconds, self.mqtt.heartbeat_timeout)
         settled = up_for is not None and up_for >= grace
         if up_for is not None:  # connected: who fell silent, who is back
+            silent = []
             for server, seen in self.last_seen.items():
                 if server not in self.failed:
                     if settled and now - seen > self.mqtt.heartbeat_timeout:
-                        events += self.outages.fail_sync(server)
-                        self.failed[server] = now
-                        self.agents.fell_silent(server)
+                        silent.append(server)
                 elif seen > self.failed[server]:
                     events += self.outages.recover_sync(server)
                     del self.failed[server]
+            if silent:  # together: no job is moved onto another of them
+                events += self.outages.fail_together_sync(silent)
+                for server in silent:
+                    self.failed[server] = now
+                    self.agents.fell_silent(server)
         events += self.review.pending_sync()
         if settled and not flooded:  # a job's last counts may be among the dropped
             events += self.review.overdue_sync()

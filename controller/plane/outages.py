@@ -5,8 +5,9 @@ changes hands.
 - **server failed** (its agent silent for ``heartbeat_timeout`` seconds; when that is,
   :meth:`controller.plane.execution.Execution.review_sync` decides): the server is down
   from the next slot on; its jobs are re-placed or re-planned
-  (:func:`pricing.replan.fail_server`); a job that can no longer finish becomes
-  ``failed``. A cordoned server's failure is recorded, and nothing moves.
+  (:func:`pricing.replan.fail_servers`; the servers found silent at one review fail
+  together, so no job is moved onto another of them); a job that can no longer finish
+  becomes ``failed``. A cordoned server's failure is recorded, and nothing moves.
 - **server back** (a heartbeat): it is back from the next slot on, unless cordoned, or
   flapping (``[mqtt] flap_failures`` failures within ``flap_seconds``): then it is held
   out for ``flap_seconds`` more by a cordon with an end.
@@ -14,6 +15,7 @@ changes hands.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -27,7 +29,7 @@ from controller.plane.port import AdmissionPort
 from controller.plane.settings import MqttConfig
 from controller.store import CORDONED, OutageRow
 from pricing.durations import format_duration
-from pricing.replan import fail_server
+from pricing.replan import fail_servers, first_holders
 
 __all__ = ["Outages"]
 
@@ -54,48 +56,78 @@ class Outages(PlanePart):
 
     def fail_sync(self, server: str) -> list[Event]:
         """``server`` failed: down from the next slot on, its jobs moved off it."""
-        kind, index = self.server_index[server]
+        return self.fail_together_sync([server])
+
+    def fail_together_sync(self, servers: Sequence[str]) -> list[Event]:
+        """``servers`` failed together (their agents found silent at one review: a rack
+        that lost power, or every dead server at once after the broker came back): all
+        down from the next slot on before any job moves, so a job moves once and never
+        onto another of them (:func:`pricing.replan.fail_servers`). Each gets its outage
+        row and ``server_failed`` event; a job's move names the first it was on."""
         s = self.c.slot
         from_slot = s + 1
         ledger = self.c._ledger
-        if ledger.is_down(kind, index):
-            # cordoned: its jobs moved off already; the failure is recorded, so the
-            # server stays out after an uncordon until its agent is heard again
-            return self._fail_cordoned_sync(server, from_slot) if self._out(server) else []
+        events: list[Event] = []
+        down: dict[tuple[str, int], str] = {}
+        for server in dict.fromkeys(servers):
+            kind, index = self.server_index[server]
+            if ledger.is_down(kind, index):
+                # cordoned: its jobs moved off already; the failure is recorded, so the
+                # server stays out after an uncordon until its agent is heard again
+                if self._out(server):
+                    events += self._fail_cordoned_sync(server, from_slot)
+            else:
+                down[(kind, index)] = server
+        if not down:
+            return events
+        firsts = first_holders(ledger, list(down), from_slot)
         with self.c.db.session() as session:  # only the jobs the failure moves
-            jobs = {j: self.jobs.get(j, session) for j in ledger.holding(kind, index, from_slot)}
-        before = {j: ledger.schedule(j) for j in jobs}
+            jobs = {j: self.jobs.get(j, session) for j in firsts}
         remaining: dict[str, int] = {}
-        for j, sched in before.items():
-            lost = sched.after(s).before(from_slot)  # the current slot, on the failed server
-            counts = lost.workers if kind == "worker" else lost.ps
-            lost_work = int(counts[:, index].sum()) if (kind == "worker" and lost.slots) else 0
+        for j in jobs:
+            sched = ledger.schedule(j)
+            lost = sched.after(s).before(from_slot)  # the current slot, on the failed servers
+            lost_work = 0
+            if lost.slots:
+                gone = [index for kind, index in down if kind == "worker"]
+                lost_work = int(lost.workers[:, gone].sum()) if gone else 0
             remaining[j] = sched.after(from_slot).work() + lost_work
 
         def change() -> list[Event]:
             last_slots = {j: self.jobs.last_slot(job) for j, job in jobs.items()}
-            outcome = fail_server(ledger, jobs, kind, index, from_slot, remaining, last_slots)
+            outcome = fail_servers(ledger, jobs, list(down), from_slot, remaining, last_slots)
             now = datetime.now(UTC)
-            events: list[Event] = []
+            changed: list[Event] = []
+            moved = outcome.moves()
             with self.c._write() as session:
-                session.add(OutageRow(server=server, down_from=from_slot, up_from=None,
-                                      detected_at=now))  # fmt: skip
-                moved = outcome.moves()
+                for server in down.values():
+                    session.add(OutageRow(server=server, down_from=from_slot, up_from=None,
+                                          detected_at=now))  # fmt: skip
                 for j, how in moved.items():
-                    detail: dict[str, Any] = {"reason": "server_failed", "server": server}
+                    detail: dict[str, Any] = {"reason": "server_failed",
+                                              "server": down[firsts[j]]}  # fmt: skip
                     best = outcome.replanned.get(j)
-                    events.append(
+                    changed.append(
                         self.c._record_move(session, now, jobs[j], how, from_slot, detail, best)
                     )
-                events.append(self.c._event(session, now, "server_failed", "", "",
-                                            {"server": server, "from_slot": from_slot,
-                                             "jobs": list(moved)}))  # fmt: skip
-            self.log.warning("server failed", server=server, from_slot=from_slot,
-                             replaced=outcome.replaced, replanned=list(outcome.replanned),
-                             stranded=outcome.stranded)  # fmt: skip
-            return events
+                for key, server in down.items():
+                    its = [j for j in moved if firsts[j] == key]
+                    changed.append(self.c._event(session, now, "server_failed", "", "", {
+                        "server": server, "from_slot": from_slot, "jobs": its,
+                        **({"with": [n for n in down.values() if n != server]}
+                           if len(down) > 1 else {}),
+                    }))  # fmt: skip
+            for key, server in down.items():
+                mine = {j for j in moved if firsts[j] == key}
+                self.log.warning("server failed", server=server, from_slot=from_slot,
+                                 replaced=[j for j in outcome.replaced if j in mine],
+                                 replanned=[j for j in outcome.replanned if j in mine],
+                                 stranded=[j for j in outcome.stranded if j in mine],
+                                 **({"with": [n for n in down.values() if n != server]}
+                                    if len(down) > 1 else {}))  # fmt: skip
+            return changed
 
-        return self.jobs.guarded(change)
+        return events + self.jobs.guarded(change)
 
     def _fail_cordoned_sync(self, server: str, from_slot: int) -> list[Event]:
         """A cordoned server's agent fell silent: recorded, nothing moves."""
