@@ -4,6 +4,8 @@ the live ledger's floats exactly."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -312,3 +314,110 @@ def test_replan_remaining_counts_completion_from_the_arrival() -> None:
     assert float(shifted.utility.values(1)) == float(Sigmoid(40, 0.1, 6).values(4))
     with pytest.raises(LedgerError):
         remaining_job(job, 0, 3)
+
+
+def random_instance(rng: np.random.Generator) -> tuple[Ledger, dict[str, Job]]:
+    """A small random cluster (2-4 worker, 1-3 PS servers) and the jobs of 2-7 random
+    ones it admitted (decided in order over ``0 .. T - 1``; ids not in that order)."""
+    servers: list[dict[str, Any]] = [
+        {"name": f"w{i}", "kind": "worker", "capacity": {
+            "gpu": int(rng.integers(1, 5)), "cpu": int(rng.integers(4, 17)), "bandwidth": 10}}
+        for i in range(int(rng.integers(2, 5)))
+    ] + [
+        {"name": f"p{i}", "kind": "ps", "capacity": {
+            "cpu": int(rng.integers(2, 17)), "bandwidth": int(rng.integers(5, 21))}}
+        for i in range(int(rng.integers(1, 4)))
+    ]  # fmt: skip
+    cluster = cluster_from_dict(RES, servers)
+    jobs = [
+        job_from_dict(
+            {"id": f"j{name}", "arrival": 0, "epochs": int(rng.integers(1, 6)),
+             "chunks": int(rng.integers(1, 4)), "minibatches": 10, "tau": 0.1, "grad_mb": 1,
+             "worker": {"gpu": 1, "cpu": int(rng.integers(1, 4)), "bandwidth": 1},
+             "ps": {"cpu": 1, "bandwidth": int(rng.integers(1, 5))},
+             "utility": {"kind": "sigmoid", "priority": 40, "target": 6,
+                         "decay": float(rng.choice([0.0, 0.1, 0.5]))}},
+            cluster, slot_seconds=3600.0, slots_available=lambda a: T - a,
+        )
+        for name in rng.permutation(int(rng.integers(2, 8)))  # admission order is not sorted
+    ]  # fmt: skip
+    ledger = Ledger(cluster, oracle_bounds(jobs, cluster, T, {j.id: T for j in jobs}), T)
+    from pricing.admission import decide
+
+    for job in jobs:
+        decide(job, ledger, 0, T - 1)
+    return ledger, {j.id: j for j in jobs if j.id in ledger}
+
+
+def on_any(sched: Schedule, servers: list[tuple[str, int]], from_slot: int, stop: int) -> bool:
+    """Whether ``sched`` has units on any of ``servers`` in slots ``from_slot .. stop - 1``."""
+    part = sched.before(stop).after(from_slot)
+    return any((part.workers if k == "worker" else part.ps)[:, i].any() for k, i in servers)
+
+
+def test_servers_failed_together_random_clusters_keep_the_ledger_exact() -> None:
+    """Random small clusters, jobs and 1-3 servers (either kind, repeats, with an end or
+    without): no unit is left on them in the blocked slots, a re-placed job keeps its
+    counts per slot, each affected job is listed once, no capacity is exceeded, and a
+    rebuild (admit the schedules in order, then block each server) is bit for bit the
+    ledger. One server named (even twice) is exactly :func:`fail_server`."""
+    seen: set[str] = set()
+    for seed in range(60):
+        rng = np.random.default_rng(seed)
+        ledger, jobs = random_instance(rng)
+        cluster = ledger.cluster
+        every = [("worker", i) for i in range(cluster.worker_capacity.shape[0])]
+        every += [("ps", i) for i in range(cluster.ps_capacity.shape[0])]
+        servers = [every[int(i)] for i in rng.integers(0, len(every), int(rng.integers(1, 4)))]
+        from_slot = int(rng.integers(1, T - 1))
+        until = None if rng.random() < 0.5 else from_slot + int(rng.integers(1, 12))
+        last = {j: int(rng.integers(from_slot, T)) for j in jobs}
+        before = {j: ledger.schedule(j) for j in ledger.job_ids()}
+        stop = T if until is None else min(until, T)
+
+        holders = [j for j, s in before.items() if on_any(s, servers, from_slot, stop)]
+        alone = None
+        if len(set(servers)) == 1:
+            alone = Ledger(cluster, ledger.bounds, T)
+            for j, s in before.items():
+                alone.admit(j, *ledger.demands(j), s)
+        out = fail_servers(ledger, jobs, servers, from_slot, {}, last, until)
+        where = f"seed {seed}: {servers} from {from_slot} until {until}"
+        listed = [*out.replaced, *out.replanned, *out.stranded]
+        assert sorted(listed) == sorted(holders) and len(set(listed)) == len(listed), where
+        for how in (out.replaced, list(out.replanned), out.stranded):  # in admission order
+            assert how == [j for j in holders if j in how], where
+        seen.update(out.moves().values())
+        for j, s in before.items():
+            now = ledger.schedule(j)
+            assert not on_any(now, servers, from_slot, stop), where
+            if j not in holders:
+                assert now is s, where  # untouched
+                continue
+            past = now.before(from_slot)
+            assert past.start == s.start and np.array_equal(
+                past.workers, s.before(from_slot).workers
+            )
+            if j in out.replaced:
+                assert now.start == s.start and now.slots == s.slots, where
+                assert np.array_equal(now.worker_counts(), s.worker_counts()), where
+                assert np.array_equal(now.ps.sum(axis=1), s.ps.sum(axis=1)), where
+            elif j in out.stranded:
+                assert now.after(from_slot).work() == 0, where  # only its past
+            else:
+                assert now.after(from_slot).work() == s.after(from_slot).work(), where
+        within_capacity(ledger, jobs)
+        fresh = Ledger(cluster, ledger.bounds, T)
+        for j in ledger.job_ids():
+            if ledger.schedule(j).workers.any():
+                fresh.admit(j, *ledger.demands(j), ledger.schedule(j))
+        for kind, index in servers:
+            fresh.block(kind, index, from_slot, until)
+        same_state(ledger, fresh)
+        if alone is not None:
+            kind, index = servers[0]
+            one = fail_server(alone, jobs, kind, index, from_slot, {}, last, until)
+            assert (one.replaced, list(one.replanned), one.stranded) == (
+                out.replaced, list(out.replanned), out.stranded), where  # fmt: skip
+            same_state(alone, ledger)
+    assert seen == {"replaced", "replanned", "stranded"}  # every branch was taken
