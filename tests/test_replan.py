@@ -421,3 +421,41 @@ def test_servers_failed_together_random_clusters_keep_the_ledger_exact() -> None
                 out.replaced, list(out.replanned), out.stranded), where  # fmt: skip
             same_state(alone, ledger)
     assert seen == {"replaced", "replanned", "stranded"}  # every branch was taken
+
+
+def test_servers_failed_together_copy_each_schedule_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The failed servers' units come off a job in one copy of its schedule, not one a
+    server: a cordon of 1,000 of 5,000 servers copied a job of 20 slots 1,000 times
+    (0.2 s a job on the decision thread)."""
+    from pricing import replan
+
+    servers = [{"name": f"w{i}", "kind": "worker", "capacity": {"gpu": 1, "cpu": 16,
+                "bandwidth": 10}} for i in range(40)]  # fmt: skip
+    servers.append({"name": "p0", "kind": "ps", "capacity": {"cpu": 16, "bandwidth": 20}})
+    cluster = cluster_from_dict(RES, servers)
+    job = job_from_dict(
+        {"id": "a", "arrival": 0, "epochs": 4, "chunks": 8, "minibatches": 10, "tau": 0.1,
+         "grad_mb": 1, "worker": {"gpu": 1, "cpu": 2, "bandwidth": 1},
+         "ps": {"cpu": 1, "bandwidth": 1},
+         "utility": {"kind": "sigmoid", "priority": 40, "decay": 0.0, "target": 6}},
+        cluster, slot_seconds=3600.0, slots_available=lambda a: T - a,
+    )  # fmt: skip
+    ledger = Ledger(cluster, oracle_bounds([job], cluster, T, {"a": T}), T)
+    from pricing.admission import decide
+
+    assert decide(job, ledger, 0, T - 1).admitted
+    sched = ledger.schedule("a")
+    used = [int(i) for i in np.flatnonzero(sched.workers.any(axis=0))]
+    down = [("worker", i) for i in range(40) if i not in used][: 30 - len(used)]
+    down += [("worker", i) for i in used]
+    made = []
+
+    class Counted(Schedule):
+        def __init__(self, *args: object) -> None:
+            made.append(1)
+            super().__init__(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(replan, "Schedule", Counted)
+    out = fail_servers(ledger, {"a": job}, down, sched.start + 1, {}, {"a": T - 1})
+    assert out.moves() == {"a": "replaced"}
+    assert len(made) <= 2  # without the failed units, then re-placed
