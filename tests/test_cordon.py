@@ -269,6 +269,49 @@ def test_servers_cordoned_together_move_each_job_once_never_onto_each_other(
         c.close()
 
 
+def test_servers_of_both_kinds_cordoned_together_ahead_with_an_end(tmp_path: Path) -> None:
+    """Worker and PS servers cordoned together, planned ahead with an end, one of them
+    failed already and one named twice: each gets its cordon and outage row, no job
+    holds any of them in the cordon's slots, each job moves once, and a restart
+    rebuilds the same ledger."""
+    servers = [*RACK, {"name": "p1", "kind": "ps", "capacity": PS}]
+    c = _open(tmp_path, servers=servers)
+    try:
+        assert _fill(c, 6)
+        plane = _plane(c)
+        c.between_decisions(lambda: plane.outages.fail_sync("w3"))
+        named = ["w0", "p0", "w3", "w1"]
+        view = asyncio.run(c.cordon("w0", "rack", "ops", start=3, until=6,
+                                    more=[*named[1:], "w0"]))  # fmt: skip
+        assert view["servers"] == named and view["already_servers"] == []
+        assert (view["from_slot"], view["until"]) == (3, 6) and view["moved"]
+        for name in named:
+            assert all(not slots & {3, 4, 5} for slots in _slots_on(c, name).values())
+        _within_capacity(c)
+        assert set(c.cordoned) == set(named)
+        with c.db.session() as s:
+            rows = s.execute(select(OutageRow.server, OutageRow.cause, OutageRow.down_from,
+                                    OutageRow.up_from)).all()  # fmt: skip
+            events = s.scalars(select(EventRow).where(EventRow.kind == "server_cordoned")).all()
+            moves = s.scalars(select(EventRow).where(
+                EventRow.kind.in_(("replanned", "failed")),
+                EventRow.detail["reason"].as_string() == "server_cordoned")).all()  # fmt: skip
+        assert sorted(rows) == sorted([("w3", "failed", 1, None),
+                                       *((n, "cordoned", 3, 6) for n in named)])  # fmt: skip
+        assert [e.detail["server"] for e in events] == named
+        assert sorted(e.job_id for e in moves) == sorted(view["moved"])
+        live = _state(c._ledger)
+    finally:
+        c.close()
+    c = _open(tmp_path, servers=servers)
+    try:
+        assert set(c.cordoned) == set(named)
+        for a, b in zip(live, _state(c._ledger), strict=True):
+            assert np.array_equal(a, b)
+    finally:
+        c.close()
+
+
 def _plane(c: AdmissionController, **settings: Any) -> Any:
     """An execution plane over ``c`` with ``[mqtt]`` ``settings`` (not connected: its
     reactions are called directly)."""
