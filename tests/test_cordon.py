@@ -379,6 +379,48 @@ def test_servers_found_silent_at_one_review_fail_together(tmp_path: Path) -> Non
         c.close()
 
 
+def test_a_failed_commit_of_failures_found_together_writes_each_once_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A silent cordoned server and a silent server with jobs, found at one review, and
+    the store refuses the moves' commit: nothing of it is kept, and the next review
+    records each failure once (a cordoned server's row written before the failed moves
+    was written again, and counted toward flap_failures)."""
+    from controller.store import StoreUnavailableError
+
+    c = _open(tmp_path, servers=RACK)
+    try:
+        _fill(c, 6)
+        busy = next(s for s in ("w0", "w1", "w2", "w3") if _on(c, s, 1))
+        idle = next(s for s in ("w3", "w2", "w1", "w0") if s != busy)
+        asyncio.run(c.cordon(idle, force=True))
+        plane = _plane(c)
+        index = c.cluster.worker_names.index(busy)
+        write = c._write
+
+        def refused() -> Any:  # the moves' commit: the busy server is blocked by then
+            if c._ledger.is_down("worker", index):
+                monkeypatch.setattr(c, "_write", write)  # back for the next review
+                raise StoreUnavailableError("the store is unavailable: a test")
+            return write()
+
+        monkeypatch.setattr(c, "_write", refused)
+        with pytest.raises(StoreUnavailableError):
+            c.between_decisions(lambda: plane.outages.fail_together_sync([idle, busy]))
+        assert c._write == write  # the refusal happened
+        with c.db.session() as s:
+            assert s.scalars(select(OutageRow).where(OutageRow.cause != "cordoned")).all() == []
+        c.between_decisions(lambda: plane.outages.fail_together_sync([idle, busy]))
+        with c.db.session() as s:
+            failures = s.scalars(
+                select(OutageRow.server).where(OutageRow.cause != "cordoned")
+            ).all()
+        assert sorted(failures) == sorted([idle, busy])  # each once
+        assert _on(c, busy, 1) == {}
+    finally:
+        c.close()
+
+
 BIG = {**JOB, "id": "big", "epochs": 20, "minibatches": 8,
        "utility": {"kind": "sigmoid", "priority": 100, "decay": 0.1, "target": 12}}  # fmt: skip
 """A job that needs both worker servers for most of the window: without w0 it fails."""

@@ -67,19 +67,29 @@ class Outages(PlanePart):
         s = self.c.slot
         from_slot = s + 1
         ledger = self.c._ledger
-        events: list[Event] = []
+        cordoned: list[str] = []
         down: dict[tuple[str, int], str] = {}
         for server in dict.fromkeys(servers):
             kind, index = self.server_index[server]
-            if ledger.is_down(kind, index):
+            if not ledger.is_down(kind, index):
+                down[(kind, index)] = server
+            elif self._out(server):
                 # cordoned: its jobs moved off already; the failure is recorded, so the
                 # server stays out after an uncordon until its agent is heard again
-                if self._out(server):
-                    events += self._fail_cordoned_sync(server, from_slot)
-            else:
-                down[(kind, index)] = server
-        if not down:
-            return events
+                cordoned.append(server)
+        # the moves first: if their commit fails, nothing of this review's failures is
+        # written, and the next review records each once (a cordoned server's row
+        # written before a failed move was written again, and counted as a flap)
+        events = self._move_off_sync(down, from_slot) if down else []
+        if cordoned:
+            events += self._fail_cordoned_sync(cordoned, from_slot)
+        return events
+
+    def _move_off_sync(self, down: dict[tuple[str, int], str], from_slot: int) -> list[Event]:
+        """The servers ``down`` (``{(kind, index): name}``, none down in the ledger yet)
+        failed from ``from_slot``: their jobs moved off, their rows and events written."""
+        s = from_slot - 1
+        ledger = self.c._ledger
         firsts = first_holders(ledger, list(down), from_slot)
         with self.c.db.session() as session:  # only the jobs the failure moves
             jobs = {j: self.jobs.get(j, session) for j in firsts}
@@ -127,19 +137,23 @@ class Outages(PlanePart):
                                     if len(down) > 1 else {}))  # fmt: skip
             return changed
 
-        return events + self.jobs.guarded(change)
+        return self.jobs.guarded(change)
 
-    def _fail_cordoned_sync(self, server: str, from_slot: int) -> list[Event]:
-        """A cordoned server's agent fell silent: recorded, nothing moves."""
+    def _fail_cordoned_sync(self, servers: list[str], from_slot: int) -> list[Event]:
+        """Cordoned servers' agents fell silent: recorded (one transaction), nothing
+        moves."""
         now = datetime.now(UTC)
+        events: list[Event] = []
         with self.c._write() as session:
-            session.add(OutageRow(server=server, down_from=from_slot, up_from=None,
-                                  detected_at=now))  # fmt: skip
-            event = self.c._event(session, now, "server_failed", "", "",
-                                  {"server": server, "from_slot": from_slot, "jobs": [],
-                                   "cordoned": True})  # fmt: skip
-        self.log.warning("server failed", server=server, from_slot=from_slot, cordoned=True)
-        return [event]
+            for server in servers:
+                session.add(OutageRow(server=server, down_from=from_slot, up_from=None,
+                                      detected_at=now))  # fmt: skip
+                events.append(self.c._event(session, now, "server_failed", "", "",
+                                            {"server": server, "from_slot": from_slot,
+                                             "jobs": [], "cordoned": True}))  # fmt: skip
+        for server in servers:
+            self.log.warning("server failed", server=server, from_slot=from_slot, cordoned=True)
+        return events
 
     def recover_sync(self, server: str) -> list[Event]:
         """The agent of failed ``server`` is heard again: it is back from the next slot,
