@@ -191,12 +191,8 @@ def fail_servers(
     re-planned once. With one server this is :func:`fail_server`."""
     with ledger.deferred():  # one exact rebuild of the cells changed, not one per move
         down = list(dict.fromkeys(servers))
-        by_kind: dict[str, list[int]] = {}
-        for kind, index in down:
-            by_kind.setdefault(kind, []).append(index)
-        held: set[str] = set()
-        for kind, indices in by_kind.items():  # one walk of the jobs a kind
-            held.update(ledger.holding(kind, indices, from_slot, until))
+        by_kind = _by_kind(down)
+        held = _held(ledger, by_kind, from_slot, until)
         affected = [j for j in ledger.job_ids() if j in held]  # in admission order
         # the failed servers' units come off every affected job before they are blocked
         wanting: dict[str, Schedule] = {}
@@ -242,12 +238,7 @@ def first_holders(
     the first of ``servers`` it is on: who a failure or cordon of them all moves, and
     which of them to name for it. One walk of the jobs a kind."""
     rank = {key: i for i, key in enumerate(dict.fromkeys(servers))}
-    by_kind: dict[str, list[int]] = {}
-    for kind, index in rank:
-        by_kind.setdefault(kind, []).append(index)
-    held: set[str] = set()
-    for kind, indices in by_kind.items():
-        held.update(ledger.holding(kind, indices, from_slot, until))
+    held = _held(ledger, _by_kind(list(rank)), from_slot, until)
     out: dict[str, tuple[str, int]] = {}
     for job_id in ledger.job_ids():
         if job_id not in held:
@@ -258,6 +249,25 @@ def first_holders(
         on += [("ps", int(i)) for i in np.flatnonzero(part.ps.any(axis=0))]
         out[job_id] = min((key for key in on if key in rank), key=rank.__getitem__)
     return out
+
+
+def _by_kind(servers: Sequence[tuple[str, int]]) -> dict[str, list[int]]:
+    """The indices of ``servers`` (each ``(kind, index)``) by kind, in their order."""
+    out: dict[str, list[int]] = {}
+    for kind, index in servers:
+        out.setdefault(kind, []).append(index)
+    return out
+
+
+def _held(
+    ledger: Ledger, by_kind: dict[str, list[int]], from_slot: int, until: int | None
+) -> set[str]:
+    """The jobs with units on any of the servers ``by_kind`` in absolute slots
+    ``from_slot .. until - 1`` (None: on): one walk of the jobs a kind."""
+    held: set[str] = set()
+    for kind, indices in by_kind.items():
+        held.update(ledger.holding(kind, indices, from_slot, until))
+    return held
 
 
 def refit(
