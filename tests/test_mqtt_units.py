@@ -767,6 +767,58 @@ def _seconds_until_a_failure(
     return None
 
 
+RACK: dict[str, Any] = {
+    "resources": ["gpu", "bandwidth"],
+    "servers": [
+        *({"name": f"w{i}", "kind": "worker", "capacity": {"gpu": 4, "bandwidth": 10}}
+          for i in range(3)),
+        {"name": "p0", "kind": "ps", "capacity": {"bandwidth": 10}},
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("w1_last_beat", "w1_back_at", "expected"),
+    [
+        (3.0, None, {34.0: ["w0", "w1"]}),  # a rack: waited for, failed together
+        (3.0, 32.0, {32.0: ["w0"]}),  # w1 heard again: w0 fails alone, then
+        (10.0, None, {31.0: ["w0"], 41.0: ["w1"]}),  # too far apart: one by one
+        (4.0, None, {35.0: ["w0", "w1"]}),  # 5 s apart: waited for, just
+        (5.0, None, {35.0: ["w0"], 36.0: ["w1"]}),  # past one heartbeat interval: not
+    ],
+)
+def test_servers_falling_silent_seconds_apart_fail_together(
+    tmp_path: Path, w1_last_beat: float, w1_back_at: float | None, expected: dict[float, Any]
+) -> None:
+    """Agents of one rack that lost power beat last some seconds apart: the first past
+    the timeout waits, at most one heartbeat interval (5 s), for the others that missed
+    their beats as long, so they fail in one step and no job is moved onto one of them
+    to be moved again. A server heard meanwhile, or silent far later, changes nothing
+    of the timing."""
+    plane = PlaneDaemon(tmp_path, RACK)
+    try:
+        ex = plane.ex
+        assert (ex.mqtt.heartbeat_timeout, ex.mqtt.heartbeat_seconds) == (30.0, 5.0)
+        ex.connected()
+        failed: dict[float, Any] = {}
+        for second in range(0, 50):
+            t = float(second)
+            plane.mono[0] = t
+            beating = ["w2", "p0"]  # beat on throughout
+            if t <= w1_last_beat or (w1_back_at is not None and t >= w1_back_at):
+                beating.append("w1")
+            if t == 0.0:
+                beating.append("w0")
+            for server in beating:
+                ex.heartbeat(Heartbeat(server, "a"))
+            now = [e for e in ex.review_sync() if e.kind == "server_failed"]
+            if now:
+                failed[t] = sorted(e.detail["server"] for e in now)
+        assert failed == expected
+    finally:
+        plane.c.close()
+
+
 def test_silence_is_timed_on_the_link_a_flap_does_not_restart_it(plane: PlaneDaemon) -> None:
     """A server's silence counts only while the broker connection is up, summed over
     connections: a link that drops every 20 s (under the 30 s timeout) still lets a dead

@@ -421,15 +421,24 @@ class Execution:
         grace = min(2 * self.mqtt.heartbeat_seconds, self.mqtt.heartbeat_timeout)
         settled = up_for is not None and up_for >= grace
         if up_for is not None:  # connected: who fell silent, who is back
-            silent = []
+            timeout = self.mqtt.heartbeat_timeout
+            window = min(self.mqtt.heartbeat_seconds, timeout / 2)
+            silent, nearly, overdue = [], False, 0.0
             for server, seen in self.last_seen.items():
                 if server not in self.failed:
-                    if settled and now - seen > self.mqtt.heartbeat_timeout:
+                    quiet = now - seen
+                    if settled and quiet > timeout:
                         silent.append(server)
+                        overdue = max(overdue, quiet - timeout)
+                    elif settled and quiet > timeout - window:
+                        nearly = True  # missed its beats too: about to be silent as long
                 elif seen > self.failed[server]:
                     events += self.outages.recover_sync(server)
                     del self.failed[server]
-            if silent:  # together: no job is moved onto another of them
+            # together: no job is moved onto another of them. A server about to pass the
+            # timeout too (a rack that lost power: its agents' last beats some seconds
+            # apart) is waited for, at most one heartbeat interval past the timeout
+            if silent and not (nearly and overdue < window):
                 events += self.outages.fail_together_sync(silent)
                 for server in silent:
                     self.failed[server] = now

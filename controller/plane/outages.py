@@ -6,8 +6,9 @@ changes hands.
   :meth:`controller.plane.execution.Execution.review_sync` decides): the server is down
   from the next slot on; its jobs are re-placed or re-planned
   (:func:`pricing.replan.fail_servers`; the servers found silent at one review fail
-  together, so no job is moved onto another of them); a job that can no longer finish
-  becomes ``failed``. A cordoned server's failure is recorded, and nothing moves.
+  together, so no job is moved onto another of them, and the review waits, at most one
+  heartbeat interval, for a server about to be silent as long); a job that can no
+  longer finish becomes ``failed``. A cordoned server's failure is recorded, and nothing moves.
 - **server back** (a heartbeat): it is back from the next slot on, unless cordoned, or
   flapping (``[mqtt] flap_failures`` failures within ``flap_seconds``): then it is held
   out for ``flap_seconds`` more by a cordon with an end.
