@@ -572,6 +572,45 @@ def test_silent_server_is_declared_failed_and_its_jobs_move(cluster: Cluster) ->
     assert wait_for("plan not down", lambda: not cluster.plans()[victim].down)
 
 
+def test_servers_cordoned_together_hand_their_tasks_on_once(cluster: Cluster) -> None:
+    """``oasis cordon w0 w1`` with agents running: from the cordon's first slot the
+    plans of both servers are empty, every job planned there moved once, and store,
+    ledger and retained plans agree."""
+    cluster.daemon.start()
+    for server in SERVERS:
+        cluster.start_agent(server, speed=1.0)
+    cluster.wait_agents()
+    for job_id in ("r1", "r2", "r3"):
+        cluster.submit(plane_job(job_id))
+    wait_consistent(cluster)
+    rack = ["w0", "w1"]
+    answer = cluster.cluster_stub().CordonServer(
+        pb.CordonServerRequest(server="w0", more_servers=["w1", "w0"], reason="rack 7",
+                               force=True), timeout=30)  # fmt: skip
+    assert list(answer.servers) == rack and not answer.already
+    from_slot = answer.from_slot
+    moved = [m.id for m in answer.moved]
+    assert moved, "the test needs jobs planned on w0 or w1"
+    replans = [e.job_id for e in cluster.events()
+               if e.kind in ("replanned", "failed")
+               and json.loads(e.detail).get("reason") == "server_cordoned"]  # fmt: skip
+    assert sorted(replans) == sorted(moved) and len(moved) == len(set(moved))  # once each
+    for job_id in ("r1", "r2", "r3"):
+        later = [a for a in cluster.job(job_id).decision.allocations if a.slot >= from_slot]
+        assert not [a for a in later if a.server in rack], job_id
+    wait_consistent(cluster)
+    plans: Any = wait_for(
+        "the cordon's first slot under way",
+        lambda: (p := cluster.plans())["w0"].current.slot >= from_slot and p,
+    )
+    for name in rack:
+        assert plans[name].current.tasks == [] and plans[name].next.tasks == [], name
+    listed = {s.name: s.state for s in cluster.cluster_stub().ListServers(
+        pb.ListServersRequest(), timeout=10).servers}  # fmt: skip
+    assert (listed["w0"], listed["w1"], listed["w2"]) == ("cordoned", "cordoned", "up")
+    wait_consistent(cluster)
+
+
 def test_slow_job_is_re_estimated_and_extended(cluster: Cluster) -> None:
     cluster.daemon.start()
     for server in SERVERS:
