@@ -64,10 +64,9 @@ def measure(
 ) -> dict[str, Any]:
     if together > 1:
         return measure_together(servers, window, jobs, data_dir, length, together)
-    trace = generate_trace(np.random.default_rng(SEED), n_jobs=jobs, n_worker_servers=servers,
-                           n_ps_servers=servers, horizon=window)  # fmt: skip
+    trace = _trace(servers, window, jobs)
     if tiny:
-        for spec in trace["jobs"]:  # type: ignore[attr-defined]
+        for spec in trace["jobs"]:
             spec.update(chunks=1, epochs=1, minibatches=40, tau=0.2, grad_mb=1)  # 9 slots
             for side in ("worker", "ps"):
                 spec[side] = {r: 0.001 for r in spec[side]}
@@ -95,6 +94,13 @@ def measure(
         return out
     finally:
         c.close()
+
+
+def _trace(servers: int, window: int, jobs: int) -> dict[str, Any]:
+    """The workload: ``jobs`` jobs of ``generate_trace`` on ``servers`` worker + as many
+    PS servers, over ``window`` slots (seed :data:`SEED`)."""
+    return generate_trace(np.random.default_rng(SEED), n_jobs=jobs, n_worker_servers=servers,
+                          n_ps_servers=servers, horizon=window)  # fmt: skip
 
 
 def _controller(trace: dict[str, Any], window: int, data_dir: Path) -> AdmissionController:
@@ -126,8 +132,7 @@ def measure_together(
     servers: int, window: int, jobs: int, data_dir: Path, length: int | None, n: int
 ) -> dict[str, Any]:
     """The ``n`` busiest worker servers cordoned in one step, and one a step."""
-    trace = generate_trace(np.random.default_rng(SEED), n_jobs=jobs, n_worker_servers=servers,
-                           n_ps_servers=servers, horizon=window)  # fmt: skip
+    trace = _trace(servers, window, jobs)
     out: dict[str, Any] = {"servers": servers, "window": window, "jobs": jobs, "together": n,
                            "cordon_slots": length or "no end"}  # fmt: skip
     one = _controller(trace, window, data_dir / "together")

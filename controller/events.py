@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Event", "EventBus"]
+__all__ = ["Event", "EventBus", "taken_with"]
+
+
+def taken_with(servers: Sequence[str], server: str) -> dict[str, list[str]]:
+    """``{"with": the others}`` for an event or log line of ``server``, one of
+    ``servers`` taken out in one step (a cordon or failure of several); ``{}`` alone."""
+    if len(servers) < 2:
+        return {}
+    return {"with": [name for name in servers if name != server]}
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from sqlalchemy import case, select, update
 from controller.admission.moves import Moves
 from controller.admission.views import Cordon
 from controller.errors import NotFoundError, PreconditionError
-from controller.events import Event
+from controller.events import Event, taken_with
 from controller.store import CORDONED, JobRow, OutageRow
 from controller.store.stored import stored_spec
 from pricing import Job, SpecError
@@ -215,8 +215,7 @@ class Cordons(Moves):
                     its = [j for j in moved if off[j] == name]
                     events.append(self._event(session, now, "server_cordoned", "", "", {
                         "server": name, "from_slot": from_slot, "until": until,
-                        "jobs": its, "reason": reason, "by": by or "",
-                        **({"with": [n for n in new if n != name]} if len(new) > 1 else {}),
+                        "jobs": its, "reason": reason, "by": by or "", **taken_with(new, name),
                     }))  # fmt: skip
         except PreconditionError:
             raise  # restored: nothing changed
@@ -229,8 +228,7 @@ class Cordons(Moves):
             its_moves = {j: how for j, how in moved.items() if off[j] == name}
             self.log.warning("server cordoned", server=name, from_slot=from_slot, until=until,
                              planned=planned, moved=its_moves, reason=reason, by=by or "",
-                             **({"with": [n for n in new if n != name]} if len(new) > 1 else {}),
-                             )  # fmt: skip
+                             **taken_with(new, name))  # fmt: skip
         return view, events
 
     def _uncordon_sync(

@@ -239,7 +239,7 @@ def cmd_cordon(args: argparse.Namespace) -> int:
               "change it)")  # fmt: skip
     out = [name for name in servers if name not in already]
     named = ", ".join(out)
-    them = out[0] if len(out) == 1 else "them"
+    it = "it" if len(out) == 1 else "them"
     if resp.dry_run:
         n = len(resp.moved)
         print(f"{named}: a cordon from slot {since} would move {n or 'no'} "
@@ -251,12 +251,15 @@ def cmd_cordon(args: argparse.Namespace) -> int:
         if planned:
             print(f"{named}: cordon planned from slot {since}: in service until then, "
                   f"no new plans there from then (oasis uncordon {' '.join(out)} cancels "
-                  f"{'it' if len(out) == 1 else 'them'})")  # fmt: skip
+                  f"{it})")  # fmt: skip
         else:
             print(f"{named}: cordoned from slot {since}: no new plans there ({back} "
-                  f"{' '.join(out)} gives {'it' if len(out) == 1 else 'them'} back)")  # fmt: skip
+                  f"{' '.join(out)} gives {it} back)")  # fmt: skip
         if not resp.moved:
-            print(f"no job was planned on {them}" + (" then" if planned else ""))
+            print(
+                f"no job was planned on {out[0] if len(out) == 1 else 'them'}"
+                + (" then" if planned else "")
+            )
     for m in resp.moved:
         print(f"  {m.id}: {_HOW.get(m.how, m.how)}")
     return EXIT_OK

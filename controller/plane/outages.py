@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 
 from controller.clock import slots_for
-from controller.events import Event
+from controller.events import Event, taken_with
 from controller.plane.jobs import Jobs
 from controller.plane.part import PlanePart
 from controller.plane.port import AdmissionPort
@@ -94,14 +94,13 @@ class Outages(PlanePart):
         firsts = first_holders(ledger, list(down), from_slot)
         with self.c.db.session() as session:  # only the jobs the failure moves
             jobs = {j: self.jobs.get(j, session) for j in firsts}
+        gone = [index for kind, index in down if kind == "worker"]  # work lost with them
+        names = list(down.values())
         remaining: dict[str, int] = {}
         for j in jobs:
             sched = ledger.schedule(j)
             lost = sched.after(s).before(from_slot)  # the current slot, on the failed servers
-            lost_work = 0
-            if lost.slots:
-                gone = [index for kind, index in down if kind == "worker"]
-                lost_work = int(lost.workers[:, gone].sum()) if gone else 0
+            lost_work = int(lost.workers[:, gone].sum()) if gone and lost.slots else 0
             remaining[j] = sched.after(from_slot).work() + lost_work
 
         def change() -> list[Event]:
@@ -125,8 +124,7 @@ class Outages(PlanePart):
                     its = [j for j in moved if firsts[j] == key]
                     changed.append(self.c._event(session, now, "server_failed", "", "", {
                         "server": server, "from_slot": from_slot, "jobs": its,
-                        **({"with": [n for n in down.values() if n != server]}
-                           if len(down) > 1 else {}),
+                        **taken_with(names, server),
                     }))  # fmt: skip
             for key, server in down.items():
                 mine = {j for j in moved if firsts[j] == key}
@@ -134,8 +132,7 @@ class Outages(PlanePart):
                                  replaced=[j for j in outcome.replaced if j in mine],
                                  replanned=[j for j in outcome.replanned if j in mine],
                                  stranded=[j for j in outcome.stranded if j in mine],
-                                 **({"with": [n for n in down.values() if n != server]}
-                                    if len(down) > 1 else {}))  # fmt: skip
+                                 **taken_with(names, server))  # fmt: skip
             return changed
 
         return self.jobs.guarded(change)
