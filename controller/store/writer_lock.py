@@ -183,13 +183,22 @@ class FencedError(Exception):
         self.why = why
 
 
+_META = MetaRow.metadata.tables[MetaRow.__tablename__]
+# built once and run on the session's connection (Core): the fence runs in every batch
+_HOLDER = select(_META.c.value).where(_META.c.key == RECORD_KEY)
+_HOLDER_SHARED = _HOLDER.with_for_update(read=True)
+_HOLDER_AND_LEASE = text(
+    "SELECT m.value, EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' "
+    "AND l.granted AND l.pid = :pid AND l.objsubid = 1 AND l.classid::bigint = :hi "
+    "AND l.objid::bigint = :lo) FROM meta m WHERE m.key = :key FOR SHARE OF m"
+)
+
+
 def recorded_holder(session: Session, lock: bool = False) -> Holder | None:
     """The holder recorded in the store's ``meta`` row ``writer``; with ``lock``, the row
     is read ``FOR SHARE`` (PostgreSQL): an epoch bump waits for this transaction to end."""
-    query = select(MetaRow.value).where(MetaRow.key == RECORD_KEY)
-    if lock:
-        query = query.with_for_update(read=True)
-    return Holder.from_dict(session.scalar(query))
+    query = _HOLDER_SHARED if lock else _HOLDER
+    return Holder.from_dict(session.connection().scalar(query))
 
 
 def check_epoch(session: Session, epoch: int, lock_pid: int | None = None) -> None:
@@ -203,14 +212,19 @@ def check_epoch(session: Session, epoch: int, lock_pid: int | None = None) -> No
         if holder is None or holder.epoch != epoch:
             raise FencedError(epoch, holder)
         return
-    row = session.execute(
-        text(
-            "SELECT m.value, EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' "
-            "AND l.granted AND l.pid = :pid AND l.objsubid = 1 AND l.classid::bigint = :hi "
-            "AND l.objid::bigint = :lo) FROM meta m WHERE m.key = :key FOR SHARE OF m"
-        ),
-        {"pid": lock_pid, "hi": LOCK_KEY >> 32, "lo": LOCK_KEY & 0xFFFF_FFFF, "key": RECORD_KEY},
-    ).first()
+    row = (
+        session.connection()
+        .execute(
+            _HOLDER_AND_LEASE,
+            {
+                "pid": lock_pid,
+                "hi": LOCK_KEY >> 32,
+                "lo": LOCK_KEY & 0xFFFF_FFFF,
+                "key": RECORD_KEY,
+            },
+        )
+        .first()
+    )
     raw = row[0] if row is not None else None
     holder = Holder.from_dict(json.loads(raw) if isinstance(raw, str) else raw)
     if holder is None or holder.epoch != epoch:
