@@ -228,7 +228,7 @@ async def serve(
 
     async def health_follows_store(up: bool) -> None:
         if not stop.is_set():  # once stopping, NOT_SERVING stays
-            await health_now.set(up)
+            await health_now.set(up, bool(watch.writes_refused))
 
     async def role_changed(role: str) -> None:
         if role == "leader":
@@ -236,7 +236,7 @@ async def serve(
         else:
             await plane.stop()
         if not stop.is_set():
-            await health_now.set(watch.up)
+            await health_now.set(watch.up, bool(watch.writes_refused))
 
     # with [ha] the lease is kept by the election, not the watch
     watch = StoreWatch(db, writer if ha is None else None, health_follows_store, stop.set,
@@ -309,8 +309,11 @@ async def serve(
 class _Health:
     """The gRPC health of the daemon's services: all NOT_SERVING while the store is out
     of reach; otherwise SERVING, except the Admission service (the writes: submit, quote,
-    cancel) on a standby, so a load balancer sends writes to the leader only. The
-    Cluster service and the daemon as a whole ("") stay SERVING on a standby (reads)."""
+    cancel) on a standby, so a load balancer sends writes to the leader only, and while
+    the store refuses this daemon's writes (a DBA's REVOKE, a read-only database or hot
+    standby, a moved search_path: ``controller/store/refusals.py``), so it sends them
+    elsewhere until a write goes through again. The Cluster service and the daemon as a
+    whole ("") stay SERVING in both cases (reads are served)."""
 
     def __init__(
         self, servicer: health.aio.HealthServicer, controller: AdmissionController
@@ -318,11 +321,12 @@ class _Health:
         self.servicer = servicer
         self.c = controller
 
-    async def set(self, store_up: bool) -> None:
+    async def set(self, store_up: bool, writes_refused: bool = False) -> None:
         serving = health_pb2.HealthCheckResponse.SERVING
         not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+        writes = self.c.leading and not writes_refused
         for name in ("", *SERVICES):
-            up = store_up and (self.c.leading or name != WRITE_SERVICE)
+            up = store_up and (writes or name != WRITE_SERVICE)
             await self.servicer.set(name, serving if up else not_serving)
 
 

@@ -17,7 +17,9 @@ Counted as requests pass (a gRPC interceptor on SubmitJob and QuoteJob):
 
 Read at each scrape:
 
-- ``oasis_store_up``: 1 if the store answered ``SELECT 1``, else 0.
+- ``oasis_store_up``: 1 if the store answered ``SELECT 1``, else 0;
+  ``oasis_store_writes_refused``: 1 while it refuses the daemon's writes
+  (``Database.refusing``: the Admission service's health is NOT_SERVING), else 0.
 - ``oasis_jobs{state}``: stored jobs per state (``pending``, ``admitted``, ``running``,
   ``completed``, ``cancelled``, ``rejected``, ``expired``, ``failed``);
   ``oasis_payoff{state}``: the sum of their payoffs as decided, for every state of an
@@ -521,6 +523,13 @@ class _ControllerCollector:
             "oasis_store_up",
             "1 if the store answered a trivial query at this scrape, else 0.",
             value=float(up),
+        )
+        yield GaugeMetricFamily(
+            "oasis_store_writes_refused",
+            "1 while the store refuses this daemon's writes (a DBA's REVOKE, a read-only "
+            "database or hot standby, a moved search_path, a full disk): submissions get "
+            "UNAVAILABLE and the health of oasis.v1.Admission is NOT_SERVING; else 0.",
+            value=float(bool(self.c.db.refusing)),
         )
         if not up:
             return

@@ -24,6 +24,7 @@ from pathlib import Path
 import grpc
 import psycopg
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.load_test import check_ledger, read_store, store_use
 from controller.convert import spec_to_proto
@@ -330,3 +331,88 @@ def test_clients_retrying_a_refused_commit_cost_one_rebuild_not_one_each(
             assert _decided(stub, "after").job.decision.admitted
     finally:
         assert daemon.stop() == 0
+
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+HEALTH_SECONDS = 10.0  # bound on the store watch's finding (it probes every second)
+# what a DBA does and undoes (in the store's database) for the health test: the insert
+# on jobs alone, which every read still passes, and the three of FAULTS
+HEALTH_FAULTS = {
+    "insert_on_jobs_revoked": (
+        "REVOKE INSERT ON jobs FROM {role}",
+        "GRANT INSERT ON jobs TO {role}",
+    ),
+    **{name: (do, undo) for name, (do, undo, _words) in FAULTS.items()},
+}
+
+
+def _health(channel: grpc.Channel) -> dict[str, int]:
+    """Each service's gRPC health (``""``: the daemon as a whole)."""
+    health = health_pb2_grpc.HealthStub(channel)
+    return {
+        name: health.Check(health_pb2.HealthCheckRequest(service=name), timeout=10).status
+        for name in ("", "oasis.v1.Admission", "oasis.v1.Cluster")
+    }
+
+
+def _health_becomes(channel: grpc.Channel, admission: int, reads: bool = True) -> None:
+    """Wait until ``oasis.v1.Admission`` reports ``admission``; with ``reads``, the reads
+    (``""`` and ``oasis.v1.Cluster``) must be SERVING throughout."""
+    deadline = time.monotonic() + HEALTH_SECONDS
+    while True:
+        status = _health(channel)
+        if reads:
+            assert status[""] == SERVING and status["oasis.v1.Cluster"] == SERVING, status
+        if status["oasis.v1.Admission"] == admission:
+            return
+        assert time.monotonic() < deadline, status
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("fault", sorted(HEALTH_FAULTS))
+def test_the_admission_service_is_not_serving_while_the_store_refuses_writes(
+    fault: str, role_store: RoleStore, tmp_path: Path
+) -> None:
+    """Before, health said SERVING for every service throughout (the probe's SELECT 1
+    went through), so a load balancer, or HA's clients, kept sending every write to a
+    daemon that could commit none. Now the Admission service turns NOT_SERVING without
+    a submission having to fail first (the store watch's dry writes), reads stay
+    SERVING, and once the DBA undoes it the daemon is SERVING again by itself and
+    admits."""
+    do, undo = (s.format(role=role_store.role, database=role_store.database)
+                for s in HEALTH_FAULTS[fault])  # fmt: skip
+    log = tmp_path / "d.log"
+    daemon = Daemon(write_config(tmp_path / "d.toml", tmp_path / "data", role_store.url), log)
+    daemon.start()
+    try:
+        with grpc.insecure_channel(daemon.address) as channel:
+            stub = pb_grpc.AdmissionStub(channel)
+            assert _submit(stub, "before").job.decision.admitted
+            _health_becomes(channel, SERVING)
+
+            with role_store.admin() as admin:
+                for statement in do.split("; "):
+                    admin.execute(statement)
+            role_store.end_sessions()  # settings take effect in new sessions
+            # ending the sessions ended the writer lock's too, and with the tables out of
+            # sight it cannot be taken again: the whole daemon is NOT_SERVING then, as
+            # for a lock lost in an outage (controller/store/watch.py)
+            reads = fault != "search_path_moved"
+            _health_becomes(channel, NOT_SERVING, reads)  # no submission was tried
+            cluster = pb_grpc.ClusterStub(channel)  # reads are served
+            assert cluster.GetClusterInfo(pb.GetClusterInfoRequest(), timeout=10).window > 0
+
+            with role_store.admin() as admin:
+                admin.execute("SET default_transaction_read_only = off")  # this session's
+                admin.execute(undo)
+            role_store.end_sessions()
+            _health_becomes(channel, SERVING, reads)  # by itself: no submission came
+            assert _decided(stub, "after").job.decision.admitted
+            assert set(_health(channel).values()) == {SERVING}
+    finally:
+        assert daemon.stop() == 0
+    if reads:  # the journal says why (with the lock not taken again: "store unreachable")
+        events = [e["event"] for e in json_log(log)]
+        assert "the store refuses writes: admission not serving" in events, events
+        assert "the store takes writes again: admission serving" in events, events

@@ -217,9 +217,13 @@ class _Answering:
     """A store whose probe answers (a pooled connection's SELECT 1)."""
 
     down_reason = ""
+    refusing = ""  # and takes writes
 
     def ping(self) -> bool:
         return True
+
+    def check_writes(self) -> None:
+        return None
 
 
 class _Refused(FileWriterLock):

@@ -90,6 +90,7 @@ class GroupCommit(AdmissionState):
         if written is None:
             with self.db.held_session() as session:
                 written = write_decisions(session, payloads, self._last_sequence, epoch, lock_pid)
+        self.db.note_written()  # the store takes writes: the Admission service serves
         numbers = written.events
         # committed: these events are this leader's own, reflected in its ledger already
         self._seen_event = max(self._seen_event, *numbers)

@@ -137,7 +137,8 @@ class ConsoleData:
             "epoch": ha.epoch,
             "lease_age_seconds": round(ha.lease_age, 3),
             "leader": ha.leader,
-            "serving": up and not draining and role != "standby",
+            # as the health of oasis.v1.Admission: it takes decisions
+            "serving": up and not draining and role != "standby" and not self.c.db.refusing,
             "store_up": up,
             "draining": draining,
             "broker": "none" if broker is None else ("connected" if broker else "disconnected"),

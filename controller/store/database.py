@@ -51,6 +51,7 @@ from sqlalchemy.pool import NullPool
 from controller.store.refusals import is_refusal, refusal
 from controller.store.search_path import check_new_store
 from controller.store.sqlite_file import StoreFile
+from controller.store.write_probe import DRY_WRITES
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -177,6 +178,7 @@ class Database:
         self._paused = ""  # why writes pause (PostgreSQL, WRITE_PAUSE_SECONDS), until:
         self._paused_until = 0.0  # time.monotonic()
         self._refused = ""  # the last refusal logged (:mod:`.refusals`)
+        self._refusing = ""  # why the last commit or dry write was refused (:attr:`refusing`)
         self._refused_logged = -math.inf  # time.monotonic() it was logged
         kwargs: dict[str, Any] = {}
         parsed = make_url(url)
@@ -331,13 +333,50 @@ class Database:
     def note_failed_write(self, reason: str) -> None:
         """A commit failed with ``reason``: a SQLite store out of space takes no more
         writes until :meth:`ping` finds room; a refusal of PostgreSQL's that does not pass
-        by itself pauses writes for :data:`WRITE_PAUSE_SECONDS` (:attr:`writes_refused`)."""
+        by itself pauses writes for :data:`WRITE_PAUSE_SECONDS` (:attr:`writes_refused`),
+        and a DBA's one is :attr:`refusing` until a write goes through."""
         lower = reason.lower()
         if self.file is not None and any(words in lower for words in _FULL):
             self._full = self.space_short() or f"the store's last write failed: {reason}"
         elif self.file is None and (is_refusal(reason) or any(w in lower for w in _PG_FULL)):
             self._paused = reason
             self._paused_until = time.monotonic() + WRITE_PAUSE_SECONDS
+            if is_refusal(reason):
+                self._refusing = reason
+
+    def note_written(self) -> None:
+        """A commit went through: the store takes this daemon's writes (:attr:`refusing`)."""
+        self._refusing = ""
+
+    @property
+    def refusing(self) -> str:
+        """Why the store refuses this daemon's writes now, "" if it takes them: a DBA's
+        refusal (:mod:`.refusals`) that the last commit or :meth:`check_writes` met, until
+        one of them goes through, or :attr:`writes_refused`. The Admission service's
+        health is NOT_SERVING meanwhile (reads are served: ``SELECT 1`` goes through)."""
+        return self._refusing or self.writes_refused
+
+    def check_writes(self) -> None:
+        """PostgreSQL: run a decision's writes on no rows, rolled back
+        (:mod:`.write_probe`), and keep what they say in :attr:`refusing`: a refusal of
+        :mod:`.refusals` (logged as a commit's is), or none. Anything else (an outage, a
+        lock wait, no free connection) leaves it as it was: :meth:`ping` says those.
+        SQLite: nothing to ask (its disk is :meth:`ping`'s)."""
+        if self.engine.dialect.name != "postgresql":
+            return
+        try:
+            with self.engine.connect() as conn, conn.begin() as transaction:
+                conn.exec_driver_sql(DRY_WRITES)
+                transaction.rollback()
+        except DBAPIError as err:
+            refused = refusal(err.orig, self.engine.url)
+            if refused is not None:
+                self._note_refusal(refused)
+                self._refusing = refused
+            return
+        except sa_exc.TimeoutError:
+            return
+        self._refusing = ""
 
     def space_short(self) -> str:
         """Why a SQLite store's file system is full (less than :data:`MIN_FREE_BYTES`

@@ -6,7 +6,11 @@ store calls in a thread and bounded by the store's timeout (``database.py``):
 
 1. ``Database.ping``: the store answers or not. A change is logged and passed to
    ``on_change``, which turns the gRPC health to NOT_SERVING while the store is out of
-   reach and back to SERVING after.
+   reach and back to SERVING after. Then, on PostgreSQL, ``Database.check_writes``: the
+   store takes a decision's writes or refuses them (a DBA's ``REVOKE``, a read-only
+   database, a moved ``search_path``: :mod:`.refusals`, as the last commit found too).
+   A change of :attr:`StoreWatch.writes_refused` is logged and passed to ``on_change``
+   as well, which turns the Admission service (the writes) NOT_SERVING meanwhile.
 2. The writer lock (``writer_lock.py``): on PostgreSQL it lives as long as its session;
    after a PostgreSQL restart the lock is gone. The watch takes it again if the store
    still records this daemon's epoch (every write is fenced with that epoch:
@@ -45,7 +49,8 @@ class StoreWatch:
     Args:
         db: the store.
         lock: its writer lock, held by this process; None: none to keep.
-        on_change: awaited with True (reachable again) or False (out of reach).
+        on_change: awaited with True (reachable again) or False (out of reach), and
+            with :attr:`up` when :attr:`writes_refused` changes.
         on_lost: called once if the lock was taken over by another process.
     """
 
@@ -63,6 +68,7 @@ class StoreWatch:
         self.on_lost = on_lost
         self.log = log or structlog.get_logger("oasisd")
         self.up = True
+        self.writes_refused = ""  # why the store refuses this daemon's writes; "" if not
         self.lost = ""
         self._lock_error = ""  # why the lock was last not taken again ("" : it was)
 
@@ -76,8 +82,11 @@ class StoreWatch:
             self.log.error("writer lock lost", reason=lost)
             self.on_lost()
             return
+        # out of reach, the store's writes are the health's least concern: kept as known
+        refused = self.db.refusing if up else self.writes_refused
+        if up == self.up and refused == self.writes_refused:
+            return
         if up != self.up:
-            self.up = up
             if up:
                 self.log.info("store reachable again")
             else:
@@ -85,12 +94,20 @@ class StoreWatch:
                 # lock's new one is refused (the database's connection limit reached)
                 reason = self.db.down_reason or self._lock_error
                 self.log.warning("store unreachable", reason=reason)
-            await self.on_change(up)
+        if bool(refused) != bool(self.writes_refused):
+            if refused:
+                self.log.warning("the store refuses writes: admission not serving",
+                                 reason=refused)  # fmt: skip
+            else:
+                self.log.info("the store takes writes again: admission serving")
+        self.up, self.writes_refused = up, refused
+        await self.on_change(up)
 
     def _probe(self) -> tuple[bool, str]:
         """(reachable, why the lock is lost or "")."""
         if not self.db.ping():
             return False, ""
+        self.db.check_writes()
         if self.lock is None or self.lock.held():
             self._lock_error = ""
             return True, ""
