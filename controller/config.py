@@ -27,6 +27,7 @@ Example (``config/oasisd.example.toml`` is a complete one)::
     [metrics]
     listen = "127.0.0.1:9464"    # Prometheus /metrics over HTTP; empty or absent: off
     allow_insecure_remote = false  # true: serve it off loopback too (plain HTTP, no auth)
+    per_server_prices_up_to = 500  # oasis_unit_price{server,...} up to this many servers
 
     [tls]                        # absent: plaintext, on loopback only (controller/tls.py)
     cert = "server.crt"          # PEM chain; key = "server.key"; client_ca = "ca.crt": mTLS
@@ -69,12 +70,14 @@ from controller.config_exposure import _clear_broker_password, _exposed_files, _
 from controller.config_file import ConfigError, load_mqtt, read_toml, rebased
 from controller.config_keys import (
     MAX_SLOT_SECONDS,
+    PER_SERVER_PRICES_UP_TO,
     _check_keys,
     _check_ledger_size,
     _durations,
     _idle_servers,
     _keep_days,
     _metrics_listen,
+    _per_server_prices_up_to,
     _slot_seconds,
     _window,
     check_listen,
@@ -133,6 +136,9 @@ class Config:
         pricing: price-bound settings.
         tick_seconds: how often the slot clock is checked, seconds.
         metrics_listen: ``host:port`` of the Prometheus endpoint; empty: no endpoint.
+        per_server_prices_up_to: ``oasis_unit_price{server, kind, resource}`` is exported
+            while the cluster has at most this many servers (workers and PS); past it,
+            only the per-kind quantiles (``controller/metrics.py``); 0: never.
         mqtt: the broker of the execution plane (``[mqtt]``); None: no broker.
         allow_insecure_remote: serve plaintext on a non-loopback address.
         tls: ``[tls]``; None: plaintext.
@@ -167,6 +173,7 @@ class Config:
     pricing: PricingConfig
     tick_seconds: float = 1.0
     metrics_listen: str = ""
+    per_server_prices_up_to: int = PER_SERVER_PRICES_UP_TO
     mqtt: MqttConfig | None = None
     allow_insecure_remote: bool = False
     tls: TlsConfig | None = None
@@ -342,6 +349,9 @@ def from_dict(
             pricing=_pricing(fields.optional_mapping(data, "pricing", ""), cluster, base),
             tick_seconds=fields.positive(daemon.get("tick_seconds", 1.0), "daemon.tick_seconds"),
             metrics_listen=_metrics_listen(fields.optional_mapping(data, "metrics", "")),
+            per_server_prices_up_to=_per_server_prices_up_to(
+                fields.optional_mapping(data, "metrics", "")
+            ),
             mqtt=mqtt,
             allow_insecure_remote=insecure_remote,
             tls=tls,

@@ -19,7 +19,13 @@ from pricing.durations import format_duration, parse_duration
 from pricing.errors import SpecError
 from pricing.ledger import ledger_bytes
 
-__all__ = ["MAX_KEEP_DAYS", "MAX_SLOT_SECONDS", "MIN_SLOT_SECONDS", "check_listen"]
+__all__ = [
+    "MAX_KEEP_DAYS",
+    "MAX_SLOT_SECONDS",
+    "MIN_SLOT_SECONDS",
+    "PER_SERVER_PRICES_UP_TO",
+    "check_listen",
+]
 
 
 def _check_keys(table: Mapping[str, Any], known: set[str], where: str) -> None:
@@ -70,8 +76,15 @@ def _check_ledger_size(cluster: Cluster, window: int, limits: Limits) -> None:
         )
 
 
+PER_SERVER_PRICES_UP_TO = 500
+"""``metrics.per_server_prices_up_to``'s default, servers: ``oasis_unit_price{server,
+kind, resource}`` is exported for a cluster of at most this many (about 2,250 series at
+4.5 priced resources a server). At 10,000 servers it was 45,000 series, a 3.76 MB
+scrape (``bench/RESULTS.md``); past it, the per-kind quantiles stand for them."""
+
+
 def _metrics_listen(raw: Mapping[str, Any]) -> str:
-    _check_keys(raw, {"listen", "allow_insecure_remote"}, "metrics")
+    _check_keys(raw, {"listen", "allow_insecure_remote", "per_server_prices_up_to"}, "metrics")
     listen = raw.get("listen", "")
     if not isinstance(listen, str):
         raise ConfigError(f"metrics.listen: must be a string host:port, got {listen!r}")
@@ -90,6 +103,13 @@ def _metrics_listen(raw: Mapping[str, Any]) -> str:
             "serve it to the network"
         )
     return listen
+
+
+def _per_server_prices_up_to(raw: Mapping[str, Any]) -> int:
+    """``metrics.per_server_prices_up_to``: the largest cluster (servers, workers and PS
+    together) whose unit prices are exported per server; 0: never."""
+    value = raw.get("per_server_prices_up_to", PER_SERVER_PRICES_UP_TO)
+    return fields.integer(value, "metrics.per_server_prices_up_to", minimum=0)
 
 
 def _window(value: Any, slot_seconds: Any) -> int:

@@ -44,8 +44,11 @@ Read at each scrape:
   the mean share over the window ahead (current slot included);
   ``oasis_capacity_out_of_service{kind, resource}``: the share of the capacity on failed
   or cordoned servers in the current slot (not counted as in use).
-- ``oasis_unit_price{server, kind, resource}``: price of one unit in the current slot;
-  ``oasis_unit_price_peak{kind, resource}``: the highest over all servers and the window.
+- ``oasis_unit_price_quantile{kind, resource, quantile}``: quantiles of the unit price in
+  the current slot over the servers of a kind; ``oasis_unit_price_peak{kind, resource}``:
+  the highest over all servers and the window; ``oasis_unit_price{server, kind,
+  resource}``: each server's in the current slot, while the cluster has at most
+  ``metrics.per_server_prices_up_to`` servers (:mod:`controller.price_metrics`).
 - ``oasis_broker_configured`` and ``oasis_broker_up``: set by whoever owns the broker
   connection through :meth:`Metrics.set_broker`; without a broker both are 0.
 - ``oasis_agent_clock_offset_seconds{server}``: its agent's clock minus the daemon's, from
@@ -92,6 +95,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from controller.admission import AdmissionController
 from controller.admission.job_counts import AGE_PER_COUNT_SECOND, MIN_AGE_SECONDS
 from controller.admission.ledger_reads import SidePrices
+from controller.price_metrics import price_families
 from controller.rpc import oasis_pb2 as pb
 from controller.tls import is_loopback, loopback_names
 
@@ -629,22 +633,6 @@ class _ControllerCollector:
         yield _shares("oasis_capacity_out_of_service",
                       "Share of the capacity on failed or cordoned servers in the current "
                       "slot, 0..1.", out, lambda share: share[0])  # fmt: skip
-        unit = GaugeMetricFamily(
-            "oasis_unit_price",
-            "Price of one unit of a resource on a server, current slot.",
-            labels=["server", "kind", "resource"],
+        yield from price_families(
+            prices, self.c.cluster.resources, self.c.config.per_server_prices_up_to
         )
-        peak = GaugeMetricFamily(
-            "oasis_unit_price_peak",
-            "Highest unit price of a resource over the servers of a kind and the window.",
-            labels=["kind", "resource"],
-        )
-        resources = self.c.cluster.resources
-        for side in prices:
-            now = side.now.tolist()
-            for i, server in enumerate(side.names):
-                for r in np.flatnonzero(side.has[i]).tolist():
-                    unit.add_metric([server, side.kind, resources[r]], now[i][r])
-            for r in np.flatnonzero(side.has.any(axis=0)).tolist():
-                peak.add_metric([side.kind, resources[r]], float(side.peak[r]))
-        yield from (unit, peak)

@@ -1,0 +1,124 @@
+"""The unit prices of a ``/metrics`` scrape at a cluster's size (controller/price_metrics.py):
+past ``metrics.per_server_prices_up_to`` servers (500 by default) no series per server,
+the quantiles over the servers of each kind always.
+
+At 10,000 servers a scrape held 45,000 ``oasis_unit_price{server, kind, resource}``
+samples, 3.76 MB of text and as many series in the operator's Prometheus
+(bench/RESULTS.md). Scraped here in-process (``generate_latest`` of the daemon's
+registry, what ``/metrics`` answers) on a cluster of 510 servers, just past the default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tomllib
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prometheus_client import generate_latest
+
+from bench.operator_scale import open_controller
+from controller.admission import AdmissionController
+from controller.config import ConfigError, from_dict, load
+from controller.metrics import Metrics
+from controller.price_metrics import QUANTILES
+from tests.servers import CLUSTER_TOML, example_config
+from tests.test_metrics import Samples, parse
+
+WORKERS, PS, WINDOW = 400, 110, 12  # 510 servers: past the default of 500
+GPU = {"gpu": 8, "cpu": 64, "mem": 488, "disk": 500, "bandwidth": 25}
+CPU = {"cpu": 36, "mem": 60, "disk": 500, "bandwidth": 25}
+JOB = {
+    "epochs": 2, "chunks": 16, "minibatches": 50, "tau": 0.1, "grad_mb": 100,
+    "worker": {"gpu": 1, "cpu": 4, "mem": 8, "disk": 5, "bandwidth": 1},
+    "ps": {"cpu": 2, "mem": 8, "disk": 5, "bandwidth": 5},
+    "utility": {"kind": "sigmoid", "priority": 80, "decay": 0.2, "target": 6},
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AdmissionController]:
+    cluster = {
+        "resources": ["gpu", "cpu", "mem", "disk", "bandwidth"],
+        "servers": [
+            *({"name": f"w{i}", "kind": "worker", "capacity": GPU} for i in range(WORKERS)),
+            *({"name": f"p{i}", "kind": "ps", "capacity": CPU} for i in range(PS)),
+        ],
+    }
+    c = open_controller(tmp_path_factory.mktemp("price-metrics"), cluster, WINDOW)
+    for i in range(4):
+        assert asyncio.run(c.submit({**JOB, "id": f"j{i}"})).decision.admitted
+    # into the slot the jobs run in: some servers' prices now above the floor
+    c.slots.clock.advance(3600.0)  # type: ignore[attr-defined]
+    asyncio.run(c.tick())
+    yield c
+    c.close()
+
+
+def _scrape(c: AdmissionController) -> tuple[Samples, int]:
+    """A scrape's samples and its size in bytes, by a fresh registry (no cached read)."""
+    text = generate_latest(Metrics(c).registry)
+    return parse(text.decode()), len(text)
+
+
+def _named(samples: Samples, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    return {labels: v for (n, labels), v in samples.items() if n == name}
+
+
+def test_past_the_default_a_scrape_has_quantiles_and_no_series_per_server(
+    controller: AdmissionController,
+) -> None:
+    c = controller
+    assert c.config.per_server_prices_up_to == 500 < WORKERS + PS
+    bounded, bounded_bytes = _scrape(c)
+    assert not [key for key in bounded if dict(key[1]).get("server")]  # none per server
+    assert not _named(bounded, "oasis_unit_price")
+
+    c.config = replace(c.config, per_server_prices_up_to=WORKERS + PS)  # at the limit
+    try:
+        full, full_bytes = _scrape(c)
+    finally:
+        c.config = replace(c.config, per_server_prices_up_to=500)
+    unit = _named(full, "oasis_unit_price")
+    assert len(unit) == WORKERS * 5 + PS * 4  # a PS server has no GPU: no price
+    assert bounded_bytes < full_bytes / 10, (bounded_bytes, full_bytes)
+
+    # the quantiles are those of the per-server prices, in both scrapes alike
+    by_side: dict[tuple[str, str], list[float]] = {}
+    for labels, v in unit.items():
+        d = dict(labels)
+        by_side.setdefault((d["kind"], d["resource"]), []).append(v)
+    assert len(by_side) == 9
+    quantiles = _named(bounded, "oasis_unit_price_quantile")
+    assert len(quantiles) == 9 * len(QUANTILES)
+    assert quantiles == _named(full, "oasis_unit_price_quantile")
+    for (kind, resource), values in by_side.items():
+        want = np.quantile(values, QUANTILES)
+        for q, expected in zip(QUANTILES, want, strict=True):
+            key = (("kind", kind), ("quantile", f"{q:g}"), ("resource", resource))
+            assert quantiles[key] == pytest.approx(expected, rel=1e-12), key
+        low = (("kind", kind), ("quantile", "0"), ("resource", resource))
+        high = (("kind", kind), ("quantile", "1"), ("resource", resource))
+        assert (quantiles[low], quantiles[high]) == (min(values), max(values))
+        peak = bounded[("oasis_unit_price_peak", (("kind", kind), ("resource", resource)))]
+        assert peak >= max(values)
+    gpu = by_side[("worker", "gpu")]
+    assert max(gpu) > min(gpu)  # the admitted jobs made some servers dearer
+
+
+def test_per_server_prices_up_to_is_read_and_checked(tmp_path: Path) -> None:
+    base = {"daemon": {"data_dir": str(tmp_path)}, **tomllib.loads(CLUSTER_TOML)}
+    assert from_dict(base).per_server_prices_up_to == 500
+    given = from_dict({**base, "metrics": {"per_server_prices_up_to": 0}})
+    assert given.per_server_prices_up_to == 0
+    for bad, says in ((-1, "must be >= 0"), ("many", "must be an integer"),
+                      (2.5, "must be an integer"), (True, "must be an integer")):  # fmt: skip
+        with pytest.raises(ConfigError) as err:
+            from_dict({**base, "metrics": {"per_server_prices_up_to": bad}})
+        assert "metrics.per_server_prices_up_to" in str(err.value), err.value
+        assert says in str(err.value), err.value
+    example = load(example_config(tmp_path))
+    assert example.per_server_prices_up_to == 500
