@@ -19,6 +19,12 @@ What is measured
     - ``console heatmap``: the prices page's snapshot (the costliest resource's prices
       and use over the window).
 
+    Then a whole ``/metrics`` scrape in-process (``generate_latest`` of the daemon's
+    registry, what the endpoint answers: the ledger read, the store's job counts, the
+    text), with the per-server prices (``metrics.per_server_prices_up_to`` set to the
+    cluster's size) and with the default (none past 500 servers): its bytes, samples and
+    wall time (median and maximum of ``--repeat``, ms).
+
 Methodology
     Each read runs once first (prices derived), then ``--repeat`` times; the table gives
     the median and maximum in ms. Memory is not measured here (tests/test_ledger_reads.py
@@ -37,18 +43,20 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 import structlog
+from prometheus_client import generate_latest
 
 from bench.machine import describe
 from controller.admission import AdmissionController
 from controller.clock import FakeClock, SlotClock
 from controller.config import from_dict
 from controller.console.data import ConsoleData
-from controller.metrics import _ControllerCollector
+from controller.metrics import Metrics, _ControllerCollector
 from controller.store import Database
 from pricing.workload import generate_trace
 
@@ -80,6 +88,21 @@ def timed(c: AdmissionController, fn: Callable[[], Any], repeat: int) -> list[fl
         c.between_decisions(fn, 600.0)
         out.append((time.perf_counter() - t0) * 1000.0)
     return out
+
+
+def scrape_text(c: AdmissionController, repeat: int) -> dict[str, Any]:
+    """A ``/metrics`` scrape's size (bytes, samples) and wall time (ms), each of
+    ``repeat`` by a fresh registry (a scrape's reading is otherwise reused for
+    ``SCRAPE_INTERVAL``)."""
+    text, ms = b"", []
+    for _ in range(repeat):
+        registry = Metrics(c).registry
+        t0 = time.perf_counter()
+        text = generate_latest(registry)
+        ms.append((time.perf_counter() - t0) * 1000.0)
+    samples = sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
+    return {"bytes": len(text), "samples": samples, "median ms": round(statistics.median(ms), 1),
+            "max ms": round(max(ms), 1)}  # fmt: skip
 
 
 def run(servers: int, window: int, jobs: int, repeat: int) -> dict[str, Any]:
@@ -116,6 +139,10 @@ def run(servers: int, window: int, jobs: int, repeat: int) -> dict[str, Any]:
         table["rows of prices all, 12 slots (outside)"] = {
             "ms": round((time.perf_counter() - t0) * 1000.0, 1), "rows": len(rows)
         }  # fmt: skip
+        default = c.config.per_server_prices_up_to
+        for name, up_to in (("per server", 2 * servers), ("default", default)):
+            c.config = replace(c.config, per_server_prices_up_to=up_to)
+            table[f"/metrics scrape, {name} (up to {up_to} servers)"] = scrape_text(c, repeat)
     finally:
         c.close()
     return {"servers": 2 * servers, "window": window, "jobs": jobs, "admitted": admitted,
