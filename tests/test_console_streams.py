@@ -255,3 +255,37 @@ def test_a_page_resumed_past_a_restored_stores_newest_event_gets_the_new_ones(
 
     event = asyncio.run(run())
     assert event["job_id"] == "alice:after" and event["kind"] == "decided", event
+
+
+def test_a_submitters_resumed_stream_gets_its_own_events_whatever_others_sent(
+    console: Console,
+) -> None:
+    """The tenant isolation audit: a stream that resumes (``Last-Event-ID``) was sent the
+    newest 1,000 events stored since, every tenant's, filtered to the caller's after: Bob's
+    1,100 submissions while Alice's page was reconnecting (5.5 s of his traffic) pushed her
+    own job's ``cancelled`` out of them, and her page never learned of it. A submitter's
+    resumed stream now replays the newest events of its own jobs."""
+    no_value = {"kind": "sigmoid", "priority": 0.001, "decay": 0.5, "target": 3}
+
+    async def resumed(after: int) -> list[tuple[str, str]]:
+        async with aiohttp.ClientSession() as http:
+            headers = {**bearer("alice"), "Last-Event-ID": str(after)}
+            r = await http.get(console.url + "/api/events", headers=headers)
+            assert (await r.content.readuntil(b"\n\n")) == b"retry: 2000\n\n"
+            event = await asyncio.wait_for(next_event(r), 20)
+            r.close()
+            return [(event["kind"], event["job_id"])]
+
+    with client_channel(console.daemon.address, token=TOKENS["alice"]) as channel:
+        alice = pb_grpc.AdmissionStub(channel)
+        request = pb.SubmitJobRequest(job=spec_to_proto({**SMALL_JOB, "id": "mine"}))
+        seen = alice.SubmitJob(request, timeout=60).job  # her page has seen its decision
+        assert seen.state == pb.JOB_STATE_ADMITTED
+        alice.CancelJob(pb.CancelJobRequest(id="mine"), timeout=60)
+    with client_channel(console.daemon.address, token=TOKENS["bob"]) as channel:
+        bob = pb_grpc.AdmissionStub(channel)
+        for i in range(1100):
+            spec = {**SMALL_JOB, "id": f"b{i}", "utility": no_value}
+            bob.SubmitJob(pb.SubmitJobRequest(job=spec_to_proto(spec)), timeout=60)
+    # her decision was the first event stored: her page had seen event 1
+    assert asyncio.run(resumed(1)) == [("cancelled", "mine")]

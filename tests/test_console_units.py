@@ -510,8 +510,14 @@ def test_a_submitters_streams_read_job_owners_once(
     async def stored_events(after: int, limit: int, newest: bool) -> list[Event]:
         return [e for e in backlog if e.sequence > after][-limit:]
 
+    async def own_events(owner: str, after: int, limit: int, client: str) -> list[Event]:
+        return await stored_events(after, limit, True)  # the stream checks each owner
+
     controller = cast(
-        Any, SimpleNamespace(bus=EventBus(), stored_events=stored_events, prune_hooks=[])
+        Any,
+        SimpleNamespace(
+            bus=EventBus(), stored_events=stored_events, own_events=own_events, prune_hooks=[]
+        ),
     )
     queries: list[list[str]] = []
 

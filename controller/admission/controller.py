@@ -492,6 +492,12 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
         ``newest`` the last ``limit`` (:meth:`~.reads.ReadViews._events_sync`)."""
         return await self.read_store(self._events_sync, after, limit, newest)
 
+    async def own_events(self, owner: str, after: int, limit: int, client: str = "") -> list[Event]:
+        """The newest ``limit`` stored events after sequence ``after`` of submitter
+        ``owner``'s jobs, in ``client``'s read turns
+        (:meth:`~.reads.ReadViews._own_events_sync`)."""
+        return await self.read_store(self._own_events_sync, owner, after, limit, client=client)
+
     def close(self) -> None:
         self._decisions.shutdown()
         self._reads.shutdown(wait=False, cancel_futures=True)

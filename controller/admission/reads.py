@@ -239,6 +239,27 @@ class ReadViews(AdmissionState):
                 rows.reverse()
             return [Event(r.sequence, r.kind, r.job_id, r.slot, r.state, r.detail) for r in rows]
 
+    def _own_events_sync(self, owner: str, after: int, limit: int) -> list[Event]:
+        """The newest ``limit`` stored events after sequence ``after`` of submitter
+        ``owner``'s jobs, in order: a submitter's console stream resumes with them. Read
+        through its jobs (the index on (submitter, sequence), then each job's events):
+        the newest ``limit`` events of every tenant, filtered after, lost its own to
+        another tenant's burst (1,100 submissions in 5 s: its own job's cancel never
+        reached its resumed page). ``sequence + 0`` keeps SQLite's planner off the
+        events' whole range after ``after``, every tenant's."""
+        mine = select(JobRow.id).where(JobRow.submitter == owner)
+        with self.db.session() as session:
+            query = (
+                select(EventRow)
+                .where(EventRow.job_id.in_(mine))
+                .where(EventRow.sequence + 0 > after)
+                .order_by(EventRow.sequence.desc())
+                .limit(limit)
+            )
+            rows = list(session.scalars(query).all())
+        rows.reverse()
+        return [Event(r.sequence, r.kind, r.job_id, r.slot, r.state, r.detail) for r in rows]
+
     # -- cluster views (read the ledger; monitoring only) --------------------------------
 
     def _view_window(self, first_slot: int, slots: int) -> tuple[int, int, int]:

@@ -87,9 +87,11 @@ class EventStreams(ConsoleState):
                 newest = await self.c.stored_events(-1, limit=1, newest=True)
                 last = min(last, newest[-1].sequence if newest else 0)
             backlog: list[Event] = []
-            if last >= 0:
+            if last >= 0 and owner is None:
                 backlog = await self.c.stored_events(last, limit=_BACKFILL_MAX, newest=True)
-                if owner is not None and backlog:  # the backlog's owners in one query
+            elif last >= 0 and owner is not None:  # its own jobs': no burst of others' crowds them
+                backlog = await self.c.own_events(owner, last, _BACKFILL_MAX, caller.turn)
+                if backlog:  # the backlog's owners in one query
                     upto = max(e.sequence for e in backlog)
                     await self._learn_owners({e.job_id for e in backlog if e.job_id}, upto)
             for event in backlog:
