@@ -207,7 +207,7 @@ def _left_behind(data_dir: Path, store: str) -> None:
     another: setting ``store_url`` moves no job, and the daemon started on an empty store
     without a word, its tenants' jobs left behind there (the restore audit). Read only,
     and any failure to read it is said as such."""
-    path = data_dir / "oasis.db"
+    path = (data_dir / "oasis.db").absolute()  # a file URI names an absolute path
     try:
         if not path.is_file():
             return

@@ -356,6 +356,31 @@ def test_a_store_url_beside_a_data_dir_holding_jobs_is_warned_of(
             assert "moves no job" in said[0]["event"] and str(data) in said[0]["path"]
 
 
+def test_a_relative_data_dir_holding_jobs_beside_a_store_url_is_warned_of(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README audit: ``oasisd --config oasisd.toml`` (a config named relative to the
+    working directory) with ``store_url`` set and a relative ``data_dir`` holding a
+    SQLite store ended the start with a traceback (``ValueError: relative path can't be
+    expressed as a file URI``) instead of the warning."""
+    import sqlite3
+
+    from structlog.testing import capture_logs
+
+    from controller.startup import _left_behind
+
+    (tmp_path / "data").mkdir()
+    with contextlib.closing(sqlite3.connect(tmp_path / "data" / "oasis.db")) as db:
+        db.execute("CREATE TABLE jobs (id TEXT, state TEXT)")
+        db.execute("INSERT INTO jobs VALUES ('left', 'admitted')")
+        db.commit()
+    monkeypatch.chdir(tmp_path)
+    with capture_logs() as logs:
+        _left_behind(Path("data"), "postgresql+psycopg://oasis@db/oasis")
+    said = [e for e in logs if "SQLite store holds" in e["event"]]
+    assert len(said) == 1 and said[0]["jobs"] == 1 and said[0]["live"] == 1, logs
+
+
 def test_a_daemon_stopped_while_starting_is_never_announced_ready(tmp_path: Path) -> None:
     """The CLI audit: SIGTERM during start-up (migrations, the kernels' compile) was
     held until the store had opened, then the daemon printed 'oasisd listening' (and
