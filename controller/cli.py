@@ -34,18 +34,29 @@ class _Parser(argparse.ArgumentParser):
 
     json_errors = False
     secrets: tuple[str, ...] = ()  # the command line's --token values: never echoed
+    misplaced = ""  # a command's option given before the command (`oasis --server H jobs`)
+    command = ""  # the command named, if any
 
     def error(self, message: str) -> NoReturn:
+        hinted = False
         for secret in _Parser.secrets:
             # argparse quotes a word it refuses, or names a whole --token=T it does not know
             shown = [w for w in (repr(secret), f"={secret}") if w in message]
             for word in shown:
                 message = message.replace(word, "'***'" if word[0] == "'" else "=***")
             if shown:
+                hinted = True
                 message += (
                     " (--token goes after the command: oasis jobs --token TOKEN, or set "
                     "$OASIS_TOKEN)"
                 )
+        if _Parser.misplaced in _client_options() and not hinted:
+            # `oasis --server H jobs` read H as the command: say where the option goes
+            command = _Parser.command or "COMMAND"
+            message += (
+                f" ({_Parser.misplaced} goes after the command: oasis {command} "
+                f"{_Parser.misplaced} ...; oasis {command} --help lists its options)"
+            )
         if _Parser.json_errors:
             error = {"code": "INVALID_ARGUMENT", "message": f"{self.prog}: {message}",
                      "field": "", "problems": []}  # fmt: skip
@@ -94,6 +105,23 @@ def _command_of(argv: Sequence[str]) -> str:
     return next((a for a in argv if not a.startswith("-")), "")
 
 
+def _misplaced(argv: Sequence[str]) -> tuple[str, str]:
+    """The option the command line starts with (``--server`` in ``oasis --server H
+    jobs``, where argparse named ``H`` an invalid command), and the command named, if
+    any."""
+    command = next((a for a in argv if a in COMMANDS), "")
+    first = argv[0].partition("=")[0] if argv else ""
+    return (first if first.startswith("--") else ""), command
+
+
+def _client_options() -> set[str]:
+    """The options every command that talks to the daemon takes (``--server``,
+    ``--json``, ``--token``, ...); read on a usage error only (it imports gRPC)."""
+    from controller.commands.connection import options
+
+    return {flag for action in options()._actions for flag in action.option_strings}
+
+
 _TRACE_TOOLS = frozenset({"replay", "offline", "calibrate", "gen"})
 """Commands whose --json output is SPEC 6's document: their errors go to standard error
 (controller/commands/connection.py)."""
@@ -115,6 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     _Parser.json_errors = "--json" in argv
     _Parser.secrets = tuple(_token_values(argv))
+    _Parser.misplaced, _Parser.command = _misplaced(argv)
     args = build_parser(_command_of(argv)).parse_args(argv)
     try:
         code: int = args.func(args)

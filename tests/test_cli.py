@@ -537,6 +537,26 @@ def test_a_token_before_the_command_is_not_echoed(capsys: pytest.CaptureFixture[
     assert "s3cret-token-value" not in err and "--token goes after the command" in err
 
 
+def test_an_option_before_the_command_is_said_to_go_after_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The README audit: `oasis --server HOST jobs` answered only "invalid choice: 'HOST'"
+    (and `oasis --json jobs` "unrecognized arguments"), without saying that a command's
+    options follow the command."""
+    for argv in (["--server", "127.0.0.1:50051", "jobs"], ["--server=h:1", "jobs"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        err = capsys.readouterr().err
+        assert "(--server goes after the command: oasis jobs --server ...;" in err, err
+    with pytest.raises(SystemExit):
+        main(["--json", "status"])
+    out = json.loads(capsys.readouterr().out)
+    assert "--json goes after the command: oasis status --json" in out["error"]["message"]
+    with pytest.raises(SystemExit):
+        main(["--bogus"])  # no command takes it: no such hint
+    assert "goes after the command" not in capsys.readouterr().err
+
+
 def _interrupted(args: list[str], after: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     """``oasis ARGS`` as a subprocess, sent SIGINT (Ctrl-C) once its stderr says
     ``after``; its output."""
