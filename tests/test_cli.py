@@ -379,6 +379,11 @@ def test_careless_arguments_are_refused_before_any_harm(
         assert main([*command, "--store", f"sqlite:///{missing}"]) == 2
         assert "no such file" in capsys.readouterr().err
     assert not missing.exists()
+    # the README audit: README's sqlite:///var/lib/oasis/oasis.db names a relative path
+    assert main(["calibrate", "--store", "sqlite:///var/lib/oasis/oasis.db"]) == 2
+    assert "for /var/lib/oasis/oasis.db write sqlite:////var/lib/oasis/oasis.db" in (
+        capsys.readouterr().err
+    )
     for bad in ("inf", "0", "-1", "nan", "1e9"):
         with pytest.raises(SystemExit) as refused:
             main(["jobs", "--timeout", bad])

@@ -273,8 +273,13 @@ def check_store_url(url: str) -> None:
     if url.startswith(prefix) and url[len(prefix) :] not in ("", ":memory:"):
         path = url[len(prefix) :].split("?", 1)[0]
         if not os.path.isfile(path):
+            # sqlite:///var/lib/oasis/oasis.db names var/lib/oasis/oasis.db, relative to
+            # the working directory: an absolute path takes a fourth slash
+            hint = (f"; a path after sqlite:/// is relative to the working directory: "
+                    f"for /{path} write sqlite:////{path}"
+                    if not path.startswith("/") else "")  # fmt: skip
             raise InputError(f"--store {url}: no such file (a daemon's SQLite store is "
-                             "oasis.db in its data_dir)")  # fmt: skip
+                             f"oasis.db in its data_dir){hint}")  # fmt: skip
 
 
 def call_timeout(text: str) -> float:
