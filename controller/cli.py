@@ -7,8 +7,9 @@ imported: the client commands then start without SQLAlchemy, Alembic, numba or n
 :data:`controller.commands.COMMANDS` alone.
 
 Exit status: 0 on success (a job admitted), 3 when a job is rejected (``submit``,
-``quote``), 2 on bad input (the message names the field), 1 otherwise (the daemon
-unreachable or stopping, a job not found, ...).
+``quote``), 4 when ``submit --wait`` left a job pending (none rejected), 2 on bad input
+(the message names the field), 1 otherwise (the daemon unreachable or stopping, a job
+not found, ...).
 """
 
 from __future__ import annotations

@@ -82,8 +82,11 @@ def register(sub: Any) -> None:
     )
     add("quote", cmd_quote).add_argument("file", metavar="JOB.json", help=job_file)
     p = add("jobs", cmd_jobs)
-    p.add_argument("--state", action="append", choices=STATES, default=[])
-    p.add_argument("--limit", type=int, default=0)
+    p.add_argument("--state", action="append", choices=STATES, default=[],
+                   help="only jobs in this state (again for more: --state admitted "
+                   "--state running)")  # fmt: skip
+    p.add_argument("--limit", type=int, default=0,
+                   help="at most this many jobs, in decision order (default 0: all)")  # fmt: skip
     named = "the job's id; with tokens, an operator names a submitter's job NAME:ID"
     add("job", cmd_job).add_argument("id", help=named)
     add("cancel", cmd_cancel).add_argument("id", help=named)
