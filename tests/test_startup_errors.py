@@ -127,7 +127,8 @@ def test_a_full_disk_at_start(tmp_path: Path, tiny_fs: Path) -> None:
 
 
 def test_a_disk_that_fills_while_the_daemon_runs(tmp_path: Path) -> None:
-    """The SQLite store's disk fills: health turns NOT_SERVING, submissions get
+    """The SQLite store's disk fills: the Admission service's health turns NOT_SERVING
+    (the others serve the reads, as for PostgreSQL's refusals), submissions get
     UNAVAILABLE at once without a ledger rebuild each (every failed commit rebuilt it
     before, 150 ms at 3,000 jobs, as often as clients retried); reads go on; once
     space is freed the daemon is SERVING and admits again by itself."""
@@ -156,10 +157,14 @@ def test_a_disk_that_fills_while_the_daemon_runs(tmp_path: Path) -> None:
                         return err.code()
                     return grpc.StatusCode.OK
 
+                def status(service: str) -> int:
+                    request = health_pb2.HealthCheckRequest(service=service)
+                    return int(health.Check(request, timeout=10).status)
+
                 def status_within(want: int, seconds: float) -> None:
                     deadline = time.monotonic() + seconds
                     while True:
-                        got = health.Check(health_pb2.HealthCheckRequest(), timeout=10).status
+                        got = status("oasis.v1.Admission")
                         if got == want or time.monotonic() > deadline:
                             assert got == want
                             return
@@ -168,6 +173,10 @@ def test_a_disk_that_fills_while_the_daemon_runs(tmp_path: Path) -> None:
                 assert submit("before") == grpc.StatusCode.OK
                 _fill(fs)
                 status_within(health_pb2.HealthCheckResponse.NOT_SERVING, 10)
+                # the writes' service only: reads are served (all of it was NOT_SERVING,
+                # and a load balancer following "" dropped the reads too)
+                for service in ("", "oasis.v1.Cluster"):
+                    assert status(service) == health_pb2.HealthCheckResponse.SERVING, service
                 codes = {submit(f"full-{i}") for i in range(30)}
                 assert codes == {grpc.StatusCode.UNAVAILABLE}
                 job = admission.GetJob(pb.GetJobRequest(id="before"), timeout=10).job

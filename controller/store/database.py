@@ -285,18 +285,18 @@ class Database:
     def ping(self) -> bool:
         """True if the database answers a trivial query (always tried, even while calls
         fail at once); the answer also ends or starts that fast failing. A SQLite
-        store's file is checked first: once it is gone or replaced, False for good."""
+        store's file is checked first: once it is gone or replaced, False for good. Its
+        file system's room is checked too: short of :data:`MIN_FREE_BYTES`, the store
+        still answers (reads go on) but refuses writes (:attr:`writes_refused`), as
+        PostgreSQL's refusals are (:attr:`refusing`: the Admission service alone is
+        NOT_SERVING; all of the daemon was, and a load balancer dropped its reads too)."""
         if self.file is not None and not self._severed:
             what = self.file.check()
             if what:
                 self._sever(what)
         if self._severed:
             return False
-        short = self.space_short()
-        if short:
-            self._full = short
-            return False
-        self._full = ""
+        self._full = self.space_short()
         try:
             with self.engine.connect() as conn:
                 conn.execute(text("SELECT 1"))
@@ -312,9 +312,8 @@ class Database:
     @property
     def down_reason(self) -> str:
         """Why PostgreSQL was last found out of reach, or the SQLite store's file gone
-        (:attr:`severed`) or its disk full (:attr:`writes_refused`); "" if its last
-        answer was fine."""
-        return self._severed or self._full or self._down
+        (:attr:`severed`); "" if its last answer was fine."""
+        return self._severed or self._down
 
     @property
     def writes_refused(self) -> str:
