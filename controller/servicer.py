@@ -83,6 +83,14 @@ async def _guard(context: grpc.aio.ServicerContext, call: Awaitable[_T]) -> _T:
         await abort(context, code, err)
 
 
+def _refusal_for(refusing: str, caller: Caller) -> str:
+    """Why the store refuses writes, as ``caller`` may read it: an operator, the
+    store's words (they name roles, settings and paths); others, that it does."""
+    if not refusing or caller.role is Role.OPERATOR:
+        return refusing
+    return "the store refuses writes"
+
+
 def _key_of(spec: Any, caller: Caller) -> str:
     """The key a submission of ``spec`` by ``caller`` is stored under (for messages)."""
     job_id = spec.get("id") if isinstance(spec, dict) else None
@@ -504,4 +512,5 @@ class HighAvailabilityServicer(pb_grpc.HighAvailabilityServicer):
             cannot_lead=self.c.cannot_lead
             if not self.c.leading and current_caller().role is Role.OPERATOR
             else "",
+            writes_refused=_refusal_for(self.c.db.refusing, current_caller()),
         )

@@ -562,3 +562,15 @@ def test_tokens_file_comments_and_case(tmp_path: Path) -> None:
     path.write_text(f"# operators\n\n  ops   operator  {digest}   # the on-call\n")
     assert load_tokens(path) == {digest.lower(): load_tokens(path)[digest.lower()]}
     assert load_tokens(path)[hash_token("t0k3n")].name == "ops"
+
+
+def test_why_the_store_refuses_writes_is_an_operators_to_read() -> None:
+    """GetLeadership's ``writes_refused``: the store's words name roles, settings and
+    paths, so a tenant (who may ask who leads) reads only that writes are refused."""
+    from controller.auth import Caller
+    from controller.servicer import _refusal_for
+
+    why = "permission denied for table jobs: GRANT INSERT ON jobs TO oasis"
+    assert _refusal_for(why, Caller("ops", Role.OPERATOR)) == why
+    assert _refusal_for(why, Caller("alice", Role.SUBMITTER)) == "the store refuses writes"
+    assert _refusal_for("", Caller("alice", Role.SUBMITTER)) == ""

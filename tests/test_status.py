@@ -75,7 +75,7 @@ def test_screen_shows_use_heat_and_jobs(busy: tuple[Daemon, list[pb.Job]]) -> No
     # its health, which the screen did not say (the observability audit)
     assert screen.splitlines()[2] == "store up, no broker", screen
     assert st["nodes"] == [{**st["nodes"][0], "store_up": True, "broker": "none",
-                            "draining": False}]  # fmt: skip
+                            "draining": False, "writes_refused": None}]  # fmt: skip
     assert f"jobs in flight: 0 running, {len(admitted)} admitted" in screen
     assert admitted[0].spec.id in screen and admitted[1].spec.id not in screen
     assert f"... and {len(admitted) - 1} more" in screen

@@ -173,8 +173,8 @@ def nodes(stubs: Stubs) -> list[dict[str, Any]]:
             "lease_age_seconds": round(r.lease_age_seconds, 3), "leader": r.leader,
             "applied_sequence": r.applied_sequence, "cannot_lead": r.cannot_lead or None,
             # "" from a daemon older than these fields: nothing said of its health
-            **({"store_up": r.store_up, "broker": r.broker, "draining": r.draining}
-               if r.broker else {}),
+            **({"store_up": r.store_up, "broker": r.broker, "draining": r.draining,
+                "writes_refused": r.writes_refused or None} if r.broker else {}),
         })  # fmt: skip
     return out
 
@@ -191,6 +191,9 @@ def _health_lines(nodes: list[dict[str, Any]]) -> list[str]:
         wrong = []
         if not n["store_up"]:
             wrong.append("THE STORE IS UNAVAILABLE (no decision can be stored)")
+        elif n.get("writes_refused"):
+            wrong.append("THE STORE REFUSES WRITES (no decision can be stored; reads go on): "
+                         f"{n['writes_refused']}")  # fmt: skip
         if n["broker"] == "disconnected":
             wrong.append("THE BROKER IS DISCONNECTED (no plan reaches the agents)")
         if n["draining"]:
