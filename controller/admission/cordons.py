@@ -156,9 +156,10 @@ class Cordons(Moves):
             from_slot = start
         if until is not None and not from_slot < until <= from_slot + MAX_CORDON_SLOTS:
             first = f"{from_slot}, " + ("its --from" if planned else "the next one")
+            past = f", {until - from_slot} slots after it" if until > from_slot else ""
             raise SpecError.one("until_slot", (
                 f"must be after the slot the cordon starts in ({first}) and "
-                f"at most {MAX_CORDON_SLOTS} slots after it, got {until}"))  # fmt: skip
+                f"at most {MAX_CORDON_SLOTS} slots after it, got slot {until}{past}"))  # fmt: skip
         cordon = Cordon(from_slot, reason, by or "", until)
         blocked_to = ledger_until(cordon, self.slot)
         ledger = self._ledger

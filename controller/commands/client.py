@@ -22,6 +22,7 @@ from controller.clock import SlotTimes
 from controller.commands import SUMMARIES
 from controller.commands.common import (
     EXIT_OK,
+    INT32_MAX,
     InputError,
     counted,
     fmt,
@@ -85,7 +86,7 @@ def register(sub: Any) -> None:
     p.add_argument("--state", action="append", choices=STATES, default=[],
                    help="only jobs in this state (again for more: --state admitted "
                    "--state running)")  # fmt: skip
-    p.add_argument("--limit", type=int, default=0,
+    p.add_argument("--limit", type=int_at_least(0, INT32_MAX), default=0,
                    help="at most this many jobs, in decision order (default 0: all)")  # fmt: skip
     named = "the job's id; with tokens, an operator names a submitter's job NAME:ID"
     add("job", cmd_job).add_argument("id", help=named)
@@ -96,7 +97,8 @@ def register(sub: Any) -> None:
     p.add_argument("--from", dest="first", type=int_at_least(0), default=0, metavar="SLOT",
                    help="the first slot to show, a slot number as the columns are headed, "
                    "inside the daemon's window (default: the current slot)")  # fmt: skip
-    p.add_argument("--slots", type=int_at_least(1), default=8, help="slots to show (default 8)")
+    p.add_argument("--slots", type=int_at_least(1, INT32_MAX), default=8,
+                   help="slots to show (default 8)")  # fmt: skip
     p.add_argument("--node", dest="node", default="", metavar="NAME",
                    help="one server of the cluster only (as `oasis servers` lists it)")  # fmt: skip
     p.add_argument("--server-name", dest="node", help=argparse.SUPPRESS)  # the old name
@@ -104,7 +106,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--from",
         dest="after",
-        type=int,
+        type=int_at_least(-1),
         default=-1,
         help="first replay stored events after this sequence (default: none)",
     )
@@ -482,8 +484,6 @@ def get_prices(stubs: Stubs, first_slot: int, slots: int, server: str = "") -> p
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     stubs = Stubs(args)
-    if args.limit < 0:
-        raise InputError(f"--limit: must be >= 0, got {args.limit}")
     states = [f"JOB_STATE_{s.upper()}" for s in args.state]
     resp = pb.ListJobsResponse(jobs=list_jobs(stubs, states, args.limit))
     times = stubs.times()

@@ -23,8 +23,11 @@ __all__ = [
     "EXIT_BAD_INPUT",
     "EXIT_FAILURE",
     "EXIT_OK",
+    "INT32_MAX",
+    "INT64_MAX",
     "InputError",
     "add_search_limit",
+    "ascii_number",
     "call_timeout",
     "check_store_url",
     "counted",
@@ -193,16 +196,36 @@ def add_arrival_slots(p: argparse.ArgumentParser, first_help: str, last_help: st
         p.add_argument(flag, dest=dest, type=int_at_least(0), metavar="SLOT", help=help_text)
 
 
-def int_at_least(low: int) -> Callable[[str], int]:
-    """An argparse ``type``: an integer ``>= low``, or an error saying which."""
+INT64_MAX = 2**63 - 1
+"""The largest slot, sequence or count a request's int64 field holds."""
+INT32_MAX = 2**31 - 1
+"""The largest count a request's int32 field (``slots``, ``limit``) holds."""
+
+
+def ascii_number(text: str) -> bool:
+    """Whether ``text`` is written in ASCII alone: Python's ``int()`` and ``float()`` also
+    read other scripts' digits (``"٣"``, ``"３"``) and ``_`` between digits
+    (``"1_000"``), which no other tool reads as a number."""
+    return text.isascii() and "_" not in text
+
+
+def int_at_least(low: int, high: int = INT64_MAX) -> Callable[[str], int]:
+    """An argparse ``type``: an integer from ``low`` to ``high`` in ASCII digits, or an
+    error saying which (a number past what its request field holds was a traceback)."""
 
     def parse(text: str) -> int:
         try:
+            if not ascii_number(text):
+                raise ValueError(text)
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"not an integer: {text!r} (give ASCII digits, e.g. {max(low, 0) + 12})"
+            ) from None
         if value < low:
             raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high}, got {text}")
         return value
 
     return parse
@@ -293,7 +316,10 @@ def call_timeout(text: str) -> float:
 
 def seconds_of(text: str) -> float | None:
     """Seconds of a bare number (``"3600"``) or of a duration (``"1h30m"``); None if
-    ``text`` is neither (any float, ``inf`` and ``nan`` included: callers bound it)."""
+    ``text`` is neither (any float, ``inf`` and ``nan`` included: callers bound it), or
+    is not ASCII (:func:`ascii_number`)."""
+    if not ascii_number(text):  # float() reads "٣" as 3 and "1_0" as 10
+        return None
     try:
         return float(text)
     except ValueError:

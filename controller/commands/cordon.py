@@ -32,7 +32,14 @@ from typing import Any
 from controller.clock import slots_for
 from controller.commands import SUMMARIES
 from controller.commands.client import wait_duration
-from controller.commands.common import EXIT_OK, InputError, plain_doc
+from controller.commands.common import (
+    EXIT_OK,
+    INT64_MAX,
+    InputError,
+    counted,
+    int_at_least,
+    plain_doc,
+)
 from controller.commands.connection import Stubs, guarded, options, print_json
 from controller.commands.records import slot_label
 from controller.rpc import oasis_pb2 as pb
@@ -107,9 +114,10 @@ def _positive_duration(text: str) -> float:
 
 
 def _when(text: str) -> float | int:
-    """An argparse ``type``: a slot number (int) or a time (Unix seconds, float)."""
-    if text.strip().isdigit():
-        return int(text)
+    """An argparse ``type``: a slot number (int, ASCII digits) or a time (Unix seconds,
+    float)."""
+    if text.strip().isascii() and text.strip().isdigit():
+        return int_at_least(0)(text)
     try:
         unix = parse_time(text)
     except ValueError as err:
@@ -150,6 +158,9 @@ def _span(args: argparse.Namespace, stubs: Stubs) -> tuple[int, int]:
     else:
         end = args.until if args.until is not None else 0
     until = slots_for(end - info.epoch, info.slot_seconds) if isinstance(end, float) else end
+    if until > INT64_MAX:  # a --for no request can carry (a traceback before)
+        raise InputError(f"--for: {args.length:.4g} s ends past the last slot there can be "
+                         f"(slot {INT64_MAX})")  # fmt: skip
     if until and until <= first:
         starts = slot_label(first, times)
         when = "at --from" if planned else "at the next slot boundary"
@@ -190,6 +201,8 @@ def _check_daemon_reads(stubs: Stubs, request: pb.CordonServerRequest) -> None:
 
 def cmd_cordon(args: argparse.Namespace) -> int:
     stubs = Stubs(args)
+    # the daemon's problems name the request's fields: name the options that set them
+    args.api_flags = {"from_slot": "--from", "until_slot": "--for" if args.length else "--until"}
     first, until = _span(args, stubs)
     names = list(dict.fromkeys(args.names))
     request = pb.CordonServerRequest(
@@ -223,7 +236,9 @@ def cmd_cordon(args: argparse.Namespace) -> int:
     if resp.until_slot:
         span = resp.until_slot - resp.from_slot
         length = f", {format_duration(span * times.slot_seconds)}" if times else ""
-        since += f" until slot {slot_label(resp.until_slot, times)} ({span} slots{length})"
+        since += (
+            f" until slot {slot_label(resp.until_slot, times)} ({counted(span, 'slot')}{length})"
+        )
     if resp.already:
         which = "a cordon is planned already" if planned else "cordoned already"
         if len(servers) > 1:

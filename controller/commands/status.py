@@ -26,7 +26,7 @@ import grpc
 from controller.clock import SlotTimes
 from controller.commands import SUMMARIES
 from controller.commands.client import get_prices, list_jobs
-from controller.commands.common import EXIT_OK, InputError, fmt
+from controller.commands.common import EXIT_OK, INT32_MAX, fmt, int_at_least
 from controller.commands.connection import Stubs, guarded, options, store_unavailable
 from controller.commands.records import clock_caption, local_time, slot_label, state_name
 from controller.rpc import oasis_pb2 as pb
@@ -47,11 +47,13 @@ def register(sub: Any) -> None:
     """Add the ``status`` subcommand to ``sub`` (an argparse subparsers object)."""
     help_ = SUMMARIES["status"]
     p = sub.add_parser("status", parents=[options()], help=help_, description=help_)
-    p.add_argument("--slots", type=int, default=12, help="slots to show from now (default 12)")
-    p.add_argument("--limit", type=int, default=20, help="jobs in flight to list (default 20)")
+    p.add_argument("--slots", type=int_at_least(1, INT32_MAX), default=12,
+                   help="slots to show from now (default 12)")  # fmt: skip
+    p.add_argument("--limit", type=int_at_least(0), default=20,
+                   help="jobs in flight to list (default 20)")  # fmt: skip
     p.add_argument(
         "--servers",
-        type=int,
+        type=int_at_least(0),
         default=SERVERS_SHOWN,
         metavar="N",
         help=f"servers in the price heat: the N hottest, and any out of service, in the "
@@ -360,12 +362,6 @@ def render(st: Status, limit: int, servers: int = 0) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.slots < 1:
-        raise InputError(f"--slots: must be >= 1, got {args.slots}")
-    if args.limit < 0:
-        raise InputError(f"--limit: must be >= 0, got {args.limit}")
-    if args.servers < 0:
-        raise InputError(f"--servers: must be >= 0, got {args.servers}")
     st = collect(Stubs(args), args.server, args.slots)
     if args.json:
         print(json.dumps(asdict(st), indent=1))
