@@ -70,11 +70,20 @@ def parse_time(text: str) -> float | None:
     return when.timestamp()
 
 
+_EXACT_DAYS = 1e6
+"""Days up to which :func:`format_duration` counts whole days and the rest; past it,
+days to 4 significant digits (``1e308`` s printed 364 digits of days, the last 290 of
+them the float's noise, in an error about ``--wait``)."""
+
+
 def format_duration(seconds: float) -> str:
-    """``5400`` -> ``"1h30m"``: days, hours, minutes and seconds, largest first."""
+    """``5400`` -> ``"1h30m"``: days, hours, minutes and seconds, largest first; past a
+    million days, days alone to 4 significant digits (``"1.157e+303d"``)."""
     if not math.isfinite(seconds):
         return str(seconds)
     sign, rest = ("-" if seconds < 0 else ""), abs(seconds)
+    if rest >= _EXACT_DAYS * _UNITS["d"]:
+        return f"{sign}{rest / _UNITS['d']:.4g}d"
     parts: list[str] = []
     for unit, size in _UNITS.items():
         if unit == "s":

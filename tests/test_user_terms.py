@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from controller.cli import main
+from pricing.durations import format_duration, parse_duration
 from tests.servers import Daemon, oasis, write_config
 
 NOWHERE = ["--server", "127.0.0.1:9"]  # nothing listens: a flag refused never gets there
@@ -51,6 +52,17 @@ def test_a_number_on_the_command_line_is_ascii_and_fits_its_request(
         main([*argv, *NOWHERE])
     assert stopped.value.code == 2
     assert said in capsys.readouterr().err
+
+
+def test_a_duration_past_a_million_days_is_not_printed_to_the_last_digit() -> None:
+    """``submit --wait 1e308`` was told ``--wait: 1157407407...`` (364 characters of days,
+    the last 290 of them noise) ``exceeds limits.max_wait_seconds``."""
+    assert format_duration(1e308) == "1.157e+303d"
+    assert format_duration(8.64e27) == "1e+23d"
+    assert format_duration(-1e20) == "-1.157e+15d"
+    exact = 999_999 * 86400 + 5400
+    assert format_duration(exact) == "999999d1h30m"
+    assert parse_duration(format_duration(exact)) == exact
 
 
 # -- a daemon of 15-minute slots, slot 0 at 00:07:30 ----------------------------------
