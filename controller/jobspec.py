@@ -350,12 +350,17 @@ def check_job_worth(
     raw = spec.get("utility")
     due = getattr(job.utility, "deadline", None)
     if isinstance(raw, Mapping) and raw.get("kind") == "deadline" and due is not None:
-        left = max(0, math.floor(due + 1e-9))
+        if due > 0:
+            left = _slots(max(0, math.floor(due + 1e-9)), slot_seconds)
+            where = f"leaves {left} after the job's arrival, but it needs"
+        else:  # a time at or before the arrival ({"slot": S}): a mistyped date, likely
+            early = math.ceil(-due - 1e-9)
+            when = f"is {_slots(early, slot_seconds)} before" if early else "is at"
+            where = f"{when} the job's arrival (is the date right?), but the job needs"
         raise SpecError([
             Problem(f"{field}.utility.deadline",
-                    f"leaves {_slots(left, slot_seconds)} after the job's arrival, but it "
-                    f"needs at least {need} even on an empty cluster, and its value after "
-                    "the deadline is 0: give a later deadline, or a half_life"),
+                    f"{where} at least {need} even on an empty cluster, and its value "
+                    "after the deadline is 0: give a later deadline, or a half_life"),
             Problem(f"{field}.work", _work_in_words(job, slot_seconds)),
         ])  # fmt: skip
     raise SpecError.one(

@@ -150,6 +150,14 @@ def _seconds(value: Any, field: str) -> float:
     return fields.positive(value, field)
 
 
+def _megabytes(value: Any, field: str) -> float:
+    """MB > 0 (10^6 bytes), a number: ``"100MB"`` is told the unit the field takes."""
+    if isinstance(value, str):
+        raise SpecError.one(field, "must be a number of megabytes (MB, 10^6 bytes; 1 GiB is "
+                            f"1073.741824 MB), got the string {fields.show(value)}")  # fmt: skip
+    return fields.positive(value, field)
+
+
 def job_from_dict(
     raw: Any,
     cluster: Cluster,
@@ -224,7 +232,7 @@ def job_from_dict(
         problems.append(
             Problem(f"{field}.minibatch_seconds", "is required (or tau, the same in slots)")
         )
-    grad_mb = read("grad_mb", fields.positive)
+    grad_mb = read("grad_mb", _megabytes)
     worker = read("worker", lambda v, f: _side(cluster, v, f))
     ps = read("ps", lambda v, f: _side(cluster, v, f))
     utility = read(

@@ -233,7 +233,9 @@ class _Reader:
     def positive_when(self, value: Any, field: str) -> float:
         slots = self.when(value, field)
         if slots <= 0 and not isinstance(value, Mapping):  # a past {"slot": S}: worth 0
-            raise SpecError.one(field, f"must be after the arrival, got {fields.show(value)}")
+            what = "a duration > 0" if isinstance(value, str) else "a number of slots > 0"
+            raise SpecError.one(field, f"must be after the arrival ({what}), got "
+                                f"{fields.show(value)}")  # fmt: skip
         return slots
 
 

@@ -7,13 +7,21 @@ Each test names what it checks; the daemon's are end to end (``oasis`` subproces
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from controller.cli import main
-from pricing.durations import format_duration, parse_duration
+from controller.clock import SlotTimes
+from controller.jobspec import check_worth, prepare
+from pricing import SpecError
+from pricing.durations import format_duration, format_time, parse_duration
 from tests.servers import Daemon, oasis, write_config
+from tests.test_jobspec import CLUSTER, PEOPLE, SLOT, problems
 
 NOWHERE = ["--server", "127.0.0.1:9"]  # nothing listens: a flag refused never gets there
 
@@ -65,6 +73,52 @@ def test_a_duration_past_a_million_days_is_not_printed_to_the_last_digit() -> No
     assert parse_duration(format_duration(exact)) == exact
 
 
+# -- job specs: each field's unit and form --------------------------------------------
+
+
+def test_a_size_with_a_unit_is_told_the_unit_the_field_takes() -> None:
+    said = problems({**PEOPLE, "grad_mb": "100MB"})
+    assert said == [
+        "job.grad_mb: must be a number of megabytes (MB, 10^6 bytes; 1 GiB is 1073.741824 "
+        "MB), got the string '100MB'"
+    ]
+
+
+def test_a_deadline_not_after_the_arrival_says_in_what_unit() -> None:
+    """A number is slots, a string a duration: ``"deadline": 0`` was told "must be after
+    the arrival, got 0.0", in no unit."""
+    for given, said in (
+        (0, "must be after the arrival (a number of slots > 0), got 0"),
+        (-1, "must be after the arrival (a number of slots > 0), got -1"),
+        ("0h", "must be after the arrival (a duration > 0), got '0h'"),
+    ):
+        utility = {"kind": "deadline", "value": 5, "deadline": given}
+        assert problems({**PEOPLE, "utility": utility}) == [f"job.utility.deadline: {said}"]
+
+
+def test_a_deadline_before_the_arrival_is_said_to_be_before_it() -> None:
+    """A date in the past (a year mistyped) was told it "leaves 0 slots (0s) after the
+    job's arrival", as if it were merely too close."""
+    times = SlotTimes(1767222450.0, SLOT)  # slot 0 at 00:07:30 (+01:00)
+    arrival = 100
+
+    def refusal(deadline: str) -> str:
+        utility = {"kind": "deadline", "value": 5, "deadline": deadline}
+        spec = prepare({**PEOPLE, "utility": utility}, times)
+        with pytest.raises(SpecError) as err:
+            check_worth(spec, cluster=CLUSTER, slot_seconds=SLOT, window=48, arrival=arrival)
+        return err.value.problems[0].reason
+
+    day_before = format_time(times.start(arrival - 24))
+    assert refusal(day_before).startswith(
+        "is 24 slots (1d) before the job's arrival (is the date right?), but the job needs "
+        "at least 2 slots (2h) even on an empty cluster, and its value after the deadline is 0"
+    )
+    assert refusal(format_time(times.start(arrival))).startswith(
+        "is at the job's arrival (is the date right?), but the job needs at least"
+    )
+
+
 # -- a daemon of 15-minute slots, slot 0 at 00:07:30 ----------------------------------
 
 SLOT_SECONDS = 900.0
@@ -82,6 +136,48 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         yield daemon
     finally:
         assert daemon.stop() == 0
+
+
+def _job(job_id: str, deadline: str) -> dict[str, Any]:
+    """4 workers for 4 slots of 15 minutes: W = 16 worker-slots, d_min = 4 slots (1h)."""
+    return {
+        "id": job_id, "epochs": 1, "chunks": 4, "minibatches": 1,
+        "minibatch_seconds": "59m59s", "grad_mb": 1,
+        "worker": {"gpu": 1, "cpu": 1, "bandwidth": 1}, "ps": {"cpu": 1, "bandwidth": 1},
+        "utility": {"kind": "deadline", "value": 100, "deadline": deadline},
+    }  # fmt: skip
+
+
+def test_a_deadline_on_a_slot_boundary_is_met_and_one_second_less_is_refused(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    """A deadline an hour after the arrival's boundary, in another offset than UTC, is
+    admitted to complete exactly by it; a second earlier, it cannot be met and says by
+    how much (what the audit found right, kept so)."""
+    server = ["--server", daemon.address]
+    for _ in range(3):  # a quote taken just before a boundary arrives a slot later
+        slot = json.loads(oasis("status", "--json", *server).stdout)["current_slot"]
+        arrival = slot + 1
+        due = time.strftime(
+            "%Y-%m-%dT%H:%M:%S-05:00", time.gmtime(EPOCH + (arrival + 4) * SLOT_SECONDS - 5 * 3600)
+        )
+        spec = tmp_path / "job.json"
+        spec.write_text(json.dumps(_job("on-time", due)))
+        quoted = json.loads(oasis("quote", str(spec), "--json", *server, check=False).stdout)
+        if quoted["decision"]["arrival_slot"] == arrival:
+            break
+    decision = quoted["decision"]
+    assert decision["admitted"] and decision["jct"] == 4
+    assert decision["completes_by"] == format_time(EPOCH + (arrival + 4) * SLOT_SECONDS)
+    early = tmp_path / "early.json"
+    early_due = due.replace(":30-05:00", ":29-05:00")
+    assert early_due != due
+    early.write_text(json.dumps(_job("early", early_due)))
+    refused = oasis("quote", str(early), *server, check=False)
+    assert refused.returncode == 2
+    assert "leaves 3 slots (45m) after the job's arrival, but it needs at least 4 slots (1h)" in (
+        refused.stderr
+    )
 
 
 def test_a_cordons_span_names_its_option_and_fits_a_request(daemon: Daemon) -> None:
