@@ -8,6 +8,9 @@ Each test names what it checks; the daemon's are end to end (``oasis`` subproces
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +23,8 @@ from controller.clock import SlotTimes
 from controller.jobspec import check_worth, prepare
 from pricing import SpecError
 from pricing.durations import format_duration, format_time, parse_duration
-from tests.servers import Daemon, oasis, write_config
+from tests.browser import chromium, missing
+from tests.servers import ROOT, Daemon, oasis, write_config
 from tests.test_jobspec import CLUSTER, PEOPLE, SLOT, problems
 
 NOWHERE = ["--server", "127.0.0.1:9"]  # nothing listens: a flag refused never gets there
@@ -198,3 +202,64 @@ def test_a_cordons_span_names_its_option_and_fits_a_request(daemon: Daemon) -> N
     assert "--for: 8.64e+27 s ends past the last slot there can be" in out.stderr
     trial = oasis("cordon", "w0", "--for", "10m", "--dry-run", *server).stdout
     assert "(1 slot, 15m)" in trial  # rounded up to whole slots, and said so
+
+
+# -- the console's lengths and times --------------------------------------------------
+
+
+def _function(source: str, name: str) -> str:
+    """The text of ``function name(...) {...}`` in ``source``."""
+    start = source.index(f"  function {name}(")
+    depth, i = 0, source.index("{", start)
+    for j in range(i, len(source)):
+        depth += {"{": 1, "}": -1}.get(source[j], 0)
+        if depth == 0:
+            return source[start : j + 1]
+    raise AssertionError(f"no end to {name}")
+
+
+@pytest.fixture(scope="module")
+def new_york_browser() -> Iterator[Any]:
+    """Chromium in America/New_York (the zone it reads from ``TZ``)."""
+    lacking = missing()
+    if lacking:
+        pytest.skip(f"no browser: missing {', '.join(lacking)}")
+    profile = tempfile.mkdtemp(prefix="oasis-chromium-")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TZ", "America/New_York")
+        driver = chromium(profile)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def test_the_console_shows_a_length_whole_and_a_time_across_a_clock_change_with_its_zone(
+    new_york_browser: Any,
+) -> None:
+    """The console's lengths kept two units and cut the rest: 101 slots of 15 minutes
+    (1d1h15m, as ``oasis jobs`` says) read "1d1h", a slot short; a slot length of
+    1h30m30s read "1h30m". And a time across a clock change showed no zone, so the hour
+    repeated in autumn read alike twice (the CLI names its zone)."""
+    script = (ROOT / "controller" / "console" / "static" / "console.js").read_text()
+    names = ("duration", "roughly", "slotStart", "when")
+    body = "".join(_function(script, n) for n in names)
+    browser = new_york_browser
+    browser.get("about:blank")
+    run = f"{body}\nreturn [arguments[0].map(duration), arguments[0].map(roughly)];"
+    lengths = [101 * 900, 5430, 1.5, 0, 3599.6]
+    exact, rough = browser.execute_script(run, lengths)
+    assert exact == ["1d1h15m", "1h30m30s", "1.5s", "0s", "59m59.6s"]
+    assert exact == [format_duration(x) for x in lengths]
+    assert rough == ["1d1h", "1h31m", "2s", "0s", "1h"]  # estimates: two units, rounded
+    # 2027-11-07, New York: 01:30 EDT, then 01:30 EST an hour later; now, in November
+    # 2026 or later, one of them is in another offset than now
+    first = 1825565400.0  # 2027-11-07T05:30:00Z = 01:30 EDT
+    shown = browser.execute_script(
+        f"{body}\nreturn [when({{epoch: arguments[0], slot_seconds: 3600}}, 0), "
+        "when({epoch: arguments[0], slot_seconds: 3600}, 1)];",
+        first,
+    )
+    assert shown[0] != shown[1], shown
+    assert all(re.search(r"01:30", s) for s in shown), shown

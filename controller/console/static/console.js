@@ -55,13 +55,26 @@
     return x.toLocaleString("en-US", { maximumFractionDigits: digits === undefined ? 2 : digits });
   }
   function pct(x) { return x === null || x === undefined ? "–" : (100 * x).toFixed(x > 0 && x < 0.01 ? 1 : 0) + "%"; }
+  // a length of time in slots' terms, exact as the CLI's format_duration: every unit
+  // (101 slots of 15m are 1d1h15m; two units alone showed "1d1h", a slot short)
   function duration(seconds) {
     if (!isFinite(seconds)) return "–";
-    var s = Math.round(seconds), out = [];
-    [["d", 86400], ["h", 3600], ["m", 60], ["s", 1]].forEach(function (u) {
-      if (s >= u[1]) { out.push(Math.floor(s / u[1]) + u[0]); s %= u[1]; }
+    var rest = Math.abs(seconds), out = [];
+    [["d", 86400], ["h", 3600], ["m", 60]].forEach(function (u) {
+      var n = Math.floor(rest / u[1] + 1e-9);
+      if (n) { out.push(n + u[0]); rest = Math.max(0, rest - n * u[1]); }
     });
-    return out.length ? out.slice(0, 2).join("") : "0s";
+    var s = Math.round(rest * 1000) / 1000;
+    if (s > 0 || !out.length) out.push(s + "s");
+    return (seconds < 0 ? "-" : "") + out.join("");
+  }
+  // a measured or estimated length: its two largest units, rounded to the second
+  function roughly(seconds) {
+    if (!isFinite(seconds)) return "–";
+    var units = [86400, 3600, 60, 1], i = 0;
+    while (i < units.length - 1 && Math.abs(seconds) < units[i]) i++;
+    var step = units[Math.min(i + 1, units.length - 1)];
+    return duration(Math.round(seconds / step) * step);
   }
   function slotStart(clock, slot) { return new Date((clock.epoch + slot * clock.slot_seconds) * 1000); }
   function when(clock, slot) {
@@ -72,6 +85,8 @@
       : { year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit", hour12: false };
     // short slots (tests, demos), or a time with seconds (slots of 90 s: 01:28:30)
     if (clock.slot_seconds < 60 || (d.getTime() / 1000) % 60) opts.second = "2-digit";
+    // across a clock change, its zone (as the CLI): the hour repeated in autumn reads twice
+    if (d.getTimezoneOffset() !== new Date(now).getTimezoneOffset()) opts.timeZoneName = "short";
     return d.toLocaleString("en-GB", opts);
   }
   // a time axis' label: the clock time, or the date when labels are a day or more apart
@@ -687,23 +702,23 @@
     var done = p.worker_seconds, planned = p.planned_worker_seconds, est = p.total_worker_seconds;
     s.appendChild(dl([
       ["Mini-batches", num(p.minibatches_done, 0) + " of " + p.minibatches_total + " (" + pct(p.minibatches_total ? p.minibatches_done / p.minibatches_total : 0) + ")"],
-      ["Worker time used", duration(done) + " of " + duration(planned) + " planned"],
-      ["Estimated in all", duration(est.mean) + " (" + Math.round(100 * est.level) + "% interval " + duration(est.low) + " – " + duration(est.high) + ", from " + p.reports + " reports)"],
+      ["Worker time used", roughly(done) + " of " + roughly(planned) + " planned"],
+      ["Estimated in all", roughly(est.mean) + " (" + Math.round(100 * est.level) + "% interval " + roughly(est.low) + " – " + roughly(est.high) + ", from " + p.reports + " reports)"],
       ["One mini-batch", num(p.minibatch_seconds.mean, 3) + " s estimated (plan " + num(p.planned_minibatch_seconds, 3) + " s)"]
     ]));
     var w = 520, h = 74, pad = 10;
     var max = Math.max(planned, est.high || 0, done, 1) * 1.05;
     var x = function (v) { return pad + (w - 2 * pad) * Math.min(v, max) / max; };
     var chart = svg("svg", { width: "100%", viewBox: "0 0 " + w + " " + h, class: "progress", role: "img",
-      "aria-label": "Worker time: " + duration(done) + " used; plan " + duration(planned) + "; estimate " + duration(est.mean) +
-        " between " + duration(est.low) + " and " + duration(est.high) });
+      "aria-label": "Worker time: " + roughly(done) + " used; plan " + roughly(planned) + "; estimate " + roughly(est.mean) +
+        " between " + roughly(est.low) + " and " + roughly(est.high) });
     chart.appendChild(svg("rect", { x: pad, y: 14, width: x(planned) - pad, height: 16, class: "planned" }));
     chart.appendChild(svg("rect", { x: pad, y: 14, width: x(done) - pad, height: 16, class: "done" }));
     chart.appendChild(svg("rect", { x: x(est.low), y: 38, width: Math.max(1, x(est.high) - x(est.low)), height: 10, class: "interval" }));
     chart.appendChild(svg("line", { x1: x(est.mean), x2: x(est.mean), y1: 34, y2: 52, class: "estimate" }));
     chart.appendChild(svg("line", { x1: x(planned), x2: x(planned), y1: 8, y2: 56, class: "plan-line" }));
     chart.appendChild(svg("text", { x: pad, y: 68, class: "axis", text: "0" }));
-    chart.appendChild(svg("text", { x: x(planned), y: 68, class: "axis", "text-anchor": "middle", text: "plan " + duration(planned) }));
+    chart.appendChild(svg("text", { x: x(planned), y: 68, class: "axis", "text-anchor": "middle", text: "plan " + roughly(planned) }));
     s.appendChild(chart);
     s.appendChild(el("p", { class: "legend-line" },
       el("span", { class: "key key-done" }), "used so far  ",
