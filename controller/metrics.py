@@ -614,7 +614,12 @@ class _ControllerCollector:
         slot, (use, out), prices, states = self.c.between_decisions(
             self._snapshot, _SNAPSHOT_TIMEOUT
         )
-        yield GaugeMetricFamily("oasis_slot", "The current slot.", value=slot)
+        yield GaugeMetricFamily(
+            "oasis_slot",
+            "The current slot: slot s begins at daemon.epoch + s * daemon.slot_seconds "
+            "(oasis status shows its local time).",
+            value=slot,
+        )
         servers = GaugeMetricFamily(
             "oasis_servers",
             "Servers by state from the next slot on: up, cordoned (an operator's oasis "

@@ -46,7 +46,8 @@ def price_families(
     )
     peak = GaugeMetricFamily(
         "oasis_unit_price_peak",
-        "Highest unit price of a resource over the servers of a kind and the window.",
+        "Highest unit price of a resource over the servers of a kind and the window "
+        "(utility per unit per slot).",
         labels=["kind", "resource"],
     )
     for side in prices:

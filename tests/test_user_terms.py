@@ -12,6 +12,7 @@ import re
 import shutil
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from controller.jobspec import check_worth, prepare
 from pricing import SpecError
 from pricing.durations import format_duration, format_time, parse_duration
 from tests.browser import chromium, missing
-from tests.servers import ROOT, Daemon, oasis, write_config
+from tests.servers import ROOT, Daemon, json_log, oasis, write_config
 from tests.test_jobspec import CLUSTER, PEOPLE, SLOT, problems
 
 NOWHERE = ["--server", "127.0.0.1:9"]  # nothing listens: a flag refused never gets there
@@ -132,7 +133,8 @@ EPOCH = 1767222450.0  # 2026-01-01T00:07:30+01:00
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     d = tmp_path_factory.mktemp("terms")
-    config = write_config(d / "oasisd.toml", d / "data", epoch=EPOCH)
+    extra = '[metrics]\nlisten = "127.0.0.1:0"\n'
+    config = write_config(d / "oasisd.toml", d / "data", epoch=EPOCH, extra=extra)
     text = config.read_text().replace("slot_seconds = 3600", f"slot_seconds = {SLOT_SECONDS:g}")
     config.write_text(text.replace("window = 24", "window = 96"))
     daemon = Daemon(config, d / "oasisd.log").start()
@@ -202,6 +204,23 @@ def test_a_cordons_span_names_its_option_and_fits_a_request(daemon: Daemon) -> N
     assert "--for: 8.64e+27 s ends past the last slot there can be" in out.stderr
     trial = oasis("cordon", "w0", "--for", "10m", "--dry-run", *server).stdout
     assert "(1 slot, 15m)" in trial  # rounded up to whole slots, and said so
+
+
+def test_the_metrics_say_what_a_slot_and_a_price_are_in(daemon: Daemon) -> None:
+    """``oasis_slot`` was "The current slot." and ``oasis_unit_price_peak`` named no
+    unit, where the other price metrics say "utility per unit per slot"."""
+    line = next(x for x in json_log(daemon.log_path) if x.get("event") == "metrics listening")
+    with urllib.request.urlopen(f"http://{line['address']}/metrics", timeout=30) as r:
+        helps = {
+            parts[2]: parts[3]
+            for parts in (x.split(" ", 3) for x in r.read().decode().splitlines())
+            if parts[:2] == ["#", "HELP"]
+        }
+    prices = [name for name in helps if name.startswith("oasis_unit_price")]
+    assert len(prices) >= 2, sorted(helps)
+    for name in prices:
+        assert "(utility per unit per slot" in helps[name], (name, helps[name])
+    assert "daemon.epoch + s * daemon.slot_seconds" in helps["oasis_slot"]
 
 
 # -- the console's lengths and times --------------------------------------------------
