@@ -179,8 +179,10 @@ def test_a_disk_that_fills_while_the_daemon_runs(tmp_path: Path) -> None:
                     assert status(service) == health_pb2.HealthCheckResponse.SERVING, service
                 # the operator's screen says why (it said "store up" once the store answered)
                 screen = oasis("status", server=daemon.address).stdout.splitlines()
-                assert screen[2].startswith("THE STORE REFUSES WRITES (no decision can be "
-                                            "stored; reads go on): no space left on device")
+                assert screen[2].startswith(
+                    "THE STORE REFUSES WRITES (no decision can be "
+                    "stored; reads go on): no space left on device"
+                )
                 codes = {submit(f"full-{i}") for i in range(30)}
                 assert codes == {grpc.StatusCode.UNAVAILABLE}
                 job = admission.GetJob(pb.GetJobRequest(id="before"), timeout=10).job
@@ -347,7 +349,7 @@ def test_a_store_url_beside_a_data_dir_holding_jobs_is_warned_of(
     from controller.rpc import oasis_pb2 as pb
     from controller.rpc import oasis_pb2_grpc as pb_grpc
     from controller.tls import client_channel
-    from tests.servers import SMALL_JOB, json_log, oasis
+    from tests.servers import SMALL_JOB, json_log
 
     data = tmp_path / "data"
     daemon = Daemon(write_config(tmp_path / "s.toml", data), tmp_path / "s.log").start()
