@@ -282,3 +282,11 @@ def test_the_console_shows_a_length_whole_and_a_time_across_a_clock_change_with_
     )
     assert shown[0] != shown[1], shown
     assert all(re.search(r"01:30", s) for s in shown), shown
+
+
+@pytest.mark.parametrize("item", ["gpu=١٠٠", "gpu=1_0", "gpu=", "gpu"])
+def test_a_pinned_bound_is_an_ascii_number(item: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``oasis bounds pin --upper gpu=١٠٠`` pinned U at 100: float() reads other scripts'
+    digits and ``_`` (refused before any call: the daemon is nowhere)."""
+    assert main(["bounds", "pin", "--upper", item, *NOWHERE]) == 2
+    assert f"--upper: {item!r} must be R=NUMBER" in capsys.readouterr().err

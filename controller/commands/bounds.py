@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 from controller.commands import SUMMARIES
-from controller.commands.common import EXIT_OK, InputError, plain_doc, read_json
+from controller.commands.common import EXIT_OK, InputError, ascii_number, plain_doc, read_json
 from controller.commands.connection import Stubs, guarded, options, print_json
 from controller.rpc import oasis_pb2 as pb
 from controller.table import render_table
@@ -97,11 +97,13 @@ def pins_of(args: argparse.Namespace) -> list[pb.BoundPin]:
         for item in getattr(args, side):
             name, eq, text = item.partition("=")
             try:
+                if not ascii_number(text):  # float() reads "١٠٠" as 100 and "1_0" as 10
+                    raise ValueError(text)
                 value = float(text)
             except ValueError:
                 eq = ""
             if not eq:
-                raise InputError(f"{option}: {item!r} must be R=NUMBER")
+                raise InputError(f"{option}: {item!r} must be R=NUMBER (ASCII, e.g. gpu=50)")
             found.setdefault(_target(name, option), {})[side] = value
     return [pb.BoundPin(kind=k, resource=r, **sides) for (k, r), sides in found.items()]
 
