@@ -9,7 +9,13 @@ default) and leaves every other job with the allocation the daemon gave it:
 - **held**: the stored allocations of every other job (earlier or later arrivals, and
   cancelled jobs up to their cancellation) are subtracted from the capacities.
 - **online**: the utility the daemon planned for each compared job it admitted (its
-  stored ``utility``; 0 if rejected).
+  stored ``utility``: a job done early or re-planned has it updated, a job still
+  running at the end of the history counts at its plan); 0 if rejected, expired or
+  still pending, and 0 for a failed job, whose plan was not carried out (none earned,
+  as ``oasis jobs`` and the console say).
+- **servers out of service**: the slots of each outage (an operator's cordon, a failure
+  the execution plane declared) hold the server's whole capacity, as the daemon's
+  ledger did (:mod:`controller.history_capacity`).
 
 Slots are shifted so that ``from`` is slot 0 of the problem; the horizon ends at the
 last slot any compared job may use. The price bounds of the problem (used only for the
@@ -27,6 +33,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from controller.admission import SETTINGS_KEY
+from controller.history_capacity import block_outages, clip_over_capacity, read_outages
 from controller.store import AllocationRow, Database, JobRow, MetaRow, ServerRow, in_batches
 from controller.store.stored import stored_spec
 from pricing import SpecError, fields, job_from_dict
@@ -56,14 +63,17 @@ class OnlineJob:
     Attributes:
         id: the job's identifier.
         admitted: whether it was admitted.
-        jct: its planned completion time, slots (None if rejected).
-        utility: ``f(jct)`` (None if rejected).
+        jct: its planned completion time, slots (None if rejected or failed).
+        utility: ``f(jct)`` (None if rejected; 0.0 if it failed: none earned).
+        state: its state in the store (``completed``, ``failed``, ``running``, ...);
+            None for a replayed trace.
     """
 
     id: str
     admitted: bool
     jct: int | None
     utility: float | None
+    state: str | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,6 +89,9 @@ class History:
             problem's slots, for the solver's start.
         first_slot: the store slot that is slot 0 of the problem.
         window: the daemon's T.
+        notes: what the operator should know of the comparison (jobs left out or
+            counted at 0 and why, servers out of service, rows cut or left out), one
+            line each.
     """
 
     trace: Trace
@@ -87,6 +100,7 @@ class History:
     schedules: list[Schedule | None]
     first_slot: int
     window: int
+    notes: tuple[str, ...] = ()
 
 
 def load_history(db: Database, first: int | None = None, last: int | None = None) -> History:
@@ -105,15 +119,16 @@ def load_history(db: Database, first: int | None = None, last: int | None = None
         lo = first if first is not None else (low if isinstance(low, int) else 0)
         hi = last if last is not None else (high if isinstance(high, int) else lo)
         _check_stretch(lo, hi)
-        compared = [
+        arrived = [
             r
             for r in session.scalars(
                 select(JobRow)
                 .where(JobRow.arrival_slot >= lo, JobRow.arrival_slot <= hi)
                 .order_by(JobRow.sequence)
             )
-            if isinstance(r.arrival_slot, int) and r.state != "cancelled"
+            if isinstance(r.arrival_slot, int)
         ]
+        compared = [r for r in arrived if r.state != "cancelled"]
         if not compared:
             raise HistoryError(
                 f"no job arrived in slots {lo} .. {hi} (cancelled jobs are left out)"
@@ -140,6 +155,7 @@ def load_history(db: Database, first: int | None = None, last: int | None = None
             held_rows |= {
                 r.id: r for r in session.scalars(select(JobRow).where(JobRow.id.in_(batch)))
             }
+        outages = read_outages(session, lo + horizon)
     jobs: list[Job] = []
     for r in compared:
         jobs.append(_job(r, cluster, slot_seconds, window, r.arrival_slot - lo))
@@ -173,6 +189,9 @@ def load_history(db: Database, first: int | None = None, last: int | None = None
         except (AttributeError, TypeError, ValueError) as err:
             raise HistoryError(f"the stored spec of job {a.job_id!r}: its demands: {err}") from err
 
+    notes = _job_notes(arrived, compared)
+    notes += clip_over_capacity(cluster, lo, worker_used, ps_used, allocs, set(index))
+    notes += block_outages(outages, cluster, lo, worker_used, ps_used)
     schedules: list[Schedule | None] = []
     for r in compared:
         if not r.admitted or r.id not in units:
@@ -193,13 +212,43 @@ def load_history(db: Database, first: int | None = None, last: int | None = None
     bounds = oracle_bounds(jobs, cluster, window, {j.id: window for j in jobs})
     trace = Trace(horizon, slot_seconds, cluster, bounds, "oracle", tuple(jobs))
     last_slot = np.array([min(j.arrival + window - 1, horizon - 1) for j in jobs], np.int64)
-    online = [
-        OnlineJob(
-            r.id, r.admitted, r.jct if r.admitted else None, r.utility if r.admitted else None
-        )
-        for r in compared
-    ]
-    return History(trace, Held(worker_used, ps_used, last_slot), online, schedules, lo, window)
+    online = [_online(r) for r in compared]
+    held = Held(worker_used, ps_used, last_slot)
+    return History(trace, held, online, schedules, lo, window, tuple(notes))
+
+
+def _online(row: JobRow) -> OnlineJob:
+    """What the daemon earned with a compared job (module docstring: a failed job's plan
+    was not carried out, so it counts 0)."""
+    if not row.admitted:
+        return OnlineJob(row.id, False, None, None, row.state)
+    if row.state == "failed":
+        return OnlineJob(row.id, True, None, 0.0, row.state)
+    return OnlineJob(row.id, True, row.jct, row.utility, row.state)
+
+
+def _job_notes(arrived: list[JobRow], compared: list[JobRow]) -> list[str]:
+    """Lines saying which jobs of the stretch are left out, or counted otherwise than at
+    the utility they were admitted with, and why."""
+    notes = []
+    cancelled = len(arrived) - len(compared)
+    if cancelled:
+        notes.append(f"left out: {cancelled} cancelled job(s) (their slots before the "
+                     "cancel are held)")  # fmt: skip
+    failed = [r for r in compared if r.admitted and r.state == "failed"]
+    if failed:
+        planned = sum(r.utility for r in failed if isinstance(r.utility, float))
+        notes.append(f"counted 0 online: {len(failed)} failed job(s), their plans not "
+                     f"carried out ({planned:.6g} utility planned)")  # fmt: skip
+    live = [r for r in compared if r.state in ("admitted", "running")]
+    if live:
+        notes.append(f"counted at their plan: {len(live)} job(s) still admitted or running "
+                     "at the end of the history")  # fmt: skip
+    pending = sum(r.state == "pending" for r in compared)
+    if pending:
+        notes.append(f"counted 0 online: {pending} job(s) still pending (they may yet be "
+                     "admitted)")  # fmt: skip
+    return notes
 
 
 def load_jobs(

@@ -228,3 +228,126 @@ def test_jobs_whose_stored_plan_is_short_of_their_work_do_not_stop_the_compariso
     out = _offline(capsys, "--store", c.url)
     assert out["status"] in ("optimal", "time limit"), out["status"]
     assert [j["id"] for j in out["jobs"]] == [s["id"] for s in specs]
+
+
+def test_a_cordoned_server_is_out_of_service_offline_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A server cordoned (or failed) over the stretch was out of the daemon's reach; the
+    offline optimum used it all the same, since the outages were not read: its
+    allocation and its "certified" bound counted a server nobody could use, and the
+    online share was understated. Its slots are held whole now: the comparison equals
+    the one over the other servers alone."""
+    raw, specs = _jobs(3, 8)
+    c = Controller(tmp_path, raw)
+    try:
+        asyncio.run(c.inner.cordon("w1", "disk swap"))  # from slot 1 on, no end
+        views = [c.submit(s) for s in specs]  # arrival 1
+    finally:
+        c.inner.close()
+    db = Database(c.url)
+    try:
+        history = load_history(db)
+    finally:
+        db.dispose()
+    assert not history.held.worker_capacity(history.trace)[:, 1].any()  # w1: nothing left
+    assert any("w1" in n and "out of service" in n for n in history.notes)
+
+    out = _offline(capsys, "--store", c.url)
+    online = sum(v.decision.utility or 0.0 for v in views if v.decision.admitted)
+    assert out["online"] == pytest.approx(online)
+    servers = [s for s in raw["servers"] if s["name"] != "w1"]
+    trace = trace_from_dict({**raw, "servers": servers,
+                             "jobs": [{**s, "arrival": 0} for s in specs]})  # fmt: skip
+    expected = solve_offline(trace, time_limit=30)
+    assert expected.status == "optimal" and out["status"] == "optimal"
+    assert out["optimum"] == pytest.approx(expected.optimum, abs=1e-6)
+    assert any("w1" in n for n in out["notes"])
+
+
+def test_a_failed_job_counts_nothing_online_and_the_notes_say_what_was_left_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A failed job's plan was not carried out (``oasis jobs`` and the console: none
+    earned), yet its planned utility counted in the online side, which then exceeded what
+    the daemon earned. It counts 0 now, and the notes (stderr and ``notes`` in --json)
+    say so, with the cancelled jobs left out and the jobs still running counted at their
+    plan."""
+    from sqlalchemy import delete
+
+    from controller.store import AllocationRow, JobRow
+
+    raw, specs = _jobs(6, 8)
+    c = Controller(tmp_path, raw)
+    try:
+        views = [c.submit(s) for s in specs]
+        admitted = [v.id for v in views if v.decision.admitted]
+        assert len(admitted) >= 3
+        asyncio.run(c.inner.cancel(admitted[2]))
+    finally:
+        c.inner.close()
+    failed = admitted[0]
+    db = Database(c.url)
+    try:
+        with db.session() as session:  # as a stranded job: its plan gone, state failed
+            session.execute(delete(AllocationRow).where(AllocationRow.job_id == failed))
+            row = session.get(JobRow, failed)
+            assert row is not None
+            row.state, row.completion_slot = "failed", None
+    finally:
+        db.dispose()
+    out = _offline(capsys, "--store", c.url)
+    earned = sum(
+        v.decision.utility or 0.0
+        for v in views
+        if v.decision.admitted and v.id not in (failed, admitted[2])
+    )
+    assert out["online"] == pytest.approx(earned)
+    by_id = {j["id"]: j for j in out["jobs"]}
+    assert admitted[2] not in by_id  # cancelled: left out
+    assert by_id[failed]["online_utility"] == 0.0 and by_id[failed]["online_state"] == "failed"
+    notes = "\n".join(out["notes"])
+    assert "1 failed job(s)" in notes and "1 cancelled job(s)" in notes
+    assert "still admitted or running" in notes
+    assert out["online"] <= out["optimum"] + 1e-6
+
+
+def test_held_use_over_capacity_is_cut_and_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A held job's allocation edited over a server's capacity left the compared jobs a
+    negative capacity there: no allocation, not even admitting nothing, was feasible,
+    and the comparison failed with "the starting allocation breaks SPEC 3-5" naming no
+    row (after saying "the solver starts from nothing"). The held use is cut to the
+    capacity, and a note names the cell and the jobs in it."""
+    from sqlalchemy import select
+
+    from controller.store import AllocationRow
+
+    raw, specs = _jobs(5, 9)
+    c = Controller(tmp_path, raw)
+    try:
+        early = [c.submit(s) for s in specs[:5]]  # arrival 1
+        c.next_slot()
+        c.next_slot()
+        for spec in specs[5:]:
+            c.submit(spec)  # arrival 3
+    finally:
+        c.inner.close()
+    held = next(v.id for v in early if v.decision.admitted)
+    db = Database(c.url)
+    try:
+        with db.session() as session:
+            a = session.scalars(select(AllocationRow).where(
+                AllocationRow.job_id == held, AllocationRow.slot >= 3, AllocationRow.workers > 0
+            )).first()  # fmt: skip
+            assert a is not None
+            a.workers, slot, server = 500, a.slot, a.server
+    finally:
+        db.dispose()
+    assert (
+        main(["offline", "--store", c.url, "--from", "3", "--to", "3", "--time-limit", "30"]) == 0
+    )
+    captured = capsys.readouterr()
+    assert "offline optimum" in captured.out
+    assert f"slot {slot} on {server}" in captured.err and repr(held) in captured.err

@@ -141,6 +141,7 @@ def offline_json(
     online_jobs: list[OnlineJob],
     bound_2alpha: float,
     job_share: tuple[float, str] | None = None,
+    notes: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The ``offline --json`` document: SPEC 6's keys first, then
 
@@ -160,7 +161,11 @@ def offline_json(
       ``largest_job_share`` and ``largest_job_share_resource``: the largest share of the
       cluster's total of one resource one job can take in a slot (Theorem 4 assumes it
       is small, and its bound need not hold otherwise);
-    - ``jobs``: per job, offline and online admission, completion time and utility.
+    - ``notes``: with ``--store``, what the comparison left out or counted otherwise
+      and why (controller/history.py: cancelled jobs left out, failed ones counted 0,
+      servers out of service held), one line each; empty for a trace;
+    - ``jobs``: per job, offline and online admission, completion time and utility, and
+      ``online_state``, the job's state in the store (null for a trace).
     """
     online = float(sum(j.utility or 0.0 for j in online_jobs if j.admitted))
     ratio = result.optimum / online if result.optimum is not None and online > 0 else None
@@ -178,6 +183,7 @@ def offline_json(
                 "online_admitted": on.admitted,
                 "online_jct": on.jct,
                 "online_utility": on.utility,
+                "online_state": on.state,
             }
         )
     return {
@@ -203,6 +209,7 @@ def offline_json(
         "theorem4_assumes_small_jobs": True,
         "largest_job_share": None if job_share is None else job_share[0],
         "largest_job_share_resource": None if job_share is None else job_share[1],
+        "notes": list(notes),
         "jobs": jobs,
     }
 
@@ -259,7 +266,7 @@ def _text(doc: dict[str, Any], gap: float | None, out: TextIO) -> None:
 
 def _from_store(
     args: argparse.Namespace, progress: Any
-) -> tuple[Trace, Held | None, list[OnlineJob], list[Schedule | None]]:
+) -> tuple[Trace, Held | None, list[OnlineJob], list[Schedule | None], tuple[str, ...]]:
     """The stored decisions as an offline problem (controller/history.py)."""
     check_store_url(args.store)
     try:
@@ -276,7 +283,10 @@ def _from_store(
         raise InputError(f"--store: cannot read a daemon's store there: {first_line}") from err
     finally:
         db.dispose()
-    return history.trace, history.held, history.online, _startable(history, progress)
+    for note in history.notes:  # what the numbers mean: shown even with --no-progress
+        print(f"oasis offline: note: {note}", file=sys.stderr, flush=True)
+    start = _startable(history, progress)
+    return history.trace, history.held, history.online, start, history.notes
 
 
 def _startable(history: History, progress: Any) -> list[Schedule | None]:
@@ -285,7 +295,8 @@ def _startable(history: History, progress: Any) -> list[Schedule | None]:
     worker-slots than its work W in the store; given as part of the start it broke SPEC 4
     and the whole comparison was refused ("the starting allocation breaks SPEC 3-5") on
     any stretch where a job was done early. Such jobs are left out of the start (their
-    online utility still counts as the daemon recorded it); if what is left still breaks
+    online utility still counts as controller/history.py says: a completed job's as
+    recorded, a failed job's as 0); if what is left still breaks
     the rules (plans stored before the servers shrank), the solver starts from nothing."""
     trace, schedules = history.trace, list(history.schedules)
     short = [
@@ -367,13 +378,14 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--from and --to select slots of a --store")
     if args.store is not None:
         progress("reading the store...")
-        trace, held, online_jobs, online = _from_store(args, progress)
+        trace, held, online_jobs, online, notes = _from_store(args, progress)
         progress(
             f"{counted(len(trace.jobs), 'job')} compared over {counted(trace.horizon, 'slot')}; "
             f"the daemon admitted {sum(j.admitted for j in online_jobs)}"
         )
     else:
         trace, held, online_jobs, online = _from_trace(args, progress)
+        notes = ()
     if args.method == "ilp":
         size = ilp_size(trace, held if held is not None else Held.nothing(trace))
         if size > MAX_ILP_VARIABLES:
@@ -412,7 +424,7 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return EXIT_FAILURE
     progress(f"finished in {result.solve_seconds:.2f} s ({result.method}): {result.status}")
-    doc = offline_json(result, online_jobs, theorem4_bound(trace), largest_job_share(trace))
+    doc = offline_json(result, online_jobs, theorem4_bound(trace), largest_job_share(trace), notes)
     if args.json:
         print(json.dumps(doc, indent=1))  # one write (controller/terminal.py)
     else:
