@@ -625,3 +625,35 @@ def test_a_json_error_of_a_local_command_is_json(tmp_path: Path) -> None:
     assert out.returncode == 2 and out.stderr == "", out
     error = json.loads(out.stdout)["error"]
     assert error["code"] == "INVALID_ARGUMENT" and "--add-to" in error["message"]
+
+
+def test_ctrl_c_ends_offline_within_seconds_while_the_solver_holds_on(tmp_path: Path) -> None:
+    """In the rounding's MIP HiGHS calls back seldom, and Python runs a signal's handler
+    only between its own instructions: Ctrl-C took 5-18 s there (up to 0.3 of
+    ``--time-limit``; the offline audit). Here a native call that never returns to
+    Python stands in for the solve: past the grace the process ends, status 130."""
+    import signal
+    import time
+
+    code = (
+        "import hashlib, sys\n"
+        "import controller.commands.offline as o\n"
+        "with o._interrupts([]):\n"
+        "    print('solving', flush=True)\n"
+        "    hashlib.pbkdf2_hmac('sha256', b'x', b'y', 2_000_000_000)  # minutes, no callback\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "solving\n"
+        time.sleep(0.3)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert err.rstrip().endswith("oasis offline: interrupted"), err
+    assert took < 20, took  # the grace (2 s), not the native call's minutes
