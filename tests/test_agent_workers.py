@@ -936,3 +936,49 @@ def test_one_broker_under_any_of_its_names_is_one_place_for_an_agent() -> None:
     others = [("10.1.2.3", 1884, "oasis", "w0"), ("10.1.2.3", 1883, "lab", "w0"),
               ("10.1.2.3", 1883, "oasis", "w1"), ("10.1.2.4", 1883, "oasis", "w0")]  # fmt: skip
     assert len({agent_key(*other) for other in others}) == 4
+
+
+def test_a_workers_stderr_is_logged_with_its_job_at_a_bounded_rate_not_written_raw(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The agent audit: a worker's standard error was the agent's own. A worker writing
+    it as fast as it could filled the agent's log (a file on the server's disk, or the
+    journal, whose rate limit then dropped the agent's own warnings) with lines that
+    named no job and were not JSON."""
+    from structlog.testing import capture_logs
+
+    from controller.plane import worker_errors
+
+    script = tmp_path / "noisy.py"
+    script.write_text(
+        "import sys\n"
+        "print('Traceback: CUDA out of memory', file=sys.stderr, flush=True)\n"
+        "sys.stderr.write('x' * 200000 + '\\n')\n"  # one line past the reader's limit
+        "for i in range(5000):\n"
+        "    sys.stderr.write(f'noise {i}\\n')\n"
+        "print(7, flush=True)\n"
+        "sys.exit(3)\n"
+    )  # fmt: skip
+    agent, _ = agent_on(f"{sys.executable} {script}", plan_of({"a": 1}, {}))
+
+    async def go() -> None:
+        await steps(agent, lambda: "a" in agent.tasks and 0 in agent.tasks["a"].workers.retry_at,
+                    seconds=60)  # fmt: skip
+
+    with capture_logs() as logs:
+        started = time.monotonic()
+        run(agent, go)
+        took = time.monotonic() - started
+    raw = capfd.readouterr()
+    assert "noise" not in raw.err and "CUDA" not in raw.err  # nothing raw on the agent's
+    lines = [e for e in logs if e["event"] == "worker stderr"]
+    assert lines[0]["line"] == "Traceback: CUDA out of memory"
+    assert lines[0]["job"] == "a" and lines[0]["worker"] == 0 and lines[0]["pid"] > 0
+    assert lines[1]["line"].endswith(" [cut]")
+    assert len(lines[1]["line"]) <= worker_errors.MAX_LINE_CHARS + 6
+    assert not any(e["line"].startswith("x") for e in lines[2:])  # the long line's rest
+    most = worker_errors.STDERR_BURST + worker_errors.STDERR_LINES_PER_SECOND * took
+    assert len(lines) <= most, (len(lines), took)
+    dropped = [e for e in logs if e["event"].startswith("worker stderr lines not logged")]
+    assert sum(e["lines"] for e in dropped) + len(lines) == 5002
+    assert agent.tasks["a"].workers.done_before == 7  # its counts still read

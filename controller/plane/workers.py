@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.plane.devices import Devices
+from controller.plane.worker_errors import log_errors
 
 __all__ = [
     "MAX_STOP_GRACE",
@@ -381,25 +382,33 @@ class Commands:
                "OASIS_AGENT": self.session, "OASIS_AGENT_KEY": self.key}  # fmt: skip
         loop = asyncio.get_running_loop()
         stream = asyncio.StreamReader(limit=_LINE_LIMIT)
+        errors = asyncio.StreamReader(limit=_LINE_LIMIT)
         proc: asyncio.subprocess.Process | None = None
-        pipe = None
+        pipes: list[Any] = []  # the read ends, as files
+        writes: list[int] = []  # the write ends, closed once the worker has them
+        transports: list[asyncio.ReadTransport] = []
         try:
-            # the agent's own pipe, not asyncio's: a process that escaped the worker's
-            # group may hold it open, and a worker given up on must leave no transport
-            read_end, write_end = os.pipe()
-            pipe = os.fdopen(read_end, "rb", buffering=0)  # closes read_end from now on
-            try:
-                proc = await asyncio.create_subprocess_shell(
-                    self.command, stdout=write_end, env=env, start_new_session=True
-                )
-            finally:
-                os.close(write_end)
-            transport, _ = await loop.connect_read_pipe(
-                lambda: asyncio.StreamReaderProtocol(stream), pipe
-            )
+            # the agent's own pipes, not asyncio's: a process that escaped the worker's
+            # group may hold them open, and a worker given up on must leave no transport;
+            # its standard error too (worker_errors.py: it was the agent's own, unbounded)
+            for _ in range(2):
+                read_end, write_end = os.pipe()
+                writes.append(write_end)
+                pipes.append(os.fdopen(read_end, "rb", buffering=0))  # closes read_end
+            proc = await asyncio.create_subprocess_shell(
+                self.command, stdout=writes[0], stderr=writes[1], env=env,
+                start_new_session=True,
+            )  # fmt: skip
+            _close_all(writes)
+            for pipe, into in zip(pipes, (stream, errors), strict=True):
+                transport, _ = await loop.connect_read_pipe(_protocol_of(into), pipe)
+                transports.append(transport)
         except OSError as err:  # out of processes or descriptors: a failure, backed off
             self.devices.give_back(held)
-            if pipe is not None:
+            _close_all(writes)
+            for transport in transports:
+                transport.close()
+            for pipe in pipes:
                 pipe.close()  # every failed start leaked it (the second review)
             if proc is not None:  # started, but its output cannot be followed
                 _kill_group(proc.pid, signal.SIGKILL)
@@ -407,7 +416,8 @@ class Commands:
                          started=False)  # fmt: skip
             return
         count = [0.0]
-        reader = loop.create_task(self._follow(proc, stream, transport, count))
+        tags = {"job": job_id, "worker": index, "pid": proc.pid}
+        reader = loop.create_task(self._follow(proc, stream, errors, transports, count, tags))
         worker = Worker(proc, index, count, reader, now, job, devices=held, demand=demand)
         job.running.append(worker)
         self.live[proc.pid] = worker
@@ -418,18 +428,28 @@ class Commands:
         self,
         proc: asyncio.subprocess.Process,
         stream: asyncio.StreamReader,
-        transport: asyncio.BaseTransport,
+        errors: asyncio.StreamReader,
+        transports: list[asyncio.ReadTransport],
         count: list[float],
+        tags: dict[str, Any],
     ) -> None:
-        """Read a worker's counts to the end of its output, then wait for its exit;
-        the pipe is closed however this ends (a cancellation included)."""
-        budget = OutputBudget(
-            lambda: proc.returncode is not None and not _group_alive(proc.pid), self.monotonic
-        )
+        """Read a worker's counts to the end of its output, and log its standard error
+        (:func:`~controller.plane.worker_errors.log_errors`), then wait for its exit;
+        the pipes are closed however this ends (a cancellation included)."""
+
+        def ended() -> bool:
+            return proc.returncode is not None and not _group_alive(proc.pid)
+
+        budget = OutputBudget(ended, self.monotonic)
+        error_budget = OutputBudget(ended, self.monotonic)
         try:
-            await self.read_counts(stream, count, budget)
+            await asyncio.gather(
+                self.read_counts(stream, count, budget),
+                log_errors(errors, self.log, error_budget.spend, self.monotonic, **tags),
+            )
         finally:
-            transport.close()
+            for transport in transports:
+                transport.close()
         await proc.wait()
 
     def _reap(self, job_id: str, job: JobWorkers, now: float) -> None:
@@ -673,6 +693,18 @@ class OutputBudget:
         wait = max(-self.lines / OUTPUT_LINES_PER_SECOND, -self.bytes / OUTPUT_BYTES_PER_SECOND)
         if wait > 0 and not self.ended():
             await asyncio.sleep(wait)
+
+
+def _protocol_of(stream: asyncio.StreamReader) -> Any:
+    """A protocol factory feeding ``stream`` (``loop.connect_read_pipe``)."""
+    return lambda: asyncio.StreamReaderProtocol(stream)
+
+
+def _close_all(fds: list[int]) -> None:
+    """Close each descriptor of ``fds`` and empty the list (each closed once)."""
+    while fds:
+        with contextlib.suppress(OSError):
+            os.close(fds.pop())
 
 
 def _become_subreaper() -> bool:
