@@ -982,3 +982,28 @@ def test_a_workers_stderr_is_logged_with_its_job_at_a_bounded_rate_not_written_r
     dropped = [e for e in logs if e["event"].startswith("worker stderr lines not logged")]
     assert sum(e["lines"] for e in dropped) + len(lines) == 5002
     assert agent.tasks["a"].workers.done_before == 7  # its counts still read
+
+
+def test_a_plan_that_came_run_out_points_at_this_servers_clock() -> None:
+    """An agent whose clock is ahead by more than a slot said only "plan ran out; idle
+    until a new plan" (the agent audit): each plan came already run out by its clock.
+    The line now says why it likely ran out: the clock, the daemon offline, or no newer
+    plan reaching it."""
+    from structlog.testing import capture_logs
+
+    def ran_out(at_arrival: float, later: float, away: bool = False) -> str:
+        agent = Agent("w0", MqttConfig("localhost"), wall=lambda: now[0])
+        now = [at_arrival]
+        if away:
+            agent._away_since = 0.0
+        agent.accept(plan_of({"a": 1}, {}))  # slots 5-6: 100-120 s
+        now[0] = later
+        with capture_logs() as logs:
+            assert agent.active() is None
+        (line,) = [e for e in logs if e["event"].startswith("plan ran out")]
+        return str(line["why"])
+
+    ahead = ran_out(at_arrival=190.0, later=191.0)  # came 70 s past its last slot
+    assert "70 s past its last slot" in ahead and "clock may be ahead" in ahead
+    assert "no newer plan has come" in ran_out(at_arrival=101.0, later=125.0)
+    assert "daemon is offline" in ran_out(at_arrival=190.0, later=191.0, away=True)

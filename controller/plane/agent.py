@@ -162,6 +162,7 @@ class Agent:
         self._idle = SetAside()
         self._away_since: float | None = None  # monotonic time the daemon was seen offline
         self._ran_out = False  # the plan's last slot ended (logged once)
+        self._late_by = 0.0  # seconds the plan followed had run out by when it came
         self._counted: int | None = None  # the devices the plan counts
         self.commands = (
             Commands(command, self.server, self.session, self._read_counts, self.log,
@@ -187,6 +188,8 @@ class Agent:
                           tasks=[(t.job, t.workers, t.ps) for t in plan.current.tasks])  # fmt: skip
             for task in (*plan.current.tasks, *plan.next.tasks):
                 self._reported.pop(task.job, None)
+        if self.plan is None or plan.epoch != self.plan.epoch:
+            self._late_by = self.wall() - (plan.next.starts_at + plan.slot_seconds)
         self.plan = plan
         if self.commands is not None:
             self._size_devices(plan.devices)
@@ -221,12 +224,26 @@ class Agent:
             if not self._ran_out:
                 self._ran_out = True
                 self.log.warning("plan ran out; idle until a new plan", epoch=plan.epoch,
-                                 last_slot=plan.next.slot)  # fmt: skip
+                                 last_slot=plan.next.slot, why=self._why_ran_out())  # fmt: skip
             return None
         self._ran_out = False
         if now >= plan.next.starts_at:
             return plan.next
         return plan.current
+
+    def _why_ran_out(self) -> str:
+        """The likely cause of a plan running out, for the operator: the daemon offline,
+        this server's clock ahead (the plan had run out by it when it came, the daemon
+        online: a plan comes at each slot boundary, its current slot just begun), or no
+        newer plan reaching this server."""
+        if self._away_since is not None:
+            return "the daemon is offline; its plans resume when it is back"
+        if self._late_by > 0:
+            return (f"the plan had run out by this server's clock when it came, "
+                    f"{self._late_by:.0f} s past its last slot: this server's clock may be "
+                    "ahead of the head node's (check NTP; the daemon's metric "
+                    "oasis_agent_clock_offset_seconds says by how much)")  # fmt: skip
+        return "no newer plan has come: the broker or the daemon may be out of reach"
 
     # -- work ---------------------------------------------------------------------------
 
