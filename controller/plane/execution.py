@@ -96,6 +96,7 @@ from controller.plane.progress import (
     with_stored,
 )
 from controller.plane.settings import MqttConfig
+from controller.plane.unknown_jobs import MAX_LOOKED_UP, MAX_NAMED, unknown_jobs
 from controller.store import CORDONED, AllocationRow, EventRow, JobRow, MetaRow, OutageRow
 
 __all__ = [
@@ -319,6 +320,7 @@ class Execution:
             self._reports.put_back(reports)
             raise
         ignored: Counter[str] = Counter()
+        unplanned: dict[str, set[str]] = {}  # server -> ids of its ignored entries (some)
         crowded: Counter[str] = Counter()
         other_run: Counter[str] = Counter()
         for received in reports:
@@ -331,6 +333,9 @@ class Execution:
                     (task.job, progress.server, OVERDUE) not in planned
                 ):
                     ignored[progress.server] += 1
+                    some = unplanned.setdefault(progress.server, set())
+                    if len(some) < MAX_LOOKED_UP:
+                        some.add(task.job)
                     continue
                 if task.run and runs.get(task.job, "") not in ("", task.run):
                     # counts of another admission of this id (a store restored from a
@@ -353,6 +358,7 @@ class Execution:
         for server, entries in ignored.items():
             self._complain(server, "unplanned", "report entries ignored: jobs not planned on "
                            "this server now", entries=entries)  # fmt: skip
+        self._name_unknown(unplanned)
         for server, entries in other_run.items():
             self._complain(server, "run", "report entries ignored: counts of an earlier job "
                            "of the same id", entries=entries)  # fmt: skip
@@ -360,6 +366,28 @@ class Execution:
             self._complain(server, "sessions", "report entries dropped: too many agent "
                            "sessions for a job", entries=entries,
                            limit=MAX_SESSIONS_PER_SERVER)  # fmt: skip
+
+    def _name_unknown(self, unplanned: dict[str, set[str]]) -> None:
+        """Warn, per server, of the jobs its agent ran that the store does not know
+        (:mod:`controller.plane.unknown_jobs`): a store restored from a backup made before
+        they were admitted. Only a log line: a store that cannot be read skips it."""
+        if not unplanned:
+            return
+        try:
+            with self.c.db.session() as session:
+                unknown = set(unknown_jobs(session, set().union(*unplanned.values())))
+        except Exception as err:  # the store: the reports are applied, the warning waits
+            self.log.debug("unknown jobs not looked up", error=str(err)[:200])
+            return
+        for server, ids in unplanned.items():
+            named = sorted(ids & unknown)
+            if named:
+                self._complain(
+                    server, "unknown", "agents ran jobs this store does not know (a store "
+                    "restored from a backup made before they were admitted?): their plans "
+                    "are withdrawn and their workers stop; tell their tenants to submit "
+                    "them again", jobs=named[:MAX_NAMED], count=len(named),
+                )  # fmt: skip
 
     def _planned(self, reports: list[Received]) -> tuple[set[tuple[str, str, int]], dict[str, str]]:
         """``(job, server, slot)`` with workers, for the servers of ``reports`` and the
