@@ -223,7 +223,8 @@ async def serve(
         *([lambda new: console.set_tokens(new.tokens)] if console is not None else []),
         *([lambda new: limiter.retune(new.limits.rate, new.limits.burst)] if limiter else []),
         controller.reconfigure,
-    ], controller.restart_problems, controller.jobs_left)  # fmt: skip
+    ], controller.restart_problems, controller.jobs_left,
+        controller.restart_moves)  # fmt: skip
     hangups.route((loop, reloader.hangup))
 
     async def health_follows_store(up: bool) -> None:

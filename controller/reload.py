@@ -289,6 +289,11 @@ class Reloader:
             ``{name: {"pending": n, "admitted": n, "running": n}}``, names without any
             left out); logged as a warning, so removing a tenant is not taken for
             stopping its work.
+        restart_moves: given the file as read, which admitted plans a restart with it
+            would re-place, re-plan or fail (:meth:`AdmissionController.restart_moves`:
+            a server left out, renamed, of another kind or smaller, a shorter window);
+            each logged as a warning, so an edit (a typo in a name) does not move
+            tenants' jobs unannounced at the next restart.
     """
 
     def __init__(
@@ -298,11 +303,13 @@ class Reloader:
         restart_problems: Callable[[Config], Awaitable[Sequence[str]]] | None = None,
         jobs_left: Callable[[Sequence[str]], Awaitable[Mapping[str, Mapping[str, int]]]]
         | None = None,
+        restart_moves: Callable[[Config], Awaitable[Sequence[str]]] | None = None,
     ) -> None:
         self.running = running
         self.targets = targets
         self.restart_problems = restart_problems
         self.jobs_left = jobs_left
+        self.restart_moves = restart_moves
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Reread | None]] = set()
         self._waiting: asyncio.Task[Reread | None] | None = None
@@ -428,6 +435,24 @@ class Reloader:
                 **({"not_checked": len(removed) - len(names)} if len(removed) > len(names) else {}),
             )  # fmt: skip
 
+    async def _check_moves(self, found: Reread) -> None:
+        """Warn of the admitted plans a restart with the file just read would move."""
+        if self.restart_moves is None or found.fresh is None:
+            return
+        try:
+            moves = await asyncio.wait_for(self.restart_moves(found.fresh), RESTART_CHECK_SECONDS)
+        except Exception as err:  # the store out of reach, a timeout: said, not fatal
+            self.log.warning("reload: could not check which plans a restart would move",
+                             error=f"{type(err).__name__}: {str(err)[:300]}")  # fmt: skip
+            return
+        for move in moves:
+            self.log.warning(
+                "reload: a restart with this config file would move admitted jobs; if that "
+                "is not meant (a server renamed by mistake), mend the file and reload again; "
+                "to free a server first, oasis cordon it",
+                config=self.running.source, moves=move,
+            )  # fmt: skip
+
     async def _check_restart(self, found: Reread) -> None:
         """Log, as errors, why a restart with the file just read would be refused."""
         if self.restart_problems is None or found.fresh is None:
@@ -442,6 +467,7 @@ class Reloader:
                 error=f"{type(err).__name__}: {str(err)[:300]}",
             )
             return
+        await self._check_moves(found)
         for problem in problems:
             self.log.error(
                 "reload: a restart with this config file would be refused (exit 2), and "

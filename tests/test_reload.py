@@ -434,3 +434,41 @@ def test_the_reload_check_reads_slot_0_from_the_store_as_a_start_would(tmp_path:
         c.close()
     with pytest.raises(Exception, match="slot 0 begins at"):  # as the restart says
         opened()
+
+
+def test_the_reload_check_names_the_admitted_jobs_a_restart_would_move(tmp_path: Path) -> None:
+    """The change audit: a server renamed (a typo), made smaller or of another kind, or a
+    shorter window, re-places, re-plans or fails admitted jobs at the next restart
+    (``config_changed``); the reload named the edit as waiting for a restart but said
+    nothing of those jobs."""
+    from controller.config import from_dict
+    from tests.test_outage_rebuild import JOB, PS, WORKER, _open
+
+    def config(name: str = "w0", capacity: Any = WORKER, window: int = 12) -> Any:
+        servers = [{"name": name, "kind": "worker", "capacity": capacity},
+                   {"name": "w1", "kind": "worker", "capacity": WORKER},
+                   {"name": "p0", "kind": "ps", "capacity": PS}]  # fmt: skip
+        return from_dict({
+            "daemon": {"data_dir": str(tmp_path), "window": window, "epoch": 0},
+            "cluster": {"resources": ["gpu", "cpu", "mem", "disk", "bandwidth"],
+                        "servers": servers},
+        })  # fmt: skip
+
+    c = _open(tmp_path)
+    try:
+        job = asyncio.run(c.submit({**JOB, "id": "j"}))
+        assert job.decision.admitted
+        used = {a["server"] for a in job.decision.allocations}
+        assert "w0" in used, used  # the first worker server is taken first
+        assert asyncio.run(c.restart_moves(c.config)) == []
+        [renamed] = asyncio.run(c.restart_moves(config(name="w9")))
+        assert renamed.startswith("server w0 is not in the new [cluster]"), renamed
+        assert renamed.endswith("(config_changed): j"), renamed
+        [shrunk] = asyncio.run(c.restart_moves(config(capacity={**WORKER, "gpu": 1})))
+        assert shrunk.startswith(f"server w0 has less capacity (gpu {WORKER['gpu']:g} -> 1)")
+        [shorter] = asyncio.run(c.restart_moves(config(window=0 + 1)))
+        assert shorter.startswith("planned past the new window's last slot 1"), shorter
+        bigger = {**WORKER, "gpu": WORKER["gpu"] * 2}
+        assert asyncio.run(c.restart_moves(config(capacity=bigger, window=24))) == []
+    finally:
+        c.close()

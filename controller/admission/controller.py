@@ -26,6 +26,7 @@ from controller.admission.restart_checks import (
     slot_grid_problem,
     stored_epoch,
 )
+from controller.admission.restart_moves import restart_moves
 from controller.admission.retention import PRUNE_BATCH, PRUNE_SERVER_STEPS, Retention
 from controller.admission.state import ReadTurns
 from controller.admission.views import LIVE_STATES, DecisionView, JobView
@@ -362,6 +363,23 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
                 resources_problem(session, config.cluster.resources),
             )
         return [problem for problem in found if problem is not None]
+
+    async def restart_moves(self, config: Config) -> list[str]:
+        """Which admitted plans a restart with ``config`` (a reload's file, whole) would
+        re-place, re-plan or fail, one line per reason (:mod:`.restart_moves`); [] if
+        none. Read in the store-read pool, off the decision thread.
+
+        Raises:
+            StoreUnavailableError: the store could not be read.
+        """
+        return await self.read_store(self._restart_moves_sync, config)
+
+    def _restart_moves_sync(self, config: Config) -> list[str]:
+        first = self.slots.current_slot()
+        with self.db.session() as session:
+            return restart_moves(
+                session, self.cluster, config.cluster, first, first + config.window
+            )
 
     async def cordon(
         self,

@@ -1,0 +1,74 @@
+"""What a restart with an edited ``[cluster]`` or ``window`` would do to admitted plans.
+
+A shrunk config never stops a start: each stored plan that no longer fits is re-placed,
+re-planned or failed (``config_changed``, :meth:`.recovery.Recovery._refit`). A reload
+names the edit as waiting for a restart, but said nothing of those moves, so a server
+renamed by a typo, or a capacity lowered under running jobs, moved or failed tenants'
+jobs at the next restart with no warning before it (a cordon of a mistyped server is
+refused instead). :func:`restart_moves` lists, from the store, the admitted jobs whose
+plans from the current slot on use a server the file leaves out, turns to the other
+kind or gives less of any resource, or run past its window; the reload logs them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from controller.store import AllocationRow, JobRow
+from pricing.cluster import Cluster
+
+__all__ = ["SHOWN_JOBS", "restart_moves"]
+
+SHOWN_JOBS = 5
+"""Job ids named per reason, at most (the count says how many in all)."""
+
+
+def _servers(cluster: Cluster) -> dict[str, tuple[str, dict[str, float]]]:
+    """Each server's kind and capacity by resource name."""
+    return {
+        name: (kind, {r: float(cap[i]) for i, r in enumerate(cluster.resources)})
+        for kind, _idx, name, cap in cluster.servers()
+    }
+
+
+def _why(server: str, old: Any, new: Any) -> str:
+    """Why plans on ``server`` may no longer fit ("" if they still do)."""
+    if new is None:
+        return f"server {server} is not in the new [cluster] (removed or renamed)"
+    if new[0] != old[0]:
+        return f"server {server} is now a {new[0]} server"
+    lower = [f"{r} {old[1][r]:g} -> {cap:g}" for r, cap in new[1].items()
+             if r in old[1] and cap < old[1][r]]  # fmt: skip
+    return f"server {server} has less capacity ({', '.join(lower)})" if lower else ""
+
+
+def restart_moves(
+    session: Session, running: Cluster, fresh: Cluster, first: int, last: int
+) -> list[str]:
+    """One line per reason a restart with ``fresh`` (its servers, and its window's last
+    slot ``last``) would re-place, re-plan or fail admitted jobs planned from slot
+    ``first`` on under ``running``: the reason, how many jobs, the first few ids. Slots
+    are the daemon's slot numbers. [] if none would move."""
+    old, new = _servers(running), _servers(fresh)
+    rows = session.execute(
+        select(AllocationRow.job_id, AllocationRow.server, func.max(AllocationRow.slot))
+        .join(JobRow, JobRow.id == AllocationRow.job_id)
+        .where(AllocationRow.slot >= first, JobRow.state.in_(("admitted", "running")))
+        .group_by(AllocationRow.job_id, AllocationRow.server)
+    ).all()
+    moved: dict[str, set[str]] = {}
+    for job_id, server, end in rows:
+        why = _why(server, old[server], new.get(server)) if server in old else ""
+        if why:
+            moved.setdefault(why, set()).add(job_id)
+        if int(end) > last:
+            moved.setdefault(f"planned past the new window's last slot {last}", set()).add(job_id)
+    return [
+        f"{why}: {len(jobs)} admitted job(s) planned there would be re-placed, re-planned "
+        f"or failed (config_changed): {', '.join(sorted(jobs)[:SHOWN_JOBS])}"
+        + (" ..." if len(jobs) > SHOWN_JOBS else "")
+        for why, jobs in sorted(moved.items())
+    ]
