@@ -370,6 +370,20 @@ def test_a_reload_adds_removes_and_rotates_tokens_of_a_running_daemon(tmp_path: 
         config.write_text(good)  # mended: the next reload says nothing of a restart
         daemon.proc.send_signal(signal.SIGHUP)
         reloads(log, "config reloaded", 2)
+        moved = ("reload: a restart with this config file would move admitted jobs; if that "
+                 "is not meant (a server renamed by mistake), mend the file and reload again; "
+                 "to free a server first, oasis cordon it")  # fmt: skip
+        assert not any(e.get("event") == moved for e in json_log(log))
+        # every server renamed (a typo): the jobs a restart would move are named (the
+        # change audit: the reload said only that [cluster] waits for a restart)
+        config.write_text(re.sub(r'name="(\w+)"', r'name="\1x"', good))
+        daemon.proc.send_signal(signal.SIGHUP)
+        renamed = reloads(log, moved, 0)
+        assert "is not in the new [cluster]" in renamed["moves"], renamed
+        assert "alice:alice-1" in renamed["moves"], renamed
+        config.write_text(good)
+        daemon.proc.send_signal(signal.SIGHUP)
+        reloads(log, "config reloaded", 4)
         assert daemon.stop() == 0, log.read_text()[-3000:]
         assert sum(e.get("event", "").startswith(said) for e in json_log(log)) == 2
         assert Daemon(config, log).start().stop() == 0  # and it does start
