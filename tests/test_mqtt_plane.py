@@ -190,6 +190,26 @@ class Cluster(PlaneHarness):
 
     # -- reading what happened ----------------------------------------------------------
 
+    def retained(self, topic: str, wait: float = 1.0) -> dict[str, Any]:
+        """The retained messages matching ``topic``: topic -> JSON payload, as a fresh
+        subscriber sees them within ``wait`` seconds (one cleared meanwhile dropped)."""
+
+        async def read() -> dict[str, Any]:
+            got: dict[str, Any] = {}
+            async with aiomqtt.Client("127.0.0.1", self.broker.port) as client:
+                await client.subscribe(topic, qos=1)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        async for message in client.messages:
+                            assert isinstance(message.payload, bytes)
+                            if not message.payload:
+                                got.pop(str(message.topic), None)
+                                continue
+                            got[str(message.topic)] = json.loads(message.payload)
+            return got
+
+        return asyncio.run(read())
+
     def plans(self, timeout: float = 10.0) -> dict[str, Plan]:
         """The retained plan of every server (as a fresh subscriber sees them)."""
 
@@ -690,7 +710,9 @@ def test_a_restored_store_names_the_jobs_its_agents_ran_that_it_does_not_know(
     """A store restored from a backup (README "Backups") while the agents run a job
     admitted after the backup: the daemon withdraws that job's plan, and says which job
     it was, so the operator can tell its tenant. Before, the log said only "report
-    entries ignored" with a count (the change audit)."""
+    entries ignored" with a count (the change audit). And it clears that job's retained
+    event: before, the broker kept saying it ran, to every subscriber, for good (the
+    operator audit); the kept job's stays."""
     cluster.daemon.start()
     for server in SERVERS:
         cluster.start_agent(server)
@@ -708,6 +730,8 @@ def test_a_restored_store_names_the_jobs_its_agents_ran_that_it_does_not_know(
         lambda: cluster.stub().GetProgress(pb.GetProgressRequest(id="lost"), timeout=10)
         .progress.minibatches_done > 0,
     )  # fmt: skip
+    lost, kept = cluster.topics.job_events("lost"), cluster.topics.job_events("kept")
+    assert cluster.retained(lost)[lost]["job"] == "lost"
     cluster.daemon.stop()
     for suffix in ("-wal", "-shm"):
         Path(f"{cluster.db}{suffix}").unlink(missing_ok=True)
@@ -721,5 +745,10 @@ def test_a_restored_store_names_the_jobs_its_agents_ran_that_it_does_not_know(
 
     said = wait_for("the lost job named", lambda: named() or None, timeout=4 * SLOT)
     assert {job for e in said for job in e["jobs"]} == {"lost"}
+    wait_for("the lost job's retained event cleared", lambda: lost not in cluster.retained(lost))
     wait_consistent(cluster)  # the kept job runs on; no plan holds the lost one
     assert cluster.job("kept").state in (pb.JOB_STATE_ADMITTED, pb.JOB_STATE_RUNNING)
+    assert cluster.retained(kept)[kept]["job"] == "kept"
+    said_cleared = "retained events of jobs this store does not know cleared"
+    cleared = [e for e in json_log(cluster.tmp / "oasisd.log") if e.get("event") == said_cleared]
+    assert [e["jobs"] for e in cleared] == [["lost"]]  # once, though reported again

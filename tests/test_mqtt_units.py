@@ -1492,7 +1492,8 @@ def test_part_topics_a_smaller_plan_leaves_are_cleared_once() -> None:
     from controller.plane.link import Plane as Link
 
     controller = cast(Any, argparse.Namespace(prune_hooks=[]))  # what the link reads of it
-    link = Link(controller, cast(Any, None), MqttConfig(host="h", max_plan_bytes=4096))
+    execution = cast(Any, argparse.Namespace(unknown_hooks=[]))  # likewise
+    link = Link(controller, execution, MqttConfig(host="h", max_plan_bytes=4096))
     tasks = [Task(f"job-{i:04d}-" + "x" * 60, 1, 0, 0.5, 100) for i in range(150)]
     big = Plan("w0", "worker", 1, 60.0, 5.0, False, SlotPlan(7, 420.0, tasks),
                SlotPlan(8, 480.0, []))  # fmt: skip
@@ -2020,3 +2021,18 @@ def _metric(plane: PlaneDaemon, name: str) -> list[tuple[dict[str, str], float]]
     text = generate_latest(Metrics(plane.c).registry).decode()
     (family,) = [f for f in text_string_to_metric_families(text) if f.name == name]
     return [(dict(sample.labels), sample.value) for sample in family.samples]
+
+
+def test_unknown_jobs_retained_events_are_cleared_once_and_only_if_still_unknown() -> None:
+    """The queue of unknown jobs whose retained events the plane clears: each once, a
+    bounded number waiting, and none the store has come to know by the clear (a job of
+    the same id submitted again keeps its new event)."""
+    from controller.plane.unknown_events import MAX_QUEUED, UnknownJobEvents
+
+    queue = UnknownJobEvents()
+    assert not queue and queue.add(["a", "b", "a"]) and queue
+    assert queue.take(lambda ids: [j for j in ids if j != "b"]) == ["a"]  # b came back
+    assert not queue and not queue.add(["a"])  # cleared already: not again
+    assert queue.add(["b"])  # not cleared: queued again at its next report
+    assert queue.add([f"j{i}" for i in range(2 * MAX_QUEUED)])
+    assert len(queue.take(lambda ids: ids)) == MAX_QUEUED

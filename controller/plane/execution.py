@@ -207,6 +207,9 @@ class Execution:
         # the latest slot whose plans went out (they hold that slot and the next); the
         # slots whose plans never did are the review's (JobReview.unsent)
         self.planned_slot: int | None = None
+        # told the ids of the jobs agents ran that the store lacks, at each review that
+        # finds some (the plane clears their retained events: controller.plane.unknown_events)
+        self.unknown_hooks: list[Callable[[list[str]], None]] = []
 
     # -- start-up ----------------------------------------------------------------------
 
@@ -370,7 +373,8 @@ class Execution:
     def _name_unknown(self, unplanned: dict[str, set[str]]) -> None:
         """Warn, per server, of the jobs its agent ran that the store does not know
         (:mod:`controller.plane.unknown_jobs`): a store restored from a backup made before
-        they were admitted. Only a log line: a store that cannot be read skips it."""
+        they were admitted; and tell :attr:`unknown_hooks` of them (the plane clears
+        their retained events). A store that cannot be read skips both."""
         if not unplanned:
             return
         try:
@@ -379,6 +383,8 @@ class Execution:
         except Exception as err:  # the store: the reports are applied, the warning waits
             self.log.debug("unknown jobs not looked up", error=str(err)[:200])
             return
+        for hook in self.unknown_hooks if unknown else ():
+            hook(sorted(unknown))
         for server, ids in unplanned.items():
             named = sorted(ids & unknown)
             if named:

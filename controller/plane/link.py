@@ -43,6 +43,8 @@ from controller.plane.plan_messages import Plan
 from controller.plane.port import AdmissionPort
 from controller.plane.settings import MqttConfig
 from controller.plane.topics import Topics, job_level
+from controller.plane.unknown_events import UnknownJobEvents
+from controller.plane.unknown_jobs import MAX_LOOKED_UP, MAX_NAMED, unknown_jobs
 from controller.threads import in_daemon_thread
 from pricing.errors import SpecError
 
@@ -135,8 +137,12 @@ class Plane:
         self._rate = RateLimiter(AGENT_MESSAGES_PER_SECOND, AGENT_MESSAGE_BURST)
         # jobs retention deleted: their retained events are cleared at the next round
         self._to_clear: collections.deque[str] = collections.deque()
+        # jobs agents ran that the store lacks (a restored store): their retained events
+        # are cleared too (controller.plane.unknown_events)
+        self._unknown = UnknownJobEvents()
         self._loop: asyncio.AbstractEventLoop | None = None
         controller.prune_hooks.append(self.deleted)
+        execution.unknown_hooks.append(self.unknown)
 
     def deleted(self, job_ids: list[str]) -> None:
         """Jobs retention deleted (called in the decision thread): clear their retained
@@ -149,6 +155,40 @@ class Plane:
                            jobs=len(job_ids) - max(room, 0))  # fmt: skip
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self.dirty.set)
+
+    def unknown(self, job_ids: list[str]) -> None:
+        """Jobs agents ran that the store lacks (called in the decision thread): clear
+        their retained events at the next round (:mod:`controller.plane.unknown_events`)."""
+        if self._unknown.add(job_ids) and self._loop is not None:
+            self._loop.call_soon_threadsafe(self.dirty.set)
+
+    def _still_unknown(self, job_ids: list[str]) -> list[str]:
+        """Those of ``job_ids`` the store lacks now (blocking; the decision thread)."""
+        gone: list[str] = []
+        with self.c.db.session() as session:
+            for i in range(0, len(job_ids), MAX_LOOKED_UP):
+                gone += unknown_jobs(session, job_ids[i : i + MAX_LOOKED_UP])
+        return gone
+
+    async def _clear_unknown(self, client: aiomqtt.Client) -> None:
+        """Clear the retained events of the queued unknown jobs the store still lacks
+        (asked now, in the decision thread: a job of the same id stored since has its
+        event published after this clear)."""
+        try:
+            gone = await self.c._run(partial(self._unknown.take, self._still_unknown))
+        except DrainingError:
+            raise
+        except Exception as err:  # the store: the agents' next reports queue them again
+            self.log.debug("unknown jobs not looked up", error=str(err)[:200])
+            return
+        topics = []
+        for job in gone:
+            with contextlib.suppress(ValueError):
+                topics.append(self.topics.job_events(job_level(job)))
+        await for_each(topics, lambda t: client.publish(t, b"", qos=1, retain=True))
+        if gone:
+            self.log.info("retained events of jobs this store does not know cleared",
+                          jobs=gone[:MAX_NAMED], count=len(gone))  # fmt: skip
 
     # -- the daemon's hooks --------------------------------------------------------------
 
@@ -352,6 +392,8 @@ class Plane:
                 with contextlib.suppress(ValueError):
                     topics.append(self.topics.job_events(job_level(job)))
             await for_each(topics, lambda t: client.publish(t, b"", qos=1, retain=True))
+        if self._unknown:
+            await self._clear_unknown(client)
         while True:  # a page at a time: after a long outage (or [mqtt] added to an old
             # store) the events not yet published may be the whole history
             after = self.execution.events_published

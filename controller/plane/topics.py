@@ -24,7 +24,9 @@ lost changes nothing, and a restarted agent does not undo what its predecessor d
 every connection the daemon publishes every plan and every job's latest event again (a
 broker restarted without persistence has lost them); consumers dedupe events on
 ``sequence``. A job deleted by retention (``daemon.keep_days``) has its retained event
-cleared: an empty payload on its ``jobs/<job>/events`` topic, which consumers drop. An
+cleared: an empty payload on its ``jobs/<job>/events`` topic, which consumers drop; so
+has a job agents run that the store does not know (a store restored from an older
+backup: :mod:`controller.plane.unknown_events`). An
 agent subscribes to its plan, its plan's parts and the status.
 
 Names in topics. A server name is one topic level: 1-128 characters of
