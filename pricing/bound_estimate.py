@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -209,6 +209,25 @@ class SideEstimate:
         log_u = np.maximum(top + log_u_margin - self.log_scale, log_l)
         return log_u, log_l
 
+    def refit(
+        self, old: Sequence[str], new: Sequence[str], fresh: SideEstimate
+    ) -> SideEstimate | None:
+        """This side over resources ``new`` (its own are ``old``): each resource kept
+        keeps its followed U (by name), one added starts from ``fresh``'s (the prior), one
+        removed is dropped; the floor is kept. None if a kept resource's mean capacity
+        (``log_scale``, from ``fresh``) changed: its values are in other units."""
+        at = {r: j for j, r in enumerate(old)}
+        top = []
+        for i, r in enumerate(new):
+            j = at.get(r)
+            if j is None:
+                top.append(fresh.top[i])
+            elif self.log_scale[j] != fresh.log_scale[i]:
+                return None
+            else:
+                top.append(self.top[j])
+        return SideEstimate(fresh.log_scale, self.floor, tuple(top))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "scale": self.log_scale.tolist(),  # (R,) float64: Python floats
@@ -290,6 +309,38 @@ class BoundEstimate:
         return bool(
             np.array_equal(self.worker.log_scale, log_mean_capacity(cluster.worker_capacity))
             and np.array_equal(self.ps.log_scale, log_mean_capacity(cluster.ps_capacity))
+        )
+
+    def refit(self, fresh: BoundEstimate) -> BoundEstimate | None:
+        """This estimate over the resources of ``fresh`` (:meth:`start` for the
+        configured cluster), matched by name, not position: a reorder keeps every
+        resource's U; an added resource starts from ``fresh``'s (the prior, at its full
+        weight); a removed one drops its own. Itself if it :meth:`fits` already.
+
+        L and ``B_ref`` are kept: a job's floor value sums over the resources it
+        demands, and no job seen demanded one added (it did not exist), so each keeps
+        its value; after a removal the jobs seen counted a resource the next ones will
+        not, which the estimate follows like any change of workload (it moves at most
+        ``e^STEP`` per job either way). None (start afresh) for a state without
+        resource names (:meth:`empty`), or where a kept resource's mean capacity
+        changed (the config's servers changed: the values are in other units)."""
+        if fresh.resources is None or self.resources is None:
+            return None
+        if self.resources == fresh.resources:
+            return self if self._same_scale(fresh) else None
+        sides = [
+            mine.refit(self.resources, fresh.resources, theirs)
+            for mine, theirs in ((self.worker, fresh.worker), (self.ps, fresh.ps))
+        ]
+        if sides[0] is None or sides[1] is None:
+            return None
+        return replace(self, worker=sides[0], ps=sides[1], resources=fresh.resources)
+
+    def _same_scale(self, other: BoundEstimate) -> bool:
+        """Whether both sides' mean capacities are ``other``'s, position by position."""
+        return bool(
+            np.array_equal(self.worker.log_scale, other.worker.log_scale)
+            and np.array_equal(self.ps.log_scale, other.ps.log_scale)
         )
 
     def observe(self, job: Job) -> BoundEstimate:

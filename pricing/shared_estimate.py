@@ -41,7 +41,7 @@ its submitter's.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -244,6 +244,22 @@ class SharedEstimate:
         """True if every submitter's estimate was started for ``cluster``."""
         return all(e.fits(cluster) for e in self.submitters.values())
 
+    def refit(self) -> SharedEstimate | None:
+        """Every submitter's estimate over the resources of :attr:`fresh` (the configured
+        cluster's), by name (:meth:`BoundEstimate.refit`): a reorder keeps every
+        resource's bounds, an added one starts from the prior, a removed one drops only
+        its own. Itself if every one fits already; None if one cannot be (start afresh).
+        The :attr:`lag` is by name already (:meth:`from_parts`)."""
+        submitters = {}
+        for name, estimate in self.submitters.items():
+            refitted = estimate.refit(self.fresh)
+            if refitted is None:
+                return None
+            submitters[name] = refitted
+        if all(submitters[k] is e for k, e in self.submitters.items()):
+            return self
+        return SharedEstimate(self.fresh, submitters, lag=self.lag)
+
     def describe(self, resources: Sequence[str]) -> dict[str, Any]:
         """What ``oasis bounds`` shows (:meth:`BoundEstimate.describe`), for the median
         in use, with the voters: each submitter and its jobs (``-``: no name)."""
@@ -278,11 +294,13 @@ class SharedEstimate:
         """JSON-safe state but the submitters' estimates: their names and the lag. A
         store keeps each submitter's :meth:`state` apart, so a decision rewrites one."""
         lag = None if self.lag is None else [[float(x) for x in row] for row in self.lag]
+        resources = self.fresh.resources
         return {
             "format": _FORMAT,
             "version": _VERSION,
             "submitters": sorted(self.submitters),
             "lag": lag,
+            "resources": None if resources is None else list(resources),  # the lag's
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -307,10 +325,6 @@ class SharedEstimate:
         names = head.get("submitters")
         if head.get("version") != _VERSION or not isinstance(names, list):
             return None, []
-        try:
-            lag = _lag_from(head.get("lag"), len(fresh.worker.top))
-        except ValueError:
-            return None, []
         submitters, lost = {}, []
         for name in names:
             if not isinstance(name, str) or len(name) > 200:
@@ -320,6 +334,10 @@ class SharedEstimate:
                 lost.append(name)
                 estimate = fresh
             submitters[name] = estimate
+        try:
+            lag = _lag_from(head.get("lag"), _lag_names(head, submitters.values()), fresh)
+        except ValueError:
+            return None, []
         return cls(fresh, submitters, lag=lag), lost
 
     @classmethod
@@ -335,17 +353,40 @@ class SharedEstimate:
         return None if lone is None else cls(fresh, {ANONYMOUS: lone})
 
 
-def _lag_from(raw: Any, n: int) -> np.ndarray | None:
-    """A stored :attr:`SharedEstimate.lag`: None, or a finite ``(4, n)`` array.
+def _lag_names(head: dict[str, Any], estimates: Iterable[BoundEstimate]) -> list[str] | None:
+    """The resources a stored :attr:`SharedEstimate.lag`'s columns are of: the head's
+    (written since the lag is kept by name), else those of the submitters' estimates if
+    they agree (a head written before); None if neither says."""
+    named = head.get("resources")
+    if isinstance(named, list) and all(isinstance(r, str) for r in named):
+        return named
+    found = {e.resources for e in estimates if e.resources is not None}
+    return list(found.pop()) if len(found) == 1 else None
+
+
+def _lag_from(raw: Any, names: list[str] | None, fresh: BoundEstimate) -> np.ndarray | None:
+    """A stored :attr:`SharedEstimate.lag` over the resources of ``fresh``: None, or a
+    finite ``(4, R)`` array. Its columns are taken by resource name (``names``: the
+    stored ones), a resource added getting 0 (at the median); without names, by position.
 
     Raises:
-        ValueError: anything else."""
+        ValueError: anything else, or columns that match neither names nor positions."""
     if raw is None:
         return None
     try:
         lag = np.array(raw, dtype=np.float64)
     except (TypeError, OverflowError) as err:
         raise ValueError("lag: not numbers") from err
-    if lag.shape != (4, n) or not np.isfinite(lag).all():
+    n = len(fresh.worker.top)
+    if lag.ndim != 2 or lag.shape[0] != 4 or not np.isfinite(lag).all():
+        raise ValueError("lag: not a finite (4, R) array")
+    if names is not None and fresh.resources is not None and len(names) == lag.shape[1]:
+        at = {r: j for j, r in enumerate(names)}
+        out = np.zeros((4, n))
+        for i, r in enumerate(fresh.resources):
+            if r in at:
+                out[:, i] = lag[:, at[r]]
+        lag = out
+    elif lag.shape != (4, n):
         raise ValueError("lag: not a finite (4, R) array")
     return lag if lag.any() else None

@@ -4,8 +4,12 @@ in the store across restarts, and an operator's control over it (``oasis bounds`
 reset to the prior, pin U and L, unpin.
 
 A stored estimate is used only if it reads back and was started for the configured
-servers (:meth:`pricing.bound_estimate.BoundEstimate.fits`); otherwise the estimate
-starts afresh from the prior, and the log says why. A change of the configured prior
+servers; its resources are matched by name
+(:meth:`pricing.bound_estimate.BoundEstimate.refit`): reordering ``[cluster] resources``
+keeps every resource's estimate, an added resource starts from the prior and the others
+keep theirs, a removed one drops only its own. Otherwise (a kept resource's mean
+capacity changed: the servers changed) the estimate starts afresh from the prior, and
+the log says why. A change of the configured prior
 takes effect at ``oasis bounds reset`` (or with a new store): the stored estimate has
 taken in jobs the new prior does not know of.
 
@@ -69,16 +73,34 @@ class BoundControl(AdmissionState):
                     "price-bound estimates start afresh for some submitters",
                     why="their stored state is missing or unreadable", submitters=lost[:20],
                 )  # fmt: skip
+        refitted = None if stored is None else stored.refit()
         if stored is None:
             why = "the stored state is of an older format or unreadable"
-        elif not stored.fits(self.cluster):
+        elif refitted is None:
             why = "the stored state was estimated for other servers or resources"
         else:
-            return stored
+            if refitted is not stored:
+                self._note_refit(stored)
+            return refitted
         if self._estimate_note != why:  # once, not at every rebuild after an outage
             self.log.warning("price-bound estimate starts afresh", why=why, prior=fresh.prior)
             self._estimate_note = why
         return fresh
+
+    def _note_refit(self, stored: SharedEstimate) -> None:
+        """Log, once, that the stored estimate was kept across a change of the configured
+        resources (their order, or one added or removed), by name."""
+        now = self.cluster.resources
+        before = next((e.resources for e in stored.submitters.values() if e.resources), ())
+        note = f"refit {before} -> {now}"
+        if self._estimate_note == note:
+            return
+        self._estimate_note = note
+        self.log.info(
+            "price-bound estimate kept by resource name", resources=list(now),
+            added=[r for r in now if r not in before],
+            removed=[r for r in before if r not in now],
+        )  # fmt: skip
 
     def _stored_pins(self, session: Session) -> Pins:
         """The stored pins; none (with a warning) if the row is not valid pins."""
