@@ -136,3 +136,41 @@ def test_sqlite_values_not_of_their_column_type_read_as_null() -> None:
     assert good.at.replace(tzinfo=UTC) == at  # SQLite keeps no zone: written in UTC
     assert tuple(edited) == (None, None, None, None, None)
     assert tuple(odd) == (None, None, 3.0, None, None)
+
+
+def test_an_upgrade_is_logged_once_with_its_revisions(store_url: str) -> None:
+    """The journal says that a start migrated the store, from which revision to which,
+    through which migrations and how long it took; before, only ``store ready`` named
+    the new revision, so an operator could not tell from it that an upgrade had run."""
+    from structlog.testing import capture_logs
+
+    db = Database(store_url)
+    try:
+        command.upgrade(_alembic_config(store_url), "0004")  # a store of an older oasis
+        with capture_logs() as logs:
+            assert migrate(db) == "0009"
+            assert migrate(db) == "0009"  # the second start migrates nothing
+        said = [(e["event"], e.get("from_revision"), e.get("migrations")) for e in logs]
+        steps = ["0005", "0006", "0007", "0008", "0009"]
+        assert said == [
+            ("migrating the store", "0004", steps),
+            ("store migrated", "0004", steps),
+        ]
+        assert logs[1]["to_revision"] == "0009" and logs[1]["seconds"] >= 0
+    finally:
+        db.dispose()
+
+
+def test_a_new_store_is_logged_as_created(store_url: str) -> None:
+    from structlog.testing import capture_logs
+
+    db = Database(store_url)
+    try:
+        with capture_logs() as logs:
+            migrate(db)
+        assert [(e["event"], e["from_revision"], e["to_revision"]) for e in logs] == [
+            ("store created", None, "0009")
+        ]
+        assert logs[0]["migrations"][0] == "0001"
+    finally:
+        db.dispose()

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
+import structlog
 from alembic import command
 from alembic import util as alembic_util
 from alembic.config import Config
@@ -610,6 +611,8 @@ def migrate(db: Database) -> str:
         )
     cfg = _alembic_config(db.url)
     engine = _migration_engine(db)
+    log = structlog.get_logger("oasisd")
+    applied: list[str] = []  # what this call migrated, once committed
     try:
         with db.patient(_MIGRATION_SECONDS, locks=True), engine.begin() as conn:
             if engine.dialect.name == "postgresql":
@@ -619,11 +622,30 @@ def migrate(db: Database) -> str:
                 check_new_store(conn, db.engine.url)  # not beside one search_path hides
             if now != head:
                 cfg.attributes["connection"] = conn
+                applied = _migration_steps(script, head, now)
+                if now is not None:  # an upgrade: say so before a long rewrite starts
+                    log.info("migrating the store", from_revision=now, to_revision=head,
+                             migrations=applied)  # fmt: skip
+                started = time.monotonic()
                 command.upgrade(cfg, "head")
+        if applied:  # committed: another daemon's migration leaves this one nothing
+            log.info(
+                "store migrated" if now is not None else "store created",
+                from_revision=now,
+                to_revision=head,
+                migrations=applied,
+                seconds=round(time.monotonic() - started, 3),
+            )
     finally:
         if engine is not db.engine:
             engine.dispose()
     return head
+
+
+def _migration_steps(script: ScriptDirectory, head: str, current: str | None) -> list[str]:
+    """The revisions an upgrade from ``current`` (None: a new store) to ``head`` applies,
+    oldest first."""
+    return [r.revision for r in reversed(list(script.iterate_revisions(head, current or "base")))]
 
 
 def _migration_engine(db: Database) -> Engine:
