@@ -740,3 +740,37 @@ def test_a_cordon_before_a_standbys_first_follow_is_in_its_ledger(
         for node in (a, b):
             if node is not None:
                 node.close()
+
+
+def test_a_standby_never_leads_a_store_a_newer_oasis_migrated(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    """In the upgrade audit a standby of the older version (0008), left running while an
+    upgraded node migrated the store to 0009, took the lead when the old leader stopped:
+    it refuses such a store at start, but never looked again. It now says why and
+    leaves the lock alone, and leads again once the store is at a revision it knows."""
+    url = postgres.new_database()
+    a = Node(tmp_path, url, "a")
+    b = None
+    try:
+        a.take_over()
+        b = Node(tmp_path, url, "b")
+        assert not b.c.leading
+        with a.db.session() as s:  # what a newer oasis's migration leaves
+            s.execute(text("UPDATE alembic_version SET version_num = '0099'"))
+        problem = b.c.takeover_problem()
+        assert "the store is at schema revision '0099', which this oasis does not know" in (
+            problem
+        ), problem
+        assert "upgrade it and restart it" in problem
+        _cut_lease(url, a)
+        assert b.elect() == "standby"
+        assert b.c.cannot_lead == problem
+        with a.db.session() as s:
+            s.execute(text("UPDATE alembic_version SET version_num = '0009'"))
+        assert b.c.takeover_problem() == ""
+        assert b.elect() == "leader"
+    finally:
+        for node in (a, b):
+            if node is not None:
+                node.close()

@@ -38,6 +38,7 @@ from controller.errors import SlotGridChangedError
 from controller.events import Event
 from controller.store import EventRow
 from controller.store.commit_process import START_SECONDS
+from controller.store.database import newer_revision
 from controller.store.writer_lock import Holder, clock_offset, recorded_holder, this_process
 from pricing.errors import CapacityError
 
@@ -231,7 +232,8 @@ class Follow(Recovery):
         return applied
 
     def takeover_problem(self) -> str:
-        """Why this standby cannot lead the store as it is ("" if it can): its slot grid
+        """Why this standby cannot lead the store as it is ("" if it can): a newer oasis
+        migrated it (:func:`~controller.store.database.newer_revision`), its slot grid
         is not that of the stored plans, or it lacks resources they demand (checked
         again once an event was applied since), its clock is too far from the last leader's
         (:meth:`_clock_problem`), or its servers or window would move plans another node
@@ -239,6 +241,13 @@ class Follow(Recovery):
         before it takes the lock and records an epoch."""
         try:
             with self.db.session() as session:
+                newer = newer_revision(session.connection())
+                if newer is not None:
+                    return (
+                        f"the store is at schema revision {newer[:64]!r}, which this oasis "
+                        "does not know: a newer oasis migrated it. This node does not lead "
+                        "it; upgrade it and restart it (README: Upgrades)"
+                    )
                 self._check_slot_grid(session)
                 # the resources check reads every live job's spec (0.5 s at 50,000) and
                 # the election asks every retry_seconds: made again only once an event

@@ -25,6 +25,7 @@ ledger's rebuild at start-up may take longer on a large store: they run under
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -65,6 +66,7 @@ __all__ = [
     "StoreVersionError",
     "in_batches",
     "migrate",
+    "newer_revision",
     "rewrites_ahead",
 ]
 
@@ -579,6 +581,23 @@ def _revisions(db: Database) -> tuple[ScriptDirectory, str, str | None]:
     assert head is not None
     with db.engine.begin() as conn:
         return script, head, MigrationContext.configure(conn).get_current_revision()
+
+
+@functools.cache
+def _known_revisions() -> frozenset[str]:
+    """Every revision of this oasis's migrations (read from ``migrations/`` once)."""
+    script = ScriptDirectory.from_config(_alembic_config("sqlite://"))
+    return frozenset(r.revision for r in script.walk_revisions())
+
+
+def newer_revision(conn: Connection) -> str | None:
+    """The store's schema revision if this oasis does not know it (a newer oasis migrated
+    the store since this daemon started it), else None. A standby asks before it takes
+    the lead (:meth:`~controller.admission.follow.Follow.takeover_problem`): in the upgrade
+    audit a standby of the older version took the lead of a store an upgraded node had
+    just migrated, which it refuses at start."""
+    current = MigrationContext.configure(conn).get_current_revision()
+    return current if current is not None and current not in _known_revisions() else None
 
 
 def rewrites_ahead(db: Database) -> list[str]:
