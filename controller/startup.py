@@ -148,7 +148,8 @@ def _open_ha(controller: AdmissionController, writer: WriterLock | None) -> None
         with db.patient(START_SECONDS):
             held = _beside_no_leader(db, writer)
             try:
-                migrate(db)  # concurrent daemons serialise on the migration's own lock
+                # concurrent daemons serialise on the migration's own lock
+                migrate(db, controller.log)
             finally:
                 if held:
                     writer.release()

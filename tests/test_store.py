@@ -6,6 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+import structlog
 from alembic import command
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, select, text
@@ -148,8 +150,9 @@ def test_an_upgrade_is_logged_once_with_its_revisions(store_url: str) -> None:
     try:
         command.upgrade(_alembic_config(store_url), "0004")  # a store of an older oasis
         with capture_logs() as logs:
-            assert migrate(db) == "0009"
-            assert migrate(db) == "0009"  # the second start migrates nothing
+            log = structlog.get_logger("oasisd")
+            assert migrate(db, log) == "0009"
+            assert migrate(db, log) == "0009"  # the second start migrates nothing
         said = [(e["event"], e.get("from_revision"), e.get("migrations")) for e in logs]
         steps = ["0005", "0006", "0007", "0008", "0009"]
         assert said == [
@@ -161,13 +164,24 @@ def test_an_upgrade_is_logged_once_with_its_revisions(store_url: str) -> None:
         db.dispose()
 
 
-def test_a_new_store_is_logged_as_created(store_url: str) -> None:
+def test_a_new_store_is_logged_as_created(
+    store_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In the daemon's log; a tool's or a library's migrate (no log given) prints nothing:
+    structlog's default wrote the line to standard output, into ``oasis offline --json``
+    (a test's in-process store, in CI)."""
     from structlog.testing import capture_logs
 
+    quiet = Database(f"sqlite:///{tmp_path / 'quiet.db'}")
+    try:
+        migrate(quiet)
+    finally:
+        quiet.dispose()
+    assert capsys.readouterr() == ("", "")
     db = Database(store_url)
     try:
         with capture_logs() as logs:
-            migrate(db)
+            migrate(db, structlog.get_logger("oasisd"))
         assert [(e["event"], e["from_revision"], e["to_revision"]) for e in logs] == [
             ("store created", None, "0009")
         ]

@@ -153,7 +153,7 @@ class Recovery(Moves, BoundControl):
         # the commit process starts meanwhile (a standby's too: a takeover need not wait
         # for it); the daemon serves once it is up, so no first answer waits for it
         starting = self._start_committer()
-        revision = migrate(self.db)
+        revision = migrate(self.db, self.log)
         warm_up()
         with self._write() if self.leading else self.db.session() as session:
             self.slots.epoch = self._epoch(session)

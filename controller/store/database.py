@@ -610,15 +610,17 @@ def rewrites_ahead(db: Database) -> list[str]:
     return sorted(r for r in ahead if r in REWRITING_REVISIONS)
 
 
-def migrate(db: Database) -> str:
+def migrate(db: Database, log: Any = None) -> str:
     """Bring the schema to the newest revision; returns it.
 
     Check, lock, check again, upgrade: concurrent daemons on one PostgreSQL serialise on
     an advisory lock; SQLite serialises on its own write lock. StoreVersionError if the
     store is at a revision this oasis does not know (a newer one migrated it);
     StoreHiddenError if a new PostgreSQL store would be created while another schema of
-    its database holds one (:mod:`.search_path`).
-    """
+    its database holds one (:mod:`.search_path`). ``log`` (the daemon's: a structlog
+    logger) is told of an upgrade before and after it, and of a store created; None:
+    nothing said (a tool's or a library's use: structlog's default printed the lines to
+    standard output, into ``--json`` output)."""
     script, head, current = _revisions(db)
     if current == head:
         return head
@@ -630,7 +632,8 @@ def migrate(db: Database) -> str:
         )
     cfg = _alembic_config(db.url)
     engine = _migration_engine(db)
-    log = structlog.get_logger("oasisd")
+    if log is None:
+        log = structlog.wrap_logger(structlog.ReturnLogger())  # says nothing
     applied: list[str] = []  # what this call migrated, once committed
     try:
         with db.patient(_MIGRATION_SECONDS, locks=True), engine.begin() as conn:
