@@ -5,12 +5,17 @@ turn off Chromium's own background traffic (updates, sync, QUIC)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHROMEDRIVER", "CHROMIUM", "artifacts_dir", "chromium", "missing"]
+import pytest
+
+__all__ = ["CHROMEDRIVER", "CHROMIUM", "artifacts_dir", "chromium", "missing", "needed", "opened"]
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -36,6 +41,33 @@ def missing() -> list[str]:
     except ImportError:
         out.append("the selenium package")
     return out
+
+
+def needed() -> None:
+    """Skip the calling test without a browser, or fail it if ``OASIS_REQUIRE_BROWSER=1``
+    (CI sets it: a missing browser must not pass as a skip)."""
+    lacking = missing()
+    if lacking:
+        if os.environ.get("OASIS_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"OASIS_REQUIRE_BROWSER=1 but missing: {', '.join(lacking)}")
+        pytest.skip(f"no browser: missing {', '.join(lacking)} "
+                    "(apt-get install -y chromium chromium-driver)")  # fmt: skip
+
+
+@contextlib.contextmanager
+def opened(tz: str | None = None) -> Iterator[Any]:
+    """:func:`chromium` with a profile of its own, quit and removed after; ``tz``: the
+    time zone it runs in (Chromium reads ``TZ``), None: the process's."""
+    profile = tempfile.mkdtemp(prefix="oasis-chromium-")
+    with pytest.MonkeyPatch.context() as patch:
+        if tz is not None:
+            patch.setenv("TZ", tz)
+        driver = chromium(profile)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
 
 
 def chromium(profile: str) -> Any:

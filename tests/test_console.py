@@ -19,10 +19,7 @@ downloads a driver (``SE_OFFLINE``).
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -39,7 +36,7 @@ from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.tls import client_channel
-from tests.browser import artifacts_dir, chromium, missing
+from tests.browser import artifacts_dir, needed, opened
 from tests.servers import SMALL_JOB, Daemon, json_log, write_config
 
 TOKENS = {"alice": "alice-console-token", "bob": "bob-console-token", "ops": "ops-console-token"}
@@ -49,15 +46,6 @@ LOADING = "#app > .muted:only-child"  # "Loading..." until the script draws the 
 WAIT = 15.0  # seconds a page may take to show what it should
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def _browser_or_skip() -> None:
-    lacking = missing()
-    if lacking:
-        if os.environ.get("OASIS_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"OASIS_REQUIRE_BROWSER=1 but missing: {', '.join(lacking)}")
-        pytest.skip(f"no browser to test the console with: missing {', '.join(lacking)} "
-                    "(apt-get install -y chromium chromium-driver)")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +79,7 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    _browser_or_skip()
+    needed()
     d = tmp_path_factory.mktemp("console")
     tokens = d / "tokens"
     tokens.write_text("".join(f"{n} {ROLES[n]} {hash_token(t)}\n" for n, t in TOKENS.items()))
@@ -112,14 +100,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    _browser_or_skip()
-    profile = tempfile.mkdtemp(prefix="oasis-chromium-")
-    driver = chromium(profile)
-    try:
+    needed()
+    with opened() as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 # -- helpers ---------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import pytest
 
 from controller.rpc import oasis_pb2 as pb
 from tests.broker import mosquitto_binary
-from tests.browser import artifacts_dir, chromium, missing
+from tests.browser import artifacts_dir, chromium, needed
 from tests.servers import json_log
 from tests.test_console import shoot
 from tests.test_mqtt_plane import SERVERS, Cluster, plane_job, wait_for
@@ -34,11 +34,7 @@ pytestmark = [
 
 @pytest.fixture
 def plane(tmp_path: Path) -> Iterator[tuple[Cluster, str]]:
-    lacking = missing()
-    if lacking:
-        if os.environ.get("OASIS_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"OASIS_REQUIRE_BROWSER=1 but missing: {', '.join(lacking)}")
-        pytest.skip(f"no browser: missing {', '.join(lacking)}")
+    needed()
     cluster = Cluster(tmp_path)
     text = cluster.daemon.config.read_text()
     cluster.daemon.config.write_text(

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import socket
 import tempfile
@@ -32,7 +31,7 @@ from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.tls import client_channel
-from tests.browser import chromium, missing
+from tests.browser import chromium, needed
 from tests.servers import SMALL_JOB, Daemon, json_log, write_config
 
 TOKENS = {"alice": "alice-stream-token", "bob": "bob-stream-token", "ops": "ops-stream-token",
@@ -155,11 +154,7 @@ def test_a_refused_tab_says_it_is_not_updating(console: Console) -> None:
     """In a real browser: a page of a user whose streams are all taken says it is not
     updating (an EventSource refused is closed for good, so "reconnecting" would be
     false); another user's page is live."""
-    lacking = missing()
-    if lacking:
-        if os.environ.get("OASIS_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"OASIS_REQUIRE_BROWSER=1 but missing: {', '.join(lacking)}")
-        pytest.skip(f"no browser: missing {', '.join(lacking)}")
+    needed()
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -24,7 +22,7 @@ from controller.clock import SlotTimes
 from controller.jobspec import check_worth, prepare
 from pricing import SpecError
 from pricing.durations import format_duration, format_time, parse_duration
-from tests.browser import chromium, missing
+from tests.browser import needed, opened
 from tests.servers import ROOT, Daemon, json_log, oasis, write_config
 from tests.test_jobspec import CLUSTER, PEOPLE, SLOT, problems
 
@@ -239,19 +237,10 @@ def _function(source: str, name: str) -> str:
 
 @pytest.fixture(scope="module")
 def new_york_browser() -> Iterator[Any]:
-    """Chromium in America/New_York (the zone it reads from ``TZ``)."""
-    lacking = missing()
-    if lacking:
-        pytest.skip(f"no browser: missing {', '.join(lacking)}")
-    profile = tempfile.mkdtemp(prefix="oasis-chromium-")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TZ", "America/New_York")
-        driver = chromium(profile)
-    try:
+    """Chromium in America/New_York."""
+    needed()
+    with opened("America/New_York") as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def test_the_console_shows_a_length_whole_and_a_time_across_a_clock_change_with_its_zone(
