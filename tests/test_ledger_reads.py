@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import tracemalloc
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, cast
 
 import grpc
@@ -40,18 +41,28 @@ JOB = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AdmissionController]:
+def busy_controller(
+    directory: Path, workers: int, ps: int, window: int, jobs: int
+) -> AdmissionController:
+    """An in-process controller of ``workers`` GPU servers and ``ps`` PS servers, a
+    window of ``window`` slots, with ``jobs`` of :data:`JOB` admitted (the caller closes
+    it)."""
     cluster = {
         "resources": ["gpu", "cpu", "mem", "disk", "bandwidth"],
         "servers": [
-            *({"name": f"w{i}", "kind": "worker", "capacity": GPU} for i in range(WORKERS)),
-            *({"name": f"p{i}", "kind": "ps", "capacity": CPU} for i in range(PS)),
+            *({"name": f"w{i}", "kind": "worker", "capacity": GPU} for i in range(workers)),
+            *({"name": f"p{i}", "kind": "ps", "capacity": CPU} for i in range(ps)),
         ],
     }
-    c = open_controller(tmp_path_factory.mktemp("ledger-reads"), cluster, WINDOW)
-    for i in range(6):
+    c = open_controller(directory, cluster, window)
+    for i in range(jobs):
         assert asyncio.run(c.submit({**JOB, "id": f"j{i}"})).decision.admitted
+    return c
+
+
+@pytest.fixture(scope="module")
+def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AdmissionController]:
+    c = busy_controller(tmp_path_factory.mktemp("ledger-reads"), WORKERS, PS, WINDOW, 6)
     yield c
     c.close()
 

@@ -20,37 +20,20 @@ import numpy as np
 import pytest
 from prometheus_client import generate_latest
 
-from bench.operator_scale import open_controller
 from controller.admission import AdmissionController
 from controller.config import ConfigError, from_dict, load
 from controller.metrics import Metrics
 from controller.price_metrics import QUANTILES
 from tests.servers import CLUSTER_TOML, example_config
+from tests.test_ledger_reads import busy_controller
 from tests.test_metrics import Samples, parse
 
 WORKERS, PS, WINDOW = 400, 110, 12  # 510 servers: past the default of 500
-GPU = {"gpu": 8, "cpu": 64, "mem": 488, "disk": 500, "bandwidth": 25}
-CPU = {"cpu": 36, "mem": 60, "disk": 500, "bandwidth": 25}
-JOB = {
-    "epochs": 2, "chunks": 16, "minibatches": 50, "tau": 0.1, "grad_mb": 100,
-    "worker": {"gpu": 1, "cpu": 4, "mem": 8, "disk": 5, "bandwidth": 1},
-    "ps": {"cpu": 2, "mem": 8, "disk": 5, "bandwidth": 5},
-    "utility": {"kind": "sigmoid", "priority": 80, "decay": 0.2, "target": 6},
-}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AdmissionController]:
-    cluster = {
-        "resources": ["gpu", "cpu", "mem", "disk", "bandwidth"],
-        "servers": [
-            *({"name": f"w{i}", "kind": "worker", "capacity": GPU} for i in range(WORKERS)),
-            *({"name": f"p{i}", "kind": "ps", "capacity": CPU} for i in range(PS)),
-        ],
-    }
-    c = open_controller(tmp_path_factory.mktemp("price-metrics"), cluster, WINDOW)
-    for i in range(4):
-        assert asyncio.run(c.submit({**JOB, "id": f"j{i}"})).decision.admitted
+    c = busy_controller(tmp_path_factory.mktemp("price-metrics"), WORKERS, PS, WINDOW, 4)
     # into the slot the jobs run in: some servers' prices now above the floor
     c.slots.clock.advance(3600.0)  # type: ignore[attr-defined]
     asyncio.run(c.tick())
