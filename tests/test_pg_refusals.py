@@ -53,6 +53,22 @@ class RoleStore:
         dsn = f"host=127.0.0.1 port={self.port} user=oasis dbname={database or self.database}"
         return psycopg.connect(dsn, autocommit=True)
 
+    def impose(self, statements: str) -> None:
+        """Run a DBA's ``"; "``-separated ``statements``, then end the role's sessions so
+        that they take effect."""
+        with self.admin() as admin:
+            for statement in statements.split("; "):
+                admin.execute(statement)
+        self.end_sessions()
+
+    def lift(self, statement: str) -> None:
+        """Undo a fault with ``statement`` (in a session that may write, whatever the
+        database's default), then end the role's sessions so that it takes effect."""
+        with self.admin() as admin:
+            admin.execute("SET default_transaction_read_only = off")  # this session's
+            admin.execute(statement)
+        self.end_sessions()
+
     def end_sessions(self) -> None:
         """End the role's sessions, as a DBA does so that a setting takes effect."""
         with self.admin("postgres") as conn:
@@ -176,10 +192,7 @@ def test_a_store_that_refuses_the_role_is_unavailable_naming_the_remedy_then_rec
             stub = pb_grpc.AdmissionStub(channel)
             answers = {f"before{i}": _submit(stub, f"before{i}") for i in range(3)}
 
-            with role_store.admin() as admin:
-                for statement in do.split("; "):
-                    admin.execute(statement)
-            role_store.end_sessions()  # settings take effect in new sessions
+            role_store.impose(do)
             details = _refused(stub, "during", words)
             assert role_store.role in details
             # what was stored is still read (not with the tables out of search_path)
@@ -187,10 +200,7 @@ def test_a_store_that_refuses_the_role_is_unavailable_naming_the_remedy_then_rec
                 listed = stub.ListJobs(pb.ListJobsRequest(), timeout=30)
                 assert {j.spec.id for j in listed.jobs} >= set(answers)
 
-            with role_store.admin() as admin:
-                admin.execute("SET default_transaction_read_only = off")  # this session's
-                admin.execute(undo)
-            role_store.end_sessions()
+            role_store.lift(undo)
             # no call comes: the ledger still drops the decisions the store refused
             # (before, reads showed them until the next submission or slot boundary)
             _ledger_is_the_store(daemon.address, role_store.url)
@@ -391,10 +401,7 @@ def test_the_admission_service_is_not_serving_while_the_store_refuses_writes(
             assert _submit(stub, "before").job.decision.admitted
             _health_becomes(channel, SERVING)
 
-            with role_store.admin() as admin:
-                for statement in do.split("; "):
-                    admin.execute(statement)
-            role_store.end_sessions()  # settings take effect in new sessions
+            role_store.impose(do)
             # ending the sessions ended the writer lock's too, and with the tables out of
             # sight it cannot be taken again: the whole daemon is NOT_SERVING then, as
             # for a lock lost in an outage (controller/store/watch.py)
@@ -403,10 +410,7 @@ def test_the_admission_service_is_not_serving_while_the_store_refuses_writes(
             cluster = pb_grpc.ClusterStub(channel)  # reads are served
             assert cluster.GetClusterInfo(pb.GetClusterInfoRequest(), timeout=10).window > 0
 
-            with role_store.admin() as admin:
-                admin.execute("SET default_transaction_read_only = off")  # this session's
-                admin.execute(undo)
-            role_store.end_sessions()
+            role_store.lift(undo)
             _health_becomes(channel, SERVING, reads)  # by itself: no submission came
             assert _decided(stub, "after").job.decision.admitted
             assert set(_health(channel).values()) == {SERVING}
