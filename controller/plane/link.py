@@ -181,14 +181,19 @@ class Plane:
         except Exception as err:  # the store: the agents' next reports queue them again
             self.log.debug("unknown jobs not looked up", error=str(err)[:200])
             return
-        topics = []
-        for job in gone:
-            with contextlib.suppress(ValueError):
-                topics.append(self.topics.job_events(job_level(job)))
-        await for_each(topics, lambda t: client.publish(t, b"", qos=1, retain=True))
+        await self._clear_events(client, gone)
         if gone:
             self.log.info("retained events of jobs this store does not know cleared",
                           jobs=gone[:MAX_NAMED], count=len(gone))  # fmt: skip
+
+    async def _clear_events(self, client: aiomqtt.Client, job_ids: list[str]) -> None:
+        """Clear the retained events of ``job_ids``: an empty retained message clears a
+        topic's retained one (a key stored before the check names no topic: skipped)."""
+        topics = []
+        for job in job_ids:
+            with contextlib.suppress(ValueError):
+                topics.append(self.topics.job_events(job_level(job)))
+        await for_each(topics, lambda t: client.publish(t, b"", qos=1, retain=True))
 
     # -- the daemon's hooks --------------------------------------------------------------
 
@@ -385,13 +390,9 @@ class Plane:
         self._parts |= parts  # once published: a round cut short clears again next time
         for plan in plans:
             self.published[plan.server] = plan
-        if self._to_clear:  # an empty retained message clears a topic's retained one
+        if self._to_clear:
             clear = [self._to_clear.popleft() for _ in range(len(self._to_clear))]
-            topics = []
-            for job in clear:  # a key stored before the check names no topic
-                with contextlib.suppress(ValueError):
-                    topics.append(self.topics.job_events(job_level(job)))
-            await for_each(topics, lambda t: client.publish(t, b"", qos=1, retain=True))
+            await self._clear_events(client, clear)
         if self._unknown:
             await self._clear_unknown(client)
         while True:  # a page at a time: after a long outage (or [mqtt] added to an old
