@@ -304,11 +304,8 @@ class BoundEstimate:
         """True if this state was started for ``cluster`` (:meth:`start`): the same
         resources and mean capacities. A stored state that does not fit (the config's
         servers changed, or one from :meth:`empty`) should be started afresh."""
-        if self.resources != cluster.resources:
-            return False
-        return bool(
-            np.array_equal(self.worker.log_scale, log_mean_capacity(cluster.worker_capacity))
-            and np.array_equal(self.ps.log_scale, log_mean_capacity(cluster.ps_capacity))
+        return self.resources == cluster.resources and self._scales_are(
+            log_mean_capacity(cluster.worker_capacity), log_mean_capacity(cluster.ps_capacity)
         )
 
     def refit(self, fresh: BoundEstimate) -> BoundEstimate | None:
@@ -327,7 +324,7 @@ class BoundEstimate:
         if fresh.resources is None or self.resources is None:
             return None
         if self.resources == fresh.resources:
-            return self if self._same_scale(fresh) else None
+            return self if self._scales_are(fresh.worker.log_scale, fresh.ps.log_scale) else None
         sides = [
             mine.refit(self.resources, fresh.resources, theirs)
             for mine, theirs in ((self.worker, fresh.worker), (self.ps, fresh.ps))
@@ -336,11 +333,11 @@ class BoundEstimate:
             return None
         return replace(self, worker=sides[0], ps=sides[1], resources=fresh.resources)
 
-    def _same_scale(self, other: BoundEstimate) -> bool:
-        """Whether both sides' mean capacities are ``other``'s, position by position."""
+    def _scales_are(self, worker: NDArray[np.float64], ps: NDArray[np.float64]) -> bool:
+        """Whether the sides' log mean capacities are ``worker`` and ``ps``, ``(R,)``
+        each, position by position."""
         return bool(
-            np.array_equal(self.worker.log_scale, other.worker.log_scale)
-            and np.array_equal(self.ps.log_scale, other.ps.log_scale)
+            np.array_equal(self.worker.log_scale, worker) and np.array_equal(self.ps.log_scale, ps)
         )
 
     def observe(self, job: Job) -> BoundEstimate:
