@@ -74,6 +74,14 @@ class Cluster:
             else:
                 yield kind, idx, self.ps_names[idx], self.ps_capacity[idx]
 
+    def capacities(self) -> dict[str, tuple[Kind, dict[str, float]]]:
+        """Every server by name, in listing order: its kind and its capacity by resource
+        name (as the store records a server)."""
+        return {
+            name: (kind, dict(zip(self.resources, caps.tolist(), strict=True)))
+            for kind, _, name, caps in self.servers()
+        }
+
     @property
     def bandwidth(self) -> int:
         """Index of the bandwidth resource."""

@@ -336,10 +336,7 @@ class Recovery(Moves, BoundControl):
         stored = {r.name: (r.kind, r.capacity) for r in session.scalars(select(ServerRow))}
         if not stored:
             return out
-        configured = {
-            name: (kind, dict(zip(self.cluster.resources, caps.tolist(), strict=True)))
-            for kind, _, name, caps in self.cluster.servers()
-        }
+        configured = self.cluster.capacities()
         for name in sorted(configured.keys() | stored.keys()):
             if name not in stored:
                 out.append(f"server {name}: configured here, not recorded")
@@ -461,8 +458,7 @@ class Recovery(Moves, BoundControl):
 
     def _sync_servers(self, session: Session) -> None:
         session.execute(delete(ServerRow))
-        for pos, (kind, _, name, caps) in enumerate(self.cluster.servers()):
-            capacity = dict(zip(self.cluster.resources, caps.tolist(), strict=True))
+        for pos, (name, (kind, capacity)) in enumerate(self.cluster.capacities().items()):
             session.add(ServerRow(name=name, kind=kind, position=pos, capacity=capacity))
 
     def _rebuild(self) -> int:

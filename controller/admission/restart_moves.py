@@ -26,14 +26,6 @@ SHOWN_JOBS = 5
 """Job ids named per reason, at most (the count says how many in all)."""
 
 
-def _servers(cluster: Cluster) -> dict[str, tuple[str, dict[str, float]]]:
-    """Each server's kind and capacity by resource name."""
-    return {
-        name: (kind, {r: float(cap[i]) for i, r in enumerate(cluster.resources)})
-        for kind, _idx, name, cap in cluster.servers()
-    }
-
-
 def _why(server: str, old: Any, new: Any) -> str:
     """Why plans on ``server`` may no longer fit ("" if they still do)."""
     if new is None:
@@ -52,7 +44,7 @@ def restart_moves(
     slot ``last``) would re-place, re-plan or fail admitted jobs planned from slot
     ``first`` on under ``running``: the reason, how many jobs, the first few ids. Slots
     are the daemon's slot numbers. [] if none would move."""
-    old, new = _servers(running), _servers(fresh)
+    old, new = running.capacities(), fresh.capacities()
     rows = session.execute(
         select(AllocationRow.job_id, AllocationRow.server, func.max(AllocationRow.slot))
         .join(JobRow, JobRow.id == AllocationRow.job_id)
