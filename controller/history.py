@@ -109,8 +109,10 @@ def load_history(db: Database, first: int | None = None, last: int | None = None
     Only what the stretch needs is read: the compared jobs, the allocations of the
     horizon's slots and the specs of the other jobs those hold. Before, every job and
     allocation of the store was read first: one day's comparison of a year's history
-    (10^6 jobs) took 45 s and 2.6 GB (``bench/history_scale.py``)."""
-    with db.session() as session:
+    (10^6 jobs) took 45 s and 2.6 GB (``bench/history_scale.py``). All of it is read in
+    one snapshot of the store (:meth:`Database.snapshot`), so a daemon deciding, or its
+    retention deleting jobs, meanwhile changes nothing of what is compared."""
+    with db.snapshot() as session:
         window, slot_seconds, cluster = _daemon_state(session)
         if first is None or last is None:
             low, high = session.execute(
@@ -269,7 +271,7 @@ def load_jobs(
     """
     if first is not None and last is not None:
         _check_stretch(first, last)
-    with db.session() as session:
+    with db.snapshot() as session:
         window, slot_seconds, cluster = _daemon_state(session)
         chosen = select(JobRow.id, JobRow.spec).where(JobRow.state != "cancelled")
         if first is not None:

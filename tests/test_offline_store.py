@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import structlog
+from sqlalchemy import event
 
 from controller.admission import AdmissionController
 from controller.cli import main
@@ -133,6 +134,37 @@ def test_from_to_compares_one_stretch_and_holds_the_rest(
     # with the earlier jobs' resources held, the optimum cannot beat an empty cluster
     alone = solve_offline(history.trace, time_limit=30)
     assert alone.optimum is not None and out["optimum"] <= alone.optimum + 1e-6
+
+
+def test_a_decision_committed_while_the_store_is_read_changes_nothing_read(
+    tmp_path: Path,
+) -> None:
+    """The daemon decides while ``oasis offline --store`` reads: a job admitted between
+    the read of the jobs and that of the allocations is not half seen (its allocations
+    counted as another job's held use); the history equals the store's before it."""
+    raw, specs = _jobs(5, 9)
+    c = Controller(tmp_path, raw)
+    db = Database(c.url)
+    try:
+        for spec in specs[:3]:
+            c.submit(spec)
+        quiet = load_history(db)
+        decided: list[Any] = []
+
+        def decide_meanwhile(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            if "FROM allocations" in statement and not decided:
+                decided.extend(c.submit(spec) for spec in specs[3:])
+
+        event.listen(db.engine, "before_cursor_execute", decide_meanwhile)
+        busy = load_history(db)
+    finally:
+        c.inner.close()
+        db.dispose()
+    assert any(v.decision.admitted for v in decided)  # their allocations were in the store
+    assert [j.id for j in busy.trace.jobs] == [j.id for j in quiet.trace.jobs]
+    assert (busy.held.worker_used == quiet.held.worker_used).all()
+    assert (busy.held.ps_used == quiet.held.ps_used).all()
+    assert busy.online == quiet.online
 
 
 @pytest.mark.parametrize(

@@ -10,11 +10,11 @@ import pytest
 import structlog
 from alembic import command
 from alembic.script import ScriptDirectory
-from sqlalchemy import inspect, select, text
+from sqlalchemy import func, inspect, select, text
 
 from controller.store import AllocationRow, Database, JobRow, migrate
 from controller.store.database import _alembic_config
-from controller.store.models import Base
+from controller.store.models import Base, MetaRow
 
 
 def test_single_head() -> None:
@@ -188,3 +188,25 @@ def test_a_new_store_is_logged_as_created(
         assert logs[0]["migrations"][0] == "0001"
     finally:
         db.dispose()
+
+
+def test_a_snapshot_reads_the_store_as_at_its_first_read(store_url: str) -> None:
+    """``Database.snapshot``: rows committed (or deleted) by another session after the
+    snapshot's first read are not seen by its later reads; it writes nothing."""
+    db = Database(store_url)
+    migrate(db)
+    with db.session() as s:
+        s.add(MetaRow(key="gone", value={"n": 1}))
+    counted = select(func.count()).select_from(MetaRow)
+    with db.snapshot() as snap:
+        before = snap.scalar(counted)
+        with db.session() as s:
+            s.add(MetaRow(key="new", value={"n": 2}))
+            s.delete(s.get(MetaRow, "gone"))
+        assert snap.scalar(counted) == before
+        assert snap.get(MetaRow, "gone") is not None
+        assert snap.get(MetaRow, "new") is None
+    with db.session() as s:
+        assert s.get(MetaRow, "new") is not None and s.get(MetaRow, "gone") is None
+        assert s.scalar(counted) == before
+    db.dispose()

@@ -215,6 +215,28 @@ class Database:
             yield session
 
     @contextmanager
+    def snapshot(self) -> Iterator[Session]:
+        """A session whose reads all see the store as it was at its first one, for a
+        reader of several statements beside a running daemon (``oasis offline --store``):
+        without it each statement saw the store of its moment, and a job that retention
+        deleted, or a decision committed, between two of them made the reads disagree.
+
+        PostgreSQL: one ``REPEATABLE READ, READ ONLY`` transaction. SQLite: an explicit
+        ``BEGIN`` (Python's driver opens none before a read), whose first read fixes the
+        snapshot in WAL mode. Nothing is written; the transaction is rolled back."""
+        with self._outages(), self.engine.connect() as conn:
+            if self.engine.dialect.name == "sqlite":
+                conn.exec_driver_sql("BEGIN")
+            else:
+                conn.execution_options(isolation_level="REPEATABLE READ")  # this connection
+                conn.exec_driver_sql("SET TRANSACTION READ ONLY")
+            try:
+                with Session(bind=conn, expire_on_commit=False) as session:
+                    yield session
+            finally:
+                conn.rollback()
+
+    @contextmanager
     def held_session(self) -> Iterator[Session]:
         """As :meth:`session`, on one connection kept open from call to call (for one
         thread: the group-commit writer's), so a transaction costs no pool checkout and
