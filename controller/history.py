@@ -35,6 +35,7 @@ from sqlalchemy.orm import Session
 from controller.admission import SETTINGS_KEY
 from controller.history_capacity import block_outages, clip_over_capacity, read_outages
 from controller.store import AllocationRow, Database, JobRow, MetaRow, ServerRow, in_batches
+from controller.store.retention_mark import deleted_before
 from controller.store.stored import stored_spec
 from pricing import SpecError, fields, job_from_dict
 from pricing.cluster import Cluster, cluster_from_dict
@@ -121,6 +122,7 @@ def load_history(db: Database, first: int | None = None, last: int | None = None
         lo = first if first is not None else (low if isinstance(low, int) else 0)
         hi = last if last is not None else (high if isinstance(high, int) else lo)
         _check_stretch(lo, hi)
+        lo, retention_notes = _past_deletions(lo, hi, first is None, deleted_before(session))
         arrived = [
             r
             for r in session.scalars(
@@ -191,7 +193,7 @@ def load_history(db: Database, first: int | None = None, last: int | None = None
         except (AttributeError, TypeError, ValueError) as err:
             raise HistoryError(f"the stored spec of job {a.job_id!r}: its demands: {err}") from err
 
-    notes = _job_notes(arrived, compared)
+    notes = retention_notes + _job_notes(arrived, compared)
     notes += clip_over_capacity(cluster, lo, worker_used, ps_used, allocs, set(index))
     notes += block_outages(outages, cluster, lo, worker_used, ps_used)
     schedules: list[Schedule | None] = []
@@ -217,6 +219,27 @@ def load_history(db: Database, first: int | None = None, last: int | None = None
     online = [_online(r) for r in compared]
     held = Held(worker_used, ps_used, last_slot)
     return History(trace, held, online, schedules, lo, window, tuple(notes))
+
+
+def _past_deletions(
+    lo: int, hi: int, defaulted: bool, deleted: int | None
+) -> tuple[int, list[str]]:
+    """The first slot compared, and the notes on it, where retention deleted the jobs
+    of the slots before slot ``deleted`` (:mod:`controller.store.retention_mark`): their
+    use reads as free, so a stretch from before it would compare against a cluster
+    emptier than the daemon's. A stretch the operator did not choose (``defaulted``: no
+    ``--from``) starts at ``deleted`` if any job arrived from it on; otherwise it stays,
+    and so does an operator's ``--from``, with a note saying what is optimistic."""
+    if deleted is None or lo >= deleted:
+        return lo, []
+    why = (f"jobs that ended before slot {deleted} were deleted by retention "
+           "(daemon.keep_days)")  # fmt: skip
+    if defaulted and hi >= deleted:
+        return deleted, [f"compared from slot {deleted} on: {why}, and the slots of jobs "
+                         f"that ran beside them would look free (--from {lo} compares "
+                         "them anyway)"]  # fmt: skip
+    return lo, [f"optimistic: {why}; in slots {lo} .. {deleted - 1} their resources "
+                f"count as free offline (--from {deleted} compares only what is kept)"]  # fmt: skip
 
 
 def _online(row: JobRow) -> OnlineJob:

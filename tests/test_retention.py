@@ -22,7 +22,18 @@ from controller.admission import AdmissionController
 from controller.clock import FakeClock, SlotClock
 from controller.config import ConfigError, from_dict
 from controller.errors import NotFoundError
-from controller.store import AllocationRow, Database, EventRow, JobRow, OutageRow, ProgressRow
+from controller.history import load_history
+from controller.store import (
+    AllocationRow,
+    Database,
+    EventRow,
+    JobRow,
+    MetaRow,
+    OutageRow,
+    ProgressRow,
+    migrate,
+)
+from controller.store.retention_mark import RETENTION_KEY, deleted_before
 from tests.test_mqtt_units import CLUSTER, PlaneDaemon
 
 HOUR = 3600.0
@@ -223,3 +234,44 @@ def test_a_console_stream_reads_the_owner_again_at_a_later_decision(
 
     assert asyncio.run(scenario()) == [True, True, False, True]
     assert reads == [["a"], ["a"]]
+
+
+def test_offline_compares_no_stretch_whose_neighbours_retention_deleted(tmp_path: Path) -> None:
+    """Retention records how far it deleted (``controller/store/retention_mark.py``); the
+    default comparison of ``oasis offline --store`` starts there, and an operator's
+    earlier ``--from`` is compared with a note that it is optimistic: the deleted jobs'
+    slots read as free."""
+    c, clock = _controller(tmp_path, keep_days=1)  # 24 one-hour slots
+    try:
+        assert asyncio.run(c.submit({"id": "done", **SPEC})).decision.admitted  # arrival 1
+        _to_slot(c, clock, 14)
+        beside = asyncio.run(c.submit({"id": "beside", **SPEC, "epochs": 6})).decision  # from 15
+        assert beside.admitted and beside.completion_slot is not None
+        _to_slot(c, clock, 40)  # cutoff 40 - 24 = 16: "done" goes, "beside" stays
+        assert asyncio.run(c.submit({"id": "new", **SPEC})).decision.admitted
+        assert _rows(c)["jobs"] == {"beside", "new"}
+        with c.db.session() as session:
+            assert deleted_before(session) == 16
+        default = load_history(c.db)
+        chosen = load_history(c.db, first=0, last=41)
+    finally:
+        c.close()
+    assert beside.completion_slot >= 16  # it ran beside the deleted job's time, and stays
+    assert default.first_slot == 16 and [j.id for j in default.trace.jobs] == ["new"]
+    assert any("compared from slot 16 on" in n for n in default.notes), default.notes
+    assert [j.id for j in chosen.trace.jobs] == ["beside", "new"]
+    assert any(n.startswith("optimistic:") and "--from 16" in n for n in chosen.notes)
+
+
+EDITED = ["16", [], *({"deleted_before_slot": v} for v in ("16", True, -1, 1.5))]
+
+
+@pytest.mark.parametrize("value", EDITED)
+def test_a_retention_record_edited_by_hand_reads_as_none(tmp_path: Path, value: Any) -> None:
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    migrate(db)
+    with db.session() as session:
+        session.add(MetaRow(key=RETENTION_KEY, value=value))
+    with db.session() as session:
+        assert deleted_before(session) is None
+    db.dispose()

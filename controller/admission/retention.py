@@ -27,7 +27,9 @@ that counts failures), and the events of no job (``server_failed``,
 ``server_recovered``, ``server_cordoned``, ``server_uncordoned``, ``bounds``) of slots
 before the cutoff. Before, they were kept for ever: one row and two events per failure. ``oasis
 offline --store`` and ``oasis calibrate --store`` see only what is kept. ``keep_days =
-0`` (the default) keeps every job."""
+0`` (the default) keeps every job. How far the deletions reach is recorded in the store
+(:mod:`controller.store.retention_mark`), so that ``oasis offline --store`` compares no
+stretch whose neighbours are gone without saying so."""
 
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ from controller.admission.decide import DecisionCore
 from controller.clock import slots_for
 from controller.plane.settings import MAX_FLAP_SECONDS
 from controller.store import AllocationRow, EventRow, JobRow, OutageRow, ProgressRow
+from controller.store.retention_mark import mark_deleted_before
 
 __all__ = ["PRUNE_BATCH", "PRUNE_SERVER_STEPS", "Retention"]
 
@@ -112,6 +115,7 @@ class Retention(DecisionCore):
                 session.execute(delete(table).where(table.job_id.in_(ids)))
             session.execute(delete(EventRow).where(EventRow.job_id.in_(ids)))
             session.execute(delete(JobRow).where(JobRow.id.in_(ids)))
+            mark_deleted_before(session, cutoff)
         self._ids.forget(ids)
         for forget in self.prune_hooks:
             forget(ids)
@@ -141,6 +145,8 @@ class Retention(DecisionCore):
             ))  # fmt: skip
             if events:
                 session.execute(delete(EventRow).where(EventRow.sequence.in_(events)))
+            if outages:
+                mark_deleted_before(session, ended)
         if outages or events:
             self.log.info("servers' history deleted", outages=len(outages), events=len(events),
                           ended_before_slot=cutoff, keep_days=self.config.keep_days)  # fmt: skip
