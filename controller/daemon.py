@@ -54,7 +54,8 @@ from controller.store.urls import shown
 from controller.store.watch import PROBE_SECONDS, StoreWatch, WriterLockLostError
 from controller.store.writer_lock import PostgresWriterLock, writer_lock
 from controller.systemd import Notifier
-from controller.tls import MAX_RESPONSE_BYTES, check_exposure, server_credentials
+from controller.tls import MAX_RESPONSE_BYTES, check_exposure
+from controller.tls_renewal import CHECK_SECONDS, CertificateWatch
 from pricing import jit
 from pricing.errors import SpecError
 
@@ -157,6 +158,10 @@ async def serve(
     gc.freeze()
 
     metrics = Metrics(controller) if config.metrics_listen else None
+    # [tls]'s files renewed in place are served to new connections without a restart
+    certificates = CertificateWatch(config.tls, log) if config.tls is not None else None
+    if metrics is not None and certificates is not None:
+        metrics.watch_certificate(lambda: certificates.served.expires)
     plane = PlaneRunner(controller, config, metrics)  # the leader's only
     limits = config.limits
     # the metrics first, so they count the calls refused; then who may call (tokens,
@@ -194,8 +199,8 @@ async def serve(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable((*SERVICES, health.SERVICE_NAME), server)  # v1 and v1alpha
     try:
-        if config.tls is not None:
-            port = server.add_secure_port(config.listen, server_credentials(config.tls))
+        if certificates is not None:
+            port = server.add_secure_port(config.listen, certificates.credentials())
         else:
             port = server.add_insecure_port(config.listen)
         metrics_address = metrics.serve(config.metrics_listen) if metrics is not None else ""
@@ -244,6 +249,10 @@ async def serve(
                        log=log)  # fmt: skip
     events = [PeriodicEvent("slot clock", config.tick_seconds, controller.tick),
               PeriodicEvent("store watch", PROBE_SECONDS, watch.check)]  # fmt: skip
+    if certificates is not None:
+        if console is not None:
+            certificates.listeners.append(console.renew)
+        events.append(PeriodicEvent("tls files", CHECK_SECONDS, certificates.check))
     if ha is not None:
         assert isinstance(writer, PostgresWriterLock)  # open_store refused anything else
         leadership = Leadership(controller, writer, ha, role_changed, log=log)

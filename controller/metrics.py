@@ -185,6 +185,18 @@ class Metrics:
         self.registry.register(_ControllerCollector(controller))
         self._httpd: Any = None
 
+    def watch_certificate(self, expires: Callable[[], float]) -> None:
+        """Export the expiry of the certificate the daemon serves (``[tls]``; its
+        ``notAfter``, Unix seconds, as ``expires()`` says at each scrape:
+        :mod:`controller.tls_renewal`)."""
+        gauge = Gauge(
+            "oasis_tls_certificate_expiry_timestamp_seconds",
+            "When the TLS certificate served to new connections expires (its notAfter), "
+            "Unix seconds; it follows renewals of the [tls] files.",
+            registry=self.registry,
+        )
+        gauge.set_function(expires)
+
     def set_broker(self, up: bool | None) -> None:
         """Broker health: None when no broker is configured, else whether it is connected."""
         self.broker_configured.set(0 if up is None else 1)

@@ -36,7 +36,6 @@ __all__ = [
     "is_loopback",
     "loopback_names",
     "read_pem",
-    "server_credentials",
     "tls_from_dict",
 ]
 
@@ -157,15 +156,6 @@ def check_exposure(listen: str, tls: TlsConfig | None, allow_insecure_remote: bo
             "and key (and client_ca for mutual TLS), or daemon.allow_insecure_remote = true "
             "to serve plaintext to the network",
         )
-
-
-def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
-    """The gRPC server credentials of ``tls`` (client certificates required if mutual)."""
-    return grpc.ssl_server_credentials(
-        [(tls.key_pem, tls.cert_pem)],
-        root_certificates=tls.client_ca_pem,
-        require_client_auth=tls.mutual,
-    )
 
 
 MAX_RESPONSE_BYTES = 16 * 2**20

@@ -68,6 +68,7 @@ def _issue(
     ca: bool = False,
     usage: x509.ObjectIdentifier | None = None,
     ips: tuple[str, ...] = (),
+    days: float = 1,
 ) -> x509.Certificate:
     now = dt.datetime.now(dt.UTC)
     issuer_name, issuer_key = issuer if issuer else (_name(subject), key)
@@ -78,7 +79,7 @@ def _issue(
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(hours=1))
-        .not_valid_after(now + dt.timedelta(days=1))
+        .not_valid_after(now + dt.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
         # key identifiers, as real CAs issue them: Python 3.13 verifies with
         # VERIFY_X509_STRICT, which refuses a certificate without its issuer's (RFC 5280)

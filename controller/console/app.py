@@ -38,8 +38,10 @@ from __future__ import annotations
 import asyncio
 import gzip
 import secrets
+import ssl
 from collections.abc import Callable
 from importlib import resources
+from typing import Any
 
 from aiohttp import web
 
@@ -61,7 +63,7 @@ from controller.console.streams import EventStreams
 from controller.console.views import Views, _int
 from controller.holds import Holds
 from controller.limits import RateLimiter
-from controller.tls import is_loopback, loopback_names
+from controller.tls import TlsConfig, is_loopback, loopback_names
 
 # Console and start_console; the rest were defined here before the console was split
 # into parts, and are still importable from here
@@ -94,6 +96,7 @@ class Console(Middleware, Views, EventStreams):
         self.tokens = config.tokens
         self.limiter = limiter
         self.sessions = Sessions(config.web.session_seconds)
+        self._tls: ssl.SSLContext | None = None  # the newest certificate's (HTTPS only)
         self.version = pages.static_version()
         self.static = {
             name: resources.files("controller.console").joinpath("static", name).read_bytes()
@@ -168,6 +171,9 @@ class Console(Middleware, Views, EventStreams):
         )
         await self.runner.setup()
         tls = _ssl_context(self.config.tls) if self.config.tls is not None else None
+        if tls is not None:  # each handshake takes the newest certificate (``renew``)
+            self._tls = tls
+            tls.sni_callback = self._newest_certificate
         server, cap = self.runner.server, self.config.web.max_connections
         assert server is not None  # set up above
 
@@ -195,6 +201,16 @@ class Console(Middleware, Views, EventStreams):
         self.address = f"{host}:{bound[1]}"
         self.hosts |= loopback_names(host, bound[1])
         return self.address
+
+    def renew(self, tls: TlsConfig) -> None:
+        """Serve the certificate of ``tls`` to new connections (renewed in place:
+        :mod:`controller.tls_renewal`); raises ``ssl.SSLError`` (an OSError) if its files
+        do not load, and nothing changes."""
+        self._tls = _ssl_context(tls)
+
+    def _newest_certificate(self, connection: Any, server_name: str | None, context: Any) -> None:
+        if context is not self._tls:  # the listener's own context: switch to the newest
+            connection.context = self._tls
 
     async def close(self) -> None:
         """End the event streams, then stop serving."""

@@ -1,0 +1,191 @@
+"""``[tls]``'s files renewed in place (``controller/tls_renewal.py``): the daemon serves
+the new certificate to new connections of its gRPC API and console without a restart,
+exports its expiry, keeps serving the old one while the files do not load, and warns of
+an expiry near. The daemon runs as a subprocess on loopback; clients are real TLS
+connections."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import ssl
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from controller.tls import client_channel, tls_from_dict
+from controller.tls_renewal import CHECK_SECONDS, CertificateWatch
+from tests.servers import Daemon, free_port, json_log, write_config
+from tests.test_security import Pki, _issue, _write, make_pki
+
+WAIT = 6 * CHECK_SECONDS  # a check comes every CHECK_SECONDS; the machine may be slow
+
+
+def _served(port: int) -> x509.Certificate:
+    """The certificate a new TLS connection to 127.0.0.1:``port`` is given."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["h2", "http/1.1"])
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        context.wrap_socket(raw) as tls,
+    ):
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der)
+
+
+def _until(check: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def _renew(pki: Pki, directory: Path, days: float) -> x509.Certificate:
+    """A new key and certificate from the same CA, written over the served paths as a
+    renewal tool does: each file written beside, then renamed over."""
+    ca_key = _load_key(pki.ca.with_suffix(".key"))
+    ca = x509.load_pem_x509_certificate(pki.ca.read_bytes())
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = _issue("oasisd", key, (ca.subject, ca_key), usage=ExtendedKeyUsageOID.SERVER_AUTH,
+                  ips=("127.0.0.1", "::1"), days=days)  # fmt: skip
+    _write(directory / "new", cert, key)
+    os.replace(directory / "new.key", pki.server_key)
+    os.replace(directory / "new.crt", pki.server_cert)
+    return cert
+
+
+def _load_key(path: Path) -> Any:
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    return load_pem_private_key(path.read_bytes(), None)
+
+
+def _expiry_metric(port: int) -> float | None:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    name = "oasis_tls_certificate_expiry_timestamp_seconds "
+    lines = [line for line in text.splitlines() if line.startswith(name)]
+    return float(lines[0].split()[1]) if lines else None
+
+
+@pytest.fixture(scope="module")
+def renewed(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Daemon, Pki, Path, int, int]]:
+    d = tmp_path_factory.mktemp("renewal")
+    pki = make_pki(d)
+    web, metrics = free_port(), free_port()
+    extra = f"""
+[tls]
+cert = "{pki.server_cert}"
+key = "{pki.server_key}"
+[web]
+listen = "127.0.0.1:{web}"
+[metrics]
+listen = "127.0.0.1:{metrics}"
+"""
+    config = write_config(d / "oasisd.toml", d / "data", extra=extra)
+    daemon = Daemon(config, d / "oasisd.log").start()
+    yield daemon, pki, d, web, metrics
+    assert daemon.stop() == 0, (d / "oasisd.log").read_text()
+
+
+def test_a_renewed_certificate_is_served_to_new_connections_without_a_restart(
+    renewed: tuple[Daemon, Pki, Path, int, int],
+) -> None:
+    daemon, pki, d, web, metrics = renewed
+    grpc_port = int(daemon.address.rpartition(":")[2])
+    first = x509.load_pem_x509_certificate(pki.server_cert.read_bytes())
+    assert _served(grpc_port) == first and _served(web) == first
+    assert _expiry_metric(metrics) == first.not_valid_after_utc.timestamp()
+    health = health_pb2.HealthCheckRequest(service="")
+    old = client_channel(daemon.address, ca_pem=pki.ca.read_bytes())
+    health_pb2_grpc.HealthStub(old).Check(health, timeout=10)
+
+    second = _renew(pki, d, days=30)
+    _until(lambda: _served(grpc_port) == second, "the gRPC API serves the renewed certificate")
+    _until(lambda: _served(web) == second, "the console serves the renewed certificate")
+    assert _expiry_metric(metrics) == second.not_valid_after_utc.timestamp()
+    with client_channel(daemon.address, ca_pem=pki.ca.read_bytes()) as new:
+        reply = health_pb2_grpc.HealthStub(new).Check(health, timeout=10)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    # the connection open before the renewal goes on
+    health_pb2_grpc.HealthStub(old).Check(health, timeout=10)
+    old.close()
+    renewals = [
+        e for e in json_log(daemon.log_path) if e.get("event", "").startswith("tls: renewed")
+    ]
+    assert renewals and renewals[-1]["cert"] == str(pki.server_cert)
+
+
+def test_files_that_do_not_load_leave_the_served_certificate(
+    renewed: tuple[Daemon, Pki, Path, int, int],
+) -> None:
+    """A renewal caught half written (another key beside the certificate): the daemon
+    keeps serving the certificate it serves, says why once, and takes the files once they
+    load."""
+    daemon, pki, d, web, _ = renewed
+    grpc_port = int(daemon.address.rpartition(":")[2])
+    serving = x509.load_pem_x509_certificate(pki.server_cert.read_bytes())
+    _write(d / "other", _issue("x", ec.generate_private_key(ec.SECP256R1()), None),
+           ec.generate_private_key(ec.SECP256R1()))  # fmt: skip
+    os.replace(d / "other.key", pki.server_key)  # not the certificate's key
+
+    def refused() -> list[dict[str, Any]]:
+        return [e for e in json_log(daemon.log_path) if "do not load" in e.get("event", "")]
+
+    _until(lambda: bool(refused()), "the daemon says the files do not load")
+    assert "tls.key" in refused()[-1]["event"] and str(pki.server_key) in refused()[-1]["event"]
+    assert _served(grpc_port) == serving and _served(web) == serving
+    with client_channel(daemon.address, ca_pem=pki.ca.read_bytes()) as channel:
+        health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+    time.sleep(2 * CHECK_SECONDS)
+    assert len(refused()) == 1  # said once, not at every check
+    third = _renew(pki, d, days=40)
+    _until(lambda: _served(grpc_port) == third, "the files served once they load")
+
+
+class _Said:
+    """A structlog logger that keeps (level, event) of each line."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str]] = []
+
+    def __getattr__(self, level: str) -> Callable[..., None]:
+        return lambda event, **_: self.lines.append((level, event))
+
+
+def test_an_expiry_near_or_past_is_warned_of_once_a_day(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path)
+    tls = tls_from_dict({"cert": str(pki.server_cert), "key": str(pki.server_key)})
+    assert tls is not None
+    expires = x509.load_pem_x509_certificate(tls.cert_pem).not_valid_after_utc.timestamp()
+    now = [expires - 20 * 86400.0]
+    said = _Said()
+    watch = CertificateWatch(tls, said, now=lambda: now[0])
+    assert watch.served.expires == expires
+    asyncio.run(watch.check())
+    assert said.lines == []  # 20 days left
+    now[0] = expires - 3 * 86400.0
+    asyncio.run(watch.check())
+    asyncio.run(watch.check())
+    assert [level for level, _ in said.lines] == ["warning"], said.lines
+    assert "expires in 3.0 days" in said.lines[0][1]
+    now[0] += 86400.0
+    asyncio.run(watch.check())
+    assert len(said.lines) == 2 and "expires in 2.0 days" in said.lines[1][1]
+    now[0] = expires + 3600.0
+    asyncio.run(watch.check())
+    assert said.lines[-1][0] == "error" and "has expired" in said.lines[-1][1]
