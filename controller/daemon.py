@@ -43,6 +43,7 @@ from controller.ha.leadership import Leadership
 from controller.limits import RateLimiter
 from controller.metrics import Metrics
 from controller.reload import Reloader
+from controller.reload_status import ReloadStatus
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.servicer import AdmissionServicer, ClusterServicer, HighAvailabilityServicer
@@ -140,8 +141,16 @@ async def serve(
     # a reload sent while starting must not end the daemon (SIGHUP's default action):
     # the oasisd command took SIGHUP before its imports (controller/hangups.py)
 
+    def status_unwritten(err: OSError) -> None:
+        log.warning("reload: its outcome could not be written for oasisd reload",
+                    error=str(err)[:300])  # fmt: skip
+
+    # $RUNTIME_DIRECTORY/reload.json, for `oasisd reload` (systemctl reload) to wait on
+    status = ReloadStatus.from_environ(status_unwritten)
+
     def starting() -> None:
         log.warning("reload: still starting, nothing read; reload again once it is ready")
+        status.starting()
 
     hangups.hold()
     if hangups.route((loop, starting)):  # sent before the loop ran
@@ -229,7 +238,7 @@ async def serve(
         *([lambda new: limiter.retune(new.limits.rate, new.limits.burst)] if limiter else []),
         controller.reconfigure,
     ], controller.restart_problems, controller.jobs_left,
-        controller.restart_moves)  # fmt: skip
+        controller.restart_moves, status)  # fmt: skip
     hangups.route((loop, reloader.hangup))
 
     async def health_follows_store(up: bool) -> None:

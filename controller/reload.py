@@ -41,6 +41,7 @@ import structlog
 from controller.auth import Caller
 from controller.config import Config, ConfigError, load
 from controller.limits import Limits
+from controller.reload_status import ReloadStatus
 from controller.threads import in_daemon_thread
 
 __all__ = [
@@ -294,6 +295,8 @@ class Reloader:
             a server left out, renamed, of another kind or smaller, a shorter window);
             each logged as a warning, so an edit (a typo in a name) does not move
             tenants' jobs unannounced at the next restart.
+        status: where each reload's outcome is written for ``oasisd reload`` to wait
+            on (:mod:`controller.reload_status`); None: nowhere.
     """
 
     def __init__(
@@ -304,12 +307,15 @@ class Reloader:
         jobs_left: Callable[[Sequence[str]], Awaitable[Mapping[str, Mapping[str, int]]]]
         | None = None,
         restart_moves: Callable[[Config], Awaitable[Sequence[str]]] | None = None,
+        status: ReloadStatus | None = None,
     ) -> None:
         self.running = running
         self.targets = targets
         self.restart_problems = restart_problems
         self.jobs_left = jobs_left
         self.restart_moves = restart_moves
+        self.status = status or ReloadStatus(None)
+        self._said: list[str] = []  # what the reload running said, for its waiters
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Reread | None]] = set()
         self._waiting: asyncio.Task[Reread | None] | None = None
@@ -340,6 +346,7 @@ class Reloader:
         config's marks refused, and one left waiting was destroyed pending when the
         loop closed)."""
         self._stopping = True
+        self.status.stopping()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -349,21 +356,39 @@ class Reloader:
     async def _signalled(self) -> Reread | None:
         async with self._lock:
             self._waiting = None  # a SIGHUP from now on reads the file again after this
-            return await self._reread()
+            return await self._answered()
 
     async def reload(self) -> Reread | None:
         """Read the file again and apply its tokens; None if nothing could be read (the
         reason logged)."""
         async with self._lock:
-            return await self._reread()
+            return await self._answered()
 
-    async def _reread(self) -> Reread | None:
-        """:meth:`reload`, the lock held."""
+    async def _answered(self) -> Reread | None:
+        """:meth:`_reread`, numbered as it begins and its outcome written for the waiters
+        (:mod:`controller.reload_status`)."""
+        number = self.status.begin()
+        self._said = []
+        found = await self._reread(number)
+        if found is None:
+            self.status.answer(number, "refused", self._said)
+        else:
+            self.status.answer(number, "applied", self._said)
+        return found
+
+    def _say(self, line: str) -> None:
+        """A line for the waiters of the reload running (``oasisd reload``)."""
+        self._said.append(line)
+
+    async def _reread(self, number: int) -> Reread | None:
+        """:meth:`reload`, the lock held; ``number``: the reload's, for its answer."""
         if not self.running.tables:
             self.log.warning(
                 "reload: no config file to read again (the embedded defaults; start "
                 "oasisd --config FILE)"
             )
+            self._say("reload refused: no config file to read again (the embedded defaults; "
+                      "start oasisd --config FILE)")  # fmt: skip
             return None
         path = Path(self.running.source)
         try:
@@ -375,18 +400,24 @@ class Reloader:
                 f"{READ_SECONDS:g} s (a FIFO, a hung mount?); nothing changed",
                 config=str(path),
             )  # fmt: skip
+            self._say(f"reload refused: the config or tokens file was not read within "
+                      f"{READ_SECONDS:g} s (a FIFO, a hung mount?); nothing changed")  # fmt: skip
             return None
         except ConfigError as err:
             self.log.error(
                 "reload refused: the config file would not start oasisd; nothing "
                 "changed", config=str(path), error=str(err),
             )  # fmt: skip
+            self._say(f"reload refused: {path} would not start oasisd; nothing changed:")
+            self._said.extend(f"  {line}" for line in str(err).splitlines())
             return None
         except Exception as err:  # MemoryError, a bug: the daemon serves on as it was
             self.log.exception(
                 "reload refused: reading the config failed; nothing changed",
                 config=str(path), error=f"{type(err).__name__}: {str(err)[:300]}",
             )  # fmt: skip
+            self._say(f"reload refused: reading the config failed ({type(err).__name__}: "
+                      f"{str(err)[:300]}); nothing changed")  # fmt: skip
             return None
         self.running = found.config
         for target in self.targets:
@@ -397,8 +428,12 @@ class Reloader:
             "config reloaded", config=str(path), tokens=found.tokens.words(),
             limits=list(found.limits), restart_needed=list(found.restart),
         )  # fmt: skip
+        self._say(f"config reloaded: {path}")
+        self._say(f"tokens: {found.tokens.words()}")
+        self._say(f"limits: {'; '.join(found.limits) or 'no change'}")
         for problem in found.warnings:
             self.log.warning("config reloaded with a problem", problem=problem)
+            self._say(f"warning: {problem}")
         if found.tokens.removed:
             await self._check_left(found.tokens.removed)
         if found.restart:
@@ -408,6 +443,9 @@ class Reloader:
                 keys=list(found.keys), why=restart_reasons(found.restart),
                 hint="systemctl restart oasisd",
             )  # fmt: skip
+            self._say(f"waits for a restart (systemctl restart oasisd): {', '.join(found.keys)}")
+            self._said.extend(f"  {why}" for why in restart_reasons(found.restart))
+            self.status.answer(number, "applied", self._said, final=False)  # before the checks
             await self._check_restart(found)
         return found
 
@@ -425,6 +463,7 @@ class Reloader:
         except Exception as err:  # the store out of reach: the reload stands
             self.log.warning("reload: the removed tenants' jobs could not be counted",
                              error=str(err)[:300])  # fmt: skip
+            self._say(f"warning: the removed tenants' jobs could not be counted: {str(err)[:300]}")
             return
         if left:
             self.log.warning(
@@ -434,6 +473,9 @@ class Reloader:
                 jobs={name: dict(counts) for name, counts in left.items()},
                 **({"not_checked": len(removed) - len(names)} if len(removed) > len(names) else {}),
             )  # fmt: skip
+            jobs = ", ".join(f"{name}: {dict(counts)}" for name, counts in left.items())
+            self._say("warning: tenants removed from the tokens file still have jobs that may "
+                      f"run (oasis cancel NAME:ID ends one): {jobs}")  # fmt: skip
 
     async def _check_moves(self, found: Reread) -> None:
         """Warn of the admitted plans a restart with the file just read would move."""
@@ -444,6 +486,8 @@ class Reloader:
         except Exception as err:  # the store out of reach, a timeout: said, not fatal
             self.log.warning("reload: could not check which plans a restart would move",
                              error=f"{type(err).__name__}: {str(err)[:300]}")  # fmt: skip
+            self._say("warning: could not check which plans a restart would move: "
+                      f"{type(err).__name__}: {str(err)[:300]}")  # fmt: skip
             return
         for move in moves:
             self.log.warning(
@@ -452,6 +496,7 @@ class Reloader:
                 "to free a server first, oasis cordon it",
                 config=self.running.source, moves=move,
             )  # fmt: skip
+            self._say(f"warning: a restart with this config file would move admitted jobs: {move}")
 
     async def _check_restart(self, found: Reread) -> None:
         """Log, as errors, why a restart with the file just read would be refused."""
@@ -466,6 +511,8 @@ class Reloader:
                 "reload: could not check that a restart with this config would start",
                 error=f"{type(err).__name__}: {str(err)[:300]}",
             )
+            self._say("warning: could not check that a restart with this config would start: "
+                      f"{type(err).__name__}: {str(err)[:300]}")  # fmt: skip
             return
         await self._check_moves(found)
         for problem in problems:
@@ -474,3 +521,7 @@ class Reloader:
                 "the daemon would stay down; mend the file, then reload again",
                 config=self.running.source, problem=problem,
             )  # fmt: skip
+            self._say(
+                "error: a restart with this config file would be refused (exit 2), and "
+                f"the daemon would stay down; mend the file, then reload again: {problem}"
+            )
