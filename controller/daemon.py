@@ -456,7 +456,16 @@ def _ping(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="oasisd", description="The oasis admission daemon.")
+    args_given = sys.argv[1:] if argv is None else list(argv)
+    if args_given[:1] == ["reload"]:  # `oasisd reload --pid PID`: wait for a reload's verdict
+        from controller import reload_wait
+
+        return reload_wait.main(args_given[1:])
+    parser = argparse.ArgumentParser(
+        prog="oasisd",
+        description="The oasis admission daemon. `oasisd reload --pid PID` reloads a "
+        "running one's config file and waits for its verdict (systemctl reload).",
+    )
     parser.add_argument("--version", action="version", version=f"oasisd {version()}")
     parser.add_argument("--config", metavar="FILE", help="TOML config (default: embedded demo)")
     parser.add_argument("--listen", metavar="HOST:PORT", help="override daemon.listen")
