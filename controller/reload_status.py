@@ -12,9 +12,12 @@ is written), whole or not at all (a temporary file renamed over it), at each ste
   from reload ``N + 1`` or later, which read the file after the operator's edit (several
   SIGHUPs at once are one reload more, :meth:`controller.reload.Reloader.hangup`, so the
   reload answering may be another's too);
-- ``answered``, ``outcome``, ``lines``, ``final``: the number of the last reload that
-  came to a verdict, the verdict (:data:`OUTCOMES`), what it said (one line each, as the
-  journal has them) and whether its checks of a restart with the file are done too;
+- ``answers``: the last :data:`KEPT_ANSWERS` reloads that came to a verdict, each its
+  ``number``, the ``outcome`` (:data:`OUTCOMES`), what it said (``lines``, one each, as
+  the journal has them) and whether its checks of a restart with the file are done too
+  (``final``): a waiter reports the first one after its read, its own reload's (the
+  last one only would give a waiter whose SIGHUP was answered by reload 7 the "no
+  change" of a reload 8 that another waiter's SIGHUP started meanwhile);
 - ``stopping``: the daemon stops; the reloads begun and not answered read nothing more.
 
 A SIGHUP while the daemon still starts is answered ``"starting"`` (nothing read).
@@ -30,7 +33,16 @@ from typing import Any
 
 from controller.files import write_whole
 
-__all__ = ["OUTCOMES", "STATUS_NAME", "ReloadStatus", "Status", "read_status", "status_path"]
+__all__ = [
+    "KEPT_ANSWERS",
+    "OUTCOMES",
+    "STATUS_NAME",
+    "Answer",
+    "ReloadStatus",
+    "Status",
+    "read_status",
+    "status_path",
+]
 
 STATUS_NAME = "reload.json"
 """The file's name in ``$RUNTIME_DIRECTORY``."""
@@ -42,6 +54,19 @@ OUTCOMES = {
 }
 """Each verdict a reload's answer gives, and what it means."""
 
+KEPT_ANSWERS = 16
+"""The reloads' answers the file keeps, the latest."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One reload's verdict (see the module's docstring)."""
+
+    number: int
+    outcome: str
+    lines: tuple[str, ...] = ()
+    final: bool = True
+
 
 @dataclass(frozen=True)
 class Status:
@@ -49,26 +74,33 @@ class Status:
 
     pid: int
     begun: int = 0
-    answered: int = 0
-    outcome: str = ""
-    lines: tuple[str, ...] = ()
-    final: bool = True
+    answers: tuple[Answer, ...] = ()
     stopping: bool = False
 
     def to_json(self) -> str:
-        return json.dumps({**asdict(self), "lines": list(self.lines)}, indent=1) + "\n"
+        return json.dumps(asdict(self), indent=1) + "\n"
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Status:
         """The status in ``data`` (the file's JSON). Raises ValueError if it is not one."""
         try:
-            return cls(
-                pid=int(data["pid"]), begun=int(data["begun"]), answered=int(data["answered"]),
-                outcome=str(data["outcome"]), lines=tuple(str(x) for x in data["lines"]),
-                final=bool(data["final"]), stopping=bool(data["stopping"]),
-            )  # fmt: skip
+            answers = tuple(
+                Answer(
+                    int(a["number"]),
+                    str(a["outcome"]),
+                    tuple(str(x) for x in a["lines"]),
+                    bool(a["final"]),
+                )
+                for a in data["answers"]
+            )
+            return cls(int(data["pid"]), int(data["begun"]), answers, bool(data["stopping"]))
         except (KeyError, TypeError) as err:
             raise ValueError(f"not a reload status: {err}") from err
+
+    def first_after(self, seen: int) -> Answer | None:
+        """The answer of the first reload numbered above ``seen`` (None: none yet)."""
+        return min((a for a in self.answers if a.number > seen), default=None,
+                   key=lambda a: a.number)  # fmt: skip
 
 
 def status_path(environ: dict[str, str] | None = None) -> Path | None:
@@ -123,8 +155,9 @@ class ReloadStatus:
     def answer(self, number: int, outcome: str, lines: list[str], final: bool = True) -> None:
         """Reload ``number`` came to ``outcome`` (:data:`OUTCOMES`), saying ``lines``;
         ``final``: its checks are done too."""
-        self.now = replace(self.now, answered=number, outcome=outcome, lines=tuple(lines),
-                           final=final)  # fmt: skip
+        others = [a for a in self.now.answers if a.number != number]
+        kept = [*others, Answer(number, outcome, tuple(lines), final)][-KEPT_ANSWERS:]
+        self.now = replace(self.now, answers=tuple(kept))
         self._write()
 
     def starting(self) -> None:

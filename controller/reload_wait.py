@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from controller.reload_status import Status, read_status, status_path
+from controller.reload_status import Answer, read_status, status_path
 
 __all__ = [
     "EXIT_APPLIED",
@@ -121,18 +121,17 @@ def wait_for_reload(
         print(f"oasisd reload: may not signal process {pid} (another user's)", file=err)
         return EXIT_NO_DAEMON
     deadline = time.monotonic() + timeout
-    answer: Status | None = None
+    answer: Answer | None = None
     while True:
         try:
             now = read_status(path)
         except (OSError, ValueError):
             now = None  # replaced whole, never half written: gone (a stop), read again
         if now is not None and now.pid == pid:
-            if now.answered > seen:
-                answer = now
-                if now.final or now.stopping:
-                    return _report(now, out, err)
-            elif now.stopping:
+            answer = now.first_after(seen) or answer
+            if answer is not None and (answer.final or now.stopping):
+                return _report(answer, out, err)
+            if answer is None and now.stopping:
                 print("oasisd reload: the daemon is stopping: nothing read", file=err)
                 return EXIT_REFUSED
         if not _alive(pid):
@@ -150,8 +149,8 @@ def wait_for_reload(
         time.sleep(POLL_SECONDS)
 
 
-def _report(status: Status, out: TextIO, err: TextIO) -> int:
-    """Print ``status``'s answer; its exit status."""
+def _report(status: Answer, out: TextIO, err: TextIO) -> int:
+    """Print the reload's answer; its exit status."""
     if status.outcome != "applied":
         for line in status.lines or (f"reload {status.outcome}",):
             print(line, file=err)
