@@ -24,6 +24,10 @@ daemon thread that holds neither later reloads nor the daemon's exit. Turning
 ``[auth]`` on or off is a change of ``[auth]`` that waits for a restart too: it decides
 whether calls are authenticated at all.
 
+Each reload's verdict and what it said is written for ``oasisd reload`` to wait on
+(:mod:`controller.reload_status`, :mod:`controller.reload_wait`), so ``systemctl reload``
+fails when the file is refused, rather than return success while the journal alone says so.
+
 The alternative, a restart per tenant added or token rotated, costs every tenant the
 daemon's downtime (a drain, start-up, a failover with ``[ha]``).
 """

@@ -247,6 +247,15 @@ def test_unit_file_is_a_notify_service_with_a_watchdog_and_a_state_directory() -
     from controller.connections import RESERVED_FDS, Connections
 
     assert int(service["LimitNOFILE"]) >= Connections().max_connections + RESERVED_FDS
+    # systemctl reload waits for the daemon's verdict (oasisd reload), through the
+    # runtime directory, within the reload's timeout (TimeoutStartSec) and systemd's default
+    from controller.reload import READ_SECONDS, RESTART_CHECK_SECONDS
+    from controller.reload_wait import WAIT_SECONDS
+
+    assert service["ExecReload"] == "/opt/oasis/.venv/bin/oasisd reload --pid $MAINPID"
+    assert service["RuntimeDirectory"] == "oasis"
+    assert READ_SECONDS + RESTART_CHECK_SECONDS < WAIT_SECONDS < 90
+    assert int(service["TimeoutStartSec"]) > WAIT_SECONDS
     # the example config keeps its SQLite store in the unit's state directory
     example = tomllib.loads((ROOT / "config" / "oasisd.example.toml").read_text())
     assert example["daemon"]["data_dir"] == "/var/lib/oasis"
