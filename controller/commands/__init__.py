@@ -64,6 +64,10 @@ COMMANDS: dict[str, Command] = {
     "agent": Command(
         "controller.commands.agent", "run a node agent: follow a server's plan, report progress"
     ),
+    "store": Command(
+        "controller.commands.store",
+        "copy a whole store into another database, e.g. SQLite to PostgreSQL (daemon stopped)",
+    ),
     "token": Command(
         "controller.commands.token",
         "make a bearer token and the tokens-file line for oasisd's [auth]",
