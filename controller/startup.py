@@ -232,7 +232,8 @@ def _left_behind(data_dir: Path, store: str) -> None:
         structlog.get_logger("oasisd").warning(
             f"daemon.data_dir's SQLite store holds {jobs} job(s), {live} of them admitted, "
             f"running or pending, that this daemon does not use: it uses {store} "
-            "(daemon.store_url). Setting store_url moves no job; move or remove that file "
+            "(daemon.store_url). Setting store_url moves no job: stop oasisd and move them with "
+            "oasis store copy (README: Moving to PostgreSQL), or move or remove that file "
             "once its jobs are not needed",
             path=str(path), jobs=jobs, live=live,
         )  # fmt: skip
