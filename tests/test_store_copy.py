@@ -303,3 +303,18 @@ def test_json_output(source: Source, postgres: Postgres, tmp_path: Path) -> None
     assert json.loads(out.stdout)["error"]["code"] == "INVALID_ARGUMENT"
     out = _copy("--from", str(db_file), "--to", str(db_file), "--json")
     assert out.returncode == 2 and "the same store" in out.stdout
+
+
+def test_refuses_a_source_a_newer_oasis_migrated(
+    source: Source, postgres: Postgres, tmp_path: Path
+) -> None:
+    db_file = _snapshot(source, tmp_path / "data")
+    with sqlite3.connect(db_file) as db:
+        db.execute("UPDATE alembic_version SET version_num = '0042'")
+    db.close()
+    url = postgres.new_database()
+    out = _copy("--from", str(db_file), "--to", url)
+    assert out.returncode == 1, out.stderr
+    assert f"source sqlite:///{db_file} is at schema revision '0042'" in out.stderr
+    assert "a newer oasis migrated it" in out.stderr
+    assert sum(_pg_rows(url).values()) == 0

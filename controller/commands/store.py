@@ -28,7 +28,6 @@ from controller.commands.common import (
     EXIT_OK,
     InputError,
     check_store_url,
-    counted,
     int_at_least,
 )
 
@@ -140,7 +139,7 @@ def run_copy(args: argparse.Namespace) -> int:
         if done in (0, total) or now - last[0] >= PROGRESS_SECONDS:
             last[0] = now
             share = f" ({100 * done / total:.0f}%)" if total else ""
-            print(f"oasis store copy: {table}: {done:,} of {counted(total, 'row')}{share}",
+            print(f"oasis store copy: {table}: {done:,} of {total:,} rows{share}",
                   file=sys.stderr, flush=True)  # fmt: skip
 
     try:

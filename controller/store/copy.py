@@ -7,9 +7,10 @@ one). In order:
 1. both stores' writer locks are taken (:mod:`.writer_lock`) and held to the end: a
    daemon running on either makes the copy refuse, naming it, and no daemon can start on
    either mid-copy;
-2. the source is migrated to this oasis's newest revision (refused if it holds no oasis
-   store, or one at a revision this oasis does not know); the destination is created or
-   migrated to the same revision, and must hold no row of any oasis table;
+2. the source must hold an oasis store at a revision this oasis knows, and the
+   destination no row of any oasis table (both checked before either is migrated);
+   then the source is migrated to this oasis's newest revision, and the destination
+   created or migrated to the same;
 3. every table of :mod:`.models` is copied in dependency order (foreign keys hold), in
    batches of ``batch`` rows read from a streaming cursor (memory bounded by one batch,
    whatever the store's size), in one transaction on the destination: all or nothing;
@@ -32,7 +33,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Connection, Table, func, select, text
+from sqlalchemy import Connection, Table, func, inspect, select, text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from controller.store.database import (
@@ -40,6 +41,7 @@ from controller.store.database import (
     StoreUnavailableError,
     StoreVersionError,
     migrate,
+    newer_revision,
 )
 from controller.store.models import Base
 from controller.store.urls import shown
@@ -54,6 +56,10 @@ DEFAULT_BATCH = 5_000
 COPY_SECONDS = 3600.0
 """Seconds one statement of the copy may take on PostgreSQL (a batch's insert, a table's
 count; :meth:`Database.patient`), instead of the daemon's ``store_timeout``."""
+
+CONNECT_SECONDS = 10.0
+"""Seconds a connection to either store may take to open (and any statement outside the
+copy's patient ones: the lock, the checks)."""
 
 Progress = Callable[[str, int, int], None]
 """Told ``(table, rows copied so far, rows in the table)`` after each batch."""
@@ -116,12 +122,15 @@ def copy_store(
     started = time.monotonic()
     report = CopyReport(shown(source_url), shown(destination_url))
     tell = say or (lambda _line: None)
-    source = Database(source_url, timeout=COPY_SECONDS)
-    destination = Database(destination_url, timeout=COPY_SECONDS)
+    # a connect gives up after CONNECT_SECONDS; the copy's statements are patient
+    source = Database(source_url, timeout=CONNECT_SECONDS)
+    destination = Database(destination_url, timeout=CONNECT_SECONDS)
     try:
         with _locked(source, "source"), _locked(destination, "destination"):
-            tell(f"migrating the source {report.source}")
+            # refusals first, before either store is migrated
             _check_source(source, report.source)
+            _check_empty(destination, report.destination)
+            tell(f"migrating the source {report.source}")
             report.revision = _migrated(source, "source", report.source)
             tell(f"migrating the destination {report.destination}")
             _migrated(destination, "destination", report.destination)
@@ -156,14 +165,21 @@ def _locked(db: Database, role: str) -> Iterator[None]:
 
 
 def _check_source(db: Database, shown_url: str) -> None:
-    """CopyError unless the source holds an oasis store (a schema revision)."""
+    """CopyError unless the source holds an oasis store (a schema revision) at a
+    revision this oasis knows."""
     try:
         with db.engine.connect() as conn:
             current = MigrationContext.configure(conn).get_current_revision()
+            newer = newer_revision(conn)
     except SQLAlchemyError as err:
         raise CopyError(f"source {shown_url}: cannot read it: {_first(err)}") from err
     if current is None:
         raise CopyError(f"source {shown_url} holds no oasis store (no schema revision)")
+    if newer is not None:
+        raise CopyError(
+            f"source {shown_url} is at schema revision {newer[:64]!r}, which this oasis "
+            "does not know: a newer oasis migrated it; copy it with that version"
+        )
 
 
 def _migrated(db: Database, role: str, shown_url: str) -> str:
@@ -179,11 +195,15 @@ def _migrated(db: Database, role: str, shown_url: str) -> str:
 
 
 def _check_empty(db: Database, shown_url: str) -> None:
-    """CopyError naming the tables that hold rows, if any does."""
+    """CopyError naming the tables of the models that hold rows, if any does (a table
+    not there yet holds none)."""
     held = []
     try:
-        with db.engine.connect() as conn:
+        with db.patient(COPY_SECONDS), db.engine.connect() as conn:
+            there = set(inspect(conn).get_table_names())
             for table in store_tables():
+                if table.name not in there:
+                    continue
                 n = conn.scalar(select(func.count()).select_from(table))
                 if n:
                     held.append(f"{table.name} {n:,}")
