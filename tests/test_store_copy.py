@@ -303,6 +303,9 @@ def test_json_output(source: Source, postgres: Postgres, tmp_path: Path) -> None
     assert json.loads(out.stdout)["error"]["code"] == "INVALID_ARGUMENT"
     out = _copy("--from", str(db_file), "--to", str(db_file), "--json")
     assert out.returncode == 2 and "the same store" in out.stdout
+    (tmp_path / "link.db").symlink_to(db_file)  # the same store under another name
+    out = _copy("--from", str(db_file), "--to", str(tmp_path / "link.db"), "--json")
+    assert out.returncode == 1 and "the same store" in out.stdout
 
 
 def test_refuses_a_source_a_newer_oasis_migrated(

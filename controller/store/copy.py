@@ -26,6 +26,8 @@ allowed: the copy fails, naming the table, and the destination stays empty.
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -155,6 +157,10 @@ def _locked(db: Database, role: str) -> Iterator[None]:
     try:
         lock.acquire()
     except StoreLockedError as err:
+        me = err.holder is not None and (err.holder.host, err.holder.pid) == (
+            socket.gethostname(), os.getpid())  # fmt: skip
+        if me:  # this copy holds it already: the source's lock, under another name
+            raise CopyError("the source and the destination are the same store") from err
         raise CopyError(f"{role}: {err}; stop it before copying") from err
     except (DBAPIError, OSError, StoreUnavailableError) as err:
         raise CopyError(f"{role}: cannot take the store's writer lock: {_first(err)}") from err
