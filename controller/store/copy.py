@@ -181,9 +181,14 @@ def _check_source(db: Database, shown_url: str) -> None:
         raise CopyError(f"source {shown_url}: cannot read it: {_first(err)}") from err
     if current is None:
         raise CopyError(f"source {shown_url} holds no oasis store (no schema revision)")
+    _refuse_newer("source", shown_url, newer)
+
+
+def _refuse_newer(role: str, shown_url: str, newer: str | None) -> None:
+    """CopyError if the store is at ``newer``, a revision this oasis does not know."""
     if newer is not None:
         raise CopyError(
-            f"source {shown_url} is at schema revision {newer[:64]!r}, which this oasis "
+            f"{role} {shown_url} is at schema revision {newer[:64]!r}, which this oasis "
             "does not know: a newer oasis migrated it; copy it with that version"
         )
 
@@ -202,10 +207,12 @@ def _migrated(db: Database, role: str, shown_url: str) -> str:
 
 def _check_empty(db: Database, shown_url: str) -> None:
     """CopyError naming the tables of the models that hold rows, if any does (a table
-    not there yet holds none)."""
+    not there yet holds none), or if the store is at a revision this oasis does not
+    know."""
     held = []
     try:
         with db.patient(COPY_SECONDS), db.engine.connect() as conn:
+            _refuse_newer("destination", shown_url, newer_revision(conn))
             there = set(inspect(conn).get_table_names())
             for table in store_tables():
                 if table.name not in there:
