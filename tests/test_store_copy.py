@@ -240,7 +240,7 @@ def test_refused_while_a_daemon_runs_on_either_store(
     finally:
         assert daemon.stop() == 0
     assert out.returncode == 1, out.stderr
-    assert f"destination: the store {url} is in use by another oasisd" in out.stderr, out.stderr
+    assert f"destination: the store {url} is in use by an oasisd" in out.stderr, out.stderr
     assert f"pid {daemon.proc.pid}" in out.stderr  # type: ignore[union-attr]
 
 

@@ -161,7 +161,9 @@ def _locked(db: Database, role: str) -> Iterator[None]:
             socket.gethostname(), os.getpid())  # fmt: skip
         if me:  # this copy holds it already: the source's lock, under another name
             raise CopyError("the source and the destination are the same store") from err
-        raise CopyError(f"{role}: {err}; stop it before copying") from err
+        who = str(err.holder) if err.holder else "holder unknown"
+        raise CopyError(f"{role}: {err.what} is in use by an oasisd ({who}): stop it before "
+                        "copying (a copy needs both stores to itself)") from err  # fmt: skip
     except (DBAPIError, OSError, StoreUnavailableError) as err:
         raise CopyError(f"{role}: cannot take the store's writer lock: {_first(err)}") from err
     try:

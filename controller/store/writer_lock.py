@@ -238,6 +238,7 @@ class StoreLockedError(Exception):
 
     Attributes:
         holder: who, as far as it can be told (None: unknown).
+        what: the store, as the message names it.
     """
 
     def __init__(self, what: str, holder: Holder | None, hint: str = "stop that one first") -> None:
@@ -246,6 +247,7 @@ class StoreLockedError(Exception):
             f"{what} is in use by another oasisd ({who}): one daemon per store; {hint}"
         )
         self.holder = holder
+        self.what = what
 
 
 class WriterLock(ABC):
