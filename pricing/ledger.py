@@ -602,6 +602,38 @@ class Ledger:
                 columns = (np.array(sorted(w), np.intp), np.array(sorted(p), np.intp))
                 self._recompute(lo, hi, columns)
 
+    @contextlib.contextmanager
+    def avoiding(self, servers: dict[str, list[int]], from_slot: int) -> Iterator[None]:
+        """Within it, the servers ``servers`` (their indices by kind) have no room from
+        absolute ``from_slot`` on: their amounts read as their capacity, as a blocked
+        server's, so no placement or search puts a new unit there (and they price at
+        ``U``), but they are not blocked: jobs keep the units they hold on them, and a
+        job may give back and take again its own. At its end their amounts are rebuilt
+        from the schedules (exact, as after any change). Only within :meth:`deferred`
+        (outside, a :meth:`replace` rebuilds the cells it changes from the schedules and
+        would give the room back). Used by :func:`pricing.replan.fail_servers` to keep
+        a failed server's jobs off servers about to fail too.
+
+        Raises:
+            LedgerError: outside :meth:`deferred`.
+        """
+        if self._deferred is None:
+            raise LedgerError("avoiding() needs deferred(): a replace outside rebuilds cells")
+        lo = max(from_slot, self.origin) - self.origin
+        w = np.array(sorted(set(servers.get("worker", []))), np.intp)
+        p = np.array(sorted(set(servers.get("ps", []))), np.intp)
+        if lo >= self.length or not (w.size or p.size):
+            yield
+            return
+        for side, cols in ((self.worker_side, w), (self.ps_side, p)):
+            if cols.size:
+                side.used[lo:, cols] = side.capacity[cols]
+        self._refresh(lo, self.length)
+        try:
+            yield
+        finally:
+            self._recompute(lo, self.length, (w, p))
+
     def _replace_by_difference(
         self, job_id: str, entry: _Entry, schedule: Schedule, lo: int, hi: int
     ) -> None:

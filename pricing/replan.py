@@ -183,12 +183,20 @@ def fail_servers(
     remaining_work: dict[str, int],
     last_slot: dict[str, int],
     until: int | None = None,
+    avoid: Sequence[tuple[str, int]] = (),
 ) -> FailureOutcome:
     """:func:`fail_server` for several servers at once, each ``(kind, index)``: every one
     is down before any job moves, so no job is moved onto another of them (one at a
     time, a rack's maintenance moved a job from each server to the next in turn). A job
     on several of them is re-placed (all its lost units in the same slots, together) or
-    re-planned once. With one server this is :func:`fail_server`."""
+    re-planned once. With one server this is :func:`fail_server`.
+
+    ``avoid`` (each ``(kind, index)``, none of ``servers``): servers that are up but
+    suspected to be failing too (their agents silent past two heartbeats while these
+    servers failed: the rest of a rack going dark). No moved job is put on them
+    (:meth:`Ledger.avoiding`), so it is not moved again when they fail seconds later;
+    a job that finds no schedule without them is moved as if none were avoided (a
+    move onto a suspect beats a job given up). Jobs already on them stay."""
     with ledger.deferred():  # one exact rebuild of the cells changed, not one per move
         down = list(dict.fromkeys(servers))
         by_kind = _by_kind(down)
@@ -206,25 +214,57 @@ def fail_servers(
         replaced: list[str] = []
         replanned: dict[str, BestSchedule] = {}
         stranded: list[str] = []
+        avoided = _by_kind([key for key in dict.fromkeys(avoid) if key not in down])
         for job_id in affected:
             job = jobs[job_id]
             wanted = wanting[job_id]
-            moved = _replace(ledger, job, wanted, down, from_slot, until)
-            if moved is not None:
-                ledger.replace(job_id, moved)
-                replaced.append(job_id)
-                continue
             work = remaining_work.get(job_id, wanted.after(from_slot).work())
-            if work < 1:  # its remaining work is done: nothing to move
+            last = last_slot.get(job_id)  # read only for a re-plan, as before
+            if avoided:
+                kept = ledger.schedule(job_id)  # without the failed servers' units
+                with ledger.avoiding(avoided, from_slot):
+                    how, best = _move(ledger, job, wanted, down, from_slot, until, work, last)
+                if how == "stranded":  # no room off the suspects: moved as without them
+                    ledger.replace(job_id, kept)
+                    how, best = _move(ledger, job, wanted, down, from_slot, until, work, last)
+            else:
+                how, best = _move(ledger, job, wanted, down, from_slot, until, work, last)
+            if how == "replaced":
                 replaced.append(job_id)
-                continue
-            best, whole = replan_remaining(ledger, job, work, from_slot, last_slot[job_id])
-            ledger.replace(job_id, whole)
-            if best.schedule is None:
+            elif how == "stranded":
                 stranded.append(job_id)
             else:
+                assert best is not None
                 replanned[job_id] = best
         return FailureOutcome(replaced, replanned, stranded)
+
+
+def _move(
+    ledger: Ledger,
+    job: Job,
+    wanted: Schedule,
+    down: Sequence[tuple[str, int]],
+    from_slot: int,
+    until: int | None,
+    work: int,
+    last_slot: int | None,
+) -> tuple[str, BestSchedule | None]:
+    """Move ``job`` (its ledger schedule ``wanted`` less the units on ``down``) off the
+    failed servers ``down``: re-placed in the same slots, else re-planned from its
+    ``work`` (worker-slots) up to ``last_slot``, else stranded (its past kept). Returns
+    ``("replaced", None)``, ``("replanned", best)`` or ``("stranded", best)``; the
+    ledger holds the job's new schedule."""
+    moved = _replace(ledger, job, wanted, down, from_slot, until)
+    if moved is not None:
+        ledger.replace(job.id, moved)
+        return "replaced", None
+    if work < 1:  # its remaining work is done: nothing to move
+        return "replaced", None
+    if last_slot is None:
+        raise KeyError(f"no last slot for job {job.id!r}, which must be re-planned")
+    best, whole = replan_remaining(ledger, job, work, from_slot, last_slot)
+    ledger.replace(job.id, whole)
+    return ("stranded" if best.schedule is None else "replanned"), best
 
 
 def first_holders(

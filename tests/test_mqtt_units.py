@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from controller.cli import build_parser
@@ -815,6 +816,64 @@ def test_servers_falling_silent_seconds_apart_fail_together(
             if now:
                 failed[t] = sorted(e.detail["server"] for e in now)
         assert failed == expected
+    finally:
+        plane.c.close()
+
+
+RACK4: dict[str, Any] = {
+    "resources": ["gpu", "bandwidth"],
+    "servers": [
+        *({"name": f"w{i}", "kind": "worker", "capacity": {"gpu": 4, "bandwidth": 10}}
+          for i in range(4)),
+        {"name": "p0", "kind": "ps", "capacity": {"bandwidth": 10}},
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("doomed", [0, 1, 2])
+def test_a_job_moved_off_a_failed_server_goes_onto_none_silent_too(
+    tmp_path: Path, doomed: int
+) -> None:
+    """A rack going dark over more than one heartbeat interval: its servers fail at
+    different reviews (past the wait for each other). The jobs of the first to fail go
+    onto no server whose agent has missed two beats (a suspect), so none moves twice;
+    the suspect still fails when its own timeout comes, no later, and a healthy server
+    takes the moves. ``doomed``: which of the servers the job is not on falls silent
+    10 s after the first (without the rule, the job moved onto it when it was the
+    cheapest, and moved again 10 s later)."""
+    plane = PlaneDaemon(tmp_path, RACK4)
+    try:
+        ex = plane.ex
+        plane.submit("a")
+        ledger = plane.c._ledger
+        on = np.flatnonzero(ledger.schedule("a").after(plane.c.slot + 1).workers.any(axis=0))
+        first = f"w{int(on[0])}"
+        others = [f"w{i}" for i in range(4) if i not in set(on.tolist())]
+        second = others[doomed % len(others)]
+        ex.connected()
+        failed: dict[float, Any] = {}
+        moves: list[str] = []
+        for second_ in range(0, 60):
+            t = float(second_)
+            plane.mono[0] = t
+            for server in ex.server_index:
+                if (server == first and t > 0.0) or (server == second and t > 10.0):
+                    continue
+                if int(t) % 5 == 0:
+                    ex.heartbeat(Heartbeat(server, "a"))
+            events = ex.review_sync()
+            moves += [e.job_id for e in events if e.job_id == "a"]
+            now = [e.detail["server"] for e in events if e.kind == "server_failed"]
+            if now:
+                failed[t] = sorted(now)
+                after = ledger.schedule("a").after(plane.c.slot + 1)
+                assert not after.workers[:, int(second[1:])].any() or second in now
+        # the timing is the wait's: nothing later, nothing sooner
+        assert failed == {31.0: [first], 41.0: [second]}
+        assert moves == ["a"]  # once, onto a server that stays up
+        after = ledger.schedule("a").after(plane.c.slot + 1)
+        assert not after.workers[:, [int(first[1:]), int(second[1:])]].any()
+        assert after.work() > 0
     finally:
         plane.c.close()
 

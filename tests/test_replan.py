@@ -459,3 +459,95 @@ def test_servers_failed_together_copy_each_schedule_once(monkeypatch: pytest.Mon
     out = fail_servers(ledger, {"a": job}, down, sched.start + 1, {}, {"a": T - 1})
     assert out.moves() == {"a": "replaced"}
     assert len(made) <= 2  # without the failed units, then re-placed
+
+
+def test_a_failed_servers_jobs_go_onto_no_suspect_server() -> None:
+    """A server still up but suspected to be failing too (its agent silent past two
+    beats: the rest of a rack going dark) takes none of a failed server's jobs; one at
+    a time, the job went onto it and moved again when it failed. The suspect's own jobs
+    stay, and the ledger is exact after (a rebuild gives it bit for bit)."""
+    jobs = [make_job("a"), make_job("b")]
+    by_id = {j.id: j for j in jobs}
+    last = {j: T - 1 for j in by_id}
+    sched = admitted(jobs).schedule("a")
+    first = int(np.flatnonzero(sched.workers.sum(axis=0))[0])
+    from_slot = sched.start + 1
+    plain = admitted(jobs)
+    fail_server(plain, by_id, "worker", first, from_slot, {}, last)
+    landed = plain.schedule("a").after(from_slot).workers.sum(axis=0)
+    suspect = int(np.flatnonzero(landed * (np.arange(3) != first))[0])  # where it went
+
+    ledger = admitted(jobs)
+    kept = {j: ledger.schedule(j).after(from_slot).workers[:, suspect].copy() for j in by_id}
+    out = fail_servers(ledger, by_id, [("worker", first)], from_slot, {}, last,
+                       avoid=[("worker", suspect), ("worker", first)])  # fmt: skip
+    assert "a" in out.moves() and not out.stranded
+    for job_id in ledger.job_ids():
+        after = ledger.schedule(job_id).after(from_slot)
+        assert not after.workers[:, first].any()
+        assert (after.workers[:, suspect] <= kept[job_id][: after.slots]).all()  # none new
+    within_capacity(ledger, by_id)
+    same_state(ledger, rebuilt(ledger, [("worker", first, from_slot)]))
+
+
+def test_a_job_with_room_only_on_a_suspect_goes_there_rather_than_stranded() -> None:
+    """Avoiding suspects never strands a job: with every other server full, it is moved
+    as if none were avoided (the failure the same as without ``avoid``)."""
+    job = make_job("a", chunks=4, epochs=6, decay=0.0)
+    ledger = admitted([job])
+    sched = ledger.schedule("a")
+    victim = int(np.flatnonzero(sched.workers.sum(axis=0))[0])
+    suspect, full = (i for i in range(3) if i != victim)
+    by_id = {"a": job, **fill(ledger, [full], 0, T)}
+    twin = admitted([job])
+    fill(twin, [full], 0, T)
+    last = {j: T - 1 for j in by_id}
+    from_slot = sched.start + 1
+    out = fail_servers(ledger, by_id, [("worker", victim)], from_slot, {}, last,
+                       avoid=[("worker", suspect)])  # fmt: skip
+    plain = fail_servers(twin, by_id, [("worker", victim)], from_slot, {}, last)
+    assert out.moves() == plain.moves() and not out.stranded
+    assert ledger.schedule("a").after(from_slot).workers[:, suspect].any()
+    same_state(ledger, twin)
+
+
+def test_avoiding_is_only_within_deferred_and_leaves_the_amounts_exact() -> None:
+    ledger = admitted([make_job("a"), make_job("b")])
+    before = ledger.worker_side.used.copy(), ledger.worker_side.price.copy()
+    with pytest.raises(LedgerError, match="deferred"), ledger.avoiding({"worker": [0]}, 2):
+        pass
+    with ledger.deferred(), ledger.avoiding({"worker": [0, 1]}, 2):
+        side = ledger.worker_side
+        assert np.array_equal(side.used[2:, 0], np.broadcast_to(side.capacity[0], (T - 2, 3)))
+        assert not side.blocked.any()  # full, not blocked: jobs may keep their units
+    assert np.array_equal(ledger.worker_side.used, before[0])
+    assert np.array_equal(ledger.worker_side.price, before[1])
+
+
+def test_servers_failed_with_random_suspects_keep_the_ledger_exact() -> None:
+    """Random clusters, a failed server and some suspects: every holder moved once, no
+    unit left on the failed server, every capacity kept, and a rebuild bit for bit the
+    ledger (the suspects' amounts rebuilt from the schedules)."""
+    for seed in range(40):
+        rng = np.random.default_rng(1000 + seed)
+        ledger, jobs = random_instance(rng)
+        cluster = ledger.cluster
+        every = [("worker", i) for i in range(cluster.worker_capacity.shape[0])]
+        every += [("ps", i) for i in range(cluster.ps_capacity.shape[0])]
+        picks = [every[int(i)] for i in rng.permutation(len(every))]
+        servers, avoid = picks[:1], picks[1 : 1 + int(rng.integers(1, len(picks)))]
+        from_slot = int(rng.integers(1, T - 1))
+        last = {j: int(rng.integers(from_slot, T)) for j in jobs}
+        holders = [j for j in ledger.job_ids() if on_any(ledger.schedule(j), servers, from_slot, T)]
+        out = fail_servers(ledger, jobs, servers, from_slot, {}, last, avoid=avoid)
+        assert sorted(out.moves()) == sorted(holders), seed
+        for j in ledger.job_ids():
+            assert not on_any(ledger.schedule(j), servers, from_slot, T), seed
+        within_capacity(ledger, jobs)
+        fresh = Ledger(cluster, ledger.bounds, T)
+        for j in ledger.job_ids():
+            if ledger.schedule(j).workers.any():
+                fresh.admit(j, *ledger.demands(j), ledger.schedule(j))
+        for kind, index in servers:
+            fresh.block(kind, index, from_slot)
+        same_state(ledger, fresh)

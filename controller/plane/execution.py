@@ -13,7 +13,9 @@ orchestrates the plane's parts:
   agent's beats (``heartbeat_seconds``; at most ``heartbeat_timeout``), for agents to
   come back after a broker restart: the server is
   down from the next slot on; its jobs are re-placed or re-planned
-  (:func:`pricing.replan.fail_server`); a job that can no longer finish becomes
+  (:func:`pricing.replan.fail_servers`: those found silent at one review together,
+  none onto a server whose agent missed two beats, :data:`SUSPECT_BEATS`, where room
+  allows); a job that can no longer finish becomes
   ``failed``. A heartbeat brings it back from the next slot on
   (:mod:`controller.plane.outages`).
 - **done early**, **slower than planned**, **plan ended short**: each job's progress
@@ -125,6 +127,15 @@ FLOOD_DROPS = 100
 agent's burst): then the broker may be dropping the other agents' heartbeats, and the time
 counts half as silence. A few over one agent's rate change nothing: one agent sending
 21 a second must not stop failure detection for the whole cluster (the diff review)."""
+SUSPECT_BEATS = 2
+"""A server up whose agent has been silent longer than this many ``heartbeat_seconds``
+when others fail is *suspect*: no job moved off the failed ones is put on it
+(:func:`pricing.replan.fail_servers` ``avoid``), since it is likely the rest of their
+rack going dark (agents falling silent over a few seconds, so past the timeout at
+different reviews). It delays no failure, and takes nothing from a healthy server but
+that move: a live agent is heard every interval, so it is quiet longer only if two
+beats in a row were lost; its jobs stay, and decisions use it as before. Measured in
+``bench/rack_failure.py``."""
 RESTORE_PAGE = 1000
 """Jobs whose latest event one page of a broker's restore reads (and publishes)."""
 # the stored event kinds published on jobs/<id>/events (event_messages.event_kind)
@@ -458,22 +469,28 @@ class Execution:
             timeout = self.mqtt.heartbeat_timeout
             window = min(self.mqtt.heartbeat_seconds, timeout / 2)
             silent, nearly, overdue = [], False, 0.0
+            suspects: list[str] = []  # missed two beats: no moved job goes there
             for server, seen in self.last_seen.items():
                 if server not in self.failed:
                     quiet = now - seen
                     if settled and quiet > timeout:
                         silent.append(server)
                         overdue = max(overdue, quiet - timeout)
-                    elif settled and quiet > timeout - window:
+                        continue
+                    if settled and quiet > timeout - window:
                         nearly = True  # missed its beats too: about to be silent as long
+                    if quiet > SUSPECT_BEATS * self.mqtt.heartbeat_seconds:
+                        suspects.append(server)
                 elif seen > self.failed[server]:
                     events += self.outages.recover_sync(server)
                     del self.failed[server]
             # together: no job is moved onto another of them. A server about to pass the
             # timeout too (a rack that lost power: its agents' last beats some seconds
             # apart) is waited for, at most one heartbeat interval past the timeout
+            # the rest of a rack going dark, silent for less long: up, but no job moved
+            # off these goes onto them (:data:`SUSPECT_BEATS`)
             if silent and not (nearly and overdue < window):
-                events += self.outages.fail_together_sync(silent)
+                events += self.outages.fail_together_sync(silent, avoid=suspects)
                 for server in silent:
                     self.failed[server] = now
                     self.agents.fell_silent(server)

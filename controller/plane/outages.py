@@ -7,8 +7,10 @@ changes hands.
   from the next slot on; its jobs are re-placed or re-planned
   (:func:`pricing.replan.fail_servers`; the servers found silent at one review fail
   together, so no job is moved onto another of them, and the review waits, at most one
-  heartbeat interval, for a server about to be silent as long); a job that can no
-  longer finish becomes ``failed``. A cordoned server's failure is recorded, and nothing moves.
+  heartbeat interval, for a server about to be silent as long; a server up whose
+  agent missed two beats, likely the rest of a rack falling silent over a few seconds,
+  takes no moved job where room allows); a job that can no longer finish becomes
+  ``failed``. A cordoned server's failure is recorded, and nothing moves.
 - **server back** (a heartbeat): it is back from the next slot on, unless cordoned, or
   flapping (``[mqtt] flap_failures`` failures within ``flap_seconds``): then it is held
   out for ``flap_seconds`` more by a cordon with an end.
@@ -59,12 +61,16 @@ class Outages(PlanePart):
         """``server`` failed: down from the next slot on, its jobs moved off it."""
         return self.fail_together_sync([server])
 
-    def fail_together_sync(self, servers: Sequence[str]) -> list[Event]:
+    def fail_together_sync(self, servers: Sequence[str], avoid: Sequence[str] = ()) -> list[Event]:
         """``servers`` failed together (their agents found silent at one review: a rack
         that lost power, or every dead server at once after the broker came back): all
         down from the next slot on before any job moves, so a job moves once and never
         onto another of them (:func:`pricing.replan.fail_servers`). Each gets its outage
-        row and ``server_failed`` event; a job's move names the first it was on."""
+        row and ``server_failed`` event; a job's move names the first it was on.
+
+        ``avoid``: servers up whose agents missed their beats too (suspects, likely the
+        rest of the rack): no moved job is put on them unless it has no room elsewhere,
+        so it is not moved again when they fail a review later."""
         s = self.c.slot
         from_slot = s + 1
         ledger = self.c._ledger
@@ -81,14 +87,21 @@ class Outages(PlanePart):
         # the moves first: if their commit fails, nothing of this review's failures is
         # written, and the next review records each once (a cordoned server's row
         # written before a failed move was written again, and counted as a flap)
-        events = self._move_off_sync(down, from_slot) if down else []
+        suspects = [self.server_index[s] for s in avoid if s in self.server_index]
+        events = self._move_off_sync(down, from_slot, suspects) if down else []
         if cordoned:
             events += self._fail_cordoned_sync(cordoned, from_slot)
         return events
 
-    def _move_off_sync(self, down: dict[tuple[str, int], str], from_slot: int) -> list[Event]:
+    def _move_off_sync(
+        self,
+        down: dict[tuple[str, int], str],
+        from_slot: int,
+        suspects: Sequence[tuple[str, int]] = (),
+    ) -> list[Event]:
         """The servers ``down`` (``{(kind, index): name}``, none down in the ledger yet)
-        failed from ``from_slot``: their jobs moved off, their rows and events written."""
+        failed from ``from_slot``: their jobs moved off (not onto ``suspects``, each
+        ``(kind, index)``, where room allows), their rows and events written."""
         s = from_slot - 1
         ledger = self.c._ledger
         firsts = first_holders(ledger, list(down), from_slot)
@@ -105,7 +118,9 @@ class Outages(PlanePart):
 
         def change() -> list[Event]:
             last_slots = {j: self.jobs.last_slot(job) for j, job in jobs.items()}
-            outcome = fail_servers(ledger, jobs, list(down), from_slot, remaining, last_slots)
+            outcome = fail_servers(
+                ledger, jobs, list(down), from_slot, remaining, last_slots, avoid=suspects
+            )
             now = datetime.now(UTC)
             changed: list[Event] = []
             moved = outcome.moves()
