@@ -38,12 +38,16 @@ What is measured
     the store taken back to 0007 first: seconds of ``migrate`` (the daemon runs it at
     its first start after the upgrade), and the jobs it renamed.
 
+    ``copy``: ``oasis store copy --from URL --to PG`` into a new database of a
+    throwaway PostgreSQL (a SQLite store moving to PostgreSQL, for two head nodes), as a
+    subprocess: wall time, peak memory, rows copied.
+
     PostgreSQL is a throwaway server (``tests.servers.Postgres``: loopback, ``fsync=off``),
     SQLite a file with the daemon's defaults. Stores are cached in ``--cache`` between runs.
 
 Run with
     ``python -m bench.history_scale --jobs 10000,100000 --backends sqlite[,postgresql]
-    [--parts startup,calls,tick,offline,calibrate,retention,migration] [--cache DIR] [--json]``
+    [--parts startup,calls,tick,offline,calibrate,retention,migration,copy] [--cache DIR] [--json]``
 """
 
 from __future__ import annotations
@@ -496,7 +500,21 @@ def migration(store: Store, work: Path) -> dict[str, Any]:
     return {"upgrade_s": round(took, 1), "jobs_renamed": int(keyed or 0)}
 
 
-PARTS = ("startup", "calls", "tick", "offline", "calibrate", "retention", "migration")
+PARTS = ("startup", "calls", "tick", "offline", "calibrate", "retention", "migration", "copy")
+
+
+def copy(store: Store) -> dict[str, Any]:
+    """The whole store copied into a new database of a throwaway PostgreSQL."""
+    target = store.pg if store.pg is not None else _Postgres()
+    try:
+        out = _child(["store", "copy", "--from", store.url, "--to", target.new_database(),
+                      "--no-progress"])  # fmt: skip
+    finally:
+        if target is not store.pg:
+            target.close()
+    rows = sum(store.info["rows"].values())
+    out["rows_per_s"] = round(rows / out["seconds"]) if out["seconds"] else None
+    return out
 
 
 def run(backend: str, jobs: int, cache: Path, parts: list[str], repeat: int,
@@ -518,6 +536,8 @@ def run(backend: str, jobs: int, cache: Path, parts: list[str], repeat: int,
                 out["retention"] = retention(store, work)
             elif part == "migration":
                 out["migration"] = migration(store, work)
+            elif part == "copy":
+                out["copy"] = copy(store)
         print(f"# {backend} {jobs}: {part} done", file=sys.stderr, flush=True)
     return out
 
