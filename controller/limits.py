@@ -34,6 +34,13 @@
   ended, a job that can no longer pay off) are not charged. The default ``3e8``, one
   search of the largest job ``max_search_steps`` allows, holds a boundary for one
   submitter's queue about as long as one of its largest decisions (see above).
+- ``pending_steps_per_boundary``: the same, for all submitters' pending jobs together at
+  one boundary. Per submitter alone, a boundary with many submitters' queues held every
+  tenant's calls for the sum of their budgets (50 submitters: 50 of the largest
+  decisions). Past it (the first search of the boundary always runs), the jobs not
+  reached stay pending, untouched, and go first at the next boundary as above. The
+  default ``1.5e9``, five submitters' budgets, leaves a queue of a few submitters as it
+  was.
 - ``rate`` and ``burst``: requests per second per client, a token bucket each (0: no
   limit). A client is its token's name when ``[auth]`` is on, else its address. Over the
   rate, a call fails with RESOURCE_EXHAUSTED, the seconds to wait in the message and in
@@ -122,6 +129,7 @@ _KEYS = {
     "max_pending_per_submitter",
     "max_pending",
     "pending_steps_per_submitter",
+    "pending_steps_per_boundary",
     "max_spec_bytes",
     "max_table_points",
     "max_page_jobs",
@@ -174,6 +182,8 @@ class Limits:
         max_pending: pending jobs at once, all submitters together.
         pending_steps_per_submitter: search steps one submitter's pending jobs may take
             at one slot boundary (the first job's always runs).
+        pending_steps_per_boundary: search steps all pending jobs together may take at
+            one slot boundary (the first job's always runs).
         max_spec_bytes: largest job spec, bytes of canonical JSON.
         max_table_points: most values of a table utility.
         max_page_jobs: most jobs in one ``ListJobs`` page.
@@ -200,6 +210,7 @@ class Limits:
     max_pending_per_submitter: int = 100
     max_pending: int = 1000
     pending_steps_per_submitter: float = 3e8
+    pending_steps_per_boundary: float = 1.5e9
     max_spec_bytes: int = 64 * 1024
     max_table_points: int = 1000
     max_page_jobs: int = 100
@@ -387,6 +398,7 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
         max_pending_per_submitter=count("max_pending_per_submitter", d.max_pending_per_submitter),
         max_pending=count("max_pending", d.max_pending),
         pending_steps_per_submitter=positive("pending_steps_per_submitter"),
+        pending_steps_per_boundary=positive("pending_steps_per_boundary"),
         max_spec_bytes=count("max_spec_bytes", d.max_spec_bytes),
         max_table_points=count("max_table_points", d.max_table_points),
         max_page_jobs=count("max_page_jobs", d.max_page_jobs),

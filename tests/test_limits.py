@@ -163,6 +163,7 @@ def test_limits_config() -> None:
     got = limits_from_dict({"rate": 2.5, "burst": 10, "max_search_steps": 1e8})
     assert (got.rate, got.burst, got.max_search_steps) == (2.5, 10, 1e8)
     assert limits_from_dict({"pending_steps_per_submitter": 1e9}).pending_steps_per_submitter == 1e9
+    assert limits_from_dict({"pending_steps_per_boundary": 4e9}).pending_steps_per_boundary == 4e9
     for raw, message in (
         ({"rate": -1}, "limits.rate: must be >= 0"),
         ({"burst": 5}, "limits.burst: needs limits.rate > 0"),
@@ -170,6 +171,7 @@ def test_limits_config() -> None:
         ({"max_job_work": 0}, "limits.max_job_work: must be >= 1"),
         ({"max_search_steps": "many"}, "limits.max_search_steps: must be a number"),
         ({"pending_steps_per_submitter": 0}, "limits.pending_steps_per_submitter: must be > 0"),
+        ({"pending_steps_per_boundary": -1}, "limits.pending_steps_per_boundary: must be > 0"),
         ({"pending_steps_per_submitter": "x"}, "limits.pending_steps_per_submitter: must be a"),
         ({"speed": 1}, "limits.speed: unknown key"),
     ):

@@ -392,6 +392,56 @@ def test_one_submitters_pending_jobs_cannot_hold_the_boundary_for_everyone(
         c.close()
 
 
+def test_many_submitters_pending_jobs_cannot_hold_the_boundary_either(tmp_path: Path) -> None:
+    """Five submitters' pending jobs, each within its own budget, are held together to
+    the boundary's (``limits.pending_steps_per_boundary``: here four searches), so the
+    submission right after a boundary waits for four searches, not ten; the jobs not
+    reached go first at the next boundary, each decided again within three. Counted in
+    searches (deterministic)."""
+    clock = FakeClock(1_000_000.0)
+    flat = {"kind": "sigmoid", "priority": 50, "decay": 0, "target": 1}  # waiting is free
+
+    def waiting(job_id: str) -> dict[str, Any]:  # cannot fit beside the blocker: stays
+        return small(job_id, chunks=1, minibatches=450, utility=flat)
+
+    (tmp_path / "probe").mkdir()
+    probe = controller(tmp_path / "probe", clock)
+    steps = probe.search_steps(waiting("x"))
+    probe.close()
+    limits = (f"[limits]\npending_steps_per_submitter = {100 * steps}\n"
+              f"pending_steps_per_boundary = {4 * steps}")  # fmt: skip
+    c = controller(tmp_path, clock, f"{CHEAP}\n{limits}\n")
+    searched: list[str] = []
+    search = c._search
+
+    def counted(job: Any, *args: Any, **kwargs: Any) -> Any:
+        searched.append(job.id)
+        return search(job, *args, **kwargs)
+
+    c._search = counted  # type: ignore[method-assign]
+    try:
+        assert asyncio.run(c.submit(blocker(), by="ops")).state == "admitted"
+        queued = [f"u{u}:j{j}" for j in range(2) for u in range(5)]  # in submission order
+        for key in queued:
+            by, _, name = key.partition(":")
+            view = asyncio.run(c.submit(waiting(name), by=by, wait_seconds=SLOT * 20))
+            assert view.state == "pending"
+        expected = {
+            1: queued[0:4],
+            2: queued[4:8],
+            3: [*queued[8:10], *queued[0:2]],  # every job decided again within 3
+        }
+        for slot, pending in expected.items():
+            clock.advance(SLOT)
+            del searched[:]
+            view = asyncio.run(c.submit(small(f"n{slot}"), by="ops"))
+            assert view.state != "pending"
+            assert searched == [*pending, f"ops:n{slot}"], slot
+        assert {v.id for v in c._list_sync(["pending"], 1000)[0]} == set(queued)
+    finally:
+        c.close()
+
+
 def test_a_pending_job_survives_kill_9(tmp_path: Path) -> None:
     """The daemon as a subprocess with 10-second slots: a pending job is still pending
     after ``kill -9`` and a restart, and is admitted at the first boundary after the

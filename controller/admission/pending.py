@@ -27,8 +27,11 @@ one job's bound still moves the queue). That job and the submitter's later ones 
 as they are, ``decided_slot`` unchanged, which puts them first at the next boundary (the
 order is by ``decided_slot``): a rotation, so no job starves. Expiries that need no
 search (a wait that ended, a job no longer valid or that can no longer pay off) are not
-charged. One submitter's queue thus holds a boundary for at most about its budget, and
-``max_pending`` still bounds the whole pass.
+charged. One submitter's queue thus holds a boundary for at most about its budget.
+All submitters' queues together are held to ``limits.pending_steps_per_boundary`` the
+same way (the boundary's first search always runs; the jobs not reached stay as they
+are and go first at the next boundary), so many submitters' queues hold a boundary no
+longer than a few; ``max_pending`` still bounds the expiries.
 """
 
 from __future__ import annotations
@@ -56,25 +59,38 @@ __all__ = ["PendingQueue"]
 
 
 class _Budget:
-    """The search steps each submitter's pending jobs may take at one boundary."""
+    """The search steps each submitter's pending jobs, and all of them together, may take
+    at one boundary (``steps`` and ``total``)."""
 
-    def __init__(self, steps: float) -> None:
+    def __init__(self, steps: float, total: float = math.inf) -> None:
         self.steps = steps
+        self.total = total
         self._used: dict[str | None, float] = {}  # math.inf: over, no more this boundary
+        self._spent = 0.0  # all submitters together; math.inf: the boundary's is over
 
     def take(self, submitter: str | None, steps: float) -> bool:
-        """Charge ``steps`` to ``submitter`` if they fit (the first search always does);
-        False, and the submitter is spent for this boundary, if not."""
+        """Charge ``steps`` to ``submitter`` if they fit its budget and the boundary's
+        (the first search of each always does); False if not, and the submitter (or,
+        past the boundary's, everyone) is spent for this boundary."""
         used = self._used.get(submitter, 0.0)
+        if self._spent and self._spent + steps > self.total:
+            self._spent = math.inf
+            return False
         if used and used + steps > self.steps:
             self._used[submitter] = math.inf
             return False
         self._used[submitter] = used + steps
+        self._spent += steps
         return True
 
     def spent(self, submitter: str | None) -> bool:
-        """Whether ``submitter``'s budget ran out at this boundary."""
-        return self._used.get(submitter, 0.0) == math.inf
+        """Whether ``submitter``'s budget, or the boundary's, ran out at this boundary."""
+        return self._spent == math.inf or self._used.get(submitter, 0.0) == math.inf
+
+    @property
+    def full(self) -> bool:
+        """Whether the boundary's budget ran out."""
+        return self._spent == math.inf
 
     def over(self) -> list[str]:
         """The submitters whose budget ran out (``"-"``: the one without a name)."""
@@ -100,7 +116,8 @@ class PendingQueue(DecisionCore):
                 .where((JobRow.decided_slot < self.slot) | JobRow.decided_slot.is_(None))
                 .order_by(func.coalesce(JobRow.decided_slot, -1), JobRow.sequence)
             ).all()
-        budget = _Budget(self.config.limits.pending_steps_per_submitter)
+        limits = self.config.limits
+        budget = _Budget(limits.pending_steps_per_submitter, limits.pending_steps_per_boundary)
         left = 0
         for job_id, submitter, until in rows:
             events = None
@@ -118,6 +135,7 @@ class PendingQueue(DecisionCore):
             self.log.info(
                 "pending jobs left for the next boundary", jobs=left,
                 submitters=budget.over(), budget=budget.steps,
+                boundary_budget_spent=budget.full, boundary_budget=budget.total,
             )  # fmt: skip
         self._pending_slot = self.slot
 
