@@ -35,6 +35,7 @@ one) until a restart; gRPC's trusts the renewed file alone.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
 from collections.abc import Callable
@@ -63,8 +64,14 @@ looked at."""
 
 
 def expiry(cert_pem: bytes) -> float:
-    """The ``notAfter`` of the first certificate of ``cert_pem``, Unix seconds."""
-    return x509.load_pem_x509_certificate(cert_pem).not_valid_after_utc.timestamp()
+    """The ``notAfter`` of the first certificate of ``cert_pem``, Unix seconds; NaN if
+    it does not parse here (``cryptography`` is stricter than OpenSSL, which loaded it:
+    an old certificate with a negative serial number, say), which is then served all
+    the same, its expiry unknown."""
+    try:
+        return x509.load_pem_x509_certificate(cert_pem).not_valid_after_utc.timestamp()
+    except ValueError:
+        return math.nan
 
 
 @dataclass(frozen=True)
@@ -74,7 +81,7 @@ class Served:
     Attributes:
         generation: 0 for the files read at start, one more at each renewal served.
         tls: the files' paths and contents.
-        expires: the certificate's ``notAfter``, Unix seconds.
+        expires: the certificate's ``notAfter``, Unix seconds (NaN: unknown, :func:`expiry`).
     """
 
     generation: int
@@ -150,7 +157,6 @@ class CertificateWatch:
         try:
             renewed = tls_from_dict(raw)
             assert renewed is not None  # raw is not empty
-            expiry(renewed.cert_pem)
         except (SpecError, ValueError) as err:
             self._refuse(files, str(err))
             return None
@@ -167,7 +173,7 @@ class CertificateWatch:
     def _warn_of_expiry(self) -> None:
         now = self._now()
         left = self.served.expires - now
-        if left > WARN_SECONDS or now - self._warned_at < _DAY:
+        if math.isnan(left) or left > WARN_SECONDS or now - self._warned_at < _DAY:
             return
         self._warned_at = now
         cert, expires = str(self.served.tls.cert), _iso(self.served.expires)
@@ -202,4 +208,6 @@ def _stat(path: Path | None) -> tuple[int, int, int, int] | None:
 
 
 def _iso(seconds: float) -> str:
+    if math.isnan(seconds):
+        return "unknown"
     return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds")

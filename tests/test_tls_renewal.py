@@ -7,6 +7,8 @@ connections."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import math
 import os
 import socket
 import ssl
@@ -189,3 +191,22 @@ def test_an_expiry_near_or_past_is_warned_of_once_a_day(tmp_path: Path) -> None:
     now[0] = expires + 3600.0
     asyncio.run(watch.check())
     assert said.lines[-1][0] == "error" and "has expired" in said.lines[-1][1]
+
+
+def test_a_certificate_whose_expiry_does_not_parse_is_served_with_none_said(
+    tmp_path: Path,
+) -> None:
+    """OpenSSL loads some certificates ``cryptography`` refuses (a negative serial
+    number, say): such a one is served all the same, its expiry unknown (NaN), not a
+    daemon that fails to start."""
+    pki = make_pki(tmp_path)
+    tls = tls_from_dict({"cert": str(pki.server_cert), "key": str(pki.server_key)})
+    assert tls is not None
+    odd = dataclasses.replace(
+        tls, cert_pem=b"-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n"
+    )
+    said = _Said()
+    watch = CertificateWatch(odd, said)
+    assert math.isnan(watch.served.expires)
+    asyncio.run(watch.check())
+    assert said.lines == []
