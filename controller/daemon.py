@@ -255,7 +255,7 @@ async def serve(
 
     # with [ha] the lease is kept by the election, not the watch
     watch = StoreWatch(db, writer if ha is None else None, health_follows_store, stop.set,
-                       log=log)  # fmt: skip
+                       log=log, on_epoch=controller.lead_again)  # fmt: skip
     events = [PeriodicEvent("slot clock", config.tick_seconds, controller.tick),
               PeriodicEvent("store watch", PROBE_SECONDS, watch.check)]  # fmt: skip
     if certificates is not None:

@@ -92,6 +92,9 @@ class GroupCommit(AdmissionState):
                 written = write_decisions(session, payloads, self._last_sequence, epoch, lock_pid)
         self.db.note_written()  # the store takes writes: the Admission service serves
         numbers = written.events
+        if numbers and min(numbers) <= self._seen_event:  # the store's numbering went back
+            self._note_rewound(f"the store numbered new events from {min(numbers)}, at or "
+                               f"below event {self._seen_event} this daemon applied")  # fmt: skip
         # committed: these events are this leader's own, reflected in its ledger already
         self._seen_event = max(self._seen_event, *numbers)
         first = written.first_sequence

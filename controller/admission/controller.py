@@ -28,11 +28,12 @@ from controller.admission.restart_checks import (
 )
 from controller.admission.restart_moves import restart_moves
 from controller.admission.retention import PRUNE_BATCH, PRUNE_SERVER_STEPS, Retention
+from controller.admission.rewind import rewound
 from controller.admission.state import ReadTurns
 from controller.admission.views import LIVE_STATES, DecisionView, JobView
 from controller.admission.writer import GroupWriter
 from controller.config import Config
-from controller.errors import DrainingError
+from controller.errors import DrainingError, NotLeaderError
 from controller.events import Event
 from controller.limits import search_size
 from controller.store import JobRow, StoreUnavailableError
@@ -192,9 +193,13 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
             raise StoreUnavailableError(self.db.severed)
         if writes and self.db.writes_refused:  # its disk is full: the commit would fail
             raise StoreUnavailableError(self.db.writes_refused)
-        if self._stale:
-            self._rebuild_stale()  # StoreUnavailableError: still stale, try next time
         try:
+            if self._stale:  # StoreUnavailableError: still stale, try next time
+                # a rebuild writes too (idle allocations dropped), fenced: a leader the
+                # store's epoch passed (another took over, or a restore rewound the
+                # writer row) steps down here, as for any write (before: INTERNAL errors
+                # on every call and tick, the daemon still taking itself for the leader)
+                self._rebuild_stale()
             return fn()
         except StoreUnavailableError:
             self._stale = True
@@ -413,15 +418,25 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
 
     async def tick(self) -> None:
         """Advance to the current slot, if it changed: window and job states. First, a
-        ledger a failed commit left stale is rebuilt (:meth:`_rebuild_if_stale`)."""
+        ledger a failed commit left stale, or one the store was rewound under
+        (:mod:`.rewind`), is rebuilt (:meth:`_rebuild_if_stale`)."""
         if not self.leading or self._draining:
             return
+        if not self._stale:
+            await asyncio.to_thread(self._check_rewound)
         await self._rebuild_if_stale()
         if self.slots.current_slot() == self._ticked_slot:
             return
         await self._move_jobs()
         if self.config.keep_days > 0:
             await self.prune()
+
+    def _check_rewound(self) -> None:
+        """A leader's look for a store rewound under its ledger (:mod:`.rewind`): its
+        newest event older than the last this daemon committed or applied."""
+        seen = self._seen_event  # read first: a commit meanwhile only adds newer events
+        with self.db.session() as session:
+            self._note_rewound(rewound(session, seen))
 
     async def _rebuild_if_stale(self) -> None:
         """Rebuild the ledger if a failed commit left it holding decisions the store may
@@ -435,7 +450,8 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
         if not self._stale or self.db.down_reason or now < self._stale_rebuild_at:
             return
         self._stale_rebuild_at = now + STALE_REBUILD_SECONDS
-        await self._run(_no_step)  # the step rebuilds a stale ledger first (_in_step)
+        with contextlib.suppress(NotLeaderError):  # fenced out meanwhile: said by the step
+            await self._run(_no_step)  # the step rebuilds a stale ledger first (_in_step)
 
     async def _move_jobs(self) -> None:
         """The slot tick's steps (:meth:`~.lifecycle.Lifecycle._tick_sync`), a batch of

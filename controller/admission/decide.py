@@ -172,6 +172,9 @@ class DecisionCore(GroupCommit):
                         job_id, existing.spec, existing.submitter, canonical, owner
                     )
                     return self._view(session, existing, duplicate=True), []
+            if job_id in self._ledger:  # admitted, committed, and gone from the store
+                self._note_rewound(f"job {job_id!r} of this daemon's ledger is gone from the store")
+                self._rebuild_stale()  # decided on the store as it is (.rewind)
         # at a slot boundary the jobs already waiting are decided before a newcomer
         self._advance_window()
         self._decide_pending()

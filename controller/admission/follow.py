@@ -34,6 +34,7 @@ from typing import Any
 from sqlalchemy import select
 
 from controller.admission.recovery import Recovery, _Misfit, outage_mark
+from controller.admission.rewind import EventMark, mark_at, rewound
 from controller.errors import SlotGridChangedError
 from controller.events import Event
 from controller.store import EventRow
@@ -109,6 +110,13 @@ class Follow(Recovery):
         :data:`FOLLOW_BATCH` events); returns them, for the event bus. A ledger left
         stale by a failed commit (a leader that just stepped down) is rebuilt in full."""
         self._advance_window()
+        if not self._stale:
+            with self.db.session() as session:
+                self._note_rewound(rewound(session, self._seen_event, self._seen_mark))
+                mark = self._seen_mark
+                if not self._rewound and (mark is None or mark.sequence != self._seen_event):
+                    # the event a start-up or a rebuild counted on from, as stored now
+                    self._seen_mark = mark_at(session, self._seen_event)
         if self._stale:
             self._rebuild_stale()
             return []
@@ -127,7 +135,7 @@ class Follow(Recovery):
         events = [Event(r.sequence, r.kind, r.job_id, r.slot, r.state, r.detail) for r in rows]
         if self._outages is not None and outages != self._outages:
             # a server failed or recovered: rebuild in full; the events read are in it
-            self._seen_event = self._last_event()
+            self._seen_event, self._seen_mark = self._last_event(), None
             self._reload()  # which records the mark it rebuilt at
             return events
         self._outages = outages
@@ -136,6 +144,8 @@ class Follow(Recovery):
             repriced |= event.kind in ("decided", "bounds")
             self._apply(event.kind, event.job_id, event.state, event.detail)
             self._seen_event = event.sequence
+        if rows:
+            self._seen_mark = EventMark.of(rows[-1])
         if repriced:
             self._estimate, self._pins = estimate, pins
             self._ledger.set_bounds(self._bounds(estimate))
@@ -146,6 +156,8 @@ class Follow(Recovery):
             self.log.info("leader", epoch=holder.epoch, address=holder.address,
                           host=holder.host, pid=holder.pid)  # fmt: skip
         self.leader = holder
+        if holder is not None:
+            self.epoch_seen = max(self.epoch_seen, holder.epoch)
         self.lease_seen = time.monotonic()
 
     def _apply(self, kind: str, job_id: str, state: str, detail: dict[str, Any]) -> None:
@@ -210,8 +222,12 @@ class Follow(Recovery):
             if self._unfitted or self._stale:
                 # plans this standby left out (refit them as at start-up), or a ledger
                 # that may miss a commit whose answer was lost: rebuild in full
-                self._seen_event = self._last_event()
+                self._seen_event, self._seen_mark = self._last_event(), None
                 self._reload()
+                if self._rewound:  # found by the takeover's own writes: rebuilt just now
+                    self.log.warning("ledger rebuilt from the rewound store",
+                                     newest_event=self._seen_event, why=self._rewound)  # fmt: skip
+                    self._rewound = ""
             else:
                 while batch := self._follow_sync():
                     applied += len(batch)
@@ -326,8 +342,16 @@ class Follow(Recovery):
     def lead(self, epoch: int, lock_pid: int | None) -> None:
         """Lead from now in ``epoch``, fencing every write with it and ``lock_pid``."""
         self.role, self.fence_epoch, self.fence_pid = "leader", epoch, lock_pid
+        self.epoch_seen = max(self.epoch_seen, epoch)
         self.lease_seen = time.monotonic()
         self.leader = this_process(epoch, self.advertise)
+
+    def lead_again(self, epoch: int) -> None:
+        """Without ``[ha]``: lead on in ``epoch``, recorded again by the store's watch over
+        a ``writer`` row a restore rewound (:mod:`controller.store.watch`); a daemon its
+        fence stepped down meanwhile decides again. With ``[ha]``, the election does."""
+        if self.config.ha is None and self.fence_epoch is not None:
+            self.lead(epoch, self.fence_pid)
 
     def _step_down(self, why: str) -> None:
         """Stop deciding: a standby from now (the ledger stays: all of it is committed)."""

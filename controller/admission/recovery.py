@@ -444,6 +444,9 @@ class Recovery(Moves, BoundControl):
         self._writer.drain()  # nothing of the old ledger is committed after the rebuild
         self._generation += 1
         seen = self._last_event()  # before the rebuild: later ones are applied again
+        rewound = self._rewound
+        if rewound and self.leading:
+            self._ids.discard()  # they hold the jobs the store lost: loaded again
         try:
             with self.db.patient(REBUILD_SECONDS):
                 rebuilt = self._reload()
@@ -451,8 +454,14 @@ class Recovery(Moves, BoundControl):
             self._rebuild_retry_at = time.monotonic() + REBUILD_RETRY_SECONDS
             self._rebuild_error = str(err)
             raise
-        self._seen_event = max(self._seen_event, seen)
         self._stale = False
+        if rewound:  # counted on from the store's newest event, below the ledger's last
+            self._seen_event, self._seen_mark, self._last_sequence = seen, None, None
+            self._rewound = ""
+            self.log.warning("ledger rebuilt from the rewound store", jobs=rebuilt,
+                             newest_event=seen, why=rewound)  # fmt: skip
+            return rebuilt
+        self._seen_event = max(self._seen_event, seen)
         self.log.info("ledger rebuilt from the store after an outage", jobs=rebuilt)
         return rebuilt
 

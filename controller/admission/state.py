@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 from controller.admission.decision_thread import DecisionThread
 from controller.admission.id_index import StoredIds
 from controller.admission.job_counts import JobCounts
+from controller.admission.rewind import REWOUND_HINT, EventMark
 from controller.admission.views import Cordon, JobView
 from controller.admission.writer import GroupWriter, WriteSet
 from controller.clock import SlotClock
@@ -177,9 +178,14 @@ class AdmissionState(ABC):
         self.fence_epoch: int | None = None  # the epoch every write is fenced with
         self.fence_pid: int | None = None  # the backend holding this leader's lock
         self.leader: Holder | None = None  # the leader as recorded in the store
+        self.epoch_seen = 0  # the highest epoch led in or seen recorded (a floor: .follow)
         self.cannot_lead = ""  # a standby: why it could not take over now (controller/ha)
         self.lease_seen = time.monotonic()  # when the lease's holder was last confirmed
         self._seen_event = 0  # the last event sequence the ledger reflects (.follow)
+        # that event as a standby read it (None: not read), and why the store was found
+        # rewound under the ledger ("": it was not; .rewind)
+        self._seen_mark: EventMark | None = None
+        self._rewound = ""
         # a standby's resources check (.follow.takeover_problem): at which _seen_event
         # it was last made, and what it found ("": nothing)
         self._resources_checked_at = -1
@@ -235,6 +241,18 @@ class AdmissionState(ABC):
         # caller applies them (a commit whose fate is unknown leaves the ledger stale
         # and these events unseen: a standby applies them, a leader rebuilds)
         self._seen_event = max(self._seen_event, self._written_event)
+
+    def _note_rewound(self, why: str) -> None:
+        """The store was found rewound under the ledger (:mod:`.rewind`), for ``why``:
+        said once, and the ledger rebuilt from the store before the next step (or the
+        standby's next follow)."""
+        if not why:
+            return
+        if not self._rewound:
+            self.log.error("the store was rewound", why=why, seen_event=self._seen_event,
+                           role=self.role, hint=REWOUND_HINT)  # fmt: skip
+        self._rewound = self._rewound or why
+        self._stale = True
 
     def _fence(self, session: Session) -> None:
         """The checks that open every write transaction (:meth:`_write`)."""
@@ -300,6 +318,9 @@ class AdmissionState(ABC):
         row = EventRow(**values)
         session.add(row)
         session.flush()
+        if row.sequence <= self._seen_event:  # the store's numbering went back: rewound
+            self._note_rewound(f"the store numbered a new event {row.sequence}, at or "
+                               f"below event {self._seen_event} this daemon applied")  # fmt: skip
         self._written_event = max(self._written_event, row.sequence)  # seen once committed
         return Event(row.sequence, kind, job_id, self.slot, state, values["detail"])
 
@@ -354,6 +375,10 @@ class AdmissionState(ABC):
     @abstractmethod
     def _tick_all(self) -> None:
         """Every step of the slot tick at once (:mod:`.lifecycle`)."""
+
+    @abstractmethod
+    def _rebuild_stale(self) -> int:
+        """Rebuild a stale ledger from the store, in the decision thread (:mod:`.recovery`)."""
 
     @abstractmethod
     def _bounds(self, estimate: SharedEstimate) -> PriceBounds:

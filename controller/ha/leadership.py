@@ -152,4 +152,6 @@ class Leadership:
         """Take the lock and record the next epoch (blocking); None if another holds it."""
         if not self.lock.try_acquire():
             return None
-        return self.lock.record(self.c.db, self.c.advertise, now=self.c.slots.clock.now)
+        # above every epoch this node saw: a restored store's writer row may be older
+        return self.lock.record(self.c.db, self.c.advertise, now=self.c.slots.clock.now,
+                                at_least=self.c.epoch_seen)  # fmt: skip

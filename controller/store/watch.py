@@ -19,6 +19,12 @@ store calls in a thread and bounded by the store's timeout (``database.py``):
    :attr:`StoreWatch.lost` says why and ``on_lost`` is called (the daemon stops, exit 1).
    With ``[ha]`` the lock is a lease kept by the election instead
    (``controller/ha/leadership.py``): a daemon that loses it becomes a standby.
+3. The ``writer`` row while the lock is held: nobody else can record an epoch then, so
+   a row older than this daemon's epoch (or none) means the store was rewound under it
+   (a backup restored while it runs). Its writes, fenced with its epoch, would all fail
+   and it would stop deciding for good (each call: "a standby: no leader known yet"):
+   the watch records this daemon again, above its old epoch, says so, and passes the
+   new epoch to ``on_epoch`` (the controller leads on in it).
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ class StoreWatch:
         on_change: awaited with True (reachable again) or False (out of reach), and
             with :attr:`up` when :attr:`writes_refused` changes.
         on_lost: called once if the lock was taken over by another process.
+        on_epoch: called with this daemon's new epoch once the ``writer`` row, found
+            rewound under the lock, is recorded again (item 3 of the module docstring).
     """
 
     def __init__(
@@ -61,11 +69,13 @@ class StoreWatch:
         on_change: Callable[[bool], Awaitable[None]],
         on_lost: Callable[[], None],
         log: Any = None,
+        on_epoch: Callable[[int], None] | None = None,
     ) -> None:
         self.db = db
         self.lock = lock
         self.on_change = on_change
         self.on_lost = on_lost
+        self.on_epoch = on_epoch
         self.log = log or structlog.get_logger("oasisd")
         self.up = True
         self.writes_refused = ""  # why the store refuses this daemon's writes; "" if not
@@ -110,6 +120,8 @@ class StoreWatch:
         self.db.check_writes()
         if self.lock is None or self.lock.held():
             self._lock_error = ""
+            if self.lock is not None:
+                self._record_again_if_rewound(self.lock)
             return True, ""
         try:
             if self.lock.try_acquire():
@@ -139,6 +151,23 @@ class StoreWatch:
             f"{self.lock.what} was taken over by another oasisd ({who}) while this one "
             "could not reach it; stopping"
         )
+
+    def _record_again_if_rewound(self, lock: WriterLock) -> None:
+        """Item 3 of the module docstring (in the probe's thread)."""
+        mine = lock.epoch
+        if mine <= 0:
+            return
+        with self.db.session() as session:
+            holder = recorded_holder(session)
+        if holder is not None and holder.epoch >= mine:
+            return  # this daemon's (or, above it, another's: the fence says so)
+        epoch = lock.record(self.db, at_least=mine)
+        self.log.error("the store's writer record was rewound under this daemon: "
+                       "recorded again", found_epoch=holder.epoch if holder else None,
+                       epoch=epoch, previous_epoch=mine,
+                       hint="a backup restored while oasisd runs (README: Backups)")  # fmt: skip
+        if self.on_epoch is not None:
+            self.on_epoch(epoch)
 
 
 def _first_line(err: BaseException) -> str:

@@ -288,16 +288,24 @@ class WriterLock(ABC):
             raise StoreLockedError(self.what, self.holder(), self.hint)
 
     def record(
-        self, db: Database, address: str = "", now: Callable[[], float] | None = None
+        self,
+        db: Database,
+        address: str = "",
+        now: Callable[[], float] | None = None,
+        at_least: int = 0,
     ) -> int:
         """Record this process as the holder in the store's ``meta`` (the schema must
         exist), with the previous epoch + 1, in one transaction (the row locked ``FOR
         UPDATE`` against the fence of :func:`check_epoch`); returns the new epoch. With
-        ``now`` (the node's slot clock) its :func:`clock_offset` is recorded too."""
+        ``now`` (the node's slot clock) its :func:`clock_offset` is recorded too.
+
+        ``at_least``: the highest epoch this process has seen; the new epoch is above it
+        even if the store's row is older (a backup restored under running daemons
+        rewinds it, and the next leader took an epoch another had led in already)."""
         with db.session() as session:
             previous = session.get(MetaRow, RECORD_KEY, with_for_update=True)
             last = Holder.from_dict(previous.value if previous else None)
-            before = last.epoch if last else _newest_event_epoch(session)
+            before = max(last.epoch if last else _newest_event_epoch(session), at_least)
             me = this_process(before + 1, address)
             measured = clock_offset(session, now) if now is not None else None
             if measured is not None:
