@@ -31,6 +31,7 @@ import ctypes
 import ctypes.util
 import gc
 import json
+import linecache
 import os
 import sys
 import threading
@@ -191,6 +192,9 @@ def _compare(
                 )
                 lines.extend("    " + f for f in frames)
     out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    # formatting the tracebacks read the sources into linecache: 4.8 MB, which the next
+    # snapshot counted as the daemon's growth
+    linecache.clearcache()
 
 
 async def _snapshots(directory: Path, frames: int, delay: float, minutes: float) -> None:
