@@ -10,7 +10,8 @@ commonest types, its largest containers, and the longest containers the project'
 objects hold.
 
 Memory, behind a flag: every sample also records the process's resident memory, glibc's
-``mallinfo2`` (bytes malloc holds from the system, in use, free in its heaps) and, with
+``mallinfo2`` (bytes malloc holds from the system, in use, free in its heaps), SQLite's
+``sqlite3_memory_used`` and, with
 ``OASIS_SOAK_TRACEMALLOC`` set to a number of frames (e.g. 10), :mod:`tracemalloc`'s
 traced total (tracing starts ``OASIS_SOAK_TRACEMALLOC_DELAY`` seconds, default 60, after
 the loop does: traced from the start, the daemon's start-up takes minutes). Then every
@@ -132,6 +133,23 @@ def _libc() -> ctypes.CDLL | None:
 _LIBC = _libc()
 
 
+def _libsqlite3() -> ctypes.CDLL | None:
+    """The SQLite library ``sqlite3`` uses (loaded once: the same counters)."""
+    import sqlite3  # noqa: F401  (loads it first)
+
+    name = ctypes.util.find_library("sqlite3")
+    try:
+        lib = ctypes.CDLL(name) if name else None
+        if lib is not None:
+            lib.sqlite3_memory_used.restype = ctypes.c_int64
+    except (OSError, AttributeError):
+        return None
+    return lib
+
+
+_SQLITE = _libsqlite3()
+
+
 def _rss_kb() -> int:
     with open("/proc/self/status", encoding="ascii") as f:
         for line in f:
@@ -150,6 +168,8 @@ def _memory() -> dict[str, Any]:
         row["malloc_kb"] = {
             k: getattr(info, k) // 1024 for k in ("arena", "hblkhd", "uordblks", "fordblks")
         }
+    if _SQLITE is not None:  # SQLite's own allocations (page caches, statements)
+        row["sqlite_kb"] = _SQLITE.sqlite3_memory_used() // 1024
     if tracemalloc.is_tracing():
         current, peak = tracemalloc.get_traced_memory()
         row["traced_kb"] = current // 1024
