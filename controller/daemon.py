@@ -239,7 +239,13 @@ async def serve(
         controller.reconfigure,
     ], controller.restart_problems, controller.jobs_left,
         controller.restart_moves, status)  # fmt: skip
-    hangups.route((loop, reloader.hangup))
+
+    def hangup() -> None:
+        reloader.hangup()
+        if certificates is not None:  # a renewal's deploy hook reloads: served at once
+            certificates.check_soon()
+
+    hangups.route((loop, hangup))
 
     async def health_follows_store(up: bool) -> None:
         if not stop.is_set():  # once stopping, NOT_SERVING stays

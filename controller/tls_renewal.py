@@ -18,7 +18,8 @@ whose fetcher gRPC calls before each handshake) and of the console (its listener
 ``renew``); connections already open keep the certificate they began with. A set that
 does not pass (a renewal caught half written, its new certificate beside the old key)
 changes nothing: it is logged once as a warning naming the file and why, and looked at
-again at the next check.
+again at the next check. A SIGHUP (``systemctl reload oasisd``, which renewal tools'
+deploy hooks run) checks at once.
 
 The served certificate's expiry (its first certificate's ``notAfter``) is exported as
 ``oasis_tls_certificate_expiry_timestamp_seconds`` (:mod:`controller.metrics`) and
@@ -105,6 +106,8 @@ class CertificateWatch:
         self._files = _identity(tls)
         self._refused: Identity | None = None  # the files last found not to load
         self._warned_at = -float("inf")  # when the expiry was last warned of
+        self._soon: set[asyncio.Task[None]] = set()  # check_soon's, held until done
+        self._checking = asyncio.Lock()  # the periodic check and a SIGHUP's, in turn
         self.listeners: list[Callable[[TlsConfig], None]] = []
         """Called on the event loop with each renewal before it is served (the console's
         ``renew``); one that raises leaves the renewal unserved, as a set that does not
@@ -126,9 +129,20 @@ class CertificateWatch:
             _configuration(tls), fetch, require_client_authentication=tls.mutual
         )
 
+    def check_soon(self) -> None:
+        """Run :meth:`check` now, beside the periodic one (on the event loop: a SIGHUP,
+        which a renewal tool's deploy hook sends with ``systemctl reload``)."""
+        task = asyncio.get_running_loop().create_task(self.check(), name="tls files")
+        self._soon.add(task)
+        task.add_done_callback(self._soon.discard)
+
     async def check(self) -> None:
         """Serve the files if they changed and load; warn of the expiry (the module
-        docstring). For a :class:`controller.daemon.PeriodicEvent`."""
+        docstring). For a :class:`controller.daemon.PeriodicEvent`; one at a time."""
+        async with self._checking:
+            await self._check()
+
+    async def _check(self) -> None:
         renewed = await asyncio.to_thread(self._read_changed)
         if renewed is not None:
             tls, files = renewed

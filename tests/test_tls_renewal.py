@@ -210,3 +210,26 @@ def test_a_certificate_whose_expiry_does_not_parse_is_served_with_none_said(
     assert math.isnan(watch.served.expires)
     asyncio.run(watch.check())
     assert said.lines == []
+
+
+def test_a_reload_serves_renewed_files_at_once(tmp_path: Path) -> None:
+    """``check_soon`` (the daemon's SIGHUP: a renewal tool's deploy hook runs ``systemctl
+    reload``) reads renewed files without waiting for the periodic check, and two checks
+    at once serve them once."""
+    pki = make_pki(tmp_path)
+    tls = tls_from_dict({"cert": str(pki.server_cert), "key": str(pki.server_key)})
+    assert tls is not None
+    said = _Said()
+    watch = CertificateWatch(tls, said)
+    renewed = _renew(pki, tmp_path, days=30)
+
+    async def scenario() -> None:
+        watch.check_soon()
+        watch.check_soon()
+        while watch._soon:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(scenario())
+    assert watch.served.generation == 1
+    assert x509.load_pem_x509_certificate(watch.served.tls.cert_pem) == renewed
+    assert [e for _, e in said.lines] == ["tls: renewed certificate served to new connections"]
