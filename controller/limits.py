@@ -35,10 +35,11 @@
   search of the largest job ``max_search_steps`` allows, holds a boundary for one
   submitter's queue about as long as one of its largest decisions (see above).
 - ``pending_steps_per_boundary``: the same, for all submitters' pending jobs together at
-  one boundary. Per submitter alone, a boundary with many submitters' queues held every
-  tenant's calls for the sum of their budgets (50 submitters: 50 of the largest
-  decisions). Past it (the first search of the boundary always runs), the jobs not
-  reached stay pending, untouched, and go first at the next boundary as above. The
+  one boundary. Per submitter alone, a boundary with many submitters' queues would hold
+  every tenant's calls for the sum of their budgets (by the searches' bounds, 50
+  submitters: 50 of the largest decisions). Past it (the first search of the boundary
+  always runs), the jobs not reached stay pending, untouched, and go first at the next
+  boundary as above. The
   default ``1.5e9``, five submitters' budgets, leaves a queue of a few submitters as it
   was.
 - ``rate`` and ``burst``: requests per second per client, a token bucket each (0: no
