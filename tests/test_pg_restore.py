@@ -88,6 +88,19 @@ def _pg(server: Postgres, tool: str, *args: str) -> None:
     subprocess.run([str(server.bindir / tool), *base, *args], check=True, capture_output=True)
 
 
+def _dump(server: Postgres, database: str, directory: Path) -> Path:
+    """A DBA's backup of ``database`` (``pg_dump -Fc``): its file."""
+    dump = directory / "store.dump"
+    _pg(server, "pg_dump", "-Fc", "-f", str(dump), database)
+    return dump
+
+
+def _restore(server: Postgres, database: str, dump: Path) -> None:
+    """``dump`` restored over the live ``database`` in one transaction, as the README says."""
+    _pg(server, "pg_restore", "--clean", "--if-exists", "--single-transaction", "-d",
+        database, str(dump))  # fmt: skip
+
+
 def test_a_restore_under_a_running_leader_and_standby(server: Postgres, tmp_path: Path) -> None:
     url = server.new_database()
     database = url.rsplit("/", 1)[1]
@@ -98,8 +111,7 @@ def test_a_restore_under_a_running_leader_and_standby(server: Postgres, tmp_path
         standby = next(n for n in group.nodes if n is not leader)
         for i in range(4):
             _submit(leader, {**specs[i], "id": f"before-{i}"})
-        dump = tmp_path / "store.dump"
-        _pg(server, "pg_dump", "-Fc", "-f", str(dump), database)
+        dump = _dump(server, database, tmp_path)
         lost = [_submit(leader, {**specs[i], "id": f"after-{i}"}) for i in range(4, 8)]
         admitted = [f"after-{i}" for i, r in zip(range(4, 8), lost, strict=True)
                     if r.job.state == pb.JOB_STATE_ADMITTED]  # fmt: skip
@@ -107,16 +119,7 @@ def test_a_restore_under_a_running_leader_and_standby(server: Postgres, tmp_path
         _wait_applied(standby, _newest_event(url))
         standby.signal(signal.SIGSTOP)
         try:
-            _pg(
-                server,
-                "pg_restore",
-                "--clean",
-                "--if-exists",
-                "--single-transaction",
-                "-d",
-                database,
-                str(dump),
-            )
+            _restore(server, database, dump)
             # an id decided after the dump, submitted again: decided on the restored store
             again = _submit(leader, {**specs[int(admitted[0].split("-")[1])], "id": admitted[0]})
             assert again.job.spec.id == admitted[0] and not again.duplicate
@@ -165,8 +168,7 @@ def test_a_restore_older_than_a_failover(server: Postgres, tmp_path: Path) -> No
         first = group.wait_leader()
         for i in range(4):
             _submit(first, {**specs[i], "id": f"before-{i}"})
-        dump = tmp_path / "store.dump"
-        _pg(server, "pg_dump", "-Fc", "-f", str(dump), database)  # writer epoch 1
+        dump = _dump(server, database, tmp_path)  # writer epoch 1
         assert first.daemon is not None
         first.daemon.kill9()
         second = group.wait_leader(not_this=first)
@@ -175,8 +177,7 @@ def test_a_restore_older_than_a_failover(server: Postgres, tmp_path: Path) -> No
             _submit(second, {**specs[i], "id": f"after-{i}"})
         led = _leader_epoch(second)
         assert led >= 2
-        _pg(server, "pg_restore", "--clean", "--if-exists", "--single-transaction", "-d",
-            database, str(dump))  # fmt: skip
+        _restore(server, database, dump)
         for i in range(8, 12):  # through whichever node leads now
             pool = ",".join(group.addresses)
             job = tmp_path / f"later-{i}.json"
@@ -205,14 +206,12 @@ def test_a_restore_under_one_daemon_restarted_since(server: Postgres, tmp_path: 
     try:
         for i in range(4):
             _submit(node, {**specs[i], "id": f"before-{i}"})
-        dump = tmp_path / "store.dump"
-        _pg(server, "pg_dump", "-Fc", "-f", str(dump), database)  # writer epoch 1
+        dump = _dump(server, database, tmp_path)  # writer epoch 1
         assert node.daemon is not None and node.daemon.stop() == 0
         node.start()  # epoch 2
         for i in range(4, 8):
             _submit(node, {**specs[i], "id": f"after-{i}"})
-        _pg(server, "pg_restore", "--clean", "--if-exists", "--single-transaction", "-d",
-            database, str(dump))  # fmt: skip
+        _restore(server, database, dump)
         for i in range(8, 12):
             answer = _submit_once_served(node, {**specs[i], "id": f"later-{i}"})
             assert answer.job.spec.id == f"later-{i}"

@@ -162,6 +162,22 @@ def test_failed_server_without_room_elsewhere_replans_or_strands() -> None:
     same_state(ledger, rebuilt(ledger, [("ps", ps_used[0], from_slot), ("ps", other, from_slot)]))
 
 
+def _moved_alone(jobs: list[Job]) -> tuple[Ledger, int, int, int]:
+    """``jobs`` admitted, then job ``a``'s first worker server failed alone from the
+    slot after its start: the ledger after, that server, the worker server ``a`` was
+    moved onto, and the slot the failure is from."""
+    by_id = {j.id: j for j in jobs}
+    last = {j: T - 1 for j in by_id}
+    sched = admitted(jobs).schedule("a")
+    first = int(np.flatnonzero(sched.workers.sum(axis=0))[0])
+    from_slot = sched.start + 1
+    ledger = admitted(jobs)
+    fail_server(ledger, by_id, "worker", first, from_slot, {}, last)
+    landed = ledger.schedule("a").after(from_slot).workers.sum(axis=0)
+    onto = int(np.flatnonzero(landed * (np.arange(3) != first))[0])  # where it went
+    return ledger, first, onto, from_slot
+
+
 @pytest.mark.parametrize("chunks", [1, 2, 3])
 def test_servers_failed_together_move_each_job_once_and_never_onto_each_other(
     chunks: int,
@@ -172,14 +188,7 @@ def test_servers_failed_together_move_each_job_once_and_never_onto_each_other(
     jobs = [make_job("a", chunks=chunks), make_job("b")]
     by_id = {j.id: j for j in jobs}
     last = {j: T - 1 for j in by_id}
-    sched = admitted(jobs).schedule("a")
-    first = int(np.flatnonzero(sched.workers.sum(axis=0))[0])
-    from_slot = sched.start + 1
-
-    one_by_one = admitted(jobs)
-    fail_server(one_by_one, by_id, "worker", first, from_slot, {}, last)
-    landed = one_by_one.schedule("a").after(from_slot).workers.sum(axis=0)
-    second = int(np.flatnonzero(landed * (np.arange(3) != first))[0])  # where it went
+    one_by_one, first, second, from_slot = _moved_alone(jobs)
     again = fail_server(one_by_one, by_id, "worker", second, from_slot, {}, last)
     assert "a" in again.moves()  # the churn: moved twice
 
@@ -469,13 +478,7 @@ def test_a_failed_servers_jobs_go_onto_no_suspect_server() -> None:
     jobs = [make_job("a"), make_job("b")]
     by_id = {j.id: j for j in jobs}
     last = {j: T - 1 for j in by_id}
-    sched = admitted(jobs).schedule("a")
-    first = int(np.flatnonzero(sched.workers.sum(axis=0))[0])
-    from_slot = sched.start + 1
-    plain = admitted(jobs)
-    fail_server(plain, by_id, "worker", first, from_slot, {}, last)
-    landed = plain.schedule("a").after(from_slot).workers.sum(axis=0)
-    suspect = int(np.flatnonzero(landed * (np.arange(3) != first))[0])  # where it went
+    _, first, suspect, from_slot = _moved_alone(jobs)
 
     ledger = admitted(jobs)
     kept = {j: ledger.schedule(j).after(from_slot).workers[:, suspect].copy() for j in by_id}
