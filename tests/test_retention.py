@@ -275,3 +275,39 @@ def test_a_retention_record_edited_by_hand_reads_as_none(tmp_path: Path, value: 
     with db.session() as session:
         assert deleted_before(session) is None
     db.dispose()
+
+
+def test_retention_deleting_the_newest_events_is_not_a_rewound_store(tmp_path: Path) -> None:
+    """A quiet cluster: keep_days pass with nothing decided, and retention deletes the
+    newest events there are. Before, the next look read the store as rewound under the
+    daemon ('the store was rewound' in the journal, the ledger rebuilt; on SQLite the
+    next event took the deleted one's number again, and a leader stepped down)."""
+    c, clock = _controller(tmp_path, keep_days=1)  # 24 one-hour slots
+    said: list[str] = []
+    note = c._note_rewound
+
+    def noted(why: str) -> None:
+        if why:
+            said.append(why)
+        note(why)
+
+    c._note_rewound = noted  # type: ignore[method-assign]
+    try:
+        assert asyncio.run(c.submit({"id": "only", **SPEC})).decision.admitted
+        _to_slot(c, clock, 40)
+        assert _rows(c)["jobs"] == set()
+        with c.db.session() as session:  # the deletion said in the log, numbered past it
+            kept = session.execute(select(EventRow.kind, EventRow.job_id, EventRow.detail)).all()
+        assert [tuple(r) for r in kept] == [
+            ("history_deleted", "", {"jobs": 1, "ended_before_slot": 16})
+        ]
+        _to_slot(c, clock, 41)  # the leader's look at the store
+        asyncio.run(c.tick())
+        assert asyncio.run(c.submit({"id": "next", **SPEC})).decision.admitted
+        _to_slot(c, clock, 42)
+        assert said == [] and not c._rewound, said
+        with c.db.session() as session:  # numbers are never given twice
+            numbers = list(session.scalars(select(EventRow.sequence)))
+        assert len(numbers) == len(set(numbers))
+    finally:
+        c.close()

@@ -29,13 +29,25 @@ before the cutoff. Before, they were kept for ever: one row and two events per f
 offline --store`` and ``oasis calibrate --store`` see only what is kept. ``keep_days =
 0`` (the default) keeps every job. How far the deletions reach is recorded in the store
 (:mod:`controller.store.retention_mark`), so that ``oasis offline --store`` compares no
-stretch whose neighbours are gone without saying so."""
+stretch whose neighbours are gone without saying so.
+
+A deletion never takes the store's newest event without a newer one in its place: a
+transaction that deleted it writes a ``history_deleted`` event of no job (what was
+deleted: ``jobs`` or ``events``, and ``ended_before_slot``), numbered past it. Before, a
+quiet store (nothing happened for ``keep_days``) lost its newest events, and the daemon
+read the store as rewound under it (:mod:`.rewind`): an error in the journal and a
+needless rebuild of the ledger; on SQLite, whose event numbers follow the highest one
+kept, the next event took a deleted one's number again. The event is in the store's log
+(a standby reads it and passes over it, as every event of no job); it is not sent to
+live event streams."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from sqlalchemy import and_, delete, func, or_, select
+from sqlalchemy import Row, and_, delete, func, or_, select
+from sqlalchemy.orm import Session
 
 from controller.admission.decide import DecisionCore
 from controller.clock import slots_for
@@ -113,6 +125,9 @@ class Retention(DecisionCore):
                 return [], following
             for table in (AllocationRow, ProgressRow):
                 session.execute(delete(table).where(table.job_id.in_(ids)))
+            newest = _newest_event(session)
+            if newest is not None and newest.job_id in ids:
+                self._number_on(session, {"jobs": len(ids), "ended_before_slot": cutoff})
             session.execute(delete(EventRow).where(EventRow.job_id.in_(ids)))
             session.execute(delete(JobRow).where(JobRow.id.in_(ids)))
             mark_deleted_before(session, cutoff)
@@ -122,6 +137,13 @@ class Retention(DecisionCore):
         self.log.info("finished jobs deleted", jobs=len(ids), ended_before_slot=cutoff,
                       keep_days=self.config.keep_days)  # fmt: skip
         return ids, following
+
+    def _number_on(self, session: Session, detail: dict[str, Any]) -> None:
+        """In a transaction about to delete the store's newest event: write a
+        ``history_deleted`` event first (of no job; ``detail``: what is deleted), numbered
+        past it, so the store's newest event number never goes back (module docstring).
+        Written before the deletion: SQLite numbers a new row past the highest one left."""
+        self._event(session, datetime.now(UTC), "history_deleted", "", "", detail)
 
     def _prune_servers_sync(self, limit: int = PRUNE_BATCH) -> int:
         """One step: delete up to ``limit`` ended outage rows and up to ``limit`` events
@@ -144,6 +166,9 @@ class Retention(DecisionCore):
                 .order_by(EventRow.sequence).limit(limit)
             ))  # fmt: skip
             if events:
+                newest = _newest_event(session)
+                if newest is not None and newest.sequence in events:
+                    self._number_on(session, {"events": len(events), "ended_before_slot": cutoff})
                 session.execute(delete(EventRow).where(EventRow.sequence.in_(events)))
             if outages:
                 mark_deleted_before(session, ended)
@@ -151,3 +176,9 @@ class Retention(DecisionCore):
             self.log.info("servers' history deleted", outages=len(outages), events=len(events),
                           ended_before_slot=cutoff, keep_days=self.config.keep_days)  # fmt: skip
         return len(outages) + len(events)
+
+
+def _newest_event(session: Session) -> Row[int, str] | None:
+    """The store's newest event: its number and job (None: there is none)."""
+    newest = select(EventRow.sequence, EventRow.job_id).order_by(EventRow.sequence.desc())
+    return session.execute(newest.limit(1)).first()

@@ -21,9 +21,8 @@ as it is (as at start), says so in the journal (``the store was rewound``), and 
 from the store's newest event. What the restore dropped stays dropped: their tenants
 must submit those jobs again (README, Backups).
 
-A store whose newest event retention deleted (``keep_days``: nothing at all happened
-for that long) reads as rewound once: one needless rebuild of the ledger, said in the
-journal.
+Retention (``keep_days``) never deletes the newest event without writing a newer one
+(:mod:`.retention`), so a store where nothing happened for that long is not one of them.
 """
 
 from __future__ import annotations
