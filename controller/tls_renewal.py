@@ -28,9 +28,9 @@ an error once a day after it.
 
 ``[tls]`` turned on or off, or moved to other paths, still waits for a restart
 (:mod:`controller.reload`); what is renewed here is the content of the paths the daemon
-started with. Only the CAs of the console's client certificates differ: a renewed
-``client_ca`` is trusted as well as the old one (Python's TLS adds CAs and cannot drop
-one) until a restart; gRPC's trusts the renewed file alone.
+started with. A replaced ``client_ca`` is the only CA trusted from then on, by both
+listeners: client certificates of the old CA are refused on new connections (the
+console's handshake takes the newest context's CAs as well as its certificate).
 """
 
 from __future__ import annotations

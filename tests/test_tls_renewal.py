@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import math
 import os
+import signal
 import socket
 import ssl
 import time
@@ -18,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -248,3 +250,71 @@ def test_files_that_do_not_load_are_said_once_however_many_checks(tmp_path: Path
     refused = [(level, e) for level, e in said.lines if "do not load" in e]
     assert [level for level, _ in refused] == ["warning"], said.lines  # once, of 3 checks
     assert watch.served.generation == 0
+
+
+def _handshake_served(port: int, ca: Path, cert: Path, key: Path) -> bool:
+    """Whether the console at 127.0.0.1:``port`` answers a request made with the client
+    certificate ``cert`` (False: the handshake or the first read failed)."""
+    context = ssl.create_default_context(cafile=ca)
+    context.load_cert_chain(cert, key)
+    try:
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+        ):
+            tls.sendall(
+                f"GET /static/console.css HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+            )
+            return tls.recv(16).split(b" ")[1:2] == [b"200"]
+    except (ssl.SSLError, ConnectionError):
+        return False
+
+
+def _grpc_served(daemon: Daemon, ca: Path, cert: Path, key: Path) -> bool:
+    channel = client_channel(daemon.address, ca_pem=ca.read_bytes(), cert_pem=cert.read_bytes(),
+                             key_pem=key.read_bytes())  # fmt: skip
+    with channel:
+        try:
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        except grpc.RpcError as err:
+            assert err.code() == grpc.StatusCode.UNAVAILABLE, err
+            return False
+    return True
+
+
+def test_a_replaced_client_ca_alone_is_trusted_once_renewed(tmp_path: Path) -> None:
+    """An operator replaces ``client_ca`` (the old CA's key leaked, or it expires):
+    from the renewal on, new connections with a client certificate of the old CA are
+    refused, on the gRPC API and on the console, and the new CA's are served."""
+    pki = make_pki(tmp_path)
+    trusted = tmp_path / "clients-ca.crt"
+    trusted.write_bytes(pki.ca.read_bytes())
+    web = free_port()
+    extra = f"""
+[tls]
+cert = "{pki.server_cert}"
+key = "{pki.server_key}"
+client_ca = "{trusted}"
+[web]
+listen = "127.0.0.1:{web}"
+"""
+    daemon = Daemon(write_config(tmp_path / "oasisd.toml", tmp_path / "data", extra=extra),
+                    tmp_path / "oasisd.log").start()  # fmt: skip
+    try:
+        old = (pki.ca, pki.client_cert, pki.client_key)
+        assert _grpc_served(daemon, *old) and _handshake_served(web, *old)
+        ca_key = ec.generate_private_key(ec.SECP256R1())
+        ca = _issue("new clients' CA", ca_key, None, ca=True)
+        key = ec.generate_private_key(ec.SECP256R1())
+        _write(tmp_path / "new-ca", ca, ca_key)
+        _write(tmp_path / "bob", _issue("bob", key, (ca.subject, ca_key),
+                                        usage=ExtendedKeyUsageOID.CLIENT_AUTH), key)  # fmt: skip
+        os.replace(tmp_path / "new-ca.crt", trusted)
+        assert daemon.proc is not None
+        daemon.proc.send_signal(signal.SIGHUP)  # checked at once, not within CHECK_SECONDS
+        new = (pki.ca, tmp_path / "bob.crt", tmp_path / "bob.key")
+        _until(lambda: _grpc_served(daemon, *new), "the gRPC API trusts the new CA")
+        _until(lambda: _handshake_served(web, *new), "the console trusts the new CA")
+        assert not _grpc_served(daemon, *old) and not _handshake_served(web, *old)
+    finally:
+        assert daemon.stop() == 0, (tmp_path / "oasisd.log").read_text()
