@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
+import signal
 import socket
 import tempfile
 import time
@@ -68,9 +70,11 @@ async def next_event(stream: Any) -> dict[str, Any]:
 class Console:
     """The daemon and its console's URL."""
 
-    def __init__(self, daemon: Daemon, url: str) -> None:
+    def __init__(self, daemon: Daemon, url: str, tokens: Path, log: Path) -> None:
         self.daemon = daemon
         self.url = url
+        self.tokens = tokens  # the tokens file (a test may rewrite it and reload)
+        self.log = log
 
 
 @pytest.fixture
@@ -89,7 +93,7 @@ def console(tmp_path: Path) -> Iterator[Console]:
             line["address"] for line in json_log(tmp_path / "oasisd.log")
             if line.get("event") == "console listening"
         )  # fmt: skip
-        yield Console(daemon, f"http://{web}")
+        yield Console(daemon, f"http://{web}", tokens, tmp_path / "oasisd.log")
     finally:
         assert daemon.stop() == 0  # a clean stop, streams open or not
 
@@ -284,3 +288,68 @@ def test_a_submitters_resumed_stream_gets_its_own_events_whatever_others_sent(
             bob.SubmitJob(pb.SubmitJobRequest(job=spec_to_proto(spec)), timeout=60)
     # her decision was the first event stored: her page had seen event 1
     assert asyncio.run(resumed(1)) == [("cancelled", "mine")]
+
+
+def test_a_stream_ends_with_its_session_or_token_before_another_event(console: Console) -> None:
+    """The audit: a stream checked only its token, and only before waiting for an event.
+    A session's stream outlived its logout (and its expiry, and the end of a user's
+    oldest session past ``MAX_SESSIONS_PER_CALLER``): a copied cookie kept receiving the
+    user's events after the user logged out, for good. And a stream of a token a reload
+    revoked was still sent the next event, written before the check. Now a stream ends
+    with its session or token, before it writes anything more."""
+
+    async def scenario() -> dict[str, bytes]:
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as http:
+            async with http.post(
+                console.url + "/login", data={"token": TOKENS["alice"]}, allow_redirects=False
+            ) as login:
+                cookie = {"Cookie": f"oasis_session={login.cookies['oasis_session'].value}"}
+            streams = {
+                "alice's session": await http.get(console.url + "/api/events", headers=cookie),
+                "ops' token": await open_stream(http, console.url, "ops"),
+            }
+            assert (await streams["alice's session"].content.readuntil(b"\n\n")).startswith(
+                b"retry:"
+            )
+            async with http.get(console.url + "/jobs", headers=cookie) as page:
+                found = re.search(r'name="csrf" content="([^"]+)"', await page.text())
+            assert found is not None
+            async with http.post(
+                console.url + "/logout", headers=cookie, data={"csrf": found[1]},
+                allow_redirects=False,
+            ) as out:  # fmt: skip
+                assert out.status == 303
+            kept = {n: t for n, t in TOKENS.items() if n != "ops"}
+            console.tokens.write_text(
+                "".join(f"{n} {ROLES[n]} {hash_token(t)}\n" for n, t in kept.items())
+            )
+            assert console.daemon.proc is not None
+            console.daemon.proc.send_signal(signal.SIGHUP)
+            while not any(line.get("event") == "config reloaded" for line in json_log(console.log)):
+                await asyncio.sleep(0.05)
+            with client_channel(console.daemon.address, token=TOKENS["alice"]) as channel:
+                spec = {**SMALL_JOB, "id": "after-logout"}
+                request = pb.SubmitJobRequest(job=spec_to_proto(spec))
+                await asyncio.to_thread(
+                    pb_grpc.AdmissionStub(channel).SubmitJob, request, timeout=30
+                )
+            return {name: await rest(stream) for name, stream in streams.items()}
+
+    async def rest(stream: Any) -> bytes:
+        """What ``stream`` sends until it ends (within a heartbeat, 15 s), heartbeats left
+        out; ``(still open)`` after 20 s."""
+        sent, deadline = b"", time.monotonic() + 20
+        while not stream.content.at_eof():
+            try:
+                block = await asyncio.wait_for(
+                    stream.content.readuntil(b"\n\n"), deadline - time.monotonic()
+                )
+            except TimeoutError:
+                return sent + b"(still open)"
+            except asyncio.IncompleteReadError as err:
+                block = err.partial
+            sent += block if block != b": ping\n\n" else b""
+        return sent
+
+    sent = asyncio.run(scenario())
+    assert sent == {"alice's session": b"", "ops' token": b""}

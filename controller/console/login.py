@@ -31,7 +31,8 @@ class Login(ConsoleState):
     def set_tokens(self, tokens: Mapping[str, Caller] | None) -> int:
         """Take the tokens a reload read (:mod:`controller.reload`): the sessions of a
         token removed, rotated or given another role end; returns how many. Their open
-        event streams end at their next event or heartbeat."""
+        event streams end at their next event or heartbeat, sending neither
+        (:meth:`.streams.EventStreams._still_allowed`)."""
         self.tokens = tokens
         return self.sessions.retain(lambda session: holds(tokens, session.caller))
 

@@ -11,6 +11,7 @@ import asyncio
 from aiohttp import web
 
 from controller.auth import Caller, holds
+from controller.console.sessions import Session
 from controller.console.state import ConsoleState, _RefusedError
 from controller.console.views import _INTEGER, _dumps, _int
 from controller.events import Event
@@ -66,8 +67,10 @@ class EventStreams(ConsoleState):
 
     async def _stream(self, request: web.Request, caller: Caller) -> web.StreamResponse:
         """The stream of ``caller`` (a submitter sees only its own jobs' events), until
-        the browser goes, the console closes, or a reload revokes the caller's token."""
+        the browser goes, the console closes, or its session or token ends
+        (:meth:`_still_allowed`)."""
         owner = caller.owner
+        session: Session | None = request.get("session")  # None: a bearer token's
         queue = self.c.bus.subscribe()  # first, so nothing falls between backfill and live
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
@@ -94,25 +97,41 @@ class EventStreams(ConsoleState):
                 if backlog:  # the backlog's owners in one query
                     upto = max(e.sequence for e in backlog)
                     await self._learn_owners({e.job_id for e in backlog if e.job_id}, upto)
-            for event in backlog:
-                last = max(last, event.sequence)
-                if await self._visible(event, owner):
-                    await response.write(_sse(event, caller))
-            while not self.closing.is_set() and holds(self.tokens, caller):
-                event_or_none = await self._next(queue)
-                if event_or_none is None:
+            for stored in backlog:
+                last = max(last, stored.sequence)
+                if await self._visible(stored, owner):
+                    await response.write(_sse(stored, caller))
+            while not self.closing.is_set():
+                event = await self._next(queue)
+                if event is not None and event.sequence <= last:
+                    continue
+                shown = event is not None and await self._visible(event, owner)
+                if not self._still_allowed(caller, session):
+                    break  # checked after every wait, before anything more is written
+                if event is None:
                     await response.write(b": ping\n\n")
                     continue
-                if event_or_none.sequence <= last:
-                    continue
-                last = event_or_none.sequence
-                if await self._visible(event_or_none, owner):
-                    await response.write(_sse(event_or_none, caller))
+                last = event.sequence
+                if shown:
+                    await response.write(_sse(event, caller))
         except (ConnectionResetError, ConnectionError):
             pass  # the browser went away
         finally:
             self.c.bus.unsubscribe(queue)
         return response
+
+    def _still_allowed(self, caller: Caller, session: Session | None) -> bool:
+        """Whether a stream ``caller`` opened (with ``session``, or None: with a bearer
+        token) may go on: its token still holds (a reload may have revoked it or changed
+        its role) and its session is still live (not logged out, expired, or ended by
+        newer logins of the user's past :data:`~.sessions.MAX_SESSIONS_PER_CALLER`).
+
+        Checked after each wait for an event, before anything is written: checked before
+        the wait only, a revoked token's stream was sent the next event, and a session's
+        stream went on after its logout, for good (the token still held)."""
+        if not holds(self.tokens, caller):
+            return False
+        return session is None or self.sessions.get(session.id) is session
 
     async def _next(self, queue: asyncio.Queue[Event]) -> Event | None:
         """The next event, or None after a heartbeat's interval or at close."""
