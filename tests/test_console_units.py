@@ -146,6 +146,26 @@ def test_the_console_is_on_in_the_embedded_defaults_and_off_in_the_example(
         from_dict({"cluster": CLUSTER, "web": {"listen": "10.1.2.3:8080"}})
 
 
+def test_a_stream_goes_on_while_its_session_and_token_hold() -> None:
+    """An event stream ends when its session does (logout, expiry, the user's newer
+    logins past the cap) or its token does (a reload), whichever comes first."""
+    now = [0.0]
+    alice = Caller("alice", Role.SUBMITTER, token=hash_token("a"))
+    bob = Caller("bob", Role.SUBMITTER, token=hash_token("b"))
+    streams = streams_module.EventStreams()
+    streams.tokens = {alice.token: alice, bob.token: bob}
+    streams.sessions = Sessions(60.0, monotonic=lambda: now[0])
+    first, second = streams.sessions.open(alice), streams.sessions.open(alice)
+    assert streams._still_allowed(alice, first) and streams._still_allowed(bob, None)
+    streams.sessions.close(first.id)  # logged out: its stream ends, the other goes on
+    assert not streams._still_allowed(alice, first) and streams._still_allowed(alice, second)
+    now[0] = 60.0  # expired
+    assert not streams._still_allowed(alice, second)
+    assert streams._still_allowed(alice, None)  # a bearer token's, while the token holds
+    streams.tokens = {alice.token: alice, bob.token: dataclasses.replace(bob, role=Role.OPERATOR)}
+    assert not streams._still_allowed(bob, None)  # its role changed by a reload
+
+
 def test_sessions_expire_and_keep_a_bounded_number() -> None:
     now = [0.0]
     sessions = Sessions(60.0, monotonic=lambda: now[0])
