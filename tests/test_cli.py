@@ -155,6 +155,21 @@ def test_every_problem_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "jobs[0].tau" in err and "jobs[5].grad_mb: must be a number" in err
 
 
+def test_a_trace_wrong_throughout_says_twenty_problems_and_counts_the_rest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A trace whose every job has the same mistake: before, a line per job (200,000
+    lines for a trace of 10^5 servers named twice)."""
+    trace = _small_trace()
+    for job in trace["jobs"]:
+        job["tau"] = 0
+    assert main(["replay", _write(tmp_path, trace)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].endswith("invalid trace:") and len(lines) == 22, lines
+    assert lines[1].strip().startswith("jobs[0].tau") and lines[20].strip().startswith("jobs[19].")
+    assert lines[21] == f"  ... and {len(trace['jobs']) - 20:,} more"
+
+
 @pytest.mark.parametrize(
     ("pricing", "expected"),
     [

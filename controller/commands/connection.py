@@ -23,7 +23,13 @@ from typing import Any
 import grpc
 
 from controller.clock import SlotTimes
-from controller.commands.common import EXIT_BAD_INPUT, EXIT_FAILURE, InputError, call_timeout
+from controller.commands.common import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILURE,
+    InputError,
+    call_timeout,
+    problem_lines,
+)
 from controller.commands.failover import (
     FollowingStub,
     LeaderPool,
@@ -276,7 +282,7 @@ def report_error(
         indent = None if getattr(args, "command", "") == "watch" else 1
         print(json.dumps({"error": error, **(extra or {})}, indent=indent))
     elif problems:
-        lines = "\n".join(f"  {p}" for p in problems)
+        lines = problem_lines(problems, "--json lists every one")
         print(f"oasis {args.command}: {code}: invalid input:\n{lines}", file=sys.stderr)
     else:
         print(f"oasis {args.command}: {code}: {message}", file=sys.stderr)
