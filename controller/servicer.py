@@ -172,8 +172,11 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
     def _charge_answer(self, caller: Caller, nbytes: int) -> None:
         """Charge a submitter's rate for an answer of ``nbytes`` (:meth:`_charge_bytes`):
         building a page of 60,000 allocations takes 0.6 s of the daemon's CPU, and at one
-        token a call, 10 such pages a second took a core from every tenant. Operators
-        (and callers without tokens) read uncharged."""
+        token a call, 10 such pages a second took a core from every tenant. Every answer
+        that holds a job is charged, whichever call returns it: a retried submission
+        (the first answer again), a quote of a stored job (``existing``) and a retried
+        cancel (the plan up to the cancel) returned what ``GetJob`` charges for at one
+        token a call. Operators (and callers without tokens) read uncharged."""
         if caller.owner is not None:
             self._charge_bytes(caller.client, nbytes)
 
@@ -199,7 +202,9 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
         wait = request.wait_seconds if request.HasField("wait_seconds") else None
         submit = self.c.submit(spec, caller.submitter, caller.owner, wait, caller.turn)
         view = await _guard(context, _as_named(caller, _key_of(spec, caller), submit))
-        return pb.SubmitJobResponse(job=self._job(view, caller), duplicate=view.duplicate)
+        answer = pb.SubmitJobResponse(job=self._job(view, caller), duplicate=view.duplicate)
+        self._charge_answer(caller, answer.ByteSize())
+        return answer
 
     async def QuoteJob(
         self, request: pb.QuoteJobRequest, context: grpc.aio.ServicerContext
@@ -212,6 +217,7 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
         out = pb.QuoteJobResponse(decision=decision_to_proto(view))
         if existing is not None:
             out.existing.CopyFrom(self._job(existing, caller))
+        self._charge_answer(caller, out.ByteSize())
         return out
 
     def _job(self, view: Any, caller: Caller) -> pb.Job:
@@ -272,7 +278,9 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
         key = await _guard(context, _key(caller, request.id))
         cancel = self.c.cancel(key, caller.turn, caller.owner, caller.name or None)
         view, released = await _guard(context, _as_named(caller, key, cancel))
-        return pb.CancelJobResponse(job=self._job(view, caller), released_worker_slots=released)
+        answer = pb.CancelJobResponse(job=self._job(view, caller), released_worker_slots=released)
+        self._charge_answer(caller, answer.ByteSize())
+        return answer
 
     async def GetProgress(
         self, request: pb.GetProgressRequest, context: grpc.aio.ServicerContext
