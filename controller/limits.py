@@ -21,7 +21,9 @@
   together, may have ``pending`` at once. Each pending job is searched again at every slot
   boundary, so these bound the work of a boundary, and one tenant cannot fill the queue: a
   submission that would go over fails with RESOURCE_EXHAUSTED (nothing is committed; it may
-  be retried). Without ``[auth]`` every caller is one submitter.
+  be retried). Without ``[auth]`` every caller is one submitter. Unless given,
+  ``max_pending_per_submitter`` is a tenth of ``max_pending`` (at most 100, at least 1),
+  so a smaller queue keeps its submitters' shares; one above ``max_pending`` is refused.
 - ``pending_steps_per_submitter``: the search steps (each search's bound
   ``T * Y * (W + 1)``, as ``max_search_steps`` counts them) one submitter's pending jobs
   may take at one slot boundary. The pending jobs are decided again in one step of the
@@ -385,6 +387,7 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
             "limits.max_message_bytes",
             f"must be <= {MAX_GRPC_MESSAGE_BYTES} (2 GiB - 1, gRPC's largest), got {message_bytes}",
         )
+    pending, per_submitter = _pending_caps(raw, count)
     return Limits(
         max_message_bytes=message_bytes,
         max_job_work=count("max_job_work", d.max_job_work),
@@ -396,8 +399,8 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
         max_wait_seconds=fields.non_negative(
             raw.get("max_wait_seconds", d.max_wait_seconds), "limits.max_wait_seconds"
         ),
-        max_pending_per_submitter=count("max_pending_per_submitter", d.max_pending_per_submitter),
-        max_pending=count("max_pending", d.max_pending),
+        max_pending_per_submitter=per_submitter,
+        max_pending=pending,
         pending_steps_per_submitter=positive("pending_steps_per_submitter"),
         pending_steps_per_boundary=positive("pending_steps_per_boundary"),
         max_spec_bytes=count("max_spec_bytes", d.max_spec_bytes),
@@ -412,6 +415,25 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
         max_ledger_mb=positive("max_ledger_mb"),
         max_utility_by_submitter=_caps_by_submitter(raw.get("max_utility_by_submitter", {})),
     )
+
+
+def _pending_caps(raw: Mapping[str, Any], count: Callable[[str, int], int]) -> tuple[int, int]:
+    """``(max_pending, max_pending_per_submitter)``. A submitter's cap not given is a
+    tenth of the queue's, as the defaults are (100 of 1000), at most the default 100
+    and at least 1: with ``max_pending`` lowered alone it stayed 100, so one tenant could
+    take every place of a queue of 50 and every other tenant's ``--wait`` was refused.
+    One given above the queue's caps nothing, and is refused."""
+    d = Limits()
+    pending = count("max_pending", d.max_pending)
+    share = min(d.max_pending_per_submitter, max(1, pending // 10))
+    per_submitter = count("max_pending_per_submitter", share)
+    if per_submitter > pending:
+        raise SpecError.one(
+            "limits.max_pending_per_submitter",
+            f"must be <= limits.max_pending ({pending}), got {per_submitter}: one submitter's "
+            "jobs could fill the queue every tenant's waiting jobs share",
+        )
+    return pending, per_submitter
 
 
 def _caps_by_submitter(raw: Any) -> dict[str, float]:

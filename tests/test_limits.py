@@ -164,6 +164,12 @@ def test_limits_config() -> None:
     assert (got.rate, got.burst, got.max_search_steps) == (2.5, 10, 1e8)
     assert limits_from_dict({"pending_steps_per_submitter": 1e9}).pending_steps_per_submitter == 1e9
     assert limits_from_dict({"pending_steps_per_boundary": 4e9}).pending_steps_per_boundary == 4e9
+    # a submitter's share of the queue is a tenth of it unless given, at most 100
+    shares = {n: limits_from_dict({"max_pending": n}).max_pending_per_submitter
+              for n in (1, 9, 50, 1000, 5000)}  # fmt: skip
+    assert shares == {1: 1, 9: 1, 50: 5, 1000: 100, 5000: 100}
+    given = limits_from_dict({"max_pending": 50, "max_pending_per_submitter": 50})
+    assert given.max_pending_per_submitter == 50  # one submitter's queue: the operator's
     for raw, message in (
         ({"rate": -1}, "limits.rate: must be >= 0"),
         ({"burst": 5}, "limits.burst: needs limits.rate > 0"),
@@ -174,6 +180,10 @@ def test_limits_config() -> None:
         ({"pending_steps_per_boundary": -1}, "limits.pending_steps_per_boundary: must be > 0"),
         ({"pending_steps_per_submitter": "x"}, "limits.pending_steps_per_submitter: must be a"),
         ({"speed": 1}, "limits.speed: unknown key"),
+        (
+            {"max_pending": 50, "max_pending_per_submitter": 100},  # over it: no cap at all
+            r"limits.max_pending_per_submitter: must be <= limits.max_pending \(50\), got 100",
+        ),
     ):
         with pytest.raises(SpecError, match=message):
             limits_from_dict(raw)

@@ -295,6 +295,27 @@ def test_one_submitters_pending_jobs_are_bounded(tmp_path: Path) -> None:
         c.close()
 
 
+def test_a_smaller_queue_keeps_one_submitter_from_filling_it(tmp_path: Path) -> None:
+    """``max_pending`` lowered alone (a small cluster's queue) lowers the submitter's
+    share with it, a tenth as in the defaults: it stayed 100, so one tenant's jobs could
+    take every place of a queue of 20 and every other tenant's ``--wait`` was refused
+    (the tenant isolation audit)."""
+    clock = FakeClock(1_000_000.0)
+    c = controller(tmp_path, clock, CHEAP + "\n[limits]\nmax_pending = 20\n")
+    try:
+        assert c.config.limits.max_pending_per_submitter == 2
+        asyncio.run(c.submit(blocker(), by="ops"))
+        for name in ("a1", "a2"):
+            view = asyncio.run(c.submit(small(name), by="alice", wait_seconds=SLOT * 5))
+            assert view.state == "pending"
+        with pytest.raises(QueueFullError, match="max_pending_per_submitter = 2"):
+            asyncio.run(c.submit(small("a3"), by="alice", wait_seconds=SLOT * 5))
+        view = asyncio.run(c.submit(small("b1"), by="bob", wait_seconds=SLOT * 5))
+        assert view.state == "pending"
+    finally:
+        c.close()
+
+
 def test_pending_jobs_are_decided_again_in_submission_order(tmp_path: Path) -> None:
     """After the blocker is cancelled there is room for only one of two equal pending
     jobs, each needing every GPU of its window but one slot (the one it waited): the one
