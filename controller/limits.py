@@ -23,7 +23,7 @@
   submission that would go over fails with RESOURCE_EXHAUSTED (nothing is committed; it may
   be retried). Without ``[auth]`` every caller is one submitter. Unless given,
   ``max_pending_per_submitter`` is a tenth of ``max_pending`` (at most 100, at least 1),
-  so a smaller queue keeps its submitters' shares; one above ``max_pending`` is refused.
+  so a smaller queue keeps its submitters' shares.
 - ``pending_steps_per_submitter``: the search steps (each search's bound
   ``T * Y * (W + 1)``, as ``max_search_steps`` counts them) one submitter's pending jobs
   may take at one slot boundary. The pending jobs are decided again in one step of the
@@ -422,18 +422,13 @@ def _pending_caps(raw: Mapping[str, Any], count: Callable[[str, int], int]) -> t
     tenth of the queue's, as the defaults are (100 of 1000), at most the default 100
     and at least 1: with ``max_pending`` lowered alone it stayed 100, so one tenant could
     take every place of a queue of 50 and every other tenant's ``--wait`` was refused.
-    One given above the queue's caps nothing, and is refused."""
+    One given is the operator's choice, kept as given (at or above ``max_pending``: one
+    submitter may fill the queue, as on a cluster of one tenant); refused, a file an
+    earlier version started with would stop the daemon at its upgrade."""
     d = Limits()
     pending = count("max_pending", d.max_pending)
     share = min(d.max_pending_per_submitter, max(1, pending // 10))
-    per_submitter = count("max_pending_per_submitter", share)
-    if per_submitter > pending:
-        raise SpecError.one(
-            "limits.max_pending_per_submitter",
-            f"must be <= limits.max_pending ({pending}), got {per_submitter}: one submitter's "
-            "jobs could fill the queue every tenant's waiting jobs share",
-        )
-    return pending, per_submitter
+    return pending, count("max_pending_per_submitter", share)
 
 
 def _caps_by_submitter(raw: Any) -> dict[str, float]:
