@@ -5,9 +5,10 @@
   ``google.rpc.BadRequest`` field violation (the standard rich error model, in the
   ``grpc-status-details-bin`` trailer), so a client can list them or name the field
   without parsing the message.
-- Messages are bounded: problems of at most :data:`MAX_TEXT` characters each, as many as
-  fit in :data:`MAX_BYTES`, then how many more (a job naming 40,000 unknown resources
-  made a 3.4 MB message). The message and the details travel in trailers, and gRPC
+- Messages are bounded: problems with a field of at most :data:`MAX_TEXT` characters and
+  a reason of at most :data:`MAX_REASON` (and :data:`MAX_BYTES` bytes), as many as fit
+  in :data:`MAX_BYTES`, then how many more (a job naming 40,000 unknown resources made a
+  3.4 MB message). The message and the details travel in trailers, and gRPC
   clients refuse trailers over 8 KiB by default (RESOURCE_EXHAUSTED instead of the
   error): the message percent-encoded (up to 3x for non-ASCII) plus the details in
   base64 stay under that.
@@ -29,12 +30,17 @@ from controller.streams import relay
 from pricing.errors import Problem, SpecError
 from pricing.text import escape
 
-__all__ = ["MAX_BYTES", "MAX_TEXT", "DecodeInterceptor", "abort", "bounded"]
+__all__ = ["MAX_BYTES", "MAX_REASON", "MAX_TEXT", "DecodeInterceptor", "abort", "bounded"]
 
 MAX_BYTES = 1500
 """UTF-8 bytes of the problems listed in one error (the first is always listed)."""
 MAX_TEXT = 200
-"""Characters of one problem's field or reason."""
+"""Characters of one problem's field (and of its reason, if that is too many bytes)."""
+MAX_REASON = 600
+"""Characters of one problem's reason. The daemon's own run past 200 (a worker too large
+in four resources; a deadline before the arrival and its remedy), and were cut at 200,
+the user told of three resources and not the fourth; text a user sent is shortened in
+them already (:func:`pricing.fields.show`), so this bounds only what has no other bound."""
 
 log = structlog.get_logger("oasisd")
 
@@ -47,12 +53,16 @@ def _cut(text: str, limit: int = MAX_TEXT) -> str:
 
 
 def bounded(problems: Sequence[Problem]) -> list[Problem]:
-    """The problems that fit in :data:`MAX_BYTES`, each cut to :data:`MAX_TEXT`
-    characters, and one more saying how many were left out."""
+    """The problems that fit in :data:`MAX_BYTES` (the first always), each field cut to
+    :data:`MAX_TEXT` characters and each reason to :data:`MAX_REASON` (to :data:`MAX_TEXT`
+    if the problem would still be over :data:`MAX_BYTES` bytes), and one more saying how
+    many were left out."""
     out: list[Problem] = []
     used = 0
     for i, p in enumerate(problems):
-        cut = Problem(_cut(p.field), _cut(p.reason))
+        cut = Problem(_cut(p.field), _cut(p.reason, MAX_REASON))
+        if len(str(cut).encode()) > MAX_BYTES:  # wide characters: as cut before
+            cut = Problem(cut.field, _cut(p.reason))
         size = len(str(cut).encode()) + 2  # and "; "
         if out and used + size > MAX_BYTES:
             out.append(Problem("", f"and {len(problems) - i} more problems"))

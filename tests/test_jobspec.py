@@ -27,7 +27,7 @@ from controller.jobspec import (
     spec_differences,
 )
 from controller.rpc import oasis_pb2 as pb
-from controller.statuses import MAX_BYTES, bounded
+from controller.statuses import MAX_BYTES, MAX_REASON, MAX_TEXT, bounded
 from pricing import SpecError, cluster_from_dict, job_from_dict
 from pricing.durations import format_duration, format_time, parse_duration, parse_time
 from pricing.errors import Problem
@@ -467,10 +467,33 @@ def test_error_messages_are_bounded() -> None:
     ]
     out = bounded(many)
     assert out[-1].reason == f"and {40_000 - len(out) + 1} more problems"
-    assert len(str(out[0])) <= 2 * 200 + 2
+    assert len(str(out[0])) <= MAX_TEXT + MAX_REASON + 2
     assert sum(len(str(p).encode()) + 2 for p in out) <= MAX_BYTES + 100
     few = [Problem("job.a", "bad"), Problem("job.b", "worse")]
     assert bounded(few) == few
+
+
+def test_the_daemons_own_long_reasons_reach_the_client_whole() -> None:
+    """The cut to 200 characters was made for hostile input (keys of 10 kB), but it also
+    cut the daemon's own reasons: a worker too large in four resources lost the fourth
+    (`...; disk:...(206 characters)`), a deadline before the arrival lost its remedy
+    (`give a later deadline, or a half_life`), so the user fixed three and met the next."""
+    worker = {"gpu": 16, "cpu": 64, "mem": 1024, "disk": 1000, "bandwidth": 1}
+    with pytest.raises(SpecError) as err:
+        parse({**PEOPLE, "worker": worker})
+    assert len(err.value.problems[0].reason) > 200  # the case at hand
+    assert bounded(err.value.problems) == list(err.value.problems)
+    past = {**PEOPLE["utility"], "deadline": {"slot": 2}}
+    del past["half_life"]
+    with pytest.raises(SpecError) as err:
+        check_worth({**PEOPLE, "utility": past}, cluster=CLUSTER, slot_seconds=SLOT,
+                    window=48, arrival=30)  # fmt: skip
+    shown = bounded(err.value.problems)
+    assert shown == list(err.value.problems)
+    assert shown[0].reason.endswith("give a later deadline, or a half_life")
+    # a reason of wide characters is still cut to the bytes the trailers hold
+    (wide,) = bounded([Problem("job.x", "\u4e00" * 1000)])
+    assert len(str(wide).encode()) <= MAX_BYTES
 
 
 # -- the client's side ------------------------------------------------------------------
