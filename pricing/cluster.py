@@ -108,8 +108,7 @@ class Cluster:
                 continue
             sub = f"{field}.{label(name)}"
             if name not in self.resources:
-                known = ", ".join(self.resources)
-                problems.append(Problem(sub, f"unknown resource (the cluster has: {known})"))
+                problems.append(Problem(sub, self._unknown(name)))
                 continue
             r = self.resources.index(name)
             if isinstance(amount, str):  # "16GiB": the cluster's capacities have no unit
@@ -123,10 +122,27 @@ class Cluster:
             raise SpecError(problems)
         return np.array(values, dtype=np.float64)
 
+    def _unknown(self, name: Any) -> str:
+        """Why ``name`` is no resource of the cluster: the resources it has, and the one
+        it differs from only in case (``"GPU"``: ``gpu``). Not any close name: a ``tpu``
+        is no ``gpu``."""
+        known = ", ".join(self.resources)
+        folded = name.casefold() if isinstance(name, str) else None
+        same = next((r for r in self.resources if r.casefold() == folded), None)
+        hint = f"; did you mean {same!r}?" if same else ""
+        return f"unknown resource{hint} (the cluster has: {known})"
+
     def _unitless(self, name: str, r: int, amount: str) -> str:
-        """Why ``amount`` (a string, such as ``"16GiB"``) is no amount of resource ``r``:
-        the unit is the cluster's, named by its largest server's (a cluster being read,
-        with no servers yet, names none)."""
+        """Why ``amount`` (a string, such as ``"16GiB"``) is no amount of resource ``r``.
+        Bandwidth's unit is SPEC 2's, Gbps (b and B divide gradient gigabits). Any other
+        unit is the cluster's, named by its largest server's; a cluster being read, with
+        no servers yet, names none, nor does :mod:`controller.commands.precheck`'s, whose
+        servers have no bound (its largest was "mem inf")."""
+        if name == BANDWIDTH:
+            return (
+                "must be a number of Gbps (gigabits per second: 10 Gb/s is 10, 1 GB/s is 8), "
+                f"got {fields.show(amount)}"
+            )
         if not (len(self.worker_capacity) or len(self.ps_capacity)):
             return (
                 f"must be a number (amounts have no unit: give every server's and job's "
@@ -134,6 +150,11 @@ class Cluster:
             )
         largest = max(self.worker_capacity[:, r].max(initial=0.0),
                       self.ps_capacity[:, r].max(initial=0.0))  # fmt: skip
+        if not math.isfinite(largest):
+            return (
+                f"must be a number, in the unit of the cluster's capacities, got "
+                f"{fields.show(amount)}"
+            )
         return (
             f"must be a number, in the unit of the cluster's capacities (its largest "
             f"server has {name} {largest:g}), got {fields.show(amount)}"

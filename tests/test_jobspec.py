@@ -688,6 +688,32 @@ def test_an_amount_in_a_users_unit_is_told_the_clusters() -> None:
     ], got
 
 
+def test_a_bandwidth_in_a_unit_is_told_gbps_and_a_list_is_told_no_infinite_server() -> None:
+    """The units audit, again: ``"bandwidth": "10Gbps"`` was told the unit of "the
+    cluster's capacities", though SPEC 2 fixes it (Gbps, which b and B divide); a list
+    given to ``oasis submit`` is read first against a cluster of unbounded servers, and
+    its items were told "its largest server has mem inf"; ``"GPU"`` was an unknown
+    resource with no word of ``gpu``."""
+    from controller.commands.precheck import item_problems
+
+    got = problems({**PEOPLE, "worker": {**PEOPLE["worker"], "bandwidth": "10Gbps"}})
+    assert got == [
+        "job.worker.bandwidth: must be a number of Gbps (gigabits per second: 10 Gb/s is "
+        "10, 1 GB/s is 8), got '10Gbps'"
+    ], got
+    spec = {**PEOPLE, "worker": {**PEOPLE["worker"], "mem": "16GiB"}}
+    _, found = item_problems(spec, SlotTimes(0.0, SLOT), 48, 10)
+    assert [str(p) for p in found] == [
+        "job.worker.mem: must be a number, in the unit of the cluster's capacities, got '16GiB'"
+    ]
+    worker = {**PEOPLE["worker"], "GPU": 1, "Tpu": 1}
+    assert problems({**PEOPLE, "worker": worker}) == [
+        "job.worker.GPU: unknown resource; did you mean 'gpu'? (the cluster has: gpu, cpu, "
+        "mem, disk, bandwidth)",
+        "job.worker.Tpu: unknown resource (the cluster has: gpu, cpu, mem, disk, bandwidth)",
+    ]
+
+
 def test_a_capacity_in_a_unit_is_refused_naming_the_key() -> None:
     """The store audit: a capacity of "488GiB" in ``[cluster]`` (or a stored server row)
     raised IndexError while the message was built (the cluster being read had no
