@@ -22,7 +22,7 @@ from typing import Any
 from controller.clock import SlotTimes
 from pricing.durations import format_duration, format_time, parse_duration, parse_time
 from pricing.errors import Problem, SpecError
-from pricing.fields import show
+from pricing.fields import DuplicateKeyError, show, unique_object
 from pricing.utility import WHEN_KEYS
 
 __all__ = [
@@ -48,9 +48,12 @@ def new_id() -> str:
 
 
 def read_json(text: str, field: str = "job") -> dict[str, Any]:
-    """The JSON object in ``text``; SpecError (not a parser's exception) otherwise."""
+    """The JSON object in ``text``; SpecError (not a parser's exception) otherwise, a key
+    given twice in one object included (:func:`pricing.fields.unique_object`)."""
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=unique_object)
+    except DuplicateKeyError as err:  # json alone keeps the last value without a word
+        raise SpecError.one(field, str(err)) from None
     except json.JSONDecodeError as err:
         raise SpecError.one(
             field, f"not JSON: {err.msg} at line {err.lineno} column {err.colno}"

@@ -14,6 +14,7 @@ from pricing.text import label, printable_problem
 __all__ = [
     "MAX_INTEGER",
     "MAX_UNKNOWN_KEYS",
+    "DuplicateKeyError",
     "check_no_problems",
     "integer",
     "mapping",
@@ -80,6 +81,29 @@ def unknown_keys(
         more = len(extra) - MAX_UNKNOWN_KEYS
         problems.append(Problem(field, f"and {more} more unknown keys"))
     return problems
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object that gives one key twice (:func:`unique_object`)."""
+
+
+def unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A ``json.loads`` ``object_pairs_hook``: the object, or DuplicateKeyError for a key
+    given twice. ``json`` keeps the last value without a word, other readers the first,
+    so ``{"gpu": 1, ..., "gpu": 8}`` (a line copied and edited) would be admitted as a
+    job other than the one its author or a reviewer's tool read."""
+    out = dict(pairs)
+    if len(out) == len(pairs):
+        return out
+    first: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in first:
+            raise DuplicateKeyError(
+                f"the key {show(key)} is given twice in one object ({show(first[key])}, "
+                f"then {show(value)}): JSON readers differ on which one counts; give it once"
+            )
+        first[key] = value
+    raise AssertionError("unreachable: a shorter dict has a repeated key")
 
 
 def check_no_problems(problems: list[Problem]) -> None:

@@ -473,6 +473,31 @@ def test_error_messages_are_bounded() -> None:
     assert bounded(few) == few
 
 
+def test_a_key_given_twice_is_refused_not_read_as_the_last(tmp_path: Any) -> None:
+    """The units audit: a worker of ``{"gpu": 1, ..., "gpu": 8}`` (a line copied and
+    edited, one of the two forgotten) was read as 8 GPUs without a word, by the daemon,
+    ``oasis submit``/``quote`` (which sent the spec on re-written, the first value gone)
+    and ``oasis replay``; JSON readers differ on which value counts (some take the
+    first), so a spec reviewed with one tool was admitted as another job."""
+    from controller.commands.common import InputError
+    from controller.commands.common import read_json as read_file
+
+    text = '{"epochs": 2, "worker": {"gpu": 1, "mem": 16, "gpu": 8}}'
+    message = (
+        "the key 'gpu' is given twice in one object (1, then 8): JSON readers differ on "
+        "which one counts; give it once"
+    )
+    with pytest.raises(SpecError) as err:
+        read_json(text)
+    assert [str(p) for p in err.value.problems] == [f"job: {message}"]
+    path = tmp_path / "job.json"
+    path.write_text(f"[{text}]")
+    with pytest.raises(InputError) as got:
+        read_file(str(path))
+    assert str(got.value) == f"{path}: {message}"
+    assert read_json('{"a": {"b": 1}, "b": {"a": 2}}') == {"a": {"b": 1}, "b": {"a": 2}}
+
+
 def test_the_daemons_own_long_reasons_reach_the_client_whole() -> None:
     """The cut to 200 characters was made for hostile input (keys of 10 kB), but it also
     cut the daemon's own reasons: a worker too large in four resources lost the fourth

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from controller.files import read_bounded, write_whole
 from pricing.durations import DURATION_EXAMPLES, parse_duration
 from pricing.errors import Problem
+from pricing.fields import DuplicateKeyError, unique_object
 
 if TYPE_CHECKING:  # the client commands never read traces: no numpy at their start
     from pricing.trace import Trace
@@ -119,10 +120,13 @@ def read_json(path: str, what: str = "", limit: int | None = None) -> Any:
 
 
 def _parsed(data: bytes, name: str) -> Any:
-    """``data`` as JSON; InputError naming ``name`` and why not."""
+    """``data`` as JSON; InputError naming ``name`` and why not (a key given twice in
+    one object included: :func:`pricing.fields.unique_object`)."""
     try:
         # utf-8-sig: a byte-order mark, as some Windows editors write, is no error
-        return json.loads(data.decode("utf-8-sig"))
+        return json.loads(data.decode("utf-8-sig"), object_pairs_hook=unique_object)
+    except DuplicateKeyError as err:  # json alone keeps the last value without a word
+        raise InputError(f"{name}: {err}") from err
     except UnicodeDecodeError as err:
         raise InputError(f"{name}: not UTF-8 text: {err.reason} at byte {err.start}") from err
     except json.JSONDecodeError as err:
