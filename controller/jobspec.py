@@ -305,20 +305,6 @@ def check_worth(
     check_job_worth(job, spec, slot_seconds=slot_seconds, field=field)
 
 
-def _work_in_words(job: Any, slot_seconds: float) -> str:
-    """How the job's work W came to be, in the user's terms: its mini-batches, each
-    one's compute and gradient transfer in seconds, and the worker-slots rounded up. A
-    transfer of microseconds can tip an hour of compute into a second slot."""
-    raw = job.epochs * job.chunks * job.minibatches * job.minibatch_slots
-    each = job.minibatch_slots * slot_seconds
-    transfer = (job.minibatch_slots - job.tau) * slot_seconds
-    return (
-        f"{job.epochs} x {job.chunks} x {job.minibatches} mini-batches of {each:.9g} s "
-        f"({job.tau * slot_seconds:.9g} s compute + {transfer:.3g} s gradient transfer) = "
-        f"{raw:.10g} worker-slots, rounded up to {job.work}"
-    )
-
-
 def past_times(spec: Mapping[str, Any], arrival: int, times: SlotTimes) -> str:
     """A note on the times of ``spec``'s utility (resolved, ``{"slot": S}``) that lie at or
     before the start of its arrival slot, for the reason of a rejection: such a job is
@@ -346,6 +332,8 @@ def check_job_worth(
     job: Any, spec: Mapping[str, Any], *, slot_seconds: float, field: str = "job"
 ) -> None:
     """:func:`check_worth` of ``job``, already parsed from ``spec`` (the admission's)."""
+    from pricing.job import work_in_words  # numpy: the daemon's side only
+
     d_min = job.min_slots
     if float(job.utility.log_values(d_min)) > -math.inf:
         return
@@ -364,7 +352,7 @@ def check_job_worth(
             Problem(f"{field}.utility.deadline",
                     f"{where} at least {need} even on an empty cluster, and its value "
                     "after the deadline is 0: give a later deadline, or a half_life"),
-            Problem(f"{field}.work", _work_in_words(job, slot_seconds)),
+            Problem(f"{field}.work", work_in_words(job, slot_seconds)),
         ])  # fmt: skip
     raise SpecError.one(
         f"{field}.utility",

@@ -13,7 +13,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from pricing import fields
 from pricing.cluster import BANDWIDTH, Cluster, Kind
-from pricing.durations import parse_duration
+from pricing.durations import format_duration, parse_duration
 from pricing.errors import Problem, SpecError
 from pricing.utility import Utility, utility_from_dict
 
@@ -28,6 +28,7 @@ __all__ = [
     "job_from_dict",
     "max_workers_per_slot",
     "room",
+    "work_in_words",
 ]
 
 MB_TO_GBIT = 0.008
@@ -285,7 +286,7 @@ def job_from_dict(
         ps_ratio=b / B,
     )
     if not nowhere:  # else it can never run: no time is enough
-        _check_fits_in_time(job, cluster, slots_available(arrival), field)
+        _check_fits_in_time(job, cluster, slots_available(arrival), field, slot_seconds)
     return job
 
 
@@ -400,16 +401,43 @@ def _empty_room(cluster: Cluster, kind: Kind, demand: NDArray[np.float64]) -> tu
     return found
 
 
-def _check_fits_in_time(job: Job, cluster: Cluster, available: int, field: str) -> None:
-    """Reject work that cannot finish inside the horizon even on an empty cluster."""
+def _slots(n: int, slot_seconds: float) -> str:
+    """``151 slots (6d7h)``: slots, and the time they take."""
+    return f"{n} slot{'' if n == 1 else 's'} ({format_duration(n * slot_seconds)})"
+
+
+def work_in_words(job: Job, slot_seconds: float) -> str:
+    """How the job's work W came to be, in the user's terms: its mini-batches, each
+    one's compute and gradient transfer in seconds, and the worker-slots rounded up. A
+    transfer of microseconds can tip an hour of compute into a second slot, and a
+    ``tau`` of 1.5 meant as seconds shows as 5400 s of compute."""
+    raw = job.epochs * job.chunks * job.minibatches * job.minibatch_slots
+    each = job.minibatch_slots * slot_seconds
+    transfer = (job.minibatch_slots - job.tau) * slot_seconds
+    return (
+        f"{job.epochs} x {job.chunks} x {job.minibatches} mini-batches of {each:.9g} s "
+        f"({job.tau * slot_seconds:.9g} s compute + {transfer:.3g} s gradient transfer) = "
+        f"{raw:.10g} worker-slots, rounded up to {job.work}"
+    )
+
+
+def _check_fits_in_time(
+    job: Job, cluster: Cluster, available: int, field: str, slot_seconds: float
+) -> None:
+    """Reject work that cannot finish inside the horizon even on an empty cluster,
+    saying the slots as time and how the work came to be (:func:`work_in_words`): in
+    slots alone, ``"tau": 1.5`` meant as seconds (SPEC 3's slots: 1.5 hours) read as
+    "work of 601 worker-slots", with nothing to say where 601 came from."""
     if available < 1:
         raise SpecError.one(f"{field}.arrival", "arrives after the horizon's last slot")
     per_slot = max_workers_per_slot(job, cluster)
     slots = -(-job.work // per_slot)
     if slots > available:
-        raise SpecError.one(
-            field,
-            f"work of {job.work} worker-slots needs at least {slots} slots even on an empty "
-            f"cluster (at most {per_slot} workers per slot), but only {available} remain "
-            "before the horizon",
-        )
+        left = _slots(available, slot_seconds).replace(" slots", "", 1)
+        raise SpecError([
+            Problem(field, f"work of {job.work} worker-slots needs at least "
+                    f"{_slots(slots, slot_seconds)} even on an empty cluster (at most "
+                    f"{per_slot} workers per slot), but only {left} remain before the "
+                    "horizon"),
+            Problem(f"{field}.work", work_in_words(job, slot_seconds)),
+        ])  # fmt: skip

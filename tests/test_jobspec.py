@@ -498,6 +498,21 @@ def test_a_key_given_twice_is_refused_not_read_as_the_last(tmp_path: Any) -> Non
     assert read_json('{"a": {"b": 1}, "b": {"a": 2}}') == {"a": {"b": 1}, "b": {"a": 2}}
 
 
+def test_work_too_long_for_the_window_says_it_in_time_and_how_the_work_came_to_be() -> None:
+    """The units audit: ``"tau": 1.5`` written as the seconds of a mini-batch (it is
+    SPEC 3's slots: 1.5 hours) was refused with "work of 601 worker-slots needs at least
+    151 slots ... but only 48 remain", in slots alone and with no word of where 601
+    came from. It now gives the slots as time, and the work's mini-batches in seconds,
+    as the deadline's refusal does."""
+    spec = {k: v for k, v in PEOPLE.items() if k != "minibatch_seconds"} | {"tau": 1.5}
+    assert problems(spec) == [
+        "job: work of 601 worker-slots needs at least 151 slots (6d7h) even on an empty "
+        "cluster (at most 4 workers per slot), but only 48 (2d) remain before the horizon",
+        "job.work: 2 x 4 x 50 mini-batches of 5401.6 s (5400 s compute + 1.6 s gradient "
+        "transfer) = 600.1777778 worker-slots, rounded up to 601",
+    ]
+
+
 def test_the_daemons_own_long_reasons_reach_the_client_whole() -> None:
     """The cut to 200 characters was made for hostile input (keys of 10 kB), but it also
     cut the daemon's own reasons: a worker too large in four resources lost the fourth
