@@ -51,19 +51,21 @@ def parse_duration(text: str) -> float | None:
 
 def parse_time(text: str) -> float | None:
     """Unix time of an ISO 8601 time with a UTC offset; None if ``text`` is not one.
+    RFC 3339's lower-case ``t`` and ``z`` (``2030-01-01t18:00:00z``) are read too.
 
     Raises:
         ValueError: a time without a UTC offset (the message says what to add).
     """
     if len(text) > _MAX_TEXT or "-" not in text:
         return None
-    try:
-        when = datetime.fromisoformat(text.strip())
+    given = text.strip()
+    try:  # upper case changes only T, Z and ISO 8601's W: digits and signs have none
+        when = datetime.fromisoformat(given.upper())
     except ValueError:
         return None
     if when.tzinfo is None:
-        given = text.strip()
-        utc = f"{given}Z" if "T" in given or " " in given else f"{given}T00:00:00Z"
+        dated = "T" in given.upper() or " " in given
+        utc = f"{given}Z" if dated else f"{given}T00:00:00Z"
         raise ValueError(
             f"the time {text!r} has no UTC offset: give one, as in {utc!r} (UTC) or +02:00"
         )

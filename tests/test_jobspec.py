@@ -132,6 +132,15 @@ def test_times_need_a_utc_offset() -> None:
         assert parse_time(suggested) is not None
 
 
+def test_rfc_3339s_lower_case_t_and_z_are_read() -> None:
+    """The units audit: RFC 3339 (section 5.6) lets "T" and "Z" be written "t" and "z"
+    (as some tools print them); ``"2030-01-01t18:00:00z"`` was refused as no time."""
+    assert parse_time("2030-01-01t18:00:00z") == parse_time("2030-01-01T18:00:00Z")
+    assert parse_time("2030-01-01t20:00:00+02:00") == 1893520800.0
+    with pytest.raises(ValueError, match="no UTC offset: give one, as in '2030-01-01t18:00Z'"):
+        parse_time("2030-01-01t18:00")
+
+
 def test_a_half_life_is_a_length_and_is_told_so() -> None:
     """The units audit: a time given as a half-life was told to "give a duration or
     {"slot": S}" (no half-life is a slot), and "-2h" that it may be a time."""
