@@ -561,6 +561,46 @@ def test_an_agent_changing_its_session_with_every_report_is_bounded(plane: Plane
     assert reply.progress.minibatches_done == MAX_SESSIONS_PER_SERVER
 
 
+def test_long_strings_an_agent_names_are_refused_not_kept(plane: Plane) -> None:
+    """The daemon keeps what an agent's strings name after the message is gone: a job id
+    no stored job has, for its retained event to be cleared (10,000 remembered), and a
+    session beating beside another, in the plane's stored state. Before the fix only the
+    payload was bounded: one made-up id of 250,000 characters per report grew the daemon
+    by 150 MB in 30 s, and two heartbeat sessions of 200,000 characters put 200 KB in the
+    meta row written at every plan round. Now such an entry is refused (the report's
+    other entries count) and such a heartbeat is a bad message."""
+    p = plane
+    p.daemon.start()
+    p.wait_logged("broker connected")
+    entries = [TaskProgress("g" * 60_000, 1.0, 1.0), TaskProgress("ghost", 1.0, 1.0)]
+    p.publish(DAEMON_USER, (TOPICS.progress("w1"), Progress("w1", "x", entries).to_bytes(), False))
+    unknown = p.wait_logged("agents ran jobs this store does not know (a store restored from "
+                            "a backup made before they were admitted?): their plans are "
+                            "withdrawn and their workers stop; tell their tenants to submit "
+                            "them again")  # fmt: skip
+    assert unknown[0]["jobs"] == ["ghost"] and unknown[0]["count"] == 1, unknown
+    dropped = p.wait_logged("report entries dropped: bad counts")
+    why = "progress.jobs[0].job: 60000 characters, longer than any job's (329)"
+    assert why in dropped[0]["error"], dropped
+
+    def beat(session: str) -> tuple[str, bytes, bool]:
+        return TOPICS.heartbeat("w0"), Heartbeat("w0", session).to_bytes(), False
+
+    for _ in range(8):  # two sessions beating at once, for longer than a beat interval
+        p.publish(DAEMON_USER, beat("A" * 200_000), beat("B" * 200_000))
+        time.sleep(0.15)
+    bad = p.wait_logged("bad message from an agent")
+    assert "heartbeat.session: 200000 characters, over 128" in bad[0]["error"], bad
+    p.submit(plane_job("after"))  # a plan round: the plane's state is stored
+    wait_for("the plane's state", lambda: p.store_rows("SELECT 1 FROM meta WHERE key = 'plane'"))
+    (size,) = p.store_rows("SELECT length(value) FROM meta WHERE key = 'plane'")[0]
+    assert size < 1000, size
+    assert not p.logged("two agents beat for one server at once: both run its workers; only "
+                        "the first one's progress counts, the second's never does: stop the "
+                        "second (if you stop the first, restart the second: a new session "
+                        "counts from then on)")  # fmt: skip
+
+
 def test_progress_reads_wait_in_the_callers_turn(tmp_path: Path) -> None:
     """GetProgress runs in the decision thread. It ran there as the daemon's own step
     (client ""), uncapped: a tenant polling its jobs' progress with many calls at once

@@ -30,6 +30,7 @@ from controller.plane.agent import Agent, TaskState
 from controller.plane.settings import MqttConfig, mqtt_from_dict
 from controller.plane.topics import Heartbeat, Plan, Progress, SlotPlan, Task, TaskProgress, Topics
 from pricing.errors import SpecError
+from pricing.fields import MAX_JOB_KEY_CHARS
 from tests.servers import ROOT, free_port
 
 CLUSTER: dict[str, Any] = {
@@ -245,6 +246,19 @@ def test_payloads_round_trip_and_bad_ones_name_the_field() -> None:
     assert b"refused" not in mixed.to_bytes()
     with pytest.raises(SpecError, match=re.escape("progress.session")):
         Progress.parse(b'{"version": 1, "server": "w0", "session": 5, "jobs": []}')
+    # strings the daemon keeps after the message (a job it does not know, a session it
+    # ignores) are bounded, not only the payload: as long as a job's key, and a session
+    long_job = {"job": "j" * (MAX_JOB_KEY_CHARS + 1), "minibatches": 1, "worker_seconds": 1}
+    report = {"version": 1, "server": "w0", "session": "s", "jobs": [long_job]}
+    assert Progress.parse(json.dumps(report)).refused == [
+        "progress.jobs[0].job: 330 characters, longer than any job's (329)"
+    ]
+    report["jobs"] = [{**long_job, "job": "j" * MAX_JOB_KEY_CHARS}]
+    assert Progress.parse(json.dumps(report)).jobs[0].job == "j" * MAX_JOB_KEY_CHARS
+    for parse, what in ((Heartbeat.parse, "heartbeat"), (Progress.parse, "progress")):
+        long_session = {"version": 1, "server": "w0", "session": "s" * 129, "jobs": []}
+        with pytest.raises(SpecError, match=re.escape(f"{what}.session: 129 characters, over 128")):
+            parse(json.dumps(long_session))
     with pytest.raises(SpecError, match="heartbeat: not JSON"):
         Heartbeat.parse(b"{")
     # not text: a UTF-8-encoded surrogate (json.loads(bytes) took it), a lone escaped

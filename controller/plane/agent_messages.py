@@ -8,12 +8,23 @@ Untrusted bytes. An agent's payload over
 :data:`~controller.plane.codec.MAX_AGENT_PAYLOAD_BYTES` is dropped before it is parsed
 (the MQTT client has read it by then: the broker's
 ``max_packet_size`` keeps larger ones away), and a report may name at most
-:data:`MAX_REPORT_JOBS` jobs (the reference agent splits larger ones) and its session
-id at most :data:`MAX_SESSION_CHARS` characters; any payload that does not parse (bad
-UTF-8, bad JSON, JSON nested too deep for the parser) is a
+:data:`MAX_REPORT_JOBS` jobs (the reference agent splits larger ones); a heartbeat's or
+a report's session id is at most :data:`MAX_SESSION_CHARS` characters; any payload that
+does not parse (bad UTF-8, bad JSON, JSON nested too deep for the parser) is a
 :class:`~pricing.errors.SpecError`, logged and skipped. A report's entry whose count is
-not a number from 0 to :data:`MAX_COUNT` is left out (``Progress.refused``), its other
-entries kept.
+not a number from 0 to :data:`MAX_COUNT`, or whose job is longer than any job's key
+(:data:`~pricing.fields.MAX_JOB_KEY_CHARS`), is left out (``Progress.refused``), its
+other entries kept.
+
+Why the strings are bounded, not only the payload: the daemon keeps what they name
+after the message is gone. An entry's job id that no stored job has is remembered, up
+to 10,000 of them, for its retained event to be cleared once
+(:mod:`controller.plane.unknown_events`), and a session that beats beside another is
+kept and stored with the plane's state (:mod:`controller.plane.agent_sessions`). One
+agent sending one made-up job id of 250,000 characters per report grew the daemon by
+150 MB in 30 s (to 2.5 GB before the ids were forgotten), and heartbeats of two 200,000-
+character sessions put 200 KB in the plane's meta row, written again at every plan
+round, per session ignored.
 
 The status. ``{"version": 1, "online": true, "servers": [...]}`` while the daemon is
 connected (``servers``: every server of its cluster, so an agent for another name can
@@ -51,8 +62,9 @@ MAX_COUNT = fields.MAX_INTEGER
 years of worker-seconds); the sum over any number of sessions stays finite."""
 
 MAX_SESSION_CHARS = 128
-"""The longest agent session id (the reference agent's are 12 hex digits); a job's
-stored progress is keyed by them."""
+"""The longest agent session id, in a heartbeat or a report (the reference agent's are
+12 hex digits); a job's stored progress is keyed by them, and the plane's stored state
+by those it ignores."""
 
 MAX_DEVICES_SHORT = 100_000
 """The most workers short of devices a heartbeat may say."""
@@ -97,7 +109,7 @@ class Heartbeat:
         sent_at = obj.get("sent_at")
         return cls(
             server=fields.text(fields.require(obj, "server", "heartbeat"), "heartbeat.server"),
-            session=fields.text(fields.require(obj, "session", "heartbeat"), "heartbeat.session"),
+            session=_session(fields.require(obj, "session", "heartbeat"), "heartbeat.session"),
             epoch=fields.integer(obj.get("epoch", 0), "heartbeat.epoch", minimum=0),
             sent_at=None if sent_at is None else fields.number(sent_at, "heartbeat.sent_at"),
             store=_run(obj.get("store", ""), "heartbeat.store"),
@@ -163,7 +175,7 @@ class Progress:
                 m = fields.mapping(j, w)
                 jobs.append(
                     TaskProgress(
-                        job=fields.text(fields.require(m, "job", w), f"{w}.job"),
+                        job=_job(fields.require(m, "job", w), f"{w}.job"),
                         minibatches=_count(fields.require(m, "minibatches", w), f"{w}.minibatches"),
                         worker_seconds=_count(
                             fields.require(m, "worker_seconds", w), f"{w}.worker_seconds"
@@ -173,17 +185,34 @@ class Progress:
                 )
             except SpecError as err:
                 refused.append(str(err)[:200])
-        session = fields.text(fields.require(obj, "session", "progress"), "progress.session")
-        if len(session) > MAX_SESSION_CHARS:
-            raise SpecError.one(
-                "progress.session", f"{len(session)} characters, over {MAX_SESSION_CHARS}"
-            )
+        session = _session(fields.require(obj, "session", "progress"), "progress.session")
         return cls(
             server=fields.text(fields.require(obj, "server", "progress"), "progress.server"),
             session=session,
             jobs=jobs,
             refused=refused,
         )
+
+
+def _session(value: Any, field: str) -> str:
+    """An agent's session id: text of at most :data:`MAX_SESSION_CHARS` characters."""
+    session = fields.text(value, field)
+    if len(session) > MAX_SESSION_CHARS:
+        raise SpecError.one(field, f"{len(session)} characters, over {MAX_SESSION_CHARS}")
+    return session
+
+
+def _job(value: Any, field: str) -> str:
+    """A report entry's job: text of at most :data:`~pricing.fields.MAX_JOB_KEY_CHARS`
+    characters, as long as a job's key can be (submitter, ``:``, id). Its characters are
+    not checked: a job stored before ids were is still planned, and reported, under its
+    own."""
+    job = fields.text(value, field)
+    if len(job) > fields.MAX_JOB_KEY_CHARS:
+        raise SpecError.one(
+            field, f"{len(job)} characters, longer than any job's ({fields.MAX_JOB_KEY_CHARS})"
+        )
+    return job
 
 
 def _count(value: Any, field: str) -> float:
