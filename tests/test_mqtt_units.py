@@ -1939,6 +1939,46 @@ def test_two_agents_beating_for_one_server_at_once_are_said_and_a_restart_is_not
     assert [r.progress.session for r in restarted._reports.take()] == ["e"]
 
 
+def test_one_agent_churning_sessions_does_not_unignore_another_servers_twin(
+    plane: PlaneDaemon,
+) -> None:
+    """The sessions whose progress never counts (the second of two agents that beat for
+    one server at once) were bounded over all servers, the oldest going first: one
+    agent beating with ever new sessions beside its own (a bug, or a forger on its own
+    topic; 3 new ones a beat interval) pushed another server's ignored twin out within
+    minutes, and that twin's whole cumulative count then counted for the other tenants'
+    jobs there. Each server's ignored sessions are bounded on their own now."""
+    from controller.plane.agent_sessions import MAX_IGNORED_PER_SERVER, MAX_IGNORED_SESSIONS
+
+    ex, beat = plane.ex, plane.ex.mqtt.heartbeat_seconds
+    t = 0.0
+
+    def beats(server: str, *sessions: str, times: int = 3) -> None:
+        nonlocal t
+        for _ in range(times):
+            t += beat
+            plane.mono[0] = t
+            for session in sessions:
+                ex.heartbeat(Heartbeat(server, session))
+
+    beats("p0", "c", "d")  # p0's twin: d never counts
+    assert ex.agents.twins == {"p0": ("c", "d")}
+    for i in range(0, 2 * MAX_IGNORED_SESSIONS, 3):  # w0 churns sessions beside its own
+        beats("w0", "own", *(f"x{i + k}" for k in range(3)))
+    ex._reports.take()
+    ex.report(Progress("p0", "d", [TaskProgress("j", 5.0, 5.0)]))
+    assert ex._reports.take() == []  # still ignored
+    ours = [k for k in ex.agents.ignored_sessions if k.startswith("w0/")]
+    assert len(ours) == MAX_IGNORED_PER_SERVER
+    # stored and restored with the same bounds
+    ex.review_sync()
+    from controller.plane.execution import Execution
+
+    restarted = Execution(plane.c, MqttConfig("localhost"), monotonic=lambda: plane.mono[0])
+    restarted.load()
+    assert "p0/d" in restarted.agents.ignored_sessions
+
+
 def test_a_device_capacity_that_is_not_whole_is_said_at_load(tmp_path: Path) -> None:
     from structlog.testing import capture_logs
 

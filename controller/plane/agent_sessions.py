@@ -20,6 +20,7 @@ store (:meth:`AgentSessions.fell_silent`). ``/metrics`` reads the counts
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -33,13 +34,20 @@ from controller.plane.settings import MqttConfig
 __all__ = [
     "CLOCK_BACK_SECONDS",
     "CLOCK_OFF_SECONDS",
+    "MAX_IGNORED_PER_SERVER",
     "MAX_IGNORED_SESSIONS",
     "AgentSessions",
 ]
 
 MAX_IGNORED_SESSIONS = 256
 """Agent sessions whose reports never count (the second of two that beat at once) the
-plane remembers, the newest."""
+plane remembers in all; past it, the oldest of the server that has the most go."""
+MAX_IGNORED_PER_SERVER = 8
+"""... and of one server, the newest. Bounded per server so that one agent cannot push
+another server's out: an agent beating with ever new sessions beside its own (a bug, or a
+forger on its own topic) has each ignored, and with one bound over all servers its
+sessions pushed out another server's ignored twin within minutes, whose whole cumulative
+count then counted for that server's jobs (other tenants', completed early)."""
 _MAX_SESSIONS_WATCHED = 4
 """Agent sessions per server whose beats are remembered to tell two agents at once."""
 CLOCK_OFF_SECONDS = 10.0
@@ -83,13 +91,31 @@ class AgentSessions:
         self._clock_off: set[str] = set()  # servers logged as off, not yet back
 
     def restore_ignored(self, stored: Any) -> None:
-        """Take the ignored sessions the store kept (start-up), the newest
-        :data:`MAX_IGNORED_SESSIONS`; in an edited store, entries that do not read are
+        """Take the ignored sessions the store kept (start-up), within the bounds they
+        are kept in (:meth:`_ignore`); in an edited store, entries that do not read are
         dropped, and a value that is not a list is not taken."""
         if isinstance(stored, list):
-            self.ignored_sessions = dict.fromkeys(
-                k for k in stored[-MAX_IGNORED_SESSIONS:] if isinstance(k, str) and len(k) <= 512
-            )
+            self.ignored_sessions = {}
+            for key in stored[-MAX_IGNORED_SESSIONS:]:
+                if isinstance(key, str) and len(key) <= 512:
+                    self._ignore(key)
+
+    def _ignore(self, key: str) -> None:
+        """Add ``key`` (``"server/session"``) to :attr:`ignored_sessions`: at most
+        :data:`MAX_IGNORED_PER_SERVER` of its server (its oldest go), and at most
+        :data:`MAX_IGNORED_SESSIONS` in all (the oldest of the server that has the most
+        go), so one server's agent can push out only its own."""
+        self.ignored_sessions[key] = None
+        server = _server_of(key)
+        mine = [k for k in self.ignored_sessions if _server_of(k) == server]
+        for old in mine[:-MAX_IGNORED_PER_SERVER]:
+            del self.ignored_sessions[old]
+        while len(self.ignored_sessions) > MAX_IGNORED_SESSIONS:
+            counts = Counter(map(_server_of, self.ignored_sessions))
+            most = max(counts.values())
+            del self.ignored_sessions[
+                next(k for k in self.ignored_sessions if counts[_server_of(k)] == most)
+            ]
 
     def heard(self, beat: Heartbeat, clock_offset: float | None, store_id: str) -> bool:
         """Take what a heartbeat of a known server says (event loop): its agent's clock
@@ -179,9 +205,7 @@ class AgentSessions:
                 key = session_key(beat.server, newer)
                 grew = key not in self.ignored_sessions
                 if grew:
-                    self.ignored_sessions[key] = None
-                    while len(self.ignored_sessions) > MAX_IGNORED_SESSIONS:
-                        del self.ignored_sessions[next(iter(self.ignored_sessions))]
+                    self._ignore(key)
                 self._complain(beat.server, "twins",
                                "two agents beat for one server at once: both run its "
                                "workers; only the first one's progress counts, the "
@@ -225,3 +249,8 @@ class AgentSessions:
             self._clock_off.discard(server)
             self.log.info("an agent's clock is back in step with the daemon's", server=server,
                           offset_seconds=round(offset, 1))  # fmt: skip
+
+
+def _server_of(key: str) -> str:
+    """The server of a ``"server/session"`` key (a server's name holds no ``/``)."""
+    return key.split("/", 1)[0]
