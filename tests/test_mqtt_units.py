@@ -466,6 +466,38 @@ def test_an_agents_clock_off_the_daemons_is_said_once_and_so_is_its_return(
     assert {s.labels["server"]: s.value for s in family.samples} == {"w0": 1.0, "p0": -12.0}
 
 
+def test_an_agents_clock_flapping_across_the_bound_is_not_a_line_a_beat(
+    plane: PlaneDaemon,
+) -> None:
+    """Every crossing of the clock bounds was said: an agent whose beats alternated
+    between 30 s ahead and in step (a clock stepped back and forth, or a forger on its
+    own topic) wrote a line with every beat, 20 a second at its rate, where every other
+    complaint about an agent is said at most every 10 s. Now a server's clock lines are
+    at most CLOCK_LINES a minute; the state they hold back is said once the minute is
+    over, with how many crossings there were."""
+    from structlog.testing import capture_logs
+
+    from controller.plane.agent_sessions import CLOCK_LINES, CLOCK_LINES_SECONDS
+
+    ex, now = plane.ex, plane.clock.now()
+    with capture_logs() as logs:
+        for i in range(400):  # 20 s at 20 beats a second
+            plane.mono[0] = i * 0.05
+            ex.heartbeat(Heartbeat("w0", "a", sent_at=now + (30.0 if i % 2 == 0 else 1.0)))
+        ex.heartbeat(Heartbeat("p0", "a", sent_at=now + 40.0))  # another server: said
+    said = [(e["server"], e["offset_seconds"]) for e in logs if "clock" in e["event"]]
+    assert said == [("w0", 30.0), ("w0", 1.0), ("w0", 30.0), ("p0", 40.0)], said
+    assert CLOCK_LINES == 3
+    with capture_logs() as logs:
+        plane.mono[0] = CLOCK_LINES_SECONDS + 1.0  # the minute over, w0 in step now
+        ex.heartbeat(Heartbeat("w0", "a", sent_at=now + 1.0))
+        ex.heartbeat(Heartbeat("w0", "a", sent_at=now + 1.0))
+    back = [e for e in logs if "clock" in e["event"]]
+    assert [(e["log_level"], e["offset_seconds"]) for e in back] == [("info", 1.0)], back
+    assert back[0]["crossings"] == 397  # since the line before it
+    assert ex.agents.clock_offsets["w0"] == 1.0
+
+
 def test_metrics_give_each_agents_heartbeat_age_and_the_process(plane: PlaneDaemon) -> None:
     """The observability audit: a server whose agent never connected read as "up", and
     nothing gave a heartbeat's age, the daemon's memory or its descriptors."""

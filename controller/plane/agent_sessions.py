@@ -20,6 +20,7 @@ store (:meth:`AgentSessions.fell_silent`). ``/metrics`` reads the counts
 
 from __future__ import annotations
 
+import collections
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +34,8 @@ from controller.plane.settings import MqttConfig
 
 __all__ = [
     "CLOCK_BACK_SECONDS",
+    "CLOCK_LINES",
+    "CLOCK_LINES_SECONDS",
     "CLOCK_OFF_SECONDS",
     "MAX_IGNORED_PER_SERVER",
     "MAX_IGNORED_SESSIONS",
@@ -57,6 +60,14 @@ slot's plan that much early or late, so jobs on its server lose that time, or ov
 with the next slot's. A beat's delivery takes milliseconds, not seconds."""
 CLOCK_BACK_SECONDS = 5.0
 """... and logged again once it is back within this."""
+CLOCK_LINES = 3
+CLOCK_LINES_SECONDS = 60.0
+"""A server's clock lines (off, back) are at most :data:`CLOCK_LINES` in this many
+seconds; a crossing past them is said, with how many there were, once the window has
+room. Before, every crossing was a line: an agent whose beats alternated between 30 s
+ahead and in step (a clock stepped back and forth, or a forger on its own topic) wrote
+one a beat, 20 a second at its rate, where every other complaint about an agent is said
+at most every 10 s."""
 
 
 class AgentSessions:
@@ -88,7 +99,10 @@ class AgentSessions:
         self.ignored_sessions: dict[str, None] = {}
         self.ignored_alone: dict[str, str] = {}  # server -> its only beating, ignored session
         self.devices_short: dict[str, int] = {}  # server -> its workers short of devices
-        self._clock_off: set[str] = set()  # servers logged as off, not yet back
+        self._clock_off: set[str] = set()  # servers whose clock is off, not yet back
+        self._clock_said_off: set[str] = set()  # ... as the latest clock line said
+        self._clock_lines: dict[str, collections.deque[float]] = {}  # server -> their times
+        self._clock_crossings: dict[str, int] = {}  # server -> crossings since its line
 
     def restore_ignored(self, stored: Any) -> None:
         """Take the ignored sessions the store kept (start-up), within the bounds they
@@ -235,20 +249,41 @@ class AgentSessions:
     def _check_clock(self, server: str, offset: float) -> None:
         """Keep ``server``'s clock offset (seconds, its agent's minus this daemon's) and
         log when it goes past :data:`CLOCK_OFF_SECONDS` and when it comes back within
-        :data:`CLOCK_BACK_SECONDS` (event loop)."""
+        :data:`CLOCK_BACK_SECONDS` (event loop): at most :data:`CLOCK_LINES` lines of a
+        server in :data:`CLOCK_LINES_SECONDS`; a state held back is said at the first
+        beat after, with the ``crossings`` since the line before."""
         self.clock_offsets[server] = offset
-        if abs(offset) > CLOCK_OFF_SECONDS and server not in self._clock_off:
-            self._clock_off.add(server)
+        off = server in self._clock_off
+        if (abs(offset) > CLOCK_OFF_SECONDS) if not off else (abs(offset) < CLOCK_BACK_SECONDS):
+            off = not off
+            if off:
+                self._clock_off.add(server)
+            else:
+                self._clock_off.discard(server)
+            self._clock_crossings[server] = self._clock_crossings.get(server, 0) + 1
+        if off == (server in self._clock_said_off):
+            return  # said already (or in step from the start)
+        lines = self._clock_lines.setdefault(server, collections.deque())
+        now = self.monotonic()
+        while lines and now - lines[0] >= CLOCK_LINES_SECONDS:
+            lines.popleft()
+        if len(lines) >= CLOCK_LINES:
+            return  # flapping: said once the window has room
+        lines.append(now)
+        crossings = self._clock_crossings.pop(server, 0)
+        held = {"crossings": crossings} if crossings > 1 else {}
+        if off:
+            self._clock_said_off.add(server)
             self.log.warning(
                 "an agent's clock is off the daemon's: it follows each slot's plan "
                 f"{abs(offset):.1f} s {'early' if offset > 0 else 'late'}; keep the head "
                 "node and the servers on one time source (NTP)",
-                server=server, offset_seconds=round(offset, 1),
+                server=server, offset_seconds=round(offset, 1), **held,
             )  # fmt: skip
-        elif abs(offset) < CLOCK_BACK_SECONDS and server in self._clock_off:
-            self._clock_off.discard(server)
+        else:
+            self._clock_said_off.discard(server)
             self.log.info("an agent's clock is back in step with the daemon's", server=server,
-                          offset_seconds=round(offset, 1))  # fmt: skip
+                          offset_seconds=round(offset, 1), **held)  # fmt: skip
 
 
 def _server_of(key: str) -> str:
