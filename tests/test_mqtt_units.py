@@ -2175,9 +2175,91 @@ def test_unknown_jobs_retained_events_are_cleared_once_and_only_if_still_unknown
     from controller.plane.unknown_events import MAX_QUEUED, UnknownJobEvents
 
     queue = UnknownJobEvents()
-    assert not queue and queue.add(["a", "b", "a"]) and queue
+    assert not queue and queue.add({"w0": ["a", "b", "a"], "p0": ["a"]}) and queue
     assert queue.take(lambda ids: [j for j in ids if j != "b"]) == ["a"]  # b came back
-    assert not queue and not queue.add(["a"])  # cleared already: not again
-    assert queue.add(["b"])  # not cleared: queued again at its next report
-    assert queue.add([f"j{i}" for i in range(2 * MAX_QUEUED)])
-    assert len(queue.take(lambda ids: ids)) == MAX_QUEUED
+    assert not queue and not queue.add({"p0": ["a"]})  # cleared already: not again
+    assert queue.add({"w0": ["b"]})  # not cleared: queued again at its next report
+    assert queue.add({"w0": [f"j{i}" for i in range(2 * MAX_QUEUED)]})
+    # full of w0's: p0's take the places of w0's newest, up to an even share
+    assert queue.add({"p0": [f"p{i}" for i in range(MAX_QUEUED)]})
+    taken = queue.take(lambda ids: ids)
+    assert len(taken) == MAX_QUEUED
+    assert sum(j.startswith("p") for j in taken) == MAX_QUEUED // 2
+    assert "b" in taken and "j0" in taken  # w0's oldest stay
+
+
+def test_unknown_ids_are_looked_up_in_turn_per_server() -> None:
+    """The ids waiting to be looked up: each server's in its own bounded queue, taken in
+    turn (resumed where the last review stopped), so one server's many ids delay no
+    other's past its turn; past the bound in all, the server that holds the most loses
+    its newest."""
+    from controller.plane import unknown_jobs as uj
+
+    lookups = uj.UnknownLookups()
+    lookups.add("w0", [f"w{i:03d}" for i in range(2 * uj.MAX_LOOKED_UP)])
+    assert len(lookups) == uj.MAX_WAITING_PER_SERVER  # its own bound
+    lookups.add("p0", ["p0-lost"])
+    lookups.add("p1", ["p1-a", "p1-b"])
+    assert lookups.take(4) == [("p0", "p0-lost"), ("p1", "p1-a"), ("w0", "w000"), ("p1", "p1-b")]
+    assert lookups.take(1) == [("w0", "w001")]
+    lookups.add("p1", ["p1-c"])
+    assert lookups.take(2) == [("p1", "p1-c"), ("w0", "w002")]  # p1 after w0 stopped
+    full = uj.UnknownLookups()
+    servers = uj.MAX_WAITING // uj.MAX_WAITING_PER_SERVER
+    for k in range(servers):
+        full.add(f"s{k:03d}", [f"s{k:03d}-{i}" for i in range(uj.MAX_WAITING_PER_SERVER)])
+    assert len(full) == uj.MAX_WAITING
+    full.add("t", ["t-1", "t-2"])  # room made: s000's newest went, then s001's
+    assert len(full) == uj.MAX_WAITING
+    taken = full.take(uj.MAX_WAITING)
+    assert ("t", "t-1") in taken and ("t", "t-2") in taken
+    assert ("s000", f"s000-{uj.MAX_WAITING_PER_SERVER - 1}") not in taken
+
+
+def test_one_agents_made_up_ids_keep_no_other_servers_lost_job_unnamed_or_uncleared(
+    plane: PlaneDaemon,
+) -> None:
+    """One agent (buggy or hostile) reporting a full review's worth of made-up ids that
+    sort first, new ones at every review, beside another server's agent running a job
+    the store lost (a restore). Before, the ids looked up at a review were the first 200
+    in sorted order over all servers, so the lost job was never named nor its retained
+    event cleared; and the made-up ids, once cleared, filled the ids remembered in all,
+    whose overflow forgot the lost job's too (the fairness audit). Now each server's ids
+    wait in their own queue, looked up in turn, and one server's overflow forgets only
+    its own."""
+    from structlog.testing import capture_logs
+
+    from controller.plane.link import Plane as Link
+    from controller.plane.unknown_events import MAX_QUEUED, MAX_REMEMBERED
+    from controller.plane.unknown_jobs import MAX_LOOKED_UP
+
+    ex = plane.ex
+    link = Link(plane.c, ex, MqttConfig("localhost"))  # its queue of events to clear
+    made_up = iter(f"a-{i:06d}" for i in range(10**6))
+    warning = "agents ran jobs this store does not know"
+
+    def review(lost: bool = True) -> list[tuple[str, list[str]]]:
+        """One review of w0's made-up ids, and p0's lost job (``lost``): what it named,
+        per server."""
+        ex.report(Progress("w0", "a", [TaskProgress(next(made_up), 1.0, 1.0)
+                                       for _ in range(MAX_LOOKED_UP)]))  # fmt: skip
+        if lost:
+            ex.report(Progress("p0", "a", [TaskProgress("zz-lost", 1.0, 1.0)]))
+        plane.mono[0] += 11.0  # past the warnings' throttle
+        with capture_logs() as logs:
+            ex.review_sync()
+        return [(e["server"], e["jobs"]) for e in logs if e["event"].startswith(warning)]
+
+    # the broker down: nothing cleared, more made-up ids queued than the queue holds,
+    # then the lost job's reports too
+    for _ in range(MAX_QUEUED // MAX_LOOKED_UP + 1):
+        assert [server for server, _ in review(lost=False)] == ["w0"]
+    said = review() + review()
+    assert ("p0", ["zz-lost"]) in said, said  # named at its first review
+    cleared = link._unknown.take(lambda ids: ids)  # the next round: its event is cleared
+    assert "zz-lost" in cleared and len(cleared) <= MAX_QUEUED
+    # the made-up ids go on, more than are remembered in all: the lost job's event, still
+    # reported, is not cleared again
+    for _ in range(MAX_REMEMBERED // MAX_LOOKED_UP + 5):
+        review()
+        assert "zz-lost" not in link._unknown.take(lambda ids: ids)

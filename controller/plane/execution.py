@@ -98,7 +98,12 @@ from controller.plane.progress import (
     with_stored,
 )
 from controller.plane.settings import MqttConfig
-from controller.plane.unknown_jobs import MAX_LOOKED_UP, MAX_NAMED, unknown_jobs
+from controller.plane.unknown_jobs import (
+    MAX_LOOKED_UP,
+    MAX_NAMED,
+    UnknownLookups,
+    unknown_jobs,
+)
 from controller.store import CORDONED, AllocationRow, EventRow, JobRow, MetaRow, OutageRow
 
 __all__ = [
@@ -218,9 +223,13 @@ class Execution:
         # the latest slot whose plans went out (they hold that slot and the next); the
         # slots whose plans never did are the review's (JobReview.unsent)
         self.planned_slot: int | None = None
-        # told the ids of the jobs agents ran that the store lacks, at each review that
-        # finds some (the plane clears their retained events: controller.plane.unknown_events)
-        self.unknown_hooks: list[Callable[[list[str]], None]] = []
+        # the ids of ignored report entries waiting to be looked up, per server, taken in
+        # turn (controller.plane.unknown_jobs)
+        self._lookups = UnknownLookups()
+        # told the ids of the jobs agents ran that the store lacks, per server whose agent
+        # reported them, at each review that finds some (the plane clears their retained
+        # events: controller.plane.unknown_events)
+        self.unknown_hooks: list[Callable[[dict[str, list[str]]], None]] = []
 
     # -- start-up ----------------------------------------------------------------------
 
@@ -385,26 +394,36 @@ class Execution:
         """Warn, per server, of the jobs its agent ran that the store does not know
         (:mod:`controller.plane.unknown_jobs`): a store restored from a backup made before
         they were admitted; and tell :attr:`unknown_hooks` of them (the plane clears
-        their retained events). A store that cannot be read skips both."""
-        if not unplanned:
+        their retained events). ``unplanned``'s ids join their server's queue; at most
+        :data:`~controller.plane.unknown_jobs.MAX_LOOKED_UP` of the queued are looked up,
+        taken from the servers in turn, so no server's agent keeps another's ids from
+        their turn. A store that cannot be read skips both (the ids taken are dropped:
+        the agents' next reports queue them again)."""
+        for server, ids in unplanned.items():
+            self._lookups.add(server, sorted(ids))
+        taken = self._lookups.take()
+        if not taken:
             return
         try:
             with self.c.db.session() as session:
-                unknown = set(unknown_jobs(session, set().union(*unplanned.values())))
+                unknown = set(unknown_jobs(session, {job for _, job in taken}))
         except Exception as err:  # the store: the reports are applied, the warning waits
             self.log.debug("unknown jobs not looked up", error=str(err)[:200])
             return
-        for hook in self.unknown_hooks if unknown else ():
-            hook(sorted(unknown))
-        for server, ids in unplanned.items():
-            named = sorted(ids & unknown)
-            if named:
-                self._complain(
-                    server, "unknown", "agents ran jobs this store does not know (a store "
-                    "restored from a backup made before they were admitted?): their plans "
-                    "are withdrawn and their workers stop; tell their tenants to submit "
-                    "them again", jobs=named[:MAX_NAMED], count=len(named),
-                )  # fmt: skip
+        found: dict[str, list[str]] = {}
+        for server, job in taken:
+            if job in unknown:
+                found.setdefault(server, []).append(job)
+        for hook in self.unknown_hooks if found else ():
+            hook(found)
+        for server, jobs in found.items():
+            named = sorted(jobs)
+            self._complain(
+                server, "unknown", "agents ran jobs this store does not know (a store "
+                "restored from a backup made before they were admitted?): their plans "
+                "are withdrawn and their workers stop; tell their tenants to submit "
+                "them again", jobs=named[:MAX_NAMED], count=len(named),
+            )  # fmt: skip
 
     def _planned(self, reports: list[Received]) -> tuple[set[tuple[str, str, int]], dict[str, str]]:
         """``(job, server, slot)`` with workers, for the servers of ``reports`` and the

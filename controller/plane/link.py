@@ -156,10 +156,11 @@ class Plane:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self.dirty.set)
 
-    def unknown(self, job_ids: list[str]) -> None:
-        """Jobs agents ran that the store lacks (called in the decision thread): clear
-        their retained events at the next round (:mod:`controller.plane.unknown_events`)."""
-        if self._unknown.add(job_ids) and self._loop is not None:
+    def unknown(self, by_server: dict[str, list[str]]) -> None:
+        """Jobs agents ran that the store lacks, per server whose agent reported them
+        (called in the decision thread): clear their retained events at the next round
+        (:mod:`controller.plane.unknown_events`)."""
+        if self._unknown.add(by_server) and self._loop is not None:
             self._loop.call_soon_threadsafe(self.dirty.set)
 
     def _still_unknown(self, job_ids: list[str]) -> list[str]:

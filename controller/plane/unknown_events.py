@@ -17,47 +17,76 @@ payload is what consumers already take as "this job's record is gone"; a job tha
 running never gets it otherwise (retention deletes only ended jobs).
 
 Only ids the agents reported and the store lacks are queued, a bounded number per review
-(:data:`~controller.plane.unknown_jobs.MAX_LOOKED_UP`), each once per daemon process
+(:data:`~controller.plane.unknown_jobs.MAX_LOOKED_UP`, shared fairly among the servers:
+:class:`~controller.plane.unknown_jobs.UnknownLookups`), each once per daemon process
 (:data:`MAX_REMEMBERED`), and the store is asked again just before the clear
 (:meth:`UnknownJobEvents.take`): a job of the same id submitted since has its own event,
 published after the clear.
+
+Each id is held for the server whose agent reported it, and past either bound the ids
+that go are those of the server that holds the most: one agent reporting ever new
+made-up ids neither keeps another server's lost jobs out of the queue nor makes the
+daemon forget that it cleared theirs (before, its ids filled the one queue while the
+broker was away, and their overflow of the ids remembered forgot every server's, so the
+other servers' cleared events were cleared again).
 """
 
 from __future__ import annotations
 
-import collections
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 
 __all__ = ["MAX_QUEUED", "MAX_REMEMBERED", "UnknownJobEvents"]
 
 MAX_QUEUED = 1000
-"""Unknown jobs waiting for their retained event to be cleared, at most; past it, the
-rest wait for the agents' next report of them."""
+"""Unknown jobs waiting for their retained event to be cleared, at most, over all
+servers; past it, a server's new one takes the place of the newest of the server that
+queued the most (if it queued more), or waits for the agents' next report of it."""
 MAX_REMEMBERED = 10_000
 """Unknown jobs whose retained event was cleared, remembered so that an agent reporting
-one again does not clear it again; past it, forgotten all at once (a clear again costs
-one empty message)."""
+one again does not clear it again; past it, those of the server that reported the most
+are forgotten all at once (a clear again costs one empty message)."""
+
+
+def _most(held: Mapping[str, str]) -> tuple[str, int]:
+    """The server that holds the most of ``held`` (job -> server), and how many."""
+    return Counter(held.values()).most_common(1)[0]
 
 
 class UnknownJobEvents:
-    """The queue of unknown jobs whose retained events the plane clears.
+    """The queue of unknown jobs whose retained events the plane clears, each held for
+    the server whose agent reported it.
 
-    :meth:`add` is called in the decision thread (the review), :meth:`take` on the event
-    loop through the decision thread; the deque's appends and pops are atomic.
+    :meth:`add` and :meth:`take` are called in the decision thread (:meth:`take` on the
+    event loop through it); ``bool()`` on the event loop reads the queue's length alone.
     """
 
     def __init__(self) -> None:
-        self._queued: collections.deque[str] = collections.deque()
-        self._done: set[str] = set()
+        self._queued: dict[str, str] = {}  # job -> server, oldest first
+        self._done: dict[str, str] = {}  # job -> server: cleared
 
-    def add(self, job_ids: Iterable[str]) -> bool:
-        """Queue ``job_ids`` (the store lacks them) not yet cleared or queued; ``True`` if
-        any was queued."""
-        queued = set(self._queued)
-        new = [j for j in dict.fromkeys(job_ids) if j not in self._done and j not in queued]
-        new = new[: max(MAX_QUEUED - len(self._queued), 0)]
-        self._queued.extend(new)
-        return bool(new)
+    def add(self, by_server: Mapping[str, Iterable[str]]) -> bool:
+        """Queue the jobs of ``by_server`` (server -> ids its agent reported, that the
+        store lacks) not yet cleared or queued; ``True`` if any was queued."""
+        added = False
+        for server, job_ids in by_server.items():
+            for job in job_ids:
+                if job in self._done or job in self._queued:
+                    continue
+                if len(self._queued) >= MAX_QUEUED and not self._make_room(server):
+                    break
+                self._queued[job] = server
+                added = True
+        return added
+
+    def _make_room(self, server: str) -> bool:
+        """Unqueue the newest job of the server that queued the most, if it queued more
+        than ``server`` will with one more; ``True`` if one went."""
+        most, count = _most(self._queued)
+        if count <= sum(1 for s in self._queued.values() if s == server) + 1:
+            return False
+        del self._queued[next(j for j in reversed(self._queued) if self._queued[j] == most)]
+        return True
 
     def __bool__(self) -> bool:
         return bool(self._queued)
@@ -65,11 +94,13 @@ class UnknownJobEvents:
     def take(self, still_unknown: Callable[[list[str]], list[str]]) -> list[str]:
         """The queued jobs, emptied, that ``still_unknown`` (the store, asked now) still
         lacks; those are remembered as cleared."""
-        queued = [self._queued.popleft() for _ in range(len(self._queued))]
+        queued, self._queued = self._queued, {}
         if not queued:
             return []
-        gone = still_unknown(queued)
-        if len(self._done) + len(gone) > MAX_REMEMBERED:
-            self._done.clear()
-        self._done.update(gone)
+        gone = still_unknown(list(queued))
+        for job in gone:
+            self._done[job] = queued.get(job, "")
+        while len(self._done) > MAX_REMEMBERED:
+            most, _ = _most(self._done)
+            self._done = {job: s for job, s in self._done.items() if s != most}
         return gone
