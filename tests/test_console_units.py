@@ -359,6 +359,102 @@ def test_a_closed_event_stream_frees_its_place(monkeypatch: pytest.MonkeyPatch) 
 
 
 @pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
+def test_a_stream_whose_client_stopped_reading_ends_and_frees_its_place(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The stall audit: a client that opened streams and never read them left each
+    stream waiting in a write for good once the socket's buffers filled (aiohttp's drain
+    has no timeout), never reaching its next check, holding its place under the caps: 8
+    such users' 32 streams each refused every other console. Now a write not taken
+    within ``WRITE_SECONDS`` (30 s in the daemon, 0.5 s here) ends the stream, aborts
+    its connection and frees its place, logged once; a stream read meanwhile gets every
+    event and goes on."""
+    from structlog.testing import capture_logs
+
+    from controller.events import Event
+
+    monkeypatch.setattr(streams_module, "WRITE_SECONDS", 0.5)
+    web = {"listen": "127.0.0.1:0", "max_event_streams_per_user": 3, "max_event_streams": 5}
+    config = from_dict({"cluster": CLUSTER, "web": web})
+    bus = EventBus()
+    controller = cast(Any, SimpleNamespace(bus=bus, prune_hooks=[]))
+    blob = "x" * 256 * 1024
+    events = 40  # 10 MiB for each stream: past the kernel's buffers (4 MiB at most) and aiohttp's
+
+    async def unread(loop: asyncio.AbstractEventLoop, host: str, port: int) -> socket.socket:
+        """A stream opened over a socket that never reads (a small receive buffer)."""
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+        sock.setblocking(False)
+        await loop.sock_connect(sock, (host, port))
+        request = (
+            f"GET /api/events HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: text/event-stream\r\n\r\n"
+        )
+        await loop.sock_sendall(sock, request.encode())
+        return sock
+
+    async def ended(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> bool:
+        """Whether the daemon ended ``sock``'s connection (read what is left, to its end)."""
+        try:
+            while await asyncio.wait_for(loop.sock_recv(sock, 1 << 20), 5):
+                pass
+        except ConnectionResetError:
+            pass  # aborted: what it had not taken was dropped
+        except TimeoutError:
+            return False
+        return True
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        console = Console(config, controller, None, None)
+        await console.start()
+        host, port = console.address.rsplit(":", 1)
+        url = f"http://{console.address}/api/events"
+        stalled: list[socket.socket] = []
+        try:
+            async with aiohttp.ClientSession() as http:
+                reader = await http.get(url)
+                assert reader.status == 200
+                stalled = [await unread(loop, host, int(port)) for _ in range(2)]
+                while console.streams != {"": 3}:
+                    await asyncio.sleep(0.01)
+                async with http.get(url) as refused:
+                    assert refused.status == 429  # the user's 3 are taken
+
+                async def read_all() -> list[int]:
+                    seen: list[int] = []
+                    while len(seen) < events:
+                        line = (await reader.content.readline()).decode()
+                        if line.startswith("id: "):
+                            seen.append(int(line[4:]))
+                    return seen
+
+                reading = asyncio.ensure_future(read_all())
+                for sequence in range(1, events + 1):
+                    bus.publish(Event(sequence, "note", "", 0, "", {"blob": blob}))
+                    await asyncio.sleep(0.01)
+                assert await asyncio.wait_for(reading, 30) == list(range(1, events + 1))
+                deadline = loop.time() + 10
+                while console.streams != {"": 1} and loop.time() < deadline:
+                    await asyncio.sleep(0.05)
+                assert console.streams == {"": 1}, "the unread streams still hold their places"
+                assert [await ended(loop, sock) for sock in stalled] == [True, True]
+                again = await http.get(url)  # a place freed: a new stream is let in
+                assert again.status == 200
+                again.close()
+                reader.close()
+        finally:
+            for sock in stalled:
+                sock.close()
+            await console.close()
+
+    with capture_logs() as logs:
+        asyncio.run(scenario())
+    stalls = [e for e in logs if e["event"].startswith("console event stream ended")]
+    assert [(e["log_level"], e["user"]) for e in stalls] == [("info", ""), ("info", "")]
+
+
+@pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
 def test_console_requests_cost_the_callers_rate(tmp_path: Path) -> None:
     """A user's console requests take from its ``[limits] rate`` as its gRPC calls do:
     a submitter's script polling the console at hundreds of requests a second slowed

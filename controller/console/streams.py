@@ -2,12 +2,17 @@
 controller's event bus, replayed from the store when a stream resumes, a submitter's
 filtered to its own jobs (their owners read once, shared by every stream), and the caps
 on open streams (``web.max_event_streams_per_user``, ``web.max_event_streams``).
+
+Every write to a stream is bounded (:data:`WRITE_SECONDS`): a client that stops reading
+has its stream ended and its connection aborted once the socket's buffers are full,
+rather than holding its place under the caps (and a descriptor) for good.
 """
 
 from __future__ import annotations
 
 import asyncio
 
+import structlog
 from aiohttp import web
 
 from controller.auth import Caller, holds
@@ -17,9 +22,42 @@ from controller.console.views import _INTEGER, _dumps, _int
 from controller.events import Event
 from controller.job_keys import shown
 
+log = structlog.get_logger("oasisd")
+
 _HEARTBEAT_SECONDS = 15.0
+WRITE_SECONDS = 30.0
+"""A write to an event stream (an event, a heartbeat, its end) must be taken by the client
+within this, or the stream ends and its connection is aborted. A write waits only once
+the socket's buffers (the kernel's, up to megabytes, and aiohttp's 64 KiB) are full: a
+client that stopped reading. Such a stream waited there for good, never reaching its
+next check (:meth:`EventStreams._still_allowed`), and held its place under the caps: 8
+users' scripts of 32 unread streams took all 256, and every other console was refused,
+even after a reload revoked their tokens. A slow but live page so cut is not left with a
+gap unsaid: its EventSource reconnects with the last event it got whole
+(``Last-Event-ID``) and is sent those stored since, as after any cut (at most the newest
+:data:`_BACKFILL_MAX`)."""
 _BACKFILL_MAX = 1000  # events replayed to a stream that reconnects (Last-Event-ID)
 _OWNER_CACHE = 10_000  # job owners remembered, for every submitter's stream together
+
+
+class _StalledError(Exception):
+    """A stream's client did not take a write within :data:`WRITE_SECONDS`."""
+
+
+async def _send(request: web.Request, response: web.StreamResponse, data: bytes | None) -> None:
+    """Write ``data`` to ``response`` (None: its end) within :data:`WRITE_SECONDS`, or
+    abort the connection and raise :class:`_StalledError`. Aborted, not closed: the
+    write cancelled has left its bytes in the transport's buffer, and a close would wait
+    to flush them (and aiohttp's end of the answer would wait on the drain again)."""
+    try:
+        if data is None:
+            await asyncio.wait_for(response.write_eof(), WRITE_SECONDS)
+        else:
+            await asyncio.wait_for(response.write(data), WRITE_SECONDS)
+    except TimeoutError:
+        if request.transport is not None:
+            request.transport.abort()
+        raise _StalledError from None
 
 
 class EventStreams(ConsoleState):
@@ -67,8 +105,9 @@ class EventStreams(ConsoleState):
 
     async def _stream(self, request: web.Request, caller: Caller) -> web.StreamResponse:
         """The stream of ``caller`` (a submitter sees only its own jobs' events), until
-        the browser goes, the console closes, or its session or token ends
-        (:meth:`_still_allowed`)."""
+        the browser goes, the console closes, its session or token ends
+        (:meth:`_still_allowed`), or its client leaves a write untaken for
+        :data:`WRITE_SECONDS` (its connection then aborted)."""
         owner = caller.owner
         session: Session | None = request.get("session")  # None: a bearer token's
         queue = self.c.bus.subscribe()  # first, so nothing falls between backfill and live
@@ -82,7 +121,7 @@ class EventStreams(ConsoleState):
             if _INTEGER.fullmatch(resume) and not resume.startswith("-"):
                 last = int(resume)
             await response.prepare(request)
-            await response.write(b"retry: 2000\n\n")
+            await _send(request, response, b"retry: 2000\n\n")
             if last > 0:
                 # a page resumed past the store's newest event: the store was restored from
                 # a backup (or is another one), and reuses those numbers; its events after
@@ -100,7 +139,7 @@ class EventStreams(ConsoleState):
             for stored in backlog:
                 last = max(last, stored.sequence)
                 if await self._visible(stored, owner):
-                    await response.write(_sse(stored, caller))
+                    await _send(request, response, _sse(stored, caller))
             while not self.closing.is_set():
                 event = await self._next(queue)
                 if event is not None and event.sequence <= last:
@@ -109,11 +148,15 @@ class EventStreams(ConsoleState):
                 if not self._still_allowed(caller, session):
                     break  # checked after every wait, before anything more is written
                 if event is None:
-                    await response.write(b": ping\n\n")
+                    await _send(request, response, b": ping\n\n")
                     continue
                 last = event.sequence
                 if shown:
-                    await response.write(_sse(event, caller))
+                    await _send(request, response, _sse(event, caller))
+            await _send(request, response, None)  # the end, bounded too (aiohttp's is not)
+        except _StalledError:
+            log.info("console event stream ended: its client stopped reading",
+                     user=caller.name, write_seconds=WRITE_SECONDS)  # fmt: skip
         except (ConnectionResetError, ConnectionError):
             pass  # the browser went away
         finally:
