@@ -2263,3 +2263,36 @@ def test_one_agents_made_up_ids_keep_no_other_servers_lost_job_unnamed_or_unclea
     for _ in range(MAX_REMEMBERED // MAX_LOOKED_UP + 5):
         review()
         assert "zz-lost" not in link._unknown.take(lambda ids: ids)
+
+
+def test_the_agent_warns_of_a_broker_refusing_it_once_per_reason(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A refused password: the agent's first ``broker unavailable`` is a warning, the same
+    reason on each retry info, as the daemon's (an agent run with ``--log-level warning``
+    said nothing of it before: every retry was info)."""
+    import asyncio
+
+    import aiomqtt
+    from structlog.testing import capture_logs
+
+    agent = Agent("w0", MqttConfig("localhost"))
+
+    class Refused:
+        async def __aenter__(self) -> None:
+            raise aiomqtt.MqttError("[code:135] Not authorized")
+
+        async def __aexit__(self, *_: object) -> None:
+            return None
+
+    async def idle() -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(agent, "_client", Refused)
+    monkeypatch.setattr(agent, "_work", idle)
+    with capture_logs() as logs, contextlib.suppress(TimeoutError):
+        asyncio.run(asyncio.wait_for(agent.run(), 0.7))
+    said = [(e["log_level"], e["error"]) for e in logs if e["event"] == "broker unavailable"]
+    assert len(said) >= 2, said
+    assert said[0] == ("warning", "[code:135] Not authorized")
+    assert {level for level, _ in said[1:]} == {"info"}

@@ -447,6 +447,7 @@ class Agent:
 
         worker.add_done_callback(ended)
         delay = 0.2
+        last_error = ""
         try:
             while True:
                 if failed:  # the cancellation may have come out as a broker error
@@ -454,11 +455,16 @@ class Agent:
                 client = self._client()
                 try:
                     async with client:
-                        delay = 0.2
+                        delay, last_error = 0.2, ""
                         self.resend_recent()
                         await self._session(client)
                 except aiomqtt.MqttError as err:
-                    self.log.info("broker unavailable", error=str(err), retry_in=delay)
+                    # a new reason (a refused password, a bad certificate, the broker
+                    # down) is a warning once, as the daemon's; the same on each retry is
+                    # not. All info, a refused login went unseen under --log-level warning
+                    level = self.log.info if str(err) == last_error else self.log.warning
+                    level("broker unavailable", error=str(err), retry_in=delay)
+                    last_error = str(err)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _BACKOFF_MAX)
         except asyncio.CancelledError:
