@@ -322,6 +322,13 @@ def _side(cluster: Cluster, raw: Any, field: str) -> NDArray[np.float64]:
     """One worker's or PS's demand (``(R,)``, :func:`_demand`), its bandwidth > 0."""
     vec = _demand(cluster, raw, field)
     if vec[cluster.bandwidth] <= 0:
+        if BANDWIDTH not in raw:  # every other demand left out is 0; this one is not
+            kind = field.rsplit(".", 1)[-1]
+            raise SpecError.one(
+                f"{field}.{BANDWIDTH}",
+                f"is required: the network bandwidth of one {kind}, in Gbps, > 0 (transfer "
+                "time divides by it)",
+            )
         raise SpecError.one(f"{field}.{BANDWIDTH}", "must be > 0 (transfer time divides by it)")
     return vec
 

@@ -794,3 +794,20 @@ def test_a_minibatch_time_may_be_a_duration() -> None:
         'job.minibatch_seconds: must be a number of seconds or a duration such as "1.5s" or '
         "\"2m\"; got 'fast'"
     ]
+
+
+def test_a_bandwidth_left_out_is_told_required_not_must_be_positive() -> None:
+    """Every other demand left out is 0, but a bandwidth must be given (b and B divide
+    the transfer time). A worker written ``{"gpu": 1}`` was told ``bandwidth: must be >
+    0``, of a field the tenant never wrote; now it is told the field is required and in
+    which unit. A bandwidth of 0 is still told it must be > 0."""
+    ps = {k: v for k, v in PEOPLE["ps"].items() if k != "bandwidth"}
+    assert problems({**PEOPLE, "worker": {"gpu": 1}, "ps": ps}) == [
+        "job.worker.bandwidth: is required: the network bandwidth of one worker, in Gbps, > 0 "
+        "(transfer time divides by it)",
+        "job.ps.bandwidth: is required: the network bandwidth of one ps, in Gbps, > 0 "
+        "(transfer time divides by it)",
+    ]
+    assert problems({**PEOPLE, "worker": {**PEOPLE["worker"], "bandwidth": 0}}) == [
+        "job.worker.bandwidth: must be > 0 (transfer time divides by it)"
+    ]
