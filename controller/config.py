@@ -287,7 +287,13 @@ def from_dict(
         )
         tls = tls_from_dict(tls_raw)
         check_exposure(listen, tls, insecure_remote)
-        cluster_raw = fields.mapping(fields.require(data, "cluster", ""), "cluster")
+        if "cluster" not in data:  # the embedded demo's cluster is not a default of a file
+            raise ConfigError(
+                "cluster: is required: a config file gives its own [cluster] (resources and "
+                "servers, as config/oasisd.example.toml does); only oasisd without --config "
+                "runs the embedded demo cluster"
+            )
+        cluster_raw = fields.mapping(data["cluster"], "cluster")
         _check_keys(cluster_raw, {"resources", "servers"}, "cluster")
         cluster = cluster_from_dict(
             cluster_raw.get("resources"), cluster_raw.get("servers"), prefix="cluster."

@@ -329,3 +329,18 @@ def test_seconds_in_a_config_may_be_durations(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"mqtt\.heartbeat_timeout: must be seconds or a "
                        r"duration .*got '1 minute'"):  # fmt: skip
         load(path)
+
+
+def test_a_file_without_a_cluster_is_told_the_demos_is_not_its_default(tmp_path: Path) -> None:
+    """``oasisd`` alone runs the embedded demo cluster, so a first config file of a few
+    ``[daemon]`` keys was told only ``cluster: is required``, as if a key were missing
+    from a table: it now says a file gives its own ``[cluster]``, and where one is."""
+    path = tmp_path / "oasisd.toml"
+    path.write_text('[daemon]\nlisten = "127.0.0.1:50052"\n')
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    assert str(err.value) == (
+        "cluster: is required: a config file gives its own [cluster] (resources and servers, "
+        "as config/oasisd.example.toml does); only oasisd without --config runs the embedded "
+        "demo cluster"
+    )
