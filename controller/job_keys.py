@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from controller.errors import ConflictError, NotFoundError, PreconditionError
 from pricing import fields
+from pricing.errors import SpecError
 
 if TYPE_CHECKING:  # the admission keys its jobs without the gRPC side
     from controller.auth import Caller
@@ -71,6 +72,17 @@ def key_for(caller: Caller, named: str, field: str = "id") -> str:
     operator's key as given. SpecError (INVALID_ARGUMENT) naming ``field`` if it can
     name no job (a submitter's id with a ``:`` in it, say)."""
     if caller.role == SUBMITTER_ROLE:
+        name, sep, job_id = named.partition(SEPARATOR) if isinstance(named, str) else ("", "", "")
+        if sep and name == caller.name:  # its key as `oasis jobs` shows an operator
+            raise SpecError.one(
+                field, f"{named!r} is your job's key as operators see it; you name your "
+                f"jobs by their ids alone: {job_id!r}",
+            )  # fmt: skip
+        if sep:
+            raise SpecError.one(
+                field, f"a submitter names its own jobs by their ids alone, without "
+                f"NAME{SEPARATOR} (got {named!r})",
+            )  # fmt: skip
         return key_of(fields.job_id(named, field), caller.name)
     return fields.job_key(named, field)
 

@@ -44,9 +44,22 @@ def test_a_submitter_names_and_sees_its_jobs_by_their_ids() -> None:
     # an operator names and sees keys; anonymous callers (no tokens) plain ids
     assert key_for(OPS, "alice:train-1") == "alice:train-1" == shown(OPS, "alice:train-1")
     assert key_for(ANONYMOUS, "train-1") == "train-1" == shown(ANONYMOUS, "train-1")
-    # a submitter's id has no ':': it cannot name another's key
-    with pytest.raises(SpecError, match=r"^id: must be characters .* got ':' at position 3"):
+    # a submitter's id has no ':': it cannot name another's key, and its own key (as an
+    # operator shows it) is told its id; both were told "must be characters of A-Z ...
+    # (it names an MQTT topic), got ':' at position 5", of a name copied from `oasis jobs`
+    with pytest.raises(SpecError) as err:
         key_for(ALICE, "bob:train-1")
+    assert str(err.value) == (
+        "id: a submitter names its own jobs by their ids alone, without NAME: (got 'bob:train-1')"
+    )
+    with pytest.raises(SpecError) as err:
+        key_for(ALICE, "alice:train-1")
+    assert str(err.value) == (
+        "id: 'alice:train-1' is your job's key as operators see it; you name your jobs by "
+        "their ids alone: 'train-1'"
+    )
+    with pytest.raises(SpecError, match=r"^id: must be characters .* got '/' at position 3"):
+        key_for(ALICE, "bob/train-1")
     with pytest.raises(SpecError, match=r"^id: must be NAME:ID .* got ' b' before"):
         key_for(OPS, " b:train-1")
     with pytest.raises(SpecError, match=r"^id: must be 1-128 characters long, got 0"):
