@@ -591,7 +591,15 @@ def test_addresses_and_arguments_are_checked_by_the_client_and_json_stays_json()
     99999 read as "nothing listens there"; ``prices --slots -1`` showed the whole
     window; a usage error with --json left stdout empty; ``watch --json`` ended its
     one-event-per-line stream with an indented error."""
-    bad = {":": "not HOST[:PORT]", "127.0.0.1:99999": "the port must be 1..65535, got 99999"}
+    bad = {
+        ":": "not HOST[:PORT]",
+        "127.0.0.1:99999": "the port must be 1..65535, got 99999",
+        # a URL, as the console's is written, was gRPC's "errors resolving
+        # http://head:50051: [...] Misformatted domain name" (exit 1, as if unreachable)
+        "http://head:50051/": "is a URL; give the daemon's gRPC address as HOST[:PORT]: "
+        "head:50051 (the console's http:// address is another port)",
+        "https://head:50051": "HOST[:PORT]: head:50051 (TLS: --tls, or --tls-ca FILE)",
+    }
     for address, message in bad.items():
         out = run("jobs", server=address)
         assert out.returncode == 2 and message in out.stderr, out.stderr

@@ -74,10 +74,24 @@ def daemon_address(text: str) -> str:
     return text if sep and host and port else f"{text.rstrip(':')}:{DEFAULT_PORT}"
 
 
+_URL_SCHEMES = ("http", "https", "grpc", "grpcs")
+"""Schemes of URLs, not of gRPC targets (``dns:``, ``unix:``, ...), given as ``--server``."""
+
+
 def _checked(address: str) -> str:
     """``address`` (as :func:`daemon_address` gives it) if its host and port can name a
     daemon; InputError naming ``--server`` if not (``:`` became ``:50051:50051``, and
-    port 99999 was reported as "nothing listens there")."""
+    port 99999 was reported as "nothing listens there"; ``http://head:50051``, the
+    console's kind of address, as gRPC's "errors resolving ... Misformatted domain
+    name")."""
+    scheme, sep, rest = address.partition("://")
+    if sep and scheme.lower() in _URL_SCHEMES:
+        host_port = rest.split("/", 1)[0] or "HOST:PORT"
+        tls = " (TLS: --tls, or --tls-ca FILE)" if scheme.lower() in ("https", "grpcs") else ""
+        raise InputError(
+            f"--server {address!r}: is a URL; give the daemon's gRPC address as HOST[:PORT]: "
+            f"{host_port}{tls} (the console's http:// address is another port)"
+        )
     if "/" in address or address.startswith(("unix:", "dns:", "ipv4:", "ipv6:")):
         return address
     host, _, port = address.rpartition(":")
