@@ -282,9 +282,13 @@ def from_dict(
         insecure_remote = daemon.get("allow_insecure_remote", False)
         if not isinstance(insecure_remote, bool):
             raise ConfigError("daemon.allow_insecure_remote: must be true or false")
-        tls_raw = rebased(
-            fields.optional_mapping(data, "tls", ""), ("cert", "key", "client_ca"), base
-        )
+        tls_given = fields.optional_mapping(data, "tls", "")
+        if "tls" in data and not tls_given:  # its header uncommented, its keys not
+            raise ConfigError(
+                "tls: the table is empty: give cert and key (and client_ca for mutual "
+                "TLS), or leave [tls] out to serve plaintext on loopback"
+            )
+        tls_raw = rebased(tls_given, ("cert", "key", "client_ca"), base)
         tls = tls_from_dict(tls_raw)
         check_exposure(listen, tls, insecure_remote)
         if "cluster" not in data:  # the embedded demo's cluster is not a default of a file

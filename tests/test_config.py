@@ -344,3 +344,20 @@ def test_a_file_without_a_cluster_is_told_the_demos_is_not_its_default(tmp_path:
         "as config/oasisd.example.toml does); only oasisd without --config runs the embedded "
         "demo cluster"
     )
+
+
+def test_an_empty_tls_table_is_refused_not_read_as_plaintext(tmp_path: Path) -> None:
+    """The example config's ``# [tls]`` with its header uncommented and its keys not: the
+    daemon served plaintext and said nothing (an empty table read as no table), and an
+    address off loopback was then refused as "[tls] is not configured" beside a [tls]."""
+    path = example_config(tmp_path)
+    text = path.read_text()
+    path.write_text(text.replace("# [tls]\n", "[tls]\n", 1))
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    assert str(err.value) == (
+        "tls: the table is empty: give cert and key (and client_ca for mutual TLS), or "
+        "leave [tls] out to serve plaintext on loopback"
+    )
+    path.write_text(text)
+    assert load(path).tls is None  # no table: plaintext, on loopback
