@@ -335,7 +335,13 @@ def from_dict(
                 + (" (if its tenant was removed, remove its cap too)" if tokens is not None
                    else " (there is no [auth])"),
             )  # fmt: skip
-        mqtt = mqtt_from_dict(rebased(fields.optional_mapping(data, "mqtt", ""), ("tls_ca",), base))
+        mqtt_given = fields.optional_mapping(data, "mqtt", "")
+        if "mqtt" in data and not mqtt_given:  # its header uncommented, its keys not
+            raise ConfigError(
+                "mqtt: the table is empty: give the broker's url (e.g. "
+                '"mqtt://127.0.0.1:1883"), or leave [mqtt] out to run without a broker'
+            )
+        mqtt = mqtt_from_dict(rebased(mqtt_given, ("tls_ca",), base))
         if mqtt is not None:
             check_server_names(name for _kind, _i, name, _cap in cluster.servers())
             given = fields.optional_mapping(data, "mqtt", "").get("device_resource")

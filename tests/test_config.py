@@ -361,3 +361,20 @@ def test_an_empty_tls_table_is_refused_not_read_as_plaintext(tmp_path: Path) -> 
     )
     path.write_text(text)
     assert load(path).tls is None  # no table: plaintext, on loopback
+
+
+def test_an_empty_mqtt_table_is_refused_not_read_as_no_broker(tmp_path: Path) -> None:
+    """The example's ``# [mqtt]`` with its header uncommented and its keys not: the daemon
+    ran without a broker and said nothing, and no plan reached an agent (as ``[auth]``
+    and ``[tls]``, an empty table is refused)."""
+    path = example_config(tmp_path)
+    text = path.read_text()
+    path.write_text(text.replace("# [mqtt]\n", "[mqtt]\n", 1))
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    assert str(err.value) == (
+        'mqtt: the table is empty: give the broker\'s url (e.g. "mqtt://127.0.0.1:1883"), '
+        "or leave [mqtt] out to run without a broker"
+    )
+    path.write_text(text)
+    assert load(path).mqtt is None  # no table: no broker
