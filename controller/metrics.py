@@ -54,7 +54,8 @@ Read at each scrape:
 - ``oasis_agent_clock_offset_seconds{server}``: its agent's clock minus the daemon's, from
   its latest heartbeat (servers of the cluster's config only; absent without a broker);
   ``oasis_agent_heartbeat_age_seconds{server}``: seconds since its agent was last heard
-  (connected seconds, as the failure rule counts them; +Inf: never heard).
+  (connected seconds, as the failure rule counts them; +Inf: never heard; from
+  ``Execution.agent_ages``, which ListServers gives too).
 - ``process_*``: the daemon process's memory, CPU time and open descriptors.
 - ``oasis_decision_step_seconds``: how long the decision thread's running step has run
   (0 between steps); ``oasis_ledger_metrics_age_seconds``: the age of the ledger's
@@ -486,10 +487,8 @@ class _ControllerCollector:
             "fewer ids than the capacity, a worker given up on).",
             agents.devices_short,
         )
-        now, seen = execution.link.now(), dict(execution.last_seen)
-        for server in sorted(execution.server_index):
-            at = seen.get(server)
-            ages.add_metric([server], math.inf if at is None else max(now - at, 0.0))
+        for server, age in sorted(execution.agent_ages().items()):
+            ages.add_metric([server], age)
         yield ages
 
     def _commits(self) -> Iterator[Metric]:

@@ -55,6 +55,7 @@ store holds rather than overwriting it (:mod:`controller.plane.progress`).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import Counter
@@ -455,6 +456,20 @@ class Execution:
         return {(r.job_id, r.server, int(r.slot)) for r in rows} | {
             (r.job_id, r.server, OVERDUE) for r in late
         }, runs
+
+    def agent_ages(self) -> dict[str, float]:
+        """Each server's seconds since its agent was last heard (a beat or a report
+        applied by a review), on the link clock the failure rule times silence on
+        (connected seconds); ``inf``: never heard (one heard before a restart counts
+        from the load, :meth:`load`). Every server of the cluster; from any thread:
+        ``/metrics`` and ``ListServers`` give it."""
+        with self._inbox_lock:  # the link clock's lock
+            now = self.link.now()
+        seen = dict(self.last_seen)  # changed in the decision thread: a copy, read once
+        return {
+            server: math.inf if (at := seen.get(server)) is None else max(now - at, 0.0)
+            for server in self.server_index
+        }
 
     def _seen(self, server: str, at: float) -> None:
         # a beat and a report drained together may come in either order
