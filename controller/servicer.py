@@ -353,6 +353,10 @@ class ClusterServicer(pb_grpc.ClusterServicer):
             ),
         )
         out = pb.ListServersResponse(current_slot=self.c.slot, resources=cluster.resources)
+        execution = self.c.execution  # None: no [mqtt], or not leading (no agents watched)
+        ages = execution.agent_ages() if execution is not None else {}
+        if execution is not None:
+            out.agent_heartbeat_timeout_seconds = execution.mqtt.heartbeat_timeout
         for kind, _, name, caps in cluster.servers():
             server = out.servers.add(
                 name=name,
@@ -368,6 +372,8 @@ class ClusterServicer(pb_grpc.ClusterServicer):
                 server.cordoned_by = cordon.by
                 if cordon.until is not None:
                     server.cordoned_until_slot = cordon.until
+            if name in ages:
+                server.agent_heard_seconds_ago = ages[name]
         return out
 
     async def GetPrices(
