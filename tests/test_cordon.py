@@ -681,12 +681,15 @@ def test_oasis_cordon_and_uncordon_against_a_daemon(tmp_path: Path) -> None:
         # the config's resources in its order (the units audit: alphabetical, and a PS
         # server's "gpu 0/0"); --json's maps in the same order
         head = next(line for line in listed if line.startswith("server "))
-        assert head.split()[3:] == ["gpu", "cpu", "mem", "disk", "bandwidth"]
+        assert head.split()[3:] == ["agent", "gpu", "cpu", "mem", "disk", "bandwidth"]
         ps_row = next(line for line in listed if " ps " in line).split()
-        assert ps_row[3] == "-"
+        assert ps_row[3:5] == ["-", "-"]  # no [mqtt]: no agent watched; no gpu
         data = json.loads(oasis("servers", "--json", *server).stdout)
         assert data["resources"] == ["gpu", "cpu", "mem", "disk", "bandwidth"]
         assert list(data["servers"][0]["capacity"]) == data["resources"]
+        assert data["agent_heartbeat_timeout_seconds"] is None
+        first = data["servers"][0]
+        assert first["agent_heard"] is None and first["agent_heard_seconds_ago"] is None
         out = oasis("cordon", "w2", "--reason", "GPU 3 errors", *server).stdout
         assert out.startswith("w2: cordoned from slot 1 (")
         assert "no new plans there (oasis uncordon w2 gives it back)" in out
@@ -703,6 +706,7 @@ def test_oasis_cordon_and_uncordon_against_a_daemon(tmp_path: Path) -> None:
         with urllib.request.urlopen(f"http://{web}/api/overview", timeout=10) as r:
             assert json.load(r)["out_of_service"] == {"w2": "cordoned"}
         screen = oasis("status", *server).stdout.splitlines()
+        assert not [x for x in screen if "AGENT" in x]  # no [mqtt]: no agents watched
         assert "cordoned; " in next(x for x in screen if x.startswith("w2 "))
         assert "cordoned" not in next(x for x in screen if x.startswith("w0 "))
         again = json.loads(oasis("cordon", "w2", "--json", *server).stdout)

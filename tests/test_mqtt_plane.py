@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -590,6 +591,48 @@ def test_silent_server_is_declared_failed_and_its_jobs_move(cluster: Cluster) ->
     )
     wait_consistent(cluster)
     assert wait_for("plan not down", lambda: not cluster.plans()[victim].down)
+
+
+def test_servers_and_status_name_the_servers_whose_agent_was_never_heard(
+    cluster: Cluster,
+) -> None:
+    """The operator audit: a server whose agent never came (never started, a wrong
+    password, a new node) reads "up" and gets plans its jobs never run on, and only
+    /metrics said so. ListServers, oasis servers (--json) and oasis status say it."""
+    cluster.daemon.start()
+    cluster.start_agent("w0")  # the only agent: the other four are never heard
+    cluster.wait_agents(("w0",))
+    listed = wait_for(
+        "w0's agent heard by the daemon",
+        lambda: (
+            (r := cluster.cluster_stub().ListServers(pb.ListServersRequest(), timeout=10))
+            and math.isfinite(r.servers[0].agent_heard_seconds_ago)
+            and r
+        ),
+    )
+    assert listed.agent_heartbeat_timeout_seconds == HEARTBEAT_TIMEOUT
+    ages = {s.name: s.agent_heard_seconds_ago for s in listed.servers}
+    assert 0 <= ages.pop("w0") < HEARTBEAT_TIMEOUT and ages == dict.fromkeys(ages, math.inf)
+    address = cluster.daemon.address
+    table = oasis("servers", server=address).stdout.splitlines()
+    head = next(line for line in table if line.startswith("server "))
+    assert head.split()[:4] == ["server", "kind", "state", "agent"]
+    rows = {
+        cells[0]: cells for line in table if (cells := line.split())[:1] in ([s] for s in SERVERS)
+    }
+    assert rows["w0"][2] == "up" and rows["w0"][3].endswith("s") and rows["w0"][4] == "ago"
+    assert all(rows[s][2:4] == ["up", "never"] for s in ("w1", "w2", "p0", "p1")), rows
+    data = {s["name"]: s for s in json.loads(oasis("servers", "--json", server=address).stdout)[
+        "servers"]}  # fmt: skip
+    assert data["w0"]["agent_heard"] is True and data["w0"]["agent_heard_seconds_ago"] >= 0
+    assert (data["p1"]["agent_heard"], data["p1"]["agent_heard_seconds_ago"]) == (False, None)
+    screen = oasis("status", server=address).stdout.splitlines()
+    (line,) = [x for x in screen if x.startswith("AGENTS NOT HEARD")]
+    assert line == ("AGENTS NOT HEARD on 4 servers up, still planned on (jobs there do not "
+                    "run): w1 (never), w2 (never), p0 (never), p1 (never)")  # fmt: skip
+    status = json.loads(oasis("status", "--json", server=address).stdout)
+    assert [u["server"] for u in status["agents_unheard"]] == ["w1", "w2", "p0", "p1"]
+    assert status["agents_unheard"][0]["heard_seconds_ago"] is None
 
 
 def test_servers_cordoned_together_hand_their_tasks_on_once(cluster: Cluster) -> None:

@@ -528,6 +528,72 @@ def test_metrics_give_each_agents_heartbeat_age_and_the_process(plane: PlaneDaem
     assert got["process_open_fds"]["process_open_fds"] > 0
 
 
+def test_list_servers_says_when_each_agent_was_last_heard(plane: PlaneDaemon) -> None:
+    """The operator audit: a server whose agent was never heard read "up" and got plans
+    (the jobs there never ran), and only /metrics said so. ListServers now gives each
+    agent's age as the metric does (the one source: Execution.agent_ages), +Inf never
+    heard, unset with no agents watched; and the client says it in words."""
+    import asyncio
+
+    from controller import auth
+    from controller.commands.records import agent_heard, agent_record, agents_unheard
+    from controller.commands.status import _unheard, _unheard_line
+    from controller.rpc import oasis_pb2 as pb
+    from controller.servicer import ClusterServicer
+
+    async def listed() -> Any:
+        auth._caller.set(auth.ANONYMOUS)  # as the access interceptor does
+        return await ClusterServicer(plane.c).ListServers(pb.ListServersRequest(), None)
+
+    answer = asyncio.run(listed())  # no execution plane: nothing said of agents
+    assert not any(s.HasField("agent_heard_seconds_ago") for s in answer.servers)
+    assert not answer.HasField("agent_heartbeat_timeout_seconds")
+    assert [agent_heard(s) for s in answer.servers] == ["-", "-"]
+    assert agent_record(answer.servers[0]) == {"agent_heard": None, "agent_heard_seconds_ago": None}
+    assert agents_unheard(answer) is None and _unheard_line(_unheard(answer)) == []
+
+    ex = plane.ex
+    plane.c.execution = ex
+    ex.connected()
+    plane.mono[0] = 5.0
+    ex.heartbeat(Heartbeat("w0", "a"))
+    ex._drain()
+    ex.disconnected()  # the broker away for a while: it does not count
+    plane.mono[0] = 500.0
+    ex.connected()
+    plane.mono[0] = 507.0
+    answer = asyncio.run(listed())
+    by_name = {s.name: s for s in answer.servers}
+    assert by_name["w0"].agent_heard_seconds_ago == 7.0 == ex.agent_ages()["w0"]
+    assert by_name["p0"].agent_heard_seconds_ago == math.inf == ex.agent_ages()["p0"]
+    assert answer.agent_heartbeat_timeout_seconds == ex.mqtt.heartbeat_timeout == 30.0
+    assert [agent_heard(s) for s in answer.servers] == ["7s ago", "never"]
+    assert agent_record(by_name["w0"]) == {"agent_heard": True, "agent_heard_seconds_ago": 7.0}
+    assert agent_record(by_name["p0"]) == {"agent_heard": False, "agent_heard_seconds_ago": None}
+    # oasis status names p0 (never heard), not w0 (heard within the timeout)
+    assert [s.name for s in agents_unheard(answer) or []] == ["p0"]
+    (line,) = _unheard_line(_unheard(answer))
+    assert line == ("AGENTS NOT HEARD on 1 server up, still planned on (jobs there do not "
+                    "run): p0 (never)")  # fmt: skip
+    plane.mono[0] = 538.0  # w0 silent past the timeout (38 connected s), not yet failed
+    answer = asyncio.run(listed())
+    assert [s.name for s in agents_unheard(answer) or []] == ["w0", "p0"]
+    assert ": w0 (38s ago), p0 (never)" in _unheard_line(_unheard(answer))[0]
+    answer.servers[0].state = "failed"  # one out of service is no surprise: not named
+    answer.servers[1].state = "cordoned"
+    assert agents_unheard(answer) == []
+    # at most UNHEARD_NAMED names, then a count; a long silence in its two largest units
+    many = pb.ListServersResponse(agent_heartbeat_timeout_seconds=30.0)
+    for i in range(13):
+        many.servers.add(name=f"n{i}", state="up", agent_heard_seconds_ago=math.inf)
+    many.servers[0].agent_heard_seconds_ago = 2 * 86400 + 3 * 3600 + 59 * 60 + 59
+    many.servers[1].agent_heard_seconds_ago = 2 * 3600 + 5 * 60 + 29
+    (line,) = _unheard_line(_unheard(many))
+    assert line.startswith("AGENTS NOT HEARD on 13 servers up, still planned on ")
+    assert ": n0 (2d4h ago), n1 (2h5m ago), n2 (never), " in line
+    assert line.endswith(", n9 (never) and 3 more")
+
+
 def test_agents_following_another_stores_daemon_are_said_and_counted(
     plane: PlaneDaemon,
 ) -> None:

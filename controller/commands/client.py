@@ -42,6 +42,8 @@ from controller.commands.connection import (
 from controller.commands.records import (
     ABANDONED,
     STATES,
+    agent_heard,
+    agent_record,
     clock_caption,
     decision_record,
     event_record,
@@ -532,10 +534,11 @@ def cmd_servers(args: argparse.Namespace) -> int:
     resources = list(resp.resources) or sorted({r for s in resp.servers for r in s.capacity})
     if args.json:
         data = plain(resp)
-        for server in data["servers"]:  # maps in the config's order, as the table
-            for key in ("capacity", "used"):
+        for server, s in zip(data["servers"], resp.servers, strict=True):
+            for key in ("capacity", "used"):  # maps in the config's order, as the table
                 given = server[key]
                 server[key] = {r: given[r] for r in resources if r in given} | given
+            server.update(agent_record(s))  # never heard: no Infinity (not JSON)
         print_json(data)
         return EXIT_OK
     rows = []
@@ -545,11 +548,11 @@ def cmd_servers(args: argparse.Namespace) -> int:
             f"{s.used.get(r, 0):g}/{s.capacity.get(r, 0):g}" if s.capacity.get(r, 0) else "-"
             for r in resources
         ]
-        rows.append([s.name, kind, s.state or "up", *cells])
+        rows.append([s.name, kind, s.state or "up", agent_heard(s), *cells])
     print(f"slot {slot_label(resp.current_slot, stubs.times())}: used/capacity; state from "
-          "the next slot")  # fmt: skip
-    right = set(range(3, 3 + len(resources)))
-    print(render_table(["server", "kind", "state", *resources], rows, right=right))
+          "the next slot; agent: when last heard")  # fmt: skip
+    right = {3, *range(4, 4 + len(resources))}
+    print(render_table(["server", "kind", "state", "agent", *resources], rows, right=right))
     times = stubs.times()
     for s in resp.servers:
         if s.cordoned_from_slot:  # cordoned, or a cordon planned (its state is not yet)

@@ -23,6 +23,9 @@ from pricing.durations import format_duration, format_time
 __all__ = [
     "ABANDONED",
     "STATES",
+    "agent_heard",
+    "agent_record",
+    "agents_unheard",
     "decision_record",
     "event_record",
     "job_record",
@@ -48,6 +51,46 @@ _INTEGERS = {
     FieldDescriptor.TYPE_SINT64,
     FieldDescriptor.TYPE_SINT32,
 }
+
+
+def agent_heard(s: pb.Server) -> str:
+    """When ``s``'s agent was last heard, for a table: ``5s ago`` (``2h5m ago``: the two
+    largest units), ``never``, or ``-`` (no agents watched: a daemon without ``[mqtt]``,
+    a standby, or one older than the field)."""
+    if not s.HasField("agent_heard_seconds_ago"):
+        return "-"
+    seconds = s.agent_heard_seconds_ago
+    if not math.isfinite(seconds):
+        return "never"
+    unit = 3600 if seconds >= 86400 else 60 if seconds >= 3600 else 1
+    return f"{format_duration(round(seconds / unit) * unit)} ago"
+
+
+def agent_record(s: pb.Server) -> dict[str, Any]:
+    """``s``'s agent in JSON (which has no infinity): ``agent_heard`` (false: never;
+    null: no agents watched) and ``agent_heard_seconds_ago`` (null unless heard)."""
+    if not s.HasField("agent_heard_seconds_ago"):
+        return {"agent_heard": None, "agent_heard_seconds_ago": None}
+    seconds = s.agent_heard_seconds_ago
+    if not math.isfinite(seconds):
+        return {"agent_heard": False, "agent_heard_seconds_ago": None}
+    return {"agent_heard": True, "agent_heard_seconds_ago": round(seconds, 3)}
+
+
+def agents_unheard(resp: pb.ListServersResponse) -> list[pb.Server] | None:
+    """The servers ``up`` (a cordon planned included) whose agent was never heard, or
+    is silent past the heartbeat timeout (its failure not yet declared): they still
+    get plans, and the jobs planned there do not run. None: no agents watched."""
+    if not resp.HasField("agent_heartbeat_timeout_seconds"):
+        return None
+    timeout = resp.agent_heartbeat_timeout_seconds
+    return [
+        s
+        for s in resp.servers
+        if s.state in ("", "up")
+        and s.HasField("agent_heard_seconds_ago")
+        and s.agent_heard_seconds_ago > timeout
+    ]
 
 
 def state_name(state: int) -> str:
