@@ -134,7 +134,7 @@ def test_invalid_input_is_a_clear_error_and_the_daemon_stays_healthy(
         (job("b1", tau=-1), "job.tau: must be > 0"),
         (job("b2", worker={**BASE_JOB["worker"], "bandwidth": 9}), "job.worker.bandwidth"),
         (job("b3", worker={**BASE_JOB["worker"], "tpu": 1}), "job.worker.tpu: unknown resource"),
-        (job("b4", epochs=10_000), "cannot finish|only 24 remain"),
+        (job("b4", epochs=10_000), "cannot finish|only 24 (1d) remain"),
         ({k: v for k, v in job("b5").items() if k != "chunks"}, "job.chunks: is required"),
     ]
     for spec, message in cases:
