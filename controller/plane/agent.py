@@ -66,11 +66,21 @@ from controller.plane.workers import (
 from pricing.errors import SpecError
 from pricing.fields import closest
 
-__all__ = ["Agent", "TaskState", "UnknownServerError", "worker_environment"]
+__all__ = [
+    "MIN_HEARTBEAT_SECONDS",
+    "Agent",
+    "TaskState",
+    "UnknownServerError",
+    "worker_environment",
+]
 
 _STEP = 0.05  # seconds between simulation steps
 _FORGET_EVERY = 10.0  # seconds between looks for jobs to set aside (Agent.forget_idle)
 _BACKOFF_MAX = 5.0
+
+MIN_HEARTBEAT_SECONDS = 0.1
+"""The shortest interval between two heartbeats, whatever a plan's ``heartbeat_seconds``
+says (:meth:`Agent._beat_interval`)."""
 
 LAST_REPORT_SECONDS = 3.0
 """The longest the agent's stop waits to send its workers' last counts."""
@@ -556,7 +566,13 @@ class Agent:
                 await asyncio.sleep(min(0.05, self._beat_interval()))
 
     def _beat_interval(self) -> float:
-        return self.plan.heartbeat_seconds if self.plan else self.mqtt.heartbeat_seconds
+        """Seconds between heartbeats: the plan's, else the broker settings', at least
+        :data:`MIN_HEARTBEAT_SECONDS`. Before, a plan of ``heartbeat_seconds`` 1e-300
+        (any number > 0 parses) sent thousands a second: past the daemon's rate per
+        agent, which then dropped this server's progress reports as well (the audit of
+        what arrives on the plan topic)."""
+        asked = self.plan.heartbeat_seconds if self.plan else self.mqtt.heartbeat_seconds
+        return max(MIN_HEARTBEAT_SECONDS, asked)
 
     async def _report(self, client: aiomqtt.Client) -> None:
         while True:
