@@ -31,6 +31,11 @@ says, and nothing of a job outlasts its place in the plan.
   servers). An exited process is kept as its count only.
 - **Indices.** ``OASIS_WORKER`` is the worker's index, 0 .. workers - 1: a restart takes
   the index that is free (two live workers had the same before).
+- **Bounds.** A server runs at most :data:`MAX_WORKERS` worker commands: a task asking
+  for more alone is skipped, and the others start in plan order while there is room,
+  each said once in the log. Before, a plan's task of 2**53 workers (a broken or
+  hostile plan: a broker without the shipped ACL) built a set of 2**53 indices at each
+  step, until the agent ran out of memory, and one of 10**6 forked 10**6 processes.
 - **Devices.** Each worker gets devices of its own in ``CUDA_VISIBLE_DEVICES``, as its
   task's demand asks (:mod:`controller.plane.devices`), given back once it is gone.
 """
@@ -50,6 +55,7 @@ from controller.plane.worker_errors import log_errors
 
 __all__ = [
     "MAX_STOP_GRACE",
+    "MAX_WORKERS",
     "RESTART_FIRST",
     "RESTART_MAX",
     "STOP_GRACE",
@@ -66,6 +72,9 @@ STOP_GRACE = 10.0
 
 MAX_STOP_GRACE = 600.0
 """The longest ``--stop-grace``: no worker of another job starts meanwhile."""
+
+MAX_WORKERS = 1024
+"""The most worker commands one agent runs at once (see the module docstring)."""
 
 RESTART_FIRST = 1.0
 """Seconds before a failed worker is started again; doubled at each failure in a row."""
@@ -240,6 +249,7 @@ class Commands:
         self._held_on: list[HeldDevices] = []
         self._scanned = -ORPHAN_SCAN_SECONDS
         self._leftovers_stopped = False
+        self._over: set[str] = set()  # jobs whose workers are not started (MAX_WORKERS): said
         self.subreaper = adopt_orphans and _become_subreaper()
 
     # -- each step ----------------------------------------------------------------------
@@ -275,18 +285,43 @@ class Commands:
             self._scan_orphans(running, now)
         if self.departing or self._orphans:
             return  # the capacity is the departing jobs' until they are gone
+        self._over &= wanted.keys()  # said again if it comes back after a plan without it
+        room = MAX_WORKERS - len(self.live)
         for job_id, (workers, extra, devices) in wanted.items():
             job = jobs[job_id]
+            if workers > MAX_WORKERS:
+                self._too_many(job_id, workers, room)
+                continue
             if workers and not job.all_done_said and set(range(workers)) <= job.finished:
                 job.all_done_said = True
                 self.log.warning("every worker of the job exited 0: none is started again "
                                  "for this admission", job=job_id, workers=workers,
                                  minibatches=self.count(job))  # fmt: skip
             taken = {w.index for w in job.running}
-            for index in range(workers):
-                if index in taken or index in job.finished or job.retry_at.get(index, 0) > now:
+            missing = [i for i in range(workers) if i not in taken and i not in job.finished]
+            if len(missing) > room:  # none of them, rather than part of the job
+                self._too_many(job_id, workers, room)
+                continue
+            for index in missing:
+                if job.retry_at.get(index, 0) > now:
                     continue
                 await self._start(job_id, job, index, extra, devices, now)
+                room -= 1
+
+    def _too_many(self, job_id: str, workers: int, room: int) -> None:
+        """Say once (while its job stays planned) that ``job_id``'s ``workers`` are
+        not started: over :data:`MAX_WORKERS` alone, or over the ``room`` the server's
+        other workers left."""
+        if job_id in self._over:
+            return
+        self._over.add(job_id)
+        why = (
+            f"over the {MAX_WORKERS} worker commands an agent runs"
+            if workers > MAX_WORKERS
+            else "the server runs as many as it may already"
+        )
+        self.log.error(f"a task's workers are not started: {why}; the plan may be broken",
+                       job=job_id, workers=workers, room=max(room, 0))  # fmt: skip
 
     def devices_short(self) -> int:
         """How many running workers are short of devices now: on a device others' shares
@@ -403,7 +438,10 @@ class Commands:
             for pipe, into in zip(pipes, (stream, errors), strict=True):
                 transport, _ = await loop.connect_read_pipe(_protocol_of(into), pipe)
                 transports.append(transport)
-        except OSError as err:  # out of processes or descriptors: a failure, backed off
+        # out of processes or descriptors, or an environment no process can carry (a
+        # plan's job id with a NUL: the ValueError ended the work loop, and the agent
+        # with every worker of the server, at each restart): a failure, backed off
+        except (OSError, ValueError) as err:
             self.devices.give_back(held)
             _close_all(writes)
             for transport in transports:

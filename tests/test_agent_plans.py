@@ -1,0 +1,79 @@
+"""The reference agent against hostile or broken plans on its topic (the audit of what
+arrives there: a broker without the shipped ACL, a stale retained message, a bug): one
+bad entry costs that entry, never the agent or the other jobs on the server, and
+nothing in a plan makes the agent fork without bound or flood the broker."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+import pytest
+
+from controller.plane import workers as workers_module
+from controller.plane.agent import MIN_HEARTBEAT_SECONDS, Agent
+from controller.plane.settings import MqttConfig
+from tests.test_agent_workers import agent_on, commands, plan_of, run
+
+
+def test_a_job_id_no_process_can_carry_fails_that_job_alone() -> None:
+    """Before: a task whose job id holds a NUL (valid JSON, "\\u0000") made the worker's
+    environment unbuildable; the ValueError ended the agent's work loop, the agent
+    stopped every worker of the server and exited, and the retained plan did it again
+    at each restart. Now it is that job's failure, backed off and logged; the other
+    job runs."""
+    agent, _ = agent_on("sleep 30", plan_of({"a\0b": 1, "good": 1}, {}))
+
+    async def go() -> None:
+        await agent._commands(0.02)
+        bad = agent.tasks["a\0b"].workers
+        assert not bad.running and bad.failures == {0: 1} and bad.retry_at[0] > 0
+        assert len(agent.tasks["good"].workers.running) == 1
+
+    run(agent, go)
+
+
+def test_absurd_worker_counts_are_not_started_and_the_other_jobs_are(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before: a task of 2**53 workers (the most a plan's integer may be) built
+    ``set(range(2**53))`` at each step: the agent's memory grew until it failed (or the
+    node's OOM killer came), and a task of 10**6 forked 10**6 processes. A server runs at
+    most ``MAX_WORKERS`` worker commands: a task asking for more alone is skipped, and
+    the others start in plan order while there is room."""
+    monkeypatch.setattr(workers_module, "MAX_WORKERS", 3, raising=False)
+    jobs = {"huge": 2**53, "big": 4, "a": 1, "b": 2, "c": 1}
+    agent, _ = agent_on("sleep 30", plan_of(jobs, {}))
+
+    async def go() -> None:
+        for _ in range(3):
+            await agent._commands(0.02)
+        running = {job: len(state.workers.running) for job, state in agent.tasks.items()}
+        assert running == {"huge": 0, "big": 0, "a": 1, "b": 2, "c": 0}
+        assert len(commands(agent).live) == 3
+
+    run(agent, go)
+
+
+def test_a_plans_tiny_heartbeat_interval_does_not_flood_the_broker() -> None:
+    """Before: a plan of ``heartbeat_seconds`` 1e-300 (any number > 0 parsed) sent a
+    heartbeat at every turn of the event loop, thousands a second: over the daemon's
+    rate per agent, which then dropped this server's progress reports too. The agent
+    beats no faster than every :data:`MIN_HEARTBEAT_SECONDS`."""
+    agent = Agent("w0", MqttConfig("localhost"), wall=lambda: 101.0)
+    agent.accept(dataclasses.replace(plan_of({"a": 1}, {}), heartbeat_seconds=1e-300))
+    sent: list[float] = []
+
+    class Client:
+        async def publish(self, *_args: Any, **_kwargs: Any) -> None:
+            sent.append(0.0)
+            await asyncio.sleep(0)  # a real client yields to the loop
+
+    async def go() -> None:
+        beat = asyncio.create_task(agent._beat(Client()))  # type: ignore[arg-type]
+        await asyncio.sleep(0.5)
+        beat.cancel()
+
+    asyncio.run(go())
+    assert 1 <= len(sent) <= 0.5 / MIN_HEARTBEAT_SECONDS + 2
