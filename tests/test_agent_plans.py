@@ -14,6 +14,7 @@ import pytest
 from controller.plane import workers as workers_module
 from controller.plane.agent import MIN_HEARTBEAT_SECONDS, Agent
 from controller.plane.settings import MqttConfig
+from pricing.errors import SpecError
 from tests.test_agent_workers import agent_on, commands, plan_of, run
 
 
@@ -77,3 +78,32 @@ def test_a_plans_tiny_heartbeat_interval_does_not_flood_the_broker() -> None:
 
     asyncio.run(go())
     assert 1 <= len(sent) <= 0.5 / MIN_HEARTBEAT_SECONDS + 2
+
+
+def test_the_parts_an_agent_holds_are_bounded_in_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: parts of two epochs, up to 256 each of 16 MiB, were held until complete:
+    54 MB a part once parsed, 27 GB in all (a broker without the shipped
+    ``max_packet_size``). An epoch whose parts hold over ``MAX_PLAN_TASKS`` tasks is
+    refused, its parts dropped; a plan within it still goes back together."""
+    from controller.plane import plan_messages
+    from controller.plane.plan_messages import Plan, PlanParts, SlotPlan, Task
+
+    monkeypatch.setattr(plan_messages, "MAX_PLAN_TASKS", 10, raising=False)
+
+    def part(epoch: int, k: int, tasks: int, parts: int = 256) -> Plan:
+        many = [Task(f"j{epoch}-{k}-{i}", 1, 0, 0.5, 40) for i in range(tasks)]
+        return Plan("w0", "worker", epoch, 10.0, 0.5, False, SlotPlan(5, 100.0, many),
+                    SlotPlan(6, 110.0, []), part=k, parts=parts)  # fmt: skip
+
+    back = PlanParts()
+    refused = 0
+    for epoch in (1, 2):
+        for k in range(5):
+            try:
+                back.add(part(epoch, k, 4))
+            except SpecError:
+                refused += 1
+    held = sum(len(p.current.tasks) for parts in back._held.values() for p in parts.values())
+    assert held <= 2 * 10 and refused >= 2
+    whole = [back.add(part(3, k, 5, parts=2)) for k in (1, 0)]  # 10 tasks: within
+    assert whole[0] is None and whole[1] is not None and len(whole[1].current.tasks) == 10

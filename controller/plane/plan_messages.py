@@ -28,6 +28,7 @@ from pricing.errors import SpecError
 __all__ = [
     "MAX_PLAN_PARTS",
     "MAX_PLAN_PAYLOAD_BYTES",
+    "MAX_PLAN_TASKS",
     "PART_VERSION",
     "Plan",
     "PlanParts",
@@ -46,6 +47,13 @@ MAX_PLAN_PAYLOAD_BYTES = 16 * 1024 * 1024
 MAX_PLAN_PARTS = 256
 """The most parts one plan is published in (:meth:`Plan.split`): 256 parts of the
 default ``mqtt.max_plan_bytes`` hold about 200,000 tasks."""
+
+MAX_PLAN_TASKS = 500_000
+"""The most tasks the parts of one epoch held by an agent may have (:class:`PlanParts`),
+both slots together: more than twice what 256 parts of the default ``max_plan_bytes``
+hold. Each parsed task takes about 250 bytes; without it, parts of two epochs, 256
+parts each of 16 MiB (a broker without the shipped ``max_packet_size``), held about
+27 GB, 54 MB a part (the audit of what arrives on the plan topic)."""
 
 
 @dataclass(frozen=True)
@@ -299,7 +307,8 @@ class PlanParts:
     """Puts a plan published in parts (:meth:`Plan.split`) back together on the agent's
     side: :meth:`add` each part as it comes; it returns the whole plan once every part
     of its epoch is in. Parts of at most two epochs are held (a newer one drops the
-    oldest), each at most :data:`MAX_PLAN_PARTS` parts: bounded whatever arrives."""
+    oldest), each at most :data:`MAX_PLAN_PARTS` parts of :data:`MAX_PLAN_TASKS` tasks
+    in all: bounded whatever arrives."""
 
     def __init__(self) -> None:
         self._held: dict[int, dict[int, Plan]] = {}
@@ -317,6 +326,11 @@ class PlanParts:
         if first is not None and not _same_header(first, plan):
             raise SpecError.one("plan", f"part {plan.part} of epoch {plan.epoch} does not "
                                 "match the epoch's other parts")  # fmt: skip
+        tasks = sum(_tasks(p) for k, p in held.items() if k != plan.part) + _tasks(plan)
+        if tasks > MAX_PLAN_TASKS:  # the epoch's parts dropped: it can never complete
+            del self._held[plan.epoch]
+            raise SpecError.one("plan", f"the parts of epoch {plan.epoch} hold over "
+                                f"{MAX_PLAN_TASKS} tasks: dropped")  # fmt: skip
         held[plan.part] = plan
         while len(self._held) > 2:
             del self._held[min(self._held)]
@@ -331,6 +345,11 @@ class PlanParts:
             part=0,
             parts=1,
         )
+
+
+def _tasks(plan: Plan) -> int:
+    """The tasks of both slots of ``plan``."""
+    return len(plan.current.tasks) + len(plan.next.tasks)
 
 
 def _same_header(a: Plan, b: Plan) -> bool:
