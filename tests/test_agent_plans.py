@@ -107,3 +107,20 @@ def test_the_parts_an_agent_holds_are_bounded_in_tasks(monkeypatch: pytest.Monke
     assert held <= 2 * 10 and refused >= 2
     whole = [back.add(part(3, k, 5, parts=2)) for k in (1, 0)]  # 10 tasks: within
     assert whole[0] is None and whole[1] is not None and len(whole[1].current.tasks) == 10
+
+
+def test_a_job_twice_in_a_slot_under_two_admissions_is_one_task_in_the_simulation() -> None:
+    """Before: the simulated agent stepped each entry, so one job planned twice in a slot
+    under two ``run``s had its counts started afresh twice a step, for good (it never
+    progressed), with two log lines a step. The last entry counts, as with commands."""
+    from controller.plane.topics import Plan, SlotPlan, Task
+
+    tasks = [Task("j", 1, 0, 0.5, 1000, run="20260101T000000.000000"),
+             Task("j", 1, 0, 0.5, 1000, run="20260101T000001.000000")]  # fmt: skip
+    agent = Agent("w0", MqttConfig("localhost"), wall=lambda: 101.0)
+    agent.accept(Plan("w0", "worker", 1, 10.0, 0.5, False, SlotPlan(5, 100.0, tasks),
+                      SlotPlan(6, 110.0, [])))  # fmt: skip
+    for _ in range(20):
+        agent.step(0.05)
+    state = agent.tasks["j"]
+    assert state.run == "20260101T000001.000000" and state.minibatches == pytest.approx(2.0)

@@ -258,11 +258,15 @@ class Agent:
     # -- work ---------------------------------------------------------------------------
 
     def step(self, dt: float) -> None:
-        """Simulate ``dt`` seconds of the active slot's tasks."""
+        """Simulate ``dt`` seconds of the active slot's tasks: one task per job, its
+        last in the slot, as the worker commands take them (:meth:`_commands`). Before, a
+        plan naming one job twice in a slot, under two admissions (``run``), started the
+        job's counts afresh twice a step, for good: it never progressed, and the agent
+        logged 40 lines a second (the audit of what arrives on the plan topic)."""
         slot = self.active()
         if slot is None:
             return
-        for task in slot.tasks:
+        for task in {t.job: t for t in slot.tasks}.values():
             if task.workers <= 0:
                 continue
             state = self._task(task.job, task.run)
