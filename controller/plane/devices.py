@@ -134,25 +134,35 @@ class Devices:
             return {}, True
         whole = math.floor(demand + _EPS)
         part = demand - whole if demand - whole > _EPS else 0.0
-        pieces = [1.0] * whole + ([part] if part else [])
-        chosen: dict[str, float] = {}
-        enough = bool(self.ids)
-        for piece in pieces:
-            room = [(self.free(one), pos, one) for pos, one in enumerate(self.ids)
-                    if one not in chosen and self.free(one) >= piece - _EPS]  # fmt: skip
-            if room:  # best fit: the least room that holds the piece, then the lowest
-                _, _, one = min(room)
-            else:  # oversubscribed: the most room left
+        # in one pass each, not one pass of the devices a piece: a plan of 1024 devices
+        # and a demand of 1024 took 0.27 s a worker, 4.6 minutes of the agent's event
+        # loop (no heartbeat, no stop) to start 1024 (the audit of what arrives on the
+        # plan topic). The same choices: the devices a worker takes are out of the others'
+        # reach, so the room of those left does not change while it takes them.
+        free = {one: self.free(one) for one in self.ids}
+        pos = {one: i for i, one in enumerate(self.ids)}
+        # whole pieces: wholly free devices, lowest position first; past them, the most
+        # room (oversubscribed); fewer devices than pieces: all of them
+        wholly = [one for one in self.ids if free[one] >= 1.0 - _EPS][:whole]
+        chosen = dict.fromkeys(wholly, 1.0)
+        enough = bool(self.ids) and len(wholly) == whole
+        if len(wholly) < whole:
+            rest = sorted((one for one in self.ids if one not in chosen),
+                          key=lambda one: (-free[one], pos[one]))  # fmt: skip
+            chosen |= dict.fromkeys(rest[: whole - len(wholly)], 1.0)
+        if part:  # best fit: the least room that holds it; else the most room
+            left = [(free[one], pos[one], one) for one in self.ids if one not in chosen]
+            room = [item for item in left if item[0] >= part - _EPS]
+            if room:
+                chosen[min(room)[2]] = part
+            elif left:
                 enough = False
-                rest = [(-self.free(one), pos, one) for pos, one in enumerate(self.ids)
-                        if one not in chosen]  # fmt: skip
-                if not rest:  # more pieces than devices: the worker gets them all
-                    break
-                _, _, one = min(rest)
-            chosen[one] = piece
+                chosen[min((-f, p, one) for f, p, one in left)[2]] = part
+            else:  # more pieces than devices
+                enough = False
+        for one, piece in chosen.items():
             self.used[one] = self.used.get(one, 0.0) + piece
-        order = {one: pos for pos, one in enumerate(self.ids)}
-        return dict(sorted(chosen.items(), key=lambda kv: order[kv[0]])), enough
+        return dict(sorted(chosen.items(), key=lambda kv: pos[kv[0]])), enough
 
     def short(self, held: dict[str, float], demand: float) -> bool:
         """Whether a worker needing ``demand`` and holding ``held`` (from :meth:`take`)
