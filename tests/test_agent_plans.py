@@ -199,3 +199,33 @@ def test_a_plan_of_the_most_devices_and_demand_hands_them_out_quickly() -> None:
         held, _enough = devices.take(MAX_DEVICES - 0.5)
         assert len(held) == MAX_DEVICES
     assert time.process_time() - start < 1.0
+
+
+def test_the_agents_incoming_messages_are_the_latest_of_each_topic_and_bounded() -> None:
+    """Before: the agent's client queued every incoming message: 16 MiB plans published
+    on its topic faster than it parsed them (2.6 s each) piled up without bound. Its
+    queue holds the latest message of each topic (a retained plan says all an older
+    one did), in the order they came, of at most ``MAX_QUEUED_TOPICS`` topics."""
+    import aiomqtt
+
+    from controller.plane.client import MAX_QUEUED_TOPICS
+
+    agent = Agent("w0", MqttConfig("localhost"))
+    plan, status = agent.topics.plan("w0"), agent.topics.status
+
+    def message(topic: str, payload: bytes) -> aiomqtt.Message:
+        return aiomqtt.Message(topic, payload, 1, False, 0, None)
+
+    async def go() -> None:
+        queue = agent._client()._queue
+        for i in range(1000):
+            queue.put_nowait(message(plan, b"%d" % i))
+        queue.put_nowait(message(status, b"online"))
+        queue.put_nowait(message(plan, b"last"))
+        assert queue.qsize() == 2
+        assert [(await queue.get()).payload for _ in range(2)] == [b"online", b"last"]
+        for i in range(MAX_QUEUED_TOPICS + 50):
+            queue.put_nowait(message(f"{plan}/{i}", b"{}"))
+        assert queue.qsize() == MAX_QUEUED_TOPICS
+
+    asyncio.run(go())

@@ -49,7 +49,7 @@ from controller.plane.agent_messages import (
     Status,
     TaskProgress,
 )
-from controller.plane.client import client_for
+from controller.plane.client import LatestPerTopic, client_for
 from controller.plane.devices import Devices
 from controller.plane.one_agent import agent_key
 from controller.plane.plan_messages import Plan, PlanParts, SlotPlan
@@ -593,4 +593,5 @@ class Agent:
 
     def _client(self) -> aiomqtt.Client:
         """A broker connection of this agent's session (one at a time)."""
-        return client_for(self.mqtt, f"agent-{self.server}-{self.session}")
+        return client_for(self.mqtt, f"agent-{self.server}-{self.session}",
+                          queue_type=LatestPerTopic)  # fmt: skip

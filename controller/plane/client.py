@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import aiomqtt
+import structlog
 
 from controller.plane.settings import MqttConfig
 
-__all__ = ["IN_FLIGHT", "client_for", "for_each", "keepalive_seconds"]
+__all__ = [
+    "IN_FLIGHT",
+    "MAX_QUEUED_TOPICS",
+    "LatestPerTopic",
+    "client_for",
+    "for_each",
+    "keepalive_seconds",
+]
 
 _T = TypeVar("_T")
 
@@ -34,10 +43,61 @@ def keepalive_seconds(heartbeat_timeout: float) -> int:
     return max(1, int(heartbeat_timeout / 4))
 
 
+MAX_QUEUED_TOPICS = 300
+"""The most topics a :class:`LatestPerTopic` queue holds a message of: an agent's plan,
+its status and its plan's parts (256 at most) fit."""
+
+
+class LatestPerTopic(asyncio.Queue[aiomqtt.Message]):
+    """An incoming-message queue (``aiomqtt.Client(queue_type=...)``) that holds the
+    latest message of each topic only, of at most :data:`MAX_QUEUED_TOPICS` topics
+    (a message of another topic past them is dropped, and counted in ``dropped``): for
+    subscribers of retained state, where a newer message of a topic says all an older
+    one did (an agent's plan, its parts, the daemon's status). Before, the agent's queue
+    was unbounded: plans of 16 MiB on its topic, published faster than it parsed them
+    (2.6 s each), piled up in its memory without bound (the audit of what arrives on the
+    plan topic)."""
+
+    dropped: int
+
+    def _init(self, maxsize: int) -> None:
+        self._latest: OrderedDict[str, aiomqtt.Message] = OrderedDict()
+        self.dropped = 0
+
+    def _put(self, item: aiomqtt.Message) -> None:
+        topic = str(item.topic)
+        if topic in self._latest:
+            del self._latest[topic]  # superseded; the newer one queues last
+        elif len(self._latest) >= MAX_QUEUED_TOPICS:
+            self.dropped += 1
+            if self.dropped & (self.dropped - 1) == 0:  # the 1st, 2nd, 4th, ...: bounded
+                structlog.get_logger("oasis-mqtt").warning(
+                    "incoming messages dropped: more topics waiting than a subscriber of "
+                    "retained state has", topic=topic[:200], dropped=self.dropped,
+                    topics=MAX_QUEUED_TOPICS,
+                )  # fmt: skip
+            return
+        self._latest[topic] = item
+
+    def _get(self) -> aiomqtt.Message:
+        return self._latest.popitem(last=False)[1]
+
+    def qsize(self) -> int:
+        return len(self._latest)
+
+    def empty(self) -> bool:
+        return not self._latest
+
+
 def client_for(
-    mqtt: MqttConfig, identifier: str, will: aiomqtt.Will | None = None
+    mqtt: MqttConfig,
+    identifier: str,
+    will: aiomqtt.Will | None = None,
+    queue_type: Any = None,
 ) -> aiomqtt.Client:
-    """An ``aiomqtt`` client for the configured broker (TLS and credentials included)."""
+    """An ``aiomqtt`` client for the configured broker (TLS and credentials included);
+    ``queue_type``: its incoming messages' queue (:class:`LatestPerTopic`), aiomqtt's
+    unbounded FIFO if None."""
     tls = aiomqtt.TLSParameters(ca_certs=mqtt.tls_ca or None) if mqtt.tls else None
     client = aiomqtt.Client(
         mqtt.host,
@@ -53,6 +113,7 @@ def client_for(
         # all at once cost time quadratic in them
         max_concurrent_outgoing_calls=IN_FLIGHT,
         timeout=10.0,
+        queue_type=queue_type,
     )
     # a slot boundary publishes every server's plan: up to IN_FLIGHT pending is expected
     client.pending_calls_threshold = 2 * IN_FLIGHT
