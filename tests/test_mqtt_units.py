@@ -537,7 +537,8 @@ def test_list_servers_says_when_each_agent_was_last_heard(plane: PlaneDaemon) ->
 
     from controller import auth
     from controller.commands.records import agent_heard, agent_record, agents_unheard
-    from controller.commands.status import _unheard, _unheard_line
+    from controller.commands.records import unheard_line as _unheard_line
+    from controller.commands.status import _unheard
     from controller.rpc import oasis_pb2 as pb
     from controller.servicer import ClusterServicer
 

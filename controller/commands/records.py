@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
@@ -23,16 +24,22 @@ from pricing.durations import format_duration, format_time
 __all__ = [
     "ABANDONED",
     "STATES",
+    "UNHEARD_NAMED",
     "agent_heard",
     "agent_record",
     "agents_unheard",
     "decision_record",
     "event_record",
+    "heard_ago",
+    "heard_record",
+    "is_unheard",
     "job_record",
     "plain",
     "plan_of",
     "slot_label",
     "state_name",
+    "unheard_line",
+    "unheard_record",
 ]
 
 STATES = tuple(
@@ -53,44 +60,87 @@ _INTEGERS = {
 }
 
 
-def agent_heard(s: pb.Server) -> str:
-    """When ``s``'s agent was last heard, for a table: ``5s ago`` (``2h5m ago``: the two
-    largest units), ``never``, or ``-`` (no agents watched: a daemon without ``[mqtt]``,
-    a standby, or one older than the field)."""
-    if not s.HasField("agent_heard_seconds_ago"):
+UNHEARD_NAMED = 10
+"""Servers named in the line on agents not heard (``oasis status``, the console's
+overview); the rest are counted."""
+
+
+def _heard_seconds(s: pb.Server) -> float | None:
+    return s.agent_heard_seconds_ago if s.HasField("agent_heard_seconds_ago") else None
+
+
+def heard_ago(seconds: float | None) -> str:
+    """When an agent was last heard, ``seconds`` ago, for a table: ``5s ago``
+    (``2h5m ago``: the two largest units), ``never`` (``inf``), or ``-`` (None: no agents
+    watched: a daemon without ``[mqtt]``, a standby, or one older than the field). The
+    one wording of ``oasis servers``, ``oasis status`` and the console."""
+    if seconds is None:
         return "-"
-    seconds = s.agent_heard_seconds_ago
     if not math.isfinite(seconds):
         return "never"
     unit = 3600 if seconds >= 86400 else 60 if seconds >= 3600 else 1
     return f"{format_duration(round(seconds / unit) * unit)} ago"
 
 
-def agent_record(s: pb.Server) -> dict[str, Any]:
-    """``s``'s agent in JSON (which has no infinity): ``agent_heard`` (false: never;
-    null: no agents watched) and ``agent_heard_seconds_ago`` (null unless heard)."""
-    if not s.HasField("agent_heard_seconds_ago"):
+def heard_record(seconds: float | None) -> dict[str, Any]:
+    """An agent heard ``seconds`` ago in JSON (which has no infinity): ``agent_heard``
+    (false: never; null: no agents watched) and ``agent_heard_seconds_ago`` (null unless
+    heard)."""
+    if seconds is None:
         return {"agent_heard": None, "agent_heard_seconds_ago": None}
-    seconds = s.agent_heard_seconds_ago
     if not math.isfinite(seconds):
         return {"agent_heard": False, "agent_heard_seconds_ago": None}
     return {"agent_heard": True, "agent_heard_seconds_ago": round(seconds, 3)}
 
 
+def agent_heard(s: pb.Server) -> str:
+    """When ``s``'s agent was last heard, for a table (:func:`heard_ago`)."""
+    return heard_ago(_heard_seconds(s))
+
+
+def agent_record(s: pb.Server) -> dict[str, Any]:
+    """``s``'s agent in JSON (:func:`heard_record`)."""
+    return heard_record(_heard_seconds(s))
+
+
+def is_unheard(state: str, seconds: float | None, timeout: float) -> bool:
+    """Whether a server in ``state`` (``""``: up) whose agent was heard ``seconds`` ago
+    (None: not watched) is ``up`` (a cordon planned included) with its agent never
+    heard, or silent past the heartbeat ``timeout`` (its failure not yet declared): it
+    still gets plans, and the jobs planned there do not run."""
+    return state in ("", "up") and seconds is not None and seconds > timeout
+
+
 def agents_unheard(resp: pb.ListServersResponse) -> list[pb.Server] | None:
-    """The servers ``up`` (a cordon planned included) whose agent was never heard, or
-    is silent past the heartbeat timeout (its failure not yet declared): they still
-    get plans, and the jobs planned there do not run. None: no agents watched."""
+    """The servers of ``resp`` whose agent is not heard (:func:`is_unheard`), in its
+    order. None: no agents watched."""
     if not resp.HasField("agent_heartbeat_timeout_seconds"):
         return None
     timeout = resp.agent_heartbeat_timeout_seconds
-    return [
-        s
-        for s in resp.servers
-        if s.state in ("", "up")
-        and s.HasField("agent_heard_seconds_ago")
-        and s.agent_heard_seconds_ago > timeout
-    ]
+    return [s for s in resp.servers if is_unheard(s.state, _heard_seconds(s), timeout)]
+
+
+def unheard_record(server: str, seconds: float | None) -> dict[str, Any]:
+    """One server whose agent is not heard, as ``oasis status --json`` and the console's
+    overview give it: ``server``, ``heard`` (:func:`heard_ago`) and ``heard_seconds_ago``
+    (null: never heard)."""
+    return {"server": server, "heard": heard_ago(seconds),
+            "heard_seconds_ago": heard_record(seconds)["agent_heard_seconds_ago"]}  # fmt: skip
+
+
+def unheard_line(unheard: Sequence[dict[str, Any]] | None) -> list[str]:
+    """A line naming the servers up whose agent was never heard or is silent past the
+    heartbeat timeout (:func:`unheard_record` each; before, only /metrics said so: the
+    operator audit), at most :data:`UNHEARD_NAMED`, then how many more; none when
+    there are none. They get plans, and the jobs planned there do not run until their
+    plan ends. ``oasis status`` and the console's overview show it."""
+    if not unheard:
+        return []
+    named = ", ".join(f"{u['server']} ({u['heard']})" for u in unheard[:UNHEARD_NAMED])
+    more = f" and {len(unheard) - UNHEARD_NAMED:,} more" if len(unheard) > UNHEARD_NAMED else ""
+    servers = "server" if len(unheard) == 1 else "servers"
+    return [f"AGENTS NOT HEARD on {len(unheard):,} {servers} up, still planned on (jobs "
+            f"there do not run): {named}{more}"]  # fmt: skip
 
 
 def state_name(state: int) -> str:

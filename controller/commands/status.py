@@ -33,13 +33,13 @@ from controller.commands.client import get_prices, list_jobs
 from controller.commands.common import EXIT_OK, INT32_MAX, fmt, int_at_least
 from controller.commands.connection import Stubs, guarded, options, store_unavailable
 from controller.commands.records import (
-    agent_heard,
-    agent_record,
     agents_unheard,
     clock_caption,
     local_time,
     slot_label,
     state_name,
+    unheard_line,
+    unheard_record,
 )
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
@@ -53,8 +53,6 @@ _WHOLE_WINDOW = 1 << 20  # slots: the server clips it to the window
 SERVERS_SHOWN = 40
 """Servers the price heat shows by default: the hottest (at 10,000 servers the screen was
 10,000 lines; the operator's scale audit)."""
-UNHEARD_NAMED = 10
-"""Servers named in the line on agents not heard; the rest are counted."""
 
 
 def register(sub: Any) -> None:
@@ -179,24 +177,7 @@ def _unheard(resp: pb.ListServersResponse) -> list[dict[str, Any]] | None:
     unheard = agents_unheard(resp)
     if unheard is None:
         return None
-    return [
-        {"server": s.name, "heard": agent_heard(s),
-         "heard_seconds_ago": agent_record(s)["agent_heard_seconds_ago"]}
-        for s in unheard
-    ]  # fmt: skip
-
-
-def _unheard_line(unheard: list[dict[str, Any]] | None) -> list[str]:
-    """A line naming the servers up whose agent was never heard or is silent past the
-    heartbeat timeout (before, only /metrics said so: the operator audit): they get
-    plans, and the jobs planned there do not run until their plan ends."""
-    if not unheard:
-        return []
-    named = ", ".join(f"{u['server']} ({u['heard']})" for u in unheard[:UNHEARD_NAMED])
-    more = f" and {len(unheard) - UNHEARD_NAMED:,} more" if len(unheard) > UNHEARD_NAMED else ""
-    servers = "server" if len(unheard) == 1 else "servers"
-    return [f"AGENTS NOT HEARD on {len(unheard):,} {servers} up, still planned on (jobs "
-            f"there do not run): {named}{more}"]  # fmt: skip
+    return [unheard_record(s.name, s.agent_heard_seconds_ago) for s in unheard]
 
 
 def nodes(stubs: Stubs) -> list[dict[str, Any]]:
@@ -326,7 +307,7 @@ def render(st: Status, limit: int, servers: int = 0) -> str:
         begins, ends = local_time(times.start(st.first_slot)), local_time(times.start(last + 1))
         out.append(f"slots {span} run from {begins} to {ends}; {clock_caption(times)}")
     out += _health_lines(st.nodes or [])
-    out += _unheard_line(st.agents_unheard)
+    out += unheard_line(st.agents_unheard)
     out.append("")
     if st.nodes and (len(st.nodes) > 1 or st.nodes[0]["role"] != "single"):
         rows = [
