@@ -7,16 +7,24 @@ seen by a SQLAlchemy ``before_cursor_execute`` listener."""
 from __future__ import annotations
 
 import asyncio
+import math
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
+import aiohttp
 import pytest
+import structlog
 from sqlalchemy import event
 
 from controller.admission import AdmissionController
-from controller.auth import Caller, Role
+from controller.auth import Caller, Role, hash_token
+from controller.clock import FakeClock, SlotClock
+from controller.config import from_dict
+from controller.console.app import Console
 from controller.console.data import ConsoleData
 from controller.console.shared_reads import SharedReads
+from controller.store import Database
 from tests.test_retention import SPEC
 from tests.test_retention import _controller as retention_controller
 
@@ -111,4 +119,148 @@ def test_many_tabs_read_the_ledger_once_and_see_each_change(tmp_path: Path) -> N
         after = asyncio.run(data.overview(OPERATOR))["use"]
         assert after != before  # the new job's use shows
     finally:
+        c.close()
+
+
+# -- agents: when each server's agent was last heard ------------------------------------
+
+ODD = "<i>w&1</i>"
+"""A server's name is text from the config: shown, never read as HTML."""
+
+
+def _agents_controller(tmp: Path, tokens: Path | None = None) -> AdmissionController:
+    """An in-process controller of 14 servers (w0, ODD, w2 .. w12, p0), no ``[mqtt]``;
+    a test fakes the execution plane's :meth:`agent_ages`."""
+    servers = [{"name": n, "kind": "worker", "capacity": {"gpu": 4, "bandwidth": 10}}
+               for n in ["w0", ODD, *(f"w{i}" for i in range(2, 13))]]  # fmt: skip
+    servers.append({"name": "p0", "kind": "ps", "capacity": {"bandwidth": 10}})
+    data: dict[str, Any] = {
+        "daemon": {"data_dir": str(tmp), "window": 6, "epoch": 0},
+        "cluster": {"resources": ["gpu", "bandwidth"], "servers": servers},
+    }
+    if tokens is not None:
+        data["auth"] = {"tokens_file": str(tokens)}
+        data["web"] = {"listen": "127.0.0.1:0"}
+    config = from_dict(data)
+    c = AdmissionController(
+        config,
+        Database(config.database_url),
+        SlotClock(FakeClock(1.0), config.slot_seconds, 0.0),
+        log=structlog.wrap_logger(structlog.ReturnLogger()),
+    )
+    c.open()
+    return c
+
+
+def _fake_agents(c: AdmissionController, ages: dict[str, float], timeout: float = 30.0) -> None:
+    """The execution plane as the console reads it: Execution.agent_ages (every server)
+    and the heartbeat timeout."""
+    every = {name: ages.get(name, math.inf) for _, _, name, _ in c.cluster.servers()}
+    mqtt = SimpleNamespace(heartbeat_timeout=timeout)
+    c.execution = cast(Any, SimpleNamespace(agent_ages=lambda: dict(every), mqtt=mqtt))
+
+
+def test_servers_page_and_overview_say_when_each_agent_was_heard(tmp_path: Path) -> None:
+    """The operator audit, in the console as in `oasis servers` / `oasis status`: a
+    server whose agent was never heard read 'up' and got plans its jobs never ran on.
+    The servers page gives each agent's last beat in the CLI's words (records.heard_ago)
+    and JSON (agent_heard, agent_heard_seconds_ago), and the overview names the servers
+    up whose agent was never heard or is silent past the timeout, at most 10, then
+    how many more, with oasis status's line; nothing of agents without [mqtt]."""
+    c = _agents_controller(tmp_path)
+    try:
+        data = ConsoleData(c)
+        listed = asyncio.run(data.servers())
+        assert listed["agents_watched"] is False and listed["agents_unheard"] is None
+        assert [s["agent"] for s in listed["servers"]] == ["-"] * 14
+        assert listed["servers"][0]["agent_heard"] is None
+        assert listed["servers"][0]["agent_heard_seconds_ago"] is None
+        assert listed["servers"][-1]["capacity"] == {"gpu": 0.0, "bandwidth": 10.0}
+        assert asyncio.run(data.overview(OPERATOR))["agents_unheard"] is None
+
+        view = asyncio.run(c.cordon("w2", reason="ECC errors", by="ops"))
+        assert view, view
+        # w0 heard 5 s ago, w3 silent past the timeout, w2 never heard but cordoned (out
+        # of service: not named), the 11 others never heard
+        _fake_agents(c, {"w0": 5.2, "w3": 7325.0})
+        listed = asyncio.run(data.servers())
+        rows = {s["name"]: s for s in listed["servers"]}
+        assert listed["agents_watched"] is True
+        assert rows["w0"]["agent"] == "5s ago"
+        assert (rows["w0"]["agent_heard"], rows["w0"]["agent_heard_seconds_ago"]) == (True, 5.2)
+        assert rows["w3"]["agent"] == "2h2m ago"
+        assert rows[ODD]["agent"] == "never"
+        assert (rows[ODD]["agent_heard"], rows[ODD]["agent_heard_seconds_ago"]) == (False, None)
+        assert rows["w2"]["state"] == "cordoned"
+        cordon = rows["w2"]["cordon"]
+        assert (cordon["reason"], cordon["by"], cordon["until_slot"]) == ("ECC errors", "ops", None)
+        unheard = asyncio.run(data.overview(OPERATOR))["agents_unheard"]
+        assert unheard == listed["agents_unheard"]
+        assert unheard["count"] == 12 and len(unheard["servers"]) == 10
+        assert [u["server"] for u in unheard["servers"]][:3] == [ODD, "w3", "w4"]
+        assert unheard["servers"][1] == {"server": "w3", "heard": "2h2m ago",
+                                         "heard_seconds_ago": 7325.0}  # fmt: skip
+        assert unheard["line"] == (
+            f"AGENTS NOT HEARD on 12 servers up, still planned on (jobs there do not run): "
+            f"{ODD} (never), w3 (2h2m ago), w4 (never), w5 (never), w6 (never), w7 (never), "
+            "w8 (never), w9 (never), w10 (never), w11 (never) and 2 more"
+        )
+        # a submitter reads no server of the cluster
+        assert "agents_unheard" not in asyncio.run(data.overview(ALICE))
+        # every agent heard within the timeout: nothing to say
+        _fake_agents(c, {name: 1.0 for _, _, name, _ in c.cluster.servers()})
+        unheard = asyncio.run(data.overview(OPERATOR))["agents_unheard"]
+        assert unheard == {"count": 0, "servers": [], "line": None,
+                           "heartbeat_timeout_seconds": 30.0}  # fmt: skip
+    finally:
+        c.execution = None
+        c.close()
+
+
+@pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
+def test_the_servers_page_over_http_is_an_operators_and_escapes_names(tmp_path: Path) -> None:
+    """/servers and /api/servers over HTTP: an operator's (a submitter: 403, as the
+    prices and plans); the page's JSON embedded with no raw '<' or '&' (a server's name
+    is text), linked from the navigation; the overview's twin says the agents too."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"ops operator {hash_token('ops-token')}\n"
+                      f"alice submitter {hash_token('alice-token')}\n")  # fmt: skip
+    c = _agents_controller(tmp_path, tokens)
+    _fake_agents(c, {"w0": 3.0})
+
+    async def scenario() -> None:
+        console = Console(c.config, c, None, None)
+        await console.start()
+        url = f"http://{console.address}"
+        ops = {"Authorization": "Bearer ops-token"}
+        try:
+            async with aiohttp.ClientSession() as http:
+                async with http.get(url + "/api/servers?page=1", headers=ops) as r:
+                    assert r.status == 200, await r.text()
+                    listed = await r.json()
+                assert [s["agent"] for s in listed["servers"][:2]] == ["3s ago", "never"]
+                assert listed["servers"][1]["name"] == ODD
+                assert listed["page"] == listed["pages"] == 1 and listed["servers_total"] == 14
+                async with http.get(url + "/servers", headers=ops) as r:
+                    assert r.status == 200
+                    html = await r.text()
+                assert 'data-page="servers"' in html and 'href="/servers"' in html
+                assert ODD not in html and "w\\u0026amp" not in html
+                assert "\\u003ci\\u003ew\\u00261\\u003c/i\\u003e" in html
+                async with http.get(url + "/api/overview", headers=ops) as r:
+                    line = (await r.json())["agents_unheard"]["line"]
+                assert line.startswith("AGENTS NOT HEARD on 13 servers up") and ODD in line
+                alice = {"Authorization": "Bearer alice-token"}
+                for path in ("/api/servers", "/servers"):
+                    async with http.get(url + path, headers=alice) as r:
+                        assert r.status == 403, path
+                async with http.get(url + "/", headers=alice) as r:
+                    assert 'href="/servers"' not in await r.text()  # not in its navigation
+        finally:
+            await console.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        c.execution = None
         c.close()

@@ -142,6 +142,8 @@ class Console(Middleware, Views, EventStreams):
         r.add_get("/static/{name}", self.static_file)
         r.add_get("/", self.page("overview", "Overview", self.overview))
         r.add_get("/api/overview", self.api(self.overview))
+        r.add_get("/servers", self.page("servers", "Servers", self.servers))
+        r.add_get("/api/servers", self.api(self.servers))
         r.add_get("/prices", self.page("prices", "Prices", self.prices))
         r.add_get("/api/prices", self.api(self.prices))
         r.add_get("/api/prices/cell", self.api(self.price_cell))

@@ -32,7 +32,18 @@ from sqlalchemy import ColumnElement, func, or_, select
 
 from controller.admission import STATES, AdmissionController, NotFoundError
 from controller.auth import Caller, Role
-from controller.commands.records import ABANDONED, job_record, plain, plan_of
+from controller.commands.records import (
+    ABANDONED,
+    UNHEARD_NAMED,
+    heard_ago,
+    heard_record,
+    is_unheard,
+    job_record,
+    plain,
+    plan_of,
+    unheard_line,
+    unheard_record,
+)
 from controller.console.heatmap import MAX_BINS, bin_edges, bin_grid, price_levels
 from controller.console.shared_reads import SharedReads, timed
 from controller.convert import job_to_proto, progress_to_proto
@@ -44,12 +55,14 @@ from pricing.durations import format_time
 from pricing.errors import SpecError
 from pricing.text import printable_problem
 
-__all__ = ["JOBS_PAGE", "MAX_JOB_EVENTS", "PLAN_PAGE", "ConsoleData"]
+__all__ = ["JOBS_PAGE", "MAX_JOB_EVENTS", "PLAN_PAGE", "SERVERS_PAGE", "ConsoleData"]
 
 JOBS_PAGE = 50
 """Jobs per page of the job list."""
 PLAN_PAGE = 40
 """Servers per page of the Gantt chart."""
+SERVERS_PAGE = 100
+"""Servers per page of the server list."""
 MAX_JOB_EVENTS = 200
 """The latest events shown on a job's page."""
 _CELL_JOBS = 10  # jobs listed for one heatmap cell
@@ -104,6 +117,38 @@ class ConsoleData:
             known = ", ".join(self.c.cluster.resources)
             raise SpecError.one("resource", f"unknown resource {name!r} (known: {known})") from None
 
+    def _agents(self) -> tuple[dict[str, float], float] | None:
+        """Each server's seconds since its agent was last heard (``inf``: never;
+        :meth:`~controller.plane.execution.Execution.agent_ages`, as ListServers gives
+        it) and the heartbeat timeout; None: no agents watched (no ``[mqtt]``, or a
+        standby)."""
+        execution = self.c.execution
+        if execution is None:
+            return None
+        return execution.agent_ages(), execution.mqtt.heartbeat_timeout
+
+    def _unheard(self, states: dict[str, str]) -> dict[str, Any] | None:
+        """The servers up whose agent was never heard or is silent past the heartbeat
+        timeout (:func:`~controller.commands.records.is_unheard`, as ``oasis status``):
+        how many, the first :data:`UNHEARD_NAMED` in listing order, and ``oasis
+        status``'s line; None: no agents watched."""
+        agents = self._agents()
+        if agents is None:
+            return None
+        ages, timeout = agents
+        unheard = [
+            unheard_record(name, ages.get(name))
+            for _, _, name in self._listing()
+            if is_unheard(states.get(name, "up"), ages.get(name), timeout)
+        ]
+        line = unheard_line(unheard)
+        return {
+            "count": len(unheard),
+            "servers": unheard[:UNHEARD_NAMED],
+            "line": line[0] if line else None,
+            "heartbeat_timeout_seconds": timeout,
+        }
+
     # -- overview ----------------------------------------------------------------------
 
     async def overview(self, caller: Caller) -> dict[str, Any]:
@@ -153,6 +198,7 @@ class ConsoleData:
             return out
         states, cordons = await self.c.read(lambda: (self.c.server_states(), self.c.cordons()))
         out["out_of_service"] = {name: state for name, state in states.items() if state != "up"}
+        out["agents_unheard"] = self._unheard(states)
         times = self.c.slots.times
         out["cordoned_until"] = {  # a cordon with an end: the last slot out, and when back
             name: {"last_slot": c.until - 1, "back_at": format_time(times.start(c.until))}
@@ -193,6 +239,59 @@ class ConsoleData:
         out["use"] = use
         out["first_slot"] = first
         return out
+
+    # -- servers -----------------------------------------------------------------------
+
+    async def servers(self, page: int = 1) -> dict[str, Any]:
+        """The servers of page ``page`` (:data:`SERVERS_PAGE` a page, listing order), as
+        ``oasis servers`` shows them: kind, state from the next slot on (and a cordon's
+        slots, who and why), when its agent was last heard (``agent``: ``5s ago``,
+        ``never``, ``-`` with no agents watched; ``agent_heard``,
+        ``agent_heard_seconds_ago`` as ``oasis servers --json``) and use of the current
+        slot against capacity per resource; and the agents not heard of the whole
+        cluster (:meth:`_unheard`)."""
+        cluster = self.c.cluster
+        use, states, cordons = await self.c.read(
+            lambda: (self.c.current_use(), self.c.server_states(), self.c.cordons())
+        )
+        agents = self._agents()
+        ages = agents[0] if agents is not None else {}
+        listing = list(cluster.servers())
+        pages = max(1, math.ceil(len(listing) / SERVERS_PAGE))
+        page = min(max(page, 1), pages)
+        rows = []
+        for kind, _, name, caps in listing[(page - 1) * SERVERS_PAGE : page * SERVERS_PAGE]:
+            cordon = cordons.get(name)
+            age = ages.get(name)
+            rows.append(
+                {
+                    "name": name,
+                    "kind": kind,
+                    "state": states.get(name, "up"),
+                    "agent": heard_ago(age),
+                    **heard_record(age),
+                    "capacity": dict(zip(cluster.resources, caps.tolist(), strict=True)),
+                    "used": use.get(name, {}),
+                    "cordon": None
+                    if cordon is None
+                    else {
+                        "from_slot": cordon.from_slot,
+                        "until_slot": cordon.until,
+                        "by": cordon.by,
+                        "reason": cordon.reason,
+                    },
+                }
+            )
+        return {
+            "clock": self.clock(),
+            "resources": list(cluster.resources),
+            "page": page,
+            "pages": pages,
+            "servers_total": len(listing),
+            "agents_watched": agents is not None,
+            "agents_unheard": self._unheard(states),
+            "servers": rows,
+        }
 
     # -- prices ------------------------------------------------------------------------
 

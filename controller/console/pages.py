@@ -21,8 +21,9 @@ __all__ = ["STATIC", "error_page", "login_page", "page", "static_version"]
 STATIC = {"console.js": "text/javascript", "console.css": "text/css"}
 """The files under ``static/`` and their content types."""
 
-_NAV = (("/", "overview", "Overview", False), ("/prices", "prices", "Prices", True),
-        ("/plans", "plans", "Plans", True), ("/jobs", "jobs", "Jobs", False))  # fmt: skip
+_NAV = (("/", "overview", "Overview", False), ("/servers", "servers", "Servers", True),
+        ("/prices", "prices", "Prices", True), ("/plans", "plans", "Plans", True),
+        ("/jobs", "jobs", "Jobs", False))  # fmt: skip
 
 
 def static_version() -> str:

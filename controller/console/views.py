@@ -65,6 +65,10 @@ class Views(Login):
     async def overview(self, request: web.Request) -> Any:
         return await self.data.overview(request["caller"])
 
+    async def servers(self, request: web.Request) -> Any:
+        self._operators_only(request, "the servers")
+        return await self.data.servers(_int(request.query, "page", 1))
+
     async def prices(self, request: web.Request) -> Any:
         self._operators_only(request, "the prices")
         return await self.data.prices(request.query.get("resource", ""))

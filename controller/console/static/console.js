@@ -226,6 +226,8 @@
     }
     node.appendChild(dl(facts));
     out.push(node);
+    var unheard = agentsUnheard(d.agents_unheard);
+    if (unheard) out.splice(0, 0, unheard);  // first: the jobs planned there do not run
     var jobs = section("Jobs per state", "h-jobs");
     var list = el("ul", { class: "counts" });
     Object.keys(d.jobs).forEach(function (s) {
@@ -253,6 +255,52 @@
       out.push(el("p", { class: "muted", text: "The cluster's use, prices and plans are for operators." }));
     }
     return out;
+  }
+
+  // servers up whose agent was never heard or is silent past the heartbeat timeout:
+  // oasis status's line, worded by the daemon (records.unheard_line); null: none
+  function agentsUnheard(u) {
+    if (!u || !u.count) return null;
+    return el("p", { id: "agents-unheard", class: "bad", role: "alert", text: u.line });
+  }
+
+  // -- servers -------------------------------------------------------------------------
+
+  function servers(d) {
+    var out = [], per = 100;
+    var unheard = agentsUnheard(d.agents_unheard);
+    if (unheard) out.push(unheard);
+    var first = (d.page - 1) * per + 1, last = first + d.servers.length - 1;
+    out.push(el("p", { class: "muted", id: "servers-caption", text:
+      (d.servers.length ? "Servers " + first + "–" + last + " of " + d.servers_total : "No server") +
+      "; state from the next slot; use of slot " + d.clock.slot + " against capacity; agent: when last heard" +
+      (d.agents_watched ? " (counted while the daemon is connected to the broker)" : " (- : no agents watched, no [mqtt] or a standby)") +
+      ", as of " + d.clock.now + "." }));
+    out.push(serversPager(d));
+    var rows = d.servers.map(function (s) {
+      var timeout = d.agents_unheard ? d.agents_unheard.heartbeat_timeout_seconds : Infinity;  // silent past it: red too
+      var agent = el("span", { class: s.agent_heard === false || s.agent_heard_seconds_ago > timeout ? "bad" : "", text: s.agent });
+      var state = s.state;
+      if (s.cordon) {
+        state += " (cordon from slot " + s.cordon.from_slot + (s.cordon.until_slot === null ? "" : " to " + (s.cordon.until_slot - 1)) +
+          (s.cordon.by ? " by " + s.cordon.by : "") + (s.cordon.reason ? ": " + s.cordon.reason : "") + ")";
+      }
+      return [s.name, s.kind, state, agent].concat(d.resources.map(function (r) {
+        var cap = s.capacity[r] || 0;
+        return cap ? num(s.used[r] || 0) + "/" + num(cap) : "–";
+      }));
+    });
+    out.push(table("Servers", ["Server", "Kind", "State", "Agent"].concat(d.resources), rows, "servers"));
+    out.push(serversPager(d));
+    return out;
+  }
+
+  function serversPager(d) {
+    var nav = el("nav", { class: "pager", "aria-label": "Server pages" });
+    if (d.page > 1) nav.appendChild(el("a", { href: "/servers?page=" + (d.page - 1), text: "← Previous servers" }));
+    nav.appendChild(el("span", { text: "page " + d.page + " of " + d.pages }));
+    if (d.page < d.pages) nav.appendChild(el("a", { href: "/servers?page=" + (d.page + 1), text: "Next servers →" }));
+    return nav;
   }
 
   function spark(u, clock) {
@@ -729,7 +777,7 @@
 
   // -- drawing, and live updates -------------------------------------------------------
 
-  var renderers = { overview: overview, prices: prices, plans: plans, jobs: jobs, job: job };
+  var renderers = { overview: overview, servers: servers, prices: prices, plans: plans, jobs: jobs, job: job };
 
   function render() {
     var active = document.activeElement, key = active && active.id;
@@ -786,6 +834,11 @@
     });
     window.addEventListener("beforeunload", function () { stream.close(); });
   }
+  // an agent's silence grows without an event: with agents watched, the servers page
+  // and the overview are read again every 15 s
+  setInterval(function () {
+    if ((page === "servers" || page === "overview") && data.agents_unheard && !pending && !document.hidden) refresh();
+  }, 15000);
   var resizeTimer = null;
   window.addEventListener("resize", function () {
     if (page !== "prices" && page !== "plans") return;
