@@ -274,7 +274,7 @@
     out.push(el("p", { class: "muted", id: "servers-caption", text:
       (d.servers.length ? "Servers " + first + "–" + last + " of " + d.servers_total : "No server") +
       "; state from the next slot; use of slot " + d.clock.slot + " against capacity; agent: when last heard" +
-      (d.agents_watched ? " (counted while the daemon is connected to the broker)" : " (- : no agents watched, no [mqtt] or a standby)") +
+      (d.agents_watched ? " (counted while the daemon is connected to the broker)" : " (\u201c-\u201d: no agents watched: no [mqtt], or a standby)") +
       ", as of " + d.clock.now + "." }));
     out.push(serversPager(d));
     var rows = d.servers.map(function (s) {
