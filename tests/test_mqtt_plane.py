@@ -150,14 +150,18 @@ class PlaneHarness:
         return self.stub().GetJob(pb.GetJobRequest(id=job_id), timeout=10).job
 
     def events(self) -> list[Any]:
-        stream = self.stub().WatchEvents(pb.WatchEventsRequest(after_sequence=0), timeout=3)
-        out = []
-        try:
-            for event in stream:
-                out.append(event)
-        except grpc.RpcError as err:
-            if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise
+        """The daemon's events, replayed from the first up to the last one its store
+        holds when called (the stream is cancelled there: no fixed wait)."""
+        [(last,)] = self.store_rows("SELECT max(sequence) FROM events")
+        out: list[Any] = []
+        if not last:
+            return out
+        stream = self.stub().WatchEvents(pb.WatchEventsRequest(after_sequence=0), timeout=60)
+        for event in stream:
+            out.append(event)
+            if event.sequence >= last:
+                stream.cancel()
+                break
         return out
 
 
@@ -731,7 +735,15 @@ def test_a_frozen_broker_fails_no_server(cluster: Cluster) -> None:
         assert cluster.submit(plane_job(f"f{i}"))["decision"]["admitted"] is True
     broker = cluster.broker.proc
     assert broker is not None
-    time.sleep(2 * HEARTBEAT_TIMEOUT)  # every server heard, the connection settled
+
+    def settled() -> bool:
+        """Every server heard by the daemon (so watched), and a job running."""
+        rows = cluster.store_rows("SELECT value FROM meta WHERE key = 'plane'")
+        heard = sorted(json.loads(rows[0][0]).get("heard", [])) if rows else []
+        states = {cluster.job(j).state for j in ("f0", "f1", "f2")}
+        return heard == sorted(SERVERS) and pb.JOB_STATE_RUNNING in states
+
+    wait_for("every server heard and a job running", settled)
     os.kill(broker.pid, signal.SIGSTOP)
     try:
         time.sleep(4 * HEARTBEAT_TIMEOUT)
