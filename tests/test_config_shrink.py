@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 import pytest
+import sqlalchemy
 
 from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
@@ -39,15 +40,30 @@ def _plan(job: Any, from_slot: int) -> list[tuple[int, str, int, int]]:
     )
 
 
-def _events(stub: pb_grpc.AdmissionStub) -> list[Any]:
-    out = []
-    stream = stub.WatchEvents(pb.WatchEventsRequest(after_sequence=0), timeout=3)
-    try:
-        out.extend(stream)
-    except grpc.RpcError as err:
-        if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-            raise
+def _events(stub: pb_grpc.AdmissionStub, store_url: str) -> list[Any]:
+    """The daemon's events, replayed from the first up to the last one the store at
+    ``store_url`` holds when called (the stream is cancelled there: no fixed wait)."""
+    last = _last_stored_event(store_url)
+    out: list[Any] = []
+    if last == 0:
+        return out
+    stream = stub.WatchEvents(pb.WatchEventsRequest(after_sequence=0), timeout=60)
+    for event in stream:
+        out.append(event)
+        if event.sequence >= last:
+            stream.cancel()
+            break
     return out
+
+
+def _last_stored_event(store_url: str) -> int:
+    engine = sqlalchemy.create_engine(store_url)
+    try:
+        with engine.connect() as conn:
+            last = conn.execute(sqlalchemy.text("SELECT max(sequence) FROM events")).scalar()
+    finally:
+        engine.dispose()
+    return int(last or 0)
 
 
 def decided(config: Path, log: Path, n: int) -> dict[str, Any]:
@@ -64,10 +80,13 @@ def decided(config: Path, log: Path, n: int) -> dict[str, Any]:
         assert daemon.stop() == 0, log.read_text()
 
 
-def read_back(address: str) -> tuple[dict[str, Any], int, dict[str, dict[str, Any]]]:
+def read_back(
+    address: str, store_url: str
+) -> tuple[dict[str, Any], int, dict[str, dict[str, Any]]]:
     """What a restarted daemon at ``address`` holds: its jobs by id, its current slot
     (every plan from it on checked within capacity) and the detail of each job's last
-    ``replanned`` or ``failed`` event."""
+    ``replanned`` or ``failed`` event (read up to the last event its store at
+    ``store_url`` holds)."""
     with grpc.insecure_channel(address) as channel:
         stub = pb_grpc.AdmissionStub(channel)
         cluster = pb_grpc.ClusterStub(channel)
@@ -76,7 +95,7 @@ def read_back(address: str) -> tuple[dict[str, Any], int, dict[str, dict[str, An
         _within_capacity(cluster, jobs, now)
         events = {
             e.job_id: json.loads(e.detail)
-            for e in _events(stub)
+            for e in _events(stub, store_url)
             if e.kind in ("replanned", "failed")
         }
     return jobs, now, events
@@ -112,7 +131,7 @@ def test_a_shrunk_config_starts_and_refits_the_jobs_that_no_longer_fit(
 
     daemon = Daemon(config, log).start()  # before the fix: a CapacityError/LedgerError
     try:
-        after, now, refits = read_back(daemon.address)
+        after, now, refits = read_back(daemon.address, store_url)
     finally:
         assert daemon.stop() == 0, log.read_text()
 

@@ -115,7 +115,7 @@ def _restart(store: Store, tmp_path: Path, edit: Callable[[str], str] = str) -> 
     log = tmp_path / "restarted.log"
     daemon = Daemon(config, log).start()
     try:
-        jobs, now, events = read_back(daemon.address)
+        jobs, now, events = read_back(daemon.address, store.url)
         with grpc.insecure_channel(daemon.address) as channel:
             servers = (
                 pb_grpc.ClusterStub(channel)
@@ -651,7 +651,7 @@ def test_a_sequence_edited_out_of_range_stops_no_submission(store: Store, tmp_pa
                 path.write_text(json.dumps({**spec, "id": name}))
                 out = oasis("submit", str(path), "--json", server=daemon.address, check=False)
                 assert out.returncode in (0, 3), out.stderr
-            jobs, _, _ = read_back(daemon.address)
+            jobs, _, _ = read_back(daemon.address, store.url)
         finally:
             assert daemon.stop() == 0, (tmp_path / "oasisd.log").read_text()
     assert {"new-1", "new-2", "new-3", "j1", "j3"} <= set(jobs)
