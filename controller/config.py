@@ -219,6 +219,16 @@ _LEVELS = {"debug", "info", "warning", "error"}
 _MAX_STORE_TIMEOUT = 3600.0
 
 
+def _optional_table(data: Mapping[str, Any], key: str, hint: str) -> Mapping[str, Any]:
+    """The table ``[key]`` of ``data`` ({} if absent); ConfigError if it is there but
+    empty, saying ``hint``: its header uncommented and its keys not (the example config's
+    ``# [tls]``) read as no table, and the daemon went on without it and said nothing."""
+    given = fields.optional_mapping(data, key, "")
+    if key in data and not given:
+        raise ConfigError(f"{key}: the table is empty: {hint}")
+    return given
+
+
 def from_dict(
     data: Mapping[str, Any],
     source: str = "<dict>",
@@ -282,12 +292,10 @@ def from_dict(
         insecure_remote = daemon.get("allow_insecure_remote", False)
         if not isinstance(insecure_remote, bool):
             raise ConfigError("daemon.allow_insecure_remote: must be true or false")
-        tls_given = fields.optional_mapping(data, "tls", "")
-        if "tls" in data and not tls_given:  # its header uncommented, its keys not
-            raise ConfigError(
-                "tls: the table is empty: give cert and key (and client_ca for mutual "
-                "TLS), or leave [tls] out to serve plaintext on loopback"
-            )
+        tls_given = _optional_table(
+            data, "tls", "give cert and key (and client_ca for mutual TLS), or leave [tls] "
+            "out to serve plaintext on loopback",
+        )  # fmt: skip
         tls_raw = rebased(tls_given, ("cert", "key", "client_ca"), base)
         tls = tls_from_dict(tls_raw)
         check_exposure(listen, tls, insecure_remote)
@@ -335,12 +343,10 @@ def from_dict(
                 + (" (if its tenant was removed, remove its cap too)" if tokens is not None
                    else " (there is no [auth])"),
             )  # fmt: skip
-        mqtt_given = fields.optional_mapping(data, "mqtt", "")
-        if "mqtt" in data and not mqtt_given:  # its header uncommented, its keys not
-            raise ConfigError(
-                "mqtt: the table is empty: give the broker's url (e.g. "
-                '"mqtt://127.0.0.1:1883"), or leave [mqtt] out to run without a broker'
-            )
+        mqtt_given = _optional_table(
+            data, "mqtt", 'give the broker\'s url (e.g. "mqtt://127.0.0.1:1883"), or leave '
+            "[mqtt] out to run without a broker",
+        )  # fmt: skip
         mqtt = mqtt_from_dict(rebased(mqtt_given, ("tls_ca",), base))
         if mqtt is not None:
             check_server_names(name for _kind, _i, name, _cap in cluster.servers())

@@ -346,35 +346,28 @@ def test_a_file_without_a_cluster_is_told_the_demos_is_not_its_default(tmp_path:
     )
 
 
-def test_an_empty_tls_table_is_refused_not_read_as_plaintext(tmp_path: Path) -> None:
-    """The example config's ``# [tls]`` with its header uncommented and its keys not: the
-    daemon served plaintext and said nothing (an empty table read as no table), and an
-    address off loopback was then refused as "[tls] is not configured" beside a [tls]."""
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ("tls", "tls: the table is empty: give cert and key (and client_ca for mutual TLS), "
+                "or leave [tls] out to serve plaintext on loopback"),
+        ("mqtt", 'mqtt: the table is empty: give the broker\'s url (e.g. '
+                 '"mqtt://127.0.0.1:1883"), or leave [mqtt] out to run without a broker'),
+    ],
+)  # fmt: skip
+def test_an_empty_table_is_refused_not_read_as_none(
+    tmp_path: Path, table: str, message: str
+) -> None:
+    """The example config's ``# [tls]`` or ``# [mqtt]`` with its header uncommented and
+    its keys not: an empty table read as no table, so the daemon served plaintext (and
+    an address off loopback was then refused as "[tls] is not configured" beside a
+    [tls]), or ran without a broker and no plan reached an agent, and said nothing. As
+    an empty ``[auth]``, it is refused."""
     path = example_config(tmp_path)
     text = path.read_text()
-    path.write_text(text.replace("# [tls]\n", "[tls]\n", 1))
+    path.write_text(text.replace(f"# [{table}]\n", f"[{table}]\n", 1))
     with pytest.raises(ConfigError) as err:
         load(path)
-    assert str(err.value) == (
-        "tls: the table is empty: give cert and key (and client_ca for mutual TLS), or "
-        "leave [tls] out to serve plaintext on loopback"
-    )
+    assert str(err.value) == message
     path.write_text(text)
-    assert load(path).tls is None  # no table: plaintext, on loopback
-
-
-def test_an_empty_mqtt_table_is_refused_not_read_as_no_broker(tmp_path: Path) -> None:
-    """The example's ``# [mqtt]`` with its header uncommented and its keys not: the daemon
-    ran without a broker and said nothing, and no plan reached an agent (as ``[auth]``
-    and ``[tls]``, an empty table is refused)."""
-    path = example_config(tmp_path)
-    text = path.read_text()
-    path.write_text(text.replace("# [mqtt]\n", "[mqtt]\n", 1))
-    with pytest.raises(ConfigError) as err:
-        load(path)
-    assert str(err.value) == (
-        'mqtt: the table is empty: give the broker\'s url (e.g. "mqtt://127.0.0.1:1883"), '
-        "or leave [mqtt] out to run without a broker"
-    )
-    path.write_text(text)
-    assert load(path).mqtt is None  # no table: no broker
+    assert getattr(load(path), table) is None  # no table: plaintext on loopback, no broker
