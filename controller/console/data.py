@@ -127,12 +127,13 @@ class ConsoleData:
             return None
         return execution.agent_ages(), execution.mqtt.heartbeat_timeout
 
-    def _unheard(self, states: dict[str, str]) -> dict[str, Any] | None:
+    def _unheard(
+        self, states: dict[str, str], agents: tuple[dict[str, float], float] | None
+    ) -> dict[str, Any] | None:
         """The servers up whose agent was never heard or is silent past the heartbeat
-        timeout (:func:`~controller.commands.records.is_unheard`, as ``oasis status``):
-        how many, the first :data:`UNHEARD_NAMED` in listing order, and ``oasis
-        status``'s line; None: no agents watched."""
-        agents = self._agents()
+        timeout (:func:`~controller.commands.records.is_unheard`, as ``oasis status``),
+        from ``agents`` (:meth:`_agents`): how many, the first :data:`UNHEARD_NAMED` in
+        listing order, and ``oasis status``'s line; None: no agents watched."""
         if agents is None:
             return None
         ages, timeout = agents
@@ -198,7 +199,7 @@ class ConsoleData:
             return out
         states, cordons = await self.c.read(lambda: (self.c.server_states(), self.c.cordons()))
         out["out_of_service"] = {name: state for name, state in states.items() if state != "up"}
-        out["agents_unheard"] = self._unheard(states)
+        out["agents_unheard"] = self._unheard(states, self._agents())
         times = self.c.slots.times
         out["cordoned_until"] = {  # a cordon with an end: the last slot out, and when back
             name: {"last_slot": c.until - 1, "back_at": format_time(times.start(c.until))}
@@ -289,7 +290,7 @@ class ConsoleData:
             "pages": pages,
             "servers_total": len(listing),
             "agents_watched": agents is not None,
-            "agents_unheard": self._unheard(states),
+            "agents_unheard": self._unheard(states, agents),
             "servers": rows,
         }
 
