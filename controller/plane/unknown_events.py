@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 
-__all__ = ["MAX_QUEUED", "MAX_REMEMBERED", "UnknownJobEvents"]
+__all__ = ["MAX_QUEUED", "MAX_REMEMBERED", "UnknownJobEvents", "crowding"]
 
 MAX_QUEUED = 1000
 """Unknown jobs waiting for their retained event to be cleared, at most, over all
@@ -51,6 +51,16 @@ are forgotten all at once (a clear again costs one empty message)."""
 def _most(held: Mapping[str, str]) -> tuple[str, int]:
     """The server that holds the most of ``held`` (job -> server), and how many."""
     return Counter(held.values()).most_common(1)[0]
+
+
+def crowding(counts: Counter[str], server: str) -> str | None:
+    """The server that gives up its newest id so that ``server`` may add one to a full
+    queue (``counts``: ids held per server): the one that holds the most, if it holds
+    more than ``server`` will with one more; None: ``server`` waits. The fairness rule
+    of the unknown ids' queues here and in :mod:`controller.plane.unknown_jobs`: one
+    agent's flood pushes out only its own server's ids."""
+    most, count = counts.most_common(1)[0]
+    return most if count > counts[server] + 1 else None
 
 
 class UnknownJobEvents:
@@ -82,8 +92,8 @@ class UnknownJobEvents:
     def _make_room(self, server: str) -> bool:
         """Unqueue the newest job of the server that queued the most, if it queued more
         than ``server`` will with one more; ``True`` if one went."""
-        most, count = _most(self._queued)
-        if count <= sum(1 for s in self._queued.values() if s == server) + 1:
+        most = crowding(Counter(self._queued.values()), server)
+        if most is None:
             return False
         del self._queued[next(j for j in reversed(self._queued) if self._queued[j] == most)]
         return True

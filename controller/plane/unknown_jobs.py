@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from controller.plane.unknown_events import crowding
 from controller.store import JobRow
 
 __all__ = [
@@ -86,22 +87,20 @@ class UnknownLookups:
                 continue
             if len(mine) >= MAX_WAITING_PER_SERVER:
                 break
-            if self._count >= MAX_WAITING and not self._make_room(len(mine)):
+            if self._count >= MAX_WAITING and not self._make_room(server):
                 break
             mine[job] = None
             self._count += 1
         if not mine:
             del self._waiting[server]
 
-    def _make_room(self, held: int) -> bool:
-        """Drop the newest id of the server that holds the most, if it holds more than
-        ``held`` + 1 (what the server adding one would hold); ``True`` if one went."""
-        counts = Counter({server: len(ids) for server, ids in self._waiting.items()})
-        most, count = counts.most_common(1)[0]
-        if count <= held + 1:
+    def _make_room(self, server: str) -> bool:
+        """Drop the newest id of the server :func:`~.unknown_events.crowding` names for
+        ``server`` to add one; ``True`` if one went."""
+        most = crowding(Counter({s: len(ids) for s, ids in self._waiting.items()}), server)
+        if most is None:
             return False
-        ids = self._waiting[most]
-        ids.popitem()
+        self._waiting[most].popitem()
         self._count -= 1
         return True
 
