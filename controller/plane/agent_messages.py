@@ -196,10 +196,7 @@ class Progress:
 
 def _session(value: Any, field: str) -> str:
     """An agent's session id: text of at most :data:`MAX_SESSION_CHARS` characters."""
-    session = fields.text(value, field)
-    if len(session) > MAX_SESSION_CHARS:
-        raise SpecError.one(field, f"{len(session)} characters, over {MAX_SESSION_CHARS}")
-    return session
+    return _short(value, field, MAX_SESSION_CHARS, f"over {MAX_SESSION_CHARS}")
 
 
 def _job(value: Any, field: str) -> str:
@@ -207,12 +204,17 @@ def _job(value: Any, field: str) -> str:
     characters, as long as a job's key can be (submitter, ``:``, id). Its characters are
     not checked: a job stored before ids were is still planned, and reported, under its
     own."""
-    job = fields.text(value, field)
-    if len(job) > fields.MAX_JOB_KEY_CHARS:
-        raise SpecError.one(
-            field, f"{len(job)} characters, longer than any job's ({fields.MAX_JOB_KEY_CHARS})"
-        )
-    return job
+    limit = fields.MAX_JOB_KEY_CHARS
+    return _short(value, field, limit, f"longer than any job's ({limit})")
+
+
+def _short(value: Any, field: str, limit: int, beyond: str) -> str:
+    """Text of at most ``limit`` characters (the strings the daemon keeps after the
+    message: the module docstring); SpecError saying ``N characters, {beyond}``."""
+    text = fields.text(value, field)
+    if len(text) > limit:
+        raise SpecError.one(field, f"{len(text)} characters, {beyond}")
+    return text
 
 
 def _count(value: Any, field: str) -> float:
