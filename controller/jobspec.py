@@ -20,7 +20,13 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from controller.clock import SlotTimes
-from pricing.durations import format_duration, format_time, parse_duration, parse_time
+from pricing.durations import (
+    format_duration,
+    format_time,
+    parse_duration,
+    parse_time,
+    slots_in_time,
+)
 from pricing.errors import Problem, SpecError
 from pricing.fields import DuplicateKeyError, show, unique_object
 from pricing.utility import WHEN_KEYS
@@ -271,11 +277,6 @@ def spec_differences(
     ]
 
 
-def _slots(n: int, slot_seconds: float) -> str:
-    """``3 slots (3h)``."""
-    return f"{n} slot{'' if n == 1 else 's'} ({format_duration(n * slot_seconds)})"
-
-
 def check_worth(
     spec: Mapping[str, Any],
     *,
@@ -337,16 +338,16 @@ def check_job_worth(
     d_min = job.min_slots
     if float(job.utility.log_values(d_min)) > -math.inf:
         return
-    need = _slots(d_min, slot_seconds)
+    need = slots_in_time(d_min, slot_seconds)
     raw = spec.get("utility")
     due = getattr(job.utility, "deadline", None)
     if isinstance(raw, Mapping) and raw.get("kind") == "deadline" and due is not None:
         if due > 0:
-            left = _slots(max(0, math.floor(due + 1e-9)), slot_seconds)
+            left = slots_in_time(max(0, math.floor(due + 1e-9)), slot_seconds)
             where = f"leaves {left} after the job's arrival, but it needs"
         else:  # a time at or before the arrival ({"slot": S}): a mistyped date, likely
             early = math.ceil(-due - 1e-9)
-            when = f"is {_slots(early, slot_seconds)} before" if early else "is at"
+            when = f"is {slots_in_time(early, slot_seconds)} before" if early else "is at"
             where = f"{when} the job's arrival (is the date right?), but the job needs"
         raise SpecError([
             Problem(f"{field}.utility.deadline",

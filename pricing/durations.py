@@ -18,6 +18,7 @@ __all__ = [
     "format_time",
     "parse_duration",
     "parse_time",
+    "slots_in_time",
 ]
 
 _UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
@@ -98,6 +99,12 @@ def format_duration(seconds: float) -> str:
             parts.append(f"{n}{unit}")
             rest = max(0.0, rest - n * size)
     return sign + "".join(parts)
+
+
+def slots_in_time(n: int, slot_seconds: float) -> str:
+    """``151 slots (6d7h)``: ``n`` slots, and the time they take (slots of
+    ``slot_seconds``), for a user's messages."""
+    return f"{n} slot{'' if n == 1 else 's'} ({format_duration(n * slot_seconds)})"
 
 
 def format_time(unix: float) -> str:

@@ -13,7 +13,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from pricing import fields
 from pricing.cluster import BANDWIDTH, Cluster, Kind
-from pricing.durations import format_duration, parse_duration
+from pricing.durations import parse_duration, slots_in_time
 from pricing.errors import Problem, SpecError
 from pricing.utility import Utility, utility_from_dict
 
@@ -408,11 +408,6 @@ def _empty_room(cluster: Cluster, kind: Kind, demand: NDArray[np.float64]) -> tu
     return found
 
 
-def _slots(n: int, slot_seconds: float) -> str:
-    """``151 slots (6d7h)``: slots, and the time they take."""
-    return f"{n} slot{'' if n == 1 else 's'} ({format_duration(n * slot_seconds)})"
-
-
 def work_in_words(job: Job, slot_seconds: float) -> str:
     """How the job's work W came to be, in the user's terms: its mini-batches, each
     one's compute and gradient transfer in seconds, and the worker-slots rounded up. A
@@ -440,10 +435,10 @@ def _check_fits_in_time(
     per_slot = max_workers_per_slot(job, cluster)
     slots = -(-job.work // per_slot)
     if slots > available:
-        left = _slots(available, slot_seconds).replace(" slots", "", 1)
+        left = slots_in_time(available, slot_seconds).replace(" slots", "", 1)
         raise SpecError([
             Problem(field, f"work of {job.work} worker-slots needs at least "
-                    f"{_slots(slots, slot_seconds)} even on an empty cluster (at most "
+                    f"{slots_in_time(slots, slot_seconds)} even on an empty cluster (at most "
                     f"{per_slot} workers per slot), but only {left} remain before the "
                     "horizon"),
             Problem(f"{field}.work", work_in_words(job, slot_seconds)),
