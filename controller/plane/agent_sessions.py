@@ -20,8 +20,7 @@ store (:meth:`AgentSessions.fell_silent`). ``/metrics`` reads the counts
 
 from __future__ import annotations
 
-import collections
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -101,7 +100,7 @@ class AgentSessions:
         self.devices_short: dict[str, int] = {}  # server -> its workers short of devices
         self._clock_off: set[str] = set()  # servers whose clock is off, not yet back
         self._clock_said_off: set[str] = set()  # ... as the latest clock line said
-        self._clock_lines: dict[str, collections.deque[float]] = {}  # server -> their times
+        self._clock_lines: dict[str, deque[float]] = {}  # server -> their times
         self._clock_crossings: dict[str, int] = {}  # server -> crossings since its line
 
     def restore_ignored(self, stored: Any) -> None:
@@ -263,7 +262,7 @@ class AgentSessions:
             self._clock_crossings[server] = self._clock_crossings.get(server, 0) + 1
         if off == (server in self._clock_said_off):
             return  # said already (or in step from the start)
-        lines = self._clock_lines.setdefault(server, collections.deque())
+        lines = self._clock_lines.setdefault(server, deque())
         now = self.monotonic()
         while lines and now - lines[0] >= CLOCK_LINES_SECONDS:
             lines.popleft()
