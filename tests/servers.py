@@ -338,3 +338,32 @@ def oasis(*args: str, server: str = "", check: bool = True) -> subprocess.Comple
     if check and proc.returncode != 0:
         raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def newest_event(store_url: str) -> int:
+    """The number of the newest event the store at ``store_url`` holds (0: none)."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(store_url)
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(text("SELECT max(sequence) FROM events")).scalar() or 0)
+    finally:
+        engine.dispose()
+
+
+def events_through(stub: Any, last: int) -> list[Any]:
+    """A daemon's events (``stub``: its AdmissionStub), replayed from the first up to
+    event ``last`` (the stream is cancelled there: no fixed wait; 60 s at most)."""
+    from controller.rpc import oasis_pb2 as pb
+
+    out: list[Any] = []
+    if not last:
+        return out
+    stream = stub.WatchEvents(pb.WatchEventsRequest(after_sequence=0), timeout=60)
+    for event in stream:
+        out.append(event)
+        if event.sequence >= last:
+            stream.cancel()
+            break
+    return out

@@ -11,12 +11,11 @@ from typing import Any
 
 import grpc
 import pytest
-import sqlalchemy
 
 from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
-from tests.servers import Daemon, write_config
+from tests.servers import Daemon, events_through, newest_event, write_config
 from tests.test_daemon_e2e import contending_jobs
 
 W2 = '  {name="w2", kind="worker", capacity={gpu=8, cpu=64, mem=488, disk=500, bandwidth=40}},\n'
@@ -38,32 +37,6 @@ def _plan(job: Any, from_slot: int) -> list[tuple[int, str, int, int]]:
     return sorted(
         (a.slot, a.server, a.workers, a.ps) for a in job.decision.allocations if a.slot >= from_slot
     )
-
-
-def _events(stub: pb_grpc.AdmissionStub, store_url: str) -> list[Any]:
-    """The daemon's events, replayed from the first up to the last one the store at
-    ``store_url`` holds when called (the stream is cancelled there: no fixed wait)."""
-    last = _last_stored_event(store_url)
-    out: list[Any] = []
-    if last == 0:
-        return out
-    stream = stub.WatchEvents(pb.WatchEventsRequest(after_sequence=0), timeout=60)
-    for event in stream:
-        out.append(event)
-        if event.sequence >= last:
-            stream.cancel()
-            break
-    return out
-
-
-def _last_stored_event(store_url: str) -> int:
-    engine = sqlalchemy.create_engine(store_url)
-    try:
-        with engine.connect() as conn:
-            last = conn.execute(sqlalchemy.text("SELECT max(sequence) FROM events")).scalar()
-    finally:
-        engine.dispose()
-    return int(last or 0)
 
 
 def decided(config: Path, log: Path, n: int) -> dict[str, Any]:
@@ -95,7 +68,7 @@ def read_back(
         _within_capacity(cluster, jobs, now)
         events = {
             e.job_id: json.loads(e.detail)
-            for e in _events(stub, store_url)
+            for e in events_through(stub, newest_event(store_url))
             if e.kind in ("replanned", "failed")
         }
     return jobs, now, events

@@ -33,7 +33,7 @@ from controller.plane.topics import Heartbeat, Plan, Topics
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from tests.broker import Mosquitto, mosquitto_binary
-from tests.servers import ROOT, Daemon, json_log, oasis, write_config
+from tests.servers import ROOT, Daemon, events_through, json_log, oasis, write_config
 
 SLOT = 6.0
 WINDOW = 24  # the daemon's window (tests/servers.py): its ledger holds slots s .. s + WINDOW
@@ -153,16 +153,7 @@ class PlaneHarness:
         """The daemon's events, replayed from the first up to the last one its store
         holds when called (the stream is cancelled there: no fixed wait)."""
         [(last,)] = self.store_rows("SELECT max(sequence) FROM events")
-        out: list[Any] = []
-        if not last:
-            return out
-        stream = self.stub().WatchEvents(pb.WatchEventsRequest(after_sequence=0), timeout=60)
-        for event in stream:
-            out.append(event)
-            if event.sequence >= last:
-                stream.cancel()
-                break
-        return out
+        return events_through(self.stub(), last)
 
 
 class Cluster(PlaneHarness):

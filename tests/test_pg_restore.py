@@ -39,7 +39,7 @@ from bench.load_test import check_ledger, read_store, store_use
 from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
-from tests.servers import Postgres, json_log, oasis, postgres_or_skip
+from tests.servers import Postgres, json_log, newest_event, oasis, postgres_or_skip
 
 WAIT_SECONDS = 60.0
 """The longest a wait for a daemon to catch up may take before the test fails."""
@@ -63,17 +63,6 @@ def _applied(node: Node) -> int:
     status = json.loads(oasis("status", "--json", server=node.address).stdout)
     (mine,) = status["nodes"]
     return int(mine["applied_sequence"])
-
-
-def _newest_event(url: str) -> int:
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(url)
-    try:
-        with engine.connect() as conn:
-            return int(conn.execute(text("SELECT max(sequence) FROM events")).scalar() or 0)
-    finally:
-        engine.dispose()
 
 
 def _wait_applied(node: Node, sequence: int) -> None:
@@ -116,7 +105,7 @@ def test_a_restore_under_a_running_leader_and_standby(server: Postgres, tmp_path
         admitted = [f"after-{i}" for i, r in zip(range(4, 8), lost, strict=True)
                     if r.job.state == pb.JOB_STATE_ADMITTED]  # fmt: skip
         assert admitted, "the workload admits none of the jobs the restore loses"
-        _wait_applied(standby, _newest_event(url))
+        _wait_applied(standby, newest_event(url))
         standby.signal(signal.SIGSTOP)
         try:
             _restore(server, database, dump)
@@ -127,7 +116,7 @@ def test_a_restore_under_a_running_leader_and_standby(server: Postgres, tmp_path
                 _submit(leader, {**specs[i], "id": f"later-{i}"})
         finally:
             standby.signal(signal.SIGCONT)
-        newest = _newest_event(url)
+        newest = newest_event(url)
         _wait_applied(standby, newest)
         use = store_use(read_store(url))
         assert check_ledger(leader.address, use, servers) == []
@@ -186,7 +175,7 @@ def test_a_restore_older_than_a_failover(server: Postgres, tmp_path: Path) -> No
             assert out.returncode in (0, 3), out.stderr  # admitted or not: decided
         leader = group.wait_leader()
         assert _leader_epoch(leader) > led  # no epoch led in twice
-        newest = _newest_event(url)
+        newest = newest_event(url)
         use = store_use(read_store(url))
         for node in group.nodes:
             _wait_applied(node, newest)
