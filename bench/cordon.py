@@ -13,10 +13,11 @@ What is measured
     Reported: the jobs moved by how, and each step's wall time. With ``--for SLOTS`` the
     cordon has an end (a planned maintenance, ``oasis cordon --for``): it blocks slots
     ``1 .. SLOTS`` only, and only the jobs planned there move. With ``--tiny`` every job
-    is made one worker (``chunks = 1``) with a demand of 0.001 of each resource and 9
-    slots of work:
-    one tenant's many small jobs, thousands of them on one server (the observability
-    audit: such a cordon held every tenant's calls for 4 minutes).
+    is made one worker (``chunks = 1``) with 9 slots of work, its worker the least of
+    one resource a worker may ask (:mod:`bench.tiny_workers`; 0.001 of each resource
+    before that rule) and its PS 0.001 of cpu and mem: one tenant's many small jobs, up to
+    about 1,020 on one server (thousands before the rule; the observability audit: such
+    a cordon held every tenant's calls for 4 minutes).
     With ``--together N`` the N busiest worker servers are cordoned in one step
     (``oasis cordon A B ...``), dry run and real, and, on a second controller holding
     the same jobs, one server a step in the same order: the moves each way, and how many
@@ -44,10 +45,12 @@ import numpy as np
 import structlog
 
 from bench.machine import describe
+from bench.tiny_workers import tiny_ps, tiny_worker
 from controller.admission import AdmissionController
 from controller.clock import FakeClock, SlotClock
 from controller.config import from_dict
 from controller.store import Database
+from pricing.cluster import cluster_from_dict
 from pricing.workload import generate_trace
 
 SEED = 1
@@ -66,10 +69,11 @@ def measure(
         return measure_together(servers, window, jobs, data_dir, length, together)
     trace = _trace(servers, window, jobs)
     if tiny:
-        for spec in trace["jobs"]:
+        cluster = cluster_from_dict(trace["resources"], trace["servers"])
+        for i, spec in enumerate(trace["jobs"]):
             spec.update(chunks=1, epochs=1, minibatches=40, tau=0.2, grad_mb=1)  # 9 slots
-            for side in ("worker", "ps"):
-                spec[side] = {r: 0.001 for r in spec[side]}
+            spec["worker"] = tiny_worker(cluster, i)
+            spec["ps"] = tiny_ps(spec["worker"])
     c = _controller(trace, window, data_dir)
     try:
         admitted = _submit_all(c, trace)

@@ -98,6 +98,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.plane.worker_room import worker_room_problem
 from pricing import fields
 from pricing.cluster import Cluster
 from pricing.errors import Problem, SpecError, check_all
@@ -268,11 +269,21 @@ class Limits:
         self, job: Job, cluster: Cluster, window: int, submitter: str | None = None
     ) -> None:
         """Raise JobTooLargeError naming each limit ``job`` (of ``submitter``) is over: its
-        utility, its size, or its search's budget."""
+        utility, its size, its search's budget, or more of its workers on one server
+        than a node agent runs (:mod:`controller.plane.worker_room`)."""
         check_all(
             lambda: self.check_utility(job, submitter),
             lambda: self.check_search(job, cluster, window),
+            lambda: self.check_worker_room(job, cluster),
         )
+
+    @staticmethod
+    def check_worker_room(job: Job, cluster: Cluster) -> None:
+        """Raise JobTooLargeError if more workers of ``job`` fit on one server than
+        :func:`controller.plane.worker_room.most_per_server` allows."""
+        problem = worker_room_problem(job, cluster)
+        if problem is not None:
+            raise JobTooLargeError([problem])
 
     def check_search(self, job: Job, cluster: Cluster, window: int) -> None:
         """Raise JobTooLargeError if a search for ``job`` over ``window`` slots is over

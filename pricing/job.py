@@ -27,6 +27,7 @@ __all__ = [
     "fits_nowhere",
     "job_from_dict",
     "max_workers_per_slot",
+    "most_on_one_server",
     "room",
     "work_in_words",
 ]
@@ -406,6 +407,12 @@ def _empty_room(cluster: Cluster, kind: Kind, demand: NDArray[np.float64]) -> tu
             rooms.clear()
         rooms[key] = found
     return found
+
+
+def most_on_one_server(cluster: Cluster, kind: Kind, demand: NDArray[np.float64]) -> int:
+    """The most units of ``demand`` (``(R,)``) that fit on one empty server of ``kind``
+    (0 without such servers); remembered per cluster and demand."""
+    return _empty_room(cluster, kind, demand)[0]
 
 
 def work_in_words(job: Job, slot_seconds: float) -> str:

@@ -284,6 +284,11 @@ def test_oversized_jobs_are_refused_with_the_limit(limited: Daemon, tmp_path: Pa
             job("wl", chunks=40, utility={"kind": "deadline", "value": 5, "deadline": 0.5}),
             "\n  job.chunks: 40 exceeds limits.max_job_chunks = 32",
         ),
+        (
+            job("tiny", worker={"cpu": 0.01, "bandwidth": 0.1}),  # 400 on w2 (40 Gbps)
+            "job.worker: 400 workers of this job fit on one server (w2), over the 203 one "
+            "job may put on a server: a node agent runs at most 1,024 worker commands",
+        ),
         (job("x" * 129), "job.id: must be 1-128 characters long, got 129"),
         (job("bad\tid"), "job.id: must be characters of A-Z a-z 0-9 . _ - only"),
         (
