@@ -373,6 +373,11 @@ def test_agents_follow_plans_report_progress_and_early_completion_releases_slots
     assert plan.devices == CAPACITY[worker_server]["gpu"]
     assert plan.current.tasks[0].devices == DEMAND["worker"]["gpu"]
     assert all(p.devices == 0 for s, p in cluster.plans().items() if s.startswith("p"))
+    # and the job's whole demand per worker (per PS on a PS server), for the launcher
+    assert plan.current.tasks[0].demand == DEMAND["worker"]
+    ps_tasks = [t for s, p in cluster.plans().items() if s.startswith("p")
+                for t in p.current.tasks if p.current.slot == first]  # fmt: skip
+    assert ps_tasks and all(t.demand == DEMAND["ps"] for t in ps_tasks)
 
     # six times faster than planned: done in about a slot; the rest is released
     done = wait_for(

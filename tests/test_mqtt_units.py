@@ -188,19 +188,24 @@ def test_agent_flag_errors_name_the_flag(
 
 
 def plan(
-    epoch: int, slot: int = 5, starts: float = 100.0, workers: int = 2, devices: int | None = None
+    epoch: int,
+    slot: int = 5,
+    starts: float = 100.0,
+    workers: int = 2,
+    devices: int | None = None,
+    demand: dict[str, float] | None = None,
 ) -> Plan:
-    task = Task("j1", workers, 0, 0.5, 40, devices=(devices or 0) / 4)
+    task = Task("j1", workers, 0, 0.5, 40, devices=(devices or 0) / 4, demand=demand or {})
     return Plan("w0", "worker", epoch, 10.0, 0.5, False,
                 SlotPlan(slot, starts, [task]), SlotPlan(slot + 1, starts + 10.0, []),
                 devices=devices)  # fmt: skip
 
 
 def test_payloads_round_trip_and_bad_ones_name_the_field() -> None:
-    p = plan(7, devices=4)
+    p = plan(7, devices=4, demand={"gpu": 1, "cpu": 4, "mem": 8.5})
     assert Plan.parse(p.to_bytes()) == p
     # the hand-built payload is asdict's, byte for byte (a whole plan's without its part;
-    # a window not said is left out as well)
+    # a window not said is left out as well; every task field given)
     assert p.to_bytes() == topics._dump(p, "part", "parts", "window")
     windowed = dataclasses.replace(p, window=24)
     assert windowed.to_bytes() == topics._dump(windowed, "part", "parts")

@@ -238,6 +238,7 @@ class Execution:
         """Read failed servers, progress of active jobs and the plan epoch from the store
         (blocking). Ended jobs' progress stays in the store (see :meth:`view_sync`)."""
         self.plans.check_devices()
+        self.plans.check_demand()
         now = self.link.now()
         with self.c.db.session() as session:
             failures = select(OutageRow).where(

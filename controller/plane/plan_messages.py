@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from controller.plane.codec import VERSION, _below, _run, decode
+from controller.plane.demand import Demand, parse_demand
 from controller.plane.devices import MAX_DEVICES
 from pricing import fields
 from pricing.errors import SpecError
@@ -73,6 +74,10 @@ class Task:
         devices: devices (GPUs) one of its workers needs (one of its PS on a PS
             server), whole or a fraction; 0: none, or not said (an older daemon). Left
             out of the payload when 0.
+        demand: the job's demand of one of its workers (one of its PS on a PS server),
+            every resource with a nonzero amount, in the cluster's units:
+            ``{"cpu": 4, "mem": 8}`` (:mod:`controller.plane.demand`); empty: not said
+            (an older daemon), left out of the payload. Never changed once built.
     """
 
     job: str
@@ -82,6 +87,7 @@ class Task:
     minibatches: int
     run: str = ""
     devices: float = 0.0
+    demand: Demand = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -121,6 +127,7 @@ class SlotPlan:
                     ),
                     run=_run(tm.get("run", ""), f"{tw}.run"),
                     devices=_devices_demand(tm.get("devices", 0), f"{tw}.devices"),
+                    demand=parse_demand(tm["demand"], f"{tw}.demand") if "demand" in tm else {},
                 )
             )
         return cls(
@@ -137,12 +144,14 @@ def _slot_dict(plan: SlotPlan) -> dict[str, Any]:
 
 
 def _task_dict(t: Task) -> dict[str, Any]:
-    """``asdict(t)``, by hand (``devices`` only when not 0)."""
+    """``asdict(t)``, by hand (``devices`` only when not 0, ``demand`` when not empty)."""
     out = {"job": t.job, "workers": t.workers, "ps": t.ps,
            "minibatch_seconds": t.minibatch_seconds, "minibatches": t.minibatches,
            "run": t.run}  # fmt: skip
     if t.devices:
         out["devices"] = t.devices
+    if t.demand:
+        out["demand"] = t.demand
     return out
 
 

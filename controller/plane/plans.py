@@ -1,5 +1,6 @@
 """The plans the daemon publishes to the node agents: each server's tasks for the current
-and the next slot, with its device (GPU) count, computed from the store (the source of
+and the next slot (each with its job's demand per worker, or per PS), with its device
+(GPU) count, computed from the store (the source of
 truth) in a thread of its own, after every decision so far is committed (see
 :meth:`~controller.plane.execution.Execution.plans_begin`);
 and the epochs they go out under, moved above the agents' when they follow another
@@ -19,6 +20,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from controller.plane.demand import MAX_DEMAND_ENTRIES, NAME_CHARACTERS, Demand, carried, plain
 from controller.plane.devices import MAX_DEVICES
 from controller.plane.jobs import ACTIVE, Jobs
 from controller.plane.part import PlanePart
@@ -157,14 +159,21 @@ class PlanBuilder(PlanePart):
             .order_by(JobRow.sequence)
         ).all()  # fmt: skip
         device = self._device_resource()
+        resources = self._carried_resources()
+        demands: dict[tuple[str, str], Demand] = {}  # (job, kind) -> one tuple, shared
         for r in rows:
             job = self.jobs.get(r.job_id, session)
-            demand = 0.0
-            if device is not None:
-                per = job.worker if self.server_index[r.server][0] == "worker" else job.ps
-                demand = float(per[device])
+            kind = self.server_index[r.server][0]
+            per = job.worker if kind == "worker" else job.ps
+            devices = float(per[device]) if device is not None else 0.0
+            demand = demands.get((r.job_id, kind))
+            if demand is None:
+                demand = demands[(r.job_id, kind)] = {
+                    name: plain(float(per[i])) for i, name in resources if float(per[i]) > 0
+                }
             task = Task(r.job_id, r.workers, r.ps, job.minibatch_slots * self.slot_seconds,
-                        job.total_minibatches, run_of(r.decided_at), demand)  # fmt: skip
+                        job.total_minibatches, run_of(r.decided_at), devices,
+                        demand)  # fmt: skip
             tasks.setdefault((r.server, r.slot), []).append(task)
         epoch0 = self.c.slots.epoch
         plans: list[Plan] = []
@@ -210,6 +219,27 @@ class PlanBuilder(PlanePart):
                 "the fraction as a device of its own, which the workers placed on it share",
                 resource=name, servers=odd,
             )  # fmt: skip
+
+    def check_demand(self) -> None:
+        """Warn of the cluster's resources that plans do not carry in their tasks'
+        ``demand`` (:meth:`_carried_resources`): agents and worker commands are not told
+        a job's demand of them."""
+        left = [r for r in self.c.cluster.resources if not carried(r)]
+        kept = [r for r in self.c.cluster.resources if carried(r)]
+        left += kept[MAX_DEMAND_ENTRIES:]
+        if left:
+            self.log.warning(
+                "resources whose demand plans do not carry to the agents: a name must be "
+                f"of {NAME_CHARACTERS}, at most {MAX_DEMAND_ENTRIES} resources",
+                resources=left,
+            )  # fmt: skip
+
+    def _carried_resources(self) -> list[tuple[int, str]]:
+        """``[(index, name)]`` of the cluster's resources a task's ``demand`` carries:
+        those whose names :func:`~controller.plane.demand.carried` allows, the first
+        :data:`~controller.plane.demand.MAX_DEMAND_ENTRIES` of them."""
+        out = [(i, name) for i, name in enumerate(self.c.cluster.resources) if carried(name)]
+        return out[:MAX_DEMAND_ENTRIES]
 
     def _device_resource(self) -> int | None:
         """The index of ``[mqtt] device_resource`` among the cluster's resources; None if
