@@ -8,12 +8,21 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
+from controller.commands.agent import _memory_guard
+from controller.commands.common import InputError
 from controller.plane.demand import MAX_DEMAND_ENTRIES, demand_environment
+from controller.plane.memory_guard import MemoryGuard, parse_memory_resource
 from controller.plane.topics import Plan, SlotPlan, Task
 from pricing.errors import SpecError
+from tests.servers import ROOT
+from tests.test_agent_workers import agent_on, alive, run, steps
 
 
 def _plan(*tasks: Task) -> Plan:
@@ -68,3 +77,123 @@ def test_the_demand_variables_are_compact_json_and_one_per_resource() -> None:
     assert env["OASIS_DEMAND_CPU"] == "4" and env["OASIS_DEMAND_MEM"] == "8"
     assert env["OASIS_DEMAND_GPU_MEM_X"] == "0.25"
     assert demand_environment({}) == {}  # none said: no variable
+
+
+def test_each_worker_is_told_its_tasks_demand_and_one_without_it_nothing(
+    tmp_path: Path,
+) -> None:
+    """The launcher (``--command``) can enforce the demand only if it is told it."""
+    out = f"{tmp_path}/$OASIS_JOB"
+    command = f"env > {out}.tmp; mv {out}.tmp {out}; exec sleep 30"
+    plan = _plan(Task("a", 1, 0, 0.5, 40, demand={"cpu": 4, "mem": 8.5}), Task("b", 1, 0, 0.5, 40))
+    agent, _ = agent_on(command, plan)
+
+    def seen(job: str) -> dict[str, str]:
+        lines = (tmp_path / job).read_text().splitlines()
+        return dict(line.split("=", 1) for line in lines if "=" in line)
+
+    async def go() -> None:
+        await steps(agent, lambda: (tmp_path / "a").exists() and (tmp_path / "b").exists())
+        assert "OASIS_DEMAND" in seen("a")
+
+    run(agent, go)
+    a, b = seen("a"), seen("b")
+    assert a["OASIS_DEMAND"] == '{"cpu":4,"mem":8.5}'
+    assert a["OASIS_DEMAND_CPU"] == "4" and a["OASIS_DEMAND_MEM"] == "8.5"
+    assert not any(k.startswith("OASIS_DEMAND") for k in b)  # an older daemon's task
+
+
+# a worker that notes each start, holds OASIS_JOB's MiB resident, and sleeps
+_HOLDER = """
+import os, sys, time
+job = os.environ["OASIS_JOB"]
+with open(os.path.join(sys.argv[1], job + ".starts"), "a") as f:
+    f.write(str(os.getpid()) + "\\n")
+held = bytearray(b"x") * ({"hog": 300, "free": 150}.get(job, 1) << 20)
+print(1, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_worker_over_its_memory_demand_is_stopped_and_backed_off_and_others_run_on(
+    tmp_path: Path,
+) -> None:
+    """Before: nothing on the node knew the demand; the hog ran on until the OOM killer
+    took some tenant's worker. With ``--memory-resource mem=MiB``: its 300 MiB are over
+    50 MiB x 1.10 + 64 MiB, it is stopped within about a second's sample, logged, and
+    started again after the back-off (1 s, then 2 s); a worker within its demand, and
+    one whose task gives no memory demand, run on."""
+    from structlog.testing import capture_logs
+
+    script = tmp_path / "holder.py"
+    script.write_text(_HOLDER)
+    plan = _plan(
+        Task("hog", 1, 0, 0.5, 40, demand={"cpu": 1, "mem": 50}),
+        Task("ok", 1, 0, 0.5, 40, demand={"cpu": 1, "mem": 50}),
+        Task("free", 1, 0, 0.5, 40, demand={"cpu": 1}),
+    )
+    agent, _ = agent_on(f"exec {sys.executable} {script} {tmp_path}", plan,
+                        memory_guard=MemoryGuard("mem", "MiB"), stop_grace=1.0)  # fmt: skip
+    stopped: list[float] = []
+
+    def starts(job: str) -> list[int]:
+        path = tmp_path / f"{job}.starts"
+        return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+    async def go() -> None:
+        await steps(agent, lambda: all(starts(j) for j in ("hog", "ok", "free")))
+        begun = time.monotonic()
+        hog = agent.tasks["hog"].workers
+        await steps(agent, lambda: hog.failures.get(0) == 1)
+        stopped.append(time.monotonic() - begun)
+        await steps(agent, lambda: not alive(starts("hog")[0]))
+        assert agent.tasks["hog"].minibatches == 1  # its count kept
+        await steps(agent, lambda: hog.failures.get(0) == 2)  # started again, stopped again
+        stopped.append(time.monotonic() - begun)
+        assert hog.retry_at[0] - time.monotonic() > 1.5  # 2 s of back-off now
+        ok, free = (agent.tasks[j].workers for j in ("ok", "free"))
+        assert [w.proc.pid for w in ok.running] == starts("ok")  # never stopped
+        assert [w.proc.pid for w in free.running] == starts("free")
+        assert not ok.failures and not free.failures
+
+    with capture_logs() as logs:
+        run(agent, go)
+    assert stopped[0] < 4.0, stopped  # within a few seconds of its start
+    assert stopped[1] - stopped[0] >= 1.0, stopped  # not before its 1 s back-off
+    assert len(starts("hog")) == 2
+    over = [e for e in logs if e["event"] == "worker over its memory demand: stopped"]
+    assert len(over) == 2 and over[0]["log_level"] == "error", over
+    assert over[0]["job"] == "hog" and over[0]["worker"] == 0
+    assert over[0]["pid"] == starts("hog")[0] and over[0]["demand"] == 50
+    assert over[0]["rss_bytes"] > over[0]["limit_bytes"] == int(50 * (1 << 20) * 1.1) + (64 << 20)
+
+
+def test_without_the_guard_or_a_memory_demand_nothing_is_limited() -> None:
+    guard = MemoryGuard("mem", "GB")
+    assert guard.limit({"cpu": 4}) is None
+    assert guard.limit({"mem": 8}) == int(8e9 * 1.1) + (64 << 20)
+    assert parse_memory_resource("mem=gib") == MemoryGuard("mem", "GiB")
+
+
+@pytest.mark.parametrize(
+    ("flag", "command", "message"),
+    [
+        ("mem=XB", "sleep 1", "--memory-resource: unknown unit 'XB': one of B, KB, MB, GB"),
+        ("m em=GB", "sleep 1", "--memory-resource: 'm em' is no resource a plan carries"),
+        ("mem", "sleep 1", "--memory-resource: must be NAME=UNIT"),
+        ("mem=GB", None, "--memory-resource: needs --command"),
+    ],
+)
+def test_a_bad_memory_resource_flag_is_refused(
+    flag: str, command: str | None, message: str
+) -> None:
+    with pytest.raises(InputError, match="^" + re.escape(message)):
+        _memory_guard(flag, command)
+
+
+def test_the_agent_refuses_an_unknown_memory_unit_with_exit_2() -> None:
+    out = subprocess.run([sys.executable, "-m", "controller.cli", "agent", "--node", "w0",
+                          "--command", "sleep 1", "--memory-resource", "mem=GiGa"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert "--memory-resource: unknown unit 'GiGa'" in out.stderr

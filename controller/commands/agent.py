@@ -27,6 +27,7 @@ messages a second per agent (controller.plane.link), heartbeats included."""
 
 if TYPE_CHECKING:
     from controller.plane.agent import Agent
+    from controller.plane.memory_guard import MemoryGuard
     from controller.plane.settings import MqttConfig
 
 __all__ = ["broker_settings", "register", "run_agent"]
@@ -74,6 +75,11 @@ def register(sub: Any) -> None:
                    "GPU-... names); each worker gets its own in CUDA_VISIBLE_DEVICES "
                    "(default: the agent's own $CUDA_VISIBLE_DEVICES, else 0 .. n-1 of "
                    "the n the daemon's cluster gives the server)")  # fmt: skip
+    p.add_argument("--memory-resource", metavar="NAME=UNIT",
+                   help="stop a worker whose resident memory is over its job's demand of "
+                   "resource NAME, in UNIT (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB: that of "
+                   "the cluster's capacities), times 1.10 plus 64 MiB; it is started again "
+                   "after a back-off (e.g. mem=GB; default: no limit)")  # fmt: skip
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=_agent)
 
@@ -106,6 +112,7 @@ def _agent(args: argparse.Namespace) -> int:
         raise InputError(f"--stop-grace: must be a number of seconds from 0 to "
                          f"{MAX_STOP_GRACE:g}, got {args.stop_grace}")  # fmt: skip
     devices, devices_from = _device_ids(args.devices)
+    guard = _memory_guard(args.memory_resource, args.worker_command)
     try:  # before anything of the agent runs: it would stop the other's workers
         key = agent_key(mqtt.host, mqtt.port, mqtt.topic_prefix, args.node)
         held, unguarded = hold_server(key, mqtt.host, mqtt.port, mqtt.topic_prefix, args.node)
@@ -117,7 +124,7 @@ def _agent(args: argparse.Namespace) -> int:
     try:
         agent = Agent(args.node, mqtt, args.speed, args.worker_command or "", args.report_seconds,
                       stop_grace=args.stop_grace, adopt_orphans=True, devices=devices,
-                      devices_from=devices_from, key=key)  # fmt: skip
+                      devices_from=devices_from, key=key, memory_guard=guard)  # fmt: skip
     except ValueError as err:
         raise InputError(f"--node: {err}") from err
     try:
@@ -128,6 +135,23 @@ def _agent(args: argparse.Namespace) -> int:
         if held is not None:
             held.close()
     return EXIT_OK
+
+
+def _memory_guard(flag: str | None, command: str | None) -> MemoryGuard | None:
+    """The guard of ``--memory-resource`` (None without it); InputError naming the flag
+    for a unit not known, a name no plan carries, or no ``--command`` (the simulation
+    runs no process to guard)."""
+    from controller.plane.memory_guard import parse_memory_resource
+
+    if flag is None:
+        return None
+    if command is None:
+        raise InputError("--memory-resource: needs --command (the simulation runs no worker "
+                         "processes)")  # fmt: skip
+    try:
+        return parse_memory_resource(flag)
+    except ValueError as err:
+        raise InputError(f"--memory-resource: {err}") from err
 
 
 def _device_ids(flag: str | None) -> tuple[list[str] | None, str]:

@@ -21,8 +21,11 @@ Work is either simulated -- each worker finishes a mini-batch every
 ``minibatch_seconds / speed`` seconds (``--speed 2``: twice as fast as planned) -- or
 done by a command launched per worker (``--command``), which gets ``OASIS_JOB``,
 ``OASIS_SERVER``, ``OASIS_WORKER``, ``OASIS_MINIBATCH_SECONDS``, ``OASIS_AGENT`` and
-``OASIS_AGENT_KEY`` in its environment, and its own devices in ``CUDA_VISIBLE_DEVICES``
-and ``OASIS_DEVICES`` when its task needs any (:mod:`controller.plane.devices`), and
+``OASIS_AGENT_KEY`` in its environment, its own devices in ``CUDA_VISIBLE_DEVICES``
+and ``OASIS_DEVICES`` when its task needs any (:mod:`controller.plane.devices`), and its
+task's demand in ``OASIS_DEMAND`` and ``OASIS_DEMAND_<NAME>`` when the plan says it
+(:mod:`controller.plane.demand`; a guard may stop one over its memory demand:
+:mod:`controller.plane.memory_guard`), and
 prints its cumulative mini-batch count, one number per line, as it goes; it is stopped
 (SIGTERM, then SIGKILL after a grace) when its task leaves the plan, and started again
 after a back-off if it fails (:mod:`controller.plane.workers`).
@@ -51,6 +54,7 @@ from controller.plane.agent_messages import (
 )
 from controller.plane.client import LatestPerTopic, client_for
 from controller.plane.devices import Devices
+from controller.plane.memory_guard import MemoryGuard
 from controller.plane.one_agent import agent_key
 from controller.plane.plan_messages import Plan, PlanParts, SlotPlan
 from controller.plane.set_aside import SetAside
@@ -135,6 +139,8 @@ class Agent:
         devices_from: where ``devices`` came from, for warnings.
         key: this agent's place on the machine (:func:`~controller.plane.one_agent.
             agent_key`); None: computed from ``mqtt`` and ``server``.
+        memory_guard: stop the worker commands over their memory demand
+            (``--memory-resource``: :mod:`controller.plane.memory_guard`); None: none.
     """
 
     def __init__(
@@ -150,6 +156,7 @@ class Agent:
         devices: Sequence[str] | None = None,
         devices_from: str = "--devices",
         key: str | None = None,
+        memory_guard: MemoryGuard | None = None,
     ) -> None:
         if not (0 < speed < math.inf):
             raise ValueError(f"speed: must be a number > 0, got {speed}")
@@ -174,11 +181,14 @@ class Agent:
         self._ran_out = False  # the plan's last slot ended (logged once)
         self._late_by = 0.0  # seconds the plan followed had run out by when it came
         self._counted: int | None = None  # the devices the plan counts
+        self.memory_guard = memory_guard
+        self._unguarded_said = False  # plans whose demands lack the memory resource: said
         self.commands = (
             Commands(command, self.server, self.session, self._read_counts, self.log,
                      stop_grace, adopt_orphans, devices=Devices(devices, devices_from),
                      key=key if key is not None else agent_key(
-                         mqtt.host, mqtt.port, mqtt.topic_prefix, self.server))
+                         mqtt.host, mqtt.port, mqtt.topic_prefix, self.server),
+                     memory_guard=memory_guard)
             if command else None
         )  # fmt: skip
 
@@ -203,7 +213,21 @@ class Agent:
         self.plan = plan
         if self.commands is not None:
             self._size_devices(plan.devices)
+            self._check_guarded(plan)
         return True
+
+    def _check_guarded(self, plan: Plan) -> None:
+        """Say once that the plan's tasks carry demands without the memory guard's
+        resource (its name mistyped, or a cluster without it): no worker is limited."""
+        guard = self.memory_guard
+        if guard is None or self._unguarded_said:
+            return
+        tasks = [t for t in (*plan.current.tasks, *plan.next.tasks) if t.demand]
+        if tasks and all(guard.amount(t.demand) is None for t in tasks):
+            self._unguarded_said = True
+            self.log.warning("no task of the plan has a demand of the memory resource: "
+                             "its workers are not limited", resource=guard.resource,
+                             carried=sorted({n for t in tasks for n in t.demand}))  # fmt: skip
 
     def _size_devices(self, count: int | None) -> None:
         """The plan counts ``count`` devices (None: says nothing of them): hand out as
@@ -289,7 +313,7 @@ class Agent:
         await self.commands.follow(
             {job: state.workers for job, state in self.tasks.items()},
             {job: (task.workers, {"OASIS_MINIBATCH_SECONDS": str(task.minibatch_seconds)},
-                   task.devices)
+                   task.devices, task.demand)
              for job, task in wanted.items()},
         )  # fmt: skip
         self._fold_counts()

@@ -38,6 +38,10 @@ says, and nothing of a job outlasts its place in the plan.
   step, until the agent ran out of memory, and one of 10**6 forked 10**6 processes.
 - **Devices.** Each worker gets devices of its own in ``CUDA_VISIBLE_DEVICES``, as its
   task's demand asks (:mod:`controller.plane.devices`), given back once it is gone.
+- **Demand.** Each worker is told its task's demand in ``OASIS_DEMAND`` and
+  ``OASIS_DEMAND_<NAME>`` (:mod:`controller.plane.demand`), for a launcher to enforce;
+  with a :class:`~controller.plane.memory_guard.MemoryGuard`, one over its memory
+  demand is stopped, a failure for its back-off (:mod:`controller.plane.memory_guard`).
 """
 
 from __future__ import annotations
@@ -50,7 +54,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.plane.demand import Demand, demand_environment
 from controller.plane.devices import Devices
+from controller.plane.memory_guard import SAMPLE_SECONDS, MemoryGuard, group_rss
 from controller.plane.worker_errors import log_errors
 
 __all__ = [
@@ -149,6 +155,9 @@ class Worker:
     emptied_at: float | None = None  # monotonic time its process group was found empty
     devices: dict[str, float] = field(default_factory=dict)  # its shares of the devices
     demand: float = 0.0  # the devices its task needs
+    job_id: str = ""  # its job's id
+    memory_limit: int | None = None  # resident bytes it may use (MemoryGuard); None: any
+    memory_demand: float | None = None  # its task's demand of the memory resource
 
 
 @dataclass
@@ -212,6 +221,8 @@ class Commands:
         key: the agent's place on the machine (broker, prefix, server:
             :func:`~controller.plane.one_agent.agent_key`), given to workers as
             ``OASIS_AGENT_KEY``: an earlier agent's leftovers are those of the same key.
+        memory_guard: stop the workers over their memory demand
+            (:mod:`controller.plane.memory_guard`); None: no limit.
     """
 
     def __init__(
@@ -226,8 +237,11 @@ class Commands:
         monotonic: Any = time.monotonic,
         devices: Devices | None = None,
         key: str = "",
+        memory_guard: MemoryGuard | None = None,
     ) -> None:
         self.command = command
+        self.memory_guard = memory_guard
+        self._sampled = -SAMPLE_SECONDS  # monotonic time of the last memory sample
         self.devices = devices if devices is not None else Devices()
         self.key = key
         self._short_said = False  # devices oversubscribed: warned once
@@ -255,12 +269,15 @@ class Commands:
     # -- each step ----------------------------------------------------------------------
 
     async def follow(
-        self, jobs: dict[str, JobWorkers], wanted: dict[str, tuple[int, Any, float]]
+        self,
+        jobs: dict[str, JobWorkers],
+        wanted: dict[str, tuple[int, Any, float, Demand]],
     ) -> None:
         """Make the running workers match ``wanted`` (``{job: (workers, env extra,
-        devices per worker)}``):
-        reap the exited, stop the unwanted (indices from the planned count on), escalate
-        the departing, and, once none is departing, start the missing indices."""
+        devices per worker, demand per worker)}``):
+        reap the exited, stop the unwanted (indices from the planned count on) and those
+        over their memory demand, escalate the departing, and, once none is departing,
+        start the missing indices."""
         now = self.monotonic()
         for job_id, job in jobs.items():
             self._reap(job_id, job, now)
@@ -271,7 +288,10 @@ class Commands:
         for held in [h for h in self._held_on if not any(map(_still_there, h.pids))]:
             self._held_on.remove(held)
             self.devices.give_back(held.devices)
-        running = {j for j, (n, _e, _d) in wanted.items() if n > 0}
+        if self.memory_guard is not None and now - self._sampled >= SAMPLE_SECONDS:
+            self._sampled = now
+            self._guard_memory(self.memory_guard, now)
+        running = {j for j, (n, _e, _d, _m) in wanted.items() if n > 0}
         self._stop_escaped(running, now)
         self._escalate(now)
         if self.subreaper and not self._leftovers_stopped:
@@ -287,7 +307,7 @@ class Commands:
             return  # the capacity is the departing jobs' until they are gone
         self._over &= wanted.keys()  # said again if it comes back after a plan without it
         room = MAX_WORKERS - len(self.live)
-        for job_id, (workers, extra, devices) in wanted.items():
+        for job_id, (workers, extra, devices, demand) in wanted.items():
             job = jobs[job_id]
             if workers > MAX_WORKERS:
                 self._too_many(job_id, workers, room)
@@ -305,7 +325,7 @@ class Commands:
             for index in missing:
                 if job.retry_at.get(index, 0) > now:
                     continue
-                await self._start(job_id, job, index, extra, devices, now)
+                await self._start(job_id, job, index, extra, devices, demand, now)
                 room -= 1
 
     def _too_many(self, job_id: str, workers: int, room: int) -> None:
@@ -322,6 +342,28 @@ class Commands:
         )
         self.log.error(f"a task's workers are not started: {why}; the plan may be broken",
                        job=job_id, workers=workers, room=max(room, 0))  # fmt: skip
+
+    def _guard_memory(self, guard: MemoryGuard, now: float) -> None:
+        """Stop each running worker whose process group's resident memory is over its
+        limit (:mod:`controller.plane.memory_guard`): logged once, a failure for the
+        back-off. One pass over ``/proc`` for all of them."""
+        limited = [w for w in self.live.values() if w.memory_limit is not None]
+        if not limited:
+            return
+        rss = group_rss({w.proc.pid for w in limited})
+        for worker in limited:
+            used = rss.get(worker.proc.pid, 0)
+            assert worker.memory_limit is not None
+            if used <= worker.memory_limit:
+                continue
+            self.log.error("worker over its memory demand: stopped", job=worker.job_id,
+                           worker=worker.index, pid=worker.proc.pid, rss_bytes=used,
+                           demand=worker.memory_demand, unit=guard.unit,
+                           resource=guard.resource,
+                           limit_bytes=worker.memory_limit)  # fmt: skip
+            self.stop(worker, now)
+            self._failed(worker.job_id, worker.job, worker.index, "over its memory demand",
+                         now - worker.started, now, what="worker stopped")  # fmt: skip
 
     def devices_short(self) -> int:
         """How many running workers are short of devices now: on a device others' shares
@@ -394,6 +436,7 @@ class Commands:
         index: int,
         extra: dict[str, str],
         demand: float,
+        needs: Demand,
         now: float,
     ) -> None:
         held, enough = self.devices.take(demand)
@@ -413,6 +456,7 @@ class Commands:
                              demand=demand, known=len(self.devices.ids),
                              ids_from=source)  # fmt: skip
         env = {**worker_environment(), **extra, **self.devices.environment(held),
+               **demand_environment(needs),
                "OASIS_JOB": job_id, "OASIS_SERVER": self.server, "OASIS_WORKER": str(index),
                "OASIS_AGENT": self.session, "OASIS_AGENT_KEY": self.key}  # fmt: skip
         loop = asyncio.get_running_loop()
@@ -456,7 +500,11 @@ class Commands:
         count = [0.0]
         tags = {"job": job_id, "worker": index, "pid": proc.pid}
         reader = loop.create_task(self._follow(proc, stream, errors, transports, count, tags))
-        worker = Worker(proc, index, count, reader, now, job, devices=held, demand=demand)
+        guard = self.memory_guard
+        limit = guard.limit(needs) if guard is not None else None
+        amount = guard.amount(needs) if guard is not None else None
+        worker = Worker(proc, index, count, reader, now, job, devices=held, demand=demand,
+                        job_id=job_id, memory_limit=limit, memory_demand=amount)  # fmt: skip
         job.running.append(worker)
         self.live[proc.pid] = worker
         self.log.info("worker started", job=job_id, worker=index, pid=proc.pid,
@@ -564,14 +612,16 @@ class Commands:
         ran: float,
         now: float,
         started: bool = True,
+        what: str = "",
     ) -> None:
         """Worker ``index`` of ``job`` failed after ``ran`` seconds (or could not be
-        ``started``): its back-off."""
+        ``started``; ``what`` happened, for the log: its exit by default): its
+        back-off."""
         failures = 1 if ran >= RESTART_MAX else job.failures.get(index, 0) + 1
         job.failures[index] = failures
         delay = min(RESTART_MAX, RESTART_FIRST * 2 ** (failures - 1))
         job.retry_at[index] = now + delay
-        what = "worker exited" if started else "worker could not be started"
+        what = what or ("worker exited" if started else "worker could not be started")
         self.log.warning(f"{what}; started again after a back-off", job=job_id,
                          worker=index, status=status, ran_seconds=round(ran, 1),
                          failures=failures, restart_in=delay)  # fmt: skip
