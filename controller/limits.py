@@ -44,6 +44,11 @@
   boundary as above. The
   default ``1.5e9``, five submitters' budgets, leaves a queue of a few submitters as it
   was.
+- ``replan_steps_per_submitter`` and ``replan_steps_per_review``: the same for slow
+  jobs' re-plans (the execution plane re-plans a job its agents report slower than
+  planned, in the decision thread): the search steps one submitter's re-plans may take
+  in a slot (3e9), and all re-plans of one review of reported progress together (3e8;
+  :mod:`controller.plane.replan_turns`).
 - ``rate`` and ``burst``: requests per second per client, a token bucket each (0: no
   limit). A client is its token's name when ``[auth]`` is on, else its address. Over the
   rate, a call fails with RESOURCE_EXHAUSTED, the seconds to wait in the message and in
@@ -134,6 +139,8 @@ _KEYS = {
     "max_pending",
     "pending_steps_per_submitter",
     "pending_steps_per_boundary",
+    "replan_steps_per_submitter",
+    "replan_steps_per_review",
     "max_spec_bytes",
     "max_table_points",
     "max_page_jobs",
@@ -188,6 +195,10 @@ class Limits:
             at one slot boundary (the first job's always runs).
         pending_steps_per_boundary: search steps all pending jobs together may take at
             one slot boundary (the first job's always runs).
+        replan_steps_per_submitter: search steps one submitter's slow jobs' re-plans may
+            take in one slot (:mod:`controller.plane.replan_turns`; the first runs).
+        replan_steps_per_review: search steps all re-plans of one review of reported
+            progress may take together (the first runs; the rest at the next review).
         max_spec_bytes: largest job spec, bytes of canonical JSON.
         max_table_points: most values of a table utility.
         max_page_jobs: most jobs in one ``ListJobs`` page.
@@ -215,6 +226,8 @@ class Limits:
     max_pending: int = 1000
     pending_steps_per_submitter: float = 3e8
     pending_steps_per_boundary: float = 1.5e9
+    replan_steps_per_submitter: float = 3e9
+    replan_steps_per_review: float = 3e8
     max_spec_bytes: int = 64 * 1024
     max_table_points: int = 1000
     max_page_jobs: int = 100
@@ -414,6 +427,8 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
         max_pending=pending,
         pending_steps_per_submitter=positive("pending_steps_per_submitter"),
         pending_steps_per_boundary=positive("pending_steps_per_boundary"),
+        replan_steps_per_submitter=positive("replan_steps_per_submitter"),
+        replan_steps_per_review=positive("replan_steps_per_review"),
         max_spec_bytes=count("max_spec_bytes", d.max_spec_bytes),
         max_table_points=count("max_table_points", d.max_table_points),
         max_page_jobs=count("max_page_jobs", d.max_page_jobs),

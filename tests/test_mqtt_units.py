@@ -379,7 +379,9 @@ class PlaneDaemon:
     }  # fmt: skip
     TOTAL = 20  # mini-batches: epochs * chunks * minibatches
 
-    def __init__(self, tmp: Path, cluster: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, tmp: Path, cluster: dict[str, Any] | None = None, limits: dict[str, Any] | None = None
+    ) -> None:
         import structlog
 
         from controller.admission import AdmissionController
@@ -388,7 +390,7 @@ class PlaneDaemon:
         from controller.store import Database
 
         data = {"daemon": {"data_dir": str(tmp), "window": 6, "epoch": 0},
-                "cluster": cluster or CLUSTER}  # fmt: skip
+                "cluster": cluster or CLUSTER, "limits": limits or {}}  # fmt: skip
         self.config = from_dict(data)
         self.clock = FakeClock(1.0)
         self.c = AdmissionController(
@@ -1924,6 +1926,49 @@ def test_a_slow_jobs_re_plan_over_its_work_survives_a_rebuild(plane: PlaneDaemon
     after = plane.c._ledger.schedule("slow")
     assert after.start == before.start and (after.workers == before.workers).all()
     assert (after.ps == before.ps).all()
+
+
+def test_slow_jobs_re_plans_take_turns_by_submitter_and_by_review(tmp_path: Path) -> None:
+    """Each slow job's re-plan is a search in the decision thread; before, every job
+    with new counts was searched in one turn, and the first counts of a slot come for
+    every running job at once: one tenant's many slow jobs held every other tenant's
+    calls for all their searches, at every slot. Now one submitter's re-plans take at
+    most ``replan_steps_per_submitter`` steps a slot, all of one review's at most
+    ``replan_steps_per_review`` (the first always runs: 1 here lets exactly one)."""
+    import asyncio
+
+    wide = {**CLUSTER, "servers": [{"name": "w0", "kind": "worker",
+                                    "capacity": {"gpu": 8, "bandwidth": 10}},
+                                   CLUSTER["servers"][1]]}  # fmt: skip
+    plane = PlaneDaemon(tmp_path, wide, limits={"replan_steps_per_submitter": 1,
+                                                "replan_steps_per_review": 1})  # fmt: skip
+    try:
+        for by, job_id in (("alice", "a1"), ("alice", "a2"), ("bob", "b1")):  # all in slot 1
+            view = asyncio.run(plane.c.submit({**PlaneDaemon.SPEC, "id": job_id}, by=by))
+            assert view.decision.admitted and view.decision.allocations[0]["slot"] == 1
+        ex = plane.ex
+
+        def slow(*keys: str) -> None:  # a quarter of the planned pace, as above
+            for key in keys:
+                planned = 3600.0 * plane.c._ledger.schedule(key).work() / PlaneDaemon.TOTAL
+                for i in range(1, 9):
+                    ex.report(Progress("w0", "a", [TaskProgress(key, float(i), i * 4 * planned)]))
+
+        def replanned() -> list[str]:
+            events = ex.review_sync()
+            return [e.job_id for e in events if e.kind == "replanned"]
+
+        slow("alice:a1", "alice:a2", "bob:b1")
+        assert replanned() == ["alice:a1"]  # the review's budget: the rest at the next
+        assert replanned() == ["bob:b1"]  # alice's budget of the slot is spent: a2 waits
+        assert replanned() == []
+        slow("alice:a2")
+        assert replanned() == []  # still alice's slot
+        plane.clock.advance(plane.config.slot_seconds)
+        slow("alice:a1", "alice:a2")  # both alice's, and slow: a2, not tried yet, first
+        assert replanned() == ["alice:a2"]
+    finally:
+        plane.c.close()
 
 
 def test_a_job_whose_workers_report_no_mini_batch_is_reported_behind_once(

@@ -8,6 +8,8 @@ ledger changes hands:
   (:mod:`pricing.runtime_estimate`); when even the optimistic end of the predictive
   interval needs more time than the plan holds, the remaining work is re-planned, and
   the new plan is taken if its payoff is positive (else the job is reported ``behind``).
+  The searches take turns (:mod:`controller.plane.replan_turns`): a submitter's in a
+  slot, and all of one review's, are held to a budget of steps.
 - **stalled**: a job whose workers spent half its planned worker-seconds without one
   mini-batch reported is reported ``behind`` (``no_progress``), once.
 - **plan ended short**: a running job whose plan has ended while its agents reported
@@ -35,10 +37,12 @@ from sqlalchemy import delete, or_, select
 from sqlalchemy.orm import Session
 
 from controller.events import Event
+from controller.limits import search_size
 from controller.plane.jobs import ACTIVE, Jobs
 from controller.plane.part import PlanePart
 from controller.plane.port import AdmissionPort
 from controller.plane.progress import LEVEL, MIN_SAMPLES, JobProgress
+from controller.plane.replan_turns import ReplanTurns, in_turn
 from controller.plane.settings import MqttConfig
 from controller.store import AllocationRow, EventRow, JobRow, StoreUnavailableError
 from pricing import ADMIT_THRESHOLD, Job
@@ -97,6 +101,10 @@ class JobReview(PlanePart):
         # under 1 slot, a utility no schedule earns), kept pending until they arrive
         self._early: set[str] = set()
         self.reviewed: dict[str, int] = {}  # job -> slot of its last slow-job re-plan try
+        limits = controller.config.limits
+        self.turns = ReplanTurns(limits.replan_steps_per_submitter, limits.replan_steps_per_review)
+        self._next_review: set[str] = set()  # re-plans past this review's budget: the next
+        self._waits_said: dict[str, int] = {}  # job -> slot its re-plan's wait was logged
         self.stalled: set[str] = set()  # jobs reported behind for want of any progress
         self.overdue: set[str] = set()  # running past their plan, short of their work
         # the slots whose plans never went out because this daemon was down: (first, last)
@@ -106,7 +114,12 @@ class JobReview(PlanePart):
         """Review the jobs with new progress (:attr:`pending`): early completions and
         slow or stalled jobs."""
         events: list[Event] = []
-        for job_id in sorted(self.pending):
+        limits = self.c.config.limits  # a reload may have changed them
+        self.turns.per_submitter = limits.replan_steps_per_submitter
+        self.turns.per_review = limits.replan_steps_per_review
+        self.turns.new_review(self.c.slot)
+        self._next_review.clear()
+        for job_id in in_turn(self.pending, self.reviewed):
             try:
                 events += self._review_job_sync(job_id)
             except StoreUnavailableError:
@@ -118,7 +131,7 @@ class JobReview(PlanePart):
                 raise
             if job_id in self._early:
                 self._early.discard(job_id)  # reviewed again (its agents may say no more)
-            else:
+            elif job_id not in self._next_review:  # else reviewed again at the next one
                 self.pending.discard(job_id)
         return events
 
@@ -126,6 +139,8 @@ class JobReview(PlanePart):
         """Forget what was kept of jobs not in ``active``."""
         for job_id in [j for j in self.reviewed if j not in active]:
             del self.reviewed[job_id]
+        for job_id in [j for j in self._waits_said if j not in active]:
+            del self._waits_said[job_id]
         self.stalled &= active
 
     def find_unsent(self, planned: Any, stored: Any) -> int | None:
@@ -237,7 +252,7 @@ class JobReview(PlanePart):
             row = session.get(JobRow, job_id)
             if row is None or row.state not in ACTIVE:
                 return []
-            state = row.state
+            state, submitter = row.state, row.submitter
             job = self.jobs.get(job_id, session)
         done, spent = prog.totals()
         total = job.total_minibatches
@@ -265,16 +280,18 @@ class JobReview(PlanePart):
         held = sched.after(s + 1).work() * self.slot_seconds + in_slot
         if need.low <= spent + held:  # the plan may still suffice
             return []
-        self.reviewed[job_id] = s
         slots_needed = (need.mean - spent - in_slot) / self.slot_seconds
         # the search's limits refuse any amount past them; this keeps ceil() finite
         work = max(1, math.ceil(slots_needed - 1e-9)) if slots_needed < 2.0**53 else 2**53
+        why = self._replan_refused(job, work, s + 1)
+        if not why and not self._take_turn(job, work, submitter):
+            return []  # not reviewed: searched at the next review, or the next slot
+        self.reviewed[job_id] = s
         ledger = self.c._ledger
         estimate = post.minibatch_seconds(LEVEL)
         detail: dict[str, Any] = {"reason": "slow", "minibatch_seconds": estimate.mean,
                                   "planned_minibatch_seconds": planned_mb,
                                   "work": work}  # fmt: skip
-        why = self._replan_refused(job, work, s + 1)
         if why:  # not searched: the job is behind, with the reason
             best = BestSchedule(None, None, None, None, None, slots_scanned=0)
             detail["why"] = why
@@ -328,6 +345,30 @@ class JobReview(PlanePart):
                          job=job.id, **detail)  # fmt: skip
         return [event]
 
+    def _take_turn(self, job: Job, work: int, submitter: str | None) -> bool:
+        """Whether the re-plan of ``work`` worker-slots of ``job`` (of ``submitter``) is
+        searched now, its steps charged (:class:`~controller.plane.replan_turns.
+        ReplanTurns`); if not, it is left for the next review (this one's budget is
+        spent) or for the next slot (its submitter's is), said once a slot."""
+        s = self.c.slot
+        steps = search_size(replace(job, work=work), self.c.cluster,
+                            self._replan_slots(job, s + 1)).steps  # fmt: skip
+        spent = self.turns.take(submitter, steps)
+        if not spent:
+            return True
+        if spent == "review":
+            self._next_review.add(job.id)
+        elif self._waits_said.get(job.id) != s:
+            self._waits_said[job.id] = s
+            self.log.info("slow job's re-plan waits for the next slot: its submitter's "
+                          "re-plans took limits.replan_steps_per_submitter in this one",
+                          job=job.id, submitter=submitter, steps=steps)  # fmt: skip
+        return False
+
+    def _replan_slots(self, job: Job, first_slot: int) -> int:
+        """The slots a re-plan of ``job`` from ``first_slot`` searches (at least 1)."""
+        return max(1, min(self.jobs.last_slot(job), self.c._ledger.end - 1) - first_slot + 1)
+
     def _replan_refused(self, job: Job, work: int, first_slot: int) -> str:
         """Why a re-plan of ``work`` worker-slots of ``job`` from ``first_slot`` is not
         searched (empty: it is): its search would be over the limits every submission is
@@ -335,7 +376,7 @@ class JobReview(PlanePart):
         far behind the plan (a slow or misreporting agent, a tau far too small) asks for
         any amount of work, and that search runs in the decision thread, where every
         tenant's calls wait for it."""
-        slots = max(1, min(self.jobs.last_slot(job), self.c._ledger.end - 1) - first_slot + 1)
+        slots = self._replan_slots(job, first_slot)
         try:
             self.c.config.limits.check_search(replace(job, work=work), self.c.cluster, slots)
         except SpecError as err:
