@@ -522,19 +522,35 @@ class Ledger:
         The job keeps its slots before ``from_slot`` (what already ran). Releasing from
         the job's first slot removes it entirely.
         """
-        entry = self._entries.get(job_id)
-        if entry is None:
+        if job_id not in self._entries:
             raise LedgerError(f"no admitted job {job_id!r}")
-        released = entry.schedule.after(from_slot)
-        kept = entry.schedule.before(from_slot)
-        if kept.slots and kept.workers.any():
-            self._entries[job_id] = _Entry(entry.worker, entry.ps, kept)
-        else:
-            del self._entries[job_id]
-        lo = max(released.start, self.origin)
-        hi = min(released.start + released.slots, self.end)
-        if lo < hi:
-            self._recompute(lo - self.origin, hi - self.origin, _columns(released))
+        return self.release_many([job_id], from_slot)[job_id]
+
+    def release_many(self, job_ids: Sequence[str], from_slot: int) -> dict[str, Schedule]:
+        """:meth:`release` of each of ``job_ids`` from ``from_slot`` on (those the ledger
+        holds; each id once), the amounts rebuilt once for all: ``{job: released
+        part}``. The same amounts, bit for bit, as releasing them one at a time (each
+        cell is rebuilt as its sum over the jobs left, in admission order), without one
+        rebuild over every job per job: 1,000 jobs completed together took 1 s of the
+        decision thread in rebuilds alone."""
+        released: dict[str, Schedule] = {}
+        for job_id in job_ids:
+            entry = self._entries.get(job_id)
+            if entry is None or job_id in released:
+                continue
+            part = entry.schedule.after(from_slot)
+            kept = entry.schedule.before(from_slot)
+            if kept.slots and kept.workers.any():
+                self._entries[job_id] = _Entry(entry.worker, entry.ps, kept)
+            else:
+                del self._entries[job_id]
+            released[job_id] = part
+        parts = [p for p in released.values() if p.slots]
+        if parts:
+            lo = max(min(p.start for p in parts), self.origin)
+            hi = min(max(p.start + p.slots for p in parts), self.end)
+            if lo < hi:
+                self._recompute(lo - self.origin, hi - self.origin, _columns(*parts))
         return released
 
     def replace(self, job_id: str, schedule: Schedule) -> None:

@@ -47,6 +47,7 @@ __all__ = [
     "first_holders",
     "refit",
     "release_rest",
+    "release_rest_of",
     "remaining_job",
     "replan_remaining",
 ]
@@ -90,9 +91,14 @@ def remaining_job(job: Job, work: int, first_slot: int) -> Job:
 def release_rest(ledger: Ledger, job_id: str, from_slot: int) -> int:
     """Free ``job_id``'s slots from ``from_slot`` on (early completion, cancellation);
     returns the worker-slots released (0 if the job holds nothing there)."""
-    if job_id not in ledger:
-        return 0
-    return ledger.release(job_id, from_slot).work()
+    return release_rest_of(ledger, [job_id], from_slot)[job_id]
+
+
+def release_rest_of(ledger: Ledger, job_ids: list[str], from_slot: int) -> dict[str, int]:
+    """:func:`release_rest` of each of ``job_ids`` at once (:meth:`Ledger.release_many`):
+    ``{job: worker-slots released}``, 0 for a job the ledger does not hold."""
+    released = ledger.release_many(job_ids, from_slot)
+    return {job_id: released[job_id].work() if job_id in released else 0 for job_id in job_ids}
 
 
 def replan_remaining(

@@ -199,3 +199,28 @@ def test_a_snapshot_restores_the_ledger_bit_for_bit_after_any_trial(seed: int) -
     other.release(other.job_ids()[0], other.origin)
     assert not np.array_equal(other.worker_side.price, prices)
     assert np.array_equal(ledger.worker_side.price, prices)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_releasing_many_at_once_equals_releasing_them_one_at_a_time_bit_for_bit(
+    seed: int,
+) -> None:
+    """``Ledger.release_many`` (jobs reported done together, completed in one review)
+    rebuilds the amounts once for all: the same amounts and prices, bit for bit, as a
+    release of each in turn, and as a rebuild of every server."""
+    rng = np.random.default_rng(seed)
+    ledger = admitted([make_job(f"j{i}", chunks=1 + i % 3, epochs=2 + i % 4) for i in range(9)])
+    ids = list(ledger.job_ids())
+    chosen = [str(j) for j in rng.choice(ids, size=int(rng.integers(2, len(ids))), replace=False)]
+    starts = [ledger.schedule(j).start for j in chosen]
+    from_slot = min(starts) + int(rng.integers(0, 3))
+    one_by_one = ledger.snapshot()
+    expected = {j: one_by_one.release(j, from_slot) for j in chosen}
+    released = ledger.release_many([*chosen, chosen[0], "no-such-job"], from_slot)
+    assert set(released) == set(chosen)
+    for j in chosen:
+        assert released[j].start == expected[j].start
+        assert np.array_equal(released[j].workers, expected[j].workers)
+        assert np.array_equal(released[j].ps, expected[j].ps)
+    same_state(ledger, one_by_one)
+    same_state(ledger, _full(ledger))

@@ -790,6 +790,7 @@ def test_progress_stays_dirty_until_a_commit_and_ended_jobs_are_forgotten_then_m
     import contextlib
     from collections.abc import Iterator
 
+    from sqlalchemy import event as sqlalchemy_event
     from sqlalchemy.orm import Session
 
     from controller.store import ProgressRow, StoreUnavailableError
@@ -797,12 +798,22 @@ def test_progress_stays_dirty_until_a_commit_and_ended_jobs_are_forgotten_then_m
     plane.submit("j")
     ex = plane.ex
     real = plane.c.db.session
+    wrote: list[str] = []  # statements writing progress, in the session below
+
+    def progress_written(_c: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if statement.lstrip().upper().startswith(("INSERT", "UPDATE")) and (
+            ProgressRow.__tablename__ in statement
+        ):
+            wrote.append(statement)
+
+    sqlalchemy_event.listen(plane.c.db.engine, "before_cursor_execute", progress_written)
 
     @contextlib.contextmanager
     def progress_commit_fails() -> Iterator[Session]:
+        wrote.clear()
         with real() as session:
             yield session
-            if any(isinstance(o, ProgressRow) for o in session.new):
+            if wrote:  # written, not committed
                 raise StoreUnavailableError("store down")  # rolls the transaction back
 
     ex.report(Progress("w0", "a", [TaskProgress("j", 3.0, 40.0)]))
@@ -1967,6 +1978,54 @@ def test_slow_jobs_re_plans_take_turns_by_submitter_and_by_review(tmp_path: Path
         plane.clock.advance(plane.config.slot_seconds)
         slow("alice:a1", "alice:a2")  # both alice's, and slow: a2, not tried yet, first
         assert replanned() == ["alice:a2"]
+    finally:
+        plane.c.close()
+
+
+def test_jobs_reported_done_together_complete_in_one_transaction_a_review_at_most_so_many(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, each job reported done was completed in a transaction of its own, all in
+    one turn of the decision thread: 1,000 of one tenant's jobs done at once held every
+    other tenant's calls for 7.7 s. They now complete together, at most
+    ``COMPLETIONS_PER_REVIEW`` a review (the rest at the next, a second later), and a
+    store outage at that commit leaves every one of them to complete later, though no
+    agent reports them again."""
+    import asyncio
+
+    from controller.plane import job_review
+    from controller.store import StoreUnavailableError
+
+    monkeypatch.setattr(job_review, "COMPLETIONS_PER_REVIEW", 2)
+    wide = {**CLUSTER, "servers": [{"name": "w0", "kind": "worker",
+                                    "capacity": {"gpu": 8, "bandwidth": 10}},
+                                   CLUSTER["servers"][1]]}  # fmt: skip
+    plane = PlaneDaemon(tmp_path, wide)
+    try:
+        keys = []
+        for job_id in ("d1", "d2", "d3"):  # all in slot 1
+            view = asyncio.run(plane.c.submit({**PlaneDaemon.SPEC, "id": job_id}, by="alice"))
+            assert view.decision.admitted and view.decision.allocations[0]["slot"] == 1
+            keys.append(view.id)
+        ex = plane.ex
+        plane.clock.advance(plane.config.slot_seconds)
+        for key in keys:
+            ex.report(Progress("w0", "a", [TaskProgress(key, float(PlaneDaemon.TOTAL), 60.0)]))
+        write = plane.c._write
+
+        def down() -> Any:
+            raise StoreUnavailableError("store down")
+
+        monkeypatch.setattr(plane.c, "_write", down)
+        with pytest.raises(StoreUnavailableError):
+            ex.review_sync()
+        monkeypatch.setattr(plane.c, "_write", write)
+        assert [plane.state(k) for k in keys] == ["admitted"] * 3
+        first = ex.review_sync()  # no new report: kept to complete all the same
+        assert [(e.kind, e.job_id) for e in first] == [("completed", k) for k in keys[:2]]
+        assert [(e.kind, e.job_id) for e in ex.review_sync()] == [("completed", keys[2])]
+        assert [plane.state(k) for k in keys] == ["completed"] * 3
+        assert ex.review_sync() == []
     finally:
         plane.c.close()
 

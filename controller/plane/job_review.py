@@ -38,7 +38,7 @@ from sqlalchemy.orm import Session
 
 from controller.events import Event
 from controller.limits import search_size
-from controller.plane.jobs import ACTIVE, Jobs
+from controller.plane.jobs import ACTIVE, IDS_PER_QUERY, Jobs
 from controller.plane.part import PlanePart
 from controller.plane.port import AdmissionPort
 from controller.plane.progress import LEVEL, MIN_SAMPLES, JobProgress
@@ -48,14 +48,19 @@ from controller.store import AllocationRow, EventRow, JobRow, StoreUnavailableEr
 from pricing import ADMIT_THRESHOLD, Job
 from pricing.best_schedule import BestSchedule
 from pricing.errors import SpecError
-from pricing.replan import release_rest, replan_remaining
+from pricing.replan import release_rest_of, replan_remaining
 from pricing.runtime_estimate import RuntimePrior, fit
 
-__all__ = ["MAX_UNSENT_RUNS", "JobReview", "counter"]
+__all__ = ["COMPLETIONS_PER_REVIEW", "MAX_UNSENT_RUNS", "JobReview", "counter"]
 
 MAX_UNSENT_RUNS = 16
 """Runs of slots whose plans never went out that the plane keeps (the newest): a job
 planned in one still waits for its agents' counts (:meth:`JobReview.unfinished`)."""
+
+
+COMPLETIONS_PER_REVIEW = 250
+"""The most jobs one review completes (in one transaction); the rest at the next review,
+a second later, every other call decided in between."""
 
 
 def _joined_runs(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -119,21 +124,47 @@ class JobReview(PlanePart):
         self.turns.per_review = limits.replan_steps_per_review
         self.turns.new_review(self.c.slot)
         self._next_review.clear()
-        for job_id in in_turn(self.pending, self.reviewed):
-            try:
-                events += self._review_job_sync(job_id)
-            except StoreUnavailableError:
-                # kept pending: reviewed again once the store is back, even if its agents
-                # have nothing new to report (those of a job that is done never do)
-                raise
-            except Exception:
-                self.pending.discard(job_id)  # a bug would fail the same way every review
-                raise
-            if job_id in self._early:
-                self._early.discard(job_id)  # reviewed again (its agents may say no more)
-            elif job_id not in self._next_review:  # else reviewed again at the next one
-                self.pending.discard(job_id)
+        order = in_turn(self.pending, self.reviewed)
+        rows = self._rows(order)
+        completing: list[tuple[Job, float]] = []  # done: completed together, at the end
+        try:
+            for job_id in order:
+                try:
+                    events += self._review_job_sync(job_id, rows.get(job_id), completing)
+                except StoreUnavailableError:
+                    # kept pending: reviewed again once the store is back, even if its
+                    # agents have nothing new to report (those of a job that is done never do)
+                    raise
+                except Exception:
+                    self.pending.discard(job_id)  # a bug would fail the same way every time
+                    raise
+                if job_id in self._early:
+                    self._early.discard(job_id)  # reviewed again (its agents may say no more)
+                elif job_id not in self._next_review:  # else reviewed again at the next one
+                    self.pending.discard(job_id)
+            if completing:
+                events += self._complete_all_sync(completing)
+        except BaseException:
+            self.pending.update(job.id for job, _ in completing)  # not completed: again
+            raise
         return events
+
+    def _rows(self, job_ids: list[str]) -> dict[str, tuple[str, str | None]]:
+        """``{job: (state, submitter)}`` of the active ones of ``job_ids`` (a query per
+        :data:`IDS_PER_QUERY`, not one per job: a review of 1,000 jobs' counts spent
+        0.75 s reading their rows one by one), their specs loaded
+        (:meth:`~controller.plane.jobs.Jobs.load`)."""
+        out: dict[str, tuple[str, str | None]] = {}
+        with self.c.db.session() as session:
+            for i in range(0, len(job_ids), IDS_PER_QUERY):
+                chunk = job_ids[i : i + IDS_PER_QUERY]
+                query = select(JobRow.id, JobRow.state, JobRow.submitter).where(
+                    JobRow.id.in_(chunk), JobRow.state.in_(ACTIVE)
+                )
+                for job_id, state, submitter in session.execute(query):
+                    out[job_id] = (state, submitter)
+            self.jobs.load([j for j in job_ids if j in out], session)
+        return out
 
     def forget(self, active: set[str]) -> None:
         """Forget what was kept of jobs not in ``active``."""
@@ -244,23 +275,30 @@ class JobReview(PlanePart):
             self.overdue.discard(e.job_id)
         return events
 
-    def _review_job_sync(self, job_id: str) -> list[Event]:
+    def _review_job_sync(
+        self,
+        job_id: str,
+        row: tuple[str, str | None] | None,
+        completing: list[tuple[Job, float]],
+    ) -> list[Event]:
+        """Review ``job_id`` (``row``: its state and submitter; None: not active); a job
+        done is added to ``completing`` (at most :data:`COMPLETIONS_PER_REVIEW`, the
+        rest at the next review)."""
         prog = self.progress.get(job_id)
-        if prog is None:
+        if prog is None or row is None:
             return []
-        with self.c.db.session() as session:
-            row = session.get(JobRow, job_id)
-            if row is None or row.state not in ACTIVE:
-                return []
-            state, submitter = row.state, row.submitter
-            job = self.jobs.get(job_id, session)
+        state, submitter = row
+        job = self.jobs.get(job_id)
         done, spent = prog.totals()
         total = job.total_minibatches
         if done >= total - 1e-9:
             if self.c.slot < job.arrival:  # reported done before it arrived: a report
                 self._early.add(job_id)  # of the slot ahead; completes once it arrives
-                return []
-            return self._complete_sync(job, done)
+            elif len(completing) < COMPLETIONS_PER_REVIEW:
+                completing.append((job, done))
+            else:
+                self._next_review.add(job_id)
+            return []
         s = self.c.slot
         if done <= 0.0 and job_id not in self.stalled:
             stalled = self._stalled_sync(job, state, spent)
@@ -383,24 +421,39 @@ class JobReview(PlanePart):
             return f"its re-plan is not searched: {err}"
         return ""
 
-    def _complete_sync(self, job: Job, done: float) -> list[Event]:
+    def _complete_all_sync(self, done: list[tuple[Job, float]]) -> list[Event]:
+        """Complete the jobs of ``done`` (``(job, mini-batches reported)``) in the
+        current slot, their slots from the next one released, in one transaction
+        (before, one each: 1,000 of one tenant's jobs reported done at once held the
+        decision thread 7.7 s on SQLite)."""
         s = self.c.slot
         now = datetime.now(UTC)
 
         def change() -> list[Event]:
-            released = release_rest(self.c._ledger, job.id, s + 1)
+            released = release_rest_of(self.c._ledger, [job.id for job, _ in done], s + 1)
+            events = []
             with self.c._write() as session:
-                row = session.get(JobRow, job.id)
-                assert row is not None
-                session.execute(delete(AllocationRow).where(
-                    AllocationRow.job_id == job.id, AllocationRow.slot >= s + 1))  # fmt: skip
-                row.state = "completed"
-                row.completion_slot = s
-                row.jct = s - job.arrival + 1
-                row.utility = float(job.utility.values(row.jct))
-                detail = {"early": True, "released_worker_slots": released, "minibatches": done}
-                event = self.c._event(session, now, "completed", job.id, "completed", detail)
-            self.log.info("job done early", job=job.id, slot=s, released=released)
-            return [event]
+                ids = [job.id for job, _ in done]
+                rows: dict[str, JobRow] = {}
+                for i in range(0, len(ids), IDS_PER_QUERY):
+                    chunk = ids[i : i + IDS_PER_QUERY]
+                    session.execute(delete(AllocationRow).where(
+                        AllocationRow.job_id.in_(chunk), AllocationRow.slot >= s + 1))  # fmt: skip
+                    rows.update((r.id, r) for r in session.scalars(
+                        select(JobRow).where(JobRow.id.in_(chunk))))  # fmt: skip
+                for job, minibatches in done:
+                    row = rows[job.id]
+                    row.state = "completed"
+                    row.completion_slot = s
+                    row.jct = s - job.arrival + 1
+                    row.utility = float(job.utility.values(row.jct))
+                    detail = {"early": True, "released_worker_slots": released[job.id],
+                              "minibatches": minibatches}  # fmt: skip
+                    events.append(
+                        self.c._event(session, now, "completed", job.id, "completed", detail)
+                    )
+            for job, _ in done:
+                self.log.info("job done early", job=job.id, slot=s, released=released[job.id])
+            return events
 
         return self.jobs.guarded(change)

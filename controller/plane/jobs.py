@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable
 
 import structlog
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from controller.events import Event
@@ -18,11 +19,15 @@ from controller.plane.port import AdmissionPort
 from controller.store import REBUILD_SECONDS, JobRow
 from controller.store.stored import stored_spec
 from pricing import Job, Ledger
+from pricing.errors import SpecError
 
-__all__ = ["ACTIVE", "Jobs"]
+__all__ = ["ACTIVE", "IDS_PER_QUERY", "Jobs"]
 
 ACTIVE = ("admitted", "running")
 """Job states that appear in plans."""
+
+IDS_PER_QUERY = 500
+"""Job ids in one ``IN (...)`` of the plane's reads and writes of many jobs."""
 
 
 class Jobs:
@@ -58,6 +63,23 @@ class Jobs:
                 with self._cache_lock:
                     self.cache[job_id] = job
         return job
+
+    def load(self, job_ids: list[str], session: Session) -> None:
+        """Parse and keep the specs of ``job_ids`` not kept yet, read in one query (a
+        caller about to :meth:`get` each of many: one read each took 0.6 s of the
+        decision thread for 1,000 jobs' first counts). A spec that does not parse is
+        left for :meth:`get` to raise, for its job alone."""
+        missing = [j for j in job_ids if j not in self.cache]
+        for i in range(0, len(missing), IDS_PER_QUERY):
+            chunk = missing[i : i + IDS_PER_QUERY]
+            query = select(JobRow.id, JobRow.spec, JobRow.arrival_slot).where(JobRow.id.in_(chunk))
+            for job_id, spec, arrival in session.execute(query):
+                try:
+                    job = self.c._parse(stored_spec(spec, job_id), arrival=arrival)
+                except (SpecError, ValueError, TypeError):
+                    continue
+                with self._cache_lock:
+                    self.cache[job_id] = job
 
     def forget(self, active: set[str]) -> None:
         """Forget the specs of jobs not in ``active``."""

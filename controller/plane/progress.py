@@ -28,11 +28,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Text, cast, func, select, update
+from sqlalchemy import Text, bindparam, cast, func, insert, select, update
 from sqlalchemy.orm import Session
 from structlog.typing import FilteringBoundLogger
 
-from controller.plane.jobs import ACTIVE
+from controller.plane.jobs import ACTIVE, IDS_PER_QUERY
 from controller.store import JobRow, ProgressRow
 from pricing import Job
 from pricing.runtime_estimate import Interval, RuntimePrior, fit
@@ -149,6 +149,9 @@ def stored(row: ProgressRow) -> tuple[JobProgress, int]:
     return JobProgress(sessions, samples), bad
 
 
+_PROGRESS = ProgressRow.metadata.tables[ProgressRow.__tablename__]
+
+
 def _progress_row(session: Session, job_id: str) -> ProgressRow | None:
     """``job_id``'s stored progress, None if none or larger than
     :data:`MAX_PROGRESS_BYTES` (an edit: its JSON is not read)."""
@@ -212,28 +215,54 @@ def flush(
 ) -> None:
     """Write the changed entries of ``progress`` in one ``write()`` transaction. Entries
     stay dirty until the commit succeeds, so a store outage delays what agents reported
-    but loses none of it; an entry of a job the store does not hold is dropped."""
+    but loses none of it; an entry of a job the store does not hold is dropped.
+
+    The rows go in one ``UPDATE`` and one ``INSERT`` of many parameter sets, the ids read
+    :data:`IDS_PER_QUERY` at a time: a statement built for each row took 0.7 s of the
+    decision thread for one tenant's 1,000 running jobs, at every round of reports."""
     dirty = {j: p for j, p in progress.items() if p.dirty}
     if not dirty:
         return
     now = datetime.now(UTC)
     written: dict[str, tuple[dict[str, list[float]], list[tuple[float, float]]]] = {}
+    ids = list(dirty)
     with write() as session:
-        known = set(session.scalars(select(JobRow.id).where(JobRow.id.in_(list(dirty)))))
+        known: set[str] = set()
+        have: set[str] = set()  # with a stored row
+        for i in range(0, len(ids), IDS_PER_QUERY):
+            chunk = ids[i : i + IDS_PER_QUERY]
+            known.update(session.scalars(select(JobRow.id).where(JobRow.id.in_(chunk))))
+            have.update(session.scalars(
+                select(ProgressRow.job_id).where(ProgressRow.job_id.in_(chunk))))  # fmt: skip
+        updates: list[dict[str, Any]] = []
+        inserts: list[dict[str, Any]] = []
         for job_id, prog in dirty.items():
             if job_id not in known:  # progress for a job this daemon never saw
                 continue
             sessions, samples = prog.sessions, prog.samples
-            if prog.partial and (row := _progress_row(session, job_id)) is not None:
+            if prog.partial and job_id in have and (row := _progress_row(session, job_id)):
                 sessions, samples = merged(prog, row)
             mb, ws = _totals(sessions)
             values = {"minibatches": mb, "worker_seconds": ws, "per_server": sessions,
                       "samples": {"points": [list(p) for p in samples]},
                       "updated_at": now}  # fmt: skip
-            stmt = update(ProgressRow).where(ProgressRow.job_id == job_id).values(**values)
-            if session.connection().execute(stmt).rowcount == 0:
-                session.add(ProgressRow(job_id=job_id, **values))
+            if job_id in have:
+                updates.append({"b_job_id": job_id, **{f"b_{k}": v for k, v in values.items()}})
+            else:
+                inserts.append({"job_id": job_id, **values})
             written[job_id] = (sessions, samples)
+        table = _PROGRESS
+        connection = session.connection()
+        if updates:
+            columns = ("minibatches", "worker_seconds", "per_server", "samples", "updated_at")
+            stmt = (
+                update(table)
+                .where(table.c.job_id == bindparam("b_job_id"))
+                .values({c: bindparam(f"b_{c}") for c in columns})
+            )
+            connection.execute(stmt, updates)
+        if inserts:
+            connection.execute(insert(table), inserts)
     for job_id, prog in dirty.items():  # committed
         if job_id not in written:
             del progress[job_id]  # nothing to keep it for
