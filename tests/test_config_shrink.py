@@ -5,17 +5,22 @@ event, no capacity is exceeded, and the jobs whose plans still fit are untouched
 from __future__ import annotations
 
 import json
+import shutil
+import time
+import uuid
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+import sqlalchemy
 
 from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
-from tests.servers import Daemon, events_through, newest_event, write_config
+from tests.servers import Daemon, Postgres, events_through, newest_event, write_config
 from tests.test_daemon_e2e import contending_jobs
 
 W2 = '  {name="w2", kind="worker", capacity={gpu=8, cpu=64, mem=488, disk=500, bandwidth=40}},\n'
@@ -92,13 +97,62 @@ def _within_capacity(cluster: Any, jobs: dict[str, Any], from_slot: int) -> None
         assert amount <= capacity[server].get(resource, 0) + 1e-6, (slot, server, resource)
 
 
+@dataclass
+class _Decided:
+    """A store a daemon decided 10 contending jobs in, the epoch it planned them from,
+    and its jobs as it answered them."""
+
+    url: str
+    epoch: float
+    before: dict[str, Any]
+
+
+def _decide_ten(url: str, folder: Path) -> _Decided:
+    epoch = time.time()
+    config = write_config(folder / "oasisd.toml", folder / "data", url, epoch=epoch)
+    return _Decided(url, epoch, decided(config, folder / "oasisd.log", 10))
+
+
+@pytest.fixture(scope="module")
+def sqlite_decided(tmp_path_factory: pytest.TempPathFactory) -> _Decided:
+    folder = tmp_path_factory.mktemp("decided")
+    return _decide_ten(f"sqlite:///{folder / 'store.db'}", folder)
+
+
+@pytest.fixture(scope="module")
+def postgres_decided(tmp_path_factory: pytest.TempPathFactory, postgres: Postgres) -> _Decided:
+    return _decide_ten(postgres.new_database(), tmp_path_factory.mktemp("decided"))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> _Decided:
+    """A fresh copy of the backend's store of 10 decided jobs (deciding them once per
+    module, not once per shrink: the copy is the same store, byte for byte on SQLite,
+    ``CREATE DATABASE ... TEMPLATE`` on PostgreSQL)."""
+    if request.param == "sqlite":
+        template: _Decided = request.getfixturevalue("sqlite_decided")
+        shutil.copy(template.url.removeprefix("sqlite:///"), tmp_path / "store.db")
+        return _Decided(f"sqlite:///{tmp_path / 'store.db'}", template.epoch, template.before)
+    template = request.getfixturevalue("postgres_decided")
+    server: Postgres = request.getfixturevalue("postgres")
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    engine = sqlalchemy.create_engine(server.url(), isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            database = template.url.rsplit("/", 1)[1]
+            conn.execute(sqlalchemy.text(f'CREATE DATABASE "{name}" TEMPLATE "{database}"'))
+    finally:
+        engine.dispose()
+    return _Decided(server.url(name), template.epoch, template.before)
+
+
 @pytest.mark.parametrize("shrink", sorted(SHRINKS))
 def test_a_shrunk_config_starts_and_refits_the_jobs_that_no_longer_fit(
-    tmp_path: Path, store_url: str, shrink: str
+    tmp_path: Path, store: _Decided, shrink: str
 ) -> None:
-    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store_url)
+    store_url, before = store.url, store.before
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store_url, store.epoch)
     log = tmp_path / "oasisd.log"
-    before = decided(config, log, 10)
     config.write_text(SHRINKS[shrink](config.read_text()))
     assert config.read_text() != write_config(tmp_path / "x.toml", tmp_path / "data").read_text()
 
