@@ -19,7 +19,6 @@ from controller.plane.port import AdmissionPort
 from controller.store import REBUILD_SECONDS, JobRow
 from controller.store.stored import stored_spec
 from pricing import Job, Ledger
-from pricing.errors import SpecError
 
 __all__ = ["ACTIVE", "IDS_PER_QUERY", "Jobs"]
 
@@ -76,7 +75,7 @@ class Jobs:
             for job_id, spec, arrival in session.execute(query):
                 try:
                     job = self.c._parse(stored_spec(spec, job_id), arrival=arrival)
-                except (SpecError, ValueError, TypeError):
+                except Exception:  # whatever it is, get() raises it for this job alone
                     continue
                 with self._cache_lock:
                     self.cache[job_id] = job
