@@ -155,6 +155,9 @@ def test_a_worker_over_its_memory_demand_is_stopped_and_backed_off_and_others_ru
         assert [w.proc.pid for w in ok.running] == starts("ok")  # never stopped
         assert [w.proc.pid for w in free.running] == starts("free")
         assert not ok.failures and not free.failures
+        # the guard's stops are the job's failures its tenant hears of, counted once each
+        assert hog.failed == 2 and hog.last_failure == "over its memory demand"
+        assert ok.failed == free.failed == 0
 
     with capture_logs() as logs:
         run(agent, go)

@@ -178,6 +178,10 @@ def test_a_failing_worker_is_started_again_after_a_back_off_and_one_done_is_not(
         assert log.read_text().split().count("1") == 3
         assert log.read_text().split().count("0") == 1  # done: never started again
         assert job.finished == {0} and not job.running
+        # counted for the job's tenant (the daemon hears them): exits not 0 only
+        assert job.failed == 3 and job.last_failure == "exit status 1"
+        (entry,) = [t for r in agent.reports() for t in r.jobs if t.job == "a"]
+        assert (entry.failures, entry.last_failure) == (3, "exit status 1")
         await steps(agent, lambda: agent.tasks["a"].minibatches == 12)  # 4 runs x 3
         assert len(log.read_text().split()) == 4
 
@@ -383,6 +387,9 @@ def test_a_worker_that_cannot_be_started_is_a_failure_with_a_back_off(
         await agent._commands(0.0)
         job = agent.tasks["a"].workers
         assert job.failures == {0: 1} and not job.running and job.retry_at[0] > 0
+        assert job.failed == 1
+        assert job.last_failure == "could not start: BlockingIOError: [Errno 11] Resource " \
+            "temporarily unavailable"  # fmt: skip
         await agent._commands(0.02)  # within its back-off: not tried again
         assert job.failures == {0: 1}
         for _ in range(20):  # every failed start closes its pipe (each leaked one)

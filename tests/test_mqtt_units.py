@@ -1129,6 +1129,50 @@ def test_agents_that_follow_another_stores_plans_get_this_daemons_above_them(
 # -- untrusted messages: names, sizes, parse failures, identity (issue 12, items 5-8) -------
 
 
+def test_a_report_entrys_worker_failures_round_trip_and_bad_ones_are_ignored_alone() -> None:
+    """An entry says its job's worker failures on the agent (count, latest in words),
+    left out when none (as older agents send it); a bad value of either costs that
+    field, never the entry's counts; the text, read by the tenant, is escaped."""
+    plain = Progress("w0", "s1", [TaskProgress("j1", 3.5, 2.0, "r1")])
+    assert b"failure" not in plain.to_bytes() and Progress.parse(plain.to_bytes()) == plain
+    failing = Progress("w0", "s1", [TaskProgress("j1", 0.0, 0.5, "", 6, "exit status 1")])
+    assert b'"failures":6,"last_failure":"exit status 1"' in failing.to_bytes()
+    assert Progress.parse(failing.to_bytes()) == failing
+    entry = {"job": "j", "minibatches": 2, "worker_seconds": 3}
+    bad: list[tuple[dict[str, Any], str]] = [({"failures": -1}, "failures: must be >= 0"),
+           ({"failures": 1.5}, "failures: must be an integer"),
+           ({"failures": True}, "failures: must be an integer"),
+           ({"failures": 2**53 + 1}, "failures: must be <= 2**53"),
+           ({"last_failure": 7}, "last_failure: must be a non-empty string"),
+           ({"last_failure": "x" * 201}, "last_failure: 201 characters, over 200")]  # fmt: skip
+    for extra, why in bad:
+        report = {"version": 1, "server": "w0", "session": "s", "jobs": [{**entry, **extra}]}
+        got = Progress.parse(json.dumps(report))
+        assert got.jobs == [TaskProgress("j", 2.0, 3.0)] and not got.refused, extra
+        assert len(got.ignored) == 1 and why in got.ignored[0], (got.ignored, why)
+    both = {**entry, "failures": "6", "last_failure": "over its memory demand"}
+    got = Progress.parse(json.dumps({"version": 1, "server": "w0", "session": "s",
+                                     "jobs": [both]}))  # fmt: skip
+    assert got.jobs == [TaskProgress("j", 2.0, 3.0, "", 0, "over its memory demand")]
+    assert got.ignored[0].startswith("progress.jobs[0].failures")
+    assert b"ignored" not in got.to_bytes()
+    raw = {**entry, "failures": 1, "last_failure": "exit \x1b[2J\u202e1"}
+    got = Progress.parse(json.dumps({"version": 1, "server": "w0", "session": "s",
+                                     "jobs": [raw]}))  # fmt: skip
+    assert got.jobs[0].last_failure == "exit \\x1b[2J\\u202e1"
+
+
+def test_an_agent_reports_a_new_worker_failure_even_when_its_counts_stand_still() -> None:
+    agent = Agent("w0", MqttConfig("localhost"))
+    agent.tasks["j1"] = TaskState(minibatches=0.0, worker_seconds=1.0)
+    agent._reported["j1"] = (0.0, 1.0)
+    assert agent.reports() == []
+    agent.tasks["j1"].workers.failed = 2
+    agent.tasks["j1"].workers.last_failure = "exit status 1"
+    (report,) = agent.reports()
+    assert report.jobs == [TaskProgress("j1", 0.0, 1.0, "", 2, "exit status 1")]
+
+
 def test_names_in_topics_and_the_agent_topics_identity() -> None:
     from controller.plane.topics import topic_name
 

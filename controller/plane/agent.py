@@ -46,6 +46,8 @@ import structlog
 
 from controller.plane.agent_messages import (
     MAX_COUNT,
+    MAX_FAILURE_CHARS,
+    MAX_FAILURES,
     MAX_REPORT_JOBS,
     Heartbeat,
     Progress,
@@ -173,6 +175,7 @@ class Agent:
         self.tasks: dict[str, TaskState] = {}
         self.log = structlog.get_logger("oasis-agent").bind(server=server)
         self._reported: dict[str, tuple[float, float]] = {}
+        self._failures_sent: dict[str, int] = {}  # job -> its workers' failures last sent
         self._sent_at: dict[str, float] = {}  # job -> monotonic time its counts last went out
         # jobs this server no longer runs, their counts sent long ago, out of the loops
         # that run every step (:meth:`forget_idle`), until no plan can bring them back
@@ -374,6 +377,7 @@ class Agent:
                 self.commands.stop_job(state.workers)
             del self.tasks[job]
             self._reported.pop(job, None)
+            self._failures_sent.pop(job, None)
             state = None
         if state is None:
             done, seconds, was = self._idle.take(job)
@@ -411,12 +415,14 @@ class Agent:
             if job not in planned
             and not (self.commands is not None and self.commands.busy(state.workers))
             and self._reported.get(job) == (state.minibatches, state.worker_seconds)
+            and self._failures_sent.get(job, 0) == _failures(state)
             and now - self._sent_at.get(job, now) >= horizon
         ]
         for job in idle:
             state = self.tasks.pop(job)
             self._idle.put(job, state.minibatches, state.worker_seconds, state.run)
             self._reported.pop(job, None)
+            self._failures_sent.pop(job, None)
             self._sent_at.pop(job, None)
         if plan is not None:  # and those no plan can bring back any more are dropped
             self._idle.expire(self.wall(), plan.window, plan.slot_seconds)
@@ -433,11 +439,14 @@ class Agent:
         jobs = []
         for job, s in self.tasks.items():
             now = (s.minibatches, s.worker_seconds)
-            if only_changed and self._reported.get(job) == now:
+            # a new failure is news too: workers failing at once add no worker-second
+            if (only_changed and self._reported.get(job) == now
+                    and self._failures_sent.get(job, 0) == _failures(s)):  # fmt: skip
                 continue
             # within what the daemon takes, or it drops the entry (workers' sums can pass it)
             jobs.append(TaskProgress(job, min(s.minibatches, MAX_COUNT),
-                                     min(s.worker_seconds, MAX_COUNT), s.run))  # fmt: skip
+                                     min(s.worker_seconds, MAX_COUNT), s.run, _failures(s),
+                                     s.workers.last_failure[:MAX_FAILURE_CHARS]))  # fmt: skip
         return [
             Progress(self.server, self.session, jobs[i : i + MAX_REPORT_JOBS])
             for i in range(0, len(jobs), MAX_REPORT_JOBS)
@@ -613,9 +622,15 @@ class Agent:
             await client.publish(self.topics.progress(self.server), report.to_bytes(), qos=1)
             for t in report.jobs:
                 self._reported[t.job] = (t.minibatches, t.worker_seconds)
+                self._failures_sent[t.job] = t.failures
                 self._sent_at[t.job] = time.monotonic()
 
     def _client(self) -> aiomqtt.Client:
         """A broker connection of this agent's session (one at a time)."""
         return client_for(self.mqtt, f"agent-{self.server}-{self.session}",
                           queue_type=LatestPerTopic)  # fmt: skip
+
+
+def _failures(state: TaskState) -> int:
+    """The failures of ``state``'s workers, as a report says them."""
+    return min(state.workers.failed, MAX_FAILURES)

@@ -14,7 +14,11 @@ does not parse (bad UTF-8, bad JSON, JSON nested too deep for the parser) is a
 :class:`~pricing.errors.SpecError`, logged and skipped. A report's entry whose count is
 not a number from 0 to :data:`MAX_COUNT`, or whose job is longer than any job's key
 (:data:`~pricing.fields.MAX_JOB_KEY_CHARS`), is left out (``Progress.refused``), its
-other entries kept.
+other entries kept. An entry's optional ``failures`` (an integer from 0 to
+:data:`MAX_FAILURES`) and ``last_failure`` (text of at most :data:`MAX_FAILURE_CHARS`
+characters) that are not are ignored alone (``Progress.ignored``), the entry's counts
+kept; ``last_failure`` is a worker's failure as the agent words it, read by the job's
+tenant: its control and invisible characters are escaped (:func:`pricing.text.escape`).
 
 Why the strings are bounded, not only the payload: the daemon keeps what they name
 after the message is gone. An entry's job id that no stored job has is remembered, up
@@ -35,17 +39,21 @@ connection's will, which the broker publishes if the daemon vanishes.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from controller.plane.codec import VERSION, _below, _dump, _run, decode
 from controller.plane.plan_messages import MAX_PLAN_PAYLOAD_BYTES
 from pricing import fields
 from pricing.errors import SpecError
+from pricing.text import escape
 
 __all__ = [
     "MAX_COUNT",
     "MAX_DEVICES_SHORT",
+    "MAX_FAILURES",
+    "MAX_FAILURE_CHARS",
     "MAX_REPORT_JOBS",
     "MAX_SESSION_CHARS",
     "Heartbeat",
@@ -53,6 +61,8 @@ __all__ = [
     "Status",
     "TaskProgress",
 ]
+
+T = TypeVar("T")
 
 MAX_REPORT_JOBS = 1000
 """The most jobs one progress report may name (a server runs far fewer at once)."""
@@ -68,6 +78,13 @@ by those it ignores."""
 
 MAX_DEVICES_SHORT = 100_000
 """The most workers short of devices a heartbeat may say."""
+
+MAX_FAILURES = fields.MAX_INTEGER
+"""The largest count of a job's worker failures in a report entry (2**53)."""
+
+MAX_FAILURE_CHARS = 200
+"""The longest ``last_failure`` of a report entry (``exit status 1``, ``over its memory
+demand``); the agent cuts its own to this."""
 
 
 @dataclass(frozen=True)
@@ -129,12 +146,32 @@ class TaskProgress:
         worker_seconds: time its workers ran, summed over workers, seconds.
         run: the ``run`` of the task these counts are for
             (:class:`~controller.plane.plan_messages.Task`); "": not said.
+        failures: its worker commands' failures on this agent over the session (exits
+            not 0, signals not the agent's, starts that failed, stops by the memory
+            guard: :mod:`controller.plane.workers`); 0: none, or not said (left out of
+            the payload, as older agents do).
+        last_failure: the latest of them in words (``exit status 1``), at most
+            :data:`MAX_FAILURE_CHARS` characters; "": none, or not said (left out).
     """
 
     job: str
     minibatches: float
     worker_seconds: float
     run: str = ""
+    failures: int = 0
+    last_failure: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry as a report's payload holds it, its unsaid fields left out."""
+        body: dict[str, Any] = {
+            "job": self.job, "minibatches": self.minibatches,
+            "worker_seconds": self.worker_seconds, "run": self.run,
+        }  # fmt: skip
+        if self.failures:
+            body["failures"] = self.failures
+        if self.last_failure:
+            body["last_failure"] = self.last_failure
+        return body
 
 
 @dataclass(frozen=True)
@@ -148,15 +185,21 @@ class Progress:
         refused: what was wrong with each entry left out of ``jobs`` when parsed (not
             sent): one job's bad count costs that entry, never the other jobs' progress
             in the same report (another tenant's job would fail for want of it).
+        ignored: what was wrong with each optional field of a kept entry that was
+            ignored when parsed (``failures``, ``last_failure``; not sent).
     """
 
     server: str
     session: str
     jobs: list[TaskProgress]
     refused: list[str] = field(default_factory=list, compare=False)
+    ignored: list[str] = field(default_factory=list, compare=False)
 
     def to_bytes(self) -> bytes:
-        return _dump(self, "refused")  # what the receiver found wrong is not sent
+        # what the receiver found wrong is not sent; an entry's unsaid fields neither
+        body = {"version": VERSION, "server": self.server, "session": self.session,
+                "jobs": [t.to_json() for t in self.jobs]}  # fmt: skip
+        return json.dumps(body, separators=(",", ":")).encode()
 
     @classmethod
     def parse(cls, payload: bytes | bytearray | str) -> Progress:
@@ -169,6 +212,7 @@ class Progress:
                 "progress.jobs", f"{len(raw_jobs)} entries, over the limit of {MAX_REPORT_JOBS}"
             )
         jobs, refused = [], []
+        ignored: list[str] = []
         for i, j in enumerate(raw_jobs):
             w = f"progress.jobs[{i}]"
             try:
@@ -181,6 +225,8 @@ class Progress:
                             fields.require(m, "worker_seconds", w), f"{w}.worker_seconds"
                         ),
                         run=_run(m.get("run", ""), f"{w}.run"),
+                        failures=_lenient(_failures, m, "failures", w, 0, ignored),
+                        last_failure=_lenient(_failure_text, m, "last_failure", w, "", ignored),
                     )
                 )
             except SpecError as err:
@@ -191,7 +237,40 @@ class Progress:
             session=session,
             jobs=jobs,
             refused=refused,
+            ignored=ignored,
         )
+
+
+def _lenient(
+    check: Callable[[Any, str], T],
+    entry: Mapping[str, Any],
+    key: str,
+    where: str,
+    unsaid: T,
+    ignored: list[str],
+) -> T:
+    """``check(entry[key], field)`` (``unsaid`` if the entry lacks ``key``); on a
+    SpecError, ``unsaid``, and what was wrong added to ``ignored``."""
+    if key not in entry:
+        return unsaid
+    try:
+        return check(entry[key], f"{where}.{key}")
+    except SpecError as err:
+        ignored.append(str(err)[:200])
+        return unsaid
+
+
+def _failures(value: Any, field: str) -> int:
+    """A count of worker failures: an integer ``0 .. 2**53``."""
+    return _below(value, field, 0, MAX_FAILURES + 1)
+
+
+def _failure_text(value: Any, field: str) -> str:
+    """A worker failure in words: text of at most :data:`MAX_FAILURE_CHARS` characters
+    ("" too), its control and invisible characters escaped (a tenant reads it)."""
+    if value == "":
+        return ""
+    return escape(_short(value, field, MAX_FAILURE_CHARS, f"over {MAX_FAILURE_CHARS}"))
 
 
 def _session(value: Any, field: str) -> str:

@@ -354,6 +354,9 @@ class Plane:
             if parsed.refused:
                 self._complain(server, "entries", "report entries dropped: bad counts",
                                entries=len(parsed.refused), error=parsed.refused[0])  # fmt: skip
+            if parsed.ignored:
+                self._complain(server, "fields", "report fields ignored: bad worker failures",
+                               fields=len(parsed.ignored), error=parsed.ignored[0])  # fmt: skip
             self.execution.report(parsed)
         return True
 

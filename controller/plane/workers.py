@@ -54,6 +54,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.plane.agent_messages import MAX_FAILURE_CHARS
 from controller.plane.demand import Demand, demand_environment
 from controller.plane.devices import Devices
 from controller.plane.memory_guard import SAMPLE_SECONDS, MemoryGuard, group_rss
@@ -170,6 +171,10 @@ class JobWorkers:
         finished: indices whose worker exited 0: not started again.
         failures: failures in a row per index (the back-off's exponent).
         retry_at: per index, the monotonic time before which it is not started again.
+        failed: its workers' failures in all (each counted by the back-off), reported
+            to the daemon for the job's tenant.
+        last_failure: the latest of them in words (``exit status 1``, ``over its memory
+            demand``); "": none yet.
     """
 
     running: list[Worker] = field(default_factory=list)
@@ -178,6 +183,8 @@ class JobWorkers:
     failures: dict[int, int] = field(default_factory=dict)
     retry_at: dict[int, float] = field(default_factory=dict)
     all_done_said: bool = False  # every planned index exited 0: warned once
+    failed: int = 0
+    last_failure: str = ""
 
 
 @dataclass
@@ -494,8 +501,9 @@ class Commands:
                 pipe.close()  # every failed start leaked it (the second review)
             if proc is not None:  # started, but its output cannot be followed
                 _kill_group(proc.pid, signal.SIGKILL)
-            self._failed(job_id, job, index, f"{type(err).__name__}: {err}", 0.0, now,
-                         started=False)  # fmt: skip
+            why = f"{type(err).__name__}: {err}"
+            self._failed(job_id, job, index, why, 0.0, now, started=False,
+                         said=f"could not start: {why}")  # fmt: skip
             return
         count = [0.0]
         tags = {"job": job_id, "worker": index, "pid": proc.pid}
@@ -553,7 +561,8 @@ class Commands:
                 self.log.info("worker finished", job=job_id, worker=worker.index,
                               minibatches=worker.count[0])  # fmt: skip
                 continue
-            self._failed(job_id, job, worker.index, _status(code), now - worker.started, now)
+            self._failed(job_id, job, worker.index, _status(code), now - worker.started, now,
+                         said=_in_words(code))  # fmt: skip
 
     def _release(self, job_id: str, worker: Worker) -> None:
         """Give back the devices of ``worker``, which exited, unless a process of it that
@@ -613,10 +622,14 @@ class Commands:
         now: float,
         started: bool = True,
         what: str = "",
+        said: str = "",
     ) -> None:
         """Worker ``index`` of ``job`` failed after ``ran`` seconds (or could not be
         ``started``; ``what`` happened, for the log: its exit by default): its
-        back-off."""
+        back-off, and one more of the job's failures, ``said`` (``status`` if "") the
+        latest, for its tenant."""
+        job.failed += 1
+        job.last_failure = (said or status)[:MAX_FAILURE_CHARS]
         failures = 1 if ran >= RESTART_MAX else job.failures.get(index, 0) + 1
         job.failures[index] = failures
         delay = min(RESTART_MAX, RESTART_FIRST * 2 ** (failures - 1))
@@ -884,6 +897,14 @@ def _kill_group(group: int, sig: int) -> None:
     """``sig`` to process group ``group`` (a worker's: its leader's pid), if any is left."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(group, sig)
+
+
+def _in_words(code: int | None) -> str:
+    """A worker's exit in words for its job's tenant (``exit status 1``, ``killed by
+    SIGSEGV``)."""
+    if code is not None and code >= 0:
+        return f"exit status {code}"
+    return _status(code)
 
 
 def _status(code: int | None) -> str:
