@@ -236,4 +236,9 @@ def progress_to_proto(view: ProgressView) -> pb.JobProgress:
         total_worker_seconds=estimate(view.total_worker_seconds),
         planned_worker_seconds=view.planned_worker_seconds,
         completion_slot=view.completion_slot,
-    )
+        worker_failures=[
+            pb.WorkerFailures(server=f.server, failures=f.failures,
+                              last_failure=f.last_failure, seconds_ago=f.seconds_ago)
+            for f in view.worker_failures
+        ],
+    )  # fmt: skip

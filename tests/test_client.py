@@ -586,6 +586,23 @@ def test_progress_intervals_are_never_negative() -> None:
         assert 0.0 <= interval.low < interval.mean < interval.high
 
 
+def test_progress_says_each_servers_failing_workers_and_nothing_without() -> None:
+    from controller.commands.progress import render
+
+    quiet = pb.JobProgress(id="j1", minibatches_total=10)
+    assert "failing" not in render(quiet)
+    failing = pb.JobProgress(id="j1", minibatches_total=10, worker_failures=[
+        pb.WorkerFailures(server="w0", failures=6, last_failure="over its memory demand",
+                          seconds_ago=12.4),
+        pb.WorkerFailures(server="w1", failures=1, last_failure="exit status 1", seconds_ago=0.2),
+    ])  # fmt: skip
+    lines = render(failing).splitlines()
+    assert lines[-2:] == [
+        "  workers failing on w0: 6 times, last: over its memory demand (12s ago)",
+        "  workers failing on w1: once, last: exit status 1 (0s ago)",
+    ]
+
+
 def test_addresses_and_arguments_are_checked_by_the_client_and_json_stays_json() -> None:
     """Found by an audit, each before: ``--server :`` became ``:50051:50051`` and port
     99999 read as "nothing listens there"; ``prices --slots -1`` showed the whole

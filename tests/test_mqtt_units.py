@@ -1173,6 +1173,25 @@ def test_an_agent_reports_a_new_worker_failure_even_when_its_counts_stand_still(
     assert report.jobs == [TaskProgress("j1", 0.0, 1.0, "", 2, "exit status 1")]
 
 
+def test_the_daemon_keeps_the_latest_failures_per_job_and_server_and_forgets_ended_jobs() -> None:
+    from controller.plane.worker_failures import FailuresHeard, WorkerFailures
+
+    heard = FailuresHeard()
+    heard.heard("j1", "w1", 1, "exit status 1", at=10.0)
+    heard.heard("j1", "w0", 2, "exit status 1", at=10.0)
+    heard.heard("j1", "w0", 6, "over its memory demand", at=20.0)  # replaces w0's
+    heard.heard("j2", "w0", 0, "", at=20.0)  # none: nothing kept
+    assert heard.of("j1", now=32.0) == [
+        WorkerFailures("w0", 6, "over its memory demand", 12.0),
+        WorkerFailures("w1", 1, "exit status 1", 22.0),
+    ]
+    assert heard.of("j2", now=32.0) == [] and len(heard) == 1
+    heard.heard("j1", "w1", 0, "", at=30.0)  # a new agent session without failures
+    assert [f.server for f in heard.of("j1", now=32.0)] == ["w0"]
+    heard.forget({"j3"})
+    assert heard.of("j1", now=32.0) == [] and len(heard) == 0
+
+
 def test_names_in_topics_and_the_agent_topics_identity() -> None:
     from controller.plane.topics import topic_name
 

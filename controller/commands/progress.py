@@ -4,6 +4,11 @@ The node agents report mini-batches done and worker-seconds spent; the daemon re
 time on work (pricing/runtime_estimate.py, a Bayesian linear regression) and keeps the
 estimate of one mini-batch's time and of the whole job's worker-seconds, each with a
 credible interval. Needs a daemon with an execution plane (an ``[mqtt]`` broker).
+
+A job whose worker commands fail on a server (exit not 0, killed, could not start,
+stopped by the agent's memory guard) gets a line per such server, as its agent last
+said: ``workers failing on w0: 6 times, last: exit status 1 (12s ago)``; none when
+none failed (or the daemon has not heard of it since it started).
 """
 
 from __future__ import annotations
@@ -47,7 +52,15 @@ def render(p: pb.JobProgress) -> str:
     ]
     if p.HasField("completion_slot"):
         lines.append(f"  completes in    slot {p.completion_slot} (as planned now)")
+    lines += [_failing(f) for f in p.worker_failures]
     return "\n".join(lines)
+
+
+def _failing(f: pb.WorkerFailures) -> str:
+    """One server's failing workers as a line (its text escaped by the daemon)."""
+    times = "once" if f.failures == 1 else f"{f.failures} times"
+    last = f", last: {f.last_failure}" if f.last_failure else ""
+    return f"  workers failing on {f.server}: {times}{last} ({f.seconds_ago:.0f}s ago)"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -105,6 +105,7 @@ from controller.plane.unknown_jobs import (
     UnknownLookups,
     unknown_jobs,
 )
+from controller.plane.worker_failures import FailuresHeard
 from controller.store import CORDONED, AllocationRow, EventRow, JobRow, MetaRow, OutageRow
 
 __all__ = [
@@ -205,6 +206,9 @@ class Execution:
         self._heard_saved = True  # False: ``heard`` (or the ignored sessions) grew since stored
         self.failed: dict[str, float] = {}  # server -> link time declared failed
         self.progress: dict[str, JobProgress] = {}
+        # each followed job's failing workers per server, as their agents last said (in
+        # memory only: controller.plane.worker_failures)
+        self.failures = FailuresHeard()
         self._pruned_slot: int | None = None
         # the inbox: filled on the event loop, emptied in the decision thread (_drain)
         self._inbox_lock = threading.Lock()
@@ -344,6 +348,7 @@ class Execution:
         except Exception:  # the store: nothing applied, so nothing lost
             self._reports.put_back(reports)
             raise
+        heard_at = self.monotonic()  # of the failures said: within a review of arriving
         ignored: Counter[str] = Counter()
         unplanned: dict[str, set[str]] = {}  # server -> ids of its ignored entries (some)
         crowded: Counter[str] = Counter()
@@ -376,6 +381,8 @@ class Execution:
                     crowded[progress.server] += 1
                     continue
                 prog.sessions[key] = [task.minibatches, task.worker_seconds]
+                self.failures.heard(task.job, progress.server, task.failures,
+                                    task.last_failure, heard_at)  # fmt: skip
                 prog.samples.append(prog.totals())
                 del prog.samples[:-MAX_SAMPLES]
                 prog.dirty = True
@@ -557,6 +564,7 @@ class Execution:
             del self.progress[job_id]
         self.jobs.forget(active)
         self.review.forget(active)
+        self.failures.forget(active)
 
     # -- plans (decision thread) --------------------------------------------------------
 
@@ -690,4 +698,6 @@ class Execution:
                     select(AllocationRow).where(AllocationRow.job_id == job_id)))
             ) * self.slot_seconds  # fmt: skip
             prog = with_stored(session, job_id, self.progress.get(job_id))
-        return progress_view(job_id, job, state, completion, planned_ws, prog, self.slot_seconds)
+        failures = tuple(self.failures.of(job_id, self.monotonic()))
+        return progress_view(job_id, job, state, completion, planned_ws, prog, self.slot_seconds,
+                             failures)  # fmt: skip

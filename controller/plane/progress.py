@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session
 from structlog.typing import FilteringBoundLogger
 
 from controller.plane.jobs import ACTIVE, IDS_PER_QUERY
+from controller.plane.worker_failures import WorkerFailures
 from controller.store import JobRow, ProgressRow
 from pricing import Job
 from pricing.runtime_estimate import Interval, RuntimePrior, fit
@@ -299,6 +300,8 @@ class ProgressView:
             predictive interval.
         planned_worker_seconds: worker-seconds the plan holds in all (slots x length).
         completion_slot: the planned last slot.
+        worker_failures: its failing worker commands per server, as their agents last
+            said (:mod:`controller.plane.worker_failures`); empty: none heard of.
     """
 
     job_id: str
@@ -312,15 +315,16 @@ class ProgressView:
     total_worker_seconds: Interval
     planned_worker_seconds: float
     completion_slot: int | None
+    worker_failures: tuple[WorkerFailures, ...] = ()
 
 
 def progress_view(
     job_id: str, job: Job, state: str, completion: int | None, planned_ws: float, prog: JobProgress,
-    slot_seconds: float,
+    slot_seconds: float, failures: tuple[WorkerFailures, ...] = (),
 ) -> ProgressView:  # fmt: skip
     """``job_id``'s view (``job`` its spec): its progress ``prog`` and the runtime
     estimate fitted to it; ``planned_ws`` is the worker-seconds its plan holds,
-    ``slot_seconds`` a slot's length."""
+    ``slot_seconds`` a slot's length, ``failures`` its failing workers per server."""
     done, spent = prog.totals()
     planned_mb = job.minibatch_slots * slot_seconds
     total = job.total_minibatches
@@ -341,4 +345,5 @@ def progress_view(
         total_worker_seconds=post.seconds_at(total, LEVEL),
         planned_worker_seconds=planned_ws,
         completion_slot=completion,
+        worker_failures=failures,
     )
