@@ -98,11 +98,15 @@ class Plane(PlaneHarness):
             "127.0.0.1", self.broker.port, username=user, password=PASSWORDS[user]
         )
 
-    def start_agent(self, server: str, speed: float = 1.0) -> None:
+    def start_agent(self, server: str, speed: float = 1.0, command: str = "") -> None:
+        """``oasis agent`` for ``server``: simulated at ``speed``, or running ``command``
+        per worker (``--command``)."""
         env = {**os.environ}
         argv = [sys.executable, "-m", "controller.cli", "agent", "--node", server,
                 "--broker", self.broker.url, "--report-seconds", "0.2",
                 "--speed", str(speed)]  # fmt: skip
+        if command:
+            argv += ["--command", command]
         if self.secured:
             argv += ["--mqtt-username", server]
             env["OASIS_MQTT_PASSWORD"] = PASSWORDS[server]
@@ -530,6 +534,37 @@ def test_a_report_far_behind_its_plan_does_not_stall_the_decisions(plane: Plane)
     p.stub().QuoteJob(pb.QuoteJobRequest(job=spec_to_proto(plane_job("other"))), timeout=30)
     assert time.monotonic() - started < 5.0
     assert p.job("slow").state == pb.JOB_STATE_RUNNING
+
+
+def test_a_tenant_sees_why_its_workers_fail_in_get_progress_and_oasis_progress(
+    plane: Plane,
+) -> None:
+    """Before: a job whose worker command exited 1 at once showed no mini-batch, then
+    ``behind`` and ``failed``; why was only in the agent's log on the server. Now its
+    agents say their workers' failures and the daemon gives them with the progress."""
+    p = plane
+    for server in SERVERS:
+        p.start_agent(server, command='sh -c "exit 1"')
+    p.daemon.start()
+    p.wait_agents()
+    server = _running_on(p, plane_job("broken"))
+
+    def failing() -> Any:
+        got = p.stub().GetProgress(pb.GetProgressRequest(id="broken"), timeout=10).progress
+        return got if got.worker_failures else None
+
+    progress = wait_for("the workers' failures", failing, timeout=20)
+    mine = {f.server: f for f in progress.worker_failures}
+    assert server in mine, progress
+    assert mine[server].failures >= 1 and mine[server].last_failure == "exit status 1"
+    assert 0 <= mine[server].seconds_ago < 20 and progress.minibatches_done == 0
+    out = oasis("progress", "broken", server=p.daemon.address).stdout
+    assert re.search(rf"workers failing on {server}: (once|\d+ times), last: exit status 1 "
+                     rf"\(\d+s ago\)", out), out  # fmt: skip
+    listed = json.loads(oasis("progress", "broken", "--json", server=p.daemon.address).stdout)
+    assert {f["server"]: f["last_failure"] for f in listed["worker_failures"]}[server] == (
+        "exit status 1"
+    )
 
 
 def test_counts_whose_sum_overflows_are_refused(plane: Plane) -> None:
