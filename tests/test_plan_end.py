@@ -85,6 +85,28 @@ def test_silence_after_the_plan_ended_short_fails_the_job(daemon: PlaneDaemon) -
     assert daemon.ex.review_sync() == []  # failed once
 
 
+def test_a_job_failed_for_its_failing_workers_says_what_its_agents_said(
+    daemon: PlaneDaemon,
+) -> None:
+    """The failure's event is stored and read by the job's tenant; it now carries the
+    workers' failures the agents last said (before: only ``plan_ended``, the reason in
+    the agent's log on the server), and so does the ``behind`` (``no_progress``) one."""
+    view = daemon.submit("f")
+    planned = view.decision.work * 3600.0
+    failing = TaskProgress("f", 0.0, planned, failures=7, last_failure="exit status 3")
+    daemon.ex.report(Progress("w0", "a", [failing]))
+    said = [{"server": "w0", "failures": 7, "last_failure": "exit status 3"}]
+    (behind,) = daemon.ex.review_sync()
+    assert (behind.kind, behind.detail["reason"]) == ("behind", "no_progress")
+    assert behind.detail["worker_failures"] == said
+    _past_plan(daemon, view)
+    daemon.clock.advance(daemon.ex.mqtt.heartbeat_timeout + 1.0)
+    (failed,) = daemon.ex.review_sync()
+    assert (failed.kind, failed.detail["reason"]) == ("failed", "plan_ended")
+    assert failed.detail["worker_failures"] == said
+    assert daemon.c._events_sync(0)[-1].detail == failed.detail  # as stored
+
+
 def test_no_job_fails_while_its_agents_cannot_be_heard(daemon: PlaneDaemon) -> None:
     """Past its plan, short, and silent for the grace -- but the broker connection is
     down, or up for less than the grace (just reconnected, or the daemon just started):

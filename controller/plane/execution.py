@@ -221,7 +221,9 @@ class Execution:
         self.agents = AgentSessions(mqtt, monotonic, self._complain)
         self.jobs = Jobs(controller)
         self.outages = Outages(controller, mqtt, self.server_index, self.jobs)
-        self.review = JobReview(controller, mqtt, self.progress, self.jobs)
+        self.review = JobReview(
+            controller, mqtt, self.progress, self.jobs, self.failures, monotonic
+        )
         self.plans = PlanBuilder(controller, mqtt, self.server_index, self.jobs)
         self.epoch = 0
         self.events_published = 0

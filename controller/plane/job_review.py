@@ -28,6 +28,8 @@ never changed).
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -44,6 +46,7 @@ from controller.plane.port import AdmissionPort
 from controller.plane.progress import LEVEL, MIN_SAMPLES, JobProgress
 from controller.plane.replan_turns import ReplanTurns, in_turn
 from controller.plane.settings import MqttConfig
+from controller.plane.worker_failures import FailuresHeard
 from controller.store import AllocationRow, EventRow, JobRow, StoreUnavailableError
 from pricing import ADMIT_THRESHOLD, Job
 from pricing.best_schedule import BestSchedule
@@ -98,9 +101,13 @@ class JobReview(PlanePart):
         mqtt: MqttConfig,
         progress: dict[str, JobProgress],
         jobs: Jobs,
+        failures: FailuresHeard | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(controller, mqtt, jobs)
         self.progress = progress
+        self.failures = failures if failures is not None else FailuresHeard()
+        self.monotonic = monotonic
         self.pending: set[str] = set()  # jobs with new progress, to review
         # jobs reported done in a slot before their arrival: never completed there (a jct
         # under 1 slot, a utility no schedule earns), kept pending until they arrive
@@ -267,6 +274,7 @@ class JobReview(PlanePart):
                 if unsent:  # no agent ever reported it, and slots of its plan never went out
                     detail.update(reason="plan_not_sent",
                                   not_sent_slots=[list(run) for run in unsent])  # fmt: skip
+                detail.update(self._failing(job_id))
                 events.append(self.c._event(session, now, "failed", job_id, "failed", detail))
                 self.log.warning("job failed: its plan ended before its work", job=job_id,
                                  **detail)  # fmt: skip
@@ -367,7 +375,7 @@ class JobReview(PlanePart):
         if spent < 0.5 * planned:
             return []
         detail = {"reason": "no_progress", "worker_seconds": spent,
-                  "planned_worker_seconds": planned}  # fmt: skip
+                  "planned_worker_seconds": planned, **self._failing(job.id)}  # fmt: skip
         with self.c._write() as session:
             said = session.scalars(select(EventRow.detail).where(
                 EventRow.job_id == job.id, EventRow.kind == "behind")).all()  # fmt: skip
@@ -382,6 +390,21 @@ class JobReview(PlanePart):
         self.log.warning("job without progress: its workers report no mini-batch",
                          job=job.id, **detail)  # fmt: skip
         return [event]
+
+    def _failing(self, job_id: str) -> dict[str, Any]:
+        """``{"worker_failures": [{server, failures, last_failure}, ...]}``: the job's
+        failing workers as its agents last said (:mod:`controller.plane.worker_failures`),
+        for the event that reports it stalled or failed, which is stored, read by its
+        tenant, and outlives what the plane keeps of the job; ``{}`` if none failed.
+        Before, a job failed for a worker command that exited 1 said only
+        ``plan_ended``."""
+        failing = self.failures.of(job_id, self.monotonic())
+        if not failing:
+            return {}
+        return {"worker_failures": [
+            {"server": f.server, "failures": f.failures, "last_failure": f.last_failure}
+            for f in failing
+        ]}  # fmt: skip
 
     def _take_turn(self, job: Job, work: int, submitter: str | None) -> bool:
         """Whether the re-plan of ``work`` worker-slots of ``job`` (of ``submitter``) is

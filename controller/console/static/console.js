@@ -748,12 +748,19 @@
       return s;
     }
     var done = p.worker_seconds, planned = p.planned_worker_seconds, est = p.total_worker_seconds;
-    s.appendChild(dl([
+    var rows = [
       ["Mini-batches", num(p.minibatches_done, 0) + " of " + p.minibatches_total + " (" + pct(p.minibatches_total ? p.minibatches_done / p.minibatches_total : 0) + ")"],
       ["Worker time used", roughly(done) + " of " + roughly(planned) + " planned"],
       ["Estimated in all", roughly(est.mean) + " (" + Math.round(100 * est.level) + "% interval " + roughly(est.low) + " – " + roughly(est.high) + ", from " + p.reports + " reports)"],
       ["One mini-batch", num(p.minibatch_seconds.mean, 3) + " s estimated (plan " + num(p.planned_minibatch_seconds, 3) + " s)"]
-    ]));
+    ];
+    // as the agents last said: the worker commands failing on each server, and why
+    (p.worker_failures || []).forEach(function (f) {
+      var times = f.failures === 1 ? "once" : num(f.failures, 0) + " times";
+      rows.push(["Workers failing on " + f.server, times + (f.last_failure ? ", last: " + f.last_failure : "") +
+        " (" + roughly(f.seconds_ago) + " ago)"]);
+    });
+    s.appendChild(dl(rows));
     var w = 520, h = 74, pad = 10;
     var max = Math.max(planned, est.high || 0, done, 1) * 1.05;
     var x = function (v) { return pad + (w - 2 * pad) * Math.min(v, max) / max; };
