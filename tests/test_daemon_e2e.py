@@ -194,26 +194,38 @@ def test_watch_replays_and_streams_events(tmp_path: Path, daemon: Daemon) -> Non
         stream.cancel()
 
 
+def submit_rpc(address: str, spec: dict[str, Any]) -> pb.SubmitJobResponse:
+    """SubmitJob as ``oasis submit`` sends it (the spec as JSON): decided, not refused."""
+    with grpc.insecure_channel(address) as channel:
+        request = pb.SubmitJobRequest(job=pb.JobSpec(json=json.dumps(spec)))
+        reply: pb.SubmitJobResponse = pb_grpc.AdmissionStub(channel).SubmitJob(request, timeout=60)
+    return reply
+
+
 def test_kill_9_and_restart_lose_nothing_and_decide_as_if_uninterrupted(
     tmp_path: Path, store_url: str, request: pytest.FixtureRequest
 ) -> None:
+    """Driven over gRPC, as ``oasis submit`` sends a job (the CLI's submit and listing are
+    the other tests'): through the CLI, each of its 15 calls started a process."""
     epoch = time.time()
     jobs = contending_jobs(7)
     crashed = Daemon(
         write_config(tmp_path / "a.toml", tmp_path / "a", store_url, epoch), tmp_path / "a.log"
     ).start()
-    decisions = [submit_json(tmp_path, j, crashed.address) for j in jobs[:6]]
-    assert any(d["state"] == "rejected" for d in decisions), "jobs should contend"
-    assert any(d["state"] == "admitted" for d in decisions)
+    decisions = [submit_rpc(crashed.address, j).job for j in jobs[:6]]
+    assert any(d.state == pb.JOB_STATE_REJECTED for d in decisions), "jobs should contend"
+    assert any(d.state == pb.JOB_STATE_ADMITTED for d in decisions)
     crashed.kill9()
 
     restarted = Daemon(crashed.config, tmp_path / "a.log").start()
     try:
-        stored = json.loads(oasis("jobs", "--json", server=restarted.address).stdout)["jobs"]
-        assert [j["decision"] for j in stored] == [d["decision"] for d in decisions]
-        retry = submit_json(tmp_path, jobs[5], restarted.address)
-        assert retry["duplicate"] is True
-        after_crash = submit_json(tmp_path, jobs[6], restarted.address)["decision"]
+        with grpc.insecure_channel(restarted.address) as channel:
+            listed = pb_grpc.AdmissionStub(channel).ListJobs(pb.ListJobsRequest(), timeout=30)
+        assert not listed.next_page_token
+        assert [j.decision for j in listed.jobs] == [d.decision for d in decisions]
+        retry = submit_rpc(restarted.address, jobs[5])
+        assert retry.duplicate is True
+        after_crash = submit_rpc(restarted.address, jobs[6]).job.decision
     finally:
         assert restarted.stop() == 0
 
@@ -226,13 +238,12 @@ def test_kill_9_and_restart_lose_nothing_and_decide_as_if_uninterrupted(
     ).start()
     try:
         for j in jobs[:6]:
-            submit_json(tmp_path, j, calm.address)
-        uninterrupted = submit_json(tmp_path, jobs[6], calm.address)["decision"]
+            submit_rpc(calm.address, j)
+        uninterrupted = submit_rpc(calm.address, jobs[6]).job.decision
     finally:
         assert calm.stop() == 0
-    decision_ms = "decision_ms"
-    after_crash.pop(decision_ms, None)
-    uninterrupted.pop(decision_ms, None)
+    after_crash.ClearField("decision_ms")
+    uninterrupted.ClearField("decision_ms")
     assert after_crash == uninterrupted  # same payoff, cost and plan, bit for bit
 
 
