@@ -85,8 +85,12 @@ class Scraped:
         return resp
 
 
-@pytest.fixture
-def scraped(tmp_path: Path) -> Iterator[Scraped]:
+@pytest.fixture(scope="module")
+def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraped]:
+    """One daemon for the module: the loopback test only reads /metrics with odd Host
+    headers (no call, no decision), so the counts the other test checks start at 0
+    whichever runs first."""
+    tmp_path = tmp_path_factory.mktemp("scraped")
     config = write_config(tmp_path / "m.toml", tmp_path / "data", extra=METRICS_ON)
     log = tmp_path / "m.log"
     daemon = Daemon(config, log).start()
