@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ import pytest
 from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
-from tests.servers import SMALL_JOB, Daemon, Postgres, oasis, postgres_or_skip, write_config
+from tests.servers import SMALL_JOB, Daemon, Postgres, oasis, write_config
 
 SLOT = 3600
 LEAD = 15.0
@@ -33,11 +32,6 @@ and start running at slot 1, which lasts an hour (every later decision falls in 
 
 CHEAP = {"kind": "sigmoid", "priority": 0.05, "decay": 0.5, "target": 3}
 """A utility worth too little for its work: priced out (rejected)."""
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[Postgres]:
-    yield from postgres_or_skip()
 
 
 @dataclass
