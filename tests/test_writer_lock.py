@@ -31,7 +31,7 @@ from controller.store.writer_lock import (
     StoreLockedError,
 )
 from tests.servers import ROOT, Daemon, Postgres, write_config
-from tests.test_daemon_e2e import job, submit_json
+from tests.test_daemon_e2e import job, submit_rpc
 
 
 def _oasisd(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -58,7 +58,7 @@ def test_a_second_daemon_on_the_same_store_exits_naming_the_first(
     log = tmp_path / "a.log"
     first = Daemon(config, log).start()
     try:
-        assert submit_json(tmp_path, job("j0"), first.address)["state"]
+        assert submit_rpc(first.address, job("j0")).job.state
         second = _oasisd(config)
         assert first.proc is not None
         assert second.returncode == 1, second.stderr
@@ -67,13 +67,13 @@ def test_a_second_daemon_on_the_same_store_exits_naming_the_first(
         assert line.startswith("oasisd: the store ") and "is in use by another oasisd" in line
         assert f"(host {socket.gethostname()}, pid {first.proc.pid}, since 20" in line, line
         # the first one was not disturbed
-        assert submit_json(tmp_path, job("j1"), first.address)["state"]
+        assert submit_rpc(first.address, job("j1")).job.state
     finally:
         assert first.stop() == 0, log.read_text()
     assert _writer_record(store_url)["epoch"] == 1
     again = Daemon(config, log).start()  # the lock went with the first process
     try:
-        assert submit_json(tmp_path, job("j2"), again.address)["state"]
+        assert submit_rpc(again.address, job("j2")).job.state
     finally:
         assert again.stop() == 0, log.read_text()
     record = _writer_record(store_url)
@@ -157,7 +157,7 @@ def test_a_lock_lost_with_its_session_is_taken_again_or_the_daemon_stops(
         # the store still records this daemon's epoch: it keeps it (its writes are fenced
         # with it; before the epoch fence without [ha] it recorded epoch 2 here)
         assert _writer_record(url)["epoch"] == 1
-        assert submit_json(tmp_path, job("still"), daemon.address)["state"]
+        assert submit_rpc(daemon.address, job("still")).job.state
 
         # the session ends and another process takes the lock first: the daemon stops
         with psycopg.connect(dsn, autocommit=True) as rival:
@@ -183,7 +183,7 @@ def test_a_daemon_that_held_the_store_meanwhile_fences_and_stops_this_one(
     url, database, log, daemon, dsn = _daemon_on_postgres(tmp_path, postgres)
     rival_record = {"host": "rival", "pid": 1, "since": None, "epoch": 2}
     try:
-        assert submit_json(tmp_path, job("before"), daemon.address)["state"]
+        assert submit_rpc(daemon.address, job("before")).job.state
         with psycopg.connect(dsn, autocommit=True) as rival:
             rival.execute("SELECT pg_terminate_backend(%s)", (_lock_session(postgres, database),))
             while not rival.execute("SELECT pg_try_advisory_lock(%s)", (LOCK_KEY,)).fetchone()[0]:  # type: ignore[index]
