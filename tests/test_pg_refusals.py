@@ -30,6 +30,7 @@ from bench.load_test import check_ledger, read_store, store_use
 from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
+from controller.store import Database, migrate
 from tests.servers import CLUSTER_TOML, ROOT, Daemon, Postgres, json_log, write_config
 from tests.test_daemon_e2e import job
 
@@ -297,7 +298,11 @@ def test_a_start_behind_a_dba_s_table_lock_names_the_session_holding_it(
     and the session, where it said only "canceling statement due to lock timeout"."""
     config = write_config(tmp_path / "d.toml", tmp_path / "data", role_store.url,
                           extra="store_timeout = 1")  # fmt: skip
-    Daemon(config, tmp_path / "d.log").start().stop()  # the store exists
+    store = Database(role_store.url)  # the store exists: its tables, made by the role
+    try:
+        migrate(store)
+    finally:
+        store.dispose()
     with role_store.admin() as admin:
         admin.execute("BEGIN")
         admin.execute("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE")
