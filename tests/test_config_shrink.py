@@ -98,57 +98,66 @@ def _within_capacity(cluster: Any, jobs: dict[str, Any], from_slot: int) -> None
 
 
 @dataclass
-class _Decided:
-    """A store a daemon decided 10 contending jobs in, the epoch it planned them from,
-    and its jobs as it answered them."""
+class Decided:
+    """A store a daemon decided contending jobs in, the epoch it planned them from, and
+    its jobs as it answered them (ListJobs)."""
 
     url: str
     epoch: float
     before: dict[str, Any]
 
 
-def _decide_ten(url: str, folder: Path) -> _Decided:
+def decide_in(url: str, folder: Path, n: int) -> Decided:
+    """A daemon on the store at ``url`` (its files in ``folder``) decides ``n``
+    contending jobs (:func:`decided`)."""
     epoch = time.time()
     config = write_config(folder / "oasisd.toml", folder / "data", url, epoch=epoch)
-    return _Decided(url, epoch, decided(config, folder / "oasisd.log", 10))
+    return Decided(url, epoch, decided(config, folder / "oasisd.log", n))
 
 
-@pytest.fixture(scope="module")
-def sqlite_decided(tmp_path_factory: pytest.TempPathFactory) -> _Decided:
-    folder = tmp_path_factory.mktemp("decided")
-    return _decide_ten(f"sqlite:///{folder / 'store.db'}", folder)
-
-
-@pytest.fixture(scope="module")
-def postgres_decided(tmp_path_factory: pytest.TempPathFactory, postgres: Postgres) -> _Decided:
-    return _decide_ten(postgres.new_database(), tmp_path_factory.mktemp("decided"))
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> _Decided:
-    """A fresh copy of the backend's store of 10 decided jobs (deciding them once per
-    module, not once per shrink: the copy is the same store, byte for byte on SQLite,
-    ``CREATE DATABASE ... TEMPLATE`` on PostgreSQL)."""
-    if request.param == "sqlite":
-        template: _Decided = request.getfixturevalue("sqlite_decided")
+def copy_of(template: Decided, tmp_path: Path, postgres: Postgres | None) -> str:
+    """The URL of a fresh copy of ``template``'s store: its file copied into
+    ``tmp_path`` (SQLite), or ``CREATE DATABASE ... TEMPLATE`` on ``postgres``."""
+    if template.url.startswith("sqlite:///"):
         shutil.copy(template.url.removeprefix("sqlite:///"), tmp_path / "store.db")
-        return _Decided(f"sqlite:///{tmp_path / 'store.db'}", template.epoch, template.before)
-    template = request.getfixturevalue("postgres_decided")
-    server: Postgres = request.getfixturevalue("postgres")
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    assert postgres is not None
     name = f"t_{uuid.uuid4().hex[:12]}"
-    engine = sqlalchemy.create_engine(server.url(), isolation_level="AUTOCOMMIT")
+    engine = sqlalchemy.create_engine(postgres.url(), isolation_level="AUTOCOMMIT")
     try:
         with engine.connect() as conn:
             database = template.url.rsplit("/", 1)[1]
             conn.execute(sqlalchemy.text(f'CREATE DATABASE "{name}" TEMPLATE "{database}"'))
     finally:
         engine.dispose()
-    return _Decided(server.url(name), template.epoch, template.before)
+    return postgres.url(name)
+
+
+@pytest.fixture(scope="module")
+def sqlite_decided(tmp_path_factory: pytest.TempPathFactory) -> Decided:
+    folder = tmp_path_factory.mktemp("decided")
+    return decide_in(f"sqlite:///{folder / 'store.db'}", folder, 10)
+
+
+@pytest.fixture(scope="module")
+def postgres_decided(tmp_path_factory: pytest.TempPathFactory, postgres: Postgres) -> Decided:
+    return decide_in(postgres.new_database(), tmp_path_factory.mktemp("decided"), 10)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Decided:
+    """A fresh copy of the backend's store of 10 decided jobs (deciding them once per
+    module, not once per shrink: the copy is the same store, byte for byte on SQLite,
+    ``CREATE DATABASE ... TEMPLATE`` on PostgreSQL)."""
+    sqlite = request.param == "sqlite"
+    template: Decided = request.getfixturevalue("sqlite_decided" if sqlite else "postgres_decided")
+    postgres = None if sqlite else request.getfixturevalue("postgres")
+    return Decided(copy_of(template, tmp_path, postgres), template.epoch, template.before)
 
 
 @pytest.mark.parametrize("shrink", sorted(SHRINKS))
 def test_a_shrunk_config_starts_and_refits_the_jobs_that_no_longer_fit(
-    tmp_path: Path, store: _Decided, shrink: str
+    tmp_path: Path, store: Decided, shrink: str
 ) -> None:
     store_url, before = store.url, store.before
     config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store_url, store.epoch)

@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import subprocess
 import sys
-import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,16 +22,12 @@ from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.store.stored import MAX_STORED_SPEC
 from tests.servers import CLUSTER_TOML, ROOT, Daemon, Postgres, oasis, write_config
-from tests.test_config_shrink import _plan, decided, read_back
+from tests.test_config_shrink import Decided, _plan, copy_of, decide_in, read_back
 
 
 @dataclass
-class Store:
+class Store(Decided):
     """A copy of a store a daemon decided six jobs in (j0-j3 admitted, j4-j5 rejected)."""
-
-    url: str
-    epoch: float
-    before: dict[str, Any]  # ListJobs as the daemon that decided them answered
 
     def execute(self, *statements: str) -> None:
         engine = sqlalchemy.create_engine(self.url)
@@ -46,28 +39,15 @@ class Store:
             engine.dispose()
 
 
-@dataclass
-class _Template:
-    url: str
-    epoch: float
-    before: dict[str, Any]
-
-
-def _decide_six(url: str, folder: Path) -> _Template:
-    epoch = time.time()
-    config = write_config(folder / "oasisd.toml", folder / "data", url, epoch=epoch)
-    return _Template(url, epoch, decided(config, folder / "oasisd.log", 6))
-
-
 @pytest.fixture(scope="module")
-def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> _Template:
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Decided:
     folder = tmp_path_factory.mktemp("template")
-    return _decide_six(f"sqlite:///{folder / 'store.db'}", folder)
+    return decide_in(f"sqlite:///{folder / 'store.db'}", folder, 6)
 
 
 @pytest.fixture(scope="module")
-def postgres_template(tmp_path_factory: pytest.TempPathFactory, postgres: Postgres) -> _Template:
-    return _decide_six(postgres.new_database(), tmp_path_factory.mktemp("template"))
+def postgres_template(tmp_path_factory: pytest.TempPathFactory, postgres: Postgres) -> Decided:
+    return decide_in(postgres.new_database(), tmp_path_factory.mktemp("template"), 6)
 
 
 def _cases(names: list[str], on_postgresql: list[str]) -> list[Any]:
@@ -82,22 +62,12 @@ def _cases(names: list[str], on_postgresql: list[str]) -> list[Any]:
 @pytest.fixture(params=["sqlite", "postgresql"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     """A fresh copy of the template store of the backend."""
-    if request.param == "sqlite":
-        template: _Template = request.getfixturevalue("sqlite_template")
-        source = Path(template.url.removeprefix("sqlite:///"))
-        shutil.copy(source, tmp_path / "store.db")
-        return Store(f"sqlite:///{tmp_path / 'store.db'}", template.epoch, template.before)
-    template = request.getfixturevalue("postgres_template")
-    server: Postgres = request.getfixturevalue("postgres")
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    engine = sqlalchemy.create_engine(server.url(), isolation_level="AUTOCOMMIT")
-    try:
-        with engine.connect() as conn:
-            database = template.url.rsplit("/", 1)[1]
-            conn.execute(sqlalchemy.text(f'CREATE DATABASE "{name}" TEMPLATE "{database}"'))
-    finally:
-        engine.dispose()
-    return Store(server.url(name), template.epoch, template.before)
+    sqlite = request.param == "sqlite"
+    template: Decided = request.getfixturevalue(
+        "sqlite_template" if sqlite else "postgres_template"
+    )
+    postgres = None if sqlite else request.getfixturevalue("postgres")
+    return Store(copy_of(template, tmp_path, postgres), template.epoch, template.before)
 
 
 @dataclass
