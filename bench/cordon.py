@@ -42,14 +42,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import structlog
 
+from bench.in_process import opened_controller
 from bench.machine import describe
 from bench.tiny_workers import tiny_ps, tiny_worker
 from controller.admission import AdmissionController
-from controller.clock import FakeClock, SlotClock
-from controller.config import from_dict
-from controller.store import Database
 from pricing.cluster import cluster_from_dict
 from pricing.workload import generate_trace
 
@@ -109,18 +106,7 @@ def _trace(servers: int, window: int, jobs: int) -> dict[str, Any]:
 
 def _controller(trace: dict[str, Any], window: int, data_dir: Path) -> AdmissionController:
     """An opened controller of ``trace``'s cluster on a SQLite store in ``data_dir``."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    config = from_dict({
-        "daemon": {"data_dir": str(data_dir), "window": window, "epoch": 0},
-        "cluster": {"resources": trace["resources"], "servers": trace["servers"]},
-        "limits": {"max_utility": 0},
-    })  # fmt: skip
-    c = AdmissionController(
-        config, Database(config.database_url), SlotClock(FakeClock(1.0), config.slot_seconds, 0.0),
-        log=structlog.wrap_logger(structlog.ReturnLogger()),
-    )  # fmt: skip
-    c.open()
-    return c
+    return opened_controller(data_dir, trace, window, {"max_utility": 0})
 
 
 def _submit_all(c: AdmissionController, trace: dict[str, Any]) -> int:

@@ -48,35 +48,18 @@ from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
-import structlog
 from prometheus_client import generate_latest
 
+from bench.in_process import opened_controller
 from bench.machine import describe
 from controller.admission import AdmissionController
-from controller.clock import FakeClock, SlotClock
-from controller.config import from_dict
 from controller.console.data import ConsoleData
 from controller.metrics import Metrics, _ControllerCollector
-from controller.store import Database
 from pricing.workload import generate_trace
 
 
 def open_controller(tmp: Path, trace: dict[str, Any], window: int) -> AdmissionController:
-    config = from_dict(
-        {
-            "daemon": {"data_dir": str(tmp), "window": window, "epoch": 0},
-            "limits": {"rate": 0, "burst": 0},
-            "cluster": {"resources": trace["resources"], "servers": trace["servers"]},
-        }
-    )
-    c = AdmissionController(
-        config,
-        Database(config.database_url),
-        SlotClock(FakeClock(1.0), 3600.0, 0.0),
-        log=structlog.wrap_logger(structlog.ReturnLogger()),
-    )
-    c.open()
-    return c
+    return opened_controller(tmp, trace, window, {"rate": 0, "burst": 0})
 
 
 def timed(c: AdmissionController, fn: Callable[[], Any], repeat: int) -> list[float]:

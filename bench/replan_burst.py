@@ -37,16 +37,12 @@ from typing import Any
 
 import numpy as np
 import structlog
-from sqlalchemy import select
 
+from bench.in_process import first_servers, opened_controller
 from bench.machine import describe
-from controller.admission import AdmissionController
-from controller.clock import FakeClock, SlotClock
-from controller.config import from_dict
 from controller.plane.execution import Execution
 from controller.plane.settings import MqttConfig
 from controller.plane.topics import Progress, TaskProgress
-from controller.store import AllocationRow, Database
 from pricing.workload import generate_trace
 
 SEED = 7
@@ -60,16 +56,7 @@ def measure(servers: int, window: int, jobs: int, slower: float,
         np.random.default_rng(SEED), n_jobs=jobs, n_worker_servers=servers,
         n_ps_servers=servers, horizon=window,
     )  # fmt: skip
-    config = from_dict({
-        "daemon": {"data_dir": str(data_dir), "window": window, "epoch": 0},
-        "cluster": {"resources": trace["resources"], "servers": trace["servers"]},
-        "limits": {"max_utility": 0, **limits},
-    })  # fmt: skip
-    c = AdmissionController(
-        config, Database(config.database_url), SlotClock(FakeClock(1.0), config.slot_seconds, 0.0),
-        log=structlog.wrap_logger(structlog.ReturnLogger()),
-    )  # fmt: skip
-    c.open()
+    c = opened_controller(data_dir, trace, window, {"max_utility": 0, **limits})
     try:
         admitted = []
         for spec in trace["jobs"]:
@@ -79,13 +66,13 @@ def measure(servers: int, window: int, jobs: int, slower: float,
                 admitted.append(view.id)
         ex = Execution(c, MqttConfig("localhost"), monotonic=lambda: 0.0)
         ex.load()
+        reporters = first_servers(c, admitted)
         for key in admitted:
             sched = c._ledger.schedule(key)
             total = ex.jobs.get(key).total_minibatches
-            per_mb = config.slot_seconds * sched.work() / total  # planned, seconds
-            server = _first_server(c, key)
+            per_mb = c.config.slot_seconds * sched.work() / total  # planned, seconds
             for i in range(1, REPORTS + 1):
-                ex.report(Progress(server, "a", [TaskProgress(key, float(i),
+                ex.report(Progress(reporters[key], "a", [TaskProgress(key, float(i),
                                                               i * slower * per_mb)]))  # fmt: skip
         reviews: list[float] = []
         kinds: dict[str, int] = {}
@@ -101,17 +88,6 @@ def measure(servers: int, window: int, jobs: int, slower: float,
             "admitted": len(admitted), "slower": slower, "limits": limits,
             "reviews": len(reviews), "review_ms_max": round(max(reviews, default=0.0), 1),
             "review_ms_total": round(sum(reviews), 1), "events": kinds}  # fmt: skip
-
-
-def _first_server(c: AdmissionController, key: str) -> str:
-    """A worker server of job ``key``'s plan in its first slot (its agent reports)."""
-    with c.db.session() as session:
-        row = session.execute(
-            select(AllocationRow.server).where(AllocationRow.job_id == key,
-                                               AllocationRow.workers > 0)
-            .order_by(AllocationRow.slot).limit(1)
-        ).one()  # fmt: skip
-    return str(row.server)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,17 +34,14 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from sqlalchemy import select
 
+from bench.in_process import first_servers, opened_controller
 from bench.machine import describe
 from bench.tiny_workers import tiny_ps, tiny_worker
-from controller.admission import AdmissionController
-from controller.clock import FakeClock, SlotClock
-from controller.config import from_dict
+from controller.clock import FakeClock
 from controller.plane.execution import Execution
 from controller.plane.settings import MqttConfig
 from controller.plane.topics import Progress, TaskProgress
-from controller.store import AllocationRow, Database
 from pricing.cluster import cluster_from_dict
 
 MINIBATCHES = 10
@@ -65,13 +62,9 @@ CLUSTER: dict[str, Any] = {
 def measure(jobs: int, rounds: int, data_dir: Path) -> dict[str, Any]:
     """See the module docstring."""
     cluster = cluster_from_dict(CLUSTER["resources"], CLUSTER["servers"])
-    config = from_dict({"daemon": {"data_dir": str(data_dir), "window": 24, "epoch": 0},
-                        "cluster": CLUSTER, "limits": {"max_utility": 0}})  # fmt: skip
     clock = FakeClock(1.0)
-    c = AdmissionController(config, Database(config.database_url),
-                            SlotClock(clock, config.slot_seconds, 0.0),
-                            log=structlog.wrap_logger(structlog.ReturnLogger()))  # fmt: skip
-    c.open()
+    c = opened_controller(data_dir, CLUSTER, 24, {"max_utility": 0}, clock)
+    config = c.config
     try:
         admitted = []
         for i in range(jobs):
@@ -87,7 +80,7 @@ def measure(jobs: int, rounds: int, data_dir: Path) -> dict[str, Any]:
         ex.load()
         clock.advance(config.slot_seconds)  # slot 1: they run
         ex.review_sync()
-        servers = _servers(c, admitted)
+        servers = first_servers(c, admitted)
         on_pace: list[float] = []
         for r in range(1, rounds + 1):
             for key in admitted:  # on pace: one mini-batch in 10 worker-seconds
@@ -115,16 +108,6 @@ def _timed(ex: Execution) -> float:
     start = time.perf_counter()
     ex.review_sync()
     return (time.perf_counter() - start) * 1000.0
-
-
-def _servers(c: AdmissionController, keys: list[str]) -> dict[str, str]:
-    """A worker server of each job's plan (its agent reports)."""
-    with c.db.session() as session:
-        rows = session.execute(
-            select(AllocationRow.job_id, AllocationRow.server).where(AllocationRow.workers > 0)
-        ).all()
-    out = {r.job_id: r.server for r in rows}
-    return {k: out[k] for k in keys}
 
 
 def main(argv: list[str] | None = None) -> int:
