@@ -40,14 +40,14 @@ from sqlalchemy.orm import Session
 
 from controller.events import Event
 from controller.limits import search_size
-from controller.plane.jobs import ACTIVE, IDS_PER_QUERY, Jobs
+from controller.plane.jobs import ACTIVE, Jobs
 from controller.plane.part import PlanePart
 from controller.plane.port import AdmissionPort
 from controller.plane.progress import LEVEL, MIN_SAMPLES, JobProgress
 from controller.plane.replan_turns import ReplanTurns, in_turn
 from controller.plane.settings import MqttConfig
 from controller.plane.worker_failures import FailuresHeard
-from controller.store import AllocationRow, EventRow, JobRow, StoreUnavailableError
+from controller.store import AllocationRow, EventRow, JobRow, StoreUnavailableError, in_batches
 from pricing import ADMIT_THRESHOLD, Job
 from pricing.best_schedule import BestSchedule
 from pricing.errors import SpecError
@@ -158,13 +158,12 @@ class JobReview(PlanePart):
 
     def _rows(self, job_ids: list[str]) -> dict[str, tuple[str, str | None]]:
         """``{job: (state, submitter)}`` of the active ones of ``job_ids`` (a query per
-        :data:`IDS_PER_QUERY`, not one per job: a review of 1,000 jobs' counts spent
+        :func:`~controller.store.in_batches`, not one per job: a review of 1,000 jobs' counts spent
         0.75 s reading their rows one by one), their specs loaded
         (:meth:`~controller.plane.jobs.Jobs.load`)."""
         out: dict[str, tuple[str, str | None]] = {}
         with self.c.db.session() as session:
-            for i in range(0, len(job_ids), IDS_PER_QUERY):
-                chunk = job_ids[i : i + IDS_PER_QUERY]
+            for chunk in in_batches(job_ids):
                 query = select(JobRow.id, JobRow.state, JobRow.submitter).where(
                     JobRow.id.in_(chunk), JobRow.state.in_(ACTIVE)
                 )
@@ -458,8 +457,7 @@ class JobReview(PlanePart):
             with self.c._write() as session:
                 ids = [job.id for job, _ in done]
                 rows: dict[str, JobRow] = {}
-                for i in range(0, len(ids), IDS_PER_QUERY):
-                    chunk = ids[i : i + IDS_PER_QUERY]
+                for chunk in in_batches(ids):
                     session.execute(delete(AllocationRow).where(
                         AllocationRow.job_id.in_(chunk), AllocationRow.slot >= s + 1))  # fmt: skip
                     rows.update((r.id, r) for r in session.scalars(

@@ -16,17 +16,14 @@ from sqlalchemy.orm import Session
 
 from controller.events import Event
 from controller.plane.port import AdmissionPort
-from controller.store import REBUILD_SECONDS, JobRow
+from controller.store import REBUILD_SECONDS, JobRow, in_batches
 from controller.store.stored import stored_spec
 from pricing import Job, Ledger
 
-__all__ = ["ACTIVE", "IDS_PER_QUERY", "Jobs"]
+__all__ = ["ACTIVE", "Jobs"]
 
 ACTIVE = ("admitted", "running")
 """Job states that appear in plans."""
-
-IDS_PER_QUERY = 500
-"""Job ids in one ``IN (...)`` of the plane's reads and writes of many jobs."""
 
 
 class Jobs:
@@ -69,8 +66,7 @@ class Jobs:
         decision thread for 1,000 jobs' first counts). A spec that does not parse is
         left for :meth:`get` to raise, for its job alone."""
         missing = [j for j in job_ids if j not in self.cache]
-        for i in range(0, len(missing), IDS_PER_QUERY):
-            chunk = missing[i : i + IDS_PER_QUERY]
+        for chunk in in_batches(missing):
             query = select(JobRow.id, JobRow.spec, JobRow.arrival_slot).where(JobRow.id.in_(chunk))
             for job_id, spec, arrival in session.execute(query):
                 try:
