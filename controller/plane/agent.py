@@ -46,7 +46,6 @@ import structlog
 
 from controller.plane.agent_messages import (
     MAX_COUNT,
-    MAX_FAILURE_CHARS,
     MAX_FAILURES,
     MAX_REPORT_JOBS,
     Heartbeat,
@@ -446,7 +445,7 @@ class Agent:
             # within what the daemon takes, or it drops the entry (workers' sums can pass it)
             jobs.append(TaskProgress(job, min(s.minibatches, MAX_COUNT),
                                      min(s.worker_seconds, MAX_COUNT), s.run, _failures(s),
-                                     s.workers.last_failure[:MAX_FAILURE_CHARS]))  # fmt: skip
+                                     s.workers.last_failure))  # fmt: skip
         return [
             Progress(self.server, self.session, jobs[i : i + MAX_REPORT_JOBS])
             for i in range(0, len(jobs), MAX_REPORT_JOBS)

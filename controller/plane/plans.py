@@ -160,7 +160,7 @@ class PlanBuilder(PlanePart):
         ).all()  # fmt: skip
         device = self._device_resource()
         resources = self._carried_resources()
-        demands: dict[tuple[str, str], Demand] = {}  # (job, kind) -> one tuple, shared
+        demands: dict[tuple[str, str], Demand] = {}  # (job, kind) -> one dict, shared
         for r in rows:
             job = self.jobs.get(r.job_id, session)
             kind = self.server_index[r.server][0]
@@ -224,9 +224,8 @@ class PlanBuilder(PlanePart):
         """Warn of the cluster's resources that plans do not carry in their tasks'
         ``demand`` (:meth:`_carried_resources`): agents and worker commands are not told
         a job's demand of them."""
-        left = [r for r in self.c.cluster.resources if not carried(r)]
-        kept = [r for r in self.c.cluster.resources if carried(r)]
-        left += kept[MAX_DEMAND_ENTRIES:]
+        kept = {name for _, name in self._carried_resources()}
+        left = [r for r in self.c.cluster.resources if r not in kept]
         if left:
             self.log.warning(
                 "resources whose demand plans do not carry to the agents: a name must be "
