@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy import stats
+from scipy.special import stdtrit
 
 __all__ = ["Interval", "RuntimePosterior", "RuntimePrior", "fit"]
 
@@ -125,7 +125,10 @@ def _t_interval(loc: float, scale: float, dof: float, level: float) -> Interval:
     """The central interval of a Student t of seconds, cut off at 0 (see :class:`Interval`)."""
     if not 0.0 < level < 1.0:
         raise ValueError(f"level: must be in (0, 1), got {level}")
-    q = float(stats.t.ppf(0.5 + level / 2.0, dof))
+    # Student's t quantile: what scipy.stats.t.ppf computes, from scipy.special, whose
+    # import takes a fifth of scipy.stats' (0.27 s against 1.2 s: every daemon with
+    # [mqtt] imported scipy.stats at start for this one call)
+    q = float(stdtrit(dof, 0.5 + level / 2.0))
     return Interval(loc, max(0.0, loc - q * scale), max(0.0, loc + q * scale), level)
 
 
