@@ -28,7 +28,16 @@ from controller.config import ConfigError, from_dict
 from controller.plane import topics
 from controller.plane.agent import Agent, TaskState
 from controller.plane.settings import MqttConfig, mqtt_from_dict
-from controller.plane.topics import Heartbeat, Plan, Progress, SlotPlan, Task, TaskProgress, Topics
+from controller.plane.topics import (
+    Heartbeat,
+    Plan,
+    Progress,
+    SlotPlan,
+    Status,
+    Task,
+    TaskProgress,
+    Topics,
+)
 from pricing.errors import SpecError
 from pricing.fields import MAX_JOB_KEY_CHARS
 from tests.servers import ROOT, free_port
@@ -2537,3 +2546,104 @@ def test_the_agent_warns_of_a_broker_refusing_it_once_per_reason(
     assert len(said) >= 2, said
     assert said[0] == ("warning", "[code:135] Not authorized")
     assert {level for level, _ in said[1:]} == {"info"}
+
+
+class _AckWithCancel:
+    """An aiomqtt client stand-in whose first subscription waits for its SUBACK as
+    aiomqtt does, in ``asyncio.wait_for``; :meth:`ack_and_cancel` gives the SUBACK and
+    cancels the task in one turn of the loop, which Python 3.11's ``wait_for`` answers
+    with the SUBACK, the cancel lost. Everything it is sent is noted in ``published``."""
+
+    def __init__(self) -> None:
+        import asyncio
+
+        self.ack: asyncio.Future[None] | None = None
+        self.waiting = asyncio.Event()
+        self.published: list[tuple[str, bytes]] = []
+
+    async def __aenter__(self) -> _AckWithCancel:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        return None
+
+    async def subscribe(self, *_: object, **__: object) -> None:
+        import asyncio
+
+        if self.ack is None:  # the first: held until the test acknowledges it
+            self.ack = asyncio.get_running_loop().create_future()
+            self.waiting.set()
+            await asyncio.wait_for(self.ack, 10)
+
+    async def publish(self, topic: str, payload: bytes = b"", **_: object) -> None:
+        self.published.append((topic, payload))
+
+    @property
+    def messages(self) -> Any:
+        import asyncio
+
+        async def none() -> Any:
+            await asyncio.Event().wait()
+            yield  # pragma: no cover
+
+        return none()
+
+    async def ack_and_cancel(self, task: Any) -> bool:
+        """Acknowledge the held subscription and cancel ``task`` at once; True if the
+        task then ends within 3 s."""
+        import asyncio
+
+        await self.waiting.wait()
+        assert self.ack is not None
+        self.ack.set_result(None)
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=3)
+        return bool(done)
+
+
+def test_a_cancel_lost_in_a_brokers_acknowledgement_still_stops_the_daemons_link(
+    plane: PlaneDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: a daemon stopped as its broker link subscribed waited out 5 s for the link
+    (3 of 8 such stops, measured), which ran on: Python 3.11's ``wait_for``, in which
+    aiomqtt waits for the broker's acknowledgements, drops a cancel that comes in the
+    same turn as the acknowledgement. The link now sees the lost cancel, says "offline"
+    and ends."""
+    import asyncio
+
+    from controller.plane import link as link_module
+    from controller.plane.link import Plane
+
+    fake = _AckWithCancel()
+    monkeypatch.setattr(link_module, "client_for", lambda *_a, **_k: fake)
+    link = Plane(plane.c, plane.ex, MqttConfig("localhost"))
+
+    async def go() -> bool:
+        return await fake.ack_and_cancel(asyncio.create_task(link.run()))
+
+    assert asyncio.run(go()), "the link ran on after its cancel"
+    status = [Status.parse(p) for t, p in fake.published if t == link.topics.status]
+    assert [s.online for s in status][-1:] == [False]  # its goodbye, retained
+
+
+def test_a_cancel_lost_in_a_brokers_acknowledgement_still_stops_the_agent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The agent's side of the test above: before, a SIGTERM that came as the agent
+    subscribed was lost, and the agent ran on (until the service manager killed it,
+    leaving its workers running)."""
+    import asyncio
+
+    agent = Agent("w0", MqttConfig("localhost"))
+    fake = _AckWithCancel()
+
+    async def idle() -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(agent, "_client", lambda: fake)
+    monkeypatch.setattr(agent, "_work", idle)
+
+    async def go() -> bool:
+        return await fake.ack_and_cancel(asyncio.create_task(agent.run()))
+
+    assert asyncio.run(go()), "the agent ran on after its cancel"

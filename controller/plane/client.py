@@ -19,6 +19,7 @@ __all__ = [
     "client_for",
     "for_each",
     "keepalive_seconds",
+    "raise_lost_cancel",
 ]
 
 _T = TypeVar("_T")
@@ -27,6 +28,22 @@ IN_FLIGHT = 32
 """Calls one client has in flight at most (a QoS 1 publish until its PUBACK, a
 subscription): aiomqtt scans its pending calls at every new one, and paho its queued
 messages at every PUBACK, so each costs time linear in how many are in flight."""
+
+
+def raise_lost_cancel() -> None:
+    """Raise CancelledError if the running task was cancelled and the cancel was lost.
+
+    aiomqtt waits for each of the broker's acknowledgements (CONNACK, SUBACK, PUBACK) in
+    ``asyncio.wait_for``, which on Python 3.11 returns the acknowledgement and drops the
+    cancel when both come in the same turn of the event loop (3.12's raises). The task
+    then ran on as if never cancelled: the daemon's stop waited out its 5 s for the
+    broker link (3 of 8 stops that came as the link connected, measured), and an agent
+    could miss its SIGTERM for good, its workers left running when the service manager
+    killed it. Called where a loop that talks to the broker begins a turn; never in an
+    ``except CancelledError`` (a cancel taken there is still counted)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 def keepalive_seconds(heartbeat_timeout: float) -> int:

@@ -36,7 +36,7 @@ from controller.events import Event
 from controller.limits import RateLimiter
 from controller.logs import Complaints
 from controller.plane.agent_messages import Heartbeat, Progress, Status
-from controller.plane.client import client_for, for_each
+from controller.plane.client import client_for, for_each, raise_lost_cancel
 from controller.plane.event_messages import UNRETAINED, JobEvent, event_kind
 from controller.plane.execution import Execution, PlanRound
 from controller.plane.plan_messages import Plan
@@ -226,6 +226,7 @@ class Plane:
         connected_at: float | None = None
         try:
             while True:
+                raise_lost_cancel()
                 offline = Status(online=False).to_bytes()
                 will = aiomqtt.Will(self.topics.status, offline, qos=1, retain=True)
                 client = client_for(self.mqtt, f"oasisd-{uuid.uuid4().hex[:12]}", will)
@@ -296,6 +297,7 @@ class Plane:
         self._set_connected(True)
         self.log.info("broker connected", host=self.mqtt.host, port=self.mqtt.port)
         self.dirty.set()
+        raise_lost_cancel()  # else the task group would run on, never cancelled
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._receive(client))
@@ -362,6 +364,7 @@ class Plane:
 
     async def _publish_loop(self, client: aiomqtt.Client) -> None:
         while True:
+            raise_lost_cancel()
             await self.dirty.wait()
             self.dirty.clear()
             with contextlib.suppress(DrainingError):
