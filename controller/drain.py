@@ -11,9 +11,12 @@ call:
 
 1. drain (``AdmissionController.drain``): new decisions are refused with UNAVAILABLE,
    those in flight are decided, committed and answered; reads are served.
-2. :meth:`StopGate.stop` closes the gate: for ``HOLD_SECONDS`` new calls of any kind are
-   held, not answered. A client answered a moment ago sends its next call now and waits
-   in the gate, instead of arriving while the server shuts down.
+2. :meth:`StopGate.stop` closes the gate: new calls of any kind are held, not answered,
+   until ``HOLD_SECONDS`` have passed since the last call ended (at once if that was
+   longer ago and no call is running). A client answered a moment ago sends its next
+   call now and waits in the gate, instead of arriving while the server shuts down; a
+   daemon no client called for a while does not wait for nobody (before, every stop
+   held for the whole ``HOLD_SECONDS``).
 3. the server stops (its GOAWAY tells clients to send nothing more here), then the held
    calls, and any still running (a decision past the drain's time limit), are answered
    UNAVAILABLE. A decision cut off there may still be committed by the decision thread;
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -34,7 +38,8 @@ from controller.streams import relay
 __all__ = ["GOAWAY_SECONDS", "HOLD_SECONDS", "StopGate"]
 
 HOLD_SECONDS = 0.5
-"""Step 2: how long new calls are held before the server stops."""
+"""Step 2: how long after the last call ended new calls are held before the server
+stops."""
 GOAWAY_SECONDS = 0.1
 """Step 3: the server's GOAWAY goes out before the held calls are answered."""
 _STOPPING = (
@@ -53,12 +58,13 @@ class StopGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self._released = asyncio.Event()
         self._running: set[asyncio.Task[Any]] = set()
         self._cut: set[asyncio.Task[Any]] = set()  # cancelled by release(), not a client
+        self._last_ended = -math.inf  # the event loop's time the last call ended
 
     async def stop(self, server: grpc.aio.Server, grace: float) -> None:
         """Steps 2 and 3: hold new calls, stop ``server`` (cancelling what is left after
         ``grace`` seconds), and answer the held and running calls UNAVAILABLE."""
         self._closed = True
-        await asyncio.sleep(HOLD_SECONDS)
+        await asyncio.sleep(self.hold_seconds())
         stopping = asyncio.ensure_future(server.stop(grace))
         await asyncio.sleep(GOAWAY_SECONDS)
         self._released.set()
@@ -66,6 +72,14 @@ class StopGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             self._cut.add(task)
             task.cancel()
         await stopping
+
+    def hold_seconds(self) -> float:
+        """Step 2's hold: the rest of ``HOLD_SECONDS`` since the last call ended (all of
+        it while a call runs), at least 0."""
+        if self._running:
+            return HOLD_SECONDS
+        since = asyncio.get_running_loop().time() - self._last_ended
+        return min(HOLD_SECONDS, max(0.0, HOLD_SECONDS - since))
 
     async def intercept_service(
         self, continuation: Callable[[Any], Awaitable[Any]], details: Any
@@ -104,6 +118,7 @@ class StopGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             raise
         finally:
             self._running.discard(task)
+            self._last_ended = asyncio.get_running_loop().time()
 
     def _unary(self, inner: Callable[[Any, Any], Awaitable[Any]]) -> Any:
         async def gated(request: Any, context: grpc.aio.ServicerContext) -> Any:

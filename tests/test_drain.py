@@ -101,3 +101,26 @@ def test_sigterm_under_load_answers_unavailable_never_cancelled(tmp_path: Path) 
     with contextlib.closing(sqlite3.connect(tmp_path / "data" / "oasis.db")) as db:
         stored = {row[0] for row in db.execute("SELECT id FROM jobs")}
     assert set(answered) <= stored, sorted(set(answered) - stored)[:5]
+
+
+def test_new_calls_are_held_only_as_long_as_a_client_answered_before_the_stop_may_call() -> None:
+    """Step 2 of the stop: new calls are held until ``HOLD_SECONDS`` after the last call
+    ended, for the next call of a client answered a moment ago; all of it while a call
+    runs. Before, every stop held them for the whole ``HOLD_SECONDS``, that of a daemon
+    no client had called for hours included (half of its stop's time)."""
+    import asyncio
+
+    from controller.drain import HOLD_SECONDS, StopGate
+
+    async def go() -> None:
+        gate = StopGate()
+        assert gate.hold_seconds() == 0.0  # never called
+        async with gate._gated(None):  # type: ignore[arg-type]
+            assert gate.hold_seconds() == HOLD_SECONDS  # a call runs
+        assert 0.9 * HOLD_SECONDS < gate.hold_seconds() <= HOLD_SECONDS  # one just ended
+        await asyncio.sleep(HOLD_SECONDS / 2)
+        assert gate.hold_seconds() < 0.6 * HOLD_SECONDS  # half of it passed, or more
+        await asyncio.sleep(HOLD_SECONDS / 2)
+        assert gate.hold_seconds() == 0.0
+
+    asyncio.run(go())
