@@ -8,7 +8,8 @@ No call waits on PostgreSQL for ever. With ``timeout`` seconds (``daemon.store_t
   (``statement_timeout``, ``lock_timeout``);
 - a server that does not answer at all (its processes stopped, a host gone) cannot enforce
   those, so the client also gives up on any round trip that takes ``timeout + 1`` seconds
-  and closes that connection (:class:`_BoundedConnection`); TCP keepalives find a peer
+  and closes that connection
+  (:class:`~controller.store.bounded_connection.BoundedConnection`); TCP keepalives find a peer
   that vanished while the connection was idle;
 - after a failure that says the server is out of reach (no SQLSTATE: the connection broke
   or could not be made), calls fail at once for :data:`RETRY_SECONDS` instead of each
@@ -34,15 +35,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import psycopg
 import structlog
-from alembic import command
-from alembic import util as alembic_util
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
@@ -54,6 +49,11 @@ from controller.store.refusals import is_refusal, refusal
 from controller.store.search_path import check_new_store
 from controller.store.sqlite_file import StoreFile
 from controller.store.write_probe import DRY_WRITES
+
+if TYPE_CHECKING:  # alembic is imported where a migration is read or run, not by every
+    # process that opens a store (the commit process: 0.35 s of each start)
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -101,8 +101,6 @@ _CLIENT_MARGIN = 1.0  # the server's own timeouts fire first while it runs
 # keepalive probes after 30 s idle, every 10 s, 3 unanswered: a vanished peer in ~60 s
 _KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
                "keepalives_count": 3}  # fmt: skip
-# psycopg's own "wait timed out" (private, an OperationalError), raised by Connection.wait
-_WAIT_TIMEOUT: type[Exception] = psycopg.errors._WaitTimeout
 HELD_IDLE_SECONDS = 1.0
 """A connection :meth:`Database.held_session` keeps is checked out again (and so pinged,
 on PostgreSQL) once idle this long; under load it is used as it is."""
@@ -525,10 +523,14 @@ def _pg_connect_args(url: URL, timeout: float, idle_transaction: float | None) -
 
 
 def _bounded_connect(limit: float) -> Any:
-    """A ``do_connect`` hook opening :class:`_BoundedConnection` s."""
+    """A ``do_connect`` hook opening
+    :class:`~controller.store.bounded_connection.BoundedConnection` s (psycopg is
+    imported only for a PostgreSQL store: a SQLite one's daemon and commit process
+    spent 0.2 s of each start on it)."""
+    from controller.store.bounded_connection import BoundedConnection
 
     def connect(_dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
-        conn = _BoundedConnection.connect(*cargs, **cparams)
+        conn = BoundedConnection.connect(*cargs, **cparams)
         conn.round_trip_limit = limit
         return conn
 
@@ -548,33 +550,12 @@ def _patient_statements(conn: Any) -> None:
         conn.connection.driver_connection.execute(raised)
 
 
-class _BoundedConnection(psycopg.Connection[Any]):
-    """A psycopg connection whose every round trip to the server (a statement, fetching
-    its rows, a commit) ends within ``round_trip_limit`` seconds: past it the connection
-    is closed and :class:`psycopg.OperationalError` raised. psycopg itself waits for
-    ever on a server that accepted the connection and then stopped answering."""
-
-    round_trip_limit: float | None = None
-
-    def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
-        patience = _patience.get()
-        limit = self.round_trip_limit
-        if patience is not None and limit is not None:
-            limit = max(limit, patience + _CLIENT_MARGIN)
-        if timeout is not None or limit is None:  # psycopg's own bounded waits
-            return super().wait(gen, interval, timeout)
-        try:
-            return super().wait(gen, interval, limit)
-        except _WAIT_TIMEOUT:
-            # cut off mid-protocol: the connection cannot be used again
-            self.pgconn.finish()
-            raise psycopg.OperationalError(f"the store did not answer within {limit:g} s") from None
-
-
 _MIGRATION_SECONDS = 300.0  # a migration's statements may rewrite whole tables
 
 
 def _alembic_config(url: str) -> Config:
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
@@ -583,6 +564,8 @@ def _alembic_config(url: str) -> Config:
 
 def _unknown_revision(script: ScriptDirectory, revision: str) -> bool:
     """Whether ``revision`` is none of this oasis's migrations."""
+    from alembic import util as alembic_util
+
     try:
         return script.get_revision(revision) is None
     except alembic_util.CommandError:  # unknown, or ambiguous
@@ -598,6 +581,9 @@ upgrade across one (:func:`rewrites_ahead`)."""
 
 def _revisions(db: Database) -> tuple[ScriptDirectory, str, str | None]:
     """This oasis's migrations, their newest revision, and the store's (None: new)."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
     script = ScriptDirectory.from_config(_alembic_config(db.url))
     head = script.get_current_head()
     assert head is not None
@@ -608,6 +594,8 @@ def _revisions(db: Database) -> tuple[ScriptDirectory, str, str | None]:
 @functools.cache
 def _known_revisions() -> frozenset[str]:
     """Every revision of this oasis's migrations (read from ``migrations/`` once)."""
+    from alembic.script import ScriptDirectory
+
     script = ScriptDirectory.from_config(_alembic_config("sqlite://"))
     return frozenset(r.revision for r in script.walk_revisions())
 
@@ -618,6 +606,8 @@ def newer_revision(conn: Connection) -> str | None:
     the lead (:meth:`~controller.admission.follow.Follow.takeover_problem`): in the upgrade
     audit a standby of the older version took the lead of a store an upgraded node had
     just migrated, which it refuses at start."""
+    from alembic.runtime.migration import MigrationContext
+
     current = MigrationContext.configure(conn).get_current_revision()
     return current if current is not None and current not in _known_revisions() else None
 
@@ -643,6 +633,9 @@ def migrate(db: Database, log: Any = None) -> str:
     logger) is told of an upgrade before and after it, and of a store created; None:
     nothing said (a tool's or a library's use: structlog's default printed the lines to
     standard output, into ``--json`` output)."""
+    from alembic import command
+    from alembic.runtime.migration import MigrationContext
+
     script, head, current = _revisions(db)
     if current == head:
         return head
