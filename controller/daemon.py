@@ -399,6 +399,8 @@ class PlaneRunner:
         self.run()
 
     async def stop(self) -> None:
+        if self.plane is not None:  # seen by its loops if the cancel below is lost
+            self.plane.stopping.ask()
         self.plane = None  # loaded again from the store at the next start
         tasks, self.tasks = self.tasks, []
         for task in tasks:

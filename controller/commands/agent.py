@@ -192,7 +192,12 @@ def run_agent(agent: Agent) -> None:
     async def until_stopped() -> None:
         main = asyncio.current_task()
         assert main is not None
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
+
+        def stop() -> None:
+            agent.stopping.ask()  # seen by its loops if the cancel is lost
+            main.cancel()
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop)
         with contextlib.suppress(asyncio.CancelledError):
             await agent.run()
 

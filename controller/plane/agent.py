@@ -53,7 +53,7 @@ from controller.plane.agent_messages import (
     Status,
     TaskProgress,
 )
-from controller.plane.client import LatestPerTopic, client_for, raise_lost_cancel
+from controller.plane.client import LatestPerTopic, Stopping, client_for
 from controller.plane.devices import Devices
 from controller.plane.memory_guard import MemoryGuard
 from controller.plane.one_agent import agent_key
@@ -164,6 +164,7 @@ class Agent:
         self.server = topic_name(server, "server")
         self.mqtt = mqtt
         self.topics = Topics(mqtt.topic_prefix)
+        self.stopping = Stopping()  # asked by SIGTERM (controller.commands.agent.run_agent)
         self.speed = speed
         self.command = command
         self.report_seconds = report_seconds
@@ -498,7 +499,7 @@ class Agent:
             while True:
                 if failed:  # the cancellation may have come out as a broker error
                     raise asyncio.CancelledError
-                raise_lost_cancel()
+                self.stopping.check()
                 client = self._client()
                 try:
                     async with client:
@@ -561,7 +562,7 @@ class Agent:
         await client.subscribe(self.topics.plan_parts(self.server), qos=1)  # a plan in parts
         await client.subscribe(self.topics.status, qos=1)
         self.log.info("connected", host=self.mqtt.host, port=self.mqtt.port)
-        raise_lost_cancel()  # else the task group would run on, never cancelled
+        self.stopping.check()  # else the task group would run on, never cancelled
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._receive(client))
@@ -592,7 +593,7 @@ class Agent:
 
     async def _beat(self, client: aiomqtt.Client) -> None:
         while True:
-            raise_lost_cancel()
+            self.stopping.check()
             epoch = self.plan.epoch if self.plan else 0
             store = self.plan.store if self.plan else ""
             short = self.commands.devices_short() if self.commands is not None else 0
@@ -615,7 +616,7 @@ class Agent:
 
     async def _report(self, client: aiomqtt.Client) -> None:
         while True:
-            raise_lost_cancel()
+            self.stopping.check()
             await asyncio.sleep(self.report_seconds)
             await self._publish(client, self.reports())
 

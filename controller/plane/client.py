@@ -16,10 +16,10 @@ __all__ = [
     "IN_FLIGHT",
     "MAX_QUEUED_TOPICS",
     "LatestPerTopic",
+    "Stopping",
     "client_for",
     "for_each",
     "keepalive_seconds",
-    "raise_lost_cancel",
 ]
 
 _T = TypeVar("_T")
@@ -30,20 +30,33 @@ subscription): aiomqtt scans its pending calls at every new one, and paho its qu
 messages at every PUBACK, so each costs time linear in how many are in flight."""
 
 
-def raise_lost_cancel() -> None:
-    """Raise CancelledError if the running task was cancelled and the cancel was lost.
+class Stopping:
+    """Whether a stop was asked of a task that talks to the broker, for its loops to see
+    even when the cancel that came with it was lost.
 
     aiomqtt waits for each of the broker's acknowledgements (CONNACK, SUBACK, PUBACK) in
     ``asyncio.wait_for``, which on Python 3.11 returns the acknowledgement and drops the
     cancel when both come in the same turn of the event loop (3.12's raises). The task
     then ran on as if never cancelled: the daemon's stop waited out its 5 s for the
-    broker link (3 of 8 stops that came as the link connected, measured), and an agent
+    broker link (2 to 5 of 8 stops that came as the link connected, measured), and an agent
     could miss its SIGTERM for good, its workers left running when the service manager
-    killed it. Called where a loop that talks to the broker begins a turn; never in an
-    ``except CancelledError`` (a cancel taken there is still counted)."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
+    killed it. ``Task.cancelling()`` cannot tell: 3.11's task groups leave it counted
+    after a child's error (a lost connection), when nothing was cancelled.
+
+    Whoever stops the task calls :meth:`ask`, then cancels it; its loops call
+    :meth:`check` where they begin a turn (never in an ``except CancelledError``)."""
+
+    def __init__(self) -> None:
+        self.asked = False
+
+    def ask(self) -> None:
+        """The stop is asked (the task is cancelled next, by the caller)."""
+        self.asked = True
+
+    def check(self) -> None:
+        """Raise CancelledError if the stop was asked."""
+        if self.asked:
+            raise asyncio.CancelledError
 
 
 def keepalive_seconds(heartbeat_timeout: float) -> int:

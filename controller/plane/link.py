@@ -36,7 +36,7 @@ from controller.events import Event
 from controller.limits import RateLimiter
 from controller.logs import Complaints
 from controller.plane.agent_messages import Heartbeat, Progress, Status
-from controller.plane.client import client_for, for_each, raise_lost_cancel
+from controller.plane.client import Stopping, client_for, for_each
 from controller.plane.event_messages import UNRETAINED, JobEvent, event_kind
 from controller.plane.execution import Execution, PlanRound
 from controller.plane.plan_messages import Plan
@@ -131,6 +131,7 @@ class Plane:
         self.plans_seconds = 0.0  # the last round's plans: built and encoded (PUBLISH_PACE)
         self.dirty = asyncio.Event()
         self.connected = False
+        self.stopping = Stopping()  # asked by the daemon's stop (PlaneRunner.stop)
         self._slot = -1
         self._restore: _Restore | None = None  # the latest event of every job, republished
         self._complain = Complaints(_COMPLAIN_SECONDS)
@@ -226,7 +227,7 @@ class Plane:
         connected_at: float | None = None
         try:
             while True:
-                raise_lost_cancel()
+                self.stopping.check()
                 offline = Status(online=False).to_bytes()
                 will = aiomqtt.Will(self.topics.status, offline, qos=1, retain=True)
                 client = client_for(self.mqtt, f"oasisd-{uuid.uuid4().hex[:12]}", will)
@@ -297,7 +298,7 @@ class Plane:
         self._set_connected(True)
         self.log.info("broker connected", host=self.mqtt.host, port=self.mqtt.port)
         self.dirty.set()
-        raise_lost_cancel()  # else the task group would run on, never cancelled
+        self.stopping.check()  # else the task group would run on, never cancelled
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._receive(client))
@@ -364,7 +365,7 @@ class Plane:
 
     async def _publish_loop(self, client: aiomqtt.Client) -> None:
         while True:
-            raise_lost_cancel()
+            self.stopping.check()
             await self.dirty.wait()
             self.dirty.clear()
             with contextlib.suppress(DrainingError):
