@@ -115,7 +115,7 @@ def test_new_calls_are_held_only_as_long_as_a_client_answered_before_the_stop_ma
     async def go() -> None:
         gate = StopGate()
         assert gate.hold_seconds() == 0.0  # never called
-        async with gate._gated(None):  # type: ignore[arg-type]
+        async with gate._gated(None):
             assert gate.hold_seconds() == HOLD_SECONDS  # a call runs
         assert 0.9 * HOLD_SECONDS < gate.hold_seconds() <= HOLD_SECONDS  # one just ended
         await asyncio.sleep(HOLD_SECONDS / 2)
