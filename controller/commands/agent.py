@@ -183,11 +183,12 @@ def _device_ids(flag: str | None) -> tuple[list[str] | None, str]:
 def run_agent(agent: Agent) -> None:
     """Run ``agent`` until SIGINT (Ctrl-C) or SIGTERM, then stop its worker commands.
 
-    Either signal cancels the agent, which stops every worker command it started (each
-    in its own session, so nothing else would). Before, SIGTERM (``kill``, a service
-    manager's stop) ended the agent at once and left its workers running on the
-    server, holding its GPUs while the daemon planned other tenants' jobs there (the
-    CLI audit)."""
+    Either signal asks the agent to stop (:class:`~controller.plane.client.Stopping`)
+    and cancels it, and it stops every worker command it started (each in its own
+    session, so nothing else would); a second signal kills them at once. Before,
+    SIGTERM (``kill``, a service manager's stop) ended the agent at once and left its
+    workers running on the server, holding its GPUs while the daemon planned other
+    tenants' jobs there (the CLI audit)."""
 
     async def until_stopped() -> None:
         main = asyncio.current_task()
@@ -197,7 +198,9 @@ def run_agent(agent: Agent) -> None:
             agent.stopping.ask()  # seen by its loops if the cancel is lost
             main.cancel()
 
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop)
+        for sig in (signal.SIGTERM, signal.SIGINT):  # SIGINT: not asyncio's own handler,
+            # whose cancel alone a broker's acknowledgement could lose
+            asyncio.get_running_loop().add_signal_handler(sig, stop)
         with contextlib.suppress(asyncio.CancelledError):
             await agent.run()
 
