@@ -9,12 +9,11 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml proto/oasis/v1/oasis.proto
 	$(PYTHON) -m venv $(VENV)
 	@# uv resolves and installs the same packages from the same index as pip, in about
-	@# 10 s where pip takes about 2 minutes here; pip does it if uv cannot be installed.
-	if $(BIN)/pip install --quiet uv; then \
-	    $(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[dev]'; \
-	else \
-	    $(BIN)/pip install --quiet --upgrade pip && $(BIN)/pip install --quiet -e '.[dev]'; \
-	fi
+	@# 10 s where pip takes about 2 minutes here; pip does it if uv fails.
+	@{ $(BIN)/pip install --quiet uv && \
+	   $(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[dev]'; } || \
+	 { echo "uv failed: installing with pip"; \
+	   $(BIN)/pip install --quiet --upgrade pip && $(BIN)/pip install --quiet -e '.[dev]'; }
 	$(BIN)/python proto/generate.py
 	@echo "compiling the numeric kernels once (numba's cache; about 20 s)"
 	$(BIN)/oasis replay config/demo-trace.json > /dev/null
