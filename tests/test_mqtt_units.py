@@ -40,6 +40,7 @@ from controller.plane.topics import (
 )
 from pricing.errors import SpecError
 from pricing.fields import MAX_JOB_KEY_CHARS
+from tests.fake_mqtt import FakeMqtt
 from tests.servers import ROOT, free_port
 
 CLUSTER: dict[str, Any] = {
@@ -1430,24 +1431,26 @@ def test_plans_and_new_events_go_first_while_a_broker_gets_its_job_events_back(
     published = max(plane.ex.latest_job_events_sync(10**9)[0])
     monkeypatch.setattr(execution, "RESTORE_PAGE", 2)
     link = Plane(plane.c, plane.ex, MqttConfig("localhost"))
-    sent: list[tuple[str, bytes]] = []
+    cancelled: list[str] = []
 
-    class Client:  # records what the link publishes, in order
-        async def publish(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
-            assert qos == 1 and retain
-            if topic.endswith("/events") and not any(t.endswith("/events") for t, _ in sent):
-                await plane.c.cancel("c")  # while the restore's first page goes out
-                link.dirty.set()  # (the bus would set it)
-            sent.append((topic, payload))
+    async def first_event(topic: str, _payload: bytes, qos: int, retain: bool) -> None:
+        assert qos == 1 and retain
+        if topic.endswith("/events") and not cancelled:
+            cancelled.append(topic)
+            await plane.c.cancel("c")  # while the restore's first page goes out
+            link.dirty.set()  # (the bus would set it)
+
+    client = FakeMqtt(first_event)  # records what the link publishes, in order
+    sent = client.sent
 
     async def rounds() -> None:
-        first = await link.publish_round(Client())  # type: ignore[arg-type]
+        first = await link.publish_round(client)  # type: ignore[arg-type]
         # one page out, then stopped for the waiting work (a page at least: a daemon
         # always busy still restores)
         assert first > 0 and link._restore is not None and link._restore.after == "b"
         mark = len(sent)
         link.dirty.clear()
-        await link.publish_round(Client())  # type: ignore[arg-type]
+        await link.publish_round(client)  # type: ignore[arg-type]
         assert link._restore is None
         later = [t.removeprefix("oasis/v1/") for t, _ in sent[mark:]]
         restored = later.index("jobs/d/events")  # the restore's next page
@@ -1491,12 +1494,8 @@ def test_publish_rounds_are_paced_by_what_their_plans_cost(
 
     monkeypatch.setattr(plane.ex, "plans_build", costly)
 
-    class Client:
-        async def publish(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
-            pass
-
     async def busy() -> float:  # a job decided every 5 ms, each waking the publisher
-        loop = asyncio.create_task(link._publish_loop(Client()))  # type: ignore[arg-type]
+        loop = asyncio.create_task(link._publish_loop(FakeMqtt()))  # type: ignore[arg-type]
         start = time.perf_counter()
         # 1.2 s, and at least three rounds (a loaded machine builds slower), at most 20 s
         while time.perf_counter() - start < (1.2 if len(builds) >= 3 else 20.0):
@@ -1540,14 +1539,10 @@ def test_other_calls_are_decided_while_a_round_builds_its_plans(
         return plans_build(begun)
 
     monkeypatch.setattr(plane.ex, "plans_build", held)
-    sent: list[str] = []
-
-    class Client:
-        async def publish(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
-            sent.append(topic)
+    client = FakeMqtt()
 
     async def run() -> tuple[Any, int]:
-        round_ = asyncio.create_task(link.publish_round(Client()))  # type: ignore[arg-type]
+        round_ = asyncio.create_task(link.publish_round(client))  # type: ignore[arg-type]
         await asyncio.to_thread(building.wait, 15)
         try:  # decided while the round's plans are being built
             view = await asyncio.wait_for(plane.c.submit({"id": "b", **plane.SPEC}), 10)
@@ -1557,7 +1552,8 @@ def test_other_calls_are_decided_while_a_round_builds_its_plans(
 
     view, published = asyncio.run(run())
     assert view.decision.admitted
-    assert published == len(CLUSTER["servers"]) and any(t.endswith("/plan") for t in sent)
+    assert published == len(CLUSTER["servers"])
+    assert any(t.endswith("/plan") for t, _ in client.sent)
     assert plane.ex.epoch == 1  # taken once the plans were built
 
 
@@ -1577,13 +1573,9 @@ def test_a_daemon_that_stops_leading_while_plans_are_built_publishes_nothing(
 
     plane.submit("a")
     link = Plane(plane.c, plane.ex, MqttConfig("localhost"))
-    sent: list[str] = []
-
-    class Client:
-        async def publish(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
-            sent.append(topic)
-
-    asyncio.run(link.publish_round(Client()))  # type: ignore[arg-type]
+    client = FakeMqtt()
+    sent = client.sent
+    asyncio.run(link.publish_round(client))  # type: ignore[arg-type]
     assert sent and plane.ex.epoch == 1
     low = {"kind": "sigmoid", "priority": 0.0001, "decay": 0.5, "target": 3}
     view = asyncio.run(plane.c.submit({"id": "r", **plane.SPEC, "utility": low}))
@@ -1599,7 +1591,7 @@ def test_a_daemon_that_stops_leading_while_plans_are_built_publishes_nothing(
     monkeypatch.setattr(plane.ex, "plans_build", stepping_down)
     sent.clear()
     with pytest.raises(NotLeaderError):
-        asyncio.run(link.publish_round(Client()))  # type: ignore[arg-type]
+        asyncio.run(link.publish_round(client))  # type: ignore[arg-type]
     assert sent == [] and plane.ex.epoch == 1 and daemonic == [True]
 
 

@@ -36,7 +36,7 @@ from controller.events import Event
 from controller.limits import RateLimiter
 from controller.logs import Complaints
 from controller.plane.agent_messages import Heartbeat, Progress, Status
-from controller.plane.client import Stopping, client_for, for_each
+from controller.plane.client import Stopping, client_for, publish_all
 from controller.plane.event_messages import UNRETAINED, JobEvent, event_kind
 from controller.plane.execution import Execution, PlanRound
 from controller.plane.plan_messages import Plan
@@ -195,7 +195,7 @@ class Plane:
         for job in job_ids:
             with contextlib.suppress(ValueError):
                 topics.append(self.topics.job_events(job_level(job)))
-        await for_each(topics, lambda t: client.publish(t, b"", qos=1, retain=True))
+        await publish_all(client, ((t, b"", True) for t in topics))
 
     # -- the daemon's hooks --------------------------------------------------------------
 
@@ -387,7 +387,7 @@ class Plane:
         # the epoch taken, and (with high availability) still the leader: a standby
         # publishes neither plans nor job events, however long the build took
         await self.c._run(lambda: self.execution.plans_end(begun, plans))
-        await for_each(messages, lambda m: client.publish(m[0], m[1], qos=1, retain=True))
+        await publish_all(client, ((topic, payload, True) for topic, payload in messages))
         for plan in plans:  # said when it changes: every publish said it (604 lines while
             # one tenant's 3,000 small jobs went in, at warning: the observability audit)
             count, before = parts[plan.server], self._parts.get(plan.server, 1)
@@ -515,17 +515,22 @@ class Plane:
                                error=str(err))  # fmt: skip
                 continue
             out.append((topic, JobEvent(e.sequence, kind, e.job_id, e.slot, e.state, e.detail)))
-        await for_each(out, lambda m: self._publish_one(client, *m))
+        encoded: list[tuple[str, bytes, bool]] = []
+        sent: list[JobEvent] = []
+        for topic, message in out:
+            try:
+                payload = message.to_bytes()
+            except Exception as err:  # it cannot be encoded: skip it
+                self._event_skipped(message, err)
+                continue
+            encoded.append((topic, payload, message.kind != UNRETAINED))
+            sent.append(message)
+        # paho refuses one: skip it (a lost connection raises: reconnect, publish it then)
+        await publish_all(client, encoded, lambda i, err: self._event_skipped(sent[i], err))
 
-    async def _publish_one(self, client: aiomqtt.Client, topic: str, message: JobEvent) -> None:
-        retain = message.kind != UNRETAINED
-        try:
-            await client.publish(topic, message.to_bytes(), qos=1, retain=retain)
-        except aiomqtt.MqttError:
-            raise  # the connection: reconnect, and publish it then
-        except Exception as err:  # paho refuses this message, or it cannot be encoded: skip it
-            self._complain("?", "event", "job event not published", sequence=message.sequence,
-                           error=str(err)[:200])  # fmt: skip
+    def _event_skipped(self, message: JobEvent, err: Exception) -> None:
+        self._complain("?", "event", "job event not published", sequence=message.sequence,
+                       error=str(err)[:200])  # fmt: skip
 
 
 async def start_plane(
