@@ -397,7 +397,8 @@ class Reloader:
         path = Path(self.running.source)
         try:
             read = in_daemon_thread(reread, self.running, path, name="reload")
-            found = await asyncio.wait_for(read, READ_SECONDS)
+            async with asyncio.timeout(READ_SECONDS):
+                found = await read
         except TimeoutError:
             self.log.error(
                 "reload refused: the config or tokens file was not read within "
@@ -486,7 +487,8 @@ class Reloader:
         if self.restart_moves is None or found.fresh is None:
             return
         try:
-            moves = await asyncio.wait_for(self.restart_moves(found.fresh), RESTART_CHECK_SECONDS)
+            async with asyncio.timeout(RESTART_CHECK_SECONDS):
+                moves = await self.restart_moves(found.fresh)
         except Exception as err:  # the store out of reach, a timeout: said, not fatal
             self.log.warning("reload: could not check which plans a restart would move",
                              error=f"{type(err).__name__}: {str(err)[:300]}")  # fmt: skip
@@ -507,9 +509,8 @@ class Reloader:
         if self.restart_problems is None or found.fresh is None:
             return
         try:
-            problems = await asyncio.wait_for(
-                self.restart_problems(found.fresh), RESTART_CHECK_SECONDS
-            )
+            async with asyncio.timeout(RESTART_CHECK_SECONDS):
+                problems = await self.restart_problems(found.fresh)
         except Exception as err:  # the store out of reach, a timeout: said, not fatal
             self.log.warning(
                 "reload: could not check that a restart with this config would start",

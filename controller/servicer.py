@@ -316,8 +316,9 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
                     break
             # until a reload (SIGHUP) revokes the token the stream was opened with
             while holds(self.c.config.tokens, caller):
-                try:
-                    event = await asyncio.wait_for(queue.get(), REVOKE_CHECK_SECONDS)
+                try:  # not wait_for: on 3.11 it drops a cancel that comes with an event
+                    async with asyncio.timeout(REVOKE_CHECK_SECONDS):
+                        event = await queue.get()
                 except TimeoutError:
                     continue
                 if event.sequence > last:

@@ -159,7 +159,8 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
         self._draining = True
         if self._in_flight:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._idle.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._idle.wait()
         return self._in_flight
 
     async def read(self, fn: Callable[[], _T], client: str | None = None) -> _T:

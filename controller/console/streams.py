@@ -50,10 +50,11 @@ async def _send(request: web.Request, response: web.StreamResponse, data: bytes 
     write cancelled has left its bytes in the transport's buffer, and a close would wait
     to flush them (and aiohttp's end of the answer would wait on the drain again)."""
     try:
-        if data is None:
-            await asyncio.wait_for(response.write_eof(), WRITE_SECONDS)
-        else:
-            await asyncio.wait_for(response.write(data), WRITE_SECONDS)
+        async with asyncio.timeout(WRITE_SECONDS):
+            if data is None:
+                await response.write_eof()
+            else:
+                await response.write(data)
     except TimeoutError:
         if request.transport is not None:
             request.transport.abort()
