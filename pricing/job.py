@@ -262,6 +262,12 @@ def job_from_dict(
 
     b, B = float(worker[bw]), float(ps[bw])
     nowhere = [] if must_fit else fits_nowhere(worker, ps, cluster)  # else refused above
+    total = epochs * chunks * minibatches
+    if total > fields.MAX_INTEGER:  # each <= 2**53, their product not: E = N = 2**53
+        raise SpecError.one(
+            field, f"E*N*M = {total:.6g} mini-batches in all is too many (at most 2**53 = "
+            f"{fields.MAX_INTEGER}): node agents count a job's mini-batches exactly",
+        )  # fmt: skip
     m = tau + 2.0 * grad_mb * MB_TO_GBIT / b / slot_seconds
     raw_work = epochs * chunks * minibatches * m
     if not raw_work <= fields.MAX_INTEGER:  # also inf and nan

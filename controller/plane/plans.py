@@ -28,6 +28,7 @@ from controller.plane.plan_messages import Plan, SlotPlan, Task
 from controller.plane.port import AdmissionPort
 from controller.plane.settings import MqttConfig
 from controller.store import AllocationRow, JobRow
+from pricing.job import Job
 
 __all__ = [
     "BUMP_SECONDS",
@@ -35,7 +36,9 @@ __all__ = [
     "MAX_FOLLOWED_EPOCH",
     "EpochClaims",
     "PlanBuilder",
+    "plan_task",
     "run_of",
+    "task_demand",
 ]
 
 BUMP_SECONDS = 60.0
@@ -123,6 +126,36 @@ class EpochClaims:
         return heard and not paused
 
 
+def task_demand(job: Job, kind: str, resources: list[tuple[int, str]]) -> Demand:
+    """One worker's (``kind`` ``"worker"``) or PS's demand of ``job`` for its plan's
+    tasks: each of ``resources`` (``(index, name)``) with a nonzero amount."""
+    per = job.worker if kind == "worker" else job.ps
+    return {name: plain(float(per[i])) for i, name in resources if float(per[i]) > 0}
+
+
+def plan_task(
+    job_id: str,
+    job: Job,
+    kind: str,
+    workers: int,
+    ps: int,
+    run: str,
+    device: int | None,
+    demand: Demand,
+    slot_seconds: float,
+) -> Task:
+    """The task of ``job`` (stored as ``job_id``) on a server of ``kind`` in one slot:
+    ``workers`` and ``ps`` there, its admission ``run``, the devices of one of its
+    workers (or PS) by the resource index ``device`` (None: none said), at most
+    :data:`~controller.plane.devices.MAX_DEVICES` as a server's are, and ``demand``
+    (:func:`task_demand`). Whatever job the daemon admits gives a task agents parse
+    (``tests/test_plan_tasks.py``): an entry they refuse is left out, its job not run."""
+    per = job.worker if kind == "worker" else job.ps
+    devices = min(float(MAX_DEVICES), float(per[device])) if device is not None else 0.0
+    return Task(job_id, workers, ps, job.minibatch_slots * slot_seconds,
+                job.total_minibatches, run, devices, demand)  # fmt: skip
+
+
 class PlanBuilder(PlanePart):
     """Every server's plan for a slot and the next (:meth:`build`: any thread; it reads
     only the store, the job specs and what it is handed).
@@ -164,16 +197,11 @@ class PlanBuilder(PlanePart):
         for r in rows:
             job = self.jobs.get(r.job_id, session)
             kind = self.server_index[r.server][0]
-            per = job.worker if kind == "worker" else job.ps
-            devices = float(per[device]) if device is not None else 0.0
             demand = demands.get((r.job_id, kind))
             if demand is None:
-                demand = demands[(r.job_id, kind)] = {
-                    name: plain(float(per[i])) for i, name in resources if float(per[i]) > 0
-                }
-            task = Task(r.job_id, r.workers, r.ps, job.minibatch_slots * self.slot_seconds,
-                        job.total_minibatches, run_of(r.decided_at), devices,
-                        demand)  # fmt: skip
+                demand = demands[(r.job_id, kind)] = task_demand(job, kind, resources)
+            task = plan_task(r.job_id, job, kind, r.workers, r.ps, run_of(r.decided_at),
+                             device, demand, self.slot_seconds)  # fmt: skip
             tasks.setdefault((r.server, r.slot), []).append(task)
         epoch0 = self.c.slots.epoch
         plans: list[Plan] = []
