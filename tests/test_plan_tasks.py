@@ -5,23 +5,28 @@ The audit: a job of ``E = N = 2**53`` epochs and chunks, ``M = 2**20`` and a min
 of 1e-37 slots is 9 worker-slots of work, and was admitted; its plan entries said
 ``minibatches`` = E*N*M = 8.5e37, over the 2**53 an agent reads, and each agent refused
 the whole plan of its server: every other tenant's task there went without its new plan
-and ran out. The parser now refuses such a job (it names E*N*M).
+and ran out. The parser now refuses such a job (it names E*N*M), and an agent leaves a
+bad entry out alone.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import math
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
 from controller.config import demo_config
+from controller.plane.agent import Agent
 from controller.plane.demand import MAX_DEMAND_ENTRIES, carried
-from controller.plane.plan_messages import Plan, SlotPlan, Task
+from controller.plane.plan_messages import Plan, PlanParts, SlotPlan, Task
 from controller.plane.plans import plan_task, task_demand
+from controller.plane.settings import MqttConfig
 from pricing.errors import SpecError
 from pricing.job import job_from_dict
 
@@ -99,6 +104,7 @@ def test_every_job_the_parser_takes_gives_plan_entries_an_agent_takes(
         for kind, workers, ps in (("worker", 3, 0), ("ps", 0, 2))
     ]
     back = _round_trip(tasks)
+    assert back.current.refused == 0, back.current.refused_error
     assert back.current.tasks == tasks
 
 
@@ -121,6 +127,7 @@ def test_any_counts_with_a_feasible_work_give_plan_entries_an_agent_takes(
         return
     task = plan_task("j", job, "worker", 1, 0, "", DEVICE, {}, CONFIG.slot_seconds)
     back = _round_trip([task])
+    assert back.current.refused == 0, back.current.refused_error
     assert back.current.tasks == [task]
 
 
@@ -133,3 +140,65 @@ def test_a_job_of_more_than_2_53_minibatches_in_all_is_refused_naming_them() -> 
         _parse(spec)
     taken = _parse({**spec, "epochs": 2**33, "chunks": 2**20, "minibatches": 1, "tau": 1e-15})
     assert taken.total_minibatches == 2**53
+
+
+def _payload(tasks: list[Any]) -> bytes:
+    return json.dumps({
+        "version": 1, "server": "w0", "kind": "worker", "epoch": 5, "slot_seconds": 3600,
+        "heartbeat_seconds": 5, "down": False,
+        "current": {"slot": 1, "starts_at": 0, "tasks": tasks},
+        "next": {"slot": 2, "starts_at": 3600, "tasks": []},
+    }).encode()  # fmt: skip
+
+
+GOOD = {"job": "a", "workers": 2, "ps": 0, "minibatch_seconds": 0.5, "minibatches": 400}
+
+
+def test_an_agent_leaves_a_bad_entry_out_and_follows_the_rest_of_the_plan() -> None:
+    """Entries an agent cannot take (a count over 2**53, a negative worker count, not
+    an object) are left out alone, counted and said once; the other tenants' tasks of
+    the same plan run."""
+    bad = [
+        {**GOOD, "job": "big", "minibatches": 2**60},
+        {**GOOD, "job": "neg", "workers": -1},
+        17,
+    ]
+    plan = Plan.parse(_payload([GOOD, *bad, {**GOOD, "job": "b"}]))
+    assert [t.job for t in plan.current.tasks] == ["a", "b"]
+    assert plan.current.refused == 3
+    assert "minibatches" in plan.current.refused_error
+    agent = Agent("w0", MqttConfig("localhost"))
+    with capture_logs() as logs:
+        assert agent.accept(plan)
+        assert agent.accept(plan)  # the same epoch again: said once
+    said = [e for e in logs if e["event"].startswith("plan entries left out")]
+    assert len(said) == 1 and said[0]["entries"] == 3 and said[0]["log_level"] == "warning"
+    assert agent.plan is not None and [t.job for t in agent.plan.current.tasks] == ["a", "b"]
+
+
+def test_a_plan_in_parts_counts_the_entries_each_part_left_out() -> None:
+    """Put back together, the parts' entries left out add up, and the first error is
+    kept."""
+    whole = Plan.parse(_payload([{**GOOD, "job": f"j{i}"} for i in range(12)]))
+    parts = whole.split(len(whole.to_bytes()) // 2 + 200)
+    assert len(parts) > 1
+    raw = [json.loads(p.to_bytes()) for p in parts]
+    raw[-1]["current"]["tasks"].append({**GOOD, "job": "bad", "minibatches": 0})
+    joiner = PlanParts()
+    joined = [joiner.add(Plan.parse(json.dumps(r).encode())) for r in raw][-1]
+    assert joined is not None
+    assert [t.job for t in joined.current.tasks] == [t.job for t in whole.current.tasks]
+    assert joined.current.refused == 1 and "minibatches" in joined.current.refused_error
+
+
+def test_a_slot_that_is_bad_as_a_whole_still_refuses_the_plan() -> None:
+    """Only entries are left out alone: a plan whose slot or header is bad is refused
+    as before (the agent keeps the plan it follows)."""
+    obj = json.loads(_payload([GOOD]))
+    obj["current"]["tasks"] = {"not": "a list"}
+    with pytest.raises(SpecError, match=r"plan\.current\.tasks"):
+        Plan.parse(json.dumps(obj).encode())
+    obj = json.loads(_payload([GOOD]))
+    obj["epoch"] = -1
+    with pytest.raises(SpecError, match=r"plan\.epoch"):
+        Plan.parse(json.dumps(obj).encode())

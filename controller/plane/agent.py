@@ -209,6 +209,13 @@ class Agent:
         if self.plan is None or plan.epoch != self.plan.epoch:
             self.log.info("plan", epoch=plan.epoch, slot=plan.current.slot,
                           tasks=[(t.job, t.workers, t.ps) for t in plan.current.tasks])  # fmt: skip
+            refused = plan.current.refused + plan.next.refused
+            if refused:
+                self.log.warning(
+                    "plan entries left out as bad: their jobs do not run here, every "
+                    "other task of the plan does", epoch=plan.epoch, entries=refused,
+                    error=plan.current.refused_error or plan.next.refused_error,
+                )  # fmt: skip
             for task in (*plan.current.tasks, *plan.next.tasks):
                 self._reported.pop(task.job, None)
         if self.plan is None or plan.epoch != self.plan.epoch:

@@ -98,43 +98,60 @@ class SlotPlan:
         slot: the absolute slot.
         starts_at: its start, Unix seconds.
         tasks: the jobs placed there, in decision order.
+        refused: entries of the payload's ``tasks`` left out as bad (:meth:`from_dict`),
+            and ``refused_error``, the first one's error; never compared or encoded.
     """
 
     slot: int
     starts_at: float
     tasks: list[Task] = field(default_factory=list)
+    refused: int = field(default=0, compare=False)
+    refused_error: str = field(default="", compare=False)
 
     @classmethod
     def from_dict(cls, raw: Any, where: str) -> SlotPlan:
+        """SpecError for a bad slot; a bad entry of its ``tasks`` is left out alone and
+        counted in ``refused``. One job's entry that an agent refused (a count over
+        2**53 that the daemon let through) made it refuse the whole plan: every other
+        tenant's task on that server went without its new plan, and ran out."""
         obj = fields.mapping(raw, where)
         tasks_raw = obj.get("tasks", [])
         if not isinstance(tasks_raw, list):
             raise SpecError.one(f"{where}.tasks", "must be a list")
         tasks = []
+        refused, first = 0, ""
         for i, t in enumerate(tasks_raw):
-            tw = f"{where}.tasks[{i}]"
-            tm = fields.mapping(t, tw)
-            tasks.append(
-                Task(
-                    job=fields.text(fields.require(tm, "job", tw), f"{tw}.job"),
-                    workers=fields.integer(tm.get("workers", 0), f"{tw}.workers", minimum=0),
-                    ps=fields.integer(tm.get("ps", 0), f"{tw}.ps", minimum=0),
-                    minibatch_seconds=fields.positive(
-                        fields.require(tm, "minibatch_seconds", tw), f"{tw}.minibatch_seconds"
-                    ),
-                    minibatches=fields.integer(
-                        fields.require(tm, "minibatches", tw), f"{tw}.minibatches", minimum=1
-                    ),
-                    run=_run(tm.get("run", ""), f"{tw}.run"),
-                    devices=_devices_demand(tm.get("devices", 0), f"{tw}.devices"),
-                    demand=parse_demand(tm["demand"], f"{tw}.demand") if "demand" in tm else {},
-                )
-            )
+            try:
+                tasks.append(_task(t, f"{where}.tasks[{i}]"))
+            except SpecError as err:
+                refused += 1
+                first = first or str(err)[:300]
         return cls(
             slot=fields.integer(fields.require(obj, "slot", where), f"{where}.slot", minimum=0),
             starts_at=fields.number(fields.require(obj, "starts_at", where), f"{where}.starts_at"),
             tasks=tasks,
+            refused=refused,
+            refused_error=first,
         )
+
+
+def _task(t: Any, tw: str) -> Task:
+    """One entry of a slot plan's ``tasks``, at ``tw``: SpecError naming the field."""
+    tm = fields.mapping(t, tw)
+    return Task(
+        job=fields.text(fields.require(tm, "job", tw), f"{tw}.job"),
+        workers=fields.integer(tm.get("workers", 0), f"{tw}.workers", minimum=0),
+        ps=fields.integer(tm.get("ps", 0), f"{tw}.ps", minimum=0),
+        minibatch_seconds=fields.positive(
+            fields.require(tm, "minibatch_seconds", tw), f"{tw}.minibatch_seconds"
+        ),
+        minibatches=fields.integer(
+            fields.require(tm, "minibatches", tw), f"{tw}.minibatches", minimum=1
+        ),
+        run=_run(tm.get("run", ""), f"{tw}.run"),
+        devices=_devices_demand(tm.get("devices", 0), f"{tw}.devices"),
+        demand=parse_demand(tm["demand"], f"{tw}.demand") if "demand" in tm else {},
+    )
 
 
 def _slot_dict(plan: SlotPlan) -> dict[str, Any]:
@@ -349,11 +366,19 @@ class PlanParts:
         ordered = [held[i] for i in range(plan.parts)]
         return replace(
             ordered[0],
-            current=replace(plan.current, tasks=[t for p in ordered for t in p.current.tasks]),
-            next=replace(plan.next, tasks=[t for p in ordered for t in p.next.tasks]),
+            current=_joined([p.current for p in ordered]),
+            next=_joined([p.next for p in ordered]),
             part=0,
             parts=1,
         )
+
+
+def _joined(slots: list[SlotPlan]) -> SlotPlan:
+    """One slot's plan from its parts' (in order): their tasks, and their entries
+    refused."""
+    first = next((s.refused_error for s in slots if s.refused), "")
+    return replace(slots[-1], tasks=[t for s in slots for t in s.tasks],
+                   refused=sum(s.refused for s in slots), refused_error=first)  # fmt: skip
 
 
 def _tasks(plan: Plan) -> int:
