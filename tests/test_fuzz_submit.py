@@ -98,11 +98,17 @@ def specs(draw: st.DrawFn) -> tuple[pb.JobSpec, bool, float | None]:
     return msg, submit, wait
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def daemon(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Daemon]:
+    """The daemon on SQLite, and on PostgreSQL, which enforces its columns' types: a
+    value SQLite keeps and PostgreSQL refuses would fail a whole group commit, every
+    other tenant's decision in it included."""
     d = tmp_path_factory.mktemp("fuzz")
     extra = "[limits]\nmax_utility = 0\nmax_search_steps = 2e6\n"
-    config = write_config(d / "oasisd.toml", d / "data", extra=extra)
+    url = "" if request.param == "sqlite" else request.getfixturevalue("postgres").new_database()
+    config = write_config(d / "oasisd.toml", d / "data", store_url=url, extra=extra)
     daemon = Daemon(config, d / "oasisd.log").start()
     yield daemon
     assert daemon.stop() == 0, (d / "oasisd.log").read_text()
