@@ -487,6 +487,12 @@ class _ControllerCollector:
             "fewer ids than the capacity, a worker given up on).",
             agents.devices_short,
         )
+        yield _per_server(
+            "oasis_agent_plan_entries_left_out",
+            "Entries of its plan a server's agent left out as bad (its latest heartbeat): "
+            "their jobs do not run there; the agent's log says why.",
+            agents.entries_left_out,
+        )
         for server, age in sorted(execution.agent_ages().items()):
             ages.add_metric([server], age)
         yield ages

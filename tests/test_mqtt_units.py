@@ -2392,11 +2392,7 @@ def test_an_agents_workers_short_of_devices_reach_the_daemon(plane: PlaneDaemon)
 
     beat = Heartbeat("w0", "a", 3, devices_short=2)
     assert Heartbeat.parse(beat.to_bytes()) == beat
-    assert b"devices_short" not in Heartbeat("w0", "a").to_bytes()  # as older agents send
-    for bad in (b"-1", b"1.5", b'"2"', b"100001"):
-        with pytest.raises(SpecError, match=re.escape("heartbeat.devices_short")):
-            Heartbeat.parse(b'{"version": 1, "server": "w0", "session": "s", '
-                            b'"devices_short": ' + bad + b"}")  # fmt: skip
+    _a_heartbeat_count_is_bounded("devices_short", 100_000)
     ex = plane.ex
     with capture_logs() as logs:
         ex.heartbeat(beat)
@@ -2406,6 +2402,62 @@ def test_an_agents_workers_short_of_devices_reach_the_daemon(plane: PlaneDaemon)
     ex.heartbeat(Heartbeat("w0", "a", 3))
     assert ex.agents.devices_short == {"w0": 0}  # the series reads 0 (the re-audit: it vanished)
     assert _metric(plane, "oasis_agent_workers_short_of_devices") == [({"server": "w0"}, 0.0)]
+
+
+def _a_heartbeat_count_is_bounded(name: str, most: int) -> None:
+    """Heartbeat field ``name``, a count: left out of the payload at 0 (as older agents
+    send it), and a negative, fractional, textual or over-``most`` one refused."""
+    assert name.encode() not in Heartbeat("w0", "a").to_bytes()
+    for bad in (b"-1", b"1.5", b'"2"', str(most + 1).encode()):
+        with pytest.raises(SpecError, match=re.escape(f"heartbeat.{name}")):
+            Heartbeat.parse(b'{"version": 1, "server": "w0", "session": "s", "'
+                            + name.encode() + b'": ' + bad + b"}")  # fmt: skip
+
+
+def test_an_agents_heartbeat_says_the_entries_it_left_out_and_the_daemon_warns(
+    plane: PlaneDaemon,
+) -> None:
+    """The daemon learns from the heartbeats how many entries an agent left out (its
+    log is on the server, not the head node): a warning and a series on /metrics, back
+    to 0 once a plan has none."""
+    import asyncio
+
+    from structlog.testing import capture_logs
+
+    from controller.plane.agent_messages import MAX_ENTRIES_LEFT_OUT
+    from tests.test_plan_tasks import GOOD, _payload
+
+    agent = Agent("w0", MqttConfig("localhost"))
+    agent.accept(Plan.parse(_payload([GOOD, {**GOOD, "job": "big", "minibatches": 2**60}])))
+    beat = asyncio.run(_one_beat(agent))
+    assert beat.entries_left_out == 1
+    assert Heartbeat.parse(beat.to_bytes()) == beat
+    _a_heartbeat_count_is_bounded("entries_left_out", MAX_ENTRIES_LEFT_OUT)
+    ex = plane.ex
+    with capture_logs() as logs:
+        ex.heartbeat(beat)
+    assert ex.agents.entries_left_out == {"w0": 1}
+    said = [e for e in logs if e["event"].startswith("the agent left entries of its plan out")]
+    assert [e["entries"] for e in said] == [1] and said[0]["log_level"] == "warning"
+    assert _metric(plane, "oasis_agent_plan_entries_left_out") == [({"server": "w0"}, 1.0)]
+    ex.heartbeat(Heartbeat("w0", beat.session, beat.epoch))
+    assert _metric(plane, "oasis_agent_plan_entries_left_out") == [({"server": "w0"}, 0.0)]
+
+
+async def _one_beat(agent: Agent) -> Any:
+    """The first heartbeat ``agent`` publishes (its beat loop stopped after it)."""
+    import asyncio
+
+    sent: list[bytes] = []
+
+    class Client:
+        async def publish(self, _topic: str, payload: bytes, qos: int = 0) -> None:
+            sent.append(payload)
+            raise asyncio.CancelledError  # one is enough
+
+    with contextlib.suppress(asyncio.CancelledError):
+        await agent._beat(Client())  # type: ignore[arg-type]
+    return Heartbeat.parse(sent[0])
 
 
 def _metric(plane: PlaneDaemon, name: str) -> list[tuple[dict[str, str], float]]:

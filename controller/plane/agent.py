@@ -46,6 +46,7 @@ import structlog
 
 from controller.plane.agent_messages import (
     MAX_COUNT,
+    MAX_ENTRIES_LEFT_OUT,
     MAX_FAILURES,
     MAX_REPORT_JOBS,
     Heartbeat,
@@ -604,8 +605,10 @@ class Agent:
             epoch = self.plan.epoch if self.plan else 0
             store = self.plan.store if self.plan else ""
             short = self.commands.devices_short() if self.commands is not None else 0
+            left = self.plan.current.refused + self.plan.next.refused if self.plan else 0
             beat = Heartbeat(self.server, self.session, epoch, sent_at=self.wall(), store=store,
-                             devices_short=short)  # fmt: skip
+                             devices_short=short,
+                             entries_left_out=min(left, MAX_ENTRIES_LEFT_OUT))  # fmt: skip
             await client.publish(self.topics.heartbeat(self.server), beat.to_bytes(), qos=0)
             sent = time.monotonic()
             # the interval comes with the plan, which may arrive (or change) meanwhile

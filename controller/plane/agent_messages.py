@@ -52,6 +52,7 @@ from pricing.text import escape
 __all__ = [
     "MAX_COUNT",
     "MAX_DEVICES_SHORT",
+    "MAX_ENTRIES_LEFT_OUT",
     "MAX_FAILURES",
     "MAX_FAILURE_CHARS",
     "MAX_REPORT_JOBS",
@@ -75,6 +76,9 @@ MAX_SESSION_CHARS = 128
 """The longest agent session id, in a heartbeat or a report (the reference agent's are
 12 hex digits); a job's stored progress is keyed by them, and the plane's stored state
 by those it ignores."""
+
+MAX_ENTRIES_LEFT_OUT = 1_000_000
+"""The most plan entries left out a heartbeat says (an agent says at most this many)."""
 
 MAX_DEVICES_SHORT = 100_000
 """The most workers short of devices a heartbeat may say."""
@@ -103,6 +107,9 @@ class Heartbeat:
         devices_short: its workers running on devices others hold, or without the
             devices their task needs (:mod:`controller.plane.devices`); 0: none, or
             not said (left out of the payload).
+        entries_left_out: entries of the plan it follows that it left out as bad
+            (:meth:`~controller.plane.plan_messages.SlotPlan.from_dict`): their jobs do not
+            run on its server; 0: none, or not said (left out of the payload).
     """
 
     server: str
@@ -111,12 +118,14 @@ class Heartbeat:
     sent_at: float | None = None
     store: str = ""
     devices_short: int = 0
+    entries_left_out: int = 0
 
     def to_bytes(self) -> bytes:
         unsaid = (
             (("sent_at",) if self.sent_at is None else ())
             + (("store",) if not self.store else ())
             + (("devices_short",) if not self.devices_short else ())
+            + (("entries_left_out",) if not self.entries_left_out else ())
         )
         return _dump(self, *unsaid)
 
@@ -132,6 +141,12 @@ class Heartbeat:
             store=_run(obj.get("store", ""), "heartbeat.store"),
             devices_short=_below(
                 obj.get("devices_short", 0), "heartbeat.devices_short", 0, MAX_DEVICES_SHORT + 1
+            ),
+            entries_left_out=_below(
+                obj.get("entries_left_out", 0),
+                "heartbeat.entries_left_out",
+                0,
+                MAX_ENTRIES_LEFT_OUT + 1,
             ),
         )
 

@@ -98,6 +98,7 @@ class AgentSessions:
         self.ignored_sessions: dict[str, None] = {}
         self.ignored_alone: dict[str, str] = {}  # server -> its only beating, ignored session
         self.devices_short: dict[str, int] = {}  # server -> its workers short of devices
+        self.entries_left_out: dict[str, int] = {}  # server -> its plan's entries left out
         self._clock_off: set[str] = set()  # servers whose clock is off, not yet back
         self._clock_said_off: set[str] = set()  # ... as the latest clock line said
         self._clock_lines: dict[str, deque[float]] = {}  # server -> their times
@@ -154,6 +155,7 @@ class AgentSessions:
             self.foreign.pop(beat.server, None)
         grew = self._twins(beat)
         self._devices_short(beat)
+        self._entries_left_out(beat)
         return grew
 
     def ignores(self, progress: Progress) -> bool:
@@ -184,6 +186,21 @@ class AgentSessions:
                            workers=beat.devices_short)  # fmt: skip
         elif beat.server in self.devices_short:  # 0 once seen: an alert on it resolves
             self.devices_short[beat.server] = 0
+
+    def _entries_left_out(self, beat: Heartbeat) -> None:
+        """Keep and say what an agent reports of entries of its plan it left out as bad
+        (event loop): their jobs do not run on its server. An agent older than this
+        daemon (or newer) that reads an entry otherwise is the likely cause; before,
+        only the agent's own log said so."""
+        if beat.entries_left_out:
+            self.entries_left_out[beat.server] = beat.entries_left_out
+            self._complain(beat.server, "entries",
+                           "the agent left entries of its plan out as bad: their jobs do "
+                           "not run on its server (the agent's log says why; are the "
+                           "agent and the daemon of one version?)",
+                           entries=beat.entries_left_out)  # fmt: skip
+        elif beat.server in self.entries_left_out:  # 0 once seen: an alert on it resolves
+            self.entries_left_out[beat.server] = 0
 
     def _twins(self, beat: Heartbeat) -> bool:
         """Say when two agent sessions of one server beat at once (event loop): each
