@@ -7,7 +7,6 @@ Skipped without Mosquitto or Chromium, unless CI requires them (``OASIS_REQUIRE_
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 
 from controller.rpc import oasis_pb2 as pb
-from tests.broker import mosquitto_binary
+from tests.broker import NEEDS_MOSQUITTO
 from tests.browser import artifacts_dir, chromium, needed
 from tests.servers import json_log
 from tests.test_console import shoot
@@ -25,10 +24,7 @@ from tests.test_mqtt_plane import SERVERS, Cluster, plane_job, wait_for
 
 pytestmark = [
     pytest.mark.timeout(300),
-    pytest.mark.skipif(
-        mosquitto_binary() is None and os.environ.get("OASIS_REQUIRE_MOSQUITTO") != "1",
-        reason="mosquitto not installed (CI sets OASIS_REQUIRE_MOSQUITTO=1: then it fails)",
-    ),
+    NEEDS_MOSQUITTO,
 ]
 
 

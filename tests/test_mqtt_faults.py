@@ -34,7 +34,7 @@ from controller.plane.topics import Heartbeat, Progress, TaskProgress, Topics
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.tls import client_channel
-from tests.broker import Mosquitto, mosquitto_binary
+from tests.broker import NEEDS_MOSQUITTO, Mosquitto
 from tests.servers import ROOT, Daemon, json_log, oasis, write_config
 from tests.test_mqtt_plane import (
     HEARTBEAT_TIMEOUT,
@@ -51,10 +51,7 @@ READER = "watcher"  # the read-only consumer the ACL example shows, commented ou
 PASSWORDS = {DAEMON_USER: "daemon pw", READER: "reader pw", **{s: f"{s} pw" for s in SERVERS}}
 TOPICS = Topics("oasis")
 
-pytestmark = pytest.mark.skipif(
-    mosquitto_binary() is None and os.environ.get("OASIS_REQUIRE_MOSQUITTO") != "1",
-    reason="mosquitto not installed (CI sets OASIS_REQUIRE_MOSQUITTO=1: then it fails)",
-)
+pytestmark = NEEDS_MOSQUITTO
 
 
 class Plane(PlaneHarness):

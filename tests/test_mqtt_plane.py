@@ -32,7 +32,7 @@ import pytest
 from controller.plane.topics import Heartbeat, Plan, Topics
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
-from tests.broker import Mosquitto, mosquitto_binary
+from tests.broker import NEEDS_MOSQUITTO, Mosquitto
 from tests.servers import ROOT, Daemon, events_through, json_log, oasis, write_config
 
 SLOT = 6.0
@@ -52,10 +52,7 @@ CAPACITY = {
 }
 _T = TypeVar("_T")
 
-pytestmark = pytest.mark.skipif(
-    mosquitto_binary() is None and os.environ.get("OASIS_REQUIRE_MOSQUITTO") != "1",
-    reason="mosquitto not installed (CI sets OASIS_REQUIRE_MOSQUITTO=1: then it fails)",
-)
+pytestmark = NEEDS_MOSQUITTO
 
 
 def plane_job(job_id: str, **changes: Any) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import pytest
 
 from controller.plane.topics import Plan, Topics
 from controller.rpc import oasis_pb2_grpc as pb_grpc
-from tests.broker import Mosquitto, mosquitto_binary
+from tests.broker import NEEDS_MOSQUITTO, Mosquitto
 from tests.servers import ROOT, Daemon, json_log, write_config
 from tests.test_security import Pki, make_pki, submit_request
 
@@ -32,10 +32,7 @@ SERVERS = ("w0", "w1", "w2", "p0", "p1")
 USER, PASSWORD = "oasisd", "s3cret:with@odd/chars"
 AGENT, AGENT_PASSWORD = "agent-w0", "another one"
 
-pytestmark = pytest.mark.skipif(
-    mosquitto_binary() is None and os.environ.get("OASIS_REQUIRE_MOSQUITTO") != "1",
-    reason="mosquitto not installed (CI sets OASIS_REQUIRE_MOSQUITTO=1: then it fails)",
-)
+pytestmark = NEEDS_MOSQUITTO
 
 
 @pytest.fixture(scope="module")

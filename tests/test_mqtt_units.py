@@ -40,6 +40,7 @@ from controller.plane.topics import (
 )
 from pricing.errors import SpecError
 from pricing.fields import MAX_JOB_KEY_CHARS
+from tests.broker import NEEDS_MOSQUITTO
 from tests.fake_mqtt import FakeMqtt
 from tests.servers import ROOT, free_port
 
@@ -2319,25 +2320,20 @@ print("stopped")
 """
 
 
+@NEEDS_MOSQUITTO
 def test_the_agents_stop_sends_the_counts_its_workers_printed_during_the_grace(
     tmp_path: Path,
 ) -> None:
     """The GPU audit: the agent's stop sent no last report, and the counts its workers
     printed during their stop grace were lost (24 mini-batches short)."""
     import json
-    import os
 
     import paho.mqtt.client as paho
     from paho.mqtt.enums import CallbackAPIVersion
 
     from tests.broker import Mosquitto
 
-    try:
-        broker = Mosquitto()
-    except FileNotFoundError:
-        if os.environ.get("OASIS_REQUIRE_MOSQUITTO") == "1":
-            raise
-        pytest.skip("mosquitto not installed")
+    broker = Mosquitto()
     seen: list[float] = []
     client = paho.Client(CallbackAPIVersion.VERSION2)
     client.on_message = lambda _c, _u, m: seen.extend(

@@ -210,12 +210,12 @@ class Agent:
         if self.plan is None or plan.epoch != self.plan.epoch:
             self.log.info("plan", epoch=plan.epoch, slot=plan.current.slot,
                           tasks=[(t.job, t.workers, t.ps) for t in plan.current.tasks])  # fmt: skip
-            refused = plan.current.refused + plan.next.refused
+            refused, error = plan.left_out
             if refused:
                 self.log.warning(
                     "plan entries left out as bad: their jobs do not run here, every "
                     "other task of the plan does", epoch=plan.epoch, entries=refused,
-                    error=plan.current.refused_error or plan.next.refused_error,
+                    error=error,
                 )  # fmt: skip
             for task in (*plan.current.tasks, *plan.next.tasks):
                 self._reported.pop(task.job, None)
@@ -605,7 +605,7 @@ class Agent:
             epoch = self.plan.epoch if self.plan else 0
             store = self.plan.store if self.plan else ""
             short = self.commands.devices_short() if self.commands is not None else 0
-            left = self.plan.current.refused + self.plan.next.refused if self.plan else 0
+            left = self.plan.left_out[0] if self.plan else 0
             beat = Heartbeat(self.server, self.session, epoch, sent_at=self.wall(), store=store,
                              devices_short=short,
                              entries_left_out=min(left, MAX_ENTRIES_LEFT_OUT))  # fmt: skip

@@ -163,11 +163,12 @@ def client_for(
 class _Window:
     """The PUBACKs :func:`publish_all` awaits: stands in aiomqtt's pending publishes for
     each of their message ids, and is :meth:`set` (by aiomqtt's ``on_publish``) once
-    per PUBACK; wakes the publisher once at most ``low`` are left."""
+    per PUBACK; wakes the publisher waiting in :meth:`until` once at most its ``low``
+    are left."""
 
-    def __init__(self, low: int) -> None:
+    def __init__(self) -> None:
         self.open = 0
-        self.low = low
+        self.low = 0  # what the publisher waiting in until() waits for
         self.waiter: asyncio.Future[None] | None = None
 
     def set(self) -> None:
@@ -214,7 +215,7 @@ async def publish_all(
     inner: paho.Client = client._client
     pending: dict[int, Any] = client._pending_publishes
     timeout = float(client.timeout)
-    window = _Window(PUBLISH_WINDOW - 1)
+    window = _Window()
     mids: list[int] = []
     try:
         for index, (topic, payload, retain) in enumerate(messages):

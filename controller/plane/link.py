@@ -503,7 +503,8 @@ class Plane:
         """Publish job events (QoS 1; retained but for a rejection, :data:`UNRETAINED`);
         one that cannot be published is logged and skipped, never retried: the counter
         moves past it."""
-        out: list[tuple[str, JobEvent]] = []
+        encoded: list[tuple[str, bytes, bool]] = []
+        sent: list[JobEvent] = []  # the message of each of encoded
         for e in events:
             kind = event_kind(e.kind, e.state)
             if kind is None or not e.job_id:
@@ -514,10 +515,7 @@ class Plane:
                 self._complain("?", "event", "job event not published", sequence=e.sequence,
                                error=str(err))  # fmt: skip
                 continue
-            out.append((topic, JobEvent(e.sequence, kind, e.job_id, e.slot, e.state, e.detail)))
-        encoded: list[tuple[str, bytes, bool]] = []
-        sent: list[JobEvent] = []
-        for topic, message in out:
+            message = JobEvent(e.sequence, kind, e.job_id, e.slot, e.state, e.detail)
             try:
                 payload = message.to_bytes()
             except Exception as err:  # it cannot be encoded: skip it

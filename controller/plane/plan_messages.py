@@ -288,6 +288,13 @@ class Plan:
             for i, (now, later) in enumerate(chunks)
         ]
 
+    @property
+    def left_out(self) -> tuple[int, str]:
+        """The entries of both slots' ``tasks`` left out as bad
+        (:meth:`SlotPlan.from_dict`), and the first one's error ("" if none)."""
+        return (self.current.refused + self.next.refused,
+                self.current.refused_error or self.next.refused_error)  # fmt: skip
+
     def same_content(self, other: Plan | None) -> bool:
         """True if ``other`` plans the same (its epoch aside)."""
         if other is None:
