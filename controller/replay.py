@@ -16,6 +16,7 @@ from pricing.baselines import run as run_baseline
 from pricing.best_schedule import BestSchedule, warm_up
 from pricing.cluster import Cluster
 from pricing.explain import explain
+from pricing.job import Job
 from pricing.schedule import Schedule
 
 __all__ = [
@@ -45,6 +46,7 @@ def replay(
     l_factor: float = 1.0,
     u_factor: float = 1.0,
     max_search_steps: float | None = None,
+    max_search_mb: float | None = None,
 ) -> Iterator[ReplayRecord]:
     """Decide every job of ``trace`` in order, yielding each decision as it is made.
 
@@ -59,6 +61,10 @@ def replay(
     would take more steps (``T`` x workers per slot x ``(W + 1)``, as the daemon's
     ``limits.max_search_steps`` counts them) is rejected unsearched, with that reason,
     as the daemon refuses it: one job of a small trace could otherwise search for hours.
+    With ``max_search_mb``, likewise a job whose search tables would take more MiB
+    (``8 T (W + N + 2)`` bytes, as ``limits.max_search_mb`` counts them): one job of
+    ``2**26`` chunks and one worker-slot of work took 23 s and 6.5 GB, and more chunks
+    took the machine's memory.
     """
     warm_up()
     last = trace.horizon - 1
@@ -70,17 +76,11 @@ def replay(
             rejected = Decision(job, False, BestSchedule(None, None, None, None, None, 0))
             yield ReplayRecord(rejected, 0.0, late)
             continue
-        if max_search_steps is not None:
-            size = search_size(job, trace.cluster, last - job.arrival + 1)
-            if size.steps > max_search_steps:
-                rejected = Decision(job, False, BestSchedule(None, None, None, None, None, 0))
-                why = (f"not searched: its search would take {size.steps:.3g} steps "
-                       f"({size.slots} slots x {size.workers} workers per slot x (W + 1) "
-                       f"with W = {job.work}), over max_search_steps = "
-                       f"{max_search_steps:g} (the daemon's limits.max_search_steps; "
-                       "--max-search-steps 0: no limit)")  # fmt: skip
-                yield ReplayRecord(rejected, 0.0, why)
-                continue
+        why = _too_large(job, trace, last, max_search_steps, max_search_mb)
+        if why is not None:
+            rejected = Decision(job, False, BestSchedule(None, None, None, None, None, 0))
+            yield ReplayRecord(rejected, 0.0, why)
+            continue
         start = clock()
         if estimate is not None:
             estimate = estimate.observe(job)
@@ -93,6 +93,27 @@ def replay(
             "" if decision.admitted else explain(decision.best, job, ledger, job.arrival, last)[0]
         )
         yield ReplayRecord(decision, ms, reason)
+
+
+def _too_large(
+    job: Job, trace: Trace, last: int, max_steps: float | None, max_mb: float | None
+) -> str | None:
+    """Why ``job``'s search is over the limits given (the daemon's ``limits``), or None."""
+    if max_steps is None and max_mb is None:
+        return None
+    size = search_size(job, trace.cluster, last - job.arrival + 1)
+    if max_steps is not None and size.steps > max_steps:
+        return (f"not searched: its search would take {size.steps:.3g} steps "
+                f"({size.slots} slots x {size.workers} workers per slot x (W + 1) "
+                f"with W = {job.work}), over max_search_steps = "
+                f"{max_steps:g} (the daemon's limits.max_search_steps; "
+                "--max-search-steps 0: no limit)")  # fmt: skip
+    if max_mb is not None and size.megabytes > max_mb:
+        return (f"not searched: its search would need {size.megabytes:.0f} MiB of tables "
+                f"({size.slots} slots x (W + N + 2) with W = {job.work}, N = {job.chunks}), "
+                f"over max_search_mb = {max_mb:g} (the daemon's limits.max_search_mb; "
+                "--max-search-mb 0: no limit)")  # fmt: skip
+    return None
 
 
 def allocations(schedule: Schedule | None, cluster: Cluster) -> list[dict[str, Any]]:

@@ -450,6 +450,34 @@ def test_replay_rejects_a_job_past_the_search_limit_unsearched(
     assert "--max-search-steps: must be a number >= 0" in capsys.readouterr().err
 
 
+def test_replay_rejects_a_job_past_the_search_memory_limit_unsearched(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: one job of 2**26 chunks and a single worker-slot of work (well under the
+    step limit) took `replay` 23 s and 6.5 GB for its search's tables; 2**30 chunks took
+    the machine's memory. The daemon refuses it by limits.max_search_mb; so does replay."""
+    job = {"arrival": 0, "epochs": 1, "minibatches": 1, "tau": 1e-12, "grad_mb": 1e-9,
+           "worker": {"bandwidth": 1}, "ps": {"bandwidth": 1},
+           "utility": {"kind": "sigmoid", "priority": 10, "decay": 0, "target": 1}}  # fmt: skip
+    trace = {
+        "version": 1, "horizon": 20, "resources": ["bandwidth"],
+        "servers": [{"name": "w", "kind": "worker", "capacity": {"bandwidth": 4}},
+                    {"name": "p", "kind": "ps", "capacity": {"bandwidth": 4}}],
+        "jobs": [{**job, "id": "wide", "chunks": 2**26},
+                 {**job, "id": "small", "chunks": 2, "tau": 1}],
+    }  # fmt: skip
+    path = _write(tmp_path, trace)
+    assert main(["replay", path, "--json"]) in (0, 3)
+    out = json.loads(capsys.readouterr().out)
+    first = out["jobs"][0]
+    assert first["id"] == "wide" and not first["admitted"] and first["payoff"] is None
+    assert "its search would need 10240 MiB of tables" in first["reason"]
+    assert "over max_search_mb = 512" in first["reason"]
+    assert out["jobs"][1]["admitted"]  # the other job is decided as ever
+    assert main(["replay", path, "--max-search-mb", "nan"]) == 2
+    assert "--max-search-mb: must be a number >= 0" in capsys.readouterr().err
+
+
 def test_out_of_memory_is_one_line_not_a_traceback(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

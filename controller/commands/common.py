@@ -253,28 +253,42 @@ def int_at_least(low: int, high: int = INT64_MAX) -> Callable[[str], int]:
 
 
 def add_search_limit(p: argparse.ArgumentParser) -> None:
-    """``--max-search-steps`` on a command that replays a trace; its default is the
-    daemon's ``limits.max_search_steps``."""
+    """``--max-search-steps`` and ``--max-search-mb`` on a command that replays a trace;
+    their defaults are the daemon's ``limits.max_search_steps`` and ``max_search_mb``."""
     from controller.limits import Limits  # numpy: only for the commands that replay
 
-    default = Limits.max_search_steps
+    steps, mb = Limits.max_search_steps, Limits.max_search_mb
     p.add_argument(
         "--max-search-steps",
         type=float,
-        default=default,
+        default=steps,
         metavar="STEPS",
         help="a job whose search would take more steps is rejected unsearched, as the "
-        f"daemon refuses it (default {default:g}, the daemon's limits.max_search_steps; "
+        f"daemon refuses it (default {steps:g}, the daemon's limits.max_search_steps; "
         "0: no limit)",
+    )
+    p.add_argument(
+        "--max-search-mb",
+        type=float,
+        default=mb,
+        metavar="MIB",
+        help="a job whose search tables would take more memory is rejected unsearched, as "
+        f"the daemon refuses it (default {mb:g}, the daemon's limits.max_search_mb; 0: no "
+        "limit)",
     )
 
 
-def search_limit(args: argparse.Namespace) -> float | None:
-    """The ``--max-search-steps`` given (None: no limit); InputError if not >= 0."""
-    steps = float(args.max_search_steps)
-    if not (steps >= 0 and math.isfinite(steps)):
-        raise InputError(f"--max-search-steps: must be a number >= 0, got {steps:g}")
-    return steps or None
+def search_limits(args: argparse.Namespace) -> tuple[float | None, float | None]:
+    """``(max_search_steps, max_search_mb)`` of :func:`controller.replay.replay` from the
+    flags (None: no limit); InputError if one is not a number >= 0."""
+    out: list[float | None] = []
+    for flag, key in (("--max-search-steps", "max_search_steps"),
+                      ("--max-search-mb", "max_search_mb")):  # fmt: skip
+        value = float(getattr(args, key))
+        if not (value >= 0 and math.isfinite(value)):
+            raise InputError(f"{flag}: must be a number >= 0, got {value:g}")
+        out.append(value or None)
+    return out[0], out[1]
 
 
 def same_file(a: str, b: str) -> bool:

@@ -35,7 +35,7 @@ from controller.commands.common import (
     load_trace,
     positive_seconds,
     quiet_native_stdout,
-    search_limit,
+    search_limits,
 )
 from controller.history import History, HistoryError, OnlineJob, load_history
 from controller.replay import replay
@@ -328,7 +328,8 @@ def _from_trace(
     """Replay the trace with the online algorithm."""
     trace = load_trace(args.trace)
     progress(f"replaying {counted(len(trace.jobs), 'job')} with the online algorithm...")
-    records = list(replay(trace, max_search_steps=search_limit(args)))
+    steps, mb = search_limits(args)
+    records = list(replay(trace, max_search_steps=steps, max_search_mb=mb))
     online = [
         OnlineJob(
             r.decision.job.id,

@@ -16,7 +16,7 @@ from controller.commands.common import (
     fmt,
     load_trace,
     quiet_native_stdout,
-    search_limit,
+    search_limits,
 )
 from controller.replay import (
     ReplayRecord,
@@ -151,7 +151,9 @@ def run(args: argparse.Namespace) -> int:
     in_place = args.progress and not args.json and sys.stderr.isatty()
     lines = args.progress and not in_place
     shown = time.monotonic()
-    for i, record in enumerate(replay(trace, max_search_steps=search_limit(args)), 1):
+    steps, mb = search_limits(args)
+    decided = replay(trace, max_search_steps=steps, max_search_mb=mb)
+    for i, record in enumerate(decided, 1):
         records.append(record)
         if in_place:
             print(f"\rdecided {i}/{total}", end="", file=unfiltered(sys.stderr), flush=True)
