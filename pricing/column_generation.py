@@ -48,6 +48,16 @@ Per end slot (used to shrink the exact ILP)
     most ``UB(pi) - max(0, P_i) + Q_i(t)``, where ``Q_i(t)`` bounds the payoff of job
     ``i``'s schedules ending in ``t`` (the search's ``f(t - a + 1) - D_t[W]``).
     :class:`BoundResult` keeps these for the ``pi`` of the best bound.
+
+Jobs not searched
+    A job that cannot finish in its slots even on the empty cluster
+    (:func:`pricing.explain.cannot_finish`) has no column and ``P_i = -inf``, as its
+    search would find: it is not searched (before, its tables were sized by its work,
+    and one such job of ``3.2e12`` worker-slots in a 20-job trace ran ``oasis offline``
+    out of memory). A job whose search's tables would take more than
+    :data:`MAX_PRICING_BYTES` is not searched either: it gets no column, and
+    ``P_i(pi) <= f_i(d_min)`` (costs are >= 0) stands in for its payoff, and
+    ``f_i(t - a + 1)`` for its per-end-slot bounds, so every bound stays certified.
 """
 
 from __future__ import annotations
@@ -63,6 +73,7 @@ from numpy.typing import NDArray
 
 from pricing.best_schedule import BestSchedule, search
 from pricing.errors import OasisError
+from pricing.explain import cannot_finish
 from pricing.job import Job
 from pricing.offline import Held
 from pricing.schedule import Schedule
@@ -73,6 +84,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FLOAT_MARGIN",
+    "MAX_PRICING_BYTES",
     "BoundResult",
     "Cells",
     "Column",
@@ -80,6 +92,7 @@ __all__ = [
     "Master",
     "configuration_bound",
     "price_jobs",
+    "search_bytes",
 ]
 
 FLOAT_MARGIN = 1e-9
@@ -89,6 +102,11 @@ terms (see the module docstring)."""
 REDUCED_COST_TOLERANCE = 1e-7
 """A column enters the master only if its reduced cost exceeds this (absolute, plus the
 same relative to the job's dual)."""
+
+
+MAX_PRICING_BYTES = 1 << 30
+"""The most one job's search tables may take (:func:`search_bytes`); a larger job is
+priced by its utility alone (module docstring, "Jobs not searched")."""
 
 
 class ColumnGenerationError(OasisError):
@@ -221,11 +239,38 @@ def price_jobs(
     for i in range(len(trace.jobs)) if jobs is None else jobs:
         job = trace.jobs[i]
         a = job.arrival
+        n_slots = int(held.last_slot[i]) - a + 1
+        if cannot_finish(job, cluster, n_slots) is not None:
+            out.append((_NO_SCHEDULE, np.full(max(n_slots, 0), -np.inf)))
+            continue
+        if search_bytes(job, n_slots) > MAX_PRICING_BYTES:
+            out.append(_utility_ceiling(job, n_slots))
+            continue
         wside = (pw, used_w, cluster.worker_capacity, np.ascontiguousarray(job.worker))
         pside = (pp, used_p, cluster.ps_capacity, np.ascontiguousarray(job.ps))
-        n_slots = int(held.last_slot[i]) - a + 1
         out.append(search(job, wside, pside, touched, a, n_slots, a, 0.0))
     return out
+
+
+_NO_SCHEDULE = BestSchedule(None, None, None, None, None, 0)
+
+
+def search_bytes(job: Job, n_slots: int) -> int:
+    """Bytes of :func:`pricing.best_schedule.search`'s tables for ``job`` over
+    ``n_slots`` slots: ``(n + 1) (W + 1)`` costs by work level, and ``(5 n + 1) (N + 1)``
+    for the slots' cost curves and the workers' and PS's picks, 8 bytes each."""
+    n = max(n_slots, 0)
+    return 8 * ((n + 1) * (job.work + 1) + (5 * n + 1) * (job.chunks + 1))
+
+
+def _utility_ceiling(job: Job, n_slots: int) -> tuple[BestSchedule, NDArray[np.float64]]:
+    """A job not searched: no schedule, its best utility ``f(d_min)`` as its payoff and
+    ``f(t - a + 1)`` as the bound of any schedule ending in slot ``t`` (-inf before
+    ``d_min``): upper bounds, costs being >= 0."""
+    jcts = np.arange(1, n_slots + 1)
+    ends = np.where(jcts >= job.min_slots, job.utility.values(jcts), -np.inf)
+    best = float(job.utility.values(job.min_slots))
+    return BestSchedule(best, None, None, None, None, 0), ends
 
 
 # ---------------------------------------------------------------------------------------

@@ -56,7 +56,12 @@ Tightenings that change no feasible point
     ``y[i,h,t] <= min(N_i, room of an empty h)`` and ``z`` likewise (implied by (3), (4),
     (5), (7)); a variable whose bound is 0 is left out; ``u[i,t]`` exists only from
     ``a_i + d_min_i - 1`` (no job completes in fewer than ``d_min = ceil(W / N)`` slots);
-    a capacity row that no combination of upper bounds can violate is left out.
+    a capacity row that no combination of upper bounds can violate is left out; (3)'s
+    ``N_i`` is ``Y_i = min(N_i, sum_h of those bounds)``, the most workers job ``i`` can
+    have in a slot. The last is also numerics: (3) is a big-M row, and with ``N_i =
+    2**26`` a ``v`` of ``1.5e-8``, inside the solver's tolerances, let a worker run
+    after the completion slot, so the solver claimed 269.81 for an allocation worth
+    269.42 (one job of 2**26 chunks in a 21-job trace).
 """
 
 from __future__ import annotations
@@ -182,6 +187,7 @@ def _build(trace: Trace, held: Held, reduction: Reduction | None = None) -> _Mod
         x[i] = prob.add_variable(f"x_{i}", 0, 1, pulp.LpBinary)
         y_ub = _upper_bounds(job, cluster.worker_capacity, job.worker)
         z_ub = _upper_bounds(job, cluster.ps_capacity, job.ps)
+        most = min(job.chunks, int(y_ub.sum()))  # (3)'s big M: workers a slot can hold
         ys: list[Any] = []
         for t in range(a, stop):
             ys_t = [
@@ -215,7 +221,7 @@ def _build(trace: Trace, held: Held, reduction: Reduction | None = None) -> _Mod
                 prob += v[i, t] == u[i, t] + later, f"c3_later_{i}_{t}"
                 later = v[i, t]
             ys_t = [y[i, h, t] for h in range(len(cluster.worker_names)) if (i, h, t) in y]
-            prob += pulp.lpSum(ys_t) <= job.chunks * later, f"c3_chunks_{i}_{t}"
+            prob += pulp.lpSum(ys_t) <= most * later, f"c3_chunks_{i}_{t}"
         prob += pulp.lpSum(u[i, t] for t in ends) == x[i], f"complete_once_{i}"
         prob += pulp.lpSum(ys) >= job.work * x[i], f"c2_work_{i}"
         if reduction is not None and reduction.must_run[i]:

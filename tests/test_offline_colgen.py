@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -20,7 +20,7 @@ from scipy.optimize import linprog
 
 from controller.cli import main
 from controller.replay import replay, summary
-from pricing import Trace, trace_from_dict
+from pricing import Trace, column_generation, trace_from_dict
 from pricing.column_generation import configuration_bound
 from pricing.offline import (
     ABS_GAP,
@@ -184,6 +184,9 @@ NEVER_RUNS = [
     {"arrival": 5},  # after it
     {"worker": {"gpu": 3, "cpu": 1, "bandwidth": 1}},  # the largest worker server has 2
     {"ps": {"cpu": 5, "bandwidth": 2}},  # the PS server has 4
+    # 1.1e12 worker-slots: column generation sized its search's tables by the work,
+    # 8.8 TB, and ran out of memory (one such job in a 20-job trace did so)
+    {"epochs": 2**20, "chunks": 2**20, "minibatches": 1, "tau": 1},
 ]
 
 
@@ -203,6 +206,55 @@ def test_a_job_that_can_never_run_is_a_rejection_in_every_method(change: dict[st
         assert result.status == "optimal", method
         assert result.optimum == pytest.approx(alone.optimum, abs=1e-9), method
         assert not result.jobs[-1].admitted, method
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_jobs_too_large_to_search_keep_the_bound_certified(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job whose search tables are over MAX_PRICING_BYTES is not searched: its best
+    utility stands in for its payoff. With the limit at 0 no job is searched: the bound
+    is sum f(d_min) plus nothing for the cells, still at least the optimum, and the ILP
+    after it still proves the optimum."""
+    trace = _small(seed)
+    exact = solve_offline(trace, time_limit=60)
+    assert exact.status == "optimal" and exact.optimum is not None
+    monkeypatch.setattr(column_generation, "MAX_PRICING_BYTES", 0)
+    result = configuration_bound(trace, Held.nothing(trace))
+    ceiling = sum(float(j.utility.values(j.min_slots)) for j in trace.jobs if trace.late(j) is None)
+    assert result.bound >= exact.optimum - 1e-9
+    assert result.bound == pytest.approx(ceiling, rel=1e-6)
+    for i, (job, done) in enumerate(zip(trace.jobs, exact.jobs, strict=True)):
+        if done.completion_slot is None:  # the optimum rejects it
+            assert result.reject_bound(i) >= exact.optimum - 1e-9
+        else:  # and ends it there
+            at = done.completion_slot - job.arrival
+            assert result.end_bounds(i)[at] >= exact.optimum - 1e-9
+    auto = solve(trace, method="auto", time_limit=60)
+    assert auto.status == "optimal" and auto.optimum == pytest.approx(exact.optimum, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_a_job_of_2_26_chunks_leaves_the_ilp_exact() -> None:
+    """(3) is a big-M row: with ``N = 2**26`` as its M, a ``v`` inside HiGHS's
+    tolerances let a worker run after the completion slot, and `oasis offline` of this
+    trace (`oasis gen --jobs 20 --worker-servers 3 --ps-servers 2 --horizon 20 --seed 3`
+    and the job) failed: "the solver's objective 269.809192 exceeds the utility
+    269.421363 its allocation achieves". M is now the most workers a slot can hold."""
+    raw = generate_trace(
+        np.random.default_rng(3), n_jobs=20, n_worker_servers=3, n_ps_servers=2, horizon=20
+    )
+    raw["pricing"] = {"bounds": "estimate"}
+    jobs = cast(list[dict[str, Any]], raw["jobs"])
+    wide = {**jobs[5], "id": "wide", "epochs": 1, "chunks": 2**26, "minibatches": 1,
+            "tau": 1e-12, "grad_mb": 1e-9}  # fmt: skip
+    jobs.insert(6, wide)
+    trace = trace_from_dict(raw)
+    records = list(replay(trace, max_search_steps=3e8, max_search_mb=512))
+    start = [r.decision.best.schedule if r.decision.admitted else None for r in records]
+    result = solve(trace, method="auto", start=start, time_limit=60)
+    assert result.status == "optimal" and result.optimum == pytest.approx(269.8091922, abs=1e-6)
+    assert result.jobs[6].admitted  # the wide job runs in the optimum, on one worker-slot
 
 
 def _write(tmp_path: Path, raw: Any) -> str:
