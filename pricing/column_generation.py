@@ -599,6 +599,7 @@ def configuration_bound(
     smoothing: float = 0.5,
     progress: Callable[[str], None] | None = None,
     progress_every: float = 5.0,
+    unit: float = 1.0,
 ) -> BoundResult:
     """Column generation on the configuration LP (module docstring).
 
@@ -625,6 +626,8 @@ def configuration_bound(
         max_iterations: pricing rounds at most.
         smoothing: the weight of the best bound's duals, in ``[0, 1)``.
         progress: called with a one-line message every ``progress_every`` seconds.
+        unit: what one utility of ``trace`` is in the units the messages give
+            (:mod:`pricing.offline_units`); the result stays in ``trace``'s.
     """
     started = time.perf_counter()
     deadline = math.inf if time_limit is None else started + time_limit
@@ -682,8 +685,8 @@ def configuration_bound(
         if progress is not None and now - last_report >= progress_every:
             last_report = now
             progress(
-                f"column generation: round {iterations}, LP {value:.6g}, certified bound "
-                f"{best.bound:.6g}, {len(master.columns)} columns, "
+                f"column generation: round {iterations}, LP {value * unit:.6g}, certified "
+                f"bound {best.bound * unit:.6g}, {len(master.columns)} columns, "
                 f"{master.n_rows - master.n_jobs} capacity rows, {now - started:.0f} s"
             )
         if not (rc[:n_lp] > tolerance[:n_lp]).any():

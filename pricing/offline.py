@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pricing.offline_allocation import (
     OfflineJob,
@@ -37,6 +37,7 @@ from pricing.offline_allocation import (
 )
 from pricing.offline_backends import ABS_GAP, SolverName, Status, _run, status_and_gap
 from pricing.offline_model import Held, OfflineError, Reduction, _build, _pulp
+from pricing.offline_units import in_solver_units, in_trace_units, utility_scale
 from pricing.schedule import Schedule
 from pricing.theorem4 import largest_job_share, theorem4_alpha, theorem4_bound
 from pricing.trace import Trace
@@ -55,6 +56,8 @@ __all__ = [
     "check_allocation",
     "largest_job_share",
     "lp_relaxation",
+    "result_in_trace_units",
+    "solve_in_units",
     "solve_offline",
     "status_and_gap",
     "theorem4_alpha",
@@ -123,10 +126,55 @@ def solve_offline(
     start: Sequence[Schedule | None] | None = None,
     progress: Callable[[str], None] | None = None,
     held: Held | None = None,
-    reduction: Reduction | None = None,
 ) -> OfflineResult:
     """Solve problem (1)-(13) for ``trace`` (:mod:`pricing.offline_model`) and check the
-    result.
+    result, with the utilities in the solvers' units (:mod:`pricing.offline_units`) and
+    the result in the trace's. Args and errors as :func:`solve_in_units`."""
+    scale = utility_scale(trace)
+    result = solve_in_units(
+        in_solver_units(trace, scale),
+        solver=solver,
+        time_limit=time_limit,
+        threads=threads,
+        start=start,
+        progress=progress,
+        held=held,
+    )
+    return result_in_trace_units(result, scale)
+
+
+def result_in_trace_units(result: OfflineResult, scale: float) -> OfflineResult:
+    """``result`` of a solve in the solvers' units (utilities divided by ``scale``) in the
+    trace's: every utility and bound multiplied back (exact: ``scale`` is a power of
+    two); the gap is relative and stays."""
+    if scale == 1.0:
+        return result
+
+    def back(x: float | None) -> float | None:
+        return None if x is None else x * scale
+
+    return replace(
+        result,
+        optimum=back(result.optimum),
+        bound=back(result.bound),
+        lp_bound=back(result.lp_bound),
+        jobs=in_trace_units(result.jobs, scale),
+    )
+
+
+def solve_in_units(
+    trace: Trace,
+    *,
+    solver: SolverName = "highs",
+    time_limit: float | None = None,
+    threads: int | None = None,
+    start: Sequence[Schedule | None] | None = None,
+    progress: Callable[[str], None] | None = None,
+    held: Held | None = None,
+    reduction: Reduction | None = None,
+) -> OfflineResult:
+    """Solve problem (1)-(13) for ``trace`` as its utilities are, in the solvers' units
+    already (:func:`solve_offline` scales them), and check the result.
 
     Args:
         trace: the jobs, cluster and horizon.
@@ -213,10 +261,12 @@ def lp_relaxation(trace: Trace, held: Held | None = None) -> float:
         OfflineError: HiGHS did not solve it.
     """
     pulp = _pulp()
+    scale = utility_scale(trace)
+    trace = in_solver_units(trace, scale)
     model = _build(trace, held if held is not None else Held.nothing(trace))
     for var in model.prob.variables():
         var.cat = pulp.LpContinuous
     model.prob.solve(pulp.HiGHS(msg=False))
     if model.prob.status != pulp.LpStatusOptimal:
         raise OfflineError(f"the LP relaxation was not solved: {pulp.LpStatus[model.prob.status]}")
-    return float(pulp.value(model.prob.objective) or 0.0)
+    return float(pulp.value(model.prob.objective) or 0.0) * scale

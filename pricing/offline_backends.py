@@ -236,10 +236,11 @@ def _run(
         except pulp.PulpSolverError as err:
             raise OfflineError(f"the {solver} solver failed: {err}") from err
         except (ArithmeticError, LookupError, ValueError) as err:  # PuLP reading a failed
-            # solve back (an objective past 1e20, which HiGHS takes as infinite, did so)
+            # solve back (an objective past 1e20, which HiGHS takes as infinite, did so
+            # before the utilities were put in the solvers' units: pricing/offline_units.py)
             raise OfflineError(
                 f"the {solver} solver failed ({type(err).__name__}: {str(err)[:200]}); "
-                "utilities near 1e20 or above are past what the solvers represent"
+                "its numbers may be past what it represents"
             ) from err
         if solver == "highs":
             return _highs_verdict(model.prob)

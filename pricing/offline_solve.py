@@ -43,10 +43,12 @@ from pricing.offline import (
     allocation_from_schedules,
     allocation_jobs,
     check_allocation,
-    solve_offline,
+    result_in_trace_units,
+    solve_in_units,
     status_and_gap,
 )
 from pricing.offline_rounding import Primal, round_columns
+from pricing.offline_units import in_solver_units, utility_scale
 from pricing.schedule import Schedule
 from pricing.trace import Trace
 
@@ -106,15 +108,45 @@ def solve(
     """The offline comparison of ``trace`` by ``method`` (module docstring).
 
     Args are those of :func:`pricing.offline.solve_offline`; ``start`` must be feasible
-    (it is checked) and the result is never worse than it.
+    (it is checked) and the result is never worse than it. The solvers see the
+    utilities in their units, the result is in the trace's (:mod:`pricing.offline_units`).
 
     Raises:
         OfflineError: a solver failed, or an allocation breaks SPEC 3-5.
     """
+    scale = utility_scale(trace)
+    result = _solve(
+        in_solver_units(trace, scale),
+        scale,
+        method=method,
+        solver=solver,
+        time_limit=time_limit,
+        threads=threads,
+        start=start,
+        progress=progress,
+        held=held,
+    )
+    return result_in_trace_units(result, scale)
+
+
+def _solve(
+    trace: Trace,
+    scale: float,
+    *,
+    method: Method,
+    solver: SolverName,
+    time_limit: float | None,
+    threads: int | None,
+    start: Sequence[Schedule | None] | None,
+    progress: Callable[[str], None] | None,
+    held: Held | None,
+) -> OfflineResult:
+    """:func:`solve` of ``trace`` in the solvers' units (its utilities divided by
+    ``scale``; progress messages give them in the trace's)."""
     held = held if held is not None else Held.nothing(trace)
     say = progress if progress is not None else (lambda _m: None)
     if method == "ilp":
-        return solve_offline(
+        return solve_in_units(
             trace,
             solver=solver,
             time_limit=time_limit,
@@ -151,10 +183,11 @@ def solve(
         start=start,
         time_limit=None if time_limit is None else (0.4 if then_ilp else 0.7) * limit,
         progress=progress,
+        unit=scale,
     )
     say(
         f"column generation: {bound.stop} after {bound.iterations} rounds, certified bound "
-        f"{bound.bound:.6g}, {bound.seconds:.1f} s"
+        f"{bound.bound * scale:.6g}, {bound.seconds:.1f} s"
     )
     columns_time = (
         COLUMNS_ILP_SECONDS if time_limit is None else (0.15 if then_ilp else 0.3) * limit
@@ -167,7 +200,7 @@ def solve(
     jobs = _checked(trace, held, primal)
     optimum = float(sum(j.utility for j in jobs))
     status, gap, best = status_and_gap(False, False, optimum, bound.bound)
-    say(f"allocation ({primal.source}): {optimum:.6g}, {_gap_text(gap)} below the bound")
+    say(f"allocation ({primal.source}): {optimum * scale:.6g}, {_gap_text(gap)} below the bound")
     result = OfflineResult(
         optimum=optimum,
         bound=best,
@@ -197,7 +230,7 @@ def solve(
         f"the bound rules out {total - kept} of {total} completion slots and fixes "
         f"{int(cut.must_run.sum())} jobs as run"
     )
-    exact = solve_offline(
+    exact = solve_in_units(
         trace,
         solver=solver,
         time_limit=None if time_limit is None else left,

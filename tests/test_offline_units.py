@@ -1,0 +1,110 @@
+"""The offline comparison gives the same answer whatever unit the utilities are in
+(:mod:`pricing.offline_units`).
+
+Before, the solvers' absolute tolerances decided by unit alone: priorities times
+``1e-8`` gave "optimal" allocations worth half the optimum, with "certified" bounds below
+it, or no allocation at all; times ``1e10`` the master LP failed; one job of ``1e300``
+failed every method but the bare ILP, which then proved nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import pytest
+
+from controller.cli import main
+from pricing import Trace, trace_from_dict
+from pricing.offline import lp_relaxation, solve_offline
+from pricing.offline_solve import solve
+from pricing.offline_units import AS_GIVEN, in_solver_units, utility_scale
+from pricing.workload import generate_trace
+
+
+def _raw(seed: int, times: float = 1.0) -> dict[str, Any]:
+    raw = generate_trace(
+        np.random.default_rng(seed), n_jobs=8, n_worker_servers=2, n_ps_servers=2, horizon=8
+    )
+    raw["pricing"] = {"bounds": "oracle"}
+    for job in cast(list[dict[str, Any]], raw["jobs"]):
+        job["utility"]["priority"] *= times
+    return raw
+
+
+def _trace(seed: int, times: float = 1.0) -> Trace:
+    return trace_from_dict(_raw(seed, times))
+
+
+@pytest.mark.parametrize("method", ["ilp", "auto"])
+@pytest.mark.parametrize("times", [1e-8, 1e10])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_optimum_does_not_depend_on_the_unit(seed: int, times: float, method: Any) -> None:
+    as_given = solve(_trace(seed), method=method, time_limit=60)
+    assert as_given.status == "optimal" and as_given.optimum is not None
+    result = solve(_trace(seed, times), method=method, time_limit=60)
+    assert result.status == "optimal" and result.optimum is not None
+    assert result.bound is not None and result.bound >= result.optimum
+    assert result.optimum == pytest.approx(as_given.optimum * times, rel=1e-9)
+    assert result.bound == pytest.approx(as_given.optimum * times, rel=1e-7)
+    assert [j.admitted for j in result.jobs] == [j.admitted for j in as_given.jobs]
+    admitted = [j for j in result.jobs if j.admitted]
+    assert math.fsum(j.utility for j in admitted) == pytest.approx(result.optimum, rel=1e-12)
+
+
+def test_one_job_worth_1e300_is_solved_by_every_method() -> None:
+    raw = _raw(1)
+    raw["jobs"][3]["utility"]["priority"] = 1e300
+    trace = trace_from_dict(raw)
+    for method in ("ilp", "colgen", "auto"):
+        result = solve(trace, method=method, time_limit=60)
+        assert result.optimum is not None and result.bound is not None, method
+        assert result.jobs[3].admitted, method
+        best = float(trace.jobs[3].utility.values(trace.jobs[3].min_slots))
+        assert best * (1 - 1e-9) <= result.bound <= result.optimum * (1 + 1e-6), method
+
+
+def test_solve_offline_and_the_lp_relaxation_are_in_the_traces_units() -> None:
+    as_given = solve_offline(_trace(2), time_limit=60)
+    scaled = solve_offline(_trace(2, 1e-9), time_limit=60)
+    assert as_given.optimum is not None and scaled.optimum is not None
+    assert scaled.optimum == pytest.approx(as_given.optimum * 1e-9, rel=1e-9)
+    assert lp_relaxation(_trace(2, 1e-9)) == pytest.approx(
+        lp_relaxation(_trace(2)) * 1e-9, rel=1e-7
+    )
+
+
+def test_the_scale_is_a_power_of_two_and_ordinary_traces_keep_theirs() -> None:
+    assert utility_scale(_trace(1)) == 1.0  # priorities 1-100
+    for times in (1e-8, 1e10, 1e300 / 100, 1e-300):
+        trace = _trace(1, times)
+        scale = utility_scale(trace)
+        mantissa, _ = math.frexp(scale)
+        assert mantissa == 0.5  # a power of two: dividing by it is exact
+        scaled = in_solver_units(trace, scale)
+        best = max(float(j.utility.values(j.min_slots)) for j in scaled.jobs)
+        assert 1.0 <= best < 2.0
+        for mine, theirs in zip(scaled.jobs, trace.jobs, strict=True):
+            d = np.arange(1, 9)
+            assert np.array_equal(mine.utility.values(d) * scale, theirs.utility.values(d))
+            assert mine.utility.to_dict() == theirs.utility.to_dict()
+    assert in_solver_units(_trace(1), 1.0).jobs[0].utility.to_dict()["priority"] < AS_GIVEN[1]
+
+
+def test_offline_prints_the_optimum_in_the_traces_units(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "trace.json"
+    results = []
+    for times in (1.0, 1e-8):
+        path.write_text(json.dumps(_raw(3, times)))
+        assert main(["offline", str(path), "--json", "--no-progress"]) == 0
+        results.append(json.loads(capsys.readouterr().out))
+    plain, small = results
+    assert plain["status"] == small["status"] == "optimal"
+    assert small["optimum"] == pytest.approx(plain["optimum"] * 1e-8, rel=1e-9)
+    # not the online utility: SPEC 5 admits a job iff its payoff is over 1e-9, in the
+    # trace's units, so the online algorithm's decisions do depend on the unit
