@@ -35,7 +35,14 @@ from pricing.offline_allocation import (
     allocation_jobs,
     check_allocation,
 )
-from pricing.offline_backends import ABS_GAP, SolverName, Status, _run, status_and_gap
+from pricing.offline_backends import (
+    ABS_GAP,
+    SolverName,
+    Status,
+    _run,
+    status_and_gap,
+    within_tolerance,
+)
 from pricing.offline_model import Held, OfflineError, Reduction, _build, _pulp
 from pricing.offline_units import in_solver_units, in_trace_units, utility_scale
 from pricing.schedule import Schedule
@@ -62,6 +69,7 @@ __all__ = [
     "status_and_gap",
     "theorem4_alpha",
     "theorem4_bound",
+    "within_tolerance",
 ]
 
 _check = check_allocation  # the name tests written before it was public use
@@ -76,7 +84,8 @@ class OfflineResult:
             when the solver found none.
         bound: the solver's best upper bound on the optimum; None when it does not report
             one (CBC stopped by the time limit).
-        status: ``"optimal"`` (proven, ``bound - optimum <= ABS_GAP``), ``"feasible"`` (an
+        status: ``"optimal"`` (proven, ``bound - optimum <= ABS_GAP max(1, |optimum|)``),
+            ``"feasible"`` (an
             allocation but no proof, e.g. the time limit hit), ``"infeasible"`` (the
             solver claims no allocation exists, which for this problem means a numerical
             failure: admitting nothing is always feasible) or ``"no solution"``.

@@ -393,6 +393,10 @@ def test_outcome_reports_optimal_only_with_a_proof() -> None:
     assert status == "feasible" and gap == pytest.approx(0.25) and bound == 12.5
     # a bound within the absolute tolerance is a proof, whatever the solver said
     assert status_and_gap(False, False, 10.0, 10.0 + ABS_GAP / 2)[:2] == ("optimal", 0.0)
+    # relative past 1: a certified bound's float margin (1e-9 of its magnitude) is no gap
+    assert status_and_gap(False, False, 8210.32, 8210.32 * (1 + 1e-9))[:2] == ("optimal", 0.0)
+    assert status_and_gap(False, False, 8210.32, 8210.32 * (1 + 2e-6))[0] == "feasible"
+    assert status_and_gap(False, False, 0.5, 0.5 + 2 * ABS_GAP)[0] == "feasible"
     assert status_and_gap(False, False, 0.0, 1.0) == ("feasible", math.inf, 1.0)
     assert status_and_gap(False, True, None, None) == ("infeasible", None, None)
     assert status_and_gap(False, False, None, 5.0) == ("no solution", None, 5.0)
