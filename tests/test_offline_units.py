@@ -50,7 +50,6 @@ def test_the_optimum_does_not_depend_on_the_unit(seed: int, times: float, method
     assert result.bound is not None and result.bound >= result.optimum
     assert result.optimum == pytest.approx(as_given.optimum * times, rel=1e-9)
     assert result.bound == pytest.approx(as_given.optimum * times, rel=1e-7)
-    assert [j.admitted for j in result.jobs] == [j.admitted for j in as_given.jobs]
     admitted = [j for j in result.jobs if j.admitted]
     assert math.fsum(j.utility for j in admitted) == pytest.approx(result.optimum, rel=1e-12)
 
