@@ -43,7 +43,7 @@ from pricing.job import Job
 from pricing.offline import Held
 from pricing.prices import oracle_bounds
 from pricing.schedule import Schedule
-from pricing.trace import Trace
+from pricing.trace import Trace, total_utility_problem
 
 __all__ = ["MAX_CELLS", "History", "HistoryError", "OnlineJob", "load_history", "load_jobs"]
 
@@ -213,6 +213,8 @@ def load_history(db: Database, first: int | None = None, last: int | None = None
                 ps[a.slot - lo - start, s] = a.ps
         schedules.append(Schedule(start, workers, ps))
 
+    for problem in total_utility_problem(jobs):  # a daemon with limits.max_utility = 0
+        raise HistoryError(f"the jobs compared: {problem.reason}")
     bounds = oracle_bounds(jobs, cluster, window, {j.id: window for j in jobs})
     trace = Trace(horizon, slot_seconds, cluster, bounds, "oracle", tuple(jobs))
     last_slot = np.array([min(j.arrival + window - 1, horizon - 1) for j in jobs], np.int64)

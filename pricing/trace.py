@@ -15,7 +15,8 @@ replay`` also reads a file named there, relative to the trace).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +33,14 @@ from pricing.job import Job, job_from_dict
 from pricing.ledger import ledger_bytes, ledger_need
 from pricing.prices import PriceBounds, bounds_from_dict, etas_from_dict, oracle_bounds
 
-__all__ = ["MAX_REPORTED_PROBLEMS", "TRACE_KEYS", "TRACE_VERSION", "Trace", "trace_from_dict"]
+__all__ = [
+    "MAX_REPORTED_PROBLEMS",
+    "TRACE_KEYS",
+    "TRACE_VERSION",
+    "Trace",
+    "total_utility_problem",
+    "trace_from_dict",
+]
 
 TRACE_VERSION = 1
 TRACE_KEYS = frozenset(
@@ -190,6 +198,25 @@ def trace_from_dict(raw: Any) -> Trace:
     latest = {j.id: max(horizon - j.arrival, 1) for j in jobs}
     bounds = oracle_bounds(jobs, cluster, horizon, latest, eta1, eta2)
     return Trace(horizon, slot_seconds, cluster, bounds, "oracle", tuple(jobs))
+
+
+def total_utility_problem(jobs: Sequence[Job]) -> list[Problem]:
+    """A problem if the jobs' best utilities ``f(d_min)`` sum past the largest float:
+    each job's is finite, but two of ``1e308`` made `offline`'s optimum and bound ``inf``,
+    and its JSON ``Infinity``, which is no JSON. The offline comparison refuses them
+    (its totals are over all jobs); a replay decides them (only its total can fail)."""
+    total = 0.0
+    for job in jobs:
+        total += float(job.utility.values(job.min_slots))  # inf past the largest float
+    if math.isfinite(total):
+        return []
+    return [
+        Problem(
+            "jobs",
+            "the jobs' best utilities f(d_min) sum past the largest number (1.8e308), so "
+            "totals and ratios cannot be reported: divide every utility by one factor",
+        )
+    ]
 
 
 @dataclass(frozen=True)

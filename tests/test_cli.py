@@ -359,6 +359,33 @@ def test_an_eta_below_1_is_named_and_a_huge_one_works(
         assert all(j["admitted"] for j in json.loads(captured.out)["jobs"])
 
 
+def test_utilities_summing_past_the_largest_float_print_no_infinity(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each job's utility is finite, but three of 1.7e308 summed to inf: `replay --json`
+    printed a total of `Infinity` and `offline --json` an optimum and a ratio of
+    `Infinity`, which no JSON reader takes. Now `offline` refuses such a trace (its
+    totals are over every job), `replay` decides it and refuses only to print the total
+    (its table says inf). One such job is fine."""
+    trace = json.loads(DEMO.read_text())
+    utility = {"kind": "sigmoid", "priority": 1.7e308, "decay": 0, "target": 1}
+    trace["jobs"] = [{**trace["jobs"][0], "utility": utility}]
+    assert main(["replay", _write(tmp_path, trace), "--json"]) == 0
+    json.loads(capsys.readouterr().out, parse_constant=pytest.fail)  # no Infinity, no NaN
+    trace["jobs"] = [{**trace["jobs"][0], "id": f"j{i}", "utility": utility} for i in range(3)]
+    path = _write(tmp_path, trace)
+    assert main(["offline", path, "--json"]) == 2
+    assert "jobs: the jobs' best utilities f(d_min) sum past the largest number" in (
+        capsys.readouterr().err
+    )
+    for policy in ("oasis", "fifo"):
+        assert main(["replay", path, "--json", "--policy", policy]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and "a total is past the largest number" in captured.err
+        assert main(["replay", path, "--policy", policy]) == 0
+        assert "total utility inf" in capsys.readouterr().out
+
+
 def test_a_trace_without_jobs_replays_with_estimated_bounds_not_oracle(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

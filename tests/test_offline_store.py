@@ -42,12 +42,15 @@ def _jobs(seed: int, n: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 class Controller:
     """The daemon's admission controller on a SQLite file, at slot 0 of a fake clock."""
 
-    def __init__(self, tmp_path: Path, raw: dict[str, Any]) -> None:
+    def __init__(
+        self, tmp_path: Path, raw: dict[str, Any], limits: dict[str, Any] | None = None
+    ) -> None:
         config = from_dict(
             {
                 "daemon": {"data_dir": str(tmp_path), "window": WINDOW, "epoch": 0},
                 "pricing": {"bounds": "estimate"},
                 "cluster": {"resources": raw["resources"], "servers": raw["servers"]},
+                "limits": limits or {},
             }
         )
         self.url = config.database_url
@@ -192,6 +195,24 @@ def test_an_empty_stretch_is_a_clear_error(
 ) -> None:
     assert main(["offline", "--store", controller.url, "--from", "5", "--to", "9"]) == 2
     assert "no job arrived in slots 5 .. 9" in capsys.readouterr().err
+
+
+def test_utilities_summing_past_the_largest_float_are_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A daemon without a utility cap (limits.max_utility = 0) took three jobs of
+    1.7e308: each is finite, their sum is not, and `offline --json` printed `Infinity`."""
+    raw, specs = _jobs(0, 3)
+    c = Controller(tmp_path, raw, {"max_utility": 0})
+    try:
+        for spec in specs:
+            c.submit({**spec, "utility": {"kind": "sigmoid", "priority": 1.7e308,
+                                          "decay": 0, "target": 1}})  # fmt: skip
+    finally:
+        c.inner.close()
+    assert main(["offline", "--store", c.url, "--json"]) == 2
+    err = capsys.readouterr().err
+    assert "the jobs compared: the jobs' best utilities f(d_min) sum past the largest" in err
 
 
 def test_a_deadline_without_half_life_leaves_the_store_tools_working(

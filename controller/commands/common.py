@@ -31,9 +31,11 @@ __all__ = [
     "ascii_number",
     "call_timeout",
     "check_store_url",
+    "check_total_utility",
     "counted",
     "fmt",
     "int_at_least",
+    "json_document",
     "load_prior_file",
     "load_trace",
     "positive_seconds",
@@ -154,6 +156,28 @@ def load_prior_file(path: Path, what: str) -> Any:
     except OSError as err:
         raise InputError(f"{what}: cannot read {path}: {err.strerror or err}") from err
     return _parsed(data, f"{what} ({path})")
+
+
+def check_total_utility(path: str, trace: Trace) -> None:
+    """InputError if the jobs' best utilities sum past the largest float
+    (:func:`pricing.trace.total_utility_problem`), as an invalid trace is named."""
+    from pricing.trace import total_utility_problem
+
+    problems = total_utility_problem(trace.jobs)
+    if problems:
+        raise InputError(f"{path}: invalid trace:\n{problem_lines(problems)}", problems)
+
+
+def json_document(doc: Any, compact: bool = False) -> str:
+    """``doc`` as strict JSON (no ``Infinity`` or ``NaN``, which JSON readers refuse);
+    InputError if a number is past the float range (utilities that sum past 1.8e308)."""
+    try:
+        return json.dumps(doc, indent=None if compact else 1, allow_nan=False)
+    except ValueError as err:
+        raise InputError(
+            "a total is past the largest number (1.8e308): the admitted jobs' utilities sum "
+            "past it; divide every utility by one factor"
+        ) from err
 
 
 def load_trace(path: str) -> Trace:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import signal
@@ -29,9 +28,11 @@ from controller.commands.common import (
     add_arrival_slots,
     add_search_limit,
     check_store_url,
+    check_total_utility,
     counted,
     fmt,
     int_at_least,
+    json_document,
     load_trace,
     positive_seconds,
     quiet_native_stdout,
@@ -327,6 +328,7 @@ def _from_trace(
 ) -> tuple[Trace, Held | None, list[OnlineJob], list[Schedule | None]]:
     """Replay the trace with the online algorithm."""
     trace = load_trace(args.trace)
+    check_total_utility(args.trace, trace)  # the optimum and bound sum every job's
     progress(f"replaying {counted(len(trace.jobs), 'job')} with the online algorithm...")
     steps, mb = search_limits(args)
     records = list(replay(trace, max_search_steps=steps, max_search_mb=mb))
@@ -464,7 +466,7 @@ def run(args: argparse.Namespace) -> int:
     progress(f"finished in {result.solve_seconds:.2f} s ({result.method}): {result.status}")
     doc = offline_json(result, online_jobs, theorem4_bound(trace), largest_job_share(trace), notes)
     if args.json:
-        print(json.dumps(doc, indent=1))  # one write (controller/terminal.py)
+        print(json_document(doc))  # one write (controller/terminal.py)
     else:
         _text(doc, result.gap, sys.stdout)
     # admitting nothing is always feasible: an infeasible verdict is a solver failure

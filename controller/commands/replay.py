@@ -4,7 +4,6 @@ simulate it under one of the paper's baselines (``--policy``)."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Any, TextIO
@@ -14,6 +13,7 @@ from controller.commands.common import (
     EXIT_OK,
     add_search_limit,
     fmt,
+    json_document,
     load_trace,
     quiet_native_stdout,
     search_limits,
@@ -130,7 +130,7 @@ def _run_baseline(args: argparse.Namespace) -> int:
     with quiet_native_stdout():  # Dorm's MILP solver prints its banner there
         outcomes = replay_baseline(trace, args.policy)
     if args.json:
-        print(json.dumps(baseline_json(trace, outcomes), indent=None if args.compact else 1))
+        print(json_document(baseline_json(trace, outcomes), args.compact))
     else:
         _baseline_table(outcomes, sys.stdout)
     return EXIT_OK
@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         print(file=sys.stderr)
     if args.json:
         # one write: the output filter (controller/terminal.py) costs a call per write
-        print(json.dumps(replay_json(trace, records), indent=None if args.compact else 1))
+        print(json_document(replay_json(trace, records), args.compact))
     else:
         _replay_table(records, sys.stdout)
     return EXIT_OK
