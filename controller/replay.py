@@ -14,6 +14,7 @@ from pricing import Decision, Ledger, Trace, decide
 from pricing.baselines import Outcome
 from pricing.baselines import run as run_baseline
 from pricing.best_schedule import BestSchedule, warm_up
+from pricing.bound_estimate import units_note
 from pricing.cluster import Cluster
 from pricing.explain import explain
 from pricing.job import Job
@@ -70,6 +71,7 @@ def replay(
     last = trace.horizon - 1
     ledger = Ledger(trace.cluster, trace.bounds.scaled(l_factor, u_factor), trace.horizon)
     estimate = trace.estimate() if trace.trim is not None else None
+    fresh = estimate  # the prior: a rejection far below its units says so (units_note)
     for job in trace.jobs:
         late = trace.late(job)  # the daemon's parser refuses these: not part of a decision
         if late is not None:
@@ -92,6 +94,8 @@ def replay(
         reason = (
             "" if decision.admitted else explain(decision.best, job, ledger, job.arrival, last)[0]
         )
+        if reason and fresh is not None:
+            reason += units_note(fresh, job)
         yield ReplayRecord(decision, ms, reason)
 
 

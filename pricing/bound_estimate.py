@@ -86,6 +86,7 @@ __all__ = [
     "bounds_by_kind",
     "calibrate",
     "log_mean_capacity",
+    "units_note",
 ]
 
 DEFAULT_TRIM = 0.3
@@ -545,3 +546,37 @@ def calibrate(
         )
     best = _summary(log_best.tolist(), [1.0] * len(jobs), points)
     return Prior(weight, best, sides[0], sides[1], source)
+
+
+UNITS_GAP = math.log(1000.0)
+"""A job whose utility scale is this far (a factor 1000) below the prior's ``B_ref`` is
+told its units may be the cause of its rejection (:func:`units_note`)."""
+
+
+def units_note(fresh: BoundEstimate, job: Job) -> str:
+    """A sentence to add to ``job``'s rejection when its utility's scale ``f(1)`` (its
+    priority or value, the most it can be worth) is over 1000 times below the ``B_ref``
+    of ``fresh``, the estimate before any job (the prior): "" otherwise, or without a
+    prior.
+
+    The shipped prior is made from ``oasis gen``'s priorities (1-100). Every job of a
+    trace in a 10,000 times smaller unit was priced out, all 300 of them on an idle
+    cluster: each job's weight in L's quantile is its best utility over ``B_ref``, so
+    L stays where the prior put it until ``B_ref`` has followed hundreds of jobs (with
+    ``pricing.prior = "none"``, 160 of the 300 were admitted; with a prior calibrated on
+    such jobs, 165). A job's priority alone cannot tell its units, so nothing moves on
+    its account: the sentence says what an operator can do."""
+    ref = fresh.best.value
+    if ref is None:
+        return ""
+    scale = clip_log(float(job.utility.log_values(1)))
+    if not scale < ref - UNITS_GAP:
+        return ""
+    return (
+        f" (its utility is at most {math.exp(scale):.3g}, over "
+        f"{math.exp(min(ref - scale, 700.0)):.2g} times below the utilities the price "
+        f"bounds' prior was made from (about {math.exp(ref):.3g}); in another unit, jobs "
+        "are priced in the prior's until the estimate has followed hundreds of them: an "
+        "operator can make a prior from such jobs with `oasis calibrate` (pricing.prior), "
+        'or start without one (pricing.prior = "none"))'
+    )

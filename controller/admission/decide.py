@@ -24,6 +24,7 @@ from controller.replay import allocations as allocation_entries
 from controller.store import AllocationRow, JobRow
 from pricing import ADMIT_THRESHOLD, Job, SpecError
 from pricing.best_schedule import BestSchedule, best_schedule, payoff_ceiling
+from pricing.bound_estimate import units_note
 from pricing.durations import format_duration
 from pricing.errors import check_all
 from pricing.explain import explain as explain_decision
@@ -69,6 +70,8 @@ class DecisionCore(GroupCommit):
         best, view = self._search(job, arrival, arrival)
         if not view.admitted:
             note = past_times(spec, arrival, self.slots.times)
+            if self.config.pricing.mode == "estimate":
+                note += units_note(estimate.fresh, job)
             if note:
                 view = replace(view, reason=view.reason + note)
         return job, best, view, estimate

@@ -1,0 +1,75 @@
+"""A rejection says when the job's utilities look to be in another unit than the price
+bounds' prior (:func:`pricing.bound_estimate.units_note`), in replay and in the daemon.
+
+With the shipped prior (``oasis gen``'s priorities, 1-100), every job of a trace whose
+priorities were 10,000 times smaller was priced out, on an idle cluster, with no word of
+why: the estimate's floor stays where the prior put it for hundreds of jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import structlog
+
+from controller.admission import AdmissionController
+from controller.clock import FakeClock, SlotClock
+from controller.config import from_dict
+from controller.replay import replay
+from controller.store import Database
+from pricing import trace_from_dict
+from pricing.workload import generate_trace
+
+NOTE = "times below the utilities the price bounds' prior was made from"
+
+
+def _raw(times: float, prior: str = "default") -> dict[str, Any]:
+    raw = generate_trace(
+        np.random.default_rng(2), n_jobs=40, n_worker_servers=4, n_ps_servers=4, horizon=30
+    )
+    raw["pricing"] = {"bounds": "estimate", "prior": prior}
+    for job in cast(list[dict[str, Any]], raw["jobs"]):
+        job["utility"]["priority"] *= times
+    return raw
+
+
+def test_replay_names_the_units_only_where_they_differ() -> None:
+    small = list(replay(trace_from_dict(_raw(1e-4))))
+    assert not any(r.decision.admitted for r in small)  # the prior prices them all out
+    assert all(NOTE in r.reason and "oasis calibrate" in r.reason for r in small)
+    ordinary = list(replay(trace_from_dict(_raw(1.0))))
+    assert any(r.decision.admitted for r in ordinary)
+    assert not any(NOTE in r.reason for r in ordinary)
+    # without a prior nothing is compared, and such jobs are admitted
+    unprimed = list(replay(trace_from_dict(_raw(1e-4, prior="none"))))
+    assert any(r.decision.admitted for r in unprimed)
+    assert not any(NOTE in r.reason for r in unprimed)
+
+
+def test_the_daemon_says_it_in_the_rejection(tmp_path: Path) -> None:
+    raw = _raw(1e-4)
+    config = from_dict(
+        {
+            "daemon": {"data_dir": str(tmp_path), "window": 30, "epoch": 0},
+            "pricing": {"bounds": "estimate"},
+            "cluster": {"resources": raw["resources"], "servers": raw["servers"]},
+        }
+    )
+    inner = AdmissionController(
+        config,
+        Database(config.database_url),
+        SlotClock(FakeClock(1.0), 3600.0, 0.0),
+        log=structlog.wrap_logger(structlog.ReturnLogger()),
+    )
+    inner.open()
+    try:
+        job = {
+            k: v for k, v in cast(list[dict[str, Any]], raw["jobs"])[0].items() if k != "arrival"
+        }
+        view = asyncio.run(inner.submit(job))
+    finally:
+        inner.close()
+    assert not view.decision.admitted and NOTE in view.decision.reason, view.decision.reason
