@@ -157,6 +157,45 @@ def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace_before_the_next
     run(agent, go)
 
 
+def test_a_worker_started_as_the_agent_stops_is_not_left_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SIGTERM cancels the agent's work loop. A worker whose process had started, but
+    whose output the agent was still connecting (not counted yet), was out of the stop's
+    reach: in a session of its own, it ran on after the agent, holding the server (a
+    fresh-clone CI run). The cancellation now kills it."""
+    real = asyncio.create_subprocess_shell
+    started: list[int] = []
+
+    async def spawned_then_stopped(*args: Any, **kwargs: Any) -> Any:
+        proc = await real(*args, **kwargs)
+        started.append(proc.pid)
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()  # as Agent.run's stop does, at the next await of the start
+        return proc
+
+    monkeypatch.setattr(asyncio, "create_subprocess_shell", spawned_then_stopped)
+    agent, _now = agent_on("sleep 60", plan_of({"a": 1}, {}))
+
+    async def go() -> None:
+        with pytest.raises(asyncio.CancelledError):
+            await agent._commands(0.0)
+
+    try:
+        run(agent, go)
+        assert len(started) == 1
+        deadline = time.monotonic() + 5
+        while alive(started[0]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(started[0])
+        assert not commands(agent).live
+    finally:
+        for pid in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+
+
 def test_a_failing_worker_is_started_again_after_a_back_off_and_one_done_is_not(
     tmp_path: Path,
 ) -> None:

@@ -491,8 +491,11 @@ class Commands:
                 transports.append(transport)
         # out of processes or descriptors, or an environment no process can carry (a
         # plan's job id with a NUL: the ValueError ended the work loop, and the agent
-        # with every worker of the server, at each restart): a failure, backed off
-        except (OSError, ValueError) as err:
+        # with every worker of the server, at each restart): a failure, backed off; or
+        # the agent stopping (its work loop cancelled) after the process started but
+        # before it was counted: the worker, in a session of its own that no stop would
+        # reach, ran on after the agent, holding the server (a CI run's SIGTERM test)
+        except (OSError, ValueError, asyncio.CancelledError) as err:
             self.devices.give_back(held)
             _close_all(writes)
             for transport in transports:
@@ -501,6 +504,12 @@ class Commands:
                 pipe.close()  # every failed start leaked it (the second review)
             if proc is not None:  # started, but its output cannot be followed
                 _kill_group(proc.pid, signal.SIGKILL)
+            if isinstance(err, asyncio.CancelledError):
+                if proc is not None:  # its transport closes with its exit, seen here
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(GIVE_UP_SECONDS):
+                            await proc.wait()
+                raise
             why = f"{type(err).__name__}: {err}"
             self._failed(job_id, job, index, why, 0.0, now, started=False,
                          said=f"could not start: {why}")  # fmt: skip
