@@ -64,7 +64,6 @@ __all__ = [
     "largest_job_share",
     "lp_relaxation",
     "result_in_trace_units",
-    "solve_in_units",
     "solve_offline",
     "status_and_gap",
     "theorem4_alpha",
@@ -135,55 +134,12 @@ def solve_offline(
     start: Sequence[Schedule | None] | None = None,
     progress: Callable[[str], None] | None = None,
     held: Held | None = None,
-) -> OfflineResult:
-    """Solve problem (1)-(13) for ``trace`` (:mod:`pricing.offline_model`) and check the
-    result, with the utilities in the solvers' units (:mod:`pricing.offline_units`) and
-    the result in the trace's. Args and errors as :func:`solve_in_units`."""
-    scale = utility_scale(trace)
-    result = solve_in_units(
-        in_solver_units(trace, scale),
-        solver=solver,
-        time_limit=time_limit,
-        threads=threads,
-        start=start,
-        progress=progress,
-        held=held,
-    )
-    return result_in_trace_units(result, scale)
-
-
-def result_in_trace_units(result: OfflineResult, scale: float) -> OfflineResult:
-    """``result`` of a solve in the solvers' units (utilities divided by ``scale``) in the
-    trace's: every utility and bound multiplied back (exact: ``scale`` is a power of
-    two); the gap is relative and stays."""
-    if scale == 1.0:
-        return result
-
-    def back(x: float | None) -> float | None:
-        return None if x is None else x * scale
-
-    return replace(
-        result,
-        optimum=back(result.optimum),
-        bound=back(result.bound),
-        lp_bound=back(result.lp_bound),
-        jobs=in_trace_units(result.jobs, scale),
-    )
-
-
-def solve_in_units(
-    trace: Trace,
-    *,
-    solver: SolverName = "highs",
-    time_limit: float | None = None,
-    threads: int | None = None,
-    start: Sequence[Schedule | None] | None = None,
-    progress: Callable[[str], None] | None = None,
-    held: Held | None = None,
     reduction: Reduction | None = None,
 ) -> OfflineResult:
-    """Solve problem (1)-(13) for ``trace`` as its utilities are, in the solvers' units
-    already (:func:`solve_offline` scales them), and check the result.
+    """Solve problem (1)-(13) for ``trace`` (:mod:`pricing.offline_model`) and check the
+    result. The solver sees the utilities in its units and the result is in the trace's
+    (:mod:`pricing.offline_units`); a trace in the solvers' units already is solved as
+    given.
 
     Args:
         trace: the jobs, cluster and horizon.
@@ -199,7 +155,8 @@ def solve_in_units(
         reduction: completion slots and rejections ruled out, and a cutoff; the
             optimum and bound are then those of the reduced model, which equal the full
             model's when ``start`` is the allocation the reduction keeps every better
-            one than (:class:`Reduction`).
+            one than (:class:`Reduction`); its cutoff is in the solvers' units (from
+            :func:`pricing.offline_solve.solve`, whose trace is in them already).
 
     Raises:
         OfflineError: the solver is unknown, unavailable or crashed, or its allocation
@@ -208,6 +165,8 @@ def solve_in_units(
             status ``"feasible"``.
     """
     started = time.perf_counter()
+    scale = utility_scale(trace)
+    trace = in_solver_units(trace, scale)
     held = held if held is not None else Held.nothing(trace)
     model = _build(trace, held, reduction)
     n_vars = len(model.prob.variables())
@@ -247,7 +206,7 @@ def solve_in_units(
             f"{verdict.bound:.9g}: its proof is wrong"
         )
     status, gap, bound = status_and_gap(verdict.proven, verdict.infeasible, optimum, verdict.bound)
-    return OfflineResult(
+    result = OfflineResult(
         optimum=optimum,
         bound=bound,
         status=status,
@@ -258,6 +217,26 @@ def solve_in_units(
         variables=n_vars,
         constraints=n_rows,
         jobs=jobs or (),
+    )
+    return result_in_trace_units(result, scale)
+
+
+def result_in_trace_units(result: OfflineResult, scale: float) -> OfflineResult:
+    """``result`` of a solve in the solvers' units (utilities divided by ``scale``) in the
+    trace's: every utility and bound multiplied back (exact: ``scale`` is a power of
+    two); the gap is relative and stays."""
+    if scale == 1.0:
+        return result
+
+    def back(x: float | None) -> float | None:
+        return None if x is None else x * scale
+
+    return replace(
+        result,
+        optimum=back(result.optimum),
+        bound=back(result.bound),
+        lp_bound=back(result.lp_bound),
+        jobs=in_trace_units(result.jobs, scale),
     )
 
 

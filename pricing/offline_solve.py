@@ -44,7 +44,7 @@ from pricing.offline import (
     allocation_jobs,
     check_allocation,
     result_in_trace_units,
-    solve_in_units,
+    solve_offline,
     status_and_gap,
 )
 from pricing.offline_rounding import Primal, round_columns
@@ -114,39 +114,8 @@ def solve(
     Raises:
         OfflineError: a solver failed, or an allocation breaks SPEC 3-5.
     """
-    scale = utility_scale(trace)
-    result = _solve(
-        in_solver_units(trace, scale),
-        scale,
-        method=method,
-        solver=solver,
-        time_limit=time_limit,
-        threads=threads,
-        start=start,
-        progress=progress,
-        held=held,
-    )
-    return result_in_trace_units(result, scale)
-
-
-def _solve(
-    trace: Trace,
-    scale: float,
-    *,
-    method: Method,
-    solver: SolverName,
-    time_limit: float | None,
-    threads: int | None,
-    start: Sequence[Schedule | None] | None,
-    progress: Callable[[str], None] | None,
-    held: Held | None,
-) -> OfflineResult:
-    """:func:`solve` of ``trace`` in the solvers' units (its utilities divided by
-    ``scale``; progress messages give them in the trace's)."""
-    held = held if held is not None else Held.nothing(trace)
-    say = progress if progress is not None else (lambda _m: None)
     if method == "ilp":
-        return solve_in_units(
+        return solve_offline(
             trace,
             solver=solver,
             time_limit=time_limit,
@@ -155,6 +124,10 @@ def _solve(
             progress=progress,
             held=held,
         )
+    scale = utility_scale(trace)  # progress and the result in the trace's units
+    trace = in_solver_units(trace, scale)
+    held = held if held is not None else Held.nothing(trace)
+    say = progress if progress is not None else (lambda _m: None)
     started = time.perf_counter()
     size = ilp_size(trace, held)
     then_ilp = method == "auto" and size <= AUTO_ILP_VARIABLES
@@ -221,7 +194,7 @@ def _solve(
     )
     left = limit - (time.perf_counter() - started)
     if not then_ilp or status == "optimal" or left <= 1.0:
-        return result
+        return result_in_trace_units(result, scale)
 
     cut = reduction(bound, optimum)
     kept = sum(int(e.sum()) for e in cut.ends)
@@ -230,7 +203,7 @@ def _solve(
         f"the bound rules out {total - kept} of {total} completion slots and fixes "
         f"{int(cut.must_run.sum())} jobs as run"
     )
-    exact = solve_in_units(
+    exact = solve_offline(  # in the solvers' units already: solved as given
         trace,
         solver=solver,
         time_limit=None if time_limit is None else left,
@@ -250,7 +223,7 @@ def _solve(
     improved = exact.optimum > optimum + ABS_GAP
     # the cutoff row caps the ILP's bound at the LP's: only a lower one is the ILP's own
     ilp_tighter = ilp_bound < bound.bound - ABS_GAP * max(1.0, abs(bound.bound))
-    return OfflineResult(
+    result = OfflineResult(
         optimum=exact.optimum,
         bound=best,
         status=status,
@@ -273,6 +246,7 @@ def _solve(
         columns=len(bound.master.columns),
         rounds=bound.iterations,
     )
+    return result_in_trace_units(result, scale)
 
 
 def _checked(trace: Trace, held: Held, primal: Primal) -> tuple[OfflineJob, ...]:

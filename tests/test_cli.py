@@ -451,6 +451,17 @@ def test_careless_arguments_are_refused_before_any_harm(
             assert f"{flag}: must be a number {least}" in capsys.readouterr().err
 
 
+def _bandwidth_trace(capacity: float, jobs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A trace of one resource, ``bandwidth``: one worker and one PS server of
+    ``capacity`` each, over 20 slots."""
+    return {
+        "version": 1, "horizon": 20, "resources": ["bandwidth"],
+        "servers": [{"name": "w", "kind": "worker", "capacity": {"bandwidth": capacity}},
+                    {"name": "p", "kind": "ps", "capacity": {"bandwidth": capacity}}],
+        "jobs": jobs,
+    }  # fmt: skip
+
+
 def test_replay_rejects_a_job_past_the_search_limit_unsearched(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -459,12 +470,9 @@ def test_replay_rejects_a_job_past_the_search_limit_unsearched(
     job = {"arrival": 0, "epochs": 1, "minibatches": 10, "tau": 1, "grad_mb": 1e-9,
            "worker": {"bandwidth": 0.001}, "ps": {"bandwidth": 1},
            "utility": {"kind": "sigmoid", "priority": 10, "decay": 0, "target": 1}}  # fmt: skip
-    trace = {
-        "version": 1, "horizon": 20, "resources": ["bandwidth"],
-        "servers": [{"name": "w", "kind": "worker", "capacity": {"bandwidth": 1e6}},
-                    {"name": "p", "kind": "ps", "capacity": {"bandwidth": 1e6}}],
-        "jobs": [{**job, "id": "huge", "chunks": 10**6}, {**job, "id": "small", "chunks": 2}],
-    }  # fmt: skip
+    trace = _bandwidth_trace(
+        1e6, [{**job, "id": "huge", "chunks": 10**6}, {**job, "id": "small", "chunks": 2}]
+    )
     path = _write(tmp_path, trace)
     assert main(["replay", path, "--json", "--max-search-steps", "1e6"]) in (0, 3)
     out = json.loads(capsys.readouterr().out)
@@ -486,13 +494,9 @@ def test_replay_rejects_a_job_past_the_search_memory_limit_unsearched(
     job = {"arrival": 0, "epochs": 1, "minibatches": 1, "tau": 1e-12, "grad_mb": 1e-9,
            "worker": {"bandwidth": 1}, "ps": {"bandwidth": 1},
            "utility": {"kind": "sigmoid", "priority": 10, "decay": 0, "target": 1}}  # fmt: skip
-    trace = {
-        "version": 1, "horizon": 20, "resources": ["bandwidth"],
-        "servers": [{"name": "w", "kind": "worker", "capacity": {"bandwidth": 4}},
-                    {"name": "p", "kind": "ps", "capacity": {"bandwidth": 4}}],
-        "jobs": [{**job, "id": "wide", "chunks": 2**26},
-                 {**job, "id": "small", "chunks": 2, "tau": 1}],
-    }  # fmt: skip
+    trace = _bandwidth_trace(
+        4, [{**job, "id": "wide", "chunks": 2**26}, {**job, "id": "small", "chunks": 2, "tau": 1}]
+    )
     path = _write(tmp_path, trace)
     assert main(["replay", path, "--json"]) in (0, 3)
     out = json.loads(capsys.readouterr().out)

@@ -27,7 +27,6 @@ from pricing.offline import (
     allocation_from_schedules,
     allocation_jobs,
     check_allocation,
-    solve_in_units,
     solve_offline,
     within_tolerance,
 )
@@ -158,7 +157,7 @@ def test_the_reduced_ilp_keeps_the_optimum(seed: int) -> None:
     result = configuration_bound(trace, Held.nothing(trace))
     primal = round_columns(result, time_limit=5)
     cut = reduction(result, primal.utility)
-    reduced = solve_in_units(trace, time_limit=60, start=list(primal.schedules), reduction=cut)
+    reduced = solve_offline(trace, time_limit=60, start=list(primal.schedules), reduction=cut)
     assert reduced.status == "optimal"
     assert reduced.optimum == pytest.approx(full.optimum, abs=1e-6)
 

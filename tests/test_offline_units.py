@@ -86,6 +86,7 @@ def test_the_scale_is_a_power_of_two_and_ordinary_traces_keep_theirs() -> None:
         scaled = in_solver_units(trace, scale)
         best = max(float(j.utility.values(j.min_slots)) for j in scaled.jobs)
         assert 1.0 <= best < 2.0
+        assert utility_scale(scaled) == 1.0  # solved as given once in the solvers' units
         for mine, theirs in zip(scaled.jobs, trace.jobs, strict=True):
             d = np.arange(1, 9)
             assert np.array_equal(mine.utility.values(d) * scale, theirs.utility.values(d))
