@@ -307,6 +307,7 @@ async def serve(
         await stop.wait()
     finally:
         log.info("stopping")
+        controller.refuse_new()  # before anyone is told: a call sent on STOPPING is refused
         notifier.stopping("draining: finishing the decisions in flight")
         await reloader.stop()  # a reload now would apply a config to a daemon draining
         for name in ("", *SERVICES):

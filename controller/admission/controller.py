@@ -153,10 +153,18 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
         """True once :meth:`drain` began: new submissions, quotes and cancels are refused."""
         return self._draining
 
-    async def drain(self, timeout: float) -> int:
-        """Refuse new requests and wait up to ``timeout`` seconds for those in flight to be
-        decided and committed. Returns how many were still in flight at the timeout."""
+    def refuse_new(self) -> None:
+        """From now on refuse new submissions, quotes and cancels (:attr:`draining`). The
+        daemon's stop calls this before it tells systemd and the health service it is
+        stopping: a call sent on that word is refused "draining", never taken in to wait
+        behind the decisions in flight (and cut off at the drain's time limit)."""
         self._draining = True
+
+    async def drain(self, timeout: float) -> int:
+        """Refuse new requests (:meth:`refuse_new`) and wait up to ``timeout`` seconds for
+        those in flight to be decided and committed. Returns how many were still in flight
+        at the timeout."""
+        self.refuse_new()
         if self._in_flight:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
