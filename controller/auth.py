@@ -51,6 +51,7 @@ import structlog
 
 from controller.bearer import TokenInterceptor  # the client's side, re-exported
 from controller.files import read_bounded
+from controller.handler_memo import HandlerMemo
 from controller.holds import Holds
 from controller.logs import Complaints
 from controller.streams import relay
@@ -481,14 +482,19 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self._open_streams = _StreamCap(MAX_OPEN_STREAMS)
         self._first = _FirstMessage()
         self._calls = _InFlight(per_client)
+        self._memo = HandlerMemo()
 
     async def intercept_service(
         self, continuation: Callable[[Any], Awaitable[Any]], details: Any
     ) -> Any:
         handler = await continuation(details)
-        method: str = details.method
         if handler is None:
             return handler
+        return self._memo.wrapped(details.method, handler, self._wrapped)
+
+    def _wrapped(self, method: str, handler: Any) -> Any:
+        """``handler`` of ``method`` admitted (token, role, rate), its request read
+        bounded in time."""
         if method.lstrip("/").split("/", 1)[0] in OPEN_SERVICES:
             return _read_first(
                 self._open_streams.bounded(handler), _open_client, self._first, self._calls

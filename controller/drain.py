@@ -33,6 +33,7 @@ from typing import Any
 
 import grpc
 
+from controller.handler_memo import HandlerMemo
 from controller.streams import relay
 
 __all__ = ["GOAWAY_SECONDS", "HOLD_SECONDS", "StopGate"]
@@ -59,6 +60,7 @@ class StopGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self._running: set[asyncio.Task[Any]] = set()
         self._cut: set[asyncio.Task[Any]] = set()  # cancelled by release(), not a client
         self._last_ended = -math.inf  # the event loop's time the last call ended
+        self._memo = HandlerMemo()
 
     async def stop(self, server: grpc.aio.Server, grace: float) -> None:
         """Steps 2 and 3: hold new calls, stop ``server`` (cancelling what is left after
@@ -87,6 +89,10 @@ class StopGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handler = await continuation(details)
         if handler is None:
             return None
+        return self._memo.wrapped(details.method, handler, self._gate)
+
+    def _gate(self, method: str, handler: Any) -> Any:
+        """``handler`` (of any ``method``) with its behaviour gated (:meth:`_gated`)."""
         # the access interceptor serves unary requests as streamed ones
         # (controller.auth.REQUEST_SECONDS): gate those as their unary selves
         if handler.unary_unary is not None:

@@ -96,6 +96,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from controller.admission import AdmissionController
 from controller.admission.job_counts import AGE_PER_COUNT_SECOND, MIN_AGE_SECONDS
 from controller.admission.ledger_reads import SidePrices
+from controller.handler_memo import HandlerMemo
 from controller.price_metrics import price_families
 from controller.rpc import oasis_pb2 as pb
 from controller.tls import is_loopback, loopback_names
@@ -368,14 +369,19 @@ def _outcome(kind: str, response: Any) -> tuple[str, pb.Decision]:
 class _DecisionInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
+        self._memo = HandlerMemo()
 
     async def intercept_service(
         self, continuation: Callable[[Any], Awaitable[Any]], details: Any
     ) -> Any:
         handler = await continuation(details)
-        kind = _DECISION_METHODS.get(details.method)
-        if handler is None or kind is None:
+        if handler is None or details.method not in _DECISION_METHODS:
             return handler
+        return self._memo.wrapped(details.method, handler, self._observed)
+
+    def _observed(self, method: str, handler: Any) -> Any:
+        """``handler`` of a decision ``method`` with its outcome and time counted."""
+        kind = _DECISION_METHODS[method]
         # unary, or served as streamed by the access interceptor (REQUEST_SECONDS)
         inner = handler.unary_unary or handler.stream_unary
         if inner is None:

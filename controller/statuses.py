@@ -26,6 +26,7 @@ import structlog
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from controller.handler_memo import HandlerMemo
 from controller.streams import relay
 from pricing.errors import Problem, SpecError
 from pricing.text import escape
@@ -131,30 +132,39 @@ class DecodeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Requests that do not decode are INVALID_ARGUMENT (unary-request methods: every
     oasis RPC; health's too). Put it last, so authentication is checked first."""
 
+    def __init__(self) -> None:
+        self._memo = HandlerMemo()
+
     async def intercept_service(
         self, continuation: Callable[[Any], Awaitable[Any]], details: Any
     ) -> Any:
         handler = await continuation(details)
         if handler is None or handler.request_deserializer is None:
             return handler
-        decode = _tolerant(handler.request_deserializer)
-        if handler.unary_unary is not None:
-            unary_unary = handler.unary_unary
+        return self._memo.wrapped(details.method, handler, _decoded)
 
-            async def uu(request: Any, context: Any) -> Any:
-                if isinstance(request, _Undecodable):
-                    await _refuse(context, request)
-                return await unary_unary(request, context)
 
-            return handler._replace(unary_unary=uu, request_deserializer=decode)
-        if handler.unary_stream is not None:
-            unary_stream = handler.unary_stream
+def _decoded(method: str, handler: Any) -> Any:
+    """``handler`` (of any ``method``) whose request, if it does not decode, is answered
+    INVALID_ARGUMENT."""
+    decode = _tolerant(handler.request_deserializer)
+    if handler.unary_unary is not None:
+        unary_unary = handler.unary_unary
 
-            async def us(request: Any, context: Any) -> AsyncIterator[Any]:
-                if isinstance(request, _Undecodable):
-                    await _refuse(context, request)
-                async for item in relay(unary_stream(request, context)):
-                    yield item
+        async def uu(request: Any, context: Any) -> Any:
+            if isinstance(request, _Undecodable):
+                await _refuse(context, request)
+            return await unary_unary(request, context)
 
-            return handler._replace(unary_stream=us, request_deserializer=decode)
-        return handler  # streamed requests (reflection): gRPC's own handling
+        return handler._replace(unary_unary=uu, request_deserializer=decode)
+    if handler.unary_stream is not None:
+        unary_stream = handler.unary_stream
+
+        async def us(request: Any, context: Any) -> AsyncIterator[Any]:
+            if isinstance(request, _Undecodable):
+                await _refuse(context, request)
+            async for item in relay(unary_stream(request, context)):
+                yield item
+
+        return handler._replace(unary_stream=us, request_deserializer=decode)
+    return handler  # streamed requests (reflection): gRPC's own handling
