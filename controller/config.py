@@ -67,13 +67,12 @@ from typing import Any
 from controller.auth import Caller, tokens_from_dict
 from controller.clock import epoch as slot_zero
 from controller.config_exposure import _clear_broker_password, _exposed_files, _exposed_secrets
-from controller.config_file import ConfigError, load_mqtt, read_toml, rebased
+from controller.config_file import ConfigError, durations, load_mqtt, read_toml, rebased
 from controller.config_keys import (
     MAX_SLOT_SECONDS,
     PER_SERVER_PRICES_UP_TO,
     _check_keys,
     _check_ledger_size,
-    _durations,
     _idle_servers,
     _keep_days,
     _metrics_listen,
@@ -258,7 +257,7 @@ def from_dict(
         },
         "config",
     )
-    data = _durations(data)
+    data = durations(data)
     try:
         daemon = fields.optional_mapping(data, "daemon", "")
         _check_keys(daemon, _DAEMON_KEYS, "daemon")

@@ -16,9 +16,10 @@ from typing import Any
 from controller.files import read_bounded
 from controller.plane.settings import MqttConfig, mqtt_from_dict
 from pricing import fields
+from pricing.durations import parse_duration
 from pricing.errors import SpecError
 
-__all__ = ["ConfigError", "load_mqtt", "read_toml", "rebased"]
+__all__ = ["ConfigError", "durations", "load_mqtt", "read_toml", "rebased"]
 
 
 class ConfigError(Exception):
@@ -63,8 +64,37 @@ def load_mqtt(path: str | Path) -> MqttConfig | None:
     p = Path(path)
     data, _mode, _group = read_toml(p)
     try:
-        return mqtt_from_dict(
-            rebased(fields.optional_mapping(data, "mqtt", ""), ("tls_ca",), p.parent)
-        )
+        table = durations(fields.optional_mapping(data, "mqtt", ""), "mqtt")
+        return mqtt_from_dict(rebased(table, ("tls_ca",), p.parent))
     except SpecError as err:
         raise ConfigError(str(err)) from err
+
+
+def durations(table: Mapping[str, Any], within: str = "") -> dict[str, Any]:
+    """``table`` (and the tables in it) with each key ending in ``_seconds`` or
+    ``_timeout`` given as a duration (``"2h"``, ``"90m"``) in seconds: ``--wait 2h``
+    worked on the command line, ``wait_seconds = "2h"`` was "must be a number". The
+    daemon's whole config and ``oasis agent --config``'s ``[mqtt]`` both go through it
+    (before, ``heartbeat_timeout = "30s"`` started the daemon, and the agent given the
+    same file exited 2: "must be a number").
+
+    Raises:
+        ConfigError: such a key's text is not a duration, naming the key (``within``:
+            the dotted path of ``table``). Left to the key's reader, ``slot_seconds =
+            "90 minutes"`` was refused as "must be a number, got the string", where
+            ``"90m"`` is taken.
+    """
+    out: dict[str, Any] = dict(table)
+    for key, value in table.items():
+        name = f"{within}.{key}" if within else str(key)
+        if isinstance(value, Mapping):
+            out[key] = durations(value, name)
+        elif isinstance(value, str) and key.endswith(("_seconds", "_timeout")):
+            seconds = parse_duration(value)
+            if seconds is None:
+                raise ConfigError(
+                    f'{name}: must be seconds or a duration such as "90m", "2h" or "1h30m" '
+                    f"(units s, m, h, d), got {fields.show(value)}"
+                )
+            out[key] = seconds
+    return out

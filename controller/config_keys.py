@@ -130,33 +130,6 @@ def _window(value: Any, slot_seconds: Any) -> int:
     return round(slots)
 
 
-def _durations(table: Mapping[str, Any], within: str = "") -> dict[str, Any]:
-    """``table`` (and the tables in it) with each key ending in ``_seconds`` or
-    ``_timeout`` given as a duration (``"2h"``, ``"90m"``) in seconds: ``--wait 2h``
-    worked on the command line, ``wait_seconds = "2h"`` was "must be a number".
-
-    Raises:
-        ConfigError: such a key's text is not a duration, naming the key (``within``:
-            the dotted path of ``table``). Left to the key's reader, ``slot_seconds =
-            "90 minutes"`` was refused as "must be a number, got the string", where
-            ``"90m"`` is taken.
-    """
-    out: dict[str, Any] = dict(table)
-    for key, value in table.items():
-        name = f"{within}.{key}" if within else str(key)
-        if isinstance(value, Mapping):
-            out[key] = _durations(value, name)
-        elif isinstance(value, str) and key.endswith(("_seconds", "_timeout")):
-            seconds = parse_duration(value)
-            if seconds is None:
-                raise ConfigError(
-                    f'{name}: must be seconds or a duration such as "90m", "2h" or "1h30m" '
-                    f"(units s, m, h, d), got {fields.show(value)}"
-                )
-            out[key] = seconds
-    return out
-
-
 MIN_SLOT_SECONDS = 1.0
 MAX_SLOT_SECONDS = 366 * 86400.0
 """``daemon.slot_seconds`` lies in 1 s .. a year: the slot clock counts slots since the

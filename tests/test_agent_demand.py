@@ -39,9 +39,9 @@ def test_a_tasks_demand_round_trips_and_a_plan_without_it_still_reads() -> None:
     assert b"demand" not in bare.to_bytes()
     parsed = Plan.parse(bare.to_bytes())
     assert parsed == bare and parsed.current.tasks[0].demand == {}
-    # a zero amount is no demand (as the daemon leaves it out)
+    # a zero amount is a demand of none, kept (a memory guard holds the worker to it)
     zero = bare.to_bytes().replace(b'"run":""', b'"run":"","demand":{"gpu":0,"mem":2}', 1)
-    assert Plan.parse(zero).current.tasks[0].demand == {"mem": 2}
+    assert Plan.parse(zero).current.tasks[0].demand == {"gpu": 0, "mem": 2}
 
 
 @pytest.mark.parametrize(
@@ -172,10 +172,51 @@ def test_a_worker_over_its_memory_demand_is_stopped_and_backed_off_and_others_ru
     assert over[0]["rss_bytes"] > over[0]["limit_bytes"] == int(50 * (1 << 20) * 1.1) + (64 << 20)
 
 
+def test_a_job_that_declares_no_memory_is_held_to_start_up_by_the_guard(
+    tmp_path: Path,
+) -> None:
+    """Before: a job whose spec left ``mem`` out (so 0, which the daemon accepts and
+    packs other tenants' jobs around) got a task without ``mem`` in its demand, which
+    the guard read as no limit: its worker held 300 MB on a guarded agent while a job
+    that declared 0.1 GB was stopped at 174 MB. Now the daemon's task says ``"mem": 0``,
+    and the worker is stopped past the 64 MiB of start-up; the job that declared its
+    memory runs on."""
+    from controller.plane.plans import task_demand
+    from tests.test_plan_tasks import BASE, CLUSTER, RESOURCES, _parse
+
+    careless = {**BASE, "worker": {"gpu": 1, "cpu": 4, "disk": 5, "bandwidth": 1}}
+    demands = {
+        "hog": task_demand(_parse(careless), "worker", RESOURCES),
+        "ok": task_demand(_parse(BASE), "worker", RESOURCES),
+    }
+    assert demands["hog"]["mem"] == 0 and set(demands["hog"]) == set(CLUSTER.resources)
+    sent = _plan(*(Task(job, 1, 0, 0.5, 40, demand=d) for job, d in demands.items()))
+    plan = Plan.parse(sent.to_bytes())  # as the agent reads it off the broker
+    assert plan.current.tasks[0].demand["mem"] == 0
+    script = tmp_path / "holder.py"
+    script.write_text(_HOLDER)  # the hog holds 300 MiB, "ok" 1 MiB of its 8 GB
+    agent, _ = agent_on(f"exec {sys.executable} {script} {tmp_path}", plan,
+                        memory_guard=MemoryGuard("mem", "GB"), stop_grace=1.0)  # fmt: skip
+
+    def starts(job: str) -> list[int]:
+        path = tmp_path / f"{job}.starts"
+        return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+    async def go() -> None:
+        await steps(agent, lambda: bool(starts("hog") and starts("ok")))
+        hog, ok = (agent.tasks[j].workers for j in ("hog", "ok"))
+        await steps(agent, lambda: hog.failures.get(0) == 1)
+        assert hog.last_failure == "over its memory demand"
+        assert [w.proc.pid for w in ok.running] == starts("ok") and not ok.failures
+
+    run(agent, go)
+
+
 def test_without_the_guard_or_a_memory_demand_nothing_is_limited() -> None:
     guard = MemoryGuard("mem", "GB")
     assert guard.limit({"cpu": 4}) is None
     assert guard.limit({"mem": 8}) == int(8e9 * 1.1) + (64 << 20)
+    assert guard.limit({"cpu": 4, "mem": 0}) == 64 << 20  # declared none: start-up only
     assert parse_memory_resource("mem=gib") == MemoryGuard("mem", "GiB")
 
 

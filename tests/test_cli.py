@@ -155,6 +155,27 @@ def test_every_problem_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "jobs[0].tau" in err and "jobs[5].grad_mb: must be a number" in err
 
 
+def test_a_job_spec_given_as_a_trace_is_named_as_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``oasis replay job.json`` (``oasis submit``'s input): before, a line "unknown key"
+    for each of its fields, or "trace: must be an object" for a list of specs, and no
+    word of what a trace is. Both now end with a line saying so."""
+    job = _small_trace()["jobs"][0]
+    hint = "which oasis submit takes; a trace is an object with version, horizon"
+    for data, what in ((job, "a job spec"), ([job, job], "a list of job specs")):
+        path = tmp_path / "job.json"
+        path.write_text(json.dumps(data))
+        assert main(["replay", str(path)]) == 2
+        last = capsys.readouterr().err.splitlines()[-1]
+        assert (
+            last == f"  (this looks like {what}, {hint}, resources, servers, pricing "
+            "and jobs: oasis gen writes one)"
+        ), last
+    assert main(["replay", _write(tmp_path, {**_small_trace(), "horizon": 0})]) == 2
+    assert "looks like" not in capsys.readouterr().err  # a trace's mistakes: no such line
+
+
 def test_a_trace_wrong_throughout_says_twenty_problems_and_counts_the_rest(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -312,6 +312,13 @@ def test_seconds_in_a_config_may_be_durations(tmp_path: Path) -> None:
     assert (config.slot_seconds, config.wait_seconds) == (3600.0, 5400.0)
     assert config.mqtt is not None
     assert (config.mqtt.heartbeat_timeout, config.mqtt.flap_seconds) == (60.0, 7200.0)
+    # and so does the agent given the same file (before: it exited 2, "oasis agent:
+    # mqtt.heartbeat_timeout: must be a number, got the string '1m'")
+    from controller.cli import build_parser
+    from controller.commands.agent import broker_settings
+
+    args = build_parser().parse_args(["agent", "--node", "w0", "--config", str(path)])
+    assert broker_settings(args).heartbeat_timeout == 60.0
     # the window counts slots: a duration that is a whole number of them, or refused
     path.write_text(path.read_text().replace("window = 24", 'window = "2d"'))
     assert load(path).window == 48

@@ -38,7 +38,8 @@ from bench.load_test import Load, check_ledger, check_store, requests_for
 from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
-from tests.servers import Postgres, oasis, postgres_or_skip
+from tests.broker import NEEDS_MOSQUITTO, Mosquitto
+from tests.servers import Daemon, Postgres, free_port, oasis, postgres_or_skip, write_config
 
 LEASE = 2.0
 
@@ -222,3 +223,38 @@ def test_postgres_restart_standby_stop_and_both_down(
         assert epoch_problems(url, []) == []
     finally:
         group.stop()
+
+
+@NEEDS_MOSQUITTO
+def test_oasis_status_calls_a_standbys_broker_the_leaders(
+    own_postgres: Postgres, tmp_path: Path
+) -> None:
+    """Only the leader runs the execution plane and its broker link. Before, ``oasis
+    status`` over two healthy nodes with ``[mqtt]`` said of the standby ``THE BROKER IS
+    DISCONNECTED (no plan reaches the agents)``, a false alarm in capitals."""
+    broker = Mosquitto()
+    url = own_postgres.new_database()
+    mqtt = f'\n[mqtt]\nurl = "{broker.url}"\n\n[ha]\nlease_seconds = {LEASE}\n'
+    nodes, epoch = [], time.time()
+    try:
+        for name in ("a", "b"):
+            config = write_config(tmp_path / f"{name}.toml", tmp_path / name, url, epoch, mqtt)
+            listen = f'listen = "127.0.0.1:{free_port()}"'  # [ha] sends clients to it
+            config.write_text(config.read_text().replace('listen = "127.0.0.1:0"', listen))
+            nodes.append(Daemon(config, tmp_path / f"{name}.log").start())
+        leader, standby = (n.address for n in nodes)
+        both = f"{leader},{standby}"
+        deadline = time.monotonic() + 30
+        while True:
+            lines = oasis("status", server=both).stdout.splitlines()[2:4]
+            if lines[0] == f"{leader}: store up, broker connected" or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert lines == [
+            f"{leader}: store up, broker connected",
+            f"{standby}: store up, broker: the leader's (a standby runs no execution plane)",
+        ]
+    finally:
+        for node in nodes:
+            node.stop()
+        broker.close()

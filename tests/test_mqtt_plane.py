@@ -374,7 +374,8 @@ def test_agents_follow_plans_report_progress_and_early_completion_releases_slots
     assert plan.current.tasks[0].demand == DEMAND["worker"]
     ps_tasks = [t for s, p in cluster.plans().items() if s.startswith("p")
                 for t in p.current.tasks if p.current.slot == first]  # fmt: skip
-    assert ps_tasks and all(t.demand == DEMAND["ps"] for t in ps_tasks)
+    # (every resource, zeros included: a PS's none of the GPUs)
+    assert ps_tasks and all(t.demand == {"gpu": 0, **DEMAND["ps"]} for t in ps_tasks)
 
     # six times faster than planned: done in about a slot; the rest is released
     done = wait_for(

@@ -276,11 +276,17 @@ def test_jobs_whose_stored_plan_is_short_of_their_work_do_not_stop_the_compariso
             assert row is not None and first is not None
             row.state, row.completion_slot = "completed", first
             row.jct = first - row.arrival_slot + 1
+            assert row.utility is not None
+            row.utility += 10.0  # the utility of its earlier completion, as stored
     finally:
         db.dispose()
     out = _offline(capsys, "--store", c.url)
     assert out["status"] in ("optimal", "time limit"), out["status"]
     assert [j["id"] for j in out["jobs"]] == [s["id"] for s in specs]
+    # the online side counts what the early completion earned, which the offline side
+    # (the spec's work) cannot; before, nothing said why online could pass the bound
+    (note,) = [n for n in out["notes"] if n.startswith("counted at their earlier completion")]
+    assert "1 job(s) done early, 10 utility above their admission's" in note
 
 
 def test_a_cordoned_server_is_out_of_service_offline_too(

@@ -203,10 +203,29 @@ def load_trace(path: str) -> Trace:
     try:
         trace = trace_from_dict(data)
     except SpecError as err:
-        lines = problem_lines(err.problems)
+        lines = problem_lines(err.problems) + _job_spec_hint(data)
         raise InputError(f"{path}: invalid trace:\n{lines}", err.problems) from err
     _check_memory(path, trace)
     return trace
+
+
+_SPEC_KEYS = frozenset({"epochs", "chunks", "minibatches", "tau", "grad_mb", "utility"})
+
+
+def _job_spec_hint(data: Any) -> str:
+    """A last line for a file that looks like ``oasis submit``'s input, not a trace: one
+    job spec or a list of them (before, ``oasis replay job.json`` said only "unknown
+    key" of each of its fields, and of a list "trace: must be an object")."""
+    if isinstance(data, dict) and "jobs" not in data and _SPEC_KEYS & data.keys():
+        what = "a job spec"
+    elif isinstance(data, list) and any(isinstance(x, dict) and _SPEC_KEYS & x.keys()
+                                        for x in data[:100]):  # fmt: skip
+        what = "a list of job specs"
+    else:
+        return ""
+    return (f"\n  (this looks like {what}, which oasis submit takes; a trace is an object "
+            "with version, horizon, resources, servers, pricing and jobs: oasis gen writes "
+            "one)")  # fmt: skip
 
 
 MEMORY_SHARE = 0.75

@@ -207,7 +207,9 @@ def nodes(stubs: Stubs) -> list[dict[str, Any]]:
 def _health_lines(nodes: list[dict[str, Any]]) -> list[str]:
     """A line per node on its store, broker and drain: what is wrong first, in words
     (before, the operator's screen said nothing of a store or broker outage: the
-    observability audit)."""
+    observability audit). A standby has no broker link of its own (the leader runs the
+    execution plane): before, each healthy standby's line said THE BROKER IS
+    DISCONNECTED."""
     out = []
     for n in nodes:
         if "store_up" not in n:
@@ -219,14 +221,17 @@ def _health_lines(nodes: list[dict[str, Any]]) -> list[str]:
         elif n.get("writes_refused"):
             wrong.append("THE STORE REFUSES WRITES (no decision can be stored; reads go on): "
                          f"{n['writes_refused']}")  # fmt: skip
-        if n["broker"] == "disconnected":
+        standby = n["role"] == "standby"  # runs no plane: the leader's link is the one
+        if n["broker"] == "disconnected" and not standby:
             wrong.append("THE BROKER IS DISCONNECTED (no plan reaches the agents)")
         if n["draining"]:
             wrong.append("DRAINING (stopping: new decisions are refused)")
         if wrong:
             out.append(f"{who}{'; '.join(wrong)}")
         else:
-            broker = {"connected": "broker connected", "none": "no broker"}[n["broker"]]
+            broker = {"connected": "broker connected", "none": "no broker"}.get(
+                n["broker"], "broker: the leader's (a standby runs no execution plane)"
+            )
             out.append(f"{who}store up, {broker}")
     return out
 

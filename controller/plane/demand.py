@@ -2,7 +2,9 @@
 node, and as a worker command is told it.
 
 A task's ``demand`` (:class:`~controller.plane.plan_messages.Task`) is every resource of
-the cluster with a nonzero amount in the job's spec, ``{"cpu": 4, "mem": 8}``: names of
+the cluster with its amount in the job's spec, zeros included, ``{"gpu": 0, "cpu": 4,
+"mem": 8}`` (an older daemon left zeros out: a resource not named is then not said, a
+zero is a demand of none of it, which a memory guard holds a worker to): names of
 :data:`NAME_CHARACTERS`, at most :data:`MAX_NAME_LENGTH` long, at most
 :data:`MAX_DEMAND_ENTRIES` of them; amounts finite and >= 0, unitless, in the unit of
 the capacities the operator wrote in ``[cluster]``. In memory it is a dict in the
@@ -35,7 +37,7 @@ __all__ = [
 ]
 
 Demand = dict[str, float]
-"""``{name: amount}``: one worker's demand, resources with a nonzero amount."""
+"""``{name: amount}``: one worker's demand, per resource (zeros included)."""
 
 MAX_DEMAND_ENTRIES = 64
 """The most resources one task's demand names (an agent does not know the cluster's
@@ -60,7 +62,8 @@ def carried(name: str) -> bool:
 def parse_demand(value: Any, field: str) -> Demand:
     """A task's ``demand`` from its payload: SpecError naming ``field`` (and the entry)
     for anything but an object of at most :data:`MAX_DEMAND_ENTRIES` carried names to
-    finite amounts >= 0. Zero amounts are dropped, as the daemon leaves them out."""
+    finite amounts >= 0. Zero amounts are kept: a job's demand of none of a resource,
+    not one unsaid."""
     obj = fields.mapping(value, field)
     if len(obj) > MAX_DEMAND_ENTRIES:
         raise SpecError.one(field, f"must name at most {MAX_DEMAND_ENTRIES} resources, "
@@ -71,9 +74,7 @@ def parse_demand(value: Any, field: str) -> Demand:
             shown = fields.show(name[:80] if isinstance(name, str) else name)
             raise SpecError.one(field, f"resource names must be 1-{MAX_NAME_LENGTH} of "
                                 f"{NAME_CHARACTERS}, got {shown}")  # fmt: skip
-        x = fields.non_negative(amount, f"{field}.{name}")
-        if x > 0:
-            out[name] = plain(x)
+        out[name] = plain(fields.non_negative(amount, f"{field}.{name}"))
     return out
 
 

@@ -15,7 +15,9 @@ guard; without the flag nothing changes.
 - **The limit.** The task's demand of the resource times the unit's bytes
   (:data:`UNITS`), times :data:`MARGIN` (1.10), plus :data:`START_UP_BYTES` (64 MiB,
   for an interpreter's start-up: a demand of 0.01 GB would stop every Python worker).
-  A task whose demand does not name the resource gives its workers no limit.
+  A task whose demand does not name the resource (an older daemon's plan, or a cluster
+  without it) gives its workers no limit; one whose demand of it is 0 (a job that
+  declared no memory) holds them to the start-up bytes alone.
 - **Over it.** The worker is stopped as a departing one is (SIGTERM, then SIGKILL after
   the grace), logged once as an error (``worker over its memory demand: stopped``, with
   job, worker, pid, RSS and demand), and counts as a failure for the restart back-off

@@ -128,9 +128,12 @@ class EpochClaims:
 
 def task_demand(job: Job, kind: str, resources: list[tuple[int, str]]) -> Demand:
     """One worker's (``kind`` ``"worker"``) or PS's demand of ``job`` for its plan's
-    tasks: each of ``resources`` (``(index, name)``) with a nonzero amount."""
+    tasks: each of ``resources`` (``(index, name)``), a zero amount included. Before,
+    zeros were left out, and an agent's memory guard read a job that declared no memory
+    (``mem`` left out of its spec) as one of no limit: its workers grew unchecked on a
+    server whose memory the daemon had given to other tenants' jobs."""
     per = job.worker if kind == "worker" else job.ps
-    return {name: plain(float(per[i])) for i, name in resources if float(per[i]) > 0}
+    return {name: plain(float(per[i])) for i, name in resources}
 
 
 def plan_task(
