@@ -39,7 +39,16 @@ from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from tests.broker import NEEDS_MOSQUITTO, Mosquitto
-from tests.servers import Daemon, Postgres, free_port, oasis, postgres_or_skip, write_config
+from tests.browser import needed, opened
+from tests.servers import (
+    Daemon,
+    Postgres,
+    free_port,
+    json_log,
+    oasis,
+    postgres_or_skip,
+    write_config,
+)
 
 LEASE = 2.0
 
@@ -231,16 +240,20 @@ def test_oasis_status_calls_a_standbys_broker_the_leaders(
 ) -> None:
     """Only the leader runs the execution plane and its broker link. Before, ``oasis
     status`` over two healthy nodes with ``[mqtt]`` said of the standby ``THE BROKER IS
-    DISCONNECTED (no plan reaches the agents)``, a false alarm in capitals."""
+    DISCONNECTED (no plan reaches the agents)``, a false alarm in capitals, and the
+    standby's console said ``Broker: disconnected`` and ``Execution plane: off (no
+    [mqtt])``."""
+    needed()  # the console's page, read in Chromium
     broker = Mosquitto()
     url = own_postgres.new_database()
     mqtt = f'\n[mqtt]\nurl = "{broker.url}"\n\n[ha]\nlease_seconds = {LEASE}\n'
+    mqtt += '\n[web]\nlisten = "127.0.0.1:0"\n'
     nodes, epoch = [], time.time()
     try:
         for name in ("a", "b"):
             config = write_config(tmp_path / f"{name}.toml", tmp_path / name, url, epoch, mqtt)
             listen = f'listen = "127.0.0.1:{free_port()}"'  # [ha] sends clients to it
-            config.write_text(config.read_text().replace('listen = "127.0.0.1:0"', listen))
+            config.write_text(config.read_text().replace('listen = "127.0.0.1:0"', listen, 1))
             nodes.append(Daemon(config, tmp_path / f"{name}.log").start())
         leader, standby = (n.address for n in nodes)
         both = f"{leader},{standby}"
@@ -254,7 +267,30 @@ def test_oasis_status_calls_a_standbys_broker_the_leaders(
             f"{leader}: store up, broker connected",
             f"{standby}: store up, broker: the leader's (a standby runs no execution plane)",
         ]
+        facts = {name: _node_facts(tmp_path / f"{name}.log") for name in ("a", "b")}
+        assert facts["a"]["Broker"] == "connected"
+        assert facts["a"]["Execution plane"] == "on (progress reported by agents)"
+        assert facts["b"]["Broker"] == "the leader's (a standby runs no execution plane)"
+        assert facts["b"]["Execution plane"] == "on the leader (a standby runs none)"
     finally:
         for node in nodes:
             node.stop()
         broker.close()
+
+
+def _node_facts(log: Path) -> dict[str, str]:
+    """The console's Node section of the daemon that wrote ``log`` (no ``[auth]``: no
+    login), as ``{fact: text}``, read in Chromium once it is drawn (in one script: the
+    page redraws itself)."""
+    web = next(e["address"] for e in json_log(log) if e.get("event") == "console listening")
+    read = """return Array.from(document.querySelectorAll(
+        'section[aria-labelledby=h-node] dl > div')).map(function (d) {
+          return [d.querySelector('dt').textContent, d.querySelector('dd').textContent]; });"""
+    with opened() as driver:
+        driver.get(f"http://{web}/")
+        deadline = time.monotonic() + 30
+        while True:
+            facts = {str(k): str(v) for k, v in driver.execute_script(read)}
+            if "Broker" in facts or time.monotonic() > deadline:
+                return facts
+            time.sleep(0.2)

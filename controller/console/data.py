@@ -189,6 +189,8 @@ class ConsoleData:
             "draining": draining,
             "broker": "none" if broker is None else ("connected" if broker else "disconnected"),
             "execution_plane": self.c.execution is not None,
+            # [mqtt] configured: a standby's plane (and broker link) is the leader's
+            "mqtt": self.c.config.mqtt is not None,
             # a standby that could not take over now: why (its log says it too)
             "cannot_lead": (self.c.cannot_lead or None)
             if role == "standby" and caller.role is Role.OPERATOR

@@ -194,6 +194,7 @@
     ]));
     out.push(clock);
     var node = section("Node", "h-node");
+    var leaders = n.role === "standby" && n.mqtt;  // the plane and its broker: the leader's
     var facts = [
       ["Role", n.role === "standalone" ? "standalone (no [ha])"
         : n.role + " (epoch " + n.epoch + ", lease confirmed " + n.lease_age_seconds.toFixed(1) + " s ago)"],
@@ -203,8 +204,12 @@
         text: n.serving ? "serving" : (n.role === "standby" ? "reads only (standby)" : "not serving") })],
       ["Store", el("span", { class: n.store_up ? "ok" : "bad", text: n.store_up ? "reachable" : "unreachable" })],
       ["Draining", n.draining ? "yes: stopping" : "no"],
-      ["Broker", n.broker],
-      ["Execution plane", n.execution_plane ? "on (progress reported by agents)" : "off (no [mqtt])"]
+      // a standby runs no execution plane: the leader's broker link is the one (before,
+      // a healthy standby read "Broker: disconnected" and "off (no [mqtt])")
+      ["Broker", leaders ? "the leader's (a standby runs no execution plane)"
+        : el("span", { class: n.broker === "disconnected" ? "bad" : "", text: n.broker })],
+      ["Execution plane", n.execution_plane ? "on (progress reported by agents)"
+        : leaders ? "on the leader (a standby runs none)" : "off (no [mqtt])"]
     ];
     if (d.out_of_service) {  // operators only: cordoned or failed, from the next slot on
       var names = Object.keys(d.out_of_service);
