@@ -48,6 +48,12 @@ NOWHERE = ["--server", "127.0.0.1:9"]  # nothing listens: a flag refused never g
         (["prices", "--slots", "1_000"], "argument --slots: not an integer: '1_000'"),
         (["status", "--limit", "３"], "argument --limit: not an integer"),
         (["watch", "--from", "٣"], "argument --from: not an integer"),
+        # a whole number written otherwise is named as the integer to give (it was told
+        # "e.g. 13", whatever it wrote)
+        (["gen", "--jobs", "1e3"], "argument --jobs: not an integer: '1e3' (write it as 1000)"),
+        (["jobs", "--limit", "20.0"], "argument --limit: not an integer: '20.0' (write it as 20)"),
+        (["gen", "--jobs", "2.5"], "not an integer: '2.5' (give ASCII digits, e.g. 13)"),
+        (["gen", "--jobs=-1e3"], "not an integer: '-1e3' (give ASCII digits, e.g. 13)"),
         (["submit", "job.json", "--wait", "٣"], "argument --wait: not a duration >= 0: '٣'"),
         (["submit", "job.json", "--wait", "1_0"], "argument --wait: not a duration >= 0"),
         (["cordon", "w0", "--from", "٣"], "argument --from: not a time or a slot: '٣'"),

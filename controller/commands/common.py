@@ -284,7 +284,7 @@ def int_at_least(low: int, high: int = INT64_MAX) -> Callable[[str], int]:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"not an integer: {text!r} (give ASCII digits, e.g. {max(low, 0) + 12})"
+                f"not an integer: {text!r} ({_integer_hint(text, low, high)})"
             ) from None
         if value < low:
             raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
@@ -293,6 +293,18 @@ def int_at_least(low: int, high: int = INT64_MAX) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def _integer_hint(text: str, low: int, high: int) -> str:
+    """What to give instead of ``text``: the integer a whole number in another form
+    (``1e3``, ``20.0``) stands for, when in range; else ASCII digits, by example."""
+    try:
+        value = float(text) if ascii_number(text) else math.nan
+    except ValueError:
+        value = math.nan
+    if math.isfinite(value) and value.is_integer() and low <= value <= high:
+        return f"write it as {int(value)}"
+    return f"give ASCII digits, e.g. {max(low, 0) + 12}"
 
 
 def add_search_limit(p: argparse.ArgumentParser) -> None:
