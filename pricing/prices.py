@@ -274,11 +274,12 @@ def bounds_from_dict(raw: Any, cluster: Cluster, field: str = "pricing") -> Pric
             floors[key] = _log_floor(fields.require(spec, key, field), cluster, f"{field}.{key}")
         except SpecError as err:
             problems.extend(err.problems)
-    if len(floors) < 2:  # U is checked against L
-        raise SpecError(problems)
     ups: dict[str, NDArray[np.float64]] = {}
     for key, low in (("U1", "L1"), ("U2", "L2")):
-        floor = np.broadcast_to(np.asarray(floors[low], np.float64), (len(cluster.resources),))
+        # U is checked against its L where that L read; its own problems are said anyway
+        # (before, a bad L hid every problem of U until the next run)
+        known = floors.get(low, -math.inf)
+        floor = np.broadcast_to(np.asarray(known, np.float64), (len(cluster.resources),))
         vec = floor.copy()
         try:
             given = fields.mapping(fields.require(spec, key, field), f"{field}.{key}")

@@ -414,7 +414,14 @@ UNKNOWN_KEYS = [
     ("pricing", {"bounds": "oracle", "eta": 3},
      ["pricing.eta: unknown key; did you mean 'eta2'?"]),
     ("pricing", {"bound": "oracle"}, ["pricing.bound: unknown key; did you mean 'bounds'?",
-                                      "pricing.L1: is required", "pricing.L2: is required"]),
+                                      "pricing.L1: is required", "pricing.L2: is required",
+                                      "pricing.U1: is required", "pricing.U2: is required"]),
+    # U's own problems beside a missing L (before: only the L's, until the next run)
+    ("pricing", {"U1": 1}, ["pricing.L1: is required", "pricing.L2: is required",
+                            "pricing.U1: must be an object, got 1", "pricing.U2: is required"]),
+    ("pricing", {"U1": {"gpu": -1, "gpux": 2}, "U2": {}, "L1": 0},
+     ["pricing.L1: must be > 0, got 0", "pricing.L2: is required",
+      "pricing.U1.gpu: must be > 0, got -1", "pricing.U1.gpux: unknown resource"]),
     # listed with the other problems of the same object
     ("pricing", {**EXPLICIT, "U1": {"gpu": 0.5}, "eta": 3},
      ["pricing.eta: unknown key; did you mean 'eta2'?", "pricing.U1.gpu: must be >= L1 = 1"]),
