@@ -456,6 +456,26 @@ def test_token_command_makes_a_line_the_daemon_reads(tmp_path: Path) -> None:
     assert len(added.read_text().splitlines()) == 2
 
 
+def test_token_add_to_a_file_oasisd_would_refuse_adds_nothing(tmp_path: Path) -> None:
+    """Found by the README audit: ``oasis token eve --add-to oasisd.toml`` (the config
+    file named for its tokens file) appended a token line to the TOML, and the next
+    start or restart of oasisd stopped on it, for every tenant. A file whose lines the
+    daemon would not read as a tokens file is refused, naming the line; nothing added."""
+    config = tmp_path / "oasisd.toml"
+    config.write_text((ROOT / "config" / "oasisd.example.toml").read_text())
+    before = config.read_bytes()
+    out = oasis("token", "eve", "--add-to", str(config), check=False)
+    assert out.returncode == 2, out.stderr
+    assert f"--add-to {config}: line 7: expected 'NAME ROLE SHA256'" in out.stderr
+    assert "not a tokens file oasisd reads; nothing added" in out.stderr
+    assert config.read_bytes() == before
+    broken = tmp_path / "tokens"
+    broken.write_text("alice submitter abc\n")  # a hash cut short: the daemon refuses it
+    out = oasis("token", "eve", "--add-to", str(broken), check=False)
+    assert out.returncode == 2 and "line 1: the token's SHA-256 must be" in out.stderr
+    assert broken.read_text() == "alice submitter abc\n"
+
+
 def test_refusals_a_client_repeats_are_logged_once_in_a_while(
     mtls_daemon: Daemon, pki: Pki
 ) -> None:
