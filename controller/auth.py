@@ -79,6 +79,7 @@ __all__ = [
     "holds",
     "load_tokens",
     "new_token",
+    "parse_tokens",
     "token_lines",
     "tokens_from_dict",
 ]
@@ -225,6 +226,17 @@ def load_tokens(path: Path) -> dict[str, Caller]:
         ) from err
     except UnicodeDecodeError as err:
         raise SpecError.one("auth.tokens_file", f"{path} is not UTF-8 text") from err
+    tokens = parse_tokens(text, where)
+    if not tokens:
+        raise SpecError.one(where, "holds no token: nobody could call the daemon (add one: "
+                            f"oasis token NAME --role operator --add-to {path})")  # fmt: skip
+    return tokens
+
+
+def parse_tokens(text: str, where: str) -> dict[str, Caller]:
+    """The tokens of a tokens file's ``text``, ``{sha256 hex: Caller}`` (none: empty).
+    SpecError at ``where`` naming the first line the daemon would refuse (``oasis token
+    --add-to`` checks a file with it before adding to it)."""
     tokens: dict[str, Caller] = {}
     names: set[str] = set()
     for number, words in token_lines(text):
@@ -250,9 +262,6 @@ def load_tokens(path: Path) -> dict[str, Caller]:
         # its turns and rate are its name's wherever it calls from (the console uses
         # the caller as loaded: a console request waits its turn like a gRPC call)
         tokens[digest] = Caller(name, Role(role), client=name, turn=name, token=digest)
-    if not tokens:
-        raise SpecError.one(where, "holds no token: nobody could call the daemon (add one: "
-                            f"oasis token NAME --role operator --add-to {path})")  # fmt: skip
     return tokens
 
 

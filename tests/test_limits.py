@@ -9,6 +9,7 @@ worker, so at most ``Y = min(N, 16)`` workers per slot, and ``m = 0.01 + 2 * 100
 
 from __future__ import annotations
 
+import json
 import time
 import tomllib
 from collections.abc import Iterator
@@ -36,7 +37,7 @@ from controller.tls import client_channel
 from pricing import SpecError, job_from_dict, trace_from_dict
 from pricing.cluster import Cluster, cluster_from_dict
 from pricing.job import Job
-from tests.servers import CLUSTER_TOML, Daemon, oasis, write_config
+from tests.servers import CLUSTER_TOML, SMALL_JOB, Daemon, oasis, write_config
 from tests.test_daemon_e2e import job, write_job
 
 WINDOW = 24  # tests.servers.write_config
@@ -378,4 +379,42 @@ def test_rate_limit_per_token(tmp_path: Path) -> None:
     finally:
         alice.close()
         bob.close()
+        assert daemon.stop() == 0, (tmp_path / "oasisd.log").read_text()
+
+
+def test_a_list_longer_than_the_burst_is_sent_at_the_rate(tmp_path: Path) -> None:
+    """Found by the README audit: with the example config's rate (20/s, burst 40),
+    ``oasis submit`` of a list of 80 jobs stopped at item 48, ``RESOURCE_EXHAUSTED: rate
+    limit ...; retry in 0.008 s``, the rest not sent. The client now waits what the
+    daemon's ``grpc-retry-pushback-ms`` says (the item was refused unread) and sends
+    the item again; other refusals still stop the list."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"alice submitter {hash_token('a-token')}\n")
+    extra = f'[auth]\ntokens_file = "{tokens}"\n[limits]\nrate = 2\nburst = 2\n'
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", extra=extra)
+    daemon = Daemon(config, tmp_path / "oasisd.log").start()
+    try:
+        small = {**SMALL_JOB, "chunks": 2, "worker": {**SMALL_JOB["worker"], "gpu": 0.5}}
+        items = [{**small, "id": f"paced-{i}"} for i in range(6)]
+        spec = tmp_path / "list.json"
+        spec.write_text(json.dumps(items))
+        args = ("submit", str(spec), "--json", "--token", "a-token")
+        out = oasis(*args, server=daemon.address, check=False)
+        assert out.returncode in (0, 3), out.stdout + out.stderr
+        assert [r["id"] for r in json.loads(out.stdout)] == [i["id"] for i in items]
+        # a refusal without a wait to keep (max_job_chunks) still stops the list there;
+        # alice's bucket spent first, so the list's first call (the slot clock) waits too
+        spec.write_text(json.dumps([{**small, "id": "paced-6"}, {**small, "chunks": 10**9}]))
+        with client_channel(daemon.address, token="a-token") as channel:
+            stub = pb_grpc.AdmissionStub(channel)
+            with pytest.raises(grpc.RpcError) as spent:
+                for _ in range(10):
+                    stub.ListJobs(pb.ListJobsRequest(), timeout=10)
+            assert spent.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        out = oasis(*args, server=daemon.address, check=False)
+        assert out.returncode == 2, out.stdout + out.stderr
+        failed = json.loads(out.stdout)
+        assert failed["failed"]["item"] == 1 and failed["error"]["code"] == "INVALID_ARGUMENT"
+        assert [r["id"] for r in failed["submitted"]] == ["paced-6"]
+    finally:
         assert daemon.stop() == 0, (tmp_path / "oasisd.log").read_text()

@@ -402,6 +402,37 @@ def test_cli_with_tls_and_token(mtls_daemon: Daemon, pki: Pki, tmp_path: Path) -
     assert half.returncode == 2 and "--tls-cert and --tls-key go together" in half.stderr
 
 
+def test_a_token_with_its_line_end_calls_and_one_with_a_stray_character_is_named(
+    mtls_daemon: Daemon, pki: Pki
+) -> None:
+    """Found by the README audit: a token read from a file with Windows line ends
+    (``$(cat token)`` keeps the ``\\r``), or pasted with a stray character, made every
+    call ``INTERNAL: Invalid metadata`` (exit 1), naming neither the token nor the
+    character. The whitespace around it is dropped, as the daemon drops it; any other
+    character a header cannot carry is refused before any call, naming the option."""
+    tls = ["--tls-ca", str(pki.ca), "--tls-cert", str(pki.client_cert),
+           "--tls-key", str(pki.client_key)]  # fmt: skip
+    cmd = [sys.executable, "-m", "controller.cli", "jobs", "--json", *tls,
+           "--server", mtls_daemon.address]  # fmt: skip
+
+    def jobs(token: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "OASIS_TOKEN": token}
+        return subprocess.run(
+            cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=60, check=False
+        )
+
+    listed = jobs(TOKENS["bob"] + "\r\n")
+    assert listed.returncode == 0, listed.stdout
+    for token, shown in (
+        (f"{TOKENS['bob']}\x01", "'\\x01' at character"),
+        ("t\u00f6ken", "'\u00f6'"),
+    ):
+        out = jobs(token)
+        message = json.loads(out.stdout)["error"]["message"]
+        assert out.returncode == 2 and message.startswith("--token (or $OASIS_TOKEN): holds")
+        assert shown in message, message
+
+
 def test_token_command_makes_a_line_the_daemon_reads(tmp_path: Path) -> None:
     out = oasis("token", "carol", "--role", "operator", "--json")
     made = json.loads(out.stdout)
@@ -423,6 +454,26 @@ def test_token_command_makes_a_line_the_daemon_reads(tmp_path: Path) -> None:
     again = oasis("token", "dana", "--add-to", str(added), check=False)
     assert again.returncode == 2 and "'dana' has a token there already" in again.stderr
     assert len(added.read_text().splitlines()) == 2
+
+
+def test_token_add_to_a_file_oasisd_would_refuse_adds_nothing(tmp_path: Path) -> None:
+    """Found by the README audit: ``oasis token eve --add-to oasisd.toml`` (the config
+    file named for its tokens file) appended a token line to the TOML, and the next
+    start or restart of oasisd stopped on it, for every tenant. A file whose lines the
+    daemon would not read as a tokens file is refused, naming the line; nothing added."""
+    config = tmp_path / "oasisd.toml"
+    config.write_text((ROOT / "config" / "oasisd.example.toml").read_text())
+    before = config.read_bytes()
+    out = oasis("token", "eve", "--add-to", str(config), check=False)
+    assert out.returncode == 2, out.stderr
+    assert f"--add-to {config}: line 7: expected 'NAME ROLE SHA256'" in out.stderr
+    assert "not a tokens file oasisd reads; nothing added" in out.stderr
+    assert config.read_bytes() == before
+    broken = tmp_path / "tokens"
+    broken.write_text("alice submitter abc\n")  # a hash cut short: the daemon refuses it
+    out = oasis("token", "eve", "--add-to", str(broken), check=False)
+    assert out.returncode == 2 and "line 1: the token's SHA-256 must be" in out.stderr
+    assert broken.read_text() == "alice submitter abc\n"
 
 
 def test_refusals_a_client_repeats_are_logged_once_in_a_while(

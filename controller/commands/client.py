@@ -10,11 +10,13 @@ or in people's units: README "Job specs"), a list of them, or what ``oasis job I
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -252,6 +254,8 @@ def _plan_words(d: pb.Decision, times: SlotTimes | None) -> str:
     )
 
 
+_T = TypeVar("_T")
+
 EXIT_PENDING = 4
 """``submit --wait``: a job not admitted yet is pending (and none was rejected)."""
 
@@ -288,7 +292,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     given = [s.get("id") if isinstance(s.get("id"), str) else None for s in specs]
     specs = [s if s.get("id") else {**s, "id": new_id()} for s in specs]
     if len(stubs.pool.addresses) > 1 or len(specs) > 1:
-        info = stubs.info() if len(specs) > 1 else None
+        info = _paced(stubs, stubs.info) if len(specs) > 1 else None
         if info is not None:  # else a daemon without a slot clock: each is checked there
             from controller.commands.precheck import check_items
 
@@ -296,8 +300,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
             check_items(specs, given, clock, info.window, info.current_slot + 1, args.file)
     for i, spec in enumerate(specs):
         req = pb.SubmitJobRequest(job=_request_spec(spec), wait_seconds=args.wait)
+        submit = functools.partial(stubs.admission.SubmitJob, req, timeout=stubs.timeout)
         try:
-            resp = stubs.admission.SubmitJob(req, timeout=stubs.timeout)
+            resp = submit() if len(specs) == 1 else _paced(stubs, submit)
         except KeyboardInterrupt:
             return _interrupted(args, specs, i, responses)
         except grpc.RpcError as err:
@@ -343,6 +348,31 @@ def cmd_submit(args: argparse.Namespace) -> int:
         records = _submitted(responses, times)
         print_json(records if len(records) != 1 else records[0])
     return _verdict([r.job.decision for r in responses], [r.job.state for r in responses])
+
+
+def _paced(stubs: Stubs, call: Callable[[], _T]) -> _T:
+    """``call()`` (a call of a list's submission: the slot clock, each item's
+    ``SubmitJob``), made again after the wait the daemon names when it refused it for
+    the client's rate (RESOURCE_EXHAUSTED with a ``grpc-retry-pushback-ms`` trailer:
+    refused before it was read, so nothing was done), for up to ``--timeout`` seconds of
+    waiting in all. Before, a list longer than the rate's burst (40 with the example
+    config) stopped at the first item past it, the rest not sent, though the daemon said
+    to retry in a few milliseconds."""
+    waited = 0.0
+    while True:
+        try:
+            return call()
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise
+            hint = dict(err.trailing_metadata() or ()).get("grpc-retry-pushback-ms", "")
+            if not (isinstance(hint, str) and hint.isascii() and hint.isdigit()):
+                raise  # another cap (max_in_flight, a limit): no wait makes room
+            seconds = int(hint) / 1000
+            if waited + seconds > stubs.timeout:
+                raise
+            time.sleep(seconds)
+            waited += seconds
 
 
 def _submitted(

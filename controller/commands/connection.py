@@ -157,8 +157,25 @@ def _connect(args: argparse.Namespace, address: str) -> grpc.Channel:
         cert_pem=pem(args.tls_cert, "CERTIFICATE", "--tls-cert"),
         key_pem=pem(args.tls_key, "PRIVATE KEY", "--tls-key"),
         server_name=args.tls_server_name,
-        token=args.token,
+        token=bearer_token(args.token),
     )
+
+
+def bearer_token(token: str) -> str:
+    """``--token`` (or ``$OASIS_TOKEN``) as sent: without the whitespace around it (a
+    token read from a file with Windows line ends keeps its ``\\r``; the daemon strips
+    it too). InputError, naming the option, for any other character that is not
+    printable ASCII: gRPC sends no other in a header, and every call failed with
+    ``INTERNAL: Invalid metadata``, naming neither the token nor the character."""
+    token = token.strip()
+    for i, c in enumerate(token):
+        if not " " <= c <= "~":
+            raise InputError(
+                f"--token (or $OASIS_TOKEN): holds {c!r} at character {i + 1}, which a "
+                "token cannot hold (printable ASCII only, as oasis token makes them): "
+                "was it copied whole and alone?"
+            )
+    return token
 
 
 class Stubs:
@@ -173,6 +190,7 @@ class Stubs:
         if not addresses:
             raise InputError("--server: no address given")
         self._check_tls(args)
+        bearer_token(args.token)  # before any call: a bad one is the caller's to mend
         self.pool = LeaderPool(addresses, lambda a: _connect(args, a), budget=args.timeout)
         self.channel = self.pool.channel()
         self.admission: Any = FollowingStub(self.pool, pb_grpc.AdmissionStub)

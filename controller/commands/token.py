@@ -15,9 +15,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from controller.auth import NAME_PATTERN, Role, hash_token, new_token, token_lines
+from controller.auth import NAME_PATTERN, Role, hash_token, new_token, parse_tokens, token_lines
 from controller.commands import SUMMARIES
 from controller.commands.common import EXIT_OK, InputError
+from pricing.errors import SpecError
 
 __all__ = ["register"]
 
@@ -34,7 +35,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--add-to", metavar="FILE",
                    help="append the line to this tokens file (made 0640 if new; a name "
-                   "already there is refused)")  # fmt: skip
+                   "already there, or a file oasisd would not read, is refused)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_token)
 
@@ -63,7 +64,8 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 def _append(path: Path, name: str, line: str) -> None:
     """Append ``line`` to the tokens file ``path`` (made 0640 if new, never through a
-    symbolic link); InputError if ``name`` has a line there already."""
+    symbolic link); InputError if ``name`` has a line there already, or if a line there
+    is one oasisd would refuse."""
     try:
         fd = os.open(
             path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o640
@@ -79,4 +81,10 @@ def _append(path: Path, name: str, line: str) -> None:
         if name in names:
             raise InputError(f"--add-to {path}: {name!r} has a token there already (one "
                              "per name): remove its line first to replace it")  # fmt: skip
+        # a file oasisd would refuse (its config file named by mistake): adding a line
+        # would mend nothing, and in a config file it stops the next start (the audit)
+        try:
+            parse_tokens(text, f"--add-to {path}")
+        except SpecError as err:
+            raise InputError(f"{err}: not a tokens file oasisd reads; nothing added") from err
         f.write(("\n" if text and not text.endswith("\n") else "") + line + "\n")
