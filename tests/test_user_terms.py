@@ -285,3 +285,16 @@ def test_a_pinned_bound_is_an_ascii_number(item: str, capsys: pytest.CaptureFixt
     digits and ``_`` (refused before any call: the daemon is nowhere)."""
     assert main(["bounds", "pin", "--upper", item, *NOWHERE]) == 2
     assert f"--upper: {item!r} must be R=NUMBER" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flag", "item"),
+    [("--upper", "gpu=-1"), ("--lower", "gpu=0"), ("--upper", "gpu=inf"), ("--lower", "cpu=nan")],
+)
+def test_a_pinned_bound_out_of_range_is_named_by_its_flag(
+    flag: str, item: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Refused before any call, naming the flag: the daemon's answer named its own
+    fields, ``pins.worker.gpu.U`` and ``pins.ps.gpu.U`` (the README audit's note)."""
+    assert main(["bounds", "pin", flag, item, *NOWHERE]) == 2
+    assert f"{flag}: {item!r}: a bound must be a finite number > 0" in capsys.readouterr().err

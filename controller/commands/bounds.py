@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from typing import Any
 
 from controller.commands import SUMMARIES
@@ -104,6 +105,8 @@ def pins_of(args: argparse.Namespace) -> list[pb.BoundPin]:
                 eq = ""
             if not eq:
                 raise InputError(f"{option}: {item!r} must be R=NUMBER (ASCII, e.g. gpu=50)")
+            if not (math.isfinite(value) and value > 0):  # named by the flag, not the RPC's
+                raise InputError(f"{option}: {item!r}: a bound must be a finite number > 0")
             found.setdefault(_target(name, option), {})[side] = value
     return [pb.BoundPin(kind=k, resource=r, **sides) for (k, r), sides in found.items()]
 
