@@ -468,6 +468,15 @@ def test_agent_names_its_node_with_node() -> None:
     assert "--node NAME" in oasis("agent", "--help").stdout
 
 
+def test_tls_against_a_plaintext_daemon_says_it_may_serve_plaintext(daemon: Daemon) -> None:
+    """The README audit: ``--tls`` to a daemon without ``[tls]`` was told to check the
+    certificate and ``--tls-ca`` alone."""
+    out = oasis("status", "--tls", "--timeout", "5", server=daemon.address, check=False)
+    assert out.returncode == 1
+    assert "the TLS handshake failed" in out.stderr
+    assert "(one without [tls] serves plaintext: call it without --tls)" in out.stderr
+
+
 def test_an_unreachable_daemon_says_what_to_check() -> None:
     address = f"127.0.0.1:{free_port()}"
     out = oasis("jobs", "--timeout", "5", server=address, check=False)

@@ -406,7 +406,8 @@ def _explain(
         return details
     cause = next((why for key, why in _CAUSES if key in lowered), _shortened(details))
     tls = (
-        "the daemon's certificate and --tls-ca (or --tls-server-name)"
+        "the daemon's certificate and --tls-ca (or --tls-server-name), or whether it "
+        "serves TLS at all (one without [tls] serves plaintext: call it without --tls)"
         if args.tls or args.tls_ca
         else "whether the daemon serves TLS (then give --tls-ca FILE or --tls)"
     )
