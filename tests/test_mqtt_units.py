@@ -481,6 +481,15 @@ def test_an_agents_clock_off_the_daemons_is_said_once_and_so_is_its_return(
     assert said == [("warning", "w0", 30.0), ("warning", "p0", -12.0), ("info", "w0", 1.0)]
     assert "30.0 s early" in logs[0]["event"] and "12.0 s late" in logs[1]["event"]
     assert ex.agents.clock_offsets == {"w0": 1.0, "p0": -12.0}
+    with capture_logs() as logs:  # a forged sent_at: not its 301 digits in the line
+        ex.heartbeat(Heartbeat("w0", "a", sent_at=1e300))
+        ex.heartbeat(Heartbeat("p0", "a", sent_at=now))  # back, then a long way off
+        ex.heartbeat(Heartbeat("p0", "a", sent_at=now - 3 * 86400 - 4 * 3600))
+    far = [e["event"] for e in logs if e["log_level"] == "warning"]
+    assert "plan 1.157e+295d early;" in far[0] and len(far[0]) < 200, far
+    assert "plan 3d4h late;" in far[1], far
+    ex.heartbeat(Heartbeat("w0", "a", sent_at=now + 1.0))
+    ex.heartbeat(Heartbeat("p0", "a", sent_at=now - 12.0))
     assert ex.store_id and all(plan.store == ex.store_id for plan in ex.plans_sync({}))
     # and /metrics gives each server's offset, for an alert
     from prometheus_client import generate_latest

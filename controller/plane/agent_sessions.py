@@ -30,6 +30,7 @@ from controller.logs import Complaints
 from controller.plane.agent_messages import Heartbeat, Progress
 from controller.plane.progress import session_key
 from controller.plane.settings import MqttConfig
+from pricing.durations import format_duration
 
 __all__ = [
     "CLOCK_BACK_SECONDS",
@@ -292,7 +293,7 @@ class AgentSessions:
             self._clock_said_off.add(server)
             self.log.warning(
                 "an agent's clock is off the daemon's: it follows each slot's plan "
-                f"{abs(offset):.1f} s {'early' if offset > 0 else 'late'}; keep the head "
+                f"{_how_far(offset)} {'early' if offset > 0 else 'late'}; keep the head "
                 "node and the servers on one time source (NTP)",
                 server=server, offset_seconds=round(offset, 1), **held,
             )  # fmt: skip
@@ -300,6 +301,14 @@ class AgentSessions:
             self._clock_said_off.discard(server)
             self.log.info("an agent's clock is back in step with the daemon's", server=server,
                           offset_seconds=round(offset, 1), **held)  # fmt: skip
+
+
+def _how_far(offset: float) -> str:
+    """``|offset|`` seconds for the log's text: ``30.0 s``; past a day in days and hours
+    (``3d4h``), past a million days to 4 digits (``1.157e+295d``): a forged heartbeat's
+    ``sent_at`` of ``1e300`` wrote its 301 digits in the line."""
+    seconds = abs(offset)
+    return f"{seconds:.1f} s" if seconds < 86400 else format_duration(seconds)
 
 
 def _server_of(key: str) -> str:
