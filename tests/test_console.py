@@ -520,3 +520,37 @@ def test_a_cancelled_jobs_utility_is_shown_as_planned_not_earned(
     assert f"none earned ({shown} planned)" in facts, facts
     assert "Ran until\nnever ran" in facts.replace("RAN UNTIL", "Ran until"), facts
     assert "not carried out" in facts and "Completion time" not in facts, facts
+
+
+def test_a_jobs_events_read_in_local_time_with_short_numbers(cluster: Cluster) -> None:
+    """The Events table showed each event's time as the daemon's ISO UTC beside its
+    slot's local time ("2993485 (Mon 21:10)  2026-12-01T02:13:50Z" in New York, another
+    day), and its detail's numbers whole ("payoff": 99.04369147515077, 16 digits). Now the
+    time is the browser's, to the second (the ISO time on hover), and the numbers have 6
+    significant digits, as ``oasis`` prints them."""
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    from selenium.webdriver.common.by import By
+
+    job = cluster.submit("bob", "bob-events")
+    assert job.state == pb.JOB_STATE_ADMITTED
+    status, body = api(cluster, "/api/jobs/bob-events", TOKENS["bob"])
+    assert status == 200
+    [event] = [e for e in body["events"] if e["kind"] == "decided"]
+    payoff = event["detail"]["payoff"]
+    assert len(repr(payoff)) > 10, payoff  # a payoff with more digits than are shown
+    zone = "America/New_York"
+    at = datetime.fromisoformat(event["at"].replace("Z", "+00:00")).astimezone(ZoneInfo(zone))
+    with opened(zone) as browser:
+        login(browser, cluster, "bob")
+        browser.get(cluster.web + "/jobs/bob-events")
+        row = wait_for(
+            browser, lambda b: b.find_element(By.CSS_SELECTOR, "table.events tbody tr"), "events"
+        )
+        cells = row.find_elements(By.TAG_NAME, "td")
+        when = cells[-2].find_element(By.TAG_NAME, "time")
+        assert when.text == at.strftime("%a %H:%M:%S"), when.text
+        assert when.get_dom_attribute("title") == event["at"]
+        shown = json.loads(cells[-1].text)
+        assert shown == {**event["detail"], "payoff": float(f"{payoff:.6g}")}, cells[-1].text
