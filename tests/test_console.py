@@ -554,3 +554,23 @@ def test_a_jobs_events_read_in_local_time_with_short_numbers(cluster: Cluster) -
         assert when.get_dom_attribute("title") == event["at"]
         shown = json.loads(cells[-1].text)
         assert shown == {**event["detail"], "payoff": float(f"{payoff:.6g}")}, cells[-1].text
+
+
+def test_the_plans_of_a_job_that_is_not_there_say_so(cluster: Cluster) -> None:
+    """``/plans?job=ID`` for no such job said "Servers job ID uses: no server", as for a
+    job with nothing planned: an operator who gave a submitter's id without its
+    ``NAME:`` read it as the job holding no server. Now it is 404 as the job's page, and
+    a job that exists with no plan still reads "no server"."""
+    job = cluster.submit("bob", "bob-unplanned")
+    assert job.state == pb.JOB_STATE_ADMITTED
+    status, _ = api(cluster, "/api/plans?job=bob:bob-unplanned", TOKENS["ops"])
+    assert status == 200
+    status, body = api(cluster, "/api/plans?job=bob-unplanned", TOKENS["ops"])
+    assert status == 404, body
+    assert "a job submitted with a token is NAME:ID" in body["error"]["message"], body
+    status, body = api(cluster, "/api/plans?job=bob:no-such-job", TOKENS["ops"])
+    assert (status, body["error"]["message"]) == (404, "no job 'bob:no-such-job'"), body
+    status, _ = api(cluster, "/api/jobs/bob-unplanned/cancel", TOKENS["bob"], method="POST")
+    assert status == 200
+    status, body = api(cluster, "/api/plans?job=bob:bob-unplanned", TOKENS["ops"])
+    assert (status, body["servers_total"], body["servers"]) == (200, 0, []), body
