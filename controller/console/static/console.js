@@ -419,11 +419,14 @@
     g.textAlign = "left"; g.textBaseline = "alphabetic";
     var clock = d.clock, step = Math.max(1, Math.ceil(64 / cw)), lastEnd = -1;
     for (c = 0; c < cols; c += step) {
-      var x = left + c * cw;
-      if (x < lastEnd || x + 40 > width) continue;
-      g.fillText(String(d.cols[c].from), x, 14);
-      g.fillStyle = "#555"; g.fillText(axisTime(clock, d.cols[c].from, d.cols[Math.min(c + step, cols - 1)].from - d.cols[c].from || 1), x, 28); g.fillStyle = "#222";
-      lastEnd = x + 50;
+      var x = left + c * cw, label = String(d.cols[c].from);
+      var stamp = axisTime(clock, d.cols[c].from, d.cols[Math.min(c + step, cols - 1)].from - d.cols[c].from || 1);
+      // a label past the right edge was cut: slot 2993774 read 299377
+      var w = Math.max(g.measureText(label).width, g.measureText(stamp).width);
+      if (x < lastEnd || x + w > width) continue;
+      g.fillText(label, x, 14);
+      g.fillStyle = "#555"; g.fillText(stamp, x, 28); g.fillStyle = "#222";
+      lastEnd = Math.max(x + 50, x + w + 6);
       g.fillRect(x, top - 4, 1, 4);
     }
     g.textAlign = "right"; g.fillStyle = "#555"; g.fillText("slot", left - 6, 14); g.fillText("time", left - 6, 28);
@@ -594,9 +597,10 @@
     s.appendChild(defs);
     var step = Math.max(1, Math.ceil(56 / sw)), lastEnd = -1;
     for (var i = 0; i < d.slots; i += step) {
-      var x = left + i * sw;
-      if (x < lastEnd) continue;
-      lastEnd = x + 48;
+      // about 7 px a character at 11 px; a label past the right edge was cut (2993786 read 2)
+      var x = left + i * sw, w = 7 * Math.max(String(d.first_slot + i).length, 5) + 4;
+      if (x < lastEnd || x + w > width) continue;
+      lastEnd = x + w;
       s.appendChild(svg("text", { x: x, y: 13, class: "axis", text: String(d.first_slot + i) }));
       s.appendChild(svg("text", { x: x, y: 28, class: "axis muted", text: axisTime(clock, d.first_slot + i, step) }));
       s.appendChild(svg("line", { x1: x, y1: top - 4, x2: x, y2: height, class: "grid" }));
