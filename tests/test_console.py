@@ -520,3 +520,122 @@ def test_a_cancelled_jobs_utility_is_shown_as_planned_not_earned(
     assert f"none earned ({shown} planned)" in facts, facts
     assert "Ran until\nnever ran" in facts.replace("RAN UNTIL", "Ran until"), facts
     assert "not carried out" in facts and "Completion time" not in facts, facts
+
+
+def test_a_jobs_events_read_in_local_time_with_short_numbers(cluster: Cluster) -> None:
+    """The Events table showed each event's time as the daemon's ISO UTC beside its
+    slot's local time ("2993485 (Mon 21:10)  2026-12-01T02:13:50Z" in New York, another
+    day), and its detail's numbers whole ("payoff": 99.04369147515077, 16 digits). Now the
+    time is the browser's, to the second (the ISO time on hover), and the numbers have 6
+    significant digits, as ``oasis`` prints them."""
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    from selenium.webdriver.common.by import By
+
+    job = cluster.submit("bob", "bob-events")
+    assert job.state == pb.JOB_STATE_ADMITTED
+    status, body = api(cluster, "/api/jobs/bob-events", TOKENS["bob"])
+    assert status == 200
+    [event] = [e for e in body["events"] if e["kind"] == "decided"]
+    payoff = event["detail"]["payoff"]
+    assert len(repr(payoff)) > 10, payoff  # a payoff with more digits than are shown
+    zone = "America/New_York"
+    at = datetime.fromisoformat(event["at"].replace("Z", "+00:00")).astimezone(ZoneInfo(zone))
+    with opened(zone) as browser:
+        login(browser, cluster, "bob")
+        browser.get(cluster.web + "/jobs/bob-events")
+        row = wait_for(
+            browser, lambda b: b.find_element(By.CSS_SELECTOR, "table.events tbody tr"), "events"
+        )
+        cells = row.find_elements(By.TAG_NAME, "td")
+        when = cells[-2].find_element(By.TAG_NAME, "time")
+        assert when.text == at.strftime("%a %H:%M:%S"), when.text
+        assert when.get_dom_attribute("title") == event["at"]
+        shown = json.loads(cells[-1].text)
+        assert shown == {**event["detail"], "payoff": float(f"{payoff:.6g}")}, cells[-1].text
+
+
+def test_the_plans_of_a_job_that_is_not_there_say_so(cluster: Cluster) -> None:
+    """``/plans?job=ID`` for no such job said "Servers job ID uses: no server", as for a
+    job with nothing planned: an operator who gave a submitter's id without its
+    ``NAME:`` read it as the job holding no server. Now it is 404 as the job's page, and
+    a job that exists with no plan still reads "no server"."""
+    job = cluster.submit("bob", "bob-unplanned")
+    assert job.state == pb.JOB_STATE_ADMITTED
+    status, _ = api(cluster, "/api/plans?job=bob:bob-unplanned", TOKENS["ops"])
+    assert status == 200
+    status, body = api(cluster, "/api/plans?job=bob-unplanned", TOKENS["ops"])
+    assert status == 404, body
+    assert "a job submitted with a token is NAME:ID" in body["error"]["message"], body
+    status, body = api(cluster, "/api/plans?job=bob:no-such-job", TOKENS["ops"])
+    assert (status, body["error"]["message"]) == (404, "no job 'bob:no-such-job'"), body
+    status, _ = api(cluster, "/api/jobs/bob-unplanned/cancel", TOKENS["bob"], method="POST")
+    assert status == 200
+    status, body = api(cluster, "/api/plans?job=bob:bob-unplanned", TOKENS["ops"])
+    assert (status, body["servers_total"], body["servers"]) == (200, 0, []), body
+
+
+def test_the_charts_time_axes_are_not_cut_at_their_right_edge(
+    browser: Any, cluster: Cluster, tmp_path: Path
+) -> None:
+    """The last slot label of the Gantt chart and of the heatmap was drawn past the
+    chart's right edge and cut: at the slot numbers of a daemon whose slot 0 is the Unix
+    epoch, 2993786 read "2" on /plans and 2993774 read "299377" on /prices. Now a label
+    that does not fit is left out, as one too close to the label before it. (A daemon of
+    its own: this module's counts its slots from now, and its labels are short.)"""
+    from selenium.webdriver.common.by import By
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text("".join(f"{n} {ROLES[n]} {hash_token(t)}\n" for n, t in TOKENS.items()))
+    extra = f'[auth]\ntokens_file = "{tokens}"\n[web]\nlisten = "127.0.0.1:0"\n'
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", epoch=0, extra=extra)
+    text = config.read_text().replace("slot_seconds = 3600", "slot_seconds = 600")
+    config.write_text(text.replace("window = 24", "window = 300"))
+    daemon = Daemon(config, tmp_path / "oasisd.log").start()
+    gantt = """
+      var s = document.querySelector('svg.gantt'), w = s.viewBox.baseVal.width;
+      return Array.from(s.querySelectorAll('text.axis')).map(function (t) {
+        var b = t.getBBox(); return [t.textContent, b.x + b.width, w];
+      }).filter(function (l) { return l[1] > l[2] + 0.5; });"""
+    hook = """
+      window.cut = [];
+      var fill = CanvasRenderingContext2D.prototype.fillText;
+      CanvasRenderingContext2D.prototype.fillText = function (text, x, y) {
+        var w = parseFloat(this.canvas.style.width);
+        if (this.textAlign === 'left' && x + this.measureText(text).width > w + 0.5) {
+          window.cut.push([text, x, w]);
+        }
+        return fill.apply(this, arguments);
+      };
+      window.dispatchEvent(new Event('resize'));"""
+    try:
+        web = Cluster(daemon, next(
+            line["address"] for line in json_log(tmp_path / "oasisd.log")
+            if line.get("event") == "console listening"
+        ))  # fmt: skip
+        web.submit("alice", "alice-axes")
+        login(browser, web, "ops")
+        for w, h in SIZES.values():
+            browser.set_window_size(w, h)
+            browser.get(web.web + "/plans")
+            wait_for(browser, lambda b: b.find_element(By.CSS_SELECTOR, "svg.gantt"), "the chart")
+            assert browser.execute_script(gantt) == [], w
+            browser.get(web.web + "/prices")
+            wait_for(browser, lambda b: b.find_element(By.ID, "heatmap"), "the heatmap")
+            browser.execute_script(hook)  # drawn again on resize, through the hook
+            time.sleep(0.6)
+            assert browser.execute_script("return window.cut") == [], w
+        # and pointing at a cell still shows it (the labels are drawn beside its handler)
+        from selenium.webdriver.common.action_chains import ActionChains
+
+        canvas = browser.find_element(By.ID, "heatmap")
+        ActionChains(browser).move_to_element(canvas).perform()
+        tip = wait_for(
+            browser, lambda b: b.find_element(By.ID, "heat-tip").is_displayed() and b, "the tip"
+        ).find_element(By.ID, "heat-tip")
+        assert "unit price" in tip.text, tip.text
+        web.close()
+    finally:
+        browser.set_window_size(*SIZES["desktop"])
+        assert daemon.stop() == 0

@@ -257,7 +257,7 @@ def test_the_console_shows_a_length_whole_and_a_time_across_a_clock_change_with_
     1h30m30s read "1h30m". And a time across a clock change showed no zone, so the hour
     repeated in autumn read alike twice (the CLI names its zone)."""
     script = (ROOT / "controller" / "console" / "static" / "console.js").read_text()
-    names = ("duration", "roughly", "slotStart", "when")
+    names = ("duration", "roughly", "slotStart", "when", "localTime")
     body = "".join(_function(script, n) for n in names)
     browser = new_york_browser
     browser.get("about:blank")

@@ -475,17 +475,21 @@ class ConsoleData:
 
     # -- plans (Gantt) -----------------------------------------------------------------
 
-    async def plans(self, page: int = 1, job: str = "") -> dict[str, Any]:
+    async def plans(
+        self, page: int = 1, job: str = "", caller: Caller | None = None
+    ) -> dict[str, Any]:
         """The plan per server over the window ahead: for each server of page ``page``
         (:data:`PLAN_PAGE` servers a page, listing order), each job's runs of consecutive
         slots with the same number of workers or PS. With ``job``, only the servers that
-        job uses."""
+        job uses; NotFoundError if no such job (with ``caller``, told as to its page)."""
         clock = self.clock()
         first = clock["slot"]
         end = first + self.c.window + 1
         listing = self._listing()
         if job:
             used = await self.c.read_store(self._servers_of, job, first, end)
+            if not used and caller is not None:  # no plan, or no job: "uses no server" was
+                await as_named(caller, job, self.c.get(job, None, caller.turn))  # said of both
             listing = [s for s in listing if s[2] in used]
         pages = max(1, math.ceil(len(listing) / PLAN_PAGE))
         page = min(max(page, 1), pages)

@@ -85,7 +85,7 @@ class Views(Login):
         job = request.query.get("job", "")
         if job:
             fields.job_key(job, "job")  # its id, or NAME:ID with tokens
-        return await self.data.plans(_int(request.query, "page", 1), job)
+        return await self.data.plans(_int(request.query, "page", 1), job, request["caller"])
 
     async def jobs(self, request: web.Request) -> Any:
         q = request.query

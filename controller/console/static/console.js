@@ -79,12 +79,16 @@
   function slotStart(clock, slot) { return new Date((clock.epoch + slot * clock.slot_seconds) * 1000); }
   function when(clock, slot) {
     // to the second, up, as the ISO times next to it (a slot's start reads as in that slot)
-    var d = new Date(Math.ceil(slotStart(clock, slot).getTime() / 1000) * 1000), now = Date.now();
+    var d = new Date(Math.ceil(slotStart(clock, slot).getTime() / 1000) * 1000);
+    // short slots (tests, demos), or a time with seconds (slots of 90 s: 01:28:30)
+    return localTime(d, clock.slot_seconds < 60 || (d.getTime() / 1000) % 60);
+  }
+  function localTime(d, seconds) {
+    var now = Date.now();
     var opts = Math.abs(d - now) < 6 * 86400 * 1000
       ? { weekday: "short", hour: "2-digit", minute: "2-digit", hour12: false }
       : { year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit", hour12: false };
-    // short slots (tests, demos), or a time with seconds (slots of 90 s: 01:28:30)
-    if (clock.slot_seconds < 60 || (d.getTime() / 1000) % 60) opts.second = "2-digit";
+    if (seconds) opts.second = "2-digit";
     // across a clock change, its zone (as the CLI): the hour repeated in autumn reads twice
     if (d.getTimezoneOffset() !== new Date(now).getTimezoneOffset()) opts.timeZoneName = "short";
     return d.toLocaleString("en-GB", opts);
@@ -103,6 +107,21 @@
     try { zone = Intl.DateTimeFormat().resolvedOptions().timeZone || ""; } catch (e) { zone = ""; }
     var offset = "UTC" + sign + pad(Math.floor(m / 60)) + ":" + pad(m % 60);
     return zone ? zone + " (" + offset + ")" : offset;
+  }
+  // a moment the daemon gives as ISO UTC (an event's, a count's): local as the slots'
+  // times, to the second, the ISO time on hover (the events' "at" read in UTC beside
+  // their slot's local time: "(Mon 21:10) 2026-12-01T02:13:50Z" in New York)
+  function instant(iso) {
+    var d = new Date(iso);
+    if (!iso || isNaN(d.getTime())) return iso;
+    return el("time", { datetime: iso, title: iso, text: localTime(d, true) });
+  }
+  // an event's detail as JSON, its fractions to 6 significant digits as the CLI prints
+  // them (a payoff read 99.04369147515077)
+  function detailJSON(detail) {
+    return JSON.stringify(detail, function (k, v) {
+      return typeof v === "number" && isFinite(v) && !Number.isInteger(v) ? Number(v.toPrecision(6)) : v;
+    });
   }
   function slotLabel(clock, slot) { return slot + " (" + when(clock, slot) + ")"; }
   function stateBadge(state) { return el("span", { class: "state state-" + state, text: state }); }
@@ -241,8 +260,8 @@
     });
     jobs.appendChild(list);
     if (d.jobs_counted_at) {
-      jobs.appendChild(el("p", { class: "muted", text: "Counted at " + d.jobs_counted_at +
-        "; recounted at most every " + d.jobs_max_age_seconds.toFixed(1) + " s." }));
+      jobs.appendChild(el("p", { class: "muted" }, "Counted at ", instant(d.jobs_counted_at),
+        "; recounted at most every " + d.jobs_max_age_seconds.toFixed(1) + " s."));
     }
     out.push(jobs);
     if (d.use) {
@@ -276,11 +295,11 @@
     var unheard = agentsUnheard(d.agents_unheard);
     if (unheard) out.push(unheard);
     var first = (d.page - 1) * per + 1, last = first + d.servers.length - 1;
-    out.push(el("p", { class: "muted", id: "servers-caption", text:
+    out.push(el("p", { class: "muted", id: "servers-caption" },
       (d.servers.length ? "Servers " + first + "–" + last + " of " + d.servers_total : "No server") +
       "; state from the next slot; use of slot " + d.clock.slot + " against capacity; agent: when last heard" +
       (d.agents_watched ? " (counted while the daemon is connected to the broker)" : " (\u201c-\u201d: no agents watched: no [mqtt], or a standby)") +
-      ", as of " + d.clock.now + "." }));
+      ", as of ", instant(d.clock.now), "."));
     out.push(serversPager(d));
     var rows = d.servers.map(function (s) {
       var timeout = d.agents_unheard ? d.agents_unheard.heartbeat_timeout_seconds : Infinity;  // silent past it: red too
@@ -400,11 +419,14 @@
     g.textAlign = "left"; g.textBaseline = "alphabetic";
     var clock = d.clock, step = Math.max(1, Math.ceil(64 / cw)), lastEnd = -1;
     for (c = 0; c < cols; c += step) {
-      var x = left + c * cw;
-      if (x < lastEnd || x + 40 > width) continue;
-      g.fillText(String(d.cols[c].from), x, 14);
-      g.fillStyle = "#555"; g.fillText(axisTime(clock, d.cols[c].from, d.cols[Math.min(c + step, cols - 1)].from - d.cols[c].from || 1), x, 28); g.fillStyle = "#222";
-      lastEnd = x + 50;
+      var x = left + c * cw, label = String(d.cols[c].from);
+      var stamp = axisTime(clock, d.cols[c].from, d.cols[Math.min(c + step, cols - 1)].from - d.cols[c].from || 1);
+      // a label past the right edge was cut: slot 2993774 read 299377
+      var w = Math.max(g.measureText(label).width, g.measureText(stamp).width);
+      if (x < lastEnd || x + w > width) continue;
+      g.fillText(label, x, 14);
+      g.fillStyle = "#555"; g.fillText(stamp, x, 28); g.fillStyle = "#222";
+      lastEnd = Math.max(x + 50, x + w + 6);
       g.fillRect(x, top - 4, 1, 4);
     }
     g.textAlign = "right"; g.fillStyle = "#555"; g.fillText("slot", left - 6, 14); g.fillText("time", left - 6, 28);
@@ -575,9 +597,10 @@
     s.appendChild(defs);
     var step = Math.max(1, Math.ceil(56 / sw)), lastEnd = -1;
     for (var i = 0; i < d.slots; i += step) {
-      var x = left + i * sw;
-      if (x < lastEnd) continue;
-      lastEnd = x + 48;
+      // about 7 px a character at 11 px; a label past the right edge was cut (2993786 read 2)
+      var x = left + i * sw, w = 7 * Math.max(String(d.first_slot + i).length, 5) + 4;
+      if (x < lastEnd || x + w > width) continue;
+      lastEnd = x + w;
       s.appendChild(svg("text", { x: x, y: 13, class: "axis", text: String(d.first_slot + i) }));
       s.appendChild(svg("text", { x: x, y: 28, class: "axis muted", text: axisTime(clock, d.first_slot + i, step) }));
       s.appendChild(svg("line", { x1: x, y1: top - 4, x2: x, y2: height, class: "grid" }));
@@ -707,8 +730,8 @@
     if (!d.events.length) events.appendChild(el("p", { class: "muted", text: "No event yet." }));
     else events.appendChild(table("Events of this job, oldest first", ["#", "Kind", "State", "Slot", "At", "Detail"],
       d.events.map(function (e) {
-        return [String(e.sequence), e.kind, e.state ? stateBadge(e.state) : "–", slotLabel(clock, e.slot), e.at,
-          el("code", { text: JSON.stringify(e.detail) })];
+        return [String(e.sequence), e.kind, e.state ? stateBadge(e.state) : "–", slotLabel(clock, e.slot), instant(e.at),
+          el("code", { text: detailJSON(e.detail) })];
       }), "events"));
     out.push(events);
     return out;
