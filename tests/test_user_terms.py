@@ -279,6 +279,17 @@ def test_the_console_shows_a_length_whole_and_a_time_across_a_clock_change_with_
     assert all(re.search(r"01:30", s) for s in shown), shown
 
 
+def test_the_console_counts_one_worker_slot_in_the_singular(new_york_browser: Any) -> None:
+    """A job's page and the plans' labels said "1 worker-slots" (the README audit's note)."""
+    script = (ROOT / "controller" / "console" / "static" / "console.js").read_text()
+    new_york_browser.get("about:blank")
+    each = "function (n) { return counted(n, 'worker-slot'); }"
+    run = f"{_function(script, 'counted')}\nreturn arguments[0].map({each});"
+    said = new_york_browser.execute_script(run, [1, 2, 0, 16])
+    assert said == ["1 worker-slot", "2 worker-slots", "0 worker-slots", "16 worker-slots"]
+    assert 'counted(dec.work, "worker-slot")' in script  # the job page's Work line uses it
+
+
 @pytest.mark.parametrize("item", ["gpu=١٠٠", "gpu=1_0", "gpu=", "gpu"])
 def test_a_pinned_bound_is_an_ascii_number(item: str, capsys: pytest.CaptureFixture[str]) -> None:
     """``oasis bounds pin --upper gpu=١٠٠`` pinned U at 100: float() reads other scripts'

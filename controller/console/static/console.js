@@ -156,6 +156,8 @@
     t.appendChild(tb);
     return el("div", { class: "table-wrap", tabindex: "0", role: "region", "aria-label": caption || headers.join(", ") }, t);
   }
+  // "1 worker-slot", "2 worker-slots"
+  function counted(n, unit) { return n + " " + unit + (n === 1 ? "" : "s"); }
   function dl(pairs) {
     var d = el("dl", { class: "facts" });
     pairs.forEach(function (p) {
@@ -501,7 +503,7 @@
       useLine.textContent = "use " + pct(cell.use) + " of capacity";
       if (!cell.jobs.length) { jobsLine.textContent = "jobs: none"; return; }
       jobsLine.textContent = "jobs: " + cell.jobs.map(function (j) {
-        return j.id + " (" + (j.worker_slots ? j.worker_slots + " worker-slots" : j.ps_slots + " PS-slots") + ")";
+        return j.id + " (" + (j.worker_slots ? counted(j.worker_slots, "worker-slot") : counted(j.ps_slots, "PS-slot")) + ")";
       }).join(", ") + (cell.more_jobs ? " and " + cell.more_jobs + " more" : "");
     };
     if (cellCache[key]) { fill(cellCache[key]); return; }
@@ -697,7 +699,7 @@
         : ["Completes", dec.completion_slot === null ? "–" : byEnd(dec.completion_slot)],
       gone ? (plan ? ["Planned", byEnd(plan.completion_slot) + ", completion time " + slots(plan.jct) + "; not carried out"] : null)
         : ["Completion time", dec.jct === null ? "–" : slots(dec.jct)],
-      ["Work", dec.work + " worker-slots"],
+      ["Work", counted(dec.work, "worker-slot")],
       ["Submitted in slot", String(j.submitted_slot)],
       j.wait_until_slot === null ? null : ["Waits until", "slot " + slotLabel(clock, j.wait_until_slot)],
       ["Decided in", num(dec.decision_ms, 1) + " ms"],
