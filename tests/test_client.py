@@ -395,6 +395,17 @@ def test_watch_json_detail_is_json(tmp_path: Path, daemon: Daemon) -> None:
     assert first["kind"] == "decided" and isinstance(first["sequence"], int)
     assert first["state"] in ("admitted", "rejected")
     assert isinstance(first["detail"], dict) and "admitted" in first["detail"]
+    # for people, the detail's numbers to 6 digits, as other commands print them (the
+    # README audit: "payoff": 6.927184195498584); --json keeps every digit
+    cmd.remove("--json")
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT) as watch:
+        assert watch.stdout is not None
+        line = watch.stdout.readline()
+        watch.kill()
+    shown = json.loads(line[line.index("{") :])
+    payoff = first["detail"]["payoff"]
+    assert shown["payoff"] == float(f"{payoff:.6g}"), (line, payoff)
+    assert line.startswith(f"#{first['sequence']} slot ")
 
 
 def test_prices_take_the_node_flag(daemon: Daemon) -> None:

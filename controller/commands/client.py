@@ -612,6 +612,28 @@ def cmd_prices(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def short_numbers(detail: str) -> str:
+    """An event's JSON ``detail`` for people: each number not a whole one to 6
+    significant digits, as the other commands print them (``"payoff": 6.92718``, not
+    ``6.927184195498584``); text that is not JSON as it is. ``--json`` keeps every
+    digit."""
+    try:
+        value = json.loads(detail)
+    except ValueError:
+        return detail
+
+    def short(x: Any) -> Any:
+        if isinstance(x, float) and math.isfinite(x) and not x.is_integer():
+            return float(f"{x:.6g}")
+        if isinstance(x, dict):
+            return {k: short(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [short(v) for v in x]
+        return x
+
+    return json.dumps(short(value))
+
+
 def cmd_watch(args: argparse.Namespace) -> int:
     stubs = Stubs(args)
     times = stubs.times()
@@ -621,8 +643,9 @@ def cmd_watch(args: argparse.Namespace) -> int:
                 print(json.dumps(event_record(event, times)), flush=True)
             else:
                 state = state_name(event.state) if event.state else ""
+                detail = short_numbers(event.detail)
                 print(f"#{event.sequence} slot {slot_label(event.slot, times)} {event.kind} "
-                      f"{event.job_id} {state} {event.detail}", flush=True)  # fmt: skip
+                      f"{event.job_id} {state} {detail}", flush=True)  # fmt: skip
     except KeyboardInterrupt:  # the way to stop watching: quiet, with the shell's status
         return 130
     return EXIT_OK
