@@ -73,6 +73,7 @@ from sqlalchemy import create_engine, text
 
 from bench.daemon_throughput import WINDOW, percentiles, workload, write_config
 from bench.machine import describe
+from controller.commands.connection import retry_pushback
 from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
@@ -247,8 +248,8 @@ class Load:
                     with self._lock:
                         self.given_up[request.job.id] = f"{code.name}: {err.details()}"
                     return
-                hint = dict(err.trailing_metadata() or ()).get("grpc-retry-pushback-ms")
-                time.sleep(int(hint) / 1000 if hint else delay * rng.uniform(0.5, 1.5))
+                hint = retry_pushback(err)
+                time.sleep(hint if hint is not None else delay * rng.uniform(0.5, 1.5))
                 delay = min(1.0, delay * 2)
                 continue
             now = time.perf_counter()

@@ -40,6 +40,7 @@ from controller.commands.connection import (
     options,
     print_json,
     report_error,
+    retry_pushback,
 )
 from controller.commands.records import (
     ABANDONED,
@@ -365,12 +366,9 @@ def _paced(stubs: Stubs, call: Callable[[], _T]) -> _T:
         except grpc.RpcError as err:
             if err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
                 raise
-            hint = dict(err.trailing_metadata() or ()).get("grpc-retry-pushback-ms", "")
-            if not (isinstance(hint, str) and hint.isascii() and hint.isdigit()):
-                raise  # another cap (max_in_flight, a limit): no wait makes room
-            seconds = int(hint) / 1000
-            if waited + seconds > stubs.timeout:
-                raise
+            seconds = retry_pushback(err)
+            if seconds is None or waited + seconds > stubs.timeout:
+                raise  # another cap (max_in_flight, a limit), or past --timeout of waits
             time.sleep(seconds)
             waited += seconds
 

@@ -53,6 +53,7 @@ __all__ = [
     "options",
     "print_json",
     "report_error",
+    "retry_pushback",
 ]
 
 DEFAULT_PORT = 50051
@@ -159,6 +160,17 @@ def _connect(args: argparse.Namespace, address: str) -> grpc.Channel:
         server_name=args.tls_server_name,
         token=bearer_token(args.token),
     )
+
+
+def retry_pushback(err: grpc.RpcError) -> float | None:
+    """The seconds a refused call may be made again after, as the daemon names them in
+    its ``grpc-retry-pushback-ms`` trailer (a client over its rate: refused before the
+    request was read); None without one, or with one that is not a count of ms (another
+    cap, ``max_in_flight`` or a limit, where no wait makes room)."""
+    hint = dict(err.trailing_metadata() or ()).get("grpc-retry-pushback-ms", "")
+    if not (isinstance(hint, str) and hint.isascii() and hint.isdigit()):
+        return None
+    return int(hint) / 1000
 
 
 def bearer_token(token: str) -> str:
