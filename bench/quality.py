@@ -87,10 +87,6 @@ def _raw(seed: int, jobs: int, workers: int, ps: int, horizon: int, share: float
     )  # fmt: skip
 
 
-def _best(job: Any) -> float:
-    return float(job.utility.values(job.min_slots))
-
-
 def losses(trace: Trace) -> dict[str, float]:
     """OASiS (estimated bounds) on ``trace``: its total and where ``sum f(d_min)`` minus it
     goes (module docstring), in utility."""
@@ -110,7 +106,7 @@ def losses(trace: Trace) -> dict[str, float]:
         if decision.admitted:
             earned = float(decision.best.utility or 0.0)
             out["oasis"] += earned
-            out["late"] += _best(job) - earned
+            out["late"] += job.best_utility - earned
             counts["admitted"] += 1
             continue
         empty = Ledger(trace.cluster, bounds, trace.horizon)
@@ -119,7 +115,7 @@ def losses(trace: Trace) -> dict[str, float]:
             if decide(job, empty, job.arrival, last).admitted
             else "rejected at L"
         )
-        out[key] += _best(job)
+        out[key] += job.best_utility
         counts[key] += 1
     return {**out, **{f"{k} (jobs)": float(v) for k, v in counts.items()}}
 

@@ -269,7 +269,7 @@ def _utility_ceiling(job: Job, n_slots: int) -> tuple[BestSchedule, NDArray[np.f
     ``d_min``): upper bounds, costs being >= 0."""
     jcts = np.arange(1, n_slots + 1)
     ends = np.where(jcts >= job.min_slots, job.utility.values(jcts), -np.inf)
-    best = float(job.utility.values(job.min_slots))
+    best = job.best_utility
     return BestSchedule(best, None, None, None, None, 0), ends
 
 

@@ -111,6 +111,12 @@ class Job:
         """``d_min = ceil(W / N)``: the fewest slots the job can take."""
         return -(-self.work // self.chunks)
 
+    @property
+    def best_utility(self) -> float:
+        """``f(d_min)``: the most the job can be worth (finishing as soon as it can), in
+        the trace's units of utility; ``inf`` only if ``f`` overflows there."""
+        return float(self.utility.values(self.min_slots))
+
     def ps_needed(self, workers: ArrayLike) -> NDArray[np.int64]:
         """``z(y) = ceil(y b / B - 1e-9)``: PS needed for ``y`` workers (constraint 6)."""
         y = np.asarray(workers, dtype=np.float64)

@@ -68,7 +68,7 @@ def utility_scale(trace: Trace) -> float:
     job is worth anything), else the one that brings it into ``[1, 2)``. So a trace in
     the solvers' units already (:func:`in_solver_units`) has the scale 1.0: a solve
     given one solves it as given."""
-    best = max((float(job.utility.values(job.min_slots)) for job in trace.jobs), default=0.0)
+    best = max((job.best_utility for job in trace.jobs), default=0.0)
     if not (best > 0 and math.isfinite(best)) or AS_GIVEN[0] <= best <= AS_GIVEN[1]:
         return 1.0
     return math.ldexp(1.0, math.frexp(best)[1] - 1)

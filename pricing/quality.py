@@ -39,4 +39,4 @@ def certified_bound(trace: Trace) -> float:
 
 def dmin_bound(trace: Trace) -> float:
     """``sum_i f_i(ceil(W_i / N_i))`` over the jobs that can finish."""
-    return sum(float(j.utility.values(j.min_slots)) for j in trace.jobs if trace.late(j) is None)
+    return sum(j.best_utility for j in trace.jobs if trace.late(j) is None)

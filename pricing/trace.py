@@ -207,7 +207,7 @@ def total_utility_problem(jobs: Sequence[Job]) -> list[Problem]:
     (its totals are over all jobs); a replay decides them (only its total can fail)."""
     total = 0.0
     for job in jobs:
-        total += float(job.utility.values(job.min_slots))  # inf past the largest float
+        total += job.best_utility  # inf past the largest float
     if math.isfinite(total):
         return []
     return [

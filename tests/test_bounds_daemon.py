@@ -368,7 +368,7 @@ def test_the_default_cap_refuses_no_generated_job() -> None:
     for raw in trace["jobs"]:  # type: ignore[attr-defined]
         job = job_from_dict(raw, cluster, slot_seconds=3600, slots_available=lambda _a: 1 << 20)
         Limits().check_utility(job)
-        best = max(best, float(job.utility.values(job.min_slots)))
+        best = max(best, job.best_utility)
     assert best < DEFAULT_MAX_UTILITY / 1e6
 
 

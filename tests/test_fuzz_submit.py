@@ -177,7 +177,7 @@ def test_a_job_worth_nothing_moves_the_estimate_finitely() -> None:
     cluster = cluster_from_dict(raw["resources"], raw["servers"])
     spec = {**SMALL_JOB, "id": "z", "utility": {"kind": "deadline", "value": 5, "deadline": 0.5}}
     job = job_from_dict(spec, cluster, slot_seconds=3600, slots_available=lambda _a: 24, arrival=1)
-    assert float(job.utility.values(job.min_slots)) == 0.0
+    assert job.best_utility == 0.0
     Limits().check_utility(job)
     for start in (
         BoundEstimate.start(cluster, default_prior()),
