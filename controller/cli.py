@@ -18,6 +18,7 @@ import argparse
 import importlib
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -59,11 +60,31 @@ class _Parser(argparse.ArgumentParser):
                 f"{_Parser.misplaced} ...; oasis {command} --help lists its options)"
             )
         if _Parser.json_errors:
+            field, reason = _usage_field(message)
+            problems = [{"field": field, "message": reason}] if field else []
             error = {"code": "INVALID_ARGUMENT", "message": f"{self.prog}: {message}",
-                     "field": "", "problems": []}  # fmt: skip
+                     "field": field, "problems": problems}  # fmt: skip
             print(json.dumps({"error": error}, indent=1))
             sys.exit(common.EXIT_BAD_INPUT)
         super().error(message)
+
+
+def _usage_field(message: str) -> tuple[str, str]:
+    """The option or argument an argparse usage error is about, and why, for the
+    ``--json`` error's ``field`` (``"--jobs"``, ``"TRACE"``, an unknown ``"--bounds"``);
+    ``("", message)`` when it names none or several (a machine reads ``field`` as the one)."""
+    named = re.fullmatch(r"argument ([^:\s]+(?:/[^:\s]+)*): (.+)", message, re.DOTALL)
+    if named:
+        return named[1].split("/")[-1], named[2]
+    required = "the following arguments are required: "
+    if message.startswith(required) and ", " not in message:
+        return message[len(required) :], "required"
+    unknown = "unrecognized arguments: "
+    if message.startswith(unknown):
+        return message[len(unknown) :].split(" ", maxsplit=1)[
+            0
+        ], "not an option or argument of the command"
+    return "", message
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

@@ -657,6 +657,29 @@ def test_an_option_before_the_command_is_said_to_go_after_it(
     assert "goes after the command" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "field", "reason"),
+    [
+        (["gen", "--jobs", "x"], "--jobs", "not an integer: 'x'"),
+        (["gen", "-o"], "--output", "expected one argument"),
+        (["replay"], "TRACE", "required"),
+        (["replay", "t.json", "--bogus", "1"], "--bogus", "not an option or argument"),
+    ],
+)
+def test_a_json_usage_error_names_its_option(
+    argv: list[str], field: str, reason: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A usage error under ``--json`` had ``"field": ""`` and no problems: a script had
+    to parse the message for the option it gave wrong."""
+    with pytest.raises(SystemExit) as stopped:
+        main([*argv, "--json"])
+    assert stopped.value.code == 2
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error["field"] == field, error
+    assert [p["field"] for p in error["problems"]] == [field], error
+    assert error["problems"][0]["message"].startswith(reason), error
+
+
 def _interrupted(args: list[str], after: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     """``oasis ARGS`` as a subprocess, sent SIGINT (Ctrl-C) once its stderr says
     ``after``; its output."""
