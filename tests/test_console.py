@@ -37,7 +37,7 @@ from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.tls import client_channel
 from tests.browser import artifacts_dir, needed, opened
-from tests.servers import SMALL_JOB, Daemon, json_log, write_config
+from tests.servers import SMALL_JOB, Daemon, json_log, oasis, write_config
 
 TOKENS = {"alice": "alice-console-token", "bob": "bob-console-token", "ops": "ops-console-token"}
 ROLES = {"alice": "submitter", "bob": "submitter", "ops": "operator"}
@@ -639,3 +639,36 @@ def test_the_charts_time_axes_are_not_cut_at_their_right_edge(
     finally:
         browser.set_window_size(*SIZES["desktop"])
         assert daemon.stop() == 0
+
+
+def test_a_cordon_on_the_servers_page_says_when_in_local_time(
+    browser: Any, cluster: Cluster
+) -> None:
+    """/servers showed a cordon as "cordon from slot 41 to 42 by ops", in slot numbers
+    alone, where the overview and ``oasis servers`` give its times: an operator had to
+    work out when the server leaves and comes back. Now it reads as the overview."""
+    from datetime import datetime
+
+    from selenium.webdriver.common.by import By
+
+    status, body = api(cluster, "/api/servers?page=1", TOKENS["ops"])
+    assert status == 200
+    clock = body["clock"]
+    start, back = clock["slot"] + 20, clock["slot"] + 22  # ahead: no job moved
+    name = body["servers"][0]["name"]
+    login_args = ["--server", cluster.daemon.address, "--token", TOKENS["ops"]]
+    oasis("cordon", name, "--from", str(start), "--until", str(back), "--reason", "disk",
+          *login_args)  # fmt: skip
+    try:
+        login(browser, cluster, "ops")
+        browser.get(cluster.web + "/servers")
+        rows = "table.servers tbody tr"
+        wait_for(browser, lambda b: b.find_elements(By.CSS_SELECTOR, rows), "the servers")
+        state = visible_text(browser)
+        for slot in (start, back):  # the browser's zone is the machine's, as here
+            at = clock["epoch"] + slot * clock["slot_seconds"]
+            assert datetime.fromtimestamp(at).strftime("%H:%M") in state, (slot, state)
+        assert f"cordon from slot {start} (" in state, state
+        assert f" to slot {back - 1}, back " in state and "; by ops: disk)" in state, state
+    finally:
+        oasis("uncordon", name, *login_args)

@@ -308,8 +308,11 @@
       var agent = el("span", { class: s.agent_heard === false || s.agent_heard_seconds_ago > timeout ? "bad" : "", text: s.agent });
       var state = s.state;
       if (s.cordon) {
-        state += " (cordon from slot " + s.cordon.from_slot + (s.cordon.until_slot === null ? "" : " to " + (s.cordon.until_slot - 1)) +
-          (s.cordon.by ? " by " + s.cordon.by : "") + (s.cordon.reason ? ": " + s.cordon.reason : "") + ")";
+        // when, as the overview says it: its start's local time, and when the server is back
+        state += " (cordon from slot " + slotLabel(d.clock, s.cordon.from_slot) +
+          (s.cordon.until_slot === null ? ", no end" : " to slot " + (s.cordon.until_slot - 1) +
+            ", back " + when(d.clock, s.cordon.until_slot)) +
+          (s.cordon.by ? "; by " + s.cordon.by : "") + (s.cordon.reason ? ": " + s.cordon.reason : "") + ")";
       }
       return [s.name, s.kind, state, agent].concat(d.resources.map(function (r) {
         var cap = s.capacity[r] || 0;
