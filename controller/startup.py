@@ -252,9 +252,10 @@ def _data_dir(path: Path) -> None:
         st = path.stat()
     except OSError as err:
         mendable = isinstance(err, PermissionError | NotADirectoryError | FileExistsError)
+        # ENOENT from mkdir -p: a file system that makes no directories there (/proc, /sys)
         raise StartupError(
             f"daemon.data_dir: cannot create {path}: {err.strerror or err}",
-            status=2 if mendable or err.errno == errno.EROFS else 1,
+            status=2 if mendable or err.errno in (errno.EROFS, errno.ENOENT) else 1,
         ) from err
     me = os.geteuid()
     if st.st_uid not in (me, 0):

@@ -57,6 +57,9 @@ def test_a_data_dir_that_cannot_be_created(tmp_path: Path) -> None:
     data = tmp_path / "file" / "data"
     out = _oasisd(write_config(tmp_path / "c.toml", data))
     _one_line_error(out, f"daemon.data_dir: cannot create {data}: Not a directory", status=2)
+    # a file system that makes no directories: exit 1 had the unit restart it in a loop
+    out = _oasisd(write_config(tmp_path / "p.toml", Path("/proc/oasis-data")))
+    _one_line_error(out, "daemon.data_dir: cannot create /proc/oasis-data: No such file", status=2)
 
 
 def _no_writes_past_1_byte() -> None:
