@@ -338,6 +338,28 @@ def test_exit_codes_admitted_rejected_bad_input_other(tmp_path: Path, daemon: Da
     }
 
 
+def test_a_wait_given_to_a_job_decided_already_is_said_to_change_nothing(
+    tmp_path: Path, daemon: Daemon
+) -> None:
+    """A job rejected, then submitted again under its id with ``--wait 2h`` as the README
+    suggests, got its first rejection back ("already decided: this is the first
+    decision", exit 3), the wait dropped without a word: it read as a wait that did not
+    help. The line now says that a wait queues a new submission only."""
+    worthless = {**PEOPLE, "id": "x4", "utility": {"kind": "deadline", "value": 1e-6,
+                                                   "deadline": "6h"}}  # fmt: skip
+    path = write(tmp_path, worthless)
+    assert run("submit", path, server=daemon.address).returncode == 3
+    again = run("submit", path, "--wait", "2h", server=daemon.address)
+    assert again.returncode == 3, again.stderr
+    first = again.stdout.splitlines()[0]
+    assert first.startswith("x4: rejected: ") and "already decided" in first, again.stdout
+    assert first.endswith(
+        "--wait applies to a new submission only: give the job another id to queue it)"
+    ), first
+    plain = run("submit", path, server=daemon.address)  # no --wait: nothing to say of it
+    assert plain.stdout.splitlines()[0].endswith("(already decided: this is the first decision)")
+
+
 def test_quote_reads_as_a_quote(tmp_path: Path, daemon: Daemon) -> None:
     out = run("quote", write(tmp_path, {**PEOPLE, "id": "q1"}), server=daemon.address)
     assert out.returncode == 0

@@ -338,6 +338,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
         responses.append(resp)
         if not args.json:
             note = " (already decided: this is the first decision)" if resp.duplicate else ""
+            if note and args.wait and resp.job.state == pb.JOB_STATE_REJECTED:
+                # the retry's wait was not applied: the first decision stands
+                note = note[:-1] + "; --wait applies to a new submission only: give the job "
+                note += "another id to queue it)"
             state = state_name(resp.job.state)
             lines = _decision_lines(
                 resp.job.spec.id, resp.job.decision, stubs.times(), state, job=resp.job
