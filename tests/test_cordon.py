@@ -488,6 +488,24 @@ def test_a_cordon_names_what_is_wrong(tmp_path: Path) -> None:
         c.close()
 
 
+def test_a_cordon_planned_to_start_in_the_past_is_refused(tmp_path: Path) -> None:
+    """``--from`` a slot before the current one (a maintenance's date mistyped, a year
+    off) was taken as "from the next slot": the server's jobs moved at once, tenants'
+    tasks restarted days before the work. It is refused, naming the current slot;
+    ``--from`` the current slot is still the next one, as a time in it rounds up to."""
+    c = _open(tmp_path)
+    try:
+        _later(c, 5)  # slot 5
+        _fill(c, 2)
+        with pytest.raises(SpecError, match=r"from_slot: slot 3 is before the current slot \(5"):
+            asyncio.run(c.cordon("w0", start=3))
+        assert c.cordoned == {}
+        done = asyncio.run(c.cordon("w0", start=5, dry_run=True))  # the current one: next
+        assert done["from_slot"] == 6
+    finally:
+        c.close()
+
+
 def test_a_job_that_cannot_fit_for_servers_out_of_service_is_told_which(
     tmp_path: Path,
 ) -> None:
@@ -740,6 +758,10 @@ def test_oasis_cordon_and_uncordon_against_a_daemon(tmp_path: Path) -> None:
         assert out.startswith("w1: cordoned from slot 1 (") and " until slot 4 (" in out
         assert "(3 slots, 3h)" in out and "it is back then by itself" in out
         oasis("uncordon", "w1", *server)
+        ago = oasis("cordon", "w1", "--from", "2000-01-01T00:00:00Z", *server, check=False)
+        assert ago.returncode == 2, ago.stdout + ago.stderr  # a mistyped year: not "now"
+        assert "--from: 2000-01-01T00:00:00Z is before the current slot" in ago.stderr
+        assert "w1: not cordoned" in oasis("uncordon", "w1", *server).stdout
         past = oasis("cordon", "w1", "--until", "2000-01-01T00:00:00Z", *server, check=False)
         assert past.returncode != 0 and "--until: the cordon starts at the next slot" in past.stderr
         naive = oasis("cordon", "w1", "--until", "2030-01-01T06:00", *server, check=False)
