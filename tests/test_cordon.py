@@ -461,6 +461,27 @@ def test_a_dry_run_changes_nothing_and_a_cordon_that_fails_jobs_needs_force(
         c.close()
 
 
+def test_a_job_failed_after_it_ran_keeps_what_it_had_planned(tmp_path: Path) -> None:
+    """A job failed by a cordon (``--force``) after running a few slots had its plan's
+    jct and utility overwritten with those of the slots it ran: ``oasis job`` then said
+    "it had been admitted with payoff 720.305 (planned: completion in slot 168, jct 1 =
+    10s, ...)" of a job planned to complete in slot 178 (jct 11), the README's
+    ``planned`` (what its admission planned) wrong for every failed job that had run."""
+    c = _open(tmp_path)
+    try:
+        first = asyncio.run(c.submit(BIG)).decision
+        assert first.admitted and first.jct is not None and first.jct > 4
+        _later(c, 2)  # it runs in slots 1 and 2
+        done = asyncio.run(c.cordon("w0", "maintenance", force=True))
+        assert done["moved"] == {"big": "stranded"}
+        view = asyncio.run(c.get("big"))
+        assert view.state == "failed" and view.decision.completion_slot == 2  # ran until
+        assert (view.decision.jct, view.decision.utility) == (first.jct, first.utility)
+        assert view.decision.payoff == first.payoff
+    finally:
+        c.close()
+
+
 def test_a_cordon_names_what_is_wrong(tmp_path: Path) -> None:
     c = _open(tmp_path)
     try:

@@ -80,12 +80,17 @@ class Moves(AdmissionState):
             schedule = Schedule(
                 from_slot, np.zeros((0, n_w), np.int32), np.zeros((0, n_p), np.int32)
             )
+        planned = row.jct, row.utility
         self._write_schedule(session, job, row, schedule, from_slot)
         detail = {**detail, "how": how, "from_slot": from_slot}
         if how == "stranded":
             row.state = "failed"
             kept = schedule.slots and schedule.workers.any()
             row.completion_slot = schedule.end if kept else None
+            # its jct and utility stay those it was planned to (the README's `planned`),
+            # not those of the slots it ran: "planned: completion in slot 168, jct 1" was
+            # said of a job planned to complete in slot 178
+            row.jct, row.utility = planned
             return self._event(session, now, "failed", job.id, "failed", detail)
         if best is not None:
             detail["payoff"] = best.payoff
