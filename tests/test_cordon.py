@@ -478,6 +478,12 @@ def test_a_job_failed_after_it_ran_keeps_what_it_had_planned(tmp_path: Path) -> 
         assert view.state == "failed" and view.decision.completion_slot == 2  # ran until
         assert (view.decision.jct, view.decision.utility) == (first.jct, first.utility)
         assert view.decision.payoff == first.payoff
+        # and says why to its submitter, who may not read the events: `oasis job` said
+        # "failed before completing (its 'failed' event says why)", an operator's stream
+        assert view.decision.reason == (
+            "failed from slot 3: its server w0 was cordoned by an operator, and no other "
+            "server had room for the rest of its work"
+        ), view.decision.reason
     finally:
         c.close()
 

@@ -195,10 +195,9 @@ def _decision_lines(
         )
         yield f"{title}: cancelled ({end}); it had been admitted with {_plan_words(d, times)}"
     elif state == "failed":
-        yield (
-            f"{title}: failed before completing (its 'failed' event says why); it had been "
-            f"admitted with {_plan_words(d, times)}"
-        )
+        # a failure's reason is stored with it (a submitter may not read the events)
+        why = d.reason or "failed before completing (its 'failed' event says why)"
+        yield f"{title}: {why}; it had been admitted with {_plan_words(d, times)}"
     elif d.admitted:
         done = f"; done by {local_time(times.start(d.completion_slot + 1))}" if times else ""
         ran = state in ("running", "completed")
