@@ -213,7 +213,7 @@ def load_tokens(path: Path) -> dict[str, Caller]:
     """Read a tokens file: ``{sha256 hex: Caller}``. Errors name the line."""
     where = f"auth.tokens_file: {path}"
     try:
-        text = read_bounded(path).decode("utf-8")
+        text = read_bounded(path).decode("utf-8-sig")  # a byte-order mark is no error
     except OSError as err:
         raise SpecError.one(
             "auth.tokens_file",

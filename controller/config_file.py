@@ -29,7 +29,9 @@ class ConfigError(Exception):
 def read_toml(p: Path) -> tuple[dict[str, Any], int, int]:
     """The TOML document at ``p``, its mode and group; ConfigError if unreadable."""
     try:
-        data = tomllib.loads(read_bounded(p).decode("utf-8"))
+        # utf-8-sig: a byte-order mark, as some editors write, is no error (tomllib
+        # read it as "Invalid statement (at line 1, column 1)", a character not shown)
+        data = tomllib.loads(read_bounded(p).decode("utf-8-sig"))
         mode, group = p.stat().st_mode, p.stat().st_gid
     except OSError as err:
         raise ConfigError(f"{p}: cannot read: {err.strerror or err}") from err

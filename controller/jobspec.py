@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import secrets
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -66,8 +67,12 @@ def read_json(text: str, field: str = "job") -> dict[str, Any]:
         ) from None
     except RecursionError:
         raise SpecError.one(field, "not a job: nested too deeply") from None
-    except ValueError as err:  # an integer of more than 4300 digits
-        raise SpecError.one(field, f"not JSON that can be read: {str(err)[:200]}") from None
+    except ValueError:  # an integer past Python's digit limit (its message tells a
+        # programmer to call sys.set_int_max_str_digits: not the user's remedy)
+        digits = sys.get_int_max_str_digits()
+        raise SpecError.one(
+            field, f"not JSON that can be read: an integer of more than {digits} digits"
+        ) from None
     if not isinstance(data, dict):
         raise SpecError.one(field, "must be a JSON object")
     return data

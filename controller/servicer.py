@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 import grpc
 
 from controller.admission import (
-    STATES,
     AdmissionController,
     ConflictError,
     DrainingError,
@@ -243,8 +242,9 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
         # PostgreSQL past psycopg's 65,535, which read as the store being down for all)
         for s in dict.fromkeys(request.states):
             if s not in STATE_OF:
+                known = ", ".join(f"{n} ({STATE_OF[n]})" for n in sorted(STATE_OF))
                 await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT, f"states: unknown state {s} ({STATES})"
+                    grpc.StatusCode.INVALID_ARGUMENT, f"states: unknown state {s} (known: {known})"
                 )
             states.append(STATE_OF[s])
         limits = self.c.config.limits

@@ -73,6 +73,7 @@ from pricing.cluster import Cluster
 from pricing.job import Job
 from pricing.prices import PriceBounds
 from pricing.quantile_tracker import BIN_WIDTH, Tracker, clip_log
+from pricing.utility import Deadline, Sigmoid
 
 __all__ = [
     "BEST_LEVEL",
@@ -553,9 +554,23 @@ UNITS_GAP = math.log(1000.0)
 told its units may be the cause of its rejection (:func:`units_note`)."""
 
 
+def _log_scale(job: Job) -> float:
+    """``log`` of the most ``job``'s utility is worth: a sigmoid's priority, a deadline's
+    value, else ``f(1)`` (a table's first value). ``f(1)`` alone falls short of a priority
+    whose target (or a value whose deadline) is past at the arrival: such a job, worth
+    about 0 at any completion, was told its utilities looked 1e+304 times smaller than
+    the prior's, in another unit, for a slip of the date."""
+    utility = job.utility
+    if isinstance(utility, Sigmoid):
+        return math.log(utility.priority)
+    if isinstance(utility, Deadline):
+        return math.log(utility.value)
+    return float(utility.log_values(1))
+
+
 def units_note(fresh: BoundEstimate, job: Job) -> str:
-    """A sentence to add to ``job``'s rejection when its utility's scale ``f(1)`` (its
-    priority or value, the most it can be worth) is over 1000 times below the ``B_ref``
+    """A sentence to add to ``job``'s rejection when its utility's scale (its priority or
+    value, the most it can be worth: :func:`_log_scale`) is over 1000 times below the ``B_ref``
     of ``fresh``, the estimate before any job (the prior): "" otherwise, or without a
     prior.
 
@@ -569,7 +584,7 @@ def units_note(fresh: BoundEstimate, job: Job) -> str:
     ref = fresh.best.value
     if ref is None:
         return ""
-    scale = clip_log(float(job.utility.log_values(1)))
+    scale = clip_log(_log_scale(job))
     if not scale < ref - UNITS_GAP:
         return ""
     return (

@@ -167,7 +167,9 @@ def price_drivers(best: BestSchedule, job: Job, ledger: Ledger, top: int = 3) ->
 def _scarcest(job: Job, ledger: Ledger, lo: int, hi: int) -> tuple[str, int | None, int]:
     """Over window slots ``lo .. hi - 1`` of the worker servers: the resource with the
     fewest workers' worth free (its name and that count; ``""`` and None if the job
-    demands none) and the worker-slots that fit, capped at ``N`` per slot and server.
+    demands none) and the worker-slots that fit, capped at ``N`` per slot: on all servers
+    together, as SPEC constraint 3 caps a job's workers (capped on each server, a job of
+    N = 8 short of slots counted 319 where 80 fit, and was told its PS did not fit).
 
     One resource at a time, ``(hi - lo, n)`` each: the room of every resource is the
     least of the rooms of each (:func:`pricing.job.room`), and the counts are the same."""
@@ -186,7 +188,7 @@ def _scarcest(job: Job, ledger: Ledger, lo: int, hi: int) -> tuple[str, int | No
         fits = units if fits is None else np.minimum(fits, units)
     if fits is None:  # no worker demand: as the room of every resource at once says
         fits = room(side.capacity[None] - side.used[lo:hi], job.worker)
-    return worst, least, int(fits.clip(max=job.chunks).sum())
+    return worst, least, int(fits.sum(axis=1).clip(max=job.chunks).sum())
 
 
 def _out_of_service(ledger: Ledger, lo: int, hi: int) -> str:

@@ -74,6 +74,11 @@ def unknown_keys(
         name = label(key)
         close = closest(name, known)
         reason = "unknown key" + (f"; did you mean {close!r}?" if close else "")
+        if isinstance(key, str) and name == key and key != key.strip():
+            name = repr(key)  # shown as it is, "epochs " read as the "epochs" suggested
+            reason += " (it has spaces around it)" if close else ""
+        elif close and isinstance(key, str):
+            reason += _not_ascii(key)
         if not close and not hint:
             reason += f" (known: {', '.join(sorted(known))})"
         problems.append(Problem(_join(field, _short(name)), reason + hint))
@@ -81,6 +86,16 @@ def unknown_keys(
         more = len(extra) - MAX_UNKNOWN_KEYS
         problems.append(Problem(field, f"and {more} more unknown keys"))
     return problems
+
+
+def _not_ascii(key: str) -> str:
+    """`` (it holds 'е' (U+0435) at character 1, not ASCII)`` for a key whose first
+    non-ASCII character may look like the ASCII one of the key suggested for it (a
+    Cyrillic е pasted for an e); ``""`` for an ASCII key."""
+    for i, char in enumerate(key):
+        if not char.isascii():
+            return f" (it holds {char!r} (U+{ord(char):04X}) at character {i + 1}, not ASCII)"
+    return ""
 
 
 class DuplicateKeyError(ValueError):

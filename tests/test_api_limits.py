@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import grpc
 import pytest
@@ -94,6 +95,14 @@ def test_list_jobs_pages_and_specs_are_bounded(daemon: Daemon) -> None:
         # psycopg's 65,535, which read as the store being down for every tenant
         expired = pb.ListJobsRequest(states=[pb.JOB_STATE_EXPIRED] * 70_000)
         assert list(stub.ListJobs(expired, timeout=30).jobs) == []
+        # an unknown state names the known ones by number, as the request gives them
+        # (before: a Python tuple of their names, "(('pending', 'admitted', ...))")
+        code, details = _code(
+            lambda: stub.ListJobs(pb.ListJobsRequest(states=[cast(pb.JobState, 99)]))
+        )
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+        assert details.startswith("states: unknown state 99 (known: 1 (admitted), "), details
+        assert "7 (pending), 8 (expired))" in details and "((" not in details, details
         after = stub.SubmitJob(pb.SubmitJobRequest(job=spec_to_proto(job("t5"))), timeout=30)
         assert after.job.spec.id == "t5"
 

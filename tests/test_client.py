@@ -266,6 +266,31 @@ def test_a_list_names_the_item_the_daemon_refused(tmp_path: Path, daemon: Daemon
     assert "job.worker: one worker fits on no worker server" in out.stderr
 
 
+def test_a_list_stopped_at_an_item_warns_that_jobs_without_ids_would_go_twice(
+    tmp_path: Path, daemon: Daemon
+) -> None:
+    """A list of jobs without ids, stopped by the daemon at item 3: the two before it
+    were admitted under ids the client made, and the line said only "the 2 before it
+    were submitted". The user mends item 3 and runs the file again, and those two are
+    admitted a second time under new ids, holding capacity twice. The line now names
+    them and says so; an item with its own id would be answered as a retry."""
+    huge = {**PEOPLE["worker"], "gpu": 99}
+    jobs = [dict(PEOPLE), {**PEOPLE, "id": "own-1"}, {**PEOPLE, "worker": huge}]
+    out = run("submit", write(tmp_path, jobs), server=daemon.address)
+    assert out.returncode == 2, out.stderr
+    made = out.stdout.splitlines()[0].split(":", 1)[0]
+    assert made.startswith("job-"), out.stdout
+    said = [line for line in out.stderr.splitlines() if "failed; the 2 before it" in line]
+    assert len(said) == 1, out.stderr
+    assert said[0].endswith(
+        f'; 1 of the jobs submitted has no "id" in the file ({made}): run as it is again, '
+        "the file would submit it again as a new job; give it that id, or take it out"
+    ), said[0]
+    ids = [dict(PEOPLE, id="own-2"), {**PEOPLE, "worker": huge}]  # every id given: no word
+    out = run("submit", write(tmp_path, ids, "ids.json"), server=daemon.address)
+    assert out.returncode == 2 and "run as it is again" not in out.stderr, out.stderr
+
+
 def test_a_list_with_json_keeps_the_decisions_taken_before_an_item_failed(
     tmp_path: Path, daemon: Daemon
 ) -> None:
@@ -336,6 +361,28 @@ def test_exit_codes_admitted_rejected_bad_input_other(tmp_path: Path, daemon: Da
     assert json.loads(missing.stdout) == {
         "error": {"code": "NOT_FOUND", "message": "no job 'nope'", "field": "", "problems": []}
     }
+
+
+def test_a_wait_given_to_a_job_decided_already_is_said_to_change_nothing(
+    tmp_path: Path, daemon: Daemon
+) -> None:
+    """A job rejected, then submitted again under its id with ``--wait 2h`` as the README
+    suggests, got its first rejection back ("already decided: this is the first
+    decision", exit 3), the wait dropped without a word: it read as a wait that did not
+    help. The line now says that a wait queues a new submission only."""
+    worthless = {**PEOPLE, "id": "x4", "utility": {"kind": "deadline", "value": 1e-6,
+                                                   "deadline": "6h"}}  # fmt: skip
+    path = write(tmp_path, worthless)
+    assert run("submit", path, server=daemon.address).returncode == 3
+    again = run("submit", path, "--wait", "2h", server=daemon.address)
+    assert again.returncode == 3, again.stderr
+    first = again.stdout.splitlines()[0]
+    assert first.startswith("x4: rejected: ") and "already decided" in first, again.stdout
+    assert first.endswith(
+        "--wait applies to a new submission only: give the job another id to queue it)"
+    ), first
+    plain = run("submit", path, server=daemon.address)  # no --wait: nothing to say of it
+    assert plain.stdout.splitlines()[0].endswith("(already decided: this is the first decision)")
 
 
 def test_quote_reads_as_a_quote(tmp_path: Path, daemon: Daemon) -> None:

@@ -158,6 +158,22 @@ def test_unreadable_and_not_toml(tmp_path: Path) -> None:
         load(bad)
 
 
+def test_a_byte_order_mark_is_no_error(tmp_path: Path) -> None:
+    """A config or tokens file saved by an editor that begins it with a byte-order mark
+    (Windows' Notepad, others on request) stopped oasisd with exit 2 on "not TOML:
+    Invalid statement (at line 1, column 1)" or "line 1: name '\\ufeffops' must be
+    ...", pointing at a character no editor shows. Each is read as the file without
+    it, as ``oasis submit`` reads a job file."""
+    example = example_config(tmp_path)
+    plain = load(example)
+    bom = b"\xef\xbb\xbf"
+    for path in (example, tmp_path / "tokens"):
+        path.write_bytes(bom + path.read_bytes())
+    read = load(example)
+    assert repr(read) == repr(plain) and read.tokens == plain.tokens  # as without it
+    assert read.tokens is not None and [c.name for c in read.tokens.values()] == ["ops"]
+
+
 def test_window_whose_ledger_is_too_large_is_refused(tmp_path: Path) -> None:
     """A window the head node cannot hold is a config error with the numbers, not a
     daemon the kernel kills when the ledger's pages are first touched."""

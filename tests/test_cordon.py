@@ -461,6 +461,33 @@ def test_a_dry_run_changes_nothing_and_a_cordon_that_fails_jobs_needs_force(
         c.close()
 
 
+def test_a_job_failed_after_it_ran_keeps_what_it_had_planned(tmp_path: Path) -> None:
+    """A job failed by a cordon (``--force``) after running a few slots had its plan's
+    jct and utility overwritten with those of the slots it ran: ``oasis job`` then said
+    "it had been admitted with payoff 720.305 (planned: completion in slot 168, jct 1 =
+    10s, ...)" of a job planned to complete in slot 178 (jct 11), the README's
+    ``planned`` (what its admission planned) wrong for every failed job that had run."""
+    c = _open(tmp_path)
+    try:
+        first = asyncio.run(c.submit(BIG)).decision
+        assert first.admitted and first.jct is not None and first.jct > 4
+        _later(c, 2)  # it runs in slots 1 and 2
+        done = asyncio.run(c.cordon("w0", "maintenance", force=True))
+        assert done["moved"] == {"big": "stranded"}
+        view = asyncio.run(c.get("big"))
+        assert view.state == "failed" and view.decision.completion_slot == 2  # ran until
+        assert (view.decision.jct, view.decision.utility) == (first.jct, first.utility)
+        assert view.decision.payoff == first.payoff
+        # and says why to its submitter, who may not read the events: `oasis job` said
+        # "failed before completing (its 'failed' event says why)", an operator's stream
+        assert view.decision.reason == (
+            "failed from slot 3: its server w0 was cordoned by an operator, and no other "
+            "server had room for the rest of its work"
+        ), view.decision.reason
+    finally:
+        c.close()
+
+
 def test_a_cordon_names_what_is_wrong(tmp_path: Path) -> None:
     c = _open(tmp_path)
     try:
@@ -484,6 +511,24 @@ def test_a_cordon_names_what_is_wrong(tmp_path: Path) -> None:
         assert c.cordoned["w0"].reason == "磁盘更换, ECC"
         asyncio.run(c.uncordon("w0"))
         assert c.cordoned == {}
+    finally:
+        c.close()
+
+
+def test_a_cordon_planned_to_start_in_the_past_is_refused(tmp_path: Path) -> None:
+    """``--from`` a slot before the current one (a maintenance's date mistyped, a year
+    off) was taken as "from the next slot": the server's jobs moved at once, tenants'
+    tasks restarted days before the work. It is refused, naming the current slot;
+    ``--from`` the current slot is still the next one, as a time in it rounds up to."""
+    c = _open(tmp_path)
+    try:
+        _later(c, 5)  # slot 5
+        _fill(c, 2)
+        with pytest.raises(SpecError, match=r"from_slot: slot 3 is before the current slot \(5"):
+            asyncio.run(c.cordon("w0", start=3))
+        assert c.cordoned == {}
+        done = asyncio.run(c.cordon("w0", start=5, dry_run=True))  # the current one: next
+        assert done["from_slot"] == 6
     finally:
         c.close()
 
@@ -740,6 +785,10 @@ def test_oasis_cordon_and_uncordon_against_a_daemon(tmp_path: Path) -> None:
         assert out.startswith("w1: cordoned from slot 1 (") and " until slot 4 (" in out
         assert "(3 slots, 3h)" in out and "it is back then by itself" in out
         oasis("uncordon", "w1", *server)
+        ago = oasis("cordon", "w1", "--from", "2000-01-01T00:00:00Z", *server, check=False)
+        assert ago.returncode == 2, ago.stdout + ago.stderr  # a mistyped year: not "now"
+        assert "--from: 2000-01-01T00:00:00Z is before the current slot" in ago.stderr
+        assert "w1: not cordoned" in oasis("uncordon", "w1", *server).stdout
         past = oasis("cordon", "w1", "--until", "2000-01-01T00:00:00Z", *server, check=False)
         assert past.returncode != 0 and "--until: the cordon starts at the next slot" in past.stderr
         naive = oasis("cordon", "w1", "--until", "2030-01-01T06:00", *server, check=False)

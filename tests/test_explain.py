@@ -76,7 +76,8 @@ def dense_scarcest(job, ledger, lo, hi):
         units = int(room(free_w[:, :, r : r + 1], job.worker[r : r + 1]).sum())
         if least is None or units < least:
             least, worst = units, name
-    return worst, least, int(room(free_w, job.worker).clip(max=job.chunks).sum())
+    fits = room(free_w, job.worker).sum(axis=1)  # N caps a slot's workers on all servers
+    return worst, least, int(fits.clip(max=job.chunks).sum())
 
 
 def test_the_scarcest_resource_is_found_one_resource_at_a_time() -> None:
@@ -180,3 +181,40 @@ def test_a_utility_that_underflows_is_not_said_to_be_worth_nothing() -> None:
     assert not d.admitted and d.best.utility == 0.0
     reason, _ = explain(d.best, job, ledger, 0, trace.horizon - 1)
     assert reason.startswith("priced out: the best schedule (completion in "), reason
+
+
+def test_a_job_short_of_slots_is_not_told_its_parameter_servers_do_not_fit() -> None:
+    """N caps a job's workers in a slot on all servers together (SPEC constraint 3),
+    not on each server. The count of worker-slots that fit capped each server's at N,
+    so a job of N = 4 and W = 9 with two free slots on two roomy servers counted 16
+    and was told "its parameter servers do not fit" (the audit's pending `bw`): 4 a
+    slot over the two slots left is 8, and the workers are what fall short."""
+    from pricing.explain import explain
+
+    raw = _one_job_worth(2.0)
+    raw["horizon"] = 3
+    raw["servers"] = [
+        {"name": "w0", "kind": "worker", "capacity": {"gpu": 8, "cpu": 64, "bandwidth": 100}},
+        {"name": "w1", "kind": "worker", "capacity": {"gpu": 8, "cpu": 64, "bandwidth": 100}},
+        {"name": "p0", "kind": "ps", "capacity": {"cpu": 64, "bandwidth": 100}},
+    ]
+    jobs = raw["jobs"]
+    assert isinstance(jobs, list)
+    first = jobs[0]
+    assert isinstance(first, dict)
+    # W = 16 in one slot: every GPU of slot 0; then W = 9 at most 4 a slot in slots 0..2
+    jobs[:] = [
+        {**first, "id": "fill", "chunks": 16, "tau": 1.0, "grad_mb": 1e-6,
+         "utility": {"kind": "deadline", "value": 1e6, "deadline": 1}},
+        {**first, "id": "short", "chunks": 4, "minibatches": 1, "tau": 2.2, "grad_mb": 1e-6,
+         "utility": {"kind": "deadline", "value": 1e6, "deadline": 3}},
+    ]  # fmt: skip
+    trace = trace_from_dict(raw)
+    ledger = Ledger(trace.cluster, trace.bounds, trace.horizon)
+    fill, short = trace.jobs
+    assert decide(fill, ledger, 0, 0).admitted and short.work == 9
+    d = decide(short, ledger, 0, trace.horizon - 1)
+    assert not d.admitted
+    reason, _ = explain(d.best, short, ledger, 0, trace.horizon - 1)
+    assert "parameter servers do not fit in" not in reason, reason
+    assert "it needs 9 worker-slots in slots 0..2, and only 8 worker-slots are free" in reason

@@ -454,10 +454,14 @@ def test_json_specs_are_read_with_clean_errors() -> None:
         ("[" * 100_000, "nested too deeply"),
         ("{", "not JSON: Expecting property name"),
         ("[1]", "must be a JSON object"),
-        ('{"a": ' + "9" * 5000 + "}", "not JSON that can be read"),
+        ('{"a": ' + "9" * 5000 + "}", "not JSON that can be read: an integer of more than"),
     ]:
         with pytest.raises(SpecError, match=message):
             read_json(text)
+    # a gRPC client's 5000-digit number was told Python's remedy, as oasis submit is not
+    with pytest.raises(SpecError) as err:
+        read_json('{"a": ' + "9" * 5000 + "}")
+    assert "sys.set_int_max_str_digits" not in str(err.value)
     both = pb.JobSpec(json="{}", epochs=3)
     with pytest.raises(SpecError, match=r"job\.epochs: give the typed fields or json"):
         spec_from_proto(both)
@@ -616,6 +620,11 @@ def test_a_cancelled_or_failed_jobs_plan_is_not_shown_as_earned() -> None:
         line = next(_decision_lines("c", job.decision, None, state_name(state), job=job))
         assert line.startswith(f"c: {state_name(state)}")
         assert "payoff 99.5 (planned: completion in slot 7, jct 5, utility 100)" in line
+    failed = _ended(pb.JOB_STATE_FAILED, 7)
+    failed.decision.reason = "failed from slot 8: its server w0 failed"
+    line = next(_decision_lines("c", failed.decision, None, "failed", job=failed))
+    assert line.startswith("c: failed from slot 8: its server w0 failed; it had been admitted")
+    assert "event says why" not in line  # a submitter may not read the events
     never = _ended(pb.JOB_STATE_CANCELLED, None)
     assert job_record(never, times)["decision"]["completion_slot"] is None
     assert "cancelled (never ran)" in next(_decision_lines("c", never.decision, None, "cancelled"))

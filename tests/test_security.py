@@ -454,6 +454,12 @@ def test_token_command_makes_a_line_the_daemon_reads(tmp_path: Path) -> None:
     again = oasis("token", "dana", "--add-to", str(added), check=False)
     assert again.returncode == 2 and "'dana' has a token there already" in again.stderr
     assert len(added.read_text().splitlines()) == 2
+    # a file an editor began with a byte-order mark: its first name is still its own
+    added.write_bytes(b"\xef\xbb\xbf" + added.read_bytes())
+    again = oasis("token", "ops", "--add-to", str(added), check=False)
+    assert again.returncode == 2 and "'ops' has a token there already" in again.stderr
+    oasis("token", "erin", "--add-to", str(added))
+    assert [c.name for c in load_tokens(added).values()] == ["ops", "dana", "erin"]
 
 
 def test_token_add_to_a_file_oasisd_would_refuse_adds_nothing(tmp_path: Path) -> None:

@@ -72,6 +72,21 @@ def test_a_key_of_a_job_file_is_shown_escaped_in_its_field_path() -> None:
         assert UNSAFE.search(str(p)) is None
 
 
+def test_an_unknown_key_that_looks_like_a_known_one_says_what_differs() -> None:
+    """``"еpochs"`` (a Cyrillic е, pasted from a chat) and ``"epochs "`` (a space at its
+    end) were told "job.еpochs: unknown key; did you mean 'epochs'?": the key shown as
+    it is, the user saw the name suggested to it, and no difference to mend."""
+    cyrillic, spaced, plain = "\u0435pochs", "epochs ", "epoch"
+    problems = unknown_keys({cyrillic: 1, spaced: 2, plain: 3}, {"epochs"}, "job")
+    reasons = [p.reason for p in problems]
+    assert reasons[0] == (
+        "unknown key; did you mean 'epochs'? (it holds '\u0435' (U+0435) at character 1, not ASCII)"
+    ), reasons[0]
+    assert problems[1].field == "job.'epochs '", problems[1].field
+    assert reasons[1] == "unknown key; did you mean 'epochs'? (it has spaces around it)"
+    assert reasons[2] == "unknown key; did you mean 'epochs'?"  # a plain slip: as before
+
+
 def test_names_in_a_cluster_show_as_they_are_written() -> None:
     cluster = cluster_from_dict(["gpu", "bandwidth"], SERVERS)
     with pytest.raises(SpecError) as err:

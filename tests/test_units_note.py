@@ -18,6 +18,7 @@ import structlog
 from controller.admission import AdmissionController
 from controller.clock import FakeClock, SlotClock
 from controller.config import from_dict
+from controller.jobspec import prepare
 from controller.replay import replay
 from controller.store import Database
 from pricing import trace_from_dict
@@ -73,3 +74,48 @@ def test_the_daemon_says_it_in_the_rejection(tmp_path: Path) -> None:
     finally:
         inner.close()
     assert not view.decision.admitted and NOTE in view.decision.reason, view.decision.reason
+
+
+def test_a_date_in_the_past_is_not_taken_for_another_unit(tmp_path: Path) -> None:
+    """The note compared ``f(1)`` with the prior's utilities: a job of priority 50 whose
+    sigmoid ``target`` (or deadline, with a half-life) lay years before its arrival is
+    worth about 0 at any completion, and its rejection, after "is the date right?", went
+    on "its utility is at most 0, over 1e+304 times below the utilities the price bounds'
+    prior was made from ... in another unit", sending its user to an operator's prior for
+    a slip of the date. The note now weighs the utility's own scale (a priority, a value)."""
+    raw = _raw(1.0)
+    first = {k: v for k, v in cast(list[dict[str, Any]], raw["jobs"])[0].items()}
+    late = {"kind": "sigmoid", "priority": 50.0, "decay": 1.0, "target": -20_000.0}
+    raw["jobs"] = [{**first, "id": "late", "utility": late}]
+    (record,) = replay(trace_from_dict(raw))
+    assert not record.decision.admitted and NOTE not in record.reason, record.reason
+    small = {**late, "priority": 50e-4, "target": 3.0}
+    raw["jobs"] = [{**first, "id": "small", "utility": small}]
+    (record,) = replay(trace_from_dict(raw))  # a small unit is still told of
+    assert not record.decision.admitted and NOTE in record.reason, record.reason
+
+    config = from_dict(
+        {
+            "daemon": {"data_dir": str(tmp_path), "window": 30, "epoch": 0},
+            "pricing": {"bounds": "estimate"},
+            "cluster": {"resources": raw["resources"], "servers": raw["servers"]},
+        }
+    )
+    inner = AdmissionController(
+        config,
+        Database(config.database_url),
+        SlotClock(FakeClock(2e9), 3600.0, 0.0),  # 2033: a deadline in 2020 is past
+        log=structlog.wrap_logger(structlog.ReturnLogger()),
+    )
+    inner.open()
+    try:
+        del first["arrival"]
+        past = {"kind": "deadline", "value": 50.0, "deadline": "2020-01-01T00:00:00Z",
+                "half_life": 1}  # fmt: skip
+        spec = prepare({**first, "id": "past", "utility": past}, inner.slots.times)
+        view = asyncio.run(inner.submit(spec))
+    finally:
+        inner.close()
+    reason = view.decision.reason
+    assert not view.decision.admitted and "is the date right?" in reason, reason
+    assert NOTE not in reason, reason

@@ -123,8 +123,9 @@ class Cordons(Moves):
 
         Raises:
             NotFoundError: no such server. SpecError: a reason too long, too many
-                servers, a start or an end further out than :data:`MAX_CORDON_SLOTS`, an
-                end not after the start.
+                servers, a start before the current slot (taken as the next one, it moved
+                the jobs at once for a maintenance's mistyped date), a start or an end
+                further out than :data:`MAX_CORDON_SLOTS`, an end not after the start.
             PreconditionError: jobs would fail and ``force`` is not set.
         """
         names = list(dict.fromkeys([server, *more]))
@@ -146,6 +147,11 @@ class Cordons(Moves):
                     "from_slot": held.from_slot, "until": held.until,
                     "moved": {}, "already": True, "dry_run": dry_run}, []  # fmt: skip
         from_slot = self.slot + 1
+        if start is not None and start < self.slot:  # a date mistyped: not "from now"
+            raise SpecError.one("from_slot", (
+                f"slot {start} is before the current slot ({self.slot}): a cordon cannot "
+                f"start in the past; give a later one, or none to cordon from the next "
+                f"slot ({from_slot})"))  # fmt: skip
         if start is not None and start > from_slot + MAX_CORDON_SLOTS:
             raise SpecError.one("from_slot", (
                 f"at most {MAX_CORDON_SLOTS} slots after the next one ({from_slot}), "

@@ -29,6 +29,23 @@ measured pace needs. A rebuild reads any more than the larger of the two as a ha
 edit (:meth:`controller.admission.recovery.Recovery._unreadable_plan`)."""
 
 
+_WHY_FAILED = {
+    "server_cordoned": "its server {server} was cordoned by an operator",
+    "server_failed": "its server {server} failed (its agent fell silent)",
+    "config_changed": "the cluster's configuration changed ({why})",
+}
+
+
+def failed_reason(detail: dict[str, Any]) -> str:
+    """Why a job failed, for its decision's ``reason``, from its ``failed`` event's
+    ``detail``: its submitter may not read the events (an operator's stream), and
+    ``oasis job`` told it to."""
+    why = _WHY_FAILED.get(str(detail.get("reason")), "{reason}")
+    cause = why.format(**{"server": "?", "why": "", "reason": "?", **detail})
+    return (f"failed from slot {detail.get('from_slot')}: {cause}, and no other server had "
+            "room for the rest of its work")[:1000]  # fmt: skip
+
+
 class Moves(AdmissionState):
     """Store a job's new plan and say why; see the module docstring."""
 
@@ -80,12 +97,18 @@ class Moves(AdmissionState):
             schedule = Schedule(
                 from_slot, np.zeros((0, n_w), np.int32), np.zeros((0, n_p), np.int32)
             )
+        planned = row.jct, row.utility
         self._write_schedule(session, job, row, schedule, from_slot)
         detail = {**detail, "how": how, "from_slot": from_slot}
         if how == "stranded":
             row.state = "failed"
             kept = schedule.slots and schedule.workers.any()
             row.completion_slot = schedule.end if kept else None
+            # its jct and utility stay those it was planned to (the README's `planned`),
+            # not those of the slots it ran: "planned: completion in slot 168, jct 1" was
+            # said of a job planned to complete in slot 178
+            row.jct, row.utility = planned
+            row.reason = failed_reason(detail)
             return self._event(session, now, "failed", job.id, "failed", detail)
         if best is not None:
             detail["payoff"] = best.payoff

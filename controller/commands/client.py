@@ -195,10 +195,9 @@ def _decision_lines(
         )
         yield f"{title}: cancelled ({end}); it had been admitted with {_plan_words(d, times)}"
     elif state == "failed":
-        yield (
-            f"{title}: failed before completing (its 'failed' event says why); it had been "
-            f"admitted with {_plan_words(d, times)}"
-        )
+        # a failure's reason is stored with it (a submitter may not read the events)
+        why = d.reason or "failed before completing (its 'failed' event says why)"
+        yield f"{title}: {why}; it had been admitted with {_plan_words(d, times)}"
     elif d.admitted:
         done = f"; done by {local_time(times.start(d.completion_slot + 1))}" if times else ""
         ran = state in ("running", "completed")
@@ -305,7 +304,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         try:
             resp = submit() if len(specs) == 1 else _paced(stubs, submit)
         except KeyboardInterrupt:
-            return _interrupted(args, specs, i, responses)
+            return _interrupted(args, specs, i, responses, given)
         except grpc.RpcError as err:
             job_id = spec["id"]
             note = (f"the job may have been admitted as {job_id!r} before the call failed: "
@@ -321,7 +320,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 before = ("none before it was" if i == 0 else "the one before it was"
                           if i == 1 else f"the {i} before it were")  # fmt: skip
                 print(f"oasis submit: item {i + 1} ({name}) failed; {before} submitted, the rest "
-                      "were not", file=sys.stderr)  # fmt: skip
+                      f"were not{_sent_again(given, specs, i)}", file=sys.stderr)  # fmt: skip
                 if note:  # said after the error's own line (connection.report_error)
                     raise PartialFailureError(err, {"note": note}) from err
                 raise
@@ -338,6 +337,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
         responses.append(resp)
         if not args.json:
             note = " (already decided: this is the first decision)" if resp.duplicate else ""
+            if note and args.wait and resp.job.state == pb.JOB_STATE_REJECTED:
+                # the retry's wait was not applied: the first decision stands
+                note = note[:-1] + "; --wait applies to a new submission only: give the job "
+                note += "another id to queue it)"
             state = state_name(resp.job.state)
             lines = _decision_lines(
                 resp.job.spec.id, resp.job.decision, stubs.times(), state, job=resp.job
@@ -380,11 +383,35 @@ def _submitted(
     return [job_record(r.job, times) | {"duplicate": r.duplicate} for r in responses]
 
 
+def _sent_again(given: Sequence[str | None], specs: list[dict[str, Any]], i: int) -> str:
+    """``"; 2 of the jobs submitted have no "id" in the file (job-..., ...): ..."``: that
+    the items before item ``i`` that the file gives no id (``given``: each one's id as
+    the file gives it) were submitted under ids the client made, so the file run again,
+    item ``i`` mended, would admit them a second time; ``""`` if every one has an id (a
+    retry of it is answered with its first decision)."""
+    made = [specs[k]["id"] for k in range(i) if given[k] is None]
+    if not made:
+        return ""
+    shown = ", ".join(made[:5]) + (f" and {len(made) - 5} more" if len(made) > 5 else "")
+    if len(made) == 1:
+        return (
+            f'; 1 of the jobs submitted has no "id" in the file ({shown}): run as it is '
+            "again, the file would submit it again as a new job; give it that id, or take "
+            "it out"
+        )
+    return (
+        f'; {len(made)} of the jobs submitted have no "id" in the file ({shown}): run as '
+        "it is again, the file would submit them again as new jobs; give them those ids, "
+        "or take them out"
+    )
+
+
 def _interrupted(
     args: argparse.Namespace,
     specs: list[dict[str, Any]],
     i: int,
     responses: list[pb.SubmitJobResponse],
+    given: Sequence[str | None],
 ) -> int:
     """Ctrl-C while item ``i`` of ``specs`` was being submitted: say what was submitted
     (with ``--json`` the partial-failure object), and that item ``i`` may have been;
@@ -398,8 +425,8 @@ def _interrupted(
         extra = {"failed": failed, "submitted": _submitted(responses, None), "note": note}
         report_error(args, "CANCELLED", "interrupted", extra=extra)
     else:
-        print(f"oasis submit: interrupted; {len(responses)} submitted before it; {note}",
-              file=sys.stderr)  # fmt: skip
+        print(f"oasis submit: interrupted; {len(responses)} submitted before it; {note}"
+              f"{_sent_again(given, specs, i)}", file=sys.stderr)  # fmt: skip
     return 130
 
 

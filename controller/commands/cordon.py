@@ -43,7 +43,7 @@ from controller.commands.common import (
 from controller.commands.connection import Stubs, guarded, options, print_json
 from controller.commands.records import slot_label
 from controller.rpc import oasis_pb2 as pb
-from pricing.durations import format_duration, parse_time
+from pricing.durations import format_duration, format_time, parse_time
 
 __all__ = ["register"]
 
@@ -150,6 +150,12 @@ def _span(args: argparse.Namespace, stubs: Stubs) -> tuple[int, int]:
     start = args.start
     if isinstance(start, float):  # a time: the first boundary at or after it
         start = slots_for(start - info.epoch, info.slot_seconds)
+        if start < info.current_slot:  # a mistyped date: not "at the next boundary"
+            raise InputError(
+                f"--from: {format_time(args.start)} is before the current slot, "
+                f"{slot_label(info.current_slot, times)}: a cordon cannot start in the past; "
+                "give a later time, or leave --from out to cordon from the next slot boundary"
+            )
     planned = start is not None and start > first
     if planned:
         first = start

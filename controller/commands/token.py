@@ -77,6 +77,7 @@ def _append(path: Path, name: str, line: str) -> None:
             text = f.read(1 << 24)
         except UnicodeDecodeError as err:
             raise InputError(f"--add-to {path}: not UTF-8 text") from err
+        text = text.removeprefix("\ufeff")  # a byte-order mark: oasisd reads past it
         names = {words[0] for _number, words in token_lines(text)}
         if name in names:
             raise InputError(f"--add-to {path}: {name!r} has a token there already (one "
