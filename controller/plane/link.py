@@ -38,6 +38,7 @@ from controller.events import Event
 from controller.limits import RateLimiter
 from controller.logs import Complaints
 from controller.plane.agent_messages import Heartbeat, Progress, Status
+from controller.plane.agent_queue import AgentQueue
 from controller.plane.client import Stopping, client_for, publish_all
 from controller.plane.event_messages import UNRETAINED, JobEvent, event_kind
 from controller.plane.execution import Execution, PlanRound
@@ -240,7 +241,8 @@ class Plane:
                 self.stopping.check()
                 offline = Status(online=False).to_bytes()
                 will = aiomqtt.Will(self.topics.status, offline, qos=1, retain=True)
-                client = client_for(self.mqtt, f"oasisd-{uuid.uuid4().hex[:12]}", will)
+                client = client_for(self.mqtt, f"oasisd-{uuid.uuid4().hex[:12]}", will,
+                                    AgentQueue.factory(self._queue_dropped))  # fmt: skip
                 try:
                     async with client:
                         last_error, connected_at = "", time.monotonic()
@@ -324,6 +326,16 @@ class Plane:
             except Exception as err:  # a bug: this message is lost, never the link
                 self._complain("?", "bug", "message not handled", topic=topic[:200],
                                error=repr(err)[:200])  # fmt: skip
+
+    def _queue_dropped(self, topic: str) -> None:
+        """A message dropped before it was read: its topic had too many waiting
+        (:class:`~controller.plane.agent_queue.AgentQueue`), as when its agent floods;
+        counted as one over the agent's rate (event loop)."""
+        found = self.topics.agent_of(topic)
+        self.execution.crowded()
+        self._complain(found[0] if found else "?", "queue", "messages from an agent dropped "
+                       "unread: too many of its topic waiting (in a flood, silence counts "
+                       "half meanwhile)", topic=topic[:200])  # fmt: skip
 
     def take(self, topic: str, payload: object, retained: bool = False) -> bool:
         """Queue an agent's message for the decision thread (Execution._drain); True if
