@@ -13,6 +13,7 @@ oasisd, ``oasis agent`` for w0 and p0, and a paho client flooding w1's topic.
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 import time
 from pathlib import Path
@@ -105,3 +106,24 @@ def test_the_queue_keeps_order_and_bounds_each_topic_not_a_quiet_one() -> None:
     out = asyncio.run(go())
     assert out == ["a/flood"] * TOPIC_MESSAGES + ["a/quiet"] + ["b/large"] * 4 + ["a/quiet2"]
     assert dropped == ["a/flood"] * 5 + ["b/large"] * 4
+
+
+def test_a_stop_under_a_frozen_broker_says_why_the_offline_status_did_not_go(
+    tmp_path: Path,
+) -> None:
+    """SIGSTOP on the broker, then the daemon's stop: it gives up on ``online: false``
+    after 2 s and says why; the line said ``"error": ""`` (a timeout's text)."""
+    p = Plane(tmp_path)
+    try:
+        p.daemon.start()
+        p.wait_logged("broker connected")
+        assert p.broker.proc is not None
+        p.broker.proc.send_signal(signal.SIGSTOP)
+        try:
+            p.daemon.stop()
+        finally:
+            p.broker.proc.send_signal(signal.SIGCONT)
+        (line,) = p.logged("could not publish the offline status")
+        assert line["error"] == "the broker did not answer within 2 s", line
+    finally:
+        p.close()

@@ -273,12 +273,17 @@ class Plane:
             watcher.cancel()
 
     async def _goodbye(self, client: aiomqtt.Client, offline: bytes) -> None:
-        """Publish ``online: false`` (retained) and wait for the broker's ack, briefly."""
+        """Publish ``online: false`` (retained) and wait for the broker's ack, briefly.
+        A broker that does not answer in time (frozen) is said as such: a timeout's own
+        text is empty, and the line said ``"error": ""``."""
         try:
             async with asyncio.timeout(_GOODBYE_SECONDS):
                 await client.publish(self.topics.status, offline, qos=1, retain=True)
             self.log.info("broker told: offline")
-        except (TimeoutError, aiomqtt.MqttError) as err:
+        except TimeoutError:
+            why = f"the broker did not answer within {_GOODBYE_SECONDS:g} s"
+            self.log.warning("could not publish the offline status", error=why)
+        except aiomqtt.MqttError as err:
             self.log.warning("could not publish the offline status", error=str(err))
 
     def _set_connected(self, up: bool) -> None:
