@@ -95,7 +95,7 @@ def test_the_queue_keeps_order_and_bounds_each_topic_not_a_quiet_one() -> None:
         for _ in range(TOPIC_MESSAGES + 5):
             queue.put_nowait(message("a/flood", 10))
         queue.put_nowait(message("a/quiet", 10))
-        for _ in range(8):  # 4 fit in TOPIC_BYTES (1 MiB)
+        for _ in range(20):  # 16 fit in TOPIC_BYTES (4 MiB)
             queue.put_nowait(message("b/large", 250_000))
         queue.put_nowait(message("a/quiet2", 10))
         out = []
@@ -104,7 +104,7 @@ def test_the_queue_keeps_order_and_bounds_each_topic_not_a_quiet_one() -> None:
         return out
 
     out = asyncio.run(go())
-    assert out == ["a/flood"] * TOPIC_MESSAGES + ["a/quiet"] + ["b/large"] * 4 + ["a/quiet2"]
+    assert out == ["a/flood"] * TOPIC_MESSAGES + ["a/quiet"] + ["b/large"] * 16 + ["a/quiet2"]
     assert dropped == ["a/flood"] * 5 + ["b/large"] * 4
 
 

@@ -32,9 +32,10 @@ __all__ = ["QUEUE_BYTES", "TOPIC_BYTES", "TOPIC_MESSAGES", "AgentQueue"]
 TOPIC_MESSAGES = 100
 """The most messages of one topic waiting at once (an agent's burst: the link's rate
 limit drops the rest of a burst anyway)."""
-TOPIC_BYTES = 1 << 20
-"""The most payload bytes of one topic waiting at once (four reports at the largest a
-daemon parses, :data:`~controller.plane.codec.MAX_AGENT_PAYLOAD_BYTES`)."""
+TOPIC_BYTES = 4 << 20
+"""The most payload bytes of one topic waiting at once (sixteen reports at the largest a
+daemon parses, :data:`~controller.plane.codec.MAX_AGENT_PAYLOAD_BYTES`: an agent with
+thousands of jobs resends them all, in reports of 1,000, when the daemon is back)."""
 QUEUE_BYTES = 64 << 20
 """Past this many payload bytes waiting in all, only a message of a topic with none
 waiting is taken."""
