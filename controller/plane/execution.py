@@ -637,6 +637,7 @@ class Execution:
             with self.c._write() as session:
                 self.epoch = begun.epoch + 1
                 self.planned_slot = begun.slot
+                self.review.plans_sent(begun.slot)
                 self._save_meta(session)
 
     def _save_meta(self, session: Session) -> None:
