@@ -76,11 +76,19 @@ WRITE_SERVICE = SERVICES[0]
 
 @dataclass(frozen=True)
 class PeriodicEvent:
-    """A task run every ``interval`` seconds; failures are logged, not raised."""
+    """A task run every ``interval`` seconds; failures are logged, not raised.
+
+    ``store_trouble``: why the store is still out of reach or refusing writes ("" once
+    it is neither; :attr:`~controller.store.database.Database.down_reason`,
+    :attr:`~controller.store.database.Database.refusing`). A run that went through
+    meanwhile (one with nothing to write) does not say the store is back: under a full
+    disk or a read-only database the slot clock said "waits" and "runs again: the store
+    is back" every 5 s, while the store took no write."""
 
     name: str
     interval: float
     run: Callable[[], Awaitable[None]]
+    store_trouble: Callable[[], str] | None = None
 
     async def loop(self) -> None:
         log = structlog.get_logger("oasisd")
@@ -88,9 +96,9 @@ class PeriodicEvent:
         while True:
             try:
                 await self.run()
-                if waiting:
+                if waiting and not (self.store_trouble is not None and self.store_trouble()):
                     log.info("periodic event runs again: the store is back", task=self.name)
-                waiting = False
+                    waiting = False
             except asyncio.CancelledError:
                 raise
             except StoreUnavailableError as err:
@@ -105,6 +113,12 @@ class PeriodicEvent:
                 # one raised TypeError here, which ended this task for good
                 log.exception("periodic event failed", task=self.name)
             await asyncio.sleep(self.interval)
+
+
+def _trouble(db: Database) -> Callable[[], str]:
+    """A :attr:`PeriodicEvent.store_trouble` of ``db``: why it is out of reach or
+    refuses writes, "" if neither."""
+    return lambda: db.down_reason or db.refusing
 
 
 async def serve(
@@ -262,7 +276,7 @@ async def serve(
     # with [ha] the lease is kept by the election, not the watch
     watch = StoreWatch(db, writer if ha is None else None, health_follows_store, stop.set,
                        log=log, on_epoch=controller.lead_again)  # fmt: skip
-    events = [PeriodicEvent("slot clock", config.tick_seconds, controller.tick),
+    events = [PeriodicEvent("slot clock", config.tick_seconds, controller.tick, _trouble(db)),
               PeriodicEvent("store watch", PROBE_SECONDS, watch.check)]  # fmt: skip
     if certificates is not None:
         if console is not None:
@@ -391,7 +405,8 @@ class PlaneRunner:
         """Start the attached plane's review and broker link."""
         if self.plane is None or self.tasks:
             return
-        review = PeriodicEvent("execution plane", self.config.tick_seconds, self.plane.review)
+        review = PeriodicEvent("execution plane", self.config.tick_seconds, self.plane.review,
+                               _trouble(self.c.db))  # fmt: skip
         self.tasks = [asyncio.create_task(review.loop(), name=review.name),
                       asyncio.create_task(self.plane.run(), name="broker link")]  # fmt: skip
 

@@ -1835,6 +1835,37 @@ def test_a_job_planned_while_the_daemon_was_down_fails_rather_than_completes(
     assert plane.state("long") == "failed"
 
 
+def test_a_job_planned_while_the_broker_was_out_fails_rather_than_completes(
+    plane: PlaneDaemon,
+) -> None:
+    """The plane audit: the daemon up, the broker down from slot 1 to slot 5, a job
+    planned in slots 1-3 (slot 0's round sent the plans of slots 0 and 1 only) completed
+    at its plan's end with its whole utility, no agent having run it (0 of its
+    mini-batches reported; seen with a real broker stopped). Now the slots begun since
+    the latest round's next one count as unsent, as the slots of a daemon down do, and
+    the next round notes them for good."""
+    import asyncio
+
+    long = asyncio.run(plane.c.submit({**plane.SPEC, "id": "long", "epochs": 6}))
+    slots = lambda view: {a["slot"] for a in view.decision.allocations if a.get("workers")}  # noqa: E731
+    assert min(slots(long)) == 1 and max(slots(long)) >= 2, slots(long)
+    assert plane.ex.plans_sync({})  # slot 0's round: plans of slots 0 and 1 go out
+    plane.ex.disconnected()  # no round until slot 5
+    plane.c.execution = plane.ex  # the slot clock asks it of jobs whose plan ended
+    plane.clock.advance(5 * plane.config.slot_seconds)
+    asyncio.run(plane.c.tick())
+    assert plane.state("long") == "running" and "long" in plane.ex.review.overdue
+    assert plane.ex.plans_sync({})  # back: slot 5's plans go out
+    assert plane.ex.review.unsent == [(2, 4)]
+    plane.ex.connected()
+    wait = plane.ex.mqtt.heartbeat_timeout + 1.0  # for its agents to resend their counts
+    plane.mono[0] += wait
+    plane.clock.advance(wait)
+    failed = [e for e in plane.ex.review_sync() if e.kind == "failed"]
+    assert [(e.job_id, e.detail["reason"]) for e in failed] == [("long", "plan_not_sent")]
+    assert failed[0].detail["not_sent_slots"] == [[2, 4]]
+
+
 def test_an_agent_sets_aside_the_jobs_it_no_longer_runs_and_carries_their_counts_on() -> None:
     """Every job an agent ever ran was looked at every 50 ms step and in every report
     (31% of a core after 20,000 jobs, the resource audit). A job out of its plan, its

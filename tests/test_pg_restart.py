@@ -153,3 +153,44 @@ def test_a_periodic_task_says_once_that_the_store_is_away_not_a_traceback_each_r
         ("periodic event failed", "error", True),  # a bug still says where
     ]
     assert logs[0]["error"] == "terminating connection" and logs[0]["task"] == "follow"
+
+
+def test_a_run_with_nothing_to_write_does_not_say_a_refusing_store_is_back() -> None:
+    """A full disk (SQLite) or a read-only PostgreSQL: the slot clock's runs fail only
+    when they write (a stale ledger's rebuild, every 5 s), and the runs between go
+    through. Each one that did said "runs again: the store is back", and the next
+    failure "waits" again: two false lines every 5 s for as long as the store refused
+    writes. Now the store's own state says when it is back."""
+    import asyncio
+
+    from structlog.testing import capture_logs
+
+    from controller.daemon import PeriodicEvent
+    from controller.store.database import StoreUnavailableError
+
+    full = "no space left on device: 0 bytes free"
+    outcomes: list[Exception | None] = [StoreUnavailableError(full), None, None,
+                                        StoreUnavailableError(full), None, None]  # fmt: skip
+    trouble = [full]
+
+    async def run() -> None:
+        outcome = outcomes.pop(0) if outcomes else None
+        if not outcomes:
+            trouble[0] = ""  # room again: the next run goes through, the store is back
+        if outcome is not None:
+            raise outcome
+
+    async def main() -> None:
+        event = PeriodicEvent("slot clock", 0.001, run, lambda: trouble[0])
+        task = asyncio.create_task(event.loop())
+        while outcomes:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.02)
+        task.cancel()
+
+    with capture_logs() as logs:
+        asyncio.run(main())
+    assert [e["event"] for e in logs] == [
+        "periodic event waits: the store is unavailable",
+        "periodic event runs again: the store is back",
+    ]

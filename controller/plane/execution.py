@@ -469,13 +469,21 @@ class Execution:
 
     def agent_ages(self) -> dict[str, float]:
         """Each server's seconds since its agent was last heard (a beat or a report
-        applied by a review), on the link clock the failure rule times silence on
-        (connected seconds); ``inf``: never heard (one heard before a restart counts
-        from the load, :meth:`load`). Every server of the cluster; from any thread:
-        ``/metrics`` and ``ListServers`` give it."""
+        applied by a review, or a beat still in the inbox), on the link clock the
+        failure rule times silence on (connected seconds); ``inf``: never heard (one
+        heard before a restart counts from the load, :meth:`load`). Every server of the
+        cluster; from any thread: ``/metrics`` and ``ListServers`` give it.
+
+        The inbox's beats count: while the store is unavailable or refuses writes no
+        review runs, and every agent, beating all along, read as silent (``oasis
+        status``: ``AGENTS NOT HEARD on N servers up ... (jobs there do not run)``),
+        sending the operator after the agents rather than the store."""
         with self._inbox_lock:  # the link clock's lock
             now = self.link.now()
+            waiting = dict(self._beats)  # not yet applied: no review since they came
         seen = dict(self.last_seen)  # changed in the decision thread: a copy, read once
+        for server, beat in waiting.items():
+            seen[server] = max(beat, seen.get(server, beat))
         return {
             server: math.inf if (at := seen.get(server)) is None else max(now - at, 0.0)
             for server in self.server_index
@@ -629,6 +637,7 @@ class Execution:
             with self.c._write() as session:
                 self.epoch = begun.epoch + 1
                 self.planned_slot = begun.slot
+                self.review.plans_sent(begun.slot)
                 self._save_meta(session)
 
     def _save_meta(self, session: Session) -> None:

@@ -119,8 +119,11 @@ class JobReview(PlanePart):
         self._waits_said: dict[str, int] = {}  # job -> slot its re-plan's wait was logged
         self.stalled: set[str] = set()  # jobs reported behind for want of any progress
         self.overdue: set[str] = set()  # running past their plan, short of their work
-        # the slots whose plans never went out because this daemon was down: (first, last)
+        # the slots whose plans never went out because this daemon was down, or its
+        # broker or store was out: (first, last)
         self.unsent: list[tuple[int, int]] = []
+        # the last slot the latest plan round covered (its next slot; None: no round yet)
+        self.sent_through: int | None = None
 
     def pending_sync(self) -> list[Event]:
         """Review the jobs with new progress (:attr:`pending`): early completions and
@@ -196,26 +199,52 @@ class JobReview(PlanePart):
         if not counter(planned):
             return None
         assert isinstance(planned, int)
-        first, last = planned + 2, self.c.slot - 1
+        self.sent_through = planned + 1  # the stored round's next slot
+        self._unsent_until(self.c.slot, "oasisd was down")
+        return planned
+
+    def plans_sent(self, slot: int) -> None:
+        """A round of plans went out in ``slot``, for it and the next; the slots before
+        it since the previous round's next one never had theirs (the broker or the store
+        was out): noted in :attr:`unsent` and logged."""
+        self._unsent_until(slot, "the broker or the store was out")
+        self.sent_through = slot + 1
+
+    def _unsent_until(self, slot: int, why: str) -> None:
+        """Note the slots after :attr:`sent_through` and before ``slot`` as unsent
+        (``why`` they were), if any."""
+        if self.sent_through is None:
+            return
+        first, last = self.sent_through + 1, slot - 1
         if first <= last:
             self.unsent = _joined_runs([*self.unsent, (first, last)])[-MAX_UNSENT_RUNS:]
-            self.log.warning("plans of slots no agent was sent (oasisd was down): a job "
-                             "planned in them completes only as its agents report",
+            self.log.warning(f"plans of slots no agent was sent ({why}): a job planned "
+                             "in them completes only as its agents report",
                              first_slot=first, last_slot=last)  # fmt: skip
-        return planned
+            self.sent_through = last
+
+    def _unsent_runs(self) -> list[tuple[int, int]]:
+        """:attr:`unsent`, and the slots since the latest round's next one that have
+        begun without a round of their own: the broker or the store is out now (before,
+        a job planned only in them completed at its plan's end with its whole utility,
+        no agent having been sent its plan)."""
+        if self.sent_through is None or self.sent_through + 1 > self.c.slot - 1:
+            return self.unsent
+        return _joined_runs([*self.unsent, (self.sent_through + 1, self.c.slot - 1)])
 
     def _planned_unsent(self, job_id: str, session: Session) -> list[tuple[int, int]]:
         """The runs of :attr:`unsent` in which ``job_id`` had workers planned (one
         query; none without such runs)."""
-        if not self.unsent:
+        runs = self._unsent_runs()
+        if not runs:
             return []
         slots = set(session.scalars(
             select(AllocationRow.slot).where(
                 AllocationRow.job_id == job_id, AllocationRow.workers > 0,
-                or_(*(AllocationRow.slot.between(a, b) for a, b in self.unsent)),
+                or_(*(AllocationRow.slot.between(a, b) for a, b in runs)),
             )
         ))  # fmt: skip
-        return [(a, b) for a, b in self.unsent if any(a <= s <= b for s in slots)]
+        return [(a, b) for a, b in runs if any(a <= s <= b for s in slots)]
 
     def unfinished(self, job_id: str, session: Session) -> bool:
         """Whether agents reported progress for ``job_id`` short of its ``E * N * M``

@@ -5,7 +5,9 @@ exponential backoff when the broker goes away, and on every (re)connection repub
 every server's plan and the job events not yet published. Meanwhile the daemon keeps
 deciding: the store is the source of truth, and what the broker missed is sent when it
 is back. Plans are published (retained, QoS 1) whenever the store changes (an event on
-the controller's bus) or a slot begins, only for servers whose plan changed.
+the controller's bus) or a slot begins, only for servers whose plan changed. While the
+store is unavailable, plans wait (they are built from it, under an epoch stored first)
+on the same connection: the agents' messages still come in.
 
 A broker may come back without its retained messages (no persistence, or a new one), so
 on every connection the plans of all servers and the latest event of every job are
@@ -36,6 +38,7 @@ from controller.events import Event
 from controller.limits import RateLimiter
 from controller.logs import Complaints
 from controller.plane.agent_messages import Heartbeat, Progress, Status
+from controller.plane.agent_queue import AgentQueue
 from controller.plane.client import Stopping, client_for, publish_all
 from controller.plane.event_messages import UNRETAINED, JobEvent, event_kind
 from controller.plane.execution import Execution, PlanRound
@@ -45,6 +48,7 @@ from controller.plane.settings import MqttConfig
 from controller.plane.topics import Topics, job_level
 from controller.plane.unknown_events import UnknownJobEvents
 from controller.plane.unknown_jobs import MAX_LOOKED_UP, MAX_NAMED, unknown_jobs
+from controller.store import StoreUnavailableError
 from controller.threads import in_daemon_thread
 from pricing.errors import SpecError
 
@@ -69,6 +73,13 @@ totals, so the next one makes up for a dropped one."""
 _RESTORE_BATCH = 1000  # job events read and published at a time when restoring
 _MAX_TO_CLEAR = 100_000  # deleted jobs whose retained events wait for a connection
 _GOODBYE_SECONDS = 2.0  # at most this long for "online: false" at a clean stop
+STORE_RETRY_SECONDS = 1.0
+"""While the store is unavailable (a PostgreSQL restart, a store refusing writes), a
+round of plans is tried again this often, on the same broker connection: agents' beats
+and reports still come in, and the broker reads as connected, which it is. Before, the
+round's error ended the connection (logged as a failure of the plane, with its
+traceback) and it was made again, five to ten times a minute while the store was out,
+and ``oasis status`` and ``oasis_broker_up`` said the broker was disconnected."""
 PUBLISH_PACE = 4.0
 """After a round whose plans took ``t`` seconds to build and encode, the next round waits
 ``PUBLISH_PACE * t`` (at most :data:`MAX_PUBLISH_PAUSE`): rebuilding every server's plan
@@ -230,7 +241,8 @@ class Plane:
                 self.stopping.check()
                 offline = Status(online=False).to_bytes()
                 will = aiomqtt.Will(self.topics.status, offline, qos=1, retain=True)
-                client = client_for(self.mqtt, f"oasisd-{uuid.uuid4().hex[:12]}", will)
+                client = client_for(self.mqtt, f"oasisd-{uuid.uuid4().hex[:12]}", will,
+                                    AgentQueue.factory(self._queue_dropped))  # fmt: skip
                 try:
                     async with client:
                         last_error, connected_at = "", time.monotonic()
@@ -248,7 +260,7 @@ class Plane:
                         level = self.log.info if str(err) == last_error else self.log.warning
                         level("broker unavailable", error=str(err), retry_in=delay)
                     last_error = str(err)
-                except Exception:  # a bug or the store: log, and start over after a pause
+                except Exception:  # a bug: log, and start over after a pause
                     self.log.exception("execution plane failed; reconnecting", retry_in=delay)
                 finally:
                     self._set_connected(False)
@@ -261,12 +273,17 @@ class Plane:
             watcher.cancel()
 
     async def _goodbye(self, client: aiomqtt.Client, offline: bytes) -> None:
-        """Publish ``online: false`` (retained) and wait for the broker's ack, briefly."""
+        """Publish ``online: false`` (retained) and wait for the broker's ack, briefly.
+        A broker that does not answer in time (frozen) is said as such: a timeout's own
+        text is empty, and the line said ``"error": ""``."""
         try:
             async with asyncio.timeout(_GOODBYE_SECONDS):
                 await client.publish(self.topics.status, offline, qos=1, retain=True)
             self.log.info("broker told: offline")
-        except (TimeoutError, aiomqtt.MqttError) as err:
+        except TimeoutError:
+            why = f"the broker did not answer within {_GOODBYE_SECONDS:g} s"
+            self.log.warning("could not publish the offline status", error=why)
+        except aiomqtt.MqttError as err:
             self.log.warning("could not publish the offline status", error=str(err))
 
     def _set_connected(self, up: bool) -> None:
@@ -314,6 +331,16 @@ class Plane:
             except Exception as err:  # a bug: this message is lost, never the link
                 self._complain("?", "bug", "message not handled", topic=topic[:200],
                                error=repr(err)[:200])  # fmt: skip
+
+    def _queue_dropped(self, topic: str) -> None:
+        """A message dropped before it was read: its topic had too many waiting
+        (:class:`~controller.plane.agent_queue.AgentQueue`), as when its agent floods;
+        counted as one over the agent's rate (event loop)."""
+        found = self.topics.agent_of(topic)
+        self.execution.crowded()
+        self._complain(found[0] if found else "?", "queue", "messages from an agent dropped "
+                       "unread: too many of its topic waiting (in a flood, silence counts "
+                       "half meanwhile)", topic=topic[:200])  # fmt: skip
 
     def take(self, topic: str, payload: object, retained: bool = False) -> bool:
         """Queue an agent's message for the decision thread (Execution._drain); True if
@@ -364,12 +391,26 @@ class Plane:
         return True
 
     async def _publish_loop(self, client: aiomqtt.Client) -> None:
+        waiting = False  # the last round found the store unavailable
         while True:
             self.stopping.check()
             await self.dirty.wait()
             self.dirty.clear()
-            with contextlib.suppress(DrainingError):
-                await self.publish_round(client)
+            try:
+                with contextlib.suppress(DrainingError):
+                    await self.publish_round(client)
+            except StoreUnavailableError as err:  # an outage: said once, tried again
+                if not waiting:
+                    self.log.warning("plans wait: the store is unavailable (the broker "
+                                     "connection stays up)", retry_in=STORE_RETRY_SECONDS,
+                                     error=(str(err).splitlines() or [""])[0][:300])  # fmt: skip
+                waiting = True
+                self.dirty.set()
+                await asyncio.sleep(STORE_RETRY_SECONDS)
+                continue
+            if waiting:
+                self.log.info("plans go out again: the store is back")
+                waiting = False
             if self.plans_seconds > 0:
                 await asyncio.sleep(publish_pause(self.plans_seconds))
 
