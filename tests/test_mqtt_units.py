@@ -1832,6 +1832,8 @@ def test_a_job_planned_while_the_daemon_was_down_fails_rather_than_completes(
     failed = [e for e in restarted.review_sync() if e.kind == "failed"]
     assert [(e.job_id, e.detail["reason"]) for e in failed] == [("long", "plan_not_sent")]
     assert failed[0].detail["not_sent_slots"] == [[2, 4]]
+    reason = plane.c._get_sync("long").decision.reason
+    assert "; the plans of slots 2-4 never reached its agents (oasisd, its broker" in reason
     assert plane.state("long") == "failed"
 
 

@@ -82,6 +82,10 @@ def test_silence_after_the_plan_ended_short_fails_the_job(daemon: PlaneDaemon) -
     assert detail["reason"] == "plan_ended"
     assert (detail["minibatches"], detail["of"]) == (5.0, TOTAL)
     assert daemon.state("k") == "failed"
+    # its submitter reads why with the job (the event stream is an operator's)
+    reason = daemon.c._get_sync("k").decision.reason
+    assert reason == (f"failed: its plan ended in slot {detail['completion_slot']} and its "
+                      f"agents reported 5 of its {TOTAL} mini-batches"), reason  # fmt: skip
     assert daemon.ex.review_sync() == []  # failed once
 
 
@@ -105,6 +109,8 @@ def test_a_job_failed_for_its_failing_workers_says_what_its_agents_said(
     assert (failed.kind, failed.detail["reason"]) == ("failed", "plan_ended")
     assert failed.detail["worker_failures"] == said
     assert daemon.c._events_sync(0)[-1].detail == failed.detail  # as stored
+    reason = daemon.c._get_sync("f").decision.reason
+    assert reason.endswith("; its workers failed 7 time(s) on w0, last: exit status 3"), reason
 
 
 def test_no_job_fails_while_its_agents_cannot_be_heard(daemon: PlaneDaemon) -> None:

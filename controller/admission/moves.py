@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from controller.admission.state import AdmissionState
 from controller.events import Event
+from controller.failed_reasons import failed_reason
 from controller.replay import allocations as allocation_entries
 from controller.store import AllocationRow, JobRow
 from pricing import Job
@@ -27,23 +28,6 @@ window's first slot on, written when a re-plan holds more than the job's work: a
 failure adds back the work lost in its slot, a job behind its plan asks for what its
 measured pace needs. A rebuild reads any more than the larger of the two as a hand
 edit (:meth:`controller.admission.recovery.Recovery._unreadable_plan`)."""
-
-
-_WHY_FAILED = {
-    "server_cordoned": "its server {server} was cordoned by an operator",
-    "server_failed": "its server {server} failed (its agent fell silent)",
-    "config_changed": "the cluster's configuration changed ({why})",
-}
-
-
-def failed_reason(detail: dict[str, Any]) -> str:
-    """Why a job failed, for its decision's ``reason``, from its ``failed`` event's
-    ``detail``: its submitter may not read the events (an operator's stream), and
-    ``oasis job`` told it to."""
-    why = _WHY_FAILED.get(str(detail.get("reason")), "{reason}")
-    cause = why.format(**{"server": "?", "why": "", "reason": "?", **detail})
-    return (f"failed from slot {detail.get('from_slot')}: {cause}, and no other server had "
-            "room for the rest of its work")[:1000]  # fmt: skip
 
 
 class Moves(AdmissionState):

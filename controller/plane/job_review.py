@@ -39,6 +39,7 @@ from sqlalchemy import delete, or_, select
 from sqlalchemy.orm import Session
 
 from controller.events import Event
+from controller.failed_reasons import failed_reason
 from controller.limits import search_size
 from controller.plane.jobs import ACTIVE, Jobs
 from controller.plane.part import PlanePart
@@ -303,6 +304,7 @@ class JobReview(PlanePart):
                     detail.update(reason="plan_not_sent",
                                   not_sent_slots=[list(run) for run in unsent])  # fmt: skip
                 detail.update(self._failing(job_id))
+                row.reason = failed_reason(detail)  # for its submitter (no event stream)
                 events.append(self.c._event(session, now, "failed", job_id, "failed", detail))
                 self.log.warning("job failed: its plan ended before its work", job=job_id,
                                  **detail)  # fmt: skip

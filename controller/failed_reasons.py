@@ -1,0 +1,63 @@
+"""Why a job failed, in words its submitter reads: the ``reason`` stored with a failed
+job's decision (``oasis job``, the console's job page). Its ``failed`` event says the
+same in fields, but the event stream is an operator's (``WatchEvents``), and ``oasis
+job`` used to send a submitter there.
+
+One function over every ``failed`` event's ``detail``: a move that stranded the job
+(:mod:`controller.admission.moves`: a server cordoned or failed, the configuration
+changed) and the execution plane's review of a job whose plan ended short of its work
+(:mod:`controller.plane.job_review`: ``plan_ended``, ``plan_not_sent``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["MAX_REASON", "failed_reason"]
+
+MAX_REASON = 1000
+"""Most characters of a stored reason."""
+
+_STRANDED = {
+    "server_cordoned": "its server {server} was cordoned by an operator",
+    "server_failed": "its server {server} failed (its agent fell silent)",
+    "config_changed": "the cluster's configuration changed ({why})",
+}
+
+
+def _runs(runs: Any) -> str:
+    """``[[2, 4], [7, 7]]`` as ``"2-4, 7"`` (what a detail holds; anything else as is)."""
+    if not isinstance(runs, list):
+        return str(runs)
+    words = []
+    for run in runs[:5]:
+        a, b = (run[0], run[-1]) if isinstance(run, list) and run else (run, run)
+        words.append(str(a) if a == b else f"{a}-{b}")
+    return ", ".join(words) + (f" and {len(runs) - 5} more runs" if len(runs) > 5 else "")
+
+
+def _plan_ended(detail: dict[str, Any]) -> str:
+    done, of = detail.get("minibatches"), detail.get("of")
+    done_words = f"{done:g}" if isinstance(done, int | float) else "?"
+    text = (f"failed: its plan ended in slot {detail.get('completion_slot')} and its agents "
+            f"reported {done_words} of its {of} mini-batches")  # fmt: skip
+    if detail.get("reason") == "plan_not_sent":
+        text += (f"; the plans of slots {_runs(detail.get('not_sent_slots'))} never reached "
+                 "its agents (oasisd, its broker or its store was out)")  # fmt: skip
+    failing = detail.get("worker_failures")
+    if isinstance(failing, list) and failing and isinstance(failing[0], dict):
+        first = failing[0]
+        text += (f"; its workers failed {first.get('failures')} time(s) on "
+                 f"{first.get('server')}, last: {first.get('last_failure')}")  # fmt: skip
+    return text
+
+
+def failed_reason(detail: dict[str, Any]) -> str:
+    """Why a job failed, from its ``failed`` event's ``detail``, at most
+    :data:`MAX_REASON` characters."""
+    reason = str(detail.get("reason"))
+    if reason in ("plan_ended", "plan_not_sent"):
+        return _plan_ended(detail)[:MAX_REASON]
+    why = _STRANDED.get(reason, "{reason}")
+    cause = why.format(**{"server": "?", "why": "", "reason": "?", **detail})
+    return (f"failed from slot {detail.get('from_slot')}: {cause}, and no other server had "
+            "room for the rest of its work")[:MAX_REASON]  # fmt: skip
