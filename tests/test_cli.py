@@ -191,6 +191,22 @@ def test_a_trace_wrong_throughout_says_twenty_problems_and_counts_the_rest(
     assert lines[21] == f"  ... and {len(trace['jobs']) - 20:,} more"
 
 
+def test_a_trace_with_more_bad_jobs_than_it_lists_counts_every_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Past the 50 problems a trace keeps, the rest were one problem line, and the
+    terminal counted that line: 1,000 bad jobs said "... and 31 more"."""
+    trace: dict[str, Any] = generate_trace(
+        np.random.default_rng(3), n_jobs=120, n_worker_servers=4, n_ps_servers=4, horizon=30
+    )
+    for job in trace["jobs"]:
+        job["tau"] = -1
+    assert main(["replay", _write(tmp_path, trace)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 22 and lines[20].strip().startswith("jobs[19].tau"), lines
+    assert lines[21] == "  ... and 100 more"
+
+
 @pytest.mark.parametrize(
     ("pricing", "expected"),
     [
