@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -309,3 +310,49 @@ def test_the_master_lps_time_limit_is_each_solves_not_their_sum() -> None:
         assert master.solve(limit)[0] == pytest.approx(first)  # no OutOfTimeError
         solves += 1
     assert master.h.getRunTime() >= 3 * limit, "the run time did not add up"
+
+
+def test_column_generation_begins_no_round_it_cannot_end_in_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A round's pricing cannot be cut short: begun just before the deadline it ran a
+    whole round past it (2,000 jobs: ``--time-limit 30`` took 45 s). Here each pricing
+    takes 0.5 s, a round two of them: begun at 1.5 s, the second would end at 2.5 s."""
+    from pricing.column_generation import _Priced
+
+    trace = _small(2)  # 16 rounds to its gap without a time limit
+    optimum = solve_offline(trace, time_limit=60).optimum
+    configuration_bound(trace, Held.nothing(trace), max_iterations=1)  # compiled first
+    at = _Priced.at
+
+    def slow(cells: Any, pi: Any) -> Any:
+        time.sleep(0.5)
+        return at(cells, pi)
+
+    monkeypatch.setattr(_Priced, "at", staticmethod(slow))
+    result = configuration_bound(trace, Held.nothing(trace), time_limit=2.0)
+    assert result.stop == "time limit" and result.iterations == 1
+    assert result.seconds < 2.0
+    assert optimum is not None and result.bound >= optimum - 1e-6  # still certified
+
+
+def test_rounding_without_time_is_greedy_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``time_limit=0`` is "greedy only", as documented: the Lagrangian heuristic's two
+    passes (2.6 s each for 2,000 jobs) ran anyway, past the offline time limit."""
+    from pricing import offline_rounding
+
+    trace = _small(3)
+    result = configuration_bound(trace, Held.nothing(trace))
+    passes: list[int] = []
+    fill = offline_rounding._fill
+
+    def counted(residual: Any, pi: Any, order: Any) -> None:
+        passes.append(1)
+        fill(residual, pi, order)
+
+    monkeypatch.setattr(offline_rounding, "_fill", counted)
+    assert round_columns(result, time_limit=0).source == "greedy"
+    assert len(passes) == 1  # the greedy allocation's fill pass alone
+    passes.clear()
+    round_columns(result, time_limit=5)
+    assert len(passes) >= 3  # with time: both heuristic passes too
