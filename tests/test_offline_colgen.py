@@ -280,6 +280,9 @@ def test_offline_colgen_json(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert out["status"] in ("optimal", "feasible")
     if out["status"] == "feasible":
         assert out["gap"] > 0
+    # the gap is over the allocation: the progress said it was "below the bound" by it
+    said = next(x for x in captured.err.splitlines() if x.startswith("allocation ("))
+    assert said.endswith(f"; the bound is {100 * out['gap']:.3g}% above it"), said
     assert out["theorem4_assumes_small_jobs"] is True
     assert 0 < out["largest_job_share"] <= 1
     exact = solve_offline(trace_from_dict(raw), time_limit=60)
