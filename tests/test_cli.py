@@ -99,6 +99,21 @@ def test_replay_table_for_people(capsys: pytest.CaptureFixture[str]) -> None:
     assert "admitted" in out and "total utility" in out
 
 
+def test_replay_table_says_why_a_job_had_no_schedule(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job that can never finish before the horizon (here a ``tau`` of 5 meant as
+    seconds, read as slots) was a bare ``reject`` with payoff ``-`` in the table, like
+    one priced out; its reason was in ``--json`` alone."""
+    trace = json.loads(DEMO.read_text())
+    trace["jobs"][0]["tau"] = 5
+    assert main(["replay", _write(tmp_path, trace)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index("1 job without any feasible schedule (payoff -):")
+    assert lines[at + 1].startswith("  j1: cannot finish before the horizon even on an empty")
+    assert len(lines) == at + 2  # j2 was admitted: not listed
+
+
 def test_replay_is_deterministic(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = _write(tmp_path, _small_trace(5))
     runs = []

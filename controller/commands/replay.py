@@ -12,6 +12,7 @@ from controller.commands import SUMMARIES
 from controller.commands.common import (
     EXIT_OK,
     add_search_limit,
+    counted,
     fmt,
     json_document,
     load_trace,
@@ -62,6 +63,24 @@ def register(sub: Any) -> None:
 _HEADERS = ["job", "arrival", "decision", "payoff", "cost", "jct", "utility", "peak_w", "ms"]
 _RIGHT = {1, 3, 4, 5, 6, 7, 8}
 
+UNSCHEDULABLE_SHOWN = 10
+"""Jobs without any feasible schedule whose reasons the table lists at most."""
+
+
+def _unschedulable(records: list[ReplayRecord], out: TextIO) -> None:
+    """Why the jobs without any feasible schedule (payoff ``-``) were rejected: the
+    table said only ``reject``, and a job whose work could never fit the horizon (a
+    ``tau`` in seconds, not slots) looked like one priced out."""
+    none = [r for r in records if not r.decision.admitted and r.decision.best.payoff is None]
+    if not none:
+        return
+    print(f"\n{counted(len(none), 'job')} without any feasible schedule (payoff -):", file=out)
+    for r in none[:UNSCHEDULABLE_SHOWN]:
+        print(f"  {r.decision.job.id}: {r.reason}", file=out)
+    if len(none) > UNSCHEDULABLE_SHOWN:
+        more = len(none) - UNSCHEDULABLE_SHOWN
+        print(f"  ... and {more:,} more (--json gives every rejection's reason)", file=out)
+
 
 def _replay_table(records: list[ReplayRecord], out: TextIO) -> None:
     rows = []
@@ -90,6 +109,7 @@ def _replay_table(records: list[ReplayRecord], out: TextIO) -> None:
         f"p99 {s['decision_ms_p99']:.2f} ms",
         file=out,
     )
+    _unschedulable(records, out)
 
 
 def _baseline_table(outcomes: list[Outcome], out: TextIO) -> None:
