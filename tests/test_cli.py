@@ -342,6 +342,26 @@ def test_a_replay_off_a_terminal_says_how_far_it_is(
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.parametrize("policy", ["dorm", "rrh"])
+def test_a_baseline_replay_off_a_terminal_says_how_far_it_is(
+    policy: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--policy`` printed nothing on stderr until it ended: Dorm over 2,000 jobs and
+    168 slots was silent for 207 s. It says the slot it re-planned at every
+    PROGRESS_SECONDS, as the OASiS replay says its jobs; --no-progress: none."""
+    from controller.commands import replay as replay_command
+
+    monkeypatch.setattr(replay_command, "PROGRESS_SECONDS", 0.0)
+    assert main(["replay", str(DEMO), "--policy", policy, "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["jobs"]
+    lines = err.splitlines()
+    assert lines and all(x.startswith(f"oasis replay: {policy} at slot ") for x in lines), err
+    assert lines[-1].endswith(" of 0..19"), err  # the demo's horizon is 20
+    assert main(["replay", str(DEMO), "--policy", policy, "--json", "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_a_ledger_past_this_machines_memory_is_refused_up_front(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
