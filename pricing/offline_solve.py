@@ -40,13 +40,11 @@ from pricing.offline import (
     OfflineResult,
     Reduction,
     SolverName,
-    allocation_from_schedules,
-    allocation_jobs,
-    check_allocation,
     result_in_trace_units,
     solve_offline,
     status_and_gap,
 )
+from pricing.offline_allocation import check_schedules, schedule_jobs
 from pricing.offline_rounding import Primal, round_columns
 from pricing.offline_units import in_solver_units, utility_scale
 from pricing.schedule import Schedule
@@ -143,11 +141,10 @@ def solve(
     limit = math.inf if time_limit is None else time_limit
     start_utility = None
     if start is not None:
-        workers, ps = allocation_from_schedules(trace, start)
-        problems = check_allocation(trace, held, workers, ps)
+        problems = check_schedules(trace, held, start)
         if problems:
             raise OfflineError("the starting allocation breaks SPEC 3-5: " + "; ".join(problems))
-        start_utility = float(sum(j.utility for j in allocation_jobs(trace, workers)))
+        start_utility = float(sum(j.utility for j in schedule_jobs(trace, start)))
 
     say("column generation on the configuration LP (certified bound at every round)...")
     bound = configuration_bound(
@@ -254,14 +251,13 @@ def solve(
 
 
 def _checked(trace: Trace, held: Held, primal: Primal) -> tuple[OfflineJob, ...]:
-    workers, ps = allocation_from_schedules(trace, primal.schedules)
-    problems = check_allocation(trace, held, workers, ps)
+    problems = check_schedules(trace, held, primal.schedules)
     if problems:
         raise OfflineError(
             f"the allocation rounded from the columns ({primal.source}) breaks SPEC 3-5: "
             + "; ".join(problems)
         )
-    return allocation_jobs(trace, workers)
+    return schedule_jobs(trace, primal.schedules)
 
 
 def _gap_text(gap: float | None) -> str:

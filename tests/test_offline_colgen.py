@@ -359,3 +359,55 @@ def test_rounding_without_time_is_greedy_only(monkeypatch: pytest.MonkeyPatch) -
     passes.clear()
     round_columns(result, time_limit=5)
     assert len(passes) >= 3  # with time: both heuristic passes too
+
+
+def test_schedules_are_checked_as_their_dense_allocation_is() -> None:
+    """``check_schedules`` and ``schedule_jobs`` say what ``check_allocation`` and
+    ``allocation_jobs`` say of the ``(J, T, H)`` arrays the schedules make, for the
+    online schedules and for each way one can break SPEC 3-5."""
+    from pricing.offline_allocation import check_schedules, schedule_jobs
+    from pricing.schedule import Schedule
+
+    trace = _small(4, jobs=12, servers=2, horizon=10)
+    held = Held.nothing(trace)
+    _, start = _online(trace)
+    ran = [i for i, s in enumerate(start) if s is not None]
+    assert len(ran) >= 2
+    i, j = ran[0], ran[-1]
+    s, late = start[i], start[j]
+    broken: list[list[Any]] = [list(start) for _ in range(5)]
+    broken[0][i] = Schedule(s.start, s.workers[:-1], s.ps[:-1])  # fewer worker-slots than W
+    broken[1][i] = Schedule(s.start, s.workers * 50, s.ps * 50)  # past N and capacity
+    broken[2][i] = Schedule(s.start, s.workers, s.ps * 0)  # no PS
+    broken[3][j] = Schedule(late.start - 1, late.workers, late.ps)  # before its arrival
+    broken[4][i] = start[j]  # another job's schedule
+    for schedules in [start, *broken]:
+        dense = allocation_from_schedules(trace, schedules)
+        assert check_schedules(trace, held, schedules) == check_allocation(trace, held, *dense)
+        assert schedule_jobs(trace, schedules) == allocation_jobs(trace, dense[0])
+    assert all(check_schedules(trace, held, b) for b in broken if b[j].start >= 0)
+
+
+def test_checking_schedules_takes_no_allocation_per_job(tmp_path: Path) -> None:
+    """``oasis offline`` checked the online start and the rounded allocation as
+    ``(J, T, H)`` arrays: 1,000 jobs on 500 + 500 servers over 168 slots took 1.3 GB and
+    11.8 s, past a 20 s time limit twice. Checked schedule by schedule: 0.2 s, and
+    memory of one ``(T, H, R)`` sum."""
+    import tracemalloc
+
+    from pricing.offline_allocation import check_schedules
+
+    raw = generate_trace(
+        np.random.default_rng(5), n_jobs=100, n_worker_servers=300, n_ps_servers=300, horizon=60
+    )
+    trace = trace_from_dict(raw)
+    _, start = _online(trace)
+    dense = len(trace.jobs) * trace.horizon * 600 * 8  # bytes of the two arrays
+    one = trace.horizon * 300 * len(trace.cluster.resources) * 8  # of one (T, H, R) sum
+    tracemalloc.start()
+    try:
+        assert check_schedules(trace, Held.nothing(trace), start) == []
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 6 * one < dense / 5, (peak, one, dense)  # a few sums, no job count

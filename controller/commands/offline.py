@@ -47,11 +47,10 @@ from pricing.offline import (
     Held,
     OfflineError,
     OfflineResult,
-    allocation_from_schedules,
-    check_allocation,
     largest_job_share,
     theorem4_bound,
 )
+from pricing.offline_allocation import check_schedules
 from pricing.offline_solve import ilp_size, solve
 from pricing.schedule import Schedule
 from pricing.trace import Trace
@@ -313,7 +312,7 @@ def _startable(history: History, progress: Any) -> list[Schedule | None]:
             "admitted jobs holding fewer worker-slots than their work in the store (done "
             f"early, or failed): {len(short)}, left out of the solver's start"
         )
-    problems = check_allocation(trace, history.held, *allocation_from_schedules(trace, schedules))
+    problems = check_schedules(trace, history.held, schedules)
     if problems:
         progress(
             f"the daemon's allocation breaks SPEC 3-5 on these servers ({problems[0]}): "
