@@ -113,8 +113,10 @@ def register(sub: Any) -> None:
         type=positive_seconds,
         default=DEFAULT_TIME_LIMIT,
         metavar="SECONDS",
-        help=f"stop after this long (default: {DEFAULT_TIME_LIMIT:g}); the best allocation "
-        "found is reported with its gap to the certified bound",
+        help=f"seconds for the solve (default: {DEFAULT_TIME_LIMIT:g}); the online replay "
+        "before it is not counted, and a certified bound and a first allocation are made "
+        "however short it is; the best allocation found is reported with its gap to the "
+        "certified bound",
     )
     p.add_argument(
         "--threads", type=int_at_least(1), default=None, help="solver threads (default: solver's)"
