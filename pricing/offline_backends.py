@@ -17,7 +17,10 @@ Solvers, status and gap
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import signal
 import tempfile
 import time
 from collections.abc import Callable
@@ -279,11 +282,42 @@ def _run(
                 f"the {solver} solver failed ({type(err).__name__}: {str(err)[:200]}); "
                 "its numbers may be past what it represents"
             ) from err
+        except BaseException:  # Ctrl-C: PuLP stops waiting, CBC would run on
+            if solver == "cbc":
+                _end_cbc(tmp)
+            raise
         if solver == "highs":
             return _highs_verdict(model.prob)
         assert log_path is not None
         log = Path(log_path).read_text(errors="replace") if Path(log_path).exists() else ""
         return _cbc_verdict(model.prob, log)
+
+
+def _end_cbc(folder: str) -> None:
+    """Kill the CBC process this process started on the model files in ``folder``.
+
+    Interrupted (``kill -INT`` of oasis alone, ``timeout -s INT``), PuLP stops waiting
+    for CBC and leaves it running: after ``oasis offline --solver cbc`` had exited
+    with 130, CBC ran on to its time limit, a core busy and its files written into a
+    folder already removed. Children are found in ``/proc`` (Linux; elsewhere
+    nothing is done): ours, with ``folder`` in the command line."""
+    me = os.getpid()
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read()
+        except OSError:
+            continue
+        after = stat[stat.rfind(b")") + 2 :].split()  # past the name, which may hold ")"
+        if len(after) > 1 and int(after[1]) == me and folder.encode() in command:
+            with contextlib.suppress(OSError):  # gone meanwhile
+                os.kill(pid, signal.SIGKILL)
 
 
 def within_tolerance(optimum: float, bound: float) -> bool:
