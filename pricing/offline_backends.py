@@ -264,7 +264,14 @@ def _run(
     """Solve the model in place and read the solver's verdict; HiGHS calls ``report``
     as it searches."""
     pulp = _pulp()
-    with tempfile.TemporaryDirectory(prefix="oasis-offline-") as tmp:
+    # CBC's files only: HiGHS runs in this process, whose Ctrl-C may end it with
+    # os._exit (controller/commands/offline.py), which left the folder behind
+    folder: contextlib.AbstractContextManager[str] = (
+        tempfile.TemporaryDirectory(prefix="oasis-offline-")
+        if solver == "cbc"
+        else contextlib.nullcontext("")
+    )
+    with folder as tmp:
         log_path = str(Path(tmp) / "cbc.log") if solver == "cbc" else None
         engine = _solver(solver, time_limit, threads, warm, log_path, report)
         if solver == "cbc":

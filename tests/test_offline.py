@@ -631,3 +631,25 @@ def test_an_interrupted_cbc_solve_ends_cbc(monkeypatch: pytest.MonkeyPatch) -> N
         for process in started:
             process.kill()
             process.wait(timeout=10)
+
+
+def test_highs_makes_no_temporary_folder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every solve made a folder for CBC's files, HiGHS's too; a Ctrl-C that ends a
+    HiGHS solve at once (os._exit, after its grace) left it in /tmp."""
+    import tempfile
+
+    made: list[str] = []
+    folder = tempfile.TemporaryDirectory
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        made.append(kwargs.get("prefix", ""))
+        return folder(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", recorded)
+    raw = generate_trace(
+        np.random.default_rng(1), n_jobs=4, n_worker_servers=1, n_ps_servers=1, horizon=4
+    )
+    assert solve_offline(trace_from_dict(raw), time_limit=30).status == "optimal"
+    assert made == []
+    assert solve_offline(trace_from_dict(raw), solver="cbc", time_limit=30).status == "optimal"
+    assert made == ["oasis-offline-"]  # CBC's files
