@@ -156,7 +156,7 @@ def solve(
         unit=scale,
     )
     say(
-        f"column generation: {bound.stop} after {bound.iterations} rounds, certified bound "
+        f"column generation: {bound.stop} after {_rounds(bound)}, certified bound "
         f"{bound.bound * scale:.6g}, {bound.seconds:.1f} s"
     )
     columns_time = (
@@ -273,9 +273,14 @@ def _bound_text(bound: BoundResult) -> str:
         "stalled": "stopped: its LP duals were inexact",
     }[bound.stop]
     return (
-        f"configuration LP by column generation ({how}, {bound.iterations} rounds): the "
+        f"configuration LP by column generation ({how}, {_rounds(bound)}): the "
         "least Lagrangian bound of its duals"
     )
+
+
+def _rounds(bound: BoundResult) -> str:
+    """``1 round``, ``27 rounds`` (the demo trace's bound was "1 rounds")."""
+    return f"{bound.iterations} round{'' if bound.iterations == 1 else 's'}"
 
 
 def _source_text(primal: Primal) -> str:

@@ -411,3 +411,12 @@ def test_checking_schedules_takes_no_allocation_per_job(tmp_path: Path) -> None:
     finally:
         tracemalloc.stop()
     assert peak < 6 * one < dense / 5, (peak, one, dense)  # a few sums, no job count
+
+
+def test_one_round_is_said_in_the_singular(capsys: pytest.CaptureFixture[str]) -> None:
+    """The demo trace's bound came from "1 rounds" of column generation."""
+    demo = Path(__file__).resolve().parent.parent / "config" / "demo-trace.json"
+    assert main(["offline", str(demo), "--method", "colgen"]) == 0
+    captured = capsys.readouterr()
+    assert "(solved to within 1e-6, 1 round)" in captured.out, captured.out
+    assert "column generation: gap after 1 round," in captured.err, captured.err
