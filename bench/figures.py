@@ -67,7 +67,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import errno
 import math
+import os
 import sys
 import textwrap
 import time
@@ -766,7 +768,12 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = args.out
     if out.exists() and not out.is_dir():
         parser.error(f"--out {out}: exists and is not a directory")
-    out.mkdir(parents=True, exist_ok=True)
+    try:  # a traceback before; a folder it cannot write failed after the whole run
+        out.mkdir(parents=True, exist_ok=True)
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, "permission denied")
+    except OSError as err:
+        parser.error(f"--out {out}: cannot write there: {err.strerror or err}")
 
     total = len(settings.fig5_servers) * len(seeds)
     if not args.fig5_only:

@@ -193,14 +193,17 @@ def replay_json(trace: Trace, records: list[ReplayRecord]) -> dict[str, Any]:
 
 
 def replay_baseline(
-    trace: Trace, policy: str, clock: Callable[[], float] = time.perf_counter
+    trace: Trace,
+    policy: str,
+    clock: Callable[[], float] = time.perf_counter,
+    progress: Callable[[int], None] | None = None,
 ) -> list[Outcome]:
     """Simulate ``trace`` under the baseline ``policy`` (``pricing.baselines.POLICIES``).
 
     ``clock`` (seconds) times each re-plan; a job's ``decision_ms`` is the re-plan at
-    its arrival slot.
+    its arrival slot. ``progress`` is called with the slot of each re-plan after it.
     """
-    return run_baseline(trace, policy, clock)
+    return run_baseline(trace, policy, clock, progress)
 
 
 def baseline_record_json(outcome: Outcome, cluster: Cluster) -> dict[str, Any]:

@@ -32,13 +32,16 @@ class Problem:
 
 
 class SpecError(OasisError, ValueError):
-    """Invalid job, cluster, pricing or trace input. Carries every problem found."""
+    """Invalid job, cluster, pricing or trace input. Carries every problem found, or,
+    for an input with very many, the first ones and how many ``more`` were found."""
 
-    def __init__(self, problems: Iterable[Problem]) -> None:
+    def __init__(self, problems: Iterable[Problem], more: int = 0) -> None:
         self.problems: tuple[Problem, ...] = tuple(problems)
+        self.more = more
         if not self.problems:
             raise ValueError("SpecError needs at least one problem")
-        super().__init__("; ".join(str(p) for p in self.problems))
+        tail = [f"and {more} more problems"] if more > 0 else []
+        super().__init__("; ".join([*(str(p) for p in self.problems), *tail]))
 
     @classmethod
     def one(cls, field: str, reason: str) -> SpecError:

@@ -37,6 +37,7 @@ from pricing.offline_allocation import (
 )
 from pricing.offline_backends import (
     ABS_GAP,
+    Report,
     SolverName,
     Status,
     _run,
@@ -149,7 +150,9 @@ def solve_offline(
         start: one schedule per job (None: not run) handed to the solver as its first
             incumbent, e.g. the online algorithm's; the result is then never worse, even
             when the time limit cuts the search short.
-        progress: called with a one-line message before the solve starts.
+        progress: called with a one-line message before the solve starts, and with
+            HiGHS every :data:`~pricing.offline_backends.PROGRESS_SECONDS` with its
+            incumbent and bound as it searches.
         held: resources held by jobs outside the trace and each job's last slot
             (default: nothing held, every job may run to ``T - 1``).
         reduction: completion slots and rejections ruled out, and a cutoff; the
@@ -188,7 +191,7 @@ def solve_offline(
             f"{limit}{from_start})..."
         )
     started = time.perf_counter()
-    verdict = _run(model, solver, time_limit, threads, warm)
+    verdict = _run(model, solver, time_limit, threads, warm, _reporter(progress, scale))
     solve_seconds = time.perf_counter() - started
 
     jobs = _incumbent(trace, held, model) if verdict.incumbent else None
@@ -219,6 +222,24 @@ def solve_offline(
         jobs=jobs or (),
     )
     return result_in_trace_units(result, scale)
+
+
+def _reporter(progress: Callable[[str], None] | None, scale: float) -> Report | None:
+    """A one-line progress message of the solver's incumbent and bound, in the trace's
+    units (the model's times ``scale``)."""
+    if progress is None:
+        return None
+    say = progress
+
+    def report(best: float | None, bound: float | None, seconds: float) -> None:
+        gap = ""
+        if best is not None and bound is not None and best > 0:
+            gap = f", gap {(bound - best) / best:.3g}"
+        best_text = "none yet" if best is None else f"{best * scale:.6g}"
+        bound_text = "none yet" if bound is None else f"{bound * scale:.6g}"
+        say(f"ILP: best allocation {best_text}, solver's bound {bound_text}{gap}, {seconds:.0f} s")
+
+    return report
 
 
 def result_in_trace_units(result: OfflineResult, scale: float) -> OfflineResult:

@@ -5,7 +5,8 @@ Solvers, status and gap
     - HiGHS (through highspy, ``pulp.HiGHS``), without its MIP presolve, which returned
       wrong "optimal" answers on this model (see ``_solver``). Status, incumbent and the
       dual bound are read from the ``highspy.Highs`` object PuLP keeps. A given start
-      allocation is handed to it as its first incumbent.
+      allocation is handed to it as its first incumbent. While it searches, its
+      incumbent and bound are reported every :data:`PROGRESS_SECONDS` (``report``).
     - CBC (the binary PuLP bundles, ``pulp.COIN_CMD``). PuLP reports only "optimal",
       "stopped with an incumbent" or "infeasible"; CBC's own log tells a time limit from
       infeasibility, and CBC's bound does not come back, so a stopped CBC solve has status
@@ -16,9 +17,13 @@ Solvers, status and gap
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import signal
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -30,7 +35,9 @@ from pricing.offline_model import OfflineError, _Model, _pulp
 __all__ = [
     "ABS_GAP",
     "INTERRUPT_MARGIN_SECONDS",
+    "PROGRESS_SECONDS",
     "SYMMETRY_MAX_COLUMNS",
+    "Report",
     "SolverName",
     "Status",
     "status_and_gap",
@@ -54,6 +61,15 @@ INTERRUPT_MARGIN_SECONDS = 1.0
 """Past its time limit, HiGHS is interrupted from its callbacks after this long more
 (its own limit, where it checks it, ends it first)."""
 
+PROGRESS_SECONDS = 10.0
+"""Seconds between two reports of a HiGHS branch and bound's incumbent and bound: before,
+nothing was said between "solving ILP ..." and its end (``--method ilp --time-limit
+600``: ten silent minutes, and Ctrl-C left no bound on the screen)."""
+
+Report = Callable[[float | None, float | None, float], None]
+"""Called with the solver's incumbent utility and upper bound (None: none yet), in the
+model's units, and the seconds it has run."""
+
 
 @dataclass(frozen=True)
 class _Verdict:
@@ -72,13 +88,14 @@ class _Verdict:
     bound: float | None
 
 
-def _highs(warm: bool, time_limit: float | None) -> Any:
+def _highs(warm: bool, time_limit: float | None, report: Report | None = None) -> Any:
     """``pulp.HiGHS`` that, with ``warm``, hands HiGHS the variables' current values as a
     starting solution (PuLP's HiGHS API class has no warm start of its own), and with a
     ``time_limit`` also interrupts it from its simplex, interior-point and MIP callbacks
     once that many seconds (and a margin) have passed: HiGHS's own limit went unchecked
     in the root LP of a model of 220,000 rows (a horizon of 20,000 slots), which ran for
-    minutes past a limit of 10 s."""
+    minutes past a limit of 10 s. With ``report``, its MIP callback also reports the
+    incumbent and bound every :data:`PROGRESS_SECONDS`."""
     import highspy
 
     class HiGHSBounded(_pulp().HiGHS):  # type: ignore[misc]
@@ -92,12 +109,22 @@ def _highs(warm: bool, time_limit: float | None) -> Any:
                 value = np.array([float(v.varValue or 0.0) for v in cols])
                 if model.setSolution(len(cols), index, value) == highspy.HighsStatus.kError:
                     raise OfflineError("HiGHS rejected the starting allocation")
-            if time_limit is not None:
-                deadline = time.monotonic() + time_limit + INTERRUPT_MARGIN_SECONDS
+            if time_limit is not None or report is not None:
+                began = time.monotonic()
+                deadline = began + (math.inf if time_limit is None else time_limit)
+                deadline += INTERRUPT_MARGIN_SECONDS
+                due = [began + PROGRESS_SECONDS]
+                mip = int(highspy.cb.HighsCallbackType.kCallbackMipInterrupt)
 
                 def interrupt(kind: int, message: str, out: Any, into: Any, data: Any) -> None:
-                    if time.monotonic() > deadline:
+                    now = time.monotonic()
+                    if now > deadline:
                         into.user_interrupt = True
+                    if report is not None and int(kind) == mip and now >= due[0]:
+                        due[0] = now + PROGRESS_SECONDS
+                        # PuLP hands HiGHS the minimisation of -objective
+                        report(_negated(out.mip_primal_bound), _negated(out.mip_dual_bound),
+                               now - began)  # fmt: skip
 
                 model.setCallback(interrupt, None)
                 kinds = highspy.cb.HighsCallbackType
@@ -109,16 +136,21 @@ def _highs(warm: bool, time_limit: float | None) -> Any:
     return HiGHSBounded
 
 
+def _negated(x: float) -> float | None:
+    return -float(x) if math.isfinite(x) else None
+
+
 def _solver(
     name: SolverName,
     time_limit: float | None,
     threads: int | None,
     warm: bool,
     log_path: str | None = None,
+    report: Report | None = None,
 ) -> Any:
     """A configured PuLP solver: relative gap 0, absolute gap ``ABS_GAP``, quiet; with
     ``warm``, it starts from the variables' current values; CBC writes its log to
-    ``log_path``."""
+    ``log_path``; HiGHS calls ``report`` as it searches (CBC cannot)."""
     pulp = _pulp()
 
     if name == "highs":
@@ -126,7 +158,7 @@ def _solver(
         # "optimal" answers on this model: 4 of 150 random tiny traces in a check against
         # exhaustive search (CBC and HiGHS without presolve: 0). Similar reports upstream:
         # ERGO-Code/HiGHS issues 3043, 3073, 3094, 3274. Branch and bound stays on.
-        solver = _highs(warm, time_limit)(
+        solver = _highs(warm, time_limit, report)(
             msg=False,
             timeLimit=time_limit,
             threads=threads,
@@ -222,13 +254,26 @@ def _cbc_verdict(prob: Any, log: str) -> _Verdict:
 
 
 def _run(
-    model: _Model, solver: SolverName, time_limit: float | None, threads: int | None, warm: bool
+    model: _Model,
+    solver: SolverName,
+    time_limit: float | None,
+    threads: int | None,
+    warm: bool,
+    report: Report | None = None,
 ) -> _Verdict:
-    """Solve the model in place and read the solver's verdict."""
+    """Solve the model in place and read the solver's verdict; HiGHS calls ``report``
+    as it searches."""
     pulp = _pulp()
-    with tempfile.TemporaryDirectory(prefix="oasis-offline-") as tmp:
+    # CBC's files only: HiGHS runs in this process, whose Ctrl-C may end it with
+    # os._exit (controller/commands/offline.py), which left the folder behind
+    folder: contextlib.AbstractContextManager[str] = (
+        tempfile.TemporaryDirectory(prefix="oasis-offline-")
+        if solver == "cbc"
+        else contextlib.nullcontext("")
+    )
+    with folder as tmp:
         log_path = str(Path(tmp) / "cbc.log") if solver == "cbc" else None
-        engine = _solver(solver, time_limit, threads, warm, log_path)
+        engine = _solver(solver, time_limit, threads, warm, log_path, report)
         if solver == "cbc":
             engine.tmpDir = tmp  # PuLP leaves its model files behind when CBC fails
         if solver == "highs" and threads is not None:
@@ -244,11 +289,42 @@ def _run(
                 f"the {solver} solver failed ({type(err).__name__}: {str(err)[:200]}); "
                 "its numbers may be past what it represents"
             ) from err
+        except BaseException:  # Ctrl-C: PuLP stops waiting, CBC would run on
+            if solver == "cbc":
+                _end_cbc(tmp)
+            raise
         if solver == "highs":
             return _highs_verdict(model.prob)
         assert log_path is not None
         log = Path(log_path).read_text(errors="replace") if Path(log_path).exists() else ""
         return _cbc_verdict(model.prob, log)
+
+
+def _end_cbc(folder: str) -> None:
+    """Kill the CBC process this process started on the model files in ``folder``.
+
+    Interrupted (``kill -INT`` of oasis alone, ``timeout -s INT``), PuLP stops waiting
+    for CBC and leaves it running: after ``oasis offline --solver cbc`` had exited
+    with 130, CBC ran on to its time limit, a core busy and its files written into a
+    folder already removed. Children are found in ``/proc`` (Linux; elsewhere
+    nothing is done): ours, with ``folder`` in the command line."""
+    me = os.getpid()
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read()
+        except OSError:
+            continue
+        after = stat[stat.rfind(b")") + 2 :].split()  # past the name, which may hold ")"
+        if len(after) > 1 and int(after[1]) == me and folder.encode() in command:
+            with contextlib.suppress(OSError):  # gone meanwhile
+                os.kill(pid, signal.SIGKILL)
 
 
 def within_tolerance(optimum: float, bound: float) -> bool:

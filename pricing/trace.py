@@ -48,7 +48,7 @@ TRACE_KEYS = frozenset(
 )
 """Every key a trace object may have (SPEC 6)."""
 MAX_REPORTED_PROBLEMS = 50
-"""A trace with more bad fields reports the first 50 (and how many more)."""
+"""A trace with more bad fields reports the first 50 (and how many more: ``SpecError.more``)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -169,11 +169,9 @@ def trace_from_dict(raw: Any) -> Trace:
         if job.arrival > last_arrival:
             last_arrival, latest_at = job.arrival, field
         jobs.append(job)
-    if problems:
+    if problems:  # the first 50, and how many more (not a problem line counted as one)
         shown = problems[:MAX_REPORTED_PROBLEMS]
-        if len(problems) > len(shown):
-            shown.append(Problem("jobs", f"... and {len(problems) - len(shown)} more problems"))
-        raise SpecError(shown)
+        raise SpecError(shown, more=len(problems) - len(shown))
 
     if explicit is not None:
         return Trace(horizon, slot_seconds, cluster, explicit, "explicit", tuple(jobs))

@@ -99,6 +99,21 @@ def test_replay_table_for_people(capsys: pytest.CaptureFixture[str]) -> None:
     assert "admitted" in out and "total utility" in out
 
 
+def test_replay_table_says_why_a_job_had_no_schedule(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job that can never finish before the horizon (here a ``tau`` of 5 meant as
+    seconds, read as slots) was a bare ``reject`` with payoff ``-`` in the table, like
+    one priced out; its reason was in ``--json`` alone."""
+    trace = json.loads(DEMO.read_text())
+    trace["jobs"][0]["tau"] = 5
+    assert main(["replay", _write(tmp_path, trace)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index("1 job without any feasible schedule (payoff -):")
+    assert lines[at + 1].startswith("  j1: cannot finish before the horizon even on an empty")
+    assert len(lines) == at + 2  # j2 was admitted: not listed
+
+
 def test_replay_is_deterministic(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = _write(tmp_path, _small_trace(5))
     runs = []
@@ -189,6 +204,22 @@ def test_a_trace_wrong_throughout_says_twenty_problems_and_counts_the_rest(
     assert lines[0].endswith("invalid trace:") and len(lines) == 22, lines
     assert lines[1].strip().startswith("jobs[0].tau") and lines[20].strip().startswith("jobs[19].")
     assert lines[21] == f"  ... and {len(trace['jobs']) - 20:,} more"
+
+
+def test_a_trace_with_more_bad_jobs_than_it_lists_counts_every_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Past the 50 problems a trace keeps, the rest were one problem line, and the
+    terminal counted that line: 1,000 bad jobs said "... and 31 more"."""
+    trace: dict[str, Any] = generate_trace(
+        np.random.default_rng(3), n_jobs=120, n_worker_servers=4, n_ps_servers=4, horizon=30
+    )
+    for job in trace["jobs"]:
+        job["tau"] = -1
+    assert main(["replay", _write(tmp_path, trace)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 22 and lines[20].strip().startswith("jobs[19].tau"), lines
+    assert lines[21] == "  ... and 100 more"
 
 
 @pytest.mark.parametrize(
@@ -308,6 +339,26 @@ def test_a_replay_off_a_terminal_says_how_far_it_is(
     total = len(json.loads(DEMO.read_text())["jobs"])
     assert err.splitlines()[-1] == f"oasis replay: decided {total:,} of {total:,} jobs", err
     assert main(["replay", str(DEMO), "--json", "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("policy", ["dorm", "rrh"])
+def test_a_baseline_replay_off_a_terminal_says_how_far_it_is(
+    policy: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--policy`` printed nothing on stderr until it ended: Dorm over 2,000 jobs and
+    168 slots was silent for 207 s. It says the slot it re-planned at every
+    PROGRESS_SECONDS, as the OASiS replay says its jobs; --no-progress: none."""
+    from controller.commands import replay as replay_command
+
+    monkeypatch.setattr(replay_command, "PROGRESS_SECONDS", 0.0)
+    assert main(["replay", str(DEMO), "--policy", policy, "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["jobs"]
+    lines = err.splitlines()
+    assert lines and all(x.startswith(f"oasis replay: {policy} at slot ") for x in lines), err
+    assert lines[-1].endswith(" of 0..19"), err  # the demo's horizon is 20
+    assert main(["replay", str(DEMO), "--policy", policy, "--json", "--no-progress"]) == 0
     assert capsys.readouterr().err == ""
 
 
@@ -569,6 +620,20 @@ def test_replay_help_names_every_policy(
     text = " ".join(capsys.readouterr().out.split())
     for name in POLICIES:
         assert f"{name}," in text or f"{name} (" in text, name
+
+
+def test_offline_help_says_what_the_time_limit_does_not_count(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--time-limit`` said "stop after this long", but the online replay before the
+    solve, and the first bound and allocation, run whatever it is: 3,000 jobs on
+    100 + 100 servers at --time-limit 60 took 80 s."""
+    monkeypatch.setenv("COLUMNS", "1000")
+    with pytest.raises(SystemExit):
+        main(["offline", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "seconds for the solve (default: 60); the online replay before it is not counted" in text
+    assert "stop after this long" not in text
 
 
 def test_output_to_a_full_disk_is_one_line_and_leaves_no_half_file(

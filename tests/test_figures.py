@@ -188,3 +188,19 @@ def test_legend_beside_the_axes_titles_and_the_quick_caveat() -> None:
         texts = [t.get_text().replace("\n", " ") for t in ax.texts]
         assert (QUICK_CAVEAT in texts) is caveat
         plt.close(fig)
+
+
+def test_an_out_folder_it_cannot_make_is_one_line_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--out`` under a file (or under /proc) raised NotADirectoryError from mkdir with a
+    traceback, before any work; now a usage error naming it."""
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as stop:
+        main(["--quick", "--out", str(tmp_path / "file" / "figs")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (
+        f"python -m bench.figures: error: --out {tmp_path}/file/figs: cannot write there: "
+        "Not a directory"
+    ), err

@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -592,3 +593,63 @@ def test_an_ilp_too_large_to_build_is_refused_before_it_is(
     err = capsys.readouterr().err
     assert "--method ilp: the compact ILP has" in err and "over 10:" in err, err
     assert "--method auto" in err
+
+
+# PuLP leaves its CBC log open when its wait is interrupted (closed at collection)
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_an_interrupted_cbc_solve_ends_cbc(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C sent to oasis alone (``kill -INT``, ``timeout -s INT``) stopped PuLP's
+    wait for CBC and left CBC running after ``oasis offline`` had exited with 130, a
+    core busy up to its time limit. Here the wait is interrupted once CBC runs."""
+    from pulp.apis import coin_api
+
+    raw = generate_trace(
+        np.random.default_rng(7), n_jobs=40, n_worker_servers=4, n_ps_servers=4, horizon=30
+    )  # CBC does not prove its optimum within a minute
+    trace = trace_from_dict(raw)
+    started: list[subprocess.Popen[bytes]] = []
+
+    class Interrupted(subprocess.Popen[bytes]):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+        def wait(self, timeout: float | None = None) -> int:
+            if timeout is None:  # PuLP's wait for CBC: Ctrl-C once CBC runs
+                time.sleep(0.5)
+                raise KeyboardInterrupt
+            return int(super().wait(timeout))
+
+    monkeypatch.setattr(coin_api.subprocess, "Popen", Interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            solve_offline(trace, solver="cbc", time_limit=60)
+        assert len(started) == 1
+        assert started[0].wait(timeout=10) != 0  # killed, not run on to its time limit
+    finally:
+        for process in started:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def test_highs_makes_no_temporary_folder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every solve made a folder for CBC's files, HiGHS's too; a Ctrl-C that ends a
+    HiGHS solve at once (os._exit, after its grace) left it in /tmp."""
+    import tempfile
+
+    made: list[str] = []
+    folder = tempfile.TemporaryDirectory
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        made.append(kwargs.get("prefix", ""))
+        return folder(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", recorded)
+    raw = generate_trace(
+        np.random.default_rng(1), n_jobs=4, n_worker_servers=1, n_ps_servers=1, horizon=4
+    )
+    assert solve_offline(trace_from_dict(raw), time_limit=30).status == "optimal"
+    assert made == []
+    assert solve_offline(trace_from_dict(raw), solver="cbc", time_limit=30).status == "optimal"
+    assert made == ["oasis-offline-"]  # CBC's files

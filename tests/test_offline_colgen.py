@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -279,6 +280,9 @@ def test_offline_colgen_json(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert out["status"] in ("optimal", "feasible")
     if out["status"] == "feasible":
         assert out["gap"] > 0
+    # the gap is over the allocation: the progress said it was "below the bound" by it
+    said = next(x for x in captured.err.splitlines() if x.startswith("allocation ("))
+    assert said.endswith(f"; the bound is {100 * out['gap']:.3g}% above it"), said
     assert out["theorem4_assumes_small_jobs"] is True
     assert 0 < out["largest_job_share"] <= 1
     exact = solve_offline(trace_from_dict(raw), time_limit=60)
@@ -309,3 +313,110 @@ def test_the_master_lps_time_limit_is_each_solves_not_their_sum() -> None:
         assert master.solve(limit)[0] == pytest.approx(first)  # no OutOfTimeError
         solves += 1
     assert master.h.getRunTime() >= 3 * limit, "the run time did not add up"
+
+
+def test_column_generation_begins_no_round_it_cannot_end_in_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A round's pricing cannot be cut short: begun just before the deadline it ran a
+    whole round past it (2,000 jobs: ``--time-limit 30`` took 45 s). Here each pricing
+    takes 0.5 s, a round two of them: begun at 1.5 s, the second would end at 2.5 s."""
+    from pricing.column_generation import _Priced
+
+    trace = _small(2)  # 16 rounds to its gap without a time limit
+    optimum = solve_offline(trace, time_limit=60).optimum
+    configuration_bound(trace, Held.nothing(trace), max_iterations=1)  # compiled first
+    at = _Priced.at
+
+    def slow(cells: Any, pi: Any) -> Any:
+        time.sleep(0.5)
+        return at(cells, pi)
+
+    monkeypatch.setattr(_Priced, "at", staticmethod(slow))
+    result = configuration_bound(trace, Held.nothing(trace), time_limit=2.0)
+    assert result.stop == "time limit" and result.iterations == 1
+    assert result.seconds < 2.0
+    assert optimum is not None and result.bound >= optimum - 1e-6  # still certified
+
+
+def test_rounding_without_time_is_greedy_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``time_limit=0`` is "greedy only", as documented: the Lagrangian heuristic's two
+    passes (2.6 s each for 2,000 jobs) ran anyway, past the offline time limit."""
+    from pricing import offline_rounding
+
+    trace = _small(3)
+    result = configuration_bound(trace, Held.nothing(trace))
+    passes: list[int] = []
+    fill = offline_rounding._fill
+
+    def counted(residual: Any, pi: Any, order: Any) -> None:
+        passes.append(1)
+        fill(residual, pi, order)
+
+    monkeypatch.setattr(offline_rounding, "_fill", counted)
+    assert round_columns(result, time_limit=0).source == "greedy"
+    assert len(passes) == 1  # the greedy allocation's fill pass alone
+    passes.clear()
+    round_columns(result, time_limit=5)
+    assert len(passes) >= 3  # with time: both heuristic passes too
+
+
+def test_schedules_are_checked_as_their_dense_allocation_is() -> None:
+    """``check_schedules`` and ``schedule_jobs`` say what ``check_allocation`` and
+    ``allocation_jobs`` say of the ``(J, T, H)`` arrays the schedules make, for the
+    online schedules and for each way one can break SPEC 3-5."""
+    from pricing.offline_allocation import check_schedules, schedule_jobs
+    from pricing.schedule import Schedule
+
+    trace = _small(4, jobs=12, servers=2, horizon=10)
+    held = Held.nothing(trace)
+    _, start = _online(trace)
+    ran = [i for i, s in enumerate(start) if s is not None]
+    assert len(ran) >= 2
+    i, j = ran[0], ran[-1]
+    s, late = start[i], start[j]
+    broken: list[list[Any]] = [list(start) for _ in range(5)]
+    broken[0][i] = Schedule(s.start, s.workers[:-1], s.ps[:-1])  # fewer worker-slots than W
+    broken[1][i] = Schedule(s.start, s.workers * 50, s.ps * 50)  # past N and capacity
+    broken[2][i] = Schedule(s.start, s.workers, s.ps * 0)  # no PS
+    broken[3][j] = Schedule(late.start - 1, late.workers, late.ps)  # before its arrival
+    broken[4][i] = start[j]  # another job's schedule
+    for schedules in [start, *broken]:
+        dense = allocation_from_schedules(trace, schedules)
+        assert check_schedules(trace, held, schedules) == check_allocation(trace, held, *dense)
+        assert schedule_jobs(trace, schedules) == allocation_jobs(trace, dense[0])
+    assert all(check_schedules(trace, held, b) for b in broken if b[j].start >= 0)
+
+
+def test_checking_schedules_takes_no_allocation_per_job(tmp_path: Path) -> None:
+    """``oasis offline`` checked the online start and the rounded allocation as
+    ``(J, T, H)`` arrays: 1,000 jobs on 500 + 500 servers over 168 slots took 1.3 GB and
+    11.8 s, past a 20 s time limit twice. Checked schedule by schedule: 0.2 s, and
+    memory of one ``(T, H, R)`` sum."""
+    import tracemalloc
+
+    from pricing.offline_allocation import check_schedules
+
+    raw = generate_trace(
+        np.random.default_rng(5), n_jobs=100, n_worker_servers=300, n_ps_servers=300, horizon=60
+    )
+    trace = trace_from_dict(raw)
+    _, start = _online(trace)
+    dense = len(trace.jobs) * trace.horizon * 600 * 8  # bytes of the two arrays
+    one = trace.horizon * 300 * len(trace.cluster.resources) * 8  # of one (T, H, R) sum
+    tracemalloc.start()
+    try:
+        assert check_schedules(trace, Held.nothing(trace), start) == []
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 6 * one < dense / 5, (peak, one, dense)  # a few sums, no job count
+
+
+def test_one_round_is_said_in_the_singular(capsys: pytest.CaptureFixture[str]) -> None:
+    """The demo trace's bound came from "1 rounds" of column generation."""
+    demo = Path(__file__).resolve().parent.parent / "config" / "demo-trace.json"
+    assert main(["offline", str(demo), "--method", "colgen"]) == 0
+    captured = capsys.readouterr()
+    assert "(solved to within 1e-6, 1 round)" in captured.out, captured.out
+    assert "column generation: gap after 1 round," in captured.err, captured.err

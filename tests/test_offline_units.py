@@ -108,3 +108,27 @@ def test_offline_prints_the_optimum_in_the_traces_units(
     assert small["optimum"] == pytest.approx(plain["optimum"] * 1e-8, rel=1e-9)
     # not the online utility: SPEC 5 admits a job iff its payoff is over 1e-9, in the
     # trace's units, so the online algorithm's decisions do depend on the unit
+
+
+def test_the_ilps_progress_reports_its_incumbent_and_bound_in_the_traces_units(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """HiGHS's search said nothing between "solving ILP ..." and its end (``--method ilp
+    --time-limit 600``: ten silent minutes, and Ctrl-C left no bound on the screen). Now
+    its incumbent and bound come every ``PROGRESS_SECONDS`` (here at every callback), in
+    the trace's units though the solver sees its own."""
+    from pricing import offline_backends
+
+    monkeypatch.setattr(offline_backends, "PROGRESS_SECONDS", 0.0)
+    times = 1e-8
+    assert utility_scale(_trace(2, times)) != 1.0  # solved in other units
+    lines: list[str] = []
+    result = solve_offline(_trace(2, times), time_limit=60, progress=lines.append)
+    assert result.status == "optimal" and result.optimum is not None
+    reports = [x for x in lines if x.startswith("ILP: best allocation ")]
+    assert reports, lines
+    last = reports[-1].split(", ")
+    best = float(last[0].removeprefix("ILP: best allocation "))
+    bound = float(last[1].removeprefix("solver's bound "))
+    assert best == pytest.approx(result.optimum, rel=1e-5)
+    assert result.optimum - 1e-6 * abs(result.optimum) <= bound <= 2 * result.optimum

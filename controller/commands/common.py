@@ -57,15 +57,17 @@ MAX_PROBLEM_LINES = 20
 """Problems of one input said on the terminal at most."""
 
 
-def problem_lines(problems: Iterable[Problem], more: str = "") -> str:
+def problem_lines(problems: Iterable[Problem], more: str = "", unlisted: int = 0) -> str:
     """One indented line per problem, the first :data:`MAX_PROBLEM_LINES`, then how many
     more there are (and ``more``: where to find them, e.g. ``--json``). A trace whose
     every job misses one key has as many problems as jobs: all of them were printed,
-    200,000 lines for a trace of 10^5 servers named twice."""
+    200,000 lines for a trace of 10^5 servers named twice. ``unlisted`` counts problems
+    found beyond ``problems`` (``SpecError.more``): a trace of 1,000 bad jobs, cut to 50
+    problems and a line for the rest, said "... and 31 more"."""
     listed = list(problems)
     lines = [f"  {p}" for p in listed[:MAX_PROBLEM_LINES]]
-    if len(listed) > MAX_PROBLEM_LINES:
-        left = len(listed) - MAX_PROBLEM_LINES
+    left = max(len(listed) - MAX_PROBLEM_LINES, 0) + unlisted
+    if left > 0:
         lines.append(f"  ... and {left:,} more" + (f" ({more})" if more else ""))
     return "\n".join(lines)
 
@@ -203,7 +205,7 @@ def load_trace(path: str) -> Trace:
     try:
         trace = trace_from_dict(data)
     except SpecError as err:
-        lines = problem_lines(err.problems) + _job_spec_hint(data)
+        lines = problem_lines(err.problems, unlisted=err.more) + _job_spec_hint(data)
         raise InputError(f"{path}: invalid trace:\n{lines}", err.problems) from err
     _check_memory(path, trace)
     return trace

@@ -47,11 +47,10 @@ from pricing.offline import (
     Held,
     OfflineError,
     OfflineResult,
-    allocation_from_schedules,
-    check_allocation,
     largest_job_share,
     theorem4_bound,
 )
+from pricing.offline_allocation import check_schedules
 from pricing.offline_solve import ilp_size, solve
 from pricing.schedule import Schedule
 from pricing.trace import Trace
@@ -114,8 +113,10 @@ def register(sub: Any) -> None:
         type=positive_seconds,
         default=DEFAULT_TIME_LIMIT,
         metavar="SECONDS",
-        help=f"stop after this long (default: {DEFAULT_TIME_LIMIT:g}); the best allocation "
-        "found is reported with its gap to the certified bound",
+        help=f"seconds for the solve (default: {DEFAULT_TIME_LIMIT:g}); the online replay "
+        "before it is not counted, and a certified bound and a first allocation are made "
+        "however short it is; the best allocation found is reported with its gap to the "
+        "certified bound",
     )
     p.add_argument(
         "--threads", type=int_at_least(1), default=None, help="solver threads (default: solver's)"
@@ -313,7 +314,7 @@ def _startable(history: History, progress: Any) -> list[Schedule | None]:
             "admitted jobs holding fewer worker-slots than their work in the store (done "
             f"early, or failed): {len(short)}, left out of the solver's start"
         )
-    problems = check_allocation(trace, history.held, *allocation_from_schedules(trace, schedules))
+    problems = check_schedules(trace, history.held, schedules)
     if problems:
         progress(
             f"the daemon's allocation breaks SPEC 3-5 on these servers ({problems[0]}): "

@@ -29,9 +29,15 @@ POLICIES: dict[str, Callable[[], Policy]] = {
 """Baseline name (as ``oasis replay --policy`` takes it) to a factory of the policy."""
 
 
-def run(trace: Trace, name: str, clock: Callable[[], float] | None = None) -> list[Outcome]:
+def run(
+    trace: Trace,
+    name: str,
+    clock: Callable[[], float] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> list[Outcome]:
     """Replay ``trace`` under the baseline ``name``; outcomes in trace order.
 
-    ``clock`` (seconds) times each re-plan; KeyError for an unknown name.
+    ``clock`` (seconds) times each re-plan; ``progress`` is called with the slot of
+    each re-plan after it; KeyError for an unknown name.
     """
-    return simulate(trace, POLICIES[name](), clock)
+    return simulate(trace, POLICIES[name](), clock, progress)

@@ -506,21 +506,27 @@ def _cut(counts: I64, n: int) -> I64:
 
 
 def simulate(
-    trace: Trace, policy: Policy, clock: Callable[[], float] | None = None
+    trace: Trace,
+    policy: Policy,
+    clock: Callable[[], float] | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> list[Outcome]:
     """Replay ``trace`` under ``policy``; every job's outcome, in trace order.
 
     ``clock`` (seconds) times each re-plan; an arrival's ``decision_ms`` is the re-plan
-    at its arrival slot (0 without a clock). The outcomes are checked against a
+    at its arrival slot (0 without a clock). ``progress`` is called with the slot of
+    each re-plan after it. The outcomes are checked against a
     :class:`~pricing.ledger.Ledger`, so an over-allocation raises CapacityError.
     """
     sim = Simulator(trace)
-    for _slot in sim.steps():
+    for slot in sim.steps():
         start = clock() if clock else 0.0
         policy.replan(sim)
         elapsed = (clock() - start) * 1000.0 if clock else 0.0
         for task in sim.arrivals:
             task.decision_ms += elapsed
+        if progress is not None:
+            progress(slot)
     outcomes = sim.outcomes()
     verify(trace, outcomes)
     return outcomes
