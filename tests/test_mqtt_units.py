@@ -483,8 +483,10 @@ def test_an_agents_clock_off_the_daemons_is_said_once_and_so_is_its_return(
     assert ex.agents.clock_offsets == {"w0": 1.0, "p0": -12.0}
     with capture_logs() as logs:  # a forged sent_at: not its 301 digits in the line
         ex.heartbeat(Heartbeat("w0", "a", sent_at=1e300))
-        ex.heartbeat(Heartbeat("p0", "a", sent_at=now))  # back, then a long way off
+        ex.heartbeat(Heartbeat("p0", "a", sent_at=now - 0.04))  # back, then a long way off
         ex.heartbeat(Heartbeat("p0", "a", sent_at=now - 3 * 86400 - 4 * 3600))
+    [back] = [e["offset_seconds"] for e in logs if e["log_level"] == "info"]
+    assert str(back) == "0.0", back  # -0.04 s was said as "-0.0" (the plane audit)
     far = [e["event"] for e in logs if e["log_level"] == "warning"]
     assert "plan 1.157e+295d early;" in far[0] and len(far[0]) < 200, far
     assert "plan 3d4h late;" in far[1], far

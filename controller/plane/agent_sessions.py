@@ -299,8 +299,9 @@ class AgentSessions:
             )  # fmt: skip
         else:
             self._clock_said_off.discard(server)
+            # + 0.0: -0.04 rounds to -0.0, which the line printed as "-0.0"
             self.log.info("an agent's clock is back in step with the daemon's", server=server,
-                          offset_seconds=round(offset, 1), **held)  # fmt: skip
+                          offset_seconds=round(offset, 1) + 0.0, **held)  # fmt: skip
 
 
 def _how_far(offset: float) -> str:
