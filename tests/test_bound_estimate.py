@@ -513,7 +513,8 @@ def test_calibrate_writes_a_prior_a_trace_can_name(
     history = tmp_path / "history.json"
     history.write_text(json.dumps(_trace(13, n_jobs=80)))
     assert main(["calibrate", str(history), "-o", str(tmp_path / "prior.json")]) == 0
-    assert "a prior worth 40 jobs" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "a prior worth 40 jobs" in err and "note:" not in err
     prior = json.loads((tmp_path / "prior.json").read_text())
     assert prior_from_dict(prior).source == f"oasis calibrate {history}"
 
@@ -546,6 +547,10 @@ def test_calibrate_writes_a_prior_a_trace_can_name(
                  "--horizon", "24", "--seed", "3", "--max-share", "0.2",
                  "-o", str(spread)]) == 0  # fmt: skip
     assert main(["calibrate", str(spread), "-o", str(tmp_path / "spread-prior.json")]) == 0
+    # 10 jobs made a prior counted as 40 without a word (the replay audit)
+    assert ("note: made from fewer jobs than it counts as: the estimate takes its 10 jobs "
+            "for 40 jobs until it has seen as many; calibrate from more jobs, or give "
+            "--weight 10") in capsys.readouterr().err  # fmt: skip
     made = json.loads((tmp_path / "spread-prior.json").read_text())
     shares = [s for side in ("worker", "ps") for _v, s in made[side]["floor"]]
     assert min(shares) < 5e-7  # the case: a share 6 decimals made 0

@@ -164,4 +164,12 @@ def run(args: argparse.Namespace) -> int:
         f"cluster it starts L1 at {floors}",
         file=sys.stderr,
     )
+    if len(jobs) < args.weight:  # a prior of 1 job counted as 40 without a word
+        print(
+            f"oasis calibrate: note: made from fewer jobs than it counts as: the estimate "
+            f"takes its {counted(len(jobs), 'job')} for {counted(args.weight, 'job')} until "
+            "it has seen as many; calibrate from more jobs, or give --weight "
+            f"{len(jobs)}",
+            file=sys.stderr,
+        )
     return EXIT_OK
