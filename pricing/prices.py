@@ -268,6 +268,11 @@ def bounds_from_dict(raw: Any, cluster: Cluster, field: str = "pricing") -> Pric
         return None
     # "bounds" is absent here; known, it is the suggestion for a mistyped "bound"
     problems = fields.unknown_keys(spec, EXPLICIT_KEYS | {"bounds"}, field)
+    if not spec:  # `"pricing": {}` was told only to give U1, U2, L1 and L2
+        raise SpecError.one(
+            field, 'is empty: give {"bounds": "oracle"} (the default, SPEC 4: from the '
+            'jobs), {"bounds": "estimate"} (the daemon\'s), or explicit U1, U2, L1 and L2',
+        )  # fmt: skip
     floors: dict[str, float | NDArray[np.float64]] = {}
     for key in ("L1", "L2"):
         try:

@@ -390,6 +390,8 @@ BAD_INPUTS = [
     ("pricing", {"U1": {"gpu": 0.5}, "U2": {}, "L1": 1, "L2": 1}, "pricing.U1.gpu"),
     ("pricing", {"U1": {"tpu": 2}, "U2": {}, "L1": 1, "L2": 1}, "pricing.U1.tpu"),
     ("pricing", {"U1": {}, "U2": {}, "L1": 0, "L2": 1}, "pricing.L1"),
+    # told only "U1, U2, L1, L2: is required", not that {"bounds": ...} is the other form
+    ("pricing", {}, "pricing"),
     ("horizon", 0, "horizon"),
     ("version", 2, "version"),
 ]
