@@ -19,7 +19,9 @@ import importlib
 import json
 import os
 import re
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -148,9 +150,6 @@ _TRACE_TOOLS = frozenset({"replay", "offline", "calibrate", "gen"})
 """Commands whose --json output is SPEC 6's document: their errors go to standard error
 (controller/commands/connection.py)."""
 
-EXIT_INTERRUPTED = 130
-"""Ctrl-C (SIGINT), as a shell reports a command it ended: 128 + 2."""
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; its output shows what it prints and never acts on the terminal
@@ -167,6 +166,12 @@ def _main(argv: list[str]) -> int:
     _Parser.secrets = tuple(_token_values(argv))
     _Parser.misplaced, _Parser.command = _misplaced(argv)
     args = build_parser(_command_of(argv)).parse_args(argv)
+    # SIGTERM ends a command as Ctrl-C does (its clean-up runs), where nothing else
+    # handles it (a test's process, the agent's own loop: theirs stay)
+    main_thread = threading.current_thread() is threading.main_thread()
+    term = signal.getsignal(signal.SIGTERM) if main_thread else None
+    if term == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, common.on_sigterm)
     try:
         code: int = args.func(args)
         sys.stdout.flush()  # a write that fails (a full disk) fails here, not at exit
@@ -182,9 +187,12 @@ def _main(argv: list[str]) -> int:
         return common.EXIT_BAD_INPUT
     except BrokenPipeError:
         return common.EXIT_FAILURE
+    except common.Terminated:  # SIGTERM: as Ctrl-C, with its own word and status
+        print(f"oasis {args.command}: terminated", file=sys.stderr)
+        return common.EXIT_TERMINATED
     except KeyboardInterrupt:  # Ctrl-C: a line, not a traceback; the shell's status
         print(f"oasis {args.command}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return common.EXIT_INTERRUPTED
     except OSError as err:  # its output: a full disk (`oasis replay > out.json`), ...
         where = f" ({err.filename})" if err.filename else ""
         print(f"oasis {args.command}: {err.strerror or err}{where}", file=sys.stderr)
@@ -194,6 +202,9 @@ def _main(argv: list[str]) -> int:
               "model built from it, is too large for this machine's memory)",
               file=sys.stderr)  # fmt: skip
         return common.EXIT_FAILURE
+    finally:
+        if term == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return code
 
 

@@ -745,22 +745,24 @@ def test_a_json_usage_error_names_its_option(
     assert error["problems"][0]["message"].startswith(reason), error
 
 
-def _interrupted(args: list[str], after: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    """``oasis ARGS`` as a subprocess, sent SIGINT (Ctrl-C) once its stderr says
+def _interrupted(
+    args: list[str], after: str, tmp_path: Path, sig: int = 2, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``oasis ARGS`` as a subprocess, sent ``sig`` (SIGINT: Ctrl-C) once its stderr says
     ``after``; its output."""
-    import signal
     import time
 
     err_path = tmp_path / "err"
     with open(err_path, "w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "controller.cli", *args], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=err, text=True)  # fmt: skip
+                                stdout=subprocess.PIPE, stderr=err, text=True,
+                                env=env)  # fmt: skip
         deadline = time.monotonic() + 120
         while after not in err_path.read_text():
             assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()
             time.sleep(0.05)
         time.sleep(0.5)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         out, _ = proc.communicate(timeout=60)
     return subprocess.CompletedProcess(args, proc.returncode, out, err_path.read_text())
 
@@ -782,6 +784,29 @@ def test_ctrl_c_says_interrupted_and_exits_130_without_a_traceback(tmp_path: Pat
         assert got.returncode == 130, (args, got.returncode, got.stderr)
         assert "Traceback" not in got.stderr and "proof is wrong" not in got.stderr, got.stderr
         assert got.stderr.rstrip().endswith(f"oasis {args[0]}: interrupted"), got.stderr
+
+
+def test_sigterm_ends_a_command_as_ctrl_c_does_with_its_clean_up(tmp_path: Path) -> None:
+    """The replay audit: ``timeout 60 oasis offline --solver cbc`` (SIGTERM, as a batch
+    scheduler's limit sends) ended with no word and left CBC's model in a
+    ``/tmp/oasis-offline-*`` folder. Now SIGTERM ends a command as Ctrl-C does: its
+    clean-up runs, a line says so, status 143."""
+    import os
+    import signal
+
+    ilp = tmp_path / "ilp.json"
+    assert main(["gen", "--jobs", "40", "--worker-servers", "4", "--ps-servers", "4",
+                 "--horizon", "30", "--seed", "7", "-o", str(ilp)]) == 0  # fmt: skip
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp)}
+    args = ["offline", str(ilp), "--method", "ilp", "--solver", "cbc", "--json"]
+    got = _interrupted(args, "solving ILP", tmp_path, signal.SIGTERM, env)
+    assert got.returncode == 143, (got.returncode, got.stderr)
+    assert "Traceback" not in got.stderr, got.stderr
+    assert got.stderr.rstrip().endswith("oasis offline: terminated"), got.stderr
+    assert list(temp.iterdir()) == []  # CBC's model folder removed
+    assert got.stdout == ""
 
 
 def test_version_and_a_closed_stdout(tmp_path: Path) -> None:

@@ -23,8 +23,11 @@ from sqlalchemy.exc import SQLAlchemyError
 from controller.commands import SUMMARIES
 from controller.commands.common import (
     EXIT_FAILURE,
+    EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_TERMINATED,
     InputError,
+    Terminated,
     add_arrival_slots,
     add_search_limit,
     check_store_url,
@@ -356,9 +359,10 @@ INTERRUPT_GRACE_SECONDS = 2.0
 
 @contextlib.contextmanager
 def _interrupts(noted: list[int]) -> Iterator[None]:
-    """Within: SIGINT (Ctrl-C) raises KeyboardInterrupt as before, and is also noted in
-    ``noted``. HiGHS runs Python callbacks during its solve; one interrupted
-    there ends the solve as a "solve error" and the exception is lost, so the run then
+    """Within: SIGINT (Ctrl-C) raises KeyboardInterrupt as before (SIGTERM
+    :class:`~controller.commands.common.Terminated`), and is also noted in ``noted``.
+    HiGHS runs Python callbacks during its solve; one interrupted there ends the solve
+    as a "solve error" and the exception is lost, so the run then
     read as a wrong proof ("an allocation ... beats the solver's bound -0", the CLI
     audit). Off the main thread: nothing is changed.
 
@@ -374,9 +378,9 @@ def _interrupts(noted: list[int]) -> Iterator[None]:
         yield
         return
 
-    def on_sigint(signum: int, frame: Any) -> None:
+    def on_signal(signum: int, frame: Any) -> None:
         noted.append(signum)
-        raise KeyboardInterrupt
+        raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
 
     done = threading.Event()
     readable, writable = os.pipe()
@@ -385,14 +389,17 @@ def _interrupts(noted: list[int]) -> Iterator[None]:
     def watch() -> None:
         while not done.is_set():
             got = os.read(readable, 64)  # signal numbers, one byte each
-            if done.is_set() or not got or signal.SIGINT not in got:
+            if done.is_set() or not got or not {signal.SIGINT, signal.SIGTERM} & set(got):
                 continue
             if done.wait(INTERRUPT_GRACE_SECONDS):
                 return
-            print("oasis offline: interrupted", file=sys.stderr, flush=True)
-            os._exit(130)
+            term = signal.SIGTERM in got
+            print(f"oasis offline: {'terminated' if term else 'interrupted'}", file=sys.stderr,
+                  flush=True)  # fmt: skip
+            os._exit(EXIT_TERMINATED if term else EXIT_INTERRUPTED)
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    previous = signal.signal(signal.SIGINT, on_signal)
+    previous_term = signal.signal(signal.SIGTERM, on_signal)
     previous_fd = signal.set_wakeup_fd(writable, warn_on_full_buffer=False)
     watcher = threading.Thread(target=watch, name="ctrl-c", daemon=True)
     watcher.start()
@@ -406,6 +413,7 @@ def _interrupts(noted: list[int]) -> Iterator[None]:
         os.close(readable)
         os.close(writable)
         signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGTERM, previous_term)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -456,7 +464,7 @@ def run(args: argparse.Namespace) -> int:
             )
     except (OfflineError, ColumnGenerationError) as err:
         if interrupted:  # the solver's failure was Ctrl-C's: say that (cli.py: 130)
-            raise KeyboardInterrupt from err
+            raise (Terminated if signal.SIGTERM in interrupted else KeyboardInterrupt) from err
         print(f"oasis offline: {err}", file=sys.stderr)
         return EXIT_FAILURE
     except MemoryError:
