@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping, Sized
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -118,13 +119,29 @@ def test_the_slot_clock_keeps_ticking_after_a_store_outage_at_a_boundary(
         daemon.stop()
 
 
+def _logs_of(event: Any, outcomes: Sized) -> list[MutableMapping[str, Any]]:
+    """What ``event`` (a PeriodicEvent whose run takes ``outcomes`` one by one) logs
+    until its runs have taken them all, and a few more runs."""
+    import asyncio
+
+    from structlog.testing import capture_logs
+
+    async def main() -> None:
+        task = asyncio.create_task(event.loop())
+        while outcomes:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.02)
+        task.cancel()
+
+    with capture_logs() as logs:
+        asyncio.run(main())
+    return logs
+
+
 def test_a_periodic_task_says_once_that_the_store_is_away_not_a_traceback_each_run() -> None:
     """The HA audit: a PostgreSQL restart made the standby log "periodic event failed"
     with a full traceback of StoreUnavailableError at every run of each task, as if it
     were a bug. An outage is said once per task (a warning), and its end once."""
-    import asyncio
-
-    from structlog.testing import capture_logs
 
     from controller.daemon import PeriodicEvent
     from controller.store.database import StoreUnavailableError
@@ -137,15 +154,7 @@ def test_a_periodic_task_says_once_that_the_store_is_away_not_a_traceback_each_r
         if outcome is not None:
             raise outcome
 
-    async def main() -> None:
-        task = asyncio.create_task(PeriodicEvent("follow", 0.001, run).loop())
-        while outcomes:
-            await asyncio.sleep(0.005)
-        await asyncio.sleep(0.02)
-        task.cancel()
-
-    with capture_logs() as logs:
-        asyncio.run(main())
+    logs = _logs_of(PeriodicEvent("follow", 0.001, run), outcomes)
     said = [(e["event"], e["log_level"], "exc_info" in e) for e in logs]
     assert said == [
         ("periodic event waits: the store is unavailable", "warning", False),
@@ -161,9 +170,6 @@ def test_a_run_with_nothing_to_write_does_not_say_a_refusing_store_is_back() -> 
     through. Each one that did said "runs again: the store is back", and the next
     failure "waits" again: two false lines every 5 s for as long as the store refused
     writes. Now the store's own state says when it is back."""
-    import asyncio
-
-    from structlog.testing import capture_logs
 
     from controller.daemon import PeriodicEvent
     from controller.store.database import StoreUnavailableError
@@ -180,16 +186,7 @@ def test_a_run_with_nothing_to_write_does_not_say_a_refusing_store_is_back() -> 
         if outcome is not None:
             raise outcome
 
-    async def main() -> None:
-        event = PeriodicEvent("slot clock", 0.001, run, lambda: trouble[0])
-        task = asyncio.create_task(event.loop())
-        while outcomes:
-            await asyncio.sleep(0.005)
-        await asyncio.sleep(0.02)
-        task.cancel()
-
-    with capture_logs() as logs:
-        asyncio.run(main())
+    logs = _logs_of(PeriodicEvent("slot clock", 0.001, run, lambda: trouble[0]), outcomes)
     assert [e["event"] for e in logs] == [
         "periodic event waits: the store is unavailable",
         "periodic event runs again: the store is back",

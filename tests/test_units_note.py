@@ -37,6 +37,26 @@ def _raw(times: float, prior: str = "default") -> dict[str, Any]:
     return raw
 
 
+def _controller(tmp_path: Path, raw: dict[str, Any], now: float) -> AdmissionController:
+    """An opened controller on ``raw``'s cluster with estimated bounds, its clock at
+    ``now`` (Unix seconds), slot 0 at the epoch."""
+    config = from_dict(
+        {
+            "daemon": {"data_dir": str(tmp_path), "window": 30, "epoch": 0},
+            "pricing": {"bounds": "estimate"},
+            "cluster": {"resources": raw["resources"], "servers": raw["servers"]},
+        }
+    )
+    inner = AdmissionController(
+        config,
+        Database(config.database_url),
+        SlotClock(FakeClock(now), 3600.0, 0.0),
+        log=structlog.wrap_logger(structlog.ReturnLogger()),
+    )
+    inner.open()
+    return inner
+
+
 def test_replay_names_the_units_only_where_they_differ() -> None:
     small = list(replay(trace_from_dict(_raw(1e-4))))
     assert not any(r.decision.admitted for r in small)  # the prior prices them all out
@@ -52,20 +72,7 @@ def test_replay_names_the_units_only_where_they_differ() -> None:
 
 def test_the_daemon_says_it_in_the_rejection(tmp_path: Path) -> None:
     raw = _raw(1e-4)
-    config = from_dict(
-        {
-            "daemon": {"data_dir": str(tmp_path), "window": 30, "epoch": 0},
-            "pricing": {"bounds": "estimate"},
-            "cluster": {"resources": raw["resources"], "servers": raw["servers"]},
-        }
-    )
-    inner = AdmissionController(
-        config,
-        Database(config.database_url),
-        SlotClock(FakeClock(1.0), 3600.0, 0.0),
-        log=structlog.wrap_logger(structlog.ReturnLogger()),
-    )
-    inner.open()
+    inner = _controller(tmp_path, raw, 1.0)
     try:
         job = {
             k: v for k, v in cast(list[dict[str, Any]], raw["jobs"])[0].items() if k != "arrival"
@@ -94,20 +101,7 @@ def test_a_date_in_the_past_is_not_taken_for_another_unit(tmp_path: Path) -> Non
     (record,) = replay(trace_from_dict(raw))  # a small unit is still told of
     assert not record.decision.admitted and NOTE in record.reason, record.reason
 
-    config = from_dict(
-        {
-            "daemon": {"data_dir": str(tmp_path), "window": 30, "epoch": 0},
-            "pricing": {"bounds": "estimate"},
-            "cluster": {"resources": raw["resources"], "servers": raw["servers"]},
-        }
-    )
-    inner = AdmissionController(
-        config,
-        Database(config.database_url),
-        SlotClock(FakeClock(2e9), 3600.0, 0.0),  # 2033: a deadline in 2020 is past
-        log=structlog.wrap_logger(structlog.ReturnLogger()),
-    )
-    inner.open()
+    inner = _controller(tmp_path, raw, 2e9)  # 2033: a deadline in 2020 is past
     try:
         del first["arrival"]
         past = {"kind": "deadline", "value": 50.0, "deadline": "2020-01-01T00:00:00Z",
