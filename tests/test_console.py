@@ -672,3 +672,39 @@ def test_a_cordon_on_the_servers_page_says_when_in_local_time(
         assert f" to slot {back - 1}, back " in state and "; by ops: disk)" in state, state
     finally:
         oasis("uncordon", name, *login_args)
+
+
+def test_a_replanned_jobs_payoff_is_marked_as_its_decisions(browser: Any, cluster: Cluster) -> None:
+    """A cordon moved an admitted job later: its utility became the new plan's while its
+    cost and payoff stayed its decision's, and the job's page and the list showed the
+    three side by side (utility 6.83, cost 2.28, payoff 42.72) with no word, where
+    ``oasis job`` says "as re-planned; admitted with ...". Now the pages say it too."""
+    from selenium.webdriver.common.by import By
+
+    job = cluster.submit("alice", "alice-moved")
+    assert job.state == pb.JOB_STATE_ADMITTED
+    workers = ["w0", "w1", "w2"]
+    login_args = ["--server", cluster.daemon.address, "--token", TOKENS["ops"]]
+    oasis("cordon", *workers, "--for", "3h", "--force", *login_args)
+    try:
+        status, body = api(cluster, "/api/jobs/alice-moved", TOKENS["alice"])
+        assert status == 200
+        d = body["job"]["decision"]
+        assert body["job"]["state"] == "admitted" and d["jct"] > job.decision.jct, d
+        assert d["utility"] != pytest.approx(d["payoff"] + d["cost"]), d  # moved
+        login(browser, cluster, "alice")
+        browser.get(cluster.web + "/jobs/alice-moved")
+        wait_for(browser, lambda b: b.find_element(By.ID, "h-plan"), "the job's page")
+        facts = browser.find_element(By.CSS_SELECTOR, "section[aria-labelledby='h-decision']").text
+        assert " as re-planned " in facts and "admitted with" in facts, facts
+        assert "(at admission)" in facts, facts
+        browser.get(cluster.web + "/jobs?q=alice-moved")
+        link = wait_for(browser, lambda b: b.find_element(By.LINK_TEXT, "alice-moved"), "its row")
+        cells = [c.text for c in link.find_element(By.XPATH, "./ancestor::tr").find_elements(
+            By.TAG_NAME, "td")]  # fmt: skip
+        assert cells[-3].endswith("*"), cells
+        assert (
+            "re-planned since its admission" in browser.find_element(By.ID, "replanned-note").text
+        )
+    finally:
+        oasis("uncordon", *workers, *login_args)

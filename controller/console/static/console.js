@@ -128,6 +128,14 @@
   function jobLink(id) { return el("a", { href: "/jobs/" + encodeURIComponent(id), text: id }); }
   // a cancelled or failed job's plan was not carried out: its numbers were planned, never earned
   var ABANDONED = { cancelled: true, failed: true };
+  // an admitted job whose plan changed since its decision (a server failed or was
+  // cordoned, its work ran slow): its utility is its plan's now, its cost and payoff its
+  // decision's, so utility - cost is not its payoff (oasis jobs marks it the same way)
+  function replanned(j) {
+    var u = j.utility, c = j.cost, p = j.payoff;
+    if (ABANDONED[j.state] || u === null || c === null || p === null || u === undefined) return false;
+    return Math.abs(p + c - u) > 1e-9 * Math.max(1, Math.abs(u));
+  }
   function planned(x) {
     if (x === null || x === undefined) return "–";
     return el("span", { class: "not-earned", title: "planned at admission, not earned", text: num(x) + " (planned)" });
@@ -664,10 +672,13 @@
         if (ABANDONED[j.state]) return row.concat(["–", planned(j.planned && j.planned.utility), planned(j.cost), planned(j.payoff)]);
         // a completion slot's time is its end, as on the job's page and in oasis jobs
         var done = j.completion_slot === null ? "–" : j.completion_slot + " (" + when(clock, j.completion_slot + 1) + ")";
+        if (replanned(j)) return row.concat([done, num(j.utility) + "*", j.cost, j.payoff]);
         return row.concat([done, j.utility, j.cost, j.payoff]);
       });
       out.push(table("Jobs in decision order", ["Job", "State", "Submitted (slot)", "Arrives", "Completes (slot)",
         "Utility", "Cost", "Payoff"], rows, "jobs"));
+      if (d.jobs.some(replanned)) out.push(el("p", { class: "muted", id: "replanned-note", text:
+        "* re-planned since its admission: cost and payoff are the decision's, utility the plan's now (the job's events say why)." }));
     }
     var nav = el("nav", { class: "pager", "aria-label": "Job pages" });
     var base = "/jobs?" + (d.state ? "state=" + d.state + "&" : "") + (d.q ? "q=" + encodeURIComponent(d.q) + "&" : "");
@@ -691,12 +702,16 @@
     out.push(head);
     var decision = section("Decision", "h-decision");
     var gone = ABANDONED[j.state], plan = j.planned;
+    var moved = replanned({ state: j.state, utility: dec.utility, cost: dec.cost, payoff: dec.payoff });
     var byEnd = function (slot) { return "by the end of slot " + slot + " (" + when(clock, slot + 1) + ")"; };
     var slots = function (n) { return n + (n === 1 ? " slot (" : " slots (") + duration(n * clock.slot_seconds) + ")"; };
     decision.appendChild(dl([
       ["Admitted", dec.admitted ? "yes" : "no"],
-      gone ? ["Utility", plan ? "none earned (" + num(plan.utility) + " planned)" : "–"] : ["Utility", num(dec.utility)],
-      ["Cost", gone ? planned(dec.cost) : num(dec.cost)], ["Payoff", gone ? planned(dec.payoff) : num(dec.payoff)],
+      gone ? ["Utility", plan ? "none earned (" + num(plan.utility) + " planned)" : "–"]
+        : ["Utility", moved ? num(dec.utility) + " as re-planned (its events say why); admitted with " + num(dec.payoff + dec.cost)
+          : num(dec.utility)],
+      ["Cost", gone ? planned(dec.cost) : num(dec.cost) + (moved ? " (at admission)" : "")],
+      ["Payoff", gone ? planned(dec.payoff) : num(dec.payoff) + (moved ? " (at admission)" : "")],
       ["Arrives", slotLabel(clock, dec.arrival_slot)],
       gone ? ["Ran until", dec.completion_slot === null ? "never ran" : "the end of slot " + dec.completion_slot + " (" + when(clock, dec.completion_slot + 1) + ")"]
         : ["Completes", dec.completion_slot === null ? "–" : byEnd(dec.completion_slot)],
