@@ -708,3 +708,31 @@ def test_a_replanned_jobs_payoff_is_marked_as_its_decisions(browser: Any, cluste
         )
     finally:
         oasis("uncordon", *workers, *login_args)
+
+
+def test_a_long_job_id_wraps_rather_than_push_the_page_aside(
+    browser: Any, cluster: Cluster
+) -> None:
+    """A 128-character id, unbroken, made the Job column of /jobs as wide as the screen
+    (every other column of every job scrolled out of sight, on a desktop too), and
+    /plans?job=ID scrolled sideways on a phone by its caption and its key. Now it wraps."""
+    from selenium.webdriver.common.by import By
+
+    long_id = "long-" + "x" * 123
+    assert cluster.submit("alice", long_id).state == pb.JOB_STATE_ADMITTED
+    login(browser, cluster, "ops")
+    try:
+        browser.get(cluster.web + "/jobs?q=alice:long-")
+        link = wait_for(browser, lambda b: b.find_element(By.LINK_TEXT, f"alice:{long_id}"), "row")
+        payoff = link.find_element(By.XPATH, "./ancestor::tr/td[last()]")
+        right = browser.execute_script("return arguments[0].getBoundingClientRect().right", payoff)
+        assert right <= browser.execute_script("return innerWidth"), right  # the row in sight
+        browser.set_window_size(*SIZES["phone"])
+        browser.get(cluster.web + f"/plans?job=alice:{long_id}")
+        wait_for(browser, lambda b: b.find_element(By.ID, "plan-caption"), "the plans")
+        overflow = browser.execute_script(
+            "return document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        )
+        assert overflow <= 1, f"/plans?job= scrolls sideways by {overflow}px on a phone"
+    finally:
+        browser.set_window_size(*SIZES["desktop"])
