@@ -736,3 +736,27 @@ def test_a_long_job_id_wraps_rather_than_push_the_page_aside(
         assert overflow <= 1, f"/plans?job= scrolls sideways by {overflow}px on a phone"
     finally:
         browser.set_window_size(*SIZES["desktop"])
+
+
+def test_the_jobs_named_dot_and_dot_dot_open_and_cancel(browser: Any, cluster: Cluster) -> None:
+    """The ids ``.`` and ``..`` are valid, but their links were ``/jobs/..``, which a
+    browser takes as a dot segment: the job ``..`` in the list opened the overview, its
+    page could not be reached at all, and its cancel form posted to ``/cancel``. Now
+    their page is ``/job?id=..``, and its cancel ``/job/cancel?id=..``."""
+    from selenium.webdriver.common.by import By
+
+    for job_id in (".", ".."):
+        assert cluster.submit("alice", job_id).state == pb.JOB_STATE_ADMITTED
+    login(browser, cluster, "alice")
+    for job_id in (".", ".."):
+        browser.get(cluster.web + "/jobs?q=.")
+        link = wait_for(browser, lambda b, i=job_id: b.find_element(By.LINK_TEXT, i), "its row")
+        link.click()
+        wait_for(browser, lambda b: b.find_element(By.ID, "h-plan"), f"the page of {job_id!r}")
+        assert browser.find_element(By.TAG_NAME, "h1").text == f"Job {job_id}"
+        browser.find_element(By.ID, "cancel").click()
+        cancelled = lambda b: "cancelled" in b.find_element(By.CSS_SELECTOR, ".job-head").text  # noqa: E731
+        wait_for(browser, cancelled, f"{job_id!r} cancelled")
+        assert browser.find_element(By.TAG_NAME, "h1").text == f"Job {job_id}"
+    status, body = api(cluster, "/api/job?id=..", TOKENS["alice"])
+    assert status == 200 and body["job"]["state"] == "cancelled", body

@@ -125,7 +125,12 @@
   }
   function slotLabel(clock, slot) { return slot + " (" + when(clock, slot) + ")"; }
   function stateBadge(state) { return el("span", { class: "state state-" + state, text: state }); }
-  function jobLink(id) { return el("a", { href: "/jobs/" + encodeURIComponent(id), text: id }); }
+  // a job's page; the ids "." and ".." by query, as a browser takes them out of a path
+  // (/jobs/.. is /): views.py job_path
+  function jobHref(id, then) {
+    return id === "." || id === ".." ? "/job" + (then || "") + "?id=" + id : "/jobs/" + encodeURIComponent(id) + (then || "");
+  }
+  function jobLink(id) { return el("a", { href: jobHref(id), text: id }); }
   // a cancelled or failed job's plan was not carried out: its numbers were planned, never earned
   var ABANDONED = { cancelled: true, failed: true };
   // an admitted job whose plan changed since its decision (a server failed or was
@@ -630,7 +635,7 @@
       }
       server.jobs.forEach(function (job, j) {
         var colour = jobColour(job.id), ly = y + lanesOf[k][j] * lane;
-        var link = svg("a", { href: "/jobs/" + encodeURIComponent(job.id), class: "bar-link", "data-job": job.id,
+        var link = svg("a", { href: jobHref(job.id), class: "bar-link", "data-job": job.id,
           "aria-label": "job " + job.id + " on " + server.name });
         job.bars.forEach(function (b) {
           var bx = left + (b[0] - d.first_slot) * sw, bwid = Math.max(2, (b[1] - b[0] + 1) * sw - 1);
@@ -694,7 +699,7 @@
     var out = [], j = d.job, dec = j.decision, clock = d.clock;
     var head = el("div", { class: "job-head" }, stateBadge(j.state));
     if (d.can_cancel) {
-      var form = el("form", { method: "post", action: "/jobs/" + encodeURIComponent(j.id) + "/cancel", class: "cancel" });
+      var form = el("form", { method: "post", action: jobHref(j.id, "/cancel"), class: "cancel" });
       form.appendChild(hiddenCsrf());
       form.appendChild(el("button", { type: "submit", class: "danger", id: "cancel", text: "Cancel this job" }));
       head.appendChild(form);
