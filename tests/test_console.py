@@ -760,3 +760,23 @@ def test_the_jobs_named_dot_and_dot_dot_open_and_cancel(browser: Any, cluster: C
         assert browser.find_element(By.TAG_NAME, "h1").text == f"Job {job_id}"
     status, body = api(cluster, "/api/job?id=..", TOKENS["alice"])
     assert status == 200 and body["job"]["state"] == "cancelled", body
+
+
+def test_the_plans_page_of_a_job_without_a_plan_says_so_and_draws_nothing(
+    browser: Any, cluster: Cluster
+) -> None:
+    """``/plans?job=ID`` of a rejected or cancelled job read "Servers job ID uses: no
+    server ... Select a bar to open its job." over an empty chart with "page 1 of 1"
+    twice, and no word of why. Now it says the job is planned nowhere and links its page."""
+    from selenium.webdriver.common.by import By
+
+    assert cluster.submit("bob", "bob-planless").state == pb.JOB_STATE_ADMITTED
+    status, _ = api(cluster, "/api/jobs/bob-planless/cancel", TOKENS["bob"], method="POST")
+    assert status == 200
+    login(browser, cluster, "ops")
+    browser.get(cluster.web + "/plans?job=bob:bob-planless")
+    caption = wait_for(browser, lambda b: b.find_element(By.ID, "plan-caption"), "the caption")
+    assert "Job bob:bob-planless is planned on no server" in caption.text, caption.text
+    assert "Select a bar" not in caption.text and not browser.find_elements(By.CLASS_NAME, "pager")
+    link = caption.find_element(By.LINK_TEXT, "its page")
+    assert unquote(link.get_dom_attribute("href")) == "/jobs/bob:bob-planless"

@@ -542,6 +542,12 @@
     form.appendChild(el("button", { type: "submit", text: "Show its servers" }));
     if (d.job) form.appendChild(el("a", { href: "/plans", text: "All servers" }));
     out.push(form);
+    if (d.job && !d.servers.length) {  // rejected, cancelled, done or waiting: no chart to draw
+      out.push(el("p", { class: "muted", id: "plan-caption" }, "Job " + d.job + " is planned on no server in slots " +
+        d.first_slot + " .. " + (d.first_slot + d.slots - 1) + " (from " + when(clock, d.first_slot) + "); ",
+        el("a", { href: jobHref(d.job), text: "its page" }), " says why."));
+      return out;
+    }
     var first = (d.page - 1) * 40 + 1, last = first + d.servers.length - 1;
     out.push(el("p", { class: "muted", id: "plan-caption", text: (d.job ? "Servers job " + d.job + " uses: " : "") +
       (d.servers.length ? "servers " + first + "–" + last + " of " + d.servers_total : "no server") +
