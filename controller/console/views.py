@@ -153,5 +153,5 @@ def _int(query: Any, name: str, default: int | None = None) -> int:
         return default
     text = str(raw)
     if not _INTEGER.fullmatch(text):
-        raise SpecError.one(name, f"must be an integer, got {text[:40]!r}")
+        raise SpecError.one(name, f"must be an integer of at most 18 digits, got {text[:40]!r}")
     return int(text)
