@@ -672,3 +672,111 @@ def test_a_cordon_on_the_servers_page_says_when_in_local_time(
         assert f" to slot {back - 1}, back " in state and "; by ops: disk)" in state, state
     finally:
         oasis("uncordon", name, *login_args)
+
+
+def test_a_replanned_jobs_payoff_is_marked_as_its_decisions(browser: Any, cluster: Cluster) -> None:
+    """A cordon moved an admitted job later: its utility became the new plan's while its
+    cost and payoff stayed its decision's, and the job's page and the list showed the
+    three side by side (utility 6.83, cost 2.28, payoff 42.72) with no word, where
+    ``oasis job`` says "as re-planned; admitted with ...". Now the pages say it too."""
+    from selenium.webdriver.common.by import By
+
+    job = cluster.submit("alice", "alice-moved")
+    assert job.state == pb.JOB_STATE_ADMITTED
+    workers = ["w0", "w1", "w2"]
+    login_args = ["--server", cluster.daemon.address, "--token", TOKENS["ops"]]
+    oasis("cordon", *workers, "--for", "3h", "--force", *login_args)
+    try:
+        status, body = api(cluster, "/api/jobs/alice-moved", TOKENS["alice"])
+        assert status == 200
+        d = body["job"]["decision"]
+        assert body["job"]["state"] == "admitted" and d["jct"] > job.decision.jct, d
+        assert d["utility"] != pytest.approx(d["payoff"] + d["cost"]), d  # moved
+        login(browser, cluster, "alice")
+        browser.get(cluster.web + "/jobs/alice-moved")
+        wait_for(browser, lambda b: b.find_element(By.ID, "h-plan"), "the job's page")
+        facts = browser.find_element(By.CSS_SELECTOR, "section[aria-labelledby='h-decision']").text
+        assert " as re-planned " in facts and "admitted with" in facts, facts
+        assert "(at admission)" in facts, facts
+        browser.get(cluster.web + "/jobs?q=alice-moved")
+        link = wait_for(browser, lambda b: b.find_element(By.LINK_TEXT, "alice-moved"), "its row")
+        cells = [c.text for c in link.find_element(By.XPATH, "./ancestor::tr").find_elements(
+            By.TAG_NAME, "td")]  # fmt: skip
+        assert cells[-3].endswith("*"), cells
+        assert (
+            "re-planned since its admission" in browser.find_element(By.ID, "replanned-note").text
+        )
+    finally:
+        oasis("uncordon", *workers, *login_args)
+
+
+def test_a_long_job_id_wraps_rather_than_push_the_page_aside(
+    browser: Any, cluster: Cluster
+) -> None:
+    """A 128-character id, unbroken, made the Job column of /jobs as wide as the screen
+    (every other column of every job scrolled out of sight, on a desktop too), and
+    /plans?job=ID scrolled sideways on a phone by its caption and its key. Now it wraps."""
+    from selenium.webdriver.common.by import By
+
+    long_id = "long-" + "x" * 123
+    assert cluster.submit("alice", long_id).state == pb.JOB_STATE_ADMITTED
+    login(browser, cluster, "ops")
+    try:
+        browser.get(cluster.web + "/jobs?q=alice:long-")
+        link = wait_for(browser, lambda b: b.find_element(By.LINK_TEXT, f"alice:{long_id}"), "row")
+        payoff = link.find_element(By.XPATH, "./ancestor::tr/td[last()]")
+        right = browser.execute_script("return arguments[0].getBoundingClientRect().right", payoff)
+        assert right <= browser.execute_script("return innerWidth"), right  # the row in sight
+        browser.set_window_size(*SIZES["phone"])
+        browser.get(cluster.web + f"/plans?job=alice:{long_id}")
+        wait_for(browser, lambda b: b.find_element(By.ID, "plan-caption"), "the plans")
+        overflow = browser.execute_script(
+            "return document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        )
+        assert overflow <= 1, f"/plans?job= scrolls sideways by {overflow}px on a phone"
+    finally:
+        browser.set_window_size(*SIZES["desktop"])
+
+
+def test_the_jobs_named_dot_and_dot_dot_open_and_cancel(browser: Any, cluster: Cluster) -> None:
+    """The ids ``.`` and ``..`` are valid, but their links were ``/jobs/..``, which a
+    browser takes as a dot segment: the job ``..`` in the list opened the overview, its
+    page could not be reached at all, and its cancel form posted to ``/cancel``. Now
+    their page is ``/job?id=..``, and its cancel ``/job/cancel?id=..``."""
+    from selenium.webdriver.common.by import By
+
+    for job_id in (".", ".."):
+        assert cluster.submit("alice", job_id).state == pb.JOB_STATE_ADMITTED
+    login(browser, cluster, "alice")
+    for job_id in (".", ".."):
+        browser.get(cluster.web + "/jobs?q=.")
+        link = wait_for(browser, lambda b, i=job_id: b.find_element(By.LINK_TEXT, i), "its row")
+        link.click()
+        wait_for(browser, lambda b: b.find_element(By.ID, "h-plan"), f"the page of {job_id!r}")
+        assert browser.find_element(By.TAG_NAME, "h1").text == f"Job {job_id}"
+        browser.find_element(By.ID, "cancel").click()
+        cancelled = lambda b: "cancelled" in b.find_element(By.CSS_SELECTOR, ".job-head").text  # noqa: E731
+        wait_for(browser, cancelled, f"{job_id!r} cancelled")
+        assert browser.find_element(By.TAG_NAME, "h1").text == f"Job {job_id}"
+    status, body = api(cluster, "/api/job?id=..", TOKENS["alice"])
+    assert status == 200 and body["job"]["state"] == "cancelled", body
+
+
+def test_the_plans_page_of_a_job_without_a_plan_says_so_and_draws_nothing(
+    browser: Any, cluster: Cluster
+) -> None:
+    """``/plans?job=ID`` of a rejected or cancelled job read "Servers job ID uses: no
+    server ... Select a bar to open its job." over an empty chart with "page 1 of 1"
+    twice, and no word of why. Now it says the job is planned nowhere and links its page."""
+    from selenium.webdriver.common.by import By
+
+    assert cluster.submit("bob", "bob-planless").state == pb.JOB_STATE_ADMITTED
+    status, _ = api(cluster, "/api/jobs/bob-planless/cancel", TOKENS["bob"], method="POST")
+    assert status == 200
+    login(browser, cluster, "ops")
+    browser.get(cluster.web + "/plans?job=bob:bob-planless")
+    caption = wait_for(browser, lambda b: b.find_element(By.ID, "plan-caption"), "the caption")
+    assert "Job bob:bob-planless is planned on no server" in caption.text, caption.text
+    assert "Select a bar" not in caption.text and not browser.find_elements(By.CLASS_NAME, "pager")
+    link = caption.find_element(By.LINK_TEXT, "its page")
+    assert unquote(link.get_dom_attribute("href")) == "/jobs/bob:bob-planless"

@@ -205,6 +205,9 @@ def test_integers_in_queries_are_ascii_digits() -> None:
     for bad in ("\u00b2", "--5", "1\u0660", "+3", "1e3", "9" * 19, " 1"):
         with pytest.raises(SpecError, match="n: must be an integer"):
             app_module._int({"n": bad}, "n")
+    # an integer too long was told it was none ("after: must be an integer, got '9999...'")
+    with pytest.raises(SpecError, match=r"n: must be an integer of at most 18 digits, got '9{19}'"):
+        app_module._int({"n": "9" * 19}, "n")
 
 
 def test_the_tokens_file_gives_each_caller_its_own_turn(tmp_path: Path) -> None:

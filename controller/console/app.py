@@ -9,6 +9,8 @@ Routes (each page has its JSON twin under ``/api/``, with the same query paramet
     GET  /jobs              /api/jobs              ?state=&q=ID-prefix&after=SEQUENCE
     GET  /jobs/{id}         /api/jobs/{id}
     POST /jobs/{id}/cancel  /api/jobs/{id}/cancel  operators, or the job's submitter (as CancelJob)
+    GET  /job?id=ID         /api/job?id=ID         the same, for the ids "." and ".." (a browser
+    POST /job/cancel?id=ID  /api/job/cancel?id=ID  takes them out of a path as dot segments)
     GET  /api/events        server-sent events from the controller's event bus
     GET/POST /login, POST /logout
 
@@ -155,6 +157,10 @@ class Console(Middleware, Views, EventStreams):
         r.add_get("/api/jobs/{id}", self.api(self.job))
         r.add_post("/jobs/{id}/cancel", self.cancel)
         r.add_post("/api/jobs/{id}/cancel", self.cancel)
+        r.add_get("/job", self.page("job", "Job", self.job))
+        r.add_get("/api/job", self.api(self.job))
+        r.add_post("/job/cancel", self.cancel)
+        r.add_post("/api/job/cancel", self.cancel)
         r.add_get("/api/events", self.events)
         app.on_response_prepare.append(_secure_headers)
         return app

@@ -36,7 +36,7 @@ class Views(Login):
         async def handler(request: web.Request) -> web.StreamResponse:
             data = await read(request)
             caller: Caller = request["caller"]
-            heading = f"Job {request.match_info['id']}" if name == "job" else title
+            heading = f"Job {_job_id(request)}" if name == "job" else title
             api = "/api" + (request.path if request.path != "/" else "/overview")
             if request.query_string:
                 api += "?" + request.query_string
@@ -94,14 +94,14 @@ class Views(Login):
         )
 
     async def job(self, request: web.Request) -> Any:
-        return await self.data.job(request["caller"], request.match_info["id"])
+        return await self.data.job(request["caller"], _job_id(request))
 
     async def cancel(self, request: web.Request) -> web.StreamResponse:
         caller: Caller = request["caller"]
         bearer = bool(request.headers.get("Authorization"))
         if not bearer:  # a browser: its cookie (or nothing) is ambient; the form is not
             await self._check_csrf(request)
-        job_id = request.match_info["id"]  # a submitter's own jobs only, as CancelJob
+        job_id = _job_id(request)  # a submitter's own jobs only, as CancelJob
         key = key_for(caller, job_id)
         cancel = self.c.cancel(key, caller.turn, caller.owner, caller.name or None)
         view, released = await as_named(caller, key, cancel)
@@ -110,7 +110,7 @@ class Views(Login):
             times = self.c.slots.times
             record = job_record(job_to_proto(shown_view(caller, view), times), times)
             return web.json_response({"job": record, "released_worker_slots": released})
-        raise web.HTTPSeeOther(f"/jobs/{quote(job_id)}")
+        raise web.HTTPSeeOther(job_path(job_id))
 
     async def static_file(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
@@ -121,6 +121,19 @@ class Views(Login):
         if "gzip" in request.headers.get("Accept-Encoding", "")[:200]:
             body, headers["Content-Encoding"] = self.static_gzip[name], "gzip"
         return web.Response(body=body, content_type=pages.STATIC[name], headers=headers)
+
+
+def _job_id(request: web.Request) -> str:
+    """The job a request names: in its path (``/jobs/ID``) or, for ``/job?id=ID``, its query."""
+    return request.match_info.get("id") or request.query.get("id", "")
+
+
+def job_path(job_id: str) -> str:
+    """A job's page: ``/jobs/ID``, but ``/job?id=ID`` for the ids ``.`` and ``..``, which a
+    browser (and curl) takes out of a path as dot segments: ``/jobs/..`` is ``/``."""
+    if job_id in (".", ".."):
+        return f"/job?id={job_id}"
+    return f"/jobs/{quote(job_id)}"
 
 
 def _dumps(value: Any) -> str:
@@ -140,5 +153,5 @@ def _int(query: Any, name: str, default: int | None = None) -> int:
         return default
     text = str(raw)
     if not _INTEGER.fullmatch(text):
-        raise SpecError.one(name, f"must be an integer, got {text[:40]!r}")
+        raise SpecError.one(name, f"must be an integer of at most 18 digits, got {text[:40]!r}")
     return int(text)

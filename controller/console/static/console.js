@@ -125,9 +125,22 @@
   }
   function slotLabel(clock, slot) { return slot + " (" + when(clock, slot) + ")"; }
   function stateBadge(state) { return el("span", { class: "state state-" + state, text: state }); }
-  function jobLink(id) { return el("a", { href: "/jobs/" + encodeURIComponent(id), text: id }); }
+  // a job's page; the ids "." and ".." by query, as a browser takes them out of a path
+  // (/jobs/.. is /): views.py job_path
+  function jobHref(id, then) {
+    return id === "." || id === ".." ? "/job" + (then || "") + "?id=" + id : "/jobs/" + encodeURIComponent(id) + (then || "");
+  }
+  function jobLink(id) { return el("a", { href: jobHref(id), text: id }); }
   // a cancelled or failed job's plan was not carried out: its numbers were planned, never earned
   var ABANDONED = { cancelled: true, failed: true };
+  // an admitted job whose plan changed since its decision (a server failed or was
+  // cordoned, its work ran slow): its utility is its plan's now, its cost and payoff its
+  // decision's, so utility - cost is not its payoff (oasis jobs marks it the same way)
+  function replanned(j) {
+    var u = j.utility, c = j.cost, p = j.payoff;
+    if (ABANDONED[j.state] || u === null || c === null || p === null || u === undefined) return false;
+    return Math.abs(p + c - u) > 1e-9 * Math.max(1, Math.abs(u));
+  }
   function planned(x) {
     if (x === null || x === undefined) return "–";
     return el("span", { class: "not-earned", title: "planned at admission, not earned", text: num(x) + " (planned)" });
@@ -529,6 +542,12 @@
     form.appendChild(el("button", { type: "submit", text: "Show its servers" }));
     if (d.job) form.appendChild(el("a", { href: "/plans", text: "All servers" }));
     out.push(form);
+    if (d.job && !d.servers.length) {  // rejected, cancelled, done or waiting: no chart to draw
+      out.push(el("p", { class: "muted", id: "plan-caption" }, "Job " + d.job + " is planned on no server in slots " +
+        d.first_slot + " .. " + (d.first_slot + d.slots - 1) + " (from " + when(clock, d.first_slot) + "); ",
+        el("a", { href: jobHref(d.job), text: "its page" }), " says why."));
+      return out;
+    }
     var first = (d.page - 1) * 40 + 1, last = first + d.servers.length - 1;
     out.push(el("p", { class: "muted", id: "plan-caption", text: (d.job ? "Servers job " + d.job + " uses: " : "") +
       (d.servers.length ? "servers " + first + "–" + last + " of " + d.servers_total : "no server") +
@@ -622,7 +641,7 @@
       }
       server.jobs.forEach(function (job, j) {
         var colour = jobColour(job.id), ly = y + lanesOf[k][j] * lane;
-        var link = svg("a", { href: "/jobs/" + encodeURIComponent(job.id), class: "bar-link", "data-job": job.id,
+        var link = svg("a", { href: jobHref(job.id), class: "bar-link", "data-job": job.id,
           "aria-label": "job " + job.id + " on " + server.name });
         job.bars.forEach(function (b) {
           var bx = left + (b[0] - d.first_slot) * sw, bwid = Math.max(2, (b[1] - b[0] + 1) * sw - 1);
@@ -664,10 +683,13 @@
         if (ABANDONED[j.state]) return row.concat(["–", planned(j.planned && j.planned.utility), planned(j.cost), planned(j.payoff)]);
         // a completion slot's time is its end, as on the job's page and in oasis jobs
         var done = j.completion_slot === null ? "–" : j.completion_slot + " (" + when(clock, j.completion_slot + 1) + ")";
+        if (replanned(j)) return row.concat([done, num(j.utility) + "*", j.cost, j.payoff]);
         return row.concat([done, j.utility, j.cost, j.payoff]);
       });
       out.push(table("Jobs in decision order", ["Job", "State", "Submitted (slot)", "Arrives", "Completes (slot)",
         "Utility", "Cost", "Payoff"], rows, "jobs"));
+      if (d.jobs.some(replanned)) out.push(el("p", { class: "muted", id: "replanned-note", text:
+        "* re-planned since its admission: cost and payoff are the decision's, utility the plan's now (the job's events say why)." }));
     }
     var nav = el("nav", { class: "pager", "aria-label": "Job pages" });
     var base = "/jobs?" + (d.state ? "state=" + d.state + "&" : "") + (d.q ? "q=" + encodeURIComponent(d.q) + "&" : "");
@@ -683,7 +705,7 @@
     var out = [], j = d.job, dec = j.decision, clock = d.clock;
     var head = el("div", { class: "job-head" }, stateBadge(j.state));
     if (d.can_cancel) {
-      var form = el("form", { method: "post", action: "/jobs/" + encodeURIComponent(j.id) + "/cancel", class: "cancel" });
+      var form = el("form", { method: "post", action: jobHref(j.id, "/cancel"), class: "cancel" });
       form.appendChild(hiddenCsrf());
       form.appendChild(el("button", { type: "submit", class: "danger", id: "cancel", text: "Cancel this job" }));
       head.appendChild(form);
@@ -691,12 +713,16 @@
     out.push(head);
     var decision = section("Decision", "h-decision");
     var gone = ABANDONED[j.state], plan = j.planned;
+    var moved = replanned({ state: j.state, utility: dec.utility, cost: dec.cost, payoff: dec.payoff });
     var byEnd = function (slot) { return "by the end of slot " + slot + " (" + when(clock, slot + 1) + ")"; };
     var slots = function (n) { return n + (n === 1 ? " slot (" : " slots (") + duration(n * clock.slot_seconds) + ")"; };
     decision.appendChild(dl([
       ["Admitted", dec.admitted ? "yes" : "no"],
-      gone ? ["Utility", plan ? "none earned (" + num(plan.utility) + " planned)" : "–"] : ["Utility", num(dec.utility)],
-      ["Cost", gone ? planned(dec.cost) : num(dec.cost)], ["Payoff", gone ? planned(dec.payoff) : num(dec.payoff)],
+      gone ? ["Utility", plan ? "none earned (" + num(plan.utility) + " planned)" : "–"]
+        : ["Utility", moved ? num(dec.utility) + " as re-planned (its events say why); admitted with " + num(dec.payoff + dec.cost)
+          : num(dec.utility)],
+      ["Cost", gone ? planned(dec.cost) : num(dec.cost) + (moved ? " (at admission)" : "")],
+      ["Payoff", gone ? planned(dec.payoff) : num(dec.payoff) + (moved ? " (at admission)" : "")],
       ["Arrives", slotLabel(clock, dec.arrival_slot)],
       gone ? ["Ran until", dec.completion_slot === null ? "never ran" : "the end of slot " + dec.completion_slot + " (" + when(clock, dec.completion_slot + 1) + ")"]
         : ["Completes", dec.completion_slot === null ? "–" : byEnd(dec.completion_slot)],
