@@ -601,6 +601,56 @@ def test_a_hung_node_named_first_costs_a_command_seconds_not_its_whole_timeout()
             server.stop(0)
 
 
+class _TakingOver(_Node):
+    """A standby naming ``leader`` until ``at`` (monotonic), then leading."""
+
+    def __init__(self, leader: str, at: float) -> None:
+        super().__init__(leader)
+        self.at = at
+
+    def GetClusterInfo(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        if time.monotonic() >= self.at:
+            self.leader = None
+        return super().GetClusterInfo(request, context)
+
+
+def test_a_standby_naming_a_stopped_leader_is_retried_until_it_leads() -> None:
+    """The HA audit: `oasis submit --server a,b` 1 s after the leader a was stopped
+    (SIGSTOP) asked b, which named a (not taken over yet), and was sent on to a, where it
+    waited 18 s for the connection to time out though b led after 5 s (with --timeout 10
+    it failed). A node that failed within FAILED_MEMORY is passed over: b is asked again
+    until it leads."""
+    from controller.commands.failover import LOCATE_SECONDS
+
+    servers = []
+    try:
+        hung = grpc.server(ThreadPoolExecutor(4))
+        pb_grpc.add_ClusterServicer_to_server(_HungNode(8.0), hung)
+        pb_grpc.add_HighAvailabilityServicer_to_server(_Leadership("leader", hang=8.0), hung)
+        hung_address = f"127.0.0.1:{hung.add_insecure_port('127.0.0.1:0')}"
+        hung.start()
+        servers.append(hung)
+        standby = _TakingOver(hung_address, time.monotonic() + LOCATE_SECONDS + 1.5)
+        server = grpc.server(ThreadPoolExecutor(4))
+        pb_grpc.add_ClusterServicer_to_server(standby, server)
+        pb_grpc.add_HighAvailabilityServicer_to_server(_Leadership("standby"), server)
+        address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+        server.start()
+        servers.append(server)
+        pool = LeaderPool([hung_address, address], grpc.insecure_channel, budget=10)
+        started = time.monotonic()
+        info = FollowingStub(pool, pb_grpc.ClusterStub).GetClusterInfo(
+            pb.GetClusterInfoRequest(), timeout=10
+        )
+        assert info.window == 7
+        assert time.monotonic() - started < LOCATE_SECONDS + 1.5 + 2.0
+        assert (pool.address, standby.calls > 1) == (address, True)
+        pool.close()
+    finally:
+        for server in servers:
+            server.stop(0)
+
+
 def test_a_failed_call_names_the_node_it_went_to_not_the_list() -> None:
     """The HA audit: a standby naming a dead leader read "cannot reach the daemon at
     <the standby>" (it is up), and two nodes read as one address "[a,b]:50051"."""
