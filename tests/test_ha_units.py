@@ -24,7 +24,7 @@ from sqlalchemy import select, text
 from controller.admission import AdmissionController
 from controller.auth import Caller, Role
 from controller.clock import Clock, SlotClock, SystemClock
-from controller.commands.failover import FollowingStub, LeaderPool
+from controller.commands.failover import FollowingStub, LeaderPool, followed_events
 from controller.config import ConfigError, load
 from controller.console.data import ConsoleData
 from controller.errors import NotLeaderError, SlotGridChangedError
@@ -645,6 +645,49 @@ def test_a_standby_naming_a_stopped_leader_is_retried_until_it_leads() -> None:
         assert info.window == 7
         assert time.monotonic() - started < LOCATE_SECONDS + 1.5 + 2.0
         assert (pool.address, standby.calls > 1) == (address, True)
+        pool.close()
+    finally:
+        for server in servers:
+            server.stop(0)
+
+
+class _Events(pb_grpc.AdmissionServicer):
+    """A fake node's event log, 1..``last``: streamed after the request's sequence,
+    then the stream ends UNAVAILABLE after ``die_after`` (the node killed) or is held."""
+
+    def __init__(self, last: int, die_after: int | None = None) -> None:
+        self.last, self.die_after = last, die_after
+        self.asked: list[int] = []
+
+    def WatchEvents(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        self.asked.append(request.after_sequence)
+        for sequence in range(max(request.after_sequence, 0) + 1, self.last + 1):
+            if self.die_after is not None and sequence > self.die_after:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "the node went away")
+            yield pb.Event(sequence=sequence, kind="decided")
+
+
+def test_watch_over_several_nodes_goes_on_from_the_last_event_on_another() -> None:
+    """The HA audit: `oasis watch --server a,b` ended UNAVAILABLE at the leader's kill -9
+    while the standby took over and served the same events."""
+    servers, addresses = [], []
+    dying, standby = _Events(4, die_after=2), _Events(4)
+    try:
+        for node in (dying, standby):
+            server = grpc.server(ThreadPoolExecutor(4))
+            pb_grpc.add_AdmissionServicer_to_server(node, server)
+            addresses.append(f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}")
+            server.start()
+            servers.append(server)
+        pool = LeaderPool(addresses, grpc.insecure_channel, budget=5)
+        seen = [e.sequence for e in followed_events(pool, 0)]
+        assert (seen, standby.asked, pool.address) == ([1, 2, 3, 4], [2], addresses[1])
+        pool.close()
+        # one node: its error, as before
+        pool = LeaderPool(addresses[:1], grpc.insecure_channel, budget=5)
+        with pytest.raises(grpc.RpcError) as ended:
+            list(followed_events(pool, 0))
+        assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
         pool.close()
     finally:
         for server in servers:

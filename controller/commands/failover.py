@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -36,6 +36,7 @@ __all__ = [
     "LEADER_KEY",
     "FollowingStub",
     "LeaderPool",
+    "followed_events",
     "redirected_by",
     "split_servers",
     "tried_address",
@@ -265,3 +266,43 @@ class FollowingStub:
             return self._pool.call(self._factory, method, *args, **kw)
 
         return call
+
+
+def followed_events(pool: LeaderPool, after: int) -> Iterator[Any]:
+    """``WatchEvents`` from after ``after`` on, over the pool's nodes.
+
+    With several head nodes, a stream that ends UNAVAILABLE (its node died or is
+    stopping) is opened again on another node (a standby serves the events too) from
+    after the last event received, with the calls' back-off, until ``pool.budget``
+    seconds pass without one opening; then the last error is raised. Before, `oasis
+    watch --server a,b` ended at the leader's kill -9 while the standby took over (the
+    HA audit). With ``after`` -1 (new events only) and none received yet, the events
+    of the gap are not replayed. With one node, the error is raised as before."""
+    from controller.rpc import oasis_pb2 as pb
+    from controller.rpc import oasis_pb2_grpc as pb_grpc
+
+    broken: float | None = None  # when the streams began failing
+    delay = FIRST_DELAY
+    while True:
+        pool.last_tried = pool.address
+        request = pb.WatchEventsRequest(after_sequence=after)
+        try:
+            for event in pool.stub(pb_grpc.AdmissionStub).WatchEvents(request):
+                broken, delay = None, FIRST_DELAY
+                after = max(after, event.sequence)
+                yield event
+            return
+        except grpc.RpcError as err:
+            now = time.monotonic()
+            broken = now if broken is None else broken
+            if (
+                len(pool.addresses) < 2
+                or err.code() != grpc.StatusCode.UNAVAILABLE
+                or now - broken > pool.budget
+            ):
+                err.add_note(_TRIED + pool.last_tried)
+                raise
+            pool._failed[pool.address] = now
+            pool.address = pool._next(now)
+            time.sleep(delay * random.uniform(0.5, 1.5))
+            delay = min(MAX_DELAY, delay * 2)
