@@ -182,6 +182,26 @@ def test_fence_standby_follow_and_takeover(tmp_path: Path, postgres: Postgres) -
                 node.close()
 
 
+def test_a_leader_that_steps_down_names_no_leader_rather_than_itself(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    """The HA audit: with PostgreSQL stopped, the leader lost its lease and refused
+    writes with `this oasisd is a standby: the leader is at` its own address (`oasis
+    status` listed it as its own leader), also after following the store again."""
+    a = Node(tmp_path, postgres.new_database(), "a")
+    try:
+        a.take_over()
+        a.c.step_down("the lease ended")
+        with pytest.raises(NotLeaderError) as refused:
+            asyncio.run(a.c.submit(job("late")))
+        assert refused.value.leader == "" and "a:50051" not in str(refused.value)
+        assert (a.c.ha_status().leader, a.c.ha_status().epoch) == ("", 1)  # epoch: not 0
+        asyncio.run(a.c.follow())  # the store still records a: no one else led since
+        assert (a.c.ha_status().leader, a.c.ha_status().role) == ("", "standby")
+    finally:
+        a.close()
+
+
 def _cut_lease(url: str, node: Node) -> None:
     """End ``node``'s lease as PostgreSQL does past it: its session is terminated. Its
     lock is free once the backend has exited, not when the signal is sent: without the
