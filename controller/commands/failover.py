@@ -25,6 +25,7 @@ carries the same id).
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -194,6 +195,15 @@ class LeaderPool:
                 time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
                 delay = min(MAX_DELAY, delay * 2)
                 hops = 0
+
+    @contextlib.contextmanager
+    def budget_at_most(self, seconds: float) -> Iterator[None]:
+        """Within the block, calls retry over the nodes for at most ``seconds``."""
+        budget, self.budget = self.budget, min(self.budget, seconds)
+        try:
+            yield
+        finally:
+            self.budget = budget
 
     def _locate(self, seconds: float) -> None:
         """Ask every node at once who leads, for at most ``seconds``; the next call goes
