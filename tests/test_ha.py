@@ -49,6 +49,7 @@ from tests.servers import (
     postgres_or_skip,
     write_config,
 )
+from tests.test_daemon_e2e import job
 
 LEASE = 2.0
 
@@ -294,3 +295,42 @@ def _node_facts(log: Path) -> dict[str, str]:
             if "Broker" in facts or time.monotonic() > deadline:
                 return facts
             time.sleep(0.2)
+
+
+def test_oasis_status_over_two_nodes_with_postgres_down_answers_in_seconds(
+    own_postgres: Postgres, tmp_path: Path
+) -> None:
+    """The HA audit: with PostgreSQL stopped, `oasis status --server a,b` retried the
+    jobs in flight over both nodes (each UNAVAILABLE: the store is out) for its whole
+    --timeout, 30 s, before it showed the status it shows a single node's at once; and
+    a submission was refused with `the leader is at B` alone, though none led."""
+    url = own_postgres.new_database()
+    nodes, epoch = [], time.time()
+    try:
+        for name in ("a", "b"):
+            extra = f"\n[ha]\nlease_seconds = {LEASE}\n"
+            config = write_config(tmp_path / f"{name}.toml", tmp_path / name, url, epoch, extra)
+            listen = f'listen = "127.0.0.1:{free_port()}"'  # [ha] sends clients to it
+            config.write_text(config.read_text().replace('listen = "127.0.0.1:0"', listen, 1))
+            nodes.append(Daemon(config, tmp_path / f"{name}.log").start())
+        both = ",".join(n.address for n in nodes)
+        deadline = time.monotonic() + 30
+        while " standby " not in oasis("status", server=both, check=False).stdout:
+            assert time.monotonic() < deadline, "no standby"
+            time.sleep(0.5)
+        own_postgres.stop()
+        started = time.monotonic()
+        out = oasis("status", "--timeout", "20", server=both).stdout
+        assert time.monotonic() - started < 10, out
+        assert "THE STORE IS UNAVAILABLE" in out
+        # a submission's refusal says so too, not only "the leader is at" a node that
+        # leads no more: both nodes' leases ended with the store
+        spec = tmp_path / "job.json"
+        spec.write_text(json.dumps(job("late")))
+        refused = oasis("submit", "--timeout", "3", str(spec), server=both, check=False)
+        assert refused.returncode != 0
+        assert "the store is unavailable" in refused.stderr, refused.stderr
+    finally:
+        own_postgres.start()
+        for node in nodes:
+            node.stop()

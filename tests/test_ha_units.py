@@ -24,7 +24,7 @@ from sqlalchemy import select, text
 from controller.admission import AdmissionController
 from controller.auth import Caller, Role
 from controller.clock import Clock, SlotClock, SystemClock
-from controller.commands.failover import FollowingStub, LeaderPool
+from controller.commands.failover import FollowingStub, LeaderPool, followed_events
 from controller.config import ConfigError, load
 from controller.console.data import ConsoleData
 from controller.errors import NotLeaderError, SlotGridChangedError
@@ -180,6 +180,26 @@ def test_fence_standby_follow_and_takeover(tmp_path: Path, postgres: Postgres) -
         for node in (a, b, c):
             if node is not None:
                 node.close()
+
+
+def test_a_leader_that_steps_down_names_no_leader_rather_than_itself(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    """The HA audit: with PostgreSQL stopped, the leader lost its lease and refused
+    writes with `this oasisd is a standby: the leader is at` its own address (`oasis
+    status` listed it as its own leader), also after following the store again."""
+    a = Node(tmp_path, postgres.new_database(), "a")
+    try:
+        a.take_over()
+        a.c.step_down("the lease ended")
+        with pytest.raises(NotLeaderError) as refused:
+            asyncio.run(a.c.submit(job("late")))
+        assert refused.value.leader == "" and "a:50051" not in str(refused.value)
+        assert (a.c.ha_status().leader, a.c.ha_status().epoch) == ("", 1)  # epoch: not 0
+        asyncio.run(a.c.follow())  # the store still records a: no one else led since
+        assert (a.c.ha_status().leader, a.c.ha_status().role) == ("", "standby")
+    finally:
+        a.close()
 
 
 def _cut_lease(url: str, node: Node) -> None:
@@ -596,6 +616,99 @@ def test_a_hung_node_named_first_costs_a_command_seconds_not_its_whole_timeout()
         # token was refused GetLeadership, and its calls waited on the hung node)
         leadership[1].refuse = grpc.StatusCode.PERMISSION_DENIED
         assert first_call(addresses) == (7, addresses[1])
+    finally:
+        for server in servers:
+            server.stop(0)
+
+
+class _TakingOver(_Node):
+    """A standby naming ``leader`` until ``at`` (monotonic), then leading."""
+
+    def __init__(self, leader: str, at: float) -> None:
+        super().__init__(leader)
+        self.at = at
+
+    def GetClusterInfo(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        if time.monotonic() >= self.at:
+            self.leader = None
+        return super().GetClusterInfo(request, context)
+
+
+def test_a_standby_naming_a_stopped_leader_is_retried_until_it_leads() -> None:
+    """The HA audit: `oasis submit --server a,b` 1 s after the leader a was stopped
+    (SIGSTOP) asked b, which named a (not taken over yet), and was sent on to a, where it
+    waited 18 s for the connection to time out though b led after 5 s (with --timeout 10
+    it failed). A node that failed within FAILED_MEMORY is passed over: b is asked again
+    until it leads."""
+    from controller.commands.failover import LOCATE_SECONDS
+
+    servers = []
+    try:
+        hung = grpc.server(ThreadPoolExecutor(4))
+        pb_grpc.add_ClusterServicer_to_server(_HungNode(8.0), hung)
+        pb_grpc.add_HighAvailabilityServicer_to_server(_Leadership("leader", hang=8.0), hung)
+        hung_address = f"127.0.0.1:{hung.add_insecure_port('127.0.0.1:0')}"
+        hung.start()
+        servers.append(hung)
+        standby = _TakingOver(hung_address, time.monotonic() + LOCATE_SECONDS + 1.5)
+        server = grpc.server(ThreadPoolExecutor(4))
+        pb_grpc.add_ClusterServicer_to_server(standby, server)
+        pb_grpc.add_HighAvailabilityServicer_to_server(_Leadership("standby"), server)
+        address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+        server.start()
+        servers.append(server)
+        pool = LeaderPool([hung_address, address], grpc.insecure_channel, budget=10)
+        started = time.monotonic()
+        info = FollowingStub(pool, pb_grpc.ClusterStub).GetClusterInfo(
+            pb.GetClusterInfoRequest(), timeout=10
+        )
+        assert info.window == 7
+        assert time.monotonic() - started < LOCATE_SECONDS + 1.5 + 2.0
+        assert (pool.address, standby.calls > 1) == (address, True)
+        pool.close()
+    finally:
+        for server in servers:
+            server.stop(0)
+
+
+class _Events(pb_grpc.AdmissionServicer):
+    """A fake node's event log, 1..``last``: streamed after the request's sequence,
+    then the stream ends UNAVAILABLE after ``die_after`` (the node killed) or is held."""
+
+    def __init__(self, last: int, die_after: int | None = None) -> None:
+        self.last, self.die_after = last, die_after
+        self.asked: list[int] = []
+
+    def WatchEvents(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        self.asked.append(request.after_sequence)
+        for sequence in range(max(request.after_sequence, 0) + 1, self.last + 1):
+            if self.die_after is not None and sequence > self.die_after:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "the node went away")
+            yield pb.Event(sequence=sequence, kind="decided")
+
+
+def test_watch_over_several_nodes_goes_on_from_the_last_event_on_another() -> None:
+    """The HA audit: `oasis watch --server a,b` ended UNAVAILABLE at the leader's kill -9
+    while the standby took over and served the same events."""
+    servers, addresses = [], []
+    dying, standby = _Events(4, die_after=2), _Events(4)
+    try:
+        for node in (dying, standby):
+            server = grpc.server(ThreadPoolExecutor(4))
+            pb_grpc.add_AdmissionServicer_to_server(node, server)
+            addresses.append(f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}")
+            server.start()
+            servers.append(server)
+        pool = LeaderPool(addresses, grpc.insecure_channel, budget=5)
+        seen = [e.sequence for e in followed_events(pool, 0)]
+        assert (seen, standby.asked, pool.address) == ([1, 2, 3, 4], [2], addresses[1])
+        pool.close()
+        # one node: its error, as before
+        pool = LeaderPool(addresses[:1], grpc.insecure_channel, budget=5)
+        with pytest.raises(grpc.RpcError) as ended:
+            list(followed_events(pool, 0))
+        assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+        pool.close()
     finally:
         for server in servers:
             server.stop(0)

@@ -99,7 +99,7 @@ class Follow(Recovery):
         epoch = self.fence_epoch if self.leading and self.fence_epoch else 0
         return HaStatus(
             role=self.role,
-            epoch=epoch or (leader.epoch if leader else 0),
+            epoch=epoch or (leader.epoch if leader else self.epoch_seen),
             lease_age=max(0.0, time.monotonic() - self.lease_seen),
             leader=leader.address if leader else "",
             applied=self._seen_event,
@@ -162,7 +162,7 @@ class Follow(Recovery):
         if holder is not None and (self.leader is None or holder.epoch != self.leader.epoch):
             self.log.info("leader", epoch=holder.epoch, address=holder.address,
                           host=holder.host, pid=holder.pid)  # fmt: skip
-        self.leader = holder
+        self.leader = None if self._itself(holder) else holder
         if holder is not None:
             self.epoch_seen = max(self.epoch_seen, holder.epoch)
         self.lease_seen = time.monotonic()
@@ -365,3 +365,18 @@ class Follow(Recovery):
         if self.role != "standby":
             self.log.warning("stepping down: now a standby", reason=why, epoch=self.fence_epoch)
         self.role = "standby"
+        if self._itself(self.leader):
+            self.leader = None
+
+    def _itself(self, holder: Holder | None) -> bool:
+        """True if ``holder`` is this node (its ``advertise`` address) while it does not
+        lead: a standby names no leader then, rather than itself. Before, a leader that
+        lost its lease with PostgreSQL down refused writes with `this oasisd is a standby:
+        the leader is at` its own address, and `oasis status` listed it as its own
+        leader (the HA audit)."""
+        return (
+            not self.leading
+            and holder is not None
+            and bool(holder.address)
+            and holder.address == self.advertise
+        )

@@ -220,6 +220,10 @@ class AdmissionState(ABC):
     def _not_leader(self, why: str = "this oasisd is a standby") -> NotLeaderError:
         if self.cannot_lead:  # if the leader is gone too, the caller must hear it (why:
             why += " that cannot take over (oasis status says why)"  # an operator's)
+        if down := self.db.down_reason:  # the leader it names is then its last known one:
+            # with PostgreSQL stopped a tenant heard only "the leader is at B" from each
+            # node, none leading (the HA audit)
+            why += f", and the store is unavailable to it ({down[:200]})"
         return NotLeaderError(self.leader.address if self.leader else "", why)
 
     @contextmanager

@@ -42,6 +42,7 @@ from controller.commands.connection import (
     report_error,
     retry_pushback,
 )
+from controller.commands.failover import followed_events
 from controller.commands.records import (
     ABANDONED,
     STATES,
@@ -663,7 +664,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     stubs = Stubs(args)
     times = stubs.times()
     try:
-        for event in stubs.admission.WatchEvents(pb.WatchEventsRequest(after_sequence=args.after)):
+        for event in followed_events(stubs.pool, args.after):
             if args.json:
                 print(json.dumps(event_record(event, times)), flush=True)
             else:

@@ -408,6 +408,9 @@ def _explain(
     unreachable = (
         code == grpc.StatusCode.UNAVAILABLE
         and not store_unavailable(details)  # the daemon answered: its store is out
+        # a node's refusal (controller.errors.NotLeaderError), which may quote its store's
+        # "Connection refused": that node answered (the HA audit)
+        and not lowered.startswith("this oasisd ")
         and (
             "failed to connect" in lowered
             or ("connect" in lowered and "draining" not in lowered)

@@ -5,9 +5,11 @@ call goes to the node last found leading (at first, the first named). A node tha
 not the leader answers a write UNAVAILABLE naming the leader in the trailing metadata
 ``oasis-leader`` (``controller/errors.py``): the call is sent there at once. Any other
 UNAVAILABLE (a node down, a takeover under way), or with several nodes a call not
-answered within its deadline (a node stopped), moves on to the next node named, after a
-back-off from 50 ms doubling to 1 s, with jitter, for at most ``budget`` seconds in all;
-then the last error is raised. With one address, only a redirect is followed: a node
+answered within its deadline (a node stopped), moves on to the next node named (passing
+over one that failed a call within :data:`FAILED_MEMORY`: a standby naming a stopped
+leader is asked again until it takes over), after a back-off from 50 ms doubling to
+1 s, with jitter, for at most ``budget`` seconds in all; then the last error is raised.
+With one address, only a redirect is followed: a node
 that cannot be reached fails at once, as before.
 
 With several nodes, the first call asks them all at once who leads (``GetLeadership``,
@@ -23,9 +25,10 @@ carries the same id).
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -34,6 +37,7 @@ __all__ = [
     "LEADER_KEY",
     "FollowingStub",
     "LeaderPool",
+    "followed_events",
     "redirected_by",
     "split_servers",
     "tried_address",
@@ -184,13 +188,22 @@ class LeaderPool:
                 else:
                     if len(self.addresses) == 1 and not leader:
                         raise  # one node, and it is down (or stopping): say so at once
-                    self.address = self._next()  # the next call starts there, even after this
+                    self.address = self._next(now)  # the next call starts there, even after this
                     if now > deadline:
                         raise
                 pause = delay * random.uniform(0.5, 1.5)
                 time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
                 delay = min(MAX_DELAY, delay * 2)
                 hops = 0
+
+    @contextlib.contextmanager
+    def budget_at_most(self, seconds: float) -> Iterator[None]:
+        """Within the block, calls retry over the nodes for at most ``seconds``."""
+        budget, self.budget = self.budget, min(self.budget, seconds)
+        try:
+            yield
+        finally:
+            self.budget = budget
 
     def _locate(self, seconds: float) -> None:
         """Ask every node at once who leads, for at most ``seconds``; the next call goes
@@ -221,10 +234,23 @@ class LeaderPool:
         if leading or answered:
             self.address = (leading or answered)[0]
 
-    def _next(self) -> str:
-        if self.address not in self.addresses:
-            return self.addresses[0]
-        return self.addresses[(self.addresses.index(self.address) + 1) % len(self.addresses)]
+    def _next(self, now: float) -> str:
+        """The node named after the current one that has not failed a call within
+        :data:`FAILED_MEMORY` (the current one last), else the one named after it.
+
+        A standby naming a stopped leader it has not yet taken over from is retried, not
+        left for that leader: a stopped process answers nothing until the call's whole
+        timeout, so a submission sent there 1 s after a SIGSTOP waited 18 s for the
+        connection to time out, though the standby led after 5 s (the HA audit)."""
+        start = self.addresses.index(self.address) + 1 if self.address in self.addresses else 0
+        ring = [
+            self.addresses[(start + i) % len(self.addresses)] for i in range(len(self.addresses))
+        ]
+        for address in ring:
+            failed = self._failed.get(address)
+            if failed is None or now - failed >= FAILED_MEMORY:
+                return address
+        return ring[0]
 
     def close(self) -> None:
         for channel in self._channels.values():
@@ -250,3 +276,43 @@ class FollowingStub:
             return self._pool.call(self._factory, method, *args, **kw)
 
         return call
+
+
+def followed_events(pool: LeaderPool, after: int) -> Iterator[Any]:
+    """``WatchEvents`` from after ``after`` on, over the pool's nodes.
+
+    With several head nodes, a stream that ends UNAVAILABLE (its node died or is
+    stopping) is opened again on another node (a standby serves the events too) from
+    after the last event received, with the calls' back-off, until ``pool.budget``
+    seconds pass without one opening; then the last error is raised. Before, `oasis
+    watch --server a,b` ended at the leader's kill -9 while the standby took over (the
+    HA audit). With ``after`` -1 (new events only) and none received yet, the events
+    of the gap are not replayed. With one node, the error is raised as before."""
+    from controller.rpc import oasis_pb2 as pb
+    from controller.rpc import oasis_pb2_grpc as pb_grpc
+
+    broken: float | None = None  # when the streams began failing
+    delay = FIRST_DELAY
+    while True:
+        pool.last_tried = pool.address
+        request = pb.WatchEventsRequest(after_sequence=after)
+        try:
+            for event in pool.stub(pb_grpc.AdmissionStub).WatchEvents(request):
+                broken, delay = None, FIRST_DELAY
+                after = max(after, event.sequence)
+                yield event
+            return
+        except grpc.RpcError as err:
+            now = time.monotonic()
+            broken = now if broken is None else broken
+            if (
+                len(pool.addresses) < 2
+                or err.code() != grpc.StatusCode.UNAVAILABLE
+                or now - broken > pool.budget
+            ):
+                err.add_note(_TRIED + pool.last_tried)
+                raise
+            pool._failed[pool.address] = now
+            pool.address = pool._next(now)
+            time.sleep(delay * random.uniform(0.5, 1.5))
+            delay = min(MAX_DELAY, delay * 2)

@@ -47,6 +47,10 @@ from controller.table import render_table
 
 __all__ = ["register"]
 
+STORE_RETRY_SECONDS = 2.0
+"""How long the jobs in flight are retried over several head nodes (a PostgreSQL
+restart) before the status is shown without them."""
+
 RAMP = ".:-=+*#%@"  # level 0 (nothing in use / the price floor) .. 8 (the most)
 _KIND = {pb.SERVER_KIND_WORKER: "worker", pb.SERVER_KIND_PS: "ps"}
 _WHOLE_WINDOW = 1 << 20  # slots: the server clips it to the window
@@ -129,7 +133,10 @@ def collect(stubs: Stubs, server: str, slots: int) -> Status:
     ]
     in_flight = [pb.JOB_STATE_RUNNING, pb.JOB_STATE_ADMITTED]
     try:
-        jobs: list[pb.Job] | None = list_jobs(stubs, in_flight)
+        # every node of several answers UNAVAILABLE with the store out: retried over them
+        # for the whole --timeout, a status then took 30 s to say so (the HA audit)
+        with stubs.pool.budget_at_most(STORE_RETRY_SECONDS):
+            jobs: list[pb.Job] | None = list_jobs(stubs, in_flight)
     except grpc.RpcError as err:  # the store is out: the ledger's views still show
         if not store_unavailable(err.details() or ""):
             raise
