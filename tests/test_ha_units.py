@@ -212,6 +212,17 @@ def _cut_lease(url: str, node: Node) -> None:
         assert ended == (True,), ended
 
 
+def _backend_ended(url: str, pid: int) -> None:
+    """Wait until PostgreSQL's backend ``pid`` has exited: a closed session's advisory
+    lock is free only then, which a loaded machine delays past the close."""
+    deadline = time.monotonic() + 30
+    with psycopg.connect(url.replace("postgresql+psycopg", "postgresql")) as admin:
+        while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s",
+                            (pid,)).fetchone() is not None:  # fmt: skip
+            assert time.monotonic() < deadline, f"backend {pid} still there after 30 s"
+            time.sleep(0.05)
+
+
 def test_a_standby_with_smaller_servers_follows_but_leaves_the_lead_to_the_last_leader(
     tmp_path: Path, postgres: Postgres, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -239,7 +250,10 @@ def test_a_standby_with_smaller_servers_follows_but_leaves_the_lead_to_the_last_
         assert b.c._unfitted > 0, "some plan must use more of w2 than b has"
         asyncio.run(a.c.submit(job("late")))
         asyncio.run(b.c.follow())  # past the plans that do not fit: no exception
+        gone = a.lock.backend_pid
+        assert gone is not None
         a.close()  # the leader is gone
+        _backend_ended(url, gone)  # its lock with it (a CI run: a2 found it still held)
         problem = b.c.takeover_problem()
         assert "stored plans do not fit this node's servers or window" in problem, problem
         assert "server w2" in problem and "a:50051" in problem
