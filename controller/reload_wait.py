@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from controller.procfs import ZOMBIE_STATES, stat_fields
 from controller.reload_status import Answer, read_status, status_path
 
 __all__ = [
@@ -180,9 +181,8 @@ def _not_oasisd(pid: int) -> str:
 def _alive(pid: int) -> bool:
     """Whether ``pid`` runs (neither gone nor a zombie awaiting its parent)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat_fields(pid)[0] not in ZOMBIE_STATES
     except FileNotFoundError:
         return False
-    except OSError:
+    except (OSError, IndexError):
         return True
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")

@@ -32,6 +32,7 @@ import os
 from dataclasses import dataclass
 
 from controller.plane.demand import MAX_NAME_LENGTH, NAME_CHARACTERS, Demand, carried
+from controller.procfs import pids, stat_fields
 
 __all__ = [
     "MARGIN",
@@ -111,18 +112,10 @@ def group_rss(groups: set[int]) -> dict[int, int]:
     out: dict[int, int] = {}
     if not groups:
         return out
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return out
-    for name in names:
-        if not name.isdigit():
-            continue
+    for pid in pids():
         with contextlib.suppress(OSError, IndexError, ValueError):
-            with open(f"/proc/{name}/stat", "rb") as f:
-                raw = f.read(4096)
-            rest = raw.rsplit(b")", 1)[1].split()
-            group = int(rest[2])
+            fields = stat_fields(pid)
+            group = int(fields[2])
             if group in groups:
-                out[group] = out.get(group, 0) + int(rest[21]) * _PAGE_BYTES
+                out[group] = out.get(group, 0) + int(fields[21]) * _PAGE_BYTES
     return out

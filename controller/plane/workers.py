@@ -59,6 +59,7 @@ from controller.plane.demand import Demand, demand_environment
 from controller.plane.devices import Devices
 from controller.plane.memory_guard import SAMPLE_SECONDS, MemoryGuard, group_rss
 from controller.plane.worker_errors import log_errors
+from controller.procfs import ZOMBIE_STATES, pids, stat_fields
 
 __all__ = [
     "MAX_STOP_GRACE",
@@ -841,18 +842,13 @@ def _children() -> list[int]:
 def _other_pids() -> list[int]:
     """Every process's id, as ``/proc`` lists them, but this process's."""
     mine = os.getpid()
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return []
-    return [pid for name in names if name.isdigit() and (pid := int(name)) != mine]
+    return [pid for pid in pids() if pid != mine]
 
 
 def _ended(pid: int) -> bool:
     """Whether ``pid`` has ended: a zombie, or no such process."""
     try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+        return stat_fields(pid)[0] in ZOMBIE_STATES
     except (OSError, IndexError):
         return True
 
