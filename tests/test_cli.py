@@ -746,44 +746,72 @@ def test_a_json_usage_error_names_its_option(
 
 
 def _interrupted(
-    args: list[str], after: str, tmp_path: Path, sig: int = 2, env: dict[str, str] | None = None
+    args: list[str],
+    after: str,
+    tmp_path: Path,
+    sig: int = 2,
+    env: dict[str, str] | None = None,
+    terminal: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """``oasis ARGS`` as a subprocess, sent ``sig`` (SIGINT: Ctrl-C) once its stderr says
-    ``after``; its output."""
+    ``after``; its output. ``terminal``: its stderr a terminal (a pty), where progress is
+    a count updated in place from the first item (else a line every 10 s)."""
+    import contextlib
+    import os
+    import pty
+    import threading
     import time
 
     err_path = tmp_path / "err"
     with open(err_path, "w") as err:
+        master, slave = pty.openpty() if terminal else (-1, err.fileno())
         proc = subprocess.Popen([sys.executable, "-m", "controller.cli", *args], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=err, text=True,
+                                stdout=subprocess.PIPE, stderr=slave, text=True,
                                 env=env)  # fmt: skip
+        said = bytearray()
+        if terminal:
+            os.close(slave)
+
+            def drain() -> None:  # a pty's writer blocks once its buffer is full
+                with contextlib.suppress(OSError):  # EIO: the child's end closed
+                    while chunk := os.read(master, 65536):
+                        said.extend(chunk)
+
+            reader = threading.Thread(target=drain, daemon=True)
+            reader.start()
         deadline = time.monotonic() + 120
-        while after not in err_path.read_text():
-            assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()
+        text = (lambda: said.decode(errors="replace")) if terminal else err_path.read_text
+        while after not in text():
+            assert proc.poll() is None and time.monotonic() < deadline, text()
             time.sleep(0.05)
         time.sleep(0.5)
         proc.send_signal(sig)
         out, _ = proc.communicate(timeout=60)
-    return subprocess.CompletedProcess(args, proc.returncode, out, err_path.read_text())
+        if terminal:
+            reader.join(10)
+            os.close(master)
+    return subprocess.CompletedProcess(args, proc.returncode, out, text())
 
 
 def test_ctrl_c_says_interrupted_and_exits_130_without_a_traceback(tmp_path: Path) -> None:
     """The CLI audit: Ctrl-C printed a traceback in every command, and during the ILP of
     `oasis offline` said "an allocation ... beats the solver's bound -0: its proof is
-    wrong" (HiGHS stops on the signal and keeps it)."""
-    big = tmp_path / "big.json"
-    assert main(["gen", "--jobs", "20000", "--seed", "3", "-o", str(big)]) == 0
+    wrong" (HiGHS stops on the signal and keeps it). On a terminal, the replay's count
+    updated in place is ended first: "interrupted" was written after it, on its line."""
+    trace = tmp_path / "trace.json"
+    assert main(["gen", "--jobs", "2000", "--seed", "3", "-o", str(trace)]) == 0
     ilp = tmp_path / "ilp.json"
     assert main(["gen", "--jobs", "40", "--worker-servers", "4", "--ps-servers", "4",
                  "--horizon", "30", "--seed", "7", "-o", str(ilp)]) == 0  # fmt: skip
-    for args, after in (
-        (["replay", str(big), "--json"], "oasis replay: decided"),
-        (["offline", str(ilp), "--method", "ilp", "--json"], "solving ILP"),
+    for args, after, terminal in (
+        (["replay", str(trace)], "decided 1/", True),
+        (["offline", str(ilp), "--method", "ilp", "--json"], "solving ILP", False),
     ):
-        got = _interrupted(args, after, tmp_path)
+        got = _interrupted(args, after, tmp_path, terminal=terminal)
         assert got.returncode == 130, (args, got.returncode, got.stderr)
         assert "Traceback" not in got.stderr and "proof is wrong" not in got.stderr, got.stderr
-        assert got.stderr.rstrip().endswith(f"oasis {args[0]}: interrupted"), got.stderr
+        last = got.stderr.rstrip().splitlines()[-1]
+        assert last.strip() == f"oasis {args[0]}: interrupted", got.stderr[-300:]
 
 
 def test_sigterm_ends_a_command_as_ctrl_c_does_with_its_clean_up(tmp_path: Path) -> None:

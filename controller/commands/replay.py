@@ -163,10 +163,12 @@ def _run_baseline(args: argparse.Namespace) -> int:
             print(f"oasis replay: {args.policy} at slot {slot:,} of 0..{trace.horizon - 1:,}",
                   file=sys.stderr, flush=True)  # fmt: skip
 
-    with quiet_native_stdout():  # Dorm's MILP solver prints its banner there
-        outcomes = replay_baseline(trace, args.policy, progress=replanned)
-    if in_place:
-        print(file=sys.stderr)
+    try:
+        with quiet_native_stdout():  # Dorm's MILP solver prints its banner there
+            outcomes = replay_baseline(trace, args.policy, progress=replanned)
+    finally:  # ended by Ctrl-C too: its "interrupted" on a line of its own
+        if in_place:
+            print(file=sys.stderr)
     if args.json:
         print(json_document(baseline_json(trace, outcomes), args.compact))
     else:
@@ -191,15 +193,18 @@ def run(args: argparse.Namespace) -> int:
     shown = time.monotonic()
     steps, mb = search_limits(args)
     decided = replay(trace, max_search_steps=steps, max_search_mb=mb)
-    for i, record in enumerate(decided, 1):
-        records.append(record)
+    try:
+        for i, record in enumerate(decided, 1):
+            records.append(record)
+            if in_place:
+                print(f"\rdecided {i}/{total}", end="", file=unfiltered(sys.stderr), flush=True)
+            elif lines and time.monotonic() - shown >= PROGRESS_SECONDS:
+                shown = time.monotonic()
+                print(f"oasis replay: decided {i:,} of {total:,} jobs", file=sys.stderr,
+                      flush=True)  # fmt: skip
+    finally:  # ended by Ctrl-C too: its "interrupted" on a line of its own, not after the count
         if in_place:
-            print(f"\rdecided {i}/{total}", end="", file=unfiltered(sys.stderr), flush=True)
-        elif lines and time.monotonic() - shown >= PROGRESS_SECONDS:
-            shown = time.monotonic()
-            print(f"oasis replay: decided {i:,} of {total:,} jobs", file=sys.stderr, flush=True)
-    if in_place:
-        print(file=sys.stderr)
+            print(file=sys.stderr)
     if args.json:
         # one write: the output filter (controller/terminal.py) costs a call per write
         print(json_document(replay_json(trace, records), args.compact))
