@@ -493,6 +493,7 @@ class ClusterServicer(pb_grpc.ClusterServicer):
             # --for) named slots the daemon had passed (the time audit)
             current_slot=max(slots.current_slot(), self.c.slot),
             now=slots.clock.now(),
+            resources=self.c.cluster.resources,
         )
 
 

@@ -231,16 +231,21 @@ def test_a_list_with_bad_items_submits_none_and_names_each(tmp_path: Path, daemo
         dict(PEOPLE),
         {**PEOPLE, "chunks": "8"},
         {**PEOPLE, "id": "b0", "epochs": 3},  # b0's id, another spec
+        # a resource the daemon's cluster lacks (GetClusterInfo names them): before, found
+        # at its turn only, the items before it submitted
+        {**PEOPLE, "id": "b5", "worker": {**PEOPLE["worker"], "GPU": 1}},
     ]
     out = run("submit", write(tmp_path, jobs), server=daemon.address)
     assert out.returncode == 2 and out.stdout == "", out.stderr
     assert out.stderr.splitlines() == [
-        f"oasis submit: {tmp_path / 'job.json'}: 3 of 5 jobs have bad input; none was submitted:",
+        f"oasis submit: {tmp_path / 'job.json'}: 4 of 6 jobs have bad input; none was submitted:",
         "  item 2 (b1): job.epochs: must be >= 1, got -1",
         "  item 2 (b1): job.worker.bandwidth: must be > 0 (transfer time divides by it)",
         "  item 4: job.chunks: must be an integer, got the string '8'",
         "  item 5 (b0): job.id: also item 1's, whose spec differs (epochs): the daemon would "
         "refuse this one",
+        "  item 6 (b5): job.worker.GPU: unknown resource; did you mean 'gpu'? (the cluster "
+        "has: gpu, cpu, mem, disk, bandwidth)",
     ]
     listed = json.loads(run("jobs", "--json", server=daemon.address).stdout)["jobs"]
     assert not [j for j in listed if j["id"] in ("b0", "b1")]
@@ -249,7 +254,7 @@ def test_a_list_with_bad_items_submits_none_and_names_each(tmp_path: Path, daemo
     assert out.returncode == 2 and answer["submitted"] == []
     assert [(p["item"], p["id"], p["field"]) for p in answer["error"]["problems"]] == [
         (1, "b1", "job.epochs"), (1, "b1", "job.worker.bandwidth"), (3, None, "job.chunks"),
-        (4, "b0", "job.id"),
+        (4, "b0", "job.id"), (5, "b5", "job.worker.GPU"),
     ]  # fmt: skip
     assert answer["error"]["code"] == "INVALID_ARGUMENT"
 

@@ -298,7 +298,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
             from controller.commands.precheck import check_items
 
             clock = SlotTimes(info.epoch, info.slot_seconds)
-            check_items(specs, given, clock, info.window, info.current_slot + 1, args.file)
+            check_items(specs, given, clock, info.window, info.current_slot + 1, args.file,
+                        info.resources)  # fmt: skip
     for i, spec in enumerate(specs):
         req = pb.SubmitJobRequest(job=_request_spec(spec), wait_seconds=args.wait)
         submit = functools.partial(stubs.admission.SubmitJob, req, timeout=stubs.timeout)

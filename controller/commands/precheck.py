@@ -7,10 +7,12 @@ the item names and room for any number of its workers and PS. A problem found so
 the daemon finds on its own cluster too; an id given twice with different specs is
 found here as well. If any item has one, nothing is sent.
 
-What depends on the daemon's cluster and configuration -- a resource it lacks, a worker
-or PS that fits on none of its servers, work its servers cannot finish in the window,
-its ``[limits]``, an id already stored -- only the daemon can find; such an item still
-fails when its turn comes, after the items before it were submitted.
+A resource the daemon's cluster lacks is found here too, from the resources its
+``GetClusterInfo`` names: a typo (``"gpus"``) in the 37th item stopped the list there,
+the 36 before it submitted. What else depends on the daemon's cluster and configuration
+-- a worker or PS that fits on none of its servers, work its servers cannot finish in
+the window, its ``[limits]``, an id already stored -- only the daemon can find; such an
+item still fails when its turn comes, after the items before it were submitted.
 """
 
 from __future__ import annotations
@@ -31,9 +33,11 @@ from pricing.text import label
 __all__ = ["check_items", "item_problems"]
 
 
-def _roomy_cluster(spec: Mapping[str, Any]) -> Cluster:
-    """One worker and one PS server of unbounded capacity in each resource ``spec``'s
-    worker and PS name (and bandwidth): any cluster's check is at least as strict."""
+def _roomy_cluster(spec: Mapping[str, Any], known: Sequence[str]) -> Cluster:
+    """One worker and one PS server of unbounded capacity in each of the daemon's
+    resources ``known`` (empty: an older daemon's, which does not say them; then in each
+    resource ``spec``'s worker and PS name, and bandwidth): any cluster's check is at
+    least as strict."""
     named = [
         name
         for side in ("worker", "ps")
@@ -41,7 +45,7 @@ def _roomy_cluster(spec: Mapping[str, Any]) -> Cluster:
         for name in spec[side]
         if isinstance(name, str) and name != BANDWIDTH
     ]
-    resources = (BANDWIDTH, *dict.fromkeys(named))
+    resources = tuple(known) if known else (BANDWIDTH, *dict.fromkeys(named))
     unbounded = np.full((1, len(resources)), np.inf)
     return Cluster(
         resources=resources,
@@ -54,16 +58,20 @@ def _roomy_cluster(spec: Mapping[str, Any]) -> Cluster:
 
 
 def item_problems(
-    spec: dict[str, Any], times: SlotTimes, window: int, arrival: int
+    spec: dict[str, Any],
+    times: SlotTimes,
+    window: int,
+    arrival: int,
+    resources: Sequence[str] = (),
 ) -> tuple[dict[str, Any], list[Problem]]:
     """``spec`` as the daemon would store it (:func:`prepare`) and what the daemon would
-    refuse it for on any cluster (empty: nothing), its job arriving in slot ``arrival``
-    with ``window`` slots (T) to finish in."""
+    refuse it for on any cluster with ``resources`` (empty: any resource named), its job
+    arriving in slot ``arrival`` with ``window`` slots (T) to finish in."""
     prepared = prepare(spec, times)
     try:
         job = job_from_dict(
             prepared,
-            _roomy_cluster(prepared),
+            _roomy_cluster(prepared, resources),
             slot_seconds=times.slot_seconds,
             slots_available=lambda _a: window,
             arrival=arrival,
@@ -101,9 +109,11 @@ def check_items(
     window: int,
     arrival: int,
     path: str,
+    resources: Sequence[str] = (),
 ) -> None:
     """Check every item of a list (``given``: each one's id as the file gives it, None
-    for none) before any is sent.
+    for none) before any is sent, against the daemon's ``resources`` (empty: an older
+    daemon's, which does not say them: an unknown one is then found at its item's turn).
 
     Raises:
         InputError: naming each bad item (index and given id), each field and why; with
@@ -116,7 +126,7 @@ def check_items(
     first_of: dict[str, tuple[int, dict[str, Any]]] = {}
     bad = 0
     for i, (spec, name) in enumerate(zip(specs, given, strict=True)):
-        prepared, found = item_problems(spec, times, window, arrival)
+        prepared, found = item_problems(spec, times, window, arrival, resources)
         job_id = prepared.get("id")
         if isinstance(job_id, str) and not any(p.field == "job.id" for p in found):
             first_of.setdefault(job_id, (i, prepared))
