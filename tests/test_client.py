@@ -385,6 +385,33 @@ def test_a_wait_given_to_a_job_decided_already_is_said_to_change_nothing(
     assert plain.stdout.splitlines()[0].endswith("(already decided: this is the first decision)")
 
 
+def test_a_retry_of_a_job_cancelled_since_does_not_exit_as_admitted(
+    tmp_path: Path, daemon: Daemon
+) -> None:
+    """The specs audit: a job cancelled, then its file submitted again (a script's retry,
+    or a user starting it over) got the cancelled job back as a duplicate with exit 0,
+    the status of an admitted job: `oasis submit job.json && wait_for_it` waited on a
+    job that would never run. It now exits 1 and says the id is not decided again; a
+    quote's status is the one its submission would get."""
+    path = write(tmp_path, {**PEOPLE, "id": "c9"})
+    assert run("submit", path, server=daemon.address).returncode == 0
+    assert run("cancel", "c9", server=daemon.address).returncode == 0
+    again = run("submit", path, server=daemon.address)
+    assert again.returncode == 1, again.stdout + again.stderr
+    first = again.stdout.splitlines()[0]
+    assert first.startswith("c9: cancelled (never ran); it had been admitted with"), first
+    assert first.endswith(
+        "(already decided: this is the first decision, cancelled since; this id names that "
+        "job and is not decided again: give the job another id to submit it anew)"
+    ), first
+    record = run("submit", path, "--json", server=daemon.address)
+    assert record.returncode == 1
+    shown = json.loads(record.stdout)
+    assert (shown["state"], shown["duplicate"]) == ("cancelled", True)
+    quoted = run("quote", path, server=daemon.address)
+    assert quoted.returncode == 1 and "c9: cancelled (never ran)" in quoted.stdout
+
+
 def test_quote_reads_as_a_quote(tmp_path: Path, daemon: Daemon) -> None:
     out = run("quote", write(tmp_path, {**PEOPLE, "id": "q1"}), server=daemon.address)
     assert out.returncode == 0
