@@ -30,6 +30,7 @@ from pricing.durations import (
 )
 from pricing.errors import Problem, SpecError
 from pricing.fields import DuplicateKeyError, show, unique_object
+from pricing.json_mistakes import json_problem
 from pricing.utility import WHEN_KEYS
 
 __all__ = [
@@ -62,9 +63,7 @@ def read_json(text: str, field: str = "job") -> dict[str, Any]:
     except DuplicateKeyError as err:  # json alone keeps the last value without a word
         raise SpecError.one(field, str(err)) from None
     except json.JSONDecodeError as err:
-        raise SpecError.one(
-            field, f"not JSON: {err.msg} at line {err.lineno} column {err.colno}"
-        ) from None
+        raise SpecError.one(field, f"not JSON: {json_problem(err)}") from None
     except RecursionError:
         raise SpecError.one(field, "not a job: nested too deeply") from None
     except ValueError:  # an integer past Python's digit limit (its message tells a

@@ -215,8 +215,17 @@ def test_every_problem_is_listed_once_in_plain_words(tmp_path: Path, daemon: Dae
     unreadable = run("submit", write(tmp_path, "{nope"), "--json", server=daemon.address)
     assert unreadable.returncode == 2
     assert json.loads(unreadable.stdout)["error"]["message"].endswith(
-        "not JSON: Expecting property name enclosed in double quotes at line 1 column 2"
+        "not JSON: Expecting property name enclosed in double quotes at line 1 column 2 "
+        '(a key without quotes: JSON takes "nope", in double quotes)'
     )
+    # the specs audit: a comma after the last key was "Expecting property name enclosed
+    # in double quotes at line 3 column 1", a line the user had not touched
+    trailing = write(tmp_path, '{"epochs": 10,\n "chunks": 8,\n}\n', "trailing.json")
+    said = run("submit", trailing, server=daemon.address)
+    assert said.returncode == 2 and said.stderr.endswith(
+        "not JSON: Expecting property name enclosed in double quotes at line 3 column 1 (a "
+        "comma after the last item, at line 2 column 13: JSON allows none there; remove it)\n"
+    ), said.stderr
 
 
 def test_a_list_with_bad_items_submits_none_and_names_each(tmp_path: Path, daemon: Daemon) -> None:

@@ -448,6 +448,44 @@ def test_check_worth_says_how_far_a_deadline_is_too_close() -> None:
         check_worth(table, cluster=CLUSTER, slot_seconds=SLOT, window=48, arrival=5)
 
 
+@pytest.mark.parametrize(
+    ("text", "hint"),
+    [
+        (
+            '{"a": 1,\n}',
+            "(a comma after the last item, at line 1 column 8: JSON allows none there; remove it)",
+        ),
+        ("[1, 2,]", "(a comma after the last item, at line 1 column 6:"),
+        ("{'a': 1}", "(JSON takes double quotes around keys and strings, not single ones)"),
+        ("{a: 1}", '(a key without quotes: JSON takes "a", in double quotes)'),
+        ('{"a": True}', "(JSON writes true, not True)"),
+        ('{"a": None}', "(JSON writes null, not None)"),
+        ('{"a": yes}', "(JSON writes true or false, not yes)"),
+        ('{"a": 6h}', '(a number with a unit is text in JSON: put it in double quotes, "6h")'),
+        ('{"a": 16GiB}', 'put it in double quotes, "16GiB")'),
+        ('{"a": 2030-06-01T18:00:00Z}', 'put it in double quotes, "2030-06-01T18:00:00Z")'),
+        ('{"a": six}', '(text without quotes: JSON takes "six", in double quotes)'),
+        ('{"a": .5}', "(a JSON number begins with a digit or '-': 0.5, not .5; 1, not +1)"),
+        ('{"a": 1 # hours\n}', "(JSON has no comments; remove it)"),
+        ('// a job\n{"a": 1}', "(JSON has no comments; remove it)"),
+        ('{"a": 1\n "b": 2}', "(a comma missing at the end of line 1)"),
+        ('{"a": 1}\n{"b": 2}', "several jobs go in one list, [...])"),
+        (
+            "epochs: 10\nchunks: 8\n",
+            '(this reads as YAML: a job file is JSON, {"key": value, ...})',
+        ),
+        ("", "(the file is empty)"),
+    ],
+)
+def test_json_mistakes_are_named_with_what_to_change(text: str, hint: str) -> None:
+    """The specs audit: a job file written with YAML's, Python's or JavaScript's habits
+    got the parser's words alone (a trailing comma read "Expecting property name
+    enclosed in double quotes" at the line after it)."""
+    with pytest.raises(SpecError) as err:
+        read_json(text)
+    assert hint in str(err.value), str(err.value)
+
+
 def test_json_specs_are_read_with_clean_errors() -> None:
     assert read_json('{"a": 1}') == {"a": 1}
     for text, message in [
