@@ -257,7 +257,9 @@ def job_from_dict(
         b, B = float(worker[bw]), float(ps[bw])
         problems.append(Problem(
             f"{field}.worker.{BANDWIDTH}", f"worker bandwidth b = {b:g} exceeds PS bandwidth "
-            f"B = {B:g}: constraints 6 (z >= y b / B) and 7 (z <= y) cannot both hold",
+            f"B = {B:g} (Gbps): the job would need more PS than workers, b / B of a PS per "
+            "worker (constraints 6 and 7, z >= y b / B and z <= y, cannot both hold); give "
+            "ps.bandwidth at least worker.bandwidth",
         ))  # fmt: skip
     if problems:
         raise SpecError(problems)
@@ -442,6 +444,17 @@ def work_in_words(job: Job, slot_seconds: float) -> str:
     )
 
 
+def _held_to(job: Job, cluster: Cluster, per_slot: int) -> str:
+    """What holds ``job`` to ``per_slot`` workers a slot, in words: its chunks (one worker
+    each), the worker servers' room, or its PS' room. "at most 8 workers per slot" alone
+    did not say that more chunks would let it run wider."""
+    if per_slot == job.chunks:
+        return f"one per chunk, chunks = {job.chunks}"
+    if per_slot == _empty_room(cluster, "worker", job.worker)[1]:
+        return "as many as the worker servers hold"
+    return "as many as the PS servers have room to serve"
+
+
 def _check_fits_in_time(
     job: Job, cluster: Cluster, available: int, field: str, slot_seconds: float
 ) -> None:
@@ -458,7 +471,7 @@ def _check_fits_in_time(
         raise SpecError([
             Problem(field, f"work of {job.work} worker-slots needs at least "
                     f"{slots_in_time(slots, slot_seconds)} even on an empty cluster (at most "
-                    f"{per_slot} workers per slot), but only {left} remain before the "
-                    "horizon"),
+                    f"{per_slot} workers per slot: {_held_to(job, cluster, per_slot)}), but only "
+                    f"{left} remain from its arrival to its window's end"),
             Problem(f"{field}.work", work_in_words(job, slot_seconds)),
         ])  # fmt: skip

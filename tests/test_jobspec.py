@@ -266,15 +266,19 @@ INDEPENDENT = [
     # ... and b > B, which needs only the worker and the PS
     ({"grad_mb": -1, "worker": {**PEOPLE["worker"], "bandwidth": 9}},
      ["job.grad_mb: must be > 0, got -1",
-      "job.worker.bandwidth: worker bandwidth b = 9 exceeds PS bandwidth B = 5: "
-      "constraints 6 (z >= y b / B) and 7 (z <= y) cannot both hold"]),
+      "job.worker.bandwidth: worker bandwidth b = 9 exceeds PS bandwidth B = 5 (Gbps): "
+      "the job would need more PS than workers, b / B of a PS per worker (constraints 6 "
+      "and 7, z >= y b / B and z <= y, cannot both hold); give ps.bandwidth at least "
+      "worker.bandwidth"]),
     # a utility without its deadline, and a PS that fits nowhere with b > B
     ({"utility": {"kind": "deadline", "value": 40},
       "worker": {**PEOPLE["worker"], "bandwidth": 9}, "ps": {**PEOPLE["ps"], "gpu": 1}},
      ["job.utility.deadline: is required",
       "job.ps: one ps fits on no ps server, even empty (gpu: it needs 1, the largest has 0)",
-      "job.worker.bandwidth: worker bandwidth b = 9 exceeds PS bandwidth B = 5: "
-      "constraints 6 (z >= y b / B) and 7 (z <= y) cannot both hold"]),
+      "job.worker.bandwidth: worker bandwidth b = 9 exceeds PS bandwidth B = 5 (Gbps): "
+      "the job would need more PS than workers, b / B of a PS per worker (constraints 6 "
+      "and 7, z >= y b / B and z <= y, cannot both hold); give ps.bandwidth at least "
+      "worker.bandwidth"]),
     # an unknown resource, and a known one too small to count
     ({"worker": {**PEOPLE["worker"], "tpu": 1, "cpu": 1e-300}},
      ["job.worker.tpu: unknown resource (the cluster has: gpu, cpu, mem, disk, bandwidth)",
@@ -558,10 +562,14 @@ def test_work_too_long_for_the_window_says_it_in_time_and_how_the_work_came_to_b
     spec = {k: v for k, v in PEOPLE.items() if k != "minibatch_seconds"} | {"tau": 1.5}
     assert problems(spec) == [
         "job: work of 601 worker-slots needs at least 151 slots (6d7h) even on an empty "
-        "cluster (at most 4 workers per slot), but only 48 (2d) remain before the horizon",
+        "cluster (at most 4 workers per slot: one per chunk, chunks = 4), but only 48 (2d) "
+        "remain from its arrival to its window's end",
         "job.work: 2 x 4 x 50 mini-batches of 5401.6 s (5400 s compute + 1.6 s gradient "
         "transfer) = 600.1777778 worker-slots, rounded up to 601",
     ]
+    # the specs audit: "(at most 4 workers per slot)" did not say what held it there
+    wide = problems({**spec, "chunks": 10**6})[0]
+    assert "(at most 4 workers per slot: as many as the worker servers hold)" in wide, wide
 
 
 def test_the_daemons_own_long_reasons_reach_the_client_whole() -> None:
