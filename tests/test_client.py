@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -419,6 +420,28 @@ def test_a_retry_of_a_job_cancelled_since_does_not_exit_as_admitted(
     assert (shown["state"], shown["duplicate"]) == ("cancelled", True)
     quoted = run("quote", path, server=daemon.address)
     assert quoted.returncode == 1 and "c9: cancelled (never ran)" in quoted.stdout
+
+
+def test_job_shows_the_utility_its_spec_asked_for_in_local_time(
+    tmp_path: Path, daemon: Daemon, epoch: float
+) -> None:
+    """The specs audit: `oasis job ID` showed the plan but not what the spec asked for;
+    a deadline given as 13:30+02:00 and held to its slot's start (11:00 UTC with hour
+    slots) showed only in `--json`, in UTC. It now says the utility with its times local,
+    as the table's, and a duration with the time it ends."""
+    times = SlotTimes(epoch, 3600.0)
+    arrival = cluster_info(daemon.address).current_slot + 1
+    due = datetime.fromtimestamp(times.start(arrival + 8) + 1800, timezone(timedelta(hours=2)))
+    spec = {**PEOPLE, "id": "u7", "utility": {**PEOPLE["utility"], "deadline": due.isoformat()}}
+    assert run("submit", write(tmp_path, spec), server=daemon.address).returncode == 0
+    shown = run("job", "u7", server=daemon.address).stdout.splitlines()[-1]
+    start = times.start(arrival + 8)
+    assert shown == f"utility: 50 if done by {local_time(start)}, then halving every 1h", shown
+    spec = {**PEOPLE, "id": "u8"}  # "deadline": "6h"
+    assert run("submit", write(tmp_path, spec), server=daemon.address).returncode == 0
+    shown = run("job", "u8", server=daemon.address).stdout.splitlines()[-1]
+    after = local_time(times.start(arrival + 6))
+    assert shown == f"utility: 50 if done by {after} (6h after its arrival), then halving every 1h"
 
 
 def test_quote_reads_as_a_quote(tmp_path: Path, daemon: Daemon) -> None:

@@ -57,8 +57,10 @@ from controller.commands.records import (
     local_time,
     plain,
     slot_label,
+    spec_of,
     state_name,
 )
+from controller.commands.utility_words import utility_line
 from controller.job_keys import SEPARATOR
 from controller.rpc import oasis_pb2 as pb
 from controller.table import render_table
@@ -587,6 +589,9 @@ def cmd_job(args: argparse.Namespace) -> int:
     state = state_name(resp.job.state)
     for line in _decision_lines(resp.job.spec.id, resp.job.decision, times, state, job=resp.job):
         print(line)
+    said = utility_line(spec_of(resp.job.spec), resp.job.decision.arrival_slot, times)
+    if said:  # what the spec asked for, its times local as the table's
+        print(said)
     return EXIT_OK
 
 
