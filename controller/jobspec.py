@@ -347,8 +347,14 @@ def check_job_worth(
     due = getattr(job.utility, "deadline", None)
     if isinstance(raw, Mapping) and raw.get("kind") == "deadline" and due is not None:
         if due > 0:
-            left = slots_in_time(max(0, math.floor(due + 1e-9)), slot_seconds)
-            where = f"leaves {left} after the job's arrival, but it needs"
+            whole = max(0, math.floor(due + 1e-9))
+            left = slots_in_time(whole, slot_seconds)
+            part = ""
+            if due - whole > 1e-9:  # "30m" of hour slots: "leaves 0 slots (0s)" alone
+                # read as a contradiction of what the user wrote
+                part = (f" ({format_duration(due * slot_seconds)} is {due:.6g} slots: a job "
+                        "ends with a slot, so only whole slots count)")  # fmt: skip
+            where = f"leaves {left} after the job's arrival{part}, but it needs"
         else:  # a time at or before the arrival ({"slot": S}): a mistyped date, likely
             early = math.ceil(-due - 1e-9)
             when = f"is {slots_in_time(early, slot_seconds)} before" if early else "is at"
