@@ -451,6 +451,13 @@ def test_quote_reads_as_a_quote(tmp_path: Path, daemon: Daemon) -> None:
     assert "(quote)" not in out.stdout and out.stdout.rstrip().endswith("(nothing committed)")
     anonymous = run("quote", write(tmp_path, PEOPLE), server=daemon.address)
     assert anonymous.stdout.startswith("quote: would be admitted")
+    # the specs audit: its help offered "a list of them", then refused one in 4 words
+    assert "a list of them" not in run("quote", "--help", server=daemon.address).stdout
+    listed = run("quote", write(tmp_path, [PEOPLE, PEOPLE], "two.json"), server=daemon.address)
+    assert listed.returncode == 2 and listed.stderr.endswith(
+        "two.json: a list of 2 jobs; quote takes one (give each its own file, or - with one "
+        "job on standard input)\n"
+    ), listed.stderr
 
 
 def test_an_empty_job_list_says_so(daemon: Daemon) -> None:

@@ -91,7 +91,8 @@ def register(sub: Any) -> None:
         "number is seconds; 0: reject at once), decided again at each slot boundary "
         "(default: the daemon's daemon.wait_seconds)",
     )
-    add("quote", cmd_quote).add_argument("file", metavar="JOB.json", help=job_file)
+    one_job = "a job object (README: Job specs), what `job --json` printed, or -"
+    add("quote", cmd_quote).add_argument("file", metavar="JOB.json", help=one_job)
     p = add("jobs", cmd_jobs)
     p.add_argument("--state", action="append", choices=STATES, default=[],
                    help="only jobs in this state (again for more: --state admitted "
@@ -455,8 +456,11 @@ def _interrupted(
 def cmd_quote(args: argparse.Namespace) -> int:
     stubs = Stubs(args)
     specs = _specs(args.file)
-    if len(specs) != 1:
-        raise InputError(f"{args.file}: quote takes one job")
+    if len(specs) != 1:  # help said "a list of them" too, as submit's does
+        raise InputError(
+            f"{args.file}: a list of {len(specs)} jobs; quote takes one (give each its own "
+            "file, or - with one job on standard input)"
+        )
     req = pb.QuoteJobRequest(job=_request_spec(specs[0]))
     resp = stubs.admission.QuoteJob(req, timeout=stubs.timeout)
     times = stubs.times()
