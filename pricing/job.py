@@ -15,7 +15,7 @@ from pricing import fields
 from pricing.cluster import BANDWIDTH, Cluster, Kind
 from pricing.durations import parse_duration, slots_in_time
 from pricing.errors import Problem, SpecError
-from pricing.utility import Utility, utility_from_dict
+from pricing.utility import UTILITY_KEYS, Utility, utility_from_dict
 
 __all__ = [
     "JOB_KEYS",
@@ -204,7 +204,9 @@ def job_from_dict(
             cannot finish inside the horizon, a utility that is not non-increasing.
     """
     spec: Mapping[str, Any] = fields.mapping(raw, field)
-    problems = fields.unknown_keys(spec, JOB_KEYS, field)
+    problems = [
+        _where_it_goes(p, field, cluster) for p in fields.unknown_keys(spec, JOB_KEYS, field)
+    ]
     if arrival is not None and "arrival" in spec:
         problems.append(Problem(f"{field}.arrival", "is not taken here: a job submitted "
                                 "during slot s arrives at s + 1"))  # fmt: skip
@@ -303,6 +305,20 @@ def job_from_dict(
     if not nowhere:  # else it can never run: no time is enough
         _check_fits_in_time(job, cluster, slots_available(arrival), field, slot_seconds)
     return job
+
+
+def _where_it_goes(problem: Problem, field: str, cluster: Cluster) -> Problem:
+    """An unknown key of the job object that belongs one level down (a resource, a key
+    of the utility), said where it goes: ``"gpu": 1`` beside ``epochs`` was told "unknown
+    key (known: arrival, chunks, ...)", as if no job took a gpu."""
+    key = problem.field.removeprefix(f"{field}.")
+    if key in cluster.resources:
+        return Problem(problem.field, f'unknown key: a demand goes under worker or ps, as '
+                       f'in "worker": {{"{key}": ...}}')  # fmt: skip
+    if key in UTILITY_KEYS:
+        return Problem(problem.field, f'unknown key: it goes under utility, as in '
+                       f'"utility": {{"kind": ..., "{key}": ...}}')  # fmt: skip
+    return problem
 
 
 def fits_nowhere(

@@ -490,6 +490,18 @@ def test_json_mistakes_are_named_with_what_to_change(text: str, hint: str) -> No
     assert hint in str(err.value), str(err.value)
 
 
+def test_a_key_of_a_demand_or_of_the_utility_given_beside_epochs_is_told_where_it_goes() -> None:
+    """The specs audit: a flattened spec (``"gpu": 1``, ``"deadline": "6h"`` beside
+    ``epochs``, as YAML habits write it) was told "unknown key (known: arrival, chunks,
+    ...)", naming neither worker nor utility."""
+    assert problems({**PEOPLE, "gpu": 1, "deadline": "6h", "epoch": 3}) == [
+        'job.gpu: unknown key: a demand goes under worker or ps, as in "worker": {"gpu": ...}',
+        'job.deadline: unknown key: it goes under utility, as in "utility": {"kind": ..., '
+        '"deadline": ...}',
+        "job.epoch: unknown key; did you mean 'epochs'?",
+    ]
+
+
 def test_json_specs_are_read_with_clean_errors() -> None:
     assert read_json('{"a": 1}') == {"a": 1}
     for text, message in [
