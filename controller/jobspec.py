@@ -30,6 +30,7 @@ from pricing.durations import (
 )
 from pricing.errors import Problem, SpecError
 from pricing.fields import DuplicateKeyError, show, unique_object
+from pricing.json_mistakes import json_problem
 from pricing.utility import WHEN_KEYS
 
 __all__ = [
@@ -62,9 +63,7 @@ def read_json(text: str, field: str = "job") -> dict[str, Any]:
     except DuplicateKeyError as err:  # json alone keeps the last value without a word
         raise SpecError.one(field, str(err)) from None
     except json.JSONDecodeError as err:
-        raise SpecError.one(
-            field, f"not JSON: {err.msg} at line {err.lineno} column {err.colno}"
-        ) from None
+        raise SpecError.one(field, f"not JSON: {json_problem(err)}") from None
     except RecursionError:
         raise SpecError.one(field, "not a job: nested too deeply") from None
     except ValueError:  # an integer past Python's digit limit (its message tells a
@@ -348,8 +347,14 @@ def check_job_worth(
     due = getattr(job.utility, "deadline", None)
     if isinstance(raw, Mapping) and raw.get("kind") == "deadline" and due is not None:
         if due > 0:
-            left = slots_in_time(max(0, math.floor(due + 1e-9)), slot_seconds)
-            where = f"leaves {left} after the job's arrival, but it needs"
+            whole = max(0, math.floor(due + 1e-9))
+            left = slots_in_time(whole, slot_seconds)
+            part = ""
+            if due - whole > 1e-9:  # "30m" of hour slots: "leaves 0 slots (0s)" alone
+                # read as a contradiction of what the user wrote
+                part = (f" ({format_duration(due * slot_seconds)} is {due:.6g} slots: a job "
+                        "ends with a slot, so only whole slots count)")  # fmt: skip
+            where = f"leaves {left} after the job's arrival{part}, but it needs"
         else:  # a time at or before the arrival ({"slot": S}): a mistyped date, likely
             early = math.ceil(-due - 1e-9)
             when = f"is {slots_in_time(early, slot_seconds)} before" if early else "is at"

@@ -15,7 +15,7 @@ from pricing import fields
 from pricing.cluster import BANDWIDTH, Cluster, Kind
 from pricing.durations import parse_duration, slots_in_time
 from pricing.errors import Problem, SpecError
-from pricing.utility import Utility, utility_from_dict
+from pricing.utility import UTILITY_KEYS, Utility, utility_from_dict
 
 __all__ = [
     "JOB_KEYS",
@@ -204,7 +204,9 @@ def job_from_dict(
             cannot finish inside the horizon, a utility that is not non-increasing.
     """
     spec: Mapping[str, Any] = fields.mapping(raw, field)
-    problems = fields.unknown_keys(spec, JOB_KEYS, field)
+    problems = [
+        _where_it_goes(p, field, cluster) for p in fields.unknown_keys(spec, JOB_KEYS, field)
+    ]
     if arrival is not None and "arrival" in spec:
         problems.append(Problem(f"{field}.arrival", "is not taken here: a job submitted "
                                 "during slot s arrives at s + 1"))  # fmt: skip
@@ -257,7 +259,9 @@ def job_from_dict(
         b, B = float(worker[bw]), float(ps[bw])
         problems.append(Problem(
             f"{field}.worker.{BANDWIDTH}", f"worker bandwidth b = {b:g} exceeds PS bandwidth "
-            f"B = {B:g}: constraints 6 (z >= y b / B) and 7 (z <= y) cannot both hold",
+            f"B = {B:g} (Gbps): the job would need more PS than workers, b / B of a PS per "
+            "worker (constraints 6 and 7, z >= y b / B and z <= y, cannot both hold); give "
+            "ps.bandwidth at least worker.bandwidth",
         ))  # fmt: skip
     if problems:
         raise SpecError(problems)
@@ -301,6 +305,20 @@ def job_from_dict(
     if not nowhere:  # else it can never run: no time is enough
         _check_fits_in_time(job, cluster, slots_available(arrival), field, slot_seconds)
     return job
+
+
+def _where_it_goes(problem: Problem, field: str, cluster: Cluster) -> Problem:
+    """An unknown key of the job object that belongs one level down (a resource, a key
+    of the utility), said where it goes: ``"gpu": 1`` beside ``epochs`` was told "unknown
+    key (known: arrival, chunks, ...)", as if no job took a gpu."""
+    key = problem.field.removeprefix(f"{field}.")
+    if key in cluster.resources:
+        return Problem(problem.field, f'unknown key: a demand goes under worker or ps, as '
+                       f'in "worker": {{"{key}": ...}}')  # fmt: skip
+    if key in UTILITY_KEYS:
+        return Problem(problem.field, f'unknown key: it goes under utility, as in '
+                       f'"utility": {{"kind": ..., "{key}": ...}}')  # fmt: skip
+    return problem
 
 
 def fits_nowhere(
@@ -442,6 +460,17 @@ def work_in_words(job: Job, slot_seconds: float) -> str:
     )
 
 
+def _held_to(job: Job, cluster: Cluster, per_slot: int) -> str:
+    """What holds ``job`` to ``per_slot`` workers a slot, in words: its chunks (one worker
+    each), the worker servers' room, or its PS' room. "at most 8 workers per slot" alone
+    did not say that more chunks would let it run wider."""
+    if per_slot == job.chunks:
+        return f"one per chunk, chunks = {job.chunks}"
+    if per_slot == _empty_room(cluster, "worker", job.worker)[1]:
+        return "as many as the worker servers hold"
+    return "as many as the PS servers have room to serve"
+
+
 def _check_fits_in_time(
     job: Job, cluster: Cluster, available: int, field: str, slot_seconds: float
 ) -> None:
@@ -458,7 +487,7 @@ def _check_fits_in_time(
         raise SpecError([
             Problem(field, f"work of {job.work} worker-slots needs at least "
                     f"{slots_in_time(slots, slot_seconds)} even on an empty cluster (at most "
-                    f"{per_slot} workers per slot), but only {left} remain before the "
-                    "horizon"),
+                    f"{per_slot} workers per slot: {_held_to(job, cluster, per_slot)}), but only "
+                    f"{left} remain from its arrival to its window's end"),
             Problem(f"{field}.work", work_in_words(job, slot_seconds)),
         ])  # fmt: skip

@@ -24,7 +24,16 @@ from pricing import fields
 from pricing.durations import DURATION_EXAMPLES, parse_duration, parse_time
 from pricing.errors import Problem, SpecError
 
-__all__ = ["KINDS", "WHEN_KEYS", "Deadline", "Sigmoid", "Table", "Utility", "utility_from_dict"]
+__all__ = [
+    "KINDS",
+    "UTILITY_KEYS",
+    "WHEN_KEYS",
+    "Deadline",
+    "Sigmoid",
+    "Table",
+    "Utility",
+    "utility_from_dict",
+]
 
 KINDS = ("sigmoid", "table", "deadline")
 WHEN_KEYS = ("target", "deadline")
@@ -142,6 +151,8 @@ _KEYS = {
     "table": {"kind", "values"},
     "deadline": {"kind", "value", "deadline", "half_life"},
 }
+UTILITY_KEYS = frozenset().union(*_KEYS.values())
+"""Every key a utility object of some kind may have."""
 _LIMIT = float(fields.MAX_INTEGER)
 """The largest magnitude of a utility's time or decay (slots, per slot): beyond it the
 log-utility of a completion time leaves the range the price bounds can hold."""

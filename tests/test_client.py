@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -215,8 +216,17 @@ def test_every_problem_is_listed_once_in_plain_words(tmp_path: Path, daemon: Dae
     unreadable = run("submit", write(tmp_path, "{nope"), "--json", server=daemon.address)
     assert unreadable.returncode == 2
     assert json.loads(unreadable.stdout)["error"]["message"].endswith(
-        "not JSON: Expecting property name enclosed in double quotes at line 1 column 2"
+        "not JSON: Expecting property name enclosed in double quotes at line 1 column 2 "
+        '(a key without quotes: JSON takes "nope", in double quotes)'
     )
+    # the specs audit: a comma after the last key was "Expecting property name enclosed
+    # in double quotes at line 3 column 1", a line the user had not touched
+    trailing = write(tmp_path, '{"epochs": 10,\n "chunks": 8,\n}\n', "trailing.json")
+    said = run("submit", trailing, server=daemon.address)
+    assert said.returncode == 2 and said.stderr.endswith(
+        "not JSON: Expecting property name enclosed in double quotes at line 3 column 1 (a "
+        "comma after the last item, at line 2 column 13: JSON allows none there; remove it)\n"
+    ), said.stderr
 
 
 def test_a_list_with_bad_items_submits_none_and_names_each(tmp_path: Path, daemon: Daemon) -> None:
@@ -390,6 +400,55 @@ def test_a_wait_given_to_a_job_decided_already_is_said_to_change_nothing(
     assert plain.stdout.splitlines()[0].endswith("(already decided: this is the first decision)")
 
 
+def test_a_retry_of_a_job_cancelled_since_does_not_exit_as_admitted(
+    tmp_path: Path, daemon: Daemon
+) -> None:
+    """The specs audit: a job cancelled, then its file submitted again (a script's retry,
+    or a user starting it over) got the cancelled job back as a duplicate with exit 0,
+    the status of an admitted job: `oasis submit job.json && wait_for_it` waited on a
+    job that would never run. It now exits 1 and says the id is not decided again; a
+    quote's status is the one its submission would get."""
+    path = write(tmp_path, {**PEOPLE, "id": "c9"})
+    assert run("submit", path, server=daemon.address).returncode == 0
+    assert run("cancel", "c9", server=daemon.address).returncode == 0
+    again = run("submit", path, server=daemon.address)
+    assert again.returncode == 1, again.stdout + again.stderr
+    first = again.stdout.splitlines()[0]
+    assert first.startswith("c9: cancelled (never ran); it had been admitted with"), first
+    assert first.endswith(
+        "(already decided: this is the first decision, cancelled since; this id names that "
+        "job and is not decided again: give the job another id to submit it anew)"
+    ), first
+    record = run("submit", path, "--json", server=daemon.address)
+    assert record.returncode == 1
+    shown = json.loads(record.stdout)
+    assert (shown["state"], shown["duplicate"]) == ("cancelled", True)
+    quoted = run("quote", path, server=daemon.address)
+    assert quoted.returncode == 1 and "c9: cancelled (never ran)" in quoted.stdout
+
+
+def test_job_shows_the_utility_its_spec_asked_for_in_local_time(
+    tmp_path: Path, daemon: Daemon, epoch: float
+) -> None:
+    """The specs audit: `oasis job ID` showed the plan but not what the spec asked for;
+    a deadline given as 13:30+02:00 and held to its slot's start (11:00 UTC with hour
+    slots) showed only in `--json`, in UTC. It now says the utility with its times local,
+    as the table's, and a duration with the time it ends."""
+    times = SlotTimes(epoch, 3600.0)
+    arrival = cluster_info(daemon.address).current_slot + 1
+    due = datetime.fromtimestamp(times.start(arrival + 8) + 1800, timezone(timedelta(hours=2)))
+    spec = {**PEOPLE, "id": "u7", "utility": {**PEOPLE["utility"], "deadline": due.isoformat()}}
+    assert run("submit", write(tmp_path, spec), server=daemon.address).returncode == 0
+    shown = run("job", "u7", server=daemon.address).stdout.splitlines()[-1]
+    start = times.start(arrival + 8)
+    assert shown == f"utility: 50 if done by {local_time(start)}, then halving every 1h", shown
+    spec = {**PEOPLE, "id": "u8"}  # "deadline": "6h"
+    assert run("submit", write(tmp_path, spec), server=daemon.address).returncode == 0
+    shown = run("job", "u8", server=daemon.address).stdout.splitlines()[-1]
+    after = local_time(times.start(arrival + 6))
+    assert shown == f"utility: 50 if done by {after} (6h after its arrival), then halving every 1h"
+
+
 def test_quote_reads_as_a_quote(tmp_path: Path, daemon: Daemon) -> None:
     out = run("quote", write(tmp_path, {**PEOPLE, "id": "q1"}), server=daemon.address)
     assert out.returncode == 0
@@ -397,6 +456,13 @@ def test_quote_reads_as_a_quote(tmp_path: Path, daemon: Daemon) -> None:
     assert "(quote)" not in out.stdout and out.stdout.rstrip().endswith("(nothing committed)")
     anonymous = run("quote", write(tmp_path, PEOPLE), server=daemon.address)
     assert anonymous.stdout.startswith("quote: would be admitted")
+    # the specs audit: its help offered "a list of them", then refused one in 4 words
+    assert "a list of them" not in run("quote", "--help", server=daemon.address).stdout
+    listed = run("quote", write(tmp_path, [PEOPLE, PEOPLE], "two.json"), server=daemon.address)
+    assert listed.returncode == 2 and listed.stderr.endswith(
+        "two.json: a list of 2 jobs; quote takes one (give each its own file, or - with one "
+        "job on standard input)\n"
+    ), listed.stderr
 
 
 def test_an_empty_job_list_says_so(daemon: Daemon) -> None:

@@ -266,15 +266,19 @@ INDEPENDENT = [
     # ... and b > B, which needs only the worker and the PS
     ({"grad_mb": -1, "worker": {**PEOPLE["worker"], "bandwidth": 9}},
      ["job.grad_mb: must be > 0, got -1",
-      "job.worker.bandwidth: worker bandwidth b = 9 exceeds PS bandwidth B = 5: "
-      "constraints 6 (z >= y b / B) and 7 (z <= y) cannot both hold"]),
+      "job.worker.bandwidth: worker bandwidth b = 9 exceeds PS bandwidth B = 5 (Gbps): "
+      "the job would need more PS than workers, b / B of a PS per worker (constraints 6 "
+      "and 7, z >= y b / B and z <= y, cannot both hold); give ps.bandwidth at least "
+      "worker.bandwidth"]),
     # a utility without its deadline, and a PS that fits nowhere with b > B
     ({"utility": {"kind": "deadline", "value": 40},
       "worker": {**PEOPLE["worker"], "bandwidth": 9}, "ps": {**PEOPLE["ps"], "gpu": 1}},
      ["job.utility.deadline: is required",
       "job.ps: one ps fits on no ps server, even empty (gpu: it needs 1, the largest has 0)",
-      "job.worker.bandwidth: worker bandwidth b = 9 exceeds PS bandwidth B = 5: "
-      "constraints 6 (z >= y b / B) and 7 (z <= y) cannot both hold"]),
+      "job.worker.bandwidth: worker bandwidth b = 9 exceeds PS bandwidth B = 5 (Gbps): "
+      "the job would need more PS than workers, b / B of a PS per worker (constraints 6 "
+      "and 7, z >= y b / B and z <= y, cannot both hold); give ps.bandwidth at least "
+      "worker.bandwidth"]),
     # an unknown resource, and a known one too small to count
     ({"worker": {**PEOPLE["worker"], "tpu": 1, "cpu": 1e-300}},
      ["job.worker.tpu: unknown resource (the cluster has: gpu, cpu, mem, disk, bandwidth)",
@@ -448,6 +452,56 @@ def test_check_worth_says_how_far_a_deadline_is_too_close() -> None:
         check_worth(table, cluster=CLUSTER, slot_seconds=SLOT, window=48, arrival=5)
 
 
+@pytest.mark.parametrize(
+    ("text", "hint"),
+    [
+        (
+            '{"a": 1,\n}',
+            "(a comma after the last item, at line 1 column 8: JSON allows none there; remove it)",
+        ),
+        ("[1, 2,]", "(a comma after the last item, at line 1 column 6:"),
+        ("{'a': 1}", "(JSON takes double quotes around keys and strings, not single ones)"),
+        ("{a: 1}", '(a key without quotes: JSON takes "a", in double quotes)'),
+        ('{"a": True}', "(JSON writes true, not True)"),
+        ('{"a": None}', "(JSON writes null, not None)"),
+        ('{"a": yes}', "(JSON writes true or false, not yes)"),
+        ('{"a": 6h}', '(a number with a unit is text in JSON: put it in double quotes, "6h")'),
+        ('{"a": 16GiB}', 'put it in double quotes, "16GiB")'),
+        ('{"a": 2030-06-01T18:00:00Z}', 'put it in double quotes, "2030-06-01T18:00:00Z")'),
+        ('{"a": six}', '(text without quotes: JSON takes "six", in double quotes)'),
+        ('{"a": .5}', "(a JSON number begins with a digit or '-': 0.5, not .5; 1, not +1)"),
+        ('{"a": 1 # hours\n}', "(JSON has no comments; remove it)"),
+        ('// a job\n{"a": 1}', "(JSON has no comments; remove it)"),
+        ('{"a": 1\n "b": 2}', "(a comma missing at the end of line 1)"),
+        ('{"a": 1}\n{"b": 2}', "several jobs go in one list, [...])"),
+        (
+            "epochs: 10\nchunks: 8\n",
+            '(this reads as YAML: a job file is JSON, {"key": value, ...})',
+        ),
+        ("", "(the file is empty)"),
+    ],
+)
+def test_json_mistakes_are_named_with_what_to_change(text: str, hint: str) -> None:
+    """The specs audit: a job file written with YAML's, Python's or JavaScript's habits
+    got the parser's words alone (a trailing comma read "Expecting property name
+    enclosed in double quotes" at the line after it)."""
+    with pytest.raises(SpecError) as err:
+        read_json(text)
+    assert hint in str(err.value), str(err.value)
+
+
+def test_a_key_of_a_demand_or_of_the_utility_given_beside_epochs_is_told_where_it_goes() -> None:
+    """The specs audit: a flattened spec (``"gpu": 1``, ``"deadline": "6h"`` beside
+    ``epochs``, as YAML habits write it) was told "unknown key (known: arrival, chunks,
+    ...)", naming neither worker nor utility."""
+    assert problems({**PEOPLE, "gpu": 1, "deadline": "6h", "epoch": 3}) == [
+        'job.gpu: unknown key: a demand goes under worker or ps, as in "worker": {"gpu": ...}',
+        'job.deadline: unknown key: it goes under utility, as in "utility": {"kind": ..., '
+        '"deadline": ...}',
+        "job.epoch: unknown key; did you mean 'epochs'?",
+    ]
+
+
 def test_json_specs_are_read_with_clean_errors() -> None:
     assert read_json('{"a": 1}') == {"a": 1}
     for text, message in [
@@ -520,10 +574,14 @@ def test_work_too_long_for_the_window_says_it_in_time_and_how_the_work_came_to_b
     spec = {k: v for k, v in PEOPLE.items() if k != "minibatch_seconds"} | {"tau": 1.5}
     assert problems(spec) == [
         "job: work of 601 worker-slots needs at least 151 slots (6d7h) even on an empty "
-        "cluster (at most 4 workers per slot), but only 48 (2d) remain before the horizon",
+        "cluster (at most 4 workers per slot: one per chunk, chunks = 4), but only 48 (2d) "
+        "remain from its arrival to its window's end",
         "job.work: 2 x 4 x 50 mini-batches of 5401.6 s (5400 s compute + 1.6 s gradient "
         "transfer) = 600.1777778 worker-slots, rounded up to 601",
     ]
+    # the specs audit: "(at most 4 workers per slot)" did not say what held it there
+    wide = problems({**spec, "chunks": 10**6})[0]
+    assert "(at most 4 workers per slot: as many as the worker servers hold)" in wide, wide
 
 
 def test_the_daemons_own_long_reasons_reach_the_client_whole() -> None:

@@ -279,7 +279,8 @@ def test_oversized_jobs_are_refused_with_the_limit(limited: Daemon, tmp_path: Pa
         (
             job("wl", chunks=40, utility={"kind": "deadline", "value": 5, "deadline": 0.5}),
             "invalid input:\n  job.utility.deadline: leaves 0 slots (0s) after the job's "
-            "arrival, but it needs at least 2 slots (2h) even on an empty cluster",
+            "arrival (30m is 0.5 slots: a job ends with a slot, so only whole slots count), "
+            "but it needs at least 2 slots (2h) even on an empty cluster",
         ),
         (
             job("wl", chunks=40, utility={"kind": "deadline", "value": 5, "deadline": 0.5}),

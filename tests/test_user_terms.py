@@ -105,6 +105,19 @@ def test_a_deadline_not_after_the_arrival_says_in_what_unit() -> None:
         assert problems({**PEOPLE, "utility": utility}) == [f"job.utility.deadline: {said}"]
 
 
+def test_a_deadline_of_part_of_a_slot_says_that_only_whole_slots_count() -> None:
+    """The specs audit: ``"deadline": "30m"`` with hour slots was told it "leaves 0 slots
+    (0s) after the job's arrival", which read as a contradiction of the 30 minutes given."""
+    utility = {"kind": "deadline", "value": 5, "deadline": "90m"}
+    spec = {**PEOPLE, "utility": utility, "epochs": 4}  # needs 3 slots
+    with pytest.raises(SpecError) as err:
+        check_worth(spec, cluster=CLUSTER, slot_seconds=SLOT, window=48, arrival=5)
+    assert err.value.problems[0].reason.startswith(
+        "leaves 1 slot (1h) after the job's arrival (1h30m is 1.5 slots: a job ends with a "
+        "slot, so only whole slots count), but it needs at least 3 slots (3h)"
+    ), err.value.problems[0].reason
+
+
 def test_a_deadline_before_the_arrival_is_said_to_be_before_it() -> None:
     """A date in the past (a year mistyped) was told it "leaves 0 slots (0s) after the
     job's arrival", as if it were merely too close."""

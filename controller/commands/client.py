@@ -4,7 +4,8 @@ Readable tables by default, each slot with the local time it begins; ``--json`` 
 plain JSON (:mod:`controller.commands.records`). A job file holds a job object (SPEC 3,
 or in people's units: README "Job specs"), a list of them, or what ``oasis job ID
 --json`` printed. Exit status: 0 admitted (or done), 3 rejected, 4 pending (``submit
---wait``), 2 bad input, 1 otherwise (:mod:`controller.commands.connection`).
+--wait``), 2 bad input, 1 otherwise, a retry answered with a job cancelled or failed
+since included (:mod:`controller.commands.connection`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import grpc
 from controller.clock import SlotTimes
 from controller.commands import SUMMARIES
 from controller.commands.common import (
+    EXIT_FAILURE,
     EXIT_OK,
     INT32_MAX,
     InputError,
@@ -55,8 +57,10 @@ from controller.commands.records import (
     local_time,
     plain,
     slot_label,
+    spec_of,
     state_name,
 )
+from controller.commands.utility_words import utility_line
 from controller.job_keys import SEPARATOR
 from controller.rpc import oasis_pb2 as pb
 from controller.table import render_table
@@ -87,7 +91,8 @@ def register(sub: Any) -> None:
         "number is seconds; 0: reject at once), decided again at each slot boundary "
         "(default: the daemon's daemon.wait_seconds)",
     )
-    add("quote", cmd_quote).add_argument("file", metavar="JOB.json", help=job_file)
+    one_job = "a job object (README: Job specs), what `job --json` printed, or -"
+    add("quote", cmd_quote).add_argument("file", metavar="JOB.json", help=one_job)
     p = add("jobs", cmd_jobs)
     p.add_argument("--state", action="append", choices=STATES, default=[],
                    help="only jobs in this state (again for more: --state admitted "
@@ -262,6 +267,10 @@ EXIT_PENDING = 4
 
 
 def _verdict(decisions: list[pb.Decision], states: list[int] | None = None) -> int:
+    if states and any(state_name(s) in ABANDONED for s in states):
+        # a retry answered with a job cancelled or failed since: it will not run, though
+        # its decision admitted it (exit 0 read as "running" to a script)
+        return EXIT_FAILURE
     if all(d.admitted for d in decisions):
         return EXIT_OK
     if states and all(d.admitted or s == pb.JOB_STATE_PENDING
@@ -338,12 +347,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
             raise PartialFailureError(err, {"failed": failed, "submitted": done}) from err
         responses.append(resp)
         if not args.json:
-            note = " (already decided: this is the first decision)" if resp.duplicate else ""
-            if note and args.wait and resp.job.state == pb.JOB_STATE_REJECTED:
-                # the retry's wait was not applied: the first decision stands
-                note = note[:-1] + "; --wait applies to a new submission only: give the job "
-                note += "another id to queue it)"
             state = state_name(resp.job.state)
+            note = _duplicate_note(state, args.wait) if resp.duplicate else ""
             lines = _decision_lines(
                 resp.job.spec.id, resp.job.decision, stubs.times(), state, job=resp.job
             )
@@ -354,6 +359,23 @@ def cmd_submit(args: argparse.Namespace) -> int:
         records = _submitted(responses, times)
         print_json(records if len(records) != 1 else records[0])
     return _verdict([r.job.decision for r in responses], [r.job.state for r in responses])
+
+
+def _duplicate_note(state: str, wait: float | None) -> str:
+    """What the first line of a retry's answer adds: that it is the first decision, and,
+    for a job that will not run, that its id is not decided again (a script that
+    submitted the file again after a cancel read it as running)."""
+    if state in ABANDONED:
+        return (
+            f" (already decided: this is the first decision, {state} since; this id names "
+            "that job and is not decided again: give the job another id to submit it anew)"
+        )
+    if state == "rejected" and wait:  # the retry's wait was not applied
+        return (
+            " (already decided: this is the first decision; --wait applies to a new "
+            "submission only: give the job another id to queue it)"
+        )
+    return " (already decided: this is the first decision)"
 
 
 def _paced(stubs: Stubs, call: Callable[[], _T]) -> _T:
@@ -435,8 +457,11 @@ def _interrupted(
 def cmd_quote(args: argparse.Namespace) -> int:
     stubs = Stubs(args)
     specs = _specs(args.file)
-    if len(specs) != 1:
-        raise InputError(f"{args.file}: quote takes one job")
+    if len(specs) != 1:  # help said "a list of them" too, as submit's does
+        raise InputError(
+            f"{args.file}: a list of {len(specs)} jobs; quote takes one (give each its own "
+            "file, or - with one job on standard input)"
+        )
     req = pb.QuoteJobRequest(job=_request_spec(specs[0]))
     resp = stubs.admission.QuoteJob(req, timeout=stubs.timeout)
     times = stubs.times()
@@ -457,6 +482,8 @@ def cmd_quote(args: argparse.Namespace) -> int:
                                          state_name(existing.state), job=existing))  # fmt: skip
             print(f"but {existing.spec.id} exists already with this spec: a submission "
                   f"returns its first decision, not this quote:\n{first}")  # fmt: skip
+    if existing is not None:  # a submission returns it: its exit status is the quote's
+        return _verdict([existing.decision], [existing.state])
     return _verdict([resp.decision])
 
 
@@ -567,6 +594,9 @@ def cmd_job(args: argparse.Namespace) -> int:
     state = state_name(resp.job.state)
     for line in _decision_lines(resp.job.spec.id, resp.job.decision, times, state, job=resp.job):
         print(line)
+    said = utility_line(spec_of(resp.job.spec), resp.job.decision.arrival_slot, times)
+    if said:  # what the spec asked for, its times local as the table's
+        print(said)
     return EXIT_OK
 
 

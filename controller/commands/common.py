@@ -16,6 +16,7 @@ from controller.files import read_bounded, write_whole
 from pricing.durations import DURATION_EXAMPLES, parse_duration
 from pricing.errors import Problem
 from pricing.fields import DuplicateKeyError, unique_object
+from pricing.json_mistakes import json_problem
 
 if TYPE_CHECKING:  # the client commands never read traces: no numpy at their start
     from pricing.trace import Trace
@@ -155,9 +156,7 @@ def _parsed(data: bytes, name: str) -> Any:
     except UnicodeDecodeError as err:
         raise InputError(f"{name}: not UTF-8 text: {err.reason} at byte {err.start}") from err
     except json.JSONDecodeError as err:
-        raise InputError(
-            f"{name}: not JSON: {err.msg} at line {err.lineno} column {err.colno}"
-        ) from err
+        raise InputError(f"{name}: not JSON: {json_problem(err)}") from err
     except RecursionError as err:
         raise InputError(f"{name}: JSON nested too deeply to read") from err
     except ValueError as err:  # an integer past Python's digit limit (its message tells
