@@ -159,12 +159,15 @@ class PlanRound:
             ``epoch + 1``.
         failed: failed server -> when it was marked so (monotonic seconds).
         published: server -> the plan last published (only those that differ go out).
+        upto: the store's newest event when it began: its plans hold every plan
+            written up to it (:class:`~controller.plane.sent_plans.SentPlans`).
     """
 
     slot: int
     epoch: int
     failed: dict[str, float]
     published: dict[str, Plan]
+    upto: int = 0
 
 
 class Execution:
@@ -266,6 +269,10 @@ class Execution:
             ok = isinstance(sid, str) and 0 < len(sid) <= 64 and sid.isascii() and sid.isalnum()
             self.store_id = sid if ok and isinstance(sid, str) else ""
             meta = session.get(MetaRow, _PLANE_KEY)
+            newest = int(session.scalar(select(func.max(EventRow.sequence))) or 0)
+            stored = meta.value if meta is not None and isinstance(meta.value, dict) else {}
+            self.review.sent.load(stored.get("sent_event"), stored.get("job_unsent"), newest,
+                                  self.c.slot - self.c.window)  # fmt: skip
             if meta is not None:
                 value = meta.value if isinstance(meta.value, dict) else {}
                 epoch, events = value.get("epoch", 0), value.get("events", 0)
@@ -276,7 +283,6 @@ class Execution:
                     epoch, events = max(int(time.time()), epoch if counter(epoch) else 0), 0
                     self.log.warning("stored plane state ignored", epoch=epoch,
                                      stored=str(meta.value)[:200])  # fmt: skip
-                newest = int(session.scalar(select(func.max(EventRow.sequence))) or 0)
                 if events > newest:  # edited by hand: it would skip every event up to it
                     self.log.warning("stored plane state's events past the newest event",
                                      events=events, newest=newest)  # fmt: skip
@@ -615,7 +621,9 @@ class Execution:
             self._claims.bumped()
         with self.c._write():  # decisions committed, this leader fenced: nothing written
             pass
-        return PlanRound(self.c.slot, self.epoch, dict(self.failed), dict(published))
+        with self.c.db.session() as session:  # the plans written so far: in this round
+            upto = int(session.scalar(select(func.max(EventRow.sequence))) or 0)
+        return PlanRound(self.c.slot, self.epoch, dict(self.failed), dict(published), upto)
 
     def plans_build(self, begun: PlanRound) -> list[Plan]:
         """The plans of ``begun`` that differ from those it was given as published, under
@@ -638,13 +646,15 @@ class Execution:
                 self.epoch = begun.epoch + 1
                 self.planned_slot = begun.slot
                 self.review.plans_sent(begun.slot)
+                self.review.sent.went_out(session, begun.upto, begun.slot)
                 self._save_meta(session)
 
     def _save_meta(self, session: Session) -> None:
         value = {"epoch": self.epoch, "events": self.events_published,
                  "heard": sorted(self.heard), "planned": self.planned_slot,
                  "unsent": [list(run) for run in self.review.unsent],
-                 "ignored": list(self.agents.ignored_sessions)}  # fmt: skip
+                 "ignored": list(self.agents.ignored_sessions),
+                 **self.review.sent.stored()}  # fmt: skip
         stmt = update(MetaRow).where(MetaRow.key == _PLANE_KEY).values(value=value)
         if session.connection().execute(stmt).rowcount == 0:
             session.add(MetaRow(key=_PLANE_KEY, value=value))
