@@ -1918,6 +1918,8 @@ def test_a_job_admitted_after_the_last_round_with_the_broker_out_fails_rather_th
     failed = [e for e in ex.review_sync() if e.kind == "failed"]
     assert [(e.job_id, e.detail["reason"]) for e in failed] == [("late", "plan_not_sent")]
     assert failed[0].detail["not_sent_slots"] == [[1, 1]]  # its slot, not the round's
+    reason = plane.c._get_sync("late").decision.reason  # was: "the plans of slots 1 ..."
+    assert "; the plan of slot 1 never reached its agents (oasisd, its broker" in reason
     assert plane.state("late") == "failed"
     ex._prune()
     assert ex.review.sent.runs == {}  # kept for active jobs only
