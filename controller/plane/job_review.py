@@ -19,7 +19,9 @@ ledger changes hands:
   ``failed`` (``plan_ended``) if they have not within ``heartbeat_timeout`` seconds of
   the slot boundary. A job nobody reported on completes with its plan, as without the
   plane, unless that plan had slots whose plans never went out
-  (:attr:`JobReview.unsent`, ``plan_not_sent``).
+  (:attr:`JobReview.unsent`), or slots no round carried its plan in, it being written
+  after the round that held them went out (:mod:`controller.plane.sent_plans`):
+  ``plan_not_sent``.
 
 The progress it judges is :class:`~controller.plane.execution.Execution`'s (read here,
 never changed).
@@ -254,8 +256,9 @@ class JobReview(PlanePart):
         mini-batches (decision thread). The slot clock asks this of running jobs whose
         plan has ended; one that is short is remembered for :meth:`overdue_sync`. A job
         nobody reported on is not short, its plan being all the daemon knows, unless
-        that plan had slots whose plans never went out (:attr:`unsent`): it did not run
-        then (the time audit found such jobs completed with their whole utility)."""
+        that plan had slots whose plans never went out (:attr:`unsent`, or its own:
+        :attr:`sent`): it did not run then (the time audit found such jobs completed
+        with their whole utility)."""
         short, _ = self._shortfall(job_id, session)
         if short:
             self.overdue.add(job_id)
