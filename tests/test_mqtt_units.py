@@ -1925,6 +1925,41 @@ def test_a_job_admitted_after_the_last_round_with_the_broker_out_fails_rather_th
     assert ex.review.sent.runs == {}  # kept for active jobs only
 
 
+def test_a_round_the_broker_was_lost_in_does_not_count_as_sent(plane: PlaneDaemon) -> None:
+    """The plane audit: a round counted as sent once its epoch was stored, before its
+    plans were published. The broker lost in the middle of slot 0's round (no PUBACK)
+    and out until slot 3, a job admitted just before that round, planned in slot 1, was
+    counted sent and completed at its plan's end with its whole utility, no agent having
+    had its plan. Now a round counts once the broker acknowledged its plans."""
+    import asyncio
+
+    import aiomqtt
+
+    from controller.plane.link import Plane
+
+    late = plane.submit("late")
+    assert {a["slot"] for a in late.decision.allocations if a.get("workers")} == {1}
+    link = Plane(plane.c, plane.ex, MqttConfig("localhost"))
+
+    async def lost(topic: str, _payload: bytes, _qos: int, _retain: bool) -> None:
+        raise aiomqtt.MqttError("the connection was lost")  # no PUBACK ever
+
+    client = FakeMqtt(lost)
+    client.timeout = 0.2
+    with pytest.raises(aiomqtt.MqttError):
+        asyncio.run(link.publish_round(client))  # type: ignore[arg-type]
+    assert plane.ex.epoch == 1  # taken: agents must never see it again below
+    assert plane.ex.planned_slot is None and plane.ex.review.sent_through is None  # was 0, 1
+    plane.ex.disconnected()
+    plane.clock.advance(3 * plane.config.slot_seconds)
+    plane.c._advance_window()
+    plane.c.execution = plane.ex
+    asyncio.run(plane.c.tick())
+    assert plane.state("late") == "running" and "late" in plane.ex.review.overdue  # was: completed
+    assert asyncio.run(link.publish_round(FakeMqtt()))  # type: ignore[arg-type]
+    assert plane.ex.planned_slot == 3 and plane.ex.review.sent.runs == {"late": [(0, 2)]}
+
+
 def test_an_agent_sets_aside_the_jobs_it_no_longer_runs_and_carries_their_counts_on() -> None:
     """Every job an agent ever ran was looked at every 50 ms step and in every report
     (31% of a core after 20,000 jobs, the resource audit). A job out of its plan, its
