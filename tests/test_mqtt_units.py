@@ -1925,6 +1925,37 @@ def test_a_job_admitted_after_the_last_round_with_the_broker_out_fails_rather_th
     assert ex.review.sent.runs == {}  # kept for active jobs only
 
 
+def test_a_job_moved_by_a_cordon_after_the_last_round_with_the_broker_out_fails(
+    tmp_path: Path,
+) -> None:
+    """As a job admitted after the latest round, with the broker out: one re-placed
+    (its server cordoned) after it, in the slot that round held, was in no round that
+    went out, its agents holding its old plan on the cordoned server only."""
+    import asyncio
+
+    workers = [{"name": f"w{i}", "kind": "worker", "capacity": {"gpu": 4, "bandwidth": 10}}
+               for i in range(2)]  # fmt: skip
+    cluster = {**CLUSTER, "servers": [*workers, CLUSTER["servers"][1]]}
+    plane = PlaneDaemon(tmp_path, cluster)
+    try:
+        view = plane.submit("moved")
+        placed = {(a["slot"], a["server"]) for a in view.decision.allocations if a.get("workers")}
+        assert len(placed) == 1 and min(placed)[0] == 1, placed
+        assert plane.ex.plans_sync({})  # slot 0's round: its plan of slot 1 goes out
+        plane.ex.disconnected()  # the broker is out until slot 3
+        _, events = plane.c._cordon_sync(min(placed)[1])  # from slot 1 on
+        assert [(e.job_id, e.kind) for e in events if e.job_id] == [("moved", "replanned")]
+        plane.clock.advance(3 * plane.config.slot_seconds)
+        plane.c._advance_window()
+        plane.c.execution = plane.ex
+        asyncio.run(plane.c.tick())
+        assert plane.state("moved") == "running" and "moved" in plane.ex.review.overdue
+        assert plane.ex.plans_sync({})  # slot 3's round
+        assert plane.ex.review.sent.runs == {"moved": [(1, 2)]}
+    finally:
+        plane.c.close()
+
+
 def test_a_round_the_broker_was_lost_in_does_not_count_as_sent(plane: PlaneDaemon) -> None:
     """The plane audit: a round counted as sent once its epoch was stored, before its
     plans were published. The broker lost in the middle of slot 0's round (no PUBACK)
