@@ -41,8 +41,12 @@ def _plan_ended(detail: dict[str, Any]) -> str:
     text = (f"failed: its plan ended in slot {detail.get('completion_slot')} and its agents "
             f"reported {done_words} of its {of} mini-batches")  # fmt: skip
     if detail.get("reason") == "plan_not_sent":
-        text += (f"; the plans of slots {_runs(detail.get('not_sent_slots'))} never reached "
-                 "its agents (oasisd, its broker or its store was out)")  # fmt: skip
+        runs = detail.get("not_sent_slots")
+        run = runs[0] if isinstance(runs, list) and len(runs) == 1 else None
+        one = isinstance(run, list) and len(run) > 0 and run[0] == run[-1]
+        whose = "plan of slot" if one else "plans of slots"  # "the plans of slots 3" read odd
+        text += (f"; the {whose} {_runs(runs)} never reached its agents (oasisd, its broker "
+                 "or its store was out)")  # fmt: skip
     failing = detail.get("worker_failures")
     if isinstance(failing, list) and failing and isinstance(failing[0], dict):
         first = failing[0]

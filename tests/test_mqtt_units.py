@@ -1870,6 +1870,127 @@ def test_a_job_planned_while_the_broker_was_out_fails_rather_than_completes(
     assert failed[0].detail["not_sent_slots"] == [[2, 4]]
 
 
+def test_a_job_admitted_after_the_last_round_with_the_broker_out_fails_rather_than_completes(
+    plane: PlaneDaemon,
+) -> None:
+    """The plane audit, by job: slot 0's round sent the plans of slots 0 and 1; then the
+    broker went out and a job was admitted, planned in slot 1 only. Slot 1 was that
+    round's, so the slot-wide rule counted it sent, and the job completed at its plan's
+    end with its whole utility, no agent having been sent its plan (with a real broker
+    killed: 0 mini-batches reported). Now a plan written after the latest round that
+    went out counts as unsent for its slots before the next round's, across restarts
+    (before that round: read from its stored event; after: kept with the plane's state),
+    while a job whose plan went out before the broker did completes as before."""
+    import asyncio
+
+    from controller.plane.execution import Execution
+
+    sent = plane.submit("sent")
+    assert plane.ex.plans_sync({})  # slot 0's round: "sent"'s plan goes out
+    plane.ex.disconnected()  # the broker is out from here until slot 3
+    late = plane.submit("late")
+    slots = lambda view: {a["slot"] for a in view.decision.allocations if a.get("workers")}  # noqa: E731
+    assert slots(sent) == slots(late) == {1}, (slots(sent), slots(late))
+    plane.clock.advance(3 * plane.config.slot_seconds)
+    plane.c._advance_window()
+
+    def restart() -> Execution:
+        ex = Execution(plane.c, MqttConfig("localhost"), monotonic=lambda: plane.mono[0])
+        ex.load()
+        plane.c.execution = ex
+        plane.c._ticked_slot = -1  # a new process ticks its first slot again
+        return ex
+
+    ex = restart()  # oasisd restarted too, before plans went out again
+    asyncio.run(plane.c.tick())
+    assert plane.state("sent") == "completed"
+    assert plane.state("late") == "running" and "late" in ex.review.overdue  # was: completed
+    assert ex.plans_sync({})  # slot 3's round: the broker is back
+    assert ex.review.sent.runs == {"late": [(0, 2)]}
+    ex = restart()  # kept in the store
+    assert ex.review.sent.runs == {"late": [(0, 2)]}
+    asyncio.run(plane.c.tick())
+    assert "late" in ex.review.overdue
+    ex.connected()
+    wait = ex.mqtt.heartbeat_timeout + 1.0  # for its agents to resend their counts
+    plane.mono[0] += wait
+    plane.clock.advance(wait)
+    failed = [e for e in ex.review_sync() if e.kind == "failed"]
+    assert [(e.job_id, e.detail["reason"]) for e in failed] == [("late", "plan_not_sent")]
+    assert failed[0].detail["not_sent_slots"] == [[1, 1]]  # its slot, not the round's
+    reason = plane.c._get_sync("late").decision.reason  # was: "the plans of slots 1 ..."
+    assert "; the plan of slot 1 never reached its agents (oasisd, its broker" in reason
+    assert plane.state("late") == "failed"
+    ex._prune()
+    assert ex.review.sent.runs == {}  # kept for active jobs only
+
+
+def test_a_job_moved_by_a_cordon_after_the_last_round_with_the_broker_out_fails(
+    tmp_path: Path,
+) -> None:
+    """As a job admitted after the latest round, with the broker out: one re-placed
+    (its server cordoned) after it, in the slot that round held, was in no round that
+    went out, its agents holding its old plan on the cordoned server only."""
+    import asyncio
+
+    workers = [{"name": f"w{i}", "kind": "worker", "capacity": {"gpu": 4, "bandwidth": 10}}
+               for i in range(2)]  # fmt: skip
+    cluster = {**CLUSTER, "servers": [*workers, CLUSTER["servers"][1]]}
+    plane = PlaneDaemon(tmp_path, cluster)
+    try:
+        view = plane.submit("moved")
+        placed = {(a["slot"], a["server"]) for a in view.decision.allocations if a.get("workers")}
+        assert len(placed) == 1 and min(placed)[0] == 1, placed
+        assert plane.ex.plans_sync({})  # slot 0's round: its plan of slot 1 goes out
+        plane.ex.disconnected()  # the broker is out until slot 3
+        _, events = plane.c._cordon_sync(min(placed)[1])  # from slot 1 on
+        assert [(e.job_id, e.kind) for e in events if e.job_id] == [("moved", "replanned")]
+        plane.clock.advance(3 * plane.config.slot_seconds)
+        plane.c._advance_window()
+        plane.c.execution = plane.ex
+        asyncio.run(plane.c.tick())
+        assert plane.state("moved") == "running" and "moved" in plane.ex.review.overdue
+        assert plane.ex.plans_sync({})  # slot 3's round
+        assert plane.ex.review.sent.runs == {"moved": [(1, 2)]}
+    finally:
+        plane.c.close()
+
+
+def test_a_round_the_broker_was_lost_in_does_not_count_as_sent(plane: PlaneDaemon) -> None:
+    """The plane audit: a round counted as sent once its epoch was stored, before its
+    plans were published. The broker lost in the middle of slot 0's round (no PUBACK)
+    and out until slot 3, a job admitted just before that round, planned in slot 1, was
+    counted sent and completed at its plan's end with its whole utility, no agent having
+    had its plan. Now a round counts once the broker acknowledged its plans."""
+    import asyncio
+
+    import aiomqtt
+
+    from controller.plane.link import Plane
+
+    late = plane.submit("late")
+    assert {a["slot"] for a in late.decision.allocations if a.get("workers")} == {1}
+    link = Plane(plane.c, plane.ex, MqttConfig("localhost"))
+
+    async def lost(topic: str, _payload: bytes, _qos: int, _retain: bool) -> None:
+        raise aiomqtt.MqttError("the connection was lost")  # no PUBACK ever
+
+    client = FakeMqtt(lost)
+    client.timeout = 0.2
+    with pytest.raises(aiomqtt.MqttError):
+        asyncio.run(link.publish_round(client))  # type: ignore[arg-type]
+    assert plane.ex.epoch == 1  # taken: agents must never see it again below
+    assert plane.ex.planned_slot is None and plane.ex.review.sent_through is None  # was 0, 1
+    plane.ex.disconnected()
+    plane.clock.advance(3 * plane.config.slot_seconds)
+    plane.c._advance_window()
+    plane.c.execution = plane.ex
+    asyncio.run(plane.c.tick())
+    assert plane.state("late") == "running" and "late" in plane.ex.review.overdue  # was: completed
+    assert asyncio.run(link.publish_round(FakeMqtt()))  # type: ignore[arg-type]
+    assert plane.ex.planned_slot == 3 and plane.ex.review.sent.runs == {"late": [(0, 2)]}
+
+
 def test_an_agent_sets_aside_the_jobs_it_no_longer_runs_and_carries_their_counts_on() -> None:
     """Every job an agent ever ran was looked at every 50 ms step and in every report
     (31% of a core after 20,000 jobs, the resource audit). A job out of its plan, its
@@ -1955,10 +2076,10 @@ def test_an_agent_drops_the_counts_of_jobs_no_plan_can_bring_back() -> None:
 
 
 def test_runs_of_unsent_slots_that_overlap_or_meet_are_one() -> None:
-    from controller.plane.job_review import _joined_runs
+    from controller.plane.sent_plans import joined_runs
 
-    assert _joined_runs([(2, 4), (3, 6), (8, 9), (7, 7), (12, 12)]) == [(2, 9), (12, 12)]
-    assert _joined_runs([]) == []
+    assert joined_runs([(2, 4), (3, 6), (8, 9), (7, 7), (12, 12)]) == [(2, 9), (12, 12)]
+    assert joined_runs([]) == []
 
 
 def test_a_worker_line_over_the_limit_is_skipped_and_the_next_counts() -> None:

@@ -1,7 +1,7 @@
 """A job whose plan ends before its agents report all its work: it stays running until
 they report the rest (then completes, late) or fails once they have had
 ``heartbeat_timeout`` seconds after the slot boundary; a job nobody reported on
-completes with its plan, as without the plane.
+completes with its plan, as without the plane, once that plan went out to its agents.
 
 The admission controller and the execution plane's daemon side run in-process
 (``tests.test_mqtt_units.PlaneDaemon``: SQLite, fake clocks, no broker).
@@ -49,7 +49,9 @@ def _report(ex: Any, job_id: str, minibatches: float) -> None:
 
 
 def test_a_job_nobody_reported_on_completes_with_its_plan(daemon: PlaneDaemon) -> None:
-    _past_plan(daemon, daemon.submit("quiet"))
+    view = daemon.submit("quiet")
+    assert daemon.ex.plans_sync({})  # its plan went out (else it fails: test_mqtt_units)
+    _past_plan(daemon, view)
     assert daemon.state("quiet") == "completed"
 
 

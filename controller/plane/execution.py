@@ -29,7 +29,8 @@ Plans for the current and the next slot are computed from the store (the source 
 truth), after every decision so far is committed: a round begins and ends in the
 decision thread (:meth:`Execution.plans_begin`, :meth:`Execution.plans_end`), and the
 plans are read, built and encoded between the two in a thread of their own
-(:meth:`Execution.plans_build`), so a rebuild of many jobs' plans holds no tenant's call.
+(:meth:`Execution.plans_build`), so a rebuild of many jobs' plans holds no tenant's call;
+once the broker acknowledged them, the round counts as sent (:meth:`Execution.plans_out`).
 A decision committed after the build read the store wakes the next round.
 
 Heartbeats and progress arrive on the event loop (:mod:`controller.plane.link`), which
@@ -159,12 +160,15 @@ class PlanRound:
             ``epoch + 1``.
         failed: failed server -> when it was marked so (monotonic seconds).
         published: server -> the plan last published (only those that differ go out).
+        upto: the store's newest event when it began: its plans hold every plan
+            written up to it (:class:`~controller.plane.sent_plans.SentPlans`).
     """
 
     slot: int
     epoch: int
     failed: dict[str, float]
     published: dict[str, Plan]
+    upto: int = 0
 
 
 class Execution:
@@ -266,6 +270,10 @@ class Execution:
             ok = isinstance(sid, str) and 0 < len(sid) <= 64 and sid.isascii() and sid.isalnum()
             self.store_id = sid if ok and isinstance(sid, str) else ""
             meta = session.get(MetaRow, _PLANE_KEY)
+            newest = int(session.scalar(select(func.max(EventRow.sequence))) or 0)
+            stored = meta.value if meta is not None and isinstance(meta.value, dict) else {}
+            self.review.sent.load(stored.get("sent_event"), stored.get("job_unsent"), newest,
+                                  self.c.slot - self.c.window)  # fmt: skip
             if meta is not None:
                 value = meta.value if isinstance(meta.value, dict) else {}
                 epoch, events = value.get("epoch", 0), value.get("events", 0)
@@ -276,7 +284,6 @@ class Execution:
                     epoch, events = max(int(time.time()), epoch if counter(epoch) else 0), 0
                     self.log.warning("stored plane state ignored", epoch=epoch,
                                      stored=str(meta.value)[:200])  # fmt: skip
-                newest = int(session.scalar(select(func.max(EventRow.sequence))) or 0)
                 if events > newest:  # edited by hand: it would skip every event up to it
                     self.log.warning("stored plane state's events past the newest event",
                                      events=events, newest=newest)  # fmt: skip
@@ -581,13 +588,17 @@ class Execution:
     def plans_sync(self, published: dict[str, Plan]) -> list[Plan]:
         """Plans of every server for the current and next slot that differ from
         ``published`` (all of them if it is empty), under one new epoch (persisted first);
-        ``[]`` if nothing changed. :meth:`plans_begin`, :meth:`plans_build` and
-        :meth:`plans_end` in one call (decision thread): the link builds in a thread of
-        its own, between the two others, so a rebuild of many jobs' plans does not hold
-        the decision thread (``controller.plane.link.Plane.publish_round``)."""
+        ``[]`` if nothing changed. :meth:`plans_begin`, :meth:`plans_build`,
+        :meth:`plans_end` and (the plans taken as published) :meth:`plans_out` in one
+        call (decision thread): the link builds in a thread of its own, between the
+        first two and the others, so a rebuild of many jobs' plans does not hold the
+        decision thread, and publishes between the last two
+        (``controller.plane.link.Plane.publish_round``)."""
         begun = self.plans_begin(published)
         plans = self.plans_build(begun)
         self.plans_end(begun, plans)
+        if plans:
+            self.plans_out(begun)
         return plans
 
     def plans_begin(self, published: dict[str, Plan]) -> PlanRound:
@@ -615,7 +626,9 @@ class Execution:
             self._claims.bumped()
         with self.c._write():  # decisions committed, this leader fenced: nothing written
             pass
-        return PlanRound(self.c.slot, self.epoch, dict(self.failed), dict(published))
+        with self.c.db.session() as session:  # the plans written so far: in this round
+            upto = int(session.scalar(select(func.max(EventRow.sequence))) or 0)
+        return PlanRound(self.c.slot, self.epoch, dict(self.failed), dict(published), upto)
 
     def plans_build(self, begun: PlanRound) -> list[Plan]:
         """The plans of ``begun`` that differ from those it was given as published, under
@@ -632,19 +645,35 @@ class Execution:
         round cut short (a reconnection) never reaches here, so the epoch is still the
         one ``begun`` saw. Called also without plans: a step of the decision thread
         checks that this daemon still leads (NotLeaderError), before the round's job
-        events go out."""
+        events go out. Its slots count as sent once its plans are published
+        (:meth:`plans_out`)."""
         if plans:
             with self.c._write() as session:
                 self.epoch = begun.epoch + 1
-                self.planned_slot = begun.slot
-                self.review.plans_sent(begun.slot)
                 self._save_meta(session)
+
+    def plans_out(self, begun: PlanRound) -> None:
+        """The plans of round ``begun`` went out: the broker acknowledged every one
+        (decision thread). Its slot and the next count as sent (:attr:`planned_slot`,
+        :meth:`JobReview.plans_sent <controller.plane.job_review.JobReview.plans_sent>`),
+        and so do the plans written before it began, from its slot on
+        (:meth:`SentPlans.went_out <controller.plane.sent_plans.SentPlans.went_out>`);
+        stored. Before, they counted as sent once the epoch was taken, before the plans
+        were published: a broker lost in the middle of a round left a job admitted just
+        before it counted as sent (and completed with its whole utility, no agent having
+        had its plan) if the broker was out until past its plan's slots."""
+        with self.c._write() as session:
+            self.planned_slot = begun.slot
+            self.review.plans_sent(begun.slot)
+            self.review.sent.went_out(session, begun.upto, begun.slot)
+            self._save_meta(session)
 
     def _save_meta(self, session: Session) -> None:
         value = {"epoch": self.epoch, "events": self.events_published,
                  "heard": sorted(self.heard), "planned": self.planned_slot,
                  "unsent": [list(run) for run in self.review.unsent],
-                 "ignored": list(self.agents.ignored_sessions)}  # fmt: skip
+                 "ignored": list(self.agents.ignored_sessions),
+                 **self.review.sent.stored()}  # fmt: skip
         stmt = update(MetaRow).where(MetaRow.key == _PLANE_KEY).values(value=value)
         if session.connection().execute(stmt).rowcount == 0:
             session.add(MetaRow(key=_PLANE_KEY, value=value))

@@ -19,7 +19,9 @@ ledger changes hands:
   ``failed`` (``plan_ended``) if they have not within ``heartbeat_timeout`` seconds of
   the slot boundary. A job nobody reported on completes with its plan, as without the
   plane, unless that plan had slots whose plans never went out
-  (:attr:`JobReview.unsent`, ``plan_not_sent``).
+  (:attr:`JobReview.unsent`), or slots no round carried its plan in, it being written
+  after the round that held them went out (:mod:`controller.plane.sent_plans`):
+  ``plan_not_sent``.
 
 The progress it judges is :class:`~controller.plane.execution.Execution`'s (read here,
 never changed).
@@ -46,6 +48,7 @@ from controller.plane.part import PlanePart
 from controller.plane.port import AdmissionPort
 from controller.plane.progress import LEVEL, MIN_SAMPLES, JobProgress
 from controller.plane.replan_turns import ReplanTurns, in_turn
+from controller.plane.sent_plans import SentPlans, joined_runs
 from controller.plane.settings import MqttConfig
 from controller.plane.worker_failures import FailuresHeard
 from controller.store import AllocationRow, EventRow, JobRow, StoreUnavailableError, in_batches
@@ -65,18 +68,6 @@ planned in one still waits for its agents' counts (:meth:`JobReview.unfinished`)
 COMPLETIONS_PER_REVIEW = 250
 """The most jobs one review completes (in one transaction); the rest at the next review,
 a second later, every other call decided in between."""
-
-
-def _joined_runs(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """``runs`` of slots ``(first, last)`` in order, those that overlap or meet made one
-    (a daemon restarted again and again with the broker down adds the same slots)."""
-    out: list[tuple[int, int]] = []
-    for first, last in sorted(runs):
-        if out and first <= out[-1][1] + 1:
-            out[-1] = (out[-1][0], max(out[-1][1], last))
-        else:
-            out.append((first, last))
-    return out
 
 
 def counter(value: Any) -> bool:
@@ -125,6 +116,9 @@ class JobReview(PlanePart):
         self.unsent: list[tuple[int, int]] = []
         # the last slot the latest plan round covered (its next slot; None: no round yet)
         self.sent_through: int | None = None
+        # per job: plans written since the latest round went out, and the slots of theirs
+        # no round carried (a plan written after a round, for slots it covered)
+        self.sent = SentPlans()
 
     def pending_sync(self) -> list[Event]:
         """Review the jobs with new progress (:attr:`pending`): early completions and
@@ -183,6 +177,7 @@ class JobReview(PlanePart):
         for job_id in [j for j in self._waits_said if j not in active]:
             del self._waits_said[job_id]
         self.stalled &= active
+        self.sent.forget(active)
 
     def find_unsent(self, planned: Any, stored: Any) -> int | None:
         """Note the runs of slots whose plans never went out (:attr:`unsent`): those
@@ -218,7 +213,7 @@ class JobReview(PlanePart):
             return
         first, last = self.sent_through + 1, slot - 1
         if first <= last:
-            self.unsent = _joined_runs([*self.unsent, (first, last)])[-MAX_UNSENT_RUNS:]
+            self.unsent = joined_runs([*self.unsent, (first, last)])[-MAX_UNSENT_RUNS:]
             self.log.warning(f"plans of slots no agent was sent ({why}): a job planned "
                              "in them completes only as its agents report",
                              first_slot=first, last_slot=last)  # fmt: skip
@@ -231,12 +226,17 @@ class JobReview(PlanePart):
         no agent having been sent its plan)."""
         if self.sent_through is None or self.sent_through + 1 > self.c.slot - 1:
             return self.unsent
-        return _joined_runs([*self.unsent, (self.sent_through + 1, self.c.slot - 1)])
+        return joined_runs([*self.unsent, (self.sent_through + 1, self.c.slot - 1)])
 
     def _planned_unsent(self, job_id: str, session: Session) -> list[tuple[int, int]]:
-        """The runs of :attr:`unsent` in which ``job_id`` had workers planned (one
-        query; none without such runs)."""
-        runs = self._unsent_runs()
+        """The runs of :attr:`unsent` in which ``job_id`` had workers planned, and those
+        of its own slots whose plans no round carried (:class:`~controller.plane.
+        sent_plans.SentPlans`: its plan written after the latest round went out, for
+        slots that round had covered), cut to its planned slots (two queries at most;
+        none without such runs)."""
+        wide = self._unsent_runs()
+        own = self.sent.runs_of(job_id, session, self.c.slot)
+        runs = joined_runs([*wide, *own])
         if not runs:
             return []
         slots = set(session.scalars(
@@ -245,15 +245,20 @@ class JobReview(PlanePart):
                 or_(*(AllocationRow.slot.between(a, b) for a, b in runs)),
             )
         ))  # fmt: skip
-        return [(a, b) for a, b in runs if any(a <= s <= b for s in slots)]
+        out = [(a, b) for a, b in wide if any(a <= s <= b for s in slots)]
+        for a, b in own:
+            if planned := [s for s in slots if a <= s <= b]:
+                out.append((min(planned), max(planned)))
+        return joined_runs(out)
 
     def unfinished(self, job_id: str, session: Session) -> bool:
         """Whether agents reported progress for ``job_id`` short of its ``E * N * M``
         mini-batches (decision thread). The slot clock asks this of running jobs whose
         plan has ended; one that is short is remembered for :meth:`overdue_sync`. A job
         nobody reported on is not short, its plan being all the daemon knows, unless
-        that plan had slots whose plans never went out (:attr:`unsent`): it did not run
-        then (the time audit found such jobs completed with their whole utility)."""
+        that plan had slots whose plans never went out (:attr:`unsent`, or its own:
+        :attr:`sent`): it did not run then (the time audit found such jobs completed
+        with their whole utility)."""
         short, _ = self._shortfall(job_id, session)
         if short:
             self.overdue.add(job_id)
