@@ -29,7 +29,20 @@ from typing import Any
 from pricing import fields
 from pricing.errors import SpecError
 
-__all__ = ["RESERVED_FDS", "Connections", "connections_from_dict", "raise_fd_limit"]
+__all__ = [
+    "CLIENT_PING_MS",
+    "RESERVED_FDS",
+    "Connections",
+    "connections_from_dict",
+    "raise_fd_limit",
+]
+
+CLIENT_PING_MS = 1000
+"""The daemon permits a client's pings this often while its calls are in flight (gRPC's
+default, 5 min, answered pings more frequent than that with GOAWAY ``too_many_pings``
+after two): half the interval of the clients of several head nodes
+(``controller/commands/failover.py``'s ``PING_SECONDS``), which find a paused leader by
+its silence."""
 
 RESERVED_FDS = 256
 """Descriptors kept for the store, the broker, the metrics endpoint, logs and numba."""
@@ -58,6 +71,7 @@ class Connections:
             ("grpc.max_connection_idle_ms", _ms(self.idle_seconds)),
             ("grpc.keepalive_time_ms", _ms(self.keepalive_seconds)),
             ("grpc.keepalive_timeout_ms", _ms(self.keepalive_timeout_seconds)),
+            ("grpc.http2.min_ping_interval_without_data_ms", CLIENT_PING_MS),
         ]
 
 

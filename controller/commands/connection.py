@@ -31,6 +31,7 @@ from controller.commands.common import (
     problem_lines,
 )
 from controller.commands.failover import (
+    KEEPALIVE_OPTIONS,
     FollowingStub,
     LeaderPool,
     redirected_by,
@@ -139,7 +140,9 @@ def options() -> argparse.ArgumentParser:
     return p
 
 
-def _connect(args: argparse.Namespace, address: str) -> grpc.Channel:
+def _connect(
+    args: argparse.Namespace, address: str, options: list[tuple[str, Any]] | None = None
+) -> grpc.Channel:
     if bool(args.tls_cert) != bool(args.tls_key):
         raise InputError("--tls-cert and --tls-key go together")
 
@@ -159,6 +162,7 @@ def _connect(args: argparse.Namespace, address: str) -> grpc.Channel:
         key_pem=pem(args.tls_key, "PRIVATE KEY", "--tls-key"),
         server_name=args.tls_server_name,
         token=bearer_token(args.token),
+        options=options,
     )
 
 
@@ -203,7 +207,8 @@ class Stubs:
             raise InputError("--server: no address given")
         self._check_tls(args)
         bearer_token(args.token)  # before any call: a bad one is the caller's to mend
-        self.pool = LeaderPool(addresses, lambda a: _connect(args, a), budget=args.timeout)
+        pings = KEEPALIVE_OPTIONS if len(addresses) > 1 else None  # a paused node: the next
+        self.pool = LeaderPool(addresses, lambda a: _connect(args, a, pings), budget=args.timeout)
         self.channel = self.pool.channel()
         self.admission: Any = FollowingStub(self.pool, pb_grpc.AdmissionStub)
         self.cluster: Any = FollowingStub(self.pool, pb_grpc.ClusterStub)

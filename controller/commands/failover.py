@@ -18,6 +18,17 @@ stopped process, a frozen host) answers nothing, and with each call given the wh
 ``--timeout`` one such node named first used it all up before the next was tried, in
 every command, long after the standby had taken over (the HA audit).
 
+With several nodes, every channel pings its node (HTTP/2 keepalive,
+:data:`KEEPALIVE_OPTIONS`) every :data:`PING_SECONDS` while a call is in flight, and
+drops the connection when a ping is not answered within :data:`PING_TIMEOUT_SECONDS`:
+the call then fails UNAVAILABLE and is tried on the next node. A stopped leader (SIGSTOP,
+a frozen VM) keeps its TCP connection open (the kernel still acknowledges), so without
+the pings a call in flight to it, or an ``oasis watch`` stream, waited its whole
+``--timeout`` (the watch: for ever) though the standby had taken over. A node that is
+slow but alive (a long decision, a slow store) answers the pings from gRPC's own I/O
+threads, and its calls are not cut off. With one node named there is nowhere else to
+go: no pings, and a call waits for a paused daemon up to ``--timeout`` as before.
+
 Retrying a submission is safe: the daemon answers a job id it has decided with its
 first decision (the client gives a job without an id one first, so that a retry
 carries the same id).
@@ -34,6 +45,7 @@ from typing import Any
 import grpc
 
 __all__ = [
+    "KEEPALIVE_OPTIONS",
     "LEADER_KEY",
     "FollowingStub",
     "LeaderPool",
@@ -51,6 +63,25 @@ MAX_DELAY = 0.5
 MAX_HOPS = 8  # redirects in a row before backing off (nodes naming each other)
 LOCATE_SECONDS = 2.0
 """With several nodes, how long the first call waits for their answers to "who leads"."""
+PING_SECONDS = 2.0
+"""With several nodes, how long a connection with a call in flight may be silent before
+the client pings its node (the daemon permits pings this often: ``controller/connections.py``)."""
+PING_TIMEOUT_SECONDS = 2.0
+"""How long the client waits for a ping's answer before it gives the node up."""
+CONNECT_SECONDS = PING_SECONDS + PING_TIMEOUT_SECONDS
+"""How long a connection to a node may take to open (TCP, TLS and HTTP/2's SETTINGS)."""
+KEEPALIVE_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.keepalive_time_ms", round(PING_SECONDS * 1000)),
+    ("grpc.keepalive_timeout_ms", round(PING_TIMEOUT_SECONDS * 1000)),
+    # gRPC 1.85 times a keepalive ping out by this one (default 60 s), not by the above
+    ("grpc.http2.ping_timeout_ms", round(PING_TIMEOUT_SECONDS * 1000)),
+    ("grpc.http2.max_pings_without_data", 0),  # a long call sends no data: ping on
+    # a new connection to a stopped node (a standby names it until its lease ends) is
+    # given up after this, not gRPC's 20 s: the TCP handshake is the kernel's, but the
+    # HTTP/2 one is the process's
+    ("grpc.min_reconnect_backoff_ms", round(CONNECT_SECONDS * 1000)),
+]
+"""Channel arguments of the clients of several nodes (see the module docstring)."""
 _GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 """A call's codes when the node it went to could not answer (down, stopped, unreachable)."""
 FAILED_MEMORY = 2.0
