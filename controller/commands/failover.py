@@ -7,8 +7,8 @@ not the leader answers a write UNAVAILABLE naming the leader in the trailing met
 UNAVAILABLE (a node down, a takeover under way), or with several nodes a call not
 answered within its deadline (a node stopped), moves on to the next node named (passing
 over one that failed a call within :data:`FAILED_MEMORY`: a standby naming a stopped
-leader is asked again until it takes over), after a back-off from 50 ms doubling to
-1 s, with jitter, for at most ``budget`` seconds in all; then the last error is raised.
+leader is asked again until it takes over), after a back-off (:class:`Backoff`), for at
+most ``budget`` seconds in all; then the last error is raised.
 With one address, only a redirect is followed: a node
 that cannot be reached fails at once, as before.
 
@@ -47,6 +47,7 @@ import grpc
 __all__ = [
     "KEEPALIVE_OPTIONS",
     "LEADER_KEY",
+    "Backoff",
     "FollowingStub",
     "LeaderPool",
     "followed_events",
@@ -58,6 +59,7 @@ __all__ = [
 LEADER_KEY = "oasis-leader"
 """The trailing metadata key a standby names the leader with."""
 FIRST_DELAY = 0.05
+"""Seconds before the second try (jittered: 0.025 to 0.075), doubling for each next one."""
 MAX_DELAY = 0.5
 """Seconds between tries at the most (jittered to 0.75): a takeover takes well under one."""
 MAX_HOPS = 8  # redirects in a row before backing off (nodes naming each other)
@@ -96,6 +98,26 @@ _TRIED = "oasis: the call went to "
 _SAID = "oasis: before it, "
 """The note :meth:`LeaderPool.call` adds when a node redirected the call
 (:func:`redirected_by`)."""
+
+
+class Backoff:
+    """The pauses between tries over the nodes, of a call (:meth:`LeaderPool.call`) and of
+    a watch (:func:`followed_events`) alike: :data:`FIRST_DELAY` doubling up to
+    :data:`MAX_DELAY`, each jittered by half either way (clients that failed together do
+    not all come back together)."""
+
+    def __init__(self) -> None:
+        self.delay = FIRST_DELAY
+
+    def reset(self) -> None:
+        """The next pause is the first one again (a try got through)."""
+        self.delay = FIRST_DELAY
+
+    def pause(self, deadline: float) -> None:
+        """Sleep the next pause, but not past ``deadline`` (``time.monotonic()``)."""
+        pause = self.delay * random.uniform(0.5, 1.5)
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        self.delay = min(MAX_DELAY, self.delay * 2)
 
 
 def redirected_by(err: BaseException) -> str | None:
@@ -184,7 +206,7 @@ class LeaderPool:
         deadline = time.monotonic() + self.budget
         if not self._located:
             self._locate(min(LOCATE_SECONDS, self.budget))
-        delay = FIRST_DELAY
+        backoff = Backoff()
         hops = 0
         while True:
             self.last_tried = self.address
@@ -222,9 +244,7 @@ class LeaderPool:
                     self.address = self._next(now)  # the next call starts there, even after this
                     if now > deadline:
                         raise
-                pause = delay * random.uniform(0.5, 1.5)
-                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-                delay = min(MAX_DELAY, delay * 2)
+                backoff.pause(deadline)
                 hops = 0
 
     @contextlib.contextmanager
@@ -323,13 +343,14 @@ def followed_events(pool: LeaderPool, after: int) -> Iterator[Any]:
     from controller.rpc import oasis_pb2_grpc as pb_grpc
 
     broken: float | None = None  # when the streams began failing
-    delay = FIRST_DELAY
+    backoff = Backoff()
     while True:
         pool.last_tried = pool.address
         request = pb.WatchEventsRequest(after_sequence=after)
         try:
             for event in pool.stub(pb_grpc.AdmissionStub).WatchEvents(request):
-                broken, delay = None, FIRST_DELAY
+                broken = None
+                backoff.reset()
                 after = max(after, event.sequence)
                 yield event
             return
@@ -345,5 +366,4 @@ def followed_events(pool: LeaderPool, after: int) -> Iterator[Any]:
                 raise
             pool._failed[pool.address] = now
             pool.address = pool._next(now)
-            time.sleep(delay * random.uniform(0.5, 1.5))
-            delay = min(MAX_DELAY, delay * 2)
+            backoff.pause(broken + pool.budget)
