@@ -372,6 +372,11 @@ _CAUSES = (
 )
 
 
+_SILENT = ("before receiving settings frame", "ping timeout", "keepalive watchdog timeout")
+"""gRPC's words for a peer that took the TCP connection (the kernel's doing) but did not
+answer: the connection's HTTP/2 start, or a keepalive ping during a call, timed out."""
+
+
 def _shortened(text: str, most: int = 200) -> str:
     """``text``, or its first words within ``most`` characters and "..." (not cut
     mid-word: "Trying to connect an http1.x serv")."""
@@ -410,6 +415,14 @@ def _explain(
             "oasisd runs there (it may be busy, or the address a different service)"
         )
     lowered = details.lower()
+    silent = any(key in lowered for key in _SILENT) and not lowered.startswith("this oasisd ")
+    if code == grpc.StatusCode.UNAVAILABLE and silent:
+        return (
+            f"cannot reach the daemon at {address}: it took the connection but did not "
+            "answer (the process stopped or hung: SIGSTOP, a frozen host; or another "
+            "program holds the port). Check oasisd there (systemctl "
+            "status oasisd, and its log)"
+        )
     unreachable = (
         code == grpc.StatusCode.UNAVAILABLE
         and not store_unavailable(details)  # the daemon answered: its store is out
