@@ -14,6 +14,9 @@ included). ``[connections]`` keys, every one optional:
     keepalive_seconds = 60      # ping a connection silent this long (a vanished client) ...
     keepalive_timeout_seconds = 20  # ... and close it if the ping is not answered in this
 
+A client may ping a connection once a second while its calls are in flight
+(:data:`CLIENT_PING_MS`): the clients of several head nodes find a stopped leader so.
+
 At start the daemon raises its soft descriptor limit (``RLIMIT_NOFILE``) to the hard one
 and warns if that still leaves less than ``max_connections`` + :data:`RESERVED_FDS`
 (the unit sets ``LimitNOFILE=65536``).
