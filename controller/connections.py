@@ -14,6 +14,9 @@ included). ``[connections]`` keys, every one optional:
     keepalive_seconds = 60      # ping a connection silent this long (a vanished client) ...
     keepalive_timeout_seconds = 20  # ... and close it if the ping is not answered in this
 
+A client may ping a connection once a second while its calls are in flight
+(:data:`CLIENT_PING_MS`): the clients of several head nodes find a stopped leader so.
+
 At start the daemon raises its soft descriptor limit (``RLIMIT_NOFILE``) to the hard one
 and warns if that still leaves less than ``max_connections`` + :data:`RESERVED_FDS`
 (the unit sets ``LimitNOFILE=65536``).
@@ -29,7 +32,20 @@ from typing import Any
 from pricing import fields
 from pricing.errors import SpecError
 
-__all__ = ["RESERVED_FDS", "Connections", "connections_from_dict", "raise_fd_limit"]
+__all__ = [
+    "CLIENT_PING_MS",
+    "RESERVED_FDS",
+    "Connections",
+    "connections_from_dict",
+    "raise_fd_limit",
+]
+
+CLIENT_PING_MS = 1000
+"""The daemon permits a client's pings this often while its calls are in flight (gRPC's
+default, 5 min, answered pings more frequent than that with GOAWAY ``too_many_pings``
+after two): half the interval of the clients of several head nodes
+(``controller/commands/failover.py``'s ``PING_SECONDS``), which find a paused leader by
+its silence."""
 
 RESERVED_FDS = 256
 """Descriptors kept for the store, the broker, the metrics endpoint, logs and numba."""
@@ -58,6 +74,7 @@ class Connections:
             ("grpc.max_connection_idle_ms", _ms(self.idle_seconds)),
             ("grpc.keepalive_time_ms", _ms(self.keepalive_seconds)),
             ("grpc.keepalive_timeout_ms", _ms(self.keepalive_timeout_seconds)),
+            ("grpc.http2.min_ping_interval_without_data_ms", CLIENT_PING_MS),
         ]
 
 

@@ -5,6 +5,7 @@ the daemon cannot be reached; and issue 12's clean INVALID_ARGUMENT cases."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -604,6 +605,36 @@ def test_tls_against_a_plaintext_daemon_says_it_may_serve_plaintext(daemon: Daem
     assert out.returncode == 1
     assert "the TLS handshake failed" in out.stderr
     assert "(one without [tls] serves plaintext: call it without --tls)" in out.stderr
+
+
+def test_a_daemon_that_takes_the_connection_but_never_answers_is_said_to_be_hung() -> None:
+    """The HA keepalive audit: given two nodes whose processes were stopped (SIGSTOP;
+    here, sockets that listen and never answer: the kernel takes the connection all the
+    same), `oasis jobs` said `cannot reach the daemon at ...: failed to connect to all
+    addresses; last error: UNKNOWN: ...: connection attempt timed out before receiving
+    SETTINGS frame`, and to check the address and TLS, neither of which was wrong."""
+    silent = []
+    try:
+        for _ in range(2):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sock.listen(8)
+            silent.append(sock)
+        both = ",".join(f"127.0.0.1:{s.getsockname()[1]}" for s in silent)
+        out = oasis("jobs", "--timeout", "6", server=both, check=False)
+    finally:
+        for sock in silent:
+            sock.close()
+    assert out.returncode == 1
+    assert "it took the connection but did not answer (the process stopped or hung" in out.stderr
+    assert "--tls-ca" not in out.stderr, out.stderr
+    # one that stops answering during a call (a keepalive ping unanswered) says so too:
+    # it read "Stream removed (ping timeout)" and no more
+    from controller.commands.connection import _explain
+
+    args = argparse.Namespace(server=both, timeout=6.0, tls=False, tls_ca="")
+    said = _explain(grpc.StatusCode.UNAVAILABLE, "Stream removed (ping timeout)", args)
+    assert "it took the connection but did not answer" in said
 
 
 def test_an_unreachable_daemon_says_what_to_check() -> None:

@@ -17,12 +17,19 @@ order). Plus: the standby's answers to writes, and its health.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
+import psycopg
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -35,14 +42,17 @@ from bench.failover import (
     run_failover,
 )
 from bench.load_test import Load, check_ledger, check_store, requests_for
+from controller.commands.failover import PING_SECONDS, PING_TIMEOUT_SECONDS
 from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from tests.broker import NEEDS_MOSQUITTO, Mosquitto
 from tests.browser import needed, opened
 from tests.servers import (
+    ROOT,
     Daemon,
     Postgres,
+    commit_processes,
     free_port,
     json_log,
     oasis,
@@ -334,3 +344,122 @@ def test_oasis_status_over_two_nodes_with_postgres_down_answers_in_seconds(
         own_postgres.start()
         for node in nodes:
             node.stop()
+
+
+def _lock_waiters(dsn: str) -> int:
+    """How many sessions of ``dsn``'s database wait for a row lock."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        waiting = "wait_event_type = 'Lock' AND datname = current_database()"
+        row = conn.execute(f"SELECT count(*) FROM pg_stat_activity WHERE {waiting}").fetchone()
+    return int(row[0]) if row else 0
+
+
+@contextlib.contextmanager
+def _writes_held(dsn: str) -> Iterator[None]:
+    """Within the block, the leader's writes wait (the fence's ``writer`` row is held
+    ``FOR UPDATE``): a decision that takes as long, its daemon alive all along."""
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SELECT * FROM meta WHERE key = 'writer' FOR UPDATE")
+        try:
+            yield
+        finally:
+            conn.rollback()
+
+
+def _submitting(tmp_path: Path, name: str, both: str) -> subprocess.Popen[str]:
+    """``oasis submit`` of job ``name`` over both nodes, started (its decision waits)."""
+    spec = tmp_path / f"{name}.json"
+    spec.write_text(json.dumps(job(name)))
+    cmd = [sys.executable, "-m", "controller.cli", "submit", str(spec), "--json",
+           "--timeout", "60", "--server", both]  # fmt: skip
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT)  # fmt: skip
+
+
+def _watched(watch: subprocess.Popen[str], job_id: str) -> dict[str, Any]:
+    """The next event of ``job_id`` ``oasis watch --json`` prints (its others skipped)."""
+    assert watch.stdout is not None
+    for line in watch.stdout:
+        event: dict[str, Any] = json.loads(line)
+        if event.get("job_id") == job_id:
+            return event
+    raise AssertionError(f"the watch ended before an event of {job_id}")
+
+
+def _until(predicate: Callable[[], bool], what: str, seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def test_a_call_in_flight_to_a_paused_leader_is_answered_by_the_other_node(
+    own_postgres: Postgres, tmp_path: Path
+) -> None:
+    """The HA keepalive audit: `oasis submit --server a,b --timeout 60` whose leader's
+    host was frozen (SIGSTOP) while it decided failed DEADLINE_EXCEEDED after the whole
+    60 s (the TCP connection stays open: the kernel still acknowledges), though the
+    standby led after the lease (2 s); and `oasis watch --server a,b` on that leader
+    printed nothing more, for ever. The clients of several nodes now ping (HTTP/2
+    keepalive) and move on. A decision that is slow but alive (its store waits) is not
+    cut off; and the frozen leader, resumed, commits nothing: the job is decided once,
+    by the new leader."""
+    url = own_postgres.new_database()
+    dsn = url.replace("postgresql+psycopg://", "postgresql://")
+    servers, _ = workload(1, 3)
+    group = HaNodes(tmp_path, url, servers, 2, lease=LEASE)
+    for node in group.nodes:  # a store that waits 20 s is slow, not down
+        node.config.write_text(
+            node.config.read_text().replace("tick_seconds", "store_timeout = 20\ntick_seconds", 1)
+        )
+    group.start()
+    watch: subprocess.Popen[str] | None = None
+    try:
+        leader = group.wait_leader()
+        standby = next(n for n in group.nodes if n is not leader)
+        both = f"{leader.address},{standby.address}"
+        watch = subprocess.Popen(
+            [sys.executable, "-m", "controller.cli", "watch", "--json", "--from", "0",
+             "--server", both],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        )  # fmt: skip
+        # slow but alive: the leader's decision waits for its store through 5 pings (a
+        # daemon that did not permit them answered the 4th with too_many_pings); it
+        # answers, and the watch sees it
+        with _writes_held(dsn):
+            slow = _submitting(tmp_path, "slow", both)
+            _until(lambda: _lock_waiters(dsn) > 0, "the decision never waited")
+            time.sleep(5 * PING_SECONDS + PING_TIMEOUT_SECONDS)
+        out, err = slow.communicate(timeout=120)
+        assert slow.returncode in (0, 3), out + err
+        assert (json.loads(out)["id"], json.loads(out)["duplicate"]) == ("slow", False)
+        assert _watched(watch, "slow")["detail"]["epoch"] == 1
+        # its host frozen mid-decision (the daemon and its commit process): the other
+        # node answers
+        frozen = [leader.pid, *commit_processes(leader.pid)]
+        with _writes_held(dsn):
+            paused = _submitting(tmp_path, "paused", both)
+            _until(lambda: _lock_waiters(dsn) > 0, "the decision never waited")
+            for pid in frozen:
+                os.kill(pid, signal.SIGSTOP)
+        out, err = paused.communicate(timeout=120)
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        assert paused.returncode in (0, 3), out + err  # before: DEADLINE_EXCEEDED at 60 s
+        answer = json.loads(out)
+        assert (answer["id"], answer["duplicate"]) == ("paused", False)
+        assert group.wait_leader(not_this=leader) is standby
+        # the watch went on at the other node, from its last event
+        assert _watched(watch, "paused")["detail"]["epoch"] == 2
+        # the resumed leader steps down, and commits nothing: one decision of the job
+        _until(lambda: leader.role() == "standby", "the paused leader did not step down")
+        with psycopg.connect(dsn) as conn:
+            decided = conn.execute("SELECT state, detail FROM events WHERE job_id = 'paused' "
+                                   "AND kind = 'decided'").fetchall()  # fmt: skip
+        assert [(s, d["epoch"]) for s, d in decided] == [(answer["state"], 2)]
+        assert epoch_problems(url, []) == []
+    finally:
+        if watch is not None:
+            watch.kill()
+            watch.communicate()
+        group.stop()

@@ -24,7 +24,7 @@ from sqlalchemy import select, text
 from controller.admission import AdmissionController
 from controller.auth import Caller, Role
 from controller.clock import Clock, SlotClock, SystemClock
-from controller.commands.failover import FollowingStub, LeaderPool, followed_events
+from controller.commands.failover import Backoff, FollowingStub, LeaderPool, followed_events
 from controller.config import ConfigError, load
 from controller.console.data import ConsoleData
 from controller.errors import NotLeaderError, SlotGridChangedError
@@ -699,6 +699,25 @@ class _Events(pb_grpc.AdmissionServicer):
             if self.die_after is not None and sequence > self.die_after:
                 context.abort(grpc.StatusCode.UNAVAILABLE, "the node went away")
             yield pb.Event(sequence=sequence, kind="decided")
+
+
+def test_the_back_off_between_tries_doubles_to_its_most_and_stops_at_the_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One back-off for calls and watches (it was written twice in failover.py): 50 ms
+    doubling to 0.5 s, jittered by half either way, never past the deadline."""
+    slept: list[float] = []
+    monkeypatch.setattr("controller.commands.failover.time.sleep", slept.append)
+    jitter = iter([1.0] * 6 + [1.5, 0.5, 1.0])
+    monkeypatch.setattr("controller.commands.failover.random.uniform", lambda a, b: next(jitter))
+    backoff, later = Backoff(), time.monotonic() + 60
+    for _ in range(6):
+        backoff.pause(later)
+    backoff.reset()
+    backoff.pause(later)
+    backoff.pause(later)
+    backoff.pause(time.monotonic() - 1)  # past its deadline: no pause
+    assert [round(s, 3) for s in slept] == [0.05, 0.1, 0.2, 0.4, 0.5, 0.5, 0.075, 0.05, 0.0]
 
 
 def test_watch_over_several_nodes_goes_on_from_the_last_event_on_another() -> None:

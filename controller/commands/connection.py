@@ -31,6 +31,7 @@ from controller.commands.common import (
     problem_lines,
 )
 from controller.commands.failover import (
+    KEEPALIVE_OPTIONS,
     FollowingStub,
     LeaderPool,
     redirected_by,
@@ -139,7 +140,9 @@ def options() -> argparse.ArgumentParser:
     return p
 
 
-def _connect(args: argparse.Namespace, address: str) -> grpc.Channel:
+def _connect(
+    args: argparse.Namespace, address: str, options: list[tuple[str, Any]] | None = None
+) -> grpc.Channel:
     if bool(args.tls_cert) != bool(args.tls_key):
         raise InputError("--tls-cert and --tls-key go together")
 
@@ -159,6 +162,7 @@ def _connect(args: argparse.Namespace, address: str) -> grpc.Channel:
         key_pem=pem(args.tls_key, "PRIVATE KEY", "--tls-key"),
         server_name=args.tls_server_name,
         token=bearer_token(args.token),
+        options=options,
     )
 
 
@@ -203,7 +207,8 @@ class Stubs:
             raise InputError("--server: no address given")
         self._check_tls(args)
         bearer_token(args.token)  # before any call: a bad one is the caller's to mend
-        self.pool = LeaderPool(addresses, lambda a: _connect(args, a), budget=args.timeout)
+        pings = KEEPALIVE_OPTIONS if len(addresses) > 1 else None  # a paused node: the next
+        self.pool = LeaderPool(addresses, lambda a: _connect(args, a, pings), budget=args.timeout)
         self.channel = self.pool.channel()
         self.admission: Any = FollowingStub(self.pool, pb_grpc.AdmissionStub)
         self.cluster: Any = FollowingStub(self.pool, pb_grpc.ClusterStub)
@@ -367,6 +372,11 @@ _CAUSES = (
 )
 
 
+_SILENT = ("before receiving settings frame", "ping timeout", "keepalive watchdog timeout")
+"""gRPC's words for a peer that took the TCP connection (the kernel's doing) but did not
+answer: the connection's HTTP/2 start, or a keepalive ping during a call, timed out."""
+
+
 def _shortened(text: str, most: int = 200) -> str:
     """``text``, or its first words within ``most`` characters and "..." (not cut
     mid-word: "Trying to connect an http1.x serv")."""
@@ -405,6 +415,14 @@ def _explain(
             "oasisd runs there (it may be busy, or the address a different service)"
         )
     lowered = details.lower()
+    silent = any(key in lowered for key in _SILENT) and not lowered.startswith("this oasisd ")
+    if code == grpc.StatusCode.UNAVAILABLE and silent:
+        return (
+            f"cannot reach the daemon at {address}: it took the connection but did not "
+            "answer (the process stopped or hung: SIGSTOP, a frozen host; or another "
+            "program holds the port). Check oasisd there (systemctl "
+            "status oasisd, and its log)"
+        )
     unreachable = (
         code == grpc.StatusCode.UNAVAILABLE
         and not store_unavailable(details)  # the daemon answered: its store is out

@@ -7,8 +7,8 @@ not the leader answers a write UNAVAILABLE naming the leader in the trailing met
 UNAVAILABLE (a node down, a takeover under way), or with several nodes a call not
 answered within its deadline (a node stopped), moves on to the next node named (passing
 over one that failed a call within :data:`FAILED_MEMORY`: a standby naming a stopped
-leader is asked again until it takes over), after a back-off from 50 ms doubling to
-1 s, with jitter, for at most ``budget`` seconds in all; then the last error is raised.
+leader is asked again until it takes over), after a back-off (:class:`Backoff`), for at
+most ``budget`` seconds in all; then the last error is raised.
 With one address, only a redirect is followed: a node
 that cannot be reached fails at once, as before.
 
@@ -17,6 +17,17 @@ for at most :data:`LOCATE_SECONDS`) and starts at the leader: a node that is hun
 stopped process, a frozen host) answers nothing, and with each call given the whole
 ``--timeout`` one such node named first used it all up before the next was tried, in
 every command, long after the standby had taken over (the HA audit).
+
+With several nodes, every channel pings its node (HTTP/2 keepalive,
+:data:`KEEPALIVE_OPTIONS`) every :data:`PING_SECONDS` while a call is in flight, and
+drops the connection when a ping is not answered within :data:`PING_TIMEOUT_SECONDS`:
+the call then fails UNAVAILABLE and is tried on the next node. A stopped leader (SIGSTOP,
+a frozen VM) keeps its TCP connection open (the kernel still acknowledges), so without
+the pings a call in flight to it, or an ``oasis watch`` stream, waited its whole
+``--timeout`` (the watch: for ever) though the standby had taken over. A node that is
+slow but alive (a long decision, a slow store) answers the pings from gRPC's own I/O
+threads, and its calls are not cut off. With one node named there is nowhere else to
+go: no pings, and a call waits for a paused daemon up to ``--timeout`` as before.
 
 Retrying a submission is safe: the daemon answers a job id it has decided with its
 first decision (the client gives a job without an id one first, so that a retry
@@ -34,7 +45,9 @@ from typing import Any
 import grpc
 
 __all__ = [
+    "KEEPALIVE_OPTIONS",
     "LEADER_KEY",
+    "Backoff",
     "FollowingStub",
     "LeaderPool",
     "followed_events",
@@ -46,11 +59,31 @@ __all__ = [
 LEADER_KEY = "oasis-leader"
 """The trailing metadata key a standby names the leader with."""
 FIRST_DELAY = 0.05
+"""Seconds before the second try (jittered: 0.025 to 0.075), doubling for each next one."""
 MAX_DELAY = 0.5
 """Seconds between tries at the most (jittered to 0.75): a takeover takes well under one."""
 MAX_HOPS = 8  # redirects in a row before backing off (nodes naming each other)
 LOCATE_SECONDS = 2.0
 """With several nodes, how long the first call waits for their answers to "who leads"."""
+PING_SECONDS = 2.0
+"""With several nodes, how long a connection with a call in flight may be silent before
+the client pings its node (the daemon permits pings this often: ``controller/connections.py``)."""
+PING_TIMEOUT_SECONDS = 2.0
+"""How long the client waits for a ping's answer before it gives the node up."""
+CONNECT_SECONDS = PING_SECONDS + PING_TIMEOUT_SECONDS
+"""How long a connection to a node may take to open (TCP, TLS and HTTP/2's SETTINGS)."""
+KEEPALIVE_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.keepalive_time_ms", round(PING_SECONDS * 1000)),
+    ("grpc.keepalive_timeout_ms", round(PING_TIMEOUT_SECONDS * 1000)),
+    # gRPC 1.85 times a keepalive ping out by this one (default 60 s), not by the above
+    ("grpc.http2.ping_timeout_ms", round(PING_TIMEOUT_SECONDS * 1000)),
+    ("grpc.http2.max_pings_without_data", 0),  # a long call sends no data: ping on
+    # a new connection to a stopped node (a standby names it until its lease ends) is
+    # given up after this, not gRPC's 20 s: the TCP handshake is the kernel's, but the
+    # HTTP/2 one is the process's
+    ("grpc.min_reconnect_backoff_ms", round(CONNECT_SECONDS * 1000)),
+]
+"""Channel arguments of the clients of several nodes (see the module docstring)."""
 _GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 """A call's codes when the node it went to could not answer (down, stopped, unreachable)."""
 FAILED_MEMORY = 2.0
@@ -65,6 +98,26 @@ _TRIED = "oasis: the call went to "
 _SAID = "oasis: before it, "
 """The note :meth:`LeaderPool.call` adds when a node redirected the call
 (:func:`redirected_by`)."""
+
+
+class Backoff:
+    """The pauses between tries over the nodes, of a call (:meth:`LeaderPool.call`) and of
+    a watch (:func:`followed_events`) alike: :data:`FIRST_DELAY` doubling up to
+    :data:`MAX_DELAY`, each jittered by half either way (clients that failed together do
+    not all come back together)."""
+
+    def __init__(self) -> None:
+        self.delay = FIRST_DELAY
+
+    def reset(self) -> None:
+        """The next pause is the first one again (a try got through)."""
+        self.delay = FIRST_DELAY
+
+    def pause(self, deadline: float) -> None:
+        """Sleep the next pause, but not past ``deadline`` (``time.monotonic()``)."""
+        pause = self.delay * random.uniform(0.5, 1.5)
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        self.delay = min(MAX_DELAY, self.delay * 2)
 
 
 def redirected_by(err: BaseException) -> str | None:
@@ -153,7 +206,7 @@ class LeaderPool:
         deadline = time.monotonic() + self.budget
         if not self._located:
             self._locate(min(LOCATE_SECONDS, self.budget))
-        delay = FIRST_DELAY
+        backoff = Backoff()
         hops = 0
         while True:
             self.last_tried = self.address
@@ -191,9 +244,7 @@ class LeaderPool:
                     self.address = self._next(now)  # the next call starts there, even after this
                     if now > deadline:
                         raise
-                pause = delay * random.uniform(0.5, 1.5)
-                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-                delay = min(MAX_DELAY, delay * 2)
+                backoff.pause(deadline)
                 hops = 0
 
     @contextlib.contextmanager
@@ -292,13 +343,14 @@ def followed_events(pool: LeaderPool, after: int) -> Iterator[Any]:
     from controller.rpc import oasis_pb2_grpc as pb_grpc
 
     broken: float | None = None  # when the streams began failing
-    delay = FIRST_DELAY
+    backoff = Backoff()
     while True:
         pool.last_tried = pool.address
         request = pb.WatchEventsRequest(after_sequence=after)
         try:
             for event in pool.stub(pb_grpc.AdmissionStub).WatchEvents(request):
-                broken, delay = None, FIRST_DELAY
+                broken = None
+                backoff.reset()
                 after = max(after, event.sequence)
                 yield event
             return
@@ -314,5 +366,4 @@ def followed_events(pool: LeaderPool, after: int) -> Iterator[Any]:
                 raise
             pool._failed[pool.address] = now
             pool.address = pool._next(now)
-            time.sleep(delay * random.uniform(0.5, 1.5))
-            delay = min(MAX_DELAY, delay * 2)
+            backoff.pause(broken + pool.budget)
