@@ -78,6 +78,7 @@ from controller.config_keys import (
     _metrics_listen,
     _per_server_prices_up_to,
     _slot_seconds,
+    _tick_seconds,
     _window,
     check_listen,
 )
@@ -368,7 +369,9 @@ def from_dict(
             log_level=level,
             cluster=cluster,
             pricing=_pricing(fields.optional_mapping(data, "pricing", ""), cluster, base),
-            tick_seconds=fields.positive(daemon.get("tick_seconds", 1.0), "daemon.tick_seconds"),
+            tick_seconds=_tick_seconds(
+                daemon.get("tick_seconds", 1.0), daemon.get("slot_seconds", 3600)
+            ),
             metrics_listen=_metrics_listen(fields.optional_mapping(data, "metrics", "")),
             per_server_prices_up_to=_per_server_prices_up_to(
                 fields.optional_mapping(data, "metrics", "")
