@@ -78,6 +78,7 @@ from controller.config_keys import (
     _metrics_listen,
     _per_server_prices_up_to,
     _slot_seconds,
+    _tick_seconds,
     _window,
     check_listen,
 )
@@ -101,6 +102,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "PricingConfig",
+    "as_meant",
     "check_listen",
     "demo_config",
     "key_digests",
@@ -368,7 +370,9 @@ def from_dict(
             log_level=level,
             cluster=cluster,
             pricing=_pricing(fields.optional_mapping(data, "pricing", ""), cluster, base),
-            tick_seconds=fields.positive(daemon.get("tick_seconds", 1.0), "daemon.tick_seconds"),
+            tick_seconds=_tick_seconds(
+                daemon.get("tick_seconds", 1.0), daemon.get("slot_seconds", 3600)
+            ),
             metrics_listen=_metrics_listen(fields.optional_mapping(data, "metrics", "")),
             per_server_prices_up_to=_per_server_prices_up_to(
                 fields.optional_mapping(data, "metrics", "")
@@ -402,11 +406,26 @@ def load(path: str | Path, former: Collection[str] = ()) -> Config:
         if len(found) > 1:
             raise ConfigError("\n".join(found)) from first
         raise
-    config = replace(parsed, tables=table_digests(data), keys=key_digests(data))
+    meant = as_meant(durations(data))
+    config = replace(parsed, tables=table_digests(meant), keys=key_digests(meant))
     found = [_exposed_secrets(p, config, mode, group), *_exposed_files(p, data),
              _clear_broker_password(config)]  # fmt: skip
     warnings = tuple(w for w in found if w)
     return replace(config, warnings=(*config.warnings, *warnings)) if warnings else config
+
+
+def as_meant(value: Any) -> Any:
+    """``value`` (a TOML document with its durations in seconds, :func:`durations`) with
+    each integer a float, for :func:`table_digests`: a reload took ``tick_seconds = 1`` or
+    ``"1s"`` in place of ``1.0`` (``slot_seconds = "1h"`` for ``3600``) for an edit that
+    waits for a restart, and told the operator to restart for nothing."""
+    if isinstance(value, Mapping):
+        return {key: as_meant(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [as_meant(item) for item in value]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
 
 
 def table_digests(data: Mapping[str, Any]) -> dict[str, str]:

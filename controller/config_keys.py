@@ -22,7 +22,9 @@ from pricing.ledger import ledger_bytes
 __all__ = [
     "MAX_KEEP_DAYS",
     "MAX_SLOT_SECONDS",
+    "MAX_TICK_SECONDS",
     "MIN_SLOT_SECONDS",
+    "MIN_TICK_SECONDS",
     "PER_SERVER_PRICES_UP_TO",
     "check_listen",
 ]
@@ -144,6 +146,30 @@ def _slot_seconds(value: Any) -> float:
             "daemon.slot_seconds",
             f"must lie in {MIN_SLOT_SECONDS:g} .. {MAX_SLOT_SECONDS:.0f} seconds (366 days), "
             f"got {seconds:g}",
+        )
+    return seconds
+
+
+MIN_TICK_SECONDS = 0.01
+MAX_TICK_SECONDS = 10.0
+"""``daemon.tick_seconds`` lies in 10 ms .. 10 s, and at most a slot. Each tick reads the
+store (is it rewound?) and reviews the agents' heartbeats: ``tick_seconds = 1e-9`` was
+taken and held a core at 96% in store reads, beside the tenants' decisions on a shared
+head node; ``"1h"`` was taken too, and slot boundaries (jobs started, pending jobs
+decided) and silent agents were then seen up to an hour late."""
+
+
+def _tick_seconds(value: Any, slot_seconds: Any) -> float:
+    """``daemon.tick_seconds``: how often the slot clock and the execution plane look."""
+    seconds = fields.positive(value, "daemon.tick_seconds")
+    top = min(MAX_TICK_SECONDS, _slot_seconds(slot_seconds))
+    if not MIN_TICK_SECONDS <= seconds <= top:
+        limit = "daemon.slot_seconds" if top < MAX_TICK_SECONDS else "the longest"
+        raise SpecError.one(
+            "daemon.tick_seconds",
+            f"must lie in {MIN_TICK_SECONDS:g} .. {top:g} seconds ({limit}: a longer tick "
+            f"sees slot boundaries and silent agents late, a shorter one reads the store "
+            f"in a loop), got {seconds:g}",
         )
     return seconds
 

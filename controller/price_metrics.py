@@ -3,10 +3,12 @@ series that does not grow with the cluster past ``metrics.per_server_prices_up_t
 
 - ``oasis_unit_price_quantile{kind, resource, quantile}``: quantiles (:data:`QUANTILES`:
   the lowest, median, 90th and 99th percentiles and the highest) of the unit price in
-  the current slot over the servers of a kind that have the resource; always exported,
-  5 series per kind and resource.
+  the current slot over the servers of a kind in service that have the resource;
+  5 series per kind and resource (none while no such server is in service).
 - ``oasis_unit_price_peak{kind, resource}``: the highest over those servers and the
-  window; always exported.
+  window, each slot's servers in service; always exported. A failed or cordoned
+  server's price is that of a full server, which is not demand: it is in
+  ``oasis_unit_price`` alone (and ``oasis_capacity_out_of_service``).
 - ``oasis_unit_price{server, kind, resource}``: each server's, in the current slot; only
   for a cluster of at most ``per_server_up_to`` servers. At 10,000 servers these were
   45,000 of a scrape's 45,115 samples, 3.76 MB of text that the operator's Prometheus
@@ -41,20 +43,22 @@ def price_families(
     quantile = GaugeMetricFamily(
         "oasis_unit_price_quantile",
         "Quantile of the unit price of a resource in the current slot over the servers of "
-        "a kind that have it (utility per unit per slot; 0: lowest, 1: highest).",
+        "a kind in service that have it (utility per unit per slot; 0: lowest, 1: highest).",
         labels=["kind", "resource", "quantile"],
     )
     peak = GaugeMetricFamily(
         "oasis_unit_price_peak",
-        "Highest unit price of a resource over the servers of a kind and the window "
-        "(utility per unit per slot).",
+        "Highest unit price of a resource over the servers of a kind and the window, "
+        "where each is in service (utility per unit per slot).",
         labels=["kind", "resource"],
     )
     for side in prices:
+        sold = side.has & side.serving[:, None]
         for r in np.flatnonzero(side.has.any(axis=0)).tolist():
-            values = np.quantile(side.now[side.has[:, r], r], QUANTILES)
-            for q, v in zip(QUANTILES, values.tolist(), strict=True):
-                quantile.add_metric([side.kind, resources[r], f"{q:g}"], v)
+            if sold[:, r].any():
+                values = np.quantile(side.now[sold[:, r], r], QUANTILES)
+                for q, v in zip(QUANTILES, values.tolist(), strict=True):
+                    quantile.add_metric([side.kind, resources[r], f"{q:g}"], v)
             peak.add_metric([side.kind, resources[r]], float(side.peak[r]))
     if sum(len(side.names) for side in prices) > per_server_up_to:
         return [quantile, peak]

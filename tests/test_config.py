@@ -394,3 +394,32 @@ def test_an_empty_table_is_refused_not_read_as_none(
     assert str(err.value) == message
     path.write_text(text)
     assert getattr(load(path), table) is None  # no table: plaintext on loopback, no broker
+
+
+def test_a_tick_that_would_spin_or_sleep_through_slots_is_refused(tmp_path: Path) -> None:
+    """Before: ``tick_seconds = 1e-9`` started a daemon that held a core at 96% reading the
+    store in a loop, and ``tick_seconds = "1h"`` one that saw slot boundaries and silent
+    agents up to an hour late; now each is refused (exit 2) naming the key and its range."""
+    import subprocess
+    import sys
+
+    for given, top in (("1e-9", "10"), ('"1h"', "10"), ("11", "10"), ("2", "1")):
+        text = EXAMPLE.replace("tick_seconds = 1.0", f"tick_seconds = {given}", 1)
+        if top == "1":
+            text = text.replace("slot_seconds = 3600", "slot_seconds = 1", 1)
+            text = text.replace("window = 300", "window = 30", 1)
+        path = tmp_path / "tick.toml"
+        path.write_text(text)
+        with pytest.raises(ConfigError) as err:
+            load(path)
+        assert str(err.value).startswith(f"daemon.tick_seconds: must lie in 0.01 .. {top} "), str(
+            err.value
+        )
+    path.write_text(EXAMPLE.replace("tick_seconds = 1.0", "tick_seconds = 1e-9", 1))
+    out = subprocess.run([sys.executable, "-m", "controller.daemon", "--config", str(path)],
+                         cwd=ROOT, capture_output=True, text=True, check=False)  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("oasisd: daemon.tick_seconds: must lie in 0.01 .. 10 seconds")
+    for fine in ("0.02", "10", "0.5"):
+        path.write_text(EXAMPLE.replace("tick_seconds = 1.0", f"tick_seconds = {fine}", 1))
+        assert load(path).tick_seconds == float(fine)

@@ -469,6 +469,11 @@ def test_ha_settings_are_checked(tmp_path: Path) -> None:
         config("[ha]\nlease_seconds = 0.5\n")
     with pytest.raises(ConfigError, match=r"ha\.retry_seconds: must be <= lease_seconds / 2"):
         config("[ha]\nlease_seconds = 2\nretry_seconds = 1.5\n")
+    # before: taken, and a node then queried the shared PostgreSQL in a loop
+    with pytest.raises(ConfigError, match=r"ha\.retry_seconds: must be at least 0\.01 seconds"):
+        config("[ha]\nretry_seconds = 1e-9\n")
+    with pytest.raises(ConfigError, match=r"ha\.follow_seconds: must be at least 0\.01 seconds"):
+        config("[ha]\nfollow_seconds = 0.001\n")
     with pytest.raises(ConfigError, match=r"ha\.advertise: must be host:port"):
         config('[ha]\nadvertise = "nohost"\n')
 

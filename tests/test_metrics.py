@@ -389,3 +389,37 @@ def test_slow_metrics_clients_cannot_take_the_daemons_descriptors(tmp_path: Path
         for conn in slow:
             conn.close()
         assert daemon.stop() == 0, log.read_text()
+
+
+def test_a_cordoned_servers_price_is_no_peak_or_quantile(scraped: Scraped) -> None:
+    """Before: a cordon of one idle server raised ``oasis_unit_price_peak`` of every
+    resource of its kind (cpu 0.115 -> 3.48, mem 0.00033 -> 1.0 on the example cluster):
+    a server out of service is priced as full, which the peak took for demand; an alert
+    on it fired at every maintenance. Now the peak and the quantiles are over the servers
+    in service in each slot, as ``oasis_utilisation`` is; ``oasis_unit_price`` keeps each
+    server's own."""
+    cordoned = scraped.cluster.CordonServer(
+        pb.CordonServerRequest(server="w2", reason="test", force=True), timeout=30
+    )
+    try:
+        time.sleep(SCRAPE_INTERVAL * 1.5)  # past the reading a scrape before shared
+        after = scraped.scrape()
+        prices = scraped.cluster.GetPrices(pb.GetPricesRequest(slots=1000), timeout=30)
+        first = prices.first_slot
+        peaks: dict[str, float] = {}
+        out: dict[str, float] = {}
+        for p in prices.prices:
+            if p.kind != pb.SERVER_KIND_WORKER:
+                continue
+            serving = p.prices[: cordoned.from_slot - first] if p.server == "w2" else p.prices
+            peaks[p.resource] = max(peaks.get(p.resource, 0.0), *serving)
+            if p.server == "w2":
+                out[p.resource] = max(p.prices)
+        # the cordoned server's price is over the peak in service (else nothing is tested)
+        assert any(out[r] > peak for r, peak in peaks.items()), (out, peaks)
+        for resource, peak in peaks.items():
+            assert value(after, "oasis_unit_price_peak", kind="worker", resource=resource) == (
+                pytest.approx(peak)
+            )
+    finally:
+        scraped.cluster.UncordonServer(pb.UncordonServerRequest(server="w2"), timeout=30)

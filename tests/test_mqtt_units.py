@@ -73,6 +73,7 @@ def test_mqtt_table_is_optional_and_validated(tmp_path: Path) -> None:
     assert (c.mqtt.host, c.mqtt.port, c.mqtt.tls, c.mqtt.topic_prefix) == ("broker", 1999,
                                                                           False, "lab")  # fmt: skip
     assert c.mqtt.heartbeat_seconds == 3.0
+    assert config({"host": "b", "heartbeat_timeout": 0.3}).mqtt.heartbeat_seconds == 0.1
     assert config({"host": "b", "tls_ca": ca_file(tmp_path)}).mqtt.port == 8883
     assert c.mqtt.device_resource == "gpu"  # the default; "" gives agents no devices
     assert config({"host": "b", "device_resource": ""}).mqtt.device_resource == ""
@@ -82,6 +83,14 @@ def test_mqtt_table_is_optional_and_validated(tmp_path: Path) -> None:
         ({"host": "b", "port": 70000}, "mqtt.port: must be <= 65535"),
         ({"host": "b", "topic_prefix": "a/#"}, "mqtt.topic_prefix"),
         ({"host": "b", "heartbeat_timeout": 2, "heartbeat_seconds": 3}, "mqtt.heartbeat_seconds"),
+        # agents beat at most every 0.1 s: a shorter timeout failed every server over and
+        # over (the flap rule then cordoned them all), a shorter beat was never sent
+        ({"host": "b", "heartbeat_timeout": 0.05}, "mqtt.heartbeat_timeout: must be at "
+         "least 2 x heartbeat_seconds (0.2 s): a server is declared failed after"),
+        ({"host": "b", "heartbeat_timeout": 1, "heartbeat_seconds": 0.01},
+         "mqtt.heartbeat_seconds: must be at least 0.1 (agents beat no faster), got 0.01"),
+        ({"host": "b", "heartbeat_timeout": 1, "heartbeat_seconds": 0.6},
+         "mqtt.heartbeat_timeout: must be at least 2 x heartbeat_seconds (1.2 s)"),
         ({"host": "b", "colour": 1}, "mqtt.colour: unknown key"),
         ({"host": "b", "device_resource": "gpus"}, "mqtt.device_resource: 'gpus' is not a "
          "resource of the cluster (its resources: gpu, bandwidth); \"\" gives agents no "),

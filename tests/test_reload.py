@@ -486,3 +486,25 @@ def test_the_reload_check_names_the_admitted_jobs_a_restart_would_move(tmp_path:
         assert asyncio.run(c.restart_moves(config(capacity=bigger, window=24))) == []
     finally:
         c.close()
+
+
+def test_a_value_written_another_way_is_no_edit(tmp_path: Path) -> None:
+    """Before: ``tick_seconds = "1s"`` for ``1.0`` (or ``"0.2s"`` for ``0.2``), or
+    ``slot_seconds = "1h"`` for ``3600``, was an edit of ``[daemon]``, and the reload said
+    `waits for a restart (systemctl restart oasisd): daemon.tick_seconds` of a value that
+    had not changed; now only a changed value is."""
+    tokens = tokens_file(tmp_path / "tokens", {"alice": ("submitter", "t-alice")})
+    path = config_file(tmp_path, tokens)
+    running = load(path)
+    text = path.read_text()
+    assert "tick_seconds = 0.2\n" in text and "slot_seconds = 3600\n" in text, text
+    path.write_text(
+        text.replace("tick_seconds = 0.2\n", 'tick_seconds = "0.2s"\n').replace(
+            "slot_seconds = 3600\n", 'slot_seconds = "1h"\n'
+        )
+    )
+    found = reread(running, Path(running.source))
+    assert found.restart == () and found.keys == (), (found.restart, found.keys)
+    path.write_text(text.replace("tick_seconds = 0.2\n", 'tick_seconds = "0.3s"\n'))
+    found = reread(running, Path(running.source))
+    assert found.restart == ("daemon",) and found.keys == ("daemon.tick_seconds",)

@@ -143,3 +143,27 @@ def test_heat_levels() -> None:
     assert level(0.0, 0.0) == 0
     inf = float("inf")  # pinned bounds of 1e308 over 1e-308: the ratio overflows
     assert level(inf, inf) == level(inf, 5.0) == len(RAMP) - 1
+
+
+def test_a_cordoned_server_does_not_set_the_heats_scale(
+    busy: tuple[Daemon, list[pb.Job]],
+) -> None:
+    """Before: a cordoned server is priced as full where it is out, and its price was
+    the ramp's top: on the example cluster one cordon of an idle server took the legend
+    from "@ 690 x it" to "@ 1.87e+04 x it", and every other server's heat to a dot or
+    two. Now the top is the dearest price of a server in service."""
+    daemon, _ = busy
+    before = json.loads(oasis("status", "--json", server=daemon.address).stdout)
+    oasis("cordon", "w0", "--force", server=daemon.address)
+    try:
+        st = json.loads(oasis("status", "--json", server=daemon.address).stdout)
+        heat = {h["server"]: h for h in st["heat"]}
+        assert heat["w0"]["busiest"].startswith("cordoned"), heat["w0"]
+        top = max(r for h in st["heat"] if h["server"] != "w0" for r in h["price_ratio"])
+        assert max(heat["w0"]["price_ratio"]) > top > 1.0, (heat, before)  # else no test
+        screen = oasis("status", server=daemon.address).stdout
+        assert f"@ {top:.3g} x it or more (a server out of service: @ where it is out)" in screen
+        row = next(x for x in screen.splitlines() if x.startswith("w0 "))
+        assert row.split()[2].endswith("@"), row
+    finally:
+        oasis("uncordon", "w0", server=daemon.address)

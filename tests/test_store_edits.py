@@ -577,6 +577,23 @@ def test_the_rows_of_a_job_that_holds_nothing_take_no_capacity(
     _same_use(after.use, _use_of(holding, after.first_slot))
 
 
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)
+def test_a_job_in_a_state_oasis_does_not_know_keeps_its_plan_and_is_named(
+    store: Store, tmp_path: Path
+) -> None:
+    """Before: a job whose state an edit made ``bogus`` kept its slots at a restart (so
+    no slot is sold twice) with no line in the log: `oasis jobs` showed it
+    `unspecified`, `oasis status` left it out, and `oasis cancel` refused it."""
+    store.execute("UPDATE jobs SET state = 'bogus' WHERE id = 'j1'")
+    assert _plan(store.before["j1"], 0), "j1 must have held slots, or the test checks nothing"
+    after = _restart(store, tmp_path)
+    [warned] = _logged(after.log, "jobs in a state oasis does not know keep their plans")
+    assert warned["jobs"] == 1 and warned["first"] == ["j1 ('bogus')"], warned
+    assert "jobs.state" in warned["hint"], warned
+    assert _plan(after.jobs["j1"], after.first_slot) == _plan(store.before["j1"], after.first_slot)
+    _others_untouched(store, after, "j1")
+
+
 @pytest.mark.parametrize("store", ["sqlite", "postgresql"], indirect=True)
 def test_a_plan_inflated_past_its_job_fails_that_job_alone(store: Store, tmp_path: Path) -> None:
     """Before: a plan given rows past what its job needs (each count within its chunks)

@@ -32,9 +32,13 @@ class SidePrices:
         now: ``(n, R)`` float64, the unit price in the first slot read (utility per unit
             per slot).
         peak: ``(R,)`` float64, the highest unit price over the servers that have the
-            resource and the slots read; 0 where no server has it.
+            resource and the slots read, each where its server is in service; 0 where
+            none is. A failed or cordoned server's cells are priced as full (nothing
+            there is for sale): counted, a cordon of one idle server raised the peak of
+            every resource of its kind (cpu 0.115 -> 3.48) as if demand had.
         has: ``(n, R)`` bool, the server has some of the resource (capacity > 0): a
             resource a server lacks has no price to show.
+        serving: ``(n,)`` bool, the server is in service in the first slot read.
     """
 
     kind: str
@@ -42,6 +46,7 @@ class SidePrices:
     now: NDArray[np.float64]
     peak: NDArray[np.float64]
     has: NDArray[np.bool_]
+    serving: NDArray[np.bool_]
 
 
 def _sides(ledger: Ledger, cluster: Cluster) -> tuple[tuple[str, Side, tuple[str, ...]], ...]:
@@ -59,11 +64,13 @@ def price_summary(ledger: Ledger, cluster: Cluster, lo: int, hi: int) -> list[Si
     for kind, side, names in _sides(ledger, cluster):
         cells = side.prices(lo, hi)[lo:hi]  # (S, n, R)
         has = side.capacity > 0
+        serving = ~side.blocked[lo:hi]  # (S, n): out of service (failed, cordoned)
         if cells.shape[1]:
-            peak = np.where(has, cells.max(axis=0), 0.0).max(axis=0)
+            sold = has[None, :, :] & serving[:, :, None]
+            peak = np.where(sold, cells, 0.0).max(axis=(0, 1))
         else:
             peak = np.zeros(side.capacity.shape[1])
-        out.append(SidePrices(kind, list(names), cells[0].copy(), peak, has))
+        out.append(SidePrices(kind, list(names), cells[0].copy(), peak, has, serving[0].copy()))
     return out
 
 

@@ -285,6 +285,10 @@ def _job(j: pb.Job) -> dict[str, Any]:
     }
 
 
+OUT_OF_SERVICE = ("cordoned", "failed")
+"""How :attr:`ServerHeat.busiest` begins for a server out of service."""
+
+
 def level(x: float, top: float) -> int:
     """``x`` in ``[0, top]`` on the ramp: 0 only for 0, else 1..8 (rounded up). Pinned
     bounds may make both infinite (a price of 1e308 over an L of 1e-308): inf over inf
@@ -305,7 +309,7 @@ def shown_heat(heat: list[ServerHeat], servers: int) -> list[ServerHeat]:
         return heat
     rank = sorted(range(len(heat)), key=lambda i: (-max(heat[i].price_ratio, default=1.0), i))
     keep = set(rank[:servers])
-    keep.update(i for i, h in enumerate(heat) if h.busiest.startswith(("cordoned", "failed")))
+    keep.update(i for i, h in enumerate(heat) if h.busiest.startswith(OUT_OF_SERVICE))
     return [h for i, h in enumerate(heat) if i in keep]
 
 
@@ -346,8 +350,16 @@ def render(st: Status, limit: int, servers: int = 0) -> str:
     out.append(render_table(["resource", "kind", "now", "peak", span], rows, right={2, 3}))
     out.append("")
 
-    logs = [math.log(r) for h in st.heat for r in h.price_ratio]
+    # the ramp's top: the dearest price of a server in service. A failed or cordoned
+    # server is priced as full where it is out; taken for the top, one cordon of an idle
+    # server made it 1.87e+04 x the floor (from 690) and every other server's heat
+    # a dot or two. Its cells above the top read @.
+    serving = [h for h in st.heat if not h.busiest.startswith(OUT_OF_SERVICE)]
+    logs = [math.log(r) for h in (serving or st.heat) for r in h.price_ratio]
     top = max(logs, default=0.0)
+    if top <= 0:  # every server in service at its floor: the ramp spans those out
+        serving = st.heat
+        top = max((math.log(r) for h in st.heat for r in h.price_ratio), default=0.0)
     floors = ", ".join(
         f"{k} {min(v.values()):.3g}..{max(v.values()):.3g}"
         for k, v in sorted(st.price_floor.items())
@@ -356,6 +368,11 @@ def render(st: Status, limit: int, servers: int = 0) -> str:
     out.append(f"price heat by server, slots {span}: the costliest resource of each server")
     out.append(
         f"  {RAMP[0]} each resource's price floor ({floors or '-'}), @ {math.exp(top):.3g} x it"
+        + (
+            " or more (a server out of service: @ where it is out)"
+            if len(serving) < len(st.heat)
+            else ""
+        )
         if top > 0
         else f"  {RAMP[0]} each resource's price floor ({floors or '-'}) everywhere"
     )

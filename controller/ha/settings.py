@@ -24,6 +24,11 @@ __all__ = ["HaConfig", "ha_from_dict"]
 
 _KEYS = {"lease_seconds", "retry_seconds", "follow_seconds", "advertise"}
 _MAX_LEASE = 300.0
+MIN_INTERVAL = 0.01
+"""The shortest ``retry_seconds`` and ``follow_seconds``: each is how often a node queries
+PostgreSQL (the lock, the newest decisions); ``1e-9`` was taken, and a standby then
+queried the store every node and tenant shares in a loop (as ``daemon.tick_seconds``
+did, :data:`controller.config_keys.MIN_TICK_SECONDS`)."""
 
 
 @dataclass(frozen=True)
@@ -62,9 +67,15 @@ def ha_from_dict(raw: Mapping[str, Any] | None) -> HaConfig | None:
     if not 1.0 <= lease <= _MAX_LEASE:
         raise SpecError.one("ha.lease_seconds", f"must be within 1 .. {_MAX_LEASE:g} seconds")
     retry = fields.positive(raw.get("retry_seconds", min(0.5, lease / 2)), "ha.retry_seconds")
+    follow = fields.positive(raw.get("follow_seconds", 0.5), "ha.follow_seconds")
+    for key, value in (("retry_seconds", retry), ("follow_seconds", follow)):
+        if value < MIN_INTERVAL:
+            raise SpecError.one(
+                f"ha.{key}", f"must be at least {MIN_INTERVAL:g} seconds (each is a query of "
+                f"the shared store), got {value:g}"
+            )  # fmt: skip
     if retry > lease / 2:
         raise SpecError.one("ha.retry_seconds", f"must be <= lease_seconds / 2 = {lease / 2:g}")
-    follow = fields.positive(raw.get("follow_seconds", 0.5), "ha.follow_seconds")
     if follow > lease:
         raise SpecError.one("ha.follow_seconds", f"must be <= lease_seconds = {lease:g}")
     advertise = fields.text(raw["advertise"], "ha.advertise") if "advertise" in raw else ""

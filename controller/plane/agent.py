@@ -60,7 +60,7 @@ from controller.plane.memory_guard import MemoryGuard
 from controller.plane.one_agent import agent_key
 from controller.plane.plan_messages import Plan, PlanParts, SlotPlan
 from controller.plane.set_aside import SetAside
-from controller.plane.settings import MqttConfig
+from controller.plane.settings import MIN_HEARTBEAT_SECONDS, MqttConfig
 from controller.plane.topics import Topics, topic_name
 from controller.plane.workers import (
     STOP_GRACE,
@@ -84,9 +84,6 @@ _STEP = 0.05  # seconds between simulation steps
 _FORGET_EVERY = 10.0  # seconds between looks for jobs to set aside (Agent.forget_idle)
 _BACKOFF_MAX = 5.0
 
-MIN_HEARTBEAT_SECONDS = 0.1
-"""The shortest interval between two heartbeats, whatever a plan's ``heartbeat_seconds``
-says (:meth:`Agent._beat_interval`)."""
 
 LAST_REPORT_SECONDS = 3.0
 """The longest the agent's stop waits to send its workers' last counts."""

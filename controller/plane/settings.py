@@ -34,6 +34,7 @@ from pricing import fields
 from pricing.errors import SpecError
 
 __all__ = [
+    "MIN_HEARTBEAT_SECONDS",
     "MqttConfig",
     "check_server_names",
     "check_tls_ca",
@@ -100,6 +101,14 @@ MIN_PLAN_BYTES = 4096
 
 MAX_FLAP_SECONDS = 7 * 86400.0
 """The longest ``flap_seconds``: a week."""
+
+MIN_HEARTBEAT_SECONDS = 0.1
+"""The shortest interval between two heartbeats an agent sends, whatever a plan's
+``heartbeat_seconds`` says (:meth:`controller.plane.agent.Agent._beat_interval`); so the
+shortest ``heartbeat_seconds``, and ``heartbeat_timeout`` is at least two of them (one
+late beat fails no server). Before, ``heartbeat_timeout = 0.05`` was taken: every server
+whose agent beat as fast as it does (0.1 s) was declared failed over and over, and the
+flap rule cordoned each of them for ``flap_seconds``."""
 
 
 def check_topic_prefix(value: Any, field_name: str = "mqtt.topic_prefix") -> str:
@@ -202,11 +211,24 @@ def mqtt_from_dict(raw: Mapping[str, Any]) -> MqttConfig | None:
     prefix = check_topic_prefix(raw.get("topic_prefix", "oasis"))
     timeout = fields.positive(raw.get("heartbeat_timeout", 30.0), "mqtt.heartbeat_timeout")
     beat = fields.positive(
-        raw.get("heartbeat_seconds", min(5.0, timeout / 3)), "mqtt.heartbeat_seconds"
+        raw.get("heartbeat_seconds", max(MIN_HEARTBEAT_SECONDS, min(5.0, timeout / 3))),
+        "mqtt.heartbeat_seconds",
     )
-    if beat >= timeout:
+    if beat < MIN_HEARTBEAT_SECONDS:
+        raise SpecError.one(
+            "mqtt.heartbeat_seconds",
+            f"must be at least {MIN_HEARTBEAT_SECONDS:g} (agents beat no faster), got {beat:g}",
+        )
+    if "heartbeat_seconds" in raw and beat >= timeout:
         raise SpecError.one(
             "mqtt.heartbeat_seconds", f"must be < heartbeat_timeout ({timeout}), got {beat}"
+        )
+    if timeout < 2 * beat:
+        raise SpecError.one(
+            "mqtt.heartbeat_timeout",
+            f"must be at least 2 x heartbeat_seconds ({2 * beat:g} s): a server is declared "
+            f"failed after this much silence, and one late heartbeat must not fail it; "
+            f"got {timeout:g}",
         )
     flaps = fields.integer(raw.get("flap_failures", 3), "mqtt.flap_failures", minimum=0)
     flap_seconds = fields.positive(raw.get("flap_seconds", 3600.0), "mqtt.flap_seconds")
