@@ -2000,6 +2000,27 @@ def test_a_round_the_broker_was_lost_in_does_not_count_as_sent(plane: PlaneDaemo
     assert plane.ex.planned_slot == 3 and plane.ex.review.sent.runs == {"late": [(0, 2)]}
 
 
+def test_a_job_decided_while_a_round_begins_counts_as_sent_with_it(plane: PlaneDaemon) -> None:
+    """A round's newest event is read with its plans, in one snapshot. Read when the
+    round began, a job decided between that and the build was in the round's plans but
+    counted as written after it: at the next round that went out, a slot later, its
+    slots before it were noted as never sent, and the job failed ``plan_not_sent``
+    though its agents had its plan (a review of the plane audit's fix)."""
+    plane.submit("first")
+    begun = plane.ex.plans_begin({})
+    decided = plane.submit("between")  # committed after the round began, before its build
+    begun, plans = plane.ex.plans_build(begun)
+    planned = {a["slot"] for a in decided.decision.allocations if a.get("workers")}
+    assert 1 in planned, planned
+    assert any(t.job == "between" for p in plans for t in p.current.tasks + p.next.tasks)
+    plane.ex.plans_end(begun, plans)
+    plane.ex.plans_out(begun)  # acknowledged: slot 0's round went out with its plan
+    plane.clock.advance(2 * plane.config.slot_seconds)
+    plane.c._advance_window()
+    assert plane.ex.plans_sync({})  # slot 2's round
+    assert plane.ex.review.sent.runs == {}  # was: {"between": [(0, 1)]}
+
+
 def test_an_agent_sets_aside_the_jobs_it_no_longer_runs_and_carries_their_counts_on() -> None:
     """Every job an agent ever ran was looked at every 50 ms step and in every report
     (31% of a core after 20,000 jobs, the resource audit). A job out of its plan, its

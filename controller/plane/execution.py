@@ -56,6 +56,7 @@ store holds rather than overwriting it (:mod:`controller.plane.progress`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -160,8 +161,9 @@ class PlanRound:
             ``epoch + 1``.
         failed: failed server -> when it was marked so (monotonic seconds).
         published: server -> the plan last published (only those that differ go out).
-        upto: the store's newest event when it began: its plans hold every plan
-            written up to it (:class:`~controller.plane.sent_plans.SentPlans`).
+        upto: the store's newest event as its plans were read (set by
+            :meth:`Execution.plans_build`): its plans hold every plan written up to it
+            and none after (:class:`~controller.plane.sent_plans.SentPlans`).
     """
 
     slot: int
@@ -594,8 +596,7 @@ class Execution:
         first two and the others, so a rebuild of many jobs' plans does not hold the
         decision thread, and publishes between the last two
         (``controller.plane.link.Plane.publish_round``)."""
-        begun = self.plans_begin(published)
-        plans = self.plans_build(begun)
+        begun, plans = self.plans_build(self.plans_begin(published))
         self.plans_end(begun, plans)
         if plans:
             self.plans_out(begun)
@@ -626,18 +627,22 @@ class Execution:
             self._claims.bumped()
         with self.c._write():  # decisions committed, this leader fenced: nothing written
             pass
-        with self.c.db.session() as session:  # the plans written so far: in this round
-            upto = int(session.scalar(select(func.max(EventRow.sequence))) or 0)
-        return PlanRound(self.c.slot, self.epoch, dict(self.failed), dict(published), upto)
+        return PlanRound(self.c.slot, self.epoch, dict(self.failed), dict(published))
 
-    def plans_build(self, begun: PlanRound) -> list[Plan]:
-        """The plans of ``begun`` that differ from those it was given as published, under
-        its epoch + 1, read from the store (any thread: a session of its own)."""
-        with self.c.db.session() as session:
+    def plans_build(self, begun: PlanRound) -> tuple[PlanRound, list[Plan]]:
+        """``begun`` with the newest event its plans hold (:attr:`PlanRound.upto`), and
+        its plans that differ from those it was given as published, under its epoch + 1,
+        read from the store (any thread) in one snapshot: the newest event and the plans
+        read as of one moment. Read before the snapshot (when the round began), a plan
+        written in between was in the round but counted as written after it, and its
+        job failed ``plan_not_sent`` if nobody reported on it (the plane audit)."""
+        with self.c.db.snapshot() as session:
+            upto = int(session.scalar(select(func.max(EventRow.sequence))) or 0)
             plans = self.plans.build(
                 session, begun.slot, begun.epoch + 1, self.store_id, begun.failed
             )
-        return [p for p in plans if not p.same_content(begun.published.get(p.server))]
+        changed = [p for p in plans if not p.same_content(begun.published.get(p.server))]
+        return dataclasses.replace(begun, upto=upto), changed
 
     def plans_end(self, begun: PlanRound, plans: list[Plan]) -> None:
         """Take the epoch of ``plans``, built for ``begun``, and store it (decision

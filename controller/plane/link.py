@@ -424,7 +424,7 @@ class Plane:
         # thread and the event loop answer other calls meanwhile (a daemon thread: a
         # build no longer wanted does not hold a stopping daemon's exit)
         prepared = in_daemon_thread(self._prepare, begun, name="plans")
-        plans, messages, parts, self.plans_seconds = await prepared
+        begun, plans, messages, parts, self.plans_seconds = await prepared
         # the epoch taken, and (with high availability) still the leader: a standby
         # publishes neither plans nor job events, however long the build took
         await self.c._run(lambda: self.execution.plans_end(begun, plans))
@@ -465,19 +465,19 @@ class Plane:
 
     def _prepare(
         self, begun: PlanRound
-    ) -> tuple[list[Plan], list[tuple[str, bytes]], dict[str, int], float]:
-        """The plans of round ``begun`` that changed, their messages, the parts each went
-        in, and how long it took (seconds): :meth:`Execution.plans_build
+    ) -> tuple[PlanRound, list[Plan], list[tuple[str, bytes]], dict[str, int], float]:
+        """Round ``begun`` as built, its plans that changed, their messages, the parts
+        each went in, and how long it took (seconds): :meth:`Execution.plans_build
         <controller.plane.execution.Execution.plans_build>`, then :meth:`_plan_messages`
         (a thread of its own)."""
         started = time.perf_counter()
-        plans = self.execution.plans_build(begun)
+        begun, plans = self.execution.plans_build(begun)
         messages: list[tuple[str, bytes]] = []
         parts: dict[str, int] = {}
         for plan in plans:
             plan_messages, parts[plan.server] = self._plan_messages(plan)
             messages += plan_messages
-        return plans, messages, parts, time.perf_counter() - started
+        return begun, plans, messages, parts, time.perf_counter() - started
 
     def _plan_messages(self, plan: Plan) -> tuple[list[tuple[str, bytes]], int]:
         """The ``(topic, payload)`` messages of ``plan`` and how many parts it went in:
