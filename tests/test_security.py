@@ -395,6 +395,13 @@ def test_cli_with_tls_and_token(mtls_daemon: Daemon, pki: Pki, tmp_path: Path) -
     denied = oasis("servers", *tls, "--token", TOKENS["bob"], server=mtls_daemon.address,
                    check=False)  # fmt: skip
     assert denied.returncode == 1 and "PERMISSION_DENIED" in denied.stderr
+    # said in the user's terms, not the call's path (/oasis.v1.Cluster/ListServers)
+    assert (
+        "bob's token is a submitter's: this command calls ListServers, which operators "
+        "alone may call"
+        in denied.stderr
+        and "operator's token" in denied.stderr
+    ), denied.stderr
     missing = oasis("jobs", *tls, server=mtls_daemon.address, check=False)
     assert missing.returncode == 1 and "UNAUTHENTICATED" in missing.stderr
     half = oasis("jobs", "--tls-cert", str(pki.client_cert), server=mtls_daemon.address,

@@ -377,6 +377,12 @@ _SILENT = ("before receiving settings frame", "ping timeout", "keepalive watchdo
 answer: the connection's HTTP/2 start, or a keepalive ping during a call, timed out."""
 
 
+_OPERATORS_ONLY = re.compile(r"(.+) \((\w+)\) may not call /[\w.]+/(\w+): operators only")
+"""The daemon's refusal of a call to a submitter (``controller/auth.py``), which named
+the call's path alone: ``oasis status`` with a tenant's token said ``alice (submitter)
+may not call /oasis.v1.Cluster/ListServers: operators only``."""
+
+
 def _shortened(text: str, most: int = 200) -> str:
     """``text``, or its first words within ``most`` characters and "..." (not cut
     mid-word: "Trying to connect an http1.x serv")."""
@@ -413,6 +419,14 @@ def _explain(
         return (
             f"no answer from {address} within --timeout {args.timeout:g} s. Check that "
             "oasisd runs there (it may be busy, or the address a different service)"
+        )
+    denied = _OPERATORS_ONLY.fullmatch(details)
+    if code == grpc.StatusCode.PERMISSION_DENIED and denied:
+        name, role, method = denied.groups()
+        return (
+            f"{name}'s token is a {role}'s: this command calls {method}, which operators "
+            "alone may call (it reads or changes what every tenant shares). Give an "
+            "operator's token ($OASIS_TOKEN or --token), or ask an operator"
         )
     lowered = details.lower()
     silent = any(key in lowered for key in _SILENT) and not lowered.startswith("this oasisd ")
