@@ -1800,6 +1800,16 @@ def test_part_topics_a_smaller_plan_leaves_are_cleared_once() -> None:
 TOPICS_W0 = "oasis/v1/servers/w0/plan"
 
 
+def _failed_once_agents_resent(plane: PlaneDaemon, ex: Any) -> list[Any]:
+    """The ``failed`` events of ``ex``'s review once the broker is back and its agents
+    had ``heartbeat_timeout`` to resend their counts."""
+    ex.connected()
+    wait = ex.mqtt.heartbeat_timeout + 1.0
+    plane.mono[0] += wait
+    plane.clock.advance(wait)
+    return [e for e in ex.review_sync() if e.kind == "failed"]
+
+
 def test_a_job_planned_while_the_daemon_was_down_fails_rather_than_completes(
     plane: PlaneDaemon,
 ) -> None:
@@ -1836,11 +1846,7 @@ def test_a_job_planned_while_the_daemon_was_down_fails_rather_than_completes(
     plane.c._ticked_slot = -1  # a new process ticks its first slot again
     asyncio.run(plane.c.tick())
     assert plane.state("long") == "running" and "long" in restarted.review.overdue
-    restarted.connected()
-    wait = restarted.mqtt.heartbeat_timeout + 1.0  # for its agents to resend their counts
-    plane.mono[0] += wait
-    plane.clock.advance(wait)
-    failed = [e for e in restarted.review_sync() if e.kind == "failed"]
+    failed = _failed_once_agents_resent(plane, restarted)
     assert [(e.job_id, e.detail["reason"]) for e in failed] == [("long", "plan_not_sent")]
     assert failed[0].detail["not_sent_slots"] == [[2, 4]]
     reason = plane.c._get_sync("long").decision.reason
@@ -1920,11 +1926,7 @@ def test_a_job_admitted_after_the_last_round_with_the_broker_out_fails_rather_th
     assert ex.review.sent.runs == {"late": [(0, 2)]}
     asyncio.run(plane.c.tick())
     assert "late" in ex.review.overdue
-    ex.connected()
-    wait = ex.mqtt.heartbeat_timeout + 1.0  # for its agents to resend their counts
-    plane.mono[0] += wait
-    plane.clock.advance(wait)
-    failed = [e for e in ex.review_sync() if e.kind == "failed"]
+    failed = _failed_once_agents_resent(plane, ex)
     assert [(e.job_id, e.detail["reason"]) for e in failed] == [("late", "plan_not_sent")]
     assert failed[0].detail["not_sent_slots"] == [[1, 1]]  # its slot, not the round's
     reason = plane.c._get_sync("late").decision.reason  # was: "the plans of slots 1 ..."
