@@ -97,6 +97,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -120,6 +121,7 @@ __all__ = [
     "check_job_id",
     "check_job_key",
     "limits_from_dict",
+    "machine_mb",
     "search_size",
 ]
 
@@ -385,6 +387,29 @@ def check_job_key(key: str, field: str = "job.id") -> None:
     fields.job_key(key, field)
 
 
+def machine_mb() -> float | None:
+    """This machine's memory, MiB (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _within_memory(mb: float) -> float:
+    """``limits.max_search_mb``, refused past this machine's memory: a search that large
+    is never refused by its size, and one job's would have the daemon killed for memory
+    (every tenant's calls lost with it, and under systemd the daemon restarted while the
+    tenant retried). Before, ``max_search_mb = 1e12`` was taken as it was."""
+    memory = machine_mb()
+    if memory is not None and mb > memory:
+        raise SpecError.one(
+            "limits.max_search_mb",
+            f"must be at most this machine's memory ({memory:.0f} MiB): one job's search "
+            f"tables that large would have oasisd killed for memory, got {mb:g}",
+        )
+    return mb
+
+
 def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
     """Read the ``[limits]`` table (absent keys keep their defaults)."""
     for key in raw:
@@ -417,7 +442,7 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
         max_job_work=count("max_job_work", d.max_job_work),
         max_job_chunks=count("max_job_chunks", d.max_job_chunks),
         max_search_steps=positive("max_search_steps"),
-        max_search_mb=positive("max_search_mb"),
+        max_search_mb=_within_memory(positive("max_search_mb")),
         rate=rate,
         burst=burst,
         max_wait_seconds=fields.non_negative(

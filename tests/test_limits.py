@@ -29,6 +29,7 @@ from controller.limits import (
     RateLimiter,
     check_job_id,
     limits_from_dict,
+    machine_mb,
     search_size,
 )
 from controller.rpc import oasis_pb2 as pb
@@ -164,6 +165,12 @@ def test_limits_config() -> None:
     got = limits_from_dict({"rate": 2.5, "burst": 10, "max_search_steps": 1e8})
     assert (got.rate, got.burst, got.max_search_steps) == (2.5, 10, 1e8)
     assert limits_from_dict({"pending_steps_per_submitter": 1e9}).pending_steps_per_submitter == 1e9
+    # search tables past the machine's memory: one job's search would have oasisd killed
+    memory = machine_mb()
+    assert memory is not None  # Linux
+    assert limits_from_dict({"max_search_mb": memory}).max_search_mb == memory
+    with pytest.raises(SpecError, match=r"limits\.max_search_mb: must be at most this machine"):
+        limits_from_dict({"max_search_mb": 1e12})
     assert limits_from_dict({"pending_steps_per_boundary": 4e9}).pending_steps_per_boundary == 4e9
     # a submitter's share of the queue is a tenth of it unless given, at most 100
     shares = {n: limits_from_dict({"max_pending": n}).max_pending_per_submitter
