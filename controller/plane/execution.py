@@ -75,7 +75,7 @@ from controller.logs import Complaints
 from controller.plane.agent_messages import Heartbeat, Progress
 from controller.plane.agent_sessions import AgentSessions
 from controller.plane.intake import Received, ReportInbox
-from controller.plane.job_review import JobReview, counter
+from controller.plane.job_review import JobReview
 from controller.plane.jobs import ACTIVE, Jobs
 from controller.plane.link_clock import LinkClock
 from controller.plane.outages import Outages
@@ -100,6 +100,7 @@ from controller.plane.progress import (
     sessions_of,
     with_stored,
 )
+from controller.plane.sent_plans import counter
 from controller.plane.settings import MqttConfig
 from controller.plane.unknown_jobs import (
     MAX_LOOKED_UP,

@@ -48,7 +48,7 @@ from controller.plane.part import PlanePart
 from controller.plane.port import AdmissionPort
 from controller.plane.progress import LEVEL, MIN_SAMPLES, JobProgress
 from controller.plane.replan_turns import ReplanTurns, in_turn
-from controller.plane.sent_plans import SentPlans, joined_runs
+from controller.plane.sent_plans import SentPlans, counter, joined_runs
 from controller.plane.settings import MqttConfig
 from controller.plane.worker_failures import FailuresHeard
 from controller.store import AllocationRow, EventRow, JobRow, StoreUnavailableError, in_batches
@@ -58,7 +58,7 @@ from pricing.errors import SpecError
 from pricing.replan import release_rest_of, replan_remaining
 from pricing.runtime_estimate import RuntimePrior, fit
 
-__all__ = ["COMPLETIONS_PER_REVIEW", "MAX_UNSENT_RUNS", "JobReview", "counter"]
+__all__ = ["COMPLETIONS_PER_REVIEW", "MAX_UNSENT_RUNS", "JobReview"]
 
 MAX_UNSENT_RUNS = 16
 """Runs of slots whose plans never went out that the plane keeps (the newest): a job
@@ -68,13 +68,6 @@ planned in one still waits for its agents' counts (:meth:`JobReview.unfinished`)
 COMPLETIONS_PER_REVIEW = 250
 """The most jobs one review completes (in one transaction); the rest at the next review,
 a second later, every other call decided in between."""
-
-
-def counter(value: Any) -> bool:
-    """Whether a stored plan epoch or event count is an integer in ``[0, 2**53]`` (an
-    edit's 10**29 overflowed every query of the events after it: the plane reconnected
-    every second)."""
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 1 << 53
 
 
 class JobReview(PlanePart):

@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 
 from controller.store import AllocationRow, EventRow, in_batches
 
-__all__ = ["MAX_RUNS_PER_JOB", "PLAN_KINDS", "SentPlans", "joined_runs"]
+__all__ = ["MAX_RUNS_PER_JOB", "PLAN_KINDS", "SentPlans", "counter", "joined_runs"]
 
 PLAN_KINDS = ("decided", "replanned")
 """The stored events that write a job's plan (a ``decided`` one if it was admitted)."""
@@ -54,7 +54,10 @@ def joined_runs(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-def _counter(value: Any) -> bool:
+def counter(value: Any) -> bool:
+    """Whether a stored plan epoch, event count or slot is an integer in ``[0, 2**53]``
+    (an edit's 10**29 overflowed every query of the events after it: the plane
+    reconnected every second)."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 1 << 53
 
 
@@ -62,12 +65,12 @@ def _written_from(kind: str, state: str, slot: Any, detail: Any) -> int | None:
     """The first slot a plan-writing event changed its job's plan from (None: it wrote
     none, or does not read): a decision's slot on (it admitted the job); a move's
     ``from_slot``; a slow job's re-plan, the slot after its own."""
-    if not _counter(slot):
+    if not counter(slot):
         return None
     if kind == "decided":
         return int(slot) if state == "admitted" else None
     given: Any = detail.get("from_slot") if isinstance(detail, dict) else None
-    return int(given) if _counter(given) else int(slot) + 1
+    return int(given) if counter(given) else int(slot) + 1
 
 
 class SentPlans:
@@ -86,13 +89,13 @@ class SentPlans:
         dropped); ``newest``: the store's newest event (a store kept before these were,
         or rewound: every plan written up to it counts as sent, as it did); ``oldest``:
         the first slot a job still running may be planned in."""
-        self.sent_event = int(stored_event) if _counter(stored_event) else newest
+        self.sent_event = int(stored_event) if counter(stored_event) else newest
         self.sent_event = min(self.sent_event, newest)
         if not isinstance(stored_runs, dict):
             return
         for job_id, runs in stored_runs.items():
             kept = [(int(r[0]), int(r[1])) for r in (runs if isinstance(runs, list) else [])
-                    if isinstance(r, list) and len(r) == 2 and _counter(r[0]) and _counter(r[1])
+                    if isinstance(r, list) and len(r) == 2 and counter(r[0]) and counter(r[1])
                     and oldest <= r[1] and r[0] <= r[1]]  # fmt: skip
             if kept and isinstance(job_id, str):
                 self.runs[job_id] = joined_runs(kept)[-MAX_RUNS_PER_JOB:]
