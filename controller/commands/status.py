@@ -289,6 +289,11 @@ OUT_OF_SERVICE = ("cordoned", "failed")
 """How :attr:`ServerHeat.busiest` begins for a server out of service."""
 
 
+def _log_top(heat: list[ServerHeat]) -> float:
+    """The log of the dearest price ratio over ``heat``'s servers and slots; 0 for none."""
+    return max((math.log(r) for h in heat for r in h.price_ratio), default=0.0)
+
+
 def level(x: float, top: float) -> int:
     """``x`` in ``[0, top]`` on the ramp: 0 only for 0, else 1..8 (rounded up). Pinned
     bounds may make both infinite (a price of 1e308 over an L of 1e-308): inf over inf
@@ -355,11 +360,9 @@ def render(st: Status, limit: int, servers: int = 0) -> str:
     # server made it 1.87e+04 x the floor (from 690) and every other server's heat
     # a dot or two. Its cells above the top read @.
     serving = [h for h in st.heat if not h.busiest.startswith(OUT_OF_SERVICE)]
-    logs = [math.log(r) for h in (serving or st.heat) for r in h.price_ratio]
-    top = max(logs, default=0.0)
-    if top <= 0:  # every server in service at its floor: the ramp spans those out
-        serving = st.heat
-        top = max((math.log(r) for h in st.heat for r in h.price_ratio), default=0.0)
+    top = _log_top(serving)
+    if top <= 0:  # every server in service at its floor, or none: the ramp spans them all
+        serving, top = st.heat, _log_top(st.heat)
     floors = ", ".join(
         f"{k} {min(v.values()):.3g}..{max(v.values()):.3g}"
         for k, v in sorted(st.price_floor.items())
