@@ -15,7 +15,9 @@
   alone on an idle 2-core machine, 1.3-2 ns with the cores shared, and the whole
   ``best_schedule`` call up to twice the kernel; the default ``3e8`` keeps a decision
   under a second there (the former ``2e9`` took 1.4-4 s). The largest job of the
-  paper-scale workload needs 1.3e8.
+  paper-scale workload needs 1.3e8. It may be at most :data:`MAX_TURN_STEPS` (1e10), as
+  may the budgets of one turn below (``pending_steps_per_boundary``,
+  ``replan_steps_per_review``).
 - ``max_wait_seconds``: the longest wait a submission may ask for (``--wait``);
   ``max_pending_per_submitter`` and ``max_pending``: how many jobs one submitter, and all
   together, may have ``pending`` at once. Each pending job is searched again at every slot
@@ -114,6 +116,7 @@ from pricing.utility import Deadline, Sigmoid, Table
 __all__ = [
     "DEFAULT_MAX_UTILITY",
     "MAX_JOB_ID_CHARS",
+    "MAX_TURN_STEPS",
     "JobTooLargeError",
     "Limits",
     "RateLimiter",
@@ -157,6 +160,15 @@ _KEYS = {
 
 MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
 """The largest ``limits.max_message_bytes``: gRPC takes its message limits as a C int."""
+
+MAX_TURN_STEPS = 1e10
+"""The largest ``limits.max_search_steps``, ``pending_steps_per_boundary`` and
+``replan_steps_per_review``: the search steps one turn of the decision thread may take,
+while every tenant's calls wait. A whole decision took 3.2 ns a step with the machine's two
+cores shared (``bench/RESULTS.md``: 2e9 steps in 6.3 s), so 1e10 is about 30 s, the
+time a stop waits for the decisions in flight (``controller.daemon.DRAIN_SECONDS``);
+past it a decision is cut off there. Before, ``max_search_steps = 1e15`` was taken as
+it was: one tenant's job could hold the thread for a month."""
 
 DEFAULT_MAX_UTILITY = 1e9
 """``limits.max_utility`` unless the config sets it: far above ``oasis gen``'s 1-100."""
@@ -410,6 +422,19 @@ def _within_memory(mb: float) -> float:
     return mb
 
 
+def _within_a_turn(key: str, steps: float) -> float:
+    """``limits.<key>``, search steps of one turn of the decision thread, refused past
+    :data:`MAX_TURN_STEPS`."""
+    if steps > MAX_TURN_STEPS:
+        raise SpecError.one(
+            f"limits.{key}",
+            f"must be at most {MAX_TURN_STEPS:g}: the decision thread, where every tenant's "
+            f"calls wait, takes about 30 s for that many steps (3.2 ns a step with the cores "
+            f"shared), as long as a stop waits for a decision; got {steps:g}",
+        )
+    return steps
+
+
 def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
     """Read the ``[limits]`` table (absent keys keep their defaults)."""
     for key in raw:
@@ -422,6 +447,9 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
 
     def positive(key: str) -> float:
         return fields.positive(raw.get(key, getattr(d, key)), f"limits.{key}")
+
+    def turn_steps(key: str) -> float:
+        return _within_a_turn(key, positive(key))
 
     rate = fields.non_negative(raw.get("rate", d.rate), "limits.rate")
     burst = fields.non_negative(raw.get("burst", d.burst), "limits.burst")
@@ -441,7 +469,7 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
         max_message_bytes=message_bytes,
         max_job_work=count("max_job_work", d.max_job_work),
         max_job_chunks=count("max_job_chunks", d.max_job_chunks),
-        max_search_steps=positive("max_search_steps"),
+        max_search_steps=turn_steps("max_search_steps"),
         max_search_mb=_within_memory(positive("max_search_mb")),
         rate=rate,
         burst=burst,
@@ -451,9 +479,9 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
         max_pending_per_submitter=per_submitter,
         max_pending=pending,
         pending_steps_per_submitter=positive("pending_steps_per_submitter"),
-        pending_steps_per_boundary=positive("pending_steps_per_boundary"),
+        pending_steps_per_boundary=turn_steps("pending_steps_per_boundary"),
         replan_steps_per_submitter=positive("replan_steps_per_submitter"),
-        replan_steps_per_review=positive("replan_steps_per_review"),
+        replan_steps_per_review=turn_steps("replan_steps_per_review"),
         max_spec_bytes=count("max_spec_bytes", d.max_spec_bytes),
         max_table_points=count("max_table_points", d.max_table_points),
         max_page_jobs=count("max_page_jobs", d.max_page_jobs),

@@ -24,6 +24,7 @@ from controller.auth import hash_token
 from controller.config import ConfigError, from_dict
 from controller.convert import spec_to_proto
 from controller.limits import (
+    MAX_TURN_STEPS,
     JobTooLargeError,
     Limits,
     RateLimiter,
@@ -172,6 +173,14 @@ def test_limits_config() -> None:
     with pytest.raises(SpecError, match=r"limits\.max_search_mb: must be at most this machine"):
         limits_from_dict({"max_search_mb": 1e12})
     assert limits_from_dict({"pending_steps_per_boundary": 4e9}).pending_steps_per_boundary == 4e9
+    # one turn of the decision thread, where every tenant's calls wait: at most 1e10 steps
+    # (about 30 s, a stop's wait for a decision); before, 1e15 was taken as it was
+    for key in ("max_search_steps", "pending_steps_per_boundary", "replan_steps_per_review"):
+        assert getattr(limits_from_dict({key: MAX_TURN_STEPS}), key) == 1e10
+        with pytest.raises(
+            SpecError, match=rf"limits\.{key}: must be at most 1e\+10: .* got 1e\+15"
+        ):
+            limits_from_dict({key: 1e15})
     # a submitter's share of the queue is a tenth of it unless given, at most 100
     shares = {n: limits_from_dict({"max_pending": n}).max_pending_per_submitter
               for n in (1, 9, 50, 1000, 5000)}  # fmt: skip
