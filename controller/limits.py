@@ -18,7 +18,8 @@
   paper-scale workload needs 1.3e8. It may be at most :data:`MAX_TURN_STEPS` (1e10), as
   may the budgets of one turn below (``pending_steps_per_boundary``,
   ``replan_steps_per_review``).
-- ``max_wait_seconds``: the longest wait a submission may ask for (``--wait``);
+- ``max_wait_seconds``: the longest wait a submission may ask for (``--wait``), at most
+  :data:`MAX_WAIT_SECONDS` (100 years);
   ``max_pending_per_submitter`` and ``max_pending``: how many jobs one submitter, and all
   together, may have ``pending`` at once. Each pending job is searched again at every slot
   boundary, so these bound the work of a boundary, and one tenant cannot fill the queue: a
@@ -117,6 +118,7 @@ __all__ = [
     "DEFAULT_MAX_UTILITY",
     "MAX_JOB_ID_CHARS",
     "MAX_TURN_STEPS",
+    "MAX_WAIT_SECONDS",
     "JobTooLargeError",
     "Limits",
     "RateLimiter",
@@ -169,6 +171,14 @@ cores shared (``bench/RESULTS.md``: 2e9 steps in 6.3 s), so 1e10 is about 30 s, 
 time a stop waits for the decisions in flight (``controller.daemon.DRAIN_SECONDS``);
 past it a decision is cut off there. Before, ``max_search_steps = 1e15`` was taken as
 it was: one tenant's job could hold the thread for a month."""
+
+MAX_WAIT_SECONDS = 36525 * 86400.0
+"""The largest ``limits.max_wait_seconds``, 100 years: a pending job's last slot is
+stored in a 64-bit column, and one slot is 1 s at least. Before, ``max_wait_seconds =
+1e300`` was taken, and a submission asking that long a wait made a slot number of 297
+digits: its commit failed (``OverflowError: Python int too large to convert to SQLite
+INTEGER``), and a failed batch fails every decision in it, other tenants' too
+(:mod:`controller.admission.writer`)."""
 
 DEFAULT_MAX_UTILITY = 1e9
 """``limits.max_utility`` unless the config sets it: far above ``oasis gen``'s 1-100."""
@@ -435,6 +445,18 @@ def _within_a_turn(key: str, steps: float) -> float:
     return steps
 
 
+def _longest_wait(raw: Any) -> float:
+    """``limits.max_wait_seconds``, from 0 to :data:`MAX_WAIT_SECONDS`."""
+    seconds = fields.non_negative(raw, "limits.max_wait_seconds")
+    if seconds > MAX_WAIT_SECONDS:
+        raise SpecError.one(
+            "limits.max_wait_seconds",
+            f"must be at most {MAX_WAIT_SECONDS:.0f} (100 years): a pending job's last slot "
+            f"must fit the store's 64-bit column; got {seconds:g}",
+        )
+    return seconds
+
+
 def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
     """Read the ``[limits]`` table (absent keys keep their defaults)."""
     for key in raw:
@@ -473,9 +495,7 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
         max_search_mb=_within_memory(positive("max_search_mb")),
         rate=rate,
         burst=burst,
-        max_wait_seconds=fields.non_negative(
-            raw.get("max_wait_seconds", d.max_wait_seconds), "limits.max_wait_seconds"
-        ),
+        max_wait_seconds=_longest_wait(raw.get("max_wait_seconds", d.max_wait_seconds)),
         max_pending_per_submitter=per_submitter,
         max_pending=pending,
         pending_steps_per_submitter=positive("pending_steps_per_submitter"),

@@ -25,6 +25,7 @@ from controller.config import ConfigError, from_dict
 from controller.convert import spec_to_proto
 from controller.limits import (
     MAX_TURN_STEPS,
+    MAX_WAIT_SECONDS,
     JobTooLargeError,
     Limits,
     RateLimiter,
@@ -181,6 +182,10 @@ def test_limits_config() -> None:
             SpecError, match=rf"limits\.{key}: must be at most 1e\+10: .* got 1e\+15"
         ):
             limits_from_dict({key: 1e15})
+    # a wait's last slot is stored in a 64-bit column: 1e300 failed its commit's batch
+    assert limits_from_dict({"max_wait_seconds": MAX_WAIT_SECONDS}).max_wait_seconds > 3e9
+    with pytest.raises(SpecError, match=r"limits\.max_wait_seconds: must be at most 3155760000"):
+        limits_from_dict({"max_wait_seconds": 1e300})
     # a submitter's share of the queue is a tenth of it unless given, at most 100
     shares = {n: limits_from_dict({"max_pending": n}).max_pending_per_submitter
               for n in (1, 9, 50, 1000, 5000)}  # fmt: skip
