@@ -187,6 +187,10 @@ _UTILITY_FIELD = {Sigmoid: "priority", Table: "values", Deadline: "value"}
 """The field of each kind of utility that sets its scale (named when over the cap)."""
 
 
+MAX_RETRY_HINT_SECONDS = 1e12
+"""The longest wait a refusal over the rate names (about 31,700 years): the hint of a
+bucket so far below zero that its wait is infinite."""
+
 SENT_FACTOR = 4
 """How much larger than ``max_spec_bytes`` a spec may be as sent (:meth:`Limits.check_sent`)."""
 
@@ -625,5 +629,9 @@ class RateLimiter:
 
     @staticmethod
     def retry_hint_ms(wait: float) -> int:
-        """``wait`` seconds as whole milliseconds, at least 1."""
-        return max(1, math.ceil(wait * 1000.0))
+        """``wait`` seconds as whole milliseconds, at least 1 and at most
+        :data:`MAX_RETRY_HINT_SECONDS`'s: a bucket a tiny ``rate`` or
+        ``search_steps_per_token`` (both taken if > 0) leaves infinitely far below zero
+        waits ``inf`` s, and before, every call of that client raised OverflowError in
+        the access interceptor (answered UNKNOWN, a traceback logged each time)."""
+        return max(1, math.ceil(min(wait, MAX_RETRY_HINT_SECONDS) * 1000.0))

@@ -10,6 +10,7 @@ worker, so at most ``Y = min(N, 16)`` workers per slot, and ``m = 0.01 + 2 * 100
 from __future__ import annotations
 
 import json
+import math
 import time
 import tomllib
 from collections.abc import Iterator
@@ -235,6 +236,13 @@ def test_token_bucket() -> None:
     assert RateLimiter.retry_hint_ms(0.0001) == 1 and RateLimiter.retry_hint_ms(0.25) == 250
     assert limiter.words == "rate limit: 2 requests/s per client"
     assert RateLimiter(rate=1.0).words == "rate limit: 1 request/s per client"  # not "requests"
+    # a wait that is infinite (a rate of 5e-324, or a search's tokens at a tiny
+    # search_steps_per_token): before, OverflowError, and every call answered UNKNOWN
+    tiny = RateLimiter(rate=5e-324, now=clock)
+    assert tiny.take("a") == 0.0 and tiny.take("a") == math.inf
+    limiter.charge("c", 1e10 / 1e-300)
+    assert limiter.take("c") == math.inf
+    assert RateLimiter.retry_hint_ms(math.inf) == 10**15
 
 
 def test_idle_buckets_are_forgotten() -> None:
