@@ -88,7 +88,8 @@
 - ``max_page_jobs`` and ``max_page_bytes``: the most jobs, and about the most bytes of
   them, one ``ListJobs`` answer holds; the rest follow on later pages (``page_token``).
   ``max_page_bytes`` also ends a page of ``GetPrices`` asked with ``page_size``
-  (:mod:`controller.admission.price_pages`).
+  (:mod:`controller.admission.price_pages`). It may be at most :data:`MAX_PAGE_BYTES`
+  (8 MiB).
 
 Job ids are checked here too, whatever the limits: 1-128 characters of
 ``A-Z a-z 0-9 . _ -`` (SPEC 3). An id names the job's MQTT topic
@@ -117,6 +118,7 @@ from pricing.utility import Deadline, Sigmoid, Table
 __all__ = [
     "DEFAULT_MAX_UTILITY",
     "MAX_JOB_ID_CHARS",
+    "MAX_PAGE_BYTES",
     "MAX_TURN_STEPS",
     "MAX_WAIT_SECONDS",
     "JobTooLargeError",
@@ -190,6 +192,14 @@ _UTILITY_FIELD = {Sigmoid: "priority", Table: "values", Deadline: "value"}
 MAX_RETRY_HINT_SECONDS = 1e12
 """The longest wait a refusal over the rate names (about 31,700 years): the hint of a
 bucket so far below zero that its wait is infinite."""
+
+MAX_PAGE_BYTES = 8 * 2**20
+"""The largest ``limits.max_page_bytes``: half the largest message the daemon sends
+(``controller.tls.MAX_RESPONSE_BYTES``, 16 MiB), as a page ends after the job that
+reaches it, and one job read back may be 4 MiB (``controller.store.stored.
+MAX_STORED_SPEC``) and its plan. Before, ``max_page_bytes = 1e9`` was taken, and a
+ListJobs page of five such jobs (20 MiB) failed RESOURCE_EXHAUSTED ("Sent message larger
+than max") at every ``oasis jobs`` of every operator."""
 
 SENT_FACTOR = 4
 """How much larger than ``max_spec_bytes`` a spec may be as sent (:meth:`Limits.check_sent`)."""
@@ -461,6 +471,17 @@ def _longest_wait(raw: Any) -> float:
     return seconds
 
 
+def _page_bytes(size: int) -> int:
+    """``limits.max_page_bytes``, refused past :data:`MAX_PAGE_BYTES`."""
+    if size > MAX_PAGE_BYTES:
+        raise SpecError.one(
+            "limits.max_page_bytes",
+            f"must be at most {MAX_PAGE_BYTES} (8 MiB): a page ends after the job that "
+            f"reaches it, and must fit the 16 MiB the daemon sends in one answer; got {size}",
+        )
+    return size
+
+
 def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
     """Read the ``[limits]`` table (absent keys keep their defaults)."""
     for key in raw:
@@ -509,7 +530,7 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
         max_spec_bytes=count("max_spec_bytes", d.max_spec_bytes),
         max_table_points=count("max_table_points", d.max_table_points),
         max_page_jobs=count("max_page_jobs", d.max_page_jobs),
-        max_page_bytes=count("max_page_bytes", d.max_page_bytes),
+        max_page_bytes=_page_bytes(count("max_page_bytes", d.max_page_bytes)),
         max_in_flight=count("max_in_flight", d.max_in_flight),
         search_steps_per_token=positive("search_steps_per_token"),
         max_utility=fields.non_negative(

@@ -25,6 +25,7 @@ from controller.auth import hash_token
 from controller.config import ConfigError, from_dict
 from controller.convert import spec_to_proto
 from controller.limits import (
+    MAX_PAGE_BYTES,
     MAX_TURN_STEPS,
     MAX_WAIT_SECONDS,
     JobTooLargeError,
@@ -37,7 +38,8 @@ from controller.limits import (
 )
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
-from controller.tls import client_channel
+from controller.store.stored import MAX_STORED_SPEC
+from controller.tls import MAX_RESPONSE_BYTES, client_channel
 from pricing import SpecError, job_from_dict, trace_from_dict
 from pricing.cluster import Cluster, cluster_from_dict
 from pricing.job import Job
@@ -187,6 +189,13 @@ def test_limits_config() -> None:
     assert limits_from_dict({"max_wait_seconds": MAX_WAIT_SECONDS}).max_wait_seconds > 3e9
     with pytest.raises(SpecError, match=r"limits\.max_wait_seconds: must be at most 3155760000"):
         limits_from_dict({"max_wait_seconds": 1e300})
+    # a page ends after the job that reaches max_page_bytes, and a job read back may be
+    # 4 MiB: past 8 MiB a page could pass the 16 MiB the daemon sends (before: 1e9 was
+    # taken, and ListJobs of five such jobs failed RESOURCE_EXHAUSTED for every operator)
+    assert MAX_PAGE_BYTES + MAX_STORED_SPEC < MAX_RESPONSE_BYTES
+    assert limits_from_dict({"max_page_bytes": MAX_PAGE_BYTES}).max_page_bytes == 8 * 2**20
+    with pytest.raises(SpecError, match=r"limits\.max_page_bytes: must be at most 8388608"):
+        limits_from_dict({"max_page_bytes": 10**9})
     # a submitter's share of the queue is a tenth of it unless given, at most 100
     shares = {n: limits_from_dict({"max_pending": n}).max_pending_per_submitter
               for n in (1, 9, 50, 1000, 5000)}  # fmt: skip
