@@ -68,6 +68,7 @@
   as canonical JSON, or a table utility with more than ``max_table_points`` values, is
   refused with INVALID_ARGUMENT naming the field, before it is queued for a decision (a
   stored spec is returned by every read of the job, so its size bounds theirs).
+  ``max_spec_bytes`` may be at most :data:`MAX_SPEC_BYTES` (2 MiB).
 - ``max_utility``: the most a job may be worth, its best utility ``f(d_min)`` (what the
   price-bound estimate takes in, and the most any schedule of it earns; a sigmoid's is
   just under its ``priority``). A job above it is refused with INVALID_ARGUMENT naming
@@ -119,6 +120,7 @@ __all__ = [
     "DEFAULT_MAX_UTILITY",
     "MAX_JOB_ID_CHARS",
     "MAX_PAGE_BYTES",
+    "MAX_SPEC_BYTES",
     "MAX_TURN_STEPS",
     "MAX_WAIT_SECONDS",
     "JobTooLargeError",
@@ -192,6 +194,15 @@ _UTILITY_FIELD = {Sigmoid: "priority", Table: "values", Deadline: "value"}
 MAX_RETRY_HINT_SECONDS = 1e12
 """The longest wait a refusal over the rate names (about 31,700 years): the hint of a
 bucket so far below zero that its wait is infinite."""
+
+MAX_SPEC_BYTES = 2 * 2**20
+"""The largest ``limits.max_spec_bytes``: half of what the store reads back of a spec
+(``controller.store.stored.MAX_STORED_SPEC``, 4 Mi characters; a job's key adds to its
+id), as an answer carries a spec twice (its fields and its JSON). Before,
+``max_spec_bytes = 1e8`` was taken: a spec of 4,454,580 characters (a table utility of
+450,000 points, ``max_table_points`` and ``max_message_bytes`` raised too) was admitted
+and stored, every read of it showed ``{"id": ...}`` alone, and at the next start the job
+failed, its plan dropped ("4454600 characters, over 4194304")."""
 
 MAX_PAGE_BYTES = 8 * 2**20
 """The largest ``limits.max_page_bytes``: half the largest message the daemon sends
@@ -471,6 +482,18 @@ def _longest_wait(raw: Any) -> float:
     return seconds
 
 
+def _spec_bytes(size: int) -> int:
+    """``limits.max_spec_bytes``, refused past :data:`MAX_SPEC_BYTES`."""
+    if size > MAX_SPEC_BYTES:
+        raise SpecError.one(
+            "limits.max_spec_bytes",
+            f"must be at most {MAX_SPEC_BYTES} (2 MiB): a larger spec would be stored but "
+            f"not read back (the store reads 4 Mi characters of a spec), and its job failed "
+            f"at the next start; got {size}",
+        )
+    return size
+
+
 def _page_bytes(size: int) -> int:
     """``limits.max_page_bytes``, refused past :data:`MAX_PAGE_BYTES`."""
     if size > MAX_PAGE_BYTES:
@@ -527,7 +550,7 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
         pending_steps_per_boundary=turn_steps("pending_steps_per_boundary"),
         replan_steps_per_submitter=positive("replan_steps_per_submitter"),
         replan_steps_per_review=turn_steps("replan_steps_per_review"),
-        max_spec_bytes=count("max_spec_bytes", d.max_spec_bytes),
+        max_spec_bytes=_spec_bytes(count("max_spec_bytes", d.max_spec_bytes)),
         max_table_points=count("max_table_points", d.max_table_points),
         max_page_jobs=count("max_page_jobs", d.max_page_jobs),
         max_page_bytes=_page_bytes(count("max_page_bytes", d.max_page_bytes)),

@@ -26,6 +26,7 @@ from controller.config import ConfigError, from_dict
 from controller.convert import spec_to_proto
 from controller.limits import (
     MAX_PAGE_BYTES,
+    MAX_SPEC_BYTES,
     MAX_TURN_STEPS,
     MAX_WAIT_SECONDS,
     JobTooLargeError,
@@ -193,6 +194,12 @@ def test_limits_config() -> None:
     # 4 MiB: past 8 MiB a page could pass the 16 MiB the daemon sends (before: 1e9 was
     # taken, and ListJobs of five such jobs failed RESOURCE_EXHAUSTED for every operator)
     assert MAX_PAGE_BYTES + MAX_STORED_SPEC < MAX_RESPONSE_BYTES
+    # a spec the store would not read back (4 Mi characters): before, 1e8 was taken, and
+    # a job of a 4.4 MiB spec was admitted, then failed at the next start
+    assert 2 * MAX_SPEC_BYTES <= MAX_STORED_SPEC
+    assert limits_from_dict({"max_spec_bytes": MAX_SPEC_BYTES}).max_spec_bytes == 2 * 2**20
+    with pytest.raises(SpecError, match=r"limits\.max_spec_bytes: must be at most 2097152"):
+        limits_from_dict({"max_spec_bytes": 10**8})
     assert limits_from_dict({"max_page_bytes": MAX_PAGE_BYTES}).max_page_bytes == 8 * 2**20
     with pytest.raises(SpecError, match=r"limits\.max_page_bytes: must be at most 8388608"):
         limits_from_dict({"max_page_bytes": 10**9})
