@@ -89,8 +89,8 @@
 - ``max_page_jobs`` and ``max_page_bytes``: the most jobs, and about the most bytes of
   them, one ``ListJobs`` answer holds; the rest follow on later pages (``page_token``).
   ``max_page_bytes`` also ends a page of ``GetPrices`` asked with ``page_size``
-  (:mod:`controller.admission.price_pages`). It may be at most :data:`MAX_PAGE_BYTES`
-  (8 MiB).
+  (:mod:`controller.admission.price_pages`). They may be at most :data:`MAX_PAGE_JOBS`
+  (1,000) and :data:`MAX_PAGE_BYTES` (8 MiB).
 
 Job ids are checked here too, whatever the limits: 1-128 characters of
 ``A-Z a-z 0-9 . _ -`` (SPEC 3). An id names the job's MQTT topic
@@ -120,6 +120,7 @@ __all__ = [
     "DEFAULT_MAX_UTILITY",
     "MAX_JOB_ID_CHARS",
     "MAX_PAGE_BYTES",
+    "MAX_PAGE_JOBS",
     "MAX_SPEC_BYTES",
     "MAX_TURN_STEPS",
     "MAX_WAIT_SECONDS",
@@ -203,6 +204,13 @@ id), as an answer carries a spec twice (its fields and its JSON). Before,
 450,000 points, ``max_table_points`` and ``max_message_bytes`` raised too) was admitted
 and stored, every read of it showed ``{"id": ...}`` alone, and at the next start the job
 failed, its plan dropped ("4454600 characters, over 4194304")."""
+
+MAX_PAGE_JOBS = 1000
+"""The largest ``limits.max_page_jobs``: a page's job rows and their plans are read
+whole from the store (``max_page_jobs + 1`` rows) before the page is cut at
+``max_page_bytes``, so each ``ListJobs`` of every tenant read that many. Before,
+``max_page_jobs = 1e6`` was taken: one ``oasis jobs`` read every stored job (up to 64
+KiB of spec each) and every plan, in the store-read pool, at every call."""
 
 MAX_PAGE_BYTES = 8 * 2**20
 """The largest ``limits.max_page_bytes``: half the largest message the daemon sends
@@ -494,6 +502,18 @@ def _spec_bytes(size: int) -> int:
     return size
 
 
+def _page_jobs(jobs: int) -> int:
+    """``limits.max_page_jobs``, refused past :data:`MAX_PAGE_JOBS`."""
+    if jobs > MAX_PAGE_JOBS:
+        raise SpecError.one(
+            "limits.max_page_jobs",
+            f"must be at most {MAX_PAGE_JOBS}: each ListJobs reads that many jobs and their "
+            f"plans from the store before the page is cut (oasis jobs follows the pages); "
+            f"got {jobs}",
+        )
+    return jobs
+
+
 def _page_bytes(size: int) -> int:
     """``limits.max_page_bytes``, refused past :data:`MAX_PAGE_BYTES`."""
     if size > MAX_PAGE_BYTES:
@@ -552,7 +572,7 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
         replan_steps_per_review=turn_steps("replan_steps_per_review"),
         max_spec_bytes=_spec_bytes(count("max_spec_bytes", d.max_spec_bytes)),
         max_table_points=count("max_table_points", d.max_table_points),
-        max_page_jobs=count("max_page_jobs", d.max_page_jobs),
+        max_page_jobs=_page_jobs(count("max_page_jobs", d.max_page_jobs)),
         max_page_bytes=_page_bytes(count("max_page_bytes", d.max_page_bytes)),
         max_in_flight=count("max_in_flight", d.max_in_flight),
         search_steps_per_token=positive("search_steps_per_token"),

@@ -26,6 +26,7 @@ from controller.config import ConfigError, from_dict
 from controller.convert import spec_to_proto
 from controller.limits import (
     MAX_PAGE_BYTES,
+    MAX_PAGE_JOBS,
     MAX_SPEC_BYTES,
     MAX_TURN_STEPS,
     MAX_WAIT_SECONDS,
@@ -194,6 +195,10 @@ def test_limits_config() -> None:
     # 4 MiB: past 8 MiB a page could pass the 16 MiB the daemon sends (before: 1e9 was
     # taken, and ListJobs of five such jobs failed RESOURCE_EXHAUSTED for every operator)
     assert MAX_PAGE_BYTES + MAX_STORED_SPEC < MAX_RESPONSE_BYTES
+    # each ListJobs reads max_page_jobs rows and their plans before the page is cut
+    assert limits_from_dict({"max_page_jobs": MAX_PAGE_JOBS}).max_page_jobs == 1000
+    with pytest.raises(SpecError, match=r"limits\.max_page_jobs: must be at most 1000"):
+        limits_from_dict({"max_page_jobs": 10**6})
     # a spec the store would not read back (4 Mi characters): before, 1e8 was taken, and
     # a job of a 4.4 MiB spec was admitted, then failed at the next start
     assert 2 * MAX_SPEC_BYTES <= MAX_STORED_SPEC
