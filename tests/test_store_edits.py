@@ -517,15 +517,17 @@ def test_postgresql_nan_and_infinity_in_amounts_are_left_out_and_named(
     assert store.before["j0"].decision.admitted, "j0 must be admitted, or its payoff counts not"
     store.execute(
         "UPDATE jobs SET payoff = 'NaN' WHERE id = 'j0'",
-        "UPDATE jobs SET cost = '-Infinity' WHERE id = 'j1'",
+        "UPDATE jobs SET cost = '-Infinity', decision_ms = 'NaN' WHERE id = 'j1'",
     )
     after = _restart(store, tmp_path, scrape=True)
     _others_untouched(store, after)
     assert not after.jobs["j0"].decision.HasField("payoff")
     assert not after.jobs["j1"].decision.HasField("cost")
+    assert after.jobs["j1"].decision.decision_ms == 0  # was shown NaN (`oasis job --json`)
     warned = {e["job"]: e["why"] for e in _logged(after.log, "stored job row does not read back")}
     assert "payoff: nan is not a finite number" in warned["j0"], warned
     assert "cost: -inf is not a finite number" in warned["j1"], warned
+    assert "decision_ms: nan" in warned["j1"], warned
     [named] = _logged(after.log, "stored payoff is not a number; left out of oasis_payoff")
     assert (named["job"], named["column"], named["value"]) == ("j0", "jobs.payoff", "nan"), named
     for state, total in _payoffs_by_state(after, store, "j0").items():

@@ -118,8 +118,10 @@ class ReadViews(AdmissionState):
             problems.append("admitted: not a flag")
             admitted = False
         decision_ms = row.decision_ms
-        if decision_ms is None:
-            problems.append("decision_ms: not a number")
+        if decision_ms is None or not 0 <= decision_ms < math.inf:  # NaN, inf, < 0: an edit
+            problems.append(
+                f"decision_ms: {'not a number' if decision_ms is None else decision_ms}"
+            )
             decision_ms = 0.0
         amounts = _amounts(row, admitted, problems)
         detail = row.detail if isinstance(row.detail, dict) else {}
