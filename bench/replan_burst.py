@@ -15,9 +15,9 @@ What is measured
     review's wall time (``time.perf_counter``): the longest is how long every other
     tenant's call waited at once; and the jobs re-planned (or found ``behind``).
 
-    ``--limits`` passes ``[limits]`` keys (``replan_steps_per_review=1e12`` and
-    ``replan_steps_per_submitter=1e12`` turn the turns off: every re-plan in one turn,
-    as before them).
+    ``--limits`` passes ``[limits]`` keys (``replan_steps_per_review=1e10``, the most
+    it may be, and ``replan_steps_per_submitter=1e12`` turn the turns off here: every
+    re-plan in one turn, as before them; one turn's re-plans take well under 1e10 steps).
 
 Usage
     .venv/bin/python -m bench.replan_burst [--servers 50] [--window 300] [--jobs 300]

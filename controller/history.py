@@ -27,8 +27,9 @@ Theorem 4 figure) are SPEC 4's over the compared jobs with ``Tmax = T``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 from numpy.typing import NDArray
@@ -249,12 +250,34 @@ def _past_deletions(
 
 def _online(row: JobRow) -> OnlineJob:
     """What the daemon earned with a compared job (module docstring: a failed job's plan
-    was not carried out, so it counts 0)."""
+    was not carried out, so it counts 0; one whose stored utility is not a finite number
+    counts 0 too, named in the notes: :func:`_unread_utilities`)."""
     if not row.admitted:
         return OnlineJob(row.id, False, None, None, row.state)
     if row.state == "failed":
         return OnlineJob(row.id, True, None, 0.0, row.state)
-    return OnlineJob(row.id, True, row.jct, row.utility, row.state)
+    utility = row.utility if _finite(row.utility) else None
+    return OnlineJob(row.id, True, row.jct, utility, row.state)
+
+
+def _finite(value: Any) -> TypeGuard[float]:
+    """Whether a stored amount read back as a finite number (text reads as None on
+    SQLite; PostgreSQL keeps NaN and infinities)."""
+    return isinstance(value, float | int) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _unread_utilities(compared: list[JobRow]) -> list[str]:
+    """A note naming the admitted jobs (not failed) whose stored utility is not a finite
+    number: counted 0 online. Before, text (read as none) was counted 0 unsaid, and NaN
+    made the online total NaN."""
+    unread = [r.id for r in compared
+              if r.admitted and r.state != "failed" and not _finite(r.utility)]  # fmt: skip
+    if not unread:
+        return []
+    named = ", ".join(repr(job_id[:128]) for job_id in unread[:5])
+    more = f" and {len(unread) - 5} more" if len(unread) > 5 else ""
+    return [f"counted 0 online: {len(unread)} job(s) whose stored utility (jobs.utility) "
+            f"is not a number: {named}{more}"]  # fmt: skip
 
 
 def _job_notes(arrived: list[JobRow], compared: list[JobRow]) -> list[str]:
@@ -267,7 +290,7 @@ def _job_notes(arrived: list[JobRow], compared: list[JobRow]) -> list[str]:
                      "cancel are held)")  # fmt: skip
     failed = [r for r in compared if r.admitted and r.state == "failed"]
     if failed:
-        planned = sum(r.utility for r in failed if isinstance(r.utility, float))
+        planned = sum(r.utility for r in failed if _finite(r.utility))
         notes.append(f"counted 0 online: {len(failed)} failed job(s), their plans not "
                      f"carried out ({planned:.6g} utility planned)")  # fmt: skip
     early = [gain for r in compared if r.state == "completed"
@@ -285,14 +308,14 @@ def _job_notes(arrived: list[JobRow], compared: list[JobRow]) -> list[str]:
     if pending:
         notes.append(f"counted 0 online: {pending} job(s) still pending (they may yet be "
                      "admitted)")  # fmt: skip
-    return notes
+    return notes + _unread_utilities(compared)
 
 
 def _early_gain(utility: float | None, payoff: float | None, cost: float | None) -> float:
     """How much more a completed job's stored ``utility`` is than the one it was admitted
     with (``payoff + cost``): above 0 for a job its agents finished early; 0 otherwise
-    (within float rounding, or a value missing)."""
-    if utility is None or payoff is None or cost is None:
+    (within float rounding, or a value missing or not finite)."""
+    if not (_finite(utility) and _finite(payoff) and _finite(cost)):
         return 0.0
     admitted = payoff + cost
     return utility - admitted if utility > admitted * (1 + 1e-9) + 1e-9 else 0.0

@@ -15,8 +15,11 @@
   alone on an idle 2-core machine, 1.3-2 ns with the cores shared, and the whole
   ``best_schedule`` call up to twice the kernel; the default ``3e8`` keeps a decision
   under a second there (the former ``2e9`` took 1.4-4 s). The largest job of the
-  paper-scale workload needs 1.3e8.
-- ``max_wait_seconds``: the longest wait a submission may ask for (``--wait``);
+  paper-scale workload needs 1.3e8. It may be at most :data:`MAX_TURN_STEPS` (1e10), as
+  may the budgets of one turn below (``pending_steps_per_boundary``,
+  ``replan_steps_per_review``).
+- ``max_wait_seconds``: the longest wait a submission may ask for (``--wait``), at most
+  :data:`MAX_WAIT_SECONDS` (100 years);
   ``max_pending_per_submitter`` and ``max_pending``: how many jobs one submitter, and all
   together, may have ``pending`` at once. Each pending job is searched again at every slot
   boundary, so these bound the work of a boundary, and one tenant cannot fill the queue: a
@@ -65,6 +68,7 @@
   as canonical JSON, or a table utility with more than ``max_table_points`` values, is
   refused with INVALID_ARGUMENT naming the field, before it is queued for a decision (a
   stored spec is returned by every read of the job, so its size bounds theirs).
+  ``max_spec_bytes`` may be at most :data:`MAX_SPEC_BYTES` (2 MiB).
 - ``max_utility``: the most a job may be worth, its best utility ``f(d_min)`` (what the
   price-bound estimate takes in, and the most any schedule of it earns; a sigmoid's is
   just under its ``priority``). A job above it is refused with INVALID_ARGUMENT naming
@@ -85,7 +89,8 @@
 - ``max_page_jobs`` and ``max_page_bytes``: the most jobs, and about the most bytes of
   them, one ``ListJobs`` answer holds; the rest follow on later pages (``page_token``).
   ``max_page_bytes`` also ends a page of ``GetPrices`` asked with ``page_size``
-  (:mod:`controller.admission.price_pages`).
+  (:mod:`controller.admission.price_pages`). They may be at most :data:`MAX_PAGE_JOBS`
+  (1,000) and :data:`MAX_PAGE_BYTES` (8 MiB).
 
 Job ids are checked here too, whatever the limits: 1-128 characters of
 ``A-Z a-z 0-9 . _ -`` (SPEC 3). An id names the job's MQTT topic
@@ -114,6 +119,11 @@ from pricing.utility import Deadline, Sigmoid, Table
 __all__ = [
     "DEFAULT_MAX_UTILITY",
     "MAX_JOB_ID_CHARS",
+    "MAX_PAGE_BYTES",
+    "MAX_PAGE_JOBS",
+    "MAX_SPEC_BYTES",
+    "MAX_TURN_STEPS",
+    "MAX_WAIT_SECONDS",
     "JobTooLargeError",
     "Limits",
     "RateLimiter",
@@ -158,12 +168,57 @@ _KEYS = {
 MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
 """The largest ``limits.max_message_bytes``: gRPC takes its message limits as a C int."""
 
+MAX_TURN_STEPS = 1e10
+"""The largest ``limits.max_search_steps``, ``pending_steps_per_boundary`` and
+``replan_steps_per_review``: the search steps one turn of the decision thread may take,
+while every tenant's calls wait. A whole decision took 3.2 ns a step with the machine's two
+cores shared (``bench/RESULTS.md``: 2e9 steps in 6.3 s), so 1e10 is about 30 s, the
+time a stop waits for the decisions in flight (``controller.daemon.DRAIN_SECONDS``);
+past it a decision is cut off there. Before, ``max_search_steps = 1e15`` was taken as
+it was: one tenant's job could hold the thread for a month."""
+
+MAX_WAIT_SECONDS = 36525 * 86400.0
+"""The largest ``limits.max_wait_seconds``, 100 years: a pending job's last slot is
+stored in a 64-bit column, and one slot is 1 s at least. Before, ``max_wait_seconds =
+1e300`` was taken, and a submission asking that long a wait made a slot number of 297
+digits: its commit failed (``OverflowError: Python int too large to convert to SQLite
+INTEGER``), and a failed batch fails every decision in it, other tenants' too
+(:mod:`controller.admission.writer`)."""
+
 DEFAULT_MAX_UTILITY = 1e9
 """``limits.max_utility`` unless the config sets it: far above ``oasis gen``'s 1-100."""
 
 _UTILITY_FIELD = {Sigmoid: "priority", Table: "values", Deadline: "value"}
 """The field of each kind of utility that sets its scale (named when over the cap)."""
 
+
+MAX_RETRY_HINT_SECONDS = 1e12
+"""The longest wait a refusal over the rate names (about 31,700 years): the hint of a
+bucket so far below zero that its wait is infinite."""
+
+MAX_SPEC_BYTES = 2 * 2**20
+"""The largest ``limits.max_spec_bytes``: half of what the store reads back of a spec
+(``controller.store.stored.MAX_STORED_SPEC``, 4 Mi characters; a job's key adds to its
+id), as an answer carries a spec twice (its fields and its JSON). Before,
+``max_spec_bytes = 1e8`` was taken: a spec of 4,454,580 characters (a table utility of
+450,000 points, ``max_table_points`` and ``max_message_bytes`` raised too) was admitted
+and stored, every read of it showed ``{"id": ...}`` alone, and at the next start the job
+failed, its plan dropped ("4454600 characters, over 4194304")."""
+
+MAX_PAGE_JOBS = 1000
+"""The largest ``limits.max_page_jobs``: a page's job rows and their plans are read
+whole from the store (``max_page_jobs + 1`` rows) before the page is cut at
+``max_page_bytes``, so each ``ListJobs`` of every tenant read that many. Before,
+``max_page_jobs = 1e6`` was taken: one ``oasis jobs`` read every stored job (up to 64
+KiB of spec each) and every plan, in the store-read pool, at every call."""
+
+MAX_PAGE_BYTES = 8 * 2**20
+"""The largest ``limits.max_page_bytes``: half the largest message the daemon sends
+(``controller.tls.MAX_RESPONSE_BYTES``, 16 MiB), as a page ends after the job that
+reaches it, and one job read back may be 4 MiB (``controller.store.stored.
+MAX_STORED_SPEC``) and its plan. Before, ``max_page_bytes = 1e9`` was taken, and a
+ListJobs page of five such jobs (20 MiB) failed RESOURCE_EXHAUSTED ("Sent message larger
+than max") at every ``oasis jobs`` of every operator."""
 
 SENT_FACTOR = 4
 """How much larger than ``max_spec_bytes`` a spec may be as sent (:meth:`Limits.check_sent`)."""
@@ -410,6 +465,66 @@ def _within_memory(mb: float) -> float:
     return mb
 
 
+def _within_a_turn(key: str, steps: float) -> float:
+    """``limits.<key>``, search steps of one turn of the decision thread, refused past
+    :data:`MAX_TURN_STEPS`."""
+    if steps > MAX_TURN_STEPS:
+        raise SpecError.one(
+            f"limits.{key}",
+            f"must be at most {MAX_TURN_STEPS:g}: the decision thread, where every tenant's "
+            f"calls wait, takes about 30 s for that many steps (3.2 ns a step with the cores "
+            f"shared), as long as a stop waits for a decision; got {steps:g}",
+        )
+    return steps
+
+
+def _longest_wait(raw: Any) -> float:
+    """``limits.max_wait_seconds``, from 0 to :data:`MAX_WAIT_SECONDS`."""
+    seconds = fields.non_negative(raw, "limits.max_wait_seconds")
+    if seconds > MAX_WAIT_SECONDS:
+        raise SpecError.one(
+            "limits.max_wait_seconds",
+            f"must be at most {MAX_WAIT_SECONDS:.0f} (100 years): a pending job's last slot "
+            f"must fit the store's 64-bit column; got {seconds:g}",
+        )
+    return seconds
+
+
+def _spec_bytes(size: int) -> int:
+    """``limits.max_spec_bytes``, refused past :data:`MAX_SPEC_BYTES`."""
+    if size > MAX_SPEC_BYTES:
+        raise SpecError.one(
+            "limits.max_spec_bytes",
+            f"must be at most {MAX_SPEC_BYTES} (2 MiB): a larger spec would be stored but "
+            f"not read back (the store reads 4 Mi characters of a spec), and its job failed "
+            f"at the next start; got {size}",
+        )
+    return size
+
+
+def _page_jobs(jobs: int) -> int:
+    """``limits.max_page_jobs``, refused past :data:`MAX_PAGE_JOBS`."""
+    if jobs > MAX_PAGE_JOBS:
+        raise SpecError.one(
+            "limits.max_page_jobs",
+            f"must be at most {MAX_PAGE_JOBS}: each ListJobs reads that many jobs and their "
+            f"plans from the store before the page is cut (oasis jobs follows the pages); "
+            f"got {jobs}",
+        )
+    return jobs
+
+
+def _page_bytes(size: int) -> int:
+    """``limits.max_page_bytes``, refused past :data:`MAX_PAGE_BYTES`."""
+    if size > MAX_PAGE_BYTES:
+        raise SpecError.one(
+            "limits.max_page_bytes",
+            f"must be at most {MAX_PAGE_BYTES} (8 MiB): a page ends after the job that "
+            f"reaches it, and must fit the 16 MiB the daemon sends in one answer; got {size}",
+        )
+    return size
+
+
 def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
     """Read the ``[limits]`` table (absent keys keep their defaults)."""
     for key in raw:
@@ -422,6 +537,9 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
 
     def positive(key: str) -> float:
         return fields.positive(raw.get(key, getattr(d, key)), f"limits.{key}")
+
+    def turn_steps(key: str) -> float:
+        return _within_a_turn(key, positive(key))
 
     rate = fields.non_negative(raw.get("rate", d.rate), "limits.rate")
     burst = fields.non_negative(raw.get("burst", d.burst), "limits.burst")
@@ -441,23 +559,21 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
         max_message_bytes=message_bytes,
         max_job_work=count("max_job_work", d.max_job_work),
         max_job_chunks=count("max_job_chunks", d.max_job_chunks),
-        max_search_steps=positive("max_search_steps"),
+        max_search_steps=turn_steps("max_search_steps"),
         max_search_mb=_within_memory(positive("max_search_mb")),
         rate=rate,
         burst=burst,
-        max_wait_seconds=fields.non_negative(
-            raw.get("max_wait_seconds", d.max_wait_seconds), "limits.max_wait_seconds"
-        ),
+        max_wait_seconds=_longest_wait(raw.get("max_wait_seconds", d.max_wait_seconds)),
         max_pending_per_submitter=per_submitter,
         max_pending=pending,
         pending_steps_per_submitter=positive("pending_steps_per_submitter"),
-        pending_steps_per_boundary=positive("pending_steps_per_boundary"),
+        pending_steps_per_boundary=turn_steps("pending_steps_per_boundary"),
         replan_steps_per_submitter=positive("replan_steps_per_submitter"),
-        replan_steps_per_review=positive("replan_steps_per_review"),
-        max_spec_bytes=count("max_spec_bytes", d.max_spec_bytes),
+        replan_steps_per_review=turn_steps("replan_steps_per_review"),
+        max_spec_bytes=_spec_bytes(count("max_spec_bytes", d.max_spec_bytes)),
         max_table_points=count("max_table_points", d.max_table_points),
-        max_page_jobs=count("max_page_jobs", d.max_page_jobs),
-        max_page_bytes=count("max_page_bytes", d.max_page_bytes),
+        max_page_jobs=_page_jobs(count("max_page_jobs", d.max_page_jobs)),
+        max_page_bytes=_page_bytes(count("max_page_bytes", d.max_page_bytes)),
         max_in_flight=count("max_in_flight", d.max_in_flight),
         search_steps_per_token=positive("search_steps_per_token"),
         max_utility=fields.non_negative(
@@ -577,5 +693,9 @@ class RateLimiter:
 
     @staticmethod
     def retry_hint_ms(wait: float) -> int:
-        """``wait`` seconds as whole milliseconds, at least 1."""
-        return max(1, math.ceil(wait * 1000.0))
+        """``wait`` seconds as whole milliseconds, at least 1 and at most
+        :data:`MAX_RETRY_HINT_SECONDS`'s: a bucket a tiny ``rate`` or
+        ``search_steps_per_token`` (both taken if > 0) leaves infinitely far below zero
+        waits ``inf`` s, and before, every call of that client raised OverflowError in
+        the access interceptor (answered UNKNOWN, a traceback logged each time)."""
+        return max(1, math.ceil(min(wait, MAX_RETRY_HINT_SECONDS) * 1000.0))

@@ -323,6 +323,18 @@ def test_a_takeover_names_the_differences_of_pricing_limits_and_auth(
         assert any(d.startswith("pricing.trim: 0.2 here, 0.3 recorded") for d in found), found
         assert any(d.startswith("limits.max_job_chunks: 500 here") for d in found), found
         assert b.c.takeover_problem() == ""  # allowed: no stored plan moves
+        # a recorded window edited past float64 (JSON keeps the integer): before,
+        # OverflowError out of every takeover, so this standby could never lead
+        with b.db.session() as session:
+            session.execute(text(
+                "UPDATE meta SET value = jsonb_set(value::jsonb, '{window}', "
+                "('1' || repeat('0', 400))::jsonb)::json WHERE key = 'settings'"
+            ))  # fmt: skip
+        with b.db.session() as session:
+            found = b.c._setup_differences(session)
+        assert not any(d.startswith("window:") for d in found), found
+        a.lock.release()  # the leader gone
+        assert b.take_over() > 0 and b.c.role == "leader"
     finally:
         for node in (a, b):
             if node is not None:

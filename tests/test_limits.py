@@ -10,6 +10,7 @@ worker, so at most ``Y = min(N, 16)`` workers per slot, and ``m = 0.01 + 2 * 100
 from __future__ import annotations
 
 import json
+import math
 import time
 import tomllib
 from collections.abc import Iterator
@@ -24,6 +25,11 @@ from controller.auth import hash_token
 from controller.config import ConfigError, from_dict
 from controller.convert import spec_to_proto
 from controller.limits import (
+    MAX_PAGE_BYTES,
+    MAX_PAGE_JOBS,
+    MAX_SPEC_BYTES,
+    MAX_TURN_STEPS,
+    MAX_WAIT_SECONDS,
     JobTooLargeError,
     Limits,
     RateLimiter,
@@ -34,7 +40,8 @@ from controller.limits import (
 )
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
-from controller.tls import client_channel
+from controller.store.stored import MAX_STORED_SPEC
+from controller.tls import MAX_RESPONSE_BYTES, client_channel
 from pricing import SpecError, job_from_dict, trace_from_dict
 from pricing.cluster import Cluster, cluster_from_dict
 from pricing.job import Job
@@ -172,6 +179,35 @@ def test_limits_config() -> None:
     with pytest.raises(SpecError, match=r"limits\.max_search_mb: must be at most this machine"):
         limits_from_dict({"max_search_mb": 1e12})
     assert limits_from_dict({"pending_steps_per_boundary": 4e9}).pending_steps_per_boundary == 4e9
+    # one turn of the decision thread, where every tenant's calls wait: at most 1e10 steps
+    # (about 30 s, a stop's wait for a decision); before, 1e15 was taken as it was
+    for key in ("max_search_steps", "pending_steps_per_boundary", "replan_steps_per_review"):
+        assert getattr(limits_from_dict({key: MAX_TURN_STEPS}), key) == 1e10
+        with pytest.raises(
+            SpecError, match=rf"limits\.{key}: must be at most 1e\+10: .* got 1e\+15"
+        ):
+            limits_from_dict({key: 1e15})
+    # a wait's last slot is stored in a 64-bit column: 1e300 failed its commit's batch
+    assert limits_from_dict({"max_wait_seconds": MAX_WAIT_SECONDS}).max_wait_seconds > 3e9
+    with pytest.raises(SpecError, match=r"limits\.max_wait_seconds: must be at most 3155760000"):
+        limits_from_dict({"max_wait_seconds": 1e300})
+    # a page ends after the job that reaches max_page_bytes, and a job read back may be
+    # 4 MiB: past 8 MiB a page could pass the 16 MiB the daemon sends (before: 1e9 was
+    # taken, and ListJobs of five such jobs failed RESOURCE_EXHAUSTED for every operator)
+    assert MAX_PAGE_BYTES + MAX_STORED_SPEC < MAX_RESPONSE_BYTES
+    # each ListJobs reads max_page_jobs rows and their plans before the page is cut
+    assert limits_from_dict({"max_page_jobs": MAX_PAGE_JOBS}).max_page_jobs == 1000
+    with pytest.raises(SpecError, match=r"limits\.max_page_jobs: must be at most 1000"):
+        limits_from_dict({"max_page_jobs": 10**6})
+    # a spec the store would not read back (4 Mi characters): before, 1e8 was taken, and
+    # a job of a 4.4 MiB spec was admitted, then failed at the next start
+    assert 2 * MAX_SPEC_BYTES <= MAX_STORED_SPEC
+    assert limits_from_dict({"max_spec_bytes": MAX_SPEC_BYTES}).max_spec_bytes == 2 * 2**20
+    with pytest.raises(SpecError, match=r"limits\.max_spec_bytes: must be at most 2097152"):
+        limits_from_dict({"max_spec_bytes": 10**8})
+    assert limits_from_dict({"max_page_bytes": MAX_PAGE_BYTES}).max_page_bytes == 8 * 2**20
+    with pytest.raises(SpecError, match=r"limits\.max_page_bytes: must be at most 8388608"):
+        limits_from_dict({"max_page_bytes": 10**9})
     # a submitter's share of the queue is a tenth of it unless given, at most 100
     shares = {n: limits_from_dict({"max_pending": n}).max_pending_per_submitter
               for n in (1, 9, 50, 1000, 5000)}  # fmt: skip
@@ -221,6 +257,13 @@ def test_token_bucket() -> None:
     assert RateLimiter.retry_hint_ms(0.0001) == 1 and RateLimiter.retry_hint_ms(0.25) == 250
     assert limiter.words == "rate limit: 2 requests/s per client"
     assert RateLimiter(rate=1.0).words == "rate limit: 1 request/s per client"  # not "requests"
+    # a wait that is infinite (a rate of 5e-324, or a search's tokens at a tiny
+    # search_steps_per_token): before, OverflowError, and every call answered UNKNOWN
+    tiny = RateLimiter(rate=5e-324, now=clock)
+    assert tiny.take("a") == 0.0 and tiny.take("a") == math.inf
+    limiter.charge("c", 1e10 / 1e-300)
+    assert limiter.take("c") == math.inf
+    assert RateLimiter.retry_hint_ms(math.inf) == 10**15
 
 
 def test_idle_buckets_are_forgotten() -> None:

@@ -332,7 +332,7 @@ def test_a_failed_job_counts_nothing_online_and_the_notes_say_what_was_left_out(
     the daemon earned. It counts 0 now, and the notes (stderr and ``notes`` in --json)
     say so, with the cancelled jobs left out and the jobs still running counted at their
     plan."""
-    from sqlalchemy import delete
+    from sqlalchemy import delete, text
 
     from controller.store import AllocationRow, JobRow
 
@@ -353,20 +353,28 @@ def test_a_failed_job_counts_nothing_online_and_the_notes_say_what_was_left_out(
             row = session.get(JobRow, failed)
             assert row is not None
             row.state, row.completion_slot = "failed", None
+            # an edit's text in a number column (SQLite keeps it): before, counted 0 unsaid
+            unread = admitted[1]
+            session.execute(text("UPDATE jobs SET utility = 'lots' WHERE id = :j"), {"j": unread})
     finally:
         db.dispose()
     out = _offline(capsys, "--store", c.url)
     earned = sum(
         v.decision.utility or 0.0
         for v in views
-        if v.decision.admitted and v.id not in (failed, admitted[2])
+        if v.decision.admitted and v.id not in (failed, admitted[2], unread)
     )
     assert out["online"] == pytest.approx(earned)
     by_id = {j["id"]: j for j in out["jobs"]}
     assert admitted[2] not in by_id  # cancelled: left out
     assert by_id[failed]["online_utility"] == 0.0 and by_id[failed]["online_state"] == "failed"
+    assert by_id[unread]["online_utility"] is None
     notes = "\n".join(out["notes"])
     assert "1 failed job(s)" in notes and "1 cancelled job(s)" in notes
+    assert (
+        f"counted 0 online: 1 job(s) whose stored utility (jobs.utility) is not a number: "
+        f"{unread!r}" in notes
+    ), notes
     assert "still admitted or running" in notes
     assert out["online"] <= out["optimum"] + 1e-6
 

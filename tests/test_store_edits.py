@@ -9,6 +9,7 @@ import json
 import math
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.store.stored import MAX_STORED_SPEC
 from tests.servers import CLUSTER_TOML, ROOT, Daemon, Postgres, oasis, write_config
 from tests.test_config_shrink import Decided, _plan, copy_of, decide_in, read_back
+from tests.test_metrics import METRICS_ON, Samples, parse, value
 
 
 @dataclass
@@ -77,13 +79,19 @@ class Restarted:
     first_slot: int
     log: str
     use: dict[str, dict[str, float]]  # the ledger's use per server in the first slot
+    metrics: Samples  # one scrape of /metrics ({} unless asked for)
 
 
-def _restart(store: Store, tmp_path: Path, edit: Callable[[str], str] = str) -> Restarted:
+def _restart(
+    store: Store, tmp_path: Path, edit: Callable[[str], str] = str, scrape: bool = False
+) -> Restarted:
+    """The daemon restarted on ``store`` (its config passed through ``edit``), what it
+    reads back, and with ``scrape`` one scrape of its /metrics, after the reads."""
     config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store.url, store.epoch)
-    config.write_text(edit(config.read_text()))
+    config.write_text(edit(config.read_text()) + (METRICS_ON if scrape else ""))
     log = tmp_path / "restarted.log"
     daemon = Daemon(config, log).start()
+    metrics: Samples = {}
     try:
         jobs, now, events = read_back(daemon.address, store.url)
         with grpc.insecure_channel(daemon.address) as channel:
@@ -93,11 +101,28 @@ def _restart(store: Store, tmp_path: Path, edit: Callable[[str], str] = str) -> 
                 .servers
             )
             use = {s.name: dict(s.used) for s in servers}
+        if scrape:  # logged before the daemon reports that it listens
+            line = next(x for x in log.read_text().splitlines() if "metrics listening" in x)
+            url = f"http://{json.loads(line)['address']}/metrics"
+            with urllib.request.urlopen(url, timeout=30) as answer:
+                metrics = parse(answer.read().decode())
     finally:
         assert daemon.stop() == 0, log.read_text()
     text = log.read_text()
     assert "Traceback" not in text, text
-    return Restarted(jobs, events, now, text, use)
+    return Restarted(jobs, events, now, text, use, metrics)
+
+
+def _payoffs_by_state(after: Restarted, store: Store, *left_out: str) -> dict[str, float]:
+    """The payoffs decided for the admitted jobs (as ``store`` was before the edits),
+    summed by their state after the restart, ``left_out`` left out."""
+    sums: dict[str, float] = {}
+    for job_id, job in store.before.items():
+        if job_id in left_out or not job.decision.admitted:
+            continue
+        state = pb.JobState.Name(after.jobs[job_id].state).removeprefix("JOB_STATE_").lower()
+        sums[state] = sums.get(state, 0.0) + job.decision.payoff
+    return sums
 
 
 def _start_refused(store: Store, tmp_path: Path) -> subprocess.CompletedProcess[str]:
@@ -458,18 +483,55 @@ def test_sqlite_text_in_typed_columns_fails_that_job_alone(store: Store, tmp_pat
         "UPDATE jobs SET decided_at = 'yesterday' WHERE id = 'j5'",
         "UPDATE jobs SET admitted = 'maybe', arrival_slot = 'then' WHERE id = 'j4'",
         "UPDATE events SET at = 'never', slot = 'some' WHERE job_id = 'j2'",
+        "UPDATE jobs SET utility = 1e999 WHERE id = 'j3'",  # infinity, which SQLite keeps
     )
-    after = _restart(store, tmp_path)
+    assert store.before["j0"].decision.admitted, "j0 must be admitted, or its payoff counts not"
+    after = _restart(store, tmp_path, scrape=True)
     assert sorted(after.jobs) == sorted(store.before)
     _others_untouched(store, after, "j0", "j1", "j4", "j5")
     j0, j1, j4 = after.jobs["j0"], after.jobs["j1"], after.jobs["j4"]
     assert not j0.decision.HasField("payoff") and j0.decision.decision_ms == 0
     assert not j1.decision.HasField("completion_slot") and not j1.decision.HasField("jct")
     assert not j4.decision.admitted
+    assert not after.jobs["j3"].decision.HasField("utility")
     warned = {e["job"]: e["why"] for e in map(json.loads, after.log.splitlines())
               if e.get("event", "").startswith("stored job row does not read back")}  # fmt: skip
     assert "decision_ms: not a number" in warned["j0"], warned
+    assert "payoff: an admitted job's is not a number" in warned["j0"], warned
+    assert "utility: inf is not a finite number" in warned["j3"], warned
     assert "admitted: not a flag" in warned["j4"] and "arrival_slot" in warned["j4"], warned
+    # before: SQLite's sum() counted j0's 'abc' as 0 in oasis_payoff, and nothing said so
+    [named] = _logged(after.log, "stored payoff is not a number; left out of oasis_payoff")
+    assert (named["job"], named["column"], named["value"]) == ("j0", "jobs.payoff", "'abc'")
+    for state, total in _payoffs_by_state(after, store, "j0", "j4").items():
+        assert math.isclose(value(after.metrics, "oasis_payoff", state=state), total), state
+
+
+@pytest.mark.parametrize("store", ["postgresql"], indirect=True)  # SQLite keeps no NaN
+def test_postgresql_nan_and_infinity_in_amounts_are_left_out_and_named(
+    store: Store, tmp_path: Path
+) -> None:
+    """PostgreSQL keeps NaN and infinity in a double precision column. Before: an
+    admitted job's payoff edited to NaN made oasis_payoff of its state NaN (the sum of
+    every tenant's payoffs lost) and showed as nan in `oasis job`, with nothing logged."""
+    assert store.before["j0"].decision.admitted, "j0 must be admitted, or its payoff counts not"
+    store.execute(
+        "UPDATE jobs SET payoff = 'NaN' WHERE id = 'j0'",
+        "UPDATE jobs SET cost = '-Infinity', decision_ms = 'NaN' WHERE id = 'j1'",
+    )
+    after = _restart(store, tmp_path, scrape=True)
+    _others_untouched(store, after)
+    assert not after.jobs["j0"].decision.HasField("payoff")
+    assert not after.jobs["j1"].decision.HasField("cost")
+    assert after.jobs["j1"].decision.decision_ms == 0  # was shown NaN (`oasis job --json`)
+    warned = {e["job"]: e["why"] for e in _logged(after.log, "stored job row does not read back")}
+    assert "payoff: nan is not a finite number" in warned["j0"], warned
+    assert "cost: -inf is not a finite number" in warned["j1"], warned
+    assert "decision_ms: nan" in warned["j1"], warned
+    [named] = _logged(after.log, "stored payoff is not a number; left out of oasis_payoff")
+    assert (named["job"], named["column"], named["value"]) == ("j0", "jobs.payoff", "nan"), named
+    for state, total in _payoffs_by_state(after, store, "j0").items():
+        assert math.isclose(value(after.metrics, "oasis_payoff", state=state), total), state
 
 
 def _same_use(ledger: dict[str, dict[str, float]], plans: dict[str, dict[str, float]]) -> None:

@@ -11,17 +11,36 @@ readers, the recounts of one kind (all jobs, or one submitter's) take at most
 daemon counts for itself from the store (a standby too: it reads, it does not decide), so
 every change of state -- decisions, slot ticks, cancels, agents' reports, retention's
 deletes -- shows within that age, whoever made it.
+
+The payoffs summed are the stored ones that are finite numbers. One an edit made
+something else (text, which SQLite keeps in any column and its ``sum`` counts as 0;
+NaN or infinity, which PostgreSQL keeps and which would make the sum NaN or infinite)
+is left out of the sum, and the job is logged once by id and column
+(``stored payoff is not a number; left out of oasis_payoff``): before, ``payoff =
+'lots'`` was counted as 0, silently.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import func, null, select, union_all
+from sqlalchemy import (
+    ColumnElement,
+    String,
+    and_,
+    case,
+    func,
+    not_,
+    null,
+    select,
+    type_coerce,
+    union_all,
+)
 
 from controller.admission.views import STATES
 from controller.store import Database, JobRow
@@ -61,6 +80,19 @@ class StateCounts:
     started: float = field(repr=False)
 
 
+LOGGED_PAYOFFS = 100
+"""Jobs whose stored payoff is not a number named in the log at most, in a process's
+life (a store full of them does not flood the log); one is named once."""
+_FINITE = (-sys.float_info.max, sys.float_info.max)
+
+
+def _payoff_a_number() -> ColumnElement[bool]:
+    """Whether a job's stored payoff is a finite number (SQL): text sorts after every
+    number in SQLite, NaN after every number in PostgreSQL, and infinities lie outside
+    the bounds."""
+    return JobRow.payoff.between(*_FINITE)
+
+
 class JobCounts:
     """The stored jobs per state, recounted at most every :attr:`StateCounts.max_age`.
 
@@ -70,11 +102,16 @@ class JobCounts:
     Args:
         db: the store.
         clock: monotonic seconds (a test's fake clock).
+        log: where a stored payoff that is not a number is named (None: not logged).
     """
 
-    def __init__(self, db: Database, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, db: Database, clock: Callable[[], float] = time.monotonic, log: Any = None
+    ) -> None:
         self.db = db
         self.clock = clock
+        self.log = log
+        self._named: set[str] = set()  # jobs logged for their payoff (LOGGED_PAYOFFS)
         self._guard = threading.Lock()
         self._locks: dict[str | None, threading.Lock] = {}
         self._counts: dict[str | None, StateCounts] = {}
@@ -105,19 +142,32 @@ class JobCounts:
             if owner is None:
                 # one statement (one snapshot, PostgreSQL included): the counts from the
                 # (state, sequence) index alone, the payoffs from the admitted jobs' rows
-                # only (1/10 of the history in bench.history_scale, 0.4 s -> 0.15 s at 10^6)
-                counted = select(JobRow.state, func.count(), null()).group_by(JobRow.state)
+                # only (1/10 of the history in bench.history_scale, 0.4 s -> 0.15 s at 10^6);
+                # a payoff that is not a finite number is left out, and counted as bad
+                number = _payoff_a_number()
+                counted = select(JobRow.state, func.count(), null(), null())
                 earned = (
-                    select(JobRow.state, null(), func.coalesce(func.sum(JobRow.payoff), 0.0))
+                    select(
+                        JobRow.state,
+                        null(),
+                        func.coalesce(func.sum(case((number, JobRow.payoff))), 0.0),
+                        func.count(case((and_(JobRow.payoff.is_not(None), not_(number)), 1))),
+                    )
                     .where(JobRow.state.in_(EARNING_STATES))
                     .group_by(JobRow.state)
                 )
-                rows: list[Any] = list(session.execute(union_all(counted, earned)))
-                for state, n, total in rows:
+                rows: list[Any] = list(
+                    session.execute(union_all(counted.group_by(JobRow.state), earned))
+                )
+                bad = 0
+                for state, n, total, unread in rows:
                     if n is not None:
                         jobs[state] = int(n)
                     elif state in payoff:
                         payoff[state] = float(total or 0.0)
+                        bad += int(unread or 0)
+                if bad:
+                    self._name_bad_payoffs(session)
             else:
                 query = (
                     select(JobRow.state, func.count())
@@ -129,3 +179,26 @@ class JobCounts:
         seconds = time.perf_counter() - t0
         max_age = max(MIN_AGE_SECONDS, AGE_PER_COUNT_SECOND * seconds)
         return StateCounts(jobs, payoff, wall, seconds, max_age, started)
+
+    def _name_bad_payoffs(self, session: Any) -> None:
+        """Log the jobs of the earning states whose stored payoff is not a finite number,
+        each once (:data:`LOGGED_PAYOFFS` at most): it was left out of the sum."""
+        if self.log is None or len(self._named) >= LOGGED_PAYOFFS:
+            return
+        query = (
+            select(JobRow.id, JobRow.state, type_coerce(JobRow.payoff, String))
+            .where(JobRow.state.in_(EARNING_STATES), JobRow.payoff.is_not(None))
+            .where(not_(_payoff_a_number()))
+            .order_by(JobRow.sequence)
+            .limit(LOGGED_PAYOFFS)
+        )
+        for job_id, state, value in session.execute(query):
+            if job_id in self._named or len(self._named) >= LOGGED_PAYOFFS:
+                continue
+            self._named.add(job_id)
+            self.log.warning(
+                "stored payoff is not a number; left out of oasis_payoff",
+                job=str(job_id)[:128], state=state, column="jobs.payoff",
+                value=repr(value)[:40],
+                hint="set jobs.payoff to the job's payoff (a number), or NULL",
+            )  # fmt: skip

@@ -3,6 +3,7 @@ and utilisation for monitoring."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -60,6 +61,24 @@ _REQUIRED_INTS = ("sequence", "submitted_slot", "arrival_slot", "work")
 """Integer columns of a job row that are never NULL as the daemon writes them."""
 
 
+def _amounts(row: JobRow, admitted: bool, problems: list[str]) -> dict[str, float | None]:
+    """``row``'s payoff, cost and utility, each a finite number or None: an edit's NaN or
+    infinity (PostgreSQL keeps them; SQLite infinity) is shown as none and named in
+    ``problems``, and so is an admitted job's payoff that does not read as a number (text
+    in SQLite). Before, ``payoff = 'lots'`` showed an admitted job without a payoff, and
+    NaN one of ``nan``, with nothing logged."""
+    amounts: dict[str, float | None] = {}
+    for name in ("payoff", "cost", "utility"):
+        value = getattr(row, name)
+        if value is not None and not math.isfinite(value):
+            problems.append(f"{name}: {value} is not a finite number")
+            value = None
+        elif value is None and admitted and name == "payoff":
+            problems.append("payoff: an admitted job's is not a number")
+        amounts[name] = value
+    return amounts
+
+
 class ReadViews(AdmissionState):
     """Reads of the store and the ledger; see the module docstring."""
 
@@ -99,9 +118,12 @@ class ReadViews(AdmissionState):
             problems.append("admitted: not a flag")
             admitted = False
         decision_ms = row.decision_ms
-        if decision_ms is None:
-            problems.append("decision_ms: not a number")
+        if decision_ms is None or not 0 <= decision_ms < math.inf:  # NaN, inf, < 0: an edit
+            problems.append(
+                f"decision_ms: {'not a number' if decision_ms is None else decision_ms}"
+            )
             decision_ms = 0.0
+        amounts = _amounts(row, admitted, problems)
         detail = row.detail if isinstance(row.detail, dict) else {}
         if not isinstance(row.detail, dict):
             problems.append(f"detail: must be a JSON object, got {type(row.detail).__name__}")
@@ -127,11 +149,11 @@ class ReadViews(AdmissionState):
             self._unreadable_row(row.id, problems)
         decision = DecisionView(
             admitted=admitted,
-            payoff=row.payoff,
-            cost=row.cost,
+            payoff=amounts["payoff"],
+            cost=amounts["cost"],
             completion_slot=row.completion_slot,
             jct=row.jct,
-            utility=row.utility,
+            utility=amounts["utility"],
             arrival_slot=need["arrival_slot"],
             work=need["work"],
             allocations=entries,

@@ -322,8 +322,8 @@ class Recovery(Moves, BoundControl):
         mine = {"window": self.window, "slot_seconds": self.config.slot_seconds,
                 "epoch": self.slots.epoch}  # fmt: skip
         for key, value in mine.items():
-            theirs = recorded.get(key)
-            if isinstance(theirs, int | float) and abs(theirs - value) > 1e-9 * max(1, abs(value)):
+            theirs = _recorded_number(recorded.get(key))
+            if theirs is not None and abs(theirs - value) > 1e-9 * max(1, abs(value)):
                 out.append(f"{key}: {value:g} here, {theirs:g} recorded")
         for table, here in self._config_marks().items():
             theirs = recorded.get(table)
@@ -827,3 +827,15 @@ def _digest(value: Any) -> str:
     """A short digest of a JSON value, to tell two configs' tables apart in a log."""
     text = json.dumps(value, sort_keys=True, default=str).encode()
     return hashlib.sha256(text).hexdigest()[:12]
+
+
+def _recorded_number(value: Any) -> float | None:
+    """A number of the recorded settings as a float; None if it is none, or past
+    float64 (an edit's ``"window": 1e400`` written as an integer, which JSON keeps:
+    before, OverflowError out of every takeover, so no standby could lead)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return None

@@ -103,10 +103,10 @@ class AdmissionState(ABC):
         self.db = db
         # jobs per state for the scrapes and the console, shared, recounted at most every
         # few seconds (.job_counts)
-        self.job_counts = JobCounts(db)
         self.slots = slots
         self.bus = bus or EventBus()
         self.log = log or structlog.get_logger("oasisd")
+        self.job_counts = JobCounts(db, log=self.log)
         self.window = config.window
         # the decision thread: every step below runs in it, serialised (.controller)
         self._decisions = DecisionThread(config.limits.max_in_flight)
