@@ -107,7 +107,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from controller.plane.worker_room import worker_room_problem
 from pricing import fields
@@ -465,64 +465,56 @@ def _within_memory(mb: float) -> float:
     return mb
 
 
-def _within_a_turn(key: str, steps: float) -> float:
-    """``limits.<key>``, search steps of one turn of the decision thread, refused past
-    :data:`MAX_TURN_STEPS`."""
-    if steps > MAX_TURN_STEPS:
-        raise SpecError.one(
-            f"limits.{key}",
-            f"must be at most {MAX_TURN_STEPS:g}: the decision thread, where every tenant's "
-            f"calls wait, takes about 30 s for that many steps (3.2 ns a step with the cores "
-            f"shared), as long as a stop waits for a decision; got {steps:g}",
-        )
-    return steps
+_N = TypeVar("_N", int, float)
+
+_TURN = (
+    "the decision thread, where every tenant's calls wait, takes about 30 s for that many "
+    "steps (3.2 ns a step with the cores shared), as long as a stop waits for a decision"
+)
+_CEILINGS: dict[str, tuple[float, str, str]] = {
+    # key: (the largest value, how it is said, why)
+    "max_search_steps": (MAX_TURN_STEPS, f"{MAX_TURN_STEPS:g}", _TURN),
+    "pending_steps_per_boundary": (MAX_TURN_STEPS, f"{MAX_TURN_STEPS:g}", _TURN),
+    "replan_steps_per_review": (MAX_TURN_STEPS, f"{MAX_TURN_STEPS:g}", _TURN),
+    "max_wait_seconds": (
+        MAX_WAIT_SECONDS,
+        f"{MAX_WAIT_SECONDS:.0f} (100 years)",
+        "a pending job's last slot must fit the store's 64-bit column",
+    ),
+    "max_spec_bytes": (
+        MAX_SPEC_BYTES,
+        f"{MAX_SPEC_BYTES} (2 MiB)",
+        "a larger spec would be stored but not read back (the store reads 4 Mi characters "
+        "of a spec), and its job failed at the next start",
+    ),
+    "max_page_jobs": (
+        MAX_PAGE_JOBS,
+        f"{MAX_PAGE_JOBS}",
+        "each ListJobs reads that many jobs and their plans from the store before the page "
+        "is cut (oasis jobs follows the pages)",
+    ),
+    "max_page_bytes": (
+        MAX_PAGE_BYTES,
+        f"{MAX_PAGE_BYTES} (8 MiB)",
+        "a page ends after the job that reaches it, and must fit the 16 MiB the daemon "
+        "sends in one answer",
+    ),
+    "max_message_bytes": (
+        MAX_GRPC_MESSAGE_BYTES,
+        f"{MAX_GRPC_MESSAGE_BYTES} (2 GiB - 1)",
+        "gRPC keeps the limit in a C int",
+    ),
+}
+"""The ``[limits]`` keys with a ceiling, refused past it at start naming the key (exit
+2); the reasons are in the ``MAX_*`` constants' docstrings."""
 
 
-def _longest_wait(raw: Any) -> float:
-    """``limits.max_wait_seconds``, from 0 to :data:`MAX_WAIT_SECONDS`."""
-    seconds = fields.non_negative(raw, "limits.max_wait_seconds")
-    if seconds > MAX_WAIT_SECONDS:
-        raise SpecError.one(
-            "limits.max_wait_seconds",
-            f"must be at most {MAX_WAIT_SECONDS:.0f} (100 years): a pending job's last slot "
-            f"must fit the store's 64-bit column; got {seconds:g}",
-        )
-    return seconds
-
-
-def _spec_bytes(size: int) -> int:
-    """``limits.max_spec_bytes``, refused past :data:`MAX_SPEC_BYTES`."""
-    if size > MAX_SPEC_BYTES:
-        raise SpecError.one(
-            "limits.max_spec_bytes",
-            f"must be at most {MAX_SPEC_BYTES} (2 MiB): a larger spec would be stored but "
-            f"not read back (the store reads 4 Mi characters of a spec), and its job failed "
-            f"at the next start; got {size}",
-        )
-    return size
-
-
-def _page_jobs(jobs: int) -> int:
-    """``limits.max_page_jobs``, refused past :data:`MAX_PAGE_JOBS`."""
-    if jobs > MAX_PAGE_JOBS:
-        raise SpecError.one(
-            "limits.max_page_jobs",
-            f"must be at most {MAX_PAGE_JOBS}: each ListJobs reads that many jobs and their "
-            f"plans from the store before the page is cut (oasis jobs follows the pages); "
-            f"got {jobs}",
-        )
-    return jobs
-
-
-def _page_bytes(size: int) -> int:
-    """``limits.max_page_bytes``, refused past :data:`MAX_PAGE_BYTES`."""
-    if size > MAX_PAGE_BYTES:
-        raise SpecError.one(
-            "limits.max_page_bytes",
-            f"must be at most {MAX_PAGE_BYTES} (8 MiB): a page ends after the job that "
-            f"reaches it, and must fit the 16 MiB the daemon sends in one answer; got {size}",
-        )
-    return size
+def _at_most(key: str, value: _N) -> _N:
+    """``limits.<key>``'s ``value``, refused past its ceiling in :data:`_CEILINGS`."""
+    ceiling, said, why = _CEILINGS[key]
+    if value > ceiling:
+        raise SpecError.one(f"limits.{key}", f"must be at most {said}: {why}; got {value:g}")
+    return value
 
 
 def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
@@ -538,8 +530,11 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
     def positive(key: str) -> float:
         return fields.positive(raw.get(key, getattr(d, key)), f"limits.{key}")
 
-    def turn_steps(key: str) -> float:
-        return _within_a_turn(key, positive(key))
+    def positive_at_most(key: str) -> float:
+        return _at_most(key, positive(key))
+
+    def counted(key: str) -> int:
+        return _at_most(key, count(key, getattr(d, key)))
 
     rate = fields.non_negative(raw.get("rate", d.rate), "limits.rate")
     burst = fields.non_negative(raw.get("burst", d.burst), "limits.burst")
@@ -548,32 +543,31 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
     if 0 < burst < 1:
         # A bucket that never holds a whole token would refuse every request forever.
         raise SpecError.one("limits.burst", f"must be 0 (= max(1, rate)) or >= 1, got {burst}")
-    message_bytes = count("max_message_bytes", d.max_message_bytes)
-    if message_bytes > MAX_GRPC_MESSAGE_BYTES:  # gRPC keeps the limit in a C int
-        raise SpecError.one(
-            "limits.max_message_bytes",
-            f"must be <= {MAX_GRPC_MESSAGE_BYTES} (2 GiB - 1, gRPC's largest), got {message_bytes}",
-        )
     pending, per_submitter = _pending_caps(raw, count)
     return Limits(
-        max_message_bytes=message_bytes,
+        max_message_bytes=counted("max_message_bytes"),
         max_job_work=count("max_job_work", d.max_job_work),
         max_job_chunks=count("max_job_chunks", d.max_job_chunks),
-        max_search_steps=turn_steps("max_search_steps"),
+        max_search_steps=positive_at_most("max_search_steps"),
         max_search_mb=_within_memory(positive("max_search_mb")),
         rate=rate,
         burst=burst,
-        max_wait_seconds=_longest_wait(raw.get("max_wait_seconds", d.max_wait_seconds)),
+        max_wait_seconds=_at_most(
+            "max_wait_seconds",
+            fields.non_negative(
+                raw.get("max_wait_seconds", d.max_wait_seconds), "limits.max_wait_seconds"
+            ),
+        ),
         max_pending_per_submitter=per_submitter,
         max_pending=pending,
         pending_steps_per_submitter=positive("pending_steps_per_submitter"),
-        pending_steps_per_boundary=turn_steps("pending_steps_per_boundary"),
+        pending_steps_per_boundary=positive_at_most("pending_steps_per_boundary"),
         replan_steps_per_submitter=positive("replan_steps_per_submitter"),
-        replan_steps_per_review=turn_steps("replan_steps_per_review"),
-        max_spec_bytes=_spec_bytes(count("max_spec_bytes", d.max_spec_bytes)),
+        replan_steps_per_review=positive_at_most("replan_steps_per_review"),
+        max_spec_bytes=counted("max_spec_bytes"),
         max_table_points=count("max_table_points", d.max_table_points),
-        max_page_jobs=_page_jobs(count("max_page_jobs", d.max_page_jobs)),
-        max_page_bytes=_page_bytes(count("max_page_bytes", d.max_page_bytes)),
+        max_page_jobs=counted("max_page_jobs"),
+        max_page_bytes=counted("max_page_bytes"),
         max_in_flight=count("max_in_flight", d.max_in_flight),
         search_steps_per_token=positive("search_steps_per_token"),
         max_utility=fields.non_negative(

@@ -60,7 +60,7 @@ def test_demo_defaults() -> None:
         ('"c4-4x-0",  kind = "ps",     capacity', '"c4-4x-0",  kind = "ps",     capacty',
          "cluster.servers[8].capacty: unknown key; did you mean 'capacity'?"),
         ("max_message_bytes = 1048576", "max_message_bytes = 2147483648",
-         "limits.max_message_bytes: must be <= 2147483647 (2 GiB - 1, gRPC's largest)"),
+         "limits.max_message_bytes: must be at most 2147483647 (2 GiB - 1): gRPC keeps"),
         ("max_search_steps = 3e8", "max_search_steps = 1e12",
          "limits.max_search_steps: must be at most 1e+10: the decision thread"),
         ('sqlite_synchronous = "full"', 'sqlite_synchronous = "off"',
