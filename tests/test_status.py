@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -167,3 +168,39 @@ def test_a_cordoned_server_does_not_set_the_heats_scale(
         assert row.split()[2].endswith("@"), row
     finally:
         oasis("uncordon", "w0", server=daemon.address)
+
+
+def test_a_node_that_takes_the_connection_but_never_answers_is_said_to_be_stopped_or_hung(
+    busy: tuple[Daemon, list[pb.Job]],
+) -> None:
+    """The on-call audit: with a head node frozen (SIGSTOP; here a socket that listens and
+    never answers: the kernel takes the connection all the same), the nodes' table read
+    ``unreachable``, as for a node switched off, and no health line named it. Now its role
+    is ``not answering`` and a line says what is known (stopped or hung) and what to do;
+    a node where nothing listens still reads ``unreachable``, with its cause."""
+    daemon, _ = busy
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    refused = f"127.0.0.1:{free_port()}"
+    try:
+        frozen = f"127.0.0.1:{silent.getsockname()[1]}"
+        nodes = f"{daemon.address},{frozen},{refused}"
+        screen = oasis("status", "--timeout", "5", server=nodes).stdout.splitlines()
+        st = json.loads(oasis("status", "--timeout", "5", "--json", server=nodes).stdout)
+    finally:
+        silent.close()
+    by = {n["address"]: n for n in st["nodes"]}
+    # gRPC gives the connection up after failover.CONNECT_SECONDS (4 s), within --timeout
+    assert by[frozen]["role"] == "not answering", by
+    assert "stopped or hung" in by[frozen]["reason"], by
+    assert by[refused]["role"] == "unreachable", by
+    assert by[refused]["reason"] == "connection refused: nothing listens there"
+    line = next(x for x in screen if x.startswith(f"{frozen}: "))
+    assert line.startswith(f"{frozen}: NOT ANSWERING: it "), line
+    assert "stopped or hung" in line and "Check oasisd there" in line, line
+    line = next(x for x in screen if x.startswith(f"{refused}: "))
+    assert line.startswith(f"{refused}: UNREACHABLE: connection refused"), line
+    assert "and that --server names its address" in line
+    row = next(x for x in screen if x.startswith(frozen + " "))
+    assert row.split()[1:3] == ["not", "answering"], row

@@ -31,7 +31,16 @@ from controller.clock import SlotTimes
 from controller.commands import SUMMARIES
 from controller.commands.client import get_prices, list_jobs
 from controller.commands.common import EXIT_OK, INT32_MAX, fmt, int_at_least
-from controller.commands.connection import Stubs, guarded, options, store_unavailable
+from controller.commands.connection import (
+    CHECK_IT,
+    SILENT_WORDS,
+    Stubs,
+    guarded,
+    options,
+    store_unavailable,
+    took_but_silent,
+    unreachable_cause,
+)
 from controller.commands.records import (
     agents_unheard,
     clock_caption,
@@ -198,7 +207,7 @@ def nodes(stubs: Stubs) -> list[dict[str, Any]]:
         except grpc.RpcError as err:
             if err.code() == grpc.StatusCode.UNIMPLEMENTED:
                 continue
-            out.append({"address": address, "role": "unreachable", "error": err.code().name})
+            out.append(_unanswered(address, err))
             continue
         out.append({
             "address": address, "role": r.role if r.enabled else "single", "epoch": r.epoch,
@@ -211,6 +220,21 @@ def nodes(stubs: Stubs) -> list[dict[str, Any]]:
     return out
 
 
+def _unanswered(address: str, err: grpc.RpcError) -> dict[str, Any]:
+    """A node that did not answer GetLeadership, with what is known of it: ``not
+    answering`` if it took the connection (up as far as its kernel goes: oasisd stopped
+    or hung), else ``unreachable`` (nothing listens, the name does not resolve, ...).
+    Before, a node frozen by SIGSTOP read ``unreachable``, as one switched off does."""
+    code, details = err.code(), err.details() or ""
+    if took_but_silent(code, details):
+        role, reason = "not answering", SILENT_WORDS
+    elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        role, reason = "not answering", "it did not answer in time (busy, stopped or hung)"
+    else:
+        role, reason = "unreachable", unreachable_cause(details)
+    return {"address": address, "role": role, "error": code.name, "reason": reason}
+
+
 def _health_lines(nodes: list[dict[str, Any]]) -> list[str]:
     """A line per node on its store, broker and drain: what is wrong first, in words
     (before, the operator's screen said nothing of a store or broker outage: the
@@ -219,6 +243,15 @@ def _health_lines(nodes: list[dict[str, Any]]) -> list[str]:
     DISCONNECTED."""
     out = []
     for n in nodes:
+        if "reason" in n:  # it did not answer (:func:`_unanswered`)
+            check = (
+                CHECK_IT
+                if n["role"] == "not answering"
+                else "Check that oasisd runs there (systemctl status oasisd) and that "
+                "--server names its address"
+            )
+            out.append(f"{n['address']}: {n['role'].upper()}: {n['reason']}. {check}")
+            continue
         if "store_up" not in n:
             continue
         who = f"{n['address']}: " if len(nodes) > 1 else ""
