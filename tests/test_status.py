@@ -204,3 +204,24 @@ def test_a_node_that_takes_the_connection_but_never_answers_is_said_to_be_stoppe
     assert "and that --server names its address" in line
     row = next(x for x in screen if x.startswith(frozen + " "))
     assert row.split()[1:3] == ["not", "answering"], row
+
+
+def test_a_server_out_of_service_now_is_not_read_as_full() -> None:
+    """The on-call audit: a cordoned server in its cordon's slots holds its capacity as
+    "used" in ListServers (its jobs moved off), and the heat's "busiest now" read
+    ``cordoned; mem 488/488``, a full server, with nothing running on it; so did a
+    failed one from the slot after its failure (``failed; gpu 8/8``)."""
+    from controller.commands.status import _busiest
+
+    cap = {"gpu": 8.0, "cpu": 32.0, "mem": 488.0}
+    held = pb.Server(name="p", capacity=cap, used=cap, state="cordoned", cordoned_from_slot=22)
+    assert _busiest(held, None, 22) == "cordoned; out of service now"
+    assert _busiest(held, None, 21) == "cordoned; mem 488/488"  # a slot of its jobs, if full
+    failed = pb.Server(name="f", capacity=cap, used=cap, state="failed")
+    assert _busiest(failed, None, 9) == "failed; out of service now"
+    running = pb.Server(name="f", capacity=cap, used={"gpu": 5.0}, state="failed")
+    assert _busiest(running, None, 9) == "failed; gpu 5/8"  # the slot it failed in
+    up = pb.Server(name="u", capacity=cap, used=cap, state="up")
+    assert _busiest(up, None, 9) == "mem 488/488"
+    ahead = pb.Server(name="a", capacity=cap, used={}, state="up", cordoned_from_slot=30)
+    assert _busiest(ahead, None, 9) == "cordon from slot 30; idle"

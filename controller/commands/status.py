@@ -163,7 +163,12 @@ def collect(stubs: Stubs, server: str, slots: int) -> Status:
             current[i] = max(current[i], p / low if low > 0 else 1.0)
     clock = stubs.times()
     heat = [
-        ServerHeat(s.name, _KIND[s.kind], ratios.get(s.name, []), _busiest(s, clock))
+        ServerHeat(
+            s.name,
+            _KIND[s.kind],
+            ratios.get(s.name, []),
+            _busiest(s, clock, servers.current_slot),
+        )
         for s in servers.servers
     ]
     shown = max((len(u.share) for u in use.use), default=0)
@@ -290,21 +295,36 @@ def _leadership_warnings(nodes: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def _busiest(s: pb.Server, times: SlotTimes | None = None) -> str:
+def _busiest(s: pb.Server, times: SlotTimes | None = None, now: int | None = None) -> str:
     """``gpu 4/8`` or ``idle``; a server out of service from the next slot on says so
     first (``cordoned; gpu 4/8``): its full prices ahead are no demand. A cordon's end or
     a planned one's start names its slot and, with the slot clock, its local time
-    (``cordoned until slot 12 (Tue 14:00)``), as ``oasis servers`` does."""
+    (``cordoned until slot 12 (Tue 14:00)``), as ``oasis servers`` does. One out of
+    service in the current slot ``now`` reads ``out of service now``: ListServers gives
+    its capacity as used there (it is held, its jobs moved off), and before this read
+    ``cordoned; mem 488/488``, a full server, with nothing running on it."""
     out = "" if s.state in ("", "up") else f"{s.state}; "
     if s.state == "cordoned" and s.cordoned_until_slot:  # a planned maintenance
         out = f"cordoned until slot {slot_label(s.cordoned_until_slot, times)}; "
     elif s.state in ("", "up", "failed") and s.cordoned_from_slot:  # one ahead
         out += f"cordon from slot {slot_label(s.cordoned_from_slot, times)}; "
+    if now is not None and _out_now(s, now):
+        return out + "out of service now"
     shares = [(s.used.get(r, 0.0) / c, r) for r, c in s.capacity.items() if c > 0]
     share, r = max(shares, default=(0.0, ""))
     if share <= 0:
         return out + "idle"
     return out + f"{r} {s.used.get(r, 0.0):g}/{s.capacity[r]:g}"
+
+
+def _out_now(s: pb.Server, now: int) -> bool:
+    """Whether ``s`` is out of service in slot ``now``: cordoned from it or before, or
+    failed and held whole (a failure holds a server from the slot after it, and its
+    capacity is then all "used"; in the slot it failed in, its jobs' use shows)."""
+    if s.state == "cordoned" and s.HasField("cordoned_from_slot"):
+        return s.cordoned_from_slot <= now
+    full = all(s.used.get(r, 0.0) >= c for r, c in s.capacity.items())
+    return s.state == "failed" and bool(s.capacity) and full
 
 
 def _job(j: pb.Job) -> dict[str, Any]:
