@@ -6,7 +6,11 @@ from __future__ import annotations
 import json
 import math
 import socket
+import sqlite3
+import tomllib
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -17,14 +21,17 @@ from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from tests.servers import Daemon, free_port, oasis, write_config
-from tests.test_daemon_e2e import contending_jobs
+from tests.test_daemon_e2e import contending_jobs, job
 
 
 @pytest.fixture(scope="module")
 def busy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, list[pb.Job]]]:
     """A daemon (SQLite) that decided six contending jobs; the admitted ones."""
     tmp = tmp_path_factory.mktemp("status")
-    daemon = Daemon(write_config(tmp / "s.toml", tmp / "data"), tmp / "s.log").start()
+    # a short store_timeout: a commit waiting for another connection's lock fails sooner
+    extra = f'store_timeout = 1\n[metrics]\nlisten = "127.0.0.1:{free_port()}"\n'
+    config = write_config(tmp / "s.toml", tmp / "data", extra=extra)
+    daemon = Daemon(config, tmp / "s.log").start()
     try:
         with grpc.insecure_channel(daemon.address) as channel:
             stub = pb_grpc.AdmissionStub(channel)
@@ -225,3 +232,43 @@ def test_a_server_out_of_service_now_is_not_read_as_full() -> None:
     assert _busiest(up, None, 9) == "mem 488/488"
     ahead = pb.Server(name="a", capacity=cap, used={}, state="up", cordoned_from_slot=30)
     assert _busiest(ahead, None, 9) == "cordon from slot 30; idle"
+
+
+def test_a_store_whose_writes_wait_for_a_lock_says_so(busy: tuple[Daemon, list[pb.Job]]) -> None:
+    """The on-call audit: with another connection holding the SQLite store's write lock
+    (a sqlite3 shell's BEGIN EXCLUSIVE), every submission failed `UNAVAILABLE: the store
+    is unavailable: database is locked` while `oasis status` read "store up" and the
+    metrics oasis_store_up 1 and oasis_store_writes_refused 0 (reads go through): the
+    operator's screen gave no sign. Now its health line and oasis_store_writes_locked
+    say so until the lock is gone (the store watch's next probe, within a second)."""
+    daemon, _ = busy
+    config = tomllib.loads(daemon.config.read_text())
+    store = Path(config["daemon"]["data_dir"]) / "oasis.db"
+    metrics = f"http://{config['metrics']['listen']}/metrics"
+    shell = sqlite3.connect(store, isolation_level=None)
+    try:
+        shell.execute("BEGIN EXCLUSIVE")
+        with grpc.insecure_channel(daemon.address) as channel, pytest.raises(grpc.RpcError) as e:
+            spec = spec_to_proto(job("locked-out"))
+            pb_grpc.AdmissionStub(channel).SubmitJob(pb.SubmitJobRequest(job=spec), timeout=60)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value
+        assert "database is locked" in (e.value.details() or "")
+        st = json.loads(oasis("status", "--json", server=daemon.address).stdout)
+        screen = oasis("status", server=daemon.address).stdout.splitlines()
+        scraped = urllib.request.urlopen(metrics, timeout=30).read().decode()
+    finally:
+        shell.close()
+    locked = st["nodes"][0]["writes_locked"]
+    assert locked.startswith("database is locked: another connection held a lock"), locked
+    assert (
+        screen[2] == f"THE STORE'S WRITES WAIT FOR A LOCK (no decision can be stored; "
+        f"reads go on): {locked}"
+    ), screen
+    assert "\noasis_store_writes_locked 1.0\n" in scraped
+    assert "\noasis_store_up 1.0\n" in scraped
+    for _ in range(100):  # the watch probes once a second
+        st = json.loads(oasis("status", "--json", server=daemon.address).stdout)
+        if st["nodes"][0]["writes_locked"] is None:
+            break
+    assert st["nodes"][0]["writes_locked"] is None, st["nodes"]
+    assert oasis("status", server=daemon.address).stdout.splitlines()[2] == "store up, no broker"

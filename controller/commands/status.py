@@ -220,7 +220,8 @@ def nodes(stubs: Stubs) -> list[dict[str, Any]]:
             "applied_sequence": r.applied_sequence, "cannot_lead": r.cannot_lead or None,
             # "" from a daemon older than these fields: nothing said of its health
             **({"store_up": r.store_up, "broker": r.broker, "draining": r.draining,
-                "writes_refused": r.writes_refused or None} if r.broker else {}),
+                "writes_refused": r.writes_refused or None,
+                "writes_locked": r.writes_locked or None} if r.broker else {}),
         })  # fmt: skip
     return out
 
@@ -266,6 +267,9 @@ def _health_lines(nodes: list[dict[str, Any]]) -> list[str]:
         elif n.get("writes_refused"):
             wrong.append("THE STORE REFUSES WRITES (no decision can be stored; reads go on): "
                          f"{n['writes_refused']}")  # fmt: skip
+        elif n.get("writes_locked"):
+            wrong.append("THE STORE'S WRITES WAIT FOR A LOCK (no decision can be stored; "
+                         f"reads go on): {n['writes_locked']}")  # fmt: skip
         standby = n["role"] == "standby"  # runs no plane: the leader's link is the one
         if n["broker"] == "disconnected" and not standby:
             wrong.append("THE BROKER IS DISCONNECTED (no plan reaches the agents)")
