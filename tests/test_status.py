@@ -211,6 +211,9 @@ def test_a_node_that_takes_the_connection_but_never_answers_is_said_to_be_stoppe
     assert "and that --server names its address" in line
     row = next(x for x in screen if x.startswith(frozen + " "))
     assert row.split()[1:3] == ["not", "answering"], row
+    # a node without [ha] holds no lease: none is shown (it read its uptime, "302.5 s")
+    row = next(x for x in screen if x.startswith(daemon.address + " "))
+    assert row.split()[1] == "single" and row.split()[3] == "-", row
 
 
 def test_a_server_out_of_service_now_is_not_read_as_full() -> None:

@@ -390,7 +390,9 @@ def render(st: Status, limit: int, servers: int = 0) -> str:
     if st.nodes and (len(st.nodes) > 1 or st.nodes[0]["role"] != "single"):
         rows = [
             [n["address"], n["role"], str(n.get("epoch", "-")),
-             f"{n['lease_age_seconds']:.1f} s" if "lease_age_seconds" in n else "-",
+             # a node without [ha] holds no lease: its "age" was its uptime (302.5 s)
+             f"{n['lease_age_seconds']:.1f} s"
+             if "lease_age_seconds" in n and n["role"] != "single" else "-",
              n.get("leader") or "-", str(n.get("applied_sequence", "-"))]
             for n in st.nodes
         ]  # fmt: skip
