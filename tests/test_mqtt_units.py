@@ -919,6 +919,19 @@ def test_a_restarted_daemon_watches_the_servers_that_reported(plane: PlaneDaemon
     failed = [e.detail["server"] for e in restarted.review_sync() if e.kind == "server_failed"]
     assert failed == [reporter]  # and no server that never reported
 
+    # The on-call audit: restarted again, the failed server's agent read "never" heard
+    # (oasis_agent_heartbeat_age_seconds +Inf, `oasis servers`: agent never), as for an
+    # agent never installed; it counts from the start, as the others heard before do.
+    again = Execution(plane.c, MqttConfig("localhost"), monotonic=lambda: plane.mono[0])
+    again.load()
+    again.connected()
+    plane.mono[0] += 5.0
+    ages = again.agent_ages()
+    assert ages[reporter] == 5.0, ages
+    assert all(math.isinf(a) for s, a in ages.items() if s != reporter), ages
+    again.heartbeat(Heartbeat(reporter, "b"))  # back: recovers as before
+    assert [e.kind for e in again.review_sync()] == ["server_recovered"]
+
 
 def _both_heard(ex: Any) -> None:
     """The broker link up, and p0 and w0 heard from now on (reviewed)."""

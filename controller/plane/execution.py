@@ -497,7 +497,8 @@ class Execution:
         applied by a review, or a beat still in the inbox), on the link clock the
         failure rule times silence on (connected seconds); ``inf``: never heard (one
         heard before a restart counts from the load, :meth:`load`). Every server of the
-        cluster; from any thread: ``/metrics`` and ``ListServers`` give it.
+        cluster; from any thread: ``/metrics`` and ``ListServers`` give it. A server
+        failed at the load, heard before the restart, counts from the load too.
 
         The inbox's beats count: while the store is unavailable or refuses writes no
         review runs, and every agent, beating all along, read as silent (``oasis
@@ -509,6 +510,11 @@ class Execution:
         seen = dict(self.last_seen)  # changed in the decision thread: a copy, read once
         for server, beat in waiting.items():
             seen[server] = max(beat, seen.get(server, beat))
+        # a server found failed at the load was heard before the restart (its outage is
+        # stored): counted from the load, as the others heard before; it read "never"
+        for server, failed_at in dict(self.failed).items():
+            if server not in seen and server in self.heard:
+                seen[server] = failed_at
         return {
             server: math.inf if (at := seen.get(server)) is None else max(now - at, 0.0)
             for server in self.server_index
