@@ -99,6 +99,14 @@ def _lock_for(locked: str, caller: Caller) -> str:
     return "the store's writes wait for a lock"
 
 
+def _down_for(down: str, caller: Caller) -> str:
+    """Why the store is out of reach, as ``caller`` may read it: an operator, the
+    driver's words (they name hosts, ports and roles); others, that it is."""
+    if not down or caller.role is Role.OPERATOR:
+        return down
+    return "the store is unavailable"
+
+
 def _key_of(spec: Any, caller: Caller) -> str:
     """The key a submission of ``spec`` by ``caller`` is stored under (for messages)."""
     job_id = spec.get("id") if isinstance(spec, dict) else None
@@ -539,4 +547,5 @@ class HighAvailabilityServicer(pb_grpc.HighAvailabilityServicer):
             else "",
             writes_refused=_refusal_for(self.c.db.refusing, current_caller()),
             writes_locked=_lock_for(self.c.db.writes_locked, current_caller()),
+            store_down=_down_for(self.c.db.down_reason, current_caller()),
         )

@@ -221,7 +221,8 @@ def nodes(stubs: Stubs) -> list[dict[str, Any]]:
             # "" from a daemon older than these fields: nothing said of its health
             **({"store_up": r.store_up, "broker": r.broker, "draining": r.draining,
                 "writes_refused": r.writes_refused or None,
-                "writes_locked": r.writes_locked or None} if r.broker else {}),
+                "writes_locked": r.writes_locked or None,
+                "store_down": r.store_down or None} if r.broker else {}),
         })  # fmt: skip
     return out
 
@@ -263,7 +264,8 @@ def _health_lines(nodes: list[dict[str, Any]]) -> list[str]:
         who = f"{n['address']}: " if len(nodes) > 1 else ""
         wrong = []
         if not n["store_up"]:
-            wrong.append("THE STORE IS UNAVAILABLE (no decision can be stored)")
+            why = f": {n['store_down']}" if n.get("store_down") else ""
+            wrong.append(f"THE STORE IS UNAVAILABLE (no decision can be stored){why}")
         elif n.get("writes_refused"):
             wrong.append("THE STORE REFUSES WRITES (no decision can be stored; reads go on): "
                          f"{n['writes_refused']}")  # fmt: skip
