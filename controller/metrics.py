@@ -19,7 +19,9 @@ Read at each scrape:
 
 - ``oasis_store_up``: 1 if the store answered ``SELECT 1``, else 0;
   ``oasis_store_writes_refused``: 1 while it refuses the daemon's writes
-  (``Database.refusing``: the Admission service's health is NOT_SERVING), else 0.
+  (``Database.refusing``: the Admission service's health is NOT_SERVING), else 0;
+  ``oasis_store_writes_locked``: 1 while the last commit failed waiting for another
+  connection's lock (``Database.writes_locked``: the store answers reads), else 0.
 - ``oasis_jobs{state}``: stored jobs per state (``pending``, ``admitted``, ``running``,
   ``completed``, ``cancelled``, ``rejected``, ``expired``, ``failed``);
   ``oasis_payoff{state}``: the sum of their payoffs as decided, for every state of an
@@ -557,6 +559,13 @@ class _ControllerCollector:
             "database or hot standby, a moved search_path, a full disk): submissions get "
             "UNAVAILABLE and the health of oasis.v1.Admission is NOT_SERVING; else 0.",
             value=float(bool(self.c.db.refusing)),
+        )
+        yield GaugeMetricFamily(
+            "oasis_store_writes_locked",
+            "1 while the last commit failed waiting for another connection's lock on the "
+            "store (a sqlite3 shell's open transaction, a LOCK TABLE in psql), until a "
+            "commit or the store watch's next probe gets through; else 0.",
+            value=float(bool(self.c.db.writes_locked)),
         )
         if not up:
             return

@@ -8,6 +8,7 @@ error. Before the store's timeouts (controller/store/database.py) every one of t
 from __future__ import annotations
 
 import configparser
+import json
 import signal
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
-from tests.servers import ROOT, Daemon, Postgres, postgres_or_skip, write_config
+from tests.servers import ROOT, Daemon, Postgres, oasis, postgres_or_skip, write_config
 from tests.test_daemon_e2e import job
 
 STORE_TIMEOUT = 2  # seconds (daemon.store_timeout)
@@ -96,6 +97,13 @@ def test_frozen_postgres(own_postgres: Postgres, tmp_path: Path) -> None:
             assert read.value.code() == grpc.StatusCode.UNAVAILABLE
             assert time.monotonic() - started < ANSWER_WITHIN
             _health_becomes(channel, health_pb2.HealthCheckResponse.NOT_SERVING, ANSWER_WITHIN)
+            # the operator's screen says why, as the journal does (the on-call audit:
+            # it read THE STORE IS UNAVAILABLE and no more)
+            out = oasis("status", "--json", "--timeout", "30", server=daemon.address)
+            [node] = json.loads(out.stdout)["nodes"]
+            assert node["store_up"] is False and node["store_down"], node
+            screen = oasis("status", "--timeout", "30", server=daemon.address).stdout
+            assert "THE STORE IS UNAVAILABLE (no decision can be stored): " in screen, screen
 
             own_postgres.thaw()
             frozen = False

@@ -919,6 +919,19 @@ def test_a_restarted_daemon_watches_the_servers_that_reported(plane: PlaneDaemon
     failed = [e.detail["server"] for e in restarted.review_sync() if e.kind == "server_failed"]
     assert failed == [reporter]  # and no server that never reported
 
+    # The on-call audit: restarted again, the failed server's agent read "never" heard
+    # (oasis_agent_heartbeat_age_seconds +Inf, `oasis servers`: agent never), as for an
+    # agent never installed; it counts from the start, as the others heard before do.
+    again = Execution(plane.c, MqttConfig("localhost"), monotonic=lambda: plane.mono[0])
+    again.load()
+    again.connected()
+    plane.mono[0] += 5.0
+    ages = again.agent_ages()
+    assert ages[reporter] == 5.0, ages
+    assert all(math.isinf(a) for s, a in ages.items() if s != reporter), ages
+    again.heartbeat(Heartbeat(reporter, "b"))  # back: recovers as before
+    assert [e.kind for e in again.review_sync()] == ["server_recovered"]
+
 
 def _both_heard(ex: Any) -> None:
     """The broker link up, and p0 and w0 heard from now on (reviewed)."""
@@ -989,6 +1002,45 @@ def test_servers_falling_silent_seconds_apart_fail_together(
             if now:
                 failed[t] = sorted(e.detail["server"] for e in now)
         assert failed == expected
+    finally:
+        plane.c.close()
+
+
+def test_the_time_the_daemon_did_not_run_is_no_agents_silence(tmp_path: Path) -> None:
+    """The on-call audit: a daemon stopped past the timeout (SIGSTOP, a paused host, a
+    process starved under load) read every agent as silent when it woke, their beats
+    unread in its socket, and failed every server at once (bench.chaos under load: 7
+    false failures, 24 jobs failed). Its event loop's watch takes that time off the link
+    clock, and a review before the loop has ticked since it woke judges no one silent;
+    an agent that is truly gone still fails, on time as counted while the loop ran."""
+    plane = PlaneDaemon(tmp_path, RACK)
+    try:
+        ex = plane.ex
+        ex.connected()
+        t = 0.0
+
+        def second(beating: list[str], tick: bool = True) -> list[str]:
+            nonlocal t
+            for _ in range(4):  # the loop watch's ticks, a quarter second apart
+                t += 0.25
+                plane.mono[0] = t
+                if tick:
+                    ex.loop_tick()
+            for server in beating:
+                ex.heartbeat(Heartbeat(server, "a"))
+            return sorted(e.detail["server"] for e in ex.review_sync()
+                          if e.kind == "server_failed")  # fmt: skip
+
+        every = ["w0", "w1", "w2", "p0"]
+        assert not any(second(every) for _ in range(10))
+        t += 100.0  # stopped for 100 s (> heartbeat_timeout, 30 s): no tick, no beat
+        plane.mono[0] = t
+        # a review first, before the loop has ticked since it woke
+        assert not [e for e in ex.review_sync() if e.kind == "server_failed"]
+        assert second(every) == []  # the loop ticks: the 100 s taken off; beats read
+        # w0 silent from now: failed once 30 s of the loop running have passed
+        failed = {i: f for i in range(40) if (f := second(["w1", "w2", "p0"]))}
+        assert list(failed.values()) == [["w0"]] and 29 <= next(iter(failed)) <= 31, failed
     finally:
         plane.c.close()
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import json
 import math
+import socket
+import sqlite3
+import tomllib
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -16,14 +21,17 @@ from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from tests.servers import Daemon, free_port, oasis, write_config
-from tests.test_daemon_e2e import contending_jobs
+from tests.test_daemon_e2e import contending_jobs, job
 
 
 @pytest.fixture(scope="module")
 def busy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, list[pb.Job]]]:
     """A daemon (SQLite) that decided six contending jobs; the admitted ones."""
     tmp = tmp_path_factory.mktemp("status")
-    daemon = Daemon(write_config(tmp / "s.toml", tmp / "data"), tmp / "s.log").start()
+    # a short store_timeout: a commit waiting for another connection's lock fails sooner
+    extra = f'store_timeout = 1\n[metrics]\nlisten = "127.0.0.1:{free_port()}"\n'
+    config = write_config(tmp / "s.toml", tmp / "data", extra=extra)
+    daemon = Daemon(config, tmp / "s.log").start()
     try:
         with grpc.insecure_channel(daemon.address) as channel:
             stub = pb_grpc.AdmissionStub(channel)
@@ -167,3 +175,103 @@ def test_a_cordoned_server_does_not_set_the_heats_scale(
         assert row.split()[2].endswith("@"), row
     finally:
         oasis("uncordon", "w0", server=daemon.address)
+
+
+def test_a_node_that_takes_the_connection_but_never_answers_is_said_to_be_stopped_or_hung(
+    busy: tuple[Daemon, list[pb.Job]],
+) -> None:
+    """The on-call audit: with a head node frozen (SIGSTOP; here a socket that listens and
+    never answers: the kernel takes the connection all the same), the nodes' table read
+    ``unreachable``, as for a node switched off, and no health line named it. Now its role
+    is ``not answering`` and a line says what is known (stopped or hung) and what to do;
+    a node where nothing listens still reads ``unreachable``, with its cause."""
+    daemon, _ = busy
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    refused = f"127.0.0.1:{free_port()}"
+    try:
+        frozen = f"127.0.0.1:{silent.getsockname()[1]}"
+        nodes = f"{daemon.address},{frozen},{refused}"
+        screen = oasis("status", "--timeout", "5", server=nodes).stdout.splitlines()
+        st = json.loads(oasis("status", "--timeout", "5", "--json", server=nodes).stdout)
+    finally:
+        silent.close()
+    by = {n["address"]: n for n in st["nodes"]}
+    # gRPC gives the connection up after failover.CONNECT_SECONDS (4 s), within --timeout
+    assert by[frozen]["role"] == "not answering", by
+    assert "stopped or hung" in by[frozen]["reason"], by
+    assert by[refused]["role"] == "unreachable", by
+    assert by[refused]["reason"] == "connection refused: nothing listens there"
+    line = next(x for x in screen if x.startswith(f"{frozen}: "))
+    assert line.startswith(f"{frozen}: NOT ANSWERING: it "), line
+    assert "stopped or hung" in line and "Check oasisd there" in line, line
+    line = next(x for x in screen if x.startswith(f"{refused}: "))
+    assert line.startswith(f"{refused}: UNREACHABLE: connection refused"), line
+    assert "and that --server names its address" in line
+    row = next(x for x in screen if x.startswith(frozen + " "))
+    assert row.split()[1:3] == ["not", "answering"], row
+    # a node without [ha] holds no lease: none is shown (it read its uptime, "302.5 s")
+    row = next(x for x in screen if x.startswith(daemon.address + " "))
+    assert row.split()[1] == "single" and row.split()[3] == "-", row
+
+
+def test_a_server_out_of_service_now_is_not_read_as_full() -> None:
+    """The on-call audit: a cordoned server in its cordon's slots holds its capacity as
+    "used" in ListServers (its jobs moved off), and the heat's "busiest now" read
+    ``cordoned; mem 488/488``, a full server, with nothing running on it; so did a
+    failed one from the slot after its failure (``failed; gpu 8/8``)."""
+    from controller.commands.status import _busiest
+
+    cap = {"gpu": 8.0, "cpu": 32.0, "mem": 488.0}
+    held = pb.Server(name="p", capacity=cap, used=cap, state="cordoned", cordoned_from_slot=22)
+    assert _busiest(held, None, 22) == "cordoned; out of service now"
+    assert _busiest(held, None, 21) == "cordoned; mem 488/488"  # a slot of its jobs, if full
+    failed = pb.Server(name="f", capacity=cap, used=cap, state="failed")
+    assert _busiest(failed, None, 9) == "failed; out of service now"
+    running = pb.Server(name="f", capacity=cap, used={"gpu": 5.0}, state="failed")
+    assert _busiest(running, None, 9) == "failed; gpu 5/8"  # the slot it failed in
+    up = pb.Server(name="u", capacity=cap, used=cap, state="up")
+    assert _busiest(up, None, 9) == "mem 488/488"
+    ahead = pb.Server(name="a", capacity=cap, used={}, state="up", cordoned_from_slot=30)
+    assert _busiest(ahead, None, 9) == "cordon from slot 30; idle"
+
+
+def test_a_store_whose_writes_wait_for_a_lock_says_so(busy: tuple[Daemon, list[pb.Job]]) -> None:
+    """The on-call audit: with another connection holding the SQLite store's write lock
+    (a sqlite3 shell's BEGIN EXCLUSIVE), every submission failed `UNAVAILABLE: the store
+    is unavailable: database is locked` while `oasis status` read "store up" and the
+    metrics oasis_store_up 1 and oasis_store_writes_refused 0 (reads go through): the
+    operator's screen gave no sign. Now its health line and oasis_store_writes_locked
+    say so until the lock is gone (the store watch's next probe, within a second)."""
+    daemon, _ = busy
+    config = tomllib.loads(daemon.config.read_text())
+    store = Path(config["daemon"]["data_dir"]) / "oasis.db"
+    metrics = f"http://{config['metrics']['listen']}/metrics"
+    shell = sqlite3.connect(store, isolation_level=None)
+    try:
+        shell.execute("BEGIN EXCLUSIVE")
+        with grpc.insecure_channel(daemon.address) as channel, pytest.raises(grpc.RpcError) as e:
+            spec = spec_to_proto(job("locked-out"))
+            pb_grpc.AdmissionStub(channel).SubmitJob(pb.SubmitJobRequest(job=spec), timeout=60)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value
+        assert "database is locked" in (e.value.details() or "")
+        st = json.loads(oasis("status", "--json", server=daemon.address).stdout)
+        screen = oasis("status", server=daemon.address).stdout.splitlines()
+        scraped = urllib.request.urlopen(metrics, timeout=30).read().decode()
+    finally:
+        shell.close()
+    locked = st["nodes"][0]["writes_locked"]
+    assert locked.startswith("database is locked: another connection held a lock"), locked
+    assert (
+        screen[2] == f"THE STORE'S WRITES WAIT FOR A LOCK (no decision can be stored; "
+        f"reads go on): {locked}"
+    ), screen
+    assert "\noasis_store_writes_locked 1.0\n" in scraped
+    assert "\noasis_store_up 1.0\n" in scraped
+    for _ in range(100):  # the watch probes once a second
+        st = json.loads(oasis("status", "--json", server=daemon.address).stdout)
+        if st["nodes"][0]["writes_locked"] is None:
+            break
+    assert st["nodes"][0]["writes_locked"] is None, st["nodes"]
+    assert oasis("status", server=daemon.address).stdout.splitlines()[2] == "store up, no broker"

@@ -44,9 +44,11 @@ from controller.tls import client_channel, read_pem
 from pricing.errors import Problem, SpecError
 
 __all__ = [
+    "CHECK_IT",
     "DEFAULT_PORT",
     "DEFAULT_SERVER",
     "EXIT_REJECTED",
+    "SILENT_WORDS",
     "PartialFailureError",
     "Stubs",
     "daemon_address",
@@ -55,6 +57,8 @@ __all__ = [
     "print_json",
     "report_error",
     "retry_pushback",
+    "took_but_silent",
+    "unreachable_cause",
 ]
 
 DEFAULT_PORT = 50051
@@ -383,6 +387,34 @@ the call's path alone: ``oasis status`` with a tenant's token said ``alice (subm
 may not call /oasis.v1.Cluster/ListServers: operators only``."""
 
 
+SILENT_WORDS = (
+    "it took the connection but did not answer (the process stopped or hung: SIGSTOP, a "
+    "frozen host; or another program holds the port)"
+)
+"""What is known of a node that :func:`took_but_silent`: up as far as the kernel goes."""
+
+CHECK_IT = "Check oasisd there (systemctl status oasisd, and its log)"
+
+
+def took_but_silent(code: grpc.StatusCode, details: str) -> bool:
+    """Whether a call failed for want of an answer from a node that took the TCP
+    connection (a connection's HTTP/2 start or a keepalive ping timed out), not for a
+    refused or unresolvable address: the process there stopped or hung."""
+    lowered = details.lower()
+    return (
+        code == grpc.StatusCode.UNAVAILABLE
+        and any(key in lowered for key in _SILENT)
+        and not lowered.startswith("this oasisd ")
+    )
+
+
+def unreachable_cause(details: str) -> str:
+    """The cause of a failed connection in words (``connection refused: nothing listens
+    there``), or gRPC's own words shortened."""
+    lowered = details.lower()
+    return next((why for key, why in _CAUSES if key in lowered), _shortened(details))
+
+
 def _shortened(text: str, most: int = 200) -> str:
     """``text``, or its first words within ``most`` characters and "..." (not cut
     mid-word: "Trying to connect an http1.x serv")."""
@@ -429,14 +461,8 @@ def _explain(
             "operator's token ($OASIS_TOKEN or --token), or ask an operator"
         )
     lowered = details.lower()
-    silent = any(key in lowered for key in _SILENT) and not lowered.startswith("this oasisd ")
-    if code == grpc.StatusCode.UNAVAILABLE and silent:
-        return (
-            f"cannot reach the daemon at {address}: it took the connection but did not "
-            "answer (the process stopped or hung: SIGSTOP, a frozen host; or another "
-            "program holds the port). Check oasisd there (systemctl "
-            "status oasisd, and its log)"
-        )
+    if took_but_silent(code, details):
+        return f"cannot reach the daemon at {address}: {SILENT_WORDS}. {CHECK_IT}"
     unreachable = (
         code == grpc.StatusCode.UNAVAILABLE
         and not store_unavailable(details)  # the daemon answered: its store is out
@@ -451,7 +477,7 @@ def _explain(
     )
     if not unreachable:
         return details
-    cause = next((why for key, why in _CAUSES if key in lowered), _shortened(details))
+    cause = unreachable_cause(details)
     tls = (
         "the daemon's certificate and --tls-ca (or --tls-server-name), or whether it "
         "serves TLS at all (one without [tls] serves plaintext: call it without --tls)"

@@ -31,7 +31,16 @@ from controller.clock import SlotTimes
 from controller.commands import SUMMARIES
 from controller.commands.client import get_prices, list_jobs
 from controller.commands.common import EXIT_OK, INT32_MAX, fmt, int_at_least
-from controller.commands.connection import Stubs, guarded, options, store_unavailable
+from controller.commands.connection import (
+    CHECK_IT,
+    SILENT_WORDS,
+    Stubs,
+    guarded,
+    options,
+    store_unavailable,
+    took_but_silent,
+    unreachable_cause,
+)
 from controller.commands.records import (
     agents_unheard,
     clock_caption,
@@ -154,7 +163,12 @@ def collect(stubs: Stubs, server: str, slots: int) -> Status:
             current[i] = max(current[i], p / low if low > 0 else 1.0)
     clock = stubs.times()
     heat = [
-        ServerHeat(s.name, _KIND[s.kind], ratios.get(s.name, []), _busiest(s, clock))
+        ServerHeat(
+            s.name,
+            _KIND[s.kind],
+            ratios.get(s.name, []),
+            _busiest(s, clock, servers.current_slot),
+        )
         for s in servers.servers
     ]
     shown = max((len(u.share) for u in use.use), default=0)
@@ -198,7 +212,7 @@ def nodes(stubs: Stubs) -> list[dict[str, Any]]:
         except grpc.RpcError as err:
             if err.code() == grpc.StatusCode.UNIMPLEMENTED:
                 continue
-            out.append({"address": address, "role": "unreachable", "error": err.code().name})
+            out.append(_unanswered(address, err))
             continue
         out.append({
             "address": address, "role": r.role if r.enabled else "single", "epoch": r.epoch,
@@ -206,9 +220,26 @@ def nodes(stubs: Stubs) -> list[dict[str, Any]]:
             "applied_sequence": r.applied_sequence, "cannot_lead": r.cannot_lead or None,
             # "" from a daemon older than these fields: nothing said of its health
             **({"store_up": r.store_up, "broker": r.broker, "draining": r.draining,
-                "writes_refused": r.writes_refused or None} if r.broker else {}),
+                "writes_refused": r.writes_refused or None,
+                "writes_locked": r.writes_locked or None,
+                "store_down": r.store_down or None} if r.broker else {}),
         })  # fmt: skip
     return out
+
+
+def _unanswered(address: str, err: grpc.RpcError) -> dict[str, Any]:
+    """A node that did not answer GetLeadership, with what is known of it: ``not
+    answering`` if it took the connection (up as far as its kernel goes: oasisd stopped
+    or hung), else ``unreachable`` (nothing listens, the name does not resolve, ...).
+    Before, a node frozen by SIGSTOP read ``unreachable``, as one switched off does."""
+    code, details = err.code(), err.details() or ""
+    if took_but_silent(code, details):
+        role, reason = "not answering", SILENT_WORDS
+    elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        role, reason = "not answering", "it did not answer in time (busy, stopped or hung)"
+    else:
+        role, reason = "unreachable", unreachable_cause(details)
+    return {"address": address, "role": role, "error": code.name, "reason": reason}
 
 
 def _health_lines(nodes: list[dict[str, Any]]) -> list[str]:
@@ -219,15 +250,28 @@ def _health_lines(nodes: list[dict[str, Any]]) -> list[str]:
     DISCONNECTED."""
     out = []
     for n in nodes:
+        if "reason" in n:  # it did not answer (:func:`_unanswered`)
+            check = (
+                CHECK_IT
+                if n["role"] == "not answering"
+                else "Check that oasisd runs there (systemctl status oasisd) and that "
+                "--server names its address"
+            )
+            out.append(f"{n['address']}: {n['role'].upper()}: {n['reason']}. {check}")
+            continue
         if "store_up" not in n:
             continue
         who = f"{n['address']}: " if len(nodes) > 1 else ""
         wrong = []
         if not n["store_up"]:
-            wrong.append("THE STORE IS UNAVAILABLE (no decision can be stored)")
+            why = f": {n['store_down']}" if n.get("store_down") else ""
+            wrong.append(f"THE STORE IS UNAVAILABLE (no decision can be stored){why}")
         elif n.get("writes_refused"):
             wrong.append("THE STORE REFUSES WRITES (no decision can be stored; reads go on): "
                          f"{n['writes_refused']}")  # fmt: skip
+        elif n.get("writes_locked"):
+            wrong.append("THE STORE'S WRITES WAIT FOR A LOCK (no decision can be stored; "
+                         f"reads go on): {n['writes_locked']}")  # fmt: skip
         standby = n["role"] == "standby"  # runs no plane: the leader's link is the one
         if n["broker"] == "disconnected" and not standby:
             wrong.append("THE BROKER IS DISCONNECTED (no plan reaches the agents)")
@@ -257,21 +301,36 @@ def _leadership_warnings(nodes: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def _busiest(s: pb.Server, times: SlotTimes | None = None) -> str:
+def _busiest(s: pb.Server, times: SlotTimes | None = None, now: int | None = None) -> str:
     """``gpu 4/8`` or ``idle``; a server out of service from the next slot on says so
     first (``cordoned; gpu 4/8``): its full prices ahead are no demand. A cordon's end or
     a planned one's start names its slot and, with the slot clock, its local time
-    (``cordoned until slot 12 (Tue 14:00)``), as ``oasis servers`` does."""
+    (``cordoned until slot 12 (Tue 14:00)``), as ``oasis servers`` does. One out of
+    service in the current slot ``now`` reads ``out of service now``: ListServers gives
+    its capacity as used there (it is held, its jobs moved off), and before this read
+    ``cordoned; mem 488/488``, a full server, with nothing running on it."""
     out = "" if s.state in ("", "up") else f"{s.state}; "
     if s.state == "cordoned" and s.cordoned_until_slot:  # a planned maintenance
         out = f"cordoned until slot {slot_label(s.cordoned_until_slot, times)}; "
     elif s.state in ("", "up", "failed") and s.cordoned_from_slot:  # one ahead
         out += f"cordon from slot {slot_label(s.cordoned_from_slot, times)}; "
+    if now is not None and _out_now(s, now):
+        return out + "out of service now"
     shares = [(s.used.get(r, 0.0) / c, r) for r, c in s.capacity.items() if c > 0]
     share, r = max(shares, default=(0.0, ""))
     if share <= 0:
         return out + "idle"
     return out + f"{r} {s.used.get(r, 0.0):g}/{s.capacity[r]:g}"
+
+
+def _out_now(s: pb.Server, now: int) -> bool:
+    """Whether ``s`` is out of service in slot ``now``: cordoned from it or before, or
+    failed and held whole (a failure holds a server from the slot after it, and its
+    capacity is then all "used"; in the slot it failed in, its jobs' use shows)."""
+    if s.state == "cordoned" and s.HasField("cordoned_from_slot"):
+        return s.cordoned_from_slot <= now
+    full = all(s.used.get(r, 0.0) >= c for r, c in s.capacity.items())
+    return s.state == "failed" and bool(s.capacity) and full
 
 
 def _job(j: pb.Job) -> dict[str, Any]:
@@ -333,7 +392,9 @@ def render(st: Status, limit: int, servers: int = 0) -> str:
     if st.nodes and (len(st.nodes) > 1 or st.nodes[0]["role"] != "single"):
         rows = [
             [n["address"], n["role"], str(n.get("epoch", "-")),
-             f"{n['lease_age_seconds']:.1f} s" if "lease_age_seconds" in n else "-",
+             # a node without [ha] holds no lease: its "age" was its uptime (302.5 s)
+             f"{n['lease_age_seconds']:.1f} s"
+             if "lease_age_seconds" in n and n["role"] != "single" else "-",
              n.get("leader") or "-", str(n.get("applied_sequence", "-"))]
             for n in st.nodes
         ]  # fmt: skip

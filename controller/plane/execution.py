@@ -77,7 +77,7 @@ from controller.plane.agent_sessions import AgentSessions
 from controller.plane.intake import Received, ReportInbox
 from controller.plane.job_review import JobReview
 from controller.plane.jobs import ACTIVE, Jobs
-from controller.plane.link_clock import LinkClock
+from controller.plane.link_clock import LinkClock, LoopWatch
 from controller.plane.outages import Outages
 from controller.plane.plan_messages import Plan
 from controller.plane.plans import (
@@ -206,6 +206,8 @@ class Execution:
             for i, name in enumerate(names):
                 self.server_index[name] = (kind, i)
         self.link = LinkClock(monotonic)  # silence is timed on it: connected seconds
+        self.loop_watch = LoopWatch(monotonic)  # ticked by the link's event loop
+        self._ticked_at = 0.0  # link time of its last tick
         self._reviewed_at = 0.0  # link time of the last review
         self._dropped = 0  # agents' messages dropped over their rate since the last review
         self.last_seen: dict[str, float] = {}  # server -> link time it was last heard
@@ -315,6 +317,19 @@ class Execution:
         """The broker connection is down: nobody can be heard, so nobody is failed."""
         with self._inbox_lock:
             self.link.down()
+
+    def loop_tick(self) -> None:
+        """The event loop's watch ticked (event loop): the time it did not run, if any
+        (:class:`~controller.plane.link_clock.LoopWatch`), counts as no one's silence."""
+        with self._inbox_lock:
+            late = self.loop_watch.tick()
+            now = self.link.now()
+            if late > 0:  # not before the last tick: the link may have been down
+                self.link.rewind_to(max(now - late, self._ticked_at))
+            self._ticked_at = self.link.now()
+        if late > 0:
+            self.log.warning("the daemon did not run: that time is no agent's silence",
+                             seconds=round(late, 1))  # fmt: skip
 
     def crowded(self) -> None:
         """An agent's message was dropped over its rate (event loop). Many between two
@@ -482,7 +497,8 @@ class Execution:
         applied by a review, or a beat still in the inbox), on the link clock the
         failure rule times silence on (connected seconds); ``inf``: never heard (one
         heard before a restart counts from the load, :meth:`load`). Every server of the
-        cluster; from any thread: ``/metrics`` and ``ListServers`` give it.
+        cluster; from any thread: ``/metrics`` and ``ListServers`` give it. A server
+        failed at the load, heard before the restart, counts from the load too.
 
         The inbox's beats count: while the store is unavailable or refuses writes no
         review runs, and every agent, beating all along, read as silent (``oasis
@@ -494,6 +510,11 @@ class Execution:
         seen = dict(self.last_seen)  # changed in the decision thread: a copy, read once
         for server, beat in waiting.items():
             seen[server] = max(beat, seen.get(server, beat))
+        # a server found failed at the load was heard before the restart (its outage is
+        # stored): counted from the load, as the others heard before; it read "never"
+        for server, failed_at in dict(self.failed).items():
+            if server not in seen and server in self.heard:
+                seen[server] = failed_at
         return {
             server: math.inf if (at := seen.get(server)) is None else max(now - at, 0.0)
             for server in self.server_index
@@ -524,9 +545,11 @@ class Execution:
             self._dropped = 0
             now, up_for = self.link.now(), self.link.up_for()
             self._reviewed_at = now
-        # connected long enough for every live agent to reconnect and beat (or resend)
+        # connected long enough for every live agent to reconnect and beat (or resend);
+        # and the event loop awake: one that has not ticked since the process woke has
+        # not read the beats waiting in the socket, nor taken the stop off the clock
         grace = min(2 * self.mqtt.heartbeat_seconds, self.mqtt.heartbeat_timeout)
-        settled = up_for is not None and up_for >= grace
+        settled = up_for is not None and up_for >= grace and self.loop_watch.awake()
         if up_for is not None:  # connected: who fell silent, who is back
             timeout = self.mqtt.heartbeat_timeout
             window = min(self.mqtt.heartbeat_seconds, timeout / 2)

@@ -42,6 +42,7 @@ from controller.plane.agent_queue import AgentQueue
 from controller.plane.client import Stopping, client_for, publish_all
 from controller.plane.event_messages import UNRETAINED, JobEvent, event_kind
 from controller.plane.execution import Execution, PlanRound
+from controller.plane.link_clock import LOOP_TICK_SECONDS
 from controller.plane.plan_messages import Plan
 from controller.plane.port import AdmissionPort
 from controller.plane.settings import MqttConfig
@@ -233,6 +234,7 @@ class Plane:
         """Connect, serve, reconnect with backoff; until cancelled."""
         self._loop = asyncio.get_running_loop()
         watcher = asyncio.create_task(self._watch_bus(), name="plane bus")
+        ticker = asyncio.create_task(self._watch_loop(), name="plane loop watch")
         delay = _BACKOFF_FIRST
         last_error = ""
         connected_at: float | None = None
@@ -271,6 +273,7 @@ class Plane:
                 delay = min(delay * 2, _BACKOFF_MAX)
         finally:
             watcher.cancel()
+            ticker.cancel()
 
     async def _goodbye(self, client: aiomqtt.Client, offline: bytes) -> None:
         """Publish ``online: false`` (retained) and wait for the broker's ack, briefly.
@@ -295,6 +298,12 @@ class Plane:
         else:
             self.execution.disconnected()
         self.broker_up(up)
+
+    async def _watch_loop(self) -> None:
+        """Tick the execution's loop watch (:class:`~.link_clock.LoopWatch`)."""
+        while True:
+            await asyncio.sleep(LOOP_TICK_SECONDS)
+            self.execution.loop_tick()
 
     async def _watch_bus(self) -> None:
         queue = self.c.bus.subscribe()

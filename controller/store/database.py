@@ -45,6 +45,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
+from controller.store.lock_waits import is_lock_wait, sqlite_write_lock_free
 from controller.store.refusals import is_refusal, refusal
 from controller.store.search_path import check_new_store
 from controller.store.sqlite_file import StoreFile
@@ -181,6 +182,7 @@ class Database:
         self._refused = ""  # the last refusal logged (:mod:`.refusals`)
         self._refusing = ""  # why the last commit or dry write was refused (:attr:`refusing`)
         self._refused_logged = -math.inf  # time.monotonic() it was logged
+        self._locked = ""  # why the last commit failed for a lock (:attr:`writes_locked`)
         kwargs: dict[str, Any] = {}
         parsed = make_url(url)
         if parsed.get_backend_name() == "postgresql":
@@ -358,6 +360,8 @@ class Database:
         by itself pauses writes for :data:`WRITE_PAUSE_SECONDS` (:attr:`writes_refused`),
         and a DBA's one is :attr:`refusing` until a write goes through."""
         lower = reason.lower()
+        if is_lock_wait(reason):
+            self._locked = reason
         if self.file is not None and any(words in lower for words in _FULL):
             self._full = self.space_short() or f"the store's last write failed: {reason}"
         elif self.file is None and (is_refusal(reason) or any(w in lower for w in _PG_FULL)):
@@ -369,6 +373,15 @@ class Database:
     def note_written(self) -> None:
         """A commit went through: the store takes this daemon's writes (:attr:`refusing`)."""
         self._refusing = ""
+        self._locked = ""
+
+    @property
+    def writes_locked(self) -> str:
+        """Why the last commit failed waiting for another connection's lock
+        (:mod:`.lock_waits`), until a commit goes through or :meth:`check_writes` finds
+        the lock gone; "" if it did not. The store reads as up meanwhile, and the
+        Admission service's health is unchanged (the lock may pass at any moment)."""
+        return self._locked
 
     @property
     def refusing(self) -> str:
@@ -383,8 +396,11 @@ class Database:
         (:mod:`.write_probe`), and keep what they say in :attr:`refusing`: a refusal of
         :mod:`.refusals` (logged as a commit's is), or none. Anything else (an outage, a
         lock wait, no free connection) leaves it as it was: :meth:`ping` says those.
-        SQLite: nothing to ask (its disk is :meth:`ping`'s)."""
+        SQLite: nothing to ask (its disk is :meth:`ping`'s), but while a commit failed
+        for a lock, whether a writer gets in now (:attr:`writes_locked`)."""
         if self.engine.dialect.name != "postgresql":
+            if self._locked and self.file is not None and sqlite_write_lock_free(self.file.path):
+                self._locked = ""
             return
         try:
             with self.engine.connect() as conn, conn.begin() as transaction:
@@ -399,6 +415,7 @@ class Database:
         except sa_exc.TimeoutError:
             return
         self._refusing = ""
+        self._locked = ""  # the dry writes took the tables' locks
 
     def space_short(self) -> str:
         """Why a SQLite store's file system is full (less than :data:`MIN_FREE_BYTES`
