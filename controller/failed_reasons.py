@@ -47,6 +47,11 @@ def _plan_ended(detail: dict[str, Any]) -> str:
         whose = "plan of slot" if one else "plans of slots"  # "the plans of slots 3" read odd
         text += (f"; the {whose} {_runs(runs)} never reached its agents (oasisd, its broker "
                  "or its store was out)")  # fmt: skip
+    unheard = detail.get("agents_never_heard")
+    if isinstance(unheard, list) and unheard:
+        names = ", ".join(str(s) for s in unheard[:5]) + (", ..." if len(unheard) > 5 else "")
+        text += (f"; the agent of {names}, where its plan placed it, was never heard "
+                 "(not installed or not started there: it did not run there)")  # fmt: skip
     failing = detail.get("worker_failures")
     if isinstance(failing, list) and failing and isinstance(failing[0], dict):
         first = failing[0]

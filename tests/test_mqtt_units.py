@@ -458,6 +458,15 @@ class PlaneDaemon:
             return row.state
 
 
+def every_agent_heard(plane: PlaneDaemon) -> None:
+    """A heartbeat from every server's agent, taken in: each is heard (kept in the store
+    at the review), so a job nobody reports on completes with its plan."""
+    for server in plane.ex.server_index:
+        plane.ex.heartbeat(Heartbeat(server, "a"))
+    plane.ex.review_sync()
+    assert plane.ex.heard == set(plane.ex.server_index)
+
+
 @pytest.fixture
 def plane(tmp_path: Path) -> Any:
     daemon = PlaneDaemon(tmp_path)
@@ -1873,6 +1882,8 @@ def test_a_job_planned_while_the_daemon_was_down_fails_rather_than_completes(
     planned only in slots whose plans went out completes as before."""
     import asyncio
 
+    every_agent_heard(plane)  # a job nobody reports on completes unless unsent
+
     from controller.plane.execution import Execution
 
     long = asyncio.run(plane.c.submit({**plane.SPEC, "id": "long", "epochs": 6}))
@@ -1949,6 +1960,8 @@ def test_a_job_admitted_after_the_last_round_with_the_broker_out_fails_rather_th
     (before that round: read from its stored event; after: kept with the plane's state),
     while a job whose plan went out before the broker did completes as before."""
     import asyncio
+
+    every_agent_heard(plane)  # a job nobody reports on completes unless unsent
 
     from controller.plane.execution import Execution
 

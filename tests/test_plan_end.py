@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from controller.plane.topics import Progress, TaskProgress
+from controller.plane.topics import Heartbeat, Progress, TaskProgress
 from tests.test_mqtt_units import PlaneDaemon
 
 TOTAL = PlaneDaemon.TOTAL
@@ -48,11 +48,56 @@ def _report(ex: Any, job_id: str, minibatches: float) -> None:
     ex.report(Progress("w0", "a", [TaskProgress(job_id, minibatches, minibatches * 60.0)]))
 
 
+def _servers_of(d: PlaneDaemon, job_id: str) -> list[str]:
+    """The servers ``job_id``'s plan holds workers or parameter servers on, sorted."""
+    from sqlalchemy import select
+
+    from controller.store import AllocationRow
+
+    with d.c.db.session() as session:
+        rows = session.scalars(select(AllocationRow.server).where(AllocationRow.job_id == job_id))
+        return sorted(set(rows))
+
+
+def _beat_all(ex: Any) -> None:
+    """A heartbeat from every server's agent: each is heard."""
+    for server in ex.server_index:
+        ex.heartbeat(Heartbeat(server, "a"))
+    ex.review_sync()  # the decision thread takes them in
+
+
 def test_a_job_nobody_reported_on_completes_with_its_plan(daemon: PlaneDaemon) -> None:
+    _beat_all(daemon.ex)  # its agents are there (workers may print no counts)
     view = daemon.submit("quiet")
     assert daemon.ex.plans_sync({})  # its plan went out (else it fails: test_mqtt_units)
     _past_plan(daemon, view)
     assert daemon.state("quiet") == "completed"
+
+
+def test_a_job_planned_where_no_agent_was_ever_heard_fails_naming_those_servers(
+    daemon: PlaneDaemon,
+) -> None:
+    """Before, a job planned on servers whose agent was never heard (not installed, a
+    wrong password), which nobody reported on, completed with its whole utility at its
+    plan's end; the README said it fails ``plan_ended``. Now it does, naming them."""
+    view = daemon.submit("unheard")
+    planned = _servers_of(daemon, "unheard")
+    others = [s for s in daemon.ex.server_index if s not in planned]
+    heard = planned[1:] + others  # all but the first of its servers are heard
+    for server in heard:
+        daemon.ex.heartbeat(Heartbeat(server, "a"))
+    assert daemon.ex.review_sync() == []
+    assert daemon.ex.plans_sync({})
+    _past_plan(daemon, view)
+    assert daemon.state("unheard") == "running"  # its agents' grace, as any job short
+    daemon.clock.advance(daemon.ex.mqtt.heartbeat_timeout + 1.0)
+    for server in heard:  # still beating: heard, not failed
+        daemon.ex.heartbeat(Heartbeat(server, "a"))
+    [failed] = [e for e in daemon.ex.review_sync() if e.kind == "failed"]
+    assert failed.detail["reason"] == "plan_ended", failed.detail
+    assert failed.detail["agents_never_heard"] == planned[:1], failed.detail
+    reason = daemon.c._get_sync("unheard").decision.reason
+    assert f"the agent of {planned[0]}, where its plan placed it, was never heard" in reason
 
 
 def test_the_rest_reported_after_the_plan_ended_completes_it_late(daemon: PlaneDaemon) -> None:

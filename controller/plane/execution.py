@@ -231,8 +231,9 @@ class Execution:
         self.jobs = Jobs(controller)
         self.outages = Outages(controller, mqtt, self.server_index, self.jobs)
         self.review = JobReview(
-            controller, mqtt, self.progress, self.jobs, self.failures, monotonic
-        )
+            controller, mqtt, self.progress, self.jobs, self.failures, monotonic,
+            heard=lambda: self.heard,
+        )  # fmt: skip
         self.plans = PlanBuilder(controller, mqtt, self.server_index, self.jobs)
         self.epoch = 0
         self.events_published = 0

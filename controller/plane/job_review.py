@@ -21,7 +21,8 @@ ledger changes hands:
   plane, unless that plan had slots whose plans never went out
   (:attr:`JobReview.unsent`), or slots no round carried its plan in, it being written
   after the round that held them went out (:mod:`controller.plane.sent_plans`):
-  ``plan_not_sent``.
+  ``plan_not_sent``; or servers whose agent was never heard: ``plan_ended``, naming
+  them (``agents_never_heard``).
 
 The progress it judges is :class:`~controller.plane.execution.Execution`'s (read here,
 never changed).
@@ -32,6 +33,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -64,6 +66,8 @@ MAX_UNSENT_RUNS = 16
 """Runs of slots whose plans never went out that the plane keeps (the newest): a job
 planned in one still waits for its agents' counts (:meth:`JobReview.unfinished`)."""
 
+MAX_UNHEARD_NAMED = 10
+"""The most servers whose agent was never heard a failed job's event names."""
 
 COMPLETIONS_PER_REVIEW = 250
 """The most jobs one review completes (in one transaction); the rest at the next review,
@@ -88,8 +92,12 @@ class JobReview(PlanePart):
         jobs: Jobs,
         failures: FailuresHeard | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        heard: Callable[[], AbstractSet[str]] | None = None,
     ) -> None:
         super().__init__(controller, mqtt, jobs)
+        # the servers whose agent was ever heard (the execution's, kept in the store);
+        # None: not known (every agent counts as heard)
+        self._heard = heard
         self.progress = progress
         self.failures = failures if failures is not None else FailuresHeard()
         self.monotonic = monotonic
@@ -250,21 +258,44 @@ class JobReview(PlanePart):
         plan has ended; one that is short is remembered for :meth:`overdue_sync`. A job
         nobody reported on is not short, its plan being all the daemon knows, unless
         that plan had slots whose plans never went out (:attr:`unsent`, or its own:
-        :attr:`sent`): it did not run then (the time audit found such jobs completed
-        with their whole utility)."""
-        short, _ = self._shortfall(job_id, session)
+        :attr:`sent`), or servers whose agent was never heard: it did not run then, or
+        there (the time audit, and the on-call audit, found such jobs completed with their
+        whole utility)."""
+        short, _, _ = self._shortfall(job_id, session)
         if short:
             self.overdue.add(job_id)
         return short
 
-    def _shortfall(self, job_id: str, session: Session) -> tuple[bool, list[tuple[int, int]]]:
+    def _shortfall(
+        self, job_id: str, session: Session
+    ) -> tuple[bool, list[tuple[int, int]], list[str]]:
         """Whether ``job_id`` is short of its work (:meth:`unfinished`), and, for one
-        nobody reported on, the runs of :attr:`unsent` that make it so."""
+        nobody reported on, what makes it so: the runs of :attr:`unsent` its plan had
+        workers in, and the servers of its plan whose agent was never heard."""
         prog = self.progress.get(job_id)
         if prog is None:
             unsent = self._planned_unsent(job_id, session)
-            return bool(unsent), unsent
-        return prog.totals()[0] < self.jobs.get(job_id, session).total_minibatches - 1e-9, []
+            unheard = self._planned_unheard(job_id, session)
+            return bool(unsent or unheard), unsent, unheard
+        short = prog.totals()[0] < self.jobs.get(job_id, session).total_minibatches - 1e-9
+        return short, [], []
+
+    def _planned_unheard(self, job_id: str, session: Session) -> list[str]:
+        """The servers ``job_id``'s plan held workers or parameter servers on whose agent
+        was never heard (sorted; one query). Nothing ran there: an agent starts a task
+        only from a plan it received over the broker it beats on. Before, a job planned
+        on such servers alone, which nobody reported on, completed with its whole
+        utility at its plan's end, where the README said it fails (the on-call audit)."""
+        if self._heard is None:
+            return []
+        heard = self._heard()  # the event loop adds to it: membership tests only
+        servers = session.scalars(
+            select(AllocationRow.server)
+            .where(AllocationRow.job_id == job_id)
+            .where(or_(AllocationRow.workers > 0, AllocationRow.ps > 0))
+            .distinct()
+        )
+        return sorted(s for s in servers if s not in heard)
 
     def overdue_sync(self) -> list[Event]:
         """Fail the jobs left running past their plan short of their work, once their
@@ -287,7 +318,7 @@ class JobReview(PlanePart):
                 since_plan_end = (s - row.completion_slot - 1) * self.slot_seconds + since_boundary
                 if since_plan_end <= self.mqtt.heartbeat_timeout:
                     continue
-                short, unsent = self._shortfall(job_id, session)
+                short, unsent, unheard = self._shortfall(job_id, session)
                 if not short:
                     self.overdue.discard(job_id)
                     continue
@@ -301,6 +332,8 @@ class JobReview(PlanePart):
                 if unsent:  # no agent ever reported it, and slots of its plan never went out
                     detail.update(reason="plan_not_sent",
                                   not_sent_slots=[list(run) for run in unsent])  # fmt: skip
+                if unheard:  # nor was the agent of some of its servers ever heard
+                    detail["agents_never_heard"] = unheard[:MAX_UNHEARD_NAMED]
                 detail.update(self._failing(job_id))
                 row.reason = failed_reason(detail)  # for its submitter (no event stream)
                 events.append(self.c._event(session, now, "failed", job_id, "failed", detail))
