@@ -893,3 +893,50 @@ def test_ctrl_c_ends_offline_within_seconds_while_the_solver_holds_on(tmp_path: 
     assert proc.returncode == 130, (proc.returncode, err)
     assert err.rstrip().endswith("oasis offline: interrupted"), err
     assert took < 20, took  # the grace (2 s), not the native call's minutes
+
+
+def test_ctrl_c_wrapped_by_numba_or_during_start_up_is_no_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The replay audit: Ctrl-C while a numba-compiled function called back into Python
+    came out as ``SystemError: CPUDispatcher(<function _runs ...>) returned a result
+    with an exception set`` (caused by the KeyboardInterrupt, through more SystemErrors),
+    a traceback and status 1; and Ctrl-C in a command's first seconds (its imports, in
+    build_parser) a traceback too. Both stand in here as what they raised."""
+    import controller.commands.replay as replay_command
+    from controller import cli
+    from controller.commands.common import Terminated
+
+    trace = _write(tmp_path, _small_trace())
+
+    def numba_wrapped(stop: type[KeyboardInterrupt]) -> Any:
+        def replay(*args: Any, **kwargs: Any) -> Any:
+            try:
+                try:
+                    raise stop
+                except KeyboardInterrupt as err:
+                    raise SystemError("<function _numba_unpickle> returned a result") from err
+            except SystemError as err:
+                raise SystemError("CPUDispatcher(<function _runs>) returned a result") from err
+
+        return replay
+
+    for stop, code, word in ((KeyboardInterrupt, 130, "interrupted"), (Terminated, 143,
+                                                                        "terminated")):  # fmt: skip
+        monkeypatch.setattr(replay_command, "replay", numba_wrapped(stop))
+        assert main(["replay", trace]) == code
+        assert capsys.readouterr().err == f"oasis replay: {word}\n"
+
+    def unrelated(*args: Any, **kwargs: Any) -> Any:
+        raise SystemError("a SystemError of its own")
+
+    monkeypatch.setattr(replay_command, "replay", unrelated)
+    with pytest.raises(SystemError, match="of its own"):  # not taken for Ctrl-C
+        main(["replay", trace])
+
+    def importing(only: str | None = None) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", importing)
+    assert main(["offline", trace]) == 130
+    assert capsys.readouterr().err == "oasis offline: interrupted\n"
