@@ -940,3 +940,23 @@ def test_ctrl_c_wrapped_by_numba_or_during_start_up_is_no_traceback(
     monkeypatch.setattr(cli, "build_parser", importing)
     assert main(["offline", trace]) == 130
     assert capsys.readouterr().err == "oasis offline: interrupted\n"
+
+
+def test_offline_says_how_far_its_online_replay_is(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The replay audit: `oasis offline` said "replaying 5000 jobs with the online
+    algorithm..." and nothing more for the 35 s that replay took (125,000 jobs: two
+    minutes), where `oasis replay` says how far it is every 10 s. Now it says so too,
+    every REPLAY_PROGRESS_SECONDS; --no-progress: none."""
+    from controller.commands import offline as offline_command
+
+    monkeypatch.setattr(offline_command, "REPLAY_PROGRESS_SECONDS", 0.0)
+    assert main(["offline", str(DEMO), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["online"] > 0
+    total = len(json.loads(DEMO.read_text())["jobs"])
+    said = [line for line in err.splitlines() if line.startswith("replaying: ")]
+    assert said[-1] == f"replaying: decided {total:,} of {total:,} jobs", err
+    assert main(["offline", str(DEMO), "--json", "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""
