@@ -109,9 +109,27 @@ def test_replay_table_says_why_a_job_had_no_schedule(
     trace["jobs"][0]["tau"] = 5
     assert main(["replay", _write(tmp_path, trace)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    at = lines.index("1 job without any feasible schedule (payoff -):")
+    at = lines.index("1 job rejected with no schedule found (payoff -):")
     assert lines[at + 1].startswith("  j1: cannot finish before the horizon even on an empty")
     assert len(lines) == at + 2  # j2 was admitted: not listed
+
+
+def test_a_job_refused_unsearched_is_not_called_one_without_a_feasible_schedule(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The replay audit: a job refused unsearched (its search over --max-search-steps)
+    was listed under "1 job without any feasible schedule (payoff -)", yet it has one:
+    `oasis offline` admitted such a job (a million chunks on the demo's two servers made
+    a million times larger: optimum 61.55 against the replay's 36.55)."""
+    trace = json.loads(DEMO.read_text())
+    for server in trace["servers"]:
+        server["capacity"] = {r: 1e6 for r in server["capacity"]}
+    trace["jobs"][1].update(chunks=1000, epochs=1, minibatches=1, tau=2.0, grad_mb=1)
+    assert main(["replay", _write(tmp_path, trace), "--max-search-steps", "1000"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index("1 job rejected with no schedule found (payoff -):")
+    assert lines[at + 1].startswith("  j2: not searched: its search would take "), lines
+    assert not [line for line in lines if "feasible" in line], lines
 
 
 def test_replay_is_deterministic(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
