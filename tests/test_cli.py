@@ -280,6 +280,21 @@ def test_unreadable_input(
     assert expected in capsys.readouterr().err
 
 
+def test_a_compressed_trace_is_named_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The replay audit: a week's trace kept gzip-compressed (`oasis replay week.json.gz`)
+    was refused as "not UTF-8 text: invalid start byte at byte 1", which does not say why."""
+    import gzip
+
+    path = tmp_path / "week.json.gz"
+    path.write_bytes(gzip.compress(DEMO.read_bytes()))
+    for command in ("replay", "offline"):
+        assert main([command, str(path)]) == 2
+        assert capsys.readouterr().err == (
+            f"oasis {command}: {path}: not UTF-8 text: invalid start byte at byte 1 "
+            "(gzip-compressed: decompress it first)\n"
+        )
+
+
 def test_a_byte_order_mark_is_no_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The offline tools' audit: a trace saved with a UTF-8 byte-order mark (as some
     Windows editors write) was refused with "decode using utf-8-sig"."""

@@ -145,6 +145,12 @@ def read_json(path: str, what: str = "", limit: int | None = None) -> Any:
     return _parsed(data, name)
 
 
+_COMPRESSED = ((b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"BZh", "bzip2"),
+               (b"\xfd7zXZ\x00", "xz"), (b"PK\x03\x04", "zip"))  # fmt: skip
+"""Magic numbers of compressed files: a week's trace kept as ``week.json.gz`` was refused
+as "not UTF-8 text: invalid start byte at byte 1", which does not say why."""
+
+
 def _parsed(data: bytes, name: str) -> Any:
     """``data`` as JSON; InputError naming ``name`` and why not (a key given twice in
     one object included: :func:`pricing.fields.unique_object`)."""
@@ -154,7 +160,9 @@ def _parsed(data: bytes, name: str) -> Any:
     except DuplicateKeyError as err:  # json alone keeps the last value without a word
         raise InputError(f"{name}: {err}") from err
     except UnicodeDecodeError as err:
-        raise InputError(f"{name}: not UTF-8 text: {err.reason} at byte {err.start}") from err
+        packed = next((k for m, k in _COMPRESSED if data.startswith(m)), None)
+        hint = f" ({packed}-compressed: decompress it first)" if packed else ""
+        raise InputError(f"{name}: not UTF-8 text: {err.reason} at byte {err.start}{hint}") from err
     except json.JSONDecodeError as err:
         raise InputError(f"{name}: not JSON: {json_problem(err)}") from err
     except RecursionError as err:
