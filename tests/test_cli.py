@@ -993,3 +993,29 @@ def test_offline_says_how_far_its_online_replay_is(
     assert said[-1] == f"replaying: decided {total:,} of {total:,} jobs", err
     assert main(["offline", str(DEMO), "--json", "--no-progress"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_an_ilp_past_this_machines_memory_is_refused_before_it_is_built(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The replay audit: `oasis offline --method ilp` builds any model up to 2 million
+    variables, at 3.7 KB each (673,359 took 2.6 GB, 246,665 took 1.1 GB): about 8 GB at
+    the cap, which a smaller head node's kernel kills with no word. Now a model over
+    MEMORY_SHARE of this machine's memory is refused up front, naming --method auto (a
+    share of 100 KB here stands in for a machine too small for the demo's ILP)."""
+    from controller.commands import common
+    from controller.commands import offline as offline_command
+    from pricing.ledger import ledger_bytes
+    from pricing.offline import Held
+    from pricing.offline_solve import ilp_size
+
+    trace = common.load_trace(str(DEMO))
+    size = ilp_size(trace, Held.nothing(trace))
+    assert ledger_bytes(trace.cluster, trace.horizon) < 100_000  # the ledger passes
+    assert size * offline_command.ILP_BYTES_PER_VARIABLE > 100_000
+    monkeypatch.setattr(common, "MEMORY_SHARE", 100_000 / common.machine_memory())
+    assert main(["offline", str(DEMO), "--method", "ilp", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"oasis offline: --method ilp: the compact ILP has {size:,} "), err
+    assert "of this machine's" in err and "Use --method auto" in err, err
+    assert main(["offline", str(DEMO), "--no-progress"]) == 0  # auto: no such model

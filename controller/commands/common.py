@@ -42,6 +42,7 @@ __all__ = [
     "json_document",
     "load_prior_file",
     "load_trace",
+    "machine_memory",
     "on_sigterm",
     "positive_seconds",
     "problem_lines",
@@ -264,15 +265,20 @@ horizon can ask for up to the 16 GiB any trace may (``MAX_LEDGER_BYTES``), and o
 smaller machine the kernel killed the replay as it filled the ledger, with no word."""
 
 
+def machine_memory() -> int:
+    """This machine's physical memory, bytes; 0 when unknown (not a POSIX machine)."""
+    try:
+        return max(int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), 0)
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
 def _check_memory(path: str, trace: Trace) -> None:
     """InputError if ``trace``'s ledger needs more than :data:`MEMORY_SHARE` of this
     machine's physical memory (unknown: not checked)."""
     from pricing.ledger import ledger_bytes, ledger_need
 
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # not a POSIX machine: not checked
-        return
+    memory = machine_memory()
     need = ledger_bytes(trace.cluster, trace.horizon)
     if memory > 0 and need > MEMORY_SHARE * memory:
         servers = len(trace.cluster.worker_names) + len(trace.cluster.ps_names)
