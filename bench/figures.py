@@ -70,8 +70,10 @@ import csv
 import errno
 import math
 import os
+import signal
 import sys
 import textwrap
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -98,7 +100,14 @@ from bench.offline_optimum import HORIZON as FIG5_HORIZON
 from bench.offline_optimum import N_JOBS as FIG5_JOBS
 from bench.offline_optimum import TOTAL_SERVERS as FIG5_SERVERS
 from bench.pool import add_arguments, executor, run_all
-from controller.commands.common import int_at_least, quiet_native_stdout
+from controller.commands.common import (
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    Terminated,
+    int_at_least,
+    on_sigterm,
+    quiet_native_stdout,
+)
 from controller.commands.gen import parse_share
 from controller.replay import ReplayRecord, replay
 from pricing import Trace, trace_from_dict
@@ -721,6 +730,26 @@ def fig6(
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the figures; Ctrl-C ends them with status 130, SIGTERM (``timeout``, a batch
+    scheduler's limit) with 143, a line each and the pool's workers ended
+    (:mod:`bench.pool`). Before, Ctrl-C ran every queued trace on, silently (a minute
+    later it had not ended), then printed a traceback, and SIGTERM left the workers
+    running their traces."""
+    term = signal.getsignal(signal.SIGTERM)
+    if term == signal.SIG_DFL and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_sigterm)  # raises Terminated, as Ctrl-C raises
+    try:
+        return _figures(argv)
+    except KeyboardInterrupt as err:  # Terminated too
+        word = "terminated" if isinstance(err, Terminated) else "interrupted"
+        print(f"python -m bench.figures: {word}", file=sys.stderr)
+        return EXIT_TERMINATED if isinstance(err, Terminated) else EXIT_INTERRUPTED
+    finally:
+        if term == signal.SIG_DFL and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _figures(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.figures",
         description="Reproduce the paper's Figs. 3-6 as PNG plots and CSV tables.",

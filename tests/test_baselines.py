@@ -450,3 +450,18 @@ def test_rrh_without_preemption_never_pauses_or_moves_a_started_job() -> None:
                 else:
                     moved += not steady
     assert moved > 0
+
+
+@pytest.mark.parametrize("policy", BASELINES)
+def test_utilities_near_the_float_range_say_no_numpy_warning(
+    policy: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The replay audit: `oasis replay T --policy rrh` on the demo with priorities of
+    1.7e308 printed "rrh.py:115: RuntimeWarning: overflow encountered in divide" on
+    stderr (a job's net gain over its share of the cluster, below 1)."""
+    raw = json.loads((Path(__file__).parent.parent / "config" / "demo-trace.json").read_text())
+    for job in raw["jobs"]:
+        job["utility"].update(priority=1.7e308, decay=0)
+    out = _replay_json(tmp_path, raw, policy, capsys)  # a warning is an error here
+    assert [j["admitted"] for j in out["jobs"]] == [True, True]
+    assert capsys.readouterr().err == ""

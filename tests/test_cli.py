@@ -109,9 +109,27 @@ def test_replay_table_says_why_a_job_had_no_schedule(
     trace["jobs"][0]["tau"] = 5
     assert main(["replay", _write(tmp_path, trace)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    at = lines.index("1 job without any feasible schedule (payoff -):")
+    at = lines.index("1 job rejected with no schedule found (payoff -):")
     assert lines[at + 1].startswith("  j1: cannot finish before the horizon even on an empty")
     assert len(lines) == at + 2  # j2 was admitted: not listed
+
+
+def test_a_job_refused_unsearched_is_not_called_one_without_a_feasible_schedule(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The replay audit: a job refused unsearched (its search over --max-search-steps)
+    was listed under "1 job without any feasible schedule (payoff -)", yet it has one:
+    `oasis offline` admitted such a job (a million chunks on the demo's two servers made
+    a million times larger: optimum 61.55 against the replay's 36.55)."""
+    trace = json.loads(DEMO.read_text())
+    for server in trace["servers"]:
+        server["capacity"] = {r: 1e6 for r in server["capacity"]}
+    trace["jobs"][1].update(chunks=1000, epochs=1, minibatches=1, tau=2.0, grad_mb=1)
+    assert main(["replay", _write(tmp_path, trace), "--max-search-steps", "1000"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index("1 job rejected with no schedule found (payoff -):")
+    assert lines[at + 1].startswith("  j2: not searched: its search would take "), lines
+    assert not [line for line in lines if "feasible" in line], lines
 
 
 def test_replay_is_deterministic(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -260,6 +278,21 @@ def test_unreadable_input(
 ) -> None:
     assert main(["replay", _write(tmp_path, content)]) == 2
     assert expected in capsys.readouterr().err
+
+
+def test_a_compressed_trace_is_named_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The replay audit: a week's trace kept gzip-compressed (`oasis replay week.json.gz`)
+    was refused as "not UTF-8 text: invalid start byte at byte 1", which does not say why."""
+    import gzip
+
+    path = tmp_path / "week.json.gz"
+    path.write_bytes(gzip.compress(DEMO.read_bytes()))
+    for command in ("replay", "offline"):
+        assert main([command, str(path)]) == 2
+        assert capsys.readouterr().err == (
+            f"oasis {command}: {path}: not UTF-8 text: invalid start byte at byte 1 "
+            "(gzip-compressed: decompress it first)\n"
+        )
 
 
 def test_a_byte_order_mark_is_no_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -893,3 +926,96 @@ def test_ctrl_c_ends_offline_within_seconds_while_the_solver_holds_on(tmp_path: 
     assert proc.returncode == 130, (proc.returncode, err)
     assert err.rstrip().endswith("oasis offline: interrupted"), err
     assert took < 20, took  # the grace (2 s), not the native call's minutes
+
+
+def test_ctrl_c_wrapped_by_numba_or_during_start_up_is_no_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The replay audit: Ctrl-C while a numba-compiled function called back into Python
+    came out as ``SystemError: CPUDispatcher(<function _runs ...>) returned a result
+    with an exception set`` (caused by the KeyboardInterrupt, through more SystemErrors),
+    a traceback and status 1; and Ctrl-C in a command's first seconds (its imports, in
+    build_parser) a traceback too. Both stand in here as what they raised."""
+    import controller.commands.replay as replay_command
+    from controller import cli
+    from controller.commands.common import Terminated
+
+    trace = _write(tmp_path, _small_trace())
+
+    def numba_wrapped(stop: type[KeyboardInterrupt]) -> Any:
+        def replay(*args: Any, **kwargs: Any) -> Any:
+            try:
+                try:
+                    raise stop
+                except KeyboardInterrupt as err:
+                    raise SystemError("<function _numba_unpickle> returned a result") from err
+            except SystemError as err:
+                raise SystemError("CPUDispatcher(<function _runs>) returned a result") from err
+
+        return replay
+
+    for stop, code, word in ((KeyboardInterrupt, 130, "interrupted"), (Terminated, 143,
+                                                                        "terminated")):  # fmt: skip
+        monkeypatch.setattr(replay_command, "replay", numba_wrapped(stop))
+        assert main(["replay", trace]) == code
+        assert capsys.readouterr().err == f"oasis replay: {word}\n"
+
+    def unrelated(*args: Any, **kwargs: Any) -> Any:
+        raise SystemError("a SystemError of its own")
+
+    monkeypatch.setattr(replay_command, "replay", unrelated)
+    with pytest.raises(SystemError, match="of its own"):  # not taken for Ctrl-C
+        main(["replay", trace])
+
+    def importing(only: str | None = None) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", importing)
+    assert main(["offline", trace]) == 130
+    assert capsys.readouterr().err == "oasis offline: interrupted\n"
+
+
+def test_offline_says_how_far_its_online_replay_is(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The replay audit: `oasis offline` said "replaying 5000 jobs with the online
+    algorithm..." and nothing more for the 35 s that replay took (125,000 jobs: two
+    minutes), where `oasis replay` says how far it is every 10 s. Now it says so too,
+    every REPLAY_PROGRESS_SECONDS; --no-progress: none."""
+    from controller.commands import offline as offline_command
+
+    monkeypatch.setattr(offline_command, "REPLAY_PROGRESS_SECONDS", 0.0)
+    assert main(["offline", str(DEMO), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["online"] > 0
+    total = len(json.loads(DEMO.read_text())["jobs"])
+    said = [line for line in err.splitlines() if line.startswith("replaying: ")]
+    assert said[-1] == f"replaying: decided {total:,} of {total:,} jobs", err
+    assert main(["offline", str(DEMO), "--json", "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_an_ilp_past_this_machines_memory_is_refused_before_it_is_built(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The replay audit: `oasis offline --method ilp` builds any model up to 2 million
+    variables, at 3.7 KB each (673,359 took 2.6 GB, 246,665 took 1.1 GB): about 8 GB at
+    the cap, which a smaller head node's kernel kills with no word. Now a model over
+    MEMORY_SHARE of this machine's memory is refused up front, naming --method auto (a
+    share of 100 KB here stands in for a machine too small for the demo's ILP)."""
+    from controller.commands import common
+    from controller.commands import offline as offline_command
+    from pricing.ledger import ledger_bytes
+    from pricing.offline import Held
+    from pricing.offline_solve import ilp_size
+
+    trace = common.load_trace(str(DEMO))
+    size = ilp_size(trace, Held.nothing(trace))
+    assert ledger_bytes(trace.cluster, trace.horizon) < 100_000  # the ledger passes
+    assert size * offline_command.ILP_BYTES_PER_VARIABLE > 100_000
+    monkeypatch.setattr(common, "MEMORY_SHARE", 100_000 / common.machine_memory())
+    assert main(["offline", str(DEMO), "--method", "ilp", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"oasis offline: --method ilp: the compact ILP has {size:,} "), err
+    assert "of this machine's" in err and "Use --method auto" in err, err
+    assert main(["offline", str(DEMO), "--no-progress"]) == 0  # auto: no such model

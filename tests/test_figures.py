@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 from pathlib import Path
 
@@ -204,3 +205,62 @@ def test_an_out_folder_it_cannot_make_is_one_line_not_a_traceback(
         f"python -m bench.figures: error: --out {tmp_path}/file/figs: cannot write there: "
         "Not a directory"
     ), err
+
+
+def test_ctrl_c_and_sigterm_end_the_figures_and_their_workers_at_once(tmp_path: Path) -> None:
+    """The replay audit: Ctrl-C at 25 s of ``python -m bench.figures`` left the process
+    pool's ``with`` waiting for every queued trace (147), silently, and it had not ended a
+    minute later; SIGTERM (``timeout``) killed the parent alone, its workers running on.
+    Now either ends the run and its workers at once, status 130 / 143, one line. Ctrl-C
+    goes to the terminal's whole process group, SIGTERM to the parent alone."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.servers import ROOT
+
+    for sig, group, code, word in ((signal.SIGINT, True, 130, "interrupted"),
+                                   (signal.SIGTERM, False, 143, "terminated")):  # fmt: skip
+        err_path = tmp_path / f"err{sig}"
+        with err_path.open("w") as err:
+            args = ["--quick", "--seeds", "3", "--workers", "2", "--out", str(tmp_path / "f")]
+            proc = subprocess.Popen([sys.executable, "-m", "bench.figures", *args], cwd=ROOT,
+                                    stdout=subprocess.DEVNULL, stderr=err,
+                                    start_new_session=True)  # fmt: skip
+        try:
+            deadline = time.monotonic() + 120
+            while "2/" not in err_path.read_text():  # two traces done: the pool is busy
+                assert proc.poll() is None and time.monotonic() < deadline, err_path.read_text()
+                time.sleep(0.05)
+            workers = [
+                int(pid)
+                for pid in os.listdir("/proc")
+                if pid.isdigit() and _parent(int(pid)) == proc.pid
+            ]
+            assert workers
+            if group:
+                os.killpg(proc.pid, sig)
+            else:
+                proc.send_signal(sig)
+            assert proc.wait(timeout=20) == code, err_path.read_text()[-2000:]
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        said = err_path.read_text()
+        assert "Traceback" not in said, said
+        assert said.rstrip().endswith(f"python -m bench.figures: {word}"), said[-300:]
+        time.sleep(0.5)  # the workers' exit, once their parent is gone
+        assert [pid for pid in workers if _parent(pid) not in (None, 0)] == [], workers
+
+
+def _parent(pid: int) -> int | None:
+    """The parent of process ``pid`` (0 once a zombie's), or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            after = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return 0 if after[0] == b"Z" else int(after[1])

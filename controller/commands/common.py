@@ -42,6 +42,7 @@ __all__ = [
     "json_document",
     "load_prior_file",
     "load_trace",
+    "machine_memory",
     "on_sigterm",
     "positive_seconds",
     "problem_lines",
@@ -145,6 +146,12 @@ def read_json(path: str, what: str = "", limit: int | None = None) -> Any:
     return _parsed(data, name)
 
 
+_COMPRESSED = ((b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"BZh", "bzip2"),
+               (b"\xfd7zXZ\x00", "xz"), (b"PK\x03\x04", "zip"))  # fmt: skip
+"""Magic numbers of compressed files: a week's trace kept as ``week.json.gz`` was refused
+as "not UTF-8 text: invalid start byte at byte 1", which does not say why."""
+
+
 def _parsed(data: bytes, name: str) -> Any:
     """``data`` as JSON; InputError naming ``name`` and why not (a key given twice in
     one object included: :func:`pricing.fields.unique_object`)."""
@@ -154,7 +161,9 @@ def _parsed(data: bytes, name: str) -> Any:
     except DuplicateKeyError as err:  # json alone keeps the last value without a word
         raise InputError(f"{name}: {err}") from err
     except UnicodeDecodeError as err:
-        raise InputError(f"{name}: not UTF-8 text: {err.reason} at byte {err.start}") from err
+        packed = next((k for m, k in _COMPRESSED if data.startswith(m)), None)
+        hint = f" ({packed}-compressed: decompress it first)" if packed else ""
+        raise InputError(f"{name}: not UTF-8 text: {err.reason} at byte {err.start}{hint}") from err
     except json.JSONDecodeError as err:
         raise InputError(f"{name}: not JSON: {json_problem(err)}") from err
     except RecursionError as err:
@@ -256,15 +265,20 @@ horizon can ask for up to the 16 GiB any trace may (``MAX_LEDGER_BYTES``), and o
 smaller machine the kernel killed the replay as it filled the ledger, with no word."""
 
 
+def machine_memory() -> int:
+    """This machine's physical memory, bytes; 0 when unknown (not a POSIX machine)."""
+    try:
+        return max(int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), 0)
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
 def _check_memory(path: str, trace: Trace) -> None:
     """InputError if ``trace``'s ledger needs more than :data:`MEMORY_SHARE` of this
     machine's physical memory (unknown: not checked)."""
     from pricing.ledger import ledger_bytes, ledger_need
 
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # not a POSIX machine: not checked
-        return
+    memory = machine_memory()
     need = ledger_bytes(trace.cluster, trace.horizon)
     if memory > 0 and need > MEMORY_SHARE * memory:
         servers = len(trace.cluster.worker_names) + len(trace.cluster.ps_names)

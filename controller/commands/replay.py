@@ -64,17 +64,21 @@ _HEADERS = ["job", "arrival", "decision", "payoff", "cost", "jct", "utility", "p
 _RIGHT = {1, 3, 4, 5, 6, 7, 8}
 
 UNSCHEDULABLE_SHOWN = 10
-"""Jobs without any feasible schedule whose reasons the table lists at most."""
+"""Jobs rejected with no schedule found (none feasible, or not searched) whose reasons
+the table lists at most."""
 
 
 def _unschedulable(records: list[ReplayRecord], out: TextIO) -> None:
-    """Why the jobs without any feasible schedule (payoff ``-``) were rejected: the
+    """Why the jobs with no schedule found (payoff ``-``: none is feasible, or the job
+    was not searched, over ``--max-search-steps`` or ``--max-search-mb``) were rejected: the
     table said only ``reject``, and a job whose work could never fit the horizon (a
     ``tau`` in seconds, not slots) looked like one priced out."""
     none = [r for r in records if not r.decision.admitted and r.decision.best.payoff is None]
     if not none:
         return
-    print(f"\n{counted(len(none), 'job')} without any feasible schedule (payoff -):", file=out)
+    # "without any feasible schedule" was said of a job refused unsearched too (over
+    # --max-search-steps), which the offline optimum then ran
+    print(f"\n{counted(len(none), 'job')} rejected with no schedule found (payoff -):", file=out)
     for r in none[:UNSCHEDULABLE_SHOWN]:
         print(f"  {r.decision.job.id}: {r.reason}", file=out)
     if len(none) > UNSCHEDULABLE_SHOWN:

@@ -112,7 +112,8 @@ def _net_rewards(
                 loss[j] = 0.0
                 cost += loss
     net = gain - cost
-    dens = net / np.maximum(share * rpt, 1e-12)
+    with np.errstate(over="ignore"):  # net near the float range over a share below 1: inf
+        dens = net / np.maximum(share * rpt, 1e-12)
     orders = [x.order for x in tasks]
     return dict(zip(orders, net.tolist(), strict=True)), dict(
         zip(orders, dens.tolist(), strict=True)
