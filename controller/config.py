@@ -423,7 +423,7 @@ def as_meant(value: Any) -> Any:
         return {key: as_meant(item) for key, item in value.items()}
     if isinstance(value, list):
         return [as_meant(item) for item in value]
-    if isinstance(value, int) and not isinstance(value, bool):
+    if fields.is_integer(value):
         return float(value)
     return value
 

@@ -43,6 +43,7 @@ from controller.store.retention_mark import deleted_before
 from controller.store.stored import stored_spec
 from pricing import SpecError, fields, job_from_dict
 from pricing.cluster import Cluster, cluster_from_dict
+from pricing.fields import is_integer
 from pricing.job import Job
 from pricing.offline import Held
 from pricing.prices import oracle_bounds
@@ -416,7 +417,7 @@ def _daemon_state(session: Session) -> tuple[int, float, Cluster]:
 def _natural(value: Any, end: int = 1 << 31) -> bool:
     """Whether a stored slot or count is an integer ``0 .. end - 1`` (SQLite keeps what
     it is given; the arrays counts go into hold int32)."""
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < end
+    return is_integer(value) and 0 <= value < end
 
 
 def _settings(value: Any) -> tuple[int, float]:

@@ -30,14 +30,10 @@ from sqlalchemy.orm import Session
 
 from controller.store import OutageRow
 from pricing.cluster import Cluster
+from pricing.fields import is_integer
 from pricing.ledger import CAPACITY_SLACK
 
 __all__ = ["block_outages", "clip_over_capacity", "read_outages"]
-
-
-def _slot(value: Any) -> bool:
-    """Whether a stored slot is an integer (SQLite keeps what it is given)."""
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def read_outages(session: Session, end: int) -> Sequence[Any]:
@@ -68,7 +64,7 @@ def block_outages(
     notes: list[str] = []
     applied: set[str] = set()
     for row in rows:
-        if not _slot(row.down_from) or not (row.up_from is None or _slot(row.up_from)):
+        if not is_integer(row.down_from) or not (row.up_from is None or is_integer(row.up_from)):
             notes.append(
                 f"the store's server_outages row {row.id} ({str(row.server)[:64]}): its "
                 "slots do not read back; left out, as the daemon leaves it out"

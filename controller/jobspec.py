@@ -29,7 +29,7 @@ from pricing.durations import (
     slots_in_time,
 )
 from pricing.errors import Problem, SpecError
-from pricing.fields import DuplicateKeyError, show, unique_object
+from pricing.fields import DuplicateKeyError, is_integer, is_number, show, unique_object
 from pricing.json_mistakes import json_problem
 from pricing.utility import WHEN_KEYS
 
@@ -86,7 +86,7 @@ _SPANS = (*WHEN_KEYS, "half_life")
 def _real(value: Any) -> Any:
     """An int as the float it stands for (what the typed JobSpec fields carry); anything
     else as it is, for the parser to judge."""
-    if isinstance(value, int) and not isinstance(value, bool):
+    if is_integer(value):
         try:
             return float(value)
         except OverflowError:
@@ -213,13 +213,9 @@ def _utility_mapped(
 _ABSENT = object()
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
 def _same(a: Any, b: Any) -> bool:
     """Equal values, numbers to a relative 1e-9 (``"0.1h"`` is 6 minutes to rounding)."""
-    if _is_number(a) and _is_number(b):
+    if is_number(a) and is_number(b):
         try:
             return math.isclose(a, b, rel_tol=1e-9)
         except OverflowError:  # an int past float64's range

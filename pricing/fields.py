@@ -6,7 +6,7 @@ import difflib
 import math
 import re
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 from pricing.errors import Problem, SpecError
 from pricing.text import label, printable_problem
@@ -157,9 +157,20 @@ def require(parent: Mapping[str, Any], key: str, prefix: str) -> Any:
     return parent[key]
 
 
+def is_integer(value: Any) -> TypeGuard[int]:
+    """Whether ``value`` is an int and not a bool (JSON's ``true`` and a column SQLite
+    kept as given are no count: ``isinstance(True, int)`` holds)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> TypeGuard[int | float]:
+    """Whether ``value`` is an int or a float and not a bool (finite or not)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def number(value: Any, field: str) -> float:
     """A finite real number (booleans are not numbers here)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if not is_number(value):
         raise SpecError.one(field, f"must be a number, got {_kind(value)}")
     try:
         x = float(value)
@@ -188,7 +199,7 @@ def non_negative(value: Any, field: str) -> float:
 
 def integer(value: Any, field: str, *, minimum: int) -> int:
     """An integer >= ``minimum``; an integral float such as ``4.0`` is accepted."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if not is_number(value):
         raise SpecError.one(field, f"must be an integer, got {_kind(value)}")
     if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
         raise SpecError.one(field, f"must be an integer, got {show(value)}")

@@ -47,6 +47,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from pricing.fields import is_integer, is_number
+
 __all__ = ["BIN_WIDTH", "DEAD_BAND", "LOG_LIMIT", "MAX_BINS", "REACH", "Tracker", "clip_log"]
 
 BIN_WIDTH = 0.05
@@ -211,7 +213,7 @@ class Tracker:
             raise ValueError("tracker keys and raw differ in length or are too many")
         limit = LOG_LIMIT / BIN_WIDTH + 1
         for k in keys:
-            if isinstance(k, bool) or not isinstance(k, int) or abs(k) > limit:
+            if not is_integer(k) or abs(k) > limit:
                 raise ValueError("tracker keys must be bin indices")
         if any(b <= a for a, b in itertools.pairwise(keys)):
             raise ValueError("tracker keys must increase")
@@ -267,7 +269,7 @@ def _unpack_weights(text: Any) -> list[float]:
 
 
 def _finite(x: Any, positive: bool = False) -> float:
-    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
+    if not is_number(x) or not math.isfinite(x):
         raise ValueError("expected a finite number")
     if positive and not x > 0:
         raise ValueError("expected a number > 0")

@@ -26,6 +26,7 @@ from controller.limits import check_job_key
 from controller.store import AllocationRow, EventRow, JobRow, in_batches
 from controller.store.stored import stored_spec
 from pricing import SpecError
+from pricing.fields import is_integer
 
 __all__ = ["ReadViews"]
 
@@ -33,11 +34,6 @@ _LOGGED_ROWS = 1000
 """Stored job rows whose problems are logged (each once)."""
 _DRIVER_FIELDS = {"resource": str, "server": str, "first_slot": int, "last_slot": int,
                   "cost": float, "price": float}  # fmt: skip
-
-
-def _count(value: Any) -> bool:
-    """Whether ``value`` is an integer count as stored (SQLite keeps what it is given)."""
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _drivers(value: Any) -> list[dict[str, Any]] | None:
@@ -136,7 +132,7 @@ class ReadViews(AdmissionState):
         order = self._server_positions()
         entries: list[dict[str, Any]] = []
         for a in sorted(allocs, key=lambda a: (a.slot, order.get(a.server, 1 << 30))):
-            if not (_count(a.workers) and _count(a.ps)):
+            if not (is_integer(a.workers) and is_integer(a.ps)):
                 where = f"allocation (slot {a.slot}, server {str(a.server)[:64]!r})"
                 counts = f"{str(a.workers)[:20]!r}, {str(a.ps)[:20]!r}"
                 problems.append(f"{where}: counts {counts} are not integers")

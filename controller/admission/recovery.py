@@ -54,6 +54,7 @@ from controller.store.writer_lock import recorded_holder
 from pricing import Job, Ledger, OasisError, SpecError
 from pricing.best_schedule import BestSchedule, warm_up
 from pricing.errors import CapacityError
+from pricing.fields import is_integer, is_number
 from pricing.replan import refit
 from pricing.schedule import Schedule
 
@@ -95,11 +96,11 @@ def released_from(row: Any, first: int) -> int:
     ``row``: with ``state``, ``cancelled_slot`` and ``completion_slot`` (a job row)."""
     if row.state == "cancelled":
         end = row.cancelled_slot
-    elif row.state in ("completed", "failed") and _integer(row.completion_slot):
+    elif row.state in ("completed", "failed") and is_integer(row.completion_slot):
         end = row.completion_slot + 1
     else:
         end = None
-    return first + 1 if _integer(end) and end > first else first
+    return first + 1 if is_integer(end) and end > first else first
 
 
 def outage_mark(session: Session) -> tuple[int, int, int, int]:
@@ -117,11 +118,6 @@ def outage_mark(session: Session) -> tuple[int, int, int, int]:
     ).one()
     count, newest, ended, ends = (int(v or 0) for v in row)
     return count, newest, ended, ends
-
-
-def _integer(value: Any) -> bool:
-    """Whether a stored count or slot is an integer (SQLite keeps what it is given)."""
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -265,8 +261,8 @@ class Recovery(Moves, BoundControl):
             return
         # the slot decided_at falls in: a job admitted after waiting (or expired) was
         # decided slots after it was submitted (the review: slot 0 given 7 slots late)
-        slot = row.decided_slot if _integer(row.decided_slot) else row.submitted_slot
-        if not _integer(slot):
+        slot = row.decided_slot if is_integer(row.decided_slot) else row.submitted_slot
+        if not is_integer(slot):
             return
         length = self.slots.slot_seconds
         at = row.decided_at  # SQLite keeps no zone: stored as UTC
@@ -681,14 +677,14 @@ class Recovery(Moves, BoundControl):
         per_slot: dict[int, list[int]] = {}
         for a in allocs:
             where = f"allocation at slot {str(a.slot)[:24]} on {str(a.server)[:64]}"
-            if not _integer(a.slot):
+            if not is_integer(a.slot):
                 return f"{where}: the slot is not an integer"
             if a.slot >= first + span:
                 return f"{where}: more than {span} slots past the window's first slot {first}"
             if a.slot < job.arrival:
                 return f"{where}: before the job's arrival in slot {job.arrival}"
             for name, value in (("workers", a.workers), ("ps", a.ps)):
-                if not (_integer(value) and 0 <= value <= job.chunks):
+                if not (is_integer(value) and 0 <= value <= job.chunks):
                     shown = "no integer" if value is None else str(value)[:24]
                     return f"{where}: {name}: must be 0 .. {job.chunks} (its chunks), got {shown}"
             counts = per_slot.setdefault(a.slot, [0, 0])
@@ -713,7 +709,7 @@ class Recovery(Moves, BoundControl):
         with self.db.session() as session:
             detail = session.scalar(select(JobRow.detail).where(JobRow.id == job_id))
         value = detail.get(PLANNED_WORK) if isinstance(detail, dict) else None
-        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+        return value if is_integer(value) else 0
 
     @staticmethod
     def _misfit(job_id: str, job: Job | None, allocs: list[Any], why: str) -> _Misfit:
@@ -795,7 +791,7 @@ class Recovery(Moves, BoundControl):
             ).order_by(OutageRow.id)).all()  # fmt: skip
         cordoned: dict[str, Cordon] = {}
         for o in outages:
-            if not _integer(o.down_from) or not (o.up_from is None or _integer(o.up_from)):
+            if not is_integer(o.down_from) or not (o.up_from is None or is_integer(o.up_from)):
                 self.log.warning(
                     "an outage row that does not read back is left out", row=o.id,
                     server=str(o.server)[:64], down_from=str(o.down_from)[:24],
@@ -833,7 +829,7 @@ def _recorded_number(value: Any) -> float | None:
     """A number of the recorded settings as a float; None if it is none, or past
     float64 (an edit's ``"window": 1e400`` written as an integer, which JSON keeps:
     before, OverflowError out of every takeover, so no standby could lead)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if not is_number(value):
         return None
     try:
         return float(value)

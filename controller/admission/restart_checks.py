@@ -25,6 +25,7 @@ from controller.store import JobRow, MetaRow
 from controller.store.stored import stored_spec
 from pricing.durations import format_time
 from pricing.errors import SpecError
+from pricing.fields import is_integer
 
 __all__ = [
     "epoch_row",
@@ -63,7 +64,7 @@ def epoch_row(session: Session) -> float | None:
 def settings_epoch(session: Session) -> float | None:
     """Slot 0 as the last leader's recorded settings give it; None if they do not."""
     recorded = recorded_settings(session).get("epoch")
-    if isinstance(recorded, int) and not isinstance(recorded, bool):
+    if is_integer(recorded):
         with contextlib.suppress(OverflowError):  # an edited row: not read
             recorded = float(recorded)
     return recorded if isinstance(recorded, float) and math.isfinite(recorded) else None

@@ -32,6 +32,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from controller.store import AllocationRow, EventRow, in_batches
+from pricing.fields import is_integer
 
 __all__ = ["MAX_RUNS_PER_JOB", "PLAN_KINDS", "SentPlans", "counter", "joined_runs"]
 
@@ -58,7 +59,7 @@ def counter(value: Any) -> bool:
     """Whether a stored plan epoch, event count or slot is an integer in ``[0, 2**53]``
     (an edit's 10**29 overflowed every query of the events after it: the plane
     reconnected every second)."""
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 1 << 53
+    return is_integer(value) and 0 <= value <= 1 << 53
 
 
 def _written_from(kind: str, state: str, slot: Any, detail: Any) -> int | None:

@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from controller.store.models import MetaRow
+from pricing.fields import is_integer
 
 __all__ = ["RETENTION_KEY", "deleted_before", "mark_deleted_before"]
 
@@ -32,7 +33,7 @@ def deleted_before(session: Session) -> int | None:
     row = session.get(MetaRow, RETENTION_KEY)
     value: Any = row.value if row is not None else None
     slot = value.get("deleted_before_slot") if isinstance(value, dict) else None
-    if isinstance(slot, int) and not isinstance(slot, bool) and 0 <= slot < 1 << 63:
+    if is_integer(slot) and 0 <= slot < 1 << 63:
         return slot
     return None
 

@@ -51,6 +51,7 @@ from sqlalchemy.orm import Session
 from controller.store.database import Database
 from controller.store.models import EventRow, MetaRow
 from controller.store.urls import shown
+from pricing.fields import is_integer
 
 __all__ = [
     "LOCK_KEY",
@@ -126,7 +127,7 @@ class Holder:
             at = datetime.fromisoformat(since) if isinstance(since, str) else None
         except ValueError:
             at = None
-        pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+        pid = pid if is_integer(pid) else None
         address = raw.get("address", "")
         given = raw.get("clock_offset")
         offset = float(given) if isinstance(given, int | float) and not isinstance(
@@ -157,7 +158,7 @@ def _newest_event_epoch(session: Session) -> int:
         with contextlib.suppress(ValueError, RecursionError):
             detail = json.loads(detail)
     epoch = detail.get("epoch") if isinstance(detail, dict) else None
-    return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) and epoch > 0 else 0
+    return epoch if is_integer(epoch) and epoch > 0 else 0
 
 
 def this_process(epoch: int = 0, address: str = "") -> Holder:
