@@ -517,10 +517,15 @@ def test_watch_json_detail_is_json(tmp_path: Path, daemon: Daemon) -> None:
     # for people, the detail's numbers to 6 digits, as other commands print them (the
     # README audit: "payoff": 6.927184195498584); --json keeps every digit
     cmd.remove("--json")
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT) as watch:
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          cwd=ROOT) as watch:  # fmt: skip
         assert watch.stdout is not None
         line = watch.stdout.readline()
-        watch.kill()
+        # SIGTERM (a unit's stop, `timeout`) is said and exits 143, as for every other
+        # command; watch read it as Ctrl-C: 130, no word
+        watch.terminate()
+        _, err = watch.communicate(timeout=30)
+    assert (watch.returncode, err.strip()) == (143, "oasis watch: terminated")
     shown = json.loads(line[line.index("{") :])
     payoff = first["detail"]["payoff"]
     assert shown["payoff"] == float(f"{payoff:.6g}"), (line, payoff)

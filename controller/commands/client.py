@@ -25,9 +25,12 @@ from controller.clock import SlotTimes
 from controller.commands import SUMMARIES
 from controller.commands.common import (
     EXIT_FAILURE,
+    EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_TERMINATED,
     INT32_MAX,
     InputError,
+    Terminated,
     counted,
     fmt,
     int_at_least,
@@ -314,8 +317,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         submit = functools.partial(stubs.admission.SubmitJob, req, timeout=stubs.timeout)
         try:
             resp = submit() if len(specs) == 1 else _paced(stubs, submit)
-        except KeyboardInterrupt:
-            return _interrupted(args, specs, i, responses, given)
+        except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (Terminated)
+            return _interrupted(args, specs, i, responses, given, stop)
         except grpc.RpcError as err:
             job_id = spec["id"]
             note = (f"the job may have been admitted as {job_id!r} before the call failed: "
@@ -436,22 +439,28 @@ def _interrupted(
     i: int,
     responses: list[pb.SubmitJobResponse],
     given: Sequence[str | None],
+    stop: KeyboardInterrupt | None = None,
 ) -> int:
     """Ctrl-C while item ``i`` of ``specs`` was being submitted: say what was submitted
     (with ``--json`` the partial-failure object), and that item ``i`` may have been;
     exit 130. Before, a traceback, and under ``--json`` nothing at all: 171 of 300 jobs
-    were stored and the script could not tell which (the CLI audit)."""
+    were stored and the script could not tell which (the CLI audit). A SIGTERM
+    (``stop`` a :class:`Terminated`) is said as ``terminated``, status 143, as every
+    other command says it (it read ``interrupted``, 130, as if a person had pressed
+    Ctrl-C)."""
+    word, status = ("terminated", EXIT_TERMINATED) if isinstance(stop, Terminated) else (
+        "interrupted", EXIT_INTERRUPTED)  # fmt: skip
     job_id = specs[i]["id"]
     note = (f"item {i + 1}, {job_id!r}, may have been admitted: see `oasis job {job_id}`; "
             f"{len(specs) - i - 1} after it were not sent")  # fmt: skip
     if args.json:
         failed = {"item": i, "id": job_id, "not_sent": len(specs) - i - 1}
         extra = {"failed": failed, "submitted": _submitted(responses, None), "note": note}
-        report_error(args, "CANCELLED", "interrupted", extra=extra)
+        report_error(args, "CANCELLED", word, extra=extra)
     else:
-        print(f"oasis submit: interrupted; {len(responses)} submitted before it; {note}"
+        print(f"oasis submit: {word}; {len(responses)} submitted before it; {note}"
               f"{_sent_again(given, specs, i)}", file=sys.stderr)  # fmt: skip
-    return 130
+    return status
 
 
 def cmd_quote(args: argparse.Namespace) -> int:
@@ -703,6 +712,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
                 detail = short_numbers(event.detail)
                 print(f"#{event.sequence} slot {slot_label(event.slot, times)} {event.kind} "
                       f"{event.job_id} {state} {detail}", flush=True)  # fmt: skip
+    except Terminated:  # SIGTERM (a unit's stop, `timeout`): said, status 143, as elsewhere
+        raise
     except KeyboardInterrupt:  # the way to stop watching: quiet, with the shell's status
-        return 130
+        return EXIT_INTERRUPTED
     return EXIT_OK
