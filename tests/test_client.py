@@ -794,6 +794,18 @@ def test_addresses_and_arguments_are_checked_by_the_client_and_json_stays_json()
     for address, message in bad.items():
         out = run("jobs", server=address)
         assert out.returncode == 2 and message in out.stderr, out.stderr
+    # with --json the option the client refused is the error's field, as argparse's are
+    # (it was "", the option named only inside the message)
+    for argv, field in (
+        (["jobs", "--json"], ("127.0.0.1:99999", "--server")),
+        (["jobs", "--json", "--token", "a\tb"], ("127.0.0.1:1", "--token")),
+        (["jobs", "--json", "--tls-cert", "c.pem"], ("127.0.0.1:1", "")),  # names two
+    ):
+        out = run(*argv, server=field[0])
+        error = json.loads(out.stdout)["error"]
+        assert out.returncode == 2 and error["field"] == field[1], error
+        if field[1]:
+            assert error["problems"][0]["field"] == field[1], error
     out = run("prices", "--slots", "-1", server="127.0.0.1:1")
     assert out.returncode == 2 and "--slots: must be >= 1" in out.stderr, out.stderr
     out = run("submit", "job.json", "--wait", "5x", "--json", server="127.0.0.1:1")

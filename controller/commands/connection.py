@@ -303,6 +303,13 @@ class PartialFailureError(Exception):
         self.extra = extra
 
 
+_OPTION_ERROR = re.compile(r"(-o|--[a-z][a-z0-9-]*)(?: \(or \$[A-Z_]+\))?(?: '[^']*'| [^\s:']+)?:")
+"""A client's refusal of one option's value, as it begins (``--server 'h:0': ...``,
+``--token (or $OASIS_TOKEN): ...``): with ``--json`` that option is the error's field,
+as for argparse's usage errors (it was ``""``, the option named in the message alone).
+A message naming two (``--tls-cert and --tls-key go together``) names no one field."""
+
+
 def report_error(
     args: argparse.Namespace,
     code: str,
@@ -317,6 +324,9 @@ def report_error(
     INVALID_ARGUMENT, else 1."""
     status = EXIT_BAD_INPUT if code == "INVALID_ARGUMENT" else EXIT_FAILURE
     if getattr(args, "json", False):
+        option = _OPTION_ERROR.match(message) if code == "INVALID_ARGUMENT" else None
+        if option and not problems:  # the client's own refusal of an option's value
+            problems = [Problem(option[1], message[option.end() :].strip())]
         keys = list(about) + [{}] * (len(problems) - len(about))
         error = {
             "code": code,
