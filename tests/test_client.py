@@ -268,6 +268,15 @@ def test_a_list_with_bad_items_submits_none_and_names_each(tmp_path: Path, daemo
         (4, "b0", "job.id"), (5, "b5", "job.worker.GPU"),
     ]  # fmt: skip
     assert answer["error"]["code"] == "INVALID_ARGUMENT"
+    # a long list's problems on the terminal: the first 20 and a count, as for a trace
+    # (a list of 20,000 bad items printed 20,001 lines); --json lists every one
+    many = [{**PEOPLE, "id": f"m{i}", "epochs": 0} for i in range(30)]
+    out = run("submit", write(tmp_path, many), server=daemon.address)
+    lines = out.stderr.splitlines()
+    assert out.returncode == 2 and len(lines) == 22, out.stderr
+    assert lines[-1] == "  ... and 10 more (--json lists every one)"
+    out = run("submit", write(tmp_path, many), "--json", server=daemon.address)
+    assert len(json.loads(out.stdout)["error"]["problems"]) == 30
 
 
 def test_a_list_names_the_item_the_daemon_refused(tmp_path: Path, daemon: Daemon) -> None:
