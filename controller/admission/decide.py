@@ -130,10 +130,11 @@ class DecisionCore(GroupCommit):
         itself writes nothing): before, a quote in the moment before the clock's tick
         was priced without the pending jobs that boundary admits, and said ``admitted``
         of a job the same submission a moment later found no room for. While the store
-        refuses writes the quote is priced without them (reads and quotes go on)."""
+        refuses writes (its disk full, a DBA's refusal: ``Database.refusing``) the
+        quote is priced without them, as before (reads and quotes go on)."""
         spec = keyed_spec(spec, by)
         self._advance_window()
-        if not self.db.writes_refused:
+        if not self.db.refusing:
             self._decide_pending()
         existing = self._quoted_job(spec, owner)
         previous = self._ledger.bounds
