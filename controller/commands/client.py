@@ -15,7 +15,6 @@ import functools
 import json
 import math
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -45,7 +44,6 @@ from controller.commands.connection import (
     options,
     print_json,
     report_error,
-    retry_pushback,
 )
 from controller.commands.failover import followed_events
 from controller.commands.records import (
@@ -304,19 +302,20 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     given = [s.get("id") if isinstance(s.get("id"), str) else None for s in specs]
     specs = [s if s.get("id") else {**s, "id": new_id()} for s in specs]
-    if len(stubs.pool.addresses) > 1 or len(specs) > 1:
-        info = _paced(stubs, stubs.info) if len(specs) > 1 else None
-        if info is not None:  # else a daemon without a slot clock: each is checked there
-            from controller.commands.precheck import check_items
+    # the slot clock first: asked after an answer, a refusal of it (the rate, the daemon
+    # restarted) failed the command with its job admitted (exit 1, nothing said of it)
+    info = stubs.info()
+    if len(specs) > 1 and info is not None:  # without a slot clock: each checked there
+        from controller.commands.precheck import check_items
 
-            clock = SlotTimes(info.epoch, info.slot_seconds)
-            check_items(specs, given, clock, info.window, info.current_slot + 1, args.file,
-                        info.resources)  # fmt: skip
+        clock = SlotTimes(info.epoch, info.slot_seconds)
+        check_items(specs, given, clock, info.window, info.current_slot + 1, args.file,
+                    info.resources)  # fmt: skip
     for i, spec in enumerate(specs):
         req = pb.SubmitJobRequest(job=_request_spec(spec), wait_seconds=args.wait)
         submit = functools.partial(stubs.admission.SubmitJob, req, timeout=stubs.timeout)
         try:
-            resp = submit() if len(specs) == 1 else _paced(stubs, submit)
+            resp = stubs.paced(submit)  # refused unread for the rate: sent again
         except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (Terminated)
             return _interrupted(args, specs, i, responses, given, stop)
         except grpc.RpcError as err:
@@ -379,28 +378,6 @@ def _duplicate_note(state: str, wait: float | None) -> str:
             "submission only: give the job another id to queue it)"
         )
     return " (already decided: this is the first decision)"
-
-
-def _paced(stubs: Stubs, call: Callable[[], _T]) -> _T:
-    """``call()`` (a call of a list's submission: the slot clock, each item's
-    ``SubmitJob``), made again after the wait the daemon names when it refused it for
-    the client's rate (RESOURCE_EXHAUSTED with a ``grpc-retry-pushback-ms`` trailer:
-    refused before it was read, so nothing was done), for up to ``--timeout`` seconds of
-    waiting in all. Before, a list longer than the rate's burst (40 with the example
-    config) stopped at the first item past it, the rest not sent, though the daemon said
-    to retry in a few milliseconds."""
-    waited = 0.0
-    while True:
-        try:
-            return call()
-        except grpc.RpcError as err:
-            if err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
-                raise
-            seconds = retry_pushback(err)
-            if seconds is None or waited + seconds > stubs.timeout:
-                raise  # another cap (max_in_flight, a limit), or past --timeout of waits
-            time.sleep(seconds)
-            waited += seconds
 
 
 def _submitted(
@@ -611,9 +588,10 @@ def cmd_job(args: argparse.Namespace) -> int:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     stubs = Stubs(args)
+    times = stubs.times() if args.json else None  # before: none to ask once it is done
     resp = stubs.admission.CancelJob(pb.CancelJobRequest(id=args.id), timeout=stubs.timeout)
     if args.json:
-        record = job_record(resp.job, stubs.times())
+        record = job_record(resp.job, times)
         print_json({"job": record, "released_worker_slots": resp.released_worker_slots})
     else:
         released = resp.released_worker_slots
