@@ -681,8 +681,10 @@ def short_numbers(detail: str) -> str:
 def cmd_watch(args: argparse.Namespace) -> int:
     stubs = Stubs(args)
     times = stubs.times()
+    last = args.after  # the last event shown (-1: none, and none asked for before)
     try:
         for event in followed_events(stubs.pool, args.after):
+            last = max(last, event.sequence)
             if args.json:
                 print(json.dumps(event_record(event, times)), flush=True)
             else:
@@ -690,6 +692,15 @@ def cmd_watch(args: argparse.Namespace) -> int:
                 detail = short_numbers(event.detail)
                 print(f"#{event.sequence} slot {slot_label(event.slot, times)} {event.kind} "
                       f"{event.job_id} {state} {detail}", flush=True)  # fmt: skip
+    except grpc.RpcError as err:
+        if last < 0:
+            raise
+        # the daemon stopped or restarted (one node): where to go on without a gap; the
+        # message's "submitted again" is a submission's, and the events meanwhile are
+        # stored (before, nothing said which was the last one shown)
+        note = (f"the stream ended after event #{last}: oasis watch --from {last} shows "
+                "those stored since, then follows again")  # fmt: skip
+        raise PartialFailureError(err, {"note": note}) from err
     except Terminated:  # SIGTERM (a unit's stop, `timeout`): said, status 143, as elsewhere
         raise
     except KeyboardInterrupt:  # the way to stop watching: quiet, with the shell's status
