@@ -302,10 +302,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     given = [s.get("id") if isinstance(s.get("id"), str) else None for s in specs]
     specs = [s if s.get("id") else {**s, "id": new_id()} for s in specs]
-    # the slot clock first: asked after an answer, a refusal of it (the rate, the daemon
-    # restarted) failed the command with its job admitted (exit 1, nothing said of it)
-    info = stubs.info()
-    if len(specs) > 1 and info is not None:  # without a slot clock: each checked there
+    info = stubs.info() if len(specs) > 1 else None
+    if info is not None:  # without a slot clock: each item is checked there
         from controller.commands.precheck import check_items
 
         clock = SlotTimes(info.epoch, info.slot_seconds)
@@ -352,15 +350,26 @@ def cmd_submit(args: argparse.Namespace) -> int:
             state = state_name(resp.job.state)
             note = _duplicate_note(state, args.wait) if resp.duplicate else ""
             lines = _decision_lines(
-                resp.job.spec.id, resp.job.decision, stubs.times(), state, job=resp.job
+                resp.job.spec.id, resp.job.decision, _clock_after(stubs), state, job=resp.job
             )
             for n, line in enumerate(lines):
                 print(line + note if note and n == 0 else line)
     if args.json:
-        times = stubs.times()
+        times = _clock_after(stubs)
         records = _submitted(responses, times)
         print_json(records if len(records) != 1 else records[0])
     return _verdict([r.job.decision for r in responses], [r.job.state for r in responses])
+
+
+def _clock_after(stubs: Stubs) -> SlotTimes | None:
+    """The slot clock for answers already had (:meth:`Stubs.times`, paced), or None if it
+    cannot be had now: the answers are then shown with slot numbers alone. Asked after a
+    submission, a refusal of it for the rate failed `oasis submit` (exit 1,
+    RESOURCE_EXHAUSTED, which reads as "not admitted") with its job admitted."""
+    try:
+        return stubs.times()
+    except grpc.RpcError:
+        return None
 
 
 def _duplicate_note(state: str, wait: float | None) -> str:
@@ -588,10 +597,9 @@ def cmd_job(args: argparse.Namespace) -> int:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     stubs = Stubs(args)
-    times = stubs.times() if args.json else None  # before: none to ask once it is done
     resp = stubs.admission.CancelJob(pb.CancelJobRequest(id=args.id), timeout=stubs.timeout)
     if args.json:
-        record = job_record(resp.job, times)
+        record = job_record(resp.job, _clock_after(stubs))  # cancelled: not lost for it
         print_json({"job": record, "released_worker_slots": resp.released_worker_slots})
     else:
         released = resp.released_worker_slots
