@@ -70,6 +70,7 @@ __all__ = [
     "OPEN_SERVICES",
     "REVOKE_CHECK_SECONDS",
     "SUBMITTER_METHODS",
+    "UNKNOWN_TOKEN",
     "AccessInterceptor",
     "Caller",
     "Role",
@@ -102,6 +103,15 @@ OPEN_SERVICES = frozenset(
         "grpc.reflection.v1.ServerReflection",
     }
 )
+UNKNOWN_TOKEN = (
+    "unknown token: it is none of the tokens in oasisd's tokens file (cut short or "
+    "mistyped when copied, or removed or replaced there since: a reload ends a token at "
+    "once). Check $OASIS_TOKEN or --token, or ask an operator for a new one (oasis token "
+    "NAME --add-to FILE)"
+)
+"""A bearer token the daemon does not know. It says nothing of who holds which token:
+a guesser learns only that this one is not one. Before, ``unknown token`` alone, and a
+tenant whose token an operator had rotated did not know what to do."""
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.@-]{1,200}")
 """A token's name: it is stored as a job's submitter (VARCHAR(200))."""
@@ -571,7 +581,7 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             await self._throttle(_peer_host(context.peer()), context)
             refusals(_peer_host(context.peer()), "bad token", "unauthenticated", method=method,
                      why="bad token")  # fmt: skip
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown token")
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNKNOWN_TOKEN)
             raise AssertionError  # unreachable: abort raises
         return caller
 

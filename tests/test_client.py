@@ -268,6 +268,15 @@ def test_a_list_with_bad_items_submits_none_and_names_each(tmp_path: Path, daemo
         (4, "b0", "job.id"), (5, "b5", "job.worker.GPU"),
     ]  # fmt: skip
     assert answer["error"]["code"] == "INVALID_ARGUMENT"
+    # a long list's problems on the terminal: the first 20 and a count, as for a trace
+    # (a list of 20,000 bad items printed 20,001 lines); --json lists every one
+    many = [{**PEOPLE, "id": f"m{i}", "epochs": 0} for i in range(30)]
+    out = run("submit", write(tmp_path, many), server=daemon.address)
+    lines = out.stderr.splitlines()
+    assert out.returncode == 2 and len(lines) == 22, out.stderr
+    assert lines[-1] == "  ... and 10 more (--json lists every one)"
+    out = run("submit", write(tmp_path, many), "--json", server=daemon.address)
+    assert len(json.loads(out.stdout)["error"]["problems"]) == 30
 
 
 def test_a_list_names_the_item_the_daemon_refused(tmp_path: Path, daemon: Daemon) -> None:
@@ -517,10 +526,15 @@ def test_watch_json_detail_is_json(tmp_path: Path, daemon: Daemon) -> None:
     # for people, the detail's numbers to 6 digits, as other commands print them (the
     # README audit: "payoff": 6.927184195498584); --json keeps every digit
     cmd.remove("--json")
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT) as watch:
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          cwd=ROOT) as watch:  # fmt: skip
         assert watch.stdout is not None
         line = watch.stdout.readline()
-        watch.kill()
+        # SIGTERM (a unit's stop, `timeout`) is said and exits 143, as for every other
+        # command; watch read it as Ctrl-C: 130, no word
+        watch.terminate()
+        _, err = watch.communicate(timeout=30)
+    assert (watch.returncode, err.strip()) == (143, "oasis watch: terminated")
     shown = json.loads(line[line.index("{") :])
     payoff = first["detail"]["payoff"]
     assert shown["payoff"] == float(f"{payoff:.6g}"), (line, payoff)
@@ -789,6 +803,18 @@ def test_addresses_and_arguments_are_checked_by_the_client_and_json_stays_json()
     for address, message in bad.items():
         out = run("jobs", server=address)
         assert out.returncode == 2 and message in out.stderr, out.stderr
+    # with --json the option the client refused is the error's field, as argparse's are
+    # (it was "", the option named only inside the message)
+    for argv, field in (
+        (["jobs", "--json"], ("127.0.0.1:99999", "--server")),
+        (["jobs", "--json", "--token", "a\tb"], ("127.0.0.1:1", "--token")),
+        (["jobs", "--json", "--tls-cert", "c.pem"], ("127.0.0.1:1", "")),  # names two
+    ):
+        out = run(*argv, server=field[0])
+        error = json.loads(out.stdout)["error"]
+        assert out.returncode == 2 and error["field"] == field[1], error
+        if field[1]:
+            assert error["problems"][0]["field"] == field[1], error
     out = run("prices", "--slots", "-1", server="127.0.0.1:1")
     assert out.returncode == 2 and "--slots: must be >= 1" in out.stderr, out.stderr
     out = run("submit", "job.json", "--wait", "5x", "--json", server="127.0.0.1:1")

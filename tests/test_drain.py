@@ -12,9 +12,12 @@ reached the server as it began to shut down.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -26,7 +29,7 @@ from controller.auth import MAX_UNREAD
 from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
-from tests.servers import Daemon, commit_processes, ended, write_config
+from tests.servers import ROOT, Daemon, commit_processes, ended, write_config
 from tests.test_daemon_e2e import job
 
 CLIENTS = MAX_UNREAD - 1
@@ -72,6 +75,16 @@ def test_sigterm_under_load_answers_unavailable_never_cancelled(tmp_path: Path) 
             except grpc.RpcError as err:
                 watch_end.append(err.code())
 
+    # `oasis watch` too, opened before the load (its call within MAX_UNREAD's cap)
+    with grpc.insecure_channel(daemon.address) as channel:
+        pb_grpc.AdmissionStub(channel).SubmitJob(
+            pb.SubmitJobRequest(job=spec_to_proto(job("first"))), timeout=60
+        )
+    cli = [sys.executable, "-m", "controller.cli", "watch", "--from", "0", "--json"]
+    oasis_watch = subprocess.Popen([*cli, "--server", daemon.address], stdout=subprocess.PIPE,
+                                   text=True, cwd=ROOT)  # fmt: skip
+    assert oasis_watch.stdout is not None
+    assert json.loads(oasis_watch.stdout.readline())["job_id"] == "first"
     threads = [threading.Thread(target=client, args=(k,)) for k in range(CLIENTS)]
     threads.append(threading.Thread(target=watcher))
     for t in threads:
@@ -98,6 +111,13 @@ def test_sigterm_under_load_answers_unavailable_never_cancelled(tmp_path: Path) 
     assert codes["OK"] > 0 and codes["UNAVAILABLE"] > 0, codes
     assert set(codes) == {"OK", "UNAVAILABLE"}, codes  # no CANCELLED, nothing else
     assert watch_end == [grpc.StatusCode.UNAVAILABLE]
+    # `oasis watch` says after which event to go on (before: the error alone)
+    shown = oasis_watch.communicate(timeout=60)[0].splitlines()
+    assert oasis_watch.returncode == 1
+    ended_with = json.loads(shown[-1])
+    last = json.loads(shown[-2])["sequence"]
+    assert ended_with["error"]["code"] == "UNAVAILABLE", ended_with
+    assert f"oasis watch --from {last} " in ended_with["note"], ended_with
     with contextlib.closing(sqlite3.connect(tmp_path / "data" / "oasis.db")) as db:
         stored = {row[0] for row in db.execute("SELECT id FROM jobs")}
     assert set(answered) <= stored, sorted(set(answered) - stored)[:5]

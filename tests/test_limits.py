@@ -22,6 +22,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from controller.auth import hash_token
+from controller.cli import main
 from controller.config import ConfigError, from_dict
 from controller.convert import spec_to_proto
 from controller.limits import (
@@ -433,7 +434,9 @@ def test_rate_limit_per_token(tmp_path: Path) -> None:
         assert daemon.stop() == 0, (tmp_path / "oasisd.log").read_text()
 
 
-def test_a_list_longer_than_the_burst_is_sent_at_the_rate(tmp_path: Path) -> None:
+def test_a_list_longer_than_the_burst_is_sent_at_the_rate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Found by the README audit: with the example config's rate (20/s, burst 40),
     ``oasis submit`` of a list of 80 jobs stopped at item 48, ``RESOURCE_EXHAUSTED: rate
     limit ...; retry in 0.008 s``, the rest not sent. The client now waits what the
@@ -467,5 +470,23 @@ def test_a_list_longer_than_the_burst_is_sent_at_the_rate(tmp_path: Path) -> Non
         failed = json.loads(out.stdout)
         assert failed["failed"]["item"] == 1 and failed["error"]["code"] == "INVALID_ARGUMENT"
         assert [r["id"] for r in failed["submitted"]] == ["paced-6"]
+        # one call left in alice's bucket: a single job's submit (and `job`) used it, and
+        # the slot clock asked after the answer was refused for the rate: exit 1,
+        # RESOURCE_EXHAUSTED (which reads as "not admitted"), the job stored all the same
+        spec.write_text(json.dumps({**small, "id": "paced-one"}))
+        for argv in (("submit", str(spec)), ("job", "paced-one")):
+            with client_channel(daemon.address, token="a-token") as channel:
+                stub = pb_grpc.AdmissionStub(channel)
+                with pytest.raises(grpc.RpcError) as spent:
+                    for _ in range(10):
+                        stub.ListJobs(pb.ListJobsRequest(), timeout=10)
+                hint = dict(spent.value.trailing_metadata() or ())["grpc-retry-pushback-ms"]
+            time.sleep(int(hint) / 1000 + 0.05)  # one call's worth back (rate 2/s)
+            capsys.readouterr()
+            # in this process: a subprocess's start-up would let more calls' worth back
+            status = main([*argv, "--json", "--token", "a-token", "--server", daemon.address])
+            said = capsys.readouterr().out
+            assert status in (0, 3), said
+            assert json.loads(said)["id"] == "paced-one"
     finally:
         assert daemon.stop() == 0, (tmp_path / "oasisd.log").read_text()

@@ -801,3 +801,45 @@ def test_a_rejection_says_when_a_deadline_was_before_the_arrival(tmp_path: Path)
         assert other.state == "rejected" and "note:" not in other.decision.reason
     finally:
         c.close()
+
+
+def test_a_quote_at_a_boundary_counts_the_pending_jobs_decided_there(tmp_path: Path) -> None:
+    """A quote in the moments after a slot boundary, before the slot clock's tick, was
+    priced on a ledger without the pending jobs that boundary admits: alice's whole-cluster
+    job was quoted ``admitted`` (exit 0) while the same file submitted a moment later was
+    rejected (exit 3), bob's pending job having taken the room first. The quote now has the
+    boundary's pending jobs decided first, as a submission does, and commits nothing of its
+    own; on a store refusing writes it is still answered (reads and quotes go on)."""
+    clock = FakeClock(1_000_000.0)
+    c = controller(tmp_path, clock)
+    whole = {"chunks": 16, "minibatches": 23, "epochs": 1, "tau": 0.999, "grad_mb": 1}
+    rich = {"kind": "sigmoid", "priority": 1000, "decay": 0, "target": 1}
+    try:
+        asyncio.run(c.submit(blocker(), by="ops"))
+        waiting = asyncio.run(
+            c.submit(small("b1", **whole, utility=rich), by="bob", wait_seconds=SLOT * 5)
+        )
+        assert waiting.state == "pending"
+        asyncio.run(c.cancel("ops:blocker"))
+        clock.advance(SLOT)  # slot 1 began; the slot clock has not ticked yet
+        quoted, existing = asyncio.run(c.quote(small("a1", **whole, utility=rich), by="alice"))
+        assert existing is None
+        assert not quoted.admitted, "quoted against room bob's pending job takes"
+        assert c._get_sync("bob:b1").state == "admitted"
+        assert c._list_sync([], 1000)[0][-1].id == "bob:b1"  # the quote stored nothing
+        submitted = asyncio.run(c.submit(small("a1", **whole, utility=rich), by="alice"))
+        assert submitted.state == "rejected"  # as quoted
+
+        # a store refusing writes: the quote is answered without the pass, as before
+        b2 = small("b2", **whole, utility=rich)
+        assert asyncio.run(c.submit(b2, by="bob", wait_seconds=SLOT * 5)).state == "pending"
+        clock.advance(SLOT)
+        c.db._full = "no space left on device"
+        try:
+            quoted, _ = asyncio.run(c.quote(small("a2"), by="alice"))
+            assert quoted.arrival_slot == 3  # priced at slot 2, its window moved
+            assert c._get_sync("bob:b2").state == "pending"
+        finally:
+            c.db._full = ""
+    finally:
+        c.close()

@@ -123,8 +123,19 @@ class DecisionCore(GroupCommit):
         the caller's stored job if its id is one with this spec (a submission returns
         that job's decision instead). An id a submission would conflict with is the same
         ConflictError here. ``spec``'s id is the caller's; the job's key is made from it
-        and ``by`` (:func:`controller.job_keys.keyed_spec`)."""
+        and ``by`` (:func:`controller.job_keys.keyed_spec`).
+
+        At a slot boundary the jobs already waiting are decided first, as for a
+        submission (their decisions are the slot clock's, made a moment early; the quote
+        itself writes nothing): before, a quote in the moment before the clock's tick
+        was priced without the pending jobs that boundary admits, and said ``admitted``
+        of a job the same submission a moment later found no room for. While the store
+        refuses writes (its disk full, a DBA's refusal: ``Database.refusing``) the
+        quote is priced without them, as before (reads and quotes go on)."""
         spec = keyed_spec(spec, by)
+        self._advance_window()
+        if not self.db.refusing:
+            self._decide_pending()
         existing = self._quoted_job(spec, owner)
         previous = self._ledger.bounds
         try:

@@ -15,7 +15,6 @@ import functools
 import json
 import math
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -25,9 +24,12 @@ from controller.clock import SlotTimes
 from controller.commands import SUMMARIES
 from controller.commands.common import (
     EXIT_FAILURE,
+    EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_TERMINATED,
     INT32_MAX,
     InputError,
+    Terminated,
     counted,
     fmt,
     int_at_least,
@@ -42,7 +44,6 @@ from controller.commands.connection import (
     options,
     print_json,
     report_error,
-    retry_pushback,
 )
 from controller.commands.failover import followed_events
 from controller.commands.records import (
@@ -301,21 +302,20 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     given = [s.get("id") if isinstance(s.get("id"), str) else None for s in specs]
     specs = [s if s.get("id") else {**s, "id": new_id()} for s in specs]
-    if len(stubs.pool.addresses) > 1 or len(specs) > 1:
-        info = _paced(stubs, stubs.info) if len(specs) > 1 else None
-        if info is not None:  # else a daemon without a slot clock: each is checked there
-            from controller.commands.precheck import check_items
+    info = stubs.info() if len(specs) > 1 else None
+    if info is not None:  # without a slot clock: each item is checked there
+        from controller.commands.precheck import check_items
 
-            clock = SlotTimes(info.epoch, info.slot_seconds)
-            check_items(specs, given, clock, info.window, info.current_slot + 1, args.file,
-                        info.resources)  # fmt: skip
+        clock = SlotTimes(info.epoch, info.slot_seconds)
+        check_items(specs, given, clock, info.window, info.current_slot + 1, args.file,
+                    info.resources)  # fmt: skip
     for i, spec in enumerate(specs):
         req = pb.SubmitJobRequest(job=_request_spec(spec), wait_seconds=args.wait)
         submit = functools.partial(stubs.admission.SubmitJob, req, timeout=stubs.timeout)
         try:
-            resp = submit() if len(specs) == 1 else _paced(stubs, submit)
-        except KeyboardInterrupt:
-            return _interrupted(args, specs, i, responses, given)
+            resp = stubs.paced(submit)  # refused unread for the rate: sent again
+        except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (Terminated)
+            return _interrupted(args, specs, i, responses, given, stop)
         except grpc.RpcError as err:
             job_id = spec["id"]
             note = (f"the job may have been admitted as {job_id!r} before the call failed: "
@@ -350,15 +350,26 @@ def cmd_submit(args: argparse.Namespace) -> int:
             state = state_name(resp.job.state)
             note = _duplicate_note(state, args.wait) if resp.duplicate else ""
             lines = _decision_lines(
-                resp.job.spec.id, resp.job.decision, stubs.times(), state, job=resp.job
+                resp.job.spec.id, resp.job.decision, _clock_after(stubs), state, job=resp.job
             )
             for n, line in enumerate(lines):
                 print(line + note if note and n == 0 else line)
     if args.json:
-        times = stubs.times()
+        times = _clock_after(stubs)
         records = _submitted(responses, times)
         print_json(records if len(records) != 1 else records[0])
     return _verdict([r.job.decision for r in responses], [r.job.state for r in responses])
+
+
+def _clock_after(stubs: Stubs) -> SlotTimes | None:
+    """The slot clock for answers already had (:meth:`Stubs.times`, paced), or None if it
+    cannot be had now: the answers are then shown with slot numbers alone. Asked after a
+    submission, a refusal of it for the rate failed `oasis submit` (exit 1,
+    RESOURCE_EXHAUSTED, which reads as "not admitted") with its job admitted."""
+    try:
+        return stubs.times()
+    except grpc.RpcError:
+        return None
 
 
 def _duplicate_note(state: str, wait: float | None) -> str:
@@ -376,28 +387,6 @@ def _duplicate_note(state: str, wait: float | None) -> str:
             "submission only: give the job another id to queue it)"
         )
     return " (already decided: this is the first decision)"
-
-
-def _paced(stubs: Stubs, call: Callable[[], _T]) -> _T:
-    """``call()`` (a call of a list's submission: the slot clock, each item's
-    ``SubmitJob``), made again after the wait the daemon names when it refused it for
-    the client's rate (RESOURCE_EXHAUSTED with a ``grpc-retry-pushback-ms`` trailer:
-    refused before it was read, so nothing was done), for up to ``--timeout`` seconds of
-    waiting in all. Before, a list longer than the rate's burst (40 with the example
-    config) stopped at the first item past it, the rest not sent, though the daemon said
-    to retry in a few milliseconds."""
-    waited = 0.0
-    while True:
-        try:
-            return call()
-        except grpc.RpcError as err:
-            if err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
-                raise
-            seconds = retry_pushback(err)
-            if seconds is None or waited + seconds > stubs.timeout:
-                raise  # another cap (max_in_flight, a limit), or past --timeout of waits
-            time.sleep(seconds)
-            waited += seconds
 
 
 def _submitted(
@@ -436,22 +425,28 @@ def _interrupted(
     i: int,
     responses: list[pb.SubmitJobResponse],
     given: Sequence[str | None],
+    stop: KeyboardInterrupt | None = None,
 ) -> int:
     """Ctrl-C while item ``i`` of ``specs`` was being submitted: say what was submitted
     (with ``--json`` the partial-failure object), and that item ``i`` may have been;
     exit 130. Before, a traceback, and under ``--json`` nothing at all: 171 of 300 jobs
-    were stored and the script could not tell which (the CLI audit)."""
+    were stored and the script could not tell which (the CLI audit). A SIGTERM
+    (``stop`` a :class:`Terminated`) is said as ``terminated``, status 143, as every
+    other command says it (it read ``interrupted``, 130, as if a person had pressed
+    Ctrl-C)."""
+    word, status = ("terminated", EXIT_TERMINATED) if isinstance(stop, Terminated) else (
+        "interrupted", EXIT_INTERRUPTED)  # fmt: skip
     job_id = specs[i]["id"]
     note = (f"item {i + 1}, {job_id!r}, may have been admitted: see `oasis job {job_id}`; "
             f"{len(specs) - i - 1} after it were not sent")  # fmt: skip
     if args.json:
         failed = {"item": i, "id": job_id, "not_sent": len(specs) - i - 1}
         extra = {"failed": failed, "submitted": _submitted(responses, None), "note": note}
-        report_error(args, "CANCELLED", "interrupted", extra=extra)
+        report_error(args, "CANCELLED", word, extra=extra)
     else:
-        print(f"oasis submit: interrupted; {len(responses)} submitted before it; {note}"
+        print(f"oasis submit: {word}; {len(responses)} submitted before it; {note}"
               f"{_sent_again(given, specs, i)}", file=sys.stderr)  # fmt: skip
-    return 130
+    return status
 
 
 def cmd_quote(args: argparse.Namespace) -> int:
@@ -604,7 +599,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     stubs = Stubs(args)
     resp = stubs.admission.CancelJob(pb.CancelJobRequest(id=args.id), timeout=stubs.timeout)
     if args.json:
-        record = job_record(resp.job, stubs.times())
+        record = job_record(resp.job, _clock_after(stubs))  # cancelled: not lost for it
         print_json({"job": record, "released_worker_slots": resp.released_worker_slots})
     else:
         released = resp.released_worker_slots
@@ -694,8 +689,10 @@ def short_numbers(detail: str) -> str:
 def cmd_watch(args: argparse.Namespace) -> int:
     stubs = Stubs(args)
     times = stubs.times()
+    last = args.after  # the last event shown (-1: none, and none asked for before)
     try:
         for event in followed_events(stubs.pool, args.after):
+            last = max(last, event.sequence)
             if args.json:
                 print(json.dumps(event_record(event, times)), flush=True)
             else:
@@ -703,6 +700,17 @@ def cmd_watch(args: argparse.Namespace) -> int:
                 detail = short_numbers(event.detail)
                 print(f"#{event.sequence} slot {slot_label(event.slot, times)} {event.kind} "
                       f"{event.job_id} {state} {detail}", flush=True)  # fmt: skip
+    except grpc.RpcError as err:
+        if last < 0:
+            raise
+        # the daemon stopped or restarted (one node): where to go on without a gap; the
+        # message's "submitted again" is a submission's, and the events meanwhile are
+        # stored (before, nothing said which was the last one shown)
+        note = (f"the stream ended after event #{last}: oasis watch --from {last} shows "
+                "those stored since, then follows again")  # fmt: skip
+        raise PartialFailureError(err, {"note": note}) from err
+    except Terminated:  # SIGTERM (a unit's stop, `timeout`): said, status 143, as elsewhere
+        raise
     except KeyboardInterrupt:  # the way to stop watching: quiet, with the shell's status
-        return 130
+        return EXIT_INTERRUPTED
     return EXIT_OK

@@ -12,13 +12,15 @@ what is wrong on standard error).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -42,6 +44,8 @@ from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.tls import client_channel, read_pem
 from pricing.errors import Problem, SpecError
+
+_T = TypeVar("_T")
 
 __all__ = [
     "CHECK_IT",
@@ -230,17 +234,41 @@ class Stubs:
         return self.pool.address
 
     def info(self) -> pb.GetClusterInfoResponse | None:
-        """The daemon's slot clock (GetClusterInfo), fetched once; None from a daemon
-        that does not offer it."""
+        """The daemon's slot clock (GetClusterInfo), fetched once (:meth:`paced`); None
+        from a daemon that does not offer it."""
         if self._info is None:
             try:
-                call = self.cluster.GetClusterInfo
-                self._info = call(pb.GetClusterInfoRequest(), timeout=self.timeout)
+                call = functools.partial(
+                    self.cluster.GetClusterInfo, pb.GetClusterInfoRequest(), timeout=self.timeout
+                )
+                self._info = self.paced(call)
             except grpc.RpcError as err:
                 if err.code() != grpc.StatusCode.UNIMPLEMENTED:
                     raise
                 return None
         return self._info
+
+    def paced(self, call: Callable[[], _T]) -> _T:
+        """``call()``, made again after the wait the daemon names when it refused it for
+        the client's rate (RESOURCE_EXHAUSTED with a ``grpc-retry-pushback-ms`` trailer:
+        refused before it was read, so nothing was done), for up to ``--timeout`` seconds
+        of waiting in all. Before, a list longer than the rate's burst (40 with the
+        example config) stopped at the first item past it, the rest not sent, though the
+        daemon said to retry in a few milliseconds; and the slot clock asked after a
+        submission's answer, refused so, failed the command (exit 1, RESOURCE_EXHAUSTED,
+        which reads as "not admitted") with its job admitted."""
+        waited = 0.0
+        while True:
+            try:
+                return call()
+            except grpc.RpcError as err:
+                if err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise
+                seconds = retry_pushback(err)
+                if seconds is None or waited + seconds > self.timeout:
+                    raise  # another cap (max_in_flight, a limit), or past --timeout of waits
+                time.sleep(seconds)
+                waited += seconds
 
     def times(self) -> SlotTimes | None:
         """Slot numbers to times, or None (see :meth:`info`)."""
@@ -307,6 +335,13 @@ class PartialFailureError(Exception):
         self.extra = extra
 
 
+_OPTION_ERROR = re.compile(r"(-o|--[a-z][a-z0-9-]*)(?: \(or \$[A-Z_]+\))?(?: '[^']*'| [^\s:']+)?:")
+"""A client's refusal of one option's value, as it begins (``--server 'h:0': ...``,
+``--token (or $OASIS_TOKEN): ...``): with ``--json`` that option is the error's field,
+as for argparse's usage errors (it was ``""``, the option named in the message alone).
+A message naming two (``--tls-cert and --tls-key go together``) names no one field."""
+
+
 def report_error(
     args: argparse.Namespace,
     code: str,
@@ -321,6 +356,9 @@ def report_error(
     INVALID_ARGUMENT, else 1."""
     status = EXIT_BAD_INPUT if code == "INVALID_ARGUMENT" else EXIT_FAILURE
     if getattr(args, "json", False):
+        option = _OPTION_ERROR.match(message) if code == "INVALID_ARGUMENT" else None
+        if option and not problems:  # the client's own refusal of an option's value
+            problems = [Problem(option[1], message[option.end() :].strip())]
         keys = list(about) + [{}] * (len(problems) - len(about))
         error = {
             "code": code,

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from controller.clock import SlotTimes
-from controller.commands.common import InputError
+from controller.commands.common import MAX_PROBLEM_LINES, InputError
 from controller.jobspec import check_job_worth, prepare, spec_differences
 from pricing.cluster import BANDWIDTH, Cluster
 from pricing.errors import Problem, SpecError
@@ -139,4 +139,10 @@ def check_items(
     if problems:
         verb = "has" if bad == 1 else "have"
         head = f"{path}: {bad} of {len(specs)} jobs {verb} bad input; none was submitted:"
+        if len(lines) > MAX_PROBLEM_LINES:  # as problem_lines: 20,000 bad items, 20,001 lines
+            left = len(lines) - MAX_PROBLEM_LINES
+            lines = [
+                *lines[:MAX_PROBLEM_LINES],
+                f"  ... and {left:,} more (--json lists every one)",
+            ]
         raise InputError("\n".join([head, *lines]), problems, about, {"submitted": []})
