@@ -43,7 +43,7 @@ from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.statuses import abort
 from controller.store import StoreUnavailableError
-from controller.store.lock_waits import LOCK_HELP
+from controller.store_trouble import store_trouble
 from controller.tls import MAX_RESPONSE_BYTES
 from pricing.errors import SpecError
 
@@ -81,30 +81,6 @@ async def _guard(context: grpc.aio.ServicerContext, call: Awaitable[_T]) -> _T:
                 # the operator to check that oasisd runs (observability audit)
                 err = StoreUnavailableError(f"{STORE_UNAVAILABLE}: {err}")
         await abort(context, code, err)
-
-
-def _refusal_for(refusing: str, caller: Caller) -> str:
-    """Why the store refuses writes, as ``caller`` may read it: an operator, the
-    store's words (they name roles, settings and paths); others, that it does."""
-    if not refusing or caller.role is Role.OPERATOR:
-        return refusing
-    return "the store refuses writes"
-
-
-def _lock_for(locked: str, caller: Caller) -> str:
-    """Why the last commit waited for a lock, as ``caller`` may read it: an operator,
-    the store's words and what to do; others, that it did."""
-    if not locked or caller.role is Role.OPERATOR:
-        return f"{locked}: {LOCK_HELP}" if locked else ""
-    return "the store's writes wait for a lock"
-
-
-def _down_for(down: str, caller: Caller) -> str:
-    """Why the store is out of reach, as ``caller`` may read it: an operator, the
-    driver's words (they name hosts, ports and roles); others, that it is."""
-    if not down or caller.role is Role.OPERATOR:
-        return down
-    return "the store is unavailable"
 
 
 def _key_of(spec: Any, caller: Caller) -> str:
@@ -530,6 +506,7 @@ class HighAvailabilityServicer(pb_grpc.HighAvailabilityServicer):
         # answers from memory, as leader discovery needs while a store hangs (review)
         store_up = not self.c.db.down_reason
         broker = self.broker()
+        trouble = store_trouble(self.c.db, current_caller())
         return pb.GetLeadershipResponse(
             store_up=store_up,
             broker="none" if broker is None else ("connected" if broker else "disconnected"),
@@ -545,7 +522,7 @@ class HighAvailabilityServicer(pb_grpc.HighAvailabilityServicer):
             cannot_lead=self.c.cannot_lead
             if not self.c.leading and current_caller().role is Role.OPERATOR
             else "",
-            writes_refused=_refusal_for(self.c.db.refusing, current_caller()),
-            writes_locked=_lock_for(self.c.db.writes_locked, current_caller()),
-            store_down=_down_for(self.c.db.down_reason, current_caller()),
+            writes_refused=trouble.refused,
+            writes_locked=trouble.locked,
+            store_down=trouble.down,
         )

@@ -329,6 +329,12 @@ def json_log(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def console_address(log: Path) -> str:
+    """``host:port`` of the console a daemon's log says it listens on (the last
+    start's)."""
+    return str([e["address"] for e in json_log(log) if e.get("event") == "console listening"][-1])
+
+
 def oasis(*args: str, server: str = "", check: bool = True) -> subprocess.CompletedProcess[Any]:
     """Run the ``oasis`` CLI as a subprocess."""
     cmd = [sys.executable, "-m", "controller.cli", *args]

@@ -635,12 +635,22 @@ def test_tokens_file_comments_and_case(tmp_path: Path) -> None:
 
 
 def test_why_the_store_refuses_writes_is_an_operators_to_read() -> None:
-    """GetLeadership's ``writes_refused``: the store's words name roles, settings and
-    paths, so a tenant (who may ask who leads) reads only that writes are refused."""
+    """GetLeadership's ``writes_refused`` (and the console's): the store's words name
+    roles, settings and paths, so a tenant (who may ask who leads) reads only that
+    writes are refused; the same for why it is down and which lock its writes wait for."""
+    from types import SimpleNamespace
+
     from controller.auth import Caller
-    from controller.servicer import _refusal_for
+    from controller.store.lock_waits import LOCK_HELP
+    from controller.store_trouble import StoreTrouble, store_trouble
 
     why = "permission denied for table jobs: GRANT INSERT ON jobs TO oasis"
-    assert _refusal_for(why, Caller("ops", Role.OPERATOR)) == why
-    assert _refusal_for(why, Caller("alice", Role.SUBMITTER)) == "the store refuses writes"
-    assert _refusal_for("", Caller("alice", Role.SUBMITTER)) == ""
+    down = "connection to server at 10.0.0.5, port 5432 failed: timeout expired"
+    db: Any = SimpleNamespace(down_reason=down, refusing=why, writes_locked="database is locked")
+    ops, alice = Caller("ops", Role.OPERATOR), Caller("alice", Role.SUBMITTER)
+    assert store_trouble(db, ops) == StoreTrouble(down, why, f"database is locked: {LOCK_HELP}")
+    assert store_trouble(db, alice) == StoreTrouble(
+        "the store is unavailable", "the store refuses writes", "the store's writes wait for a lock"
+    )
+    well: Any = SimpleNamespace(down_reason="", refusing="", writes_locked="")
+    assert store_trouble(well, alice) == store_trouble(well, ops) == StoreTrouble("", "", "")

@@ -20,7 +20,7 @@ from controller.commands.status import RAMP, level
 from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
-from tests.servers import Daemon, free_port, oasis, write_config
+from tests.servers import Daemon, console_address, free_port, oasis, write_config
 from tests.test_daemon_e2e import contending_jobs, job
 
 
@@ -29,7 +29,10 @@ def busy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, lis
     """A daemon (SQLite) that decided six contending jobs; the admitted ones."""
     tmp = tmp_path_factory.mktemp("status")
     # a short store_timeout: a commit waiting for another connection's lock fails sooner
-    extra = f'store_timeout = 1\n[metrics]\nlisten = "127.0.0.1:{free_port()}"\n'
+    extra = (
+        f'store_timeout = 1\n[metrics]\nlisten = "127.0.0.1:{free_port()}"\n'
+        '[web]\nlisten = "127.0.0.1:0"\n'
+    )
     config = write_config(tmp / "s.toml", tmp / "data", extra=extra)
     daemon = Daemon(config, tmp / "s.log").start()
     try:
@@ -259,6 +262,7 @@ def test_a_store_whose_writes_wait_for_a_lock_says_so(busy: tuple[Daemon, list[p
         st = json.loads(oasis("status", "--json", server=daemon.address).stdout)
         screen = oasis("status", server=daemon.address).stdout.splitlines()
         scraped = urllib.request.urlopen(metrics, timeout=30).read().decode()
+        console = _overview(daemon)
     finally:
         shell.close()
     locked = st["nodes"][0]["writes_locked"]
@@ -269,9 +273,20 @@ def test_a_store_whose_writes_wait_for_a_lock_says_so(busy: tuple[Daemon, list[p
     ), screen
     assert "\noasis_store_writes_locked 1.0\n" in scraped
     assert "\noasis_store_up 1.0\n" in scraped
+    # the console's overview said "Store: reachable" (no [auth]: an operator's words)
+    assert (console["store_up"], console["writes_locked"]) == (True, locked), console
     for _ in range(100):  # the watch probes once a second
         st = json.loads(oasis("status", "--json", server=daemon.address).stdout)
         if st["nodes"][0]["writes_locked"] is None:
             break
     assert st["nodes"][0]["writes_locked"] is None, st["nodes"]
     assert oasis("status", server=daemon.address).stdout.splitlines()[2] == "store up, no broker"
+    assert _overview(daemon)["writes_locked"] is None
+
+
+def _overview(daemon: Daemon) -> dict[str, Any]:
+    """The console's overview of ``daemon``'s node (no [auth]: as an operator)."""
+    url = f"http://{console_address(daemon.log_path)}/api/overview"
+    with urllib.request.urlopen(url, timeout=30) as response:
+        node: dict[str, Any] = json.loads(response.read())["node"]
+    return node

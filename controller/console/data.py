@@ -50,6 +50,7 @@ from controller.convert import job_to_proto, progress_to_proto
 from controller.errors import BusyError, DrainingError
 from controller.job_keys import SEPARATOR, as_named, key_for, key_of, shown, shown_view
 from controller.store import AllocationRow, EventRow, JobRow
+from controller.store_trouble import store_trouble
 from pricing.cluster import Kind
 from pricing.durations import format_time
 from pricing.errors import SpecError
@@ -174,6 +175,7 @@ class ConsoleData:
             "jobs_max_age_seconds": round(counts.max_age, 3),
         }
         up = await self.c.read_store(self.c.db.ping, client=caller.turn)
+        trouble = store_trouble(self.c.db, caller)
         broker = self.broker()
         draining = self.c.draining
         ha = self.c.ha_status()
@@ -186,6 +188,11 @@ class ConsoleData:
             # as the health of oasis.v1.Admission: it takes decisions
             "serving": up and not draining and role != "standby" and not self.c.db.refusing,
             "store_up": up,
+            # why not, or why its writes fail, as oasis status says it (an operator reads
+            # the store's words; a submitter, that something is wrong)
+            "store_down": trouble.down or None,
+            "writes_refused": trouble.refused or None,
+            "writes_locked": trouble.locked or None,
             "draining": draining,
             "broker": "none" if broker is None else ("connected" if broker else "disconnected"),
             "execution_plane": self.c.execution is not None,

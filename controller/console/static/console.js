@@ -236,7 +236,13 @@
       n.cannot_lead ? ["Takeover", el("span", { class: "bad", text: "cannot take over: " + n.cannot_lead })] : null,
       ["Health", el("span", { class: n.serving ? "ok" : "bad",
         text: n.serving ? "serving" : (n.role === "standby" ? "reads only (standby)" : "not serving") })],
-      ["Store", el("span", { class: n.store_up ? "ok" : "bad", text: n.store_up ? "reachable" : "unreachable" })],
+      // as oasis status says it: why not, or why its writes fail (the on-call audit: a
+      // sqlite3 shell holding the write lock failed every submission under "reachable")
+      ["Store", el("span", { id: "store-state", class: n.store_up && !n.writes_refused && !n.writes_locked ? "ok" : "bad",
+        text: !n.store_up ? "unreachable: no decision can be stored" + (n.store_down ? ": " + n.store_down : "")
+          : n.writes_refused ? "refuses writes (no decision can be stored; reads go on): " + n.writes_refused
+          : n.writes_locked ? "writes wait for a lock (no decision can be stored; reads go on): " + n.writes_locked
+          : "reachable" })],
       ["Draining", n.draining ? "yes: stopping" : "no"],
       // a standby runs no execution plane: the leader's broker link is the one (before,
       // a healthy standby read "Broker: disconnected" and "off (no [mqtt])")
