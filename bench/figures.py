@@ -70,10 +70,8 @@ import csv
 import errno
 import math
 import os
-import signal
 import sys
 import textwrap
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -99,13 +97,9 @@ from bench.machine import describe
 from bench.offline_optimum import HORIZON as FIG5_HORIZON
 from bench.offline_optimum import N_JOBS as FIG5_JOBS
 from bench.offline_optimum import TOTAL_SERVERS as FIG5_SERVERS
-from bench.pool import add_arguments, executor, run_all
+from bench.pool import add_arguments, executor, interruptible, run_all
 from controller.commands.common import (
-    EXIT_INTERRUPTED,
-    EXIT_TERMINATED,
-    Terminated,
     int_at_least,
-    on_sigterm,
     quiet_native_stdout,
 )
 from controller.commands.gen import parse_share
@@ -735,18 +729,7 @@ def main(argv: list[str] | None = None) -> int:
     (:mod:`bench.pool`). Before, Ctrl-C ran every queued trace on, silently (a minute
     later it had not ended), then printed a traceback, and SIGTERM left the workers
     running their traces."""
-    term = signal.getsignal(signal.SIGTERM)
-    if term == signal.SIG_DFL and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, on_sigterm)  # raises Terminated, as Ctrl-C raises
-    try:
-        return _figures(argv)
-    except KeyboardInterrupt as err:  # Terminated too
-        word = "terminated" if isinstance(err, Terminated) else "interrupted"
-        print(f"python -m bench.figures: {word}", file=sys.stderr)
-        return EXIT_TERMINATED if isinstance(err, Terminated) else EXIT_INTERRUPTED
-    finally:
-        if term == signal.SIG_DFL and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    return interruptible("python -m bench.figures", _figures, argv)
 
 
 def _figures(argv: list[str] | None) -> int:

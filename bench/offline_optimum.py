@@ -52,7 +52,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from bench.pool import add_arguments, executor, run_all
+from bench.pool import add_arguments, executor, interruptible, run_all
 from controller.commands.gen import parse_share
 from controller.replay import replay, summary
 from pricing import trace_from_dict
@@ -204,6 +204,12 @@ def table(rows: list[Row], cross: SolverName | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run it; Ctrl-C ends it with status 130, SIGTERM with 143, a line each and the
+    pool's workers ended (:func:`bench.pool.interruptible`; before, a traceback)."""
+    return interruptible("python -m bench.offline_optimum", _offline_optimum, argv)
+
+
+def _offline_optimum(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
     parser.add_argument("--seeds", type=int, default=3, help="instances per size (seeds 1..n)")
     parser.add_argument("--solver", choices=("highs", "cbc"), default="highs")

@@ -27,14 +27,22 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from controller.commands.common import int_at_least
+from controller.commands.common import (
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    Terminated,
+    int_at_least,
+    on_sigterm,
+)
 
-__all__ = ["add_arguments", "executor", "run_all"]
+__all__ = ["add_arguments", "executor", "interruptible", "run_all"]
 
 T = TypeVar("T")
 
@@ -133,3 +141,24 @@ def run_all(
         if done is not None:
             done(tasks[n], out[n])
     return [out[n] for n in range(len(tasks))]
+
+
+def interruptible(prog: str, run: Callable[[list[str] | None], int], argv: list[str] | None) -> int:
+    """``run(argv)`` as a benchmark's ``main``: Ctrl-C ends it with status 130, SIGTERM
+    (``timeout``, a batch scheduler's limit) with 143, one line each (``prog:
+    interrupted``) and no traceback; a pool's workers are ended by :func:`executor`.
+    SIGTERM is taken only where its handler is the default, in the main thread, and put
+    back after."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    ours = main_thread and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    if ours:
+        signal.signal(signal.SIGTERM, on_sigterm)  # raises Terminated, as Ctrl-C raises
+    try:
+        return run(argv)
+    except KeyboardInterrupt as err:  # Terminated too
+        word = "terminated" if isinstance(err, Terminated) else "interrupted"
+        print(f"{prog}: {word}", file=sys.stderr)
+        return EXIT_TERMINATED if isinstance(err, Terminated) else EXIT_INTERRUPTED
+    finally:
+        if ours:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)

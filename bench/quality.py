@@ -60,7 +60,7 @@ import numpy as np
 from bench.machine import describe
 from bench.offline_optimum import HORIZON as FIG5_HORIZON
 from bench.offline_optimum import N_JOBS as FIG5_JOBS
-from bench.pool import add_arguments, executor, run_all
+from bench.pool import add_arguments, executor, interruptible, run_all
 from controller.commands.common import quiet_native_stdout
 from controller.commands.gen import parse_share
 from controller.replay import replay
@@ -305,6 +305,12 @@ def _fig5(args: argparse.Namespace, seeds: list[int]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run it; Ctrl-C ends it with status 130, SIGTERM with 143, a line each and the
+    pool's workers ended (:func:`bench.pool.interruptible`; before, a traceback)."""
+    return interruptible("python -m bench.quality", _quality, argv)
+
+
+def _quality(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.quality")
     parser.add_argument("what", choices=("traces", "fig5", "bounds"))
     parser.add_argument("--jobs", default="300,400", help="traces: job counts")

@@ -264,3 +264,28 @@ def _parent(pid: int) -> int | None:
     except (OSError, IndexError):
         return None
     return 0 if after[0] == b"Z" else int(after[1])
+
+
+@pytest.mark.parametrize(
+    ("raised", "status", "word"),
+    [(KeyboardInterrupt, 130, "interrupted"), (None, 143, "terminated")],
+)
+def test_every_benchmark_with_a_pool_ends_on_ctrl_c_and_sigterm_in_one_line(
+    raised: type[BaseException] | None, status: int, word: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bench.offline_optimum and bench.quality ended Ctrl-C with a traceback (the replay
+    audit); they now run as bench.figures does, through bench.pool.interruptible (the
+    test above signals a real bench.figures)."""
+    import bench.offline_optimum
+    import bench.quality
+    from bench.pool import interruptible
+    from controller.commands.common import Terminated
+
+    def run(argv: list[str] | None) -> int:
+        assert argv == ["--x"]
+        raise (raised or Terminated)()
+
+    assert interruptible("python -m bench.x", run, ["--x"]) == status
+    assert capsys.readouterr().err == f"python -m bench.x: {word}\n"
+    for module in (bench.offline_optimum, bench.quality):
+        assert "interruptible(" in Path(module.__file__ or "").read_text()
