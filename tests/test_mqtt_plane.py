@@ -66,6 +66,27 @@ def plane_job(job_id: str, **changes: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
+async def retained_now(client: aiomqtt.Client, topic: str) -> dict[str, Any]:
+    """The messages the broker holds retained on ``topic`` now, as ``client`` (connected)
+    reads them: topic -> JSON payload. No fixed wait: subscribed at QoS 0 (the broker
+    then sends every retained message at once, none held back by its in-flight window),
+    then the UNSUBSCRIBE of a topic never subscribed: Mosquitto queues a subscription's
+    retained messages before it reads the client's next packet, so all of them have come
+    once the UNSUBACK has. Only messages sent as retained count: a live publication
+    meanwhile is not what the broker holds (one cleared meanwhile is dropped)."""
+    await client.subscribe(topic, qos=0)
+    await client.unsubscribe("oasis-tests/barrier")
+    got: dict[str, Any] = {}
+    while len(client.messages):
+        message = await anext(client.messages)
+        assert isinstance(message.payload, bytes)
+        if not message.payload:  # a retained message cleared (live)
+            got.pop(str(message.topic), None)
+        elif message.retain:
+            got[str(message.topic)] = json.loads(message.payload)
+    return got
+
+
 def wait_for(what: str, probe: Callable[[], _T | None], timeout: float = 60.0) -> _T:
     """Poll ``probe`` until it returns something other than None/False."""
     deadline = time.monotonic() + timeout
@@ -183,23 +204,13 @@ class Cluster(PlaneHarness):
 
     # -- reading what happened ----------------------------------------------------------
 
-    def retained(self, topic: str, wait: float = 1.0) -> dict[str, Any]:
-        """The retained messages matching ``topic``: topic -> JSON payload, as a fresh
-        subscriber sees them within ``wait`` seconds (one cleared meanwhile dropped)."""
+    def retained(self, topic: str) -> dict[str, Any]:
+        """The retained messages matching ``topic`` now: topic -> JSON payload
+        (:func:`retained_now`)."""
 
         async def read() -> dict[str, Any]:
-            got: dict[str, Any] = {}
             async with aiomqtt.Client("127.0.0.1", self.broker.port) as client:
-                await client.subscribe(topic, qos=1)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(wait):
-                        async for message in client.messages:
-                            assert isinstance(message.payload, bytes)
-                            if not message.payload:
-                                got.pop(str(message.topic), None)
-                                continue
-                            got[str(message.topic)] = json.loads(message.payload)
-            return got
+                return await retained_now(client, topic)
 
         return asyncio.run(read())
 
@@ -780,6 +791,7 @@ def test_a_restored_store_names_the_jobs_its_agents_ran_that_it_does_not_know(
         .progress.minibatches_done > 0,
     )  # fmt: skip
     lost, kept = cluster.topics.job_events("lost"), cluster.topics.job_events("kept")
+    wait_for("the later job's event retained", lambda: lost in cluster.retained(lost))
     assert cluster.retained(lost)[lost]["job"] == "lost"
     cluster.daemon.stop()
     for suffix in ("-wal", "-shm"):
