@@ -42,6 +42,7 @@ from tests.test_mqtt_plane import (
     SLOT,
     PlaneHarness,
     plane_job,
+    retained_now,
     wait_for,
 )
 
@@ -126,25 +127,13 @@ class Plane(PlaneHarness):
         rows = self.store_rows("SELECT value FROM meta WHERE key = 'plane'")
         return int(json.loads(rows[0][0]).get("events", 0)) if rows else 0
 
-    def retained(self, topic: str, wait: float = 2.0, user: str = DAEMON_USER) -> dict[str, Any]:
-        """The retained messages matching ``topic``: topic -> JSON payload, as a fresh
-        subscriber sees them within ``wait`` seconds."""
+    def retained(self, topic: str, user: str = DAEMON_USER) -> dict[str, Any]:
+        """The retained messages matching ``topic`` now, as ``user`` reads them: topic ->
+        JSON payload (:func:`~tests.test_mqtt_plane.retained_now`)."""
 
         async def read() -> dict[str, Any]:
-            got: dict[str, Any] = {}
             async with self.client(user) as client:
-                await client.subscribe(topic, qos=1)
-                try:
-                    async with asyncio.timeout(wait):
-                        async for message in client.messages:
-                            assert isinstance(message.payload, bytes)
-                            if not message.payload:  # a retained message cleared (live)
-                                got.pop(str(message.topic), None)
-                                continue
-                            got[str(message.topic)] = json.loads(message.payload)
-                except TimeoutError:
-                    pass
-            return got
+                return await retained_now(client, topic)
 
         return asyncio.run(read())
 
@@ -207,8 +196,9 @@ def test_an_event_that_cannot_be_published_is_skipped_and_the_counter_moves_on(
         bad = int(cursor.lastrowid or 0)
     assert plane.submit(plane_job("after"))["decision"]["admitted"]  # wakes the publisher
     wait_for("the counter past the bad event", lambda: plane.events_published() > bad)
-    retained = plane.retained(TOPICS.job_events("+"))
-    assert retained[TOPICS.job_events("after")]["job"] == "after"
+    after = TOPICS.job_events("after")
+    retained = wait_for("its event retained", lambda: plane.retained(after).get(after))
+    assert retained["job"] == "after"
     skipped = plane.logged("job event not published")
     assert skipped and skipped[0]["sequence"] == bad and "old/+/#" in skipped[0]["error"]
     time.sleep(1.0)
@@ -285,7 +275,7 @@ def test_a_broker_that_lost_its_state_gets_every_jobs_latest_event_back(plane: P
 
     def retained_agree() -> bool:
         stored = latest_stored(plane.db)
-        got = plane.retained(TOPICS.job_events("+"), wait=1.0)
+        got = plane.retained(TOPICS.job_events("+"))
         seen = {p["job"]: p["sequence"] for p in got.values()}
         return len(stored) == 4 and seen == stored
 
@@ -304,9 +294,10 @@ def test_work_finished_while_the_daemon_was_down_is_reported_again(plane: Plane)
     daemon gives them ``heartbeat_timeout`` after it is back before it fails a job whose
     plan ended meanwhile."""
     plane.daemon.start()
-    # a third of plane_job's work at a third of the speed: the agents take as long (the
-    # whole job in about a slot), and its plan, 2 slots instead of 6, ends 24 s sooner
-    spec = plane_job("quick", minibatches=36)
+    # a sixth of plane_job's work at twice the speed: the agents take about half a slot
+    # and its plan, 1 slot instead of 6, ends 30 s sooner
+    spec = plane_job("quick", minibatches=18)
+    total = spec["epochs"] * spec["chunks"] * spec["minibatches"]
     for server in SERVERS:
         plane.start_agent(server, speed=2.0)
     plane.submit(spec)
@@ -332,6 +323,8 @@ def test_work_finished_while_the_daemon_was_down_is_reported_again(plane: Plane)
     assert found is not None
     epoch = float(found[1])
     plane.daemon.kill9()
+    [(stored,)] = plane.store_rows("SELECT minibatches FROM job_progress WHERE job_id = 'quick'")
+    assert stored < total  # the rest is done while the daemon is down
     # the agents finish the job and report it to nobody; its plan ends, and the time its
     # agents had to report the rest after that passes, while the daemon is down (before
     # the second fix it failed the job as it started, before the agents could resend)
@@ -342,7 +335,7 @@ def test_work_finished_while_the_daemon_was_down_is_reported_again(plane: Plane)
         lambda: (j := plane.job("quick")).state != pb.JOB_STATE_RUNNING and j,
     )
     assert finished.state == pb.JOB_STATE_COMPLETED, finished
-    assert done() >= spec["epochs"] * spec["chunks"] * spec["minibatches"]  # all 72
+    assert done() >= total  # all 36
 
 
 def test_an_agent_that_died_while_the_daemon_was_down_is_noticed(plane: Plane) -> None:
@@ -374,7 +367,7 @@ def test_agent_for_an_unknown_server_exits_and_a_clean_stop_says_offline(plane: 
     plane.daemon.start()
     status = wait_for(
         "the online status",
-        lambda: plane.retained(TOPICS.status, wait=0.5).get(TOPICS.status),
+        lambda: plane.retained(TOPICS.status).get(TOPICS.status),
     )
     assert status == {"version": 1, "online": True, "servers": list(SERVERS)}
 
@@ -393,7 +386,7 @@ def test_agent_for_an_unknown_server_exits_and_a_clean_stop_says_offline(plane: 
 
     # a clean stop: the retained status says offline (the will covers only a crash)
     assert plane.daemon.stop() == 0
-    assert plane.retained(TOPICS.status, wait=1.0)[TOPICS.status] == {
+    assert plane.retained(TOPICS.status)[TOPICS.status] == {
         "version": 1,
         "online": False,
     }
@@ -667,11 +660,16 @@ def test_progress_reads_wait_in_the_callers_turn(tmp_path: Path) -> None:
         assert refused and "limits.max_in_flight = 1" in refused[0]
         # ... which MQTT carries as its key: a topic level, ':' and all
         topic = TOPICS.job_events("alice:polled")
-        wait_for("its event retained", lambda: topic in p.retained(topic, wait=0.5))
-        assert p.retained(topic, wait=0.5)[topic]["job"] == "alice:polled"
-        plans = p.retained(TOPICS.plan("+"), wait=0.5).values()
-        tasks = [t for plan in plans for when in ("current", "next") for t in plan[when]["tasks"]]
-        assert tasks and {t["job"] for t in tasks} == {"alice:polled"}
+        wait_for("its event retained", lambda: topic in p.retained(topic))
+        assert p.retained(topic)[topic]["job"] == "alice:polled"
+
+        def tasks() -> list[dict[str, Any]]:
+            plans = p.retained(TOPICS.plan("+")).values()
+            return [t for plan in plans for when in ("current", "next")
+                    for t in plan[when]["tasks"]]  # fmt: skip
+
+        planned = wait_for("its plan retained", lambda: tasks() or None)
+        assert {t["job"] for t in planned} == {"alice:polled"}
     finally:
         p.close()
 
@@ -703,12 +701,13 @@ def test_a_deleted_jobs_retained_event_is_cleared_and_a_rejection_is_never_retai
     assert cancelled.returncode == 0, cancelled.stderr
     wait_for("past the rejection", lambda: plane.events_published() > decided[0])
     kept = TOPICS.job_events("kept")
-    wait_for("the cancelled job's event retained", lambda: kept in plane.retained(kept, 0.5))
-    assert TOPICS.job_events("cheap") not in plane.retained(TOPICS.job_events("+"), wait=1.0)
+    wait_for("the cancelled job's event retained", lambda: kept in plane.retained(kept))
+    # (published after the rejection on one connection: the broker has it too now)
+    assert TOPICS.job_events("cheap") not in plane.retained(TOPICS.job_events("+"))
     deleted = plane.wait_logged("finished jobs deleted")
     assert sum(d["jobs"] for d in deleted) >= 1
     wait_for("both deleted", lambda: plane.store_rows("SELECT count(*) FROM jobs") == [(0,)])
-    wait_for("its retained event cleared", lambda: kept not in plane.retained(kept, wait=0.5))
+    wait_for("its retained event cleared", lambda: kept not in plane.retained(kept))
     assert plane.store_rows("SELECT count(*) FROM events WHERE job_id = 'kept'") == [(0,)]
     # a broker that lost its state gets every stored job's latest event back, rejections
     # not: (a new rejection, then the broker restarted)
@@ -717,7 +716,10 @@ def test_a_deleted_jobs_retained_event_is_cleared_and_a_rejection_is_never_retai
     plane.broker.kill()
     plane.broker.start()
     wait_for("reconnected", lambda: len(plane.logged("broker connected")) >= 2, timeout=30)
-    assert TOPICS.job_events("cheap") not in plane.retained(TOPICS.job_events("+"), wait=1.0)
+    watched = time.monotonic()  # for a second after, as the events are restored
+    while time.monotonic() - watched < 1.0:
+        assert TOPICS.job_events("cheap") not in plane.retained(TOPICS.job_events("+"))
+        time.sleep(0.1)
 
 
 TINY = {"gpu": 0.01, "cpu": 0.01, "mem": 0.01, "disk": 0.01, "bandwidth": 0.2}
@@ -754,25 +756,34 @@ def test_a_plan_over_the_brokers_packet_size_goes_in_parts_and_the_link_stays_up
         oasis("submit", str(batch), "--json", server=p.daemon.address)
         p.wait_logged("plan published in parts")
 
+        def compared(server: str, plan: Plan) -> tuple[set[Any], set[Any]]:
+            """What ``plan`` holds of its two slots, and what the store allocates there."""
+            allocated = {(row[0], row[1]) for row in p.store_rows(
+                "SELECT job_id, slot FROM allocations JOIN jobs ON jobs.id = job_id "
+                "WHERE server = ? AND slot IN (?, ?) AND jobs.state IN ('admitted', 'running')",
+                (server, plan.current.slot, plan.next.slot))}  # fmt: skip
+            planned = {(t.job, plan.current.slot) for t in plan.current.tasks}
+            planned |= {(t.job, plan.next.slot) for t in plan.next.tasks}
+            return planned, allocated
+
         def whole() -> tuple[str, Plan] | None:  # as the agent's user reads it (the ACL)
+            """A server's whole plan, over the broker's packet size, once it is the one of
+            the store's allocations (a round before the batch's last decision is not)."""
             for server in {e["server"] for e in p.logged("plan published in parts")}:
-                got = p.retained(TOPICS.plan(server), wait=1.0, user=server)
-                got |= p.retained(TOPICS.plan_parts(server), wait=1.0, user=server)
+                got = p.retained(TOPICS.plan(server), user=server)
+                got |= p.retained(TOPICS.plan_parts(server), user=server)
                 parts = PlanParts()
                 plans = [parts.add(Plan.parse(json.dumps(v))) for v in got.values()]
                 done = [plan for plan in plans if plan is not None]
                 if done and len(done[-1].to_bytes()) > 6000:  # over the broker's packet size
-                    return server, done[-1]
+                    planned, allocated = compared(server, done[-1])
+                    if planned == allocated:
+                        return server, done[-1]
             return None
 
-        server, plan = wait_for("a whole plan larger than a packet", whole, timeout=60)
-        allocated = {(row[0], row[1]) for row in p.store_rows(
-            "SELECT job_id, slot FROM allocations JOIN jobs ON jobs.id = job_id WHERE server = ? "
-            "AND slot IN (?, ?) AND jobs.state IN ('admitted', 'running')",
-            (server, plan.current.slot, plan.next.slot))}  # fmt: skip
-        planned = {(t.job, plan.current.slot) for t in plan.current.tasks}
-        planned |= {(t.job, plan.next.slot) for t in plan.next.tasks}
-        assert planned == allocated
+        server, plan = wait_for("a whole plan larger than a packet, as the store plans",
+                                whole, timeout=60)  # fmt: skip
+        assert plan.current.tasks or plan.next.tasks
 
         def followed() -> bool:  # the agent put the parts together and follows them
             log = (tmp_path / f"agent-{server}.log").read_text()
