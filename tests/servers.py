@@ -221,7 +221,10 @@ class Daemon:
             while time.monotonic() < deadline:
                 line = self.proc.stdout.readline()
                 if not line:
-                    raise RuntimeError(f"oasisd exited early:\n{self.log_path.read_text()}")
+                    status = self.proc.wait(10)  # -9: killed (by whom, the log cannot say)
+                    raise RuntimeError(
+                        f"oasisd exited early, status {status}:\n{self.log_path.read_text()}"
+                    )
                 m = re.search(r"listening on (\S+)", line)
                 if m:
                     self.address = m.group(1)

@@ -63,6 +63,36 @@ def alive(pid: int) -> bool:
         return False
 
 
+def kill_worker(pid: int, *, group: bool = False) -> None:
+    """SIGKILL worker process ``pid`` (``group``: every process of the group it led), if
+    it is still a worker's: one with ``OASIS_JOB`` in its environment, as the agent starts
+    them and their children inherit. A test's clean-up runs when its workers may be long
+    gone, and with pid_max 32768 and a suite that starts thousands of processes and
+    threads, a pid read back may be another test's daemon by then (CI: one exited at
+    start with an empty log, killed by a clean-up like this)."""
+    targets = [p for p in _pids() if _group_of(p) == pid] if group else [pid]
+    for target in targets:
+        try:
+            with open(f"/proc/{target}/environ", "rb") as f:
+                ours = b"\0OASIS_JOB=" in b"\0" + f.read()
+        except OSError:
+            continue
+        if ours:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(target, signal.SIGKILL)
+
+
+def _pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def _group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
 async def steps(agent: Agent, until: Callable[[], bool], seconds: float = 10.0) -> None:
     """Run the agent's command steps until ``until()`` holds (AssertionError if not
     within ``seconds``)."""
@@ -106,8 +136,8 @@ def run(agent: Agent, body: Callable[[], Awaitable[None]]) -> None:
 
 def kill(pid_file: Path) -> None:
     """SIGKILL the process whose pid ``pid_file`` holds, if any."""
-    with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
-        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        kill_worker(int(pid_file.read_text()))
 
 
 # a worker that writes its pid, counts the SIGTERMs it gets in a file and ignores them
@@ -192,8 +222,7 @@ def test_a_worker_started_as_the_agent_stops_is_not_left_running(
         assert not commands(agent).live
     finally:
         for pid in started:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+            kill_worker(pid, group=True)
 
 
 def test_a_failing_worker_is_started_again_after_a_back_off_and_one_done_is_not(
@@ -325,8 +354,7 @@ def test_a_worker_that_cannot_be_stopped_is_given_up_on_and_holds_the_server_no_
         run(agent, go)
     finally:
         for pid in pids.read_text().split() if pids.exists() else []:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(int(pid), signal.SIGKILL)
+            kill_worker(int(pid), group=True)
 
 
 _ORPHANS_SCRIPT = """
@@ -605,8 +633,8 @@ def test_workers_an_agent_killed_with_9_left_are_stopped_by_the_next_agent(
         if first.stdout is not None:
             first.stdout.close()
         for name in ("first", "second", "other"):
-            with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
-                os.killpg(int((tmp_path / name).read_text()), signal.SIGKILL)
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                kill_worker(int((tmp_path / name).read_text()), group=True)
 
 
 def test_a_departed_workers_escaped_process_is_gone_before_the_next_job_starts(
@@ -710,7 +738,6 @@ def test_a_given_up_workers_devices_are_not_handed_to_the_next_job(
     from controller.plane import workers
 
     monkeypatch.setattr(workers, "GIVE_UP_SECONDS", 0.3)
-    real_kill = workers._kill_group
     monkeypatch.setattr(workers, "_kill_group", lambda group, sig: None)  # EPERM, as it were
     pids = tmp_path / "pids"
     command = f'echo "$$ $OASIS_JOB $CUDA_VISIBLE_DEVICES" >> {pids}; exec sleep 30'
@@ -732,7 +759,7 @@ def test_a_given_up_workers_devices_are_not_handed_to_the_next_job(
         run(agent, go)
     finally:
         for line in started:
-            real_kill(int(line[0]), signal.SIGKILL)
+            kill_worker(int(line[0]), group=True)
 
 
 def test_a_second_agent_for_the_server_on_this_machine_is_refused_until_the_first_is_gone(
@@ -893,8 +920,7 @@ def test_a_process_that_left_its_workers_group_keeps_the_workers_devices(
         run(agent, go)
     finally:
         if escaped.exists() and escaped.read_text().split():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(escaped.read_text().split()[0]), signal.SIGKILL)
+            kill_worker(int(escaped.read_text().split()[0]))
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a process as another user")
@@ -965,8 +991,7 @@ def test_a_departed_jobs_escaped_process_is_stopped_before_the_next_job_starts(
         run(agent, go)
     finally:
         if escaped.exists() and escaped.read_text().strip():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(escaped.read_text()), signal.SIGKILL)
+            kill_worker(int(escaped.read_text()))
     assert seen_alive == [False]
 
 
