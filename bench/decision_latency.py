@@ -109,15 +109,27 @@ def make_trace(scale: str, seed: int, pricing: str = "oracle") -> dict[str, Any]
 
 def digest(records: list[ReplayRecord], h: Any) -> None:
     """Fold every decision of ``records`` into the hash ``h`` (hashlib): id, admitted,
-    payoff, cost, jct, utility, reason (their reprs) and the schedule's start and arrays."""
+    payoff, cost, jct, utility (numbers to 12 significant digits), reason and the
+    schedule's start and arrays.
+
+    Twelve digits, not the last bit: numpy picks its ``exp`` and ``log`` kernels by the
+    CPU at run time, and on a machine with AVX-512 41 of 900 paper-scale payoffs differed
+    from an AVX2 machine's in their last digits, with the same admissions and schedules
+    (bench/RESULTS.md, 2026-12-02), so a digest of reprs compared only on one machine."""
     for r in records:
         d, b = r.decision, r.decision.best
-        h.update(repr((d.job.id, d.admitted, b.payoff, b.cost, b.jct, b.utility)).encode())
+        numbers = (b.payoff, b.cost, b.jct, b.utility)
+        h.update(repr((d.job.id, d.admitted, *map(_digits, numbers))).encode())
         h.update(r.reason.encode())
         if b.schedule is not None:
             h.update(repr(b.schedule.start).encode())
             h.update(np.ascontiguousarray(b.schedule.workers).tobytes())
             h.update(np.ascontiguousarray(b.schedule.ps).tobytes())
+
+
+def _digits(x: object) -> object:
+    """``x`` to 12 significant digits if it is a float (an int or None as it is)."""
+    return f"{x:.12g}" if isinstance(x, float) else x
 
 
 def timed_replay(
