@@ -223,18 +223,22 @@ def price_jobs(
     pp: NDArray[np.float64],
     jobs: Sequence[int] | None = None,
     used: tuple[NDArray[np.float64], NDArray[np.float64]] | None = None,
+    touched: NDArray[np.bool_] | None = None,
 ) -> list[tuple[BestSchedule, NDArray[np.float64]]]:
     """The best schedule of each job against unit prices ``pw`` ``(T, H, R)`` and ``pp``
     ``(T, K, R)`` (>= 0), with per-end-slot payoff bounds (:func:`search`).
 
     ``jobs``: indices to price (default: all); ``used``: ``(T, H, R)`` and ``(T, K, R)``
-    amounts that leave less room (default: the held use).
+    amounts that leave less room (default: the held use); ``touched``: ``(T,)``, the
+    slots where a price or a use is not 0, if the caller keeps them (default: found here,
+    four passes over the arrays).
     """
     trace, held = cells.trace, cells.held
     cluster = trace.cluster
     used_w, used_p = used if used is not None else (held.worker_used, held.ps_used)
-    touched: NDArray[np.bool_] = np.any(pw, axis=(1, 2)) | np.any(pp, axis=(1, 2))
-    touched |= np.any(used_w, axis=(1, 2)) | np.any(used_p, axis=(1, 2))
+    if touched is None:
+        touched = np.any(pw, axis=(1, 2)) | np.any(pp, axis=(1, 2))
+        touched |= np.any(used_w, axis=(1, 2)) | np.any(used_p, axis=(1, 2))
     out = []
     for i in range(len(trace.jobs)) if jobs is None else jobs:
         job = trace.jobs[i]

@@ -66,22 +66,53 @@ class Residual:
         self.tie = tie
         full = cells.full_capacity
         self._scale = np.divide(1.0, full, out=np.zeros_like(full), where=full > 0)
+        # kept cell by cell as jobs are taken, each cell by the same expression as a whole
+        # array would be (so to the bit): recomputed whole, the prices, the use and the
+        # slots they touch took 5.1 of the 8.5 s of 1,000 jobs' fill on 500 + 500 servers
+        self._used = full - self.left
+        self._priced: tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.bool_]] | None
+        self._priced = None  # (pi, its prices, the slots touched) for the last pi asked
 
     def prices(self, pi: NDArray[np.float64]) -> NDArray[np.float64]:
-        """Cell prices ``pi`` with the best-fit tie-break."""
-        out: NDArray[np.float64] = pi + self.tie * np.maximum(self.left, 0.0) * self._scale
-        return out
+        """Cell prices ``pi`` with the best-fit tie-break (an array kept up to date by
+        :meth:`take` while ``pi`` is the one asked last: read it, do not write it)."""
+        return self._priced_at(pi)[1]
+
+    def touched(self, pi: NDArray[np.float64]) -> NDArray[np.bool_]:
+        """``(T,)``: the slots with a price (:meth:`prices`) or a use (:meth:`used`) that
+        is not 0 (:func:`pricing.column_generation.price_jobs`'s ``touched``)."""
+        return self._priced_at(pi)[2]
+
+    def _priced_at(
+        self, pi: NDArray[np.float64]
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.bool_]]:
+        if self._priced is None or self._priced[0] is not pi:
+            prices = pi + self.tie * np.maximum(self.left, 0.0) * self._scale
+            (pw, pp), (uw, up) = self.cells.by_kind(prices), self.used()
+            touched = np.any(pw, axis=(1, 2)) | np.any(pp, axis=(1, 2))
+            touched |= np.any(uw, axis=(1, 2)) | np.any(up, axis=(1, 2))
+            self._priced = (pi, prices, touched)
+        return self._priced
 
     def fits(self, col: Column) -> bool:
         return bool((col.amounts <= self.left[col.cells] + CAPACITY_SLACK / 10).all())
 
     def take(self, col: Column) -> None:
-        self.left[col.cells] -= col.amounts
+        at = col.cells
+        self.left[at] -= col.amounts
+        self._used[at] = self.cells.full_capacity[at] - self.left[at]
+        if self._priced is not None:
+            pi, prices, touched = self._priced
+            prices[at] = pi[at] + self.tie * np.maximum(self.left[at], 0.0) * self._scale[at]
+            cells = self.cells
+            # a column's amounts are > 0: its slots are in use now
+            touched[(cells.group[at] % (cells.T * cells.R)) // cells.R] = True
         self.chosen[col.job] = col
 
     def used(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        """``(T, H, R)`` and ``(T, K, R)``: held plus chosen amounts (the room's complement)."""
-        return self.cells.by_kind(self.cells.full_capacity - self.left)
+        """``(T, H, R)`` and ``(T, K, R)``: held plus chosen amounts (the room's
+        complement; views kept up to date by :meth:`take`: read them, do not write)."""
+        return self.cells.by_kind(self._used)
 
     def add(self, col: Column, pi: NDArray[np.float64]) -> bool:
         """Take ``col``, or its counts placed again at cell prices ``pi``
@@ -106,7 +137,7 @@ class Residual:
         left, if it has one with a positive utility."""
         cells = self.cells
         pw, pp = cells.by_kind(self.prices(pi))
-        ((best, _),) = price_jobs(cells, pw, pp, [i], self.used())
+        ((best, _),) = price_jobs(cells, pw, pp, [i], self.used(), self.touched(pi))
         if best.schedule is None or best.schedule.work() == 0:
             return False
         col = cells.column(i, cells.trace.jobs[i], best.schedule)
@@ -218,6 +249,7 @@ def round_columns(
     fill_order = [int(i) for i in np.argsort(-result.payoff, kind="stable")]
     greedy = _greedy(result, fill_order)
     best = Primal(greedy.schedules(), greedy.total(), "greedy")
+    del greedy  # its kept arrays (use, prices: 8 bytes a cell each) are not needed again
     repair_seconds = time.perf_counter() - started  # the ILP's repair takes about as long
     # Lagrangian heuristic: jobs one by one on their best schedule at the duals' prices
     cells = result.master.cells
@@ -232,6 +264,7 @@ def round_columns(
         _fill(passed, result.pi, order)
         if passed.total() > best.utility:
             best = Primal(passed.schedules(), passed.total(), "Lagrangian heuristic")
+        del passed
     if start is not None and start_utility is not None and start_utility > best.utility:
         best = Primal(tuple(start), start_utility, "start")
     left = time_limit - (time.perf_counter() - started) - repair_seconds

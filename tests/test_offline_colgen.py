@@ -361,6 +361,44 @@ def test_rounding_without_time_is_greedy_only(monkeypatch: pytest.MonkeyPatch) -
     assert len(passes) >= 3  # with time: both heuristic passes too
 
 
+@pytest.mark.parametrize(("seed", "tie"), [(3, 1e-3), (8, 1e-3), (3, 0.0), (8, 0.0)])
+def test_the_rounding_keeps_its_prices_use_and_touched_slots_to_the_bit(
+    seed: int, tie: float
+) -> None:
+    """A fill's prices, use and touched slots are kept cell by cell as jobs are taken
+    (recomputed whole at each job, they took 5.1 of the 8.5 s of 1,000 jobs on 500 + 500
+    servers): after every take they equal the whole arrays' values exactly, so the
+    allocation is the one the whole recomputation made."""
+    from pricing.column_generation import price_jobs
+    from pricing.offline_rounding import Residual
+
+    trace = _small(seed, jobs=12, servers=3, horizon=10)
+    result = configuration_bound(trace, Held.nothing(trace), max_iterations=3)
+    cells, pi = result.master.cells, result.pi
+    residual = Residual(cells, tie=tie)  # 0: slots untouched until a job is taken there
+    residual.prices(pi)  # kept from here on
+    taken = 0
+    for i in np.argsort(-result.payoff, kind="stable").tolist():
+        before = len(residual.chosen)
+        residual.replan(int(i), pi)
+        taken += len(residual.chosen) - before
+        whole = pi + residual.tie * np.maximum(residual.left, 0.0) * residual._scale
+        assert np.array_equal(residual.prices(pi), whole)
+        used = cells.by_kind(cells.full_capacity - residual.left)
+        for kept, fresh in zip(residual.used(), used, strict=True):
+            assert np.array_equal(kept, fresh)
+        pw, pp = cells.by_kind(whole)
+        touched = np.any(pw, axis=(1, 2)) | np.any(pp, axis=(1, 2))
+        touched |= np.any(used[0], axis=(1, 2)) | np.any(used[1], axis=(1, 2))
+        assert np.array_equal(residual.touched(pi), touched)
+        # and a search given the kept slots finds what one finding them itself does
+        mine = price_jobs(cells, pw, pp, None, residual.used(), residual.touched(pi))
+        own = price_jobs(cells, pw, pp, None, used)
+        assert [m[0].payoff for m in mine] == [o[0].payoff for o in own]
+    assert taken >= 2  # jobs were taken: the kept arrays were updated, not only made
+    assert tie > 0 or not residual.touched(pi).all()  # some slot was left to compare
+
+
 def test_schedules_are_checked_as_their_dense_allocation_is() -> None:
     """``check_schedules`` and ``schedule_jobs`` say what ``check_allocation`` and
     ``allocation_jobs`` say of the ``(J, T, H)`` arrays the schedules make, for the
