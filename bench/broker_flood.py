@@ -1,0 +1,133 @@
+"""One agent's flood of the broker's own capacity: the broker's memory, the daemon's, and
+whether a server is failed, under each broker setting asked.
+
+What is measured
+    A Mosquitto of its own on a loopback port, with the README's ``max_packet_size
+    300000`` and each ``--setting`` in turn (one line of ``mosquitto.conf`` or several,
+    ``;``-separated; ``max_queued_messages 1000`` is Mosquitto's default, which the test
+    brokers raise), ``oasisd`` with ``[mqtt]`` (``tests.test_mqtt_faults.Plane``: heartbeat
+    timeout 4 s) and ``oasis agent`` for w0 and p0. Then ``--flooders`` clients publish
+    250 KB progress reports on w1's topic (as one agent could, on its own topic, within the
+    ACL) at QoS ``--qos`` as fast as they can for ``--seconds``. Reported per setting: the
+    broker's and the daemon's resident memory before and at peak (MB, sampled every 0.5
+    s), the reports sent, and the servers failed by the end (w0 and p0 beat all along).
+
+    The daemon subscribes to progress at QoS 1, so the broker queues a flood of it for
+    the daemon, up to ``max_queued_messages`` (default 1,000) and ``max_queued_bytes``
+    (default none); heartbeats are QoS 0 and not queued.
+
+Usage
+    .venv/bin/python -m bench.broker_flood [--flooders 3] [--seconds 20] [--qos 1]
+        [--setting "max_queued_messages 1000" --setting "..."] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
+
+from tests.test_mqtt_faults import TOPICS, Plane
+from tests.test_plane_flood import _rss_mb
+
+REPORT = b'{"version":1,"server":"w1","session":"flood","jobs":[],"pad":"' + b"x" * 250_000 + b'"}'
+DEFAULT_SETTINGS = (
+    "max_queued_messages 1000",
+    "max_queued_messages 1000; max_queued_bytes 16777216",
+)
+
+
+def _flood(port: int, stop: threading.Event, qos: int, sent: list[int]) -> None:
+    """Publish REPORT on w1's progress topic until ``stop``, at most 2,000 unacknowledged."""
+    client = paho.Client(CallbackAPIVersion.VERSION2)
+    client.max_inflight_messages_set(0)
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    n = 0
+    try:
+        while not stop.is_set():
+            for _ in range(50):
+                client.publish(TOPICS.progress("w1"), REPORT, qos=qos)
+                n += 1
+            while len(client._out_messages) > 2000 and not stop.is_set():
+                time.sleep(0.005)
+    finally:
+        client.loop_stop()
+        client.disconnect()
+        sent.append(n)
+
+
+def run(setting: str, flooders: int, qos: int, seconds: float) -> dict[str, Any]:
+    """One setting's run (module docstring)."""
+    lines = "".join(f"{part.strip()}\n" for part in setting.split(";") if part.strip())
+    plane = Plane(Path(tempfile.mkdtemp(prefix="broker-flood-")),
+                  broker_extra="max_packet_size 300000\n" + lines)  # fmt: skip
+    try:
+        plane.daemon.start()
+        plane.wait_logged("broker connected")
+        for server in ("w0", "p0"):
+            plane.start_agent(server)
+        plane.wait_agents(("w0", "p0"))
+        assert plane.daemon.proc is not None and plane.broker.proc is not None
+        daemon, broker = plane.daemon.proc.pid, plane.broker.proc.pid
+        before = (_rss_mb(broker), _rss_mb(daemon))
+        peak = list(before)
+        stop = threading.Event()
+        sent: list[int] = []
+        threads = [threading.Thread(target=_flood, args=(plane.broker.port, stop, qos, sent))
+                   for _ in range(flooders)]  # fmt: skip
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            peak = [max(peak[0], _rss_mb(broker)), max(peak[1], _rss_mb(daemon))]
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+        time.sleep(3.0)  # a few reviews after the flood
+        return {
+            "setting": setting,
+            "flooders": flooders,
+            "qos": qos,
+            "seconds": seconds,
+            "reports_sent": sum(sent),
+            "broker_mb": [round(before[0]), round(peak[0])],
+            "daemon_mb": [round(before[1]), round(peak[1])],
+            "servers_failed": [e.get("server") for e in plane.logged("server failed")],
+            "broker_running": plane.broker.proc.poll() is None,
+        }
+    finally:
+        plane.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="bench.broker_flood", description=__doc__.split("\n")[0])
+    parser.add_argument("--flooders", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--qos", type=int, choices=(0, 1), default=1)
+    parser.add_argument("--setting", action="append", help="mosquitto.conf lines, ';'-separated")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    results = [run(s, args.flooders, args.qos, args.seconds)
+               for s in args.setting or DEFAULT_SETTINGS]  # fmt: skip
+    if args.json:
+        print(json.dumps(results, indent=1))
+        return
+    print("| setting | reports sent | broker MB before / peak | daemon MB before / peak | "
+          "servers failed |\n|---|---|---|---|---|")  # fmt: skip
+    for r in results:
+        print(f"| `{r['setting']}` | {r['reports_sent']} | {r['broker_mb'][0]} / "
+              f"{r['broker_mb'][1]} | {r['daemon_mb'][0]} / {r['daemon_mb'][1]} | "
+              f"{', '.join(r['servers_failed']) or 'none'} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
