@@ -32,58 +32,31 @@ import time
 from pathlib import Path
 from typing import Any
 
-import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion
+from tests.test_plane_flood import _rss_mb, flood, started_plane
 
-from tests.test_mqtt_faults import TOPICS, Plane
-from tests.test_plane_flood import _rss_mb
-
-REPORT = b'{"version":1,"server":"w1","session":"flood","jobs":[],"pad":"' + b"x" * 250_000 + b'"}'
 DEFAULT_SETTINGS = (
     "max_queued_messages 1000",
     "max_queued_messages 1000; max_queued_bytes 16777216",
 )
 
 
-def _flood(port: int, stop: threading.Event, qos: int, sent: list[int]) -> None:
-    """Publish REPORT on w1's progress topic until ``stop``, at most 2,000 unacknowledged."""
-    client = paho.Client(CallbackAPIVersion.VERSION2)
-    client.max_inflight_messages_set(0)
-    client.connect("127.0.0.1", port)
-    client.loop_start()
-    n = 0
-    try:
-        while not stop.is_set():
-            for _ in range(50):
-                client.publish(TOPICS.progress("w1"), REPORT, qos=qos)
-                n += 1
-            while len(client._out_messages) > 2000 and not stop.is_set():
-                time.sleep(0.005)
-    finally:
-        client.loop_stop()
-        client.disconnect()
-        sent.append(n)
-
-
 def run(setting: str, flooders: int, qos: int, seconds: float) -> dict[str, Any]:
     """One setting's run (module docstring)."""
     lines = "".join(f"{part.strip()}\n" for part in setting.split(";") if part.strip())
-    plane = Plane(Path(tempfile.mkdtemp(prefix="broker-flood-")),
-                  broker_extra="max_packet_size 300000\n" + lines)  # fmt: skip
+    plane = started_plane(Path(tempfile.mkdtemp(prefix="broker-flood-")), lines)
     try:
-        plane.daemon.start()
-        plane.wait_logged("broker connected")
-        for server in ("w0", "p0"):
-            plane.start_agent(server)
-        plane.wait_agents(("w0", "p0"))
         assert plane.daemon.proc is not None and plane.broker.proc is not None
         daemon, broker = plane.daemon.proc.pid, plane.broker.proc.pid
         before = (_rss_mb(broker), _rss_mb(daemon))
         peak = list(before)
         stop = threading.Event()
         sent: list[int] = []
-        threads = [threading.Thread(target=_flood, args=(plane.broker.port, stop, qos, sent))
-                   for _ in range(flooders)]  # fmt: skip
+        port = plane.broker.port
+
+        def one() -> None:
+            sent.append(flood(port, stop, qos, backlog=2000))
+
+        threads = [threading.Thread(target=one) for _ in range(flooders)]
         for thread in threads:
             thread.start()
         deadline = time.monotonic() + seconds

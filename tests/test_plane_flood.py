@@ -36,37 +36,53 @@ def _rss_mb(pid: int) -> float:
     return int(line.split()[1]) / 1024
 
 
-def _flood(port: int, stop: threading.Event) -> None:
+def flood(port: int, stop: threading.Event, qos: int = 1, backlog: int = 1000) -> int:
+    """Publish REPORT on w1's progress topic as fast as one client can until ``stop``,
+    at most ``backlog`` unacknowledged; the number published."""
     client = paho.Client(CallbackAPIVersion.VERSION2)
     client.max_inflight_messages_set(0)
     client.connect("127.0.0.1", port)
     client.loop_start()
+    sent = 0
     try:
         while not stop.is_set():
             for _ in range(100):
-                client.publish(TOPICS.progress("w1"), REPORT, qos=1)
-            while len(client._out_messages) > 1000 and not stop.is_set():
+                client.publish(TOPICS.progress("w1"), REPORT, qos=qos)
+            sent += 100
+            while len(client._out_messages) > backlog and not stop.is_set():
                 time.sleep(0.01)
     finally:
         client.loop_stop()
         client.disconnect()
+    return sent
 
 
-def test_one_agents_flood_of_large_reports_costs_no_memory_and_no_other_server(
-    tmp_path: Path,
-) -> None:
-    p = Plane(tmp_path, broker_extra="max_packet_size 300000\n")
+def started_plane(tmp: Path, broker_extra: str = "") -> Plane:
+    """A :class:`Plane` with the README's ``max_packet_size`` (and ``broker_extra``), its
+    daemon connected and ``oasis agent`` for w0 and p0 heard."""
+    p = Plane(tmp, broker_extra="max_packet_size 300000\n" + broker_extra)
     try:
         p.daemon.start()
         p.wait_logged("broker connected")
         for server in ("w0", "p0"):
             p.start_agent(server)
         p.wait_agents(("w0", "p0"))
+    except BaseException:
+        p.close()
+        raise
+    return p
+
+
+def test_one_agents_flood_of_large_reports_costs_no_memory_and_no_other_server(
+    tmp_path: Path,
+) -> None:
+    p = started_plane(tmp_path)
+    try:
         assert p.daemon.proc is not None
         pid = p.daemon.proc.pid
         before = peak = _rss_mb(pid)
         stop = threading.Event()
-        flooder = threading.Thread(target=_flood, args=(p.broker.port, stop), daemon=True)
+        flooder = threading.Thread(target=flood, args=(p.broker.port, stop), daemon=True)
         flooder.start()
         deadline = time.monotonic() + FLOOD_SECONDS
         while time.monotonic() < deadline:
