@@ -501,6 +501,10 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return EXIT_FAILURE
     progress(f"finished in {result.solve_seconds:.2f} s ({result.method}): {result.status}")
+    if result.solve_seconds > 1.1 * args.time_limit + 0.01:
+        # the user asked for less: say why rather than leave a limit seemingly ignored
+        progress(f"  past --time-limit {args.time_limit:g} s: a certified bound and a first "
+                 "allocation are made however short it is")  # fmt: skip
     doc = offline_json(result, online_jobs, theorem4_bound(trace), largest_job_share(trace), notes)
     if args.json:
         print(json_document(doc))  # one write (controller/terminal.py)
