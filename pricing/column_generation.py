@@ -93,6 +93,7 @@ __all__ = [
     "configuration_bound",
     "price_jobs",
     "search_bytes",
+    "touched_slots",
 ]
 
 FLOAT_MARGIN = 1e-9
@@ -237,8 +238,7 @@ def price_jobs(
     cluster = trace.cluster
     used_w, used_p = used if used is not None else (held.worker_used, held.ps_used)
     if touched is None:
-        touched = np.any(pw, axis=(1, 2)) | np.any(pp, axis=(1, 2))
-        touched |= np.any(used_w, axis=(1, 2)) | np.any(used_p, axis=(1, 2))
+        touched = touched_slots(pw, pp, used_w, used_p)
     out = []
     for i in range(len(trace.jobs)) if jobs is None else jobs:
         job = trace.jobs[i]
@@ -254,6 +254,15 @@ def price_jobs(
         pside = (pp, used_p, cluster.ps_capacity, np.ascontiguousarray(job.ps))
         out.append(search(job, wside, pside, touched, a, n_slots, a, 0.0))
     return out
+
+
+def touched_slots(*arrays: NDArray[np.float64]) -> NDArray[np.bool_]:
+    """``(T,)``: the slots where any of ``arrays`` (each ``(T, n, R)``: prices or use of
+    worker or PS servers) is not 0, those the search cannot share one cost curve over."""
+    touched: NDArray[np.bool_] = np.zeros(arrays[0].shape[0], bool)
+    for values in arrays:
+        touched |= np.any(values, axis=(1, 2))
+    return touched
 
 
 _NO_SCHEDULE = BestSchedule(None, None, None, None, None, 0)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from pricing.column_generation import BoundResult, Cells, Column, price_jobs
+from pricing.column_generation import BoundResult, Cells, Column, price_jobs, touched_slots
 from pricing.job import Job, room
 from pricing.ledger import CAPACITY_SLACK
 from pricing.placement import place
@@ -88,9 +88,7 @@ class Residual:
     ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.bool_]]:
         if self._priced is None or self._priced[0] is not pi:
             prices = pi + self.tie * np.maximum(self.left, 0.0) * self._scale
-            (pw, pp), (uw, up) = self.cells.by_kind(prices), self.used()
-            touched = np.any(pw, axis=(1, 2)) | np.any(pp, axis=(1, 2))
-            touched |= np.any(uw, axis=(1, 2)) | np.any(up, axis=(1, 2))
+            touched = touched_slots(*self.cells.by_kind(prices), *self.used())
             self._priced = (pi, prices, touched)
         return self._priced
 

@@ -19,10 +19,11 @@ from typing import Any
 
 import pytest
 
+from controller import procfs
 from controller.plane.agent import Agent
 from controller.plane.settings import MqttConfig
 from controller.plane.topics import Plan, SlotPlan, Task
-from controller.plane.workers import Commands
+from controller.plane.workers import Commands, _environment_of
 from tests.servers import ROOT
 
 
@@ -70,26 +71,18 @@ def kill_worker(pid: int, *, group: bool = False) -> None:
     gone, and with pid_max 32768 and a suite that starts thousands of processes and
     threads, a pid read back may be another test's daemon by then (CI: one exited at
     start with an empty log, killed by a clean-up like this)."""
-    targets = [p for p in _pids() if _group_of(p) == pid] if group else [pid]
+    targets = [p for p in procfs.pids() if _group_of(p) == pid] if group else [pid]
     for target in targets:
-        try:
-            with open(f"/proc/{target}/environ", "rb") as f:
-                ours = b"\0OASIS_JOB=" in b"\0" + f.read()
-        except OSError:
-            continue
-        if ours:
+        if "OASIS_JOB" in _environment_of(target):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(target, signal.SIGKILL)
 
 
-def _pids() -> list[int]:
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
-
-
 def _group_of(pid: int) -> int | None:
+    """``pid``'s process group (``stat``'s pgrp), None if it cannot be read."""
     try:
-        return os.getpgid(pid)
-    except ProcessLookupError:
+        return int(procfs.stat_fields(pid)[2])
+    except (OSError, IndexError, ValueError):
         return None
 
 
