@@ -10,7 +10,9 @@ What is measured
 
 Methodology
     ``--rounds`` starts and stops of each kind, one after another; the table gives the
-    median and the maximum. Wall-clock seconds from ``time.monotonic``.
+    median and the maximum. Wall-clock seconds from ``time.monotonic``; a start's CPU
+    seconds (user + system, ``/proc``) of the daemon and its commit process when it
+    listens, which another program on the machine changes less than the wall-clock's.
 
 Run with
     ``python -m bench.daemon_start_stop`` (``--rounds 6``; ``--json`` for machines)
@@ -26,23 +28,27 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.cpu_use import tree_seconds
 from bench.machine import describe
 from tests.broker import Mosquitto
 from tests.servers import Daemon, write_config
 
 
-def once(extra: str) -> tuple[float, float]:
-    """One start and one stop of a daemon on a new store: their seconds."""
+def once(extra: str) -> tuple[float, float, float]:
+    """One start and one stop of a daemon on a new store: their seconds, and the start's
+    CPU seconds."""
     directory = Path(tempfile.mkdtemp(prefix="oasis-start-"))
     config = write_config(directory / "oasisd.toml", directory / "data", extra=extra)
     began = time.monotonic()
     daemon = Daemon(config, directory / "oasisd.log").start()
     listening = time.monotonic()
+    assert daemon.proc is not None
+    cpu = tree_seconds([daemon.proc.pid])
     code = daemon.stop()
     stopped = time.monotonic()
     if code != 0:
         raise RuntimeError(f"oasisd exited {code}: {(directory / 'oasisd.log').read_text()}")
-    return listening - began, stopped - listening
+    return listening - began, stopped - listening, cpu
 
 
 def run(rounds: int) -> list[dict[str, Any]]:
@@ -56,13 +62,16 @@ def run(rounds: int) -> list[dict[str, Any]]:
         for name, extra in kinds.items():
             once(extra)  # a warm-up: the kernels' cache and the bytecode read once
             times = [once(extra) for _ in range(rounds)]
-            starts, stops = [t[0] for t in times], [t[1] for t in times]
+            starts, stops, cpus = ([t[i] for t in times] for i in range(3))
             rows.append({"daemon": name, "rounds": rounds,
                          "start median s": round(statistics.median(starts), 2),
                          "start max s": round(max(starts), 2),
+                         "start CPU median s": round(statistics.median(cpus), 2),
+                         "start CPU max s": round(max(cpus), 2),
                          "stop median s": round(statistics.median(stops), 2),
                          "stop max s": round(max(stops), 2)})  # fmt: skip
             print(f"{name}: starts {[round(s, 2) for s in starts]}, "
+                  f"CPU {[round(s, 2) for s in cpus]}, "
                   f"stops {[round(s, 2) for s in stops]}", flush=True)  # fmt: skip
         return rows
     finally:
@@ -78,10 +87,11 @@ def main() -> None:
     if args.json:
         print(json.dumps({"machine": describe(), "results": rows}, indent=2))
         return
-    print("| daemon | start median / max s | stop median / max s |")
-    print("|---|---|---|")
+    print("| daemon | start median / max s | start CPU median / max s | stop median / max s |")
+    print("|---|---|---|---|")
     for r in rows:
         print(f"| {r['daemon']} | {r['start median s']} / {r['start max s']} | "
+              f"{r['start CPU median s']} / {r['start CPU max s']} | "
               f"{r['stop median s']} / {r['stop max s']} |")  # fmt: skip
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import os
 import signal
 import socket
@@ -30,7 +29,7 @@ import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from controller import hangups, logs, reflection
+from controller import hangups, logs, reflection, startup_gc
 from controller.admission import AdmissionController
 from controller.auth import AccessInterceptor
 from controller.clock import Clock, SlotClock, SteadyClock, SystemClock
@@ -177,8 +176,7 @@ async def serve(
         raise
     # Start-up leaves ~170k long-lived objects (numba, SQLAlchemy, protobuf); freezing
     # them keeps full collections (65-96 ms each, measured) from stalling the loop.
-    gc.collect()
-    gc.freeze()
+    startup_gc.release()
 
     metrics = Metrics(controller) if config.metrics_listen else None
     # [tls]'s files renewed in place are served to new connections without a restart
@@ -499,6 +497,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     hangups.hold()  # the oasisd command took it already; python -m controller.daemon not
+    startup_gc.hold()  # as hangups: after the imports here, before them with oasisd
     # the store, its write-ahead log and the lock are the daemon's alone (under a umask
     # of 022 every local user could read every tenant's jobs); systemd's unit sets it too
     umask = os.umask(0o077)

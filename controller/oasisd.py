@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from controller import hangups
+from controller import hangups, startup_gc
 
 __all__ = ["run"]
 
@@ -16,6 +16,7 @@ __all__ = ["run"]
 def run() -> None:
     """The console entry of ``oasisd``."""
     hangups.hold()  # before the imports: a SIGHUP meanwhile ended the daemon
+    startup_gc.hold()  # the imports' objects are not walked by collection after collection
     if sys.argv[1:2] == ["reload"]:  # held too: `systemctl kill -s HUP` signals the unit
         from controller import reload_wait
 

@@ -207,7 +207,9 @@ class Daemon:
     def start(self, timeout: float = 60.0) -> Daemon:
         self.log = open(self.log_path, "a")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "controller.daemon", "--config", str(self.config)],
+            # the oasisd command's own entry: SIGHUP held and the collector eased before
+            # the imports (controller.oasisd); -m controller.daemon does both only after
+            [sys.executable, "-m", "controller.oasisd", "--config", str(self.config)],
             stdout=subprocess.PIPE,
             stderr=self.log,
             text=True,

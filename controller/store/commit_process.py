@@ -47,6 +47,7 @@ import traceback
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from controller import startup_gc
 from controller.store.database import Database, StoreUnavailableError
 from controller.store.decisions import BatchWritten, DecisionPayload, write_decisions
 from controller.store.writer_lock import FencedError, Holder
@@ -359,6 +360,7 @@ def child_command() -> list[str]:
         f"[s.signal(getattr(s, n), s.SIG_IGN) for n in {IGNORED_SIGNALS!r}]; "
         f"import os, sys; r = {root!r}; "
         "sys.path[:0] = [] if r in map(os.path.realpath, filter(None, sys.path)) else [r]; "
+        "import controller.startup_gc as g; g.hold(); "  # collected rarely while importing
         "import controller.store.commit_process as c; sys.exit(c.main())"
     )
     return [sys.executable, "-P", "-c", code]
@@ -382,6 +384,7 @@ def main() -> int:
     db = Database(
         config["url"], config["timeout"], config["sqlite_synchronous"], config["idle_transaction"]
     )
+    startup_gc.release()  # started: the imports' objects frozen, the defaults back
     try:
         outbox.write(_frame(("ready", os.getpid())))
         outbox.flush()
