@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.test_plane_flood import _rss_mb, flood, started_plane
+from tests.test_plane_flood import flood, rss_mb, started_plane
 
 DEFAULT_SETTINGS = (
     "max_queued_messages 1000",
@@ -47,7 +47,7 @@ def run(setting: str, flooders: int, qos: int, seconds: float) -> dict[str, Any]
     try:
         assert plane.daemon.proc is not None and plane.broker.proc is not None
         daemon, broker = plane.daemon.proc.pid, plane.broker.proc.pid
-        before = (_rss_mb(broker), _rss_mb(daemon))
+        before = (rss_mb(broker), rss_mb(daemon))
         peak = list(before)
         stop = threading.Event()
         sent: list[int] = []
@@ -62,7 +62,7 @@ def run(setting: str, flooders: int, qos: int, seconds: float) -> dict[str, Any]
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             time.sleep(0.5)
-            peak = [max(peak[0], _rss_mb(broker)), max(peak[1], _rss_mb(daemon))]
+            peak = [max(peak[0], rss_mb(broker)), max(peak[1], rss_mb(daemon))]
         stop.set()
         for thread in threads:
             thread.join(30)

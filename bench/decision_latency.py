@@ -61,6 +61,7 @@ import numpy as np
 
 from bench.machine import describe
 from bench.reference_alg2 import replay_reference
+from controller import procfs
 from controller.replay import ReplayRecord, replay
 from pricing import trace_from_dict
 from pricing.workload import generate_trace
@@ -233,13 +234,9 @@ def child_peak_rss_mb(*args: str) -> float:
 def own_peak_rss_mb() -> float:
     """This process's peak RSS, MB: VmHWM, which (unlike getrusage's ru_maxrss) does
     not carry the parent's peak across exec."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
+    peak = procfs.status("self", ("VmHWM",)).get("VmHWM")
+    if peak is not None:
+        return peak / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

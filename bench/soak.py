@@ -79,6 +79,7 @@ import grpc
 
 from bench.daemon_throughput import _toml_value
 from bench.machine import describe
+from controller import procfs
 from controller.auth import hash_token
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
@@ -623,13 +624,7 @@ class Chaos(threading.Thread):
 
 
 def _proc_status(pid: int) -> dict[str, int]:
-    out: dict[str, int] = {}
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM", "Threads"):
-                out[key] = int(value.split()[0])
-    return out
+    return procfs.status(pid, ("VmRSS", "VmHWM", "Threads"))
 
 
 def _fds(pid: int) -> Counter[str]:

@@ -44,6 +44,8 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+from controller import procfs
+
 __all__ = ["main"]
 
 
@@ -151,11 +153,7 @@ _SQLITE = _libsqlite3()
 
 
 def _rss_kb() -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
+    return procfs.status("self").get("VmRSS", 0)
 
 
 def _memory() -> dict[str, Any]:

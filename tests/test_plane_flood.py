@@ -22,6 +22,7 @@ import aiomqtt
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
+from controller import procfs
 from controller.plane.agent_queue import TOPIC_MESSAGES, AgentQueue
 from tests.test_mqtt_faults import TOPICS, Plane
 from tests.test_mqtt_plane import wait_for
@@ -30,10 +31,9 @@ FLOOD_SECONDS = 10.0
 REPORT = b'{"version":1,"server":"w1","session":"flood","jobs":[],"pad":"' + b"x" * 250_000 + b'"}'
 
 
-def _rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        line = next(x for x in f if x.startswith("VmRSS:"))
-    return int(line.split()[1]) / 1024
+def rss_mb(pid: int) -> float:
+    """Process ``pid``'s resident memory, MB (0 once it has ended)."""
+    return procfs.status(pid).get("VmRSS", 0) / 1024
 
 
 def flood(port: int, stop: threading.Event, qos: int = 1, backlog: int = 1000) -> int:
@@ -80,14 +80,14 @@ def test_one_agents_flood_of_large_reports_costs_no_memory_and_no_other_server(
     try:
         assert p.daemon.proc is not None
         pid = p.daemon.proc.pid
-        before = peak = _rss_mb(pid)
+        before = peak = rss_mb(pid)
         stop = threading.Event()
         flooder = threading.Thread(target=flood, args=(p.broker.port, stop), daemon=True)
         flooder.start()
         deadline = time.monotonic() + FLOOD_SECONDS
         while time.monotonic() < deadline:
             time.sleep(0.5)
-            peak = max(peak, _rss_mb(pid))
+            peak = max(peak, rss_mb(pid))
         stop.set()
         flooder.join(30)
         assert peak - before < 150, (before, peak)  # was +1 GB in 20 s

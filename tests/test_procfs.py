@@ -1,0 +1,34 @@
+"""What controller.procfs reads of /proc: a process's stat fields and status numbers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from controller import procfs
+
+
+def test_status_reads_the_named_numbers_of_a_process() -> None:
+    mine = procfs.status("self", ("VmRSS", "VmHWM", "Threads"))
+    assert set(mine) == {"VmRSS", "VmHWM", "Threads"}
+    assert 0 < mine["VmRSS"] <= mine["VmHWM"]  # kB, the peak at least the present
+    assert mine["Threads"] >= 1
+    assert procfs.status(os.getpid()).keys() == {"VmRSS"}  # the default: resident memory
+    assert procfs.status("self", ("NoSuchKey",)) == {}
+
+
+def test_status_of_an_ended_process_is_empty() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    while procfs.stat_fields(child.pid)[0] not in procfs.ZOMBIE_STATES:
+        time.sleep(0.01)  # ended, not yet reaped: its status has no memory lines
+    assert procfs.status(child.pid) == {}
+    assert "Threads" in procfs.status(child.pid, ("Threads",))
+    child.wait()
+    assert procfs.status("no-such-process") == {}  # unreadable: nothing, no error
+
+
+def test_stat_fields_start_after_the_name() -> None:
+    fields = procfs.stat_fields("self")
+    assert fields[0] in {b"R", b"S"} and int(fields[1]) == os.getppid()
