@@ -79,7 +79,13 @@ class Node:
         return self.c.role
 
     def take_over(self) -> int:
-        assert self.lock.try_acquire()
+        # a leader's release closes its lock session without a round trip: PostgreSQL
+        # lets the lock go once that backend has ended, a moment later (an election
+        # retries; so does this, for as long as a backend takes to end)
+        deadline = time.monotonic() + 10.0
+        while not self.lock.try_acquire():
+            assert time.monotonic() < deadline, "the lock was not let go"
+            time.sleep(0.05)
         epoch = self.lock.record(self.db, self.c.advertise)
         asyncio.run(self.c.take_over(epoch, self.lock.backend_pid))
         return epoch
