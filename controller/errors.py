@@ -8,6 +8,7 @@ execution plane raises and catches them too)::
     ├── DrainingError        the daemon is stopping
     ├── NotLeaderError       a write sent to a standby (high availability)
     ├── QueueFullError       the submitter's (or everyone's) pending jobs are at their limit
+    ├── StoredBudgetError    the submitter's jobs stored in the last day are at their limit
     ├── BusyError            the client has too many calls in flight
     └── SlotGridChangedError the config numbers slots otherwise than the store's jobs
         └── ResourcesRemovedError  ... or lacks a resource they demand
@@ -29,6 +30,7 @@ __all__ = [
     "QueueFullError",
     "ResourcesRemovedError",
     "SlotGridChangedError",
+    "StoredBudgetError",
 ]
 
 STORE_UNAVAILABLE = "the store is unavailable"
@@ -85,6 +87,12 @@ class BusyError(OasisError):
 class QueueFullError(OasisError):
     """A job would go pending, but its submitter (or the daemon) has as many pending jobs
     as ``[limits]`` allows; nothing was committed, so it may be submitted again later."""
+
+
+class StoredBudgetError(OasisError):
+    """A new job's spec would take its submitter's specs stored in the last day past
+    ``limits.max_stored_mb_per_day`` (:mod:`controller.admission.stored_budget`); nothing
+    was stored, so it may be submitted again later."""
 
 
 class SlotGridChangedError(OasisError):

@@ -86,6 +86,13 @@
   holds two for a moment. A config whose ``daemon.window`` and cluster need more is
   refused at start-up with the numbers, instead of a daemon the kernel kills when the
   pages are first touched. The default 8192 allows 10,000 servers over 10,000 slots.
+- ``max_stored_mb_per_day``: the most bytes of job specs one submitter (every caller
+  together without ``[auth]``) may have stored in a day, MiB; past it its new jobs are
+  refused with RESOURCE_EXHAUSTED and nothing is stored
+  (:mod:`controller.admission.stored_budget`). Every submission is stored, a rejected one
+  too, so one tenant's stream of large rejected specs filled the disk every tenant's
+  submissions need (28 GB a day within the example's rate). The default 1024 is some
+  two million jobs of a typical spec (300-500 bytes) a day; 0 turns it off.
 - ``max_page_jobs`` and ``max_page_bytes``: the most jobs, and about the most bytes of
   them, one ``ListJobs`` answer holds; the rest follow on later pages (``page_token``).
   ``max_page_bytes`` also ends a page of ``GetPrices`` asked with ``page_size``
@@ -162,6 +169,7 @@ _KEYS = {
     "max_utility",
     "max_utility_by_submitter",
     "max_ledger_mb",
+    "max_stored_mb_per_day",
 }
 
 
@@ -269,6 +277,8 @@ class Limits:
         max_utility_by_submitter: ``max_utility`` of named submitters (their tokens'
             names), in place of the one for everyone.
         max_ledger_mb: the largest price ledger (window x servers x resources), MiB.
+        max_stored_mb_per_day: the most job spec bytes one submitter may have stored
+            in a day, MiB (:mod:`controller.admission.stored_budget`); 0: no limit.
     """
 
     max_message_bytes: int = 1 << 20
@@ -293,6 +303,7 @@ class Limits:
     search_steps_per_token: float = 5e7
     max_utility: float = DEFAULT_MAX_UTILITY
     max_ledger_mb: float = 8192.0
+    max_stored_mb_per_day: float = 1024.0
     max_utility_by_submitter: Mapping[str, float] = field(default_factory=dict)
 
     def search_tokens(self, steps: float) -> float:
@@ -574,6 +585,10 @@ def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
             raw.get("max_utility", d.max_utility), "limits.max_utility"
         ),
         max_ledger_mb=positive("max_ledger_mb"),
+        max_stored_mb_per_day=fields.non_negative(
+            raw.get("max_stored_mb_per_day", d.max_stored_mb_per_day),
+            "limits.max_stored_mb_per_day",
+        ),
         max_utility_by_submitter=_caps_by_submitter(raw.get("max_utility_by_submitter", {})),
     )
 

@@ -34,7 +34,13 @@ from controller.convert import (
     progress_to_proto,
     spec_from_proto,
 )
-from controller.errors import STORE_UNAVAILABLE, TENANT_UNAVAILABLE, BusyError, NotLeaderError
+from controller.errors import (
+    STORE_UNAVAILABLE,
+    TENANT_UNAVAILABLE,
+    BusyError,
+    NotLeaderError,
+    StoredBudgetError,
+)
 from controller.job_keys import as_named as _as_named
 from controller.job_keys import key_for, key_of, shown, shown_view
 from controller.jobspec import prepare
@@ -63,6 +69,7 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (DrainingError, grpc.StatusCode.UNAVAILABLE),
     (NotLeaderError, grpc.StatusCode.UNAVAILABLE),  # and the leader in trailing metadata
     (QueueFullError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (StoredBudgetError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (BusyError, grpc.StatusCode.RESOURCE_EXHAUSTED),
 )
 

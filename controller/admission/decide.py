@@ -15,8 +15,9 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
 from controller.admission.commit import Committed, DecisionRows, Deferred, GroupCommit
+from controller.admission.stored_budget import over_budget
 from controller.admission.views import DecisionView, JobView, canonical_spec
-from controller.errors import ConflictError, QueueFullError
+from controller.errors import ConflictError, QueueFullError, StoredBudgetError
 from controller.events import Event
 from controller.job_keys import keyed_spec
 from controller.jobspec import check_job_worth, past_times, spec_differences
@@ -189,6 +190,13 @@ class DecisionCore(GroupCommit):
             if job_id in self._ledger:  # admitted, committed, and gone from the store
                 self._note_rewound(f"job {job_id!r} of this daemon's ledger is gone from the store")
                 self._rebuild_stale()  # decided on the store as it is (.rewind)
+        # what a submitter may have stored in a day (.stored_budget): checked before the
+        # decision, counted once its write is queued
+        stored_at, size = self.slots.clock.now(), len(canonical.encode())
+        limit = self.config.limits.max_stored_mb_per_day
+        over = over_budget(self._stored.used(by, stored_at), size, limit)
+        if over:
+            raise StoredBudgetError(over)
         # at a slot boundary the jobs already waiting are decided before a newcomer
         self._advance_window()
         self._decide_pending()
@@ -233,6 +241,7 @@ class DecisionCore(GroupCommit):
             )  # fmt: skip
 
         future = self._queue_write(rows, finish, logged)
+        self._stored.add(by, stored_at, size)
         entry = (canonical, by, future)
         self._uncommitted[job.id] = entry
         future.add_done_callback(lambda _f: self._forget_uncommitted(job.id, entry))

@@ -28,6 +28,7 @@ from controller.admission.decision_thread import DecisionThread
 from controller.admission.id_index import StoredIds
 from controller.admission.job_counts import JobCounts
 from controller.admission.rewind import REWOUND_HINT, EventMark
+from controller.admission.stored_budget import StoredBudget
 from controller.admission.views import Cordon, JobView
 from controller.admission.writer import GroupWriter, WriteSet
 from controller.clock import SlotClock
@@ -145,6 +146,8 @@ class AdmissionState(ABC):
         # ids of the stored jobs, valid for the ledger they were loaded for, loaded in
         # the background after each rebuild (.id_index)
         self._ids = StoredIds(db, self._uncommitted.copy, self.log)
+        # bytes of specs each submitter had stored in the last day (.stored_budget)
+        self._stored = StoredBudget()
         # called with the ids of each batch of jobs retention deleted (.retention)
         self.prune_hooks: list[Callable[[list[str]], None]] = []
         # stored job rows found not to read back, each logged once (.reads)
