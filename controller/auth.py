@@ -447,16 +447,17 @@ class _InFlight:
 
 
 MAX_OPEN_CALLS_PER_HOST = 16
-"""The most calls of the open services (health, reflection) one host off loopback may
-have in flight at once, of the ``connections.max_calls_per_client`` all hosts share."""
+"""The most health-checking calls (``Check``, ``Watch``) one host off loopback may have
+in flight at once, of the ``connections.max_calls_per_client`` all hosts share."""
 
 
 class _OpenCalls(_InFlight):
-    """The open services' calls in flight (they take no token: each is its host's),
-    counted from every host together against ``limit`` (``connections.max_calls_per_
-    client``: callers without a token are one client to it) and from one host off
-    loopback against ``per_host``; loopback peers (a host's every 127.x address) only
-    together.
+    """The open services' unary-request calls in flight (health's ``Check`` and
+    ``Watch``; reflection's streams are :class:`_StreamCap`'s alone), which take no
+    token (each is its host's), counted from every host together against ``limit``
+    (``connections.max_calls_per_client``: callers without a token are one client to
+    it) and from one host off loopback against ``per_host``; loopback peers (a host's
+    every 127.x address) only together.
 
     Counted per host alone, each host held ``limit``: a client that never read its
     answers (a receive window of 0) held 100 health checks from each of 11 loopback
@@ -480,11 +481,11 @@ class _OpenCalls(_InFlight):
                      **cap)  # fmt: skip
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"{self.calls.of(client)} health and reflection calls of this host are in "
+                f"{self.calls.of(client)} health-checking calls of this host are in "
                 f"flight, the most one host may have ({self.per_host}); wait for their "
                 "answers (read them) before more"
                 if mine
-                else f"{self.open} health and reflection calls are in flight from every "
+                else f"{self.open} health-checking calls are in flight from every "
                 f"host together, the most at once (connections.max_calls_per_client = "
                 f"{self.limit}: callers without a token count as one client); try again",
             )
