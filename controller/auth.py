@@ -64,6 +64,7 @@ if TYPE_CHECKING:  # the client's TokenInterceptor needs neither limits nor nump
 
 __all__ = [
     "ANONYMOUS",
+    "MAX_OPEN_CALLS_PER_HOST",
     "MAX_OPEN_STREAMS",
     "MAX_OPEN_STREAMS_PER_HOST",
     "NAME_PATTERN",
@@ -445,6 +446,58 @@ class _InFlight:
         context.add_done_callback(lambda _context: self.calls.give_back(client))
 
 
+MAX_OPEN_CALLS_PER_HOST = 16
+"""The most health-checking calls (``Check``, ``Watch``) one host off loopback may have
+in flight at once, of the ``connections.max_calls_per_client`` all hosts share."""
+
+
+class _OpenCalls(_InFlight):
+    """The open services' unary-request calls in flight (health's ``Check`` and
+    ``Watch``; reflection's streams are :class:`_StreamCap`'s alone), which take no
+    token (each is its host's), counted from every host together against ``limit``
+    (``connections.max_calls_per_client``: callers without a token are one client to
+    it) and from one host off loopback against ``per_host``; loopback peers (a host's
+    every 127.x address) only together.
+
+    Counted per host alone, each host held ``limit``: a client that never read its
+    answers (a receive window of 0) held 100 health checks from each of 11 loopback
+    addresses (127.0.0.2, ...; off loopback, 10 addresses of one IPv6 prefix would do)
+    and so all 1,000 of ``connections.max_calls``, with no token, for as long as it kept
+    those 11 connections open: every tenant's and operator's calls were refused
+    (``Concurrent RPC limit exceeded!``; the tenant audit). Now such callers hold at
+    most ``limit`` of ``max_calls`` in all, and the tenants' calls the rest."""
+
+    def __init__(self, limit: int, per_host: int = MAX_OPEN_CALLS_PER_HOST) -> None:
+        super().__init__(limit)
+        self.per_host = min(per_host, limit)
+        self.open = 0
+
+    async def hold(self, client: str, context: Any) -> None:
+        far = not _loopback_peer(client)
+        if self.open >= self.limit or (far and self.calls.of(client) >= self.per_host):
+            mine = far and self.open < self.limit  # its host's share, not the total
+            cap = {"per_host": self.per_host} if mine else {"limit": self.limit}
+            refusals(client, "open calls", "calls in flight refused", from_peer=context.peer(),
+                     **cap)  # fmt: skip
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{self.calls.of(client)} health-checking calls of this host are in "
+                f"flight, the most one host may have ({self.per_host}); wait for their "
+                "answers (read them) before more"
+                if mine
+                else f"{self.open} health-checking calls are in flight from every "
+                f"host together, the most at once (connections.max_calls_per_client = "
+                f"{self.limit}: callers without a token count as one client); try again",
+            )
+        self.open += 1
+        self.calls.take(client)
+        context.add_done_callback(lambda _context: self._release(client))
+
+    def _release(self, client: str) -> None:
+        self.open -= 1
+        self.calls.give_back(client)
+
+
 def _read_first(
     handler: Any, admit: Callable[[Any], Awaitable[str]], first: _FirstMessage, calls: _InFlight
 ) -> Any:
@@ -501,6 +554,7 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self._open_streams = _StreamCap(MAX_OPEN_STREAMS)
         self._first = _FirstMessage()
         self._calls = _InFlight(per_client)
+        self._open_calls = _OpenCalls(per_client)
         self._memo = HandlerMemo()
 
     async def intercept_service(
@@ -516,7 +570,7 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         bounded in time."""
         if method.lstrip("/").split("/", 1)[0] in OPEN_SERVICES:
             return _read_first(
-                self._open_streams.bounded(handler), _open_client, self._first, self._calls
+                self._open_streams.bounded(handler), _open_client, self._first, self._open_calls
             )
         if handler.request_streaming:  # none of oasis's own RPCs
             return _wrap(handler, lambda context: self._admit(method, context))

@@ -224,12 +224,15 @@ def test_calls_that_never_send_their_request_cannot_hold_every_call(tmp_path: Pa
 class _Unread:
     """``n`` gRPC calls of ``path`` on one raw HTTP/2 connection that advertises a stream
     receive window of 0, so no answer can ever be sent: the calls stay in flight until
-    :meth:`close`. A thread answers the daemon's SETTINGS and PINGs (so keepalive does
-    not close it)."""
+    :meth:`close`. ``source``: the local address to connect from (another loopback
+    address is another host to the daemon). A thread answers the daemon's SETTINGS and
+    PINGs (so keepalive does not close it)."""
 
-    def __init__(self, address: str, path: str, n: int, token: str) -> None:
+    def __init__(self, address: str, path: str, n: int, token: str, source: str = "") -> None:
         host, port = address.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=10)
+        self.sock = socket.create_connection(
+            (host, int(port)), timeout=10, source_address=(source, 0) if source else None
+        )
         headers = b"".join(_literal(k, v) for k, v in (
             (":method", "POST"), (":scheme", "http"), (":path", path), (":authority", address),
             ("content-type", "application/grpc"), ("te", "trailers"),
@@ -267,6 +270,112 @@ class _Unread:
     def close(self) -> None:
         self.closed.set()
         self.sock.close()
+
+
+def test_health_checks_from_many_hosts_cannot_hold_every_call(tmp_path: Path) -> None:
+    """The tenant audit: the open services' calls (no token) were capped per host alone,
+    so a client that never read its answers held ``max_calls_per_client`` health checks
+    from each of 11 loopback addresses, all 1,000 of ``max_calls``, and every tenant's
+    and operator's call was refused (``Concurrent RPC limit exceeded!``) for as long as
+    it kept its 11 connections. Here 5 addresses of 10 such calls against ``max_calls =
+    40``. Callers without a token now hold ``max_calls_per_client`` in all."""
+    from controller.auth import hash_token
+    from controller.rpc import oasis_pb2 as pb
+    from controller.rpc import oasis_pb2_grpc as pb_grpc
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"alice submitter {hash_token('alice-token')}\n")
+    extra = (f'\n[connections]\nmax_calls = 40\nmax_calls_per_client = 10\n'
+             f'[auth]\ntokens_file = "{tokens}"\n')  # fmt: skip
+    config = write_config(tmp_path / "c.toml", tmp_path / "data", extra=extra)
+    daemon = Daemon(config, tmp_path / "c.log").start()
+    check = "/grpc.health.v1.Health/Check"
+    stalled = [_Unread(daemon.address, check, 10, "", f"127.0.0.{i}") for i in range(2, 7)]
+    try:
+        with grpc.insecure_channel(daemon.address) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            deadline = time.monotonic() + 20
+            while True:  # until the stalled checks are held
+                try:
+                    health.Check(health_pb2.HealthCheckRequest(), timeout=10)
+                except grpc.RpcError as err:
+                    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err
+                    assert "max_calls_per_client = 10" in str(err.details()), err.details()
+                    assert "count as one client" in str(err.details()), err.details()
+                    break
+                assert time.monotonic() < deadline, "the stalled health checks were never held"
+                time.sleep(0.1)
+            alice = (("authorization", "Bearer alice-token"),)
+            cluster = pb_grpc.ClusterStub(channel)
+            for _ in range(5):  # alice is served (before: RESOURCE_EXHAUSTED, every call)
+                info = cluster.GetClusterInfo(pb.GetClusterInfoRequest(), metadata=alice,
+                                              timeout=10)  # fmt: skip
+                assert info.slot_seconds > 0
+            for unread in stalled:
+                unread.close()
+            deadline = time.monotonic() + 20  # closed: the calls end, the count drops
+            while True:
+                try:
+                    health.Check(health_pb2.HealthCheckRequest(), timeout=10)
+                    break
+                except grpc.RpcError as err:
+                    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err
+                    assert time.monotonic() < deadline, "the closed calls were never released"
+                    time.sleep(0.2)
+    finally:
+        for unread in stalled:
+            unread.close()
+        assert daemon.stop() == 0, (tmp_path / "c.log").read_text()
+
+
+def test_one_host_off_loopback_holds_at_most_its_share_of_the_open_calls() -> None:
+    """Of the open services' calls in flight (``max_calls_per_client`` from every host
+    together), one host off loopback holds at most ``MAX_OPEN_CALLS_PER_HOST``, so it
+    cannot leave every other host's health checks refused; loopback peers only the
+    total. (A remote peer is out of the tests' reach: a call context stands in.)"""
+    import asyncio
+
+    from controller.auth import _OpenCalls
+
+    class RefusedError(Exception):
+        pass
+
+    class Context:
+        def __init__(self, peer: str) -> None:
+            self._peer = peer
+            self.done: list[Any] = []
+
+        def peer(self) -> str:
+            return self._peer
+
+        def add_done_callback(self, callback: Any) -> None:
+            self.done.append(callback)
+
+        def end(self) -> None:
+            for callback in self.done:
+                callback(self)
+
+        async def abort(self, code: grpc.StatusCode, details: str) -> None:
+            raise RefusedError(code, details)
+
+    async def scenario() -> None:
+        calls = _OpenCalls(limit=5, per_host=2)
+        held = []
+        for host in ("ipv4:203.0.113.7", "ipv4:203.0.113.7", "ipv4:198.51.100.9"):
+            held.append(Context(host + ":1"))
+            await calls.hold(host, held[-1])
+        with pytest.raises(RefusedError, match="the most one host may have \\(2\\)"):
+            await calls.hold("ipv4:203.0.113.7", Context("ipv4:203.0.113.7:2"))
+        for host in ("ipv4:127.0.0.1", "ipv4:127.0.0.2"):  # loopback: the total only
+            held.append(Context(host + ":3"))
+            await calls.hold(host, held[-1])
+        with pytest.raises(RefusedError, match="every host together, the most at once"):
+            await calls.hold("ipv4:192.0.2.1", Context("ipv4:192.0.2.1:4"))
+        for context in held:
+            context.end()
+        assert calls.open == 0 and not calls.calls
+
+    asyncio.run(scenario())
 
 
 def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
