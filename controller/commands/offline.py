@@ -1,5 +1,5 @@
 """``oasis offline TRACE``: the offline optimum of a trace against the online algorithm;
-``oasis offline --store URL [--from SLOT --to SLOT]``: the same over what a daemon
+``oasis offline --store STORE [--from SLOT --to SLOT]``: the same over what a daemon
 decided (controller/history.py says what is compared).
 
 ``--method`` picks the exact ILP, a certified bound with an allocation (column
@@ -42,6 +42,7 @@ from controller.commands.common import (
     positive_seconds,
     quiet_native_stdout,
     search_limits,
+    store_url,
 )
 from controller.history import History, HistoryError, OnlineJob, load_history
 from controller.replay import replay
@@ -88,9 +89,10 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--store",
-        metavar="URL",
-        help="compare what the daemon with this store (SQLAlchemy URL, e.g. "
-        "sqlite:////var/lib/oasis/oasis.db) decided, instead of replaying a TRACE",
+        metavar="STORE",
+        help="compare what the daemon with this store decided, instead of replaying a "
+        "TRACE: a SQLAlchemy URL (postgresql+psycopg://oasis@db/oasis), a SQLite file, or "
+        "a daemon's data_dir (/var/lib/oasis: its oasis.db)",
     )
     add_arrival_slots(
         p,
@@ -276,9 +278,10 @@ def _from_store(
     args: argparse.Namespace, progress: Any
 ) -> tuple[Trace, Held | None, list[OnlineJob], list[Schedule | None], tuple[str, ...]]:
     """The stored decisions as an offline problem (controller/history.py)."""
-    check_store_url(args.store)
+    url = store_url(args.store, "--store")
+    check_store_url(url)
     try:
-        db = Database(args.store)
+        db = Database(url)
     except SQLAlchemyError as err:
         raise InputError(f"--store: not a usable database URL: {err}") from err
     try:
@@ -442,7 +445,7 @@ def run(args: argparse.Namespace) -> int:
             print(message, file=sys.stderr, flush=True)
 
     if (args.trace is None) == (args.store is None):
-        raise InputError("give either a TRACE or --store URL")
+        raise InputError("give either a TRACE or --store STORE")
     if args.store is None and (args.first is not None or args.last is not None):
         raise InputError("--from and --to select slots of a --store")
     if args.store is not None:
