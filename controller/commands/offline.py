@@ -244,12 +244,7 @@ def _text(doc: dict[str, Any], gap: float | None, out: TextIO) -> None:
             ratio_note = f"; not proven: the true ratio is at most {fmt(doc['ratio_bound'], 4)}"
     first = "offline optimum " if proven else "offline best    "
     found = "" if proven else ", not proven optimal"
-    share = doc["online_share_certified"]
-    certified = (
-        "no bound"
-        if share is None
-        else f"online >= {100 * share:.3g}% of the optimum (online / bound)"
-    )
+    certified = _certified(doc, proven)
     small = ""
     if doc["largest_job_share"] is not None:
         small = (
@@ -272,6 +267,20 @@ def _text(doc: dict[str, Any], gap: float | None, out: TextIO) -> None:
         f"capacity{small})",
     ]
     print("\n".join(lines), file=out)
+
+
+def _certified(doc: dict[str, Any], proven: bool) -> str:
+    """The text's ``certified`` line. With nothing to earn (no job, or none that can
+    finish before the horizon) it said "no bound" beside "bound 0", or "online >= 0% of
+    the optimum" of a proven optimum of 0 (the bound's float margin, 1e-9, above it)."""
+    share, bound = doc["online_share_certified"], doc["bound"]
+    if proven and doc["optimum"] == 0 and doc["online"] == 0:
+        return "online = the optimum, 0: no allocation earns anything (proven)"
+    if share is not None:
+        return f"online >= {100 * share:.3g}% of the optimum (online / bound)"
+    if bound is None:
+        return "no bound"
+    return f"online >= the bound, {fmt(bound, 6)}: it reaches the optimum"
 
 
 def _from_store(
