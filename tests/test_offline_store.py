@@ -223,6 +223,19 @@ def test_an_empty_stretch_is_a_clear_error(
 ) -> None:
     assert main(["offline", "--store", controller.url, "--from", "5", "--to", "9"]) == 2
     assert "no job arrived in slots 5 .. 9" in capsys.readouterr().err
+    # one bound given past the store's arrivals: the other is the store's, and named so
+    # (it said "--to 1 is before --from 5", with no --to given)
+    _, specs = _jobs(0, 1)
+    controller.submit(specs[0])  # submitted in slot 0: arrives in slot 1
+    assert main(["offline", "--store", controller.url, "--from", "5"]) == 2
+    assert ("--store: --from 5 is after the newest arrival the store holds, slot 1: no job "
+            "to compare") in capsys.readouterr().err  # fmt: skip
+    controller.next_slot()
+    controller.next_slot()
+    controller.submit({**specs[0], "id": "later"})  # arrives in slot 3
+    assert main(["offline", "--store", controller.url, "--to", "0"]) == 2
+    assert ("--store: --to 0 is before the oldest arrival the store holds, slot 1: no job "
+            "to compare") in capsys.readouterr().err  # fmt: skip
 
 
 def test_utilities_summing_past_the_largest_float_are_a_clear_error(
