@@ -314,8 +314,6 @@ def test_the_screen_counts_pending_jobs_and_says_where_the_rest_are() -> None:
     lines = render(replace(st, jobs_pending=0), limit=0).splitlines()
     assert "jobs in flight: 1 running, 2 admitted" in lines
     assert not [x for x in lines if x.startswith("job ")]  # --limit 0: no headers alone
-    assert lines[-1] == (
-        "... and 3 more (oasis jobs --state running; oasis jobs --state admitted)"
-    ), lines
+    assert lines[-1] == "... and 3 more (oasis jobs --state running --state admitted)", lines
     unread = render(replace(st, jobs=None, jobs_in_flight=None, jobs_pending=None), limit=1)
     assert unread.splitlines()[-1] == "jobs in flight: not read (the store is unavailable)"

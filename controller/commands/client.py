@@ -566,7 +566,10 @@ def get_prices(stubs: Stubs, first_slot: int, slots: int, server: str = "") -> p
 def cmd_jobs(args: argparse.Namespace) -> int:
     stubs = Stubs(args)
     states = [f"JOB_STATE_{s.upper()}" for s in args.state]
-    resp = pb.ListJobsResponse(jobs=list_jobs(stubs, states, args.limit))
+    # one more than --limit: whether jobs were left out, which the table did not say
+    listed = list_jobs(stubs, states, args.limit + 1 if args.limit else 0)
+    more = bool(args.limit) and len(listed) > args.limit
+    resp = pb.ListJobsResponse(jobs=listed[: args.limit] if more else listed)
     times = stubs.times()
     if args.json:
         print_json({"jobs": [job_record(j, times) for j in resp.jobs]})
@@ -574,6 +577,9 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         print("no jobs" + (f" in state {' or '.join(args.state)}" if args.state else ""))
     else:
         print(_jobs_table(list(resp.jobs), times))
+        if more:
+            print(f"the first {args.limit} in decision order; more follow (--limit 0 lists "
+                  "every one)")  # fmt: skip
     return EXIT_OK
 
 

@@ -490,8 +490,8 @@ def _jobs_lines(st: Status, limit: int, times: SlotTimes | None) -> list[str]:
     rest = st.jobs[limit:]
     if rest:
         states = dict.fromkeys(j["state"] for j in rest)  # running first, as listed
-        where = "; ".join(f"oasis jobs --state {state}" for state in states)
-        out.append(f"... and {len(rest)} more ({where})")
+        where = " ".join(f"--state {state}" for state in states)
+        out.append(f"... and {len(rest)} more (oasis jobs {where})")
     return out
 
 
