@@ -115,6 +115,7 @@ def register(sub: Any) -> None:
                    help="one server of the cluster only (as `oasis servers` lists it)")  # fmt: skip
     p.add_argument("--server-name", dest="node", help=argparse.SUPPRESS)  # the old name
     p = add("watch", cmd_watch)
+    p.set_defaults(api_flags={"after_sequence": "--from"})
     p.add_argument(
         "--from",
         dest="after",
@@ -707,7 +708,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
                 print(f"#{event.sequence} slot {slot_label(event.slot, times)} {event.kind} "
                       f"{event.job_id} {state} {detail}", flush=True)  # fmt: skip
     except grpc.RpcError as err:
-        if last < 0:
+        if last < 0 or err.code() == grpc.StatusCode.INVALID_ARGUMENT:  # a --from refused
             raise
         # the daemon stopped or restarted (one node): where to go on without a gap; the
         # message's "submitted again" is a submission's, and the events meanwhile are
