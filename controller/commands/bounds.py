@@ -202,11 +202,40 @@ def run(args: argparse.Namespace) -> int:
         else:
             pins = [pb.BoundPin(kind=k, resource=r) for k, r in
                     (_target(name, "unpin") for name in args.resources)]  # fmt: skip
+        if args.action == "unpin":
+            now = stubs.cluster.GetBounds(pb.GetBoundsRequest(), timeout=stubs.timeout)
+            known = {b.resource for b in now.bounds}  # an unknown one: the daemon's to refuse
+            unpinned = (
+                _not_pinned(json.loads(now.pins or "{}"), pins)
+                if all(p.resource in known for p in pins)
+                else None
+            )
+            if unpinned is not None:  # nothing to unpin: no change, and no event logged
+                return _show(args, as_dict(now), unpinned)
         request = pb.SetBoundsRequest(action=args.action, pins=pins, submitter=args.submitter)
         reply = stubs.cluster.SetBounds(request, timeout=stubs.timeout).bounds
-    view = as_dict(reply)
+    return _show(args, as_dict(reply))
+
+
+def _not_pinned(pinned: dict[str, Any], pins: list[pb.BoundPin]) -> str | None:
+    """``"cpu: not pinned; nothing changed"`` if none of ``pins`` (none: all) names a
+    pinned bound, else None. ``oasis bounds unpin cpu`` of a cpu never pinned answered
+    as if it had been, and logged an "unpin" event of nothing."""
+    kinds = {k: [r for r, sides in per.items() if sides] for k, per in pinned.items()}
+    if not pins:
+        return None if any(kinds.values()) else "nothing is pinned; nothing changed"
+    for pin in pins:
+        named = _KIND.values() if pin.kind == pb.SERVER_KIND_UNSPECIFIED else [_KIND[pin.kind]]
+        if any(pin.resource in kinds.get(kind, []) for kind in named):
+            return None
+    names = ", ".join(dict.fromkeys(
+        (f"{_KIND[p.kind]}." if p.kind in _KIND else "") + p.resource for p in pins))  # fmt: skip
+    return f"{names}: not pinned; nothing changed"
+
+
+def _show(args: argparse.Namespace, view: dict[str, Any], note: str | None = None) -> int:
     if args.json:
         print_json(view)
     else:
-        print(render(view))
+        print(render(view) if note is None else f"{note}\n\n{render(view)}")
     return EXIT_OK
