@@ -31,9 +31,12 @@ __all__ = [
 
 
 def _check_keys(table: Mapping[str, Any], known: set[str], where: str) -> None:
-    for key in table:
-        if key not in known:
-            raise ConfigError(f"{where}.{key}: unknown key (known: {', '.join(sorted(known))})")
+    """ConfigError for the first key of ``table`` not in ``known``, with the closest
+    known key (``config.metric: unknown key; did you mean 'metrics'?``), else the known
+    ones; it listed the 11 tables for ``[metric]``."""
+    problems = fields.unknown_keys(table, known, where)
+    if problems:
+        raise ConfigError(str(problems[0]))
 
 
 def _idle_servers(cluster: Cluster) -> list[str]:

@@ -126,7 +126,7 @@ def load_history(db: Database, first: int | None = None, last: int | None = None
             ).one()
         lo = first if first is not None else (low if isinstance(low, int) else 0)
         hi = last if last is not None else (high if isinstance(high, int) else lo)
-        _check_stretch(lo, hi)
+        _check_stretch(lo, hi, first is not None, last is not None)
         lo, retention_notes = _past_deletions(lo, hi, first is None, deleted_before(session))
         arrived = [
             r
@@ -354,9 +354,7 @@ def load_jobs(
         for row in session.execute(chosen.execution_options(yield_per=JOB_BATCH)):
             jobs.append(_job(row, cluster, slot_seconds, window, 0))
     if not jobs:
-        span = (
-            f" in slots {_shown(first)} .. {_shown(last)}" if (first, last) != (None, None) else ""
-        )
+        span = _span(first, last)
         raise HistoryError(f"the store holds no decided job{span} (cancelled jobs are left out)")
     jobs.reverse()
     return jobs, cluster
@@ -366,15 +364,31 @@ JOB_BATCH = 1000
 """Job rows :func:`load_jobs` holds from the store at once."""
 
 
-def _check_stretch(first: int, last: int) -> None:
+def _check_stretch(
+    first: int, last: int, given_first: bool = True, given_last: bool = True
+) -> None:
     """HistoryError unless arrival slots ``first .. last`` (``--from``, ``--to``) are a
-    stretch."""
-    if last < first:
-        raise HistoryError(f"--to {last} is before --from {first}")
+    stretch; a bound not given is the store's oldest or newest arrival, and is named so
+    (``offline --store S --from 100`` said "--to 13 is before --from 100", with no --to)."""
+    if last >= first:
+        return
+    if given_first and not given_last:
+        raise HistoryError(f"--from {first} is after the newest arrival the store holds, "
+                           f"slot {last}: no job to compare")  # fmt: skip
+    if given_last and not given_first:
+        raise HistoryError(f"--to {last} is before the oldest arrival the store holds, "
+                           f"slot {first}: no job to compare")  # fmt: skip
+    raise HistoryError(f"--to {last} is before --from {first}")
 
 
-def _shown(slot: int | None) -> str:
-    return "any" if slot is None else str(slot)
+def _span(first: int | None, last: int | None) -> str:
+    """`` in slots 3 .. 9``, `` from slot 3 on``, `` up to slot 9``, or ``""`` (it read
+    "in slots 100 .. any")."""
+    if first is not None and last is not None:
+        return f" in slots {first} .. {last}"
+    if first is not None:
+        return f" from slot {first} on"
+    return "" if last is None else f" up to slot {last}"
 
 
 def _job(row: Any, cluster: Cluster, slot_seconds: float, window: int, arrival: int) -> Job:

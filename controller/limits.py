@@ -530,9 +530,7 @@ def _at_most(key: str, value: _N) -> _N:
 
 def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
     """Read the ``[limits]`` table (absent keys keep their defaults)."""
-    for key in raw:
-        if key not in _KEYS:
-            raise SpecError.one(f"limits.{key}", f"unknown key (known: {', '.join(sorted(_KEYS))})")
+    fields.check_no_problems(fields.unknown_keys(raw, _KEYS, "limits")[:1])
     d = Limits()
 
     def count(key: str, default: int) -> int:

@@ -90,6 +90,19 @@ async def _guard(context: grpc.aio.ServicerContext, call: Awaitable[_T]) -> _T:
         await abort(context, code, err)
 
 
+async def _check_after(c: AdmissionController, after: int) -> None:
+    """SpecError for a ``WatchEvents`` ``after_sequence`` past the newest stored event:
+    every live event, numbered below it, was skipped, so ``oasis watch --from 99999`` (a
+    number mistyped, or a store restored from a backup) showed nothing, ever, unsaid."""
+    if after <= 0 or await c.stored_events(after - 1, limit=1):
+        return  # event ``after`` or a later one is stored (the newest is never deleted)
+    newest = await c.stored_events(0, limit=1, newest=True)
+    top = newest[0].sequence if newest else 0
+    raise SpecError.one("after_sequence", (
+        f"event #{after} is past the newest one, #{top}: no event after it would be shown "
+        f"until the log reaches it; give at most {top}, or none for new events only"))  # fmt: skip
+
+
 def _key_of(spec: Any, caller: Caller) -> str:
     """The key a submission of ``spec`` by ``caller`` is stored under (for messages)."""
     job_id = spec.get("id") if isinstance(spec, dict) else None
@@ -304,6 +317,7 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
         self, request: pb.WatchEventsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.Event]:
         caller = current_caller()
+        await _guard(context, _check_after(self.c, request.after_sequence))
         queue = self.c.bus.subscribe()
         try:
             last = request.after_sequence

@@ -41,7 +41,7 @@ from controller.errors import SlotGridChangedError, StoreEditedError
 from controller.store import MetaRow, StoreUnavailableError, StoreVersionError, migrate
 from controller.store.database import Database, rewrites_ahead
 from controller.store.refusals import lock_waited, refusal
-from controller.store.search_path import StoreHiddenError
+from controller.store.search_path import StoreHiddenError, StoreUnversionedError
 from controller.store.urls import shown
 from controller.store.writer_lock import PostgresWriterLock, StoreLockedError, WriterLock
 from pricing.best_schedule import warm_up
@@ -116,6 +116,8 @@ def open_store(config: Config, controller: AdmissionController, writer: WriterLo
         raise StartupError(f"{store} {err}", status=2) from err
     except StoreHiddenError as err:  # search_path moved: a restart would not move it back
         raise StartupError(f"cannot use {store}: {err}", status=2) from err
+    except StoreUnversionedError as err:  # a restore in part: an operator's to mend
+        raise StartupError(f"cannot use {store}: it {err}", status=2) from err
     except StoreEditedError as err:  # rows no daemon writes: an operator mends them
         raise StartupError(f"cannot use {store}: {err}", status=2) from err
     except SlotGridChangedError as err:  # the config's slots are not the store's

@@ -172,6 +172,7 @@ def generate_trace(
     slot_seconds: float = 3600.0,
     mix: tuple[float, float, float] = (0.10, 0.55, 0.35),
     max_share: float | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> dict[str, object]:
     """A SPEC-6 trace (version 1, oracle price bounds) in the paper's simulation setting.
 
@@ -189,6 +190,8 @@ def generate_trace(
             workers and their ``z(N)`` PS take at most this share of the cluster's total
             of every resource. No random number is drawn for it, so every other field
             stays as in the trace without it (same seed).
+        progress: if given, called with the number of jobs drawn after each one (the
+            caller's clock decides what to show: 10^6 jobs take minutes).
 
     Returns:
         ``{"version": 1, "horizon", "slot_seconds", "resources", "servers",
@@ -274,6 +277,8 @@ def generate_trace(
                 },
             }
         )
+        if progress is not None:
+            progress(index + 1)
 
     return {
         "version": 1,

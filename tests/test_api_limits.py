@@ -111,6 +111,12 @@ def test_list_jobs_pages_and_specs_are_bounded(daemon: Daemon) -> None:
     assert [j["spec"]["id"] for j in listed] == [*ids, "t3", "t5"]
     limited = json.loads(oasis("jobs", "--json", "--limit", "5", server=addr).stdout)["jobs"]
     assert [j["spec"]["id"] for j in limited] == ids[:5]
+    # the table says that jobs were left out (it did not), and not when none were
+    table = oasis("jobs", "--limit", "5", server=addr).stdout.splitlines()
+    assert [line.split()[0] for line in table[2:7]] == ids[:5]
+    assert table[-1] == "the first 5 in decision order; more follow (--limit 0 lists every one)"
+    every = oasis("jobs", "--limit", str(len(listed)), server=addr).stdout
+    assert "more follow" not in every and every.count("\n") == len(listed) + 3
     status = json.loads(oasis("status", "--json", "--limit", "100", server=addr).stdout)
     in_flight = [j["spec"]["id"] for j in listed if j["state"] == "admitted"]
     assert len(in_flight) > 3  # more than one page

@@ -296,6 +296,12 @@ def test_bounds_show_pin_unpin_reset_recorded_and_kept(tmp_path: Path) -> None:
 
         unpinned = _rpc(d, "unpin")
         assert unpinned["pins"] == {} and {b["how"] for b in unpinned["bounds"]} == {"observed"}
+        # nothing pinned there: said, and no "unpin" event of nothing (the events below)
+        assert _cli(d, "unpin", "cpu").startswith("cpu: not pinned; nothing changed\n\n")
+        assert _cli(d, "unpin").startswith("nothing is pinned; nothing changed\n")
+        assert _cli(d, "unpin", "cpu", "--json")["pins"] == {}
+        typo = _cli(d, "unpin", "GPU", check=False)  # still the daemon's to refuse
+        assert typo.returncode == 2 and "unknown resource 'GPU'" in typo.stderr
         assert _price(d, "w2", "gpu", 20) != pytest.approx(0.5)
         reset = _rpc(d, "reset")
         assert reset["jobs"] == 0 and {b["how"] for b in reset["bounds"]} == {"prior"}
@@ -719,3 +725,21 @@ def test_an_operator_caps_one_submitters_declared_utility(tmp_path: Path) -> Non
     )  # fmt: skip
     assert out.returncode == 2, out.stderr
     assert "limits.max_utility_by_submitter.bobb: names no submitter" in out.stderr
+
+
+def test_an_unpin_of_what_is_not_pinned_is_told_so() -> None:
+    from controller.commands.bounds import _not_pinned
+
+    pinned = {"worker": {"gpu": {"U": 50.0}}, "ps": {"cpu": {"L": 0.1}, "mem": {}}}
+    both, worker, ps = pb.SERVER_KIND_UNSPECIFIED, pb.SERVER_KIND_WORKER, pb.SERVER_KIND_PS
+    assert _not_pinned(pinned, []) is None  # all: something is pinned
+    assert _not_pinned({"worker": {}, "ps": {"mem": {}}}, []) == (
+        "nothing is pinned; nothing changed"
+    )
+    assert _not_pinned(pinned, [pb.BoundPin(kind=both, resource="gpu")]) is None
+    assert _not_pinned(pinned, [pb.BoundPin(kind=ps, resource="cpu")]) is None
+    assert _not_pinned(pinned, [pb.BoundPin(kind=worker, resource="cpu"),
+                                pb.BoundPin(kind=ps, resource="gpu"),
+                                pb.BoundPin(kind=both, resource="mem")]) == (
+        "worker.cpu, ps.gpu, mem: not pinned; nothing changed"
+    )  # fmt: skip

@@ -437,7 +437,41 @@ def test_a_pin_file_with_a_huge_integer_is_bad_input(
     path = tmp_path / "pins.json"
     path.write_text('{"worker": {"gpu": {"U": ' + "9" * 400 + "}}}")
     assert main(["bounds", "pin", "--server", "127.0.0.1:1", "--file", str(path)]) == 2
-    assert "worker.gpu.U: 400 digits: too large" in capsys.readouterr().err
+    assert "worker.gpu.U: must be finite, got 99999999999999999999...(400 characters)" in (
+        capsys.readouterr().err
+    )
+
+
+def test_a_pin_file_lists_every_problem_by_its_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A key other than U and L was reported as 'need "U" and/or "L"' of an object that
+    gave both, and an empty object was dropped unsaid (a file of only that was told to
+    "give --upper R=X, --lower R=Y or --file", which it had). Nothing is sent: the
+    daemon at port 1 is never asked."""
+    path = tmp_path / "pins.json"
+    path.write_text(json.dumps({
+        "workr": {"gpu": {"U": 1}},
+        "worker": {"gpu": {"U": 50, "L": 0.01, "X": 1}, "cpu": {}, "mem": {"U": "50"},
+                   "disk": {"u": 2}},
+        "ps": [1],
+    }))  # fmt: skip
+    assert main(["bounds", "pin", "--server", "127.0.0.1:1", "--file", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"oasis bounds: --file {path}: invalid pins:\n"), err
+    for line in (
+        "  workr: unknown key; did you mean 'worker'?",
+        "  worker.gpu.X: unknown key (known: L, U)",
+        '  worker.cpu: must be an object with "U" and/or "L", e.g. {"U": 50}',
+        "  worker.mem.U: must be a number, got the string '50'",
+        "  worker.disk.u: unknown key; did you mean 'U'?",
+        '  ps: must be an object of resources, {"gpu": {"U": x}}',
+    ):
+        assert line in err.splitlines(), (line, err)
+    assert main(["bounds", "pin", "--server", "127.0.0.1:1", "--file", str(path), "--json"]) == 2
+    problems = json.loads(capsys.readouterr().out)["error"]["problems"]
+    assert {p["field"] for p in problems} == {
+        "workr", "worker.gpu.X", "worker.cpu", "worker.mem.U", "worker.disk.u", "ps"}  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -76,6 +76,45 @@ def test_bad_config_names_the_key(tmp_path: Path, old: str, new: str, message: s
     assert message in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("[metrics]", "[metric]", "config.metric: unknown key; did you mean 'metrics'?"),
+        ("slot_seconds = 3600", "slot_second = 3600",
+         "daemon.slot_second: unknown key; did you mean 'slot_seconds'?"),
+        ("trim = 0.3", "trims = 0.3", "pricing.trims: unknown key; did you mean 'trim'?"),
+        ("max_pending = 1000", "max_pendng = 1000",
+         "limits.max_pendng: unknown key; did you mean 'max_pending'?"),
+        ("max_streams = 100", "max_stream = 100",
+         "connections.max_stream: unknown key; did you mean 'max_streams'?"),
+        ('tokens_file = "tokens"', 'token_file = "tokens"',
+         "auth.token_file: unknown key; did you mean 'tokens_file'?"),
+        ('listen = "127.0.0.1:9464"', 'listn = "127.0.0.1:9464"',
+         "metrics.listn: unknown key; did you mean 'listen'?"),
+        ("[metrics]", '[tls]\ncrt = "c"\nkey = "k"\n[metrics]',
+         "tls.crt: unknown key; did you mean 'cert'?"),
+        ("[metrics]", '[mqtt]\nhots = "b"\n[metrics]',
+         "mqtt.hots: unknown key; did you mean 'host'?"),
+        ("[metrics]", '[web]\nlisten_on = "127.0.0.1:0"\n[metrics]',
+         "web.listen_on: unknown key; did you mean 'listen'?"),
+        ("[metrics]", "[ha]\nlease_second = 5\n[metrics]",
+         "ha.lease_second: unknown key; did you mean 'lease_seconds'?"),
+        ("[metrics]", "[ha]\ncolour = 5\n[metrics]", "ha.colour: unknown key (known: "),
+    ],
+)  # fmt: skip
+def test_an_unknown_config_key_names_the_closest_known_one(
+    tmp_path: Path, old: str, new: str, message: str
+) -> None:
+    """As job specs and traces do: ``[metric]`` was told the eleven tables, and
+    ``limits.max_pendng`` the thirty keys of [limits], without a word of which was meant."""
+    assert old in EXAMPLE
+    path = tmp_path / "bad.toml"
+    path.write_text(EXAMPLE.replace(old, new, 1))
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    assert message in str(err.value), str(err.value)
+
+
 def test_every_problem_of_a_config_file_is_said_at_once(tmp_path: Path) -> None:
     """The CLI audit: a config with an unknown key, a window of 0 and a negative tick
     took three starts to mend, one problem each. ``oasisd`` says a line per problem."""

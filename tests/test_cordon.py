@@ -1131,3 +1131,21 @@ def test_a_timed_cordon_to_an_older_daemon_is_refused_and_changes_nothing() -> N
         assert [r.dry_run for r in older.requests] == [True, True, False, True, True]
     finally:
         server.stop(None)
+
+
+def test_a_cordon_from_slot_0_once_it_is_past_is_refused_before_any_request() -> None:
+    """``--from 0`` is the request's "next boundary" (``from_slot``'s default), which the
+    daemon cannot tell from no ``--from``: at slot 28 it cordoned at once, moving every
+    job planned on the server from slot 29, where ``--from 27`` was refused. The client
+    refuses it, sending nothing."""
+    daemon = _OlderDaemon()  # its clock is at slot 28
+    server, address = _serve(daemon)
+    try:
+        for extra in ([], ["--for", "2h"], ["--until", "40"], ["--dry-run"]):
+            out = oasis("cordon", "w1", "--from", "0", *extra, server=address, check=False)
+            assert out.returncode == 2, out.stdout + out.stderr
+            assert "--from: slot 0 is before the current slot, 28 (" in out.stderr, out.stderr
+            assert "a cordon cannot start in the past" in out.stderr
+        assert daemon.requests == []
+    finally:
+        server.stop(None)

@@ -194,6 +194,31 @@ def test_watch_replays_and_streams_events(tmp_path: Path, daemon: Daemon) -> Non
         stream.cancel()
 
 
+def test_watch_from_past_the_newest_event_is_refused(tmp_path: Path, daemon: Daemon) -> None:
+    """Every live event is numbered below it, so none was shown: ``oasis watch --from
+    99999`` (a number mistyped, a store restored from a backup) waited in silence for
+    good. Refused now, naming the newest; the newest itself is still taken."""
+    submit_json(tmp_path, job("w-past"), daemon.address)
+    out = oasis("watch", "--from", "999999999", server=daemon.address, check=False)
+    assert out.returncode == 2, out.stdout + out.stderr
+    said = out.stderr.strip().splitlines()[-1]
+    assert said.startswith("  --from: event #999999999 is past the newest one, #"), out.stderr
+    newest = int(said.split("#")[2].split(":")[0])
+    with grpc.insecure_channel(daemon.address) as channel:
+        stub = pb_grpc.AdmissionStub(channel)
+        stream = stub.WatchEvents(pb.WatchEventsRequest(after_sequence=newest - 1), timeout=20)
+        assert next(stream).sequence == newest
+        stream.cancel()
+        past = stub.WatchEvents(pb.WatchEventsRequest(after_sequence=newest + 1), timeout=20)
+        with pytest.raises(grpc.RpcError) as err:
+            next(past)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        latest = stub.WatchEvents(pb.WatchEventsRequest(after_sequence=newest), timeout=1)
+        with pytest.raises(grpc.RpcError) as err:
+            next(latest)  # taken: it waits for the next event
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
 def submit_rpc(address: str, spec: dict[str, Any]) -> pb.SubmitJobResponse:
     """SubmitJob as ``oasis submit`` sends it (the spec as JSON): decided, not refused."""
     with grpc.insecure_channel(address) as channel:

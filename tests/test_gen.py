@@ -124,3 +124,18 @@ def test_unwritable_output_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture
     captured = capsys.readouterr()
     assert captured.err.startswith(f"oasis gen: -o {target}: cannot write: ")
     assert not target.exists()
+
+
+def test_long_drawing_says_how_far_it_is(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """10^6 jobs drew for minutes without a word on stderr; now a line every
+    PROGRESS_SECONDS (0 here: one per job), none with --no-progress, and the same bytes."""
+    from controller.commands import gen
+
+    monkeypatch.setattr(gen, "PROGRESS_SECONDS", 0.0)
+    out, err = _gen(capsys)
+    drawn = [line for line in err.splitlines() if line.startswith("oasis gen: drew ")]
+    assert drawn == [f"oasis gen: drew {i} of 12 jobs" for i in range(1, 13)], err
+    quiet, err = _gen(capsys, "--no-progress")
+    assert quiet == out and "drew" not in err

@@ -520,6 +520,31 @@ def test_a_trace_without_jobs_has_optimum_0(
     assert out["optimum"] == 0 and out["online"] == 0 and out["jobs"] == []
 
 
+@pytest.mark.parametrize("jobs", ["none", "late"])
+def test_nothing_to_earn_is_said_so_in_the_text(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], jobs: str
+) -> None:
+    """No job, or none that can finish before the horizon: the text said "certified  no
+    bound" over "bound  0", or "online >= 0% of the optimum" of a proven optimum of 0."""
+    raw = generate_trace(
+        np.random.default_rng(5), n_jobs=2, n_worker_servers=2, n_ps_servers=1, horizon=6
+    )
+    raw["pricing"] = {"bounds": "estimate"}
+    if jobs == "none":
+        raw["jobs"] = []
+    else:
+        first = raw["jobs"]
+        assert isinstance(first, list)
+        raw["jobs"] = [{**first[0], "arrival": 5, "epochs": 50}]  # d_min > 1 slot
+    assert main(["offline", _write(tmp_path, raw), "--no-progress"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("offline optimum  0  (0 of "), lines
+    certified = next(line for line in lines if line.startswith("certified "))
+    assert certified.split(None, 1)[1] == (
+        "online = the optimum, 0: no allocation earns anything (proven)"
+    ), lines
+
+
 @pytest.mark.parametrize(
     "content",
     [

@@ -174,7 +174,7 @@ def test_a_decision_committed_while_the_store_is_read_changes_nothing_read(
     ("args", "message"),
     [
         (["t.json", "--from", "2"], "--from and --to select slots of a --store"),
-        ([], "give either a TRACE or --store URL"),
+        ([], "give either a TRACE or --store STORE"),
         (["--store", "sqlite:///{tmp}/nothing.db"], "no such file"),  # and none made
         (["--store", "sqlite:///{tmp}/empty.db"], "cannot read a daemon's store"),
         (["--store", "nonsense://"], "--store: no SQLAlchemy dialect or driver 'nonsense'"),
@@ -190,11 +190,52 @@ def test_bad_store_arguments_exit_2(
     assert not (tmp_path / "nothing.db").exists()
 
 
+def test_a_store_is_named_by_its_file_or_data_dir_as_store_copy_takes_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``oasis offline --store /var/lib/oasis`` (the data_dir, as ``oasis store copy
+    --from`` takes it) was refused: "not a SQLAlchemy URL ... e.g.
+    postgresql+psycopg://oasis@db/oasis". A directory names its oasis.db, a path a
+    SQLite file, for ``offline`` and ``calibrate`` alike."""
+    raw, specs = _jobs(3, 4)
+    c = Controller(tmp_path, raw)
+    try:
+        for spec in specs:
+            c.submit(spec)
+    finally:
+        c.inner.close()
+    by_url = _offline(capsys, "--store", c.url)
+    for given in (str(tmp_path), str(tmp_path / "oasis.db")):
+        out = _offline(capsys, "--store", given)
+        assert (out["online"], out["optimum"]) == (by_url["online"], by_url["optimum"])
+        assert [j["id"] for j in out["jobs"]] == [s["id"] for s in specs]
+        prior = tmp_path / "prior.json"
+        assert main(["calibrate", "--store", given, "-o", str(prior)]) == 0
+        assert json.loads(prior.read_text())["kind"] == "oasis-bound-prior"
+    capsys.readouterr()
+    assert main(["offline", "--store", str(tmp_path / "elsewhere")]) == 2
+    assert "no such file (a daemon's SQLite store is oasis.db" in capsys.readouterr().err
+    assert not (tmp_path / "elsewhere").exists()  # none made
+
+
 def test_an_empty_stretch_is_a_clear_error(
     controller: Controller, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["offline", "--store", controller.url, "--from", "5", "--to", "9"]) == 2
     assert "no job arrived in slots 5 .. 9" in capsys.readouterr().err
+    # one bound given past the store's arrivals: the other is the store's, and named so
+    # (it said "--to 1 is before --from 5", with no --to given)
+    _, specs = _jobs(0, 1)
+    controller.submit(specs[0])  # submitted in slot 0: arrives in slot 1
+    assert main(["offline", "--store", controller.url, "--from", "5"]) == 2
+    assert ("--store: --from 5 is after the newest arrival the store holds, slot 1: no job "
+            "to compare") in capsys.readouterr().err  # fmt: skip
+    controller.next_slot()
+    controller.next_slot()
+    controller.submit({**specs[0], "id": "later"})  # arrives in slot 3
+    assert main(["offline", "--store", controller.url, "--to", "0"]) == 2
+    assert ("--store: --to 0 is before the oldest arrival the store holds, slot 1: no job "
+            "to compare") in capsys.readouterr().err  # fmt: skip
 
 
 def test_utilities_summing_past_the_largest_float_are_a_clear_error(

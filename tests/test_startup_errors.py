@@ -419,3 +419,25 @@ def test_a_daemon_stopped_while_starting_is_never_announced_ready(tmp_path: Path
     asyncio.run(run())
     assert announced == []
     assert (tmp_path / "data" / "oasis.db").exists()  # it did start, then stopped
+
+
+def test_a_store_restored_without_its_revision_is_refused_with_exit_2(tmp_path: Path) -> None:
+    """It exited 1 with "cannot open the store ...: table servers already exists", and
+    the unit restarted it every 2 s, failing each time."""
+    import sqlite3
+
+    from controller.store import Database, migrate
+
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    db = Database(f"sqlite:///{data / 'oasis.db'}")
+    try:
+        migrate(db)
+    finally:
+        db.dispose()
+    with contextlib.closing(sqlite3.connect(data / "oasis.db")) as conn:
+        conn.execute("DROP TABLE alembic_version")
+        conn.commit()
+    out = _oasisd(write_config(tmp_path / "c.toml", data))
+    _one_line_error(out, "cannot use the store sqlite:///", "holds oasis tables (allocations, ",
+                    "but no schema revision", "Restore the whole backup", status=2)  # fmt: skip

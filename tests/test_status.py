@@ -10,6 +10,7 @@ import sqlite3
 import tomllib
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -290,3 +291,29 @@ def _overview(daemon: Daemon) -> dict[str, Any]:
     with urllib.request.urlopen(url, timeout=30) as response:
         node: dict[str, Any] = json.loads(response.read())["node"]
     return node
+
+
+def test_the_screen_counts_pending_jobs_and_says_where_the_rest_are() -> None:
+    """A job submitted with --wait and not admitted yet was on no line of the screen
+    (only running and admitted were counted), and the jobs past --limit were sent to
+    ``oasis jobs --state running`` when they were admitted ones."""
+    from controller.commands.status import Status, render
+
+    def job(name: str, state: str) -> dict[str, Any]:
+        return {"id": name, "state": state, "arrival_slot": 3, "completion_slot": 9,
+                "payoff": 1.5}  # fmt: skip
+
+    st = Status(server="h:1", current_slot=2, first_slot=2, slots=1, use=[],
+                price_floor={}, heat=[], jobs_in_flight={"running": 1, "admitted": 2},
+                jobs=[job("a", "running"), job("b", "admitted"), job("c", "admitted")],
+                jobs_pending=4)  # fmt: skip
+    lines = render(st, limit=1).splitlines()
+    assert ("jobs in flight: 1 running, 2 admitted; 4 pending, not admitted yet (oasis jobs "
+            "--state pending)") in lines  # fmt: skip
+    assert lines[-1] == "... and 2 more (oasis jobs --state admitted)", lines
+    lines = render(replace(st, jobs_pending=0), limit=0).splitlines()
+    assert "jobs in flight: 1 running, 2 admitted" in lines
+    assert not [x for x in lines if x.startswith("job ")]  # --limit 0: no headers alone
+    assert lines[-1] == "... and 3 more (oasis jobs --state running --state admitted)", lines
+    unread = render(replace(st, jobs=None, jobs_in_flight=None, jobs_pending=None), limit=1)
+    assert unread.splitlines()[-1] == "jobs in flight: not read (the store is unavailable)"

@@ -210,3 +210,33 @@ def test_a_snapshot_reads_the_store_as_at_its_first_read(store_url: str) -> None
         assert s.get(MetaRow, "new") is not None and s.get(MetaRow, "gone") is None
         assert s.scalar(counted) == before
     db.dispose()
+
+
+@pytest.mark.parametrize("how", ["dropped", "emptied"])
+def test_oasis_tables_without_a_revision_are_refused_untouched(store_url: str, how: str) -> None:
+    """A backup restored in part (alembic_version left out) or a hand edit: the first
+    migration ran over the tables and failed, "table servers already exists", and oasisd
+    exited 1 (restarted by the unit every 2 s). Now StoreUnversionedError names them,
+    and nothing is changed."""
+    from controller.store.search_path import StoreUnversionedError
+
+    db = Database(store_url)
+    try:
+        migrate(db)
+        with db.session() as s:
+            s.add(JobRow(id="x", sequence=1, spec="{}", state="rejected", submitted_slot=0,
+                         arrival_slot=1, work=3, admitted=False, reason="r", detail={},
+                         decision_ms=0.1, decided_at=datetime.now(UTC)))  # fmt: skip
+        with db.engine.begin() as conn:
+            verb = "DROP TABLE" if how == "dropped" else "DELETE FROM"
+            conn.execute(text(f"{verb} alembic_version"))
+        with pytest.raises(StoreUnversionedError) as err:
+            migrate(db)
+        assert str(err.value).startswith(
+            "holds oasis tables (allocations, events, job_progress, jobs, meta and 2 more) "
+            "but no schema revision (its alembic_version table is missing or empty)"
+        ), str(err.value)
+        with db.session() as s:
+            assert [j.id for j in s.scalars(select(JobRow))] == ["x"]
+    finally:
+        db.dispose()

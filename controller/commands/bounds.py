@@ -21,6 +21,8 @@ from controller.commands.common import EXIT_OK, InputError, ascii_number, plain_
 from controller.commands.connection import Stubs, guarded, options, print_json
 from controller.rpc import oasis_pb2 as pb
 from controller.table import render_table
+from pricing import fields
+from pricing.errors import Problem, SpecError
 
 __all__ = ["register"]
 
@@ -76,24 +78,8 @@ def pins_of(args: argparse.Namespace) -> list[pb.BoundPin]:
     """The pins the options and the file give, one per (kind, resource)."""
     found: dict[tuple[pb.ServerKind, str], dict[str, float]] = {}
     if args.file:
-        raw = read_json(args.file, f"--file {args.file}", limit=1 << 20)
-        if not isinstance(raw, dict):
-            raise InputError(f"--file {args.file}: must be an object of kinds")
-        for kind, per in raw.items():
-            if kind not in _KIND_OF or not isinstance(per, dict):
-                raise InputError(f"--file {args.file}: {str(kind)[:40]!r}: need worker or ps: {{}}")
-            for resource, sides in per.items():
-                if not isinstance(sides, dict) or not set(sides) <= set(_SIDES):
-                    raise InputError(f'--file {args.file}: {kind}.{resource}: need "U" and/or "L"')
-                for side, value in sides.items():
-                    where = f"--file {args.file}: {kind}.{resource}.{side}"
-                    if isinstance(value, bool) or not isinstance(value, int | float):
-                        raise InputError(f"{where}: a number")
-                    try:
-                        number = float(value)
-                    except OverflowError:
-                        raise InputError(f"{where}: {len(str(value))} digits: too large") from None
-                    found.setdefault((_KIND_OF[kind], resource), {})[_SIDES[side]] = number
+        for (kind, resource), sides in _file_pins(args.file).items():
+            found.setdefault((_KIND_OF[kind], resource), {}).update(sides)
     for option, side in (("--upper", "upper"), ("--lower", "lower")):
         for item in getattr(args, side):
             name, eq, text = item.partition("=")
@@ -109,6 +95,43 @@ def pins_of(args: argparse.Namespace) -> list[pb.BoundPin]:
                 raise InputError(f"{option}: {item!r}: a bound must be a finite number > 0")
             found.setdefault(_target(name, option), {})[side] = value
     return [pb.BoundPin(kind=k, resource=r, **sides) for (k, r), sides in found.items()]
+
+
+def _file_pins(path: str) -> dict[tuple[str, str], dict[str, float]]:
+    """The pins of ``--file``, ``{(kind, resource): {"upper" | "lower": value}}``;
+    InputError listing every problem, each with its field (``worker.gpu.X: unknown key``).
+    The resources are the daemon's to check. An unknown key was reported as ``need "U"
+    and/or "L"`` of an object that gave both, and ``{}`` was dropped without a word."""
+    where = f"--file {path}"
+    raw = read_json(path, where, limit=1 << 20)
+    if not isinstance(raw, dict):
+        raise InputError(f'{where}: must be an object of kinds, e.g. {{"worker": {{"gpu": '
+                         '{"U": 50, "L": 0.01}}}')  # fmt: skip
+    problems = fields.unknown_keys(raw, _KIND_OF, "")
+    found: dict[tuple[str, str], dict[str, float]] = {}
+    for kind in (k for k in _KIND_OF if k in raw):
+        per = raw[kind]
+        if not isinstance(per, dict):
+            problems.append(Problem(kind, 'must be an object of resources, {"gpu": {"U": x}}'))
+            continue
+        for resource, sides in per.items():
+            at = f"{kind}.{str(resource)[:64]}"
+            if not isinstance(sides, dict) or not sides:
+                problems.append(Problem(at, 'must be an object with "U" and/or "L", e.g. '
+                                        '{"U": 50}'))  # fmt: skip
+                continue
+            problems += fields.unknown_keys(sides, _SIDES, at)
+            for side in (s for s in _SIDES if s in sides):
+                try:
+                    value = fields.positive(sides[side], f"{at}.{side}")
+                except SpecError as err:
+                    problems += err.problems
+                    continue
+                found.setdefault((kind, resource), {})[_SIDES[side]] = value
+    if problems:
+        lines = "".join(f"\n  {p}" for p in problems)
+        raise InputError(f"{where}: invalid pins:{lines}", problems)
+    return found
 
 
 def as_dict(reply: pb.GetBoundsResponse) -> dict[str, Any]:
@@ -179,11 +202,40 @@ def run(args: argparse.Namespace) -> int:
         else:
             pins = [pb.BoundPin(kind=k, resource=r) for k, r in
                     (_target(name, "unpin") for name in args.resources)]  # fmt: skip
+        if args.action == "unpin":
+            now = stubs.cluster.GetBounds(pb.GetBoundsRequest(), timeout=stubs.timeout)
+            known = {b.resource for b in now.bounds}  # an unknown one: the daemon's to refuse
+            unpinned = (
+                _not_pinned(json.loads(now.pins or "{}"), pins)
+                if all(p.resource in known for p in pins)
+                else None
+            )
+            if unpinned is not None:  # nothing to unpin: no change, and no event logged
+                return _show(args, as_dict(now), unpinned)
         request = pb.SetBoundsRequest(action=args.action, pins=pins, submitter=args.submitter)
         reply = stubs.cluster.SetBounds(request, timeout=stubs.timeout).bounds
-    view = as_dict(reply)
+    return _show(args, as_dict(reply))
+
+
+def _not_pinned(pinned: dict[str, Any], pins: list[pb.BoundPin]) -> str | None:
+    """``"cpu: not pinned; nothing changed"`` if none of ``pins`` (none: all) names a
+    pinned bound, else None. ``oasis bounds unpin cpu`` of a cpu never pinned answered
+    as if it had been, and logged an "unpin" event of nothing."""
+    kinds = {k: [r for r, sides in per.items() if sides] for k, per in pinned.items()}
+    if not pins:
+        return None if any(kinds.values()) else "nothing is pinned; nothing changed"
+    for pin in pins:
+        named = _KIND.values() if pin.kind == pb.SERVER_KIND_UNSPECIFIED else [_KIND[pin.kind]]
+        if any(pin.resource in kinds.get(kind, []) for kind in named):
+            return None
+    names = ", ".join(dict.fromkeys(
+        (f"{_KIND[p.kind]}." if p.kind in _KIND else "") + p.resource for p in pins))  # fmt: skip
+    return f"{names}: not pinned; nothing changed"
+
+
+def _show(args: argparse.Namespace, view: dict[str, Any], note: str | None = None) -> int:
     if args.json:
         print_json(view)
     else:
-        print(render(view))
+        print(render(view) if note is None else f"{note}\n\n{render(view)}")
     return EXIT_OK

@@ -1,4 +1,4 @@
-"""``oasis calibrate TRACE | --store URL``: a prior for the price-bound estimate, from the
+"""``oasis calibrate TRACE | --store STORE``: a prior for the price-bound estimate, from the
 jobs of a trace or of a daemon's store (:func:`pricing.bound_estimate.calibrate`)."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from controller.commands.common import (
     int_at_least,
     load_trace,
     same_file,
+    store_url,
     write_output,
 )
 from pricing.bound_estimate import BoundEstimate, calibrate
@@ -63,7 +64,12 @@ def register(sub: Any) -> None:
     p.add_argument(
         "trace", metavar="TRACE", nargs="?", help="trace file (JSON, SPEC 6), or - for stdin"
     )
-    p.add_argument("--store", metavar="URL", help="the jobs a daemon with this store decided")
+    p.add_argument(
+        "--store",
+        metavar="STORE",
+        help="the jobs a daemon with this store decided: a SQLAlchemy URL, a SQLite file, "
+        "or a daemon's data_dir (its oasis.db)",
+    )
     p.add_argument(
         "--newest",
         type=int_at_least(0),
@@ -103,7 +109,7 @@ def _from_store(args: argparse.Namespace, newest: int) -> tuple[list[Job], Clust
     from controller.history import HistoryError, load_jobs
     from controller.store import Database, StoreUnavailableError
 
-    url = args.store
+    url = store_url(args.store, "--store")
     check_store_url(url)
     try:
         db = Database(url)
@@ -122,12 +128,12 @@ def _from_store(args: argparse.Namespace, newest: int) -> tuple[list[Job], Clust
 
 def run(args: argparse.Namespace) -> int:
     if (args.trace is None) == (args.store is None):
-        raise InputError("give either a TRACE or --store URL")
+        raise InputError("give either a TRACE or --store STORE")
     if args.points > MAX_POINTS:
         raise InputError(f"--points: at most {MAX_POINTS}, got {args.points}")
     if args.store is None and (args.first, args.last, args.newest) != (None, None, None):
         raise InputError("--newest, --from and --to choose a store's jobs: give --store "
-                         "URL, or cut the trace itself")  # fmt: skip
+                         "STORE, or cut the trace itself")  # fmt: skip
     newest = DEFAULT_NEWEST if args.newest is None else args.newest
     if args.store is not None:
         jobs, cluster = _from_store(args, newest)

@@ -115,6 +115,7 @@ def register(sub: Any) -> None:
                    help="one server of the cluster only (as `oasis servers` lists it)")  # fmt: skip
     p.add_argument("--server-name", dest="node", help=argparse.SUPPRESS)  # the old name
     p = add("watch", cmd_watch)
+    p.set_defaults(api_flags={"after_sequence": "--from"})
     p.add_argument(
         "--from",
         dest="after",
@@ -566,7 +567,10 @@ def get_prices(stubs: Stubs, first_slot: int, slots: int, server: str = "") -> p
 def cmd_jobs(args: argparse.Namespace) -> int:
     stubs = Stubs(args)
     states = [f"JOB_STATE_{s.upper()}" for s in args.state]
-    resp = pb.ListJobsResponse(jobs=list_jobs(stubs, states, args.limit))
+    # one more than --limit: whether jobs were left out, which the table did not say
+    listed = list_jobs(stubs, states, args.limit + 1 if args.limit else 0)
+    more = bool(args.limit) and len(listed) > args.limit
+    resp = pb.ListJobsResponse(jobs=listed[: args.limit] if more else listed)
     times = stubs.times()
     if args.json:
         print_json({"jobs": [job_record(j, times) for j in resp.jobs]})
@@ -574,6 +578,9 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         print("no jobs" + (f" in state {' or '.join(args.state)}" if args.state else ""))
     else:
         print(_jobs_table(list(resp.jobs), times))
+        if more:
+            print(f"the first {args.limit} in decision order; more follow (--limit 0 lists "
+                  "every one)")  # fmt: skip
     return EXIT_OK
 
 
@@ -701,7 +708,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
                 print(f"#{event.sequence} slot {slot_label(event.slot, times)} {event.kind} "
                       f"{event.job_id} {state} {detail}", flush=True)  # fmt: skip
     except grpc.RpcError as err:
-        if last < 0:
+        if last < 0 or err.code() == grpc.StatusCode.INVALID_ARGUMENT:  # a --from refused
             raise
         # the daemon stopped or restarted (one node): where to go on without a gap; the
         # message's "submitted again" is a submission's, and the events meanwhile are

@@ -50,6 +50,7 @@ __all__ = [
     "read_json",
     "same_file",
     "seconds_of",
+    "store_url",
     "version",
     "warn_visible_password",
     "write_output",
@@ -405,6 +406,23 @@ def warn_visible_password(flag: str, instead: str) -> None:
     print(f"oasis: warning: {flag} holds a password, which every user of this machine "
           f"can read in the process list (ps); leave it out: {instead}",
           file=sys.stderr)  # fmt: skip
+
+
+def store_url(given: str, flag: str) -> str:
+    """The SQLAlchemy URL of a STORE as given to ``flag`` (``oasis store copy``'s
+    ``--from`` and ``--to``, ``offline`` and ``calibrate``'s ``--store``): a URL as it
+    is; a directory as the ``oasis.db`` in it (a daemon's ``data_dir``); any other path
+    as a SQLite file. ``offline --store /var/lib/oasis`` was refused as "not a
+    SQLAlchemy URL ... e.g. postgresql+psycopg://oasis@db/oasis", which ``store copy``
+    took."""
+    if "://" in given:
+        return given
+    if not given:
+        raise InputError(f"{flag}: give a store URL or a SQLite file's path")
+    path = Path(given).expanduser().absolute()
+    if path.is_dir():
+        path = path / "oasis.db"
+    return f"sqlite:///{path}"
 
 
 def check_store_url(url: str) -> None:

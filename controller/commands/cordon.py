@@ -93,7 +93,8 @@ def register(sub: Any) -> None:
                 type=_positive_duration,
                 metavar="DURATION",
                 help="end the cordon this long after it starts (--from, or the next slot "
-                "boundary), rounded up to whole slots: 90m, 6h, 2d (default: no end)",
+                "boundary), rounded up to whole slots: 90m, 6h, 2d; a bare number is seconds, "
+                "not slots as --from and --until read it (default: no end)",
             )
             end.add_argument(
                 "--until",
@@ -134,6 +135,8 @@ def _span(args: argparse.Namespace, stubs: Stubs) -> tuple[int, int]:
     from ``--from`` and ``--for`` / ``--until``."""
     if args.start is None and args.length is None and args.until is None:
         return 0, 0
+    if isinstance(args.start, int) and args.start == 0:
+        _check_slot_zero(stubs)
     if all(isinstance(x, int) or x is None for x in (args.start, args.until)) and (
         args.length is None
     ):
@@ -173,6 +176,22 @@ def _span(args: argparse.Namespace, stubs: Stubs) -> tuple[int, int]:
         raise InputError(f"--until: the cordon starts {when}, slot {starts}, so it must "
                          "end after that")  # fmt: skip
     return (first if planned else 0), until
+
+
+def _check_slot_zero(stubs: Stubs) -> None:
+    """InputError for ``--from 0`` once slot 0 is past. The request's ``from_slot`` 0
+    means "the next boundary" (the field's default), so the daemon cannot refuse it as it
+    refuses any other slot before the current one: ``--from 0`` cordoned at once, moving
+    every job planned on the server from the next slot, where a later slot before the
+    current one is refused."""
+    info = stubs.info()
+    if info is None or info.current_slot == 0:
+        return  # slot 0 is the current one: the next boundary, as a time in it rounds up
+    raise InputError(
+        f"--from: slot 0 is before the current slot, "
+        f"{slot_label(info.current_slot, stubs.times())}: a cordon cannot start in the "
+        "past; give a later slot, or leave --from out to cordon from the next slot boundary"
+    )
 
 
 def _check_daemon_reads(stubs: Stubs, request: pb.CordonServerRequest) -> None:

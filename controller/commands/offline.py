@@ -1,5 +1,5 @@
 """``oasis offline TRACE``: the offline optimum of a trace against the online algorithm;
-``oasis offline --store URL [--from SLOT --to SLOT]``: the same over what a daemon
+``oasis offline --store STORE [--from SLOT --to SLOT]``: the same over what a daemon
 decided (controller/history.py says what is compared).
 
 ``--method`` picks the exact ILP, a certified bound with an allocation (column
@@ -42,6 +42,7 @@ from controller.commands.common import (
     positive_seconds,
     quiet_native_stdout,
     search_limits,
+    store_url,
 )
 from controller.history import History, HistoryError, OnlineJob, load_history
 from controller.replay import replay
@@ -88,9 +89,10 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--store",
-        metavar="URL",
-        help="compare what the daemon with this store (SQLAlchemy URL, e.g. "
-        "sqlite:////var/lib/oasis/oasis.db) decided, instead of replaying a TRACE",
+        metavar="STORE",
+        help="compare what the daemon with this store decided, instead of replaying a "
+        "TRACE: a SQLAlchemy URL (postgresql+psycopg://oasis@db/oasis), a SQLite file, or "
+        "a daemon's data_dir (/var/lib/oasis: its oasis.db)",
     )
     add_arrival_slots(
         p,
@@ -242,12 +244,7 @@ def _text(doc: dict[str, Any], gap: float | None, out: TextIO) -> None:
             ratio_note = f"; not proven: the true ratio is at most {fmt(doc['ratio_bound'], 4)}"
     first = "offline optimum " if proven else "offline best    "
     found = "" if proven else ", not proven optimal"
-    share = doc["online_share_certified"]
-    certified = (
-        "no bound"
-        if share is None
-        else f"online >= {100 * share:.3g}% of the optimum (online / bound)"
-    )
+    certified = _certified(doc, proven)
     small = ""
     if doc["largest_job_share"] is not None:
         small = (
@@ -272,13 +269,28 @@ def _text(doc: dict[str, Any], gap: float | None, out: TextIO) -> None:
     print("\n".join(lines), file=out)
 
 
+def _certified(doc: dict[str, Any], proven: bool) -> str:
+    """The text's ``certified`` line. With nothing to earn (no job, or none that can
+    finish before the horizon) it said "no bound" beside "bound 0", or "online >= 0% of
+    the optimum" of a proven optimum of 0 (the bound's float margin, 1e-9, above it)."""
+    share, bound = doc["online_share_certified"], doc["bound"]
+    if proven and doc["optimum"] == 0 and doc["online"] == 0:
+        return "online = the optimum, 0: no allocation earns anything (proven)"
+    if share is not None:
+        return f"online >= {100 * share:.3g}% of the optimum (online / bound)"
+    if bound is None:
+        return "no bound"
+    return f"online >= the bound, {fmt(bound, 6)}: it reaches the optimum"
+
+
 def _from_store(
     args: argparse.Namespace, progress: Any
 ) -> tuple[Trace, Held | None, list[OnlineJob], list[Schedule | None], tuple[str, ...]]:
     """The stored decisions as an offline problem (controller/history.py)."""
-    check_store_url(args.store)
+    url = store_url(args.store, "--store")
+    check_store_url(url)
     try:
-        db = Database(args.store)
+        db = Database(url)
     except SQLAlchemyError as err:
         raise InputError(f"--store: not a usable database URL: {err}") from err
     try:
@@ -442,7 +454,7 @@ def run(args: argparse.Namespace) -> int:
             print(message, file=sys.stderr, flush=True)
 
     if (args.trace is None) == (args.store is None):
-        raise InputError("give either a TRACE or --store URL")
+        raise InputError("give either a TRACE or --store STORE")
     if args.store is None and (args.first is not None or args.last is not None):
         raise InputError("--from and --to select slots of a --store")
     if args.store is not None:

@@ -120,6 +120,7 @@ class Status:
     jobs_in_flight: dict[str, int] | None  # None: not read (the store is unavailable)
     jobs: list[dict[str, Any]] | None
     clock: SlotTimes | None = None
+    jobs_pending: int | None = None  # None: not read (the store is unavailable)
     nodes: list[dict[str, Any]] | None = None
     # servers up whose agent was never heard (heard_seconds_ago null) or is silent past
     # the heartbeat timeout, in the cluster's order; None: no agents watched (no [mqtt])
@@ -146,10 +147,11 @@ def collect(stubs: Stubs, server: str, slots: int) -> Status:
         # for the whole --timeout, a status then took 30 s to say so (the HA audit)
         with stubs.pool.budget_at_most(STORE_RETRY_SECONDS):
             jobs: list[pb.Job] | None = list_jobs(stubs, in_flight)
+            pending: int | None = len(list_jobs(stubs, [pb.JOB_STATE_PENDING]))
     except grpc.RpcError as err:  # the store is out: the ledger's views still show
         if not store_unavailable(err.details() or ""):
             raise
-        jobs = None
+        jobs = pending = None
 
     floor: dict[str, dict[str, float]] = {}  # kind -> resource -> lowest price
     for row in (*prices.prices, *window):
@@ -188,6 +190,7 @@ def collect(stubs: Stubs, server: str, slots: int) -> Status:
         if jobs is None
         else {s: sum(state_name(j.state) == s for j in jobs) for s in order},
         jobs=None if jobs is None else [_job(j) for j in listed],
+        jobs_pending=pending,
         clock=clock,
         nodes=nodes(stubs),
         agents_unheard=_unheard(servers),
@@ -453,29 +456,43 @@ def render(st: Status, limit: int, servers: int = 0) -> str:
         )
     out.append("")
 
-    if st.jobs_in_flight is None or st.jobs is None:
-        out.append("jobs in flight: not read (the store is unavailable)")
-        return "\n".join(out)
-    counts = ", ".join(f"{n} {state}" for state, n in st.jobs_in_flight.items())
-    out.append(f"jobs in flight: {counts}")
-    if st.jobs:
-        rows = [
-            [
-                j["id"],
-                j["state"],
-                slot_label(j["arrival_slot"], times),
-                "-"
-                if j["completion_slot"] is None
-                else slot_label(j["completion_slot"], times, end=True),
-                fmt(j["payoff"]),
-            ]
-            for j in st.jobs[:limit]
-        ]
-        headers = ["job", "state", "arrival (begins)", "completes (done by)", "payoff"]
-        out.append(render_table(headers, rows, right={4}))
-        if len(st.jobs) > limit:
-            out.append(f"... and {len(st.jobs) - limit} more (oasis jobs --state running)")
+    out += _jobs_lines(st, limit, times)
     return "\n".join(out)
+
+
+def _jobs_lines(st: Status, limit: int, times: SlotTimes | None) -> list[str]:
+    """The jobs in flight: their counts (and the pending jobs', which the screen left
+    out: a queue of jobs searched at every boundary, unseen), the first ``limit``, and
+    where to find the rest (it named ``--state running`` for admitted jobs too)."""
+    if st.jobs_in_flight is None or st.jobs is None:
+        return ["jobs in flight: not read (the store is unavailable)"]
+    counts = ", ".join(f"{n} {state}" for state, n in st.jobs_in_flight.items())
+    if st.jobs_pending:
+        counts += f"; {st.jobs_pending} pending, not admitted yet (oasis jobs --state pending)"
+    out = [f"jobs in flight: {counts}"]
+    if not st.jobs:
+        return out
+    rows = [
+        [
+            j["id"],
+            j["state"],
+            slot_label(j["arrival_slot"], times),
+            "-"
+            if j["completion_slot"] is None
+            else slot_label(j["completion_slot"], times, end=True),
+            fmt(j["payoff"]),
+        ]
+        for j in st.jobs[:limit]
+    ]
+    headers = ["job", "state", "arrival (begins)", "completes (done by)", "payoff"]
+    if rows:  # --limit 0: the counts alone, not a table of headers
+        out.append(render_table(headers, rows, right={4}))
+    rest = st.jobs[limit:]
+    if rest:
+        states = dict.fromkeys(j["state"] for j in rest)  # running first, as listed
+        where = " ".join(f"--state {state}" for state in states)
+        out.append(f"... and {len(rest)} more (oasis jobs {where})")
+    return out
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,7 +19,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from controller.commands import SUMMARIES
@@ -29,6 +28,7 @@ from controller.commands.common import (
     InputError,
     check_store_url,
     int_at_least,
+    store_url,
 )
 
 __all__ = ["register", "run_copy", "store_url"]
@@ -76,19 +76,6 @@ def register(sub: Any) -> None:
         "--no-progress", dest="progress", action="store_false", help="no progress on stderr"
     )
     c.set_defaults(func=run_copy)
-
-
-def store_url(given: str, flag: str) -> str:
-    """The SQLAlchemy URL of a STORE as given to ``flag``: a URL as it is; a directory as
-    the ``oasis.db`` in it (a daemon's ``data_dir``); any other path as a SQLite file."""
-    if "://" in given:
-        return given
-    if not given:
-        raise InputError(f"{flag}: give a store URL or a SQLite file's path")
-    path = Path(given).expanduser().absolute()
-    if path.is_dir():
-        path = path / "oasis.db"
-    return f"sqlite:///{path}"
 
 
 def _check_destination(url: str) -> None:

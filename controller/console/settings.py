@@ -101,9 +101,7 @@ def web_from_dict(raw: Mapping[str, Any], tls: TlsConfig | None) -> WebConfig:
         "max_connections",
         "max_connections_per_host",
     }
-    for key in raw:
-        if key not in known:
-            raise SpecError.one(f"web.{key}", f"unknown key (known: {', '.join(sorted(known))})")
+    fields.check_no_problems(fields.unknown_keys(raw, known, "web")[:1])
     listen = raw.get("listen", "")
     if not isinstance(listen, str):
         raise SpecError.one("web.listen", f"must be a string host:port, got {listen!r}")

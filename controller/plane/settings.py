@@ -172,9 +172,7 @@ def mqtt_from_dict(raw: Mapping[str, Any]) -> MqttConfig | None:
     """Read the ``[mqtt]`` table; None if it is absent or empty."""
     if not raw:
         return None
-    for key in raw:
-        if key not in _KEYS:
-            raise SpecError.one(f"mqtt.{key}", f"unknown key (known: {', '.join(sorted(_KEYS))})")
+    fields.check_no_problems(fields.unknown_keys(raw, _KEYS, "mqtt")[:1])
     tls_ca = check_tls_ca(raw["tls_ca"]) if raw.get("tls_ca") else ""
     tls = bool(tls_ca)
     host = ""

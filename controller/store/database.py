@@ -47,7 +47,7 @@ from sqlalchemy.pool import NullPool
 
 from controller.store.lock_waits import is_lock_wait, sqlite_write_lock_free
 from controller.store.refusals import is_refusal, refusal
-from controller.store.search_path import check_new_store
+from controller.store.search_path import check_new_store, check_unversioned
 from controller.store.sqlite_file import StoreFile
 from controller.store.write_probe import DRY_WRITES
 
@@ -646,7 +646,8 @@ def migrate(db: Database, log: Any = None) -> str:
     an advisory lock; SQLite serialises on its own write lock. StoreVersionError if the
     store is at a revision this oasis does not know (a newer one migrated it);
     StoreHiddenError if a new PostgreSQL store would be created while another schema of
-    its database holds one (:mod:`.search_path`). ``log`` (the daemon's: a structlog
+    its database holds one, StoreUnversionedError if over oasis tables that record no
+    revision (:mod:`.search_path`). ``log`` (the daemon's: a structlog
     logger) is told of an upgrade before and after it, and of a store created; None:
     nothing said (a tool's or a library's use: structlog's default printed the lines to
     standard output, into ``--json`` output)."""
@@ -674,6 +675,10 @@ def migrate(db: Database, log: Any = None) -> str:
             now = MigrationContext.configure(conn).get_current_revision()
             if now is None and engine.dialect.name == "postgresql":
                 check_new_store(conn, db.engine.url)  # not beside one search_path hides
+            if now is None:  # not over a store whose revision is gone
+                from controller.store.models import Base
+
+                check_unversioned(conn, set(Base.metadata.tables))
             if now != head:
                 cfg.attributes["connection"] = conn
                 applied = _migration_steps(script, head, now)

@@ -15,12 +15,17 @@ from __future__ import annotations
 from sqlalchemy import Connection, text
 from sqlalchemy.engine import URL
 
-__all__ = ["StoreHiddenError", "check_new_store"]
+__all__ = ["StoreHiddenError", "StoreUnversionedError", "check_new_store", "check_unversioned"]
 
 
 class StoreHiddenError(Exception):
     """The daemon would create a new store while another schema of the database holds
     one, out of its role's ``search_path`` (the message names both, and what to do)."""
+
+
+class StoreUnversionedError(Exception):
+    """The store holds oasis tables but no schema revision (``alembic_version`` missing
+    or empty): a backup restored in part, or a hand edit (the message says so)."""
 
 
 _OTHER_STORES = text(
@@ -66,3 +71,21 @@ def check_new_store(conn: Connection, url: URL) -> None:
         f"(?options=-csearch_path%3D{others[0]}); to begin a new store elsewhere on "
         "purpose, name that schema there"
     )
+
+
+def check_unversioned(conn: Connection, tables: set[str]) -> None:
+    """Before a new store is created on ``conn`` (no schema revision recorded):
+    :class:`StoreUnversionedError` if the tables it would create (``tables``) are there
+    already. The first migration then failed on them: oasisd exited 1 with "table
+    servers already exists", and the unit restarted it every 2 s, failing each time."""
+    from sqlalchemy import inspect
+
+    found = sorted(tables & set(inspect(conn).get_table_names()))
+    if found:
+        shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+        raise StoreUnversionedError(
+            f"holds oasis tables ({shown}) but no schema revision (its alembic_version "
+            "table is missing or empty): a backup restored in part, or a hand edit. "
+            "Restore the whole backup (alembic_version included), or give oasisd an empty "
+            "database (another daemon.data_dir or store_url)"
+        )
