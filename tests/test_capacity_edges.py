@@ -90,7 +90,9 @@ def _bytes_trace() -> Any:
     })  # fmt: skip
 
 
-@pytest.mark.parametrize(("method", "cold"), [("ilp", False), ("ilp", True), ("auto", False)])
+@pytest.mark.parametrize(
+    ("method", "cold"), [("ilp", False), ("ilp", True), ("auto", False), ("colgen", True)]
+)
 def test_the_offline_optimum_runs_what_the_room_rule_placed_online(method: Any, cold: bool) -> None:
     """SPEC 6: the offline optimum is under the same feasibility rules as the online
     algorithm. Before: its check and its ILP held the capacity to 1e-7, so `oasis
