@@ -223,6 +223,7 @@ def job_from_dict(
             return None
 
     job_id = read("id", fields.job_key if keyed else fields.job_id)
+    in_trace = arrival is None  # a trace's job (SPEC 6) gives its arrival; a submission not
     if arrival is None:
         arrival = read("arrival", lambda v, f: fields.integer(v, f, minimum=0))
     epochs = read("epochs", fields.positive_int)
@@ -238,6 +239,9 @@ def job_from_dict(
             problems.append(Problem(f"{field}.minibatch_seconds", "is too small to count"))
     elif "tau" in spec:
         tau = read("tau", fields.positive)
+    elif in_trace:  # SPEC 3's field: a trace without it was told of minibatch_seconds
+        problems.append(Problem(f"{field}.tau", "is required (or minibatch_seconds, the same "
+                                "in seconds)"))  # fmt: skip
     else:
         problems.append(
             Problem(f"{field}.minibatch_seconds", "is required (or tau, the same in slots)")

@@ -30,7 +30,11 @@ Constraints, for every ``i``, ``t``, ``h``, ``k``, ``r`` (paper's numbers)
       slot, and none after the completion slot (so a rejected job gets no workers). The
       sum is a continuous ``v[i,t] = u[i,t] + v[i,t+1]`` where ``u[i,t]`` exists (the
       next one's elsewhere): the model grows linearly with the slots, not quadratically.
-    - (4) ``sum_i w_i[r] * y[i,h,t] <= c[h][r]``; (5) ``sum_i s_i[r] * z[i,k,t] <= c[k][r]``.
+    - (4) ``sum_i w_i[r] * y[i,h,t] <= c[h][r] + 1e-9 max_i w_i[r]``; (5) ``sum_i s_i[r] *
+      z[i,k,t] <= c[k][r] + 1e-9 max_i s_i[r]`` (over the jobs that may use the server):
+      SPEC 5's room ``floor(free / w + 1e-9)`` lets the online algorithm place up to
+      ``1e-9 w`` past what is free (four workers of 4e9 + 1 bytes on 16e9), and an optimum
+      held to ``c`` exactly could not run what the online algorithm ran.
     - (6) ``sum_k z[i,k,t] >= (b_i / B_i) * sum_h y[i,h,t] - 1e-9``: the PS carry the
       workers' bandwidth, with SPEC 3's slack (``z(y) = ceil(y b / B - 1e-9)`` is the least
       integer meeting it, so (6) admits exactly the PS counts the online algorithm may use).
@@ -246,7 +250,8 @@ def _capacity_rows(
     capacity: NDArray[np.float64],
     demand_of: str,
 ) -> None:
-    """Constraints (4) or (5): one row per server, slot and resource that can bind.
+    """Constraints (4) or (5): one row per server, slot and resource that can bind, with
+    SPEC 5's room slack (the module docstring).
 
     ``capacity`` is ``(T, S, R)``: what is left to the model's jobs per slot.
     """
@@ -258,11 +263,13 @@ def _capacity_rows(
     for (s, t), members in sorted(by_server_slot.items()):
         for r in range(len(trace.cluster.resources)):
             terms = []
-            most = 0.0
+            most = largest = 0.0
             for i, var in members:
                 need = float(getattr(trace.jobs[i], demand_of)[r])
                 if need > 0:
                     terms.append(need * var)
                     most += need * float(var.upBound)
-            if terms and most > capacity[t, s, r] + CAPACITY_SLACK:
-                prob += pulp.lpSum(terms) <= float(capacity[t, s, r]), f"{name}_{s}_{t}_{r}"
+                    largest = max(largest, need)
+            free = float(capacity[t, s, r]) + ROUNDING * largest
+            if terms and most > free + CAPACITY_SLACK:
+                prob += pulp.lpSum(terms) <= free, f"{name}_{s}_{t}_{r}"

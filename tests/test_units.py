@@ -405,6 +405,22 @@ def test_bad_input_names_the_field(path: str, value: Any, field: str) -> None:
     assert caught.value.field == field, str(caught.value)
 
 
+@pytest.mark.parametrize(
+    "key",
+    ["id", "arrival", "epochs", "chunks", "minibatches", "tau", "grad_mb", "worker", "ps",
+     "utility"],
+)  # fmt: skip
+def test_a_missing_job_field_is_named_as_the_trace_format_names_it(key: str) -> None:
+    """Every field of SPEC 6's job object, left out, is named: a trace without ``tau``
+    was told ``jobs[0].minibatch_seconds: is required``, a key SPEC 6 has not."""
+    raw = base_trace()
+    del raw["jobs"][0][key]
+    with pytest.raises(pricing.SpecError) as caught:
+        pricing.trace_from_dict(raw)
+    assert [p.field for p in caught.value.problems] == [f"jobs[0].{key}"]
+    assert str(caught.value.problems[0]).startswith(f"jobs[0].{key}: is required")
+
+
 EXPLICIT = {"U1": {"gpu": 2}, "U2": {}, "L1": 1, "L2": 1}
 
 UNKNOWN_KEYS = [
