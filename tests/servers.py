@@ -378,3 +378,33 @@ def events_through(stub: Any, last: int) -> list[Any]:
             stream.cancel()
             break
     return out
+
+
+TENANT_TOKENS = {"alice": "a-token", "bob": "b-token"}
+"""The two submitters of :func:`tenants_daemon`, by name: their tokens."""
+
+
+@contextlib.contextmanager
+def tenants_daemon(directory: Path, extra: str = "") -> Iterator[tuple[Daemon, Any, Any]]:
+    """A daemon with ``[auth]`` and two submitters (:data:`TENANT_TOKENS`), ``extra``
+    added to its config (``[limits]``, say), in ``directory``: ``(daemon, alice's
+    channel, bob's channel)``; stopped after, its exit status 0 asserted."""
+    from controller.auth import hash_token
+    from controller.tls import client_channel
+
+    tokens = directory / "tokens"
+    tokens.write_text("".join(f"{n} submitter {hash_token(t)}\n" for n, t in TENANT_TOKENS.items()))
+    config = write_config(
+        directory / "oasisd.toml",
+        directory / "data",
+        extra=f'[auth]\ntokens_file = "{tokens}"\n{extra}',
+    )
+    daemon = Daemon(config, directory / "oasisd.log").start()
+    alice = client_channel(daemon.address, token=TENANT_TOKENS["alice"])
+    bob = client_channel(daemon.address, token=TENANT_TOKENS["bob"])
+    try:
+        yield daemon, alice, bob
+    finally:
+        alice.close()
+        bob.close()
+        assert daemon.stop() == 0, (directory / "oasisd.log").read_text()

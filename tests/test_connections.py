@@ -12,7 +12,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -207,18 +207,28 @@ def test_calls_that_never_send_their_request_cannot_hold_every_call(tmp_path: Pa
             assert info.slot_seconds > 0  # alice is served
             for unread in stalled:
                 unread.close()
-            deadline = time.monotonic() + 20  # closed: the calls end, the count drops
-            while True:
-                try:
-                    cluster.GetClusterInfo(pb.GetClusterInfoRequest(), metadata=mallory, timeout=10)
-                    break
-                except grpc.RpcError as err:
-                    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err
-                    assert time.monotonic() < deadline, "the closed calls were never released"
-                    time.sleep(0.2)
+            _served_once_released(  # closed: the calls end, the count drops
+                lambda: cluster.GetClusterInfo(
+                    pb.GetClusterInfoRequest(), metadata=mallory, timeout=10
+                )
+            )
     finally:
         _STOP.set()
         assert daemon.stop() == 0, (tmp_path / "c.log").read_text()
+
+
+def _served_once_released(call: Callable[[], object], seconds: float = 20.0) -> None:
+    """Make ``call`` until it is served, refused RESOURCE_EXHAUSTED meanwhile: the calls
+    that held the cap were closed, and must be released within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            call()
+            return
+        except grpc.RpcError as err:
+            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err
+            assert time.monotonic() < deadline, "the closed calls were never released"
+            time.sleep(0.2)
 
 
 class _Unread:
@@ -313,15 +323,9 @@ def test_health_checks_from_many_hosts_cannot_hold_every_call(tmp_path: Path) ->
                 assert info.slot_seconds > 0
             for unread in stalled:
                 unread.close()
-            deadline = time.monotonic() + 20  # closed: the calls end, the count drops
-            while True:
-                try:
-                    health.Check(health_pb2.HealthCheckRequest(), timeout=10)
-                    break
-                except grpc.RpcError as err:
-                    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err
-                    assert time.monotonic() < deadline, "the closed calls were never released"
-                    time.sleep(0.2)
+            _served_once_released(  # closed: the calls end, the count drops
+                lambda: health.Check(health_pb2.HealthCheckRequest(), timeout=10)
+            )
     finally:
         for unread in stalled:
             unread.close()

@@ -46,7 +46,7 @@ from controller.tls import MAX_RESPONSE_BYTES, client_channel
 from pricing import SpecError, job_from_dict, trace_from_dict
 from pricing.cluster import Cluster, cluster_from_dict
 from pricing.job import Job
-from tests.servers import CLUSTER_TOML, SMALL_JOB, Daemon, oasis, write_config
+from tests.servers import CLUSTER_TOML, SMALL_JOB, Daemon, oasis, tenants_daemon, write_config
 from tests.test_daemon_e2e import job, write_job
 
 WINDOW = 24  # tests.servers.write_config
@@ -389,16 +389,7 @@ def test_a_message_over_the_limit_is_refused_by_grpc(limited: Daemon, tmp_path: 
 def test_rate_limit_per_token(tmp_path: Path) -> None:
     """alice's burst spent: RESOURCE_EXHAUSTED with a retry hint; bob and health checks
     are not affected; after the hinted wait alice is served again."""
-    tokens = tmp_path / "tokens"
-    tokens.write_text(
-        f"alice submitter {hash_token('a-token')}\nbob submitter {hash_token('b-token')}\n"
-    )
-    extra = f'[auth]\ntokens_file = "{tokens}"\n[limits]\nrate = 0.5\nburst = 3\n'
-    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", extra=extra)
-    daemon = Daemon(config, tmp_path / "oasisd.log").start()
-    alice = client_channel(daemon.address, token="a-token")
-    bob = client_channel(daemon.address, token="b-token")
-    try:
+    with tenants_daemon(tmp_path, "[limits]\nrate = 0.5\nburst = 3\n") as (daemon, alice, bob):
         a, b = pb_grpc.AdmissionStub(alice), pb_grpc.AdmissionStub(bob)
         codes: list[grpc.StatusCode] = []
         hint_ms = 0
@@ -428,10 +419,6 @@ def test_rate_limit_per_token(tmp_path: Path) -> None:
             health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
         time.sleep(hint_ms / 1000 + 0.05)
         a.ListJobs(pb.ListJobsRequest(), timeout=10)
-    finally:
-        alice.close()
-        bob.close()
-        assert daemon.stop() == 0, (tmp_path / "oasisd.log").read_text()
 
 
 def test_a_list_longer_than_the_burst_is_sent_at_the_rate(

@@ -13,13 +13,11 @@ import pytest
 
 from controller.admission.stored_budget import BUCKET_SECONDS, StoredBudget, over_budget
 from controller.admission.views import canonical_spec
-from controller.auth import hash_token
 from controller.limits import Limits, limits_from_dict
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
-from controller.tls import client_channel
 from pricing import SpecError
-from tests.servers import SMALL_JOB, Daemon, write_config
+from tests.servers import SMALL_JOB, tenants_daemon
 
 T0 = 1_800_000_000.0  # a Unix time on an hour boundary (an hour's multiple)
 
@@ -72,16 +70,8 @@ def test_a_tenant_past_its_days_bytes_is_refused_and_the_others_are_not(
 ) -> None:
     size = len(canonical_spec({**_large("a00"), "id": "alice:a00"}).encode())
     limit_mb = 4.5 * size / 2**20  # four of alice's jobs fit, the fifth does not
-    tokens = tmp_path / "tokens"
-    tokens.write_text(
-        f"alice submitter {hash_token('a-token')}\nbob submitter {hash_token('b-token')}\n"
-    )
-    extra = f'[auth]\ntokens_file = "{tokens}"\n[limits]\nmax_stored_mb_per_day = {limit_mb}\n'
-    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", extra=extra)
-    daemon = Daemon(config, tmp_path / "oasisd.log").start()
-    alice = client_channel(daemon.address, token="a-token")
-    bob = client_channel(daemon.address, token="b-token")
-    try:
+    extra = f"[limits]\nmax_stored_mb_per_day = {limit_mb}\n"
+    with tenants_daemon(tmp_path, extra) as (_daemon, alice, bob):
         a, b = pb_grpc.AdmissionStub(alice), pb_grpc.AdmissionStub(bob)
 
         def submit(stub: pb_grpc.AdmissionStub, spec: dict[str, object]) -> pb.SubmitJobResponse:
@@ -106,7 +96,3 @@ def test_a_tenant_past_its_days_bytes_is_refused_and_the_others_are_not(
             assert submit(b, _large(f"b{i:02}")).job.spec.id == f"b{i:02}"
         listed = a.ListJobs(pb.ListJobsRequest(), timeout=10)
         assert sorted(j.spec.id for j in listed.jobs) == ["a00", "a01", "a02", "a03"]
-    finally:
-        alice.close()
-        bob.close()
-        assert daemon.stop() == 0, (tmp_path / "oasisd.log").read_text()
