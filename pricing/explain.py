@@ -164,12 +164,13 @@ def price_drivers(best: BestSchedule, job: Job, ledger: Ledger, top: int = 3) ->
     ]
 
 
-def _scarcest(job: Job, ledger: Ledger, lo: int, hi: int) -> tuple[str, int | None, int]:
+def _scarcest(job: Job, ledger: Ledger, lo: int, hi: int) -> tuple[str, int | None, int, int]:
     """Over window slots ``lo .. hi - 1`` of the worker servers: the resource with the
     fewest workers' worth free (its name and that count; ``""`` and None if the job
-    demands none) and the worker-slots that fit, capped at ``N`` per slot: on all servers
+    demands none), the worker-slots that fit, capped at ``N`` per slot: on all servers
     together, as SPEC constraint 3 caps a job's workers (capped on each server, a job of
-    N = 8 short of slots counted 319 where 80 fit, and was told its PS did not fit).
+    N = 8 short of slots counted 319 where 80 fit, and was told its PS did not fit), and
+    the worker-slots that fit without that cap.
 
     One resource at a time, ``(hi - lo, n)`` each: the room of every resource is the
     least of the rooms of each (:func:`pricing.job.room`), and the counts are the same."""
@@ -188,7 +189,8 @@ def _scarcest(job: Job, ledger: Ledger, lo: int, hi: int) -> tuple[str, int | No
         fits = units if fits is None else np.minimum(fits, units)
     if fits is None:  # no worker demand: as the room of every resource at once says
         fits = room(side.capacity[None] - side.used[lo:hi], job.worker)
-    return worst, least, int(fits.sum(axis=1).clip(max=job.chunks).sum())
+    per_slot = fits.sum(axis=1)
+    return worst, least, int(per_slot.clip(max=job.chunks).sum()), int(per_slot.sum())
 
 
 def _out_of_service(ledger: Ledger, lo: int, hi: int) -> str:
@@ -250,7 +252,7 @@ def _cannot_fit(job: Job, ledger: Ledger, first_slot: int, last_slot: int) -> st
     if late is not None:
         return late
     lo, hi = ledger.index(first_slot), ledger.index(last_slot) + 1
-    worst, least, fit = _scarcest(job, ledger, lo, hi)
+    worst, least, fit, together = _scarcest(job, ledger, lo, hi)
     slots = _span(first_slot, last_slot)
     if fit >= job.work:  # the workers alone would fit: "only 384 free" for 9 misled
         said = (
@@ -259,10 +261,15 @@ def _cannot_fit(job: Job, ledger: Ledger, first_slot: int, last_slot: int) -> st
             f"slot, for the {job.work} it needs)"
         )
     else:
+        # each resource's room summed may pass the room of all of them on one server: a
+        # GPU free on one server and the CPU on another read as "only 0 free; the
+        # scarcest resource is 'gpu' (2 workers' worth free)" (the operator audit)
+        split = least is not None and least > together
+        apart = ", not all of it where the other resources a worker needs are" if split else ""
         said = (
             f"cannot fit: it needs {job.work} worker-slots in {slots}, and only {fit} "
             f"worker-slots are free there (capped at {job.chunks} per slot); the "
-            f"scarcest resource is {worst!r} ({least} workers' worth free), or its "
+            f"scarcest resource is {worst!r} ({least} workers' worth free{apart}), or its "
             "parameter servers do not fit"
         )
     return said + _out_of_service(ledger, lo, hi)

@@ -77,7 +77,7 @@ def dense_scarcest(job, ledger, lo, hi):
         if least is None or units < least:
             least, worst = units, name
     fits = room(free_w, job.worker).sum(axis=1)  # N caps a slot's workers on all servers
-    return worst, least, int(fits.clip(max=job.chunks).sum())
+    return worst, least, int(fits.clip(max=job.chunks).sum()), int(fits.sum())
 
 
 def test_the_scarcest_resource_is_found_one_resource_at_a_time() -> None:
@@ -218,3 +218,32 @@ def test_a_job_short_of_slots_is_not_told_its_parameter_servers_do_not_fit() -> 
     reason, _ = explain(d.best, short, ledger, 0, trace.horizon - 1)
     assert "parameter servers do not fit in" not in reason, reason
     assert "it needs 9 worker-slots in slots 0..2, and only 8 worker-slots are free" in reason
+
+
+def test_free_room_split_across_servers_is_said_to_be_split() -> None:
+    """w0 has a GPU free but no CPU, w1 CPU but no GPU: no worker fits, though each
+    resource alone has two workers' worth. Before, the reason read "only 0 worker-slots
+    are free ... the scarcest resource is 'gpu' (2 workers' worth free)" (the operator
+    audit); now it says that room is not all where the other resources are."""
+    from pricing.explain import _cannot_fit
+
+    raw = _one_job_worth(100.0)
+    raw["servers"] = [
+        {"name": "w0", "kind": "worker", "capacity": {"gpu": 2, "cpu": 8, "bandwidth": 10}},
+        {"name": "w1", "kind": "worker", "capacity": {"gpu": 2, "cpu": 8, "bandwidth": 10}},
+        {"name": "p0", "kind": "ps", "capacity": {"cpu": 4, "bandwidth": 10}},
+    ]
+    raw["jobs"][0]["worker"] = {"gpu": 1, "cpu": 4, "bandwidth": 1}  # type: ignore[index]
+    trace = trace_from_dict(raw)
+    ledger = Ledger(trace.cluster, trace.bounds, trace.horizon)
+    (job,) = trace.jobs
+    gpu, cpu = trace.cluster.resources.index("gpu"), trace.cluster.resources.index("cpu")
+    ledger.worker_side.used[:, 0, cpu] = 8.0  # w0: its GPUs free, no CPU
+    ledger.worker_side.used[:, 1, gpu] = 2.0  # w1: its CPU free, no GPU
+    said = _cannot_fit(job, ledger, 0, 0)
+    assert "only 0 worker-slots are free" in said
+    assert "the scarcest resource is 'gpu' (2 workers' worth free, not all of it where" in said
+    ledger.worker_side.used[:, 1, gpu] = 1.5  # w1: half a GPU, so no room for one worker
+    ledger.worker_side.used[:, 0, gpu] = 2.0  # nowhere a GPU: the scarcest, as before
+    said = _cannot_fit(job, ledger, 0, 0)
+    assert "the scarcest resource is 'gpu' (0 workers' worth free), or its" in said
