@@ -13,6 +13,7 @@ import contextlib
 import glob
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -31,10 +32,35 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+_PORT_BAND = 1000
+"""Ports each test process picks from (:func:`free_port`), below Linux's ephemeral range
+(32768-60999), from 20000: one band per pytest-xdist worker."""
+_next_port: list[int] = []
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback TCP port free now, for a server a test starts (its ``listen``).
+
+    Not one the kernel hands out (port 0): between this check and the server's bind,
+    another test's daemon or client could be given the same one, and a full run here
+    failed once so ("metrics.listen: cannot listen on 127.0.0.1:40505: Address already
+    in use"). Below the ephemeral range no port-0 bind or outgoing connection takes it,
+    and each xdist worker has its own band, taken in turn from a random start."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    low = 20000 + (index % 12) * _PORT_BAND
+    if not _next_port:
+        _next_port.append(random.randrange(_PORT_BAND))
+    for _ in range(_PORT_BAND):
+        port = low + _next_port[0] % _PORT_BAND
+        _next_port[0] += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {low}..{low + _PORT_BAND - 1}")
 
 
 def _pg_bindir() -> Path | None:
