@@ -75,5 +75,5 @@ def over_budget(used: int, size: int, limit_mb: float) -> str:
         f"this submitter's jobs stored in the last day hold {used / 2**20:.1f} MiB of specs "
         f"and this one {size / 1024:.1f} KiB more, over limits.max_stored_mb_per_day = "
         f"{limit_mb:g}; nothing was stored: submit it again once older jobs have left "
-        "the day (within the hour), or ask the operator for a higher limit"
+        "the day (each counts for 23 to 24 hours), or ask an operator for a higher limit"
     )
