@@ -279,7 +279,7 @@ def parse_tokens(text: str, where: str) -> dict[str, Caller]:
 def tokens_from_dict(raw: Mapping[str, Any]) -> dict[str, Caller]:
     """Read an ``[auth]`` table: the tokens of its ``tokens_file`` (a config without the
     table has no tokens: :mod:`controller.config` passes None then)."""
-    fields.check_no_problems(fields.unknown_keys(raw, {"tokens_file"}, "auth")[:1])
+    fields.check_known_keys(raw, {"tokens_file"}, "auth")
     if "tokens_file" not in raw:
         # An [auth] table whose tokens_file was commented out must not silently leave the
         # daemon open to everyone; leaving the whole table out is the way to say that.

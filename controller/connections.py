@@ -91,7 +91,7 @@ _MAX_COUNT = 1_000_000
 def connections_from_dict(raw: Mapping[str, Any]) -> Connections:
     """Read ``[connections]``; SpecError naming the key."""
     known = {*_INTS, *_SECONDS}
-    fields.check_no_problems(fields.unknown_keys(raw, known, "connections")[:1])
+    fields.check_known_keys(raw, known, "connections")
     values: dict[str, Any] = {}
     checks = ((_INTS, fields.positive_int, _MAX_COUNT), (_SECONDS, fields.positive, _MAX_SECONDS))
     for keys, read, most in checks:

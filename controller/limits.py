@@ -530,7 +530,7 @@ def _at_most(key: str, value: _N) -> _N:
 
 def limits_from_dict(raw: Mapping[str, Any]) -> Limits:
     """Read the ``[limits]`` table (absent keys keep their defaults)."""
-    fields.check_no_problems(fields.unknown_keys(raw, _KEYS, "limits")[:1])
+    fields.check_known_keys(raw, _KEYS, "limits")
     d = Limits()
 
     def count(key: str, default: int) -> int:

@@ -82,7 +82,7 @@ def read_pem(path: Path, what: str, field_name: str, pipes: bool = False) -> byt
 def tls_from_dict(raw: Mapping[str, Any]) -> TlsConfig | None:
     """Read the ``[tls]`` table; None if it is absent or empty."""
     known = {"cert", "key", "client_ca"}
-    fields.check_no_problems(fields.unknown_keys(raw, known, "tls")[:1])
+    fields.check_known_keys(raw, known, "tls")
     if not raw:
         return None
     if "cert" not in raw or "key" not in raw:

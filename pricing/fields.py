@@ -15,6 +15,7 @@ __all__ = [
     "MAX_INTEGER",
     "MAX_UNKNOWN_KEYS",
     "DuplicateKeyError",
+    "check_known_keys",
     "check_no_problems",
     "integer",
     "mapping",
@@ -125,6 +126,13 @@ def check_no_problems(problems: list[Problem]) -> None:
     """Raise a SpecError listing ``problems``, if there are any."""
     if problems:
         raise SpecError(problems)
+
+
+def check_known_keys(table: Mapping[Any, Any], known: Collection[str], where: str) -> None:
+    """SpecError naming the first key of ``table`` (a config table, ``[where]``) not in
+    ``known``, with the closest known key (:func:`unknown_keys`), as a config's other
+    mistakes are named one at a time."""
+    check_no_problems(unknown_keys(table, known, where)[:1])
 
 
 def _short(name: str) -> str:

@@ -101,7 +101,7 @@ def web_from_dict(raw: Mapping[str, Any], tls: TlsConfig | None) -> WebConfig:
         "max_connections",
         "max_connections_per_host",
     }
-    fields.check_no_problems(fields.unknown_keys(raw, known, "web")[:1])
+    fields.check_known_keys(raw, known, "web")
     listen = raw.get("listen", "")
     if not isinstance(listen, str):
         raise SpecError.one("web.listen", f"must be a string host:port, got {listen!r}")

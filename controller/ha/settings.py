@@ -60,7 +60,7 @@ def ha_from_dict(raw: Mapping[str, Any] | None) -> HaConfig | None:
     """``[ha]`` validated (SpecError naming the key); None if absent."""
     if raw is None:
         return None
-    fields.check_no_problems(fields.unknown_keys(raw, _KEYS, "ha")[:1])
+    fields.check_known_keys(raw, _KEYS, "ha")
     lease = fields.positive(raw.get("lease_seconds", 5.0), "ha.lease_seconds")
     if not 1.0 <= lease <= _MAX_LEASE:
         raise SpecError.one("ha.lease_seconds", f"must be within 1 .. {_MAX_LEASE:g} seconds")

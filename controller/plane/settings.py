@@ -172,7 +172,7 @@ def mqtt_from_dict(raw: Mapping[str, Any]) -> MqttConfig | None:
     """Read the ``[mqtt]`` table; None if it is absent or empty."""
     if not raw:
         return None
-    fields.check_no_problems(fields.unknown_keys(raw, _KEYS, "mqtt")[:1])
+    fields.check_known_keys(raw, _KEYS, "mqtt")
     tls_ca = check_tls_ca(raw["tls_ca"]) if raw.get("tls_ca") else ""
     tls = bool(tls_ca)
     host = ""
