@@ -307,15 +307,44 @@ refused ``Watch`` as the daemon down. Loopback peers are one host to a per-host 
 (every local client and SSH tunnel is 127.0.0.1), so only the total holds for them."""
 
 
+class _HostShares:
+    """What the callers of the open services (no token: each is its host) hold, counted
+    in all against ``limit`` and by each host off loopback against ``per_host``; loopback
+    peers (every local client and SSH tunnel, any 127.x address) only in all. Used by
+    :class:`_StreamCap` (streams) and :class:`_OpenCalls` (health checks)."""
+
+    def __init__(self, limit: int, per_host: int) -> None:
+        self.limit = limit
+        self.per_host = per_host
+        self.open = 0
+        self.hosts = Holds()
+
+    def over(self, host: str) -> str:
+        """``"all"`` if one more would pass ``limit``, else ``"host"`` if it would pass
+        ``host``'s ``per_host``, else ``""``."""
+        if self.open >= self.limit:
+            return "all"
+        if not _loopback_peer(host) and self.hosts.of(host) >= self.per_host:
+            return "host"
+        return ""
+
+    def take(self, host: str) -> None:
+        self.open += 1
+        if not _loopback_peer(host):
+            self.hosts.take(host)
+
+    def give_back(self, host: str) -> None:
+        self.open -= 1
+        if not _loopback_peer(host):
+            self.hosts.give_back(host)
+
+
 class _StreamCap:
     """Counts the open services' streaming calls in flight (all on the event loop), in
     all and per host off loopback."""
 
     def __init__(self, limit: int, per_host: int = MAX_OPEN_STREAMS_PER_HOST) -> None:
-        self.limit = limit
-        self.per_host = per_host
-        self.open = 0
-        self.hosts = Holds()
+        self.shares = _HostShares(limit, per_host)
 
     def bounded(self, handler: Any) -> Any:
         """``handler`` with its streaming behaviour counted against the cap."""
@@ -337,33 +366,29 @@ class _StreamCap:
 
     @contextlib.asynccontextmanager
     async def _held(self, context: Any) -> AsyncIterator[None]:
-        host = _peer_host(context.peer())
-        counted = not _loopback_peer(host)
-        if self.open >= self.limit:
-            refusals(host, "open streams", "open-service stream refused", limit=self.limit)
+        host, shares = _peer_host(context.peer()), self.shares
+        over = shares.over(host)
+        if over == "all":
+            refusals(host, "open streams", "open-service stream refused", limit=shares.limit)
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"{self.open} health and reflection streams are open, the most at once "
-                f"({self.limit}); close one, or use Health.Check",
+                f"{shares.open} health and reflection streams are open, the most at once "
+                f"({shares.limit}); close one, or use Health.Check",
             )
-        if counted and self.hosts.of(host) >= self.per_host:
+        if over == "host":
             refusals(host, "open streams of a host", "open-service stream refused",
-                     per_host=self.per_host)  # fmt: skip
+                     per_host=shares.per_host)  # fmt: skip
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"{self.hosts.of(host)} health and reflection streams of this host are open, "
-                f"the most one host may hold ({self.per_host}); close one, or use "
+                f"{shares.hosts.of(host)} health and reflection streams of this host are "
+                f"open, the most one host may hold ({shares.per_host}); close one, or use "
                 "Health.Check",
             )
-        self.open += 1
-        if counted:
-            self.hosts.take(host)
+        shares.take(host)
         try:
             yield
         finally:
-            self.open -= 1
-            if counted:
-                self.hosts.give_back(host)
+            shares.give_back(host)
 
 
 REQUEST_SECONDS = 10.0
@@ -449,7 +474,7 @@ MAX_OPEN_CALLS_PER_HOST = 16
 in flight at once, of the ``connections.max_calls_per_client`` all hosts share."""
 
 
-class _OpenCalls(_InFlight):
+class _OpenCalls:
     """The open services' unary-request calls in flight (health's ``Check`` and
     ``Watch``; reflection's streams are :class:`_StreamCap`'s alone), which take no
     token (each is its host's), counted from every host together against ``limit``
@@ -466,43 +491,41 @@ class _OpenCalls(_InFlight):
     most ``limit`` of ``max_calls`` in all, and the tenants' calls the rest."""
 
     def __init__(self, limit: int, per_host: int = MAX_OPEN_CALLS_PER_HOST) -> None:
-        super().__init__(limit)
-        self.per_host = min(per_host, limit)
-        self.open = 0
+        self.shares = _HostShares(limit, min(per_host, limit))
 
     async def hold(self, client: str, context: Any) -> None:
-        far = not _loopback_peer(client)
-        if self.open >= self.limit or (far and self.calls.of(client) >= self.per_host):
-            mine = far and self.open < self.limit  # its host's share, not the total
-            cap = {"per_host": self.per_host} if mine else {"limit": self.limit}
+        shares = self.shares
+        over = shares.over(client)
+        if over:
+            mine = over == "host"  # its host's share, not the total
+            cap = {"per_host": shares.per_host} if mine else {"limit": shares.limit}
             refusals(client, "open calls", "calls in flight refused", from_peer=context.peer(),
                      **cap)  # fmt: skip
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"{self.calls.of(client)} health-checking calls of this host are in "
-                f"flight, the most one host may have ({self.per_host}); wait for their "
+                f"{shares.hosts.of(client)} health-checking calls of this host are in "
+                f"flight, the most one host may have ({shares.per_host}); wait for their "
                 "answers (read them) before more"
                 if mine
-                else f"{self.open} health-checking calls are in flight from every "
+                else f"{shares.open} health-checking calls are in flight from every "
                 f"host together, the most at once (connections.max_calls_per_client = "
-                f"{self.limit}: callers without a token count as one client); try again",
+                f"{shares.limit}: callers without a token count as one client); try again",
             )
-        self.open += 1
-        self.calls.take(client)
-        context.add_done_callback(lambda _context: self._release(client))
-
-    def _release(self, client: str) -> None:
-        self.open -= 1
-        self.calls.give_back(client)
+        shares.take(client)
+        context.add_done_callback(lambda _context: shares.give_back(client))
 
 
 def _read_first(
-    handler: Any, admit: Callable[[Any], Awaitable[str]], first: _FirstMessage, calls: _InFlight
+    handler: Any,
+    admit: Callable[[Any], Awaitable[str]],
+    first: _FirstMessage,
+    calls: _InFlight | _OpenCalls,
 ) -> Any:
     """``handler`` with a unary request served as a streamed one (:data:`REQUEST_SECONDS`):
     ``admit(context)`` (which names the client) runs before the request is read, and the
-    call counts against its client's calls in flight (:class:`_InFlight`); the
-    behaviour then gets the request as ever. Streamed-request handlers: unchanged."""
+    call counts against its client's calls in flight (:class:`_InFlight`, or for the open
+    services :class:`_OpenCalls`); the behaviour then gets the request as ever.
+    Streamed-request handlers: unchanged."""
 
     async def admitted(context: Any) -> str:
         client = await admit(context)

@@ -377,7 +377,7 @@ def test_one_host_off_loopback_holds_at_most_its_share_of_the_open_calls() -> No
             await calls.hold("ipv4:192.0.2.1", Context("ipv4:192.0.2.1:4"))
         for context in held:
             context.end()
-        assert calls.open == 0 and not calls.calls
+        assert calls.shares.open == 0 and not calls.shares.hosts
 
     asyncio.run(scenario())
 
@@ -431,11 +431,11 @@ def test_one_host_off_loopback_holds_at_most_its_share_of_the_open_streams() -> 
         # brackets percent-encoded, which a first version read as another host)
         for peer in ("ipv4:127.0.0.1:7", "ipv6:%5B::1%5D:8"):
             await held.enter_async_context(cap._held(Context(peer)))
-        assert cap.open == 5 and dict(cap.hosts) == {"ipv4:203.0.113.7": 2,
+        assert cap.shares.open == 5 and dict(cap.shares.hosts) == {"ipv4:203.0.113.7": 2,
                                                        "ipv4:198.51.100.9": 1}  # fmt: skip
         with pytest.raises(RefusedError, match="the most at once \\(5\\)"):
             await held.enter_async_context(cap._held(Context("ipv4:127.0.0.1:9")))
         await held.aclose()
-        assert cap.open == 0 and not cap.hosts
+        assert cap.shares.open == 0 and not cap.shares.hosts
 
     asyncio.run(scenario())
