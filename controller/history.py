@@ -28,12 +28,13 @@ Theorem 4 figure) are SPEC 4's over the compared jobs with ``Tmax = T``.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 import numpy as np
 from numpy.typing import NDArray
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from controller.admission import SETTINGS_KEY
@@ -327,12 +328,16 @@ def load_jobs(
     first: int | None = None,
     last: int | None = None,
     newest: int | None = None,
-) -> tuple[list[Job], Cluster]:
+    submitters: Sequence[str] | None = None,
+) -> tuple[list[Job], Cluster, list[str]]:
     """The jobs a daemon decided, as :class:`~pricing.job.Job` on its servers, for
     ``oasis calibrate --store``: those that arrived in slots ``first .. last`` (each bound
-    optional), not cancelled, at most the ``newest`` of them (by decision order), oldest
-    first; and the cluster. Only the jobs' rows are read, in batches (not allocations,
-    which a prior does not need); arrivals are 0 (a prior does not use them).
+    optional), not cancelled, of the named ``submitters`` only (``""``: the jobs of no
+    token's; None: all), of each of their ``k`` submitters at most the ``ceil(newest /
+    k)`` most recently decided (so that one submitter's many jobs push no other's out),
+    oldest first; the cluster; and each job's submitter (``""`` for none). Only the jobs' rows
+    are read, in batches (not allocations, which a prior does not need); arrivals are 0
+    (a prior does not use them).
 
     Raises:
         HistoryError: ``last`` before ``first``, no daemon state, no such job, or a row
@@ -342,22 +347,43 @@ def load_jobs(
         _check_stretch(first, last)
     with db.snapshot() as session:
         window, slot_seconds, cluster = _daemon_state(session)
-        chosen = select(JobRow.id, JobRow.spec).where(JobRow.state != "cancelled")
+        where = [JobRow.state != "cancelled"]
         if first is not None:
-            chosen = chosen.where(JobRow.arrival_slot >= first)
+            where.append(JobRow.arrival_slot >= first)
         if last is not None:
-            chosen = chosen.where(JobRow.arrival_slot <= last)
-        chosen = chosen.order_by(JobRow.sequence.desc())
-        if newest is not None:
-            chosen = chosen.limit(newest)
+            where.append(JobRow.arrival_slot <= last)
+        if submitters is not None:
+            whose = JobRow.submitter.in_([n for n in submitters if n])
+            where.append(or_(whose, JobRow.submitter.is_(None)) if "" in submitters else whose)
+        chosen = select(JobRow.id, JobRow.spec, JobRow.submitter).where(*where)
+        if newest is None:
+            chosen = chosen.order_by(JobRow.sequence.desc())
+        else:  # each submitter's newest: another's many push none out
+            voters = select(func.count(func.distinct(func.coalesce(JobRow.submitter, ""))))
+            per = -(-newest // max(1, session.execute(voters.where(*where)).scalar_one()))
+            rank = func.row_number().over(
+                partition_by=JobRow.submitter, order_by=JobRow.sequence.desc()
+            )
+            ranked = chosen.add_columns(JobRow.sequence, rank.label("rank")).subquery()
+            chosen = (
+                select(ranked.c.id, ranked.c.spec, ranked.c.submitter)
+                .where(ranked.c.rank <= per)
+                .order_by(ranked.c.sequence.desc())
+            )
         jobs: list[Job] = []
+        whom: list[str] = []
         for row in session.execute(chosen.execution_options(yield_per=JOB_BATCH)):
             jobs.append(_job(row, cluster, slot_seconds, window, 0))
+            whom.append(row.submitter or "")
     if not jobs:
         span = _span(first, last)
-        raise HistoryError(f"the store holds no decided job{span} (cancelled jobs are left out)")
+        of = "" if submitters is None else " of " + ", ".join(n or "-" for n in submitters)
+        raise HistoryError(
+            f"the store holds no decided job{of}{span} (cancelled jobs are left out)"
+        )
     jobs.reverse()
-    return jobs, cluster
+    whom.reverse()
+    return jobs, cluster, whom
 
 
 JOB_BATCH = 1000

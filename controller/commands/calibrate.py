@@ -7,6 +7,7 @@ import argparse
 import json
 import math
 import sys
+from collections import Counter
 from typing import Any
 
 from controller.commands import SUMMARIES
@@ -23,18 +24,21 @@ from controller.commands.common import (
     write_output,
 )
 from pricing.bound_estimate import BoundEstimate, calibrate
-from pricing.bound_prior import DEFAULT_PRIOR_WEIGHT, MAX_POINTS
+from pricing.bound_prior import DEFAULT_PRIOR_WEIGHT, MAX_POINTS, Prior
 from pricing.cluster import Cluster
 from pricing.errors import SpecError
 from pricing.job import Job
+from pricing.prior_median import median_prior
 
 __all__ = ["DEFAULT_NEWEST", "register", "run"]
 
 DEFAULT_NEWEST = 10_000
-"""Jobs ``calibrate --store`` reads by default, the most recently decided: a prior
-summarises each value in at most 32 points and counts as 40 jobs, so ten thousand
-describe today's jobs as well as a year's million would, in seconds rather than minutes
-and gigabytes (``bench/history_scale.py``, part ``calibrate``)."""
+"""Jobs ``calibrate --store`` reads by default, the most recently decided (of each of
+``k`` submitters the newest ``1/k``): a prior summarises each value in at most 32 points
+and counts as 40 jobs, so ten thousand describe today's jobs as well as a year's million
+would, in seconds rather than minutes and gigabytes (``bench/history_scale.py``, part
+``calibrate``). Shared out by submitter, so that one's many jobs push no other's out of
+the prior."""
 
 
 def _weight(text: str) -> float:
@@ -55,7 +59,8 @@ def register(sub: Any) -> None:
         description=(
             "Summarise the per-job values the price-bound estimate follows over the jobs of "
             "TRACE (those that can finish before its horizon) or of a daemon's store (the "
-            "newest decided jobs but the cancelled, --newest of them), in units of the "
+            "newest decided jobs but the cancelled, --newest of them shared out by "
+            "submitter), in units of the "
             "cluster's mean server capacity, "
             "and write them as a prior (JSON). A trace's pricing.prior, or the daemon's "
             "config, can name the file."
@@ -75,8 +80,9 @@ def register(sub: Any) -> None:
         type=int_at_least(0),
         default=None,
         metavar="N",
-        help=f"--store: the N most recently decided jobs (default: {DEFAULT_NEWEST}; 0: all, "
-        "which at 10^5 jobs takes about 30 s and 0.5 GB)",
+        help=f"--store: the N most recently decided jobs, of each of K submitters the "
+        f"newest N/K (default: {DEFAULT_NEWEST}; 0: all, which at 10^5 jobs takes about "
+        "30 s and 0.5 GB)",
     )
     add_arrival_slots(
         p,
@@ -95,6 +101,16 @@ def register(sub: Any) -> None:
         default=32,
         help=f"summary points per value, at most {MAX_POINTS} (default: 32)",
     )
+    p.add_argument(
+        "--submitter",
+        action="append",
+        metavar="NAME",
+        default=None,
+        help="--store: only this submitter's jobs (its token's name; - for jobs without "
+        "one); may be repeated. Without it every submitter's jobs count, each "
+        "submitter's calibrated apart and combined by their median, as the daemon "
+        "prices them",
+    )
     p.add_argument("--source", default=None, help="where it came from (default: the input)")
     p.add_argument(
         "-o", "--output", metavar="FILE", default="-", help="write here (default: stdout)"
@@ -102,7 +118,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _from_store(args: argparse.Namespace, newest: int) -> tuple[list[Job], Cluster]:
+def _from_store(args: argparse.Namespace, newest: int) -> tuple[list[Job], Cluster, list[str]]:
     # the store's modules only when a store is read: `oasis calibrate TRACE` stays light
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -116,7 +132,8 @@ def _from_store(args: argparse.Namespace, newest: int) -> tuple[list[Job], Clust
     except SQLAlchemyError as err:
         raise InputError(f"--store: not a usable database URL: {err}") from err
     try:
-        return load_jobs(db, args.first, args.last, newest or None)
+        whose = None if args.submitter is None else [_name(n) for n in args.submitter]
+        return load_jobs(db, args.first, args.last, newest or None, whose)
     except (HistoryError, SpecError) as err:  # a row, or what the jobs make of the bounds
         raise InputError(f"--store: {err}") from err
     except (StoreUnavailableError, SQLAlchemyError) as err:
@@ -126,28 +143,69 @@ def _from_store(args: argparse.Namespace, newest: int) -> tuple[list[Job], Clust
         db.dispose()
 
 
+def _name(text: str) -> str:
+    """A ``--submitter`` as stored: ``-`` is the jobs of no token's (``""``)."""
+    return "" if text == "-" else text
+
+
+def _by_submitter(
+    jobs: list[Job], whom: list[str], cluster: Cluster, args: argparse.Namespace, source: str
+) -> Prior:
+    """One prior per submitter's jobs, combined by their median
+    (:func:`pricing.prior_median.median_prior`); said on stderr when there are several."""
+    groups: dict[str, list[Job]] = {}
+    for job, name in zip(jobs, whom, strict=True):
+        groups.setdefault(name, []).append(job)
+    priors = [
+        calibrate(group, cluster, weight=args.weight, points=args.points, source=source)
+        for group in groups.values()
+    ]
+    if len(groups) > 1:
+        listed = sorted(groups.items(), key=lambda item: (-len(item[1]), item[0]))
+        shown = ", ".join(f"{name or '-'} {len(group):,}" for name, group in listed[:8])
+        more = f" and {len(listed) - 8} more" if len(listed) > 8 else ""
+        print(
+            f"oasis calibrate: {len(groups)} submitters' jobs ({shown}{more}), each "
+            "submitter's calibrated apart and combined by their median, as the daemon "
+            "prices them: no one submitter's jobs make the prior",
+            file=sys.stderr,
+        )
+        if len(groups) % 2 == 0:
+            print(
+                f"oasis calibrate: note: {len(groups)} submitters, an even number: at each "
+                "level the lower of the two middle values is taken, which a median of two "
+                "cannot decide; --submitter NAME (repeated) chooses whose jobs count",
+                file=sys.stderr,
+            )
+    return median_prior(priors, args.points, args.weight, source)
+
+
 def run(args: argparse.Namespace) -> int:
     if (args.trace is None) == (args.store is None):
         raise InputError("give either a TRACE or --store STORE")
     if args.points > MAX_POINTS:
         raise InputError(f"--points: at most {MAX_POINTS}, got {args.points}")
-    if args.store is None and (args.first, args.last, args.newest) != (None, None, None):
-        raise InputError("--newest, --from and --to choose a store's jobs: give --store "
-                         "STORE, or cut the trace itself")  # fmt: skip
+    chosen = (args.first, args.last, args.newest, args.submitter)
+    if args.store is None and chosen != (None, None, None, None):
+        raise InputError("--newest, --from, --to and --submitter choose a store's jobs: "
+                         "give --store STORE, or cut the trace itself")  # fmt: skip
     newest = DEFAULT_NEWEST if args.newest is None else args.newest
     if args.store is not None:
-        jobs, cluster = _from_store(args, newest)
-        source = "oasis calibrate --store"
+        jobs, cluster, whom = _from_store(args, newest)
+        prior = _by_submitter(jobs, whom, cluster, args, args.source or "oasis calibrate --store")
     else:
         trace = load_trace(args.trace)
-        jobs = [j for j in trace.jobs if trace.late(j) is None]
+        jobs, whom = [j for j in trace.jobs if trace.late(j) is None], []
         cluster = trace.cluster
-        source = f"oasis calibrate {args.trace}"
-    if not jobs:
-        raise InputError("no job to calibrate from (none can finish before the horizon)")
-    prior = calibrate(
-        jobs, cluster, weight=args.weight, points=args.points, source=args.source or source
-    )
+        if not jobs:
+            raise InputError("no job to calibrate from (none can finish before the horizon)")
+        prior = calibrate(
+            jobs,
+            cluster,
+            weight=args.weight,
+            points=args.points,
+            source=args.source or f"oasis calibrate {args.trace}",
+        )
     text = json.dumps(prior.to_dict(), indent=1) + "\n"
     if args.output == "-":
         sys.stdout.write(text)
@@ -161,10 +219,18 @@ def run(args: argparse.Namespace) -> int:
     floors = ", ".join(
         f"{r} {math.exp(x):.3g}" for r, x in zip(cluster.resources, start.floor1, strict=True)
     )
-    limited = args.store is not None and len(jobs) == newest
+    counts = Counter(whom)
+    per = -(-newest // max(1, len(counts)))
+    limited = newest > 0 and any(count == per for count in counts.values())
     print(
         f"oasis calibrate: {counted(len(jobs), 'job')}"
-        + (" (the newest; --newest sets how many)" if limited else "")
+        + (
+            f" (the newest {per:,} of each submitter; --newest sets how many in all)"
+            if limited and len(counts) > 1
+            else " (the newest; --newest sets how many)"
+            if limited
+            else ""
+        )
         + " -> a prior worth "
         f"{counted(args.weight, 'job')}; on this "
         f"cluster it starts L1 at {floors}",
