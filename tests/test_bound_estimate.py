@@ -35,6 +35,7 @@ from pricing.job import Job
 from pricing.prices import PriceBounds
 from pricing.quantile_tracker import BIN_WIDTH, MAX_BINS, Tracker
 from pricing.workload import generate_trace
+from tests.stores import decided_store
 
 RESOURCES = ["gpu", "cpu", "mem", "disk", "bandwidth"]
 SERVERS = [
@@ -561,24 +562,7 @@ def test_calibrate_from_a_daemons_store(tmp_path: Path, capsys: pytest.CaptureFi
     """``oasis calibrate --store URL``: the jobs the daemon decided (every one submitted
     but the cancelled), on the daemon's servers."""
     raw = _trace(15, n_jobs=12, horizon=30)
-    config = from_dict(
-        {
-            "daemon": {"data_dir": str(tmp_path), "window": 30, "epoch": 0},
-            "cluster": {"resources": raw["resources"], "servers": raw["servers"]},
-        }
-    )
-    daemon = AdmissionController(
-        config,
-        Database(config.database_url),
-        SlotClock(FakeClock(10.0), config.slot_seconds, config.epoch),
-        log=structlog.wrap_logger(structlog.ReturnLogger()),
-    )
-    daemon.open()
-    try:
-        for entry in raw["jobs"]:
-            asyncio.run(daemon.submit({k: v for k, v in entry.items() if k != "arrival"}))
-    finally:
-        daemon.close()
+    config = decided_store(tmp_path, raw, 30, {"": raw["jobs"]})
     out = tmp_path / "prior.json"
     assert main(["calibrate", "--store", config.database_url, "-o", str(out)]) == 0
     assert "12 jobs -> a prior" in capsys.readouterr().err

@@ -4,7 +4,6 @@ unit do not make the prior every tenant is then priced from."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import sqlite3
@@ -14,16 +13,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-import structlog
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.admission import AdmissionController
 from controller.cli import main
-from controller.clock import FakeClock, SlotClock
-from controller.config import from_dict
 from controller.replay import replay
-from controller.store import Database
 from pricing import trace_from_dict
 from pricing.bound_estimate import BoundEstimate, calibrate
 from pricing.bound_prior import Points, Prior, prior_from_dict
@@ -31,6 +25,7 @@ from pricing.cluster import Cluster
 from pricing.job import Job
 from pricing.prior_median import _median_points, _quantile, median_prior
 from pricing.workload import generate_trace
+from tests.stores import decided_store
 
 HORIZON = 40
 
@@ -117,31 +112,11 @@ def test_the_median_of_quantile_functions(lists: list[Points], points: int) -> N
 
 def _store(tmp_path: Path, tenants: dict[str, dict[str, Any]]) -> str:
     """A SQLite store whose daemon decided every tenant's jobs, in turns."""
-    config = from_dict(
-        {
-            "daemon": {"data_dir": str(tmp_path), "window": HORIZON, "epoch": 0},
-            "cluster": {"resources": ALICE["resources"], "servers": ALICE["servers"]},
-        }
-    )
-    daemon = AdmissionController(
-        config,
-        Database(config.database_url),
-        SlotClock(FakeClock(10.0), config.slot_seconds, config.epoch),
-        log=structlog.wrap_logger(structlog.ReturnLogger()),
-    )
-    daemon.open()
-    queues = {name: list(raw["jobs"]) for name, raw in tenants.items()}
-    try:
-        while any(queues.values()):
-            for name, queue in queues.items():
-                if queue:
-                    entry = queue.pop(0)
-                    spec = {k: v for k, v in entry.items() if k != "arrival"}
-                    spec["id"] = f"{name}-{entry['id']}"
-                    asyncio.run(daemon.submit(spec, by=name or None))
-    finally:
-        daemon.close()
-    return config.database_url
+    jobs = {
+        name: [{**entry, "id": f"{name}-{entry['id']}"} for entry in raw["jobs"]]
+        for name, raw in tenants.items()
+    }
+    return decided_store(tmp_path, ALICE, HORIZON, jobs).database_url
 
 
 def test_calibrate_a_store_of_three_submitters(
