@@ -364,11 +364,12 @@ def load_jobs(
             rank = func.row_number().over(
                 partition_by=JobRow.submitter, order_by=JobRow.sequence.desc()
             )
-            ranked = chosen.add_columns(JobRow.sequence, rank.label("rank")).subquery()
+            # ranked without the specs, which only the chosen rows' are read of
+            ranked = select(JobRow.id, rank.label("rank")).where(*where).subquery()
             chosen = (
-                select(ranked.c.id, ranked.c.spec, ranked.c.submitter)
+                chosen.join(ranked, ranked.c.id == JobRow.id)
                 .where(ranked.c.rank <= per)
-                .order_by(ranked.c.sequence.desc())
+                .order_by(JobRow.sequence.desc())
             )
         jobs: list[Job] = []
         whom: list[str] = []
