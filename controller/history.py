@@ -335,9 +335,9 @@ def load_jobs(
     optional), not cancelled, of the named ``submitters`` only (``""``: the jobs of no
     token's; None: all), of each of their ``k`` submitters at most the ``ceil(newest /
     k)`` most recently decided (so that one submitter's many jobs push no other's out),
-    oldest first; the cluster; and each job's submitter (``""`` for none). Only the jobs' rows
-    are read, in batches (not allocations, which a prior does not need); arrivals are 0
-    (a prior does not use them).
+    oldest first; the cluster; and each job's submitter (``""`` for none). Only the jobs'
+    rows are read, in batches (not allocations, which a prior does not need); arrivals
+    are 0 (a prior does not use them).
 
     Raises:
         HistoryError: ``last`` before ``first``, no daemon state, no such job, or a row
@@ -352,39 +352,52 @@ def load_jobs(
             where.append(JobRow.arrival_slot >= first)
         if last is not None:
             where.append(JobRow.arrival_slot <= last)
-        if submitters is not None:
-            whose = JobRow.submitter.in_([n for n in submitters if n])
-            where.append(or_(whose, JobRow.submitter.is_(None)) if "" in submitters else whose)
-        chosen = select(JobRow.id, JobRow.spec, JobRow.submitter).where(*where)
+        columns = (JobRow.id, JobRow.spec, JobRow.submitter, JobRow.sequence)
         if newest is None:
-            chosen = chosen.order_by(JobRow.sequence.desc())
+            if submitters is not None:
+                where.append(or_(*(_of(name) for name in submitters)))
+            queries = [select(*columns).where(*where).order_by(JobRow.sequence)]
         else:  # each submitter's newest: another's many push none out
-            voters = select(func.count(func.distinct(func.coalesce(JobRow.submitter, ""))))
-            per = -(-newest // max(1, session.execute(voters.where(*where)).scalar_one()))
-            rank = func.row_number().over(
-                partition_by=JobRow.submitter, order_by=JobRow.sequence.desc()
-            )
-            # ranked without the specs, which only the chosen rows' are read of
-            ranked = select(JobRow.id, rank.label("rank")).where(*where).subquery()
-            chosen = (
-                chosen.join(ranked, ranked.c.id == JobRow.id)
-                .where(ranked.c.rank <= per)
-                .order_by(JobRow.sequence.desc())
-            )
-        jobs: list[Job] = []
-        whom: list[str] = []
-        for row in session.execute(chosen.execution_options(yield_per=JOB_BATCH)):
-            jobs.append(_job(row, cluster, slot_seconds, window, 0))
-            whom.append(row.submitter or "")
+            queries = [
+                select(*columns).where(*where, _of(name)).order_by(JobRow.sequence.desc())
+                for name in _submitters(session, where, submitters)
+            ]
+            per = -(-newest // max(1, len(queries)))
+            queries = [query.limit(per) for query in queries]
+        picked: list[tuple[int, Job, str]] = []
+        for query in queries:
+            for row in session.execute(query.execution_options(yield_per=JOB_BATCH)):
+                job = _job(row, cluster, slot_seconds, window, 0)
+                picked.append((row.sequence, job, row.submitter or ""))
+        picked.sort(key=lambda item: item[0])  # oldest first
+        jobs = [job for _sequence, job, _name in picked]
+        whom = [name for _sequence, _job, name in picked]
     if not jobs:
         span = _span(first, last)
         of = "" if submitters is None else " of " + ", ".join(n or "-" for n in submitters)
         raise HistoryError(
             f"the store holds no decided job{of}{span} (cancelled jobs are left out)"
         )
-    jobs.reverse()
-    whom.reverse()
     return jobs, cluster, whom
+
+
+def _of(name: str) -> Any:
+    """The condition on a job row of being submitted by ``name`` (``""``: no token)."""
+    return JobRow.submitter.is_(None) if name == "" else JobRow.submitter == name
+
+
+def _submitters(session: Session, where: list[Any], named: Sequence[str] | None) -> list[str]:
+    """The submitters (``""``: no token) among ``named`` (None: all) with a job row
+    meeting ``where``: the distinct names from their index, then one row of each sought
+    (the index again), not a scan of every row."""
+    if named is None:
+        found = session.execute(select(JobRow.submitter).distinct()).scalars()
+        named = sorted({name or "" for name in found})
+    alive = []
+    for name in dict.fromkeys(named):
+        if session.execute(select(JobRow.id).where(*where, _of(name)).limit(1)).first():
+            alive.append(name)
+    return alive
 
 
 JOB_BATCH = 1000

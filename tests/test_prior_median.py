@@ -25,6 +25,7 @@ from pricing.cluster import Cluster
 from pricing.job import Job
 from pricing.prior_median import _median_points, _quantile, median_prior
 from pricing.workload import generate_trace
+from tests.servers import Postgres
 from tests.stores import decided_store
 
 HORIZON = 40
@@ -165,3 +166,20 @@ def test_calibrate_a_store_without_tokens_is_as_before(
         assert "60 jobs -> a prior" in capsys.readouterr().err
         made = calibrate(_jobs(ALICE), CLUSTER, source="oasis calibrate --store")
         assert prior_from_dict(json.loads(out.read_text())) == prior_from_dict(made.to_dict())
+
+
+def test_calibrate_a_postgresql_store_as_its_sqlite_copy(
+    tmp_path: Path, postgres: Postgres, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The submitters' newest read from PostgreSQL (its NULL submitter, its LIMITs)
+    make the prior they make from SQLite."""
+    url = _store(tmp_path, {"": ALICE, "bob": BOB, "carol": CAROL})
+    pg = postgres.new_database()
+    assert main(["store", "copy", "--from", url, "--to", pg, "--no-progress"]) == 0
+    made: list[Any] = []
+    for store in (url, pg):
+        out = tmp_path / f"prior-{len(made)}.json"
+        assert main(["calibrate", "--store", store, "--newest", "120", "-o", str(out)]) == 0
+        assert "(- 40, bob 40, carol 40)" in capsys.readouterr().err
+        made.append(json.loads(out.read_text()))
+    assert made[0] == made[1]
