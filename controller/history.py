@@ -51,7 +51,15 @@ from pricing.prices import oracle_bounds
 from pricing.schedule import Schedule
 from pricing.trace import Trace, total_utility_problem
 
-__all__ = ["MAX_CELLS", "History", "HistoryError", "OnlineJob", "load_history", "load_jobs"]
+__all__ = [
+    "MAX_CELLS",
+    "History",
+    "HistoryError",
+    "OnlineJob",
+    "load_history",
+    "load_jobs",
+    "span_words",
+]
 
 MAX_CELLS = 1 << 26
 """Slots x servers x resources of the problem read at most (two float arrays of 512 MiB):
@@ -373,7 +381,7 @@ def load_jobs(
         jobs = [job for _sequence, job, _name in picked]
         whom = [name for _sequence, _job, name in picked]
     if not jobs:
-        span = _span(first, last)
+        span = span_words(first, last)
         of = "" if submitters is None else " of " + ", ".join(n or "-" for n in submitters)
         raise HistoryError(
             f"the store holds no decided job{of}{span} (cancelled jobs are left out)"
@@ -421,7 +429,7 @@ def _check_stretch(
     raise HistoryError(f"--to {last} is before --from {first}")
 
 
-def _span(first: int | None, last: int | None) -> str:
+def span_words(first: int | None, last: int | None) -> str:
     """`` in slots 3 .. 9``, `` from slot 3 on``, `` up to slot 9``, or ``""`` (it read
     "in slots 100 .. any")."""
     if first is not None and last is not None:

@@ -151,6 +151,13 @@ def test_calibrate_a_store_of_three_submitters(
     assert "2 submitters, an even number" in capsys.readouterr().err
     assert main(["calibrate", "--store", url, "--submitter", "dave"]) == 2
     assert "holds no decided job of dave" in capsys.readouterr().err
+    # a slip of a name among others is said, not calibrated without a word
+    assert main(["calibrate", "--store", url, "--submitter", "alice", "--submitter", "alcie",
+                 "--submitter", "-", "--to", "99", "-o", str(out)]) == 0  # fmt: skip
+    assert (
+        "note: --submitter: no decided job of - (no token's), 'alcie' up to slot 99; "
+        "calibrated from the others'" in capsys.readouterr().err
+    )
 
 
 def test_calibrate_a_store_without_tokens_is_as_before(

@@ -122,7 +122,7 @@ def _from_store(args: argparse.Namespace, newest: int) -> tuple[list[Job], Clust
     # the store's modules only when a store is read: `oasis calibrate TRACE` stays light
     from sqlalchemy.exc import SQLAlchemyError
 
-    from controller.history import HistoryError, load_jobs
+    from controller.history import HistoryError, load_jobs, span_words
     from controller.store import Database, StoreUnavailableError
 
     url = store_url(args.store, "--store")
@@ -133,7 +133,16 @@ def _from_store(args: argparse.Namespace, newest: int) -> tuple[list[Job], Clust
         raise InputError(f"--store: not a usable database URL: {err}") from err
     try:
         whose = None if args.submitter is None else [_name(n) for n in args.submitter]
-        return load_jobs(db, args.first, args.last, newest or None, whose)
+        jobs, cluster, whom = load_jobs(db, args.first, args.last, newest or None, whose)
+        missing = sorted(set(whose or ()) - set(whom))
+        if missing:  # a slip of a name calibrated without it, silently
+            print(
+                "oasis calibrate: note: --submitter: no decided job of "
+                + ", ".join(repr(n) if n else "- (no token's)" for n in missing)
+                + f"{span_words(args.first, args.last)}; calibrated from the others'",
+                file=sys.stderr,
+            )
+        return jobs, cluster, whom
     except (HistoryError, SpecError) as err:  # a row, or what the jobs make of the bounds
         raise InputError(f"--store: {err}") from err
     except (StoreUnavailableError, SQLAlchemyError) as err:
