@@ -194,8 +194,17 @@ def bounds_to_proto(view: dict[str, Any]) -> pb.GetBoundsResponse:
         units=view["units"],
         pins=json.dumps(view["pins"], sort_keys=True),
     )
+    shown = {(row["kind"], row["resource"]) for row in view["bounds"]}
     for voter in view.get("submitters", ()):
-        out.submitters.add(name=voter["name"], jobs=voter["jobs"], prior_share=voter["prior_share"])
+        added = out.submitters.add(
+            name=voter["name"], jobs=voter["jobs"], prior_share=voter["prior_share"]
+        )
+        how = "prior" if voter["jobs"] == 0 else "observed"
+        for kind, per in voter.get("bounds", {}).items():
+            for resource, pair in per.items():
+                if pair is not None and (kind, resource) in shown:  # as the bounds in use
+                    added.bounds.add(kind=SERVER_KINDS[kind], resource=resource,
+                                     upper=pair["U"], lower=pair["L"], how=how)  # fmt: skip
     for row in view["bounds"]:
         out.bounds.add(
             kind=SERVER_KINDS[row["kind"]],

@@ -262,7 +262,8 @@ class SharedEstimate:
 
     def describe(self, resources: Sequence[str]) -> dict[str, Any]:
         """What ``oasis bounds`` shows (:meth:`BoundEstimate.describe`), for the median
-        in use, with the voters: each submitter and its jobs (``-``: no name)."""
+        in use, with the voters: each submitter (``-``: no name), its jobs and its own
+        bounds (:func:`~pricing.bound_estimate.bounds_by_kind`)."""
         voters = self.voters()
         one = len(voters) == 1
         out = (voters[0][1] if one else self.fresh).describe(resources)
@@ -278,7 +279,13 @@ class SharedEstimate:
                 + ")"
             )
         out["submitters"] = [
-            {"name": name or "-", "jobs": e.jobs, "prior_share": shares[name]}
+            {
+                "name": name or "-",
+                "jobs": e.jobs,
+                "prior_share": shares[name],
+                # its own vote, so an operator can tell whose estimate went astray
+                "bounds": bounds_by_kind(e.bounds(), resources),
+            }
             for name, e in sorted(self.submitters.items())
         ]
         return out

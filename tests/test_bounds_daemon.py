@@ -20,6 +20,7 @@ import contextlib
 import json
 import math
 import random
+import re
 import sqlite3
 import subprocess
 import sys
@@ -635,6 +636,22 @@ def test_one_tenants_flood_of_inflated_jobs_leaves_others_priced_as_before(
         shown = _cli_as(d, names["ops"]).stdout
         assert "median of 3 in use (2 submitters and the prior)" in shown, shown
         assert "per submitter" in shown and "bob " in shown
+        # each one's own bounds, so an operator can tell whose went astray: bob's far
+        # from those in use (his floods moved his own), alice's near them
+        own = {
+            v.name: {(b.kind, b.resource): (b.upper, b.lower) for b in v.bounds}
+            for v in reply.submitters
+        }
+        assert set(own["bob"]) == set(own["alice"]) == set(after)
+        apart = {
+            name: max(abs(math.log(mine[k][i] / after[k][i])) for k in after for i in (0, 1))
+            for name, mine in own.items()
+        }
+        assert apart["bob"] > math.log(10) > apart["alice"], apart
+        rows = {
+            line.split()[0]: line for line in shown.splitlines() if line[:4] in ("bob ", "alic")
+        }
+        assert re.search(r"(worker|ps) \w+ [UL] x[0-9.e+]+$", rows["bob"]), shown
         # each submitter's estimate is a row of its own (a decision rewrites one), and a
         # restarted daemon reads them all back
         with contextlib.closing(sqlite3.connect(tmp_path / "data" / "oasis.db")) as db:

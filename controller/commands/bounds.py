@@ -155,9 +155,47 @@ def as_dict(reply: pb.GetBoundsResponse) -> dict[str, Any]:
         ],
         "pins": json.loads(reply.pins or "{}"),
         "submitters": [
-            {"name": v.name, "jobs": v.jobs, "prior_share": v.prior_share} for v in reply.submitters
+            {
+                "name": v.name,
+                "jobs": v.jobs,
+                "prior_share": v.prior_share,
+                "bounds": [
+                    {
+                        "kind": _KIND.get(b.kind, "?"),
+                        "resource": b.resource,
+                        "U": b.upper,
+                        "L": b.lower,
+                    }
+                    for b in v.bounds
+                ],
+            }
+            for v in reply.submitters
         ],
     }
+
+
+def farthest(voter: dict[str, Any], used: list[dict[str, Any]]) -> str:
+    """Where ``voter``'s own bounds lie farthest from the ``used`` ones (those not
+    pinned), as a factor: ``worker gpu U x1.2e+04`` (above), ``ps mem L /310`` (below),
+    ``within 2x`` or ``-`` (no bounds to compare)."""
+    in_use = {(b["kind"], b["resource"]): b for b in used if not str(b["how"]).startswith("pinned")}
+    worst: tuple[float, str] | None = None
+    for mine in voter.get("bounds", ()):
+        theirs = in_use.get((mine["kind"], mine["resource"]))
+        if theirs is None:
+            continue
+        for side in ("U", "L"):
+            if mine[side] > 0 and theirs[side] > 0:
+                apart = math.log(mine[side] / theirs[side])
+                if worst is None or abs(apart) > abs(worst[0]):
+                    worst = (apart, f"{mine['kind']} {mine['resource']} {side}")
+    if worst is None:
+        return "-"
+    apart, where = worst
+    if abs(apart) < math.log(2.0):
+        return "within 2x"
+    factor = math.exp(min(abs(apart), 700.0))
+    return f"{where} {'x' if apart > 0 else '/'}{factor:.2g}"
 
 
 def render(view: dict[str, Any]) -> str:
@@ -178,9 +216,21 @@ def render(view: dict[str, Any]) -> str:
     out = f"{head}\n\n{table}\nU: utility per unit of the resource; L: per unit per slot"
     voters = view.get("submitters") or []
     if len(voters) > 1:  # the bounds are their median: who stands behind them
-        per = [[v["name"], str(v["jobs"]), f"{100 * v['prior_share']:.0f}%"] for v in voters]
+        per = [
+            [
+                v["name"],
+                str(v["jobs"]),
+                f"{100 * v['prior_share']:.0f}%",
+                farthest(v, view["bounds"]),
+            ]
+            for v in voters
+        ]
         out += "\n\nper submitter (the bounds are the median of their estimates):\n"
-        out += render_table(["submitter", "jobs", "prior's weight"], per, right={1, 2})
+        out += render_table(
+            ["submitter", "jobs", "prior's weight", "own bounds, farthest from those in use"],
+            per,
+            right={1, 2},
+        )
     return out
 
 
