@@ -11,8 +11,10 @@ What a reload applies at once is ``[auth]``'s tokens file, read again:
 
 and ``[limits]``, each decision reading them as it begins (:func:`limit_changes`), but
 for ``max_message_bytes`` (gRPC's, set when its server starts), ``max_ledger_mb``
-(checked against the window at start) and turning ``rate`` on or off (the rate limiter
-exists only if it was on at start; a new rate or burst retunes it).
+(checked against the window at start), turning ``rate`` on or off (the rate limiter
+exists only if it was on at start; a new rate or burst retunes it) and a
+``max_wait_seconds`` lowered below the running ``daemon.wait_seconds`` (the default wait,
+read at start: applied alone, it would refuse every submission without a wait).
 
 Everything else is read at start only, as before: a reload names each table of the file
 that differs from what the daemon runs as waiting for a restart, at every reload until
@@ -180,6 +182,9 @@ WHY_AT_START = {
     "limits.rate": "the rate limiter exists only if rate was on at start (a new rate or "
     "burst retunes it)",
     "limits.burst": "the rate limiter exists only if rate was on at start",
+    "limits.max_wait_seconds": "lowered below the running daemon.wait_seconds (read at "
+    "start), it would refuse every submission without a wait of its own until the restart "
+    "that applies both",
 }
 """Why each table (or ``[limits]`` key) that a reload does not apply waits for a
 restart: the reload's warning says it beside the keys edited."""
@@ -190,12 +195,16 @@ and the ledger's size, checked against the window then."""
 
 
 def limit_changes(
-    running: Limits, fresh: Limits
+    running: Limits, fresh: Limits, wait_seconds: float = 0.0
 ) -> tuple[Limits, tuple[str, ...], tuple[str, ...]]:
     """What a reload does with ``[limits]``: the limits to run with (``running`` with every
     key of ``fresh`` that applies now), those changes in words (``"rate: 20 -> 40"``) and
-    the keys that wait for a restart: :data:`_LIMITS_AT_START`, and ``rate``/``burst`` when
-    the rate is turned on or off (the rate limiter exists only if it is on at start)."""
+    the keys that wait for a restart: :data:`_LIMITS_AT_START`, ``rate``/``burst`` when
+    the rate is turned on or off (the rate limiter exists only if it is on at start), and
+    ``max_wait_seconds`` lowered below ``wait_seconds``, the running ``daemon.wait_seconds``
+    (read at start only): applied alone, every submission without a wait of its own would
+    be refused (``wait_seconds: 2h exceeds limits.max_wait_seconds = 1h``) until a restart,
+    though the file, edited in both, starts the daemon."""
     toggled = (running.rate > 0) != (fresh.rate > 0)
     applied: dict[str, object] = {}
     changed: list[str] = []
@@ -204,7 +213,8 @@ def limit_changes(
         old, new = getattr(running, f.name), getattr(fresh, f.name)
         if old == new:
             continue
-        if f.name in _LIMITS_AT_START or (toggled and f.name in ("rate", "burst")):
+        below_wait = f.name == "max_wait_seconds" and new < wait_seconds
+        if f.name in _LIMITS_AT_START or (toggled and f.name in ("rate", "burst")) or below_wait:
             restart.append(f"limits.{f.name}")
             continue
         applied[f.name] = new
@@ -229,7 +239,7 @@ def reread(running: Config, path: Path) -> Reread:
         if running.tables.get(table) != fresh.tables.get(table)
     }
     restart = edited - {"auth", "limits"}
-    limits, changed, at_start = limit_changes(running.limits, fresh.limits)
+    limits, changed, at_start = limit_changes(running.limits, fresh.limits, running.wait_seconds)
     restart.update(at_start)
     tables = dict(running.tables)
     if (running.tokens is None) != (fresh.tokens is None):

@@ -170,6 +170,44 @@ def test_a_reload_that_removes_a_capped_tenant_revokes_it_and_warns_of_the_cap(
     )
 
 
+def test_a_reload_lowering_max_wait_below_the_running_default_wait_waits_for_a_restart(
+    tmp_path: Path,
+) -> None:
+    """A file that lowers ``daemon.wait_seconds`` and ``limits.max_wait_seconds`` together
+    starts the daemon; a reload applies limits but not ``[daemon]``, so it applied the cap
+    alone, under the running default wait of 2 h: every tenant's submission without a
+    wait of its own was refused (``wait_seconds: 2h (7200 s) exceeds
+    limits.max_wait_seconds = 1h``) until a restart. Now the cap waits for the restart
+    too, said with why; the daemon (a subprocess) goes on admitting."""
+    tokens = tokens_file(tmp_path / "tokens", {"alice": ("submitter", "t-alice"),
+                                                "bob": ("submitter", "t-bob")})  # fmt: skip
+    extra = f'wait_seconds = "2h"\n[auth]\ntokens_file = "{tokens}"\n'
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", epoch=EPOCH, extra=extra)
+    log = tmp_path / "oasisd.log"
+    daemon = Daemon(config, log).start()
+    try:
+        assert daemon.proc is not None
+        text = config.read_text().replace('wait_seconds = "2h"', 'wait_seconds = "30m"')
+        config.write_text(text + '\n[limits]\nmax_wait_seconds = "1h"\n')
+        daemon.proc.send_signal(signal.SIGHUP)
+        reloaded = reloads(log, "config reloaded", 0)
+        assert reloaded["limits"] == []  # nothing applied: the cap waits
+        assert reloaded["restart_needed"] == ["daemon", "limits.max_wait_seconds"]
+        waits = reloads(log, "config changes that apply only at a restart", 0)
+        assert waits["keys"] == ["daemon.wait_seconds", "limits.max_wait_seconds"]
+        assert any("refuse every submission without a wait" in w for w in waits["why"])
+        for name, token in (("alice", "t-alice"), ("bob", "t-bob")):
+            with client_channel(daemon.address, token=token) as channel:
+                request = pb.SubmitJobRequest(job=spec_to_proto(job(f"{name}-1")))
+                # before the fix: INVALID_ARGUMENT, wait_seconds exceeds the new cap
+                answer = pb_grpc.AdmissionStub(channel).SubmitJob(request, timeout=30)
+                assert answer.job.decision.admitted, answer
+    finally:
+        assert daemon.stop() == 0, log.read_text()
+    # the file as it is starts a daemon with both applied
+    assert load(config).limits.max_wait_seconds == 3600 and load(config).wait_seconds == 1800
+
+
 def test_a_reload_whose_file_is_never_read_is_refused_and_holds_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
