@@ -311,6 +311,10 @@ class Reloader:
             tenants' jobs unannounced at the next restart.
         status: where each reload's outcome is written for ``oasisd reload`` to wait
             on (:mod:`controller.reload_status`); None: nowhere.
+        pending_refused: given the config applied, the pending jobs its limits refuse
+            (:meth:`AdmissionController.pending_refused`: one line per submitter), which
+            the next slot boundary expires for good; logged as a warning when a reload
+            changes ``[limits]``, so a cap lowered by a slip is mended before then.
     """
 
     def __init__(
@@ -322,12 +326,14 @@ class Reloader:
         | None = None,
         restart_moves: Callable[[Config], Awaitable[Sequence[str]]] | None = None,
         status: ReloadStatus | None = None,
+        pending_refused: Callable[[Config], Awaitable[Sequence[str]]] | None = None,
     ) -> None:
         self.running = running
         self.targets = targets
         self.restart_problems = restart_problems
         self.jobs_left = jobs_left
         self.restart_moves = restart_moves
+        self.pending_refused = pending_refused
         self.status = status or ReloadStatus(None)
         self._said: list[str] = []  # what the reload running said, for its waiters
         self._lock = asyncio.Lock()
@@ -451,6 +457,8 @@ class Reloader:
             self._say(f"warning: {problem}")
         if found.tokens.removed:
             await self._check_left(found.tokens.removed)
+        if found.limits:
+            await self._check_pending(found.config)
         if found.restart:
             self.log.warning(
                 "config changes that apply only at a restart",
@@ -491,6 +499,30 @@ class Reloader:
             jobs = ", ".join(f"{name}: {dict(counts)}" for name, counts in left.items())
             self._say("warning: tenants removed from the tokens file still have jobs that may "
                       f"run (oasis cancel NAME:ID ends one): {jobs}")  # fmt: skip
+
+    async def _check_pending(self, applied: Config) -> None:
+        """Warn of the pending jobs the limits just applied refuse: the next slot
+        boundary expires them ("no longer valid"), for good, unless ``[limits]`` is
+        mended and reloaded before it."""
+        if self.pending_refused is None:
+            return
+        try:
+            async with asyncio.timeout(RESTART_CHECK_SECONDS):
+                refused = await self.pending_refused(applied)
+        except Exception as err:  # the store out of reach, a timeout: said, not fatal
+            self.log.warning("reload: could not check the pending jobs against the new limits",
+                             error=f"{type(err).__name__}: {str(err)[:300]}")  # fmt: skip
+            self._say("warning: could not check the pending jobs against the new limits: "
+                      f"{type(err).__name__}: {str(err)[:300]}")  # fmt: skip
+            return
+        for line in refused:
+            self.log.warning(
+                "reload: pending jobs over the new [limits] expire at the next slot "
+                "boundary, for good; if that is not meant, mend [limits] and reload again "
+                "before it", config=self.running.source, jobs=line,
+            )  # fmt: skip
+            self._say(f"warning: pending jobs over the new [limits] expire at the next slot "
+                      f"boundary: {line}")  # fmt: skip
 
     async def _check_moves(self, found: Reread) -> None:
         """Warn of the admitted plans a restart with the file just read would move."""

@@ -28,7 +28,7 @@ from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.tls import client_channel
 from tests.servers import Daemon, json_log, write_config
-from tests.test_daemon_e2e import job
+from tests.test_daemon_e2e import contending_jobs, job
 
 EPOCH = 1_700_000_000.0  # fixed, so writing the config again leaves [daemon] as it was
 
@@ -206,6 +206,49 @@ def test_a_reload_lowering_max_wait_below_the_running_default_wait_waits_for_a_r
         assert daemon.stop() == 0, log.read_text()
     # the file as it is starts a daemon with both applied
     assert load(config).limits.max_wait_seconds == 3600 and load(config).wait_seconds == 1800
+
+
+def test_a_reload_warns_of_the_pending_jobs_its_limits_would_expire(tmp_path: Path) -> None:
+    """Two tenants' jobs wait (pending) on a full cluster; a reload lowers
+    ``limits.max_job_work`` below some of them (a slip: 50 for 5000). The next slot
+    boundary expires those for good ("no longer valid"); before, the reload said only
+    ``max_job_work: 100000 -> 50``. Now it warns of them, per tenant, with the reason,
+    while the boundary is ahead; the jobs within the limit are not named."""
+    tokens = tokens_file(tmp_path / "tokens", {"alice": ("submitter", "t-alice"),
+                                                "bob": ("submitter", "t-bob")})  # fmt: skip
+    log = tmp_path / "oasisd.log"
+    daemon = Daemon(config_file(tmp_path, tokens), log).start()
+    try:
+        assert daemon.proc is not None
+        works: dict[str, int] = {}
+        for i, spec in enumerate(contending_jobs(8)):
+            name, token = ("alice", "t-alice") if i % 2 == 0 else ("bob", "t-bob")
+            with client_channel(daemon.address, token=token) as channel:
+                request = pb.SubmitJobRequest(job=spec_to_proto(spec), wait_seconds=7200)
+                answer = pb_grpc.AdmissionStub(channel).SubmitJob(request, timeout=60)
+            if answer.job.state == pb.JOB_STATE_PENDING:
+                works[f"{name}:{spec['id']}"] = spec["epochs"] * spec["chunks"]
+        assert {k.split(":")[0] for k in works} == {"alice", "bob"}, works
+        config_file(tmp_path, tokens, limits="[limits]\nmax_job_work = 50\n")
+        daemon.proc.send_signal(signal.SIGHUP)
+        reloaded = reloads(log, "config reloaded", 0)
+        assert reloaded["limits"] == ["max_job_work: 100000 -> 50"]
+        event = (
+            "reload: pending jobs over the new [limits] expire at the next slot boundary, "
+            "for good; if that is not meant, mend [limits] and reload again before it"
+        )
+        lines = [reloads(log, event, 0)["jobs"], reloads(log, event, 1)["jobs"]]
+        assert lines[0].startswith("alice: ") and lines[1].startswith("bob: ")
+        assert all("exceeds limits.max_job_work = 50" in line for line in lines)
+        named = {j for line in lines for j in re.findall(r"(?:alice|bob):j\d+", line)}
+        assert named and named <= set(works)
+        # a reload that changes no limit says nothing of them again
+        config_file(tmp_path, tokens, limits="[limits]\nmax_job_work = 50\n")
+        daemon.proc.send_signal(signal.SIGHUP)
+        reloads(log, "config reloaded", 1)
+        assert len([e for e in json_log(log) if e.get("event") == event]) == 2
+    finally:
+        assert daemon.stop() == 0, log.read_text()
 
 
 def test_a_reload_whose_file_is_never_read_is_refused_and_holds_nothing(

@@ -19,6 +19,7 @@ from controller.admission.commit import Deferred
 from controller.admission.cordons import Cordons
 from controller.admission.follow import Follow
 from controller.admission.lifecycle import Lifecycle
+from controller.admission.limit_checks import pending_over_limits
 from controller.admission.pending import PendingQueue
 from controller.admission.reads import ReadViews
 from controller.admission.restart_checks import (
@@ -352,6 +353,22 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
             for name, state, n in session.execute(query):
                 out.setdefault(str(name), {})[state] = int(n)
         return out
+
+    async def pending_refused(self, config: Config) -> list[str]:
+        """Which pending jobs ``config``'s limits (a reload's, applied) refuse, so the next
+        slot boundary expires them: one line per submitter (:mod:`.limit_checks`); []
+        if none. Read in the store-read pool, off the decision thread.
+
+        Raises:
+            StoreUnavailableError: the store could not be read.
+        """
+        return await self.read_store(self._pending_refused_sync, config)
+
+    def _pending_refused_sync(self, config: Config) -> list[str]:
+        with self.db.session() as session:
+            return pending_over_limits(
+                session, self._parse, config.limits, self.cluster, self.window
+            )
 
     async def restart_problems(self, config: Config) -> list[str]:
         """Why a restart with ``config`` (a reload's file, whole) would be refused by
