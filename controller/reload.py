@@ -233,6 +233,9 @@ def reread(running: Config, path: Path) -> Reread:
     """
     former = {caller.name for caller in (running.tokens or {}).values()}
     fresh = load(path, former)  # a removed tenant's cap left behind: a warning
+    if running.keys.get("daemon.data_dir") == fresh.keys.get("daemon.data_dir"):
+        # not edited: a restart keeps the running one (oasisd --data-dir's, if given)
+        fresh = replace(fresh, data_dir=running.data_dir)
     edited = {
         table
         for table in running.tables.keys() | fresh.tables.keys()

@@ -12,6 +12,7 @@ import signal
 import sqlite3
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -567,6 +568,66 @@ def test_the_reload_check_names_the_admitted_jobs_a_restart_would_move(tmp_path:
         assert asyncio.run(c.restart_moves(config(capacity=bigger, window=24))) == []
     finally:
         c.close()
+
+
+def test_a_reload_to_another_store_warns_of_the_jobs_it_leaves_behind(tmp_path: Path) -> None:
+    """``daemon.data_dir`` edited (a path mistyped, a move not yet copied) with
+    ``slot_seconds`` too: a restart opens another, empty store, where none of the two
+    tenants' jobs is seen or run. Before, the reload checked the file against the
+    running store's jobs: it said a restart would be refused (the slot grid of jobs
+    the restart would not read) and nothing of the jobs left behind. Now it warns of
+    those, per tenant, and says no refusal; the file with the old store checks as
+    before. With the key not edited, the running data_dir (``--data-dir``'s) stands."""
+    tokens = tokens_file(tmp_path / "tokens", {"alice": ("submitter", "t-alice"),
+                                                "bob": ("submitter", "t-bob")})  # fmt: skip
+    config = config_file(tmp_path, tokens)
+    log = tmp_path / "oasisd.log"
+    daemon = Daemon(config, log).start()
+    try:
+        assert daemon.proc is not None
+        for name in ("alice", "bob"):
+            with client_channel(daemon.address, token=f"t-{name}") as channel:
+                request = pb.SubmitJobRequest(job=spec_to_proto(job(f"{name}-1")))
+                pb_grpc.AdmissionStub(channel).SubmitJob(request, timeout=30)
+        good = config.read_text()
+        moved = good.replace(f'data_dir = "{tmp_path / "data"}"', f'data_dir = "{tmp_path}/d2"')
+        assert moved != good
+        config.write_text(moved.replace("slot_seconds = 3600", "slot_seconds = 1800"))
+        daemon.proc.send_signal(signal.SIGHUP)
+        event = (
+            "reload: a restart with this config file would move admitted jobs; if that "
+            "is not meant (a server renamed by mistake), mend the file and reload again; "
+            "to free a server first, oasis cordon it"
+        )
+        left = reloads(log, event, 0)["moves"]
+        assert left.startswith("daemon.store_url or daemon.data_dir: a restart opens another")
+        assert f"{tmp_path}/d2/oasis.db" in left and "(alice: 1, bob: 1)" in left, left
+        refused = "reload: a restart with this config file would be refused"
+        # before the fix: refused for the slot grid of the jobs the restart would not read
+        assert not any(e.get("event", "").startswith(refused) for e in json_log(log))
+        config.write_text(good.replace("slot_seconds = 3600", "slot_seconds = 1800"))
+        daemon.proc.send_signal(signal.SIGHUP)  # the same store: checked against its jobs
+        reloads(log, "config reloaded", 1)
+        [problem] = _wait_for(log, lambda e: e.get("event", "").startswith(refused))
+        assert "slots of 3600 s" in problem["problem"], problem
+    finally:
+        assert daemon.stop() == 0, log.read_text()[-3000:]
+    running = load(config)
+    running = replace(running, data_dir=tmp_path / "elsewhere")  # as oasisd --data-dir
+    config.write_text(good.replace("window = 24", "window = 25"))
+    fresh = reread(running, config).fresh
+    assert fresh is not None and fresh.database_url == running.database_url
+
+
+def _wait_for(log: Path, match: Any, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """The log's entries that ``match``, once there is one."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [e for e in json_log(log) if match(e)]
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"no such entry within {timeout} s:\n{log.read_text()[-3000:]}")
 
 
 def test_a_value_written_another_way_is_no_edit(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from controller.admission.restart_checks import (
     slot_grid_problem,
     stored_epoch,
 )
-from controller.admission.restart_moves import restart_moves
+from controller.admission.restart_moves import restart_moves, store_left_behind
 from controller.admission.retention import PRUNE_BATCH, PRUNE_SERVER_STEPS, Retention
 from controller.admission.rewind import rewound
 from controller.admission.state import ReadTurns
@@ -382,6 +382,8 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
         return await self.read_store(self._restart_problems_sync, config)
 
     def _restart_problems_sync(self, config: Config) -> list[str]:
+        if config.database_url != self.config.database_url:
+            return []  # another store: its own start checks it (_restart_moves_sync warns)
         with self.db.session() as session:
             # a config without an epoch takes the store's at start, which may not be the
             # one running now (a config that set it does not rewrite the epoch row)
@@ -408,6 +410,8 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
     def _restart_moves_sync(self, config: Config) -> list[str]:
         first = self.slots.current_slot()
         with self.db.session() as session:
+            if config.database_url != self.config.database_url:
+                return store_left_behind(session, self.config.database_url, config.database_url)
             return restart_moves(
                 session, self.cluster, config.cluster, first, first + config.window
             )
