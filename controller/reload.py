@@ -194,6 +194,19 @@ _LIMITS_AT_START = ("max_message_bytes", "max_ledger_mb")
 and the ledger's size, checked against the window then."""
 
 
+_JOB_LIMITS = (
+    "max_utility",
+    "max_utility_by_submitter",
+    "max_job_work",
+    "max_job_chunks",
+    "max_search_steps",
+    "max_search_mb",
+)
+"""The ``[limits]`` keys a pending job is checked against again at each slot boundary
+(:meth:`controller.limits.Limits.check_job`): a reload that changes one of them checks
+the pending jobs (:meth:`Reloader._check_pending`)."""
+
+
 def limit_changes(
     running: Limits, fresh: Limits, wait_seconds: float = 0.0
 ) -> tuple[Limits, tuple[str, ...], tuple[str, ...]]:
@@ -443,7 +456,7 @@ class Reloader:
             self._say(f"reload refused: reading the config failed ({type(err).__name__}: "
                       f"{str(err)[:300]}); nothing changed")  # fmt: skip
             return None
-        self.running = found.config
+        before, self.running = self.running.limits, found.config
         for target in self.targets:
             done = target(found.config)
             if inspect.isawaitable(done):
@@ -460,7 +473,7 @@ class Reloader:
             self._say(f"warning: {problem}")
         if found.tokens.removed:
             await self._check_left(found.tokens.removed)
-        if found.limits:
+        if any(getattr(before, k) != getattr(found.config.limits, k) for k in _JOB_LIMITS):
             await self._check_pending(found.config)
         if found.restart:
             self.log.warning(
