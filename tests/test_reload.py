@@ -209,12 +209,16 @@ def test_a_reload_lowering_max_wait_below_the_running_default_wait_waits_for_a_r
     assert load(config).limits.max_wait_seconds == 3600 and load(config).wait_seconds == 1800
 
 
-def test_a_reload_warns_of_the_pending_jobs_its_limits_would_expire(tmp_path: Path) -> None:
+def test_a_reload_warns_of_the_pending_jobs_its_limits_or_a_restart_would_expire(
+    tmp_path: Path,
+) -> None:
     """Two tenants' jobs wait (pending) on a full cluster; a reload lowers
     ``limits.max_job_work`` below some of them (a slip: 50 for 5000). The next slot
     boundary expires those for good ("no longer valid"); before, the reload said only
     ``max_job_work: 100000 -> 50``. Now it warns of them, per tenant, with the reason,
-    while the boundary is ahead; the jobs within the limit are not named."""
+    while the boundary is ahead; the jobs within the limit are not named. A window
+    shortened (read at a restart) under the queue is warned of too: the restart expired
+    them with no word at the reload that read it."""
     tokens = tokens_file(tmp_path / "tokens", {"alice": ("submitter", "t-alice"),
                                                 "bob": ("submitter", "t-bob")})  # fmt: skip
     log = tmp_path / "oasisd.log"
@@ -243,11 +247,27 @@ def test_a_reload_warns_of_the_pending_jobs_its_limits_would_expire(tmp_path: Pa
         assert all("exceeds limits.max_job_work = 50" in line for line in lines)
         named = {j for line in lines for j in re.findall(r"(?:alice|bob):j\d+", line)}
         assert named and named <= set(works)
-        # a reload that changes no limit says nothing of them again
-        config_file(tmp_path, tokens, limits="[limits]\nmax_job_work = 50\n")
+        # a reload that changes no limit says nothing of them again; one whose window
+        # (read at start) is shorter warns of the pending jobs a restart would expire
+        config = config_file(tmp_path, tokens)
+        config.write_text(config.read_text().replace("window = 24", "window = 2"))
         daemon.proc.send_signal(signal.SIGHUP)
         reloads(log, "config reloaded", 1)
         assert len([e for e in json_log(log) if e.get("event") == event]) == 2
+        moved = (
+            "reload: a restart with this config file would move admitted jobs; if that "
+            "is not meant (a server renamed by mistake), mend the file and reload again; "
+            "to free a server first, oasis cordon it"
+        )
+        expiring = [
+            e["moves"]
+            for e in _wait_for(log, lambda e: e.get("event") == moved)
+            if e["moves"].startswith("pending jobs it would expire: ")
+        ]
+        # before the fix: only the admitted jobs planned past the new window were named
+        assert [m.split(": ")[1] for m in expiring] == ["alice", "bob"], expiring
+        named = {j for m in expiring for j in re.findall(r"(?:alice|bob):j\d+", m)}
+        assert named == set(works), (named, works)
     finally:
         assert daemon.stop() == 0, log.read_text()
 

@@ -19,7 +19,7 @@ from controller.admission.commit import Deferred
 from controller.admission.cordons import Cordons
 from controller.admission.follow import Follow
 from controller.admission.lifecycle import Lifecycle
-from controller.admission.limit_checks import pending_over_limits
+from controller.admission.limit_checks import pending_refused
 from controller.admission.pending import PendingQueue
 from controller.admission.reads import ReadViews
 from controller.admission.restart_checks import (
@@ -40,9 +40,24 @@ from controller.limits import search_size
 from controller.store import JobRow, StoreUnavailableError
 from controller.store.commit_process import CommitProcess
 from controller.store.writer_lock import FencedError
-from pricing import SpecError
+from pricing import Job, SpecError, job_from_dict
 
 __all__ = ["AdmissionController"]
+
+
+def _parsed(config: Config, spec: Any, arrival: int) -> Job:
+    """A pending job's ``spec`` (arriving at ``arrival``) as a restart with ``config``
+    would read it: against its servers and window (:meth:`AdmissionState._parse`)."""
+    return job_from_dict(
+        spec,
+        config.cluster,
+        slot_seconds=config.slot_seconds,
+        slots_available=lambda _a: config.window,
+        arrival=arrival,
+        field="job",
+        keyed=True,
+    )
+
 
 _T = TypeVar("_T")
 
@@ -366,9 +381,7 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
 
     def _pending_refused_sync(self, config: Config) -> list[str]:
         with self.db.session() as session:
-            return pending_over_limits(
-                session, self._parse, config.limits, self.cluster, self.window
-            )
+            return pending_refused(session, self._parse, config.limits, self.cluster, self.window)
 
     async def restart_problems(self, config: Config) -> list[str]:
         """Why a restart with ``config`` (a reload's file, whole) would be refused by
@@ -412,9 +425,19 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
         with self.db.session() as session:
             if config.database_url != self.config.database_url:
                 return store_left_behind(session, self.config.database_url, config.database_url)
-            return restart_moves(
+            moves = restart_moves(
                 session, self.cluster, config.cluster, first, first + config.window
             )
+            same = config.cluster.capacities() == self.cluster.capacities()
+            if config.window == self.window and same:
+                return moves
+            # the queue against the new servers and window (the limits' own change is
+            # said at the reload that applies it, Reloader._check_pending)
+            parse = functools.partial(_parsed, config)
+            expiring = pending_refused(
+                session, parse, config.limits, config.cluster, config.window, first + 1
+            )
+        return moves + [f"pending jobs it would expire: {line}" for line in expiring]
 
     async def cordon(
         self,
