@@ -173,7 +173,9 @@ WHY_AT_START = {
     "daemon": "the store, the listening address, the slot grid and the clock are set up at start",
     "ha": "the election of a leader starts with the daemon",
     "metrics": "the metrics endpoint starts with the daemon",
-    "mqtt": "the broker link and the agents' plans start with the daemon",
+    "mqtt": "the broker link and the agents' plans start with the daemon (a new broker or "
+    "topic_prefix: move each agent too, oasis agent --broker, --topic-prefix; until heard "
+    "there, the jobs on its server do not run)",
     "pricing": "the price bounds and their estimate are set up at start",
     "tls": "the gRPC server's certificate and key are loaded when it starts",
     "web": "the console starts with the daemon",
