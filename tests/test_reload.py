@@ -28,7 +28,7 @@ from controller.reload import reread, token_changes
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.tls import client_channel
-from tests.servers import Daemon, json_log, write_config
+from tests.servers import Daemon, json_log, oasis, write_config
 from tests.test_daemon_e2e import contending_jobs, job
 
 EPOCH = 1_700_000_000.0  # fixed, so writing the config again leaves [daemon] as it was
@@ -637,6 +637,37 @@ def test_a_reload_to_another_store_warns_of_the_jobs_it_leaves_behind(tmp_path: 
     config.write_text(good.replace("window = 24", "window = 25"))
     fresh = reread(running, config).fresh
     assert fresh is not None and fresh.database_url == running.database_url
+
+
+def test_a_reload_renaming_a_cordoned_server_warns_that_its_cordon_stays_behind(
+    tmp_path: Path,
+) -> None:
+    """w1 is cordoned (ECC errors, no job on it) and the file renames it w1x. The
+    cordon names w1, so the restart would put the machine back in service; the reload
+    warned of moved jobs only, and none was planned there: it said nothing. Now it
+    names the cordon left behind."""
+    tokens = tokens_file(tmp_path / "tokens", {"ops": ("operator", "t-ops")})
+    config = config_file(tmp_path, tokens)
+    log = tmp_path / "oasisd.log"
+    daemon = Daemon(config, log).start()
+    try:
+        assert daemon.proc is not None
+        oasis("cordon", "w1", "--reason", "ECC errors", "--token", "t-ops",
+              server=daemon.address)  # fmt: skip
+        good = config.read_text()
+        config.write_text(good.replace('name="w1"', 'name="w1x"'))
+        daemon.proc.send_signal(signal.SIGHUP)
+        event = (
+            "reload: a restart with this config file would move admitted jobs; if that "
+            "is not meant (a server renamed by mistake), mend the file and reload again; "
+            "to free a server first, oasis cordon it"
+        )
+        [said] = _wait_for(log, lambda e: e.get("event") == event)
+        assert said["moves"].startswith(
+            "server w1 is cordoned (ECC errors) but not in the new [cluster]"
+        ), said
+    finally:
+        assert daemon.stop() == 0, log.read_text()[-3000:]
 
 
 def _wait_for(log: Path, match: Any, timeout: float = 30.0) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from controller.admission.views import LIVE_STATES
-from controller.store import AllocationRow, JobRow
+from controller.store import CORDONED, AllocationRow, JobRow, OutageRow
 from controller.store.urls import shown
 from pricing.cluster import Cluster
 
@@ -60,7 +60,7 @@ def restart_moves(
             moved.setdefault(why, set()).add(job_id)
         if int(end) > last:
             moved.setdefault(f"planned past the new window's last slot {last}", set()).add(job_id)
-    return [
+    return _cordons_left(session, fresh, first) + [
         f"{why}: {len(jobs)} admitted job(s) planned there would be re-placed, re-planned "
         f"or failed (config_changed): {', '.join(sorted(jobs)[:SHOWN_JOBS])}"
         + (" ..." if len(jobs) > SHOWN_JOBS else "")
@@ -92,3 +92,25 @@ def store_left_behind(session: Session, running: str, fresh: str) -> list[str]:
         "servers sold again); copy it first (oasis store copy, the daemon stopped), or set "
         "the key back"
     ]
+
+
+def _cordons_left(session: Session, fresh: Cluster, first: int) -> list[str]:
+    """One line per server cordoned from slot ``first`` on (or later) that ``fresh``
+    leaves out: its cordon names it, so the machine renamed in ``[cluster]`` would be in
+    service again at the restart, unsaid (no job was planned there to warn of)."""
+    names = fresh.capacities()
+    rows = session.execute(
+        select(OutageRow.server, OutageRow.reason)
+        .where(OutageRow.cause == CORDONED)
+        .where(OutageRow.up_from.is_(None) | (OutageRow.up_from > first))
+    ).all()
+    out = {}
+    for server, reason in rows:
+        if isinstance(server, str) and server not in names:
+            why = f" ({str(reason)[:100]})" if reason else ""
+            out[server] = (
+                f"server {server[:64]} is cordoned{why} but not in the new [cluster] (removed "
+                "or renamed): its cordon holds only that name, so renamed, the machine would "
+                "be in service again at the restart (oasis cordon the new name after it)"
+            )
+    return [out[s] for s in sorted(out)]
