@@ -250,7 +250,7 @@ async def serve(
         *([lambda new: limiter.retune(new.limits.rate, new.limits.burst)] if limiter else []),
         controller.reconfigure,
     ], controller.restart_problems, controller.jobs_left,
-        controller.restart_moves, status)  # fmt: skip
+        controller.restart_moves, status, controller.pending_refused)  # fmt: skip
 
     def hangup() -> None:
         reloader.hangup()

@@ -24,7 +24,7 @@ from pricing import fields
 from pricing.errors import Problem, SpecError
 from pricing.prices import PriceBounds
 
-__all__ = ["KINDS", "SIDES", "Pins", "pins_from_dict"]
+__all__ = ["KINDS", "SIDES", "Pins", "pins_from_dict", "split_pins"]
 
 KINDS = ("worker", "ps")
 SIDES = ("U", "L")
@@ -97,6 +97,28 @@ class Pins:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: {r: dict(s) for r, s in per.items() if s} for k, per in self.table.items()}
+
+
+def split_pins(raw: Any, resources: Sequence[str]) -> tuple[Any, dict[str, dict[str, Any]]]:
+    """The stored JSON form ``raw`` split in two: what names a resource of ``resources``
+    (for :func:`pins_from_dict`) and the entries of other resources, as they are
+    (``{kind: {resource: sides}}``): a resource taken out of ``[cluster] resources`` since
+    it was pinned, whose pins are set aside, not read, and come back with it. A ``raw``
+    that is not an object, or a kind whose value is not one, is left in the first part
+    whole, for :func:`pins_from_dict` to name."""
+    if not isinstance(raw, Mapping):
+        return raw, {}
+    known: dict[Any, Any] = {}
+    aside: dict[str, dict[str, Any]] = {}
+    for kind, per in raw.items():
+        if kind not in KINDS or not isinstance(per, Mapping):
+            known[kind] = per
+            continue
+        known[kind] = {r: sides for r, sides in per.items() if r in resources}
+        other = {str(r): sides for r, sides in per.items() if r not in resources}
+        if other:
+            aside[kind] = other
+    return known, aside
 
 
 def pins_from_dict(raw: Any, resources: Sequence[str], field: str = "pins") -> Pins:

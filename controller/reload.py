@@ -11,8 +11,10 @@ What a reload applies at once is ``[auth]``'s tokens file, read again:
 
 and ``[limits]``, each decision reading them as it begins (:func:`limit_changes`), but
 for ``max_message_bytes`` (gRPC's, set when its server starts), ``max_ledger_mb``
-(checked against the window at start) and turning ``rate`` on or off (the rate limiter
-exists only if it was on at start; a new rate or burst retunes it).
+(checked against the window at start), turning ``rate`` on or off (the rate limiter
+exists only if it was on at start; a new rate or burst retunes it) and a
+``max_wait_seconds`` lowered below the running ``daemon.wait_seconds`` (the default wait,
+read at start: applied alone, it would refuse every submission without a wait).
 
 Everything else is read at start only, as before: a reload names each table of the file
 that differs from what the daemon runs as waiting for a restart, at every reload until
@@ -171,7 +173,9 @@ WHY_AT_START = {
     "daemon": "the store, the listening address, the slot grid and the clock are set up at start",
     "ha": "the election of a leader starts with the daemon",
     "metrics": "the metrics endpoint starts with the daemon",
-    "mqtt": "the broker link and the agents' plans start with the daemon",
+    "mqtt": "the broker link and the agents' plans start with the daemon (a new broker or "
+    "topic_prefix: move each agent too, oasis agent --broker, --topic-prefix; until heard "
+    "there, the jobs on its server do not run)",
     "pricing": "the price bounds and their estimate are set up at start",
     "tls": "the gRPC server's certificate and key are loaded when it starts",
     "web": "the console starts with the daemon",
@@ -180,6 +184,9 @@ WHY_AT_START = {
     "limits.rate": "the rate limiter exists only if rate was on at start (a new rate or "
     "burst retunes it)",
     "limits.burst": "the rate limiter exists only if rate was on at start",
+    "limits.max_wait_seconds": "lowered below the running daemon.wait_seconds (read at "
+    "start), it would refuse every submission without a wait of its own until the restart "
+    "that applies both",
 }
 """Why each table (or ``[limits]`` key) that a reload does not apply waits for a
 restart: the reload's warning says it beside the keys edited."""
@@ -189,13 +196,30 @@ _LIMITS_AT_START = ("max_message_bytes", "max_ledger_mb")
 and the ledger's size, checked against the window then."""
 
 
+_JOB_LIMITS = (
+    "max_utility",
+    "max_utility_by_submitter",
+    "max_job_work",
+    "max_job_chunks",
+    "max_search_steps",
+    "max_search_mb",
+)
+"""The ``[limits]`` keys a pending job is checked against again at each slot boundary
+(:meth:`controller.limits.Limits.check_job`): a reload that changes one of them checks
+the pending jobs (:meth:`Reloader._check_pending`)."""
+
+
 def limit_changes(
-    running: Limits, fresh: Limits
+    running: Limits, fresh: Limits, wait_seconds: float = 0.0
 ) -> tuple[Limits, tuple[str, ...], tuple[str, ...]]:
     """What a reload does with ``[limits]``: the limits to run with (``running`` with every
     key of ``fresh`` that applies now), those changes in words (``"rate: 20 -> 40"``) and
-    the keys that wait for a restart: :data:`_LIMITS_AT_START`, and ``rate``/``burst`` when
-    the rate is turned on or off (the rate limiter exists only if it is on at start)."""
+    the keys that wait for a restart: :data:`_LIMITS_AT_START`, ``rate``/``burst`` when
+    the rate is turned on or off (the rate limiter exists only if it is on at start), and
+    ``max_wait_seconds`` lowered below ``wait_seconds``, the running ``daemon.wait_seconds``
+    (read at start only): applied alone, every submission without a wait of its own would
+    be refused (``wait_seconds: 2h exceeds limits.max_wait_seconds = 1h``) until a restart,
+    though the file, edited in both, starts the daemon."""
     toggled = (running.rate > 0) != (fresh.rate > 0)
     applied: dict[str, object] = {}
     changed: list[str] = []
@@ -204,7 +228,8 @@ def limit_changes(
         old, new = getattr(running, f.name), getattr(fresh, f.name)
         if old == new:
             continue
-        if f.name in _LIMITS_AT_START or (toggled and f.name in ("rate", "burst")):
+        below_wait = f.name == "max_wait_seconds" and new < wait_seconds
+        if f.name in _LIMITS_AT_START or (toggled and f.name in ("rate", "burst")) or below_wait:
             restart.append(f"limits.{f.name}")
             continue
         applied[f.name] = new
@@ -223,13 +248,16 @@ def reread(running: Config, path: Path) -> Reread:
     """
     former = {caller.name for caller in (running.tokens or {}).values()}
     fresh = load(path, former)  # a removed tenant's cap left behind: a warning
+    if running.keys.get("daemon.data_dir") == fresh.keys.get("daemon.data_dir"):
+        # not edited: a restart keeps the running one (oasisd --data-dir's, if given)
+        fresh = replace(fresh, data_dir=running.data_dir)
     edited = {
         table
         for table in running.tables.keys() | fresh.tables.keys()
         if running.tables.get(table) != fresh.tables.get(table)
     }
     restart = edited - {"auth", "limits"}
-    limits, changed, at_start = limit_changes(running.limits, fresh.limits)
+    limits, changed, at_start = limit_changes(running.limits, fresh.limits, running.wait_seconds)
     restart.update(at_start)
     tables = dict(running.tables)
     if (running.tokens is None) != (fresh.tokens is None):
@@ -301,6 +329,10 @@ class Reloader:
             tenants' jobs unannounced at the next restart.
         status: where each reload's outcome is written for ``oasisd reload`` to wait
             on (:mod:`controller.reload_status`); None: nowhere.
+        pending_refused: given the config applied, the pending jobs its limits refuse
+            (:meth:`AdmissionController.pending_refused`: one line per submitter), which
+            the next slot boundary expires for good; logged as a warning when a reload
+            changes ``[limits]``, so a cap lowered by a slip is mended before then.
     """
 
     def __init__(
@@ -312,12 +344,14 @@ class Reloader:
         | None = None,
         restart_moves: Callable[[Config], Awaitable[Sequence[str]]] | None = None,
         status: ReloadStatus | None = None,
+        pending_refused: Callable[[Config], Awaitable[Sequence[str]]] | None = None,
     ) -> None:
         self.running = running
         self.targets = targets
         self.restart_problems = restart_problems
         self.jobs_left = jobs_left
         self.restart_moves = restart_moves
+        self.pending_refused = pending_refused
         self.status = status or ReloadStatus(None)
         self._said: list[str] = []  # what the reload running said, for its waiters
         self._lock = asyncio.Lock()
@@ -424,7 +458,7 @@ class Reloader:
             self._say(f"reload refused: reading the config failed ({type(err).__name__}: "
                       f"{str(err)[:300]}); nothing changed")  # fmt: skip
             return None
-        self.running = found.config
+        before, self.running = self.running.limits, found.config
         for target in self.targets:
             done = target(found.config)
             if inspect.isawaitable(done):
@@ -441,6 +475,8 @@ class Reloader:
             self._say(f"warning: {problem}")
         if found.tokens.removed:
             await self._check_left(found.tokens.removed)
+        if any(getattr(before, k) != getattr(found.config.limits, k) for k in _JOB_LIMITS):
+            await self._check_pending(found.config)
         if found.restart:
             self.log.warning(
                 "config changes that apply only at a restart",
@@ -481,6 +517,30 @@ class Reloader:
             jobs = ", ".join(f"{name}: {dict(counts)}" for name, counts in left.items())
             self._say("warning: tenants removed from the tokens file still have jobs that may "
                       f"run (oasis cancel NAME:ID ends one): {jobs}")  # fmt: skip
+
+    async def _check_pending(self, applied: Config) -> None:
+        """Warn of the pending jobs the limits just applied refuse: the next slot
+        boundary expires them ("no longer valid"), for good, unless ``[limits]`` is
+        mended and reloaded before it."""
+        if self.pending_refused is None:
+            return
+        try:
+            async with asyncio.timeout(RESTART_CHECK_SECONDS):
+                refused = await self.pending_refused(applied)
+        except Exception as err:  # the store out of reach, a timeout: said, not fatal
+            self.log.warning("reload: could not check the pending jobs against the new limits",
+                             error=f"{type(err).__name__}: {str(err)[:300]}")  # fmt: skip
+            self._say("warning: could not check the pending jobs against the new limits: "
+                      f"{type(err).__name__}: {str(err)[:300]}")  # fmt: skip
+            return
+        for line in refused:
+            self.log.warning(
+                "reload: pending jobs over the new [limits] expire at the next slot "
+                "boundary, for good; if that is not meant, mend [limits] and reload again "
+                "before it", config=self.running.source, jobs=line,
+            )  # fmt: skip
+            self._say(f"warning: pending jobs over the new [limits] expire at the next slot "
+                      f"boundary: {line}")  # fmt: skip
 
     async def _check_moves(self, found: Reread) -> None:
         """Warn of the admitted plans a restart with the file just read would move."""

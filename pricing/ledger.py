@@ -507,7 +507,8 @@ class Ledger:
             if over.any():
                 t, srv, r = (int(i) for i in np.argwhere(over)[0])
                 raise CapacityError(
-                    f"job {job_id!r} would exceed {name} server #{int(cols[srv])} resource "
+                    f"job {job_id!r} would exceed {name} server "
+                    f"{self._server_name(name, int(cols[srv]))} resource "
                     f"{self.cluster.resources[r]!r} in slot {schedule.start + t}"
                 )
             changes.append((side, cols, new))
@@ -837,12 +838,21 @@ class Ledger:
                     hit = rows & side.blocked[a - self.origin : b - self.origin]
                     if hit.any():
                         t, srv = (int(i) for i in np.argwhere(hit)[0])
-                        return f"uses {name} server #{srv}, down in slot {a + t}"
+                        shown = self._server_name(name, srv)
+                        return f"uses {name} server {shown}, down in slot {a + t}"
             if over.any():
                 t, srv, r = (int(i) for i in np.argwhere(over)[0])
                 resource = self.cluster.resources[r]
-                return f"exceeds {name} server #{srv} {resource!r} in slot {self.origin + lo + t}"
+                shown = self._server_name(name, srv)
+                return f"exceeds {name} server {shown} {resource!r} in slot {self.origin + lo + t}"
         return ""
+
+    def _server_name(self, kind: str, index: int) -> str:
+        """Server ``index`` of ``kind`` (``"worker"`` or ``"PS"``) as messages name it:
+        its configured name, quoted (a refit's reason, a tenant's event, said ``worker
+        server #2`` before, which an operator had to count out in ``[cluster]``)."""
+        names = self.cluster.worker_names if kind == "worker" else self.cluster.ps_names
+        return repr(names[index]) if 0 <= index < len(names) else f"#{index}"
 
     def _refresh(self, lo: int, hi: int) -> None:
         busy_w = self.worker_side.reprice(lo, hi)

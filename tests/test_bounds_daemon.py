@@ -760,3 +760,55 @@ def test_an_unpin_of_what_is_not_pinned_is_told_so() -> None:
                                 pb.BoundPin(kind=both, resource="mem")]) == (
         "worker.cpu, ps.gpu, mem: not pinned; nothing changed"
     )  # fmt: skip
+
+
+def test_a_pinned_resource_taken_out_of_the_cluster_sets_aside_its_pins_alone(
+    tmp_path: Path,
+) -> None:
+    """The operator pins U of gpu and of an extra resource ``ib``, then takes ``ib`` out
+    of ``[cluster] resources`` (no job names it) and restarts. Before, the stored pins
+    did not read against the new resources, and all of them were ignored: gpu's U went
+    back to the estimate's, every tenant's gpu prices with it; the next pin wrote over
+    the row, so putting ``ib`` back brought none back. Now gpu's pin holds, ``ib``'s is
+    set aside (said once), kept through a later pin, and back with the resource."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("".join(f"{n} {r} {hash_token(t)}\n" for n, (r, t) in TOKENS.items()))
+    auth = f'[auth]\ntokens_file = "{tokens}"\n'
+    d = _start(tmp_path, extra=auth)
+    d.stop()
+    config = tmp_path / "oasisd.toml"
+    plain = config.read_text()
+    with_ib = (
+        plain.replace('"bandwidth"]', '"bandwidth", "ib"]')
+        .replace("bandwidth=25}", "bandwidth=25, ib=4}")
+        .replace("bandwidth=40}", "bandwidth=40, ib=4}")
+        .replace("bandwidth=20}", "bandwidth=20, ib=4}")
+    )
+    assert with_ib.count("ib=4") == 5
+    config.write_text(with_ib)
+    d.start()
+    try:
+        _cli(d, "pin", "--upper", "gpu=1000", "--upper", "worker.ib=7", "--json")
+        d.stop()
+        config.write_text(plain)  # ib taken out
+        d.start()
+        kept = _rpc(d)
+        rows = {(b["kind"], b["resource"]): b for b in kept["bounds"]}
+        # before the fix: "observed"/"prior", the pin of gpu ignored with ib's
+        assert rows["worker", "gpu"]["how"] == "pinned U"
+        assert rows["worker", "gpu"]["U"] == pytest.approx(1000)
+        assert kept["pins"] == {"worker": {"gpu": {"U": 1000.0}}, "ps": {"gpu": {"U": 1000.0}}}
+        _cli(d, "pin", "--upper", "cpu=9", "--json")  # writes the row again
+        d.stop()
+        config.write_text(with_ib)
+        d.start()
+        back = _rpc(d)["pins"]
+        assert back["worker"] == {
+            "gpu": {"U": 1000.0},
+            "cpu": {"U": 9.0},
+            "ib": {"U": 7.0},
+        }
+    finally:
+        d.stop()
+    aside = [e for e in json_log(tmp_path / "oasisd.log") if "set aside" in e.get("event", "")]
+    assert len(aside) == 1 and aside[0]["resources"] == ["ib"]

@@ -186,6 +186,8 @@ def test_a_shrunk_config_starts_and_refits_the_jobs_that_no_longer_fit(
         assert (refits[j]["how"] == "stranded") == (after[j].state == pb.JOB_STATE_FAILED)
     text = log.read_text()
     assert "plan refitted to the configuration" in text and "Traceback" not in text
+    if shrink == "capacity":  # the server by its name (it said "worker server #2")
+        assert all("worker server 'w2'" in refits[j]["why"] for j in refits), refits
     if shrink == "server":
         assert all(a.server != "w2" for j in after.values() for a in _plan_allocs(j, now))
     if shrink == "window":

@@ -59,7 +59,7 @@ def test_an_admission_over_capacity_names_the_first_cell_and_changes_nothing() -
     workers[1, 1] = fits + 1  # over in the second slot, on server 1
     schedule = Schedule(2, workers, np.zeros((2, ledger.ps_side.capacity.shape[0]), np.int32))
     before = copy.deepcopy(ledger)
-    with pytest.raises(CapacityError, match=r"worker server #1 resource .* in slot 3"):
+    with pytest.raises(CapacityError, match=r"worker server 'w1' resource .* in slot 3"):
         ledger.admit("over", job.worker, job.ps, schedule)
     assert np.array_equal(ledger.worker_side.used, before.worker_side.used)
 

@@ -825,3 +825,38 @@ def test_a_restored_store_names_the_jobs_its_agents_ran_that_it_does_not_know(
     said_cleared = "retained events of jobs this store does not know cleared"
     cleared = [e for e in json_log(cluster.tmp / "oasisd.log") if e.get("event") == said_cleared]
     assert [e["jobs"] for e in cleared] == [["lost"]]  # once, though reported again
+
+
+def test_a_restart_on_another_topic_prefix_fails_no_server_its_agents_are_not_on(
+    cluster: Cluster,
+) -> None:
+    """The operator edits ``[mqtt] topic_prefix`` and restarts; the agents, configured
+    on their own, still use the old prefix. Before, every server heard before the
+    restart was watched from the start and declared failed after ``heartbeat_timeout``:
+    every tenant's admitted job failed for good within seconds of the restart. Now the
+    start warns, naming both links, and no server is failed for a silence on a link its
+    agent was never told of; the jobs stay as they were."""
+    cluster.daemon.start()
+    for server in SERVERS:
+        cluster.start_agent(server, speed=0.05)
+    cluster.wait_agents()
+    cluster.submit(plane_job("p1"))
+    wait_for("the job to run", lambda: cluster.job("p1").state == pb.JOB_STATE_RUNNING)
+    wait_consistent(cluster)
+    assert cluster.daemon.stop() == 0
+    config = cluster.daemon.config
+    config.write_text(config.read_text().replace("[mqtt]\n", '[mqtt]\ntopic_prefix = "moved"\n'))
+    cluster.daemon.start()
+    said = wait_for(
+        "the start's warning",
+        lambda: next(
+            (e for e in json_log(cluster.daemon.log_path)
+             if e.get("event", "").startswith("[mqtt] broker or topic_prefix changed")),
+            None,
+        ),
+    )  # fmt: skip
+    assert said["was"].endswith("/oasis") and said["now"].endswith("/moved"), said
+    time.sleep(3 * HEARTBEAT_TIMEOUT)  # before the fix: every server failed by now
+    kinds = [e.kind for e in cluster.events()]
+    assert "server_failed" not in kinds, kinds
+    assert cluster.job("p1").state == pb.JOB_STATE_RUNNING

@@ -12,6 +12,7 @@ import signal
 import sqlite3
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,8 @@ from controller.reload import reread, token_changes
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.tls import client_channel
-from tests.servers import Daemon, json_log, write_config
-from tests.test_daemon_e2e import job
+from tests.servers import Daemon, json_log, oasis, write_config
+from tests.test_daemon_e2e import contending_jobs, job
 
 EPOCH = 1_700_000_000.0  # fixed, so writing the config again leaves [daemon] as it was
 
@@ -168,6 +169,107 @@ def test_a_reload_that_removes_a_capped_tenant_revokes_it_and_warns_of_the_cap(
         "limits.max_utility_by_submitter.alicia: names no submitter of [auth]'s tokens "
         "file (if its tenant was removed, remove its cap too)"
     )
+
+
+def test_a_reload_lowering_max_wait_below_the_running_default_wait_waits_for_a_restart(
+    tmp_path: Path,
+) -> None:
+    """A file that lowers ``daemon.wait_seconds`` and ``limits.max_wait_seconds`` together
+    starts the daemon; a reload applies limits but not ``[daemon]``, so it applied the cap
+    alone, under the running default wait of 2 h: every tenant's submission without a
+    wait of its own was refused (``wait_seconds: 2h (7200 s) exceeds
+    limits.max_wait_seconds = 1h``) until a restart. Now the cap waits for the restart
+    too, said with why; the daemon (a subprocess) goes on admitting."""
+    tokens = tokens_file(tmp_path / "tokens", {"alice": ("submitter", "t-alice"),
+                                                "bob": ("submitter", "t-bob")})  # fmt: skip
+    extra = f'wait_seconds = "2h"\n[auth]\ntokens_file = "{tokens}"\n'
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", epoch=EPOCH, extra=extra)
+    log = tmp_path / "oasisd.log"
+    daemon = Daemon(config, log).start()
+    try:
+        assert daemon.proc is not None
+        text = config.read_text().replace('wait_seconds = "2h"', 'wait_seconds = "30m"')
+        config.write_text(text + '\n[limits]\nmax_wait_seconds = "1h"\n')
+        daemon.proc.send_signal(signal.SIGHUP)
+        reloaded = reloads(log, "config reloaded", 0)
+        assert reloaded["limits"] == []  # nothing applied: the cap waits
+        assert reloaded["restart_needed"] == ["daemon", "limits.max_wait_seconds"]
+        waits = reloads(log, "config changes that apply only at a restart", 0)
+        assert waits["keys"] == ["daemon.wait_seconds", "limits.max_wait_seconds"]
+        assert any("refuse every submission without a wait" in w for w in waits["why"])
+        for name, token in (("alice", "t-alice"), ("bob", "t-bob")):
+            with client_channel(daemon.address, token=token) as channel:
+                request = pb.SubmitJobRequest(job=spec_to_proto(job(f"{name}-1")))
+                # before the fix: INVALID_ARGUMENT, wait_seconds exceeds the new cap
+                answer = pb_grpc.AdmissionStub(channel).SubmitJob(request, timeout=30)
+                assert answer.job.decision.admitted, answer
+    finally:
+        assert daemon.stop() == 0, log.read_text()
+    # the file as it is starts a daemon with both applied
+    assert load(config).limits.max_wait_seconds == 3600 and load(config).wait_seconds == 1800
+
+
+def test_a_reload_warns_of_the_pending_jobs_its_limits_or_a_restart_would_expire(
+    tmp_path: Path,
+) -> None:
+    """Two tenants' jobs wait (pending) on a full cluster; a reload lowers
+    ``limits.max_job_work`` below some of them (a slip: 50 for 5000). The next slot
+    boundary expires those for good ("no longer valid"); before, the reload said only
+    ``max_job_work: 100000 -> 50``. Now it warns of them, per tenant, with the reason,
+    while the boundary is ahead; the jobs within the limit are not named. A window
+    shortened (read at a restart) under the queue is warned of too: the restart expired
+    them with no word at the reload that read it."""
+    tokens = tokens_file(tmp_path / "tokens", {"alice": ("submitter", "t-alice"),
+                                                "bob": ("submitter", "t-bob")})  # fmt: skip
+    log = tmp_path / "oasisd.log"
+    daemon = Daemon(config_file(tmp_path, tokens), log).start()
+    try:
+        assert daemon.proc is not None
+        works: dict[str, int] = {}
+        for i, spec in enumerate(contending_jobs(8)):
+            name, token = ("alice", "t-alice") if i % 2 == 0 else ("bob", "t-bob")
+            with client_channel(daemon.address, token=token) as channel:
+                request = pb.SubmitJobRequest(job=spec_to_proto(spec), wait_seconds=7200)
+                answer = pb_grpc.AdmissionStub(channel).SubmitJob(request, timeout=60)
+            if answer.job.state == pb.JOB_STATE_PENDING:
+                works[f"{name}:{spec['id']}"] = spec["epochs"] * spec["chunks"]
+        assert {k.split(":")[0] for k in works} == {"alice", "bob"}, works
+        config_file(tmp_path, tokens, limits="[limits]\nmax_job_work = 50\n")
+        daemon.proc.send_signal(signal.SIGHUP)
+        reloaded = reloads(log, "config reloaded", 0)
+        assert reloaded["limits"] == ["max_job_work: 100000 -> 50"]
+        event = (
+            "reload: pending jobs over the new [limits] expire at the next slot boundary, "
+            "for good; if that is not meant, mend [limits] and reload again before it"
+        )
+        lines = [reloads(log, event, 0)["jobs"], reloads(log, event, 1)["jobs"]]
+        assert lines[0].startswith("alice: ") and lines[1].startswith("bob: ")
+        assert all("exceeds limits.max_job_work = 50" in line for line in lines)
+        named = {j for line in lines for j in re.findall(r"(?:alice|bob):j\d+", line)}
+        assert named and named <= set(works)
+        # a reload that changes no limit says nothing of them again; one whose window
+        # (read at start) is shorter warns of the pending jobs a restart would expire
+        config = config_file(tmp_path, tokens)
+        config.write_text(config.read_text().replace("window = 24", "window = 2"))
+        daemon.proc.send_signal(signal.SIGHUP)
+        reloads(log, "config reloaded", 1)
+        assert len([e for e in json_log(log) if e.get("event") == event]) == 2
+        moved = (
+            "reload: a restart with this config file would move admitted jobs; if that "
+            "is not meant (a server renamed by mistake), mend the file and reload again; "
+            "to free a server first, oasis cordon it"
+        )
+        expiring = [
+            e["moves"]
+            for e in _wait_for(log, lambda e: e.get("event") == moved)
+            if e["moves"].startswith("pending jobs it would expire: ")
+        ]
+        # before the fix: only the admitted jobs planned past the new window were named
+        assert [m.split(": ")[1] for m in expiring] == ["alice", "bob"], expiring
+        named = {j for m in expiring for j in re.findall(r"(?:alice|bob):j\d+", m)}
+        assert named == set(works), (named, works)
+    finally:
+        assert daemon.stop() == 0, log.read_text()
 
 
 def test_a_reload_whose_file_is_never_read_is_refused_and_holds_nothing(
@@ -486,6 +588,97 @@ def test_the_reload_check_names_the_admitted_jobs_a_restart_would_move(tmp_path:
         assert asyncio.run(c.restart_moves(config(capacity=bigger, window=24))) == []
     finally:
         c.close()
+
+
+def test_a_reload_to_another_store_warns_of_the_jobs_it_leaves_behind(tmp_path: Path) -> None:
+    """``daemon.data_dir`` edited (a path mistyped, a move not yet copied) with
+    ``slot_seconds`` too: a restart opens another, empty store, where none of the two
+    tenants' jobs is seen or run. Before, the reload checked the file against the
+    running store's jobs: it said a restart would be refused (the slot grid of jobs
+    the restart would not read) and nothing of the jobs left behind. Now it warns of
+    those, per tenant, and says no refusal; the file with the old store checks as
+    before. With the key not edited, the running data_dir (``--data-dir``'s) stands."""
+    tokens = tokens_file(tmp_path / "tokens", {"alice": ("submitter", "t-alice"),
+                                                "bob": ("submitter", "t-bob")})  # fmt: skip
+    config = config_file(tmp_path, tokens)
+    log = tmp_path / "oasisd.log"
+    daemon = Daemon(config, log).start()
+    try:
+        assert daemon.proc is not None
+        for name in ("alice", "bob"):
+            with client_channel(daemon.address, token=f"t-{name}") as channel:
+                request = pb.SubmitJobRequest(job=spec_to_proto(job(f"{name}-1")))
+                pb_grpc.AdmissionStub(channel).SubmitJob(request, timeout=30)
+        good = config.read_text()
+        moved = good.replace(f'data_dir = "{tmp_path / "data"}"', f'data_dir = "{tmp_path}/d2"')
+        assert moved != good
+        config.write_text(moved.replace("slot_seconds = 3600", "slot_seconds = 1800"))
+        daemon.proc.send_signal(signal.SIGHUP)
+        event = (
+            "reload: a restart with this config file would move admitted jobs; if that "
+            "is not meant (a server renamed by mistake), mend the file and reload again; "
+            "to free a server first, oasis cordon it"
+        )
+        left = reloads(log, event, 0)["moves"]
+        assert left.startswith("daemon.store_url or daemon.data_dir: a restart opens another")
+        assert f"{tmp_path}/d2/oasis.db" in left and "(alice: 1, bob: 1)" in left, left
+        refused = "reload: a restart with this config file would be refused"
+        # before the fix: refused for the slot grid of the jobs the restart would not read
+        assert not any(e.get("event", "").startswith(refused) for e in json_log(log))
+        config.write_text(good.replace("slot_seconds = 3600", "slot_seconds = 1800"))
+        daemon.proc.send_signal(signal.SIGHUP)  # the same store: checked against its jobs
+        reloads(log, "config reloaded", 1)
+        [problem] = _wait_for(log, lambda e: e.get("event", "").startswith(refused))
+        assert "slots of 3600 s" in problem["problem"], problem
+    finally:
+        assert daemon.stop() == 0, log.read_text()[-3000:]
+    running = load(config)
+    running = replace(running, data_dir=tmp_path / "elsewhere")  # as oasisd --data-dir
+    config.write_text(good.replace("window = 24", "window = 25"))
+    fresh = reread(running, config).fresh
+    assert fresh is not None and fresh.database_url == running.database_url
+
+
+def test_a_reload_renaming_a_cordoned_server_warns_that_its_cordon_stays_behind(
+    tmp_path: Path,
+) -> None:
+    """w1 is cordoned (ECC errors, no job on it) and the file renames it w1x. The
+    cordon names w1, so the restart would put the machine back in service; the reload
+    warned of moved jobs only, and none was planned there: it said nothing. Now it
+    names the cordon left behind."""
+    tokens = tokens_file(tmp_path / "tokens", {"ops": ("operator", "t-ops")})
+    config = config_file(tmp_path, tokens)
+    log = tmp_path / "oasisd.log"
+    daemon = Daemon(config, log).start()
+    try:
+        assert daemon.proc is not None
+        oasis("cordon", "w1", "--reason", "ECC errors", "--token", "t-ops",
+              server=daemon.address)  # fmt: skip
+        good = config.read_text()
+        config.write_text(good.replace('name="w1"', 'name="w1x"'))
+        daemon.proc.send_signal(signal.SIGHUP)
+        event = (
+            "reload: a restart with this config file would move admitted jobs; if that "
+            "is not meant (a server renamed by mistake), mend the file and reload again; "
+            "to free a server first, oasis cordon it"
+        )
+        [said] = _wait_for(log, lambda e: e.get("event") == event)
+        assert said["moves"].startswith(
+            "server w1 is cordoned (ECC errors) but not in the new [cluster]"
+        ), said
+    finally:
+        assert daemon.stop() == 0, log.read_text()[-3000:]
+
+
+def _wait_for(log: Path, match: Any, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """The log's entries that ``match``, once there is one."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [e for e in json_log(log) if match(e)]
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"no such entry within {timeout} s:\n{log.read_text()[-3000:]}")
 
 
 def test_a_value_written_another_way_is_no_edit(tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 from controller.admission.state import ESTIMATE_KEY, AdmissionState
 from controller.errors import PreconditionError
 from controller.events import Event
-from controller.pins import KINDS, Pins, pins_from_dict
+from controller.pins import KINDS, Pins, pins_from_dict, split_pins
 from controller.store import MetaRow
 from controller.store.decisions import SUBMITTER_ESTIMATE_PREFIX, submitter_estimate_key
 from pricing.errors import SpecError
@@ -103,12 +103,27 @@ class BoundControl(AdmissionState):
         )  # fmt: skip
 
     def _stored_pins(self, session: Session) -> Pins:
-        """The stored pins; none (with a warning) if the row is not valid pins."""
+        """The stored pins of the configured resources; none (with a warning) if the row
+        is not valid pins. The pins of a resource no longer in ``[cluster] resources``
+        are set aside (said once), not read: before, one such resource had every pin
+        ignored (an operator's U of gpu among them, every tenant's prices with it), and
+        the next ``oasis bounds pin`` wrote over the row, so none came back."""
         meta = session.get(MetaRow, PINS_KEY)
         if meta is None:
             return Pins()
+        known, aside = split_pins(meta.value, self.cluster.resources)
+        if aside:
+            names = sorted({r for per in aside.values() for r in per})
+            if self._pins_note != names:  # once, not at every rebuild
+                self._pins_note = names
+                self.log.warning(
+                    "pinned bounds of resources not in [cluster] resources set aside: kept "
+                    "in the store, they apply again if the resource comes back (oasis "
+                    "bounds unpin, with no resource, drops them)",
+                    resources=[r[:64] for r in names[:20]],
+                )  # fmt: skip
         try:
-            return pins_from_dict(meta.value, self.cluster.resources, PINS_KEY)
+            return pins_from_dict(known, self.cluster.resources, PINS_KEY)
         except SpecError as err:
             self.log.warning("stored pinned bounds ignored", why=str(err)[:500])
             return Pins()
@@ -220,7 +235,13 @@ class BoundControl(AdmissionState):
                 session.execute(delete(MetaRow).where(rows))
                 session.merge(MetaRow(key=ESTIMATE_KEY, value=estimate.head()))
             else:
-                session.merge(MetaRow(key=PINS_KEY, value=new_pins.to_dict()))
+                value = new_pins.to_dict()
+                if action == "pin" or pins:  # unpin with no resource: every pin goes
+                    stored = session.get(MetaRow, PINS_KEY)
+                    aside = split_pins(stored and stored.value, self.cluster.resources)[1]
+                    for kind, per in aside.items():  # a removed resource's, kept
+                        value.setdefault(kind, {}).update(per)
+                session.merge(MetaRow(key=PINS_KEY, value=value))
             event = self._event(session, now, "bounds", "", "", detail)
         # committed: only now may the ledger change
         self._estimate, self._pins = estimate, new_pins

@@ -19,6 +19,7 @@ from controller.admission.commit import Deferred
 from controller.admission.cordons import Cordons
 from controller.admission.follow import Follow
 from controller.admission.lifecycle import Lifecycle
+from controller.admission.limit_checks import pending_refused
 from controller.admission.pending import PendingQueue
 from controller.admission.reads import ReadViews
 from controller.admission.restart_checks import (
@@ -26,7 +27,7 @@ from controller.admission.restart_checks import (
     slot_grid_problem,
     stored_epoch,
 )
-from controller.admission.restart_moves import restart_moves
+from controller.admission.restart_moves import restart_moves, store_left_behind
 from controller.admission.retention import PRUNE_BATCH, PRUNE_SERVER_STEPS, Retention
 from controller.admission.rewind import rewound
 from controller.admission.state import ReadTurns
@@ -39,9 +40,24 @@ from controller.limits import search_size
 from controller.store import JobRow, StoreUnavailableError
 from controller.store.commit_process import CommitProcess
 from controller.store.writer_lock import FencedError
-from pricing import SpecError
+from pricing import Job, SpecError, job_from_dict
 
 __all__ = ["AdmissionController"]
+
+
+def _parsed(config: Config, spec: Any, arrival: int) -> Job:
+    """A pending job's ``spec`` (arriving at ``arrival``) as a restart with ``config``
+    would read it: against its servers and window (:meth:`AdmissionState._parse`)."""
+    return job_from_dict(
+        spec,
+        config.cluster,
+        slot_seconds=config.slot_seconds,
+        slots_available=lambda _a: config.window,
+        arrival=arrival,
+        field="job",
+        keyed=True,
+    )
+
 
 _T = TypeVar("_T")
 
@@ -353,6 +369,20 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
                 out.setdefault(str(name), {})[state] = int(n)
         return out
 
+    async def pending_refused(self, config: Config) -> list[str]:
+        """Which pending jobs ``config``'s limits (a reload's, applied) refuse, so the next
+        slot boundary expires them: one line per submitter (:mod:`.limit_checks`); []
+        if none. Read in the store-read pool, off the decision thread.
+
+        Raises:
+            StoreUnavailableError: the store could not be read.
+        """
+        return await self.read_store(self._pending_refused_sync, config)
+
+    def _pending_refused_sync(self, config: Config) -> list[str]:
+        with self.db.session() as session:
+            return pending_refused(session, self._parse, config.limits, self.cluster, self.window)
+
     async def restart_problems(self, config: Config) -> list[str]:
         """Why a restart with ``config`` (a reload's file, whole) would be refused by
         this store's jobs: another slot grid, or a resource they demand gone
@@ -365,6 +395,8 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
         return await self.read_store(self._restart_problems_sync, config)
 
     def _restart_problems_sync(self, config: Config) -> list[str]:
+        if config.database_url != self.config.database_url:
+            return []  # another store: its own start checks it (_restart_moves_sync warns)
         with self.db.session() as session:
             # a config without an epoch takes the store's at start, which may not be the
             # one running now (a config that set it does not rewrite the epoch row)
@@ -391,9 +423,21 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
     def _restart_moves_sync(self, config: Config) -> list[str]:
         first = self.slots.current_slot()
         with self.db.session() as session:
-            return restart_moves(
+            if config.database_url != self.config.database_url:
+                return store_left_behind(session, self.config.database_url, config.database_url)
+            moves = restart_moves(
                 session, self.cluster, config.cluster, first, first + config.window
             )
+            same = config.cluster.capacities() == self.cluster.capacities()
+            if config.window == self.window and same:
+                return moves
+            # the queue against the new servers and window (the limits' own change is
+            # said at the reload that applies it, Reloader._check_pending)
+            parse = functools.partial(_parsed, config)
+            expiring = pending_refused(
+                session, parse, config.limits, config.cluster, config.window, first + 1
+            )
+        return moves + [f"pending jobs it would expire: {line}" for line in expiring]
 
     async def cordon(
         self,

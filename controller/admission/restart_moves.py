@@ -17,10 +17,12 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from controller.store import AllocationRow, JobRow
+from controller.admission.views import LIVE_STATES
+from controller.store import CORDONED, AllocationRow, JobRow, OutageRow
+from controller.store.urls import shown
 from pricing.cluster import Cluster
 
-__all__ = ["SHOWN_JOBS", "restart_moves"]
+__all__ = ["SHOWN_JOBS", "restart_moves", "store_left_behind"]
 
 SHOWN_JOBS = 5
 """Job ids named per reason, at most (the count says how many in all)."""
@@ -58,9 +60,57 @@ def restart_moves(
             moved.setdefault(why, set()).add(job_id)
         if int(end) > last:
             moved.setdefault(f"planned past the new window's last slot {last}", set()).add(job_id)
-    return [
+    return _cordons_left(session, fresh, first) + [
         f"{why}: {len(jobs)} admitted job(s) planned there would be re-placed, re-planned "
         f"or failed (config_changed): {', '.join(sorted(jobs)[:SHOWN_JOBS])}"
         + (" ..." if len(jobs) > SHOWN_JOBS else "")
         for why, jobs in sorted(moved.items())
     ]
+
+
+def store_left_behind(session: Session, running: str, fresh: str) -> list[str]:
+    """What a restart on the store at URL ``fresh`` (a ``daemon.store_url`` or
+    ``data_dir`` edited) leaves behind of the one running, at ``running`` (read through
+    ``session``): its jobs that have not ended, per submitter, in one line; [] if it has
+    none. Before, a reload named the key as waiting for a restart, and checked the file's
+    slots and servers against this store's jobs, which the restart would no longer read:
+    a path mistyped began an empty store, every tenant's admitted jobs unseen and their
+    servers sold again."""
+    counts = session.execute(
+        select(JobRow.submitter, func.count())
+        .where(JobRow.state.in_(LIVE_STATES))
+        .group_by(JobRow.submitter)
+    ).all()
+    total = sum(int(n) for _, n in counts)
+    if not total:
+        return []
+    tenants = ", ".join(f"{name or '-'}: {int(n)}" for name, n in sorted(counts, key=str)[:20])
+    return [
+        f"daemon.store_url or daemon.data_dir: a restart opens another store ({shown(fresh)}), "
+        f"not this one ({shown(running)}), and none of this one's {total} pending, admitted or "
+        f"running job(s) ({tenants}) would be seen, run or held to its plan there (their "
+        "servers sold again); copy it first (oasis store copy, the daemon stopped), or set "
+        "the key back"
+    ]
+
+
+def _cordons_left(session: Session, fresh: Cluster, first: int) -> list[str]:
+    """One line per server cordoned from slot ``first`` on (or later) that ``fresh``
+    leaves out: its cordon names it, so the machine renamed in ``[cluster]`` would be in
+    service again at the restart, unsaid (no job was planned there to warn of)."""
+    names = fresh.capacities()
+    rows = session.execute(
+        select(OutageRow.server, OutageRow.reason)
+        .where(OutageRow.cause == CORDONED)
+        .where(OutageRow.up_from.is_(None) | (OutageRow.up_from > first))
+    ).all()
+    out = {}
+    for server, reason in rows:
+        if isinstance(server, str) and server not in names:
+            why = f" ({str(reason)[:100]})" if reason else ""
+            out[server] = (
+                f"server {server[:64]} is cordoned{why} but not in the new [cluster] (removed "
+                "or renamed): its cordon holds only that name, so renamed, the machine would "
+                "be in service again at the restart (oasis cordon the new name after it)"
+            )
+    return [out[s] for s in sorted(out)]

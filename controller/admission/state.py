@@ -124,6 +124,7 @@ class AdmissionState(ABC):
         self._estimate = SharedEstimate.start(self._fresh_estimate())
         self._estimate_note = ""  # why the stored estimate was last found unusable
         self._pins = Pins()
+        self._pins_note: list[str] = []  # the set-aside pins' resources last said (.bounds)
         # a store outage during a write may have cut off a commit that happened: rebuild
         # the ledger from the store before the next decision (_run)
         self._stale = False

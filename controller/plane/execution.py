@@ -302,10 +302,40 @@ class Execution:
                 if isinstance(heard, list):  # an edited store: names it does not know go
                     self.heard = {s for s in heard if s in self.server_index}
                 self.agents.restore_ignored(value.get("ignored", []))
+                self._moved_link(value.get("link"))
+            if meta is None or stored.get("link") != self.link_name:
+                self._heard_saved = False  # the link recorded at the next review
             # heard from before the restart: their silence counts from now, or an agent
             # (a PS's, say, that reports no progress) that died meanwhile goes unnoticed
             for server in self.heard - set(self.failed):
                 self.last_seen.setdefault(server, now)
+
+    @property
+    def link_name(self) -> str:
+        """The broker and topic prefix the agents are heard on, ``host:port/prefix``
+        (stored with the plane's state, no credentials)."""
+        return f"{self.mqtt.host}:{self.mqtt.port}/{self.mqtt.topic_prefix}"
+
+    def _moved_link(self, stored: object) -> None:
+        """At the load: if the agents were heard on another broker or topic prefix
+        (``stored``, the link recorded; None in a store older than the record), forget
+        who was heard. Their agents follow their own ``--broker`` and ``--topic-prefix``,
+        so after an edit of ``[mqtt]`` and a restart none is heard until moved too, and
+        every server heard before was declared failed at once after
+        ``heartbeat_timeout``: every tenant's admitted job failed for good, within
+        seconds. Now they are servers never heard (``oasis status``: AGENTS NOT HEARD),
+        watched again once heard on the new link."""
+        if not isinstance(stored, str) or stored == self.link_name:
+            return
+        self.log.warning(
+            "[mqtt] broker or topic_prefix changed since the agents were heard: none is "
+            "declared failed for silence until heard again; move each agent (oasis agent "
+            "--broker, --topic-prefix), or the jobs planned on its server fail at their "
+            "plan's end (agents_never_heard)",
+            was=stored[:300], now=self.link_name, servers=len(self.heard),
+        )  # fmt: skip
+        self.heard = set()
+        self.last_seen.clear()  # the progress loaded set some: those agents are away too
 
     # -- what agents say (event loop: into the inbox only) -------------------------------
 
@@ -700,7 +730,8 @@ class Execution:
 
     def _save_meta(self, session: Session) -> None:
         value = {"epoch": self.epoch, "events": self.events_published,
-                 "heard": sorted(self.heard), "planned": self.planned_slot,
+                 "heard": sorted(self.heard), "link": self.link_name,
+                 "planned": self.planned_slot,
                  "unsent": [list(run) for run in self.review.unsent],
                  "ignored": list(self.agents.ignored_sessions),
                  **self.review.sent.stored()}  # fmt: skip
