@@ -334,6 +334,47 @@ def test_a_store_of_a_newer_version_is_refused_in_one_line(store: Store, tmp_pat
     assert "newer oasis" in lines[0] and "0009" in lines[0], lines[0]
 
 
+SCHEMA_APART: dict[str, tuple[str, str]] = {
+    # alembic_version restored from an older backup than the tables: 0006's index is there
+    "revision older than the tables": (
+        "UPDATE alembic_version SET version_num = '0005'",
+        "records schema revision '0005', but its tables are already past it",
+    ),
+    # a table restored from a backup older than alembic_version
+    "tables older than the revision": (
+        "ALTER TABLE jobs DROP COLUMN decided_slot",
+        "records schema revision '0009', but lacks its column jobs.decided_slot",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("store", "edit"),
+    _cases(sorted(SCHEMA_APART), ["revision older than the tables"]),
+    indirect=["store"],
+)
+def test_tables_apart_from_their_schema_revision_stop_the_start_with_exit_2(
+    store: Store, tmp_path: Path, edit: str
+) -> None:
+    """Before: the migration from the older revision failed on its own index ("index
+    ix_jobs_state_sequence already exists"), or the rebuild on the missing column ("no
+    such column: jobs.decided_slot"): exit 1, which the unit restarts every 2 s for
+    ever. Now exit 2 naming the revision and what is apart, the store left as it was."""
+    statement, message = SCHEMA_APART[edit]
+    store.execute(statement)
+    out = _start_refused(store, tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert message in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+    engine = sqlalchemy.create_engine(store.url)
+    try:
+        with engine.connect() as conn:
+            revision = conn.scalar(sqlalchemy.text("SELECT version_num FROM alembic_version"))
+    finally:
+        engine.dispose()
+    assert revision == ("0005" if "older than the tables" in edit else "0009")
+
+
 @pytest.mark.parametrize(
     ("store", "up_from"), _cases(["NULL", "1000000000000"], ["NULL"]), indirect=["store"]
 )
