@@ -5,23 +5,29 @@ as it was. Nothing prints a traceback."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import math
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiomqtt
 import grpc
 import pytest
 import sqlalchemy
 
+from controller.plane.topics import Topics
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.store.stored import MAX_STORED_SPEC
+from tests.broker import NEEDS_MOSQUITTO, Mosquitto
 from tests.servers import CLUSTER_TOML, ROOT, Daemon, Postgres, oasis, write_config
 from tests.test_config_shrink import Decided, _plan, copy_of, decide_in, read_back
 from tests.test_metrics import METRICS_ON, Samples, parse, value
@@ -795,3 +801,84 @@ def test_progress_rows_too_large_or_of_the_wrong_shape_are_read_no_further(
     [skipped] = _logged(log.read_text(), "stored progress ignored")
     assert skipped["job"] == "j1" and "over 8388608" in skipped["why"], skipped
     assert "Traceback" not in log.read_text()
+
+
+@NEEDS_MOSQUITTO
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)
+def test_rows_edited_under_a_running_daemon_are_left_out_of_the_plans_alone(
+    store: Store, tmp_path: Path
+) -> None:
+    """The plane builds each round's plans from the store. Before: a row inserted by hand
+    on a server not configured raised KeyError out of every round ("execution plane
+    failed; reconnecting", in a loop): no tenant's plan went out again until a restart;
+    a count edited past the job's chunks went to the agent as it was. Now each such row
+    is left out and logged; every other row of the slot goes out."""
+    broker = Mosquitto()
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store.url, store.epoch)
+    config.write_text(
+        config.read_text().replace(
+            "[cluster]", f'[mqtt]\nurl = "{broker.url}"\nheartbeat_seconds = 0.3\n\n[cluster]'
+        )
+    )
+    log = tmp_path / "oasisd.log"
+    daemon = Daemon(config, log).start()
+    try:
+        store.execute(
+            "INSERT INTO allocations VALUES ('j0', 1, 'ghost', 3, 0)",
+            "UPDATE allocations SET workers = 1000 WHERE job_id = 'j0' AND slot = 1 "
+            "AND server = 'w1'",
+            "INSERT INTO allocations VALUES ('j0', 1, 'p1', 2, 0)",
+        )
+        engine = sqlalchemy.create_engine(store.url)
+        with engine.connect() as conn:
+            stored = conn.scalar(sqlalchemy.text("SELECT spec FROM jobs WHERE id = 'j0'"))
+        engine.dispose()
+        spec = {**json.loads(stored), "id": "after-the-edit"}
+        path = tmp_path / "job.json"
+        path.write_text(json.dumps(spec))
+        oasis("submit", str(path), server=daemon.address)  # a round of plans
+        deadline = time.monotonic() + 30
+        while "left out of the plans" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        plans = asyncio.run(_retained_plans(broker.port))
+    finally:
+        assert daemon.stop() == 0, log.read_text()
+        broker.close()
+    text = log.read_text()
+    assert "execution plane failed" not in text and "Traceback" not in text, text
+    logged = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    left_out = {
+        (e["server"], e["why"])
+        for e in logged
+        if e["event"] == "stored allocation left out of the plans"
+    }
+    assert left_out == {
+        ("ghost", "its server is not configured"),
+        ("w1", "workers: must be 0 .. 10 (its chunks), got 1000"),
+        ("p1", "workers: 2 on a ps server"),
+    }, left_out
+    tasks = {
+        server: [(t["job"], t["workers"], t["ps"]) for t in plan["next"]["tasks"]]
+        for server, plan in plans.items()
+    }
+    assert tasks == {
+        "w0": [("j0", 4, 0)],
+        "w1": [],
+        "w2": [("j0", 2, 0)],
+        "p0": [("j0", 0, 2)],
+        "p1": [],
+    }, tasks
+
+
+async def _retained_plans(port: int) -> dict[str, Any]:
+    """The plan the broker on ``port`` holds retained per server (its ``server``)."""
+    got: dict[str, Any] = {}
+    async with aiomqtt.Client("127.0.0.1", port) as client:
+        await client.subscribe(Topics("oasis").all_plans, qos=0)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2):
+                async for message in client.messages:
+                    if isinstance(message.payload, bytes) and message.payload:
+                        plan = json.loads(message.payload)
+                        got[plan["server"]] = plan
+    return got

@@ -28,12 +28,15 @@ from controller.plane.plan_messages import Plan, SlotPlan, Task
 from controller.plane.port import AdmissionPort
 from controller.plane.settings import MqttConfig
 from controller.store import AllocationRow, JobRow
+from pricing.errors import SpecError
+from pricing.fields import is_integer
 from pricing.job import Job
 
 __all__ = [
     "BUMP_SECONDS",
     "MAX_EPOCH_STEP",
     "MAX_FOLLOWED_EPOCH",
+    "MAX_SKIPPED_LOGGED",
     "EpochClaims",
     "PlanBuilder",
     "plan_task",
@@ -49,6 +52,9 @@ each other at every round, each sending every plan again."""
 MAX_EPOCH_STEP = 1 << 40
 """The furthest above this daemon's epoch a heartbeat's may move it (a trillion rounds: no
 store restored from a backup is that far behind; a hostile claim moves it only so far)."""
+MAX_SKIPPED_LOGGED = 1000
+"""Stored allocation rows left out of the plans that are logged, one line each, over the
+daemon's life (a store edited in bulk is not logged row by row without end)."""
 MAX_FOLLOWED_EPOCH = 1 << 52
 """The highest epoch an agent's heartbeat may move this daemon's to (see
 :meth:`controller.plane.execution.Execution.plans_sync`): plan epochs are at most 2**53,
@@ -179,6 +185,8 @@ class PlanBuilder(PlanePart):
     ) -> None:
         super().__init__(controller, mqtt, jobs)
         self.server_index = server_index
+        # (job, server, slot) of the stored rows left out of plans and logged
+        self._skipped: set[tuple[str, str, str]] = set()
 
     def build(
         self, session: Session, s: int, epoch: int, store_id: str, failed: dict[str, float]
@@ -198,8 +206,10 @@ class PlanBuilder(PlanePart):
         resources = self._carried_resources()
         demands: dict[tuple[str, str], Demand] = {}  # (job, kind) -> one dict, shared
         for r in rows:
-            job = self.jobs.get(r.job_id, session)
-            kind = self.server_index[r.server][0]
+            found = self._usable(r, session)
+            if found is None:
+                continue
+            job, kind = found
             demand = demands.get((r.job_id, kind))
             if demand is None:
                 demand = demands[(r.job_id, kind)] = task_demand(job, kind, resources)
@@ -226,6 +236,47 @@ class PlanBuilder(PlanePart):
                 window=self.c.window,
             ))  # fmt: skip
         return plans
+
+    def _usable(self, row: Any, session: Session) -> tuple[Job, str] | None:
+        """``row``'s job and its server's kind (``"worker"`` or ``"ps"``), or None if
+        the row is not one the daemon writes (a hand edit under the running daemon): a
+        server not configured, a spec that does not read, a count that is not an integer
+        from 0 to the job's chunks, or workers on a PS server (PS on a worker server).
+        Such a row is left out of the plans and logged, once a slot; the next restart
+        takes its job out or re-plans it (:mod:`controller.admission.recovery`). Before,
+        a row on a server not configured raised KeyError out of every round: the plane
+        reconnected in a loop and no tenant's plan went out."""
+        why = ""
+        job: Job | None = None
+        index = self.server_index.get(row.server)
+        if index is None:
+            why = "its server is not configured"
+        else:
+            try:
+                job = self.jobs.get(row.job_id, session)
+            except (SpecError, KeyError) as err:
+                why = f"its job's spec does not read: {str(err)[:200]}"
+        if job is not None and index is not None:
+            off = "ps" if index[0] == "worker" else "workers"
+            for name, value in (("workers", row.workers), ("ps", row.ps)):
+                if not (is_integer(value) and 0 <= value <= job.chunks):
+                    shown = "no integer" if value is None else str(value)[:24]
+                    why = f"{name}: must be 0 .. {job.chunks} (its chunks), got {shown}"
+                elif name == off and value:
+                    why = f"{name}: {value} on a {index[0]} server"
+        if not why:
+            assert job is not None and index is not None
+            return job, index[0]
+        key = (str(row.job_id)[:128], str(row.server)[:64], str(row.slot)[:24])
+        if key not in self._skipped and len(self._skipped) < MAX_SKIPPED_LOGGED:
+            self._skipped.add(key)
+            self.log.warning(
+                "stored allocation left out of the plans", job=key[0], server=key[1],
+                slot=key[2], why=why,
+                hint="a row no daemon writes (a hand edit of the store): restart the "
+                "daemon to take the job out or re-plan it",
+            )  # fmt: skip
+        return None
 
     def check_devices(self) -> None:
         """Warn of a device resource that the cluster does not have while one of its
