@@ -436,6 +436,12 @@ OFFLINE_EDITS: dict[str, tuple[list[str], str]] = {
                          "allocation of job 'j0' at slot"),
     "settings of the wrong type": (["UPDATE meta SET value = '[1]' WHERE key = 'settings'"],
                                    "the store's meta row 'settings'"),
+    # the message named the id whole: a line of 2 MB on stderr
+    "an id of a megabyte": (
+        ["UPDATE jobs SET id = printf('%.*c', 1000000, 'c'), spec = replace(spec, "
+         "'\"id\":\"j4\"', '\"id\":\"' || printf('%.*c', 1000000, 'c') || '\"') "
+         "WHERE id = 'j4'"],
+        "ccc... (1000000 characters) no longer fits the servers"),
 }  # fmt: skip
 CALIBRATE_UNREAD = {"an arrival a trillion slots out", "a negative count"}
 
@@ -464,6 +470,7 @@ def test_the_offline_tools_name_a_bad_row(store: Store, edit: str) -> None:
             continue
         assert out.returncode == 2, (command, out.stderr)
         assert message in out.stderr, (command, out.stderr)
+        assert len(out.stderr) < 10_000, (command, out.stderr[:2000])
 
 
 @pytest.mark.parametrize(
