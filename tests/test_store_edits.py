@@ -889,3 +889,29 @@ async def _retained_plans(port: int) -> dict[str, Any]:
                         plan = json.loads(message.payload)
                         got[plan["server"]] = plan
     return got
+
+
+@pytest.mark.parametrize("store", ["postgresql"], indirect=True)
+def test_a_writer_epoch_edited_near_2_63_is_not_counted_on_from(
+    store: Store, tmp_path: Path
+) -> None:
+    """Before: a ``writer`` row whose epoch was edited to 2**63 - 1 was counted on from:
+    the daemon led in epoch 2**63, which no int64 carries, and every GetLeadership failed
+    with ValueError (``oasis status``: "unreachable", "no node named in --server leads").
+    Such an epoch now reads as none: the daemon counts on from its events' epoch."""
+    store.execute(
+        'UPDATE meta SET value = \'{"host": "h", "pid": 1, "epoch": '
+        "9223372036854775807}' WHERE key = 'writer'"
+    )
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store.url, store.epoch)
+    log = tmp_path / "oasisd.log"
+    daemon = Daemon(config, log).start()
+    try:
+        with grpc.insecure_channel(daemon.address) as channel:
+            answer = pb_grpc.HighAvailabilityStub(channel).GetLeadership(
+                pb.GetLeadershipRequest(), timeout=10
+            )
+    finally:
+        assert daemon.stop() == 0, log.read_text()
+    assert answer.role == "leader" and 0 < answer.epoch < 1 << 62, answer
+    assert "Traceback" not in log.read_text()
