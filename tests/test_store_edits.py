@@ -818,8 +818,9 @@ def test_rows_edited_under_a_running_daemon_are_left_out_of_the_plans_alone(
     """The plane builds each round's plans from the store. Before: a row inserted by hand
     on a server not configured raised KeyError out of every round ("execution plane
     failed; reconnecting", in a loop): no tenant's plan went out again until a restart;
-    a count edited past the job's chunks went to the agent as it was. Now each such row
-    is left out and logged; every other row of the slot goes out."""
+    a count edited past the job's chunks, or a row moved onto a slot whose server other
+    jobs fill, went to the agent as it was (past the server's capacity). Now each such
+    row is left out and logged; every other row of the slot goes out."""
     broker = Mosquitto()
     config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store.url, store.epoch)
     config.write_text(
@@ -835,6 +836,8 @@ def test_rows_edited_under_a_running_daemon_are_left_out_of_the_plans_alone(
             "UPDATE allocations SET workers = 1000 WHERE job_id = 'j0' AND slot = 1 "
             "AND server = 'w1'",
             "INSERT INTO allocations VALUES ('j0', 1, 'p1', 2, 0)",
+            # j3's last slot moved onto j0's first: over w0's and w2's GPUs with j0
+            "UPDATE allocations SET slot = 1 WHERE job_id = 'j3' AND slot = 10",
         )
         engine = sqlalchemy.create_engine(store.url)
         with engine.connect() as conn:
@@ -855,14 +858,17 @@ def test_rows_edited_under_a_running_daemon_are_left_out_of_the_plans_alone(
     assert "execution plane failed" not in text and "Traceback" not in text, text
     logged = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
     left_out = {
-        (e["server"], e["why"])
+        (e["job"], e["server"], e["why"])
         for e in logged
         if e["event"] == "stored allocation left out of the plans"
     }
+    over = "with the jobs decided before it"
     assert left_out == {
-        ("ghost", "its server is not configured"),
-        ("w1", "workers: must be 0 .. 10 (its chunks), got 1000"),
-        ("p1", "workers: 2 on a ps server"),
+        ("j0", "ghost", "its server is not configured"),
+        ("j0", "w1", "workers: must be 0 .. 10 (its chunks), got 1000"),
+        ("j0", "p1", "workers: 2 on a ps server"),
+        ("j3", "w0", f"over the server's capacity of gpu (8 > 4) {over}"),
+        ("j3", "w2", f"over the server's capacity of gpu (10 > 8) {over}"),
     }, left_out
     tasks = {
         server: [(t["job"], t["workers"], t["ps"]) for t in plan["next"]["tasks"]]
@@ -870,9 +876,9 @@ def test_rows_edited_under_a_running_daemon_are_left_out_of_the_plans_alone(
     }
     assert tasks == {
         "w0": [("j0", 4, 0)],
-        "w1": [],
+        "w1": [("j3", 2, 0)],  # fits: j0's row there is left out
         "w2": [("j0", 2, 0)],
-        "p0": [("j0", 0, 2)],
+        "p0": [("j0", 0, 2), ("j3", 0, 2)],
         "p1": [],
     }, tasks
 
