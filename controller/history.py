@@ -183,7 +183,10 @@ def load_history(db: Database, first: int | None = None, last: int | None = None
     ps_used = np.zeros((horizon, *cluster.ps_capacity.shape))
     units: dict[str, list[Any]] = {}
     for a in allocs:
-        where = f"allocation of job {a.job_id!r} at slot {a.slot} on {a.server}"
+        where = (
+            f"allocation of job {_named(a.job_id)!r} at slot {str(a.slot)[:24]} on "
+            f"{_named(a.server)}"
+        )
         if not (_natural(a.slot, 1 << 63) and _natural(a.workers) and _natural(a.ps)):
             raise HistoryError(f"{where}: a slot >= 0 and counts 0 .. 2**31 - 1, got "
                                f"{str(a.workers)[:24]} workers, {str(a.ps)[:24]} PS")  # fmt: skip
@@ -205,7 +208,9 @@ def load_history(db: Database, first: int | None = None, last: int | None = None
             else:
                 ps_used[t, s] += a.ps * _vector(spec.get("ps", {}), resources)
         except (AttributeError, TypeError, ValueError) as err:
-            raise HistoryError(f"the stored spec of job {a.job_id!r}: its demands: {err}") from err
+            raise HistoryError(
+                f"the stored spec of job {_named(a.job_id)!r}: its demands: {err}"
+            ) from err
 
     notes = retention_notes + _job_notes(arrived, compared)
     notes += clip_over_capacity(cluster, lo, worker_used, ps_used, allocs, set(index))
@@ -449,11 +454,20 @@ def _job(row: Any, cluster: Cluster, slot_seconds: float, window: int, arrival: 
             slot_seconds=slot_seconds,
             slots_available=lambda _a: window,
             arrival=arrival,
-            field=f"job {row.id}",
+            field=f"job {_named(row.id)}",
             keyed=True,
         )
     except SpecError as err:
-        raise HistoryError(f"stored job {row.id} no longer fits the servers: {err}") from err
+        raise HistoryError(
+            f"stored job {_named(row.id)} no longer fits the servers: {err}"
+        ) from err
+
+
+def _named(job_id: Any) -> str:
+    """A stored job id as a message names it: its first 128 characters (an edited row's
+    id may be megabytes long, which the message printed whole)."""
+    text = str(job_id)
+    return text if len(text) <= 128 else f"{text[:128]}... ({len(text)} characters)"
 
 
 def _daemon_state(session: Session) -> tuple[int, float, Cluster]:
@@ -503,7 +517,7 @@ def _spec(row: Any) -> dict[str, Any]:
     except SpecError as err:
         raise HistoryError(str(err)) from err
     if not isinstance(spec, dict):
-        raise HistoryError(f"the stored spec of job {row.id!r}: must be a JSON object, got "
+        raise HistoryError(f"the stored spec of job {_named(row.id)!r}: must be a JSON object, got "
                            f"{type(spec).__name__}")  # fmt: skip
     return spec
 

@@ -15,6 +15,10 @@ store, and exit status 1 (``oasisd: ...``), never a traceback:
 - the store's recorded slot 0 (meta row ``epoch``) is malformed;
 - the store is new where the role's ``search_path`` looks, while another schema of its
   database holds one (a DBA moved the path: ``controller/store/search_path.py``), exit 2;
+- the store's tables are not at the schema revision it records (its ``alembic_version``
+  edited, or restored from another backup than its tables: a migration finds its index
+  there already, or a column the revision has is missing), exit 2
+  (``controller/store/schema_check.py``);
 - the store's schema is at a revision this oasis does not know (a newer oasis migrated
   it: run that one, or restore a backup from before it ran); exit status 2, as for a
   config whose slot grid is not the store's: the systemd unit does not restart either,
@@ -41,6 +45,7 @@ from controller.errors import SlotGridChangedError, StoreEditedError
 from controller.store import MetaRow, StoreUnavailableError, StoreVersionError, migrate
 from controller.store.database import Database, rewrites_ahead
 from controller.store.refusals import lock_waited, refusal
+from controller.store.schema_check import StoreSchemaError
 from controller.store.search_path import StoreHiddenError, StoreUnversionedError
 from controller.store.urls import shown
 from controller.store.writer_lock import PostgresWriterLock, StoreLockedError, WriterLock
@@ -117,6 +122,8 @@ def open_store(config: Config, controller: AdmissionController, writer: WriterLo
     except StoreHiddenError as err:  # search_path moved: a restart would not move it back
         raise StartupError(f"cannot use {store}: {err}", status=2) from err
     except StoreUnversionedError as err:  # a restore in part: an operator's to mend
+        raise StartupError(f"cannot use {store}: it {err}", status=2) from err
+    except StoreSchemaError as err:  # tables and alembic_version apart: the same
         raise StartupError(f"cannot use {store}: it {err}", status=2) from err
     except StoreEditedError as err:  # rows no daemon writes: an operator mends them
         raise StartupError(f"cannot use {store}: {err}", status=2) from err

@@ -264,9 +264,35 @@ def test_a_row_the_destination_refuses_midway_leaves_it_empty(
     url = postgres.new_database()
     out = _copy("--from", str(db_file), "--to", url, "--batch", "1")
     assert out.returncode == 1, out.stderr
-    assert "copying servers: value too long" in out.stderr, out.stderr
+    assert (
+        "copying servers: the row of name 'p1': its kind is 40 characters, over the "
+        "column's 16" in out.stderr
+    ), out.stderr
     assert "the destination" in out.stderr and "holds no row" in out.stderr
     assert "events: " in out.stderr  # the earlier tables went in before it failed
+    assert sum(_pg_rows(url).values()) == 0
+
+
+def test_a_value_sqlite_kept_of_another_type_is_named_by_its_row(
+    source: Source, postgres: Postgres, tmp_path: Path
+) -> None:
+    """Before: "copying jobs: null value in column "decided_at" of relation "jobs"
+    violates not-null constraint", of a source whose rows hold no NULL (SQLite keeps
+    'yesterday' in a time column; it reads as NULL), and no row named: an operator's
+    ``WHERE decided_at IS NULL`` found nothing to mend."""
+    db_file = _snapshot(source, tmp_path / "data")
+    with sqlite3.connect(db_file) as db:
+        [(job,)] = db.execute("SELECT id FROM jobs ORDER BY id LIMIT 1 OFFSET 2").fetchall()
+        db.execute("UPDATE jobs SET decided_at = 'yesterday' WHERE id = ?", (job,))
+    db.close()
+    url = postgres.new_database()
+    out = _copy("--from", str(db_file), "--to", url)
+    assert out.returncode == 1, out.stderr
+    assert (
+        f"copying jobs: the row of id {job!r}: its decided_at does not read as DATETIME"
+        in out.stderr
+    ), out.stderr
+    assert "holds no row" in out.stderr and "Traceback" not in out.stderr
     assert sum(_pg_rows(url).values()) == 0
 
 

@@ -5,23 +5,29 @@ as it was. Nothing prints a traceback."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import math
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiomqtt
 import grpc
 import pytest
 import sqlalchemy
 
+from controller.plane.topics import Topics
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.store.stored import MAX_STORED_SPEC
+from tests.broker import NEEDS_MOSQUITTO, Mosquitto
 from tests.servers import CLUSTER_TOML, ROOT, Daemon, Postgres, oasis, write_config
 from tests.test_config_shrink import Decided, _plan, copy_of, decide_in, read_back
 from tests.test_metrics import METRICS_ON, Samples, parse, value
@@ -334,6 +340,47 @@ def test_a_store_of_a_newer_version_is_refused_in_one_line(store: Store, tmp_pat
     assert "newer oasis" in lines[0] and "0009" in lines[0], lines[0]
 
 
+SCHEMA_APART: dict[str, tuple[str, str]] = {
+    # alembic_version restored from an older backup than the tables: 0006's index is there
+    "revision older than the tables": (
+        "UPDATE alembic_version SET version_num = '0005'",
+        "records schema revision '0005', but its tables are already past it",
+    ),
+    # a table restored from a backup older than alembic_version
+    "tables older than the revision": (
+        "ALTER TABLE jobs DROP COLUMN decided_slot",
+        "records schema revision '0009', but lacks its column jobs.decided_slot",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("store", "edit"),
+    _cases(sorted(SCHEMA_APART), ["revision older than the tables"]),
+    indirect=["store"],
+)
+def test_tables_apart_from_their_schema_revision_stop_the_start_with_exit_2(
+    store: Store, tmp_path: Path, edit: str
+) -> None:
+    """Before: the migration from the older revision failed on its own index ("index
+    ix_jobs_state_sequence already exists"), or the rebuild on the missing column ("no
+    such column: jobs.decided_slot"): exit 1, which the unit restarts every 2 s for
+    ever. Now exit 2 naming the revision and what is apart, the store left as it was."""
+    statement, message = SCHEMA_APART[edit]
+    store.execute(statement)
+    out = _start_refused(store, tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert message in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+    engine = sqlalchemy.create_engine(store.url)
+    try:
+        with engine.connect() as conn:
+            revision = conn.scalar(sqlalchemy.text("SELECT version_num FROM alembic_version"))
+    finally:
+        engine.dispose()
+    assert revision == ("0005" if "older than the tables" in edit else "0009")
+
+
 @pytest.mark.parametrize(
     ("store", "up_from"), _cases(["NULL", "1000000000000"], ["NULL"]), indirect=["store"]
 )
@@ -389,6 +436,12 @@ OFFLINE_EDITS: dict[str, tuple[list[str], str]] = {
                          "allocation of job 'j0' at slot"),
     "settings of the wrong type": (["UPDATE meta SET value = '[1]' WHERE key = 'settings'"],
                                    "the store's meta row 'settings'"),
+    # the message named the id whole: a line of 2 MB on stderr
+    "an id of a megabyte": (
+        ["UPDATE jobs SET id = printf('%.*c', 1000000, 'c'), spec = replace(spec, "
+         "'\"id\":\"j4\"', '\"id\":\"' || printf('%.*c', 1000000, 'c') || '\"') "
+         "WHERE id = 'j4'"],
+        "ccc... (1000000 characters) no longer fits the servers"),
 }  # fmt: skip
 CALIBRATE_UNREAD = {"an arrival a trillion slots out", "a negative count"}
 
@@ -417,6 +470,7 @@ def test_the_offline_tools_name_a_bad_row(store: Store, edit: str) -> None:
             continue
         assert out.returncode == 2, (command, out.stderr)
         assert message in out.stderr, (command, out.stderr)
+        assert len(out.stderr) < 10_000, (command, out.stderr[:2000])
 
 
 @pytest.mark.parametrize(
@@ -753,4 +807,117 @@ def test_progress_rows_too_large_or_of_the_wrong_shape_are_read_no_further(
         assert daemon.stop() == 0, log.read_text()
     [skipped] = _logged(log.read_text(), "stored progress ignored")
     assert skipped["job"] == "j1" and "over 8388608" in skipped["why"], skipped
+    assert "Traceback" not in log.read_text()
+
+
+@NEEDS_MOSQUITTO
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)
+def test_rows_edited_under_a_running_daemon_are_left_out_of_the_plans_alone(
+    store: Store, tmp_path: Path
+) -> None:
+    """The plane builds each round's plans from the store. Before: a row inserted by hand
+    on a server not configured raised KeyError out of every round ("execution plane
+    failed; reconnecting", in a loop): no tenant's plan went out again until a restart;
+    a count edited past the job's chunks, or a row moved onto a slot whose server other
+    jobs fill, went to the agent as it was (past the server's capacity). Now each such
+    row is left out and logged; every other row of the slot goes out."""
+    broker = Mosquitto()
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store.url, store.epoch)
+    config.write_text(
+        config.read_text().replace(
+            "[cluster]", f'[mqtt]\nurl = "{broker.url}"\nheartbeat_seconds = 0.3\n\n[cluster]'
+        )
+    )
+    log = tmp_path / "oasisd.log"
+    daemon = Daemon(config, log).start()
+    try:
+        store.execute(
+            "INSERT INTO allocations VALUES ('j0', 1, 'ghost', 3, 0)",
+            "UPDATE allocations SET workers = 1000 WHERE job_id = 'j0' AND slot = 1 "
+            "AND server = 'w1'",
+            "INSERT INTO allocations VALUES ('j0', 1, 'p1', 2, 0)",
+            # j3's last slot moved onto j0's first: over w0's and w2's GPUs with j0
+            "UPDATE allocations SET slot = 1 WHERE job_id = 'j3' AND slot = 10",
+        )
+        engine = sqlalchemy.create_engine(store.url)
+        with engine.connect() as conn:
+            stored = conn.scalar(sqlalchemy.text("SELECT spec FROM jobs WHERE id = 'j0'"))
+        engine.dispose()
+        spec = {**json.loads(stored), "id": "after-the-edit"}
+        path = tmp_path / "job.json"
+        path.write_text(json.dumps(spec))
+        oasis("submit", str(path), server=daemon.address)  # a round of plans
+        deadline = time.monotonic() + 30
+        while "left out of the plans" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        plans = asyncio.run(_retained_plans(broker.port))
+    finally:
+        assert daemon.stop() == 0, log.read_text()
+        broker.close()
+    text = log.read_text()
+    assert "execution plane failed" not in text and "Traceback" not in text, text
+    logged = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    left_out = {
+        (e["job"], e["server"], e["why"])
+        for e in logged
+        if e["event"] == "stored allocation left out of the plans"
+    }
+    over = "with the jobs decided before it"
+    assert left_out == {
+        ("j0", "ghost", "its server is not configured"),
+        ("j0", "w1", "workers: must be 0 .. 10 (its chunks), got 1000"),
+        ("j0", "p1", "workers: 2 on a ps server"),
+        ("j3", "w0", f"over the server's capacity of gpu (8 > 4) {over}"),
+        ("j3", "w2", f"over the server's capacity of gpu (10 > 8) {over}"),
+    }, left_out
+    tasks = {
+        server: [(t["job"], t["workers"], t["ps"]) for t in plan["next"]["tasks"]]
+        for server, plan in plans.items()
+    }
+    assert tasks == {
+        "w0": [("j0", 4, 0)],
+        "w1": [("j3", 2, 0)],  # fits: j0's row there is left out
+        "w2": [("j0", 2, 0)],
+        "p0": [("j0", 0, 2), ("j3", 0, 2)],
+        "p1": [],
+    }, tasks
+
+
+async def _retained_plans(port: int) -> dict[str, Any]:
+    """The plan the broker on ``port`` holds retained per server (its ``server``)."""
+    got: dict[str, Any] = {}
+    async with aiomqtt.Client("127.0.0.1", port) as client:
+        await client.subscribe(Topics("oasis").all_plans, qos=0)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2):
+                async for message in client.messages:
+                    if isinstance(message.payload, bytes) and message.payload:
+                        plan = json.loads(message.payload)
+                        got[plan["server"]] = plan
+    return got
+
+
+@pytest.mark.parametrize("store", ["postgresql"], indirect=True)
+def test_a_writer_epoch_edited_near_2_63_is_not_counted_on_from(
+    store: Store, tmp_path: Path
+) -> None:
+    """Before: a ``writer`` row whose epoch was edited to 2**63 - 1 was counted on from:
+    the daemon led in epoch 2**63, which no int64 carries, and every GetLeadership failed
+    with ValueError (``oasis status``: "unreachable", "no node named in --server leads").
+    Such an epoch now reads as none: the daemon counts on from its events' epoch."""
+    store.execute(
+        'UPDATE meta SET value = \'{"host": "h", "pid": 1, "epoch": '
+        "9223372036854775807}' WHERE key = 'writer'"
+    )
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store.url, store.epoch)
+    log = tmp_path / "oasisd.log"
+    daemon = Daemon(config, log).start()
+    try:
+        with grpc.insecure_channel(daemon.address) as channel:
+            answer = pb_grpc.HighAvailabilityStub(channel).GetLeadership(
+                pb.GetLeadershipRequest(), timeout=10
+            )
+    finally:
+        assert daemon.stop() == 0, log.read_text()
+    assert answer.role == "leader" and 0 < answer.epoch < 1 << 62, answer
     assert "Traceback" not in log.read_text()

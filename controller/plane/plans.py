@@ -17,6 +17,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
+from numpy.typing import NDArray
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -28,12 +30,16 @@ from controller.plane.plan_messages import Plan, SlotPlan, Task
 from controller.plane.port import AdmissionPort
 from controller.plane.settings import MqttConfig
 from controller.store import AllocationRow, JobRow
+from pricing.errors import SpecError
+from pricing.fields import is_integer
 from pricing.job import Job
 
 __all__ = [
     "BUMP_SECONDS",
+    "CAPACITY_SLACK",
     "MAX_EPOCH_STEP",
     "MAX_FOLLOWED_EPOCH",
+    "MAX_SKIPPED_LOGGED",
     "EpochClaims",
     "PlanBuilder",
     "plan_task",
@@ -49,6 +55,13 @@ each other at every round, each sending every plan again."""
 MAX_EPOCH_STEP = 1 << 40
 """The furthest above this daemon's epoch a heartbeat's may move it (a trillion rounds: no
 store restored from a backup is that far behind; a hostile claim moves it only so far)."""
+CAPACITY_SLACK = 1e-6
+"""Relative (and absolute) use past a server's capacity a plan built from the store may
+show before its row is left out: the ledger places up to ``1e-9`` of a worker's demand
+past it (SPEC 5's room rule), far below this."""
+MAX_SKIPPED_LOGGED = 1000
+"""Stored allocation rows left out of the plans that are logged, one line each, over the
+daemon's life (a store edited in bulk is not logged row by row without end)."""
 MAX_FOLLOWED_EPOCH = 1 << 52
 """The highest epoch an agent's heartbeat may move this daemon's to (see
 :meth:`controller.plane.execution.Execution.plans_sync`): plan epochs are at most 2**53,
@@ -179,6 +192,8 @@ class PlanBuilder(PlanePart):
     ) -> None:
         super().__init__(controller, mqtt, jobs)
         self.server_index = server_index
+        # (job, server, slot) of the stored rows left out of plans and logged
+        self._skipped: set[tuple[str, str, str]] = set()
 
     def build(
         self, session: Session, s: int, epoch: int, store_id: str, failed: dict[str, float]
@@ -197,9 +212,12 @@ class PlanBuilder(PlanePart):
         device = self._device_resource()
         resources = self._carried_resources()
         demands: dict[tuple[str, str], Demand] = {}  # (job, kind) -> one dict, shared
+        used: dict[tuple[str, int], NDArray[np.float64]] = {}  # (server, slot) -> use
         for r in rows:
-            job = self.jobs.get(r.job_id, session)
-            kind = self.server_index[r.server][0]
+            found = self._usable(r, session)
+            if found is None or not self._fits(r, found, used):
+                continue
+            job, kind = found
             demand = demands.get((r.job_id, kind))
             if demand is None:
                 demand = demands[(r.job_id, kind)] = task_demand(job, kind, resources)
@@ -226,6 +244,84 @@ class PlanBuilder(PlanePart):
                 window=self.c.window,
             ))  # fmt: skip
         return plans
+
+    def _usable(self, row: Any, session: Session) -> tuple[Job, str] | None:
+        """``row``'s job and its server's kind (``"worker"`` or ``"ps"``), or None if
+        the row is not one the daemon writes (a hand edit under the running daemon): a
+        server not configured, a spec that does not read, a count that is not an integer
+        from 0 to the job's chunks, or workers on a PS server (PS on a worker server).
+        Such a row is left out of the plans and logged, once a slot; the next restart
+        takes its job out or re-plans it (:mod:`controller.admission.recovery`). Before,
+        a row on a server not configured raised KeyError out of every round: the plane
+        reconnected in a loop and no tenant's plan went out."""
+        why = ""
+        job: Job | None = None
+        index = self.server_index.get(row.server)
+        if index is None:
+            why = "its server is not configured"
+        else:
+            try:
+                job = self.jobs.get(row.job_id, session)
+            except (SpecError, KeyError) as err:
+                why = f"its job's spec does not read: {str(err)[:200]}"
+        if job is not None and index is not None:
+            off = "ps" if index[0] == "worker" else "workers"
+            for name, value in (("workers", row.workers), ("ps", row.ps)):
+                if not (is_integer(value) and 0 <= value <= job.chunks):
+                    shown = "no integer" if value is None else str(value)[:24]
+                    why = f"{name}: must be 0 .. {job.chunks} (its chunks), got {shown}"
+                elif name == off and value:
+                    why = f"{name}: {value} on a {index[0]} server"
+        if not why:
+            assert job is not None and index is not None
+            return job, index[0]
+        self._left_out(row, why)
+        return None
+
+    def _left_out(self, row: Any, why: str) -> None:
+        """Log, once per job, server and slot, that stored ``row`` is left out of the
+        plans, and ``why``."""
+        key = (str(row.job_id)[:128], str(row.server)[:64], str(row.slot)[:24])
+        if key not in self._skipped and len(self._skipped) < MAX_SKIPPED_LOGGED:
+            self._skipped.add(key)
+            self.log.warning(
+                "stored allocation left out of the plans", job=key[0], server=key[1],
+                slot=key[2], why=why,
+                hint="a row no daemon writes (a hand edit of the store): restart the "
+                "daemon to take the job out or re-plan it",
+            )  # fmt: skip
+
+    def _fits(
+        self, row: Any, found: tuple[Job, str], used: dict[tuple[str, int], NDArray[np.float64]]
+    ) -> bool:
+        """Whether ``row`` (of ``found``: its job and server kind) fits its server's
+        capacity with the rows of its server and slot taken before it (``used``, their
+        use per resource, which this adds it to). Rows come in decision order, as the
+        ledger admitted them, so only a row an edit under the running daemon moved or
+        added can fail this; it is left out and logged (:meth:`_left_out`), not sent to
+        an agent to run past the server's capacity. The ledger's own rounding slack
+        (``floor(free / w + 1e-9)``) is far within :data:`CAPACITY_SLACK`."""
+        job, kind = found
+        index = self.server_index[row.server][1]
+        cluster = self.c.cluster
+        capacity = (cluster.worker_capacity if kind == "worker" else cluster.ps_capacity)[index]
+        per, count = (job.worker, row.workers) if kind == "worker" else (job.ps, row.ps)
+        if not count:
+            return True
+        key = (row.server, row.slot)
+        total = used.get(key, 0.0) + np.asarray(per, np.float64) * count
+        over = total > capacity * (1 + CAPACITY_SLACK) + CAPACITY_SLACK
+        if over.any():
+            r = int(np.flatnonzero(over)[0])
+            name = cluster.resources[r]
+            why = (
+                f"over the server's capacity of {name} ({total[r]:.6g} > {capacity[r]:.6g}) "
+                "with the jobs decided before it"
+            )
+            self._left_out(row, why)
+            return False
+        used[key] = total
+        return True
 
     def check_devices(self) -> None:
         """Warn of a device resource that the cluster does not have while one of its

@@ -19,8 +19,9 @@ one). In order:
 
 Values go through the models' column types: a time SQLite kept without a zone (the
 daemon writes UTC) is written as UTC; a value SQLite kept that is not of its column's
-type reads as NULL (:mod:`.lenient`), and the destination refuses it where NULL is not
-allowed: the copy fails, naming the table, and the destination stays empty.
+type reads as NULL (:mod:`.lenient`): where NULL is not allowed, or a string is longer
+than its column (which PostgreSQL enforces), the copy fails naming the table, the row's
+key and the column, and the destination stays empty.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Connection, Table, func, inspect, select, text
+from sqlalchemy import JSON, Connection, String, Table, func, inspect, select, text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from controller.store.database import (
@@ -249,6 +250,11 @@ def _copy(
                 report.rows[t.name] = _copy_table(t, reading, writing, batch, progress)
             table = ""
             report.sequences = _advance_sequences(writing)
+    except _BadRowError as err:
+        raise CopyError(
+            f"copying {table}: {err}; nothing was copied: the destination "
+            f"{report.destination} holds no row"
+        ) from err
     except DBAPIError as err:
         where = f"copying {table}: " if table else ""
         raise CopyError(
@@ -268,10 +274,19 @@ def _copy_table(
     times = [c.name for c in table.columns if c.type.python_type is datetime]
     query = select(table).order_by(*table.primary_key.columns)
     done = 0
+    # NOT NULL, but JSON: a document that does not read is written as JSON null, which
+    # the column allows and the daemon reads as it read the source's
+    required = [c.name for c in table.columns if not c.nullable and not isinstance(c.type, JSON)]
+    lengths = [
+        (c.name, c.type.length)
+        for c in table.columns
+        if isinstance(c.type, String) and c.type.length is not None
+    ]
     result = reading.execution_options(yield_per=batch).execute(query)
     for rows in result.partitions(batch):
         values = [dict(row._mapping) for row in rows]
         for value in values:
+            _check_row(table, value, required, lengths)
             for name in times:
                 at = value[name]
                 if isinstance(at, datetime) and at.tzinfo is None:
@@ -280,6 +295,38 @@ def _copy_table(
         done += len(values)
         progress(table.name, done, total)
     return done
+
+
+class _BadRowError(Exception):
+    """A source row the destination would refuse (the message names it and why)."""
+
+
+def _check_row(
+    table: Table, value: dict[str, Any], required: list[str], lengths: list[tuple[str, int]]
+) -> None:
+    """:class:`_BadRowError` naming ``value`` (a row of ``table`` as read) by its key if a
+    column of ``required`` (NOT NULL) read as None, or a string is longer than its
+    column's length (``lengths``: PostgreSQL holds a VARCHAR to it, SQLite does not).
+    Before, the copy failed on PostgreSQL's words alone (``null value in column
+    "decided_at" of relation "jobs"``), where the source row holds no NULL but a value
+    SQLite kept of another type ('yesterday'), which no ``IS NULL`` finds."""
+    key = ", ".join(f"{c.name} {str(value.get(c.name))[:64]!r}" for c in table.primary_key.columns)
+    for name in required:
+        if value.get(name) is None:
+            column_type = table.columns[name].type
+            plain = getattr(column_type, "impl_instance", column_type)  # a lenient type's
+            raise _BadRowError(
+                f"the row of {key}: its {name} does not read as {plain} (a value of another "
+                "type, kept by SQLite from a hand edit, reads as NULL, which the column "
+                "does not allow); mend that row in the source and copy again"
+            )
+    for name, length in lengths:
+        text_value = value.get(name)
+        if isinstance(text_value, str) and len(text_value) > length:
+            raise _BadRowError(
+                f"the row of {key}: its {name} is {len(text_value)} characters, over the "
+                f"column's {length}; mend that row in the source and copy again"
+            )
 
 
 def _advance_sequences(conn: Connection) -> dict[str, int]:

@@ -47,6 +47,7 @@ from sqlalchemy.pool import NullPool
 
 from controller.store.lock_waits import is_lock_wait, sqlite_write_lock_free
 from controller.store.refusals import is_refusal, refusal
+from controller.store.schema_check import check_tables, revision_behind
 from controller.store.search_path import check_new_store, check_unversioned
 from controller.store.sqlite_file import StoreFile
 from controller.store.write_probe import DRY_WRITES
@@ -656,6 +657,7 @@ def migrate(db: Database, log: Any = None) -> str:
 
     script, head, current = _revisions(db)
     if current == head:
+        _check_tables(db, head)
         return head
     if current is not None and _unknown_revision(script, current):
         raise StoreVersionError(
@@ -668,6 +670,7 @@ def migrate(db: Database, log: Any = None) -> str:
     if log is None:
         log = structlog.wrap_logger(structlog.ReturnLogger())  # says nothing
     applied: list[str] = []  # what this call migrated, once committed
+    now = current
     try:
         with db.patient(_MIGRATION_SECONDS, locks=True), engine.begin() as conn:
             if engine.dialect.name == "postgresql":
@@ -687,6 +690,12 @@ def migrate(db: Database, log: Any = None) -> str:
                              migrations=applied)  # fmt: skip
                 started = time.monotonic()
                 command.upgrade(cfg, "head")
+    except DBAPIError as err:  # rolled back: the store is as it was
+        behind = revision_behind(now, err) if now is not None else None
+        if behind is not None:
+            raise behind from err
+        raise
+    else:
         if applied:  # committed: another daemon's migration leaves this one nothing
             log.info(
                 "store migrated" if now is not None else "store created",
@@ -698,7 +707,17 @@ def migrate(db: Database, log: Any = None) -> str:
     finally:
         if engine is not db.engine:
             engine.dispose()
+    _check_tables(db, head)
     return head
+
+
+def _check_tables(db: Database, revision: str) -> None:
+    """StoreSchemaError if the store, at ``revision``, lacks a table or column of the
+    models (:func:`~controller.store.schema_check.check_tables`)."""
+    from controller.store.models import Base
+
+    with db.engine.connect() as conn:
+        check_tables(conn, Base.metadata, revision)
 
 
 def _migration_steps(script: ScriptDirectory, head: str, current: str | None) -> list[str]:

@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from sqlalchemy import Connection, select, text
 from sqlalchemy.exc import DBAPIError
@@ -55,6 +55,7 @@ from pricing.fields import is_integer
 
 __all__ = [
     "LOCK_KEY",
+    "MAX_EPOCH",
     "FencedError",
     "FileWriterLock",
     "Holder",
@@ -63,6 +64,7 @@ __all__ = [
     "WriterLock",
     "check_epoch",
     "clock_offset",
+    "is_epoch",
     "recorded_holder",
     "writer_lock",
 ]
@@ -121,7 +123,7 @@ class Holder:
         if not isinstance(raw, dict):
             return None
         host, pid, since, epoch = (raw.get(k) for k in ("host", "pid", "since", "epoch"))
-        if not isinstance(host, str) or not isinstance(epoch, int) or isinstance(epoch, bool):
+        if not isinstance(host, str) or not is_epoch(epoch):
             return None
         try:
             at = datetime.fromisoformat(since) if isinstance(since, str) else None
@@ -158,7 +160,19 @@ def _newest_event_epoch(session: Session) -> int:
         with contextlib.suppress(ValueError, RecursionError):
             detail = json.loads(detail)
     epoch = detail.get("epoch") if isinstance(detail, dict) else None
-    return epoch if is_integer(epoch) and epoch > 0 else 0
+    return epoch if is_epoch(epoch) else 0
+
+
+MAX_EPOCH = 1 << 62
+"""Epochs count leaderships, one at a time, far below this; a stored one at or above it is
+an edit's. Taken as one, the next leader's epoch passed 2**63 - 1, which no reply carries
+(``int64``): every ``GetLeadership`` failed (``oasis status``: no node leads)."""
+
+
+def is_epoch(value: Any) -> TypeGuard[int]:
+    """Whether a stored ``epoch`` (the ``writer`` row's, an event's) reads as one: an
+    integer from 0 up to :data:`MAX_EPOCH`, exclusive."""
+    return is_integer(value) and 0 <= value < MAX_EPOCH
 
 
 def this_process(epoch: int = 0, address: str = "") -> Holder:
