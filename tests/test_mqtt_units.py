@@ -1402,6 +1402,24 @@ def test_the_inbox_is_bounded_per_server_and_keeps_each_jobs_latest_count() -> N
     assert [r.progress.jobs[0].job for r in tiny.take()] == ["j0", "j2"] and tiny.dropped == 1
 
 
+def test_a_sessions_counts_never_go_back_and_a_repeat_is_no_sample() -> None:
+    """The agents audit: a report below the session's earlier counts replaced them (100
+    mini-batches back to 10, a negative mini-batch time in the estimate), and every
+    report repeated was a sample of the estimate."""
+    from controller.plane.progress import JobProgress
+
+    prog = JobProgress()
+    assert prog.take("w0/a", 100.0, 50.0) and prog.dirty
+    assert not prog.take("w0/a", 10.0, 60.0)  # mini-batches back: the higher kept
+    assert prog.sessions == {"w0/a": [100.0, 60.0]}
+    assert not prog.take("w0/a", 120.0, 40.0)  # worker-seconds back
+    assert prog.sessions == {"w0/a": [120.0, 60.0]}
+    prog.dirty = False
+    assert prog.take("w0/a", 120.0, 60.0) and not prog.dirty  # a repeat: nothing new
+    assert prog.take("w0/b", 0.0, 0.0)  # a new session at 0: the totals stand
+    assert prog.samples == [(100.0, 50.0), (100.0, 60.0), (120.0, 60.0)]
+
+
 def test_a_report_counts_only_for_jobs_planned_on_its_server_around_its_slot(
     plane: PlaneDaemon,
 ) -> None:

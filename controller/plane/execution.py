@@ -89,7 +89,6 @@ from controller.plane.plans import (
 )
 from controller.plane.port import AdmissionPort
 from controller.plane.progress import (
-    MAX_SAMPLES,
     MAX_SESSIONS_PER_SERVER,
     JobProgress,
     ProgressView,
@@ -381,6 +380,8 @@ class Execution:
         unplanned: dict[str, set[str]] = {}  # server -> ids of its ignored entries (some)
         crowded: Counter[str] = Counter()
         other_run: Counter[str] = Counter()
+        backwards: Counter[str] = Counter()  # entries below their session's earlier counts
+        backwards_job: dict[str, str] = {}  # server -> the first such entry's job
         for received in reports:
             progress = received.progress
             self._seen(progress.server, received.at)
@@ -408,12 +409,13 @@ class Execution:
                 ):
                     crowded[progress.server] += 1
                     continue
-                prog.sessions[key] = [task.minibatches, task.worker_seconds]
-                self.failures.heard(task.job, progress.server, task.failures,
-                                    task.last_failure, heard_at)  # fmt: skip
-                prog.samples.append(prog.totals())
-                del prog.samples[:-MAX_SAMPLES]
-                prog.dirty = True
+                if not prog.take(key, task.minibatches, task.worker_seconds):
+                    # below the session's earlier counts: stale, and so its failures
+                    backwards[progress.server] += 1
+                    backwards_job.setdefault(progress.server, task.job)
+                else:
+                    self.failures.heard(task.job, progress.server, task.failures,
+                                        task.last_failure, heard_at)  # fmt: skip
                 self.review.pending.add(task.job)
         for server, entries in ignored.items():
             self._complain(server, "unplanned", "report entries ignored: jobs not planned on "
@@ -422,6 +424,11 @@ class Execution:
         for server, entries in other_run.items():
             self._complain(server, "run", "report entries ignored: counts of an earlier job "
                            "of the same id", entries=entries)  # fmt: skip
+        for server, entries in backwards.items():
+            self._complain(server, "backwards", "report entries below their agent session's "
+                           "earlier counts: the higher ones kept (a stale or out-of-order "
+                           "report, or an agent counting wrong)", entries=entries,
+                           job=backwards_job[server])  # fmt: skip
         for server, entries in crowded.items():
             self._complain(server, "sessions", "report entries dropped: too many agent "
                            "sessions for a job", entries=entries,

@@ -1,0 +1,130 @@
+"""Node agents' progress reports that are careless or hostile, against a real Mosquitto
+and a real oasisd with ``[mqtt]``: the test publishes as the agents (raw MQTT clients),
+so it can send what the reference agent never does.
+
+- A session's counts that go back (a stale or out-of-order report, an agent counting
+  wrong) are not taken: the higher ones stay, and the daemon says so, naming the server
+  and the job. Before, 100 mini-batches went back to 10, silently, and the job's
+  estimate said a mini-batch took a negative time.
+- A report repeated adds no sample to the job's runtime estimate.
+- Neither touches another tenant's job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiomqtt
+import pytest
+
+from controller.plane.topics import Heartbeat, Progress, TaskProgress
+from controller.rpc import oasis_pb2 as pb
+from tests.broker import NEEDS_MOSQUITTO
+from tests.test_mqtt_faults import TOPICS, Plane
+from tests.test_mqtt_plane import SERVERS, plane_job, wait_for
+
+pytestmark = NEEDS_MOSQUITTO
+
+
+class Agents:
+    """Every server's agent played by one MQTT client in a thread: a heartbeat of each
+    every 0.3 s, and the reports :meth:`report` queues, in order, at QoS 1."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.sessions = {s: f"{s}-session" for s in SERVERS}
+        self._out: list[tuple[str, bytes]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+        self._thread.start()
+
+    async def _run(self) -> None:
+        async with aiomqtt.Client("127.0.0.1", self.port) as client:
+            while not self._stop.is_set():
+                for server in SERVERS:
+                    beat = Heartbeat(server, self.sessions[server], sent_at=time.time())
+                    await client.publish(TOPICS.heartbeat(server), beat.to_bytes(), qos=0)
+                with self._lock:
+                    out, self._out = self._out, []
+                for topic, payload in out:
+                    await client.publish(topic, payload, qos=1)
+                await asyncio.sleep(0.3)
+
+    def report(self, server: str, job: str, minibatches: float, worker_seconds: float) -> None:
+        progress = Progress(server, self.sessions[server],
+                            [TaskProgress(job, minibatches, worker_seconds)])  # fmt: skip
+        with self._lock:
+            self._out.append((TOPICS.progress(server), progress.to_bytes()))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+@pytest.fixture
+def plane(tmp_path: Path) -> Iterator[tuple[Plane, Agents]]:
+    p = Plane(tmp_path)
+    agents: Agents | None = None
+    try:
+        p.daemon.start()
+        p.wait_logged("broker connected")
+        agents = Agents(p.broker.port)
+        yield p, agents
+    finally:
+        if agents is not None:
+            agents.close()
+        p.close()
+
+
+def worker_server(decision: dict[str, Any]) -> str:
+    """A server the job has workers on (its first, by name)."""
+    return str(min(a["server"] for a in decision["decision"]["allocations"] if a.get("workers")))
+
+
+def progress(p: Plane, job_id: str) -> Any:
+    return p.stub().GetProgress(pb.GetProgressRequest(id=job_id), timeout=10).progress
+
+
+def test_counts_that_go_back_are_not_taken_and_are_said(plane: tuple[Plane, Agents]) -> None:
+    p, agents = plane
+    a, b = p.submit(plane_job("a")), p.submit(plane_job("b"))
+    on_a, on_b = worker_server(a), worker_server(b)  # b: another tenant's job
+    agents.report(on_b, "b", 30, 15)
+    agents.report(on_a, "a", 100, 50)
+    wait_for("a's counts", lambda: progress(p, "a").minibatches_done == 100)
+    agents.report(on_a, "a", 10, 60)  # back: stale, or an agent counting wrong
+    agents.report(on_a, "a", 120, 40)  # more mini-batches, fewer worker-seconds
+    said = p.wait_logged(
+        "report entries below their agent session's earlier counts: the higher ones kept "
+        "(a stale or out-of-order report, or an agent counting wrong)"
+    )
+    assert said[0]["server"] == on_a and said[0]["job"] == "a", said
+    view = wait_for("a's next counts", lambda: (v := progress(p, "a")).minibatches_done == 120
+                    and v)  # fmt: skip
+    assert view.worker_seconds == 60  # the higher of each, never back
+    assert view.minibatch_seconds.mean > 0  # was -0.2 s: a fit to counts that went back
+    other = progress(p, "b")
+    assert (other.minibatches_done, other.worker_seconds) == (30, 15)
+    assert p.job("b").state in (pb.JOB_STATE_ADMITTED, pb.JOB_STATE_RUNNING)
+
+
+def test_a_repeated_report_adds_no_sample(plane: tuple[Plane, Agents]) -> None:
+    p, agents = plane
+    on_a = worker_server(p.submit(plane_job("a")))
+    agents.report(on_a, "a", 5, 3)
+    wait_for("a's counts", lambda: progress(p, "a").minibatches_done == 5)
+    for _ in range(5):  # a resend after a reconnection, a QoS 1 duplicate
+        agents.report(on_a, "a", 5, 3)
+    agents.report(on_a, "a", 7, 4)
+    view = wait_for("a's next counts", lambda: (v := progress(p, "a")).minibatches_done == 7
+                    and v)  # fmt: skip
+    assert view.reports == 2  # was 7: each repeat a sample of the estimate
+    assert p.logged("report entries below their agent session's earlier counts: the higher "
+                    "ones kept (a stale or out-of-order report, or an agent counting "
+                    "wrong)") == []  # fmt: skip
