@@ -1402,6 +1402,32 @@ def test_the_inbox_is_bounded_per_server_and_keeps_each_jobs_latest_count() -> N
     assert [r.progress.jobs[0].job for r in tiny.take()] == ["j0", "j2"] and tiny.dropped == 1
 
 
+def test_report_entries_the_inbox_drops_are_said_naming_their_server(
+    plane: PlaneDaemon,
+) -> None:
+    """The agents audit: entries dropped with a server's inbox and carry full were
+    counted (``ReportInbox.dropped``) and said nowhere; now the review says them per
+    server, and no other server's count is lost."""
+    from structlog.testing import capture_logs
+
+    from controller.plane.intake import ReportInbox
+
+    plane.submit("j")  # w0 runs its workers
+    ex = plane.ex
+    ex._reports = ReportInbox(max_entries=2)
+    for i in range(6):  # ever new made-up ids from p0: its queue, then its carry, fill
+        ex.report(Progress("p0", "s", [TaskProgress(f"ghost-{i}", 1.0, 1.0)]))
+    ex.report(Progress("w0", "a", [TaskProgress("j", 3.0, 40.0)]))
+    with capture_logs() as logs:
+        ex.review_sync()
+    said = [e for e in logs if e["event"].startswith("report entries dropped: this server's")]
+    assert [(e["server"], e["entries"]) for e in said] == [("p0", 2)]
+    assert ex.progress["j"].sessions == {"w0/a": [3.0, 40.0]}  # w0's count is untouched
+    with capture_logs() as logs:
+        ex.review_sync()  # said once: the count starts again
+    assert not [e for e in logs if e["event"].startswith("report entries dropped")]
+
+
 def test_a_sessions_counts_never_go_back_and_a_repeat_is_no_sample() -> None:
     """The agents audit: a report below the session's earlier counts replaced them (100
     mini-batches back to 10, a negative mini-batch time in the estimate), and every

@@ -429,6 +429,11 @@ class Execution:
                            "earlier counts: the higher ones kept (a stale or out-of-order "
                            "report, or an agent counting wrong)", entries=entries,
                            job=backwards_job[server])  # fmt: skip
+        for server, entries in self._reports.take_dropped().items():
+            self._complain(server, "inbox", "report entries dropped: this server's reports "
+                           "came faster than the daemon took them in, and the latest "
+                           "counts it keeps per job were full", entries=entries,
+                           limit=self._reports.max_entries)  # fmt: skip
         for server, entries in crowded.items():
             self._complain(server, "sessions", "report entries dropped: too many agent "
                            "sessions for a job", entries=entries,
