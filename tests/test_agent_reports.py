@@ -8,11 +8,16 @@ so it can send what the reference agent never does.
   estimate said a mini-batch took a negative time.
 - A report repeated adds no sample to the job's runtime estimate.
 - Neither touches another tenant's job.
+- An agent that beats but follows no plan (its broker user cannot read its plan's
+  topic) is said, and a job planned on its server, which nobody reported on, fails at
+  its plan's end naming it. Before, it completed with its whole utility, never having
+  run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -38,6 +43,8 @@ class Agents:
     def __init__(self, port: int) -> None:
         self.port = port
         self.sessions = {s: f"{s}-session" for s in SERVERS}
+        # the epoch each one's beats say it follows (None: not said)
+        self.epochs: dict[str, int | None] = dict.fromkeys(SERVERS)
         self._out: list[tuple[str, bytes]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -48,7 +55,8 @@ class Agents:
         async with aiomqtt.Client("127.0.0.1", self.port) as client:
             while not self._stop.is_set():
                 for server in SERVERS:
-                    beat = Heartbeat(server, self.sessions[server], sent_at=time.time())
+                    beat = Heartbeat(server, self.sessions[server], self.epochs[server],
+                                     sent_at=time.time())  # fmt: skip
                     await client.publish(TOPICS.heartbeat(server), beat.to_bytes(), qos=0)
                 with self._lock:
                     out, self._out = self._out, []
@@ -128,3 +136,23 @@ def test_a_repeated_report_adds_no_sample(plane: tuple[Plane, Agents]) -> None:
     assert p.logged("report entries below their agent session's earlier counts: the higher "
                     "ones kept (a stale or out-of-order report, or an agent counting "
                     "wrong)") == []  # fmt: skip
+
+
+def test_a_job_planned_where_the_agent_follows_no_plan_fails_naming_it(
+    plane: tuple[Plane, Agents],
+) -> None:
+    p, agents = plane
+    agents.epochs = dict.fromkeys(SERVERS, 0)  # beating, but no plan ever came
+    job = p.submit(plane_job("a", minibatches=18))  # 36 mini-batches: one slot's work
+    servers = sorted({a["server"] for a in job["decision"]["allocations"]})
+    said = p.wait_logged(
+        "this server's agent beats but follows no plan: it has received none (can its "
+        "broker user read its plan's topic? the ACL); jobs planned on it do not run, and "
+        "fail at their plan's end"
+    )
+    assert {e["server"] for e in said} <= set(SERVERS), said
+    failed = wait_for("a failed", lambda: p.job("a").state == pb.JOB_STATE_FAILED or None)
+    assert failed
+    [(detail,)] = p.store_rows("SELECT detail FROM events WHERE job_id = 'a' AND kind = 'failed'")
+    assert json.loads(detail)["agents_following_no_plan"] == servers, detail
+    assert "never had a plan" in p.job("a").decision.reason

@@ -100,6 +100,51 @@ def test_a_job_planned_where_no_agent_was_ever_heard_fails_naming_those_servers(
     assert f"the agent of {planned[0]}, where its plan placed it, was never heard" in reason
 
 
+def test_a_job_planned_where_the_agent_follows_no_plan_fails_naming_it(
+    daemon: PlaneDaemon,
+) -> None:
+    """The agents audit: an agent that beats but never had a plan (its broker user
+    cannot read its plan's topic) left every job planned on its server, which nobody
+    reported on, completed with its whole utility. Its beats say ``epoch`` 0: the job
+    fails ``plan_ended`` naming it. A beat that does not say its epoch counts as
+    following (an agent that does not tell), and so does every server heard before a
+    restart by a daemon that did not keep which followed."""
+    assert b'"epoch"' not in Heartbeat("w0", "a").to_bytes()  # not said: left out
+    assert Heartbeat.parse(b'{"version":1,"server":"w0","session":"a"}').epoch is None
+    view = daemon.submit("planless")
+    planned = _servers_of(daemon, "planless")
+    for server in daemon.ex.server_index:  # all heard; the first of its servers plan-less
+        daemon.ex.heartbeat(Heartbeat(server, "a", 0 if server == planned[0] else 3))
+    assert daemon.ex.review_sync() == []
+    assert daemon.ex.plans_sync({})
+    _past_plan(daemon, view)
+    daemon.clock.advance(daemon.ex.mqtt.heartbeat_timeout + 1.0)
+    [failed] = [e for e in daemon.ex.review_sync() if e.kind == "failed"]
+    assert failed.detail["agents_following_no_plan"] == planned[:1], failed.detail
+    assert "agents_never_heard" not in failed.detail
+    reason = daemon.c._get_sync("planless").decision.reason
+    assert f"the agent of {planned[0]}, where its plan placed it, never had a plan" in reason
+    # kept in the store; an older daemon's state without it: every server heard follows
+    from sqlalchemy import update
+
+    from controller.plane.execution import Execution
+    from controller.store import MetaRow
+
+    def reloaded() -> set[str]:
+        ex = Execution(daemon.c, daemon.ex.mqtt, monotonic=lambda: daemon.mono[0])
+        ex.load()
+        return ex.following
+
+    assert reloaded() == set(daemon.ex.server_index) - {planned[0]}
+    with daemon.c._write() as session:
+        row = session.get(MetaRow, "plane")
+        assert row is not None
+        value = dict(row.value)
+        del value["following"]
+        session.execute(update(MetaRow).where(MetaRow.key == "plane").values(value=value))
+    assert reloaded() == set(daemon.ex.server_index)
+
+
 def test_the_rest_reported_after_the_plan_ended_completes_it_late(daemon: PlaneDaemon) -> None:
     view = daemon.submit("j")
     _report(daemon.ex, "j", 12.0)

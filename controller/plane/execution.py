@@ -116,6 +116,7 @@ __all__ = [
     "FLOOD_DROPS",
     "MAX_FOLLOWED_EPOCH",
     "MAX_SESSIONS_PER_SERVER",
+    "NO_PLAN_SECONDS",
     "RESTORE_PAGE",
     "Execution",
     "JobProgress",
@@ -145,6 +146,10 @@ different reviews). It delays no failure, and takes nothing from a healthy serve
 that move: a live agent is heard every interval, so it is quiet longer only if two
 beats in a row were lost; its jobs stay, and decisions use it as before. Measured in
 ``bench/rack_failure.py``."""
+NO_PLAN_SECONDS = 10.0
+"""An agent beating this long (connected seconds) without following a plan, while this
+daemon has published plans, is said (``this server's agent beats but follows no
+plan``): a starting agent's first beats may come before its retained plan."""
 RESTORE_PAGE = 1000
 """Jobs whose latest event one page of a broker's restore reads (and publishes)."""
 # the stored event kinds published on jobs/<id>/events (event_messages.event_kind)
@@ -221,6 +226,11 @@ class Execution:
         # the inbox: filled on the event loop, emptied in the decision thread (_drain)
         self._inbox_lock = threading.Lock()
         self._beats: dict[str, float] = {}  # server -> link time of its latest beat
+        # servers whose agent said it follows a plan (or did not say), since the last
+        # review, and since the start (kept in the store; :meth:`following`)
+        self._follows: set[str] = set()
+        self.following: set[str] = set()
+        self._no_plan_since: dict[str, float] = {}  # server -> link time, beating plan-less
         per_server = max(_MAX_INBOX_PER_SERVER, _MAX_INBOX // max(1, len(self.server_index)))
         self._reports = ReportInbox(per_server)
         self._complain = Complaints(_COMPLAIN_SECONDS, monotonic)
@@ -231,7 +241,7 @@ class Execution:
         self.outages = Outages(controller, mqtt, self.server_index, self.jobs)
         self.review = JobReview(
             controller, mqtt, self.progress, self.jobs, self.failures, monotonic,
-            heard=lambda: self.heard,
+            heard=lambda: self.heard, following=lambda: self.following,
         )  # fmt: skip
         self.plans = PlanBuilder(controller, mqtt, self.server_index, self.jobs)
         self.epoch = 0
@@ -300,6 +310,11 @@ class Execution:
                 heard = value.get("heard", [])
                 if isinstance(heard, list):  # an edited store: names it does not know go
                     self.heard = {s for s in heard if s in self.server_index}
+                # stored by an older daemon without it: every agent heard counts as one
+                # that followed a plan (as that daemon took them)
+                following = value.get("following", sorted(self.heard))
+                if isinstance(following, list):
+                    self.following = {s for s in following if s in self.server_index}
                 self.agents.restore_ignored(value.get("ignored", []))
             # heard from before the restart: their silence counts from now, or an agent
             # (a PS's, say, that reports no progress) that died meanwhile goes unnoticed
@@ -350,7 +365,25 @@ class Execution:
             self._heard_saved = False  # an ignored session: stored at the next review
         with self._inbox_lock:
             self._beats[beat.server] = self.link.now()
-            return self._claims.heard(beat.epoch, beat.server, self.epoch)
+            if beat.epoch != 0:  # follows a plan (or does not say)
+                self._follows.add(beat.server)
+                self._no_plan_since.pop(beat.server, None)
+            else:
+                self._no_plan(beat.server)
+            return self._claims.heard(beat.epoch or 0, beat.server, self.epoch)
+
+    def _no_plan(self, server: str) -> None:
+        """``server``'s agent beats following no plan (event loop, the inbox lock held):
+        said once it has for :data:`NO_PLAN_SECONDS` of connected time while this daemon
+        has published plans (a starting agent beats once or twice before its retained
+        plan comes)."""
+        now = self.link.now()
+        since = self._no_plan_since.setdefault(server, now)
+        if self.epoch > 0 and now - since >= NO_PLAN_SECONDS:
+            self._complain(server, "no_plan", "this server's agent beats but follows no "
+                           "plan: it has received none (can its broker user read its plan's "
+                           "topic? the ACL); jobs planned on it do not run, and fail at "
+                           "their plan's end", seconds=round(now - since, 1))  # fmt: skip
 
     def report(self, progress: Progress) -> None:
         """Queue a progress report (timed now, in the current slot) for the decision
@@ -367,8 +400,12 @@ class Execution:
         """Apply what the inbox holds (decision thread)."""
         with self._inbox_lock:
             beats, self._beats = self._beats, {}
+            follows, self._follows = self._follows, set()
         for server, at in beats.items():
             self._seen(server, at)
+        if not follows <= self.following:
+            self.following |= follows
+            self._heard_saved = False
         reports = self._reports.take()
         try:
             planned, runs = self._planned(reports)
@@ -712,7 +749,8 @@ class Execution:
 
     def _save_meta(self, session: Session) -> None:
         value = {"epoch": self.epoch, "events": self.events_published,
-                 "heard": sorted(self.heard), "planned": self.planned_slot,
+                 "heard": sorted(self.heard), "following": sorted(self.following),
+                 "planned": self.planned_slot,
                  "unsent": [list(run) for run in self.review.unsent],
                  "ignored": list(self.agents.ignored_sessions),
                  **self.review.sent.stored()}  # fmt: skip

@@ -22,7 +22,8 @@ ledger changes hands:
   (:attr:`JobReview.unsent`), or slots no round carried its plan in, it being written
   after the round that held them went out (:mod:`controller.plane.sent_plans`):
   ``plan_not_sent``; or servers whose agent was never heard: ``plan_ended``, naming
-  them (``agents_never_heard``).
+  them (``agents_never_heard``); or servers whose agent beat but never said it follows a
+  plan (``agents_following_no_plan``).
 
 The progress it judges is :class:`~controller.plane.execution.Execution`'s (read here,
 never changed).
@@ -93,11 +94,14 @@ class JobReview(PlanePart):
         failures: FailuresHeard | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         heard: Callable[[], AbstractSet[str]] | None = None,
+        following: Callable[[], AbstractSet[str]] | None = None,
     ) -> None:
         super().__init__(controller, mqtt, jobs)
         # the servers whose agent was ever heard (the execution's, kept in the store);
         # None: not known (every agent counts as heard)
         self._heard = heard
+        # ... and whose agent ever said it follows a plan (None: every one heard did)
+        self._following = following
         self.progress = progress
         self.failures = failures if failures is not None else FailuresHeard()
         self.monotonic = monotonic
@@ -261,41 +265,47 @@ class JobReview(PlanePart):
         :attr:`sent`), or servers whose agent was never heard: it did not run then, or
         there (the time audit, and the on-call audit, found such jobs completed with their
         whole utility)."""
-        short, _, _ = self._shortfall(job_id, session)
+        short, _, _, _ = self._shortfall(job_id, session)
         if short:
             self.overdue.add(job_id)
         return short
 
     def _shortfall(
         self, job_id: str, session: Session
-    ) -> tuple[bool, list[tuple[int, int]], list[str]]:
+    ) -> tuple[bool, list[tuple[int, int]], list[str], list[str]]:
         """Whether ``job_id`` is short of its work (:meth:`unfinished`), and, for one
         nobody reported on, what makes it so: the runs of :attr:`unsent` its plan had
-        workers in, and the servers of its plan whose agent was never heard."""
+        workers in, the servers of its plan whose agent was never heard, and those
+        whose agent was heard but never said it follows a plan."""
         prog = self.progress.get(job_id)
         if prog is None:
             unsent = self._planned_unsent(job_id, session)
-            unheard = self._planned_unheard(job_id, session)
-            return bool(unsent or unheard), unsent, unheard
+            unheard, planless = self._planned_unheard(job_id, session)
+            return bool(unsent or unheard or planless), unsent, unheard, planless
         short = prog.totals()[0] < self.jobs.get(job_id, session).total_minibatches - 1e-9
-        return short, [], []
+        return short, [], [], []
 
-    def _planned_unheard(self, job_id: str, session: Session) -> list[str]:
+    def _planned_unheard(self, job_id: str, session: Session) -> tuple[list[str], list[str]]:
         """The servers ``job_id``'s plan held workers or parameter servers on whose agent
-        was never heard (sorted; one query). Nothing ran there: an agent starts a task
-        only from a plan it received over the broker it beats on. Before, a job planned
-        on such servers alone, which nobody reported on, completed with its whole
-        utility at its plan's end, where the README said it fails (the on-call audit)."""
+        was never heard, and those whose agent beat but never said it follows a plan
+        (each sorted; one query). Nothing ran there: an agent starts a task only from a
+        plan it received over the broker it beats on. Before, a job planned on such
+        servers alone, which nobody reported on, completed with its whole utility at its
+        plan's end, where the README said it fails (the on-call audit); so did one whose
+        agent beat with ``epoch`` 0 throughout, never having had a plan (its broker user
+        unable to read the plan's topic: the agents audit)."""
         if self._heard is None:
-            return []
+            return [], []
         heard = self._heard()  # the event loop adds to it: membership tests only
-        servers = session.scalars(
+        following = self._following() if self._following is not None else heard
+        servers = sorted(session.scalars(
             select(AllocationRow.server)
             .where(AllocationRow.job_id == job_id)
             .where(or_(AllocationRow.workers > 0, AllocationRow.ps > 0))
             .distinct()
-        )
-        return sorted(s for s in servers if s not in heard)
+        ))  # fmt: skip
+        unheard = [s for s in servers if s not in heard]
+        return unheard, [s for s in servers if s in heard and s not in following]
 
     def overdue_sync(self) -> list[Event]:
         """Fail the jobs left running past their plan short of their work, once their
@@ -318,7 +328,7 @@ class JobReview(PlanePart):
                 since_plan_end = (s - row.completion_slot - 1) * self.slot_seconds + since_boundary
                 if since_plan_end <= self.mqtt.heartbeat_timeout:
                     continue
-                short, unsent, unheard = self._shortfall(job_id, session)
+                short, unsent, unheard, planless = self._shortfall(job_id, session)
                 if not short:
                     self.overdue.discard(job_id)
                     continue
@@ -334,6 +344,8 @@ class JobReview(PlanePart):
                                   not_sent_slots=[list(run) for run in unsent])  # fmt: skip
                 if unheard:  # nor was the agent of some of its servers ever heard
                     detail["agents_never_heard"] = unheard[:MAX_UNHEARD_NAMED]
+                if planless:  # ... or did it ever follow a plan
+                    detail["agents_following_no_plan"] = planless[:MAX_UNHEARD_NAMED]
                 detail.update(self._failing(job_id))
                 row.reason = failed_reason(detail)  # for its submitter (no event stream)
                 events.append(self.c._event(session, now, "failed", job_id, "failed", detail))
