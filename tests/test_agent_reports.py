@@ -11,7 +11,8 @@ so it can send what the reference agent never does.
 - An agent that beats but follows no plan (its broker user cannot read its plan's
   topic) is said, and a job planned on its server, which nobody reported on, fails at
   its plan's end naming it. Before, it completed with its whole utility, never having
-  run.
+  run. One that follows an older plan than its server's, published 10 s before, is
+  said too (it refused the newer one, or cannot read it).
 """
 
 from __future__ import annotations
@@ -156,3 +157,34 @@ def test_a_job_planned_where_the_agent_follows_no_plan_fails_naming_it(
     [(detail,)] = p.store_rows("SELECT detail FROM events WHERE job_id = 'a' AND kind = 'failed'")
     assert json.loads(detail)["agents_following_no_plan"] == servers, detail
     assert "never had a plan" in p.job("a").decision.reason
+
+
+def test_an_agent_following_an_older_plan_than_its_servers_is_said(
+    plane: tuple[Plane, Agents],
+) -> None:
+    p, agents = plane
+    agents.epochs = dict.fromkeys(SERVERS, 1)  # the first plan taken, none since
+    p.submit(plane_job("a"))  # new plans for its servers, of a higher epoch
+    said = p.wait_logged(
+        "this server's agent follows an older plan than the one published for it: it "
+        "refused the newer one (an agent older than the daemon; its log says 'bad plan') "
+        "or cannot read it (the broker's ACL); the jobs it places there do not run"
+    )
+    assert said[0]["server"] in SERVERS and said[0]["follows"] == 1, said
+    assert said[0]["published"] > 1 and said[0]["published_seconds_ago"] >= 10, said
+
+
+def test_an_agent_a_round_behind_at_each_beat_is_not_behind() -> None:
+    """Plans going out every second (a busy daemon), the agent taking each a moment
+    after its beat: it never follows one published 10 s before, so it is not said."""
+    from controller.plane.plan_lag import LAG_SECONDS, PlanLag
+
+    lag = PlanLag()
+    for t in range(60):
+        lag.published("w0", t + 1, float(t))
+        assert lag.behind("w0", t, t + 0.5) is None  # the previous round's epoch
+    assert lag.behind("w0", 40, 60.0) == (51, 10.0)  # ten rounds behind: said
+    assert lag.behind("w1", 1, 60.0) is None  # nothing published for it
+    assert len(lag._published["w0"]) <= LAG_SECONDS + 2  # bounded by the lag's rounds
+    lag.forget()
+    assert lag.behind("w0", 1, 100.0) is None
