@@ -1497,6 +1497,25 @@ def test_the_link_takes_the_sender_from_the_topic_and_survives_poison(
     assert plane.stored("j") == (2.0, {"w0/a": [2.0, 9.0]})
 
 
+def test_an_agent_behind_its_servers_plan_is_counted_on_metrics(plane: PlaneDaemon) -> None:
+    """The agents audit: an agent following an older plan than one published for its
+    server 10 s before (it refused it, or cannot read it) is said and counted; one that
+    takes the plan, or a server with none published, is not."""
+    import time as real_time
+
+    from controller.plane.link import Plane
+
+    link = Plane(plane.c, plane.ex, MqttConfig("localhost"))
+    t = link.topics
+    link._lag.published("w0", 5, real_time.monotonic() - 20.0)
+    assert link.take(t.heartbeat("w0"), Heartbeat("w0", "a", 1).to_bytes())
+    assert link.take(t.heartbeat("p0"), Heartbeat("p0", "a", 1).to_bytes())  # none for p0
+    assert _metric(plane, "oasis_agents_behind_their_plan") == [({}, 1.0)]
+    assert plane.ex.behind_plan == {"w0"}
+    assert link.take(t.heartbeat("w0"), Heartbeat("w0", "a", 5).to_bytes())  # taken now
+    assert _metric(plane, "oasis_agents_behind_their_plan") == [({}, 0.0)]
+
+
 def test_an_agent_flooding_its_topic_is_dropped_before_parsing_and_others_are_not(
     plane: PlaneDaemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:

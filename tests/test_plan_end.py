@@ -121,6 +121,17 @@ def test_a_job_planned_where_the_agent_follows_no_plan_fails_naming_it(
     daemon.clock.advance(daemon.ex.mqtt.heartbeat_timeout + 1.0)
     [failed] = [e for e in daemon.ex.review_sync() if e.kind == "failed"]
     assert failed.detail["agents_following_no_plan"] == planned[:1], failed.detail
+    # on /metrics once it has beaten so for NO_PLAN_SECONDS (connected seconds)
+    from controller.plane.execution import NO_PLAN_SECONDS
+    from tests.test_mqtt_units import _metric
+
+    assert _metric(daemon, "oasis_agents_following_no_plan") == [({}, 0.0)]
+    daemon.mono[0] += NO_PLAN_SECONDS
+    daemon.ex.heartbeat(Heartbeat(planned[0], "a", 0))
+    assert daemon.ex.following_no_plan() == planned[:1]
+    assert _metric(daemon, "oasis_agents_following_no_plan") == [({}, 1.0)]
+    daemon.ex.heartbeat(Heartbeat(planned[0], "a", 4))  # its plan came: no longer
+    assert _metric(daemon, "oasis_agents_following_no_plan") == [({}, 0.0)]
     assert "agents_never_heard" not in failed.detail
     reason = daemon.c._get_sync("planless").decision.reason
     assert f"the agent of {planned[0]}, where its plan placed it, never had a plan" in reason

@@ -231,6 +231,9 @@ class Execution:
         self._follows: set[str] = set()
         self.following: set[str] = set()
         self._no_plan_since: dict[str, float] = {}  # server -> link time, beating plan-less
+        # servers whose agent follows an older plan than one published for it 10 s before
+        # (the link's to say: controller.plane.plan_lag; /metrics counts them)
+        self.behind_plan: set[str] = set()
         per_server = max(_MAX_INBOX_PER_SERVER, _MAX_INBOX // max(1, len(self.server_index)))
         self._reports = ReportInbox(per_server)
         self._complain = Complaints(_COMPLAIN_SECONDS, monotonic)
@@ -371,6 +374,16 @@ class Execution:
             else:
                 self._no_plan(beat.server)
             return self._claims.heard(beat.epoch or 0, beat.server, self.epoch)
+
+    def following_no_plan(self) -> list[str]:
+        """The servers whose agent has beaten following no plan for
+        :data:`NO_PLAN_SECONDS` or more, to its latest beat, while this daemon has
+        published plans (any thread: ``/metrics``)."""
+        with self._inbox_lock:
+            now = self.link.now()
+            if self.epoch <= 0:
+                return []
+            return sorted(s for s, at in self._no_plan_since.items() if now - at >= NO_PLAN_SECONDS)
 
     def _no_plan(self, server: str) -> None:
         """``server``'s agent beats following no plan (event loop, the inbox lock held):

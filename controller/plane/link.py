@@ -323,6 +323,7 @@ class Plane:
         await client.publish(self.topics.status, online.to_bytes(), qos=1, retain=True)
         self.published = {}  # the broker may have lost its retained plans: send them all
         self._lag.forget()
+        self.execution.behind_plan.clear()
         self._restore = _Restore(self.execution.events_published)  # ... and job events
         self._set_connected(True)
         self.log.info("broker connected", host=self.mqtt.host, port=self.mqtt.port)
@@ -409,10 +410,11 @@ class Plane:
         LAG_SECONDS` ago (event loop): it refused it or never received it, and the jobs
         that plan put there do not run (:mod:`controller.plane.plan_lag`). An agent
         following no plan at all is the execution's to say."""
-        if not beat.epoch:
-            return
-        behind = self._lag.behind(beat.server, beat.epoch, time.monotonic())
-        if behind is not None:
+        behind = self._lag.behind(beat.server, beat.epoch, time.monotonic()) if beat.epoch else None
+        if behind is None:
+            self.execution.behind_plan.discard(beat.server)
+        else:
+            self.execution.behind_plan.add(beat.server)
             epoch, ago = behind
             self._complain(beat.server, "old_plan", "this server's agent follows an older "
                            "plan than the one published for it: it refused the newer one "
