@@ -12,7 +12,8 @@ so it can send what the reference agent never does.
   topic) is said, and a job planned on its server, which nobody reported on, fails at
   its plan's end naming it. Before, it completed with its whole utility, never having
   run. One that follows an older plan than its server's, published 10 s before, is
-  said too (it refused the newer one, or cannot read it).
+  said too (it refused the newer one, or cannot read it), and a job that plan carried
+  there, which nobody reported on, fails naming it.
 """
 
 from __future__ import annotations
@@ -164,7 +165,8 @@ def test_an_agent_following_an_older_plan_than_its_servers_is_said(
 ) -> None:
     p, agents = plane
     agents.epochs = dict.fromkeys(SERVERS, 1)  # the first plan taken, none since
-    p.submit(plane_job("a"))  # new plans for its servers, of a higher epoch
+    job = p.submit(plane_job("a", minibatches=18))  # plans of a higher epoch carry it
+    servers = sorted({a["server"] for a in job["decision"]["allocations"]})
     said = p.wait_logged(
         "this server's agent follows an older plan than the one published for it: it "
         "refused the newer one (an agent older than the daemon; its log says 'bad plan') "
@@ -172,6 +174,12 @@ def test_an_agent_following_an_older_plan_than_its_servers_is_said(
     )
     assert said[0]["server"] in SERVERS and said[0]["follows"] == 1, said
     assert said[0]["published"] > 1 and said[0]["published_seconds_ago"] >= 10, said
+    # nobody reported on it, and no agent of its servers took the plan that placed it:
+    # it fails at its plan's end (it completed with its whole utility, never having run)
+    wait_for("a failed", lambda: p.job("a").state == pb.JOB_STATE_FAILED or None)
+    [(detail,)] = p.store_rows("SELECT detail FROM events WHERE job_id = 'a' AND kind = 'failed'")
+    assert json.loads(detail)["agents_behind_their_plan"] == servers, detail
+    assert "never took that plan" in p.job("a").decision.reason
 
 
 def test_an_agent_a_round_behind_at_each_beat_is_not_behind() -> None:

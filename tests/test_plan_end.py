@@ -156,6 +156,44 @@ def test_a_job_planned_where_the_agent_follows_no_plan_fails_naming_it(
     assert reloaded() == set(daemon.ex.server_index)
 
 
+def test_a_job_whose_plan_its_agent_never_took_fails_naming_it(daemon: PlaneDaemon) -> None:
+    """The agents audit: an agent following an older plan than the one that carried a
+    job to its server (it refused the newer as a whole, or cannot read its parts) never
+    ran it there, and the job, which nobody reported on, completed with its whole
+    utility. One that took it (or a later one) counts as having run it."""
+    ex = daemon.ex
+    assert ex.plans_sync({}) and ex.epoch == 1  # plans of no job, taken by every agent
+    view = daemon.submit("old")
+    planned = _servers_of(daemon, "old")
+    assert ex.plans_sync({}) and ex.epoch == 2  # the plans carrying it
+    assert ex.taken.first["old"] == dict.fromkeys(planned, 2)
+    for server in ex.server_index:  # the first of its servers still on epoch 1
+        ex.heartbeat(Heartbeat(server, "a", 1 if server == planned[0] else 2))
+    assert ex.review_sync() == []
+    _past_plan(daemon, view)
+    daemon.clock.advance(ex.mqtt.heartbeat_timeout + 1.0)
+    [failed] = [e for e in ex.review_sync() if e.kind == "failed"]
+    assert failed.detail["agents_behind_their_plan"] == planned[:1], failed.detail
+    reason = daemon.c._get_sync("old").decision.reason
+    assert f"the agent of {planned[0]}, where its plan placed it, never took that plan" in reason
+
+
+def test_a_job_whose_plan_its_agents_took_completes_with_it(daemon: PlaneDaemon) -> None:
+    ex = daemon.ex
+    assert ex.plans_sync({})
+    view = daemon.submit("took")
+    assert ex.plans_sync({}) and ex.epoch == 2
+    for server in ex.server_index:
+        ex.heartbeat(Heartbeat(server, "a", 2))
+    ex.review_sync()
+    for server in ex.server_index:  # a later one still counts
+        ex.heartbeat(Heartbeat(server, "a", 3))
+    _past_plan(daemon, view)
+    daemon.clock.advance(ex.mqtt.heartbeat_timeout + 1.0)
+    ex.review_sync()
+    assert daemon.state("took") == "completed"
+
+
 def test_the_rest_reported_after_the_plan_ended_completes_it_late(daemon: PlaneDaemon) -> None:
     view = daemon.submit("j")
     _report(daemon.ex, "j", 12.0)

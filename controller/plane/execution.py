@@ -101,6 +101,7 @@ from controller.plane.progress import (
 )
 from controller.plane.sent_plans import counter
 from controller.plane.settings import MqttConfig
+from controller.plane.taken_plans import TakenPlans
 from controller.plane.unknown_jobs import (
     MAX_LOOKED_UP,
     MAX_NAMED,
@@ -228,7 +229,7 @@ class Execution:
         self._beats: dict[str, float] = {}  # server -> link time of its latest beat
         # servers whose agent said it follows a plan (or did not say), since the last
         # review, and since the start (kept in the store; :meth:`following`)
-        self._follows: set[str] = set()
+        self._follows: dict[str, int] = {}  # ... -> the highest epoch said (0: not said)
         self.following: set[str] = set()
         self._no_plan_since: dict[str, float] = {}  # server -> link time, beating plan-less
         # servers whose agent follows an older plan than one published for it 10 s before
@@ -241,10 +242,13 @@ class Execution:
         self.store_id = ""  # this store's (STORE_ID_KEY; read at load): plans carry it
         self.agents = AgentSessions(mqtt, monotonic, self._complain)
         self.jobs = Jobs(controller)
+        # the first plan epoch that carried each job to each server, and the epochs the
+        # agents follow (controller.plane.taken_plans)
+        self.taken = TakenPlans()
         self.outages = Outages(controller, mqtt, self.server_index, self.jobs)
         self.review = JobReview(
             controller, mqtt, self.progress, self.jobs, self.failures, monotonic,
-            heard=lambda: self.heard, following=lambda: self.following,
+            heard=lambda: self.heard, following=lambda: self.following, taken=self.taken,
         )  # fmt: skip
         self.plans = PlanBuilder(controller, mqtt, self.server_index, self.jobs)
         self.epoch = 0
@@ -369,7 +373,8 @@ class Execution:
         with self._inbox_lock:
             self._beats[beat.server] = self.link.now()
             if beat.epoch != 0:  # follows a plan (or does not say)
-                self._follows.add(beat.server)
+                said = beat.epoch or 0
+                self._follows[beat.server] = max(said, self._follows.get(beat.server, 0))
                 self._no_plan_since.pop(beat.server, None)
             else:
                 self._no_plan(beat.server)
@@ -413,12 +418,15 @@ class Execution:
         """Apply what the inbox holds (decision thread)."""
         with self._inbox_lock:
             beats, self._beats = self._beats, {}
-            follows, self._follows = self._follows, set()
+            follows, self._follows = self._follows, {}
         for server, at in beats.items():
             self._seen(server, at)
-        if not follows <= self.following:
-            self.following |= follows
+        if not follows.keys() <= self.following:
+            self.following |= follows.keys()
             self._heard_saved = False
+        for server, epoch in follows.items():
+            if epoch:
+                self.taken.follows(server, epoch)
         reports = self._reports.take()
         try:
             planned, runs = self._planned(reports)
@@ -671,6 +679,7 @@ class Execution:
         self.jobs.forget(active)
         self.review.forget(active)
         self.failures.forget(active)
+        self.taken.forget(active)
 
     # -- plans (decision thread) --------------------------------------------------------
 
@@ -686,7 +695,7 @@ class Execution:
         begun, plans = self.plans_build(self.plans_begin(published))
         self.plans_end(begun, plans)
         if plans:
-            self.plans_out(begun)
+            self.plans_out(begun, plans)
         return plans
 
     def plans_begin(self, published: dict[str, Plan]) -> PlanRound:
@@ -744,7 +753,7 @@ class Execution:
                 self.epoch = begun.epoch + 1
                 self._save_meta(session)
 
-    def plans_out(self, begun: PlanRound) -> None:
+    def plans_out(self, begun: PlanRound, plans: list[Plan] | None = None) -> None:
         """The plans of round ``begun`` went out: the broker acknowledged every one
         (decision thread). Its slot and the next count as sent (:attr:`planned_slot`,
         :meth:`JobReview.plans_sent <controller.plane.job_review.JobReview.plans_sent>`),
@@ -753,7 +762,10 @@ class Execution:
         stored. Before, they counted as sent once the epoch was taken, before the plans
         were published: a broker lost in the middle of a round left a job admitted just
         before it counted as sent (and completed with its whole utility, no agent having
-        had its plan) if the broker was out until past its plan's slots."""
+        had its plan) if the broker was out until past its plan's slots. ``plans``: the
+        round's, the first epoch that carried each job to each server
+        (:mod:`controller.plane.taken_plans`)."""
+        self.taken.carried(plans or ())
         with self.c._write() as session:
             self.planned_slot = begun.slot
             self.review.plans_sent(begun.slot)

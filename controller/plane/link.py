@@ -463,7 +463,7 @@ class Plane:
         await self.c._run(lambda: self.execution.plans_end(begun, plans))
         await publish_all(client, ((topic, payload, True) for topic, payload in messages))
         if plans:  # acknowledged: they count as sent (a broker lost meanwhile: they do not)
-            await self.c._run(lambda: self.execution.plans_out(begun))
+            await self.c._run(lambda: self.execution.plans_out(begun, plans))
         for plan in plans:  # said when it changes: every publish said it (604 lines while
             # one tenant's 3,000 small jobs went in, at warning: the observability audit)
             count, before = parts[plan.server], self._parts.get(plan.server, 1)
