@@ -52,6 +52,18 @@ def _plan_ended(detail: dict[str, Any]) -> str:
         names = ", ".join(str(s) for s in unheard[:5]) + (", ..." if len(unheard) > 5 else "")
         text += (f"; the agent of {names}, where its plan placed it, was never heard "
                  "(not installed or not started there: it did not run there)")  # fmt: skip
+    planless = detail.get("agents_following_no_plan")
+    if isinstance(planless, list) and planless:
+        names = ", ".join(str(s) for s in planless[:5]) + (", ..." if len(planless) > 5 else "")
+        text += (f"; the agent of {names}, where its plan placed it, never had a plan (it "
+                 "beat, but its broker user may not read its plan's topic: it did not run "
+                 "there)")  # fmt: skip
+    behind = detail.get("agents_behind_their_plan")
+    if isinstance(behind, list) and behind:
+        names = ", ".join(str(s) for s in behind[:5]) + (", ..." if len(behind) > 5 else "")
+        text += (f"; the agent of {names}, where its plan placed it, never took that plan "
+                 "(it follows an older one: it refused the newer, or cannot read it; it did "
+                 "not run there)")  # fmt: skip
     failing = detail.get("worker_failures")
     if isinstance(failing, list) and failing and isinstance(failing[0], dict):
         first = failing[0]

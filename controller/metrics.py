@@ -57,7 +57,10 @@ Read at each scrape:
   its latest heartbeat (servers of the cluster's config only; absent without a broker);
   ``oasis_agent_heartbeat_age_seconds{server}``: seconds since its agent was last heard
   (connected seconds, as the failure rule counts them; +Inf: never heard; from
-  ``Execution.agent_ages``, which ListServers gives too).
+  ``Execution.agent_ages``, which ListServers gives too);
+  ``oasis_agents_following_no_plan`` and ``oasis_agents_behind_their_plan``: servers
+  whose agent has had no plan, or has not taken its server's newest one, for 10 s
+  (``Execution.following_no_plan``, ``Execution.behind_plan``).
 - ``process_*``: the daemon process's memory, CPU time and open descriptors.
 - ``oasis_decision_step_seconds``: how long the decision thread's running step has run
   (0 between steps); ``oasis_ledger_metrics_age_seconds``: the age of the ledger's
@@ -487,6 +490,20 @@ class _ControllerCollector:
             "of two that beat at once): their jobs' progress counts for nothing until it "
             "is restarted.",
             value=len(agents.ignored_alone),
+        )
+        yield GaugeMetricFamily(
+            "oasis_agents_following_no_plan",
+            "Servers whose agent beats following no plan (epoch 0) for 10 s or more while "
+            "the daemon publishes plans: it received none (can its broker user read its "
+            "plan's topic?); jobs planned there do not run.",
+            value=len(execution.following_no_plan()),
+        )
+        yield GaugeMetricFamily(
+            "oasis_agents_behind_their_plan",
+            "Servers whose agent follows an older plan than one published for its server "
+            "10 s before or more: it refused the newer one (an older agent: 'bad plan' in "
+            "its log) or cannot read it; the jobs it places there do not run.",
+            value=len(execution.behind_plan),
         )
         yield _per_server(
             "oasis_agent_workers_short_of_devices",

@@ -1402,6 +1402,50 @@ def test_the_inbox_is_bounded_per_server_and_keeps_each_jobs_latest_count() -> N
     assert [r.progress.jobs[0].job for r in tiny.take()] == ["j0", "j2"] and tiny.dropped == 1
 
 
+def test_report_entries_the_inbox_drops_are_said_naming_their_server(
+    plane: PlaneDaemon,
+) -> None:
+    """The agents audit: entries dropped with a server's inbox and carry full were
+    counted (``ReportInbox.dropped``) and said nowhere; now the review says them per
+    server, and no other server's count is lost."""
+    from structlog.testing import capture_logs
+
+    from controller.plane.intake import ReportInbox
+
+    plane.submit("j")  # w0 runs its workers
+    ex = plane.ex
+    ex._reports = ReportInbox(max_entries=2)
+    for i in range(6):  # ever new made-up ids from p0: its queue, then its carry, fill
+        ex.report(Progress("p0", "s", [TaskProgress(f"ghost-{i}", 1.0, 1.0)]))
+    ex.report(Progress("w0", "a", [TaskProgress("j", 3.0, 40.0)]))
+    with capture_logs() as logs:
+        ex.review_sync()
+    said = [e for e in logs if e["event"].startswith("report entries dropped: this server's")]
+    assert [(e["server"], e["entries"]) for e in said] == [("p0", 2)]
+    assert ex.progress["j"].sessions == {"w0/a": [3.0, 40.0]}  # w0's count is untouched
+    with capture_logs() as logs:
+        ex.review_sync()  # said once: the count starts again
+    assert not [e for e in logs if e["event"].startswith("report entries dropped")]
+
+
+def test_a_sessions_counts_never_go_back_and_a_repeat_is_no_sample() -> None:
+    """The agents audit: a report below the session's earlier counts replaced them (100
+    mini-batches back to 10, a negative mini-batch time in the estimate), and every
+    report repeated was a sample of the estimate."""
+    from controller.plane.progress import JobProgress
+
+    prog = JobProgress()
+    assert prog.take("w0/a", 100.0, 50.0) and prog.dirty
+    assert not prog.take("w0/a", 10.0, 60.0)  # mini-batches back: the higher kept
+    assert prog.sessions == {"w0/a": [100.0, 60.0]}
+    assert not prog.take("w0/a", 120.0, 40.0)  # worker-seconds back
+    assert prog.sessions == {"w0/a": [120.0, 60.0]}
+    prog.dirty = False
+    assert prog.take("w0/a", 120.0, 60.0) and not prog.dirty  # a repeat: nothing new
+    assert prog.take("w0/b", 0.0, 0.0)  # a new session at 0: the totals stand
+    assert prog.samples == [(100.0, 50.0), (100.0, 60.0), (120.0, 60.0)]
+
+
 def test_a_report_counts_only_for_jobs_planned_on_its_server_around_its_slot(
     plane: PlaneDaemon,
 ) -> None:
@@ -1451,6 +1495,25 @@ def test_the_link_takes_the_sender_from_the_topic_and_survives_poison(
     plane.ex.review_sync()
     assert set(plane.ex.last_seen) == {"p0", "w0"}
     assert plane.stored("j") == (2.0, {"w0/a": [2.0, 9.0]})
+
+
+def test_an_agent_behind_its_servers_plan_is_counted_on_metrics(plane: PlaneDaemon) -> None:
+    """The agents audit: an agent following an older plan than one published for its
+    server 10 s before (it refused it, or cannot read it) is said and counted; one that
+    takes the plan, or a server with none published, is not."""
+    import time as real_time
+
+    from controller.plane.link import Plane
+
+    link = Plane(plane.c, plane.ex, MqttConfig("localhost"))
+    t = link.topics
+    link._lag.published("w0", 5, real_time.monotonic() - 20.0)
+    assert link.take(t.heartbeat("w0"), Heartbeat("w0", "a", 1).to_bytes())
+    assert link.take(t.heartbeat("p0"), Heartbeat("p0", "a", 1).to_bytes())  # none for p0
+    assert _metric(plane, "oasis_agents_behind_their_plan") == [({}, 1.0)]
+    assert plane.ex.behind_plan == {"w0"}
+    assert link.take(t.heartbeat("w0"), Heartbeat("w0", "a", 5).to_bytes())  # taken now
+    assert _metric(plane, "oasis_agents_behind_their_plan") == [({}, 0.0)]
 
 
 def test_an_agent_flooding_its_topic_is_dropped_before_parsing_and_others_are_not(

@@ -100,6 +100,100 @@ def test_a_job_planned_where_no_agent_was_ever_heard_fails_naming_those_servers(
     assert f"the agent of {planned[0]}, where its plan placed it, was never heard" in reason
 
 
+def test_a_job_planned_where_the_agent_follows_no_plan_fails_naming_it(
+    daemon: PlaneDaemon,
+) -> None:
+    """The agents audit: an agent that beats but never had a plan (its broker user
+    cannot read its plan's topic) left every job planned on its server, which nobody
+    reported on, completed with its whole utility. Its beats say ``epoch`` 0: the job
+    fails ``plan_ended`` naming it. A beat that does not say its epoch counts as
+    following (an agent that does not tell), and so does every server heard before a
+    restart by a daemon that did not keep which followed."""
+    assert b'"epoch"' not in Heartbeat("w0", "a").to_bytes()  # not said: left out
+    assert Heartbeat.parse(b'{"version":1,"server":"w0","session":"a"}').epoch is None
+    view = daemon.submit("planless")
+    planned = _servers_of(daemon, "planless")
+    for server in daemon.ex.server_index:  # all heard; the first of its servers plan-less
+        daemon.ex.heartbeat(Heartbeat(server, "a", 0 if server == planned[0] else 3))
+    assert daemon.ex.review_sync() == []
+    assert daemon.ex.plans_sync({})
+    _past_plan(daemon, view)
+    daemon.clock.advance(daemon.ex.mqtt.heartbeat_timeout + 1.0)
+    [failed] = [e for e in daemon.ex.review_sync() if e.kind == "failed"]
+    assert failed.detail["agents_following_no_plan"] == planned[:1], failed.detail
+    # on /metrics once it has beaten so for NO_PLAN_SECONDS (connected seconds)
+    from controller.plane.execution import NO_PLAN_SECONDS
+    from tests.test_mqtt_units import _metric
+
+    assert _metric(daemon, "oasis_agents_following_no_plan") == [({}, 0.0)]
+    daemon.mono[0] += NO_PLAN_SECONDS
+    daemon.ex.heartbeat(Heartbeat(planned[0], "a", 0))
+    assert daemon.ex.following_no_plan() == planned[:1]
+    assert _metric(daemon, "oasis_agents_following_no_plan") == [({}, 1.0)]
+    daemon.ex.heartbeat(Heartbeat(planned[0], "a", 4))  # its plan came: no longer
+    assert _metric(daemon, "oasis_agents_following_no_plan") == [({}, 0.0)]
+    assert "agents_never_heard" not in failed.detail
+    reason = daemon.c._get_sync("planless").decision.reason
+    assert f"the agent of {planned[0]}, where its plan placed it, never had a plan" in reason
+    # kept in the store; an older daemon's state without it: every server heard follows
+    from sqlalchemy import update
+
+    from controller.plane.execution import Execution
+    from controller.store import MetaRow
+
+    def reloaded() -> set[str]:
+        ex = Execution(daemon.c, daemon.ex.mqtt, monotonic=lambda: daemon.mono[0])
+        ex.load()
+        return ex.following
+
+    assert reloaded() == set(daemon.ex.server_index) - {planned[0]}
+    with daemon.c._write() as session:
+        row = session.get(MetaRow, "plane")
+        assert row is not None
+        value = dict(row.value)
+        del value["following"]
+        session.execute(update(MetaRow).where(MetaRow.key == "plane").values(value=value))
+    assert reloaded() == set(daemon.ex.server_index)
+
+
+def test_a_job_whose_plan_its_agent_never_took_fails_naming_it(daemon: PlaneDaemon) -> None:
+    """The agents audit: an agent following an older plan than the one that carried a
+    job to its server (it refused the newer as a whole, or cannot read its parts) never
+    ran it there, and the job, which nobody reported on, completed with its whole
+    utility. One that took it (or a later one) counts as having run it."""
+    ex = daemon.ex
+    assert ex.plans_sync({}) and ex.epoch == 1  # plans of no job, taken by every agent
+    view = daemon.submit("old")
+    planned = _servers_of(daemon, "old")
+    assert ex.plans_sync({}) and ex.epoch == 2  # the plans carrying it
+    assert ex.taken.first["old"] == dict.fromkeys(planned, 2)
+    for server in ex.server_index:  # the first of its servers still on epoch 1
+        ex.heartbeat(Heartbeat(server, "a", 1 if server == planned[0] else 2))
+    assert ex.review_sync() == []
+    _past_plan(daemon, view)
+    daemon.clock.advance(ex.mqtt.heartbeat_timeout + 1.0)
+    [failed] = [e for e in ex.review_sync() if e.kind == "failed"]
+    assert failed.detail["agents_behind_their_plan"] == planned[:1], failed.detail
+    reason = daemon.c._get_sync("old").decision.reason
+    assert f"the agent of {planned[0]}, where its plan placed it, never took that plan" in reason
+
+
+def test_a_job_whose_plan_its_agents_took_completes_with_it(daemon: PlaneDaemon) -> None:
+    ex = daemon.ex
+    assert ex.plans_sync({})
+    view = daemon.submit("took")
+    assert ex.plans_sync({}) and ex.epoch == 2
+    for server in ex.server_index:
+        ex.heartbeat(Heartbeat(server, "a", 2))
+    ex.review_sync()
+    for server in ex.server_index:  # a later one still counts
+        ex.heartbeat(Heartbeat(server, "a", 3))
+    _past_plan(daemon, view)
+    daemon.clock.advance(ex.mqtt.heartbeat_timeout + 1.0)
+    ex.review_sync()
+    assert daemon.state("took") == "completed"
+
+
 def test_the_rest_reported_after_the_plan_ended_completes_it_late(daemon: PlaneDaemon) -> None:
     view = daemon.submit("j")
     _report(daemon.ex, "j", 12.0)

@@ -98,7 +98,11 @@ class Heartbeat:
     Attributes:
         server: the server it runs on.
         session: the agent process's random id.
-        epoch: the epoch of the plan it follows (0: none yet).
+        epoch: the epoch of the plan it follows (0: none yet; None: not said, left out
+            of the payload, by an agent that does not tell). An agent that beats but has
+            never said it follows a plan has not received one (it cannot read its plan's
+            topic: the broker's ACL): the jobs planned on its server do not run
+            (:meth:`~controller.plane.job_review.JobReview.unfinished`).
         sent_at: the agent's clock when it sent the beat, Unix seconds; None from an
             agent that does not say (older ones). The daemon compares it with its own
             clock: an agent follows the next slot's plan from its ``starts_at`` by its
@@ -114,7 +118,7 @@ class Heartbeat:
 
     server: str
     session: str
-    epoch: int = 0
+    epoch: int | None = None
     sent_at: float | None = None
     store: str = ""
     devices_short: int = 0
@@ -122,7 +126,8 @@ class Heartbeat:
 
     def to_bytes(self) -> bytes:
         unsaid = (
-            (("sent_at",) if self.sent_at is None else ())
+            (("epoch",) if self.epoch is None else ())
+            + (("sent_at",) if self.sent_at is None else ())
             + (("store",) if not self.store else ())
             + (("devices_short",) if not self.devices_short else ())
             + (("entries_left_out",) if not self.entries_left_out else ())
@@ -132,11 +137,11 @@ class Heartbeat:
     @classmethod
     def parse(cls, payload: bytes | bytearray | str) -> Heartbeat:
         obj = decode(payload, "heartbeat")
-        sent_at = obj.get("sent_at")
+        sent_at, epoch = obj.get("sent_at"), obj.get("epoch")
         return cls(
             server=fields.text(fields.require(obj, "server", "heartbeat"), "heartbeat.server"),
             session=_session(fields.require(obj, "session", "heartbeat"), "heartbeat.session"),
-            epoch=fields.integer(obj.get("epoch", 0), "heartbeat.epoch", minimum=0),
+            epoch=None if epoch is None else fields.integer(epoch, "heartbeat.epoch", minimum=0),
             sent_at=None if sent_at is None else fields.number(sent_at, "heartbeat.sent_at"),
             store=_run(obj.get("store", ""), "heartbeat.store"),
             devices_short=_below(

@@ -89,7 +89,6 @@ from controller.plane.plans import (
 )
 from controller.plane.port import AdmissionPort
 from controller.plane.progress import (
-    MAX_SAMPLES,
     MAX_SESSIONS_PER_SERVER,
     JobProgress,
     ProgressView,
@@ -102,6 +101,7 @@ from controller.plane.progress import (
 )
 from controller.plane.sent_plans import counter
 from controller.plane.settings import MqttConfig
+from controller.plane.taken_plans import TakenPlans
 from controller.plane.unknown_jobs import (
     MAX_LOOKED_UP,
     MAX_NAMED,
@@ -117,6 +117,7 @@ __all__ = [
     "FLOOD_DROPS",
     "MAX_FOLLOWED_EPOCH",
     "MAX_SESSIONS_PER_SERVER",
+    "NO_PLAN_SECONDS",
     "RESTORE_PAGE",
     "Execution",
     "JobProgress",
@@ -146,6 +147,10 @@ different reviews). It delays no failure, and takes nothing from a healthy serve
 that move: a live agent is heard every interval, so it is quiet longer only if two
 beats in a row were lost; its jobs stay, and decisions use it as before. Measured in
 ``bench/rack_failure.py``."""
+NO_PLAN_SECONDS = 10.0
+"""An agent beating this long (connected seconds) without following a plan, while this
+daemon has published plans, is said (``this server's agent beats but follows no
+plan``): a starting agent's first beats may come before its retained plan."""
 RESTORE_PAGE = 1000
 """Jobs whose latest event one page of a broker's restore reads (and publishes)."""
 # the stored event kinds published on jobs/<id>/events (event_messages.event_kind)
@@ -222,6 +227,14 @@ class Execution:
         # the inbox: filled on the event loop, emptied in the decision thread (_drain)
         self._inbox_lock = threading.Lock()
         self._beats: dict[str, float] = {}  # server -> link time of its latest beat
+        # servers whose agent said it follows a plan (or did not say), since the last
+        # review, and since the start (kept in the store; :meth:`following`)
+        self._follows: dict[str, int] = {}  # ... -> the highest epoch said (0: not said)
+        self.following: set[str] = set()
+        self._no_plan_since: dict[str, float] = {}  # server -> link time, beating plan-less
+        # servers whose agent follows an older plan than one published for it 10 s before
+        # (the link's to say: controller.plane.plan_lag; /metrics counts them)
+        self.behind_plan: set[str] = set()
         per_server = max(_MAX_INBOX_PER_SERVER, _MAX_INBOX // max(1, len(self.server_index)))
         self._reports = ReportInbox(per_server)
         self._complain = Complaints(_COMPLAIN_SECONDS, monotonic)
@@ -229,10 +242,13 @@ class Execution:
         self.store_id = ""  # this store's (STORE_ID_KEY; read at load): plans carry it
         self.agents = AgentSessions(mqtt, monotonic, self._complain)
         self.jobs = Jobs(controller)
+        # the first plan epoch that carried each job to each server, and the epochs the
+        # agents follow (controller.plane.taken_plans)
+        self.taken = TakenPlans()
         self.outages = Outages(controller, mqtt, self.server_index, self.jobs)
         self.review = JobReview(
             controller, mqtt, self.progress, self.jobs, self.failures, monotonic,
-            heard=lambda: self.heard,
+            heard=lambda: self.heard, following=lambda: self.following, taken=self.taken,
         )  # fmt: skip
         self.plans = PlanBuilder(controller, mqtt, self.server_index, self.jobs)
         self.epoch = 0
@@ -301,6 +317,11 @@ class Execution:
                 heard = value.get("heard", [])
                 if isinstance(heard, list):  # an edited store: names it does not know go
                     self.heard = {s for s in heard if s in self.server_index}
+                # stored by an older daemon without it: every agent heard counts as one
+                # that followed a plan (as that daemon took them)
+                following = value.get("following", sorted(self.heard))
+                if isinstance(following, list):
+                    self.following = {s for s in following if s in self.server_index}
                 self.agents.restore_ignored(value.get("ignored", []))
                 self._moved_link(value.get("link"))
             if meta is None or stored.get("link") != self.link_name:
@@ -335,6 +356,7 @@ class Execution:
             was=stored[:300], now=self.link_name, servers=len(self.heard),
         )  # fmt: skip
         self.heard = set()
+        self.following = set()  # none heard follows a plan either
         self.last_seen.clear()  # the progress loaded set some: those agents are away too
 
     # -- what agents say (event loop: into the inbox only) -------------------------------
@@ -381,7 +403,36 @@ class Execution:
             self._heard_saved = False  # an ignored session: stored at the next review
         with self._inbox_lock:
             self._beats[beat.server] = self.link.now()
-            return self._claims.heard(beat.epoch, beat.server, self.epoch)
+            if beat.epoch != 0:  # follows a plan (or does not say)
+                said = beat.epoch or 0
+                self._follows[beat.server] = max(said, self._follows.get(beat.server, 0))
+                self._no_plan_since.pop(beat.server, None)
+            else:
+                self._no_plan(beat.server)
+            return self._claims.heard(beat.epoch or 0, beat.server, self.epoch)
+
+    def following_no_plan(self) -> list[str]:
+        """The servers whose agent has beaten following no plan for
+        :data:`NO_PLAN_SECONDS` or more, to its latest beat, while this daemon has
+        published plans (any thread: ``/metrics``)."""
+        with self._inbox_lock:
+            now = self.link.now()
+            if self.epoch <= 0:
+                return []
+            return sorted(s for s, at in self._no_plan_since.items() if now - at >= NO_PLAN_SECONDS)
+
+    def _no_plan(self, server: str) -> None:
+        """``server``'s agent beats following no plan (event loop, the inbox lock held):
+        said once it has for :data:`NO_PLAN_SECONDS` of connected time while this daemon
+        has published plans (a starting agent beats once or twice before its retained
+        plan comes)."""
+        now = self.link.now()
+        since = self._no_plan_since.setdefault(server, now)
+        if self.epoch > 0 and now - since >= NO_PLAN_SECONDS:
+            self._complain(server, "no_plan", "this server's agent beats but follows no "
+                           "plan: it has received none (can its broker user read its plan's "
+                           "topic? the ACL); jobs planned on it do not run, and fail at "
+                           "their plan's end", seconds=round(now - since, 1))  # fmt: skip
 
     def report(self, progress: Progress) -> None:
         """Queue a progress report (timed now, in the current slot) for the decision
@@ -398,8 +449,15 @@ class Execution:
         """Apply what the inbox holds (decision thread)."""
         with self._inbox_lock:
             beats, self._beats = self._beats, {}
+            follows, self._follows = self._follows, {}
         for server, at in beats.items():
             self._seen(server, at)
+        if not follows.keys() <= self.following:
+            self.following |= follows.keys()
+            self._heard_saved = False
+        for server, epoch in follows.items():
+            if epoch:
+                self.taken.follows(server, epoch)
         reports = self._reports.take()
         try:
             planned, runs = self._planned(reports)
@@ -411,6 +469,8 @@ class Execution:
         unplanned: dict[str, set[str]] = {}  # server -> ids of its ignored entries (some)
         crowded: Counter[str] = Counter()
         other_run: Counter[str] = Counter()
+        backwards: Counter[str] = Counter()  # entries below their session's earlier counts
+        backwards_job: dict[str, str] = {}  # server -> the first such entry's job
         for received in reports:
             progress = received.progress
             self._seen(progress.server, received.at)
@@ -438,12 +498,13 @@ class Execution:
                 ):
                     crowded[progress.server] += 1
                     continue
-                prog.sessions[key] = [task.minibatches, task.worker_seconds]
-                self.failures.heard(task.job, progress.server, task.failures,
-                                    task.last_failure, heard_at)  # fmt: skip
-                prog.samples.append(prog.totals())
-                del prog.samples[:-MAX_SAMPLES]
-                prog.dirty = True
+                if not prog.take(key, task.minibatches, task.worker_seconds):
+                    # below the session's earlier counts: stale, and so its failures
+                    backwards[progress.server] += 1
+                    backwards_job.setdefault(progress.server, task.job)
+                else:
+                    self.failures.heard(task.job, progress.server, task.failures,
+                                        task.last_failure, heard_at)  # fmt: skip
                 self.review.pending.add(task.job)
         for server, entries in ignored.items():
             self._complain(server, "unplanned", "report entries ignored: jobs not planned on "
@@ -452,6 +513,16 @@ class Execution:
         for server, entries in other_run.items():
             self._complain(server, "run", "report entries ignored: counts of an earlier job "
                            "of the same id", entries=entries)  # fmt: skip
+        for server, entries in backwards.items():
+            self._complain(server, "backwards", "report entries below their agent session's "
+                           "earlier counts: the higher ones kept (a stale or out-of-order "
+                           "report, or an agent counting wrong)", entries=entries,
+                           job=backwards_job[server])  # fmt: skip
+        for server, entries in self._reports.take_dropped().items():
+            self._complain(server, "inbox", "report entries dropped: this server's reports "
+                           "came faster than the daemon took them in, and the latest "
+                           "counts it keeps per job were full", entries=entries,
+                           limit=self._reports.max_entries)  # fmt: skip
         for server, entries in crowded.items():
             self._complain(server, "sessions", "report entries dropped: too many agent "
                            "sessions for a job", entries=entries,
@@ -639,6 +710,7 @@ class Execution:
         self.jobs.forget(active)
         self.review.forget(active)
         self.failures.forget(active)
+        self.taken.forget(active)
 
     # -- plans (decision thread) --------------------------------------------------------
 
@@ -654,7 +726,7 @@ class Execution:
         begun, plans = self.plans_build(self.plans_begin(published))
         self.plans_end(begun, plans)
         if plans:
-            self.plans_out(begun)
+            self.plans_out(begun, plans)
         return plans
 
     def plans_begin(self, published: dict[str, Plan]) -> PlanRound:
@@ -712,7 +784,7 @@ class Execution:
                 self.epoch = begun.epoch + 1
                 self._save_meta(session)
 
-    def plans_out(self, begun: PlanRound) -> None:
+    def plans_out(self, begun: PlanRound, plans: list[Plan] | None = None) -> None:
         """The plans of round ``begun`` went out: the broker acknowledged every one
         (decision thread). Its slot and the next count as sent (:attr:`planned_slot`,
         :meth:`JobReview.plans_sent <controller.plane.job_review.JobReview.plans_sent>`),
@@ -721,7 +793,10 @@ class Execution:
         stored. Before, they counted as sent once the epoch was taken, before the plans
         were published: a broker lost in the middle of a round left a job admitted just
         before it counted as sent (and completed with its whole utility, no agent having
-        had its plan) if the broker was out until past its plan's slots."""
+        had its plan) if the broker was out until past its plan's slots. ``plans``: the
+        round's, the first epoch that carried each job to each server
+        (:mod:`controller.plane.taken_plans`)."""
+        self.taken.carried(plans or ())
         with self.c._write() as session:
             self.planned_slot = begun.slot
             self.review.plans_sent(begun.slot)
@@ -730,7 +805,8 @@ class Execution:
 
     def _save_meta(self, session: Session) -> None:
         value = {"epoch": self.epoch, "events": self.events_published,
-                 "heard": sorted(self.heard), "link": self.link_name,
+                 "heard": sorted(self.heard), "following": sorted(self.following),
+                 "link": self.link_name,
                  "planned": self.planned_slot,
                  "unsent": [list(run) for run in self.review.unsent],
                  "ignored": list(self.agents.ignored_sessions),

@@ -8,13 +8,14 @@ topic) can crowd out only its own reports. Counts are cumulative per agent sessi
 job, so when a server's reports are over the bound the oldest ones leave the queue but
 their latest count per ``(session, job)`` is kept (the *carry*): a job's last report is
 never lost to newer reports of other jobs. Only when the carry is full too are entries
-dropped, and counted.
+dropped, and counted per server (the decision thread says them:
+:meth:`ReportInbox.take_dropped`).
 """
 
 from __future__ import annotations
 
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -45,7 +46,8 @@ class ReportInbox:
 
     def __init__(self, max_entries: int) -> None:
         self.max_entries = max_entries
-        self.dropped = 0  # entries lost with the carry full
+        self.dropped = 0  # entries lost with the carry full, in all
+        self._dropped: Counter[str] = Counter()  # ... per server, since take_dropped
         self._lock = threading.Lock()
         self._queues: dict[str, deque[Received]] = {}
         self._sizes: dict[str, int] = {}
@@ -73,6 +75,13 @@ class ReportInbox:
         out.sort(key=lambda r: r.at)  # stable: a server's carry stays before its queue
         return out
 
+    def take_dropped(self) -> Counter[str]:
+        """The entries dropped per server since the last call (decision thread, which
+        says them: before, they were counted here and said nowhere)."""
+        with self._lock:
+            dropped, self._dropped = self._dropped, Counter()
+        return dropped
+
     def put_back(self, taken: Iterable[Received]) -> None:
         """Return what :meth:`take` gave (nothing was applied), before what came since."""
         with self._lock:
@@ -98,5 +107,6 @@ class ReportInbox:
             key = (old.progress.session, entry.job)
             if key not in carry and len(carry) >= self.max_entries:
                 self.dropped += 1
+                self._dropped[server] += 1
                 continue
             carry[key] = (old.at, old.slot, entry)

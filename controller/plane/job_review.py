@@ -22,7 +22,9 @@ ledger changes hands:
   (:attr:`JobReview.unsent`), or slots no round carried its plan in, it being written
   after the round that held them went out (:mod:`controller.plane.sent_plans`):
   ``plan_not_sent``; or servers whose agent was never heard: ``plan_ended``, naming
-  them (``agents_never_heard``).
+  them (``agents_never_heard``); or servers whose agent beat but never said it follows a
+  plan (``agents_following_no_plan``), or follows an older plan than the one that carried
+  the job there (``agents_behind_their_plan``: :mod:`controller.plane.taken_plans`).
 
 The progress it judges is :class:`~controller.plane.execution.Execution`'s (read here,
 never changed).
@@ -52,6 +54,7 @@ from controller.plane.progress import LEVEL, MIN_SAMPLES, JobProgress
 from controller.plane.replan_turns import ReplanTurns, in_turn
 from controller.plane.sent_plans import SentPlans, counter, joined_runs
 from controller.plane.settings import MqttConfig
+from controller.plane.taken_plans import TakenPlans
 from controller.plane.worker_failures import FailuresHeard
 from controller.store import AllocationRow, EventRow, JobRow, StoreUnavailableError, in_batches
 from pricing import ADMIT_THRESHOLD, Job
@@ -93,11 +96,18 @@ class JobReview(PlanePart):
         failures: FailuresHeard | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         heard: Callable[[], AbstractSet[str]] | None = None,
+        following: Callable[[], AbstractSet[str]] | None = None,
+        taken: TakenPlans | None = None,
     ) -> None:
         super().__init__(controller, mqtt, jobs)
         # the servers whose agent was ever heard (the execution's, kept in the store);
         # None: not known (every agent counts as heard)
         self._heard = heard
+        # ... and whose agent ever said it follows a plan (None: every one heard did)
+        self._following = following
+        # the first plan epoch that carried each job to each server, against the
+        # epochs the agents follow (None: every plan counts as taken)
+        self._taken = taken
         self.progress = progress
         self.failures = failures if failures is not None else FailuresHeard()
         self.monotonic = monotonic
@@ -261,41 +271,58 @@ class JobReview(PlanePart):
         :attr:`sent`), or servers whose agent was never heard: it did not run then, or
         there (the time audit, and the on-call audit, found such jobs completed with their
         whole utility)."""
-        short, _, _ = self._shortfall(job_id, session)
+        short, *_ = self._shortfall(job_id, session)
         if short:
             self.overdue.add(job_id)
         return short
 
     def _shortfall(
         self, job_id: str, session: Session
-    ) -> tuple[bool, list[tuple[int, int]], list[str]]:
+    ) -> tuple[bool, list[tuple[int, int]], list[str], list[str], list[str]]:
         """Whether ``job_id`` is short of its work (:meth:`unfinished`), and, for one
         nobody reported on, what makes it so: the runs of :attr:`unsent` its plan had
-        workers in, and the servers of its plan whose agent was never heard."""
+        workers in, the servers of its plan whose agent was never heard, those whose
+        agent was heard but never said it follows a plan, and those whose agent follows
+        an older plan than the first that carried the job there."""
         prog = self.progress.get(job_id)
         if prog is None:
             unsent = self._planned_unsent(job_id, session)
-            unheard = self._planned_unheard(job_id, session)
-            return bool(unsent or unheard), unsent, unheard
+            unheard, planless, behind = self._planned_unheard(job_id, session)
+            return bool(unsent or unheard or planless or behind), unsent, unheard, planless, behind
         short = prog.totals()[0] < self.jobs.get(job_id, session).total_minibatches - 1e-9
-        return short, [], []
+        return short, [], [], [], []
 
-    def _planned_unheard(self, job_id: str, session: Session) -> list[str]:
+    def _planned_unheard(
+        self, job_id: str, session: Session
+    ) -> tuple[list[str], list[str], list[str]]:
         """The servers ``job_id``'s plan held workers or parameter servers on whose agent
-        was never heard (sorted; one query). Nothing ran there: an agent starts a task
-        only from a plan it received over the broker it beats on. Before, a job planned
-        on such servers alone, which nobody reported on, completed with its whole
-        utility at its plan's end, where the README said it fails (the on-call audit)."""
+        was never heard, those whose agent beat but never said it follows a plan, and
+        those whose agent follows an older plan than the first that carried the job there
+        (:mod:`controller.plane.taken_plans`) (each sorted; one query). Nothing ran
+        there: an agent starts a task only from a plan it received over the broker it
+        beats on. Before, a job planned on such
+        servers alone, which nobody reported on, completed with its whole utility at its
+        plan's end, where the README said it fails (the on-call audit); so did one whose
+        agent beat with ``epoch`` 0 throughout, never having had a plan (its broker user
+        unable to read the plan's topic: the agents audit)."""
         if self._heard is None:
-            return []
+            return [], [], []
         heard = self._heard()  # the event loop adds to it: membership tests only
-        servers = session.scalars(
+        following = self._following() if self._following is not None else heard
+        servers = sorted(session.scalars(
             select(AllocationRow.server)
             .where(AllocationRow.job_id == job_id)
             .where(or_(AllocationRow.workers > 0, AllocationRow.ps > 0))
             .distinct()
+        ))  # fmt: skip
+        unheard = [s for s in servers if s not in heard]
+        planless = [s for s in servers if s in heard and s not in following]
+        behind = (  # ... or an older plan than the one carrying the job
+            self._taken.not_taken(job_id, [s for s in servers if s in following])
+            if self._taken is not None
+            else []
         )
-        return sorted(s for s in servers if s not in heard)
+        return unheard, planless, behind
 
     def overdue_sync(self) -> list[Event]:
         """Fail the jobs left running past their plan short of their work, once their
@@ -318,7 +345,7 @@ class JobReview(PlanePart):
                 since_plan_end = (s - row.completion_slot - 1) * self.slot_seconds + since_boundary
                 if since_plan_end <= self.mqtt.heartbeat_timeout:
                     continue
-                short, unsent, unheard = self._shortfall(job_id, session)
+                short, unsent, unheard, planless, behind = self._shortfall(job_id, session)
                 if not short:
                     self.overdue.discard(job_id)
                     continue
@@ -334,6 +361,10 @@ class JobReview(PlanePart):
                                   not_sent_slots=[list(run) for run in unsent])  # fmt: skip
                 if unheard:  # nor was the agent of some of its servers ever heard
                     detail["agents_never_heard"] = unheard[:MAX_UNHEARD_NAMED]
+                if planless:  # ... or did it ever follow a plan
+                    detail["agents_following_no_plan"] = planless[:MAX_UNHEARD_NAMED]
+                if behind:  # ... or the one that carried this job there
+                    detail["agents_behind_their_plan"] = behind[:MAX_UNHEARD_NAMED]
                 detail.update(self._failing(job_id))
                 row.reason = failed_reason(detail)  # for its submitter (no event stream)
                 events.append(self.c._event(session, now, "failed", job_id, "failed", detail))

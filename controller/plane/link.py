@@ -43,6 +43,7 @@ from controller.plane.client import Stopping, client_for, publish_all
 from controller.plane.event_messages import UNRETAINED, JobEvent, event_kind
 from controller.plane.execution import Execution, PlanRound
 from controller.plane.link_clock import LOOP_TICK_SECONDS
+from controller.plane.plan_lag import PlanLag
 from controller.plane.plan_messages import Plan
 from controller.plane.port import AdmissionPort
 from controller.plane.settings import MqttConfig
@@ -139,6 +140,7 @@ class Plane:
         self.broker_up = broker_up or (lambda _up: None)
         self.log = structlog.get_logger("oasisd")
         self.published: dict[str, Plan] = {}
+        self._lag = PlanLag()  # agents following an older plan than their server's
         self._parts: dict[str, int] = {}  # parts each server's last plan went in
         self.plans_seconds = 0.0  # the last round's plans: built and encoded (PUBLISH_PACE)
         self.dirty = asyncio.Event()
@@ -320,6 +322,8 @@ class Plane:
         online = Status(online=True, servers=list(self.execution.server_index))
         await client.publish(self.topics.status, online.to_bytes(), qos=1, retain=True)
         self.published = {}  # the broker may have lost its retained plans: send them all
+        self._lag.forget()
+        self.execution.behind_plan.clear()
         self._restore = _Restore(self.execution.events_published)  # ... and job events
         self._set_connected(True)
         self.log.info("broker connected", host=self.mqtt.host, port=self.mqtt.port)
@@ -389,6 +393,7 @@ class Plane:
         if isinstance(parsed, Heartbeat):
             if self.execution.heartbeat(parsed):  # it follows another daemon's plans
                 self.changed()
+            self._check_plan_taken(parsed)
         else:
             if parsed.refused:
                 self._complain(server, "entries", "report entries dropped: bad counts",
@@ -398,6 +403,25 @@ class Plane:
                                fields=len(parsed.ignored), error=parsed.ignored[0])  # fmt: skip
             self.execution.report(parsed)
         return True
+
+    def _check_plan_taken(self, beat: Heartbeat) -> None:
+        """Say (at most every 10 s per server) when ``beat``'s agent still follows an
+        older plan than one published for its server :data:`~controller.plane.plan_lag.
+        LAG_SECONDS` ago (event loop): it refused it or never received it, and the jobs
+        that plan put there do not run (:mod:`controller.plane.plan_lag`). An agent
+        following no plan at all is the execution's to say."""
+        behind = self._lag.behind(beat.server, beat.epoch, time.monotonic()) if beat.epoch else None
+        if behind is None:
+            self.execution.behind_plan.discard(beat.server)
+        else:
+            self.execution.behind_plan.add(beat.server)
+            epoch, ago = behind
+            self._complain(beat.server, "old_plan", "this server's agent follows an older "
+                           "plan than the one published for it: it refused the newer one "
+                           "(an agent older than the daemon; its log says 'bad plan') or "
+                           "cannot read it (the broker's ACL); the jobs it places there do "
+                           "not run", follows=beat.epoch, published=epoch,
+                           published_seconds_ago=round(ago, 1))  # fmt: skip
 
     async def _publish_loop(self, client: aiomqtt.Client) -> None:
         waiting = False  # the last round found the store unavailable
@@ -439,7 +463,7 @@ class Plane:
         await self.c._run(lambda: self.execution.plans_end(begun, plans))
         await publish_all(client, ((topic, payload, True) for topic, payload in messages))
         if plans:  # acknowledged: they count as sent (a broker lost meanwhile: they do not)
-            await self.c._run(lambda: self.execution.plans_out(begun))
+            await self.c._run(lambda: self.execution.plans_out(begun, plans))
         for plan in plans:  # said when it changes: every publish said it (604 lines while
             # one tenant's 3,000 small jobs went in, at warning: the observability audit)
             count, before = parts[plan.server], self._parts.get(plan.server, 1)
@@ -448,8 +472,10 @@ class Plane:
                               server=plan.server, epoch=plan.epoch, parts=count,
                               max_plan_bytes=self.mqtt.max_plan_bytes)  # fmt: skip
         self._parts |= parts  # once published: a round cut short clears again next time
+        published_at = time.monotonic()
         for plan in plans:
             self.published[plan.server] = plan
+            self._lag.published(plan.server, plan.epoch, published_at)
         if self._to_clear:
             clear = [self._to_clear.popleft() for _ in range(len(self._to_clear))]
             await self._clear_events(client, clear)

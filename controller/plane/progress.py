@@ -3,7 +3,8 @@ reports it.
 
 Agents' counts are cumulative per agent session (``"server/session"``,
 :func:`session_key`): a job's progress is the sum over its sessions, in mini-batches and
-worker-seconds. :class:`~controller.plane.execution.Execution` keeps a
+worker-seconds; a session's counts never go back (:meth:`JobProgress.take`).
+:class:`~controller.plane.execution.Execution` keeps a
 :class:`JobProgress` per active job and applies reports to it in the decision thread;
 this module reads and writes the stored rows (:class:`~controller.store.ProgressRow`),
 in that thread too.
@@ -100,6 +101,30 @@ class JobProgress:
     def totals(self) -> tuple[float, float]:
         """``(minibatches, worker_seconds)`` over every session."""
         return _totals(self.sessions)
+
+    def take(self, key: str, minibatches: float, worker_seconds: float) -> bool:
+        """Take session ``key``'s cumulative counts from a report (mini-batches,
+        worker-seconds); False if either is below what the session said before: a stale
+        or out-of-order report, or an agent counting wrong. Then the higher of each is
+        kept (as :func:`merged` keeps them): a session's counts never go back. Before,
+        the lower ones replaced them: a job's progress went from 100 mini-batches back
+        to 10, and its estimate said a negative mini-batch time. A sample is added only
+        when the job's totals changed: a report repeated (a resend after a
+        reconnection, a new worker failure alone) is no new observation, and 400 of
+        them pushed every earlier sample out of the runtime estimate's data."""
+        old = self.sessions.get(key)
+        forward = old is None or (minibatches >= old[0] and worker_seconds >= old[1])
+        new = [minibatches, worker_seconds] if old is None else [
+            max(old[0], minibatches), max(old[1], worker_seconds)
+        ]  # fmt: skip
+        if new != old:
+            self.sessions[key] = new
+            totals = self.totals()
+            if not self.samples or self.samples[-1] != totals:
+                self.samples.append(totals)
+                del self.samples[:-MAX_SAMPLES]
+            self.dirty = True
+        return forward
 
 
 def _totals(sessions: dict[str, list[float]]) -> tuple[float, float]:
