@@ -42,11 +42,12 @@ class Agents:
     """Every server's agent played by one MQTT client in a thread: a heartbeat of each
     every 0.3 s, and the reports :meth:`report` queues, in order, at QoS 1."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, epoch: int | None = None) -> None:
         self.port = port
         self.sessions = {s: f"{s}-session" for s in SERVERS}
-        # the epoch each one's beats say it follows (None: not said)
-        self.epochs: dict[str, int | None] = dict.fromkeys(SERVERS)
+        # the epoch each one's beats say it follows (None: not said), from the first beat:
+        # a beat without one counts as following a plan, for good
+        self.epochs: dict[str, int | None] = dict.fromkeys(SERVERS, epoch)
         self._out: list[tuple[str, bytes]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -78,13 +79,15 @@ class Agents:
 
 
 @pytest.fixture
-def plane(tmp_path: Path) -> Iterator[tuple[Plane, Agents]]:
+def plane(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[Plane, Agents]]:
+    """The daemon and its agents, whose beats say the epoch of ``request.param`` (an
+    indirect parameter; None, the default: no epoch) from the first."""
     p = Plane(tmp_path)
     agents: Agents | None = None
     try:
         p.daemon.start()
         p.wait_logged("broker connected")
-        agents = Agents(p.broker.port)
+        agents = Agents(p.broker.port, getattr(request, "param", None))
         yield p, agents
     finally:
         if agents is not None:
@@ -140,11 +143,11 @@ def test_a_repeated_report_adds_no_sample(plane: tuple[Plane, Agents]) -> None:
                     "wrong)") == []  # fmt: skip
 
 
+@pytest.mark.parametrize("plane", [0], indirect=True)  # beating, but no plan ever came
 def test_a_job_planned_where_the_agent_follows_no_plan_fails_naming_it(
     plane: tuple[Plane, Agents],
 ) -> None:
-    p, agents = plane
-    agents.epochs = dict.fromkeys(SERVERS, 0)  # beating, but no plan ever came
+    p, _agents = plane
     job = p.submit(plane_job("a", minibatches=18))  # 36 mini-batches: one slot's work
     servers = sorted({a["server"] for a in job["decision"]["allocations"]})
     said = p.wait_logged(
@@ -160,11 +163,11 @@ def test_a_job_planned_where_the_agent_follows_no_plan_fails_naming_it(
     assert "never had a plan" in p.job("a").decision.reason
 
 
+@pytest.mark.parametrize("plane", [1], indirect=True)  # the first plan taken, none since
 def test_an_agent_following_an_older_plan_than_its_servers_is_said(
     plane: tuple[Plane, Agents],
 ) -> None:
-    p, agents = plane
-    agents.epochs = dict.fromkeys(SERVERS, 1)  # the first plan taken, none since
+    p, _agents = plane
     job = p.submit(plane_job("a", minibatches=18))  # plans of a higher epoch carry it
     servers = sorted({a["server"] for a in job["decision"]["allocations"]})
     said = p.wait_logged(
