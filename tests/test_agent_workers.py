@@ -1071,3 +1071,47 @@ def test_a_plan_that_came_run_out_points_at_this_servers_clock() -> None:
     assert "70 s past its last slot" in ahead and "clock may be ahead" in ahead
     assert "no newer plan has come" in ran_out(at_arrival=101.0, later=125.0)
     assert "daemon is offline" in ran_out(at_arrival=190.0, later=191.0, away=True)
+
+
+def test_a_stopped_workers_escaped_process_keeps_its_devices_while_its_job_runs(
+    tmp_path: Path,
+) -> None:
+    """The isolation audit: a worker the plan stopped (its job went from 2 workers to 1)
+    whose ``setsid`` child ran on gave its GPU back at once, while the child, its job
+    still planned here, still ran on it; the next tenant's worker was put on that GPU.
+    A worker that exited by itself kept them (``_release``); one stopped did not."""
+    escaped = tmp_path / "escaped"
+    command = (
+        'if [ "$OASIS_JOB" = a ] && [ "$OASIS_WORKER" = 1 ]; then setsid sh -c '
+        f"'echo $$ $CUDA_VISIBLE_DEVICES > {escaped}; exec sleep 60' > /dev/null 2>&1 & "
+        "fi; "
+        f'echo "$CUDA_VISIBLE_DEVICES" > {tmp_path}/$OASIS_JOB-$OASIS_WORKER; exec sleep 60'
+    )
+    a2, a1, b = (Task("a", 2, 0, 0.5, 40, devices=1), Task("a", 1, 0, 0.5, 40, devices=1),
+                 Task("b", 1, 0, 0.5, 40, devices=1))  # fmt: skip
+    agent, now = agent_on(command, _device_plan([a2], [a1, b], devices=3), stop_grace=1.0)
+
+    def line(name: str) -> str | None:
+        path = tmp_path / name
+        text = path.read_text() if path.exists() else ""
+        return text.strip() if text.endswith("\n") else None
+
+    async def go() -> None:
+        def written() -> list[str]:
+            return escaped.read_text().split() if escaped.exists() else []
+
+        await steps(agent, lambda: line("a-1") is not None and len(written()) == 2)
+        pid, held = written()
+        assert held == "1"
+        now[0] = 111.0  # a goes down to one worker, b comes in: on the GPU no one uses
+        await steps(agent, lambda: line("b-0") is not None)
+        assert alive(int(pid))
+        assert line("b-0") == "2", "b was put on the GPU a's escaped process runs on"
+        os.kill(int(pid), signal.SIGKILL)  # gone at last: its GPU is free again
+        await steps(agent, lambda: commands(agent).devices.used == {"0": 1.0, "2": 1.0})
+
+    try:
+        run(agent, go)
+    finally:
+        if escaped.exists() and escaped.read_text().split():
+            kill_worker(int(escaped.read_text().split()[0]))

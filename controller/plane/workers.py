@@ -683,8 +683,10 @@ class Commands:
                 self._given_up.add(worker.proc.pid)
                 if worker.devices:  # it may still run on them (the review)
                     self._held_on.append(HeldDevices("", [worker.proc.pid], worker.devices))
-            else:
-                self.devices.give_back(worker.devices)
+            else:  # as an exit's: a process that left its group keeps them (the
+                # isolation audit: a stopped worker's setsid child ran on, its job still
+                # planned here, and the next tenant's worker was put on its GPU)
+                self._release(worker.job_id, worker)
             worker.reader.cancel()  # its output is no longer followed
             self.departing.remove(worker)
             worker.job.done_before += worker.count[0]
