@@ -1115,3 +1115,46 @@ def test_a_stopped_workers_escaped_process_keeps_its_devices_while_its_job_runs(
     finally:
         if escaped.exists() and escaped.read_text().split():
             kill_worker(int(escaped.read_text().split()[0]))
+
+
+def test_a_pid_an_escaped_process_had_is_not_signalled_once_another_process_has_it(
+    tmp_path: Path,
+) -> None:
+    """The isolation audit: the processes that left a worker's group are remembered by
+    pid until their job leaves the plan, hours later maybe, and were then signalled by
+    that pid whatever held it by then: one that had exited and whose pid the kernel gave
+    to another tenant's process (pid_max 32768) got SIGTERM, then SIGKILL. A pid is
+    signalled only while its process still carries the worker's mark (this agent's
+    session and the job). The reuse is stood for by putting another process's pid in
+    the agent's record, as the kernel's reuse would."""
+    escaped = tmp_path / "escaped"
+    command = (
+        'if [ "$OASIS_JOB" = a ]; then setsid sh -c '
+        f"'echo $$ > {escaped}; exec sleep 60' > /dev/null 2>&1 & "
+        f"while [ ! -s {escaped} ]; do sleep 0.05; done; exit 0; fi; exec sleep 60"
+    )
+    a, c = Task("a", 1, 0, 0.5, 40, devices=1), Task("c", 1, 0, 0.5, 40, devices=1)
+    agent, now = agent_on(command, _device_plan([a], [c], devices=2), stop_grace=0.5)
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)  # another tenant's
+
+    async def go() -> None:
+        await steps(agent, lambda: "a" in agent.tasks and 0 in agent.tasks["a"].workers.finished)
+        (held,) = commands(agent)._held_on
+        assert held.escaped and held.pids == [int(escaped.read_text())]
+        held.pids = [other.pid]  # the escaped process exited; its pid is another's now
+        os.kill(int(escaped.read_text()), signal.SIGKILL)
+        now[0] = 111.0  # a leaves the plan: its escaped processes are stopped
+        await steps(agent, lambda: bool(commands(agent).live))
+        await asyncio.sleep(1.0)
+        await agent._commands(0.02)
+        # not its process any more: its GPU is free again (c runs on the other)
+        await steps(agent, lambda: commands(agent).devices.used == {"1": 1.0})
+
+    try:
+        run(agent, go)
+        assert other.poll() is None, "another tenant's process was signalled"
+    finally:
+        other.kill()
+        other.wait()
+        if escaped.exists() and escaped.read_text().strip():
+            kill_worker(int(escaped.read_text()))

@@ -602,13 +602,23 @@ class Commands:
             if not held.escaped or held.job in wanted:
                 continue
             job_id = held.job
+            # a pid is its process's only while that process carries the worker's mark:
+            # one that exited since may be another tenant's process by now (the isolation
+            # audit: pid_max 32768, and a job planned for hours), never to be signalled
+            held.pids = [p for p in held.pids if _still_there(p) and self._marked(p, job_id)]
             for pid in held.pids:
-                if pid in self._orphans or pid in self._given_up or not _still_there(pid):
+                if pid in self._orphans or pid in self._given_up:
                     continue
                 self._orphans[pid] = (now, False)
                 self.log.warning("a worker's process that left its session is stopped",
                                  pid=pid, job=job_id)  # fmt: skip
                 _signal_group(pid, signal.SIGTERM)
+
+    def _marked(self, pid: int, job_id: str) -> bool:
+        """Whether process ``pid`` carries the mark of a worker of ``job_id`` of this
+        agent (its ``OASIS_AGENT`` and ``OASIS_JOB``)."""
+        env = _environment_of(pid)
+        return env.get("OASIS_AGENT") == self.session and env.get("OASIS_JOB") == job_id
 
     def _escaped_of(self, job_id: str, index: int) -> list[int]:
         """The live processes marked as worker ``index`` of ``job_id`` of this agent."""
