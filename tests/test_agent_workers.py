@@ -1158,3 +1158,37 @@ def test_a_pid_an_escaped_process_had_is_not_signalled_once_another_process_has_
         other.wait()
         if escaped.exists() and escaped.read_text().strip():
             kill_worker(int(escaped.read_text()))
+
+
+def test_a_process_environment_is_read_once_and_only_its_start() -> None:
+    """The isolation audit: the agent read up to 1 MiB of every process's environment at
+    each worker's exit (every process of the machine) and each second (its children), in
+    its event loop: one tenant's worker that forked 1,000 children with a 1 MiB
+    environment stalled it 0.9-2.7 s at each scan, heartbeats and every tenant's workers
+    with it. Now it reads the first 64 KiB of a process's environment, once."""
+    from controller.plane import worker_marks
+
+    big = {f"BIG{i}": "x" * 120_000 for i in range(8)}  # ~1 MiB, after the marks
+    env = {"OASIS_AGENT": "s1", "OASIS_JOB": "a", "OASIS_WORKER": "0", **big}
+    proc = subprocess.Popen(["sleep", "60"], env=env)
+    try:
+        while "OASIS_JOB" not in worker_marks.environment_of(proc.pid):  # exec'ed
+            time.sleep(0.01)
+        reads: list[int] = []
+        real = worker_marks.environment_of
+
+        def counted(pid: int, limit: int = worker_marks.ENVIRON_BYTES) -> dict[str, str]:
+            reads.append(pid)
+            return real(pid, limit)
+
+        marks = worker_marks.Marks(counted)
+        for _ in range(3):
+            assert marks.of(proc.pid) == {"OASIS_AGENT": "s1", "OASIS_JOB": "a",
+                                          "OASIS_WORKER": "0"}  # fmt: skip
+        assert reads == [proc.pid]
+        seen = real(proc.pid)
+        assert "BIG0" not in seen or len(seen.get("BIG0", "")) == 120_000  # none cut
+        assert sum(len(k) + len(v) + 2 for k, v in seen.items()) <= worker_marks.ENVIRON_BYTES
+    finally:
+        proc.kill()
+        proc.wait()

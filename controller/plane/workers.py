@@ -59,6 +59,7 @@ from controller.plane.demand import Demand, demand_environment
 from controller.plane.devices import Devices
 from controller.plane.memory_guard import SAMPLE_SECONDS, MemoryGuard, group_rss
 from controller.plane.worker_errors import log_errors
+from controller.plane.worker_marks import Marks, environment_of
 from controller.procfs import ZOMBIE_STATES, pids, stat_fields
 
 __all__ = [
@@ -273,6 +274,9 @@ class Commands:
         self._leftovers_stopped = False
         self._over: set[str] = set()  # jobs whose workers are not started (MAX_WORKERS): said
         self.subreaper = adopt_orphans and _become_subreaper()
+        # the marks of processes, each read once (worker_marks.py); by the name looked up
+        # at each read, which a test may replace
+        self.marks = Marks(lambda pid: _environment_of(pid))  # noqa: PLW0108
 
     # -- each step ----------------------------------------------------------------------
 
@@ -617,16 +621,18 @@ class Commands:
     def _marked(self, pid: int, job_id: str) -> bool:
         """Whether process ``pid`` carries the mark of a worker of ``job_id`` of this
         agent (its ``OASIS_AGENT`` and ``OASIS_JOB``)."""
-        env = _environment_of(pid)
+        env = self.marks.of(pid)
         return env.get("OASIS_AGENT") == self.session and env.get("OASIS_JOB") == job_id
 
     def _escaped_of(self, job_id: str, index: int) -> list[int]:
         """The live processes marked as worker ``index`` of ``job_id`` of this agent."""
         out = []
-        for pid in _other_pids():
+        every = _other_pids()
+        self.marks.keep(set(every))
+        for pid in every:
             if pid in self.live or _ended(pid):
                 continue
-            env = _environment_of(pid)
+            env = self.marks.of(pid)
             if (env.get("OASIS_AGENT") == self.session and env.get("OASIS_JOB") == job_id
                     and env.get("OASIS_WORKER") == str(index)):  # fmt: skip
                 out.append(pid)
@@ -734,7 +740,7 @@ class Commands:
         agent's workers), another agent's ``OASIS_AGENT``. Stopped as orphans are; no
         worker starts until they are gone."""
         for pid in _other_pids():
-            env = _environment_of(pid)
+            env = self.marks.of(pid)
             agent = env.get("OASIS_AGENT")
             if not agent or agent == self.session or not self.key:
                 continue
@@ -764,7 +770,7 @@ class Commands:
             seen.add(pid)
             if pid in self._orphans:
                 continue
-            env = _environment_of(pid)
+            env = self.marks.of(pid)
             if env.get("OASIS_AGENT") != self.session:
                 continue  # not marked as this agent's: never signalled
             try:
@@ -866,18 +872,9 @@ def _ended(pid: int) -> bool:
 
 
 def _environment_of(pid: int) -> dict[str, str]:
-    """``pid``'s environment as it started; {} if it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            raw = f.read(1 << 20)
-    except OSError:
-        return {}
-    out: dict[str, str] = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            out[key.decode(errors="replace")] = value.decode(errors="replace")
-    return out
+    """``pid``'s environment as it started (its first bytes: :mod:`worker_marks`); {}
+    if it cannot be read."""
+    return environment_of(pid)
 
 
 def _signal_group(pid: int, sig: int) -> None:
