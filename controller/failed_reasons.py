@@ -35,6 +35,19 @@ def _runs(runs: Any) -> str:
     return ", ".join(words) + (f" and {len(runs) - 5} more runs" if len(runs) > 5 else "")
 
 
+_AGENTS_WHY = (
+    ("agents_never_heard",
+     "was never heard (not installed or not started there: it did not run there)"),
+    ("agents_following_no_plan",
+     "never had a plan (it beat, but its broker user may not read its plan's topic: it "
+     "did not run there)"),
+    ("agents_behind_their_plan",
+     "never took that plan (it follows an older one: it refused the newer, or cannot read "
+     "it; it did not run there)"),
+)  # fmt: skip
+"""The ``failed`` event's lists of servers whose agents did not run a job, and why."""
+
+
 def _plan_ended(detail: dict[str, Any]) -> str:
     done, of = detail.get("minibatches"), detail.get("of")
     done_words = f"{done:g}" if isinstance(done, int | float) else "?"
@@ -47,23 +60,11 @@ def _plan_ended(detail: dict[str, Any]) -> str:
         whose = "plan of slot" if one else "plans of slots"  # "the plans of slots 3" read odd
         text += (f"; the {whose} {_runs(runs)} never reached its agents (oasisd, its broker "
                  "or its store was out)")  # fmt: skip
-    unheard = detail.get("agents_never_heard")
-    if isinstance(unheard, list) and unheard:
-        names = ", ".join(str(s) for s in unheard[:5]) + (", ..." if len(unheard) > 5 else "")
-        text += (f"; the agent of {names}, where its plan placed it, was never heard "
-                 "(not installed or not started there: it did not run there)")  # fmt: skip
-    planless = detail.get("agents_following_no_plan")
-    if isinstance(planless, list) and planless:
-        names = ", ".join(str(s) for s in planless[:5]) + (", ..." if len(planless) > 5 else "")
-        text += (f"; the agent of {names}, where its plan placed it, never had a plan (it "
-                 "beat, but its broker user may not read its plan's topic: it did not run "
-                 "there)")  # fmt: skip
-    behind = detail.get("agents_behind_their_plan")
-    if isinstance(behind, list) and behind:
-        names = ", ".join(str(s) for s in behind[:5]) + (", ..." if len(behind) > 5 else "")
-        text += (f"; the agent of {names}, where its plan placed it, never took that plan "
-                 "(it follows an older one: it refused the newer, or cannot read it; it did "
-                 "not run there)")  # fmt: skip
+    for key, why in _AGENTS_WHY:
+        servers = detail.get(key)
+        if isinstance(servers, list) and servers:
+            names = ", ".join(str(s) for s in servers[:5]) + (", ..." if len(servers) > 5 else "")
+            text += f"; the agent of {names}, where its plan placed it, {why}"
     failing = detail.get("worker_failures")
     if isinstance(failing, list) and failing and isinstance(failing[0], dict):
         first = failing[0]

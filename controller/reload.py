@@ -518,22 +518,28 @@ class Reloader:
             self._say("warning: tenants removed from the tokens file still have jobs that may "
                       f"run (oasis cancel NAME:ID ends one): {jobs}")  # fmt: skip
 
+    async def _checked(self, what: str, check: Awaitable[Sequence[str]]) -> Sequence[str] | None:
+        """``check``'s lines, within :data:`RESTART_CHECK_SECONDS`; None, logged and said
+        ("could not check WHAT"), if it fails: the store out of reach, a timeout."""
+        try:
+            async with asyncio.timeout(RESTART_CHECK_SECONDS):
+                return await check
+        except Exception as err:  # said, not fatal
+            error = f"{type(err).__name__}: {str(err)[:300]}"
+            self.log.warning(f"reload: could not check {what}", error=error)
+            self._say(f"warning: could not check {what}: {error}")
+            return None
+
     async def _check_pending(self, applied: Config) -> None:
         """Warn of the pending jobs the limits just applied refuse: the next slot
         boundary expires them ("no longer valid"), for good, unless ``[limits]`` is
         mended and reloaded before it."""
         if self.pending_refused is None:
             return
-        try:
-            async with asyncio.timeout(RESTART_CHECK_SECONDS):
-                refused = await self.pending_refused(applied)
-        except Exception as err:  # the store out of reach, a timeout: said, not fatal
-            self.log.warning("reload: could not check the pending jobs against the new limits",
-                             error=f"{type(err).__name__}: {str(err)[:300]}")  # fmt: skip
-            self._say("warning: could not check the pending jobs against the new limits: "
-                      f"{type(err).__name__}: {str(err)[:300]}")  # fmt: skip
-            return
-        for line in refused:
+        refused = await self._checked(
+            "the pending jobs against the new limits", self.pending_refused(applied)
+        )
+        for line in refused or ():
             self.log.warning(
                 "reload: pending jobs over the new [limits] expire at the next slot "
                 "boundary, for good; if that is not meant, mend [limits] and reload again "
@@ -546,16 +552,10 @@ class Reloader:
         """Warn of the admitted plans a restart with the file just read would move."""
         if self.restart_moves is None or found.fresh is None:
             return
-        try:
-            async with asyncio.timeout(RESTART_CHECK_SECONDS):
-                moves = await self.restart_moves(found.fresh)
-        except Exception as err:  # the store out of reach, a timeout: said, not fatal
-            self.log.warning("reload: could not check which plans a restart would move",
-                             error=f"{type(err).__name__}: {str(err)[:300]}")  # fmt: skip
-            self._say("warning: could not check which plans a restart would move: "
-                      f"{type(err).__name__}: {str(err)[:300]}")  # fmt: skip
-            return
-        for move in moves:
+        moves = await self._checked(
+            "which plans a restart would move", self.restart_moves(found.fresh)
+        )
+        for move in moves or ():
             self.log.warning(
                 "reload: a restart with this config file would move admitted jobs; if that "
                 "is not meant (a server renamed by mistake), mend the file and reload again; "

@@ -31,6 +31,13 @@ from controller.tls import client_channel
 from tests.servers import Daemon, json_log, oasis, write_config
 from tests.test_daemon_e2e import contending_jobs, job
 
+MOVES = (
+    "reload: a restart with this config file would move admitted jobs; if that "
+    "is not meant (a server renamed by mistake), mend the file and reload again; "
+    "to free a server first, oasis cordon it"
+)
+"""The warning of a reload whose file a restart would move admitted jobs with."""
+
 EPOCH = 1_700_000_000.0  # fixed, so writing the config again leaves [daemon] as it was
 
 
@@ -254,11 +261,7 @@ def test_a_reload_warns_of_the_pending_jobs_its_limits_or_a_restart_would_expire
         daemon.proc.send_signal(signal.SIGHUP)
         reloads(log, "config reloaded", 1)
         assert len([e for e in json_log(log) if e.get("event") == event]) == 2
-        moved = (
-            "reload: a restart with this config file would move admitted jobs; if that "
-            "is not meant (a server renamed by mistake), mend the file and reload again; "
-            "to free a server first, oasis cordon it"
-        )
+        moved = MOVES
         expiring = [
             e["moves"]
             for e in _wait_for(log, lambda e: e.get("event") == moved)
@@ -472,9 +475,7 @@ def test_a_reload_adds_removes_and_rotates_tokens_of_a_running_daemon(tmp_path: 
         config.write_text(good)  # mended: the next reload says nothing of a restart
         daemon.proc.send_signal(signal.SIGHUP)
         reloads(log, "config reloaded", 2)
-        moved = ("reload: a restart with this config file would move admitted jobs; if that "
-                 "is not meant (a server renamed by mistake), mend the file and reload again; "
-                 "to free a server first, oasis cordon it")  # fmt: skip
+        moved = MOVES
         assert not any(e.get("event") == moved for e in json_log(log))
         # every server renamed (a typo): the jobs a restart would move are named (the
         # change audit: the reload said only that [cluster] waits for a restart)
@@ -614,11 +615,7 @@ def test_a_reload_to_another_store_warns_of_the_jobs_it_leaves_behind(tmp_path: 
         assert moved != good
         config.write_text(moved.replace("slot_seconds = 3600", "slot_seconds = 1800"))
         daemon.proc.send_signal(signal.SIGHUP)
-        event = (
-            "reload: a restart with this config file would move admitted jobs; if that "
-            "is not meant (a server renamed by mistake), mend the file and reload again; "
-            "to free a server first, oasis cordon it"
-        )
+        event = MOVES
         left = reloads(log, event, 0)["moves"]
         assert left.startswith("daemon.store_url or daemon.data_dir: a restart opens another")
         assert f"{tmp_path}/d2/oasis.db" in left and "(alice: 1, bob: 1)" in left, left
@@ -657,11 +654,7 @@ def test_a_reload_renaming_a_cordoned_server_warns_that_its_cordon_stays_behind(
         good = config.read_text()
         config.write_text(good.replace('name="w1"', 'name="w1x"'))
         daemon.proc.send_signal(signal.SIGHUP)
-        event = (
-            "reload: a restart with this config file would move admitted jobs; if that "
-            "is not meant (a server renamed by mistake), mend the file and reload again; "
-            "to free a server first, oasis cordon it"
-        )
+        event = MOVES
         [said] = _wait_for(log, lambda e: e.get("event") == event)
         assert said["moves"].startswith(
             "server w1 is cordoned (ECC errors) but not in the new [cluster]"
