@@ -254,3 +254,24 @@ def test_a_data_dir_under_a_folder_the_daemons_user_may_not_enter_names_it(tmp_p
         assert f"chmod o+x {closed}" in out.stdout, out
     finally:
         subprocess.run(["rm", "-rf", str(top)], check=True)
+
+
+def test_a_numba_cache_dir_the_daemons_user_may_not_write_names_the_chown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's by-hand start run once as root left NUMBA_CACHE_DIR root's; the
+    daemon run as its own user then logged 'fix: set NUMBA_CACHE_DIR to a folder this
+    user may write (the systemd unit sets /var/cache/oasis/numba)', of the very folder it
+    was given, and compiled its kernels at every start. (The daemon's user is played by
+    the check's view of it, as above: root may write anything.)"""
+    from controller.daemon import numba_cache_fix
+
+    cache = tmp_path / "cache" / "oasis"
+    cache.mkdir(parents=True)
+    assert numba_cache_fix("").startswith("set NUMBA_CACHE_DIR to a folder")
+    assert "chown" not in numba_cache_fix(str(cache / "numba"))  # writable: no chown
+    monkeypatch.setattr(os, "access", lambda path, _mode: Path(path) != cache)
+    fix = numba_cache_fix(str(cache / "numba"))  # not made yet: its parent is in the way
+    assert fix.startswith(f"NUMBA_CACHE_DIR={cache / 'numba'}: this user (uid "), fix
+    assert f"may not write {cache} (root's; a start as root" in fix, fix
+    assert fix.endswith(f"chown -R root: {cache}"), fix
