@@ -35,18 +35,26 @@ def _problems(
     trial = copy.deepcopy(dict(data))
     out: list[str] = []
     dropped = ""
+    gone: set[str] = set()  # tables taken out for a removal's sake, not the file's
     while len(out) < MAX_PROBLEMS:
         try:
             parse(trial, source, base=base, former=former)
         except ConfigError as err:
             path = str(err).split(":", 1)[0].strip()
-            if path == dropped:  # a key its table requires: its removal's problem, not
-                # the file's; the table goes instead (its defaults, or none), if it is one
-                table = path.rpartition(".")[0]
+            if path == dropped or dropped.startswith(f"{path}."):
+                # a key its table requires ("tls.key" unreadable, then "tls: needs both
+                # cert and key"): its removal's problem, not the file's; the table goes
+                # instead (its defaults, or none), if it is one
+                table = path if path != dropped else path.rpartition(".")[0]
                 if not table or not _drop(trial, table):
                     break
                 dropped = table
+                gone.add(table)
                 continue
+            if any(f"[{table}]" in str(err) for table in gone):
+                # of a table taken out above ("[tls] is not configured", of a [tls] whose
+                # key was unreadable): not so in the file, and said by its first problem
+                break
             out.append(str(err))
             if not _drop(trial, path):
                 break

@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import pwd
 import signal
 import socket
 import sys
@@ -112,6 +113,31 @@ class PeriodicEvent:
                 # one raised TypeError here, which ended this task for good
                 log.exception("periodic event failed", task=self.name)
             await asyncio.sleep(self.interval)
+
+
+def numba_cache_fix(cache_dir: str) -> str:
+    """What to do when numba cannot cache its kernels, given ``$NUMBA_CACHE_DIR``: set it;
+    or, set to a folder this user may not write (a first start as root made it root's,
+    0700 under the daemon's umask), the chown that mends it."""
+    if not cache_dir:
+        return ("set NUMBA_CACHE_DIR to a folder this user may write (the systemd unit "
+                "sets /var/cache/oasis/numba)")  # fmt: skip
+    path = Path(cache_dir).absolute()
+    existing = next((p for p in (path, *path.parents) if os.path.lexists(p)), None)
+    if existing is None or os.access(existing, os.W_OK | os.X_OK):
+        return f"NUMBA_CACHE_DIR={cache_dir}: check that this user may write every file in it"
+    try:
+        owner: int | str = existing.stat().st_uid
+        owner = pwd.getpwuid(int(owner)).pw_name
+    except (OSError, KeyError):
+        pass
+    me = os.geteuid()
+    try:
+        who = f"{pwd.getpwuid(me).pw_name}:"
+    except KeyError:
+        who = f"{me}:{os.getegid()}"
+    return (f"NUMBA_CACHE_DIR={cache_dir}: this user (uid {me}) may not write {existing} "
+            f"({owner}'s; a start as root makes it so): chown -R {who} {existing}")  # fmt: skip
 
 
 def _trouble(db: Database) -> Callable[[], str]:
@@ -542,8 +568,7 @@ def _main(args: argparse.Namespace) -> int:
         structlog.get_logger("oasisd").warning(
             "numba cannot cache the compiled kernels: they are compiled at each start",
             error=jit.UNCACHED[0][:300],
-            fix="set NUMBA_CACHE_DIR to a folder this user may write (the systemd unit "
-            "sets /var/cache/oasis/numba)",
+            fix=numba_cache_fix(os.environ.get("NUMBA_CACHE_DIR", "")),
         )
 
     def ready(address: str) -> None:

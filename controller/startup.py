@@ -32,6 +32,7 @@ import errno
 import os
 import pwd
 import sqlite3
+import stat
 import time
 from pathlib import Path
 
@@ -254,6 +255,17 @@ def _data_dir(path: Path) -> None:
     store, or plant a link where the daemon writes); a warning if others may read it."""
     # exit 2 where only an operator can mend it: a restart would fail the same way, in a
     # loop the unit's start limit never stops (a start fails in 1-3 s, then RestartSec)
+    blocked = _closed_ancestor(path)
+    if blocked is not None:  # Path.exists() raised PermissionError there: exit 1, looped
+        who = _user(os.geteuid())
+        mode = f"mode {stat.S_IMODE(blocked.stat().st_mode):04o}"
+        raise StartupError(
+            f"daemon.data_dir: the daemon's user ({who}) may not enter {blocked} "
+            f"({_user(blocked.stat().st_uid)}'s, {mode}), on the way to {path} (a first "
+            f"start as root makes missing parent folders 0700): chmod o+x {blocked}, or "
+            "give another data_dir",
+            status=2,
+        )
     if path.exists() and not path.is_dir():
         raise StartupError(f"daemon.data_dir: {path} exists and is not a directory", status=2)
     try:
@@ -306,6 +318,20 @@ def _data_dir(path: Path) -> None:
             "daemon.data_dir: others may read the store",
             data_dir=str(path), mode=f"{st.st_mode & 0o7777:04o}", fix=f"chmod 700 {path}",
         )  # fmt: skip
+
+
+def _closed_ancestor(path: Path) -> Path | None:
+    """The first existing folder above ``path`` (absolute, from the root down) that this
+    user may not enter, or None: a data_dir under it can be neither read nor made."""
+    for folder in reversed(path.absolute().parents):
+        try:
+            if not folder.is_dir():
+                return None  # missing (made later) or a file: mkdir says so
+        except OSError:
+            return None
+        if not os.access(folder, os.X_OK):
+            return folder
+    return None
 
 
 def _name(uid: int) -> str | None:

@@ -464,3 +464,25 @@ def test_a_tick_that_would_spin_or_sleep_through_slots_is_refused(tmp_path: Path
     for fine in ("0.02", "10", "0.5"):
         path.write_text(EXAMPLE.replace("tick_seconds = 1.0", f"tick_seconds = {fine}", 1))
         assert load(path).tick_seconds == float(fine)
+
+
+def test_an_unreadable_tls_key_is_said_once_not_as_tls_missing(tmp_path: Path) -> None:
+    """The first-day audit: a [tls] key the daemon's user could not read (root's 0600)
+    stopped the start with its own line, then 'tls: needs both cert and key' and
+    'daemon.listen: 0.0.0.0:50051 is not a loopback address and [tls] is not configured'
+    of a file that set both and [tls]: the consequences of taking the key out."""
+    cert = tmp_path / "server.crt"
+    cert.write_text("-----BEGIN CERTIFICATE-----\n")
+    key = tmp_path / "server.key"  # missing: unreadable as 'Permission denied' is
+    config = tmp_path / "oasisd.toml"
+    text = (ROOT / "config" / "oasisd.example.toml").read_text()
+    text = text.replace('listen = "127.0.0.1:50051"', 'listen = "0.0.0.0:50051"', 1)
+    text = text.replace("[auth]\n", f'[tls]\ncert = "{cert}"\nkey = "{key}"\n\n[auth]\n', 1)
+    config.write_text(text)
+    (tmp_path / "tokens").write_text("")
+    with pytest.raises(ConfigError) as err:
+        load(config)
+    lines = [line for line in str(err.value).splitlines() if line.startswith("tls")]
+    assert lines and lines[0].startswith(f"tls.key: cannot read {key}"), str(err.value)
+    assert "needs both cert and key" not in str(err.value), str(err.value)
+    assert "[tls] is not configured" not in str(err.value), str(err.value)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -217,3 +218,60 @@ def test_a_data_dir_the_daemons_user_may_not_write_names_the_chown(
     monkeypatch.setattr(os, "access", lambda path, _mode: Path(path) != data)
     with pytest.raises(StartupError, match=f"may not write {data} .*chown -R root: {data}"):
         _data_dir(data)
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="running the check as another user needs root and setpriv",
+)
+def test_a_data_dir_under_a_folder_the_daemons_user_may_not_enter_names_it(tmp_path: Path) -> None:
+    """A first start as root with data_dir /srv/oasis/data made /srv/oasis too, 0700 under
+    the daemon's umask; the daemon then run as its own user failed with 'cannot open the
+    store ...: Permission denied (/srv/oasis/data)', exit 1, which the unit restarts every
+    2 s, naming neither the folder in the way nor what to do. Now exit 2 naming it."""
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's tmp_path is 0700: nobody may enter
+    try:
+        top.chmod(0o755)
+        closed = top / "srv"
+        (closed / "data").mkdir(parents=True)
+        closed.chmod(0o700)
+        check = (
+            "import sys\nfrom pathlib import Path\nfrom controller.startup import StartupError, "
+            "_data_dir\ntry:\n    _data_dir(Path(sys.argv[1]))\nexcept StartupError as e:\n"
+            "    print(e.status, e)\n"
+        )
+        as_nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+        out = subprocess.run(
+            [*as_nobody, sys.executable, "-c", check, str(closed / "data")],
+            capture_output=True, text=True, timeout=60, check=False, cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith(f"2 daemon.data_dir: the daemon's user (uid {NOBODY}"), out
+        assert f"may not enter {closed} (uid 0 (root)'s, mode 0700)" in out.stdout, out
+        assert f"chmod o+x {closed}" in out.stdout, out
+    finally:
+        subprocess.run(["rm", "-rf", str(top)], check=True)
+
+
+def test_a_numba_cache_dir_the_daemons_user_may_not_write_names_the_chown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's by-hand start run once as root left NUMBA_CACHE_DIR root's; the
+    daemon run as its own user then logged 'fix: set NUMBA_CACHE_DIR to a folder this
+    user may write (the systemd unit sets /var/cache/oasis/numba)', of the very folder it
+    was given, and compiled its kernels at every start. (The daemon's user is played by
+    the check's view of it, as above: root may write anything.)"""
+    from controller.daemon import numba_cache_fix
+
+    cache = tmp_path / "cache" / "oasis"
+    cache.mkdir(parents=True)
+    assert numba_cache_fix("").startswith("set NUMBA_CACHE_DIR to a folder")
+    assert "chown" not in numba_cache_fix(str(cache / "numba"))  # writable: no chown
+    monkeypatch.setattr(os, "access", lambda path, _mode: Path(path) != cache)
+    fix = numba_cache_fix(str(cache / "numba"))  # not made yet: its parent is in the way
+    assert fix.startswith(f"NUMBA_CACHE_DIR={cache / 'numba'}: this user (uid "), fix
+    assert f"may not write {cache} (root's; a start as root" in fix, fix
+    assert fix.endswith(f"chown -R root: {cache}"), fix

@@ -144,7 +144,7 @@ def agent_args(*argv: str) -> argparse.Namespace:
 
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    for name in ("OASIS_BROKER", "OASIS_MQTT_USERNAME", "OASIS_MQTT_PASSWORD"):
+    for name in ("OASIS_BROKER", "OASIS_MQTT_USERNAME", "OASIS_MQTT_PASSWORD", "OASIS_MQTT_TLS_CA"):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
@@ -157,6 +157,15 @@ def test_agent_flags_keep_tls_and_credentials(
     m = broker_settings(agent_args("--broker", url, "--mqtt-tls-ca", ca, "--topic-prefix", "/lab/"))
     assert (m.host, m.port, m.tls, m.tls_ca) == ("broker", 8884, True, ca)
     assert (m.username, m.password, m.topic_prefix) == ("u", "pw", "lab")
+
+    # the CA from the environment (the agent unit's EnvironmentFile): before, only the
+    # flag, which the unit's ExecStart does not give, so a site CA meant editing the unit
+    clean_env.setenv("OASIS_BROKER", "mqtts://broker:8883")
+    clean_env.setenv("OASIS_MQTT_TLS_CA", ca)
+    m = broker_settings(agent_args())
+    assert (m.host, m.port, m.tls, m.tls_ca) == ("broker", 8883, True, ca)
+    clean_env.delenv("OASIS_BROKER")
+    clean_env.delenv("OASIS_MQTT_TLS_CA")
 
     # the password from the environment or a file, the user from a flag
     clean_env.setenv("OASIS_MQTT_PASSWORD", "from-env")

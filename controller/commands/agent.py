@@ -57,9 +57,12 @@ def register(sub: Any) -> None:
     p.add_argument("--mqtt-password-file", metavar="FILE",
                    help="read the broker password from FILE (first line); else "
                    "$OASIS_MQTT_PASSWORD; keeps it off the command line")  # fmt: skip
+    # from the environment too: the unit's EnvironmentFile gives a site's own CA
     p.add_argument("--mqtt-tls-ca", metavar="FILE",
+                   default=os.environ.get("OASIS_MQTT_TLS_CA") or None,
                    help="CA certificate (PEM) to verify the broker; turns TLS on "
-                   "(mqtts:// in --broker does too, with the system's CAs)")  # fmt: skip
+                   "(mqtts:// in --broker does too, with the system's CAs) (default: "
+                   "$OASIS_MQTT_TLS_CA)")  # fmt: skip
     p.add_argument("--speed", type=float, default=1.0,
                    help="simulated pace relative to the plan (default 1)")  # fmt: skip
     # dest: "command" is the subcommand's name, which error messages show

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -66,12 +67,19 @@ def _append(path: Path, name: str, line: str) -> None:
     """Append ``line`` to the tokens file ``path`` (made 0640 if new, never through a
     symbolic link); InputError if ``name`` has a line there already, or if a line there
     is one oasisd would refuse."""
+    new = not os.path.lexists(path)
     try:
         fd = os.open(
             path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o640
         )
     except OSError as err:
         raise InputError(f"--add-to {path}: {err.strerror or err}") from err
+    if new and os.fstat(fd).st_gid == 0:
+        # made by root (the daemon's own message says "make it: oasis token ... --add-to"):
+        # 0640 root:root, which oasisd, run as its own user, cannot read (exit 2 at start)
+        print(f"oasis token: made {path} 0640 root:root; oasisd reads it as its own user: "
+              f"chgrp oasis {path} (its group; the install steps make the file with "
+              "install -m 0640 -g oasis /dev/null FILE)", file=sys.stderr)  # fmt: skip
     with os.fdopen(fd, "r+", encoding="utf-8") as f:
         try:
             text = f.read(1 << 24)
