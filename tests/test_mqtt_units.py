@@ -3033,3 +3033,55 @@ def test_a_cancel_lost_in_a_brokers_acknowledgement_still_stops_the_agent(
         return await fake.ack_and_stop(asyncio.create_task(agent.run()), agent.stopping)
 
     assert asyncio.run(go()), "the agent ran on after its cancel"
+
+
+@NEEDS_MOSQUITTO
+def test_an_agent_connected_with_no_plan_says_what_to_check(tmp_path: Path) -> None:
+    """The shipped ACL lets a node's broker user read its own server's plan only. An
+    agent for w0 run by hand with user w1 (another --mqtt-username) beat on with no plan,
+    its jobs never run, and said nothing; now it warns once, naming the topic and user.
+    With its own user it has the retained plan at once and says nothing."""
+    import asyncio
+
+    import aiomqtt
+    from structlog.testing import capture_logs
+
+    from tests.broker import Mosquitto
+
+    acl = ROOT / "config" / "mosquitto.acl"
+    users = {"oasisd": "daemon pw", "w0": "w0 pw", "w1": "w1 pw"}
+    broker = Mosquitto(users=users, acl=acl)
+    try:
+
+        async def publish_plan() -> None:
+            async with aiomqtt.Client("127.0.0.1", broker.port, username="oasisd",
+                                      password=users["oasisd"]) as client:  # fmt: skip
+                await client.publish(topics.Topics("oasis").plan("w0"), plan(1).to_bytes(),
+                                     qos=1, retain=True)  # fmt: skip
+
+        asyncio.run(publish_plan())
+
+        def run_as(user: str) -> tuple[Agent, list[dict[str, Any]]]:
+            mqtt = MqttConfig("127.0.0.1", broker.port, username=user, password=users[user],
+                              heartbeat_seconds=0.2)  # fmt: skip
+
+            async def for_a_while() -> None:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(4.0):
+                        await agent.run()
+
+            with capture_logs() as logs:  # the agent's logger is bound as it is made
+                agent = Agent("w0", mqtt, no_plan_seconds=1.0)
+                asyncio.run(for_a_while())
+            return agent, [dict(e) for e in logs if e["event"].startswith("no plan received")]
+
+        agent, said = run_as("w1")
+        assert agent.plan is None
+        assert len(said) == 1, said  # once, not at every beat
+        assert said[0]["topic"] == "oasis/v1/servers/w0/plan" and said[0]["username"] == "w1"
+        assert "--mqtt-username is the node's name" in said[0]["event"]
+        agent, said = run_as("w0")
+        assert agent.plan is not None and agent.plan.epoch == 1
+        assert said == []
+    finally:
+        broker.close()

@@ -85,6 +85,13 @@ _FORGET_EVERY = 10.0  # seconds between looks for jobs to set aside (Agent.forge
 _BACKOFF_MAX = 5.0
 
 
+NO_PLAN_SECONDS = 30.0
+"""Seconds connected without a plan after which the agent warns, once: the daemon
+publishes every configured server's plan, retained, so one connected to the right broker
+and prefix, whose user may read its plan's topic, has it at once. One run by hand with
+another ``--mqtt-username`` than its node (the broker's ACL lets a user read its own
+server's plan only) beat on without a word, its jobs never run (the first-day audit)."""
+
 LAST_REPORT_SECONDS = 3.0
 """The longest the agent's stop waits to send its workers' last counts."""
 
@@ -156,6 +163,7 @@ class Agent:
         devices_from: str = "--devices",
         key: str | None = None,
         memory_guard: MemoryGuard | None = None,
+        no_plan_seconds: float = NO_PLAN_SECONDS,
     ) -> None:
         if not (0 < speed < math.inf):
             raise ValueError(f"speed: must be a number > 0, got {speed}")
@@ -184,6 +192,8 @@ class Agent:
         self._counted: int | None = None  # the devices the plan counts
         self.memory_guard = memory_guard
         self._unguarded_said = False  # plans whose demands lack the memory resource: said
+        self.no_plan_seconds = no_plan_seconds
+        self._no_plan_said = False  # connected that long with no plan: said (once)
         self.commands = (
             Commands(command, self.server, self.session, self._read_counts, self.log,
                      stop_grace, adopt_orphans, devices=Devices(devices, devices_from),
@@ -597,8 +607,10 @@ class Agent:
                 self.log.warning("bad status" if is_status else "bad plan", error=str(err))
 
     async def _beat(self, client: aiomqtt.Client) -> None:
+        connected = time.monotonic()
         while True:
             self.stopping.check()
+            self._no_plan_yet(time.monotonic() - connected)
             epoch = self.plan.epoch if self.plan else 0
             store = self.plan.store if self.plan else ""
             short = self.commands.devices_short() if self.commands is not None else 0
@@ -611,6 +623,22 @@ class Agent:
             # the interval comes with the plan, which may arrive (or change) meanwhile
             while time.monotonic() - sent < self._beat_interval():
                 await asyncio.sleep(min(0.05, self._beat_interval()))
+
+    def _no_plan_yet(self, connected_for: float) -> None:
+        """Warn, once, when connected ``connected_for`` seconds (at least
+        :data:`NO_PLAN_SECONDS`) without a plan: what to check."""
+        if self.plan is not None or self._no_plan_said or connected_for < self.no_plan_seconds:
+            return
+        self._no_plan_said = True
+        self.log.warning(
+            "no plan received: oasisd publishes every configured server's plan, retained, "
+            "while it runs with [mqtt]; check that it runs with this broker and topic "
+            "prefix, and that this broker user may read the topic (the broker's ACL: a "
+            "node's user reads its own server's plan, so --mqtt-username is the node's "
+            "name)",
+            seconds=round(connected_for), topic=self.topics.plan(self.server),
+            username=self.mqtt.username or None,
+        )  # fmt: skip
 
     def _beat_interval(self) -> float:
         """Seconds between heartbeats: the plan's, else the broker settings', at least
