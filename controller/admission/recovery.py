@@ -48,7 +48,7 @@ from controller.store import (
     migrate,
 )
 from controller.store.commit_process import START_SECONDS
-from controller.store.stored import stored_spec
+from controller.store.stored import count_problem, stored_spec
 from controller.store.urls import shown
 from controller.store.writer_lock import recorded_holder
 from pricing import Job, Ledger, OasisError, SpecError
@@ -684,9 +684,8 @@ class Recovery(Moves, BoundControl):
             if a.slot < job.arrival:
                 return f"{where}: before the job's arrival in slot {job.arrival}"
             for name, value in (("workers", a.workers), ("ps", a.ps)):
-                if not (is_integer(value) and 0 <= value <= job.chunks):
-                    shown = "no integer" if value is None else str(value)[:24]
-                    return f"{where}: {name}: must be 0 .. {job.chunks} (its chunks), got {shown}"
+                if problem := count_problem(name, value, job.chunks):
+                    return f"{where}: {problem}"
             counts = per_slot.setdefault(a.slot, [0, 0])
             counts[0] += a.workers
             counts[1] += a.ps

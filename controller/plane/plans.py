@@ -30,8 +30,8 @@ from controller.plane.plan_messages import Plan, SlotPlan, Task
 from controller.plane.port import AdmissionPort
 from controller.plane.settings import MqttConfig
 from controller.store import AllocationRow, JobRow
+from controller.store.stored import count_problem
 from pricing.errors import SpecError
-from pricing.fields import is_integer
 from pricing.job import Job
 
 __all__ = [
@@ -267,9 +267,8 @@ class PlanBuilder(PlanePart):
         if job is not None and index is not None:
             off = "ps" if index[0] == "worker" else "workers"
             for name, value in (("workers", row.workers), ("ps", row.ps)):
-                if not (is_integer(value) and 0 <= value <= job.chunks):
-                    shown = "no integer" if value is None else str(value)[:24]
-                    why = f"{name}: must be 0 .. {job.chunks} (its chunks), got {shown}"
+                if problem := count_problem(name, value, job.chunks):
+                    why = problem
                 elif name == off and value:
                     why = f"{name}: {value} on a {index[0]} server"
         if not why:

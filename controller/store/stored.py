@@ -9,8 +9,9 @@ import json
 from typing import Any
 
 from pricing.errors import SpecError
+from pricing.fields import is_integer
 
-__all__ = ["MAX_STORED_SPEC", "stored_spec"]
+__all__ = ["MAX_STORED_SPEC", "count_problem", "stored_spec"]
 
 MAX_STORED_SPEC = 1 << 22
 """Characters of a stored spec read back (4 Mi): 64 times the default
@@ -41,3 +42,14 @@ def stored_spec(text: Any, job_id: str) -> Any:
         shown = repr(named[:128]) if isinstance(named, str) else "no id"
         raise SpecError.one(where, f"names {shown}, not the job it is stored as")
     return value
+
+
+def count_problem(name: str, value: Any, chunks: int) -> str:
+    """What is wrong with an allocation row's stored count ``name`` (``"workers"`` or
+    ``"ps"``) of a job of ``chunks`` chunks: "" if it is an integer from 0 to ``chunks``,
+    else ``"workers: must be 0 .. 8 (its chunks), got 1000"`` (the rebuild at a start
+    and the plans a running daemon sends both refuse such a row)."""
+    if is_integer(value) and 0 <= value <= chunks:
+        return ""
+    shown = "no integer" if value is None else str(value)[:24]
+    return f"{name}: must be 0 .. {chunks} (its chunks), got {shown}"
