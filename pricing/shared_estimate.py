@@ -217,6 +217,11 @@ class SharedEstimate:
             self._bounds[memo] = None if found is None else _Voter(found)
         return self._bounds[memo]
 
+    def _own_bounds(self, key: str, estimate: BoundEstimate) -> PriceBounds | None:
+        """A voter's own bounds, at the default margins and trim (None: none yet)."""
+        voter = self._voter_bounds(key, estimate, 1.0, 1.0, None)
+        return None if voter is None else voter.bounds
+
     def bounds(
         self, l_margin: float = 1.0, u_margin: float = 1.0, trim: float | None = None
     ) -> PriceBounds | None:
@@ -283,8 +288,9 @@ class SharedEstimate:
                 "name": name or "-",
                 "jobs": e.jobs,
                 "prior_share": shares[name],
-                # its own vote, so an operator can tell whose estimate went astray
-                "bounds": bounds_by_kind(e.bounds(), resources),
+                # its own vote, so an operator can tell whose estimate went astray (as
+                # the median was taken of: the same memo)
+                "bounds": bounds_by_kind(self._own_bounds(name, e), resources),
             }
             for name, e in sorted(self.submitters.items())
         ]
