@@ -58,6 +58,7 @@ __all__ = [
     "OnlineJob",
     "load_history",
     "load_jobs",
+    "newest_each",
     "span_words",
 ]
 
@@ -375,7 +376,7 @@ def load_jobs(
                 select(*columns).where(*where, _of(name)).order_by(JobRow.sequence.desc())
                 for name in _submitters(session, where, submitters)
             ]
-            per = -(-newest // max(1, len(queries)))
+            per = newest_each(newest, len(queries))
             queries = [query.limit(per) for query in queries]
         picked: list[tuple[int, Job, str]] = []
         for query in queries:
@@ -392,6 +393,12 @@ def load_jobs(
             f"the store holds no decided job{of}{span} (cancelled jobs are left out)"
         )
     return jobs, cluster, whom
+
+
+def newest_each(newest: int, submitters: int) -> int:
+    """Jobs :func:`load_jobs` reads of each of ``submitters`` for ``newest`` in all:
+    ``ceil(newest / submitters)``."""
+    return -(-newest // max(1, submitters))
 
 
 def _of(name: str) -> Any:

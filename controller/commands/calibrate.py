@@ -189,6 +189,22 @@ def _by_submitter(
     return median_prior(priors, args.points, args.weight, source)
 
 
+def _newest_words(whom: list[str], newest: int) -> str:
+    """`` (the newest; ...)`` when ``--newest`` cut what a store's submitters (``whom``,
+    one name a job; none for a trace) had, else ""."""
+    if not whom or newest == 0:  # a trace: the store's modules stay unimported
+        return ""
+    from controller.history import newest_each
+
+    counts = Counter(whom)
+    per = newest_each(newest, len(counts))
+    if per not in counts.values():
+        return ""
+    if len(counts) == 1:
+        return " (the newest; --newest sets how many)"
+    return f" (the newest {per:,} of each submitter; --newest sets how many in all)"
+
+
 def run(args: argparse.Namespace) -> int:
     if (args.trace is None) == (args.store is None):
         raise InputError("give either a TRACE or --store STORE")
@@ -228,19 +244,9 @@ def run(args: argparse.Namespace) -> int:
     floors = ", ".join(
         f"{r} {math.exp(x):.3g}" for r, x in zip(cluster.resources, start.floor1, strict=True)
     )
-    counts = Counter(whom)
-    per = -(-newest // max(1, len(counts)))
-    limited = newest > 0 and any(count == per for count in counts.values())
     print(
-        f"oasis calibrate: {counted(len(jobs), 'job')}"
-        + (
-            f" (the newest {per:,} of each submitter; --newest sets how many in all)"
-            if limited and len(counts) > 1
-            else " (the newest; --newest sets how many)"
-            if limited
-            else ""
-        )
-        + " -> a prior worth "
+        f"oasis calibrate: {counted(len(jobs), 'job')}{_newest_words(whom, newest)} -> "
+        "a prior worth "
         f"{counted(args.weight, 'job')}; on this "
         f"cluster it starts L1 at {floors}",
         file=sys.stderr,
