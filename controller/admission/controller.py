@@ -30,7 +30,7 @@ from controller.admission.restart_checks import (
 from controller.admission.restart_moves import restart_moves, store_left_behind
 from controller.admission.retention import PRUNE_BATCH, PRUNE_SERVER_STEPS, Retention
 from controller.admission.rewind import rewound
-from controller.admission.state import ReadTurns
+from controller.admission.state import ReadTurns, parse_job
 from controller.admission.views import LIVE_STATES, DecisionView, JobView
 from controller.admission.writer import GroupWriter
 from controller.config import Config
@@ -40,23 +40,15 @@ from controller.limits import search_size
 from controller.store import JobRow, StoreUnavailableError
 from controller.store.commit_process import CommitProcess
 from controller.store.writer_lock import FencedError
-from pricing import Job, SpecError, job_from_dict
+from pricing import Job, SpecError
 
 __all__ = ["AdmissionController"]
 
 
 def _parsed(config: Config, spec: Any, arrival: int) -> Job:
     """A pending job's ``spec`` (arriving at ``arrival``) as a restart with ``config``
-    would read it: against its servers and window (:meth:`AdmissionState._parse`)."""
-    return job_from_dict(
-        spec,
-        config.cluster,
-        slot_seconds=config.slot_seconds,
-        slots_available=lambda _a: config.window,
-        arrival=arrival,
-        field="job",
-        keyed=True,
-    )
+    would read it: against its servers and window."""
+    return parse_job(spec, config.cluster, config.slot_seconds, config.window, arrival)
 
 
 _T = TypeVar("_T")

@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from controller.admission.restart_moves import SHOWN_JOBS
 from controller.limits import Limits
 from controller.store import JobRow
 from controller.store.stored import stored_spec
@@ -26,10 +27,7 @@ from pricing.cluster import Cluster
 from pricing.errors import OasisError
 from pricing.job import Job
 
-__all__ = ["SHOWN_JOBS", "pending_refused"]
-
-SHOWN_JOBS = 5
-"""Job ids named per submitter, at most (the count says how many in all)."""
+__all__ = ["pending_refused"]
 
 
 def pending_refused(

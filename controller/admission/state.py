@@ -59,6 +59,7 @@ __all__ = [
     "STORE_ID_KEY",
     "AdmissionState",
     "ReadTurns",
+    "parse_job",
 ]
 
 EPOCH_KEY = "epoch"
@@ -85,6 +86,22 @@ class ReadTurns:
     def __init__(self, limit: int) -> None:
         self.semaphore = asyncio.Semaphore(limit)
         self.users = 0
+
+
+def parse_job(spec: Any, cluster: Cluster, slot_seconds: float, window: int, arrival: int) -> Job:
+    """``spec`` as the daemon reads a job arriving at ``arrival`` on ``cluster`` (slots of
+    ``slot_seconds``), its work within ``window`` slots: a submission's, a pending job's
+    at each boundary, and a reload's look at the pending jobs a restart with another
+    config would read (:mod:`.limit_checks`)."""
+    return job_from_dict(
+        spec,
+        cluster,
+        slot_seconds=slot_seconds,
+        slots_available=lambda _a: window,
+        arrival=arrival,
+        field="job",
+        keyed=True,
+    )
 
 
 class AdmissionState(ABC):
@@ -308,15 +325,10 @@ class AdmissionState(ABC):
     def _parse(self, spec: Any, arrival: int, fits: bool = True) -> Job:
         """``spec`` as a job arriving at ``arrival``; with ``fits``, its work must fit the
         window (a new job), else only the cluster (a stored one, whose window may be past)."""
-        return job_from_dict(
-            spec,
-            self.cluster,
-            slot_seconds=self.config.slot_seconds,
-            slots_available=lambda _a: self.window if fits else 1 << 40,
-            arrival=arrival,
-            field="job",
-            keyed=True,
-        )
+        return parse_job(
+            spec, self.cluster, self.config.slot_seconds, self.window if fits else 1 << 40,
+            arrival,
+        )  # fmt: skip
 
     def _event(
         self, session: Session, now: datetime, kind: str, job_id: str, state: str,
