@@ -35,6 +35,7 @@ from sqlalchemy import select
 
 from controller.admission.recovery import Recovery, _Misfit, outage_mark
 from controller.admission.rewind import EventMark, mark_at, rewound
+from controller.admission.stored_budget import StoredBudget
 from controller.errors import SlotGridChangedError
 from controller.events import Event
 from controller.store import EventRow
@@ -243,6 +244,8 @@ class Follow(Recovery):
             self._stale = False
             self._pending_slot = -1
             self._ticked_slot = -1
+            self._stored = StoredBudget()  # what any leader stored, from the store
+            self._restore_stored_budget()
             self._ids.start(self._ledger)  # in the background (a rebuild above started it)
         except BaseException:
             self.role = "standby"

@@ -31,6 +31,7 @@ from controller.admission.restart_checks import (
     when,
 )
 from controller.admission.state import EPOCH_KEY, SETTINGS_KEY, STORE_ID_KEY
+from controller.admission.stored_budget import stored_day
 from controller.admission.views import STATES, Cordon
 from controller.clock import first_epoch
 from controller.errors import ResourcesRemovedError, SlotGridChangedError, StoreEditedError
@@ -177,6 +178,8 @@ class Recovery(Moves, BoundControl):
                 f"number after the others"
             )
         rebuilt = self._reload()
+        if self.leading:
+            self._restore_stored_budget()
         if self.config.mqtt is None and self.leading:
             self._tick_all()
         # else the first tick() runs once the execution plane is attached and has loaded
@@ -191,6 +194,20 @@ class Recovery(Moves, BoundControl):
             slot=self.slot,
             jobs_in_window=rebuilt,
         )
+
+    def _restore_stored_budget(self) -> None:
+        """Count what each submitter had stored in the day before this daemon led
+        (:mod:`.stored_budget`), if ``limits.max_stored_mb_per_day`` is set."""
+        if self.config.limits.max_stored_mb_per_day <= 0:
+            return
+        started = time.monotonic()
+        now = self.slots.clock.now()
+        with self.db.session() as session:
+            hours, counted = stored_day(session, now)
+        self._stored.restore(hours, now)
+        self.log.info("stored specs of the last day counted", jobs=counted,
+                      submitters=self._stored.submitters(),
+                      seconds=round(time.monotonic() - started, 3))  # fmt: skip
 
     def _epoch(self, session: Session) -> float:
         """The Unix time of slot 0: the config's ``epoch`` if it sets one, else the one
