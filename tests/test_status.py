@@ -317,3 +317,13 @@ def test_the_screen_counts_pending_jobs_and_says_where_the_rest_are() -> None:
     assert lines[-1] == "... and 3 more (oasis jobs --state running --state admitted)", lines
     unread = render(replace(st, jobs=None, jobs_in_flight=None, jobs_pending=None), limit=1)
     assert unread.splitlines()[-1] == "jobs in flight: not read (the store is unavailable)"
+
+
+def test_the_ramps_legend_says_a_price_past_the_largest_float() -> None:
+    """Pinned bounds of 1e308 over 1e-308 put the dearest price past the largest float:
+    the legend said ``@ inf x it``."""
+    from controller.commands.status import times_floor
+
+    assert times_floor(math.log(690.0)) == "690"
+    assert times_floor(800.0) == "e^800"
+    assert times_floor(math.inf) == "over 1.8e+308"

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -351,9 +352,23 @@ OUT_OF_SERVICE = ("cordoned", "failed")
 """How :attr:`ServerHeat.busiest` begins for a server out of service."""
 
 
+_LARGEST_LOG = math.log(sys.float_info.max)
+
+
 def _log_top(heat: list[ServerHeat]) -> float:
     """The log of the dearest price ratio over ``heat``'s servers and slots; 0 for none."""
     return max((math.log(r) for h in heat for r in h.price_ratio), default=0.0)
+
+
+def times_floor(log_ratio: float) -> str:
+    """``e^log_ratio``, a price over its floor, as the ramp's legend says it: pinned bounds
+    may put it past the largest float (``1e308`` over ``1e-308``), where the legend said
+    ``@ inf x``."""
+    if log_ratio < _LARGEST_LOG:
+        return f"{math.exp(log_ratio):.3g}"
+    if math.isfinite(log_ratio):
+        return f"e^{log_ratio:.4g}"
+    return f"over {sys.float_info.max:.3g}"
 
 
 def level(x: float, top: float) -> int:
@@ -434,7 +449,7 @@ def render(st: Status, limit: int, servers: int = 0) -> str:
     )
     out.append(f"price heat by server, slots {span}: the costliest resource of each server")
     out.append(
-        f"  {RAMP[0]} each resource's price floor ({floors or '-'}), @ {math.exp(top):.3g} x it"
+        f"  {RAMP[0]} each resource's price floor ({floors or '-'}), @ {times_floor(top)} x it"
         + (
             " or more (a server out of service: @ where it is out)"
             if len(serving) < len(st.heat)
