@@ -793,6 +793,12 @@ def test_oasis_cordon_and_uncordon_against_a_daemon(tmp_path: Path) -> None:
         assert past.returncode != 0 and "--until: the cordon starts at the next slot" in past.stderr
         naive = oasis("cordon", "w1", "--until", "2030-01-01T06:00", *server, check=False)
         assert naive.returncode != 0 and "has no UTC offset" in naive.stderr
+        # an end of slot 0 (0 is "no end" in the request): refused, not a cordon for good
+        for end in ("0", format_time(epoch)):
+            none = oasis("cordon", "w1", "--until", end, *server, check=False)
+            assert none.returncode == 2, none.stdout + none.stderr
+            assert "--until: " in none.stderr and "must" in none.stderr
+        assert "w1: not cordoned" in oasis("uncordon", "w1", *server).stdout
         zero = oasis("cordon", "w1", "--for", "0h", *server, check=False)
         assert zero.returncode != 0 and "must be > 0" in zero.stderr
         assert "w1: not cordoned" in oasis("uncordon", "w1", *server).stdout  # none was made

@@ -141,6 +141,12 @@ def _span(args: argparse.Namespace, stubs: Stubs) -> tuple[int, int]:
         args.length is None
     ):
         first, until = args.start or 0, args.until or 0  # slots: the daemon checks them
+        if args.until == 0:  # 0 is "no end" in the request: an end mistyped, not none
+            raise InputError(
+                "--until: must be after the slot the cordon starts in (the "
+                "next one at the earliest), got slot 0; leave --for and --until "
+                "out for a cordon without an end"
+            )
         if first and until and until <= first:
             raise InputError(f"--until {until} is not after --from {first}")
         return first, until
@@ -170,7 +176,8 @@ def _span(args: argparse.Namespace, stubs: Stubs) -> tuple[int, int]:
     if until > INT64_MAX:  # a --for no request can carry (a traceback before)
         raise InputError(f"--for: {args.length:.4g} s ends past the last slot there can be "
                          f"(slot {INT64_MAX})")  # fmt: skip
-    if until and until <= first:
+    if (args.length is not None or args.until is not None) and until <= first:
+        # an end at slot 0 (the epoch) too: sent as 0, it was a cordon without an end
         starts = slot_label(first, times)
         when = "at --from" if planned else "at the next slot boundary"
         raise InputError(f"--until: the cordon starts {when}, slot {starts}, so it must "
