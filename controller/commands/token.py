@@ -32,7 +32,7 @@ def register(sub: Any) -> None:
         "--role",
         choices=[r.value for r in Role],
         default=Role.SUBMITTER.value,
-        help="submitter (default): submit, quote, read own jobs; operator: all",
+        help="submitter (default): submit, quote, read and cancel own jobs; operator: all",
     )
     p.add_argument("--add-to", metavar="FILE",
                    help="append the line to this tokens file (made 0640 if new; a name "
