@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Event", "EventBus", "taken_with"]
+__all__ = ["MAX_SHOWN_DETAIL", "Event", "EventBus", "shown_event", "taken_with"]
+
+MAX_SHOWN_DETAIL = 1 << 16
+"""Characters of an event's detail, as JSON, sent to a reader (64 Ki): the daemon's own
+details are a few hundred."""
+
+_KIND_CHARS = 32  # the events table's kind column, String(32)
+_JOB_ID_CHARS = 400  # and its job_id, as the jobs' id, String(400)
 
 
 def taken_with(servers: Sequence[str], server: str) -> dict[str, list[str]]:
@@ -28,6 +36,35 @@ class Event:
     slot: int
     state: str
     detail: dict[str, Any] = field(default_factory=dict)
+
+
+def shown_event(row: Any) -> Event:
+    """A stored event row as the daemon hands it to a reader (a watch stream, the
+    console, the broker), its fields bounded: a row edited by hand with a detail of
+    20 MB made every ``oasis watch --from`` before it end at it, the message over gRPC's
+    limit (``RESOURCE_EXHAUSTED``), for good. A detail that is no JSON object, or over
+    :data:`MAX_SHOWN_DETAIL` characters as JSON, is replaced by one saying so; a kind is
+    and a job id cut to their columns' 32 and 400 characters."""
+    detail = row.detail
+    note = ""
+    if not isinstance(detail, dict):
+        note = f"the stored detail is not a JSON object but {type(detail).__name__}"
+    else:
+        try:
+            size = len(json.dumps(detail))
+        except (TypeError, ValueError, RecursionError):
+            size = -1
+        if size < 0 or size > MAX_SHOWN_DETAIL:
+            note = (
+                "the stored detail cannot be shown"
+                + (f": {size} characters as JSON, over {MAX_SHOWN_DETAIL}" if size > 0 else "")
+                + " (the store was edited)"
+            )
+    kind, job_id = (str(v) for v in (row.kind, row.job_id))
+    return Event(
+        row.sequence, kind[:_KIND_CHARS], job_id[:_JOB_ID_CHARS], row.slot, row.state,
+        {"unreadable": note} if note else detail,
+    )  # fmt: skip
 
 
 class EventBus:

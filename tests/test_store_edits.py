@@ -28,7 +28,16 @@ from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.store.stored import MAX_STORED_SPEC
 from tests.broker import NEEDS_MOSQUITTO, Mosquitto
-from tests.servers import CLUSTER_TOML, ROOT, Daemon, Postgres, oasis, write_config
+from tests.servers import (
+    CLUSTER_TOML,
+    ROOT,
+    Daemon,
+    Postgres,
+    events_through,
+    newest_event,
+    oasis,
+    write_config,
+)
 from tests.test_config_shrink import Decided, _plan, copy_of, decide_in, read_back
 from tests.test_metrics import METRICS_ON, Samples, parse, value
 
@@ -921,3 +930,31 @@ def test_a_writer_epoch_edited_near_2_63_is_not_counted_on_from(
         assert daemon.stop() == 0, log.read_text()
     assert answer.role == "leader" and 0 < answer.epoch < 1 << 62, answer
     assert "Traceback" not in log.read_text()
+
+
+def test_an_event_edited_to_megabytes_is_shown_with_a_note(store: Store, tmp_path: Path) -> None:
+    """An event whose detail was edited to 20 MB made every ``oasis watch --from`` before
+    it end there (the message over gRPC's 16 MiB: RESOURCE_EXHAUSTED), for good. Now its
+    detail is replaced by a note, and the events after it follow; the kind (SQLite keeps
+    any length) is cut to its column's 32 characters."""
+    if store.url.startswith("postgresql"):
+        store.execute("UPDATE events SET detail = json_build_object('x', repeat('y', 20000000)) "
+                      "WHERE sequence = 1")  # fmt: skip
+    else:
+        store.execute(
+            "UPDATE events SET detail = '{\"x\": \"' || hex(zeroblob(10000000)) || '\"}', "
+            "kind = 'decided' || hex(zeroblob(100)) WHERE sequence = 1"
+        )
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store.url, store.epoch)
+    daemon = Daemon(config, tmp_path / "oasisd.log").start()
+    last = newest_event(store.url)
+    try:
+        with grpc.insecure_channel(daemon.address) as channel:
+            events = events_through(pb_grpc.AdmissionStub(channel), last)
+    finally:
+        assert daemon.stop() == 0
+    assert [e.sequence for e in events] == list(range(1, last + 1))
+    first = events[0]
+    assert "20000009 characters as JSON, over 65536" in json.loads(first.detail)["unreadable"]
+    assert 0 < len(first.kind) <= 32
+    assert all("unreadable" not in json.loads(e.detail) for e in events[1:])

@@ -21,7 +21,7 @@ from controller.admission.ledger_reads import (
 from controller.admission.state import AdmissionState
 from controller.admission.views import STATES, DecisionView, JobView
 from controller.errors import NotFoundError
-from controller.events import Event
+from controller.events import Event, shown_event
 from controller.limits import check_job_key
 from controller.store import AllocationRow, EventRow, JobRow, in_batches
 from controller.store.stored import stored_spec
@@ -255,7 +255,7 @@ class ReadViews(AdmissionState):
             rows = list(session.scalars(query).all())
             if newest:
                 rows.reverse()
-            return [Event(r.sequence, r.kind, r.job_id, r.slot, r.state, r.detail) for r in rows]
+            return [shown_event(r) for r in rows]
 
     def _own_events_sync(self, owner: str, after: int, limit: int) -> list[Event]:
         """The newest ``limit`` stored events after sequence ``after`` of submitter
@@ -276,7 +276,7 @@ class ReadViews(AdmissionState):
             )
             rows = list(session.scalars(query).all())
         rows.reverse()
-        return [Event(r.sequence, r.kind, r.job_id, r.slot, r.state, r.detail) for r in rows]
+        return [shown_event(r) for r in rows]
 
     # -- cluster views (read the ledger; monitoring only) --------------------------------
 

@@ -70,7 +70,7 @@ from sqlalchemy.orm import Session
 
 from controller.admission.state import STORE_ID_KEY
 from controller.errors import NotFoundError
-from controller.events import Event
+from controller.events import Event, shown_event
 from controller.logs import Complaints
 from controller.plane.agent_messages import Heartbeat, Progress
 from controller.plane.agent_sessions import AgentSessions
@@ -841,7 +841,7 @@ class Execution:
             rows = session.scalars(
                 select(EventRow).where(EventRow.sequence.in_(sequences)).order_by(EventRow.sequence)
             )
-            return [Event(r.sequence, r.kind, r.job_id, r.slot, r.state, r.detail) for r in rows]
+            return [shown_event(r) for r in rows]
 
     def events_published_to(self, sequence: int) -> None:
         """Remember (in the store) that job events up to ``sequence`` were published."""
