@@ -537,6 +537,34 @@ def test_a_job_of_megabytes_reads_back_through_the_cli(store: Store, tmp_path: P
         assert daemon.stop() == 0
 
 
+def test_a_reason_or_id_of_megabytes_leaves_the_listing_readable(
+    store: Store, tmp_path: Path
+) -> None:
+    """A job's reason edited to 20 MB (or, on SQLite, which keeps any length, its id)
+    made every ``oasis jobs`` page holding it fail, RESOURCE_EXHAUSTED over gRPC's 16
+    MiB, for every reader. Now both are shown cut, and the row named in the log."""
+    edits = ["UPDATE jobs SET reason = '" + "r" * 20_000_000 + "' WHERE id = 'j4'"]
+    if store.url.startswith("sqlite"):  # PostgreSQL keeps an id to its 400 characters
+        edits += ["PRAGMA foreign_keys = OFF",
+                  "UPDATE jobs SET id = '" + "J" * 20_000_000 + "' WHERE id = 'j5'"]  # fmt: skip
+    store.execute(*edits)
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store.url, store.epoch)
+    log = tmp_path / "oasisd.log"
+    daemon = Daemon(config, log).start()
+    try:
+        listed = json.loads(oasis("jobs", "--json", server=daemon.address).stdout)["jobs"]
+        j4 = json.loads(oasis("job", "j4", "--json", server=daemon.address).stdout)
+    finally:
+        assert daemon.stop() == 0
+    assert len(listed) == len(store.before)
+    reason = j4["decision"]["reason"]
+    assert len(reason) < 20_000 and reason.endswith("(cut: the stored reason was edited)")
+    assert "reason: 20000000 characters, over 16384" in log.read_text()
+    if store.url.startswith("sqlite"):
+        cut = [j["id"] for j in listed if j["id"].startswith("JJJ")]
+        assert len(cut) == 1 and cut[0].endswith("... (cut: the stored id was edited)")
+
+
 @pytest.mark.parametrize("store", ["sqlite"], indirect=True)  # PostgreSQL types its columns
 def test_sqlite_text_in_typed_columns_fails_that_job_alone(store: Store, tmp_path: Path) -> None:
     """SQLite keeps whatever text an edit writes into a number, flag or time column."""

@@ -26,7 +26,7 @@ from controller.limits import check_job_key
 from controller.store import AllocationRow, EventRow, JobRow, in_batches
 from controller.store.stored import stored_spec
 from pricing import SpecError
-from pricing.fields import is_integer
+from pricing.fields import MAX_JOB_KEY_CHARS, is_integer
 
 __all__ = ["ReadViews"]
 
@@ -34,11 +34,19 @@ _LOGGED_ROWS = 1000
 """Stored job rows whose problems are logged (each once)."""
 _DRIVER_FIELDS = {"resource": str, "server": str, "first_slot": int, "last_slot": int,
                   "cost": float, "price": float}  # fmt: skip
+_MAX_DRIVERS = 16
+"""Price drivers of a stored rejection read back (the daemon stores at most 3)."""
+_MAX_NAME = 400
+"""Characters of a driver's server or resource name read back (a server's is at most 200)."""
+MAX_SHOWN_REASON = 1 << 14
+"""Characters of a stored reason read back (16 Ki; the daemon's are at most a few
+hundred): a reason edited to 20 MB made every ``oasis jobs`` page holding it fail,
+over gRPC's 16 MiB, for every reader."""
 
 
 def _drivers(value: Any) -> list[dict[str, Any]] | None:
     """A job's stored price drivers, or None if they are not a list of them."""
-    if not isinstance(value, list):
+    if not isinstance(value, list) or len(value) > _MAX_DRIVERS:
         return None
     out = []
     for d in value:
@@ -48,6 +56,8 @@ def _drivers(value: Any) -> list[dict[str, Any]] | None:
             v = d.get(key)
             ok = isinstance(v, int | float) if kind is float else isinstance(v, kind)
             if v is not None and (isinstance(v, bool) or not ok):
+                return None
+            if isinstance(v, str) and len(v) > _MAX_NAME:
                 return None
         out.append(d)
     return out
@@ -92,6 +102,10 @@ class ReadViews(AdmissionState):
         drivers and allocation rows that do not read back are left out, and the first
         read logs what was wrong with the row (:meth:`_unreadable_row`)."""
         problems: list[str] = []
+        job_id = row.id if isinstance(row.id, str) else str(row.id)
+        if len(job_id) > MAX_JOB_KEY_CHARS:  # no id the daemon stores: shown cut, named
+            problems.append(f"id: {len(job_id)} characters, over {MAX_JOB_KEY_CHARS}")
+            job_id = f"{job_id[:MAX_JOB_KEY_CHARS]}... (cut: the stored id was edited)"
         try:
             spec = stored_spec(row.spec, row.id)
             if not isinstance(spec, dict):
@@ -99,7 +113,7 @@ class ReadViews(AdmissionState):
                 raise SpecError.one(where, f"must be a JSON object, got {type(spec).__name__}")
         except SpecError as err:
             problems.append(str(err))
-            spec = {"id": row.id}
+            spec = {"id": job_id}
         if row.state not in STATES:
             problems.append(f"state {str(row.state)[:32]!r} is not one of {', '.join(STATES)}")
         # typed columns read leniently (controller.store.lenient): None where a value
@@ -141,8 +155,12 @@ class ReadViews(AdmissionState):
                 entries.append({"slot": a.slot, "server": a.server, "workers": a.workers})
             if a.ps:
                 entries.append({"slot": a.slot, "server": a.server, "ps": a.ps})
+        reason = row.reason if isinstance(row.reason, str) else ""
+        if len(reason) > MAX_SHOWN_REASON:
+            problems.append(f"reason: {len(reason)} characters, over {MAX_SHOWN_REASON}")
+            reason = f"{reason[:MAX_SHOWN_REASON]} ... (cut: the stored reason was edited)"
         if problems:
-            self._unreadable_row(row.id, problems)
+            self._unreadable_row(job_id, problems)
         decision = DecisionView(
             admitted=admitted,
             payoff=amounts["payoff"],
@@ -153,12 +171,12 @@ class ReadViews(AdmissionState):
             arrival_slot=need["arrival_slot"],
             work=need["work"],
             allocations=entries,
-            reason=row.reason if isinstance(row.reason, str) else "",
+            reason=reason,
             drivers=drivers,
             decision_ms=decision_ms,
         )
         return JobView(
-            id=row.id,
+            id=job_id,
             spec=spec,
             state=row.state,
             decision=decision,
