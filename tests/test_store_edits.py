@@ -540,12 +540,14 @@ def test_a_job_of_megabytes_reads_back_through_the_cli(store: Store, tmp_path: P
 def test_a_reason_or_id_of_megabytes_leaves_the_listing_readable(
     store: Store, tmp_path: Path
 ) -> None:
-    """A job's reason edited to 20 MB (or, on SQLite, which keeps any length, its id)
-    made every ``oasis jobs`` page holding it fail, RESOURCE_EXHAUSTED over gRPC's 16
-    MiB, for every reader. Now both are shown cut, and the row named in the log."""
+    """A job's reason edited to 20 MB (or, on SQLite, which keeps any length, its id or
+    an allocation's server) made every ``oasis jobs`` page holding it fail,
+    RESOURCE_EXHAUSTED over gRPC's 16 MiB, for every reader. Now the reason and id are
+    shown cut, the allocation left out, and the row named in the log."""
     edits = ["UPDATE jobs SET reason = '" + "r" * 20_000_000 + "' WHERE id = 'j4'"]
     if store.url.startswith("sqlite"):  # PostgreSQL keeps an id to its 400 characters
-        edits += ["PRAGMA foreign_keys = OFF",
+        edits += ["UPDATE allocations SET server = '" + "s" * 20_000_000 + "' WHERE rowid = 1",
+                  "PRAGMA foreign_keys = OFF",
                   "UPDATE jobs SET id = '" + "J" * 20_000_000 + "' WHERE id = 'j5'"]  # fmt: skip
     store.execute(*edits)
     config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store.url, store.epoch)

@@ -38,6 +38,8 @@ _MAX_DRIVERS = 16
 """Price drivers of a stored rejection read back (the daemon stores at most 3)."""
 _MAX_NAME = 400
 """Characters of a driver's server or resource name read back (a server's is at most 200)."""
+_MAX_SERVER = 200
+"""Characters of a server's name (the servers table's column)."""
 MAX_SHOWN_REASON = 1 << 14
 """Characters of a stored reason read back (16 Ki; the daemon's are at most a few
 hundred): a reason edited to 20 MB made every ``oasis jobs`` page holding it fail,
@@ -146,6 +148,9 @@ class ReadViews(AdmissionState):
         order = self._server_positions()
         entries: list[dict[str, Any]] = []
         for a in sorted(allocs, key=lambda a: (a.slot, order.get(a.server, 1 << 30))):
+            if not isinstance(a.server, str) or len(a.server) > _MAX_SERVER:
+                problems.append(f"allocation (slot {a.slot}): a server name that is not one")
+                continue
             if not (is_integer(a.workers) and is_integer(a.ps)):
                 where = f"allocation (slot {a.slot}, server {str(a.server)[:64]!r})"
                 counts = f"{str(a.workers)[:20]!r}, {str(a.ps)[:20]!r}"
