@@ -102,6 +102,29 @@ class _Voter:
         return self._logs
 
 
+_Memo = tuple[float, float, float | None]
+"""The arguments of :meth:`BoundEstimate.bounds` a voter's bounds are taken at: the
+margins ``(l_margin, u_margin)`` and ``trim``."""
+
+_STALE_REBUILT = 64
+"""A table (:class:`_Table`) more than this many rows out of date is built again from
+every voter rather than mended row by row."""
+
+
+@dataclass(frozen=True)
+class _Table:
+    """The submitters' votes at one :data:`_Memo`, stacked: ``logs`` ``(4, R, V)``, the
+    :func:`_stacked` logs of each submitter whose estimate has bounds (its vote the last
+    axis, which the median is taken along), ``rows`` its index there by name
+    (``names[i]`` is vote i's). Immutable: a new state mends a copy of its
+    predecessor's (only the submitter a job moved changes), so a decision costs one copy
+    of the array, not a pass over every voter in Python (2,000 submitters: 4 ms)."""
+
+    rows: Mapping[str, int]
+    names: Sequence[str]
+    logs: np.ndarray
+
+
 def submitter_key(submitter: str | None) -> str:
     """The name a submitter's estimate is kept under (:data:`ANONYMOUS` for None)."""
     return ANONYMOUS if submitter is None else submitter
@@ -120,11 +143,9 @@ class SharedEstimate:
 
     fresh: BoundEstimate
     submitters: Mapping[str, BoundEstimate] = field(default_factory=dict)
-    _bounds: dict[tuple[str, float, float, float | None], _Voter | None] = field(
-        default_factory=dict, repr=False
-    )
-    """Each voter's bounds, by (name, margins, trim); carried over to the next state for
-    the voters it leaves unchanged (every estimate is immutable)."""
+    _bounds: dict[_Memo, dict[str, _Voter | None]] = field(default_factory=dict, repr=False)
+    """Each voter's bounds, by (margins, trim) and name; carried over to the next state
+    for the voters it leaves unchanged (every estimate is immutable)."""
     _states: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     """Each submitter's :meth:`BoundEstimate.to_dict`, carried over likewise: a state is
     written after every batch of decisions, and only one submitter's changed. Filled by
@@ -134,6 +155,15 @@ class SharedEstimate:
     lag: np.ndarray | None = None
     """``(4, R)``: how far the bounds in use lie from the voters' median, in logs, per
     ``log U1, log U2, log L1, log L2`` and resource; None: at it. See :meth:`observe`."""
+    _tables: dict[_Memo, tuple[_Table, frozenset[str]]] = field(default_factory=dict, repr=False)
+    """The submitters' votes stacked, by (margins, trim), each with the names whose rows
+    are out of date (a predecessor's table, carried over: mended when first used)."""
+    _medians: dict[_Memo, PriceBounds | None] = field(default_factory=dict, init=False, repr=False)
+    """:meth:`bounds` by its arguments (the state is immutable; the lag is its own, so
+    this is not carried over)."""
+    _names: list[tuple[str, ...]] = field(default_factory=list, repr=False)
+    """The submitters' names sorted, once asked for (:meth:`head`): carried over while
+    the names stay the same (one list shared by the states of those names)."""
 
     @classmethod
     def start(cls, fresh: BoundEstimate) -> SharedEstimate:
@@ -155,8 +185,11 @@ class SharedEstimate:
         move toward it (a second tenant arriving after one flooded alone) is taken at
         once. With one submitter the median is its estimate and there is never a lag."""
         key = submitter_key(submitter)
-        after = self._dropping(key, {**self.submitters, key: self.of(submitter).observe(job)})
-        if self.lag is None and set(self.submitters) <= {key}:
+        after = self._dropping(
+            key, {**self.submitters, key: self.of(submitter).observe(job)}, moved=True
+        )
+        alone = not self.submitters or (len(self.submitters) == 1 and key in self.submitters)
+        if self.lag is None and alone:
             return after  # one voter before and after: it moves by at most STEP itself
         before = _logs(self.bounds())
         target = _logs(after.bounds())
@@ -177,15 +210,31 @@ class SharedEstimate:
         one tenant): it votes no more until its next job, from the prior. The bounds go
         to the median of the others at once (an operator's choice, not a job's)."""
         others = {k: e for k, e in self.submitters.items() if k != name}
-        return self._dropping(name, others)
+        return self._dropping(name, others, moved=False)
 
-    def _dropping(self, name: str, submitters: Mapping[str, BoundEstimate]) -> SharedEstimate:
+    def _dropping(
+        self, name: str, submitters: Mapping[str, BoundEstimate], moved: bool
+    ) -> SharedEstimate:
         """This state with ``submitters``, without the lag, and without ``name``'s cached
-        bounds and state (the others' carry over: their estimates are unchanged)."""
-        kept = {k: b for k, b in self._bounds.items() if k[0] != name}
+        bounds and state (the others' carry over: their estimates are unchanged). With
+        ``moved``, ``name``'s estimate changed (or came): the stacked votes carry over
+        with its row marked out of date; else it left, and they are stacked afresh."""
+        kept = {}
+        for memo, voters in self._bounds.items():
+            kept[memo] = dict(voters)
+            kept[memo].pop(name, None)
         with self._lock:
-            states = {k: d for k, d in self._states.items() if k != name}
-        return SharedEstimate(self.fresh, submitters, kept, states, lag=None)
+            states = dict(self._states)
+        states.pop(name, None)
+        tables = {}
+        if moved:
+            for memo, (table, stale) in self._tables.items():
+                if len(stale) < _STALE_REBUILT:
+                    tables[memo] = (table, stale | {name})
+        same_names = moved and name in self.submitters
+        names = self._names if same_names else []
+        return SharedEstimate(self.fresh, submitters, kept, states, lag=None,
+                              _tables=tables, _names=names)  # fmt: skip
 
     @property
     def jobs(self) -> int:
@@ -211,11 +260,11 @@ class SharedEstimate:
     ) -> _Voter | None:  # fmt: skip
         """A voter's bounds, their :func:`_stacked` logs made when first asked for (None:
         no bounds yet)."""
-        memo = (key, l_margin, u_margin, trim)
-        if memo not in self._bounds:
+        voters = self._bounds.setdefault((l_margin, u_margin, trim), {})
+        if key not in voters:
             found = estimate.bounds(l_margin, u_margin, trim)
-            self._bounds[memo] = None if found is None else _Voter(found)
-        return self._bounds[memo]
+            voters[key] = None if found is None else _Voter(found)
+        return voters[key]
 
     def _own_bounds(self, key: str, estimate: BoundEstimate) -> PriceBounds | None:
         """A voter's own bounds, at the default margins and trim (None: none yet)."""
@@ -227,23 +276,81 @@ class SharedEstimate:
     ) -> PriceBounds | None:
         """The median, per bound and resource in logs, of the voters' bounds
         (:meth:`pricing.bound_estimate.BoundEstimate.bounds` with these arguments);
-        None before any job and prior."""
-        found = [
-            b
-            for key, e in self.voters()
-            if (b := self._voter_bounds(key, e, l_margin, u_margin, trim)) is not None
-        ]
-        if not found:
+        None before any job and prior. Computed once per state and arguments, from the
+        votes stacked (:meth:`_table`)."""
+        memo = (l_margin, u_margin, trim)
+        if memo not in self._medians:
+            self._medians[memo] = self._median(memo)
+        return self._medians[memo]
+
+    def _median(self, memo: _Memo) -> PriceBounds | None:
+        """:meth:`bounds` at ``memo``, computed: the voters are those of :meth:`voters`
+        (the prior joining an even number of submitters) that have bounds."""
+        table = self._table(memo)
+        n = len(self.submitters)
+        prior = self._voter_bounds(_PRIOR, self.fresh, *memo) if n == 0 or n % 2 == 0 else None
+        count = len(table.names) + (prior is not None)
+        if count == 0:
             return None
-        if len(found) == 1 and self.lag is None:
-            return found[0].bounds
-        ranked = np.sort(np.stack([voter.logs for voter in found]), axis=0)
-        middle = len(found) // 2  # an odd count's median is a voter's value, exactly
-        logs = ranked[middle] if len(found) % 2 else (ranked[middle - 1] + ranked[middle]) / 2
+        if count == 1 and self.lag is None:  # the one voter's own bounds, as they are
+            if prior is not None:
+                return prior.bounds
+            voter = self._voter_bounds(table.names[0], self.submitters[table.names[0]], *memo)
+            assert voter is not None
+            return voter.bounds
+        logs = table.logs
+        if prior is not None:
+            logs = np.concatenate([logs, prior.logs[..., None]], axis=-1)
+        middle = count // 2  # an odd count's median is a voter's value, exactly
+        if count % 2:
+            median = np.partition(logs, middle, axis=-1)[..., middle]
+        else:
+            ranked = np.partition(logs, (middle - 1, middle), axis=-1)
+            median = (ranked[..., middle - 1] + ranked[..., middle]) / 2
         if self.lag is not None:
-            logs = logs + self.lag
-        u1, u2, l1, l2 = logs
+            median = median + self.lag
+        u1, u2, l1, l2 = median
         return PriceBounds(np.maximum(u1, l1), np.maximum(u2, l2), l1, l2, 1.0, 1.0)
+
+    def _table(self, memo: _Memo) -> _Table:
+        """The submitters' votes at ``memo`` stacked (:class:`_Table`): a predecessor's
+        mended in the rows of the submitters whose estimates changed since, else built
+        from every submitter (the first time, and after a submitter is dropped)."""
+        carried = self._tables.get(memo)
+        if carried is not None and not carried[1]:
+            return carried[0]
+        table = None if carried is None else self._mended(memo, *carried)
+        if table is None:
+            names, rows = [], []
+            for name, estimate in sorted(self.submitters.items()):
+                voter = self._voter_bounds(name, estimate, *memo)
+                if voter is not None:
+                    names.append(name)
+                    rows.append(voter.logs)
+            n = len(self.fresh.worker.top)
+            logs = np.stack(rows, axis=-1) if rows else np.zeros((4, n, 0))
+            table = _Table({name: i for i, name in enumerate(names)}, names, logs)
+        self._tables[memo] = (table, frozenset())
+        return table
+
+    def _mended(self, memo: _Memo, table: _Table, stale: frozenset[str]) -> _Table | None:
+        """``table`` with the rows of ``stale`` taken from this state's estimates (a new
+        submitter's appended); None if a row would have to go (built afresh then)."""
+        logs, rows, names = table.logs.copy(), table.rows, table.names
+        for name in sorted(stale):
+            estimate = self.submitters.get(name)
+            voter = None if estimate is None else self._voter_bounds(name, estimate, *memo)
+            if voter is None:
+                if name in rows:
+                    return None
+                continue
+            if name in rows:
+                logs[..., rows[name]] = voter.logs
+            else:
+                rows = {**rows, name: len(names)}
+                names = [*names, name]
+                logs = np.concatenate([logs, voter.logs[..., None]], axis=-1)
+        return _Table(rows, names, logs)
 
     def fits(self, cluster: Cluster) -> bool:
         """True if every submitter's estimate was started for ``cluster``."""
@@ -303,6 +410,13 @@ class SharedEstimate:
                 self._states[name] = self.submitters[name].to_dict()
             return self._states[name]
 
+    def _sorted_names(self) -> tuple[str, ...]:
+        """The submitters' names, sorted (computed once for the states of these names)."""
+        with self._lock:
+            if not self._names:
+                self._names.append(tuple(sorted(self.submitters)))
+            return self._names[0]
+
     def head(self) -> dict[str, Any]:
         """JSON-safe state but the submitters' estimates: their names and the lag. A
         store keeps each submitter's :meth:`state` apart, so a decision rewrites one."""
@@ -311,7 +425,7 @@ class SharedEstimate:
         return {
             "format": _FORMAT,
             "version": _VERSION,
-            "submitters": sorted(self.submitters),
+            "submitters": list(self._sorted_names()),
             "lag": lag,
             "resources": None if resources is None else list(resources),  # the lag's
         }
