@@ -125,6 +125,24 @@ class _Table:
     logs: np.ndarray
 
 
+_CACHE_LOCK = threading.Lock()
+"""Guards the voters' caches (:class:`_Entry`), which states share and two threads fill
+(the decision thread's bounds, the writer thread's :meth:`SharedEstimate.state`)."""
+
+
+class _Entry:
+    """What is cached of one voter's ``estimate``: its bounds by :data:`_Memo` and its
+    :meth:`BoundEstimate.to_dict` (a state is written after every batch of decisions,
+    and only one submitter's changed)."""
+
+    __slots__ = ("estimate", "state", "voters")
+
+    def __init__(self, estimate: BoundEstimate) -> None:
+        self.estimate = estimate
+        self.voters: dict[_Memo, _Voter | None] = {}
+        self.state: dict[str, Any] | None = None
+
+
 def submitter_key(submitter: str | None) -> str:
     """The name a submitter's estimate is kept under (:data:`ANONYMOUS` for None)."""
     return ANONYMOUS if submitter is None else submitter
@@ -143,15 +161,11 @@ class SharedEstimate:
 
     fresh: BoundEstimate
     submitters: Mapping[str, BoundEstimate] = field(default_factory=dict)
-    _bounds: dict[_Memo, dict[str, _Voter | None]] = field(default_factory=dict, repr=False)
-    """Each voter's bounds, by (margins, trim) and name; carried over to the next state
-    for the voters it leaves unchanged (every estimate is immutable)."""
-    _states: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
-    """Each submitter's :meth:`BoundEstimate.to_dict`, carried over likewise: a state is
-    written after every batch of decisions, and only one submitter's changed. Filled by
-    :meth:`to_dict` in the writer thread while the decision thread may copy it: under
-    ``_lock``."""
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _entries: dict[str, _Entry] = field(default_factory=dict, repr=False)
+    """Each voter's cached bounds and state (:class:`_Entry`), by name; carried over to
+    the next state for the voters it leaves unchanged (every estimate is immutable), in
+    one copy of this dict. Filled in the writer thread too (:meth:`state`) while the
+    decision thread may copy it: under :data:`_CACHE_LOCK`."""
     lag: np.ndarray | None = None
     """``(4, R)``: how far the bounds in use lie from the voters' median, in logs, per
     ``log U1, log U2, log L1, log L2`` and resource; None: at it. See :meth:`observe`."""
@@ -219,13 +233,9 @@ class SharedEstimate:
         bounds and state (the others' carry over: their estimates are unchanged). With
         ``moved``, ``name``'s estimate changed (or came): the stacked votes carry over
         with its row marked out of date; else it left, and they are stacked afresh."""
-        kept = {}
-        for memo, voters in self._bounds.items():
-            kept[memo] = dict(voters)
-            kept[memo].pop(name, None)
-        with self._lock:
-            states = dict(self._states)
-        states.pop(name, None)
+        with _CACHE_LOCK:
+            entries = dict(self._entries)
+        entries.pop(name, None)
         tables = {}
         if moved:
             for memo, (table, stale) in self._tables.items():
@@ -233,7 +243,7 @@ class SharedEstimate:
                     tables[memo] = (table, stale | {name})
         same_names = moved and name in self.submitters
         names = self._names if same_names else []
-        return SharedEstimate(self.fresh, submitters, kept, states, lag=None,
+        return SharedEstimate(self.fresh, submitters, entries, lag=None,
                               _tables=tables, _names=names)  # fmt: skip
 
     @property
@@ -260,11 +270,20 @@ class SharedEstimate:
     ) -> _Voter | None:  # fmt: skip
         """A voter's bounds, their :func:`_stacked` logs made when first asked for (None:
         no bounds yet)."""
-        voters = self._bounds.setdefault((l_margin, u_margin, trim), {})
-        if key not in voters:
+        voters = self._entry(key, estimate).voters
+        memo = (l_margin, u_margin, trim)
+        if memo not in voters:
             found = estimate.bounds(l_margin, u_margin, trim)
-            voters[key] = None if found is None else _Voter(found)
-        return voters[key]
+            voters[memo] = None if found is None else _Voter(found)
+        return voters[memo]
+
+    def _entry(self, key: str, estimate: BoundEstimate) -> _Entry:
+        """Voter ``key``'s cache, for ``estimate`` (a new one if it held another's)."""
+        with _CACHE_LOCK:
+            entry = self._entries.get(key)
+            if entry is None or entry.estimate is not estimate:
+                entry = self._entries[key] = _Entry(estimate)
+            return entry
 
     def _own_bounds(self, key: str, estimate: BoundEstimate) -> PriceBounds | None:
         """A voter's own bounds, at the default margins and trim (None: none yet)."""
@@ -405,14 +424,15 @@ class SharedEstimate:
 
     def state(self, name: str) -> dict[str, Any]:
         """Submitter ``name``'s estimate as :meth:`BoundEstimate.to_dict` (cached)."""
-        with self._lock:
-            if name not in self._states:
-                self._states[name] = self.submitters[name].to_dict()
-            return self._states[name]
+        entry = self._entry(name, self.submitters[name])
+        with _CACHE_LOCK:
+            if entry.state is None:
+                entry.state = entry.estimate.to_dict()
+            return entry.state
 
     def _sorted_names(self) -> tuple[str, ...]:
         """The submitters' names, sorted (computed once for the states of these names)."""
-        with self._lock:
+        with _CACHE_LOCK:
             if not self._names:
                 self._names.append(tuple(sorted(self.submitters)))
             return self._names[0]
