@@ -812,3 +812,45 @@ def test_a_pinned_resource_taken_out_of_the_cluster_sets_aside_its_pins_alone(
         d.stop()
     aside = [e for e in json_log(tmp_path / "oasisd.log") if "set aside" in e.get("event", "")]
     assert len(aside) == 1 and aside[0]["resources"] == ["ib"]
+
+
+def test_oasis_bounds_lists_the_submitters_farthest_from_the_bounds_first(
+    tmp_path: Path,
+) -> None:
+    """With many submitters, ``oasis bounds`` listed every one in name order (2,000
+    lines at 2,000 tenants), and the tenant whose estimate went astray was somewhere in
+    them. Now those farthest from the bounds in use come first, SHOWN_SUBMITTERS of
+    them, and a line says how many more (``--json`` has every one): 30 tenants with an
+    ordinary job each and ``zed``, last by name, who floods jobs worth 1e9."""
+    from controller.commands.bounds import SHOWN_SUBMITTERS
+
+    many = 30
+    names = {f"t{i:02d}": f"tok-{i}" for i in range(many)} | {"zed": "tok-z", "ops": "tok-o"}
+    tokens = tmp_path / "tokens"
+    tokens.write_text("".join(
+        f"{n} {'operator' if n == 'ops' else 'submitter'} {hash_token(t)}\n"
+        for n, t in names.items()
+    ))  # fmt: skip
+    d = _start(tmp_path, extra=f'[auth]\ntokens_file = "{tokens}"\n')
+    try:
+        channel, admission, _ = _stubs(d.address)
+        with channel:
+
+            def submit(who: str, spec: dict[str, Any]) -> None:
+                meta = (("authorization", f"Bearer {names[who]}"),)
+                request = pb.SubmitJobRequest(job=spec_to_proto(spec))
+                if admission.SubmitJob(request, timeout=60, metadata=meta).job.decision.admitted:
+                    admission.CancelJob(pb.CancelJobRequest(id=spec["id"]), metadata=meta)
+
+            for i, spec in enumerate(ordinary_jobs(many, seed=5, prefix="o")):
+                submit(f"t{i:02d}", spec)
+            for i in range(40):
+                submit("zed", {**poison(1e9), "id": f"z{i}"})
+        shown = _cli_as(d, names["ops"]).stdout
+    finally:
+        d.stop()
+    table = shown.split("per submitter", 1)[1].splitlines()
+    rows = [line for line in table if line.startswith(("t", "zed"))]
+    assert len(rows) == SHOWN_SUBMITTERS, shown
+    assert rows[0].startswith("zed ") and re.search(r"[UL] x[0-9.e+]+$", rows[0]), shown
+    assert f"... and {many + 1 - SHOWN_SUBMITTERS} more submitters" in shown, shown
