@@ -462,11 +462,17 @@ class SharedEstimate:
 
     @classmethod
     def from_parts(
-        cls, head: Any, states: Mapping[str, Any], fresh: BoundEstimate
+        cls,
+        head: Any,
+        states: Mapping[str, Any],
+        fresh: BoundEstimate,
+        known: Mapping[str, BoundEstimate] | None = None,
     ) -> tuple[SharedEstimate | None, list[str]]:
         """The state of a :meth:`head` and the submitters' states by name; None for a
         head that is not one. A submitter named in the head whose state is missing or
-        does not read back starts afresh from the prior: those are returned too."""
+        does not read back starts afresh from the prior: those are returned too. A
+        submitter of ``known`` whose state is not given keeps that estimate (a standby
+        reads again only the states that changed)."""
         if not isinstance(head, dict) or head.get("format") != _FORMAT:
             return None, []
         names = head.get("submitters")
@@ -476,6 +482,9 @@ class SharedEstimate:
         for name in names:
             if not isinstance(name, str) or len(name) > 200:
                 return None, []
+            if known is not None and name not in states and name in known:
+                submitters[name] = known[name]
+                continue
             estimate = BoundEstimate.from_dict(states.get(name))
             if estimate is None:
                 lost.append(name)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,13 +33,14 @@ from controller.admission.state import ESTIMATE_KEY, AdmissionState
 from controller.config_pricing import PricingConfig
 from controller.errors import PreconditionError
 from controller.events import Event
+from controller.job_keys import submitter_of
 from controller.pins import KINDS, Pins, pins_from_dict, split_pins
-from controller.store import MetaRow
+from controller.store import EventRow, MetaRow
 from controller.store.decisions import SUBMITTER_ESTIMATE_PREFIX, submitter_estimate_key
 from pricing.cluster import Cluster
 from pricing.errors import SpecError
 from pricing.prices import PriceBounds
-from pricing.shared_estimate import ANONYMOUS, SharedEstimate
+from pricing.shared_estimate import ANONYMOUS, SharedEstimate, submitter_key
 
 __all__ = ["ACTIONS", "PINS_KEY", "BoundControl"]
 
@@ -90,6 +91,50 @@ class BoundControl(AdmissionState):
             self.log.warning("price-bound estimate starts afresh", why=why, prior=fresh.prior)
             self._estimate_note = why
         return fresh
+
+    def _followed_estimate(
+        self, session: Session, events: Sequence[EventRow]
+    ) -> SharedEstimate | None:
+        """The stored estimate after ``events`` (a standby's follow), read in ``session``;
+        None if none of them moves it (no decision, no operator's change of the bounds).
+        When only decisions did, the head is read and the states of the submitters they
+        name (a decision rewrites its submitter's row alone; a submitter new to this
+        standby's estimate is read too), the others' estimates kept; anything else is
+        read in full (:meth:`_stored_estimate`). Before, every follow (each 0.5 s) read
+        and parsed every submitter's state: with 2,000 submitters an idle standby spent
+        0.6 s of CPU a second on it, in its decision thread."""
+        kinds = {e.kind for e in events}
+        if not kinds & {"decided", "bounds"}:
+            return None
+        current = self._estimate
+        meta = session.get(MetaRow, ESTIMATE_KEY)
+        if (
+            "bounds" in kinds
+            or self.config.pricing.mode != "estimate"
+            or meta is None
+            or not SharedEstimate.is_head(meta.value)
+        ):
+            return self._stored_estimate(session)
+        names = meta.value.get("submitters")
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            return self._stored_estimate(session)
+        if not set(current.submitters) <= set(names):  # one dropped: read it all
+            return self._stored_estimate(session)
+        moved = {submitter_key(submitter_of(e.job_id)) for e in events if e.kind == "decided"}
+        wanted = [n for n in names if n in moved or n not in current.submitters]
+        states: dict[str, Any] = {}
+        if wanted:
+            keys = [submitter_estimate_key(n) for n in wanted]
+            for row in session.scalars(select(MetaRow).where(MetaRow.key.in_(keys))):
+                if isinstance(row.value, dict) and isinstance(row.value.get("name"), str):
+                    states[row.value["name"]] = row.value.get("state")
+        if set(wanted) - states.keys():  # a row missing: as a start would read it
+            return self._stored_estimate(session)
+        stored, lost = SharedEstimate.from_parts(
+            meta.value, states, current.fresh, known=current.submitters
+        )
+        refitted = None if stored is None or lost else stored.refit()
+        return self._stored_estimate(session) if refitted is None else refitted
 
     def _note_refit(self, stored: SharedEstimate) -> None:
         """Log, once, that the stored estimate was kept across a change of the configured
