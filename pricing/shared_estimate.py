@@ -246,6 +246,14 @@ class SharedEstimate:
         return SharedEstimate(self.fresh, submitters, entries, lag=None,
                               _tables=tables, _names=names)  # fmt: skip
 
+    def cached_as(self, other: SharedEstimate) -> SharedEstimate:
+        """This state, taking ``other``'s cached bounds and states for the estimates the
+        two share (a standby's estimate read again in part: the submitters it kept are
+        not priced anew)."""
+        with _CACHE_LOCK:
+            entries = {**other._entries, **self._entries}
+        return replace(self, _entries=entries)
+
     @property
     def jobs(self) -> int:
         """Jobs folded in, all submitters together."""

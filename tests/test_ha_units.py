@@ -967,12 +967,21 @@ def test_a_standby_reads_again_only_the_estimates_its_events_moved(
         parsed += 1
         return real(cls, data)
 
+    priced = 0
+    bounds = BoundEstimate.bounds
+
+    def counted_bounds(self: BoundEstimate, *args: Any) -> Any:
+        nonlocal priced
+        priced += 1
+        return bounds(self, *args)
+
     def follow() -> int:
         """Parses of submitters' states in one follow of b, its prices then a's."""
-        nonlocal parsed
+        nonlocal parsed, priced
         assert b is not None
-        parsed = 0
+        parsed = priced = 0
         asyncio.run(b.c.follow())
+        assert priced <= 3 * parsed + 3, (priced, parsed)  # the others' bounds kept
         _same_prices(a.c.ledger, b.c.ledger)
         assert b.c._estimate.head() == a.c._estimate.head()
         return parsed
@@ -984,6 +993,7 @@ def test_a_standby_reads_again_only_the_estimates_its_events_moved(
             asyncio.run(a.c.submit(job(f"x{i}"), by=name))
         b = Node(tmp_path, url, "b")
         monkeypatch.setattr(BoundEstimate, "from_dict", classmethod(counted))
+        monkeypatch.setattr(BoundEstimate, "bounds", counted_bounds)
         assert follow() == 0  # nothing happened
         asyncio.run(a.c.submit(job("y1"), by="t3"))
         assert follow() == 1  # t3's alone

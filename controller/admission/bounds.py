@@ -134,7 +134,9 @@ class BoundControl(AdmissionState):
             meta.value, states, current.fresh, known=current.submitters
         )
         refitted = None if stored is None or lost else stored.refit()
-        return self._stored_estimate(session) if refitted is None else refitted
+        if refitted is None:
+            return self._stored_estimate(session)
+        return refitted.cached_as(current)  # the kept submitters' bounds not made anew
 
     def _note_refit(self, stored: SharedEstimate) -> None:
         """Log, once, that the stored estimate was kept across a change of the configured
