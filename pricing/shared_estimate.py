@@ -238,7 +238,8 @@ class SharedEstimate:
         entries.pop(name, None)
         tables = {}
         if moved:
-            for memo, (table, stale) in self._tables.items():
+            # a snapshot: a read thread may add a table meanwhile (oasis bounds)
+            for memo, (table, stale) in list(self._tables.items()):
                 if len(stale) < _STALE_REBUILT:
                     tables[memo] = (table, stale | {name})
         same_names = moved and name in self.submitters
