@@ -59,6 +59,11 @@ def key_of(job_id: str, submitter: str | None) -> str:
     return job_id if submitter is None else f"{submitter}{SEPARATOR}{job_id}"
 
 
+def submitter_of(key: str) -> str | None:
+    """The submitter a job key names (``NAME`` of ``NAME:ID``); None for a plain id."""
+    return key.split(":", 1)[0] if ":" in key else None
+
+
 def keyed_spec(spec: Any, submitter: str | None) -> Any:
     """A submitted ``spec`` as stored: its id the key of the job ``submitter`` submits.
     SpecError naming ``job.id`` unless that is an id (:func:`pricing.fields.job_id`)."""

@@ -449,7 +449,11 @@ class ClusterServicer(pb_grpc.ClusterServicer):
     async def GetBounds(
         self, request: pb.GetBoundsRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetBoundsResponse:
-        return bounds_to_proto(await _guard(context, self.c.bounds(current_caller().turn)))
+        turn = current_caller().turn
+        view = await _guard(context, self.c.bounds(turn))
+        # a message of every submitter's bounds (820 KB at 2,000 submitters, 26 ms to
+        # build): built off the event loop, which every call waits on
+        return await self.c.read_store(bounds_to_proto, view, client=turn)
 
     async def SetBounds(
         self, request: pb.SetBoundsRequest, context: grpc.aio.ServicerContext

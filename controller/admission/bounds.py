@@ -19,7 +19,9 @@ action, who, the pins) before the ledger is repriced.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,14 +30,17 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from controller.admission.state import ESTIMATE_KEY, AdmissionState
+from controller.config_pricing import PricingConfig
 from controller.errors import PreconditionError
 from controller.events import Event
+from controller.job_keys import submitter_of
 from controller.pins import KINDS, Pins, pins_from_dict, split_pins
-from controller.store import MetaRow
+from controller.store import EventRow, MetaRow
 from controller.store.decisions import SUBMITTER_ESTIMATE_PREFIX, submitter_estimate_key
+from pricing.cluster import Cluster
 from pricing.errors import SpecError
 from pricing.prices import PriceBounds
-from pricing.shared_estimate import ANONYMOUS, SharedEstimate
+from pricing.shared_estimate import ANONYMOUS, SharedEstimate, submitter_key
 
 __all__ = ["ACTIONS", "PINS_KEY", "BoundControl"]
 
@@ -86,6 +91,52 @@ class BoundControl(AdmissionState):
             self.log.warning("price-bound estimate starts afresh", why=why, prior=fresh.prior)
             self._estimate_note = why
         return fresh
+
+    def _followed_estimate(
+        self, session: Session, events: Sequence[EventRow]
+    ) -> SharedEstimate | None:
+        """The stored estimate after ``events`` (a standby's follow), read in ``session``;
+        None if none of them moves it (no decision, no operator's change of the bounds).
+        When only decisions did, the head is read and the states of the submitters they
+        name (a decision rewrites its submitter's row alone; a submitter new to this
+        standby's estimate is read too), the others' estimates kept; anything else is
+        read in full (:meth:`_stored_estimate`). Before, every follow (each 0.5 s) read
+        and parsed every submitter's state: with 2,000 submitters an idle standby spent
+        0.6 s of CPU a second on it, in its decision thread."""
+        kinds = {e.kind for e in events}
+        if not kinds & {"decided", "bounds"}:
+            return None
+        current = self._estimate
+        meta = session.get(MetaRow, ESTIMATE_KEY)
+        if (
+            "bounds" in kinds
+            or self.config.pricing.mode != "estimate"
+            or meta is None
+            or not SharedEstimate.is_head(meta.value)
+        ):
+            return self._stored_estimate(session)
+        names = meta.value.get("submitters")
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            return self._stored_estimate(session)
+        if not set(current.submitters) <= set(names):  # one dropped: read it all
+            return self._stored_estimate(session)
+        moved = {submitter_key(submitter_of(e.job_id)) for e in events if e.kind == "decided"}
+        wanted = [n for n in names if n in moved or n not in current.submitters]
+        states: dict[str, Any] = {}
+        if wanted:
+            keys = [submitter_estimate_key(n) for n in wanted]
+            for row in session.scalars(select(MetaRow).where(MetaRow.key.in_(keys))):
+                if isinstance(row.value, dict) and isinstance(row.value.get("name"), str):
+                    states[row.value["name"]] = row.value.get("state")
+        if set(wanted) - states.keys():  # a row missing: as a start would read it
+            return self._stored_estimate(session)
+        stored, lost = SharedEstimate.from_parts(
+            meta.value, states, current.fresh, known=current.submitters
+        )
+        refitted = None if stored is None or lost else stored.refit()
+        if refitted is None:
+            return self._stored_estimate(session)
+        return refitted.cached_as(current)  # the kept submitters' bounds not made anew
 
     def _note_refit(self, stored: SharedEstimate) -> None:
         """Log, once, that the stored estimate was kept across a change of the configured
@@ -147,40 +198,18 @@ class BoundControl(AdmissionState):
     def _bounds_view(self) -> dict[str, Any]:
         """The bounds in use per kind and resource, how each was set, and the estimate's
         description (:meth:`pricing.bound_estimate.BoundEstimate.describe`)."""
-        pricing = self.config.pricing
-        estimate = self._estimate
-        out = estimate.describe(self.cluster.resources)
-        out["mode"] = pricing.mode
-        if pricing.mode == "explicit":
-            out["method"] = "explicit: [pricing] U1, U2, L1, L2 of the config"
-        bounds = self._ledger.bounds
-        seen = pricing.mode == "explicit" or estimate.bounds() is not None
-        base = "explicit" if pricing.mode == "explicit" else (
-            "observed" if estimate.jobs else "prior"
+        return self._bounds_snapshot()()
+
+    def _bounds_snapshot(self) -> Callable[[], dict[str, Any]]:
+        """What :meth:`_bounds_view` reads of the state, taken as it is now (in the
+        decision thread; every part immutable): the function that makes the view of it,
+        which may run in another thread. The view walks every submitter's estimate: with
+        2,000 submitters 30-100 ms, during which every tenant's decisions waited when
+        ``oasis bounds`` made it in the decision thread."""
+        return functools.partial(
+            _view_of, self.config.pricing, self._estimate, self._ledger.bounds, self._pins,
+            self.cluster,
         )  # fmt: skip
-        rows = []
-        cluster = self.cluster
-        for kind, log_u, floor, capacity in (
-            ("worker", bounds.log_u1, bounds.floor1, cluster.worker_capacity),
-            ("ps", bounds.log_u2, bounds.floor2, cluster.ps_capacity),
-        ):
-            for i, r in enumerate(cluster.resources):
-                pinned = [s for s in ("U", "L") if self._pins.get(kind, r, s) is not None]
-                if not pinned and not (capacity[:, i] > 0).any():
-                    continue  # no server of the kind has it (a PS server's gpu): no price
-                if len(pinned) == 2:
-                    how = "pinned"
-                elif pinned:
-                    how = f"pinned {pinned[0]}" + ("" if seen else ", other unset")
-                else:
-                    how = base if seen else "unset"
-                rows.append({
-                    "kind": kind, "resource": r, "how": how,
-                    "U": math.exp(float(log_u[i])), "L": math.exp(float(floor[i])),
-                })  # fmt: skip
-        out["bounds"] = rows
-        out["pins"] = self._pins.to_dict()
-        return out
 
     def _set_bounds_sync(
         self, action: str, pins: Any, by: str | None, submitter: str | None = None
@@ -265,4 +294,46 @@ def _unpin_list(raw: Any, resources: tuple[str, ...]) -> list[tuple[str | None, 
             if name not in resources:
                 raise SpecError.one(f"pins.{kind}", f"unknown resource {str(name)[:64]!r}")
             out.append((None if kind == "both" else kind, name))
+    return out
+
+
+def _view_of(
+    pricing: PricingConfig,
+    estimate: SharedEstimate,
+    bounds: PriceBounds,
+    pins: Pins,
+    cluster: Cluster,
+) -> dict[str, Any]:
+    """:meth:`BoundControl._bounds_view` of the state given: the bounds in use
+    (``bounds``), ``pins``, the ``estimate`` and the configured ``pricing`` and
+    ``cluster``."""
+    out = estimate.describe(cluster.resources)
+    out["mode"] = pricing.mode
+    if pricing.mode == "explicit":
+        out["method"] = "explicit: [pricing] U1, U2, L1, L2 of the config"
+    seen = pricing.mode == "explicit" or estimate.bounds() is not None
+    base = "explicit" if pricing.mode == "explicit" else (
+        "observed" if estimate.jobs else "prior"
+    )  # fmt: skip
+    rows = []
+    for kind, log_u, floor, capacity in (
+        ("worker", bounds.log_u1, bounds.floor1, cluster.worker_capacity),
+        ("ps", bounds.log_u2, bounds.floor2, cluster.ps_capacity),
+    ):
+        for i, r in enumerate(cluster.resources):
+            pinned = [s for s in ("U", "L") if pins.get(kind, r, s) is not None]
+            if not pinned and not (capacity[:, i] > 0).any():
+                continue  # no server of the kind has it (a PS server's gpu): no price
+            if len(pinned) == 2:
+                how = "pinned"
+            elif pinned:
+                how = f"pinned {pinned[0]}" + ("" if seen else ", other unset")
+            else:
+                how = base if seen else "unset"
+            rows.append({
+                "kind": kind, "resource": r, "how": how,
+                "U": math.exp(float(log_u[i])), "L": math.exp(float(floor[i])),
+            })  # fmt: skip
+    out["bounds"] = rows
+    out["pins"] = pins.to_dict()
     return out

@@ -303,7 +303,8 @@ class AdmissionController(PendingQueue, Retention, Follow, Lifecycle, ReadViews,
     async def bounds(self, client: str | None = None) -> dict[str, Any]:
         """The price bounds in use and how they were set (:mod:`.bounds`); ``client`` as
         for :meth:`read`."""
-        return await self.read(self._bounds_view, client)
+        view_of = await self.read(self._bounds_snapshot, client)  # the state as it is now
+        return await self.read_store(view_of, client=client or "")  # the view, off the thread
 
     async def set_bounds(
         self,

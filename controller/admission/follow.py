@@ -123,7 +123,7 @@ class Follow(Recovery):
             ).all()
             outages = outage_mark(session)
             holder = recorded_holder(session)
-            estimate = self._stored_estimate(session)
+            estimate = self._followed_estimate(session, rows)  # None: unmoved
             pins = self._stored_pins(session)
             # after the read, in its session: the store read now is at least as new as
             # the events read (on PostgreSQL each statement sees what was committed
@@ -155,6 +155,7 @@ class Follow(Recovery):
         if rows:
             self._seen_mark = EventMark.of(rows[-1])
         if repriced:
+            assert estimate is not None  # read for the decisions and bounds events
             self._estimate, self._pins = estimate, pins
             self._ledger.set_bounds(self._bounds(estimate))
         return events

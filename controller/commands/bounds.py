@@ -174,10 +174,16 @@ def as_dict(reply: pb.GetBoundsResponse) -> dict[str, Any]:
     }
 
 
-def farthest(voter: dict[str, Any], used: list[dict[str, Any]]) -> str:
-    """Where ``voter``'s own bounds lie farthest from the ``used`` ones (those not
-    pinned), as a factor: ``worker gpu U x1.2e+04`` (above), ``ps mem L /310`` (below),
-    ``within 2x`` or ``-`` (no bounds to compare)."""
+SHOWN_SUBMITTERS = 20
+"""Submitters :func:`render` lists, those whose own bounds lie farthest from the bounds
+in use first: with 2,000 tenants the table was 2,000 lines in name order, and the one
+whose estimate went astray was somewhere in it (``--json`` lists every one)."""
+
+
+def _apart(voter: dict[str, Any], used: list[dict[str, Any]]) -> tuple[float, str] | None:
+    """How far ``voter``'s own bounds lie from the ``used`` ones (those not pinned), at
+    the farthest: ``(log of the factor, signed: above > 0, "worker gpu U")``; None: no
+    bounds to compare."""
     in_use = {(b["kind"], b["resource"]): b for b in used if not str(b["how"]).startswith("pinned")}
     worst: tuple[float, str] | None = None
     for mine in voter.get("bounds", ()):
@@ -189,6 +195,14 @@ def farthest(voter: dict[str, Any], used: list[dict[str, Any]]) -> str:
                 apart = math.log(mine[side] / theirs[side])
                 if worst is None or abs(apart) > abs(worst[0]):
                     worst = (apart, f"{mine['kind']} {mine['resource']} {side}")
+    return worst
+
+
+def farthest(voter: dict[str, Any], used: list[dict[str, Any]]) -> str:
+    """Where ``voter``'s own bounds lie farthest from the ``used`` ones (those not
+    pinned), as a factor: ``worker gpu U x1.2e+04`` (above), ``ps mem L /310`` (below),
+    ``within 2x`` or ``-`` (no bounds to compare)."""
+    worst = _apart(voter, used)
     if worst is None:
         return "-"
     apart, where = worst
@@ -216,6 +230,13 @@ def render(view: dict[str, Any]) -> str:
     out = f"{head}\n\n{table}\nU: utility per unit of the resource; L: per unit per slot"
     voters = view.get("submitters") or []
     if len(voters) > 1:  # the bounds are their median: who stands behind them
+
+        def distance(v: dict[str, Any]) -> float:
+            worst = _apart(v, view["bounds"])
+            return -1.0 if worst is None else abs(worst[0])
+
+        ranked = sorted(voters, key=distance, reverse=True)  # stable: by name among equals
+        shown = ranked[:SHOWN_SUBMITTERS]
         per = [
             [
                 v["name"],
@@ -223,14 +244,23 @@ def render(view: dict[str, Any]) -> str:
                 f"{100 * v['prior_share']:.0f}%",
                 farthest(v, view["bounds"]),
             ]
-            for v in voters
+            for v in shown
         ]
-        out += "\n\nper submitter (the bounds are the median of their estimates):\n"
+        out += (
+            "\n\nper submitter (the bounds are the median of their estimates"
+            + (", farthest from them first" if len(voters) > len(shown) else "")
+            + "):\n"
+        )
         out += render_table(
             ["submitter", "jobs", "prior's weight", "own bounds, farthest from those in use"],
             per,
             right={1, 2},
         )
+        if len(voters) > len(shown):
+            out += (
+                f"\n... and {len(voters) - len(shown):,} more submitters, their own bounds "
+                f"nearer those in use (oasis bounds --json lists every one)"
+            )
     return out
 
 
