@@ -847,6 +847,18 @@ def test_oasis_bounds_lists_the_submitters_farthest_from_the_bounds_first(
             for i in range(40):
                 submit("zed", {**poison(1e9), "id": f"z{i}"})
         shown = _cli_as(d, names["ops"]).stdout
+        # retired tokens are dropped in one command, once every name is found (a typo
+        # among them resets none)
+        reset = ("bounds", "reset", "--token", names["ops"], "--json")
+        typo = oasis(*reset, "--submitter", "t00", "--submitter", "t0l", server=d.address,
+                     check=False)  # fmt: skip
+        said = typo.stdout + typo.stderr  # with --json, the error is JSON on stdout
+        assert typo.returncode == 2 and "no estimate of 't0l'" in said, said
+        assert "nothing was reset" in said
+        assert len(_bounds_reply(d, names["ops"]).submitters) == many + 1
+        dropped = oasis(*reset, "--submitter", "t00", "--submitter", "zed", server=d.address)
+        left = {v["name"] for v in json.loads(dropped.stdout)["submitters"]}
+        assert len(left) == many - 1 and not left & {"t00", "zed"}
     finally:
         d.stop()
     table = shown.split("per submitter", 1)[1].splitlines()

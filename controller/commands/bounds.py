@@ -59,7 +59,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--submitter",
         metavar="NAME",
-        help="reset: drop this submitter's estimate alone (- : callers without a token)",
+        action="append",
+        help="reset: drop this submitter's estimate alone (- : callers without a token); "
+        "repeat it to drop several (tokens retired: every name is checked first)",
     )
     p.set_defaults(func=guarded(run))
 
@@ -292,7 +294,30 @@ def run(args: argparse.Namespace) -> int:
             )
             if unpinned is not None:  # nothing to unpin: no change, and no event logged
                 return _show(args, as_dict(now), unpinned)
-        request = pb.SetBoundsRequest(action=args.action, pins=pins, submitter=args.submitter)
+        if args.action == "reset" and args.submitter:
+            return _reset_submitters(args, stubs, args.submitter)
+        request = pb.SetBoundsRequest(action=args.action, pins=pins)
+        reply = stubs.cluster.SetBounds(request, timeout=stubs.timeout).bounds
+    return _show(args, as_dict(reply))
+
+
+def _reset_submitters(args: argparse.Namespace, stubs: Stubs, names: list[str]) -> int:
+    """``reset --submitter NAME ...``: drop each named submitter's estimate, one call each,
+    once every name is found among the submitters with an estimate (a name that is not
+    is refused before any is dropped: a typo in a list of retired tokens)."""
+    now = stubs.cluster.GetBounds(pb.GetBoundsRequest(), timeout=stubs.timeout)
+    known = {v.name for v in now.submitters}
+    missing = [n for n in dict.fromkeys(names) if n not in known]
+    if missing:
+        shown = ", ".join(repr(n) for n in missing[:5])
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise InputError(
+            f"--submitter: no estimate of {shown}{more} ({len(known)} submitters have one: "
+            "oasis bounds --json lists them); nothing was reset"
+        )
+    reply = now
+    for name in dict.fromkeys(names):
+        request = pb.SetBoundsRequest(action="reset", submitter=name)
         reply = stubs.cluster.SetBounds(request, timeout=stubs.timeout).bounds
     return _show(args, as_dict(reply))
 
