@@ -906,6 +906,23 @@ def test_progress_stays_dirty_until_a_commit_and_ended_jobs_are_forgotten_then_m
     assert plane.stored("j") == final
 
 
+def test_a_job_completes_only_once_its_agents_report_all_of_its_work(plane: PlaneDaemon) -> None:
+    """Reports short of ``E * N * M`` mini-batches, by one or by half, leave the job
+    running with its plan; the report of the last one completes it (the mutation audit:
+    a completion at half the work passed every test of this file)."""
+    plane.submit("j")
+    ex = plane.ex
+    plane.clock.advance(plane.config.slot_seconds)  # its first slot
+    short = PlaneDaemon.TOTAL - 1
+    for minibatches in (PlaneDaemon.TOTAL / 2, float(short)):
+        ex.report(Progress("w0", "a", [TaskProgress("j", minibatches, 10.0 * minibatches)]))
+        assert [e.kind for e in ex.review_sync()] == []
+        assert plane.state("j") in ("admitted", "running")
+    ex.report(Progress("w0", "b", [TaskProgress("j", 1.0, 10.0)]))  # the last one
+    assert [e.kind for e in ex.review_sync()] == ["completed"]
+    assert plane.state("j") == "completed"
+
+
 def test_a_job_behind_its_plan_is_reported_in_its_real_state(plane: PlaneDaemon) -> None:
     plane.submit("slow")  # admitted; its first slot has not begun
     ex = plane.ex
