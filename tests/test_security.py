@@ -641,6 +641,24 @@ def test_tokens_file_comments_and_case(tmp_path: Path) -> None:
     assert load_tokens(path)[hash_token("t0k3n")].name == "ops"
 
 
+def test_a_token_demoted_or_renamed_by_a_reload_no_longer_holds() -> None:
+    """What an open stream (WatchEvents, the console) checks after a reload
+    (:func:`controller.auth.holds`): the same token, now a submitter's, or another
+    name's, ends what the operator it was opened; only the same name and role go on
+    (the mutation audit: the role's part of the check could be dropped, every test
+    passing, and a demoted operator's open event stream kept every tenant's events
+    flowing to it)."""
+    from controller.auth import Caller, holds
+
+    digest = hash_token("t0k3n")
+    ops = Caller("ops", Role.OPERATOR, token=digest)
+    assert holds(None, ops)  # no authentication: everyone may
+    assert holds({digest: Caller("ops", Role.OPERATOR, token=digest)}, ops)
+    assert not holds({digest: Caller("ops", Role.SUBMITTER, token=digest)}, ops)
+    assert not holds({digest: Caller("eve", Role.OPERATOR, token=digest)}, ops)
+    assert not holds({}, ops)
+
+
 def test_why_the_store_refuses_writes_is_an_operators_to_read() -> None:
     """GetLeadership's ``writes_refused`` (and the console's): the store's words name
     roles, settings and paths, so a tenant (who may ask who leads) reads only that
