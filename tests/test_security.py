@@ -659,6 +659,42 @@ def test_a_token_demoted_or_renamed_by_a_reload_no_longer_holds() -> None:
     assert not holds({}, ops)
 
 
+def test_each_token_is_its_own_client_and_turn_whatever_host_it_calls_from() -> None:
+    """The caller the interceptor admits: a token's name keys its rate limit
+    (``client``) and its turns and ``limits.max_in_flight`` cap (``turn``), so two
+    tenants calling from one host (every client on the head node is 127.0.0.1) never
+    share a bucket or a cap. The mutation audit: ``turn`` left empty (every tenant
+    uncapped, first come first served) or ``client`` the peer's host passed every test;
+    the daemon tests leave the cap to timing."""
+    import asyncio
+
+    from controller.auth import AccessInterceptor, Caller
+
+    alice, bob = hash_token("alice-token"), hash_token("bob-token")
+    tokens = {alice: Caller("alice", Role.SUBMITTER, token=alice, client="alice", turn="alice"),
+              bob: Caller("bob", Role.SUBMITTER, token=bob, client="bob", turn="bob")}  # fmt: skip
+
+    class Context:
+        def __init__(self, token: str) -> None:
+            self.token = token
+
+        def invocation_metadata(self) -> Any:
+            return (("authorization", f"Bearer {self.token}"),)
+
+        def peer(self) -> str:
+            return "ipv4:127.0.0.1:50000"
+
+        async def abort(self, code: Any, details: str) -> None:
+            raise AssertionError(f"refused: {code} {details}")
+
+    access = AccessInterceptor(tokens, None)
+    submit = "/oasis.v1.Admission/SubmitJob"
+    a = asyncio.run(access._admit(submit, Context("alice-token")))
+    b = asyncio.run(access._admit(submit, Context("bob-token")))
+    assert (a.client, a.turn, a.owner) == ("alice", "alice", "alice")
+    assert (b.client, b.turn, b.owner) == ("bob", "bob", "bob")
+
+
 def test_why_the_store_refuses_writes_is_an_operators_to_read() -> None:
     """GetLeadership's ``writes_refused`` (and the console's): the store's words name
     roles, settings and paths, so a tenant (who may ask who leads) reads only that
