@@ -908,19 +908,30 @@ def test_progress_stays_dirty_until_a_commit_and_ended_jobs_are_forgotten_then_m
 
 def test_a_job_completes_only_once_its_agents_report_all_of_its_work(plane: PlaneDaemon) -> None:
     """Reports short of ``E * N * M`` mini-batches, by one or by half, leave the job
-    running with its plan; the report of the last one completes it (the mutation audit:
-    a completion at half the work passed every test of this file)."""
-    plane.submit("j")
+    running with its plan; the report of the last one completes it, its slots from the
+    next one on released in the store (the mutation audit: a completion at half the
+    work, or one that kept the next slot's rows, passed every test of this file)."""
+    import asyncio
+
+    from sqlalchemy import select
+
+    from controller.store import AllocationRow
+
+    spec = {**PlaneDaemon.SPEC, "id": "j", "minibatches": 40}  # 80: planned in slots 1-3
+    assert asyncio.run(plane.c.submit(spec)).decision.admitted
+    total = 80
     ex = plane.ex
     plane.clock.advance(plane.config.slot_seconds)  # its first slot
-    short = PlaneDaemon.TOTAL - 1
-    for minibatches in (PlaneDaemon.TOTAL / 2, float(short)):
+    for minibatches in (total / 2, float(total - 1)):
         ex.report(Progress("w0", "a", [TaskProgress("j", minibatches, 10.0 * minibatches)]))
         assert [e.kind for e in ex.review_sync()] == []
         assert plane.state("j") in ("admitted", "running")
     ex.report(Progress("w0", "b", [TaskProgress("j", 1.0, 10.0)]))  # the last one
     assert [e.kind for e in ex.review_sync()] == ["completed"]
     assert plane.state("j") == "completed"
+    with plane.c.db.session() as session:
+        kept = set(session.scalars(select(AllocationRow.slot).where(AllocationRow.job_id == "j")))
+    assert kept == {plane.c.slot}
 
 
 def test_a_job_behind_its_plan_is_reported_in_its_real_state(plane: PlaneDaemon) -> None:
