@@ -2379,6 +2379,39 @@ def test_a_slow_jobs_re_plan_over_its_work_survives_a_rebuild(plane: PlaneDaemon
     assert (after.ps == before.ps).all()
 
 
+def test_a_slow_jobs_re_plan_without_a_positive_payoff_is_not_taken(
+    plane: PlaneDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A re-plan is taken only if its payoff is over the admission threshold: one that
+    found a schedule worth no more than its cost reports the job ``behind`` and leaves
+    its plan as it was (the mutation audit: taking any schedule found, its payoff
+    unread, passed every test; the job's extension would have cost the other tenants
+    capacity priced above what it is worth)."""
+    import dataclasses
+
+    from controller.plane import job_review
+    from pricing import ADMIT_THRESHOLD
+
+    real = job_review.replan_remaining
+
+    def worth_nothing(*args: Any, **kwargs: Any) -> Any:
+        best, whole = real(*args, **kwargs)
+        assert best.schedule is not None  # a schedule found, at a payoff of nothing
+        return dataclasses.replace(best, payoff=ADMIT_THRESHOLD), whole
+
+    monkeypatch.setattr(job_review, "replan_remaining", worth_nothing)
+    plane.submit("slow")
+    ex = plane.ex
+    before = plane.c._ledger.schedule("slow")
+    planned = 3600.0 * before.work() / PlaneDaemon.TOTAL
+    for i in range(1, 9):  # a quarter of the planned pace
+        ex.report(Progress("w0", "a", [TaskProgress("slow", float(i), i * 4 * planned)]))
+    events = ex.review_sync()
+    assert [(e.kind, e.detail["reason"]) for e in events] == [("behind", "slow")], events
+    after = plane.c._ledger.schedule("slow")
+    assert after.start == before.start and (after.workers == before.workers).all()
+
+
 def test_slow_jobs_re_plans_take_turns_by_submitter_and_by_review(tmp_path: Path) -> None:
     """Each slow job's re-plan is a search in the decision thread; before, every job
     with new counts was searched in one turn, and the first counts of a slot come for
