@@ -2389,17 +2389,15 @@ def test_a_slow_jobs_re_plan_without_a_positive_payoff_is_not_taken(
     capacity priced above what it is worth)."""
     import dataclasses
 
-    from controller.plane import job_review
     from pricing import ADMIT_THRESHOLD
-
-    real = job_review.replan_remaining
+    from pricing.replan import replan_remaining as real
 
     def worth_nothing(*args: Any, **kwargs: Any) -> Any:
         best, whole = real(*args, **kwargs)
         assert best.schedule is not None  # a schedule found, at a payoff of nothing
         return dataclasses.replace(best, payoff=ADMIT_THRESHOLD), whole
 
-    monkeypatch.setattr(job_review, "replan_remaining", worth_nothing)
+    monkeypatch.setattr("controller.plane.job_review.replan_remaining", worth_nothing)
     plane.submit("slow")
     ex = plane.ex
     before = plane.c._ledger.schedule("slow")
