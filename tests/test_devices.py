@@ -165,3 +165,24 @@ def test_the_agents_devices_come_from_the_flag_else_its_own_cuda_visible_devices
         _device_ids("0,-1")
     with pytest.raises(InputError, match=r"^--devices: is empty"):
         _device_ids("")
+
+
+def test_a_worker_is_short_while_others_share_its_device_past_a_whole_or_it_holds_none() -> None:
+    """What the agent's heartbeat counts as workers short of devices
+    (:meth:`Devices.short`): three quarters and a half on one device are short both, not
+    only a device held twice over; a worker needing a device and holding none (no ids
+    to give) is short too. Before, no test told a share past a whole from one of two."""
+    devices = Devices(["0"])
+    devices.resize(1)
+    a, enough_a = devices.take(0.75)
+    assert (enough_a, devices.short(a, 0.75)) == (True, False)
+    b, enough_b = devices.take(0.5)  # 1.25 of device 0 now
+    assert list(b) == ["0"] and not enough_b
+    assert devices.short(a, 0.75) and devices.short(b, 0.5)
+    devices.give_back(b)
+    assert not devices.short(a, 0.75)
+    nothing = Devices([])
+    nothing.resize(1)
+    held, enough = nothing.take(1)
+    assert (held, enough) == ({}, False)
+    assert nothing.short(held, 1) and not nothing.short({}, 0)

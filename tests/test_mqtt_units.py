@@ -906,6 +906,34 @@ def test_progress_stays_dirty_until_a_commit_and_ended_jobs_are_forgotten_then_m
     assert plane.stored("j") == final
 
 
+def test_a_job_completes_only_once_its_agents_report_all_of_its_work(plane: PlaneDaemon) -> None:
+    """Reports short of ``E * N * M`` mini-batches, by one or by half, leave the job
+    running with its plan; the report of the last one completes it, its slots from the
+    next one on released in the store (the mutation audit: a completion at half the
+    work, or one that kept the next slot's rows, passed every test of this file)."""
+    import asyncio
+
+    from sqlalchemy import select
+
+    from controller.store import AllocationRow
+
+    spec = {**PlaneDaemon.SPEC, "id": "j", "minibatches": 40}  # 80: planned in slots 1-3
+    assert asyncio.run(plane.c.submit(spec)).decision.admitted
+    total = 80
+    ex = plane.ex
+    plane.clock.advance(plane.config.slot_seconds)  # its first slot
+    for minibatches in (total / 2, float(total - 1)):
+        ex.report(Progress("w0", "a", [TaskProgress("j", minibatches, 10.0 * minibatches)]))
+        assert [e.kind for e in ex.review_sync()] == []
+        assert plane.state("j") in ("admitted", "running")
+    ex.report(Progress("w0", "b", [TaskProgress("j", 1.0, 10.0)]))  # the last one
+    assert [e.kind for e in ex.review_sync()] == ["completed"]
+    assert plane.state("j") == "completed"
+    with plane.c.db.session() as session:
+        kept = set(session.scalars(select(AllocationRow.slot).where(AllocationRow.job_id == "j")))
+    assert kept == {plane.c.slot}
+
+
 def test_a_job_behind_its_plan_is_reported_in_its_real_state(plane: PlaneDaemon) -> None:
     plane.submit("slow")  # admitted; its first slot has not begun
     ex = plane.ex
@@ -2349,6 +2377,37 @@ def test_a_slow_jobs_re_plan_over_its_work_survives_a_rebuild(plane: PlaneDaemon
     after = plane.c._ledger.schedule("slow")
     assert after.start == before.start and (after.workers == before.workers).all()
     assert (after.ps == before.ps).all()
+
+
+def test_a_slow_jobs_re_plan_without_a_positive_payoff_is_not_taken(
+    plane: PlaneDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A re-plan is taken only if its payoff is over the admission threshold: one that
+    found a schedule worth no more than its cost reports the job ``behind`` and leaves
+    its plan as it was (the mutation audit: taking any schedule found, its payoff
+    unread, passed every test; the job's extension would have cost the other tenants
+    capacity priced above what it is worth)."""
+    import dataclasses
+
+    from pricing import ADMIT_THRESHOLD
+    from pricing.replan import replan_remaining as real
+
+    def worth_nothing(*args: Any, **kwargs: Any) -> Any:
+        best, whole = real(*args, **kwargs)
+        assert best.schedule is not None  # a schedule found, at a payoff of nothing
+        return dataclasses.replace(best, payoff=ADMIT_THRESHOLD), whole
+
+    monkeypatch.setattr("controller.plane.job_review.replan_remaining", worth_nothing)
+    plane.submit("slow")
+    ex = plane.ex
+    before = plane.c._ledger.schedule("slow")
+    planned = 3600.0 * before.work() / PlaneDaemon.TOTAL
+    for i in range(1, 9):  # a quarter of the planned pace
+        ex.report(Progress("w0", "a", [TaskProgress("slow", float(i), i * 4 * planned)]))
+    events = ex.review_sync()
+    assert [(e.kind, e.detail["reason"]) for e in events] == [("behind", "slow")], events
+    after = plane.c._ledger.schedule("slow")
+    assert after.start == before.start and (after.workers == before.workers).all()
 
 
 def test_slow_jobs_re_plans_take_turns_by_submitter_and_by_review(tmp_path: Path) -> None:

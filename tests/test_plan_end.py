@@ -230,6 +230,24 @@ def test_silence_after_the_plan_ended_short_fails_the_job(daemon: PlaneDaemon) -
     assert daemon.ex.review_sync() == []  # failed once
 
 
+def test_a_job_cancelled_while_it_ran_past_its_plan_stays_cancelled(daemon: PlaneDaemon) -> None:
+    """A job short of its work at its plan's end, cancelled by its tenant before the
+    grace ran out, is not failed afterwards: the grace's check reads its state (the
+    mutation audit: that check could be dropped with every test passing, and the
+    cancelled job became ``failed``, a ``failed`` event on the record)."""
+    view = daemon.submit("c")
+    _report(daemon.ex, "c", 5.0)
+    daemon.ex.review_sync()
+    _past_plan(daemon, view)
+    assert daemon.state("c") == "running"
+    assert daemon.ex.review_sync() == []  # short, within the grace: kept to see
+    asyncio.run(daemon.c.cancel("c"))
+    assert daemon.state("c") == "cancelled"
+    daemon.clock.advance(daemon.ex.mqtt.heartbeat_timeout + 1.0)
+    assert daemon.ex.review_sync() == []
+    assert daemon.state("c") == "cancelled"
+
+
 def test_a_job_failed_for_its_failing_workers_says_what_its_agents_said(
     daemon: PlaneDaemon,
 ) -> None:

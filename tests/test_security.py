@@ -641,6 +641,60 @@ def test_tokens_file_comments_and_case(tmp_path: Path) -> None:
     assert load_tokens(path)[hash_token("t0k3n")].name == "ops"
 
 
+def test_a_token_demoted_or_renamed_by_a_reload_no_longer_holds() -> None:
+    """What an open stream (WatchEvents, the console) checks after a reload
+    (:func:`controller.auth.holds`): the same token, now a submitter's, or another
+    name's, ends what the operator it was opened; only the same name and role go on
+    (the mutation audit: the role's part of the check could be dropped, every test
+    passing, and a demoted operator's open event stream kept every tenant's events
+    flowing to it)."""
+    from controller.auth import Caller, holds
+
+    digest = hash_token("t0k3n")
+    ops = Caller("ops", Role.OPERATOR, token=digest)
+    assert holds(None, ops)  # no authentication: everyone may
+    assert holds({digest: Caller("ops", Role.OPERATOR, token=digest)}, ops)
+    assert not holds({digest: Caller("ops", Role.SUBMITTER, token=digest)}, ops)
+    assert not holds({digest: Caller("eve", Role.OPERATOR, token=digest)}, ops)
+    assert not holds({}, ops)
+
+
+def test_each_token_is_its_own_client_and_turn_whatever_host_it_calls_from() -> None:
+    """The caller the interceptor admits: a token's name keys its rate limit
+    (``client``) and its turns and ``limits.max_in_flight`` cap (``turn``), so two
+    tenants calling from one host (every client on the head node is 127.0.0.1) never
+    share a bucket or a cap. The mutation audit: ``turn`` left empty (every tenant
+    uncapped, first come first served) or ``client`` the peer's host passed every test;
+    the daemon tests leave the cap to timing."""
+    import asyncio
+
+    from controller.auth import AccessInterceptor, Caller
+
+    alice, bob = hash_token("alice-token"), hash_token("bob-token")
+    tokens = {alice: Caller("alice", Role.SUBMITTER, token=alice, client="alice", turn="alice"),
+              bob: Caller("bob", Role.SUBMITTER, token=bob, client="bob", turn="bob")}  # fmt: skip
+
+    class Context:
+        def __init__(self, token: str) -> None:
+            self.token = token
+
+        def invocation_metadata(self) -> Any:
+            return (("authorization", f"Bearer {self.token}"),)
+
+        def peer(self) -> str:
+            return "ipv4:127.0.0.1:50000"
+
+        async def abort(self, code: Any, details: str) -> None:
+            raise AssertionError(f"refused: {code} {details}")
+
+    access = AccessInterceptor(tokens, None)
+    submit = "/oasis.v1.Admission/SubmitJob"
+    a = asyncio.run(access._admit(submit, Context("alice-token")))
+    b = asyncio.run(access._admit(submit, Context("bob-token")))
+    assert (a.client, a.turn, a.owner) == ("alice", "alice", "alice")
+    assert (b.client, b.turn, b.owner) == ("bob", "bob", "bob")
+
+
 def test_why_the_store_refuses_writes_is_an_operators_to_read() -> None:
     """GetLeadership's ``writes_refused`` (and the console's): the store's words name
     roles, settings and paths, so a tenant (who may ask who leads) reads only that
