@@ -463,6 +463,57 @@ def test_many_submitters_pending_jobs_cannot_hold_the_boundary_either(tmp_path: 
         c.close()
 
 
+@pytest.mark.parametrize(
+    ("budget", "expected"),
+    [
+        # each submitter's first job is searched though it alone is over her budget
+        ("pending_steps_per_submitter", {1: ["a0", "b0"], 2: ["a1", "b0"], 3: ["a0", "b0"]}),
+        # the boundary's first job is searched though it alone is over the boundary's
+        ("pending_steps_per_boundary", {1: ["a0"], 2: ["a1"], 3: ["b0"]}),
+    ],
+)
+def test_a_budget_below_one_search_still_decides_the_first_job_so_none_starves(
+    tmp_path: Path, budget: str, expected: dict[int, list[str]]
+) -> None:
+    """A budget of search steps smaller than one pending job's search (an operator's
+    choice: the budgets and ``max_search_steps`` are set apart) still lets the first
+    search of each submitter, and of the boundary, run: else no pending job of that
+    submitter (or nobody's) were decided again at any boundary, and each would wait out
+    its wait beside room freed for it."""
+    clock = FakeClock(1_000_000.0)
+    flat = {"kind": "sigmoid", "priority": 50, "decay": 0, "target": 1}
+
+    def waiting(job_id: str) -> dict[str, Any]:  # cannot fit beside the blocker: stays
+        return small(job_id, chunks=1, minibatches=450, utility=flat)
+
+    (tmp_path / "probe").mkdir()
+    probe = controller(tmp_path / "probe", clock)
+    steps = probe.search_steps(waiting("x"))
+    probe.close()
+    c = controller(tmp_path, clock, f"{CHEAP}\n[limits]\n{budget} = {steps / 2}\n")
+    searched: list[str] = []
+    search = c._search
+
+    def counted(job: Any, *args: Any, **kwargs: Any) -> Any:
+        searched.append(job.id.partition(":")[2])
+        return search(job, *args, **kwargs)
+
+    c._search = counted  # type: ignore[method-assign]
+    try:
+        assert asyncio.run(c.submit(blocker(), by="ops")).state == "admitted"
+        for by, name in (("alice", "a0"), ("alice", "a1"), ("bob", "b0")):
+            view = asyncio.run(c.submit(waiting(name), by=by, wait_seconds=SLOT * 20))
+            assert view.state == "pending"
+        for slot, pending in expected.items():
+            clock.advance(SLOT)
+            del searched[:]
+            view = asyncio.run(c.submit(small(f"n{slot}"), by="ops"))
+            assert view.state != "pending"
+            assert searched == [*pending, f"n{slot}"], slot
+    finally:
+        c.close()
+
+
 def test_a_pending_job_survives_kill_9(tmp_path: Path) -> None:
     """The daemon as a subprocess with 10-second slots: a pending job is still pending
     after ``kill -9`` and a restart, and is admitted at the first boundary after the
