@@ -93,6 +93,22 @@ def test_tracker_quantile_is_the_weighted_quantile_of_its_bins(
     assert len(tracker.keys) <= len(set(keys.tolist()))
 
 
+@pytest.mark.parametrize("level", [0.25, 0.5, 0.75])
+def test_at_an_exact_tie_the_quantile_is_the_next_bin_as_the_prior_reads_it(level: float) -> None:
+    """Weights summing exactly to ``level`` of the total at a bin do not *exceed* it: the
+    quantile is the next bin up, in what a tracker follows (observe) and in how a prior
+    starts and a trim is read (target) alike. The property test above allows a bin
+    either way at a tie, for float sums; these sums are exact."""
+    tracker = Tracker()
+    for x in (0.0, 1.0, 2.0, 3.0):  # four bins of weight 1: ties at 0.25, 0.5, 0.75
+        tracker = tracker.observe(x, 1.0, level=level, edge=0.0, decay=1.0, step=10.0, settle=0.0)
+    expected = float(int(level * 4))  # the bin after the tie: 1.0, 2.0 or 3.0
+    assert tracker.value == pytest.approx(expected)
+    assert tracker.target(level, 0.0) == pytest.approx(expected)
+    prior = Tracker.of([(x, 1.0) for x in (0.0, 1.0, 2.0, 3.0)], level, 0.0)
+    assert prior.value == pytest.approx(expected)
+
+
 @given(st.lists(st.sampled_from([-1e308, -800.0, -3.0, 0.0, 2.5, 800.0, 1e308, math.nan])))
 @settings(max_examples=200, deadline=None)
 def test_a_settled_tracker_moves_at_most_step_and_stays_bounded(values: list[float]) -> None:
