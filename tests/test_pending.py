@@ -204,6 +204,51 @@ def test_pending_jobs_expire_when_their_wait_ends_or_they_cannot_pay_off(
         c.close()
 
 
+def test_a_job_of_little_worth_is_admitted_in_the_last_slot_of_its_wait(tmp_path: Path) -> None:
+    """The wait's last slot is one it may be admitted at, and a job worth little (its
+    payoff ceiling under 1, still positive) is decided, not expired: the room the
+    blocker's cancel frees in slot 1 is its in slot 2, the last of its wait."""
+    clock = FakeClock(1_000_000.0)
+    c = controller(tmp_path, clock)
+    try:
+        assert asyncio.run(c.submit(blocker())).state == "admitted"
+        modest = {"kind": "sigmoid", "priority": 1.2, "decay": 0, "target": 1}  # worth 0.6
+        view = asyncio.run(c.submit(small("modest", utility=modest), wait_seconds=2.5 * SLOT))
+        assert view.state == "pending" and view.wait_until_slot == 2
+        clock.advance(SLOT)
+        asyncio.run(c.tick())
+        assert c._get_sync("modest").state == "pending"  # still blocked in slot 1
+        asyncio.run(c.cancel("blocker"))
+        clock.advance(SLOT)
+        asyncio.run(c.tick())
+        got = c._get_sync("modest")
+        assert got.state == "admitted", got.decision.reason
+        assert 0 < got.decision.payoff < 1
+    finally:
+        c.close()
+
+
+def test_the_queue_of_all_submitters_is_bounded_by_max_pending(tmp_path: Path) -> None:
+    """``max_pending`` places in all: with them taken by two tenants, a third's wait is
+    refused (nothing stored), and its plain submission is decided as ever."""
+    clock = FakeClock(1_000_000.0)
+    extra = "\n[limits]\nmax_pending = 3\nmax_pending_per_submitter = 2\n"
+    c = controller(tmp_path, clock, CHEAP + extra)
+    try:
+        asyncio.run(c.submit(blocker(), by="ops"))
+        for by, name in (("alice", "a1"), ("alice", "a2"), ("bob", "b1")):
+            view = asyncio.run(c.submit(small(name), by=by, wait_seconds=SLOT * 5))
+            assert view.state == "pending"
+        with pytest.raises(
+            QueueFullError, match=r"3 jobs are pending already \(limits.max_pending = 3\)"
+        ):
+            asyncio.run(c.submit(small("c1"), by="carol", wait_seconds=SLOT * 5))
+        assert len(c._list_sync(["pending"], 1000)[0]) == 3
+        assert asyncio.run(c.submit(small("c1"), by="carol")).state == "rejected"
+    finally:
+        c.close()
+
+
 def test_a_pending_job_is_planned_within_its_own_window_or_expires(tmp_path: Path) -> None:
     """SPEC 1: a job arriving at ``a`` may be planned up to ``a + T - 1`` (T = 24 here).
     Before: a job re-decided after waiting was planned up to ``first + T - 1``, so once the
