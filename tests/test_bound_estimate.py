@@ -109,6 +109,25 @@ def test_at_an_exact_tie_the_quantile_is_the_next_bin_as_the_prior_reads_it(leve
     assert prior.value == pytest.approx(expected)
 
 
+def test_a_full_window_stays_within_max_bins_and_reads_back_after_any_outlier() -> None:
+    """With every bin of a settled tracker's window holding weight, values far outside
+    it are counted at its edges: the histogram stays within MAX_BINS (else the stored
+    state would not read back, and a restart would start the estimate afresh), and an
+    outlier is weighed at the window's edge, not at its own value."""
+    from pricing.quantile_tracker import REACH
+
+    points = [(k * BIN_WIDTH + BIN_WIDTH / 2, 1.0) for k in range(-70, 71)]
+    tracker = Tracker.of(points, 0.5, 0.5)
+    assert tracker.value is not None
+    for x in (1e308, -1e308, 500.0, -500.0):
+        before = tracker.value
+        tracker = tracker.observe(x, 1.0, level=0.5, edge=0.5, decay=0.99, step=0.1)
+        assert len(tracker.keys) <= MAX_BINS
+        assert min(tracker.keys) * BIN_WIDTH >= before - REACH - BIN_WIDTH
+        assert max(tracker.keys) * BIN_WIDTH <= before + REACH + BIN_WIDTH
+        assert Tracker.from_dict(json.loads(json.dumps(tracker.to_dict()))).keys == tracker.keys
+
+
 @given(st.lists(st.sampled_from([-1e308, -800.0, -3.0, 0.0, 2.5, 800.0, 1e308, math.nan])))
 @settings(max_examples=200, deadline=None)
 def test_a_settled_tracker_moves_at_most_step_and_stays_bounded(values: list[float]) -> None:
