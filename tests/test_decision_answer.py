@@ -121,3 +121,31 @@ def test_a_quote_says_what_a_submission_of_a_stored_id_would_get(tmp_path: Path)
         assert asyncio.run(c.quote(base, by="bob", owner="bob"))[1] is None  # bob's own id
     finally:
         c.close()
+
+
+def test_a_job_whose_first_slots_are_full_starts_running_at_its_first_worker(
+    tmp_path: Path,
+) -> None:
+    """A job admitted with no worker in its first slot (every GPU there is another
+    tenant's) starts in the slot of its first worker: it stays ``admitted`` through the
+    slots before, as its plan says, and is ``running`` from then on."""
+    clock = FakeClock(1_000_000.0)
+    c = controller(tmp_path, clock)
+    try:
+        one_slot = blocker("full-slot-1")
+        one_slot["minibatches"] = 1  # 16 workers for one slot: every GPU of slot 1
+        held = asyncio.run(c.submit(one_slot, by="alice"))
+        assert {a["slot"] for a in held.decision.allocations} == {1}
+        later = asyncio.run(c.submit(small("later"), by="bob"))
+        assert later.state == "admitted"
+        first = min(a["slot"] for a in later.decision.allocations if a.get("workers"))
+        assert first == 2
+        clock.advance(SLOT)  # slot 1: alice's job runs, bob's has no worker yet
+        asyncio.run(c.tick())
+        assert c._get_sync("alice:full-slot-1").state == "running"
+        assert c._get_sync("bob:later").state == "admitted"
+        clock.advance(SLOT)  # slot 2: its first worker
+        asyncio.run(c.tick())
+        assert c._get_sync("bob:later").state == "running"
+    finally:
+        c.close()
