@@ -122,3 +122,24 @@ def test_a_bounds_change_derives_only_what_a_search_reads() -> None:
     assert read.any() and not read.all()
     assert np.array_equal(side.priced == side.version, ~read)
     assert np.array_equal(side.price, price(side.log_l, side.log_u, side.used, side.capacity))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_on_an_idle_cluster_work_goes_as_early_as_it_can(seed: int) -> None:
+    """Where every slot prices alike (an idle cluster), splits of the work of equal cost
+    are many; the search's backtrack takes the one that puts work as early as it can
+    (:func:`pricing.best_schedule._backtrack`), so no slot of a schedule holds more
+    workers than the slot before. A backtrack that took the largest count first put the
+    work late (4 then 5 workers where 5 then 4 cost the same): the same cost and end, but
+    another plan than the documented rule gives."""
+    trace = _trace(seed)
+    checked = 0
+    for job in trace.jobs:
+        ledger = Ledger(trace.cluster, trace.bounds, trace.horizon, 0)
+        best = best_schedule(job, ledger, job.arrival, trace.horizon - 1)
+        if best.schedule is None:
+            continue
+        counts = best.schedule.worker_counts()
+        assert np.all(np.diff(counts) <= 0), (job.id, counts)
+        checked += 1
+    assert checked >= 30
