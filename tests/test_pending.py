@@ -939,3 +939,35 @@ def test_a_quote_at_a_boundary_counts_the_pending_jobs_decided_there(tmp_path: P
             c.db._full = ""
     finally:
         c.close()
+
+
+def test_a_submission_refused_for_a_full_queue_leaves_the_price_bounds_as_they_were(
+    tmp_path: Path,
+) -> None:
+    """With estimated bounds a decision first folds its job into the estimate and
+    prices with it; a submission then refused (its submitter's queue full: nothing is
+    stored) must put the bounds back, or every tenant's next decisions, and the pending
+    jobs decided at the next boundary, were priced with a job that never was. One
+    submitter: the bounds are its estimate's (with more, the median may not move)."""
+    clock = FakeClock(1_000_000.0)
+    # no prior: the first jobs set the values, so one more job moves them
+    extra = (
+        '\n[pricing]\nbounds = "estimate"\nprior = "none"\n'
+        "[limits]\nmax_pending_per_submitter = 1\n"
+    )
+    c = controller(tmp_path, clock, extra)
+    try:
+        assert c.config.pricing.mode == "estimate"
+        asyncio.run(c.submit(blocker()))
+        steep = {"kind": "sigmoid", "priority": 90, "decay": 0, "target": 1}
+        first = asyncio.run(c.submit(small("a1", utility=steep), wait_seconds=SLOT * 5))
+        assert first.state == "pending"
+        before = c._ledger.bounds
+        estimate = c._estimate
+        other = small("a2", utility={"kind": "sigmoid", "priority": 3e4, "decay": 0, "target": 1})
+        with pytest.raises(QueueFullError):
+            asyncio.run(c.submit(other, wait_seconds=SLOT * 5))
+        assert c._estimate is estimate
+        assert c._ledger.bounds.same_as(before)
+    finally:
+        c.close()
