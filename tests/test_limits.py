@@ -96,6 +96,31 @@ def test_each_job_limit_names_itself() -> None:
         tight.check_job(parsed(job("m", chunks=16, minibatches=300)), CLUSTER, WINDOW)
 
 
+def test_a_job_at_each_limit_is_taken_and_one_over_is_refused() -> None:
+    """The limits are inclusive: a job exactly at ``max_job_work``, ``max_job_chunks``
+    and ``max_search_steps`` is decided, one unit over any of them is refused. (The test
+    above is far over each: a limit off by one passed it.)"""
+    edge = parsed(job("edge", chunks=16, minibatches=300))
+    size = search_size(edge, CLUSTER, WINDOW)
+    at = Limits(max_job_work=edge.work, max_job_chunks=edge.chunks, max_search_steps=size.steps)
+    at.check_job(edge, CLUSTER, WINDOW)
+    for over, message in (
+        ({"max_job_work": edge.work - 1}, "limits.max_job_work"),
+        ({"max_job_chunks": edge.chunks - 1}, "limits.max_job_chunks"),
+        ({"max_search_steps": size.steps - 1}, "limits.max_search_steps"),
+    ):
+        limits = Limits(
+            **{
+                "max_job_work": edge.work,
+                "max_job_chunks": edge.chunks,
+                "max_search_steps": size.steps,
+                **over,
+            }
+        )
+        with pytest.raises(JobTooLargeError, match=message):
+            limits.check_job(edge, CLUSTER, WINDOW)
+
+
 def test_independent_limits_are_named_together() -> None:
     """Before: the first limit a job or spec was over, then the next on a retry."""
     limits = Limits(max_job_work=300, max_job_chunks=32, max_utility=1)
