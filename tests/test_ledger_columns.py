@@ -224,3 +224,21 @@ def test_releasing_many_at_once_equals_releasing_them_one_at_a_time_bit_for_bit(
         assert np.array_equal(released[j].ps, expected[j].ps)
     same_state(ledger, one_by_one)
     same_state(ledger, _full(ledger))
+
+
+def test_a_release_before_a_jobs_first_worker_removes_it_from_the_ledger() -> None:
+    """A job released from a slot before its first worker (cancelled while it waited
+    for room) ran nothing: it leaves the ledger, as one released from its first slot
+    does, though its schedule's slots before then remain (empty). Kept, ``job in
+    ledger`` and ``job_ids()`` still named a job that holds nothing, which the daemon
+    reads as a job the ledger holds (``DecisionCore._submit_sync``)."""
+    ledger = admitted([make_job("a")])
+    n_w, n_p = ledger.worker_side.capacity.shape[0], ledger.ps_side.capacity.shape[0]
+    workers, ps = np.zeros((4, n_w), np.int32), np.zeros((4, n_p), np.int32)
+    workers[2:, 0] = 1  # no worker in slots 0 and 1
+    ps[2:, 0] = 1
+    ledger.admit("late", make_job("late").worker, make_job("late").ps, Schedule(0, workers, ps))
+    released = ledger.release("late", 2)
+    assert released.workers.sum() == 2
+    assert "late" not in ledger and ledger.job_ids() == ["a"]
+    same_state(ledger, rebuilt(ledger, []))
