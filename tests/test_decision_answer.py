@@ -189,3 +189,24 @@ def test_a_pending_job_admitted_with_no_worker_in_its_first_slot_starts_at_its_f
         assert c._get_sync("bob:waits").state == "admitted"
     finally:
         c.close()
+
+
+def test_a_stored_job_of_another_submitter_under_a_callers_key_is_a_conflict(
+    tmp_path: Path,
+) -> None:
+    """Keys keep one submitter's ids from another's, but a row's submitter is the
+    store's word (an edit, a restore): a submission whose key names a job stored for
+    another submitter is refused as taken, whether or not the specs match, and neither
+    that job's decision nor its spec is shown."""
+    import json
+
+    clock = FakeClock(1_000_000.0)
+    c = controller(tmp_path, clock)
+    try:
+        spec = json.dumps(small("x"), sort_keys=True, separators=(",", ":"))
+        for canonical in (spec, spec.replace('"chunks":8', '"chunks":4')):
+            with pytest.raises(ConflictError, match="taken by another submitter") as err:
+                c._check_duplicate("bob:x", spec, "alice", canonical, "bob")
+            assert "chunks" not in str(err.value)
+    finally:
+        c.close()
