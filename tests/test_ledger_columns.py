@@ -242,3 +242,28 @@ def test_a_release_before_a_jobs_first_worker_removes_it_from_the_ledger() -> No
     assert released.workers.sum() == 2
     assert "late" not in ledger and ledger.job_ids() == ["a"]
     same_state(ledger, rebuilt(ledger, []))
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+def test_a_replace_onto_a_server_that_is_down_is_refused(deferred: bool) -> None:
+    """A blocked cell's amount reads as its capacity whatever is planned there, so no
+    capacity check can see a unit put on a server that is down: the replace checks the
+    blocks itself, outside :meth:`Ledger.deferred` and within, and changes nothing."""
+    ledger = admitted([make_job("a")])
+    sched = ledger.schedule("a")
+    w = int(np.flatnonzero(sched.workers.any(axis=0))[0])
+    workers = sched.workers.copy()
+    moved = workers[:, w].copy()
+    workers[:, w] = 0
+    ledger.replace("a", Schedule(sched.start, workers, sched.ps.copy()))  # off w (fewer)
+    ledger.block("worker", w, sched.start)
+    before = ledger.snapshot()
+    onto = workers.copy()
+    onto[:, w] = moved  # back onto the server that is down now
+    with contextlib.ExitStack() as stack:
+        if deferred:
+            stack.enter_context(ledger.deferred())
+        with pytest.raises(CapacityError, match="down in slot"):
+            ledger.replace("a", Schedule(sched.start, onto, sched.ps.copy()))
+    same_state(ledger, before)
+    assert not ledger.schedule("a").workers[:, w].any()
