@@ -143,3 +143,11 @@ def test_on_an_idle_cluster_work_goes_as_early_as_it_can(seed: int) -> None:
         assert np.all(np.diff(counts) <= 0), (job.id, counts)
         checked += 1
     assert checked >= 30
+
+
+def test_a_resource_a_server_lacks_prices_at_its_top() -> None:
+    """SPEC 4 as documented (:func:`pricing.prices.price`): capacity 0 prices at ``U``,
+    what ``oasis prices`` shows for it, and what the least shares assume (a share of 1)."""
+    log_l, log_u = np.log(0.01), np.log([3.0, 5.0])
+    got = price(log_l, log_u, np.zeros((1, 2)), np.array([[4.0, 0.0]]))
+    assert got[0, 0] == pytest.approx(0.01) and got[0, 1] == pytest.approx(5.0)
