@@ -1,0 +1,65 @@
+"""Bounds from any source are cut to what float64 prices and costs can hold, and the
+oracle's L is drawn from the last completion time where a job is still worth something
+(:mod:`pricing.prices`, :mod:`pricing.ledger`), each checked against a plain reading."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pricing import job_from_dict
+from pricing.job import Job
+from pricing.ledger import LOG_PRICE_CAP, Ledger
+from pricing.prices import PriceBounds, _last_positive_log_utility
+from tests.test_replan import CLUSTER
+
+
+@pytest.mark.parametrize("log_l", [300.0, 650.0, 700.0])
+def test_absurd_floors_are_cut_to_the_cap_like_the_tops(log_l: float) -> None:
+    """An L past :data:`LOG_PRICE_CAP` (a priority of 1e308 in an explicit or estimated
+    bound) is cut as U is: L never above U, so prices still rise with use, and every
+    price and a full server's cost stay finite."""
+    n = len(CLUSTER.resources)
+    bounds = PriceBounds(np.full(n, log_l), np.full(n, log_l), log_l, log_l, 1.0, 1.0)
+    ledger = Ledger(CLUSTER, bounds, 4)
+    for side in (ledger.worker_side, ledger.ps_side):
+        cap = side._cap()  # LOG_PRICE_CAP less the log of each resource's largest capacity
+        assert np.all(side.log_l <= np.minimum(side.log_u, cap) + 1e-12)
+        assert np.all(side.log_l[np.isfinite(cap)] <= LOG_PRICE_CAP)
+        prices = side.price
+        assert np.isfinite(prices).all()
+        assert np.isfinite((prices * side.capacity).sum())
+
+
+def _plain_last_positive(job: Job, latest: int) -> float | None:
+    """The latest ``t <= latest`` (from the fastest completion) with ``log f(t)`` finite,
+    by a scan."""
+    found = None
+    for t in range(int(job.min_slots), latest + 1):
+        value = float(job.utility.log_values(t))
+        if math.isfinite(value):
+            found = value
+    return found
+
+
+@pytest.mark.parametrize("deadline", range(2, 30, 3))
+@pytest.mark.parametrize("latest", [7, 12, 31, 40, 97])
+def test_the_oracles_floor_is_drawn_at_the_last_positive_utility(
+    deadline: int, latest: int
+) -> None:
+    """A table utility that falls to 0 (as a deadline without a half-life does) is worth
+    nothing after it: L is drawn from its value at the last slot where it is still
+    positive, found by bisection; a scan finds the same slot's value (None where it is
+    worth nothing even at its fastest completion)."""
+    job = job_from_dict(
+        {"id": "d", "arrival": 0, "epochs": 1, "chunks": 2, "minibatches": 10, "tau": 0.1,
+         "grad_mb": 1, "worker": {"gpu": 1, "cpu": 2, "bandwidth": 1},
+         "ps": {"cpu": 1, "bandwidth": 4},
+         "utility": {"kind": "table", "values": [5.0 - 0.1 * t for t in range(deadline)] + [0.0]}},
+        CLUSTER, slot_seconds=3600.0, slots_available=lambda a: 100,
+    )  # fmt: skip
+    got = _last_positive_log_utility(job, latest)
+    want = _plain_last_positive(job, latest)
+    assert got == want, (got, want)
