@@ -9,6 +9,7 @@ worker, so at most ``Y = min(N, 16)`` workers per slot, and ``m = 0.01 + 2 * 100
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -104,19 +105,13 @@ def test_a_job_at_each_limit_is_taken_and_one_over_is_refused() -> None:
     size = search_size(edge, CLUSTER, WINDOW)
     at = Limits(max_job_work=edge.work, max_job_chunks=edge.chunks, max_search_steps=size.steps)
     at.check_job(edge, CLUSTER, WINDOW)
-    for over, message in (
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"max_job_work": edge.work - 1}, "limits.max_job_work"),
         ({"max_job_chunks": edge.chunks - 1}, "limits.max_job_chunks"),
         ({"max_search_steps": size.steps - 1}, "limits.max_search_steps"),
-    ):
-        limits = Limits(
-            **{
-                "max_job_work": edge.work,
-                "max_job_chunks": edge.chunks,
-                "max_search_steps": size.steps,
-                **over,
-            }
-        )
+    ]
+    for over, message in cases:
+        limits = dataclasses.replace(at, **over)
         with pytest.raises(JobTooLargeError, match=message):
             limits.check_job(edge, CLUSTER, WINDOW)
 

@@ -223,7 +223,8 @@ def test_a_job_of_little_worth_is_admitted_in_the_last_slot_of_its_wait(tmp_path
         asyncio.run(c.tick())
         got = c._get_sync("modest")
         assert got.state == "admitted", got.decision.reason
-        assert 0 < got.decision.payoff < 1
+        payoff = got.decision.payoff
+        assert payoff is not None and 0 < payoff < 1
     finally:
         c.close()
 
