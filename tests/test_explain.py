@@ -247,3 +247,19 @@ def test_free_room_split_across_servers_is_said_to_be_split() -> None:
     ledger.worker_side.used[:, 0, gpu] = 2.0  # nowhere a GPU: the scarcest, as before
     said = _cannot_fit(job, ledger, 0, 0)
     assert "the scarcest resource is 'gpu' (0 workers' worth free), or its" in said
+
+
+def test_a_job_that_needs_one_slot_more_than_remain_cannot_finish() -> None:
+    """``cannot_finish`` rounds the slots a job needs up: W = 9 worker-slots at most 8
+    a slot take 2 slots, so with 1 left it cannot finish, and with 2 it can."""
+    from pricing.explain import cannot_finish
+    from pricing.job import max_workers_per_slot
+    from tests.test_replan import CLUSTER, make_job
+
+    job = make_job("j", chunks=2)
+    per_slot = max_workers_per_slot(job, CLUSTER)
+    need = -(-job.work // per_slot)
+    assert job.work % per_slot  # not a whole number of slots
+    reason = cannot_finish(job, CLUSTER, need - 1)
+    assert reason is not None and f"needs at least {need} slots" in reason
+    assert cannot_finish(job, CLUSTER, need) is None

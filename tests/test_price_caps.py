@@ -63,3 +63,16 @@ def test_the_oracles_floor_is_drawn_at_the_last_positive_utility(
     got = _last_positive_log_utility(job, latest)
     want = _plain_last_positive(job, latest)
     assert got == want, (got, want)
+
+
+def test_scaled_bounds_keep_every_top_at_least_its_floor() -> None:
+    """Fig. 6's scaling (replay's ``--l-factor``, ``--u-factor``) raises U to L where it
+    would fall below, so prices never fall as a server fills."""
+    from pricing.prices import oracle_bounds
+    from tests.test_replan import T, make_job
+
+    jobs = [make_job("a"), make_job("b", chunks=3)]
+    bounds = oracle_bounds(jobs, CLUSTER, T, {j.id: T for j in jobs})
+    for l_factor, u_factor in ((1e6, 1.0), (1.0, 1e-6), (10.0, 0.1)):
+        scaled = bounds.scaled(l_factor, u_factor)
+        assert np.all(scaled.log_u1 >= scaled.floor1) and np.all(scaled.log_u2 >= scaled.floor2)
