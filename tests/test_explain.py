@@ -57,6 +57,14 @@ def test_drivers_are_the_costliest_parts_and_the_reason_names_them() -> None:
                 p.last_slot - best.schedule.start, p.cost) for p in drivers]  # fmt: skip
         assert [g[:4] for g in got] == [e[:4] for e in expected]
         assert np.allclose([g[4] for g in got], [e[4] for e in expected], rtol=1e-12)
+        cluster = trace.cluster
+        for p in drivers:  # the highest unit price over the run, as the reason says
+            worker = p.server in cluster.worker_names
+            side = ledger.worker_side if worker else ledger.ps_side
+            names = cluster.worker_names if worker else cluster.ps_names
+            h, r = names.index(p.server), cluster.resources.index(p.resource)
+            lo, hi = ledger.index(p.first_slot), ledger.index(p.last_slot) + 1
+            assert p.price == side.price[lo:hi, h, r].max()
         reason = explain_rejection(best, job, ledger, job.arrival, trace.horizon - 1, drivers)
         assert reason.startswith("priced out") and drivers[0].server in reason
         checked += 1

@@ -76,3 +76,17 @@ def test_scaled_bounds_keep_every_top_at_least_its_floor() -> None:
     for l_factor, u_factor in ((1e6, 1.0), (1.0, 1e-6), (10.0, 0.1)):
         scaled = bounds.scaled(l_factor, u_factor)
         assert np.all(scaled.log_u1 >= scaled.floor1) and np.all(scaled.log_u2 >= scaled.floor2)
+
+
+@pytest.mark.parametrize("eta", [0.5, 0.7, 0.999])
+def test_an_eta_below_one_is_refused_naming_it(eta: float) -> None:
+    """SPEC 4's ``1/eta`` is ``min(1, ...)``: an eta under 1 would put L above the
+    utility it is a floor of, so a given eta1 or eta2 under 1 is an input error naming
+    the field; 1 is taken."""
+    from pricing.errors import SpecError
+    from pricing.prices import etas_from_dict
+
+    assert etas_from_dict({"eta1": 1.0, "eta2": 1.0}) == (1.0, 1.0)
+    for key in ("eta1", "eta2"):
+        with pytest.raises(SpecError, match=f"pricing.{key}"):
+            etas_from_dict({key: eta})
