@@ -90,3 +90,28 @@ def test_an_eta_below_one_is_refused_naming_it(eta: float) -> None:
     for key in ("eta1", "eta2"):
         with pytest.raises(SpecError, match=f"pricing.{key}"):
             etas_from_dict({key: eta})
+
+
+@pytest.mark.parametrize("which", ["log_u1", "log_u2", "log_l1", "log_l2"])
+def test_a_change_of_any_one_bound_reprices_its_side(which: str) -> None:
+    """``Ledger.set_bounds`` with bounds that differ in one of U1, U2, L1, L2 only
+    prices that side with the new bound (an estimate's U2 moves alone often: PS demands
+    differ from workers')."""
+    from dataclasses import replace
+
+    from tests.test_replan import T, admitted, make_job
+
+    job = make_job("a")
+    ledger = admitted([job])  # amounts in some slots: U enters their prices
+    bounds = ledger.bounds
+    side = ledger.ps_side if which.endswith("2") else ledger.worker_side
+    before = side.price.copy()
+    value = getattr(bounds, which)
+    moved = replace(bounds, **{which: value + 0.5 if which.startswith("log_u") else value - 0.5})
+    ledger.set_bounds(moved)
+    assert ledger.bounds is moved
+    assert not np.array_equal(side.price, before)
+    fresh = Ledger(CLUSTER, moved, T)
+    fresh.admit("a", job.worker, job.ps, ledger.schedule("a"))
+    fresh_side = fresh.ps_side if which.endswith("2") else fresh.worker_side
+    assert np.array_equal(side.price, fresh_side.price)
