@@ -93,6 +93,41 @@ def test_tracker_quantile_is_the_weighted_quantile_of_its_bins(
     assert len(tracker.keys) <= len(set(keys.tolist()))
 
 
+@pytest.mark.parametrize("level", [0.25, 0.5, 0.75])
+def test_at_an_exact_tie_the_quantile_is_the_next_bin_as_the_prior_reads_it(level: float) -> None:
+    """Weights summing exactly to ``level`` of the total at a bin do not *exceed* it: the
+    quantile is the next bin up, in what a tracker follows (observe) and in how a prior
+    starts and a trim is read (target) alike. The property test above allows a bin
+    either way at a tie, for float sums; these sums are exact."""
+    tracker = Tracker()
+    for x in (0.0, 1.0, 2.0, 3.0):  # four bins of weight 1: ties at 0.25, 0.5, 0.75
+        tracker = tracker.observe(x, 1.0, level=level, edge=0.0, decay=1.0, step=10.0, settle=0.0)
+    expected = float(int(level * 4))  # the bin after the tie: 1.0, 2.0 or 3.0
+    assert tracker.value == pytest.approx(expected)
+    assert tracker.target(level, 0.0) == pytest.approx(expected)
+    prior = Tracker.of([(x, 1.0) for x in (0.0, 1.0, 2.0, 3.0)], level, 0.0)
+    assert prior.value == pytest.approx(expected)
+
+
+def test_a_full_window_stays_within_max_bins_and_reads_back_after_any_outlier() -> None:
+    """With every bin of a settled tracker's window holding weight, values far outside
+    it are counted at its edges: the histogram stays within MAX_BINS (else the stored
+    state would not read back, and a restart would start the estimate afresh), and an
+    outlier is weighed at the window's edge, not at its own value."""
+    from pricing.quantile_tracker import REACH
+
+    points = [(k * BIN_WIDTH + BIN_WIDTH / 2, 1.0) for k in range(-70, 71)]
+    tracker = Tracker.of(points, 0.5, 0.5)
+    assert tracker.value is not None
+    for x in (1e308, -1e308, 500.0, -500.0):
+        before = tracker.value
+        tracker = tracker.observe(x, 1.0, level=0.5, edge=0.5, decay=0.99, step=0.1)
+        assert len(tracker.keys) <= MAX_BINS
+        assert min(tracker.keys) * BIN_WIDTH >= before - REACH - BIN_WIDTH
+        assert max(tracker.keys) * BIN_WIDTH <= before + REACH + BIN_WIDTH
+        assert Tracker.from_dict(json.loads(json.dumps(tracker.to_dict()))).keys == tracker.keys
+
+
 @given(st.lists(st.sampled_from([-1e308, -800.0, -3.0, 0.0, 2.5, 800.0, 1e308, math.nan])))
 @settings(max_examples=200, deadline=None)
 def test_a_settled_tracker_moves_at_most_step_and_stays_bounded(values: list[float]) -> None:

@@ -1155,3 +1155,32 @@ def test_a_cordon_from_slot_0_once_it_is_past_is_refused_before_any_request() ->
         assert daemon.requests == []
     finally:
         server.stop(None)
+
+
+def test_a_moved_plan_with_no_worker_in_its_first_slot_starts_at_its_first_worker(
+    tmp_path: Path,
+) -> None:
+    """A move (a cordon's, a failure's) may leave an admitted job's new plan with no
+    worker in its first slots: it is stored as starting at its first worker, so the slot
+    tick does not mark it running before (as :mod:`tests.test_decision_answer` checks for
+    a decision)."""
+    from pricing.schedule import Schedule
+
+    c = _open(tmp_path)
+    try:
+        view = asyncio.run(c.submit({**JOB, "id": "a"}))
+        assert view.state == "admitted"
+        ledger = c._ledger
+        old = ledger.schedule("a")
+        workers = np.zeros((old.slots + 1, old.workers.shape[1]), np.int32)
+        ps = np.zeros((old.slots + 1, old.ps.shape[1]), np.int32)
+        workers[1:], ps[1:] = old.workers, old.ps  # the same plan a slot later
+        moved = Schedule(old.start, workers, ps)
+        with c.db.session() as session:
+            row = session.get(JobRow, "a")
+            assert row is not None and row.state == "admitted"
+            job = c._parse(json.loads(row.spec), row.arrival_slot)
+            c._write_schedule(session, job, row, moved, old.start)
+            assert row.start_slot == old.start + 1
+    finally:
+        c.close()

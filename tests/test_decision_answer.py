@@ -121,3 +121,92 @@ def test_a_quote_says_what_a_submission_of_a_stored_id_would_get(tmp_path: Path)
         assert asyncio.run(c.quote(base, by="bob", owner="bob"))[1] is None  # bob's own id
     finally:
         c.close()
+
+
+def test_a_job_whose_first_slots_are_full_starts_running_at_its_first_worker(
+    tmp_path: Path,
+) -> None:
+    """A job admitted with no worker in its first slot (every GPU there is another
+    tenant's) starts in the slot of its first worker: it stays ``admitted`` through the
+    slots before, as its plan says, and is ``running`` from then on."""
+    clock = FakeClock(1_000_000.0)
+    c = controller(tmp_path, clock)
+    try:
+        one_slot = blocker("full-slot-1")
+        one_slot["minibatches"] = 1  # 16 workers for one slot: every GPU of slot 1
+        held = asyncio.run(c.submit(one_slot, by="alice"))
+        assert {a["slot"] for a in held.decision.allocations} == {1}
+        later = asyncio.run(c.submit(small("later"), by="bob"))
+        assert later.state == "admitted"
+        first = min(a["slot"] for a in later.decision.allocations if a.get("workers"))
+        assert first == 2
+        clock.advance(SLOT)  # slot 1: alice's job runs, bob's has no worker yet
+        asyncio.run(c.tick())
+        assert c._get_sync("alice:full-slot-1").state == "running"
+        assert c._get_sync("bob:later").state == "admitted"
+        clock.advance(SLOT)  # slot 2: its first worker
+        asyncio.run(c.tick())
+        assert c._get_sync("bob:later").state == "running"
+    finally:
+        c.close()
+
+
+def test_a_pending_job_admitted_with_no_worker_in_its_first_slot_starts_at_its_first_worker(
+    tmp_path: Path,
+) -> None:
+    """As above, for a job admitted at a slot boundary after waiting: its first slot
+    (slot 3, full with another tenant's job) holds none of its workers, so it is stored
+    as starting in the slot of its first worker and is not ``running`` in slot 3."""
+    from sqlalchemy import select
+
+    from controller.store import JobRow
+
+    clock = FakeClock(1_000_000.0)
+    c = controller(tmp_path, clock)
+    try:
+        assert asyncio.run(c.submit(blocker("wall"), by="ops")).state == "admitted"
+        view = asyncio.run(c.submit(small("waits"), by="bob", wait_seconds=10 * SLOT))
+        assert view.state == "pending"
+        clock.advance(SLOT)  # slot 1: still blocked; then the wall goes from slot 2 on
+        asyncio.run(c.tick())
+        asyncio.run(c.cancel("ops:wall", by="ops"))
+        for name, slot in (("fill-2", 2), ("fill-3", 3)):  # every GPU of slot 2, then 3
+            filler = blocker(name)
+            filler["minibatches"] = 1
+            held = asyncio.run(c.submit(filler, by="alice"))
+            assert {a["slot"] for a in held.decision.allocations} == {slot}
+        clock.advance(SLOT)  # slot 2: decided again from slot 3, full until slot 4
+        asyncio.run(c.tick())
+        got = c._get_sync("bob:waits")
+        assert got.state == "admitted", got.decision.reason
+        first = min(a["slot"] for a in got.decision.allocations if a.get("workers"))
+        assert first == 4
+        with c.db.session() as session:
+            start = session.scalar(select(JobRow.start_slot).where(JobRow.id == "bob:waits"))
+        assert start == first
+        clock.advance(SLOT)  # slot 3: no worker of it yet
+        asyncio.run(c.tick())
+        assert c._get_sync("bob:waits").state == "admitted"
+    finally:
+        c.close()
+
+
+def test_a_stored_job_of_another_submitter_under_a_callers_key_is_a_conflict(
+    tmp_path: Path,
+) -> None:
+    """Keys keep one submitter's ids from another's, but a row's submitter is the
+    store's word (an edit, a restore): a submission whose key names a job stored for
+    another submitter is refused as taken, whether or not the specs match, and neither
+    that job's decision nor its spec is shown."""
+    import json
+
+    clock = FakeClock(1_000_000.0)
+    c = controller(tmp_path, clock)
+    try:
+        spec = json.dumps(small("x"), sort_keys=True, separators=(",", ":"))
+        for canonical in (spec, spec.replace('"chunks":8', '"chunks":4')):
+            with pytest.raises(ConflictError, match="taken by another submitter") as err:
+                c._check_duplicate("bob:x", spec, "alice", canonical, "bob")
+            assert "chunks" not in str(err.value)
+    finally:
+        c.close()

@@ -57,6 +57,14 @@ def test_drivers_are_the_costliest_parts_and_the_reason_names_them() -> None:
                 p.last_slot - best.schedule.start, p.cost) for p in drivers]  # fmt: skip
         assert [g[:4] for g in got] == [e[:4] for e in expected]
         assert np.allclose([g[4] for g in got], [e[4] for e in expected], rtol=1e-12)
+        cluster = trace.cluster
+        for p in drivers:  # the highest unit price over the run, as the reason says
+            worker = p.server in cluster.worker_names
+            side = ledger.worker_side if worker else ledger.ps_side
+            names = cluster.worker_names if worker else cluster.ps_names
+            h, r = names.index(p.server), cluster.resources.index(p.resource)
+            lo, hi = ledger.index(p.first_slot), ledger.index(p.last_slot) + 1
+            assert p.price == side.price[lo:hi, h, r].max()
         reason = explain_rejection(best, job, ledger, job.arrival, trace.horizon - 1, drivers)
         assert reason.startswith("priced out") and drivers[0].server in reason
         checked += 1
@@ -247,3 +255,19 @@ def test_free_room_split_across_servers_is_said_to_be_split() -> None:
     ledger.worker_side.used[:, 0, gpu] = 2.0  # nowhere a GPU: the scarcest, as before
     said = _cannot_fit(job, ledger, 0, 0)
     assert "the scarcest resource is 'gpu' (0 workers' worth free), or its" in said
+
+
+def test_a_job_that_needs_one_slot_more_than_remain_cannot_finish() -> None:
+    """``cannot_finish`` rounds the slots a job needs up: W = 9 worker-slots at most 8
+    a slot take 2 slots, so with 1 left it cannot finish, and with 2 it can."""
+    from pricing.explain import cannot_finish
+    from pricing.job import max_workers_per_slot
+    from tests.test_replan import CLUSTER, make_job
+
+    job = make_job("j", chunks=2)
+    per_slot = max_workers_per_slot(job, CLUSTER)
+    need = -(-job.work // per_slot)
+    assert job.work % per_slot  # not a whole number of slots
+    reason = cannot_finish(job, CLUSTER, need - 1)
+    assert reason is not None and f"needs at least {need} slots" in reason
+    assert cannot_finish(job, CLUSTER, need) is None

@@ -122,3 +122,32 @@ def test_a_bounds_change_derives_only_what_a_search_reads() -> None:
     assert read.any() and not read.all()
     assert np.array_equal(side.priced == side.version, ~read)
     assert np.array_equal(side.price, price(side.log_l, side.log_u, side.used, side.capacity))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_on_an_idle_cluster_work_goes_as_early_as_it_can(seed: int) -> None:
+    """Where every slot prices alike (an idle cluster), splits of the work of equal cost
+    are many; the search's backtrack takes the one that puts work as early as it can
+    (:func:`pricing.best_schedule._backtrack`), so no slot of a schedule holds more
+    workers than the slot before. A backtrack that took the largest count first put the
+    work late (4 then 5 workers where 5 then 4 cost the same): the same cost and end, but
+    another plan than the documented rule gives."""
+    trace = _trace(seed)
+    checked = 0
+    for job in trace.jobs:
+        ledger = Ledger(trace.cluster, trace.bounds, trace.horizon, 0)
+        best = best_schedule(job, ledger, job.arrival, trace.horizon - 1)
+        if best.schedule is None:
+            continue
+        counts = best.schedule.worker_counts()
+        assert np.all(np.diff(counts) <= 0), (job.id, counts)
+        checked += 1
+    assert checked >= 30
+
+
+def test_a_resource_a_server_lacks_prices_at_its_top() -> None:
+    """SPEC 4 as documented (:func:`pricing.prices.price`): capacity 0 prices at ``U``,
+    what ``oasis prices`` shows for it, and what the least shares assume (a share of 1)."""
+    log_l, log_u = np.log(0.01), np.log([3.0, 5.0])
+    got = price(log_l, log_u, np.zeros((1, 2)), np.array([[4.0, 0.0]]))
+    assert got[0, 0] == pytest.approx(0.01) and got[0, 1] == pytest.approx(5.0)

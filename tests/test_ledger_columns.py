@@ -224,3 +224,46 @@ def test_releasing_many_at_once_equals_releasing_them_one_at_a_time_bit_for_bit(
         assert np.array_equal(released[j].ps, expected[j].ps)
     same_state(ledger, one_by_one)
     same_state(ledger, _full(ledger))
+
+
+def test_a_release_before_a_jobs_first_worker_removes_it_from_the_ledger() -> None:
+    """A job released from a slot before its first worker (cancelled while it waited
+    for room) ran nothing: it leaves the ledger, as one released from its first slot
+    does, though its schedule's slots before then remain (empty). Kept, ``job in
+    ledger`` and ``job_ids()`` still named a job that holds nothing, which the daemon
+    reads as a job the ledger holds (``DecisionCore._submit_sync``)."""
+    ledger = admitted([make_job("a")])
+    n_w, n_p = ledger.worker_side.capacity.shape[0], ledger.ps_side.capacity.shape[0]
+    workers, ps = np.zeros((4, n_w), np.int32), np.zeros((4, n_p), np.int32)
+    workers[2:, 0] = 1  # no worker in slots 0 and 1
+    ps[2:, 0] = 1
+    ledger.admit("late", make_job("late").worker, make_job("late").ps, Schedule(0, workers, ps))
+    released = ledger.release("late", 2)
+    assert released.workers.sum() == 2
+    assert "late" not in ledger and ledger.job_ids() == ["a"]
+    same_state(ledger, rebuilt(ledger, []))
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+def test_a_replace_onto_a_server_that_is_down_is_refused(deferred: bool) -> None:
+    """A blocked cell's amount reads as its capacity whatever is planned there, so no
+    capacity check can see a unit put on a server that is down: the replace checks the
+    blocks itself, outside :meth:`Ledger.deferred` and within, and changes nothing."""
+    ledger = admitted([make_job("a")])
+    sched = ledger.schedule("a")
+    w = int(np.flatnonzero(sched.workers.any(axis=0))[0])
+    workers = sched.workers.copy()
+    moved = workers[:, w].copy()
+    workers[:, w] = 0
+    ledger.replace("a", Schedule(sched.start, workers, sched.ps.copy()))  # off w (fewer)
+    ledger.block("worker", w, sched.start)
+    before = ledger.snapshot()
+    onto = workers.copy()
+    onto[:, w] = moved  # back onto the server that is down now
+    with contextlib.ExitStack() as stack:
+        if deferred:
+            stack.enter_context(ledger.deferred())
+        with pytest.raises(CapacityError, match="down in slot"):
+            ledger.replace("a", Schedule(sched.start, onto, sched.ps.copy()))
+    same_state(ledger, before)
+    assert not ledger.schedule("a").workers[:, w].any()

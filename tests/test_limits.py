@@ -9,6 +9,7 @@ worker, so at most ``Y = min(N, 16)`` workers per slot, and ``m = 0.01 + 2 * 100
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -94,6 +95,25 @@ def test_each_job_limit_names_itself() -> None:
     tight = Limits(max_search_mb=0.01)  # 8 * 24 * (101 + 16 + 2) bytes = 0.022 MiB
     with pytest.raises(JobTooLargeError, match=r"limits\.max_search_mb"):
         tight.check_job(parsed(job("m", chunks=16, minibatches=300)), CLUSTER, WINDOW)
+
+
+def test_a_job_at_each_limit_is_taken_and_one_over_is_refused() -> None:
+    """The limits are inclusive: a job exactly at ``max_job_work``, ``max_job_chunks``
+    and ``max_search_steps`` is decided, one unit over any of them is refused. (The test
+    above is far over each: a limit off by one passed it.)"""
+    edge = parsed(job("edge", chunks=16, minibatches=300))
+    size = search_size(edge, CLUSTER, WINDOW)
+    at = Limits(max_job_work=edge.work, max_job_chunks=edge.chunks, max_search_steps=size.steps)
+    at.check_job(edge, CLUSTER, WINDOW)
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"max_job_work": edge.work - 1}, "limits.max_job_work"),
+        ({"max_job_chunks": edge.chunks - 1}, "limits.max_job_chunks"),
+        ({"max_search_steps": size.steps - 1}, "limits.max_search_steps"),
+    ]
+    for over, message in cases:
+        limits = dataclasses.replace(at, **over)
+        with pytest.raises(JobTooLargeError, match=message):
+            limits.check_job(edge, CLUSTER, WINDOW)
 
 
 def test_independent_limits_are_named_together() -> None:

@@ -204,6 +204,52 @@ def test_pending_jobs_expire_when_their_wait_ends_or_they_cannot_pay_off(
         c.close()
 
 
+def test_a_job_of_little_worth_is_admitted_in_the_last_slot_of_its_wait(tmp_path: Path) -> None:
+    """The wait's last slot is one it may be admitted at, and a job worth little (its
+    payoff ceiling under 1, still positive) is decided, not expired: the room the
+    blocker's cancel frees in slot 1 is its in slot 2, the last of its wait."""
+    clock = FakeClock(1_000_000.0)
+    c = controller(tmp_path, clock)
+    try:
+        assert asyncio.run(c.submit(blocker())).state == "admitted"
+        modest = {"kind": "sigmoid", "priority": 1.2, "decay": 0, "target": 1}  # worth 0.6
+        view = asyncio.run(c.submit(small("modest", utility=modest), wait_seconds=2.5 * SLOT))
+        assert view.state == "pending" and view.wait_until_slot == 2
+        clock.advance(SLOT)
+        asyncio.run(c.tick())
+        assert c._get_sync("modest").state == "pending"  # still blocked in slot 1
+        asyncio.run(c.cancel("blocker"))
+        clock.advance(SLOT)
+        asyncio.run(c.tick())
+        got = c._get_sync("modest")
+        assert got.state == "admitted", got.decision.reason
+        payoff = got.decision.payoff
+        assert payoff is not None and 0 < payoff < 1
+    finally:
+        c.close()
+
+
+def test_the_queue_of_all_submitters_is_bounded_by_max_pending(tmp_path: Path) -> None:
+    """``max_pending`` places in all: with them taken by two tenants, a third's wait is
+    refused (nothing stored), and its plain submission is decided as ever."""
+    clock = FakeClock(1_000_000.0)
+    extra = "\n[limits]\nmax_pending = 3\nmax_pending_per_submitter = 2\n"
+    c = controller(tmp_path, clock, CHEAP + extra)
+    try:
+        asyncio.run(c.submit(blocker(), by="ops"))
+        for by, name in (("alice", "a1"), ("alice", "a2"), ("bob", "b1")):
+            view = asyncio.run(c.submit(small(name), by=by, wait_seconds=SLOT * 5))
+            assert view.state == "pending"
+        with pytest.raises(
+            QueueFullError, match=r"3 jobs are pending already \(limits.max_pending = 3\)"
+        ):
+            asyncio.run(c.submit(small("c1"), by="carol", wait_seconds=SLOT * 5))
+        assert len(c._list_sync(["pending"], 1000)[0]) == 3
+        assert asyncio.run(c.submit(small("c1"), by="carol")).state == "rejected"
+    finally:
+        c.close()
+
+
 def test_a_pending_job_is_planned_within_its_own_window_or_expires(tmp_path: Path) -> None:
     """SPEC 1: a job arriving at ``a`` may be planned up to ``a + T - 1`` (T = 24 here).
     Before: a job re-decided after waiting was planned up to ``first + T - 1``, so once the
@@ -459,6 +505,57 @@ def test_many_submitters_pending_jobs_cannot_hold_the_boundary_either(tmp_path: 
             assert view.state != "pending"
             assert searched == [*pending, f"ops:n{slot}"], slot
         assert {v.id for v in c._list_sync(["pending"], 1000)[0]} == set(queued)
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize(
+    ("budget", "expected"),
+    [
+        # each submitter's first job is searched though it alone is over her budget
+        ("pending_steps_per_submitter", {1: ["a0", "b0"], 2: ["a1", "b0"], 3: ["a0", "b0"]}),
+        # the boundary's first job is searched though it alone is over the boundary's
+        ("pending_steps_per_boundary", {1: ["a0"], 2: ["a1"], 3: ["b0"]}),
+    ],
+)
+def test_a_budget_below_one_search_still_decides_the_first_job_so_none_starves(
+    tmp_path: Path, budget: str, expected: dict[int, list[str]]
+) -> None:
+    """A budget of search steps smaller than one pending job's search (an operator's
+    choice: the budgets and ``max_search_steps`` are set apart) still lets the first
+    search of each submitter, and of the boundary, run: else no pending job of that
+    submitter (or nobody's) were decided again at any boundary, and each would wait out
+    its wait beside room freed for it."""
+    clock = FakeClock(1_000_000.0)
+    flat = {"kind": "sigmoid", "priority": 50, "decay": 0, "target": 1}
+
+    def waiting(job_id: str) -> dict[str, Any]:  # cannot fit beside the blocker: stays
+        return small(job_id, chunks=1, minibatches=450, utility=flat)
+
+    (tmp_path / "probe").mkdir()
+    probe = controller(tmp_path / "probe", clock)
+    steps = probe.search_steps(waiting("x"))
+    probe.close()
+    c = controller(tmp_path, clock, f"{CHEAP}\n[limits]\n{budget} = {steps / 2}\n")
+    searched: list[str] = []
+    search = c._search
+
+    def counted(job: Any, *args: Any, **kwargs: Any) -> Any:
+        searched.append(job.id.partition(":")[2])
+        return search(job, *args, **kwargs)
+
+    c._search = counted  # type: ignore[method-assign]
+    try:
+        assert asyncio.run(c.submit(blocker(), by="ops")).state == "admitted"
+        for by, name in (("alice", "a0"), ("alice", "a1"), ("bob", "b0")):
+            view = asyncio.run(c.submit(waiting(name), by=by, wait_seconds=SLOT * 20))
+            assert view.state == "pending"
+        for slot, pending in expected.items():
+            clock.advance(SLOT)
+            del searched[:]
+            view = asyncio.run(c.submit(small(f"n{slot}"), by="ops"))
+            assert view.state != "pending"
+            assert searched == [*pending, f"n{slot}"], slot
     finally:
         c.close()
 
@@ -841,5 +938,37 @@ def test_a_quote_at_a_boundary_counts_the_pending_jobs_decided_there(tmp_path: P
             assert c._get_sync("bob:b2").state == "pending"
         finally:
             c.db._full = ""
+    finally:
+        c.close()
+
+
+def test_a_submission_refused_for_a_full_queue_leaves_the_price_bounds_as_they_were(
+    tmp_path: Path,
+) -> None:
+    """With estimated bounds a decision first folds its job into the estimate and
+    prices with it; a submission then refused (its submitter's queue full: nothing is
+    stored) must put the bounds back, or every tenant's next decisions, and the pending
+    jobs decided at the next boundary, were priced with a job that never was. One
+    submitter: the bounds are its estimate's (with more, the median may not move)."""
+    clock = FakeClock(1_000_000.0)
+    # no prior: the first jobs set the values, so one more job moves them
+    extra = (
+        '\n[pricing]\nbounds = "estimate"\nprior = "none"\n'
+        "[limits]\nmax_pending_per_submitter = 1\n"
+    )
+    c = controller(tmp_path, clock, extra)
+    try:
+        assert c.config.pricing.mode == "estimate"
+        asyncio.run(c.submit(blocker()))
+        steep = {"kind": "sigmoid", "priority": 90, "decay": 0, "target": 1}
+        first = asyncio.run(c.submit(small("a1", utility=steep), wait_seconds=SLOT * 5))
+        assert first.state == "pending"
+        before = c._ledger.bounds
+        estimate = c._estimate
+        other = small("a2", utility={"kind": "sigmoid", "priority": 3e4, "decay": 0, "target": 1})
+        with pytest.raises(QueueFullError):
+            asyncio.run(c.submit(other, wait_seconds=SLOT * 5))
+        assert c._estimate is estimate
+        assert c._ledger.bounds.same_as(before)
     finally:
         c.close()

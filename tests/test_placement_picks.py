@@ -58,3 +58,23 @@ def test_the_curve_is_the_greedy_fill_over_every_server(seed: int) -> None:
     want, q = _reference_curve(unit, room, limit)
     assert fitted == q
     assert curve[: q + 1].tolist() == want
+
+
+def test_a_server_over_its_capacity_within_the_slack_has_no_room_and_takes_nothing() -> None:
+    """The ledger admits amounts up to a hair over a capacity (its slack for the room
+    rule's rounding, :func:`pricing.ledger.capacity_slack`). Such a server offers no
+    room, not a negative one: :func:`place` (a re-plan's placement) would take a
+    negative count there and put that many more units on the next server."""
+    from pricing.ledger import capacity_slack
+    from pricing.placement import offers
+
+    capacity = np.array([[8.0, 100.0], [8.0, 100.0]])  # two servers, two resources
+    used = np.zeros((1, 2, 2))
+    used[0, 0] = capacity[0] + capacity_slack(capacity[0])  # server 0: just over
+    price = np.ones((1, 2, 2))
+    demand = np.array([1.0, 10.0])
+    unit, room = offers((price, used, capacity, demand), 0)
+    assert room.tolist() == [0, 8]
+    out = np.empty(2, np.int32)
+    assert place(unit, room, 8, out) == 8
+    assert out.tolist() == [0, 8]

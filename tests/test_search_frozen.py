@@ -69,6 +69,10 @@ def _check(
     d, c, ymax, best_k = _plain(job, wside, pside, t0, n, util)
     scanned = best.slots_scanned
     assert np.array_equal(ends[:scanned], util[:scanned] - d[:scanned, job.work])
+    # past the stop, a bound on the payoff of ending there (column generation prices
+    # with it): never below the payoff the plain DP finds for that end
+    exact = util[scanned:] - d[scanned:, job.work]
+    assert np.all(ends[scanned:] >= exact - 1e-9 * np.abs(np.where(np.isfinite(exact), exact, 0)))
     if best_k < 0:
         assert best.schedule is None
         return scanned, best_k
@@ -130,3 +134,10 @@ def test_touched_slots_cheaper_than_untouched_ones_undo_the_freeze(seed: int) ->
         wside = (*sides[0], np.ascontiguousarray(job.worker))
         pside = (*sides[1], np.ascontiguousarray(job.ps))
         _check(job, wside, pside, touched, 0, n, 0.0, False)
+        # per-slot bounds: each slot's least cost per worker, so the search stops early
+        # and the bounds past the stop vary (an expensive slot after cheap ones)
+        util = job.utility.values(np.arange(1, n + 1))
+        _, c, ymax, _ = _plain(job, wside, pside, 0, n, util)
+        lb = np.array([min((c[k, y] / y for y in range(1, ymax[k] + 1)), default=np.inf)
+                       for k in range(n)]) * (1.0 - 1e-9)  # fmt: skip
+        _check(job, wside, pside, touched, 0, n, lb, False)
