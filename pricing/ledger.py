@@ -207,8 +207,12 @@ class Side:
         :data:`LOG_PRICE_CAP` less the log of its largest capacity (computed once per
         capacity array)."""
         if self._capped is None or self._capped[0] is not self.capacity:
-            with np.errstate(divide="ignore"):  # a resource no server has: no cap needed
-                cap = LOG_PRICE_CAP - np.log(self.capacity.max(axis=0))
+            # a resource no server of this side has is priced at a share of 1 (nothing
+            # demands it here) and capped as one of capacity 1: uncapped, an estimated U
+            # past e^709 priced it inf, and inf x a demand of 0 made the search's stopping
+            # bound (min_unit_price) NaN, which stopped searches at their first slot
+            largest = self.capacity.max(axis=0, initial=0.0)
+            cap = LOG_PRICE_CAP - np.log(np.where(largest > 0, largest, 1.0))
             self._capped = (self.capacity, cap)
         return self._capped[1]
 

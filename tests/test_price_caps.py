@@ -115,3 +115,23 @@ def test_a_change_of_any_one_bound_reprices_its_side(which: str) -> None:
     fresh.admit("a", job.worker, job.ps, ledger.schedule("a"))
     fresh_side = fresh.ps_side if which.endswith("2") else fresh.worker_side
     assert np.array_equal(side.price, fresh_side.price)
+
+
+def test_a_resource_one_side_lacks_is_capped_too() -> None:
+    """The PS servers have no GPU: their GPU bound was not cut (no capacity to cut it
+    by), so an estimated ``log U`` past 709.78 (``limits.max_utility = 0`` and a priority
+    near 1e308) priced it inf, and inf x a PS's GPU demand of 0 made the search's
+    stopping bound NaN, which stops a search at its first slot. Now it is capped as a
+    resource of capacity 1, and every price and bound stays finite."""
+    n = len(CLUSTER.resources)
+    gpu = CLUSTER.resources.index("gpu")
+    assert not CLUSTER.ps_capacity[:, gpu].any()
+    log_u = np.full(n, 5.0)
+    log_u[gpu] = 800.0
+    bounds = PriceBounds(log_u, log_u.copy(), 0.0, 0.0, 1.0, 1.0)
+    ledger = Ledger(CLUSTER, bounds, 4)
+    side = ledger.ps_side
+    assert side.log_u[gpu] <= LOG_PRICE_CAP
+    assert np.isfinite(side.price).all()
+    demand = np.where(np.arange(n) == gpu, 0.0, 1.0)  # a PS demands no GPU
+    assert np.isfinite(side.min_unit_price(demand, 0, 4)).all()
