@@ -693,9 +693,11 @@ class RateLimiter:
 
     def _forget_idle(self, now: float) -> None:
         self._purge_after = now + self.PURGE_SECONDS
-        full = self.burst / self.rate
         for client, (tokens, at) in list(self._buckets.items()):
-            if tokens + (now - at) * self.rate >= self.burst or now - at > full:
+            # full again: forgetting it changes nothing (a bucket still in debt for an
+            # expensive search is kept: dropped after a refill's time, its debt was
+            # forgiven once the table went over max_clients)
+            if tokens + (now - at) * self.rate >= self.burst:
                 del self._buckets[client]
 
     @staticmethod

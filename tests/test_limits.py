@@ -297,6 +297,22 @@ def test_idle_buckets_are_forgotten() -> None:
     assert set(limiter._buckets) == {"d"}
 
 
+def test_a_client_in_debt_is_not_forgotten_with_the_idle_ones() -> None:
+    """A bucket idle longer than a refill was dropped whatever it still owed: a client
+    charged for an expensive search (a debt of 100 tokens) had it forgiven once the
+    table went over its cap, and searched again at once."""
+    clock = FakeClock()
+    limiter = RateLimiter(rate=1.0, burst=1.0, now=clock, max_clients=3)
+    limiter.take("a")
+    limiter.charge("a", 100.0)
+    for c in "bc":
+        limiter.take(c)
+    clock.t += 10  # b and c are full again; a still owes about 90 tokens
+    limiter.take("d")
+    assert set(limiter._buckets) == {"a", "d"}
+    assert limiter.take("a") == pytest.approx(91.0)
+
+
 def test_a_table_over_its_cap_of_recent_clients_is_not_scanned_at_every_call(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
