@@ -40,3 +40,35 @@ def test_a_job_cancelled_in_its_slot_leaves_the_plans_at_once(daemon: PlaneDaemo
     asyncio.run(daemon.c.cancel("gone"))
     assert daemon.state("gone") == "cancelled"
     assert _jobs_in(daemon.ex.plans_sync({})) == {"kept"}
+
+
+def test_a_row_over_capacity_is_the_later_decided_one_and_takes_no_room(
+    daemon: PlaneDaemon,
+) -> None:
+    """The mutation audit: rows read in no set order (job ids ``a``.. before ``z``..
+    in the store's key), or a row left out over capacity still counted as used, passed
+    every test. A hand edit that puts a job on a full server then left out the job
+    decided first (what the ledger placed), or a job after it that fits: another
+    tenant's workers not run. Now the rows come in decision order; the one over
+    capacity is left out and takes no room."""
+    from sqlalchemy import delete
+
+    from controller.store import AllocationRow
+
+    spec = {**PlaneDaemon.SPEC, "chunks": 4}
+    for job_id in ("z-first", "a-edited", "b-after"):
+        view = asyncio.run(daemon.c.submit({"id": job_id, **spec}))
+        assert view.decision.admitted, job_id
+    daemon.clock.advance(daemon.config.slot_seconds)
+    with daemon.c.db.session() as session:  # w0 has 4 GPUs, a worker takes 1
+        session.execute(delete(AllocationRow).where(AllocationRow.slot == 1))
+        session.add_all(
+            [
+                AllocationRow(job_id="a-edited", slot=1, server="w0", workers=4, ps=0),
+                AllocationRow(job_id="b-after", slot=1, server="w0", workers=2, ps=0),
+                AllocationRow(job_id="z-first", slot=1, server="w0", workers=2, ps=0),
+            ]
+        )  # fmt: skip  (stored in another order than decided)
+        session.commit()
+    [w0] = [p for p in daemon.ex.plans_sync({}) if p.server == "w0"]
+    assert [(t.job, t.workers) for t in w0.current.tasks] == [("z-first", 2), ("b-after", 2)]
