@@ -72,3 +72,20 @@ def test_a_row_over_capacity_is_the_later_decided_one_and_takes_no_room(
         session.commit()
     [w0] = [p for p in daemon.ex.plans_sync({}) if p.server == "w0"]
     assert [(t.job, t.workers) for t in w0.current.tasks] == [("z-first", 2), ("b-after", 2)]
+
+
+def test_a_job_completed_early_in_its_slot_leaves_the_plans_at_once(daemon: PlaneDaemon) -> None:
+    """The mutation audit: plans built from the rows of every job but a cancelled one
+    passed every test; a job whose agents reported its last mini-batch mid-slot (its
+    tenant told it completed, its GPUs free for the next decisions) was still sent to
+    its agents, planned in the slots that followed."""
+    from controller.plane.agent_messages import Progress, TaskProgress
+
+    daemon.submit("done")
+    daemon.submit("kept")
+    daemon.clock.advance(daemon.config.slot_seconds)  # their first slot
+    assert _jobs_in(daemon.ex.plans_sync({})) == {"done", "kept"}
+    daemon.ex.report(Progress("w0", "a", [TaskProgress("done", daemon.TOTAL, 200.0)]))
+    assert [e.kind for e in daemon.ex.review_sync()] == ["completed"]
+    assert daemon.state("done") == "completed"
+    assert _jobs_in(daemon.ex.plans_sync({})) == {"kept"}
