@@ -89,3 +89,26 @@ def test_a_job_completed_early_in_its_slot_leaves_the_plans_at_once(daemon: Plan
     assert [e.kind for e in daemon.ex.review_sync()] == ["completed"]
     assert daemon.state("done") == "completed"
     assert _jobs_in(daemon.ex.plans_sync({})) == {"kept"}
+
+
+def test_a_ps_row_edited_onto_a_worker_server_is_left_out(daemon: PlaneDaemon) -> None:
+    """The mutation audit: with the check of PS on a worker server dropped, every test
+    passed (only workers on a PS server were tried). A hand edit that gave a job PS on
+    a worker server sent them to its agent, whose capacity check counts workers only
+    there."""
+    from sqlalchemy import update
+
+    from controller.store import AllocationRow
+
+    daemon.submit("edited")
+    daemon.submit("kept")
+    daemon.clock.advance(daemon.config.slot_seconds)
+    with daemon.c.db.session() as session:
+        session.execute(
+            update(AllocationRow)
+            .where(AllocationRow.job_id == "edited", AllocationRow.server == "w0")
+            .values(ps=2)
+        )
+        session.commit()
+    [w0] = [p for p in daemon.ex.plans_sync({}) if p.server == "w0"]
+    assert {t.job for t in w0.current.tasks} == {"kept"}
