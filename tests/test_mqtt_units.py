@@ -1917,6 +1917,13 @@ def test_a_large_plan_splits_into_parts_that_fit_and_go_back_together() -> None:
     back.add(first[0])
     with pytest.raises(SpecError, match="does not match the epoch's other parts"):
         back.add(dataclasses.replace(first[1], slot_seconds=30.0))
+    # the mutation audit: a part of another daemon's store (two under one prefix) of the
+    # same epoch was taken into the plan, and a part numbered its plan's count (one no
+    # daemon sends) was held as one of its parts (counted to complete it, one missing)
+    with pytest.raises(SpecError, match="does not match the epoch's other parts"):
+        back.add(dataclasses.replace(first[1], store="another-store"))
+    with pytest.raises(SpecError, match=r"plan\.part: must be below plan\.parts"):
+        back.add(dataclasses.replace(first[1], part=len(first)))
     same = [Task(f"j{i:03d}", 1, 0, 0.5, 100) for i in range(300)]
     many = Plan("w0", "worker", 5, 60.0, 5.0, False, SlotPlan(7, 420.0, same),
                 SlotPlan(8, 480.0, []))  # fmt: skip
