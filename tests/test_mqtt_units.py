@@ -280,13 +280,15 @@ def test_payloads_round_trip_and_bad_ones_name_the_field() -> None:
     # a bad entry is left out, named; the report's other entries stand
     bad = (b'"jobs": [{"job": "j", "minibatches": -1, "worker_seconds": 0}, {"job": "k", '
            b'"minibatches": 1e309, "worker_seconds": 0}, {"job": "ok", "minibatches": 2, '
-           b'"worker_seconds": 3}, 7]}')  # fmt: skip
+           b'"worker_seconds": 3}, 7, {"job": "m", "minibatches": 1, '
+           b'"worker_seconds": 1e300}]}')  # fmt: skip
     mixed = Progress.parse(b'{"version": 1, "server": "w0", "session": "s", ' + bad)
     assert mixed.jobs == [TaskProgress("ok", 2.0, 3.0)]
     assert [r.split(":")[0] for r in mixed.refused] == [
         "progress.jobs[0].minibatches",
         "progress.jobs[1].minibatches",
         "progress.jobs[3]",
+        "progress.jobs[4].worker_seconds",  # finite, over 2**53: sums of them overflowed
     ]
     assert b"refused" not in mixed.to_bytes()
     with pytest.raises(SpecError, match=re.escape("progress.session")):
