@@ -2288,6 +2288,22 @@ def test_runs_of_unsent_slots_that_overlap_or_meet_are_one() -> None:
     assert joined_runs([]) == []
 
 
+def test_a_sent_event_stored_past_the_stores_newest_is_taken_down_to_it() -> None:
+    """The mutation audit: with the stored ``sent_event`` taken as it was, past the
+    store's newest event (a store rewound, or edited), every test passed; the plans
+    written after, numbered up to it again, counted as sent, and a job no agent was
+    sent completed with its whole utility rather than failing ``plan_not_sent``."""
+    from controller.plane.sent_plans import SentPlans
+
+    sent = SentPlans()
+    sent.load(500, {"j": [[3, 4], [9, 2], [1, 1], "x"]}, newest=40, oldest=2)
+    assert sent.sent_event == 40
+    assert sent.runs == {"j": [(3, 4)]}  # runs ended before ``oldest``, or not runs: dropped
+    fresh = SentPlans()
+    fresh.load(None, None, newest=40, oldest=0)  # kept before these were: all sent
+    assert (fresh.sent_event, fresh.runs) == (40, {})
+
+
 def test_a_worker_line_over_the_limit_is_skipped_and_the_next_counts() -> None:
     """A line over the pipe's 64 KiB, in one write with the count after it: the count
     was skipped as if it were the long line's tail; a long line of digits is no count."""
