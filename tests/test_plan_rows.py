@@ -112,3 +112,15 @@ def test_a_ps_row_edited_onto_a_worker_server_is_left_out(daemon: PlaneDaemon) -
         session.commit()
     [w0] = [p for p in daemon.ex.plans_sync({}) if p.server == "w0"]
     assert {t.job for t in w0.current.tasks} == {"kept"}
+
+
+def test_each_slot_of_a_plan_starts_when_its_slot_does(daemon: PlaneDaemon) -> None:
+    """The mutation audit: with the next slot's ``starts_at`` given as the current
+    one's, every unit test passed; an agent would take the next slot's tasks as due
+    now (the daemon's epoch 0 here, slots of ``slot_seconds``)."""
+    daemon.submit("j")
+    daemon.clock.advance(3 * daemon.config.slot_seconds)
+    seconds = daemon.config.slot_seconds
+    for plan in daemon.ex.plans_sync({}):
+        assert (plan.current.slot, plan.next.slot) == (3, 4), plan.server
+        assert (plan.current.starts_at, plan.next.starts_at) == (3 * seconds, 4 * seconds)
