@@ -124,3 +124,15 @@ def test_each_slot_of_a_plan_starts_when_its_slot_does(daemon: PlaneDaemon) -> N
     for plan in daemon.ex.plans_sync({}):
         assert (plan.current.slot, plan.next.slot) == (3, 4), plan.server
         assert (plan.current.starts_at, plan.next.starts_at) == (3 * seconds, 4 * seconds)
+
+
+def test_a_server_declared_failed_has_its_plan_sent_again_saying_so(daemon: PlaneDaemon) -> None:
+    """The mutation audit: with ``down`` left out of what makes a plan differ from the
+    one published, every test passed (a failure re-places jobs too, so the plan changed
+    anyway); a failed server whose tasks stood still kept a plan that said it was up."""
+    daemon.clock.advance(daemon.config.slot_seconds)
+    published = {p.server: p for p in daemon.ex.plans_sync({})}
+    assert not any(p.down for p in published.values())
+    daemon.ex.failed["w0"] = daemon.mono[0]
+    changed = daemon.ex.plans_sync(published)
+    assert [(p.server, p.down) for p in changed] == [("w0", True)]
