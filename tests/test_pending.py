@@ -459,6 +459,24 @@ def test_one_submitters_pending_jobs_cannot_hold_the_boundary_for_everyone(
         c.close()
 
 
+_FLAT = {"kind": "sigmoid", "priority": 50, "decay": 0, "target": 1}  # waiting is free
+
+
+def _waiting(job_id: str) -> dict[str, Any]:
+    """A job that cannot fit beside the blocker of the budget tests: it stays pending."""
+    return small(job_id, chunks=1, minibatches=450, utility=_FLAT)
+
+
+def _steps_of_one_wait(tmp_path: Path, clock: FakeClock) -> int:
+    """The search steps of one :func:`_waiting` job, on a probe controller of its own."""
+    (tmp_path / "probe").mkdir()
+    probe = controller(tmp_path / "probe", clock)
+    try:
+        return probe.search_steps(_waiting("x"))
+    finally:
+        probe.close()
+
+
 def test_many_submitters_pending_jobs_cannot_hold_the_boundary_either(tmp_path: Path) -> None:
     """Five submitters' pending jobs, each within its own budget, are held together to
     the boundary's (``limits.pending_steps_per_boundary``: here four searches), so the
@@ -466,15 +484,8 @@ def test_many_submitters_pending_jobs_cannot_hold_the_boundary_either(tmp_path: 
     reached go first at the next boundary, each decided again within three. Counted in
     searches (deterministic)."""
     clock = FakeClock(1_000_000.0)
-    flat = {"kind": "sigmoid", "priority": 50, "decay": 0, "target": 1}  # waiting is free
-
-    def waiting(job_id: str) -> dict[str, Any]:  # cannot fit beside the blocker: stays
-        return small(job_id, chunks=1, minibatches=450, utility=flat)
-
-    (tmp_path / "probe").mkdir()
-    probe = controller(tmp_path / "probe", clock)
-    steps = probe.search_steps(waiting("x"))
-    probe.close()
+    steps = _steps_of_one_wait(tmp_path, clock)
+    waiting = _waiting
     limits = (f"[limits]\npending_steps_per_submitter = {100 * steps}\n"
               f"pending_steps_per_boundary = {4 * steps}")  # fmt: skip
     c = controller(tmp_path, clock, f"{CHEAP}\n{limits}\n")
@@ -527,15 +538,8 @@ def test_a_budget_below_one_search_still_decides_the_first_job_so_none_starves(
     submitter (or nobody's) were decided again at any boundary, and each would wait out
     its wait beside room freed for it."""
     clock = FakeClock(1_000_000.0)
-    flat = {"kind": "sigmoid", "priority": 50, "decay": 0, "target": 1}
-
-    def waiting(job_id: str) -> dict[str, Any]:  # cannot fit beside the blocker: stays
-        return small(job_id, chunks=1, minibatches=450, utility=flat)
-
-    (tmp_path / "probe").mkdir()
-    probe = controller(tmp_path / "probe", clock)
-    steps = probe.search_steps(waiting("x"))
-    probe.close()
+    steps = _steps_of_one_wait(tmp_path, clock)
+    waiting = _waiting
     c = controller(tmp_path, clock, f"{CHEAP}\n[limits]\n{budget} = {steps / 2}\n")
     searched: list[str] = []
     search = c._search
