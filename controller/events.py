@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pricing.fields import MAX_JOB_KEY_CHARS
+
 __all__ = ["MAX_SHOWN_DETAIL", "Event", "EventBus", "shown_event", "taken_with"]
 
 MAX_SHOWN_DETAIL = 1 << 16
@@ -15,7 +17,6 @@ MAX_SHOWN_DETAIL = 1 << 16
 details are a few hundred."""
 
 _KIND_CHARS = 32  # the events table's kind column, String(32)
-_JOB_ID_CHARS = 400  # and its job_id, as the jobs' id, String(400)
 
 
 def taken_with(servers: Sequence[str], server: str) -> dict[str, list[str]]:
@@ -44,7 +45,7 @@ def shown_event(row: Any) -> Event:
     20 MB made every ``oasis watch --from`` before it end at it, the message over gRPC's
     limit (``RESOURCE_EXHAUSTED``), for good. A detail that is no JSON object, or over
     :data:`MAX_SHOWN_DETAIL` characters as JSON, is replaced by one saying so; a kind is
-    and a job id cut to their columns' 32 and 400 characters."""
+    cut to its column's 32 characters, and a job id to the longest job key."""
     detail = row.detail
     note = ""
     if not isinstance(detail, dict):
@@ -54,15 +55,16 @@ def shown_event(row: Any) -> Event:
             size = len(json.dumps(detail))
         except (TypeError, ValueError, RecursionError):
             size = -1
-        if size < 0 or size > MAX_SHOWN_DETAIL:
+        if size < 0:
+            note = "the stored detail cannot be shown (the store was edited)"
+        elif size > MAX_SHOWN_DETAIL:
             note = (
-                "the stored detail cannot be shown"
-                + (f": {size} characters as JSON, over {MAX_SHOWN_DETAIL}" if size > 0 else "")
-                + " (the store was edited)"
+                f"the stored detail cannot be shown: {size} characters as JSON, over "
+                f"{MAX_SHOWN_DETAIL} (the store was edited)"
             )
     kind, job_id = (str(v) for v in (row.kind, row.job_id))
     return Event(
-        row.sequence, kind[:_KIND_CHARS], job_id[:_JOB_ID_CHARS], row.slot, row.state,
+        row.sequence, kind[:_KIND_CHARS], job_id[:MAX_JOB_KEY_CHARS], row.slot, row.state,
         {"unreadable": note} if note else detail,
     )  # fmt: skip
 

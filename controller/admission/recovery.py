@@ -49,7 +49,7 @@ from controller.store import (
     migrate,
 )
 from controller.store.commit_process import START_SECONDS
-from controller.store.stored import count_problem, stored_spec
+from controller.store.stored import count_problem, stored_spec, utc
 from controller.store.urls import shown
 from controller.store.writer_lock import recorded_holder
 from pricing import Job, Ledger, OasisError, SpecError
@@ -282,8 +282,7 @@ class Recovery(Moves, BoundControl):
         if not is_integer(slot):
             return
         length = self.slots.slot_seconds
-        at = row.decided_at  # SQLite keeps no zone: stored as UTC
-        at = at.replace(tzinfo=UTC) if at.tzinfo is None else at
+        at = utc(row.decided_at)
         implied = at.timestamp() - slot * length
         if abs(implied) <= 2 * length:
             return

@@ -31,6 +31,7 @@ from sqlalchemy import BigInteger, ColumnElement, cast, func, select
 from sqlalchemy.orm import Session
 
 from controller.store import JobRow
+from controller.store.stored import utc
 from pricing.fields import is_integer
 
 __all__ = ["BUCKET_SECONDS", "DAY_SECONDS", "StoredBudget", "over_budget", "stored_day"]
@@ -158,7 +159,7 @@ def _first_of_day(session: Session, since: datetime) -> int | None:
         at = row.decided_at
         if not isinstance(at, datetime):
             return row.sequence, False
-        return row.sequence, (at.replace(tzinfo=UTC) if at.tzinfo is None else at) >= since
+        return row.sequence, utc(at) >= since
 
     newest = after(hi)
     if newest is None or not newest[1]:

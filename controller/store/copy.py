@@ -32,7 +32,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from alembic.runtime.migration import MigrationContext
@@ -47,6 +47,7 @@ from controller.store.database import (
     newer_revision,
 )
 from controller.store.models import Base
+from controller.store.stored import utc
 from controller.store.urls import shown
 from controller.store.writer_lock import StoreLockedError, WriterLock, writer_lock
 
@@ -289,8 +290,8 @@ def _copy_table(
             _check_row(table, value, required, lengths)
             for name in times:
                 at = value[name]
-                if isinstance(at, datetime) and at.tzinfo is None:
-                    value[name] = at.replace(tzinfo=UTC)  # SQLite keeps no zone: UTC
+                if isinstance(at, datetime):
+                    value[name] = utc(at)
         writing.execute(table.insert(), values)
         done += len(values)
         progress(table.name, done, total)

@@ -6,12 +6,13 @@ the caller can take that one row out and say so (README, "Security and limits").
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 from pricing.errors import SpecError
 from pricing.fields import is_integer
 
-__all__ = ["MAX_STORED_SPEC", "count_problem", "stored_spec"]
+__all__ = ["MAX_STORED_SPEC", "count_problem", "stored_spec", "utc"]
 
 MAX_STORED_SPEC = 1 << 22
 """Characters of a stored spec read back (4 Mi): 64 times the default
@@ -53,3 +54,8 @@ def count_problem(name: str, value: Any, chunks: int) -> str:
         return ""
     shown = "no integer" if value is None else str(value)[:24]
     return f"{name}: must be 0 .. {chunks} (its chunks), got {shown}"
+
+
+def utc(at: datetime) -> datetime:
+    """A stored time, zone-aware: SQLite keeps no zone, and the daemon stores UTC."""
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at
