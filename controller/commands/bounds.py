@@ -17,7 +17,14 @@ import math
 from typing import Any
 
 from controller.commands import SUMMARIES
-from controller.commands.common import EXIT_OK, InputError, ascii_number, plain_doc, read_json
+from controller.commands.common import (
+    EXIT_OK,
+    InputError,
+    ascii_number,
+    few,
+    plain_doc,
+    read_json,
+)
 from controller.commands.connection import Stubs, guarded, options, print_json
 from controller.rpc import oasis_pb2 as pb
 from controller.table import render_table
@@ -307,16 +314,15 @@ def _reset_submitters(args: argparse.Namespace, stubs: Stubs, names: list[str]) 
     is refused before any is dropped: a typo in a list of retired tokens)."""
     now = stubs.cluster.GetBounds(pb.GetBoundsRequest(), timeout=stubs.timeout)
     known = {v.name for v in now.submitters}
-    missing = [n for n in dict.fromkeys(names) if n not in known]
+    names = list(dict.fromkeys(names))  # each once
+    missing = [repr(n) for n in names if n not in known]
     if missing:
-        shown = ", ".join(repr(n) for n in missing[:5])
-        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise InputError(
-            f"--submitter: no estimate of {shown}{more} ({len(known)} submitters have one: "
+            f"--submitter: no estimate of {few(missing, 5)} ({len(known)} submitters have one: "
             "oasis bounds --json lists them); nothing was reset"
         )
     reply = now
-    for name in dict.fromkeys(names):
+    for name in names:
         request = pb.SetBoundsRequest(action="reset", submitter=name)
         reply = stubs.cluster.SetBounds(request, timeout=stubs.timeout).bounds
     return _show(args, as_dict(reply))

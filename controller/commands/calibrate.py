@@ -17,6 +17,7 @@ from controller.commands.common import (
     add_arrival_slots,
     check_store_url,
     counted,
+    few,
     int_at_least,
     load_trace,
     same_file,
@@ -171,10 +172,9 @@ def _by_submitter(
     ]
     if len(groups) > 1:
         listed = sorted(groups.items(), key=lambda item: (-len(item[1]), item[0]))
-        shown = ", ".join(f"{name or '-'} {len(group):,}" for name, group in listed[:8])
-        more = f" and {len(listed) - 8} more" if len(listed) > 8 else ""
+        shown = few([f"{name or '-'} {len(group):,}" for name, group in listed], 8)
         print(
-            f"oasis calibrate: {len(groups)} submitters' jobs ({shown}{more}), each "
+            f"oasis calibrate: {len(groups)} submitters' jobs ({shown}), each "
             "submitter's calibrated apart and combined by their median, as the daemon "
             "prices them: no one submitter's jobs make the prior",
             file=sys.stderr,

@@ -8,7 +8,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +37,7 @@ __all__ = [
     "check_store_url",
     "check_total_utility",
     "counted",
+    "few",
     "fmt",
     "int_at_least",
     "json_document",
@@ -487,6 +488,13 @@ def positive_seconds(text: str) -> float:
 def counted(n: float, noun: str) -> str:
     """``1 job``, ``2 jobs``, ``0.5 jobs``: a count and its noun, singular for one."""
     return f"{n:g} {noun}{'' if n == 1 else 's'}"
+
+
+def few(items: Sequence[str], limit: int) -> str:
+    """The first ``limit`` of ``items`` joined by commas, and how many more there are:
+    ``a, b, c and 4 more``."""
+    shown = ", ".join(items[:limit])
+    return shown + (f" and {len(items) - limit:,} more" if len(items) > limit else "")
 
 
 def fmt(x: float | None, digits: int = 4) -> str:
