@@ -271,3 +271,22 @@ def test_a_job_that_needs_one_slot_more_than_remain_cannot_finish() -> None:
     reason = cannot_finish(job, CLUSTER, need - 1)
     assert reason is not None and f"needs at least {need} slots" in reason
     assert cannot_finish(job, CLUSTER, need) is None
+
+
+def test_workers_that_exactly_fit_leave_the_parameter_servers_to_blame() -> None:
+    """With exactly as many worker-slots free as the job needs (here 1 of 1) and no room
+    for its parameter server, the reason blames the parameter servers; read as "only 1
+    worker-slots are free" for the 1 it needs, it contradicted itself (a boundary no test
+    held: ``fit > work`` in place of ``fit >= work`` passed every test)."""
+    from pricing.explain import _cannot_fit
+
+    trace = trace_from_dict(_one_job_worth(100.0))
+    ledger = Ledger(trace.cluster, trace.bounds, trace.horizon)
+    (job,) = trace.jobs
+    cpu = trace.cluster.resources.index("cpu")
+    ledger.ps_side.used[:, 0, cpu] = 4.0  # p0: no CPU left for the PS
+    ledger.worker_side.used[:, 0, 0] = 1.0  # w0: one GPU left, for the one worker
+    assert job.work == 1
+    said = _cannot_fit(job, ledger, 0, 0)
+    assert said.startswith("cannot fit: its parameter servers do not fit in slot 0 "), said
+    assert "(1 worker-slots are free there, capped at 1 per slot, for the 1 it needs)" in said
