@@ -23,6 +23,7 @@ from controller.admission import (
     QueueFullError,
 )
 from controller.admission.price_pages import price_page, too_many_prices
+from controller.admission.views import page_after
 from controller.auth import REVOKE_CHECK_SECONDS, Caller, Role, current_caller, holds
 from controller.convert import (
     SERVER_KINDS,
@@ -280,7 +281,8 @@ class AdmissionServicer(pb_grpc.AdmissionServicer):
             if size >= limits.max_page_bytes:
                 break
         more = more or len(jobs) < len(views)
-        token = str(views[len(jobs) - 1].sequence) if more and jobs else ""
+        resume = page_after(views[len(jobs) - 1]) if more and jobs else None
+        token = "" if resume is None else str(resume)
         self._charge_answer(caller, size)
         return pb.ListJobsResponse(jobs=jobs, next_page_token=token)
 

@@ -988,3 +988,64 @@ def test_an_event_edited_to_megabytes_is_shown_with_a_note(store: Store, tmp_pat
     assert "20000009 characters as JSON, over 65536" in json.loads(first.detail)["unreadable"]
     assert 0 < len(first.kind) <= 32
     assert all("unreadable" not in json.loads(e.detail) for e in events[1:])
+
+
+def _pages(address: str) -> list[tuple[list[str], str]]:
+    """Each ``ListJobs`` page from the start, its job ids and next token (at most 10)."""
+    pages: list[tuple[list[str], str]] = []
+    token = ""
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.AdmissionStub(channel)
+        while len(pages) < 10:
+            resp = stub.ListJobs(pb.ListJobsRequest(page_token=token), timeout=30)
+            pages.append(([j.spec.id for j in resp.jobs], resp.next_page_token))
+            token = resp.next_page_token
+            if not token:
+                break
+    return pages
+
+
+def _listed_in_pages_of_four(store: Store, tmp_path: Path) -> tuple[list[Any], str, list[Any]]:
+    """The pages of ``ListJobs`` (4 jobs a page), the daemon's log, and ``oasis jobs``."""
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store.url, store.epoch,
+                          "\n[limits]\nmax_page_jobs = 4\n")  # fmt: skip
+    log = tmp_path / "oasisd.log"
+    daemon = Daemon(config, log).start()
+    try:
+        pages = _pages(daemon.address)
+        listed = json.loads(oasis("jobs", "--json", server=daemon.address).stdout)["jobs"]
+    finally:
+        assert daemon.stop() == 0
+    return pages, log.read_text(), listed
+
+
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)  # PostgreSQL types its columns
+def test_a_sequence_edited_to_text_or_a_real_is_listed_once(store: Store, tmp_path: Path) -> None:
+    """SQLite sorts an edit's text or real after every job the daemon numbered, and reads
+    it as no integer: a page that ended at such a row took its sequence, read as 0, for
+    the next token, and ``oasis jobs`` asked for the first page again, for good. Now a
+    page ends before the first such row, they come on a last page of their own, and
+    each is named in the log."""
+    store.execute("UPDATE jobs SET sequence = 1e30 WHERE id = 'j1'",
+                  "UPDATE jobs SET sequence = 'abc' WHERE id = 'j2'",
+                  "UPDATE jobs SET sequence = 1e31 WHERE id = 'j3'",
+                  "UPDATE jobs SET sequence = 'xyz' WHERE id = 'j4'")  # fmt: skip
+    pages, log, listed = _listed_in_pages_of_four(store, tmp_path)
+    assert pages == [(["j0", "j5"], "6"), (["j1", "j3", "j2", "j4"], "")], pages
+    assert sorted(j["id"] for j in listed) == sorted(store.before)
+    warned = {e["job"]: e["why"] for e in map(json.loads, log.splitlines())
+              if e.get("event", "").startswith("stored job row does not read back")}  # fmt: skip
+    for edited in ("j1", "j2", "j3", "j4"):
+        assert "sequence: not an integer" in warned[edited], warned
+
+
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)  # one store is enough
+def test_a_sequence_past_any_page_token_is_listed_once(store: Store, tmp_path: Path) -> None:
+    """A sequence edited past 18 digits sorts after every job the daemon numbered, and a
+    token naming it (19 digits) is refused, so no page ends at it but the last."""
+    store.execute(*(f"UPDATE jobs SET sequence = {10**18 + i} WHERE id = 'j{i}'"
+                    for i in (1, 2, 3, 4)))  # fmt: skip
+    pages, log, listed = _listed_in_pages_of_four(store, tmp_path)
+    assert pages == [(["j0", "j5"], "6"), (["j1", "j2", "j3", "j4"], "")], pages
+    assert sorted(j["id"] for j in listed) == sorted(store.before)
+    assert "sequence: 1000000000000000001, over any a page token holds" in log

@@ -19,7 +19,7 @@ from controller.admission.ledger_reads import (
     price_summary,
 )
 from controller.admission.state import AdmissionState
-from controller.admission.views import STATES, DecisionView, JobView
+from controller.admission.views import MAX_TOKEN_SEQUENCE, STATES, DecisionView, JobView
 from controller.errors import NotFoundError
 from controller.events import Event, shown_event
 from controller.limits import check_job_key
@@ -125,6 +125,8 @@ class ReadViews(AdmissionState):
             if value is None:
                 problems.append(f"{name}: not an integer")
                 need[name] = 0
+        if need["sequence"] > MAX_TOKEN_SEQUENCE:
+            problems.append(f"sequence: {need['sequence']}, over any a page token holds")
         admitted = row.admitted
         if admitted is None:
             problems.append("admitted: not a flag")
@@ -249,17 +251,18 @@ class ReadViews(AdmissionState):
             if match is not None:
                 query = query.where(match)
             rows = session.scalars(query.limit(page + 1)).all()
-            ids = [row.id for row in rows[:page]] if allocations else []
+            shown, more = _numbered_page(rows, page)
+            ids = [row.id for row in shown] if allocations else []
             allocs = _allocations(session, ids)
             views: list[JobView] = []
             size = 0
-            for row in rows[:page]:
+            for row in shown:
                 mine = allocs.get(row.id, [])
                 views.append(self._view(session, row, allocs=mine))
                 size += sum(len(a.server) + 6 for a in mine if isinstance(a.server, str))
                 if budget is not None and size >= budget:
                     break
-            return views, len(rows) > len(views)
+            return views, more or len(views) < len(shown)
 
     def _events_sync(
         self, after: int, limit: int | None = None, newest: bool = False
@@ -397,6 +400,25 @@ class ReadViews(AdmissionState):
                 out[name] = dict(zip(self.cluster.resources, side.used[idx, i].tolist(),
                                      strict=True))  # fmt: skip
         return out
+
+
+def _numbered_page(rows: Sequence[JobRow], page: int) -> tuple[Sequence[JobRow], bool]:
+    """Of ``rows`` (up to ``page + 1``, in sequence order), those a page shows, and whether
+    more follow. A page ends before the first row whose sequence no page token can name
+    (:func:`~controller.admission.views.page_after`): in SQLite an edit's text or real
+    sorts after every integer, as does an integer over 18 digits anywhere. Such rows
+    sort last, and are shown on one last page of their own (up to ``page`` of them).
+    Before, such a row's sequence, read as 0, was the next page's token, and
+    ``oasis jobs`` asked for the first page again, for good."""
+    bad = next((i for i, row in enumerate(rows) if not _named_by_token(row.sequence)), None)
+    if bad == 0:
+        return rows[:page], False
+    end = page if bad is None else min(bad, page)
+    return rows[:end], len(rows) > end
+
+
+def _named_by_token(sequence: object) -> bool:
+    return is_integer(sequence) and 0 < sequence <= MAX_TOKEN_SEQUENCE
 
 
 def _state_in(states: list[str], owner: str | None) -> ColumnElement[bool]:

@@ -6,7 +6,16 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["LIVE_STATES", "STATES", "Cordon", "DecisionView", "JobView", "canonical_spec"]
+__all__ = [
+    "LIVE_STATES",
+    "MAX_TOKEN_SEQUENCE",
+    "STATES",
+    "Cordon",
+    "DecisionView",
+    "JobView",
+    "canonical_spec",
+    "page_after",
+]
 
 STATES = (
     "pending",
@@ -87,6 +96,23 @@ class JobView:
     duplicate: bool = False
     wait_until_slot: int | None = None
     """For a job submitted with a wait: the last slot boundary it may be admitted at."""
+
+
+MAX_TOKEN_SEQUENCE = 10**18 - 1
+"""The largest sequence a page of jobs continues after (``ListJobs``' ``page_token`` and
+the console's ``?after=`` are at most 18 digits). The daemon numbers its decisions from 1
+up; a larger stored sequence, or one that does not read as an integer (SQLite keeps an
+edit's text or real, and sorts it after every integer), is an edit's, and such rows are
+listed on a last page of their own (``controller.admission.reads``)."""
+
+
+def page_after(view: JobView) -> int | None:
+    """The sequence the next page of a listing that ends at ``view`` starts after: its
+    own, or None (no next page) for a row whose sequence an edit made unreadable (shown
+    as 0) or larger than :data:`MAX_TOKEN_SEQUENCE`. Before, such a row's 0 was the next
+    page's token, which reads as the start, and ``oasis jobs`` listed it all again, for
+    good."""
+    return view.sequence if 0 < view.sequence <= MAX_TOKEN_SEQUENCE else None
 
 
 def canonical_spec(spec: dict[str, Any]) -> str:

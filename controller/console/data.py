@@ -31,6 +31,7 @@ from numpy.typing import NDArray
 from sqlalchemy import ColumnElement, func, or_, select
 
 from controller.admission import STATES, AdmissionController, NotFoundError
+from controller.admission.views import page_after
 from controller.auth import Caller, Role
 from controller.commands.records import (
     ABANDONED,
@@ -587,7 +588,7 @@ class ConsoleData:
             "after": after,
             "states": list(STATES),
             "jobs": [_job_row(shown_view(caller, v)) for v in views],
-            "next_after": views[-1].sequence if more and views else None,
+            "next_after": page_after(views[-1]) if more and views else None,
         }
 
     @staticmethod
