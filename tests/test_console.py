@@ -18,6 +18,7 @@ downloads a driver (``SE_OFFLINE``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -57,6 +58,9 @@ def artifacts() -> Path:
 class Cluster:
     """The daemon and a gRPC stub per token."""
 
+    store: Path
+    """The daemon's SQLite store (edited by hand in a test)."""
+
     def __init__(self, daemon: Daemon, web: str) -> None:
         self.daemon = daemon
         self.web = f"http://{web}"
@@ -92,6 +96,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         if line.get("event") == "console listening"
     )  # fmt: skip
     out = Cluster(daemon, web)
+    out.store = d / "data" / "oasis.db"
     try:
         yield out
     finally:
@@ -555,6 +560,36 @@ def test_a_jobs_events_read_in_local_time_with_short_numbers(cluster: Cluster) -
         assert when.get_dom_attribute("title") == event["at"]
         shown = json.loads(cells[-1].text)
         assert shown == {**event["detail"], "payoff": float(f"{payoff:.6g}")}, cells[-1].text
+
+
+def test_a_jobs_page_reads_events_an_edit_broke(cluster: Cluster, browser: Any) -> None:
+    """An event of a job whose slot an edit made text (SQLite keeps it) failed the job's
+    page (500: no slot's start time for None), and a detail edited to a megabyte was
+    sent whole. Now the page reads as ``oasis watch`` does: the slot null (shown "–"),
+    the detail a note saying why it is not shown, the kind cut to its 32 characters."""
+    import sqlite3
+
+    from selenium.webdriver.common.by import By
+
+    job = cluster.submit("bob", "bob-edited-events")
+    assert job.state == pb.JOB_STATE_ADMITTED
+    big = json.dumps({"note": "x" * 1_000_000})
+    with contextlib.closing(sqlite3.connect(cluster.store, timeout=30)) as db, db:
+        db.execute("UPDATE events SET slot = 'soon', detail = ?, kind = ? WHERE job_id = ?",
+                   (big, "k" * 100, "bob:bob-edited-events"))  # fmt: skip
+    status, body = api(cluster, "/api/jobs/bob-edited-events", TOKENS["bob"])
+    assert status == 200, body
+    assert body["events"]
+    for event in body["events"]:
+        assert (event["slot"], event["slot_starts_at"], event["kind"]) == (None, "", "k" * 32)
+        assert set(event["detail"]) == {"unreadable"}, str(event["detail"])[:200]
+        assert "over 65536 (the store was edited)" in event["detail"]["unreadable"]
+    login(browser, cluster, "bob")
+    browser.get(cluster.web + "/jobs/bob-edited-events")
+    row = wait_for(
+        browser, lambda b: b.find_element(By.CSS_SELECTOR, "table.events tbody tr"), "events"
+    )
+    assert row.find_elements(By.TAG_NAME, "td")[-3].text == "–"  # Slot, At, Detail
 
 
 def test_the_plans_of_a_job_that_is_not_there_say_so(cluster: Cluster) -> None:

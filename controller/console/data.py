@@ -33,6 +33,7 @@ from sqlalchemy import ColumnElement, func, or_, select
 from controller.admission import STATES, AdmissionController, NotFoundError
 from controller.admission.views import page_after
 from controller.auth import Caller, Role
+from controller.clock import SlotTimes
 from controller.commands.records import (
     ABANDONED,
     UNHEARD_NAMED,
@@ -49,12 +50,14 @@ from controller.console.heatmap import MAX_BINS, bin_edges, bin_grid, price_leve
 from controller.console.shared_reads import SharedReads, timed
 from controller.convert import job_to_proto, progress_to_proto
 from controller.errors import BusyError, DrainingError
+from controller.events import Event, shown_event
 from controller.job_keys import SEPARATOR, as_named, key_for, key_of, shown, shown_view
 from controller.store import AllocationRow, EventRow, JobRow
 from controller.store_trouble import store_trouble
 from pricing.cluster import Kind
 from pricing.durations import format_time
 from pricing.errors import SpecError
+from pricing.fields import is_integer
 from pricing.text import printable_problem
 
 __all__ = ["JOBS_PAGE", "MAX_JOB_EVENTS", "PLAN_PAGE", "SERVERS_PAGE", "ConsoleData"]
@@ -655,12 +658,7 @@ class ConsoleData:
                 .order_by(EventRow.sequence.desc())
                 .limit(MAX_JOB_EVENTS)
             ).all()
-            return [
-                {"sequence": r.sequence, "kind": r.kind, "slot": r.slot, "state": r.state,
-                 "at": _iso(r.at), "detail": r.detail,
-                 "slot_starts_at": format_time(times.start(r.slot))}
-                for r in reversed(rows)
-            ]  # fmt: skip
+            return [_event_row(shown_event(r), _iso(r.at), times) for r in reversed(rows)]
 
     async def owner_of(self, job_ids: Iterable[str]) -> dict[str, str | None]:
         """``{job id: its submitter}`` for the stored ones (the live stream's filter)."""
@@ -674,6 +672,17 @@ class ConsoleData:
                 return {job: who for job, who in rows}
 
         return await self.c.read_store(read) if ids else {}
+
+
+def _event_row(event: Event, at: str, times: SlotTimes) -> dict[str, Any]:
+    """A job's event as its page shows it, bounded as ``oasis watch`` reads it
+    (:func:`~controller.events.shown_event`); a slot an edit made unreadable (SQLite's
+    text reads as None) is null, its start "". Before, such a slot failed the job's page
+    (500), and a detail edited to megabytes was sent whole."""
+    slot = event.slot if is_integer(event.slot) else None
+    return {"sequence": event.sequence, "kind": event.kind, "slot": slot,
+            "state": event.state, "at": at, "detail": event.detail,
+            "slot_starts_at": "" if slot is None else format_time(times.start(slot))}  # fmt: skip
 
 
 def _iso(at: datetime | None) -> str:

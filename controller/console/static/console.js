@@ -767,7 +767,7 @@
     if (!d.events.length) events.appendChild(el("p", { class: "muted", text: "No event yet." }));
     else events.appendChild(table("Events of this job, oldest first", ["#", "Kind", "State", "Slot", "At", "Detail"],
       d.events.map(function (e) {
-        return [String(e.sequence), e.kind, e.state ? stateBadge(e.state) : "–", slotLabel(clock, e.slot), instant(e.at),
+        return [String(e.sequence), e.kind, e.state ? stateBadge(e.state) : "–", e.slot === null ? "–" : slotLabel(clock, e.slot), instant(e.at),
           el("code", { text: detailJSON(e.detail) })];
       }), "events"));
     out.push(events);
