@@ -264,3 +264,27 @@ def test_the_servers_page_over_http_is_an_operators_and_escapes_names(tmp_path: 
     finally:
         c.execution = None
         c.close()
+
+
+def test_a_resumed_streams_backfill_is_its_owners_newest_events_oldest_first(
+    tmp_path: Path,
+) -> None:
+    """``own_events`` (a submitter's console stream resuming after ``Last-Event-ID``): the
+    newest ``limit`` events of the owner's jobs after ``after``, in the order they were
+    stored, none of another tenant's. Read oldest-first or newest-first, a page sent its
+    events out of order (a page takes the last it saw as the next ``Last-Event-ID``),
+    or the oldest of the backlog instead of the newest."""
+    c, _ = retention_controller(tmp_path, keep_days=0)
+    try:
+        for job_id, by in (("a1", "alice"), ("b1", "bob"), ("a2", "alice"), ("a3", "alice")):
+            view = asyncio.run(c.submit({**SPEC, "id": job_id}, by=by))
+            assert view.decision.admitted, view.decision.reason
+        every = asyncio.run(c.stored_events(0, limit=100))
+        hers = [e.sequence for e in every if e.job_id.startswith("alice:")]
+        assert len(hers) >= 3 and any(not e.job_id.startswith("alice:") for e in every)
+        newest = asyncio.run(c.own_events("alice", 0, 2))
+        assert [e.sequence for e in newest] == hers[-2:]
+        after_first = asyncio.run(c.own_events("alice", hers[0], 100))
+        assert [e.sequence for e in after_first] == hers[1:]
+    finally:
+        c.close()
