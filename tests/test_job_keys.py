@@ -277,3 +277,24 @@ def test_an_operators_record_of_a_tenants_job_reads_back_as_a_job(tmp_path: Path
     plain = tmp_path / "plain.json"
     plain.write_text(json.dumps(spec))
     assert _specs(str(plain)) == [spec]
+
+
+def test_the_longest_job_key_reads_back_whole(tmp_path: Path) -> None:
+    """A submitter of the longest name (200 characters) and a job of the longest id (128)
+    make a key of exactly ``MAX_JOB_KEY_CHARS``: an operator's listing and read show it
+    whole. Only a longer stored id is an edit's, shown cut; with the cut at that length
+    too (``>=``), every test passed."""
+    from pricing.fields import MAX_JOB_ID_CHARS, MAX_JOB_KEY_CHARS, MAX_OWNER_CHARS
+    from tests.test_pending import controller as pending_controller
+
+    owner, job_id = "o" * MAX_OWNER_CHARS, "j" * MAX_JOB_ID_CHARS
+    c = pending_controller(tmp_path, FakeClock(0.0))
+    try:
+        view = asyncio.run(c.submit(small(job_id), by=owner))
+        key = f"{owner}:{job_id}"
+        assert len(key) == MAX_JOB_KEY_CHARS and view.id == key
+        [listed], _ = c._list_sync([], 10)
+        assert listed.id == key
+        assert shown_view(OPS, c._get_sync(key)).id == key
+    finally:
+        c.close()
