@@ -210,3 +210,23 @@ def test_a_stored_job_of_another_submitter_under_a_callers_key_is_a_conflict(
             assert "chunks" not in str(err.value)
     finally:
         c.close()
+
+
+def test_a_rejected_jobs_row_reads_back_with_no_problem_logged(tmp_path: Path) -> None:
+    """A rejected job has no payoff: its row reads back as the daemon wrote it, and no
+    "does not read back" line is logged for it (only an admitted job's missing payoff is
+    an edit's; with the admitted check dropped, every read of a rejected job logged one
+    and every test passed)."""
+    c = controller(tmp_path, FakeClock(0.0))
+    try:  # jobs until the cluster holds no schedule of the next: no payoff
+        rich = {"kind": "sigmoid", "priority": 10**6, "decay": 0, "target": 1}
+        for i in range(300):
+            view = asyncio.run(c.submit(small(f"j{i}", utility=rich)))
+            if view.state == "rejected":
+                break
+        assert view.state == "rejected" and view.decision.payoff is None, view.decision
+        assert c._get_sync(view.id).decision.payoff is None
+        c._list_sync([], 10)
+        assert not c._unreadable, c._unreadable
+    finally:
+        c.close()
