@@ -562,6 +562,24 @@ def test_a_jobs_events_read_in_local_time_with_short_numbers(cluster: Cluster) -
         assert shown == {**event["detail"], "payoff": float(f"{payoff:.6g}")}, cells[-1].text
 
 
+def test_every_operators_read_is_refused_to_a_submitter(cluster: Cluster) -> None:
+    """The prices, a heatmap cell's hover (which names the jobs holding those servers,
+    every tenant's), the plans and the servers are an operator's: a submitter's request
+    is 403, each checked on its own (with the price cell's or the plans' check dropped,
+    every test passed, and a submitter could list other tenants' jobs)."""
+    job = cluster.submit("alice", "alice-on-the-map")
+    assert job.state == pb.JOB_STATE_ADMITTED
+    slot = job.decision.allocations[0].slot
+    status, heatmap = api(cluster, "/api/prices?resource=gpu", TOKENS["ops"])
+    assert status == 200, heatmap
+    cell = f"/api/prices/cell?resource=gpu&r0=0&r1={heatmap['servers']}&s0={slot}&s1={slot + 1}"
+    status, body = api(cluster, cell, TOKENS["ops"])
+    assert status == 200 and "alice:alice-on-the-map" in {j["id"] for j in body["jobs"]}, body
+    for path in (cell, "/api/prices", "/api/plans", "/api/plans?job=bob:x", "/api/servers"):
+        status, body = api(cluster, path, TOKENS["bob"])
+        assert status == 403 and "operators only" in body["error"]["message"], (path, body)
+
+
 def test_a_jobs_page_reads_events_an_edit_broke(cluster: Cluster, browser: Any) -> None:
     """An event of a job whose slot an edit made text (SQLite keeps it) failed the job's
     page (500: no slot's start time for None), and a detail edited to a megabyte was
