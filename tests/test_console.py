@@ -575,6 +575,10 @@ def test_every_operators_read_is_refused_to_a_submitter(cluster: Cluster) -> Non
     cell = f"/api/prices/cell?resource=gpu&r0=0&r1={heatmap['servers']}&s0={slot}&s1={slot + 1}"
     status, body = api(cluster, cell, TOKENS["ops"])
     assert status == 200 and "alice:alice-on-the-map" in {j["id"] for j in body["jobs"]}, body
+    base = "/api/prices/cell?resource=gpu&r0=0"
+    for odd in (f"&r1=0&s0={slot}&s1={slot + 1}", f"&r1=1&s0={slot}&s1={slot + 10**9}"):
+        status, body = api(cluster, base + odd, TOKENS["ops"])  # no servers; too many slots
+        assert status == 400 and "out of range" in body["error"]["message"], (odd, body)
     for path in (cell, "/api/prices", "/api/plans", "/api/plans?job=bob:x", "/api/servers"):
         status, body = api(cluster, path, TOKENS["bob"])
         assert status == 403 and "operators only" in body["error"]["message"], (path, body)
