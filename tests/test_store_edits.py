@@ -1005,10 +1005,13 @@ def _pages(address: str) -> list[tuple[list[str], str]]:
     return pages
 
 
-def _listed_in_pages_of_four(store: Store, tmp_path: Path) -> tuple[list[Any], str, list[Any]]:
-    """The pages of ``ListJobs`` (4 jobs a page), the daemon's log, and ``oasis jobs``."""
+def _listed_in_pages_of_four(
+    store: Store, tmp_path: Path, limits: str = ""
+) -> tuple[list[Any], str, list[Any]]:
+    """The pages of ``ListJobs`` (4 jobs a page, and ``limits`` more), the daemon's log,
+    and ``oasis jobs``."""
     config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", store.url, store.epoch,
-                          "\n[limits]\nmax_page_jobs = 4\n")  # fmt: skip
+                          f"\n[limits]\nmax_page_jobs = 4\n{limits}")  # fmt: skip
     log = tmp_path / "oasisd.log"
     daemon = Daemon(config, log).start()
     try:
@@ -1049,3 +1052,18 @@ def test_a_sequence_past_any_page_token_is_listed_once(store: Store, tmp_path: P
     assert pages == [(["j0", "j5"], "6"), (["j1", "j2", "j3", "j4"], "")], pages
     assert sorted(j["id"] for j in listed) == sorted(store.before)
     assert "sequence: 1000000000000000001, over any a page token holds" in log
+
+
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)
+def test_a_page_cut_by_bytes_at_an_edited_sequence_is_the_last(
+    store: Store, tmp_path: Path
+) -> None:
+    """A page cut by ``max_page_bytes`` at a row whose sequence an edit made unreadable
+    has no next token (none names the rows after it): before, its sequence read as 0 was
+    the token, which reads as the start, and the listing began again, for good. The
+    rows after it on that page go unlisted, as they would be past a page of such rows."""
+    store.execute("UPDATE jobs SET sequence = 'abc' WHERE id = 'j1'",
+                  "UPDATE jobs SET sequence = 'xyz' WHERE id = 'j2'")  # fmt: skip
+    pages, _, listed = _listed_in_pages_of_four(store, tmp_path, "max_page_bytes = 1\n")
+    assert [ids for ids, _ in pages] == [["j0"], ["j3"], ["j4"], ["j5"], ["j1"]], pages
+    assert pages[-1][1] == "" and len(listed) == 5
