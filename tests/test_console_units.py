@@ -188,6 +188,26 @@ def test_sessions_expire_and_keep_a_bounded_number() -> None:
     assert sessions.get(last.id) is None
 
 
+def test_a_full_session_table_ends_every_expired_session_at_the_next_login() -> None:
+    """At MAX_SESSIONS, a login ends every expired session, not only the oldest one: the
+    table does not stay full of dead sessions, each evicted one login at a time (with the
+    expiry pass dropped, every test passed)."""
+    now = [0.0]
+    sessions = Sessions(60.0, monotonic=lambda: now[0])
+    live = sessions.open(Caller("ops", Role.OPERATOR))
+    now[0] = 30.0
+    for i in range(MAX_SESSIONS - 1):
+        sessions.open(Caller(f"user{i}", Role.SUBMITTER))  # each expires at 90
+    assert len(sessions) == MAX_SESSIONS
+    now[0] = 59.0
+    newest = sessions.open(Caller("late", Role.SUBMITTER))  # nothing expired: the oldest goes
+    assert sessions.get(live.id) is None and len(sessions) == MAX_SESSIONS
+    now[0] = 100.0
+    later = sessions.open(Caller("later", Role.SUBMITTER))
+    assert sessions.get(newest.id) is newest and sessions.get(later.id) is later
+    assert len(sessions) == 2
+
+
 def test_after_login_only_a_local_path() -> None:
     assert _safe_next("/jobs?state=admitted") == "/jobs?state=admitted"
     for bad in ("https://evil.example/", "//evil.example/x", "/\\evil.example", "jobs", ""):
