@@ -29,6 +29,7 @@ from controller.config import ConfigError, load
 from controller.console.data import ConsoleData
 from controller.errors import NotLeaderError, SlotGridChangedError
 from controller.ha.leadership import Leadership
+from controller.ha.settings import HaConfig, ha_from_dict
 from controller.metrics import Metrics
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
@@ -36,6 +37,7 @@ from controller.startup import StartupError, open_store
 from controller.store import AllocationRow, Database, EventRow, JobRow
 from controller.store.writer_lock import PostgresWriterLock
 from pricing import Ledger
+from pricing.errors import SpecError
 from pricing.replan import refit
 from tests.servers import Postgres, free_port, write_config
 from tests.test_daemon_e2e import contending_jobs, job
@@ -494,6 +496,55 @@ def test_ha_settings_are_checked(tmp_path: Path) -> None:
         config("[ha]\nfollow_seconds = 0.001\n")
     with pytest.raises(ConfigError, match=r"ha\.advertise: must be host:port"):
         config('[ha]\nadvertise = "nohost"\n')
+
+
+@pytest.mark.parametrize(
+    ("raw", "taken"),
+    [
+        ({"lease_seconds": 1}, (1.0, 0.5, 0.5)),  # the bounds given are in the range
+        ({"lease_seconds": 300}, (300.0, 0.5, 0.5)),
+        ({"lease_seconds": 2, "retry_seconds": 1.0, "follow_seconds": 2.0}, (2.0, 1.0, 2.0)),
+        ({"retry_seconds": 0.01, "follow_seconds": 0.01}, (5.0, 0.01, 0.01)),
+    ],
+)
+def test_ha_settings_at_their_bounds_are_taken(
+    raw: dict[str, float], taken: tuple[float, float, float]
+) -> None:
+    ha = ha_from_dict(raw)
+    assert ha is not None
+    assert (ha.lease_seconds, ha.retry_seconds, ha.follow_seconds) == taken
+
+
+@pytest.mark.parametrize(
+    ("raw", "error"),
+    [
+        ({"lease_seconds": 0.99}, r"ha\.lease_seconds: must be within 1 \.\. 300"),
+        ({"lease_seconds": 300.5}, r"ha\.lease_seconds: must be within 1 \.\. 300"),
+        ({"lease_seconds": 2, "retry_seconds": 1.01}, r"ha\.retry_seconds: must be <= "),
+        ({"lease_seconds": 2, "follow_seconds": 2.01}, r"ha\.follow_seconds: must be <= "),
+        ({"advertise": "head-a:65536"}, r"ha\.advertise: must be host:port"),
+        ({"advertise": ":50051"}, r"ha\.advertise: must be host:port"),
+        ({"advertise": "h" * 251 + ":5005"}, r"ha\.advertise: must be host:port"),
+    ],
+)
+def test_ha_settings_past_their_bounds_are_refused(raw: dict[str, Any], error: str) -> None:
+    with pytest.raises(SpecError, match=error):
+        ha_from_dict(raw)
+
+
+def test_ha_addresses_at_their_bounds_are_taken() -> None:
+    for advertise in ("head-a:65535", "h" * 250 + ":5005"):  # the largest port; 255 bytes
+        ha = ha_from_dict({"advertise": advertise})
+        assert ha is not None and ha.advertise == advertise
+
+
+def test_a_leader_confirms_its_lease_every_quarter_of_it_at_most_each_second() -> None:
+    """A leader probes well inside its lease: a 2 s lease every 0.5 s, and any lease of
+    4 s or more every second (the mutation audit: with max in place of min, every test
+    passed, and a 300 s lease was confirmed every 75 s)."""
+    assert HaConfig(lease_seconds=2.0).probe_seconds == 0.5
+    assert HaConfig(lease_seconds=8.0).probe_seconds == 1.0
+    assert HaConfig(lease_seconds=300.0).probe_seconds == 1.0
 
 
 def test_ha_on_sqlite_refuses_to_start(tmp_path: Path) -> None:
