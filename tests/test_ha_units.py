@@ -34,8 +34,8 @@ from controller.metrics import Metrics
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.startup import StartupError, open_store
-from controller.store import AllocationRow, Database, EventRow, JobRow
-from controller.store.writer_lock import PostgresWriterLock
+from controller.store import AllocationRow, Database, EventRow, JobRow, MetaRow
+from controller.store.writer_lock import RECORD_KEY, FencedError, PostgresWriterLock, check_epoch
 from pricing import Ledger
 from pricing.errors import SpecError
 from pricing.replan import refit
@@ -229,6 +229,44 @@ def _backend_ended(url: str, pid: int) -> None:
                             (pid,)).fetchone() is not None:  # fmt: skip
             assert time.monotonic() < deadline, f"backend {pid} still there after 30 s"
             time.sleep(0.05)
+
+
+def _writer_epoch(db: Database, epoch: int) -> None:
+    """Set the epoch of the store's ``writer`` row (a newer leader's record, or a restore)."""
+    with db.session() as session:
+        row = session.get(MetaRow, RECORD_KEY)
+        assert row is not None
+        row.value = {**row.value, "epoch": epoch}
+
+
+def test_the_fence_refuses_any_other_epoch_and_a_lock_session_gone(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    """The fence a leader's every write transaction runs first (``check_epoch``): the
+    store's epoch must be the leader's own -- a higher one (another node recorded itself)
+    and a lower one (a restore rewound the row) both fence it -- and its lock session
+    must still hold the writer lock. Before, with ``<`` in place of ``!=`` on the lock
+    session's path, every test passed."""
+    url = postgres.new_database()
+    a = Node(tmp_path, url, "a")
+    try:
+        epoch = a.take_over()
+        pid = a.lock.backend_pid
+        assert pid is not None
+        with a.db.session() as session:
+            check_epoch(session, epoch, pid)  # its own epoch and lock: it writes
+        for stored in (epoch + 1, epoch - 1):
+            _writer_epoch(a.db, stored)
+            for lock_pid in (pid, None):  # PostgreSQL's path, and the one without a lease
+                with a.db.session() as session, pytest.raises(FencedError) as fenced:
+                    check_epoch(session, epoch, lock_pid)
+                assert f"the store is in epoch {stored}" in str(fenced.value)
+        _writer_epoch(a.db, epoch)
+        _cut_lease(url, a)  # PostgreSQL ended its lock session: the epoch alone is not enough
+        with a.db.session() as session, pytest.raises(FencedError, match=r"lease .* ended"):
+            check_epoch(session, epoch, pid)
+    finally:
+        a.close()
 
 
 def test_a_standby_with_smaller_servers_follows_but_leaves_the_lead_to_the_last_leader(
