@@ -269,6 +269,74 @@ def test_the_fence_refuses_any_other_epoch_and_a_lock_session_gone(
         a.close()
 
 
+def _election(node: Node) -> tuple[Leadership, list[str]]:
+    """One election kept across rounds, as oasisd keeps it, and the roles it announced."""
+    announced: list[str] = []
+
+    async def on_role(role: str) -> None:
+        announced.append(role)
+
+    assert node.c.config.ha is not None
+    return Leadership(node.c, node.lock, node.c.config.ha, on_role, log=node.c.log), announced
+
+
+def test_a_fenced_leader_steps_down_in_its_election_and_lets_its_lock_go(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    """A leader fenced out in its decision thread (another node took over) announces
+    ``standby`` at its election's next round -- its execution plane stops, its health
+    says so -- and lets its lock session go. Before (the mutation audit), with that step
+    left out every test passed: the node went on as a leader in all but its decisions,
+    its lock kept, and never tried to lead again."""
+    url = postgres.new_database()
+    a = Node(tmp_path, url, "a")
+    b = None
+    try:
+        election, announced = _election(a)
+        asyncio.run(election.check())
+        assert announced == ["leader"] and a.c.leading and a.lock.backend_pid is not None
+        _cut_lease(url, a)
+        b = Node(tmp_path, url, "b")
+        assert b.take_over() == 2
+        with pytest.raises(NotLeaderError):
+            asyncio.run(a.c.submit(job("late")))  # fenced: the decision thread steps down
+        assert a.c.role == "standby" and election.role == "leader"
+        asyncio.run(election.check())
+        assert announced == ["leader", "standby"] and election.role == "standby"
+        assert a.lock.backend_pid is None and not a.lock.held()
+    finally:
+        for node in (a, b):
+            if node is not None:
+                node.close()
+
+
+def test_a_leader_whose_lock_session_ended_steps_down_at_its_next_probe(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    """The lease probe: a leader whose lock session PostgreSQL ended (past the lease)
+    stops deciding at once and announces ``standby``, before any write of its own is
+    fenced; a leader whose session is alive confirms its lease."""
+    url = postgres.new_database()
+    a = Node(tmp_path, url, "a")
+    try:
+        election, announced = _election(a)
+        asyncio.run(election.check())
+        assert announced == ["leader"]
+        election._probed = 0.0  # a probe is due (every probe_seconds)
+        a.c.lease_seen = 0.0
+        asyncio.run(election.check())
+        assert a.c.leading and a.c.lease_seen > 0.0  # confirmed
+        _cut_lease(url, a)
+        election._probed = 0.0
+        asyncio.run(election.check())
+        assert not a.c.leading and a.c.role == "standby"
+        assert announced == ["leader", "standby"] and a.lock.backend_pid is None
+        with pytest.raises(NotLeaderError):
+            asyncio.run(a.c.submit(job("late")))
+    finally:
+        a.close()
+
+
 def test_a_standby_with_smaller_servers_follows_but_leaves_the_lead_to_the_last_leader(
     tmp_path: Path, postgres: Postgres, monkeypatch: pytest.MonkeyPatch
 ) -> None:
