@@ -337,6 +337,32 @@ def test_a_leader_whose_lock_session_ended_steps_down_at_its_next_probe(
         a.close()
 
 
+def test_a_writer_row_rewound_by_a_restore_never_hands_out_an_epoch_again(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    """A restore rewinds the store's ``writer`` row to the epoch of its copy; the next
+    leader takes an epoch above every one it has seen, not the row's next (which another
+    leadership had: two leaders in one epoch). Before (the mutation audit), with the
+    epoch seen left out of the election's record, every unit test passed."""
+    url = postgres.new_database()
+    a = Node(tmp_path, url, "a")
+    try:
+        assert a.take_over() == 1
+        a.c.step_down("a test")
+        a.lock.release()
+        assert a.take_over() == 2 and a.c.epoch_seen == 2
+        a.c.step_down("a test")
+        a.lock.release()
+        _writer_epoch(a.db, 1)  # the copy was taken in epoch 1
+        deadline = time.monotonic() + 10.0  # the released lock session ends a moment later
+        while a.elect() != "leader":
+            assert time.monotonic() < deadline, a.c.cannot_lead
+            time.sleep(0.05)
+        assert a.c.fence_epoch == 3
+    finally:
+        a.close()
+
+
 def test_a_standby_with_smaller_servers_follows_but_leaves_the_lead_to_the_last_leader(
     tmp_path: Path, postgres: Postgres, monkeypatch: pytest.MonkeyPatch
 ) -> None:
