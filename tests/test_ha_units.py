@@ -363,6 +363,46 @@ def test_a_writer_row_rewound_by_a_restore_never_hands_out_an_epoch_again(
         a.close()
 
 
+def test_a_failed_takeover_leaves_a_standby_naming_the_last_leader_that_rebuilds_its_ledger(
+    tmp_path: Path, postgres: Postgres, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A takeover that fails after its catch-up leaves a standby that names the node
+    that led (not itself) and rebuilds its ledger from the store at its next follow: the
+    failed takeover may have moved plans the store never took. A takeover that succeeds
+    names the new leader itself. The mutation audit: with the ledger not marked stale, or
+    the last leader not put back, or a leader naming none, every test passed."""
+    url = postgres.new_database()
+    a = Node(tmp_path, url, "a")
+    b = None
+    try:
+        a.take_over()
+        for spec in contending_jobs(3):
+            asyncio.run(a.c.submit(spec))
+        b = Node(tmp_path, url, "b")
+        _cut_lease(url, a)
+        assert b.lock.try_acquire()
+        epoch = b.lock.record(b.db, b.c.advertise)
+
+        def broken() -> None:
+            raise RuntimeError("the stored budget did not read")
+
+        monkeypatch.setattr(b.c, "_restore_stored_budget", broken)
+        with pytest.raises(RuntimeError):
+            asyncio.run(b.c.take_over(epoch, b.lock.backend_pid))
+        assert b.c.role == "standby" and b.c.ha_status().leader == "a:50051"
+        before = b.c.ledger
+        asyncio.run(b.c.follow())
+        assert b.c.ledger is not before  # rebuilt from the store, not followed on
+        monkeypatch.undo()
+        asyncio.run(b.c.take_over(epoch, b.lock.backend_pid))
+        assert b.c.leading and b.c.ha_status().leader == "b:50051"
+        _same_prices(a.c.ledger, b.c.ledger)
+    finally:
+        for node in (a, b):
+            if node is not None:
+                node.close()
+
+
 def test_a_standby_with_smaller_servers_follows_but_leaves_the_lead_to_the_last_leader(
     tmp_path: Path, postgres: Postgres, monkeypatch: pytest.MonkeyPatch
 ) -> None:
