@@ -109,3 +109,34 @@ def test_an_edit_cannot_make_a_cancelled_job_hold_past_the_current_slot(tmp_path
         assert _rows(c, "blocker") == [r for r in planned if r[0] == now]
     finally:
         c.close()
+
+
+def test_a_job_that_ended_in_the_current_slot_holds_that_slot_through_a_rebuild(
+    tmp_path: Path,
+) -> None:
+    """A job that completed (or failed) during the current slot -- its
+    ``completion_slot`` -- keeps what it held in that slot, as a cancel does, and nothing
+    after it. The mutation audit: with the slot after ``completion_slot`` read as the
+    one it holds nothing from, every test passed, and a rebuild sold that slot again."""
+    clock = FakeClock(1_000_000.0)
+    c = controller(tmp_path, clock)
+    try:
+        assert asyncio.run(c.submit(blocker())).state == "admitted"
+        clock.advance(SLOT * 1.5)
+        asyncio.run(c.tick())
+        now = c.slot
+        planned = _rows(c, "blocker")
+    finally:
+        c.close()
+    c = opened(load(tmp_path / "c.toml"), clock)
+    try:
+        for state in ("completed", "failed"):
+            with c.db.session() as session:
+                session.execute(update(JobRow).where(JobRow.id == "blocker").values(
+                    state=state, completion_slot=now))  # fmt: skip
+            c._reload()
+            used = c._ledger.worker_side.used
+            assert used[0].any() and not used[1:].any(), state
+            assert _rows(c, "blocker") == [r for r in planned if r[0] == now], state
+    finally:
+        c.close()
