@@ -116,8 +116,9 @@ def test_a_job_that_ended_in_the_current_slot_holds_that_slot_through_a_rebuild(
 ) -> None:
     """A job that completed (or failed) during the current slot -- its
     ``completion_slot`` -- keeps what it held in that slot, as a cancel does, and nothing
-    after it. The mutation audit: with the slot after ``completion_slot`` read as the
-    one it holds nothing from, every test passed, and a rebuild sold that slot again."""
+    after it; one cancelled with ``cancelled_slot`` the current slot holds none of it.
+    The mutation audit: with the slot after ``completion_slot`` read as the one it holds
+    nothing from, every test passed, and a rebuild sold that slot again."""
     clock = FakeClock(1_000_000.0)
     c = controller(tmp_path, clock)
     try:
@@ -138,5 +139,12 @@ def test_a_job_that_ended_in_the_current_slot_holds_that_slot_through_a_rebuild(
             used = c._ledger.worker_side.used
             assert used[0].any() and not used[1:].any(), state
             assert _rows(c, "blocker") == [r for r in planned if r[0] == now], state
+        # cancelled in the slot before: released from this one, which it holds nothing of
+        with c.db.session() as session:
+            session.execute(update(JobRow).where(JobRow.id == "blocker").values(
+                state="cancelled", cancelled_slot=now))  # fmt: skip
+        c._reload()
+        assert not c._ledger.worker_side.used.any()
+        assert _rows(c, "blocker") == [r for r in planned if r[0] < now]
     finally:
         c.close()
