@@ -144,3 +144,62 @@ def test_new_calls_are_held_only_as_long_as_a_client_answered_before_the_stop_ma
         assert gate.hold_seconds() == 0.0
 
     asyncio.run(go())
+
+
+def test_the_stop_answers_calls_it_cuts_off_unavailable_and_lets_a_cancel_pass() -> None:
+    """Step 3 of the stop: a call still running when the server stops is cancelled by
+    the gate and answered UNAVAILABLE (clients retry it), as is a call that came in
+    after the gate closed; a call its client cancelled before (the client went away)
+    ends cancelled, not answered. The mutation audit: with the running calls left
+    uncancelled, or every cancel answered UNAVAILABLE, every test passed."""
+    import asyncio
+
+    import pytest
+
+    from controller.drain import StopGate
+
+    class AbortedError(Exception):
+        pass
+
+    class Context:
+        def __init__(self) -> None:
+            self.codes: list[grpc.StatusCode] = []
+
+        async def abort(self, code: grpc.StatusCode, details: str) -> None:
+            self.codes.append(code)
+            raise AbortedError(details)
+
+    class Server:
+        async def stop(self, grace: float) -> None:
+            pass
+
+    async def go() -> None:
+        gate = StopGate()
+        started = asyncio.Event()
+
+        async def call(context: Context) -> None:
+            async with gate._gated(context):
+                started.set()
+                await asyncio.sleep(3600)
+
+        gone = Context()
+        left = asyncio.create_task(call(gone))
+        await started.wait()
+        left.cancel()  # its client went away
+        with pytest.raises(asyncio.CancelledError):
+            await left
+        assert gone.codes == []
+        started.clear()
+        running = Context()
+        cut = asyncio.create_task(call(running))
+        await started.wait()
+        stopping = asyncio.create_task(gate.stop(Server(), 0.0))
+        late = Context()
+        with pytest.raises(AbortedError):
+            await asyncio.wait_for(call(late), 30)  # held, then answered
+        with pytest.raises(AbortedError):
+            await asyncio.wait_for(cut, 30)
+        await stopping
+        assert running.codes == late.codes == [grpc.StatusCode.UNAVAILABLE]
+
+    asyncio.run(go())

@@ -29,13 +29,15 @@ from controller.config import ConfigError, load
 from controller.console.data import ConsoleData
 from controller.errors import NotLeaderError, SlotGridChangedError
 from controller.ha.leadership import Leadership
+from controller.ha.settings import HaConfig, ha_from_dict
 from controller.metrics import Metrics
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.startup import StartupError, open_store
-from controller.store import AllocationRow, Database, EventRow, JobRow
-from controller.store.writer_lock import PostgresWriterLock
+from controller.store import AllocationRow, Database, EventRow, JobRow, MetaRow
+from controller.store.writer_lock import RECORD_KEY, FencedError, PostgresWriterLock, check_epoch
 from pricing import Ledger
+from pricing.errors import SpecError
 from pricing.replan import refit
 from tests.servers import Postgres, free_port, write_config
 from tests.test_daemon_e2e import contending_jobs, job
@@ -227,6 +229,181 @@ def _backend_ended(url: str, pid: int) -> None:
                             (pid,)).fetchone() is not None:  # fmt: skip
             assert time.monotonic() < deadline, f"backend {pid} still there after 30 s"
             time.sleep(0.05)
+
+
+def _writer_epoch(db: Database, epoch: int) -> None:
+    """Set the epoch of the store's ``writer`` row (a newer leader's record, or a restore)."""
+    with db.session() as session:
+        row = session.get(MetaRow, RECORD_KEY)
+        assert row is not None
+        row.value = {**row.value, "epoch": epoch}
+
+
+def test_the_fence_refuses_any_other_epoch_and_a_lock_session_gone(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    """The fence a leader's every write transaction runs first (``check_epoch``): the
+    store's epoch must be the leader's own -- a higher one (another node recorded itself)
+    and a lower one (a restore rewound the row) both fence it -- and its lock session
+    must still hold the writer lock. Before, with ``<`` in place of ``!=`` on the lock
+    session's path, every test passed."""
+    url = postgres.new_database()
+    a = Node(tmp_path, url, "a")
+    try:
+        epoch = a.take_over()
+        pid = a.lock.backend_pid
+        assert pid is not None
+        with a.db.session() as session:
+            check_epoch(session, epoch, pid)  # its own epoch and lock: it writes
+        for stored in (epoch + 1, epoch - 1):
+            _writer_epoch(a.db, stored)
+            for lock_pid in (pid, None):  # PostgreSQL's path, and the one without a lease
+                with a.db.session() as session, pytest.raises(FencedError) as fenced:
+                    check_epoch(session, epoch, lock_pid)
+                assert f"the store is in epoch {stored}" in str(fenced.value)
+        _writer_epoch(a.db, epoch)
+        _cut_lease(url, a)  # PostgreSQL ended its lock session: the epoch alone is not enough
+        with a.db.session() as session, pytest.raises(FencedError, match=r"lease .* ended"):
+            check_epoch(session, epoch, pid)
+    finally:
+        a.close()
+
+
+def _election(node: Node) -> tuple[Leadership, list[str]]:
+    """One election kept across rounds, as oasisd keeps it, and the roles it announced."""
+    announced: list[str] = []
+
+    async def on_role(role: str) -> None:
+        announced.append(role)
+
+    assert node.c.config.ha is not None
+    return Leadership(node.c, node.lock, node.c.config.ha, on_role, log=node.c.log), announced
+
+
+def test_a_fenced_leader_steps_down_in_its_election_and_lets_its_lock_go(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    """A leader fenced out in its decision thread (another node took over) announces
+    ``standby`` at its election's next round -- its execution plane stops, its health
+    says so -- and lets its lock session go. Before (the mutation audit), with that step
+    left out every test passed: the node went on as a leader in all but its decisions,
+    its lock kept, and never tried to lead again."""
+    url = postgres.new_database()
+    a = Node(tmp_path, url, "a")
+    b = None
+    try:
+        election, announced = _election(a)
+        asyncio.run(election.check())
+        assert announced == ["leader"] and a.c.leading and a.lock.backend_pid is not None
+        _cut_lease(url, a)
+        b = Node(tmp_path, url, "b")
+        assert b.take_over() == 2
+        with pytest.raises(NotLeaderError):
+            asyncio.run(a.c.submit(job("late")))  # fenced: the decision thread steps down
+        assert a.c.role == "standby" and election.role == "leader"
+        asyncio.run(election.check())
+        assert announced == ["leader", "standby"] and election.role == "standby"
+        assert a.lock.backend_pid is None and not a.lock.held()
+    finally:
+        for node in (a, b):
+            if node is not None:
+                node.close()
+
+
+def test_a_leader_whose_lock_session_ended_steps_down_at_its_next_probe(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    """The lease probe: a leader whose lock session PostgreSQL ended (past the lease)
+    stops deciding at once and announces ``standby``, before any write of its own is
+    fenced; a leader whose session is alive confirms its lease."""
+    url = postgres.new_database()
+    a = Node(tmp_path, url, "a")
+    try:
+        election, announced = _election(a)
+        asyncio.run(election.check())
+        assert announced == ["leader"]
+        election._probed = 0.0  # a probe is due (every probe_seconds)
+        a.c.lease_seen = 0.0
+        asyncio.run(election.check())
+        assert a.c.leading and a.c.lease_seen > 0.0  # confirmed
+        _cut_lease(url, a)
+        election._probed = 0.0
+        asyncio.run(election.check())
+        assert not a.c.leading and a.c.role == "standby"
+        assert announced == ["leader", "standby"] and a.lock.backend_pid is None
+        with pytest.raises(NotLeaderError):
+            asyncio.run(a.c.submit(job("late")))
+    finally:
+        a.close()
+
+
+def test_a_writer_row_rewound_by_a_restore_never_hands_out_an_epoch_again(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    """A restore rewinds the store's ``writer`` row to the epoch of its copy; the next
+    leader takes an epoch above every one it has seen, not the row's next (which another
+    leadership had: two leaders in one epoch). Before (the mutation audit), with the
+    epoch seen left out of the election's record, every unit test passed."""
+    url = postgres.new_database()
+    a = Node(tmp_path, url, "a")
+    try:
+        assert a.take_over() == 1
+        a.c.step_down("a test")
+        a.lock.release()
+        assert a.take_over() == 2 and a.c.epoch_seen == 2
+        a.c.step_down("a test")
+        a.lock.release()
+        _writer_epoch(a.db, 1)  # the copy was taken in epoch 1
+        asyncio.run(a.c.follow())  # a standby reads the rewound row: seen, not forgotten
+        assert a.c.epoch_seen == 2
+        deadline = time.monotonic() + 10.0  # the released lock session ends a moment later
+        while a.elect() != "leader":
+            assert time.monotonic() < deadline, a.c.cannot_lead
+            time.sleep(0.05)
+        assert a.c.fence_epoch == 3
+    finally:
+        a.close()
+
+
+def test_a_failed_takeover_leaves_a_standby_naming_the_last_leader_that_rebuilds_its_ledger(
+    tmp_path: Path, postgres: Postgres, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A takeover that fails after its catch-up leaves a standby that names the node
+    that led (not itself) and rebuilds its ledger from the store at its next follow: the
+    failed takeover may have moved plans the store never took. A takeover that succeeds
+    names the new leader itself. The mutation audit: with the ledger not marked stale,
+    the lock kept, or a leader naming none, every test passed."""
+    url = postgres.new_database()
+    a = Node(tmp_path, url, "a")
+    b = None
+    try:
+        a.take_over()
+        for spec in contending_jobs(3):
+            asyncio.run(a.c.submit(spec))
+        b = Node(tmp_path, url, "b")
+        _cut_lease(url, a)
+
+        def broken() -> None:
+            raise RuntimeError("the stored budget did not read")
+
+        monkeypatch.setattr(b.c, "_restore_stored_budget", broken)
+        assert b.elect() == "standby"  # the takeover failed
+        assert b.c.ha_status().leader == "a:50051"
+        assert b.lock.backend_pid is None  # its lock let go, for another node to try
+        before = b.c.ledger
+        asyncio.run(b.c.follow())
+        assert b.c.ledger is not before  # rebuilt from the store, not followed on
+        monkeypatch.undo()
+        deadline = time.monotonic() + 10.0  # the released lock session ends a moment later
+        while b.elect() != "leader":
+            assert time.monotonic() < deadline, b.c.cannot_lead
+            time.sleep(0.05)
+        assert b.c.ha_status().leader == "b:50051"
+        _same_prices(a.c.ledger, b.c.ledger)
+    finally:
+        for node in (a, b):
+            if node is not None:
+                node.close()
 
 
 def test_a_standby_with_smaller_servers_follows_but_leaves_the_lead_to_the_last_leader(
@@ -494,6 +671,55 @@ def test_ha_settings_are_checked(tmp_path: Path) -> None:
         config("[ha]\nfollow_seconds = 0.001\n")
     with pytest.raises(ConfigError, match=r"ha\.advertise: must be host:port"):
         config('[ha]\nadvertise = "nohost"\n')
+
+
+@pytest.mark.parametrize(
+    ("raw", "taken"),
+    [
+        ({"lease_seconds": 1}, (1.0, 0.5, 0.5)),  # the bounds given are in the range
+        ({"lease_seconds": 300}, (300.0, 0.5, 0.5)),
+        ({"lease_seconds": 2, "retry_seconds": 1.0, "follow_seconds": 2.0}, (2.0, 1.0, 2.0)),
+        ({"retry_seconds": 0.01, "follow_seconds": 0.01}, (5.0, 0.01, 0.01)),
+    ],
+)
+def test_ha_settings_at_their_bounds_are_taken(
+    raw: dict[str, float], taken: tuple[float, float, float]
+) -> None:
+    ha = ha_from_dict(raw)
+    assert ha is not None
+    assert (ha.lease_seconds, ha.retry_seconds, ha.follow_seconds) == taken
+
+
+@pytest.mark.parametrize(
+    ("raw", "error"),
+    [
+        ({"lease_seconds": 0.99}, r"ha\.lease_seconds: must be within 1 \.\. 300"),
+        ({"lease_seconds": 300.5}, r"ha\.lease_seconds: must be within 1 \.\. 300"),
+        ({"lease_seconds": 2, "retry_seconds": 1.01}, r"ha\.retry_seconds: must be <= "),
+        ({"lease_seconds": 2, "follow_seconds": 2.01}, r"ha\.follow_seconds: must be <= "),
+        ({"advertise": "head-a:65536"}, r"ha\.advertise: must be host:port"),
+        ({"advertise": ":50051"}, r"ha\.advertise: must be host:port"),
+        ({"advertise": "h" * 251 + ":5005"}, r"ha\.advertise: must be host:port"),
+    ],
+)
+def test_ha_settings_past_their_bounds_are_refused(raw: dict[str, Any], error: str) -> None:
+    with pytest.raises(SpecError, match=error):
+        ha_from_dict(raw)
+
+
+def test_ha_addresses_at_their_bounds_are_taken() -> None:
+    for advertise in ("head-a:65535", "h" * 250 + ":5005"):  # the largest port; 255 bytes
+        ha = ha_from_dict({"advertise": advertise})
+        assert ha is not None and ha.advertise == advertise
+
+
+def test_a_leader_confirms_its_lease_every_quarter_of_it_at_most_each_second() -> None:
+    """A leader probes well inside its lease: a 2 s lease every 0.5 s, and any lease of
+    4 s or more every second (the mutation audit: with max in place of min, every test
+    passed, and a 300 s lease was confirmed every 75 s)."""
+    assert HaConfig(lease_seconds=2.0).probe_seconds == 0.5
+    assert HaConfig(lease_seconds=8.0).probe_seconds == 1.0
+    assert HaConfig(lease_seconds=300.0).probe_seconds == 1.0
 
 
 def test_ha_on_sqlite_refuses_to_start(tmp_path: Path) -> None:

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 
 from controller.admission import AdmissionController
 from controller.clock import FakeClock
 from controller.config import load
-from controller.store import AllocationRow, JobRow
+from controller.store import AllocationRow, EventRow, JobRow
 from tests.test_pending import SLOT, blocker, controller, opened
 
 
@@ -107,5 +107,81 @@ def test_an_edit_cannot_make_a_cancelled_job_hold_past_the_current_slot(tmp_path
         used = c._ledger.worker_side.used
         assert used[0].any() and not used[1:].any(), "the current slot only"
         assert _rows(c, "blocker") == [r for r in planned if r[0] == now]
+    finally:
+        c.close()
+
+
+def test_a_job_that_ended_in_the_current_slot_holds_that_slot_through_a_rebuild(
+    tmp_path: Path,
+) -> None:
+    """A job that completed (or failed) during the current slot -- its
+    ``completion_slot`` -- keeps what it held in that slot, as a cancel does, and nothing
+    after it; one cancelled with ``cancelled_slot`` the current slot holds none of it.
+    The mutation audit: with the slot after ``completion_slot`` read as the one it holds
+    nothing from, every test passed, and a rebuild sold that slot again."""
+    clock = FakeClock(1_000_000.0)
+    c = controller(tmp_path, clock)
+    try:
+        assert asyncio.run(c.submit(blocker())).state == "admitted"
+        clock.advance(SLOT * 1.5)
+        asyncio.run(c.tick())
+        now = c.slot
+        planned = _rows(c, "blocker")
+    finally:
+        c.close()
+    c = opened(load(tmp_path / "c.toml"), clock)
+    try:
+        for state in ("completed", "failed"):
+            with c.db.session() as session:
+                session.execute(update(JobRow).where(JobRow.id == "blocker").values(
+                    state=state, completion_slot=now))  # fmt: skip
+            c._reload()
+            used = c._ledger.worker_side.used
+            assert used[0].any() and not used[1:].any(), state
+            assert _rows(c, "blocker") == [r for r in planned if r[0] == now], state
+        # cancelled in the slot before: released from this one, which it holds nothing of
+        with c.db.session() as session:
+            session.execute(update(JobRow).where(JobRow.id == "blocker").values(
+                state="cancelled", cancelled_slot=now))  # fmt: skip
+        c._reload()
+        assert not c._ledger.worker_side.used.any()
+        assert _rows(c, "blocker") == [r for r in planned if r[0] < now]
+    finally:
+        c.close()
+
+
+def test_a_job_that_ended_in_the_current_slot_is_not_refitted_by_a_shrunk_config(
+    tmp_path: Path,
+) -> None:
+    """A restart whose config no longer fits what a job that ended in the current slot
+    held in it leaves that slot out and the job as it ended: nothing of it is moved, no
+    event written. The mutation audit: with such a job refitted like a live one, every
+    test passed (a completed job re-planned or failed at a restart)."""
+    clock = FakeClock(1_000_000.0)
+    c = controller(tmp_path, clock)
+    try:
+        assert asyncio.run(c.submit(blocker())).state == "admitted"
+        clock.advance(SLOT * 1.5)
+        asyncio.run(c.tick())
+        now = c.slot
+        with c.db.session() as session:
+            session.execute(update(JobRow).where(JobRow.id == "blocker").values(
+                state="completed", completion_slot=now))  # fmt: skip
+            events = session.scalar(select(func.count()).select_from(EventRow))
+    finally:
+        c.close()
+    path = tmp_path / "c.toml"
+    text = path.read_text()
+    shrunk = text.replace(
+        'name="w2", kind="worker", capacity={gpu=8', 'name="w2", kind="worker", capacity={gpu=4'
+    )
+    assert shrunk != text
+    path.write_text(shrunk)
+    c = opened(load(path), clock)
+    try:
+        assert c.slot == now
+        with c.db.session() as session:
+            assert session.scalar(select(JobRow.state).where(JobRow.id == "blocker")) == "completed"
+            assert session.scalar(select(func.count()).select_from(EventRow)) == events
     finally:
         c.close()

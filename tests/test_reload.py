@@ -558,11 +558,17 @@ def test_the_reload_check_names_the_admitted_jobs_a_restart_would_move(tmp_path:
     shorter window, re-places, re-plans or fails admitted jobs at the next restart
     (``config_changed``); the reload named the edit as waiting for a restart but said
     nothing of those jobs."""
-    from controller.config import from_dict
-    from tests.test_outage_rebuild import JOB, PS, WORKER, _open
+    from sqlalchemy import update
 
-    def config(name: str = "w0", capacity: Any = WORKER, window: int = 12) -> Any:
-        servers = [{"name": name, "kind": "worker", "capacity": capacity},
+    from controller.clock import FakeClock
+    from controller.config import from_dict
+    from controller.store import JobRow
+    from tests.test_outage_rebuild import JOB, PS, SLOT, WORKER, _open
+
+    def config(
+        name: str = "w0", capacity: Any = WORKER, window: int = 12, kind: str = "worker"
+    ) -> Any:
+        servers = [{"name": name, "kind": kind, "capacity": capacity},
                    {"name": "w1", "kind": "worker", "capacity": WORKER},
                    {"name": "p0", "kind": "ps", "capacity": PS}]  # fmt: skip
         return from_dict({
@@ -583,10 +589,31 @@ def test_the_reload_check_names_the_admitted_jobs_a_restart_would_move(tmp_path:
         assert renamed.endswith("(config_changed): j"), renamed
         [shrunk] = asyncio.run(c.restart_moves(config(capacity={**WORKER, "gpu": 1})))
         assert shrunk.startswith(f"server w0 has less capacity (gpu {WORKER['gpu']:g} -> 1)")
+        # a parameter server's capacity is no less in any resource both kinds have
+        [turned] = asyncio.run(c.restart_moves(config(kind="ps", capacity=PS)))
+        assert turned.startswith("server w0 is now a ps server"), turned
         [shorter] = asyncio.run(c.restart_moves(config(window=0 + 1)))
         assert shorter.startswith("planned past the new window's last slot 1"), shorter
+        # a window whose last slot is the plan's last still holds it (the mutation audit:
+        # >= in place of > named such a plan as moved, and every test passed)
+        end = max(int(a["slot"]) for a in job.decision.allocations)  # the clock is at slot 0
+        assert end > 1, end
+        assert asyncio.run(c.restart_moves(config(window=end))) == []
+        [one_short] = asyncio.run(c.restart_moves(config(window=end - 1)))
+        assert one_short.startswith(f"planned past the new window's last slot {end - 1}")
         bigger = {**WORKER, "gpu": WORKER["gpu"] * 2}
         assert asyncio.run(c.restart_moves(config(capacity=bigger, window=24))) == []
+        # in the plan's last slot, what it holds in that slot is still named (> in place
+        # of >= on the current slot left it out, and every test passed), its job running
+        with c.db.session() as session:
+            session.execute(update(JobRow).where(JobRow.id == "j").values(state="running"))
+        clock = c.slots.clock
+        assert isinstance(clock, FakeClock)
+        clock.advance(end * SLOT)
+        assert c.slots.current_slot() == end
+        assert "w0" in {a["server"] for a in job.decision.allocations if int(a["slot"]) == end}
+        [renamed] = asyncio.run(c.restart_moves(config(name="w9", window=24)))
+        assert renamed.startswith("server w0 is not in the new [cluster]"), renamed
     finally:
         c.close()
 

@@ -26,9 +26,11 @@ from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.store.watch import StoreWatch
 from controller.store.writer_lock import (
     LOCK_KEY,
+    MAX_EPOCH,
     FileWriterLock,
     Holder,
     StoreLockedError,
+    is_epoch,
 )
 from tests.servers import ROOT, Daemon, Postgres, write_config
 from tests.test_daemon_e2e import job, submit_rpc
@@ -273,3 +275,13 @@ def test_a_lock_not_taken_again_says_why_once_and_the_store_unreachable_names_it
         'connection failed: connection to server at "db", port 5432 failed: FATAL:  '
         'too many connections for database "oasis"'
     ]
+
+
+def test_an_epoch_reads_as_one_from_0_up_to_max_epoch_exclusive() -> None:
+    """A stored epoch is trusted from 0 up to MAX_EPOCH, exclusive: at MAX_EPOCH the next
+    leader's epoch would pass what a reply carries. The mutation audit: with MAX_EPOCH
+    itself taken as one, every test passed."""
+    assert is_epoch(0) and is_epoch(MAX_EPOCH - 1)
+    assert not is_epoch(MAX_EPOCH) and not is_epoch(-1) and not is_epoch(1.0)
+    assert Holder.from_dict({"host": "h", "epoch": MAX_EPOCH - 1}) is not None
+    assert Holder.from_dict({"host": "h", "epoch": MAX_EPOCH}) is None
