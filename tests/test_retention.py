@@ -311,3 +311,76 @@ def test_retention_deleting_the_newest_events_is_not_a_rewound_store(tmp_path: P
         assert len(numbers) == len(set(numbers))
     finally:
         c.close()
+
+
+def _ended_slots(c: AdmissionController) -> dict[str, int]:
+    """Each stored job's slot of ending as retention reads it: completion (a completed
+    job's), cancellation (a cancelled one's) or decision (a rejected one's)."""
+    ended: dict[str, int] = {}
+    with c.db.session() as session:
+        for row in session.scalars(select(JobRow)):
+            column = {"completed": "completion_slot", "cancelled": "cancelled_slot"}
+            end = getattr(row, column.get(row.state, "decided_slot"))
+            assert isinstance(end, int), (row.id, row.state)
+            ended[row.id] = end
+    return ended
+
+
+def test_a_finished_job_is_kept_through_its_last_kept_slot_and_deleted_at_the_next(
+    tmp_path: Path,
+) -> None:
+    """Every kind of end is kept while its slot is at or after the cutoff (the slot
+    ``keep_days`` before the current one) and deleted once it is before it: one slot of
+    a finished job's history neither cut short nor kept too long."""
+    c, clock = _controller(tmp_path, keep_days=1)  # 24 one-hour slots
+    try:
+        assert asyncio.run(c.submit({"id": "done", **SPEC})).decision.admitted
+        assert asyncio.run(c.submit({"id": "gone", **SPEC})).decision.admitted
+        _to_slot(c, clock, 1)
+        asyncio.run(c.cancel("gone"))
+        _to_slot(c, clock, 3)
+        cheap = {**SPEC, "utility": {**SPEC["utility"], "priority": 1e-9}}
+        assert not asyncio.run(c.submit({"id": "cheap", **cheap})).decision.admitted
+        _to_slot(c, clock, 10)
+        ended = _ended_slots(c)
+        assert {j: asyncio.run(c.get(j)).state for j in ended} == {
+            "done": "completed", "gone": "cancelled", "cheap": "rejected",
+        }  # fmt: skip
+        # each kind ends in a slot of its own, after slot 0 (a cutoff of 0 deletes nothing)
+        assert len(set(ended.values())) == 3 and min(ended.values()) > 0, ended
+        for slot in range(min(ended.values()) + 24, max(ended.values()) + 26):
+            _to_slot(c, clock, slot)
+            cutoff = slot - 24
+            kept = {j for j, end in ended.items() if end >= cutoff}
+            assert _rows(c)["jobs"] == kept, (slot, ended)
+        assert _rows(c)["jobs"] == set()
+    finally:
+        c.close()
+
+
+def test_a_job_running_past_its_plan_is_never_deleted(tmp_path: Path) -> None:
+    """With the execution plane, a job whose agents have not reported all its work stays
+    running past its planned completion: it may still hold servers, and retention keeps
+    it (and its allocations, progress and events) however long ago that plan ended."""
+    from types import SimpleNamespace
+
+    c, clock = _controller(tmp_path, keep_days=1)  # 24 one-hour slots
+    try:
+        assert asyncio.run(c.submit({"id": "late", **SPEC})).decision.admitted
+        assert asyncio.run(c.submit({"id": "done", **SPEC})).decision.admitted
+        # the plane's check: the agents of "late" still report, "done" finished
+        c.execution = SimpleNamespace(unfinished=lambda job_id, session: job_id == "late")  # type: ignore[assignment]
+        for slot in range(1, 10):
+            _to_slot(c, clock, slot)
+        with c.db.session() as session:
+            late = session.get(JobRow, "late")
+            assert late is not None and late.state == "running"
+            assert late.completion_slot is not None and late.completion_slot < 9
+        _to_slot(c, clock, 40)  # the cutoff, slot 16, is long past its planned completion
+        rows = _rows(c)
+        assert rows["jobs"] == {"late"} and rows["allocations"] == {"late"}, rows
+        assert "late" in rows["events"], rows
+        assert asyncio.run(c.get("late")).state == "running"
+    finally:
+        c.execution = None
+        c.close()
