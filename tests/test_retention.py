@@ -384,3 +384,69 @@ def test_a_job_running_past_its_plan_is_never_deleted(tmp_path: Path) -> None:
     finally:
         c.execution = None
         c.close()
+
+
+def test_a_pass_reaches_every_finished_job_past_stretches_with_none_and_full_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass goes on past a stretch of jobs none of which may go (here, jobs still
+    running) and past a step that deleted as many as it may: every finished job past
+    ``keep_days`` is deleted in the one pass, not left for later ones."""
+    from types import SimpleNamespace
+
+    from controller.admission import retention
+
+    monkeypatch.setattr(retention, "PRUNE_SCAN", 3)
+    c, clock = _controller(tmp_path, keep_days=1)  # 24 one-hour slots
+    try:
+        late = [f"late{i}" for i in range(3)]  # the first stretch: none of them may go
+        for job_id in late:
+            assert asyncio.run(c.submit({"id": job_id, **SPEC})).decision.admitted
+        cheap = {**SPEC, "utility": {**SPEC["utility"], "priority": 1e-9}}
+        rejected = [f"r{i}" for i in range(5)]
+        for job_id in rejected:
+            assert not asyncio.run(c.submit({"id": job_id, **cheap})).decision.admitted
+        c.execution = SimpleNamespace(unfinished=lambda job_id, session: True)  # type: ignore[assignment]
+        for slot in range(1, 10):
+            _to_slot(c, clock, slot)
+        clock.t = 40 * HOUR + 1.0  # the cutoff: slot 16
+        c._advance_window()
+        steps: list[list[str]] = []
+        after: int | None = 0
+        while after is not None:  # one pass, in steps of at most 2 jobs
+            ids, after = asyncio.run(c._run(functools.partial(c._prune_sync, 2, after)))
+            steps.append(ids)
+        assert steps == [[], ["r0", "r1"], ["r2", "r3"], ["r4"]], steps
+        assert _rows(c)["jobs"] == set(late)
+    finally:
+        c.execution = None
+        c.close()
+
+
+def test_deleting_the_newest_server_events_writes_an_event_past_them(tmp_path: Path) -> None:
+    """The servers' history is deleted the same way as the jobs': when its deletion
+    takes the store's newest event (a quiet cluster whose last news was a server's),
+    a ``history_deleted`` event numbered past it says so, and the store's newest event
+    number never goes back (else the leader read the store as rewound under it)."""
+    c, clock = _controller(tmp_path, keep_days=1)  # 24 one-hour slots
+    old = datetime.now(UTC) - timedelta(days=8)
+    try:
+        with c.db.session() as session:
+            for slot in (1, 2):
+                session.add(EventRow(at=old, kind="server_failed", job_id="", slot=slot,
+                                     state="", detail={"server": "w0"}))  # fmt: skip
+            session.commit()
+        with c.db.session() as session:
+            newest = session.scalar(select(func.max(EventRow.sequence)))
+        _to_slot(c, clock, 40)  # the cutoff: slot 16
+        with c.db.session() as session:
+            kept = session.execute(
+                select(EventRow.sequence, EventRow.kind, EventRow.detail)
+                .where(EventRow.job_id == "").order_by(EventRow.sequence)
+            ).all()  # fmt: skip
+        assert kept and kept[-1].kind == "history_deleted", kept
+        assert kept[-1].sequence > newest
+        assert kept[-1].detail["ended_before_slot"] == 16 and kept[-1].detail["events"] >= 2
+        assert all(k.kind != "server_failed" for k in kept), kept
+    finally:
+        c.close()
