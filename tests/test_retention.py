@@ -450,3 +450,22 @@ def test_deleting_the_newest_server_events_writes_an_event_past_them(tmp_path: P
         assert all(k.kind != "server_failed" for k in kept), kept
     finally:
         c.close()
+
+
+def test_the_retention_record_keeps_the_highest_cutoff(tmp_path: Path) -> None:
+    """A deletion with a lower cutoff than one before (``keep_days`` raised since) must
+    not lower the record: the rows before the higher one are gone all the same, and
+    ``oasis offline --store`` would compare a stretch whose neighbours were deleted."""
+    from controller.store.retention_mark import mark_deleted_before
+
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    migrate(db)
+    try:
+        for cutoff, recorded in ((16, 16), (10, 16), (16, 16), (20, 20)):
+            with db.session() as session:
+                mark_deleted_before(session, cutoff)
+                session.commit()
+            with db.session() as session:
+                assert deleted_before(session) == recorded, cutoff
+    finally:
+        db.dispose()
