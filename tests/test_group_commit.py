@@ -354,3 +354,36 @@ def test_close_commits_what_is_queued_and_ends_the_thread() -> None:
     assert not writer._thread.is_alive() and stopped.is_set()
     with pytest.raises(RuntimeError, match="closed"):
         writer.submit(_ws("c"))
+
+
+def test_a_batch_of_several_submitters_stores_each_ones_estimate_as_decided(
+    tmp_path: Path,
+) -> None:
+    """The price-bound estimate after a batch is written once, from its last decision,
+    with the rows of every submitter the batch moved (one new to the store among them):
+    what the store then reads back is the estimate the decisions left, each tenant's
+    own included, not the one before the batch's first decision or one tenant's alone."""
+    from tests.test_pending import controller
+
+    c = controller(tmp_path, FakeClock(1_000_000.0), extra="")  # the estimated bounds
+    try:
+
+        async def scenario() -> None:
+            assert (await c.submit(small("a0"), by="alice")).state == "admitted"
+            lock = StoreLock(_db_file(c))
+            order = [("b1", "bob"), ("a2", "alice"), ("c3", "carol"), ("b4", "bob")]
+            tasks = []
+            for job_id, by in order:
+                tasks.append(asyncio.ensure_future(c.submit(small(job_id), by=by)))
+                await _until(lambda job_id=job_id: any(job_id in k for k in c._uncommitted))
+            threading.Timer(0.3, lock.release).start()
+            await asyncio.gather(*tasks)
+
+        asyncio.run(scenario())
+        assert c._writer.largest >= 3  # alice's, carol's and bob's in one batch at least
+        assert sorted(c._estimate.submitters) == ["alice", "bob", "carol"]
+        with c.db.session() as session:
+            stored = c._stored_estimate(session)
+        assert stored.to_dict() == c._estimate.to_dict()
+    finally:
+        c.close()
