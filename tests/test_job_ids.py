@@ -70,6 +70,12 @@ def test_changes_are_merged_once_there_are_enough() -> None:
     assert ids.nbytes == 0  # held apart so far
     ids.add("last")
     assert ids.nbytes == 8 * job_ids._MERGE_AT and "last" in ids and "a0" in ids
+    # removals are merged the same way, and a merge starts the count of changes again:
+    # the next change is held apart (a merge at every change costs O(n) each)
+    ids.difference_update([f"a{i}" for i in range(job_ids._MERGE_AT - 1)] + ["last"])
+    assert ids.nbytes == 0 and "a0" not in ids and "last" not in ids
+    ids.add("again")
+    assert ids.nbytes == 0 and "again" in ids and "a1" not in ids
 
 
 class _Loads:
