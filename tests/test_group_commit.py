@@ -387,3 +387,29 @@ def test_a_batch_of_several_submitters_stores_each_ones_estimate_as_decided(
         assert stored.to_dict() == c._estimate.to_dict()
     finally:
         c.close()
+
+
+def test_a_commit_numbered_at_the_last_event_seen_finds_the_store_rewound(
+    tmp_path: Path,
+) -> None:
+    """The store lost its newest event behind the leader (a restore, an edit): SQLite
+    numbers the next one past the highest kept, the very number the leader applied
+    last. The commit that gets it sees the store rewound, and the ledger is rebuilt
+    before the next step, as for any number below it."""
+    from sqlalchemy import text
+
+    from tests.test_pending import controller
+
+    c = controller(tmp_path, FakeClock(1_000_000.0))
+    try:
+        assert asyncio.run(c.submit(small("first"))).state == "admitted"
+        seen = c._seen_event
+        with c.db.session() as session:
+            session.execute(text("DELETE FROM events WHERE sequence = :n"), {"n": seen})
+        view = asyncio.run(c.submit(small("second")))
+        assert c._events_sync(seen - 1)[-1].sequence == seen  # the number given again
+        assert c._rewound and f"at or below event {seen}" in c._rewound, c._rewound
+        assert c._stale  # rebuilt before the next step
+        assert view.state == "admitted"
+    finally:
+        c.close()
