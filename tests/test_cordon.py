@@ -501,6 +501,10 @@ def test_a_cordon_names_what_is_wrong(tmp_path: Path) -> None:
             asyncio.run(c.uncordon("W0"))
         with pytest.raises(SpecError, match="reason: at most 500 characters"):
             asyncio.run(c.cordon("w0", "x" * 501))
+        # --from the next slot is no planned cordon: an end not after it is told so
+        nxt = c.slot + 1
+        with pytest.raises(SpecError, match=rf"starts in \({nxt}, the next one\)"):
+            asyncio.run(c.cordon("w1", start=nxt, until=nxt))
         # every operator reads the reason (oasis servers, the log): an escape that would
         # draw a fake "uncordoned" line on their terminals, or a NUL (PostgreSQL's text
         # refuses it, and the failed write rebuilt the ledger), is refused
