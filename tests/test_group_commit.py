@@ -413,3 +413,36 @@ def test_a_commit_numbered_at_the_last_event_seen_finds_the_store_rewound(
         assert view.state == "admitted"
     finally:
         c.close()
+
+
+def test_after_a_batch_committed_but_unanswered_the_next_counts_on_from_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch that the store committed but whose answer was lost (a connection cut
+    after the commit) fails its callers; the next batch numbers its jobs on from the
+    store's largest sequence, not from the one the writer knew before: counted on from
+    that, every later batch reused the lost batch's numbers and failed too."""
+    from controller.admission import commit
+    from controller.store.decisions import write_decisions as real
+    from tests.test_pending import controller
+
+    c = controller(tmp_path, FakeClock(1_000_000.0))
+
+    def lost(session: Any, *args: Any) -> Any:
+        with c.db.session() as own:  # committed in a transaction of its own
+            real(own, *args)
+        raise StoreUnavailableError("the connection was cut after the commit")
+
+    try:
+        assert asyncio.run(c.submit(small("before"))).sequence == 1
+        monkeypatch.setattr(commit, "write_decisions", lost)
+        with pytest.raises(StoreUnavailableError):
+            asyncio.run(c.submit(small("lost")))
+        monkeypatch.setattr(commit, "write_decisions", real)
+        after = asyncio.run(c.submit(small("after")))
+        assert after.state == "admitted" and after.sequence == 3
+        assert c._get_sync("lost").sequence == 2  # stored, though its caller was not told
+        again = asyncio.run(c.submit(small("lost")))  # its retry: the stored decision
+        assert again.duplicate and again.sequence == 2
+    finally:
+        c.close()
