@@ -513,8 +513,13 @@ def test_a_cordon_names_what_is_wrong(tmp_path: Path) -> None:
                 asyncio.run(c.cordon("w0", reason))
         asyncio.run(c.cordon("w0", "磁盘更换, ECC"))  # any text that shows as written
         assert c.cordoned["w0"].reason == "磁盘更换, ECC"
-        asyncio.run(c.uncordon("w0"))
-        assert c.cordoned == {}
+        back = asyncio.run(c.uncordon("w0"))
+        assert c.cordoned == {} and not back["failed"]
+        # an operator's cordon is no failure: without an execution plane, its uncordon
+        # does not say it ended one
+        with c.db.session() as s:
+            event = s.scalars(select(EventRow).where(EventRow.kind == "server_uncordoned")).one()
+        assert c.config.mqtt is None and "failure_ended" not in event.detail, event.detail
     finally:
         c.close()
 
