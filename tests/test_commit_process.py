@@ -263,6 +263,8 @@ def test_a_thread_writer_is_used_for_an_in_memory_store() -> None:
     assert not separate_process_ok("sqlite://")
     assert not separate_process_ok("sqlite:///:memory:")
     assert not separate_process_ok("sqlite:///file:x?mode=memory&cache=shared&uri=true")
+    # the same URI written into the database's name (escaped), as SQLite opens it too
+    assert not separate_process_ok("sqlite:///file:x%3Fmode%3Dmemory%26cache%3Dshared?uri=true")
     assert separate_process_ok("sqlite:////var/lib/oasis/oasis.db")
     assert separate_process_ok("postgresql+psycopg://oasis@/oasis")
 
