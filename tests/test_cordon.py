@@ -501,6 +501,13 @@ def test_a_cordon_names_what_is_wrong(tmp_path: Path) -> None:
             asyncio.run(c.uncordon("W0"))
         with pytest.raises(SpecError, match="reason: at most 500 characters"):
             asyncio.run(c.cordon("w0", "x" * 501))
+        # a start MAX_CORDON_SLOTS after the next slot is the furthest taken
+        from controller.admission.cordons import MAX_CORDON_SLOTS
+
+        furthest = c.slot + 1 + MAX_CORDON_SLOTS
+        assert asyncio.run(c.cordon("w1", start=furthest, dry_run=True))["from_slot"] == furthest
+        with pytest.raises(SpecError, match=f"from_slot: at most {MAX_CORDON_SLOTS} slots"):
+            asyncio.run(c.cordon("w1", start=furthest + 1, dry_run=True))
         # --from the next slot is no planned cordon: an end not after it is told so
         nxt = c.slot + 1
         with pytest.raises(SpecError, match=rf"starts in \({nxt}, the next one\)"):
