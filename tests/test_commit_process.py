@@ -263,6 +263,8 @@ def test_a_thread_writer_is_used_for_an_in_memory_store() -> None:
     assert not separate_process_ok("sqlite://")
     assert not separate_process_ok("sqlite:///:memory:")
     assert not separate_process_ok("sqlite:///file:x?mode=memory&cache=shared&uri=true")
+    # the same URI written into the database's name (escaped), as SQLite opens it too
+    assert not separate_process_ok("sqlite:///file:x%3Fmode%3Dmemory%26cache%3Dshared?uri=true")
     assert separate_process_ok("sqlite:////var/lib/oasis/oasis.db")
     assert separate_process_ok("postgresql+psycopg://oasis@/oasis")
 
@@ -284,3 +286,36 @@ def test_the_child_never_imports_code_from_the_working_directory(
     assert not marker.exists(), "the planted package ran"
     # it imported the real module: with no settings on its input, it ends with 2
     assert child.returncode == 2 and not child.stderr, child.stderr.decode()[-2000:]
+
+
+def test_a_child_that_fails_to_start_is_tried_again_after_a_doubling_back_off(
+    tmp_path: Path,
+) -> None:
+    """The first failed start waits RETRY_SECONDS[0] before the next try, each failure
+    after it twice as long, up to RETRY_SECONDS[1]; a start that succeeds begins the
+    count again."""
+    import structlog
+
+    from controller.store import Database
+    from controller.store.commit_process import RETRY_SECONDS, CommitProcessStartError
+
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    committer = CommitProcess(db, structlog.wrap_logger(structlog.ReturnLogger()))
+    working = committer.command
+    committer.command = [sys.executable, "-c", "raise SystemExit(3)"]
+    first, most = RETRY_SECONDS
+    try:
+        for n in range(8):
+            before = time.monotonic()
+            with pytest.raises(CommitProcessStartError):
+                committer.start()
+            after = time.monotonic()
+            wait = min(most, first * 2**n)
+            assert before + wait <= committer._retry_at <= after + wait, (n, wait)
+            committer._retry_at = 0.0  # the back-off is over
+        committer.command = working
+        committer.start()
+        assert committer.failed_starts == 0 and committer.starts == 1
+    finally:
+        committer.close()
+        db.dispose()

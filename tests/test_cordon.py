@@ -501,6 +501,17 @@ def test_a_cordon_names_what_is_wrong(tmp_path: Path) -> None:
             asyncio.run(c.uncordon("W0"))
         with pytest.raises(SpecError, match="reason: at most 500 characters"):
             asyncio.run(c.cordon("w0", "x" * 501))
+        # a start MAX_CORDON_SLOTS after the next slot is the furthest taken
+        from controller.admission.cordons import MAX_CORDON_SLOTS
+
+        furthest = c.slot + 1 + MAX_CORDON_SLOTS
+        assert asyncio.run(c.cordon("w1", start=furthest, dry_run=True))["from_slot"] == furthest
+        with pytest.raises(SpecError, match=f"from_slot: at most {MAX_CORDON_SLOTS} slots"):
+            asyncio.run(c.cordon("w1", start=furthest + 1, dry_run=True))
+        # --from the next slot is no planned cordon: an end not after it is told so
+        nxt = c.slot + 1
+        with pytest.raises(SpecError, match=rf"starts in \({nxt}, the next one\)"):
+            asyncio.run(c.cordon("w1", start=nxt, until=nxt))
         # every operator reads the reason (oasis servers, the log): an escape that would
         # draw a fake "uncordoned" line on their terminals, or a NUL (PostgreSQL's text
         # refuses it, and the failed write rebuilt the ledger), is refused
@@ -509,8 +520,13 @@ def test_a_cordon_names_what_is_wrong(tmp_path: Path) -> None:
                 asyncio.run(c.cordon("w0", reason))
         asyncio.run(c.cordon("w0", "磁盘更换, ECC"))  # any text that shows as written
         assert c.cordoned["w0"].reason == "磁盘更换, ECC"
-        asyncio.run(c.uncordon("w0"))
-        assert c.cordoned == {}
+        back = asyncio.run(c.uncordon("w0"))
+        assert c.cordoned == {} and not back["failed"]
+        # an operator's cordon is no failure: without an execution plane, its uncordon
+        # does not say it ended one
+        with c.db.session() as s:
+            event = s.scalars(select(EventRow).where(EventRow.kind == "server_uncordoned")).one()
+        assert c.config.mqtt is None and "failure_ended" not in event.detail, event.detail
     finally:
         c.close()
 

@@ -225,3 +225,224 @@ def test_after_a_postgres_restart_while_idle_the_next_decision_commits(
         assert ctl.writer.committed == 2
     finally:
         ctl.close()
+
+
+class _Held:
+    """A commit function for a bare :class:`GroupWriter`: the first batch waits until
+    :meth:`release` (so write sets pile up behind it), a batch listed in ``fail`` (by
+    its number, from 0) raises; records every batch's rows in order, and ``log``, what
+    the write sets and the calls did, in order."""
+
+    def __init__(self, fail: tuple[int, ...] = ()) -> None:
+        self.gate = threading.Event()
+        self.fail = fail
+        self.batches: list[list[Any]] = []
+        self.log: list[str] = []
+
+    def __call__(self, batch: list[Any]) -> list[Any]:
+        if not self.batches:
+            assert self.gate.wait(30), "never released"
+        number = len(self.batches)
+        self.batches.append([ws.rows for ws in batch])
+        if number in self.fail:
+            raise StoreUnavailableError("the store went away")
+        self.log.extend(f"committed {ws.rows}" for ws in batch)
+        return [ws.rows for ws in batch]
+
+    def release(self) -> None:
+        self.gate.set()
+
+
+def _writer(held: _Held, **kwargs: Any) -> Any:
+    from controller.admission.writer import GroupWriter
+
+    return GroupWriter(held, lambda err: err, **kwargs)
+
+
+def _ws(rows: Any, generation: int = 0) -> Any:
+    from controller.admission.writer import WriteSet
+
+    return WriteSet(rows, lambda r: r, generation=generation)
+
+
+def _until_queued(writer: Any, n: int) -> None:
+    """Until the writer's thread has taken the first write set (it waits in the
+    commit) and ``n`` write sets are submitted in all."""
+    deadline = time.monotonic() + 30
+    while writer.queued < n or writer._queue.qsize() != n - 1:
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_a_failed_batch_of_two_generations_fails_the_later_ones_of_the_newer() -> None:
+    """A batch holding write sets of two generations (the ledger rebuilt between two
+    decisions of it) fails: every write set decided on either ledger fails after it,
+    without a commit, until the decision thread starts a newer generation."""
+    held = _Held(fail=(1,))
+    writer = _writer(held)
+    try:
+        first = writer.submit(_ws("a", 0))
+        _until_queued(writer, 1)
+        batch = [writer.submit(_ws("b", 0)), writer.submit(_ws("c", 1))]
+        held.release()
+        assert first.result(10) == "a"
+        for future in batch:
+            with pytest.raises(StoreUnavailableError):
+                future.result(10)
+        assert held.batches == [["a"], ["b", "c"]] and writer.failed_generation == 1
+        later = writer.submit(_ws("d", 1))  # decided on the ledger the batch left behind
+        with pytest.raises(StoreUnavailableError):
+            later.result(10)
+        assert writer.submit(_ws("e", 2)).result(10) == "e"  # a rebuilt ledger's
+        assert held.batches == [["a"], ["b", "c"], ["e"]]
+    finally:
+        writer.close(10)
+
+
+def test_a_batch_holds_max_batch_write_sets_at_most() -> None:
+    from controller.admission.writer import MAX_BATCH
+
+    held = _Held()
+    writer = _writer(held)
+    try:
+        futures = [writer.submit(_ws(i)) for i in range(1)]
+        _until_queued(writer, 1)
+        futures += [writer.submit(_ws(i)) for i in range(1, MAX_BATCH + 44)]
+        held.release()
+        assert [f.result(10) for f in futures] == list(range(MAX_BATCH + 44))
+        assert [len(b) for b in held.batches] == [1, MAX_BATCH, 43]
+        assert writer.largest == MAX_BATCH
+    finally:
+        writer.close(10)
+
+
+def test_a_call_runs_after_the_write_sets_before_it_and_before_those_after() -> None:
+    """:meth:`GroupWriter.call` runs between batches, in the order it was queued: the
+    write sets queued before it are committed first, those after it are not yet."""
+    held = _Held()
+    writer = _writer(held)
+    try:
+        futures = [writer.submit(_ws("a"))]
+        _until_queued(writer, 1)
+        futures.append(writer.submit(_ws("b")))
+        called = writer.call(lambda: held.log.append("called"))
+        futures.append(writer.submit(_ws("c")))
+        held.release()
+        assert [f.result(10) for f in futures] == ["a", "b", "c"]
+        called.result(10)
+        assert held.log == ["committed a", "committed b", "called", "committed c"]
+    finally:
+        writer.close(10)
+
+
+def test_close_commits_what_is_queued_and_ends_the_thread() -> None:
+    held = _Held()
+    stopped = threading.Event()
+    writer = _writer(held, on_stop=stopped.set)
+    first = writer.submit(_ws("a"))
+    _until_queued(writer, 1)
+    second = writer.submit(_ws("b"))
+    closing = threading.Thread(target=writer.close, args=(10,))
+    closing.start()
+    deadline = time.monotonic() + 30
+    while writer._queue.qsize() != 2:  # "b", then the stop
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+    held.release()
+    closing.join(30)
+    assert (first.result(10), second.result(10)) == ("a", "b")
+    assert not writer._thread.is_alive() and stopped.is_set()
+    with pytest.raises(RuntimeError, match="closed"):
+        writer.submit(_ws("c"))
+
+
+def test_a_batch_of_several_submitters_stores_each_ones_estimate_as_decided(
+    tmp_path: Path,
+) -> None:
+    """The price-bound estimate after a batch is written once, from its last decision,
+    with the rows of every submitter the batch moved (one new to the store among them):
+    what the store then reads back is the estimate the decisions left, each tenant's
+    own included, not the one before the batch's first decision or one tenant's alone."""
+    from tests.test_pending import controller
+
+    c = controller(tmp_path, FakeClock(1_000_000.0), extra="")  # the estimated bounds
+    try:
+
+        async def scenario() -> None:
+            assert (await c.submit(small("a0"), by="alice")).state == "admitted"
+            lock = StoreLock(_db_file(c))
+            order = [("b1", "bob"), ("a2", "alice"), ("c3", "carol"), ("b4", "bob")]
+            tasks = []
+            for job_id, by in order:
+                tasks.append(asyncio.ensure_future(c.submit(small(job_id), by=by)))
+                await _until(lambda job_id=job_id: any(job_id in k for k in c._uncommitted))
+            threading.Timer(0.3, lock.release).start()
+            await asyncio.gather(*tasks)
+
+        asyncio.run(scenario())
+        assert c._writer.largest >= 3  # alice's, carol's and bob's in one batch at least
+        assert sorted(c._estimate.submitters) == ["alice", "bob", "carol"]
+        with c.db.session() as session:
+            stored = c._stored_estimate(session)
+        assert stored.to_dict() == c._estimate.to_dict()
+    finally:
+        c.close()
+
+
+def test_a_commit_numbered_at_the_last_event_seen_finds_the_store_rewound(
+    tmp_path: Path,
+) -> None:
+    """The store lost its newest event behind the leader (a restore, an edit): SQLite
+    numbers the next one past the highest kept, the very number the leader applied
+    last. The commit that gets it sees the store rewound, and the ledger is rebuilt
+    before the next step, as for any number below it."""
+    from sqlalchemy import text
+
+    from tests.test_pending import controller
+
+    c = controller(tmp_path, FakeClock(1_000_000.0))
+    try:
+        assert asyncio.run(c.submit(small("first"))).state == "admitted"
+        seen = c._seen_event
+        with c.db.session() as session:
+            session.execute(text("DELETE FROM events WHERE sequence = :n"), {"n": seen})
+        view = asyncio.run(c.submit(small("second")))
+        assert c._events_sync(seen - 1)[-1].sequence == seen  # the number given again
+        assert c._rewound and f"at or below event {seen}" in c._rewound, c._rewound
+        assert c._stale  # rebuilt before the next step
+        assert view.state == "admitted"
+    finally:
+        c.close()
+
+
+def test_after_a_batch_committed_but_unanswered_the_next_counts_on_from_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch that the store committed but whose answer was lost (a connection cut
+    after the commit) fails its callers; the next batch numbers its jobs on from the
+    store's largest sequence, not from the one the writer knew before: counted on from
+    that, every later batch reused the lost batch's numbers and failed too."""
+    from controller.admission import commit
+    from controller.store.decisions import write_decisions as real
+    from tests.test_pending import controller
+
+    c = controller(tmp_path, FakeClock(1_000_000.0))
+
+    def lost(session: Any, *args: Any) -> Any:
+        with c.db.session() as own:  # committed in a transaction of its own
+            real(own, *args)
+        raise StoreUnavailableError("the connection was cut after the commit")
+
+    try:
+        assert asyncio.run(c.submit(small("before"))).sequence == 1
+        monkeypatch.setattr(commit, "write_decisions", lost)
+        with pytest.raises(StoreUnavailableError):
+            asyncio.run(c.submit(small("lost")))
+        monkeypatch.setattr(commit, "write_decisions", real)
+        after = asyncio.run(c.submit(small("after")))
+        assert after.state == "admitted" and after.sequence == 3
+        assert c._get_sync("lost").sequence == 2  # stored, though its caller was not told
+        again = asyncio.run(c.submit(small("lost")))  # its retry: the stored decision
+        assert again.duplicate and again.sequence == 2
+    finally:
+        c.close()

@@ -70,6 +70,12 @@ def test_changes_are_merged_once_there_are_enough() -> None:
     assert ids.nbytes == 0  # held apart so far
     ids.add("last")
     assert ids.nbytes == 8 * job_ids._MERGE_AT and "last" in ids and "a0" in ids
+    # removals are merged the same way, and a merge starts the count of changes again:
+    # the next change is held apart (a merge at every change costs O(n) each)
+    ids.difference_update([f"a{i}" for i in range(job_ids._MERGE_AT - 1)] + ["last"])
+    assert ids.nbytes == 0 and "a0" not in ids and "last" not in ids
+    ids.add("again")
+    assert ids.nbytes == 0 and "again" in ids and "a1" not in ids
 
 
 class _Loads:
@@ -313,6 +319,40 @@ def test_a_standby_loads_no_ids_and_loads_them_when_it_takes_over(
             ids = _installed(b.c)
         assert all(i in ids for i in ("a0", "a1", "a2", "b1"))
         assert loads.engines == [b.db.engine] and "decide" not in loads.threads
+    finally:
+        for node in (a, b):
+            if node is not None:
+                node.close()
+
+
+def test_a_leader_that_leads_again_drops_the_ids_of_its_last_lead(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    """A leader that lost its lease stays a standby on its ledger (all of it committed),
+    follows the other leader, and may lead again on the same ledger: the ids it had
+    loaded missed the other leader's jobs, so they are dropped and loaded again. Kept,
+    a retry of the other leader's job read as certainly new and was decided again."""
+    url = postgres.new_database()
+    a = Node(tmp_path, url, "a")
+    b = None
+    try:
+        a.take_over()
+        asyncio.run(a.c.submit(job("a0")))
+        assert "a0" in _installed(a.c)  # a's ids, loaded for its ledger
+        ledger = a.c._ledger
+        b = Node(tmp_path, url, "b")
+        asyncio.run(b.c.follow())
+        _cut_lease(url, a)
+        b.take_over()
+        assert not asyncio.run(b.c.submit(job("b1"))).duplicate
+        assert a.elect() == "standby"
+        asyncio.run(a.c.follow())  # b's decision applied to a's ledger
+        _cut_lease(url, b)
+        a.take_over()
+        assert a.c._ledger is ledger  # led again on the ledger it followed with
+        again = asyncio.run(a.c.submit(job("b1")))  # b's job, retried
+        assert again.duplicate
+        assert all(i in _installed(a.c) for i in ("a0", "b1"))
     finally:
         for node in (a, b):
             if node is not None:

@@ -311,3 +311,161 @@ def test_retention_deleting_the_newest_events_is_not_a_rewound_store(tmp_path: P
         assert len(numbers) == len(set(numbers))
     finally:
         c.close()
+
+
+def _ended_slots(c: AdmissionController) -> dict[str, int]:
+    """Each stored job's slot of ending as retention reads it: completion (a completed
+    job's), cancellation (a cancelled one's) or decision (a rejected one's)."""
+    ended: dict[str, int] = {}
+    with c.db.session() as session:
+        for row in session.scalars(select(JobRow)):
+            column = {"completed": "completion_slot", "cancelled": "cancelled_slot"}
+            end = getattr(row, column.get(row.state, "decided_slot"))
+            assert isinstance(end, int), (row.id, row.state)
+            ended[row.id] = end
+    return ended
+
+
+def test_a_finished_job_is_kept_through_its_last_kept_slot_and_deleted_at_the_next(
+    tmp_path: Path,
+) -> None:
+    """Every kind of end is kept while its slot is at or after the cutoff (the slot
+    ``keep_days`` before the current one) and deleted once it is before it: one slot of
+    a finished job's history neither cut short nor kept too long."""
+    c, clock = _controller(tmp_path, keep_days=1)  # 24 one-hour slots
+    try:
+        assert asyncio.run(c.submit({"id": "done", **SPEC})).decision.admitted
+        assert asyncio.run(c.submit({"id": "gone", **SPEC})).decision.admitted
+        _to_slot(c, clock, 1)
+        asyncio.run(c.cancel("gone"))
+        _to_slot(c, clock, 3)
+        cheap = {**SPEC, "utility": {**SPEC["utility"], "priority": 1e-9}}
+        assert not asyncio.run(c.submit({"id": "cheap", **cheap})).decision.admitted
+        _to_slot(c, clock, 10)
+        ended = _ended_slots(c)
+        assert {j: asyncio.run(c.get(j)).state for j in ended} == {
+            "done": "completed", "gone": "cancelled", "cheap": "rejected",
+        }  # fmt: skip
+        # each kind ends in a slot of its own, after slot 0 (a cutoff of 0 deletes nothing)
+        assert len(set(ended.values())) == 3 and min(ended.values()) > 0, ended
+        for slot in range(min(ended.values()) + 24, max(ended.values()) + 26):
+            _to_slot(c, clock, slot)
+            cutoff = slot - 24
+            kept = {j for j, end in ended.items() if end >= cutoff}
+            assert _rows(c)["jobs"] == kept, (slot, ended)
+        assert _rows(c)["jobs"] == set()
+    finally:
+        c.close()
+
+
+def test_a_job_running_past_its_plan_is_never_deleted(tmp_path: Path) -> None:
+    """With the execution plane, a job whose agents have not reported all its work stays
+    running past its planned completion: it may still hold servers, and retention keeps
+    it (and its allocations, progress and events) however long ago that plan ended."""
+    from types import SimpleNamespace
+
+    c, clock = _controller(tmp_path, keep_days=1)  # 24 one-hour slots
+    try:
+        assert asyncio.run(c.submit({"id": "late", **SPEC})).decision.admitted
+        assert asyncio.run(c.submit({"id": "done", **SPEC})).decision.admitted
+        # the plane's check: the agents of "late" still report, "done" finished
+        c.execution = SimpleNamespace(unfinished=lambda job_id, session: job_id == "late")  # type: ignore[assignment]
+        for slot in range(1, 10):
+            _to_slot(c, clock, slot)
+        with c.db.session() as session:
+            late = session.get(JobRow, "late")
+            assert late is not None and late.state == "running"
+            assert late.completion_slot is not None and late.completion_slot < 9
+        _to_slot(c, clock, 40)  # the cutoff, slot 16, is long past its planned completion
+        rows = _rows(c)
+        assert rows["jobs"] == {"late"} and rows["allocations"] == {"late"}, rows
+        assert "late" in rows["events"], rows
+        assert asyncio.run(c.get("late")).state == "running"
+    finally:
+        c.execution = None
+        c.close()
+
+
+def test_a_pass_reaches_every_finished_job_past_stretches_with_none_and_full_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass goes on past a stretch of jobs none of which may go (here, jobs still
+    running) and past a step that deleted as many as it may: every finished job past
+    ``keep_days`` is deleted in the one pass, not left for later ones."""
+    from types import SimpleNamespace
+
+    from controller.admission import retention
+
+    monkeypatch.setattr(retention, "PRUNE_SCAN", 3)
+    c, clock = _controller(tmp_path, keep_days=1)  # 24 one-hour slots
+    try:
+        late = [f"late{i}" for i in range(3)]  # the first stretch: none of them may go
+        for job_id in late:
+            assert asyncio.run(c.submit({"id": job_id, **SPEC})).decision.admitted
+        cheap = {**SPEC, "utility": {**SPEC["utility"], "priority": 1e-9}}
+        rejected = [f"r{i}" for i in range(5)]
+        for job_id in rejected:
+            assert not asyncio.run(c.submit({"id": job_id, **cheap})).decision.admitted
+        c.execution = SimpleNamespace(unfinished=lambda job_id, session: True)  # type: ignore[assignment]
+        for slot in range(1, 10):
+            _to_slot(c, clock, slot)
+        clock.t = 40 * HOUR + 1.0  # the cutoff: slot 16
+        c._advance_window()
+        steps: list[list[str]] = []
+        after: int | None = 0
+        while after is not None:  # one pass, in steps of at most 2 jobs
+            ids, after = asyncio.run(c._run(functools.partial(c._prune_sync, 2, after)))
+            steps.append(ids)
+        assert steps == [[], ["r0", "r1"], ["r2", "r3"], ["r4"]], steps
+        assert _rows(c)["jobs"] == set(late)
+    finally:
+        c.execution = None
+        c.close()
+
+
+def test_deleting_the_newest_server_events_writes_an_event_past_them(tmp_path: Path) -> None:
+    """The servers' history is deleted the same way as the jobs': when its deletion
+    takes the store's newest event (a quiet cluster whose last news was a server's),
+    a ``history_deleted`` event numbered past it says so, and the store's newest event
+    number never goes back (else the leader read the store as rewound under it)."""
+    c, clock = _controller(tmp_path, keep_days=1)  # 24 one-hour slots
+    old = datetime.now(UTC) - timedelta(days=8)
+    try:
+        with c.db.session() as session:
+            for slot in (1, 2):
+                session.add(EventRow(at=old, kind="server_failed", job_id="", slot=slot,
+                                     state="", detail={"server": "w0"}))  # fmt: skip
+            session.commit()
+        with c.db.session() as session:
+            newest = session.scalar(select(func.max(EventRow.sequence)))
+        _to_slot(c, clock, 40)  # the cutoff: slot 16
+        with c.db.session() as session:
+            kept = session.execute(
+                select(EventRow.sequence, EventRow.kind, EventRow.detail)
+                .where(EventRow.job_id == "").order_by(EventRow.sequence)
+            ).all()  # fmt: skip
+        assert kept and kept[-1].kind == "history_deleted", kept
+        assert kept[-1].sequence > newest
+        assert kept[-1].detail["ended_before_slot"] == 16 and kept[-1].detail["events"] >= 2
+        assert all(k.kind != "server_failed" for k in kept), kept
+    finally:
+        c.close()
+
+
+def test_the_retention_record_keeps_the_highest_cutoff(tmp_path: Path) -> None:
+    """A deletion with a lower cutoff than one before (``keep_days`` raised since) must
+    not lower the record: the rows before the higher one are gone all the same, and
+    ``oasis offline --store`` would compare a stretch whose neighbours were deleted."""
+    from controller.store.retention_mark import mark_deleted_before
+
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    migrate(db)
+    try:
+        for cutoff, recorded in ((16, 16), (10, 16), (16, 16), (20, 20)):
+            with db.session() as session:
+                mark_deleted_before(session, cutoff)
+                session.commit()
+            with db.session() as session:
+                assert deleted_before(session) == recorded, cutoff
+    finally:
+        db.dispose()

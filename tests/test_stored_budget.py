@@ -157,7 +157,8 @@ def test_the_day_is_read_back_per_submitter_and_hour(store_url: str) -> None:
     migrate(db)
     now = T0 + 30 * 60
     utc = lambda seconds: datetime.fromtimestamp(seconds, UTC)  # noqa: E731
-    rows = [_job_row(i + 1, "old", utc(now - 3 * 86_400 + i), 500) for i in range(50)]
+    rows = [_job_row(i + 1, "old", utc(now - 3 * 86_400 + i), 500) for i in range(49)]
+    rows.append(_job_row(50, "old", utc(now - 86_400 - 60), 500))  # a minute before the day
     rows += [
         _job_row(51, "alice", utc(now - 23 * 3600), 300),  # the day's first hour
         _job_row(52, "alice", utc(now - 23 * 3600 + 60), 200),
