@@ -4,13 +4,33 @@ live reload: each of these was a slip no test caught)."""
 from __future__ import annotations
 
 import asyncio
+import io
+import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from controller.config import load
 from controller.limits import Limits
 from controller.reload import MAX_NAMES_CHECKED, Reloader, limit_changes, reread
-from controller.reload_status import ReloadStatus
+from controller.reload_status import (
+    KEPT_ANSWERS,
+    STATUS_NAME,
+    Answer,
+    ReloadStatus,
+    read_status,
+    status_path,
+)
+from controller.reload_wait import (
+    EXIT_APPLIED,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    _not_oasisd,
+    _report,
+    main,
+)
 from tests.test_reload import config_file, tokens_file
 
 
@@ -75,3 +95,98 @@ def test_a_longest_wait_lowered_to_the_running_default_wait_applies_at_once() ->
     assert changed == ("max_wait_seconds: 7200 -> 3600",)
     limits, changed, restart = limit_changes(running, Limits(max_wait_seconds=3599.0), 3600.0)
     assert limits == running and changed == () and restart == ("limits.max_wait_seconds",)
+
+
+def test_the_ledgers_cap_waits_for_a_restart() -> None:
+    running = Limits()
+    fresh = Limits(max_ledger_mb=running.max_ledger_mb / 2)
+    limits, changed, restart = limit_changes(running, fresh)
+    assert limits == running and changed == () and restart == ("limits.max_ledger_mb",)
+
+
+def test_a_reload_names_the_tables_and_keys_that_wait_for_a_restart(tmp_path: Path) -> None:
+    """An edit of [web] waits for a restart, named by key; a table added whole is named by
+    itself; an unedited data_dir stays the running one (oasisd --data-dir's)."""
+    tokens = tokens_file(tmp_path / "tokens", {"alice": ("submitter", "t-alice")})
+    path = config_file(tmp_path, tokens)
+    running = replace(load(path), data_dir=tmp_path / "elsewhere")
+    text = path.read_text()
+    assert 'listen = "127.0.0.1:0"\n' in text
+    path.write_text(text + '[metrics]\nlisten = "127.0.0.1:0"\n')
+    found = reread(running, Path(running.source))
+    assert found.restart == ("metrics",) and found.keys == ("metrics",)
+    assert found.fresh is not None and found.fresh.data_dir == tmp_path / "elsewhere"
+    path.write_text(
+        text.replace('[web]\nlisten = "127.0.0.1:0"\n', '[web]\nlisten = "127.0.0.1:1"\n')
+    )
+    found = reread(running, Path(running.source))
+    assert found.restart == ("web",) and found.keys == ("web.listen",)
+
+
+def test_a_sighup_while_the_daemon_stops_reads_nothing(tmp_path: Path) -> None:
+    tokens = tokens_file(tmp_path / "tokens", {"alice": ("submitter", "t-alice")})
+    running = load(config_file(tmp_path, tokens))
+    status = ReloadStatus(None)
+
+    async def late() -> None:
+        reloader = Reloader(running, [], status=status)
+        await reloader.stop()
+        reloader.hangup()
+        reloader.hangup()
+        for _ in range(5):
+            await asyncio.sleep(0)
+
+    asyncio.run(late())
+    assert status.now.begun == 0 and status.now.stopping
+
+
+def test_the_next_reload_compares_with_what_the_last_one_applied(tmp_path: Path) -> None:
+    tokens = tokens_file(tmp_path / "tokens", {"alice": ("submitter", "t-alice")})
+    running = load(config_file(tmp_path, tokens))
+    tokens_file(tokens, {"alice": ("submitter", "t-alice"), "bob": ("submitter", "t-bob")})
+
+    async def twice() -> tuple[str, str]:
+        reloader = Reloader(running, [])
+        first, second = await reloader.reload(), await reloader.reload()
+        assert first is not None and second is not None
+        return first.tokens.words(), second.tokens.words()
+
+    assert asyncio.run(twice()) == ("added bob", "no change")
+
+
+def test_the_status_keeps_the_latest_answers_one_per_reload(tmp_path: Path) -> None:
+    status = ReloadStatus(tmp_path / STATUS_NAME)
+    for _ in range(KEPT_ANSWERS + 4):
+        number = status.begin()
+        status.answer(number, "applied", ["checking"], final=False)
+        status.answer(number, "applied", ["done"])  # the same reload's, replaced
+    read = read_status(tmp_path / STATUS_NAME)
+    assert read is not None and read.begun == KEPT_ANSWERS + 4
+    assert [a.number for a in read.answers] == list(range(5, KEPT_ANSWERS + 5))
+    assert all(a.lines == ("done",) and a.final for a in read.answers)
+
+
+def test_the_status_is_in_the_first_runtime_directory() -> None:
+    assert status_path({"RUNTIME_DIRECTORY": "/run/oasis:/run/other"}) == Path(
+        "/run/oasis/reload.json"
+    )
+    assert status_path({"RUNTIME_DIRECTORY": ""}) is None and status_path({}) is None
+
+
+def test_a_reload_answer_other_than_applied_fails_and_errors_go_to_stderr() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    assert _report(Answer(1, "starting"), out, err) == EXIT_REFUSED
+    assert out.getvalue() == "" and err.getvalue() == "reload starting\n"
+    out, err = io.StringIO(), io.StringIO()
+    applied = Answer(2, "applied", ("config reloaded: f", "error: a restart would fail"))
+    assert _report(applied, out, err) == EXIT_APPLIED
+    assert out.getvalue() == "config reloaded: f\n"
+    assert err.getvalue() == "error: a restart would fail\n"
+
+
+def test_a_process_that_is_not_oasisd_is_not_signalled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert _not_oasisd(os.getpid()).startswith(f"process {os.getpid()} is not oasisd (")
+    monkeypatch.setenv("RUNTIME_DIRECTORY", str(tmp_path))
+    assert main(["--pid", "1"]) == EXIT_USAGE  # init: never a daemon to signal
