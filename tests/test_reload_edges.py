@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +22,7 @@ from controller.reload_status import (
     STATUS_NAME,
     Answer,
     ReloadStatus,
+    Status,
     read_status,
     status_path,
 )
@@ -30,6 +33,7 @@ from controller.reload_wait import (
     _not_oasisd,
     _report,
     main,
+    wait_for_reload,
 )
 from tests.test_reload import config_file, tokens_file
 
@@ -190,3 +194,43 @@ def test_a_process_that_is_not_oasisd_is_not_signalled(
     assert _not_oasisd(os.getpid()).startswith(f"process {os.getpid()} is not oasisd (")
     monkeypatch.setenv("RUNTIME_DIRECTORY", str(tmp_path))
     assert main(["--pid", "1"]) == EXIT_USAGE  # init: never a daemon to signal
+
+
+CHECKS_DONE_ON_SIGHUP = """
+import json, signal, sys, time
+path, number = sys.argv[1], int(sys.argv[2])
+def done(*_):
+    time.sleep(0.3)  # the waiter reads the answer not yet final first
+    with open(path + ".tmp", "w") as f:
+        json.dump({"pid": __import__("os").getpid(), "begun": number, "stopping": False,
+                   "answers": [{"number": number, "outcome": "applied",
+                                "lines": ["checks done"], "final": True}]}, f)
+    __import__("os").replace(path + ".tmp", path)
+signal.signal(signal.SIGHUP, done)
+print("ready", flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+def test_oasisd_reload_waits_for_the_checks_of_a_restart_to_finish(tmp_path: Path) -> None:
+    """An answer whose checks of a restart still run (``final`` false) is not the
+    verdict: the waiter reads on until the final one (or its timeout)."""
+    path = tmp_path / STATUS_NAME
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHECKS_DONE_ON_SIGHUP, str(path), "1"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        # begun 0 read before the SIGHUP: reload 1's answer is the one, checks running
+        early = (Answer(1, "applied", ("checking",), final=False),)
+        path.write_text(Status(child.pid, 0, early).to_json())
+        out, err = io.StringIO(), io.StringIO()
+        assert wait_for_reload(child.pid, path, 60, out, err) == EXIT_APPLIED
+        assert out.getvalue() == "checks done\n" and err.getvalue() == ""
+    finally:
+        child.kill()
+        child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
