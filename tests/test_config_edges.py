@@ -4,7 +4,9 @@ config loading: each of these was a slip no test caught)."""
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ import pytest
 
 from controller.config import Config, ConfigError, from_dict, load, load_mqtt
 from controller.config_exposure import _others_may
+from pricing.default_prior import default_prior
 from pricing.ledger import ledger_bytes
 
 CLUSTER: dict[str, Any] = {
@@ -282,3 +285,10 @@ def test_at_most_20_problems_are_said_at_once(tmp_path: Path) -> None:
     lines = str(err.value).splitlines()
     assert len(lines) == 20 and lines[0].startswith("daemon.typo_00: unknown key")
     assert lines[-1].startswith("daemon.typo_19: unknown key")
+
+
+def test_a_prior_file_is_read_next_to_the_config_and_named_by_its_path(tmp_path: Path) -> None:
+    (tmp_path / "prior.json").write_text(json.dumps(replace(default_prior(), source="").to_dict()))
+    prior = load(written(tmp_path / "c.toml", '[pricing]\nprior = "prior.json"\n')).pricing.prior
+    assert prior is not None and prior.source == str(tmp_path / "prior.json")
+    assert prior.weight == default_prior().weight
