@@ -292,3 +292,21 @@ def test_a_prior_file_is_read_next_to_the_config_and_named_by_its_path(tmp_path:
     prior = load(written(tmp_path / "c.toml", '[pricing]\nprior = "prior.json"\n')).pricing.prior
     assert prior is not None and prior.source == str(tmp_path / "prior.json")
     assert prior.weight == default_prior().weight
+
+
+def test_an_empty_file_name_is_refused_not_read_as_the_configs_folder(tmp_path: Path) -> None:
+    for table, text in (("auth.tokens_file", '[auth]\ntokens_file = ""\n'),
+                        ("tls.cert", '[tls]\ncert = ""\nkey = "k"\n')):  # fmt: skip
+        with pytest.raises(ConfigError) as err:
+            load(written(tmp_path / "c.toml", text))
+        assert str(err.value) == f"{table}: must be a non-empty string, got the string ''"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root gives a file to another user")
+def test_a_config_owned_by_another_user_is_warned_of(tmp_path: Path) -> None:
+    path = written(tmp_path / "theirs.toml", "")
+    os.chown(path, 4242, -1)
+    assert load(path).warnings == (
+        f"the config {path}: owned by uid 4242, mode 0600: another user may change it and "
+        "so who may do what here; chown it to root or the daemon's user, chmod go-w",
+    )
