@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from controller.auth import hash_token
 from controller.config import Config, ConfigError, from_dict, load, load_mqtt
 from controller.config_exposure import _others_may
 from pricing.default_prior import default_prior
@@ -310,3 +311,12 @@ def test_a_config_owned_by_another_user_is_warned_of(tmp_path: Path) -> None:
         f"the config {path}: owned by uid 4242, mode 0600: another user may change it and "
         "so who may do what here; chown it to root or the daemon's user, chmod go-w",
     )
+
+
+def test_a_file_name_may_start_at_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "tokens").write_text(f"ops operator {hash_token('t-ops')}\n")
+    (tmp_path / "tokens").chmod(0o600)
+    (tmp_path / "etc").mkdir()
+    loaded = load(written(tmp_path / "etc" / "c.toml", '[auth]\ntokens_file = "~/tokens"\n'))
+    assert [c.name for c in (loaded.tokens or {}).values()] == ["ops"]
