@@ -320,3 +320,11 @@ def test_a_file_name_may_start_at_home(tmp_path: Path, monkeypatch: pytest.Monke
     (tmp_path / "etc").mkdir()
     loaded = load(written(tmp_path / "etc" / "c.toml", '[auth]\ntokens_file = "~/tokens"\n'))
     assert [c.name for c in (loaded.tokens or {}).values()] == ["ops"]
+
+
+def test_the_agents_broker_ca_is_read_next_to_its_config(tmp_path: Path) -> None:
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "ca.pem").write_text("-----BEGIN CERTIFICATE-----\n")
+    path = written(tmp_path / "etc" / "agent.toml", '[mqtt]\nhost = "b"\ntls_ca = "ca.pem"\n')
+    mqtt = load_mqtt(path)
+    assert mqtt is not None and mqtt.tls_ca == str(tmp_path / "etc" / "ca.pem")
