@@ -328,3 +328,11 @@ def test_the_agents_broker_ca_is_read_next_to_its_config(tmp_path: Path) -> None
     path = written(tmp_path / "etc" / "agent.toml", '[mqtt]\nhost = "b"\ntls_ca = "ca.pem"\n')
     mqtt = load_mqtt(path)
     assert mqtt is not None and mqtt.tls_ca == str(tmp_path / "etc" / "ca.pem")
+
+
+def test_the_agents_device_resource_is_one_of_the_clusters() -> None:
+    assert refused(mqtt={"host": "b", "device_resource": "gpus"}).startswith(
+        "mqtt.device_resource: 'gpus' is not a resource of the cluster (its resources: gpu, "
+    )
+    no_devices = config(mqtt={"host": "b", "device_resource": ""}).mqtt
+    assert no_devices is not None and no_devices.device_resource == ""
