@@ -16,8 +16,17 @@ from typing import Any
 import grpc
 import pytest
 
-from controller.auth import _InFlight
-from controller.limits import SENT_FACTOR, JobTooLargeError, Limits, search_size
+from controller.auth import AccessInterceptor, Caller, Role, _HostShares, _InFlight, hash_token
+from controller.limits import (
+    BYTES_PER_TOKEN,
+    SENT_FACTOR,
+    JobTooLargeError,
+    Limits,
+    RateLimiter,
+    limits_from_dict,
+    search_size,
+)
+from pricing import SpecError
 from pricing.job import Job
 from tests.test_daemon_e2e import job
 from tests.test_limits import CLUSTER, WINDOW, parsed
@@ -144,3 +153,151 @@ def test_a_client_holds_exactly_max_calls_per_client_in_flight() -> None:
         assert calls.calls.of("mallory") == 3
 
     asyncio.run(scenario())
+
+
+# -- the access interceptor's refusals cost the rate ------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Call(Context):
+    """A call's context with its metadata, as :meth:`AccessInterceptor._admit` reads it."""
+
+    def __init__(self, token: str | None, peer: str = "ipv4:198.51.100.9:50000") -> None:
+        super().__init__(peer)
+        self.token = token
+
+    def invocation_metadata(self) -> Any:
+        return () if self.token is None else (("authorization", f"Bearer {self.token}"),)
+
+    def set_trailing_metadata(self, metadata: Any) -> None:
+        pass
+
+
+def refused(access: AccessInterceptor, method: str, call: Call) -> grpc.StatusCode | None:
+    """The code ``access`` refuses ``call`` of ``method`` with (None: admitted)."""
+    try:
+        asyncio.run(access._admit(method, call))
+    except RefusedError as err:
+        return err.args[0]
+    return None
+
+
+def tenant_access(burst: float) -> AccessInterceptor:
+    digest = hash_token("alice-token")
+    alice = Caller("alice", Role.SUBMITTER, client="alice", turn="alice", token=digest)
+    return AccessInterceptor({digest: alice}, RateLimiter(1.0, burst, now=Clock()))
+
+
+SUBMIT = "/oasis.v1.Admission/SubmitJob"
+
+
+def test_a_tenants_calls_it_may_not_make_cost_its_rate_as_its_others() -> None:
+    """A submitter calling an operator's RPC is refused PERMISSION_DENIED, and charged a
+    token for it as for any call: refusals a client repeats cost it its rate (and keep
+    its log lines to it), so past its burst it is told to slow down, and its own calls
+    wait as well. Uncharged, a tenant could refuse itself as fast as it liked."""
+    access = tenant_access(burst=2)
+    denied = "/oasis.v1.Cluster/ListServers"
+    codes = [refused(access, denied, Call("alice-token")) for _ in range(2)]
+    assert codes == [grpc.StatusCode.PERMISSION_DENIED] * 2
+    assert refused(access, denied, Call("alice-token")) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert refused(access, SUBMIT, Call("alice-token")) == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_calls_without_a_known_token_cost_their_hosts_rate() -> None:
+    """A call with no token, or one the daemon does not know, is UNAUTHENTICATED and
+    costs its host (the peer's address without the port) a token: guessing tokens, or
+    calling without one, is held to the rate, and past it refused RESOURCE_EXHAUSTED
+    from any port of that host; another host, and a tenant with its token, are not."""
+    for token in (None, "guess"):
+        access = tenant_access(burst=2)
+        calls = [Call(token, f"ipv4:198.51.100.9:{port}") for port in (5000, 5001, 5002)]
+        codes = [refused(access, SUBMIT, call) for call in calls]
+        assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 2 + [
+            grpc.StatusCode.RESOURCE_EXHAUSTED
+        ], token
+        other = Call(token, "ipv4:203.0.113.7:5000")
+        assert refused(access, SUBMIT, other) == grpc.StatusCode.UNAUTHENTICATED
+        assert refused(access, SUBMIT, Call("alice-token", "ipv4:198.51.100.9:5003")) is None
+
+
+# -- [limits] as read -------------------------------------------------------------------
+
+
+def test_a_burst_of_exactly_one_call_is_taken() -> None:
+    """``limits.burst`` must hold a whole token: 1 is the smallest taken (a client's
+    calls one at a time, at the rate); under it a bucket never holds a call's token."""
+    assert limits_from_dict({"rate": 5, "burst": 1}).burst == 1
+    with pytest.raises(SpecError, match=r"limits\.burst: must be 0 .* or >= 1, got 0\.99"):
+        limits_from_dict({"rate": 5, "burst": 0.99})
+
+
+def test_submitters_utility_caps_are_at_most_ten_thousand() -> None:
+    """``[limits.max_utility_by_submitter]`` is looked up at every decision and copied at
+    every reload: 10,000 submitters are taken, one more is refused naming the table."""
+    caps = {f"t{i}": 5.0 for i in range(10_000)}
+    assert len(limits_from_dict({"max_utility_by_submitter": caps}).max_utility_by_submitter) == (
+        10_000
+    )
+    with pytest.raises(SpecError, match=r"max_utility_by_submitter: at most 10000 submitters"):
+        limits_from_dict({"max_utility_by_submitter": {**caps, "one-more": 5.0}})
+
+
+def test_without_tokens_a_caller_is_its_host_to_the_rate_and_no_one_to_the_turns() -> None:
+    """Without ``[auth]`` a call's rate is its host's (the peer without its port), and
+    its turn is empty: callers that cannot be told apart queue first come, first served,
+    uncapped by ``limits.max_in_flight`` (a per-host cap would let one busy script on
+    the head node refuse every other local client's calls)."""
+    caller = asyncio.run(AccessInterceptor(None, None)._admit(SUBMIT, Call(None)))
+    assert (caller.name, caller.client, caller.turn) == ("", "ipv4:198.51.100.9", "")
+    assert (caller.owner, caller.submitter) == (None, None)
+
+
+# -- the token bucket ------------------------------------------------------------------
+
+
+def test_a_client_idle_for_long_is_charged_from_a_full_bucket_not_more() -> None:
+    """A bucket refills to ``burst`` and no further, when a search's cost is charged as
+    when a call takes its token: a client idle for an hour that then submits a search of
+    three tokens owes one (its next call waits 2 s at a rate of 1/s), not an hour's
+    tokens less three (which let it flood the decision thread at once)."""
+    clock = Clock()
+    limiter = RateLimiter(rate=1.0, burst=2.0, now=clock)
+    assert limiter.take("c") == 0.0
+    clock.t += 3600
+    limiter.charge("c", 3.0)
+    assert limiter.take("c") == pytest.approx(2.0)
+
+
+def test_bytes_past_the_first_bytes_per_token_cost_a_token_each_as_many_more() -> None:
+    """``charge_bytes``: nothing for the first :data:`BYTES_PER_TOKEN` bytes of a spec
+    or an answer, then a token each as many more: three times it costs two tokens."""
+    clock = Clock()
+    limiter = RateLimiter(rate=1.0, burst=4.0, now=clock)
+    limiter.charge_bytes("c", BYTES_PER_TOKEN)  # free
+    limiter.charge_bytes("c", 3 * BYTES_PER_TOKEN)  # two tokens of the four
+    assert [limiter.take("c") for _ in range(3)] == [0.0, 0.0, pytest.approx(1.0)]
+
+
+def test_every_local_peer_shares_only_the_total_of_the_open_services() -> None:
+    """The per-host share of the open services' calls and streams binds hosts off this
+    machine; local peers (127.x, ``::1`` as gRPC writes it, a unix socket, abstract or
+    not) are every local client at once and count only against the total."""
+    local = ("ipv4:127.0.0.2", "ipv6:%5B::1%5D", "unix:/run/oasis.sock", "unix-abstract:oasis")
+    for peer in local:
+        shares = _HostShares(limit=5, per_host=1)
+        shares.take(peer)
+        assert shares.over(peer) == "", peer
+        shares.give_back(peer)
+        assert shares.open == 0 and not shares.hosts
+    remote = _HostShares(limit=5, per_host=1)
+    remote.take("ipv4:203.0.113.7")
+    assert remote.over("ipv4:203.0.113.7") == "host"
+    assert remote.over("ipv4:198.51.100.9") == ""
