@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
+from controller.admission.limit_checks import pending_refused
+from controller.admission.state import parse_job
 from controller.auth import AccessInterceptor, Caller, Role, _HostShares, _InFlight, hash_token
 from controller.limits import (
     BYTES_PER_TOKEN,
@@ -26,6 +30,7 @@ from controller.limits import (
     limits_from_dict,
     search_size,
 )
+from controller.store import Database, JobRow, migrate
 from pricing import SpecError
 from pricing.job import Job
 from tests.test_daemon_e2e import job
@@ -301,3 +306,98 @@ def test_every_local_peer_shares_only_the_total_of_the_open_services() -> None:
     remote.take("ipv4:203.0.113.7")
     assert remote.over("ipv4:203.0.113.7") == "host"
     assert remote.over("ipv4:198.51.100.9") == ""
+
+
+def test_a_search_costs_its_steps_in_tokens_fractions_too() -> None:
+    """A submit's or quote's search costs ``steps / search_steps_per_token`` tokens on top
+    of its call's: a search of half that many steps costs half a token, not nothing (so
+    a client's many searches just under it cost their share)."""
+    limits = Limits(search_steps_per_token=100)
+    assert limits.search_tokens(250) == 2.5
+    assert limits.search_tokens(50) == 0.5
+
+
+# -- the pending jobs a reload's limits would expire -----------------------------------
+
+
+def pending_store(tmp_path: Path, rows: list[tuple[str, str | None, Any, int, str]]) -> Database:
+    """A migrated SQLite store holding ``rows``: ``(key, submitter, spec (dict, or text
+    as stored), arrival slot, state)``, in that order."""
+    db = Database(f"sqlite:///{tmp_path / 'oasis.db'}")
+    migrate(db)
+    with db.session() as s:
+        for sequence, (key, submitter, spec, arrival, state) in enumerate(rows, 1):
+            text = spec if isinstance(spec, str) else json.dumps({**spec, "id": key})
+            s.add(JobRow(id=key, sequence=sequence, spec=text, state=state, submitted_slot=0,
+                         arrival_slot=arrival, work=1, admitted=state != "pending", reason="",
+                         detail={}, decision_ms=0.1, decided_at=datetime.now(UTC),
+                         submitter=submitter))  # fmt: skip
+    return db
+
+
+def refused_pending(db: Database, limits: Limits, first: int | None = None) -> list[str]:
+    def parse(spec: Any, arrival: int) -> Job:
+        return parse_job(spec, CLUSTER, 3600, WINDOW, arrival)
+
+    with db.session() as s:
+        return pending_refused(s, parse, limits, CLUSTER, WINDOW, first)
+
+
+def test_a_reload_names_each_submitters_pending_jobs_its_limits_refuse(tmp_path: Path) -> None:
+    """One line per submitter whose pending jobs the new limits refuse, a submitter's
+    own utility cap included; jobs admitted or done are not the next boundary's to
+    expire, and a spec that no longer parses is left out (it expires whatever the
+    change). The first five of a submitter's jobs are named, ``...`` past them."""
+    small, big = job("s"), job("b", chunks=16, minibatches=300)  # W = 9 and W = 101
+    rows: list[tuple[str, str | None, Any, int, str]] = [
+        *((f"alice:b{i}", "alice", big, 1, "pending") for i in range(5)),
+        ("alice:s", "alice", small, 1, "pending"),
+        ("alice:done", "alice", big, 1, "admitted"),
+        ("bob:s", "bob", small, 1, "pending"),
+        ("bob:torn", "bob", "{not json", 1, "pending"),
+        *((f"carol:b{i}", "carol", big, 1, "pending") for i in range(6)),
+    ]
+    db = pending_store(tmp_path, rows)
+    try:
+        lines = refused_pending(db, Limits(max_job_work=100))
+        alice = ", ".join(f"alice:b{i}" for i in range(5))
+        carol = ", ".join(f"carol:b{i}" for i in range(5))
+        assert [line.split(", first: ")[0] for line in lines] == [
+            f"alice: 5 pending job(s) ({alice})",
+            f"carol: 6 pending job(s) ({carol} ...)",
+        ]
+        assert "exceeds limits.max_job_work = 100" in lines[0]
+        # bob's own cap refuses his job worth 50; alice's, under the shared cap, stays
+        capped = Limits(max_utility=100, max_utility_by_submitter={"bob": 10})
+        [bob] = refused_pending(db, capped)
+        assert bob.startswith("bob: 1 pending job(s) (bob:s), first: no longer valid: ")
+        assert "max_utility_by_submitter.bob = 10" in bob
+    finally:
+        db.dispose()
+
+
+def test_a_restart_names_the_pending_jobs_that_could_no_longer_end_in_their_window(
+    tmp_path: Path,
+) -> None:
+    """With the next slot ``first`` (a restart's config), a pending job that could not
+    end by its arrival + window - 1 starting then is named, one that just could is not;
+    and so is one whose spec no longer parses."""
+    spec = job("s")  # two slots of work
+    edge = parsed(spec).min_slots
+    end = 1 + WINDOW - 1  # arriving in slot 1
+    db = pending_store(
+        tmp_path,
+        [("alice:s", "alice", spec, 1, "pending"), ("bob:torn", "bob", "{x", 1, "pending")],
+    )
+    try:
+        assert [line.split(" (")[0] for line in refused_pending(db, Limits(), end - edge + 1)] == [
+            "bob: 1 pending job(s)"
+        ]
+        lines = refused_pending(db, Limits(), end - edge + 2)
+        assert lines[0] == (
+            f"alice: 1 pending job(s) (alice:s), first: it needs {edge} slots from slot "
+            f"{end - edge + 2}, past slot {end}, the end of its window"
+        )
+        assert lines[1].startswith("bob: 1 pending job(s) (bob:torn), first: no longer valid: ")
+    finally:
+        db.dispose()
