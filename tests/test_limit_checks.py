@@ -21,6 +21,8 @@ import pytest
 from controller.admission.limit_checks import pending_refused
 from controller.admission.state import parse_job
 from controller.auth import AccessInterceptor, Caller, Role, _HostShares, _InFlight, hash_token
+from controller.handler_memo import MAX_METHODS, HandlerMemo
+from controller.holds import Holds
 from controller.limits import (
     BYTES_PER_TOKEN,
     SENT_FACTOR,
@@ -401,3 +403,41 @@ def test_a_restart_names_the_pending_jobs_that_could_no_longer_end_in_their_wind
         assert lines[1].startswith("bob: 1 pending job(s) (bob:torn), first: no longer valid: ")
     finally:
         db.dispose()
+
+
+# -- what the caps count by ------------------------------------------------------------
+
+
+def test_a_holder_that_gives_back_all_it_holds_is_forgotten() -> None:
+    """Every per-client and per-host cap counts in a :class:`Holds`: a holder is kept
+    while it holds any, and forgotten when it gives the last back, so the table is as
+    large as the holders of the moment, not every peer or token ever seen (a client
+    calling from a new port or address each time would grow it for good)."""
+    holds = Holds()
+    for holder in ("a", "a", "b"):
+        holds.take(holder)
+    assert dict(holds) == {"a": 2, "b": 1}
+    holds.give_back("a")
+    holds.give_back("b")
+    assert dict(holds) == {"a": 1} and holds.of("b") == 0
+    holds.give_back("a")
+    holds.give_back("never-held")
+    assert len(holds) == 0 and holds.of("a") == 0
+
+
+def test_a_full_memo_still_keeps_the_new_wrapper_of_a_method_it_holds() -> None:
+    """Past :data:`MAX_METHODS` a new method is wrapped per call, but one the memo holds
+    whose handler was replaced has its new wrapper kept: built once, not at every call."""
+    memo = HandlerMemo()
+    built: list[str] = []
+
+    def wrap(method: str, handler: Any) -> Any:
+        built.append(method)
+        return (method, handler)
+
+    first, other = object(), object()
+    for i in range(MAX_METHODS):
+        memo.wrapped(f"/m{i}", first, wrap)
+    built.clear()
+    assert memo.wrapped("/m0", other, wrap) is memo.wrapped("/m0", other, wrap)
+    assert built == ["/m0"]
