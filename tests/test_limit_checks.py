@@ -20,7 +20,16 @@ import pytest
 
 from controller.admission.limit_checks import pending_refused
 from controller.admission.state import parse_job
-from controller.auth import AccessInterceptor, Caller, Role, _HostShares, _InFlight, hash_token
+from controller.auth import (
+    AccessInterceptor,
+    Caller,
+    Role,
+    _HostShares,
+    _InFlight,
+    hash_token,
+    parse_tokens,
+)
+from controller.convert import spec_to_proto
 from controller.handler_memo import MAX_METHODS, HandlerMemo
 from controller.holds import Holds
 from controller.limits import (
@@ -32,9 +41,12 @@ from controller.limits import (
     limits_from_dict,
     search_size,
 )
+from controller.rpc import oasis_pb2 as pb
+from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.store import Database, JobRow, migrate
 from pricing import SpecError
 from pricing.job import Job
+from tests.servers import tenants_daemon
 from tests.test_daemon_e2e import job
 from tests.test_limits import CLUSTER, WINDOW, parsed
 
@@ -267,6 +279,16 @@ def test_without_tokens_a_caller_is_its_host_to_the_rate_and_no_one_to_the_turns
     assert (caller.owner, caller.submitter) == (None, None)
 
 
+def test_a_token_name_is_at_most_the_200_characters_a_submitter_is_stored_in() -> None:
+    """A token's name is recorded as its jobs' submitter (``VARCHAR(200)``) and prefixes
+    their keys: a name of 200 characters is read, one of 201 refused naming the line."""
+    digest = hash_token("t")
+    [caller] = parse_tokens(f"{'a' * 200} submitter {digest}\n", "tokens").values()
+    assert caller.name == "a" * 200
+    with pytest.raises(SpecError, match=r"tokens: line 1: name 'a+' must be 1-200 of"):
+        parse_tokens(f"{'a' * 201} submitter {digest}\n", "tokens")
+
+
 # -- the token bucket ------------------------------------------------------------------
 
 
@@ -441,3 +463,32 @@ def test_a_full_memo_still_keeps_the_new_wrapper_of_a_method_it_holds() -> None:
     built.clear()
     assert memo.wrapped("/m0", other, wrap) is memo.wrapped("/m0", other, wrap)
     assert built == ["/m0"]
+
+
+# -- through the daemon ----------------------------------------------------------------
+
+
+def test_a_large_spec_costs_its_senders_rate_by_its_bytes(tmp_path: Path) -> None:
+    """A spec's bytes as sent past the first :data:`BYTES_PER_TOKEN` cost its sender a
+    token each as many more, before it is read (reading a spec costs the event loop
+    every tenant shares): alice's quote of a 56 KiB table utility costs her 3.5 tokens
+    of her burst of ten (the call's and 2.5), and bob none."""
+    extra = "[limits]\nrate = 0.01\nburst = 10\nmax_table_points = 10000\n"
+    with tenants_daemon(tmp_path, extra) as (_daemon, a_channel, b_channel):
+        alice, bob = pb_grpc.ClusterStub(a_channel), pb_grpc.ClusterStub(b_channel)
+        table = {"kind": "table", "values": [1.0] * (7 * BYTES_PER_TOKEN // 16)}  # 8 B each
+        request = pb.QuoteJobRequest(job=spec_to_proto(job("wide", utility=table)))
+        assert 3.5 * BYTES_PER_TOKEN <= request.job.ByteSize() < 3.5 * BYTES_PER_TOKEN + 1024
+        pb_grpc.AdmissionStub(a_channel).QuoteJob(request, timeout=60)
+
+        def answered(stub: pb_grpc.ClusterStub) -> int:
+            for n in range(12):
+                try:
+                    stub.GetClusterInfo(pb.GetClusterInfoRequest(), timeout=30)
+                except grpc.RpcError as err:
+                    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err
+                    return n
+            return 12
+
+        assert answered(alice) == 6  # 10 - 3.5 and its search's (0.01 tokens a second back)
+        assert answered(bob) == 10
