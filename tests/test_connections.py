@@ -340,27 +340,7 @@ def test_one_host_off_loopback_holds_at_most_its_share_of_the_open_calls() -> No
     import asyncio
 
     from controller.auth import _OpenCalls
-
-    class RefusedError(Exception):
-        pass
-
-    class Context:
-        def __init__(self, peer: str) -> None:
-            self._peer = peer
-            self.done: list[Any] = []
-
-        def peer(self) -> str:
-            return self._peer
-
-        def add_done_callback(self, callback: Any) -> None:
-            self.done.append(callback)
-
-        def end(self) -> None:
-            for callback in self.done:
-                callback(self)
-
-        async def abort(self, code: grpc.StatusCode, details: str) -> None:
-            raise RefusedError(code, details)
+    from tests.test_limit_checks import Context, RefusedError
 
     async def scenario() -> None:
         calls = _OpenCalls(limit=5, per_host=2)
@@ -404,19 +384,7 @@ def test_one_host_off_loopback_holds_at_most_its_share_of_the_open_streams() -> 
     import asyncio
 
     from controller.auth import _StreamCap
-
-    class RefusedError(Exception):
-        pass
-
-    class Context:
-        def __init__(self, peer: str) -> None:
-            self._peer = peer
-
-        def peer(self) -> str:
-            return self._peer
-
-        async def abort(self, code: grpc.StatusCode, details: str) -> None:
-            raise RefusedError(code, details)
+    from tests.test_limit_checks import Context, RefusedError
 
     async def scenario() -> None:
         cap = _StreamCap(limit=5, per_host=2)

@@ -83,11 +83,12 @@ def test_a_cancel_mid_slot_survives_a_restart_and_a_rebuild(tmp_path: Path) -> N
         later.close()
 
 
-def test_an_edit_cannot_make_a_cancelled_job_hold_past_the_current_slot(tmp_path: Path) -> None:
-    """The slot a cancel released from is read from the store, which an edit can change:
-    only the current slot is ever held for a job that holds nothing, so a cancelled job
-    whose rows and release slot an edit moved into the future takes nothing from anyone
-    there."""
+def _reopened_in_the_blockers_first_slot(
+    tmp_path: Path,
+) -> tuple[int, list[Any], AdmissionController]:
+    """The blocker admitted, the clock in the middle of its first slot: that slot, the
+    blocker's stored rows, and the controller reopened on the store (the caller closes
+    it)."""
     clock = FakeClock(1_000_000.0)
     c = controller(tmp_path, clock)
     try:
@@ -98,7 +99,15 @@ def test_an_edit_cannot_make_a_cancelled_job_hold_past_the_current_slot(tmp_path
         planned = _rows(c, "blocker")
     finally:
         c.close()
-    c = opened(load(tmp_path / "c.toml"), clock)
+    return now, planned, opened(load(tmp_path / "c.toml"), clock)
+
+
+def test_an_edit_cannot_make_a_cancelled_job_hold_past_the_current_slot(tmp_path: Path) -> None:
+    """The slot a cancel released from is read from the store, which an edit can change:
+    only the current slot is ever held for a job that holds nothing, so a cancelled job
+    whose rows and release slot an edit moved into the future takes nothing from anyone
+    there."""
+    now, planned, c = _reopened_in_the_blockers_first_slot(tmp_path)
     try:
         with c.db.session() as session:
             session.execute(update(JobRow).where(JobRow.id == "blocker").values(
@@ -119,17 +128,7 @@ def test_a_job_that_ended_in_the_current_slot_holds_that_slot_through_a_rebuild(
     after it; one cancelled with ``cancelled_slot`` the current slot holds none of it.
     The mutation audit: with the slot after ``completion_slot`` read as the one it holds
     nothing from, every test passed, and a rebuild sold that slot again."""
-    clock = FakeClock(1_000_000.0)
-    c = controller(tmp_path, clock)
-    try:
-        assert asyncio.run(c.submit(blocker())).state == "admitted"
-        clock.advance(SLOT * 1.5)
-        asyncio.run(c.tick())
-        now = c.slot
-        planned = _rows(c, "blocker")
-    finally:
-        c.close()
-    c = opened(load(tmp_path / "c.toml"), clock)
+    now, planned, c = _reopened_in_the_blockers_first_slot(tmp_path)
     try:
         for state in ("completed", "failed"):
             with c.db.session() as session:
