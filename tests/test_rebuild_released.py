@@ -89,17 +89,23 @@ def _reopened_in_the_blockers_first_slot(
     """The blocker admitted, the clock in the middle of its first slot: that slot, the
     blocker's stored rows, and the controller reopened on the store (the caller closes
     it)."""
-    clock = FakeClock(1_000_000.0)
-    c = controller(tmp_path, clock)
+    clock, c = _in_the_blockers_first_slot(tmp_path)
     try:
-        assert asyncio.run(c.submit(blocker())).state == "admitted"
-        clock.advance(SLOT * 1.5)
-        asyncio.run(c.tick())
-        now = c.slot
-        planned = _rows(c, "blocker")
+        now, planned = c.slot, _rows(c, "blocker")
     finally:
         c.close()
     return now, planned, opened(load(tmp_path / "c.toml"), clock)
+
+
+def _in_the_blockers_first_slot(tmp_path: Path) -> tuple[FakeClock, AdmissionController]:
+    """The clock and the controller (open; the caller closes it), the blocker admitted
+    and the clock in the middle of its first slot."""
+    clock = FakeClock(1_000_000.0)
+    c = controller(tmp_path, clock)
+    assert asyncio.run(c.submit(blocker())).state == "admitted"
+    clock.advance(SLOT * 1.5)
+    asyncio.run(c.tick())
+    return clock, c
 
 
 def test_an_edit_cannot_make_a_cancelled_job_hold_past_the_current_slot(tmp_path: Path) -> None:
@@ -156,12 +162,8 @@ def test_a_job_that_ended_in_the_current_slot_is_not_refitted_by_a_shrunk_config
     held in it leaves that slot out and the job as it ended: nothing of it is moved, no
     event written. The mutation audit: with such a job refitted like a live one, every
     test passed (a completed job re-planned or failed at a restart)."""
-    clock = FakeClock(1_000_000.0)
-    c = controller(tmp_path, clock)
+    clock, c = _in_the_blockers_first_slot(tmp_path)
     try:
-        assert asyncio.run(c.submit(blocker())).state == "admitted"
-        clock.advance(SLOT * 1.5)
-        asyncio.run(c.tick())
         now = c.slot
         with c.db.session() as session:
             session.execute(update(JobRow).where(JobRow.id == "blocker").values(
