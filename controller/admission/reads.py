@@ -19,7 +19,13 @@ from controller.admission.ledger_reads import (
     price_summary,
 )
 from controller.admission.state import AdmissionState
-from controller.admission.views import MAX_TOKEN_SEQUENCE, STATES, DecisionView, JobView
+from controller.admission.views import (
+    MAX_TOKEN_SEQUENCE,
+    STATES,
+    DecisionView,
+    JobView,
+    names_a_page,
+)
 from controller.errors import NotFoundError
 from controller.events import Event, shown_event
 from controller.limits import check_job_key
@@ -405,20 +411,16 @@ class ReadViews(AdmissionState):
 def _numbered_page(rows: Sequence[JobRow], page: int) -> tuple[Sequence[JobRow], bool]:
     """Of ``rows`` (up to ``page + 1``, in sequence order), those a page shows, and whether
     more follow. A page ends before the first row whose sequence no page token can name
-    (:func:`~controller.admission.views.page_after`): in SQLite an edit's text or real
+    (:func:`~controller.admission.views.names_a_page`): in SQLite an edit's text or real
     sorts after every integer, as does an integer over 18 digits anywhere. Such rows
     sort last, and are shown on one last page of their own (up to ``page`` of them).
     Before, such a row's sequence, read as 0, was the next page's token, and
     ``oasis jobs`` asked for the first page again, for good."""
-    bad = next((i for i, row in enumerate(rows) if not _named_by_token(row.sequence)), None)
+    bad = next((i for i, row in enumerate(rows) if not names_a_page(row.sequence)), None)
     if bad == 0:
         return rows[:page], False
     end = page if bad is None else min(bad, page)
     return rows[:end], len(rows) > end
-
-
-def _named_by_token(sequence: object) -> bool:
-    return is_integer(sequence) and 0 < sequence <= MAX_TOKEN_SEQUENCE
 
 
 def _state_in(states: list[str], owner: str | None) -> ColumnElement[bool]:

@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from pricing.fields import is_integer
+
 __all__ = [
     "LIVE_STATES",
     "MAX_TOKEN_SEQUENCE",
@@ -14,6 +16,7 @@ __all__ = [
     "DecisionView",
     "JobView",
     "canonical_spec",
+    "names_a_page",
     "page_after",
 ]
 
@@ -106,13 +109,20 @@ edit's text or real, and sorts it after every integer), is an edit's, and such r
 listed on a last page of their own (``controller.admission.reads``)."""
 
 
+def names_a_page(sequence: object) -> bool:
+    """Whether a stored ``sequence`` (as read: None where SQLite kept an edit's text or
+    real) is one a page token can continue after: an integer from 1 to
+    :data:`MAX_TOKEN_SEQUENCE`."""
+    return is_integer(sequence) and 0 < sequence <= MAX_TOKEN_SEQUENCE
+
+
 def page_after(view: JobView) -> int | None:
     """The sequence the next page of a listing that ends at ``view`` starts after: its
     own, or None (no next page) for a row whose sequence an edit made unreadable (shown
     as 0) or larger than :data:`MAX_TOKEN_SEQUENCE`. Before, such a row's 0 was the next
     page's token, which reads as the start, and ``oasis jobs`` listed it all again, for
     good."""
-    return view.sequence if 0 < view.sequence <= MAX_TOKEN_SEQUENCE else None
+    return view.sequence if names_a_page(view.sequence) else None
 
 
 def canonical_spec(spec: dict[str, Any]) -> str:
