@@ -33,18 +33,24 @@ SHRINKS = {
 }
 
 
+def job_pages(stub: pb_grpc.AdmissionStub, most: int = 100) -> list[Any]:
+    """Every ``ListJobs`` answer from the start, page after page; AssertionError if a
+    listing goes on past ``most`` pages (one that never ends)."""
+    pages: list[Any] = []
+    token = ""
+    while len(pages) < most:
+        page = stub.ListJobs(pb.ListJobsRequest(page_token=token), timeout=30)
+        pages.append(page)
+        token = page.next_page_token
+        if not token:
+            return pages
+    raise AssertionError(f"still more pages after {most}")
+
+
 def _jobs(stub: pb_grpc.AdmissionStub) -> dict[str, Any]:
     """Every listed job by id, page after page (a page ends before rows whose sequence
     an edit made no token's; they come on a page of their own)."""
-    jobs: dict[str, Any] = {}
-    token = ""
-    for _ in range(100):
-        page = stub.ListJobs(pb.ListJobsRequest(page_token=token), timeout=30)
-        jobs.update((j.spec.id, j) for j in page.jobs)
-        token = page.next_page_token
-        if not token:
-            return jobs
-    raise AssertionError(f"still more pages after 100 ({len(jobs)} jobs)")
+    return {j.spec.id: j for page in job_pages(stub) for j in page.jobs}
 
 
 def _plan(job: Any, from_slot: int) -> list[tuple[int, str, int, int]]:

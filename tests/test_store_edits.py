@@ -38,7 +38,7 @@ from tests.servers import (
     oasis,
     write_config,
 )
-from tests.test_config_shrink import Decided, _plan, copy_of, decide_in, read_back
+from tests.test_config_shrink import Decided, _plan, copy_of, decide_in, job_pages, read_back
 from tests.test_metrics import METRICS_ON, Samples, parse, value
 
 
@@ -992,17 +992,9 @@ def test_an_event_edited_to_megabytes_is_shown_with_a_note(store: Store, tmp_pat
 
 def _pages(address: str) -> list[tuple[list[str], str]]:
     """Each ``ListJobs`` page from the start, its job ids and next token (at most 10)."""
-    pages: list[tuple[list[str], str]] = []
-    token = ""
     with grpc.insecure_channel(address) as channel:
-        stub = pb_grpc.AdmissionStub(channel)
-        while len(pages) < 10:
-            resp = stub.ListJobs(pb.ListJobsRequest(page_token=token), timeout=30)
-            pages.append(([j.spec.id for j in resp.jobs], resp.next_page_token))
-            token = resp.next_page_token
-            if not token:
-                break
-    return pages
+        pages = job_pages(pb_grpc.AdmissionStub(channel), most=10)
+    return [([j.spec.id for j in page.jobs], page.next_page_token) for page in pages]
 
 
 def _listed_in_pages_of_four(
