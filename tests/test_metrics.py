@@ -424,6 +424,30 @@ def test_refused_calls_are_counted(tmp_path: Path) -> None:
         assert daemon.stop() == 0, log.read_text()
 
 
+def test_metrics_serve_max_connections_at_once_and_refuse_the_next(tmp_path: Path) -> None:
+    """Exactly ``MAX_CONNECTIONS`` idle connections hold their places and the next one
+    is answered 503 at once (the mutation audit: a cap of 33 passed the descriptor test,
+    whose bound has room for a few more). Connections are accepted in order, one thread
+    accepting, so the last one opened is the one past the cap."""
+    controller = _unreachable_controller(tmp_path)
+    metrics = Metrics(controller)
+    held: list[socket.socket] = []
+    try:
+        address = metrics.serve("127.0.0.1:0")
+        host, port = address.rsplit(":", 1)
+        for _ in range(MAX_CONNECTIONS + 1):
+            held.append(socket.create_connection((host, int(port)), timeout=REQUEST_SECONDS / 2))
+        assert held[-1].recv(100).startswith(b"HTTP/1.0 503"), "no 503 past the cap"
+        last = held[MAX_CONNECTIONS - 1]  # the last one within the cap is served
+        last.sendall(f"GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n".encode())
+        assert last.recv(100).startswith(b"HTTP/1.0 200"), "the last place was not served"
+    finally:
+        for conn in held:
+            conn.close()
+        metrics.close()
+        controller.close()
+
+
 def test_slow_metrics_clients_cannot_take_the_daemons_descriptors(tmp_path: Path) -> None:
     """The stall audit: connections to /metrics that send their request a byte a second
     (slowloris) took a thread and a descriptor each, for good; 240 of them took every
