@@ -135,6 +135,9 @@ def test_servers_out_of_service_are_in_no_quantile_and_every_peak_is_exported() 
         return got[("oasis_unit_price_quantile", key)]
 
     assert (q("worker", "gpu", "0"), q("worker", "gpu", "1")) == (1.0, 2.0)  # not w2's 100
+    # the five the module docstring promises (dashboards and alerts name them)
+    named = {dict(k[1])["quantile"] for k in got if k[0] == "oasis_unit_price_quantile"}
+    assert named == {"0", "0.5", "0.9", "0.99", "1"}
     assert (q("worker", "cpu", "0"), q("worker", "cpu", "1")) == (5.0, 6.0)
     assert not [k for k in got if k[0] == "oasis_unit_price_quantile" and ("kind", "ps") in k[1]]
     peaks = {k[1]: v for k, v in got.items() if k[0] == "oasis_unit_price_peak"}
