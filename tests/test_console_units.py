@@ -153,6 +153,9 @@ def test_web_settings_at_their_bounds_are_taken_and_past_them_refused() -> None:
     ):
         with pytest.raises(SpecError, match="^" + re.escape(message)):
             web_from_dict(bad, None)
+    # oasisd --web-listen reads to_dict() back: a per-host cap below the default's kept
+    capped = web_from_dict({"max_connections": 100, "max_connections_per_host": 10}, None)
+    assert web_from_dict(capped.to_dict(), None) == capped
     # [tls]: the console serves HTTPS, so any address is taken
     tls = TlsConfig(Path("c.pem"), Path("k.pem"), None, b"", b"", None)
     assert web_from_dict({"listen": "0.0.0.0:8080"}, tls).listen == "0.0.0.0:8080"
