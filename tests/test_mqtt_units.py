@@ -160,6 +160,9 @@ def test_mqtt_settings_at_their_bounds_are_taken_and_past_them_refused(
                            ("mqtt://b", False, 1883), ("tcp://b", False, 1883)):  # fmt: skip
         c = mqtt_from_dict({"url": url})
         assert c is not None and (c.tls, c.port) == (tls, port), url
+    # a URL without a host names mqtt.url, not the table
+    with pytest.raises(SpecError, match=r"^mqtt\.url: must be mqtt://host"):
+        mqtt_from_dict({"url": "mqtt://:1883"})
     # the bounds are in the range, one past them is not
     assert read(port=65535).port == 65535
     refused("mqtt.port: must be >= 1, got 0", port=0)
