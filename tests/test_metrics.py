@@ -290,6 +290,8 @@ def test_the_interceptor_counts_each_outcome_by_its_own_name(tmp_path: Path) -> 
             await call("QuoteJob", admitted_quote)
             await call("SubmitJob", fails, grpc.StatusCode.DEADLINE_EXCEEDED)
             await call("SubmitJob", fails, grpc.StatusCode.PERMISSION_DENIED)
+            await call("SubmitJob", fails, grpc.StatusCode.UNAVAILABLE)
+            await call("SubmitJob", fails, grpc.StatusCode.ALREADY_EXISTS)
             await call("SubmitJob", fails, grpc.StatusCode.INTERNAL)
             await call("QuoteJob", cancelled)
 
@@ -303,6 +305,7 @@ def test_the_interceptor_counts_each_outcome_by_its_own_name(tmp_path: Path) -> 
         assert counted == {
             ("submit", "pending"): 1, ("quote", "admitted"): 1, ("submit", "cancelled"): 1,
             ("submit", "denied"): 1, ("submit", "error"): 1, ("quote", "cancelled"): 1,
+            ("submit", "unavailable"): 1, ("submit", "conflict"): 1,
         }  # fmt: skip
         # a pending submit's search is timed; a quote earns no payoff
         assert value(samples, "oasis_decision_search_seconds_sum", kind="submit") == 0.002
