@@ -18,9 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from controller.admission import AdmissionController
 from controller.clock import FakeClock
+from controller.metrics import Metrics
 from controller.store import StoreUnavailableError
 from controller.store.commit_process import CommitProcess, CommitProcessError, child_command
 from controller.store.decisions import DecisionPayload
@@ -236,6 +239,13 @@ def test_the_daemon_writes_through_a_child_that_a_kill_9_takes_with_it(tmp_path:
         assert again.stop() == 0
 
 
+def _process_gauges(c: AdmissionController) -> tuple[float, float]:
+    """(oasis_commit_process_up, oasis_commit_process_starts_total) of a fresh scrape."""
+    text = generate_latest(Metrics(c).registry).decode()
+    found = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return found["oasis_commit_process_up"], found["oasis_commit_process_starts_total"]
+
+
 def test_a_child_that_cannot_start_leaves_the_writer_thread_committing(
     c: AdmissionController,
 ) -> None:
@@ -251,10 +261,12 @@ def test_a_child_that_cannot_start_leaves_the_writer_thread_committing(
     assert all(v.state == "admitted" and not v.duplicate for v in views)
     assert [c._get_sync(v.id) for v in views] == views and not c._stale
     assert committer.failed_starts == 1 and committer.pid is None  # tried once, not per batch
+    assert _process_gauges(c) == (0.0, 1.0)  # the mutation audit: up stayed 1 unnoticed
     committer.command = [sys.executable, "-m", "controller.store.commit_process"]
     committer._retry_at = 0.0  # the back-off is over
     assert asyncio.run(c.submit(small("again"))).sequence == views[-1].sequence + 1
     assert committer.pid is not None and committer.starts == 2 and committer.failed_starts == 0
+    assert _process_gauges(c) == (1.0, 2.0)
 
 
 def test_a_thread_writer_is_used_for_an_in_memory_store() -> None:

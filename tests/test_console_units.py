@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 import socket
 import ssl
 from pathlib import Path
@@ -27,6 +28,7 @@ from controller.console.heatmap import LEVELS, bin_edges, bin_grid, price_levels
 from controller.console.sessions import MAX_SESSIONS, MAX_SESSIONS_PER_CALLER, Sessions
 from controller.console.settings import DEFAULT_WEB_LISTEN, web_from_dict
 from controller.events import EventBus
+from controller.tls import TlsConfig
 from pricing.errors import SpecError
 from tests.test_security import make_pki
 
@@ -132,6 +134,31 @@ def test_web_settings_read_back_from_their_table_whole() -> None:
     assert web_from_dict(every.to_dict(), None) == every
     moved = web_from_dict({**every.to_dict(), "listen": "127.0.0.1:0"}, None)
     assert moved == dataclasses.replace(every, listen="127.0.0.1:0")
+
+
+def test_web_settings_at_their_bounds_are_taken_and_past_them_refused() -> None:
+    """The mutation audit of the [web] table: its defaults, each bound moved by one, and
+    a non-loopback address under [tls] refused, all went unnoticed."""
+    d = web_from_dict({}, None)
+    assert (d.session_seconds, d.max_connections, d.max_connections_per_host) == (
+        8 * 3600.0, 512, 64)  # fmt: skip
+    assert web_from_dict({"listen": "127.0.0.1:65535"}, None).listen == "127.0.0.1:65535"
+    assert web_from_dict({"session_hours": 720}, None).session_seconds == 720 * 3600.0
+    assert web_from_dict({"max_connections": 10_000}, None).max_connections == 10_000
+    for bad, message in (
+        ({"listen": "127.0.0.1:65536"}, "web.listen: must be host:port"),
+        ({"listen": ":8080", "allow_insecure_remote": True}, "web.listen: must be host:port"),
+        ({"session_hours": 720.5}, "web.session_hours: must be <= 720"),
+        ({"max_connections": 10_001}, "web.max_connections: must be <= 10000"),
+    ):
+        with pytest.raises(SpecError, match="^" + re.escape(message)):
+            web_from_dict(bad, None)
+    # oasisd --web-listen reads to_dict() back: a per-host cap below the default's kept
+    capped = web_from_dict({"max_connections": 100, "max_connections_per_host": 10}, None)
+    assert web_from_dict(capped.to_dict(), None) == capped
+    # [tls]: the console serves HTTPS, so any address is taken
+    tls = TlsConfig(Path("c.pem"), Path("k.pem"), None, b"", b"", None)
+    assert web_from_dict({"listen": "0.0.0.0:8080"}, tls).listen == "0.0.0.0:8080"
 
 
 def test_the_console_is_on_in_the_embedded_defaults_and_off_in_the_example(

@@ -14,10 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from controller.admission import AdmissionController
 from controller.clock import FakeClock
 from controller.config import load
+from controller.metrics import Metrics
 from controller.store import StoreUnavailableError
 from controller.store.database import HELD_IDLE_SECONDS
 from tests.servers import Postgres, postgres_or_skip, write_config
@@ -81,6 +84,12 @@ def test_decisions_behind_a_slow_commit_go_in_one_batch_in_decision_order(
     # the first batch took what was queued when the writer began (and waited for the
     # lock); every other decision went into the one batch after it
     assert c._writer.committed == len(ids) and c._writer.batches <= 2
+    # as scraped: decisions and batches each counted as such (the mutation audit: the
+    # decisions' counter reading the batches passed the daemon test, one per batch there)
+    text = generate_latest(Metrics(c).registry).decode()
+    found = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert found["oasis_commit_decisions_total"] == len(ids)
+    assert found["oasis_commit_batches_total"] == c._writer.batches
     sequences = [view.sequence for view in answers]
     assert sequences == sorted(sequences) and len(set(sequences)) == len(ids)
     decided = [e.job_id for e in c._events_sync(0) if e.kind == "decided"]

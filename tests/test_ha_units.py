@@ -699,6 +699,11 @@ def test_ha_settings_at_their_bounds_are_taken(
         ({"lease_seconds": 2, "follow_seconds": 2.01}, r"ha\.follow_seconds: must be <= "),
         ({"advertise": "head-a:65536"}, r"ha\.advertise: must be host:port"),
         ({"advertise": ":50051"}, r"ha\.advertise: must be host:port"),
+        # digits of another script: int() reads them, a client's resolver does not
+        (
+            {"advertise": "head-a:\u0665\u0660\u0660\u0665\u0661"},
+            r"ha\.advertise: must be host:port",
+        ),
         ({"advertise": "h" * 251 + ":5005"}, r"ha\.advertise: must be host:port"),
     ],
 )

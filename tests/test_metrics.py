@@ -3,6 +3,7 @@ submissions, and read against a store that does not answer."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import json
@@ -15,6 +16,7 @@ import tomllib
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -211,6 +213,107 @@ def test_a_store_that_does_not_answer_reads_as_down_and_the_broker_as_set(
         controller.close()
 
 
+def test_a_cordoned_server_and_a_refusing_store_show_on_their_gauges(tmp_path: Path) -> None:
+    """The mutation audit: ``oasis_capacity_out_of_service`` could read the capacity in
+    use, ``oasis_servers`` could leave ``failed`` out, and ``oasis_store_writes_refused``
+    could stay 0, with every test passing. In process: a cordon reaches the current slot
+    by the clock, not by waiting an hour."""
+    from tests.test_ledger_reads import busy_controller
+
+    c = busy_controller(tmp_path, 3, 1, 4, 0)  # w0..w2 with 8 GPUs each, and p0
+    try:
+        asyncio.run(c.cordon("w0", "disk swap", "ops", force=True))
+        c.slots.clock.advance(3600.0)  # type: ignore[attr-defined]
+        asyncio.run(c.tick())  # the cordon's first slot is the current one
+        samples = parse(generate_latest(Metrics(c).registry).decode())
+        servers = {
+            s: value(samples, "oasis_servers", state=s) for s in ("up", "cordoned", "failed")
+        }
+        assert servers == {"up": 3, "cordoned": 1, "failed": 0}
+        out = value(samples, "oasis_capacity_out_of_service", kind="worker", resource="gpu")
+        assert out == pytest.approx(1 / 3)  # one of three equal workers
+        assert value(samples, "oasis_capacity_out_of_service", kind="ps", resource="cpu") == 0
+        assert value(samples, "oasis_utilisation", kind="worker", resource="gpu") != out
+        assert value(samples, "oasis_store_writes_refused") == 0
+        assert value(samples, "oasis_store_writes_locked") == 0
+        c.db._refusing = "permission denied for table jobs"  # as a commit refused sets it
+        samples = parse(generate_latest(Metrics(c).registry).decode())  # a fresh reading
+        assert value(samples, "oasis_store_writes_refused") == 1
+        assert value(samples, "oasis_store_writes_locked") == 0
+    finally:
+        c.close()
+
+
+def test_the_interceptor_counts_each_outcome_by_its_own_name(tmp_path: Path) -> None:
+    """``oasis_decisions_total`` of answers the daemon test does not meet (the mutation
+    audit: a submit left pending counted as rejected, a deadline or a denial as ``error``,
+    a cancelled call not counted at all, each went unnoticed). Driven through the
+    interceptor with real gRPC method handlers; only the call's context is a stand-in."""
+    controller = _unreachable_controller(tmp_path)
+    try:
+        metrics = Metrics(controller)
+        interceptor = metrics.interceptor()
+
+        class Context:
+            def __init__(self, code: grpc.StatusCode | None) -> None:
+                self._code = code
+
+            def code(self) -> grpc.StatusCode | None:
+                return self._code
+
+        async def call(method: str, behaviour: Any, code: grpc.StatusCode | None = None) -> None:
+            handler = grpc.unary_unary_rpc_method_handler(behaviour)
+
+            async def continuation(details: Any) -> Any:
+                return handler
+
+            details = SimpleNamespace(method=f"/oasis.v1.Admission/{method}")
+            wrapped = await interceptor.intercept_service(continuation, details)
+            with contextlib.suppress(BaseException):
+                await wrapped.unary_unary(None, Context(code))
+
+        async def pending(request: Any, context: Any) -> pb.SubmitJobResponse:
+            decision = pb.Decision(admitted=False, decision_ms=2.0)
+            return pb.SubmitJobResponse(job=pb.Job(state=pb.JOB_STATE_PENDING, decision=decision))
+
+        async def admitted_quote(request: Any, context: Any) -> pb.QuoteJobResponse:
+            return pb.QuoteJobResponse(decision=pb.Decision(admitted=True, payoff=7.0))
+
+        async def fails(request: Any, context: Any) -> None:
+            raise RuntimeError("refused")
+
+        async def cancelled(request: Any, context: Any) -> None:
+            raise asyncio.CancelledError
+
+        async def calls() -> None:
+            await call("SubmitJob", pending)
+            await call("QuoteJob", admitted_quote)
+            await call("SubmitJob", fails, grpc.StatusCode.DEADLINE_EXCEEDED)
+            await call("SubmitJob", fails, grpc.StatusCode.PERMISSION_DENIED)
+            await call("SubmitJob", fails, grpc.StatusCode.UNAVAILABLE)
+            await call("SubmitJob", fails, grpc.StatusCode.ALREADY_EXISTS)
+            await call("SubmitJob", fails, grpc.StatusCode.INTERNAL)
+            await call("QuoteJob", cancelled)
+
+        asyncio.run(calls())
+        samples = parse(generate_latest(metrics.registry).decode())
+        counted = {
+            (dict(labels)["kind"], dict(labels)["outcome"]): v
+            for (name, labels), v in samples.items()
+            if name == "oasis_decisions_total"
+        }
+        assert counted == {
+            ("submit", "pending"): 1, ("quote", "admitted"): 1, ("submit", "cancelled"): 1,
+            ("submit", "denied"): 1, ("submit", "error"): 1, ("quote", "cancelled"): 1,
+            ("submit", "unavailable"): 1, ("submit", "conflict"): 1,
+        }  # fmt: skip
+        # a pending submit's search is timed; a quote earns no payoff
+        assert value(samples, "oasis_decision_search_seconds_sum", kind="submit") == 0.002
+        assert value(samples, "oasis_admitted_payoff_total") == 0
+    finally:
+        controller.close()
+
+
 def test_scrapes_closer_than_the_interval_share_one_reading(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -254,7 +357,8 @@ def test_metrics_on_loopback_answer_loopback_names_only(scraped: Scraped) -> Non
 
     where = urlsplit(scraped.url)
     for host, status in (("evil.example", 421), (f"evil.example:{where.port}", 421),
-                         (where.netloc, 200), (f"localhost:{where.port}", 200)):  # fmt: skip
+                         (where.netloc, 200), (f"localhost:{where.port}", 200),
+                         (f"LocalHost:{where.port}", 200)):  # fmt: skip
         conn = http.client.HTTPConnection(where.hostname or "", where.port, timeout=30)
         try:
             conn.request("GET", "/metrics", headers={"Host": host})
@@ -321,6 +425,30 @@ def test_refused_calls_are_counted(tmp_path: Path) -> None:
         assert got == wanted
     finally:
         assert daemon.stop() == 0, log.read_text()
+
+
+def test_metrics_serve_max_connections_at_once_and_refuse_the_next(tmp_path: Path) -> None:
+    """Exactly ``MAX_CONNECTIONS`` idle connections hold their places and the next one
+    is answered 503 at once (the mutation audit: a cap of 33 passed the descriptor test,
+    whose bound has room for a few more). Connections are accepted in order, one thread
+    accepting, so the last one opened is the one past the cap."""
+    controller = _unreachable_controller(tmp_path)
+    metrics = Metrics(controller)
+    held: list[socket.socket] = []
+    try:
+        address = metrics.serve("127.0.0.1:0")
+        host, port = address.rsplit(":", 1)
+        for _ in range(MAX_CONNECTIONS + 1):
+            held.append(socket.create_connection((host, int(port)), timeout=REQUEST_SECONDS / 2))
+        assert held[-1].recv(100).startswith(b"HTTP/1.0 503"), "no 503 past the cap"
+        last = held[MAX_CONNECTIONS - 1]  # the last one within the cap is served
+        last.sendall(f"GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n".encode())
+        assert last.recv(100).startswith(b"HTTP/1.0 200"), "the last place was not served"
+    finally:
+        for conn in held:
+            conn.close()
+        metrics.close()
+        controller.close()
 
 
 def test_slow_metrics_clients_cannot_take_the_daemons_descriptors(tmp_path: Path) -> None:

@@ -27,7 +27,8 @@ from controller.commands.common import InputError
 from controller.config import ConfigError, from_dict
 from controller.plane import topics
 from controller.plane.agent import Agent, TaskState
-from controller.plane.settings import MqttConfig, mqtt_from_dict
+from controller.plane.plan_messages import MAX_PLAN_PAYLOAD_BYTES
+from controller.plane.settings import MqttConfig, mqtt_from_dict, override
 from controller.plane.topics import (
     Heartbeat,
     Plan,
@@ -130,6 +131,78 @@ def test_tls_ca_is_checked_at_load(tmp_path: Path) -> None:
         mqtt_from_dict({"host": "b", "tls_ca": str(tmp_path / "junk.pem")})
     good = mqtt_from_dict({"host": "b", "tls_ca": ca_file(tmp_path)})
     assert good is not None and good.tls and good.tls_ca == ca_file(tmp_path)
+
+
+def test_mqtt_settings_at_their_bounds_are_taken_and_past_them_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mutation audit of the [mqtt] table: each default, bound and scheme below could
+    be changed (a bound moved by one, a default doubled, ``ssl://`` taken as plain) with
+    every test passing."""
+
+    def read(**raw: Any) -> MqttConfig:
+        c = mqtt_from_dict({"host": "b", **raw})
+        assert c is not None
+        return c
+
+    def refused(message: str, **raw: Any) -> None:
+        with pytest.raises(SpecError, match="^" + re.escape(message)):
+            mqtt_from_dict({"host": "b", **raw})
+
+    # the defaults the module docstring gives
+    d = read()
+    assert (d.port, d.tls, d.topic_prefix, d.heartbeat_timeout, d.heartbeat_seconds) == (
+        1883, False, "oasis", 30.0, 5.0)  # fmt: skip
+    assert (d.flap_failures, d.flap_seconds, d.max_plan_bytes) == (3, 3600.0, 200_000)
+    # both TLS schemes mean TLS (and its port), both plain ones plain: ssl:// taken as
+    # plain would send the password and every plan in the clear
+    for url, tls, port in (("mqtts://b", True, 8883), ("ssl://b", True, 8883),
+                           ("mqtt://b", False, 1883), ("tcp://b", False, 1883)):  # fmt: skip
+        c = mqtt_from_dict({"url": url})
+        assert c is not None and (c.tls, c.port) == (tls, port), url
+    # a URL without a host names mqtt.url, not the table
+    with pytest.raises(SpecError, match=r"^mqtt\.url: must be mqtt://host"):
+        mqtt_from_dict({"url": "mqtt://:1883"})
+    # the bounds are in the range, one past them is not
+    assert read(port=65535).port == 65535
+    refused("mqtt.port: must be >= 1, got 0", port=0)
+    assert read(flap_seconds=7 * 86400).flap_seconds == 7 * 86400
+    refused("mqtt.flap_seconds: must be at most 604800", flap_seconds=7 * 86400 + 1)
+    assert read(flap_failures=0).flap_failures == 0  # 0: never held out
+    assert read(max_plan_bytes=MAX_PLAN_PAYLOAD_BYTES).max_plan_bytes == MAX_PLAN_PAYLOAD_BYTES
+    refused("mqtt.max_plan_bytes: must be at most", max_plan_bytes=MAX_PLAN_PAYLOAD_BYTES + 1)
+    assert read(max_plan_bytes=4096).max_plan_bytes == 4096
+    # a timeout of exactly two beats is taken; a beat as long as the timeout is refused
+    # naming the beat (the key given), not the timeout
+    assert read(heartbeat_timeout=0.2).heartbeat_seconds == 0.1
+    assert read(heartbeat_timeout=2, heartbeat_seconds=1).heartbeat_timeout == 2
+    refused("mqtt.heartbeat_seconds: must be < heartbeat_timeout",
+            heartbeat_timeout=2, heartbeat_seconds=2)  # fmt: skip
+    assert read(heartbeat_timeout=1, heartbeat_seconds=0.1).heartbeat_seconds == 0.1
+    refused("mqtt.heartbeat_seconds: must be at least 0.1", heartbeat_timeout=1,
+            heartbeat_seconds=0.09)  # fmt: skip
+    # a NUL in a topic is refused by brokers, which drop the connection
+    refused("mqtt.topic_prefix: must be a non-empty topic without wildcards", topic_prefix="a\0b")
+    # a CA file under ~ is the file the TLS context is given, not the literal "~"
+    monkeypatch.setenv("HOME", str(tmp_path))
+    ca_file(tmp_path)
+    assert read(tls_ca="~/ca.pem").tls_ca == str(tmp_path / "ca.pem")
+
+
+def test_an_override_is_checked_as_the_table_and_its_ca_turns_tls_on(tmp_path: Path) -> None:
+    """``oasis agent``'s flags on top of a config's [mqtt] (:func:`override`): a CA file
+    turns TLS on at the configured port, a password replaces the table's, and a key no
+    flag gives is refused by name (the mutation audit: each could go unnoticed)."""
+    base = mqtt_from_dict({"url": "mqtt://u:pw@b:1999"})
+    assert base is not None and not base.tls
+    ca = ca_file(tmp_path)
+    m = override(base, {"tls_ca": ca, "password": "new"})
+    assert (m.tls, m.port, m.tls_ca, m.username, m.password) == (True, 1999, ca, "u", "new")
+    assert override(base, {"username": "n"}).username == "n"
+    with pytest.raises(SpecError, match=r"^mqtt\.heartbeat_timeout: cannot be overridden"):
+        override(base, {"heartbeat_timeout": 1})
+    with pytest.raises(SpecError, match=r"^mqtt\.password: must be"):
+        override(base, {"password": 5})
 
 
 def test_password_is_not_in_repr() -> None:

@@ -15,15 +15,17 @@ import tomllib
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from prometheus_client import generate_latest
 
 from controller.admission import AdmissionController
+from controller.admission.ledger_reads import SidePrices
 from controller.config import ConfigError, from_dict, load
 from controller.metrics import Metrics
-from controller.price_metrics import QUANTILES
+from controller.price_metrics import QUANTILES, price_families
 from tests.servers import CLUSTER_TOML, example_config
 from tests.test_ledger_reads import busy_controller
 from tests.test_metrics import Samples, parse
@@ -105,3 +107,48 @@ def test_per_server_prices_up_to_is_read_and_checked(tmp_path: Path) -> None:
         assert says in str(err.value), err.value
     example = load(example_config(tmp_path))
     assert example.per_server_prices_up_to == 500
+
+
+def _samples(families: list[Any]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families for s in f.samples}
+
+
+def test_servers_out_of_service_are_in_no_quantile_and_every_peak_is_exported() -> None:
+    """The mutation audit: the quantiles could take a cordoned server's price (priced as
+    full: it is no demand), and a kind with no server in service could lose its peak, or
+    fail the whole scrape on the quantile of no price, with every test passing."""
+    workers = SidePrices(
+        "worker", ["w0", "w1", "w2"],
+        now=np.array([[1.0, 5.0], [2.0, 6.0], [100.0, 7.0]]),
+        peak=np.array([3.0, 8.0]),
+        has=np.array([[True, True], [True, True], [True, False]]),
+        serving=np.array([True, True, False]),  # w2 cordoned: its gpu priced as full
+    )  # fmt: skip
+    ps = SidePrices(
+        "ps", ["p0"], now=np.array([[0.0, 9.0]]), peak=np.array([0.0, 0.0]),
+        has=np.array([[False, True]]), serving=np.array([False]),  # every PS out of service
+    )  # fmt: skip
+    got = _samples(price_families([workers, ps], ["gpu", "cpu"], 4))
+
+    def q(kind: str, resource: str, quantile: str) -> float:
+        key = (("kind", kind), ("quantile", quantile), ("resource", resource))
+        return got[("oasis_unit_price_quantile", key)]
+
+    assert (q("worker", "gpu", "0"), q("worker", "gpu", "1")) == (1.0, 2.0)  # not w2's 100
+    # the five the module docstring promises (dashboards and alerts name them)
+    named = {dict(k[1])["quantile"] for k in got if k[0] == "oasis_unit_price_quantile"}
+    assert named == {"0", "0.5", "0.9", "0.99", "1"}
+    assert (q("worker", "cpu", "0"), q("worker", "cpu", "1")) == (5.0, 6.0)
+    assert not [k for k in got if k[0] == "oasis_unit_price_quantile" and ("kind", "ps") in k[1]]
+    peaks = {k[1]: v for k, v in got.items() if k[0] == "oasis_unit_price_peak"}
+    assert peaks == {(("kind", "worker"), ("resource", "gpu")): 3.0,
+                     (("kind", "worker"), ("resource", "cpu")): 8.0,
+                     (("kind", "ps"), ("resource", "cpu")): 0.0}  # fmt: skip
+    # each server's own price, the cordoned one's too, for the resources it has
+    unit = {dict(k[1])["server"] + "/" + dict(k[1])["resource"]: v
+            for k, v in got.items() if k[0] == "oasis_unit_price"}  # fmt: skip
+    assert unit == {"w0/gpu": 1.0, "w0/cpu": 5.0, "w1/gpu": 2.0, "w1/cpu": 6.0,
+                    "w2/gpu": 100.0, "p0/cpu": 9.0}  # fmt: skip
+    # 4 servers: at the limit each has its series, past it none has
+    assert not [k for k in _samples(price_families([workers, ps], ["gpu", "cpu"], 3))
+                if k[0] == "oasis_unit_price"]  # fmt: skip
