@@ -1,0 +1,362 @@
+"""The console's serving side, in-process (no daemon): what an event stream resumes
+from and sends once, what it leaves behind when it ends, and the checks every request
+goes through (login, the form token and origin, the security headers, the body size).
+Each test pins a behaviour a mutation audit found no test held."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import aiohttp
+import pytest
+
+from controller.config import from_dict
+from controller.console import streams as streams_module
+from controller.console.app import Console
+from controller.events import Event, EventBus
+from tests.test_console_units import CLUSTER, _console_config
+
+pytestmark = pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
+
+
+def _controller(
+    bus: EventBus, stored: list[Event], on_read: Callable[[], None] = lambda: None
+) -> Any:
+    """A controller that stores ``stored`` and publishes on ``bus``; ``on_read`` is
+    called as a stream reads the store (an event may be published meanwhile)."""
+
+    async def events(after: int, *_: Any, newest: bool = False, **__: Any) -> list[Event]:
+        on_read()
+        found = [e for e in stored if e.sequence > after]
+        return found[-1:] if newest and after < 0 else found
+
+    async def own(owner: str, after: int, *_: Any) -> list[Event]:
+        return await events(after)
+
+    return cast(Any, SimpleNamespace(bus=bus, prune_hooks=[], stored_events=events,
+                                     own_events=own))  # fmt: skip
+
+
+async def _ids(response: aiohttp.ClientResponse, until: int) -> list[int]:
+    """The event ids read from ``response`` up to and including ``until``."""
+    seen: list[int] = []
+    while not seen or seen[-1] != until:
+        line = (await asyncio.wait_for(response.content.readline(), 10)).decode()
+        if line.startswith("id: "):
+            seen.append(int(line[4:]))
+    return seen
+
+
+def _run(config: Any, controller: Any, scenario: Callable[[Console, str], Awaitable[None]]) -> None:
+    async def main() -> None:
+        console = Console(config, controller, None, None)
+        await console.start()
+        try:
+            await scenario(console, f"http://{console.address}")
+        finally:
+            await console.close()
+
+    asyncio.run(main())
+
+
+def test_a_negative_last_event_id_is_ignored_and_the_query_resumes_the_stream() -> None:
+    """``Last-Event-ID`` is the id of an event the page got: a sequence, never negative.
+    A negative one (a script's) is ignored, and ``?after=`` says where to resume; taken,
+    it resumed nothing."""
+    config = from_dict({"cluster": CLUSTER, "web": {"listen": "127.0.0.1:0"}})
+    stored = [Event(n, "note", "", 0, "", {}) for n in (1, 2, 3)]
+    bus = EventBus()
+
+    async def scenario(console: Console, url: str) -> None:
+        async with aiohttp.ClientSession() as http:
+            headers = {"Last-Event-ID": "-1"}
+            async with http.get(url + "/api/events?after=1", headers=headers) as r:
+                assert r.status == 200
+                assert await _ids(r, 3) == [2, 3]
+
+    _run(config, _controller(bus, stored), scenario)
+
+
+def test_an_event_published_while_the_backlog_is_read_is_sent_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stream subscribes before it reads the backlog, so an event stored and published
+    meanwhile is both in the backlog and in its queue: sent once, not twice. And a stream
+    that ends leaves the bus (no queue kept filling for good)."""
+    monkeypatch.setattr(streams_module, "_HEARTBEAT_SECONDS", 0.05)
+    config = from_dict({"cluster": CLUSTER, "web": {"listen": "127.0.0.1:0"}})
+    bus = EventBus()
+    stored = [Event(1, "note", "", 0, "", {})]
+
+    def on_read() -> None:
+        if len(stored) == 1:  # the next event, stored and published as the backlog is read
+            stored.append(Event(2, "note", "", 0, "", {}))
+            bus.publish(stored[-1])
+
+    async def scenario(console: Console, url: str) -> None:
+        async with aiohttp.ClientSession() as http, http.get(url + "/api/events?after=0") as r:
+            assert r.status == 200
+            await _ids(r, 2)
+            bus.publish(Event(3, "note", "", 0, "", {}))
+            assert await _ids(r, 3) == [3]  # before: [2, 3], event 2 twice
+        for _ in range(200):  # the daemon notices the client left at a heartbeat
+            if not console.streams:
+                break
+            await asyncio.sleep(0.05)
+        assert console.streams == {}
+        assert not bus._queues, "an ended stream is still subscribed to the bus"
+
+    _run(config, _controller(bus, stored, on_read), scenario)
+
+
+def test_a_submitters_stream_shows_no_event_of_no_job(tmp_path: Path) -> None:
+    """A submitter's stream carries its own jobs' events only: an event of no job (a
+    cordon, a reload: the operator's business) is not sent to it, live or replayed; an
+    operator's stream carries it."""
+    config = _console_config(tmp_path, alice="submitter", ops="operator")
+    bus = EventBus()
+    stored = [Event(1, "cordoned", "", 0, "", {"server": "w0"}),
+              Event(2, "decided", "alice:j", 0, "admitted", {})]  # fmt: skip
+
+    async def scenario(console: Console, url: str) -> None:
+        async def owners(job_ids: Any) -> dict[str, str | None]:
+            return dict.fromkeys(job_ids, "alice")
+
+        console.data.owner_of = owners  # type: ignore[method-assign]
+        async with aiohttp.ClientSession() as http:
+            streams = {}
+            for who in ("alice", "ops"):
+                headers = {"Authorization": f"Bearer {who}-token"}
+                streams[who] = await http.get(url + "/api/events?after=0", headers=headers)
+                assert streams[who].status == 200
+            assert await _ids(streams["alice"], 2) == [2]
+            assert await _ids(streams["ops"], 2) == [1, 2]
+            bus.publish(Event(3, "uncordoned", "", 0, "", {"server": "w0"}))
+            bus.publish(Event(4, "running", "alice:j", 0, "running", {}))
+            assert await _ids(streams["alice"], 4) == [4]
+            assert await _ids(streams["ops"], 4) == [3, 4]
+            for stream in streams.values():
+                stream.close()
+
+    _run(config, _controller(bus, stored), scenario)
+
+
+def test_a_submitters_stream_never_shows_another_submitters_job(tmp_path: Path) -> None:
+    """Alice's stream does not show bob's job's events: not the first (its owner read
+    from the store), nor those after it (its owner then known), live or replayed."""
+    config = _console_config(tmp_path, alice="submitter", bob="submitter")
+    bus = EventBus()
+    stored = [Event(1, "decided", "bob:k", 0, "admitted", {}),
+              Event(2, "running", "bob:k", 0, "running", {}),
+              Event(3, "decided", "alice:j", 0, "admitted", {})]  # fmt: skip
+
+    async def scenario(console: Console, url: str) -> None:
+        async def owners(job_ids: Any) -> dict[str, str | None]:
+            return {job_id: job_id.split(":")[0] for job_id in job_ids}
+
+        console.data.owner_of = owners  # type: ignore[method-assign]
+        async with aiohttp.ClientSession() as http:
+            headers = {"Authorization": "Bearer alice-token"}
+            async with http.get(url + "/api/events?after=0", headers=headers) as r:
+                assert r.status == 200
+                assert await _ids(r, 3) == [3]
+                bus.publish(Event(4, "decided", "bob:m", 0, "admitted", {}))
+                bus.publish(Event(5, "running", "bob:m", 0, "running", {}))
+                bus.publish(Event(6, "finished", "bob:k", 0, "finished", {}))
+                bus.publish(Event(7, "running", "alice:j", 0, "running", {}))
+                assert await _ids(r, 7) == [7]
+
+    _run(config, _controller(bus, stored), scenario)
+
+
+# -- the checks every request goes through ------------------------------------------
+
+_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+)
+
+
+def test_every_answer_carries_every_security_header_whole() -> None:
+    """Each security header, whole, on a page, a refusal, aiohttp's own 404 and 405:
+    the policy allows no inline script and no <base>, no page leaks its URL (and so a
+    job's id) to another site, and no answer is cached."""
+    config = from_dict({"cluster": CLUSTER, "web": {"listen": "127.0.0.1:0"}})
+
+    async def scenario(console: Console, url: str) -> None:
+        async with aiohttp.ClientSession() as http:
+            for method, path, status in (("GET", "/login", 303), ("GET", "/nothing", 404),
+                                         ("PUT", "/", 405), ("GET", "/static/x", 404),
+                                         ("GET", "/api/jobs?after=x", 400)):  # fmt: skip
+                async with http.request(method, url + path, allow_redirects=False) as r:
+                    assert r.status == status, (method, path)
+                    assert r.headers["Content-Security-Policy"] == _CSP, path
+                    assert r.headers["Referrer-Policy"] == "same-origin", path
+                    assert r.headers["Cache-Control"] == "no-store", path
+                    assert r.headers["X-Frame-Options"] == "DENY", path
+
+    _run(config, None, scenario)
+
+
+def test_an_internal_error_is_logged_not_told() -> None:
+    """An unexpected error answers 500 with a fixed message: its text (a path, a
+    database's address, another tenant's job) is for the daemon's log only; a client
+    that asks for JSON is answered JSON on a page's path too."""
+    config = from_dict({"cluster": CLUSTER, "web": {"listen": "127.0.0.1:0"}})
+
+    async def scenario(console: Console, url: str) -> None:
+        async def jobs(*_: Any, **__: Any) -> Any:
+            raise RuntimeError("secret: postgresql://oasis:hunter2@db")
+
+        console.data.jobs = jobs  # type: ignore[method-assign]
+        async with aiohttp.ClientSession() as http:
+            for path, accept in (("/api/jobs", ""), ("/jobs", "text/html"),
+                                 ("/jobs", "application/json")):  # fmt: skip
+                async with http.get(url + path, headers={"Accept": accept}) as r:
+                    assert r.status == 500
+                    body = await r.text()
+                    assert "hunter2" not in body and "internal error" in body
+                    json_asked = path.startswith("/api/") or "json" in accept
+                    assert r.content_type == ("application/json" if json_asked else "text/html")
+
+    _run(config, None, scenario)
+
+
+def test_a_token_is_only_taken_as_a_bearer_token_and_guesses_cost_the_peers_rate(
+    tmp_path: Path,
+) -> None:
+    """``Authorization: Basic TOKEN`` is no bearer token: refused (401). Every bad token,
+    and every bad login, takes from the peer's rate: guessing is refused (429) once it
+    is spent. A good login takes from its own user's rate, not the peer's."""
+    from controller.limits import RateLimiter
+
+    config = _console_config(tmp_path, alice="submitter", bob="submitter")
+
+    async def main() -> None:
+        limiter = RateLimiter(rate=0.001, burst=2)  # no refill within the test
+        console = Console(config, None, limiter, None)  # type: ignore[arg-type]
+        await console.start()
+        url = f"http://{console.address}"
+        try:
+            async with aiohttp.ClientSession() as http:
+                basic = {"Authorization": "Basic alice-token"}
+                async with http.get(url + "/api/overview", headers=basic) as r:
+                    assert r.status == 401
+                got = []
+                for _ in range(2):
+                    guess = {"Authorization": "Bearer guess"}
+                    async with http.get(url + "/api/overview", headers=guess) as r:
+                        got.append(r.status)
+                assert got == [401, 429]  # the peer's 2: the Basic one and a guess
+                async with http.post(url + "/login", data={"token": "guess"}) as r:
+                    assert r.status == 429
+                for _ in range(2):  # alice's own rate, then spent
+                    async with http.post(url + "/login", data={"token": "alice-token"},
+                                         allow_redirects=False) as r:  # fmt: skip
+                        got.append(r.status)
+                assert got[2:] == [303, 303]
+                async with http.post(url + "/login", data={"token": "alice-token"},
+                                     allow_redirects=False) as r:  # fmt: skip
+                    assert r.status == 429  # alice's rate spent: refused
+        finally:
+            await console.close()
+
+    asyncio.run(main())
+
+
+def test_a_cancel_needs_its_form_token_and_a_same_origin_page(tmp_path: Path) -> None:
+    """A browser's cancel (its session cookie) is taken with the session's form token,
+    from this console's page: with the right token but a page of another site's
+    ``Origin`` (or ``Sec-Fetch-Site: cross-site``), refused as well (403), and the
+    controller is never asked."""
+    from controller.console.login import mask
+    from controller.errors import NotFoundError
+
+    config = _console_config(tmp_path, ops="operator")
+    asked: list[str] = []
+
+    async def cancel(key: str, *_: Any) -> Any:
+        asked.append(key)
+        raise NotFoundError(f"no job {key!r}")
+
+    controller = cast(Any, SimpleNamespace(bus=EventBus(), prune_hooks=[], cancel=cancel))
+
+    async def scenario(console: Console, url: str) -> None:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url + "/login", data={"token": "ops-token"},
+                                 allow_redirects=False) as r:  # fmt: skip
+                assert r.status == 303
+                cookie = {"Cookie": f"oasis_session={r.cookies['oasis_session'].value}"}
+            session = console.sessions.get(r.cookies["oasis_session"].value)
+            assert session is not None
+            token = {"X-CSRF-Token": mask(session.csrf)}
+            for other in ({"Origin": "http://evil.example"}, {"Sec-Fetch-Site": "cross-site"},
+                          {"X-CSRF-Token": mask("guess" * 9)}):  # fmt: skip
+                headers = {**cookie, **token, **other}
+                async with http.post(url + "/api/jobs/x/cancel", headers=headers) as r:
+                    assert r.status == 403, other
+            assert asked == []
+            headers = {**cookie, **token, "Origin": url, "Sec-Fetch-Site": "same-origin"}
+            async with http.post(url + "/api/jobs/x/cancel", headers=headers) as r:
+                assert r.status == 404  # past the checks: the controller was asked
+            assert asked == ["x"]
+
+    _run(config, controller, scenario)
+
+
+def test_a_logout_needs_its_form_token_and_ends_the_session_and_its_cookie(
+    tmp_path: Path,
+) -> None:
+    """Another site's page cannot log a visitor out (logout CSRF: 403, the session goes
+    on); a logout from the console's page ends the session and deletes its cookie."""
+    from controller.console.login import mask
+
+    config = _console_config(tmp_path, ops="operator")
+
+    async def scenario(console: Console, url: str) -> None:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url + "/login", data={"token": "ops-token"},
+                                 allow_redirects=False) as r:  # fmt: skip
+                session_id = r.cookies["oasis_session"].value
+            cookie = {"Cookie": f"oasis_session={session_id}"}
+            session = console.sessions.get(session_id)
+            assert session is not None
+            async with http.post(url + "/logout", headers=cookie, data={"csrf": "guess"},
+                                 allow_redirects=False) as r:  # fmt: skip
+                assert r.status == 403
+            assert console.sessions.get(session_id) is session
+            async with http.post(url + "/logout", headers=cookie,
+                                 data={"csrf": mask(session.csrf)},
+                                 allow_redirects=False) as r:  # fmt: skip
+                assert (r.status, r.headers["Location"]) == (303, "/login")
+                assert r.cookies["oasis_session"].value == ""
+                assert r.cookies["oasis_session"]["max-age"] == "0"
+            assert console.sessions.get(session_id) is None
+            async with http.get(url + "/api/overview", headers=cookie) as r:
+                assert r.status == 401
+
+    _run(config, None, scenario)
+
+
+def test_a_body_past_64_kib_is_refused_before_it_is_read_whole(tmp_path: Path) -> None:
+    """A request's body is at most 64 KiB (``client_max_size``): a login form of
+    200 KiB is refused 413, not read into the daemon's memory. Before a login only ``/login`` and
+    the files under ``/static/`` are open."""
+    config = _console_config(tmp_path, ops="operator")
+
+    async def scenario(console: Console, url: str) -> None:
+        async with aiohttp.ClientSession() as http:
+            form = {"token": "ops-token", "next": "/" + "x" * (200 << 10)}
+            async with http.post(url + "/login", data=form, allow_redirects=False) as r:
+                assert r.status == 413
+            assert len(console.sessions) == 0
+            for path in ("/static", "/staticx"):
+                async with http.get(url + path, allow_redirects=False) as r:
+                    assert r.status in (303, 401), path
+                    assert r.headers.get("Location", "/login").startswith("/login"), path
+
+    _run(config, None, scenario)
