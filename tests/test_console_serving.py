@@ -360,3 +360,100 @@ def test_a_body_past_64_kib_is_refused_before_it_is_read_whole(tmp_path: Path) -
                     assert r.headers.get("Location", "/login").startswith("/login"), path
 
     _run(config, None, scenario)
+
+
+def test_the_job_owners_the_streams_remember_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The owners the submitters' streams share are at most ``_OWNER_CACHE`` (past it,
+    they start over), the sequences they were read at with them: a stream replaying a
+    long history of many jobs does not grow the daemon's memory for good."""
+    monkeypatch.setattr(streams_module, "_OWNER_CACHE", 10)
+    config = from_dict({"cluster": CLUSTER, "web": {"listen": "127.0.0.1:0"}})
+    console = Console(config, _controller(EventBus(), []), None, None)
+
+    async def owner_of(job_ids: Any) -> dict[str, str | None]:
+        return dict.fromkeys(job_ids, "alice")
+
+    console.data.owner_of = owner_of  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        for n in range(25):
+            found = await console._learn_owners({f"j{n}", f"k{n}"}, n)
+            assert found == {f"j{n}": "alice", f"k{n}": "alice"}
+            assert len(console.owners) <= 10 and len(console._learned_at) <= 10
+        assert console.owners["j24"] == "alice" and not console._reading
+
+    asyncio.run(scenario())
+
+
+def test_an_older_read_of_a_jobs_owner_does_not_overwrite_a_newer_one() -> None:
+    """Job ``a`` was alice's; retention deleted it and bob's new job took its id. A read
+    of its owner begun before (at sequence 5) ends after a read begun at bob's decision
+    (at 9): what the older found (alice) is not kept over the newer (bob), or bob's
+    job's next events would show in alice's streams."""
+    config = from_dict({"cluster": CLUSTER, "web": {"listen": "127.0.0.1:0"}})
+    console = Console(config, _controller(EventBus(), []), None, None)
+
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        answers = iter(["alice", "bob"])
+
+        async def owner_of(job_ids: Any) -> dict[str, str | None]:
+            who = next(answers)
+            if who == "alice":
+                await gate.wait()  # the older read, slow
+            return dict.fromkeys(job_ids, who)
+
+        console.data.owner_of = owner_of  # type: ignore[method-assign]
+        older = asyncio.ensure_future(console._learn_owners({"a"}, 5))
+        await asyncio.sleep(0.01)
+        assert await console._learn_owners({"a"}, 9) == {"a": "bob"}
+        gate.set()
+        assert await older == {"a": "alice"}  # what that read found, for its own caller
+        assert console.owners["a"] == "bob"
+        later = Event(10, "running", "a", 0, "running", {})
+        assert not await console._visible(later, "alice")
+        assert await console._visible(later, "bob")
+
+    asyncio.run(scenario())
+
+
+def test_a_stalled_streams_connection_is_dropped_not_left_to_flush(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stream whose client stopped reading ends after ``WRITE_SECONDS`` (0.5 s here)
+    and its connection is aborted: closed, it would wait to flush what the client never
+    reads, and hold its descriptor and its place under ``web.max_connections`` for good
+    (the client here still connected, reading nothing)."""
+    import socket
+
+    monkeypatch.setattr(streams_module, "WRITE_SECONDS", 0.5)
+    config = from_dict({"cluster": CLUSTER, "web": {"listen": "127.0.0.1:0"}})
+    bus = EventBus()
+    blob = "x" * 256 * 1024
+
+    async def scenario(console: Console, url: str) -> None:
+        loop = asyncio.get_running_loop()
+        host, port = console.address.rsplit(":", 1)
+        assert console.runner is not None and console.runner.server is not None
+        server = console.runner.server
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+            sock.setblocking(False)
+            await loop.sock_connect(sock, (host, int(port)))
+            request = f"GET /api/events HTTP/1.1\r\nHost: {console.address}\r\n\r\n"
+            await loop.sock_sendall(sock, request.encode())
+            while console.streams != {"": 1}:
+                await asyncio.sleep(0.01)
+            sequence = 0
+            while console.streams and sequence < 200:  # 50 MiB at most: past every buffer
+                sequence += 1
+                bus.publish(Event(sequence, "note", "", 0, "", {"blob": blob}))
+                await asyncio.sleep(0.01)
+            assert console.streams == {}, "the unread stream did not end"
+            for _ in range(200):
+                if not server.connections:
+                    break
+                await asyncio.sleep(0.05)
+            assert not server.connections, "the stalled stream's connection is still held"
+
+    _run(config, _controller(bus, []), scenario)
