@@ -457,3 +457,99 @@ def test_a_stalled_streams_connection_is_dropped_not_left_to_flush(
             assert not server.connections, "the stalled stream's connection is still held"
 
     _run(config, _controller(bus, []), scenario)
+
+
+# -- the connections below HTTP -----------------------------------------------------
+
+
+async def _closed_by_server(sock: Any, loop: asyncio.AbstractEventLoop) -> bytes:
+    """Everything ``sock`` gets until the console closes its connection (at most 20 s:
+    then the assert fails)."""
+    got = b""
+    while True:
+        chunk = await asyncio.wait_for(loop.sock_recv(sock, 65536), 20)
+        if not chunk:
+            return got
+        got += chunk
+
+
+def test_idle_and_handshaking_connections_are_closed_and_the_cap_refuses_and_closes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An idle connection is closed after ``IDLE_SECONDS`` (0.5 s here, aiohttp's own: an
+    hour), an HTTPS one that never finishes its handshake after ``HANDSHAKE_SECONDS``;
+    one past ``web.max_connections`` is answered 503 and closed at once. Each held open
+    kept a descriptor and a place under the cap for good."""
+    import socket
+
+    from controller.console import app as app_module
+    from tests.test_security import make_pki
+
+    monkeypatch.setattr(app_module, "IDLE_SECONDS", 0.5)
+    monkeypatch.setattr(app_module, "HANDSHAKE_SECONDS", 0.5)
+    pki = make_pki(tmp_path)
+    web = {"listen": "127.0.0.1:0", "max_connections": 1}
+    plain = from_dict({"cluster": CLUSTER, "web": web})
+    tls = {"cert": str(pki.server_cert), "key": str(pki.server_key)}
+    https = from_dict({"cluster": CLUSTER, "tls": tls, "web": {"listen": "127.0.0.1:0"}})
+
+    async def connect(console: Console) -> socket.socket:
+        host, port = console.address.rsplit(":", 1)
+        sock = socket.socket()
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+        return sock
+
+    async def idle(console: Console, url: str) -> None:
+        loop = asyncio.get_running_loop()
+        with await connect(console) as sock:
+            request = f"GET /static/console.css HTTP/1.1\r\nHost: {console.address}\r\n\r\n"
+            await loop.sock_sendall(sock, request.encode())
+            first = await asyncio.wait_for(loop.sock_recv(sock, 65536), 20)
+            assert first.startswith(b"HTTP/1.1 200 ")
+            assert console.runner is not None and console.runner.server is not None
+            while not console.runner.server.connections:  # served, then idle
+                await asyncio.sleep(0.01)
+            with await connect(console) as refused:  # the one place is taken
+                answer = await _closed_by_server(refused, loop)
+                assert answer.startswith(b"HTTP/1.1 503 ")
+                assert b"web.max_connections" in answer
+            await _closed_by_server(sock, loop)  # idle: closed
+
+    async def handshaking(console: Console, url: str) -> None:
+        with await connect(console) as sock:  # a TLS handshake never begun
+            assert await _closed_by_server(sock, asyncio.get_running_loop()) == b""
+
+    _run(plain, _controller(EventBus(), []), idle)
+    _run(https, _controller(EventBus(), []), handshaking)
+
+
+def test_a_new_jobs_decision_does_not_wait_on_an_older_read_of_its_id() -> None:
+    """A stream that meets bob's decision for job ``a`` (at sequence 9) reads its owner
+    as of then: it does not share a read of ``a``'s owner begun before (at 5, when the
+    id was still alice's job's), which would show bob's job to alice."""
+    config = from_dict({"cluster": CLUSTER, "web": {"listen": "127.0.0.1:0"}})
+    console = Console(config, _controller(EventBus(), []), None, None)
+
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        answers = iter(["alice", "bob"])
+
+        async def owner_of(job_ids: Any) -> dict[str, str | None]:
+            who = next(answers)
+            if who == "alice":
+                await gate.wait()  # the older read, slow
+            return dict.fromkeys(job_ids, who)
+
+        console.data.owner_of = owner_of  # type: ignore[method-assign]
+        older = asyncio.ensure_future(console._learn_owners({"a"}, 5))
+        await asyncio.sleep(0.01)
+        decided = Event(9, "decided", "a", 0, "admitted", {})
+        shown = asyncio.ensure_future(console._visible(decided, "alice"))
+        await asyncio.sleep(0.01)
+        gate.set()
+        assert await older == {"a": "alice"}
+        assert await shown is False
+        assert console.owners["a"] == "bob"
+
+    asyncio.run(scenario())
