@@ -553,3 +553,37 @@ def test_a_new_jobs_decision_does_not_wait_on_an_older_read_of_its_id() -> None:
         assert console.owners["a"] == "bob"
 
     asyncio.run(scenario())
+
+
+def test_a_console_on_loopback_answers_loopback_host_names_only(tmp_path: Path) -> None:
+    """DNS rebinding: another site's name, rebound to 127.0.0.1, would let its page read
+    the console with the visitor's session. A request whose ``Host`` is not a loopback
+    name with the console's port is refused (421) before any login or handler."""
+    config = _console_config(tmp_path, ops="operator")
+
+    async def scenario(console: Console, url: str) -> None:
+        port = console.address.rsplit(":", 1)[1]
+        async with aiohttp.ClientSession() as http:
+            for host in ("evil.example", f"evil.example:{port}", "127.0.0.1:1"):
+                headers = {"Host": host, "Authorization": "Bearer ops-token"}
+                async with http.get(url + "/api/overview", headers=headers) as r:
+                    assert r.status == 421, host
+                form = {"token": "ops-token"}
+                async with http.post(
+                    url + "/login", headers={"Host": host}, data=form, allow_redirects=False
+                ) as r:
+                    assert r.status == 421 and "Set-Cookie" not in r.headers, host
+            for host in (f"localhost:{port}", f"127.0.0.1:{port}"):
+                async with http.get(url + "/login", headers={"Host": host}) as r:
+                    assert r.status == 200, host
+
+    _run(config, None, scenario)
+
+
+def test_the_path_after_login_is_at_most_2000_characters() -> None:
+    """A login's ``next`` of more than 2,000 characters goes to ``/``: a page of another
+    site cannot make the console answer a redirect of any length."""
+    from controller.console.login import _safe_next
+
+    assert _safe_next("/" + "a" * 1999) == "/" + "a" * 1999
+    assert _safe_next("/" + "a" * 2000) == "/"
