@@ -587,3 +587,28 @@ def test_the_path_after_login_is_at_most_2000_characters() -> None:
 
     assert _safe_next("/" + "a" * 1999) == "/" + "a" * 1999
     assert _safe_next("/" + "a" * 2000) == "/"
+
+
+def test_closing_the_console_ends_its_open_streams_whole() -> None:
+    """The console's close ends each open event stream first: the page gets the stream's
+    proper end (and reconnects), not a connection cut once aiohttp's shutdown gives up
+    on the stream after a minute, holding the daemon's stop that long."""
+    config = from_dict({"cluster": CLUSTER, "web": {"listen": "127.0.0.1:0"}})
+
+    async def main() -> None:
+        console = Console(config, _controller(EventBus(), []), None, None)
+        await console.start()
+        try:
+            async with aiohttp.ClientSession() as http:
+                url = f"http://{console.address}/api/events"
+                async with http.get(url) as r:
+                    assert r.status == 200
+                    assert await r.content.readuntil(b"\n\n") == b"retry: 2000\n\n"
+                    closing = asyncio.ensure_future(console.close())
+                    rest = await asyncio.wait_for(r.content.read(), 120)  # no cut: no error
+                    assert rest in (b"", b": ping\n\n")  # at most the wait's heartbeat
+                    await closing
+        finally:
+            await console.close()
+
+    asyncio.run(main())
