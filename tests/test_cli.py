@@ -325,6 +325,17 @@ def test_store_copy_refuses_a_store_that_keeps_nothing_before_any_copy(
     assert not (tmp_path / "new.db").exists() and source.read_bytes() == b""
 
 
+@pytest.mark.parametrize("command", ["offline", "calibrate"])
+def test_a_trace_and_a_store_together_are_refused_not_one_chosen(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """Given both a TRACE and --store, neither was to be compared silently."""
+    store = tmp_path / "oasis.db"
+    store.write_bytes(b"")
+    assert main([command, str(DEMO), "--store", str(store)]) == 2
+    assert capsys.readouterr().err == f"oasis {command}: give either a TRACE or --store STORE\n"
+
+
 def test_calibrate_will_not_write_its_prior_over_the_trace_it_reads(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
