@@ -762,6 +762,26 @@ def test_an_unpin_of_what_is_not_pinned_is_told_so() -> None:
     )  # fmt: skip
 
 
+def test_a_submitter_is_measured_against_the_bounds_estimated_not_those_pinned() -> None:
+    """``oasis bounds`` ranks the submitters by how far their own bounds lie from those
+    in use; a pinned bound is no estimate of theirs to lie far from (an operator's pin
+    of gpu at 1e6 made every submitter look a million times off)."""
+    from controller.commands.bounds import farthest
+
+    used = [
+        {"kind": "worker", "resource": "gpu", "U": 1e6, "L": 1.0, "how": "pinned U"},
+        {"kind": "worker", "resource": "cpu", "U": 2.0, "L": 0.01, "how": "observed"},
+    ]
+    voter = {"bounds": [
+        {"kind": "worker", "resource": "gpu", "U": 10.0, "L": 1.0},
+        {"kind": "worker", "resource": "cpu", "U": 2.5, "L": 0.01},
+    ]}  # fmt: skip
+    assert farthest(voter, used) == "within 2x"
+    far = {"bounds": [{**voter["bounds"][0]}, {**voter["bounds"][1], "L": 0.0001}]}
+    assert farthest(far, used) == "worker cpu L /1e+02"
+    assert farthest({"bounds": voter["bounds"][:1]}, used) == "-"
+
+
 def test_a_pinned_resource_taken_out_of_the_cluster_sets_aside_its_pins_alone(
     tmp_path: Path,
 ) -> None:
@@ -847,6 +867,12 @@ def test_oasis_bounds_lists_the_submitters_farthest_from_the_bounds_first(
             for i in range(40):
                 submit("zed", {**poison(1e9), "id": f"z{i}"})
         shown = _cli_as(d, names["ops"]).stdout
+        # --json: each submitter's own jobs and prior's weight, not the estimate's whole
+        every = json.loads(oasis("bounds", "--json", "--token", names["ops"],
+                                 server=d.address).stdout)  # fmt: skip
+        own = {v["name"]: (v["jobs"], v["prior_share"]) for v in every["submitters"]}
+        assert every["jobs"] == many + 40 and own["t00"][0] == 1 and own["zed"][0] == 40
+        assert own["zed"][1] < own["t00"][1] < 1, own
         # retired tokens are dropped in one command, once every name is found (a typo
         # among them resets none)
         reset = ("bounds", "reset", "--token", names["ops"], "--json")
@@ -856,8 +882,11 @@ def test_oasis_bounds_lists_the_submitters_farthest_from_the_bounds_first(
         assert typo.returncode == 2 and "no estimate of 't0l'" in said, said
         assert "nothing was reset" in said
         assert len(_bounds_reply(d, names["ops"]).submitters) == many + 1
-        dropped = oasis(*reset, "--submitter", "t00", "--submitter", "zed", server=d.address)
-        left = {v["name"] for v in json.loads(dropped.stdout)["submitters"]}
+        # a name given twice is dropped once (not refused the second time, after the first)
+        dropped = oasis(*reset, "--submitter", "t00", "--submitter", "zed", "--submitter",
+                        "t00", server=d.address)  # fmt: skip
+        after = json.loads(dropped.stdout)
+        left = {v["name"] for v in after["submitters"]}
         assert len(left) == many - 1 and not left & {"t00", "zed"}
     finally:
         d.stop()

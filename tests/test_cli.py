@@ -304,6 +304,48 @@ def test_a_byte_order_mark_is_no_error(tmp_path: Path, capsys: pytest.CaptureFix
     assert json.loads(capsys.readouterr().out)["jobs"]
 
 
+def test_store_copy_refuses_a_store_that_keeps_nothing_before_any_copy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An in-memory SQLite store (either side) or a SQLite file in a folder that does
+    not exist is a bad command line (exit 2), said before either store is opened."""
+    source = tmp_path / "oasis.db"
+    source.write_bytes(b"")
+    for argv, said in (
+        (["--from", "sqlite:///:memory:", "--to", str(tmp_path / "new.db")],
+         "--from: an in-memory SQLite database holds no daemon's store"),
+        (["--from", str(source), "--to", "sqlite:///:memory:"],
+         "--to: an in-memory SQLite database keeps nothing; name a file"),
+        (["--from", str(source), "--to", f"sqlite:///{tmp_path}/no/such/new.db"],
+         "no such folder for the SQLite file"),
+    ):  # fmt: skip
+        assert main(["store", "copy", *argv, "--no-progress"]) == 2, argv
+        err = capsys.readouterr().err
+        assert said in err, err
+    assert not (tmp_path / "new.db").exists() and source.read_bytes() == b""
+
+
+@pytest.mark.parametrize("command", ["offline", "calibrate"])
+def test_a_trace_and_a_store_together_are_refused_not_one_chosen(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """Given both a TRACE and --store, neither was to be compared silently."""
+    store = tmp_path / "oasis.db"
+    store.write_bytes(b"")
+    assert main([command, str(DEMO), "--store", str(store)]) == 2
+    assert capsys.readouterr().err == f"oasis {command}: give either a TRACE or --store STORE\n"
+
+
+def test_calibrate_will_not_write_its_prior_over_the_trace_it_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "trace.json"
+    path.write_bytes(DEMO.read_bytes())
+    assert main(["calibrate", str(path), "-o", str(path)]) == 2
+    assert "that is the trace read" in capsys.readouterr().err
+    assert path.read_bytes() == DEMO.read_bytes()
+
+
 def test_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", "/nonexistent/trace.json"]) == 2
     assert "cannot read" in capsys.readouterr().err
@@ -472,6 +514,53 @@ def test_a_pin_file_lists_every_problem_by_its_field(
     problems = json.loads(capsys.readouterr().out)["error"]["problems"]
     assert {p["field"] for p in problems} == {
         "workr", "worker.gpu.X", "worker.cpu", "worker.mem.U", "worker.disk.u", "ps"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["pin", "--upper", "gpu=0"], "--upper: 'gpu=0': a bound must be a finite number > 0"),
+        (["pin"], "pin: give --upper R=X, --lower R=Y or --file"),
+        (["reset", "--file", "pins.json"], "--upper, --lower and --file go with pin"),
+        (["pin", "--upper", "gpu=5", "--submitter", "sam"], "--submitter goes with reset"),
+        (["reset", "gpu"], "reset: takes no resources (unpin does)"),
+        (["show", "gpu"], "show: takes no resources (unpin does)"),
+    ],
+    ids=str,
+)
+def test_a_bounds_change_not_asked_as_written_is_refused_before_any_call(
+    capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    """An option that goes with another action is refused, naming it, before the daemon
+    is asked (at port 1 nobody answers): ``oasis bounds reset gpu`` reset every
+    resource's estimate, not gpu's, and ``reset --file PINS`` reset it without pinning;
+    a pin of nothing, or of a bound of 0, is named by the flag, not by the RPC."""
+    assert main(["bounds", *argv, "--server", "127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"oasis bounds: {said}\n", err
+
+
+def test_pins_of_a_file_and_the_options_keep_their_kinds_and_sides(tmp_path: Path) -> None:
+    """``--file``'s ``worker``/``ps`` and the options' ``worker.R``, ``ps.R`` or ``R``
+    reach the request as that kind and side: a pin of ps cpu's L from the file was not
+    to become both kinds' (every server's price)."""
+    import argparse
+
+    from controller.commands.bounds import pins_of
+    from controller.rpc import oasis_pb2 as pb
+
+    path = tmp_path / "pins.json"
+    path.write_text(json.dumps({"worker": {"gpu": {"U": 50}}, "ps": {"cpu": {"L": 0.5}}}))
+    args = argparse.Namespace(file=str(path), upper=["ps.cpu=9", "mem=3"], lower=["worker.gpu=2"])
+    got = {
+        (p.kind, p.resource): (p.HasField("upper") and p.upper, p.HasField("lower") and p.lower)
+        for p in pins_of(args)
+    }
+    assert got == {
+        (pb.SERVER_KIND_WORKER, "gpu"): (50.0, 2.0),
+        (pb.SERVER_KIND_PS, "cpu"): (9.0, 0.5),
+        (pb.SERVER_KIND_UNSPECIFIED, "mem"): (3.0, False),
+    }
 
 
 @pytest.mark.parametrize(

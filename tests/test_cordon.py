@@ -779,6 +779,10 @@ def test_oasis_cordon_and_uncordon_against_a_daemon(tmp_path: Path) -> None:
         out = oasis("uncordon", "w2", *server).stdout
         assert out.startswith("w2: back in service from slot 1 (")
         assert "not cordoned; nothing changed" in oasis("uncordon", "w2", *server).stdout
+        # one server's --json: its object (several: a list of them, below)
+        one = json.loads(oasis("uncordon", "w2", "--json", *server).stdout)
+        assert one == {"server": "w2", "from_slot": None, "already": True, "failed": False,
+                       "planned": False}  # fmt: skip
 
         # a planned maintenance: an end in the user's terms, shown, and refused if past
         slot = json.loads(oasis("cordon", "w1", "--for", "90m", "--json", *server).stdout)
@@ -841,6 +845,9 @@ def test_oasis_cordon_and_uncordon_against_a_daemon(tmp_path: Path) -> None:
         assert "the planned cordon is cancelled" in oasis("uncordon", "w1", *server).stdout
         wrong = oasis("cordon", "w1", "--from", "6", "--until", "5", *server, check=False)
         assert wrong.returncode != 0 and "--until 5 is not after --from 6" in wrong.stderr
+        # an end at the slot it starts in: a cordon of no slot, refused by its options too
+        same = oasis("cordon", "w1", "--from", "6", "--until", "6", *server, check=False)
+        assert same.returncode == 2 and "--until 6 is not after --from 6" in same.stderr
         assert "w1: not cordoned" in oasis("uncordon", "w1", *server).stdout
 
         # several servers in one step (a rack): named once each, in the order given
@@ -856,6 +863,8 @@ def test_oasis_cordon_and_uncordon_against_a_daemon(tmp_path: Path) -> None:
         out = oasis("cordon", "w1", "w2", "--dry-run", *server).stdout
         assert "w1: cordoned already; left as it was" in out
         assert "\nw2: a cordon from slot 1 (" in out and " would move 1 job; " in out
+        moved = json.loads(oasis("cordon", "w2", "--dry-run", "--json", *server).stdout)["moved"]
+        assert len(moved) == 1 and moved[0]["how"] in ("replaced", "replanned", "stranded")
         out = oasis("cordon", "w0", "w1", *server).stdout
         assert out.startswith("w0, w1: each cordoned already; nothing changed")
         back = json.loads(oasis("uncordon", "w0", "w1", "w2", "--json", *server).stdout)
@@ -1115,16 +1124,18 @@ class _OlderDaemon(pb_grpc.ClusterServicer):
     it knows neither a cordon's start nor its end, so it cordons at once and for good.
     Records the requests it got."""
 
-    def __init__(self) -> None:
+    def __init__(self, slot: int = 28) -> None:
         self.requests: list[Any] = []
+        self.slot = slot  # its clock's current slot
 
     def GetClusterInfo(self, request: Any, context: Any) -> Any:  # noqa: N802
         return pb.GetClusterInfoResponse(slot_seconds=3600.0, epoch=0.0, window=48,
-                                         current_slot=28, now=28 * 3600.0 + 5)  # fmt: skip
+                                         current_slot=self.slot,
+                                         now=self.slot * 3600.0 + 5)  # fmt: skip
 
     def CordonServer(self, request: Any, context: Any) -> Any:  # noqa: N802
         self.requests.append(request)
-        return pb.CordonServerResponse(server=request.server, from_slot=29,
+        return pb.CordonServerResponse(server=request.server, from_slot=self.slot + 1,
                                        dry_run=request.dry_run)  # fmt: skip
 
 
@@ -1159,18 +1170,20 @@ def test_a_cordon_from_slot_0_once_it_is_past_is_refused_before_any_request() ->
     """``--from 0`` is the request's "next boundary" (``from_slot``'s default), which the
     daemon cannot tell from no ``--from``: at slot 28 it cordoned at once, moving every
     job planned on the server from slot 29, where ``--from 27`` was refused. The client
-    refuses it, sending nothing."""
-    daemon = _OlderDaemon()  # its clock is at slot 28
-    server, address = _serve(daemon)
-    try:
-        for extra in ([], ["--for", "2h"], ["--until", "40"], ["--dry-run"]):
-            out = oasis("cordon", "w1", "--from", "0", *extra, server=address, check=False)
-            assert out.returncode == 2, out.stdout + out.stderr
-            assert "--from: slot 0 is before the current slot, 28 (" in out.stderr, out.stderr
-            assert "a cordon cannot start in the past" in out.stderr
-        assert daemon.requests == []
-    finally:
-        server.stop(None)
+    refuses it, sending nothing; at slot 1 too, slot 0 just past."""
+    for slot, ends in ((28, ["--until", "40"]), (1, ["--until", "9"])):
+        daemon = _OlderDaemon(slot)  # its clock is at that slot
+        server, address = _serve(daemon)
+        try:
+            for extra in ([], ["--for", "2h"], ends, ["--dry-run"]):
+                out = oasis("cordon", "w1", "--from", "0", *extra, server=address, check=False)
+                assert out.returncode == 2, out.stdout + out.stderr
+                said = f"--from: slot 0 is before the current slot, {slot} ("
+                assert said in out.stderr, out.stderr
+                assert "a cordon cannot start in the past" in out.stderr
+            assert daemon.requests == []
+        finally:
+            server.stop(None)
 
 
 def test_a_moved_plan_with_no_worker_in_its_first_slot_starts_at_its_first_worker(

@@ -823,6 +823,39 @@ def test_clients_follow_the_redirect_and_retry_over_the_nodes() -> None:
         standby_server.stop(0)
 
 
+class _Refusing(_Node):
+    """A leader that refuses the call (bad input, no permission): an answer, not a
+    node gone."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+
+    def GetClusterInfo(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        self.calls += 1
+        context.abort(grpc.StatusCode.PERMISSION_DENIED, "operators only")
+
+
+def test_a_call_a_node_refuses_is_not_tried_on_the_other_nodes() -> None:
+    """Only a node that could not answer (UNAVAILABLE, or a deadline with several) moves
+    the call on; a refusal is the leader's answer, raised at once and asked once (a
+    submission refused for its input was not to go round the nodes for the budget)."""
+    refusing, other = _Refusing(), _Node(None)
+    servers = [_serve(refusing), _serve(other)]
+    try:
+        pool = LeaderPool([servers[0][1], servers[1][1]], grpc.insecure_channel, budget=5)
+        pool._located = True  # no GetLeadership on these fakes: start at the first
+        with pytest.raises(grpc.RpcError) as err:
+            FollowingStub(pool, pb_grpc.ClusterStub).GetClusterInfo(
+                pb.GetClusterInfoRequest(), timeout=5
+            )
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert (refusing.calls, other.calls, pool.address) == (1, 0, servers[0][1])
+        pool.close()
+    finally:
+        for server, _ in servers:
+            server.stop(0)
+
+
 class _Leadership(pb_grpc.HighAvailabilityServicer):
     """A fake node's answer to "who leads"; ``hang`` seconds first (a stopped process
     answers nothing)."""

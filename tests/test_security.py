@@ -478,6 +478,24 @@ def test_token_command_makes_a_line_the_daemon_reads(tmp_path: Path) -> None:
     assert [c.name for c in load_tokens(added).values()] == ["ops", "dana", "erin"]
 
 
+def test_token_add_to_a_link_or_a_file_without_its_last_newline(tmp_path: Path) -> None:
+    """``--add-to`` never writes through a symbolic link (a link planted where the
+    tokens file goes would have the line land elsewhere), and a file whose last line has
+    no newline (an editor's) gets the new line on a line of its own, not glued to it."""
+    real = tmp_path / "elsewhere"
+    real.write_text("")
+    link = tmp_path / "tokens"
+    link.symlink_to(real)
+    out = oasis("token", "eve", "--add-to", str(link), check=False)
+    assert out.returncode == 2 and f"--add-to {link}: " in out.stderr, out.stderr
+    assert real.read_text() == ""
+    first = oasis("token", "ann", "--json").stdout
+    plain = tmp_path / "plain"
+    plain.write_text(json.loads(first)["line"])  # no newline at its end
+    oasis("token", "bob", "--add-to", str(plain))
+    assert [c.name for c in load_tokens(plain).values()] == ["ann", "bob"]
+
+
 def test_token_add_to_a_file_oasisd_would_refuse_adds_nothing(tmp_path: Path) -> None:
     """Found by the README audit: ``oasis token eve --add-to oasisd.toml`` (the config
     file named for its tokens file) appended a token line to the TOML, and the next

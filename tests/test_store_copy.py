@@ -174,6 +174,10 @@ def test_a_daemon_on_the_copy_lists_the_same_jobs_and_decides_as_on_the_source(
     out = _copy("--from", str(db_file), "--to", url)
     assert out.returncode == 0, out.stderr
     assert "jobs" in out.stdout and "total" in out.stdout
+    # one line per table and the total of their rows
+    *tables, total = [line.split() for line in out.stdout.splitlines()[1:]]
+    assert int(total[1].replace(",", "")) == sum(int(n.replace(",", "")) for _, n in tables)
+    assert int(total[1].replace(",", "")) == sum(_pg_rows(url).values())
 
     # the daemon's config, store_url set: the same jobs, ids, states and plans
     on_pg = Daemon(_config(tmp_path / "pg", data_dir, source.epoch, url),
