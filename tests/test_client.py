@@ -388,6 +388,22 @@ def test_exit_codes_admitted_rejected_bad_input_other(tmp_path: Path, daemon: Da
     }
 
 
+def test_a_list_exits_rejected_if_any_of_its_jobs_was(tmp_path: Path, daemon: Daemon) -> None:
+    """The mutation audit of the client: a list whose first job was admitted and second
+    rejected must not exit 0 (a script reads 0 as every job admitted), with or without
+    ``--json``, whichever comes first."""
+    worthless = {"kind": "deadline", "value": 1e-6, "deadline": "6h"}
+    for n, flags in enumerate(([], ["--json"])):
+        jobs = [{**PEOPLE, "id": f"mix{n}a"}, {**PEOPLE, "id": f"mix{n}b", "utility": worthless}]
+        out = run("submit", write(tmp_path, jobs), *flags, server=daemon.address)
+        assert out.returncode == 3, out.stdout + out.stderr
+        again = run("submit", write(tmp_path, jobs[::-1]), *flags, server=daemon.address)
+        assert again.returncode == 3, again.stdout + again.stderr  # retries, either order
+    shown = json.loads(run("submit", write(tmp_path, jobs), "--json", server=daemon.address).stdout)
+    assert [(j["id"], j["state"], j["duplicate"]) for j in shown] == [
+        ("mix1a", "admitted", True), ("mix1b", "rejected", True)]  # fmt: skip
+
+
 def test_a_wait_given_to_a_job_decided_already_is_said_to_change_nothing(
     tmp_path: Path, daemon: Daemon
 ) -> None:

@@ -976,3 +976,24 @@ def test_a_submission_refused_for_a_full_queue_leaves_the_price_bounds_as_they_w
         assert c._ledger.bounds.same_as(before)
     finally:
         c.close()
+
+
+def test_a_list_of_jobs_admitted_and_pending_exits_pending(tmp_path: Path) -> None:
+    """The mutation audit of the client: ``submit --wait`` of a list whose first job was
+    admitted and second left pending exits 4 (pending), not 3 (rejected: none was), with
+    or without ``--json``."""
+    config = write_config(tmp_path / "c.toml", tmp_path / "data", extra=CHEAP)
+    d = Daemon(config, tmp_path / "oasisd.log").start()
+    try:
+        spec_file = tmp_path / "jobs.json"
+        spec_file.write_text(json.dumps([blocker(), small("lw1")]))
+        out = oasis("submit", str(spec_file), "--wait", "5h", server=d.address, check=False)
+        assert out.returncode == 4, out.stdout + out.stderr
+        assert "lw1: pending until slot" in out.stdout, out.stdout
+        spec_file.write_text(json.dumps([small("lw2"), small("lw3")]))
+        out = oasis("submit", str(spec_file), "--wait", "5h", "--json", server=d.address,
+                    check=False)  # fmt: skip
+        assert out.returncode == 4, out.stdout + out.stderr
+        assert [j["state"] for j in json.loads(out.stdout)] == ["pending", "pending"]
+    finally:
+        assert d.stop() == 0, (tmp_path / "oasisd.log").read_text()
