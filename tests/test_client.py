@@ -279,6 +279,21 @@ def test_a_list_with_bad_items_submits_none_and_names_each(tmp_path: Path, daemo
     assert len(json.loads(out.stdout)["error"]["problems"]) == 30
 
 
+def test_a_list_of_two_is_checked_whole_before_either_is_sent(
+    tmp_path: Path, daemon: Daemon
+) -> None:
+    """The mutation audit: checked only from three items on, a list of two sent its good
+    first job (admitted) before the daemon refused the second."""
+    jobs = [{**PEOPLE, "id": "two0"}, {**PEOPLE, "id": "two1", "epochs": -1}]
+    out = run("submit", write(tmp_path, jobs), server=daemon.address)
+    assert out.returncode == 2 and out.stdout == "", out.stdout
+    assert out.stderr.splitlines() == [
+        f"oasis submit: {tmp_path / 'job.json'}: 1 of 2 jobs has bad input; none was submitted:",
+        "  item 2 (two1): job.epochs: must be >= 1, got -1",
+    ]
+    assert run("job", "two0", server=daemon.address).returncode == 1  # NOT_FOUND
+
+
 def test_a_list_names_the_item_the_daemon_refused(tmp_path: Path, daemon: Daemon) -> None:
     """What only the daemon can find (here a worker larger than any server) still stops
     a list at that item, the ones before it submitted."""

@@ -85,3 +85,16 @@ def test_standard_input_is_read_only_so_far(
         assert main([command, "-", *NOWHERE]) == 2
         err = capsys.readouterr().err
         assert "-: more than 1,048,576 bytes, the most read" in err, err
+
+
+def test_submit_wait_takes_zero_and_durations_and_nothing_else() -> None:
+    """``--wait 0`` rejects at once, as its help says (not refused as no duration); a
+    negative, endless or non-ASCII one is refused by argparse."""
+    import argparse
+
+    from controller.commands.client import wait_duration
+
+    assert [wait_duration(t) for t in ("0", "0s", "90s", "1h30m", "2.5")] == [0, 0, 90, 5400, 2.5]
+    for text in ("-1", "-1s", "inf", "nan", "\u0663", "1_0", "5x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="not a duration >= 0"):
+            wait_duration(text)
