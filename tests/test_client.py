@@ -643,13 +643,21 @@ def test_agent_names_its_node_with_node() -> None:
     assert "--node NAME" in oasis("agent", "--help").stdout
 
 
-def test_tls_against_a_plaintext_daemon_says_it_may_serve_plaintext(daemon: Daemon) -> None:
+def test_tls_against_a_plaintext_daemon_says_it_may_serve_plaintext(
+    tmp_path: Path, daemon: Daemon
+) -> None:
     """The README audit: ``--tls`` to a daemon without ``[tls]`` was told to check the
-    certificate and ``--tls-ca`` alone."""
-    out = oasis("status", "--tls", "--timeout", "5", server=daemon.address, check=False)
-    assert out.returncode == 1
-    assert "the TLS handshake failed" in out.stderr
-    assert "(one without [tls] serves plaintext: call it without --tls)" in out.stderr
+    certificate and ``--tls-ca`` alone. ``--tls-ca`` alone is TLS too (the mutation
+    audit: told so for ``--tls`` only, it read "then give --tls-ca FILE or --tls")."""
+    from tests.test_security import make_pki
+
+    ca = str(make_pki(tmp_path).ca)
+    for flags in (["--tls"], ["--tls-ca", ca]):
+        out = oasis("status", *flags, "--timeout", "5", server=daemon.address, check=False)
+        assert out.returncode == 1
+        assert "the TLS handshake failed" in out.stderr
+        assert "(one without [tls] serves plaintext: call it without --tls)" in out.stderr
+        assert "then give --tls-ca" not in out.stderr
 
 
 def test_a_daemon_that_takes_the_connection_but_never_answers_is_said_to_be_hung() -> None:
