@@ -995,5 +995,11 @@ def test_a_list_of_jobs_admitted_and_pending_exits_pending(tmp_path: Path) -> No
                     check=False)  # fmt: skip
         assert out.returncode == 4, out.stdout + out.stderr
         assert [j["state"] for j in json.loads(out.stdout)] == ["pending", "pending"]
+        # oasis status counts them apart from the jobs in flight
+        status = json.loads(oasis("status", "--json", server=d.address).stdout)
+        assert status["jobs_pending"] == 3, status
+        assert [j["id"] for j in status["jobs"]] == ["blocker"], status["jobs"]
+        screen = oasis("status", server=d.address).stdout
+        assert "; 3 pending, not admitted yet (oasis jobs --state pending)" in screen, screen
     finally:
         assert d.stop() == 0, (tmp_path / "oasisd.log").read_text()
