@@ -468,6 +468,24 @@ def test_a_retry_of_a_job_cancelled_since_does_not_exit_as_admitted(
     assert quoted.returncode == 1 and "c9: cancelled (never ran)" in quoted.stdout
 
 
+def test_cancel_says_what_it_released_in_words_and_in_json(tmp_path: Path, daemon: Daemon) -> None:
+    """The mutation audit: ``cancel --json`` lost ``released_worker_slots`` with every
+    test passing. A job admitted ahead and cancelled before it ran releases its plan."""
+    for job_id, flags in (("cx1", []), ("cx2", ["--json"])):
+        path = write(tmp_path, {**PEOPLE, "id": job_id})
+        planned = json.loads(run("submit", path, "--json", server=daemon.address).stdout)
+        released = sum(a.get("workers", 0) for a in planned["decision"]["allocations"])
+        assert planned["state"] == "admitted" and released > 0, planned
+        out = run("cancel", job_id, *flags, server=daemon.address)
+        assert out.returncode == 0, out.stderr
+        if flags:
+            record = json.loads(out.stdout)
+            assert record["released_worker_slots"] == released, record
+            assert (record["job"]["id"], record["job"]["state"]) == (job_id, "cancelled")
+        else:
+            assert out.stdout == f"{job_id}: cancelled; {released} worker-slots released\n"
+
+
 def test_job_shows_the_utility_its_spec_asked_for_in_local_time(
     tmp_path: Path, daemon: Daemon, epoch: float
 ) -> None:
