@@ -98,3 +98,20 @@ def test_submit_wait_takes_zero_and_durations_and_nothing_else() -> None:
     for text in ("-1", "-1s", "inf", "nan", "\u0663", "1_0", "5x"):
         with pytest.raises(argparse.ArgumentTypeError, match="not a duration >= 0"):
             wait_duration(text)
+
+
+def test_an_integer_option_takes_both_ends_of_its_range() -> None:
+    """``jobs --limit 0`` lists every job and ``--limit 2147483647`` is the most an int32
+    holds: both ends are taken, one past either refused (the mutation audit: ``<=`` for
+    ``<`` and ``>=`` for ``>`` survived every test)."""
+    import argparse
+
+    from controller.commands.common import INT32_MAX, int_at_least
+
+    parse = int_at_least(0, INT32_MAX)
+    assert (parse("0"), parse(str(INT32_MAX))) == (0, INT32_MAX)
+    with pytest.raises(argparse.ArgumentTypeError, match="must be >= 0, got -1"):
+        parse("-1")
+    with pytest.raises(argparse.ArgumentTypeError, match=f"must be at most {INT32_MAX}, got"):
+        parse(str(INT32_MAX + 1))
+    assert int_at_least(-1)("-1") == -1  # watch --from -1: none before
