@@ -351,3 +351,18 @@ def test_a_node_that_answered_too_late_is_not_answering_not_unreachable() -> Non
     assert node == {"address": "h:1", "role": "not answering", "error": "DEADLINE_EXCEEDED",
                     "reason": why}  # fmt: skip
     assert _health_lines([node]) == [f"h:1: NOT ANSWERING: {why}. {CHECK_IT}"]
+
+
+def test_a_standby_without_a_broker_link_is_not_said_to_be_disconnected() -> None:
+    """A standby runs no execution plane, so has no broker link of its own: its line
+    says the leader's link is the one; the leader's own disconnection is said (the
+    mutation audit: ``and not standby`` dropped survived every test)."""
+    from controller.commands.status import _health_lines
+
+    up = {"store_up": True, "draining": False}
+    nodes = [{"address": "a:1", "role": "leader", "broker": "disconnected", **up},
+             {"address": "b:1", "role": "standby", "broker": "disconnected", **up}]  # fmt: skip
+    assert _health_lines(nodes) == [
+        "a:1: THE BROKER IS DISCONNECTED (no plan reaches the agents)",
+        "b:1: store up, broker: the leader's (a standby runs no execution plane)",
+    ]
