@@ -994,7 +994,14 @@ def test_a_list_of_jobs_admitted_and_pending_exits_pending(tmp_path: Path) -> No
         out = oasis("submit", str(spec_file), "--wait", "5h", "--json", server=d.address,
                     check=False)  # fmt: skip
         assert out.returncode == 4, out.stdout + out.stderr
-        assert [j["state"] for j in json.loads(out.stdout)] == ["pending", "pending"]
+        listed = json.loads(out.stdout)
+        assert [j["state"] for j in listed] == ["pending", "pending"]
+        # the last slot each may be admitted at (the mutation audit: dropped from the
+        # record, every test passed); a job submitted without a wait has none
+        until = [j["wait_until_slot"] for j in listed]
+        assert until[0] == until[1] == listed[0]["submitted_slot"] + 5, listed
+        shown = json.loads(oasis("job", "blocker", "--json", server=d.address).stdout)
+        assert "wait_until_slot" in shown and shown["wait_until_slot"] is None, shown
         # oasis status counts them apart from the jobs in flight
         status = json.loads(oasis("status", "--json", server=d.address).stdout)
         assert status["jobs_pending"] == 3, status
