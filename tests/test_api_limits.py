@@ -140,6 +140,15 @@ def test_a_page_ends_at_its_byte_bound(tmp_path: Path) -> None:
                 token = page.next_page_token
                 if not token:
                     break
+            # the CLI follows GetPrices' pages too, each cut at the byte bound (the
+            # mutation audit: stopped after the first page, it showed one server's rows)
+            cluster = pb_grpc.ClusterStub(channel)
+            first = cluster.GetPrices(pb.GetPricesRequest(slots=2, page_size=1000), timeout=30)
+            assert first.next_page_token and len(first.prices) < 5 * 5
+            prices = json.loads(oasis("prices", "--json", "--slots", "2", server=d.address).stdout)
+            rows = {(r["server"], r["resource"]) for r in prices["prices"]}
+            assert len(prices["prices"]) == len(rows) == 3 * 5 + 2 * 4  # every server's
+            assert "next_page_token" not in prices
     finally:
         assert d.stop() == 0, (tmp_path / "oasisd.log").read_text()
     assert pages == [["b0"], ["b1"], ["b2"]]  # at least one job a page, never more here

@@ -612,13 +612,21 @@ def test_agent_names_its_node_with_node() -> None:
     assert "--node NAME" in oasis("agent", "--help").stdout
 
 
-def test_tls_against_a_plaintext_daemon_says_it_may_serve_plaintext(daemon: Daemon) -> None:
+def test_tls_against_a_plaintext_daemon_says_it_may_serve_plaintext(
+    tmp_path: Path, daemon: Daemon
+) -> None:
     """The README audit: ``--tls`` to a daemon without ``[tls]`` was told to check the
-    certificate and ``--tls-ca`` alone."""
-    out = oasis("status", "--tls", "--timeout", "5", server=daemon.address, check=False)
-    assert out.returncode == 1
-    assert "the TLS handshake failed" in out.stderr
-    assert "(one without [tls] serves plaintext: call it without --tls)" in out.stderr
+    certificate and ``--tls-ca`` alone. ``--tls-ca`` alone is TLS too (the mutation
+    audit: told so for ``--tls`` only, it read "then give --tls-ca FILE or --tls")."""
+    from tests.test_security import make_pki
+
+    ca = str(make_pki(tmp_path).ca)
+    for flags in (["--tls"], ["--tls-ca", ca]):
+        out = oasis("status", *flags, "--timeout", "5", server=daemon.address, check=False)
+        assert out.returncode == 1
+        assert "the TLS handshake failed" in out.stderr
+        assert "(one without [tls] serves plaintext: call it without --tls)" in out.stderr
+        assert "then give --tls-ca" not in out.stderr
 
 
 def test_a_daemon_that_takes_the_connection_but_never_answers_is_said_to_be_hung() -> None:
@@ -823,3 +831,61 @@ def test_addresses_and_arguments_are_checked_by_the_client_and_json_stays_json()
     out = run("watch", "--json", "--timeout", "1", server="127.0.0.1:1")
     assert out.returncode == 1 and len(out.stdout.splitlines()) == 1, out.stdout
     assert json.loads(out.stdout)["error"]["code"] == "UNAVAILABLE"
+
+
+# the mutation audit's tests of the module's daemon last: they leave jobs in it (admitted,
+# then cancelled), which moved the prices the tests above read
+
+
+def test_a_list_exits_rejected_if_any_of_its_jobs_was(tmp_path: Path, daemon: Daemon) -> None:
+    """The mutation audit of the client: a list whose first job was admitted and second
+    rejected must not exit 0 (a script reads 0 as every job admitted), with or without
+    ``--json``, whichever comes first."""
+    worthless = {"kind": "deadline", "value": 1e-6, "deadline": "6h"}
+    for n, flags in enumerate(([], ["--json"])):
+        worth = {**PEOPLE["utility"], "value": 5000}  # admitted whatever the prices now
+        jobs = [{**PEOPLE, "id": f"mix{n}a", "utility": worth},
+                {**PEOPLE, "id": f"mix{n}b", "utility": worthless}]  # fmt: skip
+        out = run("submit", write(tmp_path, jobs), *flags, server=daemon.address)
+        assert out.returncode == 3, out.stdout + out.stderr
+        again = run("submit", write(tmp_path, jobs[::-1]), *flags, server=daemon.address)
+        assert again.returncode == 3, again.stdout + again.stderr  # retries, either order
+    shown = json.loads(run("submit", write(tmp_path, jobs), "--json", server=daemon.address).stdout)
+    assert [(j["id"], j["state"], j["duplicate"]) for j in shown] == [
+        ("mix1a", "admitted", True), ("mix1b", "rejected", True)]  # fmt: skip
+    for job_id in ("mix0a", "mix1a"):  # the module's daemon as it was, for the tests after
+        assert run("cancel", job_id, server=daemon.address).returncode == 0
+
+
+def test_a_list_of_two_is_checked_whole_before_either_is_sent(
+    tmp_path: Path, daemon: Daemon
+) -> None:
+    """The mutation audit: checked only from three items on, a list of two sent its good
+    first job (admitted) before the daemon refused the second."""
+    jobs = [{**PEOPLE, "id": "two0"}, {**PEOPLE, "id": "two1", "epochs": -1}]
+    out = run("submit", write(tmp_path, jobs), server=daemon.address)
+    assert out.returncode == 2 and out.stdout == "", out.stdout
+    assert out.stderr.splitlines() == [
+        f"oasis submit: {tmp_path / 'job.json'}: 1 of 2 jobs has bad input; none was submitted:",
+        "  item 2 (two1): job.epochs: must be >= 1, got -1",
+    ]
+    assert run("job", "two0", server=daemon.address).returncode == 1  # NOT_FOUND
+
+
+def test_cancel_says_what_it_released_in_words_and_in_json(tmp_path: Path, daemon: Daemon) -> None:
+    """The mutation audit: ``cancel --json`` lost ``released_worker_slots`` with every
+    test passing. A job admitted ahead and cancelled before it ran releases its plan."""
+    for job_id, flags in (("cx1", []), ("cx2", ["--json"])):
+        worth = {**PEOPLE["utility"], "value": 5000}  # admitted whatever the prices now
+        path = write(tmp_path, {**PEOPLE, "id": job_id, "utility": worth})
+        planned = json.loads(run("submit", path, "--json", server=daemon.address).stdout)
+        released = sum(a.get("workers", 0) for a in planned["decision"]["allocations"])
+        assert planned["state"] == "admitted" and released > 0, planned
+        out = run("cancel", job_id, *flags, server=daemon.address)
+        assert out.returncode == 0, out.stderr
+        if flags:
+            record = json.loads(out.stdout)
+            assert record["released_worker_slots"] == released, record
+            assert (record["job"]["id"], record["job"]["state"]) == (job_id, "cancelled")
+        else:
+            assert out.stdout == f"{job_id}: cancelled; {released} worker-slots released\n"

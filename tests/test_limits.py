@@ -513,3 +513,41 @@ def test_a_list_longer_than_the_burst_is_sent_at_the_rate(
             assert json.loads(said)["id"] == "paced-one"
     finally:
         assert daemon.stop() == 0, (tmp_path / "oasisd.log").read_text()
+
+
+@pytest.mark.parametrize("rate", [0.05, 0.5], ids=["wait-past-timeout", "wait-within"])
+def test_a_wait_for_the_rate_is_kept_within_timeout_and_in_milliseconds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], rate: float
+) -> None:
+    """The client's mutation audit: the waits the daemon names for the rate are kept for
+    up to ``--timeout`` seconds in all; without that bound every test passed, and a
+    client past a slow rate (one call per 20 s) would wait it out at every call. A wait
+    past ``--timeout`` (8 s here) is the refusal, said at once: RESOURCE_EXHAUSTED, exit
+    1; one within it (one call per 2 s: a trailer of up to 2000 ms, not 2000 s) is kept,
+    and the job submitted."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"alice submitter {hash_token('a-token')}\n")
+    extra = f'[auth]\ntokens_file = "{tokens}"\n[limits]\nrate = {rate}\nburst = 1\n'
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", extra=extra)
+    daemon = Daemon(config, tmp_path / "oasisd.log").start()
+    try:
+        spec = tmp_path / "job.json"
+        spec.write_text(json.dumps({**SMALL_JOB, "id": "slow-1"}))
+        with client_channel(daemon.address, token="a-token") as channel:
+            stub = pb_grpc.AdmissionStub(channel)
+            with pytest.raises(grpc.RpcError) as spent:
+                for _ in range(10):
+                    stub.ListJobs(pb.ListJobsRequest(), timeout=10)
+            hint = dict(spent.value.trailing_metadata() or ())["grpc-retry-pushback-ms"]
+        capsys.readouterr()
+        argv = ["submit", str(spec), "--json", "--token", "a-token", "--timeout", "8"]
+        status = main([*argv, "--server", daemon.address])
+        said = json.loads(capsys.readouterr().out)
+        if rate < 0.1:
+            assert int(hint) > 8000  # the next call's worth is further off than --timeout
+            assert (status, said["error"]["code"]) == (1, "RESOURCE_EXHAUSTED"), said
+            assert "rate limit" in said["error"]["message"], said
+        else:
+            assert (status, said["id"], said["state"]) == (0, "slow-1", "admitted"), said
+    finally:
+        assert daemon.stop() == 0, (tmp_path / "oasisd.log").read_text()

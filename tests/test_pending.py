@@ -976,3 +976,37 @@ def test_a_submission_refused_for_a_full_queue_leaves_the_price_bounds_as_they_w
         assert c._ledger.bounds.same_as(before)
     finally:
         c.close()
+
+
+def test_a_list_of_jobs_admitted_and_pending_exits_pending(tmp_path: Path) -> None:
+    """The mutation audit of the client: ``submit --wait`` of a list whose first job was
+    admitted and second left pending exits 4 (pending), not 3 (rejected: none was), with
+    or without ``--json``."""
+    config = write_config(tmp_path / "c.toml", tmp_path / "data", extra=CHEAP)
+    d = Daemon(config, tmp_path / "oasisd.log").start()
+    try:
+        spec_file = tmp_path / "jobs.json"
+        spec_file.write_text(json.dumps([blocker(), small("lw1")]))
+        out = oasis("submit", str(spec_file), "--wait", "5h", server=d.address, check=False)
+        assert out.returncode == 4, out.stdout + out.stderr
+        assert "lw1: pending until slot" in out.stdout, out.stdout
+        spec_file.write_text(json.dumps([small("lw2"), small("lw3")]))
+        out = oasis("submit", str(spec_file), "--wait", "5h", "--json", server=d.address,
+                    check=False)  # fmt: skip
+        assert out.returncode == 4, out.stdout + out.stderr
+        listed = json.loads(out.stdout)
+        assert [j["state"] for j in listed] == ["pending", "pending"]
+        # the last slot each may be admitted at (the mutation audit: dropped from the
+        # record, every test passed); a job submitted without a wait has none
+        until = [j["wait_until_slot"] for j in listed]
+        assert until[0] == until[1] == listed[0]["submitted_slot"] + 5, listed
+        shown = json.loads(oasis("job", "blocker", "--json", server=d.address).stdout)
+        assert "wait_until_slot" in shown and shown["wait_until_slot"] is None, shown
+        # oasis status counts them apart from the jobs in flight
+        status = json.loads(oasis("status", "--json", server=d.address).stdout)
+        assert status["jobs_pending"] == 3, status
+        assert [j["id"] for j in status["jobs"]] == ["blocker"], status["jobs"]
+        screen = oasis("status", server=d.address).stdout
+        assert "; 3 pending, not admitted yet (oasis jobs --state pending)" in screen, screen
+    finally:
+        assert d.stop() == 0, (tmp_path / "oasisd.log").read_text()

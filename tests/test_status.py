@@ -327,3 +327,42 @@ def test_the_ramps_legend_says_a_price_past_the_largest_float() -> None:
     assert times_floor(math.log(690.0)) == "690"
     assert times_floor(800.0) == "e^800"
     assert times_floor(math.inf) == "over 1.8e+308"
+
+
+class _Late(grpc.RpcError):  # type: ignore[misc]  # grpc is untyped
+    """A GetLeadership that got no answer within its deadline (gRPC's own error)."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def details(self) -> str:
+        return "Deadline Exceeded"
+
+
+def test_a_node_that_answered_too_late_is_not_answering_not_unreachable() -> None:
+    """The client's mutation audit: a node whose GetLeadership ran out of time (it took
+    the call: busy, stopped or hung) could read ``unreachable``, as one where nothing
+    listens, with every test passing."""
+    from controller.commands.connection import CHECK_IT
+    from controller.commands.status import _health_lines, _unanswered
+
+    node = _unanswered("h:1", _Late())
+    why = "it did not answer in time (busy, stopped or hung)"
+    assert node == {"address": "h:1", "role": "not answering", "error": "DEADLINE_EXCEEDED",
+                    "reason": why}  # fmt: skip
+    assert _health_lines([node]) == [f"h:1: NOT ANSWERING: {why}. {CHECK_IT}"]
+
+
+def test_a_standby_without_a_broker_link_is_not_said_to_be_disconnected() -> None:
+    """A standby runs no execution plane, so has no broker link of its own: its line
+    says the leader's link is the one; the leader's own disconnection is said (the
+    mutation audit: ``and not standby`` dropped survived every test)."""
+    from controller.commands.status import _health_lines
+
+    up = {"store_up": True, "draining": False}
+    nodes = [{"address": "a:1", "role": "leader", "broker": "disconnected", **up},
+             {"address": "b:1", "role": "standby", "broker": "disconnected", **up}]  # fmt: skip
+    assert _health_lines(nodes) == [
+        "a:1: THE BROKER IS DISCONNECTED (no plan reaches the agents)",
+        "b:1: store up, broker: the leader's (a standby runs no execution plane)",
+    ]
