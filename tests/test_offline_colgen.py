@@ -482,3 +482,77 @@ def test_one_round_is_said_in_the_singular(capsys: pytest.CaptureFixture[str]) -
     captured = capsys.readouterr()
     assert "(solved to within 1e-6, 1 round)" in captured.out, captured.out
     assert "column generation: gap after 1 round," in captured.err, captured.err
+
+
+def test_each_way_a_job_breaks_spec_3_to_5_is_named() -> None:
+    """Each single break of SPEC 3-5 in one job's schedule is named by its own problem,
+    by ``check_schedules`` and by ``check_allocation`` alike: PS alone before the
+    arrival or after the last slot, a worker in the slot just after the last one, one
+    worker past ``N`` in a slot, a PS past ``y`` or short of ``z(y)``. The test of
+    every broken allocation at once above asks only for some problem; a check that
+    read workers alone, or began one slot late, passed it."""
+    from pricing.offline_allocation import check_schedules
+    from pricing.schedule import Schedule
+
+    trace = _small(4, jobs=12, servers=2, horizon=24)
+    _, start = _online(trace)
+    i = next(
+        i
+        for i, s in enumerate(start)
+        if s is not None
+        and trace.jobs[i].arrival >= 1
+        and s.slots >= 2
+        and s.start + s.slots < trace.horizon  # room for a slot after it
+    )
+    job, s = trace.jobs[i], start[i]
+
+    def problems(schedule: Schedule, last: int | None = None) -> list[str]:
+        held = Held.nothing(trace)
+        if last is not None:
+            held.last_slot[i] = last
+        schedules = list(start)
+        schedules[i] = schedule
+        found = check_schedules(trace, held, schedules)
+        assert found == check_allocation(trace, held, *allocation_from_schedules(trace, schedules))
+        return [p for p in found if p.startswith(f"{job.id}: ")]
+
+    assert problems(s) == []
+    # one PS alone in the slot before the arrival, the schedule as it was after it
+    lead = s.start - job.arrival + 1
+    w = np.vstack([np.zeros((lead, s.workers.shape[1]), np.int32), s.workers])
+    p = np.vstack([np.zeros((lead, s.ps.shape[1]), np.int32), s.ps])
+    p[0, 0] = 1
+    outside = f"{job.id}: PS count outside z(y) .. y"  # a PS alone is past y = 0 too
+    assert problems(Schedule(job.arrival - 1, w, p)) == [
+        f"{job.id}: runs before its arrival",
+        outside,
+    ]
+    # the last slot moved one before the schedule's end: its last worker runs after it
+    assert problems(s, last=s.end - 1) == [f"{job.id}: runs after its last slot {s.end - 1}"]
+    # one PS alone in the slot after the last one
+    p = np.vstack([s.ps, np.zeros((1, s.ps.shape[1]), np.int32)])
+    p[-1, 0] = 1
+    w = np.vstack([s.workers, np.zeros((1, s.workers.shape[1]), np.int32)])
+    last = s.start + s.slots - 1
+    assert problems(Schedule(s.start, w, p), last=last) == [
+        f"{job.id}: runs after its last slot {last}",
+        outside,
+    ]
+    # N + 1 workers in the first slot (the rest as they were), PS enough for them
+    w, p = s.workers.copy(), s.ps.copy()
+    w[0] = 0
+    w[0, 0] = job.chunks + 1
+    p[0] = 0
+    p[0, 0] = min(job.chunks + 1, int(job.ps_needed(job.chunks + 1)))
+    assert problems(Schedule(s.start, w, p)) == [
+        f"{job.id}: more than N = {job.chunks} workers in a slot"
+    ]
+    # a PS more than the slot's workers, then one fewer than z(y)
+    y = int(s.workers[0].sum())
+    for count in (y + 1, int(job.ps_needed(y)) - 1):
+        if count < 0:
+            continue
+        p = s.ps.copy()
+        p[0] = 0
+        p[0, 0] = count
+        assert problems(Schedule(s.start, s.workers, p)) == [outside]
