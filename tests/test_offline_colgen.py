@@ -556,3 +556,33 @@ def test_each_way_a_job_breaks_spec_3_to_5_is_named() -> None:
         p[0] = 0
         p[0, 0] = count
         assert problems(Schedule(s.start, s.workers, p)) == [outside]
+
+
+def test_a_server_past_its_capacity_by_less_than_a_unit_is_named() -> None:
+    """The capacity check allows only the ledger's slack past what is free: a server
+    whose held use leaves exactly the room an allocation takes passes, and the same
+    allocation with a thousandth of a unit less free is named, worker server and PS
+    server alike. (A check that allowed one unit more than the slack passed every test:
+    those broke capacity by many units.)"""
+    from pricing.offline_allocation import check_schedules
+
+    trace = _small(4, jobs=12, servers=2, horizon=10)
+    _, start = _online(trace)
+    schedules = [s for s in start if s is not None]
+    dense = allocation_from_schedules(trace, start)
+    cap_w, cap_p = trace.cluster.worker_capacity, trace.cluster.ps_capacity
+    demand_w = np.array([j.worker for j in trace.jobs])
+    demand_p = np.array([j.ps for j in trace.jobs])
+    used_w = np.einsum("ith,ir->thr", dense[0], demand_w)
+    used_p = np.einsum("itk,ir->tkr", dense[1], demand_p)
+    assert schedules and used_w.any() and used_p.any()
+    for kind, used, cap in (("worker", used_w, cap_w), ("PS", used_p, cap_p)):
+        t, s, r = np.argwhere(used > 0)[0]
+        for gap, named in ((0.0, False), (1e-3, True)):
+            held = Held.nothing(trace)
+            held_use = held.worker_used if kind == "worker" else held.ps_used
+            held_use[t, s, r] = cap[s, r] - used[t, s, r] + gap
+            found = check_schedules(trace, held, start)
+            assert found == check_allocation(trace, held, *dense)
+            message = f"a {kind} server's capacity is exceeded"
+            assert (message in found) is named, (kind, gap, found)
