@@ -385,6 +385,27 @@ def test_the_job_owners_the_streams_remember_are_bounded(monkeypatch: pytest.Mon
     asyncio.run(scenario())
 
 
+async def _alices_read_begun_then_bobs(
+    console: Console,
+) -> tuple[asyncio.Event, asyncio.Future[dict[str, str | None]]]:
+    """Job ``a``'s owner read twice: the first read (begun at sequence 5, when ``a`` was
+    alice's job) waits on the returned gate, the second (bob's job by then) answers at
+    once. Returns the gate and the first read, begun."""
+    gate = asyncio.Event()
+    answers = iter(["alice", "bob"])
+
+    async def owner_of(job_ids: Any) -> dict[str, str | None]:
+        who = next(answers)
+        if who == "alice":
+            await gate.wait()  # the older read, slow
+        return dict.fromkeys(job_ids, who)
+
+    console.data.owner_of = owner_of  # type: ignore[method-assign]
+    older = asyncio.ensure_future(console._learn_owners({"a"}, 5))
+    await asyncio.sleep(0.01)
+    return gate, older
+
+
 def test_an_older_read_of_a_jobs_owner_does_not_overwrite_a_newer_one() -> None:
     """Job ``a`` was alice's; retention deleted it and bob's new job took its id. A read
     of its owner begun before (at sequence 5) ends after a read begun at bob's decision
@@ -394,18 +415,7 @@ def test_an_older_read_of_a_jobs_owner_does_not_overwrite_a_newer_one() -> None:
     console = Console(config, _controller(EventBus(), []), None, None)
 
     async def scenario() -> None:
-        gate = asyncio.Event()
-        answers = iter(["alice", "bob"])
-
-        async def owner_of(job_ids: Any) -> dict[str, str | None]:
-            who = next(answers)
-            if who == "alice":
-                await gate.wait()  # the older read, slow
-            return dict.fromkeys(job_ids, who)
-
-        console.data.owner_of = owner_of  # type: ignore[method-assign]
-        older = asyncio.ensure_future(console._learn_owners({"a"}, 5))
-        await asyncio.sleep(0.01)
+        gate, older = await _alices_read_begun_then_bobs(console)
         assert await console._learn_owners({"a"}, 9) == {"a": "bob"}
         gate.set()
         assert await older == {"a": "alice"}  # what that read found, for its own caller
@@ -532,18 +542,7 @@ def test_a_new_jobs_decision_does_not_wait_on_an_older_read_of_its_id() -> None:
     console = Console(config, _controller(EventBus(), []), None, None)
 
     async def scenario() -> None:
-        gate = asyncio.Event()
-        answers = iter(["alice", "bob"])
-
-        async def owner_of(job_ids: Any) -> dict[str, str | None]:
-            who = next(answers)
-            if who == "alice":
-                await gate.wait()  # the older read, slow
-            return dict.fromkeys(job_ids, who)
-
-        console.data.owner_of = owner_of  # type: ignore[method-assign]
-        older = asyncio.ensure_future(console._learn_owners({"a"}, 5))
-        await asyncio.sleep(0.01)
+        gate, older = await _alices_read_begun_then_bobs(console)
         decided = Event(9, "decided", "a", 0, "admitted", {})
         shown = asyncio.ensure_future(console._visible(decided, "alice"))
         await asyncio.sleep(0.01)

@@ -457,6 +457,28 @@ def test_rate_limit_per_token(tmp_path: Path) -> None:
         a.ListJobs(pb.ListJobsRequest(), timeout=10)
 
 
+def _alices_daemon(tmp_path: Path, rate: float, burst: int) -> Daemon:
+    """A daemon, started, whose one token is submitter alice's ``a-token``, at
+    ``limits.rate`` calls a second and ``burst``; its log is ``oasisd.log``."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"alice submitter {hash_token('a-token')}\n")
+    extra = f'[auth]\ntokens_file = "{tokens}"\n[limits]\nrate = {rate}\nburst = {burst}\n'
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", extra=extra)
+    return Daemon(config, tmp_path / "oasisd.log").start()
+
+
+def _spend_alices_bucket(address: str) -> str:
+    """Call ``ListJobs`` as alice until her rate refuses one (RESOURCE_EXHAUSTED);
+    returns the refusal's ``grpc-retry-pushback-ms`` trailer."""
+    with client_channel(address, token="a-token") as channel:
+        stub = pb_grpc.AdmissionStub(channel)
+        with pytest.raises(grpc.RpcError) as spent:
+            for _ in range(10):
+                stub.ListJobs(pb.ListJobsRequest(), timeout=10)
+    assert spent.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    return str(dict(spent.value.trailing_metadata() or ())["grpc-retry-pushback-ms"])
+
+
 def test_a_list_longer_than_the_burst_is_sent_at_the_rate(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -465,11 +487,7 @@ def test_a_list_longer_than_the_burst_is_sent_at_the_rate(
     limit ...; retry in 0.008 s``, the rest not sent. The client now waits what the
     daemon's ``grpc-retry-pushback-ms`` says (the item was refused unread) and sends
     the item again; other refusals still stop the list."""
-    tokens = tmp_path / "tokens"
-    tokens.write_text(f"alice submitter {hash_token('a-token')}\n")
-    extra = f'[auth]\ntokens_file = "{tokens}"\n[limits]\nrate = 2\nburst = 2\n'
-    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", extra=extra)
-    daemon = Daemon(config, tmp_path / "oasisd.log").start()
+    daemon = _alices_daemon(tmp_path, rate=2, burst=2)
     try:
         small = {**SMALL_JOB, "chunks": 2, "worker": {**SMALL_JOB["worker"], "gpu": 0.5}}
         items = [{**small, "id": f"paced-{i}"} for i in range(6)]
@@ -482,12 +500,7 @@ def test_a_list_longer_than_the_burst_is_sent_at_the_rate(
         # a refusal without a wait to keep (max_job_chunks) still stops the list there;
         # alice's bucket spent first, so the list's first call (the slot clock) waits too
         spec.write_text(json.dumps([{**small, "id": "paced-6"}, {**small, "chunks": 10**9}]))
-        with client_channel(daemon.address, token="a-token") as channel:
-            stub = pb_grpc.AdmissionStub(channel)
-            with pytest.raises(grpc.RpcError) as spent:
-                for _ in range(10):
-                    stub.ListJobs(pb.ListJobsRequest(), timeout=10)
-            assert spent.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        _spend_alices_bucket(daemon.address)
         out = oasis(*args, server=daemon.address, check=False)
         assert out.returncode == 2, out.stdout + out.stderr
         failed = json.loads(out.stdout)
@@ -498,12 +511,7 @@ def test_a_list_longer_than_the_burst_is_sent_at_the_rate(
         # RESOURCE_EXHAUSTED (which reads as "not admitted"), the job stored all the same
         spec.write_text(json.dumps({**small, "id": "paced-one"}))
         for argv in (("submit", str(spec)), ("job", "paced-one")):
-            with client_channel(daemon.address, token="a-token") as channel:
-                stub = pb_grpc.AdmissionStub(channel)
-                with pytest.raises(grpc.RpcError) as spent:
-                    for _ in range(10):
-                        stub.ListJobs(pb.ListJobsRequest(), timeout=10)
-                hint = dict(spent.value.trailing_metadata() or ())["grpc-retry-pushback-ms"]
+            hint = _spend_alices_bucket(daemon.address)
             time.sleep(int(hint) / 1000 + 0.05)  # one call's worth back (rate 2/s)
             capsys.readouterr()
             # in this process: a subprocess's start-up would let more calls' worth back
@@ -525,20 +533,11 @@ def test_a_wait_for_the_rate_is_kept_within_timeout_and_in_milliseconds(
     past ``--timeout`` (8 s here) is the refusal, said at once: RESOURCE_EXHAUSTED, exit
     1; one within it (one call per 2 s: a trailer of up to 2000 ms, not 2000 s) is kept,
     and the job submitted."""
-    tokens = tmp_path / "tokens"
-    tokens.write_text(f"alice submitter {hash_token('a-token')}\n")
-    extra = f'[auth]\ntokens_file = "{tokens}"\n[limits]\nrate = {rate}\nburst = 1\n'
-    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", extra=extra)
-    daemon = Daemon(config, tmp_path / "oasisd.log").start()
+    daemon = _alices_daemon(tmp_path, rate=rate, burst=1)
     try:
         spec = tmp_path / "job.json"
         spec.write_text(json.dumps({**SMALL_JOB, "id": "slow-1"}))
-        with client_channel(daemon.address, token="a-token") as channel:
-            stub = pb_grpc.AdmissionStub(channel)
-            with pytest.raises(grpc.RpcError) as spent:
-                for _ in range(10):
-                    stub.ListJobs(pb.ListJobsRequest(), timeout=10)
-            hint = dict(spent.value.trailing_metadata() or ())["grpc-retry-pushback-ms"]
+        hint = _spend_alices_bucket(daemon.address)
         capsys.readouterr()
         argv = ["submit", str(spec), "--json", "--token", "a-token", "--timeout", "8"]
         status = main([*argv, "--server", daemon.address])
