@@ -404,6 +404,14 @@ _CAUSES = (
     ("connection refused", "connection refused: nothing listens there"),
     ("dns resolution failed", "the host name does not resolve"),
     ("name resolution", "the host name does not resolve"),
+    # before "ssl": gRPC's words for a certificate that names neither the --server host
+    # nor --tls-server-name (the client audit: shown raw, "Custom verification check
+    # failed with error: UNAUTHENTICATED: Hostname Verification Check failed.")
+    (
+        "hostname verification",
+        "the daemon's certificate does not hold the name it was called by (the --server "
+        "host, or --tls-server-name)",
+    ),
     ("ssl", "the TLS handshake failed"),
     ("handshake", "the TLS handshake failed"),
     ("deadline", "no answer in time"),
