@@ -802,6 +802,7 @@ def test_addresses_and_arguments_are_checked_by_the_client_and_json_stays_json()
     bad = {
         ":": "not HOST[:PORT]",
         "127.0.0.1:99999": "the port must be 1..65535, got 99999",
+        "127.0.0.1:0": "the port must be 1..65535, got 0",  # gRPC: "failed to connect"
         # a URL, as the console's is written, was gRPC's "errors resolving
         # http://head:50051: [...] Misformatted domain name" (exit 1, as if unreachable)
         "http://head:50051/": "is a URL; give the daemon's gRPC address as HOST[:PORT]: "
