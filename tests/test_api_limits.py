@@ -67,6 +67,16 @@ def test_list_jobs_pages_and_specs_are_bounded(daemon: Daemon) -> None:
         assert [j.spec.id for j in last.jobs] == ids[2:5]
         code, details = _code(lambda: stub.ListJobs(pb.ListJobsRequest(page_token="x?")))
         assert code == grpc.StatusCode.INVALID_ARGUMENT and "page_token" in details
+        # a limit is a page's cap too, never past the daemon's: a limit of 1,000 asked
+        # the store for 1,000 rows a call (the guard audit's S14, not run until now)
+        capped = stub.ListJobs(pb.ListJobsRequest(limit=1000), timeout=30)
+        assert [j.spec.id for j in capped.jobs] == ids[:3] and capped.next_page_token
+        one = stub.ListJobs(pb.ListJobsRequest(limit=1, page_size=3), timeout=30)
+        assert [j.spec.id for j in one.jobs] == ids[:1]
+        for negative in (pb.ListJobsRequest(page_size=-1), pb.ListJobsRequest(limit=-1)):
+            code, details = _code(lambda r=negative: stub.ListJobs(r, timeout=30))
+            assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+            assert details == "page_size, limit: must be >= 0", details
 
         # bounded specs: named field, INVALID_ARGUMENT, for submit and quote alike
         table = {"kind": "table", "values": [100.0 - i for i in range(41)]}
