@@ -568,14 +568,13 @@ def test_a_server_past_its_capacity_by_less_than_a_unit_is_named() -> None:
 
     trace = _small(4, jobs=12, servers=2, horizon=10)
     _, start = _online(trace)
-    schedules = [s for s in start if s is not None]
     dense = allocation_from_schedules(trace, start)
     cap_w, cap_p = trace.cluster.worker_capacity, trace.cluster.ps_capacity
     demand_w = np.array([j.worker for j in trace.jobs])
     demand_p = np.array([j.ps for j in trace.jobs])
     used_w = np.einsum("ith,ir->thr", dense[0], demand_w)
     used_p = np.einsum("itk,ir->tkr", dense[1], demand_p)
-    assert schedules and used_w.any() and used_p.any()
+    assert used_w.any() and used_p.any()  # some job ran, on both kinds of server
     for kind, used, cap in (("worker", used_w, cap_w), ("PS", used_p, cap_p)):
         t, s, r = np.argwhere(used > 0)[0]
         for gap, named in ((0.0, False), (1e-3, True)):
