@@ -816,6 +816,10 @@ def test_addresses_and_arguments_are_checked_by_the_client_and_json_stays_json()
         "http://head:50051/": "is a URL; give the daemon's gRPC address as HOST[:PORT]: "
         "head:50051 (the console's http:// address is another port)",
         "https://head:50051": "HOST[:PORT]: head:50051 (TLS: --tls, or --tls-ca FILE)",
+        # a list of none (the client audit's N21: without the check the pool of no
+        # daemon failed past the argument checks)
+        ",": "--server: no address given",
+        " , ": "--server: no address given",
     }
     for address, message in bad.items():
         out = run("jobs", server=address)
