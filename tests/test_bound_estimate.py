@@ -663,3 +663,25 @@ def test_calibrate_leaves_out_a_trace_job_that_cannot_finish_before_the_horizon(
     made, plain = (json.loads((tmp_path / n).read_text()) for n in ("a.json", "b.json"))
     made.pop("source"), plain.pop("source")
     assert made == plain
+
+
+def test_calibrate_newest_0_takes_every_stored_job(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--newest 0`` is "all", not the default cut (the operator-tools audit's K4: read
+    as the default it passed every test, the default of 10,000 being more than any test
+    store holds; here the default is made 5 of the store's 12)."""
+    from controller.commands import calibrate as command
+
+    raw = _trace(15, n_jobs=12, horizon=30)
+    url = decided_store(tmp_path, raw, 30, {"": raw["jobs"]}).database_url
+    monkeypatch.setattr(command, "DEFAULT_NEWEST", 5)
+    out = tmp_path / "prior.json"
+    assert main(["calibrate", "--store", url, "-o", str(out)]) == 0
+    assert "5 jobs (the newest; --newest sets how many)" in capsys.readouterr().err
+    assert main(["calibrate", "--store", url, "--newest", "0", "-o", str(out)]) == 0
+    assert "oasis calibrate: 12 jobs -> a prior" in capsys.readouterr().err
+    every = calibrate(
+        list(trace_from_dict(raw).jobs), CLUSTER_OF(raw), source="oasis calibrate --store"
+    )
+    assert prior_from_dict(json.loads(out.read_text())) == prior_from_dict(every.to_dict())
