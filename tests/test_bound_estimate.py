@@ -639,3 +639,49 @@ def test_calibrate_from_a_daemons_store(tmp_path: Path, capsys: pytest.CaptureFi
     ):
         assert main(["calibrate", *wrong]) == 2
         assert said in capsys.readouterr().err, wrong
+
+
+def test_calibrate_leaves_out_a_trace_job_that_cannot_finish_before_the_horizon(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job no schedule can finish (SPEC 6: replay rejects it with ``payoff: null``)
+    tells nothing of the values the daemon will see: calibrating a trace with one gives
+    the prior of the trace without it, counted without it."""
+    raw = _trace(13, n_jobs=80)
+    late = copy.deepcopy(raw["jobs"][0])
+    late.update(id="late", arrival=raw["horizon"] - 1, epochs=400)
+    late["utility"]["priority"] = 1e6  # were it counted, it would move the prior's top
+    with_late = copy.deepcopy(raw)
+    with_late["jobs"].append(late)
+    trace = trace_from_dict(with_late)
+    assert trace.late(trace.jobs[-1]) is not None  # the set-up: it cannot finish
+    (tmp_path / "with.json").write_text(json.dumps(with_late))
+    (tmp_path / "without.json").write_text(json.dumps(raw))
+    assert main(["calibrate", str(tmp_path / "with.json"), "-o", str(tmp_path / "a.json")]) == 0
+    assert "oasis calibrate: 80 jobs -> a prior worth 40 jobs" in capsys.readouterr().err
+    assert main(["calibrate", str(tmp_path / "without.json"), "-o", str(tmp_path / "b.json")]) == 0
+    made, plain = (json.loads((tmp_path / n).read_text()) for n in ("a.json", "b.json"))
+    made.pop("source"), plain.pop("source")
+    assert made == plain
+
+
+def test_calibrate_newest_0_takes_every_stored_job(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--newest 0`` is "all", not the default cut (the operator-tools audit's K4: read
+    as the default it passed every test, the default of 10,000 being more than any test
+    store holds; here the default is made 5 of the store's 12)."""
+    from controller.commands import calibrate as command
+
+    raw = _trace(15, n_jobs=12, horizon=30)
+    url = decided_store(tmp_path, raw, 30, {"": raw["jobs"]}).database_url
+    monkeypatch.setattr(command, "DEFAULT_NEWEST", 5)
+    out = tmp_path / "prior.json"
+    assert main(["calibrate", "--store", url, "-o", str(out)]) == 0
+    assert "5 jobs (the newest; --newest sets how many)" in capsys.readouterr().err
+    assert main(["calibrate", "--store", url, "--newest", "0", "-o", str(out)]) == 0
+    assert "oasis calibrate: 12 jobs -> a prior" in capsys.readouterr().err
+    every = calibrate(
+        list(trace_from_dict(raw).jobs), CLUSTER_OF(raw), source="oasis calibrate --store"
+    )
+    assert prior_from_dict(json.loads(out.read_text())) == prior_from_dict(every.to_dict())

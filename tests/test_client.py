@@ -501,6 +501,10 @@ def test_tables_show_wall_clock_times(tmp_path: Path, daemon: Daemon, epoch: flo
     assert f"slot {info.current_slot} (" in status and "run from" in status
     record = json.loads(run("job", "t1", "--json", server=daemon.address).stdout)
     assert record["decision"]["arrives_at"] == format_time(times.start(arrival))
+    # "completes (done by)": the completion slot and when it ends, the next one's start
+    # (the client audit's R08: the slot's own start passed every test)
+    done = record["decision"]["completion_slot"]
+    assert f"{done} ({local_time(times.start(done + 1))})" in row, row
 
 
 def test_watch_json_detail_is_json(tmp_path: Path, daemon: Daemon) -> None:
@@ -523,6 +527,10 @@ def test_watch_json_detail_is_json(tmp_path: Path, daemon: Daemon) -> None:
     assert first["kind"] == "decided" and isinstance(first["sequence"], int)
     assert first["state"] in ("admitted", "rejected")
     assert isinstance(first["detail"], dict) and "admitted" in first["detail"]
+    # when its slot begins, as every other record says it (the client audit's R09)
+    info = cluster_info(daemon.address)
+    begins = SlotTimes(info.epoch, info.slot_seconds).start(first["slot"])
+    assert first["slot_starts_at"] == format_time(begins), first
     # for people, the detail's numbers to 6 digits, as other commands print them (the
     # README audit: "payoff": 6.927184195498584); --json keeps every digit
     cmd.remove("--json")
@@ -808,6 +816,10 @@ def test_addresses_and_arguments_are_checked_by_the_client_and_json_stays_json()
         "http://head:50051/": "is a URL; give the daemon's gRPC address as HOST[:PORT]: "
         "head:50051 (the console's http:// address is another port)",
         "https://head:50051": "HOST[:PORT]: head:50051 (TLS: --tls, or --tls-ca FILE)",
+        # a list of none (the client audit's N21: without the check the pool of no
+        # daemon failed past the argument checks)
+        ",": "--server: no address given",
+        " , ": "--server: no address given",
     }
     for address, message in bad.items():
         out = run("jobs", server=address)

@@ -27,6 +27,7 @@ from pricing.offline import (
     status_and_gap,
     theorem4_bound,
 )
+from pricing.offline_solve import solve
 from pricing.schedule import Schedule
 from pricing.workload import generate_trace
 
@@ -343,6 +344,30 @@ def test_a_start_keeps_the_online_utility_under_a_tiny_time_limit(solver: Any) -
     cold = solve_offline(trace, solver=solver, time_limit=0.2)
     assert cold.status != "infeasible"
     assert (cold.status == "no solution") == (cold.optimum is None)
+
+
+def test_oasis_offline_starts_from_the_online_allocation_unless_cold(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``oasis offline`` gives the solver the online allocation as its start, and ``--cold``
+    gives none: each answer is that of the solve it names (the operator-tools audit's O3:
+    a ``--cold`` that still started from the online allocation passed every test)."""
+    raw = generate_trace(
+        np.random.default_rng(19), n_jobs=12, n_worker_servers=3, n_ps_servers=3, horizon=16
+    )
+    trace = trace_from_dict(raw)
+    start = _online_schedules(list(replay(trace)))
+    warm = solve(trace, method="colgen", time_limit=60, start=start)
+    cold = solve(trace, method="colgen", time_limit=60)
+    assert warm.optimum != cold.optimum  # the set-up: the start changes the answer
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(raw))
+    for flags, expected in (([], warm), (["--cold"], cold)):
+        command = ["offline", str(path), "--method", "colgen", "--time-limit", "60"]
+        assert main([*command, "--json", "--no-progress", *flags]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["optimum"] == pytest.approx(expected.optimum)
+        assert doc["allocation_source"] == expected.allocation_source
 
 
 def test_a_broken_start_is_refused() -> None:
