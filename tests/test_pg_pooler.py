@@ -89,6 +89,13 @@ def _start(config: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+def _oasis(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "controller.cli", *args],
+        capture_output=True, text=True, cwd=ROOT, timeout=60, check=False,
+    )  # fmt: skip
+
+
 def _pooled(url: str, port: int) -> str:
     """``url`` (the test cluster's) reached through the pooler on ``port``."""
     host, database = url.rsplit("/", 1)
@@ -110,10 +117,7 @@ def test_a_pooler_that_refuses_the_session_settings_is_named_with_the_remedy(
                                "oasisd connects with (unsupported startup parameter: "
                                "options); pgbouncer does that"), last  # fmt: skip
         assert REMEDY in last, last
-        offline = subprocess.run(
-            [sys.executable, "-m", "controller.cli", "offline", "--store", store],
-            capture_output=True, text=True, cwd=ROOT, timeout=60, check=False,
-        )  # fmt: skip
+        offline = _oasis("offline", "--store", store)
         assert offline.returncode == 2, offline.stderr
         assert "refused the session settings" in offline.stderr, offline.stderr
         assert "point --store at PostgreSQL itself" in offline.stderr, offline.stderr
@@ -134,9 +138,15 @@ def test_a_pooler_that_drops_the_session_settings_gets_no_lock_and_no_table(
         last = out.stderr.strip().splitlines()[-1]
         assert last.startswith(f"oasisd: cannot use the store {store}: its sessions do not "
                                "hold the settings oasisd connects with (statement_timeout "
-                               "is 0, not daemon.store_timeout's 3 s): a connection pooler "
+                               "is 0, not the 3 s it asked): a connection pooler "
                                "between oasisd and PostgreSQL drops them"), last  # fmt: skip
         assert REMEDY in last, last
+        # oasis store copy takes the writer lock too: refused the same, naming --to
+        copy = _oasis("store", "copy", "--from", postgres.new_database(), "--to", store)
+        assert copy.returncode != 0, copy.stderr
+        assert ("oasis store copy: destination: its sessions do not hold the settings "
+                "oasisd connects with") in copy.stderr, copy.stderr  # fmt: skip
+        assert "point --to at PostgreSQL itself" in copy.stderr, copy.stderr
         dsn = f"host=127.0.0.1 port={postgres.port} user=oasis dbname={database}"
         with psycopg.connect(dsn, autocommit=True) as direct:
             locks = direct.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")

@@ -54,9 +54,10 @@ class StorePoolerError(Exception):
     operator's to mend (a restart would meet it again)."""
 
 
-def check_session(db: Database) -> None:
+def check_session(db: Database, setting: str = "daemon.store_url") -> None:
     """Raise :class:`StorePoolerError` unless a session of ``db`` (PostgreSQL) holds the
-    settings oasisd connects with. One round trip on a pooled connection."""
+    settings oasisd connects with, naming ``setting`` (the store's URL) in the remedy.
+    One round trip on a pooled connection."""
     with db.engine.connect() as conn:
         held = conn.execute(text("SELECT current_setting(:m, true)"), {"m": MARK}).scalar()
         timeout = conn.execute(text("SELECT current_setting('statement_timeout')")).scalar()
@@ -64,9 +65,9 @@ def check_session(db: Database) -> None:
     if held != "on":
         raise StorePoolerError(
             "its sessions do not hold the settings oasisd connects with (statement_timeout "
-            f"is {timeout}, not daemon.store_timeout's {db.timeout:g} s): a connection "
+            f"is {timeout}, not the {db.timeout:g} s it asked): a connection "
             "pooler between oasisd and PostgreSQL drops them (pgbouncer does, with "
-            f"ignore_startup_parameters = options); {_remedy('daemon.store_url')}"
+            f"ignore_startup_parameters = options); {_remedy(setting)}"
         )
 
 
