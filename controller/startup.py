@@ -45,6 +45,7 @@ from controller.config import Config
 from controller.errors import SlotGridChangedError, StoreEditedError
 from controller.store import MetaRow, StoreUnavailableError, StoreVersionError, migrate
 from controller.store.database import Database, rewrites_ahead
+from controller.store.poolers import StorePoolerError, check_session, pooler_refusal
 from controller.store.refusals import lock_waited, refusal
 from controller.store.schema_check import StoreSchemaError
 from controller.store.search_path import StoreHiddenError, StoreUnversionedError
@@ -81,6 +82,8 @@ def open_store(config: Config, controller: AdmissionController, writer: WriterLo
             _data_dir(config.data_dir)
         else:
             _left_behind(config.data_dir, store)
+        if db.engine.dialect.name == "postgresql":
+            check_session(db)  # before the lock: a pooler keeps no session's lock
         if config.ha is not None:
             _open_ha(controller, writer)
             return
@@ -103,6 +106,9 @@ def open_store(config: Config, controller: AdmissionController, writer: WriterLo
         raise StartupError(str(err)) from err
     except sqlalchemy.exc.DBAPIError as err:  # unreachable, refused, bad credentials, full
         lines = str(err.orig if err.orig is not None else err).strip().splitlines()
+        pooled = pooler_refusal(lines[0] if lines else "")  # pgbouncer's, at connect
+        if pooled is not None:  # the operator's to mend: a restart would meet it again
+            raise StartupError(f"cannot open {store}: {pooled}", status=2) from err
         # SQLite says "disk I/O error" when the disk is full: say which, with the number
         why = (
             db.space_short()
@@ -120,6 +126,8 @@ def open_store(config: Config, controller: AdmissionController, writer: WriterLo
         raise StartupError(f"cannot open {store}: {waited or err}") from err
     except StoreVersionError as err:  # a newer oasis migrated it: a restart cannot help
         raise StartupError(f"{store} {err}", status=2) from err
+    except StorePoolerError as err:  # pgbouncer before PostgreSQL: the operator's to mend
+        raise StartupError(f"cannot use {store}: {err}", status=2) from err
     except StoreHiddenError as err:  # search_path moved: a restart would not move it back
         raise StartupError(f"cannot use {store}: {err}", status=2) from err
     except StoreUnversionedError as err:  # a restore in part: an operator's to mend

@@ -22,6 +22,7 @@ from controller.commands.common import (
     load_trace,
     same_file,
     store_url,
+    unreadable_store,
     write_output,
 )
 from pricing.bound_estimate import BoundEstimate, calibrate
@@ -147,8 +148,7 @@ def _from_store(args: argparse.Namespace, newest: int) -> tuple[list[Job], Clust
     except (HistoryError, SpecError) as err:  # a row, or what the jobs make of the bounds
         raise InputError(f"--store: {err}") from err
     except (StoreUnavailableError, SQLAlchemyError) as err:
-        first_line = str(err).splitlines()[0]
-        raise InputError(f"--store: cannot read a daemon's store there: {first_line}") from err
+        raise unreadable_store(err) from err
     finally:
         db.dispose()
 

@@ -426,6 +426,16 @@ def store_url(given: str, flag: str) -> str:
     return f"sqlite:///{path}"
 
 
+def unreadable_store(err: Exception) -> InputError:
+    """The error of a ``--store`` that could not be read (``offline``, ``calibrate``):
+    its first line, or why a pooler before PostgreSQL refused the connection."""
+    from controller.store.poolers import pooler_refusal
+
+    first_line = str(err).splitlines()[0]
+    why = pooler_refusal(first_line, "--store") or first_line
+    return InputError(f"--store: cannot read a daemon's store there: {why}")
+
+
 def check_store_url(url: str) -> None:
     """InputError for a ``--store`` SQLite URL whose file does not exist: SQLite would
     create an empty one there (left behind), and the error would be "no such table".

@@ -43,6 +43,7 @@ from controller.commands.common import (
     quiet_native_stdout,
     search_limits,
     store_url,
+    unreadable_store,
 )
 from controller.history import History, HistoryError, OnlineJob, load_history
 from controller.replay import replay
@@ -299,8 +300,7 @@ def _from_store(
         raise InputError(f"--store: {err}") from err
     except (StoreUnavailableError, SQLAlchemyError) as err:
         # e.g. a file that is no daemon's store has no tables
-        first_line = str(err).splitlines()[0]
-        raise InputError(f"--store: cannot read a daemon's store there: {first_line}") from err
+        raise unreadable_store(err) from err
     finally:
         db.dispose()
     for note in history.notes:  # what the numbers mean: shown even with --no-progress

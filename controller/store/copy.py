@@ -47,9 +47,15 @@ from controller.store.database import (
     newer_revision,
 )
 from controller.store.models import Base
+from controller.store.poolers import StorePoolerError, check_session, pooler_refusal
 from controller.store.stored import utc
 from controller.store.urls import shown
-from controller.store.writer_lock import StoreLockedError, WriterLock, writer_lock
+from controller.store.writer_lock import (
+    PostgresWriterLock,
+    StoreLockedError,
+    WriterLock,
+    writer_lock,
+)
 
 __all__ = ["DEFAULT_BATCH", "CopyError", "CopyReport", "copy_store", "store_tables"]
 
@@ -156,7 +162,10 @@ def _locked(db: Database, role: str) -> Iterator[None]:
     if lock is None:
         yield
         return
+    flag = "--from" if role == "source" else "--to"
     try:
+        if isinstance(lock, PostgresWriterLock):
+            check_session(db, flag)  # a pooler's session keeps no lock (:mod:`.poolers`)
         lock.acquire()
     except StoreLockedError as err:
         me = err.holder is not None and (err.holder.host, err.holder.pid) == (
@@ -166,8 +175,11 @@ def _locked(db: Database, role: str) -> Iterator[None]:
         who = str(err.holder) if err.holder else "holder unknown"
         raise CopyError(f"{role}: {err.what} is in use by an oasisd ({who}): stop it before "
                         "copying (a copy needs both stores to itself)") from err  # fmt: skip
+    except StorePoolerError as err:
+        raise CopyError(f"{role}: {err}") from err
     except (DBAPIError, OSError, StoreUnavailableError) as err:
-        raise CopyError(f"{role}: cannot take the store's writer lock: {_first(err)}") from err
+        why = pooler_refusal(_first(err), flag) or _first(err)
+        raise CopyError(f"{role}: cannot take the store's writer lock: {why}") from err
     try:
         yield
     finally:

@@ -46,6 +46,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
 from controller.store.lock_waits import is_lock_wait, sqlite_write_lock_free
+from controller.store.poolers import MARK_OPTION
 from controller.store.refusals import is_refusal, refusal
 from controller.store.schema_check import check_tables, revision_behind
 from controller.store.search_path import check_new_store, check_unversioned
@@ -528,7 +529,7 @@ def _first_line(err: DBAPIError) -> str:
 def _pg_connect_args(url: URL, timeout: float, idle_transaction: float | None) -> dict[str, Any]:
     """libpq parameters bounding connects and statements; the URL's own win."""
     ms = max(1, round(timeout * 1000))
-    options = f"-c statement_timeout={ms} -c lock_timeout={ms}"
+    options = f"{MARK_OPTION} -c statement_timeout={ms} -c lock_timeout={ms}"  # .poolers
     if idle_transaction is not None:
         idle_ms = max(1, round(idle_transaction * 1000))
         options = f"{options} -c idle_in_transaction_session_timeout={idle_ms}"
