@@ -81,12 +81,19 @@ def _pgbouncer(postgres: Postgres, ignore: str) -> Iterator[int]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _start(config: Path) -> subprocess.CompletedProcess[str]:
-    """``oasisd --config config`` until it exits (it is expected to, at start)."""
-    return subprocess.run(
-        [sys.executable, "-m", "controller.daemon", "--config", str(config)],
+def _refused_start(store: str, tmp_path: Path, words: str) -> None:
+    """``oasisd`` on ``store`` must exit 2 at start (not 1: systemd would restart it in a
+    loop), its last line ``oasisd: cannot ... the store STORE: `` then ``words``, naming
+    the remedy."""
+    out = subprocess.run(
+        [sys.executable, "-m", "controller.daemon", "--config",
+         str(write_config(tmp_path / "d.toml", tmp_path / "data", store))],
         capture_output=True, text=True, cwd=ROOT, timeout=60, check=False,
     )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("oasisd: cannot ") and f" the store {store}: {words}" in last, last
+    assert REMEDY in last, last
 
 
 def _oasis(*args: str) -> subprocess.CompletedProcess[str]:
@@ -109,14 +116,9 @@ def test_a_pooler_that_refuses_the_session_settings_is_named_with_the_remedy(
     url = postgres.new_database()
     with _pgbouncer(postgres, ignore="extra_float_digits") as port:
         store = _pooled(url, port)
-        out = _start(write_config(tmp_path / "d.toml", tmp_path / "data", store))
-        assert out.returncode == 2, out.stderr  # not 1: systemd would restart it in a loop
-        last = out.stderr.strip().splitlines()[-1]
-        assert last.startswith(f"oasisd: cannot open the store {store}: a connection pooler "
-                               "between oasisd and PostgreSQL refused the session settings "
-                               "oasisd connects with (unsupported startup parameter: "
-                               "options); pgbouncer does that"), last  # fmt: skip
-        assert REMEDY in last, last
+        _refused_start(store, tmp_path, "a connection pooler between oasisd and PostgreSQL "
+                       "refused the session settings oasisd connects with (unsupported "
+                       "startup parameter: options); pgbouncer does that")  # fmt: skip
         offline = _oasis("offline", "--store", store)
         assert offline.returncode == 2, offline.stderr
         assert "refused the session settings" in offline.stderr, offline.stderr
@@ -133,14 +135,9 @@ def test_a_pooler_that_drops_the_session_settings_gets_no_lock_and_no_table(
     database = url.rsplit("/", 1)[1]
     with _pgbouncer(postgres, ignore="options,extra_float_digits") as port:
         store = _pooled(url, port)
-        out = _start(write_config(tmp_path / "d.toml", tmp_path / "data", store))
-        assert out.returncode == 2, out.stderr
-        last = out.stderr.strip().splitlines()[-1]
-        assert last.startswith(f"oasisd: cannot use the store {store}: its sessions do not "
-                               "hold the settings oasisd connects with (statement_timeout "
-                               "is 0, not the 3 s it asked): a connection pooler "
-                               "between oasisd and PostgreSQL drops them"), last  # fmt: skip
-        assert REMEDY in last, last
+        _refused_start(store, tmp_path, "its sessions do not hold the settings oasisd "
+                       "connects with (statement_timeout is 0, not the 3 s it asked): a "
+                       "connection pooler between oasisd and PostgreSQL drops them")  # fmt: skip
         # oasis store copy takes the writer lock too: refused the same, naming --to
         copy = _oasis("store", "copy", "--from", postgres.new_database(), "--to", store)
         assert copy.returncode != 0, copy.stderr
