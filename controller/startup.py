@@ -46,7 +46,7 @@ from controller.errors import SlotGridChangedError, StoreEditedError
 from controller.store import MetaRow, StoreUnavailableError, StoreVersionError, migrate
 from controller.store.database import Database, rewrites_ahead
 from controller.store.poolers import StorePoolerError, check_session, pooler_refusal
-from controller.store.refusals import lock_waited, refusal
+from controller.store.refusals import lock_waited, login_refusal, refusal
 from controller.store.schema_check import StoreSchemaError
 from controller.store.search_path import StoreHiddenError, StoreUnversionedError
 from controller.store.urls import shown
@@ -106,9 +106,12 @@ def open_store(config: Config, controller: AdmissionController, writer: WriterLo
         raise StartupError(str(err)) from err
     except sqlalchemy.exc.DBAPIError as err:  # unreachable, refused, bad credentials, full
         lines = str(err.orig if err.orig is not None else err).strip().splitlines()
-        pooled = pooler_refusal(lines[0] if lines else "")  # pgbouncer's, at connect
-        if pooled is not None:  # the operator's to mend: a restart would meet it again
-            raise StartupError(f"cannot open {store}: {pooled}", status=2) from err
+        first = lines[0] if lines else ""
+        # pgbouncer's, or PostgreSQL's about the role, its password, the database or
+        # pg_hba.conf: the operator's to mend, a restart would meet it again
+        mend = pooler_refusal(first) or login_refusal(first, db.engine.url)
+        if mend is not None:
+            raise StartupError(f"cannot open {store}: {mend}", status=2) from err
         # SQLite says "disk I/O error" when the disk is full: say which, with the number
         why = (
             db.space_short()

@@ -425,3 +425,54 @@ def test_the_admission_service_is_not_serving_while_the_store_refuses_writes(
         events = [e["event"] for e in json_log(log)]
         assert "the store refuses writes: admission not serving" in events, events
         assert "the store takes writes again: admission serving" in events, events
+
+
+def test_a_store_url_naming_no_role_or_database_exits_2_saying_what_to_create(
+    postgres: Postgres, tmp_path: Path
+) -> None:
+    """Before: exit 1 with PostgreSQL's FATAL line, which systemd's unit restarts every
+    2 s for ever (``RestartPreventExitStatus=2`` is for what only an operator mends)."""
+    name = f"r_{uuid.uuid4().hex[:10]}"
+    base = f"postgresql+psycopg://{{}}@127.0.0.1:{postgres.port}/{{}}"
+    for url, words in (
+        (base.format(name, "postgres"), f"there is no role {name} on that server (FATAL: "
+         f'role "{name}" does not exist): a DBA creates it (CREATE ROLE {name} LOGIN), or '
+         "daemon.store_url names another user"),
+        (base.format("oasis", name), f"there is no database {name} on that server (FATAL: "
+         f'database "{name}" does not exist): a DBA creates it (CREATE DATABASE {name} '
+         "OWNER oasis), or daemon.store_url names another"),
+    ):  # fmt: skip
+        last = _last_line(_start(write_config(tmp_path / "d.toml", tmp_path / "data", url)), 2)
+        assert last == f"oasisd: cannot open the store {url}: {words}", last
+
+
+def test_a_refused_password_or_host_is_said_with_where_to_mend_it() -> None:
+    """PostgreSQL's words for a wrong password and for a host pg_hba.conf does not
+    admit (the test cluster trusts every local connection, so neither can be made
+    here), and a refusal that passes by itself, which is not one of them."""
+    from sqlalchemy.engine import make_url
+
+    from controller.store.refusals import login_refusal
+
+    url = make_url("postgresql+psycopg://oasis:secret@db.example:5432/oasis")
+    failed = 'connection to server at "db.example" (10.0.0.9), port 5432 failed: '
+    said = login_refusal(failed + 'FATAL:  password authentication failed for user "oasis"', url)
+    assert said == (
+        "PostgreSQL refused role oasis's password (FATAL: password authentication failed "
+        'for user "oasis"): set the right one where libpq reads it (the oasis user\'s '
+        "~/.pgpass, PGPASSWORD in the unit's environment), or in daemon.store_url"
+    )
+    hba = 'no pg_hba.conf entry for host "10.0.0.5", user "oasis", database "oasis", no encryption'
+    said = login_refusal(failed + "FATAL:  " + hba, url)
+    assert said is not None and said.startswith(
+        "PostgreSQL's pg_hba.conf admits no connection of role oasis to database oasis "
+        f"from this host (FATAL: {hba}): a DBA adds a line"
+    ), said
+    assert "secret" not in said
+    said = login_refusal(failed + 'FATAL:  role "oasis" is not permitted to log in', url)
+    assert said == ('role oasis may not log in (FATAL: role "oasis" is not permitted to log '
+                    "in): a DBA runs ALTER ROLE oasis LOGIN, or daemon.store_url names "
+                    "another user")  # fmt: skip
+    for passing in ("the database system is starting up", "sorry, too many clients already",
+                    "Connection refused"):  # fmt: skip
+        assert login_refusal(failed + "FATAL:  " + passing, url) is None

@@ -21,7 +21,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
-__all__ = ["REFUSED_SQLSTATES", "is_refusal", "lock_waited", "refusal"]
+__all__ = ["REFUSED_SQLSTATES", "is_refusal", "lock_waited", "login_refusal", "refusal"]
 
 INSUFFICIENT_PRIVILEGE = "42501"
 READ_ONLY_TRANSACTION = "25006"
@@ -83,6 +83,46 @@ def refusal(orig: Any, url: URL) -> str | None:
         "search_path back (ALTER ROLE ... RESET search_path), or name the tables' schema "
         "in daemon.store_url (?options=-csearch_path%3Dpublic)"
     )
+
+
+def login_refusal(said: str, url: URL) -> str | None:
+    """Why PostgreSQL refused the connection itself, and what to do, if ``said`` (the
+    driver's first line) names the store's role, password, database or ``pg_hba.conf``:
+    the operator's or DBA's to mend, so ``oasisd`` exits 2 and systemd does not start it
+    again every 2 s for ever. None for anything else (a server out of reach or starting
+    up passes by itself). Never holds the URL's password."""
+    role = url.username or "the daemon's role"
+    database = url.database or "the store's database"
+    fatal = said[said.find("FATAL:") :] if "FATAL:" in said else said
+    fatal = " ".join(fatal.split())
+    if "password authentication failed" in said:
+        return (
+            f"PostgreSQL refused role {role}'s password ({fatal}): set the right one where "
+            "libpq reads it (the oasis user's ~/.pgpass, PGPASSWORD in the unit's "
+            "environment), or in daemon.store_url"
+        )
+    if "role " in said and " does not exist" in said:
+        return (
+            f"there is no role {role} on that server ({fatal}): a DBA creates it "
+            f"(CREATE ROLE {role} LOGIN), or daemon.store_url names another user"
+        )
+    if "is not permitted to log in" in said:
+        return (
+            f"role {role} may not log in ({fatal}): a DBA runs ALTER ROLE {role} LOGIN, "
+            "or daemon.store_url names another user"
+        )
+    if "database " in said and " does not exist" in said:
+        return (
+            f"there is no database {database} on that server ({fatal}): a DBA creates it "
+            f"(CREATE DATABASE {database} OWNER {role}), or daemon.store_url names another"
+        )
+    if "no pg_hba.conf entry" in said:
+        return (
+            f"PostgreSQL's pg_hba.conf admits no connection of role {role} to database "
+            f"{database} from this host ({fatal}): a DBA adds a line for it and reloads "
+            "PostgreSQL"
+        )
+    return None
 
 
 _OPENINGS = ("the store's role ", "the store is read-only (", "the store's tables are not in ")
