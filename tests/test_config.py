@@ -486,3 +486,24 @@ def test_an_unreadable_tls_key_is_said_once_not_as_tls_missing(tmp_path: Path) -
     assert lines and lines[0].startswith(f"tls.key: cannot read {key}"), str(err.value)
     assert "needs both cert and key" not in str(err.value), str(err.value)
     assert "[tls] is not configured" not in str(err.value), str(err.value)
+
+
+def test_a_store_url_naming_a_parameter_libpq_lacks_is_a_config_error() -> None:
+    """``?sslmod=require``: before, the config was taken and every connect failed with
+    psycopg's "invalid connection option", exit 1, which systemd's unit restarted every
+    2 s for ever. libpq's own parameters (several hosts, options) are taken."""
+    import tomllib
+
+    from tests.servers import CLUSTER_TOML
+
+    base = tomllib.loads(CLUSTER_TOML)
+    url = "postgresql+psycopg://oasis@db/oasis"
+    with pytest.raises(ConfigError) as refused:
+        from_dict({**base, "daemon": {"store_url": f"{url}?sslmod=require"}})
+    assert str(refused.value) == (
+        "daemon.store_url: ?sslmod=...: not a connection parameter libpq knows; did you mean "
+        "'sslmode'? (the URL's query holds libpq's: sslmode, sslrootcert, options, ...)"
+    )
+    for fine in ("?sslmode=require&host=a&host=b&target_session_attrs=read-write",
+                 "?options=-csearch_path%3Dpublic&application_name=x"):  # fmt: skip
+        assert from_dict({**base, "daemon": {"store_url": url + fine}}).store_url == url + fine

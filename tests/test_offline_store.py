@@ -178,6 +178,10 @@ def test_a_decision_committed_while_the_store_is_read_changes_nothing_read(
         (["--store", "sqlite:///{tmp}/nothing.db"], "no such file"),  # and none made
         (["--store", "sqlite:///{tmp}/empty.db"], "cannot read a daemon's store"),
         (["--store", "nonsense://"], "--store: no SQLAlchemy dialect or driver 'nonsense'"),
+        (
+            ["--store", "postgresql+psycopg://oasis@db/oasis?sslmod=require"],
+            "--store: ?sslmod=...: not a connection parameter libpq knows; did you mean 'sslmode'?",
+        ),
     ],
 )
 def test_bad_store_arguments_exit_2(

@@ -9,6 +9,7 @@ written. :func:`shown` masks both; :func:`has_password` tells whether a URL carr
 
 from __future__ import annotations
 
+import difflib
 import urllib.parse
 
 from sqlalchemy.engine import URL, make_url
@@ -68,4 +69,28 @@ def unusable(url: str) -> str | None:
         )
     except (ArgumentError, ValueError) as err:
         return f"not a SQLAlchemy URL ({err}); e.g. postgresql+psycopg://oasis@db/oasis"
+    return _unknown_option(make_url(url))
+
+
+_PSYCOPG_OWN = frozenset({"autocommit", "prepare_threshold", "context", "row_factory",
+                          "cursor_factory"})  # fmt: skip
+"""Keyword arguments psycopg's ``connect`` takes besides libpq's."""
+
+
+def _unknown_option(url: URL) -> str | None:
+    """Why a psycopg URL's query names a parameter libpq does not know (``?sslmod=
+    require``), with the closest known one; None if every one is known. Found at the
+    config's check (exit 2), not at each connect: as psycopg's "invalid connection
+    option" there, systemd started the daemon again every 2 s for ever."""
+    if url.get_backend_name() != "postgresql" or url.get_driver_name() != "psycopg":
+        return None
+    from psycopg import pq
+
+    known = {o.keyword.decode() for o in pq.Conninfo.get_defaults()} | _PSYCOPG_OWN
+    for key in url.query:
+        if key not in known:
+            near = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            return (f"?{key[:40]}=...: not a connection parameter libpq knows{hint} (the "
+                    "URL's query holds libpq's: sslmode, sslrootcert, options, ...)")  # fmt: skip
     return None
