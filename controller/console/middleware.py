@@ -71,7 +71,7 @@ class Middleware(Login):
         """Refusals and domain errors as a page or JSON, never a traceback."""
         if self.loopback and request.host not in self.hosts:
             return self._refusal(request, 421, f"this console answers to loopback names only, "
-                                 f"not {request.host[:100]!r}")  # fmt: skip
+                                 f"not {request.host[:100]!r}. {_PROXIED}")  # fmt: skip
         try:
             return await handler(request)
         except _RefusedError as err:
@@ -124,6 +124,14 @@ class Middleware(Login):
             csrf=self._csrf_of(request) if caller else "",
         )  # fmt: skip
         return web.Response(text=html, status=status, content_type="text/html")
+
+
+_PROXIED = (
+    "Behind a reverse proxy: have it send the Host the console listens on (nginx does, "
+    "unless told proxy_set_header Host $host), and give the console a whole name or port, "
+    "not a path (its links begin at /)"
+)
+"""The 421's second half: in the README's words, for an operator whose proxy met it."""
 
 
 async def _secure_headers(request: web.Request, response: web.StreamResponse) -> None:
