@@ -744,6 +744,40 @@ def test_an_operator_caps_one_submitters_declared_utility(tmp_path: Path) -> Non
     assert "limits.max_utility_by_submitter.bobb: names no submitter" in out.stderr
 
 
+def test_an_unpin_drops_that_resource_alone_and_u_may_equal_l() -> None:
+    """``oasis bounds unpin gpu`` drops gpu's pins, of one kind or of both, and keeps the
+    other resources' (as U = L, "U not below L", is a valid pin). Stored pins are read as
+    untrusted: a kind that is not an object, or a resource with no side, is named, and
+    the pins of the cluster's resources set nothing aside. The mutation audit: an unpin
+    that dropped every pin of the kind, U = L refused, an empty side accepted, a kind of
+    the wrong shape crashing the split, and empty set-asides (a warning of nothing set
+    aside at every rebuild) passed every test."""
+    from controller.pins import pins_from_dict, split_pins
+
+    resources = ("gpu", "cpu")
+    pins = pins_from_dict({"worker": {"gpu": {"U": 3, "L": 3}, "cpu": {"L": 0.5}},
+                           "ps": {"gpu": {"U": 4}, "cpu": {"U": 2}}}, resources)  # fmt: skip
+    assert pins.without("worker", "gpu").to_dict() == {
+        "worker": {"cpu": {"L": 0.5}}, "ps": {"gpu": {"U": 4}, "cpu": {"U": 2}}
+    }  # fmt: skip
+    assert pins.without(None, "gpu").to_dict() == {
+        "worker": {"cpu": {"L": 0.5}}, "ps": {"cpu": {"U": 2}}
+    }  # fmt: skip
+    for raw, message in (
+        ({"worker": {"gpu": {}}}, 'pins.worker.gpu: must be an object with "U" and/or "L"'),
+        ({"ps": [1]}, "pins.ps: must be an object of resources"),
+    ):
+        with pytest.raises(SpecError) as err:
+            pins_from_dict(split_pins(raw, resources)[0], resources)
+        assert message in str(err.value), (raw, str(err.value))
+    stored = {"worker": {"gpu": {"U": 3}}, "ps": {"cpu": {"L": 1}}}
+    assert split_pins(stored, resources) == (stored, {})
+    assert split_pins({**stored, "ps": {"ib": {"U": 9}}}, resources) == (
+        {**stored, "ps": {}},
+        {"ps": {"ib": {"U": 9}}},
+    )
+
+
 def test_an_unpin_of_what_is_not_pinned_is_told_so() -> None:
     from controller.commands.bounds import _not_pinned
 

@@ -850,6 +850,35 @@ def test_a_file_written_whole_keeps_its_mode_and_its_link(tmp_path: Path) -> Non
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "prior.json"]
 
 
+def test_a_new_file_written_whole_gets_the_mode_open_gives_or_is_not_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`oasis calibrate -o prior.json` where no prior is yet: the file is made whole or
+    not at all (a full disk leaves nothing, not half a prior), with the mode ``open()``
+    gives under the umask (0644 under 022, readable by the daemon), not the temporary's
+    0600. The mutation audit: a new file written in place, or left 0600, passed."""
+    import os
+    import stat
+
+    from controller.files import write_whole
+
+    def full(_fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    prior = tmp_path / "prior.json"
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        write_whole(prior, "x" * 100_000)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    old = os.umask(0o022)
+    try:
+        write_whole(prior, "new\n")
+    finally:
+        os.umask(old)
+    assert prior.read_text() == "new\n" and stat.S_IMODE(prior.stat().st_mode) == 0o644
+
+
 def test_a_token_before_the_command_is_not_echoed(capsys: pytest.CaptureFixture[str]) -> None:
     """`oasis --token T jobs` named the token as an invalid command, on the terminal."""
     with pytest.raises(SystemExit):

@@ -750,3 +750,39 @@ def test_why_the_store_refuses_writes_is_an_operators_to_read() -> None:
     )
     well: Any = SimpleNamespace(down_reason="", refusing="", writes_locked="")
     assert store_trouble(well, alice) == store_trouble(well, ops) == StoreTrouble("", "", "")
+
+
+def test_get_leadership_says_the_stores_trouble_as_its_caller_may_read_it() -> None:
+    """GetLeadership (``oasis status``, which a submitter may call) passes its caller to
+    :func:`store_trouble`: a submitter reads that the store is out, refuses writes or
+    waits for a lock, never the host, role or setting it names; an operator reads them.
+    The mutation audit: the store's own words put in the answer passed every test."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from controller.auth import Caller, _caller
+    from controller.servicer import HighAvailabilityServicer
+
+    down = "connection to server at 10.0.0.5, port 5432 failed: password authentication"
+    why = "permission denied for table jobs: GRANT INSERT ON jobs TO oasis"
+    ha = SimpleNamespace(role="standalone", epoch=1, lease_age=0.0, leader="", applied=0)
+    controller: Any = SimpleNamespace(
+        ha_status=lambda: ha, draining=False, config=SimpleNamespace(ha=None), advertise="",
+        cannot_lead="", leading=True,
+        db=SimpleNamespace(down_reason=down, refusing=why, writes_locked="database is locked"),
+    )  # fmt: skip
+    servicer = HighAvailabilityServicer(controller)
+
+    def leadership(caller: Caller) -> tuple[str, str, str]:
+        async def call() -> pb.GetLeadershipResponse:
+            _caller.set(caller)
+            return await servicer.GetLeadership(pb.GetLeadershipRequest(), None)
+
+        got = asyncio.run(call())
+        return got.store_down, got.writes_refused, got.writes_locked
+
+    assert leadership(Caller("alice", Role.SUBMITTER)) == (
+        "the store is unavailable", "the store refuses writes", "the store's writes wait for a lock"
+    )  # fmt: skip
+    operator = leadership(Caller("ops", Role.OPERATOR))
+    assert operator[:2] == (down, why) and operator[2].startswith("database is locked: ")

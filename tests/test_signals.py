@@ -144,6 +144,36 @@ def test_a_sighup_while_oasisd_starts_is_held_not_its_end(tmp_path: Path) -> Non
         assert code == 0, log.read_text()[-3000:]
 
 
+def test_a_sighup_during_the_imports_alone_is_said_to_be_too_early(tmp_path: Path) -> None:
+    """One SIGHUP, sent as soon as ``oasisd`` takes it (its imports, before any event
+    loop): counted then, and said once the daemon starts to be too early, as those that
+    come while it starts. The mutation audit: the count left unread at the start passed
+    the test above, whose SIGHUPs go on all start-up long. (Were the SIGHUP late, the
+    loop would say it the same: this test cannot fail on the daemon as it is.)"""
+    log = tmp_path / "oasisd.log"
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", epoch=EPOCH)
+    with open(log, "w") as err:
+        proc = subprocess.Popen([*_oasisd_command(), "--config", str(config)], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=err, text=True)  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        deadline = time.monotonic() + 30
+        while not _catches_sighup(proc.pid):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.001)
+        proc.send_signal(signal.SIGHUP)
+        for line in proc.stdout:  # to its end, should it exit instead
+            if "listening on" in line:
+                break
+        early = [e for e in json_log(log) if e.get("event", "").startswith("reload: still")]
+        assert len(early) == 1, log.read_text()[-2000:]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+        proc.stdout.close()
+        assert code == 0, log.read_text()[-3000:]
+
+
 def test_sighups_while_oasisd_stops_neither_reload_nor_end_it(tmp_path: Path) -> None:
     """SIGHUPs sent from SIGTERM to the exit: reloads went on during the drain, each
     waiting one was destroyed pending when the loop closed (``Task was destroyed but it
@@ -230,3 +260,42 @@ def test_a_reload_names_each_key_that_waits_for_a_restart_and_why(tmp_path: Path
         assert reloads(log, "config reloaded", 0)["limits"] == ["max_page_jobs: 100 -> 50"]
     finally:
         assert daemon.stop() == 0, log.read_text()[-3000:]
+
+
+def test_each_sighup_is_counted_with_nowhere_to_go_and_handed_to_the_loop_once_routed() -> None:
+    """``controller/hangups.py`` in this process: a SIGHUP with no loop to go to (the
+    daemon's imports, a loop closed) is counted, and the count is handed over, once, to
+    the first route; one with a loop goes to it and is not counted too; after the stop
+    SIGHUP is ignored, not given back its default action (the end of the process). The
+    mutation audit: SIGHUPs before the loop lost, their count never reset, ignore()
+    giving SIGHUP its default action: the daemon tests, which send SIGHUPs all start-up
+    long, passed."""
+    from controller import hangups
+
+    before = signal.getsignal(signal.SIGHUP)
+    called: list[int] = []
+    try:
+        hangups.hold()
+        hangups.route(None)
+        signal.raise_signal(signal.SIGHUP)  # its handler runs before the next statement
+        signal.raise_signal(signal.SIGHUP)
+        assert hangups.held() == 2
+
+        async def routed() -> None:
+            assert hangups.route((asyncio.get_running_loop(), lambda: called.append(1))) == 2
+            assert hangups.held() == 0
+            signal.raise_signal(signal.SIGHUP)
+            await asyncio.sleep(0)  # the loop runs what the handler gave it
+            assert called == [1] and hangups.held() == 0
+
+        asyncio.run(routed())
+        closed = asyncio.new_event_loop()
+        closed.close()
+        assert hangups.route((closed, lambda: called.append(2))) == 0
+        signal.raise_signal(signal.SIGHUP)
+        assert hangups.held() == 1 and called == [1]
+        hangups.ignore()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        hangups.route(None)
+        signal.signal(signal.SIGHUP, before)

@@ -5,6 +5,7 @@ unit file."""
 from __future__ import annotations
 
 import configparser
+import contextlib
 import os
 import shutil
 import signal
@@ -93,6 +94,9 @@ def test_notifications_reach_a_path_socket(tmp_path: Path) -> None:
         assert listener.next() == {"STOPPING": "1"}
         with pytest.raises(ValueError, match="KEY=VALUE"):
             n.notify("READY")
+        # a field of two lines would say more than asked: READY=1 at the wrong time
+        with pytest.raises(ValueError, match="one KEY=VALUE line"):
+            n.notify("STATUS=migrating\nREADY=1")
     finally:
         listener.close()
 
@@ -142,6 +146,40 @@ def test_daemon_notifies_ready_after_start_up_then_watchdog_then_stopping(
         assert "draining" in stopping["STATUS"]
     finally:
         assert daemon.stop() == 0, log.read_text()
+
+
+def test_a_sigterm_while_starting_stops_the_daemon_never_said_ready(
+    tmp_path: Path, abstract_socket: tuple[str, NotifySocket]
+) -> None:
+    """A SIGTERM while the daemon starts (its store migrated, its ledger rebuilt) stops
+    it once started, without READY=1 to systemd nor "listening on" to a script: neither
+    may take a daemon already stopping for one that serves. The mutation audit: READY
+    sent all the same passed every test."""
+    address, listener = abstract_socket
+    config = write_config(tmp_path / "s.toml", tmp_path / "data")
+    log = tmp_path / "s.log"
+    cmd = [sys.executable, "-m", "controller.oasisd", "--config", str(config)]
+    with open(log, "w") as err:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True,
+                                env={**os.environ, "NOTIFY_SOCKET": address})  # fmt: skip
+    try:
+        # said before the store is opened, once SIGTERM stops the daemon (not the process)
+        assert "migrating" in listener.next()["STATUS"]
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 0, log.read_text()[-3000:]
+    assert "listening on" not in out, out
+    assert '"event": "stopped during start-up: not announced as ready"' in log.read_text()
+    listener.sock.settimeout(0)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            listener.next()
+    assert not [m for m in listener.messages if "READY" in m], listener.messages
+    assert [m for m in listener.messages if "STOPPING" in m], listener.messages
 
 
 def _submit(spec: dict[str, Any]) -> pb.SubmitJobRequest:

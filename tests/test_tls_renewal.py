@@ -215,8 +215,10 @@ def test_a_certificate_whose_expiry_does_not_parse_is_served_with_none_said(
 
 def test_a_reload_serves_renewed_files_at_once(tmp_path: Path) -> None:
     """``check_soon`` (the daemon's SIGHUP: a renewal tool's deploy hook runs ``systemctl
-    reload``) reads renewed files without waiting for the periodic check, and two checks
-    at once serve them once."""
+    reload``) reads renewed files without waiting for the periodic check, and checks at
+    once (the periodic one, SIGHUPs) serve them once. The mutation audit: checks run side
+    by side (no lock) passed the daemon's tests, and this one with two checks 2 runs of
+    13; with eight, none of 10."""
     pki = make_pki(tmp_path)
     tls = tls_from_dict({"cert": str(pki.server_cert), "key": str(pki.server_key)})
     assert tls is not None
@@ -225,8 +227,8 @@ def test_a_reload_serves_renewed_files_at_once(tmp_path: Path) -> None:
     renewed = _renew(pki, tmp_path, days=30)
 
     async def scenario() -> None:
-        watch.check_soon()
-        watch.check_soon()
+        for _ in range(8):
+            watch.check_soon()
         while watch._soon:
             await asyncio.sleep(0.01)
 
@@ -318,3 +320,127 @@ listen = "127.0.0.1:{web}"
         assert not _grpc_served(daemon, *old) and not _handshake_served(web, *old)
     finally:
         assert daemon.stop() == 0, (tmp_path / "oasisd.log").read_text()
+
+
+def _pem(cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> tuple[bytes, bytes]:
+    from cryptography.hazmat.primitives import serialization
+
+    return cert.public_bytes(serialization.Encoding.PEM), key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )  # fmt: skip
+
+
+def test_files_renewed_in_place_at_the_same_size_are_served(tmp_path: Path) -> None:
+    """A renewal tool that writes over the served files (``cp``, ``cat >``, Ansible's
+    ``copy``) keeps their inode, and a new certificate of the same CA and shape is often
+    of the very size of the old: their modification time alone says they changed. The
+    mutation audit: the time left out of the files' identity passed every test."""
+    pki = make_pki(tmp_path)
+    tls = tls_from_dict({"cert": str(pki.server_cert), "key": str(pki.server_key)})
+    assert tls is not None
+    watch = CertificateWatch(tls, _Said())
+    ca_key = _load_key(pki.ca.with_suffix(".key"))
+    ca = x509.load_pem_x509_certificate(pki.ca.read_bytes())
+    files = (pki.server_cert, pki.server_key)
+    before = [os.stat(p) for p in files]
+    for _ in range(200):  # an ECDSA signature is 70 to 72 bytes: the size varies a little
+        key = ec.generate_private_key(ec.SECP256R1())
+        renewed = _issue("oasisd", key, (ca.subject, ca_key), ips=("127.0.0.1", "::1"), days=30,
+                         usage=ExtendedKeyUsageOID.SERVER_AUTH)  # fmt: skip
+        pems = _pem(renewed, key)
+        if [len(pem) for pem in pems] == [st.st_size for st in before]:
+            break
+    else:
+        raise AssertionError("no renewal of the certificate's size in 200")
+    for path, pem, st in zip(files, pems, before, strict=True):
+        path.write_bytes(pem)  # over the old: the same inode
+        # a renewal comes long after: its time is later than the coarse clock may say
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 60 * 10**9))
+    after = [os.stat(p) for p in files]
+    assert [(s.st_ino, s.st_size) for s in after] == [(s.st_ino, s.st_size) for s in before]
+    asyncio.run(watch.check())
+    assert watch.served.generation == 1
+    assert x509.load_pem_x509_certificate(watch.served.tls.cert_pem) == renewed
+
+
+def test_files_behind_a_swapped_folder_link_are_served(tmp_path: Path) -> None:
+    """Kubernetes mounts a secret as links through a folder link, ``tls.crt ->
+    ..data/tls.crt`` and ``..data -> ..2026_12_03...``, and renews it by pointing
+    ``..data`` at a new folder: the links named in ``[tls]`` never change, their targets
+    do. The files are looked at through their links. The mutation audit: the links
+    themselves looked at (``lstat``) passed every test."""
+    pki = make_pki(tmp_path)
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    ca_key = _load_key(pki.ca.with_suffix(".key"))
+    ca = x509.load_pem_x509_certificate(pki.ca.read_bytes())
+
+    def version(name: str) -> x509.Certificate:
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = _issue("oasisd", key, (ca.subject, ca_key), ips=("127.0.0.1",), days=30,
+                      usage=ExtendedKeyUsageOID.SERVER_AUTH)  # fmt: skip
+        folder = secret / name
+        folder.mkdir()
+        for file, pem in zip(("tls.crt", "tls.key"), _pem(cert, key), strict=True):
+            (folder / file).write_bytes(pem)
+        (secret / "..data_tmp").symlink_to(name)
+        os.replace(secret / "..data_tmp", secret / "..data")  # as the kubelet swaps it
+        return cert
+
+    version("..v1")
+    for file in ("tls.crt", "tls.key"):
+        (secret / file).symlink_to(Path("..data") / file)
+    tls = tls_from_dict({"cert": str(secret / "tls.crt"), "key": str(secret / "tls.key")})
+    assert tls is not None
+    watch = CertificateWatch(tls, _Said())
+    renewed = version("..v2")
+    asyncio.run(watch.check())
+    assert watch.served.generation == 1
+    assert x509.load_pem_x509_certificate(watch.served.tls.cert_pem) == renewed
+
+
+def test_a_renewal_the_console_refuses_is_said_once_and_not_served(tmp_path: Path) -> None:
+    """A listener (the console's ``renew``) that cannot load the renewed files leaves them
+    unserved, as files that do not load: said once, as a warning naming why, and not
+    offered to it again until they change. The mutation audit: the refusal left unsaid
+    (the renewal silently unserved, the console asked again at every check) passed."""
+    pki = make_pki(tmp_path)
+    tls = tls_from_dict({"cert": str(pki.server_cert), "key": str(pki.server_key)})
+    assert tls is not None
+    said = _Said()
+    watch = CertificateWatch(tls, said)
+    offered: list[Path] = []
+
+    def console(renewed: Any) -> None:
+        offered.append(renewed.cert)
+        raise ValueError("a test's console refuses it")
+
+    watch.listeners.append(console)
+    _renew(pki, tmp_path, days=30)
+    for _ in range(3):
+        asyncio.run(watch.check())
+    assert offered == [pki.server_cert] and watch.served.generation == 0
+    refused = [(level, e) for level, e in said.lines if "do not load" in e]
+    assert [level for level, _ in refused] == ["warning"], said.lines
+    assert "the console cannot load them: a test's console refuses it" in refused[0][1]
+
+
+def test_the_expiry_is_warned_of_from_fourteen_days_before_it(tmp_path: Path) -> None:
+    """:data:`WARN_SECONDS` is the first moment warned of: at 14 days left, not only
+    under. The mutation audit: ``left >= WARN_SECONDS`` passed."""
+    from controller.tls_renewal import WARN_SECONDS
+
+    pki = make_pki(tmp_path)
+    tls = tls_from_dict({"cert": str(pki.server_cert), "key": str(pki.server_key)})
+    assert tls is not None
+    now = [0.0]
+    said = _Said()
+    watch = CertificateWatch(tls, said, now=lambda: now[0])
+    now[0] = watch.served.expires - WARN_SECONDS - 1
+    asyncio.run(watch.check())
+    assert said.lines == []
+    now[0] += 1
+    asyncio.run(watch.check())
+    assert [level for level, _ in said.lines] == ["warning"], said.lines
+    assert "expires in 14.0 days" in said.lines[0][1]
