@@ -247,3 +247,39 @@ def test_the_agent_refuses_an_unknown_memory_unit_with_exit_2() -> None:
                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert out.returncode == 2, out.stderr
     assert "--memory-resource: unknown unit 'GiGa'" in out.stderr
+
+
+def test_a_workers_resident_memory_is_the_sum_over_its_process_group() -> None:
+    """A worker that forks (a data loader's processes) is measured whole: every process
+    of its group counts (``group_rss``), not one of them, or a worker whose children
+    hold the memory would never be over its demand."""
+    import os
+    import signal
+
+    from controller import procfs
+    from controller.plane.memory_guard import group_rss
+
+    page = os.sysconf("SC_PAGE_SIZE")
+    leader = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60 & wait"], start_new_session=True)
+    try:
+
+        def members() -> list[int]:
+            out = []
+            for pid in procfs.pids():
+                try:
+                    if int(procfs.stat_fields(pid)[2]) == leader.pid:
+                        out.append(pid)
+                except (OSError, IndexError, ValueError):
+                    pass
+            return out
+
+        deadline = time.monotonic() + 30
+        while len(members()) < 3:  # the shell and its two sleeps
+            assert time.monotonic() < deadline, members()
+            time.sleep(0.02)
+        each = {pid: int(procfs.stat_fields(pid)[21]) * page for pid in members()}
+        assert all(each.values()) and group_rss({leader.pid}) == {leader.pid: sum(each.values())}
+        assert group_rss({leader.pid + 10**7}) == {} and group_rss(set()) == {}
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()

@@ -1192,3 +1192,110 @@ def test_a_process_environment_is_read_once_and_only_its_start() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_marks_are_read_again_for_a_pid_another_process_has_and_are_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What :class:`~controller.plane.worker_marks.Marks` remembers is a process's, not a
+    pid's: a pid the kernel gave to another tenant's process (another start time) is
+    read again, or that process would carry the exited worker's marks and be stopped
+    as its job's; one whose start cannot be read is read each time; what a scan no
+    longer sees is forgotten; and past ``MAX_KNOWN`` processes it starts afresh."""
+    from controller.plane import worker_marks
+
+    start: list[bytes | None] = [b"100"]
+
+    def stat(pid: int) -> list[bytes]:
+        if start[0] is None:
+            raise FileNotFoundError(pid)
+        return [b"S"] * 19 + [start[0]]
+
+    monkeypatch.setattr(worker_marks, "stat_fields", stat)
+    env = {7: {"OASIS_AGENT": "s1", "OASIS_JOB": "a", "PATH": "/bin"}, 8: {}, 9: {}}
+    reads: list[int] = []
+
+    def read(pid: int) -> dict[str, str]:
+        reads.append(pid)
+        return dict(env[pid])
+
+    marks = worker_marks.Marks(read)
+    mine = {"OASIS_AGENT": "s1", "OASIS_JOB": "a"}
+    assert marks.of(7) == mine
+    env[7] = {"OASIS_JOB": "b"}  # read once: not read again while it is that process
+    assert marks.of(7) == mine and reads == [7]
+    start[0] = b"200"  # pid 7 exited; the kernel gave it to another process
+    assert marks.of(7) == {"OASIS_JOB": "b"} and reads == [7, 7]
+    start[0] = None  # its start cannot be read: read each time, never remembered
+    env[7] = {}
+    assert marks.of(7) == {} and marks.of(7) == {} and reads == [7, 7, 7, 7]
+    start[0] = b"300"
+    marks.of(7), marks.of(8)
+    marks.keep({8})  # 7 is gone from /proc: forgotten, 8 kept
+    del reads[:]
+    marks.of(7), marks.of(8)
+    assert reads == [7]
+    monkeypatch.setattr(worker_marks, "MAX_KNOWN", 2)
+    marks.of(9)  # a third: it starts afresh
+    del reads[:]
+    marks.of(7), marks.of(9)
+    assert reads == [7]
+
+
+def test_a_workers_stderr_rate_refills_with_time_and_says_what_it_dropped_as_it_goes() -> None:
+    """:func:`~controller.plane.worker_errors.log_errors` on its own clock: a burst of
+    ``STDERR_BURST`` lines, then ``STDERR_LINES_PER_SECOND`` a second as time passes
+    (not the burst once and nothing after: a worker's later traceback was lost), and
+    the lines over the rate said every ``DROPPED_EVERY`` seconds while the worker runs,
+    not only at its end (a worker that runs for days)."""
+    from controller.plane import worker_errors
+
+    now = [0.0]
+    said: list[tuple[str, dict[str, Any]]] = []
+
+    class Log:
+        def info(self, event: str, **kw: Any) -> None:
+            said.append((event, kw))
+
+        def warning(self, event: str, **kw: Any) -> None:
+            said.append((event, kw))
+
+    read = [0]
+
+    async def spend(size: int) -> None:
+        read[0] += 1
+
+    def logged() -> int:
+        return sum(1 for event, _ in said if event == "worker stderr")
+
+    def dropped() -> list[int]:
+        return [kw["lines"] for event, kw in said if event.startswith("worker stderr lines")]
+
+    async def go() -> None:
+        stream = asyncio.StreamReader()
+        task = asyncio.create_task(
+            worker_errors.log_errors(stream, Log(), spend, lambda: now[0], job="a")
+        )
+
+        async def lines(n: int) -> None:
+            until = read[0] + n
+            stream.feed_data(b"line\n" * n)
+            for _ in range(100 * n):  # each line read is paced (``spend``): all of them
+                if read[0] >= until:
+                    break
+                await asyncio.sleep(0)
+            assert read[0] == until
+
+        await lines(150)  # the burst, the rest over the rate
+        assert (logged(), dropped()) == (100, [])
+        now[0] = 5.0  # 50 lines' worth of the rate
+        await lines(60)
+        assert (logged(), dropped()) == (150, [])
+        now[0] = 15.0  # DROPPED_EVERY since the start: the 60 dropped are said now
+        await lines(1)
+        assert (logged(), dropped()) == (151, [60])
+        stream.feed_eof()
+        await task
+        assert dropped() == [60]  # nothing more to say at the end
+
+    asyncio.run(go())
