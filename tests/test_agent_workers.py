@@ -1299,3 +1299,116 @@ def test_a_workers_stderr_rate_refills_with_time_and_says_what_it_dropped_as_it_
         assert dropped() == [60]  # nothing more to say at the end
 
     asyncio.run(go())
+
+
+def test_the_back_off_doubles_to_a_minute_starts_afresh_after_a_long_run_and_says_little() -> None:
+    """The restart back-off on its own clock: 1 s doubling, held at ``RESTART_MAX`` (a
+    worker that always fails is tried once a minute, not once in hours), from 1 s again
+    once a run lasted ``RESTART_MAX``; each failure counted for its tenant, said in at
+    most ``MAX_FAILURE_CHARS`` (a longer one made the agent's report entry one the
+    daemon refuses, and the tenant heard nothing)."""
+    from controller.plane.agent_messages import MAX_FAILURE_CHARS
+    from controller.plane.workers import RESTART_MAX, JobWorkers
+
+    class Log:
+        def warning(self, event: str, **kw: Any) -> None:
+            pass
+
+    pool = Commands("true", "w0", "s1", None, Log())
+    job = JobWorkers()
+    delays = []
+    for _ in range(9):
+        pool._failed("a", job, 0, "exit 1", 0.5, 1000.0, said="exit status 1")
+        delays.append(job.retry_at[0] - 1000.0)
+    assert delays == [1, 2, 4, 8, 16, 32, 60, 60, 60]
+    pool._failed("a", job, 0, "exit 1", RESTART_MAX, 2000.0)  # a run of a minute
+    assert (job.failures, job.retry_at[0], job.last_failure) == ({0: 1}, 2001.0, "exit 1")
+    why = "could not start: OSError: " + "x" * 500
+    pool._failed("a", job, 1, why, 0.0, 3000.0, started=False, said=why)
+    assert job.last_failure == why[:MAX_FAILURE_CHARS] and job.failed == 11
+    assert job.failures == {0: 1, 1: 1} and job.retry_at[1] == 3001.0
+
+
+def test_a_worker_killed_by_a_signal_not_the_agents_is_a_failure_said_by_its_signal(
+    tmp_path: Path,
+) -> None:
+    """A worker ended by a SIGTERM the agent did not send (the OOM killer's SIGKILL, a
+    tenant's own ``kill``) has not done its part: it is started again after its
+    back-off, and its tenant hears ``killed by SIGTERM``, not an exit status."""
+    log = tmp_path / "starts"
+    agent, _ = agent_on(f"echo $$ >> {log}; kill -TERM $$; sleep 30", plan_of({"a": 1}, {}))
+
+    async def go() -> None:
+        await steps(agent, lambda: "a" in agent.tasks and agent.tasks["a"].workers.failed == 1)
+        job = agent.tasks["a"].workers
+        assert not job.finished and job.failures == {0: 1}
+        assert job.last_failure == "killed by SIGTERM"
+
+    run(agent, go)
+
+
+def test_a_worker_sees_its_own_devices_not_the_agents_and_gives_them_back_however_it_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's ``CUDA_VISIBLE_DEVICES`` is its own share of the agent's devices, not
+    the agent's own list (every worker would see every GPU: two tenants on GPU 0), and
+    its devices come back when it fails (its restart, or the next tenant, gets them)
+    and when it could not be started at all (they leaked, and the server's GPUs ran out
+    one failed start at a time)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,6")
+    seen = tmp_path / "seen"
+    command = f'echo "$CUDA_VISIBLE_DEVICES" >> {seen}; exit 1'
+    task = Task("a", 1, 0, 0.5, 40, devices=1)
+    agent, _ = agent_on(command, _device_plan([task], [], devices=2), devices=["5", "6"])
+
+    async def go() -> None:
+        await steps(agent, lambda: "a" in agent.tasks and agent.tasks["a"].workers.failed == 1)
+        assert seen.read_text().split() == ["5"]
+        assert commands(agent).devices.used == {}  # failed: given back
+
+        async def no_fork(*args: object, **kwargs: object) -> None:
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+
+        monkeypatch.setattr(asyncio, "create_subprocess_shell", no_fork)
+        agent.tasks["a"].workers.retry_at.clear()
+        await agent._commands(0.02)
+        assert agent.tasks["a"].workers.failed == 2
+        assert commands(agent).devices.used == {}  # not started: given back
+
+    run(agent, go)
+
+
+def test_a_second_signal_during_the_agents_stop_kills_its_workers_at_once(
+    tmp_path: Path,
+) -> None:
+    """The agent's exit waits up to the grace for its workers after their SIGTERM; a
+    second signal (its cancellation) then kills what is left at once, rather than
+    leaving a worker that ignores SIGTERM running after the agent (a unit stopped by
+    its manager, which does not wait)."""
+    script = tmp_path / "stubborn.py"
+    script.write_text(_STUBBORN)
+    agent, _ = agent_on(f"{sys.executable} {script} {tmp_path}", plan_of({"a": 1}, {}),
+                        stop_grace=60.0)  # fmt: skip
+    terms = tmp_path / "a-0.terms"
+
+    async def go() -> None:
+        await steps(agent, lambda: (tmp_path / "a-0.pid").exists() and
+                    agent.tasks["a"].minibatches == 1)  # fmt: skip
+        pid = int((tmp_path / "a-0.pid").read_text())
+        stop = asyncio.create_task(commands(agent).stop_all())
+        while not (terms.exists() and terms.read_text() == "1"):  # it ignores it
+            await asyncio.sleep(0.02)
+        assert alive(pid) and not stop.done()
+        stop.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await stop
+        for _ in range(250):  # SIGKILL'ed: gone at once, not after the minute's grace
+            if not alive(pid):
+                break
+            await asyncio.sleep(0.02)
+        assert not alive(pid)
+
+    try:
+        run(agent, go)
+    finally:
+        kill(tmp_path / "a-0.pid")
