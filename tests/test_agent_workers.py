@@ -1412,3 +1412,28 @@ def test_a_second_signal_during_the_agents_stop_kills_its_workers_at_once(
         run(agent, go)
     finally:
         kill(tmp_path / "a-0.pid")
+
+
+def test_a_failed_workers_devices_are_not_held_for_another_workers_processes(
+    tmp_path: Path,
+) -> None:
+    """An exited worker keeps its devices only while a process of its own (its index)
+    that left its group runs on: a child of another worker of its job (a ``sleep`` its
+    shell runs, in that worker's group) is not one, or every failed worker of a job with
+    a data loader would hold its GPU until the job ended, and its restart share one."""
+    ready = tmp_path / "ready"
+    command = (
+        f'if [ "$OASIS_WORKER" = 0 ]; then while [ ! -s {ready} ]; do sleep 0.02; done; '
+        f"exit 1; fi; sleep 30 & echo $! > {ready}; wait"
+    )
+    task = Task("a", 2, 0, 0.5, 40, devices=1)
+    agent, _ = agent_on(command, _device_plan([task], [], devices=2))
+
+    async def go() -> None:
+        await steps(agent, lambda: "a" in agent.tasks and agent.tasks["a"].workers.failed == 1)
+        assert alive(int(ready.read_text()))  # worker 1's child runs, marked as job a's
+        assert not commands(agent)._held_on
+        (one,) = agent.tasks["a"].workers.running
+        assert commands(agent).devices.used == {d: 1.0 for d in one.devices}
+
+    run(agent, go)
