@@ -1437,3 +1437,48 @@ def test_a_failed_workers_devices_are_not_held_for_another_workers_processes(
         assert commands(agent).devices.used == {d: 1.0 for d in one.devices}
 
     run(agent, go)
+
+
+def test_an_exited_workers_devices_stay_held_until_every_process_that_escaped_it_is_gone(
+    tmp_path: Path,
+) -> None:
+    """A worker that left two processes outside its group (a launcher's daemons) keeps
+    its GPU while any of them runs on it, not only until the first is gone: the next
+    worker was put on the GPU the second still used."""
+    escaped, marker = tmp_path / "escaped", tmp_path / "once"
+    command = (
+        f"if [ ! -e {marker} ]; then touch {marker}; "
+        f"setsid sh -c 'echo $$ >> {escaped}; exec sleep 60' > /dev/null 2>&1 & "
+        f"setsid sh -c 'echo $$ >> {escaped}; exec sleep 60' > /dev/null 2>&1 & "
+        f'while [ "$(cat {escaped} 2>/dev/null | wc -l)" -lt 2 ]; do sleep 0.02; done; '
+        "exit 1; fi; exec sleep 60"
+    )
+    task = Task("a", 1, 0, 0.5, 40, devices=1)
+    agent, _ = agent_on(command, _device_plan([task], [], devices=2))
+    pids: list[int] = []
+
+    async def gone(pid: int) -> None:
+        os.kill(pid, signal.SIGKILL)
+        for _ in range(500):  # reaped by whichever process it was reparented to
+            if not os.path.exists(f"/proc/{pid}"):
+                break
+            await asyncio.sleep(0.02)
+        for _ in range(3):
+            await agent._commands(0.02)
+
+    async def go() -> None:
+        await steps(agent, lambda: "a" in agent.tasks and agent.tasks["a"].workers.failed == 1)
+        pids.extend(int(p) for p in escaped.read_text().split())
+        (held,) = commands(agent)._held_on
+        assert sorted(held.pids) == sorted(pids) and held.devices == {"0": 1.0}
+        await gone(pids[0])
+        assert commands(agent)._held_on == [held]  # the second still runs on it
+        assert commands(agent).devices.used.get("0") == 1.0
+        await gone(pids[1])
+        await steps(agent, lambda: "0" not in commands(agent).devices.used)
+
+    try:
+        run(agent, go)
+    finally:
+        for pid in pids:
+            kill_worker(pid)
