@@ -1482,3 +1482,31 @@ def test_an_exited_workers_devices_stay_held_until_every_process_that_escaped_it
     finally:
         for pid in pids:
             kill_worker(pid)
+
+
+def test_an_escaped_process_given_up_on_is_not_stopped_again_with_its_job(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process that escaped a departed job's worker and could not be stopped (another
+    user's, as it were) is given up on after its SIGKILL's ``GIVE_UP_SECONDS``; it is not
+    taken back as one to stop at the next step, which held every other job off the
+    server again, a grace and a give-up at a time, for good."""
+    import structlog
+
+    from controller.plane import workers
+
+    pool = Commands("true", "w0", "s1", None, structlog.get_logger())
+    stuck = 999_999
+    monkeypatch.setattr(workers, "_still_there", lambda pid: True)
+    monkeypatch.setattr(workers, "_signal_group", lambda pid, sig: None)
+    monkeypatch.setattr(pool, "_marked", lambda pid, job: True)
+    pool._held_on.append(workers.HeldDevices("a", [stuck], {"0": 1.0}, escaped=True))
+    pool._stop_escaped({"a"}, 0.0)  # its job runs here: left be
+    assert not pool._orphans
+    pool._stop_escaped(set(), 0.0)  # its job is gone: stopped
+    assert stuck in pool._orphans
+    pool._escalate(pool.stop_grace)  # SIGKILL, to no effect
+    pool._escalate(pool.stop_grace + workers.GIVE_UP_SECONDS)  # given up on
+    assert stuck not in pool._orphans
+    pool._stop_escaped(set(), 100.0)
+    assert stuck not in pool._orphans  # taken back before
