@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -1510,3 +1510,40 @@ def test_an_escaped_process_given_up_on_is_not_stopped_again_with_its_job(
     assert stuck not in pool._orphans
     pool._stop_escaped(set(), 100.0)
     assert stuck not in pool._orphans  # taken back before
+
+
+def test_a_worker_gone_from_its_group_has_its_output_drained_and_a_departing_one_counts() -> None:
+    """Two of the counts' rules on the agent's clock. A worker whose processes are all
+    gone but whose output a process outside its group holds open is counted gone only
+    ``DRAIN_SECONDS`` later: meanwhile its reader takes what is left in the pipe, its
+    last count included (reaped at once, the count its tenant is paid by lost the
+    lines still in the pipe). And a departing worker's count is its job's until it is
+    reaped (dropped meanwhile, the job's count went down for the grace, then up)."""
+    import structlog
+
+    from controller.plane.workers import DRAIN_SECONDS, JobWorkers, Worker
+
+    clock = [0.0]
+    pool = Commands("true", "w0", "s1", None, structlog.get_logger(), monotonic=lambda: clock[0])
+
+    async def go() -> None:
+        reader = asyncio.get_running_loop().create_future()  # its output never ends
+
+        class Exited:  # a leader that exited, its group empty (a pid over pid_max)
+            returncode, pid = 1, 2**22 + 12345
+
+        job = JobWorkers(done_before=2.0)
+        worker = Worker(cast(Any, Exited()), 0, [5.0], cast(Any, reader), 0.0, job)
+        job.running.append(worker)
+        assert pool.count(job) == 7.0
+        assert not pool._gone(worker)  # found empty now: its pipe is drained first
+        clock[0] = DRAIN_SECONDS * 0.9
+        assert not pool._gone(worker)
+        clock[0] = DRAIN_SECONDS
+        assert pool._gone(worker)
+        pool.stop(worker, clock[0])  # departing: still its job's count
+        assert pool.departing == [worker] and not job.running
+        assert pool.count(job) == 7.0
+        reader.cancel()
+
+    asyncio.run(go())
