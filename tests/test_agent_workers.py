@@ -1547,3 +1547,32 @@ def test_a_worker_gone_from_its_group_has_its_output_drained_and_a_departing_one
         reader.cancel()
 
     asyncio.run(go())
+
+
+def test_only_processes_with_this_agents_marks_are_stopped_as_orphans_or_leftovers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the orphan scan and the leftovers' stop may signal, by the marks alone: a
+    child carrying another agent's session (an agent embedded beside this one, its
+    workers' processes) is not this agent's to stop, and an agent without a key of its
+    place (embedded: a test's, a tool's) stops no other agent's processes as its
+    leftovers, those of other keyless agents included."""
+    import structlog
+
+    from controller.plane import workers
+
+    marks = {101: {"OASIS_AGENT": "other", "OASIS_JOB": "x"},
+             102: {"OASIS_AGENT": "earlier", "OASIS_AGENT_KEY": "", "OASIS_JOB": "y"},
+             103: {"OASIS_AGENT": "s1", "OASIS_JOB": "z"}}  # fmt: skip
+    signalled: list[int] = []
+    monkeypatch.setattr(workers, "_children", lambda: [101, 103])
+    monkeypatch.setattr(workers, "_other_pids", lambda: [101, 102, 103])
+    monkeypatch.setattr(workers, "_ended", lambda pid: False)
+    monkeypatch.setattr(workers, "_environment_of", lambda pid: marks[pid])
+    monkeypatch.setattr(os, "getpgid", lambda pid: pid)
+    monkeypatch.setattr(workers, "_signal_group", lambda pid, sig: signalled.append(pid))
+    pool = Commands("true", "w0", "s1", None, structlog.get_logger())  # no key
+    pool._stop_leftovers(0.0)
+    assert signalled == []
+    pool._scan_orphans(set(), 0.0)
+    assert signalled == [103]  # its own, whose job does not run here
