@@ -44,8 +44,13 @@ def test_stat_fields_start_after_the_names_last_parenthesis(tmp_path: Path) -> N
     shutil.copy("/bin/sleep", program)
     child = subprocess.Popen([str(program), "30"], start_new_session=True)
     try:
+        for _ in range(1000):  # until it has exec'ed (it may still be the forked Python)
+            with open(f"/proc/{child.pid}/comm") as comm:
+                if comm.read().strip() == "a) R 1 1":
+                    break
+            time.sleep(0.01)
         with open(f"/proc/{child.pid}/comm") as comm:
-            assert comm.read().strip() == "a) R 1 1"  # exec'ed
+            assert comm.read().strip() == "a) R 1 1"
         fields = procfs.stat_fields(child.pid)
         assert fields[0] in {b"R", b"S"}
         assert (int(fields[1]), int(fields[2])) == (os.getpid(), child.pid)  # ppid, pgrp
