@@ -231,6 +231,8 @@ def test_without_the_guard_or_a_memory_demand_nothing_is_limited() -> None:
         ("mem=XB", "sleep 1", "--memory-resource: unknown unit 'XB': one of B, KB, MB, GB"),
         ("m em=GB", "sleep 1", "--memory-resource: 'm em' is no resource a plan carries"),
         ("mem", "sleep 1", "--memory-resource: must be NAME=UNIT"),
+        ("mem=", "sleep 1", "--memory-resource: must be NAME=UNIT"),
+        (" =GB", "sleep 1", "--memory-resource: must be NAME=UNIT"),
         ("mem=GB", None, "--memory-resource: needs --command"),
     ],
 )

@@ -137,3 +137,21 @@ def test_a_worker_that_fits_one_time_over_the_most_is_refused_and_at_the_most_pa
     assert room(CLUSTER.worker_capacity, at.worker).max() == most
     assert worker_room_problem(over, CLUSTER) is not None
     assert worker_room_problem(at, CLUSTER) is None
+
+
+def test_a_resource_no_worker_server_has_is_left_out_of_what_would_do() -> None:
+    """A resource only the parameter servers have (none on any worker server) is no way
+    for a worker to pass: the refusal names the others, and does not fail on it."""
+    raw = {"resources": ["gpu", "cpu", "bandwidth"],
+           "servers": [{"name": "w0", "kind": "worker", "capacity": {"cpu": 32, "bandwidth": 25}},
+                       {"name": "p0", "kind": "ps",
+                        "capacity": {"gpu": 1, "cpu": 8, "bandwidth": 25}}]}  # fmt: skip
+    cluster = cluster_from_dict(raw["resources"], raw["servers"])
+    assert set(least_demand(cluster)) == {"cpu", "bandwidth"}
+    tiny = job("tiny", worker={"cpu": 0.01, "bandwidth": 0.01}, ps={"cpu": 1, "bandwidth": 1},
+               grad_mb=0.001)  # fmt: skip
+    parsed = job_from_dict(tiny, cluster, slot_seconds=3600,
+                           slots_available=lambda _a: WINDOW, arrival=1)  # fmt: skip
+    problem = worker_room_problem(parsed, cluster)
+    assert problem is not None and "ask at least one of cpu " in problem.reason
+    assert "gpu" not in problem.reason
