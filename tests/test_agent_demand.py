@@ -275,12 +275,18 @@ def test_a_workers_resident_memory_is_the_sum_over_its_process_group() -> None:
                     pass
             return out
 
+        def each() -> dict[int, int]:
+            return {pid: int(procfs.stat_fields(pid)[21]) * page for pid in members()}
+
         deadline = time.monotonic() + 30
-        while len(members()) < 3:  # the shell and its two sleeps
-            assert time.monotonic() < deadline, members()
+        while True:  # the shell and its two sleeps, each exec'ed, the same around the read
+            before = each()
+            got = group_rss({leader.pid})
+            if len(before) == 3 and all(before.values()) and each() == before:
+                break
+            assert time.monotonic() < deadline, before
             time.sleep(0.02)
-        each = {pid: int(procfs.stat_fields(pid)[21]) * page for pid in members()}
-        assert all(each.values()) and group_rss({leader.pid}) == {leader.pid: sum(each.values())}
+        assert got == {leader.pid: sum(before.values())}
         assert group_rss({leader.pid + 10**7}) == {} and group_rss(set()) == {}
     finally:
         os.killpg(leader.pid, signal.SIGKILL)
