@@ -231,6 +231,8 @@ def test_without_the_guard_or_a_memory_demand_nothing_is_limited() -> None:
         ("mem=XB", "sleep 1", "--memory-resource: unknown unit 'XB': one of B, KB, MB, GB"),
         ("m em=GB", "sleep 1", "--memory-resource: 'm em' is no resource a plan carries"),
         ("mem", "sleep 1", "--memory-resource: must be NAME=UNIT"),
+        ("mem=", "sleep 1", "--memory-resource: must be NAME=UNIT"),
+        (" =GB", "sleep 1", "--memory-resource: must be NAME=UNIT"),
         ("mem=GB", None, "--memory-resource: needs --command"),
     ],
 )
@@ -247,3 +249,45 @@ def test_the_agent_refuses_an_unknown_memory_unit_with_exit_2() -> None:
                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert out.returncode == 2, out.stderr
     assert "--memory-resource: unknown unit 'GiGa'" in out.stderr
+
+
+def test_a_workers_resident_memory_is_the_sum_over_its_process_group() -> None:
+    """A worker that forks (a data loader's processes) is measured whole: every process
+    of its group counts (``group_rss``), not one of them, or a worker whose children
+    hold the memory would never be over its demand."""
+    import os
+    import signal
+
+    from controller import procfs
+    from controller.plane.memory_guard import group_rss
+
+    page = os.sysconf("SC_PAGE_SIZE")
+    leader = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60 & wait"], start_new_session=True)
+    try:
+
+        def members() -> list[int]:
+            out = []
+            for pid in procfs.pids():
+                try:
+                    if int(procfs.stat_fields(pid)[2]) == leader.pid:
+                        out.append(pid)
+                except (OSError, IndexError, ValueError):
+                    pass
+            return out
+
+        def each() -> dict[int, int]:
+            return {pid: int(procfs.stat_fields(pid)[21]) * page for pid in members()}
+
+        deadline = time.monotonic() + 30
+        while True:  # the shell and its two sleeps, each exec'ed, the same around the read
+            before = each()
+            got = group_rss({leader.pid})
+            if len(before) == 3 and all(before.values()) and each() == before:
+                break
+            assert time.monotonic() < deadline, before
+            time.sleep(0.02)
+        assert got == {leader.pid: sum(before.values())}
+        assert group_rss({leader.pid + 10**7}) == {} and group_rss(set()) == {}
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()

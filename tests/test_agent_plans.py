@@ -54,7 +54,18 @@ def test_absurd_worker_counts_are_not_started_and_the_other_jobs_are(
         assert running == {"huge": 0, "big": 0, "a": 1, "b": 2, "c": 0}
         assert len(commands(agent).live) == 3
 
-    run(agent, go)
+    from structlog.testing import capture_logs
+
+    with capture_logs() as logs:
+        run(agent, go)
+    # each said once, with why: over what an agent runs at all (one more than the most,
+    # too), or over the room the others left
+    events = [e for e in logs if e["event"].startswith("a task's workers")]
+    said = {e["job"]: e["event"] for e in events}
+    assert sorted(e["job"] for e in events) == ["big", "c", "huge"], said  # not each step
+    for job in ("huge", "big"):
+        assert "over the 3 worker commands an agent runs" in said[job], said
+    assert "the server runs as many as it may already" in said["c"], said
 
 
 def test_a_plans_tiny_heartbeat_interval_does_not_flood_the_broker() -> None:

@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -1192,3 +1192,387 @@ def test_a_process_environment_is_read_once_and_only_its_start() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_marks_are_read_again_for_a_pid_another_process_has_and_are_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What :class:`~controller.plane.worker_marks.Marks` remembers is a process's, not a
+    pid's: a pid the kernel gave to another tenant's process (another start time) is
+    read again, or that process would carry the exited worker's marks and be stopped
+    as its job's; one whose start cannot be read is read each time; what a scan no
+    longer sees is forgotten; and past ``MAX_KNOWN`` processes it starts afresh."""
+    from controller.plane import worker_marks
+
+    start: list[bytes | None] = [b"100"]
+
+    def stat(pid: int) -> list[bytes]:
+        if start[0] is None:
+            raise FileNotFoundError(pid)
+        return [b"S"] * 19 + [start[0]]
+
+    monkeypatch.setattr(worker_marks, "stat_fields", stat)
+    env = {7: {"OASIS_AGENT": "s1", "OASIS_JOB": "a", "PATH": "/bin"}, 8: {}, 9: {}}
+    reads: list[int] = []
+
+    def read(pid: int) -> dict[str, str]:
+        reads.append(pid)
+        return dict(env[pid])
+
+    marks = worker_marks.Marks(read)
+    mine = {"OASIS_AGENT": "s1", "OASIS_JOB": "a"}
+    assert marks.of(7) == mine
+    env[7] = {"OASIS_JOB": "b"}  # read once: not read again while it is that process
+    assert marks.of(7) == mine and reads == [7]
+    start[0] = b"200"  # pid 7 exited; the kernel gave it to another process
+    assert marks.of(7) == {"OASIS_JOB": "b"} and reads == [7, 7]
+    start[0] = None  # its start cannot be read: read each time, never remembered
+    env[7] = {}
+    assert marks.of(7) == {} and marks.of(7) == {} and reads == [7, 7, 7, 7]
+    start[0] = b"300"
+    marks.of(7), marks.of(8)
+    marks.keep({8})  # 7 is gone from /proc: forgotten, 8 kept
+    del reads[:]
+    marks.of(7), marks.of(8)
+    assert reads == [7]
+    monkeypatch.setattr(worker_marks, "MAX_KNOWN", 2)
+    marks.of(9)  # a third: it starts afresh
+    del reads[:]
+    marks.of(7), marks.of(9)
+    assert reads == [7]
+
+
+def test_a_workers_stderr_rate_refills_with_time_and_says_what_it_dropped_as_it_goes() -> None:
+    """:func:`~controller.plane.worker_errors.log_errors` on its own clock: a burst of
+    ``STDERR_BURST`` lines, then ``STDERR_LINES_PER_SECOND`` a second as time passes
+    (not the burst once and nothing after: a worker's later traceback was lost), and
+    the lines over the rate said every ``DROPPED_EVERY`` seconds while the worker runs,
+    not only at its end (a worker that runs for days)."""
+    from controller.plane import worker_errors
+
+    now = [0.0]
+    said: list[tuple[str, dict[str, Any]]] = []
+
+    class Log:
+        def info(self, event: str, **kw: Any) -> None:
+            said.append((event, kw))
+
+        def warning(self, event: str, **kw: Any) -> None:
+            said.append((event, kw))
+
+    read = [0]
+
+    async def spend(size: int) -> None:
+        read[0] += 1
+
+    def logged() -> int:
+        return sum(1 for event, _ in said if event == "worker stderr")
+
+    def dropped() -> list[int]:
+        return [kw["lines"] for event, kw in said if event.startswith("worker stderr lines")]
+
+    async def go() -> None:
+        stream = asyncio.StreamReader()
+        task = asyncio.create_task(
+            worker_errors.log_errors(stream, Log(), spend, lambda: now[0], job="a")
+        )
+
+        async def lines(n: int) -> None:
+            until = read[0] + n
+            stream.feed_data(b"line\n" * n)
+            for _ in range(100 * n):  # each line read is paced (``spend``): all of them
+                if read[0] >= until:
+                    break
+                await asyncio.sleep(0)
+            assert read[0] == until
+
+        await lines(150)  # the burst, the rest over the rate
+        assert (logged(), dropped()) == (100, [])
+        now[0] = 5.0  # 50 lines' worth of the rate
+        await lines(60)
+        assert (logged(), dropped()) == (150, [])
+        now[0] = 15.0  # DROPPED_EVERY since the start: the 60 dropped are said now
+        await lines(1)
+        assert (logged(), dropped()) == (151, [60])
+        stream.feed_eof()
+        await task
+        assert dropped() == [60]  # nothing more to say at the end
+
+    asyncio.run(go())
+
+
+def test_the_back_off_doubles_to_a_minute_starts_afresh_after_a_long_run_and_says_little() -> None:
+    """The restart back-off on its own clock: 1 s doubling, held at ``RESTART_MAX`` (a
+    worker that always fails is tried once a minute, not once in hours), from 1 s again
+    once a run lasted ``RESTART_MAX``; each failure counted for its tenant, said in at
+    most ``MAX_FAILURE_CHARS`` (a longer one made the agent's report entry one the
+    daemon refuses, and the tenant heard nothing)."""
+    from controller.plane.agent_messages import MAX_FAILURE_CHARS
+    from controller.plane.workers import RESTART_MAX, JobWorkers
+
+    class Log:
+        def warning(self, event: str, **kw: Any) -> None:
+            pass
+
+    pool = Commands("true", "w0", "s1", None, Log())
+    job = JobWorkers()
+    delays = []
+    for _ in range(9):
+        pool._failed("a", job, 0, "exit 1", 0.5, 1000.0, said="exit status 1")
+        delays.append(job.retry_at[0] - 1000.0)
+    assert delays == [1, 2, 4, 8, 16, 32, 60, 60, 60]
+    pool._failed("a", job, 0, "exit 1", RESTART_MAX, 2000.0)  # a run of a minute
+    assert (job.failures, job.retry_at[0], job.last_failure) == ({0: 1}, 2001.0, "exit 1")
+    why = "could not start: OSError: " + "x" * 500
+    pool._failed("a", job, 1, why, 0.0, 3000.0, started=False, said=why)
+    assert job.last_failure == why[:MAX_FAILURE_CHARS] and job.failed == 11
+    assert job.failures == {0: 1, 1: 1} and job.retry_at[1] == 3001.0
+
+
+def test_a_worker_killed_by_a_signal_not_the_agents_is_a_failure_said_by_its_signal(
+    tmp_path: Path,
+) -> None:
+    """A worker ended by a SIGTERM the agent did not send (the OOM killer's SIGKILL, a
+    tenant's own ``kill``) has not done its part: it is started again after its
+    back-off, and its tenant hears ``killed by SIGTERM``, not an exit status."""
+    log = tmp_path / "starts"
+    agent, _ = agent_on(f"echo $$ >> {log}; kill -TERM $$; sleep 30", plan_of({"a": 1}, {}))
+
+    async def go() -> None:
+        await steps(agent, lambda: "a" in agent.tasks and agent.tasks["a"].workers.failed == 1)
+        job = agent.tasks["a"].workers
+        assert not job.finished and job.failures == {0: 1}
+        assert job.last_failure == "killed by SIGTERM"
+
+    run(agent, go)
+
+
+def test_a_worker_sees_its_own_devices_not_the_agents_and_gives_them_back_however_it_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's ``CUDA_VISIBLE_DEVICES`` is its own share of the agent's devices, not
+    the agent's own list (every worker would see every GPU: two tenants on GPU 0), and
+    its devices come back when it fails (its restart, or the next tenant, gets them)
+    and when it could not be started at all (they leaked, and the server's GPUs ran out
+    one failed start at a time)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,6")
+    seen = tmp_path / "seen"
+    command = f'echo "$CUDA_VISIBLE_DEVICES" >> {seen}; exit 1'
+    task = Task("a", 1, 0, 0.5, 40, devices=1)
+    agent, _ = agent_on(command, _device_plan([task], [], devices=2), devices=["5", "6"])
+
+    async def go() -> None:
+        await steps(agent, lambda: "a" in agent.tasks and agent.tasks["a"].workers.failed == 1)
+        assert seen.read_text().split() == ["5"]
+        assert commands(agent).devices.used == {}  # failed: given back
+
+        async def no_fork(*args: object, **kwargs: object) -> None:
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+
+        monkeypatch.setattr(asyncio, "create_subprocess_shell", no_fork)
+        agent.tasks["a"].workers.retry_at.clear()
+        await agent._commands(0.02)
+        assert agent.tasks["a"].workers.failed == 2
+        assert commands(agent).devices.used == {}  # not started: given back
+
+    run(agent, go)
+
+
+def test_a_second_signal_during_the_agents_stop_kills_its_workers_at_once(
+    tmp_path: Path,
+) -> None:
+    """The agent's exit waits up to the grace for its workers after their SIGTERM; a
+    second signal (its cancellation) then kills what is left at once, rather than
+    leaving a worker that ignores SIGTERM running after the agent (a unit stopped by
+    its manager, which does not wait)."""
+    script = tmp_path / "stubborn.py"
+    script.write_text(_STUBBORN)
+    agent, _ = agent_on(f"{sys.executable} {script} {tmp_path}", plan_of({"a": 1}, {}),
+                        stop_grace=60.0)  # fmt: skip
+    terms = tmp_path / "a-0.terms"
+
+    async def go() -> None:
+        await steps(agent, lambda: (tmp_path / "a-0.pid").exists() and
+                    agent.tasks["a"].minibatches == 1)  # fmt: skip
+        pid = int((tmp_path / "a-0.pid").read_text())
+        stop = asyncio.create_task(commands(agent).stop_all())
+        while not (terms.exists() and terms.read_text() == "1"):  # it ignores it
+            await asyncio.sleep(0.02)
+        assert alive(pid) and not stop.done()
+        stop.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await stop
+        for _ in range(250):  # SIGKILL'ed: gone at once, not after the minute's grace
+            if not alive(pid):
+                break
+            await asyncio.sleep(0.02)
+        assert not alive(pid)
+
+    try:
+        run(agent, go)
+    finally:
+        kill(tmp_path / "a-0.pid")
+
+
+def test_a_failed_workers_devices_are_not_held_for_another_workers_processes(
+    tmp_path: Path,
+) -> None:
+    """An exited worker keeps its devices only while a process of its own (its index)
+    that left its group runs on: a child of another worker of its job (a ``sleep`` its
+    shell runs, in that worker's group) is not one, or every failed worker of a job with
+    a data loader would hold its GPU until the job ended, and its restart share one."""
+    ready = tmp_path / "ready"
+    command = (
+        f'if [ "$OASIS_WORKER" = 0 ]; then while [ ! -s {ready} ]; do sleep 0.02; done; '
+        f"exit 1; fi; sleep 30 & echo $! > {ready}; wait"
+    )
+    task = Task("a", 2, 0, 0.5, 40, devices=1)
+    agent, _ = agent_on(command, _device_plan([task], [], devices=2))
+
+    async def go() -> None:
+        await steps(agent, lambda: "a" in agent.tasks and agent.tasks["a"].workers.failed == 1)
+        assert alive(int(ready.read_text()))  # worker 1's child runs, marked as job a's
+        assert not commands(agent)._held_on
+        (one,) = agent.tasks["a"].workers.running
+        assert commands(agent).devices.used == {d: 1.0 for d in one.devices}
+
+    run(agent, go)
+
+
+def test_an_exited_workers_devices_stay_held_until_every_process_that_escaped_it_is_gone(
+    tmp_path: Path,
+) -> None:
+    """A worker that left two processes outside its group (a launcher's daemons) keeps
+    its GPU while any of them runs on it, not only until the first is gone: the next
+    worker was put on the GPU the second still used."""
+    escaped, marker = tmp_path / "escaped", tmp_path / "once"
+    command = (
+        f"if [ ! -e {marker} ]; then touch {marker}; "
+        f"setsid sh -c 'echo $$ >> {escaped}; exec sleep 60' > /dev/null 2>&1 & "
+        f"setsid sh -c 'echo $$ >> {escaped}; exec sleep 60' > /dev/null 2>&1 & "
+        f'while [ "$(cat {escaped} 2>/dev/null | wc -l)" -lt 2 ]; do sleep 0.02; done; '
+        "exit 1; fi; exec sleep 60"
+    )
+    task = Task("a", 1, 0, 0.5, 40, devices=1)
+    agent, _ = agent_on(command, _device_plan([task], [], devices=2))
+    pids: list[int] = []
+
+    async def gone(pid: int) -> None:
+        os.kill(pid, signal.SIGKILL)
+        for _ in range(500):  # reaped by whichever process it was reparented to
+            if not os.path.exists(f"/proc/{pid}"):
+                break
+            await asyncio.sleep(0.02)
+        for _ in range(3):
+            await agent._commands(0.02)
+
+    async def go() -> None:
+        await steps(agent, lambda: "a" in agent.tasks and agent.tasks["a"].workers.failed == 1)
+        pids.extend(int(p) for p in escaped.read_text().split())
+        (held,) = commands(agent)._held_on
+        assert sorted(held.pids) == sorted(pids) and held.devices == {"0": 1.0}
+        await gone(pids[0])
+        assert commands(agent)._held_on == [held]  # the second still runs on it
+        assert commands(agent).devices.used.get("0") == 1.0
+        await gone(pids[1])
+        await steps(agent, lambda: "0" not in commands(agent).devices.used)
+
+    try:
+        run(agent, go)
+    finally:
+        for pid in pids:
+            kill_worker(pid)
+
+
+def test_an_escaped_process_given_up_on_is_not_stopped_again_with_its_job(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process that escaped a departed job's worker and could not be stopped (another
+    user's, as it were) is given up on after its SIGKILL's ``GIVE_UP_SECONDS``; it is not
+    taken back as one to stop at the next step, which held every other job off the
+    server again, a grace and a give-up at a time, for good."""
+    import structlog
+
+    from controller.plane import workers
+
+    pool = Commands("true", "w0", "s1", None, structlog.get_logger())
+    stuck = 999_999
+    monkeypatch.setattr(workers, "_still_there", lambda pid: True)
+    monkeypatch.setattr(workers, "_signal_group", lambda pid, sig: None)
+    monkeypatch.setattr(pool, "_marked", lambda pid, job: True)
+    pool._held_on.append(workers.HeldDevices("a", [stuck], {"0": 1.0}, escaped=True))
+    pool._stop_escaped({"a"}, 0.0)  # its job runs here: left be
+    assert not pool._orphans
+    pool._stop_escaped(set(), 0.0)  # its job is gone: stopped
+    assert stuck in pool._orphans
+    pool._escalate(pool.stop_grace)  # SIGKILL, to no effect
+    pool._escalate(pool.stop_grace + workers.GIVE_UP_SECONDS)  # given up on
+    assert stuck not in pool._orphans
+    pool._stop_escaped(set(), 100.0)
+    assert stuck not in pool._orphans  # taken back before
+
+
+def test_a_worker_gone_from_its_group_has_its_output_drained_and_a_departing_one_counts() -> None:
+    """Two of the counts' rules on the agent's clock. A worker whose processes are all
+    gone but whose output a process outside its group holds open is counted gone only
+    ``DRAIN_SECONDS`` later: meanwhile its reader takes what is left in the pipe, its
+    last count included (reaped at once, the count its tenant is paid by lost the
+    lines still in the pipe). And a departing worker's count is its job's until it is
+    reaped (dropped meanwhile, the job's count went down for the grace, then up)."""
+    import structlog
+
+    from controller.plane.workers import DRAIN_SECONDS, JobWorkers, Worker
+
+    clock = [0.0]
+    pool = Commands("true", "w0", "s1", None, structlog.get_logger(), monotonic=lambda: clock[0])
+
+    async def go() -> None:
+        reader = asyncio.get_running_loop().create_future()  # its output never ends
+
+        class Exited:  # a leader that exited, its group empty (a pid over pid_max)
+            returncode, pid = 1, 2**22 + 12345
+
+        job = JobWorkers(done_before=2.0)
+        worker = Worker(cast(Any, Exited()), 0, [5.0], cast(Any, reader), 0.0, job)
+        job.running.append(worker)
+        assert pool.count(job) == 7.0
+        assert not pool._gone(worker)  # found empty now: its pipe is drained first
+        clock[0] = DRAIN_SECONDS * 0.9
+        assert not pool._gone(worker)
+        clock[0] = DRAIN_SECONDS
+        assert pool._gone(worker)
+        pool.stop(worker, clock[0])  # departing: still its job's count
+        assert pool.departing == [worker] and not job.running
+        assert pool.count(job) == 7.0
+        reader.cancel()
+
+    asyncio.run(go())
+
+
+def test_only_processes_with_this_agents_marks_are_stopped_as_orphans_or_leftovers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the orphan scan and the leftovers' stop may signal, by the marks alone: a
+    child carrying another agent's session (an agent embedded beside this one, its
+    workers' processes) is not this agent's to stop, and an agent without a key of its
+    place (embedded: a test's, a tool's) stops no other agent's processes as its
+    leftovers, those of other keyless agents included."""
+    import structlog
+
+    from controller.plane import workers
+
+    marks = {101: {"OASIS_AGENT": "other", "OASIS_JOB": "x"},
+             102: {"OASIS_AGENT": "earlier", "OASIS_AGENT_KEY": "", "OASIS_JOB": "y"},
+             103: {"OASIS_AGENT": "s1", "OASIS_JOB": "z"}}  # fmt: skip
+    signalled: list[int] = []
+    monkeypatch.setattr(workers, "_children", lambda: [101, 103])
+    monkeypatch.setattr(workers, "_other_pids", lambda: [101, 102, 103])
+    monkeypatch.setattr(workers, "_ended", lambda pid: False)
+    monkeypatch.setattr(workers, "_environment_of", lambda pid: marks[pid])
+    monkeypatch.setattr(os, "getpgid", lambda pid: pid)
+    monkeypatch.setattr(workers, "_signal_group", lambda pid, sig: signalled.append(pid))
+    pool = Commands("true", "w0", "s1", None, structlog.get_logger())  # no key
+    pool._stop_leftovers(0.0)
+    assert signalled == []
+    pool._scan_orphans(set(), 0.0)
+    assert signalled == [103]  # its own, whose job does not run here

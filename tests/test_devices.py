@@ -153,6 +153,10 @@ def test_the_agents_devices_come_from_the_flag_else_its_own_cuda_visible_devices
     # as CUDA reads it (the review): up to the first id that is none
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,-1,2")
     assert _device_ids(None)[0] == ["0", "1"]
+    # an id there twice ends the list too: handed out twice, one GPU would go to two
+    # workers as two devices
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,0,2")
+    assert _device_ids(None)[0] == ["0", "1"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", " MIG-4f1e/1/0 ,GPU-8f1c")
     assert _device_ids(None)[0] == ["MIG-4f1e/1/0", "GPU-8f1c"]
     for none in ("", "-1", "NoDevFiles"):

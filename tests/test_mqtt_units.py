@@ -1405,6 +1405,10 @@ def test_the_daemon_keeps_the_latest_failures_per_job_and_server_and_forgets_end
     assert [f.server for f in heard.of("j1", now=32.0)] == ["w0"]
     heard.forget({"j3"})
     assert heard.of("j1", now=32.0) == [] and len(heard) == 0
+    # a job whose every server's failures were cleared is kept no more (while it runs)
+    heard.heard("j4", "w0", 1, "exit status 1", at=40.0)
+    heard.heard("j4", "w0", 0, "", at=41.0)
+    assert heard.of("j4", now=42.0) == [] and len(heard) == 0
 
 
 def test_names_in_topics_and_the_agent_topics_identity() -> None:

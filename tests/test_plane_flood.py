@@ -23,7 +23,7 @@ import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
 from controller import procfs
-from controller.plane.agent_queue import TOPIC_MESSAGES, AgentQueue
+from controller.plane.agent_queue import QUEUE_BYTES, TOPIC_MESSAGES, AgentQueue
 from tests.test_mqtt_faults import TOPICS, Plane
 from tests.test_mqtt_plane import wait_for
 
@@ -122,6 +122,40 @@ def test_the_queue_keeps_order_and_bounds_each_topic_not_a_quiet_one() -> None:
     out = asyncio.run(go())
     assert out == ["a/flood"] * TOPIC_MESSAGES + ["a/quiet"] + ["b/large"] * 16 + ["a/quiet2"]
     assert dropped == ["a/flood"] * 5 + ["b/large"] * 4
+
+
+def test_past_the_queues_bytes_only_a_quiet_topics_message_is_taken_and_taking_frees_them() -> None:
+    """Past :data:`QUEUE_BYTES` waiting in all, a topic's second message is dropped, but a
+    topic with none waiting (a quiet agent's heartbeat) still gets in, however large the
+    others' backlog (before the bound, a flood queued 1.3 GB; without the exception, one
+    agent's flood kept every other server's beats out: failed while healthy). Taking the
+    messages frees their bytes: the queue takes seconds again once drained."""
+    dropped: list[str] = []
+    mib = 1 << 20
+    payloads = {size: b"x" * size for size in (10, mib)}  # one of each: no 64 MiB to build
+
+    def message(topic: str, size: int) -> aiomqtt.Message:
+        return aiomqtt.Message(topic, payloads[size], qos=0, retain=False, mid=0, properties=None)
+
+    async def go() -> list[str]:
+        queue = AgentQueue.factory(dropped.append)()
+        topics = QUEUE_BYTES // (2 * mib)  # two messages of 1 MiB each: all the bytes
+        for i in range(topics):
+            queue.put_nowait(message(f"a{i}/report", mib))
+            queue.put_nowait(message(f"a{i}/report", mib))
+        queue.put_nowait(message("a0/report", 10))  # a second of a topic: dropped
+        queue.put_nowait(message("quiet/beat", 10))  # none of its topic waiting: taken
+        assert dropped == ["a0/report"]
+        out = []
+        while not queue.empty():
+            out.append(str((await queue.get()).topic))
+        queue.put_nowait(message("a0/report", 10))  # drained: taken again, and a second
+        queue.put_nowait(message("a0/report", 10))
+        assert queue.qsize() == 2 and dropped == ["a0/report"]
+        return out
+
+    out = asyncio.run(go())
+    assert out[-1] == "quiet/beat" and len(out) == QUEUE_BYTES // mib + 1
 
 
 def test_a_stop_under_a_frozen_broker_says_why_the_offline_status_did_not_go(

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from controller import procfs
 
@@ -32,3 +34,26 @@ def test_status_of_an_ended_process_is_empty() -> None:
 def test_stat_fields_start_after_the_name() -> None:
     fields = procfs.stat_fields("self")
     assert fields[0] in {b"R", b"S"} and int(fields[1]) == os.getppid()
+
+
+def test_stat_fields_start_after_the_names_last_parenthesis(tmp_path: Path) -> None:
+    """A command's name is its owner's to choose, and may hold ``) `` itself: the fields
+    are those after the last ``)`` (a worker named ``a) R 1 1`` read as another state,
+    parent and group would have its memory counted for another group, or none)."""
+    program = tmp_path / "a) R 1 1"
+    shutil.copy("/bin/sleep", program)
+    child = subprocess.Popen([str(program), "30"], start_new_session=True)
+    try:
+        for _ in range(1000):  # until it has exec'ed (it may still be the forked Python)
+            with open(f"/proc/{child.pid}/comm") as comm:
+                if comm.read().strip() == "a) R 1 1":
+                    break
+            time.sleep(0.01)
+        with open(f"/proc/{child.pid}/comm") as comm:
+            assert comm.read().strip() == "a) R 1 1"
+        fields = procfs.stat_fields(child.pid)
+        assert fields[0] in {b"R", b"S"}
+        assert (int(fields[1]), int(fields[2])) == (os.getpid(), child.pid)  # ppid, pgrp
+    finally:
+        child.kill()
+        child.wait()

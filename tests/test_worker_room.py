@@ -14,7 +14,7 @@ from controller.plane.worker_room import least_demand, most_per_server, worker_r
 from controller.plane.workers import MAX_WORKERS
 from pricing import job_from_dict
 from pricing.cluster import Cluster, cluster_from_dict
-from pricing.job import room
+from pricing.job import Job, room
 from tests.servers import CLUSTER_TOML
 from tests.test_daemon_e2e import job
 
@@ -118,3 +118,40 @@ def test_a_worker_too_small_is_refused_naming_the_field_and_what_would_do() -> N
     one = job_from_dict({**tiny, "chunks": 1}, CLUSTER, slot_seconds=3600,
                         slots_available=lambda _a: WINDOW, arrival=1)  # fmt: skip
     assert worker_room_problem(one, CLUSTER) is not None
+
+
+def test_a_worker_that_fits_one_time_over_the_most_is_refused_and_at_the_most_passes() -> None:
+    """The rule's edge: ``most_per_server + 1`` workers of a job on one server are one
+    too many (a rule one looser let 1,029 worker commands be planned on a server)."""
+    most = most_per_server(CLUSTER)
+    r = CLUSTER.resources.index("bandwidth")
+    largest = float(CLUSTER.worker_capacity[:, r].max())
+
+    def parsed(amount: float) -> Job:
+        spec = job("edge", worker={"bandwidth": amount}, grad_mb=0.001)
+        return job_from_dict(spec, CLUSTER, slot_seconds=3600,
+                             slots_available=lambda _a: WINDOW, arrival=1)  # fmt: skip
+
+    over, at = parsed(largest / (most + 1.5)), parsed(largest / (most + 0.5))
+    assert room(CLUSTER.worker_capacity, over.worker).max() == most + 1
+    assert room(CLUSTER.worker_capacity, at.worker).max() == most
+    assert worker_room_problem(over, CLUSTER) is not None
+    assert worker_room_problem(at, CLUSTER) is None
+
+
+def test_a_resource_no_worker_server_has_is_left_out_of_what_would_do() -> None:
+    """A resource only the parameter servers have (none on any worker server) is no way
+    for a worker to pass: the refusal names the others, and does not fail on it."""
+    raw = {"resources": ["gpu", "cpu", "bandwidth"],
+           "servers": [{"name": "w0", "kind": "worker", "capacity": {"cpu": 32, "bandwidth": 25}},
+                       {"name": "p0", "kind": "ps",
+                        "capacity": {"gpu": 1, "cpu": 8, "bandwidth": 25}}]}  # fmt: skip
+    cluster = cluster_from_dict(raw["resources"], raw["servers"])
+    assert set(least_demand(cluster)) == {"cpu", "bandwidth"}
+    tiny = job("tiny", worker={"cpu": 0.01, "bandwidth": 0.01}, ps={"cpu": 1, "bandwidth": 1},
+               grad_mb=0.001)  # fmt: skip
+    parsed = job_from_dict(tiny, cluster, slot_seconds=3600,
+                           slots_available=lambda _a: WINDOW, arrival=1)  # fmt: skip
+    problem = worker_room_problem(parsed, cluster)
+    assert problem is not None and "ask at least one of cpu " in problem.reason
+    assert "gpu" not in problem.reason
