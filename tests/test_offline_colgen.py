@@ -22,7 +22,7 @@ from scipy.optimize import linprog
 from controller.cli import main
 from controller.replay import replay, summary
 from pricing import Trace, column_generation, trace_from_dict
-from pricing.column_generation import configuration_bound
+from pricing.column_generation import FLOAT_MARGIN, configuration_bound
 from pricing.offline import (
     Held,
     allocation_from_schedules,
@@ -262,6 +262,13 @@ def test_the_bound_rules_out_what_an_uncontended_trace_cannot_do(
     assert cut.must_run.all()
     for job, ends in zip(trace.jobs, cut.ends, strict=True):
         assert np.flatnonzero(ends).tolist() == [job.min_slots - 1], job.id
+    # each bound keeps its float margin over the allocation that reaches it, so summing
+    # in another order cannot put that allocation above it: FLOAT_MARGIN of the
+    # magnitudes for the bound, of the job's own payoff bound for its end bound
+    assert result.bound >= best * (1 + 0.5 * FLOAT_MARGIN)
+    for i, job in enumerate(trace.jobs):
+        end = result.end_bounds(i)[job.min_slots - 1]
+        assert end >= result.bound + 0.5 * FLOAT_MARGIN * result.payoff[i], job.id
 
 
 @pytest.mark.parametrize("method", ["auto", "colgen"])
