@@ -437,14 +437,19 @@ def test_the_master_lps_time_limit_is_each_solves_not_their_sum() -> None:
     cells = Cells(trace, Held.nothing(trace))
     master = Master(cells, len(trace.jobs))
     master.add(_Priced.at(cells, np.zeros(cells.size)).columns(cells))
-    first = master.solve(5.0)[0]
-    limit = 0.02  # far above one warm re-solve of this LP
+    first = master.solve()[0]
+    # far above one solve of this LP, on a loaded machine too: with 0.02 s, a solve
+    # sharing its 2 cores with other work took longer and the test failed on the real
+    # code; so the run time adds up without a limit, then one solve is given one
+    limit = 1.0
     solves = 0
-    while master.h.getRunTime() < 3 * limit and solves < 100_000:
+    while master.h.getRunTime() < 2 * limit and solves < 1_000_000:
         master.h.clearSolver()  # solved afresh, as after a round's new columns
-        assert master.solve(limit)[0] == pytest.approx(first)  # no OutOfTimeError
+        assert master.solve()[0] == pytest.approx(first)
         solves += 1
-    assert master.h.getRunTime() >= 3 * limit, "the run time did not add up"
+    assert master.h.getRunTime() >= 2 * limit, "the run time did not add up"
+    master.h.clearSolver()
+    assert master.solve(limit)[0] == pytest.approx(first)  # no OutOfTimeError
 
 
 def test_column_generation_begins_no_round_it_cannot_end_in_time(
