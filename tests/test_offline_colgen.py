@@ -152,6 +152,9 @@ def test_the_bound_holds_after_any_number_of_rounds(seed: int) -> None:
         result = configuration_bound(trace, Held.nothing(trace), max_iterations=rounds)
         assert result.bound >= optimum.optimum - 1e-9, (seed, rounds)
         bounds.append(result.bound)
+    # solved, the bound is the LP's value: every job searched, however large its work
+    assert result.stop in ("converged", "gap"), seed
+    assert result.bound <= result.lp_value + 1e-6 * max(1.0, result.lp_value), seed
     # the least bound seen can only fall as rounds are added
     assert all(b2 <= b1 + 1e-9 for b1, b2 in itertools.pairwise(bounds))
 
@@ -183,6 +186,9 @@ def test_the_bound_holds_under_held_resources_and_last_slots() -> None:
         assert exact.status == "optimal" and exact.optimum is not None
         result = configuration_bound(trace, held)
         assert result.bound >= exact.optimum - 1e-9
+        # solved, the bound is the LP's value: every job searched on the room left
+        assert result.stop in ("converged", "gap")
+        assert result.bound <= result.lp_value + 1e-6 * max(1.0, result.lp_value)
         primal = round_columns(result, time_limit=5)
         workers, ps = allocation_from_schedules(trace, primal.schedules)
         assert check_allocation(trace, held, workers, ps) == []
