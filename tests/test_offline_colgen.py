@@ -458,6 +458,30 @@ def test_the_master_lps_time_limit_is_each_solves_not_their_sum() -> None:
     assert master.solve(limit)[0] == pytest.approx(first)  # no OutOfTimeError
 
 
+def test_the_master_holds_a_column_once_and_counts_every_weights_use() -> None:
+    """A column already in the master is not added again (``add`` says 0 were new: the
+    loop's "stalled" stop rests on it, without which duplicates were added round after
+    round), and ``usage``, which decides the cells that get their own rows, counts a
+    column at any positive weight: one that skipped weights below 0.01 left cells
+    overfilled by many small weights without a row, and passed every test."""
+    from pricing.column_generation import Cells, Master, _Priced
+
+    trace = _small(3)
+    cells = Cells(trace, Held.nothing(trace))
+    master = Master(cells, len(trace.jobs))
+    columns = _Priced.at(cells, np.zeros(cells.size)).columns(cells)
+    assert len(columns) >= 2
+    assert master.add(columns) == len(columns)
+    assert master.add(columns[::-1]) == 0
+    assert len(master.columns) == len(columns)
+    assert [master.index(c) for c in columns] == list(range(len(columns)))
+    lam = np.geomspace(1e-6, 1.0, len(columns))
+    expected = np.zeros(cells.size)
+    for weight, column in zip(lam, columns, strict=True):
+        np.add.at(expected, column.cells, weight * column.amounts)
+    assert np.allclose(master.usage(lam), expected, rtol=1e-12, atol=0.0)
+
+
 def test_column_generation_begins_no_round_it_cannot_end_in_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
