@@ -463,8 +463,11 @@ def test_the_master_holds_a_column_once_and_counts_every_weights_use() -> None:
     loop's "stalled" stop rests on it, without which duplicates were added round after
     round), and ``usage``, which decides the cells that get their own rows, counts a
     column at any positive weight: one that skipped weights below 0.01 left cells
-    overfilled by many small weights without a row, and passed every test."""
+    overfilled by many small weights without a row, and passed every test. A column's
+    key holds its start: without it, the same units one slot later were taken for a
+    column already there and never added."""
     from pricing.column_generation import Cells, Master, _Priced
+    from pricing.schedule import Schedule
 
     trace = _small(3)
     cells = Cells(trace, Held.nothing(trace))
@@ -475,6 +478,12 @@ def test_the_master_holds_a_column_once_and_counts_every_weights_use() -> None:
     assert master.add(columns[::-1]) == 0
     assert len(master.columns) == len(columns)
     assert [master.index(c) for c in columns] == list(range(len(columns)))
+    # the same units one slot later are another schedule, so another column
+    c = next(c for c in columns if c.schedule.end < trace.horizon - 1)
+    s = c.schedule
+    later = cells.column(c.job, trace.jobs[c.job], Schedule(s.start + 1, s.workers, s.ps))
+    assert master.index(later) is None and master.add([later]) == 1
+    columns.append(later)
     lam = np.geomspace(1e-6, 1.0, len(columns))
     expected = np.zeros(cells.size)
     for weight, column in zip(lam, columns, strict=True):
