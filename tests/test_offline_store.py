@@ -459,3 +459,140 @@ def test_held_use_over_capacity_is_cut_and_named(
     captured = capsys.readouterr()
     assert "offline optimum" in captured.out
     assert f"slot {slot} on {server}" in captured.err and repr(held) in captured.err
+
+
+def _two_stretches(tmp_path: Path) -> tuple[Controller, list[dict[str, Any]], dict[str, Any]]:
+    """Five jobs submitted in slot 0 (arrival 1), four in slot 2 (arrival 3)."""
+    raw, specs = _jobs(5, 9)
+    c = Controller(tmp_path, raw)
+    try:
+        for spec in specs[:5]:
+            c.submit(spec)
+        c.next_slot()
+        c.next_slot()
+        for spec in specs[5:]:
+            c.submit(spec)
+    finally:
+        c.inner.close()
+    return c, specs, raw
+
+
+def _stored_allocations(url: str) -> list[Any]:
+    from sqlalchemy import select
+
+    from controller.store import AllocationRow
+
+    db = Database(url)
+    try:
+        with db.session() as session:
+            return list(session.execute(select(AllocationRow.job_id, AllocationRow.slot,
+                AllocationRow.server, AllocationRow.workers, AllocationRow.ps)).all())  # fmt: skip
+    finally:
+        db.dispose()
+
+
+def _history(url: str, first: int | None = None, last: int | None = None) -> Any:
+    db = Database(url)
+    try:
+        return load_history(db, first, last)
+    finally:
+        db.dispose()
+
+
+def test_the_held_use_is_each_other_jobs_stored_allocation_times_its_demand(
+    tmp_path: Path,
+) -> None:
+    """``--from 3 --to 3``: the held use of each (slot, server) is the sum over the
+    earlier jobs' stored allocations there of count x demand, workers and PS alike, from
+    slot 3 itself on; each compared job's start is its own stored allocation. Before,
+    only "some worker use is held" was checked: the first slot's allocations left out,
+    two jobs in one cell counted as one, or a PS counted at a worker's demand passed."""
+    from controller.replay import allocations
+
+    c, specs, _raw = _two_stretches(tmp_path)
+    history = _history(c.url, 3, 3)
+    cluster, horizon = history.trace.cluster, history.trace.horizon
+    resources = list(cluster.resources)
+    demand = {s["id"]: s for s in specs}
+    compared = {s["id"] for s in specs[5:]}
+    worker = np.zeros_like(history.held.worker_used)
+    ps = np.zeros_like(history.held.ps_used)
+    cells: dict[tuple[int, str], set[str]] = {}
+    rows = _stored_allocations(c.url)
+    for a in rows:
+        t = a.slot - 3
+        if a.job_id in compared or not 0 <= t < horizon:
+            continue
+        cells.setdefault((t, a.server), set()).add(a.job_id)
+        if a.server in cluster.worker_names:
+            need = [demand[a.job_id]["worker"].get(r, 0.0) for r in resources]
+            worker[t, cluster.worker_names.index(a.server)] += a.workers * np.array(need)
+        else:
+            need = [demand[a.job_id]["ps"].get(r, 0.0) for r in resources]
+            ps[t, cluster.ps_names.index(a.server)] += a.ps * np.array(need)
+    assert worker[0].any() and ps.any()  # slot 3 itself holds earlier jobs, and PS too
+    assert max(len(jobs) for jobs in cells.values()) >= 2  # two held jobs share a cell
+    np.testing.assert_allclose(history.held.worker_used, worker, rtol=1e-12)
+    np.testing.assert_allclose(history.held.ps_used, ps, rtol=1e-12)
+
+    for job, schedule in zip(history.trace.jobs, history.schedules, strict=True):
+        stored = {(a.slot, a.server, a.workers or a.ps) for a in rows if a.job_id == job.id}
+        if schedule is None:
+            assert not stored
+            continue
+        assert stored
+        entries = allocations(schedule, cluster)
+        got = {(e["slot"] + 3, e["server"], e.get("workers", e.get("ps"))) for e in entries}
+        assert got == stored, job.id
+
+
+def test_an_outage_holds_its_slots_within_the_stretch_and_no_others(tmp_path: Path) -> None:
+    """An outage (a ``server_outages`` row) holds the server whole in slots ``down_from
+    .. up_from - 1`` clipped to the problem: one begun before ``--from`` blocks from
+    slot 0 of the problem, its ``up_from`` slot is free again, and one that ended at
+    ``--from`` holds nothing and is not named. Before, only an outage from the first slot
+    on with no end was checked."""
+    from datetime import UTC, datetime
+
+    from controller.store import OutageRow
+
+    c, _specs, _raw = _two_stretches(tmp_path)
+    before = _history(c.url, 3, 3)
+    db = Database(c.url)
+    try:
+        with db.session() as session:
+            now = datetime(2026, 1, 1, tzinfo=UTC)
+            session.add(OutageRow(server="w0", down_from=1, up_from=5, detected_at=now))
+            session.add(OutageRow(server="p0", down_from=2, up_from=3, detected_at=now))
+    finally:
+        db.dispose()
+    after = _history(c.url, 3, 3)
+    cluster = after.trace.cluster
+    w0 = cluster.worker_names.index("w0")
+    full = np.broadcast_to(cluster.worker_capacity[w0], after.held.worker_used[:2, w0].shape)
+    np.testing.assert_array_equal(after.held.worker_used[:2, w0], full)  # slots 3, 4
+    np.testing.assert_array_equal(after.held.worker_used[2:], before.held.worker_used[2:])
+    others = [i for i in range(len(cluster.worker_names)) if i != w0]
+    np.testing.assert_array_equal(
+        after.held.worker_used[:, others], before.held.worker_used[:, others]
+    )
+    np.testing.assert_array_equal(after.held.ps_used, before.held.ps_used)  # p0: ended at 3
+    (note,) = [n for n in after.notes if "out of service" in n]
+    assert note.endswith(": w0")
+
+
+def test_the_size_past_which_a_stretch_is_refused_is_max_cells_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stretch of exactly MAX_CELLS slots x servers x resources is compared; one cell
+    more is refused, naming --from and --to."""
+    import controller.history as history_module
+    from controller.history import HistoryError
+
+    c, _specs, raw = _two_stretches(tmp_path)
+    cells = (3 + WINDOW - 1) * len(raw["servers"]) * len(raw["resources"])  # slots 1 .. 8
+    monkeypatch.setattr(history_module, "MAX_CELLS", cells)
+    assert _history(c.url).trace.horizon == 3 + WINDOW - 1
+    monkeypatch.setattr(history_module, "MAX_CELLS", cells - 1)
+    with pytest.raises(HistoryError, match="narrow it with --from and --to"):
+        _history(c.url)
