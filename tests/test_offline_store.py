@@ -596,3 +596,25 @@ def test_the_size_past_which_a_stretch_is_refused_is_max_cells_itself(
     monkeypatch.setattr(history_module, "MAX_CELLS", cells - 1)
     with pytest.raises(HistoryError, match="narrow it with --from and --to"):
         _history(c.url)
+
+
+@pytest.mark.parametrize(
+    ("utility", "payoff", "cost", "gain"),
+    [
+        (30.0, 20.0, 10.0, 0.0),  # done as planned
+        (30.0 * (1 + 1e-12), 20.0, 10.0, 0.0),  # the same up to float rounding
+        (5e-10, 0.0, 0.0, 0.0),  # within the absolute rounding of a utility near 0
+        (40.0, 20.0, 10.0, 10.0),  # done early: 10 above its admission's
+        (float("nan"), 20.0, 10.0, 0.0),
+        (40.0, None, 10.0, 0.0),
+    ],
+)
+def test_a_completed_jobs_early_gain_is_over_its_admissions_utility_past_rounding(
+    utility: float, payoff: float | None, cost: float | None, gain: float
+) -> None:
+    """The "done early" note counts a completed job whose stored utility is above its
+    admission's (``payoff + cost``) past float rounding: one stored at its plan, its
+    utility re-added from payoff and cost, is no early completion."""
+    from controller.history import _early_gain
+
+    assert _early_gain(utility, payoff, cost) == pytest.approx(gain)
