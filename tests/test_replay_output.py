@@ -88,17 +88,19 @@ def test_an_estimates_repricing_is_part_of_the_decisions_time(
 @pytest.mark.parametrize(
     ("limits", "why"),
     [
-        ({"max_search_steps": 1.0}, "over max_search_steps = 1 "),
-        ({"max_search_mb": 1e-9}, "over max_search_mb = 1e-09 "),
+        ((1.0, None), "over max_search_steps = 1 "),
+        ((None, 1e-9), "over max_search_mb = 1e-09 "),
     ],
 )
-def test_either_search_limit_alone_rejects_unsearched(limits: dict[str, float], why: str) -> None:
+def test_either_search_limit_alone_rejects_unsearched(
+    limits: tuple[float | None, float | None], why: str
+) -> None:
     """``replay(..., max_search_steps=...)`` without ``max_search_mb`` (and the other way
     round) holds each job to the one limit given, as the daemon's limits do each alone;
     without either, the same job is searched and admitted."""
     trace = pricing.trace_from_dict(base_trace())
     (searched,) = replay(trace)
     assert searched.decision.admitted
-    (record,) = replay(trace, **limits)
+    (record,) = replay(trace, max_search_steps=limits[0], max_search_mb=limits[1])
     assert not record.decision.admitted and record.decision.best.payoff is None
     assert record.reason.startswith("not searched: ") and why in record.reason
