@@ -104,3 +104,21 @@ def test_either_search_limit_alone_rejects_unsearched(
     (record,) = replay(trace, max_search_steps=limits[0], max_search_mb=limits[1])
     assert not record.decision.admitted and record.decision.best.payoff is None
     assert record.reason.startswith("not searched: ") and why in record.reason
+
+
+def test_a_search_exactly_at_a_limit_is_searched() -> None:
+    """A limit is the most a search may take: a job whose search takes exactly
+    ``max_search_steps`` steps (or ``max_search_mb`` MiB) is searched, as the daemon's
+    ``limits`` admit it; a hair less is refused unsearched."""
+    from controller.limits import search_size
+
+    trace = pricing.trace_from_dict(base_trace())
+    (job,) = trace.jobs
+    size = search_size(job, trace.cluster, trace.horizon - job.arrival)
+    assert size.steps > 0 and size.megabytes > 0
+    for steps, mb in ((size.steps, None), (None, size.megabytes)):
+        (record,) = replay(trace, max_search_steps=steps, max_search_mb=mb)
+        assert record.decision.admitted, (steps, mb)
+        below = (steps and steps * (1 - 1e-9), mb and mb * (1 - 1e-9))
+        (record,) = replay(trace, max_search_steps=below[0], max_search_mb=below[1])
+        assert not record.decision.admitted and record.reason.startswith("not searched: ")
