@@ -618,3 +618,28 @@ def test_a_completed_jobs_early_gain_is_over_its_admissions_utility_past_roundin
     from controller.history import _early_gain
 
     assert _early_gain(utility, payoff, cost) == pytest.approx(gain)
+
+
+def test_an_infinite_stored_utility_counts_0_online_and_is_named(tmp_path: Path) -> None:
+    """An admitted job whose stored utility reads back infinite (SQLite keeps 9e999 as
+    inf) counts 0 online, named in the notes, as text does: before, only text (read as
+    none) was checked, and keeping the value made the online total infinite."""
+    from sqlalchemy import text
+
+    c, _specs, _raw = _two_stretches(tmp_path)
+    history = _history(c.url)
+    admitted = [j.id for j in history.online if j.admitted]
+    assert admitted and all(np.isfinite(j.utility or 0.0) for j in history.online)
+    db = Database(c.url)
+    try:
+        with db.session() as session:
+            session.execute(
+                text("UPDATE jobs SET utility = 9e999 WHERE id = :j"), {"j": admitted[0]}
+            )
+    finally:
+        db.dispose()
+    history = _history(c.url)
+    by_id = {j.id: j for j in history.online}
+    assert by_id[admitted[0]].admitted and by_id[admitted[0]].utility is None
+    assert sum(j.utility or 0.0 for j in history.online) < float("inf")
+    assert any(repr(admitted[0]) in n and "is not a number" in n for n in history.notes)
