@@ -469,3 +469,31 @@ def test_the_retention_record_keeps_the_highest_cutoff(tmp_path: Path) -> None:
                 assert deleted_before(session) == recorded, cutoff
     finally:
         db.dispose()
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi", "defaulted", "first", "note"),
+    [
+        (16, 20, True, 16, None),  # from the first kept slot: nothing deleted is compared
+        (10, 16, True, 16, "compared from slot 16 on"),  # the newest arrival at the mark
+        (10, 15, True, 10, "optimistic:"),  # every arrival before the mark: it stays
+        (10, 20, False, 10, "optimistic:"),  # the operator's --from stays
+        (16, 20, False, 16, None),
+    ],
+)
+def test_the_stretch_moves_past_retentions_mark_at_its_edges(
+    lo: int, hi: int, defaulted: bool, first: int, note: str | None
+) -> None:
+    """Arrival slots ``lo .. hi`` and retention's mark at slot 16: a stretch from the
+    mark on is compared as it is, with no note; a default one reaching the mark (its
+    newest arrival at 16) starts there."""
+    from controller.history import _past_deletions
+
+    got, notes = _past_deletions(lo, hi, defaulted, 16)
+    assert got == first
+    if note is None:
+        assert notes == []
+    else:
+        (line,) = notes
+        assert line.startswith(note), line
+    assert _past_deletions(lo, hi, defaulted, None) == (lo, [])
