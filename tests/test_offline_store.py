@@ -643,3 +643,41 @@ def test_an_infinite_stored_utility_counts_0_online_and_is_named(tmp_path: Path)
     assert by_id[admitted[0]].admitted and by_id[admitted[0]].utility is None
     assert sum(j.utility or 0.0 for j in history.online) < float("inf")
     assert any(repr(admitted[0]) in n and "is not a number" in n for n in history.notes)
+
+
+def test_the_over_capacity_note_counts_cells_and_names_the_held_jobs_of_its_cell(
+    tmp_path: Path,
+) -> None:
+    """One held allocation edited over its server's capacity in every resource it needs:
+    the note counts one (slot, server) cell, and names the held jobs of that cell alone,
+    not a compared job placed beside them there (one worker) nor a held job with a row on
+    another server in that slot (none)."""
+    from controller.store import AllocationRow
+
+    c, specs, raw = _two_stretches(tmp_path)
+    compared = sorted(s["id"] for s in specs[5:])
+    rows = _stored_allocations(c.url)
+    a = next(a for a in rows if a.slot >= 3 and a.workers > 0 and a.job_id not in compared)
+    other = next(
+        s["name"] for s in raw["servers"] if s["kind"] == "worker" and s["name"] != a.server
+    )
+    neighbour = next(s["id"] for s in specs[:5] if s["id"] != a.job_id)
+    db = Database(c.url)
+    try:
+        with db.session() as session:
+            session.merge(
+                AllocationRow(job_id=a.job_id, slot=a.slot, server=a.server, workers=500, ps=0)
+            )
+            session.merge(
+                AllocationRow(job_id=compared[0], slot=a.slot, server=a.server, workers=1, ps=0)
+            )
+            session.merge(AllocationRow(job_id=neighbour, slot=a.slot, server=other,
+                                        workers=0, ps=0))  # fmt: skip
+    finally:
+        db.dispose()
+    rows = _stored_allocations(c.url)
+    beside = {b.job_id for b in rows if (b.slot, b.server) == (a.slot, a.server)}
+    (note,) = [n for n in _history(c.url, 3, 3).notes if "exceed the capacity" in n]
+    named = ", ".join(repr(j) for j in sorted(beside - set(compared)))
+    assert f"in 1 (slot, server) cell(s), e.g. slot {a.slot} on {a.server}: " in note, note
+    assert f"by jobs {named} (a store edited by hand" in note, note
