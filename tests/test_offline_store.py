@@ -681,3 +681,40 @@ def test_the_over_capacity_note_counts_cells_and_names_the_held_jobs_of_its_cell
     named = ", ".join(repr(j) for j in sorted(beside - set(compared)))
     assert f"in 1 (slot, server) cell(s), e.g. slot {a.slot} on {a.server}: " in note, note
     assert f"by jobs {named} (a store edited by hand" in note, note
+
+
+def test_rows_naming_no_server_or_slots_that_do_not_read_are_left_out(tmp_path: Path) -> None:
+    """An allocation on a server the cluster no longer lists holds nothing (the daemon's
+    ledger has no such server), and an outage row whose slots do not read back as whole
+    numbers is left out with a note naming it, as the daemon leaves it out: the held use
+    is as without them. Before, neither kind of row was read by any test."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import text
+
+    from controller.store import AllocationRow, OutageRow
+
+    c, specs, _raw = _two_stretches(tmp_path)
+    before = _history(c.url, 3, 3)
+    db = Database(c.url)
+    try:
+        with db.session() as session:
+            now = datetime(2026, 1, 1, tzinfo=UTC)
+            for job in (specs[0]["id"], specs[5]["id"]):  # a held job and a compared one
+                session.add(AllocationRow(job_id=job, slot=4, server="gone", workers=3, ps=0))
+            session.add(OutageRow(server="w0", down_from=3, up_from=None, detected_at=now))
+        with db.session() as session:
+            session.execute(text("UPDATE server_outages SET down_from = 3.5 "
+                                 "WHERE server = 'w0'"))  # fmt: skip
+    finally:
+        db.dispose()
+    after = _history(c.url, 3, 3)
+    np.testing.assert_array_equal(after.held.worker_used, before.held.worker_used)
+    np.testing.assert_array_equal(after.held.ps_used, before.held.ps_used)
+    for b, a in zip(before.schedules, after.schedules, strict=True):
+        assert (b is None) == (a is None)
+        if a is not None and b is not None:
+            assert a.start == b.start and np.array_equal(a.workers, b.workers)
+    (bad,) = [n for n in after.notes if "do not read back; left out" in n]
+    assert "(w0)" in bad, after.notes
+    assert not any("out of service" in n for n in after.notes)
