@@ -718,3 +718,30 @@ def test_rows_naming_no_server_or_slots_that_do_not_read_are_left_out(tmp_path: 
     (bad,) = [n for n in after.notes if "do not read back; left out" in n]
     assert "(w0)" in bad, after.notes
     assert not any("out of service" in n for n in after.notes)
+
+
+def test_the_failed_jobs_note_sums_the_failed_jobs_plans_alone(tmp_path: Path) -> None:
+    """The note on failed jobs gives the utility their plans were worth: theirs alone,
+    not that of the other admitted jobs compared beside them."""
+    from controller.store import JobRow
+
+    c, _specs, _raw = _two_stretches(tmp_path)
+    admitted = [j for j in _history(c.url).online if j.admitted]
+    assert len(admitted) >= 2
+    failed = admitted[0]
+    db = Database(c.url)
+    try:
+        with db.session() as session:
+            row = session.get(JobRow, failed.id)
+            assert row is not None
+            row.state = "failed"
+    finally:
+        db.dispose()
+    history = _history(c.url)
+    assert failed.utility is not None
+    planned = (
+        "counted 0 online: 1 failed job(s), their plans not carried out "
+        f"({failed.utility:.6g} utility planned)"
+    )
+    assert planned in history.notes, history.notes
+    assert {j.id: j.utility for j in history.online}[failed.id] == 0.0
