@@ -723,6 +723,8 @@ def test_rows_naming_no_server_or_slots_that_do_not_read_are_left_out(tmp_path: 
 def test_the_failed_jobs_note_sums_the_failed_jobs_plans_alone(tmp_path: Path) -> None:
     """The note on failed jobs gives the utility their plans were worth: theirs alone,
     not that of the other admitted jobs compared beside them."""
+    from sqlalchemy import text
+
     from controller.store import JobRow
 
     c, _specs, _raw = _two_stretches(tmp_path)
@@ -745,3 +747,15 @@ def test_the_failed_jobs_note_sums_the_failed_jobs_plans_alone(tmp_path: Path) -
     )
     assert planned in history.notes, history.notes
     assert {j.id: j.utility for j in history.online}[failed.id] == 0.0
+    # a failed job counts 0 whatever its stored utility: it is no unread one
+    db = Database(c.url)
+    try:
+        with db.session() as session:
+            session.execute(
+                text("UPDATE jobs SET utility = 'lots' WHERE id = :j"), {"j": failed.id}
+            )
+    finally:
+        db.dispose()
+    notes = _history(c.url).notes
+    assert any("1 failed job(s)" in n for n in notes)
+    assert not any("is not a number" in n for n in notes), notes
