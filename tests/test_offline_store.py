@@ -759,3 +759,26 @@ def test_the_failed_jobs_note_sums_the_failed_jobs_plans_alone(tmp_path: Path) -
     notes = _history(c.url).notes
     assert any("1 failed job(s)" in n for n in notes)
     assert not any("is not a number" in n for n in notes), notes
+
+
+def test_the_problems_price_bounds_take_the_daemons_window_as_tmax(tmp_path: Path) -> None:
+    """The module docstring: the bounds (for the Theorem 4 figure) are SPEC 4's over the
+    compared jobs with ``Tmax = T``, the daemon's window, not the problem's horizon
+    (here 8 slots: arrivals 1 and 3, a window of 6)."""
+    from pricing.prices import oracle_bounds
+
+    c, _specs, _raw = _two_stretches(tmp_path)
+    history = _history(c.url)
+    trace = history.trace
+    assert history.window == WINDOW and trace.horizon == WINDOW + 2
+    jobs = list(trace.jobs)
+
+    def bounds(t: int) -> Any:
+        return oracle_bounds(jobs, trace.cluster, t, {j.id: t for j in jobs})
+
+    fields = ("log_u1", "log_u2", "log_l1", "log_l2", "eta1", "eta2")
+    got = [np.asarray(getattr(trace.bounds, f)) for f in fields]
+    assert all(np.array_equal(g, np.asarray(getattr(bounds(WINDOW), f)))
+               for g, f in zip(got, fields, strict=True))  # fmt: skip
+    assert not all(np.array_equal(g, np.asarray(getattr(bounds(trace.horizon), f)))
+                   for g, f in zip(got, fields, strict=True))  # fmt: skip
