@@ -254,6 +254,8 @@ def test_offline_compares_no_stretch_whose_neighbours_retention_deleted(tmp_path
             assert deleted_before(session) == 16
         default = load_history(c.db)
         chosen = load_history(c.db, first=0, last=41)
+        only_to = load_history(c.db, last=41)  # no --from: the stretch starts at the mark
+        only_from = load_history(c.db, first=0)  # the operator's --from stays
     finally:
         c.close()
     assert beside.completion_slot >= 16  # it ran beside the deleted job's time, and stays
@@ -261,6 +263,8 @@ def test_offline_compares_no_stretch_whose_neighbours_retention_deleted(tmp_path
     assert any("compared from slot 16 on" in n for n in default.notes), default.notes
     assert [j.id for j in chosen.trace.jobs] == ["beside", "new"]
     assert any(n.startswith("optimistic:") and "--from 16" in n for n in chosen.notes)
+    assert only_to.first_slot == 16 and [j.id for j in only_to.trace.jobs] == ["new"]
+    assert only_from.first_slot == 0 and len(only_from.trace.jobs) == 2
 
 
 EDITED = ["16", [], *({"deleted_before_slot": v} for v in ("16", True, -1, 1.5))]
