@@ -122,3 +122,34 @@ def test_a_search_exactly_at_a_limit_is_searched() -> None:
         below = (steps and steps * (1 - 1e-9), mb and mb * (1 - 1e-9))
         (record,) = replay(trace, max_search_steps=below[0], max_search_mb=below[1])
         assert not record.decision.admitted and record.reason.startswith("not searched: ")
+
+
+def test_a_job_priced_out_shows_its_payoff_and_nothing_of_its_schedule() -> None:
+    """SPEC 6: a rejected job that has a feasible schedule, priced out, has its best
+    payoff (a number) and ``cost``, ``jct``, ``utility`` null and no allocations, and the
+    summary counts none of it. Before, every rejection tested had no schedule at all
+    (payoff null), where the schedule's fields are null anyway."""
+    from controller.replay import record_json
+
+    raw = base_trace()
+    prices = {r: 1000.0 for r in raw["resources"]}
+    raw["pricing"] = {"U1": {r: 2000.0 for r in prices}, "U2": {r: 2000.0 for r in prices},
+                      "L1": 1000.0, "L2": 1000.0}  # fmt: skip
+    trace = pricing.trace_from_dict(raw)
+    records = list(replay(trace))
+    (record,) = records
+    best = record.decision.best
+    assert not record.decision.admitted and best.payoff is not None and best.payoff < 0
+    assert best.cost is not None and best.jct is not None  # the schedule priced out
+    out = record_json(record, trace.cluster)
+    assert out["payoff"] == best.payoff
+    assert out["cost"] is None and out["jct"] is None and out["utility"] is None
+    assert out["allocations"] == [] and out["reason"]
+    summary = replay_json(trace, records)["summary"]
+    assert summary["total_utility"] == 0.0 and summary["total_cost"] == 0.0
+    assert (summary["admitted"], summary["rejected"]) == (0, 1)
+    # the same job on oracle bounds is admitted: no reason, as null
+    trace = pricing.trace_from_dict(base_trace())
+    (admitted,) = replay(trace)
+    assert admitted.decision.admitted
+    assert record_json(admitted, trace.cluster)["reason"] is None
