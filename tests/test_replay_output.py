@@ -153,3 +153,17 @@ def test_a_job_priced_out_shows_its_payoff_and_nothing_of_its_schedule() -> None
     (admitted,) = replay(trace)
     assert admitted.decision.admitted
     assert record_json(admitted, trace.cluster)["reason"] is None
+
+
+@pytest.mark.parametrize("bounds", ["oracle", "estimate"])
+def test_the_l_factor_scales_the_bounds_of_either_kind(bounds: str) -> None:
+    """``l_factor`` (the paper's Fig. 6) scales every L used, the estimate's too, which
+    is set anew before each decision: L 1000 times higher prices out the job an unscaled
+    replay admits, whatever kind of bounds the trace has."""
+    raw = base_trace()
+    raw["pricing"] = {"bounds": bounds}
+    trace = pricing.trace_from_dict(raw)
+    (plain,) = replay(trace)
+    (scaled,) = replay(trace, l_factor=1000.0)
+    assert plain.decision.admitted and not scaled.decision.admitted
+    assert scaled.decision.best.payoff is not None and scaled.decision.best.payoff < 0
