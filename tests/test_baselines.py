@@ -90,6 +90,8 @@ def _check_rules(trace: dict[str, Any], out: dict[str, Any], policy: str) -> Non
     assert s["total_utility"] == pytest.approx(total)
     assert s["admitted"] + s["rejected"] == len(trace["jobs"])
     assert s["admitted"] == sum(j["admitted"] for j in out["jobs"])
+    # admitted and not done by the horizon; a rejected job (jct null too) is not one
+    assert s["unfinished"] == sum(j["admitted"] and j["jct"] is None for j in out["jobs"])
     assert total > 0  # some job did complete
 
 

@@ -463,3 +463,326 @@ def test_held_use_over_capacity_is_cut_and_named(
     captured = capsys.readouterr()
     assert "offline optimum" in captured.out
     assert f"slot {slot} on {server}" in captured.err and repr(held) in captured.err
+
+
+def _two_stretches(tmp_path: Path) -> tuple[Controller, list[dict[str, Any]], dict[str, Any]]:
+    """Five jobs submitted in slot 0 (arrival 1), four in slot 2 (arrival 3)."""
+    raw, specs = _jobs(5, 9)
+    c = Controller(tmp_path, raw)
+    try:
+        for spec in specs[:5]:
+            c.submit(spec)
+        c.next_slot()
+        c.next_slot()
+        for spec in specs[5:]:
+            c.submit(spec)
+    finally:
+        c.inner.close()
+    return c, specs, raw
+
+
+def _stored_allocations(url: str) -> list[Any]:
+    from sqlalchemy import select
+
+    from controller.store import AllocationRow
+
+    db = Database(url)
+    try:
+        with db.session() as session:
+            return list(session.execute(select(AllocationRow.job_id, AllocationRow.slot,
+                AllocationRow.server, AllocationRow.workers, AllocationRow.ps)).all())  # fmt: skip
+    finally:
+        db.dispose()
+
+
+def _history(url: str, first: int | None = None, last: int | None = None) -> Any:
+    db = Database(url)
+    try:
+        return load_history(db, first, last)
+    finally:
+        db.dispose()
+
+
+def test_the_held_use_is_each_other_jobs_stored_allocation_times_its_demand(
+    tmp_path: Path,
+) -> None:
+    """``--from 3 --to 3``: the held use of each (slot, server) is the sum over the
+    earlier jobs' stored allocations there of count x demand, workers and PS alike, from
+    slot 3 itself on; each compared job's start is its own stored allocation. Before,
+    only "some worker use is held" was checked: the first slot's allocations left out,
+    two jobs in one cell counted as one, or a PS counted at a worker's demand passed."""
+    from controller.replay import allocations
+
+    c, specs, _raw = _two_stretches(tmp_path)
+    history = _history(c.url, 3, 3)
+    cluster, horizon = history.trace.cluster, history.trace.horizon
+    resources = list(cluster.resources)
+    demand = {s["id"]: s for s in specs}
+    compared = {s["id"] for s in specs[5:]}
+    worker = np.zeros_like(history.held.worker_used)
+    ps = np.zeros_like(history.held.ps_used)
+    cells: dict[tuple[int, str], set[str]] = {}
+    rows = _stored_allocations(c.url)
+    for a in rows:
+        t = a.slot - 3
+        if a.job_id in compared or not 0 <= t < horizon:
+            continue
+        cells.setdefault((t, a.server), set()).add(a.job_id)
+        if a.server in cluster.worker_names:
+            need = [demand[a.job_id]["worker"].get(r, 0.0) for r in resources]
+            worker[t, cluster.worker_names.index(a.server)] += a.workers * np.array(need)
+        else:
+            need = [demand[a.job_id]["ps"].get(r, 0.0) for r in resources]
+            ps[t, cluster.ps_names.index(a.server)] += a.ps * np.array(need)
+    assert worker[0].any() and ps.any()  # slot 3 itself holds earlier jobs, and PS too
+    assert max(len(jobs) for jobs in cells.values()) >= 2  # two held jobs share a cell
+    np.testing.assert_allclose(history.held.worker_used, worker, rtol=1e-12)
+    np.testing.assert_allclose(history.held.ps_used, ps, rtol=1e-12)
+
+    for job, schedule in zip(history.trace.jobs, history.schedules, strict=True):
+        stored = {(a.slot, a.server, a.workers or a.ps) for a in rows if a.job_id == job.id}
+        if schedule is None:
+            assert not stored
+            continue
+        assert stored
+        entries = allocations(schedule, cluster)
+        got = {(e["slot"] + 3, e["server"], e.get("workers", e.get("ps"))) for e in entries}
+        assert got == stored, job.id
+
+
+def test_an_outage_holds_its_slots_within_the_stretch_and_no_others(tmp_path: Path) -> None:
+    """An outage (a ``server_outages`` row) holds the server whole in slots ``down_from
+    .. up_from - 1`` clipped to the problem: one begun before ``--from`` blocks from
+    slot 0 of the problem, its ``up_from`` slot is free again, and one that ended at
+    ``--from`` holds nothing and is not named. Before, only an outage from the first slot
+    on with no end was checked."""
+    from datetime import UTC, datetime
+
+    from controller.store import OutageRow
+
+    c, _specs, _raw = _two_stretches(tmp_path)
+    before = _history(c.url, 3, 3)
+    db = Database(c.url)
+    try:
+        with db.session() as session:
+            now = datetime(2026, 1, 1, tzinfo=UTC)
+            session.add(OutageRow(server="w0", down_from=1, up_from=5, detected_at=now))
+            session.add(OutageRow(server="p0", down_from=2, up_from=3, detected_at=now))
+    finally:
+        db.dispose()
+    after = _history(c.url, 3, 3)
+    cluster = after.trace.cluster
+    w0 = cluster.worker_names.index("w0")
+    full = np.broadcast_to(cluster.worker_capacity[w0], after.held.worker_used[:2, w0].shape)
+    np.testing.assert_array_equal(after.held.worker_used[:2, w0], full)  # slots 3, 4
+    np.testing.assert_array_equal(after.held.worker_used[2:], before.held.worker_used[2:])
+    others = [i for i in range(len(cluster.worker_names)) if i != w0]
+    np.testing.assert_array_equal(
+        after.held.worker_used[:, others], before.held.worker_used[:, others]
+    )
+    np.testing.assert_array_equal(after.held.ps_used, before.held.ps_used)  # p0: ended at 3
+    (note,) = [n for n in after.notes if "out of service" in n]
+    assert note.endswith(": w0")
+
+
+def test_the_size_past_which_a_stretch_is_refused_is_max_cells_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stretch of exactly MAX_CELLS slots x servers x resources is compared; one cell
+    more is refused, naming --from and --to."""
+    import controller.history as history_module
+    from controller.history import HistoryError
+
+    c, _specs, raw = _two_stretches(tmp_path)
+    cells = (3 + WINDOW - 1) * len(raw["servers"]) * len(raw["resources"])  # slots 1 .. 8
+    monkeypatch.setattr(history_module, "MAX_CELLS", cells)
+    assert _history(c.url).trace.horizon == 3 + WINDOW - 1
+    monkeypatch.setattr(history_module, "MAX_CELLS", cells - 1)
+    with pytest.raises(HistoryError, match="narrow it with --from and --to"):
+        _history(c.url)
+
+
+@pytest.mark.parametrize(
+    ("utility", "payoff", "cost", "gain"),
+    [
+        (30.0, 20.0, 10.0, 0.0),  # done as planned
+        (30.0 * (1 + 1e-12), 20.0, 10.0, 0.0),  # the same up to float rounding
+        (5e-10, 0.0, 0.0, 0.0),  # within the absolute rounding of a utility near 0
+        (40.0, 20.0, 10.0, 10.0),  # done early: 10 above its admission's
+        (float("nan"), 20.0, 10.0, 0.0),
+        (40.0, None, 10.0, 0.0),
+    ],
+)
+def test_a_completed_jobs_early_gain_is_over_its_admissions_utility_past_rounding(
+    utility: float, payoff: float | None, cost: float | None, gain: float
+) -> None:
+    """The "done early" note counts a completed job whose stored utility is above its
+    admission's (``payoff + cost``) past float rounding: one stored at its plan, its
+    utility re-added from payoff and cost, is no early completion."""
+    from controller.history import _early_gain
+
+    assert _early_gain(utility, payoff, cost) == pytest.approx(gain)
+
+
+def test_an_infinite_stored_utility_counts_0_online_and_is_named(tmp_path: Path) -> None:
+    """An admitted job whose stored utility reads back infinite (SQLite keeps 9e999 as
+    inf) counts 0 online, named in the notes, as text does: before, only text (read as
+    none) was checked, and keeping the value made the online total infinite."""
+    from sqlalchemy import text
+
+    c, _specs, _raw = _two_stretches(tmp_path)
+    history = _history(c.url)
+    admitted = [j.id for j in history.online if j.admitted]
+    assert admitted and all(np.isfinite(j.utility or 0.0) for j in history.online)
+    db = Database(c.url)
+    try:
+        with db.session() as session:
+            session.execute(
+                text("UPDATE jobs SET utility = 9e999 WHERE id = :j"), {"j": admitted[0]}
+            )
+    finally:
+        db.dispose()
+    history = _history(c.url)
+    by_id = {j.id: j for j in history.online}
+    assert by_id[admitted[0]].admitted and by_id[admitted[0]].utility is None
+    assert sum(j.utility or 0.0 for j in history.online) < float("inf")
+    assert any(repr(admitted[0]) in n and "is not a number" in n for n in history.notes)
+
+
+def test_the_over_capacity_note_counts_cells_and_names_the_held_jobs_of_its_cell(
+    tmp_path: Path,
+) -> None:
+    """One held allocation edited over its server's capacity in every resource it needs:
+    the note counts one (slot, server) cell, and names the held jobs of that cell alone,
+    not a compared job placed beside them there (one worker) nor a held job with a row on
+    another server in that slot (none)."""
+    from controller.store import AllocationRow
+
+    c, specs, raw = _two_stretches(tmp_path)
+    compared = sorted(s["id"] for s in specs[5:])
+    rows = _stored_allocations(c.url)
+    a = next(a for a in rows if a.slot >= 3 and a.workers > 0 and a.job_id not in compared)
+    other = next(
+        s["name"] for s in raw["servers"] if s["kind"] == "worker" and s["name"] != a.server
+    )
+    neighbour = next(s["id"] for s in specs[:5] if s["id"] != a.job_id)
+    db = Database(c.url)
+    try:
+        with db.session() as session:
+            session.merge(
+                AllocationRow(job_id=a.job_id, slot=a.slot, server=a.server, workers=500, ps=0)
+            )
+            session.merge(
+                AllocationRow(job_id=compared[0], slot=a.slot, server=a.server, workers=1, ps=0)
+            )
+            session.merge(AllocationRow(job_id=neighbour, slot=a.slot, server=other,
+                                        workers=0, ps=0))  # fmt: skip
+    finally:
+        db.dispose()
+    rows = _stored_allocations(c.url)
+    beside = {b.job_id for b in rows if (b.slot, b.server) == (a.slot, a.server)}
+    (note,) = [n for n in _history(c.url, 3, 3).notes if "exceed the capacity" in n]
+    named = ", ".join(repr(j) for j in sorted(beside - set(compared)))
+    assert f"in 1 (slot, server) cell(s), e.g. slot {a.slot} on {a.server}: " in note, note
+    assert f"by jobs {named} (a store edited by hand" in note, note
+
+
+def test_rows_naming_no_server_or_slots_that_do_not_read_are_left_out(tmp_path: Path) -> None:
+    """An allocation on a server the cluster no longer lists holds nothing (the daemon's
+    ledger has no such server), and an outage row whose slots do not read back as whole
+    numbers is left out with a note naming it, as the daemon leaves it out: the held use
+    is as without them. Before, neither kind of row was read by any test."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import text
+
+    from controller.store import AllocationRow, OutageRow
+
+    c, specs, _raw = _two_stretches(tmp_path)
+    before = _history(c.url, 3, 3)
+    db = Database(c.url)
+    try:
+        with db.session() as session:
+            now = datetime(2026, 1, 1, tzinfo=UTC)
+            for job in (specs[0]["id"], specs[5]["id"]):  # a held job and a compared one
+                session.add(AllocationRow(job_id=job, slot=4, server="gone", workers=3, ps=0))
+            session.add(OutageRow(server="w0", down_from=3, up_from=None, detected_at=now))
+        with db.session() as session:
+            session.execute(text("UPDATE server_outages SET down_from = 3.5 "
+                                 "WHERE server = 'w0'"))  # fmt: skip
+    finally:
+        db.dispose()
+    after = _history(c.url, 3, 3)
+    np.testing.assert_array_equal(after.held.worker_used, before.held.worker_used)
+    np.testing.assert_array_equal(after.held.ps_used, before.held.ps_used)
+    for b, a in zip(before.schedules, after.schedules, strict=True):
+        assert (b is None) == (a is None)
+        if a is not None and b is not None:
+            assert a.start == b.start and np.array_equal(a.workers, b.workers)
+    (bad,) = [n for n in after.notes if "do not read back; left out" in n]
+    assert "(w0)" in bad, after.notes
+    assert not any("out of service" in n for n in after.notes)
+
+
+def test_the_failed_jobs_note_sums_the_failed_jobs_plans_alone(tmp_path: Path) -> None:
+    """The note on failed jobs gives the utility their plans were worth: theirs alone,
+    not that of the other admitted jobs compared beside them."""
+    from sqlalchemy import text
+
+    from controller.store import JobRow
+
+    c, _specs, _raw = _two_stretches(tmp_path)
+    admitted = [j for j in _history(c.url).online if j.admitted]
+    assert len(admitted) >= 2
+    failed = admitted[0]
+    db = Database(c.url)
+    try:
+        with db.session() as session:
+            row = session.get(JobRow, failed.id)
+            assert row is not None
+            row.state = "failed"
+    finally:
+        db.dispose()
+    history = _history(c.url)
+    assert failed.utility is not None
+    planned = (
+        "counted 0 online: 1 failed job(s), their plans not carried out "
+        f"({failed.utility:.6g} utility planned)"
+    )
+    assert planned in history.notes, history.notes
+    assert {j.id: j.utility for j in history.online}[failed.id] == 0.0
+    # a failed job counts 0 whatever its stored utility: it is no unread one
+    db = Database(c.url)
+    try:
+        with db.session() as session:
+            session.execute(
+                text("UPDATE jobs SET utility = 'lots' WHERE id = :j"), {"j": failed.id}
+            )
+    finally:
+        db.dispose()
+    notes = _history(c.url).notes
+    assert any("1 failed job(s)" in n for n in notes)
+    assert not any("is not a number" in n for n in notes), notes
+
+
+def test_the_problems_price_bounds_take_the_daemons_window_as_tmax(tmp_path: Path) -> None:
+    """The module docstring: the bounds (for the Theorem 4 figure) are SPEC 4's over the
+    compared jobs with ``Tmax = T``, the daemon's window, not the problem's horizon
+    (here 8 slots: arrivals 1 and 3, a window of 6)."""
+    from pricing.prices import oracle_bounds
+
+    c, _specs, _raw = _two_stretches(tmp_path)
+    history = _history(c.url)
+    trace = history.trace
+    assert history.window == WINDOW and trace.horizon == WINDOW + 2
+    jobs = list(trace.jobs)
+
+    def bounds(t: int) -> Any:
+        return oracle_bounds(jobs, trace.cluster, t, {j.id: t for j in jobs})
+
+    fields = ("log_u1", "log_u2", "log_l1", "log_l2", "eta1", "eta2")
+    got = [np.asarray(getattr(trace.bounds, f)) for f in fields]
+    assert all(np.array_equal(g, np.asarray(getattr(bounds(WINDOW), f)))
+               for g, f in zip(got, fields, strict=True))  # fmt: skip
+    assert not all(np.array_equal(g, np.asarray(getattr(bounds(trace.horizon), f)))
+                   for g, f in zip(got, fields, strict=True))  # fmt: skip

@@ -254,6 +254,8 @@ def test_offline_compares_no_stretch_whose_neighbours_retention_deleted(tmp_path
             assert deleted_before(session) == 16
         default = load_history(c.db)
         chosen = load_history(c.db, first=0, last=41)
+        only_to = load_history(c.db, last=41)  # no --from: the stretch starts at the mark
+        only_from = load_history(c.db, first=0)  # the operator's --from stays
     finally:
         c.close()
     assert beside.completion_slot >= 16  # it ran beside the deleted job's time, and stays
@@ -261,6 +263,8 @@ def test_offline_compares_no_stretch_whose_neighbours_retention_deleted(tmp_path
     assert any("compared from slot 16 on" in n for n in default.notes), default.notes
     assert [j.id for j in chosen.trace.jobs] == ["beside", "new"]
     assert any(n.startswith("optimistic:") and "--from 16" in n for n in chosen.notes)
+    assert only_to.first_slot == 16 and [j.id for j in only_to.trace.jobs] == ["new"]
+    assert only_from.first_slot == 0 and len(only_from.trace.jobs) == 2
 
 
 EDITED = ["16", [], *({"deleted_before_slot": v} for v in ("16", True, -1, 1.5))]
@@ -469,3 +473,31 @@ def test_the_retention_record_keeps_the_highest_cutoff(tmp_path: Path) -> None:
                 assert deleted_before(session) == recorded, cutoff
     finally:
         db.dispose()
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi", "defaulted", "first", "note"),
+    [
+        (16, 20, True, 16, None),  # from the first kept slot: nothing deleted is compared
+        (10, 16, True, 16, "compared from slot 16 on"),  # the newest arrival at the mark
+        (10, 15, True, 10, "optimistic:"),  # every arrival before the mark: it stays
+        (10, 20, False, 10, "optimistic:"),  # the operator's --from stays
+        (16, 20, False, 16, None),
+    ],
+)
+def test_the_stretch_moves_past_retentions_mark_at_its_edges(
+    lo: int, hi: int, defaulted: bool, first: int, note: str | None
+) -> None:
+    """Arrival slots ``lo .. hi`` and retention's mark at slot 16: a stretch from the
+    mark on is compared as it is, with no note; a default one reaching the mark (its
+    newest arrival at 16) starts there."""
+    from controller.history import _past_deletions
+
+    got, notes = _past_deletions(lo, hi, defaulted, 16)
+    assert got == first
+    if note is None:
+        assert notes == []
+    else:
+        (line,) = notes
+        assert line.startswith(note), line
+    assert _past_deletions(lo, hi, defaulted, None) == (lo, [])

@@ -113,3 +113,23 @@ def test_a_date_in_the_past_is_not_taken_for_another_unit(tmp_path: Path) -> Non
     reason = view.decision.reason
     assert not view.decision.admitted and "is the date right?" in reason, reason
     assert NOTE not in reason, reason
+
+
+def test_replay_weighs_each_rejection_against_the_prior_not_the_moving_estimate() -> None:
+    """The note compares a job with the prior (``estimate.fresh`` in the daemon), not with
+    the estimate the jobs before it moved: on priorities 1000 times smaller, near the
+    note's edge, the two disagree on some rejected jobs, and replay says what the prior
+    says of every one."""
+    from pricing.bound_estimate import units_note
+
+    trace = trace_from_dict(_raw(1e-3))
+    fresh = estimate = trace.estimate()
+    differ = 0
+    for record in replay(trace):
+        job = record.decision.job
+        estimate = estimate.observe(job)
+        if record.decision.admitted:
+            continue
+        assert (NOTE in record.reason) == bool(units_note(fresh, job)), job.id
+        differ += bool(units_note(fresh, job)) != bool(units_note(estimate, job))
+    assert differ  # the test tells the two apart
