@@ -8,6 +8,7 @@ import math
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -263,14 +264,15 @@ def test_the_model_grows_linearly_with_the_horizon(monkeypatch: pytest.MonkeyPat
         assert result.optimum == pytest.approx(_brute_force(raw), abs=1e-7), raw
 
 
-@pytest.mark.slow
-def test_held_resources_and_last_slots_equal_exhaustive_search() -> None:
-    """``oasis offline --store`` leaves other jobs' allocations in place and stops each
-    job at its last slot; the ILP must then equal the search on what is left."""
-    rng = np.random.default_rng(7)
-    constrained = 0
-    for raw, _ in _tiny_instances(40)[1:]:
-        trace = trace_from_dict(raw)
+def _held_instances(
+    count: int, seed: int
+) -> Iterator[tuple[dict[str, Any], Trace, np.ndarray, list[int], Held]]:
+    """Tiny instances (all but the regression one of :func:`_tiny_instances`) with other
+    jobs' use held per slot and server (up to 70% of each capacity) and a last slot per
+    job, as ``oasis offline --store`` gives them: ``(raw, trace, held, last, Held)``,
+    ``held`` of shape (T, servers, resources) over ``raw``'s servers in order."""
+    rng = np.random.default_rng(seed)
+    for raw, _ in _tiny_instances(count)[1:]:
         T, servers = raw["horizon"], raw["servers"]
         capacity = np.array(
             [[s["capacity"].get(r, 0.0) for r in raw["resources"]] for s in servers]
@@ -279,6 +281,15 @@ def test_held_resources_and_last_slots_equal_exhaustive_search() -> None:
         last = [int(rng.integers(j["arrival"], T)) for j in raw["jobs"]]
         kinds = np.array([s["kind"] for s in servers])
         h = Held(held[:, kinds == "worker"], held[:, kinds == "ps"], np.array(last))
+        yield raw, trace_from_dict(raw), held, last, h
+
+
+@pytest.mark.slow
+def test_held_resources_and_last_slots_equal_exhaustive_search() -> None:
+    """``oasis offline --store`` leaves other jobs' allocations in place and stops each
+    job at its last slot; the ILP must then equal the search on what is left."""
+    constrained = 0
+    for raw, trace, held, last, h in _held_instances(40, seed=7):
         expected = _brute_force(raw, held, last)
         result = solve_offline(trace, time_limit=30, held=h)
         assert result.status == "optimal"

@@ -34,7 +34,12 @@ from pricing.offline import (
 from pricing.offline_rounding import round_columns
 from pricing.offline_solve import reduction, solve
 from pricing.workload import generate_trace
-from tests.test_offline import _job_options, _regression_instance, _tiny_instances
+from tests.test_offline import (
+    _held_instances,
+    _job_options,
+    _regression_instance,
+    _tiny_instances,
+)
 
 
 def _small(
@@ -121,18 +126,8 @@ def test_column_generation_reaches_the_explicit_lp_under_held_resources() -> Non
     less the held use. (Every other test with held resources asks only for a bound
     above the optimum: cells, pricing or Lagrangian terms counting the full capacity
     left it a valid, looser bound, and passed them.)"""
-    rng = np.random.default_rng(5)
     constrained = 0
-    for raw, _ in _tiny_instances(16)[1:]:
-        trace = trace_from_dict(raw)
-        T, servers = raw["horizon"], raw["servers"]
-        capacity = np.array(
-            [[s["capacity"].get(r, 0.0) for r in raw["resources"]] for s in servers]
-        )
-        held = np.floor(capacity[None] * rng.uniform(0, 0.7, (T, len(servers), 1)))
-        last = [int(rng.integers(j["arrival"], T)) for j in raw["jobs"]]
-        kinds = np.array([s["kind"] for s in servers])
-        h = Held(held[:, kinds == "worker"], held[:, kinds == "ps"], np.array(last))
+    for raw, trace, held, last, h in _held_instances(16, seed=5):
         expected = _explicit_lp(raw, held, last)
         result = configuration_bound(trace, h, rel_gap=1e-9)
         assert result.stop in ("converged", "gap")

@@ -104,6 +104,16 @@ def _catches_sighup(pid: int) -> bool:
     return False
 
 
+def _start_oasisd(tmp_path: Path, log: Path) -> subprocess.Popen[str]:
+    """The installed ``oasisd`` command on a config in ``tmp_path``, its log to ``log``
+    and its standard output a pipe (where it says "listening on")."""
+    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", epoch=EPOCH)
+    with open(log, "w") as err:
+        proc = subprocess.Popen([*_oasisd_command(), "--config", str(config)], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=err, text=True)  # fmt: skip
+    return proc
+
+
 def test_a_sighup_while_oasisd_starts_is_held_not_its_end(tmp_path: Path) -> None:
     """SIGHUP's default action ends a process, and the daemon took SIGHUP only once its
     event loop ran, after a second of imports: a ``kill -HUP`` then (logrotate, a config
@@ -111,10 +121,7 @@ def test_a_sighup_while_oasisd_starts_is_held_not_its_end(tmp_path: Path) -> Non
     did not restart it. The ``oasisd`` command takes SIGHUP before its imports now: the
     reloads sent while it starts are said to be too early, and it starts."""
     log = tmp_path / "oasisd.log"
-    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", epoch=EPOCH)
-    with open(log, "w") as err:
-        proc = subprocess.Popen([*_oasisd_command(), "--config", str(config)], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=err, text=True)  # fmt: skip
+    proc = _start_oasisd(tmp_path, log)
     assert proc.stdout is not None
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True)
@@ -151,10 +158,7 @@ def test_a_sighup_during_the_imports_alone_is_said_to_be_too_early(tmp_path: Pat
     the test above, whose SIGHUPs go on all start-up long. (Were the SIGHUP late, the
     loop would say it the same: this test cannot fail on the daemon as it is.)"""
     log = tmp_path / "oasisd.log"
-    config = write_config(tmp_path / "oasisd.toml", tmp_path / "data", epoch=EPOCH)
-    with open(log, "w") as err:
-        proc = subprocess.Popen([*_oasisd_command(), "--config", str(config)], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=err, text=True)  # fmt: skip
+    proc = _start_oasisd(tmp_path, log)
     assert proc.stdout is not None
     try:
         deadline = time.monotonic() + 30
