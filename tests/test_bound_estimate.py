@@ -685,3 +685,38 @@ def test_calibrate_newest_0_takes_every_stored_job(
         list(trace_from_dict(raw).jobs), CLUSTER_OF(raw), source="oasis calibrate --store"
     )
     assert prior_from_dict(json.loads(out.read_text())) == prior_from_dict(every.to_dict())
+
+
+def test_calibrate_store_reads_each_submitters_newest_share_oldest_first_and_no_cancelled(
+    tmp_path: Path,
+) -> None:
+    """What ``oasis calibrate --store`` reads (:func:`controller.history.load_jobs`): of
+    each of k submitters the ceil(newest / k) jobs decided last, in decision order, and
+    never a cancelled one (the replay audit's H26, H27, H29: floor for ceil, the order
+    left per submitter, and cancelled jobs read were never run on any test)."""
+    import contextlib
+    import sqlite3
+
+    from controller.history import load_jobs
+    from controller.store import Database
+
+    raw = _trace(15, n_jobs=12, horizon=30)
+    jobs = raw["jobs"]
+    config = decided_store(tmp_path, raw, 30, {"alice": jobs[:6], "bob": jobs[6:]})
+    with contextlib.closing(sqlite3.connect(tmp_path / "oasis.db")) as db:  # turns: a b a b
+        order = [key for (key,) in db.execute("SELECT id FROM jobs ORDER BY sequence")]
+        assert order[:2] == [f"alice:{jobs[0]['id']}", f"bob:{jobs[6]['id']}"]
+        db.execute("UPDATE jobs SET state = 'cancelled' WHERE id = ?", (order[-2],))
+        db.commit()
+    store = Database(config.database_url)
+    try:
+        newest, _, whom = load_jobs(store, newest=5)  # 3 of each: ceil(5 / 2)
+        expected = sorted(
+            [k for k in order[::2] if k != order[-2]][-3:] + order[1::2][-3:], key=order.index
+        )
+        assert [j.id for j in newest] == expected
+        assert whom == [key.split(":", 1)[0] for key in expected]
+        every, _, _ = load_jobs(store)
+        assert [j.id for j in every] == [k for k in order if k != order[-2]]
+    finally:
+        store.dispose()
