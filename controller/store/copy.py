@@ -178,7 +178,8 @@ def _locked(db: Database, role: str) -> Iterator[None]:
     except StorePoolerError as err:
         raise CopyError(f"{role}: {err}") from err
     except (DBAPIError, OSError, StoreUnavailableError) as err:
-        why = pooler_refusal(_first(err), flag) or _first(err)
+        said = _first(err)
+        why = pooler_refusal(said, flag) or said
         raise CopyError(f"{role}: cannot take the store's writer lock: {why}") from err
     try:
         yield

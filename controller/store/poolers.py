@@ -58,10 +58,9 @@ def check_session(db: Database, setting: str = "daemon.store_url") -> None:
     """Raise :class:`StorePoolerError` unless a session of ``db`` (PostgreSQL) holds the
     settings oasisd connects with, naming ``setting`` (the store's URL) in the remedy.
     One round trip on a pooled connection."""
+    asked = text("SELECT current_setting(:m, true), current_setting('statement_timeout')")
     with db.engine.connect() as conn:
-        held = conn.execute(text("SELECT current_setting(:m, true)"), {"m": MARK}).scalar()
-        timeout = conn.execute(text("SELECT current_setting('statement_timeout')")).scalar()
-        conn.rollback()
+        held, timeout = conn.execute(asked, {"m": MARK}).one()
     if held != "on":
         raise StorePoolerError(
             "its sessions do not hold the settings oasisd connects with (statement_timeout "

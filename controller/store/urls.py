@@ -9,11 +9,12 @@ written. :func:`shown` masks both; :func:`has_password` tells whether a URL carr
 
 from __future__ import annotations
 
-import difflib
 import urllib.parse
 
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+from pricing.fields import closest
 
 __all__ = ["SECRET_PARAMETERS", "has_password", "shown", "unusable"]
 
@@ -61,7 +62,8 @@ def unusable(url: str) -> str | None:
     password), or None if it can try."""
     scheme = url.split(":", 1)[0][:40]
     try:
-        make_url(url).get_dialect().import_dbapi()
+        parsed = make_url(url)
+        parsed.get_dialect().import_dbapi()
     except (NoSuchModuleError, ImportError):
         return (
             f"no SQLAlchemy dialect or driver {scheme!r} here; e.g. postgresql+psycopg://"
@@ -69,7 +71,7 @@ def unusable(url: str) -> str | None:
         )
     except (ArgumentError, ValueError) as err:
         return f"not a SQLAlchemy URL ({err}); e.g. postgresql+psycopg://oasis@db/oasis"
-    return _unknown_option(make_url(url))
+    return _unknown_option(parsed)
 
 
 _PSYCOPG_OWN = frozenset({"autocommit", "prepare_threshold", "context", "row_factory",
@@ -89,8 +91,8 @@ def _unknown_option(url: URL) -> str | None:
     known = {o.keyword.decode() for o in pq.Conninfo.get_defaults()} | _PSYCOPG_OWN
     for key in url.query:
         if key not in known:
-            near = difflib.get_close_matches(key, sorted(known), n=1)
-            hint = f"; did you mean {near[0]!r}?" if near else ""
+            near = closest(key, known)  # the rule every "did you mean" of the project has
+            hint = f"; did you mean {near!r}?" if near else ""
             return (f"?{key[:40]}=...: not a connection parameter libpq knows{hint} (the "
                     "URL's query holds libpq's: sslmode, sslrootcert, options, ...)")  # fmt: skip
     return None
