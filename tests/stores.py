@@ -4,11 +4,13 @@ admission controller on a fake clock): what ``--store`` tools read in tests."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import structlog
+from sqlalchemy.orm import Session
 
 from controller.admission import AdmissionController
 from controller.clock import FakeClock, SlotClock
@@ -46,3 +48,16 @@ def decided_store(
     finally:
         daemon.close()
     return config
+
+
+@contextlib.contextmanager
+def store_session(url: str) -> Iterator[Session]:
+    """A session of the store at ``url`` on an engine of its own, committed at the
+    block's end and the engine disposed after (Python 3.13 warns of a SQLite
+    connection left to the collector, in whichever test it runs)."""
+    db = Database(url)
+    try:
+        with db.session() as session:
+            yield session
+    finally:
+        db.dispose()

@@ -24,6 +24,7 @@ from controller.store import Database
 from pricing import trace_from_dict
 from pricing.offline import solve_offline
 from pricing.workload import generate_trace
+from tests.stores import store_session
 
 WINDOW = 6
 SLOT = 3600.0
@@ -120,11 +121,7 @@ def test_from_to_compares_one_stretch_and_holds_the_rest(
         later = [c.submit(spec) for spec in specs[5:]]  # slot 2: arrival 3
     finally:
         c.inner.close()
-    db = Database(c.url)
-    try:
-        history = load_history(db, 3, 3)
-    finally:
-        db.dispose()
+    history = _history(c.url, 3, 3)
     assert [j.id for j in history.trace.jobs] == [s["id"] for s in specs[5:]]
     assert history.first_slot == 3 and all(j.arrival == 0 for j in history.trace.jobs)
     assert history.held.worker_used.any()  # the earlier jobs still run in slots 3 ..
@@ -310,21 +307,17 @@ def test_jobs_whose_stored_plan_is_short_of_their_work_do_not_stop_the_compariso
     admitted = [v for v in views if v.decision.admitted]
     assert admitted
     early = admitted[0].id
-    db = Database(c.url)
-    try:
-        with db.session() as session:  # as the plane's early completion does
-            first = session.scalar(select(func.min(AllocationRow.slot)).where(
-                AllocationRow.job_id == early))  # fmt: skip
-            session.execute(delete(AllocationRow).where(
-                AllocationRow.job_id == early, AllocationRow.slot > first))  # fmt: skip
-            row = session.get(JobRow, early)
-            assert row is not None and first is not None
-            row.state, row.completion_slot = "completed", first
-            row.jct = first - row.arrival_slot + 1
-            assert row.utility is not None
-            row.utility += 10.0  # the utility of its earlier completion, as stored
-    finally:
-        db.dispose()
+    with store_session(c.url) as session:  # as the plane's early completion does
+        first = session.scalar(select(func.min(AllocationRow.slot)).where(
+            AllocationRow.job_id == early))  # fmt: skip
+        session.execute(delete(AllocationRow).where(
+            AllocationRow.job_id == early, AllocationRow.slot > first))  # fmt: skip
+        row = session.get(JobRow, early)
+        assert row is not None and first is not None
+        row.state, row.completion_slot = "completed", first
+        row.jct = first - row.arrival_slot + 1
+        assert row.utility is not None
+        row.utility += 10.0  # the utility of its earlier completion, as stored
     out = _offline(capsys, "--store", c.url)
     assert out["status"] in ("optimal", "time limit"), out["status"]
     assert [j["id"] for j in out["jobs"]] == [s["id"] for s in specs]
@@ -349,11 +342,7 @@ def test_a_cordoned_server_is_out_of_service_offline_too(
         views = [c.submit(s) for s in specs]  # arrival 1
     finally:
         c.inner.close()
-    db = Database(c.url)
-    try:
-        history = load_history(db)
-    finally:
-        db.dispose()
+    history = _history(c.url)
     assert not history.held.worker_capacity(history.trace)[:, 1].any()  # w1: nothing left
     assert any("w1" in n and "out of service" in n for n in history.notes)
 
@@ -391,18 +380,14 @@ def test_a_failed_job_counts_nothing_online_and_the_notes_say_what_was_left_out(
     finally:
         c.inner.close()
     failed = admitted[0]
-    db = Database(c.url)
-    try:
-        with db.session() as session:  # as a stranded job: its plan gone, state failed
-            session.execute(delete(AllocationRow).where(AllocationRow.job_id == failed))
-            row = session.get(JobRow, failed)
-            assert row is not None
-            row.state, row.completion_slot = "failed", None
-            # an edit's text in a number column (SQLite keeps it): before, counted 0 unsaid
-            unread = admitted[1]
-            session.execute(text("UPDATE jobs SET utility = 'lots' WHERE id = :j"), {"j": unread})
-    finally:
-        db.dispose()
+    with store_session(c.url) as session:  # as a stranded job: its plan gone, state failed
+        session.execute(delete(AllocationRow).where(AllocationRow.job_id == failed))
+        row = session.get(JobRow, failed)
+        assert row is not None
+        row.state, row.completion_slot = "failed", None
+        # an edit's text in a number column (SQLite keeps it): before, counted 0 unsaid
+        unread = admitted[1]
+        session.execute(text("UPDATE jobs SET utility = 'lots' WHERE id = :j"), {"j": unread})
     out = _offline(capsys, "--store", c.url)
     earned = sum(
         v.decision.utility or 0.0
@@ -447,16 +432,12 @@ def test_held_use_over_capacity_is_cut_and_named(
     finally:
         c.inner.close()
     held = next(v.id for v in early if v.decision.admitted)
-    db = Database(c.url)
-    try:
-        with db.session() as session:
-            a = session.scalars(select(AllocationRow).where(
-                AllocationRow.job_id == held, AllocationRow.slot >= 3, AllocationRow.workers > 0
-            )).first()  # fmt: skip
-            assert a is not None
-            a.workers, slot, server = 500, a.slot, a.server
-    finally:
-        db.dispose()
+    with store_session(c.url) as session:
+        a = session.scalars(select(AllocationRow).where(
+            AllocationRow.job_id == held, AllocationRow.slot >= 3, AllocationRow.workers > 0
+        )).first()  # fmt: skip
+        assert a is not None
+        a.workers, slot, server = 500, a.slot, a.server
     assert (
         main(["offline", "--store", c.url, "--from", "3", "--to", "3", "--time-limit", "30"]) == 0
     )
@@ -486,13 +467,9 @@ def _stored_allocations(url: str) -> list[Any]:
 
     from controller.store import AllocationRow
 
-    db = Database(url)
-    try:
-        with db.session() as session:
-            return list(session.execute(select(AllocationRow.job_id, AllocationRow.slot,
-                AllocationRow.server, AllocationRow.workers, AllocationRow.ps)).all())  # fmt: skip
-    finally:
-        db.dispose()
+    with store_session(url) as session:
+        return list(session.execute(select(AllocationRow.job_id, AllocationRow.slot,
+            AllocationRow.server, AllocationRow.workers, AllocationRow.ps)).all())  # fmt: skip
 
 
 def _history(url: str, first: int | None = None, last: int | None = None) -> Any:
@@ -562,14 +539,10 @@ def test_an_outage_holds_its_slots_within_the_stretch_and_no_others(tmp_path: Pa
 
     c, _specs, _raw = _two_stretches(tmp_path)
     before = _history(c.url, 3, 3)
-    db = Database(c.url)
-    try:
-        with db.session() as session:
-            now = datetime(2026, 1, 1, tzinfo=UTC)
-            session.add(OutageRow(server="w0", down_from=1, up_from=5, detected_at=now))
-            session.add(OutageRow(server="p0", down_from=2, up_from=3, detected_at=now))
-    finally:
-        db.dispose()
+    with store_session(c.url) as session:
+        now = datetime(2026, 1, 1, tzinfo=UTC)
+        session.add(OutageRow(server="w0", down_from=1, up_from=5, detected_at=now))
+        session.add(OutageRow(server="p0", down_from=2, up_from=3, detected_at=now))
     after = _history(c.url, 3, 3)
     cluster = after.trace.cluster
     w0 = cluster.worker_names.index("w0")
@@ -634,14 +607,8 @@ def test_an_infinite_stored_utility_counts_0_online_and_is_named(tmp_path: Path)
     history = _history(c.url)
     admitted = [j.id for j in history.online if j.admitted]
     assert admitted and all(np.isfinite(j.utility or 0.0) for j in history.online)
-    db = Database(c.url)
-    try:
-        with db.session() as session:
-            session.execute(
-                text("UPDATE jobs SET utility = 9e999 WHERE id = :j"), {"j": admitted[0]}
-            )
-    finally:
-        db.dispose()
+    with store_session(c.url) as session:
+        session.execute(text("UPDATE jobs SET utility = 9e999 WHERE id = :j"), {"j": admitted[0]})
     history = _history(c.url)
     by_id = {j.id: j for j in history.online}
     assert by_id[admitted[0]].admitted and by_id[admitted[0]].utility is None
@@ -666,19 +633,15 @@ def test_the_over_capacity_note_counts_cells_and_names_the_held_jobs_of_its_cell
         s["name"] for s in raw["servers"] if s["kind"] == "worker" and s["name"] != a.server
     )
     neighbour = next(s["id"] for s in specs[:5] if s["id"] != a.job_id)
-    db = Database(c.url)
-    try:
-        with db.session() as session:
-            session.merge(
-                AllocationRow(job_id=a.job_id, slot=a.slot, server=a.server, workers=500, ps=0)
-            )
-            session.merge(
-                AllocationRow(job_id=compared[0], slot=a.slot, server=a.server, workers=1, ps=0)
-            )
-            session.merge(AllocationRow(job_id=neighbour, slot=a.slot, server=other,
-                                        workers=0, ps=0))  # fmt: skip
-    finally:
-        db.dispose()
+    with store_session(c.url) as session:
+        session.merge(
+            AllocationRow(job_id=a.job_id, slot=a.slot, server=a.server, workers=500, ps=0)
+        )
+        session.merge(
+            AllocationRow(job_id=compared[0], slot=a.slot, server=a.server, workers=1, ps=0)
+        )
+        session.merge(AllocationRow(job_id=neighbour, slot=a.slot, server=other,
+                                    workers=0, ps=0))  # fmt: skip
     rows = _stored_allocations(c.url)
     beside = {b.job_id for b in rows if (b.slot, b.server) == (a.slot, a.server)}
     (note,) = [n for n in _history(c.url, 3, 3).notes if "exceed the capacity" in n]
@@ -700,18 +663,14 @@ def test_rows_naming_no_server_or_slots_that_do_not_read_are_left_out(tmp_path: 
 
     c, specs, _raw = _two_stretches(tmp_path)
     before = _history(c.url, 3, 3)
-    db = Database(c.url)
-    try:
-        with db.session() as session:
-            now = datetime(2026, 1, 1, tzinfo=UTC)
-            for job in (specs[0]["id"], specs[5]["id"]):  # a held job and a compared one
-                session.add(AllocationRow(job_id=job, slot=4, server="gone", workers=3, ps=0))
-            session.add(OutageRow(server="w0", down_from=3, up_from=None, detected_at=now))
-        with db.session() as session:
-            session.execute(text("UPDATE server_outages SET down_from = 3.5 "
-                                 "WHERE server = 'w0'"))  # fmt: skip
-    finally:
-        db.dispose()
+    with store_session(c.url) as session:
+        now = datetime(2026, 1, 1, tzinfo=UTC)
+        for job in (specs[0]["id"], specs[5]["id"]):  # a held job and a compared one
+            session.add(AllocationRow(job_id=job, slot=4, server="gone", workers=3, ps=0))
+        session.add(OutageRow(server="w0", down_from=3, up_from=None, detected_at=now))
+    with store_session(c.url) as session:
+        session.execute(text("UPDATE server_outages SET down_from = 3.5 "
+                             "WHERE server = 'w0'"))  # fmt: skip
     after = _history(c.url, 3, 3)
     np.testing.assert_array_equal(after.held.worker_used, before.held.worker_used)
     np.testing.assert_array_equal(after.held.ps_used, before.held.ps_used)
@@ -735,14 +694,10 @@ def test_the_failed_jobs_note_sums_the_failed_jobs_plans_alone(tmp_path: Path) -
     admitted = [j for j in _history(c.url).online if j.admitted]
     assert len(admitted) >= 2
     failed = admitted[0]
-    db = Database(c.url)
-    try:
-        with db.session() as session:
-            row = session.get(JobRow, failed.id)
-            assert row is not None
-            row.state = "failed"
-    finally:
-        db.dispose()
+    with store_session(c.url) as session:
+        row = session.get(JobRow, failed.id)
+        assert row is not None
+        row.state = "failed"
     history = _history(c.url)
     assert failed.utility is not None
     planned = (
@@ -752,14 +707,8 @@ def test_the_failed_jobs_note_sums_the_failed_jobs_plans_alone(tmp_path: Path) -
     assert planned in history.notes, history.notes
     assert {j.id: j.utility for j in history.online}[failed.id] == 0.0
     # a failed job counts 0 whatever its stored utility: it is no unread one
-    db = Database(c.url)
-    try:
-        with db.session() as session:
-            session.execute(
-                text("UPDATE jobs SET utility = 'lots' WHERE id = :j"), {"j": failed.id}
-            )
-    finally:
-        db.dispose()
+    with store_session(c.url) as session:
+        session.execute(text("UPDATE jobs SET utility = 'lots' WHERE id = :j"), {"j": failed.id})
     notes = _history(c.url).notes
     assert any("1 failed job(s)" in n for n in notes)
     assert not any("is not a number" in n for n in notes), notes

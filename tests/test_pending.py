@@ -11,7 +11,6 @@ that window; explicit price bounds keep it cheap enough to be admitted.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -23,7 +22,6 @@ import grpc
 import pytest
 import structlog
 from sqlalchemy import delete, select
-from sqlalchemy.orm import Session
 
 from controller.admission import AdmissionController, QueueFullError
 from controller.clock import FakeClock, SlotClock
@@ -35,6 +33,7 @@ from controller.store import Database, JobRow
 from pricing import SpecError
 from pricing.utility import Sigmoid
 from tests.servers import Daemon, oasis, write_config
+from tests.stores import store_session
 from tests.test_daemon_e2e import job
 from tests.test_slot_clock import InProcessDaemon, wait_for_state
 
@@ -47,18 +46,6 @@ L2 = 0.001
 U1 = {gpu = 0.01, cpu = 0.01, mem = 0.01, disk = 0.01, bandwidth = 0.01}
 U2 = {cpu = 0.01, mem = 0.01, disk = 0.01, bandwidth = 0.01}
 """
-
-
-@contextlib.contextmanager
-def _session(url: str) -> Iterator[Session]:
-    """A session of a store of its own, its engine disposed after (Python 3.13 warns
-    of a SQLite connection left to the collector, in whichever test it runs)."""
-    db = Database(url)
-    try:
-        with db.session() as session:
-            yield session
-    finally:
-        db.dispose()
 
 
 def blocker(job_id: str = "blocker", tau: float = 0.999) -> dict[str, Any]:
@@ -677,7 +664,7 @@ def test_slot_0_is_the_first_start_on_a_whole_slot_recorded_in_the_store(tmp_pat
     older = load(older_path)
     opened(older, clock).close()
     recorded = {"epoch": hour + 123.4, "source": "the daemon's first start"}  # to the second
-    with _session(older.database_url) as session:
+    with store_session(older.database_url) as session:
         session.merge(MetaRow(key=EPOCH_KEY, value=recorded))
     c = opened(older, clock)
     assert c.slots.epoch == hour + 123.4
@@ -707,23 +694,23 @@ def test_slot_0_far_out_is_refused_in_the_config_and_in_the_store(tmp_path: Path
     # the store audit: an edited epoch row stopped the daemon with exit 1, which systemd
     # restarts in a loop; the settings row's slot 0 is read then (and the row mended)
     for edit in ({"epoch": 1e300, "source": "an edit"}, [1], {"epoch": "nan"}):
-        with _session(config.database_url) as session:
+        with store_session(config.database_url) as session:
             session.merge(MetaRow(key=EPOCH_KEY, value=edit))
         c = opened(config, FakeClock(1_700_000_000.0))
         try:
             assert c.slots.epoch == epoch
         finally:
             c.close()
-        with _session(config.database_url) as session:
+        with store_session(config.database_url) as session:
             mended = session.get(MetaRow, EPOCH_KEY)
             assert mended is not None and mended.value["epoch"] == epoch
     # with no settings row to read it from, a refusal naming the row, exit 2
-    with _session(config.database_url) as session:
+    with store_session(config.database_url) as session:
         session.merge(MetaRow(key=EPOCH_KEY, value={"epoch": 1e300, "source": "an edit"}))
         session.execute(delete(MetaRow).where(MetaRow.key == SETTINGS_KEY))
     with pytest.raises(SpecError, match=r"meta row 'epoch': epoch: must be a Unix time"):
         opened(config, FakeClock(1_700_000_000.0))
-    with _session(config.database_url) as session:
+    with store_session(config.database_url) as session:
         session.merge(MetaRow(key=EPOCH_KEY, value=[1]))
     with pytest.raises(SpecError, match=r"meta row 'epoch': must be a JSON object .*got list"):
         opened(config, FakeClock(1_700_000_000.0))
@@ -756,7 +743,7 @@ def test_a_deleted_slot_0_row_is_read_from_the_settings_or_refused(tmp_path: Pat
     finally:
         c.close()
     for deleted in ((EPOCH_KEY,), (EPOCH_KEY, SETTINGS_KEY)):
-        with _session(config.database_url) as session:
+        with store_session(config.database_url) as session:
             session.execute(delete(MetaRow).where(MetaRow.key.in_(deleted)))
         if len(deleted) == 2:
             with pytest.raises(SlotGridChangedError, match="puts slot 0 near") as refused:
