@@ -318,7 +318,8 @@ async def serve(
     if metrics is not None:
         log.info("metrics listening", address=metrics_address)
     if console is not None:
-        log.info("console listening", address=console.address)
+        log.info("console listening", address=console.address,
+                 path=console.prefix + "/")  # fmt: skip
     if controller.leading:  # before the slot clock's first tick
         await plane.attach()
     tasks += [asyncio.create_task(e.loop(), name=e.name) for e in events]

@@ -6,10 +6,12 @@ Each test pins a behaviour a mutation audit found no test held."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
+from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
 import pytest
@@ -570,8 +572,8 @@ def test_a_console_on_loopback_answers_loopback_host_names_only(tmp_path: Path) 
                     said = (await r.json())["error"]["message"]
                     # what a reverse proxy's operator does (nginx with Host $host met it)
                     words = (f"this console answers to loopback names only, not {host!r}. "
-                             "Behind a reverse proxy: have it send the Host the console "
-                             "listens on")  # fmt: skip
+                             "Behind a reverse proxy: set [web] public_url to the URL users "
+                             "open")  # fmt: skip
                     assert said.startswith(words), said
                 form = {"token": "ops-token"}
                 async with http.post(
@@ -617,3 +619,69 @@ def test_closing_the_console_ends_its_open_streams_whole() -> None:
             await console.close()
 
     asyncio.run(main())
+
+
+def test_behind_a_public_url_its_host_and_origin_are_taken_and_every_path_is_under_it(
+    tmp_path: Path,
+) -> None:
+    """``[web] public_url = "https://head.example/oasis/"``: a proxy may send its host as
+    ``Host`` (another name still gets 421), a login posted from a page of it (its
+    ``Origin``) is taken, another site's is not; the session cookie is Secure and for
+    ``/oasis/`` only; every redirect stays under ``/oasis`` (a ``next`` that carries the
+    prefix is not given it twice), with or without the prefix on the request's path."""
+    from controller.console.login import mask
+
+    config = _console_config(tmp_path, ops="operator")
+    config = dataclasses.replace(
+        config, web=dataclasses.replace(config.web, public_url="https://head.example/oasis")
+    )
+    ours, theirs = "https://head.example", "https://evil.example"
+
+    async def scenario(console: Console, url: str) -> None:
+        async with aiohttp.ClientSession() as http:
+            # host names are not case-sensitive: a proxy may send the name as typed
+            for host, status in (("head.example", 200), ("Head.Example", 200),
+                                 ("evil.example", 421)):  # fmt: skip
+                async with http.get(url + "/oasis/login", headers={"Host": host}) as r:
+                    assert r.status == status, host
+                    if status == 200:
+                        assert 'action="/oasis/login"' in await r.text()
+            async with http.get(url + "/oasis", allow_redirects=False) as r:
+                assert (r.status, r.headers["Location"]) == (303, "/oasis/login?next=/")
+            for path in ("/oasis/jobs?state=admitted", "/jobs?state=admitted"):
+                async with http.get(url + path, allow_redirects=False) as r:
+                    assert r.status == 303, path
+                    went = urlsplit(r.headers["Location"])
+                    assert went.path == "/oasis/login", went
+                    assert parse_qs(went.query) == {"next": ["/jobs?state=admitted"]}, went
+            async with http.get(url + "/oasis/api/jobs") as r:
+                assert r.status == 401
+                assert (await r.json())["error"]["message"].startswith(
+                    "log in first (/oasis/login)"
+                )
+            form = {"token": "ops-token", "next": "/oasis/jobs"}
+            async with http.post(url + "/login", data=form, headers={"Origin": theirs},
+                                 allow_redirects=False) as r:  # fmt: skip
+                assert r.status == 403 and "Set-Cookie" not in r.headers
+            async with http.post(url + "/oasis/login", data=form, headers={"Origin": ours},
+                                 allow_redirects=False) as r:  # fmt: skip
+                assert (r.status, r.headers["Location"]) == (303, "/oasis/jobs")
+                cookie = r.cookies["oasis_session"]
+                assert (cookie["path"], cookie["secure"], cookie["httponly"]) == (
+                    "/oasis/", True, True)  # fmt: skip
+            session = console.sessions.get(cookie.value)
+            assert session is not None
+            headers = {"Cookie": f"oasis_session={cookie.value}", "Origin": ours}
+            async with http.post(url + "/logout", data={"csrf": mask(session.csrf)},
+                                 headers=headers, allow_redirects=False) as r:  # fmt: skip
+                assert (r.status, r.headers["Location"]) == (303, "/oasis/login")
+                assert r.cookies["oasis_session"]["path"] == "/oasis/"
+            async with http.get(url + "/oasis", headers=headers, allow_redirects=False) as r:
+                assert r.status == 303  # logged out: to the login page
+            async with http.post(url + "/oasis/login", data=form, allow_redirects=False) as r:
+                cookie = r.cookies["oasis_session"]
+            headers = {"Cookie": f"oasis_session={cookie.value}"}
+            async with http.get(url + "/oasis", headers=headers, allow_redirects=False) as r:
+                assert (r.status, r.headers["Location"]) == (301, "/oasis/")
+
+    _run(config, None, scenario)

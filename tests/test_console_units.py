@@ -126,7 +126,8 @@ def test_web_settings_read_back_from_their_table_whole() -> None:
     compares every field)."""
     every = web_from_dict(
         {"listen": "127.0.0.1:9", "allow_insecure_remote": True, "session_hours": 3,
-         "max_event_streams_per_user": 5, "max_event_streams": 7, "max_connections": 9},
+         "max_event_streams_per_user": 5, "max_event_streams": 7, "max_connections": 9,
+         "public_url": "https://head.example/oasis/"},
         None,
     )  # fmt: skip
     assert every != web_from_dict({}, None)
@@ -1039,3 +1040,72 @@ def test_a_submitters_stream_forgets_the_jobs_retention_deleted(
     console = asyncio.run(scenario())
     assert console.owners == {}
     assert console._learned_at == {}
+
+
+def test_a_public_url_gives_the_consoles_prefix_hosts_and_https() -> None:
+    """``[web] public_url``: its path (no ``/`` at its end) is where the console's links
+    begin, its host (and host:port unless the port is the scheme's) what a browser's
+    ``Origin`` and a proxy's ``Host`` may name, and https makes the cookie Secure."""
+    from controller.console.public_url import parse
+
+    assert parse("") is None
+    one = parse("https://Head.Example/oasis/")
+    assert one is not None
+    assert (one.url, one.prefix, one.hosts, one.secure) == (
+        "https://Head.Example/oasis", "/oasis", frozenset({"head.example"}), True)  # fmt: skip
+    two = parse("http://head.example:8443/tools/oasis")
+    assert two is not None
+    assert (two.prefix, two.hosts, two.secure) == (
+        "/tools/oasis", frozenset({"head.example", "head.example:8443"}), False)  # fmt: skip
+    default = parse("https://head.example:443")
+    assert default is not None and (default.prefix, default.hosts) == (
+        "",
+        frozenset({"head.example"}),
+    )
+    six = parse("http://[::1]:8080/")
+    assert six is not None and six.hosts == {"[::1]", "[::1]:8080"} and six.prefix == ""
+    assert web_from_dict({"public_url": "https://h.example/o/"}, None).public_url == (
+        "https://h.example/o")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        (8080, "must be a string"),
+        ("head.example/oasis", "must be an http:// or https:// URL"),
+        ("ftp://head.example/", "must be an http:// or https:// URL"),
+        ("https:///oasis", "must be an http:// or https:// URL"),
+        ("https://u:p@head.example/", "with no user, query or fragment"),
+        ("https://head.example/oasis?x=1", "with no user, query or fragment"),
+        ("https://head.example/oasis#top", "with no user, query or fragment"),
+        ("https://head.example/oasis?", "with no user, query or fragment"),
+        ("https://head.example:99999/", "has a port that is not a number"),
+        ("https://head.example/o asis", "printable ASCII"),
+        ("https://head.example/ø", "printable ASCII"),
+        ("https://head.example//oasis", "has a path the console cannot be served under"),
+        ("https://head.example/oa%20sis", "has a path the console cannot be served under"),
+        ("https://head.example/../oasis", "may not have . or .. in its path"),
+        ("https://head.example/jobs", "has a path beginning with /jobs"),
+        ("https://head.example/api/x", "has a path beginning with /api"),
+        ("https://head.example/" + "a" * 500, "at most 500 characters"),
+    ],
+)
+def test_a_public_url_the_console_cannot_serve_is_refused_naming_the_key(
+    url: object, words: str
+) -> None:
+    with pytest.raises(SpecError) as refused:
+        web_from_dict({"public_url": url}, None)
+    assert str(refused.value).startswith("web.public_url: "), refused.value
+    assert words in str(refused.value), refused.value
+
+
+def test_the_route_segments_a_public_url_may_not_begin_with_are_the_consoles_own() -> None:
+    """A public URL's path may not begin with a path of the console's own (``/jobs/x``
+    would be the job x's page or the prefix's): the list checked is the routes' first
+    segments, whole."""
+    from controller.console.public_url import ROUTE_SEGMENTS
+
+    config = from_dict({"cluster": CLUSTER, "web": {"listen": "127.0.0.1:0"}})
+    app = Console(config, cast(Any, SimpleNamespace(prune_hooks=[])), None, None).app()
+    first = {r.canonical.split("/")[1] for r in app.router.resources()}
+    assert first - {""} == ROUTE_SEGMENTS

@@ -60,7 +60,9 @@ from controller.console.connections import (
 from controller.console.data import ConsoleData
 from controller.console.login import _safe_next, mask, unmask
 from controller.console.middleware import Middleware, _secure_headers
+from controller.console.public_url import parse, public
 from controller.console.sessions import Sessions
+from controller.console.state import _Handler
 from controller.console.streams import EventStreams
 from controller.console.views import Views, _int
 from controller.holds import Holds
@@ -129,6 +131,13 @@ class Console(Middleware, Views, EventStreams):
         host, _, port = config.web.listen.rpartition(":")
         self.loopback = is_loopback(host)
         self.hosts = loopback_names(host, port)
+        # behind a reverse proxy: the path its pages are under ("/oasis"), the host
+        # names users reach it by (a browser's Origin, the Host a proxy may send)
+        public = parse(config.web.public_url)
+        self.prefix = public.prefix if public is not None else ""
+        self.public_hosts = public.hosts if public is not None else frozenset()
+        self.hosts |= self.public_hosts
+        self.secure_cookie = config.tls is not None or (public is not None and public.secure)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -137,33 +146,45 @@ class Console(Middleware, Views, EventStreams):
             middlewares=[self._headers, self._guard, self._authenticate],
             client_max_size=64 * 1024,
         )
-        r = app.router
-        r.add_get("/login", self.login_form)
-        r.add_post("/login", self.login)
-        r.add_post("/logout", self.logout)
-        r.add_get("/static/{name}", self.static_file)
-        r.add_get("/", self.page("overview", "Overview", self.overview))
-        r.add_get("/api/overview", self.api(self.overview))
-        r.add_get("/servers", self.page("servers", "Servers", self.servers))
-        r.add_get("/api/servers", self.api(self.servers))
-        r.add_get("/prices", self.page("prices", "Prices", self.prices))
-        r.add_get("/api/prices", self.api(self.prices))
-        r.add_get("/api/prices/cell", self.api(self.price_cell))
-        r.add_get("/plans", self.page("plans", "Plans", self.plans))
-        r.add_get("/api/plans", self.api(self.plans))
-        r.add_get("/jobs", self.page("jobs", "Jobs", self.jobs))
-        r.add_get("/api/jobs", self.api(self.jobs))
-        r.add_get("/jobs/{id}", self.page("job", "Job", self.job))
-        r.add_get("/api/jobs/{id}", self.api(self.job))
-        r.add_post("/jobs/{id}/cancel", self.cancel)
-        r.add_post("/api/jobs/{id}/cancel", self.cancel)
-        r.add_get("/job", self.page("job", "Job", self.job))
-        r.add_get("/api/job", self.api(self.job))
-        r.add_post("/job/cancel", self.cancel)
-        r.add_post("/api/job/cancel", self.cancel)
-        r.add_get("/api/events", self.events)
+        get, post = "GET", "POST"
+        routes: list[tuple[str, str, _Handler]] = [
+            (get, "/login", self.login_form),
+            (post, "/login", self.login),
+            (post, "/logout", self.logout),
+            (get, "/static/{name}", self.static_file),
+            (get, "/", self.page("overview", "Overview", self.overview)),
+            (get, "/api/overview", self.api(self.overview)),
+            (get, "/servers", self.page("servers", "Servers", self.servers)),
+            (get, "/api/servers", self.api(self.servers)),
+            (get, "/prices", self.page("prices", "Prices", self.prices)),
+            (get, "/api/prices", self.api(self.prices)),
+            (get, "/api/prices/cell", self.api(self.price_cell)),
+            (get, "/plans", self.page("plans", "Plans", self.plans)),
+            (get, "/api/plans", self.api(self.plans)),
+            (get, "/jobs", self.page("jobs", "Jobs", self.jobs)),
+            (get, "/api/jobs", self.api(self.jobs)),
+            (get, "/jobs/{id}", self.page("job", "Job", self.job)),
+            (get, "/api/jobs/{id}", self.api(self.job)),
+            (post, "/jobs/{id}/cancel", self.cancel),
+            (post, "/api/jobs/{id}/cancel", self.cancel),
+            (get, "/job", self.page("job", "Job", self.job)),
+            (get, "/api/job", self.api(self.job)),
+            (post, "/job/cancel", self.cancel),
+            (post, "/api/job/cancel", self.cancel),
+            (get, "/api/events", self.events),
+        ]
+        # under a path prefix, each route is served with it (a proxy passing the path on)
+        # and without it (one stripping it); the prefix alone goes to its overview
+        for base in ("", self.prefix) if self.prefix else ("",):
+            for method, path, handler in routes:
+                app.router.add_route(method, base + path, handler)
+        if self.prefix:
+            app.router.add_get(self.prefix, self._to_overview)
         app.on_response_prepare.append(_secure_headers)
         return app
+
+    async def _to_overview(self, request: web.Request) -> web.StreamResponse:
+        raise web.HTTPMovedPermanently(public("/", self.prefix))
 
     async def start(self) -> str:
         """Listen on ``[web] listen``; returns the ``host:port`` it listens on.

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from controller.auth import ANONYMOUS, Caller, hash_token, holds, refusals
 from controller.console import pages
+from controller.console.public_url import cookie_path, local, public
 from controller.console.sessions import COOKIE, Session
 from controller.console.state import ConsoleState, _RefusedError
 
@@ -55,6 +56,15 @@ class Login(ConsoleState):
         session = self.sessions.get(request.cookies.get(COOKIE, ""))
         return (session.caller, session) if session else (None, None)
 
+    def _local(self, request: web.Request) -> str:
+        """``request``'s path as the console's own, without ``[web] public_url``'s path."""
+        return local(request.path, self.prefix)
+
+    def _after_login(self, target: str) -> str:
+        """Where to go after logging in: the console's own path (:func:`_safe_next`),
+        the prefix taken off if a link carried it."""
+        return local(_safe_next(target), self.prefix)
+
     def _throttle(self, request: web.Request, client: str = "") -> None:
         """Take one request from ``client``'s rate (``[limits] rate``; by default the
         peer's, as for a refused token), or refuse it with 429."""
@@ -72,33 +82,36 @@ class Login(ConsoleState):
 
     async def login_form(self, request: web.Request) -> web.StreamResponse:
         if self.tokens is None:
-            raise web.HTTPSeeOther("/")
-        html = pages.login_page(self.version, _safe_next(request.query.get("next", "/")))
+            raise web.HTTPSeeOther(public("/", self.prefix))
+        target = self._after_login(request.query.get("next", "/"))
+        html = pages.login_page(self.version, target, self.prefix)
         return web.Response(text=html, content_type="text/html")
 
     async def login(self, request: web.Request) -> web.StreamResponse:
         if self.tokens is None:
-            raise web.HTTPSeeOther("/")
+            raise web.HTTPSeeOther(public("/", self.prefix))
         # another site's page must not log a visitor in as someone else (login CSRF:
         # the visitor would then submit and read as the attacker's token)
-        _same_origin(request)
+        _same_origin(request, self.public_hosts)
         form = await request.post()
         token = str(form.get("token", "")).strip()
-        target = _safe_next(str(form.get("next", "/")))
+        target = self._after_login(str(form.get("next", "/")))
         caller = self.tokens.get(hash_token(token)) if token else None
         if caller is None:
             self._throttle(request)  # guesses: the peer's rate
             refusals(request.remote or "", "console login", "unauthenticated", console=True,
                      path="/login", why="bad token")  # fmt: skip
-            html = pages.login_page(self.version, target, "Unknown token: not logged in.")
+            problem = "Unknown token: not logged in."
+            html = pages.login_page(self.version, target, self.prefix, problem)
             return web.Response(text=html, status=401, content_type="text/html")
         self._throttle(request, caller.name)  # its own rate, as its requests after it
         session = self.sessions.open(caller)
         log.info("console login", caller=caller.name, role=caller.role.value)
-        response = _see_other(target)
+        response = _see_other(public(target, self.prefix))
         response.set_cookie(
-            COOKIE, session.id, max_age=int(self.sessions.lifetime), path="/", httponly=True,
-            samesite="Strict", secure=self.config.tls is not None,
+            COOKIE, session.id, max_age=int(self.sessions.lifetime),
+            path=cookie_path(self.prefix), httponly=True, samesite="Strict",
+            secure=self.secure_cookie,
         )  # fmt: skip
         return response
 
@@ -107,13 +120,13 @@ class Login(ConsoleState):
         if session is not None:
             await self._check_csrf(request)
             self.sessions.close(session.id)
-        response = _see_other("/login" if self.tokens is not None else "/")
-        response.del_cookie(COOKIE, path="/")
+        response = _see_other(public("/login" if self.tokens is not None else "/", self.prefix))
+        response.del_cookie(COOKIE, path=cookie_path(self.prefix))
         return response
 
     async def _check_csrf(self, request: web.Request) -> None:
         """A browser's state-changing request must come from a page of this console."""
-        _same_origin(request)
+        _same_origin(request, self.public_hosts)
         sent = request.headers.get("X-CSRF-Token", "")
         if not sent:
             form = await request.post()
@@ -150,12 +163,17 @@ def _see_other(target: str) -> web.Response:
     return web.Response(status=303, headers={"Location": target})
 
 
-def _same_origin(request: web.Request) -> None:
+def _same_origin(request: web.Request, public_hosts: frozenset[str]) -> None:
     """Refuse (403) a request a page of another site sent: its ``Origin`` (``null``
-    included) is not this console's, or the browser says ``Sec-Fetch-Site: cross-site``.
+    included) is neither this console's ``Host`` nor a host of ``[web] public_url`` (a
+    page served through the proxy), or the browser says ``Sec-Fetch-Site: cross-site``.
     A request without either (curl, a script) is no browser's and passes."""
     origin = request.headers.get("Origin")
-    if origin is not None and urlsplit(origin).netloc != request.host:
+    if (
+        origin is not None
+        and (netloc := urlsplit(origin).netloc) != request.host
+        and (netloc.lower() not in public_hosts)
+    ):
         raise _RefusedError(403, "cross-origin request refused")
     if request.headers.get("Sec-Fetch-Site", "") == "cross-site":
         raise _RefusedError(403, "cross-site request refused")

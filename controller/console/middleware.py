@@ -14,6 +14,7 @@ from aiohttp import web
 from controller.auth import Caller, Role
 from controller.console import pages
 from controller.console.login import Login
+from controller.console.public_url import public
 from controller.console.state import _Handler, _RefusedError
 from controller.errors import (
     TENANT_UNAVAILABLE,
@@ -69,7 +70,7 @@ class Middleware(Login):
     @web.middleware
     async def _guard(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
         """Refusals and domain errors as a page or JSON, never a traceback."""
-        if self.loopback and request.host not in self.hosts:
+        if self.loopback and request.host.lower() not in self.hosts:
             return self._refusal(request, 421, f"this console answers to loopback names only, "
                                  f"not {request.host[:100]!r}. {_PROXIED}")  # fmt: skip
         try:
@@ -92,7 +93,8 @@ class Middleware(Login):
 
     @web.middleware
     async def _authenticate(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
-        if request.path.startswith(_OPEN):
+        path = self._local(request)
+        if path.startswith(_OPEN):
             # no caller yet, and no bucket taken: the login page and the static files
             # cost no more to serve than a 429 does, and the peer's bucket is shared by
             # everyone behind its address (loopback, an SSH tunnel, a proxy), so an
@@ -101,12 +103,14 @@ class Middleware(Login):
             return await handler(request)
         caller, session = self._caller(request)
         if caller is None:
-            if request.path.startswith("/api/") or request.method != "GET":
+            if path.startswith("/api/") or request.method != "GET":
                 raise _RefusedError(
-                    401, "log in first (/login), or send Authorization: Bearer TOKEN"
-                )
-            target = request.path_qs if request.path != "/" else "/"
-            raise web.HTTPSeeOther(f"/login?next={quote(target, safe='/')}")
+                    401, f"log in first ({public('/login', self.prefix)}), or send "
+                    "Authorization: Bearer TOKEN",
+                )  # fmt: skip
+            target = path + (f"?{request.query_string}" if request.query_string else "")
+            login = public("/login", self.prefix)
+            raise web.HTTPSeeOther(f"{login}?next={quote(target, safe='/')}")
         # a request of the console costs its caller's rate as a gRPC call does (the same
         # bucket: the console shares the daemon's event loop, threads and store)
         self._throttle(request, caller.name or f"web:{request.remote}")
@@ -115,21 +119,23 @@ class Middleware(Login):
         return await handler(request)
 
     def _refusal(self, request: web.Request, status: int, message: str) -> web.Response:
-        if request.path.startswith("/api/") or "json" in request.headers.get("Accept", "")[:100]:
+        api = self._local(request).startswith("/api/")
+        if api or "json" in request.headers.get("Accept", "")[:100]:
             error = {"error": {"status": status, "message": message}}
             return web.json_response(error, status=status)
         caller = request.get("caller")
         html = pages.error_page(
             self.version, status, message, caller, auth=self.tokens is not None,
-            csrf=self._csrf_of(request) if caller else "",
+            csrf=self._csrf_of(request) if caller else "", prefix=self.prefix,
         )  # fmt: skip
         return web.Response(text=html, status=status, content_type="text/html")
 
 
 _PROXIED = (
-    "Behind a reverse proxy: have it send the Host the console listens on (nginx does, "
-    "unless told proxy_set_header Host $host), and give the console a whole name or port, "
-    "not a path (its links begin at /)"
+    "Behind a reverse proxy: set [web] public_url to the URL users open (such as "
+    "https://head.example/oasis/), whose host is then answered too and whose path the "
+    "console's links begin with, or have the proxy send the Host the console listens on "
+    "(nginx does, unless told proxy_set_header Host $host)"
 )
 """The 421's second half: in the README's words, for an operator whose proxy met it."""
 

@@ -8,6 +8,7 @@
     max_event_streams = 256        # live event streams in all
     max_connections = 512          # HTTP connections at once; past it 503 at accept
     max_connections_per_host = 64  # of one host off loopback; past it 503 at accept
+    public_url = ""                # behind a reverse proxy: "https://head.example/oasis/"
 
 As ``daemon.listen``: plain HTTP stays on a loopback address unless ``[tls]`` is configured
 (the console then serves HTTPS with the same certificate, and asks for a client
@@ -29,6 +30,9 @@ costs the console, never the daemon. One host off loopback may hold at most
 send a byte of their request every 25 s) kept the console down for everyone. Loopback
 peers are one host to this cap (every SSH tunnel is 127.0.0.1), so it does not apply to
 them; a firewall rule per address does (README, "Security and limits").
+
+Behind a reverse proxy, ``public_url`` is the URL users open: the console serves its
+pages under its path and takes its host as theirs (:mod:`.public_url`).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from controller.console import public_url
 from controller.tls import TlsConfig, is_loopback
 from pricing import fields
 from pricing.errors import SpecError
@@ -65,6 +70,8 @@ class WebConfig:
         max_event_streams: open event streams at once, all users together.
         max_connections: open HTTP connections at once, streams included.
         max_connections_per_host: of those, from one host off loopback.
+        public_url: the URL users open behind a reverse proxy (its path without a
+            ``/`` at the end), or empty.
     """
 
     listen: str = ""
@@ -74,6 +81,7 @@ class WebConfig:
     max_event_streams: int = 256
     max_connections: int = 512
     max_connections_per_host: int = 64
+    public_url: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """The ``[web]`` table these settings read from (:func:`web_from_dict` of it
@@ -87,6 +95,7 @@ class WebConfig:
             "max_event_streams": self.max_event_streams,
             "max_connections": self.max_connections,
             "max_connections_per_host": self.max_connections_per_host,
+            "public_url": self.public_url,
         }
 
 
@@ -100,6 +109,7 @@ def web_from_dict(raw: Mapping[str, Any], tls: TlsConfig | None) -> WebConfig:
         "max_event_streams",
         "max_connections",
         "max_connections_per_host",
+        "public_url",
     }
     fields.check_known_keys(raw, known, "web")
     listen = raw.get("listen", "")
@@ -141,4 +151,8 @@ def web_from_dict(raw: Mapping[str, Any], tls: TlsConfig | None) -> WebConfig:
             "web.max_connections_per_host",
             f"must be <= web.max_connections ({connections}), got {per_host}",
         )
-    return WebConfig(listen, remote, hours * 3600.0, per_user, total, connections, per_host)
+    public = public_url.parse(raw.get("public_url", ""))
+    return WebConfig(
+        listen, remote, hours * 3600.0, per_user, total, connections, per_host,
+        public.url if public is not None else "",
+    )  # fmt: skip

@@ -54,3 +54,6 @@ class ConsoleState:
     _reading: dict[str, tuple[asyncio.Future[dict[str, str | None]], int]]
     loopback: bool
     hosts: set[str]
+    prefix: str
+    public_hosts: frozenset[str]
+    secure_cookie: bool

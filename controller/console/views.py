@@ -18,6 +18,7 @@ from controller.auth import Caller, Role
 from controller.commands.records import job_record
 from controller.console import pages
 from controller.console.login import Login
+from controller.console.public_url import public
 from controller.console.state import _Handler, _RefusedError
 from controller.convert import job_to_proto
 from controller.job_keys import as_named, key_for, shown_view
@@ -37,12 +38,13 @@ class Views(Login):
             data = await read(request)
             caller: Caller = request["caller"]
             heading = f"Job {_job_id(request)}" if name == "job" else title
-            api = "/api" + (request.path if request.path != "/" else "/overview")
+            path = self._local(request)
+            api = public("/api" + (path if path != "/" else "/overview"), self.prefix)
             if request.query_string:
                 api += "?" + request.query_string
             html = pages.page(
                 name, heading, api, data, caller, auth=self.tokens is not None,
-                csrf=self._csrf_of(request), version=self.version,
+                csrf=self._csrf_of(request), version=self.version, prefix=self.prefix,
             )  # fmt: skip
             return web.Response(text=html, content_type="text/html")
 
@@ -106,11 +108,11 @@ class Views(Login):
         cancel = self.c.cancel(key, caller.turn, caller.owner, caller.name or None)
         view, released = await as_named(caller, key, cancel)
         log.info("console cancel", job=key, caller=caller.name or None, released=released)
-        if request.path.startswith("/api/"):
+        if self._local(request).startswith("/api/"):
             times = self.c.slots.times
             record = job_record(job_to_proto(shown_view(caller, view), times), times)
             return web.json_response({"job": record, "released_worker_slots": released})
-        raise web.HTTPSeeOther(job_path(job_id))
+        raise web.HTTPSeeOther(public(job_path(job_id), self.prefix))
 
     async def static_file(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]

@@ -8,6 +8,8 @@
   var body = document.body;
   var page = body.dataset.page;
   var api = body.dataset.api;
+  // the path of [web] public_url ("/oasis" behind a proxy's path, else ""): every URL begins with it
+  var base = body.dataset.base || "";
   var app = document.getElementById("app");
   var dataNode = document.getElementById("data");
   if (!app || !dataNode) return;
@@ -128,7 +130,8 @@
   // a job's page; the ids "." and ".." by query, as a browser takes them out of a path
   // (/jobs/.. is /): views.py job_path
   function jobHref(id, then) {
-    return id === "." || id === ".." ? "/job" + (then || "") + "?id=" + id : "/jobs/" + encodeURIComponent(id) + (then || "");
+    if (id === "." || id === "..") return base + "/job" + (then || "") + "?id=" + id;
+    return base + "/jobs/" + encodeURIComponent(id) + (then || "");
   }
   function jobLink(id) { return el("a", { href: jobHref(id), text: id }); }
   // a cancelled or failed job's plan was not carried out: its numbers were planned, never earned
@@ -276,7 +279,7 @@
     var jobs = section("Jobs per state", "h-jobs");
     var list = el("ul", { class: "counts" });
     Object.keys(d.jobs).forEach(function (s) {
-      list.appendChild(el("li", null, el("a", { href: "/jobs?state=" + s, class: "count-link" },
+      list.appendChild(el("li", null, el("a", { href: base + "/jobs?state=" + s, class: "count-link" },
         stateBadge(s), el("span", { class: "count", text: String(d.jobs[s]) }))));
     });
     jobs.appendChild(list);
@@ -345,9 +348,9 @@
 
   function serversPager(d) {
     var nav = el("nav", { class: "pager", "aria-label": "Server pages" });
-    if (d.page > 1) nav.appendChild(el("a", { href: "/servers?page=" + (d.page - 1), text: "← Previous servers" }));
+    if (d.page > 1) nav.appendChild(el("a", { href: base + "/servers?page=" + (d.page - 1), text: "← Previous servers" }));
     nav.appendChild(el("span", { text: "page " + d.page + " of " + d.pages }));
-    if (d.page < d.pages) nav.appendChild(el("a", { href: "/servers?page=" + (d.page + 1), text: "Next servers →" }));
+    if (d.page < d.pages) nav.appendChild(el("a", { href: base + "/servers?page=" + (d.page + 1), text: "Next servers →" }));
     return nav;
   }
 
@@ -373,7 +376,7 @@
 
   function prices(d) {
     var out = [];
-    var form = el("form", { method: "get", action: "/prices", class: "controls" });
+    var form = el("form", { method: "get", action: base + "/prices", class: "controls" });
     form.appendChild(el("label", { for: "resource", text: "Resource" }));
     form.appendChild(choice("resource", d.resources, d.resource, null));
     form.appendChild(el("button", { type: "submit", text: "Show" }));
@@ -529,7 +532,7 @@
       }).join(", ") + (cell.more_jobs ? " and " + cell.more_jobs + " more" : "");
     };
     if (cellCache[key]) { fill(cellCache[key]); return; }
-    var q = "/api/prices/cell?resource=" + encodeURIComponent(d.resource) + "&r0=" + row.from + "&r1=" + row.to +
+    var q = base + "/api/prices/cell?resource=" + encodeURIComponent(d.resource) + "&r0=" + row.from + "&r1=" + row.to +
       "&s0=" + col.from + "&s1=" + col.to;
     fetch(q, { headers: { Accept: "application/json" }, credentials: "same-origin" })
       .then(function (r) { return r.ok ? r.json() : null; })
@@ -542,11 +545,11 @@
   function plans(d) {
     var out = [], clock = d.clock;
     jobColours = {}; nextColour = 0;
-    var form = el("form", { method: "get", action: "/plans", class: "controls" });
+    var form = el("form", { method: "get", action: base + "/plans", class: "controls" });
     form.appendChild(el("label", { for: "plan-job", text: "Job id" }));
     form.appendChild(el("input", { id: "plan-job", name: "job", value: d.job || "", spellcheck: "false", size: 24 }));
     form.appendChild(el("button", { type: "submit", text: "Show its servers" }));
-    if (d.job) form.appendChild(el("a", { href: "/plans", text: "All servers" }));
+    if (d.job) form.appendChild(el("a", { href: base + "/plans", text: "All servers" }));
     out.push(form);
     if (d.job && !d.servers.length) {  // rejected, cancelled, done or waiting: no chart to draw
       out.push(el("p", { class: "muted", id: "plan-caption" }, "Job " + d.job + " is planned on no server in slots " +
@@ -571,10 +574,10 @@
 
   function pager(d) {
     var nav = el("nav", { class: "pager", "aria-label": "Server pages" });
-    var base = "/plans?" + (d.job ? "job=" + encodeURIComponent(d.job) + "&" : "");
-    if (d.page > 1) nav.appendChild(el("a", { href: base + "page=" + (d.page - 1), text: "← Previous servers" }));
+    var here = base + "/plans?" + (d.job ? "job=" + encodeURIComponent(d.job) + "&" : "");
+    if (d.page > 1) nav.appendChild(el("a", { href: here + "page=" + (d.page - 1), text: "← Previous servers" }));
     nav.appendChild(el("span", { text: "page " + d.page + " of " + d.pages }));
-    if (d.page < d.pages) nav.appendChild(el("a", { href: base + "page=" + (d.page + 1), text: "Next servers →" }));
+    if (d.page < d.pages) nav.appendChild(el("a", { href: here + "page=" + (d.page + 1), text: "Next servers →" }));
     return nav;
   }
 
@@ -674,7 +677,7 @@
 
   function jobs(d) {
     var out = [], clock = d.clock;
-    var form = el("form", { method: "get", action: "/jobs", class: "controls", role: "search" });
+    var form = el("form", { method: "get", action: base + "/jobs", class: "controls", role: "search" });
     form.appendChild(el("label", { for: "state", text: "State" }));
     form.appendChild(choice("state", d.states, d.state, "all states"));
     form.appendChild(el("label", { for: "q", text: "Id starts with" }));
@@ -698,9 +701,9 @@
         "* re-planned since its admission: cost and payoff are the decision's, utility the plan's now (the job's events say why)." }));
     }
     var nav = el("nav", { class: "pager", "aria-label": "Job pages" });
-    var base = "/jobs?" + (d.state ? "state=" + d.state + "&" : "") + (d.q ? "q=" + encodeURIComponent(d.q) + "&" : "");
-    if (d.after > 0) nav.appendChild(el("a", { href: base.replace(/&$/, "").replace(/\?$/, "") || "/jobs", text: "← First page" }));
-    if (d.next_after !== null) nav.appendChild(el("a", { href: base + "after=" + d.next_after, rel: "next", text: "Next page →" }));
+    var here = base + "/jobs?" + (d.state ? "state=" + d.state + "&" : "") + (d.q ? "q=" + encodeURIComponent(d.q) + "&" : "");
+    if (d.after > 0) nav.appendChild(el("a", { href: here.replace(/&$/, "").replace(/\?$/, ""), text: "← First page" }));
+    if (d.next_after !== null) nav.appendChild(el("a", { href: here + "after=" + d.next_after, rel: "next", text: "Next page →" }));
     out.push(nav);
     return out;
   }
@@ -758,7 +761,7 @@
           return [slotLabel(clock, p.slot), placement(p.workers), placement(p.ps)];
         }), "plan"));
       if (d.can_see_plans) {  // a submitter is refused the plans page: no link to it
-        plan.appendChild(el("p", null, el("a", { href: "/plans?job=" + encodeURIComponent(j.id), text: "See it in the plans (Gantt chart)" })));
+        plan.appendChild(el("p", null, el("a", { href: base + "/plans?job=" + encodeURIComponent(j.id), text: "See it in the plans (Gantt chart)" })));
       }
     }
     out.push(plan);
@@ -884,7 +887,7 @@
     return true;
   }
   if (window.EventSource) {
-    var stream = new EventSource("/api/events");
+    var stream = new EventSource(base + "/api/events");
     stream.onopen = function () { if (live) { live.textContent = "● live"; live.className = "live on"; } };
     stream.onerror = function () {
       if (!live) return;
