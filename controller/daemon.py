@@ -318,8 +318,9 @@ async def serve(
     if metrics is not None:
         log.info("metrics listening", address=metrics_address)
     if console is not None:
-        log.info("console listening", address=console.address,
-                 path=console.prefix + "/")  # fmt: skip
+        # behind a proxy, the URL users open too ([web] public_url)
+        public = {"public_url": config.web.public_url + "/"} if config.web.public_url else {}
+        log.info("console listening", address=console.address, **public)
     if controller.leading:  # before the slot clock's first tick
         await plane.attach()
     tasks += [asyncio.create_task(e.loop(), name=e.name) for e in events]

@@ -46,7 +46,14 @@ from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
 from controller.tls import client_channel
 from tests.browser import artifacts_dir, needed, opened
-from tests.servers import SMALL_JOB, Daemon, console_address, free_port, write_config
+from tests.servers import (
+    SMALL_JOB,
+    Daemon,
+    console_address,
+    free_port,
+    json_log,
+    write_config,
+)
 
 _NGINX = shutil.which("nginx") or next(
     (p for p in ("/usr/sbin/nginx", "/usr/bin/nginx") if os.path.exists(p)), None
@@ -142,6 +149,8 @@ def proxied(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxied]:
     )
     config = write_config(d / "oasisd.toml", d / "data", extra=extra)
     daemon = Daemon(config, d / "oasisd.log").start()
+    said = [e for e in json_log(d / "oasisd.log") if e.get("event") == "console listening"]
+    assert said[-1]["public_url"] == public, said  # where the operator's users go
     try:
         with _nginx(console_address(d / "oasisd.log"), ports):
             yield Proxied(daemon, console_address(d / "oasisd.log"), ports)
