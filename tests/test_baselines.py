@@ -201,6 +201,34 @@ def test_fifo_blocks_behind_the_head_of_the_line() -> None:
     assert out["c"].utility == pytest.approx(5.0)  # time-insensitive: priority / 2
 
 
+def test_a_job_runs_in_its_last_slot_only_the_workers_its_work_needs() -> None:
+    """Simulator rule: W = 7 at 3 workers a slot is 3 + 3 + 1; the 2 workers a's last
+    slot does not need are released, so b (3 workers, arriving in that slot) fits beside
+    it at once on the 4 GPUs. Worked by hand: a runs slots 0-2 (jct 3), b slot 2 (jct 1)."""
+    gpu1 = {"gpu": 1}
+    raw = _trace(
+        {"gpu": 4},
+        [_job("a", 0, chunks=3, work=7, worker=gpu1), _job("b", 2, chunks=3, work=3, worker=gpu1)],
+        horizon=6,
+    )
+    out = _outcomes(raw, "fifo")
+    assert _workers(out["a"]) == {0: 3, 1: 3, 2: 1}
+    assert _workers(out["b"]) == {2: 3}
+    assert (out["a"].jct, out["b"].jct) == (3, 1)
+
+
+@pytest.mark.parametrize("policy", BASELINES)
+def test_a_job_that_can_just_finish_in_the_last_slot_is_run_by_every_baseline(
+    policy: str,
+) -> None:
+    """W = 6 at its N = 2 workers takes slots 0, 1, 2 = T - 1 exactly: it can finish, so
+    no baseline may drop it as hopeless (W <= y (T - t), not <); it completes with jct 3."""
+    raw = _trace({"gpu": 4}, [_job("a", 0, chunks=2, work=6, worker={"gpu": 1})], horizon=3)
+    out = _outcomes(raw, policy)
+    assert _workers(out["a"]) == {0: 2, 1: 2, 2: 2}
+    assert out["a"].jct == 3 and out["a"].utility == pytest.approx(5.0)
+
+
 @pytest.mark.parametrize("policy", BASELINES)
 def test_a_job_that_fits_on_no_server_is_rejected_by_every_baseline(policy: str) -> None:
     """A trace may hold one (SPEC 6: a rejection); it never reaches the policy, which
@@ -258,6 +286,78 @@ def test_rrh_rejects_by_delay_cost_and_preempts_for_more_reward() -> None:
     assert out["c"].utility == pytest.approx(500.0)
     assert _workers(out["a"]) == {0: 1, 1: 1, 5: 1, 6: 1, 7: 1}  # paused 2-4
     assert out["a"].jct == 8
+
+
+def test_a_dropped_job_gives_its_servers_back_to_the_others() -> None:
+    """DRF splits the 4 GPUs 2 + 2 (equal dominant shares 2/4). After slots 0-2, b has
+    20 - 6 = 14 worker-slots left, more than its N = 4 can do in the 3 slots left (12):
+    it is dropped at slot 3, and its 2 GPUs must go to a, which then runs 4 + 4 and
+    its last worker-slot: 6 + 4 + 4 + 1 = 15, done in slot 5 = T - 1 (jct 6). Had b kept
+    its GPUs, a (7 left after slot 3 at 2 a slot) could not finish either."""
+    gpu1 = {"gpu": 1}
+    raw = _trace(
+        {"gpu": 4},
+        [
+            _job("a", 0, chunks=4, work=15, worker=gpu1),
+            _job("b", 0, chunks=4, work=20, worker=gpu1),
+        ],
+        horizon=6,
+    )
+    out = _outcomes(raw, "drf")
+    assert _workers(out["b"]) == {0: 2, 1: 2, 2: 2}
+    assert out["b"].admitted and out["b"].jct is None and out["b"].utility == 0.0
+    assert _workers(out["a"]) == {0: 2, 1: 2, 2: 2, 3: 4, 4: 4, 5: 1}
+    assert out["a"].jct == 6
+
+
+def _one_ps_cpu(raw: dict[str, Any], cpu: int) -> dict[str, Any]:
+    """``raw`` with ``cpu`` CPUs on its PS server: room for ``cpu`` PS of 1 CPU."""
+    raw["servers"][1]["capacity"] = {**BIG, "cpu": cpu}
+    return raw
+
+
+def test_fifo_keeps_the_workers_of_a_start_whose_ps_did_not_fit() -> None:
+    """One PS fits (1 CPU). a takes it with 1 GPU; b's 3 workers fit on the 3 GPUs left
+    but its PS does not, so b waits with nothing held: when a completes (slot 1), b
+    starts at slot 2 on 3 GPUs (jct 3). Had b's failed start kept its 3 GPUs, a's 1
+    would be all that is ever free again."""
+    gpu1 = {"gpu": 1}
+    raw = _one_ps_cpu(
+        _trace(
+            {"gpu": 4},
+            [
+                _job("a", 0, chunks=1, work=2, worker=gpu1),
+                _job("b", 0, chunks=3, work=3, worker=gpu1),
+            ],
+            horizon=8,
+        ),
+        cpu=1,
+    )
+    out = _outcomes(raw, "fifo")
+    assert _workers(out["a"]) == {0: 1, 1: 1}
+    assert _workers(out["b"]) == {2: 3} and out["b"].jct == 3
+
+
+def test_drf_keeps_the_worker_of_a_growth_whose_ps_did_not_fit() -> None:
+    """Two PS fit (2 CPUs). a needs a PS per worker (10 Gbps workers), b one PS for up to
+    10. Filling: a 1 (its share 1/2, a PS of 2), b 1 (1/2); a's second worker needs a
+    second PS: none is left, so a stops at 1 and that worker's GPU stays free; b grows
+    to 3 (GPUs 1 + 3 = 4) and completes W = 3 in slot 0. From slot 1 a alone grows to 2
+    (both PS): 1 + 2 + 2 = 5, done in slot 2."""
+    raw = _one_ps_cpu(
+        _trace(
+            {"gpu": 4},
+            [
+                _job("a", 0, chunks=4, work=5, worker={"gpu": 1, "bandwidth": 10}),
+                _job("b", 0, chunks=4, work=3, worker={"gpu": 1}),
+            ],
+            horizon=8,
+        ),
+        cpu=2,
+    )
+    out = _outcomes(raw, "drf")
+    assert _workers(out["b"]) == {0: 3} and out["b"].jct == 1
+    assert _workers(out["a"]) == {0: 1, 1: 2, 2: 2} and out["a"].jct == 3
 
 
 @pytest.mark.parametrize("policy", ["rrh", "rrh-np"])
@@ -351,6 +451,18 @@ def test_round_robin_resumes_after_the_last_server_used() -> None:
     second = pool.round_robin(one, 2)
     assert first is not None and second is not None
     assert first.tolist() == [1, 1, 0] and second.tolist() == [1, 0, 1]
+
+
+def test_round_robin_takes_every_unit_room_counts_despite_float_sums() -> None:
+    """0.1 GPU units: room counts 3 in 0.3 and 7 in 0.7 (SPEC 5 rounds), while 3 * 0.1
+    and 7 * 0.1 exceed them by one float ulp; the take must allow that slack, not refuse
+    units room() said fit (a PolicyError, or a baseline denied a worker)."""
+    pool = Pool(np.array([[0.3], [0.7]]))
+    tenth = np.array([0.1])
+    assert pool.room(tenth).tolist() == [3, 7]
+    placed = pool.round_robin(tenth, 10)
+    assert placed is not None and placed.tolist() == [3, 7]
+    assert pool.round_robin(tenth, 1) is None
 
 
 def _tiny() -> Any:
