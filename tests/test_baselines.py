@@ -229,6 +229,26 @@ def test_a_job_that_can_just_finish_in_the_last_slot_is_run_by_every_baseline(
     assert out["a"].jct == 3 and out["a"].utility == pytest.approx(5.0)
 
 
+def test_an_arrival_that_cannot_finish_is_dropped_before_its_slot_runs() -> None:
+    """late needs 20 worker-slots at most 2 a slot: 10 slots, and T = 4. FIFO admits it
+    and, first in line, places it on both GPUs; the simulator drops it at once (checked
+    right after the plan) and re-plans the same slot, so b, behind it, runs in slot 0
+    (jct 1) and late never runs a slot (admitted, no schedule, utility 0)."""
+    gpu1 = {"gpu": 1}
+    raw = _trace(
+        {"gpu": 2},
+        [
+            _job("late", 0, chunks=2, work=20, worker=gpu1),
+            _job("b", 0, chunks=2, work=2, worker=gpu1),
+        ],
+        horizon=4,
+    )
+    out = _outcomes(raw, "fifo")
+    assert out["late"].admitted and out["late"].schedule is None
+    assert out["late"].jct is None and out["late"].utility == 0.0
+    assert _workers(out["b"]) == {0: 2} and out["b"].jct == 1
+
+
 @pytest.mark.parametrize("policy", BASELINES)
 def test_a_job_that_fits_on_no_server_is_rejected_by_every_baseline(policy: str) -> None:
     """A trace may hold one (SPEC 6: a rejection); it never reaches the policy, which
@@ -358,6 +378,28 @@ def test_drf_keeps_the_worker_of_a_growth_whose_ps_did_not_fit() -> None:
     out = _outcomes(raw, "drf")
     assert _workers(out["b"]) == {0: 3} and out["b"].jct == 1
     assert _workers(out["a"]) == {0: 1, 1: 2, 2: 2} and out["a"].jct == 3
+
+
+def test_drf_counts_the_ps_a_job_holds_not_one_per_worker() -> None:
+    """Two like jobs; one PS (1 of the PS server's 2 CPUs) serves up to 10 workers.
+    Each one's first worker brings its PS: dominant share 1/2 (the PS CPUs) at once. A
+    second worker adds no PS, so a's share stays max(2/4 GPUs, 1/2) = 1/2: tied with b,
+    a (the earlier) gets it, and a third (3/4); b's second then finds no GPU. Were a's
+    share y PS (2 PS: all the CPUs, share 1), b would get its second first (2 + 2)."""
+    gpu1 = {"gpu": 1}
+    raw = _one_ps_cpu(
+        _trace(
+            {"gpu": 4},
+            [
+                _job("a", 0, chunks=8, work=40, worker=gpu1),
+                _job("b", 0, chunks=8, work=40, worker=gpu1),
+            ],
+            horizon=40,
+        ),
+        cpu=2,
+    )
+    out = _outcomes(raw, "drf")
+    assert (_workers(out["a"])[0], _workers(out["b"])[0]) == (3, 1)
 
 
 @pytest.mark.parametrize("policy", ["rrh", "rrh-np"])

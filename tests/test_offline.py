@@ -30,7 +30,7 @@ from pricing.offline import (
 )
 from pricing.offline_solve import solve
 from pricing.schedule import Schedule
-from pricing.theorem4 import largest_job_share
+from pricing.theorem4 import largest_job_share, theorem4_alpha
 from pricing.workload import generate_trace
 
 SLACK = 1e-9
@@ -491,6 +491,25 @@ def test_theorem4_bound_is_twice_the_largest_log_price_range() -> None:
     alpha = max(1.0, *(b.log_u1 - b.log_l1), *(b.log_u2 - b.log_l2))
     assert theorem4_bound(trace) == pytest.approx(2 * alpha)
     assert theorem4_bound(trace) >= 2.0
+
+
+@pytest.mark.parametrize(
+    ("u1", "u2", "alpha"),
+    [(2.0, 2.0, 1.0), (2.0, 1000.0, math.log(1000.0)), (1000.0, 2.0, math.log(1000.0))],
+)
+def test_theorem4_alpha_is_at_least_1_and_takes_the_widest_of_both_price_ranges(
+    u1: float, u2: float, alpha: float
+) -> None:
+    """Explicit bounds, L = 1: with U = 2 on both sides every ln(U/L) = 0.69 < 1, so
+    alpha = 1 (the published statement's floor), 2 alpha = 2; else alpha is the wider
+    range, ln 1000, whether on the workers' side (U1) or the PS' (U2)."""
+    raw = generate_trace(
+        np.random.default_rng(5), n_jobs=2, n_worker_servers=2, n_ps_servers=1, horizon=6
+    )
+    raw["pricing"] = {"U1": {"gpu": u1}, "U2": {"cpu": u2}, "L1": 1, "L2": 1}
+    trace = trace_from_dict(raw)
+    assert theorem4_alpha(trace) == pytest.approx(alpha)
+    assert theorem4_bound(trace) == pytest.approx(2 * alpha)
 
 
 def test_largest_job_share_is_the_most_one_job_takes_of_a_resource_on_the_empty_cluster() -> None:
