@@ -217,6 +217,17 @@ def test_a_job_runs_in_its_last_slot_only_the_workers_its_work_needs() -> None:
     assert (out["a"].jct, out["b"].jct) == (3, 1)
 
 
+def test_a_last_slot_keeps_the_workers_on_the_first_listed_servers() -> None:
+    """Round-robin puts a's 3 workers on w0, w1, w0; W = 4 leaves 1 worker-slot for slot
+    1, and the 2 workers cut come off the last-listed servers first (w1's, then one of
+    w0's), so the one left runs on w0."""
+    raw = _trace({"gpu": 4}, [_job("a", 0, chunks=3, work=4, worker={"gpu": 1})], horizon=4)
+    raw["servers"].insert(1, {"name": "w1", "kind": "worker", "capacity": {**BIG, "gpu": 4}})
+    out = _outcomes(raw, "fifo")["a"]
+    assert out.schedule is not None and out.jct == 2
+    assert out.schedule.workers.tolist() == [[2, 1], [1, 0]]
+
+
 @pytest.mark.parametrize("policy", BASELINES)
 def test_a_job_that_can_just_finish_in_the_last_slot_is_run_by_every_baseline(
     policy: str,
@@ -403,6 +414,41 @@ def test_drf_counts_the_ps_a_job_holds_not_one_per_worker() -> None:
 
 
 @pytest.mark.parametrize("policy", ["rrh", "rrh-np"])
+def test_rrh_charges_no_delay_cost_when_the_jobs_exactly_fit(policy: str) -> None:
+    """a and b each hold 1 of the 2 GPUs (dominant shares 1/2 + 1/2 = 1: no one waits),
+    so b's admission costs nothing, though delaying a 3 slots would cost a its ~50."""
+    gpu1 = {"gpu": 1}
+    critical: dict[str, Any] = {"kind": "sigmoid", "decay": 5, "target": 5, "priority": 100}
+    cheap: dict[str, Any] = {"kind": "sigmoid", "decay": 0, "target": 1, "priority": 2}
+    raw = _trace(
+        {"gpu": 2},
+        [_job("a", 0, 1, 5, gpu1, critical), _job("b", 0, 1, 5, gpu1, cheap)],
+        horizon=20,
+    )
+    out = _outcomes(raw, policy)
+    assert out["b"].admitted and out["b"].utility == pytest.approx(1.0)
+    assert _workers(out["a"]) == _workers(out["b"]) == {t: 1 for t in range(5)}
+
+
+@pytest.mark.parametrize("policy", ["rrh", "rrh-np"])
+def test_rrh_rounds_a_fractional_delay_up(policy: str) -> None:
+    """At slot 1, a (both GPUs, share 1) has 6 worker-slots left: done at jct 4, worth
+    ~100 up to jct 5 and ~0 from 6 (a step at 5.5). b (1 GPU, share 1/2, 3 slots) would
+    delay a by ceil(1/2 * 3) = 2 slots, to jct 6: a cost of ~100 against b's 5, so b is
+    rejected (rounded down, the delay of 1 would cost ~0 and admit it)."""
+    step: dict[str, Any] = {"kind": "sigmoid", "decay": 50, "target": 5.5, "priority": 100}
+    cheap: dict[str, Any] = {"kind": "sigmoid", "decay": 0, "target": 1, "priority": 10}
+    raw = _trace(
+        {"gpu": 2},
+        [_job("a", 0, 2, 8, {"gpu": 1}, step), _job("b", 1, 1, 3, {"gpu": 1}, cheap)],
+        horizon=20,
+    )
+    out = _outcomes(raw, policy)
+    assert not out["b"].admitted and out["b"].schedule is None
+    assert _workers(out["a"]) == {t: 2 for t in range(4)} and out["a"].jct == 4
+
+
+@pytest.mark.parametrize("policy", ["rrh", "rrh-np"])
 def test_rrh_takes_utilities_near_the_float_range_without_a_warning(policy: str) -> None:
     """Delay costs of jobs worth 1.7e308 summed past the float range: numpy warned on
     the replay's stderr (an audit; warnings are errors here). Such a cost is inf."""
@@ -545,6 +591,36 @@ def test_verify_catches_over_allocation() -> None:
     outcomes = [Outcome(job, True, full, None, 0.0, 0.0) for job in trace.jobs]
     with pytest.raises(CapacityError):  # 3 + 3 GPUs on a 4-GPU server
         verify(trace, outcomes)
+
+
+@pytest.mark.parametrize(
+    ("workers", "ps", "start", "jct", "match"),
+    [
+        ([[2], [2]], [[1], [1]], 4, None, "outside slots"),  # slots 4-5, T = 5
+        ([[4], [4]], [[1], [1]], 0, 3, "last slot"),  # ends in slot 1: jct 2
+        ([[4], [4], [1]], [[1], [1], [1]], 0, 3, "worker-slots"),  # 9 > W = 8
+        ([[4], [4]], [[1], [1]], 0, None, "worker-slots"),  # all of W done, yet no jct
+        ([[4], [2]], [[1], [1]], 0, 2, "worker-slots"),  # a jct with 6 < W done
+        ([[4], [4]], [[1], [0]], 0, 2, "z\\(y\\)"),
+    ],
+)
+def test_verify_catches_each_broken_rule(
+    workers: list[list[int]], ps: list[list[int]], start: int, jct: int | None, match: str
+) -> None:
+    """a: N = 4, W = 8, T = 5; each schedule breaks one shared rule (SPEC 1, 3)."""
+    trace = _tiny()
+    sched = Schedule(start, np.array(workers, dtype=np.int32), np.array(ps, dtype=np.int32))
+    with pytest.raises(PolicyError, match=match):
+        verify(trace, [Outcome(trace.jobs[0], True, sched, jct, 0.0, 0.0)])
+
+
+def test_verify_catches_more_workers_than_n() -> None:
+    trace = trace_from_dict(
+        _trace({"gpu": 8}, [_job("a", 0, chunks=4, work=8, worker={"gpu": 1})], 5)
+    )
+    sched = Schedule(0, np.array([[5], [3]], dtype=np.int32), np.array([[1], [1]], dtype=np.int32))
+    with pytest.raises(PolicyError, match="more than N = 4"):
+        verify(trace, [Outcome(trace.jobs[0], True, sched, 2, 0.0, 0.0)])
 
 
 # -- the command line -----------------------------------------------------------------

@@ -318,9 +318,17 @@ def test_replan_remaining_counts_completion_from_the_arrival() -> None:
     assert np.array_equal(after.workers, workers) and np.array_equal(after.ps, ps)
     assert np.array_equal(ledger.worker_side.used, used)
     assert np.array_equal(ledger.worker_side.price, price)
+    # a re-plan stays within its last slot: 3 worker-slots at N = 2 need two slots
+    late, _ = replan_remaining(ledger, job, 3, start + 2, start + 3)
+    assert late.schedule is not None and late.schedule.end <= start + 3
+    none, past = replan_remaining(ledger, job, 3, start + 2, start + 2)
+    assert none.schedule is None and past.end < start + 2
     shifted = remaining_job(job, 5, 3)
     assert isinstance(shifted.utility, Shifted) and shifted.work == 5
     assert float(shifted.utility.values(1)) == float(Sigmoid(40, 0.1, 6).values(4))
+    # its logs too (explanations and bound estimates read them): log f(d + 3)
+    d = np.arange(1, 8)
+    assert np.array_equal(shifted.utility.log_values(d), Sigmoid(40, 0.1, 6).log_values(d + 3))
     with pytest.raises(LedgerError):
         remaining_job(job, 0, 3)
 
