@@ -448,6 +448,40 @@ def test_rrh_rounds_a_fractional_delay_up(policy: str) -> None:
     assert _workers(out["a"]) == {t: 2 for t in range(4)} and out["a"].jct == 4
 
 
+def test_a_dominant_share_is_of_the_whole_clusters_capacity() -> None:
+    """Two worker servers of 4 GPUs (8 in all), two PS servers of 2 CPUs (4 in all):
+    a worker of 1 GPU is 1/8 of the GPUs, a PS of 1 CPU 1/4 of the PS servers' CPUs
+    (their 10 Gbps of 2000 are less). 3 workers (1 PS) take 3/8; 1 worker, its PS 1/4."""
+    raw = _trace({"gpu": 4}, [_job("a", 0, chunks=8, work=8, worker={"gpu": 1})], horizon=4)
+    raw["servers"] = [
+        {"name": "w0", "kind": "worker", "capacity": {**BIG, "gpu": 4}},
+        {"name": "w1", "kind": "worker", "capacity": {**BIG, "gpu": 4}},
+        {"name": "p0", "kind": "ps", "capacity": {**BIG, "cpu": 2}},
+        {"name": "p1", "kind": "ps", "capacity": {**BIG, "cpu": 2}},
+    ]
+    sim = Simulator(trace_from_dict(raw))
+    task = sim.tasks[0]
+    assert task.worker_share == pytest.approx(1 / 8) and task.ps_share == pytest.approx(1 / 4)
+    assert sim.share(task, 3) == pytest.approx(3 / 8)
+    assert sim.share(task, 1) == pytest.approx(1 / 4)
+
+
+def test_dorm_regrows_a_job_when_another_completes() -> None:
+    """a and b split the 4 GPUs (the MILP's split is one of several); b, W = 2, is done
+    within 2 slots; at the next event a alone is worth all 4 GPUs (utilisation, and
+    its N and remaining work allow 4), so it must get them, not keep its old count."""
+    gpu1 = {"gpu": 1}
+    raw = _trace(
+        {"gpu": 4},
+        [_job("a", 0, chunks=4, work=20, worker=gpu1), _job("b", 0, chunks=4, work=2, worker=gpu1)],
+        horizon=20,
+    )
+    out = _outcomes(raw, "dorm")
+    assert out["b"].jct is not None and out["b"].jct <= 2
+    a = _workers(out["a"])
+    assert a[out["b"].jct] == 4  # the slot after b's last
+
+
 @pytest.mark.parametrize("policy", ["rrh", "rrh-np"])
 def test_rrh_takes_utilities_near_the_float_range_without_a_warning(policy: str) -> None:
     """Delay costs of jobs worth 1.7e308 summed past the float range: numpy warned on
