@@ -482,6 +482,39 @@ def test_dorm_regrows_a_job_when_another_completes() -> None:
     assert a[out["b"].jct] == 4  # the slot after b's last
 
 
+def test_dorm_tops_up_what_per_server_placement_leaves_free() -> None:
+    """Servers of 4 and 5 GPUs (9 pooled). a and b take 3 GPUs a worker, so one each
+    fits per server (3 + 3: 1 GPU left on w0, 2 on w1); c's workers take 2, and w1 has
+    room for one. Whatever the pooled MILP gave c, the top-up must place that worker at
+    once (nothing else fits: 1 GPU on w0 takes no worker of theirs)."""
+    raw = _trace(
+        {"gpu": 4},
+        [
+            _job("a", 0, chunks=2, work=9, worker={"gpu": 3}),
+            _job("b", 0, chunks=2, work=6, worker={"gpu": 3}),
+            _job("c", 0, chunks=2, work=12, worker={"gpu": 2}),
+        ],
+        horizon=12,
+    )
+    raw["servers"].insert(1, {"name": "w1", "kind": "worker", "capacity": {**BIG, "gpu": 5}})
+    out = _outcomes(raw, "dorm")
+    first = {j: o.schedule.workers[0].tolist() for j, o in out.items() if o.schedule}
+    assert out["c"].schedule is not None and out["c"].schedule.start == 0
+    assert sorted(first.values()) == [[0, 1], [0, 1], [1, 0]]  # c on w1 beside a or b
+
+
+@pytest.mark.parametrize("policy", BASELINES)
+def test_every_baseline_fills_the_ps_servers_exactly(policy: str) -> None:
+    """The PS server has 1 CPU: room for exactly one PS, all a's 4 workers need (one
+    serves 10): a runs all 4 from slot 0, W = 8 done in slot 1."""
+    raw = _one_ps_cpu(
+        _trace({"gpu": 4}, [_job("a", 0, chunks=4, work=8, worker={"gpu": 1})], horizon=6),
+        cpu=1,
+    )
+    out = _outcomes(raw, policy)
+    assert _workers(out["a"]) == {0: 4, 1: 4} and out["a"].jct == 2
+
+
 @pytest.mark.parametrize("policy", ["rrh", "rrh-np"])
 def test_rrh_takes_utilities_near_the_float_range_without_a_warning(policy: str) -> None:
     """Delay costs of jobs worth 1.7e308 summed past the float range: numpy warned on
