@@ -553,6 +553,26 @@ def test_dorm_maximises_utilisation_within_its_fairness_bound(
     assert first == expected
 
 
+def test_dorm_at_no_fairness_slack_gives_a_job_its_drf_workers_up_to_its_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """8 GPUs, 8 CPUs; a's worker takes a GPU and a CPU, b's a CPU, N_b = 3: equal
+    shares 1/8 a worker, so DRF fills a1 b1 a2 b2 a3 b3 (b at its N), then a4 a5 (CPUs
+    full): (5, 3). Utilisation alone prefers a's workers (two resources), but at slack 0
+    the floors are DRF's exactly, so b keeps all 3, its cap, not 2."""
+    monkeypatch.setattr("pricing.baselines.dorm.FAIRNESS_SLACK", 0.0)
+    raw = _trace(
+        {"gpu": 8, "cpu": 8},
+        [
+            _job("a", 0, chunks=10, work=80, worker={"gpu": 1, "cpu": 1}),
+            _job("b", 0, chunks=3, work=30, worker={"cpu": 1}),
+        ],
+        horizon=40,
+    )
+    out = _outcomes(raw, "dorm")
+    assert (_workers(out["a"])[0], _workers(out["b"])[0]) == (5, 3)
+
+
 @pytest.mark.parametrize("fraction", [0.25, 1.0])
 def test_dorm_resizes_at_most_its_adjustment_bound(
     monkeypatch: pytest.MonkeyPatch, fraction: float
