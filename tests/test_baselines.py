@@ -516,6 +516,17 @@ def test_every_baseline_fills_the_ps_servers_exactly(policy: str) -> None:
 
 
 @pytest.mark.parametrize("policy", ["rrh", "rrh-np"])
+def test_rrh_rejects_a_gain_not_above_its_threshold(policy: str) -> None:
+    """Alone on the cluster (no delay cost), a job worth 5e-13 at any completion time
+    nets 5e-13, not above THRESHOLD = 1e-9: rejected, as OASiS rejects it."""
+    tiny: dict[str, Any] = {"kind": "sigmoid", "priority": 1e-12, "decay": 0, "target": 1}
+    raw = _trace({"gpu": 4}, [_job("a", 0, 2, 4, {"gpu": 1}, tiny)], horizon=6)
+    out = _outcomes(raw, policy)["a"]
+    assert not out.admitted and out.schedule is None and out.utility is None
+    assert out.reason is not None and "not above the threshold 1e-09" in out.reason
+
+
+@pytest.mark.parametrize("policy", ["rrh", "rrh-np"])
 def test_rrh_takes_utilities_near_the_float_range_without_a_warning(policy: str) -> None:
     """Delay costs of jobs worth 1.7e308 summed past the float range: numpy warned on
     the replay's stderr (an audit; warnings are errors here). Such a cost is inf."""
