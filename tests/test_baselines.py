@@ -527,6 +527,35 @@ def test_rrh_rejects_a_gain_not_above_its_threshold(policy: str) -> None:
 
 
 @pytest.mark.parametrize("policy", ["rrh", "rrh-np"])
+def test_rrh_starts_waiting_jobs_by_reward_density_when_servers_free(policy: str) -> None:
+    """Each job fills both GPUs for one slot and is worth p / 2 whenever it ends (decay
+    0), so delays cost nothing and all are admitted; densities are p / 2 per unit of
+    share-time: x 50, z 25, y 5. x runs in slot 0; when it completes, the waiting z
+    (denser, though it arrived after y) runs in slot 1, then y in slot 2."""
+    gpu1 = {"gpu": 1}
+
+    def worth(p: float) -> dict[str, Any]:
+        return {"kind": "sigmoid", "priority": p, "decay": 0, "target": 1}
+
+    raw = _trace(
+        {"gpu": 2},
+        [
+            _job("x", 0, 2, 2, gpu1, worth(100)),
+            _job("y", 0, 2, 2, gpu1, worth(10)),
+            _job("z", 0, 2, 2, gpu1, worth(50)),
+        ],
+        horizon=6,
+    )
+    out = _outcomes(raw, policy)
+    assert all(o.admitted for o in out.values())
+    assert (_workers(out["x"]), _workers(out["z"]), _workers(out["y"])) == (
+        {0: 2},
+        {1: 2},
+        {2: 2},
+    )
+
+
+@pytest.mark.parametrize("policy", ["rrh", "rrh-np"])
 def test_rrh_takes_utilities_near_the_float_range_without_a_warning(policy: str) -> None:
     """Delay costs of jobs worth 1.7e308 summed past the float range: numpy warned on
     the replay's stderr (an audit; warnings are errors here). Such a cost is inf."""
