@@ -482,6 +482,15 @@ def test_dorm_regrows_a_job_when_another_completes() -> None:
     assert a[out["b"].jct] == 4  # the slot after b's last
 
 
+@pytest.mark.parametrize("policy", BASELINES)
+def test_every_baseline_spreads_a_job_over_several_servers(policy: str) -> None:
+    """Two worker servers of 2 GPUs: a's 4 workers fit only across both; W = 8 in 2 slots."""
+    raw = _trace({"gpu": 2}, [_job("a", 0, chunks=4, work=8, worker={"gpu": 1})], horizon=6)
+    raw["servers"].insert(1, {"name": "w1", "kind": "worker", "capacity": {**BIG, "gpu": 2}})
+    out = _outcomes(raw, policy)["a"]
+    assert out.schedule is not None and out.schedule.workers.tolist() == [[2, 2], [2, 2]]
+
+
 def test_dorm_tops_up_what_per_server_placement_leaves_free() -> None:
     """Servers of 4 and 5 GPUs (9 pooled). a and b take 3 GPUs a worker, so one each
     fits per server (3 + 3: 1 GPU left on w0, 2 on w1); c's workers take 2, and w1 has
@@ -553,6 +562,31 @@ def test_rrh_starts_waiting_jobs_by_reward_density_when_servers_free(policy: str
         {1: 2},
         {2: 2},
     )
+
+
+def test_rrh_moves_a_running_job_whose_servers_a_denser_one_took() -> None:
+    """w0 has 2 GPUs, w1 4. x runs 1 + 1 from slot 0. z (4 workers, worth 50 against
+    x's 5, no delay cost at decay 0) arrives at slot 1 and ranks first: round-robin
+    gives it 2 + 2, so x's w0 worker no longer fits; x is placed again on w1's 2 free
+    GPUs rather than paused, and runs 2 a slot from slot 0 to 4 (W = 10, jct 5)."""
+
+    def worth(p: float) -> dict[str, Any]:
+        return {"kind": "sigmoid", "priority": p, "decay": 0, "target": 1}
+
+    raw = _trace(
+        {"gpu": 2},
+        [
+            _job("x", 0, 2, 10, {"gpu": 1}, worth(10)),
+            _job("z", 1, 4, 4, {"gpu": 1}, worth(100)),
+        ],
+        horizon=10,
+    )
+    raw["servers"].insert(1, {"name": "w1", "kind": "worker", "capacity": {**BIG, "gpu": 4}})
+    out = _outcomes(raw, "rrh")
+    x, z = out["x"].schedule, out["z"].schedule
+    assert z is not None and z.start == 1 and z.workers.tolist() == [[2, 2]]
+    assert x is not None and x.workers.tolist()[:2] == [[1, 1], [0, 2]]
+    assert _workers(out["x"]) == {t: 2 for t in range(5)} and out["x"].jct == 5
 
 
 @pytest.mark.parametrize("policy", ["rrh", "rrh-np"])
