@@ -15,6 +15,7 @@ import pytest
 from controller.cli import main
 from pricing import CapacityError, trace_from_dict
 from pricing.baselines import POLICIES, run
+from pricing.baselines.rrh import _net_rewards
 from pricing.baselines.simulator import Outcome, PolicyError, Pool, Simulator, simulate, verify
 from pricing.schedule import Schedule
 from pricing.workload import generate_trace
@@ -587,6 +588,33 @@ def test_rrh_moves_a_running_job_whose_servers_a_denser_one_took() -> None:
     assert z is not None and z.start == 1 and z.workers.tolist() == [[2, 2]]
     assert x is not None and x.workers.tolist()[:2] == [[1, 1], [0, 2]]
     assert _workers(out["x"]) == {t: 2 for t in range(5)} and out["x"].jct == 5
+
+
+def test_rrh_net_reward_and_density_worked_by_hand() -> None:
+    """RRH's formulas (rrh.py's docstring) on two arrivals at slot 0 on 2 GPUs, both
+    worth f(d) = 10 / (1 + e^(d - 2)):
+    - a: 2 workers (share 1), W = 5: RPT = ceil(5/2) = 3, gain f(3);
+    - b: N = 2 but W = 1, so 1 worker (share 1/2), RPT 1, gain f(1);
+    - shares sum to 1.5 > 1: a delays b by ceil(1 * 3) = 3 slots, costing f(1) - f(4);
+      b delays a by ceil(1/2 * 1) = 1, costing f(3) - f(4);
+    - density: net / (share * RPT): a's over 3, b's over 1/2."""
+    worth: dict[str, Any] = {"kind": "sigmoid", "priority": 10, "decay": 1, "target": 2}
+    raw = _trace(
+        {"gpu": 2},
+        [_job("a", 0, 2, 5, {"gpu": 1}, worth), _job("b", 0, 2, 1, {"gpu": 1}, worth)],
+        horizon=10,
+    )
+    sim = Simulator(trace_from_dict(raw))
+    a, b = sim.tasks
+    net, density = _net_rewards(sim, [a, b], {0: 2, 1: 2})
+
+    def f(d: int) -> float:
+        return 10.0 / (1.0 + math.exp(d - 2))
+
+    assert net[0] == pytest.approx(f(3) - (f(1) - f(4)), rel=1e-12)
+    assert net[1] == pytest.approx(f(1) - (f(3) - f(4)), rel=1e-12)
+    assert density[0] == pytest.approx(net[0] / 3, rel=1e-12)
+    assert density[1] == pytest.approx(net[1] / 0.5, rel=1e-12)
 
 
 @pytest.mark.parametrize("policy", ["rrh", "rrh-np"])
