@@ -30,6 +30,7 @@ from pricing.offline import (
 )
 from pricing.offline_solve import solve
 from pricing.schedule import Schedule
+from pricing.theorem4 import largest_job_share, theorem4_alpha
 from pricing.workload import generate_trace
 
 SLACK = 1e-9
@@ -490,6 +491,58 @@ def test_theorem4_bound_is_twice_the_largest_log_price_range() -> None:
     alpha = max(1.0, *(b.log_u1 - b.log_l1), *(b.log_u2 - b.log_l2))
     assert theorem4_bound(trace) == pytest.approx(2 * alpha)
     assert theorem4_bound(trace) >= 2.0
+
+
+@pytest.mark.parametrize(
+    ("u1", "u2", "alpha"),
+    [(2.0, 2.0, 1.0), (2.0, 1000.0, math.log(1000.0)), (1000.0, 2.0, math.log(1000.0))],
+)
+def test_theorem4_alpha_is_at_least_1_and_takes_the_widest_of_both_price_ranges(
+    u1: float, u2: float, alpha: float
+) -> None:
+    """Explicit bounds, L = 1: with U = 2 on both sides every ln(U/L) = 0.69 < 1, so
+    alpha = 1 (the published statement's floor), 2 alpha = 2; else alpha is the wider
+    range, ln 1000, whether on the workers' side (U1) or the PS' (U2)."""
+    raw = generate_trace(
+        np.random.default_rng(5), n_jobs=2, n_worker_servers=2, n_ps_servers=1, horizon=6
+    )
+    raw["pricing"] = {"U1": {"gpu": u1}, "U2": {"cpu": u2}, "L1": 1, "L2": 1}
+    trace = trace_from_dict(raw)
+    assert theorem4_alpha(trace) == pytest.approx(alpha)
+    assert theorem4_bound(trace) == pytest.approx(2 * alpha)
+
+
+def test_largest_job_share_is_the_most_one_job_takes_of_a_resource_on_the_empty_cluster() -> None:
+    """Worked by hand: two worker servers of 4 GPUs, one PS server of 10 CPUs.
+    - small: 1 GPU a worker, N = 4: 4 of the 8 GPUs, 1/2 (its one PS: 3 of 10 CPUs);
+    - wide: 1 GPU a worker, N = 10, a PS (3 CPUs) per 2 workers: 8 workers fit on the
+      GPUs, but z(8) = 4 PS need 12 CPUs; 3 PS fit (9 CPUs), so 6 workers: 6/8 of the
+      GPUs, and 9/10 of the PS servers' CPUs, the largest share (its workers' 6 CPUs of
+      200 are less). Not N's z(10) = 5 PS, nor z = y = 6 PS (18 CPUs)."""
+    servers = [
+        {"name": "w0", "kind": "worker", "capacity": {"gpu": 4, "cpu": 100, "bandwidth": 100}},
+        {"name": "w1", "kind": "worker", "capacity": {"gpu": 4, "cpu": 100, "bandwidth": 100}},
+        {"name": "p0", "kind": "ps", "capacity": {"cpu": 10, "bandwidth": 100}},
+    ]
+
+    def job(job_id: str, chunks: int, ps_bandwidth: float) -> dict[str, Any]:
+        return {
+            "id": job_id, "arrival": 0, "epochs": 1, "chunks": chunks, "minibatches": 1,
+            "tau": 1.0, "grad_mb": 0.001, "worker": {"gpu": 1, "cpu": 1, "bandwidth": 5},
+            "ps": {"cpu": 3, "bandwidth": ps_bandwidth},
+            "utility": {"kind": "sigmoid", "priority": 1, "decay": 0, "target": 1},
+        }  # fmt: skip
+
+    def share(jobs: list[dict[str, Any]]) -> tuple[float, str]:
+        raw = {"version": 1, "horizon": 20, "resources": ["gpu", "cpu", "bandwidth"],
+               "servers": servers, "jobs": jobs}  # fmt: skip
+        return largest_job_share(trace_from_dict(raw))
+
+    small = job("small", 4, ps_bandwidth=50)  # 1 PS serves 10 workers
+    got, resource = share([small])
+    assert resource == "gpu" and got == pytest.approx(0.5)
+    got, resource = share([small, job("wide", 10, ps_bandwidth=10)])
+    assert resource == "cpu" and got == pytest.approx(0.9)
 
 
 # ---------------------------------------------------------------------------------------

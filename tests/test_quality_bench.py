@@ -1,17 +1,18 @@
 """``bench/quality.py``: its accounting of OASiS's shortfall adds up, and it earns what
-replay earns."""
+replay earns; and the bounds of ``pricing.quality`` it and the figures report against."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
+import pytest
 
 from bench.quality import bounds_row, losses, shifted_prior
 from controller.replay import replay
 from pricing import trace_from_dict
 from pricing.default_prior import DEFAULT_PRIOR
-from pricing.quality import dmin_bound
+from pricing.quality import certified_bound, dmin_bound, fastest_completion
 from pricing.workload import generate_trace
 
 
@@ -70,3 +71,42 @@ def test_a_bounds_row_orders_oasis_the_allocation_and_the_bounds() -> None:
         float(r.decision.best.utility or 0.0) for r in replay(trace) if r.decision.admitted
     )
     assert math.isclose(row["oasis"], earned, rel_tol=1e-12, abs_tol=1e-12)
+
+
+def _bound_job(job_id: str, arrival: int, chunks: int, work: int, gpu: int) -> dict[str, object]:
+    """Exactly ``work`` worker-slots (E N M m = work - 0.5 + ~1e-9), ``gpu`` GPUs a worker;
+    one PS (10 Gbps) serves 10 workers of 1 Gbps; f(d) = 10 / (1 + e^(d - 2))."""
+    return {
+        "id": job_id, "arrival": arrival, "epochs": 1, "chunks": chunks, "minibatches": 1,
+        "tau": (work - 0.5) / chunks, "grad_mb": 0.001,
+        "worker": {"gpu": gpu, "cpu": 1, "bandwidth": 1}, "ps": {"cpu": 1, "bandwidth": 10},
+        "utility": {"kind": "sigmoid", "priority": 10, "decay": 1, "target": 2},
+    }  # fmt: skip
+
+
+def test_the_certified_bound_is_each_jobs_utility_at_its_fastest_on_the_empty_cluster() -> None:
+    """Worked by hand on one 4-GPU worker server (T = 10):
+    - a: N = 4 but 2 GPUs a worker, so at most 2 workers fit: W = 5 takes ceil(5/2) = 3
+      slots at best (the paper's d_min, ceil(W/N) = 2, is not reachable);
+    - c: N = 1, W = 1: 1 slot;
+    - late: arrives at 9 with W = 5 at most 4 a slot: 2 slots, 1 left: counted in neither.
+    So the certified bound is f(3) + f(1) and the paper's sum f(2) + f(1)."""
+    raw = {
+        "version": 1, "horizon": 10, "resources": ["gpu", "cpu", "bandwidth"],
+        "servers": [
+            {"name": "w0", "kind": "worker", "capacity": {"gpu": 4, "cpu": 100, "bandwidth": 100}},
+            {"name": "p0", "kind": "ps", "capacity": {"cpu": 100, "bandwidth": 100}},
+        ],
+        "jobs": [_bound_job("a", 0, 4, 5, gpu=2), _bound_job("c", 0, 1, 1, gpu=1),
+                 _bound_job("late", 9, 4, 5, gpu=1)],
+    }  # fmt: skip
+    trace = trace_from_dict(raw)
+    a, c, late = trace.jobs
+    assert (a.work, c.work, late.work) == (5, 1, 5)
+    assert [fastest_completion(j, trace) for j in trace.jobs] == [3, 1, None]
+
+    def f(d: int) -> float:
+        return 10.0 / (1.0 + math.exp(d - 2))
+
+    assert certified_bound(trace) == pytest.approx(f(3) + f(1), rel=1e-12)
+    assert dmin_bound(trace) == pytest.approx(f(2) + f(1), rel=1e-12)

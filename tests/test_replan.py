@@ -18,6 +18,7 @@ from pricing.replan import (
     Shifted,
     fail_server,
     fail_servers,
+    first_holders,
     release_rest,
     remaining_job,
     replan_remaining,
@@ -301,6 +302,39 @@ def test_worker_failure_with_every_other_worker_full_strands_the_job() -> None:
     assert "a" in out2.replaced  # the same failure on an empty cluster: moved in place
 
 
+def test_a_failed_servers_job_with_no_work_left_is_not_replanned() -> None:
+    """Every other worker server is full, so a's units cannot move in place; but its
+    remaining work is 0 (done early): nothing to re-plan, it just loses those units."""
+    job = make_job("a", chunks=4, epochs=6, decay=0.0)
+    ledger = admitted([job])
+    sched = ledger.schedule("a")
+    victim = int(np.flatnonzero(sched.workers.sum(axis=0))[0])
+    by_id = {"a": job, **fill(ledger, [i for i in range(3) if i != victim], 0, T)}
+    from_slot = sched.start + 1
+    out = fail_server(ledger, by_id, "worker", victim, from_slot, {"a": 0},
+                      {j: T - 1 for j in by_id})  # fmt: skip
+    assert out.replaced == ["a"] and not out.replanned and not out.stranded
+    assert not ledger.schedule("a").after(from_slot).workers[:, victim].any()
+    within_capacity(ledger, by_id)
+
+
+def test_first_holders_names_the_first_listed_server_a_job_is_on() -> None:
+    """x runs 1 worker on w0 and on w1 and its PS on p0 in slots 2-3; y only on w2.
+    Each holder is named by the first of the given servers it is on, in their order;
+    a job on none of them (or only outside the slots asked) is not listed."""
+    job = make_job("x")
+    ledger = Ledger(CLUSTER, oracle_bounds([job], CLUSTER, T, {"x": T}), T)
+    for job_id, workers, ps in (("x", [1, 1, 0], [1, 0]), ("y", [0, 0, 1], [0, 1])):
+        rows = Schedule(2, np.array([workers] * 2, np.int32), np.array([ps] * 2, np.int32))
+        ledger.admit(job_id, job.worker, job.ps, rows)
+    assert first_holders(ledger, [("worker", 1), ("worker", 0)], 0) == {"x": ("worker", 1)}
+    assert first_holders(ledger, [("ps", 0), ("worker", 0)], 0) == {"x": ("ps", 0)}
+    assert first_holders(ledger, [("worker", 0), ("worker", 2)], 0) == {
+        "x": ("worker", 0), "y": ("worker", 2)}  # fmt: skip
+    assert first_holders(ledger, [("worker", 0)], 4) == {}
+    assert first_holders(ledger, [("worker", 0)], 0, until=2) == {}
+
+
 def test_replan_remaining_counts_completion_from_the_arrival() -> None:
     job = make_job("a")
     ledger = admitted([job])
@@ -318,9 +352,17 @@ def test_replan_remaining_counts_completion_from_the_arrival() -> None:
     assert np.array_equal(after.workers, workers) and np.array_equal(after.ps, ps)
     assert np.array_equal(ledger.worker_side.used, used)
     assert np.array_equal(ledger.worker_side.price, price)
+    # a re-plan stays within its last slot: 3 worker-slots at N = 2 need two slots
+    late, _ = replan_remaining(ledger, job, 3, start + 2, start + 3)
+    assert late.schedule is not None and late.schedule.end <= start + 3
+    none, past = replan_remaining(ledger, job, 3, start + 2, start + 2)
+    assert none.schedule is None and past.end < start + 2
     shifted = remaining_job(job, 5, 3)
     assert isinstance(shifted.utility, Shifted) and shifted.work == 5
     assert float(shifted.utility.values(1)) == float(Sigmoid(40, 0.1, 6).values(4))
+    # its logs too (explanations and bound estimates read them): log f(d + 3)
+    d = np.arange(1, 8)
+    assert np.array_equal(shifted.utility.log_values(d), Sigmoid(40, 0.1, 6).log_values(d + 3))
     with pytest.raises(LedgerError):
         remaining_job(job, 0, 3)
 
