@@ -356,13 +356,14 @@ def _model_cluster() -> pricing.Cluster:
     return pricing.cluster_from_dict(list(RESOURCES), servers)
 
 
-def _model_bounds() -> pricing.PriceBounds:
-    """Explicit bounds, each side and each resource its own (a per-resource floor on PS)."""
+def _model_bounds(change: str = "") -> pricing.PriceBounds:
+    """Explicit bounds, each side and each resource its own (a per-resource floor on PS);
+    ``change`` names the one bound to take otherwise (``L1``, ``L2``, ``U1``, ``U2``)."""
     return pricing.PriceBounds(
-        log_u1=np.log([50.0, 5.0, 2.0]),
-        log_u2=np.log([0.5, 7.0, 3.0]),
-        log_l1=math.log(0.01),
-        log_l2=np.log([0.5, 0.02, 0.1]),
+        log_u1=np.log([50.0, 5.0, 2.0] if change != "U1" else [50.0, 9.0, 2.0]),
+        log_u2=np.log([0.5, 7.0, 3.0] if change != "U2" else [0.5, 7.0, 30.0]),
+        log_l1=math.log(0.01 if change != "L1" else 0.001),
+        log_l2=np.log([0.5, 0.02, 0.1] if change != "L2" else [0.5, 0.2, 0.01]),
         eta1=1.0,
         eta2=1.0,
     )
@@ -495,10 +496,10 @@ def test_random_changes_keep_the_ledger_equal_to_a_model_of_it(seed: int) -> Non
     cluster, bounds, length = _model_cluster(), _model_bounds(), 8
     ledger = pricing.Ledger(cluster, bounds, length)
     model = _Model(cluster, bounds, length)
-    counts = {"admit": 0, "refused": 0, "block": 0, "restore": 0}
-    for step in range(120):
+    counts = {"admit": 0, "refused": 0, "block": 0, "restore": 0, "deferred": 0}
+    for step in range(150):
         op = rng.choice(["admit", "admit", "release", "many", "replace", "block", "unblock",
-                         "advance", "restore"])  # fmt: skip
+                         "advance", "restore", "bounds", "reorder"])  # fmt: skip
         ids = list(model.jobs)
         if op == "admit" or (not ids and op in ("release", "many", "replace")):
             start = model.origin + int(rng.integers(0, length))
@@ -533,18 +534,23 @@ def test_random_changes_keep_the_ledger_equal_to_a_model_of_it(seed: int) -> Non
             sched = _random_schedule(rng, model, start, model.origin + length - start)
             worker, ps, _ = model.jobs[job_id]
             trial = {**model.jobs, job_id: (worker, ps, _rows(sched))}
-            with ledger.deferred() if rng.random() < 0.5 else contextlib.nullcontext():
+            deferred = rng.random() < 0.5
+            with ledger.deferred() if deferred else contextlib.nullcontext():
                 if model.fits(trial):
                     ledger.replace(job_id, sched)
                     model.jobs = trial
                 else:
                     with pytest.raises(pricing.CapacityError):
                         ledger.replace(job_id, sched)
+                if deferred:  # moved by differences: equal to the model up to rounding
+                    model.check(ledger)
+                    counts["deferred"] += 1
         elif op == "block":
             kind = str(rng.choice(["worker", "ps"]))
             index = int(rng.integers(model.caps(kind).shape[0]))
             first = model.origin + int(rng.integers(0, length))
-            until = None if rng.random() < 0.4 else first + int(rng.integers(1, 2 * length))
+            ends = [None, first + int(rng.integers(1, 4)), first + int(rng.integers(1, 2 * length))]
+            until = ends[int(rng.integers(3))]
             stop = 10**9 if until is None else until
             holds = any(
                 (w if kind == "worker" else p)[index] and first <= s < stop
@@ -572,6 +578,13 @@ def test_random_changes_keep_the_ledger_equal_to_a_model_of_it(seed: int) -> Non
             for job_id, (_, _, rows) in list(model.jobs.items()):
                 if max((s for s, (w, _) in rows.items() if w.any()), default=-1) < model.origin:
                     del model.jobs[job_id]
+        elif op == "bounds":
+            model.bounds = _model_bounds(str(rng.choice(["", "L1", "L2", "U1", "U2"])))
+            ledger.set_bounds(model.bounds)
+        elif op == "reorder":
+            named = [str(j) for j in rng.permutation(ids)[: int(rng.integers(0, len(ids) + 1))]]
+            ledger.reorder(named)
+            model.jobs = {j: model.jobs[j] for j in named + [j for j in ids if j not in named]}
         else:  # a trial of changes undone
             saved = ledger.snapshot()
             job_id = f"t{step}"
@@ -584,5 +597,8 @@ def test_random_changes_keep_the_ledger_equal_to_a_model_of_it(seed: int) -> Non
             ledger.ps_side.price  # noqa: B018
             ledger.restore(saved)
             counts["restore"] += 1
+        a = int(rng.integers(0, length))
+        for side in (ledger.worker_side, ledger.ps_side):  # as a search reads: idle slots once
+            side.prices(a, int(rng.integers(a, length + 1)), idle=False)
         model.check(ledger)
     assert min(counts.values()) > 0, counts
