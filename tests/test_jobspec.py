@@ -325,6 +325,20 @@ def test_work_that_rounds_to_no_worker_slot_is_refused() -> None:
     assert problem.startswith("job: work E*N*M*m = ") and problem.endswith("rounds to 0")
 
 
+def test_work_must_fit_between_a_traces_arrival_and_its_horizon() -> None:
+    """A trace's job has ``T - a`` slots from its arrival (SPEC 3, ``Tmax``): the check
+    that its work fits at all counts them from ``a``, not from slot 0. PEOPLE's work is
+    5 worker-slots, at most 4 workers a slot: 2 slots."""
+
+    def read(arrival: int) -> Any:
+        return job_from_dict({**PEOPLE, "arrival": arrival}, CLUSTER, slot_seconds=SLOT,
+                             slots_available=lambda a: 48 - a)  # fmt: skip
+
+    assert read(46).work == 5 and max_workers_per_slot(read(46), CLUSTER) == 4
+    with pytest.raises(SpecError, match=r"needs at least 2 slots .* but only 1 "):
+        read(47)
+
+
 def test_a_cluster_naming_a_server_twice_is_refused() -> None:
     servers = [{"name": "a", "kind": "worker", "capacity": {"bandwidth": 10}},
                {"name": "a", "kind": "ps", "capacity": {"bandwidth": 10}},
