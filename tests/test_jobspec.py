@@ -348,6 +348,15 @@ def test_a_cluster_naming_a_server_twice_is_refused() -> None:
     assert [str(p) for p in err.value.problems] == ["servers[1].name: duplicate server name 'a'"]
 
 
+@pytest.mark.parametrize("kind", ["worker", "ps"])
+def test_a_cluster_needs_servers_of_both_kinds(kind: str) -> None:
+    servers = [{"name": f"s{i}", "kind": kind, "capacity": {"bandwidth": 10}} for i in range(2)]
+    other = "ps" if kind == "worker" else "worker"
+    with pytest.raises(SpecError) as err:
+        cluster_from_dict(["bandwidth"], servers)
+    assert [str(p) for p in err.value.problems] == [f"servers: needs at least one {other!r} server"]
+
+
 INDEPENDENT = [
     # a field that does not parse, and a bandwidth of 0 (it was checked only after)
     ({"epochs": "x", "worker": {**PEOPLE["worker"], "bandwidth": 0}},
