@@ -719,16 +719,18 @@ class Ledger:
         indices = [int(i) for i in np.atleast_1d(index)]
         lo = max(from_slot, self.origin) - self.origin
         hi = self.length if until is None else min(max(until - self.origin, 0), self.length)
+        users = self.holding(kind, indices, self.origin + lo, self.origin + hi) if lo < hi else []
+        if users:
+            last = "" if until is None else f" to {until - 1}"
+            which = f"#{indices[0]}" if len(indices) == 1 else f"among #{indices[:20]}"
+            raise LedgerError(
+                f"{kind} server {which} still holds jobs {users} in slots {from_slot}{last}"
+            )
+        # noted only once nothing refuses the block: a refused one left its part past the
+        # window here, and the next advance blocked the server under the job it held
         if until is not None and until > self.end and until > from_slot:
             side.ahead.extend((i, from_slot, until) for i in indices)
         if lo < hi and indices:
-            users = self.holding(kind, indices, self.origin + lo, self.origin + hi)
-            if users:
-                last = "" if until is None else f" to {until - 1}"
-                which = f"#{indices[0]}" if len(indices) == 1 else f"among #{indices[:20]}"
-                raise LedgerError(
-                    f"{kind} server {which} still holds jobs {users} in slots {from_slot}{last}"
-                )
             side.blocked[lo:hi, indices] = True
             side.fill_blocked(lo, hi)
             self._refresh(lo, hi)

@@ -31,6 +31,7 @@ from controller.statuses import MAX_BYTES, MAX_REASON, MAX_TEXT, bounded
 from pricing import SpecError, cluster_from_dict, job_from_dict
 from pricing.durations import format_duration, format_time, parse_duration, parse_time
 from pricing.errors import Problem
+from pricing.job import fits_nowhere, max_workers_per_slot, most_on_one_server
 from pricing.utility import Deadline, Sigmoid
 from tests.servers import ROOT
 
@@ -256,6 +257,104 @@ def test_a_worker_or_ps_that_fits_on_no_server_is_refused() -> None:
     with pytest.raises(SpecError, match=r"job\.worker: one worker fits on no worker server"):
         check_worth({**PEOPLE, "worker": worker}, cluster=CLUSTER, slot_seconds=SLOT,
                     window=48, arrival=10)  # fmt: skip
+
+
+def _rooms(capacity: np.ndarray, demand: list[float]) -> list[int]:
+    """Units of ``demand`` each server of ``capacity`` takes when empty, SPEC 5's room by
+    hand: the least over resources it needs of ``floor(c / d + 1e-9)``."""
+    return [
+        min(math.floor(c[r] / d + 1e-9) for r, d in enumerate(demand) if d > 0)
+        for c in capacity.tolist()
+    ]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_workers_per_slot_are_the_most_y_within_n_and_both_sides_room(seed: int) -> None:
+    """:func:`max_workers_per_slot` (the fits-in-time check's width) against a count over
+    every ``y``: at most ``N``, at most the workers all worker servers take, with ``z(y) =
+    ceil(y b / B - 1e-9)`` PS that the PS servers take; each side's room from its own
+    servers and demand, also when the worker's and PS's demands are the same numbers."""
+    rng = np.random.default_rng(seed)
+
+    def pick(*values: float) -> float:
+        return float(rng.choice(values))
+
+    servers = [
+        {"name": f"w{i}", "kind": "worker",
+         "capacity": {"gpu": pick(0, 2, 4, 8), "cpu": pick(4, 8, 16), "bandwidth": pick(10, 25)}}
+        for i in range(int(rng.integers(1, 4)))
+    ]  # fmt: skip
+    servers += [
+        {"name": f"p{i}", "kind": "ps",
+         "capacity": {"cpu": pick(0, 4, 8), "bandwidth": pick(5, 10, 25)}}
+        for i in range(int(rng.integers(1, 3)))
+    ]  # fmt: skip
+    cluster = cluster_from_dict(["gpu", "cpu", "bandwidth"], servers)
+    worker = [pick(0, 1, 2, 3), pick(1, 2.5, 4), pick(1, 2, 5)]
+    same = rng.random() < 0.4  # the same numbers on both sides
+    ps = list(worker) if same else [0.0, pick(0, 1, 3), worker[2] * pick(1, 2, 5)]
+    spec = {"id": "y", "epochs": 1, "chunks": int(rng.integers(1, 13)), "minibatches": 5,
+            "tau": 0.5, "grad_mb": 1,
+            "worker": dict(zip(cluster.resources, worker, strict=True)),
+            "ps": dict(zip(cluster.resources, ps, strict=True)),
+            "utility": {"kind": "sigmoid", "priority": 10, "decay": 0, "target": 5}}  # fmt: skip
+    job = job_from_dict(spec, cluster, slot_seconds=SLOT, slots_available=lambda _a: 10**9,
+                        arrival=0, must_fit=False)  # fmt: skip
+    worker_rooms = _rooms(cluster.worker_capacity, worker)
+    ps_rooms = _rooms(cluster.ps_capacity, ps)
+    assert most_on_one_server(cluster, "worker", job.worker) == max(worker_rooms)
+    assert most_on_one_server(cluster, "ps", job.ps) == max(ps_rooms)
+    ratio = worker[2] / ps[2]
+    want = max(
+        y
+        for y in range(job.chunks + 1)
+        if y <= sum(worker_rooms) and math.ceil(y * ratio - 1e-9) <= sum(ps_rooms)
+    )
+    assert max_workers_per_slot(job, cluster) == want
+    nowhere = {kind for kind, _ in fits_nowhere(job.worker, job.ps, cluster)}
+    assert nowhere == {
+        k for k, rooms in (("worker", worker_rooms), ("ps", ps_rooms)) if max(rooms) < 1
+    }
+
+
+def test_work_that_rounds_to_no_worker_slot_is_refused() -> None:
+    """``W = ceil(E N M m - 1e-9)`` of 0 (a mini-batch of a nanosecond) is no job: refused,
+    not admitted with nothing to run."""
+    tiny = {**PEOPLE, "minibatch_seconds": 1e-9, "grad_mb": 1e-9}
+    (problem,) = problems(tiny)
+    assert problem.startswith("job: work E*N*M*m = ") and problem.endswith("rounds to 0")
+
+
+def test_work_must_fit_between_a_traces_arrival_and_its_horizon() -> None:
+    """A trace's job has ``T - a`` slots from its arrival (SPEC 3, ``Tmax``): the check
+    that its work fits at all counts them from ``a``, not from slot 0. PEOPLE's work is
+    5 worker-slots, at most 4 workers a slot: 2 slots."""
+
+    def read(arrival: int) -> Any:
+        return job_from_dict({**PEOPLE, "arrival": arrival}, CLUSTER, slot_seconds=SLOT,
+                             slots_available=lambda a: 48 - a)  # fmt: skip
+
+    assert read(46).work == 5 and max_workers_per_slot(read(46), CLUSTER) == 4
+    with pytest.raises(SpecError, match=r"needs at least 2 slots .* but only 1 "):
+        read(47)
+
+
+def test_a_cluster_naming_a_server_twice_is_refused() -> None:
+    servers = [{"name": "a", "kind": "worker", "capacity": {"bandwidth": 10}},
+               {"name": "a", "kind": "ps", "capacity": {"bandwidth": 10}},
+               {"name": "b", "kind": "ps", "capacity": {"bandwidth": 10}}]  # fmt: skip
+    with pytest.raises(SpecError) as err:
+        cluster_from_dict(["bandwidth"], servers)
+    assert [str(p) for p in err.value.problems] == ["servers[1].name: duplicate server name 'a'"]
+
+
+@pytest.mark.parametrize("kind", ["worker", "ps"])
+def test_a_cluster_needs_servers_of_both_kinds(kind: str) -> None:
+    servers = [{"name": f"s{i}", "kind": kind, "capacity": {"bandwidth": 10}} for i in range(2)]
+    other = "ps" if kind == "worker" else "worker"
+    with pytest.raises(SpecError) as err:
+        cluster_from_dict(["bandwidth"], servers)
+    assert [str(p) for p in err.value.problems] == [f"servers: needs at least one {other!r} server"]
 
 
 INDEPENDENT = [

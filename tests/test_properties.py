@@ -7,10 +7,12 @@ prices recomputed here from the admitted schedules and SPEC 4's formula.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
@@ -337,3 +339,266 @@ def test_advance_keeps_staying_slots_and_opens_empty_ones(trace, data):
     want = pricing.best_schedule(job, fresh, first, shift + length - 1)
     assert got.payoff == want.payoff
     event(f"probe payoff {'none' if got.payoff is None else got.payoff > 0}")
+
+
+# -- (f) the ledger against a model kept here ------------------------------------------------
+
+
+def _model_cluster() -> pricing.Cluster:
+    """Two worker servers with a GPU, one without; PS servers without any GPU (a resource
+    one side lacks), one of them also without CPU."""
+    caps = [("worker", {"gpu": 4, "cpu": 8, "bandwidth": 10}),
+            ("worker", {"gpu": 2, "cpu": 16, "bandwidth": 10}),
+            ("worker", {"cpu": 8, "bandwidth": 10}),
+            ("ps", {"cpu": 6, "bandwidth": 10}),
+            ("ps", {"bandwidth": 8})]  # fmt: skip
+    servers = [{"name": f"s{i}", "kind": k, "capacity": c} for i, (k, c) in enumerate(caps)]
+    return pricing.cluster_from_dict(list(RESOURCES), servers)
+
+
+def _model_bounds(change: str = "") -> pricing.PriceBounds:
+    """Explicit bounds, each side and each resource its own (a per-resource floor on PS);
+    ``change`` names the one bound to take otherwise (``L1``, ``L2``, ``U1``, ``U2``)."""
+    return pricing.PriceBounds(
+        log_u1=np.log([50.0, 5.0, 2.0] if change != "U1" else [50.0, 9.0, 2.0]),
+        log_u2=np.log([0.5, 7.0, 3.0] if change != "U2" else [0.5, 7.0, 30.0]),
+        log_l1=math.log(0.01 if change != "L1" else 0.001),
+        log_l2=np.log([0.5, 0.02, 0.1] if change != "L2" else [0.5, 0.2, 0.01]),
+        eta1=1.0,
+        eta2=1.0,
+    )
+
+
+class _Model:
+    """What the ledger should hold, kept in plain Python: each job's demands and the
+    counts it holds per absolute slot, in admission order, and each server's down
+    intervals ``[first, until)`` (``until`` None: no end)."""
+
+    def __init__(self, cluster: pricing.Cluster, bounds: pricing.PriceBounds, length: int):
+        self.cluster, self.bounds, self.length, self.origin = cluster, bounds, length, 0
+        self.jobs: dict[str, tuple[NDArray[Any], NDArray[Any], dict[int, tuple[Any, Any]]]] = {}
+        self.down: dict[tuple[str, int], list[list[Any]]] = {}
+
+    def caps(self, kind: str) -> NDArray[np.float64]:
+        c = self.cluster
+        return c.worker_capacity if kind == "worker" else c.ps_capacity
+
+    def is_down(self, kind: str, index: int, slot: int) -> bool:
+        return any(
+            f <= slot and (u is None or slot < u) for f, u in self.down.get((kind, index), [])
+        )
+
+    def job_amounts(self, jobs: dict[str, Any] | None = None) -> dict[str, NDArray[Any]]:
+        """Per kind, ``(length, n, R)``: the sum over the jobs of counts times demand."""
+        out = {k: np.zeros((self.length, *self.caps(k).shape)) for k in ("worker", "ps")}
+        for worker, ps, rows in (self.jobs if jobs is None else jobs).values():
+            for slot, (w, p) in rows.items():
+                t = slot - self.origin
+                if 0 <= t < self.length:
+                    out["worker"][t] += w[:, None] * worker
+                    out["ps"][t] += p[:, None] * ps
+        return out
+
+    def amounts(self) -> dict[str, NDArray[Any]]:
+        """Job amounts, with a down server's cells at its capacity."""
+        out = self.job_amounts()
+        for kind in ("worker", "ps"):
+            for h in range(self.caps(kind).shape[0]):
+                for t in range(self.length):
+                    if self.is_down(kind, h, self.origin + t):
+                        out[kind][t, h] = self.caps(kind)[h]
+        return out
+
+    def fits(self, jobs: dict[str, Any]) -> bool:
+        """No cell over its capacity and no unit on a down server."""
+        amounts = self.job_amounts(jobs)
+        for kind in ("worker", "ps"):
+            cap = self.caps(kind)
+            if (amounts[kind] > cap[None] + 1e-7 + 2e-9 * cap[None]).any():
+                return False
+        for _, _, rows in jobs.values():
+            for slot, (w, p) in rows.items():
+                for kind, counts in (("worker", w), ("ps", p)):
+                    if any(counts[h] and self.is_down(kind, h, slot) for h in range(counts.size)):
+                        return False
+        return True
+
+    def check(self, ledger: pricing.Ledger) -> None:
+        assert ledger.origin == self.origin
+        assert ledger.job_ids() == list(self.jobs)
+        for job_id, (_, _, rows) in self.jobs.items():
+            sched = ledger.schedule(job_id)
+            held = {
+                sched.start + i: (sched.workers[i], sched.ps[i])
+                for i in range(sched.slots)
+                if sched.workers[i].any() or sched.ps[i].any()
+            }
+            assert held.keys() == rows.keys(), job_id
+            for slot, (w, p) in rows.items():
+                assert np.array_equal(held[slot][0], w) and np.array_equal(held[slot][1], p)
+        amounts = self.amounts()
+        b = self.bounds
+        touched = np.zeros(self.length, np.bool_)
+        for kind, side, log_l, log_u in (("worker", ledger.worker_side, b.log_l1, b.log_u1),
+                                         ("ps", ledger.ps_side, b.log_l2, b.log_u2)):  # fmt: skip
+            want = amounts[kind]
+            cap = self.caps(kind)
+            assert np.allclose(side.used, want, rtol=1e-12, atol=1e-12), kind
+            blocked = [[self.is_down(kind, h, self.origin + t) for h in range(cap.shape[0])]
+                       for t in range(self.length)]  # fmt: skip
+            assert np.array_equal(
+                side.blocked, np.array(blocked, np.bool_).reshape(side.blocked.shape)
+            )
+            # SPEC 4 per side and resource, a resource the server lacks at U
+            low, high = np.exp(np.broadcast_to(log_l, log_u.shape)), np.exp(log_u)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                share = np.where(cap[None] > 0, want / cap[None], 1.0)
+            spec = low * (high / low) ** share
+            assert np.allclose(side.price, spec, rtol=1e-9, atol=0), kind
+            # the cheapest unit of a demand per slot: the least price of each resource
+            demand = np.array([1.0, 2.0, 0.5])
+            cheapest = (spec.min(axis=1) * demand).sum(axis=1)
+            got = side.min_unit_price(demand, 0, self.length)
+            assert np.allclose(got, cheapest, rtol=1e-9, atol=0), kind
+            touched |= want.any(axis=(1, 2))
+        assert np.array_equal(ledger.touched, touched)
+
+
+def _random_schedule(
+    rng: np.random.Generator, model: _Model, start: int, slots: int
+) -> pricing.Schedule:
+    h, k = model.caps("worker").shape[0], model.caps("ps").shape[0]
+    workers = rng.integers(0, 3, (slots, h)) * (rng.random((slots, h)) < 0.5)
+    ps = rng.integers(0, 2, (slots, k)) * (rng.random((slots, k)) < 0.5)
+    workers[rng.integers(slots), rng.integers(h)] += 1  # at least one worker, anywhere
+    ps[~workers.any(axis=1)] = 0  # as every schedule: no PS in a slot without workers
+    return pricing.Schedule(start, workers.astype(np.int32), ps.astype(np.int32))
+
+
+def _rows(sched: pricing.Schedule, lo: int = -(10**9), hi: int = 10**9) -> dict[int, Any]:
+    """The schedule's non-empty slots in ``lo .. hi - 1``, as the model keeps them."""
+    return {
+        sched.start + i: (sched.workers[i].copy(), sched.ps[i].copy())
+        for i in range(sched.slots)
+        if lo <= sched.start + i < hi and (sched.workers[i].any() or sched.ps[i].any())
+    }
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_changes_keep_the_ledger_equal_to_a_model_of_it(seed: int) -> None:
+    """Admits (fitting or not), releases (one job, several, a job twice), replaces (also
+    deferred), blocks with and without an end, unblocks, window moves and snapshot
+    restores, each checked against amounts, blocks and prices kept here: every cell the
+    jobs' counts times their demands (a down server's cell at its capacity), never over
+    a capacity, every price SPEC 4's of its own side's bounds, a refused change changing
+    nothing."""
+    rng = np.random.default_rng(seed)
+    cluster, bounds, length = _model_cluster(), _model_bounds(), 8
+    ledger = pricing.Ledger(cluster, bounds, length)
+    model = _Model(cluster, bounds, length)
+    counts = {"admit": 0, "refused": 0, "block": 0, "restore": 0, "deferred": 0}
+    for step in range(150):
+        op = rng.choice(["admit", "admit", "release", "many", "replace", "block", "unblock",
+                         "advance", "restore", "bounds", "reorder"])  # fmt: skip
+        ids = list(model.jobs)
+        if op == "admit" or (not ids and op in ("release", "many", "replace")):
+            start = model.origin + int(rng.integers(0, length))
+            slots = int(rng.integers(1, model.origin + length - start + 1))
+            sched = _random_schedule(rng, model, start, slots)
+            worker = np.array([rng.choice([0, 1, 2]), rng.choice([1, 2.5, 3]), 1.0])
+            ps = np.array([0.0, rng.choice([0, 1, 2]), rng.choice([2.0, 3.0])])
+            job_id = f"j{step}"
+            trial = {**model.jobs, job_id: (worker, ps, _rows(sched))}
+            if model.fits(trial):
+                ledger.admit(job_id, worker, ps, sched)
+                model.jobs = trial
+                counts["admit"] += 1
+            else:
+                with pytest.raises(pricing.CapacityError):
+                    ledger.admit(job_id, worker, ps, sched)
+                counts["refused"] += 1
+        elif op in ("release", "many"):
+            chosen = [str(rng.choice(ids)) for _ in range(1 if op == "release" else 3)]
+            cut = model.origin + int(rng.integers(0, length))
+            ledger.release_many(chosen, cut) if op == "many" else ledger.release(chosen[0], cut)
+            for job_id in set(chosen):
+                worker, ps, rows = model.jobs[job_id]
+                kept = {s: r for s, r in rows.items() if s < cut}
+                if any(w.any() for w, _ in kept.values()):
+                    model.jobs[job_id] = (worker, ps, kept)
+                else:
+                    del model.jobs[job_id]
+        elif op == "replace":
+            job_id = str(rng.choice(ids))
+            start = model.origin + int(rng.integers(0, length))
+            sched = _random_schedule(rng, model, start, model.origin + length - start)
+            worker, ps, _ = model.jobs[job_id]
+            trial = {**model.jobs, job_id: (worker, ps, _rows(sched))}
+            deferred = rng.random() < 0.5
+            with ledger.deferred() if deferred else contextlib.nullcontext():
+                if model.fits(trial):
+                    ledger.replace(job_id, sched)
+                    model.jobs = trial
+                else:
+                    with pytest.raises(pricing.CapacityError):
+                        ledger.replace(job_id, sched)
+                if deferred:  # moved by differences: equal to the model up to rounding
+                    model.check(ledger)
+                    counts["deferred"] += 1
+        elif op == "block":
+            kind = str(rng.choice(["worker", "ps"]))
+            index = int(rng.integers(model.caps(kind).shape[0]))
+            first = model.origin + int(rng.integers(0, length))
+            ends = [None, first + int(rng.integers(1, 4)), first + int(rng.integers(1, 2 * length))]
+            until = ends[int(rng.integers(3))]
+            stop = 10**9 if until is None else until
+            holds = any(
+                (w if kind == "worker" else p)[index] and first <= s < stop
+                for _, _, rows in model.jobs.values()
+                for s, (w, p) in rows.items()
+            )
+            if holds:
+                with pytest.raises(pricing.LedgerError, match="still holds"):
+                    ledger.block(kind, index, first, until)
+            else:
+                ledger.block(kind, index, first, until)
+                model.down.setdefault((kind, index), []).append([first, until])
+                counts["block"] += 1
+        elif op == "unblock":
+            kind = str(rng.choice(["worker", "ps"]))
+            index = int(rng.integers(model.caps(kind).shape[0]))
+            first = model.origin + int(rng.integers(0, length))
+            ledger.unblock(kind, index, first)
+            for span in model.down.get((kind, index), []):
+                if span[1] is None or span[1] > first:
+                    span[1] = max(first, span[0])
+        elif op == "advance":
+            model.origin += int(rng.integers(1, 3))
+            ledger.advance(model.origin)
+            for job_id, (_, _, rows) in list(model.jobs.items()):
+                if max((s for s, (w, _) in rows.items() if w.any()), default=-1) < model.origin:
+                    del model.jobs[job_id]
+        elif op == "bounds":
+            model.bounds = _model_bounds(str(rng.choice(["", "L1", "L2", "U1", "U2"])))
+            ledger.set_bounds(model.bounds)
+        elif op == "reorder":
+            named = [str(j) for j in rng.permutation(ids)[: int(rng.integers(0, len(ids) + 1))]]
+            ledger.reorder(named)
+            model.jobs = {j: model.jobs[j] for j in named + [j for j in ids if j not in named]}
+        else:  # a trial of changes undone
+            saved = ledger.snapshot()
+            job_id = f"t{step}"
+            sched = _random_schedule(rng, model, model.origin, 2)
+            with contextlib.suppress(pricing.CapacityError):
+                ledger.admit(job_id, np.array([1.0, 1.0, 1.0]), np.array([0, 1.0, 2.0]), sched)
+            for other in list(model.jobs)[:2]:
+                ledger.release(other, model.origin)
+            ledger.worker_side.price  # noqa: B018  (derives the prices of every slot)
+            ledger.ps_side.price  # noqa: B018
+            ledger.restore(saved)
+            counts["restore"] += 1
+        a = int(rng.integers(0, length))
+        for side in (ledger.worker_side, ledger.ps_side):  # as a search reads: idle slots once
+            side.prices(a, int(rng.integers(a, length + 1)), idle=False)
+        model.check(ledger)
+    assert min(counts.values()) > 0, counts

@@ -101,6 +101,21 @@ def test_block_takes_capacity_and_refuses_held_servers() -> None:
     assert ledger.worker_side.used[8 - 5 :, free].sum() == 0
 
 
+def test_a_refused_block_with_an_end_past_the_window_blocks_nothing_later() -> None:
+    """A block refused because a job still holds the server changes nothing: not the
+    slots the window opens later either (it noted the part past the window before it
+    checked, and the next advance blocked the server under the job it refused for)."""
+    ledger = admitted([make_job("a")])
+    sched = ledger.schedule("a")
+    used_by = int(np.flatnonzero(sched.workers.sum(axis=0))[0])
+    with pytest.raises(LedgerError, match="still holds"):
+        ledger.block("worker", used_by, 0, until=T + 5)
+    assert ledger.worker_side.ahead == []
+    ledger.advance(3)
+    assert not ledger.worker_side.blocked[:, used_by].any()
+    assert not ledger.worker_side.used[T - 3 :, used_by].any()
+
+
 def test_replace_keeps_admission_order_and_refuses_overflow() -> None:
     jobs = [make_job("a"), make_job("b"), make_job("c")]
     ledger = admitted(jobs)
