@@ -33,7 +33,7 @@ from pricing.cluster import cluster_from_dict
 from pricing.default_prior import DEFAULT_PRIOR, default_prior
 from pricing.job import Job
 from pricing.prices import PriceBounds
-from pricing.quantile_tracker import BIN_WIDTH, MAX_BINS, Tracker
+from pricing.quantile_tracker import BIN_WIDTH, LOG_LIMIT, MAX_BINS, Tracker
 from pricing.workload import generate_trace
 from tests.stores import decided_store
 
@@ -138,6 +138,39 @@ def test_a_settled_tracker_moves_at_most_step_and_stays_bounded(values: list[flo
         assert abs(after.value - tracker.value) <= 0.1 + 1e-12
         assert len(after.keys) <= MAX_BINS and math.isfinite(after.total)
         tracker = after
+
+
+@pytest.mark.parametrize(
+    ("x", "expected"),
+    [(1e308, LOG_LIMIT), (math.inf, LOG_LIMIT), (-1e308, -LOG_LIMIT), (-math.inf, -LOG_LIMIT),
+     (math.nan, -LOG_LIMIT)],
+)  # fmt: skip
+def test_a_first_value_out_of_range_is_read_at_the_limit_and_nan_at_the_lowest(
+    x: float, expected: float
+) -> None:
+    """An unsettled tracker takes its first value outright: one beyond +-LOG_LIMIT is
+    read at the limit (its bin index stays an int, the state reads back), and ``nan``
+    (a utility of no number) at the lowest, so that it can never raise a price."""
+    fresh = Tracker().observe(x, 1.0, level=0.5, edge=0.0, decay=0.99, step=0.1, settle=20.0)
+    prior = Tracker.of([(x, 1.0)], 0.5, 0.0)
+    for tracker in (fresh, prior):
+        assert tracker.value is not None
+        assert abs(tracker.value - expected) <= BIN_WIDTH
+        back = Tracker.from_dict(json.loads(json.dumps(tracker.to_dict())))
+        assert back.keys == tracker.keys and back.value == tracker.value
+
+
+def test_a_prior_share_too_small_to_weigh_anything_leaves_a_state_that_reads_back() -> None:
+    """A valid prior may hold a share so small that, times the prior's weight and
+    ``floor_per_job``, it underflows to 0: no bin of weight 0 is kept (a stored state
+    refuses one, and the daemon would start afresh at every restart)."""
+    raw = copy.deepcopy(DEFAULT_PRIOR)
+    raw["worker"]["floor"] = [[-50.0, 1e-320], *raw["worker"]["floor"]]
+    raw["worker"]["floor_per_job"] = 1e-6
+    estimate = BoundEstimate.start(CLUSTER, prior_from_dict(raw))
+    assert all(w > 0 for w in estimate.worker.floor.raw)
+    back = BoundEstimate.from_dict(json.loads(json.dumps(estimate.to_dict())))
+    assert back is not None and back.to_dict() == estimate.to_dict()
 
 
 # -- one job's influence: property tests -------------------------------------------------
