@@ -160,6 +160,56 @@ def test_a_first_value_out_of_range_is_read_at_the_limit_and_nan_at_the_lowest(
         assert back.keys == tracker.keys and back.value == tracker.value
 
 
+def test_every_job_decays_all_earlier_weight_and_the_prior_by_one_over_the_window() -> None:
+    """After n jobs, each of weight 1 in B_ref's histogram, the total weight is the
+    prior's ``weight * d^n`` plus ``sum_k d^k`` (d = 1 - 1/WINDOW), computed here
+    apart: the prior and an old outlier fade, and the weight stays under ``WINDOW``
+    plus the prior's, however many jobs come; the prior's share shown fades alike."""
+    from pricing.bound_estimate import WINDOW
+
+    trace = trace_from_dict(_trace(4, n_jobs=200, prior="default"))
+    estimate = trace.estimate()
+    weight = default_prior().weight
+    d = 1.0 - 1.0 / WINDOW
+    for n, job in enumerate(trace.jobs, 1):
+        estimate = estimate.observe(job)
+        expected = weight * d**n + math.fsum(d**k for k in range(n))
+        assert estimate.best.total == pytest.approx(expected, rel=1e-9)
+        assert estimate.prior_mass == pytest.approx(weight * d**n, rel=1e-9)
+    share = estimate.describe(RESOURCES)["prior_share"]
+    assert share == pytest.approx(weight * d**200 / (weight * d**200 + (1 - d**200) / (1 - d)))
+
+
+def test_a_decay_scale_past_float_range_is_folded_in_and_faded_bins_dropped() -> None:
+    """The decay is kept as one scale factor; 0.5^1075 underflows to 0. Over 3000
+    observations at decay 0.5 the tracker folds the scale into the weights before
+    that: the total stays 1/(1 - 0.5) = 2, finite, and reads back; a value last seen
+    thousands of observations ago weighs far under 1e-12 of the total and its bin
+    is gone."""
+    tracker = Tracker.of([(0.0, 1.0)], 0.5, 0.0)
+    for i in range(3000):
+        x = 0.0 if i < 400 else 1.0
+        tracker = tracker.observe(x, 1.0, level=0.5, edge=0.0, decay=0.5, step=0.1)
+        assert math.isfinite(tracker.total) and tracker.scale > 0
+        if i == 599:  # folded in at the 499th: 0's share was 0.5^99 then, still > 0
+            assert tracker.keys == (int(1.0 / BIN_WIDTH),)
+    assert tracker.total == pytest.approx(2.0)
+    assert tracker.keys == (int(1.0 / BIN_WIDTH),)
+    back = Tracker.from_dict(json.loads(json.dumps(tracker.to_dict())))
+    assert back.keys == tracker.keys and back.total == pytest.approx(2.0)
+
+
+def test_a_tracker_holding_exactly_settle_weight_is_settled() -> None:
+    """Without a prior the followed value is the quantile itself while the histogram
+    holds *less* than ``settle``; at exactly ``settle`` it moves by at most ``step``."""
+    tracker = Tracker()
+    for x in [0.0] * 11 + [5.0] * 9:  # weight 20: the median is at 0
+        tracker = tracker.observe(x, 1.0, level=0.5, edge=0.0, decay=1.0, step=0.1, settle=20.0)
+    assert tracker.total == 20.0 and tracker.value == 0.0
+    after = tracker.observe(5.0, 3.0, level=0.5, edge=0.0, decay=1.0, step=0.1, settle=20.0)
+    assert after.value == pytest.approx(0.1)  # its quantile went to 5: one step toward it
+
+
 def test_a_prior_share_too_small_to_weigh_anything_leaves_a_state_that_reads_back() -> None:
     """A valid prior may hold a share so small that, times the prior's weight and
     ``floor_per_job``, it underflows to 0: no bin of weight 0 is kept (a stored state
