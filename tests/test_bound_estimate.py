@@ -120,9 +120,11 @@ def test_a_full_window_stays_within_max_bins_and_reads_back_after_any_outlier() 
     tracker = Tracker.of(points, 0.5, 0.5)
     assert tracker.value is not None
     for x in (1e308, -1e308, 500.0, -500.0):
-        before = tracker.value
+        before, weight = tracker.value, tracker.total
         tracker = tracker.observe(x, 1.0, level=0.5, edge=0.5, decay=0.99, step=0.1)
         assert len(tracker.keys) <= MAX_BINS
+        # the bins beyond the window are folded into its edge bins, no weight lost
+        assert tracker.total == pytest.approx(0.99 * weight + 1.0, rel=1e-12)
         assert min(tracker.keys) * BIN_WIDTH >= before - REACH - BIN_WIDTH
         assert max(tracker.keys) * BIN_WIDTH <= before + REACH + BIN_WIDTH
         assert Tracker.from_dict(json.loads(json.dumps(tracker.to_dict()))).keys == tracker.keys
@@ -137,6 +139,8 @@ def test_a_settled_tracker_moves_at_most_step_and_stays_bounded(values: list[flo
         assert after.value is not None and tracker.value is not None
         assert abs(after.value - tracker.value) <= 0.1 + 1e-12
         assert len(after.keys) <= MAX_BINS and math.isfinite(after.total)
+        # values outside the window are counted at its edges, not dropped: no weight lost
+        assert after.total == pytest.approx(0.99 * tracker.total + 1.0, rel=1e-12)
         tracker = after
 
 
@@ -197,6 +201,18 @@ def test_a_decay_scale_past_float_range_is_folded_in_and_faded_bins_dropped() ->
     assert tracker.keys == (int(1.0 / BIN_WIDTH),)
     back = Tracker.from_dict(json.loads(json.dumps(tracker.to_dict())))
     assert back.keys == tracker.keys and back.total == pytest.approx(2.0)
+
+
+def test_a_settled_value_stays_while_its_quantile_jitters_to_the_next_bin() -> None:
+    """The dead band: a quantile one bin away leaves the followed value (and so every
+    price) where it was; one two bins away or more moves it."""
+    tracker = Tracker.of([(0.01, 10.0)], 0.5, 0.0)
+    assert tracker.value == 0.0
+    next_bin = tracker.observe(0.06, 30.0, level=0.5, edge=0.0, decay=1.0, step=0.1)
+    assert next_bin.target(0.5, 0.0) == pytest.approx(BIN_WIDTH)
+    assert next_bin.value == 0.0
+    further = next_bin.observe(0.21, 100.0, level=0.5, edge=0.0, decay=1.0, step=0.1)
+    assert further.value == pytest.approx(0.1)
 
 
 def test_a_tracker_holding_exactly_settle_weight_is_settled() -> None:
@@ -285,6 +301,29 @@ def test_no_job_moves_any_bound_by_more_than_e_to_the_step(specs: list[dict[str,
         assert np.isfinite(b).all()
         assert np.abs(b - a).max() <= STEP + 1e-9, (spec, b - a)
         assert (after.log_u1 >= after.floor1).all() and (after.log_u2 >= after.floor2).all()
+        before = after
+
+
+@pytest.mark.parametrize("weight", [1.0, 0.01])
+def test_a_prior_lighter_than_settle_still_bounds_every_jobs_move(weight: float) -> None:
+    """A prior of less weight than SETTLE jobs settles the estimate from the start and
+    for good: no job, the poisoned ones at 1e308 included, moves any bound by more than
+    e^STEP, though the histogram holds less than SETTLE for the first jobs."""
+    light = prior_from_dict({**DEFAULT_PRIOR, "weight": weight})
+    raw = _trace(23, n_jobs=12)
+    for k in (1, 2):
+        spec = copy.deepcopy(raw["jobs"][0])
+        spec.update(id=f"big{k}")
+        spec["utility"] = {"kind": "sigmoid", "priority": 1e308, "decay": 0.5, "target": 5}
+        raw["jobs"].insert(k, spec)
+    trace = trace_from_dict(raw)
+    estimate = BoundEstimate.start(trace.cluster, light)
+    before = estimate.bounds()
+    for job in trace.jobs:
+        estimate = estimate.observe(job)
+        after = estimate.bounds()
+        assert before is not None and after is not None
+        assert np.abs(_logs(after) - _logs(before)).max() <= STEP + 1e-9
         before = after
 
 
@@ -561,6 +600,13 @@ def test_a_stored_state_of_version_3_reads_the_same_and_bad_packed_weights_do_no
     for raw64 in ("not base64!", state["best"]["raw64"][:-4], inf, many.decode(), 7):
         bad = {**state, "best": {**state["best"], "raw64": raw64}}
         assert BoundEstimate.from_dict(bad) is None, raw64
+    # listed weights have no length to refuse them by: more bins than a window holds is
+    # an edit (a histogram never has them), refused like the packed ones
+    keys, weights = list(range(MAX_BINS + 1)), [1.0] * (MAX_BINS + 1)
+    wide = {"keys": keys, "raw": weights, "scale": 1.0, "value": 0.0}
+    assert BoundEstimate.from_dict({**old, "best": wide}) is None
+    full = {**wide, "keys": keys[:-1], "raw": weights[:-1]}
+    assert BoundEstimate.from_dict({**old, "best": full}) is not None
 
 
 def test_the_daemon_decides_as_replay_does_with_a_prior(tmp_path: Path) -> None:
