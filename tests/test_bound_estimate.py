@@ -11,6 +11,7 @@ import copy
 import json
 import math
 import struct
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -430,6 +431,52 @@ def test_the_issues_numbers_are_admitted_at_the_top_price() -> None:
             assert r.reason.startswith("cannot fit")
 
 
+_HUGE = {
+    "id": "huge", "epochs": 1, "chunks": 1, "minibatches": 1, "tau": 0.01, "grad_mb": 1.0,
+    "worker": {"gpu": 1, "cpu": 1e-9, "mem": 1e-9, "bandwidth": 1},
+    "ps": {"cpu": 1e-9, "disk": 1e-9, "bandwidth": 1},
+    "utility": {"kind": "sigmoid", "priority": 1.7e308, "decay": 0.0, "target": 1e6},
+}  # fmt: skip
+
+
+def test_bounds_past_float_range_are_shown_finite(tmp_path: Path) -> None:
+    """Without a prior the first job sets the values: priority 1.7e308 on demands of
+    1e-9 puts log U near 730, past the largest float. The bounds still price (logs),
+    and what ``oasis bounds`` shows (the estimate's description, the daemon's view) is
+    finite strict JSON, not an OverflowError (INTERNAL)."""
+    job = job_from_dict({**_HUGE, "arrival": 0}, CLUSTER, slot_seconds=3600.0,
+                        slots_available=lambda a: 10**9)  # fmt: skip
+    estimate = BoundEstimate.start(CLUSTER, None).observe(job)
+    b = estimate.bounds()
+    assert b is not None and float(b.log_u1.max()) > math.log(sys.float_info.max)
+    json.dumps(estimate.describe(RESOURCES), allow_nan=False)
+    shown = estimate.describe(RESOURCES)["worker"]["mem"]
+    assert shown is not None and shown["U"] == pytest.approx(sys.float_info.max)
+
+    config = from_dict(
+        {
+            "daemon": {"data_dir": str(tmp_path), "window": 10, "epoch": 0},
+            "pricing": {"bounds": "estimate", "prior": "none"},
+            "limits": {"max_utility": 1.7e308},  # an operator lifting the cap
+            "cluster": {"resources": RESOURCES, "servers": SERVERS},
+        }
+    )
+    daemon = AdmissionController(
+        config,
+        Database(config.database_url),
+        SlotClock(FakeClock(10.0), config.slot_seconds, config.epoch),
+        log=structlog.wrap_logger(structlog.ReturnLogger()),
+    )
+    daemon.open()
+    try:
+        asyncio.run(daemon.submit(dict(_HUGE)))
+        view = daemon._bounds_view()
+        json.dumps(view, allow_nan=False)
+        assert all(math.isfinite(row["U"]) for row in view["bounds"])
+    finally:
+        daemon.close()
+
+
 # -- poisoned streams in replay ------------------------------------------------------------
 
 
@@ -565,6 +612,23 @@ def test_state_round_trips_exactly_and_stays_small() -> None:
     edits = ({**state, "jobs": -1}, {**state, "jobs": 2**63 - 1}, {**state, "prior_mass": -1e300})
     for bad in ({"version": 2}, *edits, bad_best, "x", None):
         assert BoundEstimate.from_dict(bad) is None
+
+
+def test_a_stored_value_edited_past_the_log_limit_reads_back_at_it() -> None:
+    """A followed value edited in the store to 1e300 (finite, so it reads) is taken at
+    +-LOG_LIMIT: every bound stays finite and ``oasis bounds`` can show it (exp of
+    1e300 would overflow)."""
+    state = BoundEstimate.start(CLUSTER, default_prior()).to_dict()
+    for sign in (1.0, -1.0):
+        edited = copy.deepcopy(state)
+        edited["worker"]["top"][0]["value"] = sign * 1e300
+        edited["worker"]["floor"]["value"] = sign * 1e300
+        back = BoundEstimate.from_dict(edited)
+        assert back is not None
+        assert back.worker.top[0].value == sign * LOG_LIMIT
+        assert back.worker.floor.value == sign * LOG_LIMIT
+        shown = back.describe(RESOURCES)["worker"]["gpu"]
+        assert shown is not None and math.isfinite(shown["L"])
 
 
 def _listed(state: Any) -> Any:
