@@ -555,6 +555,140 @@ def test_the_prior_sets_the_start_and_fades() -> None:
     assert high.prior_mass < own.weight * 0.8
 
 
+def _bin_quantile(values: list[float], weights: list[float], level: float, edge: float) -> float:
+    """Reference: the bin (of ``values``) where the weight at and below it first exceeds
+    ``level`` of the total, read at ``edge`` of the bin."""
+    bins: dict[int, float] = {}
+    for v, w in zip(values, weights, strict=True):
+        k = math.floor(v / BIN_WIDTH)
+        bins[k] = bins.get(k, 0.0) + w
+    total, cumulative = math.fsum(bins.values()), 0.0
+    for k in sorted(bins):
+        cumulative += bins[k]
+        if cumulative > level * total:
+            return (k + edge) * BIN_WIDTH
+    return (max(bins) + edge) * BIN_WIDTH
+
+
+def _expected_logs(
+    top: dict[str, tuple[list[float], list[float]]], floor: tuple[list[float], list[float]],
+    scale: np.ndarray, trim: float, resources: list[str],
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Reference ``(log U, log L)`` of one side: U the count median of the top values
+    read at the bin's upper edge, L the ``trim`` quantile of the floor values at the
+    lower edge, divided by 4, both per mean capacity; U at least L."""
+    log_l = _bin_quantile(*floor, trim, 0.0) - math.log(4.0) - scale
+    log_u = (
+        np.array([_bin_quantile(*top[r], 0.5, 1.0) if r in top else -math.inf for r in resources])
+        - scale
+    )
+    return np.maximum(log_u, log_l), log_l
+
+
+def test_the_bounds_before_any_job_are_the_priors_quantiles() -> None:
+    """Before any job, U and L are the prior's quantiles, computed here from its points:
+    U[r] the median of r's top values at the upper edge of its bin, L the trim (0.3)
+    quantile of the floor values at the lower edge, / 4, each per mean capacity."""
+    prior = default_prior()
+    b = BoundEstimate.start(CLUSTER, prior).bounds()
+    assert b is not None
+    for side, log_u, log_l, capacity in (
+        (prior.worker, b.log_u1, b.floor1, CLUSTER.worker_capacity),
+        (prior.ps, b.log_u2, b.floor2, CLUSTER.ps_capacity),
+    ):
+        mean = capacity.mean(axis=0)
+        scale = np.log(np.where(mean > 0, mean, 1.0))
+
+        def split(points: Any) -> tuple[list[float], list[float]]:
+            return [x for x, _ in points], [s for _, s in points]
+
+        top = {r: split(p) for r, p in side.top.items()}
+        u, l_ = _expected_logs(top, split(side.floor), scale, 0.3, RESOURCES)
+        np.testing.assert_allclose(log_u, u, rtol=0, atol=1e-9)
+        np.testing.assert_allclose(log_l, l_, rtol=0, atol=1e-9)
+
+
+def test_without_a_prior_the_first_jobs_bounds_are_their_quantiles() -> None:
+    """Until SETTLE jobs' weight, an estimate without a prior follows its quantiles
+    exactly, computed here from the jobs: U[r] the count median of each job's
+    ``log f(d_min) - log (d[r] / cbar[r])`` (each job weighs 1, decayed by 1 - 1/WINDOW
+    per later job), L the 0.3 quantile of ``log f(d_min) - log W - log sum d / cbar``
+    weighted by the job's utility over B_ref (the 0.9 count quantile of the jobs before
+    it), capped at 1."""
+    from pricing.bound_estimate import WINDOW
+
+    d = 1.0 - 1.0 / WINDOW
+    trace = trace_from_dict(_trace(31, n_jobs=19, prior="none"))
+    resources = list(trace.cluster.resources)
+    mean = trace.cluster.worker_capacity.mean(axis=0)
+    scale = np.log(np.where(mean > 0, mean, 1.0))
+    estimate = trace.estimate()
+    bests: list[float] = []
+    top: dict[str, tuple[list[float], list[float]]] = {}
+    floor: tuple[list[float], list[float]] = ([], [])
+    for job in trace.jobs:
+        best = float(job.utility.log_values(job.min_slots))
+        weight = 1.0
+        if bests:
+            ref = _bin_quantile(bests, [d ** (len(bests) - 1 - i) for i in range(len(bests))],
+                                0.9, 0.5)  # fmt: skip
+            weight = max(1e-6, min(1.0, math.exp(best - ref)))
+        bests.append(best)
+        demand = job.worker.tolist()
+        floor[0].append(
+            best
+            - math.log(job.work)
+            - math.log(math.fsum(x / m for x, m in zip(demand, mean, strict=True) if x > 0))
+        )
+        floor[1][:] = [w * d for w in floor[1]]
+        floor[1].append(weight)
+        for i, r in enumerate(resources):
+            values, weights = top.setdefault(r, ([], []))
+            if demand[i] > 0:  # a resource's tracker sees (and decays at) its jobs only
+                weights[:] = [w * d for w in weights]
+                values.append(best - math.log(demand[i] / mean[i]))
+                weights.append(1.0)
+        estimate = estimate.observe(job)
+        b = estimate.bounds()
+        assert b is not None
+        top_seen = {r: v for r, v in top.items() if v[0]}
+        u, l_ = _expected_logs(top_seen, floor, scale, 0.3, resources)
+        np.testing.assert_allclose(b.log_u1, u, rtol=0, atol=1e-9)
+        np.testing.assert_allclose(b.floor1, l_, rtol=0, atol=1e-9)
+
+
+def test_b_ref_before_any_job_is_the_priors_0_9_quantile() -> None:
+    """``B_ref`` (the cap on a job's weight in L, and what a rejection's units note
+    compares a job with) starts at the 0.9 quantile of the prior's ``best`` points, at
+    the middle of its bin, computed here from the points."""
+    from pricing.bound_estimate import units_note
+
+    prior = default_prior()
+    ref = _bin_quantile([x for x, _ in prior.best], [s for _, s in prior.best], 0.9, 0.5)
+    fresh = BoundEstimate.start(CLUSTER, prior)
+    cheap = job_from_dict(
+        {"id": "cheap", "arrival": 0, "epochs": 1, "chunks": 1, "minibatches": 1, "tau": 0.01,
+         "grad_mb": 1.0, "worker": {"gpu": 1, "cpu": 1, "bandwidth": 1},
+         "ps": {"cpu": 1, "bandwidth": 1},
+         "utility": {"kind": "sigmoid", "priority": 1e-6, "decay": 0.5, "target": 5}},
+        CLUSTER, slot_seconds=3600.0, slots_available=lambda a: 10**9,
+    )  # fmt: skip
+    assert f"(about {math.exp(ref):.3g})" in units_note(fresh, cheap)
+
+
+def test_a_jobs_size_in_servers_worth_is_exact_far_from_one() -> None:
+    """``log sum_r d[r] / cbar[r]`` for demands of 1e-9 on servers of 1e308 (each ratio
+    near e^-730, under the normal floats): computed in logs, exact to rounding, not a
+    sum of subnormals that keeps 20 bits."""
+    from pricing.bound_estimate import _log_size
+
+    scale = [math.log(1e308), math.log(5e307)]
+    found = _log_size(np.array([1e-9, 3e-9]), scale)
+    assert found is not None
+    expected = math.log(1e-9) - scale[0] + math.log1p(3.0 * (1e308 / 5e307))
+    assert found[2] == pytest.approx(expected, rel=0, abs=1e-12)
+
+
 def test_without_a_prior_the_first_jobs_set_the_values() -> None:
     trace = trace_from_dict(_trace(6, prior="none"))
     estimate = trace.estimate()
