@@ -870,6 +870,21 @@ def CLUSTER_OF(raw: dict[str, Any]) -> Any:  # noqa: N802 - reads as a constant
 # -- oasis calibrate and a trace naming a prior file ------------------------------------
 
 
+def test_calibrate_of_jobs_at_the_log_limits_writes_a_prior_that_reads_back() -> None:
+    """A job whose utility underflows (its log read as -LOG_LIMIT) and that needs many
+    worker-slots has a floor value below -LOG_LIMIT before clipping; calibrate clips it
+    as the estimate does, so the prior it writes is one a trace and oasisd accept."""
+    raw = _trace(3, n_jobs=3)
+    for job in raw["jobs"][:2]:
+        job["utility"] = {"kind": "sigmoid", "priority": 5e-324, "decay": 1e6, "target": -1e6}
+    trace = trace_from_dict(raw)
+    prior = calibrate(list(trace.jobs), trace.cluster)
+    lowest = min(x for x, _ in prior.worker.floor)
+    assert lowest == -1000.0
+    back = prior_from_dict(json.loads(json.dumps(prior.to_dict())))
+    assert back.worker.floor == prior.worker.floor
+
+
 def test_calibrate_writes_a_prior_a_trace_can_name(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
