@@ -295,3 +295,24 @@ def test_without_a_prior_a_new_voter_moves_the_bounds_by_at_most_a_step() -> Non
             dearer = replace(job, utility=replace(utility, priority=utility.priority * factor))
             shared = shared.observe(dearer, "bob")
             assert np.abs(_of(shared.bounds()) - before).max() <= STEP + 1e-9, factor
+
+
+def test_a_state_cached_as_an_older_one_prices_its_own_estimates() -> None:
+    """A standby reads again the states that changed and takes the older state's cached
+    bounds for the rest (:meth:`SharedEstimate.cached_as`): a submitter whose estimate
+    changed is priced from its new estimate, not the cached bounds of its old one."""
+    jobs = _ordinary(20, n_jobs=30).jobs
+    old = SharedEstimate.start(_fresh())
+    for i, job in enumerate(jobs[:9]):
+        old = old.observe(job, ("alice", "bob", "carol")[i % 3])
+    old.bounds()  # fills the caches
+    old.describe(CLUSTER.resources)
+    new = old
+    for job in jobs[9:]:
+        new = new.observe(job, "alice")
+    head = new.head()
+    read, lost = SharedEstimate.from_parts(head, {"alice": new.state("alice")}, _fresh(),
+                                           known=old.submitters)  # fmt: skip
+    assert read is not None and lost == []
+    got, want = read.cached_as(old).bounds(), new.bounds()
+    assert got is not None and want is not None and got.same_as(want)
