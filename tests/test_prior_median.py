@@ -190,3 +190,13 @@ def test_calibrate_a_postgresql_store_as_its_sqlite_copy(
         assert "(- 40, bob 40, carol 40)" in capsys.readouterr().err
         made.append(json.loads(out.read_text()))
     assert made[0] == made[1]
+
+
+def test_a_quantile_at_an_exact_share_is_the_value_that_reaches_it() -> None:
+    """The quantile at level p is the smallest value whose cumulative share *reaches* p:
+    at a share summing exactly to the level, that value, not the next."""
+    points: Points = ((0.0, 0.25), (1.0, 0.75))
+    assert _quantile(points, 0.25) == 0.0
+    assert _quantile(points, 0.2500001) == 1.0
+    picked = _median_points([points, points, ((0.0, 0.5), (2.0, 0.5))], 2)  # levels 1/4, 3/4
+    assert picked == ((0.0, 0.5), (1.0, 0.5))
