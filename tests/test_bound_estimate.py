@@ -531,6 +531,19 @@ def test_a_prior_round_trips_and_bad_ones_name_the_field() -> None:
         prior_from_dict({**prior.to_dict(), "kind": "other"})
 
 
+def test_a_prior_list_without_points_is_refused_by_name() -> None:
+    """Every list of a prior needs a point: an empty floor would start the estimate
+    with no L (flat unit prices until a job came), an empty best with no B_ref."""
+    for path in (("best",), ("worker", "floor"), ("ps", "top", "cpu")):
+        raw = copy.deepcopy(DEFAULT_PRIOR)
+        at = raw
+        for key in path[:-1]:
+            at = at[key]
+        at[path[-1]] = []
+        with pytest.raises(SpecError, match=r"prior\." + r"\.".join(path)):
+            prior_from_dict(raw)
+
+
 def test_the_prior_sets_the_start_and_fades() -> None:
     """Before any job the bounds are the prior's; a prior far from the jobs is left
     behind at STEP per job, and one from the same workload starts close to the end."""
