@@ -61,6 +61,7 @@ histograms) and JSON-safe, and a restarted daemon continues exactly where it sto
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -86,6 +87,7 @@ __all__ = [
     "SideEstimate",
     "bounds_by_kind",
     "calibrate",
+    "exp_shown",
     "log_mean_capacity",
     "units_note",
 ]
@@ -451,6 +453,17 @@ class BoundEstimate:
             return None
 
 
+_LOG_FLOAT_MAX = math.log(sys.float_info.max)
+
+
+def exp_shown(log_value: float) -> float:
+    """``exp(log_value)`` as a bound is shown (``oasis bounds``, the console): at most
+    the largest float. A bound's log may lie past it: without a prior, one job of
+    priority 1.7e308 demanding 1e-9 of a resource put U's at 730, and showing it
+    raised OverflowError (INTERNAL from GetBounds)."""
+    return math.exp(min(log_value, _LOG_FLOAT_MAX))
+
+
 def bounds_by_kind(
     bounds: PriceBounds | None, resources: Sequence[str]
 ) -> dict[str, dict[str, dict[str, float] | None]]:
@@ -472,7 +485,7 @@ def bounds_by_kind(
         out[kind] = {
             r: None
             if top is None or floor is None
-            else {"U": math.exp(float(top[i])), "L": math.exp(float(floor[i]))}
+            else {"U": exp_shown(float(top[i])), "L": exp_shown(float(floor[i]))}
             for i, r in enumerate(resources)
         }
     return out

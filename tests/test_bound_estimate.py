@@ -11,6 +11,7 @@ import copy
 import json
 import math
 import struct
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from pricing.cluster import cluster_from_dict
 from pricing.default_prior import DEFAULT_PRIOR, default_prior
 from pricing.job import Job
 from pricing.prices import PriceBounds
-from pricing.quantile_tracker import BIN_WIDTH, MAX_BINS, Tracker
+from pricing.quantile_tracker import BIN_WIDTH, LOG_LIMIT, MAX_BINS, Tracker
 from pricing.workload import generate_trace
 from tests.stores import decided_store
 
@@ -120,9 +121,11 @@ def test_a_full_window_stays_within_max_bins_and_reads_back_after_any_outlier() 
     tracker = Tracker.of(points, 0.5, 0.5)
     assert tracker.value is not None
     for x in (1e308, -1e308, 500.0, -500.0):
-        before = tracker.value
+        before, weight = tracker.value, tracker.total
         tracker = tracker.observe(x, 1.0, level=0.5, edge=0.5, decay=0.99, step=0.1)
         assert len(tracker.keys) <= MAX_BINS
+        # the bins beyond the window are folded into its edge bins, no weight lost
+        assert tracker.total == pytest.approx(0.99 * weight + 1.0, rel=1e-12)
         assert min(tracker.keys) * BIN_WIDTH >= before - REACH - BIN_WIDTH
         assert max(tracker.keys) * BIN_WIDTH <= before + REACH + BIN_WIDTH
         assert Tracker.from_dict(json.loads(json.dumps(tracker.to_dict()))).keys == tracker.keys
@@ -137,7 +140,104 @@ def test_a_settled_tracker_moves_at_most_step_and_stays_bounded(values: list[flo
         assert after.value is not None and tracker.value is not None
         assert abs(after.value - tracker.value) <= 0.1 + 1e-12
         assert len(after.keys) <= MAX_BINS and math.isfinite(after.total)
+        # values outside the window are counted at its edges, not dropped: no weight lost
+        assert after.total == pytest.approx(0.99 * tracker.total + 1.0, rel=1e-12)
         tracker = after
+
+
+@pytest.mark.parametrize(
+    ("x", "expected"),
+    [(1e308, LOG_LIMIT), (math.inf, LOG_LIMIT), (-1e308, -LOG_LIMIT), (-math.inf, -LOG_LIMIT),
+     (math.nan, -LOG_LIMIT)],
+)  # fmt: skip
+def test_a_first_value_out_of_range_is_read_at_the_limit_and_nan_at_the_lowest(
+    x: float, expected: float
+) -> None:
+    """An unsettled tracker takes its first value outright: one beyond +-LOG_LIMIT is
+    read at the limit (its bin index stays an int, the state reads back), and ``nan``
+    (a utility of no number) at the lowest, so that it can never raise a price."""
+    fresh = Tracker().observe(x, 1.0, level=0.5, edge=0.0, decay=0.99, step=0.1, settle=20.0)
+    prior = Tracker.of([(x, 1.0)], 0.5, 0.0)
+    for tracker in (fresh, prior):
+        assert tracker.value is not None
+        assert abs(tracker.value - expected) <= BIN_WIDTH
+        back = Tracker.from_dict(json.loads(json.dumps(tracker.to_dict())))
+        assert back.keys == tracker.keys and back.value == tracker.value
+
+
+def test_every_job_decays_all_earlier_weight_and_the_prior_by_one_over_the_window() -> None:
+    """After n jobs, each of weight 1 in B_ref's histogram, the total weight is the
+    prior's ``weight * d^n`` plus ``sum_k d^k`` (d = 1 - 1/WINDOW), computed here
+    apart: the prior and an old outlier fade, and the weight stays under ``WINDOW``
+    plus the prior's, however many jobs come; the prior's share shown fades alike."""
+    from pricing.bound_estimate import WINDOW
+
+    trace = trace_from_dict(_trace(4, n_jobs=200, prior="default"))
+    estimate = trace.estimate()
+    weight = default_prior().weight
+    d = 1.0 - 1.0 / WINDOW
+    for n, job in enumerate(trace.jobs, 1):
+        estimate = estimate.observe(job)
+        expected = weight * d**n + math.fsum(d**k for k in range(n))
+        assert estimate.best.total == pytest.approx(expected, rel=1e-9)
+        assert estimate.prior_mass == pytest.approx(weight * d**n, rel=1e-9)
+    share = estimate.describe(RESOURCES)["prior_share"]
+    assert share == pytest.approx(weight * d**200 / (weight * d**200 + (1 - d**200) / (1 - d)))
+
+
+def test_a_decay_scale_past_float_range_is_folded_in_and_faded_bins_dropped() -> None:
+    """The decay is kept as one scale factor; 0.5^1075 underflows to 0. Over 3000
+    observations at decay 0.5 the tracker folds the scale into the weights before
+    that: the total stays 1/(1 - 0.5) = 2, finite, and reads back; a value last seen
+    thousands of observations ago weighs far under 1e-12 of the total and its bin
+    is gone."""
+    tracker = Tracker.of([(0.0, 1.0)], 0.5, 0.0)
+    for i in range(3000):
+        x = 0.0 if i < 400 else 1.0
+        tracker = tracker.observe(x, 1.0, level=0.5, edge=0.0, decay=0.5, step=0.1)
+        assert math.isfinite(tracker.total) and tracker.scale > 0
+        if i == 599:  # folded in at the 499th: 0's share was 0.5^99 then, still > 0
+            assert tracker.keys == (int(1.0 / BIN_WIDTH),)
+    assert tracker.total == pytest.approx(2.0)
+    assert tracker.keys == (int(1.0 / BIN_WIDTH),)
+    back = Tracker.from_dict(json.loads(json.dumps(tracker.to_dict())))
+    assert back.keys == tracker.keys and back.total == pytest.approx(2.0)
+
+
+def test_a_settled_value_stays_while_its_quantile_jitters_to_the_next_bin() -> None:
+    """The dead band: a quantile one bin away leaves the followed value (and so every
+    price) where it was; one two bins away or more moves it."""
+    tracker = Tracker.of([(0.01, 10.0)], 0.5, 0.0)
+    assert tracker.value == 0.0
+    next_bin = tracker.observe(0.06, 30.0, level=0.5, edge=0.0, decay=1.0, step=0.1)
+    assert next_bin.target(0.5, 0.0) == pytest.approx(BIN_WIDTH)
+    assert next_bin.value == 0.0
+    further = next_bin.observe(0.21, 100.0, level=0.5, edge=0.0, decay=1.0, step=0.1)
+    assert further.value == pytest.approx(0.1)
+
+
+def test_a_tracker_holding_exactly_settle_weight_is_settled() -> None:
+    """Without a prior the followed value is the quantile itself while the histogram
+    holds *less* than ``settle``; at exactly ``settle`` it moves by at most ``step``."""
+    tracker = Tracker()
+    for x in [0.0] * 11 + [5.0] * 9:  # weight 20: the median is at 0
+        tracker = tracker.observe(x, 1.0, level=0.5, edge=0.0, decay=1.0, step=0.1, settle=20.0)
+    assert tracker.total == 20.0 and tracker.value == 0.0
+    after = tracker.observe(5.0, 3.0, level=0.5, edge=0.0, decay=1.0, step=0.1, settle=20.0)
+    assert after.value == pytest.approx(0.1)  # its quantile went to 5: one step toward it
+
+
+def test_a_prior_share_too_small_to_weigh_anything_leaves_a_state_that_reads_back() -> None:
+    """A valid prior may hold a share so small that, times the prior's weight and
+    ``floor_per_job``, it underflows to 0: no bin of weight 0 is kept (a stored state
+    refuses one, and the daemon would start afresh at every restart)."""
+    raw = copy.deepcopy(DEFAULT_PRIOR)
+    raw["worker"]["floor"] = [[-50.0, 1e-320], *raw["worker"]["floor"]]
+    raw["worker"]["floor_per_job"] = 1e-6
+    estimate = BoundEstimate.start(CLUSTER, prior_from_dict(raw))
+    assert all(w > 0 for w in estimate.worker.floor.raw)
+    back = BoundEstimate.from_dict(json.loads(json.dumps(estimate.to_dict())))
+    assert back is not None and back.to_dict() == estimate.to_dict()
 
 
 # -- one job's influence: property tests -------------------------------------------------
@@ -202,6 +302,29 @@ def test_no_job_moves_any_bound_by_more_than_e_to_the_step(specs: list[dict[str,
         assert np.isfinite(b).all()
         assert np.abs(b - a).max() <= STEP + 1e-9, (spec, b - a)
         assert (after.log_u1 >= after.floor1).all() and (after.log_u2 >= after.floor2).all()
+        before = after
+
+
+@pytest.mark.parametrize("weight", [1.0, 0.01])
+def test_a_prior_lighter_than_settle_still_bounds_every_jobs_move(weight: float) -> None:
+    """A prior of less weight than SETTLE jobs settles the estimate from the start and
+    for good: no job, the poisoned ones at 1e308 included, moves any bound by more than
+    e^STEP, though the histogram holds less than SETTLE for the first jobs."""
+    light = prior_from_dict({**DEFAULT_PRIOR, "weight": weight})
+    raw = _trace(23, n_jobs=12)
+    for k in (1, 2):
+        spec = copy.deepcopy(raw["jobs"][0])
+        spec.update(id=f"big{k}")
+        spec["utility"] = {"kind": "sigmoid", "priority": 1e308, "decay": 0.5, "target": 5}
+        raw["jobs"].insert(k, spec)
+    trace = trace_from_dict(raw)
+    estimate = BoundEstimate.start(trace.cluster, light)
+    before = estimate.bounds()
+    for job in trace.jobs:
+        estimate = estimate.observe(job)
+        after = estimate.bounds()
+        assert before is not None and after is not None
+        assert np.abs(_logs(after) - _logs(before)).max() <= STEP + 1e-9
         before = after
 
 
@@ -308,6 +431,52 @@ def test_the_issues_numbers_are_admitted_at_the_top_price() -> None:
             assert r.reason.startswith("cannot fit")
 
 
+_HUGE = {
+    "id": "huge", "epochs": 1, "chunks": 1, "minibatches": 1, "tau": 0.01, "grad_mb": 1.0,
+    "worker": {"gpu": 1, "cpu": 1e-9, "mem": 1e-9, "bandwidth": 1},
+    "ps": {"cpu": 1e-9, "disk": 1e-9, "bandwidth": 1},
+    "utility": {"kind": "sigmoid", "priority": 1.7e308, "decay": 0.0, "target": 1e6},
+}  # fmt: skip
+
+
+def test_bounds_past_float_range_are_shown_finite(tmp_path: Path) -> None:
+    """Without a prior the first job sets the values: priority 1.7e308 on demands of
+    1e-9 puts log U near 730, past the largest float. The bounds still price (logs),
+    and what ``oasis bounds`` shows (the estimate's description, the daemon's view) is
+    finite strict JSON, not an OverflowError (INTERNAL)."""
+    job = job_from_dict({**_HUGE, "arrival": 0}, CLUSTER, slot_seconds=3600.0,
+                        slots_available=lambda a: 10**9)  # fmt: skip
+    estimate = BoundEstimate.start(CLUSTER, None).observe(job)
+    b = estimate.bounds()
+    assert b is not None and float(b.log_u1.max()) > math.log(sys.float_info.max)
+    json.dumps(estimate.describe(RESOURCES), allow_nan=False)
+    shown = estimate.describe(RESOURCES)["worker"]["mem"]
+    assert shown is not None and shown["U"] == pytest.approx(sys.float_info.max)
+
+    config = from_dict(
+        {
+            "daemon": {"data_dir": str(tmp_path), "window": 10, "epoch": 0},
+            "pricing": {"bounds": "estimate", "prior": "none"},
+            "limits": {"max_utility": 1.7e308},  # an operator lifting the cap
+            "cluster": {"resources": RESOURCES, "servers": SERVERS},
+        }
+    )
+    daemon = AdmissionController(
+        config,
+        Database(config.database_url),
+        SlotClock(FakeClock(10.0), config.slot_seconds, config.epoch),
+        log=structlog.wrap_logger(structlog.ReturnLogger()),
+    )
+    daemon.open()
+    try:
+        asyncio.run(daemon.submit(dict(_HUGE)))
+        view = daemon._bounds_view()
+        json.dumps(view, allow_nan=False)
+        assert all(math.isfinite(row["U"]) for row in view["bounds"])
+    finally:
+        daemon.close()
+
+
 # -- poisoned streams in replay ------------------------------------------------------------
 
 
@@ -362,6 +531,19 @@ def test_a_prior_round_trips_and_bad_ones_name_the_field() -> None:
         prior_from_dict({**prior.to_dict(), "kind": "other"})
 
 
+def test_a_prior_list_without_points_is_refused_by_name() -> None:
+    """Every list of a prior needs a point: an empty floor would start the estimate
+    with no L (flat unit prices until a job came), an empty best with no B_ref."""
+    for path in (("best",), ("worker", "floor"), ("ps", "top", "cpu")):
+        raw = copy.deepcopy(DEFAULT_PRIOR)
+        at = raw
+        for key in path[:-1]:
+            at = at[key]
+        at[path[-1]] = []
+        with pytest.raises(SpecError, match=r"prior\." + r"\.".join(path)):
+            prior_from_dict(raw)
+
+
 def test_the_prior_sets_the_start_and_fades() -> None:
     """Before any job the bounds are the prior's; a prior far from the jobs is left
     behind at STEP per job, and one from the same workload starts close to the end."""
@@ -384,6 +566,140 @@ def test_the_prior_sets_the_start_and_fades() -> None:
     assert np.abs(b_high.floor1 - b_near.floor1).max() < 0.5
     assert np.abs(b_start.floor1 - b_near.floor1).max() < 1.0
     assert high.prior_mass < own.weight * 0.8
+
+
+def _bin_quantile(values: list[float], weights: list[float], level: float, edge: float) -> float:
+    """Reference: the bin (of ``values``) where the weight at and below it first exceeds
+    ``level`` of the total, read at ``edge`` of the bin."""
+    bins: dict[int, float] = {}
+    for v, w in zip(values, weights, strict=True):
+        k = math.floor(v / BIN_WIDTH)
+        bins[k] = bins.get(k, 0.0) + w
+    total, cumulative = math.fsum(bins.values()), 0.0
+    for k in sorted(bins):
+        cumulative += bins[k]
+        if cumulative > level * total:
+            return (k + edge) * BIN_WIDTH
+    return (max(bins) + edge) * BIN_WIDTH
+
+
+def _expected_logs(
+    top: dict[str, tuple[list[float], list[float]]], floor: tuple[list[float], list[float]],
+    scale: np.ndarray, trim: float, resources: list[str],
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Reference ``(log U, log L)`` of one side: U the count median of the top values
+    read at the bin's upper edge, L the ``trim`` quantile of the floor values at the
+    lower edge, divided by 4, both per mean capacity; U at least L."""
+    log_l = _bin_quantile(*floor, trim, 0.0) - math.log(4.0) - scale
+    log_u = (
+        np.array([_bin_quantile(*top[r], 0.5, 1.0) if r in top else -math.inf for r in resources])
+        - scale
+    )
+    return np.maximum(log_u, log_l), log_l
+
+
+def test_the_bounds_before_any_job_are_the_priors_quantiles() -> None:
+    """Before any job, U and L are the prior's quantiles, computed here from its points:
+    U[r] the median of r's top values at the upper edge of its bin, L the trim (0.3)
+    quantile of the floor values at the lower edge, / 4, each per mean capacity."""
+    prior = default_prior()
+    b = BoundEstimate.start(CLUSTER, prior).bounds()
+    assert b is not None
+    for side, log_u, log_l, capacity in (
+        (prior.worker, b.log_u1, b.floor1, CLUSTER.worker_capacity),
+        (prior.ps, b.log_u2, b.floor2, CLUSTER.ps_capacity),
+    ):
+        mean = capacity.mean(axis=0)
+        scale = np.log(np.where(mean > 0, mean, 1.0))
+
+        def split(points: Any) -> tuple[list[float], list[float]]:
+            return [x for x, _ in points], [s for _, s in points]
+
+        top = {r: split(p) for r, p in side.top.items()}
+        u, l_ = _expected_logs(top, split(side.floor), scale, 0.3, RESOURCES)
+        np.testing.assert_allclose(log_u, u, rtol=0, atol=1e-9)
+        np.testing.assert_allclose(log_l, l_, rtol=0, atol=1e-9)
+
+
+def test_without_a_prior_the_first_jobs_bounds_are_their_quantiles() -> None:
+    """Until SETTLE jobs' weight, an estimate without a prior follows its quantiles
+    exactly, computed here from the jobs: U[r] the count median of each job's
+    ``log f(d_min) - log (d[r] / cbar[r])`` (each job weighs 1, decayed by 1 - 1/WINDOW
+    per later job), L the 0.3 quantile of ``log f(d_min) - log W - log sum d / cbar``
+    weighted by the job's utility over B_ref (the 0.9 count quantile of the jobs before
+    it), capped at 1."""
+    from pricing.bound_estimate import WINDOW
+
+    d = 1.0 - 1.0 / WINDOW
+    trace = trace_from_dict(_trace(31, n_jobs=19, prior="none"))
+    resources = list(trace.cluster.resources)
+    mean = trace.cluster.worker_capacity.mean(axis=0)
+    scale = np.log(np.where(mean > 0, mean, 1.0))
+    estimate = trace.estimate()
+    bests: list[float] = []
+    top: dict[str, tuple[list[float], list[float]]] = {}
+    floor: tuple[list[float], list[float]] = ([], [])
+    for job in trace.jobs:
+        best = float(job.utility.log_values(job.min_slots))
+        weight = 1.0
+        if bests:
+            ref = _bin_quantile(bests, [d ** (len(bests) - 1 - i) for i in range(len(bests))],
+                                0.9, 0.5)  # fmt: skip
+            weight = max(1e-6, min(1.0, math.exp(best - ref)))
+        bests.append(best)
+        demand = job.worker.tolist()
+        floor[0].append(
+            best
+            - math.log(job.work)
+            - math.log(math.fsum(x / m for x, m in zip(demand, mean, strict=True) if x > 0))
+        )
+        floor[1][:] = [w * d for w in floor[1]]
+        floor[1].append(weight)
+        for i, r in enumerate(resources):
+            values, weights = top.setdefault(r, ([], []))
+            if demand[i] > 0:  # a resource's tracker sees (and decays at) its jobs only
+                weights[:] = [w * d for w in weights]
+                values.append(best - math.log(demand[i] / mean[i]))
+                weights.append(1.0)
+        estimate = estimate.observe(job)
+        b = estimate.bounds()
+        assert b is not None
+        top_seen = {r: v for r, v in top.items() if v[0]}
+        u, l_ = _expected_logs(top_seen, floor, scale, 0.3, resources)
+        np.testing.assert_allclose(b.log_u1, u, rtol=0, atol=1e-9)
+        np.testing.assert_allclose(b.floor1, l_, rtol=0, atol=1e-9)
+
+
+def test_b_ref_before_any_job_is_the_priors_0_9_quantile() -> None:
+    """``B_ref`` (the cap on a job's weight in L, and what a rejection's units note
+    compares a job with) starts at the 0.9 quantile of the prior's ``best`` points, at
+    the middle of its bin, computed here from the points."""
+    from pricing.bound_estimate import units_note
+
+    prior = default_prior()
+    ref = _bin_quantile([x for x, _ in prior.best], [s for _, s in prior.best], 0.9, 0.5)
+    fresh = BoundEstimate.start(CLUSTER, prior)
+    cheap = job_from_dict(
+        {"id": "cheap", "arrival": 0, "epochs": 1, "chunks": 1, "minibatches": 1, "tau": 0.01,
+         "grad_mb": 1.0, "worker": {"gpu": 1, "cpu": 1, "bandwidth": 1},
+         "ps": {"cpu": 1, "bandwidth": 1},
+         "utility": {"kind": "sigmoid", "priority": 1e-6, "decay": 0.5, "target": 5}},
+        CLUSTER, slot_seconds=3600.0, slots_available=lambda a: 10**9,
+    )  # fmt: skip
+    assert f"(about {math.exp(ref):.3g})" in units_note(fresh, cheap)
+
+
+def test_a_jobs_size_in_servers_worth_is_exact_far_from_one() -> None:
+    """``log sum_r d[r] / cbar[r]`` for demands of 1e-9 on servers of 1e308 (each ratio
+    near e^-730, under the normal floats): computed in logs, exact to rounding, not a
+    sum of subnormals that keeps 20 bits."""
+    from pricing.bound_estimate import _log_size
+
+    scale = [math.log(1e308), math.log(5e307)]
+    found = _log_size(np.array([1e-9, 3e-9]), scale)
+    assert found is not None
+    expected = math.log(1e-9) - scale[0] + math.log1p(3.0 * (1e308 / 5e307))
+    assert found[2] == pytest.approx(expected, rel=0, abs=1e-12)
 
 
 def test_without_a_prior_the_first_jobs_set_the_values() -> None:
@@ -445,6 +761,23 @@ def test_state_round_trips_exactly_and_stays_small() -> None:
         assert BoundEstimate.from_dict(bad) is None
 
 
+def test_a_stored_value_edited_past_the_log_limit_reads_back_at_it() -> None:
+    """A followed value edited in the store to 1e300 (finite, so it reads) is taken at
+    +-LOG_LIMIT: every bound stays finite and ``oasis bounds`` can show it (exp of
+    1e300 would overflow)."""
+    state = BoundEstimate.start(CLUSTER, default_prior()).to_dict()
+    for sign in (1.0, -1.0):
+        edited = copy.deepcopy(state)
+        edited["worker"]["top"][0]["value"] = sign * 1e300
+        edited["worker"]["floor"]["value"] = sign * 1e300
+        back = BoundEstimate.from_dict(edited)
+        assert back is not None
+        assert back.worker.top[0].value == sign * LOG_LIMIT
+        assert back.worker.floor.value == sign * LOG_LIMIT
+        shown = back.describe(RESOURCES)["worker"]["gpu"]
+        assert shown is not None and math.isfinite(shown["L"])
+
+
 def _listed(state: Any) -> Any:
     """``state`` as version 3 wrote it: each tracker's weights as a list (``raw``)."""
     if isinstance(state, list):
@@ -478,6 +811,13 @@ def test_a_stored_state_of_version_3_reads_the_same_and_bad_packed_weights_do_no
     for raw64 in ("not base64!", state["best"]["raw64"][:-4], inf, many.decode(), 7):
         bad = {**state, "best": {**state["best"], "raw64": raw64}}
         assert BoundEstimate.from_dict(bad) is None, raw64
+    # listed weights have no length to refuse them by: more bins than a window holds is
+    # an edit (a histogram never has them), refused like the packed ones
+    keys, weights = list(range(MAX_BINS + 1)), [1.0] * (MAX_BINS + 1)
+    wide = {"keys": keys, "raw": weights, "scale": 1.0, "value": 0.0}
+    assert BoundEstimate.from_dict({**old, "best": wide}) is None
+    full = {**wide, "keys": keys[:-1], "raw": weights[:-1]}
+    assert BoundEstimate.from_dict({**old, "best": full}) is not None
 
 
 def test_the_daemon_decides_as_replay_does_with_a_prior(tmp_path: Path) -> None:
@@ -541,6 +881,21 @@ def CLUSTER_OF(raw: dict[str, Any]) -> Any:  # noqa: N802 - reads as a constant
 
 
 # -- oasis calibrate and a trace naming a prior file ------------------------------------
+
+
+def test_calibrate_of_jobs_at_the_log_limits_writes_a_prior_that_reads_back() -> None:
+    """A job whose utility underflows (its log read as -LOG_LIMIT) and that needs many
+    worker-slots has a floor value below -LOG_LIMIT before clipping; calibrate clips it
+    as the estimate does, so the prior it writes is one a trace and oasisd accept."""
+    raw = _trace(3, n_jobs=3)
+    for job in raw["jobs"][:2]:
+        job["utility"] = {"kind": "sigmoid", "priority": 5e-324, "decay": 1e6, "target": -1e6}
+    trace = trace_from_dict(raw)
+    prior = calibrate(list(trace.jobs), trace.cluster)
+    lowest = min(x for x, _ in prior.worker.floor)
+    assert lowest == -1000.0
+    back = prior_from_dict(json.loads(json.dumps(prior.to_dict())))
+    assert back.worker.floor == prior.worker.floor
 
 
 def test_calibrate_writes_a_prior_a_trace_can_name(

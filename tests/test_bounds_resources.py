@@ -17,6 +17,7 @@ from controller.config import load
 from pricing import job_from_dict
 from pricing.bound_estimate import BoundEstimate
 from pricing.cluster import cluster_from_dict
+from pricing.default_prior import default_prior
 from pricing.shared_estimate import SharedEstimate
 from tests.servers import write_config
 from tests.test_bounds_daemon import CLUSTER_RAW, ordinary_jobs
@@ -106,6 +107,20 @@ def test_a_removed_resource_drops_only_its_own_estimate() -> None:
     servers = [*CLUSTER_RAW["servers"], {**CLUSTER_RAW["servers"][2], "name": "w3"}]
     bigger = _cluster(list(full.resources), servers)  # the workers' mean capacities grow
     assert estimate.refit(BoundEstimate.start(bigger, None)) is None
+    # reordered (matched by name) and grown: still other units, start afresh
+    moved = _cluster(["mem", "gpu", "bandwidth", "cpu", "disk"], servers)
+    assert estimate.refit(BoundEstimate.start(moved, None)) is None
+    assert estimate.refit(BoundEstimate.start(_cluster(list(moved.resources)), None)) is not None
+    # a resource added starts from the prior, where a fresh estimate of it starts
+    before = BoundEstimate.start(fewer, default_prior())
+    fresh = BoundEstimate.start(full, default_prior())
+    added = before.refit(fresh)
+    assert added is not None
+    got, want = added.bounds(), fresh.bounds()
+    assert got is not None and want is not None
+    d = full.resources.index("disk")
+    assert got.log_u1[d] == want.log_u1[d] and got.log_u2[d] == want.log_u2[d]
+    assert got.log_u1[d] > got.floor1[d]  # the prior's U, not raised to L from nothing
     shared = SharedEstimate(BoundEstimate.start(fewer, None), {"a": estimate})
     again = shared.refit()
     assert again is not None and np.array_equal(again.submitters["a"].worker.log_scale,

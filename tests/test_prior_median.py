@@ -8,6 +8,7 @@ import copy
 import json
 import sqlite3
 from contextlib import closing
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -190,3 +191,31 @@ def test_calibrate_a_postgresql_store_as_its_sqlite_copy(
         assert "(- 40, bob 40, carol 40)" in capsys.readouterr().err
         made.append(json.loads(out.read_text()))
     assert made[0] == made[1]
+
+
+def test_a_quantile_at_an_exact_share_is_the_value_that_reaches_it() -> None:
+    """The quantile at level p is the smallest value whose cumulative share *reaches* p:
+    at a share summing exactly to the level, that value, not the next."""
+    points: Points = ((0.0, 0.25), (1.0, 0.75))
+    assert _quantile(points, 0.25) == 0.0
+    assert _quantile(points, 0.2500001) == 1.0
+    picked = _median_points([points, points, ((0.0, 0.5), (2.0, 0.5))], 2)  # levels 1/4, 3/4
+    assert picked == ((0.0, 0.5), (1.0, 0.5))
+
+
+def test_floor_per_job_is_the_median_of_the_submitters_too() -> None:
+    """Each submitter's mean weight per job in L's quantile (``floor_per_job``) is
+    combined as the lists are: by the lower median, so one tenant of jobs worth far
+    below its own reference (weight near 1e-6) cannot set how much the prior weighs."""
+    alice = calibrate(_jobs(ALICE), CLUSTER)
+
+    def per_job(*values: float) -> float:
+        priors = [
+            replace(alice, worker=replace(alice.worker, floor_per_job=v), ps=alice.ps)
+            for v in values
+        ]
+        return median_prior(priors, 8, 40.0, "s").worker.floor_per_job
+
+    assert per_job(0.9, 0.2, 0.5) == 0.5
+    assert per_job(0.9, 1e-6) == 1e-6
+    assert per_job(0.3, 0.9, 0.8, 0.1) == 0.3

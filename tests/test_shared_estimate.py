@@ -6,6 +6,7 @@ reads back (the lone estimate's stored format too)."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ from pricing.default_prior import default_prior
 from pricing.prices import PriceBounds
 from pricing.shared_estimate import SharedEstimate, _stacked
 from pricing.trace import Trace
+from pricing.utility import Sigmoid
 from tests.test_bound_estimate import CLUSTER, _job, _logs, _trace, job_specs
 
 
@@ -262,3 +264,55 @@ def test_a_decision_does_not_look_at_every_submitters_vote(monkeypatch: Any) -> 
         shared = shared.observe(jobs[k], f"tenant{7 * k}")
         shared.bounds()
     assert calls <= 5 * 10, calls
+
+
+def test_a_lag_that_would_cross_u_below_l_raises_u_to_l() -> None:
+    """The bounds in use are the median plus the lag; a lag that lowers U and raises L
+    past each other leaves U at L, never below it (prices need U >= L)."""
+    shared = SharedEstimate.start(_fresh())
+    for i, job in enumerate(_ordinary(18, n_jobs=6).jobs):
+        shared = shared.observe(job, ("alice", "bob")[i % 2])
+    n = len(CLUSTER.resources)
+    lag = np.concatenate([np.full((2, n), -30.0), np.full((2, n), 30.0)])
+    b = SharedEstimate(shared.fresh, shared.submitters, lag=lag).bounds()
+    assert b is not None
+    assert np.array_equal(b.log_u1, b.floor1) and np.array_equal(b.log_u2, b.floor2)
+
+
+def test_without_a_prior_a_new_voter_moves_the_bounds_by_at_most_a_step() -> None:
+    """Without a prior there is no reference to return to at once: a second submitter's
+    first job (its estimate that job's own values) moves the median by a rank, and the
+    bounds in use follow it by at most e^STEP per job."""
+    jobs = _ordinary(19, n_jobs=40).jobs
+    for factor in (1.2, 1.3, 1.4, 1.6, 2.0):
+        shared = SharedEstimate.start(BoundEstimate.start(CLUSTER, None))
+        for job in jobs[:30]:
+            shared = shared.observe(job, "alice")
+        for job in jobs[30:]:
+            before = _of(shared.bounds())
+            utility = job.utility
+            assert isinstance(utility, Sigmoid)
+            dearer = replace(job, utility=replace(utility, priority=utility.priority * factor))
+            shared = shared.observe(dearer, "bob")
+            assert np.abs(_of(shared.bounds()) - before).max() <= STEP + 1e-9, factor
+
+
+def test_a_state_cached_as_an_older_one_prices_its_own_estimates() -> None:
+    """A standby reads again the states that changed and takes the older state's cached
+    bounds for the rest (:meth:`SharedEstimate.cached_as`): a submitter whose estimate
+    changed is priced from its new estimate, not the cached bounds of its old one."""
+    jobs = _ordinary(20, n_jobs=30).jobs
+    old = SharedEstimate.start(_fresh())
+    for i, job in enumerate(jobs[:9]):
+        old = old.observe(job, ("alice", "bob", "carol")[i % 3])
+    old.bounds()  # fills the caches
+    old.describe(CLUSTER.resources)
+    new = old
+    for job in jobs[9:]:
+        new = new.observe(job, "alice")
+    head = new.head()
+    read, lost = SharedEstimate.from_parts(head, {"alice": new.state("alice")}, _fresh(),
+                                           known=old.submitters)  # fmt: skip
+    assert read is not None and lost == []
+    got, want = read.cached_as(old).bounds(), new.bounds()
+    assert got is not None and want is not None and got.same_as(want)

@@ -133,3 +133,16 @@ def test_replay_weighs_each_rejection_against_the_prior_not_the_moving_estimate(
         assert (NOTE in record.reason) == bool(units_note(fresh, job)), job.id
         differ += bool(units_note(fresh, job)) != bool(units_note(estimate, job))
     assert differ  # the test tells the two apart
+
+
+def test_a_utility_at_the_least_float_is_told_of_in_finite_numbers() -> None:
+    """Priority 5e-324 (the least float) lies e^748 below the prior's utilities, past
+    the largest float: the note says "over 1e+304 times", not an OverflowError from
+    the rejection's explanation."""
+    raw = _raw(1.0)
+    first = cast(list[dict[str, Any]], raw["jobs"])[0]
+    tiny = {"kind": "sigmoid", "priority": 5e-324, "decay": 1.0, "target": 3.0}
+    raw["jobs"] = [{**first, "id": "tiny", "utility": tiny}]
+    (record,) = replay(trace_from_dict(raw))
+    assert not record.decision.admitted and NOTE in record.reason, record.reason
+    assert "over 1e+304 times below" in record.reason, record.reason

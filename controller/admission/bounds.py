@@ -20,7 +20,6 @@ action, who, the pins) before the ledger is repriced.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -37,6 +36,7 @@ from controller.job_keys import submitter_of
 from controller.pins import KINDS, Pins, pins_from_dict, split_pins
 from controller.store import EventRow, MetaRow
 from controller.store.decisions import SUBMITTER_ESTIMATE_PREFIX, submitter_estimate_key
+from pricing.bound_estimate import exp_shown
 from pricing.cluster import Cluster
 from pricing.errors import SpecError
 from pricing.prices import PriceBounds
@@ -332,7 +332,7 @@ def _view_of(
                 how = base if seen else "unset"
             rows.append({
                 "kind": kind, "resource": r, "how": how,
-                "U": math.exp(float(log_u[i])), "L": math.exp(float(floor[i])),
+                "U": exp_shown(float(log_u[i])), "L": exp_shown(float(floor[i])),
             })  # fmt: skip
     out["bounds"] = rows
     out["pins"] = pins.to_dict()

@@ -54,6 +54,7 @@ from controller.events import Event, shown_event
 from controller.job_keys import SEPARATOR, as_named, key_for, key_of, shown, shown_view
 from controller.store import AllocationRow, EventRow, JobRow
 from controller.store_trouble import store_trouble
+from pricing.bound_estimate import exp_shown
 from pricing.cluster import Kind
 from pricing.durations import format_time
 from pricing.errors import SpecError
@@ -375,7 +376,7 @@ class ConsoleData:
             share[rows] = (side.used[lo:, idx, chosen] / side.capacity[idx, chosen]).T
             floors.append(float(side.log_l[chosen]))
             tops.append(float(side.log_u[chosen]))
-        floor, top = math.exp(min(floors)), math.exp(max(tops))
+        floor, top = exp_shown(min(floors)), exp_shown(max(tops))
         return chosen, ledger.origin, ledger.origin + lo, price, share, floor, top
 
     def _costliest(self, lo: int) -> int:
