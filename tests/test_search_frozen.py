@@ -141,3 +141,36 @@ def test_touched_slots_cheaper_than_untouched_ones_undo_the_freeze(seed: int) ->
         lb = np.array([min((c[k, y] / y for y in range(1, ymax[k] + 1)), default=np.inf)
                        for k in range(n)]) * (1.0 - 1e-9)  # fmt: skip
         _check(job, wside, pside, touched, 0, n, lb, False)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_touched_slot_cheaper_for_one_worker_only_undoes_the_freeze(seed: int) -> None:
+    """A touched slot whose curve is below the untouched one at ``y = 1`` alone (one cheap
+    server with room for one worker, every other server dearer): the frozen prefix must
+    still be computed again there, so the check of a touched curve covers every ``y``."""
+    rng = np.random.default_rng(100 + seed)
+    trace = _small(seed, jobs=6, servers=3, horizon=60)
+    cluster = trace.cluster
+    n = trace.horizon
+    touched = np.zeros(n, bool)
+    touched[rng.choice(np.arange(8, n), 6, replace=False)] = True
+    busy = np.flatnonzero(touched)
+    for job in trace.jobs:
+        sides = []
+        for cap, demand in ((cluster.worker_capacity, job.worker), (cluster.ps_capacity, job.ps)):
+            idle = rng.uniform(0.5, 2.0, cap.shape)
+            price = np.broadcast_to(idle, (n, *cap.shape)).copy()
+            used = np.zeros((n, *cap.shape))
+            sides.append((price, used, cap, np.ascontiguousarray(demand)))
+        # touched: every worker server ten times dearer, but server 0 a tenth of its
+        # untouched price with room for exactly one worker
+        wprice, wused, wcap, _ = sides[0]
+        wprice[busy] *= 10.0
+        wprice[busy, 0] = wprice[0, 0] * 0.1
+        wused[busy, 0] = np.where(job.worker > 0, wcap[0] - 1.5 * job.worker, 0.0)
+        wside, pside = sides
+        _check(job, wside, pside, touched, 0, n, 0.0, False)
+        util = job.utility.values(np.arange(1, n + 1))
+        _, c, _, _ = _plain(job, wside, pside, 0, n, util)
+        k = int(busy[0])
+        assert c[k, 1] < c[0, 1] and np.all(c[k, 2:] >= c[0, 2:])  # cheaper at y = 1 only
