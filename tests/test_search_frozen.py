@@ -5,6 +5,8 @@ ones, every value it computes is the float the plain DP over every slot computes
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from numpy.typing import NDArray
@@ -22,6 +24,7 @@ from pricing.best_schedule import (
 )
 from pricing.job import Job
 from pricing.placement import F64, I64
+from pricing.utility import Table
 from tests.test_lazy_prices import estimated
 from tests.test_offline_colgen import _small
 
@@ -174,3 +177,28 @@ def test_a_touched_slot_cheaper_for_one_worker_only_undoes_the_freeze(seed: int)
         _, c, _, _ = _plain(job, wside, pside, 0, n, util)
         k = int(busy[0])
         assert c[k, 1] < c[0, 1] and np.all(c[k, 2:] >= c[0, 2:])  # cheaper at y = 1 only
+
+
+@pytest.mark.parametrize("best", [0.0, 0.25, -0.5])
+def test_a_gain_within_float_noise_keeps_the_earliest_end(best: float) -> None:
+    """Ending a slot later gains ``TIE / 10``: noise against a payoff of at most 1 in
+    magnitude (``TIE`` is relative to ``max(|best|, 1)``), so the earliest end stays, as
+    for the plain DP; a gain of ``10 TIE`` moves it."""
+    base = _small(0).jobs[0]
+    job = replace(base, work=1, chunks=1, utility=Table((1.0,)))
+    n = 3
+    touched = np.ones(n, bool)
+    for gain, jct in ((TIE / 10, 1), (10 * TIE, 2)):
+        sides = []
+        for demand in (job.worker, job.ps):
+            price = np.zeros((n, 1, demand.shape[0]))
+            used = np.zeros_like(price)
+            sides.append((price, used, np.atleast_2d(demand * 4.0), np.ascontiguousarray(demand)))
+        wprice, demand_r = sides[0][0], job.worker[int(np.argmax(job.worker))]
+        # one worker (and a free PS) costs 1 - best in slot 0, ``gain`` less in slot 1
+        wprice[:, 0, int(np.argmax(job.worker))] = (1.0 - best) / demand_r
+        wprice[1, 0, int(np.argmax(job.worker))] = (1.0 - best - gain) / demand_r
+        wprice[2] *= 2.0
+        _check(job, sides[0], sides[1], touched, 0, n, 0.0, False)
+        found, _ = search(job, sides[0], sides[1], touched, 0, n, 0, 0.0)
+        assert found.payoff is not None and found.jct == jct, (gain, found)
