@@ -179,26 +179,55 @@ def test_a_touched_slot_cheaper_for_one_worker_only_undoes_the_freeze(seed: int)
         assert c[k, 1] < c[0, 1] and np.all(c[k, 2:] >= c[0, 2:])  # cheaper at y = 1 only
 
 
-@pytest.mark.parametrize("best", [0.0, 0.25, -0.5])
-def test_a_gain_within_float_noise_keeps_the_earliest_end(best: float) -> None:
-    """Ending a slot later gains ``TIE / 10``: noise against a payoff of at most 1 in
-    magnitude (``TIE`` is relative to ``max(|best|, 1)``), so the earliest end stays, as
-    for the plain DP; a gain of ``10 TIE`` moves it."""
+@pytest.mark.parametrize("cost", [1.0, 0.75, 1.5, 1e-7])
+def test_a_later_end_wins_by_more_than_float_noise_only(cost: float) -> None:
+    """One worker costs ``cost`` in slot 0 and ``gain`` less in slot 1 (the utility is
+    flat at 1, so the payoff is at most 1 in magnitude): a gain of ``TIE / 10`` is noise
+    (``TIE`` is relative to ``max(|best|, 1)``) and the earliest end stays; any larger
+    gain, however small, moves it, also when per-slot cost bounds let the search stop
+    early (an early stop may not pass over a gain of ``1e-8``)."""
     base = _small(0).jobs[0]
     job = replace(base, work=1, chunks=1, utility=Table((1.0,)))
     n = 3
     touched = np.ones(n, bool)
-    for gain, jct in ((TIE / 10, 1), (10 * TIE, 2)):
+    r = int(np.argmax(job.worker))
+    for gain, jct in ((TIE / 10, 1), (10 * TIE, 2), (1e-8, 2), (cost / 2, 2)):
         sides = []
         for demand in (job.worker, job.ps):
             price = np.zeros((n, 1, demand.shape[0]))
             used = np.zeros_like(price)
             sides.append((price, used, np.atleast_2d(demand * 4.0), np.ascontiguousarray(demand)))
-        wprice, demand_r = sides[0][0], job.worker[int(np.argmax(job.worker))]
-        # one worker (and a free PS) costs 1 - best in slot 0, ``gain`` less in slot 1
-        wprice[:, 0, int(np.argmax(job.worker))] = (1.0 - best) / demand_r
-        wprice[1, 0, int(np.argmax(job.worker))] = (1.0 - best - gain) / demand_r
-        wprice[2] *= 2.0
-        _check(job, sides[0], sides[1], touched, 0, n, 0.0, False)
-        found, _ = search(job, sides[0], sides[1], touched, 0, n, 0, 0.0)
-        assert found.payoff is not None and found.jct == jct, (gain, found)
+        units = np.array([cost, cost - gain, 2 * cost])  # one worker, its PS free
+        sides[0][0][:, 0, r] = units / job.worker[r]
+        for lb in (0.0, units * (1.0 - 1e-9)):
+            _check(job, sides[0], sides[1], touched, 0, n, lb, False)
+            found, _ = search(job, sides[0], sides[1], touched, 0, n, 0, lb)
+            assert found.payoff is not None and found.jct == jct, (gain, lb, found)
+
+
+def test_a_frozen_search_over_untouched_slots_stops_at_a_run_end() -> None:
+    """Every slot untouched and alike: ``D`` freezes after two slots, so the untouched
+    slots after it cost no DP and the search tries to stop only at the end of each run of
+    slots it derives prices for. The utility stays flat for 40 slots (later ends tie
+    within the stop's slack, no stop), then halves: the search must stop at the end of
+    the run where it fell, not scan the window to its end."""
+    base = _small(0).jobs[0]
+    job = replace(base, work=1, chunks=1, utility=Table((1.0,) * 40 + (0.5,)))
+    n = 1000
+    touched = np.zeros(n, bool)
+    sides = []
+    for demand, unit in ((job.worker, 0.1), (job.ps, 0.0)):
+        r = int(np.argmax(demand))
+        price = np.zeros((n, 1, demand.shape[0]))
+        price[:, 0, r] = unit / demand[r]
+        sides.append((price, np.zeros_like(price), np.atleast_2d(demand * 4.0), demand.copy()))
+    runs: list[tuple[int, int]] = []
+
+    def prepare(lo: int, hi: int, idle: bool) -> None:
+        runs.append((lo, hi))
+
+    found, ends = search(job, sides[0], sides[1], touched, 0, n, 0, 0.0, None, prepare)
+    assert found.jct == 1 and found.payoff == pytest.approx(0.9)
+    assert 40 < found.slots_scanned < n and runs[-1][1] == found.slots_scanned
+    assert np.all(ends[found.slots_scanned :] <= 0.5)
+    _check(job, sides[0], sides[1], touched, 0, n, 0.0, False)
