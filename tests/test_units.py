@@ -606,3 +606,8 @@ def test_a_schedule_ends_at_its_last_slot_with_a_worker() -> None:
     sched = pricing.Schedule(5, workers, ps)
     assert sched.end == 7
     assert sched.after(8).end == 7 and sched.before(7).end == 5 and sched.before(5).end == 4
+    # before a slot it does not reach yet: nothing; after one: all of it
+    for slot in (2, 4, 5):
+        assert sched.before(slot).slots == 0 and sched.after(slot).start == 5
+        assert np.array_equal(sched.after(slot).workers, workers)
+    assert sched.before(12).slots == sched.after(3).slots == 4 and sched.after(12).slots == 0
