@@ -897,3 +897,16 @@ def test_decay_per_hour_is_converted_with_the_slot_length(slot_seconds: float) -
         slot_seconds=slot_seconds,
     )
     assert got == Sigmoid(5.0, 2.0 * hours, 6.0 / hours)
+
+
+@pytest.mark.parametrize("deadline", [0, 0.0, -2, "0h"])
+def test_a_deadline_at_or_before_the_arrival_is_refused(deadline: Any) -> None:
+    """A completion time is at least 1 slot, so a deadline of 0 slots (or a duration of
+    none) would be worth nothing at any end: it is refused naming the field, as a
+    negative one is; a deadline just after the arrival is fine."""
+    raw = {"kind": "deadline", "value": 3, "deadline": deadline}
+    with pytest.raises(SpecError) as err:
+        utility_from_dict(raw, "u", slot_seconds=3600.0)
+    assert err.value.field == "u.deadline" and "must be after the arrival" in str(err.value)
+    ok = utility_from_dict({**raw, "deadline": 0.5}, "u", slot_seconds=3600.0)
+    assert ok == Deadline(3.0, 0.5)
