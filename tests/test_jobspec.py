@@ -32,7 +32,7 @@ from pricing import SpecError, cluster_from_dict, job_from_dict
 from pricing.durations import format_duration, format_time, parse_duration, parse_time
 from pricing.errors import Problem
 from pricing.job import fits_nowhere, max_workers_per_slot, most_on_one_server
-from pricing.utility import Deadline, Sigmoid
+from pricing.utility import Deadline, Sigmoid, utility_from_dict
 from tests.servers import ROOT
 
 SLOT = 3600.0
@@ -982,3 +982,30 @@ def test_a_bandwidth_left_out_is_told_required_not_must_be_positive() -> None:
     assert problems({**PEOPLE, "worker": {**PEOPLE["worker"], "bandwidth": 0}}) == [
         "job.worker.bandwidth: must be > 0 (transfer time divides by it)"
     ]
+
+
+@pytest.mark.parametrize("slot_seconds", [900.0, 3600.0, 7200.0])
+def test_decay_per_hour_is_converted_with_the_slot_length(slot_seconds: float) -> None:
+    """``decay_per_hour`` is a decay per hour: per slot it is that times the slot's hours
+    (a quarter of it for 15-minute slots, twice it for 2-hour ones), like ``decay``
+    given per slot; ``target`` in hours likewise becomes slots."""
+    hours = slot_seconds / 3600.0
+    got = utility_from_dict(
+        {"kind": "sigmoid", "priority": 5, "target": "6h", "decay_per_hour": 2.0},
+        "u",
+        slot_seconds=slot_seconds,
+    )
+    assert got == Sigmoid(5.0, 2.0 * hours, 6.0 / hours)
+
+
+@pytest.mark.parametrize("deadline", [0, 0.0, -2, "0h"])
+def test_a_deadline_at_or_before_the_arrival_is_refused(deadline: Any) -> None:
+    """A completion time is at least 1 slot, so a deadline of 0 slots (or a duration of
+    none) would be worth nothing at any end: it is refused naming the field, as a
+    negative one is; a deadline just after the arrival is fine."""
+    raw = {"kind": "deadline", "value": 3, "deadline": deadline}
+    with pytest.raises(SpecError) as err:
+        utility_from_dict(raw, "u", slot_seconds=3600.0)
+    assert err.value.field == "u.deadline" and "must be after the arrival" in str(err.value)
+    ok = utility_from_dict({**raw, "deadline": 0.5}, "u", slot_seconds=3600.0)
+    assert ok == Deadline(3.0, 0.5)

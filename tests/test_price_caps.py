@@ -12,7 +12,8 @@ import pytest
 from pricing import job_from_dict
 from pricing.job import Job
 from pricing.ledger import LOG_PRICE_CAP, Ledger
-from pricing.prices import PriceBounds, _last_positive_log_utility
+from pricing.prices import PriceBounds, _last_positive_log_utility, oracle_bounds
+from tests.test_offline_colgen import _small
 from tests.test_replan import CLUSTER
 
 
@@ -135,3 +136,17 @@ def test_a_resource_one_side_lacks_is_capped_too() -> None:
     assert np.isfinite(side.price).all()
     demand = np.where(np.arange(n) == gpu, 0.0, 1.0)  # a PS demands no GPU
     assert np.isfinite(side.min_unit_price(demand, 0, 4)).all()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_oracles_eta_is_the_largest_of_each_jobs_alone(seed: int) -> None:
+    """``1/eta = min(1, min_i W_i sum d_i / (T sum c))`` (SPEC 4): over a job set, eta is
+    the largest of the etas each job gives alone (at least 1), in any order of the jobs."""
+    trace = _small(seed, jobs=8, servers=3, horizon=40)
+    latest = {job.id: trace.horizon for job in trace.jobs}
+    alone = [oracle_bounds([job], trace.cluster, trace.horizon, latest) for job in trace.jobs]
+    for jobs in (trace.jobs, trace.jobs[::-1]):
+        got = oracle_bounds(jobs, trace.cluster, trace.horizon, latest)
+        assert got.eta1 == max(b.eta1 for b in alone) and got.eta1 >= 1.0
+        assert got.eta2 == max(b.eta2 for b in alone) and got.eta2 >= 1.0
+    assert len({b.eta1 for b in alone}) > 1  # the jobs differ

@@ -18,7 +18,19 @@ import math
 import numpy as np
 import pytest
 
-from pricing.best_schedule import _LB_SLACK, _rest_cost, _tighten_idle
+from pricing import Ledger
+from pricing.admission import ADMIT_THRESHOLD
+from pricing.best_schedule import (
+    _LB_SLACK,
+    _cost_lower_bound,
+    _rest_cost,
+    _slot_cost_bounds,
+    _slot_curve,
+    _tighten_idle,
+    best_schedule,
+    payoff_ceiling,
+)
+from tests.test_offline_colgen import _small
 
 
 def _curve(rng: np.random.Generator, chunks: int) -> tuple[np.ndarray, int]:
@@ -90,3 +102,76 @@ def test_rest_cost_never_exceeds_a_completion_it_bounds(seed: int) -> None:
     )
     assert bound <= best, (seed, bound, best)
     assert bound >= best * _LB_SLACK * (1.0 - 1e-8), (seed, bound, best)  # tight
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_payoff_ceiling_bounds_every_search_and_the_slot_bounds_every_cost(
+    seed: int,
+) -> None:
+    """:func:`payoff_ceiling` (the waiting queue drops a job when it is not positive) is
+    never below the payoff the search finds from that slot, on an idle cluster, where
+    every price is its floor ``L`` and a fast job's ceiling is nearly reached, and as jobs
+    fill it; and the per-slot bounds the search stops on never exceed a slot's cost per
+    worker of the schedule it returns."""
+    trace = _small(seed, jobs=20, servers=4, horizon=60)
+    ledger = Ledger(trace.cluster, trace.bounds, trace.horizon)
+    last = trace.horizon - 1
+    checked = 0
+    for job in trace.jobs:
+        for wait in (0, 1, 3):
+            first = job.arrival + wait
+            if first > last:
+                continue
+            best = best_schedule(job, ledger, first, last, job.arrival)
+            ceiling = payoff_ceiling(job, ledger, first, job.arrival)
+            if best.payoff is None or best.schedule is None:
+                continue
+            assert best.payoff <= ceiling + 1e-9 * max(1.0, abs(ceiling)), (job.id, wait)
+            t0 = ledger.index(first)
+            lb = _slot_cost_bounds(job, ledger, t0, t0 + best.schedule.slots)
+            counts = best.schedule.worker_counts()
+            ws, ps = ledger.worker_side, ledger.ps_side
+            ws.prices(0, ledger.length)
+            ps.prices(0, ledger.length)
+            for k in np.flatnonzero(counts):
+                slot = t0 + k
+                cost = best.schedule.workers[k] @ (ws.price[slot] @ job.worker)
+                cost += best.schedule.ps[k] @ (ps.price[slot] @ job.ps)
+                assert lb[k] * counts[k] <= cost * (1 + 1e-12), (job.id, k)
+            checked += 1
+        best = best_schedule(job, ledger, job.arrival, last)
+        if best.payoff is not None and best.payoff > ADMIT_THRESHOLD:
+            assert best.schedule is not None
+            ledger.admit(job.id, job.worker, job.ps, best.schedule)
+    assert checked >= 12
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_on_an_idle_cluster_the_floor_bounds_are_the_least_cost_per_worker(seed: int) -> None:
+    """On an idle cluster every price is its floor ``L``, so the bound of one
+    worker-slot at floor prices (:func:`payoff_ceiling`'s) and each slot's bound are the
+    least of ``cost_t(y) / y`` over every ``y`` that fits, up to the search's slack: no
+    higher (a bound), and no lower than the slack (the PS share is the least over ``y``,
+    not the share of one worker). Jobs whose ``N`` workers do not all fit in a slot are
+    skipped: the bounds take the least share over every ``y <= N``."""
+    trace = _small(seed, jobs=30, servers=12, horizon=8)
+    ledger = Ledger(trace.cluster, trace.bounds, trace.horizon)
+    for side in (ledger.worker_side, ledger.ps_side):
+        side.prices(0, ledger.length)
+    uneven = 0
+    for job in trace.jobs:
+        zt = job.ps_table()
+        views = [
+            (side.price, side.used, side.capacity, np.ascontiguousarray(demand))
+            for side, demand in ((ledger.worker_side, job.worker), (ledger.ps_side, job.ps))
+        ]
+        curve = np.empty(job.chunks + 1)
+        none = np.empty((2, 0), np.int64)
+        ymax = _slot_curve(views[0], views[1], 0, zt, curve, none, none)
+        if ymax < job.chunks:
+            continue
+        least = min(curve[y] / y for y in range(1, ymax + 1))
+        for bound in (_cost_lower_bound(job, ledger), *_slot_cost_bounds(job, ledger, 0, 8)):
+            assert least * _LB_SLACK * (1 - 1e-12) <= bound <= least, job.id
+        uneven += len({zt[y] / y for y in range(1, ymax + 1)}) > 1
+    assert uneven > 0  # some job's PS share per worker depends on y

@@ -5,6 +5,8 @@ ones, every value it computes is the float the plain DP over every slot computes
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from numpy.typing import NDArray
@@ -22,6 +24,7 @@ from pricing.best_schedule import (
 )
 from pricing.job import Job
 from pricing.placement import F64, I64
+from pricing.utility import Table
 from tests.test_lazy_prices import estimated
 from tests.test_offline_colgen import _small
 
@@ -141,3 +144,90 @@ def test_touched_slots_cheaper_than_untouched_ones_undo_the_freeze(seed: int) ->
         lb = np.array([min((c[k, y] / y for y in range(1, ymax[k] + 1)), default=np.inf)
                        for k in range(n)]) * (1.0 - 1e-9)  # fmt: skip
         _check(job, wside, pside, touched, 0, n, lb, False)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_touched_slot_cheaper_for_one_worker_only_undoes_the_freeze(seed: int) -> None:
+    """A touched slot whose curve is below the untouched one at ``y = 1`` alone (one cheap
+    server with room for one worker, every other server dearer): the frozen prefix must
+    still be computed again there, so the check of a touched curve covers every ``y``."""
+    rng = np.random.default_rng(100 + seed)
+    trace = _small(seed, jobs=6, servers=3, horizon=60)
+    cluster = trace.cluster
+    n = trace.horizon
+    touched = np.zeros(n, bool)
+    touched[rng.choice(np.arange(8, n), 6, replace=False)] = True
+    busy = np.flatnonzero(touched)
+    for job in trace.jobs:
+        sides = []
+        for cap, demand in ((cluster.worker_capacity, job.worker), (cluster.ps_capacity, job.ps)):
+            idle = rng.uniform(0.5, 2.0, cap.shape)
+            price = np.broadcast_to(idle, (n, *cap.shape)).copy()
+            used = np.zeros((n, *cap.shape))
+            sides.append((price, used, cap, np.ascontiguousarray(demand)))
+        # touched: every worker server ten times dearer, but server 0 a tenth of its
+        # untouched price with room for exactly one worker
+        wprice, wused, wcap, _ = sides[0]
+        wprice[busy] *= 10.0
+        wprice[busy, 0] = wprice[0, 0] * 0.1
+        wused[busy, 0] = np.where(job.worker > 0, wcap[0] - 1.5 * job.worker, 0.0)
+        wside, pside = sides
+        _check(job, wside, pside, touched, 0, n, 0.0, False)
+        util = job.utility.values(np.arange(1, n + 1))
+        _, c, _, _ = _plain(job, wside, pside, 0, n, util)
+        k = int(busy[0])
+        assert c[k, 1] < c[0, 1] and np.all(c[k, 2:] >= c[0, 2:])  # cheaper at y = 1 only
+
+
+@pytest.mark.parametrize("cost", [1.0, 0.75, 1.5, 1e-7])
+def test_a_later_end_wins_by_more_than_float_noise_only(cost: float) -> None:
+    """One worker costs ``cost`` in slot 0 and ``gain`` less in slot 1 (the utility is
+    flat at 1, so the payoff is at most 1 in magnitude): a gain of ``TIE / 10`` is noise
+    (``TIE`` is relative to ``max(|best|, 1)``) and the earliest end stays; any larger
+    gain, however small, moves it, also when per-slot cost bounds let the search stop
+    early (an early stop may not pass over a gain of ``1e-8``)."""
+    base = _small(0).jobs[0]
+    job = replace(base, work=1, chunks=1, utility=Table((1.0,)))
+    n = 3
+    touched = np.ones(n, bool)
+    r = int(np.argmax(job.worker))
+    for gain, jct in ((TIE / 10, 1), (10 * TIE, 2), (1e-8, 2), (cost / 2, 2)):
+        sides = []
+        for demand in (job.worker, job.ps):
+            price = np.zeros((n, 1, demand.shape[0]))
+            used = np.zeros_like(price)
+            sides.append((price, used, np.atleast_2d(demand * 4.0), np.ascontiguousarray(demand)))
+        units = np.array([cost, cost - gain, 2 * cost])  # one worker, its PS free
+        sides[0][0][:, 0, r] = units / job.worker[r]
+        for lb in (0.0, units * (1.0 - 1e-9)):
+            _check(job, sides[0], sides[1], touched, 0, n, lb, False)
+            found, _ = search(job, sides[0], sides[1], touched, 0, n, 0, lb)
+            assert found.payoff is not None and found.jct == jct, (gain, lb, found)
+
+
+def test_a_frozen_search_over_untouched_slots_stops_at_a_run_end() -> None:
+    """Every slot untouched and alike: ``D`` freezes after two slots, so the untouched
+    slots after it cost no DP and the search tries to stop only at the end of each run of
+    slots it derives prices for. The utility stays flat for 40 slots (later ends tie
+    within the stop's slack, no stop), then halves: the search must stop at the end of
+    the run where it fell, not scan the window to its end."""
+    base = _small(0).jobs[0]
+    job = replace(base, work=1, chunks=1, utility=Table((1.0,) * 40 + (0.5,)))
+    n = 1000
+    touched = np.zeros(n, bool)
+    sides = []
+    for demand, unit in ((job.worker, 0.1), (job.ps, 0.0)):
+        r = int(np.argmax(demand))
+        price = np.zeros((n, 1, demand.shape[0]))
+        price[:, 0, r] = unit / demand[r]
+        sides.append((price, np.zeros_like(price), np.atleast_2d(demand * 4.0), demand.copy()))
+    runs: list[tuple[int, int]] = []
+
+    def prepare(lo: int, hi: int, idle: bool) -> None:
+        runs.append((lo, hi))
+
+    found, ends = search(job, sides[0], sides[1], touched, 0, n, 0, 0.0, None, prepare)
+    assert found.jct == 1 and found.payoff == pytest.approx(0.9)
+    assert 40 < found.slots_scanned < n and runs[-1][1] == found.slots_scanned
+    assert np.all(ends[found.slots_scanned :] <= 0.5)
+    _check(job, sides[0], sides[1], touched, 0, n, 0.0, False)

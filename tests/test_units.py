@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import pricing
+from pricing.utility import Sigmoid
 
 GPU, CPU, BW = 0, 1, 2
 
@@ -575,3 +576,38 @@ def test_every_problem_of_a_job_is_reported() -> None:
         pricing.trace_from_dict(raw)
     fields = {p.field for p in caught.value.problems}
     assert {"jobs[0].tau", "jobs[0].chunks", "jobs[0].worker.tpu"} <= fields
+
+
+@pytest.mark.parametrize("decay", [0.0, 0.3, 7.0, 2.0**40])
+def test_a_sigmoid_far_past_its_target_keeps_a_finite_log(decay: float) -> None:
+    """``log f(d) = log p - log(1 + e^x)``, ``x = decay (d - target)``: far past the target
+    ``e^x`` overflows a float while the log is ``log p - x`` (the oracle's floor ``L`` of a
+    time-critical job is drawn from it), checked against the plain formula each way."""
+    f = Sigmoid(3.0, decay, 4.0)
+    d = np.array([1, 3, 4, 5, 40, 400, 10**6])
+    got = f.log_values(d)
+    for di, g in zip(d.tolist(), got.tolist(), strict=True):
+        x = decay * (di - 4.0)
+        softplus = x + math.log1p(math.exp(-x)) if x > 0 else math.log1p(math.exp(x))
+        want = math.log(3.0) - softplus
+        assert math.isfinite(g) and g == pytest.approx(want, rel=1e-12, abs=1e-12), (di, g)
+    assert np.array_equal(f.values(d), np.exp(got))
+
+
+def test_a_schedule_ends_at_its_last_slot_with_a_worker() -> None:
+    """``end`` is the last slot with a worker, ``start - 1`` for a schedule with none (a
+    job with nothing left to run); a PS alone is no worker."""
+    workers = np.zeros((4, 2), np.int32)
+    ps = np.zeros((4, 1), np.int32)
+    assert pricing.Schedule(5, workers, ps).end == 4
+    ps[3] = 1
+    assert pricing.Schedule(5, workers, ps).end == 4
+    workers[0, 1] = workers[2, 0] = 1
+    sched = pricing.Schedule(5, workers, ps)
+    assert sched.end == 7
+    assert sched.after(8).end == 7 and sched.before(7).end == 5 and sched.before(5).end == 4
+    # before a slot it does not reach yet: nothing; after one: all of it
+    for slot in (2, 4, 5):
+        assert sched.before(slot).slots == 0 and sched.after(slot).start == 5
+        assert np.array_equal(sched.after(slot).workers, workers)
+    assert sched.before(12).slots == sched.after(3).slots == 4 and sched.after(12).slots == 0
