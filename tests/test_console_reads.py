@@ -7,7 +7,9 @@ seen by a SQLAlchemy ``before_cursor_execute`` listener."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -286,5 +288,22 @@ def test_a_resumed_streams_backfill_is_its_owners_newest_events_oldest_first(
         assert [e.sequence for e in newest] == hers[-2:]
         after_first = asyncio.run(c.own_events("alice", hers[0], 100))
         assert [e.sequence for e in after_first] == hers[1:]
+    finally:
+        c.close()
+
+
+def test_a_top_price_past_the_largest_float_is_shown_as_it(tmp_path: Path) -> None:
+    """The heatmap's legend reads the bounds' exp: a log U past the largest float's
+    (730: a job of priority 1.7e308 on tiny demands, ``limits.max_utility`` lifted, or a
+    stored value edited) raised OverflowError, and the prices page answered 500. It is
+    shown as the largest float, and the answer is JSON without inf or NaN."""
+    c, _ = retention_controller(tmp_path, keep_days=0)
+    try:
+        data = ConsoleData(c)
+        assert c.ledger is not None
+        c.ledger.side("worker").log_u[:] = 730.0
+        page = asyncio.run(data.prices())
+        assert 1e308 < page["top"] <= sys.float_info.max and 0 < page["floor"] < 1, page
+        json.dumps(page, allow_nan=False)
     finally:
         c.close()
