@@ -18,6 +18,17 @@ from controller.config import Config, from_dict
 from controller.store import Database
 
 
+def in_process(config: Config) -> AdmissionController:
+    """An admission controller of ``config`` in this process, on a fake clock at 10 s
+    past the epoch, logging nowhere; not opened yet (:meth:`AdmissionController.open`)."""
+    return AdmissionController(
+        config,
+        Database(config.database_url),
+        SlotClock(FakeClock(10.0), config.slot_seconds, config.epoch),
+        log=structlog.wrap_logger(structlog.ReturnLogger()),
+    )
+
+
 def decided_store(
     directory: Path, trace: Mapping[str, Any], window: int, jobs: Mapping[str, Sequence[Any]]
 ) -> Config:
@@ -31,12 +42,7 @@ def decided_store(
             "cluster": {"resources": trace["resources"], "servers": trace["servers"]},
         }
     )
-    daemon = AdmissionController(
-        config,
-        Database(config.database_url),
-        SlotClock(FakeClock(10.0), config.slot_seconds, config.epoch),
-        log=structlog.wrap_logger(structlog.ReturnLogger()),
-    )
+    daemon = in_process(config)
     daemon.open()
     queues = {name: list(entries) for name, entries in jobs.items()}
     try:

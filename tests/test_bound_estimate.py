@@ -17,13 +17,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.admission import AdmissionController
 from controller.cli import main
-from controller.clock import FakeClock, SlotClock
 from controller.config import from_dict
 from controller.replay import record_json, replay
 from controller.store import Database, MetaRow
@@ -36,7 +33,7 @@ from pricing.job import Job
 from pricing.prices import PriceBounds
 from pricing.quantile_tracker import BIN_WIDTH, LOG_LIMIT, MAX_BINS, Tracker
 from pricing.workload import generate_trace
-from tests.stores import decided_store
+from tests.stores import decided_store, in_process
 
 RESOURCES = ["gpu", "cpu", "mem", "disk", "bandwidth"]
 SERVERS = [
@@ -461,12 +458,7 @@ def test_bounds_past_float_range_are_shown_finite(tmp_path: Path) -> None:
             "cluster": {"resources": RESOURCES, "servers": SERVERS},
         }
     )
-    daemon = AdmissionController(
-        config,
-        Database(config.database_url),
-        SlotClock(FakeClock(10.0), config.slot_seconds, config.epoch),
-        log=structlog.wrap_logger(structlog.ReturnLogger()),
-    )
+    daemon = in_process(config)
     daemon.open()
     try:
         asyncio.run(daemon.submit(dict(_HUGE)))
@@ -843,21 +835,13 @@ def test_the_daemon_decides_as_replay_does_with_a_prior(tmp_path: Path) -> None:
         }
     )
 
-    def controller() -> AdmissionController:
-        return AdmissionController(
-            config,
-            Database(config.database_url),
-            SlotClock(FakeClock(10.0), config.slot_seconds, config.epoch),
-            log=structlog.wrap_logger(structlog.ReturnLogger()),
-        )
-
-    first = controller()
+    first = in_process(config)
     first.open()
     with first.db.session() as session:
         start = BoundEstimate.start(trace.cluster, prior, 0.25).to_dict()
         session.merge(MetaRow(key="bound_estimate", value=start))
     first.close()
-    daemon = controller()
+    daemon = in_process(config)
     daemon.open()
     try:
         admitted = 0
@@ -1053,7 +1037,6 @@ def test_calibrate_store_reads_each_submitters_newest_share_oldest_first_and_no_
     import sqlite3
 
     from controller.history import load_jobs
-    from controller.store import Database
 
     raw = _trace(15, n_jobs=12, horizon=30)
     jobs = raw["jobs"]

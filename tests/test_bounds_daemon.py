@@ -941,23 +941,15 @@ def test_the_view_of_the_bounds_is_made_off_the_decision_thread(
     import asyncio
     import threading
 
-    import structlog
-
-    from controller.admission import AdmissionController
-    from controller.clock import FakeClock, SlotClock
     from controller.config import from_dict
-    from controller.store import Database
     from pricing.shared_estimate import SharedEstimate
+    from tests.stores import in_process
 
     config = from_dict({
         "daemon": {"data_dir": str(tmp_path), "window": WINDOW, "epoch": 0},
         "cluster": CLUSTER_RAW,
     })  # fmt: skip
-    c = AdmissionController(
-        config, Database(config.database_url),
-        SlotClock(FakeClock(10.0), config.slot_seconds, config.epoch),
-        log=structlog.wrap_logger(structlog.ReturnLogger()),
-    )  # fmt: skip
+    c = in_process(config)
     c.open()
     held, entered = threading.Event(), threading.Event()
     describe = SharedEstimate.describe
