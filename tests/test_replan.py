@@ -298,13 +298,20 @@ def test_worker_failure_with_full_cluster_replans_from_remaining_work() -> None:
     same_state(ledger, rebuilt(ledger, [("worker", victim, from_slot)]))
 
 
-def test_worker_failure_with_every_other_worker_full_strands_the_job() -> None:
+def _others_full() -> tuple[Job, Ledger, Schedule, int, dict[str, Job], int]:
+    """Job a admitted alone, then every worker server but the first a runs on (the
+    victim) filled for the whole window: ``(a, ledger, a's schedule, victim, the jobs
+    by id, the slot after a's first)``."""
     job = make_job("a", chunks=4, epochs=6, decay=0.0)
     ledger = admitted([job])
     sched = ledger.schedule("a")
     victim = int(np.flatnonzero(sched.workers.sum(axis=0))[0])
     by_id = {"a": job, **fill(ledger, [i for i in range(3) if i != victim], 0, T)}
-    from_slot = sched.start + 1
+    return job, ledger, sched, victim, by_id, sched.start + 1
+
+
+def test_worker_failure_with_every_other_worker_full_strands_the_job() -> None:
+    job, ledger, sched, victim, by_id, from_slot = _others_full()
     remaining = sched.after(from_slot).work()
     out = fail_server(ledger, by_id, "worker", victim, from_slot, {"a": remaining},
                       {j: T - 1 for j in by_id})  # fmt: skip
@@ -320,12 +327,7 @@ def test_worker_failure_with_every_other_worker_full_strands_the_job() -> None:
 def test_a_failed_servers_job_with_no_work_left_is_not_replanned() -> None:
     """Every other worker server is full, so a's units cannot move in place; but its
     remaining work is 0 (done early): nothing to re-plan, it just loses those units."""
-    job = make_job("a", chunks=4, epochs=6, decay=0.0)
-    ledger = admitted([job])
-    sched = ledger.schedule("a")
-    victim = int(np.flatnonzero(sched.workers.sum(axis=0))[0])
-    by_id = {"a": job, **fill(ledger, [i for i in range(3) if i != victim], 0, T)}
-    from_slot = sched.start + 1
+    _, ledger, _, victim, by_id, from_slot = _others_full()
     out = fail_server(ledger, by_id, "worker", victim, from_slot, {"a": 0},
                       {j: T - 1 for j in by_id})  # fmt: skip
     assert out.replaced == ["a"] and not out.replanned and not out.stranded
