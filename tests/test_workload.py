@@ -324,3 +324,17 @@ def test_max_share_makes_jobs_small(share: float) -> None:
         assert job["chunks"] == 1 or within(job, job["chunks"])
         lowered += job["chunks"] < before["chunks"]
     assert lowered > 0  # the paper's sizes are not small on 2 + 2 servers
+
+
+def test_the_generators_room_is_the_ledgers() -> None:
+    """SPEC 5's room, as the generator counts it for feasibility, agrees with the one the
+    controller admits by (:func:`pricing.job.room`), on quotients that floating point
+    leaves just under a whole number (0.3 / 0.1 is 2.9999999999999996)."""
+    from pricing.job import room
+    from pricing.workload import _room
+
+    assert 0.3 / 0.1 < 3  # the trap itself
+    for capacity, need, fits in ((0.3, 0.1, 3), (0.7, 0.1, 7), (35.1, 1.17, 30), (49.99, 5.0, 9)):
+        ledger = int(room(np.array([capacity, 100.0]), np.array([need, 1.0])))
+        generator = _room({"bandwidth": need, "cpu": 1}, {"bandwidth": capacity, "cpu": 100.0})
+        assert generator == ledger == fits
