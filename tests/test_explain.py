@@ -290,3 +290,97 @@ def test_workers_that_exactly_fit_leave_the_parameter_servers_to_blame() -> None
     said = _cannot_fit(job, ledger, 0, 0)
     assert said.startswith("cannot fit: its parameter servers do not fit in slot 0 "), said
     assert "(1 worker-slots are free there, capped at 1 per slot, for the 1 it needs)" in said
+
+
+def test_a_job_with_no_slot_left_is_told_it_arrives_too_late() -> None:
+    """No slot left (0, or fewer: it arrives at or after the horizon's end) is said as
+    such, not as work that needs more slots than the 0 that remain."""
+    from pricing.explain import cannot_finish
+    from tests.test_replan import CLUSTER, make_job
+
+    job = make_job("j", chunks=2)
+    for slots in (0, -1):
+        assert cannot_finish(job, CLUSTER, slots) == (
+            "cannot finish before the horizon: it arrives at or after the horizon's end"
+        )
+    assert cannot_finish(job, CLUSTER, 1000) is None
+
+
+def test_drivers_on_servers_after_the_first_name_those_servers() -> None:
+    """The schedule uses only w1 and p1 (w0 and p0 out of service): the drivers are
+    its parts there, as the plain loops find them, not none and not w0's or p0's."""
+    raw = _one_job_worth(1.5)  # costs 1, worth 0.75: priced out
+    raw["servers"] = [
+        {"name": "w0", "kind": "worker", "capacity": {"gpu": 2, "cpu": 8, "bandwidth": 10}},
+        {"name": "w1", "kind": "worker", "capacity": {"gpu": 2, "cpu": 8, "bandwidth": 10}},
+        {"name": "p0", "kind": "ps", "capacity": {"cpu": 4, "bandwidth": 10}},
+        {"name": "p1", "kind": "ps", "capacity": {"cpu": 4, "bandwidth": 10}},
+    ]
+    trace = trace_from_dict(raw)
+    ledger = Ledger(trace.cluster, trace.bounds, trace.horizon)
+    ledger.block("worker", 0, 0, trace.horizon)
+    ledger.block("ps", 0, 0, trace.horizon)
+    (job,) = trace.jobs
+    d = decide(job, ledger, 0, trace.horizon - 1)
+    assert not d.admitted and d.best.schedule is not None
+    drivers = price_drivers(d.best, job, ledger, top=4)
+    expected = naive_parts(d.best, job, ledger)
+    assert len(expected) == 4  # gpu and bandwidth of the worker, cpu and bandwidth of the PS
+    start = d.best.schedule.start
+    got = [(p.resource, p.server, p.first_slot - start, p.last_slot - start) for p in drivers]
+    assert sorted(got) == sorted(e[:4] for e in expected)
+    assert {p.server for p in drivers} == {"w1", "p1"}
+    assert [p.cost for p in drivers] == [0.25] * 4  # flat unit prices of 0.25, one unit each
+    reason = explain_rejection(d.best, job, ledger, 0, trace.horizon - 1, drivers)
+    assert " on w1 in slot " in reason and " on p1 in slot " in reason
+
+
+def test_a_server_out_in_some_of_the_slots_is_named_and_many_are_counted() -> None:
+    """A server out of service in any slot of the window is named, not only one out in
+    all of them; past ten names the rest are counted."""
+    from pricing.explain import _out_of_service
+
+    raw = _one_job_worth(100.0)
+    raw["servers"] = [
+        {"name": f"w{i}", "kind": "worker", "capacity": {"gpu": 2, "cpu": 8, "bandwidth": 10}}
+        for i in range(12)
+    ] + [{"name": "p0", "kind": "ps", "capacity": {"cpu": 4, "bandwidth": 10}}]
+    trace = trace_from_dict(raw)
+    ledger = Ledger(trace.cluster, trace.bounds, trace.horizon)
+    ledger.block("worker", 3, 0, 1)  # w3 out in slot 0 only
+    assert _out_of_service(ledger, 0, 2) == "; out of service in those slots: w3"
+    assert _out_of_service(ledger, 1, 2) == ""
+    ledger.block("worker", list(range(12)), 1, 2)  # every worker server out in slot 1
+    ledger.block("ps", 0, 1, 2)
+    names = ", ".join(f"w{i}" for i in range(10))
+    assert _out_of_service(ledger, 1, 2) == f"; out of service in those slots: {names} and 3 more"
+
+
+def test_a_job_worth_something_only_in_its_first_slot_is_told_why_not_there() -> None:
+    """Worth something only if it completes in its arrival slot (a deadline of 1), and
+    no worker fits there: the reason is what keeps it from that slot, not "too late"."""
+    from pricing.explain import explain
+
+    raw = _one_job_worth(2.0)
+    jobs = raw["jobs"]
+    assert isinstance(jobs, list)
+    jobs[0]["utility"] = {"kind": "deadline", "value": 1000.0, "deadline": 1}
+    trace = trace_from_dict(raw)
+    ledger = Ledger(trace.cluster, trace.bounds, trace.horizon)
+    ledger.block("worker", 0, 0, 1)  # w0 out in slot 0
+    (job,) = trace.jobs
+    d = decide(job, ledger, 0, trace.horizon - 1)
+    assert not d.admitted and d.best.utility == 0.0
+    reason, drivers = explain(d.best, job, ledger, 0, trace.horizon - 1)
+    assert reason.startswith("cannot finish by slot 0, after which it is worth nothing: "), reason
+    assert reason.endswith("out of service in those slots: w0") and drivers == []
+
+
+def test_a_payoff_of_exactly_0_is_said_to_be_at_most_0() -> None:
+    trace = trace_from_dict(_one_job_worth(2.0))  # costs 1, worth 1
+    ledger = Ledger(trace.cluster, trace.bounds, trace.horizon)
+    (job,) = trace.jobs
+    d = decide(job, ledger, 0, trace.horizon - 1)
+    assert not d.admitted and d.best.payoff == 0.0
+    reason = explain_rejection(d.best, job, ledger, 0, trace.horizon - 1)
+    assert "costs 1, payoff 0 <= 0;" in reason, reason

@@ -132,3 +132,31 @@ def test_the_ilps_progress_reports_its_incumbent_and_bound_in_the_traces_units(
     bound = float(last[1].removeprefix("solver's bound "))
     assert best == pytest.approx(result.optimum, rel=1e-5)
     assert result.optimum - 1e-6 * abs(result.optimum) <= bound <= 2 * result.optimum
+
+
+@pytest.mark.parametrize(
+    ("best", "scale"),
+    [
+        (AS_GIVEN[0], 1.0),  # both ends of AS_GIVEN are solved as given
+        (AS_GIVEN[1], 1.0),
+        (AS_GIVEN[1] * (1 + 2.0**-20), AS_GIVEN[1]),  # just past it: into [1, 2)
+        (AS_GIVEN[1] * 3, AS_GIVEN[1] * 2),
+        (0.5, 0.5),  # just under 1: 1 is the bottom of [1, 2)
+        (0.75, 0.5),
+    ],
+)
+def test_the_scale_brings_the_best_utility_into_1_2_only_outside_as_given(
+    best: float, scale: float
+) -> None:
+    raw = _raw(1)
+    for job in cast(list[dict[str, Any]], raw["jobs"]):
+        # worth exactly ``best`` by a deadline past the horizon
+        job["utility"] = {"kind": "deadline", "value": best, "deadline": 100}
+    trace = trace_from_dict(raw)
+    assert max(j.best_utility for j in trace.jobs) == best
+    assert utility_scale(trace) == scale
+    # in the solvers' units: worth best / scale, in values and logs alike
+    d = np.arange(1, 9)
+    for solved in in_solver_units(trace, scale).jobs:
+        assert np.array_equal(solved.utility.values(d), np.full(8, best / scale))
+        assert np.allclose(solved.utility.log_values(d), math.log(best / scale))

@@ -70,3 +70,43 @@ def test_bad_input_is_named() -> None:
         fit([1.0, float("nan")], [1.0, 2.0], RuntimePrior(1.0))
     with pytest.raises(ValueError, match="level"):
         fit([1.0], [1.0], RuntimePrior(1.0)).minibatch_seconds(1.5)
+
+
+def test_a_time_interval_is_cut_off_at_0_and_keeps_its_level() -> None:
+    # before any report the prior's t reaches below 0: the low end is cut to 0, the high
+    # end is the t's own (worked out here from scipy.stats)
+    prior = RuntimePrior(1.0)
+    empty = fit([], [], prior)
+    noise = 0.1 * 1.0 * 10.0
+    a0, c0, v11 = 1.0, 1.0 * noise**2, 1.0 / noise**2 * noise**2  # V0[1, 1] = (sd / noise)^2
+    wide = empty.minibatch_seconds(0.99)
+    half = stats.t.ppf(0.995, 2 * a0) * np.sqrt(c0 / a0 * v11)
+    assert half > 1.0  # the uncut low end would be below 0
+    assert wide.low == 0.0
+    assert wide.high == pytest.approx(1.0 + half)
+    assert wide.level == 0.99
+    assert empty.seconds_at(50.0, 0.5).level == 0.5
+    # reports whose time falls as work grows (a clock reset): a negative slope, whose
+    # interval is [0, 0], never high below low or below 0
+    x = np.arange(10.0, 110.0, 10.0)
+    post = fit(x, 1000.0 - 5.0 * x, prior)
+    for interval in (post.minibatch_seconds(0.9), post.seconds_at(1000.0, 0.9)):
+        assert interval.mean < 0
+        assert 0.0 == interval.low <= interval.high == 0.0
+
+
+@pytest.mark.parametrize("level", [0.0, 1.0])
+def test_a_level_of_0_or_1_is_refused(level: float) -> None:
+    post = fit([1.0], [1.0], RuntimePrior(1.0))
+    with pytest.raises(ValueError, match="level"):
+        post.minibatch_seconds(level)
+    with pytest.raises(ValueError, match="level"):
+        post.seconds_at(10.0, level)
+
+
+@pytest.mark.parametrize(
+    "name", ["relative_sd", "noise_fraction", "noise_scale_minibatches", "strength"]
+)
+def test_a_prior_setting_of_0_is_refused(name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        RuntimePrior(1.0, **{name: 0.0})

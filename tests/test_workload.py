@@ -152,13 +152,86 @@ def _check_feasible(trace: dict[str, Any]) -> None:
         slots_left = horizon - job["arrival"]
         assert -(-work // job["chunks"]) <= slots_left  # d_min fits
         # stronger: the empty cluster runs W worker-slots by the horizon
-        worker_rooms = [_room(job["worker"], cap) for cap in workers]
-        ps_room = sum(_room(job["ps"], cap) for cap in pss)
-        assert max(worker_rooms) >= 1 and ps_room >= 1
-        y = min(job["chunks"], sum(worker_rooms))
-        while math.ceil(y * b / big_b - 1e-9) > ps_room:
-            y -= 1
+        assert max(_room(job["worker"], cap) for cap in workers) >= 1
+        assert sum(_room(job["ps"], cap) for cap in pss) >= 1
+        y = _most_per_slot(job, workers, pss)
         assert y >= 1 and -(-work // y) <= slots_left
+
+
+def _most_per_slot(job: dict[str, Any], workers: list[Any], pss: list[Any]) -> int:
+    """Y of the module docstring: at most N, at most the worker servers' room summed, and
+    with z(Y) PS in the PS servers' room summed."""
+    ps_room = sum(_room(job["ps"], cap) for cap in pss)
+    y = min(job["chunks"], sum(_room(job["worker"], cap) for cap in workers))
+    while (
+        y > 1
+        and math.ceil(y * job["worker"]["bandwidth"] / job["ps"]["bandwidth"] - 1e-9) > ps_room
+    ):
+        y -= 1
+    return int(y)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"n_jobs": 300, "n_worker_servers": 20, "n_ps_servers": 20, "horizon": 50},
+        {"n_jobs": 100, "n_worker_servers": 1, "n_ps_servers": 1, "horizon": 2},
+    ],
+)
+def test_the_work_is_clipped_no_further_than_needed(kwargs: dict[str, Any]) -> None:
+    # a job below a drawn range's bottom was clipped there, in the order E, then M, then
+    # N (the module docstring), and its last step down was needed: one more would not
+    # have fit, with Y the workers of the whole empty cluster (every server's room summed)
+    trace = _trace(10, **kwargs)
+    workers = [s["capacity"] for s in trace["servers"] if s["kind"] == "worker"]
+    pss = [s["capacity"] for s in trace["servers"] if s["kind"] == "ps"]
+    horizon = kwargs["horizon"]
+    checked = 0
+    for job in trace["jobs"]:
+        e, m, n = job["epochs"], job["minibatches"], job["chunks"]
+        assert m >= 10 or e == 1  # M only once E is 1
+        assert n >= 5 or e == m == 1  # N only once M is 1 too
+        if n < 5:
+            before = {**job, "chunks": n + 1}
+        elif m < 10:
+            before = {**job, "minibatches": m + 1}
+        elif e < 5:
+            before = {**job, "epochs": e + 1}
+        else:
+            continue
+        checked += 1
+        y = _most_per_slot(before, workers, pss)
+        assert -(-_work(before, 3600.0) // y) > horizon - job["arrival"], job["id"]
+    assert checked >= 5
+    if horizon <= 2:  # 1 epoch is too long for most: M goes below its range, down to 1
+        assert sum(job["minibatches"] < 10 for job in trace["jobs"]) > 10
+
+
+def test_parameter_ranges_are_filled() -> None:
+    # each range of the module docstring is reached to its ends, not only respected
+    trace = _trace(3, n_jobs=400, n_worker_servers=40, n_ps_servers=40, horizon=1000)
+    jobs = trace["jobs"]
+    assert {j["worker"]["gpu"] for j in jobs} == set(range(5))
+    for side in ("worker", "ps"):
+        assert {j[side]["cpu"] for j in jobs} == set(range(1, 11))
+        assert {j[side]["mem"] for j in jobs} == set(range(2, 33))
+        assert {j[side]["disk"] for j in jobs} == set(range(5, 11))
+    assert {j["utility"]["target"] for j in jobs} == set(range(1, 16))
+    early = jobs[:150]  # hundreds of slots left: not clipped
+    for key, bottom, top in (("epochs", 5, 50), ("chunks", 5, 100), ("minibatches", 10, 100)):
+        counts = [j[key] for j in early]
+        assert bottom <= min(counts) <= bottom + 2 and top - 2 <= max(counts) <= top
+    for values, low, high in (
+        ([j["worker"]["bandwidth"] for j in jobs], 0.1, 5.0),
+        ([j["ps"]["bandwidth"] for j in jobs], 5.0, 20.0),
+        ([j["tau"] for j in jobs], 0.001, 0.01),
+        ([j["grad_mb"] for j in jobs], 30.0, 575.0),
+        ([j["utility"]["priority"] for j in jobs], 1.0, 100.0),
+    ):
+        near = (high - low) / 50
+        assert low <= min(values) < low + near and high - near < max(values) <= high
+        # rounded to 4 significant digits, not fewer
+        assert any(float(f"{x:.3g}") != x for x in values)
 
 
 def test_every_job_feasible() -> None:
@@ -251,3 +324,17 @@ def test_max_share_makes_jobs_small(share: float) -> None:
         assert job["chunks"] == 1 or within(job, job["chunks"])
         lowered += job["chunks"] < before["chunks"]
     assert lowered > 0  # the paper's sizes are not small on 2 + 2 servers
+
+
+def test_the_generators_room_is_the_ledgers() -> None:
+    """SPEC 5's room, as the generator counts it for feasibility, agrees with the one the
+    controller admits by (:func:`pricing.job.room`), on quotients that floating point
+    leaves just under a whole number (0.3 / 0.1 is 2.9999999999999996)."""
+    from pricing.job import room
+    from pricing.workload import _room
+
+    assert 0.3 / 0.1 < 3  # the trap itself
+    for capacity, need, fits in ((0.3, 0.1, 3), (0.7, 0.1, 7), (35.1, 1.17, 30), (49.99, 5.0, 9)):
+        ledger = int(room(np.array([capacity, 100.0]), np.array([need, 1.0])))
+        generator = _room({"bandwidth": need, "cpu": 1}, {"bandwidth": capacity, "cpu": 100.0})
+        assert generator == ledger == fits
