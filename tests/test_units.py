@@ -400,8 +400,9 @@ BAD_INPUTS = [
     ("version", 1.0, "version"),
     ("horizon", True, "horizon"),
     ("horizon", 1.5, "horizon"),
-    # a horizon whose price ledger would take 166,912 GiB is refused before it is allocated
-    ("horizon", 2**40, "horizon"),
+    # a horizon whose price ledger would take 20.4 GiB (past the 16 GiB bound) is refused
+    # before it is allocated
+    ("horizon", 2**27, "horizon"),
     ("slot_seconds", 0, "slot_seconds"),
     ("slot_seconds", -3600, "slot_seconds"),
     ("slot_seconds", float("inf"), "slot_seconds"),
