@@ -1009,3 +1009,58 @@ def test_a_deadline_at_or_before_the_arrival_is_refused(deadline: Any) -> None:
     assert err.value.field == "u.deadline" and "must be after the arrival" in str(err.value)
     ok = utility_from_dict({**raw, "deadline": 0.5}, "u", slot_seconds=3600.0)
     assert ok == Deadline(3.0, 0.5)
+
+
+READS = [
+    # (reader, value, the reason the field is refused with); JSON's true is no count
+    ("integer", True, "must be an integer, got a boolean"),
+    ("integer", 4.5, "must be an integer, got 4.5"),
+    ("integer", 0, "must be >= 1, got 0"),
+    ("integer", 2**53 + 1, "must be <= 2**53"),
+    ("number", False, "must be a number, got a boolean"),
+    ("number", float("-inf"), "must be finite, got -inf"),
+    ("number", 10**400, "must be finite, got 10000000000000000000...(401 characters)"),
+    ("positive", 0, "must be > 0, got 0"),
+    ("non_negative", -1e-9, "must be >= 0, got -1e-09"),
+    ("text", " \t", "must be a non-empty string, got the string ' \\t'"),
+    ("text", "x" * 1000, None),
+    ("name", "w0\x1b[2J", "must not hold control or invisible format characters, found "
+     "'\\x1b' at character 3"),
+    ("job_id", "j" * 129, "must be 1-128 characters long, got 129"),
+    ("job_id", "a/b", "must be characters of A-Z a-z 0-9 . _ - only (it names an MQTT "
+     "topic), got '/' at position 1"),
+    ("job_key", ":j0", "must be NAME:ID with NAME 1-200 characters"),
+    ("job_key", "ann bob:j0", "must be NAME:ID with NAME 1-200 characters"),
+    ("mapping", [], "must be an object, got a list"),
+    ("mapping", "x" * 100, f"must be an object, got the string '{'x' * 40}'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("reader", "value", "reason"), READS, ids=[f"{r[0]}-{i}" for i, r in enumerate(READS)]
+)
+def test_typed_reads_refuse_with_the_field_and_why(
+    reader: str, value: Any, reason: str | None
+) -> None:
+    """pricing.fields' reads of untrusted values: each refusal is a SpecError naming the
+    field, its reason bounded (mutation audit: bool as int, 4.5 truncated, the 2**53 and
+    job-id length bounds, blank text, a key's owner part matched only as a prefix survived)."""
+    from pricing import fields
+
+    read = getattr(fields, reader)
+    args = {"minimum": 1} if reader == "integer" else {}
+    if reason is None:
+        assert read(value, "jobs[3].x", **args) == value
+        return
+    with pytest.raises(SpecError) as caught:
+        read(value, "jobs[3].x", **args)
+    assert [p.field for p in caught.value.problems] == ["jobs[3].x"]
+    assert str(caught.value).startswith(f"jobs[3].x: {reason}"), str(caught.value)
+    assert len(str(caught.value)) < 200
+
+
+def test_is_integer_and_is_number_take_no_boolean() -> None:
+    from pricing.fields import is_integer, is_number
+
+    assert not is_integer(True) and not is_number(False)
+    assert is_integer(3) and is_number(3) and is_number(0.5) and not is_integer(3.0)
