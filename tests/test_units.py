@@ -678,3 +678,19 @@ def test_a_trace_with_more_than_50_bad_fields_shows_50_and_counts_the_rest() -> 
     assert len(caught.value.problems) == pricing.trace.MAX_REPORTED_PROBLEMS == 50
     assert caught.value.problems[-1].field == "jobs[49].tau"
     assert caught.value.more == 10
+
+
+def test_an_estimate_trim_of_0_is_taken_and_a_prior_file_name_is_told_where_it_is_read() -> None:
+    """``trim`` is in [0, 1): 0 is L over every job; a prior named by a file is read by
+    ``oasis replay``, not here, and the message says so, its name bounded (mutation
+    audit: trim 0 refused, the string check dropped, and the name shown whole survived)."""
+    raw = _with(base_trace(), "pricing", {"bounds": "estimate", "trim": 0})
+    assert pricing.trace_from_dict(raw).trim == 0
+    for name in ["prior.json", "p" * 10_000]:
+        raw = _with(base_trace(), "pricing", {"bounds": "estimate", "prior": name})
+        with pytest.raises(pricing.SpecError) as caught:
+            pricing.trace_from_dict(raw)
+        assert [p.field for p in caught.value.problems] == ["pricing.prior"]
+        message = str(caught.value)
+        assert "must be 'default', 'none' or a prior object" in message, message
+        assert "oasis replay reads a file named here" in message and len(message) < 300
