@@ -242,6 +242,11 @@ def test_unknown_keys_are_bounded() -> None:
     spec = {**PEOPLE, **{f"k{i}": i for i in range(1000)}}
     got = problems(spec)
     assert len(got) == 11 and got[-1] == "job: and 990 more unknown keys"
+    # ten are shown; the eleventh is counted, not dropped without a word (mutation
+    # audit: the count from the twelfth on survived)
+    got = problems({**PEOPLE, **{f"k{i}": i for i in range(11)}})
+    assert len(got) == 11 and got[-1] == "job: and 1 more unknown keys", got
+    assert got[9].startswith("job.k9: unknown key")
 
 
 def test_a_worker_or_ps_that_fits_on_no_server_is_refused() -> None:
