@@ -242,6 +242,12 @@ def test_unknown_keys_are_bounded() -> None:
     spec = {**PEOPLE, **{f"k{i}": i for i in range(1000)}}
     got = problems(spec)
     assert len(got) == 11 and got[-1] == "job: and 990 more unknown keys"
+    # a 1000-character key is named shortened in the field path (mutation audit: the
+    # key shown whole survived)
+    from pricing.fields import unknown_keys
+
+    (long,) = unknown_keys({"x" * 1000: 1}, {"epochs"}, "job")
+    assert long.field == f"job.{'x' * 30}...(1000 characters)", long.field
     # ten are shown; the eleventh is counted, not dropped without a word (mutation
     # audit: the count from the twelfth on survived)
     got = problems({**PEOPLE, **{f"k{i}": i for i in range(11)}})
@@ -862,6 +868,9 @@ def test_a_suggestion_prefers_the_name_that_differs_only_by_lookalike_characters
     assert closest("P2-8X-l", known) == "p2-8x-1"
     assert closest("epoch", ["epochs", "chunks"]) == "epochs"  # else difflib's best
     assert closest("zzz", known) is None
+    # a far name is suggested nothing, not the least unlike one ("disk" is 0.31 like
+    # "bandwidth"; mutation audit: a cutoff of 0.3 survived)
+    assert closest("disk", ["bandwidth", "cpu", "gpu"]) is None
     assert str(UnknownServerError("p2-8x-O", known)).endswith("did you mean 'p2-8x-0'?")
 
 
