@@ -1078,3 +1078,13 @@ def test_is_integer_and_is_number_take_no_boolean() -> None:
 
     assert not is_integer(True) and not is_number(False)
     assert is_integer(3) and is_number(3) and is_number(0.5) and not is_integer(3.0)
+
+
+def test_a_count_past_2_53_is_kept_as_given_and_refused_as_written() -> None:
+    """prepare makes an integral float count an int only within 2**53: ``1e300`` chunks
+    stays the float, and the refusal shows it as the user wrote it, not as 301 digits
+    (mutation audit: the bound in _count dropped survived)."""
+    ready = prepare({**PEOPLE, "chunks": 1e300, "epochs": 8.0}, TIMES)
+    assert ready["epochs"] == 8 and type(ready["epochs"]) is int
+    assert ready["chunks"] == 1e300 and type(ready["chunks"]) is float
+    assert problems(ready) == [f"job.chunks: must be <= 2**53 = {2**53}, got 1e+300"]
