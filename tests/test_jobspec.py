@@ -119,6 +119,15 @@ def test_not_durations(text: str) -> None:
     assert parse_duration(text) is None
 
 
+def test_durations_and_times_past_64_characters_are_not_read() -> None:
+    """Text from outside is bounded before a regex or a date parser sees it: 64
+    characters at most, blanks included (mutation audit: either cap dropped survived)."""
+    assert parse_duration("1d" + " " * 40 + "2h") == 93600
+    assert parse_duration("1d" + " " * 70 + "2h") is None
+    assert parse_time("2030-01-01T18:00:00Z" + " " * 20) == 1893520800.0
+    assert parse_time("2030-01-01T18:00:00Z" + " " * 60) is None
+
+
 def test_times_need_a_utc_offset() -> None:
     assert parse_time("2030-01-01T18:00:00Z") == 1893520800.0
     assert parse_time("2030-01-01T20:00:00+02:00") == 1893520800.0
