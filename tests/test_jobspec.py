@@ -591,6 +591,7 @@ def test_check_worth_says_how_far_a_deadline_is_too_close() -> None:
         ('{"a": .5}', "(a JSON number begins with a digit or '-': 0.5, not .5; 1, not +1)"),
         ('{"a": 1 # hours\n}', "(JSON has no comments; remove it)"),
         ('// a job\n{"a": 1}', "(JSON has no comments; remove it)"),
+        ('{"a": 1 /* hours */}', "(JSON has no comments; remove it)"),
         ('{"a": 1\n "b": 2}', "(a comma missing at the end of line 1)"),
         ('{"a": 1}\n{"b": 2}', "several jobs go in one list, [...])"),
         (
