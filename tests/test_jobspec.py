@@ -1098,3 +1098,15 @@ def test_a_count_past_2_53_is_kept_as_given_and_refused_as_written() -> None:
     assert ready["epochs"] == 8 and type(ready["epochs"]) is int
     assert ready["chunks"] == 1e300 and type(ready["chunks"]) is float
     assert problems(ready) == [f"job.chunks: must be <= 2**53 = {2**53}, got 1e+300"]
+
+
+def test_a_config_table_names_its_first_unknown_key_alone() -> None:
+    """check_known_keys names one unknown key at a time, as a config's other mistakes
+    are (mutation audit: every unknown key listed survived)."""
+    from pricing.fields import check_known_keys
+
+    with pytest.raises(SpecError) as caught:
+        check_known_keys({"tokens_fil": "t", "extra": 1}, {"tokens_file"}, "auth")
+    assert [str(p) for p in caught.value.problems] == [
+        "auth.tokens_fil: unknown key; did you mean 'tokens_file'?"
+    ]
