@@ -119,6 +119,15 @@ def test_not_durations(text: str) -> None:
     assert parse_duration(text) is None
 
 
+def test_durations_and_times_past_64_characters_are_not_read() -> None:
+    """Text from outside is bounded before a regex or a date parser sees it: 64
+    characters at most, blanks included (mutation audit: either cap dropped survived)."""
+    assert parse_duration("1d" + " " * 40 + "2h") == 93600
+    assert parse_duration("1d" + " " * 70 + "2h") is None
+    assert parse_time("2030-01-01T18:00:00Z" + " " * 20) == 1893520800.0
+    assert parse_time("2030-01-01T18:00:00Z" + " " * 60) is None
+
+
 def test_times_need_a_utc_offset() -> None:
     assert parse_time("2030-01-01T18:00:00Z") == 1893520800.0
     assert parse_time("2030-01-01T20:00:00+02:00") == 1893520800.0
@@ -242,6 +251,17 @@ def test_unknown_keys_are_bounded() -> None:
     spec = {**PEOPLE, **{f"k{i}": i for i in range(1000)}}
     got = problems(spec)
     assert len(got) == 11 and got[-1] == "job: and 990 more unknown keys"
+    # a 1000-character key is named shortened in the field path (mutation audit: the
+    # key shown whole survived)
+    from pricing.fields import unknown_keys
+
+    (long,) = unknown_keys({"x" * 1000: 1}, {"epochs"}, "job")
+    assert long.field == f"job.{'x' * 30}...(1000 characters)", long.field
+    # ten are shown; the eleventh is counted, not dropped without a word (mutation
+    # audit: the count from the twelfth on survived)
+    got = problems({**PEOPLE, **{f"k{i}": i for i in range(11)}})
+    assert len(got) == 11 and got[-1] == "job: and 1 more unknown keys", got
+    assert got[9].startswith("job.k9: unknown key")
 
 
 def test_a_worker_or_ps_that_fits_on_no_server_is_refused() -> None:
@@ -571,6 +591,7 @@ def test_check_worth_says_how_far_a_deadline_is_too_close() -> None:
         ('{"a": .5}', "(a JSON number begins with a digit or '-': 0.5, not .5; 1, not +1)"),
         ('{"a": 1 # hours\n}', "(JSON has no comments; remove it)"),
         ('// a job\n{"a": 1}', "(JSON has no comments; remove it)"),
+        ('{"a": 1 /* hours */}', "(JSON has no comments; remove it)"),
         ('{"a": 1\n "b": 2}', "(a comma missing at the end of line 1)"),
         ('{"a": 1}\n{"b": 2}', "several jobs go in one list, [...])"),
         (
@@ -857,6 +878,9 @@ def test_a_suggestion_prefers_the_name_that_differs_only_by_lookalike_characters
     assert closest("P2-8X-l", known) == "p2-8x-1"
     assert closest("epoch", ["epochs", "chunks"]) == "epochs"  # else difflib's best
     assert closest("zzz", known) is None
+    # a far name is suggested nothing, not the least unlike one ("disk" is 0.31 like
+    # "bandwidth"; mutation audit: a cutoff of 0.3 survived)
+    assert closest("disk", ["bandwidth", "cpu", "gpu"]) is None
     assert str(UnknownServerError("p2-8x-O", known)).endswith("did you mean 'p2-8x-0'?")
 
 
@@ -1009,3 +1033,80 @@ def test_a_deadline_at_or_before_the_arrival_is_refused(deadline: Any) -> None:
     assert err.value.field == "u.deadline" and "must be after the arrival" in str(err.value)
     ok = utility_from_dict({**raw, "deadline": 0.5}, "u", slot_seconds=3600.0)
     assert ok == Deadline(3.0, 0.5)
+
+
+READS = [
+    # (reader, value, the reason the field is refused with); JSON's true is no count
+    ("integer", True, "must be an integer, got a boolean"),
+    ("integer", 4.5, "must be an integer, got 4.5"),
+    ("integer", 0, "must be >= 1, got 0"),
+    ("integer", 2**53 + 1, "must be <= 2**53"),
+    ("number", False, "must be a number, got a boolean"),
+    ("number", float("-inf"), "must be finite, got -inf"),
+    ("number", 10**400, "must be finite, got 10000000000000000000...(401 characters)"),
+    ("positive", 0, "must be > 0, got 0"),
+    ("non_negative", -1e-9, "must be >= 0, got -1e-09"),
+    ("text", " \t", "must be a non-empty string, got the string ' \\t'"),
+    ("text", "x" * 1000, None),
+    ("name", "w0\x1b[2J", "must not hold control or invisible format characters, found "
+     "'\\x1b' at character 3"),
+    ("job_id", "j" * 129, "must be 1-128 characters long, got 129"),
+    ("job_id", "a/b", "must be characters of A-Z a-z 0-9 . _ - only (it names an MQTT "
+     "topic), got '/' at position 1"),
+    ("job_key", ":j0", "must be NAME:ID with NAME 1-200 characters"),
+    ("job_key", "ann bob:j0", "must be NAME:ID with NAME 1-200 characters"),
+    ("mapping", [], "must be an object, got a list"),
+    ("mapping", "x" * 100, f"must be an object, got the string '{'x' * 40}'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("reader", "value", "reason"), READS, ids=[f"{r[0]}-{i}" for i, r in enumerate(READS)]
+)
+def test_typed_reads_refuse_with_the_field_and_why(
+    reader: str, value: Any, reason: str | None
+) -> None:
+    """pricing.fields' reads of untrusted values: each refusal is a SpecError naming the
+    field, its reason bounded (mutation audit: bool as int, 4.5 truncated, the 2**53 and
+    job-id length bounds, blank text, a key's owner part matched only as a prefix survived)."""
+    from pricing import fields
+
+    read = getattr(fields, reader)
+    args = {"minimum": 1} if reader == "integer" else {}
+    if reason is None:
+        assert read(value, "jobs[3].x", **args) == value
+        return
+    with pytest.raises(SpecError) as caught:
+        read(value, "jobs[3].x", **args)
+    assert [p.field for p in caught.value.problems] == ["jobs[3].x"]
+    assert str(caught.value).startswith(f"jobs[3].x: {reason}"), str(caught.value)
+    assert len(str(caught.value)) < 200
+
+
+def test_is_integer_and_is_number_take_no_boolean() -> None:
+    from pricing.fields import is_integer, is_number
+
+    assert not is_integer(True) and not is_number(False)
+    assert is_integer(3) and is_number(3) and is_number(0.5) and not is_integer(3.0)
+
+
+def test_a_count_past_2_53_is_kept_as_given_and_refused_as_written() -> None:
+    """prepare makes an integral float count an int only within 2**53: ``1e300`` chunks
+    stays the float, and the refusal shows it as the user wrote it, not as 301 digits
+    (mutation audit: the bound in _count dropped survived)."""
+    ready = prepare({**PEOPLE, "chunks": 1e300, "epochs": 8.0}, TIMES)
+    assert ready["epochs"] == 8 and type(ready["epochs"]) is int
+    assert ready["chunks"] == 1e300 and type(ready["chunks"]) is float
+    assert problems(ready) == [f"job.chunks: must be <= 2**53 = {2**53}, got 1e+300"]
+
+
+def test_a_config_table_names_its_first_unknown_key_alone() -> None:
+    """check_known_keys names one unknown key at a time, as a config's other mistakes
+    are (mutation audit: every unknown key listed survived)."""
+    from pricing.fields import check_known_keys
+
+    with pytest.raises(SpecError) as caught:
+        check_known_keys({"tokens_fil": "t", "extra": 1}, {"tokens_file"}, "auth")
+    assert [str(p) for p in caught.value.problems] == [
+        "auth.tokens_fil: unknown key; did you mean 'tokens_file'?"
+    ]

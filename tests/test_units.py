@@ -395,6 +395,22 @@ BAD_INPUTS = [
     ("pricing", {}, "pricing"),
     ("horizon", 0, "horizon"),
     ("version", 2, "version"),
+    # JSON's true and 1.0 are no version 1 (mutation audit: the type check dropped survived)
+    ("version", True, "version"),
+    ("version", 1.0, "version"),
+    ("horizon", True, "horizon"),
+    ("horizon", 1.5, "horizon"),
+    # a horizon whose price ledger would take 20.4 GiB (past the 16 GiB bound) is refused
+    # before it is allocated
+    ("horizon", 2**27, "horizon"),
+    ("slot_seconds", 0, "slot_seconds"),
+    ("slot_seconds", -3600, "slot_seconds"),
+    ("slot_seconds", float("inf"), "slot_seconds"),
+    ("slot_seconds", "1h", "slot_seconds"),
+    ("pricing", {"bounds": "estimate", "trim": 1}, "pricing.trim"),
+    ("pricing", {"bounds": "estimate", "trim": -0.1}, "pricing.trim"),
+    ("pricing", {"bounds": "estimate", "trim": True}, "pricing.trim"),
+    ("pricing", {"bounds": "estimate", "prior": "prior.json"}, "pricing.prior"),
 ]
 
 
@@ -611,3 +627,70 @@ def test_a_schedule_ends_at_its_last_slot_with_a_worker() -> None:
         assert sched.before(slot).slots == 0 and sched.after(slot).start == 5
         assert np.array_equal(sched.after(slot).workers, workers)
     assert sched.before(12).slots == sched.after(3).slots == 4 and sched.after(12).slots == 0
+
+
+def test_a_trace_error_lists_every_bad_field_of_every_job() -> None:
+    """Each job's problems, a repeated id and a decreasing arrival are all listed, each
+    under its own field, beside the pricing's (mutation audit: stopping at the first bad
+    job, dropping the id or arrival check, or naming the job rather than its field
+    survived)."""
+    raw = base_trace()
+    job = raw["jobs"][0]
+    raw["jobs"] = [
+        {**job, "id": "a", "arrival": 2},
+        {**job, "id": "b", "tau": -1},
+        {**job, "id": "a", "arrival": 1},  # the id of jobs[0], and earlier than it
+        {**job, "id": "c", "chunks": 0},
+    ]
+    raw["pricing"] = {"bounds": "estimate", "trim": 2}
+    with pytest.raises(pricing.SpecError) as caught:
+        pricing.trace_from_dict(raw)
+    shown = [str(p) for p in caught.value.problems]
+    assert [p.field for p in caught.value.problems] == [
+        "pricing.trim",
+        "jobs[1].tau",
+        "jobs[2].id",
+        "jobs[2].arrival",
+        "jobs[3].chunks",
+    ], shown
+    assert "duplicate job id 'a'" in shown[2]
+    assert "arrivals must not decrease: 1 after 2 (jobs[0].arrival" in shown[3]
+
+
+@pytest.mark.parametrize("jobs", [None, "absent", {"id": "j0"}])
+def test_a_missing_or_bad_job_list_is_reported_with_the_pricing_problems(jobs: Any) -> None:
+    raw = base_trace()
+    raw["pricing"] = {"bounds": "estimate", "trim": 2}
+    if jobs == "absent":
+        del raw["jobs"]
+    else:
+        raw["jobs"] = jobs
+    with pytest.raises(pricing.SpecError) as caught:
+        pricing.trace_from_dict(raw)
+    assert [p.field for p in caught.value.problems] == ["pricing.trim", "jobs"]
+
+
+def test_a_trace_with_more_than_50_bad_fields_shows_50_and_counts_the_rest() -> None:
+    raw = base_trace()
+    raw["jobs"] = [{**raw["jobs"][0], "id": f"j{i}", "tau": -1} for i in range(60)]
+    with pytest.raises(pricing.SpecError) as caught:
+        pricing.trace_from_dict(raw)
+    assert len(caught.value.problems) == pricing.trace.MAX_REPORTED_PROBLEMS == 50
+    assert caught.value.problems[-1].field == "jobs[49].tau"
+    assert caught.value.more == 10
+
+
+def test_an_estimate_trim_of_0_is_taken_and_a_prior_file_name_is_told_where_it_is_read() -> None:
+    """``trim`` is in [0, 1): 0 is L over every job; a prior named by a file is read by
+    ``oasis replay``, not here, and the message says so, its name bounded (mutation
+    audit: trim 0 refused, the string check dropped, and the name shown whole survived)."""
+    raw = _with(base_trace(), "pricing", {"bounds": "estimate", "trim": 0})
+    assert pricing.trace_from_dict(raw).trim == 0
+    for name in ["prior.json", "p" * 10_000]:
+        raw = _with(base_trace(), "pricing", {"bounds": "estimate", "prior": name})
+        with pytest.raises(pricing.SpecError) as caught:
+            pricing.trace_from_dict(raw)
+        assert [p.field for p in caught.value.problems] == ["pricing.prior"]
+        message = str(caught.value)
+        assert "must be 'default', 'none' or a prior object" in message, message
+        assert "oasis replay reads a file named here" in message and len(message) < 300
