@@ -11,15 +11,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.servers import free_port
+from tests.servers import accepts, free_port
 
 __all__ = ["NEEDS_MOSQUITTO", "Mosquitto", "mosquitto_binary"]
 
@@ -115,16 +113,12 @@ class Mosquitto:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                log = self.dir / "mosquitto.log"
-                raise RuntimeError(f"mosquitto exited: {log.read_text() if log.exists() else ''}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return
-            except OSError:
-                time.sleep(0.05)
+        proc = self.proc
+        if accepts(self.port, timeout, lambda: proc.poll() is None):
+            return
+        if proc.poll() is not None:
+            log = self.dir / "mosquitto.log"
+            raise RuntimeError(f"mosquitto exited: {log.read_text() if log.exists() else ''}")
         raise TimeoutError(f"mosquitto did not listen on port {self.port}")
 
     def kill(self) -> None:

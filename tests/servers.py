@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,21 @@ def free_port() -> int:
                 continue
             return port
     raise RuntimeError(f"no free port in {low}..{low + _PORT_BAND - 1}")
+
+
+def accepts(port: int, timeout: float, running: Callable[[], bool] = lambda: True) -> bool:
+    """True once a server a test started accepts connections on 127.0.0.1:``port``;
+    False if ``timeout`` seconds pass first, or ``running()`` says its process ended."""
+    deadline = time.monotonic() + timeout
+    while running():
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+    return False
 
 
 def _pg_bindir() -> Path | None:

@@ -26,10 +26,8 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
@@ -49,6 +47,7 @@ from tests.browser import artifacts_dir, needed, opened
 from tests.servers import (
     SMALL_JOB,
     Daemon,
+    accepts,
     console_address,
     free_port,
     json_log,
@@ -98,16 +97,10 @@ def _nginx(console: str, ports: dict[str, int]) -> Iterator[None]:
         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
         for port in ports.values():
-            while True:
-                with socket.socket() as s:
-                    if s.connect_ex(("127.0.0.1", port)) == 0:
-                        break
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    said = (folder / "error.log").read_text(errors="replace")[-2000:]
-                    raise AssertionError(f"nginx did not listen: {said}")
-                time.sleep(0.05)
+            if not accepts(port, 30, lambda: proc.poll() is None):
+                said = (folder / "error.log").read_text(errors="replace")[-2000:]
+                raise AssertionError(f"nginx did not listen: {said}")
         yield
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -21,18 +21,16 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from tests.servers import ROOT, Postgres, free_port, write_config
+from tests.servers import ROOT, Postgres, accepts, free_port, write_config
 
 _BINARY = shutil.which("pgbouncer") or next(
     (p for p in ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer") if os.path.exists(p)), None
@@ -67,13 +65,7 @@ def _pgbouncer(postgres: Postgres, ignore: str) -> Iterator[int]:
         command = ["runuser", "-u", "postgres", "--", *command]
     subprocess.run(command, check=True, capture_output=True, timeout=30)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert time.monotonic() < deadline, "pgbouncer did not listen"
-            time.sleep(0.05)
+        assert accepts(port, 30), "pgbouncer did not listen"
         yield port
     finally:
         with contextlib.suppress(OSError, ValueError):
