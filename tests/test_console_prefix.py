@@ -28,6 +28,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
@@ -80,7 +81,8 @@ def _nginx(console: str, ports: dict[str, int]) -> Iterator[None]:
     upstream = {"passed": f"http://{console}", "stripped": f"http://{console}/"}
     servers = "".join(
         f"server {{ listen 127.0.0.1:{ports[name]}; "
-        f"location {PREFIX}/ {{ proxy_pass {upstream[name]}; proxy_http_version 1.1; }} "
+        f"location {PREFIX}/ {{ proxy_pass {upstream[name]}; proxy_http_version 1.1; "
+        "proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for; } "
         "location / { return 404 'another application'; } }\n"
         for name in ports
     )
@@ -115,8 +117,9 @@ def _nginx(console: str, ports: dict[str, int]) -> Iterator[None]:
 class Proxied:
     """The daemon, its console's own address, and the proxy's base URLs by name."""
 
-    def __init__(self, daemon: Daemon, console: str, ports: dict[str, int]) -> None:
+    def __init__(self, daemon: Daemon, console: str, ports: dict[str, int], log: Path) -> None:
         self.daemon = daemon
+        self.log = log
         self.console = console
         self.bases = {name: f"http://127.0.0.1:{port}{PREFIX}" for name, port in ports.items()}
 
@@ -146,7 +149,7 @@ def proxied(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxied]:
     assert said[-1]["public_url"] == public, said  # where the operator's users go
     try:
         with _nginx(console_address(d / "oasisd.log"), ports):
-            yield Proxied(daemon, console_address(d / "oasisd.log"), ports)
+            yield Proxied(daemon, console_address(d / "oasisd.log"), ports, d / "oasisd.log")
     finally:
         assert daemon.stop() == 0
 
@@ -304,6 +307,38 @@ def test_a_browser_moves_between_pages_watches_live_and_cancels_through_the_prox
         wait_for(browser, lambda b: b.find_elements(By.ID, "token"), "the login form again")
         assert browser.current_url == base + "/login", browser.current_url
         assert "another application" not in visible_text(browser)
+
+
+def test_the_daemon_logs_the_client_the_proxy_names_not_the_proxy(proxied: Proxied) -> None:
+    """A login and a guessed token through nginx (``X-Forwarded-For
+    $proxy_add_x_forwarded_for``, as the README's example) are logged as the browser's
+    address, from a client on 127.0.0.5 and 127.0.0.6 here: they were all the proxy's
+    ``127.0.0.1``, so an operator could not tell one user or guesser from another. The
+    address the client wrote into the header itself is not the one taken."""
+
+    async def from_address(source: str, token: str) -> int:
+        connector = aiohttp.TCPConnector(local_addr=(source, 0))
+        async with aiohttp.ClientSession(connector=connector) as http:
+            url = proxied.bases["stripped"] + "/login"
+            headers = {"X-Forwarded-For": "198.51.100.1"}  # forged: the proxy adds its own
+            async with http.post(url, data={"token": token}, headers=headers,
+                                 allow_redirects=False) as r:  # fmt: skip
+                return r.status
+
+    assert asyncio.run(from_address("127.0.0.5", "a-guess")) == 401
+    assert asyncio.run(from_address("127.0.0.6", TOKENS["alice"])) == 303
+    said: dict[str, str] = {}
+    deadline = time.monotonic() + 15  # the daemon's log thread writes after the answer
+    while len(said) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        said = {
+            e["event"]: e["peer"]
+            for e in json_log(proxied.log)
+            if e.get("event") in ("unauthenticated", "console login")
+            and str(e.get("peer", "")).startswith(("127.0.0.5", "127.0.0.6"))
+        }
+    assert said == {"unauthenticated": "127.0.0.5 via 127.0.0.1",
+                    "console login": "127.0.0.6 via 127.0.0.1"}, said  # fmt: skip
 
 
 def test_the_script_builds_every_url_of_the_console_on_its_base() -> None:

@@ -557,6 +557,59 @@ def test_console_requests_cost_the_callers_rate(tmp_path: Path) -> None:
 
 
 @pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
+@pytest.mark.parametrize("proxied", [True, False])
+def test_behind_a_proxy_a_guess_is_logged_and_rated_as_the_client_the_proxy_names(
+    tmp_path: Path, proxied: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Behind ``[web] public_url`` (the console on loopback), a refused token is logged,
+    and takes from the rate, as the client the proxy names last in ``X-Forwarded-For``:
+    every guess through a proxy was logged as ``127.0.0.1``, and one guesser took the
+    rate of every user's mistyped token. An earlier entry (a client may write it) is not
+    taken; without ``public_url`` the header is not taken at all (anyone on the node
+    could write it)."""
+    from structlog.testing import capture_logs
+
+    from controller.auth import refusals
+    from controller.limits import RateLimiter
+
+    monkeypatch.setattr(refusals, "_last", {})  # no line held back for an earlier test's
+    monkeypatch.setattr(refusals, "_lines", {})
+    config = _console_config(tmp_path, carol="submitter")
+    if proxied:
+        web = dataclasses.replace(config.web, public_url="https://head.example/oasis/")
+        config = dataclasses.replace(config, web=web)
+    limiter = RateLimiter(rate=0.001, burst=2)  # no refill within the test
+
+    async def scenario() -> list[int]:
+        console = Console(config, cast(Any, None), limiter, None)
+        await console.start()
+        url = f"http://{console.address}"
+        statuses = []
+        try:
+            async with aiohttp.ClientSession() as http:
+                for forwarded in ("203.0.113.7", "203.0.113.7", "198.51.100.1, 203.0.113.7",
+                                  "203.0.113.8", "not an address"):  # fmt: skip
+                    headers = {"Origin": url, "X-Forwarded-For": forwarded}
+                    async with http.post(url + "/login", data={"token": "guess"},
+                                         headers=headers) as r:  # fmt: skip
+                        statuses.append(r.status)
+        finally:
+            await console.close()
+        return statuses
+
+    with capture_logs() as logs:
+        statuses = asyncio.run(scenario())
+    peers = [e["peer"] for e in logs if e["event"] == "unauthenticated"]
+    if proxied:  # 203.0.113.7's two guesses take its bucket; the others have their own
+        assert statuses == [401, 401, 429, 401, 401], statuses
+        assert peers == ["203.0.113.7 via 127.0.0.1", "203.0.113.8 via 127.0.0.1",
+                         "127.0.0.1"], peers  # fmt: skip
+    else:  # the peer's one bucket, as before
+        assert statuses == [401, 401, 429, 429, 429], statuses
+        assert peers == ["127.0.0.1"], peers
+
+
+@pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
 def test_a_submitters_large_console_answers_cost_its_rate(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

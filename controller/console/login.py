@@ -7,6 +7,7 @@ a browser's state-changing request must carry, masked afresh in each page.
 from __future__ import annotations
 
 import base64
+import ipaddress
 import re
 import secrets
 from collections.abc import Mapping
@@ -20,6 +21,7 @@ from controller.console import pages
 from controller.console.public_url import cookie_path, local, public
 from controller.console.sessions import COOKIE, Session
 from controller.console.state import ConsoleState, _RefusedError
+from controller.tls import is_loopback
 
 log = structlog.get_logger("oasisd")
 
@@ -49,7 +51,7 @@ class Login(ConsoleState):
             caller = self.tokens.get(hash_token(token.strip())) if bearer else None
             if caller is None:
                 self._throttle(request)
-                refusals(request.remote or "", "console bad token", "unauthenticated",
+                refusals(self._client(request), "console bad token", "unauthenticated",
                          console=True, path=request.path[:200], why="bad token")  # fmt: skip
                 raise _RefusedError(401, "unknown token")
             return caller, None
@@ -67,9 +69,33 @@ class Login(ConsoleState):
 
     def _throttle(self, request: web.Request, client: str = "") -> None:
         """Take one request from ``client``'s rate (``[limits] rate``; by default the
-        peer's, as for a refused token), or refuse it with 429."""
-        if self.limiter is not None and self.limiter.take(client or f"web:{request.remote}") > 0:
+        sender's, :meth:`_client`, as for a refused token), or refuse it with 429."""
+        if (
+            self.limiter is not None
+            and self.limiter.take(client or f"web:{self._client(request)}") > 0
+        ):
             raise _RefusedError(429, self.limiter.words)
+
+    def _client(self, request: web.Request) -> str:
+        """Who sent ``request``, for the refusal log and the rate of unknown tokens: its
+        peer's address; behind ``[web] public_url`` (a loopback console), the client the
+        proxy names last in ``X-Forwarded-For`` (nginx: ``proxy_set_header
+        X-Forwarded-For $proxy_add_x_forwarded_for``), as ``CLIENT via PEER``.
+
+        The last entry is the one the proxy itself wrote (a client may send earlier ones),
+        and only a loopback peer's is taken. Before, every guess through a proxy was
+        logged as ``127.0.0.1``, and one guesser's refusals took the rate of every
+        user's mistyped token."""
+        peer = request.remote or ""
+        if not (self.public_hosts and self.loopback and is_loopback(peer)):
+            return peer
+        forwarded = request.headers.get("X-Forwarded-For", "")[-200:]
+        last = forwarded.rpartition(",")[2].strip()
+        try:
+            client = ipaddress.ip_address(last)
+        except ValueError:
+            return peer  # none, or not an address: the peer it came from
+        return f"{client} via {peer}"
 
     def _csrf_of(self, request: web.Request) -> str:
         """The form token of ``request``'s session (or of this daemon, without
@@ -98,15 +124,16 @@ class Login(ConsoleState):
         target = self._after_login(str(form.get("next", "/")))
         caller = self.tokens.get(hash_token(token)) if token else None
         if caller is None:
-            self._throttle(request)  # guesses: the peer's rate
-            refusals(request.remote or "", "console login", "unauthenticated", console=True,
+            self._throttle(request)  # guesses: the sender's rate
+            refusals(self._client(request), "console login", "unauthenticated", console=True,
                      path="/login", why="bad token")  # fmt: skip
             problem = "Unknown token: not logged in."
             html = pages.login_page(self.version, target, self.prefix, problem)
             return web.Response(text=html, status=401, content_type="text/html")
         self._throttle(request, caller.name)  # its own rate, as its requests after it
         session = self.sessions.open(caller)
-        log.info("console login", caller=caller.name, role=caller.role.value)
+        log.info("console login", caller=caller.name, role=caller.role.value,
+                 peer=self._client(request))  # fmt: skip
         response = _see_other(public(target, self.prefix))
         response.set_cookie(
             COOKIE, session.id, max_age=int(self.sessions.lifetime),

@@ -113,7 +113,7 @@ class Middleware(Login):
             raise web.HTTPSeeOther(f"{login}?next={quote(target, safe='/')}")
         # a request of the console costs its caller's rate as a gRPC call does (the same
         # bucket: the console shares the daemon's event loop, threads and store)
-        self._throttle(request, caller.name or f"web:{request.remote}")
+        self._throttle(request, caller.name)
         request["caller"] = caller
         request["session"] = session
         return await handler(request)

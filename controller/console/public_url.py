@@ -14,7 +14,10 @@ From that URL the console takes:
   refused as cross-origin. The public host is accepted as an ``Origin``, and as a
   ``Host`` on a loopback console (a proxy sending ``Host $host``): it is the operator's
   own name, so DNS rebinding (another site's name pointed at 127.0.0.1) still gets 421;
-- whether the browser sees HTTPS: the session cookie is then ``Secure``.
+- whether the browser sees HTTPS: the session cookie is then ``Secure``;
+- that a loopback peer is the proxy: a login or a refused token is logged, and a guess
+  rated, as the client it names last in ``X-Forwarded-For``
+  (:meth:`.login.Login._client`).
 """
 
 from __future__ import annotations
