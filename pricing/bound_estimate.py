@@ -439,16 +439,15 @@ class BoundEstimate:
                 raise ValueError("trim, jobs or prior_mass out of range")
             if resources is not None and len(resources) != n:
                 raise ValueError("resources do not match the state")
-            return cls(
-                SideEstimate.from_dict(data["worker"], n),
-                SideEstimate.from_dict(data["ps"], n),
-                Tracker.from_dict(data["best"]),
-                trim,
-                jobs,
-                resources,
-                str(data["prior"])[:500],
-                prior_mass,
-            )
+            worker = SideEstimate.from_dict(data["worker"], n)
+            ps = SideEstimate.from_dict(data["ps"], n)
+            # every job and prior gives both kinds a floor: an edit that emptied one
+            # left bounds() None, so every tenant's jobs were priced at flat unit prices
+            if (worker.floor.value is None) != (ps.floor.value is None):
+                raise ValueError("one kind of server has a floor (L), the other none")
+            best = Tracker.from_dict(data["best"])
+            prior = str(data["prior"])[:500]
+            return cls(worker, ps, best, trim, jobs, resources, prior, prior_mass)
         except (KeyError, TypeError, ValueError, OverflowError):
             return None
 
