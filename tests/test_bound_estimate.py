@@ -523,6 +523,27 @@ def test_a_prior_round_trips_and_bad_ones_name_the_field() -> None:
         prior_from_dict({**prior.to_dict(), "kind": "other"})
 
 
+def test_a_priors_weight_and_floor_share_past_their_caps_are_refused_by_name() -> None:
+    """A prior counted as more than 10^6 jobs would hold the bounds for good (no stream
+    of jobs moves them), and a floor share above 1 weighs each job more than a job."""
+    for path, value, words in ((("weight",), 1e7, "must be <= 1e+06"),
+                               (("worker", "floor_per_job"), 1.5, "must be <= 1"),
+                               (("ps", "floor_per_job"), 2.0, "must be <= 1")):  # fmt: skip
+        raw = copy.deepcopy(DEFAULT_PRIOR)
+        at = raw
+        for key in path[:-1]:
+            at = at[key]
+        at[path[-1]] = value
+        with pytest.raises(SpecError) as err:
+            prior_from_dict(raw)
+        assert [(p.field, p.reason) for p in err.value.problems] == [
+            ("prior." + ".".join(path), words)
+        ]
+    ok = copy.deepcopy(DEFAULT_PRIOR)
+    ok["weight"], ok["worker"]["floor_per_job"] = 1e6, 1.0  # at the caps: taken
+    assert prior_from_dict(ok).weight == 1e6
+
+
 def test_a_prior_list_without_points_is_refused_by_name() -> None:
     """Every list of a prior needs a point: an empty floor would start the estimate
     with no L (flat unit prices until a job came), an empty best with no B_ref."""
@@ -880,6 +901,44 @@ def test_calibrate_of_jobs_at_the_log_limits_writes_a_prior_that_reads_back() ->
     assert lowest == -1000.0
     back = prior_from_dict(json.loads(json.dumps(prior.to_dict())))
     assert back.worker.floor == prior.worker.floor
+
+
+def test_an_edited_estimate_state_is_read_within_its_rules_or_not_at_all() -> None:
+    """A stored state an edit left outside what the estimate ever writes: a prior's
+    weight above all the weight there is is shown as a share of 1 (not 500%); one kind
+    of server's floor emptied is not read (the daemon starts afresh, saying so): it
+    left the bounds None, which the daemon prices as flat unit prices for every job."""
+    trace = trace_from_dict(_trace(3, n_jobs=3))
+    estimate = BoundEstimate.start(trace.cluster, None).observe(trace.jobs[0])
+    state = estimate.to_dict()
+    heavy = BoundEstimate.from_dict({**state, "prior_mass": 5.0})
+    assert heavy is not None and heavy.describe(trace.cluster.resources)["prior_share"] == 1.0
+    for kind in ("worker", "ps"):
+        edited = copy.deepcopy(state)
+        edited[kind]["floor"] = {"keys": [], "raw64": "", "scale": 1.0, "value": None,
+                                 "seeded": False}  # fmt: skip
+        assert BoundEstimate.from_dict(edited) is None, kind
+    both = copy.deepcopy(state)
+    for kind in ("worker", "ps"):  # before any job and without a prior: both empty
+        both[kind]["floor"] = {"keys": [], "raw64": "", "scale": 1.0, "value": None,
+                               "seeded": False}  # fmt: skip
+    back = BoundEstimate.from_dict(both)
+    assert back is not None and back.bounds() is None
+
+
+def test_calibrate_keeps_each_jobs_weight_when_the_values_are_as_many_as_the_points() -> None:
+    """With as many distinct values as ``points``, the floor's summary is each value
+    with its share of the jobs' weights (a job far below the best weighs less), not a
+    quantile read of them, which put the whole floor on the heaviest job's value."""
+    raw = _trace(5, n_jobs=3)
+    for job, priority in zip(raw["jobs"], (1e4, 1e2, 1.0), strict=True):
+        job["utility"] = {"kind": "sigmoid", "priority": priority, "decay": 1e-9, "target": 5}
+    trace = trace_from_dict(raw)
+    prior = calibrate(list(trace.jobs), trace.cluster, points=3)
+    for side in (prior.worker, prior.ps):
+        shares = sorted(share for _value, share in side.floor)
+        assert shares == pytest.approx([1e-4 / 1.0101, 1e-2 / 1.0101, 1 / 1.0101], rel=1e-4)
+    assert [share for _value, share in prior.best] == pytest.approx([1 / 3] * 3, rel=1e-5)
 
 
 def test_calibrate_writes_a_prior_a_trace_can_name(

@@ -131,3 +131,32 @@ def _job(spec: dict[str, Any], cluster: Any) -> Any:
     return job_from_dict(
         {**spec, "arrival": 1}, cluster, slot_seconds=3600, slots_available=lambda _a: 24
     )
+
+
+def test_a_lag_follows_its_resources_by_name_through_a_reorder() -> None:
+    """The gap between the bounds in use and the submitters' median (the lag, one column
+    per resource) is read back by resource name and kept by the refit: a reordered
+    ``[cluster] resources`` moved each resource's lag onto another resource, or dropped
+    it, and a restart priced every tenant's jobs differently."""
+    full = _cluster(["gpu", "cpu", "mem", "disk", "bandwidth"])
+    moved = _cluster(["bandwidth", "mem", "gpu", "disk", "cpu"])
+    shared = SharedEstimate.start(BoundEstimate.start(full, default_prior()))
+    for i, spec in enumerate(ordinary_jobs(6)):
+        shared = shared.observe(_job(spec, full), ("alice", "bob")[i % 2])
+    lag = np.array([[0.01 * (i + 1) + 0.1 * k for i in range(5)] for k in range(4)])
+    lagging = SharedEstimate(shared.fresh, shared.submitters, lag=lag)
+    back = SharedEstimate.from_dict(lagging.to_dict(), BoundEstimate.start(moved, default_prior()))
+    assert back is not None
+    again = back.refit()
+    assert again is not None and again.lag is not None
+    want, got = lagging.bounds(), again.bounds()
+    assert want is not None and got is not None
+    for i, r in enumerate(moved.resources):
+        j = full.resources.index(r)
+        assert again.lag[:, i].tolist() == lag[:, j].tolist(), r
+        for a, b in zip(
+            (want.log_u1, want.log_u2, want.floor1, want.floor2),
+            (got.log_u1, got.log_u2, got.floor1, got.floor2),
+            strict=True,
+        ):
+            assert a[j] == b[i], r
