@@ -886,3 +886,81 @@ def test_utilities_near_the_float_range_say_no_numpy_warning(
     out = _replay_json(tmp_path, raw, policy, capsys)  # a warning is an error here
     assert [j["admitted"] for j in out["jobs"]] == [True, True]
     assert capsys.readouterr().err == ""
+
+
+def _dorm_milp(ps_capacity: dict[str, Any], jobs: list[dict[str, Any]]) -> list[int]:
+    """Dorm's MILP (``pricing.baselines.dorm._solve``) at the first event of a trace of
+    one worker server (16 CPUs) and one PS server of ``ps_capacity``: workers per job."""
+    from pricing.baselines.dorm import _solve
+
+    raw = _trace({"cpu": 16}, jobs, horizon=40)
+    raw["servers"][1]["capacity"] = {**BIG, **ps_capacity}
+    sim = Simulator(trace_from_dict(raw))
+    next(sim.steps())  # the first slot: both arrive
+    for task in sim.arrivals:
+        sim.admit(task)
+    y = _solve(sim, sim.active, {})
+    return [y[t.order] for t in sim.tasks]
+
+
+def test_dorms_milp_holds_the_workers_to_what_the_pooled_ps_capacity_serves() -> None:
+    """Two jobs of 1-CPU workers, 16 worker CPUs, but one PS CPU in all: a PS (1 CPU)
+    serves 10 workers, so the MILP's pooled PS row (0.1 CPU a worker) allows 10 workers
+    in all, not the 16 the worker CPUs would."""
+    jobs = [_job(j, 0, chunks=16, work=400, worker={"cpu": 1}) for j in ("a", "b")]
+    y = _dorm_milp({"cpu": 1}, jobs)
+    assert sum(y) == 10, y
+
+
+def test_dorms_milp_counts_the_ps_it_uses_in_the_utilisation() -> None:
+    """a's PS takes 5 of the PS server's 10 CPUs, b's 1: a worker of a uses more of the
+    cluster (its share of a PS), so at equal worker demand the utilisation MILP gives a
+    its N = 8 and b the 8 CPUs left."""
+    a = _job("a", 0, chunks=8, work=400, worker={"cpu": 1})
+    a["ps"] = {"cpu": 5, "bandwidth": 10}
+    b = _job("b", 0, chunks=16, work=400, worker={"cpu": 1})
+    assert _dorm_milp({"cpu": 10}, [a, b]) == [8, 8]
+
+
+def test_dorms_milp_lets_a_job_that_ran_grow_to_its_cap_in_one_resize(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A resize's bound ``|y - y_prev| <= M delta`` has ``M`` at least the job's cap: a
+    job that ran on 1 worker and is now alone grows to its N = 8 at once, not to 2.
+    (No fairness floor here: DRF's 8 would floor it at 4, and an infeasible bound is
+    dropped.)"""
+    from pricing.baselines.dorm import _solve
+
+    monkeypatch.setattr("pricing.baselines.dorm.FAIRNESS_SLACK", 1.0)
+
+    raw = _trace({"cpu": 16}, [_job("a", 0, chunks=8, work=400, worker={"cpu": 1})], 40)
+    sim = Simulator(trace_from_dict(raw))
+    next(sim.steps())
+    (task,) = sim.arrivals
+    sim.admit(task)
+    assert _solve(sim, [task], {task.order: 1}) == {task.order: 8}
+
+
+def test_dorm_places_workers_best_fit() -> None:
+    """Best fit: units go to the servers with the least room first, to limit
+    fragmentation (rooms 3, 1, 2: two units take the 1 and then the 2)."""
+    from pricing.baselines.dorm import _fill
+
+    got = _fill(np.array([3, 1, 2], dtype=np.int64), 2)
+    assert got.tolist() == [0, 1, 1]
+    assert _fill(np.array([3, 1, 2], dtype=np.int64), 6).tolist() == [3, 1, 2]
+
+
+def test_dorm_places_the_largest_workers_first() -> None:
+    """Two servers of 4 GPUs; a's worker takes 3, b's 1, two of each (all 8 GPUs). a
+    placed first gets one worker on each server and b the GPU left on each; b placed
+    first took 2 GPUs of one server, which left a room for one worker only."""
+    raw = _trace(
+        {"gpu": 4},
+        [_job("a", 0, chunks=2, work=40, worker={"gpu": 3}),
+         _job("b", 0, chunks=2, work=40, worker={"gpu": 1})],
+        horizon=40,
+    )  # fmt: skip
+    raw["servers"].insert(1, {**raw["servers"][0], "name": "w1"})
+    out = _outcomes(raw, "dorm")
+    assert (_workers(out["a"])[0], _workers(out["b"])[0]) == (2, 2)
