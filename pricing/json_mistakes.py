@@ -21,6 +21,8 @@ _DATE_REST = re.compile(r"-[0-9]{2}-[0-9]{2}[-0-9A-Za-z:.+]*")
 _PYTHON = {"True": "true", "False": "false", "None": "null"}
 _YAML_BOOLEANS = frozenset({"yes", "no", "on", "off", "Yes", "No", "On", "Off"})
 _YAML_KEY = re.compile(r"\s*[A-Za-z_][A-Za-z0-9_]*\s*:(\s|$)")
+_YAML_START = re.compile(r"(---|%YAML)(\s|$)")
+"""A YAML document's first line: its start marker, or a directive."""
 
 
 def json_problem(err: json.JSONDecodeError) -> str:
@@ -51,7 +53,8 @@ def _hint(doc: str, pos: int, msg: str) -> str:
     before = doc[:pos].rstrip()
     if not doc.strip():
         return "the file is empty"
-    if pos == 0 and _YAML_KEY.match(doc):
+    if not before and (_YAML_KEY.match(rest) or _YAML_START.match(rest)):
+        # at the start, after blank lines or indentation too: the error is then past them
         return 'this reads as YAML: a job file is JSON, {"key": value, ...}'
     if rest[:1] in ("}", "]") and before.endswith(","):
         return (

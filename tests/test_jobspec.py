@@ -598,6 +598,12 @@ def test_check_worth_says_how_far_a_deadline_is_too_close() -> None:
             "epochs: 10\nchunks: 8\n",
             '(this reads as YAML: a job file is JSON, {"key": value, ...})',
         ),
+        # after blank lines or indentation, or after YAML's own first line: it was read
+        # as text without quotes, or given no hint at all
+        ("\n\nepochs: 10\n", '(this reads as YAML: a job file is JSON, {"key": value, ...})'),
+        ("  epochs: 10\n", '(this reads as YAML: a job file is JSON, {"key": value, ...})'),
+        ("---\nepochs: 10\n", '(this reads as YAML: a job file is JSON, {"key": value, ...})'),
+        ("%YAML 1.2\n---\n", '(this reads as YAML: a job file is JSON, {"key": value, ...})'),
         ("", "(the file is empty)"),
     ],
 )
