@@ -72,7 +72,8 @@ def test_other_libraries_keep_their_records_and_tracebacks() -> None:
 
 def test_a_long_library_traceback_keeps_its_end_where_the_error_is() -> None:
     """A traceback over 4,000 characters keeps its last ones: the error raised, and the
-    frame it was raised in, not the head of a long chained cause."""
+    frame it was raised in, not the head of a long chained cause; a message is cut to
+    its first 2,000."""
     try:
         try:
             raise KeyError("k" * 5000)
@@ -81,8 +82,9 @@ def test_a_long_library_traceback_keeps_its_end_where_the_error_is() -> None:
     except ValueError:
         record = logging.LogRecord("grpc", logging.ERROR, __file__, 1, "failed", None, None)
         record.exc_info = sys.exc_info()
+    record.msg = "failed " * 1000  # and a long message keeps its first 2,000 characters
     line = json.loads(_JsonLines().format(record))
-    assert len(line["exception"]) == 4000
+    assert len(line["exception"]) == 4000 and line["event"] == ("failed " * 1000)[:2000]
     assert line["exception"].endswith("ValueError: the last words"), line["exception"][-200:]
 
 

@@ -352,9 +352,12 @@ def test_the_watch_records_this_daemon_again_only_when_the_store_was_rewound(
         return None
 
     try:
-        assert lock.record(db) == 1
         watch = StoreWatch(db, lock, changed, lambda: None, log=structlog.get_logger(),
                            on_epoch=epochs.append)  # fmt: skip
+        asyncio.run(watch.check())  # not recorded yet (epoch 0): nothing to record again
+        with db.session() as session:
+            assert recorded_holder(session) is None and epochs == []
+        assert lock.record(db) == 1
         for _ in range(2):
             asyncio.run(watch.check())
         assert (epochs, lock.epoch, watch.lost) == ([], 1, "")
@@ -407,6 +410,7 @@ def test_a_lock_taken_again_while_the_store_records_another_holder_is_let_go() -
             watch = StoreWatch(db, lock, changed, lambda: lost.append(True),
                                log=structlog.get_logger())  # fmt: skip
             asyncio.run(watch.check())
+            asyncio.run(watch.check())  # stopping: once
             assert lost == [True] and lock.released == 1
             assert watch.lost.startswith(
                 f"{lock.what} was held by another oasisd (host rival, pid 1"
