@@ -666,6 +666,27 @@ def test_error_messages_are_bounded() -> None:
     assert bounded(few) == few
 
 
+def test_the_bounds_of_an_error_hold_at_their_edges() -> None:
+    """A field of exactly MAX_TEXT characters is whole; the problems listed, joined with
+    "; " as the message is, fit in MAX_BYTES; the first is listed even when it alone is
+    over (200 four-byte characters in its field and its reason); and any other error's
+    message is cut too (escaped, to 4 x MAX_TEXT characters)."""
+    import grpc
+
+    from controller.statuses import _status
+
+    edge = Problem("f" * MAX_TEXT, "r" * MAX_REASON)
+    assert bounded([edge]) == [edge]
+    out = bounded([Problem("job.a", "b") for _ in range(1000)])
+    assert len("; ".join(str(p) for p in out[:-1]).encode()) <= MAX_BYTES
+    assert out[-1].reason == f"and {1000 - len(out) + 1} more problems"
+    wide = Problem("\U0001f600" * MAX_TEXT, "\U0001f600" * MAX_TEXT)
+    assert bounded([wide, Problem("job.b", "c")])[0] == wide
+    status = _status(grpc.StatusCode.FAILED_PRECONDITION, ValueError("x\x1b" * 5000))
+    assert status.code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
+    assert len(status.message) <= 4 * MAX_TEXT and "\x1b" not in status.message
+
+
 def test_a_key_given_twice_is_refused_not_read_as_the_last(tmp_path: Any) -> None:
     """The units audit: a worker of ``{"gpu": 1, ..., "gpu": 8}`` (a line copied and
     edited, one of the two forgotten) was read as 8 GPUs without a word, by the daemon,

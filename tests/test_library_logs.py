@@ -7,8 +7,11 @@ from __future__ import annotations
 import io
 import json
 import logging
+import subprocess
+import sys
 
 from controller.logs import LIBRARY_BURST, _JsonLines, _Throttle
+from tests.servers import ROOT
 
 
 def _handler() -> tuple[logging.Handler, io.StringIO]:
@@ -67,6 +70,43 @@ def test_other_libraries_keep_their_records_and_tracebacks() -> None:
     assert "Traceback" in records[-1]["exception"] and "KeyError" in records[-1]["exception"]
 
 
+def test_a_long_library_traceback_keeps_its_end_where_the_error_is() -> None:
+    """A traceback over 4,000 characters keeps its last ones: the error raised, and the
+    frame it was raised in, not the head of a long chained cause; a message is cut to
+    its first 2,000."""
+    try:
+        try:
+            raise KeyError("k" * 5000)
+        except KeyError as cause:
+            raise ValueError("the last words") from cause
+    except ValueError:
+        record = logging.LogRecord("grpc", logging.ERROR, __file__, 1, "failed", None, None)
+        record.exc_info = sys.exc_info()
+    record.msg = "failed " * 1000  # and a long message keeps its first 2,000 characters
+    line = json.loads(_JsonLines().format(record))
+    assert len(line["exception"]) == 4000 and line["event"] == ("failed " * 1000)[:2000]
+    assert line["exception"].endswith("ValueError: the last words"), line["exception"][-200:]
+
+
+def test_library_records_below_warning_reach_no_log() -> None:
+    """aiohttp logs each request it serves at INFO (``aiohttp.access``): as the daemon
+    configures its log (in a process of its own), those stay out, its warnings get in,
+    and the daemon's own INFO lines too."""
+    script = (
+        "import logging, structlog\n"
+        "from controller.logs import configure, flush\n"
+        "configure('info')\n"
+        "logging.getLogger('aiohttp.access').info('GET / 200')\n"
+        "logging.getLogger('aiohttp.server').warning('bad request')\n"
+        "structlog.get_logger('oasisd').info('daemon line')\n"
+        "flush()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    events = [json.loads(line)["event"] for line in out.stderr.splitlines()]
+    assert sorted(events) == ["bad request", "daemon line"], out.stderr
+
+
 def test_grpc_records_are_throttled_too_on_a_budget_of_their_own() -> None:
     """An exception that escapes a handler is logged by grpc with its traceback, once per
     call: a client repeating the call could fill the disk. Its budget is its own (a
@@ -115,6 +155,75 @@ def test_the_daemons_own_tracebacks_are_bounded_per_minute() -> None:
     cut.budget.started -= 3600.0  # the minute is over: whole again
     err = ValueError("v")
     assert cut(None, "error", {"event": "x", "exc_info": err})["exc_info"] is err
+
+
+def test_events_without_an_exception_spend_none_of_the_traceback_budget() -> None:
+    """Only events that carry an exception count: a busy minute of plain lines must not
+    cut the traceback of the one bug in it."""
+    from controller.logs import TRACEBACK_BURST, _Tracebacks
+
+    cut = _Tracebacks(seconds=3600.0)
+    for i in range(3 * TRACEBACK_BURST):
+        assert cut(None, "info", {"event": "fine", "i": i}) == {"event": "fine", "i": i}
+    err = ValueError("v")
+    assert cut(None, "error", {"event": "x", "exc_info": err})["exc_info"] is err
+
+
+def test_the_first_library_record_after_a_drop_says_how_many_were_dropped() -> None:
+    """The budget's next window begins with a record saying how many of its library's
+    were dropped in the last one (else a flood that was cut leaves no trace of its size)."""
+    handler, out = _handler()
+    server = logging.getLogger("aiohttp.server")
+    server.addHandler(handler)
+    server.propagate = False
+    throttle = next(f for f in handler.filters if isinstance(f, _Throttle))
+    try:
+        for i in range(LIBRARY_BURST + 7):
+            server.warning("bad request %d", i)
+        throttle._budgets["aiohttp"].started -= 3600.0  # the minute is over
+        server.warning("bad request %d", 99)
+        server.warning("bad request %d", 100)
+    finally:
+        server.removeHandler(handler)
+        server.propagate = True
+    events = [json.loads(line)["event"] for line in out.getvalue().splitlines()]
+    assert len(events) == LIBRARY_BURST + 2
+    assert events[-2:] == ["bad request 99 (7 like it dropped before)", "bad request 100"]
+
+
+def test_a_value_of_exactly_the_items_allowed_is_kept_whole_and_long_keys_are_cut() -> None:
+    """50 items are 50 items (no "0 more" marker); a mapping's long keys (a client's job
+    ids) are cut as its long values are."""
+    from controller.logs import MAX_ITEM_CHARS, MAX_VALUE_ITEMS, _bounded
+
+    whole = [f"j{i}" for i in range(MAX_VALUE_ITEMS)]
+    event = _bounded(None, "info", {"event": "x", "ids": whole, "by": dict.fromkeys(whole, 1)})
+    assert event["ids"] == whole and event["by"] == dict.fromkeys(whole, 1)
+    event = _bounded(None, "info", {"event": "x", "moved": {"k" * 5000: "v" * 5000}})
+    ((key, value),) = event["moved"].items()
+    cut = "...(cut: 5000 characters)"
+    assert (key, value) == ("k" * MAX_ITEM_CHARS + cut, "v" * MAX_ITEM_CHARS + cut)
+
+
+def test_a_complaint_after_those_held_back_says_how_many() -> None:
+    from structlog.testing import capture_logs
+
+    from controller.logs import Complaints
+
+    now = [0.0]
+    with capture_logs() as logs:
+        complaints = Complaints(10.0, lambda: now[0], field="peer")
+        assert complaints("p", "r", "refused", n=1)
+        assert not complaints("p", "r", "refused") and not complaints("p", "r", "refused")
+        now[0] = 10.0
+        assert complaints("p", "r", "refused", n=2)
+        now[0] = 20.0
+        assert complaints("p", "r", "refused", n=3)
+    assert [(e["peer"], e["suppressed"], e["n"]) for e in logs] == [
+        ("p", 0, 1),
+        ("p", 2, 2),
+        ("p", 0, 3),
+    ]
 
 
 def test_a_long_value_is_cut_and_complaints_forget_quiet_pairs() -> None:

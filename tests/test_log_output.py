@@ -59,6 +59,25 @@ def test_lines_that_cannot_be_written_are_counted_and_said_once_writing_works() 
     assert [w["event"] for w in written[1:]] == ["after"]
 
 
+def test_a_count_of_dropped_lines_that_cannot_be_written_either_is_kept_whole() -> None:
+    """The line saying how many were dropped is not itself counted as one line dropped
+    when its write fails too: the count carries on (3 dropped, then 2 more: 5)."""
+    stream = _Refusing()
+    lines = _Lines(stream)
+    try:
+        lines._write_lines(['{"event": "a"}', '{"event": "b"}', '{"event": "c"}'])
+        assert lines.dropped == 3
+        lines._write_lines(['{"event": "d"}', '{"event": "e"}'])  # with the count: fails
+        assert lines.dropped == 5
+        stream.full = False
+        lines._write_lines(['{"event": "f"}'])
+    finally:
+        lines.close()
+    written = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert (written[0]["event"], written[0]["dropped"]) == ("log lines dropped", 5)
+    assert [w["event"] for w in written[1:]] == ["f"]
+
+
 def test_a_sync_returns_once_the_lines_before_it_are_written() -> None:
     """oasisd syncs before the line that says it listens: a test (or a script) that
     reads the log then finds the console's address in it (a test found none before)."""

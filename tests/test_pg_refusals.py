@@ -476,3 +476,81 @@ def test_a_refused_password_or_host_is_said_with_where_to_mend_it() -> None:
     for passing in ("the database system is starting up", "sorry, too many clients already",
                     "Connection refused"):  # fmt: skip
         assert login_refusal(failed + "FATAL:  " + passing, url) is None
+
+
+class _RefusedError(Exception):
+    """A driver error as psycopg raises it: its SQLSTATE and PostgreSQL's primary message."""
+
+    def __init__(self, sqlstate: str, primary: str) -> None:
+        super().__init__(f"{primary}\nDETAIL: more")
+        self.sqlstate = sqlstate
+        self.diag = type("Diag", (), {"message_primary": primary})()
+
+
+def test_each_refusal_names_its_remedy_and_reads_as_one_when_passed_back() -> None:
+    """Every SQLSTATE a DBA's change causes is worded (the role, the database, the
+    setting), never with the URL's password; and each text, as the commit process passes
+    it back, reads as a refusal (UNAVAILABLE, writes paused), not as a bug (INTERNAL)."""
+    from sqlalchemy.engine import make_url
+
+    from controller.store.refusals import REFUSED_SQLSTATES, is_refusal, refusal
+
+    url = make_url("postgresql+psycopg://oasis:secret@db.example:5432/ledger")
+    cases = [
+        ("42501", "permission denied for table jobs",
+         "the store's role oasis lacks a privilege (permission denied for table jobs): a DBA "
+         "gives it back, e.g. GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES"),
+        ("42501", "permission denied for schema public",
+         "the store's role oasis may not create or use its tables (permission denied for "
+         "schema public): PostgreSQL 15 and later let only the owner of schema public"),
+        ("25006", "cannot execute INSERT in a read-only transaction",
+         "the store is read-only (cannot execute INSERT in a read-only transaction): database "
+         "ledger or role oasis has default_transaction_read_only on"),
+        ("42P01", 'relation "jobs" does not exist',
+         "the store's tables are not in the schemas role oasis searches (relation \"jobs\" "
+         "does not exist): the search_path of role oasis or of database ledger changed"),
+        ("3F000", "no schema has been selected to create in",
+         "the store's tables are not in the schemas role oasis searches (no schema has been "
+         "selected to create in)"),
+    ]  # fmt: skip
+    assert {c[0] for c in cases} == REFUSED_SQLSTATES
+    for sqlstate, primary, words in cases:
+        said = refusal(_RefusedError(sqlstate, primary), url)
+        assert said is not None and said.startswith(words), said
+        assert "secret" not in said and "DETAIL" not in said
+        assert is_refusal(said), said
+    assert refusal(_RefusedError("40001", "could not serialize access"), url) is None
+    assert not is_refusal("could not serialize access due to concurrent update")
+
+
+def test_a_lock_wait_names_each_session_holding_the_tables_and_how_to_end_it() -> None:
+    from datetime import datetime
+    from typing import Any, cast
+
+    from controller.store.refusals import lock_waited
+
+    rows = [(4242, "dba", "psql", datetime(2026, 1, 2, 3, 4, 5), "jobs", "AccessExclusiveLock"),
+            (4243, "other", "", None, "events", "ExclusiveLock")]  # fmt: skip
+
+    class Conn:
+        def __enter__(self) -> Conn:
+            return self
+
+        def __exit__(self, *_: object) -> None:
+            return None
+
+        def execute(self, _query: object) -> Any:
+            return type("Result", (), {"all": lambda _self: rows})()
+
+    engine = cast(Any, type("Engine", (), {"connect": lambda _self: Conn()})())
+    said = lock_waited(_RefusedError("55P03", "canceling statement due to lock timeout"), engine, 5)
+    assert said == (
+        "canceling statement due to lock timeout: another session held a lock on the "
+        "store's tables longer than daemon.store_timeout (5 s): session 4242 (user dba, "
+        "application 'psql', in a transaction since 2026-01-02T03:04:05Z) holds "
+        "AccessExclusiveLock on jobs; session 4243 (user other) holds ExclusiveLock on "
+        "events. End it (COMMIT or ROLLBACK in that session, or SELECT "
+        "pg_terminate_backend(4242) or SELECT pg_terminate_backend(4243)), or let a VACUUM "
+        "FULL finish"
+    )
+    assert lock_waited(_RefusedError("42501", "permission denied"), engine, 5) is None

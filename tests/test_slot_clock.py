@@ -13,12 +13,24 @@ from typing import Any
 import grpc
 import pytest
 
-from controller.clock import CONFIRM_SECONDS, FakeClock, SlotClock, SteadyClock, first_epoch
+from controller.clock import (
+    CONFIRM_SECONDS,
+    LATEST_EPOCH,
+    STEP_SECONDS,
+    FakeClock,
+    SlotClock,
+    SlotTimes,
+    SteadyClock,
+    epoch,
+    first_epoch,
+    slots_for,
+)
 from controller.config import load
 from controller.convert import spec_to_proto
 from controller.daemon import serve
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
+from pricing.errors import SpecError
 from tests.servers import write_config
 from tests.test_daemon_e2e import job
 
@@ -62,6 +74,36 @@ def test_a_first_start_is_floored_to_a_whole_slot(slot_seconds: float, epoch: fl
     now = 1_700_000_123.4
     assert first_epoch(now, slot_seconds) == epoch
     assert 0 <= now - epoch < max(slot_seconds, 1.0)
+
+
+def test_a_span_takes_its_whole_slots_rounded_up() -> None:
+    """``slots_for`` rounds up (retention's cutoff, a cordon's window, the plane's flap
+    hold-off), forgiving a float's last bit: two hours of hour slots are 2, not 3."""
+    assert slots_for(7200.0, 3600.0) == 2
+    assert slots_for(0.1 * 3 * 24_000, 7200.0) == 1  # 7200.000000000001 s: still one slot
+    assert slots_for(7200.5, 3600.0) == 3
+    assert slots_for(1.0, 3600.0) == 1  # a second of a slot takes it
+    assert slots_for(0.0, 3600.0) == 0
+
+
+def test_slot_times_before_the_epoch_are_negative_slots() -> None:
+    """A time a second before slot 0 is in slot -1 (a deadline before the epoch), not
+    in slot 0, which truncation toward zero would say."""
+    times = SlotTimes(1000.0, 60.0)
+    assert times.slot_at(999.0) == -1
+    assert times.slot_at(1000.0 - 60.0) == -1
+    assert times.slot_at(1000.0 - 60.5) == -2
+    assert times.slot_at(1059.9) == 0 and times.slot_at(1060.0) == 1
+    assert times.start(-1) == 940.0
+
+
+def test_the_latest_epoch_is_allowed_and_a_second_past_it_is_not() -> None:
+    """'from 0 to the year 3000': both ends are allowed."""
+    assert epoch(LATEST_EPOCH, "daemon.epoch") == LATEST_EPOCH
+    assert epoch("3000-01-01T00:00:00Z", "daemon.epoch") == LATEST_EPOCH
+    assert epoch(0, "daemon.epoch") == 0.0
+    with pytest.raises(SpecError, match="from 0 to 32503680000"):
+        epoch(LATEST_EPOCH + 1, "daemon.epoch")
 
 
 class InProcessDaemon:
@@ -263,6 +305,51 @@ def test_a_steady_clock_holds_off_a_step_until_it_lasts() -> None:
     assert steady.now() == 1_000_015.0 + CONFIRM_SECONDS - 3600
     assert log.lines[-1] == ("the system clock's step held; slots follow it",
                              {"step_seconds": -3600})  # fmt: skip
+
+
+def test_a_steady_clock_follows_a_change_of_exactly_step_seconds() -> None:
+    """A change of up to :data:`STEP_SECONDS` is followed at once (only a larger one
+    is a step to hold off), and once a held step ends, no more is said of it."""
+    wall = FakeClock(1_000_000.0)
+    log = _Logged()
+    steady = SteadyClock(wall, log)
+    assert steady.now() == 1_000_000.0
+    wall.step(STEP_SECONDS)
+    assert steady.now() == 1_000_000.0 + STEP_SECONDS and log.lines == []
+    wall.step(3600)
+    assert steady.now() == 1_000_000.0 + STEP_SECONDS
+    wall.step(-3600)
+    assert steady.now() == 1_000_000.0 + STEP_SECONDS
+    assert len(log.lines) == 2  # stepped; back from it
+    wall.advance(1)
+    assert steady.now() == 1_000_001.0 + STEP_SECONDS
+    assert len(log.lines) == 2, log.lines  # said once, not at every reading after
+
+
+def test_a_held_step_that_moves_again_waits_its_whole_hold_anew() -> None:
+    """A step is taken once the wall clock has kept to it for :data:`CONFIRM_SECONDS`:
+    a held step the clock moves on from (by more than :data:`STEP_SECONDS`) is a new
+    step, held from then on; one it moves on from by :data:`STEP_SECONDS` or less is
+    the same step, its hold counted from when it was first seen."""
+    wall = FakeClock(1_000_000.0)
+    log = _Logged()
+    steady = SteadyClock(wall, log)
+    steady.now()
+    wall.step(3600)
+    assert steady.now() == 1_000_000.0
+    wall.advance(CONFIRM_SECONDS - 10)
+    wall.step(3600)  # another hour ahead: a new step
+    assert steady.now() == 1_000_000.0 + CONFIRM_SECONDS - 10
+    wall.advance(10)  # the first step's hold is over, not the second's
+    assert steady.now() == 1_000_000.0 + CONFIRM_SECONDS
+    wall.advance(CONFIRM_SECONDS - 20)
+    wall.step(STEP_SECONDS)  # the same step, a little further
+    assert steady.now() == 1_000_000.0 + 2 * CONFIRM_SECONDS - 20
+    wall.advance(10)  # the second step has now held CONFIRM_SECONDS
+    assert (
+        steady.now() == wall.now() == 1_000_000.0 + 2 * CONFIRM_SECONDS - 10 + 7200 + STEP_SECONDS
+    )
+    assert log.lines[-1][0] == "the system clock's step held; slots follow it"
 
 
 def test_a_clock_ten_days_ahead_for_seconds_ends_no_tenants_jobs(tmp_path: Path) -> None:

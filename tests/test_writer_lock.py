@@ -11,7 +11,9 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
+from unittest.mock import ANY
 
 import grpc
 import psycopg
@@ -23,6 +25,7 @@ from sqlalchemy import create_engine, text
 from controller.convert import spec_to_proto
 from controller.rpc import oasis_pb2 as pb
 from controller.rpc import oasis_pb2_grpc as pb_grpc
+from controller.store import Database, migrate
 from controller.store.watch import StoreWatch
 from controller.store.writer_lock import (
     LOCK_KEY,
@@ -31,6 +34,8 @@ from controller.store.writer_lock import (
     Holder,
     StoreLockedError,
     is_epoch,
+    recorded_holder,
+    this_process,
 )
 from tests.servers import ROOT, Daemon, Postgres, write_config
 from tests.test_daemon_e2e import job, submit_rpc
@@ -275,6 +280,143 @@ def test_a_lock_not_taken_again_says_why_once_and_the_store_unreachable_names_it
         'connection failed: connection to server at "db", port 5432 failed: FATAL:  '
         'too many connections for database "oasis"'
     ]
+
+
+class _Store:
+    """A store the test sets: whether its probe answers, and whether it refuses writes."""
+
+    def __init__(self) -> None:
+        self.up, self.refusing, self.down_reason = True, "", ""
+
+    def ping(self) -> bool:
+        return self.up
+
+    def check_writes(self) -> None:
+        return None
+
+
+def test_the_watch_follows_a_refusal_of_writes_and_keeps_it_while_out_of_reach() -> None:
+    """A DBA's REVOKE changes nothing of the store's reachability: the watch still
+    passes it on (the Admission service NOT_SERVING), and while the store is out of
+    reach (nothing known of its writes) the refusal stands: admission is not said to
+    serve again until the store answers and takes writes."""
+    from structlog.testing import capture_logs
+
+    store = _Store()
+    told: list[bool] = []
+
+    async def changed(up: bool) -> None:
+        told.append(up)
+
+    watch = StoreWatch(store, None, changed, lambda: None, log=structlog.get_logger())  # type: ignore[arg-type]
+    with capture_logs() as logs:
+        asyncio.run(watch.check())
+        assert told == []
+        store.refusing = "the store's role oasis lacks a privilege"
+        asyncio.run(watch.check())
+        assert (told, watch.up, watch.writes_refused) == ([True], True, store.refusing)
+        store.up, store.refusing = False, ""
+        asyncio.run(watch.check())
+        assert told == [True, False]
+        assert watch.writes_refused == "the store's role oasis lacks a privilege"
+        store.up = True
+        asyncio.run(watch.check())
+        assert (told, watch.writes_refused) == ([True, False, True], "")
+    events = [e["event"] for e in logs]
+    assert events == [
+        "the store refuses writes: admission not serving",
+        "store unreachable",
+        "store reachable again",
+        "the store takes writes again: admission serving",
+    ], events
+
+
+def _sqlite_store(tmp_path: Path) -> Database:
+    db = Database(f"sqlite:///{tmp_path / 'oasis.db'}")
+    migrate(db)
+    return db
+
+
+def test_the_watch_records_this_daemon_again_only_when_the_store_was_rewound(
+    tmp_path: Path,
+) -> None:
+    """A writer row in this daemon's own epoch is left as it is (recording again each
+    second would move the epoch on and on); one rewound below it (a backup restored) is
+    recorded again above it, and the controller told the new epoch."""
+    db = _sqlite_store(tmp_path)
+    lock = FileWriterLock(tmp_path / "oasis.lock")
+    lock.acquire()
+    epochs: list[int] = []
+
+    async def changed(_up: bool) -> None:
+        return None
+
+    try:
+        watch = StoreWatch(db, lock, changed, lambda: None, log=structlog.get_logger(),
+                           on_epoch=epochs.append)  # fmt: skip
+        asyncio.run(watch.check())  # not recorded yet (epoch 0): nothing to record again
+        with db.session() as session:
+            assert recorded_holder(session) is None and epochs == []
+        assert lock.record(db) == 1
+        for _ in range(2):
+            asyncio.run(watch.check())
+        assert (epochs, lock.epoch, watch.lost) == ([], 1, "")
+        with db.session() as session:
+            session.execute(text("DELETE FROM meta WHERE key = 'writer'"))
+        asyncio.run(watch.check())
+        assert (epochs, lock.epoch) == ([2], 2)
+        with db.session() as session:
+            assert recorded_holder(session) == replace(this_process(), epoch=2, since=ANY)
+    finally:
+        lock.release()
+        db.dispose()
+
+
+class _Lapsed(FileWriterLock):
+    """A lock whose session ended (a PostgreSQL restart) and is free to take again."""
+
+    released = 0
+
+    def held(self) -> bool:
+        return False
+
+    def try_acquire(self) -> bool:
+        return True
+
+    def release(self) -> None:
+        self.released += 1
+
+
+def test_a_lock_taken_again_while_the_store_records_another_holder_is_let_go() -> None:
+    """Another oasisd held the lock and recorded itself meanwhile: this one does not
+    decide on (its ledger may miss that one's decisions), and lets the lock it just took
+    go again, for the other (or a restart of this one) to take."""
+    from tempfile import TemporaryDirectory
+
+    lost: list[bool] = []
+
+    async def changed(_up: bool) -> None:
+        return None
+
+    with TemporaryDirectory() as tmp:
+        db = _sqlite_store(Path(tmp))
+        try:
+            lock = _Lapsed(Path(tmp) / "oasis.lock")
+            lock.epoch = 1
+            rival = {"host": "rival", "pid": 1, "since": None, "epoch": 2}
+            with db.session() as session:
+                session.execute(text("INSERT INTO meta (key, value) VALUES ('writer', :v)"),
+                                {"v": json.dumps(rival)})  # fmt: skip
+            watch = StoreWatch(db, lock, changed, lambda: lost.append(True),
+                               log=structlog.get_logger())  # fmt: skip
+            asyncio.run(watch.check())
+            asyncio.run(watch.check())  # stopping: once
+            assert lost == [True] and lock.released == 1
+            assert watch.lost.startswith(
+                f"{lock.what} was held by another oasisd (host rival, pid 1"
+            ), watch.lost
+        finally:
+            db.dispose()
 
 
 def test_an_epoch_reads_as_one_from_0_up_to_max_epoch_exclusive() -> None:
