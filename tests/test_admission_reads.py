@@ -6,18 +6,23 @@ callers count on (the mutation audit of the admission controller's reads)."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 from sqlalchemy import insert
 
 from controller.admission import AdmissionController
-from controller.clock import FakeClock
+from controller.clock import FakeClock, SlotClock
+from controller.config import from_dict
 from controller.errors import NotFoundError
-from controller.store import AllocationRow, EventRow, JobRow
+from controller.store import AllocationRow, Database, EventRow, JobRow
+from pricing import SpecError
 from tests.test_pending import controller
+from tests.test_retention import SPEC
 
 
 def _job(key: str, sequence: int, state: str = "rejected", **changes: Any) -> dict[str, Any]:
@@ -201,3 +206,174 @@ def test_job_counts_sum_finite_payoffs_of_earning_states_and_name_a_bad_one_once
     own = counts.read("bob")
     assert own.payoff == {} and own.jobs["failed"] == own.jobs["rejected"] == 1
     assert sum(own.jobs.values()) == 2
+
+
+def _cluster_controller(tmp: Path) -> tuple[AdmissionController, FakeClock]:
+    """A controller of two GPU servers and two PS servers (window 6), at slot 3."""
+    cluster = {
+        "resources": ["gpu", "bandwidth"],
+        "servers": [
+            {"name": "w0", "kind": "worker", "capacity": {"gpu": 4, "bandwidth": 10}},
+            {"name": "w1", "kind": "worker", "capacity": {"gpu": 4, "bandwidth": 10}},
+            {"name": "p0", "kind": "ps", "capacity": {"bandwidth": 10}},
+            {"name": "p1", "kind": "ps", "capacity": {"bandwidth": 10}},
+        ],
+    }
+    config = from_dict({"daemon": {"data_dir": str(tmp), "window": 6, "epoch": 0},
+                        "cluster": cluster})  # fmt: skip
+    clock = FakeClock(3 * config.slot_seconds + 1.0)
+    c = AdmissionController(
+        config,
+        Database(config.database_url),
+        SlotClock(clock, config.slot_seconds, 0.0),
+        log=structlog.wrap_logger(structlog.ReturnLogger()),
+    )
+    c.open()
+    return c, clock
+
+
+def test_window_reads_take_the_current_slot_for_0_and_refuse_slots_outside_it(
+    tmp_path: Path,
+) -> None:
+    """``prices``, ``current_use`` and ``utilisation`` read window slots: 0 names the
+    current slot (not slot 0), 0 slots the default 12 clipped to the window's end, and a
+    slot at or past the window's end is refused as a SpecError naming the window."""
+    c, _ = _cluster_controller(tmp_path)
+    try:
+        assert c.ledger is not None
+        origin, end = c.ledger.origin, c.ledger.end
+        assert c.slot == origin == 3 and end - origin == c.ledger.length < 12
+        view = asyncio.run(c.submit({**SPEC, "id": "a"}, by="alice"))
+        assert view.decision.admitted
+        used = {(a["slot"], a["server"]) for a in view.decision.allocations if "workers" in a}
+        first, blocks = c.prices(0, 0)
+        assert first == origin
+        rows = [r for b in blocks for r in b.rows(c.cluster.resources)]
+        assert {len(r[3]) for r in rows} == {c.ledger.length}
+        first, blocks = c.prices(end - 1, 5)  # clipped to the window's last slot
+        assert first == end - 1
+        assert {len(r[3]) for b in blocks for r in b.rows(c.cluster.resources)} == {1}
+        for slot in (end, origin - 1):
+            with pytest.raises(SpecError, match=f"^first_slot: slot {slot} is outside"):
+                c.prices(slot, 1)
+            with pytest.raises(SpecError, match=f"^slot: must be in the window {origin}"):
+                c.current_use(slot)
+        assert c.current_use() == c.current_use(origin)
+        [(slot, server)] = sorted(used)[:1]
+        assert c.current_use(slot)[server]["gpu"] > 0
+        share_first, shares = c.utilisation(0, 0)
+        assert share_first == origin
+        gpu = dict(((res, kind), s) for res, kind, s in shares)[("gpu", "worker")]
+        assert len(gpu) == c.ledger.length
+        assert gpu[slot - origin] == pytest.approx(
+            sum(u["gpu"] for n, u in c.current_use(slot).items() if n.startswith("w")) / 8
+        )
+    finally:
+        c.close()
+
+
+def test_utilisation_and_the_price_summary_leave_a_cordoned_server_out(
+    tmp_path: Path,
+) -> None:
+    """From a cordon's first slot the cordoned server's capacity is out of service:
+    utilisation is the use over the capacity still in service, the summary's peak
+    leaves its cells (priced as full) out, and its ``serving`` and ``now`` are those of
+    the first slot read (before the cordon)."""
+    c, _ = _cluster_controller(tmp_path)
+    try:
+        assert c.ledger is not None
+        origin = c.ledger.origin
+        view = asyncio.run(c.submit({**SPEC, "id": "a"}, by="alice"))
+        busy = {a["server"] for a in view.decision.allocations}
+        idle = next(n for n in ("w0", "w1") if n not in busy)
+        asyncio.run(c.cordon(idle, reason="maintenance"))  # from the next slot on
+        _, shares = c.utilisation(0, 0)
+        gpu = dict(((res, kind), s) for res, kind, s in shares)[("gpu", "worker")]
+        _, down = c.out_of_service(0, 0)
+        gone = dict(((res, kind), s) for res, kind, s in down)[("gpu", "worker")]
+        assert gone[0] == 0.0 and gone[1:] == [0.5] * (len(gone) - 1)
+        for slot in range(origin, c.ledger.end):
+            own = sum(c.current_use(slot)[n]["gpu"] for n in ("w0", "w1") if n != idle)
+            serving = 8 if slot == origin else 4
+            assert gpu[slot - origin] == pytest.approx(own / serving), slot
+        summary = {s.kind: s for s in c.price_summary()}
+        worker = summary["worker"]
+        at = worker.names.index(idle)
+        assert worker.serving.tolist() == [True, True]  # the current slot's
+        _, blocks = c.prices(0, 0)
+        cells = {(r[0], r[2]): r[3] for b in blocks for r in b.rows(c.cluster.resources)}
+        assert worker.now[at].tolist() == [cells[(idle, "gpu")][0], cells[(idle, "bandwidth")][0]]
+        for r, res in enumerate(("gpu", "bandwidth")):
+            expected = max(max(cells[(n, res)]) for n in ("w0", "w1") if n != idle)
+            expected = max(expected, cells[(idle, res)][0])
+            assert worker.peak[r] == pytest.approx(expected), res
+            assert max(cells[(idle, res)][1:]) > expected  # counted, its cells would show
+    finally:
+        c.close()
+
+
+def test_a_row_at_every_bound_reads_back_whole_with_nothing_logged(
+    c: AdmissionController,
+) -> None:
+    """A stored row at each read-back limit (16 price drivers, names of 400 characters,
+    a reason of ``MAX_SHOWN_REASON`` characters, the largest sequence a page token names,
+    a decision of 0 ms, a rejected job without a payoff) is shown as stored, and logs
+    no problem; a row that does not read back is logged once however often it is read."""
+    from controller.admission.reads import MAX_SHOWN_REASON
+    from controller.admission.views import MAX_TOKEN_SEQUENCE
+
+    driver = {"resource": "r" * 400, "server": "s" * 400, "first_slot": 1, "last_slot": 2,
+              "cost": 1.0, "price": 0.5}  # fmt: skip
+    reason = "x" * MAX_SHOWN_REASON
+    _store(c, JobRow, [
+        _job("alice:edge", MAX_TOKEN_SEQUENCE, reason=reason, decision_ms=0.0, payoff=None,
+             detail={"drivers": [driver] * 16}),
+        _job("alice:odd", 1, state="weird"),
+    ])  # fmt: skip
+    log = _Log()
+    c.log = log
+    view = c._get_sync("alice:edge")
+    assert view.decision.reason == reason and view.decision.drivers == [driver] * 16
+    assert view.sequence == MAX_TOKEN_SEQUENCE and view.decision.decision_ms == 0.0
+    assert view.decision.payoff is None
+    assert log.lines == []
+    for _ in range(2):
+        assert c._get_sync("alice:odd").state == "weird"
+        c._list_sync([], 10)
+    assert [f["job"] for _, f in log.lines] == ["alice:odd"]
+
+
+def test_allocations_are_listed_by_slot_then_the_clusters_order_of_servers(
+    c: AdmissionController,
+) -> None:
+    """A view's allocation entries: by slot, then by the server's place in the cluster
+    (as it is now: a cluster reloaded in another order lists in the new one), workers
+    and parameter servers each with their own count."""
+    from controller.config import load
+
+    order = c._server_order()
+    w_first, w_last = order[0], order[-1]
+    _store(c, JobRow, [_job("alice:a", 1, state="admitted", admitted=True, payoff=1.0)])
+    _store(c, AllocationRow, [
+        {"job_id": "alice:a", "slot": 2, "server": w_first, "workers": 1, "ps": 0},
+        {"job_id": "alice:a", "slot": 1, "server": w_last, "workers": 0, "ps": 3},
+        {"job_id": "alice:a", "slot": 1, "server": w_first, "workers": 2, "ps": 0},
+    ])  # fmt: skip
+    assert c._get_sync("alice:a").decision.allocations == [
+        {"slot": 1, "server": w_first, "workers": 2},
+        {"slot": 1, "server": w_last, "ps": 3},
+        {"slot": 2, "server": w_first, "workers": 1},
+    ]
+    # the same servers listed in the reverse order (a reload builds a new cluster)
+    path = next(Path(str(c.config.data_dir)).parent.glob("*.toml"))
+    text = path.read_text()
+    lines = [line for line in text.splitlines() if line.startswith("  {name=")]
+    reordered = text.replace("\n".join(lines), "\n".join(reversed(lines)))
+    other = path.with_name("reversed.toml")
+    other.write_text(reordered)
+    c.cluster = load(other).cluster
+    assert c._server_order() == order[::-1]
+    assert [a["server"] for a in c._get_sync("alice:a").decision.allocations][:2] == [
+        w_last,
+        w_first,
+    ]
