@@ -1,0 +1,75 @@
+"""A standby's checks before it takes the lead (controller/admission/follow.py), as
+units: its clock against the last leader's, and the stored plans its config would move
+(the mutation audit of the admission controller's follow). The same checks on a real
+PostgreSQL with nodes in-process: tests/test_ha_units.py."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from types import SimpleNamespace
+from typing import Any
+
+from controller.admission.follow import Follow, max_clock_skew
+from controller.store.writer_lock import Holder
+
+
+def _leader(offset: float | None, address: str = "a:50051") -> Holder:
+    return Holder("a", 1, None, epoch=3, address=address, clock_offset=offset)
+
+
+def test_a_clock_within_the_skew_allowed_give_or_take_its_uncertainty_may_lead() -> None:
+    """The skew counts less the uncertainty of this node's measure of it: 40 s off the
+    leader's, measured to within 5 s, may be as little as 35 s (at most 36 s allowed
+    with hour-long slots); 42 s to within 5 s may not, and is said as ahead or behind."""
+    node: Any = SimpleNamespace(config=SimpleNamespace(slot_seconds=3600.0))
+    assert max_clock_skew(3600.0) == 36.0
+    assert Follow._clock_problem(node, _leader(10.0), (50.0, 5.0)) == ""
+    assert Follow._clock_problem(node, _leader(10.0), (-30.0, 5.0)) == ""
+    ahead = Follow._clock_problem(node, _leader(10.0), (52.0, 5.0))
+    assert ahead.startswith("this node's clock is 42 s ahead of the clock of the node that")
+    assert "(a:50051)" in ahead and "at most 36 s with 3600 s slots" in ahead
+    behind = Follow._clock_problem(node, _leader(10.0), (-32.0, 5.0))
+    assert behind.startswith("this node's clock is 42 s behind")
+    for holder, mine in ((None, (99.0, 0.0)), (_leader(None), (99.0, 0.0)), (_leader(0.0), None)):
+        assert Follow._clock_problem(node, holder, mine) == ""  # nothing to compare
+
+
+def _standby(unfitted: int, advertise: str, counted: float, left: int) -> Any:
+    """A standby with ``unfitted`` plans left out, last counted at ``counted``
+    (``time.monotonic()``), whose recount leaves ``left``."""
+    node: Any = SimpleNamespace(_unfitted=unfitted, advertise=advertise,
+                                _unfitted_counted=counted, recounts=0)  # fmt: skip
+
+    def reload() -> None:
+        node.recounts += 1
+        node._unfitted = left
+
+    def call(fn: Any) -> Future[None]:
+        done: Future[None] = Future()
+        fn()
+        done.set_result(None)
+        return done
+
+    node._reload = reload
+    node._decisions = SimpleNamespace(call=call)
+    return node
+
+
+def test_plans_a_standbys_config_would_move_stop_it_unless_a_recount_finds_none() -> None:
+    """A standby that left plans out under a config other than the last leader's does
+    not lead, unless it is that leader (the same address, not an empty one) or its
+    recount (at most every ``RECOUNT_SECONDS``) finds that none is left out any more."""
+    now = time.monotonic()
+    differences = ["window: 24 here, 48 recorded"]
+    stuck = _standby(3, "", now, 3)
+    said = Follow._moves_problem(stuck, _leader(0.0, address=""), differences)
+    assert said.startswith("3 stored plans do not fit this node's servers or window")
+    assert "the node that led last, unknown, recorded: window: 24 here" in said
+    assert stuck.recounts == 0  # counted just now: not again
+    same = _standby(3, "a:50051", now, 3)
+    assert Follow._moves_problem(same, _leader(0.0), differences) == ""
+    assert Follow._moves_problem(_standby(3, "b:50051", now, 3), _leader(0.0), []) == ""
+    ended = _standby(3, "b:50051", now - 3600.0, 0)  # its jobs ended since the last count
+    assert Follow._moves_problem(ended, _leader(0.0), differences) == ""
+    assert ended.recounts == 1 and ended._unfitted_counted >= now
