@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from controller.admission.follow import Follow, max_clock_skew
+from controller.clock import FakeClock
+from controller.errors import ResourcesRemovedError
 from controller.store.writer_lock import Holder
+from tests.test_pending import controller
 
 
 def _leader(offset: float | None, address: str = "a:50051") -> Holder:
@@ -73,3 +77,37 @@ def test_plans_a_standbys_config_would_move_stop_it_unless_a_recount_finds_none(
     ended = _standby(3, "b:50051", now - 3600.0, 0)  # its jobs ended since the last count
     assert Follow._moves_problem(ended, _leader(0.0), differences) == ""
     assert ended.recounts == 1 and ended._unfitted_counted >= now
+
+
+def test_the_resources_check_is_made_again_once_an_event_was_applied_and_only_then(
+    tmp_path: Path,
+) -> None:
+    """``takeover_problem`` checks the resources the live jobs demand again only once an
+    event was applied since its last check (the check reads every live job's spec), and
+    then says what it finds now: a resource the config lacks is said until a check
+    finds it no longer lacking, and said again if a later check finds it lacking."""
+    c = controller(tmp_path, FakeClock(1_000_000.0))
+    try:
+        lacking = [True]
+        checked: list[int] = []
+
+        def check(session: Any) -> None:
+            checked.append(c._seen_event)
+            if lacking[0]:
+                raise ResourcesRemovedError("the jobs demand fpga, which this config lacks")
+
+        c._check_resources = check  # type: ignore[method-assign]
+        said = "the jobs demand fpga, which this config lacks"
+        assert c.takeover_problem() == said
+        assert c.takeover_problem() == said
+        assert len(checked) == 1  # no event applied since: not read again
+        lacking[0] = False
+        assert c.takeover_problem() == said  # nor now: nothing told it otherwise
+        c._seen_event += 1  # the standby applied an event
+        assert c.takeover_problem() == ""
+        assert len(checked) == 2
+        lacking[0] = True
+        c._seen_event += 1
+        assert c.takeover_problem() == said
+    finally:
+        c.close()
