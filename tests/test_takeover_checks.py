@@ -5,6 +5,7 @@ PostgreSQL with nodes in-process: tests/test_ha_units.py."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from concurrent.futures import Future
 from pathlib import Path
@@ -15,6 +16,9 @@ from controller.admission.follow import Follow, max_clock_skew
 from controller.clock import FakeClock
 from controller.errors import ResourcesRemovedError
 from controller.store.writer_lock import Holder
+from tests.servers import Postgres
+from tests.test_daemon_e2e import job
+from tests.test_ha_units import Node
 from tests.test_pending import controller
 
 
@@ -111,3 +115,26 @@ def test_the_resources_check_is_made_again_once_an_event_was_applied_and_only_th
         assert c.takeover_problem() == said
     finally:
         c.close()
+
+
+def test_a_leader_whose_commit_failed_takes_the_lead_again_on_a_rebuilt_ledger(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    """A commit of a leader's decisions failed (its ledger stale, that generation's
+    writes refused) and it stepped down: its next takeover starts a new generation and
+    rebuilds, rather than failing on the old generation's failure (and leaving the
+    node a standby for another round)."""
+    url = postgres.new_database()
+    a = Node(tmp_path, url, "a")
+    try:
+        a.take_over()
+        assert a.c.leading
+        a.c._writer._failed_generation = a.c._generation  # as a failed batch leaves it
+        a.c._stale = True
+        a.c._step_down("its lease ended")
+        a.lock.release()
+        a.take_over()
+        assert a.c.leading and not a.c._stale
+        assert asyncio.run(a.c.submit(job("after"))).state in ("admitted", "rejected")
+    finally:
+        a.close()
