@@ -12,12 +12,15 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from sqlalchemy import select
+
 from controller.admission.follow import Follow, max_clock_skew
 from controller.clock import FakeClock
 from controller.errors import ResourcesRemovedError
+from controller.store import AllocationRow
 from controller.store.writer_lock import Holder
 from tests.servers import Postgres
-from tests.test_daemon_e2e import job
+from tests.test_daemon_e2e import contending_jobs, job
 from tests.test_ha_units import Node
 from tests.test_pending import controller
 
@@ -138,3 +141,36 @@ def test_a_leader_whose_commit_failed_takes_the_lead_again_on_a_rebuilt_ledger(
         assert asyncio.run(a.c.submit(job("after"))).state in ("admitted", "rejected")
     finally:
         a.close()
+
+
+def test_a_standby_lacking_a_server_the_leaders_new_plans_use_counts_them_left_out(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    """A standby whose config lacks a server (w2) follows the plans admitted after it
+    opened, leaving out those that use w2, and counts them: it does not take over on a
+    ledger without them as if they had never been admitted."""
+    url = postgres.new_database()
+    w2 = (
+        '  {name="w2", kind="worker", capacity={gpu=8, cpu=64, mem=488, disk=500, bandwidth=40}},\n'
+    )
+    a = Node(tmp_path, url, "a")
+    b = None
+    try:
+        a.take_over()
+        b = Node(tmp_path, url, "b", edit=lambda text: text.replace(w2, ""))
+        assert "w2" not in b.c.cluster.worker_names and b.c._unfitted == 0
+        for spec in contending_jobs(6):
+            asyncio.run(a.c.submit(spec))
+        assert "w2" in _planned_servers(a), "no plan uses w2"
+        asyncio.run(b.c.follow())
+        assert b.c._unfitted > 0
+        assert "stored plans do not fit this node's servers" in b.c.takeover_problem()
+    finally:
+        for node in (a, b):
+            if node is not None:
+                node.close()
+
+
+def _planned_servers(node: Node) -> set[str]:
+    with node.db.session() as session:
+        return set(session.scalars(select(AllocationRow.server)))
