@@ -12,12 +12,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import select
+import pytest
+from sqlalchemy import func, select
 
 from controller.admission.follow import Follow, max_clock_skew
 from controller.clock import FakeClock
 from controller.errors import ResourcesRemovedError
-from controller.store import AllocationRow
+from controller.store import AllocationRow, EventRow
 from controller.store.writer_lock import Holder
 from tests.servers import Postgres
 from tests.test_daemon_e2e import contending_jobs, job
@@ -174,3 +175,37 @@ def test_a_standby_lacking_a_server_the_leaders_new_plans_use_counts_them_left_o
 def _planned_servers(node: Node) -> set[str]:
     with node.db.session() as session:
         return set(session.scalars(select(AllocationRow.server)))
+
+
+def test_a_takeover_applies_and_counts_every_event_over_several_batches(
+    tmp_path: Path, postgres: Postgres, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A standby behind by more than a batch of events (``FOLLOW_BATCH``) catches up over
+    several reads at its takeover and says how many it applied in all."""
+    monkeypatch.setattr("controller.admission.follow.FOLLOW_BATCH", 2)
+    url = postgres.new_database()
+    a: Node | None = Node(tmp_path, url, "a")
+    b = None
+    try:
+        assert a is not None
+        a.take_over()
+        b = Node(tmp_path, url, "b")
+        for spec in contending_jobs(3):
+            asyncio.run(a.c.submit(spec))
+        with b.db.session() as session:
+            behind = session.scalar(select(func.count()).where(EventRow.sequence > b.c._seen_event))
+        assert behind is not None and behind > 2
+        gone = a.lock.backend_pid
+        a.close()
+        a = None
+        deadline = time.monotonic() + 10.0
+        while not b.lock.try_acquire():
+            assert time.monotonic() < deadline, f"the lock of backend {gone} was not let go"
+            time.sleep(0.05)
+        epoch = b.lock.record(b.db, b.c.advertise)
+        assert asyncio.run(b.c.take_over(epoch, b.lock.backend_pid)) == behind
+        assert b.c.leading and sorted(b.c._ledger.job_ids())
+    finally:
+        for node in (a, b):
+            if node is not None:
+                node.close()
