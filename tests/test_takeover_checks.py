@@ -17,12 +17,12 @@ from sqlalchemy import func, select
 
 from controller.admission.follow import Follow, max_clock_skew
 from controller.clock import FakeClock
-from controller.errors import ResourcesRemovedError
-from controller.store import AllocationRow, EventRow
+from controller.errors import NotLeaderError, ResourcesRemovedError
+from controller.store import AllocationRow, EventRow, JobRow
 from controller.store.writer_lock import Holder
 from tests.servers import Postgres
 from tests.test_daemon_e2e import contending_jobs, job
-from tests.test_ha_units import Node
+from tests.test_ha_units import Node, _cut_lease
 from tests.test_pending import controller
 
 
@@ -205,6 +205,33 @@ def test_a_takeover_applies_and_counts_every_event_over_several_batches(
         epoch = b.lock.record(b.db, b.c.advertise)
         assert asyncio.run(b.c.take_over(epoch, b.lock.backend_pid)) == behind
         assert b.c.leading and sorted(b.c._ledger.job_ids())
+    finally:
+        for node in (a, b):
+            if node is not None:
+                node.close()
+
+
+def test_a_leader_another_took_over_from_commits_no_write_of_its_own(
+    tmp_path: Path, postgres: Postgres
+) -> None:
+    """Every write transaction outside the group commit (a cancel here) opens with the
+    fence: a leader whose lease was cut and passed to another node, not told yet,
+    commits nothing and steps down, naming the new leader."""
+    url = postgres.new_database()
+    a = Node(tmp_path, url, "a")
+    b = None
+    try:
+        a.take_over()
+        assert asyncio.run(a.c.submit(job("j1"))).state == "admitted"
+        _cut_lease(url, a)
+        b = Node(tmp_path, url, "b")
+        b.take_over()
+        assert a.c.leading  # not told
+        with pytest.raises(NotLeaderError, match="stopped leading"):
+            asyncio.run(a.c.cancel("j1"))
+        assert not a.c.leading
+        with b.db.session() as session:
+            assert session.scalar(select(JobRow.state).where(JobRow.id == "j1")) == "admitted"
     finally:
         for node in (a, b):
             if node is not None:
