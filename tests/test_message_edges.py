@@ -1,0 +1,151 @@
+"""Edges of the MQTT messages between the daemon and the node agents
+(controller/plane/topics.py, agent_messages.py, plan_messages.py, plans.py,
+sent_plans.py) that the mutation audit of 2026-12-03 found no test pinned: an agent's
+payload is untrusted, and a plan must carry exactly the admitted schedule."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import Any
+
+import pytest
+
+from controller.plane.agent_messages import MAX_COUNT, Heartbeat, Progress, Status, TaskProgress
+from controller.plane.plan_messages import Plan, PlanParts, SlotPlan, Task
+from controller.plane.topics import Topics
+from pricing.errors import SpecError
+
+
+def _report(*entries: dict[str, Any]) -> bytes:
+    return json.dumps(
+        {"version": 1, "server": "w0", "session": "s", "jobs": list(entries)}
+    ).encode()
+
+
+def test_an_agent_topic_under_another_prefix_of_the_same_length_names_no_agent() -> None:
+    """The mutation audit: ``agent_of`` without its prefix check passed every test (the
+    other prefix tested was shorter, so its server level came out empty); a topic of
+    another prefix or version with the same length then named an agent."""
+    t = Topics("oasis")
+    assert t.agent_of("oasis/v1/agents/w0/progress") == ("w0", "progress")
+    for other in ("other/v1/agents/w0/progress", "oasis/v2/agents/w0/heartbeat",
+                  "oasis/v1/servers/w0/heartbeat"):  # fmt: skip
+        assert t.agent_of(other) is None, other
+
+
+def test_a_reports_count_of_exactly_two_to_the_53_is_kept_and_one_past_it_left_out() -> None:
+    """The mutation audit: a bound read as ``>=`` (2**53 itself refused) passed every
+    test; the counts are documented as ``0 .. 2**53``."""
+    edge = {"job": "a", "minibatches": MAX_COUNT, "worker_seconds": MAX_COUNT}
+    past = {"job": "b", "minibatches": MAX_COUNT * 2, "worker_seconds": 1}
+    got = Progress.parse(_report(edge, past))
+    assert got.jobs == [TaskProgress("a", float(MAX_COUNT), float(MAX_COUNT))]
+    assert [r.split(":")[0] for r in got.refused] == ["progress.jobs[1].minibatches"]
+
+
+def test_a_heartbeats_epoch_is_an_integer_from_0_and_0_is_said_not_left_out() -> None:
+    """The mutation audit: a negative epoch let through, and an epoch of 0 ("none yet")
+    left out of the payload as though not said (None), both passed every test."""
+    for epoch, said in ((0, b'"epoch":0'), (7, b'"epoch":7')):
+        beat = Heartbeat("w0", "s", epoch)
+        assert said in beat.to_bytes() and Heartbeat.parse(beat.to_bytes()) == beat
+    assert Heartbeat.parse(Heartbeat("w0", "s").to_bytes()).epoch is None
+    with pytest.raises(SpecError, match=re.escape("heartbeat.epoch: must be >= 0")):
+        Heartbeat.parse(b'{"version": 1, "server": "w0", "session": "s", "epoch": -1}')
+
+
+def test_the_daemons_status_is_online_only_as_a_boolean_and_its_servers_only_names() -> None:
+    """The mutation audit: ``online`` taken as any value said (``"false"``, a string, is
+    truthy) and ``servers`` as any list, both passed every test; an agent reads it to
+    stop for a server the daemon does not know."""
+    assert Status.parse(Status(True, ["w0", "p0"]).to_bytes()) == Status(True, ["w0", "p0"])
+    assert Status.parse(Status(False).to_bytes()) == Status(False)
+    for online in (b'"false"', b"0", b"1", b"null"):
+        with pytest.raises(SpecError, match=re.escape("status.online")):
+            Status.parse(b'{"version": 1, "online": ' + online + b"}")
+    for servers in (b"[1]", b'["w0", null]', b'"w0"'):
+        with pytest.raises(SpecError, match=re.escape("status.servers")):
+            Status.parse(b'{"version": 1, "online": true, "servers": ' + servers + b"}")
+
+
+def _plan(*tasks: Task, following: tuple[Task, ...] = (), **kw: Any) -> Plan:
+    return Plan("w0", "worker", 7, 10.0, 0.5, False, SlotPlan(5, 100.0, list(tasks)),
+                SlotPlan(6, 110.0, list(following)), **kw)  # fmt: skip
+
+
+def test_a_task_of_no_time_a_mini_batch_is_left_out_and_the_others_kept() -> None:
+    """The mutation audit: a task's ``minibatch_seconds`` of 0 let through (as a count,
+    not a time) passed every test; an agent divides by it (its simulated rate)."""
+    ok = Task("ok", 2, 0, 0.5, 40)
+    payload = _plan(Task("zero", 2, 0, 0.25, 40), ok).to_bytes()
+    got = Plan.parse(payload.replace(b'"minibatch_seconds":0.25', b'"minibatch_seconds":0'))
+    assert got.current.tasks == [ok] and got.current.refused == 1
+    assert got.current.refused_error.startswith("plan.current.tasks[0].minibatch_seconds")
+
+
+def test_a_tasks_fraction_of_a_device_is_carried_in_the_plan() -> None:
+    """The mutation audit: ``devices`` left out of a task's payload unless whole (read
+    back as 0: none) passed every test, which planned whole devices only; a job of half
+    a GPU a worker then ran as one of none."""
+    for devices in (0.5, 0.25, 1.0, 2.5):
+        p = _plan(Task("j", 1, 0, 0.5, 40, devices=devices))
+        assert Plan.parse(p.to_bytes()).current.tasks[0].devices == devices
+
+
+def test_a_plan_in_over_a_hundred_parts_keeps_each_within_the_bytes_and_goes_back_whole() -> None:
+    """The mutation audit: the room for tasks measured under a header numbered as a
+    plan's first of two parts (``"part":1,"parts":2``), not its widest, passed every
+    test: the parts of 573 bytes at most came out 3 bytes over ``max_bytes`` (a broker's
+    ``max_packet_size`` drops the daemon's connection for it, every server's plans
+    with it)."""
+    p = _plan(*[Task(f"j{i}", 1, 0, 0.5, 40) for i in range(600)])
+    for max_bytes in range(569, 577):
+        parts = p.split(max_bytes)
+        assert len(parts) >= 150
+        assert max(len(q.to_bytes()) for q in parts) <= max_bytes, max_bytes
+    held = PlanParts()
+    assert [held.add(Plan.parse(q.to_bytes())) for q in parts][-1] == p
+
+
+def test_the_entries_left_out_of_a_plan_are_counted_over_both_slots() -> None:
+    """The mutation audit: ``Plan.left_out`` counting the current slot's only passed
+    every test; an agent's heartbeat says the count, and the daemon warns of it (a job
+    left out of the next slot's plan does not run there)."""
+    ok, bad = Task("ok", 1, 0, 0.5, 40), Task("bad", 1, 0, 0.5, 40)
+    payload = _plan(ok, following=(bad, ok)).to_bytes()
+    got = Plan.parse(payload.replace(b'"job":"bad","workers":1', b'"job":"bad","workers":-1'))
+    assert got.next.tasks == [ok] and got.left_out[0] == 1
+    assert got.left_out[1].startswith("plan.next.tasks[0].workers")
+    both = Plan.parse(payload.replace(b'"job":"ok","workers":1', b'"job":"ok","workers":-1'))
+    assert both.current.tasks == [] and both.next.tasks == [bad]
+    assert both.left_out[0] == 2 and both.left_out[1].startswith("plan.current.tasks[0]")
+
+
+def test_a_plan_has_the_same_content_as_another_only_if_all_but_its_epoch_is_the_same() -> None:
+    """The mutation audit: ``same_content`` comparing a plan's next slot with its own
+    passed every test; a round publishes only the plans whose content changed, so a job
+    admitted into the next slot alone never reached its agent."""
+    task = Task("j", 1, 0, 0.5, 40)
+    p = _plan(task, devices=2, window=24)
+    assert p.same_content(dataclasses.replace(p, epoch=8)) and not p.same_content(None)
+    for other in (_plan(task, following=(task,), devices=2, window=24),
+                  _plan(devices=2, window=24), _plan(task, devices=1, window=24),
+                  _plan(task, devices=2, window=25), _plan(task, window=24),
+                  dataclasses.replace(p, down=True), dataclasses.replace(p, kind="ps"),
+                  dataclasses.replace(p, heartbeat_seconds=1.0),
+                  dataclasses.replace(p, next=SlotPlan(7, 120.0))):  # fmt: skip
+        assert not p.same_content(other) and not other.same_content(p), other
+
+
+def test_a_whole_plan_says_version_1_and_a_part_version_2() -> None:
+    """The mutation audit: a whole plan (no ``parts``) saying version 2 let through
+    passed every test; each version goes with its own kind of plan only."""
+    whole = _plan(Task("j", 1, 0, 0.5, 40)).to_bytes()
+    assert whole.startswith(b'{"version":1,')
+    with pytest.raises(SpecError, match=re.escape("plan.version: 2 for a part")):
+        Plan.parse(whole.replace(b'{"version":1,', b'{"version":2,', 1))
+    part = dataclasses.replace(_plan(), part=0, parts=2).to_bytes()
+    with pytest.raises(SpecError, match=re.escape("plan.version: 2 for a part")):
+        Plan.parse(part.replace(b'{"version":2,', b'{"version":1,', 1))
