@@ -149,3 +149,44 @@ def test_a_whole_plan_says_version_1_and_a_part_version_2() -> None:
     part = dataclasses.replace(_plan(), part=0, parts=2).to_bytes()
     with pytest.raises(SpecError, match=re.escape("plan.version: 2 for a part")):
         Plan.parse(part.replace(b'{"version":2,', b'{"version":1,', 1))
+
+
+def test_a_part_received_again_is_not_counted_twice_against_the_epochs_tasks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The mutation audit: the tasks of a part already held counted again when the same
+    part came back (the broker sends retained parts again at every connection) passed
+    every test; a plan near :data:`MAX_PLAN_TASKS` was then dropped and never followed."""
+    from controller.plane import plan_messages
+
+    monkeypatch.setattr(plan_messages, "MAX_PLAN_TASKS", 4)
+    tasks = [Task(f"j{i}", 1, 0, 0.5, 40) for i in range(4)]
+    first = dataclasses.replace(_plan(*tasks[:3]), part=0, parts=2)
+    second = dataclasses.replace(_plan(tasks[3]), part=1, parts=2)
+    held = PlanParts()
+    assert held.add(first) is None and held.add(first) is None
+    assert held.add(second) == _plan(*tasks)
+    with pytest.raises(SpecError, match="hold over 4 tasks"):  # the bound itself stands
+        held.add(dataclasses.replace(_plan(*tasks, tasks[0]), part=0, parts=2))
+
+
+def test_an_epoch_claim_past_the_highest_followed_moves_nothing_even_one_step_away() -> None:
+    """The mutation audit: the cap :data:`MAX_FOLLOWED_EPOCH` dropped (only the step
+    :data:`MAX_EPOCH_STEP` kept) passed every test, whose daemon's epoch was far below
+    it; a hostile agent's claims then moved a daemon near it up to 2**53, past which no
+    plan's epoch parses."""
+    from controller.plane.plans import MAX_EPOCH_STEP, MAX_FOLLOWED_EPOCH, EpochClaims
+    from controller.plane.settings import MqttConfig
+
+    clock = [0.0]
+
+    def heard(epoch: int, own: int) -> tuple[int, str, bool]:
+        claims = EpochClaims(MqttConfig("localhost"), lambda: clock[0])
+        assert not claims.heard(epoch, "w1", own)  # within an agent's beat: not yet due
+        return claims.take()
+
+    top = MAX_FOLLOWED_EPOCH
+    for epoch, own in ((top + 1, top - 5), (top + 1, top), (2 + MAX_EPOCH_STEP + 1, 2), (7, 7)):
+        assert heard(epoch, own) == (0, "", False), (epoch, own)  # nothing heard
+    for epoch, own in ((top, top - 5), (2 + MAX_EPOCH_STEP, 2), (8, 7)):
+        assert heard(epoch, own) == (epoch, "w1", False), (epoch, own)
