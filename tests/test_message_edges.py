@@ -190,3 +190,54 @@ def test_an_epoch_claim_past_the_highest_followed_moves_nothing_even_one_step_aw
         assert heard(epoch, own) == (0, "", False), (epoch, own)  # nothing heard
     for epoch, own in ((top, top - 5), (2 + MAX_EPOCH_STEP, 2), (8, 7)):
         assert heard(epoch, own) == (epoch, "w1", False), (epoch, own)
+
+
+def _job(worker: dict[str, float], ps: dict[str, float], gpus: float = 8) -> tuple[Any, Any]:
+    """A job of ``worker`` and ``ps`` demands on a cluster of a worker server of
+    ``gpus`` GPUs and a PS server, and the cluster's config."""
+    from controller.config import from_dict
+    from pricing.job import job_from_dict
+
+    big = {"gpu": gpus, "cpu": 64, "mem": 512, "disk": 500, "bandwidth": 25}
+    servers = [{"name": "w0", "kind": "worker", "capacity": big},
+               {"name": "p0", "kind": "ps", "capacity": big}]  # fmt: skip
+    cfg = from_dict({"cluster": {"resources": list(big), "servers": servers}})
+    spec = {"id": "j", "epochs": 2, "chunks": 8, "minibatches": 50, "tau": 0.01, "grad_mb": 100,
+            "worker": worker, "ps": ps,
+            "utility": {"kind": "sigmoid", "priority": 50, "decay": 0.5, "target": 3}}  # fmt: skip
+    job = job_from_dict(spec, cfg.cluster, slot_seconds=cfg.slot_seconds,
+                        slots_available=lambda _a: 300, arrival=0)  # fmt: skip
+    return job, cfg
+
+
+def test_a_ps_task_carries_the_jobs_demand_of_a_ps_and_a_worker_task_a_workers() -> None:
+    """The mutation audit: a PS task given the job's demand of a worker passed every
+    test (the round trip of whatever demand is given does not tell); an agent's memory
+    guard holds each process to its task's ``mem``."""
+    from controller.plane.plans import plan_task, task_demand
+
+    job, cfg = _job(
+        {"gpu": 1, "cpu": 4, "mem": 8, "bandwidth": 1}, {"cpu": 2, "mem": 16, "bandwidth": 5}
+    )
+    resources = list(enumerate(cfg.cluster.resources))
+    assert task_demand(job, "worker", resources) == {
+        "gpu": 1, "cpu": 4, "mem": 8, "disk": 0, "bandwidth": 1}  # fmt: skip
+    ps = task_demand(job, "ps", resources)
+    assert ps == {"gpu": 0, "cpu": 2, "mem": 16, "disk": 0, "bandwidth": 5}
+    task = plan_task("j", job, "ps", 0, 2, "", 0, ps, cfg.slot_seconds)
+    assert (task.ps, task.workers, task.devices, task.demand) == (2, 0, 0.0, ps)
+    assert plan_task("j", job, "worker", 3, 0, "", 0, {}, cfg.slot_seconds).devices == 1.0
+
+
+def test_a_tasks_devices_are_at_most_what_an_agent_takes() -> None:
+    """The mutation audit: a task's devices not capped at :data:`MAX_DEVICES` passed
+    every test; a job whose worker needs more GPUs (on a server of more than 1024) then
+    gave an entry every agent leaves out, its job never run."""
+    from controller.plane.devices import MAX_DEVICES
+    from controller.plane.plans import plan_task
+
+    job, cfg = _job({"gpu": 2000, "bandwidth": 1}, {"bandwidth": 1}, gpus=4096)
+    task = plan_task("j", job, "worker", 1, 0, "", 0, {}, cfg.slot_seconds)
+    assert task.devices == MAX_DEVICES
+    back = Plan.parse(_plan(task).to_bytes())
+    assert back.current.tasks == [task] and back.current.refused == 0
