@@ -95,7 +95,7 @@ def test_a_ps_row_edited_onto_a_worker_server_is_left_out(daemon: PlaneDaemon) -
     """The mutation audit: with the check of PS on a worker server dropped, every test
     passed (only workers on a PS server were tried). A hand edit that gave a job PS on
     a worker server sent them to its agent, whose capacity check counts workers only
-    there."""
+    there. A single PS (the check read as "more than one", 2026-12-03) as well."""
     from sqlalchemy import update
 
     from controller.store import AllocationRow
@@ -107,7 +107,7 @@ def test_a_ps_row_edited_onto_a_worker_server_is_left_out(daemon: PlaneDaemon) -
         session.execute(
             update(AllocationRow)
             .where(AllocationRow.job_id == "edited", AllocationRow.server == "w0")
-            .values(ps=2)
+            .values(ps=1)
         )
         session.commit()
     [w0] = [p for p in daemon.ex.plans_sync({}) if p.server == "w0"]
