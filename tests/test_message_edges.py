@@ -241,3 +241,35 @@ def test_a_tasks_devices_are_at_most_what_an_agent_takes() -> None:
     assert task.devices == MAX_DEVICES
     back = Plan.parse(_plan(task).to_bytes())
     assert back.current.tasks == [task] and back.current.refused == 0
+
+
+def test_a_jobs_unsent_plans_run_from_the_first_slot_any_of_its_writes_changed() -> None:
+    """The mutation audit: of a job's plan writes since the latest round that went out,
+    the first slot taken from the last write read (not the earliest) passed every test.
+    A job admitted from slot 1 and re-planned from slot 3 while the broker was out then
+    had only slot 3 noted as never sent: its slots 1 and 2, whose plans no agent had,
+    counted as sent (``plan_not_sent`` missed)."""
+    from datetime import datetime
+
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from controller.plane.sent_plans import SentPlans
+    from controller.store.models import AllocationRow, Base, EventRow
+
+    engine = create_engine("sqlite://")
+    Base.metadata.create_all(engine)
+    at = datetime(2026, 12, 3)
+    with Session(engine) as session:
+        session.add_all([
+            EventRow(at=at, kind="decided", job_id="j", slot=1, state="admitted"),
+            EventRow(at=at, kind="replanned", job_id="j", slot=3, detail={"from_slot": 3}),
+            EventRow(at=at, kind="decided", job_id="no", slot=1, state="rejected"),
+            *(AllocationRow(job_id="j", slot=s, server="w0", workers=1) for s in range(1, 6)),
+        ])  # fmt: skip
+        session.commit()
+        assert SentPlans().runs_of("j", session, 4) == [(1, 3)]
+        sent = SentPlans()
+        sent.went_out(session, 3, 4)
+        assert sent.runs == {"j": [(1, 3)]} and sent.sent_event == 3
+        assert sent.runs_of("j", session, 4) == [(1, 3)]
