@@ -269,6 +269,7 @@ def test_a_jobs_unsent_plans_run_from_the_first_slot_any_of_its_writes_changed()
         ])  # fmt: skip
         session.commit()
         assert SentPlans().runs_of("j", session, 4) == [(1, 3)]
+        assert SentPlans().runs_of("j", session, 1) == []  # none before its first slot
         sent = SentPlans()
         sent.went_out(session, 3, 4)
         assert sent.runs == {"j": [(1, 3)]} and sent.sent_event == 3
