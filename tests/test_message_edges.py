@@ -274,3 +274,57 @@ def test_a_jobs_unsent_plans_run_from_the_first_slot_any_of_its_writes_changed()
         sent.went_out(session, 3, 4)
         assert sent.runs == {"j": [(1, 3)]} and sent.sent_event == 3
         assert sent.runs_of("j", session, 4) == [(1, 3)]
+
+
+def test_a_report_entrys_run_is_text_of_at_most_64_characters_else_the_entry_left_out() -> None:
+    """The mutation audit: an entry's ``run`` taken as whatever it was, made text,
+    passed every test; the daemon compares it with its jobs' runs and keeps the counts
+    under it (a run of 200,000 characters per entry, or ``{"a": 1}`` read as text)."""
+    from controller.plane.codec import MAX_RUN_CHARS
+
+    ok = {"job": "ok", "minibatches": 1, "worker_seconds": 1, "run": "r" * MAX_RUN_CHARS}
+    bad = [{**ok, "job": "long", "run": "r" * (MAX_RUN_CHARS + 1)},
+           {**ok, "job": "num", "run": 5}, {**ok, "job": "obj", "run": {"a": 1}}]  # fmt: skip
+    got = Progress.parse(_report(ok, *bad))
+    assert got.jobs == [TaskProgress("ok", 1.0, 1.0, "r" * MAX_RUN_CHARS)]
+    assert [r.split(":")[0] for r in got.refused] == [f"progress.jobs[{i}].run" for i in (1, 2, 3)]
+
+
+def test_a_plans_bounds_on_a_tasks_devices_its_part_and_its_window() -> None:
+    """The mutation audit: a task's devices up to 1025 (not :data:`MAX_DEVICES`), a
+    ``part`` of 256 (parts are numbered below :data:`MAX_PLAN_PARTS`) and a ``window`` of
+    0 slots (an agent drops a set-aside job's counts ``window + 1`` slots after its run)
+    let through, each passed every test."""
+    from controller.plane.devices import MAX_DEVICES
+    from controller.plane.plan_messages import MAX_PLAN_PARTS
+
+    payload = _plan(Task("j", 1, 0, 0.5, 40, devices=0.5)).to_bytes()
+    for devices, kept in (
+        (MAX_DEVICES, True),
+        (MAX_DEVICES + 0.5, False),
+        (MAX_DEVICES + 1, False),
+    ):
+        got = Plan.parse(payload.replace(b'"devices":0.5', f'"devices":{devices}'.encode()))
+        assert (got.current.refused == 0) == kept, devices
+    part = dataclasses.replace(_plan(), part=MAX_PLAN_PARTS - 1, parts=MAX_PLAN_PARTS)
+    assert Plan.parse(part.to_bytes()) == part
+    with pytest.raises(SpecError, match=re.escape("plan.part: must be below 256")):
+        Plan.parse(dataclasses.replace(part, part=MAX_PLAN_PARTS).to_bytes())
+    windowed = _plan(window=1)
+    assert Plan.parse(windowed.to_bytes()) == windowed
+    with pytest.raises(SpecError, match=re.escape("plan.window: must be >= 1")):
+        Plan.parse(dataclasses.replace(windowed, window=0).to_bytes())
+
+
+def test_a_part_that_says_another_count_of_parts_than_its_epochs_others_is_refused() -> None:
+    """The mutation audit: ``parts`` left out of the header the parts of an epoch must
+    share passed every test; a part saying fewer parts then completed the plan without
+    the tasks of those not yet in (a tenant's job dropped from the plan an agent
+    followed)."""
+    tasks = [Task(f"j{i}", 1, 0, 0.5, 40) for i in range(3)]
+    held = PlanParts()
+    assert held.add(dataclasses.replace(_plan(tasks[0]), part=0, parts=3)) is None
+    with pytest.raises(SpecError, match="part 1 of epoch 7 does not match"):
+        held.add(dataclasses.replace(_plan(tasks[1]), part=1, parts=2))
+    assert held.add(dataclasses.replace(_plan(tasks[1]), part=1, parts=3)) is None
+    assert held.add(dataclasses.replace(_plan(tasks[2]), part=2, parts=3)) == _plan(*tasks)
