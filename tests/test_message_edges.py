@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -265,14 +266,16 @@ def test_a_jobs_unsent_plans_run_from_the_first_slot_any_of_its_writes_changed()
             EventRow(at=at, kind="decided", job_id="j", slot=1, state="admitted"),
             EventRow(at=at, kind="replanned", job_id="j", slot=3, detail={"from_slot": 3}),
             EventRow(at=at, kind="decided", job_id="no", slot=1, state="rejected"),
+            EventRow(at=at, kind="decided", job_id="ps", slot=1, state="admitted"),
             *(AllocationRow(job_id="j", slot=s, server="w0", workers=1) for s in range(1, 6)),
+            AllocationRow(job_id="ps", slot=2, server="p0", ps=1),  # no workers: not run
         ])  # fmt: skip
         session.commit()
         assert SentPlans().runs_of("j", session, 4) == [(1, 3)]
         assert SentPlans().runs_of("j", session, 1) == []  # none before its first slot
         sent = SentPlans()
-        sent.went_out(session, 3, 4)
-        assert sent.runs == {"j": [(1, 3)]} and sent.sent_event == 3
+        sent.went_out(session, 4, 4)
+        assert sent.runs == {"j": [(1, 3)]} and sent.sent_event == 4
         assert sent.runs_of("j", session, 4) == [(1, 3)]
 
 
@@ -328,3 +331,49 @@ def test_a_part_that_says_another_count_of_parts_than_its_epochs_others_is_refus
         held.add(dataclasses.replace(_plan(tasks[1]), part=1, parts=2))
     assert held.add(dataclasses.replace(_plan(tasks[1]), part=1, parts=3)) is None
     assert held.add(dataclasses.replace(_plan(tasks[2]), part=2, parts=3)) == _plan(*tasks)
+
+
+def test_a_server_of_many_gpus_and_a_cluster_of_many_resources_get_plans_agents_take(
+    tmp_path: Path,
+) -> None:
+    """The mutation audit: a server's devices not capped at :data:`MAX_DEVICES` and a
+    task's demand not cut to :data:`MAX_DEMAND_ENTRIES` resources each passed every
+    test; an agent then refused the plan of a server of 4096 GPUs whole (every tenant's
+    tasks there), and left out every task of a cluster of 66 resources."""
+    from controller.plane.demand import MAX_DEMAND_ENTRIES
+    from controller.plane.devices import MAX_DEVICES
+    from tests.test_mqtt_units import PlaneDaemon
+
+    extra = [f"r{i}" for i in range(MAX_DEMAND_ENTRIES)]
+    cluster = {
+        "resources": ["gpu", "bandwidth", *extra],
+        "servers": [
+            {"name": "w0", "kind": "worker", "capacity": {"gpu": 4096, "bandwidth": 10}},
+            {"name": "p0", "kind": "ps", "capacity": {"bandwidth": 10}},
+        ],
+    }
+    daemon = PlaneDaemon(tmp_path, cluster)
+    try:
+        daemon.submit("j")
+        plans = {p.server: p for p in daemon.ex.plans_sync({})}
+    finally:
+        daemon.c.close()
+    assert plans["w0"].devices == MAX_DEVICES and plans["p0"].devices == 0
+    for plan in plans.values():
+        back = Plan.parse(plan.to_bytes())
+        assert back.left_out == (0, "") and back == plan
+        tasks = [t for slot in (back.current, back.next) for t in slot.tasks]
+        assert {t.job for t in tasks} == {"j"}
+        assert all(len(t.demand) == MAX_DEMAND_ENTRIES for t in tasks)
+
+
+def test_the_newest_unsent_runs_of_a_job_are_kept_from_the_stored_state() -> None:
+    """The mutation audit: the oldest :data:`MAX_RUNS_PER_JOB` runs kept from the
+    plane's stored state (not the newest, as :meth:`SentPlans.went_out` keeps them)
+    passed every test; a job's recent unsent slots were forgotten at a restart."""
+    from controller.plane.sent_plans import MAX_RUNS_PER_JOB, SentPlans
+
+    runs = [[3 * i, 3 * i + 1] for i in range(MAX_RUNS_PER_JOB + 4)]
+    sent = SentPlans()
+    sent.load(7, {"j": runs}, newest=40, oldest=0)
+    assert sent.runs == {"j": [tuple(r) for r in runs[-MAX_RUNS_PER_JOB:]]}
