@@ -377,3 +377,73 @@ def test_the_newest_unsent_runs_of_a_job_are_kept_from_the_stored_state() -> Non
     sent = SentPlans()
     sent.load(7, {"j": runs}, newest=40, oldest=0)
     assert sent.runs == {"j": [tuple(r) for r in runs[-MAX_RUNS_PER_JOB:]]}
+
+
+def test_a_slow_jobs_re_plan_changed_its_plan_from_the_slot_after_its_own() -> None:
+    """The mutation audit: a re-plan that says no ``from_slot`` (a slow job's) read as
+    changing its own slot, whose plan had gone out, passed every test; a round going
+    out in the next slot then noted that slot as never sent, and the job could fail
+    ``plan_not_sent`` though its agents had run it."""
+    from datetime import datetime
+
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from controller.plane.sent_plans import SentPlans
+    from controller.store.models import AllocationRow, Base, EventRow
+
+    engine = create_engine("sqlite://")
+    Base.metadata.create_all(engine)
+    with Session(engine) as session:
+        session.add_all([
+            EventRow(at=datetime(2026, 12, 3), kind="replanned", job_id="slow", slot=3),
+            *(AllocationRow(job_id="slow", slot=s, server="w0", workers=1) for s in range(1, 6)),
+        ])  # fmt: skip
+        session.commit()
+        sent = SentPlans()
+        sent.went_out(session, 1, 4)
+        assert sent.runs == {} and sent.runs_of("slow", session, 4) == []
+        assert SentPlans().runs_of("slow", session, 5) == [(4, 4)]
+
+
+def test_a_report_or_beat_names_its_server_as_text() -> None:
+    """The mutation audit: a report's ``server`` taken as whatever was said, made text,
+    passed every test; the link drops a report whose server is not its topic's."""
+    for server in (b"", b', "server": 5', b', "server": null'):
+        with pytest.raises(SpecError, match=re.escape("progress.server")):
+            Progress.parse(b'{"version": 1, "session": "s", "jobs": []' + server + b"}")
+
+
+def test_a_plan_of_exactly_max_bytes_is_whole_and_257_parts_are_refused() -> None:
+    """The mutation audit: a plan of exactly ``max_bytes`` split (into version-2 parts,
+    which older agents refuse), and 257 parts let through (an agent reads ``parts`` up
+    to 256), each passed every test."""
+    p = _plan(Task("j", 1, 0, 0.5, 40))
+    assert p.split(len(p.to_bytes())) == [p]
+
+    def one_task_each(n: int) -> tuple[Plan, int]:
+        tasks = [Task(f"j{i:03d}", 1, 0, 0.5, 40) for i in range(n)]
+        plan = _plan(*tasks)
+        part = dataclasses.replace(_plan(tasks[0]), part=255, parts=256)
+        return plan, len(part.to_bytes()) + 1  # each task counts a comma
+
+    plan, max_bytes = one_task_each(256)
+    assert len(plan.split(max_bytes)) == 256
+    plan, max_bytes = one_task_each(257)
+    with pytest.raises(ValueError, match="needs 257 parts"):
+        plan.split(max_bytes)
+
+
+def test_the_parts_of_at_most_two_epochs_are_held() -> None:
+    """The mutation audit: three epochs' parts held passed every test; a part of an
+    epoch two newer ones followed completes nothing (the bound on what arrives)."""
+    task = Task("j", 1, 0, 0.5, 40)
+
+    def part(epoch: int, k: int) -> Plan:
+        return dataclasses.replace(_plan(task), epoch=epoch, part=k, parts=2)
+
+    held = PlanParts()
+    for epoch in (1, 2, 3):
+        assert held.add(part(epoch, 0)) is None
+    assert held.add(part(1, 1)) is None  # epoch 1's first part was dropped
+    assert held.add(part(3, 1)) is not None  # epoch 3's complete
