@@ -50,7 +50,8 @@ def test_a_row_over_capacity_is_the_later_decided_one_and_takes_no_room(
     every test. A hand edit that puts a job on a full server then left out the job
     decided first (what the ledger placed), or a job after it that fits: another
     tenant's workers not run. Now the rows come in decision order; the one over
-    capacity is left out and takes no room."""
+    capacity is left out and takes no room. The edited row is one worker over (the audit
+    of 2026-12-03: a slack of a whole unit, not ``CAPACITY_SLACK``, passed with two)."""
     from sqlalchemy import delete
 
     from controller.store import AllocationRow
@@ -64,7 +65,7 @@ def test_a_row_over_capacity_is_the_later_decided_one_and_takes_no_room(
         session.execute(delete(AllocationRow).where(AllocationRow.slot == 1))
         session.add_all(
             [
-                AllocationRow(job_id="a-edited", slot=1, server="w0", workers=4, ps=0),
+                AllocationRow(job_id="a-edited", slot=1, server="w0", workers=3, ps=0),
                 AllocationRow(job_id="b-after", slot=1, server="w0", workers=2, ps=0),
                 AllocationRow(job_id="z-first", slot=1, server="w0", workers=2, ps=0),
             ]
