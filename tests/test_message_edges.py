@@ -404,6 +404,9 @@ def test_a_slow_jobs_re_plan_changed_its_plan_from_the_slot_after_its_own() -> N
         sent.went_out(session, 1, 4)
         assert sent.runs == {} and sent.runs_of("slow", session, 4) == []
         assert SentPlans().runs_of("slow", session, 5) == [(4, 4)]
+        later = SentPlans()
+        later.went_out(session, 1, 5)  # the round built after the re-plan, event 1 itself
+        assert later.runs == {"slow": [(4, 4)]}
 
 
 def test_a_report_or_beat_names_its_server_as_text() -> None:
@@ -447,3 +450,33 @@ def test_the_parts_of_at_most_two_epochs_are_held() -> None:
         assert held.add(part(epoch, 0)) is None
     assert held.add(part(1, 1)) is None  # epoch 1's first part was dropped
     assert held.add(part(3, 1)) is not None  # epoch 3's complete
+
+
+def test_parts_join_with_the_first_parts_error_and_share_down() -> None:
+    """The mutation audit: the error of the entries left out taken from the last part
+    (not the first that left one out), and ``down`` left out of the header the parts of
+    an epoch share, each passed every test."""
+    task = Task("j", 1, 0, 0.5, 40)
+    first = dataclasses.replace(
+        _plan(), current=SlotPlan(5, 100.0, [task], refused=1, refused_error="first"),
+        part=0, parts=2,
+    )  # fmt: skip
+    last = dataclasses.replace(_plan(task), part=1, parts=2)
+    held = PlanParts()
+    assert held.add(first) is None
+    whole = held.add(last)
+    assert whole is not None and whole.left_out == (1, "first")
+    assert whole.current.tasks == [task, task]
+    assert held.add(first) is None
+    with pytest.raises(SpecError, match="does not match"):
+        held.add(dataclasses.replace(last, down=True))
+
+
+def test_runs_within_others_are_joined_and_counters_are_bounded() -> None:
+    """The mutation audit: a run within the one before it cutting that one short, and
+    a stored counter over 2**53 taken, each passed every test."""
+    from controller.plane.sent_plans import counter, joined_runs
+
+    assert joined_runs([(2, 9), (3, 4), (5, 5)]) == [(2, 9)]
+    assert counter(0) and counter(1 << 53) and not counter((1 << 53) + 1)
+    assert not counter(10**29) and not counter(-1) and not counter(1.5)
