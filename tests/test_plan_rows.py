@@ -50,7 +50,8 @@ def test_a_row_over_capacity_is_the_later_decided_one_and_takes_no_room(
     every test. A hand edit that puts a job on a full server then left out the job
     decided first (what the ledger placed), or a job after it that fits: another
     tenant's workers not run. Now the rows come in decision order; the one over
-    capacity is left out and takes no room."""
+    capacity is left out and takes no room. The edited row is one worker over (the audit
+    of 2026-12-03: a slack of a whole unit, not ``CAPACITY_SLACK``, passed with two)."""
     from sqlalchemy import delete
 
     from controller.store import AllocationRow
@@ -64,7 +65,7 @@ def test_a_row_over_capacity_is_the_later_decided_one_and_takes_no_room(
         session.execute(delete(AllocationRow).where(AllocationRow.slot == 1))
         session.add_all(
             [
-                AllocationRow(job_id="a-edited", slot=1, server="w0", workers=4, ps=0),
+                AllocationRow(job_id="a-edited", slot=1, server="w0", workers=3, ps=0),
                 AllocationRow(job_id="b-after", slot=1, server="w0", workers=2, ps=0),
                 AllocationRow(job_id="z-first", slot=1, server="w0", workers=2, ps=0),
             ]
@@ -95,7 +96,7 @@ def test_a_ps_row_edited_onto_a_worker_server_is_left_out(daemon: PlaneDaemon) -
     """The mutation audit: with the check of PS on a worker server dropped, every test
     passed (only workers on a PS server were tried). A hand edit that gave a job PS on
     a worker server sent them to its agent, whose capacity check counts workers only
-    there."""
+    there. A single PS (the check read as "more than one", 2026-12-03) as well."""
     from sqlalchemy import update
 
     from controller.store import AllocationRow
@@ -107,7 +108,7 @@ def test_a_ps_row_edited_onto_a_worker_server_is_left_out(daemon: PlaneDaemon) -
         session.execute(
             update(AllocationRow)
             .where(AllocationRow.job_id == "edited", AllocationRow.server == "w0")
-            .values(ps=2)
+            .values(ps=1)
         )
         session.commit()
     [w0] = [p for p in daemon.ex.plans_sync({}) if p.server == "w0"]
