@@ -974,11 +974,33 @@ def test_progress_stays_dirty_until_a_commit_and_ended_jobs_are_forgotten_then_m
     view = ex.view_sync("j")  # read from the store now
     assert (view.minibatches_done, view.worker_seconds, view.reports) == (20.0, 260.0, 3)
 
-    # an agent reconnects and resends one session: merged with the store, not overwriting
+    # an agent reconnects and resends one session, and a stale report of the other says
+    # less than the store holds: merged with the store, neither overwriting nor lowering it
     ex.report(Progress("w0", "a", [TaskProgress("j", 15.0, 200.0)]))
+    ex.report(Progress("w0", "b", [TaskProgress("j", 2.0, 30.0)]))
     assert ex.view_sync("j").minibatches_done == 20.0
     assert ex.review_sync() == []
     assert plane.stored("j") == final
+
+
+def test_progress_of_a_job_the_store_no_longer_holds_is_dropped_and_the_rest_written(
+    plane: PlaneDaemon,
+) -> None:
+    """A job's entry whose row is gone from the store (retention deleted it while its
+    counts waited for the review) is dropped, not inserted: its row would refer to no
+    job, and the store refusing it would fail every review's write of every other job's
+    counts too."""
+    from controller.plane.progress import JobProgress, flush
+
+    plane.submit("j")
+    ex = plane.ex
+    ex.report(Progress("w0", "a", [TaskProgress("j", 3.0, 40.0)]))
+    ex.progress["gone"] = JobProgress({"w0/a": [5.0, 50.0]}, [(5.0, 50.0)], dirty=True)
+    assert ex.review_sync() == []
+    assert plane.stored("j") == (3.0, {"w0/a": [3.0, 40.0]}) and plane.stored("gone") is None
+    assert "gone" not in ex.progress and not ex.progress["j"].dirty
+    flush(ex.progress, plane.c._write)  # nothing dirty: nothing written, nothing dropped
+    assert list(ex.progress) == ["j"]
 
 
 def test_a_job_completes_only_once_its_agents_report_all_of_its_work(plane: PlaneDaemon) -> None:
@@ -1560,6 +1582,28 @@ def test_a_sessions_counts_never_go_back_and_a_repeat_is_no_sample() -> None:
     assert prog.take("w0/a", 120.0, 60.0) and not prog.dirty  # a repeat: nothing new
     assert prog.take("w0/b", 0.0, 0.0)  # a new session at 0: the totals stand
     assert prog.samples == [(100.0, 50.0), (100.0, 60.0), (120.0, 60.0)]
+
+
+def test_a_servers_sessions_are_its_own_and_a_stored_row_keeps_what_reads_as_counts() -> None:
+    """A job's sessions of server ``w1`` are not ``w10``'s (the bound on sessions per
+    server is per server: another server's agent churning sessions must not use up
+    ``w1``'s); a stored row keeps the entries that read as two finite counts >= 0 and
+    the newest :data:`MAX_SAMPLES` samples, and says how many it left out."""
+    from controller.plane.progress import MAX_SAMPLES, JobProgress, sessions_of, stored
+    from controller.store import ProgressRow
+
+    prog = JobProgress({"w1/a": [1.0, 1.0], "w10/a": [1.0, 1.0], "w10/b": [2.0, 2.0]})
+    assert (sessions_of(prog, "w1"), sessions_of(prog, "w10"), sessions_of(prog, "w")) == (1, 2, 0)
+
+    points = [[float(i), float(i)] for i in range(MAX_SAMPLES + 10)]
+    points[-1] = [-1.0, 5.0]  # the newest, edited below zero
+    per_server = {"w0/a": [3, 40], "w0/b": [-1, 5], "w0/c": [1, float("inf")], "w0/d": [1]}
+    row = ProgressRow(job_id="j", minibatches=0.0, worker_seconds=0.0,
+                      per_server=per_server, samples={"points": points})  # fmt: skip
+    kept, bad = stored(row)
+    assert kept.sessions == {"w0/a": [3.0, 40.0]}
+    assert kept.samples == [(float(i), float(i)) for i in range(10, MAX_SAMPLES + 9)]
+    assert bad == 3 + 1
 
 
 def test_a_report_counts_only_for_jobs_planned_on_its_server_around_its_slot(
