@@ -1023,12 +1023,19 @@ def test_a_job_completes_only_once_its_agents_report_all_of_its_work(plane: Plan
         ex.report(Progress("w0", "a", [TaskProgress("j", minibatches, 10.0 * minibatches)]))
         assert [e.kind for e in ex.review_sync()] == []
         assert plane.state("j") in ("admitted", "running")
+    ledger, s = plane.c._ledger, plane.c.slot
+    rest = ledger.schedule("j").after(s + 1).work()  # planned from the next slot on
+    assert rest > 0 and ledger.schedule("j").after(s).before(s + 1).work() > 0
     ex.report(Progress("w0", "b", [TaskProgress("j", 1.0, 10.0)]))  # the last one
-    assert [e.kind for e in ex.review_sync()] == ["completed"]
+    [done] = ex.review_sync()
+    assert done.kind == "completed" and done.detail["released_worker_slots"] == rest
     assert plane.state("j") == "completed"
     with plane.c.db.session() as session:
         kept = set(session.scalars(select(AllocationRow.slot).where(AllocationRow.job_id == "j")))
     assert kept == {plane.c.slot}
+    # the ledger as the store: the current slot kept, every later one free for others
+    assert ledger.schedule("j").after(s + 1).work() == 0
+    assert ledger.schedule("j").after(s).before(s + 1).work() > 0
 
 
 def test_a_job_behind_its_plan_is_reported_in_its_real_state(plane: PlaneDaemon) -> None:
@@ -1041,6 +1048,30 @@ def test_a_job_behind_its_plan_is_reported_in_its_real_state(plane: PlaneDaemon)
     events = ex.review_sync()
     assert [(e.kind, e.state) for e in events] == [("behind", "admitted")]
     assert plane.state("slow") == "admitted"
+
+
+def test_a_job_whose_optimistic_estimate_fits_its_plan_is_left_alone(plane: PlaneDaemon) -> None:
+    """A job three times slower than planned whose predictive interval's optimistic end
+    still fits in what it spent and what its plan holds: no re-plan, no ``behind`` (a
+    re-plan on the mean alone would move a job that may well finish in its plan, and
+    take slots other tenants' jobs could have)."""
+    from controller.plane.progress import LEVEL
+    from pricing.runtime_estimate import RuntimePrior, fit
+
+    plane.submit("j")  # arrives in slot 1; slot 0 holds none of its workers
+    ex, s = plane.ex, plane.c.slot
+    job = ex.review.jobs.get("j")
+    planned_mb = job.minibatch_slots * plane.config.slot_seconds
+    pace = 3.0 * planned_mb
+    xs = np.arange(1.0, 5.0)  # MIN_SAMPLES reports
+    need = fit(xs, xs * pace, RuntimePrior(planned_mb)).seconds_at(job.total_minibatches, LEVEL)
+    held = plane.c._ledger.schedule("j").after(s + 1).work() * plane.config.slot_seconds
+    spent = xs[-1] * pace
+    assert need.low <= spent + held < need.mean  # the mean says short, the interval not
+    for i in xs:
+        ex.report(Progress("w0", "a", [TaskProgress("j", float(i), float(i * pace))]))
+    assert ex.review_sync() == []
+    assert "j" not in ex.review.reviewed and plane.state("j") == "admitted"
 
 
 def test_a_restarted_daemon_watches_the_servers_that_reported(plane: PlaneDaemon) -> None:
