@@ -352,6 +352,7 @@ def test_servers_found_silent_at_one_review_fail_together(tmp_path: Path) -> Non
     try:
         assert _fill(c, 6) == admitted
         plane = _plane(c)
+        held = {name: set(_on(c, name, 1)) for name in (first, second)}
         events = c.between_decisions(
             lambda: plane.outages.fail_together_sync([first, second, first])
         )
@@ -364,6 +365,13 @@ def test_servers_found_silent_at_one_review_fail_together(tmp_path: Path) -> Non
         moved = [e.job_id for e in events if e.kind in ("replanned", "failed")]
         assert moved and len(moved) == len(set(moved))  # each job once
         assert sorted(j for e in failed for j in e.detail["jobs"]) == sorted(moved)
+        # each move names a failed server the job was on, and that server's event lists it
+        named = {e.job_id: e.detail["server"] for e in events if e.kind in ("replanned", "failed")}
+        assert all(job in held[server] for job, server in named.items()), (named, held)
+        assert {s for s in named.values()} == {first, second}, named  # the test needs both
+        for e in failed:
+            mine = sorted(j for j, s in named.items() if s == e.detail["server"])
+            assert sorted(e.detail["jobs"]) == mine, (e.detail, named)
         with c.db.session() as s:
             outages = s.execute(select(OutageRow.server, OutageRow.cause)).all()
         assert sorted(outages) == sorted([(first, "failed"), (second, "failed")])
@@ -590,6 +598,9 @@ def test_the_execution_plane_neither_ends_a_cordon_nor_reads_it_as_a_failure(
         c.between_decisions(lambda: plane.outages.recover_sync("w0"))  # and is back
         assert c._ledger.worker_side.blocked[1:, w0].all()  # still cordoned
         assert c.cordoned == {"w0": Cordon(1)}
+        with c.db.session() as s:  # the recovery ended the failure, not the cordon
+            ups = s.execute(select(OutageRow.cause, OutageRow.up_from)).all()
+        assert sorted(ups, key=str) == [("cordoned", None), ("failed", 1)], ups
 
         c.between_decisions(lambda: plane.outages.fail_sync("w0"))  # silent again, then uncordoned
         back = asyncio.run(c.uncordon("w0"))
@@ -599,6 +610,28 @@ def test_the_execution_plane_neither_ends_a_cordon_nor_reads_it_as_a_failure(
         with c.db.session() as s:
             causes = s.execute(select(OutageRow.cause, OutageRow.up_from)).all()
         assert sorted(causes) == [("cordoned", 1), ("failed", 1), ("failed", 1)]
+    finally:
+        c.close()
+
+
+def test_a_server_failed_already_fails_again_only_once_it_is_back(tmp_path: Path) -> None:
+    """A server down already (failed, not cordoned) found silent again records nothing:
+    a second outage row of one silence would count as a flap, and a third hold the
+    server out as flapping after one failure. Back, it fails again as any server."""
+    c = _open(tmp_path)
+    try:
+        _fill(c, 2)
+        plane = _plane(c, flap_seconds=7200)
+        first = c.between_decisions(lambda: plane.outages.fail_sync("w0"))
+        assert [e.kind for e in first if e.kind == "server_failed"] == ["server_failed"]
+        for _ in range(2):
+            assert c.between_decisions(lambda: plane.outages.fail_sync("w0")) == []
+        with c.db.session() as s:
+            assert s.scalars(select(OutageRow.server)).all() == ["w0"]
+        c.between_decisions(lambda: plane.outages.recover_sync("w0"))
+        assert c.cordoned == {}  # one failure: back, not held out
+        again = c.between_decisions(lambda: plane.outages.fail_sync("w0"))
+        assert [e.detail["server"] for e in again if e.kind == "server_failed"] == ["w0"]
     finally:
         c.close()
 
