@@ -632,6 +632,10 @@ def test_a_server_failed_already_fails_again_only_once_it_is_back(tmp_path: Path
         assert c.cordoned == {}  # one failure: back, not held out
         again = c.between_decisions(lambda: plane.outages.fail_sync("w0"))
         assert [e.detail["server"] for e in again if e.kind == "server_failed"] == ["w0"]
+        # a cordon planned ahead is not in force yet: its server failed is no cordoned one
+        asyncio.run(c.cordon("w1", start=3, until=5, force=True))
+        c.between_decisions(lambda: plane.outages.fail_sync("w1"))
+        assert c.between_decisions(lambda: plane.outages.fail_sync("w1")) == []
     finally:
         c.close()
 
@@ -710,6 +714,31 @@ def test_a_flapping_server_is_held_out_by_a_cordon_with_an_end(tmp_path: Path) -
         mqtt_from_dict({"host": "127.0.0.1", "flap_seconds": 30 * 86400})
     with pytest.raises(SpecError, match=r"mqtt.flap_failures: must be"):
         mqtt_from_dict({"host": "127.0.0.1", "flap_failures": -1})
+
+
+def test_no_hold_out_with_the_rule_off_nor_beside_a_planned_cordon(tmp_path: Path) -> None:
+    """``flap_failures = 0`` turns the hold-out off: a server failing again and again is
+    back each time. A flapping server with a cordon planned ahead keeps that one (one
+    cordon per server): it is not replaced by a hold-out of ``oasisd``'s."""
+    c = _open(tmp_path)
+    try:
+        _fill(c, 2)
+        off = _plane(c, flap_failures=0, flap_seconds=7200)
+        for _ in range(4):
+            c.between_decisions(lambda: off.outages.fail_sync("w0"))
+            events = c.between_decisions(lambda: off.outages.recover_sync("w0"))
+            assert [e.kind for e in events] == ["server_recovered"]
+        assert c.cordoned == {}
+        asyncio.run(c.cordon("w1", start=3, until=5))
+        planned = c.cordoned["w1"]
+        plane = _plane(c, flap_seconds=7200)
+        for _ in range(3):
+            c.between_decisions(lambda: plane.outages.fail_sync("w1"))
+            events = c.between_decisions(lambda: plane.outages.recover_sync("w1"))
+            assert [e.kind for e in events] == ["server_recovered"]
+        assert c.cordoned == {"w1": planned}
+    finally:
+        c.close()
 
 
 def test_without_an_execution_plane_an_uncordon_ends_a_failure_nothing_else_would(

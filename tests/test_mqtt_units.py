@@ -1039,12 +1039,17 @@ def test_a_job_completes_only_once_its_agents_report_all_of_its_work(plane: Plan
 
 
 def test_a_job_behind_its_plan_is_reported_in_its_real_state(plane: PlaneDaemon) -> None:
+    from controller.plane.progress import MIN_SAMPLES
+
     plane.submit("slow")  # admitted; its first slot has not begun
     ex = plane.ex
     # two hours per mini-batch, 40 times the plan: the 12 left on its 2 workers take 12
     # slots, past the window of 6, hopeless at any prices
-    for i in range(1, 9):
+    for i in range(1, MIN_SAMPLES):  # too few reports to judge its pace by
         ex.report(Progress("w0", "a", [TaskProgress("slow", float(i), i * 7200.0)]))
+    assert ex.review_sync() == []
+    i = MIN_SAMPLES  # the report that makes enough
+    ex.report(Progress("w0", "a", [TaskProgress("slow", float(i), i * 7200.0)]))
     events = ex.review_sync()
     assert [(e.kind, e.state) for e in events] == [("behind", "admitted")]
     assert plane.state("slow") == "admitted"
