@@ -1039,7 +1039,8 @@ def test_a_job_completes_only_once_its_agents_report_all_of_its_work(plane: Plan
 
 
 def test_a_job_behind_its_plan_is_reported_in_its_real_state(plane: PlaneDaemon) -> None:
-    from controller.plane.progress import MIN_SAMPLES
+    from controller.plane.progress import LEVEL, MIN_SAMPLES
+    from pricing.runtime_estimate import RuntimePrior, fit
 
     plane.submit("slow")  # admitted; its first slot has not begun
     ex = plane.ex
@@ -1053,6 +1054,14 @@ def test_a_job_behind_its_plan_is_reported_in_its_real_state(plane: PlaneDaemon)
     events = ex.review_sync()
     assert [(e.kind, e.state) for e in events] == [("behind", "admitted")]
     assert plane.state("slow") == "admitted"
+    # the work its re-plan asks for: the estimate's worker-seconds past those spent, in
+    # whole slots, rounded up (slot 0 holds none of its workers)
+    job = ex.review.jobs.get("slow")
+    xs = np.arange(1.0, MIN_SAMPLES + 1)
+    prior = RuntimePrior(job.minibatch_slots * plane.config.slot_seconds)
+    need = fit(xs, xs * 7200.0, prior).seconds_at(job.total_minibatches, LEVEL)
+    slots = (need.mean - MIN_SAMPLES * 7200.0) / plane.config.slot_seconds
+    assert events[0].detail["work"] == math.ceil(slots) > slots, (events[0].detail, slots)
 
 
 def test_a_job_whose_optimistic_estimate_fits_its_plan_is_left_alone(plane: PlaneDaemon) -> None:
@@ -1077,6 +1086,40 @@ def test_a_job_whose_optimistic_estimate_fits_its_plan_is_left_alone(plane: Plan
         ex.report(Progress("w0", "a", [TaskProgress("j", float(i), float(i * pace))]))
     assert ex.review_sync() == []
     assert "j" not in ex.review.reviewed and plane.state("j") == "admitted"
+
+
+def test_a_running_jobs_current_slot_counts_once_in_what_its_plan_holds(
+    plane: PlaneDaemon,
+) -> None:
+    """In its slot, a job's plan holds the rest of the current slot on its workers and
+    its later slots: five times slower than planned, the optimistic estimate needs more
+    than that, and the job is reviewed (counting the current slot whole as well as what
+    is left of it hid that)."""
+    import asyncio
+
+    from controller.plane.progress import LEVEL, MIN_SAMPLES
+    from pricing.runtime_estimate import RuntimePrior, fit
+
+    plane.submit("j")
+    plane.clock.advance(plane.config.slot_seconds)
+    asyncio.run(plane.c.tick())
+    ex, s, length = plane.ex, plane.c.slot, plane.config.slot_seconds
+    job = ex.review.jobs.get("j")
+    sched = plane.c._ledger.schedule("j")
+    now_workers = int(sched.after(s).before(s + 1).workers.sum())
+    assert s == job.arrival and now_workers > 0  # in its first slot
+    held = sched.after(s + 1).work() * length + now_workers * plane.c.slots.seconds_to_next_slot()
+    planned_mb = job.minibatch_slots * length
+    pace = 5.0 * planned_mb
+    xs = np.arange(1.0, MIN_SAMPLES + 1)
+    need = fit(xs, xs * pace, RuntimePrior(planned_mb)).seconds_at(job.total_minibatches, LEVEL)
+    spent = xs[-1] * pace
+    assert spent + held < need.low <= spent + held + now_workers * length
+    for i in xs:
+        ex.report(Progress("w0", "a", [TaskProgress("j", float(i), float(i * pace))]))
+    events = ex.review_sync()
+    assert [e.kind for e in events] in (["behind"], ["replanned"]), events
+    assert ex.review.reviewed == {"j": s}
 
 
 def test_a_restarted_daemon_watches_the_servers_that_reported(plane: PlaneDaemon) -> None:
@@ -2838,6 +2881,44 @@ def test_one_agent_churning_sessions_does_not_unignore_another_servers_twin(
     restarted = Execution(plane.c, MqttConfig("localhost"), monotonic=lambda: plane.mono[0])
     restarted.load()
     assert "p0/d" in restarted.agents.ignored_sessions
+
+
+def test_past_the_bound_over_all_servers_the_busiest_servers_ignored_sessions_go() -> None:
+    """Past :data:`MAX_IGNORED_SESSIONS` over all servers (a large cluster), the oldest
+    ignored session of the server that has the most goes, never another server's lone
+    one (its twin's whole count would then count for that server's jobs), however old;
+    a stored list is taken newest last, the oldest left out. An agent's plans are of
+    another store only against this daemon's own store, when that is known."""
+    from controller.logs import Complaints
+    from controller.plane.agent_sessions import (
+        MAX_IGNORED_PER_SERVER,
+        MAX_IGNORED_SESSIONS,
+        AgentSessions,
+    )
+
+    def sessions() -> AgentSessions:
+        return AgentSessions(MqttConfig("localhost"), lambda: 0.0, Complaints(10.0))
+
+    busy = [f"s{i}/{j}" for i in range(40) for j in range(MAX_IGNORED_PER_SERVER - 1)]
+    assert len(busy) + 1 > MAX_IGNORED_SESSIONS
+    agents = sessions()
+    for key in ["lone/x", *busy]:  # ignored one after the other, as twins are found
+        agents._ignore(key)
+    kept = agents.ignored_sessions
+    assert len(kept) == MAX_IGNORED_SESSIONS and "lone/x" in kept
+    assert busy[-1] in kept  # the newest of a busy server stays
+    # an agent's store is foreign only against this daemon's own, when that is known
+    beat = Heartbeat("s0", "a", store="another")
+    agents.heard(beat, None, "")
+    assert agents.foreign == {}
+    agents.heard(beat, None, "mine")
+    assert agents.foreign == {"s0": "another"}
+    agents.heard(Heartbeat("s0", "a", store="mine"), None, "mine")
+    assert agents.foreign == {}
+    # a stored list longer than the bound: its newest are taken
+    again = sessions()
+    again.restore_ignored([f"w{i}/a" for i in range(MAX_IGNORED_SESSIONS + 5)])
+    assert next(iter(again.ignored_sessions)) == "w5/a"
 
 
 def test_a_device_capacity_that_is_not_whole_is_said_at_load(tmp_path: Path) -> None:
