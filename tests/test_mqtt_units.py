@@ -1649,7 +1649,7 @@ def test_a_sessions_counts_never_go_back_and_a_repeat_is_no_sample() -> None:
     """The agents audit: a report below the session's earlier counts replaced them (100
     mini-batches back to 10, a negative mini-batch time in the estimate), and every
     report repeated was a sample of the estimate."""
-    from controller.plane.progress import JobProgress
+    from controller.plane.progress import MAX_SAMPLES, JobProgress
 
     prog = JobProgress()
     assert prog.take("w0/a", 100.0, 50.0) and prog.dirty
@@ -1661,14 +1661,26 @@ def test_a_sessions_counts_never_go_back_and_a_repeat_is_no_sample() -> None:
     assert prog.take("w0/a", 120.0, 60.0) and not prog.dirty  # a repeat: nothing new
     assert prog.take("w0/b", 0.0, 0.0)  # a new session at 0: the totals stand
     assert prog.samples == [(100.0, 50.0), (100.0, 60.0), (120.0, 60.0)]
+    for i in range(MAX_SAMPLES):  # the newest MAX_SAMPLES kept
+        prog.take("w0/a", 121.0 + i, 60.0 + i)
+    assert len(prog.samples) == MAX_SAMPLES and prog.samples[0] == (121.0, 60.0)
 
 
 def test_a_servers_sessions_are_its_own_and_a_stored_row_keeps_what_reads_as_counts() -> None:
     """A job's sessions of server ``w1`` are not ``w10``'s (the bound on sessions per
     server is per server: another server's agent churning sessions must not use up
     ``w1``'s); a stored row keeps the entries that read as two finite counts >= 0 and
-    the newest :data:`MAX_SAMPLES` samples, and says how many it left out."""
-    from controller.plane.progress import MAX_SAMPLES, JobProgress, sessions_of, stored
+    the newest :data:`MAX_SAMPLES` samples (and the first :data:`MAX_STORED_SESSIONS`
+    sessions), and says how many it left out; merged with a late report, it keeps as
+    many samples."""
+    from controller.plane.progress import (
+        MAX_SAMPLES,
+        MAX_STORED_SESSIONS,
+        JobProgress,
+        merged,
+        sessions_of,
+        stored,
+    )
     from controller.store import ProgressRow
 
     prog = JobProgress({"w1/a": [1.0, 1.0], "w10/a": [1.0, 1.0], "w10/b": [2.0, 2.0]})
@@ -1683,6 +1695,17 @@ def test_a_servers_sessions_are_its_own_and_a_stored_row_keeps_what_reads_as_cou
     assert kept.sessions == {"w0/a": [3.0, 40.0]}
     assert kept.samples == [(float(i), float(i)) for i in range(10, MAX_SAMPLES + 9)]
     assert bad == 3 + 1
+    many = {f"w0/{i}": [1, 1] for i in range(MAX_STORED_SESSIONS + 2)}  # an edit: the first kept
+    kept, bad = stored(ProgressRow(job_id="j", per_server=many, samples={}))
+    assert len(kept.sessions) == MAX_STORED_SESSIONS and "w0/0" in kept.sessions and bad == 2
+    # a late report merged with a full row: the new totals are the newest sample, and
+    # the row keeps MAX_SAMPLES of them
+    full = [[float(i), float(i)] for i in range(MAX_SAMPLES)]
+    row = ProgressRow(job_id="j", per_server={"w0/a": [399, 399]}, samples={"points": full})
+    sessions, samples = merged(JobProgress({"w0/b": [1.0, 2.0]}, partial=True), row)
+    assert sessions == {"w0/a": [399.0, 399.0], "w0/b": [1.0, 2.0]}
+    assert len(samples) == MAX_SAMPLES and samples[-1] == (400.0, 401.0)
+    assert samples[0] == (1.0, 1.0)
 
 
 def test_a_report_counts_only_for_jobs_planned_on_its_server_around_its_slot(
@@ -1723,6 +1746,9 @@ def test_the_link_takes_the_sender_from_the_topic_and_survives_poison(
     assert not link.take(t.progress("p0"), forged)  # p0's topic, w0 in the payload
     assert not link.take(t.heartbeat("p0"), Heartbeat("w0", "a").to_bytes())
     assert not link.take(t.progress("w9"), forged)  # no such server
+    assert not link.take(t.heartbeat("w9"), Heartbeat("w9", "a").to_bytes())  # ... itself
+    w9 = Progress("w9", "a", [TaskProgress("j", 20.0, 1.0)]).to_bytes()
+    assert not link.take(t.progress("w9"), w9)
     assert not link.take(t.progress("w0"), b"[" * 50_000)
     assert not link.take(t.progress("w0"), b"{" + b" " * 7_000_000 + b"}")
     plane.ex.connected()
@@ -2165,6 +2191,34 @@ def test_part_topics_a_smaller_plan_leaves_are_cleared_once() -> None:
         assert count == 1 and len(messages) == 1 + clears
         assert all(payload == b"" for _, payload in messages[1:])
         link._parts["w0"] = count
+
+
+def test_a_plan_of_exactly_the_bound_goes_whole_and_deleted_jobs_wait_within_theirs() -> None:
+    """A plan of exactly ``max_plan_bytes`` is published whole (one over it, in parts);
+    the retained events of deleted jobs wait for a connection up to ``_MAX_TO_CLEAR``,
+    the rest left retained (said), however many retention deletes."""
+    from typing import cast
+
+    from controller.plane import link as link_module
+    from controller.plane.link import Plane as Link
+
+    controller = cast(Any, argparse.Namespace(prune_hooks=[]))
+    execution = cast(Any, argparse.Namespace(unknown_hooks=[]))
+    tasks = [Task(f"job-{i:04d}-" + "x" * 60, 1, 0, 0.5, 100) for i in range(150)]
+    plan = Plan("w0", "worker", 1, 60.0, 5.0, False, SlotPlan(7, 420.0, tasks),
+                SlotPlan(8, 480.0, []))  # fmt: skip
+    size = len(plan.to_bytes())
+    exact = Link(controller, execution, MqttConfig(host="h", max_plan_bytes=size))
+    assert exact._plan_messages(plan) == ([(TOPICS_W0, plan.to_bytes())], 1)
+    under = Link(controller, execution, MqttConfig(host="h", max_plan_bytes=size - 1))
+    assert under._plan_messages(plan)[1] > 1
+
+    bound = link_module._MAX_TO_CLEAR
+    exact.deleted([f"d{i}" for i in range(bound - 1)])
+    exact.deleted(["last", "over", "over-too"])
+    assert len(exact._to_clear) == bound and exact._to_clear[-1] == "last"
+    exact.deleted(["more"])
+    assert len(exact._to_clear) == bound
 
 
 TOPICS_W0 = "oasis/v1/servers/w0/plan"
