@@ -1779,6 +1779,11 @@ def test_an_agent_behind_its_servers_plan_is_counted_on_metrics(plane: PlaneDaem
     assert plane.ex.behind_plan == {"w0"}
     assert link.take(t.heartbeat("w0"), Heartbeat("w0", "a", 5).to_bytes())  # taken now
     assert _metric(plane, "oasis_agents_behind_their_plan") == [({}, 0.0)]
+    # an agent following no plan yet (epoch 0), or not saying (None), is not behind one:
+    # the execution says it follows none
+    for epoch in (0, None):
+        assert link.take(t.heartbeat("w0"), Heartbeat("w0", "b", epoch).to_bytes())
+        assert plane.ex.behind_plan == set(), epoch
 
 
 def test_an_agent_flooding_its_topic_is_dropped_before_parsing_and_others_are_not(
