@@ -640,6 +640,33 @@ def test_a_server_failed_already_fails_again_only_once_it_is_back(tmp_path: Path
         c.close()
 
 
+def test_a_parameter_servers_failure_re_plans_only_the_work_left(tmp_path: Path) -> None:
+    """A failed server's workers lose the current slot's work, which its jobs' re-plans
+    make up for; a parameter server's failure loses none of it: the job re-planned off
+    it keeps the worker-slots it had left, no more (its index is no worker's: the
+    workers of the worker server of that index in the current slot were added once)."""
+    servers = [{"name": "w0", "kind": "worker", "capacity": WORKER},
+               {"name": "w1", "kind": "worker", "capacity": WORKER},
+               {"name": "p0", "kind": "ps", "capacity": PS},
+               {"name": "p1", "kind": "ps", "capacity": PS}]  # fmt: skip
+    c = _open(tmp_path, servers=servers)
+    try:
+        assert asyncio.run(c.submit({**JOB, "id": "j"})).decision.admitted
+        plane = _plane(c)
+        _later(c, 1)  # its first slot: workers on w0 now, its PS on p0
+        s = c.slot
+        now = c._ledger.schedule("j").after(s).before(s + 1)
+        assert now.workers[0, 0] > 0 and now.ps[0, 0] > 0, (now.workers, now.ps)
+        left = c._ledger.schedule("j").after(s + 1).work()
+        asyncio.run(c.cordon("p1", until=s + 2))  # no PS at the next slot: a re-plan
+        events = c.between_decisions(lambda: plane.outages.fail_sync("p0"))
+        [moved] = [e for e in events if e.job_id == "j"]
+        assert moved.detail["how"] == "replanned", moved.detail
+        assert c._ledger.schedule("j").after(s + 1).work() == left
+    finally:
+        c.close()
+
+
 def test_a_failure_during_a_cordon_with_an_end_is_given_back_at_its_end(tmp_path: Path) -> None:
     """A server whose agent fell silent and came back during a cordon with an end stays
     out for the cordon, and is back from its end; one still silent at the end stays out
