@@ -768,6 +768,24 @@ def test_no_hold_out_with_the_rule_off_nor_beside_a_planned_cordon(tmp_path: Pat
         c.close()
 
 
+def test_an_operators_cordons_are_no_flaps(tmp_path: Path) -> None:
+    """A server an operator cordoned and gave back twice, whose agent then falls silent
+    once and comes back, is back: only its agent's failures count toward
+    ``flap_failures``, not the cordons' rows beside them."""
+    c = _open(tmp_path)
+    try:
+        _fill(c, 2)
+        plane = _plane(c, flap_seconds=7200)
+        for _ in range(2):
+            asyncio.run(c.cordon("w1", force=True))
+            asyncio.run(c.uncordon("w1"))
+        c.between_decisions(lambda: plane.outages.fail_sync("w1"))
+        events = c.between_decisions(lambda: plane.outages.recover_sync("w1"))
+        assert [e.kind for e in events] == ["server_recovered"] and c.cordoned == {}
+    finally:
+        c.close()
+
+
 def test_without_an_execution_plane_an_uncordon_ends_a_failure_nothing_else_would(
     tmp_path: Path,
 ) -> None:

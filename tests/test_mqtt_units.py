@@ -1120,6 +1120,11 @@ def test_a_running_jobs_current_slot_counts_once_in_what_its_plan_holds(
     events = ex.review_sync()
     assert [e.kind for e in events] in (["behind"], ["replanned"]), events
     assert ex.review.reviewed == {"j": s}
+    # the work asked for: what the estimate needs past what was spent and what is left of
+    # the current slot on its workers, in whole slots rounded up
+    in_slot = now_workers * plane.c.slots.seconds_to_next_slot()
+    slots = (need.mean - spent - in_slot) / length
+    assert events[0].detail["work"] == max(1, math.ceil(slots)), (events[0].detail, slots)
 
 
 def test_a_restarted_daemon_watches_the_servers_that_reported(plane: PlaneDaemon) -> None:
