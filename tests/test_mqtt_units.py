@@ -846,6 +846,14 @@ def test_reports_are_only_queued_on_the_event_loop_and_applied_in_the_decision_t
     assert ex.last_seen == {"p0": 5.0, "w0": 5.0}
     assert ex.progress["j"].sessions == {"w0/a": [3.0, 40.0]}
     assert plane.stored("j") == (3.0, {"w0/a": [3.0, 40.0]})
+    # the API's view: its estimate is of the whole job's worker-seconds
+    from controller.plane.progress import LEVEL
+    from pricing.runtime_estimate import RuntimePrior, fit
+
+    view = ex.view_sync("j")
+    post = fit(np.array([3.0]), np.array([40.0]), RuntimePrior(view.planned_minibatch_seconds))
+    assert view.total_worker_seconds == post.seconds_at(PlaneDaemon.TOTAL, LEVEL)
+    assert (view.minibatches_done, view.minibatches_total, view.reports) == (3.0, 20, 1)
 
 
 def test_counts_of_another_admission_of_the_same_id_count_for_nothing(
@@ -981,6 +989,12 @@ def test_progress_stays_dirty_until_a_commit_and_ended_jobs_are_forgotten_then_m
     assert ex.view_sync("j").minibatches_done == 20.0
     assert ex.review_sync() == []
     assert plane.stored("j") == final
+    # a restart loads the progress of active jobs only: an ended one's stays in the store
+    from controller.plane.execution import Execution
+
+    restarted = Execution(plane.c, MqttConfig("localhost"), monotonic=lambda: plane.mono[0])
+    restarted.load()
+    assert "j" not in restarted.progress and restarted.view_sync("j").minibatches_done == 20.0
 
 
 def test_progress_of_a_job_the_store_no_longer_holds_is_dropped_and_the_rest_written(
