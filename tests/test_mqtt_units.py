@@ -2999,6 +2999,33 @@ def test_past_the_bound_over_all_servers_the_busiest_servers_ignored_sessions_go
     assert next(iter(again.ignored_sessions)) == "w5/a"
 
 
+def test_clock_lines_free_up_after_exactly_their_window_and_few_sessions_are_watched() -> None:
+    """A server's clock lines held back past :data:`CLOCK_LINES` in
+    :data:`CLOCK_LINES_SECONDS` are said once the oldest is that many seconds old, not
+    later; and of one server's agent sessions at most a few are remembered (an agent
+    with a new session in every beat costs no memory)."""
+    from structlog.testing import capture_logs
+
+    from controller.logs import Complaints
+    from controller.plane.agent_sessions import CLOCK_LINES, CLOCK_LINES_SECONDS, AgentSessions
+
+    now = [0.0]
+    agents = AgentSessions(MqttConfig("localhost"), lambda: now[0], Complaints(10.0))
+    with capture_logs() as logs:
+        for i in range(CLOCK_LINES + 1):  # off, back, off, back: the last held back
+            now[0] = float(i)
+            agents._check_clock("w0", 30.0 if i % 2 == 0 else 0.0)
+        assert len(logs) == CLOCK_LINES
+        now[0] = CLOCK_LINES_SECONDS  # the first line is a window old: room
+        agents._check_clock("w0", 0.0)
+    assert len(logs) == CLOCK_LINES + 1 and "back in step" in logs[-1]["event"], logs
+
+    for i in range(20):
+        now[0] = 100.0 + i
+        agents.heard(Heartbeat("w0", f"s{i}"), None, "")
+    assert 0 < len(agents._sessions["w0"]) <= 4 and "s19" in agents._sessions["w0"]
+
+
 def test_a_device_capacity_that_is_not_whole_is_said_at_load(tmp_path: Path) -> None:
     from structlog.testing import capture_logs
 
