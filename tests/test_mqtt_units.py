@@ -2245,6 +2245,31 @@ def test_a_plan_of_exactly_the_bound_goes_whole_and_deleted_jobs_wait_within_the
     assert len(exact._to_clear) == bound
 
 
+def test_a_rejection_is_published_unretained_and_every_other_job_event_retained() -> None:
+    """A job event is retained on its topic (the latest of each job, for a subscriber
+    that comes later), but a rejection: its submitter has its answer, and retained,
+    one tenant's stream of priced-out submissions grew the broker every agent shares
+    by a message each (:mod:`controller.plane.event_messages`)."""
+    import asyncio
+    from typing import cast
+
+    from controller.events import Event
+    from controller.plane.link import Plane as Link
+
+    controller = cast(Any, argparse.Namespace(prune_hooks=[]))
+    execution = cast(Any, argparse.Namespace(unknown_hooks=[]))
+    link = Link(controller, execution, MqttConfig(host="h"))
+    retained: dict[str, bool] = {}
+
+    async def seen(topic: str, _payload: bytes, _qos: int, retain: bool) -> None:
+        retained[topic.rsplit("/", 2)[-2]] = retain
+
+    events = [Event(1, "decided", "no", 0, "rejected"), Event(2, "decided", "yes", 0, "admitted"),
+              Event(3, "completed", "done", 4, "completed")]  # fmt: skip
+    asyncio.run(link._publish_events(cast(Any, FakeMqtt(seen)), events))
+    assert retained == {"no": False, "yes": True, "done": True}, retained
+
+
 TOPICS_W0 = "oasis/v1/servers/w0/plan"
 
 
