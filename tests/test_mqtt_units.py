@@ -2591,6 +2591,19 @@ def test_runs_of_unsent_slots_that_overlap_or_meet_are_one() -> None:
     assert joined_runs([]) == []
 
 
+def test_the_newest_runs_of_unsent_slots_are_kept(plane: PlaneDaemon) -> None:
+    """Rounds of plans with slots between them that none went out in (the broker out
+    again and again): the newest :data:`MAX_UNSENT_RUNS` runs are kept, the jobs planned
+    in them still running; the oldest go."""
+    from controller.plane.job_review import MAX_UNSENT_RUNS
+
+    review = plane.ex.review
+    review.plans_sent(0)
+    for k in range(1, MAX_UNSENT_RUNS + 4):
+        review.plans_sent(3 * k)  # slot 3k - 1 had no round
+    assert review.unsent == [(3 * k - 1, 3 * k - 1) for k in range(4, MAX_UNSENT_RUNS + 4)]
+
+
 def test_a_sent_event_stored_past_the_stores_newest_is_taken_down_to_it() -> None:
     """The mutation audit: with the stored ``sent_event`` taken as it was, past the
     store's newest event (a store rewound, or edited), every test passed; the plans
