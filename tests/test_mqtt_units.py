@@ -2604,6 +2604,19 @@ def test_the_newest_runs_of_unsent_slots_are_kept(plane: PlaneDaemon) -> None:
     assert review.unsent == [(3 * k - 1, 3 * k - 1) for k in range(4, MAX_UNSENT_RUNS + 4)]
 
 
+def test_a_slot_begun_without_a_round_of_its_own_counts_as_unsent(plane: PlaneDaemon) -> None:
+    """The broker out now: the slots since the latest round's next one that have begun
+    without a round count as unsent, from the first such slot on."""
+    import asyncio
+
+    review = plane.ex.review
+    review.plans_sent(0)  # for slots 0 and 1
+    for slot, unsent in ((1, []), (2, []), (3, [(2, 2)]), (4, [(2, 3)])):
+        plane.clock.advance(plane.config.slot_seconds)
+        asyncio.run(plane.c.tick())
+        assert plane.c.slot == slot and review._unsent_runs() == unsent, slot
+
+
 def test_a_sent_event_stored_past_the_stores_newest_is_taken_down_to_it() -> None:
     """The mutation audit: with the stored ``sent_event`` taken as it was, past the
     store's newest event (a store rewound, or edited), every test passed; the plans
