@@ -3070,6 +3070,7 @@ def test_clock_lines_free_up_after_exactly_their_window_and_few_sessions_are_wat
         now[0] = CLOCK_LINES_SECONDS  # the first line is a window old: room
         agents._check_clock("w0", 0.0)
     assert len(logs) == CLOCK_LINES + 1 and "back in step" in logs[-1]["event"], logs
+    assert not [e for e in logs if "crossings" in e], logs  # one crossing a line: not said
 
     for i in range(20):
         now[0] = 100.0 + i
