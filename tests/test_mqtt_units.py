@@ -3036,6 +3036,13 @@ def test_past_the_bound_over_all_servers_the_busiest_servers_ignored_sessions_go
     kept = agents.ignored_sessions
     assert len(kept) == MAX_IGNORED_SESSIONS and "lone/x" in kept
     assert busy[-1] in kept  # the newest of a busy server stays
+    # a session id may hold "/" (an agent names its own): its server is still w0's
+    slashed = sessions()
+    for i in range(3 * MAX_IGNORED_PER_SERVER):
+        slashed._ignore(f"w0/{i}/x")
+    assert list(slashed.ignored_sessions) == [
+        f"w0/{i}/x" for i in range(2 * MAX_IGNORED_PER_SERVER, 3 * MAX_IGNORED_PER_SERVER)
+    ]
     # an agent's store is foreign only against this daemon's own, when that is known
     beat = Heartbeat("s0", "a", store="another")
     agents.heard(beat, None, "")
