@@ -1960,6 +1960,7 @@ def test_publish_rounds_are_paced_by_what_their_plans_cost(
     # cancels, re-plans and job events, at most MAX_PUBLISH_PAUSE (the review)
     assert link_module.publish_pause(0.01) == pytest.approx(0.01 * PUBLISH_PACE)
     assert link_module.publish_pause(1.5) == link_module.MAX_PUBLISH_PAUSE <= 2.0
+    assert link_module.publish_pause(-1.0) == 0.0  # never a negative pause
 
 
 def test_other_calls_are_decided_while_a_round_builds_its_plans(
