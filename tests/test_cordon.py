@@ -352,6 +352,7 @@ def test_servers_found_silent_at_one_review_fail_together(tmp_path: Path) -> Non
     try:
         assert _fill(c, 6) == admitted
         plane = _plane(c)
+        held = {name: set(_on(c, name, 1)) for name in (first, second)}
         events = c.between_decisions(
             lambda: plane.outages.fail_together_sync([first, second, first])
         )
@@ -364,6 +365,13 @@ def test_servers_found_silent_at_one_review_fail_together(tmp_path: Path) -> Non
         moved = [e.job_id for e in events if e.kind in ("replanned", "failed")]
         assert moved and len(moved) == len(set(moved))  # each job once
         assert sorted(j for e in failed for j in e.detail["jobs"]) == sorted(moved)
+        # each move names a failed server the job was on, and that server's event lists it
+        named = {e.job_id: e.detail["server"] for e in events if e.kind in ("replanned", "failed")}
+        assert all(job in held[server] for job, server in named.items()), (named, held)
+        assert {s for s in named.values()} == {first, second}, named  # the test needs both
+        for e in failed:
+            mine = sorted(j for j, s in named.items() if s == e.detail["server"])
+            assert sorted(e.detail["jobs"]) == mine, (e.detail, named)
         with c.db.session() as s:
             outages = s.execute(select(OutageRow.server, OutageRow.cause)).all()
         assert sorted(outages) == sorted([(first, "failed"), (second, "failed")])
@@ -590,6 +598,9 @@ def test_the_execution_plane_neither_ends_a_cordon_nor_reads_it_as_a_failure(
         c.between_decisions(lambda: plane.outages.recover_sync("w0"))  # and is back
         assert c._ledger.worker_side.blocked[1:, w0].all()  # still cordoned
         assert c.cordoned == {"w0": Cordon(1)}
+        with c.db.session() as s:  # the recovery ended the failure, not the cordon
+            ups = s.execute(select(OutageRow.cause, OutageRow.up_from)).all()
+        assert sorted(ups, key=str) == [("cordoned", None), ("failed", 1)], ups
 
         c.between_decisions(lambda: plane.outages.fail_sync("w0"))  # silent again, then uncordoned
         back = asyncio.run(c.uncordon("w0"))
@@ -599,6 +610,59 @@ def test_the_execution_plane_neither_ends_a_cordon_nor_reads_it_as_a_failure(
         with c.db.session() as s:
             causes = s.execute(select(OutageRow.cause, OutageRow.up_from)).all()
         assert sorted(causes) == [("cordoned", 1), ("failed", 1), ("failed", 1)]
+    finally:
+        c.close()
+
+
+def test_a_server_failed_already_fails_again_only_once_it_is_back(tmp_path: Path) -> None:
+    """A server down already (failed, not cordoned) found silent again records nothing:
+    a second outage row of one silence would count as a flap, and a third hold the
+    server out as flapping after one failure. Back, it fails again as any server."""
+    c = _open(tmp_path)
+    try:
+        _fill(c, 2)
+        plane = _plane(c, flap_seconds=7200)
+        first = c.between_decisions(lambda: plane.outages.fail_sync("w0"))
+        assert [e.kind for e in first if e.kind == "server_failed"] == ["server_failed"]
+        for _ in range(2):
+            assert c.between_decisions(lambda: plane.outages.fail_sync("w0")) == []
+        with c.db.session() as s:
+            assert s.scalars(select(OutageRow.server)).all() == ["w0"]
+        c.between_decisions(lambda: plane.outages.recover_sync("w0"))
+        assert c.cordoned == {}  # one failure: back, not held out
+        again = c.between_decisions(lambda: plane.outages.fail_sync("w0"))
+        assert [e.detail["server"] for e in again if e.kind == "server_failed"] == ["w0"]
+        # a cordon planned ahead is not in force yet: its server failed is no cordoned one
+        asyncio.run(c.cordon("w1", start=3, until=5, force=True))
+        c.between_decisions(lambda: plane.outages.fail_sync("w1"))
+        assert c.between_decisions(lambda: plane.outages.fail_sync("w1")) == []
+    finally:
+        c.close()
+
+
+def test_a_parameter_servers_failure_re_plans_only_the_work_left(tmp_path: Path) -> None:
+    """A failed server's workers lose the current slot's work, which its jobs' re-plans
+    make up for; a parameter server's failure loses none of it: the job re-planned off
+    it keeps the worker-slots it had left, no more (its index is no worker's: the
+    workers of the worker server of that index in the current slot were added once)."""
+    servers = [{"name": "w0", "kind": "worker", "capacity": WORKER},
+               {"name": "w1", "kind": "worker", "capacity": WORKER},
+               {"name": "p0", "kind": "ps", "capacity": PS},
+               {"name": "p1", "kind": "ps", "capacity": PS}]  # fmt: skip
+    c = _open(tmp_path, servers=servers)
+    try:
+        assert asyncio.run(c.submit({**JOB, "id": "j"})).decision.admitted
+        plane = _plane(c)
+        _later(c, 1)  # its first slot: workers on w0 now, its PS on p0
+        s = c.slot
+        now = c._ledger.schedule("j").after(s).before(s + 1)
+        assert now.workers[0, 0] > 0 and now.ps[0, 0] > 0, (now.workers, now.ps)
+        left = c._ledger.schedule("j").after(s + 1).work()
+        asyncio.run(c.cordon("p1", until=s + 2))  # no PS at the next slot: a re-plan
+        events = c.between_decisions(lambda: plane.outages.fail_sync("p0"))
+        [moved] = [e for e in events if e.job_id == "j"]
+        assert moved.detail["how"] == "replanned", moved.detail
+        assert c._ledger.schedule("j").after(s + 1).work() == left
     finally:
         c.close()
 
@@ -677,6 +741,49 @@ def test_a_flapping_server_is_held_out_by_a_cordon_with_an_end(tmp_path: Path) -
         mqtt_from_dict({"host": "127.0.0.1", "flap_seconds": 30 * 86400})
     with pytest.raises(SpecError, match=r"mqtt.flap_failures: must be"):
         mqtt_from_dict({"host": "127.0.0.1", "flap_failures": -1})
+
+
+def test_no_hold_out_with_the_rule_off_nor_beside_a_planned_cordon(tmp_path: Path) -> None:
+    """``flap_failures = 0`` turns the hold-out off: a server failing again and again is
+    back each time. A flapping server with a cordon planned ahead keeps that one (one
+    cordon per server): it is not replaced by a hold-out of ``oasisd``'s."""
+    c = _open(tmp_path)
+    try:
+        _fill(c, 2)
+        off = _plane(c, flap_failures=0, flap_seconds=7200)
+        for _ in range(4):
+            c.between_decisions(lambda: off.outages.fail_sync("w0"))
+            events = c.between_decisions(lambda: off.outages.recover_sync("w0"))
+            assert [e.kind for e in events] == ["server_recovered"]
+        assert c.cordoned == {}
+        asyncio.run(c.cordon("w1", start=3, until=5))
+        planned = c.cordoned["w1"]
+        plane = _plane(c, flap_seconds=7200)
+        for _ in range(3):
+            c.between_decisions(lambda: plane.outages.fail_sync("w1"))
+            events = c.between_decisions(lambda: plane.outages.recover_sync("w1"))
+            assert [e.kind for e in events] == ["server_recovered"]
+        assert c.cordoned == {"w1": planned}
+    finally:
+        c.close()
+
+
+def test_an_operators_cordons_are_no_flaps(tmp_path: Path) -> None:
+    """A server an operator cordoned and gave back twice, whose agent then falls silent
+    once and comes back, is back: only its agent's failures count toward
+    ``flap_failures``, not the cordons' rows beside them."""
+    c = _open(tmp_path)
+    try:
+        _fill(c, 2)
+        plane = _plane(c, flap_seconds=7200)
+        for _ in range(2):
+            asyncio.run(c.cordon("w1", force=True))
+            asyncio.run(c.uncordon("w1"))
+        c.between_decisions(lambda: plane.outages.fail_sync("w1"))
+        events = c.between_decisions(lambda: plane.outages.recover_sync("w1"))
+        assert [e.kind for e in events] == ["server_recovered"] and c.cordoned == {}
+    finally:
+        c.close()
 
 
 def test_without_an_execution_plane_an_uncordon_ends_a_failure_nothing_else_would(

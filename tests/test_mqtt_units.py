@@ -846,6 +846,14 @@ def test_reports_are_only_queued_on_the_event_loop_and_applied_in_the_decision_t
     assert ex.last_seen == {"p0": 5.0, "w0": 5.0}
     assert ex.progress["j"].sessions == {"w0/a": [3.0, 40.0]}
     assert plane.stored("j") == (3.0, {"w0/a": [3.0, 40.0]})
+    # the API's view: its estimate is of the whole job's worker-seconds
+    from controller.plane.progress import LEVEL
+    from pricing.runtime_estimate import RuntimePrior, fit
+
+    view = ex.view_sync("j")
+    post = fit(np.array([3.0]), np.array([40.0]), RuntimePrior(view.planned_minibatch_seconds))
+    assert view.total_worker_seconds == post.seconds_at(PlaneDaemon.TOTAL, LEVEL)
+    assert (view.minibatches_done, view.minibatches_total, view.reports) == (3.0, 20, 1)
 
 
 def test_counts_of_another_admission_of_the_same_id_count_for_nothing(
@@ -974,11 +982,39 @@ def test_progress_stays_dirty_until_a_commit_and_ended_jobs_are_forgotten_then_m
     view = ex.view_sync("j")  # read from the store now
     assert (view.minibatches_done, view.worker_seconds, view.reports) == (20.0, 260.0, 3)
 
-    # an agent reconnects and resends one session: merged with the store, not overwriting
+    # an agent reconnects and resends one session, and a stale report of the other says
+    # less than the store holds: merged with the store, neither overwriting nor lowering it
     ex.report(Progress("w0", "a", [TaskProgress("j", 15.0, 200.0)]))
+    ex.report(Progress("w0", "b", [TaskProgress("j", 2.0, 30.0)]))
     assert ex.view_sync("j").minibatches_done == 20.0
     assert ex.review_sync() == []
     assert plane.stored("j") == final
+    # a restart loads the progress of active jobs only: an ended one's stays in the store
+    from controller.plane.execution import Execution
+
+    restarted = Execution(plane.c, MqttConfig("localhost"), monotonic=lambda: plane.mono[0])
+    restarted.load()
+    assert "j" not in restarted.progress and restarted.view_sync("j").minibatches_done == 20.0
+
+
+def test_progress_of_a_job_the_store_no_longer_holds_is_dropped_and_the_rest_written(
+    plane: PlaneDaemon,
+) -> None:
+    """A job's entry whose row is gone from the store (retention deleted it while its
+    counts waited for the review) is dropped, not inserted: its row would refer to no
+    job, and the store refusing it would fail every review's write of every other job's
+    counts too."""
+    from controller.plane.progress import JobProgress, flush
+
+    plane.submit("j")
+    ex = plane.ex
+    ex.report(Progress("w0", "a", [TaskProgress("j", 3.0, 40.0)]))
+    ex.progress["gone"] = JobProgress({"w0/a": [5.0, 50.0]}, [(5.0, 50.0)], dirty=True)
+    assert ex.review_sync() == []
+    assert plane.stored("j") == (3.0, {"w0/a": [3.0, 40.0]}) and plane.stored("gone") is None
+    assert "gone" not in ex.progress and not ex.progress["j"].dirty
+    flush(ex.progress, plane.c._write)  # nothing dirty: nothing written, nothing dropped
+    assert list(ex.progress) == ["j"]
 
 
 def test_a_job_completes_only_once_its_agents_report_all_of_its_work(plane: PlaneDaemon) -> None:
@@ -1001,24 +1037,108 @@ def test_a_job_completes_only_once_its_agents_report_all_of_its_work(plane: Plan
         ex.report(Progress("w0", "a", [TaskProgress("j", minibatches, 10.0 * minibatches)]))
         assert [e.kind for e in ex.review_sync()] == []
         assert plane.state("j") in ("admitted", "running")
+    ledger, s = plane.c._ledger, plane.c.slot
+    rest = ledger.schedule("j").after(s + 1).work()  # planned from the next slot on
+    assert rest > 0 and ledger.schedule("j").after(s).before(s + 1).work() > 0
     ex.report(Progress("w0", "b", [TaskProgress("j", 1.0, 10.0)]))  # the last one
-    assert [e.kind for e in ex.review_sync()] == ["completed"]
+    [done] = ex.review_sync()
+    assert done.kind == "completed" and done.detail["released_worker_slots"] == rest
     assert plane.state("j") == "completed"
     with plane.c.db.session() as session:
         kept = set(session.scalars(select(AllocationRow.slot).where(AllocationRow.job_id == "j")))
     assert kept == {plane.c.slot}
+    # the ledger as the store: the current slot kept, every later one free for others
+    assert ledger.schedule("j").after(s + 1).work() == 0
+    assert ledger.schedule("j").after(s).before(s + 1).work() > 0
 
 
 def test_a_job_behind_its_plan_is_reported_in_its_real_state(plane: PlaneDaemon) -> None:
+    from controller.plane.progress import LEVEL, MIN_SAMPLES
+    from pricing.runtime_estimate import RuntimePrior, fit
+
     plane.submit("slow")  # admitted; its first slot has not begun
     ex = plane.ex
     # two hours per mini-batch, 40 times the plan: the 12 left on its 2 workers take 12
     # slots, past the window of 6, hopeless at any prices
-    for i in range(1, 9):
+    for i in range(1, MIN_SAMPLES):  # too few reports to judge its pace by
         ex.report(Progress("w0", "a", [TaskProgress("slow", float(i), i * 7200.0)]))
+    assert ex.review_sync() == []
+    i = MIN_SAMPLES  # the report that makes enough
+    ex.report(Progress("w0", "a", [TaskProgress("slow", float(i), i * 7200.0)]))
     events = ex.review_sync()
     assert [(e.kind, e.state) for e in events] == [("behind", "admitted")]
     assert plane.state("slow") == "admitted"
+    # the work its re-plan asks for: the estimate's worker-seconds past those spent, in
+    # whole slots, rounded up (slot 0 holds none of its workers)
+    job = ex.review.jobs.get("slow")
+    xs = np.arange(1.0, MIN_SAMPLES + 1)
+    prior = RuntimePrior(job.minibatch_slots * plane.config.slot_seconds)
+    need = fit(xs, xs * 7200.0, prior).seconds_at(job.total_minibatches, LEVEL)
+    slots = (need.mean - MIN_SAMPLES * 7200.0) / plane.config.slot_seconds
+    assert events[0].detail["work"] == math.ceil(slots) > slots, (events[0].detail, slots)
+
+
+def test_a_job_whose_optimistic_estimate_fits_its_plan_is_left_alone(plane: PlaneDaemon) -> None:
+    """A job three times slower than planned whose predictive interval's optimistic end
+    still fits in what it spent and what its plan holds: no re-plan, no ``behind`` (a
+    re-plan on the mean alone would move a job that may well finish in its plan, and
+    take slots other tenants' jobs could have)."""
+    from controller.plane.progress import LEVEL
+    from pricing.runtime_estimate import RuntimePrior, fit
+
+    plane.submit("j")  # arrives in slot 1; slot 0 holds none of its workers
+    ex, s = plane.ex, plane.c.slot
+    job = ex.review.jobs.get("j")
+    planned_mb = job.minibatch_slots * plane.config.slot_seconds
+    pace = 3.0 * planned_mb
+    xs = np.arange(1.0, 5.0)  # MIN_SAMPLES reports
+    need = fit(xs, xs * pace, RuntimePrior(planned_mb)).seconds_at(job.total_minibatches, LEVEL)
+    held = plane.c._ledger.schedule("j").after(s + 1).work() * plane.config.slot_seconds
+    spent = xs[-1] * pace
+    assert need.low <= spent + held < need.mean  # the mean says short, the interval not
+    for i in xs:
+        ex.report(Progress("w0", "a", [TaskProgress("j", float(i), float(i * pace))]))
+    assert ex.review_sync() == []
+    assert "j" not in ex.review.reviewed and plane.state("j") == "admitted"
+
+
+def test_a_running_jobs_current_slot_counts_once_in_what_its_plan_holds(
+    plane: PlaneDaemon,
+) -> None:
+    """In its slot, a job's plan holds the rest of the current slot on its workers and
+    its later slots: five times slower than planned, the optimistic estimate needs more
+    than that, and the job is reviewed (counting the current slot whole as well as what
+    is left of it hid that)."""
+    import asyncio
+
+    from controller.plane.progress import LEVEL, MIN_SAMPLES
+    from pricing.runtime_estimate import RuntimePrior, fit
+
+    plane.submit("j")
+    plane.clock.advance(plane.config.slot_seconds)
+    asyncio.run(plane.c.tick())
+    ex, s, length = plane.ex, plane.c.slot, plane.config.slot_seconds
+    job = ex.review.jobs.get("j")
+    sched = plane.c._ledger.schedule("j")
+    now_workers = int(sched.after(s).before(s + 1).workers.sum())
+    assert s == job.arrival and now_workers > 0  # in its first slot
+    held = sched.after(s + 1).work() * length + now_workers * plane.c.slots.seconds_to_next_slot()
+    planned_mb = job.minibatch_slots * length
+    pace = 5.0 * planned_mb
+    xs = np.arange(1.0, MIN_SAMPLES + 1)
+    need = fit(xs, xs * pace, RuntimePrior(planned_mb)).seconds_at(job.total_minibatches, LEVEL)
+    spent = xs[-1] * pace
+    assert spent + held < need.low <= spent + held + now_workers * length
+    for i in xs:
+        ex.report(Progress("w0", "a", [TaskProgress("j", float(i), float(i * pace))]))
+    events = ex.review_sync()
+    assert [e.kind for e in events] in (["behind"], ["replanned"]), events
+    assert ex.review.reviewed == {"j": s}
+    # the work asked for: what the estimate needs past what was spent and what is left of
+    # the current slot on its workers, in whole slots rounded up
+    in_slot = now_workers * plane.c.slots.seconds_to_next_slot()
+    slots = (need.mean - spent - in_slot) / length
+    assert events[0].detail["work"] == max(1, math.ceil(slots)), (events[0].detail, slots)
 
 
 def test_a_restarted_daemon_watches_the_servers_that_reported(plane: PlaneDaemon) -> None:
@@ -1548,7 +1668,7 @@ def test_a_sessions_counts_never_go_back_and_a_repeat_is_no_sample() -> None:
     """The agents audit: a report below the session's earlier counts replaced them (100
     mini-batches back to 10, a negative mini-batch time in the estimate), and every
     report repeated was a sample of the estimate."""
-    from controller.plane.progress import JobProgress
+    from controller.plane.progress import MAX_SAMPLES, JobProgress
 
     prog = JobProgress()
     assert prog.take("w0/a", 100.0, 50.0) and prog.dirty
@@ -1560,6 +1680,51 @@ def test_a_sessions_counts_never_go_back_and_a_repeat_is_no_sample() -> None:
     assert prog.take("w0/a", 120.0, 60.0) and not prog.dirty  # a repeat: nothing new
     assert prog.take("w0/b", 0.0, 0.0)  # a new session at 0: the totals stand
     assert prog.samples == [(100.0, 50.0), (100.0, 60.0), (120.0, 60.0)]
+    for i in range(MAX_SAMPLES):  # the newest MAX_SAMPLES kept
+        prog.take("w0/a", 121.0 + i, 60.0 + i)
+    assert len(prog.samples) == MAX_SAMPLES and prog.samples[0] == (121.0, 60.0)
+
+
+def test_a_servers_sessions_are_its_own_and_a_stored_row_keeps_what_reads_as_counts() -> None:
+    """A job's sessions of server ``w1`` are not ``w10``'s (the bound on sessions per
+    server is per server: another server's agent churning sessions must not use up
+    ``w1``'s); a stored row keeps the entries that read as two finite counts >= 0 and
+    the newest :data:`MAX_SAMPLES` samples (and the first :data:`MAX_STORED_SESSIONS`
+    sessions), and says how many it left out; merged with a late report, it keeps as
+    many samples."""
+    from controller.plane.progress import (
+        MAX_SAMPLES,
+        MAX_STORED_SESSIONS,
+        JobProgress,
+        merged,
+        sessions_of,
+        stored,
+    )
+    from controller.store import ProgressRow
+
+    prog = JobProgress({"w1/a": [1.0, 1.0], "w10/a": [1.0, 1.0], "w10/b": [2.0, 2.0]})
+    assert (sessions_of(prog, "w1"), sessions_of(prog, "w10"), sessions_of(prog, "w")) == (1, 2, 0)
+
+    points = [[float(i), float(i)] for i in range(MAX_SAMPLES + 10)]
+    points[-1] = [-1.0, 5.0]  # the newest, edited below zero
+    per_server = {"w0/a": [3, 40], "w0/b": [-1, 5], "w0/c": [1, float("inf")], "w0/d": [1]}
+    row = ProgressRow(job_id="j", minibatches=0.0, worker_seconds=0.0,
+                      per_server=per_server, samples={"points": points})  # fmt: skip
+    kept, bad = stored(row)
+    assert kept.sessions == {"w0/a": [3.0, 40.0]}
+    assert kept.samples == [(float(i), float(i)) for i in range(10, MAX_SAMPLES + 9)]
+    assert bad == 3 + 1
+    many = {f"w0/{i}": [1, 1] for i in range(MAX_STORED_SESSIONS + 2)}  # an edit: the first kept
+    kept, bad = stored(ProgressRow(job_id="j", per_server=many, samples={}))
+    assert len(kept.sessions) == MAX_STORED_SESSIONS and "w0/0" in kept.sessions and bad == 2
+    # a late report merged with a full row: the new totals are the newest sample, and
+    # the row keeps MAX_SAMPLES of them
+    full = [[float(i), float(i)] for i in range(MAX_SAMPLES)]
+    row = ProgressRow(job_id="j", per_server={"w0/a": [399, 399]}, samples={"points": full})
+    sessions, samples = merged(JobProgress({"w0/b": [1.0, 2.0]}, partial=True), row)
+    assert sessions == {"w0/a": [399.0, 399.0], "w0/b": [1.0, 2.0]}
+    assert len(samples) == MAX_SAMPLES and samples[-1] == (400.0, 401.0)
+    assert samples[0] == (1.0, 1.0)
 
 
 def test_a_report_counts_only_for_jobs_planned_on_its_server_around_its_slot(
@@ -1600,6 +1765,9 @@ def test_the_link_takes_the_sender_from_the_topic_and_survives_poison(
     assert not link.take(t.progress("p0"), forged)  # p0's topic, w0 in the payload
     assert not link.take(t.heartbeat("p0"), Heartbeat("w0", "a").to_bytes())
     assert not link.take(t.progress("w9"), forged)  # no such server
+    assert not link.take(t.heartbeat("w9"), Heartbeat("w9", "a").to_bytes())  # ... itself
+    w9 = Progress("w9", "a", [TaskProgress("j", 20.0, 1.0)]).to_bytes()
+    assert not link.take(t.progress("w9"), w9)
     assert not link.take(t.progress("w0"), b"[" * 50_000)
     assert not link.take(t.progress("w0"), b"{" + b" " * 7_000_000 + b"}")
     plane.ex.connected()
@@ -1630,6 +1798,11 @@ def test_an_agent_behind_its_servers_plan_is_counted_on_metrics(plane: PlaneDaem
     assert plane.ex.behind_plan == {"w0"}
     assert link.take(t.heartbeat("w0"), Heartbeat("w0", "a", 5).to_bytes())  # taken now
     assert _metric(plane, "oasis_agents_behind_their_plan") == [({}, 0.0)]
+    # an agent following no plan yet (epoch 0), or not saying (None), is not behind one:
+    # the execution says it follows none
+    for epoch in (0, None):
+        assert link.take(t.heartbeat("w0"), Heartbeat("w0", "b", epoch).to_bytes())
+        assert plane.ex.behind_plan == set(), epoch
 
 
 def test_an_agent_flooding_its_topic_is_dropped_before_parsing_and_others_are_not(
@@ -1787,6 +1960,7 @@ def test_publish_rounds_are_paced_by_what_their_plans_cost(
     # cancels, re-plans and job events, at most MAX_PUBLISH_PAUSE (the review)
     assert link_module.publish_pause(0.01) == pytest.approx(0.01 * PUBLISH_PACE)
     assert link_module.publish_pause(1.5) == link_module.MAX_PUBLISH_PAUSE <= 2.0
+    assert link_module.publish_pause(-1.0) == 0.0  # never a negative pause
 
 
 def test_other_calls_are_decided_while_a_round_builds_its_plans(
@@ -2042,6 +2216,59 @@ def test_part_topics_a_smaller_plan_leaves_are_cleared_once() -> None:
         assert count == 1 and len(messages) == 1 + clears
         assert all(payload == b"" for _, payload in messages[1:])
         link._parts["w0"] = count
+
+
+def test_a_plan_of_exactly_the_bound_goes_whole_and_deleted_jobs_wait_within_theirs() -> None:
+    """A plan of exactly ``max_plan_bytes`` is published whole (one over it, in parts);
+    the retained events of deleted jobs wait for a connection up to ``_MAX_TO_CLEAR``,
+    the rest left retained (said), however many retention deletes."""
+    from typing import cast
+
+    from controller.plane import link as link_module
+    from controller.plane.link import Plane as Link
+
+    controller = cast(Any, argparse.Namespace(prune_hooks=[]))
+    execution = cast(Any, argparse.Namespace(unknown_hooks=[]))
+    tasks = [Task(f"job-{i:04d}-" + "x" * 60, 1, 0, 0.5, 100) for i in range(150)]
+    plan = Plan("w0", "worker", 1, 60.0, 5.0, False, SlotPlan(7, 420.0, tasks),
+                SlotPlan(8, 480.0, []))  # fmt: skip
+    size = len(plan.to_bytes())
+    exact = Link(controller, execution, MqttConfig(host="h", max_plan_bytes=size))
+    assert exact._plan_messages(plan) == ([(TOPICS_W0, plan.to_bytes())], 1)
+    under = Link(controller, execution, MqttConfig(host="h", max_plan_bytes=size - 1))
+    assert under._plan_messages(plan)[1] > 1
+
+    bound = link_module._MAX_TO_CLEAR
+    exact.deleted([f"d{i}" for i in range(bound - 1)])
+    exact.deleted(["last", "over", "over-too"])
+    assert len(exact._to_clear) == bound and exact._to_clear[-1] == "last"
+    exact.deleted(["more"])
+    assert len(exact._to_clear) == bound
+
+
+def test_a_rejection_is_published_unretained_and_every_other_job_event_retained() -> None:
+    """A job event is retained on its topic (the latest of each job, for a subscriber
+    that comes later), but a rejection: its submitter has its answer, and retained,
+    one tenant's stream of priced-out submissions grew the broker every agent shares
+    by a message each (:mod:`controller.plane.event_messages`)."""
+    import asyncio
+    from typing import cast
+
+    from controller.events import Event
+    from controller.plane.link import Plane as Link
+
+    controller = cast(Any, argparse.Namespace(prune_hooks=[]))
+    execution = cast(Any, argparse.Namespace(unknown_hooks=[]))
+    link = Link(controller, execution, MqttConfig(host="h"))
+    retained: dict[str, bool] = {}
+
+    async def seen(topic: str, _payload: bytes, _qos: int, retain: bool) -> None:
+        retained[topic.rsplit("/", 2)[-2]] = retain
+
+    events = [Event(1, "decided", "no", 0, "rejected"), Event(2, "decided", "yes", 0, "admitted"),
+              Event(3, "completed", "done", 4, "completed")]  # fmt: skip
+    asyncio.run(link._publish_events(cast(Any, FakeMqtt(seen)), events))
+    assert retained == {"no": False, "yes": True, "done": True}, retained
 
 
 TOPICS_W0 = "oasis/v1/servers/w0/plan"
@@ -2363,6 +2590,32 @@ def test_runs_of_unsent_slots_that_overlap_or_meet_are_one() -> None:
 
     assert joined_runs([(2, 4), (3, 6), (8, 9), (7, 7), (12, 12)]) == [(2, 9), (12, 12)]
     assert joined_runs([]) == []
+
+
+def test_the_newest_runs_of_unsent_slots_are_kept(plane: PlaneDaemon) -> None:
+    """Rounds of plans with slots between them that none went out in (the broker out
+    again and again): the newest :data:`MAX_UNSENT_RUNS` runs are kept, the jobs planned
+    in them still running; the oldest go."""
+    from controller.plane.job_review import MAX_UNSENT_RUNS
+
+    review = plane.ex.review
+    review.plans_sent(0)
+    for k in range(1, MAX_UNSENT_RUNS + 4):
+        review.plans_sent(3 * k)  # slot 3k - 1 had no round
+    assert review.unsent == [(3 * k - 1, 3 * k - 1) for k in range(4, MAX_UNSENT_RUNS + 4)]
+
+
+def test_a_slot_begun_without_a_round_of_its_own_counts_as_unsent(plane: PlaneDaemon) -> None:
+    """The broker out now: the slots since the latest round's next one that have begun
+    without a round count as unsent, from the first such slot on."""
+    import asyncio
+
+    review = plane.ex.review
+    review.plans_sent(0)  # for slots 0 and 1
+    for slot, unsent in ((1, []), (2, []), (3, [(2, 2)]), (4, [(2, 3)])):
+        plane.clock.advance(plane.config.slot_seconds)
+        asyncio.run(plane.c.tick())
+        assert plane.c.slot == slot and review._unsent_runs() == unsent, slot
 
 
 def test_a_sent_event_stored_past_the_stores_newest_is_taken_down_to_it() -> None:
@@ -2758,6 +3011,79 @@ def test_one_agent_churning_sessions_does_not_unignore_another_servers_twin(
     restarted = Execution(plane.c, MqttConfig("localhost"), monotonic=lambda: plane.mono[0])
     restarted.load()
     assert "p0/d" in restarted.agents.ignored_sessions
+
+
+def test_past_the_bound_over_all_servers_the_busiest_servers_ignored_sessions_go() -> None:
+    """Past :data:`MAX_IGNORED_SESSIONS` over all servers (a large cluster), the oldest
+    ignored session of the server that has the most goes, never another server's lone
+    one (its twin's whole count would then count for that server's jobs), however old;
+    a stored list is taken newest last, the oldest left out. An agent's plans are of
+    another store only against this daemon's own store, when that is known."""
+    from controller.logs import Complaints
+    from controller.plane.agent_sessions import (
+        MAX_IGNORED_PER_SERVER,
+        MAX_IGNORED_SESSIONS,
+        AgentSessions,
+    )
+
+    def sessions() -> AgentSessions:
+        return AgentSessions(MqttConfig("localhost"), lambda: 0.0, Complaints(10.0))
+
+    busy = [f"s{i}/{j}" for i in range(40) for j in range(MAX_IGNORED_PER_SERVER - 1)]
+    assert len(busy) + 1 > MAX_IGNORED_SESSIONS
+    agents = sessions()
+    for key in ["lone/x", *busy]:  # ignored one after the other, as twins are found
+        agents._ignore(key)
+    kept = agents.ignored_sessions
+    assert len(kept) == MAX_IGNORED_SESSIONS and "lone/x" in kept
+    assert busy[-1] in kept  # the newest of a busy server stays
+    # a session id may hold "/" (an agent names its own): its server is still w0's
+    slashed = sessions()
+    for i in range(3 * MAX_IGNORED_PER_SERVER):
+        slashed._ignore(f"w0/{i}/x")
+    assert list(slashed.ignored_sessions) == [
+        f"w0/{i}/x" for i in range(2 * MAX_IGNORED_PER_SERVER, 3 * MAX_IGNORED_PER_SERVER)
+    ]
+    # an agent's store is foreign only against this daemon's own, when that is known
+    beat = Heartbeat("s0", "a", store="another")
+    agents.heard(beat, None, "")
+    assert agents.foreign == {}
+    agents.heard(beat, None, "mine")
+    assert agents.foreign == {"s0": "another"}
+    agents.heard(Heartbeat("s0", "a", store="mine"), None, "mine")
+    assert agents.foreign == {}
+    # a stored list longer than the bound: its newest are taken
+    again = sessions()
+    again.restore_ignored([f"w{i}/a" for i in range(MAX_IGNORED_SESSIONS + 5)])
+    assert next(iter(again.ignored_sessions)) == "w5/a"
+
+
+def test_clock_lines_free_up_after_exactly_their_window_and_few_sessions_are_watched() -> None:
+    """A server's clock lines held back past :data:`CLOCK_LINES` in
+    :data:`CLOCK_LINES_SECONDS` are said once the oldest is that many seconds old, not
+    later; and of one server's agent sessions at most a few are remembered (an agent
+    with a new session in every beat costs no memory)."""
+    from structlog.testing import capture_logs
+
+    from controller.logs import Complaints
+    from controller.plane.agent_sessions import CLOCK_LINES, CLOCK_LINES_SECONDS, AgentSessions
+
+    now = [0.0]
+    agents = AgentSessions(MqttConfig("localhost"), lambda: now[0], Complaints(10.0))
+    with capture_logs() as logs:
+        for i in range(CLOCK_LINES + 1):  # off, back, off, back: the last held back
+            now[0] = float(i)
+            agents._check_clock("w0", 30.0 if i % 2 == 0 else 0.0)
+        assert len(logs) == CLOCK_LINES
+        now[0] = CLOCK_LINES_SECONDS  # the first line is a window old: room
+        agents._check_clock("w0", 0.0)
+    assert len(logs) == CLOCK_LINES + 1 and "back in step" in logs[-1]["event"], logs
+    assert not [e for e in logs if "crossings" in e], logs  # one crossing a line: not said
+
+    for i in range(20):
+        now[0] = 100.0 + i
+        agents.heard(Heartbeat("w0", f"s{i}"), None, "")
+    assert 0 < len(agents._sessions["w0"]) <= 4 and "s19" in agents._sessions["w0"]
 
 
 def test_a_device_capacity_that_is_not_whole_is_said_at_load(tmp_path: Path) -> None:

@@ -96,6 +96,8 @@ def test_a_job_planned_where_no_agent_was_ever_heard_fails_naming_those_servers(
     [failed] = [e for e in daemon.ex.review_sync() if e.kind == "failed"]
     assert failed.detail["reason"] == "plan_ended", failed.detail
     assert failed.detail["agents_never_heard"] == planned[:1], failed.detail
+    # named once, for what it is: an agent never heard follows no plan, but is not said so
+    assert "agents_following_no_plan" not in failed.detail, failed.detail
     reason = daemon.c._get_sync("unheard").decision.reason
     assert f"the agent of {planned[0]}, where its plan placed it, was never heard" in reason
 
@@ -207,6 +209,20 @@ def test_the_rest_reported_after_the_plan_ended_completes_it_late(daemon: PlaneD
     assert daemon.state("j") == "completed"
     late = daemon.c._get_sync("j").decision
     assert (late.completion_slot, late.jct) == (after, after - view.decision.arrival_slot + 1)
+
+
+def test_one_mini_batch_short_at_the_plan_end_is_short(daemon: PlaneDaemon) -> None:
+    """A job whose agents reported all but one of its mini-batches when its plan ended
+    is not done: it stays running, and fails once the grace is over (a bound of a whole
+    mini-batch, not a rounding error's, completed it with its whole utility)."""
+    view = daemon.submit("m")
+    _report(daemon.ex, "m", float(TOTAL - 1))
+    assert daemon.ex.review_sync() == []
+    _past_plan(daemon, view)
+    assert daemon.state("m") == "running"
+    daemon.clock.advance(daemon.ex.mqtt.heartbeat_timeout + 1.0)
+    events = daemon.ex.review_sync()
+    assert [(e.kind, e.detail["minibatches"]) for e in events] == [("failed", TOTAL - 1.0)]
 
 
 def test_silence_after_the_plan_ended_short_fails_the_job(daemon: PlaneDaemon) -> None:
