@@ -18,13 +18,14 @@ from controller.config import Config, from_dict
 from controller.store import Database
 
 
-def in_process(config: Config) -> AdmissionController:
-    """An admission controller of ``config`` in this process, on a fake clock at 10 s
-    past the epoch, logging nowhere; not opened yet (:meth:`AdmissionController.open`)."""
+def in_process(config: Config, clock: FakeClock | None = None) -> AdmissionController:
+    """An admission controller of ``config`` in this process, on ``clock`` (by default a
+    fake one at 10 s past the epoch), logging nowhere; not opened yet
+    (:meth:`AdmissionController.open`)."""
     return AdmissionController(
         config,
         Database(config.database_url),
-        SlotClock(FakeClock(10.0), config.slot_seconds, config.epoch),
+        SlotClock(clock or FakeClock(10.0), config.slot_seconds, config.epoch),
         log=structlog.wrap_logger(structlog.ReturnLogger()),
     )
 

@@ -12,15 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 from sqlalchemy import insert
 
 from controller.admission import AdmissionController
-from controller.clock import FakeClock, SlotClock
+from controller.clock import FakeClock
 from controller.config import from_dict
 from controller.errors import NotFoundError
-from controller.store import AllocationRow, Database, EventRow, JobRow
+from controller.store import AllocationRow, EventRow, JobRow
 from pricing import SpecError
+from tests.stores import in_process
 from tests.test_pending import controller
 from tests.test_retention import SPEC
 
@@ -222,12 +222,7 @@ def _cluster_controller(tmp: Path) -> tuple[AdmissionController, FakeClock]:
     config = from_dict({"daemon": {"data_dir": str(tmp), "window": 6, "epoch": 0},
                         "cluster": cluster})  # fmt: skip
     clock = FakeClock(3 * config.slot_seconds + 1.0)
-    c = AdmissionController(
-        config,
-        Database(config.database_url),
-        SlotClock(clock, config.slot_seconds, 0.0),
-        log=structlog.wrap_logger(structlog.ReturnLogger()),
-    )
+    c = in_process(config, clock)
     c.open()
     return c, clock
 

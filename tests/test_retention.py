@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 from sqlalchemy import func, select
 
 from controller.admission import AdmissionController
-from controller.clock import FakeClock, SlotClock
+from controller.clock import FakeClock
 from controller.config import ConfigError, from_dict
 from controller.errors import NotFoundError
 from controller.history import load_history
@@ -34,6 +33,7 @@ from controller.store import (
     migrate,
 )
 from controller.store.retention_mark import RETENTION_KEY, deleted_before
+from tests.stores import in_process
 from tests.test_mqtt_units import CLUSTER, PlaneDaemon
 
 HOUR = 3600.0
@@ -44,12 +44,7 @@ def _controller(tmp: Path, keep_days: float) -> tuple[AdmissionController, FakeC
     daemon = {"data_dir": str(tmp), "window": 6, "epoch": 0, "keep_days": keep_days}
     config = from_dict({"daemon": daemon, "cluster": CLUSTER})
     clock = FakeClock(1.0)
-    c = AdmissionController(
-        config,
-        Database(config.database_url),
-        SlotClock(clock, config.slot_seconds, 0.0),
-        log=structlog.wrap_logger(structlog.ReturnLogger()),
-    )
+    c = in_process(config, clock)
     c.open()
     return c, clock
 
