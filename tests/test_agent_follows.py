@@ -139,3 +139,77 @@ def test_a_job_whose_workers_still_run_is_not_set_aside() -> None:
         assert agent.forget_idle(now=1e6) == 0 and "j1" in agent.tasks
 
     run(agent, go)
+
+
+def test_counts_sent_while_the_daemon_was_away_go_again_when_it_is_back() -> None:
+    """Those reported since the daemon went offline (first said; a repeat of it moves
+    nothing) are all sent again once it is back, however long it was away: it heard
+    none of them. Older ones, past two slots, are not."""
+    from controller.plane.topics import Status
+
+    agent = Agent("w0", MqttConfig("localhost"))
+    agent.accept(_plan(1, {}, {}))  # 10 s slots: two are 20 s
+    agent.status(Status(online=False))
+    away = agent._away_since
+    assert away is not None
+    agent.status(Status(online=False))  # said again (the retained will, a reconnection)
+    assert agent._away_since == away
+    for job, sent in (("before", away - 30.0), ("meanwhile", away + 1.0)):
+        agent.tasks[job] = TaskState(minibatches=5.0, worker_seconds=5.0)
+        agent._reported[job] = (5.0, 5.0)
+        agent._sent_at[job] = sent
+    agent.resend_recent(now=away + 100.0)
+    assert [t.job for r in agent.reports() for t in r.jobs] == ["meanwhile"]
+
+
+def test_counts_past_what_the_daemon_takes_are_reported_at_its_bound() -> None:
+    """A report entry over MAX_COUNT is dropped by the daemon: the agent sends its
+    bound instead (workers' sums can pass it)."""
+    from controller.plane.agent_messages import MAX_COUNT
+
+    agent = Agent("w0", MqttConfig("localhost"))
+    agent.tasks["j1"] = TaskState(minibatches=3 * MAX_COUNT, worker_seconds=2 * MAX_COUNT)
+    (report,) = agent.reports()
+    assert [(t.minibatches, t.worker_seconds) for t in report.jobs] == [(MAX_COUNT, MAX_COUNT)]
+
+
+def test_a_workers_count_never_goes_back_and_a_long_lines_tail_is_no_count() -> None:
+    """A command's count is the highest it printed (a lower line later takes nothing
+    back); the tail of a line over the stream's limit is skipped, digits or not."""
+    agent = Agent("w0", MqttConfig("localhost"))
+
+    async def read(data: bytes) -> float:
+        stream = asyncio.StreamReader(limit=8)
+        stream.feed_data(data)
+        stream.feed_eof()
+        count = [0.0]
+        await agent._read_counts(stream, count)
+        return count[0]
+
+    async def read_long(head: bytes, tail: bytes) -> float:
+        """``head`` (past the limit, no newline) read before ``tail`` arrives."""
+        stream = asyncio.StreamReader(limit=8)
+        stream.feed_data(head)
+        count = [0.0]
+        reading = asyncio.create_task(agent._read_counts(stream, count))
+        for _ in range(10):  # the head read and dropped
+            await asyncio.sleep(0)
+        stream.feed_data(tail)
+        stream.feed_eof()
+        await reading
+        return count[0]
+
+    assert asyncio.run(read(b"5\n3\n")) == 5.0
+    assert asyncio.run(read(b"1\n" + b"9" * 40 + b"\n2\n")) == 2.0
+    assert asyncio.run(read_long(b"9" * 20, b"77\n2\n")) == 2.0
+
+
+def test_a_jobs_count_from_its_workers_is_capped_at_its_whole() -> None:
+    from controller.plane.workers import JobWorkers
+
+    agent = Agent("w0", MqttConfig("localhost"), command="true")
+    agent.tasks["planned"] = TaskState(workers=JobWorkers(done_before=100.0), total=40)
+    agent.tasks["unknown"] = TaskState(workers=JobWorkers(done_before=100.0))
+    agent._fold_counts()
+    assert agent.tasks["planned"].minibatches == 40.0
+    assert agent.tasks["unknown"].minibatches == 100.0  # its whole not known yet
