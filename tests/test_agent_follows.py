@@ -213,3 +213,89 @@ def test_a_jobs_count_from_its_workers_is_capped_at_its_whole() -> None:
     agent._fold_counts()
     assert agent.tasks["planned"].minibatches == 40.0
     assert agent.tasks["unknown"].minibatches == 100.0  # its whole not known yet
+
+
+def test_counts_published_are_noted_as_sent_and_go_again_after_a_reconnection() -> None:
+    from tests.fake_mqtt import FakeMqtt
+
+    agent = Agent("w0", MqttConfig("localhost"))
+    agent.accept(_plan(1, {}, {}))
+    agent.tasks["j1"] = TaskState(minibatches=5.0, worker_seconds=5.0)
+    client = FakeMqtt()
+    asyncio.run(agent._publish(client, agent.reports()))  # type: ignore[arg-type]
+    assert [topic for topic, _ in client.sent] == [agent.topics.progress("w0")]
+    assert agent.reports() == []
+    agent.resend_recent()  # sent just now: within two slots
+    assert [t.job for r in agent.reports() for t in r.jobs] == ["j1"]
+
+
+def test_a_plan_of_more_bad_entries_than_a_heartbeat_says_is_said_at_the_bound() -> None:
+    """A plan may leave out more bad entries than a heartbeat says: it says the most
+    it may, and stays one the daemon takes (over it, the daemon drops the heartbeat,
+    and the server falls silent)."""
+    import dataclasses
+
+    from controller.plane.agent_messages import MAX_ENTRIES_LEFT_OUT, Heartbeat
+    from tests.fake_mqtt import FakeMqtt
+
+    agent = Agent("w0", MqttConfig("localhost"))
+    bad = _plan(1, {"j1": 1}, {})
+    bad = dataclasses.replace(
+        bad, current=dataclasses.replace(bad.current, refused=3 * MAX_ENTRIES_LEFT_OUT)
+    )
+    agent.accept(bad)
+    client = FakeMqtt()
+
+    async def go() -> None:
+        beating = asyncio.create_task(agent._beat(client))  # type: ignore[arg-type]
+        while not client.sent:
+            await asyncio.sleep(0.01)
+        beating.cancel()
+
+    asyncio.run(go())
+    (topic, payload), *_ = client.sent
+    assert topic == agent.topics.heartbeat("w0")
+    assert Heartbeat.parse(payload).entries_left_out == MAX_ENTRIES_LEFT_OUT
+
+
+def test_a_guard_whose_resource_some_task_carries_is_not_said_unused() -> None:
+    from structlog.testing import capture_logs
+
+    from controller.plane.memory_guard import parse_memory_resource
+
+    def tasks(demands: list[dict[str, float]]) -> Plan:
+        jobs = [Task(f"j{i}", 1, 0, 0.5, 40, demand=d) for i, d in enumerate(demands)]
+        return Plan("w0", "worker", 1, 10.0, 0.5, False, SlotPlan(5, 100.0, jobs),
+                    SlotPlan(6, 110.0, []))  # fmt: skip
+
+    said = "no task of the plan has a demand of the memory resource"
+    for demands, warned in (([{"mem": 1.0}, {"gpu": 1.0}], False), ([{"gpu": 1.0}], True)):
+        agent = Agent("w0", MqttConfig("localhost"), command="true",
+                      memory_guard=parse_memory_resource("mem=GB"))  # fmt: skip
+        with capture_logs() as logs:
+            agent.accept(tasks(demands))
+        assert any(said in e["event"] for e in logs) == warned, demands
+
+
+def test_the_last_report_at_the_agents_stop_sends_every_jobs_counts() -> None:
+    """More jobs than one message holds: all of them go, in as many messages."""
+    from controller.plane.agent_messages import MAX_REPORT_JOBS, Progress
+    from tests.fake_mqtt import FakeMqtt
+
+    agent = Agent("w0", MqttConfig("localhost"))
+    jobs = [f"j{i}" for i in range(MAX_REPORT_JOBS + 1)]
+    for job in jobs:
+        agent.tasks[job] = TaskState(minibatches=5.0, worker_seconds=5.0)
+    client = FakeMqtt()
+
+    class Connection:
+        async def __aenter__(self) -> FakeMqtt:
+            return client
+
+        async def __aexit__(self, *_: object) -> None:
+            return None
+
+    agent._client = Connection  # type: ignore[assignment,method-assign]
+    asyncio.run(agent._last_report())
+    sent = [t.job for _, payload in client.sent for t in Progress.parse(payload).jobs]
+    assert sorted(sent) == sorted(jobs) and len(client.sent) == 2
