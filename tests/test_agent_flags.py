@@ -6,6 +6,8 @@ before it, at their bounds, were taken."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from controller.cli import main
@@ -39,3 +41,20 @@ def test_an_agent_command_of_blanks_and_a_guard_with_no_command_are_refused(
     guarded = ("--memory-resource", "mem=GB")
     assert "--memory-resource: needs --command" in _refusal(capsys, *guarded)
     assert "--devices: is empty" in _refusal(capsys, "--devices", "", *guarded)
+
+
+def test_a_password_file_whose_first_line_is_empty_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rather than log in with no password (refused by the broker, as a retried
+    outage) or fall back to $OASIS_MQTT_PASSWORD."""
+    from controller.cli import build_parser
+    from controller.commands.agent import broker_settings
+    from controller.commands.common import InputError
+
+    monkeypatch.setenv("OASIS_MQTT_PASSWORD", "from-env")
+    empty = tmp_path / "pw"
+    empty.write_text("\nsecond line\n")
+    args = build_parser().parse_args(["agent", "--node", "w0", "--mqtt-password-file", str(empty)])
+    with pytest.raises(InputError, match=r"--mqtt-password-file: first line of .* is empty"):
+        broker_settings(args)

@@ -5,6 +5,9 @@ of a new plan's next slot, tasks of no worker (a parameter server's)."""
 from __future__ import annotations
 
 import asyncio
+import math
+
+import pytest
 
 from controller.plane.agent import Agent, TaskState
 from controller.plane.settings import MqttConfig
@@ -299,3 +302,11 @@ def test_the_last_report_at_the_agents_stop_sends_every_jobs_counts() -> None:
     asyncio.run(agent._last_report())
     sent = [t.job for _, payload in client.sent for t in Progress.parse(payload).jobs]
     assert sorted(sent) == sorted(jobs) and len(client.sent) == 2
+
+
+@pytest.mark.parametrize("speed", [0.0, -1.0, math.inf, math.nan])
+def test_an_agent_of_a_speed_not_a_finite_positive_number_is_refused(speed: float) -> None:
+    """Whoever builds one (not only ``oasis agent``): inf or nan reported every
+    planned job done at once."""
+    with pytest.raises(ValueError, match="speed: must be a number > 0"):
+        Agent("w0", MqttConfig("localhost"), speed=speed)
