@@ -33,6 +33,12 @@ def test_the_agents_bounds_are_taken_and_past_them_refused(
         assert f"{flag}: must be a number" in _refusal(capsys, flag, bad, *last), (flag, bad)
 
 
+def test_an_agent_with_no_node_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["agent", "--broker", "mqtt://127.0.0.1:9", "--devices", ""]
+    assert main(argv) == 2
+    assert "--node NAME is required" in capsys.readouterr().err
+
+
 def test_an_agent_command_of_blanks_and_a_guard_with_no_command_are_refused(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
