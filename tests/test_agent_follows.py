@@ -310,3 +310,32 @@ def test_an_agent_of_a_speed_not_a_finite_positive_number_is_refused(speed: floa
     planned job done at once."""
     with pytest.raises(ValueError, match="speed: must be a number > 0"):
         Agent("w0", MqttConfig("localhost"), speed=speed)
+
+
+def test_an_empty_status_is_said_bad_and_an_empty_plan_part_is_skipped() -> None:
+    """An empty payload on a plan part's topic is a part cleared: nothing there. On the
+    status topic it is no status: said, as any bad one."""
+    from collections.abc import AsyncIterator
+    from dataclasses import dataclass
+
+    from structlog.testing import capture_logs
+
+    agent = Agent("w0", MqttConfig("localhost"))
+
+    @dataclass
+    class Message:
+        topic: str
+        payload: bytes
+
+    async def messages() -> AsyncIterator[Message]:
+        yield Message(agent.topics.plan_parts("w0").replace("+", "1"), b"")
+        yield Message(agent.topics.status, b"")
+
+    @dataclass
+    class Client:
+        messages: AsyncIterator[Message]
+
+    client = Client(messages())
+    with capture_logs() as logs:
+        asyncio.run(agent._receive(client))  # type: ignore[arg-type]
+    assert [e["event"] for e in logs] == ["bad status"]
