@@ -406,3 +406,34 @@ def test_small_batches_copy_every_row_once_times_in_utc_and_edge_values(
         ).fetchall()
     assert outage == doc["sequences"]["server_outages.id"] == 1
     assert sequence == doc["sequences"]["events.sequence"] == event + expected["events"]
+
+
+def test_refuses_a_destination_with_one_row_and_a_source_with_no_store(
+    source: Source, postgres: Postgres, tmp_path: Path
+) -> None:
+    """One row is enough to refuse a destination (a copy there would mix two stores);
+    a SQLite file holding no oasis store is refused, and left as it was (not migrated
+    into an empty store, then copied)."""
+    db_file = _snapshot(source, tmp_path / "data")
+    url = postgres.new_database()
+    assert _copy("--from", str(db_file), "--to", url).returncode == 0
+    conninfo = url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(conninfo) as conn:
+        conn.execute("TRUNCATE allocations, events, job_progress, jobs, meta, server_outages, "
+                     "servers")  # fmt: skip
+        conn.execute("""INSERT INTO meta (key, value) VALUES ('left', '{}')""")
+    out = _copy("--from", str(db_file), "--to", url)
+    assert out.returncode == 1, out.stderr
+    assert f"destination {url} is not empty (meta 1 rows)" in out.stderr, out.stderr
+    assert _pg_rows(url) == {**{t: 0 for t in _pg_rows(url)}, "meta": 1}
+
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as db:
+        db.execute("CREATE TABLE notes (x TEXT)")
+    db.close()
+    empty = postgres.new_database()
+    out = _copy("--from", str(other), "--to", empty)
+    assert out.returncode == 1, out.stderr
+    assert f"source sqlite:///{other} holds no oasis store" in out.stderr, out.stderr
+    assert set(_sqlite_rows(other)) == {"notes"}
+    assert sum(_pg_rows(empty).values()) == 0
