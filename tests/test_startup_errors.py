@@ -396,6 +396,29 @@ def test_a_relative_data_dir_holding_jobs_beside_a_store_url_is_warned_of(
     assert len(said) == 1 and said[0]["jobs"] == 1 and said[0]["live"] == 1, logs
 
 
+def test_a_data_dir_holding_only_finished_jobs_beside_a_store_url_is_warned_of(
+    tmp_path: Path,
+) -> None:
+    """A history with no job admitted, running or pending is still the tenants' record
+    (their decisions, the ledger's past): left behind, it is warned of, live 0."""
+    import sqlite3
+
+    from structlog.testing import capture_logs
+
+    from controller.startup import _left_behind
+
+    (tmp_path / "data").mkdir()
+    with contextlib.closing(sqlite3.connect(tmp_path / "data" / "oasis.db")) as db:
+        db.execute("CREATE TABLE jobs (id TEXT, state TEXT)")
+        db.execute("INSERT INTO jobs VALUES ('done', 'finished'), ('no', 'rejected')")
+        db.commit()
+    with capture_logs() as logs:
+        _left_behind(tmp_path / "data", "postgresql+psycopg://oasis@db/oasis")
+    said = [e for e in logs if "SQLite store holds" in e["event"]]
+    assert len(said) == 1 and said[0]["jobs"] == 2 and said[0]["live"] == 0, logs
+    assert "holds 2 job(s), 0 of them admitted" in said[0]["event"]
+
+
 def test_a_daemon_stopped_while_starting_is_never_announced_ready(tmp_path: Path) -> None:
     """The CLI audit: SIGTERM during start-up (migrations, the kernels' compile) was
     held until the store had opened, then the daemon printed 'oasisd listening' (and
