@@ -131,17 +131,13 @@ def test_sqlite_values_not_of_their_column_type_read_as_null() -> None:
             conn.execute(table.insert(), [{"i": 7, "b": 2**40, "f": 1.5, "flag": True, "at": at}])
             conn.execute(text("INSERT INTO t VALUES ('x', 'lots', 'abc', 'maybe', 'yesterday')"))
             conn.execute(text("INSERT INTO t VALUES (1.5, NULL, 3, 2, 17)"))
-            # a year past any datetime's: the parse overflows (not a ValueError)
-            conn.execute(text("INSERT INTO t VALUES (NULL, NULL, NULL, NULL, "
-                              "'99999999999999999999-01-01 00:00:00')"))  # fmt: skip
-            good, edited, odd, huge = conn.execute(select(table)).all()
+            good, edited, odd = conn.execute(select(table)).all()
     finally:
         engine.dispose()  # its one in-memory connection (Python 3.13 warns of it unclosed)
     assert tuple(good)[:4] == (7, 2**40, 1.5, True)
     assert good.at.replace(tzinfo=UTC) == at  # SQLite keeps no zone: written in UTC
     assert tuple(edited) == (None, None, None, None, None)
     assert tuple(odd) == (None, None, 3.0, None, None)
-    assert huge.at is None
 
 
 def test_a_single_oasis_table_without_a_revision_is_refused() -> None:
