@@ -437,3 +437,27 @@ def test_refuses_a_destination_with_one_row_and_a_source_with_no_store(
     assert f"source sqlite:///{other} holds no oasis store" in out.stderr, out.stderr
     assert set(_sqlite_rows(other)) == {"notes"}
     assert sum(_pg_rows(empty).values()) == 0
+
+
+def test_a_destination_a_newer_oasis_migrated_is_refused_before_the_source_is_migrated(
+    postgres: Postgres, tmp_path: Path
+) -> None:
+    """Both refusals come before either store is migrated: a source of an older
+    revision is left at it (an older oasisd can still run on it)."""
+    from alembic import command
+
+    from controller.store.database import _alembic_config
+
+    db_file = tmp_path / "old.db"
+    command.upgrade(_alembic_config(f"sqlite:///{db_file}"), "0008")
+    url = postgres.new_database()
+    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as conn:
+        conn.execute("CREATE TABLE alembic_version (version_num varchar(32) PRIMARY KEY)")
+        conn.execute("INSERT INTO alembic_version VALUES ('0042')")
+    out = _copy("--from", str(db_file), "--to", url)
+    assert out.returncode == 1, out.stderr
+    assert f"destination {url} is at schema revision '0042'" in out.stderr, out.stderr
+    assert "migrating the source" not in out.stderr + out.stdout
+    with sqlite3.connect(db_file) as db:
+        assert db.execute("SELECT version_num FROM alembic_version").fetchall() == [("0008",)]
+    db.close()
