@@ -361,6 +361,11 @@ SCHEMA_APART: dict[str, tuple[str, str]] = {
         "UPDATE alembic_version SET version_num = '0006'",
         "records schema revision '0006', but its tables are already past it",
     ),
+    # a table left out of a restore: named, not a traceback from reading its columns
+    "a table missing": (
+        "DROP TABLE job_progress",
+        "records schema revision '0009', but lacks its table job_progress",
+    ),
     # a table restored from a backup older than alembic_version
     "tables older than the revision": (
         "ALTER TABLE jobs DROP COLUMN decided_slot",
