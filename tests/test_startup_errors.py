@@ -201,11 +201,15 @@ def test_a_store_that_never_answers(tmp_path: Path) -> None:
         silent.bind(("127.0.0.1", 0))
         silent.listen()
         port = silent.getsockname()[1]
-        url = f"postgresql+psycopg://oasis@127.0.0.1:{port}/oasis"
+        url = f"postgresql+psycopg://oasis:s3cret@127.0.0.1:{port}/oasis"
         config = write_config(tmp_path / "c.toml", tmp_path / "d", url,
                               extra=f"store_timeout = {STORE_TIMEOUT}")  # fmt: skip
+        config.chmod(0o600)  # it holds a password: no warning of it
         out = _oasisd(config)
-    _one_line_error(out, f"cannot open the store {url}", "timeout")
+    # the store as shown: its password masked, in the error as in any log line
+    shown = f"postgresql+psycopg://oasis:***@127.0.0.1:{port}/oasis"
+    _one_line_error(out, f"cannot open the store {shown}", "timeout")
+    assert "s3cret" not in out.stderr + out.stdout
 
 
 def test_a_relative_data_dir_is_relative_to_the_config_file(tmp_path: Path) -> None:
