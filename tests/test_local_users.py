@@ -119,6 +119,10 @@ def test_a_password_in_a_store_url_is_never_shown() -> None:
     )
     assert not has_password("postgresql+psycopg://oasis@db/oasis")
     assert shown("postgresql://oasis:PW@db:notaport/x") == "<unreadable URL>"
+    # one SQLAlchemy cannot parse is read as a plain URL: its user part, its query
+    assert has_password("postgresql://oasis:PW@db:notaport/x")
+    assert has_password("postgresql://oasis@db:notaport/x?sslpassword=PW")
+    assert not has_password("postgresql://oasis@db:notaport/x")
 
 
 def test_an_unusable_store_url_is_one_line_naming_the_key(tmp_path: Path) -> None:

@@ -201,11 +201,15 @@ def test_a_store_that_never_answers(tmp_path: Path) -> None:
         silent.bind(("127.0.0.1", 0))
         silent.listen()
         port = silent.getsockname()[1]
-        url = f"postgresql+psycopg://oasis@127.0.0.1:{port}/oasis"
+        url = f"postgresql+psycopg://oasis:s3cret@127.0.0.1:{port}/oasis"
         config = write_config(tmp_path / "c.toml", tmp_path / "d", url,
                               extra=f"store_timeout = {STORE_TIMEOUT}")  # fmt: skip
+        config.chmod(0o600)  # it holds a password: no warning of it
         out = _oasisd(config)
-    _one_line_error(out, f"cannot open the store {url}", "timeout")
+    # the store as shown: its password masked, in the error as in any log line
+    shown = f"postgresql+psycopg://oasis:***@127.0.0.1:{port}/oasis"
+    _one_line_error(out, f"cannot open the store {shown}", "timeout")
+    assert "s3cret" not in out.stderr + out.stdout
 
 
 def test_a_relative_data_dir_is_relative_to_the_config_file(tmp_path: Path) -> None:
@@ -394,6 +398,29 @@ def test_a_relative_data_dir_holding_jobs_beside_a_store_url_is_warned_of(
         _left_behind(Path("data"), "postgresql+psycopg://oasis@db/oasis")
     said = [e for e in logs if "SQLite store holds" in e["event"]]
     assert len(said) == 1 and said[0]["jobs"] == 1 and said[0]["live"] == 1, logs
+
+
+def test_a_data_dir_holding_only_finished_jobs_beside_a_store_url_is_warned_of(
+    tmp_path: Path,
+) -> None:
+    """A history with no job admitted, running or pending is still the tenants' record
+    (their decisions, the ledger's past): left behind, it is warned of, live 0."""
+    import sqlite3
+
+    from structlog.testing import capture_logs
+
+    from controller.startup import _left_behind
+
+    (tmp_path / "data").mkdir()
+    with contextlib.closing(sqlite3.connect(tmp_path / "data" / "oasis.db")) as db:
+        db.execute("CREATE TABLE jobs (id TEXT, state TEXT)")
+        db.execute("INSERT INTO jobs VALUES ('done', 'finished'), ('no', 'rejected')")
+        db.commit()
+    with capture_logs() as logs:
+        _left_behind(tmp_path / "data", "postgresql+psycopg://oasis@db/oasis")
+    said = [e for e in logs if "SQLite store holds" in e["event"]]
+    assert len(said) == 1 and said[0]["jobs"] == 2 and said[0]["live"] == 0, logs
+    assert "holds 2 job(s), 0 of them admitted" in said[0]["event"]
 
 
 def test_a_daemon_stopped_while_starting_is_never_announced_ready(tmp_path: Path) -> None:

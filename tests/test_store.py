@@ -140,6 +140,24 @@ def test_sqlite_values_not_of_their_column_type_read_as_null() -> None:
     assert tuple(odd) == (None, None, 3.0, None, None)
 
 
+def test_a_single_oasis_table_without_a_revision_is_refused() -> None:
+    """One table of the store is enough (a restore of a single table, say): migrating
+    over it would fail on it, exit 1, restarted every 2 s."""
+    import sqlalchemy as sa
+
+    from controller.store.search_path import StoreUnversionedError, check_unversioned
+
+    engine = sa.create_engine("sqlite://")
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("CREATE TABLE servers (name TEXT)"))
+            with pytest.raises(StoreUnversionedError, match=r"^holds oasis tables \(servers\) "):
+                check_unversioned(conn, {"servers", "jobs"})
+            check_unversioned(conn, {"jobs", "events"})  # none of them there: a new store
+    finally:
+        engine.dispose()
+
+
 def test_an_upgrade_is_logged_once_with_its_revisions(store_url: str) -> None:
     """The journal says that a start migrated the store, from which revision to which,
     through which migrations and how long it took; before, only ``store ready`` named

@@ -13,6 +13,7 @@ import json
 import sqlite3
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -345,3 +346,118 @@ def test_refuses_a_source_a_newer_oasis_migrated(
     assert f"source sqlite:///{db_file} is at schema revision '0042'" in out.stderr
     assert "a newer oasis migrated it" in out.stderr
     assert sum(_pg_rows(url).values()) == 0
+
+
+def _sqlite_rows(db_file: Path) -> dict[str, int]:
+    """Rows per oasis table of the SQLite store ``db_file``."""
+    with sqlite3.connect(db_file) as db:
+        names = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        out = {t: int(db.execute(f"SELECT count(*) FROM {t}").fetchone()[0]) for t in names
+               if t != "alembic_version"}  # fmt: skip
+    db.close()
+    return out
+
+
+def test_small_batches_copy_every_row_once_times_in_utc_and_edge_values(
+    source: Source, postgres: Postgres, tmp_path: Path
+) -> None:
+    """Two rows a batch (every table spans several): each row once, the report's counts
+    the stores' own; a string of exactly its column's length and a JSON document that
+    does not read (JSON null, which the column allows) go in; a time SQLite kept without
+    a zone is written as UTC although the destination's session is in another zone; the
+    sequences give the next ids past the copied ones (1 for an empty table)."""
+    db_file = _snapshot(source, tmp_path / "data")
+    with sqlite3.connect(db_file) as db:
+        db.execute("UPDATE servers SET kind = ? WHERE name = 'p1'", ("k" * 16,))
+        [(event,)] = db.execute("SELECT min(sequence) FROM events").fetchall()
+        db.execute("UPDATE events SET detail = 'not json' WHERE sequence = ?", (event,))
+        times = dict(db.execute("SELECT id, decided_at FROM jobs").fetchall())
+    db.close()
+    expected = _sqlite_rows(db_file)
+    assert expected["events"] > 2 and expected["jobs"] > 2 and expected["allocations"] > 2
+    url = postgres.new_database()
+    tokyo = f"{url}?options=-ctimezone%3DAsia/Tokyo"  # UTC+9: a naive time would shift
+    out = _copy("--from", str(db_file), "--to", tokyo, "--batch", "2", "--json",
+                "--no-progress")  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc = json.loads(out.stdout)
+    rows = {t["table"]: t["rows"] for t in doc["tables"]}
+    assert rows == expected == _pg_rows(url)
+    assert doc["rows"] == sum(expected.values())
+    conninfo = url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(conninfo) as conn:
+        assert conn.execute("SELECT kind FROM servers WHERE name = 'p1'").fetchone() == ("k" * 16,)
+        detail = conn.execute("SELECT detail::text FROM events WHERE sequence = %s", (event,))
+        assert detail.fetchone() == ("null",)
+        got: dict[str, datetime] = dict(
+            conn.execute("SELECT id, decided_at AT TIME ZONE 'UTC' FROM jobs").fetchall()
+        )
+        assert {k: v.isoformat(sep=" ") for k, v in got.items()} == {
+            k: datetime.fromisoformat(v).isoformat(sep=" ") for k, v in times.items()
+        }
+        # the next ids are the ones the report says, past the copied ones
+        [(outage,)] = conn.execute(
+            "INSERT INTO server_outages (server, down_from, detected_at) "
+            "VALUES ('p1', 0, now()) RETURNING id"
+        ).fetchall()
+        [(sequence,)] = conn.execute(
+            "INSERT INTO events (at, kind, job_id, slot, state, detail) "
+            "VALUES (now(), 'x', '', 0, '', '{}') RETURNING sequence"
+        ).fetchall()
+    assert outage == doc["sequences"]["server_outages.id"] == 1
+    assert sequence == doc["sequences"]["events.sequence"] == event + expected["events"]
+
+
+def test_refuses_a_destination_with_one_row_and_a_source_with_no_store(
+    source: Source, postgres: Postgres, tmp_path: Path
+) -> None:
+    """One row is enough to refuse a destination (a copy there would mix two stores);
+    a SQLite file holding no oasis store is refused, and left as it was (not migrated
+    into an empty store, then copied)."""
+    db_file = _snapshot(source, tmp_path / "data")
+    url = postgres.new_database()
+    assert _copy("--from", str(db_file), "--to", url).returncode == 0
+    conninfo = url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(conninfo) as conn:
+        conn.execute("TRUNCATE allocations, events, job_progress, jobs, meta, server_outages, "
+                     "servers")  # fmt: skip
+        conn.execute("""INSERT INTO meta (key, value) VALUES ('left', '{}')""")
+    out = _copy("--from", str(db_file), "--to", url)
+    assert out.returncode == 1, out.stderr
+    assert f"destination {url} is not empty (meta 1 rows)" in out.stderr, out.stderr
+    assert _pg_rows(url) == {**{t: 0 for t in _pg_rows(url)}, "meta": 1}
+
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as db:
+        db.execute("CREATE TABLE notes (x TEXT)")
+    db.close()
+    empty = postgres.new_database()
+    out = _copy("--from", str(other), "--to", empty)
+    assert out.returncode == 1, out.stderr
+    assert f"source sqlite:///{other} holds no oasis store" in out.stderr, out.stderr
+    assert set(_sqlite_rows(other)) == {"notes"}
+    assert sum(_pg_rows(empty).values()) == 0
+
+
+def test_a_destination_a_newer_oasis_migrated_is_refused_before_the_source_is_migrated(
+    postgres: Postgres, tmp_path: Path
+) -> None:
+    """Both refusals come before either store is migrated: a source of an older
+    revision is left at it (an older oasisd can still run on it)."""
+    from alembic import command
+
+    from controller.store.database import _alembic_config
+
+    db_file = tmp_path / "old.db"
+    command.upgrade(_alembic_config(f"sqlite:///{db_file}"), "0008")
+    url = postgres.new_database()
+    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as conn:
+        conn.execute("CREATE TABLE alembic_version (version_num varchar(32) PRIMARY KEY)")
+        conn.execute("INSERT INTO alembic_version VALUES ('0042')")
+    out = _copy("--from", str(db_file), "--to", url)
+    assert out.returncode == 1, out.stderr
+    assert f"destination {url} is at schema revision '0042'" in out.stderr, out.stderr
+    assert "migrating the source" not in out.stderr + out.stdout
+    with sqlite3.connect(db_file) as db:
+        assert db.execute("SELECT version_num FROM alembic_version").fetchall() == [("0008",)]
+    db.close()

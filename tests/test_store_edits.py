@@ -355,6 +355,17 @@ SCHEMA_APART: dict[str, tuple[str, str]] = {
         "UPDATE alembic_version SET version_num = '0005'",
         "records schema revision '0005', but its tables are already past it",
     ),
+    # older still: 0007's first column is there (SQLite: "duplicate column name",
+    # PostgreSQL: duplicate_column), not an index
+    "revision before a column the tables hold": (
+        "UPDATE alembic_version SET version_num = '0006'",
+        "records schema revision '0006', but its tables are already past it",
+    ),
+    # a table left out of a restore: named, not a traceback from reading its columns
+    "a table missing": (
+        "DROP TABLE job_progress",
+        "records schema revision '0009', but lacks its table job_progress",
+    ),
     # a table restored from a backup older than alembic_version
     "tables older than the revision": (
         "ALTER TABLE jobs DROP COLUMN decided_slot",
@@ -365,7 +376,10 @@ SCHEMA_APART: dict[str, tuple[str, str]] = {
 
 @pytest.mark.parametrize(
     ("store", "edit"),
-    _cases(sorted(SCHEMA_APART), ["revision older than the tables"]),
+    _cases(
+        sorted(SCHEMA_APART),
+        ["revision older than the tables", "revision before a column the tables hold"],
+    ),
     indirect=["store"],
 )
 def test_tables_apart_from_their_schema_revision_stop_the_start_with_exit_2(
@@ -387,7 +401,9 @@ def test_tables_apart_from_their_schema_revision_stop_the_start_with_exit_2(
             revision = conn.scalar(sqlalchemy.text("SELECT version_num FROM alembic_version"))
     finally:
         engine.dispose()
-    assert revision == ("0005" if "older than the tables" in edit else "0009")
+    left = {"revision older than the tables": "0005",
+            "revision before a column the tables hold": "0006"}  # fmt: skip
+    assert revision == left.get(edit, "0009")  # as it was
 
 
 @pytest.mark.parametrize(

@@ -36,7 +36,7 @@ from datetime import datetime
 from typing import Any
 
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import JSON, Connection, String, Table, func, inspect, select, text
+from sqlalchemy import JSON, Connection, DateTime, String, Table, func, inspect, select, text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from controller.store.database import (
@@ -285,7 +285,13 @@ def _copy_table(
     """Copy ``table``'s rows in key order, ``batch`` at a time; returns how many."""
     total = int(reading.scalar(select(func.count()).select_from(table)) or 0)
     progress(table.name, 0, total)
-    times = [c.name for c in table.columns if c.type.python_type is datetime]
+    # a lenient type's python_type is object: its plain type says it is a time (before,
+    # no column was found so: naive times went in as the destination session's zone's)
+    times = [
+        c.name
+        for c in table.columns
+        if isinstance(getattr(c.type, "impl_instance", c.type), DateTime)
+    ]
     query = select(table).order_by(*table.primary_key.columns)
     done = 0
     # NOT NULL, but JSON: a document that does not read is written as JSON null, which
