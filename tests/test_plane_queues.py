@@ -213,6 +213,13 @@ def test_the_inbox_gives_back_what_was_taken_before_what_came_since_and_keeps_se
     inbox.put(received(2.0, "s", "a", 2.0))
     inbox.put_back(taken)  # what came since first: still after it
     assert [r.progress.jobs[0].minibatches for r in inbox.take()] == [1.0, 2.0]
+    tiny = ReportInbox(max_entries=1)
+    tiny.put(received(1.0, "s", "a", 1.0))
+    taken = tiny.take()
+    tiny.put(received(2.0, "s", "b", 1.0))
+    tiny.put(received(3.0, "s", "c", 1.0))  # b to the carry: full
+    tiny.put_back(taken)  # a is the oldest: it leaves the queue first, and is dropped
+    assert [r.progress.jobs[0].job for r in tiny.take()] == ["b", "c"]
 
     small = ReportInbox(max_entries=2)
     small.put(received(1.0, "old", "a", 30.0))
