@@ -50,8 +50,9 @@ class Login(ConsoleState):
             bearer = scheme.lower() == "bearer"
             caller = self.tokens.get(hash_token(token.strip())) if bearer else None
             if caller is None:
-                self._throttle(request)
-                refusals(self._client(request), "console bad token", "unauthenticated",
+                client = self._client(request)
+                self._throttle(request, f"web:{client}")
+                refusals(client, "console bad token", "unauthenticated",
                          console=True, path=request.path[:200], why="bad token")  # fmt: skip
                 raise _RefusedError(401, "unknown token")
             return caller, None
@@ -124,8 +125,9 @@ class Login(ConsoleState):
         target = self._after_login(str(form.get("next", "/")))
         caller = self.tokens.get(hash_token(token)) if token else None
         if caller is None:
-            self._throttle(request)  # guesses: the sender's rate
-            refusals(self._client(request), "console login", "unauthenticated", console=True,
+            client = self._client(request)
+            self._throttle(request, f"web:{client}")  # guesses: the sender's rate
+            refusals(client, "console login", "unauthenticated", console=True,
                      path="/login", why="bad token")  # fmt: skip
             problem = "Unknown token: not logged in."
             html = pages.login_page(self.version, target, self.prefix, problem)

@@ -286,7 +286,7 @@ def _copy_table(
     total = int(reading.scalar(select(func.count()).select_from(table)) or 0)
     progress(table.name, 0, total)
     # a lenient type's python_type is object: its plain type says it is a time (before,
-    # no column was found so: naive times went in as the destination session's zone's)
+    # none was found, and SQLite's naive times were read in the destination's zone)
     times = [
         c.name
         for c in table.columns
