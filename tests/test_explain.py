@@ -6,6 +6,8 @@ import numpy as np
 
 from pricing import Ledger, decide, trace_from_dict
 from pricing.explain import explain_rejection, price_drivers
+from pricing.job import Job
+from pricing.trace import Trace
 from pricing.workload import generate_trace
 
 
@@ -141,6 +143,21 @@ def test_a_payoff_under_the_threshold_is_said_to_be_under_it_not_under_0() -> No
         assert "(completion in 1 slot, " in reason and " on w0 in slot 0 (" in reason
 
 
+def _deadline_job_w0_out(deadline: int) -> tuple[Trace, Ledger, Job]:
+    """The one job of ``_one_job_worth(2.0)`` worth 1000 if it completes by ``deadline``
+    (a slot count, no half-life), with w0 out of service in the slots before it: the
+    trace, its ledger and the job."""
+    raw = _one_job_worth(2.0)
+    jobs = raw["jobs"]
+    assert isinstance(jobs, list)
+    jobs[0]["utility"] = {"kind": "deadline", "value": 1000.0, "deadline": deadline}
+    trace = trace_from_dict(raw)
+    ledger = Ledger(trace.cluster, trace.bounds, trace.horizon)
+    ledger.block("worker", 0, 0, deadline)
+    (job,) = trace.jobs
+    return trace, ledger, job
+
+
 def test_a_job_worth_nothing_by_its_best_end_hears_why_it_cannot_end_in_time() -> None:
     """A deadline without a half-life, its slots up to it taken: the best schedule ends
     after it (utility 0), and "priced out" with that schedule's prices explained
@@ -148,14 +165,7 @@ def test_a_job_worth_nothing_by_its_best_end_hears_why_it_cannot_end_in_time() -
     a job whose deadline passed while it waited is told so."""
     from pricing.explain import explain
 
-    raw = _one_job_worth(2.0)
-    jobs = raw["jobs"]
-    assert isinstance(jobs, list)
-    jobs[0]["utility"] = {"kind": "deadline", "value": 1000.0, "deadline": 2}
-    trace = trace_from_dict(raw)
-    ledger = Ledger(trace.cluster, trace.bounds, trace.horizon)
-    ledger.block("worker", 0, 0, 2)  # w0 out in slots 0 and 1: its deadline cannot be met
-    (job,) = trace.jobs
+    trace, ledger, job = _deadline_job_w0_out(2)  # w0 out in slots 0 and 1: not in time
     d = decide(job, ledger, 0, trace.horizon - 1)
     assert not d.admitted and d.best.utility == 0.0 and d.best.completion_slot == 2
     reason, drivers = explain(d.best, job, ledger, 0, trace.horizon - 1)
@@ -361,14 +371,7 @@ def test_a_job_worth_something_only_in_its_first_slot_is_told_why_not_there() ->
     no worker fits there: the reason is what keeps it from that slot, not "too late"."""
     from pricing.explain import explain
 
-    raw = _one_job_worth(2.0)
-    jobs = raw["jobs"]
-    assert isinstance(jobs, list)
-    jobs[0]["utility"] = {"kind": "deadline", "value": 1000.0, "deadline": 1}
-    trace = trace_from_dict(raw)
-    ledger = Ledger(trace.cluster, trace.bounds, trace.horizon)
-    ledger.block("worker", 0, 0, 1)  # w0 out in slot 0
-    (job,) = trace.jobs
+    trace, ledger, job = _deadline_job_w0_out(1)  # w0 out in slot 0
     d = decide(job, ledger, 0, trace.horizon - 1)
     assert not d.admitted and d.best.utility == 0.0
     reason, drivers = explain(d.best, job, ledger, 0, trace.horizon - 1)
